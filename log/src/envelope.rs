@@ -1,0 +1,231 @@
+//! Events as clients send them ([`NewEvent`]) and as the log serves them ([`Event`]).
+
+use serde::ser::SerializeMap;
+use serde::{Serialize, Serializer};
+use serde_json::value::RawValue;
+
+use crate::error::AppendError;
+use crate::time::format_micros;
+
+/// Bounds of section 2 of the spec.
+pub mod limits {
+    pub const EVENT_ID_MAX: usize = 128;
+    pub const STREAM_MAX: usize = 64;
+    pub const SUBJECT_MAX: usize = 128;
+    pub const TYPE_MAX: usize = 64;
+    pub const PAYLOAD_MAX_BYTES: usize = 64 * 1024;
+    pub const BATCH_MAX_EVENTS: usize = 1000;
+}
+
+/// An event to append. `payload` has been canonicalised: compact JSON of an object with its keys
+/// sorted, so two payloads that are equal as JSON values have equal bytes (I2 compares them so).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEvent {
+    pub event_id: Option<String>,
+    pub stream: String,
+    pub subject: String,
+    pub event_type: String,
+    payload: Vec<u8>,
+}
+
+impl NewEvent {
+    /// Build and validate an event. `payload` must be a JSON object of at most 64 KiB.
+    pub fn new(
+        event_id: Option<String>,
+        stream: impl Into<String>,
+        subject: impl Into<String>,
+        event_type: impl Into<String>,
+        payload: &serde_json::Value,
+    ) -> Result<NewEvent, FieldError> {
+        let ev = NewEvent {
+            event_id,
+            stream: stream.into(),
+            subject: subject.into(),
+            event_type: event_type.into(),
+            payload: Vec::new(),
+        };
+        if let Some(id) = &ev.event_id {
+            check_event_id(id)?;
+        }
+        check_pattern("stream", &ev.stream, 1, limits::STREAM_MAX, |c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-')
+        })?;
+        check_subject(&ev.subject)?;
+        check_pattern("type", &ev.event_type, 1, limits::TYPE_MAX, |c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.')
+        })?;
+        if !payload.is_object() {
+            return Err(FieldError::new("payload", "must be a JSON object"));
+        }
+        // serde_json's Map is a BTreeMap (no `preserve_order`), so this output has sorted keys.
+        let bytes = serde_json::to_vec(payload)
+            .map_err(|e| FieldError::new("payload", format!("cannot be encoded: {e}")))?;
+        if bytes.len() > limits::PAYLOAD_MAX_BYTES {
+            return Err(FieldError::new(
+                "payload",
+                format!(
+                    "is {} bytes, more than the {} allowed",
+                    bytes.len(),
+                    limits::PAYLOAD_MAX_BYTES
+                ),
+            ));
+        }
+        Ok(NewEvent {
+            payload: bytes,
+            ..ev
+        })
+    }
+
+    /// The canonical payload bytes.
+    pub fn payload_bytes(&self) -> &[u8] {
+        &self.payload
+    }
+
+    pub(crate) fn same_content(&self, other: &Event) -> bool {
+        self.stream == other.stream
+            && self.subject == other.subject
+            && self.event_type == other.event_type
+            && self.payload.as_slice() == other.payload.get().as_bytes()
+    }
+}
+
+/// A field that breaks the rules of section 2.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} {reason}")]
+pub struct FieldError {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl FieldError {
+    fn new(field: &'static str, reason: impl Into<String>) -> Self {
+        FieldError {
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    pub fn at(self, index: usize) -> AppendError {
+        AppendError::Invalid {
+            index,
+            field: self.field,
+            reason: format!("{} {}", self.field, self.reason),
+        }
+    }
+}
+
+fn check_pattern(
+    field: &'static str,
+    value: &str,
+    min: usize,
+    max: usize,
+    allowed: impl Fn(char) -> bool,
+) -> Result<(), FieldError> {
+    let n = value.chars().count();
+    if n < min || n > max {
+        return Err(FieldError::new(
+            field,
+            format!("must be {min} to {max} characters long, got {n}"),
+        ));
+    }
+    if let Some(c) = value.chars().find(|c| !allowed(*c)) {
+        return Err(FieldError::new(
+            field,
+            format!("contains the character {c:?}, which is not allowed"),
+        ));
+    }
+    Ok(())
+}
+
+/// `event_id`: 1–128 of `A-Za-z0-9._:-`.
+pub fn check_event_id(id: &str) -> Result<(), FieldError> {
+    check_pattern("event_id", id, 1, limits::EVENT_ID_MAX, |c| {
+        c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')
+    })
+}
+
+/// `subject`: 0–128 printable characters.
+pub fn check_subject(subject: &str) -> Result<(), FieldError> {
+    check_pattern("subject", subject, 0, limits::SUBJECT_MAX, |c| {
+        !c.is_control()
+    })
+}
+
+/// An event as stored and served. Serialises to the JSON envelope of section 2.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub seq: u64,
+    pub event_id: String,
+    pub stream: String,
+    pub subject: String,
+    pub event_type: String,
+    /// Commit time in microseconds since the Unix epoch (UTC).
+    pub time_us: i64,
+    pub payload: Box<RawValue>,
+}
+
+impl Event {
+    /// The payload parsed as a JSON value.
+    pub fn payload_value(&self) -> serde_json::Value {
+        serde_json::from_str(self.payload.get()).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The commit time, RFC 3339 with microseconds.
+    pub fn time_rfc3339(&self) -> String {
+        format_micros(self.time_us)
+    }
+}
+
+impl Serialize for Event {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(7))?;
+        m.serialize_entry("seq", &self.seq)?;
+        m.serialize_entry("event_id", &self.event_id)?;
+        m.serialize_entry("stream", &self.stream)?;
+        m.serialize_entry("subject", &self.subject)?;
+        m.serialize_entry("type", &self.event_type)?;
+        m.serialize_entry("time", &format_micros(self.time_us))?;
+        m.serialize_entry("payload", &self.payload)?;
+        m.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn validates_fields() {
+        let ok = NewEvent::new(None, "task_events", "task-1", "task.created", &json!({}));
+        assert!(ok.is_ok());
+        let bad_stream = NewEvent::new(None, "Task", "t", "x", &json!({})).unwrap_err();
+        assert_eq!(bad_stream.field, "stream");
+        let empty_type = NewEvent::new(None, "s", "t", "", &json!({})).unwrap_err();
+        assert_eq!(empty_type.field, "type");
+        let bad_id = NewEvent::new(Some("a b".into()), "s", "t", "x", &json!({})).unwrap_err();
+        assert_eq!(bad_id.field, "event_id");
+        let long_id = NewEvent::new(Some("a".repeat(129)), "s", "t", "x", &json!({}));
+        assert_eq!(long_id.unwrap_err().field, "event_id");
+        let ctrl = NewEvent::new(None, "s", "a\u{7}", "x", &json!({})).unwrap_err();
+        assert_eq!(ctrl.field, "subject");
+        let arr = NewEvent::new(None, "s", "", "x", &json!([1])).unwrap_err();
+        assert_eq!(arr.field, "payload");
+        let big = json!({"a": "x".repeat(64 * 1024)});
+        assert_eq!(
+            NewEvent::new(None, "s", "", "x", &big).unwrap_err().field,
+            "payload"
+        );
+    }
+
+    #[test]
+    fn payload_is_canonical() {
+        let a: serde_json::Value =
+            serde_json::from_str(r#"{ "b": 1, "a": {"y":2, "x":1} }"#).unwrap();
+        let b: serde_json::Value = serde_json::from_str(r#"{"a":{"x":1,"y":2},"b":1}"#).unwrap();
+        let ea = NewEvent::new(None, "s", "", "x", &a).unwrap();
+        let eb = NewEvent::new(None, "s", "", "x", &b).unwrap();
+        assert_eq!(ea.payload_bytes(), eb.payload_bytes());
+        assert_eq!(ea.payload_bytes(), br#"{"a":{"x":1,"y":2},"b":1}"#);
+    }
+}

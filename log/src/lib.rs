@@ -1,0 +1,248 @@
+//! The durable event log of tidemark.
+//!
+//! Every fact is an [`Event`] appended to one redb file under a global, dense `seq` (I1),
+//! idempotent by `event_id` (I2). Appends are group-committed by a single writer thread: one
+//! durable (fsynced) redb commit per group, and no caller is answered before its group is
+//! durable.
+//!
+//! # Layout
+//! - [`envelope`]: [`NewEvent`] (validated input, canonical payload) and [`Event`] (served).
+//! - `codec`: the stored byte format, versioned.
+//! - `writer`: the group-commit writer thread.
+//! - `tail`: in-memory index of the newest events, merged into redb in large batches.
+//! - `store`: table definitions, open/recovery, bounded reads.
+//! - [`time`]: event time formatting.
+//!
+//! # Durability
+//! An append's reply means its group's redb commit returned with `Durability::Immediate`: the
+//! data was fsynced and survives `kill -9` and power loss. With `quick_repair` (the default)
+//! each commit also records redb's allocator state, so reopening after a crash does not walk the
+//! whole file. Index tables lag the events table by at most `merge_threshold` events; the lag is
+//! rebuilt from the events table on open.
+
+#![forbid(unsafe_code)]
+
+mod codec;
+pub mod envelope;
+pub mod error;
+mod store;
+mod tail;
+pub mod time;
+mod writer;
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, RwLock};
+
+use redb::Database;
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot, watch};
+
+pub use envelope::{Event, FieldError, NewEvent, limits};
+pub use error::{AppendError, Error, OpenError, ReadError};
+pub use store::{ReadPage, ReadQuery};
+
+/// How to open a log.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// The redb file.
+    pub path: PathBuf,
+    /// redb page cache size.
+    pub cache_bytes: usize,
+    /// Largest number of events one group commit takes.
+    pub max_group_events: usize,
+    /// Appends waiting for the writer beyond this are refused with `Overloaded` (I8).
+    pub queue_capacity: usize,
+    /// Events kept in the in-memory index tail before it is merged into redb.
+    pub merge_threshold: usize,
+    /// Record the allocator state in every commit, for fast reopen after a crash.
+    pub quick_repair: bool,
+}
+
+impl LogConfig {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        LogConfig {
+            path: path.into(),
+            cache_bytes: 256 * 1024 * 1024,
+            max_group_events: 20_000,
+            queue_capacity: 65_536,
+            merge_threshold: 100_000,
+            quick_repair: true,
+        }
+    }
+}
+
+/// One event of an append's reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Appended {
+    pub event_id: String,
+    pub seq: u64,
+    /// The event_id was already in the log with the same content; `seq` is the original's.
+    pub duplicate: bool,
+}
+
+/// The reply to an append: one entry per event sent, in order, and the head after the commit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AppendReceipt {
+    pub events: Vec<Appended>,
+    pub last_seq: u64,
+}
+
+pub(crate) struct Shared {
+    pub tail: RwLock<tail::Tail>,
+    /// Published head: every event with seq <= head is committed and indexed.
+    pub head: watch::Sender<u64>,
+    pub poisoned: Mutex<Option<String>>,
+    pub poisoned_flag: AtomicBool,
+}
+
+/// Handle to an open log. Cheap to clone; all clones share one writer.
+#[derive(Clone)]
+pub struct Log {
+    shared: Arc<Shared>,
+    db: Arc<Database>,
+    tx: mpsc::Sender<writer::Msg>,
+    writer: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
+}
+
+/// What `open` did, for the operator.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenReport {
+    pub head: u64,
+    pub repaired: bool,
+    pub tail_events: usize,
+}
+
+impl Log {
+    /// Open (or create) the log and start its writer thread.
+    pub fn open(cfg: &LogConfig) -> Result<(Log, OpenReport), OpenError> {
+        let opened = store::open(&cfg.path, cfg.cache_bytes)?;
+        let report = OpenReport {
+            head: opened.head,
+            repaired: opened.repaired,
+            tail_events: opened.tail.len(),
+        };
+        let db = Arc::new(opened.db);
+        let (head_tx, _) = watch::channel(opened.head);
+        let shared = Arc::new(Shared {
+            tail: RwLock::new(opened.tail),
+            head: head_tx,
+            poisoned: Mutex::new(None),
+            poisoned_flag: AtomicBool::new(false),
+        });
+        let (tx, rx) = mpsc::channel(cfg.queue_capacity.max(1));
+        let w = writer::Writer {
+            shared: shared.clone(),
+            db: db.clone(),
+            rx,
+            head: opened.head,
+            last_time_us: opened.last_time_us,
+            max_group_events: cfg.max_group_events.max(1),
+            merge_threshold: cfg.merge_threshold.max(1),
+            quick_repair: cfg.quick_repair,
+            buf: Vec::with_capacity(1024),
+        };
+        let handle = std::thread::Builder::new()
+            .name("tidemark-log-writer".into())
+            .spawn(move || w.run())
+            .map_err(|e| OpenError::Storage(format!("cannot start the writer thread: {e}")))?;
+        tracing::info!(
+            head = report.head,
+            repaired = report.repaired,
+            tail = report.tail_events,
+            path = %cfg.path.display(),
+            "log opened"
+        );
+        Ok((
+            Log {
+                shared,
+                db,
+                tx,
+                writer: Arc::new(Mutex::new(Some(handle))),
+            },
+            report,
+        ))
+    }
+
+    /// Append a batch atomically. Events without an `event_id` get a fresh one.
+    pub async fn append(&self, mut events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
+        if events.is_empty() {
+            return Err(AppendError::Invalid {
+                index: 0,
+                field: "events",
+                reason: "the batch is empty".into(),
+            });
+        }
+        if events.len() > limits::BATCH_MAX_EVENTS {
+            return Err(AppendError::Invalid {
+                index: limits::BATCH_MAX_EVENTS,
+                field: "events",
+                reason: format!(
+                    "the batch has {} events, more than the {} allowed",
+                    events.len(),
+                    limits::BATCH_MAX_EVENTS
+                ),
+            });
+        }
+        for ev in &mut events {
+            if ev.event_id.is_none() {
+                ev.event_id = Some(format!("evt-{}", uuid::Uuid::now_v7().simple()));
+            }
+        }
+        let (reply, rx) = oneshot::channel();
+        match self.tx.try_send(writer::Msg::Append { events, reply }) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                return Err(AppendError::Overloaded {
+                    queued: self.tx.max_capacity(),
+                });
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(AppendError::Closed),
+        }
+        rx.await.map_err(|_| AppendError::Closed)?
+    }
+
+    /// The highest committed seq (0 for an empty log).
+    pub fn head(&self) -> u64 {
+        *self.shared.head.borrow()
+    }
+
+    /// A receiver that changes on every commit; its value is the new head. A change is only a
+    /// nudge: readers read the log for the truth.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.shared.head.subscribe()
+    }
+
+    /// Whether a storage failure has stopped appends.
+    pub fn is_poisoned(&self) -> bool {
+        self.shared
+            .poisoned_flag
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Bounded read of committed events (blocking; call from a blocking context in async code).
+    pub fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
+        store::read(&self.db, &self.shared.tail, self.head(), q)
+    }
+
+    /// One event by seq.
+    pub fn get(&self, seq: u64) -> Result<Option<Event>, ReadError> {
+        if seq == 0 || seq > self.head() {
+            return Ok(None);
+        }
+        store::get(&self.db, seq)
+    }
+
+    /// Stop the writer after the requests already queued, and wait for it. Appends made after
+    /// this return `Closed`. The file is closed cleanly when the last handle is dropped.
+    pub async fn close(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(writer::Msg::Close(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+        let handle = self.writer.lock().ok().and_then(|mut h| h.take());
+        if let Some(h) = handle {
+            let _ = tokio::task::spawn_blocking(move || h.join()).await;
+        }
+    }
+}

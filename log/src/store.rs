@@ -1,0 +1,282 @@
+//! The redb file: table definitions, open and recovery, and reads.
+
+use std::path::Path;
+use std::sync::RwLock;
+
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use serde_json::value::RawValue;
+
+use crate::codec;
+use crate::envelope::Event;
+use crate::error::{OpenError, ReadError, storage};
+use crate::tail::Tail;
+
+/// seq -> stored envelope (see `codec`).
+pub(crate) const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
+/// event_id -> seq, for events up to `indexed_through`.
+pub(crate) const EVENT_IDS: TableDefinition<&str, u64> = TableDefinition::new("event_ids");
+/// (subject, seq) -> stream, for events up to `indexed_through`. Keyed by subject first because
+/// the common query is "everything about this task", which spans streams.
+pub(crate) const SUBJECTS: TableDefinition<(&str, u64), &str> = TableDefinition::new("subject_seq");
+/// Small named counters of the log itself.
+pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("log_meta");
+pub(crate) const META_INDEXED_THROUGH: &str = "indexed_through";
+
+pub(crate) fn decode_event(seq: u64, bytes: &[u8]) -> Result<Event, ReadError> {
+    let rec = codec::decode(bytes).map_err(|detail| ReadError::Format { seq, detail })?;
+    let payload_text = std::str::from_utf8(rec.payload).map_err(|e| ReadError::Format {
+        seq,
+        detail: e.to_string(),
+    })?;
+    let payload =
+        RawValue::from_string(payload_text.to_owned()).map_err(|e| ReadError::Format {
+            seq,
+            detail: e.to_string(),
+        })?;
+    Ok(Event {
+        seq,
+        event_id: rec.event_id.to_owned(),
+        stream: rec.stream.to_owned(),
+        subject: rec.subject.to_owned(),
+        event_type: rec.event_type.to_owned(),
+        time_us: rec.time_us,
+        payload,
+    })
+}
+
+/// What `open` found in the file.
+pub(crate) struct Opened {
+    pub db: Database,
+    pub head: u64,
+    pub last_time_us: i64,
+    pub tail: Tail,
+    pub repaired: bool,
+}
+
+pub(crate) fn open(path: &Path, cache_bytes: usize) -> Result<Opened, OpenError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| OpenError::CreateDir {
+            path: dir.to_owned(),
+            source,
+        })?;
+    }
+    let repaired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = repaired.clone();
+    let db = Database::builder()
+        .set_cache_size(cache_bytes)
+        .set_repair_callback(move |session| {
+            if !flag.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!("log file was not closed cleanly; repairing");
+            }
+            tracing::debug!(progress = session.progress(), "repairing log file");
+        })
+        .create(path)
+        .map_err(|e| OpenError::Database {
+            path: path.to_owned(),
+            source: Box::new(e),
+        })?;
+    let st = |e: redb::Error| OpenError::Storage(storage(e));
+    {
+        let txn = db.begin_write().map_err(|e| st(e.into()))?;
+        txn.open_table(EVENTS).map_err(|e| st(e.into()))?;
+        txn.open_table(EVENT_IDS).map_err(|e| st(e.into()))?;
+        txn.open_table(SUBJECTS).map_err(|e| st(e.into()))?;
+        txn.open_table(META).map_err(|e| st(e.into()))?;
+        txn.commit().map_err(|e| st(e.into()))?;
+    }
+    let txn = db.begin_read().map_err(|e| st(e.into()))?;
+    let events = txn.open_table(EVENTS).map_err(|e| st(e.into()))?;
+    let meta = txn.open_table(META).map_err(|e| st(e.into()))?;
+    let (head, last_time_us) = match events.last().map_err(|e| st(e.into()))? {
+        Some((k, v)) => {
+            let seq = k.value();
+            let ev = decode_event(seq, v.value()).map_err(|e| OpenError::Format {
+                seq,
+                detail: e.to_string(),
+            })?;
+            (seq, ev.time_us)
+        }
+        None => (0, i64::MIN),
+    };
+    // I1: seqs are dense from 1, so the number of rows is the last seq. A file that says
+    // otherwise was damaged outside tidemark; refuse it rather than serve a gap.
+    let rows = events.len().map_err(|e| st(e.into()))?;
+    if rows != head {
+        return Err(OpenError::Storage(format!(
+            "the events table holds {rows} rows but its last seq is {head}"
+        )));
+    }
+    let indexed_through = meta
+        .get(META_INDEXED_THROUGH)
+        .map_err(|e| st(e.into()))?
+        .map(|g| g.value())
+        .unwrap_or(0);
+    let mut tail = Tail::new(indexed_through);
+    for row in events
+        .range(indexed_through + 1..)
+        .map_err(|e| st(e.into()))?
+    {
+        let (k, v) = row.map_err(|e| st(e.into()))?;
+        let seq = k.value();
+        let rec = codec::decode(v.value()).map_err(|detail| OpenError::Format { seq, detail })?;
+        tail.insert(seq, rec.event_id, rec.stream, rec.subject);
+    }
+    drop(events);
+    drop(meta);
+    drop(txn);
+    Ok(Opened {
+        db,
+        head,
+        last_time_us,
+        tail,
+        repaired: repaired.load(std::sync::atomic::Ordering::Relaxed),
+    })
+}
+
+/// A bounded read of the log. `after` and `head` bound the seqs looked at; `budget` bounds how
+/// many stored rows one call may examine, so a sparse filter over a long log answers in bounded
+/// time with a `next_after` that lets the caller continue.
+#[derive(Debug, Clone, Default)]
+pub struct ReadQuery {
+    pub after: u64,
+    pub limit: usize,
+    pub stream: Option<String>,
+    pub subject: Option<String>,
+    pub event_type: Option<String>,
+}
+
+/// The answer to a [`ReadQuery`]: every matching event with `after < seq <= next_after` is in
+/// `events`, in order.
+#[derive(Debug, Clone)]
+pub struct ReadPage {
+    pub events: Vec<Event>,
+    pub next_after: u64,
+    pub head: u64,
+}
+
+pub(crate) const SCAN_BUDGET: usize = 20_000;
+
+pub(crate) fn read(
+    db: &Database,
+    tail: &RwLock<Tail>,
+    head: u64,
+    q: &ReadQuery,
+) -> Result<ReadPage, ReadError> {
+    let st = |e: redb::Error| ReadError::Storage(storage(e));
+    let limit = q.limit.max(1);
+    let mut out = Vec::new();
+    if q.after >= head {
+        return Ok(ReadPage {
+            events: out,
+            next_after: q.after,
+            head,
+        });
+    }
+    if let Some(subject) = &q.subject {
+        // Collect candidate seqs under the tail lock, so the index tables and the tail are
+        // seen at the same merge point.
+        let (txn, candidates, exhausted) = {
+            let tail = tail.read().unwrap_or_else(|p| p.into_inner());
+            let txn = db.begin_read().map_err(|e| st(e.into()))?;
+            let mut cands: Vec<(u64, bool)> = Vec::new();
+            let stream_ok = |s: &str| q.stream.as_deref().is_none_or(|want| want == s);
+            let indexed_end = tail.indexed_through.min(head);
+            let mut full = false;
+            if q.after < indexed_end {
+                let idx = txn.open_table(SUBJECTS).map_err(|e| st(e.into()))?;
+                let range = idx
+                    .range((subject.as_str(), q.after + 1)..=(subject.as_str(), indexed_end))
+                    .map_err(|e| st(e.into()))?;
+                for row in range {
+                    let (k, v) = row.map_err(|e| st(e.into()))?;
+                    cands.push((k.value().1, stream_ok(v.value())));
+                    if cands.len() >= SCAN_BUDGET {
+                        full = true;
+                        break;
+                    }
+                }
+            }
+            if !full && let Some(list) = tail.subjects.get(subject) {
+                let from = q.after.max(tail.indexed_through);
+                let start = list.partition_point(|(s, _)| *s <= from);
+                for (seq, stream) in &list[start..] {
+                    if *seq > head {
+                        break;
+                    }
+                    cands.push((*seq, stream_ok(stream)));
+                    if cands.len() >= SCAN_BUDGET {
+                        full = true;
+                        break;
+                    }
+                }
+            }
+            (txn, cands, !full)
+        };
+        let events = txn.open_table(EVENTS).map_err(|e| st(e.into()))?;
+        let mut next_after = if exhausted { head } else { q.after };
+        for (seq, stream_matches) in candidates {
+            if stream_matches {
+                let Some(v) = events.get(seq).map_err(|e| st(e.into()))? else {
+                    return Err(ReadError::Storage(format!(
+                        "indexed event {seq} is missing"
+                    )));
+                };
+                let ev = decode_event(seq, v.value())?;
+                if q.event_type.as_deref().is_none_or(|t| t == ev.event_type) {
+                    out.push(ev);
+                }
+            }
+            if out.len() >= limit {
+                next_after = seq;
+                break;
+            }
+            if !exhausted {
+                next_after = seq;
+            }
+        }
+        return Ok(ReadPage {
+            events: out,
+            next_after,
+            head,
+        });
+    }
+    let txn = db.begin_read().map_err(|e| st(e.into()))?;
+    let events = txn.open_table(EVENTS).map_err(|e| st(e.into()))?;
+    let mut next_after = head;
+    let mut examined = 0usize;
+    for row in events.range(q.after + 1..=head).map_err(|e| st(e.into()))? {
+        let (k, v) = row.map_err(|e| st(e.into()))?;
+        let seq = k.value();
+        examined += 1;
+        let matches = if q.stream.is_none() && q.event_type.is_none() {
+            true
+        } else {
+            let rec =
+                codec::decode(v.value()).map_err(|detail| ReadError::Format { seq, detail })?;
+            q.stream.as_deref().is_none_or(|s| s == rec.stream)
+                && q.event_type.as_deref().is_none_or(|t| t == rec.event_type)
+        };
+        if matches {
+            out.push(decode_event(seq, v.value())?);
+        }
+        if out.len() >= limit || examined >= SCAN_BUDGET {
+            next_after = seq;
+            break;
+        }
+    }
+    Ok(ReadPage {
+        events: out,
+        next_after,
+        head,
+    })
+}
+
+pub(crate) fn get(db: &Database, seq: u64) -> Result<Option<Event>, ReadError> {
+    let st = |e: redb::Error| ReadError::Storage(storage(e));
+    let txn = db.begin_read().map_err(|e| st(e.into()))?;
+    let events = txn.open_table(EVENTS).map_err(|e| st(e.into()))?;
+    match events.get(seq).map_err(|e| st(e.into()))? {
+        Some(v) => Ok(Some(decode_event(seq, v.value())?)),
+        None => Ok(None),
+    }
+}

@@ -1,0 +1,47 @@
+//! Event time: microseconds since the Unix epoch, rendered as RFC 3339 UTC with six digits.
+
+use time::OffsetDateTime;
+
+/// Current wall-clock time in microseconds since the epoch. Only the writer calls this: the
+/// time then enters the log inside the event, so nothing downstream reads the clock.
+pub(crate) fn now_micros() -> i64 {
+    let now = OffsetDateTime::now_utc();
+    (now.unix_timestamp_nanos() / 1_000) as i64
+}
+
+/// `2026-11-21T10:00:00.123456Z`.
+pub fn format_micros(us: i64) -> String {
+    let secs = us.div_euclid(1_000_000);
+    let micros = us.rem_euclid(1_000_000);
+    match OffsetDateTime::from_unix_timestamp(secs) {
+        Ok(t) => format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+            t.year(),
+            u8::from(t.month()),
+            t.day(),
+            t.hour(),
+            t.minute(),
+            t.second(),
+            micros
+        ),
+        Err(_) => "1970-01-01T00:00:00.000000Z".to_owned(),
+    }
+}
+
+/// Parse an RFC 3339 time into microseconds since the epoch.
+pub fn parse_rfc3339_micros(s: &str) -> Option<i64> {
+    let t = OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()?;
+    Some((t.unix_timestamp_nanos() / 1_000) as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_with_microseconds() {
+        assert_eq!(format_micros(0), "1970-01-01T00:00:00.000000Z");
+        let us = parse_rfc3339_micros("2026-11-21T10:00:00.123456Z").unwrap();
+        assert_eq!(format_micros(us), "2026-11-21T10:00:00.123456Z");
+    }
+}

@@ -1,0 +1,349 @@
+//! The single writer: group commit of concurrent appends.
+//!
+//! Appenders send requests over a bounded channel. The writer thread takes every request that is
+//! waiting (up to `max_group_events`), checks each one against the log and the rest of the
+//! group, writes all accepted events in one redb write transaction, commits it durably (fsync),
+//! and only then publishes the new head and answers the callers. A request is atomic: one
+//! conflicting event rejects that request alone, before anything of it is written.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use redb::{Database, ReadableTable, WriteTransaction};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::codec::{self, StoredV1};
+use crate::envelope::NewEvent;
+use crate::error::{AppendError, storage};
+use crate::store::{EVENT_IDS, EVENTS, META, META_INDEXED_THROUGH, SUBJECTS};
+use crate::time::now_micros;
+use crate::{AppendReceipt, Appended, Shared};
+
+type Reply = oneshot::Sender<Result<AppendReceipt, AppendError>>;
+type Group = Vec<(Vec<NewEvent>, Reply)>;
+
+pub(crate) enum Msg {
+    Append {
+        events: Vec<NewEvent>,
+        reply: oneshot::Sender<Result<AppendReceipt, AppendError>>,
+    },
+    Close(oneshot::Sender<()>),
+}
+
+pub(crate) struct Writer {
+    pub shared: Arc<Shared>,
+    pub db: Arc<Database>,
+    pub rx: mpsc::Receiver<Msg>,
+    pub head: u64,
+    pub last_time_us: i64,
+    pub max_group_events: usize,
+    pub merge_threshold: usize,
+    pub quick_repair: bool,
+    pub buf: Vec<u8>,
+}
+
+struct Pending {
+    reply: oneshot::Sender<Result<AppendReceipt, AppendError>>,
+    results: Vec<Appended>,
+}
+
+/// Where an event_id was found while checking a request.
+enum Found {
+    /// Staged earlier in this group: index into `group`.
+    Group(usize),
+    Log(u64),
+}
+
+impl Writer {
+    pub fn run(mut self) {
+        let mut close_reply = None;
+        while let Some(first) = self.rx.blocking_recv() {
+            let mut group = Vec::new();
+            let mut n = 0usize;
+            let mut next = Some(first);
+            while let Some(msg) = next.take() {
+                match msg {
+                    Msg::Append { events, reply } => {
+                        n += events.len();
+                        group.push((events, reply));
+                    }
+                    Msg::Close(reply) => {
+                        close_reply = Some(reply);
+                        break;
+                    }
+                }
+                if n >= self.max_group_events {
+                    break;
+                }
+                next = self.rx.try_recv().ok();
+            }
+            if !group.is_empty() {
+                self.process(group);
+            }
+            if close_reply.is_some() {
+                break;
+            }
+        }
+        self.rx.close();
+        // Answer anything that raced with the close.
+        while let Ok(msg) = self.rx.try_recv() {
+            if let Msg::Append { reply, .. } = msg {
+                let _ = reply.send(Err(AppendError::Closed));
+            }
+        }
+        tracing::info!(head = self.head, "log writer stopped");
+        if let Some(reply) = close_reply {
+            let _ = reply.send(());
+        }
+    }
+
+    fn poisoned(&self) -> Option<String> {
+        self.shared
+            .poisoned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn poison(&self, why: String) {
+        tracing::error!(error = %why, "log poisoned; appends are refused until restart");
+        self.shared.poisoned_flag.store(true, Ordering::SeqCst);
+        *self
+            .shared
+            .poisoned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(why);
+    }
+
+    fn begin(&self) -> Result<WriteTransaction, String> {
+        let mut txn = self.db.begin_write().map_err(storage)?;
+        txn.set_quick_repair(self.quick_repair);
+        Ok(txn)
+    }
+
+    fn process(&mut self, group: Group) {
+        if let Some(why) = self.poisoned() {
+            for (_, reply) in group {
+                let _ = reply.send(Err(AppendError::Poisoned(why.clone())));
+            }
+            return;
+        }
+        let txn = match self.begin() {
+            Ok(t) => t,
+            Err(e) => {
+                for (_, reply) in group {
+                    let _ = reply.send(Err(AppendError::Storage(e.clone())));
+                }
+                return;
+            }
+        };
+        let time_us = now_micros().max(self.last_time_us);
+        let mut staged: Vec<(u64, NewEvent)> = Vec::new();
+        let mut staged_ids: HashMap<String, usize> = HashMap::new();
+        let mut pending: Vec<Pending> = Vec::new();
+        let result = self.stage_group(
+            &txn,
+            group,
+            time_us,
+            &mut staged,
+            &mut staged_ids,
+            &mut pending,
+        );
+        if let Err(e) = result {
+            drop(txn);
+            self.poison(e.clone());
+            for p in pending {
+                let _ = p.reply.send(Err(AppendError::Storage(e.clone())));
+            }
+            return;
+        }
+        if staged.is_empty() {
+            // Nothing new (all duplicates): no commit needed.
+            drop(txn);
+            for p in pending {
+                let _ = p.reply.send(Ok(AppendReceipt {
+                    events: p.results,
+                    last_seq: self.head,
+                }));
+            }
+            return;
+        }
+        if let Err(e) = txn.commit() {
+            let why = storage(e);
+            self.poison(why.clone());
+            for p in pending {
+                let _ = p.reply.send(Err(AppendError::Storage(why.clone())));
+            }
+            return;
+        }
+        let new_head = staged.last().map(|(s, _)| *s).unwrap_or(self.head);
+        {
+            let mut tail = self.shared.tail.write().unwrap_or_else(|p| p.into_inner());
+            for (seq, ev) in &staged {
+                let id = ev.event_id.as_deref().unwrap_or_default();
+                tail.insert(*seq, id, &ev.stream, &ev.subject);
+            }
+        }
+        self.head = new_head;
+        self.last_time_us = time_us;
+        self.shared.head.send_replace(new_head);
+        for p in pending {
+            let _ = p.reply.send(Ok(AppendReceipt {
+                events: p.results,
+                last_seq: new_head,
+            }));
+        }
+        let tail_len = self.shared.tail.read().map(|t| t.len()).unwrap_or(0);
+        if tail_len >= self.merge_threshold
+            && let Err(e) = self.merge_tail()
+        {
+            self.poison(e);
+        }
+    }
+
+    /// Check every request of the group and write the accepted ones into `txn`. Rejected
+    /// requests are answered at once; accepted ones wait in `pending` for the commit. An `Err`
+    /// is a storage failure: the whole group fails.
+    fn stage_group(
+        &mut self,
+        txn: &WriteTransaction,
+        group: Group,
+        time_us: i64,
+        staged: &mut Vec<(u64, NewEvent)>,
+        staged_ids: &mut HashMap<String, usize>,
+        pending: &mut Vec<Pending>,
+    ) -> Result<(), String> {
+        let mut events_t = txn.open_table(EVENTS).map_err(storage)?;
+        let ids_t = txn.open_table(EVENT_IDS).map_err(storage)?;
+        let tail = self.shared.tail.read().unwrap_or_else(|p| p.into_inner());
+        'requests: for (events, reply) in group {
+            let base = staged.len();
+            let mut results = Vec::with_capacity(events.len());
+            for ev in events {
+                let id = ev.event_id.clone().unwrap_or_default();
+                let found = match staged_ids.get(&id) {
+                    Some(&i) => Some(Found::Group(i)),
+                    None => match tail.ids.get(&id) {
+                        Some(&seq) => Some(Found::Log(seq)),
+                        None => ids_t
+                            .get(id.as_str())
+                            .map_err(storage)?
+                            .map(|g| Found::Log(g.value())),
+                    },
+                };
+                let dup_of = match found {
+                    None => None,
+                    Some(Found::Group(i)) => {
+                        let (seq, orig) = &staged[i];
+                        Some((
+                            *seq,
+                            orig.stream == ev.stream
+                                && orig.subject == ev.subject
+                                && orig.event_type == ev.event_type
+                                && orig.payload_bytes() == ev.payload_bytes(),
+                        ))
+                    }
+                    Some(Found::Log(seq)) => {
+                        let same = match events_t.get(seq).map_err(storage)? {
+                            Some(v) => match crate::store::decode_event(seq, v.value()) {
+                                Ok(orig) => ev.same_content(&orig),
+                                Err(e) => return Err(e.to_string()),
+                            },
+                            None => return Err(format!("indexed event {seq} is missing")),
+                        };
+                        Some((seq, same))
+                    }
+                };
+                match dup_of {
+                    Some((seq, true)) => results.push(Appended {
+                        event_id: id,
+                        seq,
+                        duplicate: true,
+                    }),
+                    Some((seq, false)) => {
+                        // Undo what this request staged, then reject it whole.
+                        for (_, undone) in staged.drain(base..) {
+                            staged_ids.remove(undone.event_id.as_deref().unwrap_or_default());
+                        }
+                        let _ = reply.send(Err(AppendError::Conflict { event_id: id, seq }));
+                        continue 'requests;
+                    }
+                    None => {
+                        let seq = self.head + 1 + staged.len() as u64;
+                        staged_ids.insert(id.clone(), staged.len());
+                        staged.push((seq, ev));
+                        results.push(Appended {
+                            event_id: id,
+                            seq,
+                            duplicate: false,
+                        });
+                    }
+                }
+            }
+            for (seq, ev) in &staged[base..] {
+                codec::encode(
+                    &StoredV1 {
+                        event_id: ev.event_id.as_deref().unwrap_or_default(),
+                        stream: &ev.stream,
+                        subject: &ev.subject,
+                        event_type: &ev.event_type,
+                        time_us,
+                        payload: ev.payload_bytes(),
+                    },
+                    &mut self.buf,
+                );
+                events_t
+                    .insert(*seq, self.buf.as_slice())
+                    .map_err(storage)?;
+            }
+            pending.push(Pending { reply, results });
+        }
+        Ok(())
+    }
+
+    /// Move the in-memory tail into the redb index tables in one sorted write transaction.
+    fn merge_tail(&mut self) -> Result<(), String> {
+        let started = std::time::Instant::now();
+        let txn = self.begin()?;
+        let n;
+        {
+            let tail = self.shared.tail.read().unwrap_or_else(|p| p.into_inner());
+            n = tail.len();
+            let mut ids: Vec<(&str, u64)> =
+                tail.ids.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            ids.sort_unstable();
+            let mut ids_t = txn.open_table(EVENT_IDS).map_err(storage)?;
+            for (id, seq) in ids {
+                ids_t.insert(id, seq).map_err(storage)?;
+            }
+            let mut subjects: Vec<_> = tail
+                .subjects
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_slice()))
+                .collect();
+            subjects.sort_unstable_by_key(|(k, _)| *k);
+            let mut subj_t = txn.open_table(SUBJECTS).map_err(storage)?;
+            for (subject, list) in subjects {
+                for (seq, stream) in list {
+                    subj_t.insert((subject, *seq), &**stream).map_err(storage)?;
+                }
+            }
+            let mut meta = txn.open_table(META).map_err(storage)?;
+            meta.insert(META_INDEXED_THROUGH, self.head)
+                .map_err(storage)?;
+        }
+        // Commit and forget the tail under the write lock, so a reader sees either the old
+        // tables with the old tail or the new tables with the new tail.
+        let mut tail = self.shared.tail.write().unwrap_or_else(|p| p.into_inner());
+        txn.commit().map_err(storage)?;
+        tail.merged(self.head);
+        tracing::debug!(
+            events = n,
+            through = self.head,
+            ms = started.elapsed().as_millis() as u64,
+            "merged index tail"
+        );
+        Ok(())
+    }
+}

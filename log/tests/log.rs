@@ -1,0 +1,324 @@
+//! The log against its invariants, on a real redb file: I1 (dense, durable order) and I2
+//! (idempotent, atomic append), across group commits, index merges and reopens.
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use serde_json::json;
+use tidemark_log::{AppendError, Log, LogConfig, NewEvent, ReadQuery};
+
+fn ev(id: Option<&str>, subject: &str, ty: &str, payload: serde_json::Value) -> NewEvent {
+    NewEvent::new(id.map(str::to_owned), "task_events", subject, ty, &payload).unwrap()
+}
+
+fn cfg(dir: &tempfile::TempDir, merge_threshold: usize) -> LogConfig {
+    let mut c = LogConfig::new(dir.path().join("log.redb"));
+    c.merge_threshold = merge_threshold;
+    c.cache_bytes = 8 * 1024 * 1024;
+    c
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn all(log: &Log, q: ReadQuery) -> Vec<tidemark_log::Event> {
+    let mut out = Vec::new();
+    let mut q = q;
+    q.limit = 7;
+    loop {
+        let page = log.read(&q).unwrap();
+        out.extend(page.events);
+        if page.next_after >= page.head {
+            return out;
+        }
+        assert!(page.next_after > q.after, "a read must make progress");
+        q.after = page.next_after;
+    }
+}
+
+#[test]
+fn dense_idempotent_and_atomic() {
+    let dir = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let (log, rep) = Log::open(&cfg(&dir, 3)).unwrap();
+        assert_eq!(rep.head, 0);
+        let r = log
+            .append(vec![
+                ev(Some("a"), "t1", "x.y", json!({"k": 1})),
+                ev(None, "t2", "x.y", json!({})),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(
+            r.events.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        assert_eq!(r.last_seq, 2);
+        assert!(r.events[1].event_id.starts_with("evt-"));
+        // Same id, same content (other key order): duplicate naming the original seq.
+        let payload: serde_json::Value = serde_json::from_str(r#"{ "k" : 1 }"#).unwrap();
+        let d = log
+            .append(vec![ev(Some("a"), "t1", "x.y", payload)])
+            .await
+            .unwrap();
+        assert_eq!(d.events[0].seq, 1);
+        assert!(d.events[0].duplicate);
+        // Same id, other content, in a batch with a new event: the whole batch is refused.
+        let c = log
+            .append(vec![
+                ev(Some("b"), "t1", "x.y", json!({})),
+                ev(Some("a"), "t1", "x.y", json!({"k": 2})),
+            ])
+            .await
+            .unwrap_err();
+        assert!(matches!(c, AppendError::Conflict { seq: 1, .. }), "{c:?}");
+        assert_eq!(log.head(), 2);
+        assert!(log.get(3).unwrap().is_none());
+        // A batch repeating an id it introduces: the second is a duplicate of the first.
+        let r = log
+            .append(vec![
+                ev(Some("c"), "t1", "x.y", json!({})),
+                ev(Some("c"), "t1", "x.y", json!({})),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.events[0].seq, r.events[1].seq, r.events[1].duplicate),
+            (3, 3, true)
+        );
+        // Enough events to merge the tail several times; ids stay deduplicated across merges.
+        for i in 0..10 {
+            log.append(vec![ev(
+                Some(&format!("m{i}")),
+                "t3",
+                "x.z",
+                json!({"i": i}),
+            )])
+            .await
+            .unwrap();
+        }
+        let d = log
+            .append(vec![
+                ev(Some("b2"), "t1", "x.y", json!({})),
+                ev(Some("m0"), "t3", "x.z", json!({"i": 0})),
+            ])
+            .await
+            .unwrap();
+        assert!(d.events[1].duplicate);
+        assert_eq!(d.events[1].seq, 4);
+        let t3 = all(
+            &log,
+            ReadQuery {
+                subject: Some("t3".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(t3.len(), 10);
+        let t1 = all(
+            &log,
+            ReadQuery {
+                subject: Some("t1".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(t1.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 3, 14]);
+        let xz = all(
+            &log,
+            ReadQuery {
+                event_type: Some("x.z".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(xz.len(), 10);
+        let none = all(
+            &log,
+            ReadQuery {
+                stream: Some("other".into()),
+                subject: Some("t1".into()),
+                ..Default::default()
+            },
+        );
+        assert!(none.is_empty());
+        log.close().await;
+    });
+    // Reopen: same content, ids still known, seqs continue densely.
+    rt().block_on(async {
+        let (log, rep) = Log::open(&cfg(&dir, 3)).unwrap();
+        assert_eq!(rep.head, 14);
+        let d = log
+            .append(vec![ev(Some("a"), "t1", "x.y", json!({"k": 1}))])
+            .await
+            .unwrap();
+        assert_eq!((d.events[0].seq, d.events[0].duplicate), (1, true));
+        let n = log
+            .append(vec![ev(None, "t1", "x.y", json!({}))])
+            .await
+            .unwrap();
+        assert_eq!(n.events[0].seq, 15);
+        let events = all(&log, ReadQuery::default());
+        assert_eq!(
+            events.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            (1..=15).collect::<Vec<_>>()
+        );
+        let times: Vec<i64> = events.iter().map(|e| e.time_us).collect();
+        assert!(
+            times.windows(2).all(|w| w[0] <= w[1]),
+            "time never goes backwards along seq"
+        );
+        log.close().await;
+    });
+}
+
+#[test]
+fn concurrent_appenders_get_dense_unique_seqs() {
+    let dir = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let (log, _) = Log::open(&cfg(&dir, 500)).unwrap();
+        let mut tasks = Vec::new();
+        for t in 0..64 {
+            let log = log.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut seqs = Vec::new();
+                for i in 0..40 {
+                    let id = format!("w{t}-{i}");
+                    let r = log
+                        .append(vec![ev(
+                            Some(&id),
+                            &format!("s{}", i % 5),
+                            "x.y",
+                            json!({"t": t}),
+                        )])
+                        .await
+                        .unwrap();
+                    seqs.push((id, r.events[0].seq));
+                }
+                seqs
+            }));
+        }
+        let mut got: Vec<(String, u64)> = Vec::new();
+        for t in tasks {
+            got.extend(t.await.unwrap());
+        }
+        let mut seqs: Vec<u64> = got.iter().map(|g| g.1).collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, (1..=64 * 40).collect::<Vec<_>>());
+        let events = all(&log, ReadQuery::default());
+        let by_seq: HashMap<u64, String> =
+            events.into_iter().map(|e| (e.seq, e.event_id)).collect();
+        for (id, seq) in got {
+            assert_eq!(by_seq[&seq], id);
+        }
+        log.close().await;
+    });
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// A batch of (id index, content variant, subject index); id None = server-made id.
+    Append(Vec<(Option<u8>, u8, u8)>),
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => proptest::collection::vec((proptest::option::weighted(0.8, 0u8..12), 0u8..2, 0u8..3), 1..5).prop_map(Op::Append),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Random interleavings of appends, duplicates, conflicting ids and reopens, checked against
+    /// a model: seqs dense from 1, duplicates return the first seq, conflicts change nothing.
+    #[test]
+    fn log_matches_model(ops in proptest::collection::vec(op(), 1..25), threshold in 1usize..6) {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = rt();
+        // Model: seq-ordered list of (event_id, subject, variant).
+        let mut model: Vec<(String, u8, u8)> = Vec::new();
+        let mut log = Some(rt.block_on(async { Log::open(&cfg(&dir, threshold)).unwrap().0 }));
+        for op in ops {
+            match op {
+                Op::Reopen => {
+                    let l = log.take().unwrap();
+                    rt.block_on(l.close());
+                    drop(l);
+                    log = Some(Log::open(&cfg(&dir, threshold)).unwrap().0);
+                }
+                Op::Append(batch) => {
+                    let l = log.as_ref().unwrap();
+                    let events: Vec<NewEvent> = batch.iter().map(|(id, v, s)| {
+                        ev(id.map(|i| format!("id{i}")).as_deref(), &format!("s{s}"), "x.y", json!({"v": v}))
+                    }).collect();
+                    // Expected outcome from the model.
+                    let mut staged: Vec<(String, u8, u8)> = Vec::new();
+                    let mut expect: Result<Vec<(u64, bool)>, u64> = Ok(Vec::new());
+                    for (id, v, s) in &batch {
+                        let Some(i) = id else {
+                            let seq = (model.len() + staged.len() + 1) as u64;
+                            staged.push((String::new(), *s, *v));
+                            if let Ok(e) = &mut expect { e.push((seq, false)); }
+                            continue;
+                        };
+                        let id = format!("id{i}");
+                        let found = model.iter().chain(staged.iter()).position(|m| m.0 == id);
+                        match found {
+                            Some(p) => {
+                                let orig = if p < model.len() { &model[p] } else { &staged[p - model.len()] };
+                                if orig.1 == *s && orig.2 == *v {
+                                    if let Ok(e) = &mut expect { e.push((p as u64 + 1, true)); }
+                                } else if expect.is_ok() {
+                                    expect = Err(p as u64 + 1);
+                                }
+                            }
+                            None => {
+                                let seq = (model.len() + staged.len() + 1) as u64;
+                                staged.push((id, *s, *v));
+                                if let Ok(e) = &mut expect { e.push((seq, false)); }
+                            }
+                        }
+                    }
+                    let got = rt.block_on(l.append(events));
+                    match (expect, got) {
+                        (Ok(want), Ok(r)) => {
+                            let got: Vec<(u64, bool)> = r.events.iter().map(|e| (e.seq, e.duplicate)).collect();
+                            prop_assert_eq!(want, got);
+                            for (i, e) in r.events.iter().enumerate() {
+                                if !e.duplicate && batch[i].0.is_none() {
+                                    // Record the server-made id in the model.
+                                    let pos = (e.seq as usize) - model.len() - 1;
+                                    staged[pos].0 = e.event_id.clone();
+                                }
+                            }
+                            model.extend(staged);
+                        }
+                        (Err(seq), Err(AppendError::Conflict { seq: got, .. })) => prop_assert_eq!(seq, got),
+                        (want, got) => prop_assert!(false, "model {:?} but log {:?}", want, got),
+                    }
+                }
+            }
+            let l = log.as_ref().unwrap();
+            prop_assert_eq!(l.head(), model.len() as u64);
+        }
+        let l = log.as_ref().unwrap();
+        let events = all(l, ReadQuery::default());
+        prop_assert_eq!(events.len(), model.len());
+        for (e, m) in events.iter().zip(&model) {
+            prop_assert_eq!(&e.event_id, &m.0);
+            prop_assert_eq!(&e.subject, &format!("s{}", m.1));
+        }
+        for s in 0..3u8 {
+            let subject = format!("s{s}");
+            let got: Vec<u64> = all(l, ReadQuery { subject: Some(subject.clone()), ..Default::default() }).iter().map(|e| e.seq).collect();
+            let want: Vec<u64> = model.iter().enumerate().filter(|(_, m)| m.1 == s).map(|(i, _)| i as u64 + 1).collect();
+            prop_assert_eq!(got, want);
+        }
+        rt.block_on(l.close());
+    }
+}
