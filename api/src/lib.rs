@@ -1,1 +1,21 @@
-//! placeholder
+//! The tidemark HTTP/SSE server and its CLI.
+//!
+//! # Layout
+//! - [`config`]: embedded defaults → file → `TIDEMARK_*` environment.
+//! - [`server`]: the router (every handler is in the OpenAPI document) and [`run`].
+//! - `routes`: handlers, one file per resource family.
+//! - `auth`: bearer tokens and scopes; `error`: problem+json.
+//! - [`cli`]: the `tidemark` command line.
+
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod cli;
+pub mod config;
+pub mod error;
+mod metrics_setup;
+pub mod routes;
+pub mod server;
+pub mod state;
+
+pub use server::{RunError, router, run};

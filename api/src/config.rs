@@ -1,0 +1,162 @@
+//! Settings: the commented defaults embedded in the binary, then the file, then `TIDEMARK_*`
+//! environment variables. Validated once at start.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULTS_TOML: &str = include_str!("defaults.toml");
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub log: LogSettings,
+    pub auth: AuthConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub data: PathBuf,
+    pub max_body_bytes: usize,
+    pub sse_max_clients: usize,
+    pub keepalive_secs: u64,
+    pub shutdown_grace_secs: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    pub cache_mb: usize,
+    pub merge_threshold: usize,
+    pub max_group_events: usize,
+    pub queue_capacity: usize,
+    pub quick_repair: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    pub tokens: Vec<TokenConfig>,
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    pub name: String,
+    /// Hex SHA-256 of the token text; the text itself is never stored.
+    pub sha256: String,
+    pub scopes: Vec<String>,
+}
+
+impl std::fmt::Debug for TokenConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenConfig")
+            .field("name", &self.name)
+            .field("sha256", &"<redacted>")
+            .field("scopes", &self.scopes)
+            .finish()
+    }
+}
+
+pub const SCOPES: [&str; 5] = ["append", "read", "bridge", "operator", "admin"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Defaults, then `file` (when given), then `TIDEMARK_*` variables.
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut fig = Figment::from(Toml::string(DEFAULTS_TOML));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::Invalid(format!(
+                    "config file {} does not exist",
+                    path.display()
+                )));
+            }
+            fig = fig.merge(Toml::file(path));
+        }
+        fig = fig.merge(
+            Env::prefixed("TIDEMARK_")
+                .split("__")
+                .ignore(&["data", "listen", "config", "token", "url"]),
+        );
+        let cfg: Config = fig
+            .extract()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The built-in defaults alone.
+    pub fn defaults() -> Config {
+        Figment::from(Toml::string(DEFAULTS_TOML))
+            .extract()
+            .expect("the embedded defaults parse")
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        for t in &self.auth.tokens {
+            if t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return bad(format!(
+                    "auth token {:?}: sha256 must be 64 hex digits",
+                    t.name
+                ));
+            }
+            if let Some(s) = t.scopes.iter().find(|s| !SCOPES.contains(&s.as_str())) {
+                return bad(format!(
+                    "auth token {:?}: unknown scope {s:?} (known: {})",
+                    t.name,
+                    SCOPES.join(", ")
+                ));
+            }
+        }
+        if self.server.max_body_bytes == 0 || self.server.sse_max_clients == 0 {
+            return bad("server.max_body_bytes and server.sse_max_clients must be positive".into());
+        }
+        if self.server.keepalive_secs == 0 || self.server.keepalive_secs > 15 {
+            return bad("server.keepalive_secs must be between 1 and 15".into());
+        }
+        if self.log.cache_mb == 0 || self.log.merge_threshold == 0 || self.log.max_group_events == 0
+        {
+            return bad(
+                "log.cache_mb, log.merge_threshold and log.max_group_events must be positive"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    pub fn log_config(&self) -> tidemark_log::LogConfig {
+        let mut c = tidemark_log::LogConfig::new(self.server.data.join("log.redb"));
+        c.cache_bytes = self.log.cache_mb * 1024 * 1024;
+        c.merge_threshold = self.log.merge_threshold;
+        c.max_group_events = self.log.max_group_events;
+        c.queue_capacity = self.log.queue_capacity.max(1);
+        c.quick_repair = self.log.quick_repair;
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_load_and_validate() {
+        let c = Config::defaults();
+        c.validate().unwrap();
+        assert_eq!(c.server.listen.to_string(), "127.0.0.1:7700");
+        assert!(c.auth.tokens.is_empty());
+    }
+}

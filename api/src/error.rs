@@ -1,0 +1,160 @@
+//! Every error the API returns, as `application/problem+json` with a stable `code`.
+//! Internal errors are logged with context and returned opaque.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use tidemark_log::AppendError;
+use utoipa::ToSchema;
+
+/// RFC 9457 problem details.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+    /// Stable machine-readable code, e.g. `invalid_field`.
+    pub code: String,
+    /// Position of the offending event in the batch, when one event is at fault.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
+    /// The offending field, when one is at fault.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// For conflicts: the seq of the event already in the log.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub problem: Box<Problem>,
+    pub retry_after_secs: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &str, detail: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            problem: Box::new(Problem {
+                kind: format!("https://tidemark.dev/problems/{code}"),
+                title: status.canonical_reason().unwrap_or("error").to_owned(),
+                status: status.as_u16(),
+                detail: detail.into(),
+                code: code.to_owned(),
+                index: None,
+                field: None,
+                seq: None,
+            }),
+            retry_after_secs: None,
+        }
+    }
+
+    pub fn at(mut self, index: usize, field: Option<&str>) -> Self {
+        self.problem.index = Some(index);
+        self.problem.field = field.map(str::to_owned);
+        self
+    }
+
+    pub fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after_secs = Some(secs);
+        self
+    }
+
+    pub fn bad_request(code: &str, detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, detail)
+    }
+
+    pub fn invalid_query(detail: impl Into<String>) -> Self {
+        Self::bad_request("invalid_query", detail)
+    }
+
+    pub fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", detail)
+    }
+
+    pub fn unavailable() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the server is shutting down; retry against a running instance",
+        )
+        .retry_after(1)
+    }
+
+    /// A failure that is not the client's: logged here, returned without detail.
+    pub fn internal(context: &str, err: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %err, "{context}");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "an internal error occurred; it has been logged",
+        )
+    }
+}
+
+impl From<AppendError> for ApiError {
+    fn from(e: AppendError) -> Self {
+        match e {
+            AppendError::Invalid {
+                index,
+                field,
+                reason,
+            } => {
+                let code = if field == "events" {
+                    if reason.contains("empty") {
+                        "empty_batch"
+                    } else {
+                        "batch_too_large"
+                    }
+                } else {
+                    "invalid_field"
+                };
+                let status = if code == "batch_too_large" {
+                    StatusCode::PAYLOAD_TOO_LARGE
+                } else {
+                    StatusCode::BAD_REQUEST
+                };
+                ApiError::new(status, code, reason).at(index, Some(field))
+            }
+            AppendError::Conflict { event_id, seq } => {
+                let mut err = ApiError::new(
+                    StatusCode::CONFLICT,
+                    "event_id_conflict",
+                    format!(
+                        "event_id {event_id:?} is already in the log at seq {seq} with other content; nothing was appended"
+                    ),
+                );
+                err.problem.seq = Some(seq);
+                err
+            }
+            AppendError::Overloaded { .. } => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "overloaded",
+                "the log writer queue is full; retry after the indicated delay",
+            )
+            .retry_after(1),
+            AppendError::Closed => ApiError::unavailable(),
+            other => ApiError::internal("append failed", other),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&*self.problem).unwrap_or_default();
+        let mut resp = (self.status, body).into_response();
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(secs) = self.retry_after_secs {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}

@@ -1,0 +1,506 @@
+//! `POST /v1/events`, `GET /v1/events`, `GET /v1/events/stream`.
+
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::Stream;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tidemark_log::{AppendReceipt, Event, Log, NewEvent, ReadPage, ReadQuery, limits};
+use tidemark_projections::schema::{self, SchemaError};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::error::{ApiError, Problem};
+use crate::state::AppState;
+
+/// One event as a client sends it.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EventInput {
+    /// 1–128 of `A-Za-z0-9._:-`; the server makes one when absent. Retrying with the same id is
+    /// safe: the event is appended once.
+    pub event_id: Option<String>,
+    /// 1–64 of `a-z0-9_.-`.
+    pub stream: String,
+    /// 0–128 printable characters.
+    #[serde(default)]
+    pub subject: String,
+    /// 1–64 of `a-z0-9_.`.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// A JSON object of at most 64 KiB; `{}` when absent.
+    #[schema(value_type = Object)]
+    pub payload: Option<Value>,
+}
+
+/// Body of `POST /v1/events`: one event, or a batch of at most 1000.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum AppendBody {
+    Batch { events: Vec<Value> },
+    One(Box<EventInput>),
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AppendedOut {
+    pub event_id: String,
+    pub seq: u64,
+    /// True when the event_id was already in the log with the same content.
+    pub duplicate: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AppendResponse {
+    /// One entry per event sent, in order.
+    pub events: Vec<AppendedOut>,
+    /// The log's head after this append's commit (at least every seq above).
+    pub last_seq: u64,
+}
+
+/// A stored event, as served.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventEnvelope {
+    pub seq: u64,
+    pub event_id: String,
+    pub stream: String,
+    pub subject: String,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// Commit time, RFC 3339 UTC with microseconds.
+    pub time: String,
+    #[schema(value_type = Object)]
+    pub payload: Value,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventsPage {
+    #[schema(value_type = Vec<EventEnvelope>)]
+    pub events: Vec<Event>,
+    /// Every matching event with seq up to this one has been returned; pass it as
+    /// `after_sequence` to continue.
+    pub next_after_sequence: u64,
+    /// The log's head when this page was read.
+    pub latest_event_seq: u64,
+}
+
+/// Filters shared by `GET /v1/events` and the SSE stream. Numbers are parsed by hand so that a
+/// bad value gets a problem document rather than a plain-text rejection.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Return events with seq greater than this (default 0).
+    #[param(value_type = Option<u64>)]
+    pub after_sequence: Option<String>,
+    /// Page size, 1–1000 (default 100). Ignored by the stream.
+    #[param(value_type = Option<u32>)]
+    pub limit: Option<String>,
+    /// Only events of this stream.
+    pub stream: Option<String>,
+    /// Only events with this subject.
+    pub subject: Option<String>,
+    /// Only events of this type.
+    #[serde(rename = "type")]
+    #[param(rename = "type")]
+    pub event_type: Option<String>,
+}
+
+fn parse_u64(name: &str, v: Option<&str>) -> Result<Option<u64>, ApiError> {
+    match v {
+        None => Ok(None),
+        Some(s) => s.parse::<u64>().map(Some).map_err(|_| {
+            ApiError::invalid_query(format!("{name} must be a non-negative integer, got {s:?}"))
+        }),
+    }
+}
+
+impl EventsQuery {
+    fn to_read(&self, default_limit: usize) -> Result<ReadQuery, ApiError> {
+        let after = parse_u64("after_sequence", self.after_sequence.as_deref())?.unwrap_or(0);
+        let limit = match parse_u64("limit", self.limit.as_deref())? {
+            None => default_limit,
+            Some(n) if (1..=1000).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(ApiError::invalid_query(format!(
+                    "limit must be between 1 and 1000, got {n}"
+                )));
+            }
+        };
+        let check = |name: &str, v: &Option<String>, max: usize| -> Result<(), ApiError> {
+            match v {
+                Some(s) if s.is_empty() || s.chars().count() > max => Err(ApiError::invalid_query(
+                    format!("{name} must be 1 to {max} characters long"),
+                )),
+                _ => Ok(()),
+            }
+        };
+        check("stream", &self.stream, limits::STREAM_MAX)?;
+        check("type", &self.event_type, limits::TYPE_MAX)?;
+        if let Some(s) = &self.subject
+            && s.chars().count() > limits::SUBJECT_MAX
+        {
+            return Err(ApiError::invalid_query(
+                "subject is longer than 128 characters",
+            ));
+        }
+        Ok(ReadQuery {
+            after,
+            limit,
+            stream: self.stream.clone(),
+            subject: self.subject.clone(),
+            event_type: self.event_type.clone(),
+        })
+    }
+}
+
+fn query_rejection(r: QueryRejection) -> ApiError {
+    ApiError::invalid_query(r.body_text())
+}
+
+/// Turn one JSON event into a validated [`NewEvent`], or the error for it.
+fn to_new_event(index: usize, v: Value) -> Result<NewEvent, ApiError> {
+    let input: EventInput = serde_json::from_value(v).map_err(|e| {
+        ApiError::bad_request("malformed_json", format!("event {index}: {e}")).at(index, None)
+    })?;
+    let payload = input
+        .payload
+        .unwrap_or_else(|| Value::Object(Default::default()));
+    let mut event_id = input.event_id;
+    if input.event_type == "notification.requested" {
+        // The notification id is the event_id; the subject names it too.
+        match &event_id {
+            None if !input.subject.is_empty() => event_id = Some(input.subject.clone()),
+            Some(id) if *id != input.subject => {
+                return Err(ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "schema_violation",
+                    format!(
+                        "event {index}: a notification.requested event's subject must equal its event_id (the notification id)"
+                    ),
+                )
+                .at(index, Some("subject")));
+            }
+            _ => {}
+        }
+    }
+    let ev = NewEvent::new(
+        event_id,
+        input.stream,
+        input.subject,
+        input.event_type,
+        &payload,
+    )
+    .map_err(|e| {
+        let too_large = e.field == "payload" && e.reason.contains("bytes");
+        let (status, code) = if too_large {
+            (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
+        } else {
+            (StatusCode::BAD_REQUEST, "invalid_field")
+        };
+        ApiError::new(status, code, format!("event {index}: {e}")).at(index, Some(e.field))
+    })?;
+    schema::check_client_event(&ev.stream, &ev.subject, &ev.event_type, &payload).map_err(|e| {
+        match e {
+            SchemaError::ServerOnly(_) => ApiError::new(
+                StatusCode::FORBIDDEN,
+                "server_only_type",
+                format!("event {index}: {e}"),
+            )
+            .at(index, Some("type")),
+            SchemaError::Invalid(_) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "schema_violation",
+                format!("event {index}: {e}"),
+            )
+            .at(index, Some("payload")),
+        }
+    })?;
+    Ok(ev)
+}
+
+/// Parse and validate a whole request body; nothing is appended unless all of it is valid.
+pub fn parse_append_body(body: &[u8]) -> Result<Vec<NewEvent>, ApiError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request("malformed_json", format!("the body is not JSON: {e}"))
+    })?;
+    let Value::Object(mut obj) = v else {
+        return Err(ApiError::bad_request(
+            "malformed_json",
+            "the body must be an event object or {\"events\": [...]}",
+        ));
+    };
+    let raw: Vec<Value> = if obj.contains_key("events") {
+        if obj.len() != 1 {
+            return Err(ApiError::bad_request(
+                "malformed_json",
+                "a batch body has the single key \"events\"",
+            ));
+        }
+        match obj.remove("events") {
+            Some(Value::Array(items)) => items,
+            _ => {
+                return Err(ApiError::bad_request(
+                    "malformed_json",
+                    "\"events\" must be an array of event objects",
+                ));
+            }
+        }
+    } else {
+        vec![Value::Object(obj)]
+    };
+    if raw.is_empty() {
+        return Err(ApiError::bad_request(
+            "empty_batch",
+            "the batch has no events",
+        ));
+    }
+    if raw.len() > limits::BATCH_MAX_EVENTS {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "batch_too_large",
+            format!(
+                "the batch has {} events, more than the {} allowed",
+                raw.len(),
+                limits::BATCH_MAX_EVENTS
+            ),
+        ));
+    }
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, v)| to_new_event(i, v))
+        .collect()
+}
+
+fn body_rejection(r: BytesRejection) -> ApiError {
+    if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            "the request body is larger than the server's limit (server.max_body_bytes)",
+        )
+    } else {
+        ApiError::bad_request("malformed_json", r.body_text())
+    }
+}
+
+pub(crate) fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let mime = ct.split(';').next().unwrap_or("").trim();
+    if mime.eq_ignore_ascii_case("application/json") || mime.ends_with("+json") {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send the body as Content-Type: application/json",
+        ))
+    }
+}
+
+/// Append one event or a batch, atomically and durably.
+#[utoipa::path(
+    post, path = "/v1/events", tag = "events",
+    request_body(content = AppendBody, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Appended (or recognised as duplicates); durable", body = AppendResponse),
+        (status = 400, description = "Malformed input", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or bad token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Missing scope or server-only type", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "event_id already used with other content", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body, batch or payload too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Reserved type with an invalid payload", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Writer queue full; see Retry-After", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Shutting down", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["append"]))
+)]
+#[tracing::instrument(skip_all, fields(events))]
+pub async fn append(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let body = body.map_err(body_rejection)?;
+    require_json(&headers)?;
+    let events = parse_append_body(&body)?;
+    tracing::Span::current().record("events", events.len());
+    let receipt = st.log.append(events).await?;
+    record_append(&receipt, started);
+    Ok((StatusCode::CREATED, Json(to_response(receipt))).into_response())
+}
+
+fn record_append(receipt: &AppendReceipt, started: Instant) {
+    let dup = receipt.events.iter().filter(|e| e.duplicate).count() as u64;
+    metrics::counter!("tidemark_events_appended_total")
+        .increment(receipt.events.len() as u64 - dup);
+    metrics::counter!("tidemark_events_duplicate_total").increment(dup);
+    metrics::histogram!("tidemark_append_duration_seconds").record(started.elapsed().as_secs_f64());
+    metrics::gauge!("tidemark_log_head").set(receipt.last_seq as f64);
+}
+
+fn to_response(r: AppendReceipt) -> AppendResponse {
+    AppendResponse {
+        events: r
+            .events
+            .into_iter()
+            .map(|e| AppendedOut {
+                event_id: e.event_id,
+                seq: e.seq,
+                duplicate: e.duplicate,
+            })
+            .collect(),
+        last_seq: r.last_seq,
+    }
+}
+
+pub(crate) async fn read_page(log: &Log, q: ReadQuery) -> Result<ReadPage, ApiError> {
+    let log = log.clone();
+    tokio::task::spawn_blocking(move || log.read(&q))
+        .await
+        .map_err(|e| ApiError::internal("read task failed", e))?
+        .map_err(|e| ApiError::internal("read failed", e))
+}
+
+/// Read a page of events after a seq, optionally filtered.
+#[utoipa::path(
+    get, path = "/v1/events", tag = "events",
+    params(EventsQuery),
+    responses(
+        (status = 200, description = "A page of events in seq order", body = EventsPage),
+        (status = 400, description = "Bad query", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or bad token", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["read"]))
+)]
+#[tracing::instrument(skip_all)]
+pub async fn list(
+    State(st): State<AppState>,
+    q: Result<Query<EventsQuery>, QueryRejection>,
+) -> Result<Json<EventsPage>, ApiError> {
+    let Query(q) = q.map_err(query_rejection)?;
+    let rq = q.to_read(100)?;
+    let page = read_page(&st.log, rq).await?;
+    Ok(Json(EventsPage {
+        events: page.events,
+        next_after_sequence: page.next_after,
+        latest_event_seq: page.head,
+    }))
+}
+
+/// The resume point of a stream: `Last-Event-ID` wins over `after_sequence`, including `0`.
+pub(crate) fn resume_point(headers: &HeaderMap, query_after: u64) -> Result<u64, ApiError> {
+    match headers.get("last-event-id") {
+        None => Ok(query_after),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .map(str::trim)
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| {
+                ApiError::bad_request(
+                    "invalid_last_event_id",
+                    "Last-Event-ID must be the seq (a non-negative integer) of the last event received",
+                )
+            }),
+    }
+}
+
+/// Server-sent events of the log from a resume point, live.
+#[utoipa::path(
+    get, path = "/v1/events/stream", tag = "events",
+    params(
+        EventsQuery,
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq; wins over after_sequence"),
+    ),
+    responses(
+        (status = 200, description = "text/event-stream: `id` = seq, `event` = type, `data` = envelope", content_type = "text/event-stream", body = String),
+        (status = 400, description = "Bad query or Last-Event-ID", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many open streams", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["read"]))
+)]
+#[tracing::instrument(skip_all)]
+pub async fn stream(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    q: Result<Query<EventsQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = q.map_err(query_rejection)?;
+    let mut rq = q.to_read(256)?;
+    rq.limit = 256;
+    rq.after = resume_point(&headers, rq.after)?;
+    Ok(sse_response(&st, rq)?.into_response())
+}
+
+/// An SSE response that replays the log from `q.after` and then follows it. The stream reads
+/// one bounded page at a time and only when the client has taken the previous one, so a slow
+/// client costs one page of memory, never a backlog (I9).
+pub(crate) fn sse_response(
+    st: &AppState,
+    q: ReadQuery,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>> + use<>>, ApiError> {
+    let permit = st.sse_slots.clone().try_acquire_owned().map_err(|_| {
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_streams",
+            "the server has reached its limit of open streams (server.sse_max_clients)",
+        )
+        .retry_after(5)
+    })?;
+    let log = st.log.clone();
+    let shutdown = st.shutdown.clone();
+    let keepalive = Duration::from_secs(st.config.server.keepalive_secs);
+    let events = async_stream::stream! {
+        let _permit = permit;
+        let _gauge = SseGauge::new();
+        let mut q = q;
+        let mut head_rx = log.subscribe();
+        loop {
+            head_rx.borrow_and_update();
+            let page = match read_page(&log, q.clone()).await {
+                Ok(p) => p,
+                Err(_) => break,
+            };
+            for ev in &page.events {
+                let data = serde_json::to_string(ev).unwrap_or_default();
+                yield Ok(SseEvent::default().id(ev.seq.to_string()).event(ev.event_type.clone()).data(data));
+            }
+            q.after = page.next_after;
+            if page.next_after < page.head {
+                continue;
+            }
+            // Caught up: wait for the next commit (a nudge; the log is read again).
+            tokio::select! {
+                changed = head_rx.changed() => if changed.is_err() { break },
+                _ = shutdown.cancelled() => break,
+            }
+        }
+    };
+    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(keepalive)))
+}
+
+struct SseGauge;
+
+impl SseGauge {
+    fn new() -> Self {
+        metrics::gauge!("tidemark_sse_clients").increment(1.0);
+        SseGauge
+    }
+}
+
+impl Drop for SseGauge {
+    fn drop(&mut self) {
+        metrics::gauge!("tidemark_sse_clients").decrement(1.0);
+    }
+}

@@ -1,0 +1,4 @@
+//! HTTP handlers, one file per resource family.
+
+pub mod events;
+pub mod ops;

@@ -1,0 +1,93 @@
+//! Operational endpoints outside `/v1`: health, readiness, metrics, the OpenAPI document and
+//! the operator page.
+
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    pub status: &'static str,
+    /// Highest committed event_seq.
+    pub head: u64,
+}
+
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, body = Health)))]
+pub async fn healthz(State(st): State<AppState>) -> axum::Json<Health> {
+    axum::Json(Health {
+        status: "ok",
+        head: st.log.head(),
+    })
+}
+
+/// Readiness: the log is open and accepting appends.
+#[utoipa::path(get, path = "/readyz", tag = "ops", responses(
+    (status = 200, body = Health),
+    (status = 503, description = "Shutting down or the log is poisoned", body = crate::error::Problem, content_type = "application/problem+json"),
+))]
+pub async fn readyz(State(st): State<AppState>) -> Result<axum::Json<Health>, ApiError> {
+    if st.is_shutting_down() {
+        return Err(ApiError::unavailable());
+    }
+    if st.log.is_poisoned() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "log_poisoned",
+            "a storage failure stopped appends; restart the server",
+        ));
+    }
+    Ok(axum::Json(Health {
+        status: "ready",
+        head: st.log.head(),
+    }))
+}
+
+/// Prometheus metrics in the text exposition format.
+#[utoipa::path(get, path = "/metrics", tag = "ops", responses(
+    (status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)
+))]
+pub async fn metrics(State(st): State<AppState>) -> Response {
+    metrics::gauge!("tidemark_log_head").set(st.log.head() as f64);
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        st.metrics.render(),
+    )
+        .into_response()
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", tag = "ops", responses(
+    (status = 200, description = "OpenAPI 3.1 document", content_type = "application/json", body = Object)
+))]
+pub async fn openapi(Extension(doc): Extension<Arc<String>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        doc.as_str().to_owned(),
+    )
+        .into_response()
+}
+
+/// The operator page.
+#[utoipa::path(get, path = "/", tag = "ops", responses(
+    (status = 200, description = "HTML page", content_type = "text/html", body = String)
+))]
+pub async fn index(State(st): State<AppState>) -> Html<String> {
+    Html(format!(
+        "<!doctype html><html><head><meta charset=utf-8><title>tidemark</title></head><body>\
+         <h1>tidemark</h1><p>Log head: <b>{}</b></p><ul>\
+         <li><a href=\"/v1/events?limit=20\">latest events</a></li>\
+         <li><a href=\"/metrics\">metrics</a></li>\
+         <li><a href=\"/openapi.json\">OpenAPI document</a></li>\
+         <li><a href=\"/readyz\">readiness</a></li></ul></body></html>",
+        st.log.head()
+    ))
+}

@@ -1,0 +1,199 @@
+//! The router and the server's life: start, serve, shut down gracefully.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use tidemark_log::Log;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::trace::TraceLayer;
+use utoipa::OpenApi;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::auth::{self, Auth, Scope};
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::routes::{events, ops};
+use crate::state::AppState;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "tidemark", description = "Event-sourced notification and delivery engine"),
+    modifiers(&BearerAuth),
+    tags((name = "events", description = "The durable event log"), (name = "ops", description = "Operations"))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+/// Why the server did not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    #[error(
+        "refusing to listen on {0} with no auth tokens configured: add [[auth.tokens]] to the \
+         config file, or listen on a loopback address"
+    )]
+    OpenOnNonLoopback(std::net::SocketAddr),
+    #[error(transparent)]
+    Open(#[from] tidemark_log::OpenError),
+    #[error("server I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn scoped(router: OpenApiRouter<AppState>, auth: &Auth, scope: Scope) -> OpenApiRouter<AppState> {
+    router.route_layer(middleware::from_fn_with_state(
+        (auth.clone(), scope),
+        auth::require,
+    ))
+}
+
+/// Build the whole application router and its OpenAPI document.
+pub fn router(state: AppState) -> Router {
+    let auth = state.auth.clone();
+    let append = scoped(
+        OpenApiRouter::new().routes(routes!(events::append)),
+        &auth,
+        Scope::Append,
+    );
+    let read = scoped(
+        OpenApiRouter::new()
+            .routes(routes!(events::list))
+            .routes(routes!(events::stream)),
+        &auth,
+        Scope::Read,
+    );
+    let open = OpenApiRouter::new()
+        .routes(routes!(ops::healthz))
+        .routes(routes!(ops::readyz))
+        .routes(routes!(ops::metrics))
+        .routes(routes!(ops::openapi))
+        .routes(routes!(ops::index));
+    let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(append)
+        .merge(read)
+        .merge(open)
+        .split_for_parts();
+    let doc = Arc::new(doc.to_pretty_json().unwrap_or_else(|_| "{}".into()));
+    router
+        .fallback(|| async { ApiError::not_found("no such resource") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this resource does not support that method",
+            )
+        })
+        .layer(axum::Extension(doc))
+        .layer(DefaultBodyLimit::max(state.config.server.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            refuse_when_stopping,
+        ))
+        .layer(middleware::from_fn(record_request))
+        .layer(CatchPanicLayer::custom(|_| {
+            ApiError::internal("handler panicked", "panic").into_response()
+        }))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+async fn refuse_when_stopping(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    if st.is_shutting_down() {
+        return ApiError::unavailable().into_response();
+    }
+    next.run(req).await
+}
+
+async fn record_request(req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let method = req.method().as_str().to_owned();
+    let resp = next.run(req).await;
+    let status = resp.status().as_u16().to_string();
+    metrics::counter!("tidemark_http_requests_total", "method" => method.clone(), "route" => route.clone(), "status" => status).increment(1);
+    metrics::histogram!("tidemark_http_request_duration_seconds", "method" => method, "route" => route)
+        .record(started.elapsed().as_secs_f64());
+    resp
+}
+
+/// Open the log and serve on `listener` until `shutdown` resolves; then stop accepting, let
+/// in-flight requests finish (bounded by `server.shutdown_grace_secs`), end SSE streams, stop
+/// the writer and close the log file cleanly.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let addr = listener.local_addr()?;
+    if config.auth.tokens.is_empty() {
+        if !addr.ip().is_loopback() {
+            return Err(RunError::OpenOnNonLoopback(addr));
+        }
+        tracing::warn!(%addr, "no auth tokens configured: running open, on loopback only");
+    }
+    let log_cfg = config.log_config();
+    let (log, report) = tokio::task::spawn_blocking(move || Log::open(&log_cfg))
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))??;
+    tracing::info!(head = report.head, repaired = report.repaired, "log ready");
+    let metrics = crate::metrics_setup::handle();
+    crate::metrics_setup::describe();
+    metrics::gauge!("tidemark_log_head").set(report.head as f64);
+    let token = CancellationToken::new();
+    let state = AppState {
+        log: log.clone(),
+        auth: Auth::new(&config.auth.tokens),
+        sse_slots: Arc::new(Semaphore::new(config.server.sse_max_clients)),
+        shutting_down: Arc::new(AtomicBool::new(false)),
+        shutdown: token.clone(),
+        metrics,
+        config: Arc::new(config),
+    };
+    let grace = Duration::from_secs(state.config.server.shutdown_grace_secs);
+    let flag = state.shutting_down.clone();
+    let trigger = token.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutting down: no new connections; finishing in-flight requests");
+        flag.store(true, Ordering::SeqCst);
+        trigger.cancel();
+    });
+    let app = router(state);
+    let serve = axum::serve(listener, app).with_graceful_shutdown(token.clone().cancelled_owned());
+    tracing::info!(%addr, "serving");
+    tokio::select! {
+        r = serve => r?,
+        _ = async { token.cancelled().await; tokio::time::sleep(grace).await } => {
+            tracing::warn!(grace_secs = grace.as_secs(), "in-flight requests did not finish in time; closing anyway");
+        }
+    }
+    log.close().await;
+    drop(log);
+    tracing::info!("stopped cleanly");
+    Ok(())
+}

@@ -1,0 +1,31 @@
+//! Shared state of the HTTP server.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tidemark_log::Log;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::Auth;
+use crate::config::Config;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub log: Log,
+    pub config: Arc<Config>,
+    pub auth: Auth,
+    /// Cancelled when shutdown starts: SSE streams and long polls end on it.
+    pub shutdown: CancellationToken,
+    pub shutting_down: Arc<AtomicBool>,
+    /// One permit per open SSE stream (bounded, spec section 8).
+    pub sse_slots: Arc<Semaphore>,
+    pub metrics: PrometheusHandle,
+}
+
+impl AppState {
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+}

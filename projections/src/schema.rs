@@ -1,0 +1,315 @@
+//! Reserved event types (spec section 2).
+//!
+//! Types under a reserved prefix are checked here: server-only types cannot be sent by clients,
+//! client types must sit on their stream, have a subject, and carry a payload of the right
+//! shape. Other types are free-form.
+
+use serde_json::{Map, Value};
+
+/// Prefixes whose types tidemark defines.
+pub const RESERVED_PREFIXES: [&str; 7] = [
+    "task.",
+    "notification.",
+    "recipient.",
+    "delivery.",
+    "cursor.",
+    "bridge.",
+    "settings.",
+];
+
+pub const PRIORITIES: [&str; 4] = ["urgent", "action", "warning", "info"];
+
+/// Types only tidemark itself writes.
+pub const SERVER_ONLY: [&str; 17] = [
+    "notification.created",
+    "notification.terminal_state_mismatch",
+    "delivery.created",
+    "delivery.leased",
+    "delivery.sent",
+    "delivery.attempt_failed",
+    "delivery.lease_expired",
+    "delivery.skipped",
+    "delivery.cancelled",
+    "delivery.retried",
+    "delivery.discarded",
+    "delivery.lease_extended",
+    "cursor.advanced",
+    "cursor.reset",
+    "bridge.subscribed",
+    "bridge.unsubscribed",
+    "settings.updated",
+];
+
+/// Why a client may not append an event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchemaError {
+    #[error("type {0:?} is written by tidemark only")]
+    ServerOnly(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn invalid(msg: impl Into<String>) -> SchemaError {
+    SchemaError::Invalid(msg.into())
+}
+
+/// The stream a reserved client type belongs on.
+fn stream_of(event_type: &str) -> Option<&'static str> {
+    Some(match event_type {
+        "task.created"
+        | "task.run_started"
+        | "task.run_completed"
+        | "task.run_failed"
+        | "task.run_canceled"
+        | "task.run_review_requested"
+        | "task.run_review_approved"
+        | "task.run_review_rejected"
+        | "task.canceled" => "task_events",
+        "notification.requested" => "notifications",
+        "recipient.updated" | "recipient.suppressed" | "recipient.unsuppressed" => "recipients",
+        _ => return None,
+    })
+}
+
+/// Check an event a client wants to append. Free-form types always pass.
+pub fn check_client_event(
+    stream: &str,
+    subject: &str,
+    event_type: &str,
+    payload: &Value,
+) -> Result<(), SchemaError> {
+    if SERVER_ONLY.contains(&event_type) {
+        return Err(SchemaError::ServerOnly(event_type.to_owned()));
+    }
+    if !RESERVED_PREFIXES.iter().any(|p| event_type.starts_with(p)) {
+        return Ok(());
+    }
+    let Some(want_stream) = stream_of(event_type) else {
+        return Err(invalid(format!(
+            "type {event_type:?} uses a reserved prefix but is not a type tidemark defines"
+        )));
+    };
+    if stream != want_stream {
+        return Err(invalid(format!(
+            "type {event_type:?} belongs on stream {want_stream:?}, not {stream:?}"
+        )));
+    }
+    if subject.is_empty() {
+        return Err(invalid(format!(
+            "type {event_type:?} needs a subject (the {} id)",
+            want_stream.trim_end_matches('s').trim_end_matches("_event")
+        )));
+    }
+    let p = payload
+        .as_object()
+        .ok_or_else(|| invalid("payload must be an object"))?;
+    let f = Fields(p);
+    match event_type {
+        "task.created" => {
+            f.string("project_id", true, 128)?;
+            f.string("title", false, 512)?;
+            f.boolean("review_required")?;
+        }
+        "task.run_started"
+        | "task.run_completed"
+        | "task.run_canceled"
+        | "task.run_review_requested" => {
+            f.string("run_id", true, 128)?;
+        }
+        "task.run_failed" => {
+            f.string("run_id", true, 128)?;
+            f.string("error", false, 4096)?;
+        }
+        "task.run_review_approved" => {
+            f.string("run_id", true, 128)?;
+            f.string("reviewer", false, 128)?;
+        }
+        "task.run_review_rejected" => {
+            f.string("run_id", true, 128)?;
+            f.string("reviewer", false, 128)?;
+            f.string("reason", false, 4096)?;
+            f.boolean("continuation")?;
+        }
+        "task.canceled" => {
+            f.string("reason", false, 4096)?;
+        }
+        "notification.requested" => {
+            let prio = f.string("priority", true, 16)?.unwrap_or_default();
+            if !PRIORITIES.contains(&prio) {
+                return Err(invalid(format!(
+                    "payload.priority {prio:?} is not one of {}",
+                    PRIORITIES.join(", ")
+                )));
+            }
+            f.string("title", true, 256)?;
+            f.string("body", false, 8192)?;
+            f.string("recipient", false, 128)?;
+            f.string("group_key", false, 128)?;
+            f.time("deliver_after")?;
+            f.string("task_id", false, 128)?;
+            f.string("project_id", false, 128)?;
+        }
+        "recipient.updated" => {
+            if let Some(v) = p.get("tz_offset_minutes") {
+                match v.as_i64() {
+                    Some(m) if (-840..=840).contains(&m) => {}
+                    _ => {
+                        return Err(invalid(
+                            "payload.tz_offset_minutes must be an integer from -840 to 840",
+                        ));
+                    }
+                }
+            }
+        }
+        "recipient.suppressed" | "recipient.unsuppressed" => {
+            f.string("reason", false, 4096)?;
+            f.time("until")?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+struct Fields<'a>(&'a Map<String, Value>);
+
+impl<'a> Fields<'a> {
+    fn string(
+        &self,
+        name: &str,
+        required: bool,
+        max: usize,
+    ) -> Result<Option<&'a str>, SchemaError> {
+        match self.0.get(name) {
+            None | Some(Value::Null) if required => {
+                Err(invalid(format!("payload.{name} is required")))
+            }
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => {
+                if required && s.is_empty() {
+                    return Err(invalid(format!("payload.{name} must not be empty")));
+                }
+                if s.chars().count() > max {
+                    return Err(invalid(format!(
+                        "payload.{name} is longer than {max} characters"
+                    )));
+                }
+                Ok(Some(s))
+            }
+            Some(_) => Err(invalid(format!("payload.{name} must be a string"))),
+        }
+    }
+
+    fn boolean(&self, name: &str) -> Result<(), SchemaError> {
+        match self.0.get(name) {
+            None | Some(Value::Null) | Some(Value::Bool(_)) => Ok(()),
+            Some(_) => Err(invalid(format!("payload.{name} must be true or false"))),
+        }
+    }
+
+    fn time(&self, name: &str) -> Result<(), SchemaError> {
+        match self.string(name, false, 64)? {
+            Some(s) if tidemark_log::time::parse_rfc3339_micros(s).is_none() => Err(invalid(
+                format!("payload.{name} must be an RFC 3339 time, got {s:?}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn check(stream: &str, ty: &str, p: Value) -> Result<(), SchemaError> {
+        check_client_event(stream, "s-1", ty, &p)
+    }
+
+    #[test]
+    fn free_form_types_pass() {
+        assert!(check("anything", "my.type", json!({"x": 1})).is_ok());
+    }
+
+    #[test]
+    fn server_only_types_are_refused() {
+        for t in SERVER_ONLY {
+            assert!(matches!(
+                check("deliveries", t, json!({})),
+                Err(SchemaError::ServerOnly(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn lifecycle_schemas() {
+        assert!(check("task_events", "task.run_started", json!({"run_id": "r1"})).is_ok());
+        assert!(check("task_events", "task.run_started", json!({})).is_err());
+        assert!(check("task_events", "task.run_started", json!({"run_id": 5})).is_err());
+        assert!(check("other", "task.run_started", json!({"run_id": "r1"})).is_err());
+        assert!(check_client_event("task_events", "", "task.canceled", &json!({})).is_err());
+        assert!(check("task_events", "task.unknown", json!({})).is_err());
+        assert!(
+            check(
+                "task_events",
+                "task.created",
+                json!({"project_id": "p", "review_required": "yes"})
+            )
+            .is_err()
+        );
+        assert!(
+            check(
+                "task_events",
+                "task.created",
+                json!({"project_id": "p", "title": "x".repeat(513)})
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn notification_schema() {
+        let ok =
+            json!({"priority": "urgent", "title": "t", "deliver_after": "2026-11-21T10:00:00Z"});
+        assert!(check("notifications", "notification.requested", ok).is_ok());
+        assert!(
+            check(
+                "notifications",
+                "notification.requested",
+                json!({"priority": "loud", "title": "t"})
+            )
+            .is_err()
+        );
+        assert!(
+            check(
+                "notifications",
+                "notification.requested",
+                json!({"priority": "info"})
+            )
+            .is_err()
+        );
+        assert!(
+            check(
+                "notifications",
+                "notification.requested",
+                json!({"priority": "info", "title": "t", "deliver_after": "soon"})
+            )
+            .is_err()
+        );
+        assert!(
+            check(
+                "recipients",
+                "recipient.updated",
+                json!({"tz_offset_minutes": 841})
+            )
+            .is_err()
+        );
+        assert!(
+            check(
+                "recipients",
+                "recipient.updated",
+                json!({"tz_offset_minutes": -840})
+            )
+            .is_ok()
+        );
+    }
+}
