@@ -47,13 +47,9 @@ impl NewEvent {
         if let Some(id) = &ev.event_id {
             check_event_id(id)?;
         }
-        check_pattern("stream", &ev.stream, 1, limits::STREAM_MAX, |c| {
-            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-')
-        })?;
+        check_stream(&ev.stream)?;
         check_subject(&ev.subject)?;
-        check_pattern("type", &ev.event_type, 1, limits::TYPE_MAX, |c| {
-            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.')
-        })?;
+        check_type(&ev.event_type)?;
         if !payload.is_object() {
             return Err(FieldError::new("payload", "must be a JSON object"));
         }
@@ -141,6 +137,20 @@ fn check_pattern(
 pub fn check_event_id(id: &str) -> Result<(), FieldError> {
     check_pattern("event_id", id, 1, limits::EVENT_ID_MAX, |c| {
         c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')
+    })
+}
+
+/// `stream`: 1–64 of `a-z0-9_.-`.
+pub fn check_stream(stream: &str) -> Result<(), FieldError> {
+    check_pattern("stream", stream, 1, limits::STREAM_MAX, |c| {
+        c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-')
+    })
+}
+
+/// `type`: 1–64 of `a-z0-9_.`.
+pub fn check_type(event_type: &str) -> Result<(), FieldError> {
+    check_pattern("type", event_type, 1, limits::TYPE_MAX, |c| {
+        c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.')
     })
 }
 

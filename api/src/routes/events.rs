@@ -132,23 +132,17 @@ impl EventsQuery {
                 )));
             }
         };
-        let check = |name: &str, v: &Option<String>, max: usize| -> Result<(), ApiError> {
-            match v {
-                Some(s) if s.is_empty() || s.chars().count() > max => Err(ApiError::invalid_query(
-                    format!("{name} must be 1 to {max} characters long"),
-                )),
-                _ => Ok(()),
-            }
-        };
-        check("stream", &self.stream, limits::STREAM_MAX)?;
-        check("type", &self.event_type, limits::TYPE_MAX)?;
-        if let Some(s) = &self.subject
-            && s.chars().count() > limits::SUBJECT_MAX
-        {
-            return Err(ApiError::invalid_query(
-                "subject is longer than 128 characters",
-            ));
-        }
+        use tidemark_log::envelope::{check_stream, check_subject, check_type};
+        let filter =
+            |v: &Option<String>, check: fn(&str) -> Result<(), tidemark_log::FieldError>| {
+                v.as_deref()
+                    .map(check)
+                    .transpose()
+                    .map_err(|e| ApiError::invalid_query(format!("filter {e}")))
+            };
+        filter(&self.stream, check_stream)?;
+        filter(&self.event_type, check_type)?;
+        filter(&self.subject, check_subject)?;
         Ok(ReadQuery {
             after,
             limit,

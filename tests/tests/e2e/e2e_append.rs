@@ -1,0 +1,447 @@
+//! Appends over HTTP: dense seqs from 1 (I1), idempotency by `event_id` and conflicts (I2),
+//! atomic batches, paging with filters, and the `time` field.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tidemark_tests::{Server, ServerOpts, assert_problem};
+
+use crate::common::{assert_dense_unique, check_time, ev, id_of, receipts, seq_of};
+
+#[tokio::test]
+async fn single_and_batch_get_dense_seqs_from_one() {
+    let s = Server::start(ServerOpts::default()).await;
+    assert_eq!(s.head().await, 0, "a new log is empty");
+
+    let (st, body) = s
+        .append(&ev("a-1", "orders", "o-1", "order.placed", json!({"n": 1})))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    assert_eq!(receipts(&body), vec![("a-1".to_owned(), 1, false)]);
+    assert_eq!(body["last_seq"], 1, "{body}");
+
+    // No event_id, no subject, no payload: the server makes the id; subject is "" and the
+    // payload an empty object.
+    let (st, body) = s
+        .append(&json!({"stream": "orders", "type": "order.noted"}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    let r = receipts(&body);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].1, 2);
+    assert!(!r[0].2);
+    let generated = r[0].0.clone();
+    assert!(
+        !generated.is_empty()
+            && generated.len() <= 128
+            && generated
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._:-".contains(c)),
+        "a server-made event_id must follow the event_id rule, got {generated:?}"
+    );
+
+    let batch: Vec<Value> = (0..5)
+        .map(|i| {
+            ev(
+                &format!("b-{i}"),
+                "orders",
+                "o-2",
+                "order.line",
+                json!({"i": i}),
+            )
+        })
+        .collect();
+    let (st, body) = s.append(&json!({ "events": batch })).await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    let r = receipts(&body);
+    assert_eq!(
+        r,
+        (0..5)
+            .map(|i| (format!("b-{i}"), 3 + i, false))
+            .collect::<Vec<_>>(),
+        "a batch gets consecutive seqs in its order"
+    );
+    assert_eq!(body["last_seq"], 7, "{body}");
+
+    let all = s.read_all("").await;
+    assert_dense_unique(&all, s.head().await);
+    assert_eq!(all.len(), 7);
+    assert_eq!(all[0]["event_id"], "a-1");
+    assert_eq!(all[0]["stream"], "orders");
+    assert_eq!(all[0]["subject"], "o-1");
+    assert_eq!(all[0]["type"], "order.placed");
+    assert_eq!(all[0]["payload"], json!({"n": 1}));
+    assert_eq!(all[1]["event_id"], generated.as_str());
+    assert_eq!(all[1]["subject"], "", "an absent subject is served as \"\"");
+    assert_eq!(
+        all[1]["payload"],
+        json!({}),
+        "an absent payload is served as {{}}"
+    );
+    for (i, e) in all[2..].iter().enumerate() {
+        assert_eq!(e["event_id"], format!("b-{i}").as_str());
+        assert_eq!(e["payload"], json!({ "i": i }));
+    }
+    let keys: Vec<&str> = all[0]
+        .as_object()
+        .expect("envelope object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    for k in [
+        "seq", "event_id", "stream", "subject", "type", "time", "payload",
+    ] {
+        assert!(keys.contains(&k), "the envelope has no `{k}`: {}", all[0]);
+    }
+}
+
+#[tokio::test]
+async fn duplicate_with_same_content_answers_the_original_seq() {
+    let s = Server::start(ServerOpts::default()).await;
+    s.append(&ev("pre", "orders", "o", "order.x", json!({})))
+        .await;
+    let original = r#"{"event_id":"dup-1","stream":"orders","subject":"o-1","type":"order.placed","payload":{"a":{"x":1,"y":[1,2]},"b":"s","c":null}}"#;
+    let r = s.post_raw(original).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    assert_eq!(receipts(&r.json), vec![("dup-1".to_owned(), 2, false)]);
+
+    // Same content as a JSON value: other key order, other whitespace.
+    let same = "{ \"payload\" : {\n  \"c\": null, \"b\" : \"s\" ,\t\"a\" : { \"y\" : [ 1 , 2 ], \"x\" : 1 } },\n \
+                \"type\":\"order.placed\", \"subject\":\"o-1\",\"stream\" : \"orders\",\"event_id\":\"dup-1\" }";
+    let r = s.post_raw(same).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    assert_eq!(
+        receipts(&r.json),
+        vec![("dup-1".to_owned(), 2, true)],
+        "a re-sent event is a duplicate with the original seq"
+    );
+    assert_eq!(s.head().await, 2, "a duplicate appends nothing");
+
+    // In a batch with a new event: the duplicate keeps its seq, the new one is appended.
+    let (st, body) = s
+        .append(&json!({"events": [
+            {"event_id": "dup-1", "stream": "orders", "subject": "o-1", "type": "order.placed",
+             "payload": {"b": "s", "c": null, "a": {"y": [1, 2], "x": 1}}},
+            ev("dup-2", "orders", "o-1", "order.placed", json!({})),
+        ]}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    assert_eq!(
+        receipts(&body),
+        vec![
+            ("dup-1".to_owned(), 2, true),
+            ("dup-2".to_owned(), 3, false)
+        ]
+    );
+    assert_eq!(body["last_seq"], 3, "{body}");
+    let all = s.read_all("").await;
+    assert_dense_unique(&all, 3);
+    assert_eq!(
+        all[1]["payload"],
+        json!({"a": {"x": 1, "y": [1, 2]}, "b": "s", "c": null})
+    );
+}
+
+#[tokio::test]
+async fn same_id_with_other_content_is_a_conflict_and_changes_nothing() {
+    let s = Server::start(ServerOpts::default()).await;
+    let base = ev("c-1", "orders", "o-1", "order.placed", json!({"n": 1}));
+    let (st, _) = s.append(&base).await;
+    assert_eq!(st, StatusCode::CREATED);
+    let variants = [
+        ev("c-1", "other", "o-1", "order.placed", json!({"n": 1})),
+        ev("c-1", "orders", "o-2", "order.placed", json!({"n": 1})),
+        ev("c-1", "orders", "o-1", "order.changed", json!({"n": 1})),
+        ev("c-1", "orders", "o-1", "order.placed", json!({"n": 2})),
+        ev(
+            "c-1",
+            "orders",
+            "o-1",
+            "order.placed",
+            json!({"n": 1, "m": 0}),
+        ),
+        ev("c-1", "orders", "o-1", "order.placed", json!({})),
+    ];
+    for v in &variants {
+        let r = s
+            .send(s.request(reqwest::Method::POST, "/v1/events").json(v))
+            .await;
+        assert_problem(&r, 409, "event_id_conflict");
+        assert_eq!(s.head().await, 1, "a conflict appends nothing ({v})");
+    }
+    // In a batch after a new event: the whole batch is refused.
+    let r = s
+        .send(
+            s.request(reqwest::Method::POST, "/v1/events")
+                .json(&json!({"events": [
+                    ev("c-new", "orders", "o-1", "order.placed", json!({})),
+                    ev("c-1", "orders", "o-1", "order.placed", json!({"n": 3})),
+                ]})),
+        )
+        .await;
+    assert_problem(&r, 409, "event_id_conflict");
+    assert_eq!(s.head().await, 1);
+    let (st, body) = s
+        .append(&ev("c-new", "orders", "o-1", "order.placed", json!({})))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    assert_eq!(
+        receipts(&body),
+        vec![("c-new".to_owned(), 2, false)],
+        "the event of the refused batch was not stored"
+    );
+    let all = s.read_all("").await;
+    assert_eq!(
+        all[0]["payload"],
+        json!({"n": 1}),
+        "the original is untouched"
+    );
+}
+
+/// A bad event, the expected status and code, and where the problem points (index, field).
+type BatchCase = (Value, u16, &'static str, Option<(u64, &'static str)>);
+
+#[tokio::test]
+async fn a_batch_with_one_bad_event_appends_nothing() {
+    let s = Server::start(ServerOpts::default()).await;
+    let good = |i: u32| ev(&format!("g-{i}"), "orders", "o", "order.x", json!({"i": i}));
+    let (st, _) = s.append(&good(0)).await;
+    assert_eq!(st, StatusCode::CREATED);
+
+    let big = "x".repeat(65 * 1024);
+    let cases: Vec<BatchCase> = vec![
+        (
+            ev("g-bad", "Bad Stream", "o", "order.x", json!({})),
+            400,
+            "invalid_field",
+            Some((2, "stream")),
+        ),
+        (
+            ev(
+                "g-bad",
+                "notifications",
+                "n1",
+                "notification.created",
+                json!({}),
+            ),
+            403,
+            "server_only_type",
+            None,
+        ),
+        (
+            ev("g-bad", "task_events", "t1", "task.run_started", json!({})),
+            422,
+            "schema_violation",
+            None,
+        ),
+        (
+            ev("g-bad", "orders", "o", "order.x", json!({ "big": big })),
+            413,
+            "payload_too_large",
+            None,
+        ),
+        (
+            ev("g-0", "orders", "o", "order.x", json!({"i": "other"})),
+            409,
+            "event_id_conflict",
+            None,
+        ),
+    ];
+    for (bad, status, code, at) in cases {
+        let r = s
+            .send(
+                s.request(reqwest::Method::POST, "/v1/events")
+                    .json(&json!({"events": [good(1), good(2), bad, good(3)]})),
+            )
+            .await;
+        assert_problem(&r, status, code);
+        if let Some((index, field)) = at {
+            assert_eq!(r.json["index"], index, "problem `index`: {}", r.text);
+            assert_eq!(r.json["field"], field, "problem `field`: {}", r.text);
+        }
+        assert_eq!(
+            s.head().await,
+            1,
+            "a refused batch ({code}) appends nothing"
+        );
+    }
+    let (st, body) = s
+        .append(&json!({"events": [good(1), good(2), good(3)]}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    assert_eq!(
+        receipts(&body),
+        vec![
+            ("g-1".to_owned(), 2, false),
+            ("g-2".to_owned(), 3, false),
+            ("g-3".to_owned(), 4, false)
+        ],
+        "none of the refused batches' events were stored"
+    );
+}
+
+#[tokio::test]
+async fn boundary_values_are_accepted() {
+    let s = Server::start(ServerOpts::default()).await;
+    let id128: String = "Az09._:-".repeat(16);
+    let stream64 = "a0_.-b".repeat(11)[..64].to_owned();
+    let type64 = "a0_.b".repeat(13)[..64].to_owned();
+    let subject128: String = "é ü/#?&=".chars().cycle().take(128).collect();
+    let payload = json!({ "p": "y".repeat(60 * 1024) });
+    let (st, body) = s
+        .append(&json!({"events": [
+            ev(&id128, &stream64, &subject128, &type64, payload.clone()),
+            ev("x", "s", "", "t", json!({})),
+        ]}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    assert_eq!(receipts(&body)[0], (id128.clone(), 1, false));
+    let all = s.read_all("").await;
+    assert_eq!(all[0]["event_id"], id128.as_str());
+    assert_eq!(all[0]["stream"], stream64.as_str());
+    assert_eq!(all[0]["type"], type64.as_str());
+    assert_eq!(all[0]["subject"], subject128.as_str());
+    assert_eq!(all[0]["payload"], payload);
+    assert_eq!(all[1]["subject"], "");
+    // A subject with reserved URL characters can be used as a filter.
+    let enc: String = subject128.bytes().map(|b| format!("%{b:02X}")).collect();
+    let only = s.read_all(&format!("subject={enc}")).await;
+    assert_eq!(only.len(), 1, "filter by an encoded subject");
+    assert_eq!(seq_of(&only[0]), 1);
+}
+
+/// A query string and the (stream, subject, type) filter it means.
+type FilterCase = (
+    String,
+    Option<&'static str>,
+    Option<&'static str>,
+    Option<&'static str>,
+);
+
+/// Expected matches of a filter over the model log.
+fn matching<'a>(
+    model: &'a [Value],
+    stream: Option<&str>,
+    subject: Option<&str>,
+    ty: Option<&str>,
+) -> Vec<&'a Value> {
+    model
+        .iter()
+        .filter(|e| stream.is_none_or(|s| e["stream"] == s))
+        .filter(|e| subject.is_none_or(|s| e["subject"] == s))
+        .filter(|e| ty.is_none_or(|t| e["type"] == t))
+        .collect()
+}
+
+#[tokio::test]
+async fn paging_with_filters_returns_exactly_the_matches_in_order() {
+    let s = Server::start(ServerOpts::default()).await;
+    let streams = ["s.one", "s-two"];
+    let subjects = ["a", "b", "sub ject/é"];
+    let types = ["t.x", "t.y"];
+    let mut model = Vec::new();
+    for chunk in 0..10u64 {
+        let batch: Vec<Value> = (0..9u64)
+            .map(|k| {
+                let i = chunk * 9 + k;
+                let e = ev(
+                    &format!("p-{i}"),
+                    streams[usize::try_from(i % 2).expect("small")],
+                    subjects[usize::try_from(i % 3).expect("small")],
+                    types[usize::try_from((i / 5) % 2).expect("small")],
+                    json!({ "i": i }),
+                );
+                model.push(e.clone());
+                e
+            })
+            .collect();
+        let (st, body) = s.append(&json!({ "events": batch })).await;
+        assert_eq!(st, StatusCode::CREATED, "{body}");
+    }
+    assert_eq!(s.head().await, 90);
+
+    let enc = "sub%20ject%2F%C3%A9";
+    let cases: Vec<FilterCase> = vec![
+        (String::new(), None, None, None),
+        ("stream=s.one".into(), Some("s.one"), None, None),
+        ("subject=b".into(), None, Some("b"), None),
+        (format!("subject={enc}"), None, Some("sub ject/é"), None),
+        ("type=t.y".into(), None, None, Some("t.y")),
+        (
+            "stream=s-two&subject=a".into(),
+            Some("s-two"),
+            Some("a"),
+            None,
+        ),
+        (
+            "stream=s.one&subject=b&type=t.x".into(),
+            Some("s.one"),
+            Some("b"),
+            Some("t.x"),
+        ),
+        ("subject=nobody".into(), None, Some("nobody"), None),
+        ("stream=nothing".into(), Some("nothing"), None, None),
+    ];
+    for (filters, stream, subject, ty) in cases {
+        let want = matching(&model, stream, subject, ty);
+        for limit in [7, 1000] {
+            let got = s.read_all_with(&filters, limit).await;
+            let got_ids: Vec<&str> = got.iter().map(id_of).collect();
+            let want_ids: Vec<&str> = want
+                .iter()
+                .map(|e| e["event_id"].as_str().expect("id"))
+                .collect();
+            assert_eq!(got_ids, want_ids, "filter {filters:?}, limit {limit}");
+            for (g, w) in got.iter().zip(&want) {
+                for k in ["stream", "subject", "type", "payload"] {
+                    assert_eq!(g[k], w[k], "field {k} of {g}");
+                }
+                let i: u64 = w["payload"]["i"].as_u64().expect("i");
+                assert_eq!(seq_of(g), i + 1, "seq of {g}");
+            }
+        }
+    }
+
+    // A page never holds more than `limit`, and pages continue where the last one ended.
+    let p = s.page("after_sequence=0&limit=7").await;
+    assert_eq!(p.events.len(), 7);
+    assert_eq!(p.next_after_sequence, 7);
+    assert_eq!(p.latest_event_seq, 90);
+    let p = s.page("after_sequence=85").await;
+    assert_eq!(
+        p.events.iter().map(seq_of).collect::<Vec<_>>(),
+        vec![86, 87, 88, 89, 90]
+    );
+    let p = s.page("after_sequence=90").await;
+    assert!(p.events.is_empty(), "nothing after the head");
+    let p = s.page("after_sequence=500").await;
+    assert!(p.events.is_empty(), "nothing after a seq past the head");
+    let p = s.page("").await;
+    assert_eq!(p.events.len(), 90, "limit defaults to 100");
+}
+
+#[tokio::test]
+async fn time_is_rfc3339_with_microseconds_and_never_goes_back() {
+    let s = Server::start(ServerOpts::default()).await;
+    for round in 0..20 {
+        let batch: Vec<Value> = (0..(round % 4 + 1))
+            .map(|k| ev(&format!("t-{round}-{k}"), "clock", "c", "tick", json!({})))
+            .collect();
+        let (st, body) = s.append(&json!({ "events": batch })).await;
+        assert_eq!(st, StatusCode::CREATED, "{body}");
+    }
+    let all = s.read_all("").await;
+    assert_dense_unique(&all, s.head().await);
+    let mut last = String::new();
+    for e in &all {
+        let t = e["time"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no string `time` in {e}"));
+        let stamp = check_time(t).to_owned();
+        assert!(
+            stamp >= last,
+            "time goes backwards at seq {}: {t} after {last}",
+            seq_of(e)
+        );
+        last = stamp;
+    }
+}

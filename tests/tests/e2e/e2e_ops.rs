@@ -1,0 +1,111 @@
+//! Operational endpoints: health, readiness, Prometheus metrics and the OpenAPI document.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::json;
+use tidemark_tests::{Server, ServerOpts};
+
+#[tokio::test]
+async fn healthz_and_readyz() {
+    let s = Server::start(ServerOpts::default()).await;
+    let (st, body) = s.get_json("/healthz").await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(body["status"], "ok", "{body}");
+    let r = s.get("/readyz").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+}
+
+/// The sum of the samples of a metric (all label sets) in Prometheus text.
+fn metric_sum(text: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !(rest.starts_with(' ') || rest.starts_with('{')) {
+            continue;
+        }
+        let value = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+        if let Some(v) = value {
+            *found.get_or_insert(0.0) += v;
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn metrics_count_appends() {
+    let s = Server::start(ServerOpts::default()).await;
+    let batch: Vec<_> = (0..3)
+        .map(|i| json!({"event_id": format!("m-{i}"), "stream": "m", "type": "m.t"}))
+        .collect();
+    let (st, body) = s.append(&json!({ "events": batch })).await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    let mut stream = s.sse("after_sequence=0", None).await.expect("stream");
+    assert_eq!(stream.expect_event(Duration::from_secs(30)).await.seq(), 1);
+
+    let r = s.get("/metrics").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(
+        r.content_type
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("text/plain"),
+        "Prometheus text format, got {:?}",
+        r.content_type
+    );
+    let appended = metric_sum(&r.text, "tidemark_events_appended_total")
+        .unwrap_or_else(|| panic!("no tidemark_events_appended_total in:\n{}", r.text));
+    assert!(
+        appended >= 3.0,
+        "3 events were appended, the counter says {appended}"
+    );
+    for name in [
+        "tidemark_append_duration_seconds_bucket",
+        "tidemark_append_duration_seconds_count",
+        "tidemark_sse_clients",
+        "tidemark_http_requests_total",
+    ] {
+        assert!(
+            metric_sum(&r.text, name).is_some(),
+            "no {name} in /metrics:\n{}",
+            r.text
+        );
+    }
+    let clients = metric_sum(&r.text, "tidemark_sse_clients").unwrap_or_default();
+    assert!(
+        clients >= 1.0,
+        "one SSE client is connected, the gauge says {clients}"
+    );
+}
+
+#[tokio::test]
+async fn openapi_lists_every_path() {
+    let s = Server::start(ServerOpts::default()).await;
+    let (st, doc) = s.get_json("/openapi.json").await;
+    assert_eq!(st, StatusCode::OK);
+    let version = doc["openapi"].as_str().unwrap_or_default();
+    assert!(version.starts_with("3.1"), "OpenAPI 3.1, got {version:?}");
+    let paths = doc["paths"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no `paths` object in {doc}"));
+    for p in [
+        "/v1/events",
+        "/v1/events/stream",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ] {
+        assert!(
+            paths.contains_key(p),
+            "openapi.json has no path {p}; it has {:?}",
+            paths.keys().collect::<Vec<_>>()
+        );
+    }
+    assert!(
+        paths["/v1/events"].get("post").is_some() && paths["/v1/events"].get("get").is_some(),
+        "/v1/events documents both POST and GET: {}",
+        paths["/v1/events"]
+    );
+}
