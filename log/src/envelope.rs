@@ -77,6 +77,27 @@ impl NewEvent {
         &self.payload
     }
 
+    pub(crate) fn same_as(&self, other: &NewEvent) -> bool {
+        self.stream == other.stream
+            && self.subject == other.subject
+            && self.event_type == other.event_type
+            && self.payload == other.payload
+    }
+
+    /// The event as it will be stored at `seq`.
+    pub(crate) fn to_event(&self, seq: u64, time_us: i64) -> Result<Event, String> {
+        let text = String::from_utf8(self.payload.clone()).map_err(|e| e.to_string())?;
+        Ok(Event {
+            seq,
+            event_id: self.event_id.clone().unwrap_or_default(),
+            stream: self.stream.clone(),
+            subject: self.subject.clone(),
+            event_type: self.event_type.clone(),
+            time_us,
+            payload: RawValue::from_string(text).map_err(|e| e.to_string())?,
+        })
+    }
+
     pub(crate) fn same_content(&self, other: &Event) -> bool {
         self.stream == other.stream
             && self.subject == other.subject

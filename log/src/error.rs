@@ -23,7 +23,7 @@ pub enum OpenError {
 }
 
 /// Why an append was not applied. Nothing of the request is in the log when this is returned.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum AppendError {
     #[error("invalid event at index {index}: {reason}")]
@@ -45,6 +45,46 @@ pub enum AppendError {
     Poisoned(String),
     #[error("storage failure while appending: {0}")]
     Storage(String),
+}
+
+/// How a command refused to act.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RejectKind {
+    /// The thing the command acts on does not exist.
+    NotFound,
+    /// The state does not allow it (illegal transition, non-monotonic cursor, wrong owner).
+    Conflict,
+    /// The request is well-formed but not acceptable.
+    Invalid,
+    /// Too much pending work (I8).
+    Overloaded,
+}
+
+/// Why a command did not act. Nothing of it is in the log when this is returned.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommandError {
+    #[error("{detail}")]
+    Rejected {
+        kind: RejectKind,
+        code: &'static str,
+        detail: String,
+    },
+    #[error(transparent)]
+    Append(#[from] AppendError),
+    #[error("storage failure in a command: {0}")]
+    Storage(String),
+}
+
+impl CommandError {
+    pub fn rejected(kind: RejectKind, code: &'static str, detail: impl Into<String>) -> Self {
+        CommandError::Rejected {
+            kind,
+            code,
+            detail: detail.into(),
+        }
+    }
 }
 
 /// Why a read failed. Reads never change the log.

@@ -39,8 +39,10 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use envelope::{Event, FieldError, NewEvent, limits};
-pub use error::{AppendError, Error, OpenError, ReadError};
+pub use error::{AppendError, CommandError, Error, OpenError, ReadError, RejectKind};
+pub use redb;
 pub use store::{ReadPage, ReadQuery};
+pub use writer::CommandFn;
 
 /// How to open a log.
 #[derive(Debug, Clone)]
@@ -70,6 +72,50 @@ impl LogConfig {
             quick_repair: true,
         }
     }
+}
+
+/// State kept in the log's own redb file and updated inside the writer's transactions:
+/// projections. `apply` runs in the same transaction as the append of `events`, so a commit
+/// holds the events and the state they produce, or neither.
+pub trait CommitHook: Send + 'static {
+    /// Once at open, before anything is served: bring the state up to `head` (the hook reads
+    /// the missing events with [`scan_events`]).
+    fn recover(
+        &mut self,
+        txn: &redb::WriteTransaction,
+        db: &Database,
+        head: u64,
+    ) -> Result<(), String>;
+    /// Fold newly appended events (in seq order) into the state.
+    fn apply(&mut self, txn: &redb::WriteTransaction, events: &[Event]) -> Result<(), String>;
+}
+
+/// Visit committed events with `after < seq <= upto` in order, from a read transaction of
+/// `db`; stop early when `f` returns `Ok(false)`.
+pub fn scan_events(
+    db: &Database,
+    after: u64,
+    upto: u64,
+    mut f: impl FnMut(Event) -> Result<bool, String>,
+) -> Result<(), String> {
+    use redb::ReadableDatabase;
+    if after >= upto {
+        return Ok(());
+    }
+    let txn = db.begin_read().map_err(|e| e.to_string())?;
+    let t = txn.open_table(store::EVENTS).map_err(|e| e.to_string())?;
+    for row in t.range(after + 1..=upto).map_err(|e| e.to_string())? {
+        let (k, v) = row.map_err(|e| e.to_string())?;
+        let ev = store::decode_event(k.value(), v.value()).map_err(|e| e.to_string())?;
+        if !f(ev)? {
+            break;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn fresh_event_id() -> String {
+    format!("evt-{}", uuid::Uuid::now_v7().simple())
 }
 
 /// One event of an append's reply.
@@ -116,6 +162,14 @@ pub struct OpenReport {
 impl Log {
     /// Open (or create) the log and start its writer thread.
     pub fn open(cfg: &LogConfig) -> Result<(Log, OpenReport), OpenError> {
+        Self::open_with(cfg, Vec::new())
+    }
+
+    /// Open with hooks (projections) that the writer keeps current with every commit.
+    pub fn open_with(
+        cfg: &LogConfig,
+        hooks: Vec<Box<dyn CommitHook>>,
+    ) -> Result<(Log, OpenReport), OpenError> {
         let opened = store::open(&cfg.path, cfg.cache_bytes)?;
         let report = OpenReport {
             head: opened.head,
@@ -131,7 +185,7 @@ impl Log {
             poisoned_flag: AtomicBool::new(false),
         });
         let (tx, rx) = mpsc::channel(cfg.queue_capacity.max(1));
-        let w = writer::Writer {
+        let mut w = writer::Writer {
             shared: shared.clone(),
             db: db.clone(),
             rx,
@@ -141,7 +195,9 @@ impl Log {
             merge_threshold: cfg.merge_threshold.max(1),
             quick_repair: cfg.quick_repair,
             buf: Vec::with_capacity(1024),
+            hooks,
         };
+        w.recover_hooks().map_err(OpenError::Storage)?;
         let handle = std::thread::Builder::new()
             .name("tidemark-log-writer".into())
             .spawn(move || w.run())
@@ -186,7 +242,7 @@ impl Log {
         }
         for ev in &mut events {
             if ev.event_id.is_none() {
-                ev.event_id = Some(format!("evt-{}", uuid::Uuid::now_v7().simple()));
+                ev.event_id = Some(fresh_event_id());
             }
         }
         let (reply, rx) = oneshot::channel();
@@ -200,6 +256,49 @@ impl Log {
             Err(mpsc::error::TrySendError::Closed(_)) => return Err(AppendError::Closed),
         }
         rx.await.map_err(|_| AppendError::Closed)?
+    }
+
+    /// Run `f` inside the writer's transaction: it reads state, decides, and returns the events
+    /// that record its decision (and a value for the caller). The events are appended and the
+    /// hooks applied in the same transaction, so two commands never decide on the same state.
+    /// With `durable = false` the commit skips the fsync (maintenance work that can be redone).
+    pub async fn command<R: Send + 'static>(
+        &self,
+        durable: bool,
+        f: impl FnOnce(&redb::WriteTransaction, u64) -> Result<(R, Vec<NewEvent>), CommandError>
+        + Send
+        + 'static,
+    ) -> Result<(R, AppendReceipt), CommandError> {
+        let slot: Arc<Mutex<Option<R>>> = Arc::new(Mutex::new(None));
+        let out = slot.clone();
+        let boxed: CommandFn = Box::new(move |txn, head| {
+            let (r, events) = f(txn, head)?;
+            *out.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            Ok(events)
+        });
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(writer::Msg::Command {
+                f: boxed,
+                durable,
+                reply,
+            })
+            .await
+            .map_err(|_| CommandError::Append(AppendError::Closed))?;
+        let receipt = rx
+            .await
+            .map_err(|_| CommandError::Append(AppendError::Closed))??;
+        let r = slot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .ok_or_else(|| CommandError::Storage("the command did not run".into()))?;
+        Ok((r, receipt))
+    }
+
+    /// The underlying database, for reading projection tables.
+    pub fn db(&self) -> &Database {
+        &self.db
     }
 
     /// The highest committed seq (0 for an empty log).

@@ -14,21 +14,60 @@ use redb::{Database, ReadableTable, WriteTransaction};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::codec::{self, StoredV1};
-use crate::envelope::NewEvent;
-use crate::error::{AppendError, storage};
+use crate::envelope::{Event, NewEvent};
+use crate::error::{AppendError, CommandError, storage};
 use crate::store::{EVENT_IDS, EVENTS, META, META_INDEXED_THROUGH, SUBJECTS};
 use crate::time::now_micros;
-use crate::{AppendReceipt, Appended, Shared};
+use crate::{AppendReceipt, Appended, CommitHook, Shared};
 
 type Reply = oneshot::Sender<Result<AppendReceipt, AppendError>>;
-type Group = Vec<(Vec<NewEvent>, Reply)>;
+
+/// A command: decides from state inside the writer's transaction and returns the events that
+/// record its decision. It must not write to the transaction itself unless it is a
+/// maintenance command that never fails after writing (projection rebuild).
+pub type CommandFn =
+    Box<dyn FnOnce(&WriteTransaction, u64) -> Result<Vec<NewEvent>, CommandError> + Send>;
 
 pub(crate) enum Msg {
     Append {
         events: Vec<NewEvent>,
-        reply: oneshot::Sender<Result<AppendReceipt, AppendError>>,
+        reply: Reply,
+    },
+    Command {
+        f: CommandFn,
+        durable: bool,
+        reply: oneshot::Sender<Result<AppendReceipt, CommandError>>,
     },
     Close(oneshot::Sender<()>),
+}
+
+enum Item {
+    Append(Vec<NewEvent>, Reply),
+    Command(
+        CommandFn,
+        oneshot::Sender<Result<AppendReceipt, CommandError>>,
+    ),
+}
+
+enum AnyReply {
+    Append(Reply),
+    Command(oneshot::Sender<Result<AppendReceipt, CommandError>>),
+}
+
+impl AnyReply {
+    fn ok(self, r: AppendReceipt) {
+        match self {
+            AnyReply::Append(tx) => drop(tx.send(Ok(r))),
+            AnyReply::Command(tx) => drop(tx.send(Ok(r))),
+        }
+    }
+
+    fn err(self, e: AppendError) {
+        match self {
+            AnyReply::Append(tx) => drop(tx.send(Err(e))),
+            AnyReply::Command(tx) => drop(tx.send(Err(CommandError::Append(e)))),
+        }
+    }
 }
 
 pub(crate) struct Writer {
@@ -41,32 +80,62 @@ pub(crate) struct Writer {
     pub merge_threshold: usize,
     pub quick_repair: bool,
     pub buf: Vec<u8>,
+    pub hooks: Vec<Box<dyn CommitHook>>,
 }
 
 struct Pending {
-    reply: oneshot::Sender<Result<AppendReceipt, AppendError>>,
+    reply: AnyReply,
     results: Vec<Appended>,
 }
 
 /// Where an event_id was found while checking a request.
 enum Found {
-    /// Staged earlier in this group: index into `group`.
+    /// Staged earlier in this group: index into `staged`.
     Group(usize),
     Log(u64),
 }
 
 impl Writer {
+    /// Bring every hook up to the head, in one transaction, before serving anything.
+    pub fn recover_hooks(&mut self) -> Result<(), String> {
+        if self.hooks.is_empty() {
+            return Ok(());
+        }
+        let txn = self.begin()?;
+        for h in &mut self.hooks {
+            h.recover(&txn, &self.db, self.head)?;
+        }
+        txn.commit().map_err(storage)
+    }
+
     pub fn run(mut self) {
         let mut close_reply = None;
         while let Some(first) = self.rx.blocking_recv() {
             let mut group = Vec::new();
             let mut n = 0usize;
+            let mut durable = true;
             let mut next = Some(first);
             while let Some(msg) = next.take() {
                 match msg {
                     Msg::Append { events, reply } => {
                         n += events.len();
-                        group.push((events, reply));
+                        group.push(Item::Append(events, reply));
+                    }
+                    Msg::Command {
+                        f,
+                        durable: d,
+                        reply,
+                    } => {
+                        // A non-durable command rides alone, so no append loses its fsync.
+                        if !d && !group.is_empty() {
+                            self.process(std::mem::take(&mut group), true);
+                        }
+                        durable = d;
+                        group.push(Item::Command(f, reply));
+                        n += 1;
+                        if !d {
+                            break;
+                        }
                     }
                     Msg::Close(reply) => {
                         close_reply = Some(reply);
@@ -79,7 +148,7 @@ impl Writer {
                 next = self.rx.try_recv().ok();
             }
             if !group.is_empty() {
-                self.process(group);
+                self.process(group, durable);
             }
             if close_reply.is_some() {
                 break;
@@ -88,8 +157,12 @@ impl Writer {
         self.rx.close();
         // Answer anything that raced with the close.
         while let Ok(msg) = self.rx.try_recv() {
-            if let Msg::Append { reply, .. } = msg {
-                let _ = reply.send(Err(AppendError::Closed));
+            match msg {
+                Msg::Append { reply, .. } => drop(reply.send(Err(AppendError::Closed))),
+                Msg::Command { reply, .. } => {
+                    drop(reply.send(Err(CommandError::Append(AppendError::Closed))))
+                }
+                Msg::Close(reply) => drop(reply.send(())),
             }
         }
         tracing::info!(head = self.head, "log writer stopped");
@@ -122,50 +195,46 @@ impl Writer {
         Ok(txn)
     }
 
-    fn process(&mut self, group: Group) {
-        if let Some(why) = self.poisoned() {
-            for (_, reply) in group {
-                let _ = reply.send(Err(AppendError::Poisoned(why.clone())));
-            }
-            return;
-        }
-        let txn = match self.begin() {
-            Ok(t) => t,
-            Err(e) => {
-                for (_, reply) in group {
-                    let _ = reply.send(Err(AppendError::Storage(e.clone())));
+    fn process(&mut self, group: Vec<Item>, durable: bool) {
+        let fail_all = |group: Vec<Item>, e: AppendError| {
+            for item in group {
+                match item {
+                    Item::Append(_, r) => AnyReply::Append(r).err(e.clone()),
+                    Item::Command(_, r) => AnyReply::Command(r).err(e.clone()),
                 }
-                return;
             }
         };
+        if let Some(why) = self.poisoned() {
+            return fail_all(group, AppendError::Poisoned(why));
+        }
+        let mut txn = match self.begin() {
+            Ok(t) => t,
+            Err(e) => return fail_all(group, AppendError::Storage(e)),
+        };
+        if !durable {
+            let _ = txn.set_durability(redb::Durability::None);
+        }
         let time_us = now_micros().max(self.last_time_us);
+        let only_appends = group.iter().all(|i| matches!(i, Item::Append(..)));
         let mut staged: Vec<(u64, NewEvent)> = Vec::new();
-        let mut staged_ids: HashMap<String, usize> = HashMap::new();
         let mut pending: Vec<Pending> = Vec::new();
-        let result = self.stage_group(
-            &txn,
-            group,
-            time_us,
-            &mut staged,
-            &mut staged_ids,
-            &mut pending,
-        );
+        let result = self.stage_group(&txn, group, time_us, &mut staged, &mut pending);
         if let Err(e) = result {
             drop(txn);
             self.poison(e.clone());
             for p in pending {
-                let _ = p.reply.send(Err(AppendError::Storage(e.clone())));
+                p.reply.err(AppendError::Storage(e.clone()));
             }
             return;
         }
-        if staged.is_empty() {
-            // Nothing new (all duplicates): no commit needed.
+        if staged.is_empty() && only_appends {
+            // Nothing new (all duplicates or refused): nothing to commit.
             drop(txn);
             for p in pending {
-                let _ = p.reply.send(Ok(AppendReceipt {
+                p.reply.ok(AppendReceipt {
                     events: p.results,
                     last_seq: self.head,
-                }));
+                });
             }
             return;
         }
@@ -173,12 +242,12 @@ impl Writer {
             let why = storage(e);
             self.poison(why.clone());
             for p in pending {
-                let _ = p.reply.send(Err(AppendError::Storage(why.clone())));
+                p.reply.err(AppendError::Storage(why.clone()));
             }
             return;
         }
         let new_head = staged.last().map(|(s, _)| *s).unwrap_or(self.head);
-        {
+        if !staged.is_empty() {
             let mut tail = self.shared.tail.write().unwrap_or_else(|p| p.into_inner());
             for (seq, ev) in &staged {
                 let id = ev.event_id.as_deref().unwrap_or_default();
@@ -189,10 +258,10 @@ impl Writer {
         self.last_time_us = time_us;
         self.shared.head.send_replace(new_head);
         for p in pending {
-            let _ = p.reply.send(Ok(AppendReceipt {
+            p.reply.ok(AppendReceipt {
                 events: p.results,
                 last_seq: new_head,
-            }));
+            });
         }
         let tail_len = self.shared.tail.read().map(|t| t.len()).unwrap_or(0);
         if tail_len >= self.merge_threshold
@@ -202,104 +271,153 @@ impl Writer {
         }
     }
 
-    /// Check every request of the group and write the accepted ones into `txn`. Rejected
-    /// requests are answered at once; accepted ones wait in `pending` for the commit. An `Err`
-    /// is a storage failure: the whole group fails.
+    /// Check every item of the group in order and write the accepted ones into `txn`, running
+    /// the hooks on each accepted request's events before the next item is looked at (so a
+    /// command sees the state left by the appends before it). Rejected items are answered at
+    /// once; accepted ones wait in `pending` for the commit. An `Err` is a storage or hook
+    /// failure: the whole group fails.
     fn stage_group(
         &mut self,
         txn: &WriteTransaction,
-        group: Group,
+        group: Vec<Item>,
         time_us: i64,
         staged: &mut Vec<(u64, NewEvent)>,
-        staged_ids: &mut HashMap<String, usize>,
         pending: &mut Vec<Pending>,
     ) -> Result<(), String> {
-        let mut events_t = txn.open_table(EVENTS).map_err(storage)?;
-        let ids_t = txn.open_table(EVENT_IDS).map_err(storage)?;
-        let tail = self.shared.tail.read().unwrap_or_else(|p| p.into_inner());
-        'requests: for (events, reply) in group {
-            let base = staged.len();
-            let mut results = Vec::with_capacity(events.len());
-            for ev in events {
-                let id = ev.event_id.clone().unwrap_or_default();
-                let found = match staged_ids.get(&id) {
-                    Some(&i) => Some(Found::Group(i)),
-                    None => match tail.ids.get(&id) {
-                        Some(&seq) => Some(Found::Log(seq)),
-                        None => ids_t
-                            .get(id.as_str())
-                            .map_err(storage)?
-                            .map(|g| Found::Log(g.value())),
-                    },
-                };
-                let dup_of = match found {
-                    None => None,
-                    Some(Found::Group(i)) => {
-                        let (seq, orig) = &staged[i];
-                        Some((
-                            *seq,
-                            orig.stream == ev.stream
-                                && orig.subject == ev.subject
-                                && orig.event_type == ev.event_type
-                                && orig.payload_bytes() == ev.payload_bytes(),
-                        ))
-                    }
-                    Some(Found::Log(seq)) => {
-                        let same = match events_t.get(seq).map_err(storage)? {
-                            Some(v) => match crate::store::decode_event(seq, v.value()) {
-                                Ok(orig) => ev.same_content(&orig),
-                                Err(e) => return Err(e.to_string()),
-                            },
-                            None => return Err(format!("indexed event {seq} is missing")),
-                        };
-                        Some((seq, same))
-                    }
-                };
-                match dup_of {
-                    Some((seq, true)) => results.push(Appended {
-                        event_id: id,
-                        seq,
-                        duplicate: true,
-                    }),
-                    Some((seq, false)) => {
-                        // Undo what this request staged, then reject it whole.
-                        for (_, undone) in staged.drain(base..) {
-                            staged_ids.remove(undone.event_id.as_deref().unwrap_or_default());
-                        }
-                        let _ = reply.send(Err(AppendError::Conflict { event_id: id, seq }));
-                        continue 'requests;
-                    }
-                    None => {
-                        let seq = self.head + 1 + staged.len() as u64;
-                        staged_ids.insert(id.clone(), staged.len());
-                        staged.push((seq, ev));
-                        results.push(Appended {
-                            event_id: id,
-                            seq,
-                            duplicate: false,
+        let mut staged_ids: HashMap<String, usize> = HashMap::new();
+        for item in group {
+            let (events, reply) = match item {
+                Item::Append(events, reply) => (events, AnyReply::Append(reply)),
+                Item::Command(f, reply) => match f(txn, self.head + staged.len() as u64) {
+                    Ok(events) if events.is_empty() => {
+                        pending.push(Pending {
+                            reply: AnyReply::Command(reply),
+                            results: Vec::new(),
                         });
+                        continue;
                     }
+                    Ok(mut events) => {
+                        for ev in &mut events {
+                            if ev.event_id.is_none() {
+                                ev.event_id = Some(crate::fresh_event_id());
+                            }
+                        }
+                        (events, AnyReply::Command(reply))
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                        continue;
+                    }
+                },
+            };
+            let base = staged.len();
+            let results = match self.stage_request(txn, events, staged, &mut staged_ids)? {
+                Ok(results) => results,
+                Err(conflict) => {
+                    for (_, undone) in staged.drain(base..) {
+                        staged_ids.remove(undone.event_id.as_deref().unwrap_or_default());
+                    }
+                    reply.err(conflict);
+                    continue;
+                }
+            };
+            {
+                let mut events_t = txn.open_table(EVENTS).map_err(storage)?;
+                for (seq, ev) in &staged[base..] {
+                    codec::encode(
+                        &StoredV1 {
+                            event_id: ev.event_id.as_deref().unwrap_or_default(),
+                            stream: &ev.stream,
+                            subject: &ev.subject,
+                            event_type: &ev.event_type,
+                            time_us,
+                            payload: ev.payload_bytes(),
+                        },
+                        &mut self.buf,
+                    );
+                    events_t
+                        .insert(*seq, self.buf.as_slice())
+                        .map_err(storage)?;
                 }
             }
-            for (seq, ev) in &staged[base..] {
-                codec::encode(
-                    &StoredV1 {
-                        event_id: ev.event_id.as_deref().unwrap_or_default(),
-                        stream: &ev.stream,
-                        subject: &ev.subject,
-                        event_type: &ev.event_type,
-                        time_us,
-                        payload: ev.payload_bytes(),
-                    },
-                    &mut self.buf,
-                );
-                events_t
-                    .insert(*seq, self.buf.as_slice())
-                    .map_err(storage)?;
+            if !self.hooks.is_empty() && staged.len() > base {
+                let events: Vec<Event> = staged[base..]
+                    .iter()
+                    .map(|(seq, ev)| ev.to_event(*seq, time_us))
+                    .collect::<Result<_, _>>()?;
+                for h in &mut self.hooks {
+                    h.apply(txn, &events)?;
+                }
             }
             pending.push(Pending { reply, results });
         }
         Ok(())
+    }
+
+    /// Dedup-check one atomic request against the log and the group, staging its new events.
+    /// The inner `Err` is a conflict (the caller undoes what was staged).
+    fn stage_request(
+        &self,
+        txn: &WriteTransaction,
+        events: Vec<NewEvent>,
+        staged: &mut Vec<(u64, NewEvent)>,
+        staged_ids: &mut HashMap<String, usize>,
+    ) -> Result<Result<Vec<Appended>, AppendError>, String> {
+        let events_t = txn.open_table(EVENTS).map_err(storage)?;
+        let ids_t = txn.open_table(EVENT_IDS).map_err(storage)?;
+        let tail = self.shared.tail.read().unwrap_or_else(|p| p.into_inner());
+        let mut results = Vec::with_capacity(events.len());
+        for ev in events {
+            let id = ev.event_id.clone().unwrap_or_default();
+            let found = match staged_ids.get(&id) {
+                Some(&i) => Some(Found::Group(i)),
+                None => match tail.ids.get(&id) {
+                    Some(&seq) => Some(Found::Log(seq)),
+                    None => ids_t
+                        .get(id.as_str())
+                        .map_err(storage)?
+                        .map(|g| Found::Log(g.value())),
+                },
+            };
+            let dup_of = match found {
+                None => None,
+                Some(Found::Group(i)) => {
+                    let (seq, orig) = &staged[i];
+                    Some((*seq, orig.same_as(&ev)))
+                }
+                Some(Found::Log(seq)) => {
+                    let same = match events_t.get(seq).map_err(storage)? {
+                        Some(v) => match crate::store::decode_event(seq, v.value()) {
+                            Ok(orig) => ev.same_content(&orig),
+                            Err(e) => return Err(e.to_string()),
+                        },
+                        None => return Err(format!("indexed event {seq} is missing")),
+                    };
+                    Some((seq, same))
+                }
+            };
+            match dup_of {
+                Some((seq, true)) => results.push(Appended {
+                    event_id: id,
+                    seq,
+                    duplicate: true,
+                }),
+                Some((seq, false)) => {
+                    return Ok(Err(AppendError::Conflict { event_id: id, seq }));
+                }
+                None => {
+                    let seq = self.head + 1 + staged.len() as u64;
+                    staged_ids.insert(id.clone(), staged.len());
+                    staged.push((seq, ev));
+                    results.push(Appended {
+                        event_id: id,
+                        seq,
+                        duplicate: false,
+                    });
+                }
+            }
+        }
+        Ok(Ok(results))
     }
 
     /// Move the in-memory tail into the redb index tables in one sorted write transaction.

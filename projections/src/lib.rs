@@ -3,7 +3,39 @@
 //! # Layout
 //! - [`schema`]: the event types tidemark reserves, who may write them, and the payload rules
 //!   of the client-written ones (spec section 2). The API checks every append against it.
+//! - [`framework`]: the [`Projection`] trait, the [`Projector`] hook that keeps every
+//!   projection current inside the log's write transactions, checkpoints and digest chains.
+//! - [`tasks`], [`notifications`], [`settings`]: the read models.
+//! - [`rebuild`]: rebuild and verify from the log.
+//! - [`read`]: queries for the API, each in one read transaction.
 
 #![forbid(unsafe_code)]
 
+pub mod framework;
+pub mod notifications;
+pub mod read;
+pub mod rebuild;
 pub mod schema;
+pub mod settings;
+pub mod tasks;
+
+pub use framework::{Meta, Projection, Projector, Reader};
+
+static TASKS: tasks::Tasks = tasks::Tasks;
+static NOTIFICATIONS: notifications::Notifications = notifications::Notifications;
+static SETTINGS: settings::Settings = settings::Settings;
+
+/// Every projection, in the order they are applied.
+pub fn all() -> Vec<&'static dyn Projection> {
+    vec![&TASKS, &NOTIFICATIONS, &SETTINGS]
+}
+
+/// A projection by name.
+pub fn by_name(name: &str) -> Option<&'static dyn Projection> {
+    all().into_iter().find(|p| p.name() == name)
+}
+
+/// The hook to pass to `Log::open_with`.
+pub fn projector() -> Box<dyn tidemark_log::CommitHook> {
+    Box::new(Projector::new(all()))
+}

@@ -1,0 +1,339 @@
+//! The projection framework: pure folds over the log, kept in redb tables of the log's file,
+//! updated in the same transaction as the events they fold (so a reader that saw an append's
+//! reply sees its effect), each with a checkpoint and a running digest.
+//!
+//! Tables of a projection are named `p.<projection>.<table>.g<generation>`. A rebuild folds the
+//! log into generation `g+1` in chunks, and in the transaction that catches it up with the
+//! head it switches the projection's meta row to `g+1` and drops generation `g`: readers see the
+//! old model or the new one, never a half-built one.
+//!
+//! # Digest
+//! Every write of a projection (table, key, value or deletion) while folding event `seq` is
+//! hashed; when an event changed anything, the running digest becomes
+//! `blake3(previous digest ‖ seq ‖ hash of the writes)` and is recorded in the projection's
+//! `digests` table at `seq`. Two folds of the same log give the same chain, and comparing two
+//! chains names the first `seq` at which they differ.
+
+use std::collections::HashMap;
+
+use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
+use serde::{Deserialize, Serialize};
+use tidemark_log::{CommitHook, Event, scan_events};
+
+/// Per-projection bookkeeping, one row of the `projections` table.
+pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("projections");
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Meta {
+    pub generation: u32,
+    /// Last seq folded.
+    pub checkpoint: u64,
+    pub digest: [u8; 32],
+    /// Number of events that changed this projection.
+    pub changes: u64,
+}
+
+/// A projection: a pure fold of events into its tables. `apply` must depend only on the
+/// event and the projection's own state: no clock, randomness or configuration (I3).
+pub trait Projection: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    /// Names of its tables (besides `digests`).
+    fn tables(&self) -> &'static [&'static str];
+    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), String>;
+}
+
+pub(crate) fn table_name(proj: &str, table: &str, generation: u32) -> String {
+    format!("p.{proj}.{table}.g{generation}")
+}
+
+type Bytes = &'static [u8];
+
+/// Write access to one projection's tables at one generation, recording the digest.
+pub struct Store<'t> {
+    txn: &'t WriteTransaction,
+    proj: &'static str,
+    generation: u32,
+    tables: HashMap<&'static str, redb::Table<'t, Bytes, Bytes>>,
+    change: blake3::Hasher,
+    changed: bool,
+}
+
+impl<'t> Store<'t> {
+    fn new(txn: &'t WriteTransaction, proj: &'static str, generation: u32) -> Self {
+        Store {
+            txn,
+            proj,
+            generation,
+            tables: HashMap::new(),
+            change: blake3::Hasher::new(),
+            changed: false,
+        }
+    }
+
+    fn table(&mut self, table: &'static str) -> Result<&mut redb::Table<'t, Bytes, Bytes>, String> {
+        if !self.tables.contains_key(table) {
+            let name = table_name(self.proj, table, self.generation);
+            let def: TableDefinition<Bytes, Bytes> = TableDefinition::new(&name);
+            let t = self.txn.open_table(def).map_err(|e| e.to_string())?;
+            self.tables.insert(table, t);
+        }
+        Ok(self.tables.get_mut(table).expect("inserted above"))
+    }
+
+    pub fn get(&mut self, table: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        let t = self.table(table)?;
+        Ok(t.get(key)
+            .map_err(|e| e.to_string())?
+            .map(|v| v.value().to_vec()))
+    }
+
+    pub fn put(&mut self, table: &'static str, key: &[u8], value: &[u8]) -> Result<(), String> {
+        self.note(table, key, Some(value));
+        let t = self.table(table)?;
+        t.insert(key, value).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    pub fn delete(&mut self, table: &'static str, key: &[u8]) -> Result<(), String> {
+        self.note(table, key, None);
+        let t = self.table(table)?;
+        t.remove(key).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    pub fn get_val<T: for<'de> Deserialize<'de>>(
+        &mut self,
+        table: &'static str,
+        key: &[u8],
+    ) -> Result<Option<T>, String> {
+        match self.get(table, key)? {
+            Some(b) => postcard::from_bytes(&b)
+                .map(Some)
+                .map_err(|e| e.to_string()),
+            None => Ok(None),
+        }
+    }
+
+    pub fn put_val<T: Serialize>(
+        &mut self,
+        table: &'static str,
+        key: &[u8],
+        v: &T,
+    ) -> Result<(), String> {
+        let bytes = postcard::to_stdvec(v).map_err(|e| e.to_string())?;
+        self.put(table, key, &bytes)
+    }
+
+    fn note(&mut self, table: &str, key: &[u8], value: Option<&[u8]>) {
+        self.changed = true;
+        let h = &mut self.change;
+        h.update(&(table.len() as u32).to_le_bytes());
+        h.update(table.as_bytes());
+        h.update(&(key.len() as u32).to_le_bytes());
+        h.update(key);
+        match value {
+            Some(v) => {
+                h.update(&[1]);
+                h.update(&(v.len() as u32).to_le_bytes());
+                h.update(v);
+            }
+            None => {
+                h.update(&[0]);
+            }
+        }
+    }
+
+    /// Fold one event, extending `meta`'s digest chain when it changed anything.
+    fn fold(&mut self, p: &dyn Projection, ev: &Event, meta: &mut Meta) -> Result<(), String> {
+        self.change = blake3::Hasher::new();
+        self.changed = false;
+        p.apply(self, ev)?;
+        if self.changed {
+            let mut h = blake3::Hasher::new();
+            h.update(&meta.digest);
+            h.update(&ev.seq.to_le_bytes());
+            h.update(self.change.finalize().as_bytes());
+            meta.digest = *h.finalize().as_bytes();
+            meta.changes += 1;
+            let name = table_name(self.proj, "digests", self.generation);
+            let def: TableDefinition<u64, &[u8]> = TableDefinition::new(&name);
+            let mut t = self.txn.open_table(def).map_err(|e| e.to_string())?;
+            t.insert(ev.seq, meta.digest.as_slice())
+                .map_err(|e| e.to_string())?;
+        }
+        meta.checkpoint = ev.seq;
+        Ok(())
+    }
+}
+
+pub(crate) fn read_meta(txn: &WriteTransaction, name: &str) -> Result<Meta, String> {
+    let t = txn.open_table(META).map_err(|e| e.to_string())?;
+    let v = t.get(name).map_err(|e| e.to_string())?;
+    match v {
+        Some(b) => postcard::from_bytes(b.value()).map_err(|e| e.to_string()),
+        None => Ok(Meta::default()),
+    }
+}
+
+pub(crate) fn write_meta(txn: &WriteTransaction, name: &str, m: &Meta) -> Result<(), String> {
+    let mut t = txn.open_table(META).map_err(|e| e.to_string())?;
+    let b = postcard::to_stdvec(m).map_err(|e| e.to_string())?;
+    t.insert(name, b.as_slice()).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Fold `events` into projection `p` at `generation`, advancing `meta`.
+pub(crate) fn fold_all(
+    txn: &WriteTransaction,
+    p: &dyn Projection,
+    generation: u32,
+    events: &[Event],
+    meta: &mut Meta,
+) -> Result<(), String> {
+    let mut st = Store::new(txn, p.name(), generation);
+    for ev in events {
+        st.fold(p, ev, meta)?;
+    }
+    Ok(())
+}
+
+/// Drop every table of projection `name` whose generation is not `keep`.
+pub(crate) fn drop_other_generations(
+    txn: &WriteTransaction,
+    name: &str,
+    keep: u32,
+) -> Result<usize, String> {
+    let prefix = format!("p.{name}.");
+    let keep_suffix = format!(".g{keep}");
+    let stale: Vec<String> = txn
+        .list_tables()
+        .map_err(|e| e.to_string())?
+        .map(|h| h.name().to_owned())
+        .filter(|n| n.starts_with(&prefix) && !n.ends_with(&keep_suffix))
+        .collect();
+    for n in &stale {
+        // Table types differ (digests are u64-keyed); delete by untyped name.
+        let def: TableDefinition<Bytes, Bytes> = TableDefinition::new(n);
+        if txn.delete_table(def).is_err() {
+            let def: TableDefinition<u64, &[u8]> = TableDefinition::new(n);
+            txn.delete_table(def).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(stale.len())
+}
+
+/// The hook that keeps every projection current with every commit.
+pub struct Projector {
+    projections: Vec<&'static dyn Projection>,
+}
+
+impl Projector {
+    pub fn new(projections: Vec<&'static dyn Projection>) -> Self {
+        Projector { projections }
+    }
+}
+
+impl CommitHook for Projector {
+    fn recover(
+        &mut self,
+        txn: &WriteTransaction,
+        db: &redb::Database,
+        head: u64,
+    ) -> Result<(), String> {
+        for p in &self.projections {
+            let mut meta = read_meta(txn, p.name())?;
+            let dropped = drop_other_generations(txn, p.name(), meta.generation)?;
+            if dropped > 0 {
+                tracing::warn!(
+                    projection = p.name(),
+                    tables = dropped,
+                    "dropped tables of an unfinished rebuild"
+                );
+            }
+            if meta.checkpoint < head {
+                tracing::info!(
+                    projection = p.name(),
+                    from = meta.checkpoint,
+                    to = head,
+                    "catching up"
+                );
+                let mut st = Store::new(txn, p.name(), meta.generation);
+                scan_events(db, meta.checkpoint, head, |ev| {
+                    st.fold(*p, &ev, &mut meta)?;
+                    Ok(true)
+                })?;
+                drop(st);
+                write_meta(txn, p.name(), &meta)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, txn: &WriteTransaction, events: &[Event]) -> Result<(), String> {
+        for p in &self.projections {
+            let mut meta = read_meta(txn, p.name())?;
+            fold_all(txn, *p, meta.generation, events, &mut meta)?;
+            write_meta(txn, p.name(), &meta)?;
+        }
+        Ok(())
+    }
+}
+
+/// Read access to projections for the API: one read transaction, so everything read through
+/// one `Reader` is one consistent state of the log.
+pub struct Reader {
+    txn: redb::ReadTransaction,
+}
+
+impl Reader {
+    pub fn new(db: &redb::Database) -> Result<Reader, String> {
+        Ok(Reader {
+            txn: db.begin_read().map_err(|e| e.to_string())?,
+        })
+    }
+
+    pub fn meta(&self, name: &str) -> Result<Meta, String> {
+        let t = match self.txn.open_table(META) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Meta::default()),
+            Err(e) => return Err(e.to_string()),
+        };
+        match t.get(name).map_err(|e| e.to_string())? {
+            Some(b) => postcard::from_bytes(b.value()).map_err(|e| e.to_string()),
+            None => Ok(Meta::default()),
+        }
+    }
+
+    /// A projection table at its current generation, or `None` while it has no rows.
+    pub fn table(
+        &self,
+        proj: &str,
+        table: &str,
+    ) -> Result<Option<redb::ReadOnlyTable<Bytes, Bytes>>, String> {
+        let generation = self.meta(proj)?.generation;
+        let name = table_name(proj, table, generation);
+        let def: TableDefinition<Bytes, Bytes> = TableDefinition::new(&name);
+        match self.txn.open_table(def) {
+            Ok(t) => Ok(Some(t)),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    pub fn get_val<T: for<'de> Deserialize<'de>>(
+        &self,
+        proj: &str,
+        table: &str,
+        key: &[u8],
+    ) -> Result<Option<T>, String> {
+        let Some(t) = self.table(proj, table)? else {
+            return Ok(None);
+        };
+        match t.get(key).map_err(|e| e.to_string())? {
+            Some(v) => postcard::from_bytes(v.value())
+                .map(Some)
+                .map_err(|e| e.to_string()),
+            None => Ok(None),
+        }
+    }
+}

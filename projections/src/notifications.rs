@@ -1,0 +1,149 @@
+//! The notifications read model (the dashboard) and the routing of lifecycle events.
+//!
+//! A notification comes from a client's `notification.requested` (its event_id is the
+//! notification id) or from the router's `notification.created` (id `ntf:<source_seq>`).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tidemark_log::Event;
+
+use crate::framework::{Projection, Store};
+
+pub const NAME: &str = "notifications";
+pub(crate) const BY_SEQ: &str = "by_seq";
+pub(crate) const IDS: &str = "ids";
+pub(crate) const ROUTER: &str = "router";
+pub(crate) const ROUTER_KEY: &[u8] = b"source_seq";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Notification {
+    pub notification_id: String,
+    pub seq: u64,
+    pub priority: String,
+    pub title: String,
+    pub body: Option<String>,
+    pub recipient: Option<String>,
+    pub group_key: Option<String>,
+    pub task_id: Option<String>,
+    pub project_id: Option<String>,
+    pub deliver_after: Option<String>,
+    /// For routed notifications: the lifecycle event they come from.
+    pub source_seq: Option<u64>,
+    /// Event time, microseconds since the epoch.
+    pub time_us: i64,
+}
+
+/// The priority a lifecycle event's notification gets (spec section 2), if it gets one.
+pub fn lifecycle_priority(event_type: &str) -> Option<&'static str> {
+    Some(match event_type {
+        "task.run_failed" => "urgent",
+        "task.run_review_requested" => "action",
+        "task.run_review_rejected" | "task.run_canceled" | "task.canceled" => "warning",
+        "task.run_completed" | "task.run_review_approved" => "info",
+        _ => return None,
+    })
+}
+
+/// Deterministic id of the notification routed from the event at `source_seq`.
+pub fn routed_id(source_seq: u64) -> String {
+    format!("ntf:{source_seq}")
+}
+
+/// The payload of the `notification.created` routed from a lifecycle event; a function of the
+/// event (and the project id the router read), so a replay produces the same bytes.
+pub fn routed_payload(ev: &Event, project_id: Option<&str>) -> Option<Value> {
+    let priority = lifecycle_priority(&ev.event_type)?;
+    let p = ev.payload_value();
+    let run = p.get("run_id").and_then(Value::as_str);
+    let task = ev.subject.as_str();
+    let title = match (ev.event_type.as_str(), run) {
+        ("task.run_failed", Some(r)) => format!("Run {r} of {task} failed"),
+        ("task.run_review_requested", Some(r)) => format!("Run {r} of {task} needs review"),
+        ("task.run_review_rejected", Some(r)) => format!("Review of run {r} of {task} rejected"),
+        ("task.run_canceled", Some(r)) => format!("Run {r} of {task} canceled"),
+        ("task.run_completed", Some(r)) => format!("Run {r} of {task} completed"),
+        ("task.run_review_approved", Some(r)) => format!("Run {r} of {task} approved"),
+        ("task.canceled", _) => format!("Task {task} canceled"),
+        _ => format!("{} on {task}", ev.event_type),
+    };
+    let body = p
+        .get("error")
+        .or_else(|| p.get("reason"))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let mut out = serde_json::json!({
+        "priority": priority,
+        "title": title,
+        "task_id": task,
+        "source_seq": ev.seq,
+        "source_type": ev.event_type,
+    });
+    if let Some(b) = body {
+        out["body"] = Value::String(b);
+    }
+    if let Some(pid) = project_id {
+        out["project_id"] = Value::String(pid.to_owned());
+    }
+    if let Some(r) = run {
+        out["run_id"] = Value::String(r.to_owned());
+    }
+    Some(out)
+}
+
+fn s(p: &Value, k: &str) -> Option<String> {
+    p.get(k).and_then(Value::as_str).map(str::to_owned)
+}
+
+pub struct Notifications;
+
+impl Projection for Notifications {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        &[BY_SEQ, IDS, ROUTER]
+    }
+
+    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), String> {
+        if ev.stream != "notifications" {
+            return Ok(());
+        }
+        let id = match ev.event_type.as_str() {
+            "notification.requested" => ev.event_id.clone(),
+            "notification.created" => ev.subject.clone(),
+            _ => return Ok(()),
+        };
+        if st.get(IDS, id.as_bytes())?.is_some() {
+            // One notification per id, whatever arrives later under it.
+            return Ok(());
+        }
+        let p = ev.payload_value();
+        let n = Notification {
+            notification_id: id.clone(),
+            seq: ev.seq,
+            priority: s(&p, "priority").unwrap_or_else(|| "info".into()),
+            title: s(&p, "title").unwrap_or_default(),
+            body: s(&p, "body"),
+            recipient: s(&p, "recipient"),
+            group_key: s(&p, "group_key"),
+            task_id: s(&p, "task_id"),
+            project_id: s(&p, "project_id"),
+            deliver_after: s(&p, "deliver_after"),
+            source_seq: p.get("source_seq").and_then(Value::as_u64),
+            time_us: ev.time_us,
+        };
+        st.put(IDS, id.as_bytes(), &ev.seq.to_be_bytes())?;
+        st.put_val(BY_SEQ, &ev.seq.to_be_bytes(), &n)?;
+        if let Some(src) = n.source_seq {
+            let prev = st
+                .get(ROUTER, ROUTER_KEY)?
+                .and_then(|b| b.try_into().ok().map(u64::from_be_bytes))
+                .unwrap_or(0);
+            if src > prev {
+                st.put(ROUTER, ROUTER_KEY, &src.to_be_bytes())?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,28 @@
+//! The notification settings in force: the payload of the last `settings.updated`.
+
+use tidemark_log::Event;
+
+use crate::framework::{Projection, Store};
+
+pub const NAME: &str = "settings";
+pub(crate) const CURRENT: &str = "current";
+pub(crate) const KEY: &[u8] = b"notifications";
+
+pub struct Settings;
+
+impl Projection for Settings {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        &[CURRENT]
+    }
+
+    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), String> {
+        if ev.stream == "settings" && ev.event_type == "settings.updated" {
+            st.put(CURRENT, KEY, ev.payload.get().as_bytes())?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,284 @@
+//! The tasks read model, with the review gate of every run.
+//!
+//! Status follows the task's current run: `running` when a run starts, its outcome when it
+//! ends (`completed`, `failed`, `canceled`), `awaiting_review` while a completed run waits for
+//! an approval (the task requires review or a review was requested for the run). A rejected
+//! review reopens the task (`open`), or keeps it `running` when the rejection continues the
+//! run. `task.canceled` makes the task `canceled` for good. Events about other runs update
+//! those runs only; events that arrive out of order (a completion for a run never started) are
+//! recorded, never refused: the log is the truth.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tidemark_log::Event;
+
+use crate::framework::{Projection, Store};
+
+pub const NAME: &str = "tasks";
+pub(crate) const ROWS: &str = "rows";
+pub(crate) const BY_STATUS: &str = "by_status";
+pub(crate) const BY_PROJECT: &str = "by_project";
+
+/// Review state of one run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReviewGate {
+    /// The task required review when the run started.
+    pub required: bool,
+    /// A `task.run_review_requested` was seen for the run.
+    pub requested: bool,
+    /// none, pending, approved, rejected.
+    pub state: String,
+    pub reviewer: Option<String>,
+    pub reason: Option<String>,
+    /// A rejection that continues the run is in force.
+    pub continuation: bool,
+    /// Seq of the event that last changed the review state.
+    pub decided_seq: u64,
+}
+
+impl ReviewGate {
+    /// The run's final event is its approval, not its completion.
+    pub fn gated(&self, task_requires_review: bool) -> bool {
+        task_requires_review || self.required || self.requested
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Run {
+    pub run_id: String,
+    /// running, completed, failed, canceled.
+    pub outcome: String,
+    pub error: Option<String>,
+    pub review: ReviewGate,
+    pub started_seq: u64,
+    pub ended_seq: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    pub task_id: String,
+    pub project_id: Option<String>,
+    pub title: Option<String>,
+    /// open, running, awaiting_review, completed, failed, canceled.
+    pub status: String,
+    pub current_run_id: Option<String>,
+    pub review_required: bool,
+    /// Set by `task.canceled` only.
+    pub canceled: bool,
+    pub cancel_reason: Option<String>,
+    pub runs: Vec<Run>,
+    /// Highest seq of any event whose subject is this task.
+    pub latest_event_seq: u64,
+    pub created_seq: u64,
+    /// Time of the last event, microseconds since the epoch (from the event, never the clock).
+    pub updated_at_us: i64,
+}
+
+impl Task {
+    fn new(task_id: &str) -> Task {
+        Task {
+            task_id: task_id.to_owned(),
+            project_id: None,
+            title: None,
+            status: "open".into(),
+            current_run_id: None,
+            review_required: false,
+            canceled: false,
+            cancel_reason: None,
+            runs: Vec::new(),
+            latest_event_seq: 0,
+            created_seq: 0,
+            updated_at_us: 0,
+        }
+    }
+
+    pub fn run(&self, run_id: &str) -> Option<&Run> {
+        self.runs.iter().find(|r| r.run_id == run_id)
+    }
+
+    fn run_mut(&mut self, run_id: &str, seq: u64) -> &mut Run {
+        if let Some(i) = self.runs.iter().position(|r| r.run_id == run_id) {
+            return &mut self.runs[i];
+        }
+        let required = self.review_required;
+        self.runs.push(Run {
+            run_id: run_id.to_owned(),
+            outcome: "running".into(),
+            error: None,
+            review: ReviewGate {
+                required,
+                state: "none".into(),
+                ..ReviewGate::default()
+            },
+            started_seq: seq,
+            ended_seq: 0,
+        });
+        if self.current_run_id.is_none() {
+            self.current_run_id = Some(run_id.to_owned());
+        }
+        self.runs.last_mut().expect("pushed above")
+    }
+
+    fn is_current(&self, run_id: &str) -> bool {
+        self.current_run_id.as_deref() == Some(run_id)
+    }
+
+    fn set_status(&mut self, s: &str) {
+        if !self.canceled {
+            self.status = s.to_owned();
+        }
+    }
+}
+
+fn str_field(p: &Value, k: &str) -> Option<String> {
+    p.get(k).and_then(Value::as_str).map(str::to_owned)
+}
+
+/// Fold one lifecycle event into a task (the pure core, also used by tests).
+pub fn fold_task(task: &mut Task, ev: &Event) {
+    let p = ev.payload_value();
+    let seq = ev.seq;
+    task.latest_event_seq = task.latest_event_seq.max(seq);
+    task.updated_at_us = ev.time_us;
+    let run_id = str_field(&p, "run_id").unwrap_or_default();
+    match ev.event_type.as_str() {
+        "task.created" => {
+            if task.created_seq == 0 {
+                task.created_seq = seq;
+            }
+            task.project_id = str_field(&p, "project_id").or(task.project_id.take());
+            if let Some(t) = str_field(&p, "title") {
+                task.title = Some(t);
+            }
+            task.review_required = p
+                .get("review_required")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+        }
+        "task.run_started" if !run_id.is_empty() => {
+            task.run_mut(&run_id, seq);
+            task.current_run_id = Some(run_id);
+            task.set_status("running");
+        }
+        "task.run_completed" | "task.run_failed" | "task.run_canceled" if !run_id.is_empty() => {
+            let outcome = match ev.event_type.as_str() {
+                "task.run_completed" => "completed",
+                "task.run_failed" => "failed",
+                _ => "canceled",
+            };
+            let requires = task.review_required;
+            let run = task.run_mut(&run_id, seq);
+            run.outcome = outcome.to_owned();
+            run.ended_seq = seq;
+            run.review.continuation = false;
+            if outcome == "failed" {
+                run.error = str_field(&p, "error");
+            }
+            let awaiting = outcome == "completed"
+                && run.review.gated(requires)
+                && run.review.state != "approved";
+            if task.is_current(&run_id) {
+                task.set_status(if awaiting { "awaiting_review" } else { outcome });
+            }
+        }
+        "task.run_review_requested" if !run_id.is_empty() => {
+            let run = task.run_mut(&run_id, seq);
+            run.review.requested = true;
+            run.review.state = "pending".into();
+            run.review.decided_seq = seq;
+            if task.is_current(&run_id) {
+                task.set_status("awaiting_review");
+            }
+        }
+        "task.run_review_approved" if !run_id.is_empty() => {
+            let run = task.run_mut(&run_id, seq);
+            run.review.state = "approved".into();
+            run.review.reviewer = str_field(&p, "reviewer");
+            run.review.continuation = false;
+            run.review.decided_seq = seq;
+            if task.is_current(&run_id) {
+                task.set_status("completed");
+            }
+        }
+        "task.run_review_rejected" if !run_id.is_empty() => {
+            let continuation = p
+                .get("continuation")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            let run = task.run_mut(&run_id, seq);
+            run.review.state = "rejected".into();
+            run.review.reviewer = str_field(&p, "reviewer");
+            run.review.reason = str_field(&p, "reason");
+            run.review.continuation = continuation;
+            run.review.decided_seq = seq;
+            if continuation {
+                run.outcome = "running".into();
+            }
+            if task.is_current(&run_id) {
+                task.set_status(if continuation { "running" } else { "open" });
+            }
+        }
+        "task.canceled" => {
+            task.set_status("canceled");
+            task.canceled = true;
+            task.cancel_reason = str_field(&p, "reason");
+        }
+        _ => {}
+    }
+}
+
+pub(crate) fn index_key(a: &str, task_id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(a.len() + task_id.len() + 1);
+    k.extend_from_slice(a.as_bytes());
+    k.push(0);
+    k.extend_from_slice(task_id.as_bytes());
+    k
+}
+
+pub struct Tasks;
+
+impl Projection for Tasks {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        &[ROWS, BY_STATUS, BY_PROJECT]
+    }
+
+    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), String> {
+        if ev.subject.is_empty() {
+            return Ok(());
+        }
+        let lifecycle = ev.stream == "task_events" && ev.event_type.starts_with("task.");
+        let existing: Option<Task> = st.get_val(ROWS, ev.subject.as_bytes())?;
+        let is_new = existing.is_none();
+        let mut task = match (existing, lifecycle) {
+            (Some(t), _) => t,
+            (None, true) => Task::new(&ev.subject),
+            // Not a task (yet): nothing to record.
+            (None, false) => return Ok(()),
+        };
+        let before = (task.status.clone(), task.project_id.clone());
+        if lifecycle {
+            fold_task(&mut task, ev);
+        } else {
+            task.latest_event_seq = task.latest_event_seq.max(ev.seq);
+        }
+        if is_new || before.0 != task.status {
+            if !is_new {
+                st.delete(BY_STATUS, &index_key(&before.0, &task.task_id))?;
+            }
+            st.put(BY_STATUS, &index_key(&task.status, &task.task_id), &[])?;
+        }
+        if before.1 != task.project_id {
+            if let Some(old) = &before.1 {
+                st.delete(BY_PROJECT, &index_key(old, &task.task_id))?;
+            }
+            if let Some(new) = &task.project_id {
+                st.put(BY_PROJECT, &index_key(new, &task.task_id), &[])?;
+            }
+        }
+        st.put_val(ROWS, ev.subject.as_bytes(), &task)
+    }
+}
