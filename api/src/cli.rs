@@ -29,6 +29,26 @@ pub enum Command {
     Append(AppendArgs),
     /// Print events as JSON lines, following the log live.
     Tail(TailArgs),
+    /// Inspect, rebuild and verify the read models of a running server.
+    Projections(ProjectionsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ProjectionsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(subcommand)]
+    pub action: ProjectionsAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProjectionsAction {
+    /// Each projection's checkpoint, lag and digest.
+    List,
+    /// Rebuild one projection from the log and switch to it; shows progress.
+    Rebuild { name: String },
+    /// Rebuild into scratch tables and compare with the live model (all when no name).
+    Verify { name: Option<String> },
 }
 
 #[derive(Debug, Args)]
@@ -98,6 +118,7 @@ pub fn main() -> ExitCode {
             Command::Serve(a) => serve(a).await,
             Command::Append(a) => append(a).await,
             Command::Tail(a) => tail(a).await,
+            Command::Projections(a) => projections(a).await,
         }
     });
     match result {
@@ -319,5 +340,88 @@ async fn tail(a: TailArgs) -> CliResult {
         }
         // The stream ended (server restart or shutdown): resume after the last event seen.
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+async fn get_json(http: &reqwest::Client, url: &str) -> Result<serde_json::Value, String> {
+    let resp = http
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| format!("cannot reach the server: {e}"))?;
+    let status = resp.status();
+    let text = resp.text().await.map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("server answered {status}: {text}"));
+    }
+    serde_json::from_str(&text).map_err(|e| e.to_string())
+}
+
+async fn projections(a: ProjectionsArgs) -> CliResult {
+    let http = client(&a.client)?;
+    let base = format!(
+        "{}/v1/admin/projections",
+        a.client.url.trim_end_matches('/')
+    );
+    let names: Vec<(String, &str)> = match &a.action {
+        ProjectionsAction::List => {
+            let v = get_json(&http, &base).await?;
+            println!("{:<16} {:>12} {:>8}  digest", "name", "checkpoint", "lag");
+            for p in v["projections"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<16} {:>12} {:>8}  {}",
+                    p["name"].as_str().unwrap_or(""),
+                    p["checkpoint"],
+                    p["lag"],
+                    p["digest"].as_str().unwrap_or("")
+                );
+            }
+            return Ok(());
+        }
+        ProjectionsAction::Rebuild { name } => vec![(name.clone(), "rebuild")],
+        ProjectionsAction::Verify { name: Some(name) } => vec![(name.clone(), "verify")],
+        ProjectionsAction::Verify { name: None } => {
+            let v = get_json(&http, &base).await?;
+            v["projections"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["name"].as_str().map(|n| (n.to_owned(), "verify")))
+                .collect()
+        }
+    };
+    let mut all_identical = true;
+    for (name, action) in names {
+        let url = format!("{base}/{name}/{action}");
+        let req = http.post(&url).send();
+        tokio::pin!(req);
+        // Show progress while the server works.
+        let resp = loop {
+            tokio::select! {
+                r = &mut req => break r.map_err(|e| format!("cannot reach the server: {e}"))?,
+                _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {
+                    if let Ok(v) = get_json(&http, &base).await
+                        && let Some(p) = v["projections"].as_array().into_iter().flatten().find(|p| p["name"] == name.as_str())
+                        && let Some(r) = p.get("rebuild").filter(|r| !r.is_null())
+                    {
+                        eprint!("\r{action} {name}: {} / {} events", r["done"], r["head"]);
+                    }
+                }
+            }
+        };
+        let status = resp.status();
+        let text = resp.text().await.map_err(|e| e.to_string())?;
+        if !status.is_success() {
+            return Err(format!("{action} {name} failed ({status}): {text}"));
+        }
+        eprintln!();
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        all_identical &= v["identical"].as_bool().unwrap_or(false);
+        println!("{v}");
+    }
+    if all_identical {
+        Ok(())
+    } else {
+        Err("a rebuilt model differs from the live one (see first_divergent_seq)".into())
     }
 }

@@ -16,6 +16,10 @@ pub struct Config {
     pub server: ServerConfig,
     pub log: LogSettings,
     pub auth: AuthConfig,
+    /// Notification routing settings (spec section 4). Kept as the TOML tree so every key the
+    /// spec names reaches the log's `settings.updated` event unchanged; the reactors that use
+    /// them parse their part.
+    pub notifications: toml::Table,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -135,6 +139,11 @@ impl Config {
             );
         }
         Ok(())
+    }
+
+    /// The notification settings as the JSON payload of `settings.updated`.
+    pub fn notification_settings(&self) -> serde_json::Value {
+        serde_json::to_value(&self.notifications).unwrap_or_default()
     }
 
     pub fn log_config(&self) -> tidemark_log::LogConfig {

@@ -23,14 +23,20 @@ use utoipa_axum::routes;
 use crate::auth::{self, Auth, Scope};
 use crate::config::Config;
 use crate::error::ApiError;
-use crate::routes::{events, ops};
+use crate::routes::{admin, events, notifications, ops, tasks};
 use crate::state::AppState;
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "tidemark", description = "Event-sourced notification and delivery engine"),
     modifiers(&BearerAuth),
-    tags((name = "events", description = "The durable event log"), (name = "ops", description = "Operations"))
+    tags(
+        (name = "events", description = "The durable event log"),
+        (name = "tasks", description = "Task read model with review gates"),
+        (name = "notifications", description = "The notification dashboard"),
+        (name = "admin", description = "Projection rebuild and verify"),
+        (name = "ops", description = "Operations"),
+    )
 )]
 struct ApiDoc;
 
@@ -83,6 +89,23 @@ pub fn router(state: AppState) -> Router {
         &auth,
         Scope::Read,
     );
+    let read = read.merge(scoped(
+        OpenApiRouter::new()
+            .routes(routes!(tasks::list))
+            .routes(routes!(tasks::get))
+            .routes(routes!(tasks::stream))
+            .routes(routes!(notifications::list)),
+        &auth,
+        Scope::Read,
+    ));
+    let operator = scoped(
+        OpenApiRouter::new()
+            .routes(routes!(admin::list))
+            .routes(routes!(admin::rebuild_one))
+            .routes(routes!(admin::verify_one)),
+        &auth,
+        Scope::Operator,
+    );
     let open = OpenApiRouter::new()
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))
@@ -92,6 +115,7 @@ pub fn router(state: AppState) -> Router {
     let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(append)
         .merge(read)
+        .merge(operator)
         .merge(open)
         .split_for_parts();
     let doc = Arc::new(doc.to_pretty_json().unwrap_or_else(|_| "{}".into()));
@@ -141,6 +165,31 @@ async fn record_request(req: Request, next: Next) -> Response {
     resp
 }
 
+/// Record the configured notification settings in the log when they differ from the last
+/// recorded ones (I3: projections and reactors read settings from the log, never the file).
+async fn record_settings(log: &Log, settings: serde_json::Value) -> Result<(), RunError> {
+    let l = log.clone();
+    let current =
+        tokio::task::spawn_blocking(move || tidemark_projections::read::current_settings(l.db()))
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))?
+            .map_err(std::io::Error::other)?;
+    if current.as_ref() == Some(&settings) {
+        return Ok(());
+    }
+    let ev = tidemark_log::NewEvent::new(None, "settings", "", "settings.updated", &settings)
+        .map_err(|e| std::io::Error::other(format!("notification settings: {e}")))?;
+    let r = log
+        .append(vec![ev])
+        .await
+        .map_err(|e| std::io::Error::other(format!("recording settings: {e}")))?;
+    tracing::info!(
+        seq = r.last_seq,
+        "notification settings recorded in the log"
+    );
+    Ok(())
+}
+
 /// Open the log and serve on `listener` until `shutdown` resolves; then stop accepting, let
 /// in-flight requests finish (bounded by `server.shutdown_grace_secs`), end SSE streams, stop
 /// the writer and close the log file cleanly.
@@ -157,10 +206,13 @@ pub async fn run(
         tracing::warn!(%addr, "no auth tokens configured: running open, on loopback only");
     }
     let log_cfg = config.log_config();
-    let (log, report) = tokio::task::spawn_blocking(move || Log::open(&log_cfg))
-        .await
-        .map_err(|e| std::io::Error::other(e.to_string()))??;
+    let (log, report) = tokio::task::spawn_blocking(move || {
+        Log::open_with(&log_cfg, vec![tidemark_projections::projector()])
+    })
+    .await
+    .map_err(|e| std::io::Error::other(e.to_string()))??;
     tracing::info!(head = report.head, repaired = report.repaired, "log ready");
+    record_settings(&log, config.notification_settings()).await?;
     let metrics = crate::metrics_setup::handle();
     crate::metrics_setup::describe();
     metrics::gauge!("tidemark_log_head").set(report.head as f64);
@@ -172,8 +224,10 @@ pub async fn run(
         shutting_down: Arc::new(AtomicBool::new(false)),
         shutdown: token.clone(),
         metrics,
+        rebuilds: Default::default(),
         config: Arc::new(config),
     };
+    let router_task = tidemark_consumers::router::spawn(log.clone(), token.clone());
     let grace = Duration::from_secs(state.config.server.shutdown_grace_secs);
     let flag = state.shutting_down.clone();
     let trigger = token.clone();
@@ -192,6 +246,7 @@ pub async fn run(
             tracing::warn!(grace_secs = grace.as_secs(), "in-flight requests did not finish in time; closing anyway");
         }
     }
+    let _ = router_task.await;
     log.close().await;
     drop(log);
     tracing::info!("stopped cleanly");

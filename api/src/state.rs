@@ -22,6 +22,8 @@ pub struct AppState {
     /// One permit per open SSE stream (bounded, spec section 8).
     pub sse_slots: Arc<Semaphore>,
     pub metrics: PrometheusHandle,
+    /// Rebuilds and verifies in progress: projection → (done, head).
+    pub rebuilds: Arc<std::sync::Mutex<std::collections::HashMap<String, (u64, u64)>>>,
 }
 
 impl AppState {

@@ -1,7 +1,10 @@
-//! Reactors of tidemark: read state, append derived events with deterministic ids.
+//! Reactors of tidemark: they read the log and the read models and append derived events with
+//! deterministic `event_id`s, so a crash and a replay cannot duplicate them (the log's
+//! idempotent append turns a repeated derivation into a duplicate).
 //!
 //! # Layout
-//! Empty in the foundation: the notification router, delivery scheduler and bridge notifier
-//! arrive with their issues.
+//! - [`router`]: lifecycle events → `notification.created` (`ntf:<source_seq>`).
 
 #![forbid(unsafe_code)]
+
+pub mod router;

@@ -111,7 +111,7 @@ pub struct EventsQuery {
     pub event_type: Option<String>,
 }
 
-fn parse_u64(name: &str, v: Option<&str>) -> Result<Option<u64>, ApiError> {
+pub(crate) fn parse_u64(name: &str, v: Option<&str>) -> Result<Option<u64>, ApiError> {
     match v {
         None => Ok(None),
         Some(s) => s.parse::<u64>().map(Some).map_err(|_| {
@@ -120,18 +120,21 @@ fn parse_u64(name: &str, v: Option<&str>) -> Result<Option<u64>, ApiError> {
     }
 }
 
+/// `limit`: default when absent, 1..=max otherwise.
+pub(crate) fn parse_limit(v: Option<&str>, default: usize, max: u64) -> Result<usize, ApiError> {
+    match parse_u64("limit", v)? {
+        None => Ok(default),
+        Some(n) if (1..=max).contains(&n) => Ok(n as usize),
+        Some(n) => Err(ApiError::invalid_query(format!(
+            "limit must be between 1 and {max}, got {n}"
+        ))),
+    }
+}
+
 impl EventsQuery {
     fn to_read(&self, default_limit: usize) -> Result<ReadQuery, ApiError> {
         let after = parse_u64("after_sequence", self.after_sequence.as_deref())?.unwrap_or(0);
-        let limit = match parse_u64("limit", self.limit.as_deref())? {
-            None => default_limit,
-            Some(n) if (1..=1000).contains(&n) => n as usize,
-            Some(n) => {
-                return Err(ApiError::invalid_query(format!(
-                    "limit must be between 1 and 1000, got {n}"
-                )));
-            }
-        };
+        let limit = parse_limit(self.limit.as_deref(), default_limit, 1000)?;
         use tidemark_log::envelope::{check_stream, check_subject, check_type};
         let filter =
             |v: &Option<String>, check: fn(&str) -> Result<(), tidemark_log::FieldError>| {
@@ -156,6 +159,17 @@ impl EventsQuery {
 fn query_rejection(r: QueryRejection) -> ApiError {
     ApiError::invalid_query(r.body_text())
 }
+
+/// Prefixes of the deterministic ids tidemark gives the events it derives; a client event
+/// under one of them could block a derivation forever.
+const RESERVED_ID_PREFIXES: [&str; 6] = [
+    "ntf:",
+    "dlv:",
+    "notif:",
+    "mismatch:",
+    "cursor:",
+    "settings:",
+];
 
 /// Turn one JSON event into a validated [`NewEvent`], or the error for it.
 fn to_new_event(index: usize, v: Value) -> Result<NewEvent, ApiError> {
@@ -182,6 +196,16 @@ fn to_new_event(index: usize, v: Value) -> Result<NewEvent, ApiError> {
             }
             _ => {}
         }
+    }
+    if let Some(id) = &event_id
+        && let Some(prefix) = RESERVED_ID_PREFIXES.iter().find(|p| id.starts_with(**p))
+    {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "reserved_event_id",
+            format!("event {index}: event_ids starting with {prefix:?} are made by tidemark only"),
+        )
+        .at(index, Some("event_id")));
     }
     let ev = NewEvent::new(
         event_id,

@@ -1,0 +1,171 @@
+//! `GET /v1/admin/projections`, `POST /v1/admin/projections/{name}/rebuild` and `/verify`.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::Serialize;
+use tidemark_projections::read;
+use tidemark_projections::rebuild::{self, RebuildReport};
+use utoipa::ToSchema;
+
+use crate::error::{ApiError, Problem};
+use crate::routes::tasks::blocking;
+use crate::state::AppState;
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RebuildProgress {
+    pub done: u64,
+    pub head: u64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ProjectionOut {
+    pub name: String,
+    /// Last seq folded into the model.
+    pub checkpoint: u64,
+    /// Events committed but not yet folded (0: the model is current).
+    pub lag: u64,
+    /// Hex running digest at the checkpoint.
+    pub digest: String,
+    pub generation: u32,
+    /// Present while a rebuild or verify runs.
+    pub rebuild: Option<RebuildProgress>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ProjectionsPage {
+    pub projections: Vec<ProjectionOut>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RebuildOut {
+    pub name: String,
+    pub events_replayed: u64,
+    pub duration_ms: u64,
+    pub digest: String,
+    /// The rebuilt model is identical to the one it replaced (or, for verify, to the live one).
+    pub identical: bool,
+    /// The first seq at which they diverged; null when identical.
+    pub first_divergent_seq: Option<u64>,
+    /// Whether the rebuilt model is now live (false for verify).
+    pub swapped: bool,
+}
+
+impl From<RebuildReport> for RebuildOut {
+    fn from(r: RebuildReport) -> Self {
+        RebuildOut {
+            name: r.name,
+            events_replayed: r.events_replayed,
+            duration_ms: r.duration_ms,
+            digest: r.digest,
+            identical: r.identical,
+            first_divergent_seq: r.first_divergent_seq,
+            swapped: r.swapped,
+        }
+    }
+}
+
+/// Every projection with its checkpoint, lag and digest.
+#[utoipa::path(
+    get, path = "/v1/admin/projections", tag = "admin",
+    responses((status = 200, body = ProjectionsPage)),
+    security(("bearer" = ["operator"]))
+)]
+#[tracing::instrument(skip_all)]
+pub async fn list(State(st): State<AppState>) -> Result<Json<ProjectionsPage>, ApiError> {
+    let log = st.log.clone();
+    let infos = blocking(move || read::projections(log.db(), log.head())).await?;
+    let progress = st.rebuilds.lock().map(|m| m.clone()).unwrap_or_default();
+    Ok(Json(ProjectionsPage {
+        projections: infos
+            .into_iter()
+            .map(|i| ProjectionOut {
+                rebuild: progress
+                    .get(&i.name)
+                    .map(|&(done, head)| RebuildProgress { done, head }),
+                name: i.name,
+                checkpoint: i.checkpoint,
+                lag: i.lag,
+                digest: i.digest,
+                generation: i.generation,
+            })
+            .collect(),
+    }))
+}
+
+async fn run(st: AppState, name: String, swap: bool) -> Result<Json<RebuildOut>, ApiError> {
+    let Some(p) = tidemark_projections::by_name(&name) else {
+        return Err(ApiError::not_found(format!("no projection {name:?}")));
+    };
+    {
+        let mut m = st
+            .rebuilds
+            .lock()
+            .map_err(|e| ApiError::internal("lock", e))?;
+        if m.contains_key(&name) {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "rebuild_in_progress",
+                format!("a rebuild or verify of {name:?} is already running"),
+            ));
+        }
+        m.insert(name.clone(), (0, st.log.head()));
+    }
+    let progress_map = st.rebuilds.clone();
+    let key = name.clone();
+    let result = rebuild::rebuild(&st.log, p, swap, move |done, head| {
+        if let Ok(mut m) = progress_map.lock() {
+            m.insert(key.clone(), (done, head));
+        }
+    })
+    .await;
+    if let Ok(mut m) = st.rebuilds.lock() {
+        m.remove(&name);
+    }
+    let report = result.map_err(|e| ApiError::internal("rebuild failed", e))?;
+    metrics::histogram!("tidemark_rebuild_duration_seconds", "projection" => name.clone())
+        .record(Duration::from_millis(report.duration_ms).as_secs_f64());
+    metrics::gauge!("tidemark_projection_identical", "projection" => name)
+        .set(if report.identical { 1.0 } else { 0.0 });
+    Ok(Json(report.into()))
+}
+
+/// Rebuild a projection from the log and switch to it once caught up.
+#[utoipa::path(
+    post, path = "/v1/admin/projections/{name}/rebuild", tag = "admin",
+    params(("name" = String, Path, description = "tasks, notifications or settings")),
+    responses(
+        (status = 200, body = RebuildOut),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Already rebuilding", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["operator"]))
+)]
+#[tracing::instrument(skip_all, fields(projection = %name))]
+pub async fn rebuild_one(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<RebuildOut>, ApiError> {
+    run(st, name, true).await
+}
+
+/// Rebuild a projection into scratch tables and compare with the live model, without switching.
+#[utoipa::path(
+    post, path = "/v1/admin/projections/{name}/verify", tag = "admin",
+    params(("name" = String, Path, description = "tasks, notifications or settings")),
+    responses(
+        (status = 200, body = RebuildOut),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Already rebuilding", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["operator"]))
+)]
+#[tracing::instrument(skip_all, fields(projection = %name))]
+pub async fn verify_one(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<RebuildOut>, ApiError> {
+    run(st, name, false).await
+}

@@ -1,0 +1,241 @@
+//! `GET /v1/tasks`, `GET /v1/tasks/{id}`, `GET /v1/tasks/{id}/stream`.
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use tidemark_log::ReadQuery;
+use tidemark_projections::read::{self, TaskFilter};
+use tidemark_projections::tasks::Task;
+use utoipa::{IntoParams, ToSchema};
+
+use crate::error::{ApiError, Problem};
+use crate::routes::events::{parse_limit, parse_u64, resume_point, sse_response};
+use crate::state::AppState;
+
+pub const STATUSES: [&str; 6] = [
+    "open",
+    "running",
+    "awaiting_review",
+    "completed",
+    "failed",
+    "canceled",
+];
+
+/// The review gate of a run.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReviewOut {
+    /// The task required review when the run started.
+    pub required: bool,
+    /// A review was requested for this run.
+    pub requested: bool,
+    /// none, pending, approved, rejected.
+    pub state: String,
+    pub reviewer: Option<String>,
+    pub reason: Option<String>,
+    /// A rejection that continues the run is in force.
+    pub continuation: bool,
+    /// The run's final event is its approval (deliveries wait for it).
+    pub gated: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunOut {
+    pub run_id: String,
+    /// running, completed, failed, canceled.
+    pub outcome: String,
+    pub error: Option<String>,
+    pub review: ReviewOut,
+    pub started_seq: u64,
+    pub ended_seq: Option<u64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskOut {
+    pub task_id: String,
+    pub project_id: Option<String>,
+    pub title: Option<String>,
+    /// open, running, awaiting_review, completed, failed, canceled.
+    pub status: String,
+    pub current_run_id: Option<String>,
+    pub review_required: bool,
+    pub canceled: bool,
+    pub cancel_reason: Option<String>,
+    pub runs: Vec<RunOut>,
+    /// Highest seq of any event whose subject is this task; stream from here with
+    /// `GET /v1/tasks/{id}/stream?after_sequence=` to miss nothing.
+    pub latest_event_seq: u64,
+    pub updated_at: String,
+}
+
+impl From<Task> for TaskOut {
+    fn from(t: Task) -> Self {
+        let requires = t.review_required;
+        TaskOut {
+            runs: t
+                .runs
+                .into_iter()
+                .map(|r| RunOut {
+                    review: ReviewOut {
+                        gated: r.review.gated(requires),
+                        required: r.review.required,
+                        requested: r.review.requested,
+                        state: r.review.state,
+                        reviewer: r.review.reviewer,
+                        reason: r.review.reason,
+                        continuation: r.review.continuation,
+                    },
+                    run_id: r.run_id,
+                    outcome: r.outcome,
+                    error: r.error,
+                    started_seq: r.started_seq,
+                    ended_seq: (r.ended_seq > 0).then_some(r.ended_seq),
+                })
+                .collect(),
+            task_id: t.task_id,
+            project_id: t.project_id,
+            title: t.title,
+            status: t.status,
+            current_run_id: t.current_run_id,
+            review_required: t.review_required,
+            canceled: t.canceled,
+            cancel_reason: t.cancel_reason,
+            latest_event_seq: t.latest_event_seq,
+            updated_at: tidemark_log::time::format_micros(t.updated_at_us),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TasksPage {
+    pub tasks: Vec<TaskOut>,
+    /// Pass as `after` for the next page; absent on the last page.
+    pub next_after: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TasksQuery {
+    /// open, running, awaiting_review, completed, failed, canceled.
+    pub status: Option<String>,
+    pub project_id: Option<String>,
+    /// Page after this task id.
+    pub after: Option<String>,
+    /// 1–500, default 50.
+    #[param(value_type = Option<u32>)]
+    pub limit: Option<String>,
+}
+
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal("read task failed", e))?
+        .map_err(|e| ApiError::internal("read failed", e))
+}
+
+/// List tasks, ordered by id.
+#[utoipa::path(
+    get, path = "/v1/tasks", tag = "tasks", params(TasksQuery),
+    responses(
+        (status = 200, body = TasksPage),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["read"]))
+)]
+#[tracing::instrument(skip_all)]
+pub async fn list(
+    State(st): State<AppState>,
+    q: Result<Query<TasksQuery>, QueryRejection>,
+) -> Result<Json<TasksPage>, ApiError> {
+    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
+    if let Some(s) = &q.status
+        && !STATUSES.contains(&s.as_str())
+    {
+        return Err(ApiError::invalid_query(format!(
+            "status must be one of {}",
+            STATUSES.join(", ")
+        )));
+    }
+    let f = TaskFilter {
+        status: q.status,
+        project_id: q.project_id,
+        after: q.after,
+        limit: parse_limit(q.limit.as_deref(), 50, 500)?,
+    };
+    let log = st.log.clone();
+    let (tasks, next) = blocking(move || read::tasks(log.db(), &f)).await?;
+    Ok(Json(TasksPage {
+        tasks: tasks.into_iter().map(TaskOut::from).collect(),
+        next_after: next,
+    }))
+}
+
+/// One task with its runs and review gates.
+#[utoipa::path(
+    get, path = "/v1/tasks/{id}", tag = "tasks",
+    params(("id" = String, Path, description = "Task id")),
+    responses(
+        (status = 200, body = TaskOut),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["read"]))
+)]
+#[tracing::instrument(skip_all, fields(task_id = %id))]
+pub async fn get(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<TaskOut>, ApiError> {
+    let log = st.log.clone();
+    let key = id.clone();
+    match blocking(move || read::task(log.db(), &key)).await? {
+        Some(t) => Ok(Json(t.into())),
+        None => Err(ApiError::not_found(format!("no task {id:?}"))),
+    }
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TaskStreamQuery {
+    /// Events with seq greater than this (default 0); `Last-Event-ID` wins.
+    #[param(value_type = Option<u64>)]
+    pub after_sequence: Option<String>,
+}
+
+/// SSE of every event whose subject is the task, with the resume rules of `/v1/events/stream`.
+#[utoipa::path(
+    get, path = "/v1/tasks/{id}/stream", tag = "tasks",
+    params(
+        ("id" = String, Path, description = "Task id"),
+        TaskStreamQuery,
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq; wins over after_sequence"),
+    ),
+    responses(
+        (status = 200, description = "text/event-stream", content_type = "text/event-stream", body = String),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 429, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["read"]))
+)]
+#[tracing::instrument(skip_all, fields(task_id = %id))]
+pub async fn stream(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    q: Result<Query<TaskStreamQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
+    tidemark_log::envelope::check_subject(&id)
+        .map_err(|e| ApiError::invalid_query(format!("task id: {e}")))?;
+    let after = parse_u64("after_sequence", q.after_sequence.as_deref())?.unwrap_or(0);
+    let rq = ReadQuery {
+        after: resume_point(&headers, after)?,
+        limit: 256,
+        subject: Some(id),
+        ..ReadQuery::default()
+    };
+    Ok(sse_response(&st, rq)?.into_response())
+}
