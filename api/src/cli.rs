@@ -67,10 +67,15 @@ pub struct ServeArgs {
 #[derive(Debug, Args)]
 pub struct ClientArgs {
     /// Server base URL.
-    #[arg(long, env = "TIDEMARK_URL", default_value = "http://127.0.0.1:7700")]
+    #[arg(
+        long,
+        global = true,
+        env = "TIDEMARK_URL",
+        default_value = "http://127.0.0.1:7700"
+    )]
     pub url: String,
     /// Bearer token.
-    #[arg(long, env = "TIDEMARK_TOKEN", hide_env_values = true)]
+    #[arg(long, global = true, env = "TIDEMARK_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
 }
 
@@ -371,8 +376,8 @@ async fn projections(a: ProjectionsArgs) -> CliResult {
                 println!(
                     "{:<16} {:>12} {:>8}  {}",
                     p["name"].as_str().unwrap_or(""),
-                    p["checkpoint"],
-                    p["lag"],
+                    p["checkpoint"].as_u64().unwrap_or(0),
+                    p["lag"].as_u64().unwrap_or(0),
                     p["digest"].as_str().unwrap_or("")
                 );
             }

@@ -90,9 +90,11 @@ impl Config {
             fig = fig.merge(Toml::file(path));
         }
         fig = fig.merge(
+            // Only SECTION__KEY variables are settings; single-word ones (TIDEMARK_DATA,
+            // TIDEMARK_TOKEN, TIDEMARK_FAULT_*) belong to the CLI or to tests.
             Env::prefixed("TIDEMARK_")
-                .split("__")
-                .ignore(&["data", "listen", "config", "token", "url"]),
+                .filter(|k| k.as_str().contains("__"))
+                .split("__"),
         );
         let cfg: Config = fig
             .extract()

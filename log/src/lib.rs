@@ -80,29 +80,24 @@ impl LogConfig {
 pub trait CommitHook: Send + 'static {
     /// Once at open, before anything is served: bring the state up to `head` (the hook reads
     /// the missing events with [`scan_events`]).
-    fn recover(
-        &mut self,
-        txn: &redb::WriteTransaction,
-        db: &Database,
-        head: u64,
-    ) -> Result<(), String>;
+    fn recover(&mut self, txn: &redb::WriteTransaction, head: u64) -> Result<(), String>;
     /// Fold newly appended events (in seq order) into the state.
     fn apply(&mut self, txn: &redb::WriteTransaction, events: &[Event]) -> Result<(), String>;
 }
 
-/// Visit committed events with `after < seq <= upto` in order, from a read transaction of
-/// `db`; stop early when `f` returns `Ok(false)`.
+/// Visit the events with `after < seq <= upto` in order, as `txn` sees them (a command's
+/// transaction includes the events staged before it in the same group); stop early when `f`
+/// returns `Ok(false)`.
 pub fn scan_events(
-    db: &Database,
+    txn: &redb::WriteTransaction,
     after: u64,
     upto: u64,
     mut f: impl FnMut(Event) -> Result<bool, String>,
 ) -> Result<(), String> {
-    use redb::ReadableDatabase;
+    use redb::ReadableTable;
     if after >= upto {
         return Ok(());
     }
-    let txn = db.begin_read().map_err(|e| e.to_string())?;
     let t = txn.open_table(store::EVENTS).map_err(|e| e.to_string())?;
     for row in t.range(after + 1..=upto).map_err(|e| e.to_string())? {
         let (k, v) = row.map_err(|e| e.to_string())?;

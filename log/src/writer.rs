@@ -103,7 +103,7 @@ impl Writer {
         }
         let txn = self.begin()?;
         for h in &mut self.hooks {
-            h.recover(&txn, &self.db, self.head)?;
+            h.recover(&txn, self.head)?;
         }
         txn.commit().map_err(storage)
     }

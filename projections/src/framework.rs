@@ -234,12 +234,7 @@ impl Projector {
 }
 
 impl CommitHook for Projector {
-    fn recover(
-        &mut self,
-        txn: &WriteTransaction,
-        db: &redb::Database,
-        head: u64,
-    ) -> Result<(), String> {
+    fn recover(&mut self, txn: &WriteTransaction, head: u64) -> Result<(), String> {
         for p in &self.projections {
             let mut meta = read_meta(txn, p.name())?;
             let dropped = drop_other_generations(txn, p.name(), meta.generation)?;
@@ -258,7 +253,7 @@ impl CommitHook for Projector {
                     "catching up"
                 );
                 let mut st = Store::new(txn, p.name(), meta.generation);
-                scan_events(db, meta.checkpoint, head, |ev| {
+                scan_events(txn, meta.checkpoint, head, |ev| {
                     st.fold(*p, &ev, &mut meta)?;
                     Ok(true)
                 })?;

@@ -104,14 +104,13 @@ pub async fn rebuild(
         })
         .await?;
     while !state.done {
-        let reader = log.clone();
         let (next, _) = log
             .command(true, move |txn, head| {
                 let mut s = state;
                 let from = s.new.checkpoint;
                 let upto = head.min(from + CHUNK);
                 let mut batch = Vec::new();
-                scan_events(reader.db(), from, upto, |ev| {
+                scan_events(txn, from, upto, |ev| {
                     batch.push(ev);
                     Ok(true)
                 })

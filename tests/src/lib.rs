@@ -4,8 +4,10 @@
 //! # Layout
 //! - [`ServerOpts`]: how to start a server (listen address, config file text, environment).
 //! - [`Server`]: one child process and its temp dir. Start, `kill -9`, SIGTERM, restart on the
-//!   same data, memory of the process. Dropping it kills the child, so a failing test never
-//!   leaks a server. It derefs to [`Api`].
+//!   same data (optionally with another environment or config file), memory of the process,
+//!   and the log head seen when the process came up ([`Server::start_head`]: a fresh server's
+//!   log is not empty, it starts with the `settings.updated` event the server records).
+//!   Dropping it kills the child, so a failing test never leaks a server. It derefs to [`Api`].
 //! - [`Api`]: a cheap, cloneable HTTP handle for tasks (append, reads, paging, SSE).
 //! - [`SseStream`]: an SSE reader over `reqwest::Response::bytes_stream`, with bounded waits.
 //! - [`run_cli`]: runs a CLI subcommand with stdin and a bounded wait.
@@ -137,6 +139,8 @@ pub struct Server {
     addr: SocketAddr,
     /// How many times the process was started; names the stderr file of each run.
     runs: u32,
+    /// The log head reported by `/healthz` right after the current process came up.
+    start_head: u64,
 }
 
 impl Deref for Server {
@@ -177,8 +181,9 @@ impl Server {
         let (child, addr) = tokio::task::spawn_blocking(move || spawn.run())
             .await
             .expect("spawn task")?;
-        Ok(Server {
+        let mut server = Server {
             api: Api::new(addr, None),
+            start_head: 0,
             pid: child.id(),
             child: Some(child),
             dir,
@@ -187,7 +192,10 @@ impl Server {
             opts,
             addr,
             runs: 1,
-        })
+        };
+        // Read through the Server, so that a panic here still kills the child (Drop).
+        server.start_head = server.api.health_head().await;
+        Ok(server)
     }
 
     /// Start the process again on the same data dir and config, on a new port. The previous
@@ -221,6 +229,35 @@ impl Server {
         self.child = Some(child);
         self.addr = addr;
         self.api = Api::new(addr, self.api.token.clone());
+        self.start_head = self.api.health_head().await;
+    }
+
+    /// The log head `/healthz` reported right after the current process came up: the baseline
+    /// of a test that counts seqs. A fresh server has already recorded its notification
+    /// settings (`settings.updated`), so this is 1 for a new data dir. After a restart,
+    /// reactors may append more events right after this was read.
+    pub fn start_head(&self) -> u64 {
+        self.start_head
+    }
+
+    /// Set (`Some`) or remove (`None`) an environment variable of the child for the next
+    /// [`Server::restart`].
+    pub fn set_env(&mut self, key: &str, value: Option<&str>) {
+        self.opts.env.retain(|(k, _)| k != key);
+        if let Some(v) = value {
+            self.opts.env.push((key.to_owned(), v.to_owned()));
+        }
+    }
+
+    /// Replace the config file (`None`: start without `--config`) for the next
+    /// [`Server::restart`].
+    pub fn set_config(&mut self, toml: Option<&str>) {
+        self.opts.config = toml.map(str::to_owned);
+        self.config = toml.map(|text| {
+            let p = self.dir.path().join("config.toml");
+            std::fs::write(&p, text).expect("write the config file");
+            p
+        });
     }
 
     /// A cloneable HTTP handle of the current process (it changes on restart).
@@ -657,11 +694,25 @@ impl Api {
         self.page("limit=1").await.latest_event_seq
     }
 
+    /// The `head` of `GET /healthz` (open, needs no token); panics unless it is a number.
+    pub async fn health_head(&self) -> u64 {
+        let r = self.get("/healthz").await;
+        assert_eq!(r.status, StatusCode::OK, "GET /healthz: {}", r.text);
+        r.json["head"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("GET /healthz has no numeric `head`: {}", r.text))
+    }
+
     /// Every event matching `filters` (e.g. `stream=s&subject=a`, or empty), paging with
     /// `limit` per page as the contract says: until `next_after_sequence >= latest_event_seq`.
     pub async fn read_all_with(&self, filters: &str, limit: u32) -> Vec<Value> {
+        self.read_all_after(0, filters, limit).await
+    }
+
+    /// Every event with `seq > after` matching `filters`, paging with `limit` per page.
+    pub async fn read_all_after(&self, after: u64, filters: &str, limit: u32) -> Vec<Value> {
         let mut out = Vec::new();
-        let mut after = 0u64;
+        let mut after = after;
         loop {
             let sep = if filters.is_empty() { "" } else { "&" };
             let page = self
@@ -705,9 +756,32 @@ impl Api {
         last_event_id: Option<&str>,
         token: Option<&str>,
     ) -> Result<SseStream, Reply> {
+        self.sse_at(&format!("/v1/events/stream?{query}"), last_event_id, token)
+            .await
+    }
+
+    /// Open `GET /v1/tasks/{task_id}/stream?<query>` (the id is percent-encoded here).
+    pub async fn task_sse(
+        &self,
+        task_id: &str,
+        query: &str,
+        last_event_id: Option<&str>,
+    ) -> Result<SseStream, Reply> {
+        let path = format!("/v1/tasks/{}/stream?{query}", encode_path(task_id));
+        self.sse_at(&path, last_event_id, self.token.as_deref())
+            .await
+    }
+
+    /// Open an SSE stream at `path_and_query`. A non-200 answer is returned as `Err`.
+    pub async fn sse_at(
+        &self,
+        path_and_query: &str,
+        last_event_id: Option<&str>,
+        token: Option<&str>,
+    ) -> Result<SseStream, Reply> {
         let mut rb = self
             .sse_client
-            .get(self.url(&format!("/v1/events/stream?{query}")))
+            .get(self.url(path_and_query))
             .header(reqwest::header::ACCEPT, "text/event-stream");
         if let Some(id) = last_event_id {
             rb = rb.header("Last-Event-ID", id);
@@ -834,6 +908,20 @@ pub async fn run_cli(args: &[&str], stdin: &str, limit: Duration) -> std::proces
         .expect("wait for the CLI");
     let _ = writer.await;
     out
+}
+
+/// Percent-encode every byte of `s` outside `A-Za-z0-9-._~`, for a path segment or a query
+/// value.
+pub fn encode_path(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }
 
 /// Hex SHA-256 of a token text, as the config stores it.

@@ -1,8 +1,11 @@
 //! Small helpers shared by the e2e modules.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
 
+use reqwest::StatusCode;
 use serde_json::{Value, json};
+use tidemark_tests::{Api, Reply, encode_path, tail};
 
 /// An event body for `POST /v1/events`.
 pub fn ev(id: &str, stream: &str, subject: &str, ty: &str, payload: Value) -> Value {
@@ -94,4 +97,419 @@ pub fn check_time(t: &str) -> &str {
         "clock of {t:?}"
     );
     stamp
+}
+
+/// A lifecycle event of `task` on stream `task_events` (server-made event_id).
+pub fn task_ev(task: &str, ty: &str, payload: Value) -> Value {
+    json!({"stream": "task_events", "subject": task, "type": ty, "payload": payload})
+}
+
+/// A client `notification.requested` with id `id` (event_id = subject = id).
+pub fn notif_ev(id: &str, payload: Value) -> Value {
+    json!({"event_id": id, "stream": "notifications", "subject": id,
+           "type": "notification.requested", "payload": payload})
+}
+
+/// The lifecycle types the router turns into a `notification.created`, with the priority.
+pub const ROUTED: [(&str, &str); 7] = [
+    ("task.run_failed", "urgent"),
+    ("task.run_review_requested", "action"),
+    ("task.run_review_rejected", "warning"),
+    ("task.run_canceled", "warning"),
+    ("task.canceled", "warning"),
+    ("task.run_completed", "info"),
+    ("task.run_review_approved", "info"),
+];
+
+/// The priority of the notification routed from a lifecycle event of type `ty`, if any.
+pub fn routed_priority(ty: &str) -> Option<&'static str> {
+    ROUTED.iter().find(|(t, _)| *t == ty).map(|(_, p)| *p)
+}
+
+/// Append and return the receipts; panics unless 201.
+pub async fn append_ok(api: &Api, body: &Value) -> Vec<(String, u64, bool)> {
+    let (st, reply) = api.append(body).await;
+    assert_eq!(
+        st,
+        StatusCode::CREATED,
+        "append of {}: {reply}",
+        tail(&body.to_string(), 500)
+    );
+    receipts(&reply)
+}
+
+/// `GET /v1/tasks/{id}`; panics unless 200.
+pub async fn get_task(api: &Api, id: &str) -> Value {
+    let r = api.get(&format!("/v1/tasks/{}", encode_path(id))).await;
+    assert_eq!(r.status, StatusCode::OK, "GET /v1/tasks/{id}: {}", r.text);
+    r.json
+}
+
+/// Every task of `GET /v1/tasks?<query>`, paging with `limit` via `after` / `next_after`.
+pub async fn list_tasks(api: &Api, query: &str, limit: u32) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..10_000 {
+        let mut q = format!("limit={limit}");
+        if !query.is_empty() {
+            q = format!("{query}&{q}");
+        }
+        if let Some(a) = &after {
+            q = format!("{q}&after={}", encode_path(a));
+        }
+        let r = api.get(&format!("/v1/tasks?{q}")).await;
+        assert_eq!(r.status, StatusCode::OK, "GET /v1/tasks?{q}: {}", r.text);
+        let page = r.json["tasks"]
+            .as_array()
+            .unwrap_or_else(|| panic!("GET /v1/tasks?{q}: no `tasks` array: {}", r.text));
+        assert!(
+            page.len() <= usize::try_from(limit).expect("small"),
+            "GET /v1/tasks?{q}: more than `limit` tasks"
+        );
+        out.extend(page.iter().cloned());
+        match &r.json["next_after"] {
+            Value::Null => return out,
+            Value::String(next) => {
+                assert!(
+                    after.as_deref().is_none_or(|a| next.as_str() > a),
+                    "GET /v1/tasks?{q}: next_after {next:?} does not move forward"
+                );
+                after = Some(next.clone());
+            }
+            other => panic!("GET /v1/tasks?{q}: next_after is {other}"),
+        }
+    }
+    panic!("GET /v1/tasks?{query}: paging did not end");
+}
+
+/// Every notification of `GET /v1/notifications?<query>`, newest first, paging with `limit`
+/// via `before_seq` / `next_before_seq`.
+pub async fn list_notifications(api: &Api, query: &str, limit: u32) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    let mut before: Option<u64> = None;
+    for _ in 0..10_000 {
+        let mut q = format!("limit={limit}");
+        if !query.is_empty() {
+            q = format!("{query}&{q}");
+        }
+        if let Some(b) = before {
+            q = format!("{q}&before_seq={b}");
+        }
+        let r = api.get(&format!("/v1/notifications?{q}")).await;
+        assert_eq!(
+            r.status,
+            StatusCode::OK,
+            "GET /v1/notifications?{q}: {}",
+            r.text
+        );
+        let page = r.json["notifications"].as_array().unwrap_or_else(|| {
+            panic!(
+                "GET /v1/notifications?{q}: no `notifications` array: {}",
+                r.text
+            )
+        });
+        assert!(
+            page.len() <= usize::try_from(limit).expect("small"),
+            "GET /v1/notifications?{q}: more than `limit` items"
+        );
+        out.extend(page.iter().cloned());
+        match &r.json["next_before_seq"] {
+            Value::Null => return out,
+            v => {
+                let next = v
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("GET /v1/notifications?{q}: next_before_seq is {v}"));
+                assert!(
+                    before.is_none_or(|b| next < b),
+                    "GET /v1/notifications?{q}: next_before_seq {next} does not move back"
+                );
+                before = Some(next);
+            }
+        }
+    }
+    panic!("GET /v1/notifications?{query}: paging did not end");
+}
+
+/// Poll `check` every 50 ms until it gives `Some`, at most `limit` (then panic naming `what`).
+/// A bound against hanging, never an assertion on speed.
+pub async fn wait_for<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gave up waiting for {what} after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `POST` to `path` with an empty body.
+pub async fn post_empty(api: &Api, path: &str) -> Reply {
+    api.send(api.request(reqwest::Method::POST, path)).await
+}
+
+/// `GET /v1/admin/projections` as name → row; panics unless 200 with the three projections.
+pub async fn projections(api: &Api) -> HashMap<String, Value> {
+    let r = api.get("/v1/admin/projections").await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "GET /v1/admin/projections: {}",
+        r.text
+    );
+    let rows = r.json["projections"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no `projections` array: {}", r.text));
+    let map: HashMap<String, Value> = rows
+        .iter()
+        .map(|p| {
+            (
+                p["name"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("projection without name: {p}"))
+                    .to_owned(),
+                p.clone(),
+            )
+        })
+        .collect();
+    for name in PROJECTIONS {
+        assert!(map.contains_key(name), "no projection {name}: {}", r.text);
+    }
+    map
+}
+
+pub const PROJECTIONS: [&str; 3] = ["tasks", "notifications", "settings"];
+
+/// `POST /v1/admin/projections/{name}/{action}` (rebuild or verify); panics unless 200.
+pub async fn rebuild_or_verify(api: &Api, name: &str, action: &str) -> Value {
+    let r = post_empty(api, &format!("/v1/admin/projections/{name}/{action}")).await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "POST /v1/admin/projections/{name}/{action}: {}",
+        r.text
+    );
+    r.json
+}
+
+/// Every projection has lag 0 and a verify that finds it identical to a replay of the log.
+pub async fn assert_projections_sound(api: &Api, what: &str) {
+    let rows = projections(api).await;
+    let head = api.head().await;
+    for name in PROJECTIONS {
+        let p = &rows[name];
+        assert_eq!(p["lag"], 0, "{what}: projection {name} lags: {p}");
+        assert!(
+            p["checkpoint"].as_u64().is_some_and(|c| c <= head),
+            "{what}: projection {name} checkpoint past the head {head}: {p}"
+        );
+        let v = rebuild_or_verify(api, name, "verify").await;
+        assert_eq!(v["name"], name, "{what}: {v}");
+        assert_eq!(
+            v["identical"], true,
+            "{what}: verify of {name} is not identical: {v}"
+        );
+        assert_eq!(v["first_divergent_seq"], Value::Null, "{what}: {v}");
+        assert_eq!(v["swapped"], false, "{what}: verify must not switch: {v}");
+    }
+}
+
+/// A test oracle of the task status rules (spec and issue): what `status` a task must have
+/// after the given lifecycle events (`(type, payload)`, in log order).
+#[derive(Debug, Clone, Default)]
+pub struct TaskOracle {
+    pub status: String,
+    pub current: Option<String>,
+    pub canceled: bool,
+    pub review_required: bool,
+    /// run_id → (review required at start, review requested, approved)
+    runs: HashMap<String, (bool, bool, bool)>,
+}
+
+impl TaskOracle {
+    pub fn new() -> Self {
+        TaskOracle {
+            status: "open".into(),
+            ..TaskOracle::default()
+        }
+    }
+
+    fn set(&mut self, s: &str) {
+        if !self.canceled {
+            self.status = s.to_owned();
+        }
+    }
+
+    pub fn apply(&mut self, ty: &str, p: &Value) {
+        let run = p["run_id"].as_str().unwrap_or_default().to_owned();
+        if ty.starts_with("task.run_") && run.is_empty() {
+            return;
+        }
+        if ty.starts_with("task.run_") && !self.runs.contains_key(&run) {
+            self.runs
+                .insert(run.clone(), (self.review_required, false, false));
+            if self.current.is_none() {
+                self.current = Some(run.clone());
+            }
+        }
+        let is_current = self.current.as_deref() == Some(run.as_str());
+        match ty {
+            "task.created" => {
+                self.review_required = p["review_required"].as_bool().unwrap_or(false);
+            }
+            "task.run_started" => {
+                self.current = Some(run);
+                self.set("running");
+            }
+            "task.run_completed" => {
+                let (req, requested, approved) = self.runs[&run];
+                let gated = self.review_required || req || requested;
+                if is_current {
+                    self.set(if gated && !approved {
+                        "awaiting_review"
+                    } else {
+                        "completed"
+                    });
+                }
+            }
+            "task.run_failed" if is_current => self.set("failed"),
+            "task.run_canceled" if is_current => self.set("canceled"),
+            "task.run_review_requested" => {
+                let r = self.runs.get_mut(&run).expect("run");
+                r.1 = true;
+                r.2 = false;
+                if is_current {
+                    self.set("awaiting_review");
+                }
+            }
+            "task.run_review_approved" => {
+                self.runs.get_mut(&run).expect("run").2 = true;
+                if is_current {
+                    self.set("completed");
+                }
+            }
+            "task.run_review_rejected" => {
+                self.runs.get_mut(&run).expect("run").2 = false;
+                if is_current {
+                    let cont = p["continuation"].as_bool().unwrap_or(false);
+                    self.set(if cont { "running" } else { "open" });
+                }
+            }
+            "task.canceled" => {
+                self.set("canceled");
+                self.canceled = true;
+            }
+            _ => {}
+        }
+    }
+
+    /// Fold the lifecycle events (stream `task_events`) among `events` (envelopes).
+    pub fn of(events: &[Value]) -> TaskOracle {
+        let mut o = TaskOracle::new();
+        for e in events {
+            if e["stream"] == "task_events" {
+                o.apply(e["type"].as_str().unwrap_or_default(), &e["payload"]);
+            }
+        }
+        o
+    }
+}
+
+/// The routed lifecycle events of the log (stream `task_events`, a routed type), by seq.
+pub async fn routed_sources(api: &Api) -> BTreeMap<u64, Value> {
+    api.read_all("stream=task_events")
+        .await
+        .into_iter()
+        .filter(|e| routed_priority(e["type"].as_str().unwrap_or_default()).is_some())
+        .map(|e| (seq_of(&e), e))
+        .collect()
+}
+
+/// Every `notification.created` of the log (read as the whole `notifications` stream).
+pub async fn created_notifications(api: &Api) -> Vec<Value> {
+    api.read_all("stream=notifications")
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "notification.created")
+        .collect()
+}
+
+/// Wait (bounded) until every routed lifecycle event of the log has a `notification.created`;
+/// returns the sources and the `notification.created` events read last.
+pub async fn wait_routed(api: &Api, limit: Duration) -> (BTreeMap<u64, Value>, Vec<Value>) {
+    let mut last_missing = Vec::new();
+    let deadline = Instant::now() + limit;
+    loop {
+        let sources = routed_sources(api).await;
+        let created = created_notifications(api).await;
+        let have: HashSet<u64> = created
+            .iter()
+            .filter_map(|e| e["payload"]["source_seq"].as_u64())
+            .collect();
+        let missing: Vec<u64> = sources
+            .keys()
+            .filter(|s| !have.contains(s))
+            .copied()
+            .collect();
+        if missing.is_empty() {
+            return (sources, created);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after {limit:?} {} routed lifecycle events still have no notification.created \
+             (first: {:?}; {} of the sources, previous check missed {})",
+            missing.len(),
+            &missing[..missing.len().min(10)],
+            sources.len(),
+            last_missing.len()
+        );
+        last_missing = missing;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Exactly one `notification.created` per routed source: id `ntf:<source_seq>` as event_id and
+/// subject, the priority of its type, the task as `task_id`, after its source; and none that
+/// does not come from a routed source.
+#[track_caller]
+pub fn assert_routed_exactly_once(sources: &BTreeMap<u64, Value>, created: &[Value]) {
+    let mut count: HashMap<u64, usize> = HashMap::new();
+    for n in created {
+        let src = n["payload"]["source_seq"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("notification.created without a numeric source_seq: {n}"));
+        let want_id = format!("ntf:{src}");
+        assert_eq!(id_of(n), want_id, "event_id of {n}");
+        assert_eq!(n["subject"], want_id.as_str(), "subject of {n}");
+        assert_eq!(n["stream"], "notifications", "{n}");
+        let source = sources.get(&src).unwrap_or_else(|| {
+            panic!("notification.created for seq {src}, which is no routed lifecycle event: {n}")
+        });
+        let ty = source["type"].as_str().unwrap_or_default();
+        assert_eq!(
+            n["payload"]["priority"],
+            routed_priority(ty).unwrap_or_default(),
+            "priority of the notification routed from {ty}: {n}"
+        );
+        assert_eq!(n["payload"]["task_id"], source["subject"], "task_id of {n}");
+        assert!(seq_of(n) > src, "a notification before its source: {n}");
+        *count.entry(src).or_default() += 1;
+    }
+    let twice: Vec<(&u64, &usize)> = count.iter().filter(|(_, c)| **c > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "lifecycle events with more than one notification.created (source seq, count): {twice:?}"
+    );
+    let missing: Vec<&u64> = sources.keys().filter(|s| !count.contains_key(s)).collect();
+    assert!(
+        missing.is_empty(),
+        "lifecycle events without a notification.created: {missing:?}"
+    );
 }

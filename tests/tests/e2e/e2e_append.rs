@@ -1,5 +1,9 @@
 //! Appends over HTTP: dense seqs from 1 (I1), idempotency by `event_id` and conflicts (I2),
 //! atomic batches, paging with filters, and the `time` field.
+//!
+//! A fresh server's log already holds the `settings.updated` event it recorded at start, so
+//! every expected seq is counted from the head seen at start (`base`), and the whole log is
+//! still checked to be dense from 1.
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -10,14 +14,19 @@ use crate::common::{assert_dense_unique, check_time, ev, id_of, receipts, seq_of
 #[tokio::test]
 async fn single_and_batch_get_dense_seqs_from_one() {
     let s = Server::start(ServerOpts::default()).await;
-    assert_eq!(s.head().await, 0, "a new log is empty");
+    let base = s.start_head();
+    assert_eq!(
+        s.head().await,
+        base,
+        "nothing but the server's own start events is in a new log"
+    );
 
     let (st, body) = s
         .append(&ev("a-1", "orders", "o-1", "order.placed", json!({"n": 1})))
         .await;
     assert_eq!(st, StatusCode::CREATED, "{body}");
-    assert_eq!(receipts(&body), vec![("a-1".to_owned(), 1, false)]);
-    assert_eq!(body["last_seq"], 1, "{body}");
+    assert_eq!(receipts(&body), vec![("a-1".to_owned(), base + 1, false)]);
+    assert_eq!(body["last_seq"], base + 1, "{body}");
 
     // No event_id, no subject, no payload: the server makes the id; subject is "" and the
     // payload an empty object.
@@ -27,7 +36,7 @@ async fn single_and_batch_get_dense_seqs_from_one() {
     assert_eq!(st, StatusCode::CREATED, "{body}");
     let r = receipts(&body);
     assert_eq!(r.len(), 1);
-    assert_eq!(r[0].1, 2);
+    assert_eq!(r[0].1, base + 2);
     assert!(!r[0].2);
     let generated = r[0].0.clone();
     assert!(
@@ -56,14 +65,15 @@ async fn single_and_batch_get_dense_seqs_from_one() {
     assert_eq!(
         r,
         (0..5)
-            .map(|i| (format!("b-{i}"), 3 + i, false))
+            .map(|i| (format!("b-{i}"), base + 3 + i, false))
             .collect::<Vec<_>>(),
         "a batch gets consecutive seqs in its order"
     );
-    assert_eq!(body["last_seq"], 7, "{body}");
+    assert_eq!(body["last_seq"], base + 7, "{body}");
 
-    let all = s.read_all("").await;
-    assert_dense_unique(&all, s.head().await);
+    let whole = s.read_all("").await;
+    assert_dense_unique(&whole, s.head().await);
+    let all = s.read_all_after(base, "", 1000).await;
     assert_eq!(all.len(), 7);
     assert_eq!(all[0]["event_id"], "a-1");
     assert_eq!(all[0]["stream"], "orders");
@@ -97,12 +107,16 @@ async fn single_and_batch_get_dense_seqs_from_one() {
 #[tokio::test]
 async fn duplicate_with_same_content_answers_the_original_seq() {
     let s = Server::start(ServerOpts::default()).await;
+    let base = s.start_head();
     s.append(&ev("pre", "orders", "o", "order.x", json!({})))
         .await;
     let original = r#"{"event_id":"dup-1","stream":"orders","subject":"o-1","type":"order.placed","payload":{"a":{"x":1,"y":[1,2]},"b":"s","c":null}}"#;
     let r = s.post_raw(original).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
-    assert_eq!(receipts(&r.json), vec![("dup-1".to_owned(), 2, false)]);
+    assert_eq!(
+        receipts(&r.json),
+        vec![("dup-1".to_owned(), base + 2, false)]
+    );
 
     // Same content as a JSON value: other key order, other whitespace.
     let same = "{ \"payload\" : {\n  \"c\": null, \"b\" : \"s\" ,\t\"a\" : { \"y\" : [ 1 , 2 ], \"x\" : 1 } },\n \
@@ -111,10 +125,10 @@ async fn duplicate_with_same_content_answers_the_original_seq() {
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
     assert_eq!(
         receipts(&r.json),
-        vec![("dup-1".to_owned(), 2, true)],
+        vec![("dup-1".to_owned(), base + 2, true)],
         "a re-sent event is a duplicate with the original seq"
     );
-    assert_eq!(s.head().await, 2, "a duplicate appends nothing");
+    assert_eq!(s.head().await, base + 2, "a duplicate appends nothing");
 
     // In a batch with a new event: the duplicate keeps its seq, the new one is appended.
     let (st, body) = s
@@ -128,15 +142,15 @@ async fn duplicate_with_same_content_answers_the_original_seq() {
     assert_eq!(
         receipts(&body),
         vec![
-            ("dup-1".to_owned(), 2, true),
-            ("dup-2".to_owned(), 3, false)
+            ("dup-1".to_owned(), base + 2, true),
+            ("dup-2".to_owned(), base + 3, false)
         ]
     );
-    assert_eq!(body["last_seq"], 3, "{body}");
+    assert_eq!(body["last_seq"], base + 3, "{body}");
     let all = s.read_all("").await;
-    assert_dense_unique(&all, 3);
+    assert_dense_unique(&all, base + 3);
     assert_eq!(
-        all[1]["payload"],
+        all[usize::try_from(base).expect("small") + 1]["payload"],
         json!({"a": {"x": 1, "y": [1, 2]}, "b": "s", "c": null})
     );
 }
@@ -144,6 +158,7 @@ async fn duplicate_with_same_content_answers_the_original_seq() {
 #[tokio::test]
 async fn same_id_with_other_content_is_a_conflict_and_changes_nothing() {
     let s = Server::start(ServerOpts::default()).await;
+    let head0 = s.start_head();
     let base = ev("c-1", "orders", "o-1", "order.placed", json!({"n": 1}));
     let (st, _) = s.append(&base).await;
     assert_eq!(st, StatusCode::CREATED);
@@ -166,7 +181,11 @@ async fn same_id_with_other_content_is_a_conflict_and_changes_nothing() {
             .send(s.request(reqwest::Method::POST, "/v1/events").json(v))
             .await;
         assert_problem(&r, 409, "event_id_conflict");
-        assert_eq!(s.head().await, 1, "a conflict appends nothing ({v})");
+        assert_eq!(
+            s.head().await,
+            head0 + 1,
+            "a conflict appends nothing ({v})"
+        );
     }
     // In a batch after a new event: the whole batch is refused.
     let r = s
@@ -179,17 +198,17 @@ async fn same_id_with_other_content_is_a_conflict_and_changes_nothing() {
         )
         .await;
     assert_problem(&r, 409, "event_id_conflict");
-    assert_eq!(s.head().await, 1);
+    assert_eq!(s.head().await, head0 + 1);
     let (st, body) = s
         .append(&ev("c-new", "orders", "o-1", "order.placed", json!({})))
         .await;
     assert_eq!(st, StatusCode::CREATED, "{body}");
     assert_eq!(
         receipts(&body),
-        vec![("c-new".to_owned(), 2, false)],
+        vec![("c-new".to_owned(), head0 + 2, false)],
         "the event of the refused batch was not stored"
     );
-    let all = s.read_all("").await;
+    let all = s.read_all_after(head0, "", 1000).await;
     assert_eq!(
         all[0]["payload"],
         json!({"n": 1}),
@@ -203,6 +222,7 @@ type BatchCase = (Value, u16, &'static str, Option<(u64, &'static str)>);
 #[tokio::test]
 async fn a_batch_with_one_bad_event_appends_nothing() {
     let s = Server::start(ServerOpts::default()).await;
+    let base = s.start_head();
     let good = |i: u32| ev(&format!("g-{i}"), "orders", "o", "order.x", json!({"i": i}));
     let (st, _) = s.append(&good(0)).await;
     assert_eq!(st, StatusCode::CREATED);
@@ -260,7 +280,7 @@ async fn a_batch_with_one_bad_event_appends_nothing() {
         }
         assert_eq!(
             s.head().await,
-            1,
+            base + 1,
             "a refused batch ({code}) appends nothing"
         );
     }
@@ -271,9 +291,9 @@ async fn a_batch_with_one_bad_event_appends_nothing() {
     assert_eq!(
         receipts(&body),
         vec![
-            ("g-1".to_owned(), 2, false),
-            ("g-2".to_owned(), 3, false),
-            ("g-3".to_owned(), 4, false)
+            ("g-1".to_owned(), base + 2, false),
+            ("g-2".to_owned(), base + 3, false),
+            ("g-3".to_owned(), base + 4, false)
         ],
         "none of the refused batches' events were stored"
     );
@@ -282,6 +302,7 @@ async fn a_batch_with_one_bad_event_appends_nothing() {
 #[tokio::test]
 async fn boundary_values_are_accepted() {
     let s = Server::start(ServerOpts::default()).await;
+    let base = s.start_head();
     let id128: String = "Az09._:-".repeat(16);
     let stream64 = "a0_.-b".repeat(11)[..64].to_owned();
     let type64 = "a0_.b".repeat(13)[..64].to_owned();
@@ -294,8 +315,8 @@ async fn boundary_values_are_accepted() {
         ]}))
         .await;
     assert_eq!(st, StatusCode::CREATED, "{body}");
-    assert_eq!(receipts(&body)[0], (id128.clone(), 1, false));
-    let all = s.read_all("").await;
+    assert_eq!(receipts(&body)[0], (id128.clone(), base + 1, false));
+    let all = s.read_all_after(base, "", 1000).await;
     assert_eq!(all[0]["event_id"], id128.as_str());
     assert_eq!(all[0]["stream"], stream64.as_str());
     assert_eq!(all[0]["type"], type64.as_str());
@@ -306,7 +327,7 @@ async fn boundary_values_are_accepted() {
     let enc: String = subject128.bytes().map(|b| format!("%{b:02X}")).collect();
     let only = s.read_all(&format!("subject={enc}")).await;
     assert_eq!(only.len(), 1, "filter by an encoded subject");
-    assert_eq!(seq_of(&only[0]), 1);
+    assert_eq!(seq_of(&only[0]), base + 1);
 }
 
 /// A query string and the (stream, subject, type) filter it means.
@@ -335,6 +356,7 @@ fn matching<'a>(
 #[tokio::test]
 async fn paging_with_filters_returns_exactly_the_matches_in_order() {
     let s = Server::start(ServerOpts::default()).await;
+    let base = s.start_head();
     let streams = ["s.one", "s-two"];
     let subjects = ["a", "b", "sub ject/é"];
     let types = ["t.x", "t.y"];
@@ -357,7 +379,7 @@ async fn paging_with_filters_returns_exactly_the_matches_in_order() {
         let (st, body) = s.append(&json!({ "events": batch })).await;
         assert_eq!(st, StatusCode::CREATED, "{body}");
     }
-    assert_eq!(s.head().await, 90);
+    assert_eq!(s.head().await, base + 90);
 
     let enc = "sub%20ject%2F%C3%A9";
     let cases: Vec<FilterCase> = vec![
@@ -384,7 +406,7 @@ async fn paging_with_filters_returns_exactly_the_matches_in_order() {
     for (filters, stream, subject, ty) in cases {
         let want = matching(&model, stream, subject, ty);
         for limit in [7, 1000] {
-            let got = s.read_all_with(&filters, limit).await;
+            let got = s.read_all_after(base, &filters, limit).await;
             let got_ids: Vec<&str> = got.iter().map(id_of).collect();
             let want_ids: Vec<&str> = want
                 .iter()
@@ -396,27 +418,37 @@ async fn paging_with_filters_returns_exactly_the_matches_in_order() {
                     assert_eq!(g[k], w[k], "field {k} of {g}");
                 }
                 let i: u64 = w["payload"]["i"].as_u64().expect("i");
-                assert_eq!(seq_of(g), i + 1, "seq of {g}");
+                assert_eq!(seq_of(g), base + i + 1, "seq of {g}");
             }
         }
     }
 
     // A page never holds more than `limit`, and pages continue where the last one ended.
-    let p = s.page("after_sequence=0&limit=7").await;
+    let p = s.page(&format!("after_sequence={base}&limit=7")).await;
     assert_eq!(p.events.len(), 7);
-    assert_eq!(p.next_after_sequence, 7);
-    assert_eq!(p.latest_event_seq, 90);
-    let p = s.page("after_sequence=85").await;
+    assert_eq!(p.next_after_sequence, base + 7);
+    assert_eq!(p.latest_event_seq, base + 90);
+    let p = s.page(&format!("after_sequence={}", base + 85)).await;
     assert_eq!(
         p.events.iter().map(seq_of).collect::<Vec<_>>(),
-        vec![86, 87, 88, 89, 90]
+        (base + 86..=base + 90).collect::<Vec<_>>()
     );
-    let p = s.page("after_sequence=90").await;
+    let p = s.page(&format!("after_sequence={}", base + 90)).await;
     assert!(p.events.is_empty(), "nothing after the head");
     let p = s.page("after_sequence=500").await;
     assert!(p.events.is_empty(), "nothing after a seq past the head");
     let p = s.page("").await;
-    assert_eq!(p.events.len(), 90, "limit defaults to 100");
+    assert_eq!(
+        p.events.len(),
+        usize::try_from(base + 90).expect("small"),
+        "limit defaults to 100"
+    );
+    let p = s.page("after_sequence=0").await;
+    assert_eq!(
+        p.events.iter().map(seq_of).collect::<Vec<_>>(),
+        (1..=base + 90).collect::<Vec<_>>(),
+        "a page from 0 starts with the server's own events at seq 1"
+    );
 }
 
 #[tokio::test]

@@ -13,15 +13,23 @@ use tidemark_tests::{
 #[tokio::test]
 async fn open_on_loopback_without_tokens() {
     let s = Server::start(ServerOpts::default()).await;
+    let base = s.start_head();
     let (st, body) = s
         .append(&json!({"event_id": "o-1", "stream": "s", "type": "t"}))
         .await;
     assert_eq!(st, StatusCode::CREATED, "{body}");
-    let (st, body) = s.get_json("/v1/events?after_sequence=0").await;
+    let (st, body) = s
+        .get_json(&format!("/v1/events?after_sequence={base}"))
+        .await;
     assert_eq!(st, StatusCode::OK, "{body}");
     assert_eq!(body["events"][0]["event_id"], "o-1");
-    let mut stream = s.sse("after_sequence=0", None).await.expect("open stream");
-    assert_eq!(stream.expect_event(Duration::from_secs(30)).await.seq(), 1);
+    let mut stream = s
+        .sse(&format!("after_sequence={base}"), None)
+        .await
+        .expect("open stream");
+    let e = stream.expect_event(Duration::from_secs(30)).await;
+    assert_eq!(e.seq(), base + 1);
+    assert_eq!(e.data["event_id"], "o-1");
 }
 
 #[tokio::test]
@@ -86,6 +94,8 @@ async fn scopes_are_enforced() {
             .env("RUST_LOG", "debug"),
     )
     .await;
+    // /healthz is open: the harness read the head at start without a token.
+    let base = s.start_head();
     let events = "/v1/events?after_sequence=0";
 
     // No token, a wrong token, the hash instead of the text, another scheme.
@@ -118,7 +128,7 @@ async fn scopes_are_enforced() {
     let r = call(&s, Method::GET, events, Some(&reader)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(
-        r.json["latest_event_seq"], 0,
+        r.json["latest_event_seq"], base,
         "refused appends appended nothing"
     );
     assert!(
@@ -131,7 +141,7 @@ async fn scopes_are_enforced() {
     // append: can append, cannot read.
     let r = call(&s, Method::POST, "/v1/events", Some(&appender)).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
-    assert_eq!(r.json["events"][0]["seq"], 1);
+    assert_eq!(r.json["events"][0]["seq"], base + 1);
     let r = call(&s, Method::GET, events, Some(&appender)).await;
     assert_problem(&r, 403, "forbidden_scope");
     let r = s
@@ -150,10 +160,10 @@ async fn scopes_are_enforced() {
     // admin: both.
     let r = call(&s, Method::POST, "/v1/events", Some(&admin)).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
-    assert_eq!(r.json["events"][0]["seq"], 2);
+    assert_eq!(r.json["events"][0]["seq"], base + 2);
     let r = call(&s, Method::GET, events, Some(&admin)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
-    assert_eq!(r.json["latest_event_seq"], 2);
+    assert_eq!(r.json["latest_event_seq"], base + 2);
     let mut st = s
         .sse_with_token("after_sequence=0", None, Some(&admin))
         .await
@@ -168,7 +178,8 @@ async fn scopes_are_enforced() {
 
     let r = call(&s, Method::GET, events, Some(&admin)).await;
     assert_eq!(
-        r.json["latest_event_seq"], 2,
+        r.json["latest_event_seq"],
+        base + 2,
         "only the two allowed appends landed"
     );
 
@@ -189,4 +200,136 @@ async fn scopes_are_enforced() {
         !stderr.is_empty(),
         "the server logged nothing at all; the check above is empty"
     );
+}
+
+/// The read models need `read`; projection administration needs `operator` (or `admin`).
+#[tokio::test]
+async fn read_models_and_projection_admin_need_their_scopes() {
+    let tokens: Vec<(&str, String, &str)> = vec![
+        ("reader", format!("tm-r-{}", random_token(24)), "read"),
+        ("appender", format!("tm-a-{}", random_token(24)), "append"),
+        ("operator", format!("tm-o-{}", random_token(24)), "operator"),
+        ("root", format!("tm-x-{}", random_token(24)), "admin"),
+        ("bridge", format!("tm-b-{}", random_token(24)), "bridge"),
+    ];
+    let config: String = tokens
+        .iter()
+        .map(|(name, text, scope)| {
+            format!(
+                "[[auth.tokens]]\nname = \"{name}\"\nsha256 = \"{}\"\nscopes = [\"{scope}\"]\n\n",
+                sha256_hex(text)
+            )
+        })
+        .collect();
+    let s = Server::start(ServerOpts::default().config(config)).await;
+    let tok = |name: &str| {
+        tokens
+            .iter()
+            .find(|t| t.0 == name)
+            .map(|t| t.1.clone())
+            .expect("token")
+    };
+    let r = s
+        .send(
+            s.client
+                .post(s.url("/v1/events"))
+                .bearer_auth(tok("appender"))
+                .json(
+                    &json!({"stream": "task_events", "subject": "sc-1", "type": "task.created",
+                              "payload": {"project_id": "p"}}),
+                ),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+
+    let get = |path: &'static str, token: Option<String>| {
+        let mut rb = s.client.get(s.url(path));
+        if let Some(t) = token {
+            rb = rb.bearer_auth(t);
+        }
+        s.send(rb)
+    };
+    let post = |path: &'static str, token: Option<String>| {
+        let mut rb = s.client.post(s.url(path));
+        if let Some(t) = token {
+            rb = rb.bearer_auth(t);
+        }
+        s.send(rb)
+    };
+    for path in ["/v1/tasks", "/v1/tasks/sc-1", "/v1/notifications"] {
+        assert_problem(&get(path, None).await, 401, "unauthorized");
+        for name in ["appender", "bridge"] {
+            let r = get(path, Some(tok(name))).await;
+            assert_eq!(
+                r.status,
+                StatusCode::FORBIDDEN,
+                "{name} on {path}: {}",
+                r.text
+            );
+            assert_problem(&r, 403, "forbidden_scope");
+        }
+        for name in ["reader", "root"] {
+            let r = get(path, Some(tok(name))).await;
+            assert_eq!(r.status, StatusCode::OK, "{name} on {path}: {}", r.text);
+        }
+    }
+    let r = s
+        .sse_at("/v1/tasks/sc-1/stream?after_sequence=0", None, None)
+        .await
+        .err()
+        .expect("the task stream without a token");
+    assert_problem(&r, 401, "unauthorized");
+    let r = s
+        .sse_at(
+            "/v1/tasks/sc-1/stream?after_sequence=0",
+            None,
+            Some(&tok("appender")),
+        )
+        .await
+        .err()
+        .expect("the task stream with an append token");
+    assert_problem(&r, 403, "forbidden_scope");
+    let mut st = s
+        .sse_at(
+            "/v1/tasks/sc-1/stream?after_sequence=0",
+            None,
+            Some(&tok("reader")),
+        )
+        .await
+        .unwrap_or_else(|r| panic!("a read token opens the task stream: {}", r.text));
+    assert_eq!(
+        st.expect_event(Duration::from_secs(30)).await.data["subject"],
+        "sc-1"
+    );
+
+    let list = "/v1/admin/projections";
+    let verify = "/v1/admin/projections/tasks/verify";
+    let rebuild = "/v1/admin/projections/settings/rebuild";
+    assert_problem(&get(list, None).await, 401, "unauthorized");
+    assert_problem(&post(verify, None).await, 401, "unauthorized");
+    for name in ["reader", "appender", "bridge"] {
+        assert_problem(&get(list, Some(tok(name))).await, 403, "forbidden_scope");
+        assert_problem(&post(verify, Some(tok(name))).await, 403, "forbidden_scope");
+        assert_problem(
+            &post(rebuild, Some(tok(name))).await,
+            403,
+            "forbidden_scope",
+        );
+    }
+    for name in ["operator", "root"] {
+        let r = get(list, Some(tok(name))).await;
+        assert_eq!(r.status, StatusCode::OK, "{name}: {}", r.text);
+        for path in [verify, rebuild] {
+            let r = post(path, Some(tok(name))).await;
+            assert_eq!(r.status, StatusCode::OK, "{name} on {path}: {}", r.text);
+            assert_eq!(r.json["identical"], true, "{}", r.text);
+        }
+    }
+    let stderr = s.stderr();
+    for (name, text, _) in &tokens {
+        assert!(
+            !stderr.contains(text.as_str()),
+            "the {name} token text appears in the server's stderr"
+        );
+    }
 }

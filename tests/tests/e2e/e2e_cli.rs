@@ -18,6 +18,8 @@ fn lines(out: &[u8]) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn append_then_tail() {
     let s = Server::start(ServerOpts::default()).await;
+    let base = s.start_head();
+    let after = |n: u64| (base + n).to_string();
     let input = [
         json!({"event_id": "cli-1", "stream": "cli", "subject": "a", "type": "cli.t", "payload": {"n": 1}}),
         json!({"event_id": "cli-2", "stream": "cli", "subject": "b", "type": "cli.t", "payload": {"n": 2}}),
@@ -35,13 +37,21 @@ async fn append_then_tail() {
     assert_eq!(receipts.len(), 3, "one receipt per event: {receipts:?}");
     for (i, r) in receipts.iter().enumerate() {
         assert_eq!(r["event_id"], format!("cli-{}", i + 1).as_str(), "{r}");
-        assert_eq!(r["seq"], i + 1, "{r}");
+        assert_eq!(r["seq"], base + i as u64 + 1, "{r}");
         assert_eq!(r["duplicate"], false, "{r}");
     }
-    assert_eq!(s.head().await, 3);
+    assert_eq!(s.head().await, base + 3);
 
     let out = run_cli(
-        &["tail", "--after", "0", "--count", "3", "--url", s.base()],
+        &[
+            "tail",
+            "--after",
+            &after(0),
+            "--count",
+            "3",
+            "--url",
+            s.base(),
+        ],
         "",
         LIMIT,
     )
@@ -55,7 +65,7 @@ async fn append_then_tail() {
     let envelopes = lines(&out.stdout);
     assert_eq!(envelopes.len(), 3, "three envelopes: {envelopes:?}");
     for (i, (e, sent)) in envelopes.iter().zip(&input).enumerate() {
-        assert_eq!(e["seq"], i + 1, "{e}");
+        assert_eq!(e["seq"], base + i as u64 + 1, "{e}");
         for k in ["event_id", "stream", "type"] {
             assert_eq!(e[k], sent[k], "{k} of {e}");
         }
@@ -73,7 +83,7 @@ async fn append_then_tail() {
         &[
             "tail",
             "--after",
-            "1",
+            &after(1),
             "--subject",
             "a",
             "--count",
@@ -104,7 +114,7 @@ async fn append_then_tail() {
     let again = lines(&out.stdout);
     assert_eq!(again.len(), 3);
     for (i, r) in again.iter().enumerate() {
-        assert_eq!(r["seq"], i + 1, "{r}");
+        assert_eq!(r["seq"], base + i as u64 + 1, "{r}");
         assert_eq!(r["duplicate"], true, "{r}");
     }
 }
@@ -112,6 +122,7 @@ async fn append_then_tail() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn append_exits_non_zero_on_a_rejected_event() {
     let s = Server::start(ServerOpts::default()).await;
+    let base = s.start_head();
     let stdin = "{\"event_id\": \"ok-1\", \"stream\": \"cli\", \"type\": \"cli.t\"}\n\
                  {\"event_id\": \"bad\", \"stream\": \"NOT OK\", \"type\": \"cli.t\"}\n";
     let out = run_cli(&["append", "--url", s.base()], stdin, LIMIT).await;
@@ -123,7 +134,7 @@ async fn append_exits_non_zero_on_a_rejected_event() {
     let out = run_cli(&["append", "--url", s.base()], "this is not json\n", LIMIT).await;
     assert!(!out.status.success(), "a line that is not JSON must fail");
     assert!(
-        s.head().await <= 1,
+        s.head().await <= base + 1,
         "nothing but the valid first line can have been appended"
     );
 }

@@ -12,6 +12,23 @@ async fn healthz_and_readyz() {
     let (st, body) = s.get_json("/healthz").await;
     assert_eq!(st, StatusCode::OK);
     assert_eq!(body["status"], "ok", "{body}");
+    assert_eq!(
+        body["head"],
+        s.head().await,
+        "/healthz names the log head: {body}"
+    );
+    let (st, appended) = s
+        .append(&json!({"events": [
+            {"stream": "h", "type": "h.t"}, {"stream": "h", "type": "h.t"},
+        ]}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{appended}");
+    let (_, body) = s.get_json("/healthz").await;
+    assert_eq!(
+        body,
+        json!({"status": "ok", "head": appended["last_seq"]}),
+        "/healthz follows the head"
+    );
     let r = s.get("/readyz").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
 }
@@ -42,8 +59,15 @@ async fn metrics_count_appends() {
         .collect();
     let (st, body) = s.append(&json!({ "events": batch })).await;
     assert_eq!(st, StatusCode::CREATED, "{body}");
-    let mut stream = s.sse("after_sequence=0", None).await.expect("stream");
-    assert_eq!(stream.expect_event(Duration::from_secs(30)).await.seq(), 1);
+    let base = s.start_head();
+    let mut stream = s
+        .sse(&format!("after_sequence={base}"), None)
+        .await
+        .expect("stream");
+    assert_eq!(
+        stream.expect_event(Duration::from_secs(30)).await.seq(),
+        base + 1
+    );
 
     let r = s.get("/metrics").await;
     assert_eq!(r.status, StatusCode::OK);
@@ -93,6 +117,13 @@ async fn openapi_lists_every_path() {
     for p in [
         "/v1/events",
         "/v1/events/stream",
+        "/v1/tasks",
+        "/v1/tasks/{id}",
+        "/v1/tasks/{id}/stream",
+        "/v1/notifications",
+        "/v1/admin/projections",
+        "/v1/admin/projections/{name}/rebuild",
+        "/v1/admin/projections/{name}/verify",
         "/healthz",
         "/readyz",
         "/metrics",

@@ -231,7 +231,7 @@ async fn reconnecting_clients_get_every_matching_event_once_in_order() {
     .await
     .expect("the appender did not finish within 90 s")
     .expect("appender panicked");
-    assert_eq!(s.head().await, TOTAL);
+    assert_eq!(s.head().await, s.start_head() + TOTAL);
 
     let mut expected = Vec::new();
     for (spec, target) in specs.iter().zip(&targets) {
@@ -285,6 +285,9 @@ async fn reconnecting_clients_get_every_matching_event_once_in_order() {
 #[tokio::test]
 async fn last_event_id_wins_over_after_sequence_even_when_zero() {
     let s = Server::start(ServerOpts::default()).await;
+    // The log starts with the server's own events (seq 1..=base); ours follow.
+    let base = s.start_head();
+    assert!(base >= 1, "the server records its settings at start");
     let batch: Vec<Value> = (1..=10)
         .map(|i| json!({"event_id": format!("z-{i}"), "stream": "z", "type": "z.t"}))
         .collect();
@@ -292,42 +295,47 @@ async fn last_event_id_wins_over_after_sequence_even_when_zero() {
     assert_eq!(st, StatusCode::CREATED, "{body}");
     let wait = Duration::from_secs(30);
 
-    let mut st = s.sse("after_sequence=5", Some("0")).await.expect("stream");
-    for want in 1..=10 {
+    let q = |n: u64| format!("after_sequence={}", base + n);
+    let mut st = s.sse(&q(5), Some("0")).await.expect("stream");
+    for want in 1..=base + 10 {
         let e = st.expect_event(wait).await;
         assert_eq!(
             e.seq(),
             want,
-            "Last-Event-ID: 0 with after_sequence=5 must start at seq 1"
+            "Last-Event-ID: 0 with after_sequence={} must start at seq 1",
+            base + 5
         );
     }
     drop(st);
 
-    let mut st = s.sse("after_sequence=5", None).await.expect("stream");
-    assert_eq!(
-        st.expect_event(wait).await.seq(),
-        6,
-        "after_sequence=5 starts at 6"
-    );
+    let mut st = s.sse(&q(5), None).await.expect("stream");
+    let e = st.expect_event(wait).await;
+    assert_eq!(e.seq(), base + 6, "after_sequence=N starts at N + 1");
+    assert_eq!(e.data["event_id"], "z-6");
     drop(st);
 
-    let mut st = s.sse("after_sequence=2", Some("7")).await.expect("stream");
+    let id = (base + 7).to_string();
+    let mut st = s.sse(&q(2), Some(&id)).await.expect("stream");
+    let e = st.expect_event(wait).await;
     assert_eq!(
-        st.expect_event(wait).await.seq(),
-        8,
-        "Last-Event-ID: 7 with after_sequence=2 starts at 8"
+        e.seq(),
+        base + 8,
+        "Last-Event-ID: {id} with after_sequence={} starts at {}",
+        base + 2,
+        base + 8
     );
+    assert_eq!(e.data["event_id"], "z-8");
     drop(st);
 
     // Past the head: the stream follows the live tail.
-    let mut st = s.sse("after_sequence=10", None).await.expect("stream");
+    let mut st = s.sse(&q(10), None).await.expect("stream");
     let (code, body) = s
         .append(&json!({"event_id": "z-11", "stream": "z", "type": "z.t"}))
         .await;
     assert_eq!(code, StatusCode::CREATED, "{body}");
     let e = st.expect_event(wait).await;
-    assert_eq!(e.seq(), 11);
-    assert_eq!(e.id, "11");
+    assert_eq!(e.seq(), base + 11);
+    assert_eq!(e.id, (base + 11).to_string());
     assert_eq!(e.event, "z.t");
     assert_eq!(e.data["event_id"], "z-11");
 }
@@ -341,7 +349,11 @@ async fn a_stalled_reader_is_served_from_the_log_not_buffered() {
     const PER_BATCH: u64 = 50;
     const PAD: usize = 8 * 1024;
     let s = Server::start(ServerOpts::default().config("[log]\ncache_mb = 16\n")).await;
-    let mut stalled = s.sse("after_sequence=0", None).await.expect("stream");
+    let base = s.start_head();
+    let mut stalled = s
+        .sse(&format!("after_sequence={base}"), None)
+        .await
+        .expect("stream");
 
     let pad = |i: u64| -> String {
         let c = char::from(b'a' + u8::try_from(i % 26).expect("small"));
@@ -368,7 +380,7 @@ async fn a_stalled_reader_is_served_from_the_log_not_buffered() {
         rss_max = rss_max.max(s.rss_kb());
     }
     let head = s.head().await;
-    assert_eq!(head, BATCHES * PER_BATCH);
+    assert_eq!(head, base + BATCHES * PER_BATCH);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let rss_after = s.rss_kb();
     let peak = s.peak_rss_kb();
@@ -392,14 +404,14 @@ async fn a_stalled_reader_is_served_from_the_log_not_buffered() {
     );
 
     // Now read everything: complete, in order, intact.
-    for want in 1..=head {
+    for want in base + 1..=head {
         let e = stalled.expect_event(Duration::from_secs(30)).await;
         assert_eq!(
             e.seq(),
             want,
             "the stalled stream skipped or repeated events"
         );
-        let i = want - 1;
+        let i = want - base - 1;
         assert_eq!(e.data["payload"]["i"], i);
         assert_eq!(
             e.data["payload"]["pad"].as_str().map(str::len),

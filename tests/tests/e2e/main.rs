@@ -1,6 +1,14 @@
 //! End-to-end tests: each test starts its own `tidemark serve` (port 0, own data dir) through
 //! the harness in `tidemark_tests`, and checks the HTTP/SSE/CLI contract of
-//! `docs/http-contract.md` and the invariants of the spec (I1, I2, I6, I9) from the outside.
+//! `docs/http-contract.md` and the invariants of the spec (I1, I2, I3, I6, I9) from the
+//! outside: the log, the tasks and notifications read models, the notification router
+//! (also across `kill -9`), and projection rebuild/verify.
+//!
+//! A fresh server's log is not empty: it starts with the `settings.updated` event the server
+//! records at start, so tests count seqs from [`tidemark_tests::Server::start_head`]. Routed
+//! lifecycle types (`task.run_completed`, ...) make the router append `notification.created`
+//! events asynchronously; tests that check exact heads use free-form types, the others wait
+//! (bounded) for the router with `common::wait_routed`.
 //!
 //! Build the binary first: `cargo build -p tidemark-api`.
 
@@ -10,6 +18,12 @@ mod e2e_auth;
 mod e2e_bad_input;
 mod e2e_cli;
 mod e2e_crash;
+mod e2e_notifications;
 mod e2e_ops;
+mod e2e_projections;
 mod e2e_resume;
+mod e2e_router_crash;
+mod e2e_settings;
 mod e2e_shutdown;
+mod e2e_task_stream;
+mod e2e_tasks;
