@@ -21,6 +21,7 @@ mod e2e_crash;
 mod e2e_notifications;
 mod e2e_ops;
 mod e2e_projections;
+mod e2e_rebuild_crash;
 mod e2e_resume;
 mod e2e_router_crash;
 mod e2e_settings;
