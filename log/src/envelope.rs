@@ -19,13 +19,13 @@ pub mod limits {
 
 /// An event to append. `payload` has been canonicalised: compact JSON of an object with its keys
 /// sorted, so two payloads that are equal as JSON values have equal bytes (I2 compares them so).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct NewEvent {
     pub event_id: Option<String>,
     pub stream: String,
     pub subject: String,
     pub event_type: String,
-    payload: Vec<u8>,
+    payload: Box<RawValue>,
 }
 
 impl NewEvent {
@@ -42,7 +42,7 @@ impl NewEvent {
             stream: stream.into(),
             subject: subject.into(),
             event_type: event_type.into(),
-            payload: Vec::new(),
+            payload: RawValue::NULL.to_owned(),
         };
         if let Some(id) = &ev.event_id {
             check_event_id(id)?;
@@ -54,39 +54,40 @@ impl NewEvent {
             return Err(FieldError::new("payload", "must be a JSON object"));
         }
         // serde_json's Map is a BTreeMap (no `preserve_order`), so this output has sorted keys.
-        let bytes = serde_json::to_vec(payload)
+        let text = serde_json::to_string(payload)
             .map_err(|e| FieldError::new("payload", format!("cannot be encoded: {e}")))?;
-        if bytes.len() > limits::PAYLOAD_MAX_BYTES {
+        if text.len() > limits::PAYLOAD_MAX_BYTES {
             return Err(FieldError::new(
                 "payload",
                 format!(
                     "is {} bytes, more than the {} allowed",
-                    bytes.len(),
+                    text.len(),
                     limits::PAYLOAD_MAX_BYTES
                 ),
             ));
         }
         Ok(NewEvent {
-            payload: bytes,
+            // Serialised by serde_json just above: valid JSON, so this never fails.
+            payload: RawValue::from_string(text)
+                .map_err(|e| FieldError::new("payload", format!("cannot be encoded: {e}")))?,
             ..ev
         })
     }
 
     /// The canonical payload bytes.
     pub fn payload_bytes(&self) -> &[u8] {
-        &self.payload
+        self.payload.get().as_bytes()
     }
 
     pub(crate) fn same_as(&self, other: &NewEvent) -> bool {
         self.stream == other.stream
             && self.subject == other.subject
             && self.event_type == other.event_type
-            && self.payload == other.payload
+            && self.payload.get() == other.payload.get()
     }
 
     /// The event as it will be stored at `seq`.
     pub(crate) fn to_event(&self, seq: u64, time_us: i64) -> Result<Event, String> {
-        let text = String::from_utf8(self.payload.clone()).map_err(|e| e.to_string())?;
         Ok(Event {
             seq,
             event_id: self.event_id.clone().unwrap_or_default(),
@@ -94,7 +95,7 @@ impl NewEvent {
             subject: self.subject.clone(),
             event_type: self.event_type.clone(),
             time_us,
-            payload: RawValue::from_string(text).map_err(|e| e.to_string())?,
+            payload: self.payload.clone(),
         })
     }
 
@@ -102,7 +103,7 @@ impl NewEvent {
         self.stream == other.stream
             && self.subject == other.subject
             && self.event_type == other.event_type
-            && self.payload.as_slice() == other.payload.get().as_bytes()
+            && self.payload.get() == other.payload.get()
     }
 }
 

@@ -17,6 +17,7 @@ use crate::codec::{self, StoredV1};
 use crate::envelope::{Event, NewEvent};
 use crate::error::{AppendError, CommandError, storage};
 use crate::store::{EVENT_IDS, EVENTS, META, META_INDEXED_THROUGH, SUBJECTS};
+use crate::tail::Tail;
 use crate::time::now_micros;
 use crate::{AppendReceipt, Appended, CommitHook, Shared};
 
@@ -81,6 +82,11 @@ pub(crate) struct Writer {
     pub quick_repair: bool,
     pub buf: Vec<u8>,
     pub hooks: Vec<Box<dyn CommitHook>>,
+}
+
+struct LogTables<'t> {
+    events: redb::Table<'t, u64, &'static [u8]>,
+    ids: redb::Table<'t, &'static str, u64>,
 }
 
 struct Pending {
@@ -285,10 +291,18 @@ impl Writer {
         pending: &mut Vec<Pending>,
     ) -> Result<(), String> {
         let mut staged_ids: HashMap<String, usize> = HashMap::new();
+        // The log's tables stay open across the group's appends; a command may read them
+        // itself (scan_events), so they are closed while it runs.
+        let mut tables: Option<LogTables<'_>> = None;
+        let shared = self.shared.clone();
+        let tail = shared.tail.read().unwrap_or_else(|p| p.into_inner());
         for item in group {
             let (events, reply) = match item {
                 Item::Append(events, reply) => (events, AnyReply::Append(reply)),
-                Item::Command(f, reply) => match f(txn, self.head + staged.len() as u64) {
+                Item::Command(f, reply) => match {
+                    tables = None;
+                    f(txn, self.head + staged.len() as u64)
+                } {
                     Ok(events) if events.is_empty() => {
                         pending.push(Pending {
                             reply: AnyReply::Command(reply),
@@ -311,7 +325,14 @@ impl Writer {
                 },
             };
             let base = staged.len();
-            let results = match self.stage_request(txn, events, staged, &mut staged_ids)? {
+            if tables.is_none() {
+                tables = Some(LogTables {
+                    events: txn.open_table(EVENTS).map_err(storage)?,
+                    ids: txn.open_table(EVENT_IDS).map_err(storage)?,
+                });
+            }
+            let t = tables.as_mut().expect("opened above");
+            let results = match self.stage_request(t, &tail, events, staged, &mut staged_ids)? {
                 Ok(results) => results,
                 Err(conflict) => {
                     for (_, undone) in staged.drain(base..) {
@@ -322,7 +343,6 @@ impl Writer {
                 }
             };
             {
-                let mut events_t = txn.open_table(EVENTS).map_err(storage)?;
                 for (seq, ev) in &staged[base..] {
                     codec::encode(
                         &StoredV1 {
@@ -335,7 +355,7 @@ impl Writer {
                         },
                         &mut self.buf,
                     );
-                    events_t
+                    t.events
                         .insert(*seq, self.buf.as_slice())
                         .map_err(storage)?;
                 }
@@ -358,14 +378,13 @@ impl Writer {
     /// The inner `Err` is a conflict (the caller undoes what was staged).
     fn stage_request(
         &self,
-        txn: &WriteTransaction,
+        t: &LogTables<'_>,
+        tail: &Tail,
         events: Vec<NewEvent>,
         staged: &mut Vec<(u64, NewEvent)>,
         staged_ids: &mut HashMap<String, usize>,
     ) -> Result<Result<Vec<Appended>, AppendError>, String> {
-        let events_t = txn.open_table(EVENTS).map_err(storage)?;
-        let ids_t = txn.open_table(EVENT_IDS).map_err(storage)?;
-        let tail = self.shared.tail.read().unwrap_or_else(|p| p.into_inner());
+        let (events_t, ids_t) = (&t.events, &t.ids);
         let mut results = Vec::with_capacity(events.len());
         for ev in events {
             let id = ev.event_id.clone().unwrap_or_default();
