@@ -14,7 +14,7 @@
 //! `digests` table at `seq`. Two folds of the same log give the same chain, and comparing two
 //! chains names the first `seq` at which they differ.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 use serde::{Deserialize, Serialize};
@@ -54,9 +54,17 @@ pub struct Store<'t> {
     proj: &'static str,
     generation: u32,
     tables: HashMap<&'static str, redb::Table<'t, Bytes, Bytes>>,
+    /// Writes not yet in the tables: a fold of many events touches the same rows again and
+    /// again (a task gets ~8 events), so they are coalesced here and written once, in key
+    /// order, by `flush`. The digest does not see this: it hashes every write as it is made.
+    pending: BTreeMap<(&'static str, Vec<u8>), Option<Vec<u8>>>,
+    digests: Vec<(u64, [u8; 32])>,
     change: blake3::Hasher,
     changed: bool,
 }
+
+/// Coalesced writes are flushed after this many events even inside one transaction.
+const FLUSH_EVERY: usize = 50_000;
 
 impl<'t> Store<'t> {
     fn new(txn: &'t WriteTransaction, proj: &'static str, generation: u32) -> Self {
@@ -65,6 +73,8 @@ impl<'t> Store<'t> {
             proj,
             generation,
             tables: HashMap::new(),
+            pending: BTreeMap::new(),
+            digests: Vec::new(),
             change: blake3::Hasher::new(),
             changed: false,
         }
@@ -81,6 +91,9 @@ impl<'t> Store<'t> {
     }
 
     pub fn get(&mut self, table: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        if let Some(v) = self.pending.get(&(table, key.to_vec())) {
+            return Ok(v.clone());
+        }
         let t = self.table(table)?;
         Ok(t.get(key)
             .map_err(|e| e.to_string())?
@@ -89,15 +102,13 @@ impl<'t> Store<'t> {
 
     pub fn put(&mut self, table: &'static str, key: &[u8], value: &[u8]) -> Result<(), String> {
         self.note(table, key, Some(value));
-        let t = self.table(table)?;
-        t.insert(key, value).map_err(|e| e.to_string())?;
+        self.pending.insert((table, key.to_vec()), Some(value.to_vec()));
         Ok(())
     }
 
     pub fn delete(&mut self, table: &'static str, key: &[u8]) -> Result<(), String> {
         self.note(table, key, None);
-        let t = self.table(table)?;
-        t.remove(key).map_err(|e| e.to_string())?;
+        self.pending.insert((table, key.to_vec()), None);
         Ok(())
     }
 
@@ -155,13 +166,33 @@ impl<'t> Store<'t> {
             h.update(self.change.finalize().as_bytes());
             meta.digest = *h.finalize().as_bytes();
             meta.changes += 1;
+            self.digests.push((ev.seq, meta.digest));
+        }
+        meta.checkpoint = ev.seq;
+        if self.pending.len() + self.digests.len() >= FLUSH_EVERY {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Write the coalesced changes into the tables. Must be called before the store is dropped.
+    fn flush(&mut self) -> Result<(), String> {
+        for ((table, key), value) in std::mem::take(&mut self.pending) {
+            let t = self.table(table)?;
+            match value {
+                Some(v) => t.insert(key.as_slice(), v.as_slice()).map(drop),
+                None => t.remove(key.as_slice()).map(drop),
+            }
+            .map_err(|e| e.to_string())?;
+        }
+        if !self.digests.is_empty() {
             let name = table_name(self.proj, "digests", self.generation);
             let def: TableDefinition<u64, &[u8]> = TableDefinition::new(&name);
             let mut t = self.txn.open_table(def).map_err(|e| e.to_string())?;
-            t.insert(ev.seq, meta.digest.as_slice())
-                .map_err(|e| e.to_string())?;
+            for (seq, d) in self.digests.drain(..) {
+                t.insert(seq, d.as_slice()).map_err(|e| e.to_string())?;
+            }
         }
-        meta.checkpoint = ev.seq;
         Ok(())
     }
 }
@@ -194,7 +225,7 @@ pub(crate) fn fold_all(
     for ev in events {
         st.fold(p, ev, meta)?;
     }
-    Ok(())
+    st.flush()
 }
 
 /// Drop every table of projection `name` whose generation is not `keep`.
@@ -257,6 +288,7 @@ impl CommitHook for Projector {
                     st.fold(*p, &ev, &mut meta)?;
                     Ok(true)
                 })?;
+                st.flush()?;
                 drop(st);
                 write_meta(txn, p.name(), &meta)?;
             }
