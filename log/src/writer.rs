@@ -84,6 +84,17 @@ pub(crate) struct Writer {
     pub hooks: Vec<Box<dyn CommitHook>>,
 }
 
+/// Run a command with the log's tables closed, so it may open them itself.
+fn run_command(
+    tables: &mut Option<LogTables<'_>>,
+    f: CommandFn,
+    txn: &WriteTransaction,
+    head: u64,
+) -> Result<Vec<NewEvent>, CommandError> {
+    *tables = None;
+    f(txn, head)
+}
+
 struct LogTables<'t> {
     events: redb::Table<'t, u64, &'static [u8]>,
     ids: redb::Table<'t, &'static str, u64>,
@@ -299,30 +310,29 @@ impl Writer {
         for item in group {
             let (events, reply) = match item {
                 Item::Append(events, reply) => (events, AnyReply::Append(reply)),
-                Item::Command(f, reply) => match {
-                    tables = None;
-                    f(txn, self.head + staged.len() as u64)
-                } {
-                    Ok(events) if events.is_empty() => {
-                        pending.push(Pending {
-                            reply: AnyReply::Command(reply),
-                            results: Vec::new(),
-                        });
-                        continue;
-                    }
-                    Ok(mut events) => {
-                        for ev in &mut events {
-                            if ev.event_id.is_none() {
-                                ev.event_id = Some(crate::fresh_event_id());
-                            }
+                Item::Command(f, reply) => {
+                    match run_command(&mut tables, f, txn, self.head + staged.len() as u64) {
+                        Ok(events) if events.is_empty() => {
+                            pending.push(Pending {
+                                reply: AnyReply::Command(reply),
+                                results: Vec::new(),
+                            });
+                            continue;
                         }
-                        (events, AnyReply::Command(reply))
+                        Ok(mut events) => {
+                            for ev in &mut events {
+                                if ev.event_id.is_none() {
+                                    ev.event_id = Some(crate::fresh_event_id());
+                                }
+                            }
+                            (events, AnyReply::Command(reply))
+                        }
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                            continue;
+                        }
                     }
-                    Err(e) => {
-                        let _ = reply.send(Err(e));
-                        continue;
-                    }
-                },
+                }
             };
             let base = staged.len();
             if tables.is_none() {
