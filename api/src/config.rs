@@ -140,6 +140,8 @@ impl Config {
                     .into(),
             );
         }
+        tidemark_projections::routing::RoutingSettings::from_json(&self.notification_settings())
+            .map_err(ConfigError::Invalid)?;
         Ok(())
     }
 

@@ -102,7 +102,8 @@ impl<'t> Store<'t> {
 
     pub fn put(&mut self, table: &'static str, key: &[u8], value: &[u8]) -> Result<(), String> {
         self.note(table, key, Some(value));
-        self.pending.insert((table, key.to_vec()), Some(value.to_vec()));
+        self.pending
+            .insert((table, key.to_vec()), Some(value.to_vec()));
         Ok(())
     }
 

@@ -15,6 +15,7 @@ pub mod framework;
 pub mod notifications;
 pub mod read;
 pub mod rebuild;
+pub mod routing;
 pub mod schema;
 pub mod settings;
 pub mod tasks;

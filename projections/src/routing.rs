@@ -1,0 +1,456 @@
+//! Notification routing rules (spec section 4) and delivery backoff (section 5), as pure
+//! functions of the settings recorded in the log: the delivery reactor decides with these, and
+//! writes its decisions (and any random draw) into the events it appends.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+/// A duration like `"1s"`, `"5m"`, `"250ms"`, `"1h"`, in milliseconds.
+pub fn parse_duration_ms(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let mult = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+/// `"HH:MM"` in minutes after midnight.
+pub fn parse_clock(s: &str) -> Option<u32> {
+    let (h, m) = s.split_once(':')?;
+    let (h, m): (u32, u32) = (h.parse().ok()?, m.parse().ok()?);
+    (h < 24 && m < 60 && h * 60 + m < 1440).then_some(h * 60 + m)
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetrySettings {
+    pub max_attempts: u32,
+    pub base_delay_ms: u64,
+    pub max_delay_ms: u64,
+    /// Fraction, e.g. 0.2 for ±20 %.
+    pub jitter: f64,
+    pub lease_ttl_ms: u64,
+    pub batch_size: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DigestPolicy {
+    pub window_ms: u64,
+    pub max_items: u32,
+}
+
+/// Per-route scheduling policy, `[notifications.routes.<route>]`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RoutePolicy {
+    /// A random delay in this window, decided once and written into the delivery.
+    pub delay_ms: Option<(u64, u64)>,
+    /// Recipient-local quiet window, minutes after midnight (may wrap past midnight).
+    pub quiet_hours: Option<(u32, u32)>,
+    pub quiet_hours_bypass: Vec<String>,
+    pub digest: Option<DigestPolicy>,
+}
+
+/// The effective notification settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoutingSettings {
+    pub enabled: bool,
+    pub dashboard_enabled: bool,
+    pub desktop_enabled: bool,
+    pub desktop_priorities: Vec<String>,
+    pub sound_priorities: Vec<String>,
+    /// priority → route names, in order. A priority absent here has no routes.
+    pub routing: BTreeMap<String, Vec<String>>,
+    pub retry: RetrySettings,
+    pub max_pending: u64,
+    pub stuck_after_ms: u64,
+    pub routes: BTreeMap<String, RoutePolicy>,
+}
+
+impl Default for RoutingSettings {
+    /// The defaults of spec section 4.
+    fn default() -> Self {
+        let r = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        RoutingSettings {
+            enabled: true,
+            dashboard_enabled: true,
+            desktop_enabled: true,
+            desktop_priorities: r(&["urgent", "action"]),
+            sound_priorities: r(&["urgent"]),
+            routing: BTreeMap::from([
+                ("urgent".to_owned(), r(&["dashboard", "desktop"])),
+                ("action".to_owned(), r(&["dashboard", "desktop"])),
+                ("warning".to_owned(), r(&["dashboard"])),
+                ("info".to_owned(), r(&["dashboard"])),
+            ]),
+            retry: RetrySettings {
+                max_attempts: 5,
+                base_delay_ms: 1_000,
+                max_delay_ms: 300_000,
+                jitter: 0.2,
+                lease_ttl_ms: 30_000,
+                batch_size: 50,
+            },
+            max_pending: 100_000,
+            stuck_after_ms: 600_000,
+            routes: BTreeMap::new(),
+        }
+    }
+}
+
+fn strings(v: &Value) -> Option<Vec<String>> {
+    v.as_array()?
+        .iter()
+        .map(|s| s.as_str().map(str::to_owned))
+        .collect()
+}
+
+impl RoutingSettings {
+    /// Read the payload of a `settings.updated` event; keys it lacks keep their defaults.
+    /// Errors name the first key that is present but malformed.
+    pub fn from_json(v: &Value) -> Result<RoutingSettings, String> {
+        let mut s = RoutingSettings::default();
+        let bad = |k: &str| format!("notifications.{k} is malformed");
+        let b = |v: &Value, k: &str| v.as_bool().ok_or_else(|| bad(k));
+        let dur = |v: &Value, k: &str| v.as_str().and_then(parse_duration_ms).ok_or_else(|| bad(k));
+        if let Some(x) = v.get("enabled") {
+            s.enabled = b(x, "enabled")?;
+        }
+        if let Some(x) = v.pointer("/dashboard/enabled") {
+            s.dashboard_enabled = b(x, "dashboard.enabled")?;
+        }
+        if let Some(x) = v.pointer("/desktop/enabled") {
+            s.desktop_enabled = b(x, "desktop.enabled")?;
+        }
+        if let Some(x) = v.pointer("/desktop/priorities") {
+            s.desktop_priorities = strings(x).ok_or_else(|| bad("desktop.priorities"))?;
+        }
+        if let Some(x) = v.pointer("/desktop/sound_priorities") {
+            s.sound_priorities = strings(x).ok_or_else(|| bad("desktop.sound_priorities"))?;
+        }
+        if let Some(m) = v.get("routing") {
+            let m = m.as_object().ok_or_else(|| bad("routing"))?;
+            for (prio, routes) in m {
+                let list = strings(routes).ok_or_else(|| bad(&format!("routing.{prio}")))?;
+                s.routing.insert(prio.clone(), list);
+            }
+        }
+        if let Some(r) = v.get("retry") {
+            if let Some(x) = r.get("max_attempts") {
+                s.retry.max_attempts =
+                    x.as_u64()
+                        .filter(|n| (1..=1000).contains(n))
+                        .ok_or_else(|| bad("retry.max_attempts"))? as u32;
+            }
+            if let Some(x) = r.get("base_delay") {
+                s.retry.base_delay_ms = dur(x, "retry.base_delay")?;
+            }
+            if let Some(x) = r.get("max_delay") {
+                s.retry.max_delay_ms = dur(x, "retry.max_delay")?;
+            }
+            if let Some(x) = r.get("jitter") {
+                s.retry.jitter = x
+                    .as_f64()
+                    .filter(|j| (0.0..=1.0).contains(j))
+                    .ok_or_else(|| bad("retry.jitter"))?;
+            }
+            if let Some(x) = r.get("lease_ttl") {
+                s.retry.lease_ttl_ms = dur(x, "retry.lease_ttl")?;
+            }
+            if let Some(x) = r.get("batch_size") {
+                s.retry.batch_size =
+                    x.as_u64()
+                        .filter(|n| (1..=1000).contains(n))
+                        .ok_or_else(|| bad("retry.batch_size"))? as u32;
+            }
+        }
+        if let Some(x) = v.pointer("/outbox/max_pending") {
+            s.max_pending = x.as_u64().ok_or_else(|| bad("outbox.max_pending"))?;
+        }
+        if let Some(x) = v.pointer("/outbox/stuck_after") {
+            s.stuck_after_ms = dur(x, "outbox.stuck_after")?;
+        }
+        if let Some(routes) = v.get("routes") {
+            let routes = routes.as_object().ok_or_else(|| bad("routes"))?;
+            for (name, p) in routes {
+                let k = |f: &str| format!("routes.{name}.{f}");
+                let mut policy = RoutePolicy::default();
+                if let Some(d) = p.get("delay") {
+                    let w = strings(d)
+                        .filter(|w| w.len() == 2)
+                        .ok_or_else(|| bad(&k("delay")))?;
+                    let lo = parse_duration_ms(&w[0]).ok_or_else(|| bad(&k("delay")))?;
+                    let hi = parse_duration_ms(&w[1]).ok_or_else(|| bad(&k("delay")))?;
+                    if lo > hi {
+                        return Err(bad(&k("delay")));
+                    }
+                    policy.delay_ms = Some((lo, hi));
+                }
+                if let Some(q) = p.get("quiet_hours") {
+                    let w = strings(q)
+                        .filter(|w| w.len() == 2)
+                        .ok_or_else(|| bad(&k("quiet_hours")))?;
+                    let from = parse_clock(&w[0]).ok_or_else(|| bad(&k("quiet_hours")))?;
+                    let to = parse_clock(&w[1]).ok_or_else(|| bad(&k("quiet_hours")))?;
+                    policy.quiet_hours = Some((from, to));
+                }
+                if let Some(b) = p.get("quiet_hours_bypass") {
+                    policy.quiet_hours_bypass =
+                        strings(b).ok_or_else(|| bad(&k("quiet_hours_bypass")))?;
+                }
+                if let Some(d) = p.get("digest") {
+                    let window_ms = d
+                        .get("window")
+                        .and_then(Value::as_str)
+                        .and_then(parse_duration_ms)
+                        .ok_or_else(|| bad(&k("digest.window")))?;
+                    let max_items = d
+                        .get("max_items")
+                        .and_then(Value::as_u64)
+                        .filter(|n| *n >= 1)
+                        .ok_or_else(|| bad(&k("digest.max_items")))?
+                        as u32;
+                    policy.digest = Some(DigestPolicy {
+                        window_ms,
+                        max_items,
+                    });
+                }
+                s.routes.insert(name.clone(), policy);
+            }
+        }
+        if s.retry.base_delay_ms > s.retry.max_delay_ms {
+            return Err("notifications.retry.base_delay is larger than max_delay".into());
+        }
+        Ok(s)
+    }
+}
+
+/// What a route does for one notification.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteOutcome {
+    /// A delivery row with this sink.
+    Deliver { route: String, sink: String },
+    /// A delivery row that is never delivered, with its reason code.
+    Skipped { route: String, reason: &'static str },
+}
+
+/// Routes a notification of `priority` takes under `s` (spec section 4). The dashboard is the
+/// notification row itself and yields nothing here.
+pub fn resolve_routes(s: &RoutingSettings, priority: &str) -> Vec<RouteOutcome> {
+    if !s.enabled {
+        return Vec::new();
+    }
+    let Some(routes) = s.routing.get(priority) else {
+        return Vec::new();
+    };
+    let mut out: Vec<RouteOutcome> = Vec::new();
+    for route in routes {
+        if out.iter().any(|o| match o {
+            RouteOutcome::Deliver { route: r, .. } | RouteOutcome::Skipped { route: r, .. } => {
+                r == route
+            }
+        }) {
+            continue;
+        }
+        match route.as_str() {
+            "dashboard" => {}
+            "desktop" => {
+                if s.desktop_enabled && s.desktop_priorities.iter().any(|p| p == priority) {
+                    out.push(RouteOutcome::Deliver {
+                        route: route.clone(),
+                        sink: "app".into(),
+                    });
+                }
+            }
+            _ => out.push(RouteOutcome::Skipped {
+                route: route.clone(),
+                reason: "unknown_route",
+            }),
+        }
+    }
+    out
+}
+
+/// Delay before attempt `attempt + 1` after `attempt` failures (attempt ≥ 1):
+/// `min(max, base · 2^(attempt−1))`, then jitter within ±`jitter` given a draw `u` in [0, 1),
+/// capped at `max`. A `retry_after_ms` from the failure report replaces it (capped at 1 h).
+pub fn backoff_ms(r: &RetrySettings, attempt: u32, u: f64, retry_after_ms: Option<u64>) -> u64 {
+    if let Some(ms) = retry_after_ms {
+        return ms.min(3_600_000);
+    }
+    let exp = attempt.saturating_sub(1).min(62);
+    let raw = r
+        .base_delay_ms
+        .saturating_mul(1u64 << exp)
+        .min(r.max_delay_ms);
+    let factor = 1.0 + r.jitter * (2.0 * u.clamp(0.0, 1.0) - 1.0);
+    ((raw as f64 * factor).round() as u64).min(r.max_delay_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn routes(s: &RoutingSettings, p: &str) -> Vec<RouteOutcome> {
+        resolve_routes(s, p)
+    }
+
+    fn desktop() -> RouteOutcome {
+        RouteOutcome::Deliver {
+            route: "desktop".into(),
+            sink: "app".into(),
+        }
+    }
+
+    #[test]
+    fn default_routing_table() {
+        let s = RoutingSettings::default();
+        assert_eq!(routes(&s, "urgent"), vec![desktop()]);
+        assert_eq!(routes(&s, "action"), vec![desktop()]);
+        assert!(
+            routes(&s, "warning").is_empty(),
+            "dashboard only: no delivery row"
+        );
+        assert!(routes(&s, "info").is_empty());
+        assert!(routes(&s, "unknown").is_empty());
+    }
+
+    #[test]
+    fn settings_change_the_table() {
+        let disabled = RoutingSettings::from_json(&json!({"enabled": false})).unwrap();
+        assert!(
+            routes(&disabled, "urgent").is_empty(),
+            "globally disabled: no deliveries"
+        );
+        let no_desktop =
+            RoutingSettings::from_json(&json!({"desktop": {"enabled": false}})).unwrap();
+        assert!(routes(&no_desktop, "urgent").is_empty());
+        let warn_desktop = RoutingSettings::from_json(
+            &json!({"routing": {"warning": ["dashboard", "desktop"]}, "desktop": {"priorities": ["warning"]}}),
+        )
+        .unwrap();
+        assert_eq!(routes(&warn_desktop, "warning"), vec![desktop()]);
+        assert!(
+            routes(&warn_desktop, "urgent").is_empty(),
+            "urgent is no longer desktop-eligible"
+        );
+        let empty = RoutingSettings::from_json(&json!({"routing": {"urgent": []}})).unwrap();
+        assert!(
+            routes(&empty, "urgent").is_empty(),
+            "an empty list suppresses the route"
+        );
+        let unknown = RoutingSettings::from_json(
+            &json!({"routing": {"info": ["dashboard", "pager", "pager"]}}),
+        )
+        .unwrap();
+        assert_eq!(
+            routes(&unknown, "info"),
+            vec![RouteOutcome::Skipped {
+                route: "pager".into(),
+                reason: "unknown_route"
+            }],
+            "an explicitly configured unknown route: one skipped row"
+        );
+    }
+
+    #[test]
+    fn parses_the_configured_defaults_and_policies() {
+        let v = json!({
+            "enabled": true,
+            "retry": {"max_attempts": 3, "base_delay": "2s", "max_delay": "1m", "jitter": 0.1, "lease_ttl": "45s", "batch_size": 10},
+            "outbox": {"max_pending": 7, "stuck_after": "1h"},
+            "routes": {"desktop": {"delay": ["5m", "15m"], "quiet_hours": ["22:00", "09:00"],
+                                   "quiet_hours_bypass": ["urgent"], "digest": {"window": "5m", "max_items": 5}}}
+        });
+        let s = RoutingSettings::from_json(&v).unwrap();
+        assert_eq!(s.retry.max_attempts, 3);
+        assert_eq!(
+            (
+                s.retry.base_delay_ms,
+                s.retry.max_delay_ms,
+                s.retry.lease_ttl_ms
+            ),
+            (2_000, 60_000, 45_000)
+        );
+        assert_eq!((s.max_pending, s.stuck_after_ms), (7, 3_600_000));
+        let p = &s.routes["desktop"];
+        assert_eq!(p.delay_ms, Some((300_000, 900_000)));
+        assert_eq!(p.quiet_hours, Some((22 * 60, 9 * 60)));
+        assert_eq!(p.quiet_hours_bypass, vec!["urgent".to_owned()]);
+        assert_eq!(
+            p.digest,
+            Some(DigestPolicy {
+                window_ms: 300_000,
+                max_items: 5
+            })
+        );
+        for bad in [
+            json!({"retry": {"base_delay": "soon"}}),
+            json!({"retry": {"jitter": 2.0}}),
+            json!({"routes": {"desktop": {"delay": ["15m", "5m"]}}}),
+            json!({"routes": {"desktop": {"quiet_hours": ["25:00", "09:00"]}}}),
+            json!({"retry": {"base_delay": "10m", "max_delay": "1m"}}),
+        ] {
+            assert!(RoutingSettings::from_json(&bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations_and_clocks() {
+        assert_eq!(parse_duration_ms("250ms"), Some(250));
+        assert_eq!(parse_duration_ms("5m"), Some(300_000));
+        assert_eq!(parse_duration_ms("1h"), Some(3_600_000));
+        assert_eq!(parse_duration_ms("m5"), None);
+        assert_eq!(parse_duration_ms("5 weeks"), None);
+        assert_eq!(parse_clock("09:00"), Some(540));
+        assert_eq!(parse_clock("24:00"), None);
+    }
+
+    #[test]
+    fn backoff_grows_caps_and_stays_within_jitter() {
+        let r = RoutingSettings::default().retry;
+        // Without jitter (u = 0.5): 1s, 2s, 4s, ... capped at 5m.
+        let mid: Vec<u64> = (1..=12).map(|a| backoff_ms(&r, a, 0.5, None)).collect();
+        assert_eq!(&mid[..5], &[1_000, 2_000, 4_000, 8_000, 16_000]);
+        assert!(mid.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(*mid.last().unwrap(), 300_000);
+        // Every jittered delay stays inside its bounds, over many draws.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for attempt in 1..=20 {
+            let raw = (r.base_delay_ms << (attempt - 1).min(40)).min(r.max_delay_ms) as f64;
+            for _ in 0..2_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+                let d = backoff_ms(&r, attempt, u, None) as f64;
+                assert!(
+                    d >= (raw * (1.0 - r.jitter)).floor(),
+                    "attempt {attempt}: {d} below {raw}·0.8"
+                );
+                assert!(
+                    d <= (raw * (1.0 + r.jitter)).ceil().min(r.max_delay_ms as f64),
+                    "attempt {attempt}: {d} above bound"
+                );
+            }
+        }
+        assert_eq!(
+            backoff_ms(&r, 3, 0.9, Some(1_234)),
+            1_234,
+            "retry_after_ms is honoured"
+        );
+        assert_eq!(
+            backoff_ms(&r, 3, 0.9, Some(10 * 3_600_000)),
+            3_600_000,
+            "capped at 1 h"
+        );
+    }
+}
