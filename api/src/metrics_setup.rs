@@ -47,6 +47,10 @@ pub fn describe() {
     );
     metrics::describe_gauge!("tidemark_sse_clients", "Open SSE streams");
     metrics::describe_gauge!("tidemark_log_head", "Highest committed event_seq");
+    metrics::describe_gauge!(
+        "tidemark_log_queue_depth",
+        "Append requests waiting for the log writer (429 when full)"
+    );
     metrics::describe_counter!(
         "tidemark_http_requests_total",
         "HTTP requests by route and status"

@@ -296,6 +296,11 @@ impl Log {
         &self.db
     }
 
+    /// Requests waiting for the writer.
+    pub fn queued(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+
     /// The highest committed seq (0 for an empty log).
     pub fn head(&self) -> u64 {
         *self.shared.head.borrow()

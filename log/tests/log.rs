@@ -322,3 +322,81 @@ proptest! {
         rt.block_on(l.close());
     }
 }
+
+/// I8: when the writer's queue is full an append is refused at once with `Overloaded`
+/// (retryable) and nothing of it is appended; accepted appends are not dropped. The writer is
+/// held busy by a command that waits, so the queue fills deterministically.
+#[test]
+fn a_full_queue_refuses_explicitly_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(&dir, 100);
+    c.queue_capacity = 2;
+    rt().block_on(async {
+        let (log, _) = Log::open(&c).unwrap();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+        let busy = {
+            let log = log.clone();
+            tokio::spawn(async move {
+                log.command(true, move |_txn, _head| {
+                    let _ = started_tx.send(());
+                    let _ = release_rx.recv();
+                    Ok(((), Vec::new()))
+                })
+                .await
+            })
+        };
+        started_rx.await.unwrap();
+        // The writer is inside the command: two appends fill the queue, the third is refused.
+        let a = tokio::spawn({
+            let log = log.clone();
+            async move {
+                log.append(vec![ev(Some("q1"), "s", "x.y", json!({}))])
+                    .await
+            }
+        });
+        let b = tokio::spawn({
+            let log = log.clone();
+            async move {
+                log.append(vec![ev(Some("q2"), "s", "x.y", json!({}))])
+                    .await
+            }
+        });
+        // Let both reach the channel.
+        while log.queued() < 2 {
+            tokio::task::yield_now().await;
+        }
+        let refused = log
+            .append(vec![ev(Some("q3"), "s", "x.y", json!({}))])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused, AppendError::Overloaded { .. }),
+            "{refused:?}"
+        );
+        assert!(refused.is_retryable());
+        release_tx.send(()).unwrap();
+        busy.await.unwrap().unwrap();
+        let mut seqs = vec![
+            a.await.unwrap().unwrap().events[0].seq,
+            b.await.unwrap().unwrap().events[0].seq,
+        ];
+        seqs.sort_unstable();
+        assert_eq!(seqs, vec![1, 2]);
+        let ids: Vec<String> = all(&log, ReadQuery::default())
+            .into_iter()
+            .map(|e| e.event_id)
+            .collect();
+        assert!(
+            !ids.contains(&"q3".to_owned()),
+            "the refused append is not in the log"
+        );
+        // Once the queue drains, the same append is accepted.
+        let r = log
+            .append(vec![ev(Some("q3"), "s", "x.y", json!({}))])
+            .await
+            .unwrap();
+        assert_eq!(r.events[0].seq, 3);
+        log.close().await;
+    });
+}

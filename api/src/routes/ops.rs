@@ -57,6 +57,7 @@ pub async fn readyz(State(st): State<AppState>) -> Result<axum::Json<Health>, Ap
 ))]
 pub async fn metrics(State(st): State<AppState>) -> Response {
     metrics::gauge!("tidemark_log_head").set(st.log.head() as f64);
+    metrics::gauge!("tidemark_log_queue_depth").set(st.log.queued() as f64);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         st.metrics.render(),

@@ -18,6 +18,7 @@ mod e2e_auth;
 mod e2e_bad_input;
 mod e2e_cli;
 mod e2e_crash;
+mod e2e_limits;
 mod e2e_notifications;
 mod e2e_ops;
 mod e2e_projections;
