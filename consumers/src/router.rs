@@ -24,8 +24,16 @@ pub fn spawn(log: Log, shutdown: CancellationToken) -> tokio::task::JoinHandle<(
         .and_then(|v| v.parse::<u64>().ok())
         .map(Duration::from_millis);
     tokio::spawn(async move {
-        if let Err(e) = run(&log, &shutdown, delay).await {
-            tracing::error!(error = %e, "notification router stopped");
+        // A read failure is not the end of routing: wait, then resume from the checkpoint
+        // (the log answers what was already derived as duplicates).
+        let mut backoff = Duration::from_millis(200);
+        while let Err(e) = run(&log, &shutdown, delay).await {
+            tracing::error!(error = %e, "notification router failed; restarting");
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {},
+                _ = shutdown.cancelled() => return,
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(10));
         }
     })
 }
