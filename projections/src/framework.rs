@@ -57,7 +57,8 @@ pub struct Store<'t> {
     /// Writes not yet in the tables: a fold of many events touches the same rows again and
     /// again (a task gets ~8 events), so they are coalesced here and written once, in key
     /// order, by `flush`. The digest does not see this: it hashes every write as it is made.
-    pending: BTreeMap<(&'static str, Vec<u8>), Option<Vec<u8>>>,
+    pending: HashMap<&'static str, BTreeMap<Vec<u8>, Option<Vec<u8>>>>,
+    pending_len: usize,
     digests: Vec<(u64, [u8; 32])>,
     change: blake3::Hasher,
     changed: bool,
@@ -73,7 +74,8 @@ impl<'t> Store<'t> {
             proj,
             generation,
             tables: HashMap::new(),
-            pending: BTreeMap::new(),
+            pending: HashMap::new(),
+            pending_len: 0,
             digests: Vec::new(),
             change: blake3::Hasher::new(),
             changed: false,
@@ -91,7 +93,7 @@ impl<'t> Store<'t> {
     }
 
     pub fn get(&mut self, table: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
-        if let Some(v) = self.pending.get(&(table, key.to_vec())) {
+        if let Some(v) = self.pending.get(table).and_then(|t| t.get(key)) {
             return Ok(v.clone());
         }
         let t = self.table(table)?;
@@ -102,15 +104,25 @@ impl<'t> Store<'t> {
 
     pub fn put(&mut self, table: &'static str, key: &[u8], value: &[u8]) -> Result<(), String> {
         self.note(table, key, Some(value));
-        self.pending
-            .insert((table, key.to_vec()), Some(value.to_vec()));
+        self.stage(table, key, Some(value.to_vec()));
         Ok(())
     }
 
     pub fn delete(&mut self, table: &'static str, key: &[u8]) -> Result<(), String> {
         self.note(table, key, None);
-        self.pending.insert((table, key.to_vec()), None);
+        self.stage(table, key, None);
         Ok(())
+    }
+
+    fn stage(&mut self, table: &'static str, key: &[u8], value: Option<Vec<u8>>) {
+        let t = self.pending.entry(table).or_default();
+        match t.get_mut(key) {
+            Some(slot) => *slot = value,
+            None => {
+                t.insert(key.to_vec(), value);
+                self.pending_len += 1;
+            }
+        }
     }
 
     pub fn get_val<T: for<'de> Deserialize<'de>>(
@@ -170,7 +182,7 @@ impl<'t> Store<'t> {
             self.digests.push((ev.seq, meta.digest));
         }
         meta.checkpoint = ev.seq;
-        if self.pending.len() + self.digests.len() >= FLUSH_EVERY {
+        if self.pending_len + self.digests.len() >= FLUSH_EVERY {
             self.flush()?;
         }
         Ok(())
@@ -178,13 +190,18 @@ impl<'t> Store<'t> {
 
     /// Write the coalesced changes into the tables. Must be called before the store is dropped.
     fn flush(&mut self) -> Result<(), String> {
-        for ((table, key), value) in std::mem::take(&mut self.pending) {
+        let mut pending: Vec<_> = std::mem::take(&mut self.pending).into_iter().collect();
+        pending.sort_unstable_by_key(|(t, _)| *t);
+        self.pending_len = 0;
+        for (table, rows) in pending {
             let t = self.table(table)?;
-            match value {
-                Some(v) => t.insert(key.as_slice(), v.as_slice()).map(drop),
-                None => t.remove(key.as_slice()).map(drop),
+            for (key, value) in rows {
+                match value {
+                    Some(v) => t.insert(key.as_slice(), v.as_slice()).map(drop),
+                    None => t.remove(key.as_slice()).map(drop),
+                }
+                .map_err(|e| e.to_string())?;
             }
-            .map_err(|e| e.to_string())?;
         }
         if !self.digests.is_empty() {
             let name = table_name(self.proj, "digests", self.generation);

@@ -8,6 +8,8 @@
 //! those runs only; events that arrive out of order (a completion for a run never started) are
 //! recorded, never refused: the log is the truth.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidemark_log::Event;
@@ -130,28 +132,50 @@ impl Task {
     }
 }
 
-fn str_field(p: &Value, k: &str) -> Option<String> {
-    p.get(k).and_then(Value::as_str).map(str::to_owned)
+/// The payload fields the tasks model reads, borrowed from the event where possible (a
+/// `Value` tree per event was a large share of a rebuild's allocations).
+#[derive(Debug, Default, Deserialize)]
+struct Payload<'a> {
+    #[serde(borrow)]
+    run_id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    project_id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    title: Option<Cow<'a, str>>,
+    review_required: Option<Value>,
+    #[serde(borrow)]
+    error: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    reviewer: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    reason: Option<Cow<'a, str>>,
+    continuation: Option<Value>,
+}
+
+fn owned(v: &Option<Cow<'_, str>>) -> Option<String> {
+    v.as_deref().map(str::to_owned)
 }
 
 /// Fold one lifecycle event into a task (the pure core, also used by tests).
 pub fn fold_task(task: &mut Task, ev: &Event) {
-    let p = ev.payload_value();
+    // Fields of another JSON type than the schema's are read as absent, as before.
+    let p: Payload<'_> = serde_json::from_str(ev.payload.get()).unwrap_or_default();
     let seq = ev.seq;
     task.latest_event_seq = task.latest_event_seq.max(seq);
     task.updated_at_us = ev.time_us;
-    let run_id = str_field(&p, "run_id").unwrap_or_default();
+    let run_id = owned(&p.run_id).unwrap_or_default();
     match ev.event_type.as_str() {
         "task.created" => {
             if task.created_seq == 0 {
                 task.created_seq = seq;
             }
-            task.project_id = str_field(&p, "project_id").or(task.project_id.take());
-            if let Some(t) = str_field(&p, "title") {
+            task.project_id = owned(&p.project_id).or(task.project_id.take());
+            if let Some(t) = owned(&p.title) {
                 task.title = Some(t);
             }
             task.review_required = p
-                .get("review_required")
+                .review_required
+                .as_ref()
                 .and_then(Value::as_bool)
                 .unwrap_or(false);
         }
@@ -172,7 +196,7 @@ pub fn fold_task(task: &mut Task, ev: &Event) {
             run.ended_seq = seq;
             run.review.continuation = false;
             if outcome == "failed" {
-                run.error = str_field(&p, "error");
+                run.error = owned(&p.error);
             }
             let awaiting = outcome == "completed"
                 && run.review.gated(requires)
@@ -193,7 +217,7 @@ pub fn fold_task(task: &mut Task, ev: &Event) {
         "task.run_review_approved" if !run_id.is_empty() => {
             let run = task.run_mut(&run_id, seq);
             run.review.state = "approved".into();
-            run.review.reviewer = str_field(&p, "reviewer");
+            run.review.reviewer = owned(&p.reviewer);
             run.review.continuation = false;
             run.review.decided_seq = seq;
             if task.is_current(&run_id) {
@@ -202,13 +226,14 @@ pub fn fold_task(task: &mut Task, ev: &Event) {
         }
         "task.run_review_rejected" if !run_id.is_empty() => {
             let continuation = p
-                .get("continuation")
+                .continuation
+                .as_ref()
                 .and_then(Value::as_bool)
                 .unwrap_or(false);
             let run = task.run_mut(&run_id, seq);
             run.review.state = "rejected".into();
-            run.review.reviewer = str_field(&p, "reviewer");
-            run.review.reason = str_field(&p, "reason");
+            run.review.reviewer = owned(&p.reviewer);
+            run.review.reason = owned(&p.reason);
             run.review.continuation = continuation;
             run.review.decided_seq = seq;
             if continuation {
@@ -221,7 +246,7 @@ pub fn fold_task(task: &mut Task, ev: &Event) {
         "task.canceled" => {
             task.set_status("canceled");
             task.canceled = true;
-            task.cancel_reason = str_field(&p, "reason");
+            task.cancel_reason = owned(&p.reason);
         }
         _ => {}
     }
