@@ -31,6 +31,8 @@ pub struct Meta {
     pub digest: [u8; 32],
     /// Number of events that changed this projection.
     pub changes: u64,
+    /// [`Projection::version`] of the code that built these tables.
+    pub version: u32,
 }
 
 /// A projection: a pure fold of events into its tables. `apply` must depend only on the
@@ -40,6 +42,11 @@ pub trait Projection: Send + Sync + 'static {
     /// Names of its tables (besides `digests`).
     fn tables(&self) -> &'static [&'static str];
     fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), String>;
+    /// Bump when the stored rows or the fold change: at the next start the projection is
+    /// rebuilt from the log instead of folding new events onto rows of another shape.
+    fn version(&self) -> u32 {
+        1
+    }
 }
 
 pub(crate) fn table_name(proj: &str, table: &str, generation: u32) -> String {
@@ -215,13 +222,19 @@ impl<'t> Store<'t> {
     }
 }
 
-pub(crate) fn read_meta(txn: &WriteTransaction, name: &str) -> Result<Meta, String> {
+pub(crate) fn read_meta_opt(txn: &WriteTransaction, name: &str) -> Result<Option<Meta>, String> {
     let t = txn.open_table(META).map_err(|e| e.to_string())?;
     let v = t.get(name).map_err(|e| e.to_string())?;
     match v {
-        Some(b) => postcard::from_bytes(b.value()).map_err(|e| e.to_string()),
-        None => Ok(Meta::default()),
+        Some(b) => postcard::from_bytes(b.value())
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        None => Ok(None),
     }
+}
+
+pub(crate) fn read_meta(txn: &WriteTransaction, name: &str) -> Result<Meta, String> {
+    Ok(read_meta_opt(txn, name)?.unwrap_or_default())
 }
 
 pub(crate) fn write_meta(txn: &WriteTransaction, name: &str, m: &Meta) -> Result<(), String> {
@@ -285,14 +298,37 @@ impl Projector {
 impl CommitHook for Projector {
     fn recover(&mut self, txn: &WriteTransaction, head: u64) -> Result<(), String> {
         for p in &self.projections {
-            let mut meta = read_meta(txn, p.name())?;
+            let stored = read_meta_opt(txn, p.name())?;
+            let mut meta = match &stored {
+                None => Meta {
+                    version: p.version(),
+                    ..Meta::default()
+                },
+                Some(m) if m.version != p.version() => {
+                    tracing::warn!(
+                        projection = p.name(),
+                        stored = m.version,
+                        code = p.version(),
+                        "projection format changed; rebuilding it from the log"
+                    );
+                    Meta {
+                        generation: m.generation + 1,
+                        version: p.version(),
+                        ..Meta::default()
+                    }
+                }
+                Some(m) => m.clone(),
+            };
             let dropped = drop_other_generations(txn, p.name(), meta.generation)?;
             if dropped > 0 {
                 tracing::warn!(
                     projection = p.name(),
                     tables = dropped,
-                    "dropped tables of an unfinished rebuild"
+                    "dropped tables of an unfinished rebuild or of an older projection format"
                 );
+            }
+            if stored.as_ref() != Some(&meta) {
+                write_meta(txn, p.name(), &meta)?;
             }
             if meta.checkpoint < head {
                 tracing::info!(

@@ -90,6 +90,7 @@ pub async fn rebuild(
             drop_other_generations(txn, name, live.generation).map_err(st)?;
             let new = Meta {
                 generation: live.generation + 1,
+                version: p.version(),
                 ..Meta::default()
             };
             Ok((

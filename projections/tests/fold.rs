@@ -445,3 +445,67 @@ fn rebuild_under_concurrent_appends_misses_nothing() {
         log.close().await;
     });
 }
+
+/// A projection whose stored format is older than the code (its `version` differs) is rebuilt
+/// from the log at open, into a new generation, rather than folded on rows of another shape.
+/// The stored version is rewritten in the file to stand in for a release that bumped it.
+#[test]
+fn an_old_projection_format_is_rebuilt_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = rt();
+    let cfg = LogConfig::new(dir.path().join("log.redb"));
+    let (log, _) = Log::open_with(&cfg, vec![tidemark_projections::projector()]).unwrap();
+    for i in 0..20 {
+        let e = NewEvent::new(
+            None,
+            "task_events",
+            format!("t{i}"),
+            "task.created",
+            &json!({"project_id": "p"}),
+        )
+        .unwrap();
+        rt.block_on(log.append(vec![e])).unwrap();
+    }
+    let before = read::projections(log.db(), log.head()).unwrap();
+    rt.block_on(log.close());
+    drop(log);
+    {
+        let db = redb::Database::open(dir.path().join("log.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let def: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("projections");
+            let mut t = txn.open_table(def).unwrap();
+            let mut m: tidemark_projections::Meta = postcard::from_bytes(
+                redb::ReadableTable::get(&t, "tasks")
+                    .unwrap()
+                    .unwrap()
+                    .value(),
+            )
+            .unwrap();
+            m.version = 0;
+            let bytes = postcard::to_stdvec(&m).unwrap();
+            t.insert("tasks", bytes.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let (log, _) = Log::open_with(&cfg, vec![tidemark_projections::projector()]).unwrap();
+    let after = read::projections(log.db(), log.head()).unwrap();
+    let (b, a) = (&before[0], &after[0]);
+    assert_eq!(a.name, "tasks");
+    assert_eq!(
+        a.generation,
+        b.generation + 1,
+        "rebuilt into a new generation"
+    );
+    assert_eq!(a.digest, b.digest, "the same log folds to the same model");
+    assert_eq!(a.lag, 0);
+    assert_eq!(
+        read::task(log.db(), "t19")
+            .unwrap()
+            .unwrap()
+            .project_id
+            .as_deref(),
+        Some("p")
+    );
+    rt.block_on(log.close());
+}
