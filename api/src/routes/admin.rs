@@ -11,7 +11,7 @@ use tidemark_projections::rebuild::{self, RebuildReport};
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, Problem};
-use crate::routes::tasks::blocking;
+use crate::routes::blocking;
 use crate::state::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -384,10 +384,7 @@ fn to_response(r: AppendReceipt) -> AppendResponse {
 
 pub(crate) async fn read_page(log: &Log, q: ReadQuery) -> Result<ReadPage, ApiError> {
     let log = log.clone();
-    tokio::task::spawn_blocking(move || log.read(&q))
-        .await
-        .map_err(|e| ApiError::internal("read task failed", e))?
-        .map_err(|e| ApiError::internal("read failed", e))
+    crate::routes::blocking(move || log.read(&q).map_err(|e| e.to_string())).await
 }
 
 /// Read a page of events after a seq, optionally filtered.

@@ -10,8 +10,8 @@ use tidemark_projections::schema::PRIORITIES;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
+use crate::routes::blocking;
 use crate::routes::events::{parse_limit, parse_u64};
-use crate::routes::tasks::blocking;
 use crate::state::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -12,6 +12,7 @@ use tidemark_projections::tasks::Task;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
+use crate::routes::blocking;
 use crate::routes::events::{parse_limit, parse_u64, resume_point, sse_response};
 use crate::state::AppState;
 
@@ -126,15 +127,6 @@ pub struct TasksQuery {
     /// 1–500, default 50.
     #[param(value_type = Option<u32>)]
     pub limit: Option<String>,
-}
-
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::internal("read task failed", e))?
-        .map_err(|e| ApiError::internal("read failed", e))
 }
 
 /// List tasks, ordered by id.
