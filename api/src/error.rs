@@ -158,3 +158,30 @@ impl IntoResponse for ApiError {
         resp
     }
 }
+
+impl From<tidemark_log::CommandError> for ApiError {
+    fn from(e: tidemark_log::CommandError) -> Self {
+        use tidemark_log::{CommandError, RejectKind};
+        match e {
+            CommandError::Rejected { kind, code, detail } => {
+                let status = match kind {
+                    RejectKind::NotFound => StatusCode::NOT_FOUND,
+                    RejectKind::Conflict => StatusCode::CONFLICT,
+                    RejectKind::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
+                    RejectKind::Overloaded => StatusCode::TOO_MANY_REQUESTS,
+                    _ => StatusCode::CONFLICT,
+                };
+                let err = ApiError::new(status, code, detail);
+                if status == StatusCode::TOO_MANY_REQUESTS {
+                    err.retry_after(1)
+                } else {
+                    err
+                }
+            }
+            CommandError::Append(e) => e.into(),
+            CommandError::Storage(e) => ApiError::internal("command failed", e),
+            #[allow(unreachable_patterns)]
+            other => ApiError::internal("command failed", other),
+        }
+    }
+}

@@ -23,7 +23,7 @@ use utoipa_axum::routes;
 use crate::auth::{self, Auth, Scope};
 use crate::config::Config;
 use crate::error::ApiError;
-use crate::routes::{admin, events, notifications, ops, tasks};
+use crate::routes::{admin, deliveries, events, notifications, ops, tasks};
 use crate::state::AppState;
 
 #[derive(OpenApi)]
@@ -34,6 +34,7 @@ use crate::state::AppState;
         (name = "events", description = "The durable event log"),
         (name = "tasks", description = "Task read model with review gates"),
         (name = "notifications", description = "The notification dashboard"),
+        (name = "deliveries", description = "The delivery runtime: claim, leases, retries, parking, KPIs"),
         (name = "admin", description = "Projection rebuild and verify"),
         (name = "ops", description = "Operations"),
     )
@@ -94,15 +95,29 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(tasks::list))
             .routes(routes!(tasks::get))
             .routes(routes!(tasks::stream))
-            .routes(routes!(notifications::list)),
+            .routes(routes!(notifications::list))
+            .routes(routes!(deliveries::list))
+            .routes(routes!(deliveries::get))
+            .routes(routes!(deliveries::kpis)),
         &auth,
         Scope::Read,
     ));
+    let bridge = scoped(
+        OpenApiRouter::new()
+            .routes(routes!(deliveries::claim))
+            .routes(routes!(deliveries::complete))
+            .routes(routes!(deliveries::fail))
+            .routes(routes!(deliveries::extend)),
+        &auth,
+        Scope::Bridge,
+    );
     let operator = scoped(
         OpenApiRouter::new()
             .routes(routes!(admin::list))
             .routes(routes!(admin::rebuild_one))
-            .routes(routes!(admin::verify_one)),
+            .routes(routes!(admin::verify_one))
+            .routes(routes!(deliveries::retry))
+            .routes(routes!(deliveries::discard)),
         &auth,
         Scope::Operator,
     );
@@ -115,6 +130,7 @@ pub fn router(state: AppState) -> Router {
     let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(append)
         .merge(read)
+        .merge(bridge)
         .merge(operator)
         .merge(open)
         .split_for_parts();
@@ -225,9 +241,16 @@ pub async fn run(
         shutdown: token.clone(),
         metrics,
         rebuilds: Default::default(),
+        routing: Arc::new(
+            tidemark_projections::routing::RoutingSettings::from_json(
+                &config.notification_settings(),
+            )
+            .unwrap_or_default(),
+        ),
         config: Arc::new(config),
     };
     let router_task = tidemark_consumers::router::spawn(log.clone(), token.clone());
+    let scheduler_task = tidemark_consumers::scheduler::spawn(log.clone(), token.clone());
     let grace = Duration::from_secs(state.config.server.shutdown_grace_secs);
     let flag = state.shutting_down.clone();
     let trigger = token.clone();
@@ -247,6 +270,7 @@ pub async fn run(
         }
     }
     let _ = router_task.await;
+    let _ = scheduler_task.await;
     log.close().await;
     drop(log);
     tracing::info!("stopped cleanly");

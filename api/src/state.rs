@@ -24,6 +24,8 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// Rebuilds and verifies in progress: projection → (done, head).
     pub rebuilds: Arc<std::sync::Mutex<std::collections::HashMap<String, (u64, u64)>>>,
+    /// The notification settings of the config (the ones recorded in the log at start).
+    pub routing: Arc<tidemark_projections::routing::RoutingSettings>,
 }
 
 impl AppState {

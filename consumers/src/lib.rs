@@ -4,7 +4,10 @@
 //!
 //! # Layout
 //! - [`router`]: lifecycle events → `notification.created` (`ntf:<source_seq>`).
+//! - [`scheduler`]: notifications → deliveries (exactly once, through a command that advances
+//!   the routing checkpoint in the same transaction), task cancellations, lease expiry.
 
 #![forbid(unsafe_code)]
 
 pub mod router;
+pub mod scheduler;

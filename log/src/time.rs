@@ -2,9 +2,9 @@
 
 use time::OffsetDateTime;
 
-/// Current wall-clock time in microseconds since the epoch. Only the writer calls this: the
-/// time then enters the log inside the event, so nothing downstream reads the clock.
-pub(crate) fn now_micros() -> i64 {
+/// Current wall-clock time in microseconds since the epoch. Only the writer and commands call
+/// this: the time then enters the log inside an event, so no fold reads the clock.
+pub fn now_micros() -> i64 {
     let now = OffsetDateTime::now_utc();
     (now.unix_timestamp_nanos() / 1_000) as i64
 }

@@ -418,3 +418,56 @@ impl Reader {
         }
     }
 }
+
+/// Read access to projections from inside the writer's transaction, for commands that decide
+/// from state (claim, complete, ...): they see every event committed or staged before them.
+pub struct TxnTables<'t> {
+    txn: &'t WriteTransaction,
+    proj: &'static str,
+    generation: u32,
+    tables: HashMap<&'static str, redb::Table<'t, Bytes, Bytes>>,
+}
+
+impl<'t> TxnTables<'t> {
+    pub fn new(txn: &'t WriteTransaction, proj: &'static str) -> Result<Self, String> {
+        let generation = read_meta(txn, proj)?.generation;
+        Ok(TxnTables {
+            txn,
+            proj,
+            generation,
+            tables: HashMap::new(),
+        })
+    }
+
+    /// The table (created empty when the projection has not written it yet).
+    pub fn table(&mut self, table: &'static str) -> Result<&redb::Table<'t, Bytes, Bytes>, String> {
+        if !self.tables.contains_key(table) {
+            let name = table_name(self.proj, table, self.generation);
+            let def: TableDefinition<Bytes, Bytes> = TableDefinition::new(&name);
+            let t = self.txn.open_table(def).map_err(|e| e.to_string())?;
+            self.tables.insert(table, t);
+        }
+        Ok(self.tables.get(table).expect("inserted above"))
+    }
+
+    pub fn get(&mut self, table: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        Ok(self
+            .table(table)?
+            .get(key)
+            .map_err(|e| e.to_string())?
+            .map(|v| v.value().to_vec()))
+    }
+
+    pub fn get_val<T: for<'de> Deserialize<'de>>(
+        &mut self,
+        table: &'static str,
+        key: &[u8],
+    ) -> Result<Option<T>, String> {
+        match self.get(table, key)? {
+            Some(b) => postcard::from_bytes(&b)
+                .map(Some)
+                .map_err(|e| e.to_string()),
+            None => Ok(None),
+        }
+    }
+}

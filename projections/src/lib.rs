@@ -5,14 +5,18 @@
 //!   of the client-written ones (spec section 2). The API checks every append against it.
 //! - [`framework`]: the [`Projection`] trait, the [`Projector`] hook that keeps every
 //!   projection current inside the log's write transactions, checkpoints and digest chains.
-//! - [`tasks`], [`notifications`], [`settings`]: the read models.
+//! - [`tasks`], [`notifications`], [`settings`], [`deliveries`]: the read models.
+//! - [`routing`], [`outbox`]: the delivery runtime's rules and its commands, run inside the
+//!   writer's transaction.
 //! - [`rebuild`]: rebuild and verify from the log.
 //! - [`read`]: queries for the API, each in one read transaction.
 
 #![forbid(unsafe_code)]
 
+pub mod deliveries;
 pub mod framework;
 pub mod notifications;
+pub mod outbox;
 pub mod read;
 pub mod rebuild;
 pub mod routing;
@@ -25,10 +29,11 @@ pub use framework::{Meta, Projection, Projector, Reader};
 static TASKS: tasks::Tasks = tasks::Tasks;
 static NOTIFICATIONS: notifications::Notifications = notifications::Notifications;
 static SETTINGS: settings::Settings = settings::Settings;
+static DELIVERIES: deliveries::Deliveries = deliveries::Deliveries;
 
 /// Every projection, in the order they are applied.
 pub fn all() -> Vec<&'static dyn Projection> {
-    vec![&TASKS, &NOTIFICATIONS, &SETTINGS]
+    vec![&TASKS, &NOTIFICATIONS, &SETTINGS, &DELIVERIES]
 }
 
 /// A projection by name.

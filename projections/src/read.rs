@@ -3,6 +3,9 @@
 
 use serde::Serialize;
 
+use redb::ReadableTable;
+
+use crate::deliveries::{self, Delivery};
 use crate::framework::Reader;
 use crate::notifications::{self, Notification};
 use crate::tasks::{self, Task};
@@ -184,4 +187,240 @@ pub fn current_settings(db: &redb::Database) -> Result<Option<serde_json::Value>
             .map_err(|e| e.to_string()),
         None => Ok(None),
     }
+}
+
+/// A delivery and its attempt timeline, oldest step first.
+pub fn delivery(
+    db: &redb::Database,
+    id: &str,
+) -> Result<Option<(Delivery, Vec<deliveries::Step>)>, String> {
+    let r = Reader::new(db)?;
+    let Some(row) = r.get_val::<Delivery>(deliveries::NAME, deliveries::ROWS, id.as_bytes())?
+    else {
+        return Ok(None);
+    };
+    let mut steps = Vec::new();
+    if let Some(t) = r.table(deliveries::NAME, deliveries::TIMELINE)? {
+        let mut from = id.as_bytes().to_vec();
+        from.push(0);
+        let mut to = id.as_bytes().to_vec();
+        to.push(1);
+        for row in t
+            .range(from.as_slice()..to.as_slice())
+            .map_err(|e| e.to_string())?
+        {
+            let (_, v) = row.map_err(|e| e.to_string())?;
+            steps.push(postcard::from_bytes(v.value()).map_err(|e| e.to_string())?);
+        }
+    }
+    Ok(Some((row, steps)))
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct DeliveryFilter {
+    pub status: Option<String>,
+    pub sink: Option<String>,
+    pub route: Option<String>,
+    pub recipient: Option<String>,
+    /// Page after this delivery id (ids are ordered bytewise).
+    pub after: Option<String>,
+    pub limit: usize,
+}
+
+/// Deliveries ordered by id, filtered; the second value is the id to continue after, if any
+/// (also when the scan budget ran out before the page filled).
+pub fn deliveries(
+    db: &redb::Database,
+    f: &DeliveryFilter,
+) -> Result<(Vec<Delivery>, Option<String>), String> {
+    let r = Reader::new(db)?;
+    let mut out = Vec::new();
+    let Some(rows) = r.table(deliveries::NAME, deliveries::ROWS)? else {
+        return Ok((out, None));
+    };
+    let keep = |d: &Delivery| {
+        f.sink.as_deref().is_none_or(|s| s == d.sink)
+            && f.route.as_deref().is_none_or(|s| s == d.route)
+            && f.status.as_deref().is_none_or(|s| s == d.status)
+            && f.recipient
+                .as_deref()
+                .is_none_or(|s| d.recipient.as_deref() == Some(s))
+    };
+    let limit = f.limit.max(1);
+    let after = f.after.clone().unwrap_or_default();
+    let mut examined = 0;
+    let mut visit = |id: &[u8], d: Delivery| -> Option<Option<String>> {
+        examined += 1;
+        if keep(&d) {
+            out.push(d);
+        }
+        (out.len() >= limit || examined >= BUDGET)
+            .then(|| Some(String::from_utf8_lossy(id).into_owned()))
+    };
+    match &f.status {
+        Some(status) => {
+            let Some(idx) = r.table(deliveries::NAME, deliveries::BY_STATUS)? else {
+                return Ok((out, None));
+            };
+            let mut from = deliveries::cat(&[status.as_bytes(), after.as_bytes()]);
+            if f.after.is_some() {
+                from.push(0);
+            }
+            let mut to = status.as_bytes().to_vec();
+            to.push(1);
+            for row in idx
+                .range(from.as_slice()..to.as_slice())
+                .map_err(|e| e.to_string())?
+            {
+                let (k, _) = row.map_err(|e| e.to_string())?;
+                let id = &k.value()[status.len() + 1..];
+                let Some(v) = rows.get(id).map_err(|e| e.to_string())? else {
+                    continue;
+                };
+                let d: Delivery = postcard::from_bytes(v.value()).map_err(|e| e.to_string())?;
+                if let Some(next) = visit(id, d) {
+                    return Ok((out, next));
+                }
+            }
+        }
+        None => {
+            let mut from = after.as_bytes().to_vec();
+            if f.after.is_some() {
+                from.push(0);
+            }
+            for row in rows.range(from.as_slice()..).map_err(|e| e.to_string())? {
+                let (k, v) = row.map_err(|e| e.to_string())?;
+                let d: Delivery = postcard::from_bytes(v.value()).map_err(|e| e.to_string())?;
+                if let Some(next) = visit(k.value(), d) {
+                    return Ok((out, next));
+                }
+            }
+        }
+    }
+    Ok((out, None))
+}
+
+/// Outbox KPIs of one sink or of all (spec section 5).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Kpis {
+    /// queued + leased + retry_wait.
+    pub queue_depth: u64,
+    pub queued: u64,
+    pub leased: u64,
+    pub retry_wait: u64,
+    /// Pending and created longer than `stuck_after` ago.
+    pub stuck: u64,
+    pub parked: u64,
+    /// Sent within the last interval.
+    pub sent_last_interval: u64,
+    /// Age of the oldest pending delivery, seconds (0 when none).
+    pub oldest_pending_age_s: f64,
+}
+
+/// Per sink and overall; times are judged at `now_us` (reads may use the clock; folds never).
+pub fn kpis(
+    db: &redb::Database,
+    now_us: i64,
+    stuck_after_ms: u64,
+    interval_ms: u64,
+) -> Result<(Kpis, std::collections::BTreeMap<String, Kpis>), String> {
+    let r = Reader::new(db)?;
+    let mut by_sink: std::collections::BTreeMap<String, Kpis> = Default::default();
+    if let Some(t) = r.table(deliveries::NAME, deliveries::COUNTS)? {
+        for row in t.iter().map_err(|e| e.to_string())? {
+            let (k, v) = row.map_err(|e| e.to_string())?;
+            let k = k.value();
+            let Some(split) = k.iter().position(|b| *b == 0) else {
+                continue;
+            };
+            let sink = String::from_utf8_lossy(&k[..split]).into_owned();
+            let status = &k[split + 1..];
+            let n = v.value().try_into().map(u64::from_be_bytes).unwrap_or(0);
+            let e = by_sink.entry(sink).or_default();
+            match status {
+                b"queued" => e.queued += n,
+                b"leased" => e.leased += n,
+                b"retry_wait" => e.retry_wait += n,
+                b"parked" => e.parked += n,
+                _ => {}
+            }
+        }
+    }
+    let pending = r.table(deliveries::NAME, deliveries::PENDING)?;
+    let sent = r.table(deliveries::NAME, deliveries::SENT)?;
+    let stuck_before = now_us.saturating_sub(stuck_after_ms as i64 * 1_000);
+    let sent_since = now_us.saturating_sub(interval_ms as i64 * 1_000);
+    for (sink, k) in by_sink.iter_mut() {
+        k.queue_depth = k.queued + k.leased + k.retry_wait;
+        let lo = deliveries::timed_key(sink, 0, "");
+        let hi = deliveries::timed_key(sink, i64::MAX, "");
+        if let Some(p) = &pending {
+            let cut = deliveries::timed_key(sink, stuck_before, "");
+            k.stuck = p
+                .range(lo.as_slice()..cut.as_slice())
+                .map_err(|e| e.to_string())?
+                .count() as u64;
+            if let Some(first) = p
+                .range(lo.as_slice()..hi.as_slice())
+                .map_err(|e| e.to_string())?
+                .next()
+            {
+                let (key, _) = first.map_err(|e| e.to_string())?;
+                let key = key.value();
+                let at = &key[sink.len() + 1..sink.len() + 9];
+                let created = u64::from_be_bytes(at.try_into().expect("8 bytes")) as i64;
+                k.oldest_pending_age_s = (now_us - created).max(0) as f64 / 1e6;
+            }
+        }
+        if let Some(s) = &sent {
+            let cut = deliveries::timed_key(sink, sent_since, "");
+            k.sent_last_interval = s
+                .range(cut.as_slice()..hi.as_slice())
+                .map_err(|e| e.to_string())?
+                .count() as u64;
+        }
+    }
+    let mut all = Kpis::default();
+    for k in by_sink.values() {
+        all.queue_depth += k.queue_depth;
+        all.queued += k.queued;
+        all.leased += k.leased;
+        all.retry_wait += k.retry_wait;
+        all.stuck += k.stuck;
+        all.parked += k.parked;
+        all.sent_last_interval += k.sent_last_interval;
+        all.oldest_pending_age_s = all.oldest_pending_age_s.max(k.oldest_pending_age_s);
+    }
+    Ok((all, by_sink))
+}
+
+/// Pending deliveries (queued + leased + retry_wait) over all sinks: the backpressure gauge.
+pub fn pending_deliveries(db: &redb::Database) -> Result<u64, String> {
+    let r = Reader::new(db)?;
+    let Some(t) = r.table(deliveries::NAME, deliveries::COUNTS)? else {
+        return Ok(0);
+    };
+    let mut n = 0;
+    for row in t.iter().map_err(|e| e.to_string())? {
+        let (k, v) = row.map_err(|e| e.to_string())?;
+        let k = k.value();
+        if deliveries::PENDING_STATUSES.iter().any(|s| {
+            k.ends_with(s.as_bytes()) && k.len() > s.len() && k[k.len() - s.len() - 1] == 0
+        }) {
+            n += v.value().try_into().map(u64::from_be_bytes).unwrap_or(0);
+        }
+    }
+    Ok(n)
+}
+
+/// Highest source seq the delivery routing has handled.
+pub fn routing_checkpoint(db: &redb::Database) -> Result<u64, String> {
+    let r = Reader::new(db)?;
+    let Some(t) = r.table(deliveries::NAME, deliveries::STATE)? else {
+        return Ok(0);
+    };
+    Ok(t.get(deliveries::ROUTED_KEY)
+        .map_err(|e| e.to_string())?
+        .and_then(|v| v.value().try_into().ok().map(u64::from_be_bytes))
+        .unwrap_or(0))
 }

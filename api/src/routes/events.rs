@@ -295,7 +295,7 @@ pub fn parse_append_body(body: &[u8]) -> Result<Vec<NewEvent>, ApiError> {
         .collect()
 }
 
-fn body_rejection(r: BytesRejection) -> ApiError {
+pub(crate) fn body_rejection(r: BytesRejection) -> ApiError {
     if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -353,9 +353,38 @@ pub async fn append(
     require_json(&headers)?;
     let events = parse_append_body(&body)?;
     tracing::Span::current().record("events", events.len());
+    if events
+        .iter()
+        .any(|e| e.event_type == "notification.requested")
+    {
+        check_outbox_pressure(&st).await?;
+    }
     let receipt = st.log.append(events).await?;
     record_append(&receipt, started);
     Ok((StatusCode::CREATED, Json(to_response(receipt))).into_response())
+}
+
+/// Backpressure (spec section 4, I8): above `outbox.max_pending` pending deliveries, new
+/// notification requests are refused with 429 + Retry-After and nothing is appended. Lifecycle
+/// events are never refused for it.
+async fn check_outbox_pressure(st: &AppState) -> Result<(), ApiError> {
+    let log = st.log.clone();
+    let pending =
+        crate::routes::blocking(move || tidemark_projections::read::pending_deliveries(log.db()))
+            .await?;
+    let max = st.routing.max_pending;
+    if pending > max {
+        metrics::counter!("tidemark_outbox_refused_total").increment(1);
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "outbox_full",
+            format!(
+                "{pending} deliveries are pending, above outbox.max_pending ({max}); retry later"
+            ),
+        )
+        .retry_after(5));
+    }
+    Ok(())
 }
 
 fn record_append(receipt: &AppendReceipt, started: Instant) {

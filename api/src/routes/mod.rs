@@ -1,6 +1,7 @@
 //! HTTP handlers, one file per resource family.
 
 pub mod admin;
+pub mod deliveries;
 pub mod events;
 pub mod notifications;
 pub mod ops;

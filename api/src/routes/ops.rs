@@ -58,6 +58,24 @@ pub async fn readyz(State(st): State<AppState>) -> Result<axum::Json<Health>, Ap
 pub async fn metrics(State(st): State<AppState>) -> Response {
     metrics::gauge!("tidemark_log_head").set(st.log.head() as f64);
     metrics::gauge!("tidemark_log_queue_depth").set(st.log.queued() as f64);
+    // Outbox KPIs are computed at scrape time from the deliveries model.
+    if let Ok((all, by_sink)) = crate::routes::deliveries::compute_kpis(&st, 60).await {
+        let set = |sink: &str, k: &tidemark_projections::read::Kpis| {
+            let s = sink.to_owned();
+            metrics::gauge!("tidemark_outbox_queue_depth", "sink" => s.clone())
+                .set(k.queue_depth as f64);
+            metrics::gauge!("tidemark_outbox_stuck", "sink" => s.clone()).set(k.stuck as f64);
+            metrics::gauge!("tidemark_outbox_parked", "sink" => s.clone()).set(k.parked as f64);
+            metrics::gauge!("tidemark_outbox_sent_last_interval", "sink" => s.clone())
+                .set(k.sent_last_interval as f64);
+            metrics::gauge!("tidemark_outbox_oldest_pending_age_seconds", "sink" => s)
+                .set(k.oldest_pending_age_s);
+        };
+        set("all", &all);
+        for (sink, k) in &by_sink {
+            set(sink, k);
+        }
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         st.metrics.render(),
@@ -86,6 +104,8 @@ pub async fn index(State(st): State<AppState>) -> Html<String> {
         "<!doctype html><html><head><meta charset=utf-8><title>tidemark</title></head><body>\
          <h1>tidemark</h1><p>Log head: <b>{}</b></p><ul>\
          <li><a href=\"/v1/events?limit=20\">latest events</a></li>\
+         <li><a href=\"/v1/outbox/kpis\">outbox KPIs</a></li>\
+         <li><a href=\"/v1/deliveries?status=parked\">parked deliveries</a></li>\
          <li><a href=\"/metrics\">metrics</a></li>\
          <li><a href=\"/openapi.json\">OpenAPI document</a></li>\
          <li><a href=\"/readyz\">readiness</a></li></ul></body></html>",
