@@ -31,6 +31,47 @@ pub enum Command {
     Tail(TailArgs),
     /// Inspect, rebuild and verify the read models of a running server.
     Projections(ProjectionsArgs),
+    /// List deliveries, and retry or discard parked ones.
+    Deliveries(DeliveriesArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DeliveriesArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(subcommand)]
+    pub action: DeliveriesAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeliveriesAction {
+    /// Deliveries as JSON lines, by id, filtered (all pages unless --limit).
+    List {
+        /// queued, leased, retry_wait, sent, parked, discarded, skipped, cancelled.
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        sink: Option<String>,
+        #[arg(long)]
+        route: Option<String>,
+        #[arg(long)]
+        recipient: Option<String>,
+        /// Stop after this many.
+        #[arg(long)]
+        limit: Option<u64>,
+    },
+    /// Put a parked delivery back in the queue (attempts reset).
+    Retry {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Give up on a parked delivery.
+    Discard {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -124,6 +165,7 @@ pub fn main() -> ExitCode {
             Command::Append(a) => append(a).await,
             Command::Tail(a) => tail(a).await,
             Command::Projections(a) => projections(a).await,
+            Command::Deliveries(a) => deliveries(a).await,
         }
     });
     match result {
@@ -429,4 +471,98 @@ async fn projections(a: ProjectionsArgs) -> CliResult {
     } else {
         Err("a rebuilt model differs from the live one (see first_divergent_seq)".into())
     }
+}
+
+/// Percent-encode a query or path value.
+fn enc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~:".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+async fn deliveries(a: DeliveriesArgs) -> CliResult {
+    let http = client(&a.client)?;
+    let base = format!("{}/v1/deliveries", a.client.url.trim_end_matches('/'));
+    match a.action {
+        DeliveriesAction::List {
+            status,
+            sink,
+            route,
+            recipient,
+            limit,
+        } => {
+            let mut filters = String::new();
+            for (k, v) in [
+                ("status", &status),
+                ("sink", &sink),
+                ("route", &route),
+                ("recipient", &recipient),
+            ] {
+                if let Some(v) = v {
+                    filters.push_str(&format!("&{k}={}", enc(v)));
+                }
+            }
+            let mut after: Option<String> = None;
+            let mut printed = 0u64;
+            let stdout = std::io::stdout();
+            loop {
+                let mut url = format!("{base}?limit=1000{filters}");
+                if let Some(a) = &after {
+                    url.push_str(&format!("&after={}", enc(a)));
+                }
+                let v = get_json(&http, &url).await?;
+                let mut out = stdout.lock();
+                for d in v["deliveries"].as_array().into_iter().flatten() {
+                    if limit.is_some_and(|l| printed >= l) {
+                        return Ok(());
+                    }
+                    writeln!(out, "{d}").map_err(|e| e.to_string())?;
+                    printed += 1;
+                }
+                match v["next_after"].as_str() {
+                    Some(n) => after = Some(n.to_owned()),
+                    None => return Ok(()),
+                }
+            }
+        }
+        DeliveriesAction::Retry { id, reason } => {
+            operator_action(&http, &base, &id, "retry", reason).await
+        }
+        DeliveriesAction::Discard { id, reason } => {
+            operator_action(&http, &base, &id, "discard", reason).await
+        }
+    }
+}
+
+async fn operator_action(
+    http: &reqwest::Client,
+    base: &str,
+    id: &str,
+    action: &str,
+    reason: Option<String>,
+) -> CliResult {
+    let url = format!("{base}/{}/{action}", enc(id));
+    let mut body = serde_json::json!({"by": "cli"});
+    if let Some(r) = reason {
+        body["reason"] = serde_json::Value::String(r);
+    }
+    let resp = http
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| format!("cannot reach the server: {e}"))?;
+    let status = resp.status();
+    let text = resp.text().await.map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("{action} {id} failed ({status}): {text}"));
+    }
+    println!("{text}");
+    Ok(())
 }

@@ -255,7 +255,7 @@ pub async fn post_empty(api: &Api, path: &str) -> Reply {
     api.send(api.request(reqwest::Method::POST, path)).await
 }
 
-/// `GET /v1/admin/projections` as name → row; panics unless 200 with the three projections.
+/// `GET /v1/admin/projections` as name → row; panics unless 200 with every projection.
 pub async fn projections(api: &Api) -> HashMap<String, Value> {
     let r = api.get("/v1/admin/projections").await;
     assert_eq!(
@@ -285,7 +285,7 @@ pub async fn projections(api: &Api) -> HashMap<String, Value> {
     map
 }
 
-pub const PROJECTIONS: [&str; 3] = ["tasks", "notifications", "settings"];
+pub const PROJECTIONS: [&str; 4] = ["tasks", "notifications", "settings", "deliveries"];
 
 /// `POST /v1/admin/projections/{name}/{action}` (rebuild or verify); panics unless 200.
 pub async fn rebuild_or_verify(api: &Api, name: &str, action: &str) -> Value {

@@ -1,4 +1,4 @@
-//! The CLI against a running server: `tidemark append` and `tidemark tail`.
+//! The CLI against a running server: `tidemark append`, `tail` and `deliveries`.
 
 use std::time::Duration;
 
@@ -137,4 +137,137 @@ async fn append_exits_non_zero_on_a_rejected_event() {
         s.head().await <= base + 1,
         "nothing but the valid first line can have been appended"
     );
+}
+
+/// `tidemark deliveries list|retry|discard` against a server with parked deliveries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_list_retry_discard() {
+    let s = Server::start(ServerOpts::default()).await;
+    let api = s.api();
+    for id in ["cli-n1", "cli-n2", "cli-n3"] {
+        let (st, body) = api
+            .append(
+                &json!({"event_id": id, "stream": "notifications", "subject": id,
+                "type": "notification.requested", "payload": {"priority": "urgent", "title": id}}),
+            )
+            .await;
+        assert_eq!(st, 201, "{body}");
+    }
+    // Wait for routing, then park two of them with a permanent failure.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let claimed = loop {
+        let r = api
+            .send(
+                api.request(reqwest::Method::POST, "/v1/deliveries/claim")
+                    .json(&json!({"sink": "app", "owner": "cli-test", "limit": 10})),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let ids: Vec<String> = r.json["deliveries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["id"].as_str().unwrap().to_owned())
+            .collect();
+        if ids.len() == 3 {
+            break ids;
+        }
+        assert!(ids.is_empty(), "claimed only part: {ids:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "deliveries never appeared"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for id in &claimed[..2] {
+        let r = api
+            .send(
+                api.request(reqwest::Method::POST, &format!("/v1/deliveries/{id}/fail"))
+                    .json(&json!({"owner": "cli-test", "error_code": "gone", "retryable": false})),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        assert_eq!(r.json["status"], "parked", "{}", r.text);
+    }
+    let out = run_cli(
+        &[
+            "deliveries",
+            "list",
+            "--status",
+            "parked",
+            "--url",
+            s.base(),
+        ],
+        "",
+        LIMIT,
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let parked = lines(&out.stdout);
+    let mut ids: Vec<&str> = parked.iter().map(|d| d["id"].as_str().unwrap()).collect();
+    ids.sort();
+    let mut want: Vec<&str> = claimed[..2].iter().map(String::as_str).collect();
+    want.sort();
+    assert_eq!(ids, want);
+    let all = lines(
+        &run_cli(&["deliveries", "list", "--url", s.base()], "", LIMIT)
+            .await
+            .stdout,
+    );
+    assert_eq!(all.len(), 3, "{all:?}");
+
+    let out = run_cli(
+        &[
+            "deliveries",
+            "retry",
+            &claimed[0],
+            "--reason",
+            "fixed",
+            "--url",
+            s.base(),
+        ],
+        "",
+        LIMIT,
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(row["status"], "queued");
+    assert_eq!(row["attempts"], 0);
+    let out = run_cli(
+        &["deliveries", "discard", &claimed[1], "--url", s.base()],
+        "",
+        LIMIT,
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(row["status"], "discarded");
+    // Retrying what is not parked fails with the server's reason, and changes nothing.
+    let head = s.head().await;
+    let out = run_cli(
+        &["deliveries", "retry", &claimed[2], "--url", s.base()],
+        "",
+        LIMIT,
+    )
+    .await;
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("illegal_transition"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(s.head().await, head);
 }
