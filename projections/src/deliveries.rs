@@ -38,7 +38,8 @@ pub(crate) const SETTINGS: &str = "settings";
 pub(crate) const RECIPIENTS: &str = "recipients";
 /// task_id → seq of its first `task.canceled` (BE).
 pub(crate) const CANCELED: &str = "canceled";
-/// `routed` → highest source seq the routing command has handled (BE).
+/// `routed` → seq of the last notification or task cancellation the routing command has
+/// handled (BE): routing resumes after it.
 pub(crate) const STATE: &str = "state";
 pub(crate) const ROUTED_KEY: &[u8] = b"routed";
 
@@ -585,7 +586,7 @@ fn fold_delivery(st: &mut Store<'_>, ev: &Event) -> Result<(), String> {
     match kind {
         "created" => {
             let c: Created = parse(ev)?;
-            raise_routed(st, c.source_seq)?;
+            raise_routed(st, c.notification_seq)?;
             if old.is_some() {
                 return Ok(());
             }
@@ -621,7 +622,7 @@ fn fold_delivery(st: &mut Store<'_>, ev: &Event) -> Result<(), String> {
         }
         "joined" => {
             let j: Joined = parse(ev)?;
-            raise_routed(st, j.source_seq)?;
+            raise_routed(st, j.notification_seq)?;
             let Some(old) = old else { return Ok(()) };
             let mut row = old.clone();
             join(&mut row, &j, ev.seq);

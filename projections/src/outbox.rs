@@ -55,7 +55,7 @@ impl<'t> State<'t> {
             .and_then(|b| b.try_into().ok().map(u64::from_be_bytes)))
     }
 
-    /// Highest source seq routing has handled.
+    /// Seq of the last notification or cancellation routing has handled.
     pub fn routed(&mut self) -> Result<u64, CommandError> {
         Ok(self.u64_at(d::STATE, d::ROUTED_KEY)?.unwrap_or(0))
     }

@@ -20,7 +20,7 @@ pub const RESERVED_PREFIXES: [&str; 7] = [
 pub const PRIORITIES: [&str; 4] = ["urgent", "action", "warning", "info"];
 
 /// Types only tidemark itself writes.
-pub const SERVER_ONLY: [&str; 17] = [
+pub const SERVER_ONLY: [&str; 18] = [
     "notification.created",
     "notification.terminal_state_mismatch",
     "delivery.created",
@@ -33,6 +33,7 @@ pub const SERVER_ONLY: [&str; 17] = [
     "delivery.retried",
     "delivery.discarded",
     "delivery.lease_extended",
+    "delivery.joined",
     "cursor.advanced",
     "cursor.reset",
     "bridge.subscribed",

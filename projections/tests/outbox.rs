@@ -420,3 +420,55 @@ fn expired_lease_is_released_and_reclaimed() {
     assert_eq!(kinds, ["created", "leased", "lease_expired", "leased"]);
     h.rt.block_on(h.log.close());
 }
+
+/// Routing handed the same notifications again (a restart re-reading its last page) appends
+/// nothing: no second delivery, and a digest member never joins twice.
+#[test]
+fn routing_twice_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LogConfig::new(dir.path().join("log.redb"));
+    let (log, _) = Log::open_with(&cfg, vec![tidemark_projections::projector()]).unwrap();
+    let mut h = Harness {
+        rt: rt(),
+        log,
+        now: 1_800_000_000_000_000,
+        models: HashMap::new(),
+        checked: 0,
+        routed: 0,
+    };
+    let settings = json!({"routes": {"desktop": {"digest": {"window": "10m", "max_items": 5}}}});
+    h.append(NewEvent::new(None, "settings", "", "settings.updated", &settings).unwrap());
+    for i in 0..3 {
+        let id = format!("d{i}");
+        let p = json!({"priority": "action", "title": format!("t{i}"), "recipient": "r", "group_key": "g"});
+        h.append(
+            NewEvent::new(
+                Some(id.clone()),
+                "notifications",
+                id,
+                "notification.requested",
+                &p,
+            )
+            .unwrap(),
+        );
+    }
+    let (row, _) = read::delivery(h.log.db(), "dlv:d0:desktop")
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.items.len(), 3);
+    assert_eq!(row.title, "3 new updates");
+    let head = h.log.head();
+    let everything = all_events(&h.log, 0);
+    h.rt.block_on(h.log.command(true, move |txn, _| {
+        Ok(((), outbox::route(txn, &everything)?))
+    }))
+    .unwrap();
+    assert_eq!(h.log.head(), head, "routing again appended events");
+    let (row, _) = read::delivery(h.log.db(), "dlv:d0:desktop")
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.items.len(), 3);
+    // The checkpoint is the last notification (the join after it is at the head).
+    assert_eq!(read::routing_checkpoint(h.log.db()).unwrap(), head - 1);
+    h.rt.block_on(h.log.close());
+}
