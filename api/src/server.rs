@@ -23,7 +23,7 @@ use utoipa_axum::routes;
 use crate::auth::{self, Auth, Scope};
 use crate::config::Config;
 use crate::error::ApiError;
-use crate::routes::{admin, deliveries, events, notifications, ops, tasks};
+use crate::routes::{admin, bridges, cursors, deliveries, events, notifications, ops, tasks};
 use crate::state::AppState;
 
 #[derive(OpenApi)]
@@ -35,6 +35,8 @@ use crate::state::AppState;
         (name = "tasks", description = "Task read model with review gates"),
         (name = "notifications", description = "The notification dashboard"),
         (name = "deliveries", description = "The delivery runtime: claim, leases, retries, parking, KPIs"),
+        (name = "bridges", description = "Bridge subscriptions and terminal notifications"),
+        (name = "cursors", description = "Monotonic consumer cursors and their lag"),
         (name = "admin", description = "Projection rebuild and verify"),
         (name = "ops", description = "Operations"),
     )
@@ -98,7 +100,10 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(notifications::list))
             .routes(routes!(deliveries::list))
             .routes(routes!(deliveries::get))
-            .routes(routes!(deliveries::kpis)),
+            .routes(routes!(deliveries::kpis))
+            .routes(routes!(cursors::get))
+            .routes(routes!(cursors::lag))
+            .routes(routes!(bridges::explain)),
         &auth,
         Scope::Read,
     ));
@@ -107,9 +112,28 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(deliveries::claim))
             .routes(routes!(deliveries::complete))
             .routes(routes!(deliveries::fail))
-            .routes(routes!(deliveries::extend)),
+            .routes(routes!(deliveries::extend))
+            .routes(routes!(cursors::advance))
+            .routes(routes!(bridges::pull))
+            .routes(routes!(bridges::ack))
+            .routes(routes!(bridges::nack)),
         &auth,
         Scope::Bridge,
+    );
+    // Create/delete need the bridge scope, list/show the read scope, on the same paths.
+    let subs_write = scoped(
+        OpenApiRouter::new()
+            .routes(routes!(bridges::create))
+            .routes(routes!(bridges::delete)),
+        &auth,
+        Scope::Bridge,
+    );
+    let subs_read = scoped(
+        OpenApiRouter::new()
+            .routes(routes!(bridges::list))
+            .routes(routes!(bridges::show)),
+        &auth,
+        Scope::Read,
     );
     let operator = scoped(
         OpenApiRouter::new()
@@ -117,7 +141,8 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(admin::rebuild_one))
             .routes(routes!(admin::verify_one))
             .routes(routes!(deliveries::retry))
-            .routes(routes!(deliveries::discard)),
+            .routes(routes!(deliveries::discard))
+            .routes(routes!(cursors::reset)),
         &auth,
         Scope::Operator,
     );
@@ -131,6 +156,8 @@ pub fn router(state: AppState) -> Router {
         .merge(append)
         .merge(read)
         .merge(bridge)
+        .merge(subs_write)
+        .merge(subs_read)
         .merge(operator)
         .merge(open)
         .split_for_parts();
@@ -251,6 +278,8 @@ pub async fn run(
     };
     let router_task = tidemark_consumers::router::spawn(log.clone(), token.clone());
     let scheduler_task = tidemark_consumers::scheduler::spawn(log.clone(), token.clone());
+    let notifier_task =
+        tidemark_consumers::bridge::spawn(log.clone(), (*state.routing).clone(), token.clone());
     let grace = Duration::from_secs(state.config.server.shutdown_grace_secs);
     let flag = state.shutting_down.clone();
     let trigger = token.clone();
@@ -271,6 +300,7 @@ pub async fn run(
     }
     let _ = router_task.await;
     let _ = scheduler_task.await;
+    let _ = notifier_task.await;
     log.close().await;
     drop(log);
     tracing::info!("stopped cleanly");

@@ -6,6 +6,8 @@
 //! - [`framework`]: the [`Projection`] trait, the [`Projector`] hook that keeps every
 //!   projection current inside the log's write transactions, checkpoints and digest chains.
 //! - [`tasks`], [`notifications`], [`settings`], [`deliveries`]: the read models.
+//! - [`cursors`], [`bridges`]: consumer cursors, bridge subscriptions and the terminal
+//!   decision table.
 //! - [`routing`], [`outbox`]: the delivery runtime's rules and its commands, run inside the
 //!   writer's transaction.
 //! - [`rebuild`]: rebuild and verify from the log.
@@ -13,6 +15,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bridges;
+pub mod cursors;
 pub mod deliveries;
 pub mod framework;
 pub mod notifications;
@@ -30,10 +34,19 @@ static TASKS: tasks::Tasks = tasks::Tasks;
 static NOTIFICATIONS: notifications::Notifications = notifications::Notifications;
 static SETTINGS: settings::Settings = settings::Settings;
 static DELIVERIES: deliveries::Deliveries = deliveries::Deliveries;
+static CURSORS: cursors::Cursors = cursors::Cursors;
+static BRIDGES: bridges::Bridges = bridges::Bridges;
 
 /// Every projection, in the order they are applied.
 pub fn all() -> Vec<&'static dyn Projection> {
-    vec![&TASKS, &NOTIFICATIONS, &SETTINGS, &DELIVERIES]
+    vec![
+        &TASKS,
+        &NOTIFICATIONS,
+        &SETTINGS,
+        &DELIVERIES,
+        &CURSORS,
+        &BRIDGES,
+    ]
 }
 
 /// A projection by name.

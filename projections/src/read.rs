@@ -424,3 +424,133 @@ pub fn routing_checkpoint(db: &redb::Database) -> Result<u64, String> {
         .and_then(|v| v.value().try_into().ok().map(u64::from_be_bytes))
         .unwrap_or(0))
 }
+
+/// One cursor, or its zero state.
+pub fn cursor(
+    db: &redb::Database,
+    consumer_id: &str,
+    stream_name: &str,
+    subject_id: &str,
+) -> Result<crate::cursors::Cursor, String> {
+    use crate::cursors;
+    Ok(Reader::new(db)?
+        .get_val(
+            cursors::NAME,
+            cursors::ROWS,
+            &cursors::key(consumer_id, stream_name, subject_id),
+        )?
+        .unwrap_or_else(|| cursors::Cursor::zero(consumer_id, stream_name, subject_id)))
+}
+
+/// Cursors whose key starts with `consumer_id` (all of that consumer's), or every cursor
+/// when `None`; at most `limit`, after the key `after` (paging).
+pub fn cursors(
+    db: &redb::Database,
+    consumer_id: Option<&str>,
+    limit: usize,
+) -> Result<Vec<crate::cursors::Cursor>, String> {
+    use crate::cursors;
+    let r = Reader::new(db)?;
+    let Some(t) = r.table(cursors::NAME, cursors::ROWS)? else {
+        return Ok(Vec::new());
+    };
+    let (from, to) = match consumer_id {
+        Some(c) => {
+            let mut from = c.as_bytes().to_vec();
+            from.push(0);
+            let mut to = c.as_bytes().to_vec();
+            to.push(1);
+            (from, Some(to))
+        }
+        None => (Vec::new(), None),
+    };
+    let mut out = Vec::new();
+    let range = match &to {
+        Some(to) => t.range(from.as_slice()..to.as_slice()),
+        None => t.range(from.as_slice()..),
+    }
+    .map_err(|e| e.to_string())?;
+    for row in range {
+        let (_, v) = row.map_err(|e| e.to_string())?;
+        out.push(postcard::from_bytes(v.value()).map_err(|e| e.to_string())?);
+        if out.len() >= limit {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// A subscription (active or deleted).
+pub fn subscription(
+    db: &redb::Database,
+    id: &str,
+) -> Result<Option<crate::bridges::Subscription>, String> {
+    use crate::bridges;
+    Reader::new(db)?.get_val(bridges::NAME, bridges::ROWS, id.as_bytes())
+}
+
+/// Active subscriptions whose index key starts with `prefix ‖ 0` in `index` (`by_task`,
+/// `by_bridge`), or every active one when `prefix` is `None`.
+fn active_subscriptions(
+    db: &redb::Database,
+    index: &'static str,
+    prefix: Option<&str>,
+) -> Result<Vec<crate::bridges::Subscription>, String> {
+    use crate::bridges;
+    let r = Reader::new(db)?;
+    let (Some(idx), Some(rows)) = (
+        r.table(bridges::NAME, index)?,
+        r.table(bridges::NAME, bridges::ROWS)?,
+    ) else {
+        return Ok(Vec::new());
+    };
+    let mut ids = Vec::new();
+    match prefix {
+        Some(p) => {
+            let mut from = p.as_bytes().to_vec();
+            from.push(0);
+            let mut to = p.as_bytes().to_vec();
+            to.push(1);
+            for row in idx
+                .range(from.as_slice()..to.as_slice())
+                .map_err(|e| e.to_string())?
+            {
+                let (k, _) = row.map_err(|e| e.to_string())?;
+                ids.push(k.value()[from.len()..].to_vec());
+            }
+        }
+        None => {
+            for row in idx.iter().map_err(|e| e.to_string())? {
+                let (k, _) = row.map_err(|e| e.to_string())?;
+                ids.push(k.value().to_vec());
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        if let Some(v) = rows.get(id.as_slice()).map_err(|e| e.to_string())? {
+            out.push(postcard::from_bytes(v.value()).map_err(|e| e.to_string())?);
+        }
+    }
+    Ok(out)
+}
+
+pub fn task_subscriptions(
+    db: &redb::Database,
+    task_id: &str,
+) -> Result<Vec<crate::bridges::Subscription>, String> {
+    active_subscriptions(db, crate::bridges::BY_TASK, Some(task_id))
+}
+
+pub fn bridge_subscriptions(
+    db: &redb::Database,
+    bridge_id: &str,
+) -> Result<Vec<crate::bridges::Subscription>, String> {
+    active_subscriptions(db, crate::bridges::BY_BRIDGE, Some(bridge_id))
+}
+
+pub fn all_active_subscriptions(
+    db: &redb::Database,
+) -> Result<Vec<crate::bridges::Subscription>, String> {
+    active_subscriptions(db, crate::bridges::ACTIVE, None)
+}

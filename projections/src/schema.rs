@@ -20,7 +20,7 @@ pub const RESERVED_PREFIXES: [&str; 7] = [
 pub const PRIORITIES: [&str; 4] = ["urgent", "action", "warning", "info"];
 
 /// Types only tidemark itself writes.
-pub const SERVER_ONLY: [&str; 18] = [
+pub const SERVER_ONLY: [&str; 19] = [
     "notification.created",
     "notification.terminal_state_mismatch",
     "delivery.created",
@@ -36,6 +36,7 @@ pub const SERVER_ONLY: [&str; 18] = [
     "delivery.joined",
     "cursor.advanced",
     "cursor.reset",
+    "cursor.failed",
     "bridge.subscribed",
     "bridge.unsubscribed",
     "settings.updated",

@@ -153,7 +153,7 @@ pub struct DeliveriesPage {
     pub next_after: Option<String>,
 }
 
-fn json_body<T: DeserializeOwned>(
+pub(crate) fn json_body<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
@@ -163,7 +163,7 @@ fn json_body<T: DeserializeOwned>(
         .map_err(|e| ApiError::bad_request("malformed_json", e.to_string()))
 }
 
-fn invalid(field: &str, detail: impl Into<String>) -> ApiError {
+pub(crate) fn invalid(field: &str, detail: impl Into<String>) -> ApiError {
     ApiError::new(
         axum::http::StatusCode::UNPROCESSABLE_ENTITY,
         "invalid_field",
@@ -172,7 +172,7 @@ fn invalid(field: &str, detail: impl Into<String>) -> ApiError {
     .at(0, Some(field))
 }
 
-fn check_text(field: &str, v: &str, max: usize) -> Result<(), ApiError> {
+pub(crate) fn check_text(field: &str, v: &str, max: usize) -> Result<(), ApiError> {
     if v.is_empty() || v.chars().count() > max || v.chars().any(char::is_control) {
         return Err(invalid(
             field,

@@ -413,7 +413,29 @@ fn to_response(r: AppendReceipt) -> AppendResponse {
 
 pub(crate) async fn read_page(log: &Log, q: ReadQuery) -> Result<ReadPage, ApiError> {
     let log = log.clone();
-    crate::routes::blocking(move || log.read(&q).map_err(|e| e.to_string())).await
+    let mut page = crate::routes::blocking(move || log.read(&q).map_err(|e| e.to_string())).await?;
+    for ev in &mut page.events {
+        redact(ev);
+    }
+    Ok(page)
+}
+
+/// Webhook secrets are recorded in `bridge.subscribed` (the notifier signs with them after a
+/// restart) but never served: event pages and streams show `"secret": "[redacted]"`.
+pub(crate) fn redact(ev: &mut tidemark_log::Event) {
+    if ev.event_type != "bridge.subscribed" || !ev.payload.get().contains("\"secret\"") {
+        return;
+    }
+    let mut v = ev.payload_value();
+    if let Some(sink) = v.pointer_mut("/target/sink")
+        && let Some(obj) = sink.as_object_mut()
+        && obj.contains_key("secret")
+    {
+        obj.insert("secret".into(), Value::String("[redacted]".into()));
+        if let Ok(raw) = serde_json::value::to_raw_value(&v) {
+            ev.payload = raw;
+        }
+    }
 }
 
 /// Read a page of events after a seq, optionally filtered.

@@ -1,6 +1,8 @@
 //! HTTP handlers, one file per resource family.
 
 pub mod admin;
+pub mod bridges;
+pub mod cursors;
 pub mod deliveries;
 pub mod events;
 pub mod notifications;

@@ -1,0 +1,607 @@
+//! Bridge subscriptions of a task, their explain view, and pull-sink delivery (spec sections 6
+//! and 7, I5).
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tidemark_consumers::bridge::{self, Candidate};
+use tidemark_log::time::{format_micros, now_micros};
+use tidemark_projections::bridges::{self as b, Sink, Subscription, Target};
+use tidemark_projections::read;
+use utoipa::{IntoParams, ToSchema};
+
+use crate::error::{ApiError, Problem};
+use crate::routes::blocking;
+use crate::routes::cursors::CursorOut;
+use crate::routes::deliveries::{check_text, invalid, json_body};
+use crate::state::AppState;
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SinkOut {
+    /// pull or webhook.
+    pub kind: String,
+    pub url: Option<String>,
+    /// Whether a webhook secret is set (the secret itself is never returned).
+    pub secret_set: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SubscriptionOut {
+    pub subscription_id: String,
+    pub task_id: String,
+    pub bridge_id: String,
+    pub scope: Option<String>,
+    pub workspace_id: Option<String>,
+    pub thread_id: Option<String>,
+    /// reply or post.
+    pub mode: String,
+    pub sink: SinkOut,
+    pub active: bool,
+    pub created_at: String,
+    pub updated_at: String,
+    /// `(bridge_task_subscription:<subscription_id>, task_events, <task_id>)`; the zero state
+    /// when it never moved.
+    pub cursor: CursorOut,
+}
+
+fn out(s: Subscription, cursor: tidemark_projections::cursors::Cursor) -> SubscriptionOut {
+    SubscriptionOut {
+        subscription_id: s.subscription_id,
+        task_id: s.target.task_id,
+        bridge_id: s.target.bridge_id,
+        scope: s.target.scope,
+        workspace_id: s.target.workspace_id,
+        thread_id: s.target.thread_id,
+        mode: s.target.mode,
+        sink: SinkOut {
+            kind: s.target.sink.kind,
+            url: s.target.sink.url,
+            secret_set: s.target.sink.secret.is_some(),
+        },
+        active: s.active,
+        created_at: format_micros(s.created_at_us),
+        updated_at: format_micros(s.updated_at_us),
+        cursor: cursor.into(),
+    }
+}
+
+/// The subscription with its cursor, as served.
+async fn with_cursor(st: &AppState, s: Subscription) -> Result<SubscriptionOut, ApiError> {
+    let log = st.log.clone();
+    let (consumer, task) = (b::consumer_id(&s.subscription_id), s.target.task_id.clone());
+    let c = blocking(move || read::cursor(log.db(), &consumer, "task_events", &task)).await?;
+    Ok(out(s, c))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SubscriptionsPage {
+    pub subscriptions: Vec<SubscriptionOut>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SinkIn {
+    /// pull or webhook.
+    pub kind: String,
+    /// Webhook: `http://…` URL the envelope is POSTed to.
+    pub url: Option<String>,
+    /// Webhook: HMAC-SHA256 key; the signature goes in `tidemark-signature: sha256=<hex>`.
+    pub secret: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubscribeBody {
+    pub subscription_id: String,
+    pub bridge_id: String,
+    pub scope: Option<String>,
+    pub workspace_id: Option<String>,
+    pub thread_id: Option<String>,
+    /// reply (default) or post.
+    pub mode: Option<String>,
+    pub sink: SinkIn,
+}
+
+fn check_id(field: &str, v: &str) -> Result<(), ApiError> {
+    if v.is_empty()
+        || v.len() > 128
+        || !v
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c))
+    {
+        return Err(invalid(
+            field,
+            format!("{field} must be 1–128 of A-Za-z0-9._-"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_path_id(what: &str, v: &str) -> Result<(), ApiError> {
+    if v.is_empty() || v.chars().count() > 128 || v.chars().any(char::is_control) {
+        return Err(ApiError::bad_request(
+            "invalid_path",
+            format!("a {what} is 1–128 printable characters"),
+        ));
+    }
+    Ok(())
+}
+
+fn target(task_id: &str, body: SubscribeBody) -> Result<(String, Target), ApiError> {
+    check_id("subscription_id", &body.subscription_id)?;
+    check_id("bridge_id", &body.bridge_id)?;
+    for (f, v) in [
+        ("scope", &body.scope),
+        ("workspace_id", &body.workspace_id),
+        ("thread_id", &body.thread_id),
+    ] {
+        if let Some(v) = v {
+            check_text(f, v, 256)?;
+        }
+    }
+    let mode = body.mode.unwrap_or_else(|| "reply".into());
+    if mode != "reply" && mode != "post" {
+        return Err(invalid("mode", "mode must be reply or post"));
+    }
+    let sink = match body.sink.kind.as_str() {
+        "pull" => {
+            if body.sink.url.is_some() || body.sink.secret.is_some() {
+                return Err(invalid("sink", "a pull sink takes no url or secret"));
+            }
+            Sink {
+                kind: "pull".into(),
+                url: None,
+                secret: None,
+            }
+        }
+        "webhook" => {
+            let url = body
+                .sink
+                .url
+                .ok_or_else(|| invalid("sink.url", "a webhook sink needs a url"))?;
+            if !url.starts_with("http://")
+                || url.len() > 2048
+                || url.chars().any(char::is_whitespace)
+            {
+                return Err(invalid(
+                    "sink.url",
+                    "sink.url must be an http:// URL of at most 2048 characters",
+                ));
+            }
+            if let Some(s) = &body.sink.secret
+                && (s.is_empty() || s.len() > 512)
+            {
+                return Err(invalid("sink.secret", "sink.secret must be 1–512 bytes"));
+            }
+            Sink {
+                kind: "webhook".into(),
+                url: Some(url),
+                secret: body.sink.secret,
+            }
+        }
+        _ => return Err(invalid("sink.kind", "sink.kind must be pull or webhook")),
+    };
+    Ok((
+        body.subscription_id,
+        Target {
+            task_id: task_id.to_owned(),
+            bridge_id: body.bridge_id,
+            scope: body.scope,
+            workspace_id: body.workspace_id,
+            thread_id: body.thread_id,
+            mode,
+            sink,
+        },
+    ))
+}
+
+/// Subscribe a bridge to a task's terminal notification: 201 new (or re-created: resumes from
+/// the kept cursor), 200 the same again, 409 the same id with another target.
+#[utoipa::path(
+    post, path = "/v1/tasks/{id}/notifications/bridges", tag = "bridges",
+    params(("id" = String, Path, description = "Task id")),
+    request_body(content = SubscribeBody, content_type = "application/json"),
+    responses(
+        (status = 201, body = SubscriptionOut),
+        (status = 200, description = "Already subscribed with this target", body = SubscriptionOut),
+        (status = 409, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["bridge"]))
+)]
+#[tracing::instrument(skip_all, fields(task = %task_id))]
+pub async fn create(
+    State(st): State<AppState>,
+    Path(task_id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    check_path_id("task id", &task_id)?;
+    let body: SubscribeBody = json_body(&headers, body)?;
+    let (id, t) = target(&task_id, body)?;
+    let ((row, created), _) = st
+        .log
+        .command(true, move |txn, _| b::subscribe(txn, now_micros(), &id, t))
+        .await?;
+    if created {
+        metrics::counter!("tidemark_bridge_subscriptions_created_total").increment(1);
+    }
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(with_cursor(&st, row).await?)).into_response())
+}
+
+/// The task's active subscriptions, each with its cursor.
+#[utoipa::path(
+    get, path = "/v1/tasks/{id}/notifications/bridges", tag = "bridges",
+    params(("id" = String, Path, description = "Task id")),
+    responses((status = 200, body = SubscriptionsPage)),
+    security(("bearer" = ["read"]))
+)]
+#[tracing::instrument(skip_all, fields(task = %task_id))]
+pub async fn list(
+    State(st): State<AppState>,
+    Path(task_id): Path<String>,
+) -> Result<Json<SubscriptionsPage>, ApiError> {
+    check_path_id("task id", &task_id)?;
+    let log = st.log.clone();
+    let subs = blocking(move || read::task_subscriptions(log.db(), &task_id)).await?;
+    let mut out = Vec::with_capacity(subs.len());
+    for s in subs {
+        out.push(with_cursor(&st, s).await?);
+    }
+    Ok(Json(SubscriptionsPage { subscriptions: out }))
+}
+
+async fn active_of_task(
+    st: &AppState,
+    task_id: &str,
+    sub_id: &str,
+) -> Result<Subscription, ApiError> {
+    check_path_id("task id", task_id)?;
+    check_path_id("subscription id", sub_id)?;
+    let log = st.log.clone();
+    let id = sub_id.to_owned();
+    blocking(move || read::subscription(log.db(), &id))
+        .await?
+        .filter(|s| s.active && s.target.task_id == task_id)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "subscription_not_found",
+                format!("no subscription {sub_id:?} on task {task_id:?}"),
+            )
+        })
+}
+
+/// One subscription with its cursor.
+#[utoipa::path(
+    get, path = "/v1/tasks/{id}/notifications/bridges/{subscription_id}", tag = "bridges",
+    params(("id" = String, Path, description = "Task id"), ("subscription_id" = String, Path)),
+    responses(
+        (status = 200, body = SubscriptionOut),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["read"]))
+)]
+#[tracing::instrument(skip_all, fields(task = %task_id, subscription = %sub_id))]
+pub async fn show(
+    State(st): State<AppState>,
+    Path((task_id, sub_id)): Path<(String, String)>,
+) -> Result<Json<SubscriptionOut>, ApiError> {
+    let s = active_of_task(&st, &task_id, &sub_id).await?;
+    Ok(Json(with_cursor(&st, s).await?))
+}
+
+/// Delete a subscription; its cursor is kept, and creating the same id again resumes from it.
+#[utoipa::path(
+    delete, path = "/v1/tasks/{id}/notifications/bridges/{subscription_id}", tag = "bridges",
+    params(("id" = String, Path, description = "Task id"), ("subscription_id" = String, Path)),
+    responses(
+        (status = 200, description = "Deleted (active: false), with the kept cursor", body = SubscriptionOut),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["bridge"]))
+)]
+#[tracing::instrument(skip_all, fields(task = %task_id, subscription = %sub_id))]
+pub async fn delete(
+    State(st): State<AppState>,
+    Path((task_id, sub_id)): Path<(String, String)>,
+) -> Result<Json<SubscriptionOut>, ApiError> {
+    check_path_id("task id", &task_id)?;
+    check_path_id("subscription id", &sub_id)?;
+    let (row, _) = st
+        .log
+        .command(true, move |txn, _| {
+            b::unsubscribe(txn, now_micros(), &task_id, &sub_id)
+        })
+        .await?;
+    Ok(Json(with_cursor(&st, row).await?))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CandidateOut {
+    pub seq: u64,
+    pub event_type: String,
+    /// deliver, defer or mismatch.
+    pub decision: String,
+    pub reason: String,
+}
+
+impl From<Candidate> for CandidateOut {
+    fn from(c: Candidate) -> Self {
+        CandidateOut {
+            seq: c.seq,
+            event_type: c.event_type,
+            decision: serde_json::to_value(&c.decision)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            reason: c.reason,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExplainOut {
+    pub subscription_id: String,
+    pub cursor: CursorOut,
+    /// Every terminal event past the cursor, in order, with its decision and reason.
+    pub candidates: Vec<CandidateOut>,
+    /// What the notifier does next: `deliver` (seq in `next_seq`), `stopped` at a mismatch
+    /// (seq in `next_seq`), or `idle`.
+    pub next: String,
+    pub next_seq: Option<u64>,
+}
+
+/// The decision for each candidate event past the cursor, with its reason.
+#[utoipa::path(
+    get, path = "/v1/tasks/{id}/notifications/bridges/{subscription_id}/explain", tag = "bridges",
+    params(("id" = String, Path, description = "Task id"), ("subscription_id" = String, Path)),
+    responses(
+        (status = 200, body = ExplainOut),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["read"]))
+)]
+#[tracing::instrument(skip_all, fields(task = %task_id, subscription = %sub_id))]
+pub async fn explain(
+    State(st): State<AppState>,
+    Path((task_id, sub_id)): Path<(String, String)>,
+) -> Result<Json<ExplainOut>, ApiError> {
+    let s = active_of_task(&st, &task_id, &sub_id).await?;
+    let log = st.log.clone();
+    let scan = blocking(move || bridge::scan(&log, &s, true)).await?;
+    let (next, next_seq) = match (&scan.deliver, &scan.mismatch) {
+        (Some(d), Some(m)) if m.0.seq < d.seq => ("stopped", Some(m.0.seq)),
+        (Some(d), _) => ("deliver", Some(d.seq)),
+        (None, Some(m)) => ("stopped", Some(m.0.seq)),
+        (None, None) => ("idle", None),
+    };
+    Ok(Json(ExplainOut {
+        subscription_id: sub_id,
+        cursor: scan.cursor.into(),
+        candidates: scan
+            .candidates
+            .into_iter()
+            .map(CandidateOut::from)
+            .collect(),
+        next: next.into(),
+        next_seq,
+    }))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PullQuery {
+    /// Long-poll: wait up to this long (0–30000 ms, default 0) for a delivery.
+    #[param(value_type = Option<u64>)]
+    pub wait_ms: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PullPage {
+    /// One envelope per pull subscription of the bridge that has a delivery pending.
+    #[schema(value_type = Vec<Object>)]
+    pub deliveries: Vec<Value>,
+}
+
+fn pending_for_bridge(log: &tidemark_log::Log, bridge_id: &str) -> Result<Vec<Value>, String> {
+    let mut out = Vec::new();
+    for s in read::bridge_subscriptions(log.db(), bridge_id)? {
+        if s.target.sink.kind != "pull" {
+            continue;
+        }
+        let scan = bridge::scan(log, &s, false)?;
+        if let Some(ev) = &scan.deliver {
+            out.push(b::envelope(&s, ev));
+        }
+    }
+    Ok(out)
+}
+
+/// Pending envelopes of the bridge's pull subscriptions; with `wait_ms`, waits for one.
+#[utoipa::path(
+    get, path = "/v1/bridges/{bridge_id}/deliveries", tag = "bridges",
+    params(("bridge_id" = String, Path), PullQuery),
+    responses(
+        (status = 200, body = PullPage),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["bridge"]))
+)]
+#[tracing::instrument(skip_all, fields(bridge = %bridge_id))]
+pub async fn pull(
+    State(st): State<AppState>,
+    Path(bridge_id): Path<String>,
+    q: Result<Query<PullQuery>, QueryRejection>,
+) -> Result<Json<PullPage>, ApiError> {
+    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
+    check_path_id("bridge id", &bridge_id)?;
+    let wait_ms = match q.wait_ms.as_deref() {
+        None => 0,
+        Some(v) => v
+            .parse::<u64>()
+            .ok()
+            .filter(|n| *n <= 30_000)
+            .ok_or_else(|| ApiError::invalid_query("wait_ms must be from 0 to 30000"))?,
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    let mut head_rx = st.log.subscribe();
+    loop {
+        head_rx.borrow_and_update();
+        let log = st.log.clone();
+        let id = bridge_id.clone();
+        let found = blocking(move || pending_for_bridge(&log, &id)).await?;
+        if !found.is_empty() || tokio::time::Instant::now() >= deadline {
+            return Ok(Json(PullPage { deliveries: found }));
+        }
+        tokio::select! {
+            changed = head_rx.changed() => if changed.is_err() { return Ok(Json(PullPage { deliveries: found })) },
+            _ = tokio::time::sleep_until(deadline) => {},
+            _ = st.shutdown.cancelled() => return Ok(Json(PullPage { deliveries: found })),
+        }
+    }
+}
+
+/// The subscription a delivery id names, checked to belong to `bridge_id`.
+async fn delivery_target(
+    st: &AppState,
+    bridge_id: &str,
+    delivery_id: &str,
+) -> Result<(Subscription, u64), ApiError> {
+    check_path_id("bridge id", bridge_id)?;
+    let not_found = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "delivery_not_found",
+            format!("no delivery {delivery_id:?}"),
+        )
+    };
+    let (sub_id, seq) = b::parse_delivery_id(delivery_id).ok_or_else(not_found)?;
+    let log = st.log.clone();
+    let id = sub_id.to_owned();
+    let sub = blocking(move || read::subscription(log.db(), &id))
+        .await?
+        .filter(|s| s.active)
+        .ok_or_else(not_found)?;
+    if sub.target.bridge_id != bridge_id {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "foreign_delivery",
+            format!("{delivery_id:?} belongs to another bridge"),
+        ));
+    }
+    Ok((sub, seq))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AckOut {
+    pub delivery_id: String,
+    pub cursor: CursorOut,
+}
+
+/// Confirm a delivery: the subscription's cursor advances to its seq (durable when answered).
+#[utoipa::path(
+    post, path = "/v1/bridges/{bridge_id}/deliveries/{delivery_id}/ack", tag = "bridges",
+    params(("bridge_id" = String, Path), ("delivery_id" = String, Path)),
+    responses(
+        (status = 200, body = AckOut),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Another bridge's delivery, or no longer deliverable, or behind the cursor", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["bridge"]))
+)]
+#[tracing::instrument(skip_all, fields(bridge = %bridge_id, delivery = %delivery_id))]
+pub async fn ack(
+    State(st): State<AppState>,
+    Path((bridge_id, delivery_id)): Path<(String, String)>,
+) -> Result<Json<AckOut>, ApiError> {
+    let (sub, seq) = delivery_target(&st, &bridge_id, &delivery_id).await?;
+    // Only the pending delivery may be confirmed: nothing deliverable may be skipped (I5).
+    let log = st.log.clone();
+    let s2 = sub.clone();
+    let scan = blocking(move || bridge::scan(&log, &s2, false)).await?;
+    let already = scan.cursor.last_sequence == seq
+        && scan.cursor.last_delivery_id.as_deref() == Some(delivery_id.as_str());
+    if !already && scan.deliver.as_ref().map(|e| e.seq) != Some(seq) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_pending",
+            format!(
+                "{delivery_id:?} is not the subscription's pending delivery (cursor at {})",
+                scan.cursor.last_sequence
+            ),
+        ));
+    }
+    let expected = Some(scan.cursor.last_sequence);
+    let cursor = bridge::confirm(&st.log, &sub, seq, expected).await?;
+    Ok(Json(AckOut {
+        delivery_id,
+        cursor: cursor.into(),
+    }))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NackBody {
+    /// Why the bridge could not deliver it (kept as the cursor's last_error, ≤ 512 chars).
+    pub error: String,
+}
+
+/// Report a delivery the bridge could not make: recorded as the cursor's `last_error`; the
+/// cursor does not move and the delivery stays pending.
+#[utoipa::path(
+    post, path = "/v1/bridges/{bridge_id}/deliveries/{delivery_id}/nack", tag = "bridges",
+    params(("bridge_id" = String, Path), ("delivery_id" = String, Path)),
+    request_body(content = NackBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = AckOut),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["bridge"]))
+)]
+#[tracing::instrument(skip_all, fields(bridge = %bridge_id, delivery = %delivery_id))]
+pub async fn nack(
+    State(st): State<AppState>,
+    Path((bridge_id, delivery_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<AckOut>, ApiError> {
+    let body: NackBody = json_body(&headers, body)?;
+    check_text("error", &body.error, 4096)?;
+    let (sub, seq) = delivery_target(&st, &bridge_id, &delivery_id).await?;
+    let log = st.log.clone();
+    let s2 = sub.clone();
+    let scan = blocking(move || bridge::scan(&log, &s2, false)).await?;
+    if scan.deliver.as_ref().map(|e| e.seq) != Some(seq) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_pending",
+            format!("{delivery_id:?} is not the subscription's pending delivery"),
+        ));
+    }
+    bridge::record_failure(&st.log, &sub, &body.error).await?;
+    metrics::counter!("tidemark_bridge_nacks_total").increment(1);
+    let log = st.log.clone();
+    let (consumer, task) = (
+        b::consumer_id(&sub.subscription_id),
+        sub.target.task_id.clone(),
+    );
+    let c = blocking(move || read::cursor(log.db(), &consumer, "task_events", &task)).await?;
+    Ok(Json(AckOut {
+        delivery_id,
+        cursor: c.into(),
+    }))
+}

@@ -1,0 +1,527 @@
+//! The bridge terminal notifier (spec section 6): for each active subscription, replay its
+//! task's `task_events` past the subscription's cursor and decide deliver / defer / mismatch
+//! for each terminal event against the task's current state.
+//!
+//! - deliver: a pull sink shows the envelope to `GET /v1/bridges/{bridge_id}/deliveries` until
+//!   the bridge acks it; a webhook sink gets it POSTed (HMAC-signed). Only a confirmation moves
+//!   the cursor ([`confirm`], a command that re-checks the decision inside the writer), and the
+//!   scan then goes on.
+//! - defer: scanned past, the cursor does not move for it.
+//! - mismatch: the subscription stops there; one `notification.terminal_state_mismatch`
+//!   (event id `mismatch:<subscription_id>:<seq>`) records it; the next replay after new task
+//!   events or a cursor reset decides afresh.
+//!
+//! Commits wake the notifier; the wake-up is only a nudge, the log is the authority.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use serde::Serialize;
+use sha2::Sha256;
+use tidemark_log::{AppendError, CommandError, Event, Log, NewEvent, ReadQuery, RejectKind};
+use tidemark_projections::bridges::{self, Decision, Subscription};
+use tidemark_projections::cursors::{self, Advance, Cursor};
+use tidemark_projections::framework::TxnTables;
+use tidemark_projections::routing::{RoutingSettings, backoff_ms};
+use tidemark_projections::tasks::Task;
+use tidemark_projections::{read, tasks};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Candidates examined per scan (explain lists at most this many).
+pub const SCAN_LIMIT: usize = 1_000;
+
+/// One event past the cursor and what the notifier decides for it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Candidate {
+    pub seq: u64,
+    pub event_type: String,
+    pub decision: Decision,
+    pub reason: String,
+}
+
+/// A subscription's position: its cursor, and what the next step is.
+#[derive(Debug, Clone)]
+pub struct Scan {
+    pub cursor: Cursor,
+    /// Every terminal candidate past the cursor, in order, up to the first deliver or mismatch
+    /// (or all of them when `all`).
+    pub candidates: Vec<Candidate>,
+    /// The event to deliver next, if the scan reached one before any mismatch.
+    pub deliver: Option<Event>,
+    /// The event the subscription is stopped at, with the reason.
+    pub mismatch: Option<(Event, String)>,
+    /// The task's latest_event_seq when scanned.
+    pub task_seq: u64,
+}
+
+/// Replay `sub`'s task events past its cursor and decide (blocking: redb reads).
+pub fn scan(log: &Log, sub: &Subscription, all: bool) -> Result<Scan, String> {
+    let db = log.db();
+    let task_id = &sub.target.task_id;
+    let cursor = read::cursor(
+        db,
+        &bridges::consumer_id(&sub.subscription_id),
+        "task_events",
+        task_id,
+    )?;
+    let task: Option<Task> = read::task(db, task_id)?;
+    let mut out = Scan {
+        task_seq: task.as_ref().map(|t| t.latest_event_seq).unwrap_or(0),
+        cursor,
+        candidates: Vec::new(),
+        deliver: None,
+        mismatch: None,
+    };
+    let mut after = out.cursor.last_sequence;
+    loop {
+        let page = log
+            .read(&ReadQuery {
+                after,
+                limit: 500,
+                stream: Some("task_events".into()),
+                subject: Some(task_id.clone()),
+                ..ReadQuery::default()
+            })
+            .map_err(|e| e.to_string())?;
+        for ev in page.events {
+            let (decision, reason) = bridges::decide(task.as_ref(), &ev);
+            if decision == Decision::Skip {
+                continue;
+            }
+            out.candidates.push(Candidate {
+                seq: ev.seq,
+                event_type: ev.event_type.clone(),
+                decision: decision.clone(),
+                reason: reason.clone(),
+            });
+            let stop = match decision {
+                Decision::Deliver if out.deliver.is_none() && out.mismatch.is_none() => {
+                    out.deliver = Some(ev);
+                    true
+                }
+                Decision::Mismatch if out.deliver.is_none() && out.mismatch.is_none() => {
+                    out.mismatch = Some((ev, reason));
+                    true
+                }
+                _ => false,
+            };
+            if (stop && !all) || out.candidates.len() >= SCAN_LIMIT {
+                return Ok(out);
+            }
+        }
+        if page.next_after <= after || page.next_after >= page.head {
+            return Ok(out);
+        }
+        after = page.next_after;
+    }
+}
+
+/// Confirm delivery `seq` of `sub`: inside the writer, re-read the event and the task, check
+/// the decision is still deliver and the cursor has not moved from `expected` (or is already
+/// there with this delivery id), and advance. `Conflict` when the decision or cursor changed.
+pub async fn confirm(
+    log: &Log,
+    sub: &Subscription,
+    seq: u64,
+    expected: Option<u64>,
+) -> Result<Cursor, CommandError> {
+    let sub_id = sub.subscription_id.clone();
+    let task_id = sub.target.task_id.clone();
+    let (cursor, _) = log
+        .command(true, move |txn, _| {
+            let consumer = bridges::consumer_id(&sub_id);
+            let delivery_id = bridges::delivery_id(&sub_id, seq);
+            let cur = cursors::get_in(txn, &consumer, "task_events", &task_id)?;
+            if cur.last_sequence == seq && cur.last_delivery_id.as_deref() == Some(&delivery_id) {
+                return Ok((cur, Vec::new()));
+            }
+            let mut ev = None;
+            tidemark_log::scan_events(txn, seq.saturating_sub(1), seq, |e| {
+                ev = Some(e);
+                Ok(false)
+            })
+            .map_err(CommandError::Storage)?;
+            let ev = ev
+                .filter(|e| e.stream == "task_events" && e.subject == task_id)
+                .ok_or_else(|| {
+                    CommandError::rejected(
+                        RejectKind::NotFound,
+                        "delivery_not_found",
+                        format!("{delivery_id} names no event of task {task_id:?}"),
+                    )
+                })?;
+            let mut t = TxnTables::new(txn, tasks::NAME).map_err(CommandError::Storage)?;
+            let task: Option<Task> = t
+                .get_val("rows", task_id.as_bytes())
+                .map_err(CommandError::Storage)?;
+            let (decision, reason) = bridges::decide(task.as_ref(), &ev);
+            if decision != Decision::Deliver {
+                return Err(CommandError::rejected(
+                    RejectKind::Conflict,
+                    "not_deliverable",
+                    format!("{delivery_id} is no longer deliverable: {reason}"),
+                ));
+            }
+            if seq <= cur.last_sequence {
+                return Err(CommandError::rejected(
+                    RejectKind::Conflict,
+                    "non_monotonic_cursor",
+                    format!("{delivery_id} is behind the cursor ({})", cur.last_sequence),
+                ));
+            }
+            cursors::advance_from(
+                &cur,
+                tidemark_log::time::now_micros(),
+                &Advance {
+                    consumer_id: consumer,
+                    stream_name: "task_events".into(),
+                    subject_id: task_id.clone(),
+                    last_sequence: seq,
+                    delivery_id,
+                    expected_sequence: expected,
+                },
+            )
+        })
+        .await?;
+    metrics::counter!("tidemark_bridge_confirmed_total").increment(1);
+    Ok(cursor)
+}
+
+/// Record a failed delivery attempt as the subscription cursor's `last_error`.
+pub async fn record_failure(
+    log: &Log,
+    sub: &Subscription,
+    error: &str,
+) -> Result<(), CommandError> {
+    let ev = cursors::failed_event(
+        &bridges::consumer_id(&sub.subscription_id),
+        "task_events",
+        &sub.target.task_id,
+        error,
+        tidemark_log::time::now_micros(),
+    )?;
+    log.append(vec![ev]).await?;
+    Ok(())
+}
+
+/// Append the one mismatch event of (subscription, seq).
+async fn record_mismatch(log: &Log, sub: &Subscription, ev: &Event, reason: &str) {
+    let id = format!("mismatch:{}:{}", sub.subscription_id, ev.seq);
+    let payload = serde_json::json!({
+        "subscription_id": sub.subscription_id,
+        "seq": ev.seq,
+        "detail": cursors::bound_error(&format!("{} at seq {}: {reason}", ev.event_type, ev.seq)),
+    });
+    let Ok(new) = NewEvent::new(
+        Some(id),
+        "task_events",
+        sub.target.task_id.as_str(),
+        "notification.terminal_state_mismatch",
+        &payload,
+    ) else {
+        return;
+    };
+    match log.append(vec![new]).await {
+        Ok(r) => {
+            if r.events.iter().any(|e| !e.duplicate) {
+                metrics::counter!("tidemark_bridge_mismatches_total").increment(1);
+                tracing::warn!(subscription = %sub.subscription_id, seq = ev.seq, %reason, "terminal state mismatch");
+            }
+        }
+        // Recorded earlier with another detail: it is recorded.
+        Err(AppendError::Conflict { .. }) => {}
+        Err(e) => tracing::warn!(error = %e, "recording a mismatch failed; will retry"),
+    }
+}
+
+/// `sha256=<hex HMAC-SHA256 of body under secret>`.
+pub fn signature(secret: &str, body: &[u8]) -> String {
+    let mut mac =
+        Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// State of one webhook subscription between passes.
+#[derive(Default)]
+struct Retry {
+    attempts: u32,
+    next: Option<Instant>,
+    /// The seq being retried (a new seq starts over).
+    seq: u64,
+}
+
+/// Start the notifier; it stops when `shutdown` is cancelled.
+pub fn spawn(
+    log: Log,
+    settings: RoutingSettings,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let http = match reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "bridge notifier: no HTTP client; webhooks disabled");
+                return;
+            }
+        };
+        let mut n = Notifier {
+            log,
+            http,
+            settings,
+            scanned_to: None,
+            retries: HashMap::new(),
+            inflight: JoinSet::new(),
+            busy: HashMap::new(),
+        };
+        n.run(shutdown).await;
+    })
+}
+
+struct Notifier {
+    log: Log,
+    http: reqwest::Client,
+    settings: RoutingSettings,
+    /// The log head the last pass looked at (`None`: look at every subscription).
+    scanned_to: Option<u64>,
+    retries: HashMap<String, Retry>,
+    inflight: JoinSet<(String, u64, Result<(), String>)>,
+    /// Subscriptions with a webhook POST in flight.
+    busy: HashMap<String, u64>,
+}
+
+impl Notifier {
+    async fn run(&mut self, shutdown: CancellationToken) {
+        let mut head_rx = self.log.subscribe();
+        loop {
+            head_rx.borrow_and_update();
+            if let Err(e) = self.pass().await {
+                tracing::warn!(error = %e, "bridge notifier pass failed; retrying");
+                // Look at every subscription again: the failed pass may have skipped some.
+                self.scanned_to = None;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let next_retry = self
+                .retries
+                .values()
+                .filter_map(|r| r.next)
+                .min()
+                .map(|t| t.saturating_duration_since(Instant::now()))
+                .unwrap_or(Duration::from_secs(3600));
+            tokio::select! {
+                changed = head_rx.changed() => if changed.is_err() { return },
+                Some(done) = self.inflight.join_next(), if !self.inflight.is_empty() => {
+                    if let Ok(done) = done { self.finished(done).await }
+                }
+                _ = tokio::time::sleep(next_retry) => {},
+                _ = shutdown.cancelled() => {
+                    self.inflight.abort_all();
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn finished(&mut self, (sub_id, seq, result): (String, u64, Result<(), String>)) {
+        self.busy.remove(&sub_id);
+        let Ok(Some(sub)) = ({
+            let l = self.log.clone();
+            let id = sub_id.clone();
+            tokio::task::spawn_blocking(move || read::subscription(l.db(), &id))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()))
+        }) else {
+            return;
+        };
+        match result {
+            Ok(()) => {
+                self.retries.remove(&sub_id);
+                match confirm(&self.log, &sub, seq, None).await {
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(subscription = %sub_id, seq, error = %e, "webhook delivery confirmed but the cursor did not advance")
+                    }
+                }
+            }
+            Err(err) => {
+                metrics::counter!("tidemark_bridge_webhook_failures_total").increment(1);
+                let r = self.retries.entry(sub_id.clone()).or_default();
+                if r.seq != seq {
+                    *r = Retry {
+                        seq,
+                        ..Retry::default()
+                    };
+                }
+                r.attempts += 1;
+                let u = (Instant::now().elapsed().subsec_nanos() % 1000) as f64 / 1000.0;
+                let ms = backoff_ms(&self.settings.retry, r.attempts, u, None);
+                r.next = Some(Instant::now() + Duration::from_millis(ms));
+                tracing::info!(subscription = %sub_id, seq, attempt = r.attempts, retry_in_ms = ms, "webhook delivery failed");
+                let _ = record_failure(&self.log, &sub, &err).await;
+            }
+        }
+    }
+
+    /// Subscriptions to look at: all of them at the first pass, then those whose task, cursor
+    /// or subscription changed in the log since the last pass, and webhook retries now due.
+    async fn dirty(&mut self) -> Result<Vec<Subscription>, String> {
+        let l = self.log.clone();
+        let since = self.scanned_to;
+        let (subs, head) = tokio::task::spawn_blocking(move || {
+            let head = l.head();
+            let Some(since) = since else {
+                return Ok::<_, String>((read::all_active_subscriptions(l.db())?, head));
+            };
+            let mut tasks = std::collections::BTreeSet::new();
+            let mut ids = std::collections::BTreeSet::new();
+            let mut after = since;
+            while after < head {
+                let page = l
+                    .read(&ReadQuery {
+                        after,
+                        limit: 1_000,
+                        ..ReadQuery::default()
+                    })
+                    .map_err(|e| e.to_string())?;
+                for ev in &page.events {
+                    match ev.stream.as_str() {
+                        "task_events" => {
+                            tasks.insert(ev.subject.clone());
+                        }
+                        "bridges" => {
+                            ids.insert(ev.subject.clone());
+                        }
+                        "cursors" => {
+                            if let Some(sub) = ev.subject.strip_prefix("bridge_task_subscription:")
+                            {
+                                ids.insert(sub.to_owned());
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                if page.next_after <= after {
+                    break;
+                }
+                after = page.next_after;
+            }
+            let mut out: Vec<Subscription> = Vec::new();
+            for t in &tasks {
+                out.extend(read::task_subscriptions(l.db(), t)?);
+            }
+            for id in &ids {
+                if let Some(s) = read::subscription(l.db(), id)?
+                    && s.active
+                    && !tasks.contains(&s.target.task_id)
+                {
+                    out.push(s);
+                }
+            }
+            Ok((out, head))
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        self.scanned_to = Some(head);
+        let mut subs = subs;
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .retries
+            .iter()
+            .filter(|(id, r)| {
+                r.next.is_some_and(|t| t <= now) && !subs.iter().any(|s| &s.subscription_id == *id)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in due {
+            let l = self.log.clone();
+            let found = tokio::task::spawn_blocking(move || read::subscription(l.db(), &id))
+                .await
+                .map_err(|e| e.to_string())??;
+            match found {
+                Some(s) if s.active => subs.push(s),
+                Some(s) => {
+                    self.retries.remove(&s.subscription_id);
+                }
+                None => {}
+            }
+        }
+        Ok(subs)
+    }
+
+    /// One look at the subscriptions that may have something to do.
+    async fn pass(&mut self) -> Result<(), String> {
+        let subs = self.dirty().await?;
+        for sub in subs {
+            let id = sub.subscription_id.clone();
+            if self.busy.contains_key(&id) {
+                continue;
+            }
+            if let Some(r) = self.retries.get(&id)
+                && r.next.is_some_and(|t| t > Instant::now())
+            {
+                continue;
+            }
+            let l = self.log.clone();
+            let s2 = sub.clone();
+            let scan = tokio::task::spawn_blocking(move || scan(&l, &s2, false))
+                .await
+                .map_err(|e| e.to_string())??;
+            if let Some((ev, reason)) = &scan.mismatch {
+                record_mismatch(&self.log, &sub, ev, reason).await;
+                continue;
+            }
+            // A pull sink's envelope waits for the bridge's ack; a webhook's is POSTed.
+            if let (Some(ev), "webhook") = (&scan.deliver, sub.target.sink.kind.as_str()) {
+                {
+                    let body = serde_json::to_vec(&bridges::envelope(&sub, ev))
+                        .map_err(|e| e.to_string())?;
+                    let url = sub.target.sink.url.clone().unwrap_or_default();
+                    let sig = sub
+                        .target
+                        .sink
+                        .secret
+                        .as_deref()
+                        .map(|s| signature(s, &body));
+                    let http = self.http.clone();
+                    let seq = ev.seq;
+                    self.busy.insert(id.clone(), seq);
+                    self.inflight.spawn(async move {
+                        let mut rb = http
+                            .post(&url)
+                            .header("content-type", "application/json")
+                            .body(body);
+                        if let Some(sig) = sig {
+                            rb = rb.header("tidemark-signature", sig);
+                        }
+                        let r = match rb.send().await {
+                            Ok(resp) if resp.status().is_success() => Ok(()),
+                            Ok(resp) => Err(format!("webhook answered {}", resp.status())),
+                            Err(e) => Err(format!("webhook unreachable: {}", without_url(&e))),
+                        };
+                        (id, seq, r)
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A reqwest error without its URL (a webhook URL may carry credentials).
+fn without_url(e: &reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timeout"
+    } else if e.is_connect() {
+        "connection failed"
+    } else if e.is_request() {
+        "request error"
+    } else {
+        "error"
+    };
+    kind.to_owned()
+}

@@ -1,0 +1,322 @@
+//! Bridge subscriptions and the terminal-notification decision table (spec section 6).
+//!
+//! A subscription targets one task and one bridge; its cursor is
+//! `(bridge_task_subscription:<subscription_id>, task_events, <task_id>)`. Deleting one keeps
+//! the cursor; creating the same id again resumes from it.
+
+use serde::{Deserialize, Serialize};
+use tidemark_log::redb::WriteTransaction;
+use tidemark_log::{CommandError, Event, NewEvent, RejectKind};
+
+use crate::framework::{Projection, Store, TxnTables};
+use crate::tasks::Task;
+
+pub const NAME: &str = "bridges";
+pub(crate) const ROWS: &str = "rows";
+/// `task_id ‖ 0 ‖ subscription_id` of active subscriptions.
+pub(crate) const BY_TASK: &str = "by_task";
+/// `bridge_id ‖ 0 ‖ subscription_id` of active subscriptions.
+pub(crate) const BY_BRIDGE: &str = "by_bridge";
+/// `subscription_id` of active subscriptions (the notifier's work list).
+pub(crate) const ACTIVE: &str = "active";
+
+/// The consumer id of a subscription's cursor.
+pub fn consumer_id(subscription_id: &str) -> String {
+    format!("bridge_task_subscription:{subscription_id}")
+}
+
+/// `notif:<subscription_id>:<seq>`.
+pub fn delivery_id(subscription_id: &str, seq: u64) -> String {
+    format!("notif:{subscription_id}:{seq}")
+}
+
+/// The subscription and seq a delivery id names.
+pub fn parse_delivery_id(id: &str) -> Option<(&str, u64)> {
+    let rest = id.strip_prefix("notif:")?;
+    let (sub, seq) = rest.rsplit_once(':')?;
+    Some((sub, seq.parse().ok()?))
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sink {
+    /// pull or webhook.
+    pub kind: String,
+    #[serde(default)]
+    pub url: Option<String>,
+    /// HMAC key of a webhook sink. Never served: read models and event pages redact it.
+    #[serde(default)]
+    pub secret: Option<String>,
+}
+
+/// What a subscription targets (what `bridge.subscribed` records). Stored with postcard,
+/// which is not self-describing: no `skip_serializing_if` here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Target {
+    pub task_id: String,
+    pub bridge_id: String,
+    #[serde(default)]
+    pub scope: Option<String>,
+    #[serde(default)]
+    pub workspace_id: Option<String>,
+    #[serde(default)]
+    pub thread_id: Option<String>,
+    /// reply or post.
+    pub mode: String,
+    pub sink: Sink,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subscription {
+    pub subscription_id: String,
+    pub target: Target,
+    pub active: bool,
+    pub created_at_us: i64,
+    pub updated_at_us: i64,
+}
+
+/// Payload of `bridge.subscribed` / `bridge.unsubscribed`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BridgeEvent {
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub target: Option<Target>,
+    pub at_us: i64,
+}
+
+fn cat(a: &str, b: &str) -> Vec<u8> {
+    let mut k = a.as_bytes().to_vec();
+    k.push(0);
+    k.extend_from_slice(b.as_bytes());
+    k
+}
+
+pub struct Bridges;
+
+impl Projection for Bridges {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        &[ROWS, BY_TASK, BY_BRIDGE, ACTIVE]
+    }
+
+    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), String> {
+        if ev.stream != "bridges" {
+            return Ok(());
+        }
+        let b: BridgeEvent = match ev.event_type.as_str() {
+            "bridge.subscribed" | "bridge.unsubscribed" => {
+                serde_json::from_str(ev.payload.get())
+                    .map_err(|e| format!("{} at seq {}: {e}", ev.event_type, ev.seq))?
+            }
+            _ => return Ok(()),
+        };
+        let id = ev.subject.as_str();
+        let old: Option<Subscription> = st.get_val(ROWS, id.as_bytes())?;
+        if let Some(o) = old.as_ref().filter(|o| o.active) {
+            st.delete(BY_TASK, &cat(&o.target.task_id, id))?;
+            st.delete(BY_BRIDGE, &cat(&o.target.bridge_id, id))?;
+            st.delete(ACTIVE, id.as_bytes())?;
+        }
+        let row = match (ev.event_type.as_str(), b.target, old) {
+            ("bridge.subscribed", Some(target), old) => Subscription {
+                subscription_id: id.to_owned(),
+                target,
+                active: true,
+                created_at_us: old.map(|o| o.created_at_us).unwrap_or(b.at_us),
+                updated_at_us: b.at_us,
+            },
+            ("bridge.unsubscribed", _, Some(mut o)) => {
+                o.active = false;
+                o.updated_at_us = b.at_us;
+                o
+            }
+            _ => return Ok(()),
+        };
+        if row.active {
+            st.put(BY_TASK, &cat(&row.target.task_id, id), &[])?;
+            st.put(BY_BRIDGE, &cat(&row.target.bridge_id, id), &[])?;
+            st.put(ACTIVE, id.as_bytes(), &[])?;
+        }
+        st.put_val(ROWS, id.as_bytes(), &row)
+    }
+}
+
+fn bridge_event(kind: &str, id: &str, b: &BridgeEvent) -> Result<NewEvent, CommandError> {
+    let v = serde_json::to_value(b).map_err(|e| CommandError::Storage(e.to_string()))?;
+    NewEvent::new(None, "bridges", id, format!("bridge.{kind}"), &v)
+        .map_err(|e| CommandError::Storage(e.to_string()))
+}
+
+fn row_in(txn: &WriteTransaction, id: &str) -> Result<Option<Subscription>, CommandError> {
+    let mut t = TxnTables::new(txn, NAME).map_err(CommandError::Storage)?;
+    t.get_val(ROWS, id.as_bytes())
+        .map_err(CommandError::Storage)
+}
+
+/// Create (or re-create) a subscription. Answers the row and whether it is new: an active
+/// subscription with the same target is answered as it is (`false`); another target is a
+/// conflict.
+pub fn subscribe(
+    txn: &WriteTransaction,
+    now_us: i64,
+    id: &str,
+    target: Target,
+) -> Result<((Subscription, bool), Vec<NewEvent>), CommandError> {
+    if let Some(cur) = row_in(txn, id)?
+        && cur.active
+    {
+        if cur.target == target {
+            return Ok(((cur, false), Vec::new()));
+        }
+        return Err(CommandError::rejected(
+            RejectKind::Conflict,
+            "subscription_conflict",
+            format!("subscription {id:?} exists with another target"),
+        ));
+    }
+    let created = row_in(txn, id)?.map(|o| o.created_at_us).unwrap_or(now_us);
+    let b = BridgeEvent {
+        target: Some(target.clone()),
+        at_us: now_us,
+    };
+    let row = Subscription {
+        subscription_id: id.to_owned(),
+        target,
+        active: true,
+        created_at_us: created,
+        updated_at_us: now_us,
+    };
+    Ok(((row, true), vec![bridge_event("subscribed", id, &b)?]))
+}
+
+/// Delete an active subscription of `task_id` (its cursor stays).
+pub fn unsubscribe(
+    txn: &WriteTransaction,
+    now_us: i64,
+    task_id: &str,
+    id: &str,
+) -> Result<(Subscription, Vec<NewEvent>), CommandError> {
+    let mut row = row_in(txn, id)?
+        .filter(|r| r.active && r.target.task_id == task_id)
+        .ok_or_else(|| {
+            CommandError::rejected(
+                RejectKind::NotFound,
+                "subscription_not_found",
+                format!("no subscription {id:?} on task {task_id:?}"),
+            )
+        })?;
+    row.active = false;
+    row.updated_at_us = now_us;
+    let b = BridgeEvent {
+        target: None,
+        at_us: now_us,
+    };
+    Ok((row, vec![bridge_event("unsubscribed", id, &b)?]))
+}
+
+/// The decision for one event past a subscription's cursor (spec section 6).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    Deliver,
+    Defer,
+    Mismatch,
+    /// Not a terminal event: scanned past.
+    Skip,
+}
+
+/// Event types the notifier considers.
+pub const TERMINAL_TYPES: [&str; 5] = [
+    "task.run_completed",
+    "task.run_failed",
+    "task.run_canceled",
+    "task.run_review_approved",
+    "task.canceled",
+];
+
+/// Decide for `ev` (an event of `task`'s `task_events`) against the task's current state,
+/// with the reason in words.
+pub fn decide(task: Option<&Task>, ev: &Event) -> (Decision, String) {
+    use Decision::*;
+    if ev.stream != "task_events" || !TERMINAL_TYPES.contains(&ev.event_type.as_str()) {
+        return (Skip, format!("{} is not a terminal event", ev.event_type));
+    }
+    let Some(task) = task else {
+        return (Mismatch, "the task does not exist".into());
+    };
+    let p = ev.payload_value();
+    let run_id = p.get("run_id").and_then(|v| v.as_str()).unwrap_or("");
+    let run = task.run(run_id);
+    match ev.event_type.as_str() {
+        "task.canceled" => {
+            if task.canceled {
+                (Deliver, "the task is canceled".into())
+            } else {
+                (
+                    Mismatch,
+                    "task.canceled but the task is not canceled".into(),
+                )
+            }
+        }
+        "task.run_review_approved" => match run {
+            Some(r) if r.review.state == "approved" => {
+                (Deliver, format!("the review of run {run_id} is approved"))
+            }
+            Some(r) => (
+                Mismatch,
+                format!(
+                    "approval of run {run_id} but its review is {}",
+                    if r.review.state == "none" {
+                        "not requested"
+                    } else {
+                        r.review.state.as_str()
+                    }
+                ),
+            ),
+            None => (Mismatch, format!("approval of unknown run {run_id}")),
+        },
+        ty => {
+            let outcome = match ty {
+                "task.run_completed" => "completed",
+                "task.run_failed" => "failed",
+                _ => "canceled",
+            };
+            let Some(r) = run else {
+                return (Mismatch, format!("{ty} of unknown run {run_id}"));
+            };
+            if r.review.gated(task.review_required) {
+                return (
+                    Defer,
+                    format!("run {run_id} is review-gated: its approval is the final event"),
+                );
+            }
+            if r.outcome == outcome {
+                (Deliver, format!("run {run_id} is {outcome}"))
+            } else {
+                (Mismatch, format!("{ty} but run {run_id} is {}", r.outcome))
+            }
+        }
+    }
+}
+
+/// The envelope sent to a bridge for a delivered terminal event.
+pub fn envelope(sub: &Subscription, ev: &Event) -> serde_json::Value {
+    let p = ev.payload_value();
+    let mut meta = serde_json::json!({"terminal_event_type": ev.event_type});
+    if let Some(r) = p.get("run_id") {
+        meta["run_id"] = r.clone();
+    }
+    serde_json::json!({
+        "delivery_id": delivery_id(&sub.subscription_id, ev.seq),
+        "subscription_id": sub.subscription_id,
+        "task_id": sub.target.task_id,
+        "bridge_id": sub.target.bridge_id,
+        "thread_id": sub.target.thread_id,
+        "mode": sub.target.mode,
+        "event_type": "final",
+        "final": true,
+        "seq": ev.seq,
+        "metadata": meta,
+    })
+}
