@@ -33,6 +33,46 @@ pub enum Command {
     Projections(ProjectionsArgs),
     /// List deliveries, and retry or discard parked ones.
     Deliveries(DeliveriesArgs),
+    /// Show consumer cursors, or reset one (operator).
+    Cursors(CursorsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CursorsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(subcommand)]
+    pub action: CursorsAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CursorsAction {
+    /// One cursor (with --stream), all of a consumer's cursors, or with --lag every cursor's lag.
+    Show {
+        /// e.g. `bridge_task_subscription:<subscription_id>`.
+        #[arg(long)]
+        consumer: Option<String>,
+        #[arg(long)]
+        stream: Option<String>,
+        #[arg(long, default_value = "")]
+        subject: String,
+        /// Every cursor with its lag in events and seconds (stalled ones flagged).
+        #[arg(long)]
+        lag: bool,
+    },
+    /// Move a cursor to --to (also down); recorded as a `cursor.reset` event with the reason.
+    Reset {
+        #[arg(long)]
+        consumer: String,
+        #[arg(long)]
+        stream: String,
+        #[arg(long, default_value = "")]
+        subject: String,
+        #[arg(long)]
+        to: u64,
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -166,6 +206,7 @@ pub fn main() -> ExitCode {
             Command::Tail(a) => tail(a).await,
             Command::Projections(a) => projections(a).await,
             Command::Deliveries(a) => deliveries(a).await,
+            Command::Cursors(a) => cursors(a).await,
         }
     });
     match result {
@@ -565,4 +606,61 @@ async fn operator_action(
     }
     println!("{text}");
     Ok(())
+}
+
+async fn cursors(a: CursorsArgs) -> CliResult {
+    let http = client(&a.client)?;
+    let base = a.client.url.trim_end_matches('/').to_owned();
+    match a.action {
+        CursorsAction::Show {
+            consumer,
+            stream,
+            subject,
+            lag,
+        } => {
+            let v = if lag {
+                get_json(&http, &format!("{base}/v1/consumers/lag")).await?
+            } else {
+                let consumer = consumer.ok_or("give --consumer (or --lag for every cursor)")?;
+                let mut url = format!("{base}/v1/cursors?consumer_id={}", enc(&consumer));
+                if let Some(s) = &stream {
+                    url.push_str(&format!(
+                        "&stream_name={}&subject_id={}",
+                        enc(s),
+                        enc(&subject)
+                    ));
+                }
+                get_json(&http, &url).await?
+            };
+            for c in v["cursors"].as_array().into_iter().flatten() {
+                println!("{c}");
+            }
+            Ok(())
+        }
+        CursorsAction::Reset {
+            consumer,
+            stream,
+            subject,
+            to,
+            reason,
+        } => {
+            let body = serde_json::json!({
+                "consumer_id": consumer, "stream_name": stream, "subject_id": subject,
+                "last_sequence": to, "reason": reason,
+            });
+            let resp = http
+                .post(format!("{base}/v1/cursors/reset"))
+                .json(&body)
+                .send()
+                .await
+                .map_err(|e| format!("cannot reach the server: {e}"))?;
+            let status = resp.status();
+            let text = resp.text().await.map_err(|e| e.to_string())?;
+            if !status.is_success() {
+                return Err(format!("reset failed ({status}): {text}"));
+            }
+            println!("{text}");
+            Ok(())
+        }
+    }
 }
