@@ -274,12 +274,17 @@ pub async fn run(
             )
             .unwrap_or_default(),
         ),
+        bridge_wakers: Default::default(),
         config: Arc::new(config),
     };
     let router_task = tidemark_consumers::router::spawn(log.clone(), token.clone());
     let scheduler_task = tidemark_consumers::scheduler::spawn(log.clone(), token.clone());
-    let notifier_task =
-        tidemark_consumers::bridge::spawn(log.clone(), (*state.routing).clone(), token.clone());
+    let notifier_task = tidemark_consumers::bridge::spawn(
+        log.clone(),
+        (*state.routing).clone(),
+        state.bridge_wakers.clone(),
+        token.clone(),
+    );
     let grace = Duration::from_secs(state.config.server.shutdown_grace_secs);
     let flag = state.shutting_down.clone();
     let trigger = token.clone();

@@ -26,6 +26,8 @@ pub struct AppState {
     pub rebuilds: Arc<std::sync::Mutex<std::collections::HashMap<String, (u64, u64)>>>,
     /// The notification settings of the config (the ones recorded in the log at start).
     pub routing: Arc<tidemark_projections::routing::RoutingSettings>,
+    /// Wake-ups of long-polling pull bridges, bumped by the bridge notifier.
+    pub bridge_wakers: tidemark_consumers::bridge::Wakers,
 }
 
 impl AppState {

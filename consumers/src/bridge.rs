@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
 use serde::Serialize;
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 use tidemark_log::{AppendError, CommandError, Event, Log, NewEvent, ReadQuery, RejectKind};
 use tidemark_projections::bridges::{self, Decision, Subscription};
 use tidemark_projections::cursors::{self, Advance, Cursor};
@@ -244,6 +244,31 @@ pub fn signature(secret: &str, body: &[u8]) -> String {
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
+/// Per-bridge wake-ups for long-polling pull clients: the notifier bumps a bridge's counter
+/// when one of its subscriptions may have a new delivery, so a poller wakes for its own bridge
+/// only (not on every commit of the log).
+#[derive(Clone, Default)]
+pub struct Wakers(
+    std::sync::Arc<std::sync::Mutex<HashMap<String, tokio::sync::watch::Sender<u64>>>>,
+);
+
+impl Wakers {
+    /// A receiver that changes when `bridge_id` may have something new.
+    pub fn subscribe(&self, bridge_id: &str) -> tokio::sync::watch::Receiver<u64> {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.entry(bridge_id.to_owned())
+            .or_insert_with(|| tokio::sync::watch::channel(0).0)
+            .subscribe()
+    }
+
+    fn bump(&self, bridge_id: &str) {
+        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = m.get(bridge_id) {
+            tx.send_modify(|n| *n += 1);
+        }
+    }
+}
+
 /// State of one webhook subscription between passes.
 #[derive(Default)]
 struct Retry {
@@ -257,6 +282,7 @@ struct Retry {
 pub fn spawn(
     log: Log,
     settings: RoutingSettings,
+    wakers: Wakers,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -277,6 +303,7 @@ pub fn spawn(
             scanned_to: None,
             retries: HashMap::new(),
             inflight: JoinSet::new(),
+            wakers,
             busy: HashMap::new(),
         };
         n.run(shutdown).await;
@@ -290,7 +317,9 @@ struct Notifier {
     /// The log head the last pass looked at (`None`: look at every subscription).
     scanned_to: Option<u64>,
     retries: HashMap<String, Retry>,
-    inflight: JoinSet<(String, u64, Result<(), String>)>,
+    /// Webhook POSTs in flight: (subscription, seq, cursor when scanned, outcome).
+    inflight: JoinSet<(String, u64, u64, Result<(), String>)>,
+    wakers: Wakers,
     /// Subscriptions with a webhook POST in flight.
     busy: HashMap<String, u64>,
 }
@@ -327,7 +356,10 @@ impl Notifier {
         }
     }
 
-    async fn finished(&mut self, (sub_id, seq, result): (String, u64, Result<(), String>)) {
+    async fn finished(
+        &mut self,
+        (sub_id, seq, expected, result): (String, u64, u64, Result<(), String>),
+    ) {
         self.busy.remove(&sub_id);
         let Ok(Some(sub)) = ({
             let l = self.log.clone();
@@ -341,7 +373,8 @@ impl Notifier {
         match result {
             Ok(()) => {
                 self.retries.remove(&sub_id);
-                match confirm(&self.log, &sub, seq, None).await {
+                // Compare-and-swap on the cursor the scan saw: a reset meanwhile wins.
+                match confirm(&self.log, &sub, seq, Some(expected)).await {
                     Ok(_) => {}
                     Err(e) => {
                         tracing::warn!(subscription = %sub_id, seq, error = %e, "webhook delivery confirmed but the cursor did not advance")
@@ -358,7 +391,7 @@ impl Notifier {
                     };
                 }
                 r.attempts += 1;
-                let u = (Instant::now().elapsed().subsec_nanos() % 1000) as f64 / 1000.0;
+                let u = jitter_draw();
                 let ms = backoff_ms(&self.settings.retry, r.attempts, u, None);
                 r.next = Some(Instant::now() + Duration::from_millis(ms));
                 tracing::info!(subscription = %sub_id, seq, attempt = r.attempts, retry_in_ms = ms, "webhook delivery failed");
@@ -456,6 +489,15 @@ impl Notifier {
     /// One look at the subscriptions that may have something to do.
     async fn pass(&mut self) -> Result<(), String> {
         let subs = self.dirty().await?;
+        let mut bridges_touched = std::collections::BTreeSet::new();
+        for s in &subs {
+            if s.target.sink.kind == "pull" {
+                bridges_touched.insert(s.target.bridge_id.clone());
+            }
+        }
+        for b in &bridges_touched {
+            self.wakers.bump(b);
+        }
         for sub in subs {
             let id = sub.subscription_id.clone();
             if self.busy.contains_key(&id) {
@@ -489,6 +531,7 @@ impl Notifier {
                         .map(|s| signature(s, &body));
                     let http = self.http.clone();
                     let seq = ev.seq;
+                    let expected = scan.cursor.last_sequence;
                     self.busy.insert(id.clone(), seq);
                     self.inflight.spawn(async move {
                         let mut rb = http
@@ -503,7 +546,7 @@ impl Notifier {
                             Ok(resp) => Err(format!("webhook answered {}", resp.status())),
                             Err(e) => Err(format!("webhook unreachable: {}", without_url(&e))),
                         };
-                        (id, seq, r)
+                        (id, seq, expected, r)
                     });
                 }
             }
@@ -524,4 +567,15 @@ fn without_url(e: &reqwest::Error) -> String {
         "error"
     };
     kind.to_owned()
+}
+
+/// A draw in [0, 1) for webhook retry jitter.
+fn jitter_draw() -> f64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let h = sha2::Sha256::digest(nanos.to_le_bytes());
+    let x = u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
+    (x >> 11) as f64 / (1u64 << 53) as f64
 }

@@ -457,9 +457,11 @@ pub async fn pull(
             .ok_or_else(|| ApiError::invalid_query("wait_ms must be from 0 to 30000"))?,
     };
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
-    let mut head_rx = st.log.subscribe();
+    // Woken by the notifier when one of this bridge's subscriptions may have changed; the
+    // answer is always computed from the log.
+    let mut wake = st.bridge_wakers.subscribe(&bridge_id);
     loop {
-        head_rx.borrow_and_update();
+        wake.borrow_and_update();
         let log = st.log.clone();
         let id = bridge_id.clone();
         let found = blocking(move || pending_for_bridge(&log, &id)).await?;
@@ -467,7 +469,7 @@ pub async fn pull(
             return Ok(Json(PullPage { deliveries: found }));
         }
         tokio::select! {
-            changed = head_rx.changed() => if changed.is_err() { return Ok(Json(PullPage { deliveries: found })) },
+            changed = wake.changed() => if changed.is_err() { return Ok(Json(PullPage { deliveries: found })) },
             _ = tokio::time::sleep_until(deadline) => {},
             _ = st.shutdown.cancelled() => return Ok(Json(PullPage { deliveries: found })),
         }
