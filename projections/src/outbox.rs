@@ -647,6 +647,17 @@ pub fn extend(
     lease_ms: u64,
 ) -> Result<(Delivery, Vec<NewEvent>), CommandError> {
     let mut st = State::new(txn)?;
+    if let Some(row) = st.row(id)?
+        && row.status != "leased"
+        && row.last_error_code.as_deref() == Some("lease_expired")
+    {
+        // Released by the expiry tick before this heartbeat arrived.
+        return Err(CommandError::rejected(
+            RejectKind::Conflict,
+            "lease_expired",
+            format!("the lease on {id:?} has expired; claim it again"),
+        ));
+    }
     let mut row = owned_lease(&mut st, id, owner, "extend")?;
     if row.lease_expires_at_us.is_some_and(|e| e <= now_us) {
         return Err(CommandError::rejected(

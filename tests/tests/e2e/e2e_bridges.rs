@@ -1,0 +1,1979 @@
+//! Bridge terminal notifications and consumer cursors end to end (spec sections 1 I4/I5, 6, 7):
+//! every row of the deliver / defer / mismatch decision table observed through a pull
+//! subscription (`GET /v1/bridges/{bridge}/deliveries`) and its explain view, the issue's
+//! scenarios (review gate, contradicted approval, operator reset past a mismatch, delete and
+//! re-create, long-poll), the refusals of ack, subscription create and the cursors API, the
+//! lag view and the `tidemark cursors` CLI.
+//!
+//! The servers here run with desktop deliveries disabled, so the only events appended behind a
+//! test's back are the router's `notification.created` (waited for with
+//! `common::wait_routed`) and the notifier's mismatch events (waited for explicitly): that
+//! makes "the log head is unchanged" a sound check of a refused call.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use tidemark_tests::{Api, Reply, Server, ServerOpts, assert_problem_for, run_cli, tail};
+
+use crate::common::{append_ok, check_time, get_task, task_ev, wait_for, wait_routed};
+
+/// Bound of every poll here (never an assertion on speed).
+const WAIT: Duration = Duration::from_secs(30);
+const CLI_LIMIT: Duration = Duration::from_secs(60);
+/// No desktop deliveries: the router appends `notification.created` only.
+const QUIET: &str = "[notifications.desktop]\nenabled = false\n";
+
+/// A bad subscription body: what it is, the body, the status and code it must get (any 4xx
+/// problem when `None`).
+type BadBody = (&'static str, Value, Option<(u16, &'static str)>);
+/// A refused advance: what, last_sequence, delivery_id, expected_sequence, status, code.
+type Refusal = (
+    &'static str,
+    u64,
+    &'static str,
+    Option<u64>,
+    u16,
+    &'static str,
+);
+
+async fn start() -> Server {
+    Server::start(ServerOpts::default().config(QUIET)).await
+}
+
+/// Append one lifecycle event of `task`; returns its seq.
+async fn step(api: &Api, task: &str, ty: &str, payload: Value) -> u64 {
+    let r = append_ok(api, &task_ev(task, ty, payload)).await;
+    assert!(!r[0].2, "a fresh event was answered as a duplicate");
+    r[0].1
+}
+
+async fn new_task(api: &Api, task: &str, review_required: bool) -> u64 {
+    step(
+        api,
+        task,
+        "task.created",
+        json!({"project_id": "p-bridges", "title": task, "review_required": review_required}),
+    )
+    .await
+}
+
+fn consumer(sub: &str) -> String {
+    format!("bridge_task_subscription:{sub}")
+}
+
+fn delivery_id(sub: &str, seq: u64) -> String {
+    format!("notif:{sub}:{seq}")
+}
+
+/// A pull subscription body; the thread id is derived from the subscription id.
+fn sub_body(sub: &str, bridge: &str) -> Value {
+    json!({"subscription_id": sub, "bridge_id": bridge, "thread_id": format!("th-{sub}"),
+           "sink": {"kind": "pull"}})
+}
+
+async fn post_json(api: &Api, path: &str, body: &Value) -> Reply {
+    api.send(api.request(Method::POST, path).json(body)).await
+}
+
+async fn delete(api: &Api, path: &str) -> Reply {
+    api.send(api.request(Method::DELETE, path)).await
+}
+
+fn bridges_path(task: &str) -> String {
+    format!("/v1/tasks/{task}/notifications/bridges")
+}
+
+/// Create a pull subscription; panics unless 201.
+async fn subscribe(api: &Api, task: &str, sub: &str, bridge: &str) -> Value {
+    let r = post_json(api, &bridges_path(task), &sub_body(sub, bridge)).await;
+    assert_eq!(
+        r.status,
+        StatusCode::CREATED,
+        "create subscription {sub}: {}",
+        r.text
+    );
+    r.json
+}
+
+/// `GET /v1/bridges/{bridge}/deliveries?wait_ms=..`; panics unless 200.
+async fn pull(api: &Api, bridge: &str, wait_ms: u64) -> Vec<Value> {
+    let r = api
+        .get(&format!(
+            "/v1/bridges/{bridge}/deliveries?wait_ms={wait_ms}"
+        ))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "pull of {bridge}: {}", r.text);
+    r.json["deliveries"]
+        .as_array()
+        .unwrap_or_else(|| panic!("pull of {bridge}: no `deliveries` array: {}", r.text))
+        .clone()
+}
+
+async fn explain(api: &Api, task: &str, sub: &str) -> Value {
+    let r = api
+        .get(&format!("{}/{sub}/explain", bridges_path(task)))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "explain of {sub}: {}", r.text);
+    assert_eq!(r.json["subscription_id"], sub, "{}", r.text);
+    r.json
+}
+
+/// `(seq, event_type, decision)` of each candidate of an explain answer; every candidate must
+/// have a reason.
+#[track_caller]
+fn decisions(x: &Value) -> Vec<(u64, String, String)> {
+    x["candidates"]
+        .as_array()
+        .unwrap_or_else(|| panic!("explain without `candidates`: {x}"))
+        .iter()
+        .map(|c| {
+            assert!(
+                c["reason"].as_str().is_some_and(|r| !r.trim().is_empty()),
+                "candidate without a reason: {c}"
+            );
+            (
+                c["seq"]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("candidate without seq: {c}")),
+                c["event_type"].as_str().unwrap_or_default().to_owned(),
+                c["decision"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn cand(seq: u64, ty: &str, decision: &str) -> (u64, String, String) {
+    (seq, ty.to_owned(), decision.to_owned())
+}
+
+#[track_caller]
+fn check_next(x: &Value, next: &str, next_seq: Option<u64>) {
+    assert_eq!(x["next"], next, "explain `next`: {x}");
+    assert_eq!(
+        x["next_seq"],
+        next_seq.map_or(Value::Null, Value::from),
+        "explain `next_seq`: {x}"
+    );
+}
+
+async fn ack(api: &Api, bridge: &str, id: &str) -> Reply {
+    post_json(
+        api,
+        &format!("/v1/bridges/{bridge}/deliveries/{id}/ack"),
+        &json!({}),
+    )
+    .await
+}
+
+/// Ack; panics unless 200 with the cursor at `seq`.
+async fn ack_ok(api: &Api, bridge: &str, sub: &str, seq: u64) -> Value {
+    let id = delivery_id(sub, seq);
+    let r = ack(api, bridge, &id).await;
+    assert_eq!(r.status, StatusCode::OK, "ack of {id}: {}", r.text);
+    assert_eq!(r.json["delivery_id"], id.as_str(), "{}", r.text);
+    let c = &r.json["cursor"];
+    assert_eq!(c["last_sequence"], seq, "ack of {id}: {}", r.text);
+    assert_eq!(
+        c["last_delivery_id"],
+        id.as_str(),
+        "ack of {id}: {}",
+        r.text
+    );
+    assert_eq!(c["last_error"], Value::Null, "ack of {id}: {}", r.text);
+    r.json["cursor"].clone()
+}
+
+/// `GET /v1/cursors` for one key; panics unless 200 with exactly one cursor of that key.
+async fn cursor_of(api: &Api, consumer_id: &str, stream: &str, subject: &str) -> Value {
+    let path = format!(
+        "/v1/cursors?consumer_id={}&stream_name={}&subject_id={}",
+        tidemark_tests::encode_path(consumer_id),
+        tidemark_tests::encode_path(stream),
+        tidemark_tests::encode_path(subject)
+    );
+    let r = api.get(&path).await;
+    assert_eq!(r.status, StatusCode::OK, "GET {path}: {}", r.text);
+    let list = r.json["cursors"]
+        .as_array()
+        .unwrap_or_else(|| panic!("GET {path}: no `cursors` array: {}", r.text));
+    assert_eq!(list.len(), 1, "GET {path}: one cursor expected: {}", r.text);
+    let c = list[0].clone();
+    assert_eq!(c["consumer_id"], consumer_id, "{c}");
+    assert_eq!(c["stream_name"], stream, "{c}");
+    assert_eq!(c["subject_id"], subject, "{c}");
+    c
+}
+
+async fn sub_cursor(api: &Api, task: &str, sub: &str) -> Value {
+    cursor_of(api, &consumer(sub), "task_events", task).await
+}
+
+/// The zero state of a cursor that never moved.
+#[track_caller]
+fn assert_zero(c: &Value) {
+    assert_eq!(c["last_sequence"], 0, "zero state: {c}");
+    for k in [
+        "last_delivery_id",
+        "last_delivered_at",
+        "last_error",
+        "updated_at",
+    ] {
+        assert_eq!(c[k], Value::Null, "zero state: `{k}` must be null: {c}");
+    }
+}
+
+/// Every `notification.terminal_state_mismatch` of `task`.
+async fn mismatches(api: &Api, task: &str) -> Vec<Value> {
+    api.read_all(&format!(
+        "stream=task_events&subject={task}&type=notification.terminal_state_mismatch"
+    ))
+    .await
+}
+
+/// The mismatch events of `sub`.
+async fn mismatches_of(api: &Api, task: &str, sub: &str) -> Vec<Value> {
+    mismatches(api, task)
+        .await
+        .into_iter()
+        .filter(|e| e["payload"]["subscription_id"] == sub)
+        .collect()
+}
+
+/// Wait (bounded) for the notifier's mismatch event of `(sub, seq)`, and check its shape.
+async fn wait_mismatch(api: &Api, task: &str, sub: &str, seq: u64) -> Value {
+    let id = format!("mismatch:{sub}:{seq}");
+    let e = wait_for(WAIT, &format!("the mismatch event {id}"), || async {
+        mismatches(api, task)
+            .await
+            .into_iter()
+            .find(|e| e["event_id"] == id.as_str())
+    })
+    .await;
+    assert_eq!(e["stream"], "task_events", "{e}");
+    assert_eq!(e["subject"], task, "{e}");
+    assert_eq!(e["payload"]["subscription_id"], sub, "{e}");
+    assert_eq!(e["payload"]["seq"], seq, "{e}");
+    assert!(
+        e["payload"]["detail"]
+            .as_str()
+            .is_some_and(|d| !d.trim().is_empty()),
+        "a mismatch without detail: {e}"
+    );
+    e
+}
+
+/// The log head once the router has routed every lifecycle event (nothing else is appended
+/// behind the test's back on these servers).
+async fn settled_head(api: &Api) -> u64 {
+    wait_routed(api, WAIT).await;
+    api.head().await
+}
+
+/// Check an envelope of the pull sink (spec section 6).
+#[track_caller]
+fn check_envelope(e: &Value, sub: &str, task: &str, bridge: &str, seq: u64, ty: &str) {
+    assert_eq!(e["delivery_id"], delivery_id(sub, seq).as_str(), "{e}");
+    assert_eq!(e["subscription_id"], sub, "{e}");
+    assert_eq!(e["task_id"], task, "{e}");
+    assert_eq!(e["bridge_id"], bridge, "{e}");
+    assert_eq!(e["thread_id"], format!("th-{sub}").as_str(), "{e}");
+    assert_eq!(e["mode"], "reply", "{e}");
+    assert_eq!(e["event_type"], "final", "{e}");
+    assert_eq!(e["final"], true, "{e}");
+    assert_eq!(e["seq"], seq, "{e}");
+    assert_eq!(e["metadata"]["terminal_event_type"], ty, "{e}");
+}
+
+/// The pull of `bridge` shows exactly the delivery of `(sub, seq)`.
+async fn expect_pending(api: &Api, bridge: &str, sub: &str, task: &str, seq: u64, ty: &str) {
+    let got = pull(api, bridge, 0).await;
+    assert_eq!(
+        got.len(),
+        1,
+        "bridge {bridge}: exactly one pending delivery (seq {seq}) expected: {got:?}"
+    );
+    check_envelope(&got[0], sub, task, bridge, seq, ty);
+}
+
+async fn expect_nothing_pending(api: &Api, bridge: &str, what: &str) {
+    let got = pull(api, bridge, 0).await;
+    assert!(
+        got.is_empty(),
+        "{what}: bridge {bridge} must have nothing pending: {got:?}"
+    );
+}
+
+#[track_caller]
+fn check_4xx(r: &Reply, status: Option<u16>, code: Option<&str>, what: &str) {
+    assert!(
+        !r.status.is_server_error(),
+        "{what}: a 5xx answer: {} {}",
+        r.status,
+        tail(&r.text, 1000)
+    );
+    assert!(
+        r.status.is_client_error(),
+        "{what}: expected a 4xx, got {}: {}",
+        r.status,
+        tail(&r.text, 1000)
+    );
+    match (status, code) {
+        (Some(s), Some(c)) => assert_problem_for(r, s, c, what),
+        (Some(s), None) => assert_eq!(r.status.as_u16(), s, "{what}: {}", r.text),
+        _ => {}
+    }
+    assert!(
+        r.content_type
+            .as_deref()
+            .is_some_and(|c| c.starts_with("application/problem+json")),
+        "{what}: not a problem document ({:?}): {}",
+        r.content_type,
+        r.text
+    );
+    assert!(
+        r.code().is_some_and(|c| !c.is_empty()),
+        "{what}: a problem without `code`: {}",
+        r.text
+    );
+}
+
+fn run_of<'a>(t: &'a Value, run_id: &str) -> &'a Value {
+    t["runs"]
+        .as_array()
+        .and_then(|rs| rs.iter().find(|r| r["run_id"] == run_id))
+        .unwrap_or_else(|| panic!("no run {run_id} in {t}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The decision table, one test per row.
+// ---------------------------------------------------------------------------------------------
+
+/// Row 1: a run end of a run that is not review-gated, and the run has that outcome → deliver.
+#[tokio::test]
+async fn table_ungated_run_end_with_that_outcome_is_delivered() {
+    let s = start().await;
+    for (task, ty, payload) in [
+        ("t-done", "task.run_completed", json!({"run_id": "r1"})),
+        (
+            "t-fail",
+            "task.run_failed",
+            json!({"run_id": "r1", "error": "oom"}),
+        ),
+        ("t-stop", "task.run_canceled", json!({"run_id": "r1"})),
+    ] {
+        let sub = format!("s-{task}");
+        let bridge = format!("b-{task}");
+        new_task(&s, task, false).await;
+        subscribe(&s, task, &sub, &bridge).await;
+        step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+        let end = step(&s, task, ty, payload).await;
+
+        let x = explain(&s, task, &sub).await;
+        assert_eq!(decisions(&x), vec![cand(end, ty, "deliver")], "{task}: {x}");
+        check_next(&x, "deliver", Some(end));
+        assert_zero(&x["cursor"]);
+        let got = pull(&s, &bridge, 0).await;
+        assert_eq!(got.len(), 1, "{task}: {got:?}");
+        check_envelope(&got[0], &sub, task, &bridge, end, ty);
+        assert_eq!(got[0]["metadata"]["run_id"], "r1", "{}", got[0]);
+
+        // Only the confirmation moves the cursor.
+        assert_zero(&sub_cursor(&s, task, &sub).await);
+        ack_ok(&s, &bridge, &sub, end).await;
+        let c = sub_cursor(&s, task, &sub).await;
+        assert_eq!(c["last_sequence"], end, "{c}");
+        check_time(c["last_delivered_at"].as_str().expect("last_delivered_at"));
+        expect_nothing_pending(&s, &bridge, task).await;
+        check_next(&explain(&s, task, &sub).await, "idle", None);
+    }
+    for task in ["t-done", "t-fail", "t-stop"] {
+        assert!(mismatches(&s, task).await.is_empty(), "{task}");
+    }
+}
+
+/// Row 2: a run end of an ungated run whose outcome changed since → mismatch. Two ways the
+/// tasks model changes a run's outcome after its completion: a later end event of the same run
+/// (`run_failed`), and a review rejection with `continuation: true` (the run is `running`
+/// again; the rejection does not make the run gated, as it is not a review request).
+#[tokio::test]
+async fn table_run_end_whose_run_has_another_outcome_is_a_mismatch() {
+    let s = start().await;
+
+    // (a) completed, then failed.
+    let (task, sub, bridge) = ("t-refail", "s-refail", "b-refail");
+    new_task(&s, task, false).await;
+    subscribe(&s, task, sub, bridge).await;
+    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
+    let failed = step(
+        &s,
+        task,
+        "task.run_failed",
+        json!({"run_id": "r1", "error": "late crash"}),
+    )
+    .await;
+    assert_eq!(run_of(&get_task(&s, task).await, "r1")["outcome"], "failed");
+    let x = explain(&s, task, sub).await;
+    assert_eq!(
+        decisions(&x),
+        vec![
+            cand(done, "task.run_completed", "mismatch"),
+            cand(failed, "task.run_failed", "deliver"),
+        ],
+        "{x}"
+    );
+    check_next(&x, "stopped", Some(done));
+    // Stopped at the mismatch: the later deliverable event is not offered.
+    expect_nothing_pending(&s, bridge, "stopped at a mismatch").await;
+    let m = wait_mismatch(&s, task, sub, done).await;
+    let c = sub_cursor(&s, task, sub).await;
+    assert_eq!(c["last_sequence"], 0, "a mismatch never advances: {c}");
+    assert_eq!(c["last_error"], m["payload"]["detail"], "{c} / {m}");
+
+    // (b) completed, then a rejection that continues the run.
+    let (task, sub, bridge) = ("t-cont", "s-cont", "b-cont");
+    new_task(&s, task, false).await;
+    subscribe(&s, task, sub, bridge).await;
+    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
+    step(
+        &s,
+        task,
+        "task.run_review_rejected",
+        json!({"run_id": "r1", "reviewer": "eve", "reason": "redo", "continuation": true}),
+    )
+    .await;
+    let t = get_task(&s, task).await;
+    let r1 = run_of(&t, "r1");
+    assert_eq!(r1["outcome"], "running", "precondition: {t}");
+    assert_eq!(r1["review"]["gated"], false, "precondition: {t}");
+    let x = explain(&s, task, sub).await;
+    assert_eq!(
+        decisions(&x),
+        vec![cand(done, "task.run_completed", "mismatch")],
+        "{x}"
+    );
+    check_next(&x, "stopped", Some(done));
+    expect_nothing_pending(&s, bridge, "completion of a running run").await;
+    let m = wait_mismatch(&s, task, sub, done).await;
+    let c = sub_cursor(&s, task, sub).await;
+    assert_eq!(c["last_sequence"], 0, "{c}");
+    assert_eq!(c["last_error"], m["payload"]["detail"], "{c} / {m}");
+}
+
+/// Row 3: a run end of a review-gated run → defer, whatever the outcome: gated by the task's
+/// `review_required`, or by a review requested for the run (before or after its completion).
+#[tokio::test]
+async fn table_run_end_of_a_review_gated_run_is_deferred() {
+    let s = start().await;
+    // (task, review_required, events before the end, end type)
+    let cases: [(&str, bool, &[&str], &str); 4] = [
+        ("t-req", true, &[], "task.run_completed"),
+        (
+            "t-asked",
+            false,
+            &["task.run_review_requested"],
+            "task.run_completed",
+        ),
+        ("t-req-fail", true, &[], "task.run_failed"),
+        ("t-req-stop", true, &[], "task.run_canceled"),
+    ];
+    for (task, required, before, end_ty) in cases {
+        let sub = format!("s-{task}");
+        let bridge = format!("b-{task}");
+        new_task(&s, task, required).await;
+        subscribe(&s, task, &sub, &bridge).await;
+        step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+        for ty in before {
+            step(&s, task, ty, json!({"run_id": "r1"})).await;
+        }
+        let end = step(&s, task, end_ty, json!({"run_id": "r1"})).await;
+        let x = explain(&s, task, &sub).await;
+        assert_eq!(
+            decisions(&x),
+            vec![cand(end, end_ty, "defer")],
+            "{task}: {x}"
+        );
+        check_next(&x, "idle", None);
+        assert_zero(&x["cursor"]);
+        expect_nothing_pending(&s, &bridge, task).await;
+    }
+
+    // Completed while ungated (deliverable), then a review is requested: now deferred.
+    let (task, sub, bridge) = ("t-late-ask", "s-late-ask", "b-late-ask");
+    new_task(&s, task, false).await;
+    subscribe(&s, task, sub, bridge).await;
+    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
+    expect_pending(&s, bridge, sub, task, done, "task.run_completed").await;
+    step(
+        &s,
+        task,
+        "task.run_review_requested",
+        json!({"run_id": "r1"}),
+    )
+    .await;
+    let x = explain(&s, task, sub).await;
+    assert_eq!(
+        decisions(&x),
+        vec![cand(done, "task.run_completed", "defer")],
+        "{x}"
+    );
+    check_next(&x, "idle", None);
+    expect_nothing_pending(&s, bridge, "a review was requested after the completion").await;
+    // The completion is no longer pending: acking it is refused.
+    let r = ack(&s, bridge, &delivery_id(sub, done)).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
+    assert_zero(&sub_cursor(&s, task, sub).await);
+
+    settled_head(&s).await;
+    for (task, ..) in cases {
+        assert!(mismatches(&s, task).await.is_empty(), "{task}");
+    }
+    assert!(mismatches(&s, task).await.is_empty());
+}
+
+/// Row 4: `run_review_approved` of R while R's review is approved → deliver.
+#[tokio::test]
+async fn table_approval_of_an_approved_review_is_delivered() {
+    let s = start().await;
+    let (task, sub, bridge) = ("t-ok", "s-ok", "b-ok");
+    new_task(&s, task, true).await;
+    subscribe(&s, task, sub, bridge).await;
+    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
+    let ok = step(
+        &s,
+        task,
+        "task.run_review_approved",
+        json!({"run_id": "r1", "reviewer": "alice"}),
+    )
+    .await;
+    let x = explain(&s, task, sub).await;
+    assert_eq!(
+        decisions(&x),
+        vec![
+            cand(done, "task.run_completed", "defer"),
+            cand(ok, "task.run_review_approved", "deliver"),
+        ],
+        "{x}"
+    );
+    check_next(&x, "deliver", Some(ok));
+    let got = pull(&s, bridge, 0).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    check_envelope(&got[0], sub, task, bridge, ok, "task.run_review_approved");
+    assert_eq!(got[0]["metadata"]["run_id"], "r1", "{}", got[0]);
+}
+
+/// Row 5: `run_review_approved` of R while R's review is not approved → mismatch: rejected
+/// after the approval, or pending again (a new review request after the approval).
+#[tokio::test]
+async fn table_approval_of_a_review_not_approved_is_a_mismatch() {
+    let s = start().await;
+    // (task, review_required, what comes after the approval, the review state it leaves)
+    let cases = [
+        (
+            "t-rej",
+            true,
+            "task.run_review_rejected",
+            json!({"run_id": "r1", "reviewer": "bob", "reason": "no"}),
+            "rejected",
+        ),
+        (
+            "t-pend",
+            false,
+            "task.run_review_requested",
+            json!({"run_id": "r1"}),
+            "pending",
+        ),
+    ];
+    for (task, required, after_ty, after_payload, state) in cases {
+        let sub = format!("s-{task}");
+        let bridge = format!("b-{task}");
+        new_task(&s, task, required).await;
+        subscribe(&s, task, &sub, &bridge).await;
+        step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+        if !required {
+            step(
+                &s,
+                task,
+                "task.run_review_requested",
+                json!({"run_id": "r1"}),
+            )
+            .await;
+        }
+        let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
+        let ok = step(
+            &s,
+            task,
+            "task.run_review_approved",
+            json!({"run_id": "r1"}),
+        )
+        .await;
+        step(&s, task, after_ty, after_payload).await;
+        let t = get_task(&s, task).await;
+        assert_eq!(
+            run_of(&t, "r1")["review"]["state"],
+            state,
+            "precondition: {t}"
+        );
+        let x = explain(&s, task, &sub).await;
+        assert_eq!(
+            decisions(&x),
+            vec![
+                cand(done, "task.run_completed", "defer"),
+                cand(ok, "task.run_review_approved", "mismatch"),
+            ],
+            "{task}: {x}"
+        );
+        check_next(&x, "stopped", Some(ok));
+        expect_nothing_pending(&s, &bridge, task).await;
+        let m = wait_mismatch(&s, task, &sub, ok).await;
+        let c = sub_cursor(&s, task, &sub).await;
+        assert_eq!(c["last_sequence"], 0, "{task}: {c}");
+        assert_eq!(c["last_error"], m["payload"]["detail"], "{task}: {c}");
+    }
+}
+
+/// Row 6: `task.canceled` while the task is canceled → deliver; with a run end before it,
+/// both are delivered in order, each after the previous one was confirmed.
+///
+/// Row 7 (`task.canceled` while the task is not canceled → mismatch) cannot be reached through
+/// the API: the tasks model sets `canceled` on every `task.canceled` of the task and never
+/// clears it (cancel is sticky), and the notifier only considers `task.canceled` events of the
+/// task's own `task_events`, which are exactly the events that fold into that task. So the
+/// current state of a task that has such an event is always canceled; that row is only
+/// reachable by calling the decision function directly, which an end-to-end test cannot do.
+#[tokio::test]
+async fn table_task_canceled_of_a_canceled_task_is_delivered() {
+    let s = start().await;
+    let (task, sub, bridge) = ("t-cancel", "s-cancel", "b-cancel");
+    new_task(&s, task, false).await;
+    subscribe(&s, task, sub, bridge).await;
+    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+    let cancel = step(&s, task, "task.canceled", json!({"reason": "not needed"})).await;
+    let x = explain(&s, task, sub).await;
+    assert_eq!(
+        decisions(&x),
+        vec![cand(cancel, "task.canceled", "deliver")],
+        "{x}"
+    );
+    check_next(&x, "deliver", Some(cancel));
+    expect_pending(&s, bridge, sub, task, cancel, "task.canceled").await;
+    ack_ok(&s, bridge, sub, cancel).await;
+    expect_nothing_pending(&s, bridge, "after the ack").await;
+
+    let (task, sub, bridge) = ("t-done-cancel", "s-done-cancel", "b-done-cancel");
+    new_task(&s, task, false).await;
+    subscribe(&s, task, sub, bridge).await;
+    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
+    let cancel = step(&s, task, "task.canceled", json!({})).await;
+    let x = explain(&s, task, sub).await;
+    assert_eq!(
+        decisions(&x),
+        vec![
+            cand(done, "task.run_completed", "deliver"),
+            cand(cancel, "task.canceled", "deliver"),
+        ],
+        "{x}"
+    );
+    check_next(&x, "deliver", Some(done));
+    expect_pending(&s, bridge, sub, task, done, "task.run_completed").await;
+    // The later one is not the pending one yet.
+    let r = ack(&s, bridge, &delivery_id(sub, cancel)).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
+    ack_ok(&s, bridge, sub, done).await;
+    expect_pending(&s, bridge, sub, task, cancel, "task.canceled").await;
+    ack_ok(&s, bridge, sub, cancel).await;
+    expect_nothing_pending(&s, bridge, "both delivered").await;
+    assert!(mismatches(&s, task).await.is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The scenarios.
+// ---------------------------------------------------------------------------------------------
+
+/// (1) A review-gated run completes: deferred, nothing delivered. The approval is delivered
+/// exactly once, at the approval's seq; the ack moves the cursor there and nothing is pending
+/// afterwards.
+#[tokio::test]
+async fn review_gated_completion_is_deferred_then_the_approval_is_delivered_once() {
+    let s = start().await;
+    let (task, sub, bridge) = ("t-gate", "s-gate", "b-gate");
+    new_task(&s, task, true).await;
+    let created = subscribe(&s, task, sub, bridge).await;
+    assert_zero(&created["cursor"]);
+    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
+    assert_eq!(get_task(&s, task).await["status"], "awaiting_review");
+
+    expect_nothing_pending(&s, bridge, "a gated completion").await;
+    let x = explain(&s, task, sub).await;
+    assert_eq!(
+        decisions(&x),
+        vec![cand(done, "task.run_completed", "defer")],
+        "{x}"
+    );
+    check_next(&x, "idle", None);
+    // A long-poll does not see it either.
+    assert!(pull(&s, bridge, 300).await.is_empty());
+
+    let ok = step(
+        &s,
+        task,
+        "task.run_review_approved",
+        json!({"run_id": "r1", "reviewer": "alice"}),
+    )
+    .await;
+    expect_pending(&s, bridge, sub, task, ok, "task.run_review_approved").await;
+    // Asking again shows the same single delivery.
+    expect_pending(&s, bridge, sub, task, ok, "task.run_review_approved").await;
+    assert_zero(&sub_cursor(&s, task, sub).await);
+
+    let head = settled_head(&s).await;
+    let cur = ack_ok(&s, bridge, sub, ok).await;
+    assert_eq!(s.head().await, head + 1, "the ack records one cursor event");
+    let advanced = s
+        .read_all_after(
+            head,
+            &format!("stream=cursors&subject={}", consumer(sub)),
+            100,
+        )
+        .await;
+    assert_eq!(advanced.len(), 1, "{advanced:?}");
+    assert_eq!(advanced[0]["type"], "cursor.advanced", "{}", advanced[0]);
+    assert_eq!(advanced[0]["payload"]["last_sequence"], ok);
+    assert_eq!(
+        advanced[0]["payload"]["delivery_id"],
+        delivery_id(sub, ok).as_str()
+    );
+
+    let c = sub_cursor(&s, task, sub).await;
+    assert_eq!(c["last_sequence"], ok, "{c}");
+    assert_eq!(c["last_delivery_id"], delivery_id(sub, ok).as_str(), "{c}");
+    assert_eq!(c["last_error"], Value::Null, "{c}");
+    assert_eq!(c, cur, "the ack answers the stored cursor");
+    expect_nothing_pending(&s, bridge, "after the ack").await;
+    let x = explain(&s, task, sub).await;
+    assert!(decisions(&x).is_empty(), "{x}");
+    check_next(&x, "idle", None);
+
+    // The same ack again: 200, the same cursor, nothing appended.
+    let again = ack(&s, bridge, &delivery_id(sub, ok)).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.text);
+    assert_eq!(again.json["cursor"], c, "{}", again.text);
+    assert_eq!(s.head().await, head + 1, "a repeated ack appends nothing");
+    // The subscription shows the cursor too.
+    let shown = s.get(&format!("{}/{sub}", bridges_path(task))).await;
+    assert_eq!(shown.status, StatusCode::OK, "{}", shown.text);
+    assert_eq!(shown.json["cursor"], c, "{}", shown.text);
+    assert!(mismatches(&s, task).await.is_empty());
+}
+
+/// (2) An approval contradicted by a rejection before the bridge acked it: mismatch, the
+/// cursor stays, exactly one `notification.terminal_state_mismatch`, the cursor's last_error
+/// says why, the old delivery can no longer be acked. A new approval repairs the state: the
+/// next replay decides afresh.
+///
+/// What "afresh" gives is the decision table's answer for each event past the cursor against
+/// the repaired state: the first approval (seq A1) is again the approval of a run whose review
+/// is approved, so it is delivered first, then the new approval (A2). The cursor never skips
+/// A1 without delivering it ("never advances past a mismatch").
+#[tokio::test]
+async fn contradicted_approval_is_a_mismatch_until_a_new_approval_repairs_it() {
+    let s = start().await;
+    let (task, sub, bridge) = ("t-contra", "s-a", "b-contra");
+    new_task(&s, task, true).await;
+    subscribe(&s, task, sub, bridge).await;
+    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
+    let a1 = step(
+        &s,
+        task,
+        "task.run_review_approved",
+        json!({"run_id": "r1", "reviewer": "alice"}),
+    )
+    .await;
+    expect_pending(&s, bridge, sub, task, a1, "task.run_review_approved").await;
+
+    step(
+        &s,
+        task,
+        "task.run_review_rejected",
+        json!({"run_id": "r1", "reviewer": "bob", "reason": "found a bug"}),
+    )
+    .await;
+    let m = wait_mismatch(&s, task, sub, a1).await;
+    let detail = m["payload"]["detail"].clone();
+    expect_nothing_pending(&s, bridge, "after the contradiction").await;
+    let x = explain(&s, task, sub).await;
+    check_next(&x, "stopped", Some(a1));
+    assert_eq!(
+        decisions(&x),
+        vec![
+            cand(done, "task.run_completed", "defer"),
+            cand(a1, "task.run_review_approved", "mismatch"),
+        ],
+        "{x}"
+    );
+    let c = sub_cursor(&s, task, sub).await;
+    assert_eq!(c["last_sequence"], 0, "no advance on a mismatch: {c}");
+    assert_eq!(c["last_delivery_id"], Value::Null, "{c}");
+    assert_eq!(c["last_error"], detail, "{c}");
+
+    // The bridge acks the delivery it saw before the rejection: refused, nothing changes.
+    let head = settled_head(&s).await;
+    let r = ack(&s, bridge, &delivery_id(sub, a1)).await;
+    assert_eq!(
+        r.status,
+        StatusCode::CONFLICT,
+        "ack of a contradicted approval: {}",
+        r.text
+    );
+    check_4xx(&r, Some(409), None, "ack of a contradicted approval");
+    assert_eq!(s.head().await, head, "a refused ack appended events");
+    assert_eq!(
+        sub_cursor(&s, task, sub).await,
+        c,
+        "a refused ack moved the cursor"
+    );
+
+    // More task events that do not repair it, then a second subscription on the same task:
+    // once the notifier recorded the second one's mismatch, it has looked at the first one
+    // again after those events (one pass handles the task's subscriptions in id order). Still
+    // exactly one mismatch event for the first.
+    step(
+        &s,
+        task,
+        "task.run_review_rejected",
+        json!({"run_id": "r1", "reviewer": "bob", "reason": "still broken"}),
+    )
+    .await;
+    subscribe(&s, task, "s-b", "b-contra-2").await;
+    wait_mismatch(&s, task, "s-b", a1).await;
+    let mine = mismatches_of(&s, task, sub).await;
+    assert_eq!(
+        mine.len(),
+        1,
+        "exactly one mismatch event per (subscription, seq): {mine:?}"
+    );
+    assert_eq!(mine[0]["event_id"], format!("mismatch:{sub}:{a1}").as_str());
+    assert_eq!(sub_cursor(&s, task, sub).await["last_sequence"], 0);
+
+    // Repaired by a new approval.
+    let a2 = step(
+        &s,
+        task,
+        "task.run_review_approved",
+        json!({"run_id": "r1", "reviewer": "carol"}),
+    )
+    .await;
+    let x = explain(&s, task, sub).await;
+    assert_eq!(
+        decisions(&x),
+        vec![
+            cand(done, "task.run_completed", "defer"),
+            cand(a1, "task.run_review_approved", "deliver"),
+            cand(a2, "task.run_review_approved", "deliver"),
+        ],
+        "after the repair every approval of the run decides deliver: {x}"
+    );
+    check_next(&x, "deliver", Some(a1));
+    expect_pending(&s, bridge, sub, task, a1, "task.run_review_approved").await;
+    ack_ok(&s, bridge, sub, a1).await;
+    expect_pending(&s, bridge, sub, task, a2, "task.run_review_approved").await;
+    ack_ok(&s, bridge, sub, a2).await;
+    let c = sub_cursor(&s, task, sub).await;
+    assert_eq!(c["last_sequence"], a2, "{c}");
+    assert_eq!(c["last_error"], Value::Null, "{c}");
+    expect_nothing_pending(&s, bridge, "after the repair").await;
+    check_next(&explain(&s, task, sub).await, "idle", None);
+    assert_eq!(mismatches_of(&s, task, sub).await.len(), 1);
+}
+
+/// (3) An operator reset past the mismatch seq: scanning resumes after it, and a later
+/// terminal event is delivered.
+#[tokio::test]
+async fn operator_reset_past_a_mismatch_resumes_after_it() {
+    let s = start().await;
+    let (task, sub, bridge) = ("t-reset", "s-reset", "b-reset");
+    new_task(&s, task, false).await;
+    subscribe(&s, task, sub, bridge).await;
+    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
+    let failed = step(
+        &s,
+        task,
+        "task.run_failed",
+        json!({"run_id": "r1", "error": "crash"}),
+    )
+    .await;
+    wait_mismatch(&s, task, sub, done).await;
+    expect_nothing_pending(&s, bridge, "stopped").await;
+    check_next(&explain(&s, task, sub).await, "stopped", Some(done));
+
+    let head = settled_head(&s).await;
+    let reason = "stale completion, the failure is the truth";
+    let r = post_json(
+        &s,
+        "/v1/cursors/reset",
+        &json!({"consumer_id": consumer(sub), "stream_name": "task_events", "subject_id": task,
+                "last_sequence": done, "reason": reason}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "reset: {}", r.text);
+    assert_eq!(r.json["last_sequence"], done, "{}", r.text);
+    assert_eq!(r.json["last_error"], Value::Null, "{}", r.text);
+    let resets = s
+        .read_all_after(head, "stream=cursors&type=cursor.reset", 100)
+        .await;
+    assert_eq!(resets.len(), 1, "{resets:?}");
+    assert_eq!(resets[0]["subject"], consumer(sub).as_str());
+    assert_eq!(resets[0]["payload"]["from"], 0, "{}", resets[0]);
+    assert_eq!(resets[0]["payload"]["to"], done, "{}", resets[0]);
+    assert_eq!(resets[0]["payload"]["reason"], reason, "{}", resets[0]);
+
+    let x = explain(&s, task, sub).await;
+    assert_eq!(
+        decisions(&x),
+        vec![cand(failed, "task.run_failed", "deliver")],
+        "{x}"
+    );
+    check_next(&x, "deliver", Some(failed));
+    expect_pending(&s, bridge, sub, task, failed, "task.run_failed").await;
+    ack_ok(&s, bridge, sub, failed).await;
+
+    // And the next run's end after that.
+    step(&s, task, "task.run_started", json!({"run_id": "r2"})).await;
+    let done2 = step(&s, task, "task.run_completed", json!({"run_id": "r2"})).await;
+    expect_pending(&s, bridge, sub, task, done2, "task.run_completed").await;
+    ack_ok(&s, bridge, sub, done2).await;
+    expect_nothing_pending(&s, bridge, "all delivered").await;
+    assert_eq!(
+        mismatches_of(&s, task, sub).await.len(),
+        1,
+        "the reset past the mismatch recorded no new mismatch"
+    );
+}
+
+/// (4) Delete and re-create: the cursor is kept, the re-created subscription resumes from it
+/// and the confirmed notification is not delivered again.
+#[tokio::test]
+async fn deleted_then_recreated_subscription_resumes_from_the_kept_cursor() {
+    let s = start().await;
+    let (task, sub, bridge) = ("t-again", "s-again", "b-again");
+    new_task(&s, task, false).await;
+    subscribe(&s, task, sub, bridge).await;
+    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
+    expect_pending(&s, bridge, sub, task, done, "task.run_completed").await;
+    ack_ok(&s, bridge, sub, done).await;
+
+    let path = format!("{}/{sub}", bridges_path(task));
+    let r = delete(&s, &path).await;
+    assert_eq!(r.status, StatusCode::OK, "DELETE: {}", r.text);
+    assert_eq!(r.json["active"], false, "{}", r.text);
+    assert_eq!(r.json["cursor"]["last_sequence"], done, "{}", r.text);
+    // Gone from the API, its cursor kept.
+    check_4xx(
+        &s.get(&path).await,
+        Some(404),
+        Some("subscription_not_found"),
+        "show of a deleted subscription",
+    );
+    check_4xx(
+        &delete(&s, &path).await,
+        Some(404),
+        Some("subscription_not_found"),
+        "delete again",
+    );
+    let list = s.get(&bridges_path(task)).await;
+    assert_eq!(list.status, StatusCode::OK, "{}", list.text);
+    assert_eq!(list.json["subscriptions"], json!([]), "{}", list.text);
+    let kept = sub_cursor(&s, task, sub).await;
+    assert_eq!(kept["last_sequence"], done, "{kept}");
+    let all = s
+        .get(&format!(
+            "/v1/cursors?consumer_id={}",
+            tidemark_tests::encode_path(&consumer(sub))
+        ))
+        .await;
+    assert_eq!(all.status, StatusCode::OK, "{}", all.text);
+    assert_eq!(all.json["cursors"], json!([kept]), "{}", all.text);
+
+    // A terminal event while deleted: nobody is offered it.
+    step(&s, task, "task.run_started", json!({"run_id": "r2"})).await;
+    let done2 = step(&s, task, "task.run_completed", json!({"run_id": "r2"})).await;
+    expect_nothing_pending(&s, bridge, "while deleted").await;
+
+    let r = post_json(&s, &bridges_path(task), &sub_body(sub, bridge)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "re-create: {}", r.text);
+    assert_eq!(r.json["active"], true, "{}", r.text);
+    assert_eq!(r.json["cursor"]["last_sequence"], done, "{}", r.text);
+    expect_pending(&s, bridge, sub, task, done2, "task.run_completed").await;
+    ack_ok(&s, bridge, sub, done2).await;
+    expect_nothing_pending(&s, bridge, "after the re-created one was acked").await;
+    // Re-creating with the same body again is the 200 of an existing subscription.
+    let r = post_json(&s, &bridges_path(task), &sub_body(sub, bridge)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+}
+
+/// (5) A long-poll started before the terminal event is appended returns it; with nothing
+/// pending a short long-poll answers an empty list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_long_poll_returns_an_event_appended_while_it_waits() {
+    let s = start().await;
+    let (task, sub, bridge) = ("t-poll", "s-poll", "b-poll");
+    new_task(&s, task, false).await;
+    subscribe(&s, task, sub, bridge).await;
+    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+
+    let api = s.api();
+    let poll = tokio::spawn(async move { pull(&api, "b-poll", 10_000).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !poll.is_finished(),
+        "the long-poll answered before anything was pending"
+    );
+    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
+    let got = tokio::time::timeout(WAIT, poll)
+        .await
+        .expect("the long-poll did not answer")
+        .expect("poll task");
+    assert_eq!(got.len(), 1, "{got:?}");
+    check_envelope(&got[0], sub, task, bridge, done, "task.run_completed");
+    ack_ok(&s, bridge, sub, done).await;
+
+    // Nothing pending: the wait ends with an empty list.
+    assert!(pull(&s, bridge, 300).await.is_empty());
+    assert!(pull(&s, "b-nobody", 300).await.is_empty());
+    // wait_ms is bounded and numeric.
+    for q in ["wait_ms=30001", "wait_ms=abc", "wait_ms=-1"] {
+        let r = s.get(&format!("/v1/bridges/{bridge}/deliveries?{q}")).await;
+        check_4xx(&r, None, None, q);
+    }
+}
+
+/// (6) Refused acks change nothing: unknown or malformed delivery ids (404), another bridge's
+/// delivery (409 foreign_delivery), a seq that is not the pending one (409). A nack records
+/// the error and keeps the delivery pending; the ack then clears it.
+#[tokio::test]
+async fn refused_acks_change_nothing() {
+    let s = start().await;
+    let task = "t-acks";
+    new_task(&s, task, false).await;
+    subscribe(&s, task, "s1", "b1").await;
+    subscribe(&s, task, "s2", "b2").await;
+    let started = step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
+    expect_pending(&s, "b1", "s1", task, done, "task.run_completed").await;
+    let head = settled_head(&s).await;
+
+    let cases: Vec<(String, String, u16, Option<&str>)> = vec![
+        (
+            "b1".into(),
+            "notif:nope:1".into(),
+            404,
+            Some("delivery_not_found"),
+        ),
+        (
+            "b1".into(),
+            "garbage".into(),
+            404,
+            Some("delivery_not_found"),
+        ),
+        (
+            "b1".into(),
+            "notif:s1:xyz".into(),
+            404,
+            Some("delivery_not_found"),
+        ),
+        (
+            "b1".into(),
+            "notif:s1".into(),
+            404,
+            Some("delivery_not_found"),
+        ),
+        (
+            "b1".into(),
+            "notif::5".into(),
+            404,
+            Some("delivery_not_found"),
+        ),
+        (
+            "b2".into(),
+            delivery_id("s1", done),
+            409,
+            Some("foreign_delivery"),
+        ),
+        (
+            "b1".into(),
+            delivery_id("s2", done),
+            409,
+            Some("foreign_delivery"),
+        ),
+        (
+            "b-other".into(),
+            delivery_id("s1", done),
+            409,
+            Some("foreign_delivery"),
+        ),
+        (
+            "b1".into(),
+            delivery_id("s1", started),
+            409,
+            Some("not_pending"),
+        ),
+        (
+            "b1".into(),
+            delivery_id("s1", done + 1000),
+            409,
+            Some("not_pending"),
+        ),
+    ];
+    for (bridge, id, status, code) in &cases {
+        let what = format!("ack of {id} on {bridge}");
+        let r = ack(&s, bridge, id).await;
+        check_4xx(&r, Some(*status), *code, &what);
+        assert_eq!(s.head().await, head, "{what}: the log changed");
+        assert_zero(&sub_cursor(&s, task, "s1").await);
+        assert_zero(&sub_cursor(&s, task, "s2").await);
+    }
+    expect_pending(&s, "b1", "s1", task, done, "task.run_completed").await;
+
+    // nack: the error is recorded, the delivery stays pending.
+    let nack = |id: String, body: Value| {
+        let api = s.api();
+        async move { post_json(&api, &format!("/v1/bridges/b1/deliveries/{id}/nack"), &body).await }
+    };
+    let r = nack(delivery_id("s1", started), json!({"error": "x"})).await;
+    check_4xx(&r, Some(409), None, "nack of a seq that is not pending");
+    let r = nack(delivery_id("s1", done), json!({})).await;
+    check_4xx(&r, None, None, "nack without error");
+    assert_eq!(s.head().await, head, "refused nacks appended events");
+    let r = nack(delivery_id("s1", done), json!({"error": "chat api down"})).await;
+    assert_eq!(r.status, StatusCode::OK, "nack: {}", r.text);
+    assert_eq!(
+        r.json["cursor"]["last_error"], "chat api down",
+        "{}",
+        r.text
+    );
+    assert_eq!(r.json["cursor"]["last_sequence"], 0, "{}", r.text);
+    let c = sub_cursor(&s, task, "s1").await;
+    assert_eq!(c["last_error"], "chat api down", "{c}");
+    assert_eq!(c["last_sequence"], 0, "{c}");
+    expect_pending(&s, "b1", "s1", task, done, "task.run_completed").await;
+
+    let head = s.head().await;
+    let cur = ack_ok(&s, "b1", "s1", done).await;
+    assert_eq!(s.head().await, head + 1);
+    check_time(
+        cur["last_delivered_at"]
+            .as_str()
+            .expect("last_delivered_at"),
+    );
+    // Acked: now the old ids are "not pending", the same ack is idempotent.
+    let again = ack(&s, "b1", &delivery_id("s1", done)).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.text);
+    assert_eq!(again.json["cursor"], cur, "{}", again.text);
+    check_4xx(
+        &ack(&s, "b1", &delivery_id("s1", started)).await,
+        Some(409),
+        None,
+        "ack behind the cursor",
+    );
+    assert_eq!(s.head().await, head + 1, "repeated/refused acks appended");
+    expect_nothing_pending(&s, "b1", "acked").await;
+    // The other bridge's subscription has its own cursor: still pending there.
+    assert_zero(&sub_cursor(&s, task, "s2").await);
+    expect_pending(&s, "b2", "s2", task, done, "task.run_completed").await;
+}
+
+/// (7) Subscription create: 201, the same again 200 with nothing appended, another target 409;
+/// list and show carry the zero cursor; bad bodies are 4xx problems, never 5xx.
+#[tokio::test]
+async fn subscription_create_is_idempotent_and_validated() {
+    let s = start().await;
+    let task = "t-subs";
+    new_task(&s, task, false).await;
+    let list = s.get(&bridges_path(task)).await;
+    assert_eq!(list.status, StatusCode::OK, "{}", list.text);
+    assert_eq!(list.json["subscriptions"], json!([]), "{}", list.text);
+
+    let head = settled_head(&s).await;
+    let body = json!({"subscription_id": "sub-1", "bridge_id": "b1", "scope": "team",
+                      "workspace_id": "ws-1", "thread_id": "th-9",
+                      "sink": {"kind": "pull"}});
+    let r = post_json(&s, &bridges_path(task), &body).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let row = r.json.clone();
+    assert_eq!(row["subscription_id"], "sub-1", "{row}");
+    assert_eq!(row["task_id"], task, "{row}");
+    assert_eq!(row["bridge_id"], "b1", "{row}");
+    assert_eq!(row["scope"], "team", "{row}");
+    assert_eq!(row["workspace_id"], "ws-1", "{row}");
+    assert_eq!(row["thread_id"], "th-9", "{row}");
+    assert_eq!(row["mode"], "reply", "the default mode: {row}");
+    assert_eq!(row["sink"]["kind"], "pull", "{row}");
+    assert_eq!(row["sink"]["secret_set"], false, "{row}");
+    assert_eq!(row["active"], true, "{row}");
+    check_time(row["created_at"].as_str().expect("created_at"));
+    check_time(row["updated_at"].as_str().expect("updated_at"));
+    assert_eq!(
+        row["cursor"]["consumer_id"],
+        "bridge_task_subscription:sub-1"
+    );
+    assert_eq!(row["cursor"]["stream_name"], "task_events");
+    assert_eq!(row["cursor"]["subject_id"], task);
+    assert_zero(&row["cursor"]);
+    assert_eq!(s.head().await, head + 1, "one bridge.subscribed");
+    let subscribed = s.read_all_after(head, "stream=bridges", 100).await;
+    assert_eq!(subscribed.len(), 1, "{subscribed:?}");
+    assert_eq!(subscribed[0]["type"], "bridge.subscribed");
+    assert_eq!(subscribed[0]["subject"], "sub-1");
+
+    // The same again: 200, the same row, nothing appended.
+    let r = post_json(&s, &bridges_path(task), &body).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json, row, "the same subscription answered differently");
+    assert_eq!(s.head().await, head + 1, "a repeated create appended");
+    // Another target under the same id: 409.
+    for (what, other) in [
+        ("another bridge", json!({"bridge_id": "b2"})),
+        ("another thread", json!({"thread_id": "th-10"})),
+        ("another mode", json!({"mode": "post"})),
+    ] {
+        let mut b = body.clone();
+        for (k, v) in other.as_object().expect("object") {
+            b[k] = v.clone();
+        }
+        let r = post_json(&s, &bridges_path(task), &b).await;
+        check_4xx(&r, Some(409), Some("subscription_conflict"), what);
+    }
+    // The same id on another task is another target too.
+    new_task(&s, "t-subs-2", false).await;
+    let r = post_json(&s, &bridges_path("t-subs-2"), &body).await;
+    check_4xx(&r, Some(409), Some("subscription_conflict"), "another task");
+    let head = settled_head(&s).await;
+
+    // List and show carry the cursor's zero state.
+    let list = s.get(&bridges_path(task)).await;
+    assert_eq!(list.status, StatusCode::OK, "{}", list.text);
+    assert_eq!(list.json["subscriptions"], json!([row]), "{}", list.text);
+    let shown = s.get(&format!("{}/sub-1", bridges_path(task))).await;
+    assert_eq!(shown.status, StatusCode::OK, "{}", shown.text);
+    assert_eq!(shown.json, row, "{}", shown.text);
+    check_4xx(
+        &s.get(&format!("{}/sub-nope", bridges_path(task))).await,
+        Some(404),
+        Some("subscription_not_found"),
+        "show of an unknown subscription",
+    );
+    check_4xx(
+        &s.get(&format!("{}/sub-1", bridges_path("t-subs-2"))).await,
+        Some(404),
+        Some("subscription_not_found"),
+        "show under another task",
+    );
+    check_4xx(
+        &s.get(&format!("{}/sub-nope/explain", bridges_path(task)))
+            .await,
+        Some(404),
+        Some("subscription_not_found"),
+        "explain of an unknown subscription",
+    );
+
+    // Bad bodies: 4xx problems, nothing appended.
+    let bad: Vec<BadBody> = vec![
+        (
+            "missing sink",
+            json!({"subscription_id": "x1", "bridge_id": "b1"}),
+            None,
+        ),
+        (
+            "missing bridge_id",
+            json!({"subscription_id": "x1", "sink": {"kind": "pull"}}),
+            None,
+        ),
+        (
+            "missing subscription_id",
+            json!({"bridge_id": "b1", "sink": {"kind": "pull"}}),
+            None,
+        ),
+        (
+            "sink kind smtp",
+            json!({"subscription_id": "x1", "bridge_id": "b1", "sink": {"kind": "smtp"}}),
+            Some((422, "invalid_field")),
+        ),
+        (
+            "webhook without url",
+            json!({"subscription_id": "x1", "bridge_id": "b1", "sink": {"kind": "webhook"}}),
+            Some((422, "invalid_field")),
+        ),
+        (
+            "webhook with an ftp url",
+            json!({"subscription_id": "x1", "bridge_id": "b1",
+                   "sink": {"kind": "webhook", "url": "ftp://example.invalid/x"}}),
+            Some((422, "invalid_field")),
+        ),
+        (
+            "pull with a url",
+            json!({"subscription_id": "x1", "bridge_id": "b1",
+                   "sink": {"kind": "pull", "url": "http://127.0.0.1:9/x"}}),
+            Some((422, "invalid_field")),
+        ),
+        (
+            "mode shout",
+            json!({"subscription_id": "x1", "bridge_id": "b1", "mode": "shout",
+                   "sink": {"kind": "pull"}}),
+            Some((422, "invalid_field")),
+        ),
+        (
+            "subscription_id with a space",
+            json!({"subscription_id": "bad id", "bridge_id": "b1", "sink": {"kind": "pull"}}),
+            Some((422, "invalid_field")),
+        ),
+        (
+            "subscription_id with a slash",
+            json!({"subscription_id": "a/b", "bridge_id": "b1", "sink": {"kind": "pull"}}),
+            Some((422, "invalid_field")),
+        ),
+        (
+            "empty subscription_id",
+            json!({"subscription_id": "", "bridge_id": "b1", "sink": {"kind": "pull"}}),
+            Some((422, "invalid_field")),
+        ),
+        (
+            "subscription_id of 129 characters",
+            json!({"subscription_id": "x".repeat(129), "bridge_id": "b1",
+                   "sink": {"kind": "pull"}}),
+            Some((422, "invalid_field")),
+        ),
+        (
+            "bridge_id with a colon",
+            json!({"subscription_id": "x1", "bridge_id": "b:1", "sink": {"kind": "pull"}}),
+            Some((422, "invalid_field")),
+        ),
+        (
+            "subscription_id is a number",
+            json!({"subscription_id": 7, "bridge_id": "b1", "sink": {"kind": "pull"}}),
+            None,
+        ),
+        (
+            "sink is a string",
+            json!({"subscription_id": "x1", "bridge_id": "b1", "sink": "pull"}),
+            None,
+        ),
+        (
+            "unknown field",
+            json!({"subscription_id": "x1", "bridge_id": "b1", "sink": {"kind": "pull"},
+                   "colour": "red"}),
+            None,
+        ),
+        ("a JSON array", json!([1, 2]), None),
+    ];
+    for (what, b, want) in &bad {
+        let r = post_json(&s, &bridges_path(task), b).await;
+        match want {
+            Some((st, code)) => check_4xx(&r, Some(*st), Some(code), what),
+            None => check_4xx(&r, None, None, what),
+        }
+        assert_eq!(s.head().await, head, "{what}: the log changed");
+    }
+    let r = s
+        .send(
+            s.request(Method::POST, &bridges_path(task))
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body("{not json"),
+        )
+        .await;
+    check_4xx(&r, Some(400), None, "malformed JSON");
+    assert_eq!(s.head().await, head, "malformed JSON: the log changed");
+    let list = s.get(&bridges_path(task)).await;
+    assert_eq!(list.json["subscriptions"], json!([row]), "{}", list.text);
+
+    // A webhook secret is never served back.
+    let secret = "wh-secret-5f1e9a7c";
+    let r = post_json(
+        &s,
+        &bridges_path("t-subs-2"),
+        &json!({"subscription_id": "sub-hook", "bridge_id": "b-hook", "mode": "post",
+                "sink": {"kind": "webhook", "url": "http://127.0.0.1:9/hook", "secret": secret}}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    assert_eq!(r.json["sink"]["kind"], "webhook", "{}", r.text);
+    assert_eq!(
+        r.json["sink"]["url"], "http://127.0.0.1:9/hook",
+        "{}",
+        r.text
+    );
+    assert_eq!(r.json["sink"]["secret_set"], true, "{}", r.text);
+    assert_eq!(r.json["mode"], "post", "{}", r.text);
+    assert!(
+        !r.text.contains(secret),
+        "the secret was served: {}",
+        r.text
+    );
+    let page = s.get("/v1/events?stream=bridges&limit=100").await;
+    assert!(
+        !page.text.contains(secret),
+        "the secret is in the events: {}",
+        page.text
+    );
+    let list = s.get(&bridges_path("t-subs-2")).await;
+    assert!(!list.text.contains(secret), "{}", list.text);
+}
+
+/// (8) The cursors API: zero state, advance, idempotent replay, non-monotonic and CAS
+/// refusals, reset with and without a reason, server-only cursor events.
+#[tokio::test]
+async fn cursors_api_advance_replay_conflicts_and_reset() {
+    let s = start().await;
+    let base = s.start_head();
+    let events: Vec<Value> = (1..=6)
+        .map(|i| json!({"stream": "orders", "subject": format!("o-{i}"), "type": "order.placed"}))
+        .collect();
+    let r = append_ok(&s, &json!({"events": events})).await;
+    let seqs: Vec<u64> = r.iter().map(|x| x.1).collect();
+    assert_eq!(seqs[0], base + 1);
+    let (c1, st, sub) = ("c-orders", "orders", "");
+    let head = s.head().await;
+
+    assert_zero(&cursor_of(&s, c1, st, sub).await);
+    // subject_id defaults to "".
+    let r = s
+        .get(&format!("/v1/cursors?consumer_id={c1}&stream_name={st}"))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json["cursors"].as_array().map(Vec::len), Some(1));
+    assert_zero(&r.json["cursors"][0]);
+    let r = s.get(&format!("/v1/cursors?consumer_id={c1}")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json["cursors"], json!([]), "{}", r.text);
+    check_4xx(&s.get("/v1/cursors").await, None, None, "no consumer_id");
+    assert_eq!(s.head().await, head, "reads appended");
+
+    let adv = |last: u64, id: &str, expected: Option<u64>| {
+        let mut b = json!({"consumer_id": c1, "stream_name": st, "subject_id": sub,
+                           "last_sequence": last, "delivery_id": id});
+        if let Some(e) = expected {
+            b["expected_sequence"] = json!(e);
+        }
+        let api = s.api();
+        async move { post_json(&api, "/v1/cursors/advance", &b).await }
+    };
+
+    let r = adv(seqs[2], "d3", None).await;
+    assert_eq!(r.status, StatusCode::OK, "advance: {}", r.text);
+    let c = r.json.clone();
+    assert_eq!(c["consumer_id"], c1, "{c}");
+    assert_eq!(c["stream_name"], st, "{c}");
+    assert_eq!(c["subject_id"], sub, "{c}");
+    assert_eq!(c["last_sequence"], seqs[2], "{c}");
+    assert_eq!(c["last_delivery_id"], "d3", "{c}");
+    assert_eq!(c["last_error"], Value::Null, "{c}");
+    check_time(c["last_delivered_at"].as_str().expect("last_delivered_at"));
+    check_time(c["updated_at"].as_str().expect("updated_at"));
+    assert_eq!(s.head().await, head + 1);
+    let ev = s.read_all_after(head, "stream=cursors", 10).await;
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0]["type"], "cursor.advanced", "{}", ev[0]);
+    assert_eq!(ev[0]["subject"], c1, "{}", ev[0]);
+    assert_eq!(ev[0]["payload"]["last_sequence"], seqs[2], "{}", ev[0]);
+    assert_eq!(ev[0]["payload"]["delivery_id"], "d3", "{}", ev[0]);
+    assert_eq!(cursor_of(&s, c1, st, sub).await, c);
+    let head = head + 1;
+
+    // Idempotent replay: 200, nothing appended, the cursor as it was.
+    let r = adv(seqs[2], "d3", None).await;
+    assert_eq!(r.status, StatusCode::OK, "replay: {}", r.text);
+    assert_eq!(r.json, c, "a replay answered another cursor");
+    let r = adv(seqs[2], "d3", Some(seqs[2])).await;
+    assert_eq!(r.status, StatusCode::OK, "replay with CAS: {}", r.text);
+    assert_eq!(s.head().await, head, "a replay appended");
+
+    // Refusals.
+    let refusals: Vec<Refusal> = vec![
+        (
+            "same seq, other delivery",
+            seqs[2],
+            "d3-bis",
+            None,
+            409,
+            "non_monotonic_cursor",
+        ),
+        (
+            "lower seq",
+            seqs[1],
+            "d2",
+            None,
+            409,
+            "non_monotonic_cursor",
+        ),
+        (
+            "lower seq, same delivery",
+            seqs[1],
+            "d3",
+            None,
+            409,
+            "non_monotonic_cursor",
+        ),
+        (
+            "CAS on a stale position",
+            seqs[4],
+            "d5",
+            Some(seqs[1]),
+            409,
+            "cursor_conflict",
+        ),
+        (
+            "CAS on zero",
+            seqs[4],
+            "d5",
+            Some(0),
+            409,
+            "cursor_conflict",
+        ),
+        ("last_sequence 0", 0, "d0", None, 422, "invalid_field"),
+        (
+            "past the head",
+            head + 100,
+            "dx",
+            None,
+            422,
+            "invalid_field",
+        ),
+    ];
+    for (what, last, id, expected, status, code) in refusals {
+        let r = adv(last, id, expected).await;
+        check_4xx(&r, Some(status), Some(code), what);
+        assert_eq!(s.head().await, head, "{what}: the log changed");
+        assert_eq!(
+            cursor_of(&s, c1, st, sub).await,
+            c,
+            "{what}: cursor changed"
+        );
+    }
+    for (what, b) in [
+        (
+            "missing delivery_id",
+            json!({"consumer_id": c1, "stream_name": st, "last_sequence": seqs[4]}),
+        ),
+        (
+            "empty delivery_id",
+            json!({"consumer_id": c1, "stream_name": st, "last_sequence": seqs[4],
+                   "delivery_id": ""}),
+        ),
+        (
+            "negative seq",
+            json!({"consumer_id": c1, "stream_name": st, "last_sequence": -1,
+                   "delivery_id": "d"}),
+        ),
+        (
+            "empty consumer_id",
+            json!({"consumer_id": "", "stream_name": st, "last_sequence": seqs[4],
+                   "delivery_id": "d"}),
+        ),
+    ] {
+        check_4xx(
+            &post_json(&s, "/v1/cursors/advance", &b).await,
+            None,
+            None,
+            what,
+        );
+        assert_eq!(s.head().await, head, "{what}: the log changed");
+    }
+
+    // CAS that matches.
+    let r = adv(seqs[4], "d5", Some(seqs[2])).await;
+    assert_eq!(r.status, StatusCode::OK, "CAS advance: {}", r.text);
+    assert_eq!(r.json["last_sequence"], seqs[4], "{}", r.text);
+    let head = head + 1;
+    assert_eq!(s.head().await, head);
+
+    // Reset: a reason is needed; down with a reason works and is recorded.
+    let reset = |last: u64, reason: &str| {
+        let b = json!({"consumer_id": c1, "stream_name": st, "subject_id": sub,
+                       "last_sequence": last, "reason": reason});
+        let api = s.api();
+        async move { post_json(&api, "/v1/cursors/reset", &b).await }
+    };
+    for reason in ["", "   "] {
+        let r = reset(seqs[0], reason).await;
+        check_4xx(
+            &r,
+            Some(422),
+            Some("reason_required"),
+            "reset without reason",
+        );
+        assert_eq!(s.head().await, head, "a refused reset appended");
+    }
+    let r = post_json(
+        &s,
+        "/v1/cursors/reset",
+        &json!({"consumer_id": c1, "stream_name": st, "last_sequence": seqs[0]}),
+    )
+    .await;
+    check_4xx(&r, None, None, "reset with no reason field");
+    let r = reset(head + 100, "too far").await;
+    check_4xx(&r, Some(422), None, "reset past the head");
+    assert_eq!(s.head().await, head, "refused resets appended");
+    assert_eq!(cursor_of(&s, c1, st, sub).await["last_sequence"], seqs[4]);
+
+    let r = reset(seqs[0], "replay the orders after a bad deploy").await;
+    assert_eq!(r.status, StatusCode::OK, "reset: {}", r.text);
+    assert_eq!(r.json["last_sequence"], seqs[0], "{}", r.text);
+    assert_eq!(s.head().await, head + 1);
+    let ev = s.read_all_after(head, "stream=cursors", 10).await;
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0]["type"], "cursor.reset", "{}", ev[0]);
+    assert_eq!(ev[0]["subject"], c1, "{}", ev[0]);
+    assert_eq!(ev[0]["payload"]["from"], seqs[4], "{}", ev[0]);
+    assert_eq!(ev[0]["payload"]["to"], seqs[0], "{}", ev[0]);
+    assert_eq!(
+        ev[0]["payload"]["reason"], "replay the orders after a bad deploy",
+        "{}",
+        ev[0]
+    );
+    let head = head + 1;
+    let now = cursor_of(&s, c1, st, sub).await;
+    assert_eq!(now["last_sequence"], seqs[0], "{now}");
+    // After the reset, advancing forward works again from the new position.
+    let r = adv(seqs[1], "d2", Some(seqs[0])).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let head = head + 1;
+
+    // A reset of a cursor that never existed (up from zero) is recorded too.
+    let r = post_json(
+        &s,
+        "/v1/cursors/reset",
+        &json!({"consumer_id": "c-new", "stream_name": st, "last_sequence": seqs[3],
+                "reason": "start late"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json["last_sequence"], seqs[3], "{}", r.text);
+    let ev = s.read_all_after(head, "stream=cursors", 10).await;
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0]["payload"]["from"], 0, "{}", ev[0]);
+    let head = head + 1;
+
+    // All of a consumer's cursors; another stream of the same consumer is its own cursor.
+    let r = s.get(&format!("/v1/cursors?consumer_id={c1}")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(
+        r.json["cursors"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        r.text
+    );
+    assert_zero(&cursor_of(&s, c1, "payments", "").await);
+    assert_zero(&cursor_of(&s, c1, st, "o-1").await);
+
+    // Cursor and mismatch events are server-only.
+    for (stream, ty) in [
+        ("cursors", "cursor.advanced"),
+        ("cursors", "cursor.reset"),
+        ("task_events", "notification.terminal_state_mismatch"),
+        ("bridges", "bridge.subscribed"),
+    ] {
+        let (status, body) = s
+            .append(&json!({"stream": stream, "subject": c1, "type": ty,
+                            "payload": {"stream_name": st, "subject_id": "", "last_sequence": 1,
+                                        "at_us": 0}}))
+            .await;
+        assert_eq!(
+            status,
+            StatusCode::FORBIDDEN,
+            "client append of {ty}: {body}"
+        );
+        assert_eq!(body["code"], "server_only_type", "{body}");
+    }
+    assert_eq!(s.head().await, head, "refused appends changed the log");
+}
+
+/// (8, lag) `GET /v1/consumers/lag`: every cursor with the events past it, plus the zero cursor
+/// of every active subscription; with `stuck_after = "1s"` a cursor with pending work and no
+/// progress is flagged stalled, a caught-up one never.
+#[tokio::test]
+async fn consumers_lag_counts_events_and_flags_stalled_cursors() {
+    let config = format!("{QUIET}\n[notifications.outbox]\nstuck_after = \"1s\"\n");
+    let s = Server::start(ServerOpts::default().config(config)).await;
+    let events: Vec<Value> = (1..=10)
+        .map(|i| json!({"stream": "orders", "subject": format!("o-{i}"), "type": "order.placed"}))
+        .collect();
+    let seqs: Vec<u64> = append_ok(&s, &json!({"events": events}))
+        .await
+        .iter()
+        .map(|r| r.1)
+        .collect();
+    let (task, sub) = ("t-lag", "s-lag");
+    new_task(&s, task, false).await;
+    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+    subscribe(&s, task, sub, "b-lag").await;
+    for (c, last) in [("c-behind", seqs[6]), ("c-caught", seqs[9])] {
+        let r = post_json(
+            &s,
+            "/v1/cursors/advance",
+            &json!({"consumer_id": c, "stream_name": "orders", "last_sequence": last,
+                    "delivery_id": format!("{c}-1")}),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    }
+
+    let lag = || {
+        let api = s.api();
+        async move {
+            let r = api.get("/v1/consumers/lag").await;
+            assert_eq!(r.status, StatusCode::OK, "lag: {}", r.text);
+            r.json
+        }
+    };
+    let find = |v: &Value, consumer_id: &str, stream: &str, subject: &str| -> Value {
+        v["cursors"]
+            .as_array()
+            .unwrap_or_else(|| panic!("lag without `cursors`: {v}"))
+            .iter()
+            .find(|c| {
+                c["consumer_id"] == consumer_id
+                    && c["stream_name"] == stream
+                    && c["subject_id"] == subject
+            })
+            .cloned()
+            .unwrap_or_else(|| panic!("no lag row for {consumer_id}/{stream}/{subject}: {v}"))
+    };
+    let v = lag().await;
+    let behind = find(&v, "c-behind", "orders", "");
+    assert_eq!(behind["last_sequence"], seqs[6], "{behind}");
+    assert_eq!(behind["lag_events"], 3, "{behind}");
+    assert_eq!(behind["lag_capped"], false, "{behind}");
+    assert_eq!(behind["last_error"], Value::Null, "{behind}");
+    let caught = find(&v, "c-caught", "orders", "");
+    assert_eq!(caught["lag_events"], 0, "{caught}");
+    assert_eq!(caught["stalled"], false, "{caught}");
+    assert_eq!(caught["lag_seconds"].as_f64(), Some(0.0), "{caught}");
+    // The subscription's cursor never moved: every task event of the task is past it.
+    let subrow = find(&v, &consumer(sub), "task_events", task);
+    assert_eq!(subrow["last_sequence"], 0, "{subrow}");
+    assert_eq!(subrow["lag_events"], 2, "created + run_started: {subrow}");
+
+    // No progress for longer than stuck_after: flagged (bounded poll, not a timing check).
+    let v = wait_for(
+        WAIT,
+        "the lagging cursors to be flagged stalled",
+        || async {
+            let v = lag().await;
+            let both = find(&v, "c-behind", "orders", "")["stalled"] == true
+                && find(&v, &consumer(sub), "task_events", task)["stalled"] == true;
+            both.then_some(v)
+        },
+    )
+    .await;
+    assert_eq!(find(&v, "c-caught", "orders", "")["stalled"], false, "{v}");
+    let flagged = v["cursors"]
+        .as_array()
+        .expect("cursors")
+        .iter()
+        .filter(|c| c["stalled"] == true)
+        .count();
+    assert_eq!(
+        v["stalled"],
+        u64::try_from(flagged).expect("small"),
+        "`stalled` counts the flagged rows: {v}"
+    );
+    let behind = find(&v, "c-behind", "orders", "");
+    assert!(
+        behind["lag_seconds"].as_f64().is_some_and(|x| x >= 1.0),
+        "a stalled cursor lags at least stuck_after: {behind}"
+    );
+
+    // Progress clears it.
+    let r = post_json(
+        &s,
+        "/v1/cursors/advance",
+        &json!({"consumer_id": "c-behind", "stream_name": "orders", "last_sequence": seqs[9],
+                "delivery_id": "c-behind-2"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let v = lag().await;
+    let behind = find(&v, "c-behind", "orders", "");
+    assert_eq!(behind["lag_events"], 0, "{behind}");
+    assert_eq!(behind["stalled"], false, "{behind}");
+}
+
+/// (9) The CLI: `tidemark cursors show` (one cursor, all of a consumer's, `--lag`) and
+/// `tidemark cursors reset --reason`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_cursors_show_reset_and_lag() {
+    let s = start().await;
+    let events: Vec<Value> = (1..=4)
+        .map(|i| json!({"stream": "orders", "subject": format!("o-{i}"), "type": "order.placed"}))
+        .collect();
+    let seqs: Vec<u64> = append_ok(&s, &json!({"events": events}))
+        .await
+        .iter()
+        .map(|r| r.1)
+        .collect();
+    let r = post_json(
+        &s,
+        "/v1/cursors/advance",
+        &json!({"consumer_id": "c-cli", "stream_name": "orders", "last_sequence": seqs[2],
+                "delivery_id": "d-3"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let base = s.base().to_owned();
+
+    let json_lines = |out: &std::process::Output, what: &str| -> Vec<Value> {
+        assert!(
+            out.status.success(),
+            "{what} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str(l)
+                    .unwrap_or_else(|e| panic!("{what}: not a JSON line ({e}): {l:?}"))
+            })
+            .collect()
+    };
+
+    let out = run_cli(
+        &[
+            "cursors",
+            "show",
+            "--consumer",
+            "c-cli",
+            "--stream",
+            "orders",
+            "--url",
+            &base,
+        ],
+        "",
+        CLI_LIMIT,
+    )
+    .await;
+    let shown = json_lines(&out, "cursors show --stream");
+    assert_eq!(shown.len(), 1, "{shown:?}");
+    assert_eq!(shown[0]["consumer_id"], "c-cli");
+    assert_eq!(shown[0]["stream_name"], "orders");
+    assert_eq!(shown[0]["last_sequence"], seqs[2], "{}", shown[0]);
+    assert_eq!(shown[0]["last_delivery_id"], "d-3", "{}", shown[0]);
+
+    // A cursor that never moved shows its zero state.
+    let out = run_cli(
+        &[
+            "cursors",
+            "show",
+            "--consumer",
+            "c-none",
+            "--stream",
+            "orders",
+            "--url",
+            &base,
+        ],
+        "",
+        CLI_LIMIT,
+    )
+    .await;
+    let zero = json_lines(&out, "cursors show of a new cursor");
+    assert_eq!(zero.len(), 1, "{zero:?}");
+    assert_zero(&zero[0]);
+
+    let out = run_cli(
+        &["cursors", "show", "--consumer", "c-cli", "--url", &base],
+        "",
+        CLI_LIMIT,
+    )
+    .await;
+    let all = json_lines(&out, "cursors show (all of a consumer)");
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(all[0]["last_sequence"], seqs[2]);
+
+    // Reset without a reason: refused, nothing changes.
+    let head = s.head().await;
+    let out = run_cli(
+        &[
+            "cursors",
+            "reset",
+            "--consumer",
+            "c-cli",
+            "--stream",
+            "orders",
+            "--to",
+            &seqs[0].to_string(),
+            "--reason",
+            "",
+            "--url",
+            &base,
+        ],
+        "",
+        CLI_LIMIT,
+    )
+    .await;
+    assert!(
+        !out.status.success(),
+        "a reset with an empty reason succeeded: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(s.head().await, head, "a refused CLI reset appended");
+    assert_eq!(
+        cursor_of(&s, "c-cli", "orders", "").await["last_sequence"],
+        seqs[2]
+    );
+
+    let out = run_cli(
+        &[
+            "cursors",
+            "reset",
+            "--consumer",
+            "c-cli",
+            "--stream",
+            "orders",
+            "--to",
+            &seqs[0].to_string(),
+            "--reason",
+            "replay from the CLI",
+            "--url",
+            &base,
+        ],
+        "",
+        CLI_LIMIT,
+    )
+    .await;
+    let reset = json_lines(&out, "cursors reset");
+    assert_eq!(reset.len(), 1, "{reset:?}");
+    assert_eq!(reset[0]["last_sequence"], seqs[0], "{}", reset[0]);
+    assert_eq!(
+        cursor_of(&s, "c-cli", "orders", "").await["last_sequence"],
+        seqs[0]
+    );
+    let ev = s.read_all_after(head, "stream=cursors", 10).await;
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0]["type"], "cursor.reset");
+    assert_eq!(ev[0]["payload"]["reason"], "replay from the CLI");
+    assert_eq!(ev[0]["payload"]["from"], seqs[2]);
+    assert_eq!(ev[0]["payload"]["to"], seqs[0]);
+
+    let out = run_cli(&["cursors", "show", "--lag", "--url", &base], "", CLI_LIMIT).await;
+    let lag = json_lines(&out, "cursors show --lag");
+    let row = lag
+        .iter()
+        .find(|c| c["consumer_id"] == "c-cli" && c["stream_name"] == "orders")
+        .unwrap_or_else(|| panic!("no c-cli row in the lag output: {lag:?}"));
+    assert_eq!(row["last_sequence"], seqs[0], "{row}");
+    assert_eq!(row["lag_events"], 3, "{row}");
+    assert!(row["stalled"].is_boolean(), "{row}");
+
+    // show without --consumer or --lag is a usage error.
+    let out = run_cli(&["cursors", "show", "--url", &base], "", CLI_LIMIT).await;
+    assert!(!out.status.success(), "cursors show without a consumer");
+}

@@ -1,0 +1,2163 @@
+//! The delivery runtime over HTTP (spec sections 1 (I7, I8), 5 and 7): claim, complete, fail,
+//! extend by the lease owner; retry and discard by an operator; leases that expire (also across
+//! `kill -9`); backpressure on notification requests; the outbox KPIs and their gauges; bad
+//! input and scopes of every delivery endpoint; and the acceptance test of the issue: 10,000
+//! urgent notifications claimed by 32 concurrent claimers, each delivered once, none lost,
+//! never leased to two owners at once.
+//!
+//! Urgent `notification.requested` events become one delivery `dlv:<id>:desktop` on sink `app`
+//! a few ms later (the scheduler routes asynchronously), so every test waits (bounded) for its
+//! deliveries before it claims them. Waits are bounds against hanging, never speed assertions.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use tidemark_tests::{
+    Api, Reply, Server, ServerOpts, assert_problem_for, encode_path, random_token, sha256_hex, tail,
+};
+
+use crate::common::{append_ok, check_time, list_notifications, notif_ev, post_empty, wait_for};
+
+const WAIT: Duration = Duration::from_secs(30);
+/// Slack between the test's clock reads and the server's (same machine, same clock), µs.
+const SLACK_US: i64 = 5_000;
+
+// ---------------------------------------------------------------------------------------------
+// 1. Happy path
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn claim_then_complete_is_sent_once() {
+    let s = Server::start(ServerOpts::default()).await;
+    append_ok(
+        &s,
+        &notif_ev(
+            "hp-1",
+            json!({"priority": "urgent", "title": "Build broke", "body": "details",
+                   "recipient": "alice", "task_id": "task-hp"}),
+        ),
+    )
+    .await;
+    let id = dlv("hp-1");
+    let row = wait_status(&s, &id, "queued").await;
+    assert_eq!(row["id"], id.as_str(), "{row}");
+    assert_eq!(row["notification_id"], "hp-1", "{row}");
+    assert_eq!(row["route"], "desktop", "{row}");
+    assert_eq!(row["sink"], "app", "{row}");
+    assert_eq!(row["recipient"], "alice", "{row}");
+    assert_eq!(row["priority"], "urgent", "{row}");
+    assert_eq!(row["title"], "Build broke", "{row}");
+    assert_eq!(row["body"], "details", "{row}");
+    assert_eq!(row["task_id"], "task-hp", "{row}");
+    assert_eq!(row["sound"], true, "urgent is a sound priority: {row}");
+    assert_eq!(row["attempts"], 0, "{row}");
+    assert_eq!(
+        row["max_attempts"], 5,
+        "the default retry.max_attempts: {row}"
+    );
+    assert_eq!(row["lease_owner"], Value::Null, "{row}");
+    assert_eq!(row["lease_expires_at"], Value::Null, "{row}");
+    assert_eq!(row["delivered_at"], Value::Null, "{row}");
+    check_time(row["created_at"].as_str().expect("created_at"));
+    check_time(row["next_attempt_at"].as_str().expect("next_attempt_at"));
+    assert_eq!(row["items"].as_array().map(Vec::len), Some(1), "{row}");
+    assert_eq!(row["items"][0]["notification_id"], "hp-1", "{row}");
+
+    let t0 = now_us();
+    let got = claim(&s, "owner-a", 10, 60_000).await;
+    let t1 = now_us();
+    assert_eq!(ids(&got), vec![id.clone()], "the one due delivery");
+    let leased = &got[0];
+    assert_eq!(leased["attempts"], 1, "{leased}");
+    let expires = us(&leased["lease_expires_at"]);
+    assert!(
+        expires >= t0 + 60_000_000 - SLACK_US && expires <= t1 + 60_000_000 + SLACK_US,
+        "lease_expires_at must be the claim time + lease_ms: {leased}"
+    );
+    let g = get_dlv(&s, &id).await;
+    assert_eq!(g["status"], "leased", "{g}");
+    assert_eq!(g["lease_owner"], "owner-a", "{g}");
+    assert_eq!(g["attempts"], 1, "{g}");
+    assert_eq!(g["lease_expires_at"], leased["lease_expires_at"], "{g}");
+
+    let r = act(
+        &s,
+        &id,
+        "complete",
+        &json!({"owner": "owner-a", "external_id": "ext-1"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "complete: {}", r.text);
+    let sent = r.json.clone();
+    assert_eq!(sent["status"], "sent", "{sent}");
+    assert_eq!(sent["external_id"], "ext-1", "{sent}");
+    assert_eq!(sent["attempts"], 1, "{sent}");
+    let delivered = us(&sent["delivered_at"]);
+
+    let g = get_dlv(&s, &id).await;
+    assert_eq!(g["status"], "sent", "{g}");
+    assert_eq!(g["delivered_at"], sent["delivered_at"], "{g}");
+    let tl = timeline(&g);
+    assert_eq!(
+        step_names(&tl),
+        ["created", "leased", "sent"],
+        "timeline: {g}"
+    );
+    assert_eq!(tl[1]["owner"], "owner-a", "{g}");
+    assert_eq!(tl[1]["attempt"], 1, "{g}");
+    assert_eq!(tl[2]["owner"], "owner-a", "{g}");
+    assert_eq!(
+        us(&tl[2]["at"]),
+        delivered,
+        "delivered_at is the sent step: {g}"
+    );
+    assert_timeline_ordered(&g);
+
+    // Every transition is an event of stream `deliveries`, subject = the delivery id.
+    let evs = s
+        .read_all(&format!("stream=deliveries&subject={}", encode_path(&id)))
+        .await;
+    let types: Vec<&str> = evs
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        types,
+        ["delivery.created", "delivery.leased", "delivery.sent"],
+        "{evs:?}"
+    );
+    let ev_seqs: Vec<u64> = evs
+        .iter()
+        .map(|e| e["seq"].as_u64().expect("seq"))
+        .collect();
+    let tl_seqs: Vec<u64> = tl.iter().map(|t| t["seq"].as_u64().expect("seq")).collect();
+    assert_eq!(ev_seqs, tl_seqs, "the timeline names the events' seqs");
+
+    // Completing again by the owner answers the same row and appends nothing.
+    let head = s.head().await;
+    let r = act(
+        &s,
+        &id,
+        "complete",
+        &json!({"owner": "owner-a", "external_id": "ext-1"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "repeated complete: {}", r.text);
+    assert_eq!(r.json, sent, "a repeated complete answers the same row");
+    assert_eq!(s.head().await, head, "a repeated complete appends nothing");
+
+    // Another owner cannot complete it.
+    let r = act(&s, &id, "complete", &json!({"owner": "owner-b"})).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "complete by B: {}", r.text);
+    assert!(
+        matches!(r.code(), Some("not_lease_owner" | "illegal_transition")),
+        "complete by B: {}",
+        r.text
+    );
+    assert_eq!(s.head().await, head, "a refused complete appends nothing");
+    assert_eq!(get_dlv(&s, &id).await["status"], "sent");
+
+    // Nothing is left to claim.
+    assert!(claim(&s, "owner-b", 10, 60_000).await.is_empty());
+    assert_eq!(s.head().await, head, "an empty claim appends nothing");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. The state machine over HTTP
+// ---------------------------------------------------------------------------------------------
+
+const RETRY_CONFIG: &str = "[notifications.retry]\nmax_attempts = 3\nbase_delay = \"100ms\"\n\
+                            max_delay = \"400ms\"\n";
+
+#[tokio::test]
+async fn state_machine_backoff_parking_and_operator_actions() {
+    let s = Server::start(ServerOpts::default().config(RETRY_CONFIG)).await;
+    let api = s.api();
+
+    // A: retryable failures with backoff until max_attempts parks it.
+    append_ok(&s, &urgent("sm-a")).await;
+    let id_a = dlv("sm-a");
+    let row = wait_status(&s, &id_a, "queued").await;
+    assert_eq!(row["max_attempts"], 3, "the configured max_attempts: {row}");
+    for k in 1..=3u64 {
+        let got = claim_some(&api, "w1").await;
+        assert_eq!(ids(&got), vec![id_a.clone()], "attempt {k}");
+        assert_eq!(got[0]["attempts"], k, "attempt {k}: {}", got[0]);
+        let t0 = now_us();
+        let r = act(
+            &s,
+            &id_a,
+            "fail",
+            &json!({"owner": "w1", "error_code": "timeout", "error": format!("attempt {k} timed out")}),
+        )
+        .await;
+        let t1 = now_us();
+        assert_eq!(r.status, StatusCode::OK, "fail #{k}: {}", r.text);
+        let f = &r.json;
+        assert_eq!(f["attempts"], k, "{f}");
+        assert_eq!(f["last_error_code"], "timeout", "{f}");
+        assert_eq!(f["last_error"], format!("attempt {k} timed out"), "{f}");
+        assert_eq!(
+            f["lease_owner"],
+            Value::Null,
+            "a failure ends the lease: {f}"
+        );
+        assert_eq!(f["lease_expires_at"], Value::Null, "{f}");
+        let g = get_dlv(&s, &id_a).await;
+        let tl = timeline(&g);
+        let step = tl.last().expect("a step");
+        assert_eq!(step["event"], "attempt_failed", "{g}");
+        assert_eq!(step["attempt"], k, "{g}");
+        assert_eq!(step["owner"], "w1", "{g}");
+        assert_eq!(step["error_code"], "timeout", "{g}");
+        assert_eq!(step["error"], format!("attempt {k} timed out"), "{g}");
+        let at = us(&step["at"]);
+        assert!(
+            at >= t0 - SLACK_US && at <= t1 + SLACK_US,
+            "the failure time is the time of the request: {g}"
+        );
+        if k < 3 {
+            assert_eq!(f["status"], "retry_wait", "fail #{k}: {f}");
+            let next = us(&f["next_attempt_at"]);
+            assert_eq!(step["next_attempt_at"], f["next_attempt_at"], "{g}");
+            assert!(next > at, "next_attempt_at must be in the future: {g}");
+            // min(max_delay, base · 2^(k−1)), ±20 % jitter, capped at max_delay.
+            let raw = (100i64 << (k - 1)).min(400);
+            let lo = raw * 800 - 1_000;
+            let hi = (raw * 1_200 + 1_000).min(400_000);
+            let delay = next - at;
+            assert!(
+                (lo..=hi).contains(&delay),
+                "attempt {k}: next_attempt_at − failure time = {delay} µs, outside the backoff \
+                 {lo}..={hi} µs: {g}"
+            );
+        } else {
+            assert_eq!(f["status"], "parked", "the last attempt parks: {f}");
+            assert_eq!(f["reason"], "max_attempts", "{f}");
+            assert_eq!(g["status"], "parked", "{g}");
+        }
+    }
+    let g = get_dlv(&s, &id_a).await;
+    assert_eq!(
+        step_names(&timeline(&g)),
+        [
+            "created",
+            "leased",
+            "attempt_failed",
+            "leased",
+            "attempt_failed",
+            "leased",
+            "attempt_failed"
+        ],
+        "{g}"
+    );
+    assert_timeline_ordered(&g);
+    let head = s.head().await;
+    assert!(
+        claim(&s, "w1", 10, 60_000).await.is_empty(),
+        "a parked delivery is never claimed"
+    );
+    assert_eq!(s.head().await, head);
+
+    // B: retry_after_ms replaces the backoff.
+    append_ok(&s, &urgent("sm-b")).await;
+    let id_b = dlv("sm-b");
+    wait_status(&s, &id_b, "queued").await;
+    let got = claim_some(&api, "w1").await;
+    assert_eq!(ids(&got), vec![id_b.clone()]);
+    let t0 = now_us();
+    let r = act(
+        &s,
+        &id_b,
+        "fail",
+        &json!({"owner": "w1", "error_code": "rate_limited", "retry_after_ms": 60_000}),
+    )
+    .await;
+    let t1 = now_us();
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json["status"], "retry_wait", "{}", r.text);
+    let next = us(&r.json["next_attempt_at"]);
+    let g = get_dlv(&s, &id_b).await;
+    let step = timeline(&g).last().cloned().expect("step");
+    assert_eq!(step["event"], "attempt_failed", "{g}");
+    assert_eq!(
+        next - us(&step["at"]),
+        60_000_000,
+        "next_attempt_at = failure time + retry_after_ms: {g}"
+    );
+    assert!(
+        next >= t0 + 60_000_000 - SLACK_US && next <= t1 + 60_000_000 + SLACK_US,
+        "next_attempt_at ≈ now + retry_after_ms: {g}"
+    );
+    let head = s.head().await;
+    assert!(
+        claim(&s, "w1", 10, 60_000).await.is_empty(),
+        "a retry_wait delivery is not claimable before next_attempt_at"
+    );
+    assert_eq!(s.head().await, head);
+    let r = act(&s, &id_b, "complete", &json!({"owner": "w1"})).await;
+    assert_problem_for(&r, 409, "illegal_transition", "complete a retry_wait row");
+    let r = post_empty(&s, &format!("/v1/deliveries/{}/retry", encode_path(&id_b))).await;
+    assert_problem_for(&r, 409, "illegal_transition", "retry a retry_wait row");
+    assert_eq!(s.head().await, head);
+
+    // C: retry_after_ms is capped at one hour.
+    append_ok(&s, &urgent("sm-c")).await;
+    let id_c = dlv("sm-c");
+    wait_status(&s, &id_c, "queued").await;
+    let got = claim_some(&api, "w1").await;
+    assert_eq!(ids(&got), vec![id_c.clone()]);
+    let r = act(
+        &s,
+        &id_c,
+        "fail",
+        &json!({"owner": "w1", "error_code": "rate_limited", "retry_after_ms": 36_000_000}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let g = get_dlv(&s, &id_c).await;
+    let step = timeline(&g).last().cloned().expect("step");
+    assert_eq!(
+        us(&g["next_attempt_at"]) - us(&step["at"]),
+        3_600_000_000,
+        "retry_after_ms is capped at 1 h: {g}"
+    );
+
+    // P: a permanent failure parks at once; the operator retries it: queued, attempts 0.
+    append_ok(&s, &urgent("sm-p")).await;
+    let id_p = dlv("sm-p");
+    wait_status(&s, &id_p, "queued").await;
+    let got = claim_some(&api, "w1").await;
+    assert_eq!(ids(&got), vec![id_p.clone()]);
+    let r = act(
+        &s,
+        &id_p,
+        "fail",
+        &json!({"owner": "w1", "error_code": "bad_address", "error": "no such user",
+                "retryable": false}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json["status"], "parked", "{}", r.text);
+    assert_eq!(r.json["reason"], "permanent_failure", "{}", r.text);
+    assert_eq!(r.json["attempts"], 1, "{}", r.text);
+    let r = act(
+        &s,
+        &id_p,
+        "retry",
+        &json!({"by": "ops-1", "reason": "fixed the address"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "operator retry: {}", r.text);
+    assert_eq!(r.json["status"], "queued", "{}", r.text);
+    assert_eq!(r.json["attempts"], 0, "{}", r.text);
+    assert_eq!(r.json["reason"], Value::Null, "{}", r.text);
+    let g = get_dlv(&s, &id_p).await;
+    let step = timeline(&g).last().cloned().expect("step");
+    assert_eq!(step["event"], "retried", "{g}");
+    assert_eq!(step["owner"], "ops-1", "the operator is recorded: {g}");
+    assert_eq!(step["reason"], "fixed the address", "{g}");
+    let got = claim_some(&api, "w2").await;
+    assert_eq!(ids(&got), vec![id_p.clone()], "claimable again after retry");
+    assert_eq!(
+        got[0]["attempts"], 1,
+        "attempts start again from 0: {}",
+        got[0]
+    );
+    let r = act(&s, &id_p, "complete", &json!({"owner": "w2"})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json["status"], "sent", "{}", r.text);
+    assert_eq!(
+        step_names(&timeline(&get_dlv(&s, &id_p).await)),
+        [
+            "created",
+            "leased",
+            "attempt_failed",
+            "retried",
+            "leased",
+            "sent"
+        ]
+    );
+    let head = s.head().await;
+    let r = act(&s, &id_p, "discard", &json!({})).await;
+    assert_problem_for(&r, 409, "illegal_transition", "discard a sent row");
+    let r = act(&s, &id_p, "retry", &json!({})).await;
+    assert_problem_for(&r, 409, "illegal_transition", "retry a sent row");
+    assert_eq!(
+        s.head().await,
+        head,
+        "refused operator actions append nothing"
+    );
+
+    // Discard the parked A (no body), then nothing more is allowed on it.
+    let r = post_empty(
+        &s,
+        &format!("/v1/deliveries/{}/discard", encode_path(&id_a)),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "discard a parked row: {}", r.text);
+    assert_eq!(r.json["status"], "discarded", "{}", r.text);
+    let g = get_dlv(&s, &id_a).await;
+    assert_eq!(g["status"], "discarded", "{g}");
+    assert_eq!(
+        timeline(&g).last().expect("step")["event"],
+        "discarded",
+        "{g}"
+    );
+    let head = s.head().await;
+    let r = act(&s, &id_a, "discard", &json!({})).await;
+    assert_problem_for(&r, 409, "illegal_transition", "discard a discarded row");
+    let r = act(&s, &id_a, "retry", &json!({})).await;
+    assert_problem_for(&r, 409, "illegal_transition", "retry a discarded row");
+    assert_eq!(s.head().await, head);
+
+    // Illegal transitions on queued and leased rows: 409 with stable codes, nothing appended.
+    append_ok(&s, &json!({"events": [urgent("sm-q"), urgent("sm-r")]})).await;
+    let (id_q, id_r) = (dlv("sm-q"), dlv("sm-r"));
+    wait_status(&s, &id_q, "queued").await;
+    wait_status(&s, &id_r, "queued").await;
+    let head = s.head().await;
+    let owner = json!({"owner": "w1"});
+    let failure = json!({"owner": "w1", "error_code": "x"});
+    for (verb, body) in [
+        ("complete", &owner),
+        ("fail", &failure),
+        ("extend", &owner),
+        ("retry", &json!({})),
+        ("discard", &json!({})),
+    ] {
+        let r = act(&s, &id_q, verb, body).await;
+        assert_problem_for(
+            &r,
+            409,
+            "illegal_transition",
+            &format!("{verb} a queued row"),
+        );
+    }
+    assert_eq!(s.head().await, head, "refused transitions append nothing");
+    assert_eq!(get_dlv(&s, &id_q).await["status"], "queued");
+
+    let got = claim(&s, "w1", 1, 60_000).await;
+    assert_eq!(got.len(), 1, "limit 1");
+    let x = got[0]["id"].as_str().expect("id").to_owned();
+    assert!(x == id_q || x == id_r, "{x}");
+    let head = s.head().await;
+    let other = json!({"owner": "w2"});
+    let other_fail = json!({"owner": "w2", "error_code": "x"});
+    for (verb, body) in [
+        ("complete", &other),
+        ("fail", &other_fail),
+        ("extend", &other),
+    ] {
+        let r = act(&s, &x, verb, body).await;
+        assert_problem_for(
+            &r,
+            409,
+            "not_lease_owner",
+            &format!("{verb} by a non-owner"),
+        );
+    }
+    for verb in ["retry", "discard"] {
+        let r = act(&s, &x, verb, &json!({})).await;
+        assert_problem_for(
+            &r,
+            409,
+            "illegal_transition",
+            &format!("{verb} a leased row"),
+        );
+    }
+    assert_eq!(s.head().await, head, "refused transitions append nothing");
+    let g = get_dlv(&s, &x).await;
+    assert_eq!(g["status"], "leased", "{g}");
+    assert_eq!(g["lease_owner"], "w1", "{g}");
+    assert_eq!(g["lease_expires_at"], got[0]["lease_expires_at"], "{g}");
+    assert_eq!(g["attempts"], 1, "{g}");
+
+    // Unknown ids.
+    let nope = "dlv:nope:desktop";
+    for (verb, body) in [
+        ("complete", &owner),
+        ("fail", &failure),
+        ("extend", &owner),
+        ("retry", &json!({})),
+        ("discard", &json!({})),
+    ] {
+        let r = act(&s, nope, verb, body).await;
+        assert_problem_for(
+            &r,
+            404,
+            "delivery_not_found",
+            &format!("{verb} of an unknown id"),
+        );
+    }
+    let r = s
+        .get(&format!("/v1/deliveries/{}", encode_path(nope)))
+        .await;
+    assert_problem_for(&r, 404, "delivery_not_found", "GET of an unknown id");
+    assert_eq!(s.head().await, head);
+
+    // The filters of the list agree with the states reached above.
+    for (status, want) in [
+        ("discarded", vec![id_a.clone()]),
+        ("retry_wait", vec![id_b.clone(), id_c.clone()]),
+        ("sent", vec![id_p.clone()]),
+        ("leased", vec![x.clone()]),
+        ("parked", vec![]),
+    ] {
+        let got = ids(&list_deliveries(&s, &format!("status={status}"), 2).await);
+        assert_eq!(got, want, "GET /v1/deliveries?status={status}");
+    }
+    let all = ids(&list_deliveries(&s, "sink=app&route=desktop", 1).await);
+    assert_eq!(all.len(), 6, "{all:?}");
+    assert!(list_deliveries(&s, "sink=none", 10).await.is_empty());
+
+    // The deliveries model is a function of the log (I3): the backoff draws are in the events.
+    assert_deliveries_verified(&s).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Extend
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn extend_pushes_the_lease_and_an_expired_lease_cannot_be_extended() {
+    let s = Server::start(ServerOpts::default()).await;
+    append_ok(&s, &urgent("ex-1")).await;
+    let id = dlv("ex-1");
+    wait_status(&s, &id, "queued").await;
+    let got = claim(&s, "A", 10, 60_000).await;
+    assert_eq!(ids(&got), vec![id.clone()]);
+    let first = us(&got[0]["lease_expires_at"]);
+    let t0 = now_us();
+    let r = act(
+        &s,
+        &id,
+        "extend",
+        &json!({"owner": "A", "lease_ms": 120_000}),
+    )
+    .await;
+    let t1 = now_us();
+    assert_eq!(r.status, StatusCode::OK, "extend: {}", r.text);
+    let pushed = us(&r.json["lease_expires_at"]);
+    assert!(
+        pushed > first,
+        "extend must push lease_expires_at: {}",
+        r.text
+    );
+    assert!(
+        pushed >= t0 + 120_000_000 - SLACK_US && pushed <= t1 + 120_000_000 + SLACK_US,
+        "lease_expires_at = now + lease_ms: {}",
+        r.text
+    );
+    assert_eq!(r.json["status"], "leased", "{}", r.text);
+    assert_eq!(r.json["lease_owner"], "A", "{}", r.text);
+    assert_eq!(
+        r.json["attempts"], 1,
+        "an extension is not an attempt: {}",
+        r.text
+    );
+    let g = get_dlv(&s, &id).await;
+    assert_eq!(g["lease_expires_at"], r.json["lease_expires_at"], "{g}");
+    let step = timeline(&g).last().cloned().expect("step");
+    assert_eq!(step["event"], "lease_extended", "{g}");
+    assert_eq!(step["owner"], "A", "{g}");
+    assert_eq!(step["lease_expires_at"], r.json["lease_expires_at"], "{g}");
+
+    let head = s.head().await;
+    let r = act(
+        &s,
+        &id,
+        "extend",
+        &json!({"owner": "B", "lease_ms": 120_000}),
+    )
+    .await;
+    assert_problem_for(&r, 409, "not_lease_owner", "extend by another owner");
+    assert_eq!(s.head().await, head);
+    let r = act(&s, &id, "complete", &json!({"owner": "A"})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = act(&s, &id, "extend", &json!({"owner": "A"})).await;
+    assert_problem_for(&r, 409, "illegal_transition", "extend a sent row");
+    drop(s);
+
+    // A short lease, waited out: extending it is refused with lease_expired. The 1 s expiry
+    // tick may release the lease between its expiry and our request (then the row is queued
+    // again and the answer is illegal_transition); that race is retried on a fresh server.
+    let mut saw = false;
+    for attempt in 0..5 {
+        let s = Server::start(ServerOpts::default()).await;
+        append_ok(&s, &urgent("ex-2")).await;
+        let id = dlv("ex-2");
+        wait_status(&s, &id, "queued").await;
+        let got = claim(&s, "A", 10, 300).await;
+        assert_eq!(ids(&got), vec![id.clone()]);
+        let expires = us(&got[0]["lease_expires_at"]);
+        while now_us() <= expires + 20_000 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let head = s.head().await;
+        let r = act(
+            &s,
+            &id,
+            "extend",
+            &json!({"owner": "A", "lease_ms": 60_000}),
+        )
+        .await;
+        if r.code() == Some("lease_expired") {
+            assert_problem_for(&r, 409, "lease_expired", "extend after the lease expired");
+            assert_eq!(s.head().await, head, "a refused extend appends nothing");
+            let g = get_dlv(&s, &id).await;
+            assert_ne!(
+                timeline(&g).last().expect("step")["event"],
+                "lease_extended",
+                "{g}"
+            );
+            saw = true;
+            break;
+        }
+        assert_problem_for(
+            &r,
+            409,
+            "illegal_transition",
+            &format!("try {attempt}: extend of an expired lease"),
+        );
+        let g = get_dlv(&s, &id).await;
+        assert!(
+            step_names(&timeline(&g)).contains(&"lease_expired".to_owned()),
+            "try {attempt}: not lease_expired, but the tick did not release it either: {g}"
+        );
+    }
+    assert!(saw, "five tries all raced with the expiry tick");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Concurrency: the acceptance test of the issue
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn ten_thousand_deliveries_32_claimers_each_sent_once() {
+    const TOTAL: usize = 10_000;
+    const CLAIMERS: usize = 32;
+    let s = Server::start(ServerOpts::default()).await;
+    for b in 0..TOTAL / 1000 {
+        let batch: Vec<Value> = (0..1000)
+            .map(|k| {
+                let i = b * 1000 + k;
+                notif_ev(
+                    &format!("cc-{i:05}"),
+                    json!({"priority": "urgent", "title": format!("n {i}")}),
+                )
+            })
+            .collect();
+        let r = append_ok(&s, &json!({ "events": batch })).await;
+        assert_eq!(r.len(), 1000);
+        assert!(r.iter().all(|x| !x.2), "unique ids are never duplicates");
+    }
+    let want: BTreeSet<String> = (0..TOTAL).map(|i| dlv(&format!("cc-{i:05}"))).collect();
+    let api = s.api();
+    wait_for(Duration::from_secs(300), "10,000 queued deliveries", || {
+        let api = api.clone();
+        async move {
+            let k = kpis(&api, "").await;
+            assert!(
+                k["queue_depth"].as_u64().is_some_and(|n| n <= TOTAL as u64),
+                "more deliveries than notifications: {k}"
+            );
+            (k["queued"] == TOTAL).then_some(())
+        }
+    })
+    .await;
+    let k = kpis(&s, "").await;
+    assert_eq!(k["queue_depth"], TOTAL, "{k}");
+    assert_eq!(k["by_sink"]["app"]["queue_depth"], TOTAL, "{k}");
+
+    let mut tasks = Vec::new();
+    for c in 0..CLAIMERS {
+        let api = s.api();
+        tasks.push(tokio::spawn(async move {
+            let owner = format!("claimer-{c:02}");
+            let mut claims: Vec<Vec<String>> = Vec::new();
+            let mut empty_in_a_row = 0u32;
+            loop {
+                let rows = claim(&api, &owner, 50, 60_000).await;
+                if rows.is_empty() {
+                    let k = kpis(&api, "").await;
+                    if k["queue_depth"] == 0 {
+                        return (owner, claims);
+                    }
+                    empty_in_a_row += 1;
+                    assert!(
+                        empty_in_a_row < 20_000,
+                        "{owner}: nothing to claim but queue_depth stays {}",
+                        k["queue_depth"]
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                empty_in_a_row = 0;
+                let mut got = Vec::new();
+                for row in &rows {
+                    let id = row["id"].as_str().expect("id").to_owned();
+                    assert_eq!(row["attempts"], 1, "no delivery is leased twice: {row}");
+                    let r = act(&api, &id, "complete", &json!({"owner": owner})).await;
+                    assert_eq!(
+                        r.status,
+                        StatusCode::OK,
+                        "{owner} completes {id}: {}",
+                        r.text
+                    );
+                    assert_eq!(r.json["status"], "sent", "{}", r.text);
+                    assert_eq!(r.json["lease_owner"], owner.as_str(), "{}", r.text);
+                    got.push(id);
+                }
+                claims.push(got);
+            }
+        }));
+    }
+    let mut by_claim: HashMap<String, String> = HashMap::new();
+    let mut claims_total = 0usize;
+    let joined = tokio::time::timeout(Duration::from_secs(1200), futures::future::join_all(tasks))
+        .await
+        .expect("the claimers did not finish within 20 minutes");
+    for j in joined {
+        let (owner, claims) = j.expect("a claimer panicked");
+        for c in claims {
+            claims_total += 1;
+            for id in c {
+                if let Some(prev) = by_claim.insert(id.clone(), owner.clone()) {
+                    panic!("{id} was returned by a claim of {prev} and a claim of {owner}");
+                }
+            }
+        }
+    }
+    let claimed: BTreeSet<String> = by_claim.keys().cloned().collect();
+    assert_eq!(
+        claimed.len(),
+        TOTAL,
+        "every delivery claimed once ({claims_total} claims)"
+    );
+    assert_eq!(
+        claimed, want,
+        "the claimed ids are the deliveries of the notifications"
+    );
+    let owners: HashSet<&String> = by_claim.values().collect();
+    assert!(owners.len() > 1, "the work was shared by several claimers");
+
+    // Every delivery is sent; none lost.
+    let sent = list_deliveries(&s, "status=sent", 1000).await;
+    let sent_ids: BTreeSet<String> = sent
+        .iter()
+        .map(|d| d["id"].as_str().expect("id").to_owned())
+        .collect();
+    assert_eq!(
+        sent.len(),
+        TOTAL,
+        "list status=sent has every delivery once"
+    );
+    assert_eq!(sent_ids, want);
+    for d in &sent {
+        let id = d["id"].as_str().expect("id");
+        assert_eq!(d["lease_owner"], by_claim[id].as_str(), "{d}");
+        assert_eq!(d["attempts"], 1, "{d}");
+    }
+    let all = list_deliveries(&s, "", 1000).await;
+    assert_eq!(all.len(), TOTAL, "no other delivery exists");
+    let k = kpis(&s, "interval_s=3600").await;
+    assert_eq!(k["queue_depth"], 0, "{k}");
+    assert_eq!(k["leased"], 0, "{k}");
+    assert_eq!(k["parked"], 0, "{k}");
+    assert_eq!(k["sent_last_interval"], TOTAL, "{k}");
+
+    // The log: per delivery exactly created, leased, sent, by the one owner of its claim.
+    let evs = s.read_all("stream=deliveries").await;
+    let mut per: BTreeMap<String, Vec<(String, Option<String>)>> = BTreeMap::new();
+    for e in &evs {
+        per.entry(e["subject"].as_str().expect("subject").to_owned())
+            .or_default()
+            .push((
+                e["type"].as_str().expect("type").to_owned(),
+                e["payload"]["owner"].as_str().map(str::to_owned),
+            ));
+    }
+    assert_eq!(
+        per.keys().cloned().collect::<BTreeSet<_>>(),
+        want,
+        "the deliveries stream is about exactly these deliveries"
+    );
+    for (id, steps) in &per {
+        let types: Vec<&str> = steps.iter().map(|x| x.0.as_str()).collect();
+        assert_eq!(
+            types,
+            ["delivery.created", "delivery.leased", "delivery.sent"],
+            "events of {id}: {steps:?}"
+        );
+        let owner = Some(by_claim[id].clone());
+        assert_eq!(steps[1].1, owner, "leased owner of {id}: {steps:?}");
+        assert_eq!(steps[2].1, owner, "sent owner of {id}: {steps:?}");
+    }
+    assert_deliveries_verified(&s).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Lease expiry
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn an_expired_lease_goes_to_the_next_claimer() {
+    let s = Server::start(ServerOpts::default()).await;
+    let batch: Vec<Value> = (0..20).map(|i| urgent(&format!("le-{i:02}"))).collect();
+    append_ok(&s, &json!({ "events": batch })).await;
+    let want: BTreeSet<String> = (0..20).map(|i| dlv(&format!("le-{i:02}"))).collect();
+    for id in &want {
+        wait_status(&s, id, "queued").await;
+    }
+    let got_a = claim(&s, "A", 20, 500).await;
+    let a_ids: BTreeSet<String> = ids(&got_a).into_iter().collect();
+    assert_eq!(a_ids, want, "A leases all 20");
+    let a_expiry: HashMap<String, i64> = got_a
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_str().expect("id").to_owned(),
+                us(&r["lease_expires_at"]),
+            )
+        })
+        .collect();
+    // A dies. B polls until it has the same 20.
+    let b_ids = collect_claims(&s.api(), "B", &want).await;
+    assert_eq!(b_ids, want);
+
+    let head = s.head().await;
+    for id in &want {
+        let g = get_dlv(&s, id).await;
+        assert_eq!(g["status"], "leased", "{g}");
+        assert_eq!(g["lease_owner"], "B", "{g}");
+        assert_eq!(g["attempts"], 2, "each lease is an attempt: {g}");
+        let tl = timeline(&g);
+        assert_eq!(
+            step_names(&tl),
+            ["created", "leased", "lease_expired", "leased"],
+            "{g}"
+        );
+        assert_eq!(tl[1]["owner"], "A", "{g}");
+        assert_eq!(tl[3]["owner"], "B", "{g}");
+        assert!(
+            tl[2]["owner"].is_null() || tl[2]["owner"] == "A",
+            "the expired lease is A's: {g}"
+        );
+        assert!(
+            us(&tl[2]["at"]) >= a_expiry[id],
+            "a lease is never released before it expires: {g}"
+        );
+        assert!(us(&tl[3]["at"]) >= a_expiry[id], "{g}");
+        assert_timeline_ordered(&g);
+        // A comes back: its lease is gone.
+        let r = act(&s, id, "complete", &json!({"owner": "A"})).await;
+        assert_problem_for(
+            &r,
+            409,
+            "not_lease_owner",
+            "A completes after its lease expired",
+        );
+        let r = act(&s, id, "fail", &json!({"owner": "A", "error_code": "late"})).await;
+        assert_problem_for(
+            &r,
+            409,
+            "not_lease_owner",
+            "A fails after its lease expired",
+        );
+    }
+    assert_eq!(s.head().await, head, "A's refused reports append nothing");
+    for id in &want {
+        let r = act(&s, id, "complete", &json!({"owner": "B"})).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        assert_eq!(r.json["status"], "sent", "{}", r.text);
+        assert_eq!(r.json["attempts"], 2, "{}", r.text);
+    }
+    let k = kpis(&s, "").await;
+    assert_eq!(k["queue_depth"], 0, "{k}");
+    assert_deliveries_verified(&s).await;
+}
+
+#[tokio::test]
+async fn a_lease_held_across_kill9_is_released_after_restart() {
+    let mut s = Server::start(ServerOpts::default()).await;
+    let batch: Vec<Value> = (0..10).map(|i| urgent(&format!("rs-{i:02}"))).collect();
+    append_ok(&s, &json!({ "events": batch })).await;
+    let want: BTreeSet<String> = (0..10).map(|i| dlv(&format!("rs-{i:02}"))).collect();
+    for id in &want {
+        wait_status(&s, id, "queued").await;
+    }
+    let got_a = claim(&s, "A", 10, 1_500).await;
+    assert_eq!(ids(&got_a).into_iter().collect::<BTreeSet<_>>(), want);
+    let a_expiry: HashMap<String, i64> = got_a
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_str().expect("id").to_owned(),
+                us(&r["lease_expires_at"]),
+            )
+        })
+        .collect();
+    s.kill9();
+    s.restart().await;
+
+    // Nobody claims: the start-up expiry and the tick release A's leases on their own.
+    for id in &want {
+        let g = wait_status(&s, id, "queued").await;
+        let tl = timeline(&g);
+        assert_eq!(
+            step_names(&tl),
+            ["created", "leased", "lease_expired"],
+            "{g}"
+        );
+        assert_eq!(tl[1]["owner"], "A", "{g}");
+        assert!(
+            us(&tl[2]["at"]) >= a_expiry[id],
+            "released before the lease expired: {g}"
+        );
+        assert_eq!(g["lease_owner"], Value::Null, "{g}");
+    }
+    let b_ids = collect_claims(&s.api(), "B", &want).await;
+    assert_eq!(b_ids, want);
+    for id in &want {
+        let r = act(&s, id, "complete", &json!({"owner": "B"})).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        let g = get_dlv(&s, id).await;
+        assert_eq!(g["status"], "sent", "{g}");
+        let tl = timeline(&g);
+        assert_eq!(
+            step_names(&tl),
+            ["created", "leased", "lease_expired", "leased", "sent"],
+            "{g}"
+        );
+        assert_eq!(tl[3]["owner"], "B", "{g}");
+        assert_eq!(tl[4]["owner"], "B", "{g}");
+        let r = act(&s, id, "complete", &json!({"owner": "A"})).await;
+        assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
+    }
+    assert_deliveries_verified(&s).await;
+}
+
+#[tokio::test]
+async fn an_expired_last_attempt_is_parked() {
+    let s =
+        Server::start(ServerOpts::default().config("[notifications.retry]\nmax_attempts = 1\n"))
+            .await;
+    append_ok(&s, &urgent("lp-1")).await;
+    let id = dlv("lp-1");
+    wait_status(&s, &id, "queued").await;
+    let got = claim(&s, "A", 10, 100).await;
+    assert_eq!(ids(&got), vec![id.clone()]);
+    let expires = us(&got[0]["lease_expires_at"]);
+    // Released by the tick (or by a claim of B): either way the last attempt is used up.
+    let api = s.api();
+    let g = wait_for(WAIT, "the expired last attempt to be parked", || {
+        let api = api.clone();
+        let id = id.clone();
+        async move {
+            let rows = claim(&api, "B", 10, 60_000).await;
+            assert!(
+                rows.is_empty(),
+                "a used-up delivery was leased again: {rows:?}"
+            );
+            let g = get_dlv(&api, &id).await;
+            (g["status"] == "parked").then_some(g)
+        }
+    })
+    .await;
+    assert_eq!(g["reason"], "max_attempts", "{g}");
+    assert_eq!(g["attempts"], 1, "{g}");
+    assert_eq!(g["lease_owner"], Value::Null, "{g}");
+    let tl = timeline(&g);
+    assert_eq!(
+        step_names(&tl),
+        ["created", "leased", "lease_expired"],
+        "{g}"
+    );
+    assert!(us(&tl[2]["at"]) >= expires, "{g}");
+    assert_eq!(kpis(&s, "").await["parked"], 1);
+    let r = act(&s, &id, "complete", &json!({"owner": "A"})).await;
+    assert_problem_for(&r, 409, "illegal_transition", "complete of a parked row");
+    let r = act(&s, &id, "retry", &json!({"by": "ops"})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json["status"], "queued", "{}", r.text);
+    assert_eq!(r.json["attempts"], 0, "{}", r.text);
+    let got = claim(&s, "B", 10, 60_000).await;
+    assert_eq!(
+        ids(&got),
+        vec![id.clone()],
+        "claimable again after the operator's retry"
+    );
+    assert_deliveries_verified(&s).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Backpressure
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_full_outbox_refuses_notification_requests_only() {
+    let s =
+        Server::start(ServerOpts::default().config("[notifications.outbox]\nmax_pending = 5\n"))
+            .await;
+    let batch: Vec<Value> = (0..6).map(|i| urgent(&format!("bp-{i}"))).collect();
+    append_ok(&s, &json!({ "events": batch })).await;
+    let api = s.api();
+    wait_for(WAIT, "6 pending deliveries", || {
+        let api = api.clone();
+        async move { (kpis(&api, "").await["queue_depth"] == 6).then_some(()) }
+    })
+    .await;
+
+    // Under the default stuck_after (10 min) fresh rows are not stuck.
+    let k = kpis(&s, "").await;
+    assert_eq!(k["stuck"], 0, "{k}");
+    assert_eq!(k["by_sink"]["app"]["stuck"], 0, "{k}");
+    assert!(
+        k["oldest_pending_age_s"]
+            .as_f64()
+            .is_some_and(|a| (0.0..600.0).contains(&a)),
+        "{k}"
+    );
+
+    let head = s.head().await;
+    let r = s
+        .send(s.request(Method::POST, "/v1/events").json(&urgent("bp-7")))
+        .await;
+    assert_problem_for(&r, 429, "outbox_full", "6 pending > max_pending 5");
+    let retry_after = r
+        .headers
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_else(|| panic!("429 without Retry-After: {:?}", r.headers));
+    assert!(
+        retry_after.trim().parse::<u64>().is_ok_and(|n| n >= 1),
+        "Retry-After must be whole seconds: {retry_after:?}"
+    );
+    // A batch with a notification request is refused whole.
+    let r = s
+        .send(
+            s.request(Method::POST, "/v1/events")
+                .json(&json!({"events": [
+                    {"stream": "task_events", "subject": "bp-task-2", "type": "task.created",
+                     "payload": {"project_id": "p"}},
+                    urgent("bp-8"),
+                ]})),
+        )
+        .await;
+    assert_problem_for(
+        &r,
+        429,
+        "outbox_full",
+        "a batch holding a notification request",
+    );
+    assert_eq!(s.head().await, head, "a refused request appends nothing");
+    let listed: Vec<String> = list_notifications(&s, "", 500)
+        .await
+        .iter()
+        .map(|n| n["notification_id"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert!(
+        !listed.iter().any(|n| n == "bp-7" || n == "bp-8"),
+        "a refused notification is not listed: {listed:?}"
+    );
+    let r = s.get("/v1/tasks/bp-task-2").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
+
+    // Lifecycle events are still accepted.
+    let r = append_ok(
+        &s,
+        &json!({"events": [
+            {"stream": "task_events", "subject": "bp-task", "type": "task.created",
+             "payload": {"project_id": "p"}},
+            {"stream": "task_events", "subject": "bp-task", "type": "task.run_started",
+             "payload": {"run_id": "r1"}},
+        ]}),
+    )
+    .await;
+    assert_eq!(r.len(), 2);
+    assert_eq!(s.head().await, head + 2);
+
+    // Deliver one: 5 pending, not above the limit: the same request is accepted.
+    let got = claim(&s, "bp-worker", 1, 60_000).await;
+    assert_eq!(got.len(), 1);
+    let id = got[0]["id"].as_str().expect("id").to_owned();
+    let r = act(&s, &id, "complete", &json!({"owner": "bp-worker"})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(kpis(&s, "").await["queue_depth"], 5);
+    let r = append_ok(&s, &urgent("bp-7")).await;
+    assert_eq!(r.len(), 1);
+    assert!(!r[0].2, "bp-7 was never appended before: {r:?}");
+    let listed = list_notifications(&s, "", 500).await;
+    assert!(
+        listed.iter().any(|n| n["notification_id"] == "bp-7"),
+        "the accepted notification is listed"
+    );
+    // Its delivery makes 6 pending again: refused again.
+    wait_status(&s, &dlv("bp-7"), "queued").await;
+    let head = s.head().await;
+    let r = s
+        .send(s.request(Method::POST, "/v1/events").json(&urgent("bp-9")))
+        .await;
+    assert_problem_for(&r, 429, "outbox_full", "full again");
+    assert_eq!(s.head().await, head);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. KPIs
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn kpis_count_a_known_mix() {
+    let config = "[notifications.outbox]\nstuck_after = \"1s\"\n\n\
+                  [notifications.routing]\ninfo = [\"dashboard\", \"pager\"]\n";
+    let s = Server::start(ServerOpts::default().config(config)).await;
+    let batch: Vec<Value> = (0..8).map(|i| urgent(&format!("k-{i}"))).collect();
+    append_ok(&s, &json!({ "events": batch })).await;
+    append_ok(
+        &s,
+        &notif_ev("k-info", json!({"priority": "info", "title": "fyi"})),
+    )
+    .await;
+    for i in 0..8 {
+        wait_status(&s, &dlv(&format!("k-{i}")), "queued").await;
+    }
+    let skipped = wait_status(&s, "dlv:k-info:pager", "skipped").await;
+    assert_eq!(skipped["reason"], "unknown_route", "{skipped}");
+    assert_eq!(skipped["sink"], "none", "{skipped}");
+
+    let got = claim(&s, "A", 5, 60_000).await;
+    assert_eq!(got.len(), 5);
+    let g: Vec<String> = ids(&got);
+    for id in &g[0..2] {
+        let r = act(&s, id, "complete", &json!({"owner": "A"})).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    }
+    let r = act(
+        &s,
+        &g[2],
+        "fail",
+        &json!({"owner": "A", "error_code": "busy", "retry_after_ms": 600_000}),
+    )
+    .await;
+    assert_eq!(r.json["status"], "retry_wait", "{}", r.text);
+    let r = act(
+        &s,
+        &g[3],
+        "fail",
+        &json!({"owner": "A", "error_code": "gone", "retryable": false}),
+    )
+    .await;
+    assert_eq!(r.json["status"], "parked", "{}", r.text);
+    // g[4] stays leased; 3 stay queued.
+    let want = [
+        ("queue_depth", 5u64),
+        ("queued", 3),
+        ("leased", 1),
+        ("retry_wait", 1),
+        ("parked", 1),
+        ("sent_last_interval", 2),
+    ];
+    let k = kpis(&s, "interval_s=3600").await;
+    assert_eq!(k["interval_s"], 3600, "{k}");
+    for (field, n) in want {
+        assert_eq!(k[field], n, "overall `{field}`: {k}");
+        assert_eq!(k["by_sink"]["app"][field], n, "by_sink.app `{field}`: {k}");
+    }
+    let k = kpis(&s, "").await;
+    assert_eq!(k["interval_s"], 60, "the default interval: {k}");
+    assert!(
+        k["sent_last_interval"].as_u64().is_some_and(|n| n <= 2),
+        "{k}"
+    );
+    for stat in [
+        "queue_depth",
+        "stuck",
+        "parked",
+        "sent_last_interval",
+        "oldest_pending_age_s",
+    ] {
+        assert!(k[stat].is_number(), "`{stat}` is a number: {k}");
+        assert!(
+            k["by_sink"]["app"][stat].is_number(),
+            "`{stat}` of app: {k}"
+        );
+    }
+    assert!(
+        k["stuck"].as_u64().is_some_and(|n| n <= 5),
+        "only pending rows can be stuck: {k}"
+    );
+    for (query, n) in [
+        ("status=queued", 3),
+        ("status=leased", 1),
+        ("status=retry_wait", 1),
+        ("status=parked", 1),
+        ("status=sent", 2),
+        ("status=skipped", 1),
+        ("sink=app", 8),
+        ("sink=none", 1),
+        ("route=pager", 1),
+        ("route=desktop&status=sent", 2),
+    ] {
+        assert_eq!(
+            list_deliveries(&s, query, 3).await.len(),
+            n,
+            "GET /v1/deliveries?{query}"
+        );
+    }
+    // Skipped rows of the `none` sink are not pending.
+    if let Some(none) = k["by_sink"].get("none") {
+        assert_eq!(none["queue_depth"], 0, "{k}");
+    }
+
+    // stuck_after = 1 s: the 5 pending rows become stuck; parked and sent ones never do.
+    let api = s.api();
+    let k = wait_for(WAIT, "5 stuck deliveries", || {
+        let api = api.clone();
+        async move {
+            let k = kpis(&api, "interval_s=3600").await;
+            assert!(k["stuck"].as_u64().is_some_and(|n| n <= 5), "{k}");
+            (k["stuck"] == 5).then_some(k)
+        }
+    })
+    .await;
+    assert_eq!(k["by_sink"]["app"]["stuck"], 5, "{k}");
+    assert!(
+        k["oldest_pending_age_s"].as_f64().is_some_and(|a| a >= 1.0),
+        "the oldest pending row is older than stuck_after: {k}"
+    );
+    for (field, n) in want {
+        assert_eq!(k[field], n, "overall `{field}` later: {k}");
+    }
+    // Nothing was sent in the last second once a second has passed since the completes.
+    let last_sent = g[0..2]
+        .iter()
+        .map(|id| async { us(&get_dlv(&s, id).await["delivered_at"]) });
+    let last_sent = futures::future::join_all(last_sent)
+        .await
+        .into_iter()
+        .max()
+        .expect("two");
+    while now_us() < last_sent + 1_100_000 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(kpis(&s, "interval_s=1").await["sent_last_interval"], 0);
+
+    // The Prometheus gauges agree.
+    let r = s.get("/metrics").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    for (name, n) in [
+        ("tidemark_outbox_queue_depth", 5.0),
+        ("tidemark_outbox_parked", 1.0),
+        ("tidemark_outbox_stuck", 5.0),
+    ] {
+        assert_eq!(
+            gauge(&r.text, &format!("{name}{{sink=\"app\"}}")),
+            Some(n),
+            "{name}{{sink=\"app\"}} in /metrics:\n{}",
+            tail(&r.text, 4000)
+        );
+    }
+    assert!(
+        gauge(
+            &r.text,
+            "tidemark_outbox_oldest_pending_age_seconds{sink=\"app\"}"
+        )
+        .is_some_and(|a| a >= 1.0),
+        "{}",
+        tail(&r.text, 4000)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Bad input and scopes
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn bad_input_to_delivery_endpoints_is_refused_and_changes_nothing() {
+    let s = Server::start(ServerOpts::default()).await;
+    append_ok(&s, &urgent("bi-1")).await;
+    let id = dlv("bi-1");
+    wait_status(&s, &id, "queued").await;
+    let got = claim(&s, "A", 1, 60_000).await;
+    assert_eq!(ids(&got), vec![id.clone()]);
+    let before = get_dlv(&s, &id).await;
+    let head = s.head().await;
+
+    const JSON: &str = "application/json";
+    const TEXT: &str = "text/plain";
+    let long_sink = "a".repeat(65);
+    let long_owner = "o".repeat(129);
+    // (path, content type, body, allowed statuses, code when it is fixed)
+    let mut cases: Vec<BadPost> = Vec::new();
+    let claim_p = "/v1/deliveries/claim".to_owned();
+    let invalid: &[u16] = &[400, 422];
+    let c = |body: Value| body.to_string();
+    cases.extend([
+        (
+            claim_p.clone(),
+            JSON,
+            r#"{"sink":"app","owner":"#.to_owned(),
+            &[400][..],
+            Some("malformed_json"),
+        ),
+        (claim_p.clone(), JSON, "[]".to_owned(), &[400][..], None),
+        (claim_p.clone(), JSON, String::new(), &[400][..], None),
+        (
+            claim_p.clone(),
+            TEXT,
+            c(json!({"sink": "app", "owner": "A"})),
+            &[415][..],
+            None,
+        ),
+        (
+            claim_p.clone(),
+            JSON,
+            c(json!({"sink": "app", "owner": "A", "bogus": 1})),
+            &[400][..],
+            None,
+        ),
+        (
+            claim_p.clone(),
+            JSON,
+            c(json!({"sink": "app"})),
+            invalid,
+            None,
+        ),
+        (
+            claim_p.clone(),
+            JSON,
+            c(json!({"owner": "A"})),
+            invalid,
+            None,
+        ),
+        (
+            claim_p.clone(),
+            JSON,
+            c(json!({"sink": "app", "owner": ""})),
+            invalid,
+            None,
+        ),
+        (
+            claim_p.clone(),
+            JSON,
+            c(json!({"sink": "app", "owner": long_owner})),
+            invalid,
+            None,
+        ),
+        (
+            claim_p.clone(),
+            JSON,
+            c(json!({"sink": "app", "owner": "a\u{1}b"})),
+            invalid,
+            None,
+        ),
+        (
+            claim_p.clone(),
+            JSON,
+            c(json!({"sink": "APP!", "owner": "A"})),
+            invalid,
+            None,
+        ),
+        (
+            claim_p.clone(),
+            JSON,
+            c(json!({"sink": long_sink, "owner": "A"})),
+            invalid,
+            None,
+        ),
+        (
+            claim_p.clone(),
+            JSON,
+            c(json!({"sink": "", "owner": "A"})),
+            invalid,
+            None,
+        ),
+        (
+            claim_p.clone(),
+            JSON,
+            c(json!({"sink": "app", "owner": "A", "limit": 0})),
+            invalid,
+            None,
+        ),
+        (
+            claim_p.clone(),
+            JSON,
+            c(json!({"sink": "app", "owner": "A", "limit": 1001})),
+            invalid,
+            None,
+        ),
+        (
+            claim_p.clone(),
+            JSON,
+            c(json!({"sink": "app", "owner": "A", "limit": -1})),
+            invalid,
+            None,
+        ),
+        (
+            claim_p.clone(),
+            JSON,
+            c(json!({"sink": "app", "owner": "A", "limit": "5"})),
+            invalid,
+            None,
+        ),
+        (
+            claim_p.clone(),
+            JSON,
+            c(json!({"sink": "app", "owner": "A", "lease_ms": 10})),
+            invalid,
+            None,
+        ),
+        (
+            claim_p.clone(),
+            JSON,
+            c(json!({"sink": "app", "owner": "A", "lease_ms": 3_600_001})),
+            invalid,
+            None,
+        ),
+    ]);
+    for target in [id.as_str(), "dlv:nope:desktop"] {
+        let base = format!("/v1/deliveries/{}", encode_path(target));
+        let complete = format!("{base}/complete");
+        let fail = format!("{base}/fail");
+        let extend = format!("{base}/extend");
+        cases.extend([
+            (
+                complete.clone(),
+                JSON,
+                "{\"owner\":".to_owned(),
+                &[400][..],
+                Some("malformed_json"),
+            ),
+            (
+                complete.clone(),
+                TEXT,
+                c(json!({"owner": "A"})),
+                &[415][..],
+                None,
+            ),
+            (
+                complete.clone(),
+                JSON,
+                c(json!({"owner": "A", "bogus": true})),
+                &[400][..],
+                None,
+            ),
+            (complete.clone(), JSON, c(json!({})), invalid, None),
+            (
+                complete.clone(),
+                JSON,
+                c(json!({"owner": ""})),
+                invalid,
+                None,
+            ),
+            (
+                complete.clone(),
+                JSON,
+                c(json!({"owner": 7})),
+                invalid,
+                None,
+            ),
+            (
+                complete.clone(),
+                JSON,
+                c(json!({"owner": "A", "external_id": ""})),
+                invalid,
+                None,
+            ),
+            (
+                fail.clone(),
+                JSON,
+                "{".to_owned(),
+                &[400][..],
+                Some("malformed_json"),
+            ),
+            (
+                fail.clone(),
+                TEXT,
+                c(json!({"owner": "A", "error_code": "x"})),
+                &[415][..],
+                None,
+            ),
+            (
+                fail.clone(),
+                JSON,
+                c(json!({"owner": "A", "error_code": "x", "bogus": 1})),
+                &[400][..],
+                None,
+            ),
+            (fail.clone(), JSON, c(json!({"owner": "A"})), invalid, None),
+            (
+                fail.clone(),
+                JSON,
+                c(json!({"error_code": "x"})),
+                invalid,
+                None,
+            ),
+            (
+                fail.clone(),
+                JSON,
+                c(json!({"owner": "", "error_code": "x"})),
+                invalid,
+                None,
+            ),
+            (
+                fail.clone(),
+                JSON,
+                c(json!({"owner": "A", "error_code": ""})),
+                invalid,
+                None,
+            ),
+            (
+                fail.clone(),
+                JSON,
+                c(json!({"owner": "A", "error_code": "x", "retryable": "yes"})),
+                invalid,
+                None,
+            ),
+            (
+                fail.clone(),
+                JSON,
+                c(json!({"owner": "A", "error_code": "x", "retry_after_ms": -5})),
+                invalid,
+                None,
+            ),
+            (
+                fail.clone(),
+                JSON,
+                c(json!({"owner": "A", "error_code": "x", "error": "e".repeat(5000)})),
+                invalid,
+                None,
+            ),
+            (
+                extend.clone(),
+                JSON,
+                "{\"owner\"".to_owned(),
+                &[400][..],
+                Some("malformed_json"),
+            ),
+            (
+                extend.clone(),
+                TEXT,
+                c(json!({"owner": "A"})),
+                &[415][..],
+                None,
+            ),
+            (
+                extend.clone(),
+                JSON,
+                c(json!({"owner": "A", "bogus": 1})),
+                &[400][..],
+                None,
+            ),
+            (extend.clone(), JSON, c(json!({})), invalid, None),
+            (extend.clone(), JSON, c(json!({"owner": ""})), invalid, None),
+            (
+                extend.clone(),
+                JSON,
+                c(json!({"owner": "A", "lease_ms": 10})),
+                invalid,
+                None,
+            ),
+            (
+                extend.clone(),
+                JSON,
+                c(json!({"owner": "A", "lease_ms": 3_600_001})),
+                invalid,
+                None,
+            ),
+        ]);
+        for verb in ["retry", "discard"] {
+            let p = format!("{base}/{verb}");
+            cases.extend([
+                (
+                    p.clone(),
+                    JSON,
+                    "{\"by\":".to_owned(),
+                    &[400][..],
+                    Some("malformed_json"),
+                ),
+                (p.clone(), TEXT, "by=me".to_owned(), &[415][..], None),
+                (
+                    p.clone(),
+                    JSON,
+                    c(json!({"by": "me", "bogus": 1})),
+                    &[400][..],
+                    None,
+                ),
+                (p.clone(), JSON, c(json!({"by": ""})), invalid, None),
+                (p.clone(), JSON, c(json!({"by": 5})), invalid, None),
+            ]);
+        }
+    }
+    for (path, ct, body, statuses, code) in &cases {
+        let what = format!("POST {path} ({ct}) {}", tail(body, 120));
+        let r = s
+            .send(
+                s.request(Method::POST, path)
+                    .header(reqwest::header::CONTENT_TYPE, *ct)
+                    .body(body.clone()),
+            )
+            .await;
+        assert_refused(&r, statuses, *code, &what);
+        assert_eq!(s.head().await, head, "{what} changed the log");
+    }
+
+    // Queries and paths of the reads.
+    let long_id = format!("/v1/deliveries/{}", "x".repeat(129));
+    let gets: Vec<(&str, &[u16], Option<&str>)> = vec![
+        ("/v1/deliveries?status=bogus", &[400], Some("invalid_query")),
+        ("/v1/deliveries?status=SENT", &[400], Some("invalid_query")),
+        ("/v1/deliveries?limit=0", &[400], Some("invalid_query")),
+        ("/v1/deliveries?limit=1001", &[400], Some("invalid_query")),
+        ("/v1/deliveries?limit=abc", &[400], Some("invalid_query")),
+        ("/v1/deliveries?limit=-1", &[400], Some("invalid_query")),
+        (&long_id, &[400, 404], None),
+        (
+            "/v1/outbox/kpis?interval_s=0",
+            &[400],
+            Some("invalid_query"),
+        ),
+        (
+            "/v1/outbox/kpis?interval_s=86401",
+            &[400],
+            Some("invalid_query"),
+        ),
+        (
+            "/v1/outbox/kpis?interval_s=abc",
+            &[400],
+            Some("invalid_query"),
+        ),
+        (
+            "/v1/outbox/kpis?interval_s=-1",
+            &[400],
+            Some("invalid_query"),
+        ),
+    ];
+    for (path, statuses, code) in gets {
+        let r = s.get(path).await;
+        assert_refused(&r, statuses, code, &format!("GET {path}"));
+    }
+    assert_eq!(s.head().await, head, "refused reads changed the log");
+    let after = get_dlv(&s, &id).await;
+    assert_eq!(after, before, "refused requests changed the delivery");
+    let r = s.get("/v1/deliveries?status=leased&limit=1000").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(
+        r.json["deliveries"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        r.text
+    );
+}
+
+#[tokio::test]
+async fn delivery_endpoints_enforce_scopes() {
+    let reader = format!("tm-read-{}", random_token(24));
+    let bridge = format!("tm-bridge-{}", random_token(24));
+    let operator = format!("tm-op-{}", random_token(24));
+    let appender = format!("tm-append-{}", random_token(24));
+    let mut config = String::new();
+    for (name, tok, scope) in [
+        ("reader", &reader, "read"),
+        ("bridge", &bridge, "bridge"),
+        ("operator", &operator, "operator"),
+        ("appender", &appender, "append"),
+    ] {
+        config.push_str(&format!(
+            "[[auth.tokens]]\nname = \"{name}\"\nsha256 = \"{}\"\nscopes = [\"{scope}\"]\n\n",
+            sha256_hex(tok)
+        ));
+    }
+    let s = Server::start(ServerOpts::default().config(config)).await;
+    let r = call(
+        &s,
+        Method::POST,
+        "/v1/events",
+        Some(&appender),
+        Some(&urgent("au-1")),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let id = dlv("au-1");
+    let path = format!("/v1/deliveries/{}", encode_path(&id));
+    wait_for(WAIT, "the delivery of au-1", || {
+        let (s, reader, path) = (&s, &reader, &path);
+        async move {
+            let r = call(s, Method::GET, path, Some(reader), None).await;
+            (r.status == StatusCode::OK && r.json["status"] == "queued").then_some(())
+        }
+    })
+    .await;
+    let head = s.health_head().await;
+
+    let claim_body = json!({"sink": "app", "owner": "A", "limit": 10, "lease_ms": 60_000});
+    let owner = json!({"owner": "A"});
+    let failure = json!({"owner": "A", "error_code": "x"});
+    let empty = json!({});
+    let complete_p = format!("{path}/complete");
+    let fail_p = format!("{path}/fail");
+    let extend_p = format!("{path}/extend");
+    let retry_p = format!("{path}/retry");
+    let discard_p = format!("{path}/discard");
+    let bridge_calls: Vec<(&str, &Value)> = vec![
+        ("/v1/deliveries/claim", &claim_body),
+        (&complete_p, &owner),
+        (&fail_p, &failure),
+        (&extend_p, &owner),
+    ];
+    let operator_calls: Vec<(&str, &Value)> = vec![(&retry_p, &empty), (&discard_p, &empty)];
+    let reads = ["/v1/deliveries", path.as_str(), "/v1/outbox/kpis"];
+
+    // No token, a wrong token: 401 everywhere.
+    let wrong = random_token(30);
+    for tok in [None, Some(wrong.as_str())] {
+        for (p, b) in bridge_calls.iter().chain(&operator_calls) {
+            let r = call(&s, Method::POST, p, tok, Some(b)).await;
+            assert_problem_for(&r, 401, "unauthorized", &format!("POST {p} with {tok:?}"));
+        }
+        for p in reads {
+            let r = call(&s, Method::GET, p, tok, None).await;
+            assert_problem_for(&r, 401, "unauthorized", &format!("GET {p} with {tok:?}"));
+        }
+    }
+    // Without the bridge scope: claim, complete, fail, extend are 403.
+    for tok in [&reader, &operator, &appender] {
+        for (p, b) in &bridge_calls {
+            let r = call(&s, Method::POST, p, Some(tok), Some(b)).await;
+            assert_problem_for(
+                &r,
+                403,
+                "forbidden_scope",
+                &format!("POST {p} without bridge"),
+            );
+        }
+    }
+    // Without the operator scope: retry and discard are 403.
+    for tok in [&reader, &bridge, &appender] {
+        for (p, b) in &operator_calls {
+            let r = call(&s, Method::POST, p, Some(tok), Some(b)).await;
+            assert_problem_for(
+                &r,
+                403,
+                "forbidden_scope",
+                &format!("POST {p} without operator"),
+            );
+        }
+    }
+    // Without the read scope: the reads are 403.
+    for tok in [&bridge, &operator, &appender] {
+        for p in reads {
+            let r = call(&s, Method::GET, p, Some(tok), None).await;
+            assert_problem_for(&r, 403, "forbidden_scope", &format!("GET {p} without read"));
+        }
+    }
+    assert_eq!(
+        s.health_head().await,
+        head,
+        "refused calls appended nothing"
+    );
+    let r = call(&s, Method::GET, &path, Some(&reader), None).await;
+    assert_eq!(r.json["status"], "queued", "{}", r.text);
+
+    // With the right scope each call gets through auth.
+    for p in reads {
+        let r = call(&s, Method::GET, p, Some(&reader), None).await;
+        assert_eq!(r.status, StatusCode::OK, "GET {p} with read: {}", r.text);
+    }
+    let r = call(
+        &s,
+        Method::POST,
+        "/v1/deliveries/claim",
+        Some(&bridge),
+        Some(&claim_body),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "claim with bridge: {}", r.text);
+    assert_eq!(r.json["deliveries"][0]["id"], id.as_str(), "{}", r.text);
+    let r = call(&s, Method::POST, &extend_p, Some(&bridge), Some(&owner)).await;
+    assert_eq!(r.status, StatusCode::OK, "extend with bridge: {}", r.text);
+    let r = call(&s, Method::POST, &retry_p, Some(&operator), Some(&empty)).await;
+    assert_problem_for(
+        &r,
+        409,
+        "illegal_transition",
+        "operator retry of a leased row",
+    );
+    let fail_perm = json!({"owner": "A", "error_code": "x", "retryable": false});
+    let r = call(&s, Method::POST, &fail_p, Some(&bridge), Some(&fail_perm)).await;
+    assert_eq!(r.status, StatusCode::OK, "fail with bridge: {}", r.text);
+    assert_eq!(r.json["status"], "parked", "{}", r.text);
+    let r = call(&s, Method::POST, &retry_p, Some(&operator), Some(&empty)).await;
+    assert_eq!(r.status, StatusCode::OK, "retry with operator: {}", r.text);
+    let r = call(
+        &s,
+        Method::POST,
+        "/v1/deliveries/claim",
+        Some(&bridge),
+        Some(&claim_body),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = call(&s, Method::POST, &complete_p, Some(&bridge), Some(&owner)).await;
+    assert_eq!(r.status, StatusCode::OK, "complete with bridge: {}", r.text);
+    assert_eq!(r.json["status"], "sent", "{}", r.text);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. OpenAPI
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn openapi_documents_every_delivery_path() {
+    let s = Server::start(ServerOpts::default()).await;
+    let r = s.get("/openapi.json").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let paths = r.json["paths"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no `paths` object: {}", tail(&r.text, 2000)));
+    for (path, method) in [
+        ("/v1/deliveries/claim", "post"),
+        ("/v1/deliveries/{id}/complete", "post"),
+        ("/v1/deliveries/{id}/fail", "post"),
+        ("/v1/deliveries/{id}/extend", "post"),
+        ("/v1/deliveries/{id}/retry", "post"),
+        ("/v1/deliveries/{id}/discard", "post"),
+        ("/v1/deliveries", "get"),
+        ("/v1/deliveries/{id}", "get"),
+        ("/v1/outbox/kpis", "get"),
+    ] {
+        let item = paths.get(path).unwrap_or_else(|| {
+            panic!(
+                "/openapi.json lacks {path}; it has {:?}",
+                paths.keys().collect::<Vec<_>>()
+            )
+        });
+        assert!(
+            item.get(method).is_some(),
+            "/openapi.json: {path} has no {method}: {item}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+/// The delivery id of the desktop route of notification `nid`.
+fn dlv(nid: &str) -> String {
+    format!("dlv:{nid}:desktop")
+}
+
+/// An urgent `notification.requested` with id `id`.
+fn urgent(id: &str) -> Value {
+    notif_ev(
+        id,
+        json!({"priority": "urgent", "title": format!("title of {id}")}),
+    )
+}
+
+/// `POST path` with a JSON body.
+async fn post(api: &Api, path: &str, body: &Value) -> Reply {
+    api.send(api.request(Method::POST, path).json(body)).await
+}
+
+/// `POST /v1/deliveries/{id}/{verb}` with a JSON body.
+async fn act(api: &Api, id: &str, verb: &str, body: &Value) -> Reply {
+    post(
+        api,
+        &format!("/v1/deliveries/{}/{verb}", encode_path(id)),
+        body,
+    )
+    .await
+}
+
+/// Claim on sink `app`; panics unless 200 with leased rows of `owner`, at most `limit`.
+async fn claim(api: &Api, owner: &str, limit: u32, lease_ms: u64) -> Vec<Value> {
+    let body = json!({"sink": "app", "owner": owner, "limit": limit, "lease_ms": lease_ms});
+    let r = post(api, "/v1/deliveries/claim", &body).await;
+    assert_eq!(r.status, StatusCode::OK, "claim {body}: {}", r.text);
+    let rows = r.json["deliveries"]
+        .as_array()
+        .unwrap_or_else(|| panic!("claim: no `deliveries` array: {}", r.text))
+        .clone();
+    assert!(
+        rows.len() <= usize::try_from(limit).expect("small"),
+        "claim answered more than limit {limit}: {}",
+        r.text
+    );
+    for row in &rows {
+        assert_eq!(row["status"], "leased", "claimed row: {row}");
+        assert_eq!(row["lease_owner"], owner, "claimed row: {row}");
+        assert_eq!(row["sink"], "app", "claimed row: {row}");
+        check_time(row["lease_expires_at"].as_str().expect("lease_expires_at"));
+    }
+    rows
+}
+
+/// Poll claim (limit 10, 60 s lease) until it answers something.
+async fn claim_some(api: &Api, owner: &str) -> Vec<Value> {
+    wait_for(
+        WAIT,
+        &format!("a claim by {owner} to lease something"),
+        || {
+            let api = api.clone();
+            let owner = owner.to_owned();
+            async move {
+                let rows = claim(&api, &owner, 10, 60_000).await;
+                (!rows.is_empty()).then_some(rows)
+            }
+        },
+    )
+    .await
+}
+
+/// Poll claims of `owner` (60 s leases) until it holds every id of `want`; a claim of any other
+/// id, or of one id twice, fails the test.
+async fn collect_claims(api: &Api, owner: &str, want: &BTreeSet<String>) -> BTreeSet<String> {
+    let mut have: BTreeSet<String> = BTreeSet::new();
+    let deadline = std::time::Instant::now() + WAIT;
+    while have.len() < want.len() {
+        for id in ids(&claim(api, owner, 50, 60_000).await) {
+            assert!(want.contains(&id), "{owner} claimed an unexpected {id}");
+            assert!(have.insert(id.clone()), "{owner} was given {id} twice");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{owner} got only {} of {} expired leases within {WAIT:?}",
+            have.len(),
+            want.len()
+        );
+        if have.len() < want.len() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    have
+}
+
+fn ids(rows: &[Value]) -> Vec<String> {
+    rows.iter()
+        .map(|r| {
+            r["id"]
+                .as_str()
+                .unwrap_or_else(|| panic!("delivery without id: {r}"))
+                .to_owned()
+        })
+        .collect()
+}
+
+/// `GET /v1/deliveries/{id}`; panics unless 200.
+async fn get_dlv(api: &Api, id: &str) -> Value {
+    let r = api
+        .get(&format!("/v1/deliveries/{}", encode_path(id)))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "GET delivery {id}: {}", r.text);
+    r.json
+}
+
+/// Wait (bounded) until delivery `id` exists with `status`; returns it.
+async fn wait_status(api: &Api, id: &str, status: &str) -> Value {
+    wait_for(WAIT, &format!("delivery {id} to be {status}"), || {
+        let api = api.clone();
+        let id = id.to_owned();
+        let status = status.to_owned();
+        async move {
+            let r = api
+                .get(&format!("/v1/deliveries/{}", encode_path(&id)))
+                .await;
+            assert!(
+                r.status == StatusCode::OK || r.status == StatusCode::NOT_FOUND,
+                "GET delivery {id}: {}",
+                r.text
+            );
+            (r.status == StatusCode::OK && r.json["status"] == status.as_str()).then_some(r.json)
+        }
+    })
+    .await
+}
+
+/// `GET /v1/outbox/kpis?<query>`; panics unless 200.
+async fn kpis(api: &Api, query: &str) -> Value {
+    let r = api.get(&format!("/v1/outbox/kpis?{query}")).await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "GET /v1/outbox/kpis?{query}: {}",
+        r.text
+    );
+    r.json
+}
+
+/// Every delivery of `GET /v1/deliveries?<query>`, paging with `limit` via `after`/`next_after`.
+async fn list_deliveries(api: &Api, query: &str, limit: u32) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..100_000 {
+        let mut q = format!("limit={limit}");
+        if !query.is_empty() {
+            q = format!("{query}&{q}");
+        }
+        if let Some(a) = &after {
+            q = format!("{q}&after={}", encode_path(a));
+        }
+        let r = api.get(&format!("/v1/deliveries?{q}")).await;
+        assert_eq!(
+            r.status,
+            StatusCode::OK,
+            "GET /v1/deliveries?{q}: {}",
+            r.text
+        );
+        let page = r.json["deliveries"]
+            .as_array()
+            .unwrap_or_else(|| panic!("GET /v1/deliveries?{q}: no `deliveries`: {}", r.text));
+        assert!(
+            page.len() <= usize::try_from(limit).expect("small"),
+            "GET /v1/deliveries?{q}: more than limit"
+        );
+        out.extend(page.iter().cloned());
+        match &r.json["next_after"] {
+            Value::Null => return out,
+            Value::String(next) => {
+                assert!(
+                    after.as_deref().is_none_or(|a| next.as_str() > a),
+                    "GET /v1/deliveries?{q}: next_after {next:?} does not move forward"
+                );
+                after = Some(next.clone());
+            }
+            other => panic!("GET /v1/deliveries?{q}: next_after is {other}"),
+        }
+    }
+    panic!("GET /v1/deliveries?{query}: paging did not end");
+}
+
+fn timeline(row: &Value) -> Vec<Value> {
+    row["timeline"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no `timeline` array: {row}"))
+        .clone()
+}
+
+fn step_names(tl: &[Value]) -> Vec<String> {
+    tl.iter()
+        .map(|t| t["event"].as_str().unwrap_or("?").to_owned())
+        .collect()
+}
+
+/// Timeline seqs strictly increase and times never go back.
+#[track_caller]
+fn assert_timeline_ordered(row: &Value) {
+    let tl = timeline(row);
+    for w in tl.windows(2) {
+        assert!(
+            w[1]["seq"].as_u64() > w[0]["seq"].as_u64(),
+            "timeline seqs must increase: {row}"
+        );
+        assert!(
+            us(&w[1]["at"]) >= us(&w[0]["at"]),
+            "timeline times go back: {row}"
+        );
+    }
+}
+
+/// A bad `POST`: path, content type, body, the statuses allowed, the code when it is fixed.
+type BadPost<'a> = (String, &'a str, String, &'a [u16], Option<&'a str>);
+
+/// `POST /v1/admin/projections/deliveries/verify`: a replay of the log gives the live model.
+async fn assert_deliveries_verified(api: &Api) {
+    let r = post_empty(api, "/v1/admin/projections/deliveries/verify").await;
+    assert_eq!(r.status, StatusCode::OK, "verify deliveries: {}", r.text);
+    assert_eq!(r.json["identical"], true, "verify deliveries: {}", r.text);
+    assert_eq!(r.json["first_divergent_seq"], Value::Null, "{}", r.text);
+}
+
+/// A request with an explicit bearer token (or none).
+async fn call(
+    s: &Server,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&Value>,
+) -> Reply {
+    let mut rb = s.client.request(method, s.url(path));
+    if let Some(b) = body {
+        rb = rb.json(b);
+    }
+    if let Some(t) = token {
+        rb = rb.header("Authorization", format!("Bearer {t}"));
+    }
+    s.send(rb).await
+}
+
+/// A refused request: one of `statuses`, a problem document with a `code` (this one when
+/// given), never 5xx.
+#[track_caller]
+fn assert_refused(r: &Reply, statuses: &[u16], code: Option<&str>, what: &str) {
+    assert!(
+        !r.status.is_server_error(),
+        "[{what}] 5xx: {} {}",
+        r.status,
+        tail(&r.text, 1000)
+    );
+    assert!(
+        statuses.contains(&r.status.as_u16()),
+        "[{what}] expected one of {statuses:?}, got {}: {}",
+        r.status,
+        tail(&r.text, 1000)
+    );
+    let ct = r.content_type.as_deref().unwrap_or("");
+    assert!(
+        ct.starts_with("application/problem+json"),
+        "[{what}] not a problem document ({ct:?}): {}",
+        tail(&r.text, 1000)
+    );
+    let got = r
+        .code()
+        .unwrap_or_else(|| panic!("[{what}] problem without a `code`: {}", tail(&r.text, 1000)));
+    assert!(!got.is_empty(), "[{what}] empty code");
+    if let Some(c) = code {
+        assert_eq!(got, c, "[{what}] code: {}", tail(&r.text, 1000));
+    }
+    assert_eq!(
+        r.json["status"].as_u64(),
+        Some(u64::from(r.status.as_u16())),
+        "[{what}] `status` member: {}",
+        tail(&r.text, 1000)
+    );
+}
+
+/// The value of the Prometheus sample whose name and labels are exactly `series`.
+fn gauge(text: &str, series: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name.trim() == series).then(|| value.trim().parse().ok())?
+    })
+}
+
+fn now_us() -> i64 {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970");
+    i64::try_from(d.as_micros()).expect("fits")
+}
+
+/// Microseconds since the epoch of an RFC 3339 UTC time with six fractional digits.
+#[track_caller]
+fn us(v: &Value) -> i64 {
+    let t = v
+        .as_str()
+        .unwrap_or_else(|| panic!("expected an RFC 3339 time, got {v}"));
+    let stamp = check_time(t);
+    let n = |r: std::ops::Range<usize>| stamp[r].parse::<i64>().expect("digits");
+    let (y, m, d) = (n(0..4), n(5..7), n(8..10));
+    let yy = if m <= 2 { y - 1 } else { y };
+    let era = yy.div_euclid(400);
+    let yoe = yy - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + n(11..13) * 3_600 + n(14..16) * 60 + n(17..19);
+    secs * 1_000_000 + n(20..26)
+}
