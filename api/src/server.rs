@@ -274,7 +274,7 @@ pub async fn run(
             )
             .unwrap_or_default(),
         ),
-        bridge_wakers: Default::default(),
+        pull_hub: Default::default(),
         config: Arc::new(config),
     };
     let router_task = tidemark_consumers::router::spawn(log.clone(), token.clone());
@@ -282,7 +282,7 @@ pub async fn run(
     let notifier_task = tidemark_consumers::bridge::spawn(
         log.clone(),
         (*state.routing).clone(),
-        state.bridge_wakers.clone(),
+        state.pull_hub.clone(),
         token.clone(),
     );
     let grace = Duration::from_secs(state.config.server.shutdown_grace_secs);

@@ -26,8 +26,8 @@ pub struct AppState {
     pub rebuilds: Arc<std::sync::Mutex<std::collections::HashMap<String, (u64, u64)>>>,
     /// The notification settings of the config (the ones recorded in the log at start).
     pub routing: Arc<tidemark_projections::routing::RoutingSettings>,
-    /// Wake-ups of long-polling pull bridges, bumped by the bridge notifier.
-    pub bridge_wakers: tidemark_consumers::bridge::Wakers,
+    /// Pending pull deliveries and long-poll wake-ups, kept by the bridge notifier.
+    pub pull_hub: tidemark_consumers::bridge::PullHub,
 }
 
 impl AppState {

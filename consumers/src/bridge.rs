@@ -244,26 +244,125 @@ pub fn signature(secret: &str, body: &[u8]) -> String {
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
-/// Per-bridge wake-ups for long-polling pull clients: the notifier bumps a bridge's counter
-/// when one of its subscriptions may have a new delivery, so a poller wakes for its own bridge
-/// only (not on every commit of the log).
-#[derive(Clone, Default)]
-pub struct Wakers(
-    std::sync::Arc<std::sync::Mutex<HashMap<String, tokio::sync::watch::Sender<u64>>>>,
+/// Pull-sink state shared by the notifier and the HTTP handlers: per bridge, the envelope each
+/// pull subscription has pending (as of the notifier's last look at it) and a wake-up counter
+/// for long-polls. The notifier updates an entry whenever the log changes anything the entry
+/// depends on (the task, the cursor, the subscription), then bumps the bridge, so a long-poll
+/// costs nothing until its own bridge has news. An ack lowers nothing: it raises the
+/// subscription's floor, so an entry computed before the ack is never served after it.
+#[derive(Clone)]
+pub struct PullHub(
+    std::sync::Arc<std::sync::Mutex<Hub>>,
+    /// The log head the notifier's last completed pass looked at.
+    tokio::sync::watch::Sender<u64>,
 );
 
-impl Wakers {
+impl Default for PullHub {
+    fn default() -> Self {
+        PullHub(Default::default(), tokio::sync::watch::channel(0).0)
+    }
+}
+
+#[derive(Default)]
+struct Hub {
+    /// Set after the notifier's first full pass; before it, handlers compute from the log.
+    ready: bool,
+    wake: HashMap<String, tokio::sync::watch::Sender<u64>>,
+    /// bridge → subscription → (seq, envelope).
+    pending: HashMap<String, std::collections::BTreeMap<String, (u64, serde_json::Value)>>,
+    /// subscription → highest seq acked through the API.
+    floor: HashMap<String, u64>,
+}
+
+impl PullHub {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Hub> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// A receiver that changes when `bridge_id` may have something new.
     pub fn subscribe(&self, bridge_id: &str) -> tokio::sync::watch::Receiver<u64> {
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        m.entry(bridge_id.to_owned())
+        self.lock()
+            .wake
+            .entry(bridge_id.to_owned())
             .or_insert_with(|| tokio::sync::watch::channel(0).0)
             .subscribe()
     }
 
+    /// Wait (at most `limit`) until the notifier has looked at the log up to `head`; `false`
+    /// when it has not by then.
+    pub async fn caught_up(&self, head: u64, limit: std::time::Duration) -> bool {
+        let mut rx = self.1.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|seen| *seen >= head))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// The bridge's pending envelopes, or `None` until the notifier has looked at everything.
+    pub fn pending(&self, bridge_id: &str) -> Option<Vec<serde_json::Value>> {
+        let h = self.lock();
+        if !h.ready {
+            return None;
+        }
+        Some(
+            h.pending
+                .get(bridge_id)
+                .map(|m| m.values().map(|(_, v)| v.clone()).collect())
+                .unwrap_or_default(),
+        )
+    }
+
+    /// A delivery was acked through the API: never serve it (or anything before it) again.
+    pub fn acked(&self, bridge_id: &str, subscription_id: &str, seq: u64) {
+        let mut h = self.lock();
+        let f = h.floor.entry(subscription_id.to_owned()).or_insert(0);
+        *f = (*f).max(seq);
+        if let Some(m) = h.pending.get_mut(bridge_id)
+            && m.get(subscription_id).is_some_and(|(s, _)| *s <= seq)
+        {
+            m.remove(subscription_id);
+        }
+    }
+
+    fn set(&self, sub: &Subscription, entry: Option<(u64, serde_json::Value)>) {
+        let mut h = self.lock();
+        let floor = h.floor.get(&sub.subscription_id).copied().unwrap_or(0);
+        let m = h.pending.entry(sub.target.bridge_id.clone()).or_default();
+        match entry {
+            Some((seq, v)) if seq > floor => {
+                m.insert(sub.subscription_id.clone(), (seq, v));
+            }
+            _ => {
+                m.remove(&sub.subscription_id);
+            }
+        }
+    }
+
+    /// The subscription is gone, or its cursor was reset (the floor no longer holds).
+    fn forget(&self, subscription_id: &str, reset: bool) {
+        let mut h = self.lock();
+        for m in h.pending.values_mut() {
+            m.remove(subscription_id);
+        }
+        if reset {
+            h.floor.remove(subscription_id);
+        }
+    }
+
+    fn set_ready(&self) {
+        self.lock().ready = true;
+    }
+
+    fn seen(&self, head: u64) {
+        self.1.send_if_modified(|s| {
+            let changed = head > *s;
+            *s = (*s).max(head);
+            changed
+        });
+    }
+
     fn bump(&self, bridge_id: &str) {
-        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(tx) = m.get(bridge_id) {
+        let h = self.lock();
+        if let Some(tx) = h.wake.get(bridge_id) {
             tx.send_modify(|n| *n += 1);
         }
     }
@@ -282,7 +381,7 @@ struct Retry {
 pub fn spawn(
     log: Log,
     settings: RoutingSettings,
-    wakers: Wakers,
+    hub: PullHub,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -303,7 +402,7 @@ pub fn spawn(
             scanned_to: None,
             retries: HashMap::new(),
             inflight: JoinSet::new(),
-            wakers,
+            hub,
             busy: HashMap::new(),
         };
         n.run(shutdown).await;
@@ -319,7 +418,7 @@ struct Notifier {
     retries: HashMap<String, Retry>,
     /// Webhook POSTs in flight: (subscription, seq, cursor when scanned, outcome).
     inflight: JoinSet<(String, u64, u64, Result<(), String>)>,
-    wakers: Wakers,
+    hub: PullHub,
     /// Subscriptions with a webhook POST in flight.
     busy: HashMap<String, u64>,
 }
@@ -405,13 +504,19 @@ impl Notifier {
     async fn dirty(&mut self) -> Result<Vec<Subscription>, String> {
         let l = self.log.clone();
         let since = self.scanned_to;
-        let (subs, head) = tokio::task::spawn_blocking(move || {
+        let (subs, head, forget) = tokio::task::spawn_blocking(move || {
             let head = l.head();
             let Some(since) = since else {
-                return Ok::<_, String>((read::all_active_subscriptions(l.db())?, head));
+                return Ok::<_, String>((
+                    read::all_active_subscriptions(l.db())?,
+                    head,
+                    Vec::new(),
+                ));
             };
             let mut tasks = std::collections::BTreeSet::new();
             let mut ids = std::collections::BTreeSet::new();
+            // Subscriptions to drop from the pull cache: (id, its cursor was reset).
+            let mut forget: Vec<(String, bool)> = Vec::new();
             let mut after = since;
             while after < head {
                 let page = l
@@ -433,6 +538,9 @@ impl Notifier {
                             if let Some(sub) = ev.subject.strip_prefix("bridge_task_subscription:")
                             {
                                 ids.insert(sub.to_owned());
+                                if ev.event_type == "cursor.reset" {
+                                    forget.push((sub.to_owned(), true));
+                                }
                             }
                         }
                         _ => {}
@@ -448,17 +556,22 @@ impl Notifier {
                 out.extend(read::task_subscriptions(l.db(), t)?);
             }
             for id in &ids {
-                if let Some(s) = read::subscription(l.db(), id)?
-                    && s.active
-                    && !tasks.contains(&s.target.task_id)
-                {
-                    out.push(s);
+                match read::subscription(l.db(), id)? {
+                    Some(s) if s.active => {
+                        if !tasks.contains(&s.target.task_id) {
+                            out.push(s);
+                        }
+                    }
+                    _ => forget.push((id.clone(), false)),
                 }
             }
-            Ok((out, head))
+            Ok((out, head, forget))
         })
         .await
         .map_err(|e| e.to_string())??;
+        for (id, reset) in &forget {
+            self.hub.forget(id, *reset);
+        }
         self.scanned_to = Some(head);
         let mut subs = subs;
         let now = Instant::now();
@@ -488,6 +601,7 @@ impl Notifier {
 
     /// One look at the subscriptions that may have something to do.
     async fn pass(&mut self) -> Result<(), String> {
+        let full = self.scanned_to.is_none();
         let subs = self.dirty().await?;
         let mut bridges_touched = std::collections::BTreeSet::new();
         for s in &subs {
@@ -495,9 +609,21 @@ impl Notifier {
                 bridges_touched.insert(s.target.bridge_id.clone());
             }
         }
-        for b in &bridges_touched {
-            self.wakers.bump(b);
+        let r = self.look_at(subs).await;
+        if r.is_ok() {
+            if full {
+                self.hub.set_ready();
+            }
+            self.hub.seen(self.scanned_to.unwrap_or(0));
         }
+        // Wake the long-polls of the bridges whose pending deliveries may have changed.
+        for b in &bridges_touched {
+            self.hub.bump(b);
+        }
+        r
+    }
+
+    async fn look_at(&mut self, subs: Vec<Subscription>) -> Result<(), String> {
         for sub in subs {
             let id = sub.subscription_id.clone();
             if self.busy.contains_key(&id) {
@@ -513,6 +639,13 @@ impl Notifier {
             let scan = tokio::task::spawn_blocking(move || scan(&l, &s2, false))
                 .await
                 .map_err(|e| e.to_string())??;
+            if sub.target.sink.kind == "pull" {
+                let entry = scan
+                    .deliver
+                    .as_ref()
+                    .map(|ev| (ev.seq, bridges::envelope(&sub, ev)));
+                self.hub.set(&sub, entry);
+            }
             if let Some((ev, reason)) = &scan.mismatch {
                 record_mismatch(&self.log, &sub, ev, reason).await;
                 continue;

@@ -459,12 +459,31 @@ pub async fn pull(
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     // Woken by the notifier when one of this bridge's subscriptions may have changed; the
     // answer is always computed from the log.
-    let mut wake = st.bridge_wakers.subscribe(&bridge_id);
+    let mut wake = st.pull_hub.subscribe(&bridge_id);
+    // The first answer reflects every commit made before the request (read your writes): wait
+    // briefly for the notifier to have looked at them, else ask the log. Later answers come
+    // after a wake-up for this bridge, so the notifier's view is current.
+    let mut fresh = st
+        .pull_hub
+        .caught_up(st.log.head(), Duration::from_millis(250))
+        .await;
     loop {
         wake.borrow_and_update();
-        let log = st.log.clone();
-        let id = bridge_id.clone();
-        let found = blocking(move || pending_for_bridge(&log, &id)).await?;
+        let cached = if fresh {
+            st.pull_hub.pending(&bridge_id)
+        } else {
+            None
+        };
+        fresh = true;
+        let found = match cached {
+            Some(found) => found,
+            // The notifier has not looked at every subscription since the start: ask the log.
+            None => {
+                let log = st.log.clone();
+                let id = bridge_id.clone();
+                blocking(move || pending_for_bridge(&log, &id)).await?
+            }
+        };
         if !found.is_empty() || tokio::time::Instant::now() >= deadline {
             return Ok(Json(PullPage { deliveries: found }));
         }
@@ -548,6 +567,7 @@ pub async fn ack(
     }
     let expected = Some(scan.cursor.last_sequence);
     let cursor = bridge::confirm(&st.log, &sub, seq, expected).await?;
+    st.pull_hub.acked(&bridge_id, &sub.subscription_id, seq);
     Ok(Json(AckOut {
         delivery_id,
         cursor: cursor.into(),
