@@ -1,14 +1,18 @@
 //! End-to-end tests: each test starts its own `tidemark serve` (port 0, own data dir) through
 //! the harness in `tidemark_tests`, and checks the HTTP/SSE/CLI contract of
-//! `docs/http-contract.md` and the invariants of the spec (I1, I2, I3, I6, I9) from the
-//! outside: the log, the tasks and notifications read models, the notification router
-//! (also across `kill -9`), and projection rebuild/verify.
+//! `docs/http-contract.md` and the invariants of the spec (I1–I9) from the outside: the log,
+//! the tasks and notifications read models, the notification router (also across `kill -9`),
+//! projection rebuild/verify, the delivery runtime (routing policies, claims and leases with
+//! 32 concurrent claimers, lease expiry across `kill -9`, backpressure) and the bridge terminal
+//! notifier (the decision table, cursors, pull and webhook sinks, at-least-once across
+//! `kill -9`).
 //!
 //! A fresh server's log is not empty: it starts with the `settings.updated` event the server
 //! records at start, so tests count seqs from [`tidemark_tests::Server::start_head`]. Routed
 //! lifecycle types (`task.run_completed`, ...) make the router append `notification.created`
 //! events asynchronously; tests that check exact heads use free-form types, the others wait
-//! (bounded) for the router with `common::wait_routed`.
+//! (bounded) for the router with `common::wait_routed`. Urgent and action notifications also
+//! make the delivery scheduler append `delivery.created` asynchronously.
 //!
 //! Build the binary first: `cargo build -p tidemark-api`.
 
@@ -16,8 +20,12 @@ mod common;
 mod e2e_append;
 mod e2e_auth;
 mod e2e_bad_input;
+mod e2e_bridge_sinks;
+mod e2e_bridges;
 mod e2e_cli;
 mod e2e_crash;
+mod e2e_deliveries;
+mod e2e_delivery_routing;
 mod e2e_limits;
 mod e2e_notifications;
 mod e2e_ops;

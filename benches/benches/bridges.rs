@@ -1,0 +1,1525 @@
+//! Bridge terminal-notification benchmark of tidemark (spec sections 6 and 11): confirmed
+//! deliveries per second with 10,000 pull subscriptions over 100 bridges, and the time from an
+//! accepted-final event's commit to the bridge receiving its envelope.
+//! Targets: at least 10,000 confirmed deliveries/s; p99 commit-to-receipt at most 10 ms at
+//! 1,000 deliveries/s.
+//!
+//! A plain `main` (`harness = false`). Build the server first, then run it:
+//!
+//! ```text
+//! cargo build --release -p tidemark-api
+//! cargo bench -p tidemark-benches --bench bridges -- [options]
+//! cargo bench -p tidemark-benches --bench bridges -- --subscriptions 1000 --bridges 10 \
+//!     --latency-seconds 2          # a small smoke run
+//! ```
+//!
+//! Progress rows and the closing markdown tables go to stderr; the JSON document with every
+//! figure goes to stdout (and to `--json-out FILE`).
+//!
+//! # What it does
+//! One server: the real release binary (`target/release/tidemark serve`) as a child process on
+//! a fresh data directory, driven over HTTP on loopback by this process.
+//!
+//! - Setup (not measured as a workload): `--subscriptions` tasks `bt-<i>` (`task.created`),
+//!   and one pull subscription `bs-<i>` per task, on bridge `bb-<i mod bridges>`, so every
+//!   bridge has `subscriptions / bridges` of them.
+//! - Round `throughput`: every task starts run `tp` (setup), then `task.run_completed` of `tp`
+//!   is appended for every task in batches of `--append-batch` (timed apart). Then one worker
+//!   per bridge loops `GET /v1/bridges/<b>/deliveries?wait_ms=<wait>` and acks every envelope
+//!   (`POST …/deliveries/<id>/ack`, `--ack-concurrency` at a time), until all of its bridge's
+//!   deliveries are confirmed. Throughput = confirmed / (time from the workers' start to the
+//!   last confirmation). Each ack's answer must show the cursor at the envelope's seq.
+//! - Round `latency`: every task starts a fresh run `lat` (setup); the workers long-poll as
+//!   above; a producer appends one `task.run_completed` of `lat` every `1/--rate` s (each its
+//!   own request, not waiting for the previous one) for `--latency-seconds`. Per delivery: the
+//!   time from the producer receiving the append's 201 (the commit) to the worker receiving
+//!   the envelope, both on this process's monotonic clock. A worker may get the envelope before
+//!   the producer has read its 201; such deliveries count as 0 and are reported.
+//! - Also reported: server CPU seconds and peak RSS per round, pull and ack latencies.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use clap::{Parser, ValueEnum};
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+/// Target of the throughput round, confirmed deliveries/s.
+const TARGET_PER_SEC: f64 = 10_000.0;
+/// Target of the latency round: p99 commit-to-receipt, µs, at `TARGET_RATE` deliveries/s.
+const TARGET_P99_US: u64 = 10_000;
+const TARGET_RATE: f64 = 1_000.0;
+/// Error answers kept verbatim per round (the rest are only counted).
+const ERROR_SAMPLES: usize = 5;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Round {
+    Throughput,
+    Latency,
+}
+
+#[derive(Parser)]
+#[command(name = "bridges", about = "tidemark bridge delivery benchmark")]
+struct Opts {
+    /// Rounds to run.
+    #[arg(long, value_delimiter = ',', default_value = "throughput,latency")]
+    only: Vec<Round>,
+    /// Pull subscriptions, one per task.
+    #[arg(long, default_value_t = 10_000)]
+    subscriptions: usize,
+    /// Bridges the subscriptions are spread over (one worker each).
+    #[arg(long, default_value_t = 100)]
+    bridges: usize,
+    /// Events per `POST /v1/events` of the setup and of the throughput round (at most 1000).
+    #[arg(long, default_value_t = 1000)]
+    append_batch: usize,
+    /// `wait_ms` of the workers' long-polls.
+    #[arg(long, default_value_t = 1000)]
+    wait_ms: u64,
+    /// Acks a worker has in flight at once (envelopes of one pull).
+    #[arg(long, default_value_t = 1)]
+    ack_concurrency: usize,
+    /// Appends per second of the latency round.
+    #[arg(long, default_value_t = 1000.0)]
+    rate: f64,
+    /// Duration of the latency round's producer, seconds (at most one event per task).
+    #[arg(long, default_value_t = 5.0)]
+    latency_seconds: f64,
+    /// Concurrent requests of the setup (subscriptions).
+    #[arg(long, default_value_t = 32)]
+    setup_concurrency: usize,
+    /// Bound of each round after its last append, seconds (then it reports what is missing).
+    #[arg(long, default_value_t = 300)]
+    round_timeout_secs: u64,
+    /// The server binary (default: `<target dir>/release/tidemark`; build it with
+    /// `cargo build --release -p tidemark-api`).
+    #[arg(long)]
+    server_bin: Option<PathBuf>,
+    /// Where the data directory goes (default: `<target dir>/bench-data`). Not tmpfs.
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Also write the JSON document here.
+    #[arg(long)]
+    json_out: Option<PathBuf>,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+fn main() -> ExitCode {
+    let opts = Opts::parse();
+    match bench_main(&opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bridges bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Measuring
+
+fn new_histogram() -> Histogram<u64> {
+    // 1 µs .. 10 min, 3 significant digits.
+    Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds")
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Latency percentiles in microseconds.
+#[derive(Serialize, Clone, Copy, Default)]
+struct Percentiles {
+    count: u64,
+    p50: u64,
+    p99: u64,
+    p999: u64,
+    max: u64,
+    mean: f64,
+}
+
+impl From<&Histogram<u64>> for Percentiles {
+    fn from(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Percentiles::default();
+        }
+        Percentiles {
+            count: h.len(),
+            p50: h.value_at_quantile(0.50),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            max: h.max(),
+            mean: (h.mean() * 10.0).round() / 10.0,
+        }
+    }
+}
+
+fn ms(us: u64) -> String {
+    format!("{:.2}", us as f64 / 1000.0)
+}
+
+/// Clock ticks per second of /proc's CPU times.
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// utime + stime, in ticks, of a `/proc/.../stat` file.
+fn stat_ticks(path: &Path) -> Option<u64> {
+    let s = std::fs::read_to_string(path).ok()?;
+    // Fields after the command name, which may hold spaces: state is field 3, utime 14.
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// A `/proc/<pid>/status` line in kB (`VmHWM`, `VmRSS`).
+fn status_kb(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU seconds of the server and of this process over a round.
+#[derive(Serialize, Clone, Copy, Default)]
+struct Cpu {
+    server_s: f64,
+    client_s: f64,
+}
+
+struct CpuMark {
+    server: u64,
+    client: u64,
+}
+
+impl CpuMark {
+    fn now(server_pid: u32) -> CpuMark {
+        CpuMark {
+            server: stat_ticks(Path::new(&format!("/proc/{server_pid}/stat"))).unwrap_or(0),
+            client: stat_ticks(Path::new("/proc/self/stat")).unwrap_or(0),
+        }
+    }
+
+    fn since(&self, server_pid: u32, hz: f64) -> Cpu {
+        let now = CpuMark::now(server_pid);
+        let r = |t: u64| (t as f64 / hz * 100.0).round() / 100.0;
+        Cpu {
+            server_s: r(now.server.saturating_sub(self.server)),
+            client_s: r(now.client.saturating_sub(self.client)),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The machine and where things are
+
+#[derive(Serialize)]
+struct Machine {
+    cpus: usize,
+    mem_total_kb: u64,
+    kernel: String,
+    work_dir: String,
+    work_fs_type: String,
+    work_fs_device: String,
+    /// `git describe --always --dirty` of the workspace: which code was measured.
+    source: String,
+    server_bin: String,
+    /// Modification time of the server binary, seconds since the epoch.
+    server_bin_mtime: u64,
+}
+
+/// The cargo target directory: `CARGO_TARGET_DIR`, or the one this executable was built into
+/// (`<target>/release/deps/bridges-<hash>`).
+fn target_dir() -> Result<PathBuf, String> {
+    if let Some(d) = std::env::var_os("CARGO_TARGET_DIR") {
+        let d = PathBuf::from(d);
+        return Ok(if d.is_relative() {
+            workspace_dir().join(d)
+        } else {
+            d
+        });
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    exe.ancestors()
+        .find(|p| p.join("CACHEDIR.TAG").exists())
+        .map(Path::to_path_buf)
+        .or_else(|| exe.ancestors().nth(3).map(Path::to_path_buf))
+        .ok_or_else(|| "cannot find the target directory; pass --work-dir".to_owned())
+}
+
+fn workspace_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn work_dir(opts: &Opts) -> Result<PathBuf, String> {
+    let dir = match &opts.work_dir {
+        Some(d) => d.clone(),
+        None => target_dir()?.join("bench-data"),
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    dir.canonicalize()
+        .map_err(|e| format!("cannot resolve {}: {e}", dir.display()))
+}
+
+fn server_bin(opts: &Opts) -> Result<PathBuf, String> {
+    let bin = match &opts.server_bin {
+        Some(b) => b.clone(),
+        None => target_dir()?.join("release").join("tidemark"),
+    };
+    if !bin.is_file() {
+        return Err(format!(
+            "no server binary at {}; build it with `cargo build --release -p tidemark-api` \
+             (or pass --server-bin)",
+            bin.display()
+        ));
+    }
+    Ok(bin)
+}
+
+fn mtime(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// The newest modification time of the sources under `dir`.
+fn newest_source(dir: &Path) -> Option<(SystemTime, PathBuf)> {
+    let mut best: Option<(SystemTime, PathBuf)> = None;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs" || x == "toml")
+                && let Some(t) = mtime(&p)
+                && best.as_ref().is_none_or(|(b, _)| t > *b)
+            {
+                best = Some((t, p));
+            }
+        }
+    }
+    best
+}
+
+/// Warn when a source of the server is newer than its binary: the run would measure old code.
+fn warn_if_stale(bin: &Path) {
+    let Some(built) = mtime(bin) else {
+        return;
+    };
+    let ws = workspace_dir();
+    let crates = ["log", "projections", "consumers", "api"];
+    let newest = crates
+        .iter()
+        .filter_map(|c| newest_source(&ws.join(c).join("src")))
+        .chain(
+            crates
+                .iter()
+                .map(|c| ws.join(c).join("Cargo.toml"))
+                .chain([ws.join("Cargo.lock")])
+                .filter_map(|p| Some((mtime(&p)?, p))),
+        )
+        .max_by_key(|(t, _)| *t);
+    if let Some((t, p)) = newest
+        && t > built
+    {
+        eprintln!(
+            "WARNING: {} is newer than {}; rebuild with `cargo build --release -p tidemark-api`",
+            p.display(),
+            bin.display()
+        );
+    }
+}
+
+/// (device, fs type) of the mount holding `dir`: the longest mount point that is a prefix.
+fn filesystem_of(dir: &Path) -> (String, String) {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mut best: Option<(usize, String, String)> = None;
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 3 || !dir.starts_with(f[1]) {
+            continue;
+        }
+        if best.as_ref().is_none_or(|(len, _, _)| f[1].len() >= *len) {
+            best = Some((f[1].len(), f[0].to_owned(), f[2].to_owned()));
+        }
+    }
+    best.map(|(_, dev, fs)| (dev, fs))
+        .unwrap_or_else(|| ("?".into(), "?".into()))
+}
+
+fn machine(work: &Path, bin: &Path) -> Machine {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_total_kb = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    let (dev, fs) = filesystem_of(work);
+    Machine {
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        mem_total_kb,
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_owned(),
+        work_dir: work.display().to_string(),
+        work_fs_type: fs,
+        work_fs_device: dev,
+        source: Command::new("git")
+            .args(["describe", "--always", "--dirty"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default(),
+        server_bin: bin.display().to_string(),
+        server_bin_mtime: mtime(bin)
+            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server: the release binary as a child process
+
+struct Server {
+    child: Child,
+    addr: String,
+    stderr_path: PathBuf,
+}
+
+impl Server {
+    /// `tidemark serve --data <dir>/data --listen 127.0.0.1:0`; the bound address comes from
+    /// its first stdout line.
+    fn start(bin: &Path, dir: &Path) -> Result<Server, String> {
+        let stderr_path = dir.join("server.stderr");
+        let stderr = std::fs::File::create(&stderr_path)
+            .map_err(|e| format!("cannot create {}: {e}", stderr_path.display()))?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("serve")
+            .arg("--data")
+            .arg(dir.join("data"))
+            .arg("--listen")
+            .arg("127.0.0.1:0");
+        // The built-in settings, whatever the shell running the bench has exported.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("TIDEMARK_") {
+                cmd.env_remove(&k);
+            }
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr))
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        let stdout = child.stdout.take().ok_or("no stdout from the server")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Read the first line, then drain stdout until the server exits.
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let _ = tx.send(lines.next());
+            for _ in lines {}
+        });
+        let mut server = Server {
+            child,
+            addr: String::new(),
+            stderr_path,
+        };
+        let first = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(Some(Ok(line))) => line,
+            _ => {
+                return Err(format!(
+                    "the server did not say where it listens; its stderr:\n{}",
+                    server.stderr_tail(20)
+                ));
+            }
+        };
+        server.addr = first
+            .strip_prefix("listening on http://")
+            .ok_or_else(|| format!("unexpected first line from the server: {first:?}"))?
+            .trim()
+            .trim_end_matches('/')
+            .to_owned();
+        Ok(server)
+    }
+
+    fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn stderr_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// WARN and ERROR lines the server logged.
+    fn warnings(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.stderr_path)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            // Expected of a bench server without tokens.
+            .filter(|l| !l.contains("no auth tokens configured"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    async fn wait_ready(&self, client: &reqwest::Client) -> Result<(), String> {
+        let url = format!("{}/readyz", self.base());
+        for _ in 0..600 {
+            if let Ok(r) = client.get(&url).send().await
+                && r.status().is_success()
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(format!("{url} did not answer 200 within 60 s"))
+    }
+
+    /// SIGTERM, then SIGKILL if it has not stopped within 30 s.
+    fn stop(mut self) -> Result<(), String> {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap_or(0));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) if status.success() => return Ok(()),
+                Ok(Some(status)) => {
+                    return Err(format!(
+                        "the server exited with {status}; its stderr:\n{}",
+                        self.stderr_tail(20)
+                    ));
+                }
+                Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(50)),
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    return Err("the server did not stop within 30 s of SIGTERM".into());
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Only when `stop` did not reap it (an error path): do not leave a server behind.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Names and HTTP helpers
+
+fn task_id(i: usize) -> String {
+    format!("bt-{i}")
+}
+
+fn sub_id(i: usize) -> String {
+    format!("bs-{i}")
+}
+
+fn bridge_id(b: usize) -> String {
+    format!("bb-{b}")
+}
+
+/// The task index of a delivery id `notif:bs-<i>:<seq>`, and the seq.
+fn parse_delivery(id: &str) -> Option<(usize, u64)> {
+    let rest = id.strip_prefix("notif:bs-")?;
+    let (i, seq) = rest.split_once(':')?;
+    Some((i.parse().ok()?, seq.parse().ok()?))
+}
+
+fn lifecycle(task: &str, ty: &str, payload: Value) -> Value {
+    json!({"stream": "task_events", "subject": task, "type": ty, "payload": payload})
+}
+
+/// What went wrong with a request, for the error counts: `ack 409 not_pending`.
+fn problem_key(what: &str, status: reqwest::StatusCode, body: &[u8]) -> String {
+    let code = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("code").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| "-".into());
+    format!("{what} {} {code}", status.as_u16())
+}
+
+/// `POST url` with a JSON body; the status, the parsed answer, and when its headers arrived.
+async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    body: Option<&Value>,
+) -> Result<(reqwest::StatusCode, Value, Instant, Vec<u8>), String> {
+    let mut rb = client.post(url);
+    if let Some(b) = body {
+        rb = rb.json(b);
+    }
+    let r = rb.send().await.map_err(|e| format!("POST {url}: {e}"))?;
+    let at = Instant::now();
+    let status = r.status();
+    let bytes = r.bytes().await.map_err(|e| format!("POST {url}: {e}"))?;
+    let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Ok((status, v, at, bytes.to_vec()))
+}
+
+/// Append `events` in batches of `batch`, `concurrency` requests at a time; the seqs in order.
+async fn append_all(
+    client: &reqwest::Client,
+    base: &str,
+    events: Vec<Value>,
+    batch: usize,
+    concurrency: usize,
+) -> Result<Vec<u64>, String> {
+    let url = format!("{base}/v1/events");
+    let chunks: Vec<Vec<Value>> = events.chunks(batch.max(1)).map(<[Value]>::to_vec).collect();
+    let results: Vec<Result<Vec<u64>, String>> = futures::stream::iter(chunks)
+        .map(|chunk| {
+            let (client, url) = (client.clone(), url.clone());
+            async move {
+                let n = chunk.len();
+                let (status, v, _, raw) =
+                    post_json(&client, &url, Some(&json!({ "events": chunk }))).await?;
+                if status != reqwest::StatusCode::CREATED {
+                    return Err(format!(
+                        "POST {url} answered {status}: {}",
+                        String::from_utf8_lossy(&raw)
+                    ));
+                }
+                let seqs: Vec<u64> = v["events"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|e| e["seq"].as_u64()).collect())
+                    .unwrap_or_default();
+                if seqs.len() != n {
+                    return Err(format!(
+                        "POST {url}: {} receipts for {n} events",
+                        seqs.len()
+                    ));
+                }
+                Ok(seqs)
+            }
+        })
+        .buffered(concurrency.max(1))
+        .collect()
+        .await;
+    let mut out = Vec::with_capacity(events.len());
+    for r in results {
+        out.extend(r?);
+    }
+    Ok(out)
+}
+
+/// Create the pull subscription of every task, `concurrency` at a time.
+async fn subscribe_all(
+    client: &reqwest::Client,
+    base: &str,
+    n: usize,
+    bridges: usize,
+    concurrency: usize,
+) -> Result<(), String> {
+    let results: Vec<Result<(), String>> = futures::stream::iter(0..n)
+        .map(|i| {
+            let client = client.clone();
+            let url = format!("{base}/v1/tasks/{}/notifications/bridges", task_id(i));
+            async move {
+                let body = json!({
+                    "subscription_id": sub_id(i),
+                    "bridge_id": bridge_id(i % bridges),
+                    "thread_id": format!("th-{i}"),
+                    "sink": {"kind": "pull"},
+                });
+                let (status, _, _, raw) = post_json(&client, &url, Some(&body)).await?;
+                if status != reqwest::StatusCode::CREATED && status != reqwest::StatusCode::OK {
+                    return Err(format!(
+                        "POST {url} answered {status}: {}",
+                        String::from_utf8_lossy(&raw)
+                    ));
+                }
+                Ok(())
+            }
+        })
+        .buffer_unordered(concurrency.max(1))
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bridge workers
+
+/// Errors of a round: counts per kind, a few verbatim.
+#[derive(Serialize, Default, Clone)]
+struct Errors {
+    count: u64,
+    by_kind: std::collections::BTreeMap<String, u64>,
+    samples: Vec<String>,
+}
+
+impl Errors {
+    fn add(&mut self, kind: String, detail: String) {
+        self.count += 1;
+        *self.by_kind.entry(kind).or_default() += 1;
+        if self.samples.len() < ERROR_SAMPLES {
+            self.samples.push(detail);
+        }
+    }
+
+    fn merge(&mut self, o: Errors) {
+        self.count += o.count;
+        for (k, v) in o.by_kind {
+            *self.by_kind.entry(k).or_default() += v;
+        }
+        for s in o.samples {
+            if self.samples.len() < ERROR_SAMPLES {
+                self.samples.push(s);
+            }
+        }
+    }
+}
+
+/// What one bridge worker measured.
+struct WorkerOut {
+    /// Whole `GET …/deliveries` requests (long-polls included).
+    pull: Histogram<u64>,
+    ack: Histogram<u64>,
+    pulls: u64,
+    empty_pulls: u64,
+    envelopes: u64,
+    /// Delivery id → when the worker first received it.
+    received: HashMap<String, Instant>,
+    confirmed: HashSet<String>,
+    /// Envelopes received again after their ack had succeeded.
+    again_after_ack: u64,
+    /// Envelopes whose content is not what was appended (type, run).
+    wrong: u64,
+    errors: Errors,
+    last_confirm: Option<Instant>,
+}
+
+struct Worker {
+    client: reqwest::Client,
+    base: String,
+    bridge: String,
+    wait_ms: u64,
+    ack_concurrency: usize,
+    /// The run whose completions this round delivers.
+    run: &'static str,
+    /// Stop when this many are confirmed (throughput), or when `stop` is set.
+    expect: usize,
+    stop: Arc<AtomicBool>,
+    deadline: Instant,
+    confirmed_total: Arc<AtomicU64>,
+}
+
+impl Worker {
+    async fn run(self) -> WorkerOut {
+        let mut out = WorkerOut {
+            pull: new_histogram(),
+            ack: new_histogram(),
+            pulls: 0,
+            empty_pulls: 0,
+            envelopes: 0,
+            received: HashMap::new(),
+            confirmed: HashSet::new(),
+            again_after_ack: 0,
+            wrong: 0,
+            errors: Errors::default(),
+            last_confirm: None,
+        };
+        let pull_url = format!(
+            "{}/v1/bridges/{}/deliveries?wait_ms={}",
+            self.base, self.bridge, self.wait_ms
+        );
+        while out.confirmed.len() < self.expect
+            && !self.stop.load(Ordering::Relaxed)
+            && Instant::now() < self.deadline
+        {
+            let t0 = Instant::now();
+            let resp = match self.client.get(&pull_url).send().await {
+                Ok(r) => r,
+                Err(e) => {
+                    out.errors.add("pull transport".into(), e.to_string());
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let status = resp.status();
+            let body = match resp.bytes().await {
+                Ok(b) => b,
+                Err(e) => {
+                    out.errors.add("pull body".into(), e.to_string());
+                    continue;
+                }
+            };
+            let got_at = Instant::now();
+            out.pull.record(micros(got_at - t0)).ok();
+            out.pulls += 1;
+            if status != reqwest::StatusCode::OK {
+                out.errors.add(
+                    problem_key("pull", status, &body),
+                    String::from_utf8_lossy(&body).into_owned(),
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let envs = v["deliveries"].as_array().cloned().unwrap_or_default();
+            if envs.is_empty() {
+                out.empty_pulls += 1;
+                continue;
+            }
+            let mut to_ack = Vec::new();
+            for env in envs {
+                out.envelopes += 1;
+                let id = env["delivery_id"].as_str().unwrap_or_default().to_owned();
+                if out.confirmed.contains(&id) {
+                    out.again_after_ack += 1;
+                    continue;
+                }
+                out.received.entry(id.clone()).or_insert(got_at);
+                if env["metadata"]["terminal_event_type"] != "task.run_completed"
+                    || env["metadata"]["run_id"] != self.run
+                    || env["bridge_id"] != self.bridge.as_str()
+                {
+                    out.wrong += 1;
+                }
+                to_ack.push((id, env["seq"].as_u64().unwrap_or(0)));
+            }
+            let mut acks = std::pin::pin!(
+                futures::stream::iter(to_ack)
+                    .map(|(id, seq)| {
+                        let client = self.client.clone();
+                        let url = format!(
+                            "{}/v1/bridges/{}/deliveries/{id}/ack",
+                            self.base, self.bridge
+                        );
+                        async move {
+                            let t0 = Instant::now();
+                            let r = match post_json(&client, &url, None).await {
+                                Ok((st, v, at, raw)) => {
+                                    if st != reqwest::StatusCode::OK {
+                                        Err((
+                                            problem_key("ack", st, &raw),
+                                            String::from_utf8_lossy(&raw).into_owned(),
+                                        ))
+                                    } else if v["cursor"]["last_sequence"].as_u64() != Some(seq) {
+                                        Err((
+                                            "ack cursor not at the seq".into(),
+                                            format!("ack of {id}: {v}"),
+                                        ))
+                                    } else {
+                                        Ok(at - t0)
+                                    }
+                                }
+                                Err(e) => Err(("ack transport".into(), e)),
+                            };
+                            (id, r)
+                        }
+                    })
+                    .buffer_unordered(self.ack_concurrency.max(1))
+            );
+            // Each confirmation counts as it lands (progress, time of the last one).
+            while let Some((id, r)) = acks.next().await {
+                match r {
+                    Ok(d) => {
+                        out.ack.record(micros(d)).ok();
+                        if out.confirmed.insert(id) {
+                            self.confirmed_total.fetch_add(1, Ordering::Relaxed);
+                        }
+                        out.last_confirm = Some(Instant::now());
+                    }
+                    Err((kind, detail)) => out.errors.add(kind, detail),
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Every worker's measurements together.
+struct Workers {
+    pull: Histogram<u64>,
+    ack: Histogram<u64>,
+    pulls: u64,
+    empty_pulls: u64,
+    envelopes: u64,
+    received: HashMap<String, Instant>,
+    confirmed: usize,
+    again_after_ack: u64,
+    wrong: u64,
+    errors: Errors,
+    last_confirm: Option<Instant>,
+}
+
+impl Workers {
+    fn gather(outs: Vec<WorkerOut>) -> Workers {
+        let mut w = Workers {
+            pull: new_histogram(),
+            ack: new_histogram(),
+            pulls: 0,
+            empty_pulls: 0,
+            envelopes: 0,
+            received: HashMap::new(),
+            confirmed: 0,
+            again_after_ack: 0,
+            wrong: 0,
+            errors: Errors::default(),
+            last_confirm: None,
+        };
+        for o in outs {
+            w.pull.add(&o.pull).ok();
+            w.ack.add(&o.ack).ok();
+            w.pulls += o.pulls;
+            w.empty_pulls += o.empty_pulls;
+            w.envelopes += o.envelopes;
+            w.received.extend(o.received);
+            w.confirmed += o.confirmed.len();
+            w.again_after_ack += o.again_after_ack;
+            w.wrong += o.wrong;
+            w.errors.merge(o.errors);
+            w.last_confirm = w.last_confirm.max(o.last_confirm);
+        }
+        w
+    }
+}
+
+/// Common worker settings of a round.
+struct Crew<'a> {
+    client: &'a reqwest::Client,
+    base: &'a str,
+    opts: &'a Opts,
+}
+
+impl Crew<'_> {
+    fn spawn(
+        &self,
+        run: &'static str,
+        per_bridge: &[usize],
+        stop: &Arc<AtomicBool>,
+        deadline: Instant,
+        confirmed: &Arc<AtomicU64>,
+    ) -> tokio::task::JoinSet<WorkerOut> {
+        let mut set = tokio::task::JoinSet::new();
+        for (b, expect) in per_bridge.iter().enumerate() {
+            let w = Worker {
+                client: self.client.clone(),
+                base: self.base.to_owned(),
+                bridge: bridge_id(b),
+                wait_ms: self.opts.wait_ms,
+                ack_concurrency: self.opts.ack_concurrency,
+                run,
+                expect: *expect,
+                stop: stop.clone(),
+                deadline,
+                confirmed_total: confirmed.clone(),
+            };
+            set.spawn(w.run());
+        }
+        set
+    }
+}
+
+async fn join_workers(set: tokio::task::JoinSet<WorkerOut>) -> Workers {
+    Workers::gather(set.join_all().await)
+}
+
+/// How many subscriptions each bridge has (`i mod bridges`).
+fn per_bridge(n: usize, bridges: usize) -> Vec<usize> {
+    (0..bridges)
+        .map(|b| (0..n).filter(|i| i % bridges == b).count())
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Round: throughput
+
+#[derive(Serialize, Default)]
+struct ThroughputResult {
+    deliveries: usize,
+    /// Appending the completions (before the workers start), seconds.
+    append_s: f64,
+    seconds: f64,
+    confirmed: usize,
+    confirmed_per_sec: f64,
+    pull_us: Percentiles,
+    ack_us: Percentiles,
+    pulls: u64,
+    empty_pulls: u64,
+    envelopes: u64,
+    again_after_ack: u64,
+    wrong_envelopes: u64,
+    errors: Errors,
+    cpu: Cpu,
+    server_peak_rss_kb: u64,
+}
+
+async fn throughput_round(
+    opts: &Opts,
+    client: &reqwest::Client,
+    server: &Server,
+    hz: f64,
+) -> Result<ThroughputResult, String> {
+    let base = server.base();
+    let n = opts.subscriptions;
+    eprintln!("throughput: starting run tp of {n} tasks");
+    let started: Vec<Value> = (0..n)
+        .map(|i| lifecycle(&task_id(i), "task.run_started", json!({"run_id": "tp"})))
+        .collect();
+    append_all(client, &base, started, opts.append_batch, 4).await?;
+    let completed: Vec<Value> = (0..n)
+        .map(|i| lifecycle(&task_id(i), "task.run_completed", json!({"run_id": "tp"})))
+        .collect();
+    let t_append = Instant::now();
+    append_all(client, &base, completed, opts.append_batch, 4).await?;
+    let append_s = t_append.elapsed().as_secs_f64();
+    eprintln!(
+        "throughput: {n} completions appended in {append_s:.2} s; {} workers pull and ack",
+        opts.bridges
+    );
+
+    let cpu0 = CpuMark::now(server.pid());
+    let stop = Arc::new(AtomicBool::new(false));
+    let confirmed = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(opts.round_timeout_secs);
+    let crew = Crew {
+        client,
+        base: &base,
+        opts,
+    };
+    let set = crew.spawn(
+        "tp",
+        &per_bridge(n, opts.bridges),
+        &stop,
+        deadline,
+        &confirmed,
+    );
+    let progress = tokio::spawn({
+        let confirmed = confirmed.clone();
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                eprintln!(
+                    "  {:>6.1} s: {} confirmed",
+                    start.elapsed().as_secs_f64(),
+                    confirmed.load(Ordering::Relaxed)
+                );
+            }
+        }
+    });
+    let w = join_workers(set).await;
+    progress.abort();
+    let cpu = cpu0.since(server.pid(), hz);
+    let end = w.last_confirm.unwrap_or_else(Instant::now);
+    let seconds = end.saturating_duration_since(start).as_secs_f64();
+    Ok(ThroughputResult {
+        deliveries: n,
+        append_s: (append_s * 1000.0).round() / 1000.0,
+        seconds: (seconds * 1000.0).round() / 1000.0,
+        confirmed: w.confirmed,
+        confirmed_per_sec: (w.confirmed as f64 / seconds.max(1e-9)).round(),
+        pull_us: (&w.pull).into(),
+        ack_us: (&w.ack).into(),
+        pulls: w.pulls,
+        empty_pulls: w.empty_pulls,
+        envelopes: w.envelopes,
+        again_after_ack: w.again_after_ack,
+        wrong_envelopes: w.wrong,
+        errors: w.errors,
+        cpu,
+        server_peak_rss_kb: status_kb(server.pid(), "VmHWM"),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Round: latency
+
+#[derive(Serialize, Default)]
+struct LatencyResult {
+    rate_wanted: f64,
+    appends: usize,
+    /// Appends per second the producer achieved (first request to last 201).
+    rate_achieved: f64,
+    append_us: Percentiles,
+    /// 201 of the append → the worker has the envelope.
+    commit_to_receipt_us: Percentiles,
+    /// Deliveries the worker had before the producer read the append's 201 (counted as 0).
+    received_before_201: u64,
+    received: usize,
+    confirmed: usize,
+    missing: usize,
+    /// Received deliveries that name another seq than the append's receipt.
+    wrong_seq: u64,
+    wrong_envelopes: u64,
+    again_after_ack: u64,
+    pull_us: Percentiles,
+    ack_us: Percentiles,
+    append_errors: Errors,
+    errors: Errors,
+    cpu: Cpu,
+    server_peak_rss_kb: u64,
+}
+
+/// Per append of the latency round: when its 201 arrived, and its seq.
+type Commits = Arc<Mutex<Vec<Option<(Instant, u64)>>>>;
+
+async fn latency_round(
+    opts: &Opts,
+    client: &reqwest::Client,
+    server: &Server,
+    hz: f64,
+) -> Result<LatencyResult, String> {
+    let base = server.base();
+    let n = opts.subscriptions;
+    let rate = opts.rate.max(1.0);
+    let k = ((rate * opts.latency_seconds).round() as usize).clamp(1, n);
+    eprintln!("latency: starting run lat of {n} tasks");
+    let started: Vec<Value> = (0..n)
+        .map(|i| lifecycle(&task_id(i), "task.run_started", json!({"run_id": "lat"})))
+        .collect();
+    append_all(client, &base, started, opts.append_batch, 4).await?;
+    eprintln!(
+        "latency: {} workers long-poll; {k} completions at {rate} /s",
+        opts.bridges
+    );
+
+    let cpu0 = CpuMark::now(server.pid());
+    let stop = Arc::new(AtomicBool::new(false));
+    let confirmed = Arc::new(AtomicU64::new(0));
+    let crew = Crew {
+        client,
+        base: &base,
+        opts,
+    };
+    let far = Instant::now() + Duration::from_secs(opts.round_timeout_secs * 4);
+    let set = crew.spawn(
+        "lat",
+        &vec![usize::MAX; opts.bridges],
+        &stop,
+        far,
+        &confirmed,
+    );
+    // Let the workers park their first long-poll.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // The producer: the i-th append is sent at start + i / rate, whether or not the earlier
+    // ones have been answered.
+    let url = format!("{base}/v1/events");
+    let commits: Commits = Arc::new(Mutex::new(vec![None; k]));
+    let append_hist = Arc::new(Mutex::new(new_histogram()));
+    let append_errors = Arc::new(Mutex::new(Errors::default()));
+    let mut producers = tokio::task::JoinSet::new();
+    let start = tokio::time::Instant::now() + Duration::from_millis(10);
+    for i in 0..k {
+        tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
+        let (client, url) = (client.clone(), url.clone());
+        let (commits, hist, errs) = (commits.clone(), append_hist.clone(), append_errors.clone());
+        producers.spawn(async move {
+            let body = lifecycle(&task_id(i), "task.run_completed", json!({"run_id": "lat"}));
+            let t0 = Instant::now();
+            match post_json(&client, &url, Some(&body)).await {
+                Ok((st, v, at, raw)) if st == reqwest::StatusCode::CREATED => {
+                    hist.lock().expect("lock").record(micros(at - t0)).ok();
+                    let seq = v["events"][0]["seq"].as_u64().unwrap_or(0);
+                    commits.lock().expect("lock")[i] = Some((at, seq));
+                    let _ = raw;
+                }
+                Ok((st, _, _, raw)) => errs.lock().expect("lock").add(
+                    problem_key("append", st, &raw),
+                    String::from_utf8_lossy(&raw).into_owned(),
+                ),
+                Err(e) => errs.lock().expect("lock").add("append transport".into(), e),
+            }
+        });
+    }
+    producers.join_all().await;
+    let produced_at = Instant::now();
+    let sent_s = (start.elapsed().as_secs_f64()).max(1e-9);
+    let committed = commits.lock().expect("lock").iter().flatten().count();
+    eprintln!(
+        "latency: {committed} of {k} appends committed in {sent_s:.2} s; waiting for the bridges"
+    );
+    let deadline = produced_at + Duration::from_secs(opts.round_timeout_secs);
+    while (confirmed.load(Ordering::Relaxed) as usize) < committed && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let w = join_workers(set).await;
+    let cpu = cpu0.since(server.pid(), hz);
+
+    let commits = commits.lock().expect("lock").clone();
+    let mut hist = new_histogram();
+    let mut early = 0;
+    let mut wrong_seq = 0;
+    let mut missing = 0;
+    for (i, c) in commits.iter().enumerate() {
+        let Some((at, seq)) = c else {
+            continue;
+        };
+        let id = format!("notif:{}:{seq}", sub_id(i));
+        match w.received.get(&id) {
+            Some(recv) => {
+                if *recv < *at {
+                    early += 1;
+                }
+                hist.record(micros(recv.saturating_duration_since(*at)))
+                    .ok();
+            }
+            None => missing += 1,
+        }
+    }
+    for id in w.received.keys() {
+        match parse_delivery(id) {
+            Some((i, seq)) if i < k && commits[i].is_some_and(|(_, s)| s == seq) => {}
+            _ => wrong_seq += 1,
+        }
+    }
+    let append_hist = append_hist.lock().expect("lock").clone();
+    let append_errors = append_errors.lock().expect("lock").clone();
+    Ok(LatencyResult {
+        rate_wanted: rate,
+        appends: k,
+        rate_achieved: (committed as f64 / sent_s).round(),
+        append_us: (&append_hist).into(),
+        commit_to_receipt_us: (&hist).into(),
+        received_before_201: early,
+        received: w.received.len(),
+        confirmed: w.confirmed,
+        missing,
+        wrong_seq,
+        wrong_envelopes: w.wrong,
+        again_after_ack: w.again_after_ack,
+        pull_us: (&w.pull).into(),
+        ack_us: (&w.ack).into(),
+        append_errors,
+        errors: w.errors,
+        cpu,
+        server_peak_rss_kb: status_kb(server.pid(), "VmHWM"),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The report
+
+#[derive(Serialize, Default)]
+struct Results {
+    setup: Setup,
+    throughput: Option<ThroughputResult>,
+    latency: Option<LatencyResult>,
+}
+
+#[derive(Serialize, Default)]
+struct Setup {
+    tasks_s: f64,
+    subscriptions_s: f64,
+    subscriptions_per_sec: f64,
+}
+
+#[derive(Serialize)]
+struct TargetCheck {
+    name: &'static str,
+    target: String,
+    measured: String,
+    met: bool,
+}
+
+fn checks(opts: &Opts, r: &Results) -> Vec<TargetCheck> {
+    let mut out = Vec::new();
+    let shape = format!(
+        "{} subscriptions / {} bridges",
+        opts.subscriptions, opts.bridges
+    );
+    if let Some(t) = &r.throughput {
+        let complete = t.confirmed == t.deliveries && t.errors.count == 0;
+        out.push(TargetCheck {
+            name: "confirmed deliveries/s (pull)",
+            target: format!(">= {TARGET_PER_SEC} /s at 10000 subscriptions / 100 bridges"),
+            measured: format!(
+                "{} /s ({} of {} confirmed, {shape})",
+                t.confirmed_per_sec, t.confirmed, t.deliveries
+            ),
+            met: complete && t.confirmed_per_sec >= TARGET_PER_SEC,
+        });
+    }
+    if let Some(l) = &r.latency {
+        let p99 = l.commit_to_receipt_us.p99;
+        let complete = l.missing == 0 && l.wrong_seq == 0 && l.append_errors.count == 0;
+        out.push(TargetCheck {
+            name: "p99 commit-to-receipt",
+            target: format!("<= {} ms at {TARGET_RATE} deliveries/s", ms(TARGET_P99_US)),
+            measured: format!(
+                "{} ms at {} /s achieved ({} missing, {shape})",
+                ms(p99),
+                l.rate_achieved,
+                l.missing
+            ),
+            met: complete && p99 <= TARGET_P99_US && l.rate_achieved >= 0.95 * TARGET_RATE,
+        });
+    }
+    out
+}
+
+fn markdown(r: &Results, checks: &[TargetCheck]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Setup: tasks {:.2} s, subscriptions {:.2} s ({} /s).\n",
+        r.setup.tasks_s, r.setup.subscriptions_s, r.setup.subscriptions_per_sec
+    );
+    s.push_str(
+        "| round | deliveries | confirmed | seconds | confirmed/s | p50 ms | p99 ms | p99.9 ms | max ms \
+         | server CPU s | errors |\n",
+    );
+    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    if let Some(t) = &r.throughput {
+        let l = t.ack_us;
+        let _ = writeln!(
+            s,
+            "| throughput (ack latency) | {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} |",
+            t.deliveries,
+            t.confirmed,
+            t.seconds,
+            t.confirmed_per_sec,
+            ms(l.p50),
+            ms(l.p99),
+            ms(l.p999),
+            ms(l.max),
+            t.cpu.server_s,
+            t.errors.count
+        );
+    }
+    if let Some(x) = &r.latency {
+        let l = x.commit_to_receipt_us;
+        let _ = writeln!(
+            s,
+            "| latency (commit → receipt) at {} /s | {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} |",
+            x.rate_achieved,
+            x.appends,
+            x.confirmed,
+            x.appends as f64 / x.rate_achieved.max(1e-9),
+            x.rate_achieved,
+            ms(l.p50),
+            ms(l.p99),
+            ms(l.p999),
+            ms(l.max),
+            x.cpu.server_s,
+            x.errors.count + x.append_errors.count
+        );
+    }
+    s.push('\n');
+    s.push_str("| requests | count | p50 ms | p99 ms | p99.9 ms | max ms |\n|---|---:|---:|---:|---:|---:|\n");
+    let mut row = |name: &str, p: Percentiles| {
+        let _ = writeln!(
+            s,
+            "| {name} | {} | {} | {} | {} | {} |",
+            p.count,
+            ms(p.p50),
+            ms(p.p99),
+            ms(p.p999),
+            ms(p.max)
+        );
+    };
+    if let Some(t) = &r.throughput {
+        row("throughput: GET deliveries", t.pull_us);
+        row("throughput: POST ack", t.ack_us);
+    }
+    if let Some(x) = &r.latency {
+        row("latency: POST /v1/events (1 event)", x.append_us);
+        row("latency: GET deliveries (long-poll)", x.pull_us);
+        row("latency: POST ack", x.ack_us);
+    }
+    if let Some(x) = &r.latency {
+        let _ = writeln!(
+            s,
+            "\nLatency round: {} received, {} missing, {} received before the producer read the \
+             201, {} with a wrong seq.",
+            x.received, x.missing, x.received_before_201, x.wrong_seq
+        );
+    }
+    if !checks.is_empty() {
+        s.push_str("\n| target | wanted | measured | met |\n|---|---|---|---|\n");
+        for c in checks {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} |",
+                c.name,
+                c.target,
+                c.measured,
+                if c.met { "yes" } else { "**no**" }
+            );
+        }
+    }
+    s
+}
+
+fn bench_main(opts: &Opts) -> Result<(), String> {
+    if opts.subscriptions == 0 || opts.bridges == 0 || opts.bridges > opts.subscriptions {
+        return Err("need 1 <= --bridges <= --subscriptions".into());
+    }
+    if opts.append_batch == 0 || opts.append_batch > 1000 {
+        return Err("--append-batch must be 1..=1000".into());
+    }
+    if opts.wait_ms > 30_000 {
+        return Err("--wait-ms must be at most 30000".into());
+    }
+    let bin = server_bin(opts)?;
+    warn_if_stale(&bin);
+    let work = work_dir(opts)?;
+    let machine = machine(&work, &bin);
+    eprintln!(
+        "bridges bench: {} cpus, {} MiB, kernel {}, data in {} ({} on {}), source {}, server {}",
+        machine.cpus,
+        machine.mem_total_kb / 1024,
+        machine.kernel,
+        machine.work_dir,
+        machine.work_fs_type,
+        machine.work_fs_device,
+        machine.source,
+        machine.server_bin
+    );
+    if machine.work_fs_type == "tmpfs" {
+        eprintln!("WARNING: the data directory is on tmpfs: fsync is free there; use --work-dir");
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("bridges-")
+        .tempdir_in(&work)
+        .map_err(|e| format!("cannot create a directory in {}: {e}", work.display()))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("runtime: {e}"))?;
+    let hz = clock_ticks();
+    let server = Server::start(&bin, dir.path())?;
+    let results = rt.block_on(async {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(120))
+            .pool_max_idle_per_host(1024)
+            .build()
+            .map_err(|e| format!("http client: {e}"))?;
+        server.wait_ready(&client).await?;
+        let base = server.base();
+        let n = opts.subscriptions;
+        let mut results = Results::default();
+
+        let t0 = Instant::now();
+        let created: Vec<Value> = (0..n)
+            .map(|i| lifecycle(&task_id(i), "task.created", json!({"project_id": "bench"})))
+            .collect();
+        append_all(&client, &base, created, opts.append_batch, 4).await?;
+        results.setup.tasks_s = (t0.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+        let t0 = Instant::now();
+        subscribe_all(&client, &base, n, opts.bridges, opts.setup_concurrency).await?;
+        let subs_s = t0.elapsed().as_secs_f64();
+        results.setup.subscriptions_s = (subs_s * 1000.0).round() / 1000.0;
+        results.setup.subscriptions_per_sec = (n as f64 / subs_s.max(1e-9)).round();
+        eprintln!(
+            "setup: {n} tasks in {:.2} s, {n} pull subscriptions over {} bridges in {:.2} s",
+            results.setup.tasks_s, opts.bridges, subs_s
+        );
+
+        if opts.only.contains(&Round::Throughput) {
+            let t = throughput_round(opts, &client, &server, hz).await?;
+            eprintln!(
+                "throughput: {} of {} confirmed in {:.2} s = {} /s; ack p50 {} ms p99 {} ms; \
+                 {} errors",
+                t.confirmed,
+                t.deliveries,
+                t.seconds,
+                t.confirmed_per_sec,
+                ms(t.ack_us.p50),
+                ms(t.ack_us.p99),
+                t.errors.count
+            );
+            results.throughput = Some(t);
+        }
+        if opts.only.contains(&Round::Latency) {
+            let l = latency_round(opts, &client, &server, hz).await?;
+            eprintln!(
+                "latency: {} appends at {} /s; commit → receipt p50 {} ms p99 {} ms p99.9 {} ms; \
+                 {} missing",
+                l.appends,
+                l.rate_achieved,
+                ms(l.commit_to_receipt_us.p50),
+                ms(l.commit_to_receipt_us.p99),
+                ms(l.commit_to_receipt_us.p999),
+                l.missing
+            );
+            results.latency = Some(l);
+        }
+        Ok::<_, String>(results)
+    });
+    let warnings = server.warnings();
+    let stopped = server.stop();
+    let results = results?;
+    stopped?;
+    let checks = checks(opts, &results);
+    eprintln!("\n{}", markdown(&results, &checks));
+    if !warnings.is_empty() {
+        eprintln!(
+            "The server logged {} WARN/ERROR lines; the first: {}",
+            warnings.len(),
+            warnings[0]
+        );
+    }
+    let doc = json!({
+        "benchmark": "bridges",
+        "machine": machine,
+        "options": {
+            "only": opts.only,
+            "subscriptions": opts.subscriptions,
+            "bridges": opts.bridges,
+            "append_batch": opts.append_batch,
+            "wait_ms": opts.wait_ms,
+            "ack_concurrency": opts.ack_concurrency,
+            "rate": opts.rate,
+            "latency_seconds": opts.latency_seconds,
+            "setup_concurrency": opts.setup_concurrency,
+        },
+        "setup": "one server (release binary, child process) on a fresh data directory; one \
+                  pull subscription per task, task i on bridge i mod bridges; one worker per \
+                  bridge (long-poll + ack), all in this process over loopback HTTP",
+        "results": results,
+        "server_warnings": warnings.len(),
+        "targets": checks,
+    });
+    let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+    println!("{text}");
+    if let Some(path) = &opts.json_out {
+        std::fs::write(path, format!("{text}\n"))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(())
+}

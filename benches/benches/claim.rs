@@ -1,0 +1,1291 @@
+//! Delivery claim → complete benchmark of tidemark (issue "delivery runtime"): round trips
+//! per second over HTTP with 1, 8 and 32 claimers, claiming batches of 1 and 50, with p50/p99
+//! latency. Target: at least 20,000 deliveries/s completed with 32 claimers and batches of 50.
+//!
+//! A plain `main` (`harness = false`). Build the server first, then run it:
+//!
+//! ```text
+//! cargo build --release -p tidemark-api
+//! cargo bench -p tidemark-benches --bench claim -- [options]
+//! ```
+//!
+//! Progress rows and the closing markdown tables go to stderr; the JSON document with every
+//! figure goes to stdout (and to `--json-out FILE`).
+//!
+//! # What one configuration does
+//! Every configuration (claimers × batch) gets a server of its own: the real release binary
+//! (`target/release/tidemark serve`) as a child process, on a fresh data directory, with a
+//! config file that lifts `notifications.outbox.max_pending` and lengthens the lease. So every
+//! configuration starts from the same log and the same queue, and the figures are comparable.
+//!
+//! 1. Preload: `--deliveries` urgent `notification.requested` events (unique ids, batches of
+//!    `--preload-batch` over `POST /v1/events`), then wait until the routing reactor has made
+//!    a queued `app` delivery of each (`GET /v1/outbox/kpis`). Not measured as the workload.
+//! 2. Run: C claimer tasks on one shared keep-alive client. Each loops
+//!    `POST /v1/deliveries/claim {"sink":"app","owner":"c<i>","limit":B,"lease_ms":…}`, then
+//!    `POST /v1/deliveries/{id}/complete {"owner":"c<i>"}` for each claimed id in turn, until
+//!    a claim comes back empty or the `--seconds` budget is used (a batch already claimed is
+//!    still completed). Latencies: per delivery round trip (claim request start → that
+//!    delivery's complete reply), per claim request, per complete request.
+//!    Throughput = completed deliveries / wall time from the start until the last claimer ends.
+//! 3. Check: the KPIs afterwards must show nothing leased, `sent` = completed, and
+//!    `queued` = preloaded − completed.
+//! 4. Where time goes: CPU seconds of the server (per thread name) and of this client over the
+//!    run, and the bytes the server wrote, per completed delivery.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use clap::Parser;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+/// The sink of desktop deliveries.
+const SINK: &str = "app";
+/// The throughput target of the issue, at `TARGET_CLAIMERS` claimers and `TARGET_BATCH`.
+const TARGET_PER_SEC: f64 = 20_000.0;
+const TARGET_CLAIMERS: usize = 32;
+const TARGET_BATCH: usize = 50;
+/// Error responses kept verbatim per run (the rest are only counted).
+const ERROR_SAMPLES: usize = 5;
+
+#[derive(Parser)]
+#[command(name = "claim", about = "tidemark delivery claim → complete benchmark")]
+struct Opts {
+    /// Concurrent claimers.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    claimers: Vec<usize>,
+    /// Deliveries claimed per claim request (`limit`, 1–1000).
+    #[arg(long, value_delimiter = ',', default_value = "1,50")]
+    batches: Vec<usize>,
+    /// Deliveries preloaded before each configuration.
+    #[arg(long, default_value_t = 40_000)]
+    deliveries: u64,
+    /// Time budget per configuration, seconds: claimers stop claiming after it.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// `lease_ms` of each claim (long enough that no lease expires during a run).
+    #[arg(long, default_value_t = 600_000)]
+    lease_ms: u64,
+    /// Events per `POST /v1/events` of the preload (at most 1000).
+    #[arg(long, default_value_t = 1000)]
+    preload_batch: u64,
+    /// The server binary (default: `<target dir>/release/tidemark`; build it with
+    /// `cargo build --release -p tidemark-api`).
+    #[arg(long)]
+    server_bin: Option<PathBuf>,
+    /// Where the data directories go (default: `<target dir>/bench-data`). Not tmpfs.
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Also write the JSON document here.
+    #[arg(long)]
+    json_out: Option<PathBuf>,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+fn main() -> ExitCode {
+    let opts = Opts::parse();
+    match bench_main(&opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("claim bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Measuring
+
+fn new_histogram() -> Histogram<u64> {
+    // 1 µs .. 10 min, 3 significant digits.
+    Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds")
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Latency percentiles in microseconds.
+#[derive(Serialize, Clone, Copy, Default)]
+struct Percentiles {
+    count: u64,
+    p50: u64,
+    p99: u64,
+    p999: u64,
+    max: u64,
+    mean: f64,
+}
+
+impl From<&Histogram<u64>> for Percentiles {
+    fn from(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Percentiles::default();
+        }
+        Percentiles {
+            count: h.len(),
+            p50: h.value_at_quantile(0.50),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            max: h.max(),
+            mean: (h.mean() * 10.0).round() / 10.0,
+        }
+    }
+}
+
+fn ms(us: u64) -> String {
+    format!("{:.2}", us as f64 / 1000.0)
+}
+
+/// Clock ticks per second of /proc's CPU times.
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// utime + stime, in ticks, of a `/proc/.../stat` file.
+fn stat_ticks(path: &Path) -> Option<u64> {
+    let s = std::fs::read_to_string(path).ok()?;
+    // Fields after the command name, which may hold spaces: state is field 3, utime 14.
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// CPU ticks of each thread of a process, by thread id, with the thread's name.
+fn thread_ticks(pid: u32) -> BTreeMap<u64, (String, u64)> {
+    let mut out = BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Some(tid) = e.file_name().to_str().and_then(|t| t.parse::<u64>().ok()) else {
+            continue;
+        };
+        let name = std::fs::read_to_string(e.path().join("comm"))
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        if let Some(t) = stat_ticks(&e.path().join("stat")) {
+            out.insert(tid, (name, t));
+        }
+    }
+    out
+}
+
+/// CPU seconds per thread name between two samples (threads that came and went count from 0).
+fn cpu_by_name(
+    before: &BTreeMap<u64, (String, u64)>,
+    after: &BTreeMap<u64, (String, u64)>,
+    hz: f64,
+) -> BTreeMap<String, f64> {
+    let mut out: BTreeMap<String, f64> = BTreeMap::new();
+    for (tid, (name, t)) in after {
+        let t0 = before.get(tid).map_or(0, |(_, t0)| *t0);
+        let d = t.saturating_sub(t0) as f64 / hz;
+        if d > 0.0 {
+            *out.entry(name.clone()).or_default() += d;
+        }
+    }
+    for v in out.values_mut() {
+        *v = (*v * 100.0).round() / 100.0;
+    }
+    out
+}
+
+/// `write_bytes` of `/proc/<pid>/io`, when readable.
+fn io_write_bytes(pid: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The machine and where things are
+
+#[derive(Serialize)]
+struct Machine {
+    cpus: usize,
+    mem_total_kb: u64,
+    kernel: String,
+    work_dir: String,
+    work_fs_type: String,
+    work_fs_device: String,
+    /// `git describe --always --dirty` of the workspace: which code was measured.
+    source: String,
+    server_bin: String,
+    /// Modification time of the server binary, seconds since the epoch.
+    server_bin_mtime: u64,
+}
+
+/// The cargo target directory: `CARGO_TARGET_DIR`, or the one this executable was built into
+/// (`<target>/release/deps/claim-<hash>`).
+fn target_dir() -> Result<PathBuf, String> {
+    if let Some(d) = std::env::var_os("CARGO_TARGET_DIR") {
+        let d = PathBuf::from(d);
+        return Ok(if d.is_relative() {
+            workspace_dir().join(d)
+        } else {
+            d
+        });
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    exe.ancestors()
+        .find(|p| p.join("CACHEDIR.TAG").exists())
+        .map(Path::to_path_buf)
+        .or_else(|| exe.ancestors().nth(3).map(Path::to_path_buf))
+        .ok_or_else(|| "cannot find the target directory; pass --work-dir".to_owned())
+}
+
+fn workspace_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn work_dir(opts: &Opts) -> Result<PathBuf, String> {
+    let dir = match &opts.work_dir {
+        Some(d) => d.clone(),
+        None => target_dir()?.join("bench-data"),
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    dir.canonicalize()
+        .map_err(|e| format!("cannot resolve {}: {e}", dir.display()))
+}
+
+fn server_bin(opts: &Opts) -> Result<PathBuf, String> {
+    let bin = match &opts.server_bin {
+        Some(b) => b.clone(),
+        None => target_dir()?.join("release").join("tidemark"),
+    };
+    if !bin.is_file() {
+        return Err(format!(
+            "no server binary at {}; build it with `cargo build --release -p tidemark-api` \
+             (or pass --server-bin)",
+            bin.display()
+        ));
+    }
+    Ok(bin)
+}
+
+fn mtime(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// The newest modification time of the sources the server is built from.
+fn newest_source(dir: &Path) -> Option<(SystemTime, PathBuf)> {
+    let mut best: Option<(SystemTime, PathBuf)> = None;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p
+                .extension()
+                .is_some_and(|x| x == "rs" || x == "toml" || x == "sql")
+                && let Some(t) = mtime(&p)
+                && best.as_ref().is_none_or(|(b, _)| t > *b)
+            {
+                best = Some((t, p));
+            }
+        }
+    }
+    best
+}
+
+/// Warn when a source of the server is newer than its binary: the run would measure old code.
+fn warn_if_stale(bin: &Path) {
+    let Some(built) = mtime(bin) else {
+        return;
+    };
+    let ws = workspace_dir();
+    // The crates' `src` trees and manifests, and the lock file (tests do not go into it).
+    let newest = ["log", "projections", "consumers", "api"]
+        .iter()
+        .filter_map(|c| newest_source(&ws.join(c).join("src")))
+        .chain(
+            ["log", "projections", "consumers", "api"]
+                .iter()
+                .map(|c| ws.join(c).join("Cargo.toml"))
+                .chain([ws.join("Cargo.lock")])
+                .filter_map(|p| Some((mtime(&p)?, p))),
+        )
+        .max_by_key(|(t, _)| *t);
+    if let Some((t, p)) = newest
+        && t > built
+    {
+        eprintln!(
+            "WARNING: {} is newer than {}; rebuild with `cargo build --release -p tidemark-api`",
+            p.display(),
+            bin.display()
+        );
+    }
+}
+
+/// (device, fs type) of the mount holding `dir`: the longest mount point that is a prefix.
+fn filesystem_of(dir: &Path) -> (String, String) {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mut best: Option<(usize, String, String)> = None;
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 3 || !dir.starts_with(f[1]) {
+            continue;
+        }
+        if best.as_ref().is_none_or(|(len, _, _)| f[1].len() >= *len) {
+            best = Some((f[1].len(), f[0].to_owned(), f[2].to_owned()));
+        }
+    }
+    best.map(|(_, dev, fs)| (dev, fs))
+        .unwrap_or_else(|| ("?".into(), "?".into()))
+}
+
+fn machine(work: &Path, bin: &Path) -> Machine {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_total_kb = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    let (dev, fs) = filesystem_of(work);
+    Machine {
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        mem_total_kb,
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_owned(),
+        work_dir: work.display().to_string(),
+        work_fs_type: fs,
+        work_fs_device: dev,
+        source: Command::new("git")
+            .args(["describe", "--always", "--dirty"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default(),
+        server_bin: bin.display().to_string(),
+        server_bin_mtime: mtime(bin)
+            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server: the release binary as a child process
+
+struct Server {
+    child: Child,
+    addr: String,
+    stderr_path: PathBuf,
+}
+
+impl Server {
+    /// `tidemark serve --data <dir>/data --listen 127.0.0.1:0 --config <dir>/bench.toml`; the
+    /// bound address comes from its first stdout line.
+    fn start(bin: &Path, dir: &Path, lease_ms: u64, max_pending: u64) -> Result<Server, String> {
+        let config = dir.join("bench.toml");
+        // Deliveries are preloaded well above the default max_pending, and no lease may
+        // expire during a run (the claims also ask for `lease_ms`).
+        let lease_s = lease_ms.div_ceil(1000).max(1);
+        let text = format!(
+            "[notifications.retry]\nlease_ttl = \"{lease_s}s\"\n\n\
+             [notifications.outbox]\nmax_pending = {max_pending}\n"
+        );
+        std::fs::write(&config, text)
+            .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
+        let stderr_path = dir.join("server.stderr");
+        let stderr = std::fs::File::create(&stderr_path)
+            .map_err(|e| format!("cannot create {}: {e}", stderr_path.display()))?;
+        let mut child = Command::new(bin)
+            .arg("serve")
+            .arg("--data")
+            .arg(dir.join("data"))
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr))
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        let stdout = child.stdout.take().ok_or("no stdout from the server")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Read the first line, then drain stdout until the server exits.
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let _ = tx.send(lines.next());
+            for _ in lines {}
+        });
+        let mut server = Server {
+            child,
+            addr: String::new(),
+            stderr_path,
+        };
+        let first = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(Some(Ok(line))) => line,
+            _ => {
+                return Err(format!(
+                    "the server did not say where it listens; its stderr:\n{}",
+                    server.stderr_tail(20)
+                ));
+            }
+        };
+        server.addr = first
+            .strip_prefix("listening on http://")
+            .ok_or_else(|| format!("unexpected first line from the server: {first:?}"))?
+            .trim()
+            .to_owned();
+        Ok(server)
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn stderr_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// WARN and ERROR lines the server logged, but the expected one of an open server.
+    fn warnings(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.stderr_path)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .filter(|l| !l.contains("no auth tokens configured"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    async fn wait_ready(&self, client: &reqwest::Client) -> Result<(), String> {
+        let url = self.url("/readyz");
+        for _ in 0..600 {
+            if let Ok(r) = client.get(&url).send().await
+                && r.status().is_success()
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(format!("{url} did not answer 200 within 60 s"))
+    }
+
+    /// SIGTERM, then SIGKILL if it has not stopped within 30 s.
+    fn stop(mut self) -> Result<(), String> {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap_or(0));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) if status.success() => return Ok(()),
+                Ok(Some(status)) => {
+                    return Err(format!(
+                        "the server exited with {status}; its stderr:\n{}",
+                        self.stderr_tail(20)
+                    ));
+                }
+                Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(50)),
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    return Err("the server did not stop within 30 s of SIGTERM".into());
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Only when `stop` did not reap it (an error path): do not leave a server behind.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP helpers
+
+/// Percent-encode a path segment: everything but RFC 3986 `pchar`s. Delivery ids
+/// (`dlv:<notification id>:desktop`) keep their `:`.
+fn encode_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@".contains(&b) {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// What went wrong with a request, for the error counts: `claim 409 not_lease_owner`.
+fn problem_key(what: &str, status: reqwest::StatusCode, body: &[u8]) -> String {
+    let code = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("code").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| "-".into());
+    format!("{what} {} {code}", status.as_u16())
+}
+
+async fn get_json(client: &reqwest::Client, url: &str) -> Result<Value, String> {
+    let r = client
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    let status = r.status();
+    let body = r.bytes().await.map_err(|e| format!("GET {url}: {e}"))?;
+    if !status.is_success() {
+        return Err(format!(
+            "GET {url} answered {status}: {}",
+            String::from_utf8_lossy(&body)
+        ));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("GET {url}: {e}"))
+}
+
+/// The `app` sink's KPIs (zeros when the sink has no deliveries yet).
+async fn app_kpis(client: &reqwest::Client, server: &Server) -> Result<Value, String> {
+    let v = get_json(client, &server.url("/v1/outbox/kpis?interval_s=86400")).await?;
+    Ok(v["by_sink"][SINK].clone())
+}
+
+fn field(v: &Value, k: &str) -> u64 {
+    v.get(k).and_then(Value::as_u64).unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Preload
+
+/// Append `n` urgent notifications (`<prefix>-<i>`) in batches, a few requests at a time.
+async fn preload(
+    client: &reqwest::Client,
+    server: &Server,
+    prefix: &str,
+    n: u64,
+    batch: u64,
+) -> Result<(), String> {
+    const CONCURRENCY: u64 = 4;
+    let url = server.url("/v1/events");
+    let batches = n.div_ceil(batch);
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..CONCURRENCY {
+        let (client, url, prefix) = (client.clone(), url.clone(), prefix.to_owned());
+        tasks.spawn(async move {
+            let mut k = t;
+            while k < batches {
+                let lo = k * batch;
+                let events: Vec<Value> = (lo..(lo + batch).min(n))
+                    .map(|i| {
+                        let id = format!("{prefix}-{i}");
+                        json!({
+                            "event_id": id,
+                            "stream": "notifications",
+                            "subject": id,
+                            "type": "notification.requested",
+                            "payload": {"priority": "urgent", "title": format!("bench delivery {i}")},
+                        })
+                    })
+                    .collect();
+                let body = serde_json::to_vec(&json!({ "events": events }))
+                    .map_err(|e| e.to_string())?;
+                let r = client
+                    .post(&url)
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .map_err(|e| format!("POST {url}: {e}"))?;
+                let status = r.status();
+                let body = r.bytes().await.map_err(|e| format!("POST {url}: {e}"))?;
+                if status != reqwest::StatusCode::CREATED {
+                    return Err(format!(
+                        "preload: POST {url} answered {status}: {}",
+                        String::from_utf8_lossy(&body)
+                    ));
+                }
+                let v: Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+                if v["events"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|e| e["duplicate"] == true))
+                {
+                    return Err("preload: the server reported a duplicate event_id".into());
+                }
+                k += CONCURRENCY;
+            }
+            Ok::<_, String>(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.map_err(|e| format!("preload task: {e}"))??;
+    }
+    Ok(())
+}
+
+/// Wait until the routing reactor has made `n` queued `app` deliveries.
+async fn wait_routed(client: &reqwest::Client, server: &Server, n: u64) -> Result<(), String> {
+    let until = Instant::now() + Duration::from_secs(120 + n / 1000);
+    let mut queued = 0;
+    while Instant::now() < until {
+        let k = app_kpis(client, server).await?;
+        queued = field(&k, "queued");
+        if queued == n {
+            return Ok(());
+        }
+        if queued > n {
+            return Err(format!(
+                "{queued} deliveries queued, more than the {n} preloaded"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(format!(
+        "only {queued} of {n} deliveries were routed in time"
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Claimers
+
+#[derive(serde::Deserialize)]
+struct ClaimReply {
+    deliveries: Vec<ClaimedRow>,
+}
+
+#[derive(serde::Deserialize)]
+struct ClaimedRow {
+    id: String,
+    status: String,
+    lease_owner: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct CompleteReply {
+    status: String,
+}
+
+/// What one claimer measured.
+struct ClaimerOut {
+    round_trip: Histogram<u64>,
+    claim: Histogram<u64>,
+    complete: Histogram<u64>,
+    completed: u64,
+    claims: u64,
+    empty_claims: u64,
+    drained: bool,
+    errors: BTreeMap<String, u64>,
+    samples: Vec<String>,
+}
+
+impl ClaimerOut {
+    fn error(&mut self, key: String, detail: String) {
+        *self.errors.entry(key).or_default() += 1;
+        if self.samples.len() < ERROR_SAMPLES {
+            self.samples.push(detail);
+        }
+    }
+}
+
+struct Claimer {
+    client: reqwest::Client,
+    base: String,
+    owner: String,
+    batch: usize,
+    lease_ms: u64,
+}
+
+impl Claimer {
+    async fn run(self, deadline: Instant) -> ClaimerOut {
+        let mut out = ClaimerOut {
+            round_trip: new_histogram(),
+            claim: new_histogram(),
+            complete: new_histogram(),
+            completed: 0,
+            claims: 0,
+            empty_claims: 0,
+            drained: false,
+            errors: BTreeMap::new(),
+            samples: Vec::new(),
+        };
+        let claim_url = format!("{}/v1/deliveries/claim", self.base);
+        let claim_body = serde_json::to_vec(&json!({
+            "sink": SINK,
+            "owner": self.owner,
+            "limit": self.batch,
+            "lease_ms": self.lease_ms,
+        }))
+        .expect("JSON encodes");
+        let complete_body =
+            serde_json::to_vec(&json!({ "owner": self.owner })).expect("JSON encodes");
+        while Instant::now() < deadline {
+            let t0 = Instant::now();
+            let r = match self
+                .client
+                .post(&claim_url)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(claim_body.clone())
+                .send()
+                .await
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    // Loopback transport errors mean the server is gone: stop this claimer.
+                    out.error("claim transport".into(), format!("POST {claim_url}: {e}"));
+                    break;
+                }
+            };
+            let status = r.status();
+            let body = match r.bytes().await {
+                Ok(b) => b,
+                Err(e) => {
+                    out.error("claim transport".into(), format!("POST {claim_url}: {e}"));
+                    break;
+                }
+            };
+            if !status.is_success() {
+                out.error(
+                    problem_key("claim", status, &body),
+                    format!(
+                        "POST {claim_url} → {status}: {}",
+                        String::from_utf8_lossy(&body)
+                    ),
+                );
+                // Overload (429) or a transient failure: back off a little and claim again.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+            let reply: ClaimReply = match serde_json::from_slice(&body) {
+                Ok(v) => v,
+                Err(e) => {
+                    out.error("claim bad_reply".into(), format!("claim reply: {e}"));
+                    continue;
+                }
+            };
+            if reply.deliveries.is_empty() {
+                out.claim.saturating_record(micros(t0.elapsed()));
+                out.empty_claims += 1;
+                out.drained = true;
+                break;
+            }
+            out.claim.saturating_record(micros(t0.elapsed()));
+            out.claims += 1;
+            for row in reply.deliveries {
+                if row.status != "leased" || row.lease_owner.as_deref() != Some(&self.owner) {
+                    out.error(
+                        "claim not_leased_to_me".into(),
+                        format!(
+                            "claimed {} is {} by {:?}",
+                            row.id, row.status, row.lease_owner
+                        ),
+                    );
+                }
+                let url = format!(
+                    "{}/v1/deliveries/{}/complete",
+                    self.base,
+                    encode_segment(&row.id)
+                );
+                let t1 = Instant::now();
+                let r = match self
+                    .client
+                    .post(&url)
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(complete_body.clone())
+                    .send()
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(e) => {
+                        out.error("complete transport".into(), format!("POST {url}: {e}"));
+                        return out;
+                    }
+                };
+                let status = r.status();
+                let body = match r.bytes().await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        out.error("complete transport".into(), format!("POST {url}: {e}"));
+                        return out;
+                    }
+                };
+                let done = Instant::now();
+                out.complete.saturating_record(micros(done - t1));
+                if !status.is_success() {
+                    out.error(
+                        problem_key("complete", status, &body),
+                        format!("POST {url} → {status}: {}", String::from_utf8_lossy(&body)),
+                    );
+                    continue;
+                }
+                match serde_json::from_slice::<CompleteReply>(&body) {
+                    Ok(c) if c.status == "sent" => {
+                        out.completed += 1;
+                        out.round_trip.saturating_record(micros(done - t0));
+                    }
+                    Ok(c) => out.error(
+                        "complete not_sent".into(),
+                        format!("completed {} is {}", row.id, c.status),
+                    ),
+                    Err(e) => out.error("complete bad_reply".into(), format!("reply: {e}")),
+                }
+            }
+        }
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One configuration
+
+#[derive(Serialize)]
+struct ServerUsage {
+    /// CPU seconds of the server over the run, by thread name.
+    cpu_s_by_thread: BTreeMap<String, f64>,
+    cpu_s: f64,
+    /// Server CPU per completed delivery.
+    cpu_us_per_delivery: f64,
+    /// Bytes the server caused to be written to storage, per completed delivery.
+    write_bytes_per_delivery: Option<f64>,
+    /// CPU seconds of this process (the claimers and reqwest) over the run.
+    client_cpu_s: f64,
+}
+
+#[derive(Serialize)]
+struct AfterCheck {
+    queued: u64,
+    leased: u64,
+    sent: u64,
+    /// Nothing left leased, sent = completed, queued = preloaded − completed.
+    consistent: bool,
+}
+
+#[derive(Serialize)]
+struct Run {
+    claimers: usize,
+    batch: usize,
+    preloaded: u64,
+    preload_s: f64,
+    routing_s: f64,
+    completed: u64,
+    /// Claim requests that leased at least one delivery.
+    claims: u64,
+    empty_claims: u64,
+    /// `drained`: every claimer saw an empty claim; `time budget`: stopped by `--seconds`.
+    ended: &'static str,
+    seconds: f64,
+    deliveries_per_sec: f64,
+    round_trip_us: Percentiles,
+    claim_us: Percentiles,
+    complete_us: Percentiles,
+    /// Non-2xx replies and transport failures by `endpoint status code`.
+    errors: BTreeMap<String, u64>,
+    error_samples: Vec<String>,
+    after: AfterCheck,
+    server: ServerUsage,
+    /// WARN/ERROR lines of the server's log during the whole configuration.
+    server_warnings: Vec<String>,
+}
+
+fn run_config(
+    opts: &Opts,
+    bin: &Path,
+    work: &Path,
+    rt: &tokio::runtime::Runtime,
+    claimers: usize,
+    batch: usize,
+    k: usize,
+) -> Result<Run, String> {
+    let dir = tempfile::Builder::new()
+        .prefix("claim-")
+        .tempdir_in(work)
+        .map_err(|e| format!("cannot create a data directory in {}: {e}", work.display()))?;
+    let max_pending = (opts.deliveries * 2).max(10_000_000);
+    let server = Server::start(bin, dir.path(), opts.lease_ms, max_pending)?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(usize::MAX)
+        .tcp_nodelay(true)
+        .build()
+        .map_err(|e| format!("HTTP client: {e}"))?;
+    let run = rt.block_on(measure(opts, &server, &client, claimers, batch, k));
+    let warnings = server.warnings();
+    // The client (and its idle connections) goes before the server stops.
+    drop(client);
+    let stopped = server.stop();
+    let mut run = run?;
+    stopped?;
+    run.server_warnings = warnings;
+    Ok(run)
+}
+
+async fn measure(
+    opts: &Opts,
+    server: &Server,
+    client: &reqwest::Client,
+    claimers: usize,
+    batch: usize,
+    k: usize,
+) -> Result<Run, String> {
+    server.wait_ready(client).await?;
+    let n = opts.deliveries;
+    let t = Instant::now();
+    preload(client, server, &format!("bench-{k}"), n, opts.preload_batch).await?;
+    let preload_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    wait_routed(client, server, n).await?;
+    let routing_s = t.elapsed().as_secs_f64();
+
+    // Open one connection per claimer before the clock starts.
+    let mut warm = tokio::task::JoinSet::new();
+    for _ in 0..claimers {
+        let (client, url) = (client.clone(), server.url("/healthz"));
+        warm.spawn(async move { client.get(&url).send().await.map(|_| ()) });
+    }
+    while let Some(r) = warm.join_next().await {
+        r.map_err(|e| e.to_string())?
+            .map_err(|e| format!("warm-up: {e}"))?;
+    }
+
+    let hz = clock_ticks();
+    let pid = server.pid();
+    let cpu0 = thread_ticks(pid);
+    let io0 = io_write_bytes(&pid.to_string());
+    let self0 = stat_ticks(Path::new("/proc/self/stat")).unwrap_or(0);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(opts.seconds);
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..claimers {
+        let c = Claimer {
+            client: client.clone(),
+            base: format!("http://{}", server.addr),
+            owner: format!("c{i}"),
+            batch,
+            lease_ms: opts.lease_ms,
+        };
+        tasks.spawn(c.run(deadline));
+    }
+    let mut round_trip = new_histogram();
+    let mut claim = new_histogram();
+    let mut complete = new_histogram();
+    let (mut completed, mut claims, mut empty_claims, mut drained) = (0, 0, 0, true);
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    let mut samples = Vec::new();
+    while let Some(j) = tasks.join_next().await {
+        let o = j.map_err(|e| format!("claimer task failed: {e}"))?;
+        let add =
+            |a: &mut Histogram<u64>, b: &Histogram<u64>| a.add(b).map_err(|e| format!("{e:?}"));
+        add(&mut round_trip, &o.round_trip)?;
+        add(&mut claim, &o.claim)?;
+        add(&mut complete, &o.complete)?;
+        completed += o.completed;
+        claims += o.claims;
+        empty_claims += o.empty_claims;
+        drained &= o.drained;
+        for (key, v) in o.errors {
+            *errors.entry(key).or_default() += v;
+        }
+        for s in o.samples {
+            if samples.len() < ERROR_SAMPLES {
+                samples.push(s);
+            }
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu1 = thread_ticks(pid);
+    let io1 = io_write_bytes(&pid.to_string());
+    let self1 = stat_ticks(Path::new("/proc/self/stat")).unwrap_or(0);
+
+    let by_thread = cpu_by_name(&cpu0, &cpu1, hz);
+    let cpu_s: f64 = by_thread.values().sum();
+    let per = |x: f64| (x / completed.max(1) as f64 * 10.0).round() / 10.0;
+    let server_usage = ServerUsage {
+        cpu_s: (cpu_s * 100.0).round() / 100.0,
+        cpu_us_per_delivery: per(cpu_s * 1e6),
+        write_bytes_per_delivery: io0.zip(io1).map(|(a, b)| per(b.saturating_sub(a) as f64)),
+        client_cpu_s: (self1.saturating_sub(self0) as f64 / hz * 100.0).round() / 100.0,
+        cpu_s_by_thread: by_thread,
+    };
+
+    let k = app_kpis(client, server).await?;
+    let (queued, leased, sent) = (
+        field(&k, "queued"),
+        field(&k, "leased"),
+        field(&k, "sent_last_interval"),
+    );
+    let after = AfterCheck {
+        queued,
+        leased,
+        sent,
+        consistent: leased == 0 && sent == completed && queued + completed == n,
+    };
+    Ok(Run {
+        claimers,
+        batch,
+        preloaded: n,
+        preload_s: (preload_s * 100.0).round() / 100.0,
+        routing_s: (routing_s * 100.0).round() / 100.0,
+        completed,
+        claims,
+        empty_claims,
+        ended: if drained { "drained" } else { "time budget" },
+        seconds: (seconds * 1000.0).round() / 1000.0,
+        deliveries_per_sec: (completed as f64 / seconds).round(),
+        round_trip_us: Percentiles::from(&round_trip),
+        claim_us: Percentiles::from(&claim),
+        complete_us: Percentiles::from(&complete),
+        errors,
+        error_samples: samples,
+        after,
+        server: server_usage,
+        server_warnings: Vec::new(),
+    })
+}
+
+fn print_run(r: &Run) {
+    eprintln!(
+        "claimers {:>3}  batch {:>3}  {:>7} completed in {:>6.2} s ({})  {:>7} deliveries/s  \
+         round trip p50 {} ms p99 {} ms  claim p50 {} ms p99 {} ms  complete p50 {} ms p99 {} ms  \
+         server CPU {:.1} µs/delivery  errors {}",
+        r.claimers,
+        r.batch,
+        r.completed,
+        r.seconds,
+        r.ended,
+        r.deliveries_per_sec,
+        ms(r.round_trip_us.p50),
+        ms(r.round_trip_us.p99),
+        ms(r.claim_us.p50),
+        ms(r.claim_us.p99),
+        ms(r.complete_us.p50),
+        ms(r.complete_us.p99),
+        r.server.cpu_us_per_delivery,
+        r.errors.values().sum::<u64>(),
+    );
+    if !r.after.consistent {
+        eprintln!(
+            "  WARNING: KPIs after the run: queued {}, leased {}, sent {} (completed {} of {})",
+            r.after.queued, r.after.leased, r.after.sent, r.completed, r.preloaded
+        );
+    }
+    for (key, n) in &r.errors {
+        eprintln!("  error: {key} × {n}");
+    }
+    for s in &r.error_samples {
+        eprintln!("    e.g. {s}");
+    }
+    for w in r.server_warnings.iter().take(5) {
+        eprintln!("  server: {w}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The report
+
+#[derive(Serialize)]
+struct TargetCheck {
+    name: String,
+    target: String,
+    measured: String,
+    met: bool,
+}
+
+fn check(runs: &[Run]) -> Option<TargetCheck> {
+    let r = runs
+        .iter()
+        .find(|r| r.claimers == TARGET_CLAIMERS && r.batch == TARGET_BATCH)?;
+    Some(TargetCheck {
+        name: format!("claim → complete, {TARGET_CLAIMERS} claimers, batches of {TARGET_BATCH}"),
+        target: format!(">= {TARGET_PER_SEC} deliveries/s completed"),
+        measured: format!(
+            "{} deliveries/s (p50 {} ms, p99 {} ms round trip)",
+            r.deliveries_per_sec,
+            ms(r.round_trip_us.p50),
+            ms(r.round_trip_us.p99)
+        ),
+        met: r.deliveries_per_sec >= TARGET_PER_SEC,
+    })
+}
+
+fn markdown(runs: &[Run], check: Option<&TargetCheck>) -> String {
+    let mut s = String::new();
+    s.push_str(
+        "| claimers | batch | completed | s | deliveries/s | round trip p50 ms | p99 ms | p99.9 ms \
+         | claim p50 ms | p99 ms | complete p50 ms | p99 ms | server CPU µs/delivery \
+         | server B written/delivery | errors |\n",
+    );
+    s.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for r in runs {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.claimers,
+            r.batch,
+            r.completed,
+            r.seconds,
+            r.deliveries_per_sec,
+            ms(r.round_trip_us.p50),
+            ms(r.round_trip_us.p99),
+            ms(r.round_trip_us.p999),
+            ms(r.claim_us.p50),
+            ms(r.claim_us.p99),
+            ms(r.complete_us.p50),
+            ms(r.complete_us.p99),
+            r.server.cpu_us_per_delivery,
+            r.server
+                .write_bytes_per_delivery
+                .map_or_else(|| "?".into(), |b| b.to_string()),
+            r.errors.values().sum::<u64>(),
+        );
+    }
+    s.push('\n');
+    s.push_str("| claimers | batch | server CPU s by thread | client CPU s | ended |\n");
+    s.push_str("|---:|---:|---|---:|---|\n");
+    for r in runs {
+        let threads: Vec<String> = r
+            .server
+            .cpu_s_by_thread
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.2}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.2} | {} |",
+            r.claimers,
+            r.batch,
+            threads.join(", "),
+            r.server.client_cpu_s,
+            r.ended
+        );
+    }
+    s.push('\n');
+    match check {
+        Some(c) => {
+            let _ = writeln!(
+                s,
+                "Target: {}: wanted {}, measured {}: {}",
+                c.name,
+                c.target,
+                c.measured,
+                if c.met { "MET" } else { "MISSED" }
+            );
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "Target: {TARGET_CLAIMERS} claimers × batch {TARGET_BATCH} was not measured \
+                 (not in --claimers/--batches)"
+            );
+        }
+    }
+    s
+}
+
+fn bench_main(opts: &Opts) -> Result<(), String> {
+    if opts.claimers.is_empty() || opts.claimers.contains(&0) {
+        return Err("--claimers must be positive".into());
+    }
+    if opts.batches.iter().any(|b| !(1..=1000).contains(b)) {
+        return Err("--batches must be from 1 to 1000".into());
+    }
+    if !(1..=1000).contains(&opts.preload_batch) {
+        return Err("--preload-batch must be from 1 to 1000".into());
+    }
+    if opts.deliveries == 0 || opts.seconds.is_nan() || opts.seconds <= 0.0 {
+        return Err("--deliveries and --seconds must be positive".into());
+    }
+    if !(100..=3_600_000).contains(&opts.lease_ms) {
+        return Err("--lease-ms must be from 100 to 3600000".into());
+    }
+    let bin = server_bin(opts)?;
+    warn_if_stale(&bin);
+    let work = work_dir(opts)?;
+    let machine = machine(&work, &bin);
+    eprintln!(
+        "claim bench: {} cpus, {} MiB, kernel {}, data in {} ({} on {}), source {}, server {}",
+        machine.cpus,
+        machine.mem_total_kb / 1024,
+        machine.kernel,
+        machine.work_dir,
+        machine.work_fs_type,
+        machine.work_fs_device,
+        machine.source,
+        machine.server_bin,
+    );
+    if machine.work_fs_type == "tmpfs" {
+        eprintln!("WARNING: the data directory is on tmpfs: fsync is free there; use --work-dir");
+    }
+    eprintln!(
+        "one server per configuration (fresh data directory, {} urgent deliveries preloaded), \
+         budget {} s each",
+        opts.deliveries, opts.seconds
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a tokio runtime: {e}"))?;
+    let mut runs = Vec::new();
+    let mut k = 0;
+    for &claimers in &opts.claimers {
+        for &batch in &opts.batches {
+            let run = run_config(opts, &bin, &work, &rt, claimers, batch, k)?;
+            k += 1;
+            print_run(&run);
+            runs.push(run);
+        }
+    }
+    let check = check(&runs);
+    eprintln!("\n{}", markdown(&runs, check.as_ref()));
+    let doc = json!({
+        "benchmark": "claim",
+        "machine": machine,
+        "setup": "one server (release binary, child process) per configuration, on a fresh data \
+                  directory, with `deliveries` urgent notifications routed to queued `app` \
+                  deliveries before the clock starts; one shared keep-alive HTTP/1.1 client",
+        "options": {
+            "claimers": opts.claimers,
+            "batches": opts.batches,
+            "deliveries": opts.deliveries,
+            "seconds": opts.seconds,
+            "lease_ms": opts.lease_ms,
+            "preload_batch": opts.preload_batch,
+        },
+        "results": runs,
+        "targets": check.into_iter().collect::<Vec<_>>(),
+    });
+    let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+    println!("{text}");
+    if let Some(path) = &opts.json_out {
+        std::fs::write(path, format!("{text}\n"))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
