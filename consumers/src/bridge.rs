@@ -402,6 +402,8 @@ pub fn spawn(
             scanned_to: None,
             retries: HashMap::new(),
             inflight: JoinSet::new(),
+            stopped: Default::default(),
+            deferred: Default::default(),
             hub,
             busy: HashMap::new(),
         };
@@ -416,6 +418,9 @@ struct Notifier {
     /// The log head the last pass looked at (`None`: look at every subscription).
     scanned_to: Option<u64>,
     retries: HashMap<String, Retry>,
+    /// Subscriptions stopped at a mismatch, and those with a deferred event, as last seen.
+    stopped: std::collections::HashSet<String>,
+    deferred: std::collections::HashSet<String>,
     /// Webhook POSTs in flight: (subscription, seq, cursor when scanned, outcome).
     inflight: JoinSet<(String, u64, u64, Result<(), String>)>,
     hub: PullHub,
@@ -571,6 +576,10 @@ impl Notifier {
         .map_err(|e| e.to_string())??;
         for (id, reset) in &forget {
             self.hub.forget(id, *reset);
+            if !reset {
+                self.stopped.remove(id);
+                self.deferred.remove(id);
+            }
         }
         self.scanned_to = Some(head);
         let mut subs = subs;
@@ -624,6 +633,15 @@ impl Notifier {
     }
 
     async fn look_at(&mut self, subs: Vec<Subscription>) -> Result<(), String> {
+        let r = self.look_at_each(subs).await;
+        // The decisions in force, for dashboards (the same as `…/explain`, in aggregate).
+        metrics::gauge!("tidemark_bridge_subscriptions_stopped").set(self.stopped.len() as f64);
+        metrics::gauge!("tidemark_bridge_subscriptions_deferring").set(self.deferred.len() as f64);
+        metrics::gauge!("tidemark_bridge_webhooks_retrying").set(self.retries.len() as f64);
+        r
+    }
+
+    async fn look_at_each(&mut self, subs: Vec<Subscription>) -> Result<(), String> {
         for sub in subs {
             let id = sub.subscription_id.clone();
             if self.busy.contains_key(&id) {
@@ -646,10 +664,22 @@ impl Notifier {
                     .map(|ev| (ev.seq, bridges::envelope(&sub, ev)));
                 self.hub.set(&sub, entry);
             }
+            let deferred = scan
+                .candidates
+                .iter()
+                .filter(|c| c.decision == Decision::Defer)
+                .count();
+            if deferred > 0 {
+                self.deferred.insert(id.clone());
+            } else {
+                self.deferred.remove(&id);
+            }
             if let Some((ev, reason)) = &scan.mismatch {
+                self.stopped.insert(id.clone());
                 record_mismatch(&self.log, &sub, ev, reason).await;
                 continue;
             }
+            self.stopped.remove(&id);
             // A pull sink's envelope waits for the bridge's ack; a webhook's is POSTed.
             if let (Some(ev), "webhook") = (&scan.deliver, sub.target.sink.kind.as_str()) {
                 {

@@ -351,10 +351,27 @@ impl CommitHook for Projector {
     }
 
     fn apply(&mut self, txn: &WriteTransaction, events: &[Event]) -> Result<(), String> {
-        for p in &self.projections {
-            let mut meta = read_meta(txn, p.name())?;
-            fold_all(txn, *p, meta.generation, events, &mut meta)?;
-            write_meta(txn, p.name(), &meta)?;
+        // One open of the meta table for all projections (this runs for every request the
+        // writer accepts, commands included).
+        let mut metas = Vec::with_capacity(self.projections.len());
+        {
+            let t = txn.open_table(META).map_err(|e| e.to_string())?;
+            for p in &self.projections {
+                let m = match t.get(p.name()).map_err(|e| e.to_string())? {
+                    Some(b) => postcard::from_bytes(b.value()).map_err(|e| e.to_string())?,
+                    None => Meta::default(),
+                };
+                metas.push(m);
+            }
+        }
+        for (p, meta) in self.projections.iter().zip(metas.iter_mut()) {
+            fold_all(txn, *p, meta.generation, events, meta)?;
+        }
+        let mut t = txn.open_table(META).map_err(|e| e.to_string())?;
+        for (p, meta) in self.projections.iter().zip(&metas) {
+            let b = postcard::to_stdvec(meta).map_err(|e| e.to_string())?;
+            t.insert(p.name(), b.as_slice())
+                .map_err(|e| e.to_string())?;
         }
         Ok(())
     }

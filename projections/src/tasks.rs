@@ -272,7 +272,9 @@ impl Projection for Tasks {
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), String> {
-        if ev.subject.is_empty() {
+        // The delivery runtime's own streams name deliveries and consumers, never tasks: no
+        // lookup for them (they are most of the writes of a busy outbox).
+        if ev.subject.is_empty() || matches!(ev.stream.as_str(), "deliveries" | "cursors") {
             return Ok(());
         }
         let lifecycle = ev.stream == "task_events" && ev.event_type.starts_with("task.");

@@ -76,6 +76,18 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
             set(sink, k);
         }
     }
+    // Consumer lag (spec section 10: stuck work is visible): totals, worst cursor, stalled.
+    if let Ok(lag) = crate::routes::cursors::compute_lag(&st).await {
+        let stalled = lag.iter().filter(|c| c.stalled).count();
+        let max_events = lag.iter().map(|c| c.lag_events).max().unwrap_or(0);
+        let max_secs = lag.iter().map(|c| c.lag_seconds).fold(0.0, f64::max);
+        let pending = lag.iter().filter(|c| c.lag_events > 0).count();
+        metrics::gauge!("tidemark_consumer_cursors").set(lag.len() as f64);
+        metrics::gauge!("tidemark_consumer_cursors_behind").set(pending as f64);
+        metrics::gauge!("tidemark_consumer_cursors_stalled").set(stalled as f64);
+        metrics::gauge!("tidemark_consumer_lag_events_max").set(max_events as f64);
+        metrics::gauge!("tidemark_consumer_lag_seconds_max").set(max_secs);
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         st.metrics.render(),

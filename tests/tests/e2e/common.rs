@@ -285,7 +285,14 @@ pub async fn projections(api: &Api) -> HashMap<String, Value> {
     map
 }
 
-pub const PROJECTIONS: [&str; 4] = ["tasks", "notifications", "settings", "deliveries"];
+pub const PROJECTIONS: [&str; 6] = [
+    "tasks",
+    "notifications",
+    "settings",
+    "deliveries",
+    "cursors",
+    "bridges",
+];
 
 /// `POST /v1/admin/projections/{name}/{action}` (rebuild or verify); panics unless 200.
 pub async fn rebuild_or_verify(api: &Api, name: &str, action: &str) -> Value {

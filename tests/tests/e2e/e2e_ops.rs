@@ -140,3 +140,61 @@ async fn openapi_lists_every_path() {
         paths["/v1/events"]
     );
 }
+
+/// Stuck work is visible in metrics (spec section 10): a subscription stopped at a mismatch
+/// and a cursor with pending work and no progress show up in the gauges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lag_and_stopped_subscriptions_are_in_the_metrics() {
+    let s = Server::start(ServerOpts::default().config(
+        "[notifications.outbox]\nstuck_after = \"1s\"\n[notifications.desktop]\nenabled = false\n",
+    ))
+    .await;
+    let task = |ty: &str, p: serde_json::Value| json!({"stream": "task_events", "subject": "m-task", "type": ty, "payload": p});
+    let (st, body) = s
+        .append(&json!({"events": [
+            task("task.created", json!({"project_id": "p"})),
+            task("task.run_started", json!({"run_id": "r1"})),
+        ]}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    let api = s.api();
+    let r = api
+        .send(
+            api.request(reqwest::Method::POST, "/v1/tasks/m-task/notifications/bridges")
+                .json(&json!({"subscription_id": "m-sub", "bridge_id": "m-bridge", "sink": {"kind": "pull"}})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    // Completed, then failed: the completion contradicts the run's state (mismatch).
+    let (st, body) = s
+        .append(&json!({"events": [
+            task("task.run_completed", json!({"run_id": "r1"})),
+            task("task.run_failed", json!({"run_id": "r1", "error": "late"})),
+        ]}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = s.get("/metrics").await;
+        assert_eq!(m.status, StatusCode::OK);
+        let stopped = metric_sum(&m.text, "tidemark_bridge_subscriptions_stopped");
+        let stalled = metric_sum(&m.text, "tidemark_consumer_cursors_stalled");
+        let behind = metric_sum(&m.text, "tidemark_consumer_cursors_behind");
+        let lag = metric_sum(&m.text, "tidemark_consumer_lag_events_max");
+        if stopped == Some(1.0) && stalled == Some(1.0) && behind == Some(1.0) {
+            assert!(
+                lag.is_some_and(|l| l >= 2.0),
+                "lag of the stopped cursor: {lag:?}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "metrics never showed the stopped, stalled subscription: stopped {stopped:?}, \
+             stalled {stalled:?}, behind {behind:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (_, lag) = s.get_json("/v1/consumers/lag").await;
+    assert_eq!(lag["stalled"], 1, "{lag}");
+}
