@@ -29,7 +29,8 @@
 //!   (`POST …/deliveries/<id>/ack`, `--ack-concurrency` at a time), until all of its bridge's
 //!   deliveries are confirmed. Throughput = confirmed / (time from the workers' start to the
 //!   last confirmation). Each ack's answer must show the cursor at the envelope's seq.
-//! - Round `latency`: every task starts a fresh run `lat` (setup); the workers long-poll as
+//! - Round `latency`: every task starts a fresh run `lat` (setup), and the round waits until the
+//!   bridge notifier is idle (its pass count in `/metrics` stops moving); the workers long-poll as
 //!   above; a producer appends one `task.run_completed` of `lat` every `1/--rate` s (each its
 //!   own request, not waiting for the previous one) for `--latency-seconds`. Per delivery: the
 //!   time from the producer receiving the append's 201 (the commit) to the worker receiving
@@ -1110,6 +1111,9 @@ async fn latency_round(
         .map(|i| lifecycle(&task_id(i), "task.run_started", json!({"run_id": "lat"})))
         .collect();
     append_all(client, &base, started, opts.append_batch, 4).await?;
+    // Steady state is what the target is about: let the notifier finish looking at the
+    // setup's 10,000 run starts (a burst it takes a while to digest) before measuring.
+    settle(client, &base).await;
     eprintln!(
         "latency: {} workers long-poll; {k} completions at {rate} /s",
         opts.bridges
@@ -1522,4 +1526,29 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// Wait until the bridge notifier is idle: its pass count stops moving for 500 ms (bounded).
+async fn settle(client: &reqwest::Client, base: &str) {
+    let count = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("tidemark_bridge_notifier_pass_seconds_count"))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = None;
+    while Instant::now() < deadline {
+        let text = match client.get(format!("{base}/metrics")).send().await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let now = count(&text);
+        if now.is_some() && now == last {
+            return;
+        }
+        last = now;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!("latency: the notifier did not settle in 60 s; measuring anyway");
 }

@@ -611,7 +611,10 @@ impl Notifier {
     /// One look at the subscriptions that may have something to do.
     async fn pass(&mut self) -> Result<(), String> {
         let full = self.scanned_to.is_none();
+        let started = Instant::now();
         let subs = self.dirty().await?;
+        metrics::histogram!("tidemark_bridge_notifier_dirty_subscriptions")
+            .record(subs.len() as f64);
         let mut bridges_touched = std::collections::BTreeSet::new();
         for s in &subs {
             if s.target.sink.kind == "pull" {
@@ -629,6 +632,8 @@ impl Notifier {
         for b in &bridges_touched {
             self.hub.bump(b);
         }
+        metrics::histogram!("tidemark_bridge_notifier_pass_seconds")
+            .record(started.elapsed().as_secs_f64());
         r
     }
 
@@ -642,21 +647,41 @@ impl Notifier {
     }
 
     async fn look_at_each(&mut self, subs: Vec<Subscription>) -> Result<(), String> {
-        for sub in subs {
-            let id = sub.subscription_id.clone();
-            if self.busy.contains_key(&id) {
-                continue;
-            }
-            if let Some(r) = self.retries.get(&id)
-                && r.next.is_some_and(|t| t > Instant::now())
-            {
-                continue;
-            }
+        let now = Instant::now();
+        let subs: Vec<Subscription> = subs
+            .into_iter()
+            .filter(|s| {
+                !self.busy.contains_key(&s.subscription_id)
+                    && self
+                        .retries
+                        .get(&s.subscription_id)
+                        .is_none_or(|r| r.next.is_none_or(|t| t <= now))
+            })
+            .collect();
+        // Scan in chunks, each in one blocking task (a burst of task events can dirty
+        // thousands of subscriptions at once).
+        for chunk in subs.chunks(256) {
             let l = self.log.clone();
-            let s2 = sub.clone();
-            let scan = tokio::task::spawn_blocking(move || scan(&l, &s2, false))
-                .await
-                .map_err(|e| e.to_string())??;
+            let chunk = chunk.to_vec();
+            let scanned = tokio::task::spawn_blocking(move || {
+                chunk
+                    .into_iter()
+                    .map(|s| scan(&l, &s, false).map(|r| (s, r)))
+                    .collect::<Result<Vec<_>, String>>()
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            for (sub, scan) in scanned {
+                self.act(sub, scan).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Act on one subscription's scan.
+    async fn act(&mut self, sub: Subscription, scan: Scan) -> Result<(), String> {
+        let id = sub.subscription_id.clone();
+        {
             if sub.target.sink.kind == "pull" {
                 let entry = scan
                     .deliver
@@ -677,7 +702,7 @@ impl Notifier {
             if let Some((ev, reason)) = &scan.mismatch {
                 self.stopped.insert(id.clone());
                 record_mismatch(&self.log, &sub, ev, reason).await;
-                continue;
+                return Ok(());
             }
             self.stopped.remove(&id);
             // A pull sink's envelope waits for the bridge's ack; a webhook's is POSTed.
