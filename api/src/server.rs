@@ -111,6 +111,7 @@ pub fn router(state: AppState) -> Router {
         OpenApiRouter::new()
             .routes(routes!(deliveries::claim))
             .routes(routes!(deliveries::complete))
+            .routes(routes!(deliveries::complete_many))
             .routes(routes!(deliveries::fail))
             .routes(routes!(deliveries::extend))
             .routes(routes!(cursors::advance))

@@ -69,6 +69,10 @@ struct Opts {
     /// Time budget per configuration, seconds: claimers stop claiming after it.
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
+    /// Complete each claimed batch with one `POST /v1/deliveries/complete` (the batch form)
+    /// instead of one `POST /v1/deliveries/{id}/complete` per delivery.
+    #[arg(long)]
+    batch_complete: bool,
     /// `lease_ms` of each claim (long enough that no lease expires during a run).
     #[arg(long, default_value_t = 600_000)]
     lease_ms: u64,
@@ -723,6 +727,18 @@ struct Claimer {
     owner: String,
     batch: usize,
     lease_ms: u64,
+    batch_complete: bool,
+}
+
+#[derive(serde::Deserialize)]
+struct CompleteManyReply {
+    results: Vec<CompleteManyItem>,
+}
+
+#[derive(serde::Deserialize)]
+struct CompleteManyItem {
+    status: u16,
+    code: Option<String>,
 }
 
 impl Claimer {
@@ -800,6 +816,59 @@ impl Claimer {
             }
             out.claim.saturating_record(micros(t0.elapsed()));
             out.claims += 1;
+            if self.batch_complete {
+                let url = format!("{}/v1/deliveries/complete", self.base);
+                let ids: Vec<Value> = reply
+                    .deliveries
+                    .iter()
+                    .map(|d| json!({"id": d.id}))
+                    .collect();
+                let body = serde_json::to_vec(&json!({"owner": self.owner, "deliveries": ids}))
+                    .expect("JSON encodes");
+                let t1 = Instant::now();
+                let r = self
+                    .client
+                    .post(&url)
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body)
+                    .send()
+                    .await;
+                let r = match r {
+                    Ok(r) => r,
+                    Err(e) => {
+                        out.error("complete transport".into(), format!("POST {url}: {e}"));
+                        return out;
+                    }
+                };
+                let status = r.status();
+                let body = r.bytes().await.unwrap_or_default();
+                let done = Instant::now();
+                out.complete.saturating_record(micros(done - t1));
+                if !status.is_success() {
+                    out.error(
+                        problem_key("complete", status, &body),
+                        format!("POST {url} → {status}: {}", String::from_utf8_lossy(&body)),
+                    );
+                    continue;
+                }
+                match serde_json::from_slice::<CompleteManyReply>(&body) {
+                    Ok(reply) => {
+                        for item in reply.results {
+                            if item.status == 200 {
+                                out.completed += 1;
+                                out.round_trip.saturating_record(micros(done - t0));
+                            } else {
+                                out.error(
+                                    format!("complete item {}", item.code.unwrap_or_default()),
+                                    "batch item refused".into(),
+                                );
+                            }
+                        }
+                    }
+                    Err(e) => out.error("complete bad_reply".into(), format!("reply: {e}")),
+                }
+                continue;
+            }
             for row in reply.deliveries {
                 if row.status != "leased" || row.lease_owner.as_deref() != Some(&self.owner) {
                     out.error(
@@ -990,6 +1059,7 @@ async fn measure(
             owner: format!("c{i}"),
             batch,
             lease_ms: opts.lease_ms,
+            batch_complete: opts.batch_complete,
         };
         tasks.spawn(c.run(deadline));
     }

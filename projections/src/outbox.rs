@@ -585,6 +585,74 @@ pub fn complete(
     Ok((row, vec![event("sent", id, &c)?]))
 }
 
+/// One item of a batch completion: the row it left, or why it was refused.
+#[derive(Debug, Clone)]
+pub enum Completed {
+    Sent(Box<Delivery>),
+    Refused {
+        code: &'static str,
+        detail: String,
+        not_found: bool,
+    },
+}
+
+/// Complete many deliveries leased by `owner` in one command (one transaction, one fold of
+/// the read models): each item is checked as [`complete`] checks it, and refused items change
+/// nothing while the others are recorded.
+pub fn complete_many(
+    txn: &WriteTransaction,
+    now_us: i64,
+    owner: &str,
+    items: &[(String, Option<String>)],
+) -> Result<(Vec<Completed>, Vec<NewEvent>), CommandError> {
+    let mut st = State::new(txn)?;
+    let mut out = Vec::with_capacity(items.len());
+    let mut events = Vec::new();
+    let mut done: std::collections::HashMap<&str, Delivery> = Default::default();
+    for (id, external_id) in items {
+        let current = match done.get(id.as_str()) {
+            Some(r) => Some(r.clone()),
+            None => st.row(id)?,
+        };
+        let result = match current {
+            None => Err(not_found(id)),
+            Some(row) if row.status == "sent" && row.lease_owner.as_deref() == Some(owner) => {
+                out.push(Completed::Sent(Box::new(row)));
+                continue;
+            }
+            Some(row) if row.status != "leased" => Err(illegal(&row, "complete")),
+            Some(row) if row.lease_owner.as_deref() != Some(owner) => Err(CommandError::rejected(
+                RejectKind::Conflict,
+                "not_lease_owner",
+                format!("delivery {id:?} is leased by another owner"),
+            )),
+            Some(mut row) => {
+                let c = Change {
+                    at_us: now_us,
+                    owner: Some(owner.to_owned()),
+                    attempt: Some(row.attempts),
+                    external_id: external_id.clone(),
+                    ..Change::default()
+                };
+                transition(&mut row, "sent", &c, 0);
+                events.push(event("sent", id, &c)?);
+                done.insert(id.as_str(), row.clone());
+                Ok(row)
+            }
+        };
+        out.push(match result {
+            Ok(row) => Completed::Sent(Box::new(row)),
+            Err(CommandError::Rejected { kind, code, detail }) => Completed::Refused {
+                code,
+                detail,
+                not_found: kind == RejectKind::NotFound,
+            },
+            Err(e) => return Err(e),
+        });
+    }
+    Ok((out, events))
+}
+
 /// What a failure report says.
 #[derive(Debug, Clone)]
 pub struct Failure {

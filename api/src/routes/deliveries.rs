@@ -320,6 +320,117 @@ pub async fn complete(
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+pub struct CompleteItem {
+    pub id: String,
+    pub external_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteManyBody {
+    pub owner: String,
+    /// 1–1000 deliveries leased by `owner`.
+    pub deliveries: Vec<CompleteItem>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CompleteResult {
+    pub id: String,
+    /// 200 (sent), 404 or 409, as `POST /v1/deliveries/{id}/complete` would answer.
+    pub status: u16,
+    /// The row when sent.
+    pub delivery: Option<DeliveryOut>,
+    /// The problem code when refused (`delivery_not_found`, `illegal_transition`,
+    /// `not_lease_owner`).
+    pub code: Option<String>,
+    pub detail: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CompleteManyOut {
+    /// One result per requested delivery, in request order.
+    pub results: Vec<CompleteResult>,
+}
+
+/// The lease owner reports many deliveries sent in one durable command (the batch form of
+/// `…/{id}/complete`, for a claimer that claimed with a `limit` > 1). Each item succeeds or is
+/// refused on its own; refused items change nothing.
+#[utoipa::path(
+    post, path = "/v1/deliveries/complete", tag = "deliveries",
+    request_body(content = CompleteManyBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = CompleteManyOut),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["bridge"]))
+)]
+#[tracing::instrument(skip_all, fields(items))]
+pub async fn complete_many(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<CompleteManyOut>, ApiError> {
+    let b: CompleteManyBody = json_body(&headers, body)?;
+    check_text("owner", &b.owner, 128)?;
+    if b.deliveries.is_empty() || b.deliveries.len() > 1000 {
+        return Err(invalid(
+            "deliveries",
+            "deliveries must hold 1 to 1000 items",
+        ));
+    }
+    for d in &b.deliveries {
+        check_text("deliveries.id", &d.id, 128)?;
+        if let Some(x) = &d.external_id {
+            check_text("deliveries.external_id", x, 256)?;
+        }
+    }
+    tracing::Span::current().record("items", b.deliveries.len());
+    let items: Vec<(String, Option<String>)> = b
+        .deliveries
+        .into_iter()
+        .map(|d| (d.id, d.external_id))
+        .collect();
+    let ids: Vec<String> = items.iter().map(|(id, _)| id.clone()).collect();
+    let owner = b.owner;
+    let (results, _) = st
+        .log
+        .command(true, move |txn, _| {
+            outbox::complete_many(txn, now_micros(), &owner, &items)
+        })
+        .await?;
+    let mut out = Vec::with_capacity(results.len());
+    for (id, r) in ids.into_iter().zip(results) {
+        out.push(match r {
+            outbox::Completed::Sent(row) => {
+                metrics::counter!("tidemark_deliveries_sent_total", "sink" => row.sink.clone())
+                    .increment(1);
+                CompleteResult {
+                    id,
+                    status: 200,
+                    delivery: Some((*row).into()),
+                    code: None,
+                    detail: None,
+                }
+            }
+            outbox::Completed::Refused {
+                code,
+                detail,
+                not_found,
+            } => CompleteResult {
+                id,
+                status: if not_found { 404 } else { 409 },
+                delivery: None,
+                code: Some(code.to_owned()),
+                detail: Some(detail),
+            },
+        });
+    }
+    Ok(Json(CompleteManyOut { results: out }))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct FailBody {
     pub owner: String,
     /// Stable code of the failure, e.g. `timeout`.

@@ -1847,6 +1847,145 @@ async fn openapi_documents_every_delivery_path() {
 // ---------------------------------------------------------------------------------------------
 
 /// The delivery id of the desktop route of notification `nid`.
+/// The batch form of complete: one command settles many deliveries; each item is judged on
+/// its own (a foreign, a queued and an unknown id are refused without affecting the others),
+/// a repeat is answered with the same rows, and bad batches are refused whole.
+#[tokio::test]
+async fn batch_complete_settles_each_item_on_its_own() {
+    let s = Server::start(ServerOpts::default()).await;
+    let api = s.api();
+    let ids: Vec<String> = (0..6).map(|i| format!("bc-{i}")).collect();
+    for id in &ids {
+        append_ok(&api, &urgent(id)).await;
+    }
+    let mut mine = Vec::new();
+    while mine.len() < 4 {
+        let rows = claim(&api, "owner-a", (4 - mine.len()) as u32, 60_000).await;
+        mine.extend(ids_of(&rows));
+        if rows.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // Routing is in log order: with four claimed, the other two exist; owner-b takes one.
+    let mut theirs = Vec::new();
+    while theirs.is_empty() {
+        theirs = claim(&api, "owner-b", 1, 60_000).await;
+    }
+    let foreign = theirs[0]["id"].as_str().unwrap().to_owned();
+    // What is left unclaimed stays queued.
+    let queued: Vec<String> = ids
+        .iter()
+        .map(|i| dlv(i))
+        .filter(|d| !mine.contains(d) && *d != foreign)
+        .collect();
+    let head = s.head().await;
+    let mut items: Vec<Value> = mine.iter().map(|id| json!({"id": id})).collect();
+    items.push(json!({"id": foreign}));
+    items.push(json!({"id": "dlv:nope:desktop"}));
+    assert_eq!(queued.len(), 1, "one delivery left queued: {queued:?}");
+    items.push(json!({"id": queued[0]}));
+    let r = post(
+        &api,
+        "/v1/deliveries/complete",
+        &json!({"owner": "owner-a", "deliveries": items}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let results = r.json["results"].as_array().expect("results").clone();
+    assert_eq!(results.len(), items.len(), "{}", r.text);
+    for (i, res) in results.iter().enumerate() {
+        assert_eq!(
+            res["id"], items[i]["id"],
+            "results in request order: {}",
+            r.text
+        );
+    }
+    for res in &results[..mine.len()] {
+        assert_eq!(res["status"], 200, "{res}");
+        assert_eq!(res["delivery"]["status"], "sent", "{res}");
+        assert_eq!(res["delivery"]["lease_owner"], "owner-a", "{res}");
+    }
+    assert_eq!(results[mine.len()]["status"], 409, "{}", r.text);
+    assert_eq!(results[mine.len()]["code"], "not_lease_owner", "{}", r.text);
+    assert_eq!(results[mine.len() + 1]["status"], 404, "{}", r.text);
+    assert_eq!(
+        results[mine.len() + 1]["code"],
+        "delivery_not_found",
+        "{}",
+        r.text
+    );
+    if !queued.is_empty() {
+        assert_eq!(
+            results[mine.len() + 2]["code"],
+            "illegal_transition",
+            "{}",
+            r.text
+        );
+    }
+    // Exactly one delivery.sent per completed item, nothing for the refused ones.
+    let after = s.head().await;
+    assert_eq!(
+        after - head,
+        mine.len() as u64,
+        "one event per completed item"
+    );
+    assert_eq!(get_dlv(&api, &foreign).await["status"], "leased");
+    for q in &queued {
+        assert_eq!(get_dlv(&api, q).await["status"], "queued");
+    }
+    // A repeat answers the same rows and appends nothing.
+    let again: Vec<Value> = mine.iter().map(|id| json!({"id": id})).collect();
+    let r = post(
+        &api,
+        "/v1/deliveries/complete",
+        &json!({"owner": "owner-a", "deliveries": again}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(
+        r.json["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["status"] == 200 && x["delivery"]["status"] == "sent"),
+        "{}",
+        r.text
+    );
+    assert_eq!(s.head().await, after, "a repeat appends nothing");
+    // Bad batches are refused whole.
+    for (body, code) in [
+        (json!({"owner": "owner-a", "deliveries": []}), 422),
+        (json!({"owner": "", "deliveries": [{"id": "x"}]}), 422),
+        (json!({"owner": "owner-a"}), 400),
+        (
+            json!({"owner": "owner-a", "deliveries": [{"id": "x", "extra": 1}]}),
+            400,
+        ),
+    ] {
+        let r = post(&api, "/v1/deliveries/complete", &body).await;
+        assert_eq!(r.status.as_u16(), code, "{body}: {}", r.text);
+        assert!(r.code().is_some(), "{}", r.text);
+    }
+    let too_many: Vec<Value> = (0..1001)
+        .map(|i| json!({"id": format!("dlv:{i}:desktop")}))
+        .collect();
+    let r = post(
+        &api,
+        "/v1/deliveries/complete",
+        &json!({"owner": "owner-a", "deliveries": too_many}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    assert_eq!(s.head().await, after);
+    assert_deliveries_verified(&api).await;
+}
+
+fn ids_of(rows: &[Value]) -> Vec<String> {
+    rows.iter()
+        .map(|r| r["id"].as_str().expect("id").to_owned())
+        .collect()
+}
+
 fn dlv(nid: &str) -> String {
     format!("dlv:{nid}:desktop")
 }
