@@ -566,23 +566,24 @@ pub fn complete(
     owner: &str,
     external_id: Option<String>,
 ) -> Result<(Delivery, Vec<NewEvent>), CommandError> {
-    let mut st = State::new(txn)?;
-    if let Some(row) = st.row(id)?
-        && row.status == "sent"
-        && row.lease_owner.as_deref() == Some(owner)
-    {
-        return Ok((row, Vec::new()));
+    let (mut out, events) = complete_many(txn, now_us, owner, &[(id.to_owned(), external_id)])?;
+    match out.pop() {
+        Some(Completed::Sent(row)) => Ok((*row, events)),
+        Some(Completed::Refused {
+            code,
+            detail,
+            not_found,
+        }) => Err(CommandError::rejected(
+            if not_found {
+                RejectKind::NotFound
+            } else {
+                RejectKind::Conflict
+            },
+            code,
+            detail,
+        )),
+        None => Err(CommandError::Storage("complete answered nothing".into())),
     }
-    let mut row = owned_lease(&mut st, id, owner, "complete")?;
-    let c = Change {
-        at_us: now_us,
-        owner: Some(owner.to_owned()),
-        attempt: Some(row.attempts),
-        external_id,
-        ..Change::default()
-    };
-    transition(&mut row, "sent", &c, 0);
-    Ok((row, vec![event("sent", id, &c)?]))
 }
 
 /// One item of a batch completion: the row it left, or why it was refused.
