@@ -117,6 +117,7 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(cursors::advance))
             .routes(routes!(bridges::pull))
             .routes(routes!(bridges::ack))
+            .routes(routes!(bridges::ack_many))
             .routes(routes!(bridges::nack)),
         &auth,
         Scope::Bridge,

@@ -89,6 +89,10 @@ struct Opts {
     /// Acks a worker has in flight at once (envelopes of one pull).
     #[arg(long, default_value_t = 1)]
     ack_concurrency: usize,
+    /// Ack each pull's envelopes with one `POST /v1/bridges/<b>/deliveries/ack` (the batch
+    /// form) instead of one request per envelope.
+    #[arg(long)]
+    batch_ack: bool,
     /// Appends per second of the latency round.
     #[arg(long, default_value_t = 1000.0)]
     rate: f64,
@@ -735,6 +739,7 @@ struct Worker {
     bridge: String,
     wait_ms: u64,
     ack_concurrency: usize,
+    batch_ack: bool,
     /// The run whose completions this round delivers.
     run: &'static str,
     /// Stop when this many are confirmed (throughput), or when `stop` is set.
@@ -817,6 +822,38 @@ impl Worker {
                     out.wrong += 1;
                 }
                 to_ack.push((id, env["seq"].as_u64().unwrap_or(0)));
+            }
+            if self.batch_ack && !to_ack.is_empty() {
+                let url = format!("{}/v1/bridges/{}/deliveries/ack", self.base, self.bridge);
+                let ids: Vec<&str> = to_ack.iter().map(|(id, _)| id.as_str()).collect();
+                let body = json!({ "delivery_ids": ids });
+                let t0 = Instant::now();
+                match post_json(&self.client, &url, Some(&body)).await {
+                    Ok((st, v, at, raw)) if st == reqwest::StatusCode::OK => {
+                        let results = v["results"].as_array().cloned().unwrap_or_default();
+                        for ((id, seq), r) in to_ack.into_iter().zip(results) {
+                            if r["status"] == 200
+                                && r["cursor"]["last_sequence"].as_u64() == Some(seq)
+                            {
+                                out.ack.record(micros(at - t0)).ok();
+                                if out.confirmed.insert(id) {
+                                    self.confirmed_total.fetch_add(1, Ordering::Relaxed);
+                                }
+                                out.last_confirm = Some(Instant::now());
+                            } else {
+                                out.errors
+                                    .add("batch ack item".into(), format!("{id}: {r}"));
+                            }
+                        }
+                        let _ = raw;
+                    }
+                    Ok((st, _, _, raw)) => out.errors.add(
+                        problem_key("ack", st, &raw),
+                        String::from_utf8_lossy(&raw).into_owned(),
+                    ),
+                    Err(e) => out.errors.add("ack transport".into(), e),
+                }
+                continue;
             }
             let mut acks = std::pin::pin!(
                 futures::stream::iter(to_ack)
@@ -940,6 +977,7 @@ impl Crew<'_> {
                 bridge: bridge_id(b),
                 wait_ms: self.opts.wait_ms,
                 ack_concurrency: self.opts.ack_concurrency,
+                batch_ack: self.opts.batch_ack,
                 run,
                 expect: *expect,
                 stop: stop.clone(),
@@ -1508,6 +1546,7 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
             "append_batch": opts.append_batch,
             "wait_ms": opts.wait_ms,
             "ack_concurrency": opts.ack_concurrency,
+            "batch_ack": opts.batch_ack,
             "rate": opts.rate,
             "latency_seconds": opts.latency_seconds,
             "setup_concurrency": opts.setup_concurrency,

@@ -118,75 +118,132 @@ pub fn scan(log: &Log, sub: &Subscription, all: bool) -> Result<Scan, String> {
     }
 }
 
-/// Confirm delivery `seq` of `sub`: inside the writer, re-read the event and the task, check
-/// the decision is still deliver and the cursor has not moved from `expected` (or is already
-/// there with this delivery id), and advance. `Conflict` when the decision or cursor changed.
+/// One confirmation: the subscription (id, task), the delivery's seq, and the cursor the
+/// caller saw (compare-and-swap), if any.
+#[derive(Debug, Clone)]
+pub struct Confirmation {
+    pub subscription_id: String,
+    pub task_id: String,
+    pub seq: u64,
+    pub expected: Option<u64>,
+}
+
+/// Check and record one confirmation inside the writer. `cursors` holds the cursors moved
+/// earlier in the same command (they are not in the tables until the command's events fold).
+fn confirm_in(
+    txn: &tidemark_log::redb::WriteTransaction,
+    c: &Confirmation,
+    moved: &mut HashMap<String, Cursor>,
+) -> Result<(Cursor, Vec<NewEvent>), CommandError> {
+    let consumer = bridges::consumer_id(&c.subscription_id);
+    let delivery_id = bridges::delivery_id(&c.subscription_id, c.seq);
+    let task_id = &c.task_id;
+    let cur = match moved.get(&consumer) {
+        Some(cur) => cur.clone(),
+        None => cursors::get_in(txn, &consumer, "task_events", task_id)?,
+    };
+    if cur.last_sequence == c.seq && cur.last_delivery_id.as_deref() == Some(&delivery_id) {
+        return Ok((cur, Vec::new()));
+    }
+    let mut ev = None;
+    tidemark_log::scan_events(txn, c.seq.saturating_sub(1), c.seq, |e| {
+        ev = Some(e);
+        Ok(false)
+    })
+    .map_err(CommandError::Storage)?;
+    let ev = ev
+        .filter(|e| e.stream == "task_events" && e.subject == *task_id)
+        .ok_or_else(|| {
+            CommandError::rejected(
+                RejectKind::NotFound,
+                "delivery_not_found",
+                format!("{delivery_id} names no event of task {task_id:?}"),
+            )
+        })?;
+    let mut t = TxnTables::new(txn, tasks::NAME).map_err(CommandError::Storage)?;
+    let task: Option<Task> = t
+        .get_val("rows", task_id.as_bytes())
+        .map_err(CommandError::Storage)?;
+    let (decision, reason) = bridges::decide(task.as_ref(), &ev);
+    if decision != Decision::Deliver {
+        return Err(CommandError::rejected(
+            RejectKind::Conflict,
+            "not_deliverable",
+            format!("{delivery_id} is no longer deliverable: {reason}"),
+        ));
+    }
+    if c.seq <= cur.last_sequence {
+        return Err(CommandError::rejected(
+            RejectKind::Conflict,
+            "non_monotonic_cursor",
+            format!("{delivery_id} is behind the cursor ({})", cur.last_sequence),
+        ));
+    }
+    let (next, events) = cursors::advance_from(
+        &cur,
+        tidemark_log::time::now_micros(),
+        &Advance {
+            consumer_id: consumer.clone(),
+            stream_name: "task_events".into(),
+            subject_id: task_id.clone(),
+            last_sequence: c.seq,
+            delivery_id,
+            expected_sequence: c.expected,
+        },
+    )?;
+    moved.insert(consumer, next.clone());
+    Ok((next, events))
+}
+
+/// Confirm deliveries in one command (one durable commit, one fold): inside the writer, each
+/// re-reads its event and task, requires the decision to still be deliver and the cursor to be
+/// where the caller saw it (or already there with this delivery id), and advances. Each item
+/// is answered on its own; a refused item changes nothing.
+pub async fn confirm_many(
+    log: &Log,
+    items: Vec<Confirmation>,
+) -> Result<Vec<Result<Cursor, CommandError>>, CommandError> {
+    let (results, _) = log
+        .command(true, move |txn, _| {
+            let mut moved = HashMap::new();
+            let mut events = Vec::new();
+            let mut out = Vec::with_capacity(items.len());
+            for c in &items {
+                match confirm_in(txn, c, &mut moved) {
+                    Ok((cur, evs)) => {
+                        events.extend(evs);
+                        out.push(Ok(cur));
+                    }
+                    Err(e @ CommandError::Rejected { .. }) => out.push(Err(e)),
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok((out, events))
+        })
+        .await?;
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    metrics::counter!("tidemark_bridge_confirmed_total").increment(ok as u64);
+    Ok(results)
+}
+
+/// Confirm delivery `seq` of `sub` ([`confirm_many`] of one). `Conflict` when the decision or
+/// the cursor changed.
 pub async fn confirm(
     log: &Log,
     sub: &Subscription,
     seq: u64,
     expected: Option<u64>,
 ) -> Result<Cursor, CommandError> {
-    let sub_id = sub.subscription_id.clone();
-    let task_id = sub.target.task_id.clone();
-    let (cursor, _) = log
-        .command(true, move |txn, _| {
-            let consumer = bridges::consumer_id(&sub_id);
-            let delivery_id = bridges::delivery_id(&sub_id, seq);
-            let cur = cursors::get_in(txn, &consumer, "task_events", &task_id)?;
-            if cur.last_sequence == seq && cur.last_delivery_id.as_deref() == Some(&delivery_id) {
-                return Ok((cur, Vec::new()));
-            }
-            let mut ev = None;
-            tidemark_log::scan_events(txn, seq.saturating_sub(1), seq, |e| {
-                ev = Some(e);
-                Ok(false)
-            })
-            .map_err(CommandError::Storage)?;
-            let ev = ev
-                .filter(|e| e.stream == "task_events" && e.subject == task_id)
-                .ok_or_else(|| {
-                    CommandError::rejected(
-                        RejectKind::NotFound,
-                        "delivery_not_found",
-                        format!("{delivery_id} names no event of task {task_id:?}"),
-                    )
-                })?;
-            let mut t = TxnTables::new(txn, tasks::NAME).map_err(CommandError::Storage)?;
-            let task: Option<Task> = t
-                .get_val("rows", task_id.as_bytes())
-                .map_err(CommandError::Storage)?;
-            let (decision, reason) = bridges::decide(task.as_ref(), &ev);
-            if decision != Decision::Deliver {
-                return Err(CommandError::rejected(
-                    RejectKind::Conflict,
-                    "not_deliverable",
-                    format!("{delivery_id} is no longer deliverable: {reason}"),
-                ));
-            }
-            if seq <= cur.last_sequence {
-                return Err(CommandError::rejected(
-                    RejectKind::Conflict,
-                    "non_monotonic_cursor",
-                    format!("{delivery_id} is behind the cursor ({})", cur.last_sequence),
-                ));
-            }
-            cursors::advance_from(
-                &cur,
-                tidemark_log::time::now_micros(),
-                &Advance {
-                    consumer_id: consumer,
-                    stream_name: "task_events".into(),
-                    subject_id: task_id.clone(),
-                    last_sequence: seq,
-                    delivery_id,
-                    expected_sequence: expected,
-                },
-            )
-        })
-        .await?;
-    metrics::counter!("tidemark_bridge_confirmed_total").increment(1);
-    Ok(cursor)
+    let c = Confirmation {
+        subscription_id: sub.subscription_id.clone(),
+        task_id: sub.target.task_id.clone(),
+        seq,
+        expected,
+    };
+    confirm_many(log, vec![c])
+        .await?
+        .pop()
+        .unwrap_or_else(|| Err(CommandError::Storage("confirm answered nothing".into())))
 }
 
 /// Record a failed delivery attempt as the subscription cursor's `last_error`.

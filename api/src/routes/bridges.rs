@@ -576,6 +576,204 @@ pub async fn ack(
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+pub struct AckManyBody {
+    /// 1–1000 delivery ids of this bridge, in the order they were received.
+    pub delivery_ids: Vec<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AckResult {
+    pub delivery_id: String,
+    /// 200, 404 or 409, as the single ack would answer.
+    pub status: u16,
+    pub cursor: Option<CursorOut>,
+    pub code: Option<String>,
+    pub detail: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AckManyOut {
+    /// One result per delivery id, in request order.
+    pub results: Vec<AckResult>,
+}
+
+fn refused(delivery_id: String, status: u16, code: &str, detail: String) -> AckResult {
+    AckResult {
+        delivery_id,
+        status,
+        cursor: None,
+        code: Some(code.to_owned()),
+        detail: Some(detail),
+    }
+}
+
+/// Confirm many deliveries of the bridge in one durable command (the batch form of
+/// `…/{delivery_id}/ack`). Per subscription, the ids must follow its pending deliveries in
+/// order (nothing deliverable is skipped); each id is answered on its own.
+#[utoipa::path(
+    post, path = "/v1/bridges/{bridge_id}/deliveries/ack", tag = "bridges",
+    params(("bridge_id" = String, Path)),
+    request_body(content = AckManyBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = AckManyOut),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["bridge"]))
+)]
+#[tracing::instrument(skip_all, fields(bridge = %bridge_id, items))]
+pub async fn ack_many(
+    State(st): State<AppState>,
+    Path(bridge_id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<AckManyOut>, ApiError> {
+    check_path_id("bridge id", &bridge_id)?;
+    let body: AckManyBody = json_body(&headers, body)?;
+    if body.delivery_ids.is_empty() || body.delivery_ids.len() > 1000 {
+        return Err(invalid(
+            "delivery_ids",
+            "delivery_ids must hold 1 to 1000 ids",
+        ));
+    }
+    for id in &body.delivery_ids {
+        check_text("delivery_ids", id, 300)?;
+    }
+    tracing::Span::current().record("items", body.delivery_ids.len());
+    // Judge every id against its subscription's pending deliveries (one blocking task).
+    let log = st.log.clone();
+    let bridge = bridge_id.clone();
+    let ids = body.delivery_ids.clone();
+    type Judged = (
+        Vec<Result<bridge::Confirmation, AckResult>>,
+        Vec<Option<String>>,
+    );
+    let (judged, subs): Judged = blocking(move || {
+        let mut plans: std::collections::HashMap<String, (u64, Vec<u64>, usize, u64)> =
+            Default::default();
+        let mut out = Vec::with_capacity(ids.len());
+        let mut subs = Vec::with_capacity(ids.len());
+        for id in ids {
+            let Some((sub_id, seq)) = b::parse_delivery_id(&id) else {
+                subs.push(None);
+                out.push(Err(refused(
+                    id.clone(),
+                    404,
+                    "delivery_not_found",
+                    format!("no delivery {id:?}"),
+                )));
+                continue;
+            };
+            let sub_id = sub_id.to_owned();
+            subs.push(Some(sub_id.clone()));
+            let Some(sub) = read::subscription(log.db(), &sub_id)?.filter(|s| s.active) else {
+                out.push(Err(refused(
+                    id.clone(),
+                    404,
+                    "delivery_not_found",
+                    format!("no delivery {id:?}"),
+                )));
+                continue;
+            };
+            if sub.target.bridge_id != bridge {
+                out.push(Err(refused(
+                    id.clone(),
+                    409,
+                    "foreign_delivery",
+                    format!("{id:?} belongs to another bridge"),
+                )));
+                continue;
+            }
+            if !plans.contains_key(&sub_id) {
+                let scan = bridge::scan(&log, &sub, true)?;
+                let mut deliverable = Vec::new();
+                for c in &scan.candidates {
+                    match c.decision {
+                        b::Decision::Deliver => deliverable.push(c.seq),
+                        b::Decision::Mismatch => break,
+                        _ => {}
+                    }
+                }
+                let cur = scan.cursor.last_sequence;
+                plans.insert(sub_id.clone(), (cur, deliverable, 0, cur));
+            }
+            let (cur, deliverable, next, expected) = plans.get_mut(&sub_id).expect("inserted");
+            let already = seq == *cur && seq > 0 && *next == 0;
+            if already || deliverable.get(*next) == Some(&seq) {
+                if !already {
+                    *next += 1;
+                }
+                out.push(Ok(bridge::Confirmation {
+                    subscription_id: sub_id.clone(),
+                    task_id: sub.target.task_id.clone(),
+                    seq,
+                    expected: if already { None } else { Some(*expected) },
+                }));
+                if !already {
+                    *expected = seq;
+                }
+            } else {
+                out.push(Err(refused(
+                    id.clone(),
+                    409,
+                    "not_pending",
+                    format!("{id:?} is not the subscription's next pending delivery"),
+                )));
+            }
+        }
+        Ok((out, subs))
+    })
+    .await?;
+    let mut results: Vec<Option<AckResult>> = Vec::with_capacity(judged.len());
+    let mut to_confirm = Vec::new();
+    let mut slots = Vec::new();
+    for (i, j) in judged.into_iter().enumerate() {
+        match j {
+            Ok(c) => {
+                slots.push(i);
+                to_confirm.push(c);
+                results.push(None);
+            }
+            Err(r) => results.push(Some(r)),
+        }
+    }
+    if !to_confirm.is_empty() {
+        let seqs: Vec<u64> = to_confirm.iter().map(|c| c.seq).collect();
+        let confirmed = bridge::confirm_many(&st.log, to_confirm).await?;
+        for ((slot, seq), r) in slots.into_iter().zip(seqs).zip(confirmed) {
+            let id = body.delivery_ids[slot].clone();
+            results[slot] = Some(match r {
+                Ok(cursor) => {
+                    if let Some(Some(sub)) = subs.get(slot) {
+                        st.pull_hub.acked(&bridge_id, sub, seq);
+                    }
+                    AckResult {
+                        delivery_id: id,
+                        status: 200,
+                        cursor: Some(cursor.into()),
+                        code: None,
+                        detail: None,
+                    }
+                }
+                Err(e) => {
+                    let e = ApiError::from(e);
+                    refused(
+                        id,
+                        e.status.as_u16(),
+                        &e.problem.code,
+                        e.problem.detail.clone(),
+                    )
+                }
+            });
+        }
+    }
+    Ok(Json(AckManyOut {
+        results: results.into_iter().flatten().collect(),
+    }))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct NackBody {
     /// Why the bridge could not deliver it (kept as the cursor's last_error, ≤ 512 chars).
     pub error: String,

@@ -691,6 +691,108 @@ async fn table_task_canceled_of_a_canceled_task_is_delivered() {
     assert!(mismatches(&s, task).await.is_empty());
 }
 
+/// The batch ack: one request confirms the pending deliveries of several subscriptions, and
+/// two deliverable events of one subscription in order; an id out of order, of another
+/// bridge, or unknown is refused on its own and changes nothing; a repeat is idempotent.
+#[tokio::test]
+async fn batch_ack_confirms_in_order_and_judges_each_id() {
+    let s = start().await;
+    let bridge = "b-batch";
+    let mut want = Vec::new();
+    for i in 0..3 {
+        let (task, sub) = (format!("t-batch-{i}"), format!("s-batch-{i}"));
+        new_task(&s, &task, false).await;
+        subscribe(&s, &task, &sub, bridge).await;
+        step(&s, &task, "task.run_started", json!({"run_id": "r1"})).await;
+        let seq = step(&s, &task, "task.run_completed", json!({"run_id": "r1"})).await;
+        want.push((sub, seq));
+    }
+    // Subscription 0 also has a second deliverable event (the task is canceled after).
+    let cancel = step(&s, "t-batch-0", "task.canceled", json!({})).await;
+    new_task(&s, "t-other", false).await;
+    subscribe(&s, "t-other", "s-other", "b-other").await;
+    step(&s, "t-other", "task.run_started", json!({"run_id": "r1"})).await;
+    let other = step(&s, "t-other", "task.run_completed", json!({"run_id": "r1"})).await;
+    let head = settled_head(&s).await;
+
+    let path = format!("/v1/bridges/{bridge}/deliveries/ack");
+    // Out of order: the cancel of s-batch-0 before its completion is not pending yet.
+    let ids = vec![
+        delivery_id("s-batch-0", cancel),
+        delivery_id("s-other", other),
+        "notif:nope:1".to_owned(),
+        "garbage".to_owned(),
+    ];
+    let r = post_json(&s, &path, &json!({"delivery_ids": ids})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let res = r.json["results"].as_array().unwrap().clone();
+    assert_eq!(res.len(), 4, "{}", r.text);
+    assert_eq!(
+        (res[0]["status"].as_u64(), res[0]["code"].as_str()),
+        (Some(409), Some("not_pending")),
+        "{}",
+        r.text
+    );
+    assert_eq!(
+        (res[1]["status"].as_u64(), res[1]["code"].as_str()),
+        (Some(409), Some("foreign_delivery")),
+        "{}",
+        r.text
+    );
+    assert_eq!(res[2]["status"], 404, "{}", r.text);
+    assert_eq!(res[3]["status"], 404, "{}", r.text);
+    assert_eq!(s.head().await, head, "refused ids change nothing");
+
+    // In order: every pending one, then the cancel of s-batch-0 after its completion.
+    let mut ids: Vec<String> = want
+        .iter()
+        .map(|(sub, seq)| delivery_id(sub, *seq))
+        .collect();
+    ids.push(delivery_id("s-batch-0", cancel));
+    let r = post_json(&s, &path, &json!({"delivery_ids": ids})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let res = r.json["results"].as_array().unwrap().clone();
+    for (i, x) in res.iter().enumerate() {
+        assert_eq!(x["status"], 200, "item {i}: {}", r.text);
+        assert_eq!(x["delivery_id"], ids[i].as_str(), "{}", r.text);
+    }
+    assert_eq!(res[3]["cursor"]["last_sequence"], cancel, "{}", r.text);
+    for (sub, seq) in &want[1..] {
+        let c = cursor_of(
+            &s,
+            &consumer(sub),
+            "task_events",
+            &format!("t-batch-{}", &sub["s-batch-".len()..]),
+        )
+        .await;
+        assert_eq!(c["last_sequence"], *seq, "{c}");
+    }
+    let c = cursor_of(&s, &consumer("s-batch-0"), "task_events", "t-batch-0").await;
+    assert_eq!(c["last_sequence"], cancel, "{c}");
+    expect_nothing_pending(&s, bridge, "after the batch ack").await;
+    let after = s.head().await;
+    assert_eq!(after - head, 4, "one cursor.advanced per confirmed id");
+    // A repeat of the last confirmed ids is idempotent.
+    let r = post_json(
+        &s,
+        &path,
+        &json!({"delivery_ids": [delivery_id("s-batch-1", want[1].1)]}),
+    )
+    .await;
+    assert_eq!(r.json["results"][0]["status"], 200, "{}", r.text);
+    assert_eq!(s.head().await, after, "a repeat appends nothing");
+    // Bad bodies are refused whole.
+    for body in [
+        json!({"delivery_ids": []}),
+        json!({}),
+        json!({"delivery_ids": "x"}),
+    ] {
+        let r = post_json(&s, &path, &body).await;
+        check_4xx(&r, None, None, &format!("batch ack {body}"));
+    }
+    assert_eq!(s.head().await, after);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The scenarios.
 // ---------------------------------------------------------------------------------------------
