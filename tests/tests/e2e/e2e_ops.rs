@@ -127,6 +127,27 @@ async fn openapi_lists_every_path() {
         "/healthz",
         "/readyz",
         "/metrics",
+        "/v1/deliveries",
+        "/v1/deliveries/{id}",
+        "/v1/deliveries/claim",
+        "/v1/deliveries/complete",
+        "/v1/deliveries/{id}/complete",
+        "/v1/deliveries/{id}/fail",
+        "/v1/deliveries/{id}/extend",
+        "/v1/deliveries/{id}/retry",
+        "/v1/deliveries/{id}/discard",
+        "/v1/outbox/kpis",
+        "/v1/cursors",
+        "/v1/cursors/advance",
+        "/v1/cursors/reset",
+        "/v1/consumers/lag",
+        "/v1/tasks/{id}/notifications/bridges",
+        "/v1/tasks/{id}/notifications/bridges/{subscription_id}",
+        "/v1/tasks/{id}/notifications/bridges/{subscription_id}/explain",
+        "/v1/bridges/{bridge_id}/deliveries",
+        "/v1/bridges/{bridge_id}/deliveries/ack",
+        "/v1/bridges/{bridge_id}/deliveries/{delivery_id}/ack",
+        "/v1/bridges/{bridge_id}/deliveries/{delivery_id}/nack",
     ] {
         assert!(
             paths.contains_key(p),
@@ -138,6 +159,16 @@ async fn openapi_lists_every_path() {
         paths["/v1/events"].get("post").is_some() && paths["/v1/events"].get("get").is_some(),
         "/v1/events documents both POST and GET: {}",
         paths["/v1/events"]
+    );
+    let subs = &paths["/v1/tasks/{id}/notifications/bridges"];
+    assert!(
+        subs.get("post").is_some() && subs.get("get").is_some(),
+        "subscriptions: POST and GET on one path: {subs}"
+    );
+    let one = &paths["/v1/tasks/{id}/notifications/bridges/{subscription_id}"];
+    assert!(
+        one.get("get").is_some() && one.get("delete").is_some(),
+        "subscription: GET and DELETE on one path: {one}"
     );
 }
 
