@@ -12,5 +12,6 @@
 #![forbid(unsafe_code)]
 
 pub mod bridge;
+mod follow;
 pub mod router;
 pub mod scheduler;

@@ -64,49 +64,41 @@ async fn run(
     delay: Option<Duration>,
 ) -> Result<(), String> {
     let l = log.clone();
-    let mut after = tokio::task::spawn_blocking(move || read::router_checkpoint(l.db()))
+    let after = tokio::task::spawn_blocking(move || read::router_checkpoint(l.db()))
         .await
         .map_err(|e| e.to_string())??;
     tracing::info!(after, "notification router started");
-    let mut head_rx = log.subscribe();
-    loop {
-        head_rx.borrow_and_update();
-        let l = log.clone();
-        let q = ReadQuery {
-            after,
-            limit: PAGE,
-            stream: Some("task_events".into()),
-            ..ReadQuery::default()
-        };
-        let (page, derived) = tokio::task::spawn_blocking(move || {
-            let page = l.read(&q).map_err(|e| e.to_string())?;
-            let mut derived = Vec::new();
-            for ev in &page.events {
-                if let Some(n) = derive(l.db(), ev)? {
-                    derived.push(n);
-                }
+    let query = ReadQuery {
+        limit: PAGE,
+        stream: Some("task_events".into()),
+        ..ReadQuery::default()
+    };
+    let derive_all = |l: &Log, events: Vec<Event>| {
+        let mut derived = Vec::new();
+        for ev in &events {
+            if let Some(n) = derive(l.db(), ev)? {
+                derived.push(n);
             }
-            Ok::<_, String>((page, derived))
-        })
-        .await
-        .map_err(|e| e.to_string())??;
-        if !derived.is_empty() {
+        }
+        Ok(derived)
+    };
+    crate::follow::follow(
+        log,
+        after,
+        query,
+        shutdown,
+        derive_all,
+        |derived| async move {
+            if derived.is_empty() {
+                return true;
+            }
             if let Some(d) = delay {
                 tokio::time::sleep(d).await;
             }
-            if !append_all(log, derived, shutdown).await {
-                return Ok(());
-            }
-        }
-        after = page.next_after;
-        if after < page.head {
-            continue;
-        }
-        tokio::select! {
-            changed = head_rx.changed() => if changed.is_err() { return Ok(()) },
-            _ = shutdown.cancelled() => return Ok(()),
-        }
-    }
+            append_all(log, derived, shutdown).await
+        },
+    )
+    .await
 }
 
 /// Append derived events until they are in the log; `false` when shutting down first.

@@ -48,35 +48,19 @@ fn relevant(ev: &Event) -> bool {
 
 async fn route_loop(log: &Log, shutdown: &CancellationToken) -> Result<(), String> {
     let l = log.clone();
-    let mut after = tokio::task::spawn_blocking(move || read::routing_checkpoint(l.db()))
+    let after = tokio::task::spawn_blocking(move || read::routing_checkpoint(l.db()))
         .await
         .map_err(|e| e.to_string())??;
     tracing::info!(after, "delivery routing started");
-    let mut head_rx = log.subscribe();
-    loop {
-        head_rx.borrow_and_update();
-        let l = log.clone();
-        let q = ReadQuery {
-            after,
-            limit: PAGE,
-            ..ReadQuery::default()
-        };
-        let page = tokio::task::spawn_blocking(move || l.read(&q).map_err(|e| e.to_string()))
-            .await
-            .map_err(|e| e.to_string())??;
-        let source: Vec<Event> = page.events.into_iter().filter(relevant).collect();
-        if !source.is_empty() && !run_route(log, source, shutdown).await {
-            return Ok(());
-        }
-        after = page.next_after;
-        if after < page.head {
-            continue;
-        }
-        tokio::select! {
-            changed = head_rx.changed() => if changed.is_err() { return Ok(()) },
-            _ = shutdown.cancelled() => return Ok(()),
-        }
-    }
+    let query = ReadQuery {
+        limit: PAGE,
+        ..ReadQuery::default()
+    };
+    let pick = |_: &Log, events: Vec<Event>| Ok(events.into_iter().filter(relevant).collect());
+    crate::follow::follow(log, after, query, shutdown, pick, |source: Vec<Event>| async move {
+        source.is_empty() || run_route(log, source, shutdown).await
+    })
+    .await
 }
 
 /// Run the routing command until it commits; `false` when shutting down first.

@@ -520,3 +520,23 @@ pub fn assert_routed_exactly_once(sources: &BTreeMap<u64, Value>, created: &[Val
         "lifecycle events without a notification.created: {missing:?}"
     );
 }
+
+/// Wait until the server has nothing more to derive: the log head stays the same for 500 ms
+/// (the router, the delivery scheduler and the bridge notifier append asynchronously after a
+/// commit, within milliseconds). A bound against hanging, not a speed assertion.
+pub async fn wait_quiet(api: &Api) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = api.head().await;
+    let mut still = 0;
+    while still < 5 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = api.head().await;
+        if now == last {
+            still += 1;
+        } else {
+            still = 0;
+            last = now;
+        }
+        assert!(Instant::now() < deadline, "the log never went quiet");
+    }
+}

@@ -17,7 +17,7 @@ use tidemark_tests::{Api, Server, ServerOpts, assert_problem_for, run_cli};
 use crate::common::{
     PROJECTIONS, TaskOracle, append_ok, assert_projections_sound, assert_routed_exactly_once,
     get_task, list_notifications, list_tasks, notif_ev, post_empty, projections, rebuild_or_verify,
-    receipts, seq_of, task_ev, wait_for, wait_routed,
+    receipts, seq_of, task_ev, wait_for, wait_quiet, wait_routed,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -82,6 +82,8 @@ async fn seed_tasks(api: &Api, prefix: &str, project: &str, n: u32) {
     }
     let (sources, created) = wait_routed(api, WAIT).await;
     assert_routed_exactly_once(&sources, &created);
+    // Urgent and action notifications get their deliveries a moment later.
+    wait_quiet(api).await;
 }
 
 #[track_caller]
