@@ -153,8 +153,19 @@ async fn deliveries_list_retry_discard() {
             .await;
         assert_eq!(st, 201, "{body}");
     }
-    // Wait for routing, then park two of them with a permanent failure.
+    // Wait for routing (all three rows), then park two of them with a permanent failure.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, v) = api.get_json("/v1/deliveries?status=queued").await;
+        if v["deliveries"].as_array().is_some_and(|d| d.len() == 3) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "deliveries never appeared: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let claimed = loop {
         let r = api
             .send(
