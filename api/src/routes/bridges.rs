@@ -90,7 +90,7 @@ pub struct SubscriptionsPage {
 pub struct SinkIn {
     /// pull or webhook.
     pub kind: String,
-    /// Webhook: `http://…` URL the envelope is POSTed to.
+    /// Webhook: `https://…` (or `http://…`) URL the envelope is POSTed to.
     pub url: Option<String>,
     /// Webhook: HMAC-SHA256 key; the signature goes in `tidemark-signature: sha256=<hex>`.
     pub secret: Option<String>,
@@ -166,13 +166,11 @@ fn target(task_id: &str, body: SubscribeBody) -> Result<(String, Target), ApiErr
                 .sink
                 .url
                 .ok_or_else(|| invalid("sink.url", "a webhook sink needs a url"))?;
-            if !url.starts_with("http://")
-                || url.len() > 2048
-                || url.chars().any(char::is_whitespace)
-            {
+            let scheme_ok = url.starts_with("https://") || url.starts_with("http://");
+            if !scheme_ok || url.len() > 2048 || url.chars().any(char::is_whitespace) {
                 return Err(invalid(
                     "sink.url",
-                    "sink.url must be an http:// URL of at most 2048 characters",
+                    "sink.url must be an https:// or http:// URL of at most 2048 characters",
                 ));
             }
             if let Some(s) = &body.sink.secret

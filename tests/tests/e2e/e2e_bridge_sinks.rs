@@ -995,3 +995,52 @@ async fn a_long_poll_over_fifty_subscriptions_wakes_on_a_commit() {
         assert_eq!(c["last_error"], Value::Null, "{c}");
     }
 }
+
+/// Webhook URLs may be https (the client speaks TLS): against a plain-HTTP listener the TLS
+/// handshake fails, which is recorded as the cursor's last_error (without the URL) while the
+/// cursor stays put; other schemes are refused at creation.
+#[tokio::test]
+async fn an_https_webhook_is_attempted_with_tls_and_its_failure_recorded() {
+    let s = Server::start(ServerOpts::default().config(RETRY_CONFIG)).await;
+    // A plain TCP listener that is not TLS: it accepts and sends garbage.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let _ = sock
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                .await;
+        }
+    });
+    let task = "t-https";
+    task_with_run(&s, task, false).await;
+    let url = format!("https://127.0.0.1:{port}/hook");
+    subscribe(&s, task, &webhook_body("s-https", "b-https", &url, "k")).await;
+    append_one(
+        &s,
+        &task_ev(task, "task.run_completed", json!({"run_id": "r1"})),
+    )
+    .await;
+    let c = wait_for(WAIT, "the https failure in last_error", || async {
+        let c = sub_cursor(&s, "s-https", task).await;
+        c["last_error"].as_str().is_some().then_some(c)
+    })
+    .await;
+    assert_eq!(c["last_sequence"], 0, "{c}");
+    let err = c["last_error"].as_str().unwrap();
+    assert!(
+        !err.contains("127.0.0.1"),
+        "the URL stays out of errors: {err}"
+    );
+    let r = s
+        .send(
+            s.request(
+                reqwest::Method::POST,
+                &format!("/v1/tasks/{task}/notifications/bridges"),
+            )
+            .json(&webhook_body("s-ftp", "b-https", "ftp://127.0.0.1/x", "k")),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+}
