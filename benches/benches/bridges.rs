@@ -38,6 +38,8 @@
 //!   the producer has read its 201; such deliveries count as 0 and are reported.
 //! - Also reported: server CPU seconds and peak RSS per round, pull and ack latencies.
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
@@ -45,9 +47,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
+use common::*;
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -134,65 +137,6 @@ fn main() -> ExitCode {
 // ---------------------------------------------------------------------------------------------
 // Measuring
 
-fn new_histogram() -> Histogram<u64> {
-    // 1 µs .. 10 min, 3 significant digits.
-    Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds")
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
-}
-
-/// Latency percentiles in microseconds.
-#[derive(Serialize, Clone, Copy, Default)]
-struct Percentiles {
-    count: u64,
-    p50: u64,
-    p99: u64,
-    p999: u64,
-    max: u64,
-    mean: f64,
-}
-
-impl From<&Histogram<u64>> for Percentiles {
-    fn from(h: &Histogram<u64>) -> Self {
-        if h.is_empty() {
-            return Percentiles::default();
-        }
-        Percentiles {
-            count: h.len(),
-            p50: h.value_at_quantile(0.50),
-            p99: h.value_at_quantile(0.99),
-            p999: h.value_at_quantile(0.999),
-            max: h.max(),
-            mean: (h.mean() * 10.0).round() / 10.0,
-        }
-    }
-}
-
-fn ms(us: u64) -> String {
-    format!("{:.2}", us as f64 / 1000.0)
-}
-
-/// Clock ticks per second of /proc's CPU times.
-fn clock_ticks() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
-/// utime + stime, in ticks, of a `/proc/.../stat` file.
-fn stat_ticks(path: &Path) -> Option<u64> {
-    let s = std::fs::read_to_string(path).ok()?;
-    // Fields after the command name, which may hold spaces: state is field 3, utime 14.
-    let rest = &s[s.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-}
-
 /// A `/proc/<pid>/status` line in kB (`VmHWM`, `VmRSS`).
 fn status_kb(pid: u32, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -235,178 +179,6 @@ impl CpuMark {
 
 // ---------------------------------------------------------------------------------------------
 // The machine and where things are
-
-#[derive(Serialize)]
-struct Machine {
-    cpus: usize,
-    mem_total_kb: u64,
-    kernel: String,
-    work_dir: String,
-    work_fs_type: String,
-    work_fs_device: String,
-    /// `git describe --always --dirty` of the workspace: which code was measured.
-    source: String,
-    server_bin: String,
-    /// Modification time of the server binary, seconds since the epoch.
-    server_bin_mtime: u64,
-}
-
-/// The cargo target directory: `CARGO_TARGET_DIR`, or the one this executable was built into
-/// (`<target>/release/deps/bridges-<hash>`).
-fn target_dir() -> Result<PathBuf, String> {
-    if let Some(d) = std::env::var_os("CARGO_TARGET_DIR") {
-        let d = PathBuf::from(d);
-        return Ok(if d.is_relative() {
-            workspace_dir().join(d)
-        } else {
-            d
-        });
-    }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
-    exe.ancestors()
-        .find(|p| p.join("CACHEDIR.TAG").exists())
-        .map(Path::to_path_buf)
-        .or_else(|| exe.ancestors().nth(3).map(Path::to_path_buf))
-        .ok_or_else(|| "cannot find the target directory; pass --work-dir".to_owned())
-}
-
-fn workspace_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
-}
-
-fn work_dir(opts: &Opts) -> Result<PathBuf, String> {
-    let dir = match &opts.work_dir {
-        Some(d) => d.clone(),
-        None => target_dir()?.join("bench-data"),
-    };
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    dir.canonicalize()
-        .map_err(|e| format!("cannot resolve {}: {e}", dir.display()))
-}
-
-fn server_bin(opts: &Opts) -> Result<PathBuf, String> {
-    let bin = match &opts.server_bin {
-        Some(b) => b.clone(),
-        None => target_dir()?.join("release").join("tidemark"),
-    };
-    if !bin.is_file() {
-        return Err(format!(
-            "no server binary at {}; build it with `cargo build --release -p tidemark-api` \
-             (or pass --server-bin)",
-            bin.display()
-        ));
-    }
-    Ok(bin)
-}
-
-fn mtime(p: &Path) -> Option<SystemTime> {
-    std::fs::metadata(p).and_then(|m| m.modified()).ok()
-}
-
-/// The newest modification time of the sources under `dir`.
-fn newest_source(dir: &Path) -> Option<(SystemTime, PathBuf)> {
-    let mut best: Option<(SystemTime, PathBuf)> = None;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs" || x == "toml")
-                && let Some(t) = mtime(&p)
-                && best.as_ref().is_none_or(|(b, _)| t > *b)
-            {
-                best = Some((t, p));
-            }
-        }
-    }
-    best
-}
-
-/// Warn when a source of the server is newer than its binary: the run would measure old code.
-fn warn_if_stale(bin: &Path) {
-    let Some(built) = mtime(bin) else {
-        return;
-    };
-    let ws = workspace_dir();
-    let crates = ["log", "projections", "consumers", "api"];
-    let newest = crates
-        .iter()
-        .filter_map(|c| newest_source(&ws.join(c).join("src")))
-        .chain(
-            crates
-                .iter()
-                .map(|c| ws.join(c).join("Cargo.toml"))
-                .chain([ws.join("Cargo.lock")])
-                .filter_map(|p| Some((mtime(&p)?, p))),
-        )
-        .max_by_key(|(t, _)| *t);
-    if let Some((t, p)) = newest
-        && t > built
-    {
-        eprintln!(
-            "WARNING: {} is newer than {}; rebuild with `cargo build --release -p tidemark-api`",
-            p.display(),
-            bin.display()
-        );
-    }
-}
-
-/// (device, fs type) of the mount holding `dir`: the longest mount point that is a prefix.
-fn filesystem_of(dir: &Path) -> (String, String) {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    let mut best: Option<(usize, String, String)> = None;
-    for line in mounts.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 3 || !dir.starts_with(f[1]) {
-            continue;
-        }
-        if best.as_ref().is_none_or(|(len, _, _)| f[1].len() >= *len) {
-            best = Some((f[1].len(), f[0].to_owned(), f[2].to_owned()));
-        }
-    }
-    best.map(|(_, dev, fs)| (dev, fs))
-        .unwrap_or_else(|| ("?".into(), "?".into()))
-}
-
-fn machine(work: &Path, bin: &Path) -> Machine {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let mem_total_kb = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0);
-    let (dev, fs) = filesystem_of(work);
-    Machine {
-        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
-        mem_total_kb,
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .unwrap_or_default()
-            .trim()
-            .to_owned(),
-        work_dir: work.display().to_string(),
-        work_fs_type: fs,
-        work_fs_device: dev,
-        source: Command::new("git")
-            .args(["describe", "--always", "--dirty"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-            .unwrap_or_default(),
-        server_bin: bin.display().to_string(),
-        server_bin_mtime: mtime(bin)
-            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_secs()),
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The server: the release binary as a child process
@@ -571,15 +343,6 @@ fn parse_delivery(id: &str) -> Option<(usize, u64)> {
 
 fn lifecycle(task: &str, ty: &str, payload: Value) -> Value {
     json!({"stream": "task_events", "subject": task, "type": ty, "payload": payload})
-}
-
-/// What went wrong with a request, for the error counts: `ack 409 not_pending`.
-fn problem_key(what: &str, status: reqwest::StatusCode, body: &[u8]) -> String {
-    let code = serde_json::from_slice::<Value>(body)
-        .ok()
-        .and_then(|v| v.get("code").and_then(Value::as_str).map(str::to_owned))
-        .unwrap_or_else(|| "-".into());
-    format!("{what} {} {code}", status.as_u16())
 }
 
 /// `POST url` with a JSON body; the status, the parsed answer, and when its headers arrived.
@@ -1436,9 +1199,9 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
     if opts.wait_ms > 30_000 {
         return Err("--wait-ms must be at most 30000".into());
     }
-    let bin = server_bin(opts)?;
+    let bin = server_bin(opts.server_bin.as_ref())?;
     warn_if_stale(&bin);
-    let work = work_dir(opts)?;
+    let work = work_dir(opts.work_dir.as_ref())?;
     let machine = machine(&work, &bin);
     eprintln!(
         "bridges bench: {} cpus, {} MiB, kernel {}, data in {} ({} on {}), source {}, server {}",
