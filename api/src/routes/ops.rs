@@ -118,6 +118,7 @@ pub async fn index(State(st): State<AppState>) -> Html<String> {
          <li><a href=\"/v1/events?limit=20\">latest events</a></li>\
          <li><a href=\"/v1/outbox/kpis\">outbox KPIs</a></li>\
          <li><a href=\"/v1/deliveries?status=parked\">parked deliveries</a></li>\
+         <li><a href=\"/v1/consumers/lag\">consumer lag (stalled cursors flagged)</a></li>\
          <li><a href=\"/metrics\">metrics</a></li>\
          <li><a href=\"/openapi.json\">OpenAPI document</a></li>\
          <li><a href=\"/readyz\">readiness</a></li></ul></body></html>",
