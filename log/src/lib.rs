@@ -321,7 +321,7 @@ impl Log {
 
     /// Bounded read of committed events (blocking; call from a blocking context in async code).
     pub fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
-        store::read(&self.db, &self.shared.tail, self.head(), q)
+        store::read(&self.db, &self.shared.tail, q)
     }
 
     /// One event by seq.

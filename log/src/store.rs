@@ -156,28 +156,42 @@ pub struct ReadPage {
 
 pub(crate) const SCAN_BUDGET: usize = 20_000;
 
+/// The last seq committed in `txn`'s view of the log.
+fn head_of(events: &redb::ReadOnlyTable<u64, &[u8]>) -> Result<u64, ReadError> {
+    let st = |e: redb::Error| ReadError::Storage(storage(e));
+    Ok(events
+        .last()
+        .map_err(|e| st(e.into()))?
+        .map(|(k, _)| k.value())
+        .unwrap_or(0))
+}
+
+/// Read a page as of one read transaction. Its head is the last event that transaction sees,
+/// not the published head: a read model read a moment earlier (also in its own transaction)
+/// never names a seq this read cannot reach. The writer puts a group's events into the index
+/// tail before it commits them, so every event a transaction sees is indexed.
 pub(crate) fn read(
     db: &Database,
     tail: &RwLock<Tail>,
-    head: u64,
     q: &ReadQuery,
 ) -> Result<ReadPage, ReadError> {
     let st = |e: redb::Error| ReadError::Storage(storage(e));
     let limit = q.limit.max(1);
     let mut out = Vec::new();
-    if q.after >= head {
-        return Ok(ReadPage {
-            events: out,
-            next_after: q.after,
-            head,
-        });
-    }
     if let Some(subject) = &q.subject {
         // Collect candidate seqs under the tail lock, so the index tables and the tail are
         // seen at the same merge point.
-        let (txn, candidates, exhausted) = {
+        let (txn, head, candidates, exhausted) = {
             let tail = tail.read().unwrap_or_else(|p| p.into_inner());
             let txn = db.begin_read().map_err(|e| st(e.into()))?;
+            let head = head_of(&txn.open_table(EVENTS).map_err(|e| st(e.into()))?)?;
+            if q.after >= head {
+                return Ok(ReadPage {
+                    events: out,
+                    next_after: q.after,
+                    head,
+                });
+            }
             let mut cands: Vec<(u64, bool)> = Vec::new();
             let stream_ok = |s: &str| q.stream.as_deref().is_none_or(|want| want == s);
             let indexed_end = tail.indexed_through.min(head);
@@ -210,7 +224,7 @@ pub(crate) fn read(
                     }
                 }
             }
-            (txn, cands, !full)
+            (txn, head, cands, !full)
         };
         let events = txn.open_table(EVENTS).map_err(|e| st(e.into()))?;
         let mut next_after = if exhausted { head } else { q.after };
@@ -242,6 +256,14 @@ pub(crate) fn read(
     }
     let txn = db.begin_read().map_err(|e| st(e.into()))?;
     let events = txn.open_table(EVENTS).map_err(|e| st(e.into()))?;
+    let head = head_of(&events)?;
+    if q.after >= head {
+        return Ok(ReadPage {
+            events: out,
+            next_after: q.after,
+            head,
+        });
+    }
     let mut next_after = head;
     let mut examined = 0usize;
     for row in events.range(q.after + 1..=head).map_err(|e| st(e.into()))? {

@@ -255,6 +255,16 @@ impl Writer {
             }
             return;
         }
+        // Index the group before it becomes visible, so any read transaction that sees these
+        // events finds them in the tail (readers never look past their transaction's last
+        // seq). If the commit fails the log is poisoned and no later group reuses the seqs.
+        if !staged.is_empty() {
+            let mut tail = self.shared.tail.write().unwrap_or_else(|p| p.into_inner());
+            for (seq, ev) in &staged {
+                let id = ev.event_id.as_deref().unwrap_or_default();
+                tail.insert(*seq, id, &ev.stream, &ev.subject);
+            }
+        }
         if let Err(e) = txn.commit() {
             let why = storage(e);
             self.poison(why.clone());
@@ -264,13 +274,6 @@ impl Writer {
             return;
         }
         let new_head = staged.last().map(|(s, _)| *s).unwrap_or(self.head);
-        if !staged.is_empty() {
-            let mut tail = self.shared.tail.write().unwrap_or_else(|p| p.into_inner());
-            for (seq, ev) in &staged {
-                let id = ev.event_id.as_deref().unwrap_or_default();
-                tail.insert(*seq, id, &ev.stream, &ev.subject);
-            }
-        }
         self.head = new_head;
         self.last_time_us = time_us;
         self.shared.head.send_replace(new_head);

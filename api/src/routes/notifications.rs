@@ -100,8 +100,6 @@ pub async fn list(
     };
     let log = st.log.clone();
     let (items, next) = blocking(move || read::notifications(log.db(), &f)).await?;
-    let top = items.iter().map(|n| n.seq).max().unwrap_or(0);
-    crate::routes::reach(&st.log, top).await;
     Ok(Json(NotificationsPage {
         notifications: items.into_iter().map(NotificationOut::from).collect(),
         next_before_seq: next,
