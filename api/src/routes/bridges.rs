@@ -546,30 +546,22 @@ pub async fn ack(
     State(st): State<AppState>,
     Path((bridge_id, delivery_id)): Path<(String, String)>,
 ) -> Result<Json<AckOut>, ApiError> {
-    let (sub, seq) = delivery_target(&st, &bridge_id, &delivery_id).await?;
-    // Only the pending delivery may be confirmed: nothing deliverable may be skipped (I5).
-    let log = st.log.clone();
-    let s2 = sub.clone();
-    let scan = blocking(move || bridge::scan(&log, &s2, false)).await?;
-    let already = scan.cursor.last_sequence == seq
-        && scan.cursor.last_delivery_id.as_deref() == Some(delivery_id.as_str());
-    if !already && scan.deliver.as_ref().map(|e| e.seq) != Some(seq) {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "not_pending",
-            format!(
-                "{delivery_id:?} is not the subscription's pending delivery (cursor at {})",
-                scan.cursor.last_sequence
-            ),
-        ));
+    check_path_id("bridge id", &bridge_id)?;
+    let r = ack_ids(&st, &bridge_id, vec![delivery_id])
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::internal("ack", "no result for the one id"))?;
+    match r.cursor {
+        Some(cursor) if r.status == 200 => Ok(Json(AckOut {
+            delivery_id: r.delivery_id,
+            cursor,
+        })),
+        _ => Err(ApiError::new(
+            StatusCode::from_u16(r.status).unwrap_or(StatusCode::CONFLICT),
+            r.code.as_deref().unwrap_or("conflict"),
+            r.detail.unwrap_or_default(),
+        )),
     }
-    let expected = Some(scan.cursor.last_sequence);
-    let cursor = bridge::confirm(&st.log, &sub, seq, expected).await?;
-    st.pull_hub.acked(&bridge_id, &sub.subscription_id, seq);
-    Ok(Json(AckOut {
-        delivery_id,
-        cursor: cursor.into(),
-    }))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -595,9 +587,9 @@ pub struct AckManyOut {
     pub results: Vec<AckResult>,
 }
 
-fn refused(delivery_id: String, status: u16, code: &str, detail: String) -> AckResult {
+fn refused(delivery_id: &str, status: u16, code: &str, detail: String) -> AckResult {
     AckResult {
-        delivery_id,
+        delivery_id: delivery_id.to_owned(),
         status,
         cursor: None,
         code: Some(code.to_owned()),
@@ -638,97 +630,109 @@ pub async fn ack_many(
         check_text("delivery_ids", id, 300)?;
     }
     tracing::Span::current().record("items", body.delivery_ids.len());
-    // Judge every id against its subscription's pending deliveries (one blocking task).
-    let log = st.log.clone();
-    let bridge = bridge_id.clone();
-    let ids = body.delivery_ids.clone();
-    type Judged = (
-        Vec<Result<bridge::Confirmation, AckResult>>,
-        Vec<Option<String>>,
-    );
-    let (judged, subs): Judged = blocking(move || {
-        let mut plans: std::collections::HashMap<String, (u64, Vec<u64>, usize, u64)> =
-            Default::default();
-        let mut out = Vec::with_capacity(ids.len());
-        let mut subs = Vec::with_capacity(ids.len());
-        for id in ids {
-            let Some((sub_id, seq)) = b::parse_delivery_id(&id) else {
-                subs.push(None);
-                out.push(Err(refused(
-                    id.clone(),
-                    404,
-                    "delivery_not_found",
-                    format!("no delivery {id:?}"),
-                )));
-                continue;
-            };
-            let sub_id = sub_id.to_owned();
-            subs.push(Some(sub_id.clone()));
-            let Some(sub) = read::subscription(log.db(), &sub_id)?.filter(|s| s.active) else {
-                out.push(Err(refused(
-                    id.clone(),
-                    404,
-                    "delivery_not_found",
-                    format!("no delivery {id:?}"),
-                )));
-                continue;
-            };
-            if sub.target.bridge_id != bridge {
-                out.push(Err(refused(
-                    id.clone(),
-                    409,
-                    "foreign_delivery",
-                    format!("{id:?} belongs to another bridge"),
-                )));
-                continue;
-            }
-            if !plans.contains_key(&sub_id) {
-                let scan = bridge::scan(&log, &sub, true)?;
-                let mut deliverable = Vec::new();
-                for c in &scan.candidates {
-                    match c.decision {
-                        b::Decision::Deliver => deliverable.push(c.seq),
-                        b::Decision::Mismatch => break,
-                        _ => {}
-                    }
-                }
-                let cur = scan.cursor.last_sequence;
-                plans.insert(sub_id.clone(), (cur, deliverable, 0, cur));
-            }
-            let (cur, deliverable, next, expected) = plans.get_mut(&sub_id).expect("inserted");
-            let already = seq == *cur && seq > 0 && *next == 0;
-            if already || deliverable.get(*next) == Some(&seq) {
-                if !already {
-                    *next += 1;
-                }
-                out.push(Ok(bridge::Confirmation {
-                    subscription_id: sub_id.clone(),
-                    task_id: sub.target.task_id.clone(),
-                    seq,
-                    expected: if already { None } else { Some(*expected) },
-                }));
-                if !already {
-                    *expected = seq;
-                }
-            } else {
-                out.push(Err(refused(
-                    id.clone(),
-                    409,
-                    "not_pending",
-                    format!("{id:?} is not the subscription's next pending delivery"),
-                )));
-            }
+    let results = ack_ids(&st, &bridge_id, body.delivery_ids).await?;
+    Ok(Json(AckManyOut { results }))
+}
+
+/// A subscription's pending deliveries as a batch of acks consumes them.
+struct Plan {
+    cursor: u64,
+    /// Seqs the subscription delivers next, in order, up to its first mismatch.
+    deliverable: Vec<u64>,
+    /// How many of them this batch has confirmed so far.
+    taken: usize,
+}
+
+/// Judge each id against its subscription's pending deliveries (blocking): the confirmation
+/// to make, or why it is refused. Per subscription the ids must follow its deliverable seqs
+/// in order, so nothing deliverable is skipped (I5); an id already confirmed is a replay.
+fn judge(
+    log: &tidemark_log::Log,
+    bridge_id: &str,
+    ids: &[String],
+) -> Result<Vec<Result<bridge::Confirmation, AckResult>>, String> {
+    let not_found =
+        |id: &str| refused(id, 404, "delivery_not_found", format!("no delivery {id:?}"));
+    let mut plans: std::collections::HashMap<String, Plan> = Default::default();
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        let Some((sub_id, seq)) = b::parse_delivery_id(id) else {
+            out.push(Err(not_found(id)));
+            continue;
+        };
+        let Some(sub) = read::subscription(log.db(), sub_id)?.filter(|s| s.active) else {
+            out.push(Err(not_found(id)));
+            continue;
+        };
+        if sub.target.bridge_id != bridge_id {
+            let why = format!("{id:?} belongs to another bridge");
+            out.push(Err(refused(id, 409, "foreign_delivery", why)));
+            continue;
         }
-        Ok((out, subs))
-    })
-    .await?;
-    let mut results: Vec<Option<AckResult>> = Vec::with_capacity(judged.len());
+        if !plans.contains_key(sub_id) {
+            // Past the first deliverable only when the batch holds more ids of it.
+            let more = ids
+                .iter()
+                .filter(|i| i.starts_with(&format!("notif:{sub_id}:")))
+                .count()
+                > 1;
+            let scan = bridge::scan(log, &sub, more)?;
+            let deliverable = scan
+                .candidates
+                .iter()
+                .take_while(|c| c.decision != b::Decision::Mismatch)
+                .filter(|c| c.decision == b::Decision::Deliver)
+                .map(|c| c.seq)
+                .collect();
+            let plan = Plan {
+                cursor: scan.cursor.last_sequence,
+                deliverable,
+                taken: 0,
+            };
+            plans.insert(sub_id.to_owned(), plan);
+        }
+        let plan = plans.get_mut(sub_id).expect("inserted above");
+        let replay = seq > 0 && seq == plan.cursor && plan.taken == 0;
+        let expected = match plan.taken {
+            0 => plan.cursor,
+            n => plan.deliverable[n - 1],
+        };
+        if !replay && plan.deliverable.get(plan.taken) != Some(&seq) {
+            let why = format!(
+                "{id:?} is not the subscription's next pending delivery (cursor at {})",
+                plan.cursor
+            );
+            out.push(Err(refused(id, 409, "not_pending", why)));
+            continue;
+        }
+        if !replay {
+            plan.taken += 1;
+        }
+        out.push(Ok(bridge::Confirmation {
+            subscription_id: sub_id.to_owned(),
+            task_id: sub.target.task_id.clone(),
+            seq,
+            expected: (!replay).then_some(expected),
+        }));
+    }
+    Ok(out)
+}
+
+/// Judge and confirm `ids` (one durable command for all the confirmations); one result per
+/// id, in order.
+async fn ack_ids(
+    st: &AppState,
+    bridge_id: &str,
+    ids: Vec<String>,
+) -> Result<Vec<AckResult>, ApiError> {
+    let log = st.log.clone();
+    let (bridge, for_judge) = (bridge_id.to_owned(), ids.clone());
+    let judged = blocking(move || judge(&log, &bridge, &for_judge)).await?;
     let mut to_confirm = Vec::new();
-    let mut slots = Vec::new();
-    for (i, j) in judged.into_iter().enumerate() {
+    let mut results: Vec<Option<AckResult>> = Vec::with_capacity(judged.len());
+    for j in judged {
         match j {
             Ok(c) => {
-                slots.push(i);
                 to_confirm.push(c);
                 results.push(None);
             }
@@ -736,17 +740,20 @@ pub async fn ack_many(
         }
     }
     if !to_confirm.is_empty() {
-        let seqs: Vec<u64> = to_confirm.iter().map(|c| c.seq).collect();
-        let confirmed = bridge::confirm_many(&st.log, to_confirm).await?;
-        for ((slot, seq), r) in slots.into_iter().zip(seqs).zip(confirmed) {
-            let id = body.delivery_ids[slot].clone();
+        let confirmed = bridge::confirm_many(&st.log, to_confirm.clone()).await?;
+        let open = results
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.is_none())
+            .map(|(i, _)| i)
+            .collect::<Vec<_>>();
+        for ((slot, c), r) in open.into_iter().zip(to_confirm).zip(confirmed) {
+            let id = &ids[slot];
             results[slot] = Some(match r {
                 Ok(cursor) => {
-                    if let Some(Some(sub)) = subs.get(slot) {
-                        st.pull_hub.acked(&bridge_id, sub, seq);
-                    }
+                    st.pull_hub.acked(bridge_id, &c.subscription_id, c.seq);
                     AckResult {
-                        delivery_id: id,
+                        delivery_id: id.clone(),
                         status: 200,
                         cursor: Some(cursor.into()),
                         code: None,
@@ -765,9 +772,7 @@ pub async fn ack_many(
             });
         }
     }
-    Ok(Json(AckManyOut {
-        results: results.into_iter().flatten().collect(),
-    }))
+    Ok(results.into_iter().flatten().collect())
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
