@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
 use serde::Serialize;
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 use tidemark_log::{AppendError, CommandError, Event, Log, NewEvent, ReadQuery, RejectKind};
 use tidemark_projections::bridges::{self, Decision, Subscription};
 use tidemark_projections::cursors::{self, Advance, Cursor};
@@ -552,7 +552,7 @@ impl Notifier {
                     };
                 }
                 r.attempts += 1;
-                let u = jitter_draw();
+                let u = rand::random::<f64>();
                 let ms = backoff_ms(&self.settings.retry, r.attempts, u, None);
                 r.next = Some(Instant::now() + Duration::from_millis(ms));
                 tracing::info!(subscription = %sub_id, seq, attempt = r.attempts, retry_in_ms = ms, "webhook delivery failed");
@@ -812,15 +812,4 @@ fn without_url(e: &reqwest::Error) -> String {
         "error"
     };
     kind.to_owned()
-}
-
-/// A draw in [0, 1) for webhook retry jitter.
-fn jitter_draw() -> f64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let h = sha2::Sha256::digest(nanos.to_le_bytes());
-    let x = u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
-    (x >> 11) as f64 / (1u64 << 53) as f64
 }

@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 use tidemark_log::Event;
 
-use crate::framework::{Projection, Store};
+use crate::framework::{Projection, Store, be_u64};
 
 pub const NAME: &str = "deliveries";
 pub(crate) const ROWS: &str = "rows";
@@ -443,10 +443,7 @@ fn index_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
 }
 
 fn add_count(st: &mut Store<'_>, key: &[u8], delta: i64) -> Result<(), String> {
-    let cur = st
-        .get(COUNTS, key)?
-        .and_then(|b| b.try_into().ok().map(u64::from_be_bytes))
-        .unwrap_or(0);
+    let cur = st.get(COUNTS, key)?.and_then(|b| be_u64(&b)).unwrap_or(0);
     let next = (cur as i64 + delta).max(0) as u64;
     if next == 0 {
         st.delete(COUNTS, key)
@@ -505,7 +502,7 @@ fn put_step(st: &mut Store<'_>, id: &str, s: &Step) -> Result<(), String> {
 fn raise_routed(st: &mut Store<'_>, seq: u64) -> Result<(), String> {
     let cur = st
         .get(STATE, ROUTED_KEY)?
-        .and_then(|b| b.try_into().ok().map(u64::from_be_bytes))
+        .and_then(|b| be_u64(&b))
         .unwrap_or(0);
     if seq > cur {
         st.put(STATE, ROUTED_KEY, &seq.to_be_bytes())?;

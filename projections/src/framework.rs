@@ -20,6 +20,11 @@ use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableHandle, WriteT
 use serde::{Deserialize, Serialize};
 use tidemark_log::{CommitHook, Event, scan_events};
 
+/// A u64 stored big-endian (counters, checkpoints), or `None` when the bytes are not one.
+pub fn be_u64(b: &[u8]) -> Option<u64> {
+    b.try_into().ok().map(u64::from_be_bytes)
+}
+
 /// Per-projection bookkeeping, one row of the `projections` table.
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("projections");
 

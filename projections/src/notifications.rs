@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidemark_log::Event;
 
-use crate::framework::{Projection, Store};
+use crate::framework::{Projection, Store, be_u64};
 
 pub const NAME: &str = "notifications";
 pub(crate) const BY_SEQ: &str = "by_seq";
@@ -138,7 +138,7 @@ impl Projection for Notifications {
         if let Some(src) = n.source_seq {
             let prev = st
                 .get(ROUTER, ROUTER_KEY)?
-                .and_then(|b| b.try_into().ok().map(u64::from_be_bytes))
+                .and_then(|b| be_u64(&b))
                 .unwrap_or(0);
             if src > prev {
                 st.put(ROUTER, ROUTER_KEY, &src.to_be_bytes())?;

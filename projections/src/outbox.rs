@@ -13,7 +13,7 @@ use tidemark_log::{CommandError, Event, NewEvent, RejectKind};
 use crate::deliveries::{
     self as d, Change, Created, Delivery, Group, Joined, Recipient, allowed, transition,
 };
-use crate::framework::TxnTables;
+use crate::framework::{TxnTables, be_u64};
 use crate::routing::{RouteOutcome, RoutingSettings, backoff_ms, resolve_routes};
 
 fn storage(e: String) -> CommandError {
@@ -52,7 +52,7 @@ impl<'t> State<'t> {
             .t
             .get(table, key)
             .map_err(storage)?
-            .and_then(|b| b.try_into().ok().map(u64::from_be_bytes)))
+            .and_then(|b| be_u64(&b)))
     }
 
     /// Seq of the last notification or cancellation routing has handled.
@@ -113,20 +113,6 @@ fn draw(seed: &[&[u8]]) -> f64 {
     let b = h.finalize();
     let x = u64::from_le_bytes(b.as_bytes()[..8].try_into().expect("8 bytes"));
     (x >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// A fresh draw in [0, 1) for backoff jitter.
-fn fresh_draw(id: &str, attempt: u32, now_us: i64) -> f64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    draw(&[
-        id.as_bytes(),
-        &attempt.to_le_bytes(),
-        &now_us.to_le_bytes(),
-        &nanos.to_le_bytes(),
-    ])
 }
 
 /// Delivery id `dlv:<notification_id>:<route>`; when that is longer than a subject may be
@@ -679,7 +665,7 @@ pub fn fail(
         None
     } else {
         let retry = st.settings_at(u64::MAX)?.retry;
-        let u = fresh_draw(id, row.attempts, now_us);
+        let u = rand::random::<f64>();
         let ms = backoff_ms(&retry, row.attempts.max(1), u, f.retry_after_ms);
         Some(now_us.saturating_add(ms as i64 * 1_000))
     };

@@ -6,7 +6,7 @@ use serde::Serialize;
 use redb::ReadableTable;
 
 use crate::deliveries::{self, Delivery};
-use crate::framework::Reader;
+use crate::framework::{Reader, be_u64};
 use crate::notifications::{self, Notification};
 use crate::tasks::{self, Task};
 
@@ -165,13 +165,23 @@ pub fn notifications(
 
 /// Highest source seq the router has produced a notification for.
 pub fn router_checkpoint(db: &redb::Database) -> Result<u64, String> {
+    stored_u64(
+        db,
+        notifications::NAME,
+        notifications::ROUTER,
+        notifications::ROUTER_KEY,
+    )
+}
+
+/// A big-endian u64 a projection keeps under `key` (a checkpoint), 0 when absent.
+fn stored_u64(db: &redb::Database, proj: &str, table: &str, key: &[u8]) -> Result<u64, String> {
     let r = Reader::new(db)?;
-    let Some(t) = r.table(notifications::NAME, notifications::ROUTER)? else {
+    let Some(t) = r.table(proj, table)? else {
         return Ok(0);
     };
-    Ok(t.get(notifications::ROUTER_KEY)
+    Ok(t.get(key)
         .map_err(|e| e.to_string())?
-        .and_then(|v| v.value().try_into().ok().map(u64::from_be_bytes))
+        .and_then(|v| be_u64(v.value()))
         .unwrap_or(0))
 }
 
@@ -335,7 +345,7 @@ pub fn kpis(
             };
             let sink = String::from_utf8_lossy(&k[..split]).into_owned();
             let status = &k[split + 1..];
-            let n = v.value().try_into().map(u64::from_be_bytes).unwrap_or(0);
+            let n = be_u64(v.value()).unwrap_or(0);
             let e = by_sink.entry(sink).or_default();
             match status {
                 b"queued" => e.queued += n,
@@ -407,7 +417,7 @@ pub fn pending_deliveries(db: &redb::Database) -> Result<u64, String> {
         if deliveries::PENDING_STATUSES.iter().any(|s| {
             k.ends_with(s.as_bytes()) && k.len() > s.len() && k[k.len() - s.len() - 1] == 0
         }) {
-            n += v.value().try_into().map(u64::from_be_bytes).unwrap_or(0);
+            n += be_u64(v.value()).unwrap_or(0);
         }
     }
     Ok(n)
@@ -415,14 +425,12 @@ pub fn pending_deliveries(db: &redb::Database) -> Result<u64, String> {
 
 /// Highest source seq the delivery routing has handled.
 pub fn routing_checkpoint(db: &redb::Database) -> Result<u64, String> {
-    let r = Reader::new(db)?;
-    let Some(t) = r.table(deliveries::NAME, deliveries::STATE)? else {
-        return Ok(0);
-    };
-    Ok(t.get(deliveries::ROUTED_KEY)
-        .map_err(|e| e.to_string())?
-        .and_then(|v| v.value().try_into().ok().map(u64::from_be_bytes))
-        .unwrap_or(0))
+    stored_u64(
+        db,
+        deliveries::NAME,
+        deliveries::STATE,
+        deliveries::ROUTED_KEY,
+    )
 }
 
 /// One cursor, or its zero state.

@@ -310,14 +310,21 @@ pub(crate) async fn compute_lag(st: &AppState) -> Result<Vec<LagOut>, ApiError> 
     let stuck_after = st.routing.stuck_after_ms;
     blocking(move || {
         let mut all = read::cursors(log.db(), None, 100_000)?;
+        let known: std::collections::HashSet<(String, String, String)> = all
+            .iter()
+            .map(|c| {
+                (
+                    c.consumer_id.clone(),
+                    c.stream_name.clone(),
+                    c.subject_id.clone(),
+                )
+            })
+            .collect();
         for sub in read::all_active_subscriptions(log.db())? {
             let consumer = tidemark_projections::bridges::consumer_id(&sub.subscription_id);
-            if !all.iter().any(|c| {
-                c.consumer_id == consumer
-                    && c.stream_name == "task_events"
-                    && c.subject_id == sub.target.task_id
-            }) {
-                all.push(Cursor::zero(&consumer, "task_events", &sub.target.task_id));
+            let key = (consumer, "task_events".to_owned(), sub.target.task_id);
+            if !known.contains(&key) {
+                all.push(Cursor::zero(&key.0, &key.1, &key.2));
             }
         }
         let now = now_micros();
