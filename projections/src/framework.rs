@@ -62,10 +62,7 @@ type Bytes = &'static [u8];
 
 /// Write access to one projection's tables at one generation, recording the digest.
 pub struct Store<'t> {
-    txn: &'t WriteTransaction,
-    proj: &'static str,
-    generation: u32,
-    tables: HashMap<&'static str, redb::Table<'t, Bytes, Bytes>>,
+    tables: TxnTables<'t>,
     /// Writes not yet in the tables: a fold of many events touches the same rows again and
     /// again (a task gets ~8 events), so they are coalesced here and written once, in key
     /// order, by `flush`. The digest does not see this: it hashes every write as it is made.
@@ -82,10 +79,7 @@ const FLUSH_EVERY: usize = 50_000;
 impl<'t> Store<'t> {
     fn new(txn: &'t WriteTransaction, proj: &'static str, generation: u32) -> Self {
         Store {
-            txn,
-            proj,
-            generation,
-            tables: HashMap::new(),
+            tables: TxnTables::at(txn, proj, generation),
             pending: HashMap::new(),
             pending_len: 0,
             digests: Vec::new(),
@@ -94,24 +88,11 @@ impl<'t> Store<'t> {
         }
     }
 
-    fn table(&mut self, table: &'static str) -> Result<&mut redb::Table<'t, Bytes, Bytes>, String> {
-        if !self.tables.contains_key(table) {
-            let name = table_name(self.proj, table, self.generation);
-            let def: TableDefinition<Bytes, Bytes> = TableDefinition::new(&name);
-            let t = self.txn.open_table(def).map_err(|e| e.to_string())?;
-            self.tables.insert(table, t);
-        }
-        Ok(self.tables.get_mut(table).expect("inserted above"))
-    }
-
     pub fn get(&mut self, table: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
         if let Some(v) = self.pending.get(table).and_then(|t| t.get(key)) {
             return Ok(v.clone());
         }
-        let t = self.table(table)?;
-        Ok(t.get(key)
-            .map_err(|e| e.to_string())?
-            .map(|v| v.value().to_vec()))
+        self.tables.get(table, key)
     }
 
     pub fn put(&mut self, table: &'static str, key: &[u8], value: &[u8]) -> Result<(), String> {
@@ -142,12 +123,7 @@ impl<'t> Store<'t> {
         table: &'static str,
         key: &[u8],
     ) -> Result<Option<T>, String> {
-        match self.get(table, key)? {
-            Some(b) => postcard::from_bytes(&b)
-                .map(Some)
-                .map_err(|e| e.to_string()),
-            None => Ok(None),
-        }
+        decode(self.get(table, key)?)
     }
 
     pub fn put_val<T: Serialize>(
@@ -206,7 +182,7 @@ impl<'t> Store<'t> {
         pending.sort_unstable_by_key(|(t, _)| *t);
         self.pending_len = 0;
         for (table, rows) in pending {
-            let t = self.table(table)?;
+            let t = self.tables.table_mut(table)?;
             for (key, value) in rows {
                 match value {
                     Some(v) => t.insert(key.as_slice(), v.as_slice()).map(drop),
@@ -216,9 +192,9 @@ impl<'t> Store<'t> {
             }
         }
         if !self.digests.is_empty() {
-            let name = table_name(self.proj, "digests", self.generation);
+            let name = table_name(self.tables.proj, "digests", self.tables.generation);
             let def: TableDefinition<u64, &[u8]> = TableDefinition::new(&name);
-            let mut t = self.txn.open_table(def).map_err(|e| e.to_string())?;
+            let mut t = self.tables.txn.open_table(def).map_err(|e| e.to_string())?;
             for (seq, d) in self.digests.drain(..) {
                 t.insert(seq, d.as_slice()).map_err(|e| e.to_string())?;
             }
@@ -441,8 +417,9 @@ impl Reader {
     }
 }
 
-/// Read access to projections from inside the writer's transaction, for commands that decide
-/// from state (claim, complete, ...): they see every event committed or staged before them.
+/// A projection's tables inside the writer's transaction, each opened once: the fold writes
+/// through them (`Store`), and commands that decide from state (claim, complete, ...) read
+/// them, seeing every event committed or staged before them.
 pub struct TxnTables<'t> {
     txn: &'t WriteTransaction,
     proj: &'static str,
@@ -451,25 +428,37 @@ pub struct TxnTables<'t> {
 }
 
 impl<'t> TxnTables<'t> {
+    /// The projection's tables at its current generation.
     pub fn new(txn: &'t WriteTransaction, proj: &'static str) -> Result<Self, String> {
         let generation = read_meta(txn, proj)?.generation;
-        Ok(TxnTables {
+        Ok(Self::at(txn, proj, generation))
+    }
+
+    fn at(txn: &'t WriteTransaction, proj: &'static str, generation: u32) -> Self {
+        TxnTables {
             txn,
             proj,
             generation,
             tables: HashMap::new(),
-        })
+        }
     }
 
     /// The table (created empty when the projection has not written it yet).
     pub fn table(&mut self, table: &'static str) -> Result<&redb::Table<'t, Bytes, Bytes>, String> {
+        self.table_mut(table).map(|t| &*t)
+    }
+
+    fn table_mut(
+        &mut self,
+        table: &'static str,
+    ) -> Result<&mut redb::Table<'t, Bytes, Bytes>, String> {
         if !self.tables.contains_key(table) {
             let name = table_name(self.proj, table, self.generation);
             let def: TableDefinition<Bytes, Bytes> = TableDefinition::new(&name);
             let t = self.txn.open_table(def).map_err(|e| e.to_string())?;
             self.tables.insert(table, t);
         }
-        Ok(self.tables.get(table).expect("inserted above"))
+        Ok(self.tables.get_mut(table).expect("inserted above"))
     }
 
     pub fn get(&mut self, table: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
@@ -485,11 +474,16 @@ impl<'t> TxnTables<'t> {
         table: &'static str,
         key: &[u8],
     ) -> Result<Option<T>, String> {
-        match self.get(table, key)? {
-            Some(b) => postcard::from_bytes(&b)
-                .map(Some)
-                .map_err(|e| e.to_string()),
-            None => Ok(None),
-        }
+        decode(self.get(table, key)?)
+    }
+}
+
+/// A stored row decoded with postcard.
+fn decode<T: for<'de> Deserialize<'de>>(bytes: Option<Vec<u8>>) -> Result<Option<T>, String> {
+    match bytes {
+        Some(b) => postcard::from_bytes(&b)
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        None => Ok(None),
     }
 }
