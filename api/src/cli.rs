@@ -35,6 +35,18 @@ pub enum Command {
     Deliveries(DeliveriesArgs),
     /// Show consumer cursors, or reset one (operator).
     Cursors(CursorsArgs),
+    /// Benchmark tidemark against Redis Streams, PostgreSQL, SQLite and NATS JetStream
+    /// (`tidemark bench --help` lists the options; peers: benches/peers/install.sh).
+    #[command(disable_help_flag = true)]
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Options of the benchmark (`--quick`, `--systems`, `--clients`, `--batches`, `--events`,
+    /// `--json-out`, …), passed on to `tidemark-bench`.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Args)]
@@ -207,6 +219,8 @@ pub fn main() -> ExitCode {
             Command::Projections(a) => projections(a).await,
             Command::Deliveries(a) => deliveries(a).await,
             Command::Cursors(a) => cursors(a).await,
+            // Replaces this process; returns only when the benchmark could not be started.
+            Command::Bench(b) => crate::bench::exec(b.args),
         }
     });
     match result {

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+mod bench;
 pub mod cli;
 pub mod config;
 pub mod error;

@@ -1,0 +1,530 @@
+//! `tidemark-bench`: tidemark against Redis Streams, PostgreSQL, SQLite and NATS JetStream in
+//! one run, on the same machine, each at its strongest single-node durability (acknowledged =
+//! fsynced), each started here on loopback with a fresh data directory and stopped by its PID.
+//! `tidemark bench …` runs this binary (the peers' client crates stay out of the server).
+//!
+//! Progress goes to stderr; the markdown tables at the end too; the JSON document to stdout and,
+//! rewritten after every cell, to `--json-out`.
+//!
+//! Layout: [`events`] (what every system appends), [`targets`] (one [`targets::Target`] per
+//! system), [`peers`] (starting and stopping servers), [`workloads`] (append cells, read-back,
+//! growth), [`sse`], [`reopen`], [`measure`] (percentiles, /proc counters, strace), [`machine`]
+//! (the machine and its fsync latency), [`report`] (tables and ratios).
+
+mod events;
+mod machine;
+mod measure;
+mod peers;
+mod reopen;
+mod report;
+mod sse;
+mod targets;
+mod workloads;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::json;
+
+use report::{Report, Skipped};
+use targets::{StartOpts, System, Target};
+use workloads::{CellPlan, Rig};
+
+#[derive(Parser)]
+#[command(
+    name = "tidemark bench",
+    bin_name = "tidemark bench",
+    about = "tidemark against Redis Streams, PostgreSQL, SQLite and NATS JetStream, in one run",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Hidden>,
+    #[command(flatten)]
+    opts: Opts,
+}
+
+#[derive(Subcommand)]
+enum Hidden {
+    /// Child of the reopen workload: fill a log, then keep appending until killed.
+    #[command(hide = true)]
+    Fill {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        events: u64,
+        #[arg(long, default_value_t = 0)]
+        progress_every: u64,
+        #[arg(long, default_value_t = 60)]
+        linger_secs: u64,
+    },
+    /// Child of the reopen workload: open a killed log and report what it cost.
+    #[command(hide = true)]
+    Reopen {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum Workload {
+    /// The machine's fsync latency (append and overwrite).
+    Fsync,
+    /// Durable appends: every system × --clients × --batches.
+    Append,
+    /// Read back --readback-events from the start.
+    Readback,
+    /// Append rate per --growth-step as the log grows (batches of 1000).
+    Growth,
+    /// tidemark: append → SSE receipt latency.
+    Sse,
+    /// tidemark: reopen after kill -9 at --reopen-events.
+    Reopen,
+}
+
+#[derive(clap::Args, serde::Serialize)]
+struct Opts {
+    /// Systems to run.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "tidemark-http,tidemark-inproc,redis,postgres,sqlite,nats"
+    )]
+    systems: Vec<System>,
+    /// Workloads to run (default: all but reopen; --quick: fsync,append,readback,sse).
+    #[arg(long, value_delimiter = ',')]
+    workloads: Option<Vec<Workload>>,
+    /// Concurrent clients of the append cells [full: 1,16,256; quick: 1,16].
+    #[arg(long, value_delimiter = ',')]
+    clients: Option<Vec<usize>>,
+    /// Events per request of the append cells [1,100].
+    #[arg(long, value_delimiter = ',')]
+    batches: Option<Vec<usize>>,
+    /// Events per append cell, at least; a cell also stops at --cell-seconds [full: 20000;
+    /// quick: 2000].
+    #[arg(long)]
+    events: Option<u64>,
+    /// Longest timed part of one append cell, seconds [full: 20; quick: 2].
+    #[arg(long)]
+    cell_seconds: Option<f64>,
+    /// Events read back from the start [full: 1000000; quick: 20000].
+    #[arg(long)]
+    readback_events: Option<u64>,
+    /// Growth target of tidemark and PostgreSQL [10000000].
+    #[arg(long, default_value_t = 10_000_000)]
+    growth_events: u64,
+    /// Growth target of the other systems [1000000].
+    #[arg(long, default_value_t = 1_000_000)]
+    growth_peer_events: u64,
+    /// One growth rate per this many events [1000000].
+    #[arg(long, default_value_t = 1_000_000)]
+    growth_step: u64,
+    /// Writes + fdatasyncs per fsync mode [full: 1000; quick: 200].
+    #[arg(long)]
+    fsync_count: Option<usize>,
+    /// Appends of the SSE latency workload [full: 2000; quick: 200].
+    #[arg(long)]
+    sse_events: Option<u64>,
+    /// Events in the log before the reopen workload's kill [10000000].
+    #[arg(long, default_value_t = 10_000_000)]
+    reopen_events: u64,
+    /// Kill + reopen samples [3].
+    #[arg(long, default_value_t = 3)]
+    reopen_samples: usize,
+    /// Drop the page cache before each reopen (root), to measure a cold open.
+    #[arg(long)]
+    drop_caches: bool,
+    /// Do not count sync calls (the strace pass after each append cell).
+    #[arg(long)]
+    no_fsync_count: bool,
+    /// The preset that finishes in about a minute.
+    #[arg(long)]
+    quick: bool,
+    /// Where the data directories go [<target>/bench-data]; must not be tmpfs.
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// The `tidemark` binary to benchmark over HTTP [next to this one].
+    #[arg(long, env = "TIDEMARK_BENCH_SERVER_BIN")]
+    tidemark_bin: Option<PathBuf>,
+    /// Write the JSON document here too (rewritten as the run goes).
+    #[arg(long)]
+    json_out: Option<PathBuf>,
+}
+
+/// The options with the preset applied.
+struct Plan {
+    workloads: Vec<Workload>,
+    clients: Vec<usize>,
+    batches: Vec<usize>,
+    events: u64,
+    cell_seconds: f64,
+    readback_events: u64,
+    fsync_count: usize,
+    sse_events: u64,
+}
+
+impl Opts {
+    fn plan(&self) -> Plan {
+        let q = self.quick;
+        Plan {
+            workloads: self.workloads.clone().unwrap_or_else(|| {
+                use Workload::*;
+                if q {
+                    vec![Fsync, Append, Readback, Sse]
+                } else {
+                    vec![Fsync, Append, Growth, Readback, Sse]
+                }
+            }),
+            clients: self
+                .clients
+                .clone()
+                .unwrap_or_else(|| if q { vec![1, 16] } else { vec![1, 16, 256] }),
+            batches: self.batches.clone().unwrap_or_else(|| vec![1, 100]),
+            events: self.events.unwrap_or(if q { 2_000 } else { 20_000 }),
+            cell_seconds: self.cell_seconds.unwrap_or(if q { 2.0 } else { 20.0 }),
+            readback_events: self
+                .readback_events
+                .unwrap_or(if q { 20_000 } else { 1_000_000 }),
+            fsync_count: self.fsync_count.unwrap_or(if q { 200 } else { 1000 }),
+            sse_events: self.sse_events.unwrap_or(if q { 200 } else { 2000 }),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Some(Hidden::Fill {
+            dir,
+            events,
+            progress_every,
+            linger_secs,
+        }) => reopen::fill_main(&dir, events, progress_every, linger_secs),
+        Some(Hidden::Reopen { dir }) => reopen::reopen_main(&dir),
+        None => bench_main(&cli.opts),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tidemark bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The `tidemark` binary next to this one (both are built into the same target directory).
+fn default_tidemark_bin() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [dir.join("tidemark"), dir.parent()?.join("tidemark")]
+        .into_iter()
+        .find(|p| p.is_file())
+}
+
+/// A started target of any system, so each workload is written once, generic over Target.
+enum AnyTarget {
+    TidemarkHttp(targets::tidemark::TidemarkHttp),
+    TidemarkInproc(targets::tidemark::TidemarkInproc),
+    Redis(targets::redis::Redis),
+    Postgres(targets::postgres::Postgres),
+    Sqlite(targets::sqlite::Sqlite),
+    Nats(targets::nats::Nats),
+}
+
+macro_rules! dispatch {
+    ($t:expr, |$x:ident| $body:expr) => {
+        match $t {
+            AnyTarget::TidemarkHttp($x) => $body,
+            AnyTarget::TidemarkInproc($x) => $body,
+            AnyTarget::Redis($x) => $body,
+            AnyTarget::Postgres($x) => $body,
+            AnyTarget::Sqlite($x) => $body,
+            AnyTarget::Nats($x) => $body,
+        }
+    };
+}
+
+struct Run<'a> {
+    opts: &'a Opts,
+    plan: Plan,
+    start: StartOpts,
+    report: Report,
+}
+
+impl Run<'_> {
+    /// Rewrite `--json-out` with what is known so far.
+    fn save(&self) {
+        if let Some(path) = &self.opts.json_out
+            && let Ok(text) = serde_json::to_string_pretty(&self.report)
+            && let Err(e) = std::fs::write(path, format!("{text}\n"))
+        {
+            eprintln!("cannot write {}: {e}", path.display());
+        }
+    }
+
+    fn wants(&self, w: Workload) -> bool {
+        self.plan.workloads.contains(&w)
+    }
+
+    async fn start(&self, system: System) -> Result<AnyTarget, String> {
+        let o = &self.start;
+        Ok(match system {
+            System::TidemarkHttp => {
+                AnyTarget::TidemarkHttp(targets::tidemark::TidemarkHttp::start(o).await?)
+            }
+            System::TidemarkInproc => {
+                AnyTarget::TidemarkInproc(targets::tidemark::TidemarkInproc::start(o).await?)
+            }
+            System::Redis => AnyTarget::Redis(targets::redis::Redis::start(o).await?),
+            System::Postgres => AnyTarget::Postgres(targets::postgres::Postgres::start(o).await?),
+            System::Sqlite => AnyTarget::Sqlite(targets::sqlite::Sqlite::start(o).await?),
+            System::Nats => AnyTarget::Nats(targets::nats::Nats::start(o).await?),
+        })
+    }
+
+    /// Every workload of one system, each on a freshly started server.
+    async fn system(&mut self, system: System, seed: u64) {
+        if self.wants(Workload::Append) {
+            match self.start(system).await {
+                Ok(t) => dispatch!(t, |x| self.append_cells(x, seed).await),
+                Err(e) => self.fail(system, "append", e),
+            }
+        }
+        let grow = self.wants(Workload::Growth);
+        if grow || self.wants(Workload::Readback) {
+            match self.start(system).await {
+                Ok(t) => dispatch!(t, |x| self.grow_and_read(x, system, seed + 1).await),
+                Err(e) => self.fail(system, "growth/readback", e),
+            }
+        }
+        if system == System::TidemarkHttp && self.wants(Workload::Sse) {
+            match targets::tidemark::TidemarkHttp::start(&self.start).await {
+                Ok(t) => {
+                    eprintln!("sse: {} appends, one client", self.plan.sse_events);
+                    let r = sse::sse_latency(&t, self.plan.sse_events).await;
+                    eprintln!(
+                        "  POST → SSE receipt p50 {} µs  p99 {} µs{}",
+                        r.append_to_receipt_us.p50,
+                        r.append_to_receipt_us.p99,
+                        r.error
+                            .as_deref()
+                            .map(|e| format!("  error: {e}"))
+                            .unwrap_or_default()
+                    );
+                    self.report.sse = Some(r);
+                    t.stop().await;
+                }
+                Err(e) => self.fail(system, "sse", e),
+            }
+            self.save();
+        }
+    }
+
+    fn fail(&mut self, system: System, what: &str, e: String) {
+        eprintln!("{}: {what}: cannot start: {e}", system.name());
+        self.report.skipped.push(Skipped {
+            system: system.name().into(),
+            reason: format!("{what}: cannot start: {e}"),
+        });
+        self.save();
+    }
+
+    async fn append_cells<T: Target>(&mut self, t: T, seed: u64) {
+        let mut rig = Rig::new(t, seed);
+        for &clients in &self.plan.clients.clone() {
+            for &batch in &self.plan.batches.clone() {
+                let plan = CellPlan {
+                    clients,
+                    batch,
+                    events: self.plan.events.max((clients * batch * 5) as u64),
+                    seconds: self.plan.cell_seconds,
+                    count_fsyncs: !self.opts.no_fsync_count,
+                };
+                let c = workloads::append_cell(&mut rig, &plan).await;
+                eprintln!(
+                    "  {:<16} clients {:>4} batch {:>4}  {:>8} events {:>10} events/s  p50 {:>7} µs  \
+                     p99 {:>7} µs  cpu {:>6} µs/ev  wchar {:>6} B/ev  fsync/ev {}{}",
+                    c.system,
+                    c.clients,
+                    c.batch,
+                    c.events,
+                    c.events_per_sec,
+                    c.latency_us.p50,
+                    c.latency_us.p99,
+                    c.cpu_us_per_event,
+                    c.wchar_per_event,
+                    c.fsyncs_per_event.map_or("-".into(), |v| v.to_string()),
+                    c.error
+                        .as_deref()
+                        .map(|e| format!("  ERROR {e}"))
+                        .unwrap_or_default()
+                );
+                self.report.append.push(c);
+                self.save();
+            }
+        }
+        rig.stop().await;
+    }
+
+    async fn grow_and_read<T: Target>(&mut self, t: T, system: System, seed: u64) {
+        let mut rig = Rig::new(t, seed);
+        if self.wants(Workload::Growth) {
+            let total = if system.is_tidemark() || system == System::Postgres {
+                self.opts.growth_events
+            } else {
+                self.opts.growth_peer_events
+            };
+            // Roughly what each event costs on disk at most, with indexes and journals.
+            let need = total.saturating_mul(2048);
+            match measure::free_bytes(&self.start.work) {
+                Some(free) if free < need => {
+                    let msg = format!(
+                        "growth to {total} needs about {} GiB free, {} GiB are",
+                        need >> 30,
+                        free >> 30
+                    );
+                    eprintln!("{}: {msg}", system.name());
+                    self.report.skipped.push(Skipped {
+                        system: system.name().into(),
+                        reason: msg,
+                    });
+                }
+                _ => {
+                    let g = workloads::growth(&mut rig, total, self.opts.growth_step).await;
+                    self.report.growth.push(g);
+                    self.save();
+                }
+            }
+        }
+        if self.wants(Workload::Readback) {
+            let n = self.plan.readback_events;
+            if let Err(e) = workloads::fill(&mut rig, n).await {
+                self.fail(system, "readback fill", e);
+            } else {
+                let r = workloads::readback(&mut rig, n).await;
+                eprintln!(
+                    "  readback {:<16} {:>9} events {:>10} events/s {:>7} MB/s{}",
+                    r.system,
+                    r.events,
+                    r.events_per_sec,
+                    r.mb_per_sec,
+                    r.error
+                        .as_deref()
+                        .map(|e| format!("  ERROR {e}"))
+                        .unwrap_or_default()
+                );
+                self.report.readback.push(r);
+                self.save();
+            }
+        }
+        rig.stop().await;
+    }
+}
+
+fn bench_main(opts: &Opts) -> Result<(), String> {
+    let plan = opts.plan();
+    if let Some(&b) = plan.batches.iter().find(|b| **b == 0 || **b > 1000) {
+        return Err(format!("--batches {b}: a batch holds 1 to 1000 events"));
+    }
+    if plan.clients.contains(&0) {
+        return Err("--clients: at least 1".into());
+    }
+    let work = machine::work_dir(opts.work_dir.as_ref())?;
+    let machine = machine::machine(&work);
+    if machine.work_fs_type == "tmpfs" {
+        eprintln!("WARNING: the data directory is on tmpfs: fsync is free there; use --work-dir");
+    }
+    peers::stop_all_on_signal();
+    let tidemark_bin = opts.tidemark_bin.clone().or_else(default_tidemark_bin);
+    eprintln!(
+        "tidemark bench: {} cpus, {} MiB, data in {} ({}), uptime: {}",
+        machine.cpus,
+        machine.mem_total_kb / 1024,
+        machine.work_dir,
+        machine.work_fs_type,
+        machine.uptime
+    );
+    let max_clients = plan.clients.iter().copied().max().unwrap_or(1).max(4);
+    let mut run = Run {
+        opts,
+        start: StartOpts {
+            work: work.clone(),
+            tidemark_bin: tidemark_bin.clone(),
+            max_clients,
+        },
+        report: Report {
+            benchmark: "tidemark bench",
+            machine: Some(machine),
+            options: json!({
+                "systems": opts.systems,
+                "workloads": plan.workloads,
+                "clients": plan.clients,
+                "batches": plan.batches,
+                "events_per_cell": plan.events,
+                "cell_seconds": plan.cell_seconds,
+                "readback_events": plan.readback_events,
+                "growth_events": opts.growth_events,
+                "growth_peer_events": opts.growth_peer_events,
+                "growth_step": opts.growth_step,
+                "payload_bytes": events::PAYLOAD_BYTES,
+                "subjects": events::SUBJECTS,
+                "quick": opts.quick,
+                "tidemark_bin": tidemark_bin,
+            }),
+            ..Report::default()
+        },
+        plan,
+    };
+    if run.wants(Workload::Fsync) {
+        let dir = targets::tidemark::temp_dir_in(&work, "fsync-")?;
+        for overwrite in [false, true] {
+            let f = machine::fsync_bench(dir.path(), run.plan.fsync_count, overwrite)?;
+            eprintln!(
+                "fsync {:<9}  {} x 4 KiB  p50 {} µs  p99 {} µs  p99.9 {} µs",
+                f.mode, f.latency_us.count, f.latency_us.p50, f.latency_us.p99, f.latency_us.p999
+            );
+            run.report.fsync.push(f);
+        }
+        run.save();
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a tokio runtime: {e}"))?;
+    for (i, &system) in opts.systems.iter().enumerate() {
+        if let Some(reason) = system.missing(tidemark_bin.as_deref()) {
+            eprintln!("{}: skipped: {reason}", system.name());
+            run.report.skipped.push(Skipped {
+                system: system.name().into(),
+                reason,
+            });
+            continue;
+        }
+        eprintln!("{}:", system.name());
+        rt.block_on(run.system(system, 1000 * (i as u64 + 1)));
+        run.report.compute_ratios();
+        run.save();
+    }
+    if run.wants(Workload::Reopen) {
+        let r = reopen::reopen_workload(
+            &reopen::ReopenOpts {
+                events: opts.reopen_events,
+                samples: opts.reopen_samples,
+                rerun_events: 300_000,
+                drop_caches: opts.drop_caches,
+            },
+            &work,
+        )?;
+        run.report.reopen = Some(serde_json::to_value(&r).map_err(|e| e.to_string())?);
+    }
+    run.report.compute_ratios();
+    run.report.uptime_after = Some(machine::uptime());
+    run.report.complete = true;
+    run.save();
+    eprintln!("\n{}", run.report.markdown());
+    let text = serde_json::to_string_pretty(&run.report).map_err(|e| e.to_string())?;
+    println!("{text}");
+    Ok(())
+}

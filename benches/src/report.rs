@@ -1,0 +1,240 @@
+//! The results document (written as the run goes) and its markdown tables: one per workload,
+//! and the ratios tidemark ÷ each peer from the same run.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::machine::{FsyncResult, Machine};
+use crate::sse::SseResult;
+use crate::workloads::{AppendCell, GrowthResult, ReadbackResult};
+
+#[derive(Serialize, Clone)]
+pub struct Skipped {
+    pub system: String,
+    pub reason: String,
+}
+
+#[derive(Serialize, Clone)]
+pub struct Ratio {
+    pub tidemark: String,
+    pub peer: String,
+    pub clients: usize,
+    pub batch: usize,
+    /// tidemark events/s ÷ peer events/s (above 1: tidemark faster).
+    pub throughput: f64,
+    /// tidemark p99 ÷ peer p99 (below 1: tidemark faster).
+    pub p99: f64,
+    /// tidemark CPU per event ÷ peer CPU per event (below 1: tidemark cheaper).
+    pub cpu_per_event: Option<f64>,
+}
+
+#[derive(Serialize, Default)]
+pub struct Report {
+    pub benchmark: &'static str,
+    pub machine: Option<Machine>,
+    pub options: serde_json::Value,
+    pub fsync: Vec<FsyncResult>,
+    pub append: Vec<AppendCell>,
+    pub readback: Vec<ReadbackResult>,
+    pub growth: Vec<GrowthResult>,
+    pub sse: Option<SseResult>,
+    pub reopen: Option<serde_json::Value>,
+    pub skipped: Vec<Skipped>,
+    pub ratios: Vec<Ratio>,
+    pub uptime_after: Option<String>,
+    pub complete: bool,
+}
+
+fn r2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+impl Report {
+    pub fn compute_ratios(&mut self) {
+        let ok = |c: &&AppendCell| c.error.is_none() && c.events > 0;
+        let mut out = Vec::new();
+        for tm in self
+            .append
+            .iter()
+            .filter(ok)
+            .filter(|c| c.system.starts_with("tidemark"))
+        {
+            for peer in self
+                .append
+                .iter()
+                .filter(ok)
+                .filter(|c| !c.system.starts_with("tidemark"))
+                .filter(|c| c.clients == tm.clients && c.batch == tm.batch)
+            {
+                out.push(Ratio {
+                    tidemark: tm.system.clone(),
+                    peer: peer.system.clone(),
+                    clients: tm.clients,
+                    batch: tm.batch,
+                    throughput: r2(tm.events_per_sec / peer.events_per_sec.max(1e-9)),
+                    p99: r2(tm.latency_us.p99 as f64 / (peer.latency_us.p99.max(1)) as f64),
+                    cpu_per_event: (peer.cpu_us_per_event > 0.0)
+                        .then(|| r2(tm.cpu_us_per_event / peer.cpu_us_per_event)),
+                });
+            }
+        }
+        self.ratios = out;
+    }
+
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        if let Some(m) = &self.machine {
+            let _ = writeln!(
+                s,
+                "Machine: {} cpus, {} MiB, kernel {}, data on {} ({}), source {}\n\
+                 uptime before: {}\n",
+                m.cpus,
+                m.mem_total_kb / 1024,
+                m.kernel,
+                m.work_fs_type,
+                m.work_fs_device,
+                m.source,
+                m.uptime
+            );
+        }
+        if !self.fsync.is_empty() {
+            s.push_str("| fsync (4 KiB write + fdatasync) | count | p50 µs | p99 µs | p99.9 µs | max µs |\n");
+            s.push_str("|---|---:|---:|---:|---:|---:|\n");
+            for f in &self.fsync {
+                let l = f.latency_us;
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} |",
+                    f.mode, l.count, l.p50, l.p99, l.p999, l.max
+                );
+            }
+            s.push('\n');
+        }
+        if !self.append.is_empty() {
+            s.push_str(
+                "### Durable appends\n\n| system | clients | batch | events | events/s | p50 µs | p99 µs \
+                 | p99.9 µs | CPU µs/event | wchar B/event | write_bytes B/event | WAL B/event \
+                 | fsyncs/event | error |\n",
+            );
+            s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+            for c in &self.append {
+                let l = c.latency_us;
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    c.system,
+                    c.clients,
+                    c.batch,
+                    c.events,
+                    c.events_per_sec,
+                    l.p50,
+                    l.p99,
+                    l.p999,
+                    c.cpu_us_per_event,
+                    c.wchar_per_event,
+                    c.write_bytes_per_event,
+                    c.wal_bytes_per_event.map_or("".into(), |v| v.to_string()),
+                    c.fsyncs_per_event.map_or("".into(), |v| v.to_string()),
+                    c.error.as_deref().map(short).unwrap_or_default(),
+                );
+            }
+            s.push('\n');
+        }
+        if !self.ratios.is_empty() {
+            s.push_str(
+                "### tidemark ÷ peer (same run)\n\n| tidemark | peer | clients | batch \
+                 | throughput × | p99 × | CPU/event × |\n|---|---|---:|---:|---:|---:|---:|\n",
+            );
+            for r in &self.ratios {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    r.tidemark,
+                    r.peer,
+                    r.clients,
+                    r.batch,
+                    r.throughput,
+                    r.p99,
+                    r.cpu_per_event.map_or("".into(), |v| v.to_string())
+                );
+            }
+            s.push('\n');
+        }
+        if !self.readback.is_empty() {
+            s.push_str(
+                "### Read-back from the start (pages of 1000)\n\n| system | events | events/s | MB/s \
+                 | page p50 µs | page p99 µs | error |\n|---|---:|---:|---:|---:|---:|---|\n",
+            );
+            for r in &self.readback {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    r.system,
+                    r.events,
+                    r.events_per_sec,
+                    r.mb_per_sec,
+                    r.latency_us.p50,
+                    r.latency_us.p99,
+                    r.error.as_deref().map(short).unwrap_or_default()
+                );
+            }
+            s.push('\n');
+        }
+        if !self.growth.is_empty() {
+            s.push_str(
+                "### Append rate as the log grows (4 clients × batches of 1000)\n\n\
+                 | system | events in the log | events/s | p99 µs |\n|---|---:|---:|---:|\n",
+            );
+            for g in &self.growth {
+                for st in &g.steps {
+                    let _ = writeln!(
+                        s,
+                        "| {} | {} | {} | {} |",
+                        g.system, st.upto, st.events_per_sec, st.p99_us
+                    );
+                }
+                let _ = writeln!(
+                    s,
+                    "| {} | last ÷ first | {} | {} |",
+                    g.system,
+                    g.last_over_first,
+                    g.error.as_deref().map(short).unwrap_or_default()
+                );
+            }
+            s.push('\n');
+        }
+        if let Some(x) = &self.sse {
+            let _ = writeln!(
+                s,
+                "### Append → SSE receipt (tidemark, one client)\n\n| | count | p50 µs | p99 µs \
+                 | p99.9 µs |\n|---|---:|---:|---:|---:|\n| POST → 201 | {} | {} | {} | {} |\n\
+                 | POST → SSE event | {} | {} | {} | {} |\n",
+                x.append_us.count,
+                x.append_us.p50,
+                x.append_us.p99,
+                x.append_us.p999,
+                x.append_to_receipt_us.count,
+                x.append_to_receipt_us.p50,
+                x.append_to_receipt_us.p99,
+                x.append_to_receipt_us.p999,
+            );
+            if let Some(e) = &x.error {
+                let _ = writeln!(s, "error: {}\n", short(e));
+            }
+        }
+        for sk in &self.skipped {
+            let _ = writeln!(s, "skipped {}: {}", sk.system, sk.reason);
+        }
+        s
+    }
+}
+
+fn short(e: &str) -> String {
+    let one: String = e.replace('|', "/").replace('\n', " ");
+    if one.chars().count() > 120 {
+        format!("{}…", one.chars().take(120).collect::<String>())
+    } else {
+        one
+    }
+}

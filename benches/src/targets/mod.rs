@@ -1,0 +1,110 @@
+//! One system under test as every workload sees it: `prepare` a batch (the client's own work,
+//! not timed), `append` it durably (resolves once the system has fsynced it), `read_from` a
+//! position. One implementation per system; each is started and stopped by the benchmark.
+
+use std::future::Future;
+use std::path::Path;
+
+use crate::events::BenchEvent;
+use crate::measure::Proc;
+
+pub mod nats;
+pub mod postgres;
+pub mod redis;
+pub mod sqlite;
+pub mod tidemark;
+
+/// A page read back: how many events it held and where the next page starts.
+pub struct Page<P> {
+    pub events: usize,
+    /// Payload bytes received (to check nothing came back empty).
+    pub bytes: usize,
+    pub next: P,
+}
+
+pub trait Target: Send + Sync + 'static {
+    /// One client's connection.
+    type Conn: Send + 'static;
+    /// A batch encoded for this system.
+    type Batch: Send + 'static;
+    /// A read position.
+    type Pos: Clone + Send + Default + 'static;
+
+    fn name(&self) -> &'static str;
+    /// Whose CPU and I/O counters a run reads.
+    fn proc(&self) -> Proc;
+    fn connect(&self) -> impl Future<Output = Result<Self::Conn, String>> + Send;
+    fn prepare(&self, events: &[BenchEvent]) -> Self::Batch;
+    /// Resolves once the whole batch is durable.
+    fn append(
+        &self,
+        conn: &mut Self::Conn,
+        batch: Self::Batch,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+    /// Up to `limit` events after `pos`, in the system's order.
+    fn read_from(
+        &self,
+        conn: &mut Self::Conn,
+        pos: &Self::Pos,
+        limit: usize,
+    ) -> impl Future<Output = Result<Page<Self::Pos>, String>> + Send;
+    /// Bytes the system wrote that its process counters miss (PostgreSQL: WAL position).
+    fn extra_written(&self) -> impl Future<Output = Option<u64>> + Send {
+        async { None }
+    }
+    /// Stop the server (if any) and remove its data.
+    fn stop(self) -> impl Future<Output = ()> + Send;
+}
+
+/// The systems `--systems` names.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum System {
+    /// tidemark's `serve` binary over HTTP (a child process).
+    TidemarkHttp,
+    /// tidemark's log in the benchmark process.
+    TidemarkInproc,
+    Redis,
+    Postgres,
+    Sqlite,
+    Nats,
+}
+
+impl System {
+    pub fn name(self) -> &'static str {
+        match self {
+            System::TidemarkHttp => "tidemark-http",
+            System::TidemarkInproc => "tidemark-inproc",
+            System::Redis => "redis",
+            System::Postgres => "postgres",
+            System::Sqlite => "sqlite",
+            System::Nats => "nats",
+        }
+    }
+
+    pub fn is_tidemark(self) -> bool {
+        matches!(self, System::TidemarkHttp | System::TidemarkInproc)
+    }
+
+    /// Why it cannot run on this machine, if it cannot.
+    pub fn missing(self, tidemark_bin: Option<&Path>) -> Option<String> {
+        match self {
+            System::TidemarkHttp => match tidemark_bin {
+                Some(p) if p.is_file() => None,
+                Some(p) => Some(format!("no tidemark binary at {}", p.display())),
+                None => Some("no tidemark binary (pass --tidemark-bin)".into()),
+            },
+            System::TidemarkInproc | System::Sqlite => None,
+            other => crate::peers::missing(other.name()),
+        }
+    }
+}
+
+/// Where a target is started.
+#[derive(Clone)]
+pub struct StartOpts {
+    pub work: std::path::PathBuf,
+    pub tidemark_bin: Option<std::path::PathBuf>,
+    /// Connections the run will open (PostgreSQL's `max_connections` must allow them).
+    pub max_clients: usize,
+}

@@ -1,0 +1,228 @@
+//! NATS JetStream: a file-storage stream with `sync_interval: always` (the server fsyncs before
+//! it acknowledges a publish); one message per event on `ev.<stream>.<subject>` with
+//! `Nats-Msg-Id` = event_id (JetStream's duplicate window); a batch of more than one event is
+//! one atomic batch publish (ADR-50, server 2.12+): intermediate messages carry the batch id and
+//! sequence, the last one `Nats-Batch-Commit`, and its acknowledgement covers the batch.
+//! Reading back uses an ordered consumer.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, consumer, stream};
+use bytes::Bytes;
+use futures::StreamExt;
+use nix::sys::signal::Signal;
+
+use super::tidemark::temp_dir_in;
+use super::{Page, StartOpts, Target};
+use crate::events::{BenchEvent, EVENT_TYPE, STREAM};
+use crate::measure::Proc;
+use crate::peers::{ChildServer, free_port, wait_until};
+
+const STREAM_NAME: &str = "TIDEMARK";
+
+pub struct Nats {
+    server: ChildServer,
+    url: String,
+    batch_ids: AtomicU64,
+}
+
+pub struct NatsConn {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    /// The ordered consumer of the current read-back, and the seq it has read up to.
+    reader: Option<(u64, consumer::pull::Ordered)>,
+}
+
+impl Nats {
+    pub async fn start(o: &StartOpts) -> Result<Self, String> {
+        let dir = temp_dir_in(&o.work, "nats-")?;
+        let port = free_port()?;
+        let conf = dir.path().join("nats.conf");
+        let store = dir.path().join("js");
+        std::fs::write(
+            &conf,
+            format!(
+                "listen: 127.0.0.1:{port}\nmax_payload: 8MB\nmax_connections: {}\n\
+                 jetstream {{\n  store_dir: {:?}\n  sync_interval: always\n}}\n",
+                o.max_clients + 64,
+                store.display().to_string()
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        let mut cmd = Command::new("nats-server");
+        cmd.arg("-c").arg(&conf);
+        let mut server = ChildServer::spawn("nats", cmd, dir, Signal::SIGTERM)?;
+        let url = format!("nats://127.0.0.1:{port}");
+        let client = wait_until(&mut server, Duration::from_secs(30), || {
+            let u = url.clone();
+            async move {
+                async_nats::connect(&u)
+                    .await
+                    .map_err(|e| format!("nats connect: {e}"))
+            }
+        })
+        .await?;
+        let js = jetstream::new(client);
+        js.create_stream(stream::Config {
+            name: STREAM_NAME.into(),
+            subjects: vec!["ev.>".into()],
+            storage: stream::StorageType::File,
+            allow_atomic_publish: true,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("create stream: {e}"))?;
+        Ok(Nats {
+            server,
+            url,
+            batch_ids: AtomicU64::new(0),
+        })
+    }
+}
+
+pub struct NatsBatch {
+    /// (subject, headers, payload) per event.
+    msgs: Vec<(String, HeaderMap, Bytes)>,
+}
+
+impl Target for Nats {
+    type Conn = NatsConn;
+    type Batch = NatsBatch;
+    /// The last stream sequence read.
+    type Pos = u64;
+
+    fn name(&self) -> &'static str {
+        "nats"
+    }
+
+    fn proc(&self) -> Proc {
+        Proc::Tree(self.server.pid)
+    }
+
+    async fn connect(&self) -> Result<NatsConn, String> {
+        let client = async_nats::connect(&self.url)
+            .await
+            .map_err(|e| format!("nats connect: {e}"))?;
+        Ok(NatsConn {
+            js: jetstream::new(client.clone()),
+            client,
+            reader: None,
+        })
+    }
+
+    fn prepare(&self, events: &[BenchEvent]) -> NatsBatch {
+        let batch_id = (events.len() > 1).then(|| {
+            format!(
+                "b{}-{}",
+                std::process::id(),
+                self.batch_ids.fetch_add(1, Ordering::Relaxed)
+            )
+        });
+        let msgs = events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let mut h = HeaderMap::new();
+                h.insert("Nats-Msg-Id", e.event_id.as_str());
+                h.insert("Tidemark-Type", EVENT_TYPE);
+                if let Some(id) = &batch_id {
+                    h.insert("Nats-Batch-Id", id.as_str());
+                    h.insert("Nats-Batch-Sequence", (i + 1).to_string().as_str());
+                    if i + 1 == events.len() {
+                        h.insert("Nats-Batch-Commit", "1");
+                    }
+                }
+                (
+                    format!("ev.{STREAM}.{}", e.subject),
+                    h,
+                    Bytes::from(e.payload.clone().into_bytes()),
+                )
+            })
+            .collect();
+        NatsBatch { msgs }
+    }
+
+    async fn append(&self, c: &mut NatsConn, b: NatsBatch) -> Result<(), String> {
+        let mut msgs = b.msgs;
+        let Some((subject, headers, payload)) = msgs.pop() else {
+            return Ok(());
+        };
+        // Intermediate messages of an atomic batch go without a reply subject; the commit
+        // message's acknowledgement says whether the whole batch was stored.
+        for (s, h, p) in msgs {
+            c.client
+                .publish_with_headers(s, h, p)
+                .await
+                .map_err(|e| format!("publish: {e}"))?;
+        }
+        let ack =
+            c.js.publish_with_headers(subject, headers, payload)
+                .await
+                .map_err(|e| format!("publish: {e}"))?
+                .await
+                .map_err(|e| format!("publish ack: {e}"))?;
+        if ack.duplicate {
+            return Err("JetStream reported a duplicate Nats-Msg-Id".into());
+        }
+        Ok(())
+    }
+
+    async fn read_from(
+        &self,
+        c: &mut NatsConn,
+        pos: &u64,
+        limit: usize,
+    ) -> Result<Page<u64>, String> {
+        let reader = match c.reader.take() {
+            Some((at, r)) if at == *pos => r,
+            _ => {
+                let stream =
+                    c.js.get_stream(STREAM_NAME)
+                        .await
+                        .map_err(|e| format!("get stream: {e}"))?;
+                stream
+                    .create_consumer(consumer::pull::OrderedConfig {
+                        deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                            start_sequence: pos + 1,
+                        },
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| format!("ordered consumer: {e}"))?
+                    .messages()
+                    .await
+                    .map_err(|e| format!("ordered consumer: {e}"))?
+            }
+        };
+        let mut reader = reader;
+        let (mut events, mut bytes, mut next) = (0, 0, *pos);
+        while events < limit {
+            // The end of the stream: nothing more within a moment.
+            let Ok(item) = tokio::time::timeout(Duration::from_millis(500), reader.next()).await
+            else {
+                break;
+            };
+            let Some(msg) = item else { break };
+            let msg = msg.map_err(|e| format!("ordered consumer: {e}"))?;
+            next = msg
+                .info()
+                .map_err(|e| format!("message info: {e}"))?
+                .stream_sequence;
+            bytes += msg.payload.len();
+            events += 1;
+        }
+        c.reader = Some((next, reader));
+        Ok(Page {
+            events,
+            bytes,
+            next,
+        })
+    }
+
+    async fn stop(mut self) {
+        self.server.stop();
+    }
+}

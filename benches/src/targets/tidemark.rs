@@ -1,0 +1,295 @@
+//! tidemark two ways: the `tidemark serve` binary as a child process over HTTP (what a client
+//! sees), and the log in this process (what the storage engine alone costs).
+
+use std::fmt::Write as _;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tidemark_log::{Log, LogConfig, NewEvent, ReadQuery};
+
+use super::{Page, StartOpts, Target};
+use crate::events::{BenchEvent, EVENT_TYPE, STREAM};
+use crate::measure::Proc;
+use crate::peers::{ChildServer, free_port, wait_until};
+
+/// `tidemark serve` on a loopback port with a fresh data directory.
+pub struct TidemarkHttp {
+    server: ChildServer,
+    base: String,
+    client: reqwest::Client,
+}
+
+impl TidemarkHttp {
+    pub async fn start(o: &StartOpts) -> Result<Self, String> {
+        let bin = o
+            .tidemark_bin
+            .clone()
+            .ok_or("no tidemark binary (pass --tidemark-bin)")?;
+        let dir = temp_dir_in(&o.work, "tidemark-http-")?;
+        let port = free_port()?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("serve")
+            .arg("--data")
+            .arg(dir.path().join("data"))
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"));
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("TIDEMARK_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("RUST_LOG", "warn");
+        let mut server = ChildServer::spawn("tidemark", cmd, dir, Signal::SIGTERM)?;
+        let client = http_client()?;
+        let base = format!("http://127.0.0.1:{port}");
+        let ready = format!("{base}/readyz");
+        wait_until(&mut server, Duration::from_secs(60), || {
+            let (c, u) = (client.clone(), ready.clone());
+            async move {
+                match c.get(&u).send().await {
+                    Ok(r) if r.status().is_success() => Ok(()),
+                    Ok(r) => Err(format!("{u}: {}", r.status())),
+                    Err(e) => Err(format!("{u}: {e}")),
+                }
+            }
+        })
+        .await?;
+        Ok(TidemarkHttp {
+            server,
+            base,
+            client,
+        })
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+}
+
+pub fn http_client() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(usize::MAX)
+        .tcp_nodelay(true)
+        .timeout(Duration::from_secs(120))
+        .build()
+        .map_err(|e| format!("HTTP client: {e}"))
+}
+
+pub fn temp_dir_in(work: &std::path::Path, prefix: &str) -> Result<tempfile::TempDir, String> {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(work)
+        .map_err(|e| format!("cannot create a data directory in {}: {e}", work.display()))
+}
+
+/// One event as `POST /v1/events` takes it.
+fn write_event_json(out: &mut String, e: &BenchEvent) {
+    let _ = write!(
+        out,
+        r#"{{"event_id":"{}","stream":"{STREAM}","subject":"{}","type":"{EVENT_TYPE}","payload":{}}}"#,
+        e.event_id, e.subject, e.payload
+    );
+}
+
+pub fn http_body(events: &[BenchEvent]) -> Vec<u8> {
+    let mut s = String::with_capacity(events.len() * 400 + 16);
+    if let [one] = events {
+        write_event_json(&mut s, one);
+    } else {
+        s.push_str(r#"{"events":["#);
+        for (i, e) in events.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            write_event_json(&mut s, e);
+        }
+        s.push_str("]}");
+    }
+    s.into_bytes()
+}
+
+#[derive(serde::Deserialize)]
+struct Receipt {
+    events: Vec<Appended>,
+}
+
+#[derive(serde::Deserialize)]
+struct Appended {
+    duplicate: bool,
+}
+
+#[derive(serde::Deserialize)]
+struct EventsPage {
+    events: Vec<Box<serde_json::value::RawValue>>,
+    next_after_sequence: u64,
+}
+
+impl Target for TidemarkHttp {
+    type Conn = ();
+    type Batch = Vec<u8>;
+    type Pos = u64;
+
+    fn name(&self) -> &'static str {
+        "tidemark-http"
+    }
+
+    fn proc(&self) -> Proc {
+        Proc::Tree(self.server.pid)
+    }
+
+    async fn connect(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn prepare(&self, events: &[BenchEvent]) -> Vec<u8> {
+        http_body(events)
+    }
+
+    async fn append(&self, _: &mut (), body: Vec<u8>) -> Result<(), String> {
+        let url = format!("{}/v1/events", self.base);
+        let resp = self
+            .client
+            .post(&url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| format!("POST {url}: {e}"))?;
+        let status = resp.status();
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| format!("reading the reply: {e}"))?;
+        if status != reqwest::StatusCode::CREATED {
+            return Err(format!(
+                "POST /v1/events answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            ));
+        }
+        let receipt: Receipt = serde_json::from_slice(&body)
+            .map_err(|e| format!("unexpected reply {}: {e}", String::from_utf8_lossy(&body)))?;
+        if receipt.events.iter().any(|e| e.duplicate) {
+            return Err("the server reported a duplicate event_id".into());
+        }
+        Ok(())
+    }
+
+    async fn read_from(&self, _: &mut (), pos: &u64, limit: usize) -> Result<Page<u64>, String> {
+        let url = format!("{}/v1/events?after_sequence={pos}&limit={limit}", self.base);
+        let resp = self
+            .client
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| format!("GET {url}: {e}"))?;
+        if !resp.status().is_success() {
+            return Err(format!("GET {url}: {}", resp.status()));
+        }
+        let body = resp.bytes().await.map_err(|e| e.to_string())?;
+        let page: EventsPage = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+        Ok(Page {
+            events: page.events.len(),
+            bytes: body.len(),
+            next: page.next_after_sequence,
+        })
+    }
+
+    async fn stop(mut self) {
+        self.server.stop();
+    }
+}
+
+/// The events as the log takes them.
+pub fn to_new_events(events: &[BenchEvent]) -> Vec<NewEvent> {
+    events
+        .iter()
+        .map(|e| {
+            let payload: serde_json::Value =
+                serde_json::from_str(&e.payload).expect("benchmark payloads are JSON");
+            NewEvent::new(
+                Some(e.event_id.clone()),
+                STREAM,
+                e.subject.clone(),
+                EVENT_TYPE,
+                &payload,
+            )
+            .expect("benchmark events are valid")
+        })
+        .collect()
+}
+
+/// `tidemark_log::Log` opened in this process (no HTTP, no projections).
+pub struct TidemarkInproc {
+    log: Log,
+    _dir: Arc<tempfile::TempDir>,
+}
+
+impl TidemarkInproc {
+    pub async fn start(o: &StartOpts) -> Result<Self, String> {
+        let dir = temp_dir_in(&o.work, "tidemark-inproc-")?;
+        let cfg = LogConfig::new(dir.path().join("log.redb"));
+        let (log, _) = Log::open(&cfg).map_err(|e| format!("cannot open the log: {e}"))?;
+        Ok(TidemarkInproc {
+            log,
+            _dir: Arc::new(dir),
+        })
+    }
+}
+
+impl Target for TidemarkInproc {
+    type Conn = ();
+    type Batch = Vec<NewEvent>;
+    type Pos = u64;
+
+    fn name(&self) -> &'static str {
+        "tidemark-inproc"
+    }
+
+    fn proc(&self) -> Proc {
+        Proc::This
+    }
+
+    async fn connect(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn prepare(&self, events: &[BenchEvent]) -> Vec<NewEvent> {
+        to_new_events(events)
+    }
+
+    async fn append(&self, _: &mut (), batch: Vec<NewEvent>) -> Result<(), String> {
+        let receipt = self.log.append(batch).await.map_err(|e| e.to_string())?;
+        if receipt.events.iter().any(|e| e.duplicate) {
+            return Err("the log reported a duplicate event_id".into());
+        }
+        Ok(())
+    }
+
+    async fn read_from(&self, _: &mut (), pos: &u64, limit: usize) -> Result<Page<u64>, String> {
+        let log = self.log.clone();
+        let q = ReadQuery {
+            after: *pos,
+            limit,
+            ..ReadQuery::default()
+        };
+        let page = tokio::task::spawn_blocking(move || log.read(&q))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        Ok(Page {
+            events: page.events.len(),
+            bytes: page.events.iter().map(|e| e.payload.get().len()).sum(),
+            next: page.next_after,
+        })
+    }
+
+    async fn stop(self) {
+        self.log.close().await;
+    }
+}

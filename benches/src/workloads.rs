@@ -1,0 +1,384 @@
+//! The workloads, each generic over [`Target`]: durable appends at N clients × batches of B,
+//! read-back from the start, append rate as the log grows, and (tidemark only)
+//! append-to-SSE-receipt latency.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::events::EventGen;
+use crate::measure::{
+    Counters, Percentiles, SyscallCount, clock_ticks, micros, new_histogram, round1, round3,
+};
+use crate::targets::Target;
+
+/// A target with its open connections and the next unused event index (ids never repeat on
+/// one target, so every append is new work).
+pub struct Rig<T: Target> {
+    pub target: Arc<T>,
+    pub conns: Vec<T::Conn>,
+    pub evgen: EventGen,
+    pub next_event: u64,
+}
+
+impl<T: Target> Rig<T> {
+    pub fn new(target: T, seed: u64) -> Self {
+        Rig {
+            target: Arc::new(target),
+            conns: Vec::new(),
+            evgen: EventGen::new(seed),
+            next_event: 0,
+        }
+    }
+
+    /// Open connections until there are `n`.
+    pub async fn ensure_conns(&mut self, n: usize) -> Result<(), String> {
+        while self.conns.len() < n {
+            self.conns.push(self.target.connect().await?);
+        }
+        Ok(())
+    }
+
+    /// Drop every connection, then stop the target.
+    pub async fn stop(self) {
+        let Rig { target, conns, .. } = self;
+        drop(conns);
+        if let Ok(t) = Arc::try_unwrap(target) {
+            t.stop().await;
+        }
+    }
+
+    /// `clients` concurrent clients, each appending one batch of `batch` at a time and awaiting
+    /// its durable reply, until `events` events are appended or `deadline` passes.
+    pub async fn run(
+        &mut self,
+        clients: usize,
+        batch: usize,
+        events: u64,
+        deadline: Option<Instant>,
+    ) -> Driven {
+        if let Err(e) = self.ensure_conns(clients).await {
+            return Driven::failed(e);
+        }
+        let batch = batch.max(1) as u64;
+        let batches = events.div_ceil(batch);
+        let base = self.next_event;
+        self.next_event += batches * batch;
+        let next = Arc::new(AtomicU64::new(0));
+        let mut tasks = tokio::task::JoinSet::new();
+        let conns: Vec<T::Conn> = self.conns.drain(..clients).collect();
+        let started = Instant::now();
+        for mut conn in conns {
+            let (target, next, evgen) = (self.target.clone(), next.clone(), self.evgen);
+            tasks.spawn(async move {
+                let mut h = new_histogram();
+                let mut done = 0u64;
+                let mut err = None;
+                loop {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        break;
+                    }
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    if k >= batches {
+                        break;
+                    }
+                    let lo = base + k * batch;
+                    let b = target.prepare(&evgen.batch(lo..lo + batch));
+                    let t0 = Instant::now();
+                    match target.append(&mut conn, b).await {
+                        Ok(()) => {
+                            h.saturating_record(micros(t0.elapsed()));
+                            done += batch;
+                        }
+                        Err(e) => {
+                            err = Some(e);
+                            // Stop the other clients too: the cell has failed.
+                            next.store(u64::MAX / 2, Ordering::Relaxed);
+                            break;
+                        }
+                    }
+                }
+                (conn, h, done, err)
+            });
+        }
+        let mut out = Driven {
+            hist: new_histogram(),
+            events: 0,
+            seconds: 0.0,
+            error: None,
+        };
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok((conn, h, done, err)) => {
+                    self.conns.push(conn);
+                    let _ = out.hist.add(&h);
+                    out.events += done;
+                    if out.error.is_none() {
+                        out.error = err;
+                    }
+                }
+                Err(e) => out.error = Some(format!("client task failed: {e}")),
+            }
+        }
+        out.seconds = started.elapsed().as_secs_f64();
+        out
+    }
+}
+
+/// What [`Rig::run`] did.
+pub struct Driven {
+    pub hist: hdrhistogram::Histogram<u64>,
+    pub events: u64,
+    pub seconds: f64,
+    pub error: Option<String>,
+}
+
+impl Driven {
+    fn failed(e: String) -> Self {
+        Driven {
+            hist: new_histogram(),
+            events: 0,
+            seconds: 0.0,
+            error: Some(e),
+        }
+    }
+}
+
+/// One cell of the append workload.
+#[derive(Serialize, Clone, serde::Deserialize)]
+pub struct AppendCell {
+    pub system: String,
+    pub clients: usize,
+    pub batch: usize,
+    pub events: u64,
+    pub seconds: f64,
+    pub events_per_sec: f64,
+    /// Per request (one batch), from send to durable reply.
+    pub latency_us: Percentiles,
+    /// Server CPU (user + system, whole process tree) per event; in-process targets: this
+    /// process's, clients included.
+    pub cpu_us_per_event: f64,
+    /// Bytes passed to write calls, per event (`wchar` of /proc/<pid>/io).
+    pub wchar_per_event: f64,
+    /// Pages dirtied, per event (`write_bytes`; over-counts partial page rewrites).
+    pub write_bytes_per_event: f64,
+    /// PostgreSQL: WAL bytes per event (`pg_current_wal_lsn()`).
+    pub wal_bytes_per_event: Option<f64>,
+    /// Sync calls (fsync, fdatasync, …) per event, from a separate pass of the same shape
+    /// under `strace -f -c` (never during the timed cell).
+    pub fsyncs_per_event: Option<f64>,
+    pub fsync_pass_events: u64,
+    pub error: Option<String>,
+}
+
+pub struct CellPlan {
+    pub clients: usize,
+    pub batch: usize,
+    pub events: u64,
+    pub seconds: f64,
+    pub count_fsyncs: bool,
+}
+
+/// One append cell: a warm-up batch per client, the timed run, then (optionally) the traced
+/// pass that counts sync calls.
+pub async fn append_cell<T: Target>(rig: &mut Rig<T>, p: &CellPlan) -> AppendCell {
+    let name = rig.target.name().to_owned();
+    let mut cell = AppendCell {
+        system: name,
+        clients: p.clients,
+        batch: p.batch,
+        events: 0,
+        seconds: 0.0,
+        events_per_sec: 0.0,
+        latency_us: Percentiles::default(),
+        cpu_us_per_event: 0.0,
+        wchar_per_event: 0.0,
+        write_bytes_per_event: 0.0,
+        wal_bytes_per_event: None,
+        fsyncs_per_event: None,
+        fsync_pass_events: 0,
+        error: None,
+    };
+    // Warm-up: connections open, every client's first request served.
+    let warm = rig
+        .run(p.clients, p.batch, (p.clients * p.batch) as u64, None)
+        .await;
+    if let Some(e) = warm.error {
+        cell.error = Some(format!("warm-up: {e}"));
+        return cell;
+    }
+    let proc = rig.target.proc();
+    let before: Counters = proc.counters();
+    let wal_before = rig.target.extra_written().await;
+    let deadline = Instant::now() + Duration::from_secs_f64(p.seconds);
+    let d = rig.run(p.clients, p.batch, p.events, Some(deadline)).await;
+    let after = proc.counters();
+    let wal_after = rig.target.extra_written().await;
+    let used = after.since(before);
+    let n = d.events.max(1) as f64;
+    cell.events = d.events;
+    cell.seconds = round3(d.seconds);
+    cell.events_per_sec = (d.events as f64 / d.seconds.max(1e-9)).round();
+    cell.latency_us = Percentiles::from(&d.hist);
+    cell.cpu_us_per_event = round1(used.cpu_ticks as f64 / clock_ticks() * 1e6 / n);
+    cell.wchar_per_event = (used.wchar as f64 / n).round();
+    cell.write_bytes_per_event = (used.write_bytes as f64 / n).round();
+    if let (Some(a), Some(b)) = (wal_before, wal_after) {
+        cell.wal_bytes_per_event = Some((b.saturating_sub(a) as f64 / n).round());
+    }
+    cell.error = d.error;
+    if cell.error.is_some() || !p.count_fsyncs {
+        return cell;
+    }
+    // The traced pass: a few requests per client, the same shape.
+    let pass_events = ((p.clients * p.batch * 4) as u64).max(200);
+    match SyscallCount::attach(proc) {
+        Ok(trace) => {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let d = rig
+                .run(p.clients, p.batch, pass_events, Some(deadline))
+                .await;
+            match (trace.finish(), d.error) {
+                (Ok(calls), None) if d.events > 0 => {
+                    cell.fsyncs_per_event = Some(round3(calls as f64 / d.events as f64));
+                    cell.fsync_pass_events = d.events;
+                }
+                (Err(e), _) | (_, Some(e)) => {
+                    eprintln!("  (sync calls not counted: {e})");
+                }
+                _ => {}
+            }
+        }
+        Err(e) => eprintln!("  (sync calls not counted: {e})"),
+    }
+    cell
+}
+
+#[derive(Serialize, Clone, serde::Deserialize)]
+pub struct ReadbackResult {
+    pub system: String,
+    pub events: u64,
+    pub pages: u64,
+    pub seconds: f64,
+    pub events_per_sec: f64,
+    pub mb_per_sec: f64,
+    /// Per page.
+    pub latency_us: Percentiles,
+    pub error: Option<String>,
+}
+
+/// Make sure the target holds at least `events` events (batches of 1000, 4 clients).
+pub async fn fill<T: Target>(rig: &mut Rig<T>, events: u64) -> Result<(), String> {
+    let have = rig.next_event;
+    if have >= events {
+        return Ok(());
+    }
+    let d = rig.run(4, 1000, events - have, None).await;
+    d.error.map_or(Ok(()), Err)
+}
+
+/// Read `events` events from the start in pages of 1000.
+pub async fn readback<T: Target>(rig: &mut Rig<T>, events: u64) -> ReadbackResult {
+    let mut r = ReadbackResult {
+        system: rig.target.name().to_owned(),
+        events: 0,
+        pages: 0,
+        seconds: 0.0,
+        events_per_sec: 0.0,
+        mb_per_sec: 0.0,
+        latency_us: Percentiles::default(),
+        error: None,
+    };
+    if let Err(e) = rig.ensure_conns(1).await {
+        r.error = Some(e);
+        return r;
+    }
+    let mut pos = T::Pos::default();
+    let mut h = new_histogram();
+    let mut bytes = 0usize;
+    let t0 = Instant::now();
+    while r.events < events {
+        let t = Instant::now();
+        let limit = (events - r.events).min(1000) as usize;
+        match rig.target.read_from(&mut rig.conns[0], &pos, limit).await {
+            Ok(page) => {
+                h.saturating_record(micros(t.elapsed()));
+                if page.events == 0 {
+                    r.error = Some(format!("the log ended after {} events", r.events));
+                    break;
+                }
+                r.events += page.events as u64;
+                r.pages += 1;
+                bytes += page.bytes;
+                pos = page.next;
+            }
+            Err(e) => {
+                r.error = Some(e);
+                break;
+            }
+        }
+    }
+    let s = t0.elapsed().as_secs_f64().max(1e-9);
+    r.seconds = round3(s);
+    r.events_per_sec = (r.events as f64 / s).round();
+    r.mb_per_sec = round1(bytes as f64 / s / 1e6);
+    r.latency_us = Percentiles::from(&h);
+    r
+}
+
+#[derive(Serialize, Clone, serde::Deserialize)]
+pub struct GrowthStep {
+    /// Events in the log at the end of this step.
+    pub upto: u64,
+    pub events_per_sec: f64,
+    pub p99_us: u64,
+}
+
+#[derive(Serialize, Clone, serde::Deserialize)]
+pub struct GrowthResult {
+    pub system: String,
+    pub clients: usize,
+    pub batch: usize,
+    pub steps: Vec<GrowthStep>,
+    /// Rate of the last step ÷ rate of the first.
+    pub last_over_first: f64,
+    pub error: Option<String>,
+}
+
+/// Append batches of 1000 from 4 clients until the target holds `total` events, one rate per
+/// `step` events.
+pub async fn growth<T: Target>(rig: &mut Rig<T>, total: u64, step: u64) -> GrowthResult {
+    let mut g = GrowthResult {
+        system: rig.target.name().to_owned(),
+        clients: 4,
+        batch: 1000,
+        steps: Vec::new(),
+        last_over_first: 0.0,
+        error: None,
+    };
+    let step = step.max(1000);
+    while rig.next_event < total {
+        let n = step.min(total - rig.next_event);
+        let d = rig.run(g.clients, g.batch, n, None).await;
+        if let Some(e) = d.error {
+            g.error = Some(e);
+            break;
+        }
+        let s = GrowthStep {
+            upto: rig.next_event,
+            events_per_sec: (d.events as f64 / d.seconds.max(1e-9)).round(),
+            p99_us: d.hist.value_at_quantile(0.99),
+        };
+        eprintln!(
+            "  growth {:<16} {:>10} events  {:>9} events/s  p99 {} µs",
+            g.system, s.upto, s.events_per_sec, s.p99_us
+        );
+        g.steps.push(s);
+    }
+    if let (Some(a), Some(b)) = (g.steps.first(), g.steps.last()) {
+        g.last_over_first = round3(b.events_per_sec / a.events_per_sec.max(1e-9));
+    }
+    g
+}

@@ -1,0 +1,229 @@
+//! Each target of `tidemark bench` appends, reads back and reports a well-formed result on a
+//! tiny run, against the real servers (started by the benchmark on loopback, stopped by PID).
+//! A peer that is not installed is skipped with the reason printed; with
+//! `TIDEMARK_BENCH_REQUIRE_PEERS=1` (set by `.ci/run`, which installs them) a skip fails.
+//! Nothing here is timed: figures are checked for shape (present, positive, consistent), never
+//! against a speed.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+const BENCH: &str = env!("CARGO_BIN_EXE_tidemark-bench");
+
+/// `<target>/<profile>/tidemark`, built by the README's test command (`cargo build --workspace
+/// --bins`) before the tests run.
+fn tidemark_bin() -> PathBuf {
+    let p = PathBuf::from(BENCH).with_file_name("tidemark");
+    assert!(
+        p.is_file(),
+        "{} is missing: build it first (cargo build --workspace --bins)",
+        p.display()
+    );
+    p
+}
+
+fn require_peers() -> bool {
+    std::env::var("TIDEMARK_BENCH_REQUIRE_PEERS").is_ok_and(|v| v == "1")
+}
+
+/// Run the benchmark binary on a tiny plan; the JSON document it wrote.
+fn tiny_run(systems: &str, extra: &[&str]) -> Value {
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("work dir");
+    let json = work.path().join("result.json");
+    let out = Command::new(BENCH)
+        .args(["--systems", systems])
+        .args(["--workloads", "append,readback"])
+        .args(["--clients", "1,3", "--batches", "1,10", "--events", "40"])
+        .args(["--cell-seconds", "30", "--readback-events", "250"])
+        .arg("--work-dir")
+        .arg(work.path())
+        .arg("--tidemark-bin")
+        .arg(tidemark_bin())
+        .arg("--json-out")
+        .arg(&json)
+        .args(extra)
+        .output()
+        .expect("run tidemark-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "tidemark-bench failed: {stderr}");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&json).expect("json written"))
+        .expect("the JSON document parses");
+    // stdout holds the same document.
+    let printed: Value = serde_json::from_slice(&out.stdout).expect("stdout is the JSON document");
+    assert_eq!(printed["append"], doc["append"]);
+    assert!(
+        stderr.contains("### Durable appends"),
+        "tables on stderr: {stderr}"
+    );
+    doc
+}
+
+/// The reason the benchmark gave for skipping `system`, if it did.
+fn skipped(doc: &Value, system: &str) -> Option<String> {
+    doc["skipped"]
+        .as_array()?
+        .iter()
+        .find(|s| s["system"] == system)
+        .map(|s| s["reason"].as_str().unwrap_or("").to_owned())
+}
+
+fn check_system(system: &str) {
+    let doc = tiny_run(system, &[]);
+    assert_eq!(doc["complete"], true);
+    if let Some(reason) = skipped(&doc, system) {
+        assert!(
+            !require_peers(),
+            "{system} was skipped but TIDEMARK_BENCH_REQUIRE_PEERS=1: {reason}"
+        );
+        assert!(
+            reason.contains("not installed") || reason.contains("not on PATH"),
+            "{system} skipped for another reason than a missing server: {reason}"
+        );
+        println!("SKIPPED {system}: {reason}");
+        return;
+    }
+    let traced = Command::new("strace").arg("-V").output().is_ok();
+    let cells = doc["append"].as_array().expect("append cells");
+    assert_eq!(cells.len(), 4, "1,3 clients × batches 1,10: {cells:?}");
+    for c in cells {
+        assert_eq!(c["system"], system);
+        assert!(c["error"].is_null(), "cell failed: {c}");
+        let batch = c["batch"].as_u64().unwrap();
+        let events = c["events"].as_u64().unwrap();
+        assert!(events >= 40, "every planned event appended: {c}");
+        assert_eq!(events % batch, 0, "whole batches only: {c}");
+        assert!(c["events_per_sec"].as_f64().unwrap() > 0.0, "{c}");
+        let l = &c["latency_us"];
+        assert_eq!(
+            l["count"].as_u64().unwrap(),
+            events / batch,
+            "one latency per request: {c}"
+        );
+        assert!(l["p50"].as_u64().unwrap() > 0 && l["p99"].as_u64() >= l["p50"].as_u64());
+        // Every system here writes what it acknowledges; the bytes show in its counters.
+        assert!(
+            c["wchar_per_event"].as_f64().unwrap() > 0.0,
+            "bytes written: {c}"
+        );
+        assert!(c["cpu_us_per_event"].as_f64().unwrap() >= 0.0);
+        if traced {
+            // Durable means synced: each system makes sync calls, at most a few per event.
+            let f = c["fsyncs_per_event"].as_f64().unwrap_or(-1.0);
+            assert!(f > 0.0 && f < 10.0, "sync calls per event: {c}");
+        }
+        if system == "postgres" {
+            assert!(
+                c["wal_bytes_per_event"].as_f64().unwrap() > 0.0,
+                "WAL bytes: {c}"
+            );
+        }
+    }
+    let rb = doc["readback"].as_array().expect("readback");
+    assert_eq!(rb.len(), 1);
+    assert!(rb[0]["error"].is_null(), "readback failed: {}", rb[0]);
+    assert_eq!(
+        rb[0]["events"], 250,
+        "read back exactly what was asked: {}",
+        rb[0]
+    );
+    assert!(rb[0]["mb_per_sec"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn tidemark_http_appends_and_reads_back() {
+    check_system("tidemark-http");
+}
+
+#[test]
+fn tidemark_inproc_appends_and_reads_back() {
+    check_system("tidemark-inproc");
+}
+
+#[test]
+fn redis_appends_and_reads_back() {
+    check_system("redis");
+}
+
+#[test]
+fn postgres_appends_and_reads_back() {
+    check_system("postgres");
+}
+
+#[test]
+fn sqlite_appends_and_reads_back() {
+    check_system("sqlite");
+}
+
+#[test]
+fn nats_appends_and_reads_back() {
+    check_system("nats");
+}
+
+/// `tidemark bench` (the CLI) runs the benchmark binary and the ratio table compares tidemark
+/// with a peer of the same run.
+#[test]
+fn tidemark_bench_subcommand_reports_ratios() {
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("work dir");
+    let json = work.path().join("r.json");
+    let out = Command::new(tidemark_bin())
+        .args([
+            "bench",
+            "--systems",
+            "tidemark-inproc,sqlite",
+            "--workloads",
+            "fsync,append",
+        ])
+        .args([
+            "--clients",
+            "2",
+            "--batches",
+            "5",
+            "--events",
+            "50",
+            "--fsync-count",
+            "5",
+        ])
+        .args(["--no-fsync-count", "--work-dir"])
+        .arg(work.path())
+        .arg("--json-out")
+        .arg(&json)
+        .output()
+        .expect("run tidemark bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "tidemark bench failed: {stderr}");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let ratios = doc["ratios"].as_array().expect("ratios");
+    assert_eq!(ratios.len(), 1, "{ratios:?}");
+    assert_eq!(ratios[0]["tidemark"], "tidemark-inproc");
+    assert_eq!(ratios[0]["peer"], "sqlite");
+    assert!(ratios[0]["throughput"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        doc["fsync"].as_array().unwrap().len(),
+        2,
+        "append and overwrite"
+    );
+    assert!(
+        doc["machine"]["uptime"]
+            .as_str()
+            .is_some_and(|u| !u.is_empty())
+    );
+    assert!(stderr.contains("tidemark ÷ peer"), "{stderr}");
+}
+
+/// Bad options are refused before anything starts.
+#[test]
+fn bad_options_are_refused() {
+    let out = Command::new(BENCH)
+        .args(["--batches", "1001", "--systems", "sqlite"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1 to 1000"));
+    let out = Command::new(BENCH)
+        .args(["--systems", "oracle"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
