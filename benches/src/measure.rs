@@ -253,10 +253,12 @@ mod tests {
     }
 
     #[test]
-    fn this_process_tree_has_counters() {
-        let c = Proc::This.counters();
+    fn this_process_counters_see_its_own_writes() {
         assert!(Proc::This.pids().contains(&std::process::id()));
-        // This test process has run code, so it has used CPU ticks or at least read /proc.
-        let _ = c;
+        let before = Proc::This.counters();
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), vec![7u8; 1 << 16]).unwrap();
+        let used = Proc::This.counters().since(before);
+        assert!(used.wchar >= 1 << 16, "64 KiB written, wchar grew by {}", used.wchar);
     }
 }

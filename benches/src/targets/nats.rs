@@ -107,7 +107,12 @@ impl Target for Nats {
             .await
             .map_err(|e| format!("nats connect: {e}"))?;
         Ok(NatsConn {
-            js: jetstream::new(client.clone()),
+            // The default 5 s acknowledgement timeout fails cells where hundreds of batches
+            // queue at the server; wait as long as the other clients do (the HTTP client's
+            // 120 s), so the cell measures instead of erroring.
+            js: jetstream::ContextBuilder::new()
+                .timeout(Duration::from_secs(120))
+                .build(client.clone()),
             client,
             reader: None,
         })
@@ -200,8 +205,9 @@ impl Target for Nats {
         let mut reader = reader;
         let (mut events, mut bytes, mut next) = (0, 0, *pos);
         while events < limit {
-            // The end of the stream: nothing more within a moment.
-            let Ok(item) = tokio::time::timeout(Duration::from_millis(500), reader.next()).await
+            // The end of the stream: nothing more for a while (the read-back asks only for
+            // events it appended, so this is an error path, not the normal end).
+            let Ok(item) = tokio::time::timeout(Duration::from_secs(10), reader.next()).await
             else {
                 break;
             };

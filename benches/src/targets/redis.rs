@@ -99,8 +99,12 @@ impl Target for Redis {
     }
 
     async fn connect(&self) -> Result<MultiplexedConnection, String> {
+        // The crate's default response timeout (500 ms) fails requests that queue behind
+        // hundreds of clients; wait as long as the other clients do.
+        let cfg = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(Some(Duration::from_secs(120)));
         self.client
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&cfg)
             .await
             .map_err(|e| format!("redis connect: {e}"))
     }
