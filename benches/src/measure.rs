@@ -259,6 +259,10 @@ mod tests {
         let f = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(f.path(), vec![7u8; 1 << 16]).unwrap();
         let used = Proc::This.counters().since(before);
-        assert!(used.wchar >= 1 << 16, "64 KiB written, wchar grew by {}", used.wchar);
+        assert!(
+            used.wchar >= 1 << 16,
+            "64 KiB written, wchar grew by {}",
+            used.wchar
+        );
     }
 }

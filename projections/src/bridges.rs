@@ -320,3 +320,186 @@ pub fn envelope(sub: &Subscription, ev: &Event) -> serde_json::Value {
         "metadata": meta,
     })
 }
+
+/// One test per row of the decision table of spec section 6 (and the two guards before it),
+/// against task states built with the tasks model's own fold.
+#[cfg(test)]
+mod decision_table {
+    use serde_json::{Value, json};
+    use tidemark_log::Event;
+
+    use super::{Decision, decide};
+    use crate::tasks::{Task, fold_task};
+
+    fn event(seq: u64, ty: &str, payload: Value) -> Event {
+        Event {
+            seq,
+            event_id: format!("e-{seq}"),
+            stream: "task_events".into(),
+            subject: "t".into(),
+            event_type: ty.into(),
+            time_us: seq as i64,
+            payload: serde_json::value::RawValue::from_string(payload.to_string()).unwrap(),
+        }
+    }
+
+    /// The task after `events` (type, payload), numbered from seq 1.
+    fn task(review_required: bool, events: &[(&str, Value)]) -> Task {
+        let mut t = Task::new("t");
+        fold_task(
+            &mut t,
+            &event(
+                1,
+                "task.created",
+                json!({"project_id": "p", "review_required": review_required}),
+            ),
+        );
+        for (i, (ty, p)) in events.iter().enumerate() {
+            fold_task(&mut t, &event(i as u64 + 2, ty, p.clone()));
+        }
+        t
+    }
+
+    fn r1() -> Value {
+        json!({"run_id": "r1"})
+    }
+
+    fn decision(t: &Task, ty: &str, p: Value) -> Decision {
+        decide(Some(t), &event(99, ty, p)).0
+    }
+
+    #[test]
+    fn outcome_of_an_ungated_run_that_has_it_is_delivered() {
+        for (ty, outcome_ev) in [
+            ("task.run_completed", "task.run_completed"),
+            ("task.run_failed", "task.run_failed"),
+            ("task.run_canceled", "task.run_canceled"),
+        ] {
+            let t = task(false, &[("task.run_started", r1()), (outcome_ev, r1())]);
+            assert_eq!(decision(&t, ty, r1()), Decision::Deliver, "{ty}");
+        }
+    }
+
+    #[test]
+    fn outcome_of_an_ungated_run_that_has_another_is_a_mismatch() {
+        // The run's current outcome is `failed`: a `run_completed` of it contradicts the state.
+        let t = task(
+            false,
+            &[("task.run_started", r1()), ("task.run_failed", r1())],
+        );
+        assert_eq!(decision(&t, "task.run_completed", r1()), Decision::Mismatch);
+        assert_eq!(decision(&t, "task.run_canceled", r1()), Decision::Mismatch);
+        // Still running: any outcome event contradicts it.
+        let t = task(false, &[("task.run_started", r1())]);
+        assert_eq!(decision(&t, "task.run_failed", r1()), Decision::Mismatch);
+    }
+
+    #[test]
+    fn outcome_of_a_review_gated_run_is_deferred() {
+        // Gated by the task's review_required ...
+        let t = task(
+            true,
+            &[("task.run_started", r1()), ("task.run_completed", r1())],
+        );
+        assert_eq!(decision(&t, "task.run_completed", r1()), Decision::Defer);
+        // ... or by a review requested for the run, whatever its state now.
+        let t = task(
+            false,
+            &[
+                ("task.run_started", r1()),
+                ("task.run_completed", r1()),
+                ("task.run_review_requested", r1()),
+                (
+                    "task.run_review_approved",
+                    json!({"run_id": "r1", "reviewer": "ana"}),
+                ),
+            ],
+        );
+        assert_eq!(decision(&t, "task.run_completed", r1()), Decision::Defer);
+        assert_eq!(decision(&t, "task.run_failed", r1()), Decision::Defer);
+    }
+
+    #[test]
+    fn approval_of_an_approved_review_is_delivered() {
+        let t = task(
+            true,
+            &[
+                ("task.run_started", r1()),
+                ("task.run_completed", r1()),
+                ("task.run_review_requested", r1()),
+                (
+                    "task.run_review_approved",
+                    json!({"run_id": "r1", "reviewer": "ana"}),
+                ),
+            ],
+        );
+        assert_eq!(
+            decision(&t, "task.run_review_approved", r1()),
+            Decision::Deliver
+        );
+    }
+
+    #[test]
+    fn approval_of_a_review_not_approved_is_a_mismatch() {
+        let started = [("task.run_started", r1()), ("task.run_completed", r1())];
+        // none (never requested)
+        let t = task(true, &started);
+        assert_eq!(
+            decision(&t, "task.run_review_approved", r1()),
+            Decision::Mismatch
+        );
+        // pending
+        let mut evs = started.to_vec();
+        evs.push(("task.run_review_requested", r1()));
+        let t = task(true, &evs);
+        assert_eq!(
+            decision(&t, "task.run_review_approved", r1()),
+            Decision::Mismatch
+        );
+        // rejected
+        evs.push((
+            "task.run_review_rejected",
+            json!({"run_id": "r1", "reviewer": "bo", "reason": "no"}),
+        ));
+        let t = task(true, &evs);
+        assert_eq!(
+            decision(&t, "task.run_review_approved", r1()),
+            Decision::Mismatch
+        );
+        // unknown run
+        assert_eq!(
+            decision(&t, "task.run_review_approved", json!({"run_id": "r9"})),
+            Decision::Mismatch
+        );
+    }
+
+    #[test]
+    fn cancel_of_a_canceled_task_is_delivered() {
+        let t = task(false, &[("task.canceled", json!({"reason": "x"}))]);
+        assert_eq!(decision(&t, "task.canceled", json!({})), Decision::Deliver);
+    }
+
+    /// A canceled task never un-cancels through the API, so this row is reachable only with a
+    /// state that never saw the cancel (a `task.canceled` judged against another task's state,
+    /// or a model that lost it): still a mismatch, never a delivery.
+    #[test]
+    fn cancel_of_a_task_that_is_not_canceled_is_a_mismatch() {
+        let t = task(false, &[("task.run_started", r1())]);
+        assert_eq!(
+            decision(&t, "task.canceled", json!({"reason": "x"})),
+            Decision::Mismatch
+        );
+    }
+
+    #[test]
+    fn non_terminal_events_are_skipped_and_unknown_tasks_mismatch() {
+        let t = task(false, &[("task.run_started", r1())]);
+        assert_eq!(decision(&t, "task.run_started", r1()), Decision::Skip);
+        assert_eq!(
+            decision(&t, "task.run_review_requested", r1()),
+            Decision::Skip
+        );
+        let (d, _) = decide(None, &event(5, "task.run_completed", r1()));
+        assert_eq!(d, Decision::Mismatch);
+    }
+}

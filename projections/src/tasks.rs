@@ -77,7 +77,7 @@ pub struct Task {
 }
 
 impl Task {
-    fn new(task_id: &str) -> Task {
+    pub(crate) fn new(task_id: &str) -> Task {
         Task {
             task_id: task_id.to_owned(),
             project_id: None,

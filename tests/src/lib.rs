@@ -46,6 +46,9 @@ pub struct ServerOpts {
     /// Extra environment of the child. `TIDEMARK_*` and `RUST_LOG` of the test process are not
     /// inherited, so a developer's shell cannot change what a test runs against.
     pub env: Vec<(String, String)>,
+    /// A data directory to start from: copied into the server's own before the first start
+    /// (the original is never written).
+    pub seed_data: Option<PathBuf>,
 }
 
 impl Default for ServerOpts {
@@ -54,6 +57,7 @@ impl Default for ServerOpts {
             listen: "127.0.0.1:0".to_owned(),
             config: None,
             env: Vec::new(),
+            seed_data: None,
         }
     }
 }
@@ -68,6 +72,12 @@ impl ServerOpts {
     #[must_use]
     pub fn listen(mut self, addr: impl Into<String>) -> Self {
         self.listen = addr.into();
+        self
+    }
+
+    #[must_use]
+    pub fn seed_data(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.seed_data = Some(dir.into());
         self
     }
 
@@ -106,12 +116,14 @@ impl std::fmt::Display for StartError {
 }
 
 /// The `tidemark` binary of this workspace: `target/debug/tidemark`, found by walking up from
-/// the test executable (`target/debug/deps/e2e-<hash>`).
+/// the test executable (`target/debug/deps/e2e-<hash>`). Refuses a binary older than any source
+/// file of the crates it is built from, so a test never passes against a stale build.
 pub fn binary() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     for dir in exe.ancestors().skip(1) {
         let candidate = dir.join("tidemark");
         if candidate.is_file() {
+            assert_current(&candidate);
             return candidate;
         }
         if dir.file_name().is_some_and(|n| n == "target") {
@@ -120,9 +132,72 @@ pub fn binary() -> PathBuf {
     }
     panic!(
         "the tidemark binary was not found next to {} (looked for target/debug/tidemark); \
-         run `cargo build -p tidemark-api` first",
+         run `cargo build --workspace --bins` first",
         exe.display()
     );
+}
+
+/// Panic when a source file of the server is newer than `bin`.
+fn assert_current(bin: &Path) {
+    let built = std::fs::metadata(bin)
+        .and_then(|m| m.modified())
+        .expect("mtime of the tidemark binary");
+    if let Some((path, _)) = newest_source().filter(|(_, t)| *t > built) {
+        panic!(
+            "{} is older than {}: it is stale; run `cargo build --workspace --bins`",
+            bin.display(),
+            path.display()
+        );
+    }
+}
+
+/// The most recently modified source of the binary: `.rs` and `.toml` files under the crates
+/// it is built from, and the lock file.
+pub fn newest_source() -> Option<(PathBuf, std::time::SystemTime)> {
+    let ws = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()?
+        .to_path_buf();
+    let mut newest: Option<(PathBuf, std::time::SystemTime)> = None;
+    let mut stack: Vec<PathBuf> = ["api", "log", "projections", "consumers"]
+        .iter()
+        .map(|c| ws.join(c))
+        .collect();
+    stack.push(ws.join("Cargo.lock"));
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::metadata(&p) else {
+            continue;
+        };
+        if meta.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                stack.extend(rd.flatten().map(|e| e.path()));
+            }
+            continue;
+        }
+        let source = p
+            .extension()
+            .is_some_and(|e| e == "rs" || e == "toml" || e == "lock");
+        if let (true, Ok(t)) = (source, meta.modified())
+            && newest.as_ref().is_none_or(|(_, n)| t > *n)
+        {
+            newest = Some((p, t));
+        }
+    }
+    newest
+}
+
+/// Copy a directory tree (files and directories only).
+pub fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
 }
 
 /// A running (or stopped) `tidemark serve` child with its own temp dir.
@@ -166,6 +241,11 @@ impl Server {
             .tempdir()
             .expect("create a temp dir");
         let data = dir.path().join("data");
+        if let Some(src) = &opts.seed_data {
+            copy_tree(src, &data).unwrap_or_else(|e| {
+                panic!("cannot copy {} into {}: {e}", src.display(), data.display())
+            });
+        }
         let config = opts.config.as_ref().map(|text| {
             let p = dir.path().join("config.toml");
             std::fs::write(&p, text).expect("write the config file");

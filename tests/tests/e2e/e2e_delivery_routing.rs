@@ -489,81 +489,83 @@ async fn quiet_hours_move_due_times_to_the_window_end() {
                 "payload": {"tz_offset_minutes": 120}}),
     )
     .await;
+    // Dates some weeks ahead (never a fixed year): the hours are what matter.
+    let (day, next) = (future_date(60), future_date(61));
     // (id, priority, recipient, deliver_after, expected next_attempt_at)
-    let cases: [(&str, &str, &str, &str, &str); 10] = [
+    let cases: [(&str, &str, &str, String, String); 10] = [
         (
             "q-2159",
             "action",
             "utc-user",
-            "2030-01-01T21:59:00Z",
-            "2030-01-01T21:59:00.000000Z",
+            format!("{day}T21:59:00Z"),
+            format!("{day}T21:59:00.000000Z"),
         ),
         (
             "q-2200",
             "action",
             "utc-user",
-            "2030-01-01T22:00:00Z",
-            "2030-01-02T09:00:00.000000Z",
+            format!("{day}T22:00:00Z"),
+            format!("{next}T09:00:00.000000Z"),
         ),
         (
             "q-2201",
             "action",
             "utc-user",
-            "2030-01-01T22:01:00Z",
-            "2030-01-02T09:00:00.000000Z",
+            format!("{day}T22:01:00Z"),
+            format!("{next}T09:00:00.000000Z"),
         ),
         (
             "q-0300",
             "action",
             "utc-user",
-            "2030-01-01T03:00:00Z",
-            "2030-01-01T09:00:00.000000Z",
+            format!("{day}T03:00:00Z"),
+            format!("{day}T09:00:00.000000Z"),
         ),
         (
             "q-0859",
             "action",
             "utc-user",
-            "2030-01-01T08:59:59.5Z",
-            "2030-01-01T09:00:00.000000Z",
+            format!("{day}T08:59:59.5Z"),
+            format!("{day}T09:00:00.000000Z"),
         ),
         (
             "q-0900",
             "action",
             "utc-user",
-            "2030-01-01T09:00:00Z",
-            "2030-01-01T09:00:00.000000Z",
+            format!("{day}T09:00:00Z"),
+            format!("{day}T09:00:00.000000Z"),
         ),
         // Without a recipient: UTC as well.
         (
             "q-norcpt",
             "action",
             "",
-            "2030-01-01T23:30:00Z",
-            "2030-01-02T09:00:00.000000Z",
+            format!("{day}T23:30:00Z"),
+            format!("{next}T09:00:00.000000Z"),
         ),
         // UTC+02:00: 20:01Z is 22:01 local → 09:00 local = 07:00Z.
         (
             "q-tz-2001",
             "action",
             "tz-user",
-            "2030-01-01T20:01:00Z",
-            "2030-01-02T07:00:00.000000Z",
+            format!("{day}T20:01:00Z"),
+            format!("{next}T07:00:00.000000Z"),
         ),
         // 07:30Z is 09:30 local: outside the window (in UTC it would be inside).
         (
             "q-tz-0730",
             "action",
             "tz-user",
-            "2030-01-01T07:30:00Z",
-            "2030-01-01T07:30:00.000000Z",
+            format!("{day}T07:30:00Z"),
+            format!("{day}T07:30:00.000000Z"),
         ),
         // Bypass: urgent is not moved.
         (
             "q-urgent",
             "urgent",
             "utc-user",
-            "2030-01-01T22:01:00Z",
-            "2030-01-01T22:01:00.000000Z",
+            format!("{day}T22:01:00Z"),
+            format!("{day}T22:01:00.000000Z"),
         ),
     ];
     let batch: Vec<Value> = cases
@@ -593,7 +595,10 @@ async fn quiet_hours_move_due_times_to_the_window_end() {
     assert!(wrong.is_empty(), "quiet hours:\n{}", wrong.join("\n"));
     // Nothing of it is due now.
     let got = claim(&s, "app", "w-q", 1000).await;
-    assert!(got.is_empty(), "claimed deliveries due in 2030: {got:?}");
+    assert!(
+        got.is_empty(),
+        "claimed deliveries due weeks ahead: {got:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -802,16 +807,17 @@ async fn digests_join_within_the_window_up_to_max_items() {
         ]}),
     )
     .await;
-    // The window edge, with deliver_after.
+    // The window edge, with deliver_after (a date weeks ahead, never a fixed year).
+    let dg = future_date(90);
     append_ok(
         &s,
         &json!({"events": [
             notif("e1", "action", json!({"recipient": "bob", "group_key": "edge",
-                                          "deliver_after": "2030-03-01T12:00:00Z"})),
+                                          "deliver_after": format!("{dg}T12:00:00Z")})),
             notif("e2", "action", json!({"recipient": "bob", "group_key": "edge",
-                                          "deliver_after": "2030-03-01T12:09:59Z"})),
+                                          "deliver_after": format!("{dg}T12:09:59Z")})),
             notif("e3", "action", json!({"recipient": "bob", "group_key": "edge",
-                                          "deliver_after": "2030-03-01T12:10:00Z"})),
+                                          "deliver_after": format!("{dg}T12:10:00Z")})),
         ]}),
     )
     .await;
@@ -873,12 +879,20 @@ async fn digests_join_within_the_window_up_to_max_items() {
         "T + 10m − 1s joins, T + 10m does not: {e1}"
     );
     assert_eq!(e1["title"], "2 new updates", "{e1}");
-    assert_eq!(e1["next_attempt_at"], "2030-03-01T12:10:00.000000Z", "{e1}");
+    assert_eq!(
+        e1["next_attempt_at"],
+        format!("{dg}T12:10:00.000000Z"),
+        "{e1}"
+    );
     let e3 = get_delivery(&s, "dlv:e3:desktop")
         .await
         .expect("e3 at the window end: a new delivery");
     assert_eq!(e3["items"].as_array().map(Vec::len), Some(1), "{e3}");
-    assert_eq!(e3["next_attempt_at"], "2030-03-01T12:20:00.000000Z", "{e3}");
+    assert_eq!(
+        e3["next_attempt_at"],
+        format!("{dg}T12:20:00.000000Z"),
+        "{e3}"
+    );
 
     // A replayed notification (same event_id) is a duplicate and never joins twice.
     let (st, body) = s
@@ -886,7 +900,7 @@ async fn digests_join_within_the_window_up_to_max_items() {
             "e2",
             "action",
             json!({"recipient": "bob", "group_key": "edge",
-                   "deliver_after": "2030-03-01T12:09:59Z"}),
+                   "deliver_after": format!("{dg}T12:09:59Z")}),
         ))
         .await;
     assert_eq!(st, StatusCode::CREATED, "{body}");
@@ -899,7 +913,7 @@ async fn digests_join_within_the_window_up_to_max_items() {
             "e4",
             "action",
             json!({"recipient": "bob", "group_key": "edge",
-                   "deliver_after": "2030-03-01T12:15:00Z"}),
+                   "deliver_after": format!("{dg}T12:15:00Z")}),
         ),
     )
     .await;
@@ -1562,6 +1576,35 @@ fn parse_us(t: &str) -> i64 {
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     let days = era * 146_097 + doe - 719_468;
     ((days * 86_400 + h * 3_600 + mi * 60 + s) * 1_000_000) + micros
+}
+
+/// The UTC calendar date `days` from today, `YYYY-MM-DD`.
+fn future_date(days: i64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs() as i64;
+    // Days since the epoch to a civil date (H. Hinnant's algorithm).
+    let z = now / 86_400 + days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+#[test]
+fn future_date_round_trips_through_parse_us() {
+    for days in [0, 1, 59, 60, 365, 1000] {
+        let date = future_date(days);
+        let us = parse_us(&format!("{date}T00:00:00Z"));
+        let today = parse_us(&format!("{}T00:00:00Z", future_date(0)));
+        assert_eq!(us - today, days * 86_400_000_000, "{date}");
+    }
 }
 
 #[test]
