@@ -74,6 +74,52 @@ impl LogConfig {
     }
 }
 
+/// The narrow interface of the log (spec section 3): it speaks only of events. Append a batch
+/// (atomic, idempotent by `event_id`), read by range and filters, get by seq or `event_id`, the
+/// head and a commit notifier. No storage type crosses it, so another backend (spec section
+/// 16, NATS JetStream) can implement it and pass the same contract suite
+/// (`log/tests/contract.rs`). Conditional appends (on the head or on a subject's last seq)
+/// join it with the engine redesign.
+pub trait EventLog: Send + Sync + 'static {
+    /// Append a batch atomically: every event, or none. An `event_id` already in the log with
+    /// the same content is answered with its original seq and `duplicate: true`; with other
+    /// content the whole batch is refused with `Conflict`.
+    fn append(
+        &self,
+        events: Vec<NewEvent>,
+    ) -> impl std::future::Future<Output = Result<AppendReceipt, AppendError>> + Send;
+    /// A bounded page of committed events with `seq > q.after`, in order.
+    fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError>;
+    fn get(&self, seq: u64) -> Result<Option<Event>, ReadError>;
+    fn get_by_id(&self, event_id: &str) -> Result<Option<Event>, ReadError>;
+    /// The highest acknowledged seq (0 for an empty log).
+    fn head(&self) -> u64;
+    /// Changes on every commit; the value is the new head (a nudge: read the log for the
+    /// events).
+    fn subscribe(&self) -> watch::Receiver<u64>;
+}
+
+impl EventLog for Log {
+    async fn append(&self, events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
+        Log::append(self, events).await
+    }
+    fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
+        Log::read(self, q)
+    }
+    fn get(&self, seq: u64) -> Result<Option<Event>, ReadError> {
+        Log::get(self, seq)
+    }
+    fn get_by_id(&self, event_id: &str) -> Result<Option<Event>, ReadError> {
+        Log::get_by_id(self, event_id)
+    }
+    fn head(&self) -> u64 {
+        Log::head(self)
+    }
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        Log::subscribe(self)
+    }
+}
+
 /// State kept in the log's own redb file and updated inside the writer's transactions:
 /// projections. `apply` runs in the same transaction as the append of `events`, so a commit
 /// holds the events and the state they produce, or neither.
@@ -322,6 +368,30 @@ impl Log {
     /// Bounded read of committed events (blocking; call from a blocking context in async code).
     pub fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
         store::read(&self.db, &self.shared.tail, q)
+    }
+
+    /// One event by its `event_id` (exact idempotency keeps `event_id → seq` for as long as the
+    /// event is kept).
+    pub fn get_by_id(&self, event_id: &str) -> Result<Option<Event>, ReadError> {
+        // The tail first: an id leaves it only after the merged index holding it committed, so
+        // a miss there is found by a read transaction begun afterwards.
+        let in_tail = self
+            .shared
+            .tail
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .ids
+            .get(event_id)
+            .copied();
+        let seq = match in_tail {
+            Some(seq) => Some(seq),
+            None => store::seq_of_id(&self.db, event_id)?,
+        };
+        match seq {
+            // A group is indexed before its commit: past the head it is not acknowledged yet.
+            Some(seq) if seq <= self.head() => store::get(&self.db, seq),
+            _ => Ok(None),
+        }
     }
 
     /// One event by seq.

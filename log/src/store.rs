@@ -293,6 +293,17 @@ pub(crate) fn read(
     })
 }
 
+/// The seq of `event_id` in the merged `event_id` index (the newest events are in the tail).
+pub(crate) fn seq_of_id(db: &Database, event_id: &str) -> Result<Option<u64>, ReadError> {
+    let st = |e: redb::Error| ReadError::Storage(storage(e));
+    let txn = db.begin_read().map_err(|e| st(e.into()))?;
+    let ids = txn.open_table(EVENT_IDS).map_err(|e| st(e.into()))?;
+    Ok(ids
+        .get(event_id)
+        .map_err(|e| st(e.into()))?
+        .map(|g| g.value()))
+}
+
 pub(crate) fn get(db: &Database, seq: u64) -> Result<Option<Event>, ReadError> {
     let st = |e: redb::Error| ReadError::Storage(storage(e));
     let txn = db.begin_read().map_err(|e| st(e.into()))?;
