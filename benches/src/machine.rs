@@ -103,7 +103,12 @@ pub fn work_dir(chosen: Option<&PathBuf>) -> Result<PathBuf, String> {
 /// The cargo target directory: `CARGO_TARGET_DIR`, or the one this executable was built into.
 pub fn target_dir() -> Result<PathBuf, String> {
     if let Some(d) = std::env::var_os("CARGO_TARGET_DIR") {
-        return Ok(PathBuf::from(d));
+        let d = PathBuf::from(d);
+        // Relative to the workspace, as cargo reads it.
+        return Ok(match Path::new(env!("CARGO_MANIFEST_DIR")).parent() {
+            Some(ws) if d.is_relative() => ws.join(d),
+            _ => d,
+        });
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
     exe.ancestors()

@@ -11,15 +11,7 @@
 //! growth), [`sse`], [`reopen`], [`measure`] (percentiles, /proc counters, strace), [`machine`]
 //! (the machine and its fsync latency), [`report`] (tables and ratios).
 
-mod events;
-mod machine;
-mod measure;
-mod peers;
-mod reopen;
-mod report;
-mod sse;
-mod targets;
-mod workloads;
+use tidemark_benches::{events, machine, measure, peers, reopen, report, sse, targets, workloads};
 
 use std::path::PathBuf;
 use std::process::ExitCode;

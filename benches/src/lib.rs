@@ -1,0 +1,16 @@
+//! The side-by-side benchmark behind `tidemark bench` (the binary `tidemark-bench`, `main.rs`)
+//! and what tidemark's own benchmarks in `benches/benches/` share with it: [`events`] (what every
+//! system appends), [`targets`] (one [`targets::Target`] per system), [`peers`] (starting and
+//! stopping servers), [`workloads`] (append cells, read-back, growth), [`sse`], [`reopen`],
+//! [`measure`] (percentiles, /proc counters, strace), [`machine`] (the machine and its fsync
+//! latency), [`report`] (tables and ratios).
+
+pub mod events;
+pub mod machine;
+pub mod measure;
+pub mod peers;
+pub mod reopen;
+pub mod report;
+pub mod sse;
+pub mod targets;
+pub mod workloads;
