@@ -22,6 +22,14 @@ pub enum Scope {
 }
 
 impl Scope {
+    pub const ALL: [Scope; 5] = [
+        Scope::Append,
+        Scope::Read,
+        Scope::Bridge,
+        Scope::Operator,
+        Scope::Admin,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Scope::Append => "append",
@@ -69,10 +77,25 @@ impl Auth {
         self.tokens.is_empty()
     }
 
-    fn check(&self, authorization: Option<&str>, scope: Scope) -> Result<(), ApiError> {
+    /// Who the caller is (`GET /v1/whoami`): any valid token, or everyone in open mode.
+    pub fn identify(&self, authorization: Option<&str>) -> Result<Identity, ApiError> {
         if self.is_open() {
-            return Ok(());
+            return Ok(Identity {
+                name: None,
+                scopes: Scope::ALL.iter().map(|s| s.name().to_owned()).collect(),
+                open: true,
+            });
         }
+        let token = self.token(authorization)?;
+        Ok(Identity {
+            name: Some(token.name.clone()),
+            scopes: token.scopes.clone(),
+            open: false,
+        })
+    }
+
+    /// The configured token whose text the header carries, or 401.
+    fn token(&self, authorization: Option<&str>) -> Result<&Token, ApiError> {
         let unauthorized = || {
             ApiError::new(
                 axum::http::StatusCode::UNAUTHORIZED,
@@ -91,7 +114,14 @@ impl Auth {
             .tokens
             .iter()
             .fold(None, |acc, t| if t.hash == digest { Some(t) } else { acc });
-        let token = found.ok_or_else(unauthorized)?;
+        found.ok_or_else(unauthorized)
+    }
+
+    fn check(&self, authorization: Option<&str>, scope: Scope) -> Result<(), ApiError> {
+        if self.is_open() {
+            return Ok(());
+        }
+        let token = self.token(authorization)?;
         if token
             .scopes
             .iter()
@@ -107,6 +137,16 @@ impl Auth {
             ))
         }
     }
+}
+
+/// The calling token as `GET /v1/whoami` answers it.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct Identity {
+    /// The token's configured name; null in open mode.
+    pub name: Option<String>,
+    pub scopes: Vec<String>,
+    /// The server runs without tokens (loopback only).
+    pub open: bool,
 }
 
 /// Middleware factory: require `scope` on every route of a router.

@@ -33,7 +33,7 @@ pub enum Command {
     Projections(ProjectionsArgs),
     /// List deliveries, and retry or discard parked ones.
     Deliveries(DeliveriesArgs),
-    /// Show consumer cursors, or reset one (operator).
+    /// Show consumer cursors, or reset one (admin).
     Cursors(CursorsArgs),
     /// Benchmark tidemark against Redis Streams, PostgreSQL, SQLite and NATS JetStream
     /// (`tidemark bench --help` lists the options; peers: benches/peers/install.sh).

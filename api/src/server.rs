@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 use utoipa::OpenApi;
-use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -70,11 +70,41 @@ pub enum RunError {
     Io(#[from] std::io::Error),
 }
 
-fn scoped(router: OpenApiRouter<AppState>, auth: &Auth, scope: Scope) -> OpenApiRouter<AppState> {
+/// What a group of routes needs: section 8's scope table is the list of `scoped` groups in
+/// [`router`], and each operation's scope is also its `security` requirement in the OpenAPI
+/// document, so clients (and the test that tries every route with every scope) read the same
+/// table the server enforces. `admin` includes every scope.
+fn scoped(
+    mut router: OpenApiRouter<AppState>,
+    auth: &Auth,
+    scope: Scope,
+) -> OpenApiRouter<AppState> {
+    require_in_doc(router.get_openapi_mut(), &[scope.name()]);
     router.route_layer(middleware::from_fn_with_state(
         (auth.clone(), scope),
         auth::require,
     ))
+}
+
+/// Set every operation's `security` to the bearer scheme with `scopes` (none: any token).
+fn require_in_doc(doc: &mut utoipa::openapi::OpenApi, scopes: &[&str]) {
+    for item in doc.paths.paths.values_mut() {
+        for op in [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            op.security = Some(vec![SecurityRequirement::new(
+                "bearer",
+                scopes.iter().copied(),
+            )]);
+        }
+    }
 }
 
 /// Build the whole application router and its OpenAPI document.
@@ -143,11 +173,19 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(admin::rebuild_one))
             .routes(routes!(admin::verify_one))
             .routes(routes!(deliveries::retry))
-            .routes(routes!(deliveries::discard))
-            .routes(routes!(cursors::reset)),
+            .routes(routes!(deliveries::discard)),
         &auth,
         Scope::Operator,
     );
+    // Only admin moves a cursor back (spec section 8).
+    let admin = scoped(
+        OpenApiRouter::new().routes(routes!(cursors::reset)),
+        &auth,
+        Scope::Admin,
+    );
+    // Any valid token (the handler identifies the caller itself).
+    let mut any_token = OpenApiRouter::new().routes(routes!(ops::whoami));
+    require_in_doc(any_token.get_openapi_mut(), &[]);
     let open = OpenApiRouter::new()
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))
@@ -161,6 +199,8 @@ pub fn router(state: AppState) -> Router {
         .merge(subs_write)
         .merge(subs_read)
         .merge(operator)
+        .merge(admin)
+        .merge(any_token)
         .merge(open)
         .split_for_parts();
     let doc = Arc::new(doc.to_pretty_json().unwrap_or_else(|_| "{}".into()));

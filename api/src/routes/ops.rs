@@ -21,6 +21,22 @@ pub struct Health {
 }
 
 /// Liveness: the process answers.
+/// The calling token's name and scopes (any valid token; in open mode, every scope).
+#[utoipa::path(get, path = "/v1/whoami", tag = "ops", operation_id = "whoami",
+    responses(
+        (status = 200, body = crate::auth::Identity),
+        (status = 401, description = "no or an unknown token", content_type = "application/problem+json"),
+    ))]
+pub async fn whoami(
+    State(st): State<AppState>,
+    headers: axum::http::HeaderMap,
+) -> Result<axum::Json<crate::auth::Identity>, ApiError> {
+    let h = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    st.auth.identify(h).map(axum::Json)
+}
+
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, body = Health)))]
 pub async fn healthz(State(st): State<AppState>) -> axum::Json<Health> {
     axum::Json(Health {

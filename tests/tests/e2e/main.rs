@@ -34,6 +34,7 @@ mod e2e_projections;
 mod e2e_rebuild_crash;
 mod e2e_resume;
 mod e2e_router_crash;
+mod e2e_scopes;
 mod e2e_settings;
 mod e2e_shutdown;
 mod e2e_task_stream;
