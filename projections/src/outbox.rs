@@ -420,14 +420,18 @@ fn illegal(row: &Delivery, action: &str) -> CommandError {
     )
 }
 
-/// The row, leased by `owner`.
+/// The row, leased by `owner` and not expired at `now_us`: once a lease has passed its
+/// `lease_expires_at` the delivery is due again (spec section 5), whether or not the expiry
+/// tick has recorded it yet, so the old owner's complete, fail or extend is refused the same
+/// way every time.
 fn owned_lease(
-    st: &mut State<'_>,
+    row: Option<Delivery>,
+    now_us: i64,
     id: &str,
     owner: &str,
     action: &str,
 ) -> Result<Delivery, CommandError> {
-    let row = st.row(id)?.ok_or_else(|| not_found(id))?;
+    let row = row.ok_or_else(|| not_found(id))?;
     if row.status != "leased" {
         return Err(illegal(&row, action));
     }
@@ -436,6 +440,13 @@ fn owned_lease(
             RejectKind::Conflict,
             "not_lease_owner",
             format!("delivery {id:?} is leased by another owner"),
+        ));
+    }
+    if row.lease_expires_at_us.is_some_and(|e| e <= now_us) {
+        return Err(CommandError::rejected(
+            RejectKind::Conflict,
+            "lease_expired",
+            format!("the lease on {id:?} has expired; claim it again"),
         ));
     }
     Ok(row)
@@ -607,25 +618,22 @@ pub fn complete_many(
                 out.push(Completed::Sent(Box::new(row)));
                 continue;
             }
-            Some(row) if row.status != "leased" => Err(illegal(&row, "complete")),
-            Some(row) if row.lease_owner.as_deref() != Some(owner) => Err(CommandError::rejected(
-                RejectKind::Conflict,
-                "not_lease_owner",
-                format!("delivery {id:?} is leased by another owner"),
-            )),
-            Some(mut row) => {
-                let c = Change {
-                    at_us: now_us,
-                    owner: Some(owner.to_owned()),
-                    attempt: Some(row.attempts),
-                    external_id: external_id.clone(),
-                    ..Change::default()
-                };
-                transition(&mut row, "sent", &c, 0);
-                events.push(event("sent", id, &c)?);
-                done.insert(id.as_str(), row.clone());
-                Ok(row)
-            }
+            row => match owned_lease(row, now_us, id, owner, "complete") {
+                Err(e) => Err(e),
+                Ok(mut row) => {
+                    let c = Change {
+                        at_us: now_us,
+                        owner: Some(owner.to_owned()),
+                        attempt: Some(row.attempts),
+                        external_id: external_id.clone(),
+                        ..Change::default()
+                    };
+                    transition(&mut row, "sent", &c, 0);
+                    events.push(event("sent", id, &c)?);
+                    done.insert(id.as_str(), row.clone());
+                    Ok(row)
+                }
+            },
         };
         out.push(match result {
             Ok(row) => Completed::Sent(Box::new(row)),
@@ -659,7 +667,7 @@ pub fn fail(
     f: Failure,
 ) -> Result<(Delivery, Vec<NewEvent>), CommandError> {
     let mut st = State::new(txn)?;
-    let mut row = owned_lease(&mut st, id, owner, "fail")?;
+    let mut row = owned_lease(st.row(id)?, now_us, id, owner, "fail")?;
     let parked = !f.retryable || row.attempts >= row.max_attempts;
     let next = if parked {
         None
@@ -713,14 +721,7 @@ pub fn extend(
             format!("the lease on {id:?} has expired; claim it again"),
         ));
     }
-    let mut row = owned_lease(&mut st, id, owner, "extend")?;
-    if row.lease_expires_at_us.is_some_and(|e| e <= now_us) {
-        return Err(CommandError::rejected(
-            RejectKind::Conflict,
-            "lease_expired",
-            format!("the lease on {id:?} has expired; claim it again"),
-        ));
-    }
+    let mut row = owned_lease(st.row(id)?, now_us, id, owner, "extend")?;
     let c = Change {
         at_us: now_us,
         owner: Some(owner.to_owned()),

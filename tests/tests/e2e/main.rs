@@ -31,6 +31,7 @@ mod e2e_limits;
 mod e2e_notifications;
 mod e2e_ops;
 mod e2e_projections;
+mod e2e_races;
 mod e2e_rebuild_crash;
 mod e2e_resume;
 mod e2e_router_crash;
