@@ -138,6 +138,9 @@ impl From<AppendError> for ApiError {
             )
             .retry_after(1),
             AppendError::Closed => ApiError::unavailable(),
+            e @ AppendError::ExpectationFailed { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "expectation_failed", e.to_string())
+            }
             other => ApiError::internal("append failed", other),
         }
     }

@@ -39,6 +39,17 @@ pub enum AppendError {
     Conflict { event_id: String, seq: u64 },
     #[error("the log is busy: {queued} requests are queued; retry shortly")]
     Overloaded { queued: usize },
+    /// A conditional append whose condition did not hold: nothing was appended.
+    #[error(
+        "the append expected the last seq of {what} to be {expected}, it is {actual}; nothing \
+         was appended"
+    )]
+    ExpectationFailed {
+        /// `the log` or `stream/subject`.
+        what: String,
+        expected: u64,
+        actual: u64,
+    },
     #[error("the log is closed")]
     Closed,
     #[error("a storage failure poisoned the log: {0}; restart tidemark to reopen it")]

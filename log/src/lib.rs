@@ -78,8 +78,7 @@ impl LogConfig {
 /// (atomic, idempotent by `event_id`), read by range and filters, get by seq or `event_id`, the
 /// head and a commit notifier. No storage type crosses it, so another backend (spec section
 /// 16, NATS JetStream) can implement it and pass the same contract suite
-/// (`log/tests/contract.rs`). Conditional appends (on the head or on a subject's last seq)
-/// join it with the engine redesign.
+/// (`log/tests/contract.rs`).
 pub trait EventLog: Send + Sync + 'static {
     /// Append a batch atomically: every event, or none. An `event_id` already in the log with
     /// the same content is answered with its original seq and `duplicate: true`; with other
@@ -87,6 +86,13 @@ pub trait EventLog: Send + Sync + 'static {
     fn append(
         &self,
         events: Vec<NewEvent>,
+    ) -> impl std::future::Future<Output = Result<AppendReceipt, AppendError>> + Send;
+    /// `append` on a condition (the head, or a subject's last seq); `ExpectationFailed` and
+    /// nothing appended when it does not hold.
+    fn append_if(
+        &self,
+        events: Vec<NewEvent>,
+        expect: Expect,
     ) -> impl std::future::Future<Output = Result<AppendReceipt, AppendError>> + Send;
     /// A bounded page of committed events with `seq > q.after`, in order.
     fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError>;
@@ -102,6 +108,13 @@ pub trait EventLog: Send + Sync + 'static {
 impl EventLog for Log {
     async fn append(&self, events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
         Log::append(self, events).await
+    }
+    async fn append_if(
+        &self,
+        events: Vec<NewEvent>,
+        expect: Expect,
+    ) -> Result<AppendReceipt, AppendError> {
+        Log::append_if(self, events, expect).await
     }
     fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
         Log::read(self, q)
@@ -157,6 +170,24 @@ pub fn scan_events(
 
 pub(crate) fn fresh_event_id() -> String {
     format!("evt-{}", uuid::Uuid::now_v7().simple())
+}
+
+/// The condition of a conditional append (spec section 3; JetStream's expected last sequence
+/// and expected last subject sequence, section 16). Checked against the log as the writer
+/// stages the batch, after the batches before it in the same group.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Expect {
+    /// No condition.
+    #[default]
+    Any,
+    /// The log's head is this seq.
+    Head(u64),
+    /// The last event of `stream` with this `subject` has this seq (0: there is none).
+    SubjectLastSeq {
+        stream: String,
+        subject: String,
+        seq: u64,
+    },
 }
 
 /// One event of an append's reply.
@@ -262,7 +293,19 @@ impl Log {
     }
 
     /// Append a batch atomically. Events without an `event_id` get a fresh one.
-    pub async fn append(&self, mut events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
+    pub async fn append(&self, events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
+        self.append_if(events, Expect::Any).await
+    }
+
+    /// Append a batch atomically if `expect` holds when the writer stages it; otherwise
+    /// `ExpectationFailed` and nothing is appended. A batch whose events are all already in
+    /// the log is answered as duplicates whatever the condition (a retried conditional append
+    /// that had succeeded is told so, not refused).
+    pub async fn append_if(
+        &self,
+        mut events: Vec<NewEvent>,
+        expect: Expect,
+    ) -> Result<AppendReceipt, AppendError> {
         if events.is_empty() {
             return Err(AppendError::Invalid {
                 index: 0,
@@ -287,7 +330,11 @@ impl Log {
             }
         }
         let (reply, rx) = oneshot::channel();
-        match self.tx.try_send(writer::Msg::Append { events, reply }) {
+        match self.tx.try_send(writer::Msg::Append {
+            events,
+            expect,
+            reply,
+        }) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
                 return Err(AppendError::Overloaded {

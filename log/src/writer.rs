@@ -19,7 +19,7 @@ use crate::error::{AppendError, CommandError, storage};
 use crate::store::{EVENT_IDS, EVENTS, META, META_INDEXED_THROUGH, SUBJECTS};
 use crate::tail::Tail;
 use crate::time::now_micros;
-use crate::{AppendReceipt, Appended, CommitHook, Shared};
+use crate::{AppendReceipt, Appended, CommitHook, Expect, Shared};
 
 type Reply = oneshot::Sender<Result<AppendReceipt, AppendError>>;
 
@@ -32,6 +32,7 @@ pub type CommandFn =
 pub(crate) enum Msg {
     Append {
         events: Vec<NewEvent>,
+        expect: Expect,
         reply: Reply,
     },
     Command {
@@ -43,7 +44,7 @@ pub(crate) enum Msg {
 }
 
 enum Item {
-    Append(Vec<NewEvent>, Reply),
+    Append(Vec<NewEvent>, Expect, Reply),
     Command(
         CommandFn,
         oneshot::Sender<Result<AppendReceipt, CommandError>>,
@@ -112,6 +113,33 @@ enum Found {
     Log(u64),
 }
 
+/// The last committed seq of `stream` with `subject` (0: none): the in-memory tail first (it
+/// holds the newest events), then the merged subject index.
+fn last_of_subject(
+    txn: &WriteTransaction,
+    tail: &Tail,
+    stream: &str,
+    subject: &str,
+) -> Result<u64, String> {
+    if let Some(list) = tail.subjects.get(subject)
+        && let Some((seq, _)) = list.iter().rev().find(|(_, s)| &**s == stream)
+    {
+        return Ok(*seq);
+    }
+    let t = txn.open_table(SUBJECTS).map_err(storage)?;
+    for row in t
+        .range((subject, 0)..=(subject, u64::MAX))
+        .map_err(storage)?
+        .rev()
+    {
+        let (k, v) = row.map_err(storage)?;
+        if v.value() == stream {
+            return Ok(k.value().1);
+        }
+    }
+    Ok(0)
+}
+
 impl Writer {
     /// Bring every hook up to the head, in one transaction, before serving anything.
     pub fn recover_hooks(&mut self) -> Result<(), String> {
@@ -134,9 +162,13 @@ impl Writer {
             let mut next = Some(first);
             while let Some(msg) = next.take() {
                 match msg {
-                    Msg::Append { events, reply } => {
+                    Msg::Append {
+                        events,
+                        expect,
+                        reply,
+                    } => {
                         n += events.len();
-                        group.push(Item::Append(events, reply));
+                        group.push(Item::Append(events, expect, reply));
                     }
                     Msg::Command {
                         f,
@@ -216,7 +248,7 @@ impl Writer {
         let fail_all = |group: Vec<Item>, e: AppendError| {
             for item in group {
                 match item {
-                    Item::Append(_, r) => AnyReply::Append(r).err(e.clone()),
+                    Item::Append(_, _, r) => AnyReply::Append(r).err(e.clone()),
                     Item::Command(_, r) => AnyReply::Command(r).err(e.clone()),
                 }
             }
@@ -311,8 +343,8 @@ impl Writer {
         let shared = self.shared.clone();
         let tail = shared.tail.read().unwrap_or_else(|p| p.into_inner());
         for item in group {
-            let (events, reply) = match item {
-                Item::Append(events, reply) => (events, AnyReply::Append(reply)),
+            let (events, expect, reply) = match item {
+                Item::Append(events, expect, reply) => (events, expect, AnyReply::Append(reply)),
                 Item::Command(f, reply) => {
                     match run_command(&mut tables, f, txn, self.head + staged.len() as u64) {
                         Ok(events) if events.is_empty() => {
@@ -328,7 +360,7 @@ impl Writer {
                                     ev.event_id = Some(crate::fresh_event_id());
                                 }
                             }
-                            (events, AnyReply::Command(reply))
+                            (events, Expect::Any, AnyReply::Command(reply))
                         }
                         Err(e) => {
                             let _ = reply.send(Err(e));
@@ -345,7 +377,17 @@ impl Writer {
                 });
             }
             let t = tables.as_mut().expect("opened above");
+            // The condition is judged on the log as it stands before this request (the group's
+            // earlier requests included); it matters only when the request adds events.
+            let failed = self.expectation_failed(txn, &tail, &expect, staged)?;
             let results = match self.stage_request(t, &tail, events, staged, &mut staged_ids)? {
+                Ok(_) if failed.is_some() && staged.len() > base => {
+                    for (_, undone) in staged.drain(base..) {
+                        staged_ids.remove(undone.event_id.as_deref().unwrap_or_default());
+                    }
+                    reply.err(failed.expect("checked above"));
+                    continue;
+                }
                 Ok(results) => results,
                 Err(conflict) => {
                     for (_, undone) in staged.drain(base..) {
@@ -385,6 +427,39 @@ impl Writer {
             pending.push(Pending { reply, results });
         }
         Ok(())
+    }
+
+    /// `Some(ExpectationFailed)` when `expect` does not hold for the log as staged so far.
+    fn expectation_failed(
+        &self,
+        txn: &WriteTransaction,
+        tail: &Tail,
+        expect: &Expect,
+        staged: &[(u64, NewEvent)],
+    ) -> Result<Option<AppendError>, String> {
+        let (what, expected, actual) = match expect {
+            Expect::Any => return Ok(None),
+            Expect::Head(h) => ("the log".to_owned(), *h, self.head + staged.len() as u64),
+            Expect::SubjectLastSeq {
+                stream,
+                subject,
+                seq,
+            } => {
+                let is_it = |ev: &NewEvent| ev.stream == *stream && ev.subject == *subject;
+                let actual = match staged.iter().rev().find(|(_, ev)| is_it(ev)) {
+                    Some((s, _)) => *s,
+                    None => last_of_subject(txn, tail, stream, subject)?,
+                };
+                (format!("{stream}/{subject}"), *seq, actual)
+            }
+        };
+        Ok(
+            (expected != actual).then_some(AppendError::ExpectationFailed {
+                what,
+                expected,
+                actual,
+            }),
+        )
     }
 
     /// Dedup-check one atomic request against the log and the group, staging its new events.

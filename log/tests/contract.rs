@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use serde_json::json;
-use tidemark_log::{AppendError, Event, EventLog, Log, LogConfig, NewEvent, ReadQuery};
+use tidemark_log::{AppendError, Event, EventLog, Expect, Log, LogConfig, NewEvent, ReadQuery};
 
 /// How the suite gets a backend's log: open (or reopen) the one kept in `dir`, close it.
 trait Backend {
@@ -28,9 +28,11 @@ struct Redb;
 impl Backend for Redb {
     type L = Log;
     fn open(dir: &Path) -> Log {
-        Log::open(&LogConfig::new(dir.join("log.redb")))
-            .expect("open the log")
-            .0
+        // A small merge threshold, so lookups and conditions also go through the merged
+        // indexes, not only the in-memory tail.
+        let mut cfg = LogConfig::new(dir.join("log.redb"));
+        cfg.merge_threshold = 16;
+        Log::open(&cfg).expect("open the log").0
     }
     fn close(log: Log, rt: &tokio::runtime::Runtime) {
         rt.block_on(log.close());
@@ -253,6 +255,117 @@ fn everything_survives_a_reopen<B: Backend>() {
     B::close(log, &rt);
 }
 
+fn conditional_appends<B: Backend>() {
+    let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
+    let log = B::open(dir.path());
+    let head_is = |h| Expect::Head(h);
+    let subj = |stream: &str, subject: &str, seq| Expect::SubjectLastSeq {
+        stream: stream.into(),
+        subject: subject.into(),
+        seq,
+    };
+    // On the head.
+    rt.block_on(log.append_if(vec![ev("h1", "s", "x", "t", json!({}))], head_is(0)))
+        .unwrap();
+    let r = rt.block_on(log.append_if(vec![ev("h2", "s", "x", "t", json!({}))], head_is(0)));
+    match r {
+        Err(AppendError::ExpectationFailed {
+            expected, actual, ..
+        }) => {
+            assert_eq!((expected, actual), (0, 1))
+        }
+        r => panic!("expected ExpectationFailed, got {r:?}"),
+    }
+    assert_eq!(log.head(), 1);
+    assert!(
+        log.get_by_id("h2").unwrap().is_none(),
+        "a failed condition appends nothing"
+    );
+    // A retried conditional append that had succeeded is answered as a duplicate.
+    let r = rt
+        .block_on(log.append_if(vec![ev("h1", "s", "x", "t", json!({}))], head_is(0)))
+        .unwrap();
+    assert!(r.events[0].duplicate);
+    // On a subject's last seq: other streams and subjects do not count.
+    rt.block_on(log.append(vec![
+        ev("o1", "other", "x", "t", json!({})),
+        ev("o2", "s", "y", "t", json!({})),
+    ]))
+    .unwrap();
+    let r = rt
+        .block_on(log.append_if(vec![ev("c1", "s", "x", "t", json!({}))], subj("s", "x", 1)))
+        .unwrap();
+    assert_eq!(r.events[0].seq, 4);
+    assert!(
+        rt.block_on(log.append_if(vec![ev("c2", "s", "x", "t", json!({}))], subj("s", "x", 1)))
+            .is_err()
+    );
+    assert!(
+        rt.block_on(log.append_if(
+            vec![ev("n1", "s", "new", "t", json!({}))],
+            subj("s", "new", 0)
+        ))
+        .is_ok()
+    );
+    assert!(
+        rt.block_on(log.append_if(
+            vec![ev("n2", "s", "new", "t", json!({}))],
+            subj("s", "new", 0)
+        ))
+        .is_err()
+    );
+    // Past the in-memory index (merges every 16 events in the redb backend) and a reopen.
+    let filler: Vec<NewEvent> = (0..40)
+        .map(|i| ev(&format!("f{i}"), "fill", &format!("f{i}"), "t", json!({})))
+        .collect();
+    rt.block_on(log.append(filler)).unwrap();
+    B::close(log, &rt);
+    let log = B::open(dir.path());
+    assert!(
+        rt.block_on(log.append_if(vec![ev("c3", "s", "x", "t", json!({}))], subj("s", "x", 3)))
+            .is_err()
+    );
+    let r = rt
+        .block_on(log.append_if(vec![ev("c3", "s", "x", "t", json!({}))], subj("s", "x", 4)))
+        .unwrap();
+    assert!(!r.events[0].duplicate);
+    // Racers on the head: each success moves it by one; the log stays dense.
+    let log = std::sync::Arc::new(log);
+    let start = log.head();
+    let wins: u64 = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for t in 0..8 {
+            let log = log.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut won = 0u64;
+                for k in 0..25 {
+                    let h = log.head();
+                    let e = ev(&format!("race-{t}-{k}"), "race", "r", "t", json!({}));
+                    match log.append_if(vec![e], Expect::Head(h)).await {
+                        Ok(_) => won += 1,
+                        Err(AppendError::ExpectationFailed { .. }) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                won
+            }));
+        }
+        let mut n = 0;
+        for t in tasks {
+            n += t.await.unwrap();
+        }
+        n
+    });
+    assert!(wins >= 8, "each round has a winner: {wins}");
+    assert_eq!(log.head(), start + wins, "only the winners appended");
+    let all = read_all(&*log, ReadQuery::default(), 1000);
+    assert_eq!(all.len() as u64, log.head());
+    match std::sync::Arc::try_unwrap(log) {
+        Ok(log) => B::close(log, &rt),
+        Err(_) => panic!("the log is still shared"),
+    }
+}
+
 /// Batches of this many events, each with ids `<prefix>-<batch>-<i>`.
 const KILL_BATCH: u64 = 20;
 
@@ -391,6 +504,10 @@ macro_rules! contract {
         #[test]
         fn everything_survives_a_reopen() {
             super::everything_survives_a_reopen::<$backend>();
+        }
+        #[test]
+        fn conditional_appends() {
+            super::conditional_appends::<$backend>();
         }
         #[test]
         fn all_or_nothing_across_kill() {
