@@ -4,7 +4,7 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use tidemark_log::AppendError;
+use tidemark_log::{AppendError, InvalidKind};
 use utoipa::ToSchema;
 
 /// RFC 9457 problem details.
@@ -103,20 +103,15 @@ impl From<AppendError> for ApiError {
                 index,
                 field,
                 reason,
+                kind,
             } => {
-                let code = if field == "events" {
-                    if reason.contains("empty") {
-                        "empty_batch"
-                    } else {
-                        "batch_too_large"
+                let (status, code) = match kind {
+                    InvalidKind::EmptyBatch => (StatusCode::BAD_REQUEST, "empty_batch"),
+                    InvalidKind::BatchTooLarge => {
+                        (StatusCode::PAYLOAD_TOO_LARGE, "batch_too_large")
                     }
-                } else {
-                    "invalid_field"
-                };
-                let status = if code == "batch_too_large" {
-                    StatusCode::PAYLOAD_TOO_LARGE
-                } else {
-                    StatusCode::BAD_REQUEST
+                    InvalidKind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+                    _ => (StatusCode::BAD_REQUEST, "invalid_field"),
                 };
                 ApiError::new(status, code, reason).at(index, Some(field))
             }

@@ -57,14 +57,17 @@ impl NewEvent {
         let text = serde_json::to_string(payload)
             .map_err(|e| FieldError::new("payload", format!("cannot be encoded: {e}")))?;
         if text.len() > limits::PAYLOAD_MAX_BYTES {
-            return Err(FieldError::new(
-                "payload",
-                format!(
-                    "is {} bytes, more than the {} allowed",
-                    text.len(),
-                    limits::PAYLOAD_MAX_BYTES
-                ),
-            ));
+            return Err(FieldError {
+                kind: InvalidKind::TooLarge,
+                ..FieldError::new(
+                    "payload",
+                    format!(
+                        "is {} bytes, more than the {} allowed",
+                        text.len(),
+                        limits::PAYLOAD_MAX_BYTES
+                    ),
+                )
+            });
         }
         Ok(NewEvent {
             // Serialised by serde_json just above: valid JSON, so this never fails.
@@ -113,6 +116,23 @@ impl NewEvent {
 pub struct FieldError {
     pub field: &'static str,
     pub reason: String,
+    /// Why, as a type (the reason is for people).
+    pub kind: InvalidKind,
+}
+
+/// What kind of invalid input an append refused, so callers choose a status without reading
+/// the reason's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidKind {
+    /// A field breaks its pattern, length or type.
+    Field,
+    /// A field (the payload) is over its size limit.
+    TooLarge,
+    /// The batch holds no event.
+    EmptyBatch,
+    /// The batch holds more events than allowed.
+    BatchTooLarge,
 }
 
 impl FieldError {
@@ -120,6 +140,7 @@ impl FieldError {
         FieldError {
             field,
             reason: reason.into(),
+            kind: InvalidKind::Field,
         }
     }
 
@@ -128,6 +149,7 @@ impl FieldError {
             index,
             field: self.field,
             reason: format!("{} {}", self.field, self.reason),
+            kind: self.kind,
         }
     }
 }

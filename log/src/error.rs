@@ -31,6 +31,7 @@ pub enum AppendError {
         index: usize,
         field: &'static str,
         reason: String,
+        kind: crate::envelope::InvalidKind,
     },
     #[error(
         "event_id {event_id:?} is already in the log at seq {seq} with different content; \

@@ -38,7 +38,7 @@ use redb::Database;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
 
-pub use envelope::{Event, FieldError, NewEvent, limits};
+pub use envelope::{Event, FieldError, InvalidKind, NewEvent, limits};
 pub use error::{AppendError, CommandError, Error, OpenError, ReadError, RejectKind};
 pub use redb;
 pub use store::{ReadPage, ReadQuery};
@@ -311,6 +311,7 @@ impl Log {
                 index: 0,
                 field: "events",
                 reason: "the batch is empty".into(),
+                kind: InvalidKind::EmptyBatch,
             });
         }
         if events.len() > limits::BATCH_MAX_EVENTS {
@@ -322,6 +323,7 @@ impl Log {
                     events.len(),
                     limits::BATCH_MAX_EVENTS
                 ),
+                kind: InvalidKind::BatchTooLarge,
             });
         }
         for ev in &mut events {

@@ -215,7 +215,7 @@ fn to_new_event(index: usize, v: Value) -> Result<NewEvent, ApiError> {
         &payload,
     )
     .map_err(|e| {
-        let too_large = e.field == "payload" && e.reason.contains("bytes");
+        let too_large = e.kind == tidemark_log::InvalidKind::TooLarge;
         let (status, code) = if too_large {
             (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
         } else {
