@@ -20,7 +20,6 @@ pub struct Health {
     pub head: u64,
 }
 
-/// Liveness: the process answers.
 /// The calling token's name and scopes (any valid token; in open mode, every scope).
 #[utoipa::path(get, path = "/v1/whoami", tag = "ops", operation_id = "whoami",
     responses(
@@ -37,6 +36,7 @@ pub async fn whoami(
     st.auth.identify(h).map(axum::Json)
 }
 
+/// Liveness: the process answers.
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, body = Health)))]
 pub async fn healthz(State(st): State<AppState>) -> axum::Json<Health> {
     axum::Json(Health {

@@ -99,8 +99,7 @@ async fn snapshot(api: &Api) -> Value {
             json!({"digest": row["digest"], "checkpoint": row["checkpoint"]}),
         );
     }
-    let mut kpis = get_ok(api, "/v1/outbox/kpis").await;
-    normalize(&mut kpis);
+    let kpis = get_ok(api, "/v1/outbox/kpis").await;
     json!({
         "head": head,
         "events": events,

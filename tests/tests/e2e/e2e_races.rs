@@ -162,6 +162,14 @@ fn the_checker_finds_illegal_logs() {
             json!({"at_us": at, "owner": owner, "lease_expires_at_us": at + 100}),
         )
     };
+    let advanced = |seq: u64, to: u64, id: &str| {
+        ev(
+            seq,
+            "cursor.advanced",
+            "c",
+            json!({"stream_name": "s", "subject_id": "", "last_sequence": to, "delivery_id": id}),
+        )
+    };
     // Legal: lease, expire, lease by another, complete.
     let ok = [
         created.clone(),
@@ -211,37 +219,11 @@ fn the_checker_finds_illegal_logs() {
         ),
         (
             "cursor down",
-            vec![
-                ev(
-                    1,
-                    "cursor.advanced",
-                    "c",
-                    json!({"stream_name": "s", "subject_id": "", "last_sequence": 5, "delivery_id": "x"}),
-                ),
-                ev(
-                    2,
-                    "cursor.advanced",
-                    "c",
-                    json!({"stream_name": "s", "subject_id": "", "last_sequence": 4, "delivery_id": "y"}),
-                ),
-            ],
+            vec![advanced(1, 5, "x"), advanced(2, 4, "y")],
         ),
         (
             "cursor same seq, other delivery",
-            vec![
-                ev(
-                    1,
-                    "cursor.advanced",
-                    "c",
-                    json!({"stream_name": "s", "subject_id": "", "last_sequence": 5, "delivery_id": "x"}),
-                ),
-                ev(
-                    2,
-                    "cursor.advanced",
-                    "c",
-                    json!({"stream_name": "s", "subject_id": "", "last_sequence": 5, "delivery_id": "y"}),
-                ),
-            ],
+            vec![advanced(1, 5, "x"), advanced(2, 5, "y")],
         ),
     ] {
         assert!(
