@@ -9,7 +9,8 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use tidemark_log::Log;
+use tidemark_engine::Engine;
+use tidemark_log::EventLog;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -252,19 +253,19 @@ async fn record_request(req: Request, next: Next) -> Response {
 
 /// Record the configured notification settings in the log when they differ from the last
 /// recorded ones (I3: projections and reactors read settings from the log, never the file).
-async fn record_settings(log: &Log, settings: serde_json::Value) -> Result<(), RunError> {
-    let l = log.clone();
-    let current =
-        tokio::task::spawn_blocking(move || tidemark_projections::read::current_settings(l.db()))
-            .await
-            .map_err(|e| std::io::Error::other(e.to_string()))?
-            .map_err(std::io::Error::other)?;
+async fn record_settings(engine: &Engine, settings: serde_json::Value) -> Result<(), RunError> {
+    let e = engine.clone();
+    let current = tokio::task::spawn_blocking(move || e.read().current_settings())
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?
+        .map_err(std::io::Error::other)?;
     if current.as_ref() == Some(&settings) {
         return Ok(());
     }
     let ev = tidemark_log::NewEvent::new(None, "settings", "", "settings.updated", &settings)
         .map_err(|e| std::io::Error::other(format!("notification settings: {e}")))?;
-    let r = log
+    let r = engine
+        .log()
         .append(vec![ev])
         .await
         .map_err(|e| std::io::Error::other(format!("recording settings: {e}")))?;
@@ -291,19 +292,17 @@ pub async fn run(
         tracing::warn!(%addr, "no auth tokens configured: running open, on loopback only");
     }
     let log_cfg = config.log_config();
-    let (log, report) = tokio::task::spawn_blocking(move || {
-        Log::open_with(&log_cfg, vec![tidemark_projections::projector()])
-    })
-    .await
-    .map_err(|e| std::io::Error::other(e.to_string()))??;
+    let (engine, report) = tokio::task::spawn_blocking(move || Engine::open(&log_cfg))
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))??;
     tracing::info!(head = report.head, repaired = report.repaired, "log ready");
-    record_settings(&log, config.notification_settings()).await?;
+    record_settings(&engine, config.notification_settings()).await?;
     let metrics = crate::metrics_setup::handle();
     crate::metrics_setup::describe();
     metrics::gauge!("tidemark_log_head").set(report.head as f64);
     let token = CancellationToken::new();
     let state = AppState {
-        log: log.clone(),
+        engine: engine.clone(),
         auth: Auth::new(&config.auth.tokens),
         sse_slots: Arc::new(Semaphore::new(config.server.sse_max_clients)),
         shutting_down: Arc::new(AtomicBool::new(false)),
@@ -319,10 +318,10 @@ pub async fn run(
         pull_hub: Default::default(),
         config: Arc::new(config),
     };
-    let router_task = tidemark_consumers::router::spawn(log.clone(), token.clone());
-    let scheduler_task = tidemark_consumers::scheduler::spawn(log.clone(), token.clone());
+    let router_task = tidemark_consumers::router::spawn(engine.clone(), token.clone());
+    let scheduler_task = tidemark_consumers::scheduler::spawn(engine.clone(), token.clone());
     let notifier_task = tidemark_consumers::bridge::spawn(
-        log.clone(),
+        engine.clone(),
         (*state.routing).clone(),
         state.pull_hub.clone(),
         token.clone(),
@@ -348,8 +347,8 @@ pub async fn run(
     let _ = router_task.await;
     let _ = scheduler_task.await;
     let _ = notifier_task.await;
-    log.close().await;
-    drop(log);
+    engine.close().await;
+    drop(engine);
     tracing::info!("stopped cleanly");
     Ok(())
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use tidemark_log::Log;
+use tidemark_engine::Engine;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -13,7 +13,7 @@ use crate::config::Config;
 
 #[derive(Clone)]
 pub struct AppState {
-    pub log: Log,
+    pub engine: Engine,
     pub config: Arc<Config>,
     pub auth: Auth,
     /// Cancelled when shutdown starts: SSE streams and long polls end on it.

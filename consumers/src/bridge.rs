@@ -19,13 +19,13 @@ use std::time::{Duration, Instant};
 use hmac::{Hmac, Mac};
 use serde::Serialize;
 use sha2::Sha256;
-use tidemark_log::{AppendError, CommandError, Event, Log, NewEvent, ReadQuery, RejectKind};
+use tidemark_engine::Engine;
+use tidemark_engine::commands::{BridgeCommand, Confirmation};
+use tidemark_log::{AppendError, CommandError, Event, EventLog, NewEvent, ReadQuery};
 use tidemark_projections::bridges::{self, Decision, Subscription};
-use tidemark_projections::cursors::{self, Advance, Cursor};
-use tidemark_projections::framework::TxnTables;
+use tidemark_projections::cursors::{self, Cursor};
 use tidemark_projections::routing::{RoutingSettings, backoff_ms};
 use tidemark_projections::tasks::Task;
-use tidemark_projections::{read, tasks};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -57,16 +57,14 @@ pub struct Scan {
 }
 
 /// Replay `sub`'s task events past its cursor and decide (blocking: redb reads).
-pub fn scan(log: &Log, sub: &Subscription, all: bool) -> Result<Scan, String> {
-    let db = log.db();
+pub fn scan(engine: &Engine, sub: &Subscription, all: bool) -> Result<Scan, String> {
     let task_id = &sub.target.task_id;
-    let cursor = read::cursor(
-        db,
+    let cursor = engine.read().cursor(
         &bridges::consumer_id(&sub.subscription_id),
         "task_events",
         task_id,
     )?;
-    let task: Option<Task> = read::task(db, task_id)?;
+    let task: Option<Task> = engine.read().task(task_id)?;
     let mut out = Scan {
         task_seq: task.as_ref().map(|t| t.latest_event_seq).unwrap_or(0),
         cursor,
@@ -76,7 +74,8 @@ pub fn scan(log: &Log, sub: &Subscription, all: bool) -> Result<Scan, String> {
     };
     let mut after = out.cursor.last_sequence;
     loop {
-        let page = log
+        let page = engine
+            .log()
             .read(&ReadQuery {
                 after,
                 limit: 500,
@@ -118,109 +117,19 @@ pub fn scan(log: &Log, sub: &Subscription, all: bool) -> Result<Scan, String> {
     }
 }
 
-/// One confirmation: the subscription (id, task), the delivery's seq, and the cursor the
-/// caller saw (compare-and-swap), if any.
-#[derive(Debug, Clone)]
-pub struct Confirmation {
-    pub subscription_id: String,
-    pub task_id: String,
-    pub seq: u64,
-    pub expected: Option<u64>,
-}
-
-/// Check and record one confirmation inside the writer. `cursors` holds the cursors moved
-/// earlier in the same command (they are not in the tables until the command's events fold).
-fn confirm_in(
-    txn: &tidemark_log::redb::WriteTransaction,
-    c: &Confirmation,
-    moved: &mut HashMap<String, Cursor>,
-) -> Result<(Cursor, Vec<NewEvent>), CommandError> {
-    let consumer = bridges::consumer_id(&c.subscription_id);
-    let delivery_id = bridges::delivery_id(&c.subscription_id, c.seq);
-    let task_id = &c.task_id;
-    let cur = match moved.get(&consumer) {
-        Some(cur) => cur.clone(),
-        None => cursors::get_in(txn, &consumer, "task_events", task_id)?,
-    };
-    if cur.last_sequence == c.seq && cur.last_delivery_id.as_deref() == Some(&delivery_id) {
-        return Ok((cur, Vec::new()));
-    }
-    let mut ev = None;
-    tidemark_log::scan_events(txn, c.seq.saturating_sub(1), c.seq, |e| {
-        ev = Some(e);
-        Ok(false)
-    })
-    .map_err(CommandError::Storage)?;
-    let ev = ev
-        .filter(|e| e.stream == "task_events" && e.subject == *task_id)
-        .ok_or_else(|| {
-            CommandError::rejected(
-                RejectKind::NotFound,
-                "delivery_not_found",
-                format!("{delivery_id} names no event of task {task_id:?}"),
-            )
-        })?;
-    let mut t = TxnTables::new(txn, tasks::NAME).map_err(CommandError::Storage)?;
-    let task: Option<Task> = t
-        .get_val("rows", task_id.as_bytes())
-        .map_err(CommandError::Storage)?;
-    let (decision, reason) = bridges::decide(task.as_ref(), &ev);
-    if decision != Decision::Deliver {
-        return Err(CommandError::rejected(
-            RejectKind::Conflict,
-            "not_deliverable",
-            format!("{delivery_id} is no longer deliverable: {reason}"),
-        ));
-    }
-    if c.seq <= cur.last_sequence {
-        return Err(CommandError::rejected(
-            RejectKind::Conflict,
-            "non_monotonic_cursor",
-            format!("{delivery_id} is behind the cursor ({})", cur.last_sequence),
-        ));
-    }
-    let (next, events) = cursors::advance_from(
-        &cur,
-        tidemark_log::time::now_micros(),
-        &Advance {
-            consumer_id: consumer.clone(),
-            stream_name: "task_events".into(),
-            subject_id: task_id.clone(),
-            last_sequence: c.seq,
-            delivery_id,
-            expected_sequence: c.expected,
-        },
-    )?;
-    moved.insert(consumer, next.clone());
-    Ok((next, events))
-}
-
 /// Confirm deliveries in one command (one durable commit, one fold): inside the writer, each
 /// re-reads its event and task, requires the decision to still be deliver and the cursor to be
 /// where the caller saw it (or already there with this delivery id), and advances. Each item
 /// is answered on its own; a refused item changes nothing.
 pub async fn confirm_many(
-    log: &Log,
+    engine: &Engine,
     items: Vec<Confirmation>,
 ) -> Result<Vec<Result<Cursor, CommandError>>, CommandError> {
-    let (results, _) = log
-        .command(true, move |txn, _| {
-            let mut moved = HashMap::new();
-            let mut events = Vec::new();
-            let mut out = Vec::with_capacity(items.len());
-            for c in &items {
-                match confirm_in(txn, c, &mut moved) {
-                    Ok((cur, evs)) => {
-                        events.extend(evs);
-                        out.push(Ok(cur));
-                    }
-                    Err(e @ CommandError::Rejected { .. }) => out.push(Err(e)),
-                    Err(e) => return Err(e),
-                }
-            }
-            Ok((out, events))
-        })
-        .await?;
+    let results = engine
+        .execute(BridgeCommand::Confirm(items))
+        .await?
+        .0
+        .into_confirmed()?;
     let ok = results.iter().filter(|r| r.is_ok()).count();
     metrics::counter!("tidemark_bridge_confirmed_total").increment(ok as u64);
     Ok(results)
@@ -229,7 +138,7 @@ pub async fn confirm_many(
 /// Confirm delivery `seq` of `sub` ([`confirm_many`] of one). `Conflict` when the decision or
 /// the cursor changed.
 pub async fn confirm(
-    log: &Log,
+    engine: &Engine,
     sub: &Subscription,
     seq: u64,
     expected: Option<u64>,
@@ -240,7 +149,7 @@ pub async fn confirm(
         seq,
         expected,
     };
-    confirm_many(log, vec![c])
+    confirm_many(engine, vec![c])
         .await?
         .pop()
         .unwrap_or_else(|| Err(CommandError::Storage("confirm answered nothing".into())))
@@ -248,23 +157,23 @@ pub async fn confirm(
 
 /// Record a failed delivery attempt as the subscription cursor's `last_error`.
 pub async fn record_failure(
-    log: &Log,
+    engine: &Engine,
     sub: &Subscription,
     error: &str,
 ) -> Result<(), CommandError> {
-    let ev = cursors::failed_event(
+    let ev = tidemark_engine::commands::cursors::failed_event(
         &bridges::consumer_id(&sub.subscription_id),
         "task_events",
         &sub.target.task_id,
         error,
-        tidemark_log::time::now_micros(),
+        engine.now_us(),
     )?;
-    log.append(vec![ev]).await?;
+    engine.log().append(vec![ev]).await?;
     Ok(())
 }
 
 /// Append the one mismatch event of (subscription, seq).
-async fn record_mismatch(log: &Log, sub: &Subscription, ev: &Event, reason: &str) {
+async fn record_mismatch(engine: &Engine, sub: &Subscription, ev: &Event, reason: &str) {
     let id = format!("mismatch:{}:{}", sub.subscription_id, ev.seq);
     let payload = serde_json::json!({
         "subscription_id": sub.subscription_id,
@@ -280,7 +189,7 @@ async fn record_mismatch(log: &Log, sub: &Subscription, ev: &Event, reason: &str
     ) else {
         return;
     };
-    match log.append(vec![new]).await {
+    match engine.log().append(vec![new]).await {
         Ok(r) => {
             if r.events.iter().any(|e| !e.duplicate) {
                 metrics::counter!("tidemark_bridge_mismatches_total").increment(1);
@@ -436,7 +345,7 @@ struct Retry {
 
 /// Start the notifier; it stops when `shutdown` is cancelled.
 pub fn spawn(
-    log: Log,
+    engine: Engine,
     settings: RoutingSettings,
     hub: PullHub,
     shutdown: CancellationToken,
@@ -453,7 +362,7 @@ pub fn spawn(
             }
         };
         let mut n = Notifier {
-            log,
+            engine,
             http,
             settings,
             scanned_to: None,
@@ -469,7 +378,7 @@ pub fn spawn(
 }
 
 struct Notifier {
-    log: Log,
+    engine: Engine,
     http: reqwest::Client,
     settings: RoutingSettings,
     /// The log head the last pass looked at (`None`: look at every subscription).
@@ -487,7 +396,7 @@ struct Notifier {
 
 impl Notifier {
     async fn run(&mut self, shutdown: CancellationToken) {
-        let mut head_rx = self.log.subscribe();
+        let mut head_rx = self.engine.log().subscribe();
         loop {
             head_rx.borrow_and_update();
             if let Err(e) = self.pass().await {
@@ -523,9 +432,9 @@ impl Notifier {
     ) {
         self.busy.remove(&sub_id);
         let Ok(Some(sub)) = ({
-            let l = self.log.clone();
+            let e = self.engine.clone();
             let id = sub_id.clone();
-            tokio::task::spawn_blocking(move || read::subscription(l.db(), &id))
+            tokio::task::spawn_blocking(move || e.read().subscription(&id))
                 .await
                 .unwrap_or_else(|e| Err(e.to_string()))
         }) else {
@@ -535,7 +444,7 @@ impl Notifier {
             Ok(()) => {
                 self.retries.remove(&sub_id);
                 // Compare-and-swap on the cursor the scan saw: a reset meanwhile wins.
-                match confirm(&self.log, &sub, seq, Some(expected)).await {
+                match confirm(&self.engine, &sub, seq, Some(expected)).await {
                     Ok(_) => {}
                     Err(e) => {
                         tracing::warn!(subscription = %sub_id, seq, error = %e, "webhook delivery confirmed but the cursor did not advance")
@@ -556,7 +465,7 @@ impl Notifier {
                 let ms = backoff_ms(&self.settings.retry, r.attempts, u, None);
                 r.next = Some(Instant::now() + Duration::from_millis(ms));
                 tracing::info!(subscription = %sub_id, seq, attempt = r.attempts, retry_in_ms = ms, "webhook delivery failed");
-                let _ = record_failure(&self.log, &sub, &err).await;
+                let _ = record_failure(&self.engine, &sub, &err).await;
             }
         }
     }
@@ -564,16 +473,12 @@ impl Notifier {
     /// Subscriptions to look at: all of them at the first pass, then those whose task, cursor
     /// or subscription changed in the log since the last pass, and webhook retries now due.
     async fn dirty(&mut self) -> Result<Vec<Subscription>, String> {
-        let l = self.log.clone();
+        let e = self.engine.clone();
         let since = self.scanned_to;
         let (subs, head, forget) = tokio::task::spawn_blocking(move || {
-            let head = l.head();
+            let head = e.log().head();
             let Some(since) = since else {
-                return Ok::<_, String>((
-                    read::all_active_subscriptions(l.db())?,
-                    head,
-                    Vec::new(),
-                ));
+                return Ok::<_, String>((e.read().all_active_subscriptions()?, head, Vec::new()));
             };
             let mut tasks = std::collections::BTreeSet::new();
             let mut ids = std::collections::BTreeSet::new();
@@ -581,7 +486,8 @@ impl Notifier {
             let mut forget: Vec<(String, bool)> = Vec::new();
             let mut after = since;
             while after < head {
-                let page = l
+                let page = e
+                    .log()
                     .read(&ReadQuery {
                         after,
                         limit: 1_000,
@@ -615,10 +521,10 @@ impl Notifier {
             }
             let mut out: Vec<Subscription> = Vec::new();
             for t in &tasks {
-                out.extend(read::task_subscriptions(l.db(), t)?);
+                out.extend(e.read().task_subscriptions(t)?);
             }
             for id in &ids {
-                match read::subscription(l.db(), id)? {
+                match e.read().subscription(id)? {
                     Some(s) if s.active => {
                         if !tasks.contains(&s.target.task_id) {
                             out.push(s);
@@ -650,8 +556,8 @@ impl Notifier {
             .map(|(id, _)| id.clone())
             .collect();
         for id in due {
-            let l = self.log.clone();
-            let found = tokio::task::spawn_blocking(move || read::subscription(l.db(), &id))
+            let e = self.engine.clone();
+            let found = tokio::task::spawn_blocking(move || e.read().subscription(&id))
                 .await
                 .map_err(|e| e.to_string())??;
             match found {
@@ -718,12 +624,12 @@ impl Notifier {
         // Scan in chunks, each in one blocking task (a burst of task events can dirty
         // thousands of subscriptions at once).
         for chunk in subs.chunks(256) {
-            let l = self.log.clone();
+            let e = self.engine.clone();
             let chunk = chunk.to_vec();
             let scanned = tokio::task::spawn_blocking(move || {
                 chunk
                     .into_iter()
-                    .map(|s| scan(&l, &s, false).map(|r| (s, r)))
+                    .map(|s| scan(&e, &s, false).map(|r| (s, r)))
                     .collect::<Result<Vec<_>, String>>()
             })
             .await
@@ -758,7 +664,7 @@ impl Notifier {
             }
             if let Some((ev, reason)) = &scan.mismatch {
                 self.stopped.insert(id.clone());
-                record_mismatch(&self.log, &sub, ev, reason).await;
+                record_mismatch(&self.engine, &sub, ev, reason).await;
                 return Ok(());
             }
             self.stopped.remove(&id);

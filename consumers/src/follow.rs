@@ -2,7 +2,8 @@
 
 use std::future::Future;
 
-use tidemark_log::{Event, Log, ReadQuery};
+use tidemark_engine::Engine;
+use tidemark_log::{Event, EventLog, ReadQuery};
 use tokio_util::sync::CancellationToken;
 
 /// Read pages of `query` after `after`, hand each page's events to `handle` (with the page's
@@ -10,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 /// up. A commit is only a nudge: the log is read again every time. Returns when `shutdown` is
 /// cancelled or `handle` answers `false`.
 pub(crate) async fn follow<P, T, H, Fut>(
-    log: &Log,
+    engine: &Engine,
     mut after: u64,
     query: ReadQuery,
     shutdown: &CancellationToken,
@@ -18,23 +19,23 @@ pub(crate) async fn follow<P, T, H, Fut>(
     mut handle: H,
 ) -> Result<(), String>
 where
-    P: Fn(&Log, Vec<Event>) -> Result<T, String> + Clone + Send + 'static,
+    P: Fn(&Engine, Vec<Event>) -> Result<T, String> + Clone + Send + 'static,
     T: Send + 'static,
     H: FnMut(T) -> Fut,
     Fut: Future<Output = bool>,
 {
-    let mut head_rx = log.subscribe();
+    let mut head_rx = engine.log().subscribe();
     loop {
         head_rx.borrow_and_update();
-        let l = log.clone();
+        let e = engine.clone();
         let q = ReadQuery {
             after,
             ..query.clone()
         };
         let prep = prepare.clone();
         let (prepared, next_after, head) = tokio::task::spawn_blocking(move || {
-            let page = l.read(&q).map_err(|e| e.to_string())?;
-            let prepared = prep(&l, page.events)?;
+            let page = e.log().read(&q).map_err(|e| e.to_string())?;
+            let prepared = prep(&e, page.events)?;
             Ok::<_, String>((prepared, page.next_after, page.head))
         })
         .await

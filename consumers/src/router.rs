@@ -8,15 +8,15 @@
 
 use std::time::Duration;
 
-use tidemark_log::{AppendError, Event, Log, NewEvent, ReadQuery};
+use tidemark_engine::Engine;
+use tidemark_log::{AppendError, Event, EventLog, NewEvent, ReadQuery};
 use tidemark_projections::notifications::{lifecycle_priority, routed_id, routed_payload};
-use tidemark_projections::read;
 use tokio_util::sync::CancellationToken;
 
 const PAGE: usize = 500;
 
 /// Start the router; it stops when `shutdown` is cancelled.
-pub fn spawn(log: Log, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+pub fn spawn(engine: Engine, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
     // Fault injection for the crash test: wait between reading a source event and appending
     // its notification, so a test can kill the process inside that window.
     let delay = std::env::var("TIDEMARK_FAULT_ROUTER_DELAY_MS")
@@ -27,7 +27,7 @@ pub fn spawn(log: Log, shutdown: CancellationToken) -> tokio::task::JoinHandle<(
         // A read failure is not the end of routing: wait, then resume from the checkpoint
         // (the log answers what was already derived as duplicates).
         let mut backoff = Duration::from_millis(200);
-        while let Err(e) = run(&log, &shutdown, delay).await {
+        while let Err(e) = run(&engine, &shutdown, delay).await {
             tracing::error!(error = %e, "notification router failed; restarting");
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {},
@@ -38,11 +38,11 @@ pub fn spawn(log: Log, shutdown: CancellationToken) -> tokio::task::JoinHandle<(
     })
 }
 
-fn derive(db: &tidemark_log::redb::Database, ev: &Event) -> Result<Option<NewEvent>, String> {
+fn derive(engine: &Engine, ev: &Event) -> Result<Option<NewEvent>, String> {
     if lifecycle_priority(&ev.event_type).is_none() {
         return Ok(None);
     }
-    let project = read::task(db, &ev.subject)?.and_then(|t| t.project_id);
+    let project = engine.read().task(&ev.subject)?.and_then(|t| t.project_id);
     let Some(payload) = routed_payload(ev, project.as_deref()) else {
         return Ok(None);
     };
@@ -59,12 +59,12 @@ fn derive(db: &tidemark_log::redb::Database, ev: &Event) -> Result<Option<NewEve
 }
 
 async fn run(
-    log: &Log,
+    engine: &Engine,
     shutdown: &CancellationToken,
     delay: Option<Duration>,
 ) -> Result<(), String> {
-    let l = log.clone();
-    let after = tokio::task::spawn_blocking(move || read::router_checkpoint(l.db()))
+    let e = engine.clone();
+    let after = tokio::task::spawn_blocking(move || e.read().router_checkpoint())
         .await
         .map_err(|e| e.to_string())??;
     tracing::info!(after, "notification router started");
@@ -73,17 +73,17 @@ async fn run(
         stream: Some("task_events".into()),
         ..ReadQuery::default()
     };
-    let derive_all = |l: &Log, events: Vec<Event>| {
+    let derive_all = |e: &Engine, events: Vec<Event>| {
         let mut derived = Vec::new();
         for ev in &events {
-            if let Some(n) = derive(l.db(), ev)? {
+            if let Some(n) = derive(e, ev)? {
                 derived.push(n);
             }
         }
         Ok(derived)
     };
     crate::follow::follow(
-        log,
+        engine,
         after,
         query,
         shutdown,
@@ -95,18 +95,18 @@ async fn run(
             if let Some(d) = delay {
                 tokio::time::sleep(d).await;
             }
-            append_all(log, derived, shutdown).await
+            append_all(engine, derived, shutdown).await
         },
     )
     .await
 }
 
 /// Append derived events until they are in the log; `false` when shutting down first.
-async fn append_all(log: &Log, events: Vec<NewEvent>, shutdown: &CancellationToken) -> bool {
+async fn append_all(engine: &Engine, events: Vec<NewEvent>, shutdown: &CancellationToken) -> bool {
     let n = events.len() as u64;
     let mut backoff = Duration::from_millis(50);
     loop {
-        match log.append(events.clone()).await {
+        match engine.log().append(events.clone()).await {
             Ok(_) => {
                 metrics::counter!("tidemark_router_notifications_total").increment(n);
                 return true;
@@ -117,7 +117,7 @@ async fn append_all(log: &Log, events: Vec<NewEvent>, shutdown: &CancellationTok
                 // rest one by one.
                 for ev in events {
                     loop {
-                        match log.append(vec![ev.clone()]).await {
+                        match engine.log().append(vec![ev.clone()]).await {
                             Ok(_) | Err(AppendError::Conflict { .. }) => break,
                             Err(AppendError::Closed) => return false,
                             Err(e) => {

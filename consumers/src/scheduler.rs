@@ -2,15 +2,16 @@
 //! the undelivered deliveries of canceled tasks, and releases expired leases (section 5).
 //!
 //! Routing reads the log past the routing checkpoint and hands each page of notifications and
-//! task cancellations to [`outbox::route`], a command that runs inside the writer's
+//! task cancellations to the routing command (`OutboxCommand::Route`), which that runs inside the writer's
 //! transaction: it skips what the checkpoint already covers and advances it with the events it
 //! appends, so a notification is routed exactly once whatever crashes. A commit wakes the
 //! loop, but the wake-up is only a nudge: it always reads the log.
 
 use std::time::Duration;
 
-use tidemark_log::{CommandError, Event, Log, ReadQuery};
-use tidemark_projections::{outbox, read};
+use tidemark_engine::Engine;
+use tidemark_engine::commands::OutboxCommand;
+use tidemark_log::{CommandError, Event, ReadQuery};
 use tokio_util::sync::CancellationToken;
 
 const PAGE: usize = 1_000;
@@ -20,11 +21,11 @@ pub const TICK: Duration = Duration::from_secs(1);
 const EXPIRE_BATCH: usize = 1_000;
 
 /// Start the routing loop and the lease-expiry tick; both stop when `shutdown` is cancelled.
-pub fn spawn(log: Log, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
-    let tick = tokio::spawn(expiry_loop(log.clone(), shutdown.clone()));
+pub fn spawn(engine: Engine, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+    let tick = tokio::spawn(expiry_loop(engine.clone(), shutdown.clone()));
     tokio::spawn(async move {
         let mut backoff = Duration::from_millis(200);
-        while let Err(e) = route_loop(&log, &shutdown).await {
+        while let Err(e) = route_loop(&engine, &shutdown).await {
             tracing::error!(error = %e, "delivery routing failed; restarting");
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {},
@@ -46,9 +47,9 @@ fn relevant(ev: &Event) -> bool {
     )
 }
 
-async fn route_loop(log: &Log, shutdown: &CancellationToken) -> Result<(), String> {
-    let l = log.clone();
-    let after = tokio::task::spawn_blocking(move || read::routing_checkpoint(l.db()))
+async fn route_loop(engine: &Engine, shutdown: &CancellationToken) -> Result<(), String> {
+    let e = engine.clone();
+    let after = tokio::task::spawn_blocking(move || e.read().routing_checkpoint())
         .await
         .map_err(|e| e.to_string())??;
     tracing::info!(after, "delivery routing started");
@@ -56,26 +57,32 @@ async fn route_loop(log: &Log, shutdown: &CancellationToken) -> Result<(), Strin
         limit: PAGE,
         ..ReadQuery::default()
     };
-    let pick = |_: &Log, events: Vec<Event>| Ok(events.into_iter().filter(relevant).collect());
-    crate::follow::follow(log, after, query, shutdown, pick, |source: Vec<Event>| async move {
-        source.is_empty() || run_route(log, source, shutdown).await
-    })
+    let pick = |_: &Engine, events: Vec<Event>| Ok(events.into_iter().filter(relevant).collect());
+    crate::follow::follow(
+        engine,
+        after,
+        query,
+        shutdown,
+        pick,
+        |source: Vec<Event>| async move {
+            source.is_empty() || run_route(engine, source, shutdown).await
+        },
+    )
     .await
 }
 
 /// Run the routing command until it commits; `false` when shutting down first.
-async fn run_route(log: &Log, source: Vec<Event>, shutdown: &CancellationToken) -> bool {
+async fn run_route(engine: &Engine, source: Vec<Event>, shutdown: &CancellationToken) -> bool {
     let mut backoff = Duration::from_millis(50);
     loop {
-        let src = source.clone();
-        let r = log
-            .command(true, move |txn, _| {
-                let events = outbox::route(txn, &src)?;
-                Ok((events.len(), events))
+        let r = engine
+            .execute(OutboxCommand::Route {
+                source: source.clone(),
             })
-            .await;
+            .await
+            .and_then(|(o, _)| o.into_count());
         match r {
-            Ok((n, _)) => {
+            Ok(n) => {
                 metrics::counter!("tidemark_delivery_routing_events_total").increment(n as u64);
                 return true;
             }
@@ -93,15 +100,14 @@ async fn run_route(log: &Log, source: Vec<Event>, shutdown: &CancellationToken) 
 }
 
 /// Release expired leases now; answers how many were released.
-pub async fn expire_now(log: &Log) -> Result<usize, CommandError> {
+pub async fn expire_now(engine: &Engine) -> Result<usize, CommandError> {
     let mut total = 0;
     loop {
-        let now = tidemark_log::time::now_micros();
-        let (n, _) = log
-            .command(true, move |txn, _| {
-                outbox::expire_leases(txn, now, EXPIRE_BATCH)
-            })
-            .await?;
+        let n = engine
+            .execute(OutboxCommand::ExpireLeases { max: EXPIRE_BATCH })
+            .await?
+            .0
+            .into_count()?;
         total += n;
         if n < EXPIRE_BATCH {
             if total > 0 {
@@ -113,10 +119,10 @@ pub async fn expire_now(log: &Log) -> Result<usize, CommandError> {
     }
 }
 
-async fn expiry_loop(log: Log, shutdown: CancellationToken) {
+async fn expiry_loop(engine: Engine, shutdown: CancellationToken) {
     // Once at start-up (leases held when the server stopped), then periodically.
     loop {
-        match expire_now(&log).await {
+        match expire_now(&engine).await {
             Ok(_) => {}
             Err(CommandError::Append(tidemark_log::AppendError::Closed)) => return,
             Err(e) => tracing::warn!(error = %e, "lease expiry failed; will retry"),

@@ -40,7 +40,6 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 pub use envelope::{Event, FieldError, InvalidKind, NewEvent, limits};
 pub use error::{AppendError, CommandError, Error, OpenError, ReadError, RejectKind};
-pub use redb;
 pub use store::{ReadPage, ReadQuery};
 pub use writer::CommandFn;
 
@@ -386,7 +385,9 @@ impl Log {
         Ok((r, receipt))
     }
 
-    /// The underlying database, for reading projection tables.
+    /// The underlying database, for the read models kept in the same file (the projections
+    /// crate and the engine's reader). Not part of [`EventLog`]: nothing above the engine
+    /// uses it, and a backend without co-located read models has no such thing.
     pub fn db(&self) -> &Database {
         &self.db
     }

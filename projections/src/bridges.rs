@@ -5,20 +5,19 @@
 //! the cursor; creating the same id again resumes from it.
 
 use serde::{Deserialize, Serialize};
-use tidemark_log::redb::WriteTransaction;
-use tidemark_log::{CommandError, Event, NewEvent, RejectKind};
+use tidemark_log::Event;
 
-use crate::framework::{Projection, Store, TxnTables};
+use crate::framework::{Projection, Store};
 use crate::tasks::Task;
 
 pub const NAME: &str = "bridges";
-pub(crate) const ROWS: &str = "rows";
+pub const ROWS: &str = "rows";
 /// `task_id ‖ 0 ‖ subscription_id` of active subscriptions.
-pub(crate) const BY_TASK: &str = "by_task";
+pub const BY_TASK: &str = "by_task";
 /// `bridge_id ‖ 0 ‖ subscription_id` of active subscriptions.
-pub(crate) const BY_BRIDGE: &str = "by_bridge";
+pub const BY_BRIDGE: &str = "by_bridge";
 /// `subscription_id` of active subscriptions (the notifier's work list).
-pub(crate) const ACTIVE: &str = "active";
+pub const ACTIVE: &str = "active";
 
 /// The consumer id of a subscription's cursor.
 pub fn consumer_id(subscription_id: &str) -> String {
@@ -140,79 +139,6 @@ impl Projection for Bridges {
         }
         st.put_val(ROWS, id.as_bytes(), &row)
     }
-}
-
-fn bridge_event(kind: &str, id: &str, b: &BridgeEvent) -> Result<NewEvent, CommandError> {
-    let v = serde_json::to_value(b).map_err(|e| CommandError::Storage(e.to_string()))?;
-    NewEvent::new(None, "bridges", id, format!("bridge.{kind}"), &v)
-        .map_err(|e| CommandError::Storage(e.to_string()))
-}
-
-fn row_in(txn: &WriteTransaction, id: &str) -> Result<Option<Subscription>, CommandError> {
-    let mut t = TxnTables::new(txn, NAME).map_err(CommandError::Storage)?;
-    t.get_val(ROWS, id.as_bytes())
-        .map_err(CommandError::Storage)
-}
-
-/// Create (or re-create) a subscription. Answers the row and whether it is new: an active
-/// subscription with the same target is answered as it is (`false`); another target is a
-/// conflict.
-pub fn subscribe(
-    txn: &WriteTransaction,
-    now_us: i64,
-    id: &str,
-    target: Target,
-) -> Result<((Subscription, bool), Vec<NewEvent>), CommandError> {
-    if let Some(cur) = row_in(txn, id)?
-        && cur.active
-    {
-        if cur.target == target {
-            return Ok(((cur, false), Vec::new()));
-        }
-        return Err(CommandError::rejected(
-            RejectKind::Conflict,
-            "subscription_conflict",
-            format!("subscription {id:?} exists with another target"),
-        ));
-    }
-    let created = row_in(txn, id)?.map(|o| o.created_at_us).unwrap_or(now_us);
-    let b = BridgeEvent {
-        target: Some(target.clone()),
-        at_us: now_us,
-    };
-    let row = Subscription {
-        subscription_id: id.to_owned(),
-        target,
-        active: true,
-        created_at_us: created,
-        updated_at_us: now_us,
-    };
-    Ok(((row, true), vec![bridge_event("subscribed", id, &b)?]))
-}
-
-/// Delete an active subscription of `task_id` (its cursor stays).
-pub fn unsubscribe(
-    txn: &WriteTransaction,
-    now_us: i64,
-    task_id: &str,
-    id: &str,
-) -> Result<(Subscription, Vec<NewEvent>), CommandError> {
-    let mut row = row_in(txn, id)?
-        .filter(|r| r.active && r.target.task_id == task_id)
-        .ok_or_else(|| {
-            CommandError::rejected(
-                RejectKind::NotFound,
-                "subscription_not_found",
-                format!("no subscription {id:?} on task {task_id:?}"),
-            )
-        })?;
-    row.active = false;
-    row.updated_at_us = now_us;
-    let b = BridgeEvent {
-        target: None,
-        at_us: now_us,
-    };
-    Ok((row, vec![bridge_event("unsubscribed", id, &b)?]))
 }
 
 /// The decision for one event past a subscription's cursor (spec section 6).

@@ -13,35 +13,35 @@ use tidemark_log::Event;
 use crate::framework::{Projection, Store, be_u64};
 
 pub const NAME: &str = "deliveries";
-pub(crate) const ROWS: &str = "rows";
-pub(crate) const TIMELINE: &str = "timeline";
+pub const ROWS: &str = "rows";
+pub const TIMELINE: &str = "timeline";
 /// `sink ‖ 0 ‖ due_us ‖ id` for claimable rows: queued and retry_wait by their next attempt,
 /// leased by their lease expiry.
-pub(crate) const DUE: &str = "due";
+pub const DUE: &str = "due";
 /// `lease_expires_us ‖ id` for leased rows.
-pub(crate) const LEASES: &str = "leases";
+pub const LEASES: &str = "leases";
 /// `sink ‖ 0 ‖ created_us ‖ id` for pending rows (queued, leased, retry_wait).
-pub(crate) const PENDING: &str = "pending";
+pub const PENDING: &str = "pending";
 /// `sink ‖ 0 ‖ delivered_us ‖ id` for sent rows.
-pub(crate) const SENT: &str = "sent";
+pub const SENT: &str = "sent";
 /// `sink ‖ 0 ‖ status` → count (u64 BE).
-pub(crate) const COUNTS: &str = "counts";
+pub const COUNTS: &str = "counts";
 /// `status ‖ 0 ‖ id`.
-pub(crate) const BY_STATUS: &str = "by_status";
+pub const BY_STATUS: &str = "by_status";
 /// `task_id ‖ 0 ‖ id`.
-pub(crate) const BY_TASK: &str = "by_task";
+pub const BY_TASK: &str = "by_task";
 /// `route ‖ 0 ‖ recipient ‖ 0 ‖ group_key` → the open digest [`Group`].
-pub(crate) const GROUPS: &str = "groups";
+pub const GROUPS: &str = "groups";
 /// seq (BE) → payload of the `settings.updated` at that seq.
-pub(crate) const SETTINGS: &str = "settings";
+pub const SETTINGS: &str = "settings";
 /// recipient → [`Recipient`].
-pub(crate) const RECIPIENTS: &str = "recipients";
+pub const RECIPIENTS: &str = "recipients";
 /// task_id → seq of its first `task.canceled` (BE).
-pub(crate) const CANCELED: &str = "canceled";
+pub const CANCELED: &str = "canceled";
 /// `routed` → seq of the last notification or task cancellation the routing command has
 /// handled (BE): routing resumes after it.
-pub(crate) const STATE: &str = "state";
-pub(crate) const ROUTED_KEY: &[u8] = b"routed";
+pub const STATE: &str = "state";
+pub const ROUTED_KEY: &[u8] = b"routed";
 
 pub const STATUSES: [&str; 8] = [
     "queued",
@@ -383,11 +383,11 @@ pub fn join(d: &mut Delivery, j: &Joined, seq: u64) {
 
 // ---- keys ----
 
-pub(crate) fn us_key(us: i64) -> [u8; 8] {
+pub fn us_key(us: i64) -> [u8; 8] {
     (us.max(0) as u64).to_be_bytes()
 }
 
-pub(crate) fn cat(parts: &[&[u8]]) -> Vec<u8> {
+pub fn cat(parts: &[&[u8]]) -> Vec<u8> {
     let mut k = Vec::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
     for (i, p) in parts.iter().enumerate() {
         if i > 0 {
@@ -399,7 +399,7 @@ pub(crate) fn cat(parts: &[&[u8]]) -> Vec<u8> {
 }
 
 /// `sink ‖ 0 ‖ time ‖ id` (the time is fixed-width, so no separator after it).
-pub(crate) fn timed_key(sink: &str, us: i64, id: &str) -> Vec<u8> {
+pub fn timed_key(sink: &str, us: i64, id: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(sink.len() + 9 + id.len());
     k.extend_from_slice(sink.as_bytes());
     k.push(0);
@@ -408,7 +408,7 @@ pub(crate) fn timed_key(sink: &str, us: i64, id: &str) -> Vec<u8> {
     k
 }
 
-pub(crate) fn group_key(route: &str, recipient: &str, group: &str) -> Vec<u8> {
+pub fn group_key(route: &str, recipient: &str, group: &str) -> Vec<u8> {
     cat(&[route.as_bytes(), recipient.as_bytes(), group.as_bytes()])
 }
 

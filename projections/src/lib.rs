@@ -8,8 +8,8 @@
 //! - [`tasks`], [`notifications`], [`settings`], [`deliveries`]: the read models.
 //! - [`cursors`], [`bridges`]: consumer cursors, bridge subscriptions and the terminal
 //!   decision table.
-//! - [`routing`], [`outbox`]: the delivery runtime's rules and its commands, run inside the
-//!   writer's transaction.
+//! - [`routing`]: the delivery runtime's settings and rules (routes, backoff); the commands
+//!   that apply them are the engine's (`tidemark_engine::commands`).
 //! - [`rebuild`]: rebuild and verify from the log.
 //! - [`read`]: queries for the API, each in one read transaction.
 
@@ -20,7 +20,6 @@ pub mod cursors;
 pub mod deliveries;
 pub mod framework;
 pub mod notifications;
-pub mod outbox;
 pub mod read;
 pub mod rebuild;
 pub mod routing;

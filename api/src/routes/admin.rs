@@ -6,8 +6,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::Serialize;
-use tidemark_projections::read;
-use tidemark_projections::rebuild::{self, RebuildReport};
+use tidemark_projections::rebuild::RebuildReport;
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, Problem};
@@ -75,8 +74,8 @@ impl From<RebuildReport> for RebuildOut {
 )]
 #[tracing::instrument(skip_all)]
 pub async fn list(State(st): State<AppState>) -> Result<Json<ProjectionsPage>, ApiError> {
-    let log = st.log.clone();
-    let infos = blocking(move || read::projections(log.db(), log.head())).await?;
+    let engine = st.engine.clone();
+    let infos = blocking(move || engine.read().projections()).await?;
     let progress = st.rebuilds.lock().map(|m| m.clone()).unwrap_or_default();
     Ok(Json(ProjectionsPage {
         projections: infos
@@ -96,9 +95,9 @@ pub async fn list(State(st): State<AppState>) -> Result<Json<ProjectionsPage>, A
 }
 
 async fn run(st: AppState, name: String, swap: bool) -> Result<Json<RebuildOut>, ApiError> {
-    let Some(p) = tidemark_projections::by_name(&name) else {
+    if tidemark_projections::by_name(&name).is_none() {
         return Err(ApiError::not_found(format!("no projection {name:?}")));
-    };
+    }
     {
         let mut m = st
             .rebuilds
@@ -111,20 +110,24 @@ async fn run(st: AppState, name: String, swap: bool) -> Result<Json<RebuildOut>,
                 format!("a rebuild or verify of {name:?} is already running"),
             ));
         }
-        m.insert(name.clone(), (0, st.log.head()));
+        m.insert(name.clone(), (0, st.engine.head()));
     }
     let progress_map = st.rebuilds.clone();
     let key = name.clone();
-    let result = rebuild::rebuild(&st.log, p, swap, move |done, head| {
-        if let Ok(mut m) = progress_map.lock() {
-            m.insert(key.clone(), (done, head));
-        }
-    })
-    .await;
+    let result = st
+        .engine
+        .rebuild(&name, swap, move |done, head| {
+            if let Ok(mut m) = progress_map.lock() {
+                m.insert(key.clone(), (done, head));
+            }
+        })
+        .await;
     if let Ok(mut m) = st.rebuilds.lock() {
         m.remove(&name);
     }
-    let report = result.map_err(|e| ApiError::internal("rebuild failed", e))?;
+    let report = result
+        .ok_or_else(|| ApiError::not_found(format!("no projection {name:?}")))?
+        .map_err(|e| ApiError::internal("rebuild failed", e))?;
     metrics::histogram!("tidemark_rebuild_duration_seconds", "projection" => name.clone())
         .record(Duration::from_millis(report.duration_ms).as_secs_f64());
     metrics::gauge!("tidemark_projection_identical", "projection" => name)

@@ -12,9 +12,10 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidemark_consumers::bridge::{self, Candidate};
-use tidemark_log::time::{format_micros, now_micros};
+use tidemark_engine::Engine;
+use tidemark_engine::commands::{BridgeCommand, Confirmation};
+use tidemark_log::time::format_micros;
 use tidemark_projections::bridges::{self as b, Sink, Subscription, Target};
-use tidemark_projections::read;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
@@ -74,9 +75,9 @@ fn out(s: Subscription, cursor: tidemark_projections::cursors::Cursor) -> Subscr
 
 /// The subscription with its cursor, as served.
 async fn with_cursor(st: &AppState, s: Subscription) -> Result<SubscriptionOut, ApiError> {
-    let log = st.log.clone();
+    let engine = st.engine.clone();
     let (consumer, task) = (b::consumer_id(&s.subscription_id), s.target.task_id.clone());
-    let c = blocking(move || read::cursor(log.db(), &consumer, "task_events", &task)).await?;
+    let c = blocking(move || engine.read().cursor(&consumer, "task_events", &task)).await?;
     Ok(out(s, c))
 }
 
@@ -224,10 +225,12 @@ pub async fn create(
     check_path_id("task id", &task_id)?;
     let body: SubscribeBody = json_body(&headers, body)?;
     let (id, t) = target(&task_id, body)?;
-    let ((row, created), _) = st
-        .log
-        .command(true, move |txn, _| b::subscribe(txn, now_micros(), &id, t))
-        .await?;
+    let (row, created) = st
+        .engine
+        .execute(BridgeCommand::Subscribe { id, target: t })
+        .await?
+        .0
+        .into_subscription()?;
     if created {
         metrics::counter!("tidemark_bridge_subscriptions_created_total").increment(1);
     }
@@ -252,8 +255,8 @@ pub async fn list(
     Path(task_id): Path<String>,
 ) -> Result<Json<SubscriptionsPage>, ApiError> {
     check_path_id("task id", &task_id)?;
-    let log = st.log.clone();
-    let subs = blocking(move || read::task_subscriptions(log.db(), &task_id)).await?;
+    let engine = st.engine.clone();
+    let subs = blocking(move || engine.read().task_subscriptions(&task_id)).await?;
     let mut out = Vec::with_capacity(subs.len());
     for s in subs {
         out.push(with_cursor(&st, s).await?);
@@ -268,9 +271,9 @@ async fn active_of_task(
 ) -> Result<Subscription, ApiError> {
     check_path_id("task id", task_id)?;
     check_path_id("subscription id", sub_id)?;
-    let log = st.log.clone();
+    let engine = st.engine.clone();
     let id = sub_id.to_owned();
-    blocking(move || read::subscription(log.db(), &id))
+    blocking(move || engine.read().subscription(&id))
         .await?
         .filter(|s| s.active && s.target.task_id == task_id)
         .ok_or_else(|| {
@@ -319,11 +322,14 @@ pub async fn delete(
     check_path_id("task id", &task_id)?;
     check_path_id("subscription id", &sub_id)?;
     let (row, _) = st
-        .log
-        .command(true, move |txn, _| {
-            b::unsubscribe(txn, now_micros(), &task_id, &sub_id)
+        .engine
+        .execute(BridgeCommand::Unsubscribe {
+            task_id,
+            id: sub_id,
         })
-        .await?;
+        .await?
+        .0
+        .into_subscription()?;
     Ok(Json(with_cursor(&st, row).await?))
 }
 
@@ -378,8 +384,8 @@ pub async fn explain(
     Path((task_id, sub_id)): Path<(String, String)>,
 ) -> Result<Json<ExplainOut>, ApiError> {
     let s = active_of_task(&st, &task_id, &sub_id).await?;
-    let log = st.log.clone();
-    let scan = blocking(move || bridge::scan(&log, &s, true)).await?;
+    let engine = st.engine.clone();
+    let scan = blocking(move || bridge::scan(&engine, &s, true)).await?;
     let (next, next_seq) = match (&scan.deliver, &scan.mismatch) {
         (Some(d), Some(m)) if m.0.seq < d.seq => ("stopped", Some(m.0.seq)),
         (Some(d), _) => ("deliver", Some(d.seq)),
@@ -414,13 +420,13 @@ pub struct PullPage {
     pub deliveries: Vec<Value>,
 }
 
-fn pending_for_bridge(log: &tidemark_log::Log, bridge_id: &str) -> Result<Vec<Value>, String> {
+fn pending_for_bridge(engine: &Engine, bridge_id: &str) -> Result<Vec<Value>, String> {
     let mut out = Vec::new();
-    for s in read::bridge_subscriptions(log.db(), bridge_id)? {
+    for s in engine.read().bridge_subscriptions(bridge_id)? {
         if s.target.sink.kind != "pull" {
             continue;
         }
-        let scan = bridge::scan(log, &s, false)?;
+        let scan = bridge::scan(engine, &s, false)?;
         if let Some(ev) = &scan.deliver {
             out.push(b::envelope(&s, ev));
         }
@@ -463,7 +469,7 @@ pub async fn pull(
     // after a wake-up for this bridge, so the notifier's view is current.
     let mut fresh = st
         .pull_hub
-        .caught_up(st.log.head(), Duration::from_millis(250))
+        .caught_up(st.engine.head(), Duration::from_millis(250))
         .await;
     loop {
         wake.borrow_and_update();
@@ -477,9 +483,9 @@ pub async fn pull(
             Some(found) => found,
             // The notifier has not looked at every subscription since the start: ask the log.
             None => {
-                let log = st.log.clone();
+                let engine = st.engine.clone();
                 let id = bridge_id.clone();
-                blocking(move || pending_for_bridge(&log, &id)).await?
+                blocking(move || pending_for_bridge(&engine, &id)).await?
             }
         };
         if !found.is_empty() || tokio::time::Instant::now() >= deadline {
@@ -508,9 +514,9 @@ async fn delivery_target(
         )
     };
     let (sub_id, seq) = b::parse_delivery_id(delivery_id).ok_or_else(not_found)?;
-    let log = st.log.clone();
+    let engine = st.engine.clone();
     let id = sub_id.to_owned();
-    let sub = blocking(move || read::subscription(log.db(), &id))
+    let sub = blocking(move || engine.read().subscription(&id))
         .await?
         .filter(|s| s.active)
         .ok_or_else(not_found)?;
@@ -647,10 +653,10 @@ struct Plan {
 /// to make, or why it is refused. Per subscription the ids must follow its deliverable seqs
 /// in order, so nothing deliverable is skipped (I5); an id already confirmed is a replay.
 fn judge(
-    log: &tidemark_log::Log,
+    engine: &Engine,
     bridge_id: &str,
     ids: &[String],
-) -> Result<Vec<Result<bridge::Confirmation, AckResult>>, String> {
+) -> Result<Vec<Result<Confirmation, AckResult>>, String> {
     let not_found =
         |id: &str| refused(id, 404, "delivery_not_found", format!("no delivery {id:?}"));
     let mut plans: std::collections::HashMap<String, Plan> = Default::default();
@@ -660,7 +666,7 @@ fn judge(
             out.push(Err(not_found(id)));
             continue;
         };
-        let Some(sub) = read::subscription(log.db(), sub_id)?.filter(|s| s.active) else {
+        let Some(sub) = engine.read().subscription(sub_id)?.filter(|s| s.active) else {
             out.push(Err(not_found(id)));
             continue;
         };
@@ -676,7 +682,7 @@ fn judge(
                 .filter(|i| i.starts_with(&format!("notif:{sub_id}:")))
                 .count()
                 > 1;
-            let scan = bridge::scan(log, &sub, more)?;
+            let scan = bridge::scan(engine, &sub, more)?;
             let deliverable = scan
                 .candidates
                 .iter()
@@ -708,7 +714,7 @@ fn judge(
         if !replay {
             plan.taken += 1;
         }
-        out.push(Ok(bridge::Confirmation {
+        out.push(Ok(Confirmation {
             subscription_id: sub_id.to_owned(),
             task_id: sub.target.task_id.clone(),
             seq,
@@ -725,9 +731,9 @@ async fn ack_ids(
     bridge_id: &str,
     ids: Vec<String>,
 ) -> Result<Vec<AckResult>, ApiError> {
-    let log = st.log.clone();
+    let engine = st.engine.clone();
     let (bridge, for_judge) = (bridge_id.to_owned(), ids.clone());
-    let judged = blocking(move || judge(&log, &bridge, &for_judge)).await?;
+    let judged = blocking(move || judge(&engine, &bridge, &for_judge)).await?;
     let mut to_confirm = Vec::new();
     let mut results: Vec<Option<AckResult>> = Vec::with_capacity(judged.len());
     for j in judged {
@@ -740,7 +746,7 @@ async fn ack_ids(
         }
     }
     if !to_confirm.is_empty() {
-        let confirmed = bridge::confirm_many(&st.log, to_confirm.clone()).await?;
+        let confirmed = bridge::confirm_many(&st.engine, to_confirm.clone()).await?;
         let open = results
             .iter()
             .enumerate()
@@ -805,9 +811,9 @@ pub async fn nack(
     let body: NackBody = json_body(&headers, body)?;
     check_text("error", &body.error, 4096)?;
     let (sub, seq) = delivery_target(&st, &bridge_id, &delivery_id).await?;
-    let log = st.log.clone();
+    let engine = st.engine.clone();
     let s2 = sub.clone();
-    let scan = blocking(move || bridge::scan(&log, &s2, false)).await?;
+    let scan = blocking(move || bridge::scan(&engine, &s2, false)).await?;
     if scan.deliver.as_ref().map(|e| e.seq) != Some(seq) {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -815,14 +821,14 @@ pub async fn nack(
             format!("{delivery_id:?} is not the subscription's pending delivery"),
         ));
     }
-    bridge::record_failure(&st.log, &sub, &body.error).await?;
+    bridge::record_failure(&st.engine, &sub, &body.error).await?;
     metrics::counter!("tidemark_bridge_nacks_total").increment(1);
-    let log = st.log.clone();
+    let engine = st.engine.clone();
     let (consumer, task) = (
         b::consumer_id(&sub.subscription_id),
         sub.target.task_id.clone(),
     );
-    let c = blocking(move || read::cursor(log.db(), &consumer, "task_events", &task)).await?;
+    let c = blocking(move || engine.read().cursor(&consumer, "task_events", &task)).await?;
     Ok(Json(AckOut {
         delivery_id,
         cursor: c.into(),

@@ -8,10 +8,10 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use tidemark_log::time::{format_micros, now_micros};
-use tidemark_log::{Log, ReadQuery};
-use tidemark_projections::cursors::{self, Advance, Cursor};
-use tidemark_projections::read;
+use tidemark_engine::Lag;
+use tidemark_engine::commands::{Advance, CursorCommand};
+use tidemark_log::time::format_micros;
+use tidemark_projections::cursors::Cursor;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
@@ -88,18 +88,18 @@ pub async fn get(
     q: Result<Query<CursorsQuery>, QueryRejection>,
 ) -> Result<Json<CursorsPage>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    let log = st.log.clone();
+    let engine = st.engine.clone();
     let rows = match q.stream_name {
         Some(stream) => {
             let subject = q.subject_id.unwrap_or_default();
             check_key(&q.consumer_id, &stream, &subject)
                 .map_err(|e| ApiError::invalid_query(e.problem.detail.clone()))?;
-            vec![blocking(move || read::cursor(log.db(), &q.consumer_id, &stream, &subject)).await?]
+            vec![blocking(move || engine.read().cursor(&q.consumer_id, &stream, &subject)).await?]
         }
         None => {
             check_text("consumer_id", &q.consumer_id, 160)
                 .map_err(|e| ApiError::invalid_query(e.problem.detail.clone()))?;
-            blocking(move || read::cursors(log.db(), Some(&q.consumer_id), 10_000)).await?
+            blocking(move || engine.read().cursors(Some(&q.consumer_id), 10_000)).await?
         }
     };
     Ok(Json(CursorsPage {
@@ -141,12 +141,12 @@ pub async fn advance(
     let b: AdvanceBody = json_body(&headers, body)?;
     check_key(&b.consumer_id, &b.stream_name, &b.subject_id)?;
     check_text("delivery_id", &b.delivery_id, 256)?;
-    if b.last_sequence == 0 || b.last_sequence > st.log.head() {
+    if b.last_sequence == 0 || b.last_sequence > st.engine.head() {
         return Err(invalid(
             "last_sequence",
             format!(
                 "last_sequence must be from 1 to the log head ({})",
-                st.log.head()
+                st.engine.head()
             ),
         ));
     }
@@ -158,10 +158,12 @@ pub async fn advance(
         delivery_id: b.delivery_id,
         expected_sequence: b.expected_sequence,
     };
-    let (c, _) = st
-        .log
-        .command(true, move |txn, _| cursors::advance(txn, now_micros(), &a))
-        .await?;
+    let c = st
+        .engine
+        .execute(CursorCommand::Advance(a))
+        .await?
+        .0
+        .into_cursor()?;
     metrics::counter!("tidemark_cursor_advances_total").increment(1);
     Ok(Json(c.into()))
 }
@@ -206,26 +208,24 @@ pub async fn reset(
         .at(0, Some("reason")));
     }
     check_text("reason", &b.reason, 4096)?;
-    if b.last_sequence > st.log.head() {
+    if b.last_sequence > st.engine.head() {
         return Err(invalid(
             "last_sequence",
-            format!("last_sequence is past the log head ({})", st.log.head()),
+            format!("last_sequence is past the log head ({})", st.engine.head()),
         ));
     }
-    let (c, _) = st
-        .log
-        .command(true, move |txn, _| {
-            cursors::reset(
-                txn,
-                now_micros(),
-                &b.consumer_id,
-                &b.stream_name,
-                &b.subject_id,
-                b.last_sequence,
-                &b.reason,
-            )
+    let c = st
+        .engine
+        .execute(CursorCommand::Reset {
+            consumer_id: b.consumer_id,
+            stream_name: b.stream_name,
+            subject_id: b.subject_id,
+            to: b.last_sequence,
+            reason: b.reason,
         })
-        .await?;
+        .await?
+        .0
+        .into_cursor()?;
     tracing::info!(consumer = %c.consumer_id, to = c.last_sequence, "cursor reset");
     metrics::counter!("tidemark_cursor_resets_total").increment(1);
     Ok(Json(c.into()))
@@ -248,91 +248,34 @@ pub struct LagOut {
     pub last_error: Option<String>,
 }
 
+impl From<Lag> for LagOut {
+    fn from(l: Lag) -> Self {
+        LagOut {
+            consumer_id: l.consumer_id,
+            stream_name: l.stream_name,
+            subject_id: l.subject_id,
+            last_sequence: l.last_sequence,
+            lag_events: l.lag_events,
+            lag_capped: l.lag_capped,
+            lag_seconds: l.lag_seconds,
+            stalled: l.stalled,
+            last_error: l.last_error,
+        }
+    }
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct LagPage {
     pub cursors: Vec<LagOut>,
     pub stalled: u64,
 }
 
-const LAG_CAP: u64 = 10_000;
-
-/// Lag of one cursor (blocking).
-fn lag_of(log: &Log, c: &Cursor, now_us: i64, stuck_after_ms: u64) -> Result<LagOut, String> {
-    let mut after = c.last_sequence;
-    let mut count = 0u64;
-    let mut oldest: Option<i64> = None;
-    let mut capped = false;
-    loop {
-        let page = log
-            .read(&ReadQuery {
-                after,
-                limit: 1000,
-                stream: Some(c.stream_name.clone()),
-                subject: (!c.subject_id.is_empty()).then(|| c.subject_id.clone()),
-                ..ReadQuery::default()
-            })
-            .map_err(|e| e.to_string())?;
-        if oldest.is_none() {
-            oldest = page.events.first().map(|e| e.time_us);
-        }
-        count += page.events.len() as u64;
-        if count >= LAG_CAP {
-            capped = true;
-            break;
-        }
-        if page.next_after <= after || page.next_after >= page.head {
-            break;
-        }
-        after = page.next_after;
-    }
-    let since = c.updated_at_us.or(oldest).unwrap_or(now_us);
-    let lag_seconds = if count > 0 {
-        (now_us - since).max(0) as f64 / 1e6
-    } else {
-        0.0
-    };
-    Ok(LagOut {
-        consumer_id: c.consumer_id.clone(),
-        stream_name: c.stream_name.clone(),
-        subject_id: c.subject_id.clone(),
-        last_sequence: c.last_sequence,
-        lag_events: count.min(LAG_CAP),
-        lag_capped: capped,
-        lag_seconds,
-        stalled: count > 0 && lag_seconds * 1000.0 >= stuck_after_ms as f64,
-        last_error: c.last_error.clone(),
-    })
-}
-
 /// Every cursor (and every active subscription's cursor, zero or not) with its lag.
 pub(crate) async fn compute_lag(st: &AppState) -> Result<Vec<LagOut>, ApiError> {
-    let log = st.log.clone();
+    let engine = st.engine.clone();
     let stuck_after = st.routing.stuck_after_ms;
-    blocking(move || {
-        let mut all = read::cursors(log.db(), None, 100_000)?;
-        let known: std::collections::HashSet<(String, String, String)> = all
-            .iter()
-            .map(|c| {
-                (
-                    c.consumer_id.clone(),
-                    c.stream_name.clone(),
-                    c.subject_id.clone(),
-                )
-            })
-            .collect();
-        for sub in read::all_active_subscriptions(log.db())? {
-            let consumer = tidemark_projections::bridges::consumer_id(&sub.subscription_id);
-            let key = (consumer, "task_events".to_owned(), sub.target.task_id);
-            if !known.contains(&key) {
-                all.push(Cursor::zero(&key.0, &key.1, &key.2));
-            }
-        }
-        let now = now_micros();
-        all.iter()
-            .map(|c| lag_of(&log, c, now, stuck_after))
-            .collect()
-    })
-    .await
+    let lags = blocking(move || engine.read().lags(engine.now_us(), stuck_after)).await?;
+    Ok(lags.into_iter().map(LagOut::from).collect())
 }
 
 /// Every cursor's lag in events and seconds; stalled ones flagged.

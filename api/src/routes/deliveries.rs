@@ -12,10 +12,11 @@ use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use tidemark_engine::commands::{Completed, Failure, OperatorAction, OutboxCommand};
+use tidemark_log::CommandError;
 use tidemark_log::time::{format_micros, now_micros};
 use tidemark_projections::deliveries::{Delivery, STATUSES, Step};
-use tidemark_projections::outbox::{self, Failure};
-use tidemark_projections::read::{self, DeliveryFilter, Kpis};
+use tidemark_projections::read::{DeliveryFilter, Kpis};
 use tidemark_projections::routing::RoutingSettings;
 use utoipa::{IntoParams, ToSchema};
 
@@ -260,12 +261,17 @@ pub async fn claim(
     let lease = lease_ms(b.lease_ms, s)?;
     tracing::Span::current().record("sink", b.sink.as_str());
     let (sink, owner) = (b.sink.clone(), b.owner.clone());
-    let (rows, _) = st
-        .log
-        .command(true, move |txn, _| {
-            outbox::claim(txn, now_micros(), &sink, &owner, limit as usize, lease)
+    let rows = st
+        .engine
+        .execute(OutboxCommand::Claim {
+            sink,
+            owner,
+            limit: limit as usize,
+            lease_ms: lease,
         })
-        .await?;
+        .await?
+        .0
+        .into_deliveries()?;
     tracing::Span::current().record("claimed", rows.len());
     metrics::counter!("tidemark_deliveries_leased_total", "sink" => b.sink)
         .increment(rows.len() as u64);
@@ -308,12 +314,18 @@ pub async fn complete(
     if let Some(x) = &b.external_id {
         check_text("external_id", x, 256)?;
     }
-    let (row, _) = st
-        .log
-        .command(true, move |txn, _| {
-            outbox::complete(txn, now_micros(), &id, &b.owner, b.external_id)
+    let row = st
+        .engine
+        .execute(OutboxCommand::Complete {
+            owner: b.owner,
+            items: vec![(id, b.external_id)],
         })
-        .await?;
+        .await?
+        .0
+        .into_completed()?
+        .pop()
+        .ok_or_else(|| CommandError::Storage("complete answered nothing".into()))?
+        .into_result()?;
     metrics::counter!("tidemark_deliveries_sent_total", "sink" => row.sink.clone()).increment(1);
     Ok(Json(row.into()))
 }
@@ -393,16 +405,16 @@ pub async fn complete_many(
         .collect();
     let ids: Vec<String> = items.iter().map(|(id, _)| id.clone()).collect();
     let owner = b.owner;
-    let (results, _) = st
-        .log
-        .command(true, move |txn, _| {
-            outbox::complete_many(txn, now_micros(), &owner, &items)
-        })
-        .await?;
+    let results = st
+        .engine
+        .execute(OutboxCommand::Complete { owner, items })
+        .await?
+        .0
+        .into_completed()?;
     let mut out = Vec::with_capacity(results.len());
     for (id, r) in ids.into_iter().zip(results) {
         out.push(match r {
-            outbox::Completed::Sent(row) => {
+            Completed::Sent(row) => {
                 metrics::counter!("tidemark_deliveries_sent_total", "sink" => row.sink.clone())
                     .increment(1);
                 CompleteResult {
@@ -413,7 +425,7 @@ pub async fn complete_many(
                     detail: None,
                 }
             }
-            outbox::Completed::Refused {
+            Completed::Refused {
                 code,
                 detail,
                 not_found,
@@ -476,12 +488,16 @@ pub async fn fail(
         retryable: b.retryable.unwrap_or(true),
         retry_after_ms: b.retry_after_ms,
     };
-    let (row, _) = st
-        .log
-        .command(true, move |txn, _| {
-            outbox::fail(txn, now_micros(), &id, &b.owner, f)
+    let row = st
+        .engine
+        .execute(OutboxCommand::Fail {
+            id,
+            owner: b.owner,
+            failure: f,
         })
-        .await?;
+        .await?
+        .0
+        .into_delivery()?;
     metrics::counter!("tidemark_deliveries_failed_total", "sink" => row.sink.clone(), "parked" => (row.status == "parked").to_string()).increment(1);
     Ok(Json(row.into()))
 }
@@ -517,12 +533,16 @@ pub async fn extend(
     let b: ExtendBody = json_body(&headers, body)?;
     check_text("owner", &b.owner, 128)?;
     let lease = lease_ms(b.lease_ms, settings(&st))?;
-    let (row, _) = st
-        .log
-        .command(true, move |txn, _| {
-            outbox::extend(txn, now_micros(), &id, &b.owner, lease)
+    let row = st
+        .engine
+        .execute(OutboxCommand::Extend {
+            id,
+            owner: b.owner,
+            lease_ms: lease,
         })
-        .await?;
+        .await?
+        .0
+        .into_delivery()?;
     Ok(Json(row.into()))
 }
 
@@ -539,7 +559,7 @@ async fn operator_action(
     id: String,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-    kind: &'static str,
+    action: OperatorAction,
 ) -> Result<Json<DeliveryOut>, ApiError> {
     check_id(&id)?;
     let raw = body.map_err(body_rejection)?;
@@ -553,13 +573,18 @@ async fn operator_action(
     if let Some(r) = &b.reason {
         check_text("reason", r, 4096)?;
     }
-    let (row, _) = st
-        .log
-        .command(true, move |txn, _| {
-            outbox::operator(txn, now_micros(), &id, kind, &by, b.reason)
+    let row = st
+        .engine
+        .execute(OutboxCommand::Operator {
+            id,
+            action,
+            by,
+            reason: b.reason,
         })
-        .await?;
-    metrics::counter!("tidemark_deliveries_operator_total", "action" => kind).increment(1);
+        .await?
+        .0
+        .into_delivery()?;
+    metrics::counter!("tidemark_deliveries_operator_total", "action" => action.kind()).increment(1);
     Ok(Json(row.into()))
 }
 
@@ -582,7 +607,7 @@ pub async fn retry(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<DeliveryOut>, ApiError> {
-    operator_action(st, id, headers, body, "retried").await
+    operator_action(st, id, headers, body, OperatorAction::Retry).await
 }
 
 /// Operator: give up on a parked delivery.
@@ -604,7 +629,7 @@ pub async fn discard(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<DeliveryOut>, ApiError> {
-    operator_action(st, id, headers, body, "discarded").await
+    operator_action(st, id, headers, body, OperatorAction::Discard).await
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -667,8 +692,8 @@ pub async fn list(
         after: q.after,
         limit: parse_limit(q.limit.as_deref(), 100, 1000)?,
     };
-    let log = st.log.clone();
-    let (rows, next) = blocking(move || read::deliveries(log.db(), &f)).await?;
+    let engine = st.engine.clone();
+    let (rows, next) = blocking(move || engine.read().deliveries(&f)).await?;
     Ok(Json(DeliveriesPage {
         deliveries: rows.into_iter().map(DeliveryOut::from).collect(),
         next_after: next,
@@ -691,9 +716,9 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> Result<Json<DeliveryOut>, ApiError> {
     check_id(&id)?;
-    let log = st.log.clone();
+    let engine = st.engine.clone();
     let key = id.clone();
-    let found = blocking(move || read::delivery(log.db(), &key)).await?;
+    let found = blocking(move || engine.read().delivery(&key)).await?;
     let (row, steps) = found.ok_or_else(|| {
         ApiError::new(
             axum::http::StatusCode::NOT_FOUND,
@@ -739,8 +764,13 @@ pub(crate) async fn compute_kpis(
     interval_s: u64,
 ) -> Result<(Kpis, BTreeMap<String, Kpis>), ApiError> {
     let stuck_after = settings(st).stuck_after_ms;
-    let log = st.log.clone();
-    blocking(move || read::kpis(log.db(), now_micros(), stuck_after, interval_s * 1_000)).await
+    let engine = st.engine.clone();
+    blocking(move || {
+        engine
+            .read()
+            .kpis(now_micros(), stuck_after, interval_s * 1_000)
+    })
+    .await
 }
 
 /// Queue depth, stuck, parked, sent in the last interval and oldest pending age; overall and

@@ -13,7 +13,8 @@ use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tidemark_log::{AppendReceipt, Event, Log, NewEvent, ReadPage, ReadQuery, limits};
+use tidemark_engine::Engine;
+use tidemark_log::{AppendReceipt, Event, EventLog, NewEvent, ReadPage, ReadQuery, limits};
 use tidemark_projections::schema::{self, SchemaError};
 use utoipa::{IntoParams, ToSchema};
 
@@ -359,7 +360,7 @@ pub async fn append(
     {
         check_outbox_pressure(&st).await?;
     }
-    let receipt = st.log.append(events).await?;
+    let receipt = st.engine.log().append(events).await?;
     record_append(&receipt, started);
     Ok((StatusCode::CREATED, Json(to_response(receipt))).into_response())
 }
@@ -368,10 +369,8 @@ pub async fn append(
 /// notification requests are refused with 429 + Retry-After and nothing is appended. Lifecycle
 /// events are never refused for it.
 async fn check_outbox_pressure(st: &AppState) -> Result<(), ApiError> {
-    let log = st.log.clone();
-    let pending =
-        crate::routes::blocking(move || tidemark_projections::read::pending_deliveries(log.db()))
-            .await?;
+    let engine = st.engine.clone();
+    let pending = crate::routes::blocking(move || engine.read().pending_deliveries()).await?;
     let max = st.routing.max_pending;
     if pending > max {
         metrics::counter!("tidemark_outbox_refused_total").increment(1);
@@ -411,9 +410,10 @@ fn to_response(r: AppendReceipt) -> AppendResponse {
     }
 }
 
-pub(crate) async fn read_page(log: &Log, q: ReadQuery) -> Result<ReadPage, ApiError> {
-    let log = log.clone();
-    let mut page = crate::routes::blocking(move || log.read(&q).map_err(|e| e.to_string())).await?;
+pub(crate) async fn read_page(engine: &Engine, q: ReadQuery) -> Result<ReadPage, ApiError> {
+    let engine = engine.clone();
+    let mut page =
+        crate::routes::blocking(move || engine.log().read(&q).map_err(|e| e.to_string())).await?;
     for ev in &mut page.events {
         redact(ev);
     }
@@ -456,7 +456,7 @@ pub async fn list(
 ) -> Result<Json<EventsPage>, ApiError> {
     let Query(q) = q.map_err(query_rejection)?;
     let rq = q.to_read(100)?;
-    let page = read_page(&st.log, rq).await?;
+    let page = read_page(&st.engine, rq).await?;
     Ok(Json(EventsPage {
         events: page.events,
         next_after_sequence: page.next_after,
@@ -524,17 +524,17 @@ pub(crate) fn sse_response(
         )
         .retry_after(5)
     })?;
-    let log = st.log.clone();
+    let engine = st.engine.clone();
     let shutdown = st.shutdown.clone();
     let keepalive = Duration::from_secs(st.config.server.keepalive_secs);
     let events = async_stream::stream! {
         let _permit = permit;
         let _gauge = SseGauge::new();
         let mut q = q;
-        let mut head_rx = log.subscribe();
+        let mut head_rx = engine.log().subscribe();
         loop {
             head_rx.borrow_and_update();
-            let page = match read_page(&log, q.clone()).await {
+            let page = match read_page(&engine, q.clone()).await {
                 Ok(p) => p,
                 Err(_) => break,
             };

@@ -5,7 +5,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use serde::{Deserialize, Serialize};
 use tidemark_projections::notifications::Notification;
-use tidemark_projections::read::{self, NotificationFilter};
+use tidemark_projections::read::NotificationFilter;
 use tidemark_projections::schema::PRIORITIES;
 use utoipa::{IntoParams, ToSchema};
 
@@ -98,8 +98,8 @@ pub async fn list(
         before_seq: parse_u64("before_seq", q.before_seq.as_deref())?,
         limit: parse_limit(q.limit.as_deref(), 50, 500)?,
     };
-    let log = st.log.clone();
-    let (items, next) = blocking(move || read::notifications(log.db(), &f)).await?;
+    let engine = st.engine.clone();
+    let (items, next) = blocking(move || engine.read().notifications(&f)).await?;
     Ok(Json(NotificationsPage {
         notifications: items.into_iter().map(NotificationOut::from).collect(),
         next_before_seq: next,

@@ -41,7 +41,7 @@ pub async fn whoami(
 pub async fn healthz(State(st): State<AppState>) -> axum::Json<Health> {
     axum::Json(Health {
         status: "ok",
-        head: st.log.head(),
+        head: st.engine.head(),
     })
 }
 
@@ -54,7 +54,7 @@ pub async fn readyz(State(st): State<AppState>) -> Result<axum::Json<Health>, Ap
     if st.is_shutting_down() {
         return Err(ApiError::unavailable());
     }
-    if st.log.is_poisoned() {
+    if st.engine.is_poisoned() {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "log_poisoned",
@@ -63,7 +63,7 @@ pub async fn readyz(State(st): State<AppState>) -> Result<axum::Json<Health>, Ap
     }
     Ok(axum::Json(Health {
         status: "ready",
-        head: st.log.head(),
+        head: st.engine.head(),
     }))
 }
 
@@ -72,8 +72,8 @@ pub async fn readyz(State(st): State<AppState>) -> Result<axum::Json<Health>, Ap
     (status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)
 ))]
 pub async fn metrics(State(st): State<AppState>) -> Response {
-    metrics::gauge!("tidemark_log_head").set(st.log.head() as f64);
-    metrics::gauge!("tidemark_log_queue_depth").set(st.log.queued() as f64);
+    metrics::gauge!("tidemark_log_head").set(st.engine.head() as f64);
+    metrics::gauge!("tidemark_log_queue_depth").set(st.engine.queued() as f64);
     // Outbox KPIs are computed at scrape time from the deliveries model.
     if let Ok((all, by_sink)) = crate::routes::deliveries::compute_kpis(&st, 60).await {
         let set = |sink: &str, k: &tidemark_projections::read::Kpis| {
@@ -138,6 +138,6 @@ pub async fn index(State(st): State<AppState>) -> Html<String> {
          <li><a href=\"/metrics\">metrics</a></li>\
          <li><a href=\"/openapi.json\">OpenAPI document</a></li>\
          <li><a href=\"/readyz\">readiness</a></li></ul></body></html>",
-        st.log.head()
+        st.engine.head()
     ))
 }

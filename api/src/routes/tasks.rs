@@ -7,7 +7,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tidemark_log::ReadQuery;
-use tidemark_projections::read::{self, TaskFilter};
+use tidemark_projections::read::TaskFilter;
 use tidemark_projections::tasks::Task;
 use utoipa::{IntoParams, ToSchema};
 
@@ -158,8 +158,8 @@ pub async fn list(
         after: q.after,
         limit: parse_limit(q.limit.as_deref(), 50, 500)?,
     };
-    let log = st.log.clone();
-    let (tasks, next) = blocking(move || read::tasks(log.db(), &f)).await?;
+    let engine = st.engine.clone();
+    let (tasks, next) = blocking(move || engine.read().tasks(&f)).await?;
     Ok(Json(TasksPage {
         tasks: tasks.into_iter().map(TaskOut::from).collect(),
         next_after: next,
@@ -181,9 +181,9 @@ pub async fn get(
     State(st): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<TaskOut>, ApiError> {
-    let log = st.log.clone();
+    let engine = st.engine.clone();
     let key = id.clone();
-    match blocking(move || read::task(log.db(), &key)).await? {
+    match blocking(move || engine.read().task(&key)).await? {
         Some(t) => Ok(Json(t.into())),
         None => Err(ApiError::not_found(format!("no task {id:?}"))),
     }

@@ -1,6 +1,6 @@
 //! I4 on a real log: random sequences of cursor advances (random seq, a delivery id from a
 //! small set, an optional `expected_sequence`), replays of earlier advances, and resets (random
-//! target, a reason that may be empty or blank), run by the log's writer exactly as the server
+//! target, a reason that may be empty or blank), executed through the engine exactly as the server
 //! runs them, against a simple model of spec section 6 written here. After every step:
 //! - the outcome (advanced, idempotent replay, or the refusal's code) is the model's;
 //! - a refused command appended nothing and changed no cursor, an idempotent replay appended
@@ -16,9 +16,13 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use serde_json::Value;
-use tidemark_log::{CommandError, Event, Log, LogConfig, NewEvent, ReadQuery};
-use tidemark_projections::cursors::{self, Advance, Cursor};
-use tidemark_projections::{read, rebuild};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use tidemark_engine::Engine;
+use tidemark_engine::commands::{Advance, CursorCommand};
+use tidemark_log::{CommandError, Event, EventLog, LogConfig, ReadQuery};
+use tidemark_projections::cursors::Cursor;
 
 /// Cursor keys: two scoped to a subject, one unscoped; two of them share a consumer.
 const KEYS: [(&str, &str, &str); 3] = [
@@ -120,11 +124,12 @@ fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-fn events_after(log: &Log, after: u64) -> Vec<Event> {
+fn events_after(engine: &Engine, after: u64) -> Vec<Event> {
     let mut out = Vec::new();
     let mut after = after;
     loop {
-        let page = log
+        let page = engine
+            .log()
             .read(&ReadQuery {
                 after,
                 limit: 1000,
@@ -141,39 +146,59 @@ fn events_after(log: &Log, after: u64) -> Vec<Event> {
 
 struct Harness {
     rt: tokio::runtime::Runtime,
-    log: Log,
+    engine: Engine,
+    clock: Arc<AtomicI64>,
 }
 
 impl Harness {
     fn open(dir: &std::path::Path) -> Harness {
         let mut cfg = LogConfig::new(dir.join("log.redb"));
         cfg.cache_bytes = 4 << 20;
-        let (log, _) = Log::open_with(&cfg, vec![tidemark_projections::projector()]).unwrap();
-        Harness { rt: rt(), log }
+        let (engine, _) = Engine::open(&cfg).unwrap();
+        let clock = Arc::new(AtomicI64::new(0));
+        let c = clock.clone();
+        let engine = engine.with_clock(Arc::new(move || c.load(Ordering::SeqCst)));
+        Harness {
+            rt: rt(),
+            engine,
+            clock,
+        }
     }
 
-    /// Run a cursor command; `Err(code)` for a refusal (any other failure panics).
-    fn run(
-        &self,
-        f: impl FnOnce(
-            &tidemark_log::redb::WriteTransaction,
-        ) -> Result<(Cursor, Vec<NewEvent>), CommandError>
-        + Send
-        + 'static,
-    ) -> Result<Cursor, &'static str> {
-        match self
-            .rt
-            .block_on(self.log.command(true, move |txn, _| f(txn)))
-        {
-            Ok((c, _)) => Ok(c),
+    /// Execute a cursor command at `now_us` through the engine; `Err(code)` for a refusal
+    /// (any other failure panics).
+    fn run(&self, now_us: i64, cmd: CursorCommand) -> Result<Cursor, &'static str> {
+        self.clock.store(now_us, Ordering::SeqCst);
+        match self.rt.block_on(self.engine.execute(cmd)) {
+            Ok((o, _)) => Ok(o.into_cursor().expect("a cursor")),
             Err(CommandError::Rejected { code, .. }) => Err(code),
             Err(e) => panic!("a cursor command failed: {e}"),
         }
     }
 
+    fn reset(
+        &self,
+        now_us: i64,
+        key: (&str, &str, &str),
+        to: u64,
+        reason: &str,
+    ) -> Result<Cursor, &'static str> {
+        let (c, s, t) = key;
+        self.run(
+            now_us,
+            CursorCommand::Reset {
+                consumer_id: c.into(),
+                stream_name: s.into(),
+                subject_id: t.into(),
+                to,
+                reason: reason.into(),
+            },
+        )
+    }
+
     fn cursor(&self, key: usize) -> Cursor {
         let (c, s, t) = KEYS[key];
-        read::cursor(self.log.db(), c, s, t).unwrap()
+        self.engine.read().cursor(c, s, t).unwrap()
     }
 
     fn all(&self) -> Vec<Cursor> {
@@ -221,7 +246,7 @@ fn check_step(
     result: &Result<Cursor, &'static str>,
 ) -> Result<Option<Event>, String> {
     let after = h.all();
-    let new = events_after(&h.log, head);
+    let new = events_after(&h.engine, head);
     match (outcome, result) {
         (Outcome::Refused(code), Err(got)) => {
             if code != got {
@@ -313,7 +338,7 @@ proptest! {
         for op in &ops {
             now += 1_000;
             let before = h.all();
-            let head = h.log.head();
+            let head = h.engine.head();
             match op.clone() {
                 Op::Advance { .. } | Op::Replay { .. } => {
                     let a = match op.clone() {
@@ -345,7 +370,7 @@ proptest! {
                         .expect("a known key");
                     let outcome = model_advance(&models[key], &a);
                     let a2 = a.clone();
-                    let result = h.run(move |txn| cursors::advance(txn, now, &a2));
+                    let result = h.run(now, CursorCommand::Advance(a2));
                     let ev = check_step(&h, key, &before, head, &outcome, &result)
                         .map_err(|e| TestCaseError::fail(format!("{op:?} ({a:?}): {e}")))?;
                     let after = h.cursor(key);
@@ -380,7 +405,7 @@ proptest! {
                     } else {
                         Outcome::Moved
                     };
-                    let result = h.run(move |txn| cursors::reset(txn, now, c, s, t, to, reason));
+                    let result = h.reset(now, (c, s, t), to, reason);
                     let ev = check_step(&h, key, &before, head, &outcome, &result)
                         .map_err(|e| TestCaseError::fail(format!("{op:?}: {e}")))?;
                     if let Some(ev) = ev {
@@ -420,7 +445,7 @@ proptest! {
 
         // The log records exactly the accepted commands: every reset with its reason, and the
         // cursor events, replayed per key, only go down at a reset.
-        let all = events_after(&h.log, 0);
+        let all = events_after(&h.engine, 0);
         let logged: Vec<ResetRecord> = all
             .iter()
             .filter(|e| e.event_type == "cursor.reset")
@@ -468,13 +493,12 @@ proptest! {
 
         // I3: the live cursors model equals a rebuild of it, and swapping it in changes nothing.
         let live = h.all();
-        let p = tidemark_projections::by_name("cursors").unwrap();
-        let v = h.rt.block_on(rebuild::rebuild(&h.log, p, false, |_, _| {})).unwrap();
+        let v = h.rt.block_on(h.engine.rebuild("cursors", false, |_, _| {})).unwrap().unwrap();
         prop_assert!(v.identical, "cursors verify diverged at {:?}", v.first_divergent_seq);
-        let r = h.rt.block_on(rebuild::rebuild(&h.log, p, true, |_, _| {})).unwrap();
+        let r = h.rt.block_on(h.engine.rebuild("cursors", true, |_, _| {})).unwrap().unwrap();
         prop_assert!(r.identical, "cursors rebuild diverged at {:?}", r.first_divergent_seq);
         prop_assert_eq!(h.all(), live);
-        h.rt.block_on(h.log.close());
+        h.rt.block_on(h.engine.close());
     }
 }
 
@@ -491,39 +515,32 @@ fn advance_replay_conflicts_and_reset() {
         delivery_id: d.into(),
         expected_sequence: expected,
     };
-    let zero = h.run(|txn| cursors::get_in(txn, "c", "s", "").map(|c| (c, Vec::new())));
+    let zero = h.engine.read().cursor("c", "s", "");
     assert_eq!(zero.unwrap(), Cursor::zero("c", "s", ""));
 
     let a = adv(5, "d5", None);
-    let c = h.run(move |txn| cursors::advance(txn, 1, &a)).unwrap();
+    let c = h.run(1, CursorCommand::Advance(a)).unwrap();
     assert_eq!(c.last_sequence, 5);
-    let head = h.log.head();
+    let head = h.engine.head();
     let a = adv(5, "d5", Some(5));
-    assert!(h.run(move |txn| cursors::advance(txn, 2, &a)).is_ok());
-    assert_eq!(h.log.head(), head, "a replay appended");
+    assert!(h.run(2, CursorCommand::Advance(a)).is_ok());
+    assert_eq!(h.engine.head(), head, "a replay appended");
     for (a, code) in [
         (adv(5, "other", None), "non_monotonic_cursor"),
         (adv(4, "d4", None), "non_monotonic_cursor"),
         (adv(9, "d9", Some(3)), "cursor_conflict"),
     ] {
-        assert_eq!(h.run(move |txn| cursors::advance(txn, 3, &a)), Err(code));
-        assert_eq!(h.log.head(), head, "a refusal appended");
+        assert_eq!(h.run(3, CursorCommand::Advance(a)), Err(code));
+        assert_eq!(h.engine.head(), head, "a refusal appended");
     }
-    assert_eq!(
-        h.run(|txn| cursors::reset(txn, 4, "c", "s", "", 1, " ")),
-        Err("reason_required")
-    );
-    assert_eq!(h.log.head(), head);
-    let c = h
-        .run(|txn| cursors::reset(txn, 5, "c", "s", "", 1, "because"))
-        .unwrap();
+    assert_eq!(h.reset(4, ("c", "s", ""), 1, " "), Err("reason_required"));
+    assert_eq!(h.engine.head(), head);
+    let c = h.reset(5, ("c", "s", ""), 1, "because").unwrap();
     assert_eq!(c.last_sequence, 1);
-    assert_eq!(h.log.head(), head + 1);
+    assert_eq!(h.engine.head(), head + 1);
     assert_eq!(
-        read::cursor(h.log.db(), "c", "s", "")
-            .unwrap()
-            .last_sequence,
+        h.engine.read().cursor("c", "s", "").unwrap().last_sequence,
         1
     );
-    h.rt.block_on(h.log.close());
+    h.rt.block_on(h.engine.close());
 }

@@ -1,0 +1,192 @@
+//! The cursor family (spec section 6, I4): advance (forward, or the same seq with the same
+//! delivery id, optionally compare-and-swap on the position the caller saw) and reset (the only
+//! way down, with a reason), checked inside the writer against the `cursors` model.
+
+use tidemark_log::{CommandError, NewEvent, RejectKind};
+use tidemark_projections::cursors::{Cursor, CursorEvent, NAME, ROWS, bound_error, key};
+use tidemark_projections::framework::TxnTables;
+
+use crate::commands::Outcome;
+use crate::store::WriteTransaction;
+
+/// A command of the cursor family.
+#[derive(Debug, Clone)]
+pub enum CursorCommand {
+    Advance(Advance),
+    Reset {
+        consumer_id: String,
+        stream_name: String,
+        subject_id: String,
+        to: u64,
+        reason: String,
+    },
+}
+
+pub(crate) fn run(
+    txn: &WriteTransaction,
+    now_us: i64,
+    cmd: CursorCommand,
+) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
+    let (cursor, events) = match cmd {
+        CursorCommand::Advance(a) => advance(txn, now_us, &a)?,
+        CursorCommand::Reset {
+            consumer_id,
+            stream_name,
+            subject_id,
+            to,
+            reason,
+        } => reset(
+            txn,
+            now_us,
+            &consumer_id,
+            &stream_name,
+            &subject_id,
+            to,
+            &reason,
+        )?,
+    };
+    Ok((Outcome::Cursor(cursor), events))
+}
+
+/// The cursor as stored, or its zero state.
+pub(crate) fn get_in(
+    txn: &WriteTransaction,
+    consumer_id: &str,
+    stream_name: &str,
+    subject_id: &str,
+) -> Result<Cursor, CommandError> {
+    let mut t = TxnTables::new(txn, NAME).map_err(CommandError::Storage)?;
+    Ok(t.get_val(ROWS, &key(consumer_id, stream_name, subject_id))
+        .map_err(CommandError::Storage)?
+        .unwrap_or_else(|| Cursor::zero(consumer_id, stream_name, subject_id)))
+}
+
+fn event(kind: &str, consumer_id: &str, c: &CursorEvent) -> Result<NewEvent, CommandError> {
+    let v = serde_json::to_value(c).map_err(|e| CommandError::Storage(e.to_string()))?;
+    NewEvent::new(None, "cursors", consumer_id, format!("cursor.{kind}"), &v)
+        .map_err(|e| CommandError::Storage(e.to_string()))
+}
+
+/// What an advance asks for.
+#[derive(Debug, Clone)]
+pub struct Advance {
+    pub consumer_id: String,
+    pub stream_name: String,
+    pub subject_id: String,
+    pub last_sequence: u64,
+    pub delivery_id: String,
+    pub expected_sequence: Option<u64>,
+}
+
+/// Advance a cursor: forward, or an idempotent replay of the same (seq, delivery_id) which
+/// appends nothing. Answers the cursor after it.
+fn advance(
+    txn: &WriteTransaction,
+    now_us: i64,
+    a: &Advance,
+) -> Result<(Cursor, Vec<NewEvent>), CommandError> {
+    let cur = get_in(txn, &a.consumer_id, &a.stream_name, &a.subject_id)?;
+    advance_from(&cur, now_us, a)
+}
+
+/// [`advance`] given the current row (for callers that already read it).
+pub(crate) fn advance_from(
+    cur: &Cursor,
+    now_us: i64,
+    a: &Advance,
+) -> Result<(Cursor, Vec<NewEvent>), CommandError> {
+    if let Some(exp) = a.expected_sequence
+        && exp != cur.last_sequence
+    {
+        return Err(CommandError::rejected(
+            RejectKind::Conflict,
+            "cursor_conflict",
+            format!(
+                "expected_sequence {exp} but the cursor is at {}",
+                cur.last_sequence
+            ),
+        ));
+    }
+    if a.last_sequence == cur.last_sequence
+        && cur.last_delivery_id.as_deref() == Some(a.delivery_id.as_str())
+    {
+        return Ok((cur.clone(), Vec::new()));
+    }
+    if a.last_sequence <= cur.last_sequence {
+        return Err(CommandError::rejected(
+            RejectKind::Conflict,
+            "non_monotonic_cursor",
+            format!(
+                "last_sequence {} is not past the cursor's {} (a cursor only moves down by reset)",
+                a.last_sequence, cur.last_sequence
+            ),
+        ));
+    }
+    let c = CursorEvent {
+        stream_name: a.stream_name.clone(),
+        subject_id: a.subject_id.clone(),
+        last_sequence: Some(a.last_sequence),
+        delivery_id: Some(a.delivery_id.clone()),
+        at_us: now_us,
+        ..CursorEvent::default()
+    };
+    let mut next = cur.clone();
+    next.last_sequence = a.last_sequence;
+    next.last_delivery_id = Some(a.delivery_id.clone());
+    next.last_delivered_at_us = Some(now_us);
+    next.last_error = None;
+    next.updated_at_us = Some(now_us);
+    Ok((next, vec![event("advanced", &a.consumer_id, &c)?]))
+}
+
+/// Set a cursor to `to` (up or down), recorded with its reason.
+fn reset(
+    txn: &WriteTransaction,
+    now_us: i64,
+    consumer_id: &str,
+    stream_name: &str,
+    subject_id: &str,
+    to: u64,
+    reason: &str,
+) -> Result<(Cursor, Vec<NewEvent>), CommandError> {
+    if reason.trim().is_empty() {
+        return Err(CommandError::rejected(
+            RejectKind::Invalid,
+            "reason_required",
+            "a cursor reset needs a non-empty reason",
+        ));
+    }
+    let cur = get_in(txn, consumer_id, stream_name, subject_id)?;
+    let c = CursorEvent {
+        stream_name: stream_name.to_owned(),
+        subject_id: subject_id.to_owned(),
+        from: Some(cur.last_sequence),
+        to: Some(to),
+        reason: Some(reason.to_owned()),
+        at_us: now_us,
+        ..CursorEvent::default()
+    };
+    let mut next = cur;
+    next.last_sequence = to;
+    next.last_error = None;
+    next.updated_at_us = Some(now_us);
+    Ok((next, vec![event("reset", consumer_id, &c)?]))
+}
+
+/// Record a delivery failure as the cursor's `last_error` (bounded).
+pub fn failed_event(
+    consumer_id: &str,
+    stream_name: &str,
+    subject_id: &str,
+    error: &str,
+    now_us: i64,
+) -> Result<NewEvent, CommandError> {
+    let c = CursorEvent {
+        stream_name: stream_name.to_owned(),
+        subject_id: subject_id.to_owned(),
+        error: Some(bound_error(error)),
+        at_us: now_us,
+        ..CursorEvent::default()
+    };
+    event("failed", consumer_id, &c)
+}

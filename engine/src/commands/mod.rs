@@ -1,0 +1,153 @@
+//! Commands: every write that depends on state. A command runs inside the log writer's
+//! transaction, reads the read models as left by every event before it, decides, and returns
+//! the events that record its decision; they are appended and folded in the same commit, so
+//! two commands never decide on the same state. One module per family:
+//! - [`outbox`]: routing, leases, completions, failures, operator actions (sections 4–5);
+//! - [`cursors`]: advance and reset (section 6, I4);
+//! - [`bridges`]: subscriptions and delivery confirmations (section 6).
+
+pub mod bridges;
+pub mod cursors;
+pub mod outbox;
+
+use tidemark_log::{CommandError, NewEvent};
+use tidemark_projections::bridges::Subscription;
+use tidemark_projections::cursors::Cursor;
+use tidemark_projections::deliveries::Delivery;
+
+pub use bridges::{BridgeCommand, Confirmation};
+pub use cursors::{Advance, CursorCommand};
+pub use outbox::{Completed, Failure, OperatorAction, OutboxCommand};
+
+use crate::store::WriteTransaction;
+
+/// Every command the engine executes ([`crate::Engine::execute`]).
+#[derive(Debug, Clone)]
+pub enum Command {
+    Outbox(OutboxCommand),
+    Cursor(CursorCommand),
+    Bridge(BridgeCommand),
+}
+
+impl From<OutboxCommand> for Command {
+    fn from(c: OutboxCommand) -> Self {
+        Command::Outbox(c)
+    }
+}
+
+impl From<CursorCommand> for Command {
+    fn from(c: CursorCommand) -> Self {
+        Command::Cursor(c)
+    }
+}
+
+impl From<BridgeCommand> for Command {
+    fn from(c: BridgeCommand) -> Self {
+        Command::Bridge(c)
+    }
+}
+
+impl Command {
+    /// A short name for spans and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Outbox(c) => match c {
+                OutboxCommand::Claim { .. } => "outbox.claim",
+                OutboxCommand::Complete { .. } => "outbox.complete",
+                OutboxCommand::Fail { .. } => "outbox.fail",
+                OutboxCommand::Extend { .. } => "outbox.extend",
+                OutboxCommand::Operator { .. } => "outbox.operator",
+                OutboxCommand::Route { .. } => "outbox.route",
+                OutboxCommand::ExpireLeases { .. } => "outbox.expire_leases",
+            },
+            Command::Cursor(CursorCommand::Advance(_)) => "cursor.advance",
+            Command::Cursor(CursorCommand::Reset { .. }) => "cursor.reset",
+            Command::Bridge(c) => match c {
+                BridgeCommand::Subscribe { .. } => "bridge.subscribe",
+                BridgeCommand::Unsubscribe { .. } => "bridge.unsubscribe",
+                BridgeCommand::Confirm(_) => "bridge.confirm",
+            },
+        }
+    }
+}
+
+/// What a command answers, besides the events it appended.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// Claim: the rows now leased.
+    Deliveries(Vec<Delivery>),
+    /// Fail, extend, operator: the row after it.
+    Delivery(Box<Delivery>),
+    /// Complete: one result per item, in order.
+    Completed(Vec<Completed>),
+    /// Route: events appended; expire: leases released.
+    Count(usize),
+    /// Advance, reset: the cursor after it.
+    Cursor(Cursor),
+    /// Subscribe (`created`: it is new), unsubscribe.
+    Subscription { row: Subscription, created: bool },
+    /// Confirm: the cursor after each item, or why it was refused.
+    Confirmed(Vec<Result<Cursor, CommandError>>),
+}
+
+fn unexpected(what: &str) -> CommandError {
+    CommandError::Storage(format!("the command answered something other than {what}"))
+}
+
+impl Outcome {
+    pub fn into_deliveries(self) -> Result<Vec<Delivery>, CommandError> {
+        match self {
+            Outcome::Deliveries(d) => Ok(d),
+            _ => Err(unexpected("deliveries")),
+        }
+    }
+    pub fn into_delivery(self) -> Result<Delivery, CommandError> {
+        match self {
+            Outcome::Delivery(d) => Ok(*d),
+            _ => Err(unexpected("a delivery")),
+        }
+    }
+    pub fn into_completed(self) -> Result<Vec<Completed>, CommandError> {
+        match self {
+            Outcome::Completed(c) => Ok(c),
+            _ => Err(unexpected("completions")),
+        }
+    }
+    pub fn into_count(self) -> Result<usize, CommandError> {
+        match self {
+            Outcome::Count(n) => Ok(n),
+            _ => Err(unexpected("a count")),
+        }
+    }
+    pub fn into_cursor(self) -> Result<Cursor, CommandError> {
+        match self {
+            Outcome::Cursor(c) => Ok(c),
+            _ => Err(unexpected("a cursor")),
+        }
+    }
+    pub fn into_subscription(self) -> Result<(Subscription, bool), CommandError> {
+        match self {
+            Outcome::Subscription { row, created } => Ok((row, created)),
+            _ => Err(unexpected("a subscription")),
+        }
+    }
+    pub fn into_confirmed(self) -> Result<Vec<Result<Cursor, CommandError>>, CommandError> {
+        match self {
+            Outcome::Confirmed(c) => Ok(c),
+            _ => Err(unexpected("confirmations")),
+        }
+    }
+}
+
+/// Run `cmd` inside the writer's transaction at `now_us`.
+pub(crate) fn run(
+    txn: &WriteTransaction,
+    now_us: i64,
+    cmd: Command,
+) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
+    match cmd {
+        Command::Outbox(c) => outbox::run(txn, now_us, c),
+        Command::Cursor(c) => cursors::run(txn, now_us, c),
+        Command::Bridge(c) => bridges::run(txn, now_us, c),
+    }
+}

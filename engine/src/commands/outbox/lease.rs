@@ -1,0 +1,365 @@
+//! Leases and their ends: claim, expiry, complete, fail, extend, operator retry / discard.
+
+use tidemark_log::{CommandError, NewEvent, RejectKind};
+use tidemark_projections::deliveries::{self as d, Change, Delivery, allowed, transition};
+use tidemark_projections::routing::backoff_ms;
+
+use super::{OperatorAction, State, draw, event};
+use crate::store::WriteTransaction;
+
+fn not_found(id: &str) -> CommandError {
+    CommandError::rejected(
+        RejectKind::NotFound,
+        "delivery_not_found",
+        format!("no delivery {id:?}"),
+    )
+}
+
+fn illegal(row: &Delivery, action: &str) -> CommandError {
+    CommandError::rejected(
+        RejectKind::Conflict,
+        "illegal_transition",
+        format!(
+            "delivery {:?} is {}: {action} is not allowed from that state",
+            row.id, row.status
+        ),
+    )
+}
+
+/// The row, leased by `owner` and not expired at `now_us`: once a lease has passed its
+/// `lease_expires_at` the delivery is due again (spec section 5), whether or not the expiry
+/// tick has recorded it yet, so the old owner's complete, fail or extend is refused the same
+/// way every time.
+fn owned_lease(
+    row: Option<Delivery>,
+    now_us: i64,
+    id: &str,
+    owner: &str,
+    action: &str,
+) -> Result<Delivery, CommandError> {
+    let row = row.ok_or_else(|| not_found(id))?;
+    if row.status != "leased" {
+        return Err(illegal(&row, action));
+    }
+    if row.lease_owner.as_deref() != Some(owner) {
+        return Err(CommandError::rejected(
+            RejectKind::Conflict,
+            "not_lease_owner",
+            format!("delivery {id:?} is leased by another owner"),
+        ));
+    }
+    if row.lease_expires_at_us.is_some_and(|e| e <= now_us) {
+        return Err(CommandError::rejected(
+            RejectKind::Conflict,
+            "lease_expired",
+            format!("the lease on {id:?} has expired; claim it again"),
+        ));
+    }
+    Ok(row)
+}
+
+/// Claim due deliveries of `sink`, oldest due first: queued, retry_wait past its next attempt,
+/// leased past its lease (released first). Suppression is re-checked: a delivery to a
+/// recipient suppressed now is skipped instead. Answers the leased rows.
+pub(super) fn claim(
+    txn: &WriteTransaction,
+    now_us: i64,
+    sink: &str,
+    owner: &str,
+    limit: usize,
+    lease_ms: u64,
+) -> Result<(Vec<Delivery>, Vec<NewEvent>), CommandError> {
+    let mut st = State::new(txn)?;
+    let mut from = sink.as_bytes().to_vec();
+    from.push(0);
+    let mut to = from.clone();
+    to.extend_from_slice(&d::us_key(now_us.saturating_add(1)));
+    let mut leased = Vec::new();
+    let mut events = Vec::new();
+    let mut after = from.clone();
+    while leased.len() < limit {
+        let keys = st.keys(d::DUE, &after, &to, limit - leased.len())?;
+        if keys.is_empty() {
+            break;
+        }
+        for k in &keys {
+            let id = String::from_utf8_lossy(&k[from.len() + 8..]).into_owned();
+            let Some(mut row) = st.row(&id)? else {
+                continue;
+            };
+            if row.status == "leased" {
+                let c = expiry(&row, now_us);
+                transition(&mut row, "lease_expired", &c, 0);
+                events.push(event("lease_expired", &id, &c)?);
+                if row.status == "parked" {
+                    continue;
+                }
+            }
+            if st
+                .recipient(row.recipient.as_deref())?
+                .suppressed_at(now_us)
+            {
+                let c = Change {
+                    at_us: now_us,
+                    reason: Some("suppressed".into()),
+                    ..Change::default()
+                };
+                events.push(event("skipped", &id, &c)?);
+                continue;
+            }
+            let c = Change {
+                at_us: now_us,
+                owner: Some(owner.to_owned()),
+                attempt: Some(row.attempts + 1),
+                lease_expires_at_us: Some(now_us.saturating_add(lease_ms as i64 * 1_000)),
+                ..Change::default()
+            };
+            transition(&mut row, "leased", &c, 0);
+            events.push(event("leased", &id, &c)?);
+            leased.push(row);
+        }
+        after = keys.last().expect("not empty").clone();
+        after.push(0);
+    }
+    Ok((leased, events))
+}
+
+/// A lease's expiry: back to queued, or parked when it used the last attempt.
+fn expiry(row: &Delivery, now_us: i64) -> Change {
+    let parked = row.attempts >= row.max_attempts;
+    Change {
+        at_us: now_us,
+        owner: row.lease_owner.clone(),
+        attempt: Some(row.attempts),
+        next_attempt_at_us: (!parked).then_some(now_us),
+        parked: Some(parked),
+        reason: parked.then(|| "max_attempts".into()),
+        ..Change::default()
+    }
+}
+
+/// Release leases that expired by `now_us` (at most `max`): the periodic tick and the one at
+/// start-up. Answers how many.
+pub(super) fn expire_leases(
+    txn: &WriteTransaction,
+    now_us: i64,
+    max: usize,
+) -> Result<(usize, Vec<NewEvent>), CommandError> {
+    let mut st = State::new(txn)?;
+    let to = d::us_key(now_us.saturating_add(1));
+    let keys = st.keys(d::LEASES, &[], &to, max)?;
+    let mut events = Vec::new();
+    for k in &keys {
+        let id = String::from_utf8_lossy(&k[8..]).into_owned();
+        let Some(row) = st.row(&id)? else { continue };
+        if row.status != "leased" {
+            continue;
+        }
+        events.push(event("lease_expired", &id, &expiry(&row, now_us))?);
+    }
+    Ok((events.len(), events))
+}
+
+/// One item of a batch completion: the row it left, or why it was refused.
+#[derive(Debug, Clone)]
+pub enum Completed {
+    Sent(Box<Delivery>),
+    Refused {
+        code: &'static str,
+        detail: String,
+        not_found: bool,
+    },
+}
+
+impl Completed {
+    /// The row, or the refusal as the error a single completion answers.
+    pub fn into_result(self) -> Result<Delivery, CommandError> {
+        match self {
+            Completed::Sent(row) => Ok(*row),
+            Completed::Refused {
+                code,
+                detail,
+                not_found,
+            } => Err(CommandError::rejected(
+                if not_found {
+                    RejectKind::NotFound
+                } else {
+                    RejectKind::Conflict
+                },
+                code,
+                detail,
+            )),
+        }
+    }
+}
+
+/// Complete many deliveries leased by `owner` in one command (one transaction, one fold of
+/// the read models): each item is checked on its own, and refused items change
+/// nothing while the others are recorded.
+pub(super) fn complete_many(
+    txn: &WriteTransaction,
+    now_us: i64,
+    owner: &str,
+    items: &[(String, Option<String>)],
+) -> Result<(Vec<Completed>, Vec<NewEvent>), CommandError> {
+    let mut st = State::new(txn)?;
+    let mut out = Vec::with_capacity(items.len());
+    let mut events = Vec::new();
+    let mut done: std::collections::HashMap<&str, Delivery> = Default::default();
+    for (id, external_id) in items {
+        let current = match done.get(id.as_str()) {
+            Some(r) => Some(r.clone()),
+            None => st.row(id)?,
+        };
+        let result = match current {
+            None => Err(not_found(id)),
+            Some(row) if row.status == "sent" && row.lease_owner.as_deref() == Some(owner) => {
+                out.push(Completed::Sent(Box::new(row)));
+                continue;
+            }
+            row => match owned_lease(row, now_us, id, owner, "complete") {
+                Err(e) => Err(e),
+                Ok(mut row) => {
+                    let c = Change {
+                        at_us: now_us,
+                        owner: Some(owner.to_owned()),
+                        attempt: Some(row.attempts),
+                        external_id: external_id.clone(),
+                        ..Change::default()
+                    };
+                    transition(&mut row, "sent", &c, 0);
+                    events.push(event("sent", id, &c)?);
+                    done.insert(id.as_str(), row.clone());
+                    Ok(row)
+                }
+            },
+        };
+        out.push(match result {
+            Ok(row) => Completed::Sent(Box::new(row)),
+            Err(CommandError::Rejected { kind, code, detail }) => Completed::Refused {
+                code,
+                detail,
+                not_found: kind == RejectKind::NotFound,
+            },
+            Err(e) => return Err(e),
+        });
+    }
+    Ok((out, events))
+}
+
+/// What a failure report says.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub error_code: String,
+    pub error: String,
+    pub retryable: bool,
+    pub retry_after_ms: Option<u64>,
+}
+
+/// The lease owner reports a failed attempt: retry_wait with backoff, or parked when it is
+/// permanent or the last attempt.
+pub(super) fn fail(
+    txn: &WriteTransaction,
+    now_us: i64,
+    id: &str,
+    owner: &str,
+    f: Failure,
+) -> Result<(Delivery, Vec<NewEvent>), CommandError> {
+    let mut st = State::new(txn)?;
+    let mut row = owned_lease(st.row(id)?, now_us, id, owner, "fail")?;
+    let parked = !f.retryable || row.attempts >= row.max_attempts;
+    let next = if parked {
+        None
+    } else {
+        let retry = st.settings_at(u64::MAX)?.retry;
+        // The jitter is a draw from the delivery and its attempt: replaying the decision
+        // draws the same.
+        let u = draw(&[id.as_bytes(), &row.attempts.to_le_bytes(), b"retry"]);
+        let ms = backoff_ms(&retry, row.attempts.max(1), u, f.retry_after_ms);
+        Some(now_us.saturating_add(ms as i64 * 1_000))
+    };
+    let c = Change {
+        at_us: now_us,
+        owner: Some(owner.to_owned()),
+        attempt: Some(row.attempts),
+        next_attempt_at_us: next,
+        error_code: Some(f.error_code),
+        error: Some(f.error),
+        retryable: Some(f.retryable),
+        retry_after_ms: f.retry_after_ms,
+        parked: Some(parked),
+        reason: parked.then(|| {
+            if f.retryable {
+                "max_attempts"
+            } else {
+                "permanent_failure"
+            }
+            .into()
+        }),
+        ..Change::default()
+    };
+    transition(&mut row, "attempt_failed", &c, 0);
+    Ok((row, vec![event("attempt_failed", id, &c)?]))
+}
+
+/// The lease owner extends its lease (heartbeat); an expired lease cannot be extended.
+pub(super) fn extend(
+    txn: &WriteTransaction,
+    now_us: i64,
+    id: &str,
+    owner: &str,
+    lease_ms: u64,
+) -> Result<(Delivery, Vec<NewEvent>), CommandError> {
+    let mut st = State::new(txn)?;
+    if let Some(row) = st.row(id)?
+        && row.status != "leased"
+        && row.last_error_code.as_deref() == Some("lease_expired")
+    {
+        // Released by the expiry tick before this heartbeat arrived.
+        return Err(CommandError::rejected(
+            RejectKind::Conflict,
+            "lease_expired",
+            format!("the lease on {id:?} has expired; claim it again"),
+        ));
+    }
+    let mut row = owned_lease(st.row(id)?, now_us, id, owner, "extend")?;
+    let c = Change {
+        at_us: now_us,
+        owner: Some(owner.to_owned()),
+        attempt: Some(row.attempts),
+        lease_expires_at_us: Some(now_us.saturating_add(lease_ms as i64 * 1_000)),
+        ..Change::default()
+    };
+    transition(&mut row, "lease_extended", &c, 0);
+    Ok((row, vec![event("lease_extended", id, &c)?]))
+}
+
+/// Operator action on a parked delivery: `retried` (back to queued with attempts 0) or
+/// `discarded`.
+pub(super) fn operator(
+    txn: &WriteTransaction,
+    now_us: i64,
+    id: &str,
+    action: OperatorAction,
+    by: &str,
+    reason: Option<String>,
+) -> Result<(Delivery, Vec<NewEvent>), CommandError> {
+    let mut st = State::new(txn)?;
+    let mut row = st.row(id)?.ok_or_else(|| not_found(id))?;
+    let kind = action.kind();
+    if !allowed(&row.status, kind) {
+        let verb = match action {
+            OperatorAction::Retry => "retry",
+            OperatorAction::Discard => "discard",
+        };
+        return Err(illegal(&row, verb));
+    }
+    let c = Change {
+        at_us: now_us,
+        owner: Some(by.to_owned()),
+        reason,
+        ..Change::default()
+    };
+    transition(&mut row, kind, &c, 0);
+    Ok((row, vec![event(kind, id, &c)?]))
+}

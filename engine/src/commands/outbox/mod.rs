@@ -1,0 +1,236 @@
+//! The outbox family (spec sections 4 and 5): routing notifications into deliveries, leases,
+//! completions, failures and operator actions. Each command runs inside the log writer's
+//! transaction: it reads the deliveries model as left by every event before it, checks the
+//! transition, and returns the events that record it. Two concurrent claims are two commands
+//! in sequence, so a row is never leased twice.
+//!
+//! The clock and random draws are read here, never in the fold: `now_us` is passed in and the
+//! chosen times are written into the events; a draw is a hash of the delivery id, so a replayed
+//! decision is the same decision.
+//!
+//! - `route`: notifications and task cancellations → `delivery.created` / `joined` /
+//!   `cancelled`, quiet hours, digests.
+//! - `lease`: claim, expiry, complete, fail, extend, operator retry / discard.
+
+mod lease;
+mod route;
+
+use serde_json::Value;
+use tidemark_log::{CommandError, Event, NewEvent};
+use tidemark_projections::deliveries::{self as d, Delivery, Recipient};
+use tidemark_projections::framework::{TxnTables, be_u64};
+use tidemark_projections::routing::RoutingSettings;
+
+use crate::commands::Outcome;
+use crate::store::{ReadableTable, WriteTransaction};
+
+pub use lease::{Completed, Failure};
+pub use route::{delivery_id, quiet_hours_end};
+
+/// A command of the outbox family.
+#[derive(Debug, Clone)]
+pub enum OutboxCommand {
+    /// Lease up to `limit` due deliveries of `sink` to `owner` for `lease_ms`.
+    Claim {
+        sink: String,
+        owner: String,
+        limit: usize,
+        lease_ms: u64,
+    },
+    /// The lease owner reports these deliveries sent (each answered on its own).
+    Complete {
+        owner: String,
+        items: Vec<(String, Option<String>)>,
+    },
+    /// The lease owner reports a failed attempt.
+    Fail {
+        id: String,
+        owner: String,
+        failure: Failure,
+    },
+    /// The lease owner extends its lease to `lease_ms` from now.
+    Extend {
+        id: String,
+        owner: String,
+        lease_ms: u64,
+    },
+    /// An operator retries or discards a parked delivery.
+    Operator {
+        id: String,
+        action: OperatorAction,
+        by: String,
+        reason: Option<String>,
+    },
+    /// Route the notifications and task cancellations among `source` past the routing
+    /// checkpoint (the scheduler's command).
+    Route { source: Vec<Event> },
+    /// Release at most `max` leases expired by now.
+    ExpireLeases { max: usize },
+}
+
+/// What an operator does to a parked delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperatorAction {
+    Retry,
+    Discard,
+}
+
+impl OperatorAction {
+    /// The transition it records (`delivery.retried` / `delivery.discarded`).
+    pub fn kind(self) -> &'static str {
+        match self {
+            OperatorAction::Retry => "retried",
+            OperatorAction::Discard => "discarded",
+        }
+    }
+}
+
+pub(crate) fn run(
+    txn: &WriteTransaction,
+    now_us: i64,
+    cmd: OutboxCommand,
+) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
+    Ok(match cmd {
+        OutboxCommand::Claim {
+            sink,
+            owner,
+            limit,
+            lease_ms,
+        } => {
+            let (rows, ev) = lease::claim(txn, now_us, &sink, &owner, limit, lease_ms)?;
+            (Outcome::Deliveries(rows), ev)
+        }
+        OutboxCommand::Complete { owner, items } => {
+            let (done, ev) = lease::complete_many(txn, now_us, &owner, &items)?;
+            (Outcome::Completed(done), ev)
+        }
+        OutboxCommand::Fail { id, owner, failure } => {
+            let (row, ev) = lease::fail(txn, now_us, &id, &owner, failure)?;
+            (Outcome::Delivery(Box::new(row)), ev)
+        }
+        OutboxCommand::Extend {
+            id,
+            owner,
+            lease_ms,
+        } => {
+            let (row, ev) = lease::extend(txn, now_us, &id, &owner, lease_ms)?;
+            (Outcome::Delivery(Box::new(row)), ev)
+        }
+        OutboxCommand::Operator {
+            id,
+            action,
+            by,
+            reason,
+        } => {
+            let (row, ev) = lease::operator(txn, now_us, &id, action, &by, reason)?;
+            (Outcome::Delivery(Box::new(row)), ev)
+        }
+        OutboxCommand::Route { source } => {
+            let ev = route::route(txn, &source)?;
+            (Outcome::Count(ev.len()), ev)
+        }
+        OutboxCommand::ExpireLeases { max } => {
+            let (n, ev) = lease::expire_leases(txn, now_us, max)?;
+            (Outcome::Count(n), ev)
+        }
+    })
+}
+
+fn storage(e: String) -> CommandError {
+    CommandError::Storage(e)
+}
+
+/// The deliveries model seen from inside the writer's transaction.
+pub struct State<'t> {
+    t: TxnTables<'t>,
+}
+
+impl<'t> State<'t> {
+    pub fn new(txn: &'t WriteTransaction) -> Result<Self, CommandError> {
+        Ok(State {
+            t: TxnTables::new(txn, d::NAME).map_err(storage)?,
+        })
+    }
+
+    pub fn row(&mut self, id: &str) -> Result<Option<Delivery>, CommandError> {
+        self.t.get_val(d::ROWS, id.as_bytes()).map_err(storage)
+    }
+
+    fn recipient(&mut self, r: Option<&str>) -> Result<Recipient, CommandError> {
+        let Some(r) = r else {
+            return Ok(Recipient::default());
+        };
+        Ok(self
+            .t
+            .get_val(d::RECIPIENTS, r.as_bytes())
+            .map_err(storage)?
+            .unwrap_or_default())
+    }
+
+    fn u64_at(&mut self, table: &'static str, key: &[u8]) -> Result<Option<u64>, CommandError> {
+        Ok(self
+            .t
+            .get(table, key)
+            .map_err(storage)?
+            .and_then(|b| be_u64(&b)))
+    }
+
+    /// Seq of the last notification or cancellation routing has handled.
+    pub fn routed(&mut self) -> Result<u64, CommandError> {
+        Ok(self.u64_at(d::STATE, d::ROUTED_KEY)?.unwrap_or(0))
+    }
+
+    /// The settings in force at `seq` (the last `settings.updated` at or before it).
+    pub fn settings_at(&mut self, seq: u64) -> Result<RoutingSettings, CommandError> {
+        let t = self.t.table(d::SETTINGS).map_err(storage)?;
+        let mut range = t
+            .range(..=seq.to_be_bytes().as_slice())
+            .map_err(|e| storage(e.to_string()))?;
+        let Some(row) = range.next_back() else {
+            return Ok(RoutingSettings::default());
+        };
+        let (_, v) = row.map_err(|e| storage(e.to_string()))?;
+        let json: Value = serde_json::from_slice(v.value()).map_err(|e| storage(e.to_string()))?;
+        // The server validated the settings before recording them.
+        Ok(RoutingSettings::from_json(&json).unwrap_or_default())
+    }
+
+    /// Keys of `table` in `[from, to)`, at most `max`.
+    fn keys(
+        &mut self,
+        table: &'static str,
+        from: &[u8],
+        to: &[u8],
+        max: usize,
+    ) -> Result<Vec<Vec<u8>>, CommandError> {
+        let t = self.t.table(table).map_err(storage)?;
+        let mut out = Vec::new();
+        for row in t.range(from..to).map_err(|e| storage(e.to_string()))? {
+            let (k, _) = row.map_err(|e| storage(e.to_string()))?;
+            out.push(k.value().to_vec());
+            if out.len() >= max {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn event(kind: &str, id: &str, payload: &impl serde::Serialize) -> Result<NewEvent, CommandError> {
+    let v = serde_json::to_value(payload).map_err(|e| storage(e.to_string()))?;
+    NewEvent::new(None, "deliveries", id, format!("delivery.{kind}"), &v)
+        .map_err(|e| storage(e.to_string()))
+}
+
+/// A number in [0, 1) drawn from `seed`: the draws of routing are a function of the delivery
+/// id, so a replayed routing decision is the same decision.
+fn draw(seed: &[&[u8]]) -> f64 {
+    let mut h = blake3::Hasher::new();
+    for s in seed {
+        h.update(&(s.len() as u32).to_le_bytes());
+        h.update(s);
+    }
+    let b = h.finalize();
+    let x = u64::from_le_bytes(b.as_bytes()[..8].try_into().expect("8 bytes"));
+    (x >> 11) as f64 / (1u64 << 53) as f64
+}

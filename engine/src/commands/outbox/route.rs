@@ -1,0 +1,360 @@
+//! Routing: each notification (in seq order, past the routing checkpoint) becomes one delivery
+//! per route its priority resolves to, delayed, digested or held past quiet hours as the
+//! settings in force at its seq say; a task cancellation cancels the task's undelivered
+//! deliveries of earlier notifications.
+
+use serde_json::Value;
+use tidemark_log::{CommandError, Event, NewEvent};
+use tidemark_projections::deliveries::{
+    self as d, Change, Created, Delivery, Group, Joined, allowed, transition,
+};
+use tidemark_projections::routing::{RouteOutcome, resolve_routes};
+
+use super::{State, draw, event, storage};
+use crate::store::WriteTransaction;
+
+/// Delivery id `dlv:<notification_id>:<route>`; when that is longer than a subject may be
+/// (128), the notification id is replaced by a hash of it.
+pub fn delivery_id(notification_id: &str, route: &str) -> String {
+    let id = format!("dlv:{notification_id}:{route}");
+    if id.chars().count() <= 128 {
+        return id;
+    }
+    let h = blake3::hash(notification_id.as_bytes()).to_hex();
+    format!("dlv:~{}:{route}", &h[..32])
+}
+
+const MINUTE_US: i64 = 60_000_000;
+const DAY_US: i64 = 1_440 * MINUTE_US;
+
+/// Move `due_us` out of a recipient-local quiet window `[from, to)` (minutes after local
+/// midnight; the window may wrap past midnight): a due time inside it moves to its end.
+pub fn quiet_hours_end(due_us: i64, tz_offset_minutes: i32, from: u32, to: u32) -> Option<i64> {
+    if from == to {
+        return None;
+    }
+    let local = due_us + tz_offset_minutes as i64 * MINUTE_US;
+    let minute = local.rem_euclid(DAY_US) / MINUTE_US;
+    let (from, to) = (from as i64, to as i64);
+    let inside = if from < to {
+        minute >= from && minute < to
+    } else {
+        minute >= from || minute < to
+    };
+    if !inside {
+        return None;
+    }
+    let midnight = local - local.rem_euclid(DAY_US);
+    let mut end = midnight + to * MINUTE_US;
+    if end <= local {
+        end += DAY_US;
+    }
+    Some(end - tz_offset_minutes as i64 * MINUTE_US)
+}
+
+/// What the notification fields of a notification event say.
+struct Notice {
+    id: String,
+    seq: u64,
+    source_seq: u64,
+    time_us: i64,
+    priority: String,
+    title: String,
+    body: Option<String>,
+    recipient: Option<String>,
+    group_key: Option<String>,
+    task_id: Option<String>,
+    deliver_after_us: Option<i64>,
+}
+
+fn notice(ev: &Event) -> Option<Notice> {
+    let id = match ev.event_type.as_str() {
+        "notification.requested" => ev.event_id.clone(),
+        "notification.created" => ev.subject.clone(),
+        _ => return None,
+    };
+    let p = ev.payload_value();
+    let s = |k: &str| p.get(k).and_then(Value::as_str).map(str::to_owned);
+    Some(Notice {
+        id,
+        seq: ev.seq,
+        source_seq: p
+            .get("source_seq")
+            .and_then(Value::as_u64)
+            .unwrap_or(ev.seq),
+        time_us: ev.time_us,
+        priority: s("priority").unwrap_or_else(|| "info".into()),
+        title: s("title").unwrap_or_default(),
+        body: s("body"),
+        recipient: s("recipient"),
+        group_key: s("group_key"),
+        task_id: s("task_id"),
+        deliver_after_us: s("deliver_after")
+            .as_deref()
+            .and_then(tidemark_log::time::parse_rfc3339_micros),
+    })
+}
+
+/// Rows created or changed earlier in the same routing command.
+#[derive(Default)]
+struct Overlay {
+    rows: std::collections::HashMap<String, Delivery>,
+    groups: std::collections::HashMap<Vec<u8>, Group>,
+}
+
+impl Overlay {
+    fn row(&self, st: &mut State<'_>, id: &str) -> Result<Option<Delivery>, CommandError> {
+        match self.rows.get(id) {
+            Some(r) => Ok(Some(r.clone())),
+            None => st.row(id),
+        }
+    }
+}
+
+/// Route notifications and apply task cancellations, for the events of `source` (in seq
+/// order) past the routing checkpoint. The checkpoint advances in the same transaction as the
+/// events, so every notification is routed exactly once, across crashes.
+pub(super) fn route(
+    txn: &WriteTransaction,
+    source: &[Event],
+) -> Result<Vec<NewEvent>, CommandError> {
+    let mut st = State::new(txn)?;
+    let routed = st.routed()?;
+    let mut out = Vec::new();
+    let mut ov = Overlay::default();
+    for ev in source.iter().filter(|e| e.seq > routed) {
+        match (ev.stream.as_str(), ev.event_type.as_str()) {
+            ("notifications", _) => {
+                if let Some(n) = notice(ev) {
+                    route_one(&mut st, &mut ov, &n, &mut out)?;
+                }
+            }
+            ("task_events", "task.canceled") => {
+                cancel_task(&mut st, &mut ov, &ev.subject, ev.seq, ev.time_us, &mut out)?
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+fn route_one(
+    st: &mut State<'_>,
+    ov: &mut Overlay,
+    n: &Notice,
+    out: &mut Vec<NewEvent>,
+) -> Result<(), CommandError> {
+    let s = st.settings_at(n.seq)?;
+    for outcome in resolve_routes(&s, &n.priority) {
+        let (route, sink, skip) = match outcome {
+            RouteOutcome::Deliver { route, sink } => (route, sink, None),
+            RouteOutcome::Skipped { route, reason } => (route, "none".to_owned(), Some(reason)),
+        };
+        let id = delivery_id(&n.id, &route);
+        if ov.row(st, &id)?.is_some() {
+            continue;
+        }
+        let at = n.time_us.max(n.deliver_after_us.unwrap_or(i64::MIN));
+        let policy = s.routes.get(&route).cloned().unwrap_or_default();
+        let mut c = Created {
+            delivery_id: id.clone(),
+            notification_id: n.id.clone(),
+            notification_seq: n.seq,
+            source_seq: n.source_seq,
+            route: route.clone(),
+            sink,
+            recipient: n.recipient.clone(),
+            priority: n.priority.clone(),
+            title: n.title.clone(),
+            body: n.body.clone(),
+            sound: s.sound_priorities.contains(&n.priority),
+            task_id: n.task_id.clone(),
+            group_key: n.group_key.clone(),
+            status: "queued".into(),
+            reason: None,
+            max_attempts: s.retry.max_attempts,
+            created_at_us: n.time_us,
+            next_attempt_at_us: at,
+            delay_ms: None,
+            quiet_hours_until_us: None,
+            digest_until_us: None,
+            digest_max_items: None,
+        };
+        let canceled_at = match &n.task_id {
+            Some(t) => st.u64_at(d::CANCELED, t.as_bytes())?,
+            None => None,
+        };
+        let recipient = st.recipient(n.recipient.as_deref())?;
+        if let Some(reason) = skip {
+            c.status = "skipped".into();
+            c.reason = Some(reason.into());
+        } else if canceled_at.is_some_and(|cs| n.source_seq < cs) {
+            c.status = "cancelled".into();
+            c.reason = Some("task_canceled".into());
+        } else if recipient.suppressed_at(n.time_us) {
+            c.status = "skipped".into();
+            c.reason = Some("suppressed".into());
+        } else {
+            // Digest: join the open delivery of this recipient and group, if any.
+            if let (Some(dg), Some(g)) = (&policy.digest, &n.group_key) {
+                let key = d::group_key(&route, n.recipient.as_deref().unwrap_or(""), g);
+                let open = match ov.groups.get(&key) {
+                    Some(g) => Some(g.clone()),
+                    None => st.t.get_val::<Group>(d::GROUPS, &key).map_err(storage)?,
+                };
+                if let Some(grp) = open
+                    && at < grp.until_us
+                    && let Some(mut target) = ov.row(st, &grp.delivery_id)?
+                    && target.status == "queued"
+                    && (target.items.len() as u32) < grp.max_items
+                {
+                    let j = Joined {
+                        notification_id: n.id.clone(),
+                        notification_seq: n.seq,
+                        source_seq: n.source_seq,
+                        title: n.title.clone(),
+                        body: n.body.clone(),
+                        at_us: n.time_us,
+                    };
+                    d::join(&mut target, &j, 0);
+                    out.push(event("joined", &target.id, &j)?);
+                    ov.rows.insert(target.id.clone(), target);
+                    continue;
+                }
+                let until = at.saturating_add(dg.window_ms as i64 * 1_000);
+                c.digest_until_us = Some(until);
+                c.digest_max_items = Some(dg.max_items);
+                ov.groups.insert(
+                    key,
+                    Group {
+                        delivery_id: id.clone(),
+                        until_us: until,
+                        max_items: dg.max_items,
+                    },
+                );
+            }
+            let mut due = at;
+            if let Some((lo, hi)) = policy.delay_ms {
+                let u = draw(&[id.as_bytes(), b"delay"]);
+                let ms = lo + ((hi - lo) as f64 * u) as u64;
+                c.delay_ms = Some(ms);
+                due = due.saturating_add(ms as i64 * 1_000);
+            }
+            if let Some(until) = c.digest_until_us {
+                due = due.max(until);
+            }
+            if let Some((from, to)) = policy.quiet_hours
+                && !policy.quiet_hours_bypass.contains(&n.priority)
+                && let Some(end) =
+                    quiet_hours_end(due, recipient.tz_offset_minutes.unwrap_or(0), from, to)
+            {
+                c.quiet_hours_until_us = Some(end);
+                due = end;
+            }
+            c.next_attempt_at_us = due;
+        }
+        ov.rows.insert(id.clone(), c.row(0));
+        out.push(event("created", &id, &c)?);
+    }
+    Ok(())
+}
+
+fn cancel_task(
+    st: &mut State<'_>,
+    ov: &mut Overlay,
+    task: &str,
+    cancel_seq: u64,
+    at_us: i64,
+    out: &mut Vec<NewEvent>,
+) -> Result<(), CommandError> {
+    let mut from = task.as_bytes().to_vec();
+    from.push(0);
+    let mut to = task.as_bytes().to_vec();
+    to.push(1);
+    let mut ids: Vec<String> = st
+        .keys(d::BY_TASK, &from, &to, usize::MAX)?
+        .into_iter()
+        .map(|k| String::from_utf8_lossy(&k[from.len()..]).into_owned())
+        .collect();
+    for r in ov.rows.values() {
+        if r.task_id.as_deref() == Some(task) && !ids.contains(&r.id) {
+            ids.push(r.id.clone());
+        }
+    }
+    ids.sort();
+    for id in ids {
+        let Some(mut row) = ov.row(st, &id)? else {
+            continue;
+        };
+        if row.source_seq >= cancel_seq || !allowed(&row.status, "cancelled") {
+            continue;
+        }
+        let c = Change {
+            at_us,
+            reason: Some("task_canceled".into()),
+            cancel_seq: Some(cancel_seq),
+            ..Change::default()
+        };
+        transition(&mut row, "cancelled", &c, 0);
+        out.push(event("cancelled", &id, &c)?);
+        ov.rows.insert(id, row);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H: i64 = 60 * MINUTE_US;
+
+    #[test]
+    fn quiet_hours_edges() {
+        let day = 20_000 * DAY_US; // a UTC midnight
+        let (from, to) = (22 * 60, 9 * 60);
+        assert_eq!(
+            quiet_hours_end(day + 21 * H + 59 * MINUTE_US, 0, from, to),
+            None
+        );
+        assert_eq!(
+            quiet_hours_end(day + 22 * H + MINUTE_US, 0, from, to),
+            Some(day + DAY_US + 9 * H),
+            "22:01 moves to the next 09:00"
+        );
+        assert_eq!(
+            quiet_hours_end(day + 22 * H, 0, from, to),
+            Some(day + DAY_US + 9 * H),
+            "the window starts at 22:00"
+        );
+        assert_eq!(
+            quiet_hours_end(day + 3 * H, 0, from, to),
+            Some(day + 9 * H),
+            "after midnight: the same day's 09:00"
+        );
+        assert_eq!(
+            quiet_hours_end(day + 9 * H, 0, from, to),
+            None,
+            "09:00 is outside"
+        );
+        // Recipient at UTC+02:00: 22:01 local is 20:01Z; the end is 09:00 local = 07:00Z.
+        assert_eq!(
+            quiet_hours_end(day + 20 * H + MINUTE_US, 120, from, to),
+            Some(day + DAY_US + 7 * H)
+        );
+        // A window that does not wrap.
+        assert_eq!(
+            quiet_hours_end(day + 13 * H, 0, 12 * 60, 14 * 60),
+            Some(day + 14 * H)
+        );
+        assert_eq!(quiet_hours_end(day + 14 * H, 0, 12 * 60, 14 * 60), None);
+    }
+
+    #[test]
+    fn long_notification_ids_get_a_hashed_delivery_id() {
+        assert_eq!(delivery_id("n1", "desktop"), "dlv:n1:desktop");
+        let long = "x".repeat(128);
+        let id = delivery_id(&long, "desktop");
+        assert!(id.len() <= 128 && id.starts_with("dlv:~"), "{id}");
+        assert_eq!(id, delivery_id(&long, "desktop"));
+    }
+}

@@ -1,0 +1,142 @@
+//! The engine of tidemark: the one boundary between the HTTP API and reactors above and the
+//! log and read models below. Data flows one way: commands → log → followers → queries.
+//!
+//! - [`Engine::execute`] runs a typed [`Command`] (one module per family in [`commands`])
+//!   inside the log writer's transaction and answers its [`Outcome`].
+//! - [`Engine::log`] is the log behind its narrow interface ([`EventLog`]: append, conditional
+//!   append, read, get, head, commit notification); nothing of storage crosses it.
+//! - [`Engine::read`] is the one reader of the read models ([`Queries`]).
+//! - The clock enters here ([`Clock`]): commands take `now` from it inside the writer, so a
+//!   test can drive due times and lease expiry.
+//!
+//! # Public surface
+//! `Engine` (open, execute, log, read, rebuild, now_us, queued, is_poisoned, close), `Command`
+//! and its families, `Outcome`, `Queries`, `Clock`.
+
+#![forbid(unsafe_code)]
+
+pub mod commands;
+mod queries;
+
+use std::sync::Arc;
+
+use tidemark_log::{AppendReceipt, CommandError, EventLog, Log, LogConfig, OpenError, OpenReport};
+use tidemark_projections::rebuild::RebuildReport;
+
+pub use commands::{Command, Outcome};
+pub use queries::{LAG_CAP, Lag, Queries};
+
+/// The redb items the commands use inside the writer's transaction; nothing of it is public.
+mod store {
+    pub(crate) use redb::{ReadableTable, WriteTransaction};
+}
+
+/// Where commands read the time (microseconds since the epoch).
+pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+/// The wall clock.
+pub fn wall_clock() -> Clock {
+    Arc::new(tidemark_log::time::now_micros)
+}
+
+/// Handle to an open engine. Cheap to clone; all clones share one log writer.
+#[derive(Clone)]
+pub struct Engine {
+    log: Log,
+    clock: Clock,
+    queries: Queries,
+}
+
+impl Engine {
+    /// Open (or create) the log with every projection kept current by its writer (blocking:
+    /// call from a blocking context in async code).
+    pub fn open(cfg: &LogConfig) -> Result<(Engine, OpenReport), OpenError> {
+        let (log, report) = Log::open_with(cfg, vec![tidemark_projections::projector()])?;
+        Ok((Engine::from_log(log), report))
+    }
+
+    fn from_log(log: Log) -> Engine {
+        Engine {
+            queries: Queries::new(log.clone()),
+            log,
+            clock: wall_clock(),
+        }
+    }
+
+    /// The same engine reading time from `clock` (tests drive due times with it).
+    pub fn with_clock(mut self, clock: Clock) -> Engine {
+        self.clock = clock;
+        self
+    }
+
+    /// The log through its narrow interface.
+    pub fn log(&self) -> &(impl EventLog + Clone + use<>) {
+        &self.log
+    }
+
+    /// The highest committed seq (the log's head).
+    pub fn head(&self) -> u64 {
+        self.log.head()
+    }
+
+    /// The read models.
+    pub fn read(&self) -> &Queries {
+        &self.queries
+    }
+
+    /// The engine's clock now.
+    pub fn now_us(&self) -> i64 {
+        (self.clock)()
+    }
+
+    /// Execute `cmd`: inside the writer's transaction it reads the state left by every event
+    /// before it, decides, and its events are appended and folded in the same durable commit.
+    /// A refusal (`CommandError::Rejected`) appends nothing.
+    pub async fn execute(
+        &self,
+        cmd: impl Into<Command>,
+    ) -> Result<(Outcome, AppendReceipt), CommandError> {
+        let cmd = cmd.into();
+        let name = cmd.name();
+        let clock = self.clock.clone();
+        let r = self
+            .log
+            .command(true, move |txn, _head| commands::run(txn, clock(), cmd))
+            .await;
+        let result = match &r {
+            Ok(_) => "ok",
+            Err(CommandError::Rejected { .. }) => "refused",
+            Err(_) => "error",
+        };
+        metrics::counter!("tidemark_commands_total", "command" => name, "result" => result)
+            .increment(1);
+        r
+    }
+
+    /// Rebuild (`swap`) or verify projection `name` from the log; `None` when there is no such
+    /// projection. `progress(done, head)` is called between chunks.
+    pub async fn rebuild(
+        &self,
+        name: &str,
+        swap: bool,
+        progress: impl Fn(u64, u64),
+    ) -> Option<Result<RebuildReport, CommandError>> {
+        let p = tidemark_projections::by_name(name)?;
+        Some(tidemark_projections::rebuild::rebuild(&self.log, p, swap, progress).await)
+    }
+
+    /// Requests waiting for the log writer.
+    pub fn queued(&self) -> usize {
+        self.log.queued()
+    }
+
+    /// Whether a storage failure has stopped appends.
+    pub fn is_poisoned(&self) -> bool {
+        self.log.is_poisoned()
+    }
+
+    /// Stop the writer after the requests already queued, and wait for it.
+    pub async fn close(&self) {
+        self.log.close().await
+    }
+}

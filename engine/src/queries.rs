@@ -1,0 +1,213 @@
+//! The one reader of the read models: every query of the API and the reactors. Each method
+//! answers from one read transaction (blocking: call it from a blocking context in async
+//! code); errors are storage failures.
+
+use std::collections::BTreeMap;
+
+use tidemark_log::{Log, ReadQuery};
+use tidemark_projections::bridges::Subscription;
+use tidemark_projections::cursors::Cursor;
+use tidemark_projections::deliveries::{Delivery, Step};
+use tidemark_projections::notifications::Notification;
+use tidemark_projections::read::{
+    self, DeliveryFilter, Kpis, NotificationFilter, ProjectionInfo, TaskFilter,
+};
+use tidemark_projections::tasks::Task;
+
+type R<T> = Result<T, String>;
+
+/// Events past a cursor are counted up to this many.
+pub const LAG_CAP: u64 = 10_000;
+
+/// How far a cursor is behind its stream (spec section 6).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lag {
+    pub consumer_id: String,
+    pub stream_name: String,
+    pub subject_id: String,
+    pub last_sequence: u64,
+    /// Matching events past the cursor, up to [`LAG_CAP`].
+    pub lag_events: u64,
+    /// More than [`LAG_CAP`] events are past the cursor.
+    pub lag_capped: bool,
+    /// Seconds since the cursor last moved (or since the oldest pending event when it never
+    /// moved), 0 when it has nothing pending.
+    pub lag_seconds: f64,
+    /// Pending work and no progress for `stuck_after_ms`.
+    pub stalled: bool,
+    pub last_error: Option<String>,
+}
+
+/// Queries of the read models, as of the last commit.
+#[derive(Clone)]
+pub struct Queries {
+    log: Log,
+}
+
+impl Queries {
+    pub(crate) fn new(log: Log) -> Queries {
+        Queries { log }
+    }
+
+    /// Every projection with its checkpoint, lag behind the head and digest.
+    pub fn projections(&self) -> R<Vec<ProjectionInfo>> {
+        read::projections(self.log.db(), self.log.head())
+    }
+
+    pub fn task(&self, task_id: &str) -> R<Option<Task>> {
+        read::task(self.log.db(), task_id)
+    }
+
+    /// A page of tasks and the cursor of the next page.
+    pub fn tasks(&self, f: &TaskFilter) -> R<(Vec<Task>, Option<String>)> {
+        read::tasks(self.log.db(), f)
+    }
+
+    /// Notifications newest first and the `before_seq` of the next page.
+    pub fn notifications(&self, f: &NotificationFilter) -> R<(Vec<Notification>, Option<u64>)> {
+        read::notifications(self.log.db(), f)
+    }
+
+    /// The highest source seq the notification router has derived from.
+    pub fn router_checkpoint(&self) -> R<u64> {
+        read::router_checkpoint(self.log.db())
+    }
+
+    /// The notification settings last recorded in the log.
+    pub fn current_settings(&self) -> R<Option<serde_json::Value>> {
+        read::current_settings(self.log.db())
+    }
+
+    /// One delivery and its timeline.
+    pub fn delivery(&self, id: &str) -> R<Option<(Delivery, Vec<Step>)>> {
+        read::delivery(self.log.db(), id)
+    }
+
+    /// A page of deliveries and the id to continue after.
+    pub fn deliveries(&self, f: &DeliveryFilter) -> R<(Vec<Delivery>, Option<String>)> {
+        read::deliveries(self.log.db(), f)
+    }
+
+    /// Outbox KPIs overall and per sink, judged at `now_us`.
+    pub fn kpis(
+        &self,
+        now_us: i64,
+        stuck_after_ms: u64,
+        interval_ms: u64,
+    ) -> R<(Kpis, BTreeMap<String, Kpis>)> {
+        read::kpis(self.log.db(), now_us, stuck_after_ms, interval_ms)
+    }
+
+    /// Deliveries not yet sent, skipped, cancelled or discarded.
+    pub fn pending_deliveries(&self) -> R<u64> {
+        read::pending_deliveries(self.log.db())
+    }
+
+    /// The seq of the last notification or cancellation routing has handled.
+    pub fn routing_checkpoint(&self) -> R<u64> {
+        read::routing_checkpoint(self.log.db())
+    }
+
+    /// A cursor, or its zero state.
+    pub fn cursor(&self, consumer_id: &str, stream_name: &str, subject_id: &str) -> R<Cursor> {
+        read::cursor(self.log.db(), consumer_id, stream_name, subject_id)
+    }
+
+    /// Cursors (of one consumer), at most `limit`.
+    pub fn cursors(&self, consumer_id: Option<&str>, limit: usize) -> R<Vec<Cursor>> {
+        read::cursors(self.log.db(), consumer_id, limit)
+    }
+
+    pub fn subscription(&self, id: &str) -> R<Option<Subscription>> {
+        read::subscription(self.log.db(), id)
+    }
+
+    /// Active subscriptions of a task.
+    pub fn task_subscriptions(&self, task_id: &str) -> R<Vec<Subscription>> {
+        read::task_subscriptions(self.log.db(), task_id)
+    }
+
+    /// Active subscriptions of a bridge.
+    pub fn bridge_subscriptions(&self, bridge_id: &str) -> R<Vec<Subscription>> {
+        read::bridge_subscriptions(self.log.db(), bridge_id)
+    }
+
+    /// Every active subscription.
+    pub fn all_active_subscriptions(&self) -> R<Vec<Subscription>> {
+        read::all_active_subscriptions(self.log.db())
+    }
+
+    /// Every cursor, and every active bridge subscription's cursor (zero or not), with its lag
+    /// judged at `now_us`.
+    pub fn lags(&self, now_us: i64, stuck_after_ms: u64) -> R<Vec<Lag>> {
+        let mut all = self.cursors(None, 100_000)?;
+        let known: std::collections::HashSet<(String, String, String)> = all
+            .iter()
+            .map(|c| {
+                (
+                    c.consumer_id.clone(),
+                    c.stream_name.clone(),
+                    c.subject_id.clone(),
+                )
+            })
+            .collect();
+        for sub in self.all_active_subscriptions()? {
+            let consumer = tidemark_projections::bridges::consumer_id(&sub.subscription_id);
+            let key = (consumer, "task_events".to_owned(), sub.target.task_id);
+            if !known.contains(&key) {
+                all.push(Cursor::zero(&key.0, &key.1, &key.2));
+            }
+        }
+        all.iter()
+            .map(|c| self.lag_of(c, now_us, stuck_after_ms))
+            .collect()
+    }
+
+    fn lag_of(&self, c: &Cursor, now_us: i64, stuck_after_ms: u64) -> R<Lag> {
+        let mut after = c.last_sequence;
+        let mut count = 0u64;
+        let mut oldest: Option<i64> = None;
+        let mut capped = false;
+        loop {
+            let page = self
+                .log
+                .read(&ReadQuery {
+                    after,
+                    limit: 1000,
+                    stream: Some(c.stream_name.clone()),
+                    subject: (!c.subject_id.is_empty()).then(|| c.subject_id.clone()),
+                    ..ReadQuery::default()
+                })
+                .map_err(|e| e.to_string())?;
+            if oldest.is_none() {
+                oldest = page.events.first().map(|e| e.time_us);
+            }
+            count += page.events.len() as u64;
+            if count >= LAG_CAP {
+                capped = true;
+                break;
+            }
+            if page.next_after <= after || page.next_after >= page.head {
+                break;
+            }
+            after = page.next_after;
+        }
+        let since = c.updated_at_us.or(oldest).unwrap_or(now_us);
+        let lag_seconds = if count > 0 {
+            (now_us - since).max(0) as f64 / 1e6
+        } else {
+            0.0
+        };
+        Ok(Lag {
+            consumer_id: c.consumer_id.clone(),
+            stream_name: c.stream_name.clone(),
+            subject_id: c.subject_id.clone(),
+            last_sequence: c.last_sequence,
+            lag_events: count.min(LAG_CAP),
+            lag_capped: capped,
+            lag_seconds,
+            stalled: count > 0 && lag_seconds * 1000.0 >= stuck_after_ms as f64,
+            last_error: c.last_error.clone(),
+        })
+    }
+}
