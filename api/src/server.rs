@@ -318,14 +318,14 @@ pub async fn run(
         pull_hub: Default::default(),
         config: Arc::new(config),
     };
-    let router_task = tidemark_consumers::router::spawn(engine.clone(), token.clone());
-    let scheduler_task = tidemark_consumers::scheduler::spawn(engine.clone(), token.clone());
-    let notifier_task = tidemark_consumers::bridge::spawn(
+    let reactors = tidemark_consumers::spawn(
         engine.clone(),
         (*state.routing).clone(),
         state.pull_hub.clone(),
         token.clone(),
-    );
+    )
+    .await
+    .map_err(std::io::Error::other)?;
     let grace = Duration::from_secs(state.config.server.shutdown_grace_secs);
     let flag = state.shutting_down.clone();
     let trigger = token.clone();
@@ -344,9 +344,7 @@ pub async fn run(
             tracing::warn!(grace_secs = grace.as_secs(), "in-flight requests did not finish in time; closing anyway");
         }
     }
-    let _ = router_task.await;
-    let _ = scheduler_task.await;
-    let _ = notifier_task.await;
+    let _ = reactors.await;
     engine.close().await;
     drop(engine);
     tracing::info!("stopped cleanly");

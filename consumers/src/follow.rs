@@ -1,55 +1,122 @@
-//! Following the log from a checkpoint: the loop every reactor runs.
+//! The one follower: it reads each new page of the log once and hands it to every reactor.
+//!
+//! Reactors keep their own checkpoints (the router's and routing's are in the read models, the
+//! notifier's is the head it last looked at) and skip what a page holds at or before theirs;
+//! the follower starts at the lowest of them. A commit wakes it, but the wake-up is only a
+//! nudge: it always reads the log. Each reactor has a small bounded queue, so a slow one holds
+//! the follower back instead of letting pages pile up.
 
-use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
 use tidemark_engine::Engine;
 use tidemark_log::{Event, EventLog, ReadQuery};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-/// Read pages of `query` after `after`, hand each page's events to `handle` (with the page's
-/// redb read done off the async workers by `prepare`), and wait for the next commit when caught
-/// up. A commit is only a nudge: the log is read again every time. Returns when `shutdown` is
-/// cancelled or `handle` answers `false`.
-pub(crate) async fn follow<P, T, H, Fut>(
-    engine: &Engine,
-    mut after: u64,
-    query: ReadQuery,
-    shutdown: &CancellationToken,
-    prepare: P,
-    mut handle: H,
-) -> Result<(), String>
-where
-    P: Fn(&Engine, Vec<Event>) -> Result<T, String> + Clone + Send + 'static,
-    T: Send + 'static,
-    H: FnMut(T) -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let mut head_rx = engine.log().subscribe();
-    loop {
-        head_rx.borrow_and_update();
-        let e = engine.clone();
-        let q = ReadQuery {
-            after,
-            ..query.clone()
-        };
-        let prep = prepare.clone();
-        let (prepared, next_after, head) = tokio::task::spawn_blocking(move || {
-            let page = e.log().read(&q).map_err(|e| e.to_string())?;
-            let prepared = prep(&e, page.events)?;
-            Ok::<_, String>((prepared, page.next_after, page.head))
-        })
-        .await
-        .map_err(|e| e.to_string())??;
-        if !handle(prepared).await {
-            return Ok(());
+/// Events read per page.
+const PAGE: usize = 1_000;
+/// Pages queued per reactor.
+const QUEUE: usize = 2;
+
+/// One page of the log, shared by every reactor.
+#[derive(Debug)]
+pub struct Page {
+    /// Committed events in seq order.
+    pub events: Vec<Event>,
+    /// The page covers the log through this seq.
+    pub upto: u64,
+}
+
+/// A reactor's end of the follower.
+pub type Feed = mpsc::Receiver<Arc<Page>>;
+
+/// The follower before it runs: reactors subscribe with the checkpoint they resume from.
+pub struct Follower {
+    engine: Engine,
+    from: Option<u64>,
+    feeds: Vec<mpsc::Sender<Arc<Page>>>,
+}
+
+impl Follower {
+    pub fn new(engine: Engine) -> Follower {
+        Follower {
+            engine,
+            from: None,
+            feeds: Vec::new(),
         }
-        after = next_after;
-        if after < head {
-            continue;
-        }
-        tokio::select! {
-            changed = head_rx.changed() => if changed.is_err() { return Ok(()) },
-            _ = shutdown.cancelled() => return Ok(()),
+    }
+
+    /// A feed of every page after `after`.
+    pub fn subscribe(&mut self, after: u64) -> Feed {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        self.feeds.push(tx);
+        self.from = Some(self.from.map_or(after, |f| f.min(after)));
+        rx
+    }
+
+    /// Read the log from the lowest checkpoint on, page by page, until `shutdown` or until
+    /// every reactor has gone.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let mut after = self.from.unwrap_or(0);
+        let mut head_rx = self.engine.log().subscribe();
+        let mut backoff = Duration::from_millis(100);
+        tracing::info!(after, reactors = self.feeds.len(), "log follower started");
+        loop {
+            head_rx.borrow_and_update();
+            let e = self.engine.clone();
+            let q = ReadQuery {
+                after,
+                limit: PAGE,
+                ..ReadQuery::default()
+            };
+            let read = tokio::task::spawn_blocking(move || e.log().read(&q))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()));
+            let page = match read {
+                Ok(p) => {
+                    backoff = Duration::from_millis(100);
+                    p
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "log follower read failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {},
+                        _ = shutdown.cancelled() => return,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            let head = page.head;
+            if page.next_after > after {
+                metrics::counter!("tidemark_follower_events_read_total")
+                    .increment(page.events.len() as u64);
+                let p = Arc::new(Page {
+                    events: page.events,
+                    upto: page.next_after,
+                });
+                after = p.upto;
+                self.feeds.retain(|f| !f.is_closed());
+                for f in &self.feeds {
+                    tokio::select! {
+                        // A reactor that stopped no longer gets pages.
+                        _ = f.send(p.clone()) => {},
+                        _ = shutdown.cancelled() => return,
+                    }
+                }
+                if self.feeds.is_empty() {
+                    return;
+                }
+            }
+            if after < head {
+                continue;
+            }
+            tokio::select! {
+                changed = head_rx.changed() => if changed.is_err() { return },
+                _ = shutdown.cancelled() => return,
+            }
         }
     }
 }

@@ -1,17 +1,77 @@
-//! Reactors of tidemark: they read the log and the read models and append derived events with
-//! deterministic `event_id`s, so a crash and a replay cannot duplicate them (the log's
-//! idempotent append turns a repeated derivation into a duplicate).
+//! Reactors of tidemark: they follow the log and the read models and append derived events
+//! (with deterministic `event_id`s, so a crash and a replay cannot duplicate them) or run the
+//! engine's commands.
 //!
 //! # Layout
-//! - [`bridge`]: the bridge terminal notifier (deliver / defer / mismatch per subscription),
-//!   its webhook sink and the confirmation that advances a subscription's cursor.
+//! - [`follow`]: the one follower that reads each new page of the log once and hands it to
+//!   every reactor.
 //! - [`router`]: lifecycle events → `notification.created` (`ntf:<source_seq>`).
 //! - [`scheduler`]: notifications → deliveries (exactly once, through a command that advances
 //!   the routing checkpoint in the same transaction), task cancellations, lease expiry.
+//! - [`bridge`]: the bridge terminal notifier (deliver / defer / mismatch per subscription),
+//!   its webhook sink, the pull cache, the ack planner and the confirmation that advances a
+//!   subscription's cursor.
 
 #![forbid(unsafe_code)]
 
 pub mod bridge;
-mod follow;
+pub mod follow;
 pub mod router;
 pub mod scheduler;
+
+use tidemark_engine::Engine;
+use tidemark_projections::routing::RoutingSettings;
+use tokio_util::sync::CancellationToken;
+
+/// Start the follower and the three reactors (router, scheduler with its lease-expiry tick,
+/// bridge notifier); the handle ends when all have stopped after `shutdown`.
+pub async fn spawn(
+    engine: Engine,
+    settings: RoutingSettings,
+    hub: bridge::PullHub,
+    shutdown: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    let e = engine.clone();
+    let (router_after, routing_after, head) = tokio::task::spawn_blocking(move || {
+        Ok::<_, String>((
+            router::checkpoint(&e)?,
+            scheduler::checkpoint(&e)?,
+            e.head(),
+        ))
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let mut follower = follow::Follower::new(engine.clone());
+    let router_feed = follower.subscribe(router_after);
+    let routing_feed = follower.subscribe(routing_after);
+    // The notifier looks at every subscription at the head first, then follows from there.
+    let notifier_feed = follower.subscribe(head);
+    let tasks = [
+        tokio::spawn(router::run(
+            engine.clone(),
+            router_after,
+            router_feed,
+            shutdown.clone(),
+        )),
+        tokio::spawn(scheduler::run(
+            engine.clone(),
+            routing_after,
+            routing_feed,
+            shutdown.clone(),
+        )),
+        tokio::spawn(scheduler::expiry_loop(engine.clone(), shutdown.clone())),
+        bridge::spawn(
+            engine.clone(),
+            settings,
+            hub,
+            notifier_feed,
+            shutdown.clone(),
+        ),
+        tokio::spawn(follower.run(shutdown)),
+    ];
+    Ok(tokio::spawn(async move {
+        for t in tasks {
+            let _ = t.await;
+        }
+    }))
+}

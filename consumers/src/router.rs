@@ -1,41 +1,33 @@
 //! The notification router: every lifecycle event that deserves a notification (spec section
 //! 2) gets exactly one `notification.created`, with id `ntf:<source_seq>`.
 //!
-//! It resumes from the highest source seq the notifications projection has seen, reads
-//! `task_events` past it, and appends the derived events in batches. A commit wakes it, but
-//! the wake-up is only a nudge: it always reads the log. Re-deriving after a crash appends
-//! duplicates, which the log answers with the original seq and does not store.
+//! It resumes from the highest source seq the notifications projection has seen, takes the
+//! `task_events` of each page the follower hands it past that, and appends the derived events
+//! in batches. Re-deriving after a crash appends duplicates, which the log answers with the
+//! original seq and does not store.
 
 use std::time::Duration;
 
 use tidemark_engine::Engine;
-use tidemark_log::{AppendError, Event, EventLog, NewEvent, ReadQuery};
+use tidemark_log::{AppendError, Event, EventLog, NewEvent, limits};
 use tidemark_projections::notifications::{lifecycle_priority, routed_id, routed_payload};
 use tokio_util::sync::CancellationToken;
 
-const PAGE: usize = 500;
+use crate::follow::Feed;
 
-/// Start the router; it stops when `shutdown` is cancelled.
-pub fn spawn(engine: Engine, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
-    // Fault injection for the crash test: wait between reading a source event and appending
-    // its notification, so a test can kill the process inside that window.
-    let delay = std::env::var("TIDEMARK_FAULT_ROUTER_DELAY_MS")
+/// The router's fault injection for the crash test: wait between reading a source event and
+/// appending its notification, so a test can kill the process inside that window.
+fn fault_delay() -> Option<Duration> {
+    std::env::var("TIDEMARK_FAULT_ROUTER_DELAY_MS")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_millis);
-    tokio::spawn(async move {
-        // A read failure is not the end of routing: wait, then resume from the checkpoint
-        // (the log answers what was already derived as duplicates).
-        let mut backoff = Duration::from_millis(200);
-        while let Err(e) = run(&engine, &shutdown, delay).await {
-            tracing::error!(error = %e, "notification router failed; restarting");
-            tokio::select! {
-                _ = tokio::time::sleep(backoff) => {},
-                _ = shutdown.cancelled() => return,
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(10));
-        }
-    })
+        .map(Duration::from_millis)
+}
+
+/// Where the router resumes: the highest source seq the notifications model has seen
+/// (blocking).
+pub(crate) fn checkpoint(engine: &Engine) -> Result<u64, String> {
+    engine.read().router_checkpoint()
 }
 
 fn derive(engine: &Engine, ev: &Event) -> Result<Option<NewEvent>, String> {
@@ -58,47 +50,65 @@ fn derive(engine: &Engine, ev: &Event) -> Result<Option<NewEvent>, String> {
     .map_err(|e| e.to_string())
 }
 
-async fn run(
-    engine: &Engine,
-    shutdown: &CancellationToken,
-    delay: Option<Duration>,
-) -> Result<(), String> {
-    let e = engine.clone();
-    let after = tokio::task::spawn_blocking(move || e.read().router_checkpoint())
-        .await
-        .map_err(|e| e.to_string())??;
+/// Derive the notifications of every page after `after` until the feed ends or `shutdown`.
+/// A failed derivation (a read of the tasks model) is retried; a page is never skipped.
+pub(crate) async fn run(
+    engine: Engine,
+    mut after: u64,
+    mut feed: Feed,
+    shutdown: CancellationToken,
+) {
+    let delay = fault_delay();
     tracing::info!(after, "notification router started");
-    let query = ReadQuery {
-        limit: PAGE,
-        stream: Some("task_events".into()),
-        ..ReadQuery::default()
-    };
-    let derive_all = |e: &Engine, events: Vec<Event>| {
-        let mut derived = Vec::new();
-        for ev in &events {
-            if let Some(n) = derive(e, ev)? {
-                derived.push(n);
+    while let Some(page) = tokio::select! {
+        p = feed.recv() => p,
+        _ = shutdown.cancelled() => None,
+    } {
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            let (e, p) = (engine.clone(), page.clone());
+            let derived = tokio::task::spawn_blocking(move || {
+                let mut derived = Vec::new();
+                for ev in p
+                    .events
+                    .iter()
+                    .filter(|ev| ev.seq > after && ev.stream == "task_events")
+                {
+                    if let Some(n) = derive(&e, ev)? {
+                        derived.push(n);
+                    }
+                }
+                Ok::<_, String>(derived)
+            })
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+            match derived {
+                Ok(derived) => {
+                    if !derived.is_empty() {
+                        if let Some(d) = delay {
+                            tokio::time::sleep(d).await;
+                        }
+                        for chunk in derived.chunks(limits::BATCH_MAX_EVENTS) {
+                            if !append_all(&engine, chunk.to_vec(), &shutdown).await {
+                                return;
+                            }
+                        }
+                    }
+                    break;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "notification router failed; retrying the page");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {},
+                        _ = shutdown.cancelled() => return,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
             }
         }
-        Ok(derived)
-    };
-    crate::follow::follow(
-        engine,
-        after,
-        query,
-        shutdown,
-        derive_all,
-        |derived| async move {
-            if derived.is_empty() {
-                return true;
-            }
-            if let Some(d) = delay {
-                tokio::time::sleep(d).await;
-            }
-            append_all(engine, derived, shutdown).await
-        },
-    )
-    .await
+        after = after.max(page.upto);
+    }
 }
 
 /// Append derived events until they are in the log; `false` when shutting down first.

@@ -1,40 +1,29 @@
 //! The delivery scheduler: routes each notification to its deliveries (spec section 4), cancels
 //! the undelivered deliveries of canceled tasks, and releases expired leases (section 5).
 //!
-//! Routing reads the log past the routing checkpoint and hands each page of notifications and
-//! task cancellations to the routing command (`OutboxCommand::Route`), which that runs inside the writer's
-//! transaction: it skips what the checkpoint already covers and advances it with the events it
-//! appends, so a notification is routed exactly once whatever crashes. A commit wakes the
-//! loop, but the wake-up is only a nudge: it always reads the log.
+//! Routing takes each page the follower hands it past the routing checkpoint and gives its
+//! notifications and task cancellations to the routing command (`OutboxCommand::Route`),
+//! which runs inside the writer's transaction: it skips what the checkpoint already covers and
+//! advances it with the events it appends, so a notification is routed exactly once whatever
+//! crashes.
 
 use std::time::Duration;
 
 use tidemark_engine::Engine;
 use tidemark_engine::commands::OutboxCommand;
-use tidemark_log::{CommandError, Event, ReadQuery};
+use tidemark_log::{CommandError, Event};
 use tokio_util::sync::CancellationToken;
 
-const PAGE: usize = 1_000;
+use crate::follow::Feed;
+
 /// How often expired leases are looked for.
 pub const TICK: Duration = Duration::from_secs(1);
 /// Leases released per expiry command.
 const EXPIRE_BATCH: usize = 1_000;
 
-/// Start the routing loop and the lease-expiry tick; both stop when `shutdown` is cancelled.
-pub fn spawn(engine: Engine, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
-    let tick = tokio::spawn(expiry_loop(engine.clone(), shutdown.clone()));
-    tokio::spawn(async move {
-        let mut backoff = Duration::from_millis(200);
-        while let Err(e) = route_loop(&engine, &shutdown).await {
-            tracing::error!(error = %e, "delivery routing failed; restarting");
-            tokio::select! {
-                _ = tokio::time::sleep(backoff) => {},
-                _ = shutdown.cancelled() => break,
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(10));
-        }
-        let _ = tick.await;
-    })
+/// Where routing resumes: the last notification or cancellation it handled (blocking).
+pub(crate) fn checkpoint(engine: &Engine) -> Result<u64, String> {
+    engine.read().routing_checkpoint()
 }
 
 fn relevant(ev: &Event) -> bool {
@@ -47,28 +36,25 @@ fn relevant(ev: &Event) -> bool {
     )
 }
 
-async fn route_loop(engine: &Engine, shutdown: &CancellationToken) -> Result<(), String> {
-    let e = engine.clone();
-    let after = tokio::task::spawn_blocking(move || e.read().routing_checkpoint())
-        .await
-        .map_err(|e| e.to_string())??;
+/// Route the notifications and cancellations of every page after `after` until the feed ends
+/// or `shutdown`.
+pub(crate) async fn run(engine: Engine, after: u64, mut feed: Feed, shutdown: CancellationToken) {
     tracing::info!(after, "delivery routing started");
-    let query = ReadQuery {
-        limit: PAGE,
-        ..ReadQuery::default()
-    };
-    let pick = |_: &Engine, events: Vec<Event>| Ok(events.into_iter().filter(relevant).collect());
-    crate::follow::follow(
-        engine,
-        after,
-        query,
-        shutdown,
-        pick,
-        |source: Vec<Event>| async move {
-            source.is_empty() || run_route(engine, source, shutdown).await
-        },
-    )
-    .await
+    while let Some(page) = tokio::select! {
+        p = feed.recv() => p,
+        _ = shutdown.cancelled() => None,
+    } {
+        // The command skips what the routing checkpoint already covers.
+        let source: Vec<Event> = page
+            .events
+            .iter()
+            .filter(|e| e.seq > after && relevant(e))
+            .cloned()
+            .collect();
+        if !source.is_empty() && !run_route(&engine, source, &shutdown).await {
+            return;
+        }
+    }
 }
 
 /// Run the routing command until it commits; `false` when shutting down first.
@@ -119,7 +105,9 @@ pub async fn expire_now(engine: &Engine) -> Result<usize, CommandError> {
     }
 }
 
-async fn expiry_loop(engine: Engine, shutdown: CancellationToken) {
+/// Release expired leases at start-up (leases held when the server stopped), then every
+/// [`TICK`], until `shutdown`.
+pub(crate) async fn expiry_loop(engine: Engine, shutdown: CancellationToken) {
     // Once at start-up (leases held when the server stopped), then periodically.
     loop {
         match expire_now(&engine).await {

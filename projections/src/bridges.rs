@@ -19,14 +19,26 @@ pub const BY_BRIDGE: &str = "by_bridge";
 /// `subscription_id` of active subscriptions (the notifier's work list).
 pub const ACTIVE: &str = "active";
 
+const CONSUMER_PREFIX: &str = "bridge_task_subscription:";
+
 /// The consumer id of a subscription's cursor.
 pub fn consumer_id(subscription_id: &str) -> String {
-    format!("bridge_task_subscription:{subscription_id}")
+    format!("{CONSUMER_PREFIX}{subscription_id}")
+}
+
+/// The subscription whose cursor `consumer_id` is, if it is one.
+pub fn subscription_of_consumer(consumer_id: &str) -> Option<&str> {
+    consumer_id.strip_prefix(CONSUMER_PREFIX)
 }
 
 /// `notif:<subscription_id>:<seq>`.
 pub fn delivery_id(subscription_id: &str, seq: u64) -> String {
-    format!("notif:{subscription_id}:{seq}")
+    format!("{}{seq}", delivery_id_prefix(subscription_id))
+}
+
+/// What every delivery id of a subscription starts with: `notif:<subscription_id>:`.
+pub fn delivery_id_prefix(subscription_id: &str) -> String {
+    format!("notif:{subscription_id}:")
 }
 
 /// The subscription and seq a delivery id names.

@@ -177,7 +177,7 @@ fn delivery_payload(d: u8, kind: &str, i: usize) -> serde_json::Value {
             lease_expires_at_us: Some(at + 30_000_000),
             next_attempt_at_us: Some(at + 1_000_000),
             error_code: (kind == "attempt_failed").then(|| "boom".into()),
-            parked: Some(i % 2 == 0),
+            parked: Some(i.is_multiple_of(2)),
             ..Change::default()
         })
         .unwrap(),

@@ -158,7 +158,7 @@ pub fn newest_source() -> Option<(PathBuf, std::time::SystemTime)> {
         .parent()?
         .to_path_buf();
     let mut newest: Option<(PathBuf, std::time::SystemTime)> = None;
-    let mut stack: Vec<PathBuf> = ["api", "log", "projections", "consumers"]
+    let mut stack: Vec<PathBuf> = ["api", "log", "projections", "engine", "consumers"]
         .iter()
         .map(|c| ws.join(c))
         .collect();

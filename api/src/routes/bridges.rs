@@ -12,8 +12,9 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidemark_consumers::bridge::{self, Candidate};
-use tidemark_engine::Engine;
-use tidemark_engine::commands::{BridgeCommand, Confirmation};
+
+use tidemark_engine::commands::BridgeCommand;
+use tidemark_log::CommandError;
 use tidemark_log::time::format_micros;
 use tidemark_projections::bridges::{self as b, Sink, Subscription, Target};
 use utoipa::{IntoParams, ToSchema};
@@ -420,20 +421,6 @@ pub struct PullPage {
     pub deliveries: Vec<Value>,
 }
 
-fn pending_for_bridge(engine: &Engine, bridge_id: &str) -> Result<Vec<Value>, String> {
-    let mut out = Vec::new();
-    for s in engine.read().bridge_subscriptions(bridge_id)? {
-        if s.target.sink.kind != "pull" {
-            continue;
-        }
-        let scan = bridge::scan(engine, &s, false)?;
-        if let Some(ev) = &scan.deliver {
-            out.push(b::envelope(&s, ev));
-        }
-    }
-    Ok(out)
-}
-
 /// Pending envelopes of the bridge's pull subscriptions; with `wait_ms`, waits for one.
 #[utoipa::path(
     get, path = "/v1/bridges/{bridge_id}/deliveries", tag = "bridges",
@@ -485,7 +472,7 @@ pub async fn pull(
             None => {
                 let engine = st.engine.clone();
                 let id = bridge_id.clone();
-                blocking(move || pending_for_bridge(&engine, &id)).await?
+                blocking(move || bridge::pending_for_bridge(&engine, &id)).await?
             }
         };
         if !found.is_empty() || tokio::time::Instant::now() >= deadline {
@@ -593,13 +580,15 @@ pub struct AckManyOut {
     pub results: Vec<AckResult>,
 }
 
-fn refused(delivery_id: &str, status: u16, code: &str, detail: String) -> AckResult {
+/// An ack refused as the single-id endpoint would answer it.
+fn refusal(delivery_id: &str, e: CommandError) -> AckResult {
+    let e = ApiError::from(e);
     AckResult {
         delivery_id: delivery_id.to_owned(),
-        status,
+        status: e.status.as_u16(),
         cursor: None,
-        code: Some(code.to_owned()),
-        detail: Some(detail),
+        code: Some(e.problem.code.clone()),
+        detail: Some(e.problem.detail.clone()),
     }
 }
 
@@ -640,90 +629,6 @@ pub async fn ack_many(
     Ok(Json(AckManyOut { results }))
 }
 
-/// A subscription's pending deliveries as a batch of acks consumes them.
-struct Plan {
-    cursor: u64,
-    /// Seqs the subscription delivers next, in order, up to its first mismatch.
-    deliverable: Vec<u64>,
-    /// How many of them this batch has confirmed so far.
-    taken: usize,
-}
-
-/// Judge each id against its subscription's pending deliveries (blocking): the confirmation
-/// to make, or why it is refused. Per subscription the ids must follow its deliverable seqs
-/// in order, so nothing deliverable is skipped (I5); an id already confirmed is a replay.
-fn judge(
-    engine: &Engine,
-    bridge_id: &str,
-    ids: &[String],
-) -> Result<Vec<Result<Confirmation, AckResult>>, String> {
-    let not_found =
-        |id: &str| refused(id, 404, "delivery_not_found", format!("no delivery {id:?}"));
-    let mut plans: std::collections::HashMap<String, Plan> = Default::default();
-    let mut out = Vec::with_capacity(ids.len());
-    for id in ids {
-        let Some((sub_id, seq)) = b::parse_delivery_id(id) else {
-            out.push(Err(not_found(id)));
-            continue;
-        };
-        let Some(sub) = engine.read().subscription(sub_id)?.filter(|s| s.active) else {
-            out.push(Err(not_found(id)));
-            continue;
-        };
-        if sub.target.bridge_id != bridge_id {
-            let why = format!("{id:?} belongs to another bridge");
-            out.push(Err(refused(id, 409, "foreign_delivery", why)));
-            continue;
-        }
-        if !plans.contains_key(sub_id) {
-            // Past the first deliverable only when the batch holds more ids of it.
-            let more = ids
-                .iter()
-                .filter(|i| i.starts_with(&format!("notif:{sub_id}:")))
-                .count()
-                > 1;
-            let scan = bridge::scan(engine, &sub, more)?;
-            let deliverable = scan
-                .candidates
-                .iter()
-                .take_while(|c| c.decision != b::Decision::Mismatch)
-                .filter(|c| c.decision == b::Decision::Deliver)
-                .map(|c| c.seq)
-                .collect();
-            let plan = Plan {
-                cursor: scan.cursor.last_sequence,
-                deliverable,
-                taken: 0,
-            };
-            plans.insert(sub_id.to_owned(), plan);
-        }
-        let plan = plans.get_mut(sub_id).expect("inserted above");
-        let replay = seq > 0 && seq == plan.cursor && plan.taken == 0;
-        let expected = match plan.taken {
-            0 => plan.cursor,
-            n => plan.deliverable[n - 1],
-        };
-        if !replay && plan.deliverable.get(plan.taken) != Some(&seq) {
-            let why = format!(
-                "{id:?} is not the subscription's next pending delivery (cursor at {})",
-                plan.cursor
-            );
-            out.push(Err(refused(id, 409, "not_pending", why)));
-            continue;
-        }
-        if !replay {
-            plan.taken += 1;
-        }
-        out.push(Ok(Confirmation {
-            subscription_id: sub_id.to_owned(),
-            task_id: sub.target.task_id.clone(),
-            seq,
-            expected: (!replay).then_some(expected),
-        }));
-    }
-    Ok(out)
-}
-
 /// Judge and confirm `ids` (one durable command for all the confirmations); one result per
 /// id, in order.
 async fn ack_ids(
@@ -733,7 +638,7 @@ async fn ack_ids(
 ) -> Result<Vec<AckResult>, ApiError> {
     let engine = st.engine.clone();
     let (bridge, for_judge) = (bridge_id.to_owned(), ids.clone());
-    let judged = blocking(move || judge(&engine, &bridge, &for_judge)).await?;
+    let judged = blocking(move || bridge::plan_acks(&engine, &bridge, &for_judge)).await?;
     let mut to_confirm = Vec::new();
     let mut results: Vec<Option<AckResult>> = Vec::with_capacity(judged.len());
     for j in judged {
@@ -742,7 +647,7 @@ async fn ack_ids(
                 to_confirm.push(c);
                 results.push(None);
             }
-            Err(r) => results.push(Some(r)),
+            Err(e) => results.push(Some(refusal(&ids[results.len()], e))),
         }
     }
     if !to_confirm.is_empty() {
@@ -766,15 +671,7 @@ async fn ack_ids(
                         detail: None,
                     }
                 }
-                Err(e) => {
-                    let e = ApiError::from(e);
-                    refused(
-                        id,
-                        e.status.as_u16(),
-                        &e.problem.code,
-                        e.problem.detail.clone(),
-                    )
-                }
+                Err(e) => refusal(id, e),
             });
         }
     }

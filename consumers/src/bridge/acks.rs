@@ -1,0 +1,121 @@
+//! What a bridge's acks mean before they are confirmed: the planner that matches delivery ids
+//! to each subscription's pending deliveries (I5: nothing deliverable is skipped), and a pull
+//! bridge's pending envelopes computed from the log.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+use tidemark_engine::Engine;
+use tidemark_engine::commands::Confirmation;
+use tidemark_log::{CommandError, RejectKind};
+use tidemark_projections::bridges::{self, Decision};
+
+use super::scan;
+
+/// A subscription's pending deliveries as a batch of acks consumes them.
+struct Plan {
+    cursor: u64,
+    /// Seqs the subscription delivers next, in order, up to its first mismatch.
+    deliverable: Vec<u64>,
+    /// How many of them this batch has confirmed so far.
+    taken: usize,
+}
+
+fn refused(kind: RejectKind, code: &'static str, detail: String) -> CommandError {
+    CommandError::rejected(kind, code, detail)
+}
+
+/// Judge each delivery id acked to `bridge_id` against its subscription's pending deliveries
+/// (blocking): the confirmation to make, or why it is refused (`delivery_not_found`,
+/// `foreign_delivery`, `not_pending`). Per subscription the ids must follow its deliverable
+/// seqs in order; an id already confirmed is a replay (confirmed again without a
+/// compare-and-swap, which answers the cursor as it is).
+pub fn plan_acks(
+    engine: &Engine,
+    bridge_id: &str,
+    ids: &[String],
+) -> Result<Vec<Result<Confirmation, CommandError>>, String> {
+    let not_found = |id: &str| {
+        refused(
+            RejectKind::NotFound,
+            "delivery_not_found",
+            format!("no delivery {id:?}"),
+        )
+    };
+    let mut plans: HashMap<String, Plan> = HashMap::new();
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        let Some((sub_id, seq)) = bridges::parse_delivery_id(id) else {
+            out.push(Err(not_found(id)));
+            continue;
+        };
+        let Some(sub) = engine.read().subscription(sub_id)?.filter(|s| s.active) else {
+            out.push(Err(not_found(id)));
+            continue;
+        };
+        if sub.target.bridge_id != bridge_id {
+            let why = format!("{id:?} belongs to another bridge");
+            out.push(Err(refused(RejectKind::Conflict, "foreign_delivery", why)));
+            continue;
+        }
+        if !plans.contains_key(sub_id) {
+            // Past the first deliverable only when the batch holds more ids of it.
+            let prefix = bridges::delivery_id_prefix(sub_id);
+            let more = ids.iter().filter(|i| i.starts_with(&prefix)).count() > 1;
+            let scan = scan(engine, &sub, more)?;
+            let deliverable = scan
+                .candidates
+                .iter()
+                .take_while(|c| c.decision != Decision::Mismatch)
+                .filter(|c| c.decision == Decision::Deliver)
+                .map(|c| c.seq)
+                .collect();
+            let plan = Plan {
+                cursor: scan.cursor.last_sequence,
+                deliverable,
+                taken: 0,
+            };
+            plans.insert(sub_id.to_owned(), plan);
+        }
+        let plan = plans.get_mut(sub_id).expect("inserted above");
+        let replay = seq > 0 && seq == plan.cursor && plan.taken == 0;
+        let expected = match plan.taken {
+            0 => plan.cursor,
+            n => plan.deliverable[n - 1],
+        };
+        if !replay && plan.deliverable.get(plan.taken) != Some(&seq) {
+            let why = format!(
+                "{id:?} is not the subscription's next pending delivery (cursor at {})",
+                plan.cursor
+            );
+            out.push(Err(refused(RejectKind::Conflict, "not_pending", why)));
+            continue;
+        }
+        if !replay {
+            plan.taken += 1;
+        }
+        out.push(Ok(Confirmation {
+            subscription_id: sub_id.to_owned(),
+            task_id: sub.target.task_id.clone(),
+            seq,
+            expected: (!replay).then_some(expected),
+        }));
+    }
+    Ok(out)
+}
+
+/// The envelopes `bridge_id`'s pull subscriptions have pending, computed from the log
+/// (blocking; the notifier's cache answers once it has looked at everything).
+pub fn pending_for_bridge(engine: &Engine, bridge_id: &str) -> Result<Vec<Value>, String> {
+    let mut out = Vec::new();
+    for s in engine.read().bridge_subscriptions(bridge_id)? {
+        if s.target.sink.kind != "pull" {
+            continue;
+        }
+        let scan = scan(engine, &s, false)?;
+        if let Some(ev) = &scan.deliver {
+            out.push(bridges::envelope(&s, ev));
+        }
+    }
+    Ok(out)
+}

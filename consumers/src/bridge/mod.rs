@@ -1,0 +1,214 @@
+//! The bridge terminal notifier (spec section 6): for each active subscription, replay its
+//! task's `task_events` past the subscription's cursor and decide deliver / defer / mismatch
+//! for each terminal event against the task's current state.
+//!
+//! - deliver: a pull sink shows the envelope to `GET /v1/bridges/{bridge_id}/deliveries` until
+//!   the bridge acks it; a webhook sink gets it POSTed (HMAC-signed). Only a confirmation moves
+//!   the cursor ([`confirm`], a command that re-checks the decision inside the writer), and the
+//!   scan then goes on.
+//! - defer: scanned past, the cursor does not move for it.
+//! - mismatch: the subscription stops there; one `notification.terminal_state_mismatch`
+//!   (event id `mismatch:<subscription_id>:<seq>`) records it; the next replay after new task
+//!   events or a cursor reset decides afresh.
+//!
+//! Commits wake the notifier; the wake-up is only a nudge, the log is the authority.
+
+use hmac::{Hmac, Mac};
+use serde::Serialize;
+use sha2::Sha256;
+use tidemark_engine::Engine;
+use tidemark_engine::commands::{BridgeCommand, Confirmation};
+use tidemark_log::{AppendError, CommandError, Event, EventLog, NewEvent, ReadQuery};
+use tidemark_projections::bridges::{self, Decision, Subscription};
+use tidemark_projections::cursors::{self, Cursor};
+
+use tidemark_projections::tasks::Task;
+
+mod acks;
+mod hub;
+mod notifier;
+
+pub use acks::{pending_for_bridge, plan_acks};
+pub use hub::PullHub;
+pub use notifier::spawn;
+
+/// Candidates examined per scan (explain lists at most this many).
+pub const SCAN_LIMIT: usize = 1_000;
+
+/// One event past the cursor and what the notifier decides for it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Candidate {
+    pub seq: u64,
+    pub event_type: String,
+    pub decision: Decision,
+    pub reason: String,
+}
+
+/// A subscription's position: its cursor, and what the next step is.
+#[derive(Debug, Clone)]
+pub struct Scan {
+    pub cursor: Cursor,
+    /// Every terminal candidate past the cursor, in order, up to the first deliver or mismatch
+    /// (or all of them when `all`).
+    pub candidates: Vec<Candidate>,
+    /// The event to deliver next, if the scan reached one before any mismatch.
+    pub deliver: Option<Event>,
+    /// The event the subscription is stopped at, with the reason.
+    pub mismatch: Option<(Event, String)>,
+    /// The task's latest_event_seq when scanned.
+    pub task_seq: u64,
+}
+
+/// Replay `sub`'s task events past its cursor and decide (blocking: redb reads).
+pub fn scan(engine: &Engine, sub: &Subscription, all: bool) -> Result<Scan, String> {
+    let task_id = &sub.target.task_id;
+    let cursor = engine.read().cursor(
+        &bridges::consumer_id(&sub.subscription_id),
+        "task_events",
+        task_id,
+    )?;
+    let task: Option<Task> = engine.read().task(task_id)?;
+    let mut out = Scan {
+        task_seq: task.as_ref().map(|t| t.latest_event_seq).unwrap_or(0),
+        cursor,
+        candidates: Vec::new(),
+        deliver: None,
+        mismatch: None,
+    };
+    let mut after = out.cursor.last_sequence;
+    loop {
+        let page = engine
+            .log()
+            .read(&ReadQuery {
+                after,
+                limit: 500,
+                stream: Some("task_events".into()),
+                subject: Some(task_id.clone()),
+                ..ReadQuery::default()
+            })
+            .map_err(|e| e.to_string())?;
+        for ev in page.events {
+            let (decision, reason) = bridges::decide(task.as_ref(), &ev);
+            if decision == Decision::Skip {
+                continue;
+            }
+            out.candidates.push(Candidate {
+                seq: ev.seq,
+                event_type: ev.event_type.clone(),
+                decision: decision.clone(),
+                reason: reason.clone(),
+            });
+            let stop = match decision {
+                Decision::Deliver if out.deliver.is_none() && out.mismatch.is_none() => {
+                    out.deliver = Some(ev);
+                    true
+                }
+                Decision::Mismatch if out.deliver.is_none() && out.mismatch.is_none() => {
+                    out.mismatch = Some((ev, reason));
+                    true
+                }
+                _ => false,
+            };
+            if (stop && !all) || out.candidates.len() >= SCAN_LIMIT {
+                return Ok(out);
+            }
+        }
+        if page.next_after <= after || page.next_after >= page.head {
+            return Ok(out);
+        }
+        after = page.next_after;
+    }
+}
+
+/// Confirm deliveries in one command (one durable commit, one fold): inside the writer, each
+/// re-reads its event and task, requires the decision to still be deliver and the cursor to be
+/// where the caller saw it (or already there with this delivery id), and advances. Each item
+/// is answered on its own; a refused item changes nothing.
+pub async fn confirm_many(
+    engine: &Engine,
+    items: Vec<Confirmation>,
+) -> Result<Vec<Result<Cursor, CommandError>>, CommandError> {
+    let results = engine
+        .execute(BridgeCommand::Confirm(items))
+        .await?
+        .0
+        .into_confirmed()?;
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    metrics::counter!("tidemark_bridge_confirmed_total").increment(ok as u64);
+    Ok(results)
+}
+
+/// Confirm delivery `seq` of `sub` ([`confirm_many`] of one). `Conflict` when the decision or
+/// the cursor changed.
+pub async fn confirm(
+    engine: &Engine,
+    sub: &Subscription,
+    seq: u64,
+    expected: Option<u64>,
+) -> Result<Cursor, CommandError> {
+    let c = Confirmation {
+        subscription_id: sub.subscription_id.clone(),
+        task_id: sub.target.task_id.clone(),
+        seq,
+        expected,
+    };
+    confirm_many(engine, vec![c])
+        .await?
+        .pop()
+        .unwrap_or_else(|| Err(CommandError::Storage("confirm answered nothing".into())))
+}
+
+/// Record a failed delivery attempt as the subscription cursor's `last_error`.
+pub async fn record_failure(
+    engine: &Engine,
+    sub: &Subscription,
+    error: &str,
+) -> Result<(), CommandError> {
+    let ev = tidemark_engine::commands::cursors::failed_event(
+        &bridges::consumer_id(&sub.subscription_id),
+        "task_events",
+        &sub.target.task_id,
+        error,
+        engine.now_us(),
+    )?;
+    engine.log().append(vec![ev]).await?;
+    Ok(())
+}
+
+/// Append the one mismatch event of (subscription, seq).
+pub(crate) async fn record_mismatch(engine: &Engine, sub: &Subscription, ev: &Event, reason: &str) {
+    let id = format!("mismatch:{}:{}", sub.subscription_id, ev.seq);
+    let payload = serde_json::json!({
+        "subscription_id": sub.subscription_id,
+        "seq": ev.seq,
+        "detail": cursors::bound_error(&format!("{} at seq {}: {reason}", ev.event_type, ev.seq)),
+    });
+    let Ok(new) = NewEvent::new(
+        Some(id),
+        "task_events",
+        sub.target.task_id.as_str(),
+        "notification.terminal_state_mismatch",
+        &payload,
+    ) else {
+        return;
+    };
+    match engine.log().append(vec![new]).await {
+        Ok(r) => {
+            if r.events.iter().any(|e| !e.duplicate) {
+                metrics::counter!("tidemark_bridge_mismatches_total").increment(1);
+                tracing::warn!(subscription = %sub.subscription_id, seq = ev.seq, %reason, "terminal state mismatch");
+            }
+        }
+        // Recorded earlier with another detail: it is recorded.
+        Err(AppendError::Conflict { .. }) => {}
+        Err(e) => tracing::warn!(error = %e, "recording a mismatch failed; will retry"),
+    }
+}
+
+/// `sha256=<hex HMAC-SHA256 of body under secret>`.
+pub fn signature(secret: &str, body: &[u8]) -> String {
+    let mut mac =
+        Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}

@@ -1,0 +1,407 @@
+//! The notifier's loop: which subscriptions to look at after each page of the log, what to do
+//! for each (pull cache, webhook POST with retries, mismatch record), and confirming webhook
+//! deliveries.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tidemark_engine::Engine;
+use tidemark_projections::bridges::{self, Decision, Subscription};
+use tidemark_projections::routing::{RoutingSettings, backoff_ms};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::follow::{Feed, Page};
+
+use super::{PullHub, Scan, confirm, record_failure, record_mismatch, scan, signature};
+
+/// State of one webhook subscription between passes.
+#[derive(Default)]
+struct Retry {
+    attempts: u32,
+    next: Option<Instant>,
+    /// The seq being retried (a new seq starts over).
+    seq: u64,
+}
+
+/// Start the notifier; it stops when `shutdown` is cancelled.
+pub fn spawn(
+    engine: Engine,
+    settings: RoutingSettings,
+    hub: PullHub,
+    feed: Feed,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let http = match reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "bridge notifier: no HTTP client; webhooks disabled");
+                return;
+            }
+        };
+        let mut n = Notifier {
+            engine,
+            http,
+            settings,
+            scanned_to: None,
+            retries: HashMap::new(),
+            inflight: JoinSet::new(),
+            stopped: Default::default(),
+            deferred: Default::default(),
+            hub,
+            busy: HashMap::new(),
+        };
+        n.run(feed, shutdown).await;
+    })
+}
+
+struct Notifier {
+    engine: Engine,
+    http: reqwest::Client,
+    settings: RoutingSettings,
+    /// The log head the last pass looked at (`None`: look at every subscription).
+    scanned_to: Option<u64>,
+    retries: HashMap<String, Retry>,
+    /// Subscriptions stopped at a mismatch, and those with a deferred event, as last seen.
+    stopped: std::collections::HashSet<String>,
+    deferred: std::collections::HashSet<String>,
+    /// Webhook POSTs in flight: (subscription, seq, cursor when scanned, outcome).
+    inflight: JoinSet<(String, u64, u64, Result<(), String>)>,
+    hub: PullHub,
+    /// Subscriptions with a webhook POST in flight.
+    busy: HashMap<String, u64>,
+}
+
+impl Notifier {
+    /// A full pass at start, then one pass per page of the follower (and when a webhook retry
+    /// is due), until the feed ends or `shutdown`.
+    async fn run(&mut self, mut feed: Feed, shutdown: CancellationToken) {
+        let mut page: Option<Arc<Page>> = None;
+        let mut due = true;
+        loop {
+            if due {
+                if let Err(e) = self.pass(page.take()).await {
+                    tracing::warn!(error = %e, "bridge notifier pass failed; retrying");
+                    // Look at every subscription again: the failed pass may have skipped some.
+                    self.scanned_to = None;
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
+                        _ = shutdown.cancelled() => return,
+                    }
+                }
+                due = false;
+            }
+            let next_retry = self
+                .retries
+                .values()
+                .filter_map(|r| r.next)
+                .min()
+                .map(|t| t.saturating_duration_since(Instant::now()))
+                .unwrap_or(Duration::from_secs(3600));
+            tokio::select! {
+                p = feed.recv() => match p {
+                    Some(p) => {
+                        page = Some(p);
+                        due = true;
+                    }
+                    None => return,
+                },
+                Some(done) = self.inflight.join_next(), if !self.inflight.is_empty() => {
+                    if let Ok(done) = done { self.finished(done).await }
+                }
+                _ = tokio::time::sleep(next_retry) => due = true,
+                _ = shutdown.cancelled() => {
+                    self.inflight.abort_all();
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn finished(
+        &mut self,
+        (sub_id, seq, expected, result): (String, u64, u64, Result<(), String>),
+    ) {
+        self.busy.remove(&sub_id);
+        let Ok(Some(sub)) = ({
+            let e = self.engine.clone();
+            let id = sub_id.clone();
+            tokio::task::spawn_blocking(move || e.read().subscription(&id))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()))
+        }) else {
+            return;
+        };
+        match result {
+            Ok(()) => {
+                self.retries.remove(&sub_id);
+                // Compare-and-swap on the cursor the scan saw: a reset meanwhile wins.
+                match confirm(&self.engine, &sub, seq, Some(expected)).await {
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(subscription = %sub_id, seq, error = %e, "webhook delivery confirmed but the cursor did not advance")
+                    }
+                }
+            }
+            Err(err) => {
+                metrics::counter!("tidemark_bridge_webhook_failures_total").increment(1);
+                let r = self.retries.entry(sub_id.clone()).or_default();
+                if r.seq != seq {
+                    *r = Retry {
+                        seq,
+                        ..Retry::default()
+                    };
+                }
+                r.attempts += 1;
+                let u = rand::random::<f64>();
+                let ms = backoff_ms(&self.settings.retry, r.attempts, u, None);
+                r.next = Some(Instant::now() + Duration::from_millis(ms));
+                tracing::info!(subscription = %sub_id, seq, attempt = r.attempts, retry_in_ms = ms, "webhook delivery failed");
+                let _ = record_failure(&self.engine, &sub, &err).await;
+            }
+        }
+    }
+
+    /// Subscriptions to look at: all of them at the first pass (and after a failed one), then
+    /// those whose task, cursor or subscription changed in `page`, and webhook retries now due.
+    async fn dirty(&mut self, page: Option<Arc<Page>>) -> Result<Vec<Subscription>, String> {
+        let e = self.engine.clone();
+        let since = self.scanned_to;
+        let (subs, seen, forget) = tokio::task::spawn_blocking(move || {
+            let Some(since) = since else {
+                let head = e.head();
+                return Ok::<_, String>((e.read().all_active_subscriptions()?, head, Vec::new()));
+            };
+            let mut tasks = std::collections::BTreeSet::new();
+            let mut ids = std::collections::BTreeSet::new();
+            // Subscriptions to drop from the pull cache: (id, its cursor was reset).
+            let mut forget: Vec<(String, bool)> = Vec::new();
+            let events = page
+                .as_ref()
+                .map(|p| p.events.as_slice())
+                .unwrap_or_default();
+            for ev in events.iter().filter(|ev| ev.seq > since) {
+                match ev.stream.as_str() {
+                    "task_events" => {
+                        tasks.insert(ev.subject.clone());
+                    }
+                    "bridges" => {
+                        ids.insert(ev.subject.clone());
+                    }
+                    "cursors" => {
+                        if let Some(sub) = bridges::subscription_of_consumer(&ev.subject) {
+                            ids.insert(sub.to_owned());
+                            if ev.event_type == "cursor.reset" {
+                                forget.push((sub.to_owned(), true));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let mut out: Vec<Subscription> = Vec::new();
+            for t in &tasks {
+                out.extend(e.read().task_subscriptions(t)?);
+            }
+            for id in &ids {
+                match e.read().subscription(id)? {
+                    Some(s) if s.active => {
+                        if !tasks.contains(&s.target.task_id) {
+                            out.push(s);
+                        }
+                    }
+                    _ => forget.push((id.clone(), false)),
+                }
+            }
+            let seen = page.map_or(since, |p| p.upto.max(since));
+            Ok((out, seen, forget))
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        for (id, reset) in &forget {
+            self.hub.forget(id, *reset);
+            if !reset {
+                self.stopped.remove(id);
+                self.deferred.remove(id);
+            }
+        }
+        self.scanned_to = Some(seen);
+        let mut subs = subs;
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .retries
+            .iter()
+            .filter(|(id, r)| {
+                r.next.is_some_and(|t| t <= now) && !subs.iter().any(|s| &s.subscription_id == *id)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in due {
+            let e = self.engine.clone();
+            let found = tokio::task::spawn_blocking(move || e.read().subscription(&id))
+                .await
+                .map_err(|e| e.to_string())??;
+            match found {
+                Some(s) if s.active => subs.push(s),
+                Some(s) => {
+                    self.retries.remove(&s.subscription_id);
+                }
+                None => {}
+            }
+        }
+        Ok(subs)
+    }
+
+    /// One look at the subscriptions that may have something to do.
+    async fn pass(&mut self, page: Option<Arc<Page>>) -> Result<(), String> {
+        let full = self.scanned_to.is_none();
+        let started = Instant::now();
+        let subs = self.dirty(page).await?;
+        metrics::histogram!("tidemark_bridge_notifier_dirty_subscriptions")
+            .record(subs.len() as f64);
+        let mut bridges_touched = std::collections::BTreeSet::new();
+        for s in &subs {
+            if s.target.sink.kind == "pull" {
+                bridges_touched.insert(s.target.bridge_id.clone());
+            }
+        }
+        let r = self.look_at(subs).await;
+        if r.is_ok() {
+            if full {
+                self.hub.set_ready();
+            }
+            self.hub.seen(self.scanned_to.unwrap_or(0));
+        }
+        // Wake the long-polls of the bridges whose pending deliveries may have changed.
+        for b in &bridges_touched {
+            self.hub.bump(b);
+        }
+        metrics::histogram!("tidemark_bridge_notifier_pass_seconds")
+            .record(started.elapsed().as_secs_f64());
+        r
+    }
+
+    async fn look_at(&mut self, subs: Vec<Subscription>) -> Result<(), String> {
+        let r = self.look_at_each(subs).await;
+        // The decisions in force, for dashboards (the same as `…/explain`, in aggregate).
+        metrics::gauge!("tidemark_bridge_subscriptions_stopped").set(self.stopped.len() as f64);
+        metrics::gauge!("tidemark_bridge_subscriptions_deferring").set(self.deferred.len() as f64);
+        metrics::gauge!("tidemark_bridge_webhooks_retrying").set(self.retries.len() as f64);
+        r
+    }
+
+    async fn look_at_each(&mut self, subs: Vec<Subscription>) -> Result<(), String> {
+        let now = Instant::now();
+        let subs: Vec<Subscription> = subs
+            .into_iter()
+            .filter(|s| {
+                !self.busy.contains_key(&s.subscription_id)
+                    && self
+                        .retries
+                        .get(&s.subscription_id)
+                        .is_none_or(|r| r.next.is_none_or(|t| t <= now))
+            })
+            .collect();
+        // Scan in chunks, each in one blocking task (a burst of task events can dirty
+        // thousands of subscriptions at once).
+        for chunk in subs.chunks(256) {
+            let e = self.engine.clone();
+            let chunk = chunk.to_vec();
+            let scanned = tokio::task::spawn_blocking(move || {
+                chunk
+                    .into_iter()
+                    .map(|s| scan(&e, &s, false).map(|r| (s, r)))
+                    .collect::<Result<Vec<_>, String>>()
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            for (sub, scan) in scanned {
+                self.act(sub, scan).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Act on one subscription's scan.
+    async fn act(&mut self, sub: Subscription, scan: Scan) -> Result<(), String> {
+        let id = sub.subscription_id.clone();
+        {
+            if sub.target.sink.kind == "pull" {
+                let entry = scan
+                    .deliver
+                    .as_ref()
+                    .map(|ev| (ev.seq, bridges::envelope(&sub, ev)));
+                self.hub.set(&sub, entry);
+            }
+            let deferred = scan
+                .candidates
+                .iter()
+                .filter(|c| c.decision == Decision::Defer)
+                .count();
+            if deferred > 0 {
+                self.deferred.insert(id.clone());
+            } else {
+                self.deferred.remove(&id);
+            }
+            if let Some((ev, reason)) = &scan.mismatch {
+                self.stopped.insert(id.clone());
+                record_mismatch(&self.engine, &sub, ev, reason).await;
+                return Ok(());
+            }
+            self.stopped.remove(&id);
+            // A pull sink's envelope waits for the bridge's ack; a webhook's is POSTed.
+            if let (Some(ev), "webhook") = (&scan.deliver, sub.target.sink.kind.as_str()) {
+                {
+                    let body = serde_json::to_vec(&bridges::envelope(&sub, ev))
+                        .map_err(|e| e.to_string())?;
+                    let url = sub.target.sink.url.clone().unwrap_or_default();
+                    let sig = sub
+                        .target
+                        .sink
+                        .secret
+                        .as_deref()
+                        .map(|s| signature(s, &body));
+                    let http = self.http.clone();
+                    let seq = ev.seq;
+                    let expected = scan.cursor.last_sequence;
+                    self.busy.insert(id.clone(), seq);
+                    self.inflight.spawn(async move {
+                        let mut rb = http
+                            .post(&url)
+                            .header("content-type", "application/json")
+                            .body(body);
+                        if let Some(sig) = sig {
+                            rb = rb.header("tidemark-signature", sig);
+                        }
+                        let r = match rb.send().await {
+                            Ok(resp) if resp.status().is_success() => Ok(()),
+                            Ok(resp) => Err(format!("webhook answered {}", resp.status())),
+                            Err(e) => Err(format!("webhook unreachable: {}", without_url(&e))),
+                        };
+                        (id, seq, expected, r)
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A reqwest error without its URL (a webhook URL may carry credentials).
+fn without_url(e: &reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timeout"
+    } else if e.is_connect() {
+        "connection failed"
+    } else if e.is_request() {
+        "request error"
+    } else {
+        "error"
+    };
+    kind.to_owned()
+}
