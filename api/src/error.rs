@@ -86,6 +86,23 @@ impl ApiError {
     }
 
     /// A failure that is not the client's: logged here, returned without detail.
+    /// A storage failure: logged with its whole source chain, opaque to the client.
+    pub fn storage(context: &str, err: &tidemark_log::StorageError) -> Self {
+        let mut chain = err.to_string();
+        let mut cur = std::error::Error::source(err);
+        while let Some(s) = cur {
+            chain.push_str(" ← ");
+            chain.push_str(&s.to_string());
+            cur = s.source();
+        }
+        tracing::error!(error = %chain, "{context}");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "an internal error occurred; it has been logged",
+        )
+    }
+
     pub fn internal(context: &str, err: impl std::fmt::Display) -> Self {
         tracing::error!(error = %err, "{context}");
         Self::new(
@@ -136,6 +153,9 @@ impl From<AppendError> for ApiError {
             e @ AppendError::ExpectationFailed { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "expectation_failed", e.to_string())
             }
+            AppendError::Storage(e) | AppendError::Poisoned(e) => {
+                ApiError::storage("append failed", &e)
+            }
             other => ApiError::internal("append failed", other),
         }
     }
@@ -177,7 +197,7 @@ impl From<tidemark_log::CommandError> for ApiError {
                 }
             }
             CommandError::Append(e) => e.into(),
-            CommandError::Storage(e) => ApiError::internal("command failed", e),
+            CommandError::Storage(e) => ApiError::storage("command failed", &e),
             #[allow(unreachable_patterns)]
             other => ApiError::internal("command failed", other),
         }

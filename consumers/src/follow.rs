@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tidemark_engine::Engine;
-use tidemark_log::{Event, EventLog, ReadQuery};
+use tidemark_log::{Event, EventLog, ReadQuery, StorageError};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -72,8 +72,8 @@ impl Follower {
             };
             let read = tokio::task::spawn_blocking(move || e.log().read(&q))
                 .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string()));
+                .map_err(StorageError::of)
+                .and_then(|r| r.map_err(StorageError::of));
             let page = match read {
                 Ok(p) => {
                     backoff = Duration::from_millis(100);

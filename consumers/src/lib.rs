@@ -20,6 +20,7 @@ pub mod router;
 pub mod scheduler;
 
 use tidemark_engine::Engine;
+use tidemark_log::StorageError;
 use tidemark_projections::routing::RoutingSettings;
 use tokio_util::sync::CancellationToken;
 
@@ -30,17 +31,17 @@ pub async fn spawn(
     settings: RoutingSettings,
     hub: bridge::PullHub,
     shutdown: CancellationToken,
-) -> Result<tokio::task::JoinHandle<()>, String> {
+) -> Result<tokio::task::JoinHandle<()>, StorageError> {
     let e = engine.clone();
     let (router_after, routing_after, head) = tokio::task::spawn_blocking(move || {
-        Ok::<_, String>((
+        Ok::<_, StorageError>((
             router::checkpoint(&e)?,
             scheduler::checkpoint(&e)?,
             e.head(),
         ))
     })
     .await
-    .map_err(|e| e.to_string())??;
+    .map_err(StorageError::of)??;
     let mut follower = follow::Follower::new(engine.clone());
     let router_feed = follower.subscribe(router_after);
     let routing_feed = follower.subscribe(routing_after);

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use tidemark_engine::Engine;
-use tidemark_log::{AppendError, Event, EventLog, NewEvent, limits};
+use tidemark_log::{AppendError, Event, EventLog, NewEvent, StorageError, limits};
 use tidemark_projections::notifications::{lifecycle_priority, routed_id, routed_payload};
 use tokio_util::sync::CancellationToken;
 
@@ -26,11 +26,11 @@ fn fault_delay() -> Option<Duration> {
 
 /// Where the router resumes: the highest source seq the notifications model has seen
 /// (blocking).
-pub(crate) fn checkpoint(engine: &Engine) -> Result<u64, String> {
+pub(crate) fn checkpoint(engine: &Engine) -> Result<u64, StorageError> {
     engine.read().router_checkpoint()
 }
 
-fn derive(engine: &Engine, ev: &Event) -> Result<Option<NewEvent>, String> {
+fn derive(engine: &Engine, ev: &Event) -> Result<Option<NewEvent>, StorageError> {
     if lifecycle_priority(&ev.event_type).is_none() {
         return Ok(None);
     }
@@ -47,7 +47,7 @@ fn derive(engine: &Engine, ev: &Event) -> Result<Option<NewEvent>, String> {
         &payload,
     )
     .map(Some)
-    .map_err(|e| e.to_string())
+    .map_err(StorageError::of)
 }
 
 /// Derive the notifications of every page after `after` until the feed ends or `shutdown`.
@@ -78,10 +78,10 @@ pub(crate) async fn run(
                         derived.push(n);
                     }
                 }
-                Ok::<_, String>(derived)
+                Ok::<_, StorageError>(derived)
             })
             .await
-            .map_err(|e| e.to_string())
+            .map_err(StorageError::of)
             .and_then(|r| r);
             match derived {
                 Ok(derived) => {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tidemark_engine::Engine;
 use tidemark_engine::commands::OutboxCommand;
-use tidemark_log::{CommandError, Event};
+use tidemark_log::{CommandError, Event, StorageError};
 use tokio_util::sync::CancellationToken;
 
 use crate::follow::Feed;
@@ -22,7 +22,7 @@ pub const TICK: Duration = Duration::from_secs(1);
 const EXPIRE_BATCH: usize = 1_000;
 
 /// Where routing resumes: the last notification or cancellation it handled (blocking).
-pub(crate) fn checkpoint(engine: &Engine) -> Result<u64, String> {
+pub(crate) fn checkpoint(engine: &Engine) -> Result<u64, StorageError> {
     engine.read().routing_checkpoint()
 }
 

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use tidemark_log::{Log, ReadQuery};
+use tidemark_log::{Log, ReadQuery, StorageError};
 use tidemark_projections::bridges::Subscription;
 use tidemark_projections::cursors::Cursor;
 use tidemark_projections::deliveries::{Delivery, Step};
@@ -14,7 +14,7 @@ use tidemark_projections::read::{
 };
 use tidemark_projections::tasks::Task;
 
-type R<T> = Result<T, String>;
+type R<T> = Result<T, StorageError>;
 
 /// Events past a cursor are counted up to this many.
 pub const LAG_CAP: u64 = 10_000;
@@ -178,7 +178,7 @@ impl Queries {
                     subject: (!c.subject_id.is_empty()).then(|| c.subject_id.clone()),
                     ..ReadQuery::default()
                 })
-                .map_err(|e| e.to_string())?;
+                .map_err(StorageError::of)?;
             if oldest.is_none() {
                 oldest = page.events.first().map(|e| e.time_us);
             }

@@ -1,6 +1,84 @@
-//! Errors of the log, one enum per operation family, wrapped by [`Error`].
+//! Errors of the log, one enum per operation family, wrapped by [`Error`]. A storage failure
+//! is a [`StorageError`]: it keeps the error that caused it as its `source`, so the chain
+//! reaches the log line of whoever handles it; nothing decides on its text.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+
+/// A storage failure: what tidemark was doing, and the underlying error (redb, the codec, the
+/// OS) as its `source`, or none when tidemark itself found the stored state inconsistent.
+#[derive(Debug, Clone)]
+pub struct StorageError {
+    context: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl StorageError {
+    /// `context` caused by `source`.
+    pub fn new(
+        context: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> StorageError {
+        StorageError {
+            context: context.into(),
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// A failure found by tidemark itself (an inconsistent or unreadable stored value).
+    pub fn msg(context: impl Into<String>) -> StorageError {
+        StorageError {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    /// The underlying error as a storage failure (for `map_err`).
+    pub fn of(source: impl std::error::Error + Send + Sync + 'static) -> StorageError {
+        StorageError::new(String::new(), source)
+    }
+
+    /// The same failure, said to have happened while doing `context`.
+    pub fn context(mut self, context: impl Into<String>) -> StorageError {
+        let c = context.into();
+        self.context = if self.context.is_empty() {
+            c
+        } else {
+            format!("{c}: {}", self.context)
+        };
+        self
+    }
+}
+
+impl std::fmt::Display for StorageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.source, self.context.is_empty()) {
+            (Some(s), true) => write!(f, "{s}"),
+            (Some(s), false) => write!(f, "{}: {s}", self.context),
+            (None, _) => f.write_str(&self.context),
+        }
+    }
+}
+
+impl std::error::Error for StorageError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<String> for StorageError {
+    fn from(s: String) -> Self {
+        StorageError::msg(s)
+    }
+}
+
+impl From<&str> for StorageError {
+    fn from(s: &str) -> Self {
+        StorageError::msg(s)
+    }
+}
 
 /// Why a log could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -17,7 +95,7 @@ pub enum OpenError {
         source: Box<redb::DatabaseError>,
     },
     #[error("the log file is unreadable: {0}; restore it from a backup")]
-    Storage(String),
+    Storage(#[source] StorageError),
     #[error("stored event {seq} has an unknown format: {detail}; upgrade tidemark to read it")]
     Format { seq: u64, detail: String },
 }
@@ -54,9 +132,9 @@ pub enum AppendError {
     #[error("the log is closed")]
     Closed,
     #[error("a storage failure poisoned the log: {0}; restart tidemark to reopen it")]
-    Poisoned(String),
+    Poisoned(#[source] StorageError),
     #[error("storage failure while appending: {0}")]
-    Storage(String),
+    Storage(#[source] StorageError),
 }
 
 /// How a command refused to act.
@@ -86,7 +164,7 @@ pub enum CommandError {
     #[error(transparent)]
     Append(#[from] AppendError),
     #[error("storage failure in a command: {0}")]
-    Storage(String),
+    Storage(#[source] StorageError),
 }
 
 impl CommandError {
@@ -104,7 +182,7 @@ impl CommandError {
 #[non_exhaustive]
 pub enum ReadError {
     #[error("storage failure while reading: {0}")]
-    Storage(String),
+    Storage(#[source] StorageError),
     #[error("stored event {seq} cannot be decoded: {detail}")]
     Format { seq: u64, detail: String },
 }
@@ -128,6 +206,33 @@ impl AppendError {
     }
 }
 
-pub(crate) fn storage<E: std::fmt::Display>(e: E) -> String {
-    e.to_string()
+pub(crate) fn storage<E: std::error::Error + Send + Sync + 'static>(e: E) -> StorageError {
+    StorageError::of(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A storage failure keeps what caused it: the source is the original error, reachable by
+    /// type, through every error that wraps it.
+    #[test]
+    fn a_storage_failure_keeps_its_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::StorageFull, "no space left on device");
+        let e = StorageError::new("committing a group", io).context("appending");
+        assert_eq!(
+            e.to_string(),
+            "appending: committing a group: no space left on device"
+        );
+        let wrapped = AppendError::Storage(e);
+        let src = std::error::Error::source(&wrapped).expect("the storage error");
+        let inner = src.source().expect("the io error");
+        let io = inner
+            .downcast_ref::<std::io::Error>()
+            .expect("an io::Error");
+        assert_eq!(io.kind(), std::io::ErrorKind::StorageFull);
+        // A failure tidemark found itself has no source.
+        let own = StorageError::msg("indexed event 7 is missing");
+        assert!(std::error::Error::source(&own).is_none());
+    }
 }

@@ -39,7 +39,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use envelope::{Event, FieldError, InvalidKind, NewEvent, limits};
-pub use error::{AppendError, CommandError, Error, OpenError, ReadError, RejectKind};
+pub use error::{AppendError, CommandError, Error, OpenError, ReadError, RejectKind, StorageError};
 pub use store::{ReadPage, ReadQuery};
 pub use writer::CommandFn;
 
@@ -138,9 +138,10 @@ impl EventLog for Log {
 pub trait CommitHook: Send + 'static {
     /// Once at open, before anything is served: bring the state up to `head` (the hook reads
     /// the missing events with [`scan_events`]).
-    fn recover(&mut self, txn: &redb::WriteTransaction, head: u64) -> Result<(), String>;
+    fn recover(&mut self, txn: &redb::WriteTransaction, head: u64) -> Result<(), StorageError>;
     /// Fold newly appended events (in seq order) into the state.
-    fn apply(&mut self, txn: &redb::WriteTransaction, events: &[Event]) -> Result<(), String>;
+    fn apply(&mut self, txn: &redb::WriteTransaction, events: &[Event])
+    -> Result<(), StorageError>;
 }
 
 /// Visit the events with `after < seq <= upto` in order, as `txn` sees them (a command's
@@ -150,16 +151,16 @@ pub fn scan_events(
     txn: &redb::WriteTransaction,
     after: u64,
     upto: u64,
-    mut f: impl FnMut(Event) -> Result<bool, String>,
-) -> Result<(), String> {
+    mut f: impl FnMut(Event) -> Result<bool, StorageError>,
+) -> Result<(), StorageError> {
     use redb::ReadableTable;
     if after >= upto {
         return Ok(());
     }
-    let t = txn.open_table(store::EVENTS).map_err(|e| e.to_string())?;
-    for row in t.range(after + 1..=upto).map_err(|e| e.to_string())? {
-        let (k, v) = row.map_err(|e| e.to_string())?;
-        let ev = store::decode_event(k.value(), v.value()).map_err(|e| e.to_string())?;
+    let t = txn.open_table(store::EVENTS).map_err(StorageError::of)?;
+    for row in t.range(after + 1..=upto).map_err(StorageError::of)? {
+        let (k, v) = row.map_err(StorageError::of)?;
+        let ev = store::decode_event(k.value(), v.value()).map_err(StorageError::of)?;
         if !f(ev)? {
             break;
         }
@@ -209,7 +210,7 @@ pub(crate) struct Shared {
     pub tail: RwLock<tail::Tail>,
     /// Published head: every event with seq <= head is committed and indexed.
     pub head: watch::Sender<u64>,
-    pub poisoned: Mutex<Option<String>>,
+    pub poisoned: Mutex<Option<StorageError>>,
     pub poisoned_flag: AtomicBool,
 }
 
@@ -272,7 +273,9 @@ impl Log {
         let handle = std::thread::Builder::new()
             .name("tidemark-log-writer".into())
             .spawn(move || w.run())
-            .map_err(|e| OpenError::Storage(format!("cannot start the writer thread: {e}")))?;
+            .map_err(|e| {
+                OpenError::Storage(StorageError::new("cannot start the writer thread", e))
+            })?;
         tracing::info!(
             head = report.head,
             repaired = report.repaired,

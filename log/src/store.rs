@@ -102,9 +102,9 @@ pub(crate) fn open(path: &Path, cache_bytes: usize) -> Result<Opened, OpenError>
     // otherwise was damaged outside tidemark; refuse it rather than serve a gap.
     let rows = events.len().map_err(|e| st(e.into()))?;
     if rows != head {
-        return Err(OpenError::Storage(format!(
-            "the events table holds {rows} rows but its last seq is {head}"
-        )));
+        return Err(OpenError::Storage(
+            format!("the events table holds {rows} rows but its last seq is {head}").into(),
+        ));
     }
     let indexed_through = meta
         .get(META_INDEXED_THROUGH)
@@ -231,9 +231,9 @@ pub(crate) fn read(
         for (seq, stream_matches) in candidates {
             if stream_matches {
                 let Some(v) = events.get(seq).map_err(|e| st(e.into()))? else {
-                    return Err(ReadError::Storage(format!(
-                        "indexed event {seq} is missing"
-                    )));
+                    return Err(ReadError::Storage(
+                        format!("indexed event {seq} is missing").into(),
+                    ));
                 };
                 let ev = decode_event(seq, v.value())?;
                 if q.event_type.as_deref().is_none_or(|t| t == ev.event_type) {

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::codec::{self, StoredV1};
 use crate::envelope::{Event, NewEvent};
-use crate::error::{AppendError, CommandError, storage};
+use crate::error::{AppendError, CommandError, StorageError, storage};
 use crate::store::{EVENT_IDS, EVENTS, META, META_INDEXED_THROUGH, SUBJECTS};
 use crate::tail::Tail;
 use crate::time::now_micros;
@@ -120,7 +120,7 @@ fn last_of_subject(
     tail: &Tail,
     stream: &str,
     subject: &str,
-) -> Result<u64, String> {
+) -> Result<u64, StorageError> {
     if let Some(list) = tail.subjects.get(subject)
         && let Some((seq, _)) = list.iter().rev().find(|(_, s)| &**s == stream)
     {
@@ -142,7 +142,7 @@ fn last_of_subject(
 
 impl Writer {
     /// Bring every hook up to the head, in one transaction, before serving anything.
-    pub fn recover_hooks(&mut self) -> Result<(), String> {
+    pub fn recover_hooks(&mut self) -> Result<(), StorageError> {
         if self.hooks.is_empty() {
             return Ok(());
         }
@@ -220,7 +220,7 @@ impl Writer {
         }
     }
 
-    fn poisoned(&self) -> Option<String> {
+    fn poisoned(&self) -> Option<StorageError> {
         self.shared
             .poisoned
             .lock()
@@ -228,7 +228,7 @@ impl Writer {
             .clone()
     }
 
-    fn poison(&self, why: String) {
+    fn poison(&self, why: StorageError) {
         tracing::error!(error = %why, "log poisoned; appends are refused until restart");
         self.shared.poisoned_flag.store(true, Ordering::SeqCst);
         *self
@@ -238,7 +238,7 @@ impl Writer {
             .unwrap_or_else(|p| p.into_inner()) = Some(why);
     }
 
-    fn begin(&self) -> Result<WriteTransaction, String> {
+    fn begin(&self) -> Result<WriteTransaction, StorageError> {
         let mut txn = self.db.begin_write().map_err(storage)?;
         txn.set_quick_repair(self.quick_repair);
         Ok(txn)
@@ -335,7 +335,7 @@ impl Writer {
         time_us: i64,
         staged: &mut Vec<(u64, NewEvent)>,
         pending: &mut Vec<Pending>,
-    ) -> Result<(), String> {
+    ) -> Result<(), StorageError> {
         let mut staged_ids: HashMap<String, usize> = HashMap::new();
         // The log's tables stay open across the group's appends; a command may read them
         // itself (scan_events), so they are closed while it runs.
@@ -436,7 +436,7 @@ impl Writer {
         tail: &Tail,
         expect: &Expect,
         staged: &[(u64, NewEvent)],
-    ) -> Result<Option<AppendError>, String> {
+    ) -> Result<Option<AppendError>, StorageError> {
         let (what, expected, actual) = match expect {
             Expect::Any => return Ok(None),
             Expect::Head(h) => ("the log".to_owned(), *h, self.head + staged.len() as u64),
@@ -471,7 +471,7 @@ impl Writer {
         events: Vec<NewEvent>,
         staged: &mut Vec<(u64, NewEvent)>,
         staged_ids: &mut HashMap<String, usize>,
-    ) -> Result<Result<Vec<Appended>, AppendError>, String> {
+    ) -> Result<Result<Vec<Appended>, AppendError>, StorageError> {
         let (events_t, ids_t) = (&t.events, &t.ids);
         let mut results = Vec::with_capacity(events.len());
         for ev in events {
@@ -496,9 +496,9 @@ impl Writer {
                     let same = match events_t.get(seq).map_err(storage)? {
                         Some(v) => match crate::store::decode_event(seq, v.value()) {
                             Ok(orig) => ev.same_content(&orig),
-                            Err(e) => return Err(e.to_string()),
+                            Err(e) => return Err(StorageError::of(e)),
                         },
-                        None => return Err(format!("indexed event {seq} is missing")),
+                        None => return Err(format!("indexed event {seq} is missing").into()),
                     };
                     Some((seq, same))
                 }
@@ -528,7 +528,7 @@ impl Writer {
     }
 
     /// Move the in-memory tail into the redb index tables in one sorted write transaction.
-    fn merge_tail(&mut self) -> Result<(), String> {
+    fn merge_tail(&mut self) -> Result<(), StorageError> {
         let started = std::time::Instant::now();
         let txn = self.begin()?;
         let n;

@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 use tidemark_log::Event;
+use tidemark_log::StorageError;
 
 use crate::framework::{Projection, Store};
 use crate::tasks::Task;
@@ -111,15 +112,15 @@ impl Projection for Bridges {
         &[ROWS, BY_TASK, BY_BRIDGE, ACTIVE]
     }
 
-    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), String> {
+    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
         if ev.stream != "bridges" {
             return Ok(());
         }
         let b: BridgeEvent = match ev.event_type.as_str() {
-            "bridge.subscribed" | "bridge.unsubscribed" => {
-                serde_json::from_str(ev.payload.get())
-                    .map_err(|e| format!("{} at seq {}: {e}", ev.event_type, ev.seq))?
-            }
+            "bridge.subscribed" | "bridge.unsubscribed" => serde_json::from_str(ev.payload.get())
+                .map_err(|e| {
+                StorageError::new(format!("{} at seq {}", ev.event_type, ev.seq), e)
+            })?,
             _ => return Ok(()),
         };
         let id = ev.subject.as_str();

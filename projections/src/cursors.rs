@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 use tidemark_log::Event;
+use tidemark_log::StorageError;
 
 use crate::framework::{Projection, Store};
 
@@ -88,11 +89,12 @@ impl Projection for Cursors {
         &[ROWS]
     }
 
-    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), String> {
+    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
         let (consumer, c) = match (ev.stream.as_str(), ev.event_type.as_str()) {
             ("cursors", "cursor.advanced" | "cursor.reset" | "cursor.failed") => {
-                let c: CursorEvent = serde_json::from_str(ev.payload.get())
-                    .map_err(|e| format!("{} at seq {}: {e}", ev.event_type, ev.seq))?;
+                let c: CursorEvent = serde_json::from_str(ev.payload.get()).map_err(|e| {
+                    StorageError::new(format!("{} at seq {}", ev.event_type, ev.seq), e)
+                })?;
                 (ev.subject.clone(), c)
             }
             ("task_events", "notification.terminal_state_mismatch") => {

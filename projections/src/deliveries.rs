@@ -9,6 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 use tidemark_log::Event;
+use tidemark_log::StorageError;
 
 use crate::framework::{Projection, Store, be_u64};
 
@@ -442,7 +443,7 @@ fn index_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
     out
 }
 
-fn add_count(st: &mut Store<'_>, key: &[u8], delta: i64) -> Result<(), String> {
+fn add_count(st: &mut Store<'_>, key: &[u8], delta: i64) -> Result<(), StorageError> {
     let cur = st.get(COUNTS, key)?.and_then(|b| be_u64(&b)).unwrap_or(0);
     let next = (cur as i64 + delta).max(0) as u64;
     if next == 0 {
@@ -453,7 +454,11 @@ fn add_count(st: &mut Store<'_>, key: &[u8], delta: i64) -> Result<(), String> {
 }
 
 /// Store `new` in place of `old`, keeping every index and counter in step.
-fn store_row(st: &mut Store<'_>, old: Option<&Delivery>, new: &Delivery) -> Result<(), String> {
+fn store_row(
+    st: &mut Store<'_>,
+    old: Option<&Delivery>,
+    new: &Delivery,
+) -> Result<(), StorageError> {
     let before = old.map(index_entries).unwrap_or_default();
     let after = index_entries(new);
     for (t, k) in &before {
@@ -492,14 +497,14 @@ fn step(seq: u64, kind: &str, c: &Change) -> Step {
     }
 }
 
-fn put_step(st: &mut Store<'_>, id: &str, s: &Step) -> Result<(), String> {
+fn put_step(st: &mut Store<'_>, id: &str, s: &Step) -> Result<(), StorageError> {
     let mut k = id.as_bytes().to_vec();
     k.push(0);
     k.extend_from_slice(&s.seq.to_be_bytes());
     st.put_val(TIMELINE, &k, s)
 }
 
-fn raise_routed(st: &mut Store<'_>, seq: u64) -> Result<(), String> {
+fn raise_routed(st: &mut Store<'_>, seq: u64) -> Result<(), StorageError> {
     let cur = st
         .get(STATE, ROUTED_KEY)?
         .and_then(|b| be_u64(&b))
@@ -510,9 +515,9 @@ fn raise_routed(st: &mut Store<'_>, seq: u64) -> Result<(), String> {
     Ok(())
 }
 
-fn parse<T: for<'de> Deserialize<'de>>(ev: &Event) -> Result<T, String> {
+fn parse<T: for<'de> Deserialize<'de>>(ev: &Event) -> Result<T, StorageError> {
     serde_json::from_str(ev.payload.get())
-        .map_err(|e| format!("{} at seq {}: {e}", ev.event_type, ev.seq))
+        .map_err(|e| StorageError::new(format!("{} at seq {}", ev.event_type, ev.seq), e))
 }
 
 pub struct Deliveries;
@@ -529,7 +534,7 @@ impl Projection for Deliveries {
         ]
     }
 
-    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), String> {
+    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
         match (ev.stream.as_str(), ev.event_type.as_str()) {
             ("settings", "settings.updated") => {
                 st.put(SETTINGS, &ev.seq.to_be_bytes(), ev.payload.get().as_bytes())
@@ -547,7 +552,7 @@ impl Projection for Deliveries {
     }
 }
 
-fn fold_recipient(st: &mut Store<'_>, ev: &Event) -> Result<(), String> {
+fn fold_recipient(st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
     let p = ev.payload_value();
     let mut r: Recipient = st
         .get_val(RECIPIENTS, ev.subject.as_bytes())?
@@ -576,7 +581,7 @@ fn fold_recipient(st: &mut Store<'_>, ev: &Event) -> Result<(), String> {
     st.put_val(RECIPIENTS, ev.subject.as_bytes(), &r)
 }
 
-fn fold_delivery(st: &mut Store<'_>, ev: &Event) -> Result<(), String> {
+fn fold_delivery(st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
     let kind = &ev.event_type["delivery.".len()..];
     let id = ev.subject.as_bytes();
     let old: Option<Delivery> = st.get_val(ROWS, id)?;

@@ -15,6 +15,7 @@
 //! chains names the first `seq` at which they differ.
 
 use std::collections::{BTreeMap, HashMap};
+use tidemark_log::StorageError;
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 use serde::{Deserialize, Serialize};
@@ -46,7 +47,7 @@ pub trait Projection: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// Names of its tables (besides `digests`).
     fn tables(&self) -> &'static [&'static str];
-    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), String>;
+    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError>;
     /// Bump when the stored rows or the fold change: at the next start the projection is
     /// rebuilt from the log instead of folding new events onto rows of another shape.
     fn version(&self) -> u32 {
@@ -88,20 +89,29 @@ impl<'t> Store<'t> {
         }
     }
 
-    pub fn get(&mut self, table: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    pub fn get(
+        &mut self,
+        table: &'static str,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>, StorageError> {
         if let Some(v) = self.pending.get(table).and_then(|t| t.get(key)) {
             return Ok(v.clone());
         }
         self.tables.get(table, key)
     }
 
-    pub fn put(&mut self, table: &'static str, key: &[u8], value: &[u8]) -> Result<(), String> {
+    pub fn put(
+        &mut self,
+        table: &'static str,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), StorageError> {
         self.note(table, key, Some(value));
         self.stage(table, key, Some(value.to_vec()));
         Ok(())
     }
 
-    pub fn delete(&mut self, table: &'static str, key: &[u8]) -> Result<(), String> {
+    pub fn delete(&mut self, table: &'static str, key: &[u8]) -> Result<(), StorageError> {
         self.note(table, key, None);
         self.stage(table, key, None);
         Ok(())
@@ -122,7 +132,7 @@ impl<'t> Store<'t> {
         &mut self,
         table: &'static str,
         key: &[u8],
-    ) -> Result<Option<T>, String> {
+    ) -> Result<Option<T>, StorageError> {
         decode(self.get(table, key)?)
     }
 
@@ -131,8 +141,8 @@ impl<'t> Store<'t> {
         table: &'static str,
         key: &[u8],
         v: &T,
-    ) -> Result<(), String> {
-        let bytes = postcard::to_stdvec(v).map_err(|e| e.to_string())?;
+    ) -> Result<(), StorageError> {
+        let bytes = postcard::to_stdvec(v).map_err(StorageError::of)?;
         self.put(table, key, &bytes)
     }
 
@@ -156,7 +166,12 @@ impl<'t> Store<'t> {
     }
 
     /// Fold one event, extending `meta`'s digest chain when it changed anything.
-    fn fold(&mut self, p: &dyn Projection, ev: &Event, meta: &mut Meta) -> Result<(), String> {
+    fn fold(
+        &mut self,
+        p: &dyn Projection,
+        ev: &Event,
+        meta: &mut Meta,
+    ) -> Result<(), StorageError> {
         self.change = blake3::Hasher::new();
         self.changed = false;
         p.apply(self, ev)?;
@@ -177,7 +192,7 @@ impl<'t> Store<'t> {
     }
 
     /// Write the coalesced changes into the tables. Must be called before the store is dropped.
-    fn flush(&mut self) -> Result<(), String> {
+    fn flush(&mut self) -> Result<(), StorageError> {
         let mut pending: Vec<_> = std::mem::take(&mut self.pending).into_iter().collect();
         pending.sort_unstable_by_key(|(t, _)| *t);
         self.pending_len = 0;
@@ -188,40 +203,43 @@ impl<'t> Store<'t> {
                     Some(v) => t.insert(key.as_slice(), v.as_slice()).map(drop),
                     None => t.remove(key.as_slice()).map(drop),
                 }
-                .map_err(|e| e.to_string())?;
+                .map_err(StorageError::of)?;
             }
         }
         if !self.digests.is_empty() {
             let name = table_name(self.tables.proj, "digests", self.tables.generation);
             let def: TableDefinition<u64, &[u8]> = TableDefinition::new(&name);
-            let mut t = self.tables.txn.open_table(def).map_err(|e| e.to_string())?;
+            let mut t = self.tables.txn.open_table(def).map_err(StorageError::of)?;
             for (seq, d) in self.digests.drain(..) {
-                t.insert(seq, d.as_slice()).map_err(|e| e.to_string())?;
+                t.insert(seq, d.as_slice()).map_err(StorageError::of)?;
             }
         }
         Ok(())
     }
 }
 
-pub(crate) fn read_meta_opt(txn: &WriteTransaction, name: &str) -> Result<Option<Meta>, String> {
-    let t = txn.open_table(META).map_err(|e| e.to_string())?;
-    let v = t.get(name).map_err(|e| e.to_string())?;
+pub(crate) fn read_meta_opt(
+    txn: &WriteTransaction,
+    name: &str,
+) -> Result<Option<Meta>, StorageError> {
+    let t = txn.open_table(META).map_err(StorageError::of)?;
+    let v = t.get(name).map_err(StorageError::of)?;
     match v {
         Some(b) => postcard::from_bytes(b.value())
             .map(Some)
-            .map_err(|e| e.to_string()),
+            .map_err(StorageError::of),
         None => Ok(None),
     }
 }
 
-pub(crate) fn read_meta(txn: &WriteTransaction, name: &str) -> Result<Meta, String> {
+pub(crate) fn read_meta(txn: &WriteTransaction, name: &str) -> Result<Meta, StorageError> {
     Ok(read_meta_opt(txn, name)?.unwrap_or_default())
 }
 
-pub(crate) fn write_meta(txn: &WriteTransaction, name: &str, m: &Meta) -> Result<(), String> {
-    let mut t = txn.open_table(META).map_err(|e| e.to_string())?;
-    let b = postcard::to_stdvec(m).map_err(|e| e.to_string())?;
-    t.insert(name, b.as_slice()).map_err(|e| e.to_string())?;
+pub(crate) fn write_meta(txn: &WriteTransaction, name: &str, m: &Meta) -> Result<(), StorageError> {
+    let mut t = txn.open_table(META).map_err(StorageError::of)?;
+    let b = postcard::to_stdvec(m).map_err(StorageError::of)?;
+    t.insert(name, b.as_slice()).map_err(StorageError::of)?;
     Ok(())
 }
 
@@ -232,7 +250,7 @@ pub(crate) fn fold_all(
     generation: u32,
     events: &[Event],
     meta: &mut Meta,
-) -> Result<(), String> {
+) -> Result<(), StorageError> {
     let mut st = Store::new(txn, p.name(), generation);
     for ev in events {
         st.fold(p, ev, meta)?;
@@ -245,12 +263,12 @@ pub(crate) fn drop_other_generations(
     txn: &WriteTransaction,
     name: &str,
     keep: u32,
-) -> Result<usize, String> {
+) -> Result<usize, StorageError> {
     let prefix = format!("p.{name}.");
     let keep_suffix = format!(".g{keep}");
     let stale: Vec<String> = txn
         .list_tables()
-        .map_err(|e| e.to_string())?
+        .map_err(StorageError::of)?
         .map(|h| h.name().to_owned())
         .filter(|n| n.starts_with(&prefix) && !n.ends_with(&keep_suffix))
         .collect();
@@ -259,7 +277,7 @@ pub(crate) fn drop_other_generations(
         let def: TableDefinition<Bytes, Bytes> = TableDefinition::new(n);
         if txn.delete_table(def).is_err() {
             let def: TableDefinition<u64, &[u8]> = TableDefinition::new(n);
-            txn.delete_table(def).map_err(|e| e.to_string())?;
+            txn.delete_table(def).map_err(StorageError::of)?;
         }
     }
     Ok(stale.len())
@@ -277,7 +295,7 @@ impl Projector {
 }
 
 impl CommitHook for Projector {
-    fn recover(&mut self, txn: &WriteTransaction, head: u64) -> Result<(), String> {
+    fn recover(&mut self, txn: &WriteTransaction, head: u64) -> Result<(), StorageError> {
         for p in &self.projections {
             let stored = read_meta_opt(txn, p.name())?;
             let mut meta = match &stored {
@@ -331,15 +349,15 @@ impl CommitHook for Projector {
         Ok(())
     }
 
-    fn apply(&mut self, txn: &WriteTransaction, events: &[Event]) -> Result<(), String> {
+    fn apply(&mut self, txn: &WriteTransaction, events: &[Event]) -> Result<(), StorageError> {
         // One open of the meta table for all projections (this runs for every request the
         // writer accepts, commands included).
         let mut metas = Vec::with_capacity(self.projections.len());
         {
-            let t = txn.open_table(META).map_err(|e| e.to_string())?;
+            let t = txn.open_table(META).map_err(StorageError::of)?;
             for p in &self.projections {
-                let m = match t.get(p.name()).map_err(|e| e.to_string())? {
-                    Some(b) => postcard::from_bytes(b.value()).map_err(|e| e.to_string())?,
+                let m = match t.get(p.name()).map_err(StorageError::of)? {
+                    Some(b) => postcard::from_bytes(b.value()).map_err(StorageError::of)?,
                     None => Meta::default(),
                 };
                 metas.push(m);
@@ -348,11 +366,10 @@ impl CommitHook for Projector {
         for (p, meta) in self.projections.iter().zip(metas.iter_mut()) {
             fold_all(txn, *p, meta.generation, events, meta)?;
         }
-        let mut t = txn.open_table(META).map_err(|e| e.to_string())?;
+        let mut t = txn.open_table(META).map_err(StorageError::of)?;
         for (p, meta) in self.projections.iter().zip(&metas) {
-            let b = postcard::to_stdvec(meta).map_err(|e| e.to_string())?;
-            t.insert(p.name(), b.as_slice())
-                .map_err(|e| e.to_string())?;
+            let b = postcard::to_stdvec(meta).map_err(StorageError::of)?;
+            t.insert(p.name(), b.as_slice()).map_err(StorageError::of)?;
         }
         Ok(())
     }
@@ -365,20 +382,20 @@ pub struct Reader {
 }
 
 impl Reader {
-    pub fn new(db: &redb::Database) -> Result<Reader, String> {
+    pub fn new(db: &redb::Database) -> Result<Reader, StorageError> {
         Ok(Reader {
-            txn: db.begin_read().map_err(|e| e.to_string())?,
+            txn: db.begin_read().map_err(StorageError::of)?,
         })
     }
 
-    pub fn meta(&self, name: &str) -> Result<Meta, String> {
+    pub fn meta(&self, name: &str) -> Result<Meta, StorageError> {
         let t = match self.txn.open_table(META) {
             Ok(t) => t,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Meta::default()),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(StorageError::of(e)),
         };
-        match t.get(name).map_err(|e| e.to_string())? {
-            Some(b) => postcard::from_bytes(b.value()).map_err(|e| e.to_string()),
+        match t.get(name).map_err(StorageError::of)? {
+            Some(b) => postcard::from_bytes(b.value()).map_err(StorageError::of),
             None => Ok(Meta::default()),
         }
     }
@@ -388,14 +405,14 @@ impl Reader {
         &self,
         proj: &str,
         table: &str,
-    ) -> Result<Option<redb::ReadOnlyTable<Bytes, Bytes>>, String> {
+    ) -> Result<Option<redb::ReadOnlyTable<Bytes, Bytes>>, StorageError> {
         let generation = self.meta(proj)?.generation;
         let name = table_name(proj, table, generation);
         let def: TableDefinition<Bytes, Bytes> = TableDefinition::new(&name);
         match self.txn.open_table(def) {
             Ok(t) => Ok(Some(t)),
             Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(StorageError::of(e)),
         }
     }
 
@@ -404,14 +421,14 @@ impl Reader {
         proj: &str,
         table: &str,
         key: &[u8],
-    ) -> Result<Option<T>, String> {
+    ) -> Result<Option<T>, StorageError> {
         let Some(t) = self.table(proj, table)? else {
             return Ok(None);
         };
-        match t.get(key).map_err(|e| e.to_string())? {
+        match t.get(key).map_err(StorageError::of)? {
             Some(v) => postcard::from_bytes(v.value())
                 .map(Some)
-                .map_err(|e| e.to_string()),
+                .map_err(StorageError::of),
             None => Ok(None),
         }
     }
@@ -429,7 +446,7 @@ pub struct TxnTables<'t> {
 
 impl<'t> TxnTables<'t> {
     /// The projection's tables at its current generation.
-    pub fn new(txn: &'t WriteTransaction, proj: &'static str) -> Result<Self, String> {
+    pub fn new(txn: &'t WriteTransaction, proj: &'static str) -> Result<Self, StorageError> {
         let generation = read_meta(txn, proj)?.generation;
         Ok(Self::at(txn, proj, generation))
     }
@@ -444,28 +461,35 @@ impl<'t> TxnTables<'t> {
     }
 
     /// The table (created empty when the projection has not written it yet).
-    pub fn table(&mut self, table: &'static str) -> Result<&redb::Table<'t, Bytes, Bytes>, String> {
+    pub fn table(
+        &mut self,
+        table: &'static str,
+    ) -> Result<&redb::Table<'t, Bytes, Bytes>, StorageError> {
         self.table_mut(table).map(|t| &*t)
     }
 
     fn table_mut(
         &mut self,
         table: &'static str,
-    ) -> Result<&mut redb::Table<'t, Bytes, Bytes>, String> {
+    ) -> Result<&mut redb::Table<'t, Bytes, Bytes>, StorageError> {
         if !self.tables.contains_key(table) {
             let name = table_name(self.proj, table, self.generation);
             let def: TableDefinition<Bytes, Bytes> = TableDefinition::new(&name);
-            let t = self.txn.open_table(def).map_err(|e| e.to_string())?;
+            let t = self.txn.open_table(def).map_err(StorageError::of)?;
             self.tables.insert(table, t);
         }
         Ok(self.tables.get_mut(table).expect("inserted above"))
     }
 
-    pub fn get(&mut self, table: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    pub fn get(
+        &mut self,
+        table: &'static str,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>, StorageError> {
         Ok(self
             .table(table)?
             .get(key)
-            .map_err(|e| e.to_string())?
+            .map_err(StorageError::of)?
             .map(|v| v.value().to_vec()))
     }
 
@@ -473,17 +497,15 @@ impl<'t> TxnTables<'t> {
         &mut self,
         table: &'static str,
         key: &[u8],
-    ) -> Result<Option<T>, String> {
+    ) -> Result<Option<T>, StorageError> {
         decode(self.get(table, key)?)
     }
 }
 
 /// A stored row decoded with postcard.
-fn decode<T: for<'de> Deserialize<'de>>(bytes: Option<Vec<u8>>) -> Result<Option<T>, String> {
+fn decode<T: for<'de> Deserialize<'de>>(bytes: Option<Vec<u8>>) -> Result<Option<T>, StorageError> {
     match bytes {
-        Some(b) => postcard::from_bytes(&b)
-            .map(Some)
-            .map_err(|e| e.to_string()),
+        Some(b) => postcard::from_bytes(&b).map(Some).map_err(StorageError::of),
         None => Ok(None),
     }
 }

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidemark_log::Event;
+use tidemark_log::StorageError;
 
 use crate::framework::{Projection, Store, be_u64};
 
@@ -105,7 +106,7 @@ impl Projection for Notifications {
         &[BY_SEQ, IDS, ROUTER]
     }
 
-    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), String> {
+    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
         if ev.stream != "notifications" {
             return Ok(());
         }

@@ -2,6 +2,7 @@
 //! one read transaction.
 
 use serde::Serialize;
+use tidemark_log::StorageError;
 
 use redb::ReadableTable;
 
@@ -23,7 +24,7 @@ pub struct ProjectionInfo {
     pub changes: u64,
 }
 
-pub fn projections(db: &redb::Database, head: u64) -> Result<Vec<ProjectionInfo>, String> {
+pub fn projections(db: &redb::Database, head: u64) -> Result<Vec<ProjectionInfo>, StorageError> {
     let r = Reader::new(db)?;
     crate::all()
         .iter()
@@ -41,7 +42,7 @@ pub fn projections(db: &redb::Database, head: u64) -> Result<Vec<ProjectionInfo>
         .collect()
 }
 
-pub fn task(db: &redb::Database, task_id: &str) -> Result<Option<Task>, String> {
+pub fn task(db: &redb::Database, task_id: &str) -> Result<Option<Task>, StorageError> {
     Reader::new(db)?.get_val(tasks::NAME, tasks::ROWS, task_id.as_bytes())
 }
 
@@ -55,7 +56,10 @@ pub struct TaskFilter {
 }
 
 /// Tasks ordered by id, filtered; the second value is the id to continue after, if any.
-pub fn tasks(db: &redb::Database, f: &TaskFilter) -> Result<(Vec<Task>, Option<String>), String> {
+pub fn tasks(
+    db: &redb::Database,
+    f: &TaskFilter,
+) -> Result<(Vec<Task>, Option<String>), StorageError> {
     let r = Reader::new(db)?;
     let limit = f.limit.max(1);
     let mut out: Vec<Task> = Vec::new();
@@ -89,13 +93,13 @@ pub fn tasks(db: &redb::Database, f: &TaskFilter) -> Result<(Vec<Task>, Option<S
             end.push(1);
             for row in idx
                 .range(start.as_slice()..end.as_slice())
-                .map_err(|e| e.to_string())?
+                .map_err(StorageError::of)?
             {
-                let (k, _) = row.map_err(|e| e.to_string())?;
+                let (k, _) = row.map_err(StorageError::of)?;
                 let id = String::from_utf8_lossy(&k.value()[value.len() + 1..]).into_owned();
                 examined += 1;
-                if let Some(v) = rows.get(id.as_bytes()).map_err(|e| e.to_string())? {
-                    let t: Task = postcard::from_bytes(v.value()).map_err(|e| e.to_string())?;
+                if let Some(v) = rows.get(id.as_bytes()).map_err(StorageError::of)? {
+                    let t: Task = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
                     if keep(&t) {
                         out.push(t);
                     }
@@ -111,9 +115,9 @@ pub fn tasks(db: &redb::Database, f: &TaskFilter) -> Result<(Vec<Task>, Option<S
             if f.after.is_some() {
                 start.push(0);
             }
-            for row in rows.range(start.as_slice()..).map_err(|e| e.to_string())? {
-                let (k, v) = row.map_err(|e| e.to_string())?;
-                let t: Task = postcard::from_bytes(v.value()).map_err(|e| e.to_string())?;
+            for row in rows.range(start.as_slice()..).map_err(StorageError::of)? {
+                let (k, v) = row.map_err(StorageError::of)?;
+                let t: Task = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
                 out.push(t);
                 if full_page(&out) {
                     return Ok((out, Some(String::from_utf8_lossy(k.value()).into_owned())));
@@ -136,7 +140,7 @@ pub struct NotificationFilter {
 pub fn notifications(
     db: &redb::Database,
     f: &NotificationFilter,
-) -> Result<(Vec<Notification>, Option<u64>), String> {
+) -> Result<(Vec<Notification>, Option<u64>), StorageError> {
     let r = Reader::new(db)?;
     let mut out = Vec::new();
     let Some(t) = r.table(notifications::NAME, notifications::BY_SEQ)? else {
@@ -144,9 +148,9 @@ pub fn notifications(
     };
     let end = f.before_seq.unwrap_or(u64::MAX).to_be_bytes();
     let mut examined = 0;
-    for row in t.range(..end.as_slice()).map_err(|e| e.to_string())?.rev() {
-        let (_, v) = row.map_err(|e| e.to_string())?;
-        let n: Notification = postcard::from_bytes(v.value()).map_err(|e| e.to_string())?;
+    for row in t.range(..end.as_slice()).map_err(StorageError::of)?.rev() {
+        let (_, v) = row.map_err(StorageError::of)?;
+        let n: Notification = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
         examined += 1;
         let seq = n.seq;
         if f.priority.as_deref().is_none_or(|p| p == n.priority)
@@ -164,7 +168,7 @@ pub fn notifications(
 }
 
 /// Highest source seq the router has produced a notification for.
-pub fn router_checkpoint(db: &redb::Database) -> Result<u64, String> {
+pub fn router_checkpoint(db: &redb::Database) -> Result<u64, StorageError> {
     stored_u64(
         db,
         notifications::NAME,
@@ -174,27 +178,32 @@ pub fn router_checkpoint(db: &redb::Database) -> Result<u64, String> {
 }
 
 /// A big-endian u64 a projection keeps under `key` (a checkpoint), 0 when absent.
-fn stored_u64(db: &redb::Database, proj: &str, table: &str, key: &[u8]) -> Result<u64, String> {
+fn stored_u64(
+    db: &redb::Database,
+    proj: &str,
+    table: &str,
+    key: &[u8],
+) -> Result<u64, StorageError> {
     let r = Reader::new(db)?;
     let Some(t) = r.table(proj, table)? else {
         return Ok(0);
     };
     Ok(t.get(key)
-        .map_err(|e| e.to_string())?
+        .map_err(StorageError::of)?
         .and_then(|v| be_u64(v.value()))
         .unwrap_or(0))
 }
 
 /// The notification settings in force (payload of the last `settings.updated`).
-pub fn current_settings(db: &redb::Database) -> Result<Option<serde_json::Value>, String> {
+pub fn current_settings(db: &redb::Database) -> Result<Option<serde_json::Value>, StorageError> {
     let r = Reader::new(db)?;
     let Some(t) = r.table(crate::settings::NAME, crate::settings::CURRENT)? else {
         return Ok(None);
     };
-    match t.get(crate::settings::KEY).map_err(|e| e.to_string())? {
+    match t.get(crate::settings::KEY).map_err(StorageError::of)? {
         Some(v) => serde_json::from_slice(v.value())
             .map(Some)
-            .map_err(|e| e.to_string()),
+            .map_err(StorageError::of),
         None => Ok(None),
     }
 }
@@ -203,7 +212,7 @@ pub fn current_settings(db: &redb::Database) -> Result<Option<serde_json::Value>
 pub fn delivery(
     db: &redb::Database,
     id: &str,
-) -> Result<Option<(Delivery, Vec<deliveries::Step>)>, String> {
+) -> Result<Option<(Delivery, Vec<deliveries::Step>)>, StorageError> {
     let r = Reader::new(db)?;
     let Some(row) = r.get_val::<Delivery>(deliveries::NAME, deliveries::ROWS, id.as_bytes())?
     else {
@@ -217,10 +226,10 @@ pub fn delivery(
         to.push(1);
         for row in t
             .range(from.as_slice()..to.as_slice())
-            .map_err(|e| e.to_string())?
+            .map_err(StorageError::of)?
         {
-            let (_, v) = row.map_err(|e| e.to_string())?;
-            steps.push(postcard::from_bytes(v.value()).map_err(|e| e.to_string())?);
+            let (_, v) = row.map_err(StorageError::of)?;
+            steps.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
         }
     }
     Ok(Some((row, steps)))
@@ -242,7 +251,7 @@ pub struct DeliveryFilter {
 pub fn deliveries(
     db: &redb::Database,
     f: &DeliveryFilter,
-) -> Result<(Vec<Delivery>, Option<String>), String> {
+) -> Result<(Vec<Delivery>, Option<String>), StorageError> {
     let r = Reader::new(db)?;
     let mut out = Vec::new();
     let Some(rows) = r.table(deliveries::NAME, deliveries::ROWS)? else {
@@ -280,14 +289,14 @@ pub fn deliveries(
             to.push(1);
             for row in idx
                 .range(from.as_slice()..to.as_slice())
-                .map_err(|e| e.to_string())?
+                .map_err(StorageError::of)?
             {
-                let (k, _) = row.map_err(|e| e.to_string())?;
+                let (k, _) = row.map_err(StorageError::of)?;
                 let id = &k.value()[status.len() + 1..];
-                let Some(v) = rows.get(id).map_err(|e| e.to_string())? else {
+                let Some(v) = rows.get(id).map_err(StorageError::of)? else {
                     continue;
                 };
-                let d: Delivery = postcard::from_bytes(v.value()).map_err(|e| e.to_string())?;
+                let d: Delivery = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
                 if let Some(next) = visit(id, d) {
                     return Ok((out, next));
                 }
@@ -298,9 +307,9 @@ pub fn deliveries(
             if f.after.is_some() {
                 from.push(0);
             }
-            for row in rows.range(from.as_slice()..).map_err(|e| e.to_string())? {
-                let (k, v) = row.map_err(|e| e.to_string())?;
-                let d: Delivery = postcard::from_bytes(v.value()).map_err(|e| e.to_string())?;
+            for row in rows.range(from.as_slice()..).map_err(StorageError::of)? {
+                let (k, v) = row.map_err(StorageError::of)?;
+                let d: Delivery = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
                 if let Some(next) = visit(k.value(), d) {
                     return Ok((out, next));
                 }
@@ -333,12 +342,12 @@ pub fn kpis(
     now_us: i64,
     stuck_after_ms: u64,
     interval_ms: u64,
-) -> Result<(Kpis, std::collections::BTreeMap<String, Kpis>), String> {
+) -> Result<(Kpis, std::collections::BTreeMap<String, Kpis>), StorageError> {
     let r = Reader::new(db)?;
     let mut by_sink: std::collections::BTreeMap<String, Kpis> = Default::default();
     if let Some(t) = r.table(deliveries::NAME, deliveries::COUNTS)? {
-        for row in t.iter().map_err(|e| e.to_string())? {
-            let (k, v) = row.map_err(|e| e.to_string())?;
+        for row in t.iter().map_err(StorageError::of)? {
+            let (k, v) = row.map_err(StorageError::of)?;
             let k = k.value();
             let Some(split) = k.iter().position(|b| *b == 0) else {
                 continue;
@@ -368,14 +377,14 @@ pub fn kpis(
             let cut = deliveries::timed_key(sink, stuck_before, "");
             k.stuck = p
                 .range(lo.as_slice()..cut.as_slice())
-                .map_err(|e| e.to_string())?
+                .map_err(StorageError::of)?
                 .count() as u64;
             if let Some(first) = p
                 .range(lo.as_slice()..hi.as_slice())
-                .map_err(|e| e.to_string())?
+                .map_err(StorageError::of)?
                 .next()
             {
-                let (key, _) = first.map_err(|e| e.to_string())?;
+                let (key, _) = first.map_err(StorageError::of)?;
                 let key = key.value();
                 let at = &key[sink.len() + 1..sink.len() + 9];
                 let created = u64::from_be_bytes(at.try_into().expect("8 bytes")) as i64;
@@ -386,7 +395,7 @@ pub fn kpis(
             let cut = deliveries::timed_key(sink, sent_since, "");
             k.sent_last_interval = s
                 .range(cut.as_slice()..hi.as_slice())
-                .map_err(|e| e.to_string())?
+                .map_err(StorageError::of)?
                 .count() as u64;
         }
     }
@@ -405,14 +414,14 @@ pub fn kpis(
 }
 
 /// Pending deliveries (queued + leased + retry_wait) over all sinks: the backpressure gauge.
-pub fn pending_deliveries(db: &redb::Database) -> Result<u64, String> {
+pub fn pending_deliveries(db: &redb::Database) -> Result<u64, StorageError> {
     let r = Reader::new(db)?;
     let Some(t) = r.table(deliveries::NAME, deliveries::COUNTS)? else {
         return Ok(0);
     };
     let mut n = 0;
-    for row in t.iter().map_err(|e| e.to_string())? {
-        let (k, v) = row.map_err(|e| e.to_string())?;
+    for row in t.iter().map_err(StorageError::of)? {
+        let (k, v) = row.map_err(StorageError::of)?;
         let k = k.value();
         if deliveries::PENDING_STATUSES.iter().any(|s| {
             k.ends_with(s.as_bytes()) && k.len() > s.len() && k[k.len() - s.len() - 1] == 0
@@ -424,7 +433,7 @@ pub fn pending_deliveries(db: &redb::Database) -> Result<u64, String> {
 }
 
 /// Highest source seq the delivery routing has handled.
-pub fn routing_checkpoint(db: &redb::Database) -> Result<u64, String> {
+pub fn routing_checkpoint(db: &redb::Database) -> Result<u64, StorageError> {
     stored_u64(
         db,
         deliveries::NAME,
@@ -439,7 +448,7 @@ pub fn cursor(
     consumer_id: &str,
     stream_name: &str,
     subject_id: &str,
-) -> Result<crate::cursors::Cursor, String> {
+) -> Result<crate::cursors::Cursor, StorageError> {
     use crate::cursors;
     Ok(Reader::new(db)?
         .get_val(
@@ -456,7 +465,7 @@ pub fn cursors(
     db: &redb::Database,
     consumer_id: Option<&str>,
     limit: usize,
-) -> Result<Vec<crate::cursors::Cursor>, String> {
+) -> Result<Vec<crate::cursors::Cursor>, StorageError> {
     use crate::cursors;
     let r = Reader::new(db)?;
     let Some(t) = r.table(cursors::NAME, cursors::ROWS)? else {
@@ -477,10 +486,10 @@ pub fn cursors(
         Some(to) => t.range(from.as_slice()..to.as_slice()),
         None => t.range(from.as_slice()..),
     }
-    .map_err(|e| e.to_string())?;
+    .map_err(StorageError::of)?;
     for row in range {
-        let (_, v) = row.map_err(|e| e.to_string())?;
-        out.push(postcard::from_bytes(v.value()).map_err(|e| e.to_string())?);
+        let (_, v) = row.map_err(StorageError::of)?;
+        out.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
         if out.len() >= limit {
             break;
         }
@@ -492,7 +501,7 @@ pub fn cursors(
 pub fn subscription(
     db: &redb::Database,
     id: &str,
-) -> Result<Option<crate::bridges::Subscription>, String> {
+) -> Result<Option<crate::bridges::Subscription>, StorageError> {
     use crate::bridges;
     Reader::new(db)?.get_val(bridges::NAME, bridges::ROWS, id.as_bytes())
 }
@@ -503,7 +512,7 @@ fn active_subscriptions(
     db: &redb::Database,
     index: &'static str,
     prefix: Option<&str>,
-) -> Result<Vec<crate::bridges::Subscription>, String> {
+) -> Result<Vec<crate::bridges::Subscription>, StorageError> {
     use crate::bridges;
     let r = Reader::new(db)?;
     let (Some(idx), Some(rows)) = (
@@ -521,23 +530,23 @@ fn active_subscriptions(
             to.push(1);
             for row in idx
                 .range(from.as_slice()..to.as_slice())
-                .map_err(|e| e.to_string())?
+                .map_err(StorageError::of)?
             {
-                let (k, _) = row.map_err(|e| e.to_string())?;
+                let (k, _) = row.map_err(StorageError::of)?;
                 ids.push(k.value()[from.len()..].to_vec());
             }
         }
         None => {
-            for row in idx.iter().map_err(|e| e.to_string())? {
-                let (k, _) = row.map_err(|e| e.to_string())?;
+            for row in idx.iter().map_err(StorageError::of)? {
+                let (k, _) = row.map_err(StorageError::of)?;
                 ids.push(k.value().to_vec());
             }
         }
     }
     let mut out = Vec::with_capacity(ids.len());
     for id in ids {
-        if let Some(v) = rows.get(id.as_slice()).map_err(|e| e.to_string())? {
-            out.push(postcard::from_bytes(v.value()).map_err(|e| e.to_string())?);
+        if let Some(v) = rows.get(id.as_slice()).map_err(StorageError::of)? {
+            out.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
         }
     }
     Ok(out)
@@ -546,19 +555,19 @@ fn active_subscriptions(
 pub fn task_subscriptions(
     db: &redb::Database,
     task_id: &str,
-) -> Result<Vec<crate::bridges::Subscription>, String> {
+) -> Result<Vec<crate::bridges::Subscription>, StorageError> {
     active_subscriptions(db, crate::bridges::BY_TASK, Some(task_id))
 }
 
 pub fn bridge_subscriptions(
     db: &redb::Database,
     bridge_id: &str,
-) -> Result<Vec<crate::bridges::Subscription>, String> {
+) -> Result<Vec<crate::bridges::Subscription>, StorageError> {
     active_subscriptions(db, crate::bridges::BY_BRIDGE, Some(bridge_id))
 }
 
 pub fn all_active_subscriptions(
     db: &redb::Database,
-) -> Result<Vec<crate::bridges::Subscription>, String> {
+) -> Result<Vec<crate::bridges::Subscription>, StorageError> {
     active_subscriptions(db, crate::bridges::ACTIVE, None)
 }

@@ -4,6 +4,7 @@
 //! head.
 
 use std::time::Instant;
+use tidemark_log::StorageError;
 
 use redb::{ReadableTable, TableDefinition, WriteTransaction};
 use serde::Serialize;
@@ -46,14 +47,14 @@ fn first_difference(
     new: u32,
     after: u64,
     upto: u64,
-) -> Result<Option<u64>, String> {
-    let open = |g: u32| -> Result<Vec<(u64, Vec<u8>)>, String> {
+) -> Result<Option<u64>, StorageError> {
+    let open = |g: u32| -> Result<Vec<(u64, Vec<u8>)>, StorageError> {
         let tn = table_name(name, "digests", g);
         let def: TableDefinition<u64, &[u8]> = TableDefinition::new(&tn);
-        let t = txn.open_table(def).map_err(|e| e.to_string())?;
+        let t = txn.open_table(def).map_err(StorageError::of)?;
         let mut out = Vec::new();
-        for row in t.range(after + 1..=upto).map_err(|e| e.to_string())? {
-            let (k, v) = row.map_err(|e| e.to_string())?;
+        for row in t.range(after + 1..=upto).map_err(StorageError::of)? {
+            let (k, v) = row.map_err(StorageError::of)?;
             out.push((k.value(), v.value().to_vec()));
         }
         Ok(out)
@@ -82,7 +83,7 @@ pub async fn rebuild(
 ) -> Result<RebuildReport, CommandError> {
     let started = Instant::now();
     let name = p.name();
-    let st = |e: String| CommandError::Storage(e);
+    let st = CommandError::Storage;
     // Start a fresh generation, clearing what an interrupted rebuild may have left.
     let (mut state, _) = log
         .command(true, move |txn, _head| {

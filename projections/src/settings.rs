@@ -1,6 +1,7 @@
 //! The notification settings in force: the payload of the last `settings.updated`.
 
 use tidemark_log::Event;
+use tidemark_log::StorageError;
 
 use crate::framework::{Projection, Store};
 
@@ -19,7 +20,7 @@ impl Projection for Settings {
         &[CURRENT]
     }
 
-    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), String> {
+    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
         if ev.stream == "settings" && ev.event_type == "settings.updated" {
             st.put(CURRENT, KEY, ev.payload.get().as_bytes())?;
         }

@@ -9,6 +9,7 @@
 //! recorded, never refused: the log is the truth.
 
 use std::borrow::Cow;
+use tidemark_log::StorageError;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -271,7 +272,7 @@ impl Projection for Tasks {
         &[ROWS, BY_STATUS, BY_PROJECT]
     }
 
-    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), String> {
+    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
         // The delivery runtime's own streams name deliveries and consumers, never tasks: no
         // lookup for them (they are most of the writes of a busy outbox).
         if ev.subject.is_empty() || matches!(ev.stream.as_str(), "deliveries" | "cursors") {

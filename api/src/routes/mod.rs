@@ -9,14 +9,17 @@ pub mod notifications;
 pub mod ops;
 pub mod tasks;
 
+use tidemark_log::StorageError;
+
 use crate::error::ApiError;
 
-/// Run a blocking read (redb) off the async workers; a failure is internal (logged, opaque).
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+/// Run a blocking read off the async workers; a failure is a storage failure, internal
+/// (logged with its source, opaque to the client).
+pub(crate) async fn blocking<T: Send + 'static, E: Into<StorageError> + Send + 'static>(
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| ApiError::internal("read task failed", e))?
-        .map_err(|e| ApiError::internal("read failed", e))
+        .map_err(|e| ApiError::storage("read failed", &e.into()))
 }

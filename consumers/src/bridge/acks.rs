@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 use tidemark_engine::Engine;
 use tidemark_engine::commands::Confirmation;
-use tidemark_log::{CommandError, RejectKind};
+use tidemark_log::{CommandError, RejectKind, StorageError};
 use tidemark_projections::bridges::{self, Decision};
 
 use super::scan;
@@ -34,7 +34,7 @@ pub fn plan_acks(
     engine: &Engine,
     bridge_id: &str,
     ids: &[String],
-) -> Result<Vec<Result<Confirmation, CommandError>>, String> {
+) -> Result<Vec<Result<Confirmation, CommandError>>, StorageError> {
     let not_found = |id: &str| {
         refused(
             RejectKind::NotFound,
@@ -106,7 +106,7 @@ pub fn plan_acks(
 
 /// The envelopes `bridge_id`'s pull subscriptions have pending, computed from the log
 /// (blocking; the notifier's cache answers once it has looked at everything).
-pub fn pending_for_bridge(engine: &Engine, bridge_id: &str) -> Result<Vec<Value>, String> {
+pub fn pending_for_bridge(engine: &Engine, bridge_id: &str) -> Result<Vec<Value>, StorageError> {
     let mut out = Vec::new();
     for s in engine.read().bridge_subscriptions(bridge_id)? {
         if s.target.sink.kind != "pull" {

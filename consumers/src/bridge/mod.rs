@@ -18,7 +18,7 @@ use serde::Serialize;
 use sha2::Sha256;
 use tidemark_engine::Engine;
 use tidemark_engine::commands::{BridgeCommand, Confirmation};
-use tidemark_log::{AppendError, CommandError, Event, EventLog, NewEvent, ReadQuery};
+use tidemark_log::{AppendError, CommandError, Event, EventLog, NewEvent, ReadQuery, StorageError};
 use tidemark_projections::bridges::{self, Decision, Subscription};
 use tidemark_projections::cursors::{self, Cursor};
 
@@ -60,7 +60,7 @@ pub struct Scan {
 }
 
 /// Replay `sub`'s task events past its cursor and decide (blocking: redb reads).
-pub fn scan(engine: &Engine, sub: &Subscription, all: bool) -> Result<Scan, String> {
+pub fn scan(engine: &Engine, sub: &Subscription, all: bool) -> Result<Scan, StorageError> {
     let task_id = &sub.target.task_id;
     let cursor = engine.read().cursor(
         &bridges::consumer_id(&sub.subscription_id),
@@ -86,7 +86,7 @@ pub fn scan(engine: &Engine, sub: &Subscription, all: bool) -> Result<Scan, Stri
                 subject: Some(task_id.clone()),
                 ..ReadQuery::default()
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(StorageError::of)?;
         for ev in page.events {
             let (decision, reason) = bridges::decide(task.as_ref(), &ev);
             if decision == Decision::Skip {

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tidemark_log::StorageError;
 
 use tidemark_engine::Engine;
 use tidemark_projections::bridges::{self, Decision, Subscription};
@@ -133,7 +134,7 @@ impl Notifier {
             let id = sub_id.clone();
             tokio::task::spawn_blocking(move || e.read().subscription(&id))
                 .await
-                .unwrap_or_else(|e| Err(e.to_string()))
+                .unwrap_or_else(|e| Err(StorageError::of(e)))
         }) else {
             return;
         };
@@ -169,13 +170,17 @@ impl Notifier {
 
     /// Subscriptions to look at: all of them at the first pass (and after a failed one), then
     /// those whose task, cursor or subscription changed in `page`, and webhook retries now due.
-    async fn dirty(&mut self, page: Option<Arc<Page>>) -> Result<Vec<Subscription>, String> {
+    async fn dirty(&mut self, page: Option<Arc<Page>>) -> Result<Vec<Subscription>, StorageError> {
         let e = self.engine.clone();
         let since = self.scanned_to;
         let (subs, seen, forget) = tokio::task::spawn_blocking(move || {
             let Some(since) = since else {
                 let head = e.head();
-                return Ok::<_, String>((e.read().all_active_subscriptions()?, head, Vec::new()));
+                return Ok::<_, StorageError>((
+                    e.read().all_active_subscriptions()?,
+                    head,
+                    Vec::new(),
+                ));
             };
             let mut tasks = std::collections::BTreeSet::new();
             let mut ids = std::collections::BTreeSet::new();
@@ -222,7 +227,7 @@ impl Notifier {
             Ok((out, seen, forget))
         })
         .await
-        .map_err(|e| e.to_string())??;
+        .map_err(StorageError::of)??;
         for (id, reset) in &forget {
             self.hub.forget(id, *reset);
             if !reset {
@@ -245,7 +250,7 @@ impl Notifier {
             let e = self.engine.clone();
             let found = tokio::task::spawn_blocking(move || e.read().subscription(&id))
                 .await
-                .map_err(|e| e.to_string())??;
+                .map_err(StorageError::of)??;
             match found {
                 Some(s) if s.active => subs.push(s),
                 Some(s) => {
@@ -258,7 +263,7 @@ impl Notifier {
     }
 
     /// One look at the subscriptions that may have something to do.
-    async fn pass(&mut self, page: Option<Arc<Page>>) -> Result<(), String> {
+    async fn pass(&mut self, page: Option<Arc<Page>>) -> Result<(), StorageError> {
         let full = self.scanned_to.is_none();
         let started = Instant::now();
         let subs = self.dirty(page).await?;
@@ -286,7 +291,7 @@ impl Notifier {
         r
     }
 
-    async fn look_at(&mut self, subs: Vec<Subscription>) -> Result<(), String> {
+    async fn look_at(&mut self, subs: Vec<Subscription>) -> Result<(), StorageError> {
         let r = self.look_at_each(subs).await;
         // The decisions in force, for dashboards (the same as `…/explain`, in aggregate).
         metrics::gauge!("tidemark_bridge_subscriptions_stopped").set(self.stopped.len() as f64);
@@ -295,7 +300,7 @@ impl Notifier {
         r
     }
 
-    async fn look_at_each(&mut self, subs: Vec<Subscription>) -> Result<(), String> {
+    async fn look_at_each(&mut self, subs: Vec<Subscription>) -> Result<(), StorageError> {
         let now = Instant::now();
         let subs: Vec<Subscription> = subs
             .into_iter()
@@ -316,10 +321,10 @@ impl Notifier {
                 chunk
                     .into_iter()
                     .map(|s| scan(&e, &s, false).map(|r| (s, r)))
-                    .collect::<Result<Vec<_>, String>>()
+                    .collect::<Result<Vec<_>, StorageError>>()
             })
             .await
-            .map_err(|e| e.to_string())??;
+            .map_err(StorageError::of)??;
             for (sub, scan) in scanned {
                 self.act(sub, scan).await?;
             }
@@ -328,7 +333,7 @@ impl Notifier {
     }
 
     /// Act on one subscription's scan.
-    async fn act(&mut self, sub: Subscription, scan: Scan) -> Result<(), String> {
+    async fn act(&mut self, sub: Subscription, scan: Scan) -> Result<(), StorageError> {
         let id = sub.subscription_id.clone();
         {
             if sub.target.sink.kind == "pull" {
@@ -358,7 +363,7 @@ impl Notifier {
             if let (Some(ev), "webhook") = (&scan.deliver, sub.target.sink.kind.as_str()) {
                 {
                     let body = serde_json::to_vec(&bridges::envelope(&sub, ev))
-                        .map_err(|e| e.to_string())?;
+                        .map_err(StorageError::of)?;
                     let url = sub.target.sink.url.clone().unwrap_or_default();
                     let sig = sub
                         .target

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use tidemark_log::{CommandError, NewEvent, RejectKind};
+use tidemark_log::{CommandError, NewEvent, RejectKind, StorageError};
 use tidemark_projections::bridges::{
     self, BridgeEvent, Decision, NAME, ROWS, Subscription, Target,
 };
@@ -68,9 +68,9 @@ pub(crate) fn run(
 }
 
 fn bridge_event(kind: &str, id: &str, b: &BridgeEvent) -> Result<NewEvent, CommandError> {
-    let v = serde_json::to_value(b).map_err(|e| CommandError::Storage(e.to_string()))?;
+    let v = serde_json::to_value(b).map_err(|e| CommandError::Storage(StorageError::of(e)))?;
     NewEvent::new(None, "bridges", id, format!("bridge.{kind}"), &v)
-        .map_err(|e| CommandError::Storage(e.to_string()))
+        .map_err(|e| CommandError::Storage(StorageError::of(e)))
 }
 
 fn row_in(txn: &WriteTransaction, id: &str) -> Result<Option<Subscription>, CommandError> {

@@ -2,7 +2,7 @@
 //! delivery id, optionally compare-and-swap on the position the caller saw) and reset (the only
 //! way down, with a reason), checked inside the writer against the `cursors` model.
 
-use tidemark_log::{CommandError, NewEvent, RejectKind};
+use tidemark_log::{CommandError, NewEvent, RejectKind, StorageError};
 use tidemark_projections::cursors::{Cursor, CursorEvent, NAME, ROWS, bound_error, key};
 use tidemark_projections::framework::TxnTables;
 
@@ -62,9 +62,9 @@ pub(crate) fn get_in(
 }
 
 fn event(kind: &str, consumer_id: &str, c: &CursorEvent) -> Result<NewEvent, CommandError> {
-    let v = serde_json::to_value(c).map_err(|e| CommandError::Storage(e.to_string()))?;
+    let v = serde_json::to_value(c).map_err(|e| CommandError::Storage(StorageError::of(e)))?;
     NewEvent::new(None, "cursors", consumer_id, format!("cursor.{kind}"), &v)
-        .map_err(|e| CommandError::Storage(e.to_string()))
+        .map_err(|e| CommandError::Storage(StorageError::of(e)))
 }
 
 /// What an advance asks for.

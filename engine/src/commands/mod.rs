@@ -91,7 +91,7 @@ pub enum Outcome {
 }
 
 fn unexpected(what: &str) -> CommandError {
-    CommandError::Storage(format!("the command answered something other than {what}"))
+    CommandError::Storage(format!("the command answered something other than {what}").into())
 }
 
 impl Outcome {

@@ -16,7 +16,7 @@ mod lease;
 mod route;
 
 use serde_json::Value;
-use tidemark_log::{CommandError, Event, NewEvent};
+use tidemark_log::{CommandError, Event, NewEvent, StorageError};
 use tidemark_projections::deliveries::{self as d, Delivery, Recipient};
 use tidemark_projections::framework::{TxnTables, be_u64};
 use tidemark_projections::routing::RoutingSettings;
@@ -136,7 +136,7 @@ pub(crate) fn run(
     })
 }
 
-fn storage(e: String) -> CommandError {
+fn storage(e: StorageError) -> CommandError {
     CommandError::Storage(e)
 }
 
@@ -185,12 +185,13 @@ impl<'t> State<'t> {
         let t = self.t.table(d::SETTINGS).map_err(storage)?;
         let mut range = t
             .range(..=seq.to_be_bytes().as_slice())
-            .map_err(|e| storage(e.to_string()))?;
+            .map_err(|e| storage(StorageError::of(e)))?;
         let Some(row) = range.next_back() else {
             return Ok(RoutingSettings::default());
         };
-        let (_, v) = row.map_err(|e| storage(e.to_string()))?;
-        let json: Value = serde_json::from_slice(v.value()).map_err(|e| storage(e.to_string()))?;
+        let (_, v) = row.map_err(|e| storage(StorageError::of(e)))?;
+        let json: Value =
+            serde_json::from_slice(v.value()).map_err(|e| storage(StorageError::of(e)))?;
         // The server validated the settings before recording them.
         Ok(RoutingSettings::from_json(&json).unwrap_or_default())
     }
@@ -205,8 +206,11 @@ impl<'t> State<'t> {
     ) -> Result<Vec<Vec<u8>>, CommandError> {
         let t = self.t.table(table).map_err(storage)?;
         let mut out = Vec::new();
-        for row in t.range(from..to).map_err(|e| storage(e.to_string()))? {
-            let (k, _) = row.map_err(|e| storage(e.to_string()))?;
+        for row in t
+            .range(from..to)
+            .map_err(|e| storage(StorageError::of(e)))?
+        {
+            let (k, _) = row.map_err(|e| storage(StorageError::of(e)))?;
             out.push(k.value().to_vec());
             if out.len() >= max {
                 break;
@@ -217,9 +221,9 @@ impl<'t> State<'t> {
 }
 
 fn event(kind: &str, id: &str, payload: &impl serde::Serialize) -> Result<NewEvent, CommandError> {
-    let v = serde_json::to_value(payload).map_err(|e| storage(e.to_string()))?;
+    let v = serde_json::to_value(payload).map_err(|e| storage(StorageError::of(e)))?;
     NewEvent::new(None, "deliveries", id, format!("delivery.{kind}"), &v)
-        .map_err(|e| storage(e.to_string()))
+        .map_err(|e| storage(StorageError::of(e)))
 }
 
 /// A number in [0, 1) drawn from `seed`: the draws of routing are a function of the delivery
