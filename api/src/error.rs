@@ -191,7 +191,8 @@ impl From<tidemark_log::CommandError> for ApiError {
                 };
                 let err = ApiError::new(status, code, detail);
                 if status == StatusCode::TOO_MANY_REQUESTS {
-                    err.retry_after(1)
+                    // Pending work drains over seconds, not milliseconds.
+                    err.retry_after(5)
                 } else {
                     err
                 }

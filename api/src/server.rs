@@ -11,6 +11,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use tidemark_engine::Engine;
 use tidemark_log::EventLog;
+use tidemark_projections::names::{EventType, Stream};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -262,8 +263,14 @@ async fn record_settings(engine: &Engine, settings: serde_json::Value) -> Result
     if current.as_ref() == Some(&settings) {
         return Ok(());
     }
-    let ev = tidemark_log::NewEvent::new(None, "settings", "", "settings.updated", &settings)
-        .map_err(|e| std::io::Error::other(format!("notification settings: {e}")))?;
+    let ev = tidemark_log::NewEvent::new(
+        None,
+        Stream::Settings,
+        "",
+        EventType::SettingsUpdated,
+        &settings,
+    )
+    .map_err(|e| std::io::Error::other(format!("notification settings: {e}")))?;
     let r = engine
         .log()
         .append(vec![ev])

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use tidemark_engine::Engine;
 use tidemark_log::{AppendError, Event, EventLog, NewEvent, StorageError, limits};
-use tidemark_projections::notifications::{lifecycle_priority, routed_id, routed_payload};
+use tidemark_projections::names::{EventType, Stream, ids};
+use tidemark_projections::notifications::{lifecycle_priority, routed_payload};
 use tokio_util::sync::CancellationToken;
 
 use crate::follow::Feed;
@@ -38,12 +39,12 @@ fn derive(engine: &Engine, ev: &Event) -> Result<Option<NewEvent>, StorageError>
     let Some(payload) = routed_payload(ev, project.as_deref()) else {
         return Ok(None);
     };
-    let id = routed_id(ev.seq);
+    let id = ids::routed_notification(ev.seq);
     NewEvent::new(
         Some(id.clone()),
-        "notifications",
+        Stream::Notifications,
         id,
-        "notification.created",
+        EventType::NotificationCreated,
         &payload,
     )
     .map(Some)
@@ -72,7 +73,7 @@ pub(crate) async fn run(
                 for ev in p
                     .events
                     .iter()
-                    .filter(|ev| ev.seq > after && ev.stream == "task_events")
+                    .filter(|ev| ev.seq > after && ev.stream == Stream::TaskEvents)
                 {
                     if let Some(n) = derive(&e, ev)? {
                         derived.push(n);

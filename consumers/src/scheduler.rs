@@ -12,6 +12,7 @@ use std::time::Duration;
 use tidemark_engine::Engine;
 use tidemark_engine::commands::OutboxCommand;
 use tidemark_log::{CommandError, Event, StorageError};
+use tidemark_projections::names::EventType;
 use tokio_util::sync::CancellationToken;
 
 use crate::follow::Feed;
@@ -27,13 +28,13 @@ pub(crate) fn checkpoint(engine: &Engine) -> Result<u64, StorageError> {
 }
 
 fn relevant(ev: &Event) -> bool {
-    matches!(
-        (ev.stream.as_str(), ev.event_type.as_str()),
-        (
-            "notifications",
-            "notification.requested" | "notification.created"
-        ) | ("task_events", "task.canceled")
-    )
+    use EventType as T;
+    match EventType::parse(&ev.event_type) {
+        Some(t @ (T::NotificationRequested | T::NotificationCreated | T::TaskCanceled)) => {
+            ev.stream == t.stream()
+        }
+        _ => false,
+    }
 }
 
 /// Route the notifications and cancellations of every page after `after` until the feed ends

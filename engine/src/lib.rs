@@ -20,7 +20,11 @@ mod queries;
 
 use std::sync::Arc;
 
-use tidemark_log::{AppendReceipt, CommandError, EventLog, Log, LogConfig, OpenError, OpenReport};
+use tidemark_log::{
+    AppendReceipt, CommandError, EventLog, Log, LogConfig, NewEvent, OpenError, OpenReport,
+    RejectKind, StorageError,
+};
+use tidemark_projections::names::EventType;
 use tidemark_projections::rebuild::RebuildReport;
 
 pub use commands::{Command, Outcome};
@@ -111,6 +115,39 @@ impl Engine {
         metrics::counter!("tidemark_commands_total", "command" => name, "result" => result)
             .increment(1);
         r
+    }
+
+    /// Append a client's batch (atomic, idempotent). Backpressure (spec section 4, I8): when
+    /// the batch requests a notification and more than `max_pending` deliveries are pending,
+    /// it is refused (`Rejected` / `Overloaded`, code `outbox_full`) and nothing is appended;
+    /// lifecycle events are never refused for it.
+    pub async fn append_from_client(
+        &self,
+        events: Vec<NewEvent>,
+        max_pending: u64,
+    ) -> Result<AppendReceipt, CommandError> {
+        if events
+            .iter()
+            .any(|e| e.event_type == EventType::NotificationRequested)
+        {
+            let q = self.queries.clone();
+            let pending = tokio::task::spawn_blocking(move || q.pending_deliveries())
+                .await
+                .map_err(|e| CommandError::Storage(StorageError::of(e)))?
+                .map_err(CommandError::Storage)?;
+            if pending > max_pending {
+                metrics::counter!("tidemark_outbox_refused_total").increment(1);
+                return Err(CommandError::rejected(
+                    RejectKind::Overloaded,
+                    "outbox_full",
+                    format!(
+                        "{pending} deliveries are pending, above outbox.max_pending \
+                         ({max_pending}); retry later"
+                    ),
+                ));
+            }
+        }
+        Ok(self.log.append(events).await?)
     }
 
     /// Rebuild (`swap`) or verify projection `name` from the log; `None` when there is no such

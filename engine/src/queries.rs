@@ -4,10 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use tidemark_log::{Log, ReadQuery, StorageError};
+use tidemark_log::{Log, ReadPage, ReadQuery, StorageError};
 use tidemark_projections::bridges::Subscription;
 use tidemark_projections::cursors::Cursor;
 use tidemark_projections::deliveries::{Delivery, Step};
+use tidemark_projections::names::Stream;
 use tidemark_projections::notifications::Notification;
 use tidemark_projections::read::{
     self, DeliveryFilter, Kpis, NotificationFilter, ProjectionInfo, TaskFilter,
@@ -47,6 +48,15 @@ pub struct Queries {
 impl Queries {
     pub(crate) fn new(log: Log) -> Queries {
         Queries { log }
+    }
+
+    /// A page of events as clients see them: webhook secrets redacted.
+    pub fn events(&self, q: &ReadQuery) -> R<ReadPage> {
+        let mut page = self.log.read(q).map_err(StorageError::of)?;
+        for ev in &mut page.events {
+            tidemark_projections::bridges::redact_secret(ev);
+        }
+        Ok(page)
     }
 
     /// Every projection with its checkpoint, lag behind the head and digest.
@@ -152,8 +162,8 @@ impl Queries {
             })
             .collect();
         for sub in self.all_active_subscriptions()? {
-            let consumer = tidemark_projections::bridges::consumer_id(&sub.subscription_id);
-            let key = (consumer, "task_events".to_owned(), sub.target.task_id);
+            let consumer = tidemark_projections::names::ids::bridge_consumer(&sub.subscription_id);
+            let key = (consumer, Stream::TaskEvents.into(), sub.target.task_id);
             if !known.contains(&key) {
                 all.push(Cursor::zero(&key.0, &key.1, &key.2));
             }

@@ -9,6 +9,7 @@ use tidemark_log::Event;
 use tidemark_log::StorageError;
 
 use crate::framework::{Projection, Store};
+use crate::names::{EventType, Stream, TaskStatus, ids};
 use crate::tasks::Task;
 
 pub const NAME: &str = "bridges";
@@ -19,35 +20,6 @@ pub const BY_TASK: &str = "by_task";
 pub const BY_BRIDGE: &str = "by_bridge";
 /// `subscription_id` of active subscriptions (the notifier's work list).
 pub const ACTIVE: &str = "active";
-
-const CONSUMER_PREFIX: &str = "bridge_task_subscription:";
-
-/// The consumer id of a subscription's cursor.
-pub fn consumer_id(subscription_id: &str) -> String {
-    format!("{CONSUMER_PREFIX}{subscription_id}")
-}
-
-/// The subscription whose cursor `consumer_id` is, if it is one.
-pub fn subscription_of_consumer(consumer_id: &str) -> Option<&str> {
-    consumer_id.strip_prefix(CONSUMER_PREFIX)
-}
-
-/// `notif:<subscription_id>:<seq>`.
-pub fn delivery_id(subscription_id: &str, seq: u64) -> String {
-    format!("{}{seq}", delivery_id_prefix(subscription_id))
-}
-
-/// What every delivery id of a subscription starts with: `notif:<subscription_id>:`.
-pub fn delivery_id_prefix(subscription_id: &str) -> String {
-    format!("notif:{subscription_id}:")
-}
-
-/// The subscription and seq a delivery id names.
-pub fn parse_delivery_id(id: &str) -> Option<(&str, u64)> {
-    let rest = id.strip_prefix("notif:")?;
-    let (sub, seq) = rest.rsplit_once(':')?;
-    Some((sub, seq.parse().ok()?))
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sink {
@@ -113,14 +85,16 @@ impl Projection for Bridges {
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
-        if ev.stream != "bridges" {
+        if ev.stream != Stream::Bridges {
             return Ok(());
         }
-        let b: BridgeEvent = match ev.event_type.as_str() {
-            "bridge.subscribed" | "bridge.unsubscribed" => serde_json::from_str(ev.payload.get())
-                .map_err(|e| {
-                StorageError::new(format!("{} at seq {}", ev.event_type, ev.seq), e)
-            })?,
+        let ty = EventType::parse(&ev.event_type);
+        let b: BridgeEvent = match ty {
+            Some(EventType::BridgeSubscribed | EventType::BridgeUnsubscribed) => {
+                serde_json::from_str(ev.payload.get()).map_err(|e| {
+                    StorageError::new(format!("{} at seq {}", ev.event_type, ev.seq), e)
+                })?
+            }
             _ => return Ok(()),
         };
         let id = ev.subject.as_str();
@@ -130,15 +104,15 @@ impl Projection for Bridges {
             st.delete(BY_BRIDGE, &cat(&o.target.bridge_id, id))?;
             st.delete(ACTIVE, id.as_bytes())?;
         }
-        let row = match (ev.event_type.as_str(), b.target, old) {
-            ("bridge.subscribed", Some(target), old) => Subscription {
+        let row = match (ty, b.target, old) {
+            (Some(EventType::BridgeSubscribed), Some(target), old) => Subscription {
                 subscription_id: id.to_owned(),
                 target,
                 active: true,
                 created_at_us: old.map(|o| o.created_at_us).unwrap_or(b.at_us),
                 updated_at_us: b.at_us,
             },
-            ("bridge.unsubscribed", _, Some(mut o)) => {
+            (Some(EventType::BridgeUnsubscribed), _, Some(mut o)) => {
                 o.active = false;
                 o.updated_at_us = b.at_us;
                 o
@@ -154,6 +128,27 @@ impl Projection for Bridges {
     }
 }
 
+/// Hide a webhook sink's secret in a served `bridge.subscribed` event: the log keeps it (the
+/// notifier signs with it), nothing serves it.
+pub fn redact_secret(ev: &mut Event) {
+    if ev.event_type != EventType::BridgeSubscribed || !ev.payload.get().contains("\"secret\"") {
+        return;
+    }
+    let mut v = ev.payload_value();
+    if let Some(sink) = v.pointer_mut("/target/sink")
+        && let Some(obj) = sink.as_object_mut()
+        && obj.contains_key("secret")
+    {
+        obj.insert(
+            "secret".into(),
+            serde_json::Value::String("[redacted]".into()),
+        );
+        if let Ok(raw) = serde_json::value::to_raw_value(&v) {
+            ev.payload = raw;
+        }
+    }
+}
+
 /// The decision for one event past a subscription's cursor (spec section 6).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -166,29 +161,31 @@ pub enum Decision {
 }
 
 /// Event types the notifier considers.
-pub const TERMINAL_TYPES: [&str; 5] = [
-    "task.run_completed",
-    "task.run_failed",
-    "task.run_canceled",
-    "task.run_review_approved",
-    "task.canceled",
+pub const TERMINAL_TYPES: [EventType; 5] = [
+    EventType::TaskRunCompleted,
+    EventType::TaskRunFailed,
+    EventType::TaskRunCanceled,
+    EventType::TaskRunReviewApproved,
+    EventType::TaskCanceled,
 ];
 
 /// Decide for `ev` (an event of `task`'s `task_events`) against the task's current state,
 /// with the reason in words.
 pub fn decide(task: Option<&Task>, ev: &Event) -> (Decision, String) {
     use Decision::*;
-    if ev.stream != "task_events" || !TERMINAL_TYPES.contains(&ev.event_type.as_str()) {
+    let Some(ty) = EventType::parse(&ev.event_type)
+        .filter(|t| ev.stream == Stream::TaskEvents && TERMINAL_TYPES.contains(t))
+    else {
         return (Skip, format!("{} is not a terminal event", ev.event_type));
-    }
+    };
     let Some(task) = task else {
         return (Mismatch, "the task does not exist".into());
     };
     let p = ev.payload_value();
     let run_id = p.get("run_id").and_then(|v| v.as_str()).unwrap_or("");
     let run = task.run(run_id);
-    match ev.event_type.as_str() {
-        "task.canceled" => {
+    match ty {
+        EventType::TaskCanceled => {
             if task.canceled {
                 (Deliver, "the task is canceled".into())
             } else {
@@ -198,7 +195,7 @@ pub fn decide(task: Option<&Task>, ev: &Event) -> (Decision, String) {
                 )
             }
         }
-        "task.run_review_approved" => match run {
+        EventType::TaskRunReviewApproved => match run {
             Some(r) if r.review.state == "approved" => {
                 (Deliver, format!("the review of run {run_id} is approved"))
             }
@@ -217,9 +214,9 @@ pub fn decide(task: Option<&Task>, ev: &Event) -> (Decision, String) {
         },
         ty => {
             let outcome = match ty {
-                "task.run_completed" => "completed",
-                "task.run_failed" => "failed",
-                _ => "canceled",
+                EventType::TaskRunCompleted => TaskStatus::Completed,
+                EventType::TaskRunFailed => TaskStatus::Failed,
+                _ => TaskStatus::Canceled,
             };
             let Some(r) = run else {
                 return (Mismatch, format!("{ty} of unknown run {run_id}"));
@@ -247,7 +244,7 @@ pub fn envelope(sub: &Subscription, ev: &Event) -> serde_json::Value {
         meta["run_id"] = r.clone();
     }
     serde_json::json!({
-        "delivery_id": delivery_id(&sub.subscription_id, ev.seq),
+        "delivery_id": ids::bridge_delivery(&sub.subscription_id, ev.seq),
         "subscription_id": sub.subscription_id,
         "task_id": sub.target.task_id,
         "bridge_id": sub.target.bridge_id,

@@ -8,6 +8,7 @@ use tidemark_log::Event;
 use tidemark_log::StorageError;
 
 use crate::framework::{Projection, Store};
+use crate::names::{EventType, Stream};
 
 pub const NAME: &str = "cursors";
 pub const ROWS: &str = "rows";
@@ -90,14 +91,18 @@ impl Projection for Cursors {
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
-        let (consumer, c) = match (ev.stream.as_str(), ev.event_type.as_str()) {
-            ("cursors", "cursor.advanced" | "cursor.reset" | "cursor.failed") => {
+        let Some(ty) = EventType::parse(&ev.event_type).filter(|t| ev.stream == t.stream()) else {
+            return Ok(());
+        };
+        use EventType as T;
+        let (consumer, c) = match ty {
+            T::CursorAdvanced | T::CursorReset | T::CursorFailed => {
                 let c: CursorEvent = serde_json::from_str(ev.payload.get()).map_err(|e| {
                     StorageError::new(format!("{} at seq {}", ev.event_type, ev.seq), e)
                 })?;
                 (ev.subject.clone(), c)
             }
-            ("task_events", "notification.terminal_state_mismatch") => {
+            T::NotificationTerminalStateMismatch => {
                 // The mismatch is the subscription cursor's last error.
                 let p = ev.payload_value();
                 let Some(sub) = p.get("subscription_id").and_then(|v| v.as_str()) else {
@@ -108,13 +113,13 @@ impl Projection for Cursors {
                     .and_then(|v| v.as_str())
                     .unwrap_or("mismatch");
                 let c = CursorEvent {
-                    stream_name: "task_events".into(),
+                    stream_name: Stream::TaskEvents.into(),
                     subject_id: ev.subject.clone(),
                     error: Some(bound_error(detail)),
                     at_us: ev.time_us,
                     ..CursorEvent::default()
                 };
-                (crate::bridges::consumer_id(sub), c)
+                (crate::names::ids::bridge_consumer(sub), c)
             }
             _ => return Ok(()),
         };
@@ -122,14 +127,14 @@ impl Projection for Cursors {
         let mut row: Cursor = st
             .get_val(ROWS, &k)?
             .unwrap_or_else(|| Cursor::zero(&consumer, &c.stream_name, &c.subject_id));
-        match ev.event_type.as_str() {
-            "cursor.advanced" => {
+        match ty {
+            T::CursorAdvanced => {
                 row.last_sequence = c.last_sequence.unwrap_or(row.last_sequence);
                 row.last_delivery_id = c.delivery_id.clone();
                 row.last_delivered_at_us = Some(c.at_us);
                 row.last_error = None;
             }
-            "cursor.reset" => {
+            T::CursorReset => {
                 row.last_sequence = c.to.unwrap_or(0);
                 row.last_error = None;
             }

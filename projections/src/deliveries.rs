@@ -12,6 +12,7 @@ use tidemark_log::Event;
 use tidemark_log::StorageError;
 
 use crate::framework::{Projection, Store, be_u64};
+use crate::names::{DeliveryStatus, EventType, Stream};
 
 pub const NAME: &str = "deliveries";
 pub const ROWS: &str = "rows";
@@ -44,20 +45,6 @@ pub const CANCELED: &str = "canceled";
 pub const STATE: &str = "state";
 pub const ROUTED_KEY: &[u8] = b"routed";
 
-pub const STATUSES: [&str; 8] = [
-    "queued",
-    "leased",
-    "retry_wait",
-    "sent",
-    "parked",
-    "discarded",
-    "skipped",
-    "cancelled",
-];
-
-/// Statuses counted in the queue depth.
-pub const PENDING_STATUSES: [&str; 3] = ["queued", "leased", "retry_wait"];
-
 /// One notification inside a (digest) delivery.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Item {
@@ -85,7 +72,7 @@ pub struct Delivery {
     pub sound: bool,
     pub task_id: Option<String>,
     pub group_key: Option<String>,
-    /// One of [`STATUSES`].
+    /// One of [`DeliveryStatus`].
     pub status: String,
     /// Why it was skipped, cancelled or parked.
     pub reason: Option<String>,
@@ -111,7 +98,7 @@ pub struct Delivery {
 
 impl Delivery {
     pub fn is_pending(&self) -> bool {
-        PENDING_STATUSES.contains(&self.status.as_str())
+        DeliveryStatus::parse(&self.status).is_some_and(DeliveryStatus::is_pending)
     }
 
     /// When it can next be claimed, if it can be claimed at all.
@@ -535,35 +522,41 @@ impl Projection for Deliveries {
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
-        match (ev.stream.as_str(), ev.event_type.as_str()) {
-            ("settings", "settings.updated") => {
+        let Some(ty) = EventType::parse(&ev.event_type).filter(|t| ev.stream == t.stream()) else {
+            return Ok(());
+        };
+        use EventType as T;
+        match ty {
+            T::SettingsUpdated => {
                 st.put(SETTINGS, &ev.seq.to_be_bytes(), ev.payload.get().as_bytes())
             }
-            ("recipients", t) if t.starts_with("recipient.") => fold_recipient(st, ev),
-            ("task_events", "task.canceled") => {
+            T::RecipientUpdated | T::RecipientSuppressed | T::RecipientUnsuppressed => {
+                fold_recipient(st, ty, ev)
+            }
+            T::TaskCanceled => {
                 if st.get(CANCELED, ev.subject.as_bytes())?.is_none() {
                     st.put(CANCELED, ev.subject.as_bytes(), &ev.seq.to_be_bytes())?;
                 }
                 Ok(())
             }
-            ("deliveries", t) if t.starts_with("delivery.") => fold_delivery(st, ev),
+            t if t.stream() == Stream::Deliveries => fold_delivery(st, ev),
             _ => Ok(()),
         }
     }
 }
 
-fn fold_recipient(st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
+fn fold_recipient(st: &mut Store<'_>, ty: EventType, ev: &Event) -> Result<(), StorageError> {
     let p = ev.payload_value();
     let mut r: Recipient = st
         .get_val(RECIPIENTS, ev.subject.as_bytes())?
         .unwrap_or_default();
-    match ev.event_type.as_str() {
-        "recipient.updated" => {
+    match ty {
+        EventType::RecipientUpdated => {
             if let Some(m) = p.get("tz_offset_minutes").and_then(|v| v.as_i64()) {
                 r.tz_offset_minutes = Some(m.clamp(-840, 840) as i32);
             }
         }
-        "recipient.suppressed" => {
+        EventType::RecipientSuppressed => {
             r.suppressed = true;
             r.suppressed_until_us = p
                 .get("until")
@@ -571,7 +564,7 @@ fn fold_recipient(st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
                 .and_then(tidemark_log::time::parse_rfc3339_micros);
             r.suppress_reason = p.get("reason").and_then(|v| v.as_str()).map(str::to_owned);
         }
-        "recipient.unsuppressed" => {
+        EventType::RecipientUnsuppressed => {
             r.suppressed = false;
             r.suppressed_until_us = None;
             r.suppress_reason = None;

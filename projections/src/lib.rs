@@ -1,6 +1,8 @@
 //! Read models of tidemark: pure folds over the event log.
 //!
 //! # Layout
+//! - [`names`]: the reserved streams, event types, delivery statuses and derived ids, each
+//!   named once.
 //! - [`schema`]: the event types tidemark reserves, who may write them, and the payload rules
 //!   of the client-written ones (spec section 2). The API checks every append against it.
 //! - [`framework`]: the [`Projection`] trait, the [`Projector`] hook that keeps every
@@ -19,6 +21,7 @@ pub mod bridges;
 pub mod cursors;
 pub mod deliveries;
 pub mod framework;
+pub mod names;
 pub mod notifications;
 pub mod read;
 pub mod rebuild;

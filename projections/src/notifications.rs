@@ -3,6 +3,7 @@
 //! A notification comes from a client's `notification.requested` (its event_id is the
 //! notification id) or from the router's `notification.created` (id `ntf:<source_seq>`).
 
+use crate::names::{EventType, Priority, Stream};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidemark_log::Event;
@@ -35,19 +36,15 @@ pub struct Notification {
 }
 
 /// The priority a lifecycle event's notification gets (spec section 2), if it gets one.
-pub fn lifecycle_priority(event_type: &str) -> Option<&'static str> {
-    Some(match event_type {
-        "task.run_failed" => "urgent",
-        "task.run_review_requested" => "action",
-        "task.run_review_rejected" | "task.run_canceled" | "task.canceled" => "warning",
-        "task.run_completed" | "task.run_review_approved" => "info",
+pub fn lifecycle_priority(event_type: &str) -> Option<Priority> {
+    use EventType as T;
+    Some(match EventType::parse(event_type)? {
+        T::TaskRunFailed => Priority::Urgent,
+        T::TaskRunReviewRequested => Priority::Action,
+        T::TaskRunReviewRejected | T::TaskRunCanceled | T::TaskCanceled => Priority::Warning,
+        T::TaskRunCompleted | T::TaskRunReviewApproved => Priority::Info,
         _ => return None,
     })
-}
-
-/// Deterministic id of the notification routed from the event at `source_seq`.
-pub fn routed_id(source_seq: u64) -> String {
-    format!("ntf:{source_seq}")
 }
 
 /// The payload of the `notification.created` routed from a lifecycle event; a function of the
@@ -57,14 +54,17 @@ pub fn routed_payload(ev: &Event, project_id: Option<&str>) -> Option<Value> {
     let p = ev.payload_value();
     let run = p.get("run_id").and_then(Value::as_str);
     let task = ev.subject.as_str();
-    let title = match (ev.event_type.as_str(), run) {
-        ("task.run_failed", Some(r)) => format!("Run {r} of {task} failed"),
-        ("task.run_review_requested", Some(r)) => format!("Run {r} of {task} needs review"),
-        ("task.run_review_rejected", Some(r)) => format!("Review of run {r} of {task} rejected"),
-        ("task.run_canceled", Some(r)) => format!("Run {r} of {task} canceled"),
-        ("task.run_completed", Some(r)) => format!("Run {r} of {task} completed"),
-        ("task.run_review_approved", Some(r)) => format!("Run {r} of {task} approved"),
-        ("task.canceled", _) => format!("Task {task} canceled"),
+    use EventType as T;
+    let title = match (EventType::parse(&ev.event_type), run) {
+        (Some(T::TaskRunFailed), Some(r)) => format!("Run {r} of {task} failed"),
+        (Some(T::TaskRunReviewRequested), Some(r)) => format!("Run {r} of {task} needs review"),
+        (Some(T::TaskRunReviewRejected), Some(r)) => {
+            format!("Review of run {r} of {task} rejected")
+        }
+        (Some(T::TaskRunCanceled), Some(r)) => format!("Run {r} of {task} canceled"),
+        (Some(T::TaskRunCompleted), Some(r)) => format!("Run {r} of {task} completed"),
+        (Some(T::TaskRunReviewApproved), Some(r)) => format!("Run {r} of {task} approved"),
+        (Some(T::TaskCanceled), _) => format!("Task {task} canceled"),
         _ => format!("{} on {task}", ev.event_type),
     };
     let body = p
@@ -73,7 +73,7 @@ pub fn routed_payload(ev: &Event, project_id: Option<&str>) -> Option<Value> {
         .and_then(Value::as_str)
         .map(str::to_owned);
     let mut out = serde_json::json!({
-        "priority": priority,
+        "priority": priority.as_str(),
         "title": title,
         "task_id": task,
         "source_seq": ev.seq,
@@ -107,12 +107,12 @@ impl Projection for Notifications {
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
-        if ev.stream != "notifications" {
+        if ev.stream != Stream::Notifications {
             return Ok(());
         }
-        let id = match ev.event_type.as_str() {
-            "notification.requested" => ev.event_id.clone(),
-            "notification.created" => ev.subject.clone(),
+        let id = match EventType::parse(&ev.event_type) {
+            Some(EventType::NotificationRequested) => ev.event_id.clone(),
+            Some(EventType::NotificationCreated) => ev.subject.clone(),
             _ => return Ok(()),
         };
         if st.get(IDS, id.as_bytes())?.is_some() {

@@ -8,6 +8,7 @@ use redb::ReadableTable;
 
 use crate::deliveries::{self, Delivery};
 use crate::framework::{Reader, be_u64};
+use crate::names::DeliveryStatus;
 use crate::notifications::{self, Notification};
 use crate::tasks::{self, Task};
 
@@ -423,7 +424,8 @@ pub fn pending_deliveries(db: &redb::Database) -> Result<u64, StorageError> {
     for row in t.iter().map_err(StorageError::of)? {
         let (k, v) = row.map_err(StorageError::of)?;
         let k = k.value();
-        if deliveries::PENDING_STATUSES.iter().any(|s| {
+        if DeliveryStatus::PENDING.iter().any(|s| {
+            let s = s.as_str();
             k.ends_with(s.as_bytes()) && k.len() > s.len() && k[k.len() - s.len() - 1] == 0
         }) {
             n += be_u64(v.value()).unwrap_or(0);

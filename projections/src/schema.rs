@@ -6,41 +6,7 @@
 
 use serde_json::{Map, Value};
 
-/// Prefixes whose types tidemark defines.
-pub const RESERVED_PREFIXES: [&str; 7] = [
-    "task.",
-    "notification.",
-    "recipient.",
-    "delivery.",
-    "cursor.",
-    "bridge.",
-    "settings.",
-];
-
-pub const PRIORITIES: [&str; 4] = ["urgent", "action", "warning", "info"];
-
-/// Types only tidemark itself writes.
-pub const SERVER_ONLY: [&str; 19] = [
-    "notification.created",
-    "notification.terminal_state_mismatch",
-    "delivery.created",
-    "delivery.leased",
-    "delivery.sent",
-    "delivery.attempt_failed",
-    "delivery.lease_expired",
-    "delivery.skipped",
-    "delivery.cancelled",
-    "delivery.retried",
-    "delivery.discarded",
-    "delivery.lease_extended",
-    "delivery.joined",
-    "cursor.advanced",
-    "cursor.reset",
-    "cursor.failed",
-    "bridge.subscribed",
-    "bridge.unsubscribed",
-    "settings.updated",
-];
+use crate::names::{EventType, Priority, RESERVED_PREFIXES};
 
 /// Why a client may not append an event.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -55,24 +21,6 @@ fn invalid(msg: impl Into<String>) -> SchemaError {
     SchemaError::Invalid(msg.into())
 }
 
-/// The stream a reserved client type belongs on.
-fn stream_of(event_type: &str) -> Option<&'static str> {
-    Some(match event_type {
-        "task.created"
-        | "task.run_started"
-        | "task.run_completed"
-        | "task.run_failed"
-        | "task.run_canceled"
-        | "task.run_review_requested"
-        | "task.run_review_approved"
-        | "task.run_review_rejected"
-        | "task.canceled" => "task_events",
-        "notification.requested" => "notifications",
-        "recipient.updated" | "recipient.suppressed" | "recipient.unsuppressed" => "recipients",
-        _ => return None,
-    })
-}
-
 /// Check an event a client wants to append. Free-form types always pass.
 pub fn check_client_event(
     stream: &str,
@@ -80,17 +28,19 @@ pub fn check_client_event(
     event_type: &str,
     payload: &Value,
 ) -> Result<(), SchemaError> {
-    if SERVER_ONLY.contains(&event_type) {
+    let ty = EventType::parse(event_type);
+    if ty.is_some_and(EventType::server_only) {
         return Err(SchemaError::ServerOnly(event_type.to_owned()));
     }
     if !RESERVED_PREFIXES.iter().any(|p| event_type.starts_with(p)) {
         return Ok(());
     }
-    let Some(want_stream) = stream_of(event_type) else {
+    let Some(ty) = ty else {
         return Err(invalid(format!(
             "type {event_type:?} uses a reserved prefix but is not a type tidemark defines"
         )));
     };
+    let want_stream = ty.stream().as_str();
     if stream != want_stream {
         return Err(invalid(format!(
             "type {event_type:?} belongs on stream {want_stream:?}, not {stream:?}"
@@ -106,41 +56,42 @@ pub fn check_client_event(
         .as_object()
         .ok_or_else(|| invalid("payload must be an object"))?;
     let f = Fields(p);
-    match event_type {
-        "task.created" => {
+    use EventType as T;
+    match ty {
+        T::TaskCreated => {
             f.string("project_id", true, 128)?;
             f.string("title", false, 512)?;
             f.boolean("review_required")?;
         }
-        "task.run_started"
-        | "task.run_completed"
-        | "task.run_canceled"
-        | "task.run_review_requested" => {
+        T::TaskRunStarted
+        | T::TaskRunCompleted
+        | T::TaskRunCanceled
+        | T::TaskRunReviewRequested => {
             f.string("run_id", true, 128)?;
         }
-        "task.run_failed" => {
+        T::TaskRunFailed => {
             f.string("run_id", true, 128)?;
             f.string("error", false, 4096)?;
         }
-        "task.run_review_approved" => {
+        T::TaskRunReviewApproved => {
             f.string("run_id", true, 128)?;
             f.string("reviewer", false, 128)?;
         }
-        "task.run_review_rejected" => {
+        T::TaskRunReviewRejected => {
             f.string("run_id", true, 128)?;
             f.string("reviewer", false, 128)?;
             f.string("reason", false, 4096)?;
             f.boolean("continuation")?;
         }
-        "task.canceled" => {
+        T::TaskCanceled => {
             f.string("reason", false, 4096)?;
         }
-        "notification.requested" => {
+        T::NotificationRequested => {
             let prio = f.string("priority", true, 16)?.unwrap_or_default();
-            if !PRIORITIES.contains(&prio) {
+            if Priority::parse(prio).is_none() {
                 return Err(invalid(format!(
                     "payload.priority {prio:?} is not one of {}",
-                    PRIORITIES.join(", ")
+                    Priority::joined()
                 )));
             }
             f.string("title", true, 256)?;
@@ -151,7 +102,7 @@ pub fn check_client_event(
             f.string("task_id", false, 128)?;
             f.string("project_id", false, 128)?;
         }
-        "recipient.updated" => {
+        T::RecipientUpdated => {
             if let Some(v) = p.get("tz_offset_minutes") {
                 match v.as_i64() {
                     Some(m) if (-840..=840).contains(&m) => {}
@@ -163,7 +114,7 @@ pub fn check_client_event(
                 }
             }
         }
-        "recipient.suppressed" | "recipient.unsuppressed" => {
+        T::RecipientSuppressed | T::RecipientUnsuppressed => {
             f.string("reason", false, 4096)?;
             f.time("until")?;
         }
@@ -234,9 +185,9 @@ mod tests {
 
     #[test]
     fn server_only_types_are_refused() {
-        for t in SERVER_ONLY {
+        for t in EventType::ALL.iter().filter(|t| t.server_only()) {
             assert!(matches!(
-                check("deliveries", t, json!({})),
+                check("deliveries", t.as_str(), json!({})),
                 Err(SchemaError::ServerOnly(_))
             ));
         }

@@ -1,5 +1,6 @@
 //! The notification settings in force: the payload of the last `settings.updated`.
 
+use crate::names::{EventType, Stream};
 use tidemark_log::Event;
 use tidemark_log::StorageError;
 
@@ -21,7 +22,7 @@ impl Projection for Settings {
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
-        if ev.stream == "settings" && ev.event_type == "settings.updated" {
+        if ev.stream == Stream::Settings && ev.event_type == EventType::SettingsUpdated {
             st.put(CURRENT, KEY, ev.payload.get().as_bytes())?;
         }
         Ok(())

@@ -8,6 +8,7 @@
 //! those runs only; events that arrive out of order (a completion for a run never started) are
 //! recorded, never refused: the log is the truth.
 
+use crate::names::{EventType, LIFECYCLE_PREFIX, Stream, TaskStatus};
 use std::borrow::Cow;
 use tidemark_log::StorageError;
 
@@ -83,7 +84,7 @@ impl Task {
             task_id: task_id.to_owned(),
             project_id: None,
             title: None,
-            status: "open".into(),
+            status: TaskStatus::Open.into(),
             current_run_id: None,
             review_required: false,
             canceled: false,
@@ -126,9 +127,9 @@ impl Task {
         self.current_run_id.as_deref() == Some(run_id)
     }
 
-    fn set_status(&mut self, s: &str) {
+    fn set_status(&mut self, s: TaskStatus) {
         if !self.canceled {
-            self.status = s.to_owned();
+            self.status = s.into();
         }
     }
 }
@@ -165,8 +166,12 @@ pub fn fold_task(task: &mut Task, ev: &Event) {
     task.latest_event_seq = task.latest_event_seq.max(seq);
     task.updated_at_us = ev.time_us;
     let run_id = owned(&p.run_id).unwrap_or_default();
-    match ev.event_type.as_str() {
-        "task.created" => {
+    let Some(ty) = EventType::parse(&ev.event_type) else {
+        return;
+    };
+    use EventType as T;
+    match ty {
+        T::TaskCreated => {
             if task.created_seq == 0 {
                 task.created_seq = seq;
             }
@@ -180,52 +185,56 @@ pub fn fold_task(task: &mut Task, ev: &Event) {
                 .and_then(Value::as_bool)
                 .unwrap_or(false);
         }
-        "task.run_started" if !run_id.is_empty() => {
+        T::TaskRunStarted if !run_id.is_empty() => {
             task.run_mut(&run_id, seq);
             task.current_run_id = Some(run_id);
-            task.set_status("running");
+            task.set_status(TaskStatus::Running);
         }
-        "task.run_completed" | "task.run_failed" | "task.run_canceled" if !run_id.is_empty() => {
-            let outcome = match ev.event_type.as_str() {
-                "task.run_completed" => "completed",
-                "task.run_failed" => "failed",
-                _ => "canceled",
+        T::TaskRunCompleted | T::TaskRunFailed | T::TaskRunCanceled if !run_id.is_empty() => {
+            let outcome = match ty {
+                T::TaskRunCompleted => TaskStatus::Completed,
+                T::TaskRunFailed => TaskStatus::Failed,
+                _ => TaskStatus::Canceled,
             };
             let requires = task.review_required;
             let run = task.run_mut(&run_id, seq);
-            run.outcome = outcome.to_owned();
+            run.outcome = outcome.into();
             run.ended_seq = seq;
             run.review.continuation = false;
-            if outcome == "failed" {
+            if outcome == TaskStatus::Failed {
                 run.error = owned(&p.error);
             }
-            let awaiting = outcome == "completed"
+            let awaiting = outcome == TaskStatus::Completed
                 && run.review.gated(requires)
                 && run.review.state != "approved";
             if task.is_current(&run_id) {
-                task.set_status(if awaiting { "awaiting_review" } else { outcome });
+                task.set_status(if awaiting {
+                    TaskStatus::AwaitingReview
+                } else {
+                    outcome
+                });
             }
         }
-        "task.run_review_requested" if !run_id.is_empty() => {
+        T::TaskRunReviewRequested if !run_id.is_empty() => {
             let run = task.run_mut(&run_id, seq);
             run.review.requested = true;
             run.review.state = "pending".into();
             run.review.decided_seq = seq;
             if task.is_current(&run_id) {
-                task.set_status("awaiting_review");
+                task.set_status(TaskStatus::AwaitingReview);
             }
         }
-        "task.run_review_approved" if !run_id.is_empty() => {
+        T::TaskRunReviewApproved if !run_id.is_empty() => {
             let run = task.run_mut(&run_id, seq);
             run.review.state = "approved".into();
             run.review.reviewer = owned(&p.reviewer);
             run.review.continuation = false;
             run.review.decided_seq = seq;
             if task.is_current(&run_id) {
-                task.set_status("completed");
+                task.set_status(TaskStatus::Completed);
             }
         }
-        "task.run_review_rejected" if !run_id.is_empty() => {
+        T::TaskRunReviewRejected if !run_id.is_empty() => {
             let continuation = p
                 .continuation
                 .as_ref()
@@ -241,11 +250,15 @@ pub fn fold_task(task: &mut Task, ev: &Event) {
                 run.outcome = "running".into();
             }
             if task.is_current(&run_id) {
-                task.set_status(if continuation { "running" } else { "open" });
+                task.set_status(if continuation {
+                    TaskStatus::Running
+                } else {
+                    TaskStatus::Open
+                });
             }
         }
-        "task.canceled" => {
-            task.set_status("canceled");
+        T::TaskCanceled => {
+            task.set_status(TaskStatus::Canceled);
             task.canceled = true;
             task.cancel_reason = owned(&p.reason);
         }
@@ -275,10 +288,12 @@ impl Projection for Tasks {
     fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
         // The delivery runtime's own streams name deliveries and consumers, never tasks: no
         // lookup for them (they are most of the writes of a busy outbox).
-        if ev.subject.is_empty() || matches!(ev.stream.as_str(), "deliveries" | "cursors") {
+        if ev.subject.is_empty() || ev.stream == Stream::Deliveries || ev.stream == Stream::Cursors
+        {
             return Ok(());
         }
-        let lifecycle = ev.stream == "task_events" && ev.event_type.starts_with("task.");
+        let lifecycle =
+            ev.stream == Stream::TaskEvents && ev.event_type.starts_with(LIFECYCLE_PREFIX);
         let existing: Option<Task> = st.get_val(ROWS, ev.subject.as_bytes())?;
         let is_new = existing.is_none();
         let mut task = match (existing, lifecycle) {

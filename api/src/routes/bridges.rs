@@ -16,7 +16,9 @@ use tidemark_consumers::bridge::{self, Candidate};
 use tidemark_engine::commands::BridgeCommand;
 use tidemark_log::CommandError;
 use tidemark_log::time::format_micros;
-use tidemark_projections::bridges::{self as b, Sink, Subscription, Target};
+use tidemark_projections::bridges::{Sink, Subscription, Target};
+use tidemark_projections::names::Stream;
+use tidemark_projections::names::ids;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
@@ -77,8 +79,16 @@ fn out(s: Subscription, cursor: tidemark_projections::cursors::Cursor) -> Subscr
 /// The subscription with its cursor, as served.
 async fn with_cursor(st: &AppState, s: Subscription) -> Result<SubscriptionOut, ApiError> {
     let engine = st.engine.clone();
-    let (consumer, task) = (b::consumer_id(&s.subscription_id), s.target.task_id.clone());
-    let c = blocking(move || engine.read().cursor(&consumer, "task_events", &task)).await?;
+    let (consumer, task) = (
+        ids::bridge_consumer(&s.subscription_id),
+        s.target.task_id.clone(),
+    );
+    let c = blocking(move || {
+        engine
+            .read()
+            .cursor(&consumer, Stream::TaskEvents.as_str(), &task)
+    })
+    .await?;
     Ok(out(s, c))
 }
 
@@ -500,7 +510,7 @@ async fn delivery_target(
             format!("no delivery {delivery_id:?}"),
         )
     };
-    let (sub_id, seq) = b::parse_delivery_id(delivery_id).ok_or_else(not_found)?;
+    let (sub_id, seq) = ids::parse_bridge_delivery(delivery_id).ok_or_else(not_found)?;
     let engine = st.engine.clone();
     let id = sub_id.to_owned();
     let sub = blocking(move || engine.read().subscription(&id))
@@ -722,10 +732,15 @@ pub async fn nack(
     metrics::counter!("tidemark_bridge_nacks_total").increment(1);
     let engine = st.engine.clone();
     let (consumer, task) = (
-        b::consumer_id(&sub.subscription_id),
+        ids::bridge_consumer(&sub.subscription_id),
         sub.target.task_id.clone(),
     );
-    let c = blocking(move || engine.read().cursor(&consumer, "task_events", &task)).await?;
+    let c = blocking(move || {
+        engine
+            .read()
+            .cursor(&consumer, Stream::TaskEvents.as_str(), &task)
+    })
+    .await?;
     Ok(Json(AckOut {
         delivery_id,
         cursor: c.into(),

@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 use tidemark_engine::commands::{Completed, Failure, OperatorAction, OutboxCommand};
 use tidemark_log::CommandError;
 use tidemark_log::time::{format_micros, now_micros};
-use tidemark_projections::deliveries::{Delivery, STATUSES, Step};
+use tidemark_projections::deliveries::{Delivery, Step};
+use tidemark_projections::names::DeliveryStatus;
 use tidemark_projections::read::{DeliveryFilter, Kpis};
 use tidemark_projections::routing::RoutingSettings;
 use utoipa::{IntoParams, ToSchema};
@@ -663,11 +664,11 @@ pub async fn list(
 ) -> Result<Json<DeliveriesPage>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     if let Some(s) = &q.status
-        && !STATUSES.contains(&s.as_str())
+        && DeliveryStatus::parse(s).is_none()
     {
         return Err(ApiError::invalid_query(format!(
             "status must be one of {}",
-            STATUSES.join(", ")
+            DeliveryStatus::joined()
         )));
     }
     for (name, v) in [

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidemark_engine::Engine;
 use tidemark_log::{AppendReceipt, Event, EventLog, NewEvent, ReadPage, ReadQuery, limits};
+use tidemark_projections::names::EventType;
 use tidemark_projections::schema::{self, SchemaError};
 use utoipa::{IntoParams, ToSchema};
 
@@ -161,17 +162,6 @@ fn query_rejection(r: QueryRejection) -> ApiError {
     ApiError::invalid_query(r.body_text())
 }
 
-/// Prefixes of the deterministic ids tidemark gives the events it derives; a client event
-/// under one of them could block a derivation forever.
-const RESERVED_ID_PREFIXES: [&str; 6] = [
-    "ntf:",
-    "dlv:",
-    "notif:",
-    "mismatch:",
-    "cursor:",
-    "settings:",
-];
-
 /// Turn one JSON event into a validated [`NewEvent`], or the error for it.
 fn to_new_event(index: usize, v: Value) -> Result<NewEvent, ApiError> {
     let input: EventInput = serde_json::from_value(v).map_err(|e| {
@@ -181,7 +171,7 @@ fn to_new_event(index: usize, v: Value) -> Result<NewEvent, ApiError> {
         .payload
         .unwrap_or_else(|| Value::Object(Default::default()));
     let mut event_id = input.event_id;
-    if input.event_type == "notification.requested" {
+    if input.event_type == EventType::NotificationRequested {
         // The notification id is the event_id; the subject names it too.
         match &event_id {
             None if !input.subject.is_empty() => event_id = Some(input.subject.clone()),
@@ -199,7 +189,9 @@ fn to_new_event(index: usize, v: Value) -> Result<NewEvent, ApiError> {
         }
     }
     if let Some(id) = &event_id
-        && let Some(prefix) = RESERVED_ID_PREFIXES.iter().find(|p| id.starts_with(**p))
+        && let Some(prefix) = tidemark_projections::names::ids::RESERVED_PREFIXES
+            .iter()
+            .find(|p| id.starts_with(**p))
     {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -354,36 +346,12 @@ pub async fn append(
     require_json(&headers)?;
     let events = parse_append_body(&body)?;
     tracing::Span::current().record("events", events.len());
-    if events
-        .iter()
-        .any(|e| e.event_type == "notification.requested")
-    {
-        check_outbox_pressure(&st).await?;
-    }
-    let receipt = st.engine.log().append(events).await?;
+    let receipt = st
+        .engine
+        .append_from_client(events, st.routing.max_pending)
+        .await?;
     record_append(&receipt, started);
     Ok((StatusCode::CREATED, Json(to_response(receipt))).into_response())
-}
-
-/// Backpressure (spec section 4, I8): above `outbox.max_pending` pending deliveries, new
-/// notification requests are refused with 429 + Retry-After and nothing is appended. Lifecycle
-/// events are never refused for it.
-async fn check_outbox_pressure(st: &AppState) -> Result<(), ApiError> {
-    let engine = st.engine.clone();
-    let pending = crate::routes::blocking(move || engine.read().pending_deliveries()).await?;
-    let max = st.routing.max_pending;
-    if pending > max {
-        metrics::counter!("tidemark_outbox_refused_total").increment(1);
-        return Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "outbox_full",
-            format!(
-                "{pending} deliveries are pending, above outbox.max_pending ({max}); retry later"
-            ),
-        )
-        .retry_after(5));
-    }
-    Ok(())
 }
 
 fn record_append(receipt: &AppendReceipt, started: Instant) {
@@ -412,32 +380,11 @@ fn to_response(r: AppendReceipt) -> AppendResponse {
 
 pub(crate) async fn read_page(engine: &Engine, q: ReadQuery) -> Result<ReadPage, ApiError> {
     let engine = engine.clone();
-    let mut page =
-        crate::routes::blocking(move || engine.log().read(&q).map_err(|e| e.to_string())).await?;
-    for ev in &mut page.events {
-        redact(ev);
-    }
-    Ok(page)
+    crate::routes::blocking(move || engine.read().events(&q)).await
 }
 
 /// Webhook secrets are recorded in `bridge.subscribed` (the notifier signs with them after a
 /// restart) but never served: event pages and streams show `"secret": "[redacted]"`.
-pub(crate) fn redact(ev: &mut tidemark_log::Event) {
-    if ev.event_type != "bridge.subscribed" || !ev.payload.get().contains("\"secret\"") {
-        return;
-    }
-    let mut v = ev.payload_value();
-    if let Some(sink) = v.pointer_mut("/target/sink")
-        && let Some(obj) = sink.as_object_mut()
-        && obj.contains_key("secret")
-    {
-        obj.insert("secret".into(), Value::String("[redacted]".into()));
-        if let Ok(raw) = serde_json::value::to_raw_value(&v) {
-            ev.payload = raw;
-        }
-    }
-}
-
 /// Read a page of events after a seq, optionally filtered.
 #[utoipa::path(
     get, path = "/v1/events", tag = "events",

@@ -4,9 +4,9 @@ use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use serde::{Deserialize, Serialize};
+use tidemark_projections::names::Priority;
 use tidemark_projections::notifications::Notification;
 use tidemark_projections::read::NotificationFilter;
-use tidemark_projections::schema::PRIORITIES;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
@@ -85,11 +85,11 @@ pub async fn list(
 ) -> Result<Json<NotificationsPage>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     if let Some(p) = &q.priority
-        && !PRIORITIES.contains(&p.as_str())
+        && Priority::parse(p).is_none()
     {
         return Err(ApiError::invalid_query(format!(
             "priority must be one of {}",
-            PRIORITIES.join(", ")
+            Priority::joined()
         )));
     }
     let f = NotificationFilter {

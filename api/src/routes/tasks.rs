@@ -12,18 +12,11 @@ use tidemark_projections::tasks::Task;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
+use tidemark_projections::names::TaskStatus;
+
 use crate::routes::blocking;
 use crate::routes::events::{parse_limit, parse_u64, resume_point, sse_response};
 use crate::state::AppState;
-
-pub const STATUSES: [&str; 6] = [
-    "open",
-    "running",
-    "awaiting_review",
-    "completed",
-    "failed",
-    "canceled",
-];
 
 /// The review gate of a run.
 #[derive(Debug, Serialize, ToSchema)]
@@ -145,11 +138,11 @@ pub async fn list(
 ) -> Result<Json<TasksPage>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     if let Some(s) = &q.status
-        && !STATUSES.contains(&s.as_str())
+        && TaskStatus::parse(s).is_none()
     {
         return Err(ApiError::invalid_query(format!(
             "status must be one of {}",
-            STATUSES.join(", ")
+            TaskStatus::joined()
         )));
     }
     let f = TaskFilter {

@@ -9,6 +9,7 @@ use tidemark_engine::Engine;
 use tidemark_engine::commands::Confirmation;
 use tidemark_log::{CommandError, RejectKind, StorageError};
 use tidemark_projections::bridges::{self, Decision};
+use tidemark_projections::names::ids;
 
 use super::scan;
 
@@ -45,7 +46,7 @@ pub fn plan_acks(
     let mut plans: HashMap<String, Plan> = HashMap::new();
     let mut out = Vec::with_capacity(ids.len());
     for id in ids {
-        let Some((sub_id, seq)) = bridges::parse_delivery_id(id) else {
+        let Some((sub_id, seq)) = ids::parse_bridge_delivery(id) else {
             out.push(Err(not_found(id)));
             continue;
         };
@@ -60,7 +61,7 @@ pub fn plan_acks(
         }
         if !plans.contains_key(sub_id) {
             // Past the first deliverable only when the batch holds more ids of it.
-            let prefix = bridges::delivery_id_prefix(sub_id);
+            let prefix = ids::bridge_delivery_prefix(sub_id);
             let more = ids.iter().filter(|i| i.starts_with(&prefix)).count() > 1;
             let scan = scan(engine, &sub, more)?;
             let deliverable = scan

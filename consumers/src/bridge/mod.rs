@@ -21,6 +21,7 @@ use tidemark_engine::commands::{BridgeCommand, Confirmation};
 use tidemark_log::{AppendError, CommandError, Event, EventLog, NewEvent, ReadQuery, StorageError};
 use tidemark_projections::bridges::{self, Decision, Subscription};
 use tidemark_projections::cursors::{self, Cursor};
+use tidemark_projections::names::{EventType, Stream, ids};
 
 use tidemark_projections::tasks::Task;
 
@@ -63,8 +64,8 @@ pub struct Scan {
 pub fn scan(engine: &Engine, sub: &Subscription, all: bool) -> Result<Scan, StorageError> {
     let task_id = &sub.target.task_id;
     let cursor = engine.read().cursor(
-        &bridges::consumer_id(&sub.subscription_id),
-        "task_events",
+        &ids::bridge_consumer(&sub.subscription_id),
+        Stream::TaskEvents.as_str(),
         task_id,
     )?;
     let task: Option<Task> = engine.read().task(task_id)?;
@@ -82,7 +83,7 @@ pub fn scan(engine: &Engine, sub: &Subscription, all: bool) -> Result<Scan, Stor
             .read(&ReadQuery {
                 after,
                 limit: 500,
-                stream: Some("task_events".into()),
+                stream: Some(Stream::TaskEvents.into()),
                 subject: Some(task_id.clone()),
                 ..ReadQuery::default()
             })
@@ -165,8 +166,8 @@ pub async fn record_failure(
     error: &str,
 ) -> Result<(), CommandError> {
     let ev = tidemark_engine::commands::cursors::failed_event(
-        &bridges::consumer_id(&sub.subscription_id),
-        "task_events",
+        &ids::bridge_consumer(&sub.subscription_id),
+        Stream::TaskEvents.as_str(),
         &sub.target.task_id,
         error,
         engine.now_us(),
@@ -177,7 +178,7 @@ pub async fn record_failure(
 
 /// Append the one mismatch event of (subscription, seq).
 pub(crate) async fn record_mismatch(engine: &Engine, sub: &Subscription, ev: &Event, reason: &str) {
-    let id = format!("mismatch:{}:{}", sub.subscription_id, ev.seq);
+    let id = ids::mismatch(&sub.subscription_id, ev.seq);
     let payload = serde_json::json!({
         "subscription_id": sub.subscription_id,
         "seq": ev.seq,
@@ -185,9 +186,9 @@ pub(crate) async fn record_mismatch(engine: &Engine, sub: &Subscription, ev: &Ev
     });
     let Ok(new) = NewEvent::new(
         Some(id),
-        "task_events",
+        Stream::TaskEvents.as_str(),
         sub.target.task_id.as_str(),
-        "notification.terminal_state_mismatch",
+        EventType::NotificationTerminalStateMismatch,
         &payload,
     ) else {
         return;

@@ -9,6 +9,7 @@ use tidemark_log::StorageError;
 
 use tidemark_engine::Engine;
 use tidemark_projections::bridges::{self, Decision, Subscription};
+use tidemark_projections::names::{EventType, Stream, ids};
 use tidemark_projections::routing::{RoutingSettings, backoff_ms};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -191,17 +192,17 @@ impl Notifier {
                 .map(|p| p.events.as_slice())
                 .unwrap_or_default();
             for ev in events.iter().filter(|ev| ev.seq > since) {
-                match ev.stream.as_str() {
-                    "task_events" => {
+                match Stream::parse(&ev.stream) {
+                    Some(Stream::TaskEvents) => {
                         tasks.insert(ev.subject.clone());
                     }
-                    "bridges" => {
+                    Some(Stream::Bridges) => {
                         ids.insert(ev.subject.clone());
                     }
-                    "cursors" => {
-                        if let Some(sub) = bridges::subscription_of_consumer(&ev.subject) {
+                    Some(Stream::Cursors) => {
+                        if let Some(sub) = ids::subscription_of_consumer(&ev.subject) {
                             ids.insert(sub.to_owned());
-                            if ev.event_type == "cursor.reset" {
+                            if ev.event_type == EventType::CursorReset {
                                 forget.push((sub.to_owned(), true));
                             }
                         }

@@ -11,6 +11,7 @@ use tidemark_projections::bridges::{
 };
 use tidemark_projections::cursors::Cursor;
 use tidemark_projections::framework::TxnTables;
+use tidemark_projections::names::{Stream, ids};
 use tidemark_projections::tasks::{self, Task};
 
 use crate::commands::Outcome;
@@ -69,7 +70,7 @@ pub(crate) fn run(
 
 fn bridge_event(kind: &str, id: &str, b: &BridgeEvent) -> Result<NewEvent, CommandError> {
     let v = serde_json::to_value(b).map_err(|e| CommandError::Storage(StorageError::of(e)))?;
-    NewEvent::new(None, "bridges", id, format!("bridge.{kind}"), &v)
+    NewEvent::new(None, Stream::Bridges, id, format!("bridge.{kind}"), &v)
         .map_err(|e| CommandError::Storage(StorageError::of(e)))
 }
 
@@ -158,12 +159,12 @@ fn confirm_in(
     c: &Confirmation,
     moved: &mut HashMap<String, Cursor>,
 ) -> Result<(Cursor, Vec<NewEvent>), CommandError> {
-    let consumer = bridges::consumer_id(&c.subscription_id);
-    let delivery_id = bridges::delivery_id(&c.subscription_id, c.seq);
+    let consumer = ids::bridge_consumer(&c.subscription_id);
+    let delivery_id = ids::bridge_delivery(&c.subscription_id, c.seq);
     let task_id = &c.task_id;
     let cur = match moved.get(&consumer) {
         Some(cur) => cur.clone(),
-        None => get_in(txn, &consumer, "task_events", task_id)?,
+        None => get_in(txn, &consumer, Stream::TaskEvents.as_str(), task_id)?,
     };
     if cur.last_sequence == c.seq && cur.last_delivery_id.as_deref() == Some(&delivery_id) {
         return Ok((cur, Vec::new()));
@@ -175,7 +176,7 @@ fn confirm_in(
     })
     .map_err(CommandError::Storage)?;
     let ev = ev
-        .filter(|e| e.stream == "task_events" && e.subject == *task_id)
+        .filter(|e| e.stream == Stream::TaskEvents && e.subject == *task_id)
         .ok_or_else(|| {
             CommandError::rejected(
                 RejectKind::NotFound,
@@ -207,7 +208,7 @@ fn confirm_in(
         now_us,
         &Advance {
             consumer_id: consumer.clone(),
-            stream_name: "task_events".into(),
+            stream_name: Stream::TaskEvents.into(),
             subject_id: task_id.clone(),
             last_sequence: c.seq,
             delivery_id,

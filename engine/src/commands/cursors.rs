@@ -5,6 +5,7 @@
 use tidemark_log::{CommandError, NewEvent, RejectKind, StorageError};
 use tidemark_projections::cursors::{Cursor, CursorEvent, NAME, ROWS, bound_error, key};
 use tidemark_projections::framework::TxnTables;
+use tidemark_projections::names::Stream;
 
 use crate::commands::Outcome;
 use crate::store::WriteTransaction;
@@ -63,8 +64,14 @@ pub(crate) fn get_in(
 
 fn event(kind: &str, consumer_id: &str, c: &CursorEvent) -> Result<NewEvent, CommandError> {
     let v = serde_json::to_value(c).map_err(|e| CommandError::Storage(StorageError::of(e)))?;
-    NewEvent::new(None, "cursors", consumer_id, format!("cursor.{kind}"), &v)
-        .map_err(|e| CommandError::Storage(StorageError::of(e)))
+    NewEvent::new(
+        None,
+        Stream::Cursors,
+        consumer_id,
+        format!("cursor.{kind}"),
+        &v,
+    )
+    .map_err(|e| CommandError::Storage(StorageError::of(e)))
 }
 
 /// What an advance asks for.

@@ -19,13 +19,14 @@ use serde_json::Value;
 use tidemark_log::{CommandError, Event, NewEvent, StorageError};
 use tidemark_projections::deliveries::{self as d, Delivery, Recipient};
 use tidemark_projections::framework::{TxnTables, be_u64};
+use tidemark_projections::names::Stream;
 use tidemark_projections::routing::RoutingSettings;
 
 use crate::commands::Outcome;
 use crate::store::{ReadableTable, WriteTransaction};
 
 pub use lease::{Completed, Failure};
-pub use route::{delivery_id, quiet_hours_end};
+pub use route::quiet_hours_end;
 
 /// A command of the outbox family.
 #[derive(Debug, Clone)]
@@ -222,7 +223,7 @@ impl<'t> State<'t> {
 
 fn event(kind: &str, id: &str, payload: &impl serde::Serialize) -> Result<NewEvent, CommandError> {
     let v = serde_json::to_value(payload).map_err(|e| storage(StorageError::of(e)))?;
-    NewEvent::new(None, "deliveries", id, format!("delivery.{kind}"), &v)
+    NewEvent::new(None, Stream::Deliveries, id, format!("delivery.{kind}"), &v)
         .map_err(|e| storage(StorageError::of(e)))
 }
 

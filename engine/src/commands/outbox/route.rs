@@ -8,21 +8,11 @@ use tidemark_log::{CommandError, Event, NewEvent};
 use tidemark_projections::deliveries::{
     self as d, Change, Created, Delivery, Group, Joined, allowed, transition,
 };
+use tidemark_projections::names::{EventType, Stream, ids};
 use tidemark_projections::routing::{RouteOutcome, resolve_routes};
 
 use super::{State, draw, event, storage};
 use crate::store::WriteTransaction;
-
-/// Delivery id `dlv:<notification_id>:<route>`; when that is longer than a subject may be
-/// (128), the notification id is replaced by a hash of it.
-pub fn delivery_id(notification_id: &str, route: &str) -> String {
-    let id = format!("dlv:{notification_id}:{route}");
-    if id.chars().count() <= 128 {
-        return id;
-    }
-    let h = blake3::hash(notification_id.as_bytes()).to_hex();
-    format!("dlv:~{}:{route}", &h[..32])
-}
 
 const MINUTE_US: i64 = 60_000_000;
 const DAY_US: i64 = 1_440 * MINUTE_US;
@@ -68,9 +58,9 @@ struct Notice {
 }
 
 fn notice(ev: &Event) -> Option<Notice> {
-    let id = match ev.event_type.as_str() {
-        "notification.requested" => ev.event_id.clone(),
-        "notification.created" => ev.subject.clone(),
+    let id = match EventType::parse(&ev.event_type)? {
+        EventType::NotificationRequested => ev.event_id.clone(),
+        EventType::NotificationCreated => ev.subject.clone(),
         _ => return None,
     };
     let p = ev.payload_value();
@@ -123,13 +113,13 @@ pub(super) fn route(
     let mut out = Vec::new();
     let mut ov = Overlay::default();
     for ev in source.iter().filter(|e| e.seq > routed) {
-        match (ev.stream.as_str(), ev.event_type.as_str()) {
-            ("notifications", _) => {
+        match (Stream::parse(&ev.stream), EventType::parse(&ev.event_type)) {
+            (Some(Stream::Notifications), _) => {
                 if let Some(n) = notice(ev) {
                     route_one(&mut st, &mut ov, &n, &mut out)?;
                 }
             }
-            ("task_events", "task.canceled") => {
+            (Some(Stream::TaskEvents), Some(EventType::TaskCanceled)) => {
                 cancel_task(&mut st, &mut ov, &ev.subject, ev.seq, ev.time_us, &mut out)?
             }
             _ => {}
@@ -150,7 +140,7 @@ fn route_one(
             RouteOutcome::Deliver { route, sink } => (route, sink, None),
             RouteOutcome::Skipped { route, reason } => (route, "none".to_owned(), Some(reason)),
         };
-        let id = delivery_id(&n.id, &route);
+        let id = ids::delivery(&n.id, &route);
         if ov.row(st, &id)?.is_some() {
             continue;
         }
@@ -347,14 +337,5 @@ mod tests {
             Some(day + 14 * H)
         );
         assert_eq!(quiet_hours_end(day + 14 * H, 0, 12 * 60, 14 * 60), None);
-    }
-
-    #[test]
-    fn long_notification_ids_get_a_hashed_delivery_id() {
-        assert_eq!(delivery_id("n1", "desktop"), "dlv:n1:desktop");
-        let long = "x".repeat(128);
-        let id = delivery_id(&long, "desktop");
-        assert!(id.len() <= 128 && id.starts_with("dlv:~"), "{id}");
-        assert_eq!(id, delivery_id(&long, "desktop"));
     }
 }

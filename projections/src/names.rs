@@ -1,0 +1,365 @@
+//! The names tidemark gives things, each written once, as a type: the reserved streams and
+//! event types (spec section 2), delivery statuses (section 5), and the deterministic ids the
+//! server derives (routed notifications, deliveries, bridge cursors and deliveries, mismatch
+//! records). Code compares and builds through these; the strings appear nowhere else.
+
+use std::fmt;
+
+/// An enum of names with `as_str`, `parse` and `ALL`, and comparisons with strings.
+macro_rules! names {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $s:literal,)* }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $name { $($(#[$vm])* $v,)* }
+
+        impl $name {
+            /// Every name, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$v,)*];
+
+            /// The name as it appears in events and on the wire.
+            pub const fn as_str(self) -> &'static str {
+                match self { $($name::$v => $s,)* }
+            }
+
+            /// Every name, comma-separated (for error messages).
+            pub fn joined() -> String {
+                $name::ALL.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
+            }
+
+            /// The name for `s`, if `s` is one.
+            pub fn parse(s: &str) -> Option<$name> {
+                match s { $($s => Some($name::$v),)* _ => None }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool { self.as_str() == other }
+        }
+
+        impl PartialEq<$name> for str {
+            fn eq(&self, other: &$name) -> bool { self == other.as_str() }
+        }
+
+        impl PartialEq<$name> for String {
+            fn eq(&self, other: &$name) -> bool { self.as_str() == other.as_str() }
+        }
+
+        impl PartialEq<$name> for &str {
+            fn eq(&self, other: &$name) -> bool { *self == other.as_str() }
+        }
+
+        impl From<$name> for String {
+            fn from(n: $name) -> String { n.as_str().to_owned() }
+        }
+    };
+}
+
+names! {
+    /// The streams tidemark reserves.
+    Stream {
+        TaskEvents = "task_events",
+        Notifications = "notifications",
+        Recipients = "recipients",
+        Deliveries = "deliveries",
+        Cursors = "cursors",
+        Bridges = "bridges",
+        Settings = "settings",
+    }
+}
+
+names! {
+    /// Every event type tidemark defines (spec section 2). Types under these prefixes that are
+    /// not listed here are refused; other types are free-form.
+    EventType {
+        TaskCreated = "task.created",
+        TaskRunStarted = "task.run_started",
+        TaskRunCompleted = "task.run_completed",
+        TaskRunFailed = "task.run_failed",
+        TaskRunCanceled = "task.run_canceled",
+        TaskRunReviewRequested = "task.run_review_requested",
+        TaskRunReviewApproved = "task.run_review_approved",
+        TaskRunReviewRejected = "task.run_review_rejected",
+        TaskCanceled = "task.canceled",
+        NotificationRequested = "notification.requested",
+        NotificationCreated = "notification.created",
+        NotificationTerminalStateMismatch = "notification.terminal_state_mismatch",
+        RecipientUpdated = "recipient.updated",
+        RecipientSuppressed = "recipient.suppressed",
+        RecipientUnsuppressed = "recipient.unsuppressed",
+        DeliveryCreated = "delivery.created",
+        DeliveryLeased = "delivery.leased",
+        DeliverySent = "delivery.sent",
+        DeliveryAttemptFailed = "delivery.attempt_failed",
+        DeliveryLeaseExpired = "delivery.lease_expired",
+        DeliverySkipped = "delivery.skipped",
+        DeliveryCancelled = "delivery.cancelled",
+        DeliveryRetried = "delivery.retried",
+        DeliveryDiscarded = "delivery.discarded",
+        DeliveryLeaseExtended = "delivery.lease_extended",
+        DeliveryJoined = "delivery.joined",
+        CursorAdvanced = "cursor.advanced",
+        CursorReset = "cursor.reset",
+        CursorFailed = "cursor.failed",
+        BridgeSubscribed = "bridge.subscribed",
+        BridgeUnsubscribed = "bridge.unsubscribed",
+        SettingsUpdated = "settings.updated",
+    }
+}
+
+/// Prefixes whose types tidemark defines.
+pub const RESERVED_PREFIXES: [&str; 7] = [
+    "task.",
+    "notification.",
+    "recipient.",
+    "delivery.",
+    "cursor.",
+    "bridge.",
+    "settings.",
+];
+
+/// What every task lifecycle event type starts with.
+pub const LIFECYCLE_PREFIX: &str = "task.";
+
+impl EventType {
+    /// The stream every event of this type is on (`notification.terminal_state_mismatch` is
+    /// recorded in the task's `task_events`, where the bridge replays it).
+    pub const fn stream(self) -> Stream {
+        use EventType::*;
+        match self {
+            TaskCreated
+            | TaskRunStarted
+            | TaskRunCompleted
+            | TaskRunFailed
+            | TaskRunCanceled
+            | TaskRunReviewRequested
+            | TaskRunReviewApproved
+            | TaskRunReviewRejected
+            | TaskCanceled
+            | NotificationTerminalStateMismatch => Stream::TaskEvents,
+            NotificationRequested | NotificationCreated => Stream::Notifications,
+            RecipientUpdated | RecipientSuppressed | RecipientUnsuppressed => Stream::Recipients,
+            DeliveryCreated
+            | DeliveryLeased
+            | DeliverySent
+            | DeliveryAttemptFailed
+            | DeliveryLeaseExpired
+            | DeliverySkipped
+            | DeliveryCancelled
+            | DeliveryRetried
+            | DeliveryDiscarded
+            | DeliveryLeaseExtended
+            | DeliveryJoined => Stream::Deliveries,
+            CursorAdvanced | CursorReset | CursorFailed => Stream::Cursors,
+            BridgeSubscribed | BridgeUnsubscribed => Stream::Bridges,
+            SettingsUpdated => Stream::Settings,
+        }
+    }
+
+    /// Written by tidemark only: a client may not append it.
+    pub const fn server_only(self) -> bool {
+        !matches!(
+            self.stream(),
+            Stream::TaskEvents | Stream::Notifications | Stream::Recipients
+        ) || matches!(
+            self,
+            EventType::NotificationCreated | EventType::NotificationTerminalStateMismatch
+        )
+    }
+
+    /// A task lifecycle event (`task.*`).
+    pub fn is_lifecycle(self) -> bool {
+        self.as_str().starts_with(LIFECYCLE_PREFIX)
+    }
+
+    /// The delivery transition a `delivery.*` type records (its name without the prefix).
+    pub fn delivery_kind(self) -> Option<&'static str> {
+        self.as_str().strip_prefix("delivery.")
+    }
+}
+
+names! {
+    /// Notification priorities, most pressing first (spec section 4).
+    Priority {
+        Urgent = "urgent",
+        Action = "action",
+        Warning = "warning",
+        Info = "info",
+    }
+}
+
+names! {
+    /// The statuses of a task (spec section 2).
+    TaskStatus {
+        Open = "open",
+        Running = "running",
+        AwaitingReview = "awaiting_review",
+        Completed = "completed",
+        Failed = "failed",
+        Canceled = "canceled",
+    }
+}
+
+names! {
+    /// The statuses of a delivery (spec section 5).
+    DeliveryStatus {
+        Queued = "queued",
+        Leased = "leased",
+        RetryWait = "retry_wait",
+        Sent = "sent",
+        Parked = "parked",
+        Discarded = "discarded",
+        Skipped = "skipped",
+        Cancelled = "cancelled",
+    }
+}
+
+impl DeliveryStatus {
+    /// Not yet sent, skipped, cancelled or discarded, and not parked: the outbox still owes it.
+    pub const PENDING: [DeliveryStatus; 3] = [
+        DeliveryStatus::Queued,
+        DeliveryStatus::Leased,
+        DeliveryStatus::RetryWait,
+    ];
+
+    pub fn is_pending(self) -> bool {
+        Self::PENDING.contains(&self)
+    }
+}
+
+/// The ids the server derives. Each is a function of what it stands for, so a replayed
+/// derivation produces the same id and the log answers it as a duplicate.
+pub mod ids {
+    /// Prefixes of the ids tidemark gives the events it derives: a client event under one of
+    /// them could block a derivation forever, so clients may not use them.
+    pub const RESERVED_PREFIXES: [&str; 6] = [
+        "ntf:",
+        "dlv:",
+        "notif:",
+        "mismatch:",
+        "cursor:",
+        "settings:",
+    ];
+
+    /// The notification routed from the lifecycle event at `source_seq`: `ntf:<source_seq>`.
+    pub fn routed_notification(source_seq: u64) -> String {
+        format!("ntf:{source_seq}")
+    }
+
+    /// The delivery of a notification on a route: `dlv:<notification_id>:<route>`; when that
+    /// is longer than a subject may be (128), the notification id is replaced by a hash of it.
+    pub fn delivery(notification_id: &str, route: &str) -> String {
+        let id = format!("dlv:{notification_id}:{route}");
+        if id.chars().count() <= 128 {
+            return id;
+        }
+        let h = blake3::hash(notification_id.as_bytes()).to_hex();
+        format!("dlv:~{}:{route}", &h[..32])
+    }
+
+    const BRIDGE_CONSUMER: &str = "bridge_task_subscription:";
+
+    /// The consumer id of a bridge subscription's cursor.
+    pub fn bridge_consumer(subscription_id: &str) -> String {
+        format!("{BRIDGE_CONSUMER}{subscription_id}")
+    }
+
+    /// The subscription whose cursor `consumer_id` is, if it is one.
+    pub fn subscription_of_consumer(consumer_id: &str) -> Option<&str> {
+        consumer_id.strip_prefix(BRIDGE_CONSUMER)
+    }
+
+    /// What every delivery id of a bridge subscription starts with: `notif:<subscription_id>:`.
+    pub fn bridge_delivery_prefix(subscription_id: &str) -> String {
+        format!("notif:{subscription_id}:")
+    }
+
+    /// A bridge delivery: `notif:<subscription_id>:<seq>`.
+    pub fn bridge_delivery(subscription_id: &str, seq: u64) -> String {
+        format!("{}{seq}", bridge_delivery_prefix(subscription_id))
+    }
+
+    /// The subscription and seq a bridge delivery id names.
+    pub fn parse_bridge_delivery(id: &str) -> Option<(&str, u64)> {
+        let rest = id.strip_prefix("notif:")?;
+        let (sub, seq) = rest.rsplit_once(':')?;
+        Some((sub, seq.parse().ok()?))
+    }
+
+    /// The one record of a subscription stopping at a mismatch: `mismatch:<sub>:<seq>`.
+    pub fn mismatch(subscription_id: &str, seq: u64) -> String {
+        format!("mismatch:{subscription_id}:{seq}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_are_unique() {
+        for t in EventType::ALL {
+            assert_eq!(EventType::parse(t.as_str()), Some(*t));
+            assert!(RESERVED_PREFIXES.iter().any(|p| t.as_str().starts_with(p)));
+        }
+        for s in Stream::ALL {
+            assert_eq!(Stream::parse(s.as_str()), Some(*s));
+        }
+        for s in DeliveryStatus::ALL {
+            assert_eq!(DeliveryStatus::parse(s.as_str()), Some(*s));
+        }
+        let mut all: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), EventType::ALL.len());
+    }
+
+    /// Clients write lifecycle events, notification requests and recipient updates; tidemark
+    /// writes everything else (spec section 2).
+    #[test]
+    fn who_writes_what() {
+        let client: Vec<&str> = EventType::ALL
+            .iter()
+            .filter(|t| !t.server_only())
+            .map(|t| t.as_str())
+            .collect();
+        assert_eq!(
+            client,
+            [
+                "task.created",
+                "task.run_started",
+                "task.run_completed",
+                "task.run_failed",
+                "task.run_canceled",
+                "task.run_review_requested",
+                "task.run_review_approved",
+                "task.run_review_rejected",
+                "task.canceled",
+                "notification.requested",
+                "recipient.updated",
+                "recipient.suppressed",
+                "recipient.unsuppressed",
+            ]
+        );
+        assert_eq!(EventType::ALL.len() - client.len(), 19);
+    }
+
+    #[test]
+    fn ids() {
+        assert_eq!(ids::delivery("n1", "desktop"), "dlv:n1:desktop");
+        let long = "x".repeat(128);
+        let id = ids::delivery(&long, "desktop");
+        assert!(id.len() <= 128 && id.starts_with("dlv:~"), "{id}");
+        assert_eq!(
+            ids::parse_bridge_delivery(&ids::bridge_delivery("s:1", 7)),
+            Some(("s:1", 7))
+        );
+        let c = ids::bridge_consumer("s1");
+        assert_eq!(ids::subscription_of_consumer(&c), Some("s1"));
+    }
+}
