@@ -1,0 +1,340 @@
+//! The `tidemark` command line (spec section 9).
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::Config;
+
+mod events;
+mod operator;
+
+use events::{append, tail};
+use operator::{cursors, deliveries, projections};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tidemark",
+    version,
+    about = "Event-sourced notification and delivery engine"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server.
+    Serve(ServeArgs),
+    /// Append events from JSON lines (one event object per line) read from FILE or stdin.
+    Append(AppendArgs),
+    /// Print events as JSON lines, following the log live.
+    Tail(TailArgs),
+    /// Inspect, rebuild and verify the read models of a running server.
+    Projections(ProjectionsArgs),
+    /// List deliveries, and retry or discard parked ones.
+    Deliveries(DeliveriesArgs),
+    /// Show consumer cursors, or reset one (admin).
+    Cursors(CursorsArgs),
+    /// Benchmark tidemark against Redis Streams, PostgreSQL, SQLite and NATS JetStream
+    /// (`tidemark bench --help` lists the options; peers: benches/peers/install.sh).
+    #[command(disable_help_flag = true)]
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Options of the benchmark (`--quick`, `--systems`, `--clients`, `--batches`, `--events`,
+    /// `--json-out`, …), passed on to `tidemark-bench`.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<std::ffi::OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct CursorsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(subcommand)]
+    pub action: CursorsAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CursorsAction {
+    /// One cursor (with --stream), all of a consumer's cursors, or with --lag every cursor's lag.
+    Show {
+        /// e.g. `bridge_task_subscription:<subscription_id>`.
+        #[arg(long)]
+        consumer: Option<String>,
+        #[arg(long)]
+        stream: Option<String>,
+        #[arg(long, default_value = "")]
+        subject: String,
+        /// Every cursor with its lag in events and seconds (stalled ones flagged).
+        #[arg(long)]
+        lag: bool,
+    },
+    /// Move a cursor to --to (also down); recorded as a `cursor.reset` event with the reason.
+    Reset {
+        #[arg(long)]
+        consumer: String,
+        #[arg(long)]
+        stream: String,
+        #[arg(long, default_value = "")]
+        subject: String,
+        #[arg(long)]
+        to: u64,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct DeliveriesArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(subcommand)]
+    pub action: DeliveriesAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeliveriesAction {
+    /// Deliveries as JSON lines, by id, filtered (all pages unless --limit).
+    List {
+        /// queued, leased, retry_wait, sent, parked, discarded, skipped, cancelled.
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        sink: Option<String>,
+        #[arg(long)]
+        route: Option<String>,
+        #[arg(long)]
+        recipient: Option<String>,
+        /// Stop after this many.
+        #[arg(long)]
+        limit: Option<u64>,
+    },
+    /// Put a parked delivery back in the queue (attempts reset).
+    Retry {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Give up on a parked delivery.
+    Discard {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ProjectionsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(subcommand)]
+    pub action: ProjectionsAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProjectionsAction {
+    /// Each projection's checkpoint, lag and digest.
+    List,
+    /// Rebuild one projection from the log and switch to it; shows progress.
+    Rebuild { name: String },
+    /// Rebuild into scratch tables and compare with the live model (all when no name).
+    Verify { name: Option<String> },
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Data directory (default ./tidemark-data).
+    #[arg(long, env = "TIDEMARK_DATA")]
+    pub data: Option<PathBuf>,
+    /// Listen address (default 127.0.0.1:7700).
+    #[arg(long, env = "TIDEMARK_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// TOML config file.
+    #[arg(long, env = "TIDEMARK_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// Server base URL.
+    #[arg(
+        long,
+        global = true,
+        env = "TIDEMARK_URL",
+        default_value = "http://127.0.0.1:7700"
+    )]
+    pub url: String,
+    /// Bearer token.
+    #[arg(long, global = true, env = "TIDEMARK_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct AppendArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// JSON-lines file; stdin when absent.
+    pub file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct TailArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Start after this seq.
+    #[arg(long, default_value_t = 0)]
+    pub after: u64,
+    #[arg(long)]
+    pub stream: Option<String>,
+    #[arg(long)]
+    pub subject: Option<String>,
+    #[arg(long = "type")]
+    pub event_type: Option<String>,
+    /// Exit after this many events.
+    #[arg(long)]
+    pub count: Option<u64>,
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tidemark: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        match cli.command {
+            Command::Serve(a) => serve(a).await,
+            Command::Append(a) => append(a).await,
+            Command::Tail(a) => tail(a).await,
+            Command::Projections(a) => projections(a).await,
+            Command::Deliveries(a) => deliveries(a).await,
+            Command::Cursors(a) => cursors(a).await,
+            // Replaces this process; returns only when the benchmark could not be started.
+            Command::Bench(b) => crate::bench::exec(b.args),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tidemark: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+pub(crate) type CliResult = Result<(), String>;
+
+async fn serve(a: ServeArgs) -> CliResult {
+    let mut cfg = Config::load(a.config.as_deref()).map_err(|e| e.to_string())?;
+    if let Some(d) = a.data {
+        cfg.server.data = d;
+    }
+    if let Some(l) = a.listen {
+        cfg.server.listen = l;
+    }
+    let listener = tokio::net::TcpListener::bind(cfg.server.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", cfg.server.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    if cfg.auth.tokens.is_empty() && !addr.ip().is_loopback() {
+        return Err(crate::RunError::OpenOnNonLoopback(addr).to_string());
+    }
+    // Tests and scripts read the bound address (useful with port 0) from this first line.
+    println!("listening on http://{addr}");
+    let _ = std::io::stdout().flush();
+    crate::run(cfg, listener, shutdown_signal())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+pub(crate) fn client(args: &ClientArgs) -> Result<reqwest::Client, String> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(t) = &args.token {
+        let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}"))
+            .map_err(|_| "the token contains characters not allowed in a header".to_owned())?;
+        v.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, v);
+    }
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+pub(crate) async fn get_json(
+    http: &reqwest::Client,
+    url: &str,
+) -> Result<serde_json::Value, String> {
+    let resp = http
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| format!("cannot reach the server: {e}"))?;
+    let status = resp.status();
+    let text = resp.text().await.map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("server answered {status}: {text}"));
+    }
+    serde_json::from_str(&text).map_err(|e| e.to_string())
+}
+
+/// Percent-encode a query or path value.
+pub(crate) fn enc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~:".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

@@ -1,0 +1,215 @@
+//! The operator's commands: projections, deliveries, cursors.
+
+use std::io::Write;
+
+use super::{
+    CliResult, CursorsAction, CursorsArgs, DeliveriesAction, DeliveriesArgs, ProjectionsAction,
+    ProjectionsArgs, client, enc, get_json,
+};
+
+pub(crate) async fn projections(a: ProjectionsArgs) -> CliResult {
+    let http = client(&a.client)?;
+    let base = format!(
+        "{}/v1/admin/projections",
+        a.client.url.trim_end_matches('/')
+    );
+    let names: Vec<(String, &str)> = match &a.action {
+        ProjectionsAction::List => {
+            let v = get_json(&http, &base).await?;
+            println!("{:<16} {:>12} {:>8}  digest", "name", "checkpoint", "lag");
+            for p in v["projections"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<16} {:>12} {:>8}  {}",
+                    p["name"].as_str().unwrap_or(""),
+                    p["checkpoint"].as_u64().unwrap_or(0),
+                    p["lag"].as_u64().unwrap_or(0),
+                    p["digest"].as_str().unwrap_or("")
+                );
+            }
+            return Ok(());
+        }
+        ProjectionsAction::Rebuild { name } => vec![(name.clone(), "rebuild")],
+        ProjectionsAction::Verify { name: Some(name) } => vec![(name.clone(), "verify")],
+        ProjectionsAction::Verify { name: None } => {
+            let v = get_json(&http, &base).await?;
+            v["projections"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["name"].as_str().map(|n| (n.to_owned(), "verify")))
+                .collect()
+        }
+    };
+    let mut all_identical = true;
+    for (name, action) in names {
+        let url = format!("{base}/{name}/{action}");
+        let req = http.post(&url).send();
+        tokio::pin!(req);
+        // Show progress while the server works.
+        let resp = loop {
+            tokio::select! {
+                r = &mut req => break r.map_err(|e| format!("cannot reach the server: {e}"))?,
+                _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {
+                    if let Ok(v) = get_json(&http, &base).await
+                        && let Some(p) = v["projections"].as_array().into_iter().flatten().find(|p| p["name"] == name.as_str())
+                        && let Some(r) = p.get("rebuild").filter(|r| !r.is_null())
+                    {
+                        eprint!("\r{action} {name}: {} / {} events", r["done"], r["head"]);
+                    }
+                }
+            }
+        };
+        let status = resp.status();
+        let text = resp.text().await.map_err(|e| e.to_string())?;
+        if !status.is_success() {
+            return Err(format!("{action} {name} failed ({status}): {text}"));
+        }
+        eprintln!();
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        all_identical &= v["identical"].as_bool().unwrap_or(false);
+        println!("{v}");
+    }
+    if all_identical {
+        Ok(())
+    } else {
+        Err("a rebuilt model differs from the live one (see first_divergent_seq)".into())
+    }
+}
+
+pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
+    let http = client(&a.client)?;
+    let base = format!("{}/v1/deliveries", a.client.url.trim_end_matches('/'));
+    match a.action {
+        DeliveriesAction::List {
+            status,
+            sink,
+            route,
+            recipient,
+            limit,
+        } => {
+            let mut filters = String::new();
+            for (k, v) in [
+                ("status", &status),
+                ("sink", &sink),
+                ("route", &route),
+                ("recipient", &recipient),
+            ] {
+                if let Some(v) = v {
+                    filters.push_str(&format!("&{k}={}", enc(v)));
+                }
+            }
+            let mut after: Option<String> = None;
+            let mut printed = 0u64;
+            let stdout = std::io::stdout();
+            loop {
+                let mut url = format!("{base}?limit=1000{filters}");
+                if let Some(a) = &after {
+                    url.push_str(&format!("&after={}", enc(a)));
+                }
+                let v = get_json(&http, &url).await?;
+                let mut out = stdout.lock();
+                for d in v["deliveries"].as_array().into_iter().flatten() {
+                    if limit.is_some_and(|l| printed >= l) {
+                        return Ok(());
+                    }
+                    writeln!(out, "{d}").map_err(|e| e.to_string())?;
+                    printed += 1;
+                }
+                match v["next_after"].as_str() {
+                    Some(n) => after = Some(n.to_owned()),
+                    None => return Ok(()),
+                }
+            }
+        }
+        DeliveriesAction::Retry { id, reason } => {
+            operator_action(&http, &base, &id, "retry", reason).await
+        }
+        DeliveriesAction::Discard { id, reason } => {
+            operator_action(&http, &base, &id, "discard", reason).await
+        }
+    }
+}
+
+async fn operator_action(
+    http: &reqwest::Client,
+    base: &str,
+    id: &str,
+    action: &str,
+    reason: Option<String>,
+) -> CliResult {
+    let url = format!("{base}/{}/{action}", enc(id));
+    let mut body = serde_json::json!({"by": "cli"});
+    if let Some(r) = reason {
+        body["reason"] = serde_json::Value::String(r);
+    }
+    let resp = http
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| format!("cannot reach the server: {e}"))?;
+    let status = resp.status();
+    let text = resp.text().await.map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("{action} {id} failed ({status}): {text}"));
+    }
+    println!("{text}");
+    Ok(())
+}
+
+pub(crate) async fn cursors(a: CursorsArgs) -> CliResult {
+    let http = client(&a.client)?;
+    let base = a.client.url.trim_end_matches('/').to_owned();
+    match a.action {
+        CursorsAction::Show {
+            consumer,
+            stream,
+            subject,
+            lag,
+        } => {
+            let v = if lag {
+                get_json(&http, &format!("{base}/v1/consumers/lag")).await?
+            } else {
+                let consumer = consumer.ok_or("give --consumer (or --lag for every cursor)")?;
+                let mut url = format!("{base}/v1/cursors?consumer_id={}", enc(&consumer));
+                if let Some(s) = &stream {
+                    url.push_str(&format!(
+                        "&stream_name={}&subject_id={}",
+                        enc(s),
+                        enc(&subject)
+                    ));
+                }
+                get_json(&http, &url).await?
+            };
+            for c in v["cursors"].as_array().into_iter().flatten() {
+                println!("{c}");
+            }
+            Ok(())
+        }
+        CursorsAction::Reset {
+            consumer,
+            stream,
+            subject,
+            to,
+            reason,
+        } => {
+            let body = serde_json::json!({
+                "consumer_id": consumer, "stream_name": stream, "subject_id": subject,
+                "last_sequence": to, "reason": reason,
+            });
+            let resp = http
+                .post(format!("{base}/v1/cursors/reset"))
+                .json(&body)
+                .send()
+                .await
+                .map_err(|e| format!("cannot reach the server: {e}"))?;
+            let status = resp.status();
+            let text = resp.text().await.map_err(|e| e.to_string())?;
+            if !status.is_success() {
+                return Err(format!("reset failed ({status}): {text}"));
+            }
+            println!("{text}");
+            Ok(())
+        }
+    }
+}

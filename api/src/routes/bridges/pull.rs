@@ -1,0 +1,354 @@
+//! A bridge's delivery endpoints: pull (with long-poll), ack (one or many), nack.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tidemark_consumers::bridge;
+use tidemark_log::CommandError;
+use tidemark_projections::bridges::Subscription;
+use tidemark_projections::names::{Stream, ids};
+use utoipa::{IntoParams, ToSchema};
+
+use super::check_path_id;
+use crate::error::{ApiError, Problem};
+use crate::routes::blocking;
+use crate::routes::cursors::CursorOut;
+use crate::routes::deliveries::{check_text, invalid, json_body};
+use crate::state::AppState;
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PullQuery {
+    /// Long-poll: wait up to this long (0–30000 ms, default 0) for a delivery.
+    #[param(value_type = Option<u64>)]
+    pub wait_ms: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PullPage {
+    /// One envelope per pull subscription of the bridge that has a delivery pending.
+    #[schema(value_type = Vec<Object>)]
+    pub deliveries: Vec<Value>,
+}
+
+/// Pending envelopes of the bridge's pull subscriptions; with `wait_ms`, waits for one.
+#[utoipa::path(
+    get, path = "/v1/bridges/{bridge_id}/deliveries", tag = "bridges",
+    params(("bridge_id" = String, Path), PullQuery),
+    responses(
+        (status = 200, body = PullPage),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["bridge"]))
+)]
+#[tracing::instrument(skip_all, fields(bridge = %bridge_id))]
+pub async fn pull(
+    State(st): State<AppState>,
+    Path(bridge_id): Path<String>,
+    q: Result<Query<PullQuery>, QueryRejection>,
+) -> Result<Json<PullPage>, ApiError> {
+    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
+    check_path_id("bridge id", &bridge_id)?;
+    let wait_ms = match q.wait_ms.as_deref() {
+        None => 0,
+        Some(v) => v
+            .parse::<u64>()
+            .ok()
+            .filter(|n| *n <= 30_000)
+            .ok_or_else(|| ApiError::invalid_query("wait_ms must be from 0 to 30000"))?,
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    // Woken by the notifier when one of this bridge's subscriptions may have changed; the
+    // answer is always computed from the log.
+    let mut wake = st.pull_hub.subscribe(&bridge_id);
+    // The first answer reflects every commit made before the request (read your writes): wait
+    // briefly for the notifier to have looked at them, else ask the log. Later answers come
+    // after a wake-up for this bridge, so the notifier's view is current.
+    let mut fresh = st
+        .pull_hub
+        .caught_up(st.engine.head(), Duration::from_millis(250))
+        .await;
+    loop {
+        wake.borrow_and_update();
+        let cached = if fresh {
+            st.pull_hub.pending(&bridge_id)
+        } else {
+            None
+        };
+        fresh = true;
+        let found = match cached {
+            Some(found) => found,
+            // The notifier has not looked at every subscription since the start: ask the log.
+            None => {
+                let engine = st.engine.clone();
+                let id = bridge_id.clone();
+                blocking(move || bridge::pending_for_bridge(&engine, &id)).await?
+            }
+        };
+        if !found.is_empty() || tokio::time::Instant::now() >= deadline {
+            return Ok(Json(PullPage { deliveries: found }));
+        }
+        tokio::select! {
+            changed = wake.changed() => if changed.is_err() { return Ok(Json(PullPage { deliveries: found })) },
+            _ = tokio::time::sleep_until(deadline) => {},
+            _ = st.shutdown.cancelled() => return Ok(Json(PullPage { deliveries: found })),
+        }
+    }
+}
+
+/// The subscription a delivery id names, checked to belong to `bridge_id`.
+async fn delivery_target(
+    st: &AppState,
+    bridge_id: &str,
+    delivery_id: &str,
+) -> Result<(Subscription, u64), ApiError> {
+    check_path_id("bridge id", bridge_id)?;
+    let not_found = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "delivery_not_found",
+            format!("no delivery {delivery_id:?}"),
+        )
+    };
+    let (sub_id, seq) = ids::parse_bridge_delivery(delivery_id).ok_or_else(not_found)?;
+    let engine = st.engine.clone();
+    let id = sub_id.to_owned();
+    let sub = blocking(move || engine.read().subscription(&id))
+        .await?
+        .filter(|s| s.active)
+        .ok_or_else(not_found)?;
+    if sub.target.bridge_id != bridge_id {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "foreign_delivery",
+            format!("{delivery_id:?} belongs to another bridge"),
+        ));
+    }
+    Ok((sub, seq))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AckOut {
+    pub delivery_id: String,
+    pub cursor: CursorOut,
+}
+
+/// Confirm a delivery: the subscription's cursor advances to its seq (durable when answered).
+#[utoipa::path(
+    post, path = "/v1/bridges/{bridge_id}/deliveries/{delivery_id}/ack", tag = "bridges",
+    params(("bridge_id" = String, Path), ("delivery_id" = String, Path)),
+    responses(
+        (status = 200, body = AckOut),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Another bridge's delivery, or no longer deliverable, or behind the cursor", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["bridge"]))
+)]
+#[tracing::instrument(skip_all, fields(bridge = %bridge_id, delivery = %delivery_id))]
+pub async fn ack(
+    State(st): State<AppState>,
+    Path((bridge_id, delivery_id)): Path<(String, String)>,
+) -> Result<Json<AckOut>, ApiError> {
+    check_path_id("bridge id", &bridge_id)?;
+    let r = ack_ids(&st, &bridge_id, vec![delivery_id])
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::internal("ack", "no result for the one id"))?;
+    match r.cursor {
+        Some(cursor) if r.status == 200 => Ok(Json(AckOut {
+            delivery_id: r.delivery_id,
+            cursor,
+        })),
+        _ => Err(ApiError::new(
+            StatusCode::from_u16(r.status).unwrap_or(StatusCode::CONFLICT),
+            r.code.as_deref().unwrap_or("conflict"),
+            r.detail.unwrap_or_default(),
+        )),
+    }
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AckManyBody {
+    /// 1–1000 delivery ids of this bridge, in the order they were received.
+    pub delivery_ids: Vec<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AckResult {
+    pub delivery_id: String,
+    /// 200, 404 or 409, as the single ack would answer.
+    pub status: u16,
+    pub cursor: Option<CursorOut>,
+    pub code: Option<String>,
+    pub detail: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AckManyOut {
+    /// One result per delivery id, in request order.
+    pub results: Vec<AckResult>,
+}
+
+/// An ack refused as the single-id endpoint would answer it.
+fn refusal(delivery_id: &str, e: CommandError) -> AckResult {
+    let e = ApiError::from(e);
+    AckResult {
+        delivery_id: delivery_id.to_owned(),
+        status: e.status.as_u16(),
+        cursor: None,
+        code: Some(e.problem.code.clone()),
+        detail: Some(e.problem.detail.clone()),
+    }
+}
+
+/// Confirm many deliveries of the bridge in one durable command (the batch form of
+/// `…/{delivery_id}/ack`). Per subscription, the ids must follow its pending deliveries in
+/// order (nothing deliverable is skipped); each id is answered on its own.
+#[utoipa::path(
+    post, path = "/v1/bridges/{bridge_id}/deliveries/ack", tag = "bridges",
+    params(("bridge_id" = String, Path)),
+    request_body(content = AckManyBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = AckManyOut),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["bridge"]))
+)]
+#[tracing::instrument(skip_all, fields(bridge = %bridge_id, items))]
+pub async fn ack_many(
+    State(st): State<AppState>,
+    Path(bridge_id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<AckManyOut>, ApiError> {
+    check_path_id("bridge id", &bridge_id)?;
+    let body: AckManyBody = json_body(&headers, body)?;
+    if body.delivery_ids.is_empty() || body.delivery_ids.len() > 1000 {
+        return Err(invalid(
+            "delivery_ids",
+            "delivery_ids must hold 1 to 1000 ids",
+        ));
+    }
+    for id in &body.delivery_ids {
+        check_text("delivery_ids", id, 300)?;
+    }
+    tracing::Span::current().record("items", body.delivery_ids.len());
+    let results = ack_ids(&st, &bridge_id, body.delivery_ids).await?;
+    Ok(Json(AckManyOut { results }))
+}
+
+/// Judge and confirm `ids` (one durable command for all the confirmations); one result per
+/// id, in order.
+async fn ack_ids(
+    st: &AppState,
+    bridge_id: &str,
+    ids: Vec<String>,
+) -> Result<Vec<AckResult>, ApiError> {
+    let engine = st.engine.clone();
+    let (bridge, for_judge) = (bridge_id.to_owned(), ids.clone());
+    let judged = blocking(move || bridge::plan_acks(&engine, &bridge, &for_judge)).await?;
+    let mut to_confirm = Vec::new();
+    let mut results: Vec<Option<AckResult>> = Vec::with_capacity(judged.len());
+    for j in judged {
+        match j {
+            Ok(c) => {
+                to_confirm.push(c);
+                results.push(None);
+            }
+            Err(e) => results.push(Some(refusal(&ids[results.len()], e))),
+        }
+    }
+    if !to_confirm.is_empty() {
+        let confirmed = bridge::confirm_many(&st.engine, to_confirm.clone()).await?;
+        let open = results
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.is_none())
+            .map(|(i, _)| i)
+            .collect::<Vec<_>>();
+        for ((slot, c), r) in open.into_iter().zip(to_confirm).zip(confirmed) {
+            let id = &ids[slot];
+            results[slot] = Some(match r {
+                Ok(cursor) => {
+                    st.pull_hub.acked(bridge_id, &c.subscription_id, c.seq);
+                    AckResult {
+                        delivery_id: id.clone(),
+                        status: 200,
+                        cursor: Some(cursor.into()),
+                        code: None,
+                        detail: None,
+                    }
+                }
+                Err(e) => refusal(id, e),
+            });
+        }
+    }
+    Ok(results.into_iter().flatten().collect())
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NackBody {
+    /// Why the bridge could not deliver it (kept as the cursor's last_error, ≤ 512 chars).
+    pub error: String,
+}
+
+/// Report a delivery the bridge could not make: recorded as the cursor's `last_error`; the
+/// cursor does not move and the delivery stays pending.
+#[utoipa::path(
+    post, path = "/v1/bridges/{bridge_id}/deliveries/{delivery_id}/nack", tag = "bridges",
+    params(("bridge_id" = String, Path), ("delivery_id" = String, Path)),
+    request_body(content = NackBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = AckOut),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["bridge"]))
+)]
+#[tracing::instrument(skip_all, fields(bridge = %bridge_id, delivery = %delivery_id))]
+pub async fn nack(
+    State(st): State<AppState>,
+    Path((bridge_id, delivery_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<AckOut>, ApiError> {
+    let body: NackBody = json_body(&headers, body)?;
+    check_text("error", &body.error, 4096)?;
+    let (sub, seq) = delivery_target(&st, &bridge_id, &delivery_id).await?;
+    let engine = st.engine.clone();
+    let s2 = sub.clone();
+    let scan = blocking(move || bridge::scan(&engine, &s2, false)).await?;
+    if scan.deliver.as_ref().map(|e| e.seq) != Some(seq) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_pending",
+            format!("{delivery_id:?} is not the subscription's pending delivery"),
+        ));
+    }
+    bridge::record_failure(&st.engine, &sub, &body.error).await?;
+    metrics::counter!("tidemark_bridge_nacks_total").increment(1);
+    let engine = st.engine.clone();
+    let (consumer, task) = (
+        ids::bridge_consumer(&sub.subscription_id),
+        sub.target.task_id.clone(),
+    );
+    let c = blocking(move || {
+        engine
+            .read()
+            .cursor(&consumer, Stream::TaskEvents.as_str(), &task)
+    })
+    .await?;
+    Ok(Json(AckOut {
+        delivery_id,
+        cursor: c.into(),
+    }))
+}

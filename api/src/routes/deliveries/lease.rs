@@ -1,0 +1,345 @@
+//! The lease holder's endpoints: claim, complete (one or many), fail, extend.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use serde::{Deserialize, Serialize};
+use tidemark_engine::commands::{Completed, Failure, OutboxCommand};
+use tidemark_log::CommandError;
+use utoipa::ToSchema;
+
+use super::{
+    DeliveriesPage, DeliveryOut, check_id, check_sink, check_text, invalid, json_body, lease_ms,
+    settings,
+};
+use crate::error::{ApiError, Problem};
+use crate::state::AppState;
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimBody {
+    /// The sink to claim for (`app` for desktop deliveries).
+    pub sink: String,
+    /// Who holds the leases; only this owner may complete, fail or extend them.
+    pub owner: String,
+    /// At most this many (1–1000; default `retry.batch_size`).
+    pub limit: Option<u32>,
+    /// Lease length (100–3600000 ms; default `retry.lease_ttl`).
+    pub lease_ms: Option<u64>,
+}
+
+/// Lease due deliveries of a sink, oldest due first.
+#[utoipa::path(
+    post, path = "/v1/deliveries/claim", tag = "deliveries",
+    request_body(content = ClaimBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The deliveries now leased to `owner` (possibly none)", body = DeliveriesPage),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+        (status = 429, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["bridge"]))
+)]
+#[tracing::instrument(skip_all, fields(sink, claimed))]
+pub async fn claim(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<DeliveriesPage>, ApiError> {
+    let b: ClaimBody = json_body(&headers, body)?;
+    check_sink(&b.sink)?;
+    check_text("owner", &b.owner, 128)?;
+    let s = settings(&st);
+    let limit = b.limit.unwrap_or(s.retry.batch_size);
+    if !(1..=1000).contains(&limit) {
+        return Err(invalid("limit", "limit must be from 1 to 1000"));
+    }
+    let lease = lease_ms(b.lease_ms, s)?;
+    tracing::Span::current().record("sink", b.sink.as_str());
+    let (sink, owner) = (b.sink.clone(), b.owner.clone());
+    let rows = st
+        .engine
+        .execute(OutboxCommand::Claim {
+            sink,
+            owner,
+            limit: limit as usize,
+            lease_ms: lease,
+        })
+        .await?
+        .0
+        .into_deliveries()?;
+    tracing::Span::current().record("claimed", rows.len());
+    metrics::counter!("tidemark_deliveries_leased_total", "sink" => b.sink)
+        .increment(rows.len() as u64);
+    Ok(Json(DeliveriesPage {
+        deliveries: rows.into_iter().map(DeliveryOut::from).collect(),
+        next_after: None,
+    }))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteBody {
+    pub owner: String,
+    /// The sink's own id for what it delivered.
+    pub external_id: Option<String>,
+}
+
+/// The lease owner reports the delivery sent (repeating it answers the same row).
+#[utoipa::path(
+    post, path = "/v1/deliveries/{id}/complete", tag = "deliveries",
+    params(("id" = String, Path, description = "Delivery id")),
+    request_body(content = CompleteBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = DeliveryOut),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not leased, or leased by another owner", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["bridge"]))
+)]
+#[tracing::instrument(skip_all, fields(id = %id))]
+pub async fn complete(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<DeliveryOut>, ApiError> {
+    check_id(&id)?;
+    let b: CompleteBody = json_body(&headers, body)?;
+    check_text("owner", &b.owner, 128)?;
+    if let Some(x) = &b.external_id {
+        check_text("external_id", x, 256)?;
+    }
+    let row = st
+        .engine
+        .execute(OutboxCommand::Complete {
+            owner: b.owner,
+            items: vec![(id, b.external_id)],
+        })
+        .await?
+        .0
+        .into_completed()?
+        .pop()
+        .ok_or_else(|| CommandError::Storage("complete answered nothing".into()))?
+        .into_result()?;
+    metrics::counter!("tidemark_deliveries_sent_total", "sink" => row.sink.clone()).increment(1);
+    Ok(Json(row.into()))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteItem {
+    pub id: String,
+    pub external_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteManyBody {
+    pub owner: String,
+    /// 1–1000 deliveries leased by `owner`.
+    pub deliveries: Vec<CompleteItem>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CompleteResult {
+    pub id: String,
+    /// 200 (sent), 404 or 409, as `POST /v1/deliveries/{id}/complete` would answer.
+    pub status: u16,
+    /// The row when sent.
+    pub delivery: Option<DeliveryOut>,
+    /// The problem code when refused (`delivery_not_found`, `illegal_transition`,
+    /// `not_lease_owner`).
+    pub code: Option<String>,
+    pub detail: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CompleteManyOut {
+    /// One result per requested delivery, in request order.
+    pub results: Vec<CompleteResult>,
+}
+
+/// The lease owner reports many deliveries sent in one durable command (the batch form of
+/// `…/{id}/complete`, for a claimer that claimed with a `limit` > 1). Each item succeeds or is
+/// refused on its own; refused items change nothing.
+#[utoipa::path(
+    post, path = "/v1/deliveries/complete", tag = "deliveries",
+    request_body(content = CompleteManyBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = CompleteManyOut),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["bridge"]))
+)]
+#[tracing::instrument(skip_all, fields(items))]
+pub async fn complete_many(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<CompleteManyOut>, ApiError> {
+    let b: CompleteManyBody = json_body(&headers, body)?;
+    check_text("owner", &b.owner, 128)?;
+    if b.deliveries.is_empty() || b.deliveries.len() > 1000 {
+        return Err(invalid(
+            "deliveries",
+            "deliveries must hold 1 to 1000 items",
+        ));
+    }
+    for d in &b.deliveries {
+        check_text("deliveries.id", &d.id, 128)?;
+        if let Some(x) = &d.external_id {
+            check_text("deliveries.external_id", x, 256)?;
+        }
+    }
+    tracing::Span::current().record("items", b.deliveries.len());
+    let items: Vec<(String, Option<String>)> = b
+        .deliveries
+        .into_iter()
+        .map(|d| (d.id, d.external_id))
+        .collect();
+    let ids: Vec<String> = items.iter().map(|(id, _)| id.clone()).collect();
+    let owner = b.owner;
+    let results = st
+        .engine
+        .execute(OutboxCommand::Complete { owner, items })
+        .await?
+        .0
+        .into_completed()?;
+    let mut out = Vec::with_capacity(results.len());
+    for (id, r) in ids.into_iter().zip(results) {
+        out.push(match r {
+            Completed::Sent(row) => {
+                metrics::counter!("tidemark_deliveries_sent_total", "sink" => row.sink.clone())
+                    .increment(1);
+                CompleteResult {
+                    id,
+                    status: 200,
+                    delivery: Some((*row).into()),
+                    code: None,
+                    detail: None,
+                }
+            }
+            Completed::Refused {
+                code,
+                detail,
+                not_found,
+            } => CompleteResult {
+                id,
+                status: if not_found { 404 } else { 409 },
+                delivery: None,
+                code: Some(code.to_owned()),
+                detail: Some(detail),
+            },
+        });
+    }
+    Ok(Json(CompleteManyOut { results: out }))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FailBody {
+    pub owner: String,
+    /// Stable code of the failure, e.g. `timeout`.
+    pub error_code: String,
+    pub error: Option<String>,
+    /// Default true; false parks the delivery at once.
+    pub retryable: Option<bool>,
+    /// Retry after this long instead of the backoff (capped at 1 h).
+    pub retry_after_ms: Option<u64>,
+}
+
+/// The lease owner reports a failed attempt: retry later with backoff, or parked.
+#[utoipa::path(
+    post, path = "/v1/deliveries/{id}/fail", tag = "deliveries",
+    params(("id" = String, Path, description = "Delivery id")),
+    request_body(content = FailBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = DeliveryOut),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["bridge"]))
+)]
+#[tracing::instrument(skip_all, fields(id = %id))]
+pub async fn fail(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<DeliveryOut>, ApiError> {
+    check_id(&id)?;
+    let b: FailBody = json_body(&headers, body)?;
+    check_text("owner", &b.owner, 128)?;
+    check_text("error_code", &b.error_code, 64)?;
+    let error = b.error.unwrap_or_default();
+    if error.chars().count() > 4096 {
+        return Err(invalid("error", "error must be at most 4096 characters"));
+    }
+    let f = Failure {
+        error_code: b.error_code,
+        error,
+        retryable: b.retryable.unwrap_or(true),
+        retry_after_ms: b.retry_after_ms,
+    };
+    let row = st
+        .engine
+        .execute(OutboxCommand::Fail {
+            id,
+            owner: b.owner,
+            failure: f,
+        })
+        .await?
+        .0
+        .into_delivery()?;
+    metrics::counter!("tidemark_deliveries_failed_total", "sink" => row.sink.clone(), "parked" => (row.status == "parked").to_string()).increment(1);
+    Ok(Json(row.into()))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendBody {
+    pub owner: String,
+    /// New lease length from now (default `retry.lease_ttl`).
+    pub lease_ms: Option<u64>,
+}
+
+/// The lease owner extends its lease (heartbeat).
+#[utoipa::path(
+    post, path = "/v1/deliveries/{id}/extend", tag = "deliveries",
+    params(("id" = String, Path, description = "Delivery id")),
+    request_body(content = ExtendBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = DeliveryOut),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not the owner, not leased, or the lease already expired", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["bridge"]))
+)]
+#[tracing::instrument(skip_all, fields(id = %id))]
+pub async fn extend(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<DeliveryOut>, ApiError> {
+    check_id(&id)?;
+    let b: ExtendBody = json_body(&headers, body)?;
+    check_text("owner", &b.owner, 128)?;
+    let lease = lease_ms(b.lease_ms, settings(&st))?;
+    let row = st
+        .engine
+        .execute(OutboxCommand::Extend {
+            id,
+            owner: b.owner,
+            lease_ms: lease,
+        })
+        .await?
+        .0
+        .into_delivery()?;
+    Ok(Json(row.into()))
+}

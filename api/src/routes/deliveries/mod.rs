@@ -1,0 +1,405 @@
+//! The delivery runtime over HTTP (spec sections 5 and 7): claim, complete, fail, extend by the
+//! lease owner; retry and discard by an operator; the deliveries read model and the outbox
+//! KPIs. Every state change is a command run inside the log's writer, so it is checked and
+//! recorded in one transaction and answered after its commit.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tidemark_log::time::{format_micros, now_micros};
+use tidemark_projections::deliveries::{Delivery, Step};
+use tidemark_projections::names::DeliveryStatus;
+use tidemark_projections::read::{DeliveryFilter, Kpis};
+use tidemark_projections::routing::RoutingSettings;
+use utoipa::{IntoParams, ToSchema};
+
+use crate::error::{ApiError, Problem};
+use crate::routes::blocking;
+use crate::routes::events::{body_rejection, parse_limit, require_json};
+use crate::state::AppState;
+
+mod lease;
+mod operator;
+
+pub use lease::*;
+pub use operator::*;
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ItemOut {
+    pub notification_id: String,
+    pub notification_seq: u64,
+    pub title: String,
+    pub body: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StepOut {
+    pub seq: u64,
+    /// created, joined, leased, lease_extended, sent, attempt_failed, lease_expired, skipped,
+    /// cancelled, retried, discarded.
+    pub event: String,
+    pub at: String,
+    pub owner: Option<String>,
+    pub attempt: Option<u32>,
+    pub error_code: Option<String>,
+    pub error: Option<String>,
+    pub reason: Option<String>,
+    pub next_attempt_at: Option<String>,
+    pub lease_expires_at: Option<String>,
+}
+
+impl From<Step> for StepOut {
+    fn from(s: Step) -> Self {
+        StepOut {
+            seq: s.seq,
+            event: s.event,
+            at: format_micros(s.at_us),
+            owner: s.owner,
+            attempt: s.attempt,
+            error_code: s.error_code,
+            error: s.error,
+            reason: s.reason,
+            next_attempt_at: s.next_attempt_at_us.map(format_micros),
+            lease_expires_at: s.lease_expires_at_us.map(format_micros),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeliveryOut {
+    /// `dlv:<notification_id>:<route>`.
+    pub id: String,
+    pub notification_id: String,
+    pub route: String,
+    /// `app` for the desktop route.
+    pub sink: String,
+    pub recipient: Option<String>,
+    /// queued, leased, retry_wait, sent, parked, discarded, skipped, cancelled.
+    pub status: String,
+    /// Why it was skipped, cancelled or parked (`unknown_route`, `suppressed`,
+    /// `task_canceled`, `max_attempts`, `permanent_failure`).
+    pub reason: Option<String>,
+    pub priority: String,
+    /// The notification's title, or "N new updates" for a digest.
+    pub title: String,
+    pub body: Option<String>,
+    pub sound: bool,
+    pub task_id: Option<String>,
+    pub group_key: Option<String>,
+    pub attempts: u32,
+    pub max_attempts: u32,
+    pub next_attempt_at: Option<String>,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<String>,
+    pub last_error_code: Option<String>,
+    pub last_error: Option<String>,
+    pub external_id: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+    pub delivered_at: Option<String>,
+    /// The notifications it carries (several for a digest).
+    pub items: Vec<ItemOut>,
+    /// Only on `GET /v1/deliveries/{id}`: every step with its time, owner, code and error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Vec<StepOut>>,
+}
+
+impl From<Delivery> for DeliveryOut {
+    fn from(d: Delivery) -> Self {
+        DeliveryOut {
+            id: d.id,
+            notification_id: d.notification_id,
+            route: d.route,
+            sink: d.sink,
+            recipient: d.recipient,
+            status: d.status,
+            reason: d.reason,
+            priority: d.priority,
+            title: d.title,
+            body: d.body,
+            sound: d.sound,
+            task_id: d.task_id,
+            group_key: d.group_key,
+            attempts: d.attempts,
+            max_attempts: d.max_attempts,
+            next_attempt_at: d.next_attempt_at_us.map(format_micros),
+            lease_owner: d.lease_owner,
+            lease_expires_at: d.lease_expires_at_us.map(format_micros),
+            last_error_code: d.last_error_code,
+            last_error: d.last_error,
+            external_id: d.external_id,
+            created_at: format_micros(d.created_at_us),
+            updated_at: format_micros(d.updated_at_us),
+            delivered_at: d.delivered_at_us.map(format_micros),
+            items: d
+                .items
+                .into_iter()
+                .map(|i| ItemOut {
+                    notification_id: i.notification_id,
+                    notification_seq: i.notification_seq,
+                    title: i.title,
+                    body: i.body,
+                })
+                .collect(),
+            timeline: None,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeliveriesPage {
+    pub deliveries: Vec<DeliveryOut>,
+    /// Pass as `after` for the next page; absent on the last page.
+    pub next_after: Option<String>,
+}
+
+pub(crate) fn json_body<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let body = body.map_err(body_rejection)?;
+    require_json(headers)?;
+    serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request("malformed_json", e.to_string()))
+}
+
+pub(crate) fn invalid(field: &str, detail: impl Into<String>) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_field",
+        detail,
+    )
+    .at(0, Some(field))
+}
+
+pub(crate) fn check_text(field: &str, v: &str, max: usize) -> Result<(), ApiError> {
+    if v.is_empty() || v.chars().count() > max || v.chars().any(char::is_control) {
+        return Err(invalid(
+            field,
+            format!("{field} must be 1–{max} printable characters"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_sink(v: &str) -> Result<(), ApiError> {
+    if v.is_empty()
+        || v.len() > 64
+        || !v
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b))
+    {
+        return Err(invalid("sink", "sink must be 1–64 of a-z0-9_.-"));
+    }
+    Ok(())
+}
+
+fn check_id(id: &str) -> Result<(), ApiError> {
+    if id.is_empty() || id.chars().count() > 128 || id.chars().any(char::is_control) {
+        return Err(ApiError::bad_request(
+            "invalid_path",
+            "a delivery id is 1–128 printable characters",
+        ));
+    }
+    Ok(())
+}
+
+const LEASE_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
+
+fn lease_ms(v: Option<u64>, settings: &RoutingSettings) -> Result<u64, ApiError> {
+    let ms = v.unwrap_or(settings.retry.lease_ttl_ms);
+    if !LEASE_MS.contains(&ms) {
+        return Err(invalid("lease_ms", "lease_ms must be from 100 to 3600000"));
+    }
+    Ok(ms)
+}
+
+fn settings(st: &AppState) -> &RoutingSettings {
+    &st.routing
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeliveriesQuery {
+    /// queued, leased, retry_wait, sent, parked, discarded, skipped, cancelled.
+    pub status: Option<String>,
+    pub sink: Option<String>,
+    pub route: Option<String>,
+    pub recipient: Option<String>,
+    /// Continue after this delivery id.
+    pub after: Option<String>,
+    /// 1–1000, default 100.
+    #[param(value_type = Option<u32>)]
+    pub limit: Option<String>,
+}
+
+/// Deliveries by id, filtered.
+#[utoipa::path(
+    get, path = "/v1/deliveries", tag = "deliveries", params(DeliveriesQuery),
+    responses(
+        (status = 200, body = DeliveriesPage),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["read"]))
+)]
+#[tracing::instrument(skip_all)]
+pub async fn list(
+    State(st): State<AppState>,
+    q: Result<Query<DeliveriesQuery>, QueryRejection>,
+) -> Result<Json<DeliveriesPage>, ApiError> {
+    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
+    if let Some(s) = &q.status
+        && DeliveryStatus::parse(s).is_none()
+    {
+        return Err(ApiError::invalid_query(format!(
+            "status must be one of {}",
+            DeliveryStatus::joined()
+        )));
+    }
+    for (name, v) in [
+        ("sink", &q.sink),
+        ("route", &q.route),
+        ("recipient", &q.recipient),
+        ("after", &q.after),
+    ] {
+        if let Some(v) = v
+            && (v.chars().count() > 256 || v.chars().any(char::is_control))
+        {
+            return Err(ApiError::invalid_query(format!(
+                "{name} must be at most 256 printable characters"
+            )));
+        }
+    }
+    let f = DeliveryFilter {
+        status: q.status,
+        sink: q.sink,
+        route: q.route,
+        recipient: q.recipient,
+        after: q.after,
+        limit: parse_limit(q.limit.as_deref(), 100, 1000)?,
+    };
+    let engine = st.engine.clone();
+    let (rows, next) = blocking(move || engine.read().deliveries(&f)).await?;
+    Ok(Json(DeliveriesPage {
+        deliveries: rows.into_iter().map(DeliveryOut::from).collect(),
+        next_after: next,
+    }))
+}
+
+/// One delivery with its attempt timeline.
+#[utoipa::path(
+    get, path = "/v1/deliveries/{id}", tag = "deliveries",
+    params(("id" = String, Path, description = "Delivery id")),
+    responses(
+        (status = 200, body = DeliveryOut),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["read"]))
+)]
+#[tracing::instrument(skip_all, fields(id = %id))]
+pub async fn get(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<DeliveryOut>, ApiError> {
+    check_id(&id)?;
+    let engine = st.engine.clone();
+    let key = id.clone();
+    let found = blocking(move || engine.read().delivery(&key)).await?;
+    let (row, steps) = found.ok_or_else(|| {
+        ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "delivery_not_found",
+            format!("no delivery {id:?}"),
+        )
+    })?;
+    let mut out = DeliveryOut::from(row);
+    out.timeline = Some(steps.into_iter().map(StepOut::from).collect());
+    Ok(Json(out))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct KpisOut {
+    /// queued + leased + retry_wait.
+    pub queue_depth: u64,
+    pub queued: u64,
+    pub leased: u64,
+    pub retry_wait: u64,
+    /// Pending and older than `outbox.stuck_after`.
+    pub stuck: u64,
+    pub parked: u64,
+    /// Sent in the last `interval_s` seconds.
+    pub sent_last_interval: u64,
+    pub oldest_pending_age_s: f64,
+    /// The interval `sent_last_interval` covers, seconds.
+    pub interval_s: u64,
+    #[schema(value_type = Object)]
+    pub by_sink: BTreeMap<String, Kpis>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct KpisQuery {
+    /// Window of `sent_last_interval`, 1–86400 s, default 60.
+    #[param(value_type = Option<u64>)]
+    pub interval_s: Option<String>,
+}
+
+/// Compute the KPIs now (also used by `/metrics`).
+pub(crate) async fn compute_kpis(
+    st: &AppState,
+    interval_s: u64,
+) -> Result<(Kpis, BTreeMap<String, Kpis>), ApiError> {
+    let stuck_after = settings(st).stuck_after_ms;
+    let engine = st.engine.clone();
+    blocking(move || {
+        engine
+            .read()
+            .kpis(now_micros(), stuck_after, interval_s * 1_000)
+    })
+    .await
+}
+
+/// Queue depth, stuck, parked, sent in the last interval and oldest pending age; overall and
+/// per sink.
+#[utoipa::path(
+    get, path = "/v1/outbox/kpis", tag = "deliveries", params(KpisQuery),
+    responses(
+        (status = 200, body = KpisOut),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["read"]))
+)]
+#[tracing::instrument(skip_all)]
+pub async fn kpis(
+    State(st): State<AppState>,
+    q: Result<Query<KpisQuery>, QueryRejection>,
+) -> Result<Json<KpisOut>, ApiError> {
+    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
+    let interval_s = match q.interval_s.as_deref() {
+        None => 60,
+        Some(v) => v
+            .parse::<u64>()
+            .ok()
+            .filter(|n| (1..=86_400).contains(n))
+            .ok_or_else(|| ApiError::invalid_query("interval_s must be from 1 to 86400"))?,
+    };
+    let (all, by_sink) = compute_kpis(&st, interval_s).await?;
+    Ok(Json(KpisOut {
+        queue_depth: all.queue_depth,
+        queued: all.queued,
+        leased: all.leased,
+        retry_wait: all.retry_wait,
+        stuck: all.stuck,
+        parked: all.parked,
+        sent_last_interval: all.sent_last_interval,
+        oldest_pending_age_s: all.oldest_pending_age_s,
+        interval_s,
+        by_sink,
+    }))
+}

@@ -1,0 +1,101 @@
+//! The operator's endpoints on parked deliveries: retry, discard.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use serde::Deserialize;
+use tidemark_engine::commands::{OperatorAction, OutboxCommand};
+use utoipa::ToSchema;
+
+use super::{DeliveryOut, check_id, check_text, json_body};
+use crate::error::{ApiError, Problem};
+use crate::routes::events::body_rejection;
+use crate::state::AppState;
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorBody {
+    /// Who acts (recorded in the timeline); default `operator`.
+    pub by: Option<String>,
+    pub reason: Option<String>,
+}
+
+async fn operator_action(
+    st: AppState,
+    id: String,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    action: OperatorAction,
+) -> Result<Json<DeliveryOut>, ApiError> {
+    check_id(&id)?;
+    let raw = body.map_err(body_rejection)?;
+    let b: OperatorBody = if raw.is_empty() {
+        OperatorBody::default()
+    } else {
+        json_body(&headers, Ok(raw))?
+    };
+    let by = b.by.unwrap_or_else(|| "operator".into());
+    check_text("by", &by, 128)?;
+    if let Some(r) = &b.reason {
+        check_text("reason", r, 4096)?;
+    }
+    let row = st
+        .engine
+        .execute(OutboxCommand::Operator {
+            id,
+            action,
+            by,
+            reason: b.reason,
+        })
+        .await?
+        .0
+        .into_delivery()?;
+    metrics::counter!("tidemark_deliveries_operator_total", "action" => action.kind()).increment(1);
+    Ok(Json(row.into()))
+}
+
+/// Operator: put a parked delivery back in the queue with its attempts reset.
+#[utoipa::path(
+    post, path = "/v1/deliveries/{id}/retry", tag = "deliveries",
+    params(("id" = String, Path, description = "Delivery id")),
+    request_body(content = Option<OperatorBody>, content_type = "application/json"),
+    responses(
+        (status = 200, body = DeliveryOut),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not parked", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["operator"]))
+)]
+#[tracing::instrument(skip_all, fields(id = %id))]
+pub async fn retry(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<DeliveryOut>, ApiError> {
+    operator_action(st, id, headers, body, OperatorAction::Retry).await
+}
+
+/// Operator: give up on a parked delivery.
+#[utoipa::path(
+    post, path = "/v1/deliveries/{id}/discard", tag = "deliveries",
+    params(("id" = String, Path, description = "Delivery id")),
+    request_body(content = Option<OperatorBody>, content_type = "application/json"),
+    responses(
+        (status = 200, body = DeliveryOut),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not parked", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["operator"]))
+)]
+#[tracing::instrument(skip_all, fields(id = %id))]
+pub async fn discard(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<DeliveryOut>, ApiError> {
+    operator_action(st, id, headers, body, OperatorAction::Discard).await
+}

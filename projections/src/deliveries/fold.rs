@@ -1,0 +1,288 @@
+//! The fold of the deliveries model: index keys, row storage with its indexes and counts, and
+//! the application of settings, recipient, cancellation and delivery events.
+
+use serde::Deserialize;
+use tidemark_log::{Event, StorageError};
+
+use super::*;
+use crate::framework::{Projection, Store, be_u64};
+use crate::names::{EventType, Stream};
+
+pub fn us_key(us: i64) -> [u8; 8] {
+    (us.max(0) as u64).to_be_bytes()
+}
+
+pub fn cat(parts: &[&[u8]]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            k.push(0);
+        }
+        k.extend_from_slice(p);
+    }
+    k
+}
+
+/// `sink ‖ 0 ‖ time ‖ id` (the time is fixed-width, so no separator after it).
+pub fn timed_key(sink: &str, us: i64, id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(sink.len() + 9 + id.len());
+    k.extend_from_slice(sink.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&us_key(us));
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+pub fn group_key(route: &str, recipient: &str, group: &str) -> Vec<u8> {
+    cat(&[route.as_bytes(), recipient.as_bytes(), group.as_bytes()])
+}
+
+fn index_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
+    let mut out = vec![
+        (BY_STATUS, cat(&[d.status.as_bytes(), d.id.as_bytes()])),
+        (COUNTS, cat(&[d.sink.as_bytes(), d.status.as_bytes()])),
+    ];
+    if let Some(t) = &d.task_id {
+        out.push((BY_TASK, cat(&[t.as_bytes(), d.id.as_bytes()])));
+    }
+    if let Some(due) = d.due_us() {
+        out.push((DUE, timed_key(&d.sink, due, &d.id)));
+    }
+    if d.status == "leased"
+        && let Some(exp) = d.lease_expires_at_us
+    {
+        let mut k = us_key(exp).to_vec();
+        k.extend_from_slice(d.id.as_bytes());
+        out.push((LEASES, k));
+    }
+    if d.is_pending() {
+        out.push((PENDING, timed_key(&d.sink, d.created_at_us, &d.id)));
+    }
+    if d.status == "sent" {
+        out.push((
+            SENT,
+            timed_key(&d.sink, d.delivered_at_us.unwrap_or(0), &d.id),
+        ));
+    }
+    out
+}
+
+fn add_count(st: &mut Store<'_>, key: &[u8], delta: i64) -> Result<(), StorageError> {
+    let cur = st.get(COUNTS, key)?.and_then(|b| be_u64(&b)).unwrap_or(0);
+    let next = (cur as i64 + delta).max(0) as u64;
+    if next == 0 {
+        st.delete(COUNTS, key)
+    } else {
+        st.put(COUNTS, key, &next.to_be_bytes())
+    }
+}
+
+/// Store `new` in place of `old`, keeping every index and counter in step.
+fn store_row(
+    st: &mut Store<'_>,
+    old: Option<&Delivery>,
+    new: &Delivery,
+) -> Result<(), StorageError> {
+    let before = old.map(index_entries).unwrap_or_default();
+    let after = index_entries(new);
+    for (t, k) in &before {
+        if !after.contains(&(t, k.clone())) {
+            if *t == COUNTS {
+                add_count(st, k, -1)?;
+            } else {
+                st.delete(t, k)?;
+            }
+        }
+    }
+    for (t, k) in &after {
+        if !before.contains(&(t, k.clone())) {
+            if *t == COUNTS {
+                add_count(st, k, 1)?;
+            } else {
+                st.put(t, k, &[])?;
+            }
+        }
+    }
+    st.put_val(ROWS, new.id.as_bytes(), new)
+}
+
+fn step(seq: u64, kind: &str, c: &Change) -> Step {
+    Step {
+        seq,
+        event: kind.to_owned(),
+        at_us: c.at_us,
+        owner: c.owner.clone(),
+        attempt: c.attempt,
+        error_code: c.error_code.clone(),
+        error: c.error.clone(),
+        reason: c.reason.clone(),
+        next_attempt_at_us: c.next_attempt_at_us,
+        lease_expires_at_us: c.lease_expires_at_us,
+    }
+}
+
+fn put_step(st: &mut Store<'_>, id: &str, s: &Step) -> Result<(), StorageError> {
+    let mut k = id.as_bytes().to_vec();
+    k.push(0);
+    k.extend_from_slice(&s.seq.to_be_bytes());
+    st.put_val(TIMELINE, &k, s)
+}
+
+fn raise_routed(st: &mut Store<'_>, seq: u64) -> Result<(), StorageError> {
+    let cur = st
+        .get(STATE, ROUTED_KEY)?
+        .and_then(|b| be_u64(&b))
+        .unwrap_or(0);
+    if seq > cur {
+        st.put(STATE, ROUTED_KEY, &seq.to_be_bytes())?;
+    }
+    Ok(())
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(ev: &Event) -> Result<T, StorageError> {
+    serde_json::from_str(ev.payload.get())
+        .map_err(|e| StorageError::new(format!("{} at seq {}", ev.event_type, ev.seq), e))
+}
+
+pub struct Deliveries;
+
+impl Projection for Deliveries {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        &[
+            ROWS, TIMELINE, DUE, LEASES, PENDING, SENT, COUNTS, BY_STATUS, BY_TASK, GROUPS,
+            SETTINGS, RECIPIENTS, CANCELED, STATE,
+        ]
+    }
+
+    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
+        let Some(ty) = EventType::parse(&ev.event_type).filter(|t| ev.stream == t.stream()) else {
+            return Ok(());
+        };
+        use EventType as T;
+        match ty {
+            T::SettingsUpdated => {
+                st.put(SETTINGS, &ev.seq.to_be_bytes(), ev.payload.get().as_bytes())
+            }
+            T::RecipientUpdated | T::RecipientSuppressed | T::RecipientUnsuppressed => {
+                fold_recipient(st, ty, ev)
+            }
+            T::TaskCanceled => {
+                if st.get(CANCELED, ev.subject.as_bytes())?.is_none() {
+                    st.put(CANCELED, ev.subject.as_bytes(), &ev.seq.to_be_bytes())?;
+                }
+                Ok(())
+            }
+            t if t.stream() == Stream::Deliveries => fold_delivery(st, ev),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn fold_recipient(st: &mut Store<'_>, ty: EventType, ev: &Event) -> Result<(), StorageError> {
+    let p = ev.payload_value();
+    let mut r: Recipient = st
+        .get_val(RECIPIENTS, ev.subject.as_bytes())?
+        .unwrap_or_default();
+    match ty {
+        EventType::RecipientUpdated => {
+            if let Some(m) = p.get("tz_offset_minutes").and_then(|v| v.as_i64()) {
+                r.tz_offset_minutes = Some(m.clamp(-840, 840) as i32);
+            }
+        }
+        EventType::RecipientSuppressed => {
+            r.suppressed = true;
+            r.suppressed_until_us = p
+                .get("until")
+                .and_then(|v| v.as_str())
+                .and_then(tidemark_log::time::parse_rfc3339_micros);
+            r.suppress_reason = p.get("reason").and_then(|v| v.as_str()).map(str::to_owned);
+        }
+        EventType::RecipientUnsuppressed => {
+            r.suppressed = false;
+            r.suppressed_until_us = None;
+            r.suppress_reason = None;
+        }
+        _ => return Ok(()),
+    }
+    st.put_val(RECIPIENTS, ev.subject.as_bytes(), &r)
+}
+
+fn fold_delivery(st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
+    let kind = &ev.event_type["delivery.".len()..];
+    let id = ev.subject.as_bytes();
+    let old: Option<Delivery> = st.get_val(ROWS, id)?;
+    match kind {
+        "created" => {
+            let c: Created = parse(ev)?;
+            raise_routed(st, c.notification_seq)?;
+            if old.is_some() {
+                return Ok(());
+            }
+            let row = c.row(ev.seq);
+            if let (Some(until), Some(max), Some(g)) =
+                (c.digest_until_us, c.digest_max_items, &c.group_key)
+            {
+                let key = group_key(&c.route, c.recipient.as_deref().unwrap_or(""), g);
+                st.put_val(
+                    GROUPS,
+                    &key,
+                    &Group {
+                        delivery_id: row.id.clone(),
+                        until_us: until,
+                        max_items: max,
+                    },
+                )?;
+            }
+            store_row(st, None, &row)?;
+            let s = Step {
+                seq: ev.seq,
+                event: "created".into(),
+                at_us: c.created_at_us,
+                owner: None,
+                attempt: None,
+                error_code: None,
+                error: None,
+                reason: c.reason.clone(),
+                next_attempt_at_us: row.next_attempt_at_us,
+                lease_expires_at_us: None,
+            };
+            put_step(st, &row.id, &s)
+        }
+        "joined" => {
+            let j: Joined = parse(ev)?;
+            raise_routed(st, j.notification_seq)?;
+            let Some(old) = old else { return Ok(()) };
+            let mut row = old.clone();
+            join(&mut row, &j, ev.seq);
+            store_row(st, Some(&old), &row)?;
+            let s = Step {
+                seq: ev.seq,
+                event: "joined".into(),
+                at_us: j.at_us,
+                owner: None,
+                attempt: None,
+                error_code: None,
+                error: None,
+                reason: Some(format!("notification {}", j.notification_id)),
+                next_attempt_at_us: None,
+                lease_expires_at_us: None,
+            };
+            put_step(st, &row.id, &s)
+        }
+        _ => {
+            let c: Change = parse(ev)?;
+            if let Some(cs) = c.cancel_seq {
+                raise_routed(st, cs)?;
+            }
+            let Some(old) = old else { return Ok(()) };
+            let mut row = old.clone();
+            transition(&mut row, kind, &c, ev.seq);
+            store_row(st, Some(&old), &row)?;
+            put_step(st, &row.id, &step(ev.seq, kind, &c))
+        }
+    }
+}
