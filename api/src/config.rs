@@ -151,7 +151,7 @@ impl Config {
     }
 
     pub fn log_config(&self) -> tidemark_log::LogConfig {
-        let mut c = tidemark_log::LogConfig::new(self.server.data.join("log.redb"));
+        let mut c = tidemark_log::LogConfig::in_dir(&self.server.data);
         c.cache_bytes = self.log.cache_mb * 1024 * 1024;
         c.merge_threshold = self.log.merge_threshold;
         c.max_group_events = self.log.max_group_events;

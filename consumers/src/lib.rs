@@ -12,6 +12,12 @@
 //!   its webhook sink, the pull cache, the ack planner and the confirmation that advances a
 //!   subscription's cursor.
 
+//!
+//! # Public surface
+//! [`spawn`] (the follower and the three reactors); [`follow::Follower`]; from [`bridge`]:
+//! `scan`, `confirm` / `confirm_many`, `record_failure`, `plan_acks`, `pending_for_bridge`,
+//! `signature`, `PullHub`; [`scheduler::expire_now`].
+
 #![forbid(unsafe_code)]
 
 pub mod bridge;

@@ -12,8 +12,11 @@
 //! non-empty reason), the cursor events replayed here only go down at resets, and the live
 //! `cursors` model equals a rebuild of it (I3).
 
+mod common;
+
 use std::collections::HashMap;
 
+use common::{engine_with_clock, events_after, rt};
 use proptest::prelude::*;
 use serde_json::Value;
 use std::sync::Arc;
@@ -21,7 +24,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use tidemark_engine::Engine;
 use tidemark_engine::commands::{Advance, CursorCommand};
-use tidemark_log::{CommandError, Event, EventLog, LogConfig, ReadQuery};
+use tidemark_log::{CommandError, Event};
 use tidemark_projections::cursors::Cursor;
 
 /// Cursor keys: two scoped to a subject, one unscoped; two of them share a consumer.
@@ -116,34 +119,6 @@ fn model_advance(m: &Model, a: &Advance) -> Outcome {
     Outcome::Moved
 }
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn events_after(engine: &Engine, after: u64) -> Vec<Event> {
-    let mut out = Vec::new();
-    let mut after = after;
-    loop {
-        let page = engine
-            .log()
-            .read(&ReadQuery {
-                after,
-                limit: 1000,
-                ..ReadQuery::default()
-            })
-            .unwrap();
-        if page.events.is_empty() {
-            return out;
-        }
-        after = page.next_after;
-        out.extend(page.events);
-    }
-}
-
 struct Harness {
     rt: tokio::runtime::Runtime,
     engine: Engine,
@@ -152,12 +127,7 @@ struct Harness {
 
 impl Harness {
     fn open(dir: &std::path::Path) -> Harness {
-        let mut cfg = LogConfig::new(dir.join("log.redb"));
-        cfg.cache_bytes = 4 << 20;
-        let (engine, _) = Engine::open(&cfg).unwrap();
-        let clock = Arc::new(AtomicI64::new(0));
-        let c = clock.clone();
-        let engine = engine.with_clock(Arc::new(move || c.load(Ordering::SeqCst)));
+        let (engine, clock) = engine_with_clock(dir, 0);
         Harness {
             rt: rt(),
             engine,

@@ -14,15 +14,18 @@
 //! checker holds only legal transitions by the lease owner. At the end the live model equals a
 //! rebuild of it (I3).
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use common::{engine_with_clock, events_after, rt};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use tidemark_engine::Engine;
 use tidemark_engine::commands::{Completed, Failure, OperatorAction, OutboxCommand};
-use tidemark_log::{CommandError, Event, EventLog, LogConfig, NewEvent, ReadQuery};
+use tidemark_log::{CommandError, Event, EventLog, NewEvent};
 use tidemark_projections::deliveries::Delivery;
 
 const MAX_ATTEMPTS: u32 = 2;
@@ -446,33 +449,6 @@ fn check_transition(m: &mut Replayed, ev: &Event) -> Result<(), String> {
     Ok(())
 }
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn events_after(engine: &Engine, mut after: u64) -> Vec<Event> {
-    let mut out = Vec::new();
-    loop {
-        let page = engine
-            .log()
-            .read(&ReadQuery {
-                after,
-                limit: 1000,
-                ..ReadQuery::default()
-            })
-            .unwrap();
-        if page.events.is_empty() {
-            return out;
-        }
-        after = page.next_after;
-        out.extend(page.events);
-    }
-}
-
 struct Harness {
     rt: tokio::runtime::Runtime,
     engine: Engine,
@@ -485,16 +461,10 @@ struct Harness {
 
 impl Harness {
     fn new(dir: &std::path::Path, settings: Option<Value>) -> Harness {
-        let mut cfg = LogConfig::new(dir.join("log.redb"));
-        cfg.cache_bytes = 4 << 20;
-        let (engine, _) = Engine::open(&cfg).unwrap();
         // A day past the wall clock: events are stamped by the log with the wall clock, so
         // every new delivery is due at once on the simulated clock.
-        let clock = Arc::new(AtomicI64::new(
-            tidemark_log::time::now_micros() + 86_400 * SEC,
-        ));
-        let c = clock.clone();
-        let engine = engine.with_clock(Arc::new(move || c.load(Ordering::SeqCst)));
+        let (engine, clock) =
+            engine_with_clock(dir, tidemark_log::time::now_micros() + 86_400 * SEC);
         let mut h = Harness {
             rt: rt(),
             engine,

@@ -13,6 +13,16 @@
 //! - `store`: table definitions, open/recovery, bounded reads.
 //! - [`time`]: event time formatting.
 //!
+//! # Public surface
+//! - The narrow interface every backend implements: [`EventLog`] (append, conditional append
+//!   with [`Expect`], read by [`ReadQuery`] into a [`ReadPage`], get, get by id, head,
+//!   subscribe), with [`NewEvent`] / [`Event`] / [`limits`], [`AppendReceipt`] / [`Appended`]
+//!   and the errors ([`AppendError`], [`ReadError`], [`OpenError`], [`StorageError`]).
+//! - The redb backend: [`Log`] ([`LogConfig`], [`OpenReport`]), which also offers what only
+//!   the engine and the read models use while they live in its file: [`Log::command`]
+//!   ([`CommandError`], [`RejectKind`]), [`CommitHook`], [`scan_events`], [`Log::db`].
+//! - [`time`]: event time formatting.
+//!
 //! # Durability
 //! An append's reply means its group's redb commit returned with `Durability::Immediate`: the
 //! data was fsynced and survives `kill -9` and power loss. With `quick_repair` (the default)
@@ -61,6 +71,11 @@ pub struct LogConfig {
 }
 
 impl LogConfig {
+    /// The log of the data directory `dir` (its file is the backend's business).
+    pub fn in_dir(dir: &std::path::Path) -> Self {
+        LogConfig::new(dir.join("log.redb"))
+    }
+
     pub fn new(path: impl Into<PathBuf>) -> Self {
         LogConfig {
             path: path.into(),

@@ -15,6 +15,13 @@
 //! - [`rebuild`]: rebuild and verify from the log.
 //! - [`read`]: queries for the API, each in one read transaction.
 
+//!
+//! # Public surface
+//! [`Projection`] and [`Projector`] (with [`all`], [`by_name`], [`projector`]); each model's
+//! row types and table names; [`names`]; [`schema::check_client_event`]; the queries in
+//! [`read`]; [`rebuild::rebuild`]. The API and the reactors reach the queries and rebuilds
+//! through `tidemark_engine`, never with a database handle.
+
 #![forbid(unsafe_code)]
 
 pub mod bridges;

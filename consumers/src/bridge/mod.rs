@@ -60,7 +60,8 @@ pub struct Scan {
     pub task_seq: u64,
 }
 
-/// Replay `sub`'s task events past its cursor and decide (blocking: redb reads).
+/// Replay `sub`'s task events past its cursor and decide (blocking: reads the log and the
+/// read models).
 pub fn scan(engine: &Engine, sub: &Subscription, all: bool) -> Result<Scan, StorageError> {
     let task_id = &sub.target.task_id;
     let cursor = engine.read().cursor(
