@@ -41,6 +41,9 @@ pub struct LogSettings {
     pub max_group_events: usize,
     pub queue_capacity: usize,
     pub quick_repair: bool,
+    /// Free space kept in reserve where the log lives ("64MiB", "1GiB", or bytes): under it,
+    /// appends and commands are refused with 507 (spec section 1, I10).
+    pub min_free: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -140,6 +143,12 @@ impl Config {
                     .into(),
             );
         }
+        if parse_size(&self.log.min_free).is_none() {
+            return bad(format!(
+                "log.min_free {:?} is not a size (e.g. \"64MiB\", \"1GiB\", or bytes)",
+                self.log.min_free
+            ));
+        }
         tidemark_projections::routing::RoutingSettings::from_json(&self.notification_settings())
             .map_err(ConfigError::Invalid)?;
         Ok(())
@@ -157,8 +166,28 @@ impl Config {
         c.max_group_events = self.log.max_group_events;
         c.queue_capacity = self.log.queue_capacity.max(1);
         c.quick_repair = self.log.quick_repair;
+        c.min_free = parse_size(&self.log.min_free).unwrap_or(c.min_free);
         c
     }
+}
+
+/// A size: bytes, or a number with `KiB`, `MiB`, `GiB` (or `KB`, `MB`, `GB`, powers of ten).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        _ => return None,
+    };
+    n.checked_mul(mult)
 }
 
 #[cfg(test)]
@@ -171,5 +200,17 @@ mod tests {
         c.validate().unwrap();
         assert_eq!(c.server.listen.to_string(), "127.0.0.1:7700");
         assert!(c.auth.tokens.is_empty());
+        assert_eq!(c.log_config().min_free, 64 << 20);
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64MiB"), Some(64 << 20));
+        assert_eq!(parse_size("1GiB"), Some(1 << 30));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("2 MB"), Some(2_000_000));
+        assert_eq!(parse_size("lots"), None);
+        assert_eq!(parse_size("5TiB"), None);
+        assert_eq!(parse_size(""), None);
     }
 }

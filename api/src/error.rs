@@ -86,7 +86,8 @@ impl ApiError {
     }
 
     /// A failure that is not the client's: logged here, returned without detail.
-    /// A storage failure: logged with its whole source chain, opaque to the client.
+    /// A storage failure (I10): logged with its whole source chain; the client is told the log
+    /// is unavailable (`503 log_unavailable`), never the cause.
     pub fn storage(context: &str, err: &tidemark_log::StorageError) -> Self {
         let mut chain = err.to_string();
         let mut cur = std::error::Error::source(err);
@@ -96,10 +97,16 @@ impl ApiError {
             cur = s.source();
         }
         tracing::error!(error = %chain, "{context}");
+        Self::log_unavailable()
+    }
+
+    /// The log's storage failed (I10): appends and commands are refused until a restart.
+    pub fn log_unavailable() -> Self {
         Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "an internal error occurred; it has been logged",
+            StatusCode::SERVICE_UNAVAILABLE,
+            "log_unavailable",
+            "a storage failure stopped the log: appends and commands are refused until tidemark \
+             is restarted; reads of acknowledged data keep working where the storage allows",
         )
     }
 
@@ -150,6 +157,12 @@ impl From<AppendError> for ApiError {
             )
             .retry_after(1),
             AppendError::Closed => ApiError::unavailable(),
+            e @ AppendError::InsufficientStorage { .. } => ApiError::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "insufficient_storage",
+                format!("{e}; free space on the log's disk and retry"),
+            )
+            .retry_after(5),
             e @ AppendError::ExpectationFailed { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "expectation_failed", e.to_string())
             }

@@ -167,6 +167,11 @@ impl Engine {
         self.log.queued()
     }
 
+    /// `Err(InsufficientStorage)` while the log's disk is short of space (checked now).
+    pub fn check_space(&self) -> Result<(), tidemark_log::AppendError> {
+        self.log.check_space()
+    }
+
     /// Whether a storage failure has stopped appends.
     pub fn is_poisoned(&self) -> bool {
         self.log.is_poisoned()

@@ -129,6 +129,13 @@ pub enum AppendError {
         expected: u64,
         actual: u64,
     },
+    /// Free space is under `min_free` (or the disk is full): nothing was appended; retry when
+    /// space returns (I10).
+    #[error(
+        "only {available} bytes are free for the log, under the {min_free} it keeps in reserve; \
+         nothing was appended"
+    )]
+    InsufficientStorage { available: u64, min_free: u64 },
     #[error("the log is closed")]
     Closed,
     #[error("a storage failure poisoned the log: {0}; restart tidemark to reopen it")]

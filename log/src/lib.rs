@@ -22,6 +22,8 @@
 //!   the engine and the read models use while they live in its file: [`Log::command`]
 //!   ([`CommandError`], [`RejectKind`]), [`CommitHook`], [`scan_events`], [`Log::db`].
 //! - [`time`]: event time formatting.
+//! - [`storage`]: the byte stores under the log ([`storage::Store`]); [`fault`]: the
+//!   fault-injecting store tests run it on.
 //!
 //! # Durability
 //! An append's reply means its group's redb commit returned with `Durability::Immediate`: the
@@ -35,6 +37,8 @@
 mod codec;
 pub mod envelope;
 pub mod error;
+pub mod fault;
+pub mod storage;
 mod store;
 mod tail;
 pub mod time;
@@ -68,6 +72,11 @@ pub struct LogConfig {
     pub merge_threshold: usize,
     /// Record the allocator state in every commit, for fast reopen after a crash.
     pub quick_repair: bool,
+    /// Where the bytes go: the file at `path`, or another store (tests).
+    pub storage: storage::Storage,
+    /// Appends and commands are refused (`InsufficientStorage`) while less than this is free
+    /// where the log is kept (I10), so the disk never fills inside a commit.
+    pub min_free: u64,
 }
 
 impl LogConfig {
@@ -84,6 +93,8 @@ impl LogConfig {
             queue_capacity: 65_536,
             merge_threshold: 100_000,
             quick_repair: true,
+            storage: storage::Storage::File,
+            min_free: 64 << 20,
         }
     }
 }
@@ -221,6 +232,24 @@ pub struct AppendReceipt {
     pub last_seq: u64,
 }
 
+/// Where the log checks its free space.
+#[derive(Debug, Clone)]
+pub(crate) struct Space {
+    pub storage: storage::Storage,
+    pub path: PathBuf,
+    pub min_free: u64,
+}
+
+impl Space {
+    /// `Err((available, min_free))` when less than `min_free` is free.
+    pub fn check(&self) -> Result<(), (u64, u64)> {
+        match self.storage.available(&self.path) {
+            Some(a) if a < self.min_free => Err((a, self.min_free)),
+            _ => Ok(()),
+        }
+    }
+}
+
 pub(crate) struct Shared {
     pub tail: RwLock<tail::Tail>,
     /// Published head: every event with seq <= head is committed and indexed.
@@ -233,6 +262,7 @@ pub(crate) struct Shared {
 #[derive(Clone)]
 pub struct Log {
     shared: Arc<Shared>,
+    space: Space,
     db: Arc<Database>,
     tx: mpsc::Sender<writer::Msg>,
     writer: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
@@ -257,7 +287,7 @@ impl Log {
         cfg: &LogConfig,
         hooks: Vec<Box<dyn CommitHook>>,
     ) -> Result<(Log, OpenReport), OpenError> {
-        let opened = store::open(&cfg.path, cfg.cache_bytes)?;
+        let opened = store::open(&cfg.path, cfg.cache_bytes, &cfg.storage)?;
         let report = OpenReport {
             head: opened.head,
             repaired: opened.repaired,
@@ -272,6 +302,11 @@ impl Log {
             poisoned_flag: AtomicBool::new(false),
         });
         let (tx, rx) = mpsc::channel(cfg.queue_capacity.max(1));
+        let space = Space {
+            storage: cfg.storage.clone(),
+            path: cfg.path.clone(),
+            min_free: cfg.min_free,
+        };
         let mut w = writer::Writer {
             shared: shared.clone(),
             db: db.clone(),
@@ -281,6 +316,7 @@ impl Log {
             max_group_events: cfg.max_group_events.max(1),
             merge_threshold: cfg.merge_threshold.max(1),
             quick_repair: cfg.quick_repair,
+            space: space.clone(),
             buf: Vec::with_capacity(1024),
             hooks,
         };
@@ -301,6 +337,7 @@ impl Log {
         Ok((
             Log {
                 shared,
+                space,
                 db,
                 tx,
                 writer: Arc::new(Mutex::new(Some(handle))),
@@ -424,6 +461,17 @@ impl Log {
     /// nudge: readers read the log for the truth.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.shared.head.subscribe()
+    }
+
+    /// `Err(InsufficientStorage)` while less than `min_free` is free where the log is kept
+    /// (checked now, so it clears as soon as space returns).
+    pub fn check_space(&self) -> Result<(), AppendError> {
+        self.space
+            .check()
+            .map_err(|(available, min_free)| AppendError::InsufficientStorage {
+                available,
+                min_free,
+            })
     }
 
     /// Whether a storage failure has stopped appends.

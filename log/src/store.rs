@@ -53,8 +53,12 @@ pub(crate) struct Opened {
     pub repaired: bool,
 }
 
-pub(crate) fn open(path: &Path, cache_bytes: usize) -> Result<Opened, OpenError> {
-    if let Some(dir) = path.parent() {
+pub(crate) fn open(
+    path: &Path,
+    cache_bytes: usize,
+    store: &crate::storage::Storage,
+) -> Result<Opened, OpenError> {
+    if let (crate::storage::Storage::File, Some(dir)) = (store, path.parent()) {
         std::fs::create_dir_all(dir).map_err(|source| OpenError::CreateDir {
             path: dir.to_owned(),
             source,
@@ -62,19 +66,25 @@ pub(crate) fn open(path: &Path, cache_bytes: usize) -> Result<Opened, OpenError>
     }
     let repaired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = repaired.clone();
-    let db = Database::builder()
+    let mut builder = Database::builder();
+    builder
         .set_cache_size(cache_bytes)
         .set_repair_callback(move |session| {
             if !flag.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 tracing::warn!("log file was not closed cleanly; repairing");
             }
             tracing::debug!(progress = session.progress(), "repairing log file");
-        })
-        .create(path)
-        .map_err(|e| OpenError::Database {
-            path: path.to_owned(),
-            source: Box::new(e),
-        })?;
+        });
+    let db = match store {
+        crate::storage::Storage::File => builder.create(path),
+        crate::storage::Storage::Store(s) => {
+            builder.create_with_backend(crate::storage::Backend(s.clone()))
+        }
+    }
+    .map_err(|e| OpenError::Database {
+        path: path.to_owned(),
+        source: Box::new(e),
+    })?;
     let st = |e: redb::Error| OpenError::Storage(storage(e));
     {
         let txn = db.begin_write().map_err(|e| st(e.into()))?;

@@ -81,6 +81,7 @@ pub(crate) struct Writer {
     pub max_group_events: usize,
     pub merge_threshold: usize,
     pub quick_repair: bool,
+    pub space: crate::Space,
     pub buf: Vec<u8>,
     pub hooks: Vec<Box<dyn CommitHook>>,
 }
@@ -255,6 +256,17 @@ impl Writer {
         };
         if let Some(why) = self.poisoned() {
             return fail_all(group, AppendError::Poisoned(why));
+        }
+        // I10: refuse the group while the disk is short of space, rather than let redb meet
+        // ENOSPC inside a commit (which would poison the log until a restart).
+        if let Err((available, min_free)) = self.space.check() {
+            return fail_all(
+                group,
+                AppendError::InsufficientStorage {
+                    available,
+                    min_free,
+                },
+            );
         }
         let mut txn = match self.begin() {
             Ok(t) => t,

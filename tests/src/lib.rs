@@ -49,6 +49,9 @@ pub struct ServerOpts {
     /// A data directory to start from: copied into the server's own before the first start
     /// (the original is never written).
     pub seed_data: Option<PathBuf>,
+    /// The data directory to use instead of one in the server's temp dir (a test that puts it
+    /// on a filesystem of its own).
+    pub data_dir: Option<PathBuf>,
 }
 
 impl Default for ServerOpts {
@@ -58,6 +61,7 @@ impl Default for ServerOpts {
             config: None,
             env: Vec::new(),
             seed_data: None,
+            data_dir: None,
         }
     }
 }
@@ -240,7 +244,10 @@ impl Server {
             .prefix("tidemark-e2e-")
             .tempdir()
             .expect("create a temp dir");
-        let data = dir.path().join("data");
+        let data = opts
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| dir.path().join("data"));
         if let Some(src) = &opts.seed_data {
             copy_tree(src, &data).unwrap_or_else(|e| {
                 panic!("cannot copy {} into {}: {e}", src.display(), data.display())

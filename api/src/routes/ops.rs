@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::Extension;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{Html, IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -37,30 +37,41 @@ pub async fn whoami(
 }
 
 /// Liveness: the process answers.
-#[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, body = Health)))]
-pub async fn healthz(State(st): State<AppState>) -> axum::Json<Health> {
-    axum::Json(Health {
+#[utoipa::path(get, path = "/healthz", tag = "ops", responses(
+    (status = 200, body = Health),
+    (status = 503, description = "The log is unavailable (a storage failure) or its disk is short of space", body = crate::error::Problem, content_type = "application/problem+json"),
+))]
+pub async fn healthz(State(st): State<AppState>) -> Result<axum::Json<Health>, ApiError> {
+    storage_ok(&st)?;
+    Ok(axum::Json(Health {
         status: "ok",
         head: st.engine.head(),
-    })
+    }))
+}
+
+/// The storage faults of I10 as the 503 health answers give them.
+fn storage_ok(st: &AppState) -> Result<(), ApiError> {
+    if st.engine.is_poisoned() {
+        return Err(ApiError::log_unavailable());
+    }
+    if let Err(e) = st.engine.check_space() {
+        let mut err = ApiError::from(e);
+        err.status = axum::http::StatusCode::SERVICE_UNAVAILABLE;
+        return Err(err);
+    }
+    Ok(())
 }
 
 /// Readiness: the log is open and accepting appends.
 #[utoipa::path(get, path = "/readyz", tag = "ops", responses(
     (status = 200, body = Health),
-    (status = 503, description = "Shutting down or the log is poisoned", body = crate::error::Problem, content_type = "application/problem+json"),
+    (status = 503, description = "Shutting down, the log is unavailable, or its disk is short of space", body = crate::error::Problem, content_type = "application/problem+json"),
 ))]
 pub async fn readyz(State(st): State<AppState>) -> Result<axum::Json<Health>, ApiError> {
     if st.is_shutting_down() {
         return Err(ApiError::unavailable());
     }
-    if st.engine.is_poisoned() {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "log_poisoned",
-            "a storage failure stopped appends; restart the server",
-        ));
-    }
+    storage_ok(&st)?;
     Ok(axum::Json(Health {
         status: "ready",
         head: st.engine.head(),

@@ -16,6 +16,7 @@ pub fn rt() -> tokio::runtime::Runtime {
 }
 
 /// An engine on a fresh log in `dir` whose commands read the time from the returned clock.
+#[allow(dead_code)] // not every test binary uses it
 pub fn engine_with_clock(dir: &std::path::Path, start_us: i64) -> (Engine, Arc<AtomicI64>) {
     let mut cfg = LogConfig::in_dir(dir);
     cfg.cache_bytes = 4 << 20;

@@ -26,6 +26,7 @@ mod e2e_cli;
 mod e2e_crash;
 mod e2e_deliveries;
 mod e2e_delivery_routing;
+mod e2e_disk_full;
 mod e2e_golden;
 mod e2e_limits;
 mod e2e_notifications;

@@ -1,0 +1,456 @@
+//! Crash consistency on the fault layer (I1, I2, I9, I10): random workloads — appends of fresh
+//! batches, resends of earlier batches (duplicates), batches reusing an id with other content
+//! (conflicts), cursor advances through the engine — run on a [`FaultStore`]; the power is cut
+//! after a random number of storage operations (every later operation fails, the log poisons);
+//! the disk is rebuilt from what was synced plus a random subset of what was not (none, all, or
+//! each write by a coin); and the log is reopened from it. Checked against what the workload
+//! was told:
+//! - seqs are dense from 1 and every `event_id` is in the log at most once;
+//! - every acknowledged append is there, at the seqs it was acknowledged with, with its content;
+//! - no batch is partly there (each event carries its batch's tag and size);
+//! - the cursor is at or past the last acknowledged advance, and only at a seq some advance
+//!   asked for;
+//! - every projection, rebuilt from the reopened log, is identical to the one that was folded
+//!   live (I3 across a crash);
+//! - every acknowledgement was preceded by a sync (the fault layer counts them).
+//!
+//! `TIDEMARK_CRASH_CASES` sets the number of workloads (default 150; CI runs the default),
+//! `TIDEMARK_CRASH_SEED` the first seed. A failure names its seed.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use tidemark_engine::Engine;
+use tidemark_engine::commands::{Advance, CursorCommand};
+use tidemark_log::fault::FaultStore;
+use tidemark_log::storage::Storage;
+use tidemark_log::{AppendError, EventLog, LogConfig, NewEvent};
+
+use common::{events_after, rt};
+
+/// One batch as sent: its events (id, payload with the batch's tag and size).
+#[derive(Debug, Clone)]
+struct Batch {
+    events: Vec<(String, Value)>,
+}
+
+impl Batch {
+    fn new_events(&self) -> Vec<NewEvent> {
+        self.events
+            .iter()
+            .map(|(id, p)| {
+                NewEvent::new(Some(id.clone()), "crash", id.clone(), "crash.appended", p).unwrap()
+            })
+            .collect()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Told {
+    /// Acknowledged appends: event id → (seq, payload).
+    acked: BTreeMap<String, (u64, Value)>,
+    /// Every batch sent, by tag, with its size.
+    sizes: BTreeMap<u64, usize>,
+    /// Acknowledged cursor advances, in order.
+    advances_acked: Vec<u64>,
+    /// Every seq an advance asked for.
+    advances_tried: BTreeSet<u64>,
+    /// Appends and commands acknowledged that appended something (each needs a sync before
+    /// its acknowledgement).
+    acks: u64,
+}
+
+fn config(store: &FaultStore, merge_threshold: usize) -> LogConfig {
+    let mut cfg = LogConfig::new("/fault-store/log.redb");
+    cfg.cache_bytes = 1 << 20;
+    cfg.merge_threshold = merge_threshold;
+    cfg.storage = Storage::Store(Arc::new(store.clone()));
+    cfg
+}
+
+/// Run one workload on `store`, cut after `cut` operations; what the workload was told.
+fn workload(rt: &tokio::runtime::Runtime, engine: &Engine, rng: &mut StdRng, steps: usize) -> Told {
+    let mut told = Told::default();
+    let mut sent: Vec<Batch> = Vec::new();
+    let mut next_tag = 1u64;
+    let mut next_id = 0u64;
+    for _ in 0..steps {
+        let roll = rng.random_range(0..10);
+        if roll < 6 || sent.is_empty() {
+            // A fresh batch; one in four reuses an earlier id with other content.
+            let n = rng.random_range(1..=3);
+            let tag = next_tag;
+            next_tag += 1;
+            let mut events = Vec::new();
+            for i in 0..n {
+                let id = if i == 0 && !sent.is_empty() && rng.random_bool(0.25) {
+                    let b = &sent[rng.random_range(0..sent.len())];
+                    b.events[0].0.clone()
+                } else {
+                    next_id += 1;
+                    format!("e{next_id}")
+                };
+                events.push((id, json!({"tag": tag, "n": n, "i": i})));
+            }
+            let b = Batch { events };
+            told.sizes.insert(tag, n);
+            append(rt, engine, &b, &mut told);
+            sent.push(b);
+        } else if roll < 8 {
+            // A resend of an earlier batch: duplicates when it is in the log.
+            let b = sent[rng.random_range(0..sent.len())].clone();
+            append(rt, engine, &b, &mut told);
+        } else {
+            let seq = rng.random_range(1..=40);
+            told.advances_tried.insert(seq);
+            let a = Advance {
+                consumer_id: "c".into(),
+                stream_name: "crash".into(),
+                subject_id: String::new(),
+                last_sequence: seq,
+                delivery_id: format!("d{seq}"),
+                expected_sequence: None,
+            };
+            if let Ok((_, r)) = rt.block_on(engine.execute(CursorCommand::Advance(a))) {
+                told.advances_acked.push(seq);
+                // An idempotent replay appends nothing and has nothing to sync.
+                told.acks += u64::from(!r.events.is_empty());
+            }
+        }
+    }
+    told
+}
+
+fn append(rt: &tokio::runtime::Runtime, engine: &Engine, b: &Batch, told: &mut Told) {
+    match rt.block_on(engine.log().append(b.new_events())) {
+        Ok(r) => {
+            // A batch of duplicates only is answered from what is already durable.
+            told.acks += u64::from(r.events.iter().any(|e| !e.duplicate));
+            for ((id, p), a) in b.events.iter().zip(&r.events) {
+                told.acked.insert(id.clone(), (a.seq, p.clone()));
+            }
+        }
+        // Refused (a conflict) or failed (the power is out): checked from the log.
+        Err(AppendError::Conflict { .. } | AppendError::Storage(_) | AppendError::Poisoned(_)) => {}
+        Err(e) => panic!("unexpected append error: {e}"),
+    }
+}
+
+/// Check the reopened log against what the workload was told; `Err` says what is wrong.
+fn check(rt: &tokio::runtime::Runtime, engine: &Engine, told: &Told) -> Result<(), String> {
+    let events = events_after(engine, 0);
+    let head = engine.head();
+    if events.len() as u64 != head {
+        return Err(format!("{} events read, head {head}", events.len()));
+    }
+    let mut ids = BTreeMap::new();
+    let mut per_tag: BTreeMap<u64, usize> = BTreeMap::new();
+    for (i, ev) in events.iter().enumerate() {
+        if ev.seq != i as u64 + 1 {
+            return Err(format!("seq {} at position {}: not dense", ev.seq, i + 1));
+        }
+        if ev.stream != "crash" {
+            continue;
+        }
+        if ids
+            .insert(ev.event_id.clone(), (ev.seq, ev.payload_value()))
+            .is_some()
+        {
+            return Err(format!("{} twice in the log", ev.event_id));
+        }
+        let tag = ev.payload_value()["tag"].as_u64().unwrap();
+        *per_tag.entry(tag).or_default() += 1;
+    }
+    for (id, (seq, p)) in &told.acked {
+        match ids.get(id) {
+            Some((s, q)) if s == seq && q == p => {}
+            Some((s, q)) => {
+                return Err(format!(
+                    "{id} acknowledged at {seq} as {p}, the log has {s} {q}"
+                ));
+            }
+            None => return Err(format!("acknowledged {id} (seq {seq}) lost")),
+        }
+    }
+    for (tag, n) in &per_tag {
+        if told.sizes.get(tag) != Some(n) {
+            return Err(format!(
+                "batch {tag} is partly in the log: {n} of {:?} events",
+                told.sizes.get(tag)
+            ));
+        }
+    }
+    let cur = engine
+        .read()
+        .cursor("c", "crash", "")
+        .map_err(|e| e.to_string())?;
+    if let Some(last) = told.advances_acked.last()
+        && cur.last_sequence < *last
+    {
+        return Err(format!(
+            "cursor at {} after an acknowledged advance to {last}",
+            cur.last_sequence
+        ));
+    }
+    if cur.last_sequence != 0 && !told.advances_tried.contains(&cur.last_sequence) {
+        return Err(format!(
+            "cursor at {}, which no advance asked for",
+            cur.last_sequence
+        ));
+    }
+    for p in tidemark_projections::all() {
+        let v = rt
+            .block_on(engine.rebuild(p.name(), false, |_, _| {}))
+            .expect("a projection")
+            .map_err(|e| e.to_string())?;
+        if !v.identical {
+            return Err(format!(
+                "{} after the crash differs from its rebuild at {:?}",
+                p.name(),
+                v.first_divergent_seq
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One case: returns (operations run before the cut, writes the crash dropped or kept).
+fn case(seed: u64) -> Result<(u64, usize), String> {
+    let rt = rt();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let store = FaultStore::new();
+    let merge = rng.random_range(2..40);
+    let (engine, _) = Engine::open(&config(&store, merge)).map_err(|e| e.to_string())?;
+    let opened_at = store.ops();
+    let syncs_before = store.syncs();
+    // Cut somewhere inside the workload, or after it (then the crash only drops unsynced
+    // writes).
+    store.cut_after(rng.random_range(0..300));
+    let steps = rng.random_range(5..50);
+    let told = workload(&rt, &engine, &mut rng, steps);
+    let ops = store.ops() - opened_at;
+    // Every acknowledgement had a sync before it.
+    if store.syncs() - syncs_before < told.acks {
+        return Err(format!(
+            "{} acknowledgements with only {} syncs",
+            told.acks,
+            store.syncs() - syncs_before
+        ));
+    }
+    rt.block_on(engine.close());
+    drop(engine);
+    let unsynced = store.unsynced();
+    let keep = rng.random_range(0..3);
+    let image = store.crash(|_| match keep {
+        0 => false,
+        1 => true,
+        _ => rng.random_bool(0.5),
+    });
+    let (engine, _) = Engine::open(&config(&image, merge))
+        .map_err(|e| format!("reopen after the crash failed: {e}"))?;
+    let r = check(&rt, &engine, &told);
+    rt.block_on(engine.close());
+    r.map(|()| (ops, unsynced))
+}
+
+#[test]
+fn every_cut_keeps_what_was_acknowledged_and_no_partial_batch() {
+    let cases: u64 = std::env::var("TIDEMARK_CRASH_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(150);
+    let first: u64 = std::env::var("TIDEMARK_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let mut ops = 0;
+    let mut unsynced = 0;
+    let mut failures = Vec::new();
+    for seed in first..first + cases {
+        match case(seed) {
+            Ok((o, u)) => {
+                ops += o;
+                unsynced += u;
+            }
+            Err(e) => failures.push(format!("seed {seed}: {e}")),
+        }
+    }
+    eprintln!(
+        "crash consistency: {cases} cuts tried, {ops} storage operations before them, {unsynced} unsynced writes at the cuts, {} failures",
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A sync that fails once poisons the log (I10): the batch it was for is refused, every later
+/// append and command is refused too although the disk works again, nothing refused is in
+/// the log, and a restart (reopening the same disk) recovers with every acknowledged event.
+#[test]
+fn a_failed_sync_poisons_the_log_until_a_restart() {
+    let rt = rt();
+    let store = FaultStore::new();
+    let (engine, _) = Engine::open(&config(&store, 8)).unwrap();
+    let ev = |i: u64| {
+        NewEvent::new(
+            Some(format!("p{i}")),
+            "crash",
+            "s",
+            "crash.appended",
+            &json!({"i": i}),
+        )
+        .unwrap()
+    };
+    let mut acked = Vec::new();
+    for i in 0..5 {
+        acked.push(
+            rt.block_on(engine.log().append(vec![ev(i)]))
+                .unwrap()
+                .last_seq,
+        );
+    }
+    store.fail_nth(tidemark_log::fault::Op::Sync, 1, std::io::ErrorKind::Other);
+    let failed = rt.block_on(engine.log().append(vec![ev(5)]));
+    assert!(matches!(failed, Err(AppendError::Storage(_))), "{failed:?}");
+    assert!(engine.is_poisoned());
+    for i in 6..8 {
+        let r = rt.block_on(engine.log().append(vec![ev(i)]));
+        assert!(matches!(r, Err(AppendError::Poisoned(_))), "{r:?}");
+    }
+    let advance = Advance {
+        consumer_id: "c".into(),
+        stream_name: "crash".into(),
+        subject_id: String::new(),
+        last_sequence: 1,
+        delivery_id: "d1".into(),
+        expected_sequence: None,
+    };
+    let r = rt.block_on(engine.execute(CursorCommand::Advance(advance)));
+    assert!(
+        matches!(
+            r,
+            Err(tidemark_log::CommandError::Append(AppendError::Poisoned(_)))
+        ),
+        "{r:?}"
+    );
+    // Reads of acknowledged data keep working.
+    assert_eq!(events_after(&engine, 0).len(), 5);
+    rt.block_on(engine.close());
+    drop(engine);
+    // The restart: the same disk, as a power loss would leave it, reopened.
+    let (engine, _) = Engine::open(&config(&store.crash(|_| false), 8)).unwrap();
+    let events = events_after(&engine, 0);
+    let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["p0", "p1", "p2", "p3", "p4"],
+        "the acknowledged events, nothing else"
+    );
+    assert_eq!(acked, [1, 2, 3, 4, 5]);
+    let r = rt.block_on(engine.log().append(vec![ev(9)])).unwrap();
+    assert_eq!(r.last_seq, 6);
+    rt.block_on(engine.close());
+}
+
+/// Short of space (I10): appends and commands are refused with `InsufficientStorage` before
+/// anything reaches the store, nothing refused is in the log, reads keep working, and writes
+/// resume by themselves once space returns — no poison, no restart.
+#[test]
+fn short_of_space_refuses_writes_until_space_returns() {
+    let rt = rt();
+    let store = FaultStore::new();
+    let mut cfg = config(&store, 8);
+    cfg.min_free = 1 << 20;
+    let (engine, _) = Engine::open(&cfg).unwrap();
+    let ev = |i: u64| {
+        NewEvent::new(
+            Some(format!("f{i}")),
+            "crash",
+            "s",
+            "crash.appended",
+            &json!({"i": i}),
+        )
+        .unwrap()
+    };
+    rt.block_on(engine.log().append(vec![ev(0)])).unwrap();
+    store.set_available(Some(1000));
+    let writes = store.writes();
+    let r = rt.block_on(engine.log().append(vec![ev(1), ev(2)]));
+    assert!(
+        matches!(
+            r,
+            Err(AppendError::InsufficientStorage {
+                available: 1000,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    let advance = Advance {
+        consumer_id: "c".into(),
+        stream_name: "crash".into(),
+        subject_id: String::new(),
+        last_sequence: 1,
+        delivery_id: "d1".into(),
+        expected_sequence: None,
+    };
+    let r = rt.block_on(engine.execute(CursorCommand::Advance(advance.clone())));
+    assert!(
+        matches!(
+            r,
+            Err(tidemark_log::CommandError::Append(
+                AppendError::InsufficientStorage { .. }
+            ))
+        ),
+        "{r:?}"
+    );
+    assert_eq!(store.writes(), writes, "a refused write reached the store");
+    assert!(engine.check_space().is_err());
+    assert!(!engine.is_poisoned());
+    assert_eq!(
+        events_after(&engine, 0).len(),
+        1,
+        "reads work, nothing refused is there"
+    );
+    store.set_available(Some(10 << 20));
+    assert!(engine.check_space().is_ok());
+    let r = rt
+        .block_on(engine.log().append(vec![ev(1), ev(2)]))
+        .unwrap();
+    assert_eq!(r.last_seq, 3);
+    rt.block_on(engine.execute(CursorCommand::Advance(advance)))
+        .unwrap();
+    rt.block_on(engine.close());
+}
+
+/// What one durable group commit costs the store, counted through the fault layer: at least
+/// one sync before each acknowledgement (I1's "acknowledged = durable"); the figures (syncs
+/// and bytes written per append of one event) are printed for the benchmark notes.
+#[test]
+fn every_group_commit_syncs_before_it_answers() {
+    let rt = rt();
+    let store = FaultStore::new();
+    let (engine, _) = Engine::open(&config(&store, 100_000)).unwrap();
+    let (syncs, bytes) = (store.syncs(), store.bytes_written());
+    let n = 200u64;
+    for i in 0..n {
+        let ev = NewEvent::new(
+            Some(format!("g{i}")),
+            "crash",
+            format!("s{}", i % 10),
+            "crash.appended",
+            &json!({"pad": "x".repeat(200)}),
+        )
+        .unwrap();
+        rt.block_on(engine.log().append(vec![ev])).unwrap();
+    }
+    let per_sync = (store.syncs() - syncs) as f64 / n as f64;
+    let per_bytes = (store.bytes_written() - bytes) as f64 / n as f64;
+    eprintln!("one-event appends: {per_sync:.2} syncs and {per_bytes:.0} bytes written per append");
+    assert!(per_sync >= 1.0, "{per_sync} syncs per acknowledged append");
+    rt.block_on(engine.close());
+}

@@ -1,0 +1,82 @@
+//! Where the log's bytes go. The log reaches its file only through redb's storage-backend
+//! trait, built from the [`Storage`] of its config: the real file (production), or any
+//! [`Store`] — the fault-injecting [`crate::fault::FaultStore`] in tests. [`Store`] is also the
+//! one file interface any side file of the log goes through.
+
+use std::fmt;
+use std::io;
+use std::sync::Arc;
+
+/// A byte store with the operations a log file needs. `write` and `set_len` may be lost until
+/// `sync_data` returns; what `sync_data` covered survives a power loss.
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    fn len(&self) -> io::Result<u64>;
+    fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
+    /// Read exactly `out.len()` bytes at `offset` (an error past the end).
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()>;
+    /// Grow (with zeros) or shrink.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    fn sync_data(&self) -> io::Result<()>;
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// Bytes still free where the store keeps its data, if it knows.
+    fn available(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// What the log keeps its bytes in.
+#[derive(Clone, Default)]
+pub enum Storage {
+    /// The file at the config's path (locked against a second process).
+    #[default]
+    File,
+    /// Another store (tests: a fault-injecting one). Opening twice shares it.
+    Store(Arc<dyn Store>),
+}
+
+impl Storage {
+    /// Bytes free for a log at `path` kept in this storage, if known.
+    pub fn available(&self, path: &std::path::Path) -> Option<u64> {
+        match self {
+            Storage::File => {
+                let dir = path.parent().filter(|d| !d.as_os_str().is_empty())?;
+                let s = nix::sys::statvfs::statvfs(dir).ok()?;
+                Some(s.blocks_available().saturating_mul(s.fragment_size()))
+            }
+            Storage::Store(s) => s.available(),
+        }
+    }
+}
+
+impl fmt::Debug for Storage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Storage::File => f.write_str("File"),
+            Storage::Store(s) => write!(f, "Store({s:?})"),
+        }
+    }
+}
+
+/// A [`Store`] as redb's backend.
+#[derive(Debug)]
+pub(crate) struct Backend(pub(crate) Arc<dyn Store>);
+
+impl redb::StorageBackend for Backend {
+    fn len(&self) -> Result<u64, io::Error> {
+        self.0.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
+        self.0.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> Result<(), io::Error> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> Result<(), io::Error> {
+        self.0.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
+        self.0.write(offset, data)
+    }
+}
