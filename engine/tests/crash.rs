@@ -65,11 +65,52 @@ struct Told {
     acks: u64,
 }
 
-fn config(store: &FaultStore, merge_threshold: usize) -> LogConfig {
+/// The log's two files on fault-injecting stores of one machine: the redb file and the
+/// journal.
+#[derive(Clone)]
+struct Disk {
+    db: FaultStore,
+    journal: FaultStore,
+}
+
+impl Default for Disk {
+    fn default() -> Self {
+        let db = FaultStore::new();
+        let journal = db.sibling();
+        Disk { db, journal }
+    }
+}
+
+impl Disk {
+    /// What the disk holds after a power loss now; `keep` decides each unsynced write.
+    fn crash(&self, mut keep: impl FnMut(usize) -> bool) -> Disk {
+        let db = self.db.crash(&mut keep);
+        let journal = self.journal.crash_on(&db, &mut keep);
+        Disk { db, journal }
+    }
+    /// The power goes out after `n` more operations on either file.
+    fn cut_after(&self, n: u64) {
+        self.db.cut_after(n);
+    }
+    fn ops(&self) -> u64 {
+        self.db.ops()
+    }
+    fn syncs(&self) -> u64 {
+        self.db.syncs() + self.journal.syncs()
+    }
+    fn unsynced(&self) -> usize {
+        self.db.unsynced() + self.journal.unsynced()
+    }
+}
+
+fn config(disk: &Disk, merge_threshold: usize) -> LogConfig {
     let mut cfg = LogConfig::new("/fault-store/log.redb");
     cfg.cache_bytes = 1 << 20;
     cfg.merge_threshold = merge_threshold;
-    cfg.storage = Storage::Store(Arc::new(store.clone()));
+    cfg.storage = Storage::Stores {
+        db: Arc::new(disk.db.clone()),
+        journal: Arc::new(disk.journal.clone()),
+    };
     cfg
 }
 
@@ -223,14 +264,20 @@ fn check(rt: &tokio::runtime::Runtime, engine: &Engine, told: &Told) -> Result<(
 fn case(seed: u64) -> Result<(u64, usize), String> {
     let rt = rt();
     let mut rng = StdRng::seed_from_u64(seed);
-    let store = FaultStore::new();
+    let store = Disk::default();
     let merge = rng.random_range(2..40);
-    let (engine, _) = Engine::open(&config(&store, merge)).map_err(|e| e.to_string())?;
+    let checkpoint = rng.random_range(1..20);
+    let cfg = |d: &Disk| {
+        let mut c = config(d, merge);
+        c.checkpoint_groups = checkpoint;
+        c
+    };
+    let (engine, _) = Engine::open(&cfg(&store)).map_err(|e| e.to_string())?;
     let opened_at = store.ops();
     let syncs_before = store.syncs();
     // Cut somewhere inside the workload, or after it (then the crash only drops unsynced
     // writes).
-    store.cut_after(rng.random_range(0..300));
+    store.cut_after(rng.random_range(0..120));
     let steps = rng.random_range(5..50);
     let told = workload(&rt, &engine, &mut rng, steps);
     let ops = store.ops() - opened_at;
@@ -251,8 +298,8 @@ fn case(seed: u64) -> Result<(u64, usize), String> {
         1 => true,
         _ => rng.random_bool(0.5),
     });
-    let (engine, _) = Engine::open(&config(&image, merge))
-        .map_err(|e| format!("reopen after the crash failed: {e}"))?;
+    let (engine, _) =
+        Engine::open(&cfg(&image)).map_err(|e| format!("reopen after the crash failed: {e}"))?;
     let r = check(&rt, &engine, &told);
     rt.block_on(engine.close());
     r.map(|()| (ops, unsynced))
@@ -293,8 +340,10 @@ fn every_cut_keeps_what_was_acknowledged_and_no_partial_batch() {
 #[test]
 fn a_failed_sync_poisons_the_log_until_a_restart() {
     let rt = rt();
-    let store = FaultStore::new();
-    let (engine, _) = Engine::open(&config(&store, 8)).unwrap();
+    let disk = Disk::default();
+    // The group's durable point is the journal's sync.
+    let store = disk.journal.clone();
+    let (engine, _) = Engine::open(&config(&disk, 8)).unwrap();
     let ev = |i: u64| {
         NewEvent::new(
             Some(format!("p{i}")),
@@ -342,7 +391,7 @@ fn a_failed_sync_poisons_the_log_until_a_restart() {
     rt.block_on(engine.close());
     drop(engine);
     // The restart: the same disk, as a power loss would leave it, reopened.
-    let (engine, _) = Engine::open(&config(&store.crash(|_| false), 8)).unwrap();
+    let (engine, _) = Engine::open(&config(&disk.crash(|_| false), 8)).unwrap();
     let events = events_after(&engine, 0);
     let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
     assert_eq!(
@@ -362,8 +411,9 @@ fn a_failed_sync_poisons_the_log_until_a_restart() {
 #[test]
 fn short_of_space_refuses_writes_until_space_returns() {
     let rt = rt();
-    let store = FaultStore::new();
-    let mut cfg = config(&store, 8);
+    let disk = Disk::default();
+    let store = disk.db.clone();
+    let mut cfg = config(&disk, 8);
     cfg.min_free = 1 << 20;
     let (engine, _) = Engine::open(&cfg).unwrap();
     let ev = |i: u64| {
@@ -378,7 +428,7 @@ fn short_of_space_refuses_writes_until_space_returns() {
     };
     rt.block_on(engine.log().append(vec![ev(0)])).unwrap();
     store.set_available(Some(1000));
-    let writes = store.writes();
+    let writes = store.writes() + disk.journal.writes();
     let r = rt.block_on(engine.log().append(vec![ev(1), ev(2)]));
     assert!(
         matches!(
@@ -408,7 +458,11 @@ fn short_of_space_refuses_writes_until_space_returns() {
         ),
         "{r:?}"
     );
-    assert_eq!(store.writes(), writes, "a refused write reached the store");
+    assert_eq!(
+        store.writes() + disk.journal.writes(),
+        writes,
+        "a refused write reached the store"
+    );
     assert!(engine.check_space().is_err());
     assert!(!engine.is_poisoned());
     assert_eq!(
@@ -433,9 +487,10 @@ fn short_of_space_refuses_writes_until_space_returns() {
 #[test]
 fn every_group_commit_syncs_before_it_answers() {
     let rt = rt();
-    let store = FaultStore::new();
-    let (engine, _) = Engine::open(&config(&store, 100_000)).unwrap();
-    let (syncs, bytes) = (store.syncs(), store.bytes_written());
+    let disk = Disk::default();
+    let (engine, _) = Engine::open(&config(&disk, 100_000)).unwrap();
+    let bytes_written = |d: &Disk| d.db.bytes_written() + d.journal.bytes_written();
+    let (syncs, bytes) = (disk.syncs(), bytes_written(&disk));
     let n = 200u64;
     for i in 0..n {
         let ev = NewEvent::new(
@@ -448,8 +503,8 @@ fn every_group_commit_syncs_before_it_answers() {
         .unwrap();
         rt.block_on(engine.log().append(vec![ev])).unwrap();
     }
-    let per_sync = (store.syncs() - syncs) as f64 / n as f64;
-    let per_bytes = (store.bytes_written() - bytes) as f64 / n as f64;
+    let per_sync = (disk.syncs() - syncs) as f64 / n as f64;
+    let per_bytes = (bytes_written(&disk) - bytes) as f64 / n as f64;
     eprintln!("one-event appends: {per_sync:.2} syncs and {per_bytes:.0} bytes written per append");
     assert!(per_sync >= 1.0, "{per_sync} syncs per acknowledged append");
     rt.block_on(engine.close());

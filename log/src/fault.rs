@@ -24,18 +24,23 @@ enum Pending {
     SetLen(u64),
 }
 
+/// The power of a machine: the operations of every store on it counted together, and the
+/// moment it goes out.
+#[derive(Debug, Default)]
+struct Power {
+    ops: u64,
+    cut_at: Option<u64>,
+}
+
 #[derive(Debug, Default)]
 struct State {
     written: Vec<u8>,
     durable: Vec<u8>,
     /// Writes and resizes since the last sync, in order.
     pending: Vec<Pending>,
-    ops: u64,
     syncs: u64,
     writes: u64,
     bytes_written: u64,
-    /// Power cut after this many more operations: every later one fails.
-    cut_at: Option<u64>,
     /// The n-th operation of a kind (counted from when it was set) fails once.
     fail: Option<(Op, u64, io::ErrorKind)>,
     /// Growing writes and resizes fail with `StorageFull`.
@@ -44,9 +49,10 @@ struct State {
     available: Option<u64>,
 }
 
-/// A store in memory with a durable image. Clones share it.
+/// A store in memory with a durable image. Clones share it; [`FaultStore::sibling`] makes
+/// another file on the same machine (one power supply, one operation count).
 #[derive(Debug, Clone, Default)]
-pub struct FaultStore(Arc<Mutex<State>>);
+pub struct FaultStore(Arc<Mutex<State>>, Arc<Mutex<Power>>);
 
 fn eio(what: &str) -> io::Error {
     io::Error::other(format!("injected fault: {what}"))
@@ -59,11 +65,31 @@ impl FaultStore {
 
     /// A store whose disk holds `image` (written and durable).
     pub fn from_image(image: Vec<u8>) -> FaultStore {
-        FaultStore(Arc::new(Mutex::new(State {
-            written: image.clone(),
-            durable: image,
-            ..State::default()
-        })))
+        FaultStore(
+            Arc::new(Mutex::new(State {
+                written: image.clone(),
+                durable: image,
+                ..State::default()
+            })),
+            Arc::default(),
+        )
+    }
+
+    /// Another, empty file on the same machine: it shares this store's power (a cut stops
+    /// both) and operation count.
+    pub fn sibling(&self) -> FaultStore {
+        FaultStore(Arc::default(), self.1.clone())
+    }
+
+    /// [`FaultStore::crash`] of a file whose machine is `machine`'s (after the crash both run
+    /// on one power supply again).
+    pub fn crash_on(&self, machine: &FaultStore, keep: impl FnMut(usize) -> bool) -> FaultStore {
+        let c = self.crash(keep);
+        FaultStore(c.0, machine.1.clone())
+    }
+
+    fn power(&self) -> std::sync::MutexGuard<'_, Power> {
+        self.1.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn st(&self) -> std::sync::MutexGuard<'_, State> {
@@ -72,8 +98,8 @@ impl FaultStore {
 
     /// Cut the power after `n` more operations: they succeed, every later one fails with EIO.
     pub fn cut_after(&self, n: u64) {
-        let mut s = self.st();
-        s.cut_at = Some(s.ops + n);
+        let mut p = self.power();
+        p.cut_at = Some(p.ops + n);
     }
 
     /// The `n`-th (1-based) operation of kind `op` from now fails once with `kind`.
@@ -114,9 +140,9 @@ impl FaultStore {
         FaultStore::from_image(image)
     }
 
-    /// Operations so far (reads, writes, resizes, syncs).
+    /// Operations so far on this machine (reads, writes, resizes, syncs).
     pub fn ops(&self) -> u64 {
-        self.st().ops
+        self.power().ops
     }
 
     pub fn syncs(&self) -> u64 {
@@ -138,11 +164,14 @@ impl FaultStore {
 
     /// Count one operation; the fault it meets, if any.
     fn enter(&self, op: Op) -> io::Result<std::sync::MutexGuard<'_, State>> {
-        let mut s = self.st();
-        s.ops += 1;
-        if s.cut_at.is_some_and(|c| s.ops > c) {
-            return Err(eio("power cut"));
+        {
+            let mut p = self.power();
+            p.ops += 1;
+            if p.cut_at.is_some_and(|c| p.ops > c) {
+                return Err(eio("power cut"));
+            }
         }
+        let mut s = self.st();
         if let Some((o, n, kind)) = s.fail
             && o == op
         {

@@ -38,6 +38,7 @@ mod codec;
 pub mod envelope;
 pub mod error;
 pub mod fault;
+mod journal;
 pub mod storage;
 mod store;
 mod tail;
@@ -77,6 +78,9 @@ pub struct LogConfig {
     /// Appends and commands are refused (`InsufficientStorage`) while less than this is free
     /// where the log is kept (I10), so the disk never fills inside a commit.
     pub min_free: u64,
+    /// Group commits between checkpoints (one durable redb commit that lets the journal start
+    /// over; also at 8 MiB of journal and at every index merge). Bounds the replay at open.
+    pub checkpoint_groups: u64,
 }
 
 impl LogConfig {
@@ -95,6 +99,7 @@ impl LogConfig {
             quick_repair: true,
             storage: storage::Storage::File,
             min_free: 64 << 20,
+            checkpoint_groups: 512,
         }
     }
 }
@@ -272,6 +277,8 @@ pub struct Log {
 #[derive(Debug, Clone, Copy)]
 pub struct OpenReport {
     pub head: u64,
+    /// Events put back from the journal (groups acknowledged after the last checkpoint).
+    pub replayed: u64,
     pub repaired: bool,
     pub tail_events: usize,
 }
@@ -287,8 +294,14 @@ impl Log {
         cfg: &LogConfig,
         hooks: Vec<Box<dyn CommitHook>>,
     ) -> Result<(Log, OpenReport), OpenError> {
-        let opened = store::open(&cfg.path, cfg.cache_bytes, &cfg.storage)?;
+        let opened = store::open(
+            &cfg.path,
+            cfg.cache_bytes,
+            &cfg.storage,
+            cfg.checkpoint_groups,
+        )?;
         let report = OpenReport {
+            replayed: opened.replayed,
             head: opened.head,
             repaired: opened.repaired,
             tail_events: opened.tail.len(),
@@ -317,6 +330,7 @@ impl Log {
             merge_threshold: cfg.merge_threshold.max(1),
             quick_repair: cfg.quick_repair,
             space: space.clone(),
+            journal: opened.journal,
             buf: Vec::with_capacity(1024),
             hooks,
         };

@@ -29,11 +29,50 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 /// What the log keeps its bytes in.
 #[derive(Clone, Default)]
 pub enum Storage {
-    /// The file at the config's path (locked against a second process).
+    /// The file at the config's path (locked against a second process) and the journal
+    /// beside it.
     #[default]
     File,
-    /// Another store (tests: a fault-injecting one). Opening twice shares it.
-    Store(Arc<dyn Store>),
+    /// Other stores (tests: fault-injecting ones) for the redb file and the journal.
+    Stores {
+        db: Arc<dyn Store>,
+        journal: Arc<dyn Store>,
+    },
+}
+
+/// A [`Store`] on a real file.
+#[derive(Debug)]
+pub struct FileStore(std::fs::File);
+
+impl FileStore {
+    /// Open (or create) the file at `path` for reading and writing.
+    pub fn open(path: &std::path::Path) -> io::Result<FileStore> {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map(FileStore)
+    }
+}
+
+impl Store for FileStore {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.0, out, offset)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(&self.0, data, offset)
+    }
 }
 
 impl Storage {
@@ -45,7 +84,15 @@ impl Storage {
                 let s = nix::sys::statvfs::statvfs(dir).ok()?;
                 Some(s.blocks_available().saturating_mul(s.fragment_size()))
             }
-            Storage::Store(s) => s.available(),
+            Storage::Stores { db, .. } => db.available(),
+        }
+    }
+
+    /// The journal's store for a log at `path` (`journal` beside the file).
+    pub(crate) fn journal(&self, path: &std::path::Path) -> io::Result<Arc<dyn Store>> {
+        match self {
+            Storage::File => Ok(Arc::new(FileStore::open(&path.with_file_name("journal"))?)),
+            Storage::Stores { journal, .. } => Ok(journal.clone()),
         }
     }
 }
@@ -54,7 +101,7 @@ impl fmt::Debug for Storage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Storage::File => f.write_str("File"),
-            Storage::Store(s) => write!(f, "Store({s:?})"),
+            Storage::Stores { db, journal } => write!(f, "Stores({db:?}, {journal:?})"),
         }
     }
 }

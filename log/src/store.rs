@@ -8,7 +8,7 @@ use serde_json::value::RawValue;
 
 use crate::codec;
 use crate::envelope::Event;
-use crate::error::{OpenError, ReadError, storage};
+use crate::error::{OpenError, ReadError, StorageError, storage};
 use crate::tail::Tail;
 
 /// seq -> stored envelope (see `codec`).
@@ -47,6 +47,10 @@ pub(crate) fn decode_event(seq: u64, bytes: &[u8]) -> Result<Event, ReadError> {
 /// What `open` found in the file.
 pub(crate) struct Opened {
     pub db: Database,
+    /// The journal, started over once its records are back in the events table.
+    pub journal: crate::journal::Journal,
+    /// Events put back from the journal at this open.
+    pub replayed: u64,
     pub head: u64,
     pub last_time_us: i64,
     pub tail: Tail,
@@ -57,6 +61,7 @@ pub(crate) fn open(
     path: &Path,
     cache_bytes: usize,
     store: &crate::storage::Storage,
+    checkpoint_groups: u64,
 ) -> Result<Opened, OpenError> {
     if let (crate::storage::Storage::File, Some(dir)) = (store, path.parent()) {
         std::fs::create_dir_all(dir).map_err(|source| OpenError::CreateDir {
@@ -77,8 +82,8 @@ pub(crate) fn open(
         });
     let db = match store {
         crate::storage::Storage::File => builder.create(path),
-        crate::storage::Storage::Store(s) => {
-            builder.create_with_backend(crate::storage::Backend(s.clone()))
+        crate::storage::Storage::Stores { db, .. } => {
+            builder.create_with_backend(crate::storage::Backend(db.clone()))
         }
     }
     .map_err(|e| OpenError::Database {
@@ -94,6 +99,20 @@ pub(crate) fn open(
         txn.open_table(META).map_err(|e| st(e.into()))?;
         txn.commit().map_err(|e| st(e.into()))?;
     }
+    // The lean commit: groups past redb's last checkpoint are in the journal. Put their events
+    // back (durably) before anything reads the events table.
+    let journal_store = store
+        .journal(path)
+        .map_err(|e| OpenError::Storage(StorageError::new("opening the journal", e)))?;
+    let replayed = replay(&db, &*journal_store).map_err(OpenError::Storage)?;
+    if replayed > 0 {
+        tracing::warn!(
+            events = replayed,
+            "replayed the journal past the last checkpoint"
+        );
+    }
+    let journal = crate::journal::Journal::start(journal_store, checkpoint_groups)
+        .map_err(OpenError::Storage)?;
     let txn = db.begin_read().map_err(|e| st(e.into()))?;
     let events = txn.open_table(EVENTS).map_err(|e| st(e.into()))?;
     let meta = txn.open_table(META).map_err(|e| st(e.into()))?;
@@ -136,6 +155,8 @@ pub(crate) fn open(
     drop(txn);
     Ok(Opened {
         db,
+        journal,
+        replayed,
         head,
         last_time_us,
         tail,
@@ -322,4 +343,41 @@ pub(crate) fn get(db: &Database, seq: u64) -> Result<Option<Event>, ReadError> {
         Some(v) => Ok(Some(decode_event(seq, v.value())?)),
         None => Ok(None),
     }
+}
+
+/// Put the journal's events past the events table's last seq back into it, in one durable
+/// commit; how many. A journal that skips a seq is refused: it would leave a gap (I1).
+fn replay(db: &Database, journal: &dyn crate::storage::Store) -> Result<u64, StorageError> {
+    let records = crate::journal::read(journal)?;
+    if records.is_empty() {
+        return Ok(0);
+    }
+    let mut txn = db.begin_write().map_err(storage)?;
+    txn.set_quick_repair(true);
+    let mut n = 0;
+    {
+        let mut t = txn.open_table(EVENTS).map_err(storage)?;
+        let mut head = t
+            .last()
+            .map_err(storage)?
+            .map(|(k, _)| k.value())
+            .unwrap_or(0);
+        for (seq, bytes) in &records {
+            if *seq <= head {
+                continue;
+            }
+            if *seq != head + 1 {
+                return Err(format!(
+                    "the journal holds seq {seq} after {head}: a gap; restore the log from a backup"
+                )
+                .into());
+            }
+            decode_event(*seq, bytes).map_err(StorageError::of)?;
+            t.insert(*seq, bytes.as_slice()).map_err(storage)?;
+            head = *seq;
+            n += 1;
+        }
+    }
+    txn.commit().map_err(storage)?;
+    Ok(n)
 }

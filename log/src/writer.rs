@@ -82,6 +82,8 @@ pub(crate) struct Writer {
     pub merge_threshold: usize,
     pub quick_repair: bool,
     pub space: crate::Space,
+    /// The lean commit's durable point (see `journal`).
+    pub journal: crate::journal::Journal,
     pub buf: Vec<u8>,
     pub hooks: Vec<Box<dyn CommitHook>>,
 }
@@ -204,6 +206,12 @@ impl Writer {
                 break;
             }
         }
+        // A clean stop leaves nothing to replay.
+        if self.poisoned().is_none()
+            && let Err(e) = self.checkpoint()
+        {
+            tracing::error!(error = %e, "the closing checkpoint failed; the journal will be replayed at open");
+        }
         self.rx.close();
         // Answer anything that raced with the close.
         while let Ok(msg) = self.rx.try_recv() {
@@ -245,6 +253,13 @@ impl Writer {
         Ok(txn)
     }
 
+    /// Make every commit so far durable in redb (one `Immediate` commit) and start the journal
+    /// over.
+    fn checkpoint(&mut self) -> Result<(), StorageError> {
+        self.begin()?.commit().map_err(storage)?;
+        self.journal.reset()
+    }
+
     fn process(&mut self, group: Vec<Item>, durable: bool) {
         let fail_all = |group: Vec<Item>, e: AppendError| {
             for item in group {
@@ -272,9 +287,11 @@ impl Writer {
             Ok(t) => t,
             Err(e) => return fail_all(group, AppendError::Storage(e)),
         };
-        if !durable {
-            let _ = txn.set_durability(redb::Durability::None);
-        }
+        // The journal record is the group's durable point; redb's commit only makes it visible
+        // (a checkpoint makes redb durable every `journal::CHECKPOINT_*`).
+        let _ = durable;
+        txn.set_quick_repair(false);
+        let _ = txn.set_durability(redb::Durability::None);
         let time_us = now_micros().max(self.last_time_us);
         let only_appends = group.iter().all(|i| matches!(i, Item::Append(..)));
         let mut staged: Vec<(u64, NewEvent)> = Vec::new();
@@ -309,6 +326,35 @@ impl Writer {
                 tail.insert(*seq, id, &ev.stream, &ev.subject);
             }
         }
+        if !staged.is_empty() {
+            let mut records = Vec::with_capacity(staged.len());
+            for (seq, ev) in &staged {
+                let mut b = Vec::with_capacity(64 + ev.payload_bytes().len());
+                codec::encode(
+                    &StoredV1 {
+                        event_id: ev.event_id.as_deref().unwrap_or_default(),
+                        stream: &ev.stream,
+                        subject: &ev.subject,
+                        event_type: &ev.event_type,
+                        time_us,
+                        payload: ev.payload_bytes(),
+                    },
+                    &mut b,
+                );
+                records.push((*seq, b));
+            }
+            if let Err(why) = self
+                .journal
+                .append(records.iter().map(|(s, b)| (*s, b.as_slice())))
+            {
+                drop(txn);
+                self.poison(why.clone());
+                for p in pending {
+                    p.reply.err(AppendError::Storage(why.clone()));
+                }
+                return;
+            }
+        }
         if let Err(e) = txn.commit() {
             let why = storage(e);
             self.poison(why.clone());
@@ -328,8 +374,13 @@ impl Writer {
             });
         }
         let tail_len = self.shared.tail.read().map(|t| t.len()).unwrap_or(0);
-        if tail_len >= self.merge_threshold
-            && let Err(e) = self.merge_tail()
+        if tail_len >= self.merge_threshold {
+            // The merge's commit is durable: a checkpoint.
+            if let Err(e) = self.merge_tail().and_then(|()| self.journal.reset()) {
+                self.poison(e);
+            }
+        } else if self.journal.full()
+            && let Err(e) = self.checkpoint()
         {
             self.poison(e);
         }

@@ -1,0 +1,181 @@
+//! The journal: the lean durable commit. Each group commit appends one record holding the
+//! group's stored events to a sequential file and syncs it once; the redb commit that makes
+//! the group visible (events, indexes, read models) is made without a sync. A periodic
+//! checkpoint — one `Immediate` redb commit — makes everything before it durable in redb, and
+//! the journal starts over. On open, the events of records past redb's durable head are put
+//! back into the events table before anything else looks at it (the read models then fold
+//! them as they fold any missing event), so an acknowledged group is never lost.
+//!
+//! Record: `len: u32 LE` (of the body) ‖ `check: [u8; 8]` (blake3 of the body, first 8 bytes)
+//! ‖ body = `count: u32 LE` then per event `seq: u64 LE`, `len: u32 LE`, the stored envelope
+//! (the bytes of the events table). A torn or unchecked record ends the journal: it was never
+//! synced, so nothing acknowledged is in it.
+
+use std::sync::Arc;
+
+use crate::error::StorageError;
+use crate::storage::Store;
+
+/// Checkpoint when the journal holds this many bytes.
+pub(crate) const CHECKPOINT_BYTES: u64 = 8 << 20;
+
+const HEADER: usize = 12;
+
+/// The journal file and where its next record goes.
+pub(crate) struct Journal {
+    store: Arc<dyn Store>,
+    end: u64,
+    groups: u64,
+    /// Checkpoint after this many group commits.
+    every: u64,
+    buf: Vec<u8>,
+}
+
+fn check(body: &[u8]) -> [u8; 8] {
+    let h = blake3::hash(body);
+    h.as_bytes()[..8].try_into().expect("8 bytes")
+}
+
+impl Journal {
+    /// A journal on `store`, empty (call after [`replay`] put its records back).
+    pub(crate) fn start(store: Arc<dyn Store>, every: u64) -> Result<Journal, StorageError> {
+        let mut j = Journal {
+            store,
+            end: 0,
+            groups: 0,
+            every: every.max(1),
+            buf: Vec::with_capacity(64 << 10),
+        };
+        j.reset()?;
+        Ok(j)
+    }
+
+    /// Append one group's events (seq, stored bytes) and sync: the group's durable point.
+    pub(crate) fn append<'a>(
+        &mut self,
+        events: impl ExactSizeIterator<Item = (u64, &'a [u8])>,
+    ) -> Result<(), StorageError> {
+        self.buf.clear();
+        self.buf.extend_from_slice(&[0u8; HEADER]);
+        self.buf
+            .extend_from_slice(&(events.len() as u32).to_le_bytes());
+        for (seq, bytes) in events {
+            self.buf.extend_from_slice(&seq.to_le_bytes());
+            self.buf
+                .extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            self.buf.extend_from_slice(bytes);
+        }
+        let body_len = (self.buf.len() - HEADER) as u32;
+        let c = check(&self.buf[HEADER..]);
+        self.buf[..4].copy_from_slice(&body_len.to_le_bytes());
+        self.buf[4..HEADER].copy_from_slice(&c);
+        self.store
+            .write(self.end, &self.buf)
+            .map_err(|e| StorageError::new("writing the journal", e))?;
+        self.store
+            .sync_data()
+            .map_err(|e| StorageError::new("syncing the journal", e))?;
+        self.end += self.buf.len() as u64;
+        self.groups += 1;
+        Ok(())
+    }
+
+    /// Whether a checkpoint is due.
+    pub(crate) fn full(&self) -> bool {
+        self.end >= CHECKPOINT_BYTES || self.groups >= self.every
+    }
+
+    /// Start over (after a checkpoint made every record durable in redb).
+    pub(crate) fn reset(&mut self) -> Result<(), StorageError> {
+        self.store
+            .set_len(0)
+            .and_then(|()| self.store.sync_data())
+            .map_err(|e| StorageError::new("truncating the journal", e))?;
+        self.end = 0;
+        self.groups = 0;
+        Ok(())
+    }
+}
+
+/// Every event of the journal's checked records, in order: (seq, stored bytes).
+pub(crate) fn read(store: &dyn Store) -> Result<Vec<(u64, Vec<u8>)>, StorageError> {
+    let len = store
+        .len()
+        .map_err(|e| StorageError::new("reading the journal", e))?;
+    let mut data = vec![0u8; len as usize];
+    if len > 0 {
+        store
+            .read(0, &mut data)
+            .map_err(|e| StorageError::new("reading the journal", e))?;
+    }
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while at + HEADER <= data.len() {
+        let body_len = u32::from_le_bytes(data[at..at + 4].try_into().expect("4")) as usize;
+        let start = at + HEADER;
+        let Some(body) = data.get(start..start + body_len) else {
+            break;
+        };
+        if body.len() < 4 || check(body) != data[at + 4..at + HEADER] {
+            break;
+        }
+        let count = u32::from_le_bytes(body[..4].try_into().expect("4")) as usize;
+        let mut p = 4;
+        let mut events = Vec::with_capacity(count);
+        for _ in 0..count {
+            let seq = u64::from_le_bytes(
+                body.get(p..p + 8)
+                    .ok_or("a journal record is shorter than it says")?
+                    .try_into()
+                    .expect("8"),
+            );
+            let n = u32::from_le_bytes(
+                body.get(p + 8..p + 12)
+                    .ok_or("a journal record is shorter than it says")?
+                    .try_into()
+                    .expect("4"),
+            ) as usize;
+            let bytes = body
+                .get(p + 12..p + 12 + n)
+                .ok_or("a journal record is shorter than it says")?;
+            events.push((seq, bytes.to_vec()));
+            p += 12 + n;
+        }
+        out.extend(events);
+        at = start + body_len;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fault::FaultStore;
+
+    #[test]
+    fn records_read_back_and_a_torn_tail_ends_the_journal() {
+        let f = FaultStore::new();
+        let mut j = Journal::start(Arc::new(f.clone()), 100).unwrap();
+        j.append([(1u64, &b"one"[..]), (2, &b"two"[..])].into_iter())
+            .unwrap();
+        j.append([(3u64, &b"three"[..])].into_iter()).unwrap();
+        let got = read(&f).unwrap();
+        assert_eq!(
+            got,
+            [
+                (1, b"one".to_vec()),
+                (2, b"two".to_vec()),
+                (3, b"three".to_vec())
+            ]
+        );
+        // A third record written but not synced, then torn by a crash.
+        f.fail_nth(crate::fault::Op::Sync, 1, std::io::ErrorKind::Other);
+        assert!(j.append([(4u64, &b"four"[..])].into_iter()).is_err());
+        let crashed = f.crash(|_| true);
+        let len = crate::storage::Store::len(&crashed).unwrap();
+        crate::storage::Store::set_len(&crashed, len - 2).unwrap();
+        assert_eq!(read(&crashed).unwrap().len(), 3);
+        j.reset().unwrap();
+        assert!(read(&f).unwrap().is_empty());
+    }
+}
