@@ -509,3 +509,44 @@ fn every_group_commit_syncs_before_it_answers() {
     assert!(per_sync >= 1.0, "{per_sync} syncs per acknowledged append");
     rt.block_on(engine.close());
 }
+
+/// A disk that fills up anyway (ENOSPC on the journal's write, past the `min_free` check):
+/// the group is refused with `InsufficientStorage`, the log is not poisoned, writes resume
+/// once space returns, and a restart finds exactly the acknowledged events.
+#[test]
+fn enospc_on_the_journal_refuses_the_group_and_the_log_goes_on() {
+    let rt = rt();
+    let disk = Disk::default();
+    let (engine, _) = Engine::open(&config(&disk, 8)).unwrap();
+    let ev = |i: u64| {
+        NewEvent::new(
+            Some(format!("n{i}")),
+            "crash",
+            "s",
+            "crash.appended",
+            &json!({"i": i}),
+        )
+        .unwrap()
+    };
+    rt.block_on(engine.log().append(vec![ev(0)])).unwrap();
+    disk.journal.set_full(true);
+    let r = rt.block_on(engine.log().append(vec![ev(1), ev(2)]));
+    assert!(
+        matches!(r, Err(AppendError::InsufficientStorage { .. })),
+        "{r:?}"
+    );
+    assert!(!engine.is_poisoned());
+    assert_eq!(events_after(&engine, 0).len(), 1);
+    disk.journal.set_full(false);
+    let r = rt.block_on(engine.log().append(vec![ev(3)])).unwrap();
+    assert_eq!(r.last_seq, 2, "the refused group left no seq behind");
+    rt.block_on(engine.close());
+    drop(engine);
+    let (engine, _) = Engine::open(&config(&disk.crash(|_| false), 8)).unwrap();
+    let ids: Vec<String> = events_after(&engine, 0)
+        .into_iter()
+        .map(|e| e.event_id)
+        .collect();
+    assert_eq!(ids, ["n0", "n3"]);
+    rt.block_on(engine.close());
+}

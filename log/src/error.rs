@@ -38,6 +38,23 @@ impl StorageError {
         StorageError::new(String::new(), source)
     }
 
+    /// Whether it comes from a full disk (`ENOSPC`) anywhere down its source chain.
+    pub fn is_storage_full(&self) -> bool {
+        let mut cur: Option<&(dyn std::error::Error + 'static)> = self
+            .source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static));
+        while let Some(e) = cur {
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::StorageFull)
+            {
+                return true;
+            }
+            cur = e.source();
+        }
+        false
+    }
+
     /// The same failure, said to have happened while doing `context`.
     pub fn context(mut self, context: impl Into<String>) -> StorageError {
         let c = context.into();

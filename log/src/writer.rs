@@ -316,16 +316,6 @@ impl Writer {
             }
             return;
         }
-        // Index the group before it becomes visible, so any read transaction that sees these
-        // events finds them in the tail (readers never look past their transaction's last
-        // seq). If the commit fails the log is poisoned and no later group reuses the seqs.
-        if !staged.is_empty() {
-            let mut tail = self.shared.tail.write().unwrap_or_else(|p| p.into_inner());
-            for (seq, ev) in &staged {
-                let id = ev.event_id.as_deref().unwrap_or_default();
-                tail.insert(*seq, id, &ev.stream, &ev.subject);
-            }
-        }
         if !staged.is_empty() {
             let mut records = Vec::with_capacity(staged.len());
             for (seq, ev) in &staged {
@@ -347,12 +337,33 @@ impl Writer {
                 .journal
                 .append(records.iter().map(|(s, b)| (*s, b.as_slice())))
             {
+                // The group is not durable: abort it (redb rolls the transaction back, the
+                // projector keeps no state outside it). A full disk refuses the group and the
+                // log goes on once space returns (I10); any other failure poisons it.
                 drop(txn);
-                self.poison(why.clone());
+                let refusal = if why.is_storage_full() {
+                    AppendError::InsufficientStorage {
+                        available: self.space.storage.available(&self.space.path).unwrap_or(0),
+                        min_free: self.space.min_free,
+                    }
+                } else {
+                    self.poison(why.clone());
+                    AppendError::Storage(why)
+                };
                 for p in pending {
-                    p.reply.err(AppendError::Storage(why.clone()));
+                    p.reply.err(refusal.clone());
                 }
                 return;
+            }
+        }
+        // Index the group before it becomes visible, so any read transaction that sees these
+        // events finds them in the tail (readers never look past their transaction's last
+        // seq). If the commit fails the log is poisoned and no later group reuses the seqs.
+        if !staged.is_empty() {
+            let mut tail = self.shared.tail.write().unwrap_or_else(|p| p.into_inner());
+            for (seq, ev) in &staged {
+                let id = ev.event_id.as_deref().unwrap_or_default();
+                tail.insert(*seq, id, &ev.stream, &ev.subject);
             }
         }
         if let Err(e) = txn.commit() {
