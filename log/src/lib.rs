@@ -9,6 +9,7 @@
 //! - [`envelope`]: [`NewEvent`] (validated input, canonical payload) and [`Event`] (served).
 //! - `codec`: the stored byte format, versioned.
 //! - `writer`: the group-commit writer thread.
+//! - `journal`: the group's durable point, replayed at open.
 //! - `tail`: in-memory index of the newest events, merged into redb in large batches.
 //! - `store`: table definitions, open/recovery, bounded reads.
 //! - [`time`]: event time formatting.
@@ -26,11 +27,12 @@
 //!   fault-injecting store tests run it on.
 //!
 //! # Durability
-//! An append's reply means its group's redb commit returned with `Durability::Immediate`: the
-//! data was fsynced and survives `kill -9` and power loss. With `quick_repair` (the default)
-//! each commit also records redb's allocator state, so reopening after a crash does not walk the
-//! whole file. Index tables lag the events table by at most `merge_threshold` events; the lag is
-//! rebuilt from the events table on open.
+//! An append's reply means its group's record in the journal was synced (`journal`): one
+//! `fdatasync` per group commit; it survives `kill -9` and power loss. The redb commit that
+//! makes the group visible is not synced; a periodic checkpoint (one `Immediate` commit) makes
+//! redb durable and lets the journal start over, and at open the journal's events past redb's
+//! durable head are put back. Index tables lag the events table by at most `merge_threshold`
+//! events; the lag is rebuilt from the events table on open.
 
 #![forbid(unsafe_code)]
 
@@ -81,6 +83,9 @@ pub struct LogConfig {
     /// Group commits between checkpoints (one durable redb commit that lets the journal start
     /// over; also at 8 MiB of journal and at every index merge). Bounds the replay at open.
     pub checkpoint_groups: u64,
+    /// The journal file is written full of zeros to this size once, so group commits only
+    /// overwrite it (a cheaper sync than growing a file).
+    pub journal_prealloc: u64,
 }
 
 impl LogConfig {
@@ -100,6 +105,7 @@ impl LogConfig {
             storage: storage::Storage::File,
             min_free: 64 << 20,
             checkpoint_groups: 512,
+            journal_prealloc: 16 << 20,
         }
     }
 }
@@ -299,6 +305,7 @@ impl Log {
             cfg.cache_bytes,
             &cfg.storage,
             cfg.checkpoint_groups,
+            cfg.journal_prealloc,
         )?;
         let report = OpenReport {
             replayed: opened.replayed,

@@ -62,6 +62,7 @@ pub(crate) fn open(
     cache_bytes: usize,
     store: &crate::storage::Storage,
     checkpoint_groups: u64,
+    journal_prealloc: u64,
 ) -> Result<Opened, OpenError> {
     if let (crate::storage::Storage::File, Some(dir)) = (store, path.parent()) {
         std::fs::create_dir_all(dir).map_err(|source| OpenError::CreateDir {
@@ -111,8 +112,9 @@ pub(crate) fn open(
             "replayed the journal past the last checkpoint"
         );
     }
-    let journal = crate::journal::Journal::start(journal_store, checkpoint_groups)
-        .map_err(OpenError::Storage)?;
+    let journal =
+        crate::journal::Journal::start(journal_store, checkpoint_groups, journal_prealloc)
+            .map_err(OpenError::Storage)?;
     let txn = db.begin_read().map_err(|e| st(e.into()))?;
     let events = txn.open_table(EVENTS).map_err(|e| st(e.into()))?;
     let meta = txn.open_table(META).map_err(|e| st(e.into()))?;

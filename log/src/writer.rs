@@ -257,7 +257,8 @@ impl Writer {
     /// over.
     fn checkpoint(&mut self) -> Result<(), StorageError> {
         self.begin()?.commit().map_err(storage)?;
-        self.journal.reset()
+        self.journal.reset();
+        Ok(())
     }
 
     fn process(&mut self, group: Vec<Item>, durable: bool) {
@@ -387,8 +388,9 @@ impl Writer {
         let tail_len = self.shared.tail.read().map(|t| t.len()).unwrap_or(0);
         if tail_len >= self.merge_threshold {
             // The merge's commit is durable: a checkpoint.
-            if let Err(e) = self.merge_tail().and_then(|()| self.journal.reset()) {
-                self.poison(e);
+            match self.merge_tail() {
+                Ok(()) => self.journal.reset(),
+                Err(e) => self.poison(e),
             }
         } else if self.journal.full()
             && let Err(e) = self.checkpoint()
