@@ -88,6 +88,13 @@ impl Disk {
         let journal = self.journal.crash_on(&db, &mut keep);
         Disk { db, journal }
     }
+
+    /// A power loss that may also tear writes: `keep(i, len)` bytes of each unsynced write.
+    fn crash_torn(&self, mut keep: impl FnMut(usize, usize) -> usize) -> Disk {
+        let db = self.db.crash_torn(&mut keep);
+        let journal = FaultStore::crash_on(&self.journal.crash_torn(&mut keep), &db, |_| true);
+        Disk { db, journal }
+    }
     /// The power goes out after `n` more operations on either file.
     fn cut_after(&self, n: u64) {
         self.db.cut_after(n);
@@ -150,14 +157,7 @@ fn workload(rt: &tokio::runtime::Runtime, engine: &Engine, rng: &mut StdRng, ste
         } else {
             let seq = rng.random_range(1..=40);
             told.advances_tried.insert(seq);
-            let a = Advance {
-                consumer_id: "c".into(),
-                stream_name: "crash".into(),
-                subject_id: String::new(),
-                last_sequence: seq,
-                delivery_id: format!("d{seq}"),
-                expected_sequence: None,
-            };
+            let a = advance_to(seq);
             if let Ok((_, r)) = rt.block_on(engine.execute(CursorCommand::Advance(a))) {
                 told.advances_acked.push(seq);
                 // An idempotent replay appends nothing and has nothing to sync.
@@ -166,6 +166,30 @@ fn workload(rt: &tokio::runtime::Runtime, engine: &Engine, rng: &mut StdRng, ste
         }
     }
     told
+}
+
+/// Event `<prefix><i>` of the crash stream.
+fn one(prefix: &str, i: u64) -> NewEvent {
+    NewEvent::new(
+        Some(format!("{prefix}{i}")),
+        "crash",
+        "s",
+        "crash.appended",
+        &json!({"i": i}),
+    )
+    .unwrap()
+}
+
+/// Advance consumer `c` on the crash stream to `seq`.
+fn advance_to(seq: u64) -> Advance {
+    Advance {
+        consumer_id: "c".into(),
+        stream_name: "crash".into(),
+        subject_id: String::new(),
+        last_sequence: seq,
+        delivery_id: format!("d{seq}"),
+        expected_sequence: None,
+    }
 }
 
 fn append(rt: &tokio::runtime::Runtime, engine: &Engine, b: &Batch, told: &mut Told) {
@@ -297,11 +321,23 @@ fn case(seed: u64) -> Result<(u64, usize), String> {
     rt.block_on(engine.close());
     drop(engine);
     let unsynced = store.unsynced();
-    let keep = rng.random_range(0..3);
-    let image = store.crash(|_| match keep {
-        0 => false,
-        1 => true,
-        _ => rng.random_bool(0.5),
+    // Unsynced writes: none, all, each by a coin, or each by a coin and possibly torn.
+    let keep = rng.random_range(0..4);
+    let image = store.crash_torn(|_, len| match keep {
+        0 => 0,
+        1 => len,
+        2 => {
+            if rng.random_bool(0.5) {
+                len
+            } else {
+                0
+            }
+        }
+        _ => match rng.random_range(0..3) {
+            0 => 0,
+            1 => len,
+            _ => rng.random_range(0..=len),
+        },
     });
     let (engine, _) =
         Engine::open(&cfg(&image)).map_err(|e| format!("reopen after the crash failed: {e}"))?;
@@ -349,16 +385,7 @@ fn a_failed_sync_poisons_the_log_until_a_restart() {
     // The group's durable point is the journal's sync.
     let store = disk.journal.clone();
     let (engine, _) = Engine::open(&config(&disk, 8)).unwrap();
-    let ev = |i: u64| {
-        NewEvent::new(
-            Some(format!("p{i}")),
-            "crash",
-            "s",
-            "crash.appended",
-            &json!({"i": i}),
-        )
-        .unwrap()
-    };
+    let ev = |i: u64| one("p", i);
     let mut acked = Vec::new();
     for i in 0..5 {
         acked.push(
@@ -375,14 +402,7 @@ fn a_failed_sync_poisons_the_log_until_a_restart() {
         let r = rt.block_on(engine.log().append(vec![ev(i)]));
         assert!(matches!(r, Err(AppendError::Poisoned(_))), "{r:?}");
     }
-    let advance = Advance {
-        consumer_id: "c".into(),
-        stream_name: "crash".into(),
-        subject_id: String::new(),
-        last_sequence: 1,
-        delivery_id: "d1".into(),
-        expected_sequence: None,
-    };
+    let advance = advance_to(1);
     let r = rt.block_on(engine.execute(CursorCommand::Advance(advance)));
     assert!(
         matches!(
@@ -421,16 +441,7 @@ fn short_of_space_refuses_writes_until_space_returns() {
     let mut cfg = config(&disk, 8);
     cfg.min_free = 1 << 20;
     let (engine, _) = Engine::open(&cfg).unwrap();
-    let ev = |i: u64| {
-        NewEvent::new(
-            Some(format!("f{i}")),
-            "crash",
-            "s",
-            "crash.appended",
-            &json!({"i": i}),
-        )
-        .unwrap()
-    };
+    let ev = |i: u64| one("f", i);
     rt.block_on(engine.log().append(vec![ev(0)])).unwrap();
     store.set_available(Some(1000));
     let writes = store.writes() + disk.journal.writes();
@@ -445,14 +456,7 @@ fn short_of_space_refuses_writes_until_space_returns() {
         ),
         "{r:?}"
     );
-    let advance = Advance {
-        consumer_id: "c".into(),
-        stream_name: "crash".into(),
-        subject_id: String::new(),
-        last_sequence: 1,
-        delivery_id: "d1".into(),
-        expected_sequence: None,
-    };
+    let advance = advance_to(1);
     let r = rt.block_on(engine.execute(CursorCommand::Advance(advance.clone())));
     assert!(
         matches!(
@@ -513,7 +517,10 @@ fn every_group_commit_syncs_before_it_answers() {
     eprintln!("one-event appends: {per_sync:.2} syncs and {per_bytes:.0} bytes written per append");
     assert!(per_sync >= 1.0, "{per_sync} syncs per acknowledged append");
     // The lean commit: the journal's one sync per group (checkpoints come every 512 groups).
-    assert!(per_sync <= 1.01, "{per_sync} syncs per one-event append, more than one per group");
+    assert!(
+        per_sync <= 1.01,
+        "{per_sync} syncs per one-event append, more than one per group"
+    );
     rt.block_on(engine.close());
 }
 
@@ -525,16 +532,7 @@ fn enospc_on_the_journal_refuses_the_group_and_the_log_goes_on() {
     let rt = rt();
     let disk = Disk::default();
     let (engine, _) = Engine::open(&config(&disk, 8)).unwrap();
-    let ev = |i: u64| {
-        NewEvent::new(
-            Some(format!("n{i}")),
-            "crash",
-            "s",
-            "crash.appended",
-            &json!({"i": i}),
-        )
-        .unwrap()
-    };
+    let ev = |i: u64| one("n", i);
     rt.block_on(engine.log().append(vec![ev(0)])).unwrap();
     disk.journal.set_full(true);
     let r = rt.block_on(engine.log().append(vec![ev(1), ev(2)]));
@@ -556,4 +554,39 @@ fn enospc_on_the_journal_refuses_the_group_and_the_log_goes_on() {
         .collect();
     assert_eq!(ids, ["n0", "n3"]);
     rt.block_on(engine.close());
+}
+
+/// ENOSPC reported by the sync (copy-on-write filesystems, thin provisioning) may come after a
+/// complete record reached the disk: the log is poisoned rather than told the group was
+/// refused, and after a restart the group is wholly there or not at all.
+#[test]
+fn enospc_on_the_sync_poisons_and_the_group_is_all_or_nothing() {
+    let rt = rt();
+    for keep_unsynced in [false, true] {
+        let disk = Disk::default();
+        let (engine, _) = Engine::open(&config(&disk, 8)).unwrap();
+        rt.block_on(engine.log().append(vec![one("s", 0)])).unwrap();
+        disk.journal.fail_nth(
+            tidemark_log::fault::Op::Sync,
+            1,
+            std::io::ErrorKind::StorageFull,
+        );
+        let r = rt.block_on(engine.log().append(vec![one("s", 1), one("s", 2)]));
+        assert!(matches!(r, Err(AppendError::Storage(_))), "{r:?}");
+        assert!(engine.is_poisoned());
+        rt.block_on(engine.close());
+        drop(engine);
+        let (engine, _) = Engine::open(&config(&disk.crash(|_| keep_unsynced), 8)).unwrap();
+        let ids: Vec<String> = events_after(&engine, 0)
+            .into_iter()
+            .map(|e| e.event_id)
+            .collect();
+        let want: &[&str] = if keep_unsynced {
+            &["s0", "s1", "s2"]
+        } else {
+            &["s0"]
+        };
+        assert_eq!(ids, want);
+        rt.block_on(engine.close());
+    }
 }

@@ -120,21 +120,32 @@ impl FaultStore {
     /// What a disk would hold after a power loss now: the durable image plus the writes since
     /// the last sync for which `keep(i)` says so (`i` counts them in order). A new store.
     pub fn crash(&self, mut keep: impl FnMut(usize) -> bool) -> FaultStore {
+        self.crash_torn(|i, len| if keep(i) { len } else { 0 })
+    }
+
+    /// [`FaultStore::crash`] where a write may also be torn: `keep(i, len)` says how many of
+    /// the first bytes of unsynced write `i` (of `len` bytes) reached the disk.
+    pub fn crash_torn(&self, mut keep: impl FnMut(usize, usize) -> usize) -> FaultStore {
         let s = self.st();
         let mut image = s.durable.clone();
         for (i, p) in s.pending.iter().enumerate() {
-            if !keep(i) {
-                continue;
-            }
             match p {
                 Pending::Write(off, data) => {
-                    let end = *off as usize + data.len();
+                    let n = keep(i, data.len()).min(data.len());
+                    if n == 0 {
+                        continue;
+                    }
+                    let end = *off as usize + n;
                     if image.len() < end {
                         image.resize(end, 0);
                     }
-                    image[*off as usize..end].copy_from_slice(data);
+                    image[*off as usize..end].copy_from_slice(&data[..n]);
                 }
-                Pending::SetLen(len) => image.resize(*len as usize, 0),
+                Pending::SetLen(len) => {
+                    if keep(i, 1) > 0 {
+                        image.resize(*len as usize, 0);
+                    }
+                }
             }
         }
         FaultStore::from_image(image)
@@ -251,6 +262,13 @@ impl Store for FaultStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_crash_can_tear_a_write() {
+        let s = FaultStore::new();
+        s.write(0, b"abcd").unwrap();
+        assert_eq!(s.crash_torn(|_, _| 2).st().written, b"ab");
+    }
 
     #[test]
     fn a_crash_keeps_what_was_synced_and_what_it_is_told_to() {

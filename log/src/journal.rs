@@ -7,8 +7,9 @@
 //! them as they fold any missing event), so an acknowledged group is never lost.
 //!
 //! Record: `len: u32 LE` (of the body) ‖ `check: [u8; 8]` (blake3 of the body, first 8 bytes)
-//! ‖ body = `count: u32 LE` then per event `seq: u64 LE`, `len: u32 LE`, the stored envelope
-//! (the bytes of the events table). A torn or unchecked record ends the journal: it was never
+//! ‖ body = `log id: u64 LE` (the log the journal belongs to: a journal left by another log,
+//! or by the history before a restore, is not replayed) ‖ `count: u32 LE` then per event
+//! `seq: u64 LE`, `len: u32 LE`, the stored envelope (the bytes of the events table). A torn or unchecked record ends the journal: it was never
 //! synced, so nothing acknowledged is in it.
 //!
 //! The file is written full of zeros once (`prealloc` bytes) and then only overwritten: a
@@ -27,9 +28,20 @@ pub(crate) const CHECKPOINT_BYTES: u64 = 8 << 20;
 
 const HEADER: usize = 12;
 
+/// Why a record did not become durable. A failed write left no complete record (a torn one
+/// fails its check); a failed sync may have left a complete one on disk, so the group's
+/// outcome is unknown.
+#[derive(Debug)]
+pub(crate) enum AppendFailed {
+    Write(StorageError),
+    Sync(StorageError),
+}
+
 /// The journal file and where its next record goes.
 pub(crate) struct Journal {
     store: Arc<dyn Store>,
+    /// The log's id (in its `log_meta`), written into every record.
+    log_id: u64,
     end: u64,
     groups: u64,
     /// Checkpoint after this many group commits.
@@ -49,6 +61,7 @@ impl Journal {
     /// back), at least `prealloc` bytes long and written through.
     pub(crate) fn start(
         store: Arc<dyn Store>,
+        log_id: u64,
         every: u64,
         prealloc: u64,
     ) -> Result<Journal, StorageError> {
@@ -64,6 +77,7 @@ impl Journal {
         }
         let mut j = Journal {
             store,
+            log_id,
             end: 0,
             groups: 0,
             every: every.max(1),
@@ -77,9 +91,10 @@ impl Journal {
     pub(crate) fn append<'a>(
         &mut self,
         events: impl ExactSizeIterator<Item = (u64, &'a [u8])>,
-    ) -> Result<(), StorageError> {
+    ) -> Result<(), AppendFailed> {
         self.buf.clear();
         self.buf.extend_from_slice(&[0u8; HEADER]);
+        self.buf.extend_from_slice(&self.log_id.to_le_bytes());
         self.buf
             .extend_from_slice(&(events.len() as u32).to_le_bytes());
         for (seq, bytes) in events {
@@ -88,16 +103,20 @@ impl Journal {
                 .extend_from_slice(&(bytes.len() as u32).to_le_bytes());
             self.buf.extend_from_slice(bytes);
         }
-        let body_len = (self.buf.len() - HEADER) as u32;
+        let body_len = u32::try_from(self.buf.len() - HEADER).map_err(|_| {
+            AppendFailed::Write(StorageError::msg(
+                "a group too large for one journal record (over 4 GiB)",
+            ))
+        })?;
         let c = check(&self.buf[HEADER..]);
         self.buf[..4].copy_from_slice(&body_len.to_le_bytes());
         self.buf[4..HEADER].copy_from_slice(&c);
         self.store
             .write(self.end, &self.buf)
-            .map_err(|e| StorageError::new("writing the journal", e))?;
+            .map_err(|e| AppendFailed::Write(StorageError::new("writing the journal", e)))?;
         self.store
             .sync_data()
-            .map_err(|e| StorageError::new("syncing the journal", e))?;
+            .map_err(|e| AppendFailed::Sync(StorageError::new("syncing the journal", e)))?;
         self.end += self.buf.len() as u64;
         self.groups += 1;
         Ok(())
@@ -116,8 +135,8 @@ impl Journal {
     }
 }
 
-/// Every event of the journal's checked records, in order: (seq, stored bytes).
-pub(crate) fn read(store: &dyn Store) -> Result<Vec<(u64, Vec<u8>)>, StorageError> {
+/// Every event of the journal's checked records of log `log_id`, in order: (seq, stored bytes).
+pub(crate) fn read(store: &dyn Store, log_id: u64) -> Result<Vec<(u64, Vec<u8>)>, StorageError> {
     let len = store
         .len()
         .map_err(|e| StorageError::new("reading the journal", e))?;
@@ -135,11 +154,14 @@ pub(crate) fn read(store: &dyn Store) -> Result<Vec<(u64, Vec<u8>)>, StorageErro
         let Some(body) = data.get(start..start + body_len) else {
             break;
         };
-        if body.len() < 4 || check(body) != data[at + 4..at + HEADER] {
+        if body.len() < 12 || check(body) != data[at + 4..at + HEADER] {
             break;
         }
-        let count = u32::from_le_bytes(body[..4].try_into().expect("4")) as usize;
-        let mut p = 4;
+        if u64::from_le_bytes(body[..8].try_into().expect("8")) != log_id {
+            break;
+        }
+        let count = u32::from_le_bytes(body[8..12].try_into().expect("4")) as usize;
+        let mut p = 12;
         let mut events = Vec::with_capacity(count);
         for _ in 0..count {
             let seq = u64::from_le_bytes(
@@ -160,9 +182,10 @@ pub(crate) fn read(store: &dyn Store) -> Result<Vec<(u64, Vec<u8>)>, StorageErro
             events.push((seq, bytes.to_vec()));
             p += 12 + n;
         }
-        // A record of an earlier round (after a shorter later one): the journal ends here.
+        // Records follow each other seq by seq; anything else is a record of an earlier round
+        // (behind a shorter later one): the journal ends here.
         if let (Some((last, _)), Some((first, _))) = (out.last(), events.first())
-            && first <= last
+            && *first != last + 1
         {
             break;
         }
@@ -180,11 +203,15 @@ mod tests {
     #[test]
     fn records_read_back_and_a_torn_tail_ends_the_journal() {
         let f = FaultStore::new();
-        let mut j = Journal::start(Arc::new(f.clone()), 100, 0).unwrap();
+        let mut j = Journal::start(Arc::new(f.clone()), 42, 100, 0).unwrap();
         j.append([(1u64, &b"one"[..]), (2, &b"two"[..])].into_iter())
             .unwrap();
         j.append([(3u64, &b"three"[..])].into_iter()).unwrap();
-        let got = read(&f).unwrap();
+        let got = read(&f, 42).unwrap();
+        assert!(
+            read(&f, 43).unwrap().is_empty(),
+            "another log's journal is not replayed"
+        );
         assert_eq!(
             got,
             [
@@ -199,21 +226,21 @@ mod tests {
         let crashed = f.crash(|_| true);
         let len = crate::storage::Store::len(&crashed).unwrap();
         crate::storage::Store::set_len(&crashed, len - 2).unwrap();
-        assert_eq!(read(&crashed).unwrap().len(), 3);
+        assert_eq!(read(&crashed, 42).unwrap().len(), 3);
         // Starting over overwrites from the start; the older records behind it end the read.
         j.reset();
         j.append([(7u64, &b"seven"[..])].into_iter()).unwrap();
-        assert_eq!(read(&f).unwrap(), [(7, b"seven".to_vec())]);
+        assert_eq!(read(&f, 42).unwrap(), [(7, b"seven".to_vec())]);
     }
 
     #[test]
     fn a_preallocated_journal_reads_as_empty_and_is_only_overwritten() {
         let f = FaultStore::new();
-        let mut j = Journal::start(Arc::new(f.clone()), 100, 100_000).unwrap();
+        let mut j = Journal::start(Arc::new(f.clone()), 42, 100, 100_000).unwrap();
         assert_eq!(crate::storage::Store::len(&f).unwrap(), 100_000);
-        assert!(read(&f).unwrap().is_empty());
+        assert!(read(&f, 42).unwrap().is_empty());
         j.append([(1u64, &b"one"[..])].into_iter()).unwrap();
         assert_eq!(crate::storage::Store::len(&f).unwrap(), 100_000);
-        assert_eq!(read(&f).unwrap(), [(1, b"one".to_vec())]);
+        assert_eq!(read(&f, 42).unwrap(), [(1, b"one".to_vec())]);
     }
 }

@@ -40,6 +40,7 @@ mod codec;
 pub mod envelope;
 pub mod error;
 pub mod fault;
+mod ids;
 mod journal;
 pub mod storage;
 mod store;
@@ -263,6 +264,9 @@ impl Space {
 
 pub(crate) struct Shared {
     pub tail: RwLock<tail::Tail>,
+    /// The runs of the `event_id` index (replaced after a merge commits, before the tail
+    /// forgets what it merged).
+    pub ids: RwLock<ids::Runs>,
     /// Published head: every event with seq <= head is committed and indexed.
     pub head: watch::Sender<u64>,
     pub poisoned: Mutex<Option<StorageError>>,
@@ -317,6 +321,7 @@ impl Log {
         let (head_tx, _) = watch::channel(opened.head);
         let shared = Arc::new(Shared {
             tail: RwLock::new(opened.tail),
+            ids: RwLock::new(opened.runs),
             head: head_tx,
             poisoned: Mutex::new(None),
             poisoned_flag: AtomicBool::new(false),
@@ -522,7 +527,15 @@ impl Log {
             .copied();
         let seq = match in_tail {
             Some(seq) => Some(seq),
-            None => store::seq_of_id(&self.db, event_id)?,
+            None => {
+                let runs = self
+                    .shared
+                    .ids
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                store::seq_of_id(&self.db, &runs, event_id)?
+            }
         };
         match seq {
             // A group is indexed before its commit: past the head it is not acknowledged yet.

@@ -88,10 +88,15 @@ impl Storage {
         }
     }
 
-    /// The journal's store for a log at `path` (`journal` beside the file).
+    /// The journal's store for a log at `path` (`<path>.journal`, beside the file; the redb
+    /// file's lock keeps a second process away from both).
     pub(crate) fn journal(&self, path: &std::path::Path) -> io::Result<Arc<dyn Store>> {
         match self {
-            Storage::File => Ok(Arc::new(FileStore::open(&path.with_file_name("journal"))?)),
+            Storage::File => {
+                let mut name = path.as_os_str().to_owned();
+                name.push(".journal");
+                Ok(Arc::new(FileStore::open(std::path::Path::new(&name))?))
+            }
             Storage::Stores { journal, .. } => Ok(journal.clone()),
         }
     }

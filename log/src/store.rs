@@ -14,7 +14,6 @@ use crate::tail::Tail;
 /// seq -> stored envelope (see `codec`).
 pub(crate) const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
 /// event_id -> seq, for events up to `indexed_through`.
-pub(crate) const EVENT_IDS: TableDefinition<&str, u64> = TableDefinition::new("event_ids");
 /// (subject, seq) -> stream, for events up to `indexed_through`. Keyed by subject first because
 /// the common query is "everything about this task", which spans streams.
 pub(crate) const SUBJECTS: TableDefinition<(&str, u64), &str> = TableDefinition::new("subject_seq");
@@ -47,6 +46,8 @@ pub(crate) fn decode_event(seq: u64, bytes: &[u8]) -> Result<Event, ReadError> {
 /// What `open` found in the file.
 pub(crate) struct Opened {
     pub db: Database,
+    /// The runs of the `event_id` index.
+    pub runs: crate::ids::Runs,
     /// The journal, started over once its records are back in the events table.
     pub journal: crate::journal::Journal,
     /// Events put back from the journal at this open.
@@ -95,7 +96,10 @@ pub(crate) fn open(
     {
         let txn = db.begin_write().map_err(|e| st(e.into()))?;
         txn.open_table(EVENTS).map_err(|e| st(e.into()))?;
-        txn.open_table(EVENT_IDS).map_err(|e| st(e.into()))?;
+        txn.open_table(crate::ids::LEGACY)
+            .map_err(|e| st(e.into()))?;
+        txn.open_table(crate::ids::FILTERS)
+            .map_err(|e| st(e.into()))?;
         txn.open_table(SUBJECTS).map_err(|e| st(e.into()))?;
         txn.open_table(META).map_err(|e| st(e.into()))?;
         txn.commit().map_err(|e| st(e.into()))?;
@@ -105,7 +109,8 @@ pub(crate) fn open(
     let journal_store = store
         .journal(path)
         .map_err(|e| OpenError::Storage(StorageError::new("opening the journal", e)))?;
-    let replayed = replay(&db, &*journal_store).map_err(OpenError::Storage)?;
+    let log_id = log_id(&db).map_err(OpenError::Storage)?;
+    let replayed = replay(&db, &*journal_store, log_id).map_err(OpenError::Storage)?;
     if replayed > 0 {
         tracing::warn!(
             events = replayed,
@@ -113,7 +118,7 @@ pub(crate) fn open(
         );
     }
     let journal =
-        crate::journal::Journal::start(journal_store, checkpoint_groups, journal_prealloc)
+        crate::journal::Journal::start(journal_store, log_id, checkpoint_groups, journal_prealloc)
             .map_err(OpenError::Storage)?;
     let txn = db.begin_read().map_err(|e| st(e.into()))?;
     let events = txn.open_table(EVENTS).map_err(|e| st(e.into()))?;
@@ -154,8 +159,10 @@ pub(crate) fn open(
     }
     drop(events);
     drop(meta);
+    let runs = crate::ids::Runs::load(&txn).map_err(OpenError::Storage)?;
     drop(txn);
     Ok(Opened {
+        runs,
         db,
         journal,
         replayed,
@@ -327,14 +334,15 @@ pub(crate) fn read(
 }
 
 /// The seq of `event_id` in the merged `event_id` index (the newest events are in the tail).
-pub(crate) fn seq_of_id(db: &Database, event_id: &str) -> Result<Option<u64>, ReadError> {
-    let st = |e: redb::Error| ReadError::Storage(storage(e));
-    let txn = db.begin_read().map_err(|e| st(e.into()))?;
-    let ids = txn.open_table(EVENT_IDS).map_err(|e| st(e.into()))?;
-    Ok(ids
-        .get(event_id)
-        .map_err(|e| st(e.into()))?
-        .map(|g| g.value()))
+pub(crate) fn seq_of_id(
+    db: &Database,
+    runs: &crate::ids::Runs,
+    event_id: &str,
+) -> Result<Option<u64>, ReadError> {
+    let txn = db
+        .begin_read()
+        .map_err(|e| ReadError::Storage(storage(e)))?;
+    runs.lookup(&txn, event_id).map_err(ReadError::Storage)
 }
 
 pub(crate) fn get(db: &Database, seq: u64) -> Result<Option<Event>, ReadError> {
@@ -349,8 +357,12 @@ pub(crate) fn get(db: &Database, seq: u64) -> Result<Option<Event>, ReadError> {
 
 /// Put the journal's events past the events table's last seq back into it, in one durable
 /// commit; how many. A journal that skips a seq is refused: it would leave a gap (I1).
-fn replay(db: &Database, journal: &dyn crate::storage::Store) -> Result<u64, StorageError> {
-    let records = crate::journal::read(journal)?;
+fn replay(
+    db: &Database,
+    journal: &dyn crate::storage::Store,
+    log_id: u64,
+) -> Result<u64, StorageError> {
+    let records = crate::journal::read(journal, log_id)?;
     if records.is_empty() {
         return Ok(0);
     }
@@ -382,4 +394,25 @@ fn replay(db: &Database, journal: &dyn crate::storage::Store) -> Result<u64, Sto
     }
     txn.commit().map_err(storage)?;
     Ok(n)
+}
+
+/// The log's identity, made at its first open: its journal records carry it, so a journal
+/// left beside another log (or by the history before a restore) is never replayed into it.
+fn log_id(db: &Database) -> Result<u64, StorageError> {
+    const KEY: &str = "log_id";
+    let txn = db.begin_write().map_err(storage)?;
+    let id = {
+        let mut meta = txn.open_table(META).map_err(storage)?;
+        let found = meta.get(KEY).map_err(storage)?.map(|g| g.value());
+        match found {
+            Some(id) => id,
+            None => {
+                let id = uuid::Uuid::now_v7().as_u64_pair().1 | 1;
+                meta.insert(KEY, id).map_err(storage)?;
+                id
+            }
+        }
+    };
+    txn.commit().map_err(storage)?;
+    Ok(id)
 }

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::codec::{self, StoredV1};
 use crate::envelope::{Event, NewEvent};
 use crate::error::{AppendError, CommandError, StorageError, storage};
-use crate::store::{EVENT_IDS, EVENTS, META, META_INDEXED_THROUGH, SUBJECTS};
+use crate::store::{EVENTS, META, META_INDEXED_THROUGH, SUBJECTS};
 use crate::tail::Tail;
 use crate::time::now_micros;
 use crate::{AppendReceipt, Appended, CommitHook, Expect, Shared};
@@ -88,6 +88,18 @@ pub(crate) struct Writer {
     pub hooks: Vec<Box<dyn CommitHook>>,
 }
 
+/// The stored form of an accepted event, stamped with its group's time.
+fn stored(ev: &NewEvent, time_us: i64) -> StoredV1<'_> {
+    StoredV1 {
+        event_id: ev.event_id.as_deref().unwrap_or_default(),
+        stream: &ev.stream,
+        subject: &ev.subject,
+        event_type: &ev.event_type,
+        time_us,
+        payload: ev.payload_bytes(),
+    }
+}
+
 /// Run a command with the log's tables closed, so it may open them itself.
 fn run_command(
     tables: &mut Option<LogTables<'_>>,
@@ -101,7 +113,6 @@ fn run_command(
 
 struct LogTables<'t> {
     events: redb::Table<'t, u64, &'static [u8]>,
-    ids: redb::Table<'t, &'static str, u64>,
 }
 
 struct Pending {
@@ -289,8 +300,9 @@ impl Writer {
             Err(e) => return fail_all(group, AppendError::Storage(e)),
         };
         // The journal record is the group's durable point; redb's commit only makes it visible
-        // (a checkpoint makes redb durable every `journal::CHECKPOINT_*`).
-        let _ = durable;
+        // (a checkpoint makes redb durable every `journal::CHECKPOINT_*`). A durable command
+        // that appends nothing (a rebuild chunk) has no record: its own commit is made
+        // durable below, and is a checkpoint.
         txn.set_quick_repair(false);
         let _ = txn.set_durability(redb::Durability::None);
         let time_us = now_micros().max(self.last_time_us);
@@ -321,35 +333,32 @@ impl Writer {
             let mut records = Vec::with_capacity(staged.len());
             for (seq, ev) in &staged {
                 let mut b = Vec::with_capacity(64 + ev.payload_bytes().len());
-                codec::encode(
-                    &StoredV1 {
-                        event_id: ev.event_id.as_deref().unwrap_or_default(),
-                        stream: &ev.stream,
-                        subject: &ev.subject,
-                        event_type: &ev.event_type,
-                        time_us,
-                        payload: ev.payload_bytes(),
-                    },
-                    &mut b,
-                );
+                codec::encode(&stored(ev, time_us), &mut b);
                 records.push((*seq, b));
             }
-            if let Err(why) = self
+            if let Err(failed) = self
                 .journal
                 .append(records.iter().map(|(s, b)| (*s, b.as_slice())))
             {
-                // The group is not durable: abort it (redb rolls the transaction back, the
-                // projector keeps no state outside it). A full disk refuses the group and the
-                // log goes on once space returns (I10); any other failure poisons it.
+                // The group is not acknowledged: abort it (redb rolls the transaction back, the
+                // projector keeps no state outside it). A write refused for a full disk left
+                // no complete record: the group is refused and the log goes on once space
+                // returns (I10). Any other failure — a failed sync may have left a complete
+                // record — poisons the log; the group's outcome is then unknown until a
+                // restart (it is wholly in the log, or not at all).
                 drop(txn);
-                let refusal = if why.is_storage_full() {
-                    AppendError::InsufficientStorage {
-                        available: self.space.storage.available(&self.space.path).unwrap_or(0),
-                        min_free: self.space.min_free,
+                let refusal = match failed {
+                    crate::journal::AppendFailed::Write(why) if why.is_storage_full() => {
+                        AppendError::InsufficientStorage {
+                            available: self.space.storage.available(&self.space.path).unwrap_or(0),
+                            min_free: self.space.min_free,
+                        }
                     }
-                } else {
-                    self.poison(why.clone());
-                    AppendError::Storage(why)
+                    crate::journal::AppendFailed::Write(why)
+                    | crate::journal::AppendFailed::Sync(why) => {
+                        self.poison(why.clone());
+                        AppendError::Storage(why)
+                    }
                 };
                 for p in pending {
                     p.reply.err(refusal.clone());
@@ -366,6 +375,11 @@ impl Writer {
                 let id = ev.event_id.as_deref().unwrap_or_default();
                 tail.insert(*seq, id, &ev.stream, &ev.subject);
             }
+        }
+        let checkpoint = durable && staged.is_empty();
+        if checkpoint {
+            let _ = txn.set_durability(redb::Durability::Immediate);
+            txn.set_quick_repair(self.quick_repair);
         }
         if let Err(e) = txn.commit() {
             let why = storage(e);
@@ -384,6 +398,9 @@ impl Writer {
                 events: p.results,
                 last_seq: new_head,
             });
+        }
+        if checkpoint {
+            self.journal.reset();
         }
         let tail_len = self.shared.tail.read().map(|t| t.len()).unwrap_or(0);
         if tail_len >= self.merge_threshold {
@@ -449,43 +466,33 @@ impl Writer {
             if tables.is_none() {
                 tables = Some(LogTables {
                     events: txn.open_table(EVENTS).map_err(storage)?,
-                    ids: txn.open_table(EVENT_IDS).map_err(storage)?,
                 });
             }
             let t = tables.as_mut().expect("opened above");
             // The condition is judged on the log as it stands before this request (the group's
             // earlier requests included); it matters only when the request adds events.
             let failed = self.expectation_failed(txn, &tail, &expect, staged)?;
-            let results = match self.stage_request(t, &tail, events, staged, &mut staged_ids)? {
-                Ok(_) if failed.is_some() && staged.len() > base => {
-                    for (_, undone) in staged.drain(base..) {
-                        staged_ids.remove(undone.event_id.as_deref().unwrap_or_default());
+            let results =
+                match self.stage_request(txn, t, &tail, events, staged, &mut staged_ids)? {
+                    Ok(_) if failed.is_some() && staged.len() > base => {
+                        for (_, undone) in staged.drain(base..) {
+                            staged_ids.remove(undone.event_id.as_deref().unwrap_or_default());
+                        }
+                        reply.err(failed.expect("checked above"));
+                        continue;
                     }
-                    reply.err(failed.expect("checked above"));
-                    continue;
-                }
-                Ok(results) => results,
-                Err(conflict) => {
-                    for (_, undone) in staged.drain(base..) {
-                        staged_ids.remove(undone.event_id.as_deref().unwrap_or_default());
+                    Ok(results) => results,
+                    Err(conflict) => {
+                        for (_, undone) in staged.drain(base..) {
+                            staged_ids.remove(undone.event_id.as_deref().unwrap_or_default());
+                        }
+                        reply.err(conflict);
+                        continue;
                     }
-                    reply.err(conflict);
-                    continue;
-                }
-            };
+                };
             {
                 for (seq, ev) in &staged[base..] {
-                    codec::encode(
-                        &StoredV1 {
-                            event_id: ev.event_id.as_deref().unwrap_or_default(),
-                            stream: &ev.stream,
-                            subject: &ev.subject,
-                            event_type: &ev.event_type,
-                            time_us,
-                            payload: ev.payload_bytes(),
-                        },
-                        &mut self.buf,
-                    );
+                    codec::encode(&stored(ev, time_us), &mut self.buf);
                     t.events
                         .insert(*seq, self.buf.as_slice())
                         .map_err(storage)?;
@@ -542,13 +549,15 @@ impl Writer {
     /// The inner `Err` is a conflict (the caller undoes what was staged).
     fn stage_request(
         &self,
+        txn: &WriteTransaction,
         t: &LogTables<'_>,
         tail: &Tail,
         events: Vec<NewEvent>,
         staged: &mut Vec<(u64, NewEvent)>,
         staged_ids: &mut HashMap<String, usize>,
     ) -> Result<Result<Vec<Appended>, AppendError>, StorageError> {
-        let (events_t, ids_t) = (&t.events, &t.ids);
+        let events_t = &t.events;
+        let runs = self.shared.ids.read().unwrap_or_else(|p| p.into_inner());
         let mut results = Vec::with_capacity(events.len());
         for ev in events {
             let id = ev.event_id.clone().unwrap_or_default();
@@ -556,10 +565,7 @@ impl Writer {
                 Some(&i) => Some(Found::Group(i)),
                 None => match tail.ids.get(&id) {
                     Some(&seq) => Some(Found::Log(seq)),
-                    None => ids_t
-                        .get(id.as_str())
-                        .map_err(storage)?
-                        .map(|g| Found::Log(g.value())),
+                    None => runs.lookup(txn, id.as_str())?.map(Found::Log),
                 },
             };
             let dup_of = match found {
@@ -608,16 +614,20 @@ impl Writer {
         let started = std::time::Instant::now();
         let txn = self.begin()?;
         let n;
+        let next_runs;
         {
             let tail = self.shared.tail.read().unwrap_or_else(|p| p.into_inner());
             n = tail.len();
             let mut ids: Vec<(&str, u64)> =
                 tail.ids.iter().map(|(k, v)| (k.as_str(), *v)).collect();
             ids.sort_unstable();
-            let mut ids_t = txn.open_table(EVENT_IDS).map_err(storage)?;
-            for (id, seq) in ids {
-                ids_t.insert(id, seq).map_err(storage)?;
-            }
+            let current = self
+                .shared
+                .ids
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            next_runs = current.add(&txn, &ids)?;
             let mut subjects: Vec<_> = tail
                 .subjects
                 .iter()
@@ -638,6 +648,9 @@ impl Writer {
         // tables with the old tail or the new tables with the new tail.
         let mut tail = self.shared.tail.write().unwrap_or_else(|p| p.into_inner());
         txn.commit().map_err(storage)?;
+        // The new runs before the tail forgets: a reader that misses in the tail finds the id
+        // in the runs.
+        *self.shared.ids.write().unwrap_or_else(|p| p.into_inner()) = next_runs;
         tail.merged(self.head);
         tracing::debug!(
             events = n,
