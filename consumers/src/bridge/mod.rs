@@ -90,6 +90,13 @@ pub fn scan(engine: &Engine, sub: &Subscription, all: bool) -> Result<Scan, Stor
             })
             .map_err(StorageError::of)?;
         for ev in page.events {
+            // The task row and the events are read in two transactions: an event committed
+            // between them is newer than the row it would be judged against (a false
+            // mismatch). Judge only what the row has seen; the follower's next page brings the
+            // rest.
+            if task.as_ref().is_some_and(|t| ev.seq > t.latest_event_seq) {
+                return Ok(out);
+            }
             let (decision, reason) = bridges::decide(task.as_ref(), &ev);
             if decision == Decision::Skip {
                 continue;
