@@ -343,7 +343,6 @@ impl Log {
             quick_repair: cfg.quick_repair,
             space: space.clone(),
             journal: opened.journal,
-            buf: Vec::with_capacity(1024),
             hooks,
         };
         w.recover_hooks().map_err(OpenError::Storage)?;
@@ -528,12 +527,7 @@ impl Log {
         let seq = match in_tail {
             Some(seq) => Some(seq),
             None => {
-                let runs = self
-                    .shared
-                    .ids
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone();
+                let runs = self.shared.ids.read().unwrap_or_else(|p| p.into_inner());
                 store::seq_of_id(&self.db, &runs, event_id)?
             }
         };

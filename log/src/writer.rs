@@ -84,7 +84,6 @@ pub(crate) struct Writer {
     pub space: crate::Space,
     /// The lean commit's durable point (see `journal`).
     pub journal: crate::journal::Journal,
-    pub buf: Vec<u8>,
     pub hooks: Vec<Box<dyn CommitHook>>,
 }
 
@@ -309,7 +308,17 @@ impl Writer {
         let only_appends = group.iter().all(|i| matches!(i, Item::Append(..)));
         let mut staged: Vec<(u64, NewEvent)> = Vec::new();
         let mut pending: Vec<Pending> = Vec::new();
-        let result = self.stage_group(&txn, group, time_us, &mut staged, &mut pending);
+        // The stored bytes of the staged events, encoded once: for the events table and for
+        // the journal record.
+        let mut records: Vec<(u64, Vec<u8>)> = Vec::new();
+        let result = self.stage_group(
+            &txn,
+            group,
+            time_us,
+            &mut staged,
+            &mut records,
+            &mut pending,
+        );
         if let Err(e) = result {
             drop(txn);
             self.poison(e.clone());
@@ -329,42 +338,35 @@ impl Writer {
             }
             return;
         }
-        if !staged.is_empty() {
-            let mut records = Vec::with_capacity(staged.len());
-            for (seq, ev) in &staged {
-                let mut b = Vec::with_capacity(64 + ev.payload_bytes().len());
-                codec::encode(&stored(ev, time_us), &mut b);
-                records.push((*seq, b));
-            }
-            if let Err(failed) = self
+        if !records.is_empty()
+            && let Err(failed) = self
                 .journal
                 .append(records.iter().map(|(s, b)| (*s, b.as_slice())))
-            {
-                // The group is not acknowledged: abort it (redb rolls the transaction back, the
-                // projector keeps no state outside it). A write refused for a full disk left
-                // no complete record: the group is refused and the log goes on once space
-                // returns (I10). Any other failure — a failed sync may have left a complete
-                // record — poisons the log; the group's outcome is then unknown until a
-                // restart (it is wholly in the log, or not at all).
-                drop(txn);
-                let refusal = match failed {
-                    crate::journal::AppendFailed::Write(why) if why.is_storage_full() => {
-                        AppendError::InsufficientStorage {
-                            available: self.space.storage.available(&self.space.path).unwrap_or(0),
-                            min_free: self.space.min_free,
-                        }
+        {
+            // The group is not acknowledged: abort it (redb rolls the transaction back, the
+            // projector keeps no state outside it). A write refused for a full disk left
+            // no complete record: the group is refused and the log goes on once space
+            // returns (I10). Any other failure — a failed sync may have left a complete
+            // record — poisons the log; the group's outcome is then unknown until a
+            // restart (it is wholly in the log, or not at all).
+            drop(txn);
+            let refusal = match failed {
+                crate::journal::AppendFailed::Write(why) if why.is_storage_full() => {
+                    AppendError::InsufficientStorage {
+                        available: self.space.storage.available(&self.space.path).unwrap_or(0),
+                        min_free: self.space.min_free,
                     }
-                    crate::journal::AppendFailed::Write(why)
-                    | crate::journal::AppendFailed::Sync(why) => {
-                        self.poison(why.clone());
-                        AppendError::Storage(why)
-                    }
-                };
-                for p in pending {
-                    p.reply.err(refusal.clone());
                 }
-                return;
+                crate::journal::AppendFailed::Write(why)
+                | crate::journal::AppendFailed::Sync(why) => {
+                    self.poison(why.clone());
+                    AppendError::Storage(why)
+                }
+            };
+            for p in pending {
+                p.reply.err(refusal.clone());
             }
+            return;
         }
         // Index the group before it becomes visible, so any read transaction that sees these
         // events finds them in the tail (readers never look past their transaction's last
@@ -427,6 +429,7 @@ impl Writer {
         group: Vec<Item>,
         time_us: i64,
         staged: &mut Vec<(u64, NewEvent)>,
+        records: &mut Vec<(u64, Vec<u8>)>,
         pending: &mut Vec<Pending>,
     ) -> Result<(), StorageError> {
         let mut staged_ids: HashMap<String, usize> = HashMap::new();
@@ -492,10 +495,10 @@ impl Writer {
                 };
             {
                 for (seq, ev) in &staged[base..] {
-                    codec::encode(&stored(ev, time_us), &mut self.buf);
-                    t.events
-                        .insert(*seq, self.buf.as_slice())
-                        .map_err(storage)?;
+                    let mut b = Vec::with_capacity(64 + ev.payload_bytes().len());
+                    codec::encode(&stored(ev, time_us), &mut b);
+                    t.events.insert(*seq, b.as_slice()).map_err(storage)?;
+                    records.push((*seq, b));
                 }
             }
             if !self.hooks.is_empty() && staged.len() > base {
@@ -621,12 +624,7 @@ impl Writer {
             let mut ids: Vec<(&str, u64)> =
                 tail.ids.iter().map(|(k, v)| (k.as_str(), *v)).collect();
             ids.sort_unstable();
-            let current = self
-                .shared
-                .ids
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
+            let current = self.shared.ids.read().unwrap_or_else(|p| p.into_inner());
             next_runs = current.add(&txn, &ids)?;
             let mut subjects: Vec<_> = tail
                 .subjects
