@@ -313,17 +313,28 @@ pub(crate) async fn get_json(
     http: &reqwest::Client,
     url: &str,
 ) -> Result<serde_json::Value, String> {
-    let resp = http
-        .get(url)
+    let text = send_text(http.get(url), |status, text| {
+        format!("server answered {status}: {text}")
+    })
+    .await?;
+    serde_json::from_str(&text).map_err(|e| e.to_string())
+}
+
+/// Send `rb` and read the answer: its body when it is a success, else `failed(status, body)`.
+pub(crate) async fn send_text(
+    rb: reqwest::RequestBuilder,
+    failed: impl FnOnce(reqwest::StatusCode, &str) -> String,
+) -> Result<String, String> {
+    let resp = rb
         .send()
         .await
         .map_err(|e| format!("cannot reach the server: {e}"))?;
     let status = resp.status();
     let text = resp.text().await.map_err(|e| e.to_string())?;
     if !status.is_success() {
-        return Err(format!("server answered {status}: {text}"));
+        return Err(failed(status, &text));
     }
-    serde_json::from_str(&text).map_err(|e| e.to_string())
+    Ok(text)
 }
 
 /// Percent-encode a query or path value.

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use super::{
     CliResult, CursorsAction, CursorsArgs, DeliveriesAction, DeliveriesArgs, ProjectionsAction,
-    ProjectionsArgs, client, enc, get_json,
+    ProjectionsArgs, client, enc, get_json, send_text,
 };
 
 pub(crate) async fn projections(a: ProjectionsArgs) -> CliResult {
@@ -142,17 +142,10 @@ async fn operator_action(
     if let Some(r) = reason {
         body["reason"] = serde_json::Value::String(r);
     }
-    let resp = http
-        .post(&url)
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| format!("cannot reach the server: {e}"))?;
-    let status = resp.status();
-    let text = resp.text().await.map_err(|e| e.to_string())?;
-    if !status.is_success() {
-        return Err(format!("{action} {id} failed ({status}): {text}"));
-    }
+    let text = send_text(http.post(&url).json(&body), |status, text| {
+        format!("{action} {id} failed ({status}): {text}")
+    })
+    .await?;
     println!("{text}");
     Ok(())
 }
@@ -197,17 +190,11 @@ pub(crate) async fn cursors(a: CursorsArgs) -> CliResult {
                 "consumer_id": consumer, "stream_name": stream, "subject_id": subject,
                 "last_sequence": to, "reason": reason,
             });
-            let resp = http
-                .post(format!("{base}/v1/cursors/reset"))
-                .json(&body)
-                .send()
-                .await
-                .map_err(|e| format!("cannot reach the server: {e}"))?;
-            let status = resp.status();
-            let text = resp.text().await.map_err(|e| e.to_string())?;
-            if !status.is_success() {
-                return Err(format!("reset failed ({status}): {text}"));
-            }
+            let rb = http.post(format!("{base}/v1/cursors/reset")).json(&body);
+            let text = send_text(rb, |status, text| {
+                format!("reset failed ({status}): {text}")
+            })
+            .await?;
             println!("{text}");
             Ok(())
         }
