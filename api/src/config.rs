@@ -44,6 +44,9 @@ pub struct LogSettings {
     /// Free space kept in reserve where the log lives ("64MiB", "1GiB", or bytes): under it,
     /// appends and commands are refused with 507 (spec section 1, I10).
     pub min_free: String,
+    /// Memory for the `event_id` index's filter pages ("32MiB"); the filters are on disk, so
+    /// memory stays flat as the log grows (I9).
+    pub id_filter_cache: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -149,6 +152,12 @@ impl Config {
                 self.log.min_free
             ));
         }
+        if parse_size(&self.log.id_filter_cache).is_none() {
+            return bad(format!(
+                "log.id_filter_cache {:?} is not a size (e.g. \"32MiB\", or bytes)",
+                self.log.id_filter_cache
+            ));
+        }
         tidemark_projections::routing::RoutingSettings::from_json(&self.notification_settings())
             .map_err(ConfigError::Invalid)?;
         Ok(())
@@ -167,6 +176,9 @@ impl Config {
         c.queue_capacity = self.log.queue_capacity.max(1);
         c.quick_repair = self.log.quick_repair;
         c.min_free = parse_size(&self.log.min_free).unwrap_or(c.min_free);
+        c.id_filter_cache = parse_size(&self.log.id_filter_cache)
+            .map(|b| b as usize)
+            .unwrap_or(c.id_filter_cache);
         c
     }
 }

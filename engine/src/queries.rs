@@ -61,41 +61,41 @@ impl Queries {
 
     /// Every projection with its checkpoint, lag behind the head and digest.
     pub fn projections(&self) -> R<Vec<ProjectionInfo>> {
-        read::projections(self.log.db(), self.log.head())
+        read::projections(&self.log.db(), self.log.head())
     }
 
     pub fn task(&self, task_id: &str) -> R<Option<Task>> {
-        read::task(self.log.db(), task_id)
+        read::task(&self.log.db(), task_id)
     }
 
     /// A page of tasks and the cursor of the next page.
     pub fn tasks(&self, f: &TaskFilter) -> R<(Vec<Task>, Option<String>)> {
-        read::tasks(self.log.db(), f)
+        read::tasks(&self.log.db(), f)
     }
 
     /// Notifications newest first and the `before_seq` of the next page.
     pub fn notifications(&self, f: &NotificationFilter) -> R<(Vec<Notification>, Option<u64>)> {
-        read::notifications(self.log.db(), f)
+        read::notifications(&self.log.db(), f)
     }
 
     /// The highest source seq the notification router has derived from.
     pub fn router_checkpoint(&self) -> R<u64> {
-        read::router_checkpoint(self.log.db())
+        read::router_checkpoint(&self.log.db())
     }
 
     /// The notification settings last recorded in the log.
     pub fn current_settings(&self) -> R<Option<serde_json::Value>> {
-        read::current_settings(self.log.db())
+        read::current_settings(&self.log.db())
     }
 
     /// One delivery and its timeline.
     pub fn delivery(&self, id: &str) -> R<Option<(Delivery, Vec<Step>)>> {
-        read::delivery(self.log.db(), id)
+        read::delivery(&self.log.db(), id)
     }
 
     /// A page of deliveries and the id to continue after.
     pub fn deliveries(&self, f: &DeliveryFilter) -> R<(Vec<Delivery>, Option<String>)> {
-        read::deliveries(self.log.db(), f)
+        read::deliveries(&self.log.db(), f)
     }
 
     /// Outbox KPIs overall and per sink, judged at `now_us`.
@@ -105,46 +105,46 @@ impl Queries {
         stuck_after_ms: u64,
         interval_ms: u64,
     ) -> R<(Kpis, BTreeMap<String, Kpis>)> {
-        read::kpis(self.log.db(), now_us, stuck_after_ms, interval_ms)
+        read::kpis(&self.log.db(), now_us, stuck_after_ms, interval_ms)
     }
 
     /// Deliveries not yet sent, skipped, cancelled or discarded.
     pub fn pending_deliveries(&self) -> R<u64> {
-        read::pending_deliveries(self.log.db())
+        read::pending_deliveries(&self.log.db())
     }
 
     /// The seq of the last notification or cancellation routing has handled.
     pub fn routing_checkpoint(&self) -> R<u64> {
-        read::routing_checkpoint(self.log.db())
+        read::routing_checkpoint(&self.log.db())
     }
 
     /// A cursor, or its zero state.
     pub fn cursor(&self, consumer_id: &str, stream_name: &str, subject_id: &str) -> R<Cursor> {
-        read::cursor(self.log.db(), consumer_id, stream_name, subject_id)
+        read::cursor(&self.log.db(), consumer_id, stream_name, subject_id)
     }
 
     /// Cursors (of one consumer), at most `limit`.
     pub fn cursors(&self, consumer_id: Option<&str>, limit: usize) -> R<Vec<Cursor>> {
-        read::cursors(self.log.db(), consumer_id, limit)
+        read::cursors(&self.log.db(), consumer_id, limit)
     }
 
     pub fn subscription(&self, id: &str) -> R<Option<Subscription>> {
-        read::subscription(self.log.db(), id)
+        read::subscription(&self.log.db(), id)
     }
 
     /// Active subscriptions of a task.
     pub fn task_subscriptions(&self, task_id: &str) -> R<Vec<Subscription>> {
-        read::task_subscriptions(self.log.db(), task_id)
+        read::task_subscriptions(&self.log.db(), task_id)
     }
 
     /// Active subscriptions of a bridge.
     pub fn bridge_subscriptions(&self, bridge_id: &str) -> R<Vec<Subscription>> {
-        read::bridge_subscriptions(self.log.db(), bridge_id)
+        read::bridge_subscriptions(&self.log.db(), bridge_id)
     }
 
     /// Every active subscription.
     pub fn all_active_subscriptions(&self) -> R<Vec<Subscription>> {
-        read::all_active_subscriptions(self.log.db())
+        read::all_active_subscriptions(&self.log.db())
     }
 
     /// Every cursor, and every active bridge subscription's cursor (zero or not), with its lag

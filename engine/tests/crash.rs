@@ -590,3 +590,112 @@ fn enospc_on_the_sync_poisons_and_the_group_is_all_or_nothing() {
         rt.block_on(engine.close());
     }
 }
+
+/// A disk that fills up inside redb (past the `min_free` check, e.g. another process took the
+/// last space): the redb commit fails with ENOSPC, and redb refuses every later call until it
+/// is reopened. Appends are refused with `InsufficientStorage` (not poisoned); once space
+/// returns the writer reopens the log in process by itself — no request needed, no restart —
+/// and every acknowledged event is there, the unanswered group wholly or not at all.
+#[test]
+fn enospc_inside_redb_reopens_the_log_in_process_once_space_returns() {
+    let rt = rt();
+    let disk = Disk::default();
+    let (engine, _) = Engine::open(&config(&disk, 8)).unwrap();
+    let mut acked: Vec<String> = Vec::new();
+    let mut unknown: Vec<String> = Vec::new();
+    for i in 0..4 {
+        rt.block_on(engine.log().append(vec![one("r", i)])).unwrap();
+        acked.push(format!("r{i}"));
+    }
+    disk.db.set_full(true);
+    // Appends go on (the journal takes them) until a merge's redb commit has to grow the file.
+    let batch = |i: u64| -> Vec<NewEvent> {
+        (0..20)
+            .map(|k| {
+                NewEvent::new(
+                    Some(format!("r{i}.{k}")),
+                    "crash",
+                    "s",
+                    "crash.appended",
+                    &json!({"pad": "x".repeat(2000)}),
+                )
+                .unwrap()
+            })
+            .collect()
+    };
+    let ids =
+        |b: &[NewEvent]| -> Vec<String> { b.iter().map(|e| e.event_id.clone().unwrap()).collect() };
+    let mut refused = None;
+    for i in 4..2000 {
+        let b = batch(i);
+        let names = ids(&b);
+        match rt.block_on(engine.log().append(b)) {
+            Ok(_) => acked.extend(names),
+            Err(AppendError::Storage(why)) => {
+                // The group's journal record may be durable: its outcome is unknown.
+                assert!(why.is_storage_full(), "{why}");
+                unknown.extend(names);
+            }
+            Err(e) => {
+                refused = Some((i, e));
+                break;
+            }
+        }
+    }
+    let (i, e) = refused.expect("a full disk refuses appends");
+    eprintln!(
+        "full inside redb after {} acknowledged events ({} of unknown outcome, batch {i})",
+        acked.len(),
+        unknown.len()
+    );
+    assert!(
+        matches!(e, AppendError::InsufficientStorage { .. }),
+        "{e:?}"
+    );
+    assert!(!engine.is_poisoned(), "a full disk does not poison");
+    assert!(
+        engine.check_space().is_err(),
+        "health reports the full disk"
+    );
+    let r = rt.block_on(engine.log().append(batch(i)));
+    assert!(
+        matches!(r, Err(AppendError::InsufficientStorage { .. })),
+        "{r:?}"
+    );
+    disk.db.set_full(false);
+    // The writer looks for space every 250 ms: recovered without any request (5 s, 5× slack).
+    let started = std::time::Instant::now();
+    while engine.check_space().is_err() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(25),
+            "not reopened 25 s after space returned"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let r = rt
+        .block_on(engine.log().append(vec![one("r", 1000)]))
+        .unwrap();
+    acked.push("r1000".into());
+    let check = |engine: &Engine, last_seq: Option<u64>| {
+        let evs = events_after(engine, 0);
+        let seqs: Vec<u64> = evs.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, (1..=evs.len() as u64).collect::<Vec<_>>(), "dense");
+        if let Some(last) = last_seq {
+            assert_eq!(last, evs.len() as u64);
+        }
+        let ids: Vec<String> = evs.into_iter().map(|e| e.event_id).collect();
+        let got: Vec<&String> = ids.iter().filter(|id| !unknown.contains(id)).collect();
+        let want: Vec<&String> = acked.iter().collect();
+        assert_eq!(
+            got, want,
+            "every acknowledged event, in order, nothing refused"
+        );
+    };
+    check(&engine, Some(r.last_seq));
+    rt.block_on(engine.close());
+    drop(engine);
+    // And after a power loss now.
+    let (engine, _) = Engine::open(&config(&disk.crash(|_| false), 8)).unwrap();
+    check(&engine, None);
+    rt.block_on(engine.close());
+}

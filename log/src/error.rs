@@ -45,9 +45,7 @@ impl StorageError {
             .as_deref()
             .map(|s| s as &(dyn std::error::Error + 'static));
         while let Some(e) = cur {
-            if e.downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::StorageFull)
-            {
+            if io_of(e).is_some_and(|io| io.kind() == std::io::ErrorKind::StorageFull) {
                 return true;
             }
             cur = e.source();
@@ -65,6 +63,39 @@ impl StorageError {
         };
         self
     }
+}
+
+/// The OS error inside `e`: an `io::Error`, or one that redb wraps (redb's errors do not
+/// name it as their `source`).
+fn io_of<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a std::io::Error> {
+    fn of_storage(s: &redb::StorageError) -> Option<&std::io::Error> {
+        match s {
+            redb::StorageError::Io(io) => Some(io),
+            _ => None,
+        }
+    }
+    if let Some(io) = e.downcast_ref::<std::io::Error>() {
+        return Some(io);
+    }
+    if let Some(s) = e.downcast_ref::<redb::StorageError>() {
+        return of_storage(s);
+    }
+    if let Some(redb::Error::Io(io)) = e.downcast_ref::<redb::Error>() {
+        return Some(io);
+    }
+    if let Some(redb::CommitError::Storage(s)) = e.downcast_ref::<redb::CommitError>() {
+        return of_storage(s);
+    }
+    if let Some(redb::TableError::Storage(s)) = e.downcast_ref::<redb::TableError>() {
+        return of_storage(s);
+    }
+    if let Some(redb::TransactionError::Storage(s)) = e.downcast_ref::<redb::TransactionError>() {
+        return of_storage(s);
+    }
+    if let Some(redb::DatabaseError::Storage(s)) = e.downcast_ref::<redb::DatabaseError>() {
+        return of_storage(s);
+    }
+    None
 }
 
 impl std::fmt::Display for StorageError {
@@ -110,6 +141,13 @@ pub enum OpenError {
     Database {
         path: PathBuf,
         source: Box<redb::DatabaseError>,
+    },
+    #[error("the log file {path} is in use by another tidemark process; stop it first")]
+    Locked { path: PathBuf },
+    #[error("cannot open {path}: {source}; check permissions and free space")]
+    File {
+        path: PathBuf,
+        source: std::io::Error,
     },
     #[error("the log file is unreadable: {0}; restore it from a backup")]
     Storage(#[source] StorageError),

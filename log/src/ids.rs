@@ -1,19 +1,27 @@
-//! The `event_id → seq` index as sorted runs with filters, so an append's cost does not grow
-//! with the log (I2 stays exact).
+//! The `event_id → seq` index as sorted runs with filters on disk, so an append's cost does not
+//! grow with the log and memory stays flat (I2 stays exact, I9).
 //!
 //! Inserting random ids into one B-tree rewrites leaf pages all over a tree that keeps growing:
 //! the merge of 100,000 ids took longer at every million events. Instead, each merge of the
-//! in-memory tail writes its ids, sorted, into a new table of its own (`event_ids.r<n>`): an
-//! empty tree filled in key order, whose cost depends on the run's size only. A lookup asks the
-//! runs newest first, and only those whose Bloom filter may hold the id (12 bits per id, about
-//! 0.3% false positives); a new id — the common case — usually reads no table at all. When
-//! [`FANOUT`] runs of one level exist they are merged (a k-way merge of sorted tables, written in
-//! order) into one run of the next level, so a log of N ids has O(log N) runs and each id is
-//! rewritten O(log N) times, sequentially. The filters live in `event_ids.filters` (run →
-//! bytes) and in memory (about 1.5 bytes per event).
+//! in-memory tail writes its ids into a new table of its own (`event_ids.h<n>`), keyed by
+//! `(hash, id)` and filled in key order: an empty tree written sequentially, whose cost depends
+//! on the run's size only. When [`FANOUT`] runs of one level exist they are merged (a k-way
+//! merge of sorted tables, streamed and written in order) into one run of the next level, so a
+//! log of N ids has O(log N) runs and each id is rewritten O(log N) times, sequentially.
 //!
-//! The single `event_ids` table of earlier releases is kept as the oldest run, without a filter
-//! (it no longer grows).
+//! A lookup asks the runs newest first, and only those whose Bloom filter may hold the id; a
+//! new id — the common case — usually reads no run at all. Each run's filter is blocked (all
+//! of a key's probes fall in one 64-byte block, chosen by the key's hash) and kept on disk in
+//! `event_ids.bloom` as 4 KiB pages. Because runs are ordered by the same hash that picks the
+//! block, a run's filter is written page after page while the run is written: building it
+//! holds one page. Lookups read pages through a cache of bounded size (`[log]
+//! id_filter_cache`), so memory does not grow with the log; a log whose filters outgrow the
+//! cache reads the missing pages from redb's own (bounded) page cache or the file.
+//!
+//! The single `event_ids` table of earlier releases is kept as the oldest run, without a
+//! filter (it no longer grows).
+
+use std::sync::Arc;
 
 use redb::{ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 
@@ -21,115 +29,169 @@ use crate::error::{StorageError, storage};
 
 /// The index of earlier releases (and of logs opened before any run was written).
 pub(crate) const LEGACY: TableDefinition<&str, u64> = TableDefinition::new("event_ids");
-/// Run number → its filter (level, key count, bits).
-pub(crate) const FILTERS: TableDefinition<u64, &[u8]> = TableDefinition::new("event_ids.filters");
+/// Run number → (level, keys, filter blocks).
+pub(crate) const RUNS: TableDefinition<u64, (u8, u64, u64)> =
+    TableDefinition::new("event_ids.runs");
+/// (run, page) → a page of the run's filter; a missing page has no bit set.
+pub(crate) const BLOOM: TableDefinition<(u64, u32), &[u8]> =
+    TableDefinition::new("event_ids.bloom");
+/// Development builds kept id-ordered runs (`event_ids.r<n>`) with whole filters here; open
+/// moves their ids into [`LEGACY`].
+const DEV_FILTERS: TableDefinition<u64, &[u8]> = TableDefinition::new("event_ids.filters");
+
+/// The next row of one merged run: (hash, id, seq, which run).
+type Head = (u64, String, u64, usize);
 
 /// Runs of one level merged into one of the next.
 pub(crate) const FANOUT: usize = 8;
 const BITS_PER_KEY: u64 = 12;
 const HASHES: u64 = 8;
+const BLOCK_BYTES: usize = 64;
+const PAGE_BLOCKS: u64 = 64;
+const PAGE_BYTES: usize = BLOCK_BYTES * PAGE_BLOCKS as usize;
+/// The filter page cache when none is configured.
+pub const DEFAULT_CACHE_BYTES: usize = 32 << 20;
 
 pub(crate) fn table_name(run: u64) -> String {
-    format!("event_ids.r{run:010}")
+    format!("event_ids.h{run:010}")
 }
 
-/// Two 64-bit hashes of an id (double hashing gives the filter's probes).
-fn hashes(id: &str) -> (u64, u64) {
+fn run_table(name: &str) -> TableDefinition<'_, (u64, &'static str), u64> {
+    TableDefinition::new(name)
+}
+
+/// Three 64-bit hashes of an id: the run order and filter block, and two for the probes
+/// inside the block (double hashing).
+#[derive(Debug, Clone, Copy)]
+struct Hash(u64, u64, u64);
+
+fn hashes(id: &str) -> Hash {
     let h = blake3::hash(id.as_bytes());
     let b = h.as_bytes();
-    (
-        u64::from_le_bytes(b[..8].try_into().expect("8")),
-        u64::from_le_bytes(b[8..16].try_into().expect("8")) | 1,
-    )
+    let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8"));
+    Hash(word(0), word(1), word(2) | 1)
 }
 
-/// A Bloom filter over the ids of one run.
-#[derive(Debug, Clone)]
-pub(crate) struct Filter {
-    bits: Vec<u64>,
+/// The block of a key in a filter of `blocks` blocks: monotonic in the hash, so keys in hash
+/// order fill the filter front to back.
+fn block_of(h: Hash, blocks: u64) -> u64 {
+    ((h.0 as u128 * blocks as u128) >> 64) as u64
 }
 
-impl Filter {
-    fn with_keys(n: u64) -> Filter {
-        let words = (n.max(1) * BITS_PER_KEY).div_ceil(64) as usize;
-        Filter {
-            bits: vec![0; words],
+fn probes(h: Hash) -> impl Iterator<Item = usize> {
+    (0..HASHES).map(move |i| (h.1.wrapping_add(i.wrapping_mul(h.2)) % 512) as usize)
+}
+
+fn blocks_for(keys: u64) -> u64 {
+    (keys.max(1) * BITS_PER_KEY).div_ceil(8 * BLOCK_BYTES as u64)
+}
+
+/// Writes a run's filter page by page, for keys arriving in hash order.
+struct FilterWriter {
+    run: u64,
+    blocks: u64,
+    page: u32,
+    buf: Vec<u8>,
+    dirty: bool,
+}
+
+impl FilterWriter {
+    fn new(run: u64, keys: u64) -> FilterWriter {
+        FilterWriter {
+            run,
+            blocks: blocks_for(keys),
+            page: 0,
+            buf: vec![0; PAGE_BYTES],
+            dirty: false,
         }
     }
 
-    fn nbits(&self) -> u64 {
-        self.bits.len() as u64 * 64
-    }
-
-    fn insert(&mut self, h: (u64, u64)) {
-        let m = self.nbits();
-        for i in 0..HASHES {
-            let bit = h.0.wrapping_add(i.wrapping_mul(h.1)) % m;
-            self.bits[(bit / 64) as usize] |= 1 << (bit % 64);
+    fn add(
+        &mut self,
+        bloom: &mut redb::Table<'_, (u64, u32), &'static [u8]>,
+        h: Hash,
+    ) -> Result<(), StorageError> {
+        let block = block_of(h, self.blocks);
+        let page = (block / PAGE_BLOCKS) as u32;
+        debug_assert!(page >= self.page, "keys arrive in hash order");
+        if page != self.page {
+            self.flush(bloom)?;
+            self.page = page;
         }
+        let at = (block % PAGE_BLOCKS) as usize * BLOCK_BYTES;
+        for bit in probes(h) {
+            self.buf[at + bit / 8] |= 1 << (bit % 8);
+        }
+        self.dirty = true;
+        Ok(())
     }
 
-    fn may_contain(&self, h: (u64, u64)) -> bool {
-        let m = self.nbits();
-        (0..HASHES).all(|i| {
-            let bit = h.0.wrapping_add(i.wrapping_mul(h.1)) % m;
-            self.bits[(bit / 64) as usize] & (1 << (bit % 64)) != 0
-        })
+    fn flush(
+        &mut self,
+        bloom: &mut redb::Table<'_, (u64, u32), &'static [u8]>,
+    ) -> Result<(), StorageError> {
+        if self.dirty {
+            bloom
+                .insert((self.run, self.page), self.buf.as_slice())
+                .map_err(storage)?;
+            self.buf.fill(0);
+            self.dirty = false;
+        }
+        Ok(())
     }
 }
 
-/// One run: its number (table), level and filter.
-#[derive(Debug, Clone)]
+/// One run: its number (table), level, key count and filter size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Run {
     pub n: u64,
     pub level: u8,
-    pub filter: Filter,
+    pub keys: u64,
+    pub blocks: u64,
 }
 
-fn encode(level: u8, filter: &Filter) -> Vec<u8> {
-    let mut out = Vec::with_capacity(1 + filter.bits.len() * 8);
-    out.push(level);
-    for w in &filter.bits {
-        out.extend_from_slice(&w.to_le_bytes());
-    }
-    out
-}
-
-fn decode(n: u64, bytes: &[u8]) -> Result<Run, StorageError> {
-    let (level, words) = bytes
-        .split_first()
-        .ok_or_else(|| StorageError::msg(format!("the filter of id run {n} is empty")))?;
-    if words.len() % 8 != 0 || words.is_empty() {
-        return Err(StorageError::msg(format!(
-            "the filter of id run {n} is damaged"
-        )));
-    }
-    Ok(Run {
-        n,
-        level: *level,
-        filter: Filter {
-            bits: words
-                .chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().expect("8")))
-                .collect(),
-        },
-    })
-}
+/// Filter pages read so far, bounded (shared by every clone of one log's [`Runs`]).
+type PageCache = quick_cache::sync::Cache<(u64, u32), Arc<[u8]>>;
 
 /// The runs of the index, oldest first.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct Runs {
     runs: Vec<Run>,
     /// The legacy table holds ids (a log written by an earlier release).
     legacy: bool,
+    cache: Arc<PageCache>,
+}
+
+impl std::fmt::Debug for Runs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runs")
+            .field("runs", &self.runs)
+            .field("legacy", &self.legacy)
+            .finish()
+    }
+}
+
+fn page_cache(bytes: usize) -> Arc<PageCache> {
+    Arc::new(PageCache::new((bytes / PAGE_BYTES).max(16)))
+}
+
+impl Default for Runs {
+    fn default() -> Runs {
+        Runs {
+            runs: Vec::new(),
+            legacy: false,
+            cache: page_cache(DEFAULT_CACHE_BYTES),
+        }
+    }
 }
 
 impl Runs {
-    /// The runs recorded in the file.
-    pub(crate) fn load(txn: &impl ReadTables) -> Result<Runs, StorageError> {
+    /// The runs recorded in the file; filter pages are cached up to `cache_bytes`.
+    pub(crate) fn load(txn: &impl ReadTables, cache_bytes: usize) -> Result<Runs, StorageError> {
         Ok(Runs {
-            runs: txn.filters()?,
+            runs: txn.runs()?,
             legacy: txn.legacy_len()? > 0,
+            cache: page_cache(cache_bytes),
         })
     }
 
@@ -146,8 +208,8 @@ impl Runs {
     ) -> Result<Option<u64>, StorageError> {
         let h = hashes(id);
         for run in self.runs.iter().rev() {
-            if run.filter.may_contain(h)
-                && let Some(seq) = txn.get(&table_name(run.n), id)?
+            if self.may_contain(txn, run, h)?
+                && let Some(seq) = txn.get(&table_name(run.n), h.0, id)?
             {
                 return Ok(Some(seq));
             }
@@ -158,8 +220,26 @@ impl Runs {
         Ok(None)
     }
 
-    /// Write `ids` (sorted by id) as a new run, then merge levels that are full; in `txn`. The
-    /// caller installs the returned runs once `txn` committed.
+    fn may_contain(&self, txn: &impl ReadTables, run: &Run, h: Hash) -> Result<bool, StorageError> {
+        let block = block_of(h, run.blocks);
+        let key = (run.n, (block / PAGE_BLOCKS) as u32);
+        let page = match self.cache.get(&key) {
+            Some(p) => p,
+            None => {
+                let p: Arc<[u8]> = txn.page(key.0, key.1)?.unwrap_or_default().into();
+                self.cache.insert(key, p.clone());
+                p
+            }
+        };
+        let at = (block % PAGE_BLOCKS) as usize * BLOCK_BYTES;
+        let Some(b) = page.get(at..at + BLOCK_BYTES) else {
+            return Ok(false);
+        };
+        Ok(probes(h).all(|bit| b[bit / 8] & (1 << (bit % 8)) != 0))
+    }
+
+    /// Write `ids` as a new run, then merge levels that are full; in `txn`. The caller installs
+    /// the returned runs once `txn` committed.
     pub(crate) fn add(
         &self,
         txn: &WriteTransaction,
@@ -167,25 +247,32 @@ impl Runs {
     ) -> Result<Runs, StorageError> {
         let mut next = self.clone();
         let n = next.runs.last().map(|r| r.n + 1).unwrap_or(1);
-        let name = table_name(n);
-        let mut filter = Filter::with_keys(ids.len() as u64);
+        let mut keyed: Vec<(u64, &str, u64)> = ids
+            .iter()
+            .map(|(id, seq)| (hashes(id).0, *id, *seq))
+            .collect();
+        keyed.sort_unstable();
+        let keys = keyed.len() as u64;
+        let mut filter = FilterWriter::new(n, keys);
         {
-            let mut t = txn
-                .open_table(TableDefinition::<&str, u64>::new(&name))
-                .map_err(storage)?;
-            for (id, seq) in ids {
-                t.insert(*id, *seq).map_err(storage)?;
-                filter.insert(hashes(id));
+            let name = table_name(n);
+            let mut t = txn.open_table(run_table(&name)).map_err(storage)?;
+            let mut bloom = txn.open_table(BLOOM).map_err(storage)?;
+            for (h0, id, seq) in keyed {
+                t.insert((h0, id), seq).map_err(storage)?;
+                filter.add(&mut bloom, hashes(id))?;
             }
+            filter.flush(&mut bloom)?;
         }
         let run = Run {
             n,
             level: 0,
-            filter,
+            keys,
+            blocks: filter.blocks,
         };
-        txn.open_table(FILTERS)
+        txn.open_table(RUNS)
             .map_err(storage)?
-            .insert(n, encode(0, &run.filter).as_slice())
+            .insert(n, (0, keys, run.blocks))
             .map_err(storage)?;
         next.runs.push(run);
         while let Some(level) = next.full_level() {
@@ -206,7 +293,7 @@ impl Runs {
     }
 
     /// Merge every run of `level` into one run of `level + 1`: a k-way merge of the sorted
-    /// tables, streamed and written in key order (an id is in one run only).
+    /// tables, streamed and written in key order with its filter (an id is in one run only).
     fn compact(&mut self, txn: &WriteTransaction, level: u8) -> Result<(), StorageError> {
         use std::cmp::Reverse;
         use std::collections::BinaryHeap;
@@ -215,56 +302,64 @@ impl Runs {
             self.runs.drain(..).partition(|r| r.level == level);
         let names: Vec<String> = merge.iter().map(|r| table_name(r.n)).collect();
         let new_name = table_name(n);
-        let mut filter;
+        let keys: u64 = merge.iter().map(|r| r.keys).sum();
+        let mut filter = FilterWriter::new(n, keys);
         {
             let tables = names
                 .iter()
-                .map(|name| txn.open_table(TableDefinition::<&str, u64>::new(name)))
+                .map(|name| txn.open_table(run_table(name)))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(storage)?;
-            let mut total = 0;
-            for t in &tables {
-                total += t.len().map_err(storage)?;
-            }
-            filter = Filter::with_keys(total);
             let mut iters = tables
                 .iter()
                 .map(|t| t.iter())
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(storage)?;
             let mut heap = BinaryHeap::new();
-            for (i, it) in iters.iter_mut().enumerate() {
-                if let Some(row) = it.next() {
-                    let (k, v) = row.map_err(storage)?;
-                    heap.push(Reverse((k.value().to_owned(), v.value(), i)));
-                }
+            let next_of = |i: usize,
+                           iters: &mut Vec<redb::Range<'_, (u64, &'static str), u64>>|
+             -> Result<Option<Reverse<Head>>, StorageError> {
+                Ok(match iters[i].next() {
+                    Some(row) => {
+                        let (k, v) = row.map_err(storage)?;
+                        let (h0, id) = k.value();
+                        Some(Reverse((h0, id.to_owned(), v.value(), i)))
+                    }
+                    None => None,
+                })
+            };
+            for i in 0..iters.len() {
+                heap.extend(next_of(i, &mut iters)?);
             }
-            let mut out = txn
-                .open_table(TableDefinition::<&str, u64>::new(&new_name))
-                .map_err(storage)?;
-            while let Some(Reverse((id, seq, i))) = heap.pop() {
-                out.insert(id.as_str(), seq).map_err(storage)?;
-                filter.insert(hashes(&id));
-                if let Some(row) = iters[i].next() {
-                    let (k, v) = row.map_err(storage)?;
-                    heap.push(Reverse((k.value().to_owned(), v.value(), i)));
-                }
+            let mut out = txn.open_table(run_table(&new_name)).map_err(storage)?;
+            let mut bloom = txn.open_table(BLOOM).map_err(storage)?;
+            while let Some(Reverse((h0, id, seq, i))) = heap.pop() {
+                out.insert((h0, id.as_str()), seq).map_err(storage)?;
+                filter.add(&mut bloom, hashes(&id))?;
+                heap.extend(next_of(i, &mut iters)?);
             }
+            filter.flush(&mut bloom)?;
         }
-        let mut filters = txn.open_table(FILTERS).map_err(storage)?;
-        for (name, r) in names.iter().zip(&merge) {
-            txn.delete_table(TableDefinition::<&str, u64>::new(name))
+        {
+            let mut runs_t = txn.open_table(RUNS).map_err(storage)?;
+            let mut bloom = txn.open_table(BLOOM).map_err(storage)?;
+            for (name, r) in names.iter().zip(&merge) {
+                txn.delete_table(run_table(name)).map_err(storage)?;
+                runs_t.remove(r.n).map_err(storage)?;
+                bloom
+                    .retain_in((r.n, 0)..=(r.n, u32::MAX), |_, _| false)
+                    .map_err(storage)?;
+            }
+            runs_t
+                .insert(n, (level + 1, keys, filter.blocks))
                 .map_err(storage)?;
-            filters.remove(r.n).map_err(storage)?;
         }
-        filters
-            .insert(n, encode(level + 1, &filter).as_slice())
-            .map_err(storage)?;
         let mut runs = keep;
         runs.push(Run {
             n,
             level: level + 1,
-            filter,
+            keys,
+            blocks: filter.blocks,
         });
         runs.sort_by_key(|r| r.n);
         self.runs = runs;
@@ -272,20 +367,63 @@ impl Runs {
     }
 }
 
+/// Move the ids of a development build's runs (`event_ids.r<n>`, id-ordered, listed in
+/// `event_ids.filters`) into the legacy table, once, at open.
+pub(crate) fn migrate_dev_runs(txn: &WriteTransaction) -> Result<u64, StorageError> {
+    let runs: Vec<u64> = {
+        let t = txn.open_table(DEV_FILTERS).map_err(storage)?;
+        t.iter()
+            .map_err(storage)?
+            .map(|row| row.map(|(k, _)| k.value()).map_err(storage))
+            .collect::<Result<_, _>>()?
+    };
+    let mut moved = 0;
+    for n in &runs {
+        let name = format!("event_ids.r{n:010}");
+        let def = TableDefinition::<&str, u64>::new(&name);
+        {
+            let old = txn.open_table(def).map_err(storage)?;
+            let mut legacy = txn.open_table(LEGACY).map_err(storage)?;
+            for row in old.iter().map_err(storage)? {
+                let (k, v) = row.map_err(storage)?;
+                legacy.insert(k.value(), v.value()).map_err(storage)?;
+                moved += 1;
+            }
+        }
+        txn.delete_table(def).map_err(storage)?;
+    }
+    txn.delete_table(DEV_FILTERS).map_err(storage)?;
+    Ok(moved)
+}
+
 /// What a lookup needs from a transaction (read or write).
 pub(crate) trait ReadTables {
-    fn get(&self, table: &str, id: &str) -> Result<Option<u64>, StorageError>;
+    fn get(&self, table: &str, h0: u64, id: &str) -> Result<Option<u64>, StorageError>;
     fn get_legacy(&self, id: &str) -> Result<Option<u64>, StorageError>;
     fn legacy_len(&self) -> Result<u64, StorageError>;
-    fn filters(&self) -> Result<Vec<Run>, StorageError>;
+    fn runs(&self) -> Result<Vec<Run>, StorageError>;
+    fn page(&self, run: u64, page: u32) -> Result<Option<Vec<u8>>, StorageError>;
+}
+
+fn runs_of(t: &impl ReadableTable<u64, (u8, u64, u64)>) -> Result<Vec<Run>, StorageError> {
+    let mut out = Vec::new();
+    for row in t.iter().map_err(storage)? {
+        let (k, v) = row.map_err(storage)?;
+        let (level, keys, blocks) = v.value();
+        out.push(Run {
+            n: k.value(),
+            level,
+            keys,
+            blocks,
+        });
+    }
+    Ok(out)
 }
 
 impl ReadTables for WriteTransaction {
-    fn get(&self, table: &str, id: &str) -> Result<Option<u64>, StorageError> {
-        let t = self
-            .open_table(TableDefinition::<&str, u64>::new(table))
-            .map_err(storage)?;
-        Ok(t.get(id).map_err(storage)?.map(|g| g.value()))
+    fn get(&self, table: &str, h0: u64, id: &str) -> Result<Option<u64>, StorageError> {
+        let t = self.open_table(run_table(table)).map_err(storage)?;
+        Ok(t.get((h0, id)).map_err(storage)?.map(|g| g.value()))
     }
     fn get_legacy(&self, id: &str) -> Result<Option<u64>, StorageError> {
         let t = self.open_table(LEGACY).map_err(storage)?;
@@ -297,51 +435,62 @@ impl ReadTables for WriteTransaction {
             .len()
             .map_err(storage)
     }
-    fn filters(&self) -> Result<Vec<Run>, StorageError> {
-        let t = self.open_table(FILTERS).map_err(storage)?;
-        let mut out = Vec::new();
-        for row in t.iter().map_err(storage)? {
-            let (k, v) = row.map_err(storage)?;
-            out.push(decode(k.value(), v.value())?);
-        }
-        Ok(out)
+    fn runs(&self) -> Result<Vec<Run>, StorageError> {
+        runs_of(&self.open_table(RUNS).map_err(storage)?)
+    }
+    fn page(&self, run: u64, page: u32) -> Result<Option<Vec<u8>>, StorageError> {
+        let t = self.open_table(BLOOM).map_err(storage)?;
+        Ok(t.get((run, page))
+            .map_err(storage)?
+            .map(|g| g.value().to_vec()))
+    }
+}
+
+/// A table a read transaction may not have yet (an empty log): `None`.
+fn open_ro<K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &redb::ReadTransaction,
+    def: TableDefinition<'_, K, V>,
+) -> Result<Option<redb::ReadOnlyTable<K, V>>, StorageError> {
+    match txn.open_table(def) {
+        Ok(t) => Ok(Some(t)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(storage(e)),
     }
 }
 
 impl ReadTables for redb::ReadTransaction {
-    fn get(&self, table: &str, id: &str) -> Result<Option<u64>, StorageError> {
-        match self.open_table(TableDefinition::<&str, u64>::new(table)) {
-            Ok(t) => Ok(t.get(id).map_err(storage)?.map(|g| g.value())),
-            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
-            Err(e) => Err(storage(e)),
+    fn get(&self, table: &str, h0: u64, id: &str) -> Result<Option<u64>, StorageError> {
+        match open_ro(self, run_table(table))? {
+            Some(t) => Ok(t.get((h0, id)).map_err(storage)?.map(|g| g.value())),
+            None => Ok(None),
         }
     }
     fn get_legacy(&self, id: &str) -> Result<Option<u64>, StorageError> {
-        match self.open_table(LEGACY) {
-            Ok(t) => Ok(t.get(id).map_err(storage)?.map(|g| g.value())),
-            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
-            Err(e) => Err(storage(e)),
+        match open_ro(self, LEGACY)? {
+            Some(t) => Ok(t.get(id).map_err(storage)?.map(|g| g.value())),
+            None => Ok(None),
         }
     }
     fn legacy_len(&self) -> Result<u64, StorageError> {
-        match self.open_table(LEGACY) {
-            Ok(t) => t.len().map_err(storage),
-            Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
-            Err(e) => Err(storage(e)),
+        match open_ro(self, LEGACY)? {
+            Some(t) => t.len().map_err(storage),
+            None => Ok(0),
         }
     }
-    fn filters(&self) -> Result<Vec<Run>, StorageError> {
-        let t = match self.open_table(FILTERS) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(storage(e)),
-        };
-        let mut out = Vec::new();
-        for row in t.iter().map_err(storage)? {
-            let (k, v) = row.map_err(storage)?;
-            out.push(decode(k.value(), v.value())?);
+    fn runs(&self) -> Result<Vec<Run>, StorageError> {
+        match open_ro(self, RUNS)? {
+            Some(t) => runs_of(&t),
+            None => Ok(Vec::new()),
         }
-        Ok(out)
+    }
+    fn page(&self, run: u64, page: u32) -> Result<Option<Vec<u8>>, StorageError> {
+        match open_ro(self, BLOOM)? {
+            Some(t) => Ok(t
+                .get((run, page))
+                .map_err(storage)?
+                .map(|g| g.value().to_vec())),
+            None => Ok(None),
+        }
     }
 }
 
@@ -389,11 +538,19 @@ mod tests {
             );
         }
         let txn = db.begin_read().unwrap();
-        let loaded = Runs::load(&txn).unwrap();
+        let loaded = Runs::load(&txn, 1 << 20).unwrap();
         assert_eq!(loaded.len(), runs.len());
+        // The smallest cache (16 pages, fewer than the filters have) answers the same.
+        let starved = Runs::load(&txn, 0).unwrap();
         for (id, seq) in &model {
             assert_eq!(loaded.lookup(&txn, id).unwrap(), Some(*seq), "{id}");
+            assert_eq!(starved.lookup(&txn, id).unwrap(), Some(*seq), "{id}");
         }
+        assert!(
+            starved.cache.len() <= 16,
+            "{} pages cached",
+            starved.cache.len()
+        );
         let mut false_hits = 0;
         for i in 0..2000 {
             let id = format!("absent-{i}");
@@ -402,12 +559,42 @@ mod tests {
             false_hits += loaded
                 .runs
                 .iter()
-                .filter(|r| r.filter.may_contain(h))
+                .filter(|r| loaded.may_contain(&txn, r, h).unwrap())
                 .count();
         }
         assert!(
             false_hits < 200,
             "{false_hits} filter hits for 2000 absent ids"
         );
+    }
+
+    /// A development build's id-ordered runs are moved into the legacy table at open and
+    /// found there.
+    #[test]
+    fn a_development_builds_runs_are_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("ids.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        for n in [1u64, 2] {
+            let name = format!("event_ids.r{n:010}");
+            let mut t = txn
+                .open_table(TableDefinition::<&str, u64>::new(&name))
+                .unwrap();
+            t.insert(format!("dev-{n}").as_str(), n * 10).unwrap();
+            txn.open_table(DEV_FILTERS)
+                .unwrap()
+                .insert(n, [0u8, 0, 0, 0, 0, 0, 0, 0, 0].as_slice())
+                .unwrap();
+        }
+        assert_eq!(migrate_dev_runs(&txn).unwrap(), 2);
+        txn.commit().unwrap();
+        let txn = db.begin_read().unwrap();
+        let runs = Runs::load(&txn, 1 << 20).unwrap();
+        assert_eq!(runs.lookup(&txn, "dev-1").unwrap(), Some(10));
+        assert_eq!(runs.lookup(&txn, "dev-2").unwrap(), Some(20));
+        assert!(matches!(
+            txn.open_table(DEV_FILTERS),
+            Err(redb::TableError::TableDoesNotExist(_))
+        ));
     }
 }

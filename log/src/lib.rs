@@ -87,6 +87,8 @@ pub struct LogConfig {
     /// The journal file is written full of zeros to this size once, so group commits only
     /// overwrite it (a cheaper sync than growing a file).
     pub journal_prealloc: u64,
+    /// Memory for the `event_id` index's filter pages (the filters themselves are on disk).
+    pub id_filter_cache: usize,
 }
 
 impl LogConfig {
@@ -107,6 +109,7 @@ impl LogConfig {
             min_free: 64 << 20,
             checkpoint_groups: 512,
             journal_prealloc: 16 << 20,
+            id_filter_cache: ids::DEFAULT_CACHE_BYTES,
         }
     }
 }
@@ -271,6 +274,18 @@ pub(crate) struct Shared {
     pub head: watch::Sender<u64>,
     pub poisoned: Mutex<Option<StorageError>>,
     pub poisoned_flag: AtomicBool,
+    /// The open redb database. Replaced when the writer reopens it in process: a full disk
+    /// failed a redb write, and redb refuses every call after an I/O error (I10).
+    pub db: RwLock<Arc<Database>>,
+    /// A full disk failed a redb write; appends are refused until the writer has reopened
+    /// the log, which it does once space returns.
+    pub full: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn db(&self) -> Arc<Database> {
+        self.db.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 /// Handle to an open log. Cheap to clone; all clones share one writer.
@@ -278,7 +293,6 @@ pub(crate) struct Shared {
 pub struct Log {
     shared: Arc<Shared>,
     space: Space,
-    db: Arc<Database>,
     tx: mpsc::Sender<writer::Msg>,
     writer: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
 }
@@ -304,13 +318,8 @@ impl Log {
         cfg: &LogConfig,
         hooks: Vec<Box<dyn CommitHook>>,
     ) -> Result<(Log, OpenReport), OpenError> {
-        let opened = store::open(
-            &cfg.path,
-            cfg.cache_bytes,
-            &cfg.storage,
-            cfg.checkpoint_groups,
-            cfg.journal_prealloc,
-        )?;
+        let stores = cfg.storage.open(&cfg.path)?;
+        let opened = store::open(cfg, &stores)?;
         let report = OpenReport {
             replayed: opened.replayed,
             head: opened.head,
@@ -325,6 +334,8 @@ impl Log {
             head: head_tx,
             poisoned: Mutex::new(None),
             poisoned_flag: AtomicBool::new(false),
+            db: RwLock::new(db.clone()),
+            full: AtomicBool::new(false),
         });
         let (tx, rx) = mpsc::channel(cfg.queue_capacity.max(1));
         let space = Space {
@@ -344,6 +355,8 @@ impl Log {
             space: space.clone(),
             journal: opened.journal,
             hooks,
+            cfg: cfg.clone(),
+            stores,
         };
         w.recover_hooks().map_err(OpenError::Storage)?;
         let handle = std::thread::Builder::new()
@@ -363,7 +376,6 @@ impl Log {
             Log {
                 shared,
                 space,
-                db,
                 tx,
                 writer: Arc::new(Mutex::new(Some(handle))),
             },
@@ -468,8 +480,10 @@ impl Log {
     /// The underlying database, for the read models kept in the same file (the projections
     /// crate and the engine's reader). Not part of [`EventLog`]: nothing above the engine
     /// uses it, and a backend without co-located read models has no such thing.
-    pub fn db(&self) -> &Database {
-        &self.db
+    /// A handle is held only for a request: after a full disk the writer reopens the file in
+    /// process and later calls get the new database.
+    pub fn db(&self) -> Arc<Database> {
+        self.shared.db()
     }
 
     /// Requests waiting for the writer.
@@ -489,8 +503,16 @@ impl Log {
     }
 
     /// `Err(InsufficientStorage)` while less than `min_free` is free where the log is kept
-    /// (checked now, so it clears as soon as space returns).
+    /// (checked now, so it clears as soon as space returns), or while a full disk that failed
+    /// a redb write has not been recovered from yet (the writer reopens the log once space
+    /// returns).
     pub fn check_space(&self) -> Result<(), AppendError> {
+        if self.shared.full.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(AppendError::InsufficientStorage {
+                available: self.space.storage.available(&self.space.path).unwrap_or(0),
+                min_free: self.space.min_free,
+            });
+        }
         self.space
             .check()
             .map_err(|(available, min_free)| AppendError::InsufficientStorage {
@@ -508,7 +530,7 @@ impl Log {
 
     /// Bounded read of committed events (blocking; call from a blocking context in async code).
     pub fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
-        store::read(&self.db, &self.shared.tail, q)
+        store::read(&self.shared.db(), &self.shared.tail, q)
     }
 
     /// One event by its `event_id` (exact idempotency keeps `event_id → seq` for as long as the
@@ -528,12 +550,12 @@ impl Log {
             Some(seq) => Some(seq),
             None => {
                 let runs = self.shared.ids.read().unwrap_or_else(|p| p.into_inner());
-                store::seq_of_id(&self.db, &runs, event_id)?
+                store::seq_of_id(&self.shared.db(), &runs, event_id)?
             }
         };
         match seq {
             // A group is indexed before its commit: past the head it is not acknowledged yet.
-            Some(seq) if seq <= self.head() => store::get(&self.db, seq),
+            Some(seq) if seq <= self.head() => store::get(&self.shared.db(), seq),
             _ => Ok(None),
         }
     }
@@ -543,7 +565,7 @@ impl Log {
         if seq == 0 || seq > self.head() {
             return Ok(None);
         }
-        store::get(&self.db, seq)
+        store::get(&self.shared.db(), seq)
     }
 
     /// Stop the writer after the requests already queued, and wait for it. Appends made after

@@ -75,7 +75,53 @@ impl Store for FileStore {
     }
 }
 
+/// The stores a log is opened on, kept for the log's life: an in-process reopen (I10) opens
+/// redb again on the same ones, so the process keeps its lock on the file.
+pub(crate) struct Opened {
+    pub db: Arc<dyn Store>,
+    pub journal: Arc<dyn Store>,
+}
+
 impl Storage {
+    /// Open the stores of a log at `path`. For [`Storage::File`]: create its directory, open
+    /// the redb file and take an exclusive lock on it (a second process is refused), and open
+    /// the journal beside it.
+    pub(crate) fn open(&self, path: &std::path::Path) -> Result<Opened, crate::OpenError> {
+        match self {
+            Storage::File => {
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(|source| crate::OpenError::CreateDir {
+                        path: dir.to_owned(),
+                        source,
+                    })?;
+                }
+                let file_err = |path: &std::path::Path| {
+                    let path = path.to_owned();
+                    move |source| crate::OpenError::File { path, source }
+                };
+                let db = FileStore::open(path).map_err(file_err(path))?;
+                match db.0.try_lock() {
+                    Ok(()) => {}
+                    Err(std::fs::TryLockError::WouldBlock) => {
+                        return Err(crate::OpenError::Locked {
+                            path: path.to_owned(),
+                        });
+                    }
+                    Err(std::fs::TryLockError::Error(e)) => return Err(file_err(path)(e)),
+                }
+                let journal = journal_path(path);
+                Ok(Opened {
+                    db: Arc::new(db),
+                    journal: Arc::new(FileStore::open(&journal).map_err(file_err(&journal))?),
+                })
+            }
+            Storage::Stores { db, journal } => Ok(Opened {
+                db: db.clone(),
+                journal: journal.clone(),
+            }),
+        }
+    }
+
     /// Bytes free for a log at `path` kept in this storage, if known.
     pub fn available(&self, path: &std::path::Path) -> Option<u64> {
         match self {
@@ -87,19 +133,13 @@ impl Storage {
             Storage::Stores { db, .. } => db.available(),
         }
     }
+}
 
-    /// The journal's store for a log at `path` (`<path>.journal`, beside the file; the redb
-    /// file's lock keeps a second process away from both).
-    pub(crate) fn journal(&self, path: &std::path::Path) -> io::Result<Arc<dyn Store>> {
-        match self {
-            Storage::File => {
-                let mut name = path.as_os_str().to_owned();
-                name.push(".journal");
-                Ok(Arc::new(FileStore::open(std::path::Path::new(&name))?))
-            }
-            Storage::Stores { journal, .. } => Ok(journal.clone()),
-        }
-    }
+/// The journal of the log at `path`: `<path>.journal`, beside the file.
+pub(crate) fn journal_path(path: &std::path::Path) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".journal");
+    name.into()
 }
 
 impl fmt::Debug for Storage {

@@ -1,6 +1,5 @@
 //! The redb file: table definitions, open and recovery, and reads.
 
-use std::path::Path;
 use std::sync::RwLock;
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
@@ -58,57 +57,54 @@ pub(crate) struct Opened {
     pub repaired: bool,
 }
 
+/// Open redb on `stores` (replaying the journal past its last checkpoint) and load what the
+/// writer and readers keep in memory. Called at open, and again in process after a full disk
+/// failed a redb commit (I10).
 pub(crate) fn open(
-    path: &Path,
-    cache_bytes: usize,
-    store: &crate::storage::Storage,
-    checkpoint_groups: u64,
-    journal_prealloc: u64,
+    cfg: &crate::LogConfig,
+    stores: &crate::storage::Opened,
 ) -> Result<Opened, OpenError> {
-    if let (crate::storage::Storage::File, Some(dir)) = (store, path.parent()) {
-        std::fs::create_dir_all(dir).map_err(|source| OpenError::CreateDir {
-            path: dir.to_owned(),
-            source,
-        })?;
-    }
+    let path = cfg.path.as_path();
     let repaired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = repaired.clone();
     let mut builder = Database::builder();
     builder
-        .set_cache_size(cache_bytes)
+        .set_cache_size(cfg.cache_bytes)
         .set_repair_callback(move |session| {
             if !flag.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 tracing::warn!("log file was not closed cleanly; repairing");
             }
             tracing::debug!(progress = session.progress(), "repairing log file");
         });
-    let db = match store {
-        crate::storage::Storage::File => builder.create(path),
-        crate::storage::Storage::Stores { db, .. } => {
-            builder.create_with_backend(crate::storage::Backend(db.clone()))
-        }
-    }
-    .map_err(|e| OpenError::Database {
-        path: path.to_owned(),
-        source: Box::new(e),
-    })?;
+    let db = builder
+        .create_with_backend(crate::storage::Backend(stores.db.clone()))
+        .map_err(|e| OpenError::Database {
+            path: path.to_owned(),
+            source: Box::new(e),
+        })?;
     let st = |e: redb::Error| OpenError::Storage(storage(e));
     {
         let txn = db.begin_write().map_err(|e| st(e.into()))?;
         txn.open_table(EVENTS).map_err(|e| st(e.into()))?;
         txn.open_table(crate::ids::LEGACY)
             .map_err(|e| st(e.into()))?;
-        txn.open_table(crate::ids::FILTERS)
+        txn.open_table(crate::ids::RUNS).map_err(|e| st(e.into()))?;
+        txn.open_table(crate::ids::BLOOM)
             .map_err(|e| st(e.into()))?;
+        let moved = crate::ids::migrate_dev_runs(&txn).map_err(OpenError::Storage)?;
+        if moved > 0 {
+            tracing::warn!(
+                ids = moved,
+                "moved a development build's id runs into the id table"
+            );
+        }
         txn.open_table(SUBJECTS).map_err(|e| st(e.into()))?;
         txn.open_table(META).map_err(|e| st(e.into()))?;
         txn.commit().map_err(|e| st(e.into()))?;
     }
     // The lean commit: groups past redb's last checkpoint are in the journal. Put their events
     // back (durably) before anything reads the events table.
-    let journal_store = store
-        .journal(path)
-        .map_err(|e| OpenError::Storage(StorageError::new("opening the journal", e)))?;
+    let journal_store = stores.journal.clone();
     let log_id = log_id(&db).map_err(OpenError::Storage)?;
     let replayed = replay(&db, &*journal_store, log_id).map_err(OpenError::Storage)?;
     if replayed > 0 {
@@ -117,9 +113,13 @@ pub(crate) fn open(
             "replayed the journal past the last checkpoint"
         );
     }
-    let journal =
-        crate::journal::Journal::start(journal_store, log_id, checkpoint_groups, journal_prealloc)
-            .map_err(OpenError::Storage)?;
+    let journal = crate::journal::Journal::start(
+        journal_store,
+        log_id,
+        cfg.checkpoint_groups,
+        cfg.journal_prealloc,
+    )
+    .map_err(OpenError::Storage)?;
     let txn = db.begin_read().map_err(|e| st(e.into()))?;
     let events = txn.open_table(EVENTS).map_err(|e| st(e.into()))?;
     let meta = txn.open_table(META).map_err(|e| st(e.into()))?;
@@ -159,7 +159,7 @@ pub(crate) fn open(
     }
     drop(events);
     drop(meta);
-    let runs = crate::ids::Runs::load(&txn).map_err(OpenError::Storage)?;
+    let runs = crate::ids::Runs::load(&txn, cfg.id_filter_cache).map_err(OpenError::Storage)?;
     drop(txn);
     Ok(Opened {
         runs,

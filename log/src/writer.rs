@@ -85,7 +85,13 @@ pub(crate) struct Writer {
     /// The lean commit's durable point (see `journal`).
     pub journal: crate::journal::Journal,
     pub hooks: Vec<Box<dyn CommitHook>>,
+    /// How the log was opened and on what, for an in-process reopen after a full disk.
+    pub cfg: crate::LogConfig,
+    pub stores: crate::storage::Opened,
 }
+
+/// How often a writer that a full disk stopped looks for space to reopen the log.
+const REOPEN_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// The stored form of an accepted event, stamped with its group's time.
 fn stored(ev: &NewEvent, time_us: i64) -> StoredV1<'_> {
@@ -166,9 +172,25 @@ impl Writer {
         txn.commit().map_err(storage)
     }
 
+    /// The next request; while a full disk keeps the log closed, look for space every
+    /// [`REOPEN_POLL`] and reopen, so the log recovers by itself without traffic (I10).
+    fn next_msg(&mut self) -> Option<Msg> {
+        while self.is_full() {
+            match self.rx.try_recv() {
+                Ok(msg) => return Some(msg),
+                Err(mpsc::error::TryRecvError::Disconnected) => return None,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    std::thread::sleep(REOPEN_POLL);
+                    let _ = self.try_reopen();
+                }
+            }
+        }
+        self.rx.blocking_recv()
+    }
+
     pub fn run(mut self) {
         let mut close_reply = None;
-        while let Some(first) = self.rx.blocking_recv() {
+        while let Some(first) = self.next_msg() {
             let mut group = Vec::new();
             let mut n = 0usize;
             let mut durable = true;
@@ -247,6 +269,23 @@ impl Writer {
             .clone()
     }
 
+    fn is_full(&self) -> bool {
+        self.shared.full.load(Ordering::SeqCst)
+    }
+
+    /// A failed redb call stops appends: one that met a full disk (ENOSPC) only until space
+    /// returns and the log is reopened in process ([`Self::try_reopen`]; redb itself refuses
+    /// every call after an I/O error, and goes back to its last durable commit when reopened,
+    /// the journal holding every group since); any other until a restart.
+    fn stop(&self, why: StorageError) {
+        if why.is_storage_full() {
+            tracing::error!(error = %why, "the disk is full; appends are refused until space returns");
+            self.shared.full.store(true, Ordering::SeqCst);
+        } else {
+            self.poison(why);
+        }
+    }
+
     fn poison(&self, why: StorageError) {
         tracing::error!(error = %why, "log poisoned; appends are refused until restart");
         self.shared.poisoned_flag.store(true, Ordering::SeqCst);
@@ -255,6 +294,64 @@ impl Writer {
             .poisoned
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(why);
+    }
+
+    /// After a full disk failed a redb write (redb refuses every later call until reopened):
+    /// once `min_free` is free again, open redb anew on the same stores — it goes back to its
+    /// last durable commit and the journal puts back every group acknowledged since — and
+    /// carry on. `Err` while the log stays closed.
+    fn try_reopen(&mut self) -> Result<(), AppendError> {
+        let refusal = |space: &crate::Space| AppendError::InsufficientStorage {
+            available: space.storage.available(&space.path).unwrap_or(0),
+            min_free: space.min_free,
+        };
+        if !self.is_full() {
+            return Ok(());
+        }
+        if self.space.check().is_err() {
+            return Err(refusal(&self.space));
+        }
+        let opened = match crate::store::open(&self.cfg, &self.stores) {
+            Ok(o) => o,
+            Err(crate::OpenError::Storage(why)) if why.is_storage_full() => {
+                return Err(refusal(&self.space));
+            }
+            Err(e) => {
+                let why = StorageError::new("reopening the log after a full disk", e);
+                self.poison(why.clone());
+                return Err(AppendError::Poisoned(why));
+            }
+        };
+        let db = Arc::new(opened.db);
+        {
+            // Swap everything readers use at once.
+            let mut tail = self.shared.tail.write().unwrap_or_else(|p| p.into_inner());
+            let mut ids = self.shared.ids.write().unwrap_or_else(|p| p.into_inner());
+            *self.shared.db.write().unwrap_or_else(|p| p.into_inner()) = db.clone();
+            *tail = opened.tail;
+            *ids = opened.runs;
+        }
+        self.db = db;
+        self.journal = opened.journal;
+        self.last_time_us = self.last_time_us.max(opened.last_time_us);
+        let was = self.head;
+        self.head = opened.head;
+        if let Err(why) = self.recover_hooks() {
+            if why.is_storage_full() {
+                return Err(refusal(&self.space));
+            }
+            self.poison(why.clone());
+            return Err(AppendError::Poisoned(why));
+        }
+        self.shared.head.send_replace(self.head);
+        self.shared.full.store(false, Ordering::SeqCst);
+        tracing::warn!(
+            head = self.head,
+            before = was,
+            replayed = opened.replayed,
+            "space returned; the log was reopened and takes appends again"
+        );
+        Ok(())
     }
 
     fn begin(&self) -> Result<WriteTransaction, StorageError> {
@@ -282,6 +379,9 @@ impl Writer {
         };
         if let Some(why) = self.poisoned() {
             return fail_all(group, AppendError::Poisoned(why));
+        }
+        if let Err(e) = self.try_reopen() {
+            return fail_all(group, e);
         }
         // I10: refuse the group while the disk is short of space, rather than let redb meet
         // ENOSPC inside a commit (which would poison the log until a restart).
@@ -311,9 +411,10 @@ impl Writer {
         // The stored bytes of the staged events, encoded once: for the events table and for
         // the journal record.
         let mut records: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut items = group.into_iter();
         let result = self.stage_group(
             &txn,
-            group,
+            &mut items,
             time_us,
             &mut staged,
             &mut records,
@@ -321,9 +422,21 @@ impl Writer {
         );
         if let Err(e) = result {
             drop(txn);
-            self.poison(e.clone());
+            self.stop(e.clone());
+            // Every request of the group is answered: those staged and the one that failed
+            // (in `pending`), and those not reached.
             for p in pending {
                 p.reply.err(AppendError::Storage(e.clone()));
+            }
+            for item in items {
+                match item {
+                    Item::Append(_, _, r) => {
+                        AnyReply::Append(r).err(AppendError::Storage(e.clone()))
+                    }
+                    Item::Command(_, r) => {
+                        AnyReply::Command(r).err(AppendError::Storage(e.clone()))
+                    }
+                }
             }
             return;
         }
@@ -385,7 +498,7 @@ impl Writer {
         }
         if let Err(e) = txn.commit() {
             let why = storage(e);
-            self.poison(why.clone());
+            self.stop(why.clone());
             for p in pending {
                 p.reply.err(AppendError::Storage(why.clone()));
             }
@@ -409,12 +522,12 @@ impl Writer {
             // The merge's commit is durable: a checkpoint.
             match self.merge_tail() {
                 Ok(()) => self.journal.reset(),
-                Err(e) => self.poison(e),
+                Err(e) => self.stop(e),
             }
         } else if self.journal.full()
             && let Err(e) = self.checkpoint()
         {
-            self.poison(e);
+            self.stop(e);
         }
     }
 
@@ -426,7 +539,7 @@ impl Writer {
     fn stage_group(
         &mut self,
         txn: &WriteTransaction,
-        group: Vec<Item>,
+        group: &mut std::vec::IntoIter<Item>,
         time_us: i64,
         staged: &mut Vec<(u64, NewEvent)>,
         records: &mut Vec<(u64, Vec<u8>)>,
@@ -438,7 +551,7 @@ impl Writer {
         let mut tables: Option<LogTables<'_>> = None;
         let shared = self.shared.clone();
         let tail = shared.tail.read().unwrap_or_else(|p| p.into_inner());
-        for item in group {
+        for item in group.by_ref() {
             let (events, expect, reply) = match item {
                 Item::Append(events, expect, reply) => (events, expect, AnyReply::Append(reply)),
                 Item::Command(f, reply) => {
@@ -466,6 +579,16 @@ impl Writer {
                 }
             };
             let base = staged.len();
+            // Answered with the group's error if a storage call fails below.
+            pending.push(Pending {
+                reply,
+                results: Vec::new(),
+            });
+            let answer = |pending: &mut Vec<Pending>, e: AppendError| {
+                if let Some(p) = pending.pop() {
+                    p.reply.err(e);
+                }
+            };
             if tables.is_none() {
                 tables = Some(LogTables {
                     events: txn.open_table(EVENTS).map_err(storage)?,
@@ -481,7 +604,7 @@ impl Writer {
                         for (_, undone) in staged.drain(base..) {
                             staged_ids.remove(undone.event_id.as_deref().unwrap_or_default());
                         }
-                        reply.err(failed.expect("checked above"));
+                        answer(pending, failed.expect("checked above"));
                         continue;
                     }
                     Ok(results) => results,
@@ -489,7 +612,7 @@ impl Writer {
                         for (_, undone) in staged.drain(base..) {
                             staged_ids.remove(undone.event_id.as_deref().unwrap_or_default());
                         }
-                        reply.err(conflict);
+                        answer(pending, conflict);
                         continue;
                     }
                 };
@@ -510,7 +633,9 @@ impl Writer {
                     h.apply(txn, &events)?;
                 }
             }
-            pending.push(Pending { reply, results });
+            if let Some(p) = pending.last_mut() {
+                p.results = results;
+            }
         }
         Ok(())
     }

@@ -545,7 +545,7 @@ proptest! {
         // The tasks model against the reference.
         let want = reference(&stored);
         for (id, rt_) in &want {
-            let got = read::task(log.db(), id).unwrap().expect("task row");
+            let got = read::task(&log.db(), id).unwrap().expect("task row");
             prop_assert_eq!(&got.status, &rt_.status, "status of {}", id);
             prop_assert_eq!(&got.current_run_id, &rt_.current);
             prop_assert_eq!(got.latest_event_seq, rt_.latest);
@@ -558,12 +558,12 @@ proptest! {
         }
         // The cursors model against its reference.
         for ((c, st, subject), want) in cursor_reference(&stored) {
-            let got = read::cursor(log.db(), &c, &st, &subject).unwrap();
+            let got = read::cursor(&log.db(), &c, &st, &subject).unwrap();
             prop_assert_eq!(got.last_sequence, want, "cursor {} {} {}", c, st, subject);
         }
         // Every projection that was sent an event that must change it recorded changes.
         let sent = |ty: &str| stored.iter().any(|(_, e)| e.event_type == ty);
-        let infos = read::projections(log.db(), log.head()).unwrap();
+        let infos = read::projections(&log.db(), log.head()).unwrap();
         for (proj, ty) in [
             ("deliveries", "delivery.created"),
             ("deliveries", "recipient.suppressed"),
@@ -580,7 +580,7 @@ proptest! {
         // Every projection: verify (no swap) and rebuild (swap) are identical to live.
         let head = log.head();
         for p in tidemark_projections::all() {
-            let before = read::projections(log.db(), head).unwrap().into_iter().find(|i| i.name == p.name()).unwrap();
+            let before = read::projections(&log.db(), head).unwrap().into_iter().find(|i| i.name == p.name()).unwrap();
             prop_assert_eq!(before.checkpoint, head);
             let v = rt.block_on(rebuild::rebuild(&log, p, false, |_, _| {})).unwrap();
             prop_assert!(v.identical, "verify of {} diverged at {:?}", p.name(), v.first_divergent_seq);
@@ -588,13 +588,13 @@ proptest! {
             let r = rt.block_on(rebuild::rebuild(&log, p, true, |_, _| {})).unwrap();
             prop_assert!(r.identical);
             prop_assert_eq!(r.events_replayed, head);
-            let after = read::projections(log.db(), head).unwrap().into_iter().find(|i| i.name == p.name()).unwrap();
+            let after = read::projections(&log.db(), head).unwrap().into_iter().find(|i| i.name == p.name()).unwrap();
             prop_assert_eq!(&after.digest, &before.digest);
             prop_assert_eq!(after.generation, before.generation + 1);
         }
         // After the swap the read model still answers the same.
         for (id, rt_) in &want {
-            let got = read::task(log.db(), id).unwrap().expect("task row after rebuild");
+            let got = read::task(&log.db(), id).unwrap().expect("task row after rebuild");
             prop_assert_eq!(&got.status, &rt_.status);
         }
         rt.block_on(log.close());
@@ -695,7 +695,7 @@ fn rebuild_under_concurrent_appends_misses_nothing() {
             total += a.await.unwrap();
         }
         let (tasks, _) = read::tasks(
-            log.db(),
+            &log.db(),
             &read::TaskFilter {
                 limit: 100_000,
                 ..Default::default()
@@ -707,7 +707,7 @@ fn rebuild_under_concurrent_appends_misses_nothing() {
             total,
             "every acknowledged task.created is in the model"
         );
-        let info = read::projections(log.db(), log.head()).unwrap();
+        let info = read::projections(&log.db(), log.head()).unwrap();
         assert!(info.iter().all(|i| i.lag == 0));
         log.close().await;
     });
@@ -733,7 +733,7 @@ fn an_old_projection_format_is_rebuilt_at_open() {
         .unwrap();
         rt.block_on(log.append(vec![e])).unwrap();
     }
-    let before = read::projections(log.db(), log.head()).unwrap();
+    let before = read::projections(&log.db(), log.head()).unwrap();
     rt.block_on(log.close());
     drop(log);
     {
@@ -756,7 +756,7 @@ fn an_old_projection_format_is_rebuilt_at_open() {
         txn.commit().unwrap();
     }
     let (log, _) = Log::open_with(&cfg, vec![tidemark_projections::projector()]).unwrap();
-    let after = read::projections(log.db(), log.head()).unwrap();
+    let after = read::projections(&log.db(), log.head()).unwrap();
     let (b, a) = (&before[0], &after[0]);
     assert_eq!(a.name, "tasks");
     assert_eq!(
@@ -767,7 +767,7 @@ fn an_old_projection_format_is_rebuilt_at_open() {
     assert_eq!(a.digest, b.digest, "the same log folds to the same model");
     assert_eq!(a.lag, 0);
     assert_eq!(
-        read::task(log.db(), "t19")
+        read::task(&log.db(), "t19")
             .unwrap()
             .unwrap()
             .project_id

@@ -13,7 +13,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 use tidemark_tests::{Server, ServerOpts};
 
-use crate::common::{append_ok, task_ev};
+use crate::common::{append_ok, ev, task_ev};
 
 /// A tmpfs mounted for the test, unmounted when dropped (before its temp dir goes).
 struct Mount(PathBuf, #[allow(dead_code)] tempfile::TempDir);
@@ -163,6 +163,147 @@ async fn a_full_disk_refuses_writes_with_507_and_recovers_without_a_restart() {
     );
     assert_eq!(after["last_seq"], head + 1, "{after}");
     assert_eq!(api.get("/healthz").await.status, StatusCode::OK);
+    s.sigterm();
+    s.wait_exit(Duration::from_secs(30)).await;
+}
+
+/// I10 when the reserve is not enough: `min_free = 0` and the filesystem filled to the last
+/// byte, so redb itself meets ENOSPC when a checkpoint writes the file (redb then refuses every
+/// call until reopened). Appends are refused with 507 (a group whose commit failed may be
+/// answered 503: its outcome is unknown, and it is wholly in the log or not at all), the log is
+/// not poisoned, `/healthz` answers 503; once space returns the server reopens the log in
+/// process by itself, within 5 s (asserted with 5× slack), and every acknowledged event is
+/// there — also after a `kill -9` and a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_full_inside_the_log_file_is_recovered_in_process() {
+    let fs = Mount::tmpfs("48m");
+    let mut s = Server::try_start(ServerOpts {
+        data_dir: Some(fs.path().join("data")),
+        config: Some("[log]\ncache_mb = 4\nmin_free = \"0\"\n".into()),
+        ..ServerOpts::default()
+    })
+    .await
+    .expect("the server starts on the small filesystem");
+    let api = s.api();
+    append_ok(
+        &api,
+        &ev(
+            "before",
+            "task_events",
+            "before",
+            "task.created",
+            json!({"project_id": "p"}),
+        ),
+    )
+    .await;
+    let filler = fs.path().join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).expect("the filler");
+        let chunk = vec![0u8; 1 << 20];
+        while f.write_all(&chunk).is_ok() {}
+        let small = vec![0u8; 4096];
+        while f.write_all(&small).is_ok() {}
+    }
+    let mut acked: Vec<String> = vec!["before".into()];
+    let mut unknown: Vec<String> = Vec::new();
+    let pad = "x".repeat(4000);
+    let mut refused = None;
+    for b in 0..400 {
+        let ids: Vec<String> = (0..50).map(|k| format!("fill-{b}-{k}")).collect();
+        let body = json!({"events": ids.iter().map(|id| json!({
+            "event_id": id, "stream": "task_events", "subject": id, "type": "task.created",
+            "payload": {"project_id": "p", "pad": pad}
+        })).collect::<Vec<_>>()});
+        let (st, reply) = api.append(&body).await;
+        match st {
+            StatusCode::CREATED => acked.extend(ids),
+            StatusCode::SERVICE_UNAVAILABLE => {
+                assert_eq!(reply["code"], "log_unavailable", "{reply}");
+                unknown.extend(ids);
+            }
+            StatusCode::INSUFFICIENT_STORAGE => {
+                refused = Some(reply);
+                break;
+            }
+            other => panic!("append answered {other}: {reply}"),
+        }
+    }
+    let refused = refused.expect("a full filesystem refuses appends with 507");
+    assert_eq!(refused["code"], "insufficient_storage", "{refused}");
+    eprintln!(
+        "the disk filled inside the log after {} acknowledged events ({} of unknown outcome)",
+        acked.len(),
+        unknown.len()
+    );
+    let r = api.get("/healthz").await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text);
+    assert_eq!(r.json["code"], "insufficient_storage", "{}", r.text);
+    // Reads go on from redb's cache (a read that would need the file before the reopen is
+    // answered 503 `log_unavailable`) — never a 500.
+    for path in [
+        "/v1/events?limit=5",
+        "/v1/tasks?limit=5",
+        "/v1/tasks/before",
+    ] {
+        let r = api.get(path).await;
+        eprintln!("{path} while the log file is full: {}", r.status);
+        assert!(
+            r.status == StatusCode::OK
+                || (r.status == StatusCode::SERVICE_UNAVAILABLE
+                    && r.json["code"] == "log_unavailable"),
+            "{path}: {} {}",
+            r.status,
+            r.text
+        );
+    }
+
+    std::fs::remove_file(&filler).expect("remove the filler");
+    let freed = Instant::now();
+    // No request is needed: the server reopens the log by itself.
+    loop {
+        if api.get("/healthz").await.status == StatusCode::OK {
+            break;
+        }
+        assert!(
+            freed.elapsed() < Duration::from_secs(25),
+            "/healthz still 503 25 s after space returned: {}",
+            api.get("/healthz").await.text
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("healthy again {:?} after space returned", freed.elapsed());
+    append_ok(
+        &api,
+        &ev(
+            "after",
+            "task_events",
+            "after",
+            "task.created",
+            json!({"project_id": "p"}),
+        ),
+    )
+    .await;
+    acked.push("after".into());
+    let check = |events: Vec<serde_json::Value>| {
+        let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "dense");
+        let got: Vec<String> = events
+            .iter()
+            .map(|e| e["event_id"].as_str().unwrap().to_owned())
+            // The server's own events (its settings at start) aside.
+            .filter(|id| id.starts_with("fill-") || id == "before" || id == "after")
+            .filter(|id| !unknown.contains(id))
+            .collect();
+        assert_eq!(
+            got, acked,
+            "every acknowledged event, in order, nothing refused"
+        );
+    };
+    check(api.read_all_with("", 1000).await);
+    s.kill9();
+    s.restart().await;
+    check(s.api().read_all_with("", 1000).await);
     s.sigterm();
     s.wait_exit(Duration::from_secs(30)).await;
 }
