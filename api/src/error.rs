@@ -110,6 +110,29 @@ impl ApiError {
         )
     }
 
+    /// The read models had not folded the log up to what the read waits for (spec section 7).
+    pub fn projection_lagging(want: u64, at: u64) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "projection_lagging",
+            format!(
+                "the read models have folded the log up to seq {at}, behind the seq {want} this \
+                 read must reflect; retry shortly"
+            ),
+        )
+        .retry_after(1)
+    }
+
+    /// A failed query: lagging models, or storage.
+    pub fn query(context: &str, err: &tidemark_engine::QueryError) -> Self {
+        match err {
+            tidemark_engine::QueryError::Lagging { want, at } => {
+                Self::projection_lagging(*want, *at)
+            }
+            tidemark_engine::QueryError::Storage(e) => Self::storage(context, e),
+        }
+    }
+
     pub fn internal(context: &str, err: impl std::fmt::Display) -> Self {
         tracing::error!(error = %err, "{context}");
         Self::new(

@@ -28,7 +28,7 @@ fn fault_delay() -> Option<Duration> {
 /// Where the router resumes: the highest source seq the notifications model has seen
 /// (blocking).
 pub(crate) fn checkpoint(engine: &Engine) -> Result<u64, StorageError> {
-    engine.read().router_checkpoint()
+    Ok(engine.read().router_checkpoint()?)
 }
 
 fn derive(engine: &Engine, ev: &Event) -> Result<Option<NewEvent>, StorageError> {

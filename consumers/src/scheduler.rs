@@ -24,7 +24,7 @@ const EXPIRE_BATCH: usize = 1_000;
 
 /// Where routing resumes: the last notification or cancellation it handled (blocking).
 pub(crate) fn checkpoint(engine: &Engine) -> Result<u64, StorageError> {
-    engine.read().routing_checkpoint()
+    Ok(engine.read().routing_checkpoint()?)
 }
 
 fn relevant(ev: &Event) -> bool {

@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod commands;
+mod follow;
 mod queries;
 
 use std::sync::Arc;
@@ -28,7 +29,8 @@ use tidemark_projections::names::EventType;
 use tidemark_projections::rebuild::RebuildReport;
 
 pub use commands::{Command, Outcome};
-pub use queries::{LAG_CAP, Lag, Queries};
+pub use follow::FOLLOW_BATCH;
+pub use queries::{LAG_CAP, Lag, Queries, QueryError, READ_WAIT};
 
 /// The redb items the commands use inside the writer's transaction; nothing of it is public.
 mod store {
@@ -43,28 +45,47 @@ pub fn wall_clock() -> Clock {
     Arc::new(tidemark_log::time::now_micros)
 }
 
-/// Handle to an open engine. Cheap to clone; all clones share one log writer.
+/// Handle to an open engine. Cheap to clone; all clones share one log writer and one
+/// projection follower (stopped when the last clone is dropped, or by [`Engine::close`]).
 #[derive(Clone)]
 pub struct Engine {
     log: Log,
     clock: Clock,
     queries: Queries,
+    follower: Arc<follow::Follower>,
+}
+
+/// Catch every read model up to `head` inside the writer's transaction: what a command does
+/// before it decides (spec section 3: against state current at the head, never a lagging
+/// follower).
+fn at_head(txn: &redb::WriteTransaction, head: u64) -> Result<(), CommandError> {
+    tidemark_projections::framework::catch_up(txn, &tidemark_projections::all(), head, u64::MAX)
+        .map(drop)
+        .map_err(CommandError::Storage)
 }
 
 impl Engine {
-    /// Open (or create) the log with every projection kept current by its writer (blocking:
-    /// call from a blocking context in async code).
+    /// Open (or create) the log; the projections are caught up with it, then follow it in a
+    /// thread of their own (blocking: call from a blocking context in async code).
     pub fn open(cfg: &LogConfig) -> Result<(Engine, OpenReport), OpenError> {
-        let (log, report) = Log::open_with(cfg, vec![tidemark_projections::projector()])?;
-        Ok((Engine::from_log(log), report))
-    }
-
-    fn from_log(log: Log) -> Engine {
-        Engine {
-            queries: Queries::new(log.clone()),
-            log,
-            clock: wall_clock(),
-        }
+        let (log, report) = Log::open_with(cfg, vec![tidemark_projections::following_projector()])?;
+        let progress = Arc::new(follow::Progress::default());
+        progress.advance(
+            tidemark_projections::framework::checkpoint(&log.db(), &tidemark_projections::all())
+                .map_err(OpenError::Storage)?,
+        );
+        let follower = follow::Follower::spawn(log.clone(), progress.clone()).map_err(|e| {
+            OpenError::Storage(StorageError::new("cannot start the projection follower", e))
+        })?;
+        Ok((
+            Engine {
+                queries: Queries::new(log.clone(), progress),
+                log,
+                clock: wall_clock(),
+                follower: Arc::new(follower),
+            },
+            report,
+        ))
     }
 
     /// The same engine reading time from `clock` (tests drive due times with it).
@@ -93,9 +114,10 @@ impl Engine {
         (self.clock)()
     }
 
-    /// Execute `cmd`: inside the writer's transaction it reads the state left by every event
-    /// before it, decides, and its events are appended and folded in the same durable commit.
-    /// A refusal (`CommandError::Rejected`) appends nothing.
+    /// Execute `cmd`: inside the writer's transaction it catches the read models up to the
+    /// head (every event before it, those of its own group included), decides, and its events
+    /// are appended in the same durable commit. A refusal (`CommandError::Rejected`) appends
+    /// nothing.
     pub async fn execute(
         &self,
         cmd: impl Into<Command>,
@@ -105,7 +127,10 @@ impl Engine {
         let clock = self.clock.clone();
         let r = self
             .log
-            .command(true, move |txn, _head| commands::run(txn, clock(), cmd))
+            .command(true, move |txn, head| {
+                at_head(txn, head)?;
+                commands::run(txn, clock(), cmd)
+            })
             .await;
         let result = match &r {
             Ok(_) => "ok",
@@ -120,34 +145,40 @@ impl Engine {
     /// Append a client's batch (atomic, idempotent). Backpressure (spec section 4, I8): when
     /// the batch requests a notification and more than `max_pending` deliveries are pending,
     /// it is refused (`Rejected` / `Overloaded`, code `outbox_full`) and nothing is appended;
-    /// lifecycle events are never refused for it.
+    /// lifecycle events are never refused for it. The check is a command: it counts the
+    /// pending deliveries at the head, in the transaction that appends the batch.
     pub async fn append_from_client(
         &self,
         events: Vec<NewEvent>,
         max_pending: u64,
     ) -> Result<AppendReceipt, CommandError> {
-        if events
+        if !events
             .iter()
             .any(|e| e.event_type == EventType::NotificationRequested)
         {
-            let q = self.queries.clone();
-            let pending = tokio::task::spawn_blocking(move || q.pending_deliveries())
-                .await
-                .map_err(|e| CommandError::Storage(StorageError::of(e)))?
-                .map_err(CommandError::Storage)?;
-            if pending > max_pending {
-                metrics::counter!("tidemark_outbox_refused_total").increment(1);
-                return Err(CommandError::rejected(
-                    RejectKind::Overloaded,
-                    "outbox_full",
-                    format!(
-                        "{pending} deliveries are pending, above outbox.max_pending \
-                         ({max_pending}); retry later"
-                    ),
-                ));
-            }
+            return Ok(self.log.append(events).await?);
         }
-        Ok(self.log.append(events).await?)
+        let (_, receipt) = self
+            .log
+            .command(true, move |txn, head| {
+                at_head(txn, head)?;
+                let pending = tidemark_projections::deliveries::pending_in(txn)
+                    .map_err(CommandError::Storage)?;
+                if pending > max_pending {
+                    metrics::counter!("tidemark_outbox_refused_total").increment(1);
+                    return Err(CommandError::rejected(
+                        RejectKind::Overloaded,
+                        "outbox_full",
+                        format!(
+                            "{pending} deliveries are pending, above outbox.max_pending \
+                             ({max_pending}); retry later"
+                        ),
+                    ));
+                }
+                Ok(((), events))
+            })
+            .await?;
+        Ok(receipt)
     }
 
     /// Rebuild (`swap`) or verify projection `name` from the log; `None` when there is no such
@@ -177,8 +208,11 @@ impl Engine {
         self.log.is_poisoned()
     }
 
-    /// Stop the writer after the requests already queued, and wait for it.
+    /// Stop the projection follower, then the writer after the requests already queued, and
+    /// wait for both.
     pub async fn close(&self) {
+        let follower = self.follower.clone();
+        let _ = tokio::task::spawn_blocking(move || follower.stop()).await;
         self.log.close().await
     }
 }

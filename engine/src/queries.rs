@@ -1,8 +1,13 @@
 //! The one reader of the read models: every query of the API and the reactors. Each method
 //! answers from one read transaction (blocking: call it from a blocking context in async
-//! code); errors are storage failures.
+//! code). The models follow the log (`follow.rs`), so a query of a read model first waits —
+//! at most [`READ_WAIT`] — until every model has folded the log up to the head as of the call
+//! (spec section 7: a client reads its own writes), or answers [`QueryError::Lagging`]. The
+//! admin listing, the lags and the non-waiting KPIs (for `/metrics`) never wait.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tidemark_log::{Log, ReadPage, ReadQuery, StorageError};
 use tidemark_projections::bridges::Subscription;
@@ -15,7 +20,54 @@ use tidemark_projections::read::{
 };
 use tidemark_projections::tasks::Task;
 
-type R<T> = Result<T, StorageError>;
+type R<T> = Result<T, QueryError>;
+
+/// How long a read waits for the models to reach the head before answering `Lagging`.
+pub const READ_WAIT: Duration = Duration::from_secs(5);
+
+/// Why a query has no answer.
+#[derive(Debug, Clone)]
+pub enum QueryError {
+    Storage(StorageError),
+    /// The read models had not folded the log up to `want` after [`READ_WAIT`]; they were at
+    /// `at`.
+    Lagging {
+        want: u64,
+        at: u64,
+    },
+}
+
+impl From<StorageError> for QueryError {
+    fn from(e: StorageError) -> Self {
+        QueryError::Storage(e)
+    }
+}
+
+impl std::fmt::Display for QueryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueryError::Storage(e) => e.fmt(f),
+            QueryError::Lagging { want, at } => write!(
+                f,
+                "the read models are at seq {at}, behind the {want} this read waits for"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for QueryError {}
+
+/// For the reactors, which treat any failed read as a storage failure to retry.
+impl From<QueryError> for StorageError {
+    fn from(e: QueryError) -> Self {
+        match e {
+            QueryError::Storage(e) => e,
+            lagging @ QueryError::Lagging { .. } => {
+                StorageError::new("the read models lag behind the log", lagging)
+            }
+        }
+    }
+}
 
 /// Events past a cursor are counted up to this many.
 pub const LAG_CAP: u64 = 10_000;
@@ -39,15 +91,42 @@ pub struct Lag {
     pub last_error: Option<String>,
 }
 
-/// Queries of the read models, as of the last commit.
+/// Queries of the read models, as of at least the head when they are called.
 #[derive(Clone)]
 pub struct Queries {
     log: Log,
+    progress: Arc<crate::follow::Progress>,
 }
 
 impl Queries {
-    pub(crate) fn new(log: Log) -> Queries {
-        Queries { log }
+    pub(crate) fn new(log: Log, progress: Arc<crate::follow::Progress>) -> Queries {
+        Queries { log, progress }
+    }
+
+    /// Wait until every read model has folded the log up to the head now, or `min_seq` if
+    /// higher (a seq the caller saw elsewhere), at most [`READ_WAIT`]; the seq every answer
+    /// read afterwards reflects at least (`as_of_seq`).
+    pub fn floor(&self, min_seq: u64) -> R<u64> {
+        let want = self.log.head().max(min_seq);
+        let known = self.progress.get();
+        if known >= want {
+            return Ok(known);
+        }
+        let until = Instant::now() + READ_WAIT;
+        let models = tidemark_projections::all();
+        loop {
+            // The models' own checkpoints: a command may have folded them in the writer.
+            let at = tidemark_projections::framework::checkpoint(&self.log.db(), &models)?;
+            if at >= want {
+                self.progress.advance(at);
+                return Ok(at);
+            }
+            if Instant::now() >= until {
+                metrics::counter!("tidemark_reads_lagging_total").increment(1);
+                return Err(QueryError::Lagging { want, at });
+            }
+            self.progress.wait(want, until, Duration::from_millis(20));
+        }
     }
 
     /// A page of events as clients see them: webhook secrets redacted.
@@ -59,43 +138,65 @@ impl Queries {
         Ok(page)
     }
 
-    /// Every projection with its checkpoint, lag behind the head and digest.
+    /// Every projection with its checkpoint, lag behind the head and digest (never waits).
     pub fn projections(&self) -> R<Vec<ProjectionInfo>> {
-        read::projections(&self.log.db(), self.log.head())
+        Ok(read::projections(&self.log.db(), self.log.head())?)
+    }
+
+    /// Outbox KPIs as the deliveries model stands now, without waiting (for `/metrics`).
+    pub fn kpis_now(
+        &self,
+        now_us: i64,
+        stuck_after_ms: u64,
+        interval_ms: u64,
+    ) -> R<(Kpis, BTreeMap<String, Kpis>)> {
+        Ok(read::kpis(
+            &self.log.db(),
+            now_us,
+            stuck_after_ms,
+            interval_ms,
+        )?)
     }
 
     pub fn task(&self, task_id: &str) -> R<Option<Task>> {
-        read::task(&self.log.db(), task_id)
+        self.floor(0)?;
+        Ok(read::task(&self.log.db(), task_id)?)
     }
 
     /// A page of tasks and the cursor of the next page.
     pub fn tasks(&self, f: &TaskFilter) -> R<(Vec<Task>, Option<String>)> {
-        read::tasks(&self.log.db(), f)
+        self.floor(0)?;
+        Ok(read::tasks(&self.log.db(), f)?)
     }
 
     /// Notifications newest first and the `before_seq` of the next page.
     pub fn notifications(&self, f: &NotificationFilter) -> R<(Vec<Notification>, Option<u64>)> {
-        read::notifications(&self.log.db(), f)
+        self.floor(0)?;
+        Ok(read::notifications(&self.log.db(), f)?)
     }
 
     /// The highest source seq the notification router has derived from.
     pub fn router_checkpoint(&self) -> R<u64> {
-        read::router_checkpoint(&self.log.db())
+        self.floor(0)?;
+        Ok(read::router_checkpoint(&self.log.db())?)
     }
 
     /// The notification settings last recorded in the log.
     pub fn current_settings(&self) -> R<Option<serde_json::Value>> {
-        read::current_settings(&self.log.db())
+        self.floor(0)?;
+        Ok(read::current_settings(&self.log.db())?)
     }
 
     /// One delivery and its timeline.
     pub fn delivery(&self, id: &str) -> R<Option<(Delivery, Vec<Step>)>> {
-        read::delivery(&self.log.db(), id)
+        self.floor(0)?;
+        Ok(read::delivery(&self.log.db(), id)?)
     }
 
     /// A page of deliveries and the id to continue after.
     pub fn deliveries(&self, f: &DeliveryFilter) -> R<(Vec<Delivery>, Option<String>)> {
-        read::deliveries(&self.log.db(), f)
+        self.floor(0)?;
+        Ok(read::deliveries(&self.log.db(), f)?)
     }
 
     /// Outbox KPIs overall and per sink, judged at `now_us`.
@@ -105,52 +206,72 @@ impl Queries {
         stuck_after_ms: u64,
         interval_ms: u64,
     ) -> R<(Kpis, BTreeMap<String, Kpis>)> {
-        read::kpis(&self.log.db(), now_us, stuck_after_ms, interval_ms)
+        self.floor(0)?;
+        Ok(read::kpis(
+            &self.log.db(),
+            now_us,
+            stuck_after_ms,
+            interval_ms,
+        )?)
     }
 
     /// Deliveries not yet sent, skipped, cancelled or discarded.
     pub fn pending_deliveries(&self) -> R<u64> {
-        read::pending_deliveries(&self.log.db())
+        self.floor(0)?;
+        Ok(read::pending_deliveries(&self.log.db())?)
     }
 
     /// The seq of the last notification or cancellation routing has handled.
     pub fn routing_checkpoint(&self) -> R<u64> {
-        read::routing_checkpoint(&self.log.db())
+        self.floor(0)?;
+        Ok(read::routing_checkpoint(&self.log.db())?)
     }
 
     /// A cursor, or its zero state.
     pub fn cursor(&self, consumer_id: &str, stream_name: &str, subject_id: &str) -> R<Cursor> {
-        read::cursor(&self.log.db(), consumer_id, stream_name, subject_id)
+        self.floor(0)?;
+        Ok(read::cursor(
+            &self.log.db(),
+            consumer_id,
+            stream_name,
+            subject_id,
+        )?)
     }
 
     /// Cursors (of one consumer), at most `limit`.
     pub fn cursors(&self, consumer_id: Option<&str>, limit: usize) -> R<Vec<Cursor>> {
-        read::cursors(&self.log.db(), consumer_id, limit)
+        self.floor(0)?;
+        Ok(read::cursors(&self.log.db(), consumer_id, limit)?)
     }
 
     pub fn subscription(&self, id: &str) -> R<Option<Subscription>> {
-        read::subscription(&self.log.db(), id)
+        self.floor(0)?;
+        Ok(read::subscription(&self.log.db(), id)?)
     }
 
     /// Active subscriptions of a task.
     pub fn task_subscriptions(&self, task_id: &str) -> R<Vec<Subscription>> {
-        read::task_subscriptions(&self.log.db(), task_id)
+        self.floor(0)?;
+        Ok(read::task_subscriptions(&self.log.db(), task_id)?)
     }
 
     /// Active subscriptions of a bridge.
     pub fn bridge_subscriptions(&self, bridge_id: &str) -> R<Vec<Subscription>> {
-        read::bridge_subscriptions(&self.log.db(), bridge_id)
+        self.floor(0)?;
+        Ok(read::bridge_subscriptions(&self.log.db(), bridge_id)?)
     }
 
     /// Every active subscription.
     pub fn all_active_subscriptions(&self) -> R<Vec<Subscription>> {
-        read::all_active_subscriptions(&self.log.db())
+        self.floor(0)?;
+        Ok(read::all_active_subscriptions(&self.log.db())?)
     }
 
     /// Every cursor, and every active bridge subscription's cursor (zero or not), with its lag
     /// judged at `now_us`.
     pub fn lags(&self, now_us: i64, stuck_after_ms: u64) -> R<Vec<Lag>> {
-        let mut all = self.cursors(None, 100_000)?;
+        let db = self.log.db();
+        let mut all = read::cursors(&db, None, 100_000)?;
         let known: std::collections::HashSet<(String, String, String)> = all
             .iter()
             .map(|c| {
@@ -161,7 +282,7 @@ impl Queries {
                 )
             })
             .collect();
-        for sub in self.all_active_subscriptions()? {
+        for sub in read::all_active_subscriptions(&db)? {
             let consumer = tidemark_projections::names::ids::bridge_consumer(&sub.subscription_id);
             let key = (consumer, Stream::TaskEvents.into(), sub.target.task_id);
             if !known.contains(&key) {

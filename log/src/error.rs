@@ -65,37 +65,39 @@ impl StorageError {
     }
 }
 
-/// The OS error inside `e`: an `io::Error`, or one that redb wraps (redb's errors do not
-/// name it as their `source`).
-fn io_of<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a std::io::Error> {
-    fn of_storage(s: &redb::StorageError) -> Option<&std::io::Error> {
-        match s {
-            redb::StorageError::Io(io) => Some(io),
-            _ => None,
-        }
+/// The redb storage error inside `e`, if `e` is one of redb's errors that wrap one (redb's
+/// errors do not name it as their `source`).
+fn redb_storage_of<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a redb::StorageError> {
+    if let Some(s) = e.downcast_ref::<redb::StorageError>() {
+        return Some(s);
     }
+    if let Some(redb::CommitError::Storage(s)) = e.downcast_ref::<redb::CommitError>() {
+        return Some(s);
+    }
+    if let Some(redb::TableError::Storage(s)) = e.downcast_ref::<redb::TableError>() {
+        return Some(s);
+    }
+    if let Some(redb::TransactionError::Storage(s)) = e.downcast_ref::<redb::TransactionError>() {
+        return Some(s);
+    }
+    if let Some(redb::DatabaseError::Storage(s)) = e.downcast_ref::<redb::DatabaseError>() {
+        return Some(s);
+    }
+    None
+}
+
+/// The OS error inside `e`: an `io::Error`, or one that redb wraps.
+fn io_of<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a std::io::Error> {
     if let Some(io) = e.downcast_ref::<std::io::Error>() {
         return Some(io);
-    }
-    if let Some(s) = e.downcast_ref::<redb::StorageError>() {
-        return of_storage(s);
     }
     if let Some(redb::Error::Io(io)) = e.downcast_ref::<redb::Error>() {
         return Some(io);
     }
-    if let Some(redb::CommitError::Storage(s)) = e.downcast_ref::<redb::CommitError>() {
-        return of_storage(s);
+    match redb_storage_of(e) {
+        Some(redb::StorageError::Io(io)) => Some(io),
+        _ => None,
     }
-    if let Some(redb::TableError::Storage(s)) = e.downcast_ref::<redb::TableError>() {
-        return of_storage(s);
-    }
-    if let Some(redb::TransactionError::Storage(s)) = e.downcast_ref::<redb::TransactionError>() {
-        return of_storage(s);
-    }
-    if let Some(redb::DatabaseError::Storage(s)) = e.downcast_ref::<redb::DatabaseError>() {
-        return of_storage(s);
-    }
-    None
 }
 
 impl std::fmt::Display for StorageError {

@@ -183,6 +183,11 @@ pub trait CommitHook: Send + 'static {
     /// Fold newly appended events (in seq order) into the state.
     fn apply(&mut self, txn: &redb::WriteTransaction, events: &[Event])
     -> Result<(), StorageError>;
+    /// Whether [`Self::apply`] wants the events of every commit (a hook whose state follows
+    /// the log in its own transactions does not, and the writer then builds none).
+    fn folds_commits(&self) -> bool {
+        true
+    }
 }
 
 /// Visit the events with `after < seq <= upto` in order, as `txn` sees them (a command's

@@ -80,6 +80,7 @@ impl Store for FileStore {
 pub(crate) struct Opened {
     pub db: Arc<dyn Store>,
     pub journal: Arc<dyn Store>,
+    pub cause: Arc<Cause>,
 }
 
 impl Storage {
@@ -113,11 +114,13 @@ impl Storage {
                 Ok(Opened {
                     db: Arc::new(db),
                     journal: Arc::new(FileStore::open(&journal).map_err(file_err(&journal))?),
+                    cause: Arc::default(),
                 })
             }
             Storage::Stores { db, journal } => Ok(Opened {
                 db: db.clone(),
                 journal: journal.clone(),
+                cause: Arc::default(),
             }),
         }
     }
@@ -151,24 +154,60 @@ impl fmt::Debug for Storage {
     }
 }
 
-/// A [`Store`] as redb's backend.
+/// What the last failed call on the redb file met (redb then refuses every call until it is
+/// reopened, answering `PreviousIo` whoever makes it): nothing, a full disk, or another
+/// failure. Shared by every `Backend` of one log, so whoever meets a `PreviousIo` — the writer
+/// or the projection follower — knows whether a full disk caused it.
+#[derive(Debug, Default)]
+pub(crate) struct Cause(std::sync::atomic::AtomicU8);
+
+impl Cause {
+    const FULL: u8 = 1;
+    const OTHER: u8 = 2;
+
+    fn record<T>(&self, r: io::Result<T>) -> io::Result<T> {
+        if let Err(e) = &r {
+            let c = if e.kind() == io::ErrorKind::StorageFull {
+                Self::FULL
+            } else {
+                Self::OTHER
+            };
+            self.0.store(c, std::sync::atomic::Ordering::SeqCst);
+        }
+        r
+    }
+
+    /// A full disk failed the last failed call on the redb file.
+    pub(crate) fn full(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst) == Self::FULL
+    }
+
+    pub(crate) fn clear(&self) {
+        self.0.store(0, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A [`Store`] as redb's backend, recording what a failed call met.
 #[derive(Debug)]
-pub(crate) struct Backend(pub(crate) Arc<dyn Store>);
+pub(crate) struct Backend {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) cause: Arc<Cause>,
+}
 
 impl redb::StorageBackend for Backend {
     fn len(&self) -> Result<u64, io::Error> {
-        self.0.len()
+        self.cause.record(self.store.len())
     }
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
-        self.0.read(offset, out)
+        self.cause.record(self.store.read(offset, out))
     }
     fn set_len(&self, len: u64) -> Result<(), io::Error> {
-        self.0.set_len(len)
+        self.cause.record(self.store.set_len(len))
     }
     fn sync_data(&self) -> Result<(), io::Error> {
-        self.0.sync_data()
+        self.cause.record(self.store.sync_data())
     }
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
-        self.0.write(offset, data)
+        self.cause.record(self.store.write(offset, data))
     }
 }

@@ -77,7 +77,10 @@ pub(crate) fn open(
             tracing::debug!(progress = session.progress(), "repairing log file");
         });
     let db = builder
-        .create_with_backend(crate::storage::Backend(stores.db.clone()))
+        .create_with_backend(crate::storage::Backend {
+            store: stores.db.clone(),
+            cause: stores.cause.clone(),
+        })
         .map_err(|e| OpenError::Database {
             path: path.to_owned(),
             source: Box::new(e),

@@ -240,6 +240,7 @@ impl Writer {
         }
         // A clean stop leaves nothing to replay.
         if self.poisoned().is_none()
+            && !self.is_full()
             && let Err(e) = self.checkpoint()
         {
             tracing::error!(error = %e, "the closing checkpoint failed; the journal will be replayed at open");
@@ -278,7 +279,8 @@ impl Writer {
     /// every call after an I/O error, and goes back to its last durable commit when reopened,
     /// the journal holding every group since); any other until a restart.
     fn stop(&self, why: StorageError) {
-        if why.is_storage_full() {
+        // A `PreviousIo` after an earlier call met a full disk counts as full too.
+        if why.is_storage_full() || self.stores.cause.full() {
             tracing::error!(error = %why, "the disk is full; appends are refused until space returns");
             self.shared.full.store(true, Ordering::SeqCst);
         } else {
@@ -344,6 +346,7 @@ impl Writer {
             return Err(AppendError::Poisoned(why));
         }
         self.shared.head.send_replace(self.head);
+        self.stores.cause.clear();
         self.shared.full.store(false, Ordering::SeqCst);
         tracing::warn!(
             head = self.head,
@@ -396,7 +399,10 @@ impl Writer {
         }
         let mut txn = match self.begin() {
             Ok(t) => t,
-            Err(e) => return fail_all(group, AppendError::Storage(e)),
+            Err(e) => {
+                self.stop(e.clone());
+                return fail_all(group, AppendError::Storage(e));
+            }
         };
         // The journal record is the group's durable point; redb's commit only makes it visible
         // (a checkpoint makes redb durable every `journal::CHECKPOINT_*`). A durable command
@@ -624,13 +630,15 @@ impl Writer {
                     records.push((*seq, b));
                 }
             }
-            if !self.hooks.is_empty() && staged.len() > base {
+            if staged.len() > base && self.hooks.iter().any(|h| h.folds_commits()) {
                 let events: Vec<Event> = staged[base..]
                     .iter()
                     .map(|(seq, ev)| ev.to_event(*seq, time_us))
                     .collect::<Result<_, _>>()?;
                 for h in &mut self.hooks {
-                    h.apply(txn, &events)?;
+                    if h.folds_commits() {
+                        h.apply(txn, &events)?;
+                    }
                 }
             }
             if let Some(p) = pending.last_mut() {

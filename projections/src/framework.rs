@@ -283,14 +283,98 @@ pub(crate) fn drop_other_generations(
     Ok(stale.len())
 }
 
-/// The hook that keeps every projection current with every commit.
+/// Fold every projection of `projections` forward from its checkpoint towards `upto` — at
+/// most `max` events past the lowest checkpoint — in `txn`, with the fold code a rebuild uses
+/// (the log is read once for all of them). The projection follower calls it in its own
+/// transactions; a command calls it in the writer's transaction before it decides, so it
+/// decides against state current at the head (spec section 3). Returns the lowest checkpoint
+/// after.
+pub fn catch_up(
+    txn: &WriteTransaction,
+    projections: &[&'static dyn Projection],
+    upto: u64,
+    max: u64,
+) -> Result<u64, StorageError> {
+    let mut metas = Vec::with_capacity(projections.len());
+    {
+        let t = txn.open_table(META).map_err(StorageError::of)?;
+        for p in projections {
+            metas.push(match t.get(p.name()).map_err(StorageError::of)? {
+                Some(b) => postcard::from_bytes::<Meta>(b.value()).map_err(StorageError::of)?,
+                None => Meta {
+                    version: p.version(),
+                    ..Meta::default()
+                },
+            });
+        }
+    }
+    let from = metas.iter().map(|m| m.checkpoint).min().unwrap_or(upto);
+    if from >= upto {
+        return Ok(from);
+    }
+    let end = upto.min(from.saturating_add(max.max(1)));
+    let mut events = Vec::with_capacity((end - from).min(1 << 16) as usize);
+    scan_events(txn, from, end, |ev| {
+        events.push(ev);
+        Ok(true)
+    })?;
+    let mut t = None;
+    for (p, meta) in projections.iter().zip(metas.iter_mut()) {
+        if meta.checkpoint >= end {
+            continue;
+        }
+        let start = events.partition_point(|e| e.seq <= meta.checkpoint);
+        fold_all(txn, *p, meta.generation, &events[start..], meta)?;
+        meta.checkpoint = end;
+        let t = match &mut t {
+            Some(t) => t,
+            None => t.insert(txn.open_table(META).map_err(StorageError::of)?),
+        };
+        let b = postcard::to_stdvec(&*meta).map_err(StorageError::of)?;
+        t.insert(p.name(), b.as_slice()).map_err(StorageError::of)?;
+    }
+    Ok(metas.iter().map(|m| m.checkpoint).min().unwrap_or(end))
+}
+
+/// The lowest checkpoint of `projections` in one read transaction: every read model reflects
+/// the log at least up to it.
+pub fn checkpoint(
+    db: &redb::Database,
+    projections: &[&'static dyn Projection],
+) -> Result<u64, StorageError> {
+    let r = Reader::new(db)?;
+    let mut low = u64::MAX;
+    for p in projections {
+        low = low.min(r.meta(p.name())?.checkpoint);
+    }
+    Ok(if low == u64::MAX { 0 } else { low })
+}
+
+/// The hook that keeps the projections' tables in order in the log's writer: at open it
+/// drops what an interrupted rebuild left, rebuilds a projection whose format changed and
+/// catches every projection up with the log. Folding the new events is the follower's work
+/// (`tidemark_engine`), in its own transactions, unless the projector was made `inline`
+/// (then every commit folds its own events, as the fold tests use it).
 pub struct Projector {
     projections: Vec<&'static dyn Projection>,
+    inline: bool,
 }
 
 impl Projector {
+    /// Projections that fold every commit's events inside that commit.
     pub fn new(projections: Vec<&'static dyn Projection>) -> Self {
-        Projector { projections }
+        Projector {
+            projections,
+            inline: true,
+        }
+    }
+
+    /// Projections that follow the log: commits do not fold.
+    pub fn following(projections: Vec<&'static dyn Projection>) -> Self {
+        Projector {
+            projections,
+            inline: false,
+        }
     }
 }
 
@@ -349,7 +433,14 @@ impl CommitHook for Projector {
         Ok(())
     }
 
+    fn folds_commits(&self) -> bool {
+        self.inline
+    }
+
     fn apply(&mut self, txn: &WriteTransaction, events: &[Event]) -> Result<(), StorageError> {
+        if !self.inline {
+            return Ok(());
+        }
         // One open of the meta table for all projections (this runs for every request the
         // writer accepts, commands included).
         let mut metas = Vec::with_capacity(self.projections.len());

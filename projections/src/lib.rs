@@ -63,7 +63,14 @@ pub fn by_name(name: &str) -> Option<&'static dyn Projection> {
     all().into_iter().find(|p| p.name() == name)
 }
 
-/// The hook to pass to `Log::open_with`.
+/// The hook to pass to `Log::open_with` for projections folded inside every commit (the
+/// fold tests and the rebuild benchmark's baseline).
 pub fn projector() -> Box<dyn tidemark_log::CommitHook> {
     Box::new(Projector::new(all()))
+}
+
+/// The hook to pass to `Log::open_with` for projections that follow the log (the engine's
+/// follower folds them, and commands catch them up to the head before deciding).
+pub fn following_projector() -> Box<dyn tidemark_log::CommitHook> {
+    Box::new(Projector::following(all()))
 }

@@ -8,7 +8,6 @@ use redb::ReadableTable;
 
 use crate::deliveries::{self, Delivery};
 use crate::framework::{Reader, be_u64};
-use crate::names::DeliveryStatus;
 use crate::notifications::{self, Notification};
 use crate::tasks::{self, Task};
 
@@ -417,21 +416,10 @@ pub fn kpis(
 /// Pending deliveries (queued + leased + retry_wait) over all sinks: the backpressure gauge.
 pub fn pending_deliveries(db: &redb::Database) -> Result<u64, StorageError> {
     let r = Reader::new(db)?;
-    let Some(t) = r.table(deliveries::NAME, deliveries::COUNTS)? else {
-        return Ok(0);
-    };
-    let mut n = 0;
-    for row in t.iter().map_err(StorageError::of)? {
-        let (k, v) = row.map_err(StorageError::of)?;
-        let k = k.value();
-        if DeliveryStatus::PENDING.iter().any(|s| {
-            let s = s.as_str();
-            k.ends_with(s.as_bytes()) && k.len() > s.len() && k[k.len() - s.len() - 1] == 0
-        }) {
-            n += be_u64(v.value()).unwrap_or(0);
-        }
+    match r.table(deliveries::NAME, deliveries::COUNTS)? {
+        Some(t) => deliveries::count_pending(&t),
+        None => Ok(0),
     }
-    Ok(n)
 }
 
 /// Highest source seq the delivery routing has handled.

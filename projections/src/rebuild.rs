@@ -108,6 +108,9 @@ pub async fn rebuild(
     while !state.done {
         let (next, _) = log
             .command(true, move |txn, head| {
+                // The live models follow the log: bring them to the head first, so the live
+                // chain this chunk is compared with is complete.
+                crate::framework::catch_up(txn, &crate::all(), head, u64::MAX).map_err(st)?;
                 let mut s = state;
                 let from = s.new.checkpoint;
                 let upto = head.min(from + CHUNK);

@@ -133,9 +133,11 @@ impl Notifier {
         let Ok(Some(sub)) = ({
             let e = self.engine.clone();
             let id = sub_id.clone();
-            tokio::task::spawn_blocking(move || e.read().subscription(&id))
-                .await
-                .unwrap_or_else(|e| Err(StorageError::of(e)))
+            tokio::task::spawn_blocking(move || {
+                e.read().subscription(&id).map_err(StorageError::from)
+            })
+            .await
+            .unwrap_or_else(|e| Err(StorageError::of(e)))
         }) else {
             return;
         };

@@ -371,3 +371,30 @@ pub fn join(d: &mut Delivery, j: &Joined, seq: u64) {
 }
 
 // ---- keys ----
+
+/// Pending deliveries (queued + leased + retry_wait) over all sinks, summed from a `counts`
+/// table: the backpressure gauge.
+pub(crate) fn count_pending(
+    t: &impl redb::ReadableTable<&'static [u8], &'static [u8]>,
+) -> Result<u64, tidemark_log::StorageError> {
+    use tidemark_log::StorageError;
+    let mut n = 0;
+    for row in t.iter().map_err(StorageError::of)? {
+        let (k, v) = row.map_err(StorageError::of)?;
+        let k = k.value();
+        if DeliveryStatus::PENDING.iter().any(|s| {
+            let s = s.as_str();
+            k.ends_with(s.as_bytes()) && k.len() > s.len() && k[k.len() - s.len() - 1] == 0
+        }) {
+            n += crate::framework::be_u64(v.value()).unwrap_or(0);
+        }
+    }
+    Ok(n)
+}
+
+/// Pending deliveries as the writer's transaction sees them (a command's check, at the head
+/// once the models are caught up).
+pub fn pending_in(txn: &redb::WriteTransaction) -> Result<u64, tidemark_log::StorageError> {
+    let mut t = crate::framework::TxnTables::new(txn, NAME)?;
+    count_pending(t.table(COUNTS)?)
+}

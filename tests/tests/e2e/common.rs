@@ -256,6 +256,14 @@ pub async fn post_empty(api: &Api, path: &str) -> Reply {
 }
 
 /// `GET /v1/admin/projections` as name → row; panics unless 200 with every projection.
+/// Wait (as any client read does) until the read models have folded the log up to the head as
+/// of now: a read of a read model answers only then (spec section 7). The admin listing never
+/// waits, so a test that compares its digests reads once first.
+pub async fn settled(api: &Api) {
+    let r = api.get("/v1/tasks?limit=1").await;
+    assert_eq!(r.status, StatusCode::OK, "GET /v1/tasks: {}", r.text);
+}
+
 pub async fn projections(api: &Api) -> HashMap<String, Value> {
     let r = api.get("/v1/admin/projections").await;
     assert_eq!(
@@ -308,6 +316,7 @@ pub async fn rebuild_or_verify(api: &Api, name: &str, action: &str) -> Value {
 
 /// Every projection has lag 0 and a verify that finds it identical to a replay of the log.
 pub async fn assert_projections_sound(api: &Api, what: &str) {
+    settled(api).await;
     let rows = projections(api).await;
     let head = api.head().await;
     for name in PROJECTIONS {

@@ -17,7 +17,7 @@ use tidemark_tests::{Api, Server, ServerOpts, assert_problem_for, run_cli};
 use crate::common::{
     PROJECTIONS, TaskOracle, append_ok, assert_projections_sound, assert_routed_exactly_once,
     get_task, list_notifications, list_tasks, notif_ev, post_empty, projections, rebuild_or_verify,
-    receipts, seq_of, task_ev, wait_for, wait_quiet, wait_routed,
+    receipts, seq_of, settled, task_ev, wait_for, wait_quiet, wait_routed,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -109,6 +109,7 @@ async fn list_verify_and_rebuild_each_projection() {
     let s = Server::start(ServerOpts::default()).await;
     seed_tasks(&s, "adm", "admin-proj", 14).await;
     let head = s.head().await;
+    settled(&s).await;
     let before = projections(&s).await;
     for name in PROJECTIONS {
         let p = &before[name];
@@ -136,6 +137,7 @@ async fn list_verify_and_rebuild_each_projection() {
             "verify of {name}: the replayed digest is the live digest"
         );
     }
+    settled(&s).await;
     let after_verify = projections(&s).await;
     for name in PROJECTIONS {
         assert_eq!(
@@ -152,6 +154,7 @@ async fn list_verify_and_rebuild_each_projection() {
             "rebuild of {name}: same digest as the live model"
         );
     }
+    settled(&s).await;
     let after = projections(&s).await;
     for name in PROJECTIONS {
         let (a, b) = (&after[name], &before[name]);
@@ -251,6 +254,7 @@ async fn a_second_rebuild_of_the_same_projection_is_409() {
         "4 simultaneous rebuilds of the same projection never overlapped in 20 rounds"
     );
     // Nothing is left marked as running.
+    settled(&s).await;
     let p = projections(&s).await;
     assert_eq!(p["tasks"]["rebuild"], Value::Null, "{}", p["tasks"]);
     let v = rebuild_or_verify(&s, "tasks", "verify").await;
@@ -558,6 +562,7 @@ async fn cli_projections_list_verify_and_rebuild() {
     let s = Server::start(ServerOpts::default()).await;
     seed_tasks(&s, "cli", "cli-proj", 7).await;
     let head = s.head().await;
+    settled(&s).await;
     let live = projections(&s).await;
     let limit = Duration::from_secs(60);
     let url = s.base().to_owned();

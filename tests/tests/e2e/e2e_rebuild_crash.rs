@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 use tidemark_tests::{Server, ServerOpts};
 
-use crate::common::{assert_projections_sound, projections, wait_for};
+use crate::common::{assert_projections_sound, projections, settled, wait_for};
 
 const TASKS: usize = 120_000;
 
@@ -26,6 +26,7 @@ async fn kill_during_a_rebuild_keeps_the_old_model_and_recovers() {
         let (status, body) = api.append(&json!({ "events": events })).await;
         assert_eq!(status.as_u16(), 201, "{body}");
     }
+    settled(&api).await;
     let before = projections(&api).await;
     let generation = before["tasks"]["generation"].as_u64().expect("generation");
     let digest = before["tasks"]["digest"].clone();
@@ -68,6 +69,7 @@ async fn kill_during_a_rebuild_keeps_the_old_model_and_recovers() {
         "the half-built generation is dropped at start: {}",
         server.stderr()
     );
+    settled(&api).await;
     let after = projections(&api).await;
     assert_eq!(
         after["tasks"]["generation"].as_u64(),

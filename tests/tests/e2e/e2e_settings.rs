@@ -8,7 +8,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tidemark_tests::{Server, ServerOpts};
 
-use crate::common::{assert_dense_unique, id_of, projections, seq_of};
+use crate::common::{assert_dense_unique, id_of, projections, seq_of, settled};
 
 /// The `settings.updated` events of the log.
 async fn settings_events(s: &Server) -> Vec<Value> {
@@ -124,6 +124,7 @@ async fn settings_are_recorded_once_per_change() {
     );
 
     // The settings projection follows the log.
+    settled(&s).await;
     let rows = projections(&s).await;
     assert_eq!(rows["settings"]["checkpoint"], 4, "{}", rows["settings"]);
     assert_eq!(rows["settings"]["lag"], 0, "{}", rows["settings"]);

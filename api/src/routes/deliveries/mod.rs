@@ -350,17 +350,22 @@ pub struct KpisQuery {
     pub interval_s: Option<String>,
 }
 
-/// Compute the KPIs now (also used by `/metrics`).
+/// Compute the KPIs now: as of the head (`wait`, the stats endpoint), or as the model stands
+/// (`/metrics`, which never waits).
 pub(crate) async fn compute_kpis(
     st: &AppState,
     interval_s: u64,
+    wait: bool,
 ) -> Result<(Kpis, BTreeMap<String, Kpis>), ApiError> {
     let stuck_after = settings(st).stuck_after_ms;
     let engine = st.engine.clone();
     blocking(move || {
-        engine
-            .read()
-            .kpis(now_micros(), stuck_after, interval_s * 1_000)
+        let q = engine.read();
+        if wait {
+            q.kpis(now_micros(), stuck_after, interval_s * 1_000)
+        } else {
+            q.kpis_now(now_micros(), stuck_after, interval_s * 1_000)
+        }
     })
     .await
 }
@@ -389,7 +394,7 @@ pub async fn kpis(
             .filter(|n| (1..=86_400).contains(n))
             .ok_or_else(|| ApiError::invalid_query("interval_s must be from 1 to 86400"))?,
     };
-    let (all, by_sink) = compute_kpis(&st, interval_s).await?;
+    let (all, by_sink) = compute_kpis(&st, interval_s, true).await?;
     Ok(Json(KpisOut {
         queue_depth: all.queue_depth,
         queued: all.queued,
