@@ -205,8 +205,13 @@ pub fn router(state: AppState) -> Router {
         .merge(any_token)
         .merge(open)
         .split_for_parts();
+    let allowed = Arc::new(crate::params::Allowed::from_doc(&doc));
     let doc = Arc::new(doc.to_pretty_json().unwrap_or_else(|_| "{}".into()));
     router
+        .layer(middleware::from_fn_with_state(
+            allowed,
+            crate::params::refuse_unknown,
+        ))
         .fallback(|| async { ApiError::not_found("no such resource") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

@@ -180,11 +180,13 @@ pub trait CommitHook: Send + 'static {
     /// Once at open, before anything is served: bring the state up to `head` (the hook reads
     /// the missing events with [`scan_events`]).
     fn recover(&mut self, txn: &redb::WriteTransaction, head: u64) -> Result<(), StorageError>;
-    /// Fold newly appended events (in seq order) into the state.
+    /// Fold newly appended events (in seq order) into the state: every commit's when
+    /// [`Self::folds_commits`], and a command's always (so what a command did is in the state
+    /// when it is answered). The events are in `txn`'s events table too.
     fn apply(&mut self, txn: &redb::WriteTransaction, events: &[Event])
     -> Result<(), StorageError>;
     /// Whether [`Self::apply`] wants the events of every commit (a hook whose state follows
-    /// the log in its own transactions does not, and the writer then builds none).
+    /// the log in its own transactions does not, and the writer then builds none for appends).
     fn folds_commits(&self) -> bool {
         true
     }

@@ -558,6 +558,7 @@ impl Writer {
         let shared = self.shared.clone();
         let tail = shared.tail.read().unwrap_or_else(|p| p.into_inner());
         for item in group.by_ref() {
+            let is_command = matches!(item, Item::Command(..));
             let (events, expect, reply) = match item {
                 Item::Append(events, expect, reply) => (events, expect, AnyReply::Append(reply)),
                 Item::Command(f, reply) => {
@@ -630,13 +631,17 @@ impl Writer {
                     records.push((*seq, b));
                 }
             }
-            if staged.len() > base && self.hooks.iter().any(|h| h.folds_commits()) {
+            // Hooks see every commit's events if they fold commits, and a command's events
+            // always (a command's effects are in the state when it is answered).
+            if staged.len() > base && self.hooks.iter().any(|h| h.folds_commits() || is_command) {
                 let events: Vec<Event> = staged[base..]
                     .iter()
                     .map(|(seq, ev)| ev.to_event(*seq, time_us))
                     .collect::<Result<_, _>>()?;
+                // A hook may read the log's tables itself (scan_events).
+                tables = None;
                 for h in &mut self.hooks {
-                    if h.folds_commits() {
+                    if h.folds_commits() || is_command {
                         h.apply(txn, &events)?;
                     }
                 }

@@ -439,6 +439,11 @@ impl CommitHook for Projector {
 
     fn apply(&mut self, txn: &WriteTransaction, events: &[Event]) -> Result<(), StorageError> {
         if !self.inline {
+            // A command's events (it caught the models up to the head before deciding): fold
+            // through them, from wherever each model stands, reading the log.
+            if let Some(last) = events.last() {
+                catch_up(txn, &self.projections, last.seq, u64::MAX)?;
+            }
             return Ok(());
         }
         // One open of the meta table for all projections (this runs for every request the

@@ -52,6 +52,8 @@ impl From<Cursor> for CursorOut {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CursorsPage {
     pub cursors: Vec<CursorOut>,
+    /// The answer reflects the log at least up to this seq.
+    pub as_of_seq: u64,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -62,6 +64,9 @@ pub struct CursorsQuery {
     pub stream_name: Option<String>,
     /// Default "" (the unscoped stream).
     pub subject_id: Option<String>,
+    /// Answer as of at least this seq (see `ReadAt`).
+    #[param(value_type = Option<u64>)]
+    pub min_seq: Option<String>,
 }
 
 fn check_key(consumer_id: &str, stream_name: &str, subject_id: &str) -> Result<(), ApiError> {
@@ -88,22 +93,33 @@ pub async fn get(
     q: Result<Query<CursorsQuery>, QueryRejection>,
 ) -> Result<Json<CursorsPage>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    let engine = st.engine.clone();
-    let rows = match q.stream_name {
+    let min_seq = crate::routes::ReadAt {
+        min_seq: q.min_seq.clone(),
+    }
+    .seq()?;
+    let consumer = q.consumer_id;
+    let (rows, as_of_seq) = match q.stream_name {
         Some(stream) => {
             let subject = q.subject_id.unwrap_or_default();
-            check_key(&q.consumer_id, &stream, &subject)
+            check_key(&consumer, &stream, &subject)
                 .map_err(|e| ApiError::invalid_query(e.problem.detail.clone()))?;
-            vec![blocking(move || engine.read().cursor(&q.consumer_id, &stream, &subject)).await?]
+            crate::routes::read_model(&st.engine, min_seq, move |r| {
+                Ok(vec![r.cursor(&consumer, &stream, &subject)?])
+            })
+            .await?
         }
         None => {
-            check_text("consumer_id", &q.consumer_id, 160)
+            check_text("consumer_id", &consumer, 160)
                 .map_err(|e| ApiError::invalid_query(e.problem.detail.clone()))?;
-            blocking(move || engine.read().cursors(Some(&q.consumer_id), 10_000)).await?
+            crate::routes::read_model(&st.engine, min_seq, move |r| {
+                r.cursors(Some(&consumer), 10_000)
+            })
+            .await?
         }
     };
     Ok(Json(CursorsPage {
         cursors: rows.into_iter().map(CursorOut::from).collect(),
+        as_of_seq,
     }))
 }
 

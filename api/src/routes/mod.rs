@@ -24,3 +24,36 @@ pub(crate) async fn blocking<
         .map_err(|e| ApiError::internal("read task failed", e))?
         .map_err(|e| ApiError::query("read failed", &e.into()))
 }
+
+/// `min_seq`, taken by every read of a read model (spec section 7).
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ReadAt {
+    /// Answer as of at least this seq (one seen elsewhere, e.g. in an append's receipt on
+    /// another node). The head at the request's arrival is always waited for; the wait is
+    /// bounded (5 s, then `503 projection_lagging`).
+    #[param(value_type = Option<u64>)]
+    pub min_seq: Option<String>,
+}
+
+impl ReadAt {
+    pub(crate) fn seq(&self) -> Result<u64, ApiError> {
+        Ok(events::parse_u64("min_seq", self.min_seq.as_deref())?.unwrap_or(0))
+    }
+}
+
+/// A read of the read models as of at least the head at the request's arrival (or `min_seq`),
+/// off the async workers: the answer and the `as_of_seq` it reflects at least.
+pub(crate) async fn read_model<T: Send + 'static>(
+    engine: &tidemark_engine::Engine,
+    min_seq: u64,
+    f: impl FnOnce(&tidemark_engine::Queries) -> Result<T, tidemark_engine::QueryError> + Send + 'static,
+) -> Result<(T, u64), ApiError> {
+    let engine = engine.clone();
+    blocking(move || {
+        let q = engine.read();
+        let as_of = q.floor(min_seq)?;
+        Ok::<_, tidemark_engine::QueryError>((f(q)?, as_of))
+    })
+    .await
+}

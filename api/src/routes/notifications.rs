@@ -10,7 +10,6 @@ use tidemark_projections::read::NotificationFilter;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
-use crate::routes::blocking;
 use crate::routes::events::{parse_limit, parse_u64};
 use crate::state::AppState;
 
@@ -53,6 +52,8 @@ pub struct NotificationsPage {
     pub notifications: Vec<NotificationOut>,
     /// Pass as `before_seq` for the next (older) page; absent on the last page.
     pub next_before_seq: Option<u64>,
+    /// The answer reflects the log at least up to this seq.
+    pub as_of_seq: u64,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -67,6 +68,9 @@ pub struct NotificationsQuery {
     /// Only notifications older than this seq.
     #[param(value_type = Option<u64>)]
     pub before_seq: Option<String>,
+    /// Answer as of at least this seq (see `ReadAt`).
+    #[param(value_type = Option<u64>)]
+    pub min_seq: Option<String>,
 }
 
 /// The dashboard list, newest first.
@@ -98,10 +102,12 @@ pub async fn list(
         before_seq: parse_u64("before_seq", q.before_seq.as_deref())?,
         limit: parse_limit(q.limit.as_deref(), 50, 500)?,
     };
-    let engine = st.engine.clone();
-    let (items, next) = blocking(move || engine.read().notifications(&f)).await?;
+    let min_seq = crate::routes::ReadAt { min_seq: q.min_seq }.seq()?;
+    let ((items, next), as_of_seq) =
+        crate::routes::read_model(&st.engine, min_seq, move |r| r.notifications(&f)).await?;
     Ok(Json(NotificationsPage {
         notifications: items.into_iter().map(NotificationOut::from).collect(),
         next_before_seq: next,
+        as_of_seq,
     }))
 }

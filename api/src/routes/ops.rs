@@ -86,7 +86,7 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
     metrics::gauge!("tidemark_log_head").set(st.engine.head() as f64);
     metrics::gauge!("tidemark_log_queue_depth").set(st.engine.queued() as f64);
     // Outbox KPIs are computed at scrape time from the deliveries model.
-    if let Ok((all, by_sink)) = crate::routes::deliveries::compute_kpis(&st, 60, false).await {
+    if let Ok((all, by_sink, _)) = crate::routes::deliveries::compute_kpis(&st, 60, None).await {
         let set = |sink: &str, k: &tidemark_projections::read::Kpis| {
             let s = sink.to_owned();
             metrics::gauge!("tidemark_outbox_queue_depth", "sink" => s.clone())

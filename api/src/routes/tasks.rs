@@ -14,7 +14,6 @@ use utoipa::{IntoParams, ToSchema};
 use crate::error::{ApiError, Problem};
 use tidemark_projections::names::TaskStatus;
 
-use crate::routes::blocking;
 use crate::routes::events::{parse_limit, parse_u64, resume_point, sse_response};
 use crate::state::AppState;
 
@@ -107,6 +106,17 @@ pub struct TasksPage {
     pub tasks: Vec<TaskOut>,
     /// Pass as `after` for the next page; absent on the last page.
     pub next_after: Option<String>,
+    /// The answer reflects the log at least up to this seq.
+    pub as_of_seq: u64,
+}
+
+/// One task, as of at least `as_of_seq`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskAnswer {
+    #[serde(flatten)]
+    pub task: TaskOut,
+    /// The answer reflects the log at least up to this seq.
+    pub as_of_seq: u64,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -120,6 +130,9 @@ pub struct TasksQuery {
     /// 1–500, default 50.
     #[param(value_type = Option<u32>)]
     pub limit: Option<String>,
+    /// Answer as of at least this seq (see `ReadAt`).
+    #[param(value_type = Option<u64>)]
+    pub min_seq: Option<String>,
 }
 
 /// List tasks, ordered by id.
@@ -151,20 +164,22 @@ pub async fn list(
         after: q.after,
         limit: parse_limit(q.limit.as_deref(), 50, 500)?,
     };
-    let engine = st.engine.clone();
-    let (tasks, next) = blocking(move || engine.read().tasks(&f)).await?;
+    let min_seq = crate::routes::ReadAt { min_seq: q.min_seq }.seq()?;
+    let ((tasks, next), as_of_seq) =
+        crate::routes::read_model(&st.engine, min_seq, move |r| r.tasks(&f)).await?;
     Ok(Json(TasksPage {
         tasks: tasks.into_iter().map(TaskOut::from).collect(),
         next_after: next,
+        as_of_seq,
     }))
 }
 
 /// One task with its runs and review gates.
 #[utoipa::path(
     get, path = "/v1/tasks/{id}", tag = "tasks",
-    params(("id" = String, Path, description = "Task id")),
+    params(("id" = String, Path, description = "Task id"), crate::routes::ReadAt),
     responses(
-        (status = 200, body = TaskOut),
+        (status = 200, body = TaskAnswer),
         (status = 404, body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = ["read"]))
@@ -173,12 +188,16 @@ pub async fn list(
 pub async fn get(
     State(st): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<TaskOut>, ApiError> {
-    let engine = st.engine.clone();
+    q: Result<Query<crate::routes::ReadAt>, QueryRejection>,
+) -> Result<Json<TaskAnswer>, ApiError> {
+    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     let key = id.clone();
-    match blocking(move || engine.read().task(&key)).await? {
-        Some(t) => Ok(Json(t.into())),
-        None => Err(ApiError::not_found(format!("no task {id:?}"))),
+    match crate::routes::read_model(&st.engine, q.seq()?, move |r| r.task(&key)).await? {
+        (Some(t), as_of_seq) => Ok(Json(TaskAnswer {
+            task: t.into(),
+            as_of_seq,
+        })),
+        (None, _) => Err(ApiError::not_found(format!("no task {id:?}"))),
     }
 }
 

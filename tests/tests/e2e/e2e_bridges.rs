@@ -1366,7 +1366,14 @@ async fn subscription_create_is_idempotent_and_validated() {
     assert_eq!(list.json["subscriptions"], json!([row]), "{}", list.text);
     let shown = s.get(&format!("{}/sub-1", bridges_path(task))).await;
     assert_eq!(shown.status, StatusCode::OK, "{}", shown.text);
-    assert_eq!(shown.json, row, "{}", shown.text);
+    // The row as created, plus the seq the answer is as of (spec section 7).
+    let mut shown_row = shown.json.clone();
+    let as_of = shown_row
+        .as_object_mut()
+        .and_then(|o| o.remove("as_of_seq"))
+        .and_then(|v| v.as_u64());
+    assert!(as_of.is_some_and(|a| a >= head), "{}", shown.text);
+    assert_eq!(shown_row, row, "{}", shown.text);
     check_4xx(
         &s.get(&format!("{}/sub-nope", bridges_path(task))).await,
         Some(404),

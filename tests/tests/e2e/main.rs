@@ -33,6 +33,7 @@ mod e2e_notifications;
 mod e2e_ops;
 mod e2e_projections;
 mod e2e_races;
+mod e2e_read_models;
 mod e2e_rebuild_crash;
 mod e2e_resume;
 mod e2e_router_crash;

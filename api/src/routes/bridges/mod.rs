@@ -95,6 +95,28 @@ async fn with_cursor(st: &AppState, s: Subscription) -> Result<SubscriptionOut, 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SubscriptionsPage {
     pub subscriptions: Vec<SubscriptionOut>,
+    /// The answer reflects the log at least up to this seq.
+    pub as_of_seq: u64,
+}
+
+/// One subscription, as of at least `as_of_seq`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SubscriptionAnswer {
+    #[serde(flatten)]
+    pub subscription: SubscriptionOut,
+    /// The answer reflects the log at least up to this seq.
+    pub as_of_seq: u64,
+}
+
+type ReadAtQuery =
+    Result<axum::extract::Query<crate::routes::ReadAt>, axum::extract::rejection::QueryRejection>;
+
+/// Wait for the read models (the head at arrival, or `min_seq`): the `as_of_seq`.
+async fn as_of(st: &AppState, q: ReadAtQuery) -> Result<u64, ApiError> {
+    let axum::extract::Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
+    Ok(crate::routes::read_model(&st.engine, q.seq()?, |_| Ok(()))
+        .await?
+        .1)
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -256,7 +278,7 @@ pub async fn create(
 /// The task's active subscriptions, each with its cursor.
 #[utoipa::path(
     get, path = "/v1/tasks/{id}/notifications/bridges", tag = "bridges",
-    params(("id" = String, Path, description = "Task id")),
+    params(("id" = String, Path, description = "Task id"), crate::routes::ReadAt),
     responses((status = 200, body = SubscriptionsPage)),
     security(("bearer" = ["read"]))
 )]
@@ -264,15 +286,20 @@ pub async fn create(
 pub async fn list(
     State(st): State<AppState>,
     Path(task_id): Path<String>,
+    q: ReadAtQuery,
 ) -> Result<Json<SubscriptionsPage>, ApiError> {
     check_path_id("task id", &task_id)?;
+    let as_of_seq = as_of(&st, q).await?;
     let engine = st.engine.clone();
     let subs = blocking(move || engine.read().task_subscriptions(&task_id)).await?;
     let mut out = Vec::with_capacity(subs.len());
     for s in subs {
         out.push(with_cursor(&st, s).await?);
     }
-    Ok(Json(SubscriptionsPage { subscriptions: out }))
+    Ok(Json(SubscriptionsPage {
+        subscriptions: out,
+        as_of_seq,
+    }))
 }
 
 async fn active_of_task(
@@ -299,9 +326,9 @@ async fn active_of_task(
 /// One subscription with its cursor.
 #[utoipa::path(
     get, path = "/v1/tasks/{id}/notifications/bridges/{subscription_id}", tag = "bridges",
-    params(("id" = String, Path, description = "Task id"), ("subscription_id" = String, Path)),
+    params(("id" = String, Path, description = "Task id"), ("subscription_id" = String, Path), crate::routes::ReadAt),
     responses(
-        (status = 200, body = SubscriptionOut),
+        (status = 200, body = SubscriptionAnswer),
         (status = 404, body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = ["read"]))
@@ -310,9 +337,14 @@ async fn active_of_task(
 pub async fn show(
     State(st): State<AppState>,
     Path((task_id, sub_id)): Path<(String, String)>,
-) -> Result<Json<SubscriptionOut>, ApiError> {
+    q: ReadAtQuery,
+) -> Result<Json<SubscriptionAnswer>, ApiError> {
+    let as_of_seq = as_of(&st, q).await?;
     let s = active_of_task(&st, &task_id, &sub_id).await?;
-    Ok(Json(with_cursor(&st, s).await?))
+    Ok(Json(SubscriptionAnswer {
+        subscription: with_cursor(&st, s).await?,
+        as_of_seq,
+    }))
 }
 
 /// Delete a subscription; its cursor is kept, and creating the same id again resumes from it.
@@ -377,12 +409,14 @@ pub struct ExplainOut {
     /// (seq in `next_seq`), or `idle`.
     pub next: String,
     pub next_seq: Option<u64>,
+    /// The answer reflects the log at least up to this seq.
+    pub as_of_seq: u64,
 }
 
 /// The decision for each candidate event past the cursor, with its reason.
 #[utoipa::path(
     get, path = "/v1/tasks/{id}/notifications/bridges/{subscription_id}/explain", tag = "bridges",
-    params(("id" = String, Path, description = "Task id"), ("subscription_id" = String, Path)),
+    params(("id" = String, Path, description = "Task id"), ("subscription_id" = String, Path), crate::routes::ReadAt),
     responses(
         (status = 200, body = ExplainOut),
         (status = 404, body = Problem, content_type = "application/problem+json"),
@@ -393,7 +427,9 @@ pub struct ExplainOut {
 pub async fn explain(
     State(st): State<AppState>,
     Path((task_id, sub_id)): Path<(String, String)>,
+    q: ReadAtQuery,
 ) -> Result<Json<ExplainOut>, ApiError> {
+    let as_of_seq = as_of(&st, q).await?;
     let s = active_of_task(&st, &task_id, &sub_id).await?;
     let engine = st.engine.clone();
     let scan = blocking(move || bridge::scan(&engine, &s, true)).await?;
@@ -413,5 +449,6 @@ pub async fn explain(
             .collect(),
         next: next.into(),
         next_seq,
+        as_of_seq,
     }))
 }

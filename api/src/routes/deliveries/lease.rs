@@ -59,7 +59,7 @@ pub async fn claim(
     let lease = lease_ms(b.lease_ms, s)?;
     tracing::Span::current().record("sink", b.sink.as_str());
     let (sink, owner) = (b.sink.clone(), b.owner.clone());
-    let rows = st
+    let (outcome, receipt) = st
         .engine
         .execute(OutboxCommand::Claim {
             sink,
@@ -67,15 +67,16 @@ pub async fn claim(
             limit: limit as usize,
             lease_ms: lease,
         })
-        .await?
-        .0
-        .into_deliveries()?;
+        .await?;
+    let rows = outcome.into_deliveries()?;
     tracing::Span::current().record("claimed", rows.len());
     metrics::counter!("tidemark_deliveries_leased_total", "sink" => b.sink)
         .increment(rows.len() as u64);
     Ok(Json(DeliveriesPage {
         deliveries: rows.into_iter().map(DeliveryOut::from).collect(),
         next_after: None,
+        // The claim decided at the head its own commit made.
+        as_of_seq: receipt.last_seq,
     }))
 }
 

@@ -157,6 +157,17 @@ pub struct DeliveriesPage {
     pub deliveries: Vec<DeliveryOut>,
     /// Pass as `after` for the next page; absent on the last page.
     pub next_after: Option<String>,
+    /// The answer reflects the log at least up to this seq.
+    pub as_of_seq: u64,
+}
+
+/// One delivery with its timeline, as of at least `as_of_seq`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeliveryAnswer {
+    #[serde(flatten)]
+    pub delivery: DeliveryOut,
+    /// The answer reflects the log at least up to this seq.
+    pub as_of_seq: u64,
 }
 
 pub(crate) fn json_body<T: DeserializeOwned>(
@@ -237,6 +248,9 @@ pub struct DeliveriesQuery {
     /// 1–1000, default 100.
     #[param(value_type = Option<u32>)]
     pub limit: Option<String>,
+    /// Answer as of at least this seq (see `ReadAt`).
+    #[param(value_type = Option<u64>)]
+    pub min_seq: Option<String>,
 }
 
 /// Deliveries by id, filtered.
@@ -284,20 +298,22 @@ pub async fn list(
         after: q.after,
         limit: parse_limit(q.limit.as_deref(), 100, 1000)?,
     };
-    let engine = st.engine.clone();
-    let (rows, next) = blocking(move || engine.read().deliveries(&f)).await?;
+    let min_seq = crate::routes::ReadAt { min_seq: q.min_seq }.seq()?;
+    let ((rows, next), as_of_seq) =
+        crate::routes::read_model(&st.engine, min_seq, move |r| r.deliveries(&f)).await?;
     Ok(Json(DeliveriesPage {
         deliveries: rows.into_iter().map(DeliveryOut::from).collect(),
         next_after: next,
+        as_of_seq,
     }))
 }
 
 /// One delivery with its attempt timeline.
 #[utoipa::path(
     get, path = "/v1/deliveries/{id}", tag = "deliveries",
-    params(("id" = String, Path, description = "Delivery id")),
+    params(("id" = String, Path, description = "Delivery id"), crate::routes::ReadAt),
     responses(
-        (status = 200, body = DeliveryOut),
+        (status = 200, body = DeliveryAnswer),
         (status = 404, body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = ["read"]))
@@ -306,11 +322,13 @@ pub async fn list(
 pub async fn get(
     State(st): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<DeliveryOut>, ApiError> {
+    q: Result<Query<crate::routes::ReadAt>, QueryRejection>,
+) -> Result<Json<DeliveryAnswer>, ApiError> {
+    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     check_id(&id)?;
-    let engine = st.engine.clone();
     let key = id.clone();
-    let found = blocking(move || engine.read().delivery(&key)).await?;
+    let (found, as_of_seq) =
+        crate::routes::read_model(&st.engine, q.seq()?, move |r| r.delivery(&key)).await?;
     let (row, steps) = found.ok_or_else(|| {
         ApiError::new(
             axum::http::StatusCode::NOT_FOUND,
@@ -320,7 +338,10 @@ pub async fn get(
     })?;
     let mut out = DeliveryOut::from(row);
     out.timeline = Some(steps.into_iter().map(StepOut::from).collect());
-    Ok(Json(out))
+    Ok(Json(DeliveryAnswer {
+        delivery: out,
+        as_of_seq,
+    }))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -340,6 +361,8 @@ pub struct KpisOut {
     pub interval_s: u64,
     #[schema(value_type = Object)]
     pub by_sink: BTreeMap<String, Kpis>,
+    /// The answer reflects the log at least up to this seq.
+    pub as_of_seq: u64,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -348,23 +371,33 @@ pub struct KpisQuery {
     /// Window of `sent_last_interval`, 1–86400 s, default 60.
     #[param(value_type = Option<u64>)]
     pub interval_s: Option<String>,
+    /// Answer as of at least this seq (see `ReadAt`).
+    #[param(value_type = Option<u64>)]
+    pub min_seq: Option<String>,
 }
 
-/// Compute the KPIs now: as of the head (`wait`, the stats endpoint), or as the model stands
-/// (`/metrics`, which never waits).
+/// Compute the KPIs now: as of at least the head and `min_seq` (the KPIs endpoint; with the
+/// `as_of_seq`), or as the model stands (`None`: `/metrics`, which never waits; 0).
 pub(crate) async fn compute_kpis(
     st: &AppState,
     interval_s: u64,
-    wait: bool,
-) -> Result<(Kpis, BTreeMap<String, Kpis>), ApiError> {
+    min_seq: Option<u64>,
+) -> Result<(Kpis, BTreeMap<String, Kpis>, u64), ApiError> {
     let stuck_after = settings(st).stuck_after_ms;
     let engine = st.engine.clone();
     blocking(move || {
         let q = engine.read();
-        if wait {
-            q.kpis(now_micros(), stuck_after, interval_s * 1_000)
-        } else {
-            q.kpis_now(now_micros(), stuck_after, interval_s * 1_000)
+        let interval_ms = interval_s * 1_000;
+        match min_seq {
+            Some(min) => {
+                let as_of = q.floor(min)?;
+                let (all, by_sink) = q.kpis(now_micros(), stuck_after, interval_ms)?;
+                Ok::<_, tidemark_engine::QueryError>((all, by_sink, as_of))
+            }
+            None => {
+                let (all, by_sink) = q.kpis_now(now_micros(), stuck_after, interval_ms)?;
+                Ok((all, by_sink, 0))
+            }
         }
     })
     .await
@@ -394,7 +427,8 @@ pub async fn kpis(
             .filter(|n| (1..=86_400).contains(n))
             .ok_or_else(|| ApiError::invalid_query("interval_s must be from 1 to 86400"))?,
     };
-    let (all, by_sink) = compute_kpis(&st, interval_s, true).await?;
+    let min_seq = crate::routes::ReadAt { min_seq: q.min_seq }.seq()?;
+    let (all, by_sink, as_of_seq) = compute_kpis(&st, interval_s, Some(min_seq)).await?;
     Ok(Json(KpisOut {
         queue_depth: all.queue_depth,
         queued: all.queued,
@@ -406,5 +440,6 @@ pub async fn kpis(
         oldest_pending_age_s: all.oldest_pending_age_s,
         interval_s,
         by_sink,
+        as_of_seq,
     }))
 }
