@@ -1,5 +1,6 @@
 //! Projection benchmark of tidemark (issue "Projections"): append throughput with the
-//! projections kept current versus the log alone, and the rebuild rate of every projection
+//! projections following the log (through the engine, the clock stopped once they have
+//! folded the head) versus the log alone, and the rebuild rate of every projection
 //! over a log of realistic task traffic, with peak memory at two log lengths.
 //!
 //! ```text
@@ -15,7 +16,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use serde_json::{Value, json};
-use tidemark_log::{Log, LogConfig, NewEvent};
+use tidemark_log::{EventLog, Log, LogConfig, NewEvent};
 
 #[derive(Parser)]
 #[command(name = "rebuild", args_conflicts_with_subcommands = true)]
@@ -155,20 +156,23 @@ fn rt() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
+/// Append up to `to` events: to the log alone, or through the engine as the server runs it
+/// (the projections follow the log; the clock stops once they have folded the head).
 fn fill(dir: &Path, to: u64, projections: bool, batch: usize, appenders: usize) -> Value {
-    let hooks = if projections {
-        vec![tidemark_projections::projector()]
+    let (engine, log, from) = if projections {
+        let (engine, rep) = tidemark_engine::Engine::open(&cfg(dir)).expect("open");
+        (Some(engine), None, rep.head)
     } else {
-        Vec::new()
+        let (log, rep) = Log::open_with(&cfg(dir), Vec::new()).expect("open");
+        (None, Some(log), rep.head)
     };
-    let (log, rep) = Log::open_with(&cfg(dir), hooks).expect("open");
-    let from = rep.head;
     let started = Instant::now();
+    let mut caught_up_ms = 0u64;
     rt().block_on(async {
         let mut tasks = Vec::new();
         let chunk = (to - from).div_ceil(appenders as u64);
         for a in 0..appenders as u64 {
-            let log = log.clone();
+            let (engine, log) = (engine.clone(), log.clone());
             let lo = from + a * chunk;
             let hi = (lo + chunk).min(to);
             tasks.push(tokio::spawn(async move {
@@ -176,7 +180,12 @@ fn fill(dir: &Path, to: u64, projections: bool, batch: usize, appenders: usize) 
                 while i < hi {
                     let n = (batch as u64).min(hi - i);
                     let evs: Vec<NewEvent> = (i..i + n).map(traffic).collect();
-                    log.append(evs).await.expect("append");
+                    match (&engine, &log) {
+                        (Some(e), _) => e.log().append(evs).await.map(drop),
+                        (_, Some(l)) => l.append(evs).await.map(drop),
+                        _ => unreachable!("one of them"),
+                    }
+                    .expect("append");
                     i += n;
                 }
             }));
@@ -184,11 +193,29 @@ fn fill(dir: &Path, to: u64, projections: bool, batch: usize, appenders: usize) 
         for t in tasks {
             t.await.expect("appender");
         }
-        log.close().await;
+        if let Some(e) = &engine {
+            // Projections current: wait until every model has folded the head.
+            let appended = Instant::now();
+            loop {
+                let e2 = e.clone();
+                let r = tokio::task::spawn_blocking(move || e2.read().floor(0))
+                    .await
+                    .expect("join");
+                if r.is_ok() {
+                    break;
+                }
+            }
+            caught_up_ms = appended.elapsed().as_millis() as u64;
+            e.close().await;
+        }
+        if let Some(l) = &log {
+            l.close().await;
+        }
     });
     let secs = started.elapsed().as_secs_f64();
     json!({"from": from, "to": to, "projections": projections, "batch": batch, "appenders": appenders,
-           "seconds": secs, "events_per_sec": (to - from) as f64 / secs, "peak_rss_kb": vm_hwm_kb()})
+           "seconds": secs, "events_per_sec": (to - from) as f64 / secs, "caught_up_ms": caught_up_ms,
+           "peak_rss_kb": vm_hwm_kb()})
 }
 
 fn rebuild(dir: &Path) -> Value {

@@ -177,6 +177,8 @@ pub struct AppendCell {
     /// The sync calls and events of that pass.
     pub fsync_calls: u64,
     pub fsync_pass_events: u64,
+    /// tidemark in process: the read models' lag at the cell's end and its catch-up time.
+    pub follow: Option<crate::targets::FollowLag>,
     pub error: Option<String>,
 }
 
@@ -216,6 +218,7 @@ pub async fn append_cell<T: Target>(rig: &mut Rig<T>, p: &CellPlan) -> AppendCel
         fsyncs_per_event: None,
         fsync_calls: 0,
         fsync_pass_events: 0,
+        follow: None,
         error: None,
     };
     // Warm-up: connections open, every client's first request served.
@@ -233,6 +236,13 @@ pub async fn append_cell<T: Target>(rig: &mut Rig<T>, p: &CellPlan) -> AppendCel
     let d = rig.run(p.clients, p.batch, p.events, Some(deadline)).await;
     let after = proc.counters();
     let wal_after = rig.target.extra_written().await;
+    cell.follow = rig.target.follow_lag().await;
+    if let Some(f) = cell.follow {
+        eprintln!(
+            "  read models: {} events behind the head at the cell's end, caught up {} ms later",
+            f.lag_events, f.catch_up_ms
+        );
+    }
     let used = after.since(before);
     let n = d.events.max(1) as f64;
     cell.events = d.events;

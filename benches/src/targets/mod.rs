@@ -52,8 +52,22 @@ pub trait Target: Send + Sync + 'static {
     fn extra_written(&self) -> impl Future<Output = Option<u64>> + Send {
         async { None }
     }
+    /// How far the system's read models lag behind its log at the end of a cell, and how long
+    /// they take to catch up (tidemark in process: its projections follow the log).
+    fn follow_lag(&self) -> impl Future<Output = Option<FollowLag>> + Send {
+        async { None }
+    }
     /// Stop the server (if any) and remove its data.
     fn stop(self) -> impl Future<Output = ()> + Send;
+}
+
+/// Read models behind the log when a cell ends.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+pub struct FollowLag {
+    /// Events the slowest read model had still to fold.
+    pub lag_events: u64,
+    /// Until every read model had folded the head as of the cell's end.
+    pub catch_up_ms: u64,
 }
 
 /// The systems `--systems` names.

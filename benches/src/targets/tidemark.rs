@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use tidemark_log::{Log, LogConfig, NewEvent, ReadQuery};
+use tidemark_log::{EventLog, LogConfig, NewEvent, ReadQuery};
 
 use super::{Page, StartOpts, Target};
 use crate::events::{BenchEvent, EVENT_TYPE, STREAM};
@@ -224,21 +224,33 @@ pub fn to_new_events(events: &[BenchEvent]) -> Vec<NewEvent> {
         .collect()
 }
 
-/// `tidemark_log::Log` opened in this process (no HTTP, no projections).
+/// The engine opened in this process as the server opens it (no HTTP; every projection
+/// following the log).
 pub struct TidemarkInproc {
-    log: Log,
+    engine: tidemark_engine::Engine,
     _dir: Arc<tempfile::TempDir>,
 }
 
 impl TidemarkInproc {
+    /// The engine as the server opens it: every projection following the log.
     pub async fn start(o: &StartOpts) -> Result<Self, String> {
         let dir = temp_dir_in(&o.work, "tidemark-inproc-")?;
         let cfg = LogConfig::new(dir.path().join("log.redb"));
-        let (log, _) = Log::open(&cfg).map_err(|e| format!("cannot open the log: {e}"))?;
+        let (engine, _) = tidemark_engine::Engine::open(&cfg)
+            .map_err(|e| format!("cannot open the engine: {e}"))?;
         Ok(TidemarkInproc {
-            log,
+            engine,
             _dir: Arc::new(dir),
         })
+    }
+
+    /// The lowest checkpoint of the read models.
+    fn folded(&self) -> u64 {
+        self.engine
+            .read()
+            .projections()
+            .map(|ps| ps.iter().map(|p| p.checkpoint).min().unwrap_or(0))
+            .unwrap_or(0)
     }
 }
 
@@ -264,15 +276,33 @@ impl Target for TidemarkInproc {
     }
 
     async fn append(&self, _: &mut (), batch: Vec<NewEvent>) -> Result<(), String> {
-        let receipt = self.log.append(batch).await.map_err(|e| e.to_string())?;
+        let receipt = self
+            .engine
+            .log()
+            .append(batch)
+            .await
+            .map_err(|e| e.to_string())?;
         if receipt.events.iter().any(|e| e.duplicate) {
             return Err("the log reported a duplicate event_id".into());
         }
         Ok(())
     }
 
+    async fn follow_lag(&self) -> Option<super::FollowLag> {
+        let head = self.engine.head();
+        let lag_events = head.saturating_sub(self.folded());
+        let started = std::time::Instant::now();
+        while self.folded() < head && started.elapsed() < Duration::from_secs(120) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Some(super::FollowLag {
+            lag_events,
+            catch_up_ms: started.elapsed().as_millis() as u64,
+        })
+    }
+
     async fn read_from(&self, _: &mut (), pos: &u64, limit: usize) -> Result<Page<u64>, String> {
-        let log = self.log.clone();
+        let log = self.engine.log().clone();
         let q = ReadQuery {
             after: *pos,
             limit,
@@ -290,6 +320,6 @@ impl Target for TidemarkInproc {
     }
 
     async fn stop(self) {
-        self.log.close().await;
+        self.engine.close().await;
     }
 }
