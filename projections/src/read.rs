@@ -67,7 +67,8 @@ pub fn tasks(
     let full_page = |out: &Vec<Task>| out.len() >= limit;
     // Candidate ids come from the narrowest index available.
     let index = match (&f.project_id, &f.status) {
-        (Some(p), _) => Some((tasks::BY_PROJECT, p.clone())),
+        (Some(p), Some(s)) => return tasks_of_both(&r, p, s, f.after.as_deref(), limit),
+        (Some(p), None) => Some((tasks::BY_PROJECT, p.clone())),
         (None, Some(s)) => Some((tasks::BY_STATUS, s.clone())),
         (None, None) => None,
     };
@@ -126,6 +127,81 @@ pub fn tasks(
         }
     }
     Ok((out, None))
+}
+
+/// The ids of index `idx` under `value`, from the first id past `after` (inclusive when
+/// `inclusive`), up to `n` of them, in id order.
+fn ids_from(
+    idx: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    value: &str,
+    from: &str,
+    inclusive: bool,
+    n: usize,
+) -> Result<Vec<String>, StorageError> {
+    let mut start = tasks::index_key(value, from);
+    if !inclusive {
+        start.push(0);
+    }
+    let mut end = value.as_bytes().to_vec();
+    end.push(1);
+    let mut out = Vec::with_capacity(n);
+    for row in idx
+        .range(start.as_slice()..end.as_slice())
+        .map_err(StorageError::of)?
+    {
+        let (k, _) = row.map_err(StorageError::of)?;
+        out.push(String::from_utf8_lossy(&k.value()[value.len() + 1..]).into_owned());
+        if out.len() >= n {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Tasks of project `project` in status `status`: the two indexes (each ordered by task id
+/// under its value) intersected by a zig-zag join — each side seeks to the other's current id —
+/// so a page holds up to `limit` matches whenever they exist, whatever the two lists' sizes,
+/// and the work is bounded by the shorter list.
+fn tasks_of_both(
+    r: &Reader,
+    project: &str,
+    status: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<(Vec<Task>, Option<String>), StorageError> {
+    let (Some(rows), Some(by_p), Some(by_s)) = (
+        r.table(tasks::NAME, tasks::ROWS)?,
+        r.table(tasks::NAME, tasks::BY_PROJECT)?,
+        r.table(tasks::NAME, tasks::BY_STATUS)?,
+    ) else {
+        return Ok((Vec::new(), None));
+    };
+    let mut out = Vec::new();
+    // The candidate: the first id of either list past the cursor.
+    let mut cur = after.unwrap_or("").to_owned();
+    let mut inclusive = after.is_none();
+    loop {
+        let Some(a) = ids_from(&by_p, project, &cur, inclusive, 1)?.pop() else {
+            return Ok((out, None));
+        };
+        let Some(b) = ids_from(&by_s, status, &a, true, 1)?.pop() else {
+            return Ok((out, None));
+        };
+        if a == b {
+            if let Some(v) = rows.get(a.as_bytes()).map_err(StorageError::of)? {
+                out.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
+            }
+            if out.len() >= limit {
+                return Ok((out, Some(a)));
+            }
+            cur = a;
+            inclusive = false;
+        } else {
+            // `b` > `a`: nothing of the project before `b` is in the status list.
+            cur = b;
+            inclusive = true;
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default)]

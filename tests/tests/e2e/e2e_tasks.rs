@@ -509,3 +509,94 @@ async fn default_page_size_is_fifty() {
     assert_eq!(body["tasks"][4]["task_id"], "many-054");
     assert_eq!(body["next_after"], Value::Null, "{body}");
 }
+
+/// A page holds up to `limit` matches whenever they exist (spec section 7): a status that is
+/// rare inside a project that is large. The list used to walk the project's index and stop at
+/// a scan budget, answering an empty first page with a cursor while the matches were further
+/// on (`?status=awaiting_review&project_id=p1` → `{"tasks":[],"next_after":"bt-225989"}`).
+#[tokio::test]
+async fn a_rare_status_in_a_large_project_fills_the_first_page() {
+    let s = Server::start(ServerOpts::default()).await;
+    for chunk in 0..25 {
+        let events: Vec<Value> = (0..1000)
+            .map(|i| {
+                task_ev(
+                    &format!("big-{:05}", chunk * 1000 + i),
+                    "task.created",
+                    json!({"project_id": "p1"}),
+                )
+            })
+            .collect();
+        let (st, body) = s.append(&json!({ "events": events })).await;
+        assert_eq!(st, StatusCode::CREATED, "{body}");
+    }
+    let ends: Vec<String> = (24_990..25_000).map(|i| format!("big-{i:05}")).collect();
+    let cancels: Vec<Value> = ends
+        .iter()
+        .step_by(3)
+        .map(|id| task_ev(id, "task.canceled", json!({"reason": "late"})))
+        .collect();
+    let (st, body) = s.append(&json!({ "events": cancels })).await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    let want: Vec<&String> = ends.iter().step_by(3).collect();
+    // One page holds them all.
+    let (st, body) = s
+        .get_json("/v1/tasks?status=canceled&project_id=p1&limit=10")
+        .await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    let got: Vec<&str> = body["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .map(|t| t["task_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(got, want, "{body}");
+    assert_eq!(body["next_after"], Value::Null, "{body}");
+    // Pages of 2 walk the same matches, each page full until the last.
+    let mut after = String::new();
+    let mut walked = Vec::new();
+    loop {
+        let q = if after.is_empty() {
+            String::new()
+        } else {
+            format!("&after={after}")
+        };
+        let (_, body) = s
+            .get_json(&format!(
+                "/v1/tasks?status=canceled&project_id=p1&limit=2{q}"
+            ))
+            .await;
+        let page: Vec<String> = body["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["task_id"].as_str().unwrap().to_owned())
+            .collect();
+        match body["next_after"].as_str() {
+            Some(n) => {
+                assert_eq!(
+                    page.len(),
+                    2,
+                    "a page short of limit before the end: {body}"
+                );
+                after = n.to_owned();
+                walked.extend(page);
+            }
+            None => {
+                walked.extend(page);
+                break;
+            }
+        }
+    }
+    assert_eq!(walked.iter().collect::<Vec<_>>(), want);
+    // Either filter alone, and the other order of the pair, still answer.
+    let (_, body) = s.get_json("/v1/tasks?status=canceled&limit=10").await;
+    assert_eq!(
+        body["tasks"].as_array().unwrap().len(),
+        want.len(),
+        "{body}"
+    );
+    let (_, body) = s.get_json("/v1/tasks?project_id=nope&status=open").await;
+    assert_eq!(body["tasks"], json!([]), "{body}");
+    assert_eq!(body["next_after"], Value::Null, "{body}");
+}
