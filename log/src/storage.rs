@@ -24,6 +24,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn available(&self) -> Option<u64> {
         None
     }
+    /// Whether the store can grow by `bytes` now (`StorageFull` if not), leaving it as it was:
+    /// the probe before the log is reopened after a full disk.
+    fn can_grow(&self, bytes: u64) -> io::Result<()> {
+        let len = self.len()?;
+        self.set_len(len + bytes)?;
+        self.set_len(len)
+    }
 }
 
 /// What the log keeps its bytes in.
@@ -72,6 +79,19 @@ impl Store for FileStore {
     }
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         std::os::unix::fs::FileExt::write_all_at(&self.0, data, offset)
+    }
+    /// Allocates the blocks (a sparse resize would succeed on a full disk), then gives them back.
+    fn can_grow(&self, bytes: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let len = self.len()?;
+        nix::fcntl::fallocate(
+            self.0.as_raw_fd(),
+            nix::fcntl::FallocateFlags::empty(),
+            len as i64,
+            bytes as i64,
+        )
+        .map_err(io::Error::from)?;
+        self.0.set_len(len)
     }
 }
 

@@ -19,6 +19,12 @@ pub(crate) const SUBJECTS: TableDefinition<(&str, u64), &str> = TableDefinition:
 /// Small named counters of the log itself.
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("log_meta");
 pub(crate) const META_INDEXED_THROUGH: &str = "indexed_through";
+/// (event type, seq) → stream, for the events up to `indexed_through` (newer ones are in the
+/// tail): a read filtered by type walks its matches instead of the log.
+pub(crate) const TYPES: TableDefinition<(&str, u64), &str> = TableDefinition::new("type_seq");
+/// Present once the type index covers every event up to `indexed_through` (a log written
+/// before the index existed is indexed at its first open).
+const META_TYPES_INDEXED: &str = "types_indexed";
 
 pub(crate) fn decode_event(seq: u64, bytes: &[u8]) -> Result<Event, ReadError> {
     let rec = codec::decode(bytes).map_err(|detail| ReadError::Format { seq, detail })?;
@@ -102,7 +108,9 @@ pub(crate) fn open(
             );
         }
         txn.open_table(SUBJECTS).map_err(|e| st(e.into()))?;
+        txn.open_table(TYPES).map_err(|e| st(e.into()))?;
         txn.open_table(META).map_err(|e| st(e.into()))?;
+        index_types(&txn).map_err(OpenError::Storage)?;
         txn.commit().map_err(|e| st(e.into()))?;
     }
     // The lean commit: groups past redb's last checkpoint are in the journal. Put their events
@@ -158,7 +166,7 @@ pub(crate) fn open(
         let (k, v) = row.map_err(|e| st(e.into()))?;
         let seq = k.value();
         let rec = codec::decode(v.value()).map_err(|detail| OpenError::Format { seq, detail })?;
-        tail.insert(seq, rec.event_id, rec.stream, rec.subject);
+        tail.insert(seq, rec.event_id, rec.stream, rec.subject, rec.event_type);
     }
     drop(events);
     drop(meta);
@@ -221,7 +229,14 @@ pub(crate) fn read(
     let st = |e: redb::Error| ReadError::Storage(storage(e));
     let limit = q.limit.max(1);
     let mut out = Vec::new();
-    if let Some(subject) = &q.subject {
+    // A subject, or else a type, is read from its index: the page holds up to `limit` matches
+    // whenever they exist (the other filters are checked on each candidate).
+    let index = match (&q.subject, &q.event_type) {
+        (Some(subject), _) => Some((SUBJECTS, subject.as_str(), true)),
+        (None, Some(ty)) => Some((TYPES, ty.as_str(), false)),
+        (None, None) => None,
+    };
+    if let Some((def, key, by_subject)) = index {
         // Collect candidate seqs under the tail lock, so the index tables and the tail are
         // seen at the same merge point.
         let (txn, head, candidates, exhausted) = {
@@ -240,9 +255,9 @@ pub(crate) fn read(
             let indexed_end = tail.indexed_through.min(head);
             let mut full = false;
             if q.after < indexed_end {
-                let idx = txn.open_table(SUBJECTS).map_err(|e| st(e.into()))?;
+                let idx = txn.open_table(def).map_err(|e| st(e.into()))?;
                 let range = idx
-                    .range((subject.as_str(), q.after + 1)..=(subject.as_str(), indexed_end))
+                    .range((key, q.after + 1)..=(key, indexed_end))
                     .map_err(|e| st(e.into()))?;
                 for row in range {
                     let (k, v) = row.map_err(|e| st(e.into()))?;
@@ -253,7 +268,12 @@ pub(crate) fn read(
                     }
                 }
             }
-            if !full && let Some(list) = tail.subjects.get(subject) {
+            let listed = if by_subject {
+                tail.subjects.get(key)
+            } else {
+                tail.types.get(key)
+            };
+            if !full && let Some(list) = listed {
                 let from = q.after.max(tail.indexed_through);
                 let start = list.partition_point(|(s, _)| *s <= from);
                 for (seq, stream) in &list[start..] {
@@ -334,6 +354,39 @@ pub(crate) fn read(
         next_after,
         head,
     })
+}
+
+/// Index by type every event up to `indexed_through` if the type index is not there yet (a log
+/// written by an earlier release): once, streamed in seq order, in the open transaction.
+fn index_types(txn: &redb::WriteTransaction) -> Result<(), StorageError> {
+    let mut meta = txn.open_table(META).map_err(storage)?;
+    if meta.get(META_TYPES_INDEXED).map_err(storage)?.is_some() {
+        return Ok(());
+    }
+    let through = meta
+        .get(META_INDEXED_THROUGH)
+        .map_err(storage)?
+        .map(|g| g.value())
+        .unwrap_or(0);
+    if through > 0 {
+        let events = txn.open_table(EVENTS).map_err(storage)?;
+        let mut types = txn.open_table(TYPES).map_err(storage)?;
+        for row in events.range(1..=through).map_err(storage)? {
+            let (k, v) = row.map_err(storage)?;
+            let seq = k.value();
+            let rec = codec::decode(v.value())
+                .map_err(|detail| StorageError::msg(format!("event {seq}: {detail}")))?;
+            types
+                .insert((rec.event_type, seq), rec.stream)
+                .map_err(storage)?;
+        }
+        tracing::warn!(
+            events = through,
+            "indexed the log by event type (first open by this release)"
+        );
+    }
+    meta.insert(META_TYPES_INDEXED, 1).map_err(storage)?;
+    Ok(())
 }
 
 /// The seq of `event_id` in the merged `event_id` index (the newest events are in the tail).

@@ -1,7 +1,7 @@
 //! The hot tail of the indexes.
 //!
 //! Inserting random keys into a redb B-tree copies a page per key per commit, so keeping the
-//! `event_id` and subject indexes in every small group commit would cap appends at a fraction of
+//! `event_id`, subject and type indexes in every small group commit would cap appends at a fraction of
 //! what the events table alone takes. Instead the newest events (those past
 //! `indexed_through`) are indexed here, in memory, and merged into the redb index tables in one
 //! large, sorted write transaction once the tail holds `merge_threshold` events. On open the tail
@@ -18,6 +18,8 @@ pub(crate) struct Tail {
     pub ids: HashMap<String, u64>,
     /// subject -> (seq, stream), in seq order.
     pub subjects: HashMap<String, Vec<(u64, Arc<str>)>>,
+    /// event type -> (seq, stream), in seq order.
+    pub types: HashMap<String, Vec<(u64, Arc<str>)>>,
     streams: HashMap<String, Arc<str>>,
 }
 
@@ -33,7 +35,14 @@ impl Tail {
         self.ids.len()
     }
 
-    pub fn insert(&mut self, seq: u64, event_id: &str, stream: &str, subject: &str) {
+    pub fn insert(
+        &mut self,
+        seq: u64,
+        event_id: &str,
+        stream: &str,
+        subject: &str,
+        event_type: &str,
+    ) {
         self.ids.insert(event_id.to_owned(), seq);
         let stream = match self.streams.get(stream) {
             Some(s) => s.clone(),
@@ -43,6 +52,13 @@ impl Tail {
                 s
             }
         };
+        match self.types.get_mut(event_type) {
+            Some(list) => list.push((seq, stream.clone())),
+            None => {
+                self.types
+                    .insert(event_type.to_owned(), vec![(seq, stream.clone())]);
+            }
+        }
         self.subjects
             .entry(subject.to_owned())
             .or_default()
@@ -54,6 +70,7 @@ impl Tail {
         self.indexed_through = through;
         self.ids.clear();
         self.subjects.clear();
+        self.types.clear();
         self.streams.clear();
     }
 }

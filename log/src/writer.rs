@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::codec::{self, StoredV1};
 use crate::envelope::{Event, NewEvent};
 use crate::error::{AppendError, CommandError, StorageError, storage};
-use crate::store::{EVENTS, META, META_INDEXED_THROUGH, SUBJECTS};
+use crate::store::{EVENTS, META, META_INDEXED_THROUGH, SUBJECTS, TYPES};
 use crate::tail::Tail;
 use crate::time::now_micros;
 use crate::{AppendReceipt, Appended, CommitHook, Expect, Shared};
@@ -89,6 +89,10 @@ pub(crate) struct Writer {
     pub cfg: crate::LogConfig,
     pub stores: crate::storage::Opened,
 }
+
+/// What the log file must be able to grow by before a writer that a full disk stopped reopens
+/// it.
+const REOPEN_PROBE: u64 = 8 << 20;
 
 /// How often a writer that a full disk stopped looks for space to reopen the log.
 const REOPEN_POLL: std::time::Duration = std::time::Duration::from_millis(250);
@@ -313,6 +317,12 @@ impl Writer {
         if self.space.check().is_err() {
             return Err(refusal(&self.space));
         }
+        // Free space may be unknown or under-reported (min_free 0, another store): only reopen
+        // once the file can really grow, or the next commit meets ENOSPC again.
+        if let Err(e) = self.stores.db.can_grow(REOPEN_PROBE) {
+            tracing::debug!(error = %e, "the log file cannot grow yet; staying closed");
+            return Err(refusal(&self.space));
+        }
         let opened = match crate::store::open(&self.cfg, &self.stores) {
             Ok(o) => o,
             Err(crate::OpenError::Storage(why)) if why.is_storage_full() => {
@@ -494,7 +504,7 @@ impl Writer {
             let mut tail = self.shared.tail.write().unwrap_or_else(|p| p.into_inner());
             for (seq, ev) in &staged {
                 let id = ev.event_id.as_deref().unwrap_or_default();
-                tail.insert(*seq, id, &ev.stream, &ev.subject);
+                tail.insert(*seq, id, &ev.stream, &ev.subject, &ev.event_type);
             }
         }
         let checkpoint = durable && staged.is_empty();
@@ -774,6 +784,18 @@ impl Writer {
             for (subject, list) in subjects {
                 for (seq, stream) in list {
                     subj_t.insert((subject, *seq), &**stream).map_err(storage)?;
+                }
+            }
+            let mut types: Vec<_> = tail
+                .types
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_slice()))
+                .collect();
+            types.sort_unstable_by_key(|(k, _)| *k);
+            let mut type_t = txn.open_table(TYPES).map_err(storage)?;
+            for (ty, list) in types {
+                for (seq, stream) in list {
+                    type_t.insert((ty, *seq), &**stream).map_err(storage)?;
                 }
             }
             let mut meta = txn.open_table(META).map_err(storage)?;
