@@ -207,12 +207,7 @@ impl Queries {
         interval_ms: u64,
     ) -> R<(Kpis, BTreeMap<String, Kpis>)> {
         self.floor(0)?;
-        Ok(read::kpis(
-            &self.log.db(),
-            now_us,
-            stuck_after_ms,
-            interval_ms,
-        )?)
+        self.kpis_now(now_us, stuck_after_ms, interval_ms)
     }
 
     /// Deliveries not yet sent, skipped, cancelled or discarded.

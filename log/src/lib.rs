@@ -42,6 +42,7 @@ pub mod error;
 pub mod fault;
 mod ids;
 mod journal;
+mod reopen;
 pub mod storage;
 mod store;
 mod tail;

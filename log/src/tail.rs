@@ -74,3 +74,24 @@ impl Tail {
         self.streams.clear();
     }
 }
+
+/// Write one of the tail's postings (subject or type → `(seq, stream)` in seq order) into its
+/// redb table, keys in order.
+pub(crate) fn write_postings(
+    txn: &redb::WriteTransaction,
+    def: redb::TableDefinition<(&str, u64), &str>,
+    postings: &HashMap<String, Vec<(u64, Arc<str>)>>,
+) -> Result<(), redb::Error> {
+    let mut keys: Vec<_> = postings
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_slice()))
+        .collect();
+    keys.sort_unstable_by_key(|(k, _)| *k);
+    let mut t = txn.open_table(def)?;
+    for (key, list) in keys {
+        for (seq, stream) in list {
+            t.insert((key, *seq), &**stream)?;
+        }
+    }
+    Ok(())
+}

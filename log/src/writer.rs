@@ -90,10 +90,6 @@ pub(crate) struct Writer {
     pub stores: crate::storage::Opened,
 }
 
-/// What the log file must be able to grow by before a writer that a full disk stopped reopens
-/// it.
-const REOPEN_PROBE: u64 = 8 << 20;
-
 /// How often a writer that a full disk stopped looks for space to reopen the log.
 const REOPEN_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -274,7 +270,7 @@ impl Writer {
             .clone()
     }
 
-    fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.shared.full.load(Ordering::SeqCst)
     }
 
@@ -292,7 +288,7 @@ impl Writer {
         }
     }
 
-    fn poison(&self, why: StorageError) {
+    pub(crate) fn poison(&self, why: StorageError) {
         tracing::error!(error = %why, "log poisoned; appends are refused until restart");
         self.shared.poisoned_flag.store(true, Ordering::SeqCst);
         *self
@@ -300,71 +296,6 @@ impl Writer {
             .poisoned
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(why);
-    }
-
-    /// After a full disk failed a redb write (redb refuses every later call until reopened):
-    /// once `min_free` is free again, open redb anew on the same stores — it goes back to its
-    /// last durable commit and the journal puts back every group acknowledged since — and
-    /// carry on. `Err` while the log stays closed.
-    fn try_reopen(&mut self) -> Result<(), AppendError> {
-        let refusal = |space: &crate::Space| AppendError::InsufficientStorage {
-            available: space.storage.available(&space.path).unwrap_or(0),
-            min_free: space.min_free,
-        };
-        if !self.is_full() {
-            return Ok(());
-        }
-        if self.space.check().is_err() {
-            return Err(refusal(&self.space));
-        }
-        // Free space may be unknown or under-reported (min_free 0, another store): only reopen
-        // once the file can really grow, or the next commit meets ENOSPC again.
-        if let Err(e) = self.stores.db.can_grow(REOPEN_PROBE) {
-            tracing::debug!(error = %e, "the log file cannot grow yet; staying closed");
-            return Err(refusal(&self.space));
-        }
-        let opened = match crate::store::open(&self.cfg, &self.stores) {
-            Ok(o) => o,
-            Err(crate::OpenError::Storage(why)) if why.is_storage_full() => {
-                return Err(refusal(&self.space));
-            }
-            Err(e) => {
-                let why = StorageError::new("reopening the log after a full disk", e);
-                self.poison(why.clone());
-                return Err(AppendError::Poisoned(why));
-            }
-        };
-        let db = Arc::new(opened.db);
-        {
-            // Swap everything readers use at once.
-            let mut tail = self.shared.tail.write().unwrap_or_else(|p| p.into_inner());
-            let mut ids = self.shared.ids.write().unwrap_or_else(|p| p.into_inner());
-            *self.shared.db.write().unwrap_or_else(|p| p.into_inner()) = db.clone();
-            *tail = opened.tail;
-            *ids = opened.runs;
-        }
-        self.db = db;
-        self.journal = opened.journal;
-        self.last_time_us = self.last_time_us.max(opened.last_time_us);
-        let was = self.head;
-        self.head = opened.head;
-        if let Err(why) = self.recover_hooks() {
-            if why.is_storage_full() {
-                return Err(refusal(&self.space));
-            }
-            self.poison(why.clone());
-            return Err(AppendError::Poisoned(why));
-        }
-        self.shared.head.send_replace(self.head);
-        self.stores.cause.clear();
-        self.shared.full.store(false, Ordering::SeqCst);
-        tracing::warn!(
-            head = self.head,
-            before = was,
-            replayed = opened.replayed,
-            "space returned; the log was reopened and takes appends again"
-        );
-        Ok(())
     }
 
     fn begin(&self) -> Result<WriteTransaction, StorageError> {
@@ -774,30 +705,8 @@ impl Writer {
             ids.sort_unstable();
             let current = self.shared.ids.read().unwrap_or_else(|p| p.into_inner());
             next_runs = current.add(&txn, &ids)?;
-            let mut subjects: Vec<_> = tail
-                .subjects
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_slice()))
-                .collect();
-            subjects.sort_unstable_by_key(|(k, _)| *k);
-            let mut subj_t = txn.open_table(SUBJECTS).map_err(storage)?;
-            for (subject, list) in subjects {
-                for (seq, stream) in list {
-                    subj_t.insert((subject, *seq), &**stream).map_err(storage)?;
-                }
-            }
-            let mut types: Vec<_> = tail
-                .types
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_slice()))
-                .collect();
-            types.sort_unstable_by_key(|(k, _)| *k);
-            let mut type_t = txn.open_table(TYPES).map_err(storage)?;
-            for (ty, list) in types {
-                for (seq, stream) in list {
-                    type_t.insert((ty, *seq), &**stream).map_err(storage)?;
-                }
-            }
+            crate::tail::write_postings(&txn, SUBJECTS, &tail.subjects).map_err(storage)?;
+            crate::tail::write_postings(&txn, TYPES, &tail.types).map_err(storage)?;
             let mut meta = txn.open_table(META).map_err(storage)?;
             meta.insert(META_INDEXED_THROUGH, self.head)
                 .map_err(storage)?;
