@@ -10,9 +10,14 @@
 //! # Digest
 //! Every write of a projection (table, key, value or deletion) while folding event `seq` is
 //! hashed; when an event changed anything, the running digest becomes
-//! `blake3(previous digest ‖ seq ‖ hash of the writes)` and is recorded in the projection's
-//! `digests` table at `seq`. Two folds of the same log give the same chain, and comparing two
-//! chains names the first `seq` at which they differ.
+//! `blake3(previous digest ‖ seq ‖ hash of the writes)`. The running digest is recorded in the
+//! projection's `digests` table at fixed seq boundaries, every [`DIGEST_EVERY`] events (the
+//! digest after folding every event up to and including the boundary), the same live and in a
+//! rebuild (spec section 10). Two folds of the same log give the same rows; comparing two
+//! generations finds the first boundary where they differ, and the rebuild names the first
+//! event of that range which changed the model. (Data directories written before the
+//! boundaries kept a row at every changing event; the digest at a boundary is read as the last
+//! row at or before it, which is the same value in both layouts.)
 
 use std::collections::{BTreeMap, HashMap};
 use tidemark_log::StorageError;
@@ -25,6 +30,9 @@ use tidemark_log::{CommitHook, Event, scan_events};
 pub fn be_u64(b: &[u8]) -> Option<u64> {
     b.try_into().ok().map(u64::from_be_bytes)
 }
+
+/// The table of a projection's digests at seq boundaries (u64-keyed).
+pub(crate) const DIGESTS: &str = "digests";
 
 /// Per-projection bookkeeping, one row of the `projections` table.
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("projections");
@@ -69,10 +77,17 @@ pub struct Store<'t> {
     /// order, by `flush`. The digest does not see this: it hashes every write as it is made.
     pending: HashMap<&'static str, BTreeMap<Vec<u8>, Option<Vec<u8>>>>,
     pending_len: usize,
-    digests: Vec<(u64, [u8; 32])>,
+    /// Digests at the boundaries passed, not yet written.
+    boundaries: Vec<(u64, [u8; 32])>,
+    /// Seqs of the events that changed the model, when the caller asked for them (a rebuild
+    /// locating a divergence).
+    changed_at: Option<Vec<u64>>,
     change: blake3::Hasher,
     changed: bool,
 }
+
+/// The running digest is recorded at every seq that is a multiple of this (spec section 10).
+pub const DIGEST_EVERY: u64 = 1000;
 
 /// Coalesced writes are flushed after this many events even inside one transaction.
 const FLUSH_EVERY: usize = 50_000;
@@ -83,7 +98,8 @@ impl<'t> Store<'t> {
             tables: TxnTables::at(txn, proj, generation),
             pending: HashMap::new(),
             pending_len: 0,
-            digests: Vec::new(),
+            boundaries: Vec::new(),
+            changed_at: None,
             change: blake3::Hasher::new(),
             changed: false,
         }
@@ -185,7 +201,13 @@ impl<'t> Store<'t> {
         ev: &Event,
         meta: &mut Meta,
     ) -> Result<(), StorageError> {
-        self.change = blake3::Hasher::new();
+        // A boundary between the last event folded and this one (seqs are dense, so only when
+        // the model was moved past events it did not fold) still records the digest there.
+        let passed = (ev.seq - 1) / DIGEST_EVERY * DIGEST_EVERY;
+        if passed > meta.checkpoint {
+            self.boundaries.push((passed, meta.digest));
+        }
+        self.change.reset();
         self.changed = false;
         p.apply(self, ev)?;
         if self.changed {
@@ -195,10 +217,15 @@ impl<'t> Store<'t> {
             h.update(self.change.finalize().as_bytes());
             meta.digest = *h.finalize().as_bytes();
             meta.changes += 1;
-            self.digests.push((ev.seq, meta.digest));
+            if let Some(c) = &mut self.changed_at {
+                c.push(ev.seq);
+            }
         }
         meta.checkpoint = ev.seq;
-        if self.pending_len + self.digests.len() >= FLUSH_EVERY {
+        if ev.seq % DIGEST_EVERY == 0 {
+            self.boundaries.push((ev.seq, meta.digest));
+        }
+        if self.pending_len >= FLUSH_EVERY {
             self.flush()?;
         }
         Ok(())
@@ -219,11 +246,11 @@ impl<'t> Store<'t> {
                 .map_err(StorageError::of)?;
             }
         }
-        if !self.digests.is_empty() {
-            let name = table_name(self.tables.proj, "digests", self.tables.generation);
+        if !self.boundaries.is_empty() {
+            let name = table_name(self.tables.proj, DIGESTS, self.tables.generation);
             let def: TableDefinition<u64, &[u8]> = TableDefinition::new(&name);
             let mut t = self.tables.txn.open_table(def).map_err(StorageError::of)?;
-            for (seq, d) in self.digests.drain(..) {
+            for (seq, d) in self.boundaries.drain(..) {
                 t.insert(seq, d.as_slice()).map_err(StorageError::of)?;
             }
         }
@@ -264,11 +291,27 @@ pub(crate) fn fold_all(
     events: &[Event],
     meta: &mut Meta,
 ) -> Result<(), StorageError> {
+    fold_events(txn, p, generation, events, meta, false).map(drop)
+}
+
+/// [`fold_all`], answering (when `note_changes`) the seqs of the events that changed the model.
+pub(crate) fn fold_events(
+    txn: &WriteTransaction,
+    p: &dyn Projection,
+    generation: u32,
+    events: &[Event],
+    meta: &mut Meta,
+    note_changes: bool,
+) -> Result<Vec<u64>, StorageError> {
     let mut st = Store::new(txn, p.name(), generation);
+    if note_changes {
+        st.changed_at = Some(Vec::new());
+    }
     for ev in events {
         st.fold(p, ev, meta)?;
     }
-    st.flush()
+    st.flush()?;
+    Ok(st.changed_at.take().unwrap_or_default())
 }
 
 /// Drop every table of projection `name` whose generation is not `keep`.

@@ -11,7 +11,8 @@ use serde::Serialize;
 use tidemark_log::{CommandError, Log, scan_events};
 
 use crate::framework::{
-    Meta, Projection, drop_other_generations, fold_all, read_meta, table_name, write_meta,
+    DIGEST_EVERY, DIGESTS, Meta, Projection, drop_other_generations, fold_events, read_meta,
+    table_name, write_meta,
 };
 
 /// Events folded per writer transaction.
@@ -39,38 +40,46 @@ struct Progress {
     done: bool,
 }
 
-/// First seq in `(after, upto]` where the digest chains of two generations differ.
-fn first_difference(
+/// The digest of generation `g` at boundary `b`: the last row at or before it (the zero digest
+/// before the first change). Reads both layouts: a row at every boundary, or (written before
+/// the boundaries) a row at every changing event.
+fn digest_at(txn: &WriteTransaction, name: &str, g: u32, b: u64) -> Result<[u8; 32], StorageError> {
+    let tn = table_name(name, DIGESTS, g);
+    let def: TableDefinition<u64, &[u8]> = TableDefinition::new(&tn);
+    let t = txn.open_table(def).map_err(StorageError::of)?;
+    let last = t.range(..=b).map_err(StorageError::of)?.next_back();
+    Ok(match last {
+        Some(row) => {
+            let (_, v) = row.map_err(StorageError::of)?;
+            v.value().try_into().unwrap_or([0; 32])
+        }
+        None => [0; 32],
+    })
+}
+
+/// The first range `(a, b]` in `(after, upto]` (boundaries every [`DIGEST_EVERY`], and `upto`
+/// itself when `at_end`, where the live model's digest is `live_end`) where the two
+/// generations' digests differ.
+fn first_differing_range(
     txn: &WriteTransaction,
     name: &str,
-    live: u32,
-    new: u32,
-    after: u64,
-    upto: u64,
-) -> Result<Option<u64>, StorageError> {
-    let open = |g: u32| -> Result<Vec<(u64, Vec<u8>)>, StorageError> {
-        let tn = table_name(name, "digests", g);
-        let def: TableDefinition<u64, &[u8]> = TableDefinition::new(&tn);
-        let t = txn.open_table(def).map_err(StorageError::of)?;
-        let mut out = Vec::new();
-        for row in t.range(after + 1..=upto).map_err(StorageError::of)? {
-            let (k, v) = row.map_err(StorageError::of)?;
-            out.push((k.value(), v.value().to_vec()));
+    (live, new): (u32, u32),
+    (after, upto): (u64, u64),
+    at_end: Option<([u8; 32], [u8; 32])>,
+) -> Result<Option<(u64, u64)>, StorageError> {
+    let mut a = after;
+    let mut b = (after / DIGEST_EVERY + 1) * DIGEST_EVERY;
+    while b <= upto {
+        if digest_at(txn, name, live, b)? != digest_at(txn, name, new, b)? {
+            return Ok(Some((a, b)));
         }
-        Ok(out)
-    };
-    let a = open(live)?;
-    let b = open(new)?;
-    for i in 0..a.len().max(b.len()) {
-        match (a.get(i), b.get(i)) {
-            (Some(x), Some(y)) if x == y => continue,
-            (Some(x), Some(y)) => return Ok(Some(x.0.min(y.0))),
-            (Some(x), None) => return Ok(Some(x.0)),
-            (None, Some(y)) => return Ok(Some(y.0)),
-            (None, None) => break,
-        }
+        a = b;
+        b += DIGEST_EVERY;
     }
-    Ok(None)
+    match at_end {
+        Some((x, y)) if x != y => Ok(Some((a, upto))),
+        _ => Ok(None),
+    }
 }
 
 /// Rebuild (`swap = true`) or verify (`swap = false`) one projection. `progress(done, head)` is
@@ -120,18 +129,34 @@ pub async fn rebuild(
                     Ok(true)
                 })
                 .map_err(st)?;
-                fold_all(txn, p, s.new.generation, &batch, &mut s.new).map_err(st)?;
+                let changed =
+                    fold_events(txn, p, s.new.generation, &batch, &mut s.new, true).map_err(st)?;
                 s.new.checkpoint = upto;
                 if s.first_divergent.is_none() {
-                    s.first_divergent = first_difference(
+                    let at_end = if upto == head {
+                        Some((read_meta(txn, name).map_err(st)?.digest, s.new.digest))
+                    } else {
+                        None
+                    };
+                    let range = first_differing_range(
                         txn,
                         name,
-                        s.live_generation,
-                        s.new.generation,
-                        from,
-                        upto,
+                        (s.live_generation, s.new.generation),
+                        (from, upto),
+                        at_end,
                     )
                     .map_err(st)?;
+                    // Locate it within the range: the first event there that changed the
+                    // rebuilt model (the chains agree before the range, so the live one
+                    // parted at an event the fold changes, or — when the rebuilt model did not
+                    // change in the range at all — at its start).
+                    s.first_divergent = range.map(|(a, b)| {
+                        changed
+                            .iter()
+                            .copied()
+                            .find(|c| *c > a && *c <= b)
+                            .unwrap_or(a + 1)
+                    });
                 }
                 if upto == head {
                     s.done = true;

@@ -601,10 +601,83 @@ proptest! {
     }
 }
 
-/// A rebuild that differs from the live model names the first seq where they part. The live
-/// model is tampered with by folding one event twice into it (as a buggy projection would).
+/// A rebuild that differs from the live model names where they part: the live digests are
+/// recorded every `DIGEST_EVERY` seqs (section 10), the first differing boundary bounds the
+/// range, and the first event of that range that changes the model is named. The live model is
+/// tampered with by rewriting one recorded digest, as a fold that once did something else
+/// would have left it; a second rebuild after a swap is identical again.
 #[test]
 fn divergence_is_located() {
+    use redb::ReadableTable;
+    use tidemark_projections::framework::DIGEST_EVERY;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = rt();
+    let cfg = LogConfig::new(dir.path().join("log.redb"));
+    let (log, _) = Log::open_with(&cfg, vec![tidemark_projections::projector()]).unwrap();
+    let n = 2 * DIGEST_EVERY + DIGEST_EVERY / 2;
+    for chunk in 0..n / 100 {
+        let batch = (0..100)
+            .map(|i| {
+                NewEvent::new(
+                    None,
+                    "task_events",
+                    format!("t{}", chunk * 100 + i),
+                    "task.created",
+                    &json!({"project_id": "p"}),
+                )
+                .unwrap()
+            })
+            .collect();
+        rt.block_on(log.append(batch)).unwrap();
+    }
+    let p = tidemark_projections::by_name("tasks").unwrap();
+    let v = rt
+        .block_on(rebuild::rebuild(&log, p, false, |_, _| {}))
+        .unwrap();
+    assert!(v.identical, "untampered: {v:?}");
+    rt.block_on(log.close());
+    drop(log);
+    // Tamper: rewrite the live digest recorded at the second boundary directly in the file.
+    {
+        let db = redb::Database::open(dir.path().join("log.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let def: redb::TableDefinition<u64, &[u8]> =
+                redb::TableDefinition::new("p.tasks.digests.g0");
+            let mut t = txn.open_table(def).unwrap();
+            let rows: Vec<u64> = t.iter().unwrap().map(|r| r.unwrap().0.value()).collect();
+            assert_eq!(
+                rows,
+                vec![DIGEST_EVERY, 2 * DIGEST_EVERY],
+                "a row at each boundary"
+            );
+            t.insert(2 * DIGEST_EVERY, [7u8; 32].as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let (log, _) = Log::open_with(&cfg, vec![tidemark_projections::projector()]).unwrap();
+    let v = rt
+        .block_on(rebuild::rebuild(&log, p, false, |_, _| {}))
+        .unwrap();
+    assert!(!v.identical);
+    assert_eq!(v.first_divergent_seq, Some(DIGEST_EVERY + 1));
+    // The swap replaces the tampered rows; the next verify is identical.
+    let r = rt
+        .block_on(rebuild::rebuild(&log, p, true, |_, _| {}))
+        .unwrap();
+    assert_eq!(r.first_divergent_seq, Some(DIGEST_EVERY + 1));
+    let v = rt
+        .block_on(rebuild::rebuild(&log, p, false, |_, _| {}))
+        .unwrap();
+    assert!(v.identical, "after the swap: {v:?}");
+    rt.block_on(log.close());
+}
+
+/// A divergence after the last boundary (the live model's current digest differs) is located
+/// in the range from that boundary to the head.
+#[test]
+fn divergence_after_the_last_boundary_is_located() {
+    use redb::ReadableTable;
     let dir = tempfile::tempdir().unwrap();
     let rt = rt();
     let cfg = LogConfig::new(dir.path().join("log.redb"));
@@ -622,15 +695,17 @@ fn divergence_is_located() {
     }
     rt.block_on(log.close());
     drop(log);
-    // Tamper: rewrite the live digest recorded at seq 3 directly in the file.
     {
         let db = redb::Database::open(dir.path().join("log.redb")).unwrap();
         let txn = db.begin_write().unwrap();
         {
-            let def: redb::TableDefinition<u64, &[u8]> =
-                redb::TableDefinition::new("p.tasks.digests.g0");
+            let def: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("projections");
             let mut t = txn.open_table(def).unwrap();
-            t.insert(3u64, [7u8; 32].as_slice()).unwrap();
+            let mut meta: tidemark_projections::framework::Meta =
+                postcard::from_bytes(t.get("tasks").unwrap().unwrap().value()).unwrap();
+            meta.digest = [7; 32];
+            t.insert("tasks", postcard::to_stdvec(&meta).unwrap().as_slice())
+                .unwrap();
         }
         txn.commit().unwrap();
     }
@@ -640,7 +715,7 @@ fn divergence_is_located() {
         .block_on(rebuild::rebuild(&log, p, false, |_, _| {}))
         .unwrap();
     assert!(!v.identical);
-    assert_eq!(v.first_divergent_seq, Some(3));
+    assert_eq!(v.first_divergent_seq, Some(1));
     rt.block_on(log.close());
 }
 
