@@ -222,7 +222,7 @@ impl<'t> Store<'t> {
             }
         }
         meta.checkpoint = ev.seq;
-        if ev.seq % DIGEST_EVERY == 0 {
+        if ev.seq.is_multiple_of(DIGEST_EVERY) {
             self.boundaries.push((ev.seq, meta.digest));
         }
         if self.pending_len >= FLUSH_EVERY {
