@@ -77,6 +77,12 @@ pub struct Store<'t> {
     /// order, by `flush`. The digest does not see this: it hashes every write as it is made.
     pending: HashMap<&'static str, BTreeMap<Vec<u8>, Option<Vec<u8>>>>,
     pending_len: usize,
+    /// Rows kept decoded between events ([`Store::take_row`] / [`Store::put_row`]): a row a
+    /// fold rewrites at every event (a task) is decoded once and encoded once per flush, not
+    /// at each event. Encoded into `pending` by `flush` (or when read as bytes).
+    rows: HashMap<&'static str, HashMap<Vec<u8>, Decoded>>,
+    /// Reused buffer that the digest hashes an encoded row from.
+    scratch: Vec<u8>,
     /// Digests at the boundaries passed, not yet written.
     boundaries: Vec<(u64, [u8; 32])>,
     /// Seqs of the events that changed the model, when the caller asked for them (a rebuild
@@ -89,6 +95,38 @@ pub struct Store<'t> {
 /// The running digest is recorded at every seq that is a multiple of this (spec section 10).
 pub const DIGEST_EVERY: u64 = 1000;
 
+/// A row kept decoded by [`Store::put_row`], with the function that encodes it.
+struct Decoded {
+    /// `None` while a fold has it taken out.
+    row: Option<Box<dyn std::any::Any + Send>>,
+    encode: fn(&(dyn std::any::Any + Send), &mut Vec<u8>) -> Result<(), StorageError>,
+}
+
+impl Decoded {
+    fn row(&self, table: &str) -> Result<&(dyn std::any::Any + Send), StorageError> {
+        self.row.as_deref().ok_or_else(|| taken(table))
+    }
+}
+
+fn taken(table: &str) -> StorageError {
+    StorageError::new(
+        format!("a row of {table} was taken by a fold and not put back"),
+        std::io::Error::other("row taken"),
+    )
+}
+
+fn encode_as<T: Serialize + 'static>(
+    row: &(dyn std::any::Any + Send),
+    out: &mut Vec<u8>,
+) -> Result<(), StorageError> {
+    let row = row
+        .downcast_ref::<T>()
+        .expect("encode_as is stored with a row of its type");
+    let buf = postcard::to_extend(row, std::mem::take(out)).map_err(StorageError::of)?;
+    *out = buf;
+    Ok(())
+}
+
 /// Coalesced writes are flushed after this many events even inside one transaction.
 const FLUSH_EVERY: usize = 50_000;
 
@@ -98,6 +136,8 @@ impl<'t> Store<'t> {
             tables: TxnTables::at(txn, proj, generation),
             pending: HashMap::new(),
             pending_len: 0,
+            rows: HashMap::new(),
+            scratch: Vec::new(),
             boundaries: Vec::new(),
             changed_at: None,
             change: blake3::Hasher::new(),
@@ -110,10 +150,85 @@ impl<'t> Store<'t> {
         table: &'static str,
         key: &[u8],
     ) -> Result<Option<Vec<u8>>, StorageError> {
+        if let Some(d) = self.rows.get(table).and_then(|t| t.get(key)) {
+            let mut out = Vec::new();
+            (d.encode)(d.row(table)?, &mut out)?;
+            return Ok(Some(out));
+        }
         if let Some(v) = self.pending.get(table).and_then(|t| t.get(key)) {
             return Ok(v.clone());
         }
         self.tables.get(table, key)
+    }
+
+    /// Take a row out to fold it, decoded: from the rows kept decoded when it is there
+    /// (nothing is decoded or copied), else from the staged writes or the table. A row taken
+    /// from the decoded ones must be put back with [`Store::put_row`] (or overwritten or
+    /// deleted) before the next flush, which otherwise fails the transaction rather than lose
+    /// the row's staged state.
+    pub fn take_row<T>(
+        &mut self,
+        table: &'static str,
+        key: &[u8],
+    ) -> Result<Option<T>, StorageError>
+    where
+        T: Serialize + for<'de> Deserialize<'de> + Send + 'static,
+    {
+        if let Some(d) = self.rows.get_mut(table).and_then(|t| t.get_mut(key)) {
+            let row = d.row.take().ok_or_else(|| taken(table))?;
+            return match row.downcast::<T>() {
+                Ok(row) => Ok(Some(*row)),
+                Err(_) => Err(StorageError::new(
+                    format!("a row of {table} taken as another type"),
+                    std::io::Error::other("type mismatch"),
+                )),
+            };
+        }
+        if let Some(v) = self.pending.get(table).and_then(|t| t.get(key)) {
+            return match v {
+                Some(b) => postcard::from_bytes(b).map(Some).map_err(StorageError::of),
+                None => Ok(None),
+            };
+        }
+        self.tables.get_val(table, key)
+    }
+
+    /// Write a row taken with [`Store::take_row`] (or a new one): hashed into the digest as
+    /// its encoding (in a reused buffer), kept decoded for the next event, encoded into the
+    /// table at the flush.
+    pub fn put_row<T>(
+        &mut self,
+        table: &'static str,
+        key: &[u8],
+        row: T,
+    ) -> Result<(), StorageError>
+    where
+        T: Serialize + Send + 'static,
+    {
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
+        let buf = postcard::to_extend(&row, buf).map_err(StorageError::of)?;
+        self.note(table, key, Some(&buf));
+        self.scratch = buf;
+        // The bytes staged earlier (if any) are superseded by the decoded row.
+        if let Some(t) = self.pending.get_mut(table)
+            && t.remove(key).is_some()
+        {
+            self.pending_len -= 1;
+        }
+        let t = self.rows.entry(table).or_default();
+        let d = Decoded {
+            row: Some(Box::new(row)),
+            encode: encode_as::<T>,
+        };
+        match t.get_mut(key) {
+            Some(slot) => *slot = d,
+            None => {
+                t.insert(key.to_vec(), d);
+                self.pending_len += 1;
+            }
+        }
+        Ok(())
     }
 
     pub fn put(
@@ -147,6 +262,11 @@ impl<'t> Store<'t> {
     }
 
     fn stage(&mut self, table: &'static str, key: &[u8], value: Option<Vec<u8>>) {
+        if let Some(t) = self.rows.get_mut(table)
+            && t.remove(key).is_some()
+        {
+            self.pending_len -= 1;
+        }
         let t = self.pending.entry(table).or_default();
         match t.get_mut(key) {
             Some(slot) => *slot = value,
@@ -233,6 +353,14 @@ impl<'t> Store<'t> {
 
     /// Write the coalesced changes into the tables. Must be called before the store is dropped.
     fn flush(&mut self) -> Result<(), StorageError> {
+        for (table, rows) in std::mem::take(&mut self.rows) {
+            let t = self.pending.entry(table).or_default();
+            for (key, d) in rows {
+                let mut out = Vec::new();
+                (d.encode)(d.row(table)?, &mut out)?;
+                t.insert(key, Some(out));
+            }
+        }
         let mut pending: Vec<_> = std::mem::take(&mut self.pending).into_iter().collect();
         pending.sort_unstable_by_key(|(t, _)| *t);
         self.pending_len = 0;
@@ -659,5 +787,62 @@ fn decode<T: for<'de> Deserialize<'de>>(bytes: Option<Vec<u8>>) -> Result<Option
     match bytes {
         Some(b) => postcard::from_bytes(&b).map(Some).map_err(StorageError::of),
         None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_store(f: impl FnOnce(&mut Store<'_>)) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("t.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        let mut st = Store::new(&txn, "x", 0);
+        f(&mut st);
+    }
+
+    /// A decoded row reads back the same as its bytes would, through every path, and is
+    /// hashed as its encoding (the same digest as `put_val`).
+    #[test]
+    fn decoded_rows_read_and_hash_like_bytes() {
+        let row = (String::from("a"), 7u64, vec![1u32, 2]);
+        let mut by_val = blake3::Hash::from([0; 32]);
+        with_store(|st| {
+            st.put_val("rows", b"k", &row).unwrap();
+            by_val = st.change.finalize();
+        });
+        with_store(|st| {
+            st.put_row("rows", b"k", row.clone()).unwrap();
+            assert_eq!(st.change.finalize(), by_val);
+            assert_eq!(
+                st.get_val::<(String, u64, Vec<u32>)>("rows", b"k").unwrap(),
+                Some(row.clone())
+            );
+            let mut r: (String, u64, Vec<u32>) = st.take_row("rows", b"k").unwrap().unwrap();
+            r.1 += 1;
+            st.put_row("rows", b"k", r).unwrap();
+            st.flush().unwrap();
+            let back: Option<(String, u64, Vec<u32>)> = st.take_row("rows", b"k").unwrap();
+            assert_eq!(back.map(|b| b.1), Some(8));
+        });
+    }
+
+    /// A row a fold took and never put back fails the flush instead of losing its staged state.
+    #[test]
+    fn a_row_taken_and_not_put_back_fails_the_flush() {
+        with_store(|st| {
+            st.put_row("rows", b"k", 1u64).unwrap();
+            let _: Option<u64> = st.take_row("rows", b"k").unwrap();
+            assert!(st.take_row::<u64>("rows", b"k").is_err(), "taken twice");
+            assert!(st.flush().is_err());
+        });
+        with_store(|st| {
+            st.put_row("rows", b"k", 1u64).unwrap();
+            let _: Option<u64> = st.take_row("rows", b"k").unwrap();
+            st.delete("rows", b"k").unwrap();
+            st.flush().unwrap();
+            assert_eq!(st.get("rows", b"k").unwrap(), None);
+        });
     }
 }

@@ -294,7 +294,7 @@ impl Projection for Tasks {
         }
         let lifecycle =
             ev.stream == Stream::TaskEvents && ev.event_type.starts_with(LIFECYCLE_PREFIX);
-        let existing: Option<Task> = st.get_val(ROWS, ev.subject.as_bytes())?;
+        let existing: Option<Task> = st.take_row(ROWS, ev.subject.as_bytes())?;
         let is_new = existing.is_none();
         let mut task = match (existing, lifecycle) {
             (Some(t), _) => t,
@@ -322,6 +322,6 @@ impl Projection for Tasks {
                 st.put(BY_PROJECT, &index_key(new, &task.task_id), &[])?;
             }
         }
-        st.put_val(ROWS, ev.subject.as_bytes(), &task)
+        st.put_row(ROWS, ev.subject.as_bytes(), task)
     }
 }
