@@ -11,6 +11,11 @@
 //! growth), [`sse`], [`reopen`], [`measure`] (percentiles, /proc counters, strace), [`machine`]
 //! (the machine and its fsync latency), [`report`] (tables and ratios).
 
+/// mimalloc instead of glibc malloc: the folds and the writer allocate many small, short-lived
+/// buffers, and glibc spent a fifth of a rebuild consolidating and unlinking them.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use tidemark_benches::{events, machine, measure, peers, reopen, report, sse, targets, workloads};
 
 use std::path::PathBuf;

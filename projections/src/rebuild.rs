@@ -90,107 +90,143 @@ pub async fn rebuild(
     swap: bool,
     progress: impl Fn(u64, u64),
 ) -> Result<RebuildReport, CommandError> {
+    let mut reports = rebuild_many(log, vec![p], swap, progress).await?;
+    Ok(reports.remove(0))
+}
+
+/// Rebuild or verify several projections in one pass over the log: each chunk of events is
+/// read and decoded once and folded into every projection's new generation (a rebuild of all
+/// six read the log six times). Each report's `duration_ms` is the whole pass.
+pub async fn rebuild_many(
+    log: &Log,
+    projections: Vec<&'static dyn Projection>,
+    swap: bool,
+    progress: impl Fn(u64, u64),
+) -> Result<Vec<RebuildReport>, CommandError> {
     let started = Instant::now();
-    let name = p.name();
     let st = CommandError::Storage;
-    // Start a fresh generation, clearing what an interrupted rebuild may have left.
-    let (mut state, _) = log
+    let set = projections.clone();
+    // Start a fresh generation of each, clearing what an interrupted rebuild may have left.
+    let (mut states, _) = log
         .command(true, move |txn, _head| {
-            let live = read_meta(txn, name).map_err(st)?;
-            drop_other_generations(txn, name, live.generation).map_err(st)?;
-            let new = Meta {
-                generation: live.generation + 1,
-                version: p.version(),
-                ..Meta::default()
-            };
-            Ok((
-                Progress {
-                    new,
+            let mut states = Vec::with_capacity(set.len());
+            for p in &set {
+                let live = read_meta(txn, p.name()).map_err(st)?;
+                drop_other_generations(txn, p.name(), live.generation).map_err(st)?;
+                states.push(Progress {
+                    new: Meta {
+                        generation: live.generation + 1,
+                        version: p.version(),
+                        ..Meta::default()
+                    },
                     live_generation: live.generation,
                     first_divergent: None,
                     done: false,
-                },
-                Vec::new(),
-            ))
+                });
+            }
+            Ok((states, Vec::new()))
         })
         .await?;
-    while !state.done {
-        let (next, _) = log
+    let mut from = 0;
+    while !states.iter().all(|s| s.done) {
+        let set = projections.clone();
+        let ((next, upto, head), _) = log
             .command(true, move |txn, head| {
                 // The live models follow the log: bring them to the head first, so the live
-                // chain this chunk is compared with is complete.
+                // digests this chunk is compared with are complete.
                 crate::framework::catch_up(txn, &crate::all(), head, u64::MAX).map_err(st)?;
-                let mut s = state;
-                let from = s.new.checkpoint;
                 let upto = head.min(from + CHUNK);
-                let mut batch = Vec::new();
+                let mut batch = Vec::with_capacity((upto - from) as usize);
                 scan_events(txn, from, upto, |ev| {
                     batch.push(ev);
                     Ok(true)
                 })
                 .map_err(st)?;
-                let changed =
-                    fold_events(txn, p, s.new.generation, &batch, &mut s.new, true).map_err(st)?;
-                s.new.checkpoint = upto;
-                if s.first_divergent.is_none() {
-                    let at_end = if upto == head {
-                        Some((read_meta(txn, name).map_err(st)?.digest, s.new.digest))
-                    } else {
-                        None
-                    };
-                    let range = first_differing_range(
-                        txn,
-                        name,
-                        (s.live_generation, s.new.generation),
-                        (from, upto),
-                        at_end,
-                    )
-                    .map_err(st)?;
-                    // Locate it within the range: the first event there that changed the
-                    // rebuilt model (the chains agree before the range, so the live one
-                    // parted at an event the fold changes, or — when the rebuilt model did not
-                    // change in the range at all — at its start).
-                    s.first_divergent = range.map(|(a, b)| {
-                        changed
-                            .iter()
-                            .copied()
-                            .find(|c| *c > a && *c <= b)
-                            .unwrap_or(a + 1)
-                    });
+                let mut states = states;
+                for (p, s) in set.iter().zip(states.iter_mut()) {
+                    chunk(txn, *p, s, &batch, (from, upto), head, swap).map_err(st)?;
                 }
-                if upto == head {
-                    s.done = true;
-                    if swap {
-                        write_meta(txn, name, &s.new).map_err(st)?;
-                        drop_other_generations(txn, name, s.new.generation).map_err(st)?;
-                    } else {
-                        drop_other_generations(txn, name, s.live_generation).map_err(st)?;
-                    }
-                }
-                let head_now = head;
-                Ok(((s, head_now), Vec::new()))
+                Ok(((states, upto, head), Vec::new()))
             })
             .await?;
-        let (s, head) = next;
-        progress(s.new.checkpoint, head);
-        state = s;
+        progress(upto, head);
+        states = next;
+        from = upto;
     }
-    let report = RebuildReport {
-        name: name.to_owned(),
-        events_replayed: state.new.checkpoint,
-        duration_ms: started.elapsed().as_millis() as u64,
-        digest: hex::encode(state.new.digest),
-        identical: state.first_divergent.is_none(),
-        first_divergent_seq: state.first_divergent,
-        swapped: swap,
-    };
-    tracing::info!(
-        projection = name,
-        events = report.events_replayed,
-        identical = report.identical,
-        swapped = swap,
-        ms = report.duration_ms,
-        "rebuild finished"
-    );
-    Ok(report)
+    let duration_ms = started.elapsed().as_millis() as u64;
+    let reports: Vec<RebuildReport> = projections
+        .iter()
+        .zip(states)
+        .map(|(p, s)| RebuildReport {
+            name: p.name().to_owned(),
+            events_replayed: s.new.checkpoint,
+            duration_ms,
+            digest: hex::encode(s.new.digest),
+            identical: s.first_divergent.is_none(),
+            first_divergent_seq: s.first_divergent,
+            swapped: swap,
+        })
+        .collect();
+    for r in &reports {
+        tracing::info!(
+            projection = r.name,
+            events = r.events_replayed,
+            identical = r.identical,
+            swapped = swap,
+            ms = r.duration_ms,
+            "rebuild finished"
+        );
+    }
+    Ok(reports)
+}
+
+/// Fold one chunk `(from, upto]` of the log into `p`'s new generation, compare it with the
+/// live one, and at the head switch to it (`swap`) or drop it.
+fn chunk(
+    txn: &WriteTransaction,
+    p: &'static dyn Projection,
+    s: &mut Progress,
+    batch: &[tidemark_log::Event],
+    (from, upto): (u64, u64),
+    head: u64,
+    swap: bool,
+) -> Result<(), StorageError> {
+    let name = p.name();
+    let changed = fold_events(txn, p, s.new.generation, batch, &mut s.new, true)?;
+    s.new.checkpoint = upto;
+    if s.first_divergent.is_none() {
+        let at_end = if upto == head {
+            Some((read_meta(txn, name)?.digest, s.new.digest))
+        } else {
+            None
+        };
+        let range = first_differing_range(
+            txn,
+            name,
+            (s.live_generation, s.new.generation),
+            (from, upto),
+            at_end,
+        )?;
+        // Locate it within the range: the first event there that changed the rebuilt model
+        // (the digests agree before the range, so the live one parted at an event the fold
+        // changes, or — when the rebuilt model did not change in the range at all — at its
+        // start).
+        s.first_divergent = range.map(|(a, b)| {
+            changed
+                .iter()
+                .copied()
+                .find(|c| *c > a && *c <= b)
+                .unwrap_or(a + 1)
+        });
+    }
+    if upto == head {
+        s.done = true;
+        if swap {
+            write_meta(txn, name, &s.new)?;
+            drop_other_generations(txn, name, s.new.generation)?;
+        } else {
+            drop_other_generations(txn, name, s.live_generation)?;
+        }
+    }
+    Ok(())
 }

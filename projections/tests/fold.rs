@@ -592,6 +592,23 @@ proptest! {
             prop_assert_eq!(&after.digest, &before.digest);
             prop_assert_eq!(after.generation, before.generation + 1);
         }
+        // All of them in one pass over the log: the same digests, verify and rebuild.
+        let before = read::projections(&log.db(), head).unwrap();
+        for swap in [false, true] {
+            let reports = rt.block_on(rebuild::rebuild_many(&log, tidemark_projections::all(), swap, |_, _| {})).unwrap();
+            prop_assert_eq!(reports.len(), before.len());
+            for (r, b) in reports.iter().zip(&before) {
+                prop_assert_eq!(&r.name, &b.name);
+                prop_assert!(r.identical, "one-pass {} of {} diverged at {:?}", if swap { "rebuild" } else { "verify" }, r.name, r.first_divergent_seq);
+                prop_assert_eq!(&r.digest, &b.digest);
+                prop_assert_eq!(r.events_replayed, head);
+            }
+        }
+        let after = read::projections(&log.db(), head).unwrap();
+        for (a, b) in after.iter().zip(&before) {
+            prop_assert_eq!(&a.digest, &b.digest);
+            prop_assert_eq!(a.generation, b.generation + 1);
+        }
         // After the swap the read model still answers the same.
         for (id, rt_) in &want {
             let got = read::task(&log.db(), id).unwrap().expect("task row after rebuild");
