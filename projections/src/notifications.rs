@@ -14,6 +14,11 @@ use crate::framework::{Projection, Store, be_u64};
 pub const NAME: &str = "notifications";
 pub(crate) const BY_SEQ: &str = "by_seq";
 pub(crate) const IDS: &str = "ids";
+/// `priority ‖ 0 ‖ seq (BE)` and `recipient ‖ 0 ‖ seq (BE)` (notifications with a recipient):
+/// the list filters of `GET /v1/notifications`, intersected when combined. Added after the
+/// golden release, so they are written outside the digest (`Store::put_index`).
+pub(crate) const BY_PRIORITY: &str = "by_priority";
+pub(crate) const BY_RECIPIENT: &str = "by_recipient";
 pub(crate) const ROUTER: &str = "router";
 pub(crate) const ROUTER_KEY: &[u8] = b"source_seq";
 
@@ -95,6 +100,15 @@ fn s(p: &Value, k: &str) -> Option<String> {
     p.get(k).and_then(Value::as_str).map(str::to_owned)
 }
 
+/// `value ‖ 0 ‖ seq (BE)`: a row of `by_priority` or `by_recipient`.
+pub(crate) fn index_key(value: &str, seq: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(value.len() + 9);
+    k.extend_from_slice(value.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
 pub struct Notifications;
 
 impl Projection for Notifications {
@@ -103,7 +117,13 @@ impl Projection for Notifications {
     }
 
     fn tables(&self) -> &'static [&'static str] {
-        &[BY_SEQ, IDS, ROUTER]
+        &[BY_SEQ, IDS, ROUTER, BY_PRIORITY, BY_RECIPIENT]
+    }
+
+    /// 2: the list-filter indexes `by_priority`, `by_recipient` (outside the digest); a model
+    /// of version 1 is rebuilt from the log at the next open, which fills them.
+    fn version(&self) -> u32 {
+        2
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
@@ -136,6 +156,12 @@ impl Projection for Notifications {
         };
         st.put(IDS, id.as_bytes(), &ev.seq.to_be_bytes())?;
         st.put_val(BY_SEQ, &ev.seq.to_be_bytes(), &n)?;
+        // A notification is written once and never changes or goes (see above), so its index
+        // rows are only ever added.
+        st.put_index(BY_PRIORITY, &index_key(&n.priority, ev.seq));
+        if let Some(r) = &n.recipient {
+            st.put_index(BY_RECIPIENT, &index_key(r, ev.seq));
+        }
         if let Some(src) = n.source_seq {
             let prev = st
                 .get(ROUTER, ROUTER_KEY)?

@@ -11,9 +11,6 @@ use crate::framework::{Reader, be_u64};
 use crate::notifications::{self, Notification};
 use crate::tasks::{self, Task};
 
-/// Scan budget of list queries: rows examined per call.
-const BUDGET: usize = 20_000;
-
 #[derive(Debug, Clone, Serialize)]
 pub struct ProjectionInfo {
     pub name: String,
@@ -63,144 +60,190 @@ pub fn tasks(
     let r = Reader::new(db)?;
     let limit = f.limit.max(1);
     let mut out: Vec<Task> = Vec::new();
-    let mut examined = 0;
-    let full_page = |out: &Vec<Task>| out.len() >= limit;
-    // Candidate ids come from the narrowest index available.
-    let index = match (&f.project_id, &f.status) {
-        (Some(p), Some(s)) => return tasks_of_both(&r, p, s, f.after.as_deref(), limit),
-        (Some(p), None) => Some((tasks::BY_PROJECT, p.clone())),
-        (None, Some(s)) => Some((tasks::BY_STATUS, s.clone())),
-        (None, None) => None,
-    };
     let Some(rows) = r.table(tasks::NAME, tasks::ROWS)? else {
         return Ok((out, None));
     };
-    let keep = |t: &Task| {
-        f.status.as_deref().is_none_or(|s| s == t.status)
-            && f.project_id
-                .as_deref()
-                .is_none_or(|p| t.project_id.as_deref() == Some(p))
-    };
-    match index {
-        Some((table, value)) => {
-            let Some(idx) = r.table(tasks::NAME, table)? else {
-                return Ok((out, None));
+    let filters = [
+        (tasks::BY_PROJECT, f.project_id.as_deref()),
+        (tasks::BY_STATUS, f.status.as_deref()),
+    ];
+    if let Some(lists) = Postings::of_filters(&r, tasks::NAME, &filters)? {
+        let keep = |t: &Task| {
+            f.status.as_deref().is_none_or(|s| s == t.status)
+                && f.project_id
+                    .as_deref()
+                    .is_none_or(|p| t.project_id.as_deref() == Some(p))
+        };
+        let after = f.after.as_deref().map(str::as_bytes);
+        let next = intersect(&lists, Order::Asc, after, limit, |id| {
+            let Some(v) = rows.get(id).map_err(StorageError::of)? else {
+                return Ok(false);
             };
-            let mut start = tasks::index_key(&value, f.after.as_deref().unwrap_or(""));
-            if f.after.is_some() {
-                start.push(0);
-            }
-            let mut end = value.as_bytes().to_vec();
-            end.push(1);
-            for row in idx
-                .range(start.as_slice()..end.as_slice())
-                .map_err(StorageError::of)?
-            {
-                let (k, _) = row.map_err(StorageError::of)?;
-                let id = String::from_utf8_lossy(&k.value()[value.len() + 1..]).into_owned();
-                examined += 1;
-                if let Some(v) = rows.get(id.as_bytes()).map_err(StorageError::of)? {
-                    let t: Task = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
-                    if keep(&t) {
-                        out.push(t);
-                    }
-                }
-                if full_page(&out) || examined >= BUDGET {
-                    return Ok((out, Some(id)));
-                }
-            }
-        }
-        None => {
-            let after = f.after.clone().unwrap_or_default();
-            let mut start = after.as_bytes().to_vec();
-            if f.after.is_some() {
-                start.push(0);
-            }
-            for row in rows.range(start.as_slice()..).map_err(StorageError::of)? {
-                let (k, v) = row.map_err(StorageError::of)?;
-                let t: Task = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
+            let t: Task = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
+            let kept = keep(&t);
+            if kept {
                 out.push(t);
-                if full_page(&out) {
-                    return Ok((out, Some(String::from_utf8_lossy(k.value()).into_owned())));
-                }
             }
+            Ok(kept)
+        })?;
+        return Ok((
+            out,
+            next.map(|id| String::from_utf8_lossy(&id).into_owned()),
+        ));
+    }
+    let after = f.after.clone().unwrap_or_default();
+    let mut start = after.as_bytes().to_vec();
+    if f.after.is_some() {
+        start.push(0);
+    }
+    for row in rows.range(start.as_slice()..).map_err(StorageError::of)? {
+        let (k, v) = row.map_err(StorageError::of)?;
+        let t: Task = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
+        out.push(t);
+        if out.len() >= limit {
+            return Ok((out, Some(String::from_utf8_lossy(k.value()).into_owned())));
         }
     }
     Ok((out, None))
 }
 
-/// The ids of index `idx` under `value`, from the first id past `after` (inclusive when
-/// `inclusive`), up to `n` of them, in id order.
-fn ids_from(
-    idx: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
-    value: &str,
-    from: &str,
-    inclusive: bool,
-    n: usize,
-) -> Result<Vec<String>, StorageError> {
-    let mut start = tasks::index_key(value, from);
-    if !inclusive {
-        start.push(0);
-    }
-    let mut end = value.as_bytes().to_vec();
-    end.push(1);
-    let mut out = Vec::with_capacity(n);
-    for row in idx
-        .range(start.as_slice()..end.as_slice())
-        .map_err(StorageError::of)?
-    {
-        let (k, _) = row.map_err(StorageError::of)?;
-        out.push(String::from_utf8_lossy(&k.value()[value.len() + 1..]).into_owned());
-        if out.len() >= n {
-            break;
-        }
-    }
-    Ok(out)
+/// The direction a list is walked in: ids ascending, or seqs newest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Order {
+    Asc,
+    Desc,
 }
 
-/// Tasks of project `project` in status `status`: the two indexes (each ordered by task id
-/// under its value) intersected by a zig-zag join — each side seeks to the other's current id —
-/// so a page holds up to `limit` matches whenever they exist, whatever the two lists' sizes,
-/// and the work is bounded by the shorter list.
-fn tasks_of_both(
-    r: &Reader,
-    project: &str,
-    status: &str,
-    after: Option<&str>,
-    limit: usize,
-) -> Result<(Vec<Task>, Option<String>), StorageError> {
-    let (Some(rows), Some(by_p), Some(by_s)) = (
-        r.table(tasks::NAME, tasks::ROWS)?,
-        r.table(tasks::NAME, tasks::BY_PROJECT)?,
-        r.table(tasks::NAME, tasks::BY_STATUS)?,
-    ) else {
-        return Ok((Vec::new(), None));
-    };
-    let mut out = Vec::new();
-    // The candidate: the first id of either list past the cursor.
-    let mut cur = after.unwrap_or("").to_owned();
-    let mut inclusive = after.is_none();
-    loop {
-        let Some(a) = ids_from(&by_p, project, &cur, inclusive, 1)?.pop() else {
-            return Ok((out, None));
-        };
-        let Some(b) = ids_from(&by_s, status, &a, true, 1)?.pop() else {
-            return Ok((out, None));
-        };
-        if a == b {
-            if let Some(v) = rows.get(a.as_bytes()).map_err(StorageError::of)? {
-                out.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
+/// The rows of one value in a secondary index whose keys are `value ‖ 0 ‖ suffix` (the suffix
+/// is a row id, or a big-endian seq): the suffixes, ordered bytewise.
+struct Postings {
+    idx: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    /// `value ‖ 0`.
+    prefix: Vec<u8>,
+    /// `value ‖ 1`: the first key past the value's rows.
+    end: Vec<u8>,
+}
+
+impl Postings {
+    /// The index of one list filter for each filter given (`(table, Some(value))`), or `None`
+    /// when no filter is given. An index table the projection has not written yet holds no
+    /// rows: the answer is then empty, so it is given as an empty list.
+    fn of_filters(
+        r: &Reader,
+        proj: &str,
+        filters: &[(&str, Option<&str>)],
+    ) -> Result<Option<Vec<Postings>>, StorageError> {
+        let mut lists = Vec::new();
+        for (table, value) in filters {
+            let Some(value) = value else { continue };
+            let mut prefix = value.as_bytes().to_vec();
+            prefix.push(0);
+            let mut end = value.as_bytes().to_vec();
+            end.push(1);
+            match r.table(proj, table)? {
+                Some(idx) => lists.push(Postings { idx, prefix, end }),
+                None => return Ok(Some(Vec::new())),
             }
-            if out.len() >= limit {
-                return Ok((out, Some(a)));
-            }
-            cur = a;
-            inclusive = false;
-        } else {
-            // `b` > `a`: nothing of the project before `b` is in the status list.
-            cur = b;
-            inclusive = true;
         }
+        Ok((!lists.is_empty()).then_some(lists))
+    }
+
+    /// The first suffix from `from` on in `order` — ascending the smallest at or above it,
+    /// descending the largest at or below it, `from` itself only when `inclusive` — or from
+    /// the start of the list when `from` is `None`.
+    fn seek(
+        &self,
+        from: Option<&[u8]>,
+        inclusive: bool,
+        order: Order,
+    ) -> Result<Option<Vec<u8>>, StorageError> {
+        use std::ops::Bound::{self, Excluded, Included};
+        fn bound(k: &[u8], inclusive: bool) -> Bound<&[u8]> {
+            if inclusive { Included(k) } else { Excluded(k) }
+        }
+        let at = from.map(|f| [self.prefix.as_slice(), f].concat());
+        let (lo, hi) = match (order, &at) {
+            (_, None) => (
+                Included(self.prefix.as_slice()),
+                Excluded(self.end.as_slice()),
+            ),
+            (Order::Asc, Some(at)) => (bound(at, inclusive), Excluded(self.end.as_slice())),
+            (Order::Desc, Some(at)) => (Included(self.prefix.as_slice()), bound(at, inclusive)),
+        };
+        // An empty interval: a descending seek strictly below the empty suffix.
+        if matches!((lo, hi), (Included(l), Excluded(h)) if l >= h) {
+            return Ok(None);
+        }
+        let mut range = self
+            .idx
+            .range::<&[u8]>((lo, hi))
+            .map_err(StorageError::of)?;
+        let row = match order {
+            Order::Asc => range.next(),
+            Order::Desc => range.next_back(),
+        };
+        match row {
+            Some(row) => {
+                let (k, _) = row.map_err(StorageError::of)?;
+                Ok(Some(k.value()[self.prefix.len()..].to_vec()))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+/// The suffixes (row ids, seqs) present in every one of `lists`, in `order`, past the cursor
+/// `after` (from the start when `None`), by a zig-zag (leapfrog) join: the candidate is the
+/// next suffix of the first list; each other list in turn seeks to it, and either holds it
+/// or names its own next suffix, which becomes the candidate; a candidate every list holds
+/// is a match. Each step is one index seek and skips every row between two candidates, so the
+/// work is bounded by the shortest list, not the longest: a page holds up to `limit` matches
+/// whenever they exist, however many rows separate them.
+///
+/// `visit` is given each match and answers whether it counted (a row that is missing or
+/// does not pass the caller's check does not). The walk ends after `limit` counted matches,
+/// answering the last as the cursor of the next page, or at the end of a list with `None`.
+fn intersect(
+    lists: &[Postings],
+    order: Order,
+    after: Option<&[u8]>,
+    limit: usize,
+    mut visit: impl FnMut(&[u8]) -> Result<bool, StorageError>,
+) -> Result<Option<Vec<u8>>, StorageError> {
+    let Some((first, _)) = lists.split_first() else {
+        return Ok(None);
+    };
+    let mut from = after.map(<[u8]>::to_vec);
+    let mut counted = 0;
+    loop {
+        // A cursor is exclusive: the page after it.
+        let Some(mut cand) = first.seek(from.as_deref(), false, order)? else {
+            return Ok(None);
+        };
+        // Lists that hold `cand`, counting the one it came from.
+        let mut agree = 1;
+        let mut i = 1;
+        while agree < lists.len() {
+            let Some(next) = lists[i % lists.len()].seek(Some(&cand), true, order)? else {
+                return Ok(None);
+            };
+            if next == cand {
+                agree += 1;
+            } else {
+                // This list holds nothing between `cand` and `next`, so neither does the
+                // intersection: `next` is the candidate, held by this list so far.
+                cand = next;
+                agree = 1;
+            }
+            i += 1;
+        }
+        if visit(&cand)? {
+            counted += 1;
+            if counted >= limit {
+                return Ok(Some(cand));
+            }
+        }
+        from = Some(cand);
     }
 }
 
@@ -218,25 +261,49 @@ pub fn notifications(
     f: &NotificationFilter,
 ) -> Result<(Vec<Notification>, Option<u64>), StorageError> {
     let r = Reader::new(db)?;
-    let mut out = Vec::new();
+    let limit = f.limit.max(1);
+    let mut out: Vec<Notification> = Vec::new();
     let Some(t) = r.table(notifications::NAME, notifications::BY_SEQ)? else {
         return Ok((out, None));
     };
+    let filters = [
+        (notifications::BY_PRIORITY, f.priority.as_deref()),
+        (notifications::BY_RECIPIENT, f.recipient.as_deref()),
+    ];
+    if let Some(lists) = Postings::of_filters(&r, notifications::NAME, &filters)? {
+        let keep = |n: &Notification| {
+            f.priority.as_deref().is_none_or(|p| p == n.priority)
+                && f.recipient
+                    .as_deref()
+                    .is_none_or(|r| n.recipient.as_deref() == Some(r))
+        };
+        let before = f.before_seq.map(u64::to_be_bytes);
+        let next = intersect(
+            &lists,
+            Order::Desc,
+            before.as_ref().map(<[u8; 8]>::as_slice),
+            limit,
+            |seq| {
+                let Some(v) = t.get(seq).map_err(StorageError::of)? else {
+                    return Ok(false);
+                };
+                let n: Notification = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
+                let kept = keep(&n);
+                if kept {
+                    out.push(n);
+                }
+                Ok(kept)
+            },
+        )?;
+        return Ok((out, next.and_then(|seq| be_u64(&seq))));
+    }
     let end = f.before_seq.unwrap_or(u64::MAX).to_be_bytes();
-    let mut examined = 0;
     for row in t.range(..end.as_slice()).map_err(StorageError::of)?.rev() {
         let (_, v) = row.map_err(StorageError::of)?;
         let n: Notification = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
-        examined += 1;
         let seq = n.seq;
-        if f.priority.as_deref().is_none_or(|p| p == n.priority)
-            && f.recipient
-                .as_deref()
-                .is_none_or(|r| n.recipient.as_deref() == Some(r))
-        {
-            out.push(n);
-        }
-        if out.len() >= f.limit.max(1) || examined >= BUDGET {
+        out.push(n);
+        if out.len() >= limit {
             return Ok((out, Some(seq)));
         }
     }
@@ -322,74 +389,58 @@ pub struct DeliveryFilter {
     pub limit: usize,
 }
 
-/// Deliveries ordered by id, filtered; the second value is the id to continue after, if any
-/// (also when the scan budget ran out before the page filled).
+/// Deliveries ordered by id, filtered; the second value is the id to continue after, if any.
 pub fn deliveries(
     db: &redb::Database,
     f: &DeliveryFilter,
 ) -> Result<(Vec<Delivery>, Option<String>), StorageError> {
     let r = Reader::new(db)?;
-    let mut out = Vec::new();
+    let limit = f.limit.max(1);
+    let mut out: Vec<Delivery> = Vec::new();
     let Some(rows) = r.table(deliveries::NAME, deliveries::ROWS)? else {
         return Ok((out, None));
     };
-    let keep = |d: &Delivery| {
-        f.sink.as_deref().is_none_or(|s| s == d.sink)
-            && f.route.as_deref().is_none_or(|s| s == d.route)
-            && f.status.as_deref().is_none_or(|s| s == d.status)
-            && f.recipient
-                .as_deref()
-                .is_none_or(|s| d.recipient.as_deref() == Some(s))
-    };
-    let limit = f.limit.max(1);
-    let after = f.after.clone().unwrap_or_default();
-    let mut examined = 0;
-    let mut visit = |id: &[u8], d: Delivery| -> Option<Option<String>> {
-        examined += 1;
-        if keep(&d) {
-            out.push(d);
-        }
-        (out.len() >= limit || examined >= BUDGET)
-            .then(|| Some(String::from_utf8_lossy(id).into_owned()))
-    };
-    match &f.status {
-        Some(status) => {
-            let Some(idx) = r.table(deliveries::NAME, deliveries::BY_STATUS)? else {
-                return Ok((out, None));
+    let filters = [
+        (deliveries::BY_STATUS, f.status.as_deref()),
+        (deliveries::BY_SINK, f.sink.as_deref()),
+        (deliveries::BY_ROUTE, f.route.as_deref()),
+        (deliveries::BY_RECIPIENT, f.recipient.as_deref()),
+    ];
+    if let Some(lists) = Postings::of_filters(&r, deliveries::NAME, &filters)? {
+        let keep = |d: &Delivery| {
+            f.sink.as_deref().is_none_or(|s| s == d.sink)
+                && f.route.as_deref().is_none_or(|s| s == d.route)
+                && f.status.as_deref().is_none_or(|s| s == d.status)
+                && f.recipient
+                    .as_deref()
+                    .is_none_or(|s| d.recipient.as_deref() == Some(s))
+        };
+        let after = f.after.as_deref().map(str::as_bytes);
+        let next = intersect(&lists, Order::Asc, after, limit, |id| {
+            let Some(v) = rows.get(id).map_err(StorageError::of)? else {
+                return Ok(false);
             };
-            let mut from = deliveries::cat(&[status.as_bytes(), after.as_bytes()]);
-            if f.after.is_some() {
-                from.push(0);
+            let d: Delivery = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
+            let kept = keep(&d);
+            if kept {
+                out.push(d);
             }
-            let mut to = status.as_bytes().to_vec();
-            to.push(1);
-            for row in idx
-                .range(from.as_slice()..to.as_slice())
-                .map_err(StorageError::of)?
-            {
-                let (k, _) = row.map_err(StorageError::of)?;
-                let id = &k.value()[status.len() + 1..];
-                let Some(v) = rows.get(id).map_err(StorageError::of)? else {
-                    continue;
-                };
-                let d: Delivery = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
-                if let Some(next) = visit(id, d) {
-                    return Ok((out, next));
-                }
-            }
-        }
-        None => {
-            let mut from = after.as_bytes().to_vec();
-            if f.after.is_some() {
-                from.push(0);
-            }
-            for row in rows.range(from.as_slice()..).map_err(StorageError::of)? {
-                let (k, v) = row.map_err(StorageError::of)?;
-                let d: Delivery = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
-                if let Some(next) = visit(k.value(), d) {
-                    return Ok((out, next));
-                }
-            }
+            Ok(kept)
+        })?;
+        return Ok((
+            out,
+            next.map(|id| String::from_utf8_lossy(&id).into_owned()),
+        ));
+    }
+    let mut from = f.after.clone().unwrap_or_default().into_bytes();
+    if f.after.is_some() {
+        from.push(0);
+    }
+    for row in rows.range(from.as_slice()..).map_err(StorageError::of)? {
+        let (k, v) = row.map_err(StorageError::of)?;
+        out.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
+        if out.len() >= limit {
+            return Ok((out, Some(String::from_utf8_lossy(k.value()).into_owned())));
         }
     }
     Ok((out, None))

@@ -33,6 +33,12 @@ pub const COUNTS: &str = "counts";
 pub const BY_STATUS: &str = "by_status";
 /// `task_id ‖ 0 ‖ id`.
 pub const BY_TASK: &str = "by_task";
+/// `sink ‖ 0 ‖ id`, `route ‖ 0 ‖ id` and `recipient ‖ 0 ‖ id` (rows with a recipient): the
+/// list filters of `GET /v1/deliveries`, intersected when combined. Added after the golden
+/// release, so they are written outside the digest (`Store::put_index`).
+pub const BY_SINK: &str = "by_sink";
+pub const BY_ROUTE: &str = "by_route";
+pub const BY_RECIPIENT: &str = "by_recipient";
 /// `route ‖ 0 ‖ recipient ‖ 0 ‖ group_key` → the open digest [`Group`].
 pub const GROUPS: &str = "groups";
 /// seq (BE) → payload of the `settings.updated` at that seq.

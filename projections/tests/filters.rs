@@ -1,0 +1,640 @@
+//! The list filters of the deliveries and notifications models (spec section 7: "a page holds
+//! up to `limit` matches whenever that many exist past the cursor"). Every filter and every
+//! combination of them is served from indexes intersected by a zig-zag join, so for random
+//! rows, random filter combinations, random limits and random starting cursors, paging with
+//! the cursor walks exactly the rows an in-memory filter of the whole model picks, in order,
+//! and every page but the last is full. A rare match behind more rows than the old scan budget
+//! (20,000) examined is on the first page; a model written before the indexes existed is
+//! rebuilt at the next open with the indexes filled and its digest unchanged.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use redb::ReadableTable;
+use serde_json::json;
+use tidemark_log::{Log, LogConfig, NewEvent};
+use tidemark_projections::deliveries::{Change, Created, Delivery};
+use tidemark_projections::notifications::Notification;
+use tidemark_projections::read::{self, DeliveryFilter, NotificationFilter};
+
+const SINKS: [&str; 3] = ["app", "none", "mail"];
+const ROUTES: [&str; 3] = ["desktop", "pager", "sms"];
+const RECIPIENTS: [&str; 3] = ["r0", "r1", "r2"];
+const PRIORITIES: [&str; 4] = ["urgent", "action", "warning", "info"];
+const CREATED_STATUS: [&str; 3] = ["queued", "skipped", "cancelled"];
+const KINDS: [&str; 7] = [
+    "leased",
+    "sent",
+    "attempt_failed",
+    "lease_expired",
+    "discarded",
+    "retried",
+    "cancelled",
+];
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn open(dir: &std::path::Path) -> Log {
+    let cfg = LogConfig::new(dir.join("log.redb"));
+    Log::open_with(&cfg, vec![tidemark_projections::projector()])
+        .unwrap()
+        .0
+}
+
+fn created(id: &str, sink: &str, route: &str, recipient: Option<&str>, status: &str) -> NewEvent {
+    let at = 1_700_000_000_000_000i64;
+    let c = Created {
+        delivery_id: id.into(),
+        notification_id: format!("n-{id}"),
+        notification_seq: 1,
+        source_seq: 1,
+        route: route.into(),
+        sink: sink.into(),
+        recipient: recipient.map(str::to_owned),
+        priority: "urgent".into(),
+        title: "t".into(),
+        body: None,
+        sound: false,
+        task_id: None,
+        group_key: None,
+        status: status.into(),
+        reason: None,
+        max_attempts: 3,
+        created_at_us: at,
+        next_attempt_at_us: at,
+        delay_ms: None,
+        quiet_hours_until_us: None,
+        digest_until_us: None,
+        digest_max_items: None,
+    };
+    NewEvent::new(
+        None,
+        "deliveries",
+        id,
+        "delivery.created",
+        &serde_json::to_value(c).unwrap(),
+    )
+    .unwrap()
+}
+
+fn change(id: &str, kind: &str, parked: bool) -> NewEvent {
+    let c = Change {
+        at_us: 1_700_000_001_000_000,
+        owner: Some("o".into()),
+        attempt: Some(1),
+        lease_expires_at_us: Some(1_700_000_031_000_000),
+        next_attempt_at_us: Some(1_700_000_002_000_000),
+        parked: Some(parked),
+        ..Change::default()
+    };
+    NewEvent::new(
+        None,
+        "deliveries",
+        id,
+        format!("delivery.{kind}"),
+        &serde_json::to_value(c).unwrap(),
+    )
+    .unwrap()
+}
+
+fn notification(id: &str, priority: &str, recipient: Option<&str>) -> NewEvent {
+    let mut p = json!({"priority": priority, "title": "t"});
+    if let Some(r) = recipient {
+        p["recipient"] = json!(r);
+    }
+    NewEvent::new(
+        Some(id.into()),
+        "notifications",
+        id,
+        "notification.requested",
+        &p,
+    )
+    .unwrap()
+}
+
+/// Append `events` in batches; the seq of each.
+fn append(rt: &tokio::runtime::Runtime, log: &Log, events: Vec<NewEvent>) -> Vec<u64> {
+    let mut seqs = Vec::with_capacity(events.len());
+    for batch in events.chunks(1000) {
+        let r = rt.block_on(log.append(batch.to_vec())).unwrap();
+        seqs.extend(r.events.iter().map(|a| a.seq));
+    }
+    seqs
+}
+
+/// Every page of `f` from its cursor on, checking that a page with a next cursor is full.
+fn delivery_pages(db: &redb::Database, f: &DeliveryFilter) -> Vec<Vec<Delivery>> {
+    let mut f = f.clone();
+    let mut pages = Vec::new();
+    loop {
+        let (page, next) = read::deliveries(db, &f).unwrap();
+        assert!(page.len() <= f.limit, "a page over limit: {f:?}");
+        match next {
+            Some(n) => {
+                assert_eq!(
+                    page.len(),
+                    f.limit,
+                    "a page short of limit before the end: {f:?}"
+                );
+                assert_eq!(page.last().map(|d| d.id.as_str()), Some(n.as_str()));
+                pages.push(page);
+                f.after = Some(n);
+            }
+            None => {
+                pages.push(page);
+                return pages;
+            }
+        }
+        assert!(pages.len() < 10_000, "paging does not end: {f:?}");
+    }
+}
+
+fn notification_pages(db: &redb::Database, f: &NotificationFilter) -> Vec<Vec<Notification>> {
+    let mut f = f.clone();
+    let mut pages = Vec::new();
+    loop {
+        let (page, next) = read::notifications(db, &f).unwrap();
+        assert!(page.len() <= f.limit, "a page over limit: {f:?}");
+        match next {
+            Some(n) => {
+                assert_eq!(
+                    page.len(),
+                    f.limit,
+                    "a page short of limit before the end: {f:?}"
+                );
+                assert_eq!(page.last().map(|x| x.seq), Some(n));
+                pages.push(page);
+                f.before_seq = Some(n);
+            }
+            None => {
+                pages.push(page);
+                return pages;
+            }
+        }
+        assert!(pages.len() < 10_000, "paging does not end: {f:?}");
+    }
+}
+
+fn delivery_ids(pages: &[Vec<Delivery>]) -> Vec<String> {
+    pages.iter().flatten().map(|d| d.id.clone()).collect()
+}
+
+fn seqs(pages: &[Vec<Notification>]) -> Vec<u64> {
+    pages.iter().flatten().map(|n| n.seq).collect()
+}
+
+/// What the filter picks from the whole model, in memory.
+fn delivery_matches(all: &[Delivery], f: &DeliveryFilter) -> Vec<String> {
+    all.iter()
+        .filter(|d| f.after.as_deref().is_none_or(|a| d.id.as_str() > a))
+        .filter(|d| f.status.as_deref().is_none_or(|s| s == d.status))
+        .filter(|d| f.sink.as_deref().is_none_or(|s| s == d.sink))
+        .filter(|d| f.route.as_deref().is_none_or(|s| s == d.route))
+        .filter(|d| {
+            f.recipient
+                .as_deref()
+                .is_none_or(|s| d.recipient.as_deref() == Some(s))
+        })
+        .map(|d| d.id.clone())
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Create {
+        sink: usize,
+        route: usize,
+        recipient: Option<usize>,
+        status: usize,
+    },
+    /// Transition `kind` of the `d`-th delivery created so far (modulo their number).
+    Move { d: usize, kind: usize, parked: bool },
+    Notify {
+        priority: usize,
+        recipient: Option<usize>,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0..3usize, 0..3usize, proptest::option::of(0..3usize), 0..3usize).prop_map(
+            |(sink, route, recipient, status)| Op::Create { sink, route, recipient, status }
+        ),
+        2 => (0..1000usize, 0..KINDS.len(), any::<bool>())
+            .prop_map(|(d, kind, parked)| Op::Move { d, kind, parked }),
+        3 => (0..4usize, proptest::option::of(0..3usize))
+            .prop_map(|(priority, recipient)| Op::Notify { priority, recipient }),
+    ]
+}
+
+/// A filter value: one of the domain, or one no row has.
+fn value(domain: &'static [&'static str]) -> impl Strategy<Value = Option<String>> {
+    proptest::option::weighted(
+        0.5,
+        (0..=domain.len()).prop_map(move |i| domain.get(i).copied().unwrap_or("zz").to_owned()),
+    )
+}
+
+fn delivery_filter() -> impl Strategy<Value = DeliveryFilter> {
+    (
+        value(&["queued", "leased", "sent", "skipped", "parked"]),
+        value(&SINKS),
+        value(&ROUTES),
+        value(&RECIPIENTS),
+        proptest::option::of(0..1000usize),
+        1..7usize,
+    )
+        .prop_map(
+            |(status, sink, route, recipient, after, limit)| DeliveryFilter {
+                status,
+                sink,
+                route,
+                recipient,
+                after: after.map(|k| format!("d{k:03}")),
+                limit,
+            },
+        )
+}
+
+fn notification_filter() -> impl Strategy<Value = NotificationFilter> {
+    (
+        value(&PRIORITIES),
+        value(&RECIPIENTS),
+        proptest::option::of(0..400u64),
+        1..7usize,
+    )
+        .prop_map(
+            |(priority, recipient, before_seq, limit)| NotificationFilter {
+                priority,
+                recipient,
+                before_seq,
+                limit,
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn paging_a_filter_walks_exactly_its_matches(
+        ops in proptest::collection::vec(op(), 1..300),
+        dfs in proptest::collection::vec(delivery_filter(), 12),
+        nfs in proptest::collection::vec(notification_filter(), 12),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = rt();
+        let log = open(dir.path());
+        let mut events = Vec::new();
+        let mut created_ids: Vec<String> = Vec::new();
+        // (index in `events`, priority, recipient) of each notification.
+        let mut notes: Vec<(usize, &str, Option<&str>)> = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            match op {
+                Op::Create { sink, route, recipient, status } => {
+                    // Ids are not in creation order: the index order is the id order.
+                    let id = format!("d{:03}", (i * 37) % 1000);
+                    if created_ids.contains(&id) {
+                        continue;
+                    }
+                    events.push(created(
+                        &id,
+                        SINKS[*sink],
+                        ROUTES[*route],
+                        recipient.map(|r| RECIPIENTS[r]),
+                        CREATED_STATUS[*status],
+                    ));
+                    created_ids.push(id);
+                }
+                Op::Move { d, kind, parked } if !created_ids.is_empty() => {
+                    events.push(change(&created_ids[d % created_ids.len()], KINDS[*kind], *parked));
+                }
+                Op::Move { .. } => {}
+                Op::Notify { priority, recipient } => {
+                    let id = format!("n{i}");
+                    let (p, r) = (PRIORITIES[*priority], recipient.map(|r| RECIPIENTS[r]));
+                    notes.push((events.len(), p, r));
+                    events.push(notification(&id, p, r));
+                }
+            }
+        }
+        let seqs_of = append(&rt, &log, events);
+        let db = log.db();
+
+        // Deliveries: the unfiltered list is every row, by id.
+        let all = delivery_ids(&delivery_pages(&db, &DeliveryFilter { limit: 1000, ..Default::default() }));
+        let mut want_all = created_ids.clone();
+        want_all.sort();
+        prop_assert_eq!(&all, &want_all);
+        let (rows, _) = read::deliveries(&db, &DeliveryFilter { limit: 1000, ..Default::default() }).unwrap();
+        for f in &dfs {
+            let want = delivery_matches(&rows, f);
+            let got = delivery_ids(&delivery_pages(&db, f));
+            prop_assert_eq!(got, want, "{:?}", f);
+        }
+
+        // The filter indexes hold exactly one row per row and value.
+        let key = |v: &str, suffix: &[u8]| [v.as_bytes(), &[0], suffix].concat();
+        let want: Vec<Vec<u8>> = rows.iter().map(|d| key(&d.sink, d.id.as_bytes())).collect();
+        prop_assert_eq!(index_keys(&db, "deliveries", "by_sink"), sorted(want));
+        let want: Vec<Vec<u8>> = rows.iter().map(|d| key(&d.route, d.id.as_bytes())).collect();
+        prop_assert_eq!(index_keys(&db, "deliveries", "by_route"), sorted(want));
+        let want: Vec<Vec<u8>> = rows
+            .iter()
+            .filter_map(|d| Some(key(d.recipient.as_deref()?, d.id.as_bytes())))
+            .collect();
+        prop_assert_eq!(index_keys(&db, "deliveries", "by_recipient"), sorted(want));
+
+        // Notifications: newest first, from what was appended.
+        let by_seq: BTreeMap<u64, (&str, Option<&str>)> = notes
+            .iter()
+            .map(|(i, p, r)| (seqs_of[*i], (*p, *r)))
+            .collect();
+        let all = seqs(&notification_pages(&db, &NotificationFilter { limit: 1000, ..Default::default() }));
+        prop_assert_eq!(all, by_seq.keys().rev().copied().collect::<Vec<_>>());
+        for f in &nfs {
+            let want: Vec<u64> = by_seq
+                .iter()
+                .rev()
+                .filter(|(s, _)| f.before_seq.is_none_or(|b| **s < b))
+                .filter(|(_, (p, _))| f.priority.as_deref().is_none_or(|x| x == *p))
+                .filter(|(_, (_, r))| f.recipient.as_deref().is_none_or(|x| Some(x) == *r))
+                .map(|(s, _)| *s)
+                .collect();
+            let got = seqs(&notification_pages(&db, f));
+            prop_assert_eq!(got, want, "{:?}", f);
+        }
+        let want: Vec<Vec<u8>> = by_seq.iter().map(|(s, (p, _))| key(p, &s.to_be_bytes())).collect();
+        prop_assert_eq!(index_keys(&db, "notifications", "by_priority"), sorted(want));
+        let want: Vec<Vec<u8>> = by_seq
+            .iter()
+            .filter_map(|(s, (_, r))| Some(key((*r)?, &s.to_be_bytes())))
+            .collect();
+        prop_assert_eq!(index_keys(&db, "notifications", "by_recipient"), sorted(want));
+        rt.block_on(log.close());
+    }
+}
+
+fn sorted(mut v: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+    v.sort();
+    v
+}
+
+/// Every key of a projection's table, in order.
+fn index_keys(db: &redb::Database, proj: &str, table: &str) -> Vec<Vec<u8>> {
+    let r = tidemark_projections::Reader::new(db).unwrap();
+    let Some(t) = r.table(proj, table).unwrap() else {
+        return Vec::new();
+    };
+    t.iter()
+        .unwrap()
+        .map(|row| row.unwrap().0.value().to_vec())
+        .collect()
+}
+
+/// More rows than the old scan budget (20,000 rows examined per call) between the cursor and
+/// a rare match: the first page holds the matches, and the pages of a smaller limit are full
+/// until the last.
+#[test]
+fn a_rare_match_behind_many_rows_is_on_the_first_page() {
+    const BULK: usize = 25_000;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = rt();
+    let log = open(dir.path());
+    // Rare notifications first (the oldest: the far end of a newest-first list), then the bulk:
+    // same priority other recipient, and the recipient's other priority.
+    let mut events = vec![
+        notification("rare-1", "urgent", Some("rare")),
+        notification("rare-2", "urgent", Some("rare")),
+        notification("rare-3", "urgent", Some("rare")),
+    ];
+    for i in 0..BULK {
+        events.push(notification(
+            &format!("bulk-{i:05}"),
+            "urgent",
+            Some("bulk"),
+        ));
+    }
+    for i in 0..50 {
+        events.push(notification(&format!("other-{i:02}"), "info", Some("rare")));
+    }
+    // Rare deliveries last by id: bulk ids sort before `dlv-z`.
+    for i in 0..BULK {
+        events.push(created(
+            &format!("dlv-a{i:05}"),
+            "app",
+            "desktop",
+            Some("bulk"),
+            "queued",
+        ));
+    }
+    for i in 0..50 {
+        events.push(created(
+            &format!("dlv-b{i:02}"),
+            "none",
+            "pager",
+            Some("rare"),
+            "skipped",
+        ));
+    }
+    for i in 0..3 {
+        events.push(created(
+            &format!("dlv-z{i}"),
+            "app",
+            "desktop",
+            Some("rare"),
+            "queued",
+        ));
+    }
+    let seqs = append(&rt, &log, events);
+    let db = log.db();
+
+    let f = NotificationFilter {
+        priority: Some("urgent".into()),
+        recipient: Some("rare".into()),
+        before_seq: None,
+        limit: 10,
+    };
+    let (page, next) = read::notifications(&db, &f).unwrap();
+    let got: Vec<&str> = page.iter().map(|n| n.notification_id.as_str()).collect();
+    assert_eq!(got, ["rare-3", "rare-2", "rare-1"]);
+    assert_eq!(next, None);
+    let pages = notification_pages(
+        &db,
+        &NotificationFilter {
+            limit: 2,
+            ..f.clone()
+        },
+    );
+    assert_eq!(crate::seqs(&pages), [seqs[2], seqs[1], seqs[0]]);
+    assert_eq!(pages.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1]);
+    // Either filter alone.
+    let (page, _) = read::notifications(
+        &db,
+        &NotificationFilter {
+            priority: None,
+            limit: 60,
+            ..f.clone()
+        },
+    )
+    .unwrap();
+    assert_eq!(page.len(), 53);
+    let (page, next) = read::notifications(
+        &db,
+        &NotificationFilter {
+            recipient: None,
+            limit: 5,
+            ..f.clone()
+        },
+    )
+    .unwrap();
+    assert_eq!(page.len(), 5);
+    assert_eq!(next, Some(page[4].seq));
+
+    let f = DeliveryFilter {
+        sink: Some("app".into()),
+        recipient: Some("rare".into()),
+        limit: 10,
+        ..DeliveryFilter::default()
+    };
+    let (page, next) = read::deliveries(&db, &f).unwrap();
+    let got: Vec<&str> = page.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(got, ["dlv-z0", "dlv-z1", "dlv-z2"]);
+    assert_eq!(next, None);
+    let pages = delivery_pages(
+        &db,
+        &DeliveryFilter {
+            limit: 2,
+            ..f.clone()
+        },
+    );
+    assert_eq!(delivery_ids(&pages), ["dlv-z0", "dlv-z1", "dlv-z2"]);
+    assert_eq!(pages.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1]);
+    // Three filters, and a status that only the rare ones have past the bulk.
+    let (page, _) = read::deliveries(
+        &db,
+        &DeliveryFilter {
+            route: Some("desktop".into()),
+            status: Some("queued".into()),
+            after: Some("dlv-a99999".into()),
+            ..f.clone()
+        },
+    )
+    .unwrap();
+    assert_eq!(page.len(), 3);
+    let (page, next) = read::deliveries(
+        &db,
+        &DeliveryFilter {
+            sink: None,
+            status: Some("queued".into()),
+            ..f.clone()
+        },
+    )
+    .unwrap();
+    assert_eq!(page.len(), 3);
+    assert_eq!(next, None);
+    rt.block_on(log.close());
+}
+
+/// A model of version 1 (no filter indexes) is rebuilt from the log at the next open: the
+/// indexes are filled, the digest is the one it had (the indexes are outside the digest).
+#[test]
+fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = rt();
+    let log = open(dir.path());
+    let mut events = Vec::new();
+    for i in 0..40 {
+        let r = ["a", "b"][i % 2];
+        events.push(notification(
+            &format!("n{i:02}"),
+            PRIORITIES[i % 4],
+            Some(r),
+        ));
+        events.push(created(
+            &format!("d{i:02}"),
+            SINKS[i % 3],
+            ROUTES[i % 2],
+            Some(r),
+            "queued",
+        ));
+    }
+    append(&rt, &log, events);
+    let head = log.head();
+    let before = read::projections(&log.db(), head).unwrap();
+    rt.block_on(log.close());
+    drop(log);
+    // Make it what a build before the indexes left: version 1, no index tables.
+    {
+        let db = redb::Database::open(dir.path().join("log.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let def: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("projections");
+            let mut t = txn.open_table(def).unwrap();
+            for name in ["deliveries", "notifications"] {
+                let mut m: tidemark_projections::Meta =
+                    postcard::from_bytes(t.get(name).unwrap().unwrap().value()).unwrap();
+                assert_eq!(m.version, 2);
+                m.version = 1;
+                t.insert(name, postcard::to_stdvec(&m).unwrap().as_slice())
+                    .unwrap();
+            }
+        }
+        for table in [
+            "p.deliveries.by_sink.g0",
+            "p.deliveries.by_route.g0",
+            "p.deliveries.by_recipient.g0",
+            "p.notifications.by_priority.g0",
+            "p.notifications.by_recipient.g0",
+        ] {
+            let def: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new(table);
+            assert!(txn.delete_table(def).unwrap(), "{table} was written");
+        }
+        txn.commit().unwrap();
+    }
+    let log = open(dir.path());
+    let after = read::projections(&log.db(), head).unwrap();
+    for (b, a) in before.iter().zip(&after) {
+        assert_eq!(a.digest, b.digest, "digest of {}", a.name);
+        assert_eq!(a.checkpoint, b.checkpoint, "checkpoint of {}", a.name);
+        let rebuilt = ["deliveries", "notifications"].contains(&a.name.as_str());
+        assert_eq!(a.generation, b.generation + rebuilt as u32, "{}", a.name);
+    }
+    let db = log.db();
+    let (page, _) = read::deliveries(
+        &db,
+        &DeliveryFilter {
+            sink: Some("app".into()),
+            recipient: Some("a".into()),
+            limit: 100,
+            ..DeliveryFilter::default()
+        },
+    )
+    .unwrap();
+    // i ≡ 0 (mod 3) and i even: 0, 6, ..., 36.
+    let got: Vec<&str> = page.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(got, ["d00", "d06", "d12", "d18", "d24", "d30", "d36"]);
+    let (page, _) = read::notifications(
+        &db,
+        &NotificationFilter {
+            priority: Some("action".into()),
+            recipient: Some("b".into()),
+            before_seq: None,
+            limit: 100,
+        },
+    )
+    .unwrap();
+    let got: Vec<&str> = page.iter().map(|n| n.notification_id.as_str()).collect();
+    assert_eq!(
+        got,
+        [
+            "n37", "n33", "n29", "n25", "n21", "n17", "n13", "n09", "n05", "n01"
+        ]
+    );
+    rt.block_on(log.close());
+}
