@@ -25,6 +25,11 @@ pub(crate) const TYPES: TableDefinition<(&str, u64), &str> = TableDefinition::ne
 /// Present once the type index covers every event up to `indexed_through` (a log written
 /// before the index existed is indexed at its first open).
 const META_TYPES_INDEXED: &str = "types_indexed";
+/// (stream, seq) → stream, for the events up to `indexed_through`: a read filtered by stream
+/// alone walks its matches instead of the log.
+pub(crate) const STREAMS: TableDefinition<(&str, u64), &str> = TableDefinition::new("stream_seq");
+/// Present once the stream index covers every event up to `indexed_through`.
+const META_STREAMS_INDEXED: &str = "streams_indexed";
 
 pub(crate) fn decode_event(seq: u64, bytes: &[u8]) -> Result<Event, ReadError> {
     let rec = codec::decode(bytes).map_err(|detail| ReadError::Format { seq, detail })?;
@@ -109,8 +114,14 @@ pub(crate) fn open(
         }
         txn.open_table(SUBJECTS).map_err(|e| st(e.into()))?;
         txn.open_table(TYPES).map_err(|e| st(e.into()))?;
+        txn.open_table(STREAMS).map_err(|e| st(e.into()))?;
         txn.open_table(META).map_err(|e| st(e.into()))?;
-        index_types(&txn).map_err(OpenError::Storage)?;
+        backfill_index(&txn, TYPES, META_TYPES_INDEXED, "event type", |r| {
+            r.event_type
+        })
+        .map_err(OpenError::Storage)?;
+        backfill_index(&txn, STREAMS, META_STREAMS_INDEXED, "stream", |r| r.stream)
+            .map_err(OpenError::Storage)?;
         txn.commit().map_err(|e| st(e.into()))?;
     }
     // The lean commit: groups past redb's last checkpoint are in the journal. Put their events
@@ -229,14 +240,16 @@ pub(crate) fn read(
     let st = |e: redb::Error| ReadError::Storage(storage(e));
     let limit = q.limit.max(1);
     let mut out = Vec::new();
-    // A subject, or else a type, is read from its index: the page holds up to `limit` matches
-    // whenever they exist (the other filters are checked on each candidate).
-    let index = match (&q.subject, &q.event_type) {
-        (Some(subject), _) => Some((SUBJECTS, subject.as_str(), true)),
-        (None, Some(ty)) => Some((TYPES, ty.as_str(), false)),
-        (None, None) => None,
+    // A subject, or else a type, or else a stream, is read from its index: the page holds up
+    // to `limit` matches whenever they exist (the other filters are checked on each
+    // candidate).
+    let index = match (&q.subject, &q.event_type, &q.stream) {
+        (Some(subject), _, _) => Some((SUBJECTS, subject.as_str(), Posting::Subject)),
+        (None, Some(ty), _) => Some((TYPES, ty.as_str(), Posting::Type)),
+        (None, None, Some(stream)) => Some((STREAMS, stream.as_str(), Posting::Stream)),
+        (None, None, None) => None,
     };
-    if let Some((def, key, by_subject)) = index {
+    if let Some((def, key, posting)) = index {
         // Collect candidate seqs under the tail lock, so the index tables and the tail are
         // seen at the same merge point.
         let (txn, head, candidates, exhausted) = {
@@ -268,10 +281,10 @@ pub(crate) fn read(
                     }
                 }
             }
-            let listed = if by_subject {
-                tail.subjects.get(key)
-            } else {
-                tail.types.get(key)
+            let listed = match posting {
+                Posting::Subject => tail.subjects.get(key),
+                Posting::Type => tail.types.get(key),
+                Posting::Stream => tail.by_stream.get(key),
             };
             if !full && let Some(list) = listed {
                 let from = q.after.max(tail.indexed_through);
@@ -356,11 +369,26 @@ pub(crate) fn read(
     })
 }
 
-/// Index by type every event up to `indexed_through` if the type index is not there yet (a log
-/// written by an earlier release): once, streamed in seq order, in the open transaction.
-fn index_types(txn: &redb::WriteTransaction) -> Result<(), StorageError> {
+/// Which posting list a filtered read walks.
+#[derive(Clone, Copy)]
+enum Posting {
+    Subject,
+    Type,
+    Stream,
+}
+
+/// Fill index `def` (`(key of the event, seq) → stream`) for every event up to
+/// `indexed_through` if it is not there yet (a log written by a release before the index):
+/// once, streamed in seq order, in the open transaction; `marker` in the meta table records it.
+fn backfill_index(
+    txn: &redb::WriteTransaction,
+    def: TableDefinition<(&str, u64), &str>,
+    marker: &str,
+    what: &str,
+    key: impl for<'a> Fn(&codec::StoredV1<'a>) -> &'a str,
+) -> Result<(), StorageError> {
     let mut meta = txn.open_table(META).map_err(storage)?;
-    if meta.get(META_TYPES_INDEXED).map_err(storage)?.is_some() {
+    if meta.get(marker).map_err(storage)?.is_some() {
         return Ok(());
     }
     let through = meta
@@ -370,22 +398,23 @@ fn index_types(txn: &redb::WriteTransaction) -> Result<(), StorageError> {
         .unwrap_or(0);
     if through > 0 {
         let events = txn.open_table(EVENTS).map_err(storage)?;
-        let mut types = txn.open_table(TYPES).map_err(storage)?;
+        let mut index = txn.open_table(def).map_err(storage)?;
         for row in events.range(1..=through).map_err(storage)? {
             let (k, v) = row.map_err(storage)?;
             let seq = k.value();
             let rec = codec::decode(v.value())
                 .map_err(|detail| StorageError::msg(format!("event {seq}: {detail}")))?;
-            types
-                .insert((rec.event_type, seq), rec.stream)
+            index
+                .insert((key(&rec), seq), rec.stream)
                 .map_err(storage)?;
         }
         tracing::warn!(
             events = through,
-            "indexed the log by event type (first open by this release)"
+            index = what,
+            "indexed the log (first open by this release)"
         );
     }
-    meta.insert(META_TYPES_INDEXED, 1).map_err(storage)?;
+    meta.insert(marker, 1).map_err(storage)?;
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! The hot tail of the indexes.
 //!
 //! Inserting random keys into a redb B-tree copies a page per key per commit, so keeping the
-//! `event_id`, subject and type indexes in every small group commit would cap appends at a fraction of
+//! `event_id`, subject, type and stream indexes in every small group commit would cap appends at a fraction of
 //! what the events table alone takes. Instead the newest events (those past
 //! `indexed_through`) are indexed here, in memory, and merged into the redb index tables in one
 //! large, sorted write transaction once the tail holds `merge_threshold` events. On open the tail
@@ -20,6 +20,9 @@ pub(crate) struct Tail {
     pub subjects: HashMap<String, Vec<(u64, Arc<str>)>>,
     /// event type -> (seq, stream), in seq order.
     pub types: HashMap<String, Vec<(u64, Arc<str>)>>,
+    /// stream -> (seq, stream), in seq order (the value repeats the key so that every posting
+    /// list has one shape).
+    pub by_stream: HashMap<String, Vec<(u64, Arc<str>)>>,
     streams: HashMap<String, Arc<str>>,
 }
 
@@ -52,6 +55,13 @@ impl Tail {
                 s
             }
         };
+        match self.by_stream.get_mut(&*stream) {
+            Some(list) => list.push((seq, stream.clone())),
+            None => {
+                self.by_stream
+                    .insert(stream.to_string(), vec![(seq, stream.clone())]);
+            }
+        }
         match self.types.get_mut(event_type) {
             Some(list) => list.push((seq, stream.clone())),
             None => {
@@ -71,11 +81,12 @@ impl Tail {
         self.ids.clear();
         self.subjects.clear();
         self.types.clear();
+        self.by_stream.clear();
         self.streams.clear();
     }
 }
 
-/// Write one of the tail's postings (subject or type → `(seq, stream)` in seq order) into its
+/// Write one of the tail's postings (subject, type or stream → `(seq, stream)` in seq order) into its
 /// redb table, keys in order.
 pub(crate) fn write_postings(
     txn: &redb::WriteTransaction,

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::codec::{self, StoredV1};
 use crate::envelope::{Event, NewEvent};
 use crate::error::{AppendError, CommandError, StorageError, storage};
-use crate::store::{EVENTS, META, META_INDEXED_THROUGH, SUBJECTS, TYPES};
+use crate::store::{EVENTS, META, META_INDEXED_THROUGH, STREAMS, SUBJECTS, TYPES};
 use crate::tail::Tail;
 use crate::time::now_micros;
 use crate::{AppendReceipt, Appended, CommitHook, Expect, Shared};
@@ -707,6 +707,7 @@ impl Writer {
             next_runs = current.add(&txn, &ids)?;
             crate::tail::write_postings(&txn, SUBJECTS, &tail.subjects).map_err(storage)?;
             crate::tail::write_postings(&txn, TYPES, &tail.types).map_err(storage)?;
+            crate::tail::write_postings(&txn, STREAMS, &tail.by_stream).map_err(storage)?;
             let mut meta = txn.open_table(META).map_err(storage)?;
             meta.insert(META_INDEXED_THROUGH, self.head)
                 .map_err(storage)?;

@@ -415,10 +415,10 @@ fn pages(log: &Log, mut q: ReadQuery) -> Vec<tidemark_log::Event> {
     }
 }
 
-/// A type filter reads the type index (merged runs and the in-memory tail alike): a page holds
-/// up to `limit` matches whenever they exist, however many other events lie between them, and
-/// every read agrees with a full scan. A log written before the index existed is indexed at its
-/// first open and answers the same.
+/// A type filter reads the type index, and a stream filter alone the stream index (merged runs
+/// and the in-memory tail alike): a page holds up to `limit` matches whenever they exist,
+/// however many other events lie between them, and every read agrees with a full scan. A log
+/// written before the indexes existed is indexed at its first open and answers the same.
 #[test]
 fn a_type_filter_fills_its_page_from_the_index() {
     let rt = rt();
@@ -467,13 +467,25 @@ fn a_type_filter_fills_its_page_from_the_index() {
         let want: Vec<u64> = rare.iter().copied().step_by(2).collect();
         let got: Vec<u64> = log.read(&q).unwrap().events.iter().map(|e| e.seq).collect();
         assert_eq!(got, want, "{what}: type and stream");
+        // A rare stream alone: one page.
+        let q = ReadQuery {
+            stream: Some("other_stream".into()),
+            limit: 100,
+            ..ReadQuery::default()
+        };
+        let want: Vec<u64> = rare.iter().copied().skip(1).step_by(2).collect();
+        let got: Vec<u64> = log.read(&q).unwrap().events.iter().map(|e| e.seq).collect();
+        assert_eq!(got, want, "{what}: a stream alone");
         for (ty, stream) in [
-            ("rare.happened", None),
-            ("common.happened", Some("task_events")),
-            ("nothing.happened", None),
+            (Some("rare.happened"), None),
+            (Some("common.happened"), Some("task_events")),
+            (Some("nothing.happened"), None),
+            (None, Some("task_events")),
+            (None, Some("other_stream")),
+            (None, Some("no_stream")),
         ] {
             let q = ReadQuery {
-                event_type: Some(ty.into()),
+                event_type: ty.map(str::to_owned),
                 stream: stream.map(str::to_owned),
                 after: 2_500,
                 ..ReadQuery::default()
@@ -486,26 +498,33 @@ fn a_type_filter_fills_its_page_from_the_index() {
                 },
             )
             .into_iter()
-            .filter(|e| e.event_type == ty && stream.is_none_or(|s| s == e.stream))
+            .filter(|e| {
+                ty.is_none_or(|t| t == e.event_type) && stream.is_none_or(|s| s == e.stream)
+            })
             .map(|e| e.seq)
             .collect();
             let got: Vec<u64> = pages(log, q).iter().map(|e| e.seq).collect();
-            assert_eq!(got, scan, "{what}: {ty} {stream:?}");
+            assert_eq!(got, scan, "{what}: {ty:?} {stream:?}");
         }
     };
     check(&log, "live");
     rt.block_on(log.close());
     drop(log);
-    // As an earlier release left it: no type index.
+    // As an earlier release left it: no type or stream index.
     {
         let db = redb::Database::create(dir.path().join("log.redb")).unwrap();
         let txn = db.begin_write().unwrap();
-        txn.delete_table(redb::TableDefinition::<(&str, u64), &str>::new("type_seq"))
-            .unwrap();
-        txn.open_table(redb::TableDefinition::<&str, u64>::new("log_meta"))
-            .unwrap()
-            .remove("types_indexed")
-            .unwrap();
+        for (table, marker) in [
+            ("type_seq", "types_indexed"),
+            ("stream_seq", "streams_indexed"),
+        ] {
+            txn.delete_table(redb::TableDefinition::<(&str, u64), &str>::new(table))
+                .unwrap();
+            txn.open_table(redb::TableDefinition::<&str, u64>::new("log_meta"))
+                .unwrap()
+                .remove(marker)
+                .unwrap();
+        }
         txn.commit().unwrap();
     }
     let (log, _) = Log::open(&cfg(&dir, 5_000)).unwrap();
