@@ -20,6 +20,9 @@ pub struct Config {
     /// spec names reaches the log's `settings.updated` event unchanged; the reactors that use
     /// them parse their part.
     pub notifications: toml::Table,
+    /// Source pollers (spec section 12), `[[sources]]`.
+    #[serde(default)]
+    pub sources: Vec<tidemark_consumers::sources::SourceConfig>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -160,6 +163,7 @@ impl Config {
         }
         tidemark_projections::routing::RoutingSettings::from_json(&self.notification_settings())
             .map_err(ConfigError::Invalid)?;
+        tidemark_consumers::sources::from_config(&self.sources).map_err(ConfigError::Invalid)?;
         Ok(())
     }
 

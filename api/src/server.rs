@@ -25,7 +25,9 @@ use utoipa_axum::routes;
 use crate::auth::{self, Auth, Scope};
 use crate::config::Config;
 use crate::error::ApiError;
-use crate::routes::{admin, bridges, cursors, deliveries, events, notifications, ops, tasks};
+use crate::routes::{
+    admin, bridges, cursors, deliveries, events, notifications, ops, sources, tasks,
+};
 use crate::state::AppState;
 
 #[derive(OpenApi)]
@@ -39,6 +41,7 @@ use crate::state::AppState;
         (name = "deliveries", description = "The delivery runtime: claim, leases, retries, parking, KPIs"),
         (name = "bridges", description = "Bridge subscriptions and terminal notifications"),
         (name = "cursors", description = "Monotonic consumer cursors and their lag"),
+        (name = "sources", description = "Pollers that turn upstream HTTP APIs into events"),
         (name = "admin", description = "Projection rebuild and verify"),
         (name = "ops", description = "Operations"),
     )
@@ -135,7 +138,9 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(deliveries::kpis))
             .routes(routes!(cursors::get))
             .routes(routes!(cursors::lag))
-            .routes(routes!(bridges::explain)),
+            .routes(routes!(bridges::explain))
+            .routes(routes!(sources::list))
+            .routes(routes!(sources::get)),
         &auth,
         Scope::Read,
     ));
@@ -175,13 +180,18 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(admin::rebuild_one))
             .routes(routes!(admin::verify_one))
             .routes(routes!(deliveries::retry))
-            .routes(routes!(deliveries::discard)),
+            .routes(routes!(deliveries::discard))
+            .routes(routes!(sources::poll))
+            .routes(routes!(sources::pause))
+            .routes(routes!(sources::resume)),
         &auth,
         Scope::Operator,
     );
     // Only admin moves a cursor back (spec section 8).
     let admin = scoped(
-        OpenApiRouter::new().routes(routes!(cursors::reset)),
+        OpenApiRouter::new()
+            .routes(routes!(cursors::reset))
+            .routes(routes!(sources::reset)),
         &auth,
         Scope::Admin,
     );
@@ -328,6 +338,10 @@ pub async fn run(
             .unwrap_or_default(),
         ),
         pull_hub: Default::default(),
+        sources: tidemark_consumers::sources::Sources::new(
+            tidemark_consumers::sources::from_config(&config.sources)
+                .map_err(std::io::Error::other)?,
+        ),
         config: Arc::new(config),
     };
     let reactors = tidemark_consumers::spawn(
@@ -338,6 +352,12 @@ pub async fn run(
     )
     .await
     .map_err(std::io::Error::other)?;
+    let pollers = tidemark_consumers::sources::spawn(
+        engine.clone(),
+        state.sources.clone(),
+        state.routing.max_pending,
+        token.clone(),
+    );
     let grace = Duration::from_secs(state.config.server.shutdown_grace_secs);
     let flag = state.shutting_down.clone();
     let trigger = token.clone();
@@ -357,6 +377,7 @@ pub async fn run(
         }
     }
     let _ = reactors.await;
+    let _ = pollers.await;
     engine.close().await;
     drop(engine);
     tracing::info!("stopped cleanly");

@@ -24,6 +24,7 @@ pub mod bridge;
 pub mod follow;
 pub mod router;
 pub mod scheduler;
+pub mod sources;
 
 use tidemark_engine::Engine;
 use tidemark_log::StorageError;

@@ -222,6 +222,12 @@ impl Queries {
         Ok(read::routing_checkpoint(&self.log.db())?)
     }
 
+    /// What the log says about source `name` (`None`: nothing yet).
+    pub fn source(&self, name: &str) -> R<Option<tidemark_projections::sources::SourceRow>> {
+        self.floor(0)?;
+        Ok(tidemark_projections::sources::source(&self.log.db(), name)?)
+    }
+
     /// A cursor, or its zero state.
     pub fn cursor(&self, consumer_id: &str, stream_name: &str, subject_id: &str) -> R<Cursor> {
         self.floor(0)?;

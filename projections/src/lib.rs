@@ -35,6 +35,7 @@ pub mod rebuild;
 pub mod routing;
 pub mod schema;
 pub mod settings;
+pub mod sources;
 pub mod tasks;
 
 pub use framework::{Meta, Projection, Projector, Reader};
@@ -45,6 +46,7 @@ static SETTINGS: settings::Settings = settings::Settings;
 static DELIVERIES: deliveries::Deliveries = deliveries::Deliveries;
 static CURSORS: cursors::Cursors = cursors::Cursors;
 static BRIDGES: bridges::Bridges = bridges::Bridges;
+static SOURCES: sources::Sources = sources::Sources;
 
 /// Every projection, in the order they are applied.
 pub fn all() -> Vec<&'static dyn Projection> {
@@ -55,6 +57,7 @@ pub fn all() -> Vec<&'static dyn Projection> {
         &DELIVERIES,
         &CURSORS,
         &BRIDGES,
+        &SOURCES,
     ]
 }
 

@@ -70,6 +70,7 @@ names! {
         Cursors = "cursors",
         Bridges = "bridges",
         Settings = "settings",
+        Sources = "sources",
     }
 }
 
@@ -109,11 +110,17 @@ names! {
         BridgeSubscribed = "bridge.subscribed",
         BridgeUnsubscribed = "bridge.unsubscribed",
         SettingsUpdated = "settings.updated",
+        SourceItem = "source.item",
+        SourceWatermarkAdvanced = "source.watermark_advanced",
+        SourcePaused = "source.paused",
+        SourceResumed = "source.resumed",
+        SourceReset = "source.reset",
+        SourceParked = "source.parked",
     }
 }
 
 /// Prefixes whose types tidemark defines.
-pub const RESERVED_PREFIXES: [&str; 7] = [
+pub const RESERVED_PREFIXES: [&str; 8] = [
     "task.",
     "notification.",
     "recipient.",
@@ -121,6 +128,7 @@ pub const RESERVED_PREFIXES: [&str; 7] = [
     "cursor.",
     "bridge.",
     "settings.",
+    "source.",
 ];
 
 /// What every task lifecycle event type starts with.
@@ -158,6 +166,12 @@ impl EventType {
             CursorAdvanced | CursorReset | CursorFailed => Stream::Cursors,
             BridgeSubscribed | BridgeUnsubscribed => Stream::Bridges,
             SettingsUpdated => Stream::Settings,
+            SourceItem
+            | SourceWatermarkAdvanced
+            | SourcePaused
+            | SourceResumed
+            | SourceReset
+            | SourceParked => Stream::Sources,
         }
     }
 
@@ -237,14 +251,33 @@ impl DeliveryStatus {
 pub mod ids {
     /// Prefixes of the ids tidemark gives the events it derives: a client event under one of
     /// them could block a derivation forever, so clients may not use them.
-    pub const RESERVED_PREFIXES: [&str; 6] = [
+    pub const RESERVED_PREFIXES: [&str; 7] = [
         "ntf:",
         "dlv:",
         "notif:",
         "mismatch:",
         "cursor:",
         "settings:",
+        "src:",
     ];
+
+    /// An item of source `name` (spec section 12): `src:<name>:<id>`.
+    pub fn source_item(name: &str, id: &str) -> String {
+        format!("src:{name}:{id}")
+    }
+
+    /// The notification about a source page's new items: `src:<name>:notify:<first new id>`.
+    pub fn source_notification(name: &str, first_new_id: &str) -> String {
+        format!("src:{name}:notify:{first_new_id}")
+    }
+
+    /// The item id of a source item's event id.
+    pub fn source_item_id<'a>(name: &str, event_id: &'a str) -> Option<&'a str> {
+        event_id
+            .strip_prefix("src:")?
+            .strip_prefix(name)?
+            .strip_prefix(':')
+    }
 
     /// The notification routed from the lifecycle event at `source_seq`: `ntf:<source_seq>`.
     pub fn routed_notification(source_seq: u64) -> String {
@@ -346,7 +379,7 @@ mod tests {
                 "recipient.unsuppressed",
             ]
         );
-        assert_eq!(EventType::ALL.len() - client.len(), 19);
+        assert_eq!(EventType::ALL.len() - client.len(), 25);
     }
 
     #[test]

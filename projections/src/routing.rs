@@ -30,8 +30,32 @@ pub fn parse_clock(s: &str) -> Option<u32> {
     (h < 24 && m < 60 && h * 60 + m < 1440).then_some(h * 60 + m)
 }
 
+/// How the delay grows with the attempts (section 5; sources use it too, section 12).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Strategy {
+    /// `base · 2^(attempt−1)`.
+    #[default]
+    Exponential,
+    /// `base · attempt`.
+    Linear,
+    /// `base`.
+    Fixed,
+}
+
+impl Strategy {
+    pub fn parse(s: &str) -> Option<Strategy> {
+        match s {
+            "exponential" => Some(Strategy::Exponential),
+            "linear" => Some(Strategy::Linear),
+            "fixed" => Some(Strategy::Fixed),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetrySettings {
+    pub strategy: Strategy,
     pub max_attempts: u32,
     pub base_delay_ms: u64,
     pub max_delay_ms: u64,
@@ -91,6 +115,7 @@ impl Default for RoutingSettings {
                 ("info".to_owned(), r(&["dashboard"])),
             ]),
             retry: RetrySettings {
+                strategy: Strategy::Exponential,
                 max_attempts: 5,
                 base_delay_ms: 1_000,
                 max_delay_ms: 300_000,
@@ -143,6 +168,12 @@ impl RoutingSettings {
             }
         }
         if let Some(r) = v.get("retry") {
+            if let Some(x) = r.get("strategy") {
+                s.retry.strategy = x
+                    .as_str()
+                    .and_then(Strategy::parse)
+                    .ok_or_else(|| bad("retry.strategy"))?;
+            }
             if let Some(x) = r.get("max_attempts") {
                 s.retry.max_attempts =
                     x.as_u64()
@@ -278,18 +309,22 @@ pub fn resolve_routes(s: &RoutingSettings, priority: &str) -> Vec<RouteOutcome> 
     out
 }
 
-/// Delay before attempt `attempt + 1` after `attempt` failures (attempt ≥ 1):
-/// `min(max, base · 2^(attempt−1))`, then jitter within ±`jitter` given a draw `u` in [0, 1),
-/// capped at `max`. A `retry_after_ms` from the failure report replaces it (capped at 1 h).
+/// Delay before attempt `attempt + 1` after `attempt` failures (attempt ≥ 1): by the strategy
+/// `base · 2^(attempt−1)` (exponential), `base · attempt` (linear) or `base` (fixed), at most
+/// `max`, then jitter within ±`jitter` given a draw `u` in [0, 1), capped at `max`. A
+/// `retry_after_ms` from the failure report replaces it (capped at 1 h). The one backoff of
+/// tidemark: deliveries (section 5) and source polls (section 12) use it.
 pub fn backoff_ms(r: &RetrySettings, attempt: u32, u: f64, retry_after_ms: Option<u64>) -> u64 {
     if let Some(ms) = retry_after_ms {
         return ms.min(3_600_000);
     }
-    let exp = attempt.saturating_sub(1).min(62);
-    let raw = r
-        .base_delay_ms
-        .saturating_mul(1u64 << exp)
-        .min(r.max_delay_ms);
+    let n = attempt.max(1);
+    let raw = match r.strategy {
+        Strategy::Exponential => r.base_delay_ms.saturating_mul(1u64 << (n - 1).min(62)),
+        Strategy::Linear => r.base_delay_ms.saturating_mul(n as u64),
+        Strategy::Fixed => r.base_delay_ms,
+    }
+    .min(r.max_delay_ms);
     let factor = 1.0 + r.jitter * (2.0 * u.clamp(0.0, 1.0) - 1.0);
     ((raw as f64 * factor).round() as u64).min(r.max_delay_ms)
 }
@@ -451,6 +486,33 @@ mod tests {
             backoff_ms(&r, 3, 0.9, Some(10 * 3_600_000)),
             3_600_000,
             "capped at 1 h"
+        );
+    }
+
+    /// The one backoff, three strategies (deliveries and sources share it).
+    #[test]
+    fn backoff_strategies() {
+        let mut r = RoutingSettings::default().retry;
+        r.base_delay_ms = 100;
+        r.max_delay_ms = 1_000;
+        r.jitter = 0.0;
+        let delays = |r: &RetrySettings| {
+            (1..=5)
+                .map(|a| backoff_ms(r, a, 0.5, None))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(delays(&r), [100, 200, 400, 800, 1_000]);
+        r.strategy = Strategy::Linear;
+        assert_eq!(delays(&r), [100, 200, 300, 400, 500]);
+        r.strategy = Strategy::Fixed;
+        assert_eq!(delays(&r), [100, 100, 100, 100, 100]);
+        assert_eq!(backoff_ms(&r, 1, 0.5, Some(7_000)), 7_000);
+        let s = RoutingSettings::from_json(&serde_json::json!({"retry": {"strategy": "fixed"}}))
+            .unwrap();
+        assert_eq!(s.retry.strategy, Strategy::Fixed);
+        assert!(
+            RoutingSettings::from_json(&serde_json::json!({"retry": {"strategy": "random"}}))
+                .is_err()
         );
     }
 }

@@ -13,7 +13,7 @@ mod events;
 mod operator;
 
 use events::{append, tail};
-use operator::{cursors, deliveries, projections};
+use operator::{cursors, deliveries, projections, sources};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -40,6 +40,8 @@ pub enum Command {
     Deliveries(DeliveriesArgs),
     /// Show consumer cursors, or reset one (admin).
     Cursors(CursorsArgs),
+    /// Source pollers: list, show, poll now, pause, resume, reset the watermark (admin).
+    Sources(SourcesArgs),
     /// Benchmark tidemark against Redis Streams, PostgreSQL, SQLite and NATS JetStream
     /// (`tidemark bench --help` lists the options; peers: benches/peers/install.sh).
     #[command(disable_help_flag = true)]
@@ -87,6 +89,41 @@ pub enum CursorsAction {
         subject: String,
         #[arg(long)]
         to: u64,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct SourcesArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(subcommand)]
+    pub action: SourcesAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SourcesAction {
+    /// Every source with its state, one JSON object per line.
+    List,
+    /// One source with its state.
+    Show { name: String },
+    /// Poll now.
+    Poll { name: String },
+    /// Stop polling until resumed.
+    Pause {
+        name: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Resume a paused or parked source (it polls at once, from the same watermark).
+    Resume { name: String },
+    /// Set the watermark (also back; omit --watermark to start from the beginning), with a
+    /// reason recorded as a `source.reset` event.
+    Reset {
+        name: String,
+        #[arg(long)]
+        watermark: Option<String>,
         #[arg(long)]
         reason: String,
     },
@@ -224,6 +261,7 @@ pub fn main() -> ExitCode {
             Command::Projections(a) => projections(a).await,
             Command::Deliveries(a) => deliveries(a).await,
             Command::Cursors(a) => cursors(a).await,
+            Command::Sources(a) => sources(a).await,
             // Replaces this process; returns only when the benchmark could not be started.
             Command::Bench(b) => crate::bench::exec(b.args),
         }

@@ -2,6 +2,8 @@
 
 use std::io::Write;
 
+use crate::cli::{SourcesAction, SourcesArgs};
+
 use super::{
     CliResult, CursorsAction, CursorsArgs, DeliveriesAction, DeliveriesArgs, ProjectionsAction,
     ProjectionsArgs, client, enc, get_json, send_text,
@@ -197,6 +199,57 @@ pub(crate) async fn cursors(a: CursorsArgs) -> CliResult {
             .await?;
             println!("{text}");
             Ok(())
+        }
+    }
+}
+
+pub(crate) async fn sources(a: SourcesArgs) -> CliResult {
+    let http = client(&a.client)?;
+    let base = format!("{}/v1/sources", a.client.url.trim_end_matches('/'));
+    let post = |name: &str, action: &str, body: serde_json::Value| {
+        let url = format!("{base}/{}/{action}", enc(name));
+        let what = format!("{action} {name}");
+        let rb = http.post(url).json(&body);
+        async move {
+            let text = send_text(rb, |status, text| {
+                format!("{what} failed ({status}): {text}")
+            })
+            .await?;
+            println!("{text}");
+            Ok::<(), String>(())
+        }
+    };
+    match a.action {
+        SourcesAction::List => {
+            let v = get_json(&http, &base).await?;
+            for s in v["sources"].as_array().into_iter().flatten() {
+                println!("{s}");
+            }
+            Ok(())
+        }
+        SourcesAction::Show { name } => {
+            println!(
+                "{}",
+                get_json(&http, &format!("{base}/{}", enc(&name))).await?
+            );
+            Ok(())
+        }
+        SourcesAction::Poll { name } => post(&name, "poll", serde_json::json!({})).await,
+        SourcesAction::Pause { name, reason } => {
+            post(&name, "pause", serde_json::json!({ "reason": reason })).await
+        }
+        SourcesAction::Resume { name } => post(&name, "resume", serde_json::json!({})).await,
+        SourcesAction::Reset {
+            name,
+            watermark,
+            reason,
+        } => {
+            post(
+                &name,
+                "reset",
+                serde_json::json!({ "watermark": watermark, "reason": reason }),
+            )
+            .await
         }
     }
 }

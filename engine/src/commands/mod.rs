@@ -4,11 +4,14 @@
 //! two commands never decide on the same state. One module per family:
 //! - [`outbox`]: routing, leases, completions, failures, operator actions (sections 4–5);
 //! - [`cursors`]: advance and reset (section 6, I4);
-//! - [`bridges`]: subscriptions and delivery confirmations (section 6).
+//! - [`bridges`]: subscriptions and delivery confirmations (section 6);
+//! - [`sources`]: a polled page, the watermark's compare-and-swap, pause/resume/park/reset
+//!   (section 12).
 
 pub mod bridges;
 pub mod cursors;
 pub mod outbox;
+pub mod sources;
 
 use tidemark_log::{CommandError, NewEvent};
 use tidemark_projections::bridges::Subscription;
@@ -18,6 +21,7 @@ use tidemark_projections::deliveries::Delivery;
 pub use bridges::{BridgeCommand, Confirmation};
 pub use cursors::{Advance, CursorCommand};
 pub use outbox::{Completed, Failure, OperatorAction, OutboxCommand};
+pub use sources::{NotifyPlan, PageOutcome, SourceCommand, SourceItem};
 
 use crate::store::WriteTransaction;
 
@@ -27,6 +31,13 @@ pub enum Command {
     Outbox(OutboxCommand),
     Cursor(CursorCommand),
     Bridge(BridgeCommand),
+    Source(SourceCommand),
+}
+
+impl From<SourceCommand> for Command {
+    fn from(c: SourceCommand) -> Self {
+        Command::Source(c)
+    }
 }
 
 impl From<OutboxCommand> for Command {
@@ -67,6 +78,7 @@ impl Command {
                 BridgeCommand::Unsubscribe { .. } => "bridge.unsubscribe",
                 BridgeCommand::Confirm(_) => "bridge.confirm",
             },
+            Command::Source(c) => c.name(),
         }
     }
 }
@@ -88,6 +100,10 @@ pub enum Outcome {
     Subscription { row: Subscription, created: bool },
     /// Confirm: the cursor after each item, or why it was refused.
     Confirmed(Vec<Result<Cursor, CommandError>>),
+    /// A source page: what was appended.
+    SourcePage(PageOutcome),
+    /// Any other source command: the source after it.
+    Source(tidemark_projections::sources::SourceRow),
 }
 
 fn unexpected(what: &str) -> CommandError {
@@ -131,6 +147,18 @@ impl Outcome {
             _ => Err(unexpected("a subscription")),
         }
     }
+    pub fn into_source_page(self) -> Result<PageOutcome, CommandError> {
+        match self {
+            Outcome::SourcePage(p) => Ok(p),
+            _ => Err(unexpected("a source page")),
+        }
+    }
+    pub fn into_source(self) -> Result<tidemark_projections::sources::SourceRow, CommandError> {
+        match self {
+            Outcome::Source(s) => Ok(s),
+            _ => Err(unexpected("a source")),
+        }
+    }
     pub fn into_confirmed(self) -> Result<Vec<Result<Cursor, CommandError>>, CommandError> {
         match self {
             Outcome::Confirmed(c) => Ok(c),
@@ -149,5 +177,6 @@ pub(crate) fn run(
         Command::Outbox(c) => outbox::run(txn, now_us, c),
         Command::Cursor(c) => cursors::run(txn, now_us, c),
         Command::Bridge(c) => bridges::run(txn, now_us, c),
+        Command::Source(c) => sources::run(txn, now_us, c),
     }
 }

@@ -293,13 +293,14 @@ pub async fn projections(api: &Api) -> HashMap<String, Value> {
     map
 }
 
-pub const PROJECTIONS: [&str; 6] = [
+pub const PROJECTIONS: [&str; 7] = [
     "tasks",
     "notifications",
     "settings",
     "deliveries",
     "cursors",
     "bridges",
+    "sources",
 ];
 
 /// `POST /v1/admin/projections/{name}/{action}` (rebuild or verify); panics unless 200.

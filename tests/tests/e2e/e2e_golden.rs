@@ -136,10 +136,12 @@ async fn golden_directory_opens_and_serves_the_same() {
     }
     if extra.is_empty() {
         assert_eq!(got["head"], expected["head"]);
-        assert_eq!(
-            got["projections"], expected["projections"],
-            "projection digests"
-        );
+        // Every projection the golden directory has keeps its digest; a read model added
+        // since (sources) is built from the log at the first open and must rebuild identical
+        // (checked below with the others).
+        for (name, e) in expected["projections"].as_object().unwrap() {
+            assert_eq!(&got["projections"][name], e, "digest of projection {name}");
+        }
     } else {
         println!("the default settings changed since the golden log: digests not compared");
     }

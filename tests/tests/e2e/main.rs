@@ -40,5 +40,6 @@ mod e2e_router_crash;
 mod e2e_scopes;
 mod e2e_settings;
 mod e2e_shutdown;
+mod e2e_sources;
 mod e2e_task_stream;
 mod e2e_tasks;

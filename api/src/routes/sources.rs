@@ -1,0 +1,332 @@
+//! `GET /v1/sources`, `GET /v1/sources/{name}` and the operator actions `poll`, `pause`,
+//! `resume`, `reset` (spec section 12). The log's part of a source's state (watermark, paused,
+//! parked and why, items appended) comes from the sources read model; the poller's part (state,
+//! poll times, failures) from the poller, in memory.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use serde::{Deserialize, Serialize};
+use tidemark_engine::commands::SourceCommand;
+use tidemark_log::time::format_micros;
+use tidemark_projections::sources::SourceRow;
+use utoipa::ToSchema;
+
+use crate::error::{ApiError, Problem};
+use crate::routes::deliveries::{check_text, json_body};
+use crate::routes::events::body_rejection;
+use crate::routes::{ReadAt, read_model};
+use crate::state::AppState;
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SourceOut {
+    pub name: String,
+    /// idle, polling, backing_off, paused or parked.
+    pub state: String,
+    /// The upstream's `next` of the last page appended and acknowledged; null before any.
+    pub watermark: Option<String>,
+    pub last_poll_at: Option<String>,
+    pub last_success_at: Option<String>,
+    pub next_poll_at: Option<String>,
+    pub consecutive_failures: u32,
+    /// Why it is parked, or the last transient failure (status, or the JSON pointer that
+    /// failed validation); never a header value.
+    pub last_error: Option<String>,
+    pub items_total: u64,
+    /// No success for three intervals (counted from the process start at the earliest).
+    pub stale: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SourceAnswer {
+    #[serde(flatten)]
+    pub source: SourceOut,
+    /// The answer reflects the log at least up to this seq.
+    pub as_of_seq: u64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SourcesPage {
+    pub sources: Vec<SourceOut>,
+    pub as_of_seq: u64,
+}
+
+fn out(st: &AppState, name: &str, row: Option<SourceRow>) -> SourceOut {
+    let row = row.unwrap_or_default();
+    let rt = st.sources.runtime(name).unwrap_or_default();
+    let state = if row.parked {
+        "parked".to_owned()
+    } else if row.paused {
+        "paused".to_owned()
+    } else if rt.state == "paused" || rt.state == "parked" || rt.state.is_empty() {
+        // The poller has not seen the resume yet.
+        "idle".to_owned()
+    } else {
+        rt.state.clone()
+    };
+    let active = !row.parked && !row.paused;
+    SourceOut {
+        name: name.to_owned(),
+        state,
+        watermark: row.watermark,
+        last_poll_at: rt.last_poll_at_us.map(format_micros),
+        last_success_at: rt.last_success_at_us.map(format_micros),
+        next_poll_at: rt.next_poll_at_us.filter(|_| active).map(format_micros),
+        consecutive_failures: rt.consecutive_failures,
+        last_error: if row.parked {
+            row.last_error
+        } else {
+            rt.last_error
+        },
+        items_total: row.items_total,
+        stale: rt.stale && active,
+    }
+}
+
+fn known(st: &AppState, name: &str) -> Result<(), ApiError> {
+    if st.sources.contains(name) {
+        Ok(())
+    } else {
+        Err(ApiError::not_found(format!(
+            "no source {name:?} is configured"
+        )))
+    }
+}
+
+/// Every configured source with its state.
+#[utoipa::path(
+    get, path = "/v1/sources", tag = "sources", operation_id = "listSources", params(ReadAt),
+    responses(
+        (status = 200, body = SourcesPage),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "projection_lagging", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["read"]))
+)]
+#[tracing::instrument(skip_all)]
+pub async fn list(
+    State(st): State<AppState>,
+    q: Result<Query<ReadAt>, QueryRejection>,
+) -> Result<Json<SourcesPage>, ApiError> {
+    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
+    let names = st.sources.names();
+    let n = names.clone();
+    let (rows, as_of_seq) = read_model(&st.engine, q.seq()?, move |r| {
+        n.iter()
+            .map(|name| r.source(name))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await?;
+    let sources = names
+        .iter()
+        .zip(rows)
+        .map(|(name, row)| out(&st, name, row))
+        .collect();
+    Ok(Json(SourcesPage { sources, as_of_seq }))
+}
+
+/// One source and its state.
+#[utoipa::path(
+    get, path = "/v1/sources/{name}", tag = "sources", operation_id = "getSource",
+    params(("name" = String, Path, description = "Source name"), ReadAt),
+    responses(
+        (status = 200, body = SourceAnswer),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "projection_lagging", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["read"]))
+)]
+#[tracing::instrument(skip_all, fields(source = %name))]
+pub async fn get(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+    q: Result<Query<ReadAt>, QueryRejection>,
+) -> Result<Json<SourceAnswer>, ApiError> {
+    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
+    known(&st, &name)?;
+    let n = name.clone();
+    let (row, as_of_seq) = read_model(&st.engine, q.seq()?, move |r| r.source(&n)).await?;
+    Ok(Json(SourceAnswer {
+        source: out(&st, &name, row),
+        as_of_seq,
+    }))
+}
+
+/// The current row at the head (after any action), for answers.
+async fn answer(st: &AppState, name: &str) -> Result<Json<SourceAnswer>, ApiError> {
+    let n = name.to_owned();
+    let (row, as_of_seq) = read_model(&st.engine, 0, move |r| r.source(&n)).await?;
+    Ok(Json(SourceAnswer {
+        source: out(st, name, row),
+        as_of_seq,
+    }))
+}
+
+/// Poll now (the next poll starts at once, or right after the one running).
+#[utoipa::path(
+    post, path = "/v1/sources/{name}/poll", tag = "sources", operation_id = "pollSource",
+    params(("name" = String, Path, description = "Source name")),
+    responses(
+        (status = 202, description = "The poll is scheduled", body = SourceAnswer),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "source_not_active: paused or parked", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["operator"]))
+)]
+#[tracing::instrument(skip_all, fields(source = %name))]
+pub async fn poll(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<(StatusCode, Json<SourceAnswer>), ApiError> {
+    known(&st, &name)?;
+    let a = answer(&st, &name).await?;
+    if a.source.state == "paused" || a.source.state == "parked" {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "source_not_active",
+            format!("source {name:?} is {}; resume it first", a.source.state),
+        ));
+    }
+    st.sources.wake(&name);
+    metrics::counter!("tidemark_source_operator_total", "action" => "poll").increment(1);
+    Ok((StatusCode::ACCEPTED, a))
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PauseBody {
+    pub reason: Option<String>,
+}
+
+fn caller(st: &AppState, headers: &HeaderMap) -> Option<String> {
+    let h = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    st.auth.identify(h).ok().and_then(|i| i.name)
+}
+
+/// Pause: no polls until resumed (recorded as `source.paused` with the token's name).
+#[utoipa::path(
+    post, path = "/v1/sources/{name}/pause", tag = "sources", operation_id = "pauseSource",
+    params(("name" = String, Path, description = "Source name")),
+    request_body(content = Option<PauseBody>, content_type = "application/json"),
+    responses(
+        (status = 200, body = SourceAnswer),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["operator"]))
+)]
+#[tracing::instrument(skip_all, fields(source = %name))]
+pub async fn pause(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<SourceAnswer>, ApiError> {
+    known(&st, &name)?;
+    let raw = body.map_err(body_rejection)?;
+    let b: PauseBody = if raw.is_empty() {
+        PauseBody::default()
+    } else {
+        json_body(&headers, Ok(raw))?
+    };
+    if let Some(r) = &b.reason {
+        check_text("reason", r, 4096)?;
+    }
+    st.engine
+        .execute(SourceCommand::Pause {
+            name: name.clone(),
+            by: caller(&st, &headers),
+            reason: b.reason,
+        })
+        .await?;
+    metrics::counter!("tidemark_source_operator_total", "action" => "pause").increment(1);
+    answer(&st, &name).await
+}
+
+/// Resume a paused or parked source: it polls at once, from the same watermark.
+#[utoipa::path(
+    post, path = "/v1/sources/{name}/resume", tag = "sources", operation_id = "resumeSource",
+    params(("name" = String, Path, description = "Source name")),
+    responses(
+        (status = 200, body = SourceAnswer),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["operator"]))
+)]
+#[tracing::instrument(skip_all, fields(source = %name))]
+pub async fn resume(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<SourceAnswer>, ApiError> {
+    known(&st, &name)?;
+    st.engine
+        .execute(SourceCommand::Resume {
+            name: name.clone(),
+            by: caller(&st, &headers),
+        })
+        .await?;
+    st.sources.wake(&name);
+    metrics::counter!("tidemark_source_operator_total", "action" => "resume").increment(1);
+    answer(&st, &name).await
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResetBody {
+    /// The new watermark (null: from the beginning). May move it back.
+    pub watermark: Option<String>,
+    /// Why; required, recorded in the `source.reset` event.
+    pub reason: String,
+}
+
+/// Admin: set the watermark (also backwards), with a reason recorded as an event.
+#[utoipa::path(
+    post, path = "/v1/sources/{name}/reset", tag = "sources", operation_id = "resetSource",
+    params(("name" = String, Path, description = "Source name")),
+    request_body(content = ResetBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = SourceAnswer),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "reason_required or a malformed body", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["admin"]))
+)]
+#[tracing::instrument(skip_all, fields(source = %name))]
+pub async fn reset(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<SourceAnswer>, ApiError> {
+    known(&st, &name)?;
+    let b: ResetBody = json_body(&headers, body)?;
+    if b.reason.trim().is_empty() {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "reason_required",
+            "a source reset needs a non-empty reason",
+        )
+        .at(0, Some("reason")));
+    }
+    check_text("reason", &b.reason, 4096)?;
+    if let Some(w) = &b.watermark {
+        check_text("watermark", w, 1024)?;
+    }
+    st.engine
+        .execute(SourceCommand::Reset {
+            name: name.clone(),
+            to: b.watermark,
+            reason: b.reason,
+            by: caller(&st, &headers),
+        })
+        .await?;
+    tracing::info!(source = %name, "source watermark reset");
+    st.sources.wake(&name);
+    metrics::counter!("tidemark_source_operator_total", "action" => "reset").increment(1);
+    answer(&st, &name).await
+}

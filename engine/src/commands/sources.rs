@@ -1,0 +1,363 @@
+//! The source family (spec section 12): the append of a polled page (decided at the head: the
+//! items already in the log are left out, whatever their content now, and the optional
+//! notification is about the new ones only), the watermark's compare-and-swap, and the operator
+//! and poller state changes (pause, resume, park, reset).
+
+use serde_json::{Value, json};
+use tidemark_log::{CommandError, NewEvent, RejectKind, StorageError};
+use tidemark_projections::names::{EventType, Stream, ids};
+use tidemark_projections::sources::{SourceRow, has_item_in, row_in};
+
+use crate::commands::Outcome;
+use crate::store::WriteTransaction;
+
+/// One item of a polled page: its upstream id and the item as the source returned it.
+#[derive(Debug, Clone)]
+pub struct SourceItem {
+    pub id: String,
+    pub item: Value,
+}
+
+/// `[sources.notify]`: one `notification.requested` per page with new items.
+#[derive(Debug, Clone)]
+pub struct NotifyPlan {
+    pub priority: String,
+    pub recipient: Option<String>,
+    pub group_key: Option<String>,
+    /// `{/json/pointer}` placeholders read from the (first) new item.
+    pub title_one: String,
+    /// `{count}` is the number of new items; pointers read the first new item.
+    pub title_many: String,
+    pub body: Option<String>,
+}
+
+/// A command of the source family.
+#[derive(Debug, Clone)]
+pub enum SourceCommand {
+    /// Append a page's new items (and the notification about them) as one atomic batch.
+    Page {
+        name: String,
+        items: Vec<SourceItem>,
+        notify: Option<NotifyPlan>,
+        /// The outbox bound (section 4): with a notification and more pending deliveries than
+        /// this, the page is refused (`outbox_full`) and the poll backs off.
+        max_pending: u64,
+    },
+    /// Move the watermark from `from` (compare-and-swap) to `to`.
+    Advance {
+        name: String,
+        from: Option<String>,
+        to: String,
+    },
+    Pause {
+        name: String,
+        by: Option<String>,
+        reason: Option<String>,
+    },
+    Resume {
+        name: String,
+        by: Option<String>,
+    },
+    Park {
+        name: String,
+        error: String,
+    },
+    /// The operator's way back (or anywhere): needs a reason.
+    Reset {
+        name: String,
+        to: Option<String>,
+        reason: String,
+        by: Option<String>,
+    },
+}
+
+impl SourceCommand {
+    pub fn name(&self) -> &'static str {
+        match self {
+            SourceCommand::Page { .. } => "source.page",
+            SourceCommand::Advance { .. } => "source.advance",
+            SourceCommand::Pause { .. } => "source.pause",
+            SourceCommand::Resume { .. } => "source.resume",
+            SourceCommand::Park { .. } => "source.park",
+            SourceCommand::Reset { .. } => "source.reset",
+        }
+    }
+}
+
+/// What a page command did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageOutcome {
+    pub appended: usize,
+    /// Items already in the log, left out.
+    pub skipped: usize,
+    pub notified: bool,
+}
+
+fn storage(e: impl std::error::Error + Send + Sync + 'static) -> CommandError {
+    CommandError::Storage(StorageError::of(e))
+}
+
+fn source_event(
+    name: &str,
+    ty: EventType,
+    event_id: Option<String>,
+    payload: &Value,
+) -> Result<NewEvent, CommandError> {
+    NewEvent::new(event_id, Stream::Sources, name, ty.as_str(), payload)
+        .map_err(|e| CommandError::rejected(RejectKind::Invalid, "invalid_item", e.to_string()))
+}
+
+fn not_active(row: &SourceRow) -> Option<CommandError> {
+    (row.paused || row.parked).then(|| {
+        CommandError::rejected(
+            RejectKind::Conflict,
+            "source_not_active",
+            format!(
+                "source {:?} is {}",
+                row.name,
+                if row.parked { "parked" } else { "paused" }
+            ),
+        )
+    })
+}
+
+/// `template` with `{count}` and `{/json/pointer}` (read from `item`; strings as they are,
+/// other values as JSON, absent as empty) replaced.
+pub fn render(template: &str, count: usize, item: &Value) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('}') else {
+            out.push_str(&rest[open..]);
+            return out;
+        };
+        let key = &after[..close];
+        if key == "count" {
+            out.push_str(&count.to_string());
+        } else if key.starts_with('/') {
+            match item.pointer(key) {
+                Some(Value::String(s)) => out.push_str(s),
+                Some(Value::Null) | None => {}
+                Some(v) => out.push_str(&v.to_string()),
+            }
+        } else {
+            out.push('{');
+            out.push_str(key);
+            out.push('}');
+        }
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+pub(crate) fn run(
+    txn: &WriteTransaction,
+    _now_us: i64,
+    cmd: SourceCommand,
+) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
+    let st = CommandError::Storage;
+    match cmd {
+        SourceCommand::Page {
+            name,
+            items,
+            notify,
+            max_pending,
+        } => {
+            let row = row_in(txn, &name).map_err(st)?;
+            if let Some(e) = not_active(&row) {
+                return Err(e);
+            }
+            let mut events = Vec::new();
+            let mut new_items: Vec<&SourceItem> = Vec::new();
+            let mut seen = std::collections::HashSet::new();
+            let mut skipped = 0;
+            for it in &items {
+                // An id twice on one page, or already appended: left out, whatever its
+                // content now (an item that changed upstream is not a conflict).
+                if !seen.insert(it.id.as_str()) || has_item_in(txn, &name, &it.id).map_err(st)? {
+                    skipped += 1;
+                    continue;
+                }
+                events.push(source_event(
+                    &name,
+                    EventType::SourceItem,
+                    Some(ids::source_item(&name, &it.id)),
+                    &it.item,
+                )?);
+                new_items.push(it);
+            }
+            let mut notified = false;
+            if let (Some(n), Some(first)) = (&notify, new_items.first()) {
+                let pending = tidemark_projections::deliveries::pending_in(txn).map_err(st)?;
+                if pending > max_pending {
+                    return Err(CommandError::rejected(
+                        RejectKind::Overloaded,
+                        "outbox_full",
+                        format!(
+                            "{pending} deliveries are pending, above outbox.max_pending \
+                             ({max_pending})"
+                        ),
+                    ));
+                }
+                let count = new_items.len();
+                let title = if count == 1 {
+                    render(&n.title_one, count, &first.item)
+                } else {
+                    render(&n.title_many, count, &first.item)
+                };
+                let id = ids::source_notification(&name, &first.id);
+                let mut payload = json!({
+                    "priority": n.priority,
+                    "title": title,
+                    "source_name": name,
+                    "items": new_items.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(),
+                });
+                if let Some(r) = &n.recipient {
+                    payload["recipient"] = json!(r);
+                }
+                if let Some(g) = &n.group_key {
+                    payload["group_key"] = json!(g);
+                }
+                if let Some(b) = &n.body {
+                    payload["body"] = json!(render(b, count, &first.item));
+                }
+                events.push(
+                    NewEvent::new(
+                        Some(id.clone()),
+                        Stream::Notifications,
+                        id,
+                        EventType::NotificationRequested.as_str(),
+                        &payload,
+                    )
+                    .map_err(storage)?,
+                );
+                notified = true;
+            }
+            Ok((
+                Outcome::SourcePage(PageOutcome {
+                    appended: new_items.len(),
+                    skipped,
+                    notified,
+                }),
+                events,
+            ))
+        }
+        SourceCommand::Advance { name, from, to } => {
+            let row = row_in(txn, &name).map_err(st)?;
+            if row.watermark != from {
+                return Err(CommandError::rejected(
+                    RejectKind::Conflict,
+                    "watermark_conflict",
+                    format!(
+                        "the watermark of {name:?} is {:?}, not {from:?}",
+                        row.watermark
+                    ),
+                ));
+            }
+            if from.as_deref() == Some(to.as_str()) {
+                return Ok((Outcome::Source(row), Vec::new()));
+            }
+            if let Some(f) = &from
+                && to.as_str() < f.as_str()
+            {
+                return Err(CommandError::rejected(
+                    RejectKind::Invalid,
+                    "watermark_backwards",
+                    format!("next {to:?} is before the watermark {f:?}"),
+                ));
+            }
+            let ev = source_event(
+                &name,
+                EventType::SourceWatermarkAdvanced,
+                None,
+                &json!({"from": from, "to": to}),
+            )?;
+            let mut after = row;
+            after.watermark = Some(to);
+            Ok((Outcome::Source(after), vec![ev]))
+        }
+        SourceCommand::Pause { name, by, reason } => {
+            let mut row = row_in(txn, &name).map_err(st)?;
+            if row.paused {
+                return Ok((Outcome::Source(row), Vec::new()));
+            }
+            let ev = source_event(
+                &name,
+                EventType::SourcePaused,
+                None,
+                &json!({"by": by, "reason": reason}),
+            )?;
+            row.paused = true;
+            Ok((Outcome::Source(row), vec![ev]))
+        }
+        SourceCommand::Resume { name, by } => {
+            let mut row = row_in(txn, &name).map_err(st)?;
+            if !row.paused && !row.parked {
+                return Ok((Outcome::Source(row), Vec::new()));
+            }
+            let ev = source_event(&name, EventType::SourceResumed, None, &json!({"by": by}))?;
+            row.paused = false;
+            row.parked = false;
+            row.last_error = None;
+            Ok((Outcome::Source(row), vec![ev]))
+        }
+        SourceCommand::Park { name, error } => {
+            let mut row = row_in(txn, &name).map_err(st)?;
+            let ev = source_event(
+                &name,
+                EventType::SourceParked,
+                None,
+                &json!({"error": error}),
+            )?;
+            row.parked = true;
+            row.last_error = Some(error);
+            Ok((Outcome::Source(row), vec![ev]))
+        }
+        SourceCommand::Reset {
+            name,
+            to,
+            reason,
+            by,
+        } => {
+            if reason.trim().is_empty() {
+                return Err(CommandError::rejected(
+                    RejectKind::Invalid,
+                    "reason_required",
+                    "a reset needs a reason",
+                ));
+            }
+            let mut row = row_in(txn, &name).map_err(st)?;
+            let ev = source_event(
+                &name,
+                EventType::SourceReset,
+                None,
+                &json!({"from": row.watermark, "to": to, "reason": reason, "by": by}),
+            )?;
+            row.watermark = to;
+            Ok((Outcome::Source(row), vec![ev]))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::render;
+    use serde_json::json;
+
+    #[test]
+    fn templates() {
+        let item = json!({"planSummary": {"name": "Garden", "n": 3}});
+        assert_eq!(
+            render("{/planSummary/name} has been updated", 1, &item),
+            "Garden has been updated"
+        );
+        assert_eq!(render("You have {count} new", 4, &item), "You have 4 new");
+        assert_eq!(
+            render("{/missing}|{/planSummary/n}|{other}|{", 1, &item),
+            "|3|{other}|{"
+        );
+    }
+}

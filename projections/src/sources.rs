@@ -1,0 +1,131 @@
+//! The sources read model (spec section 12): per source its watermark, whether an operator
+//! paused it or a failure parked it (with the parking error), and how many items it appended;
+//! and every item id it appended, so the command that appends a page leaves out the items
+//! already in the log. The poller's transient state (polling, backing off, last poll times)
+//! is kept in memory by the poller, not here: it is not in the log.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tidemark_log::{Event, StorageError};
+
+use crate::framework::{Projection, Store};
+use crate::names::{EventType, Stream, ids};
+
+pub const NAME: &str = "sources";
+pub(crate) const ROWS: &str = "rows";
+pub(crate) const ITEMS: &str = "items";
+
+/// What the log says about one source.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceRow {
+    pub name: String,
+    /// The upstream's `next` of the last page whose items are durable (and acknowledged).
+    pub watermark: Option<String>,
+    pub paused: bool,
+    pub parked: bool,
+    /// Why it was parked.
+    pub last_error: Option<String>,
+    pub items_total: u64,
+    /// Seq of the last event about this source.
+    pub updated_seq: u64,
+}
+
+/// `name ‖ 0 ‖ item id`.
+pub fn item_key(name: &str, id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(name.len() + 1 + id.len());
+    k.extend_from_slice(name.as_bytes());
+    k.push(0);
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+pub struct Sources;
+
+fn text(p: &Value, field: &str) -> Option<String> {
+    p.get(field).and_then(Value::as_str).map(str::to_owned)
+}
+
+impl Projection for Sources {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        &[ROWS, ITEMS]
+    }
+
+    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
+        if ev.stream != Stream::Sources {
+            return Ok(());
+        }
+        let Some(ty) = EventType::parse(&ev.event_type) else {
+            return Ok(());
+        };
+        let name = ev.subject.as_str();
+        let mut row: SourceRow = st
+            .get_val(ROWS, name.as_bytes())?
+            .unwrap_or_else(|| SourceRow {
+                name: name.to_owned(),
+                ..SourceRow::default()
+            });
+        match ty {
+            EventType::SourceItem => {
+                let Some(id) = ids::source_item_id(name, &ev.event_id) else {
+                    return Ok(());
+                };
+                let key = item_key(name, id);
+                if st.get(ITEMS, &key)?.is_some() {
+                    return Ok(());
+                }
+                st.put(ITEMS, &key, &ev.seq.to_be_bytes())?;
+                row.items_total += 1;
+            }
+            _ => {
+                let p = ev.payload_value();
+                match ty {
+                    EventType::SourceWatermarkAdvanced | EventType::SourceReset => {
+                        row.watermark = text(&p, "to");
+                    }
+                    EventType::SourcePaused => row.paused = true,
+                    EventType::SourceResumed => {
+                        row.paused = false;
+                        row.parked = false;
+                        row.last_error = None;
+                    }
+                    EventType::SourceParked => {
+                        row.parked = true;
+                        row.last_error = text(&p, "error");
+                    }
+                    _ => return Ok(()),
+                }
+            }
+        }
+        row.updated_seq = ev.seq;
+        st.put_val(ROWS, name.as_bytes(), &row)
+    }
+}
+
+/// One source as of the read transaction (`None`: nothing recorded about it yet).
+pub fn source(db: &redb::Database, name: &str) -> Result<Option<SourceRow>, StorageError> {
+    crate::framework::Reader::new(db)?.get_val(NAME, ROWS, name.as_bytes())
+}
+
+/// The source, inside the writer's transaction (commands decide on it at the head).
+pub fn row_in(txn: &redb::WriteTransaction, name: &str) -> Result<SourceRow, StorageError> {
+    let mut t = crate::framework::TxnTables::new(txn, NAME)?;
+    Ok(t.get_val(ROWS, name.as_bytes())?
+        .unwrap_or_else(|| SourceRow {
+            name: name.to_owned(),
+            ..SourceRow::default()
+        }))
+}
+
+/// Whether the source has appended item `id`, inside the writer's transaction.
+pub fn has_item_in(
+    txn: &redb::WriteTransaction,
+    name: &str,
+    id: &str,
+) -> Result<bool, StorageError> {
+    let mut t = crate::framework::TxnTables::new(txn, NAME)?;
+    Ok(t.get(ITEMS, &item_key(name, id))?.is_some())
+}

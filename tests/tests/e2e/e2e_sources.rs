@@ -1,0 +1,780 @@
+//! Sources (spec section 12) against the built binary and a real upstream written for the
+//! tests: an HTTP server on loopback (port 0) that serves items after a watermark in pages
+//! (`hasMore` / `nextAfterId`), answers scripted faults (429 with `Retry-After`, 500, 401, 400,
+//! malformed JSON, a body over the limit, a hang past the timeout), and records every request
+//! and ack.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post as post_route};
+use reqwest::Method;
+use serde_json::{Value, json};
+use tidemark_tests::{Api, Server, ServerOpts};
+
+use crate::common::wait_for;
+
+/// What the upstream answers instead of a page (consumed one per list request).
+#[derive(Debug, Clone)]
+enum Fault {
+    Status(u16, Option<u64>),
+    Malformed,
+    Oversize,
+    Hang,
+    /// An item whose id is not a string.
+    BadItem,
+}
+
+#[derive(Default)]
+struct Upstream {
+    /// Item ids in order (fixed width, so they compare as strings).
+    items: Vec<(String, Value)>,
+    faults: VecDeque<Fault>,
+    /// Every list request: (when, afterId, limit, authorization header).
+    requests: Vec<(Instant, Option<String>, u32, Option<String>)>,
+    /// Every ack: (idempotency key, ids).
+    acks: Vec<(String, Vec<String>)>,
+    /// Delay before answering an ack.
+    ack_delay: Duration,
+}
+
+#[derive(Clone)]
+struct Up(Arc<Mutex<Upstream>>);
+
+impl Up {
+    fn with<T>(&self, f: impl FnOnce(&mut Upstream) -> T) -> T {
+        f(&mut self.0.lock().unwrap())
+    }
+    fn add_items(&self, from: usize, to: usize) {
+        self.with(|u| {
+            for i in from..to {
+                let id = format!("{i:06}");
+                let item = json!({"id": id, "plan": {"name": format!("plan {i}")}});
+                u.items.push((id, item));
+            }
+        })
+    }
+    fn requests(&self) -> usize {
+        self.with(|u| u.requests.len())
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct ListQuery {
+    #[serde(rename = "afterId")]
+    after_id: Option<String>,
+    limit: u32,
+}
+
+async fn list(State(up): State<Up>, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
+    let auth = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let (fault, page) = up.with(|u| {
+        u.requests
+            .push((Instant::now(), q.after_id.clone(), q.limit, auth));
+        let fault = u.faults.pop_front();
+        let page: Vec<(String, Value)> = match &q.after_id {
+            // The bootstrap `latest` asks for one item without a watermark: the newest.
+            None if q.limit == 1 => u.items.last().cloned().into_iter().collect(),
+            None => u.items.iter().take(q.limit as usize).cloned().collect(),
+            Some(a) => u
+                .items
+                .iter()
+                .filter(|(id, _)| id.as_str() > a.as_str())
+                .take(q.limit as usize)
+                .cloned()
+                .collect(),
+        };
+        let more = match page.last() {
+            Some((last, _)) => u.items.iter().any(|(id, _)| id > last),
+            None => false,
+        };
+        (fault, (page, more))
+    });
+    match fault {
+        Some(Fault::Status(code, retry_after)) => {
+            let mut r = (
+                StatusCode::from_u16(code).unwrap(),
+                json!({"error": "scripted"}).to_string(),
+            )
+                .into_response();
+            if let Some(s) = retry_after {
+                r.headers_mut()
+                    .insert("retry-after", s.to_string().parse().unwrap());
+            }
+            return r;
+        }
+        Some(Fault::Malformed) => return (StatusCode::OK, "{\"data\": [").into_response(),
+        Some(Fault::Oversize) => {
+            return (StatusCode::OK, vec![b' '; 11 << 20]).into_response();
+        }
+        Some(Fault::Hang) => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+        Some(Fault::BadItem) => {
+            return axum::Json(
+                json!({"data": [{"id": 7}], "pagination": {"nextAfterId": "x", "hasMore": false}}),
+            )
+            .into_response();
+        }
+        None => {}
+    }
+    let (page, more) = page;
+    let next = page.last().map(|(id, _)| id.clone());
+    axum::Json(json!({
+        "data": page.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
+        "pagination": {"nextAfterId": next, "hasMore": more},
+    }))
+    .into_response()
+}
+
+async fn ack(State(up): State<Up>, headers: HeaderMap, body: axum::Json<Value>) -> StatusCode {
+    let key = headers
+        .get("x-idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let ids: Vec<String> = body["ids"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let delay = up.with(|u| {
+        u.acks.push((key, ids));
+        u.ack_delay
+    });
+    tokio::time::sleep(delay).await;
+    StatusCode::OK
+}
+
+async fn start_upstream() -> (Up, SocketAddr) {
+    let up = Up(Arc::new(Mutex::new(Upstream::default())));
+    let app = axum::Router::new()
+        .route("/items", get(list))
+        .route("/ack", post_route(ack))
+        .with_state(up.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (up, addr)
+}
+
+/// A `[[sources]]` block polling `addr`.
+fn source_toml(name: &str, addr: SocketAddr, extra: &str) -> String {
+    format!(
+        r#"
+[[sources]]
+name = "{name}"
+url = "http://{addr}/items"
+headers = {{ authorization = "env:TEST_SOURCE_TOKEN" }}
+page_size = 100
+timeout = "2s"
+{extra}
+[sources.watermark]
+request_field = "afterId"
+next = "/pagination/nextAfterId"
+has_more = "/pagination/hasMore"
+limit_field = "limit"
+[sources.items]
+path = "/data"
+id = "/id"
+[sources.retry]
+strategy = "exponential"
+base_delay = "200ms"
+max_delay = "1s"
+jitter = 0.0
+retry_after_max = "10s"
+"#
+    )
+}
+
+const SECRET: &str = "Bearer upstream-secret-3f9a";
+
+async fn start(config: String) -> Server {
+    Server::start(
+        ServerOpts::default()
+            .config(config)
+            .env("TEST_SOURCE_TOKEN", SECRET),
+    )
+    .await
+}
+
+async fn source(api: &Api, name: &str) -> Value {
+    let r = api.get(&format!("/v1/sources/{name}")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    r.json
+}
+
+async fn wait_source(api: &Api, name: &str, what: &str, f: impl Fn(&Value) -> bool) -> Value {
+    wait_for(Duration::from_secs(30), what, || async {
+        let s = source(api, name).await;
+        f(&s).then_some(s)
+    })
+    .await
+}
+
+/// Every `source.item` event of the log, as (event_id, seq).
+async fn item_events(api: &Api) -> Vec<(String, u64)> {
+    api.read_all("&type=source.item")
+        .await
+        .iter()
+        .map(|e| {
+            (
+                e["event_id"].as_str().unwrap().to_owned(),
+                e["seq"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+async fn post(api: &Api, path: &str, body: Value) -> tidemark_tests::Reply {
+    api.send(api.request(Method::POST, path).json(&body)).await
+}
+
+/// A backlog of three pages is appended exactly once and in order, with one notification
+/// per page about its new items and one ack per page with its idempotency key; the watermark
+/// ends at the last `nextAfterId`; a second poll with nothing new appends nothing; the header
+/// secret reaches the upstream and appears nowhere in tidemark's answers or log output; a
+/// rebuild reproduces the source's state.
+#[tokio::test]
+async fn a_backlog_is_appended_once_in_order_and_acknowledged() {
+    let (up, addr) = start_upstream().await;
+    up.add_items(0, 250);
+    let notify = r#"every = "1h"
+[sources.notify]
+priority = "info"
+recipient = "ana"
+group_key = "starred"
+title_one = "{/plan/name} has been updated"
+title_many = "You have {count} new updates"
+"#;
+    let ack = format!("[sources.ack]\nurl = \"http://{addr}/ack\"\nfield = \"ids\"\n");
+    let s = start(source_toml("plans", addr, &format!("{notify}{ack}"))).await;
+    let st = wait_source(&s, "plans", "the backlog", |v| {
+        v["watermark"] == "000249" && v["state"] == "idle" && v["next_poll_at"].is_string()
+    })
+    .await;
+    assert_eq!(st["items_total"], 250, "{st}");
+    assert_eq!(st["consecutive_failures"], 0);
+    assert_eq!(st["stale"], false);
+    assert!(
+        st["last_success_at"].is_string() && st["next_poll_at"].is_string(),
+        "{st}"
+    );
+    let items = item_events(&s).await;
+    let ids: Vec<String> = items.iter().map(|(id, _)| id.clone()).collect();
+    let want: Vec<String> = (0..250).map(|i| format!("src:plans:{i:06}")).collect();
+    assert_eq!(ids, want, "every item once, in upstream order");
+    // One notification per page, about its items.
+    let notes = s.read_all("&type=notification.requested").await;
+    let note_ids: Vec<&str> = notes
+        .iter()
+        .map(|n| n["event_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        note_ids,
+        [
+            "src:plans:notify:000000",
+            "src:plans:notify:000100",
+            "src:plans:notify:000200"
+        ]
+    );
+    assert_eq!(notes[2]["payload"]["title"], "You have 50 new updates");
+    assert_eq!(notes[0]["payload"]["recipient"], "ana");
+    // Acks: one per page, keyed by the watermark move.
+    let acks = up.with(|u| u.acks.clone());
+    let keys: Vec<&str> = acks.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "ack:plans::000099",
+            "ack:plans:000099:000199",
+            "ack:plans:000199:000249"
+        ]
+    );
+    assert_eq!(acks[0].1.len(), 100);
+    // The secret reached the upstream.
+    assert!(
+        up.with(|u| u.requests.iter().all(|r| r.3.as_deref() == Some(SECRET))),
+        "the configured header is sent"
+    );
+    // A second poll with nothing new appends nothing.
+    let head = s.head().await;
+    let before = up.requests();
+    let r = post(&s, "/v1/sources/plans/poll", json!({})).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    wait_for(Duration::from_secs(30), "the second poll", || async {
+        (up.requests() > before).then_some(())
+    })
+    .await;
+    wait_source(&s, "plans", "idle again", |v| v["state"] == "idle").await;
+    let (_, after_id, _, _) = up.with(|u| u.requests.last().unwrap().clone());
+    assert_eq!(
+        after_id.as_deref(),
+        Some("000249"),
+        "polls after the watermark"
+    );
+    assert_eq!(s.head().await, head, "nothing new, nothing appended");
+    // One new item: appended alone, with a notification about it only.
+    up.add_items(250, 251);
+    post(&s, "/v1/sources/plans/poll", json!({})).await;
+    wait_source(&s, "plans", "the new item", |v| v["watermark"] == "000250").await;
+    let notes = s.read_all("&type=notification.requested").await;
+    assert_eq!(notes.len(), 4);
+    assert_eq!(notes[3]["payload"]["title"], "plan 250 has been updated");
+    // The list, the secret nowhere, and a rebuild reproduces the state.
+    let list = s.get("/v1/sources").await;
+    assert_eq!(list.json["sources"][0]["name"], "plans", "{}", list.text);
+    assert!(list.json["as_of_seq"].as_u64().unwrap() > 0);
+    let v = crate::common::rebuild_or_verify(&s, "sources", "rebuild").await;
+    assert_eq!(v["identical"], true, "{v}");
+    let again = source(&s, "plans").await;
+    assert_eq!(again["watermark"], "000250");
+    assert_eq!(again["items_total"], 251);
+    for text in [
+        list.text.clone(),
+        s.get("/v1/sources/plans").await.text,
+        s.all_stderr(),
+    ] {
+        assert!(!text.contains("upstream-secret"), "a header secret leaked");
+    }
+}
+
+/// Failures as section 12 says: `Retry-After` is honoured (the next request does not come
+/// earlier), a 5xx backs off and recovers, a 401 twice parks, a schema violation parks with
+/// the JSON pointer in `last_error`, `resume` continues from the same watermark, and `poll`
+/// on a parked source is `409 source_not_active`.
+#[tokio::test]
+async fn failures_back_off_park_and_resume() {
+    let (up, addr) = start_upstream().await;
+    up.add_items(0, 10);
+    up.with(|u| u.faults.push_back(Fault::Status(429, Some(2))));
+    let s = start(source_toml("flaky", addr, "every = \"1h\"")).await;
+    let st = wait_source(&s, "flaky", "recovery after the 429", |v| {
+        v["watermark"] == "000009"
+    })
+    .await;
+    assert_eq!(st["items_total"], 10);
+    let times = up.with(|u| u.requests.iter().map(|r| r.0).collect::<Vec<_>>());
+    assert!(
+        times[1].duration_since(times[0]) >= Duration::from_millis(1900),
+        "Retry-After 2 s: the next request came after {:?}",
+        times[1].duration_since(times[0])
+    );
+    // 500 twice: backs off (200 ms, 400 ms), then recovers.
+    up.add_items(10, 12);
+    up.with(|u| {
+        u.faults.push_back(Fault::Status(500, None));
+        u.faults.push_back(Fault::Status(500, None));
+    });
+    let n0 = up.requests();
+    post(&s, "/v1/sources/flaky/poll", json!({})).await;
+    wait_source(&s, "flaky", "recovery after 5xx", |v| {
+        v["watermark"] == "000011"
+    })
+    .await;
+    let times = up.with(|u| u.requests[n0..].iter().map(|r| r.0).collect::<Vec<_>>());
+    assert!(times.len() >= 3, "two failures and a success");
+    assert!(times[1].duration_since(times[0]) >= Duration::from_millis(190));
+    assert!(times[2].duration_since(times[1]) >= Duration::from_millis(390));
+    // 401 twice: parked.
+    up.with(|u| {
+        u.faults.push_back(Fault::Status(401, None));
+        u.faults.push_back(Fault::Status(401, None));
+    });
+    post(&s, "/v1/sources/flaky/poll", json!({})).await;
+    let st = wait_source(&s, "flaky", "parked after two 401s", |v| {
+        v["state"] == "parked"
+    })
+    .await;
+    assert_eq!(st["last_error"], "status 401", "{st}");
+    let r = post(&s, "/v1/sources/flaky/poll", json!({})).await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert_eq!(r.code(), Some("source_not_active"));
+    // Resume continues from the same watermark.
+    up.add_items(12, 13);
+    let n1 = up.requests();
+    let r = post(&s, "/v1/sources/flaky/resume", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    wait_source(&s, "flaky", "resumed", |v| v["watermark"] == "000012").await;
+    assert_eq!(
+        up.with(|u| u.requests[n1].1.clone()).as_deref(),
+        Some("000011"),
+        "the resumed poll starts at the watermark"
+    );
+    // A schema violation parks with the pointer; so do malformed JSON and an oversize body.
+    for (fault, want) in [
+        (Fault::BadItem, "/data/0/id"),
+        (Fault::Malformed, "not JSON"),
+        (Fault::Oversize, "over 10485760 bytes"),
+        (Fault::Status(400, None), "status 400"),
+    ] {
+        up.with(|u| u.faults.push_back(fault.clone()));
+        post(&s, "/v1/sources/flaky/poll", json!({})).await;
+        let st = wait_source(&s, "flaky", "parked", |v| v["state"] == "parked").await;
+        let e = st["last_error"].as_str().unwrap_or("");
+        assert!(
+            e.contains(want),
+            "{fault:?}: last_error {e:?} should name {want}"
+        );
+        post(&s, "/v1/sources/flaky/resume", json!({})).await;
+        wait_source(&s, "flaky", "active again", |v| v["state"] != "parked").await;
+    }
+    // Parked and resumed are in the log (parked with its error), and a rebuild agrees.
+    let parked = s.read_all("&type=source.parked").await;
+    assert_eq!(parked.len(), 5);
+    let v = crate::common::rebuild_or_verify(&s, "sources", "verify").await;
+    assert_eq!(v["identical"], true, "{v}");
+    let items = item_events(&s).await;
+    assert_eq!(items.len(), 13, "nothing twice");
+}
+
+/// Two sources, one of whose upstream hangs past its timeout: the other keeps its schedule.
+#[tokio::test]
+async fn a_hanging_source_does_not_delay_another() {
+    let (slow, slow_addr) = start_upstream().await;
+    let (fast, fast_addr) = start_upstream().await;
+    slow.with(|u| {
+        for _ in 0..100 {
+            u.faults.push_back(Fault::Hang);
+        }
+    });
+    fast.add_items(0, 1);
+    let cfg = format!(
+        "{}{}",
+        source_toml("slow", slow_addr, "every = \"1s\"")
+            .replace("timeout = \"2s\"", "timeout = \"30s\""),
+        source_toml("fast", fast_addr, "every = \"1s\"")
+    );
+    let s = start(cfg).await;
+    wait_for(
+        Duration::from_secs(30),
+        "five polls of the fast source",
+        || async { (fast.requests() >= 5).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        slow.requests(),
+        1,
+        "the slow source's one poll is still hanging"
+    );
+    assert_eq!(source(&s, "slow").await["state"], "polling");
+    assert_eq!(source(&s, "fast").await["items_total"], 1);
+}
+
+/// Bootstrap `latest` skips the history (the newest item's id becomes the watermark, nothing
+/// is appended); `all` takes it. `reset` moves the watermark back only with a reason and the
+/// admin scope, recorded as an event with the token's name; the next poll re-reads from there
+/// and appends only the items not yet in the log.
+#[tokio::test]
+async fn bootstrap_and_reset() {
+    let (up, addr) = start_upstream().await;
+    up.add_items(0, 30);
+    let latest = source_toml("news", addr, "every = \"1h\"").replace(
+        "limit_field = \"limit\"",
+        "limit_field = \"limit\"\nbootstrap = \"latest\"",
+    );
+    let all = source_toml("history", addr, "every = \"1h\"");
+    let tokens = r#"
+[[auth.tokens]]
+name = "ops-admin"
+sha256 = "SHA_ADMIN"
+scopes = ["admin"]
+[[auth.tokens]]
+name = "ops-operator"
+sha256 = "SHA_OP"
+scopes = ["operator", "read"]
+"#
+    .replace("SHA_ADMIN", &sha("admin-token"))
+    .replace("SHA_OP", &sha("operator-token"));
+    let mut s = start(format!("{tokens}{latest}{all}")).await;
+    s.set_token(Some("admin-token"));
+    let news = wait_source(&s, "news", "bootstrap latest", |v| {
+        v["watermark"] == "000029"
+    })
+    .await;
+    assert_eq!(news["items_total"], 0, "latest appends no history");
+    wait_source(&s, "history", "bootstrap all", |v| v["items_total"] == 30).await;
+    assert_eq!(
+        up.with(|u| u
+            .requests
+            .iter()
+            .filter(|r| r.1.is_none() && r.2 == 1)
+            .count()),
+        1,
+        "latest asked for one item without a watermark"
+    );
+    // Reset needs admin and a reason.
+    s.set_token(Some("operator-token"));
+    let r = post(
+        &s,
+        "/v1/sources/news/reset",
+        json!({"watermark": "000019", "reason": "replay"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text);
+    s.set_token(Some("admin-token"));
+    let r = post(
+        &s,
+        "/v1/sources/news/reset",
+        json!({"watermark": "000019", "reason": " "}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    let r = post(
+        &s,
+        "/v1/sources/news/reset",
+        json!({"watermark": "000019", "reason": "replay the last ten"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let news = wait_source(&s, "news", "the replay", |v| v["items_total"] == 10).await;
+    assert_eq!(news["watermark"], "000029");
+    let resets = s.read_all("&type=source.reset").await;
+    assert_eq!(resets.len(), 1);
+    assert_eq!(resets[0]["payload"]["from"], "000029");
+    assert_eq!(resets[0]["payload"]["to"], "000019");
+    assert_eq!(resets[0]["payload"]["by"], "ops-admin");
+    // Back over items already in the log, one of which changed upstream since: the history
+    // source is reset to the start and appends nothing twice, and the changed item is left
+    // out (not a conflict that stops the source).
+    up.with(|u| u.items[5].1["plan"]["name"] = json!("renamed"));
+    let r = post(
+        &s,
+        "/v1/sources/history/reset",
+        json!({"watermark": null, "reason": "audit"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let n = up.requests();
+    wait_for(Duration::from_secs(30), "the re-read", || async {
+        (up.requests() > n).then_some(())
+    })
+    .await;
+    let h = wait_source(&s, "history", "re-read done", |v| {
+        v["watermark"] == "000029" && v["state"] == "idle"
+    })
+    .await;
+    assert_eq!(h["items_total"], 30);
+    assert_eq!(h["consecutive_failures"], 0, "{h}");
+    assert_eq!(h["last_error"], Value::Null, "{h}");
+    let items = item_events(&s).await;
+    assert_eq!(
+        items.len(),
+        40,
+        "30 history items and 10 news items, none twice"
+    );
+    // Pause is recorded with the token's name and stops polls.
+    let r = post(
+        &s,
+        "/v1/sources/news/pause",
+        json!({"reason": "maintenance"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json["state"], "paused");
+    let paused = s.read_all("&type=source.paused").await;
+    assert_eq!(paused[0]["payload"]["by"], "ops-admin");
+    // Unknown sources and bad bodies.
+    assert_eq!(
+        s.get("/v1/sources/nope").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let r = post(
+        &s,
+        "/v1/sources/news/reset",
+        json!({"reason": "x", "extra": 1}),
+    )
+    .await;
+    assert_eq!(r.status.as_u16() / 100, 4, "{}", r.text);
+}
+
+fn sha(text: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
+
+/// `kill -9` of tidemark at random points of polls (while the upstream answers a page,
+/// while it answers an ack, right after) loses nothing and duplicates no event: after each
+/// restart the source resumes from its watermark, items already in the log are left out,
+/// and every ack the upstream sees again carries the same idempotency key for the same ids.
+#[tokio::test]
+async fn kill9_during_polls_loses_and_duplicates_nothing() {
+    let (up, addr) = start_upstream().await;
+    up.with(|u| u.ack_delay = Duration::from_millis(300));
+    let ack = format!(
+        "every = \"1s\"\n[sources.notify]\npriority = \"info\"\ntitle_one = \"one\"\ntitle_many = \"{{count}} new\"\n[sources.ack]\nurl = \"http://{addr}/ack\"\nfield = \"ids\"\n"
+    );
+    let mut s =
+        start(source_toml("crashy", addr, &ack).replace("page_size = 100", "page_size = 7")).await;
+    let mut total = 0;
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for cycle in 0..6 {
+        total += 20;
+        up.add_items(total - 20, total);
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        // Kill somewhere in the next poll: during a page, an ack, or between them.
+        let acks_before = up.with(|u| u.acks.len());
+        wait_for(Duration::from_secs(30), "a poll under way", || async {
+            (up.with(|u| u.acks.len()) > acks_before).then_some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(seed % 400)).await;
+        s.kill9();
+        s.restart().await;
+        let _ = cycle;
+    }
+    // Let the last restart finish the backlog.
+    let want = format!("{:06}", total - 1);
+    wait_source(&s, "crashy", "the whole backlog", |v| {
+        v["watermark"] == want.as_str()
+    })
+    .await;
+    let items = item_events(&s).await;
+    let ids: Vec<String> = items.iter().map(|(id, _)| id.clone()).collect();
+    let expected: Vec<String> = (0..total).map(|i| format!("src:crashy:{i:06}")).collect();
+    assert_eq!(ids, expected, "every item exactly once, in order");
+    let mut seqs: Vec<u64> = items.iter().map(|(_, s)| *s).collect();
+    seqs.dedup();
+    assert_eq!(seqs.len(), total);
+    // Notifications: at most one per first new item, never twice.
+    let notes = s.read_all("&type=notification.requested").await;
+    let mut nids: Vec<&str> = notes
+        .iter()
+        .map(|n| n["event_id"].as_str().unwrap())
+        .collect();
+    let n = nids.len();
+    nids.sort();
+    nids.dedup();
+    assert_eq!(nids.len(), n, "a replayed page notifies once");
+    // Acks repeated only with the same key for the same ids.
+    let acks = up.with(|u| u.acks.clone());
+    let mut by_key = std::collections::HashMap::new();
+    for (k, ids) in &acks {
+        if let Some(prev) = by_key.insert(k.clone(), ids.clone()) {
+            assert_eq!(&prev, ids, "ack {k} repeated with other ids");
+        }
+    }
+    let v = crate::common::rebuild_or_verify(&s, "sources", "verify").await;
+    assert_eq!(v["identical"], true, "{v}");
+}
+
+/// A source configured wrong stops the server at start with an error naming the key (and
+/// never the header value).
+#[tokio::test]
+async fn a_bad_source_config_is_refused_at_start_naming_the_key() {
+    let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    for (cfg, key) in [
+        (
+            source_toml("bad", addr, "every = \"often\""),
+            "sources.bad.every",
+        ),
+        (
+            source_toml("bad", addr, "cron = \"0 9 * * *\"\ntz = \"Europe/Nowhere\""),
+            "sources.bad.tz",
+        ),
+        (
+            source_toml("bad", addr, "every = \"1m\"").replace(
+                "next = \"/pagination/nextAfterId\"",
+                "next = \"nextAfterId\"",
+            ),
+            "sources.bad.watermark.next",
+        ),
+        (
+            source_toml("Bad!", addr, "every = \"1m\""),
+            "[a-z0-9_-]{1,64}",
+        ),
+    ] {
+        let started = tokio::time::timeout(
+            Duration::from_secs(40),
+            Server::try_start(
+                ServerOpts::default()
+                    .config(cfg)
+                    .env("TEST_SOURCE_TOKEN", SECRET),
+            ),
+        )
+        .await
+        .expect("the server neither started nor exited");
+        match started {
+            Ok(_) => panic!("a server started with a bad source ({key})"),
+            Err(tidemark_tests::StartError::Exited { status, stderr }) => {
+                assert!(!status.success());
+                assert!(stderr.contains(key), "stderr should name {key}:\n{stderr}");
+                assert!(!stderr.contains("upstream-secret"), "{stderr}");
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// `tidemark sources list|show|poll|pause|resume|reset` against a running server.
+#[tokio::test]
+async fn the_cli_lists_and_acts_on_sources() {
+    let (up, addr) = start_upstream().await;
+    up.add_items(0, 3);
+    let s = start(source_toml("cli", addr, "every = \"1h\"")).await;
+    wait_source(&s, "cli", "the first poll", |v| v["items_total"] == 3).await;
+    let limit = Duration::from_secs(60);
+    let run = |args: Vec<String>| async move {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = tidemark_tests::run_cli(&a, "", limit).await;
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let url = s.base().to_owned();
+    let cmd = |xs: &[&str]| {
+        let mut v: Vec<String> = vec!["sources".into()];
+        v.extend(xs.iter().map(|x| x.to_string()));
+        v.push("--url".into());
+        v.push(url.clone());
+        v
+    };
+    let list = run(cmd(&["list"])).await;
+    let row: Value = serde_json::from_str(list.lines().next().unwrap()).unwrap();
+    assert_eq!(row["name"], "cli");
+    assert_eq!(row["items_total"], 3);
+    let shown: Value = serde_json::from_str(&run(cmd(&["show", "cli"])).await).unwrap();
+    assert_eq!(shown["watermark"], "000002");
+    let paused: Value =
+        serde_json::from_str(&run(cmd(&["pause", "cli", "--reason", "cli test"])).await).unwrap();
+    assert_eq!(paused["state"], "paused");
+    let out =
+        tidemark_tests::run_cli(&["sources", "poll", "cli", "--url", s.base()], "", limit).await;
+    assert!(!out.status.success(), "poll of a paused source fails");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("source_not_active"));
+    run(cmd(&["resume", "cli"])).await;
+    let reset: Value = serde_json::from_str(
+        &run(cmd(&[
+            "reset",
+            "cli",
+            "--watermark",
+            "000000",
+            "--reason",
+            "re-read",
+        ]))
+        .await,
+    )
+    .unwrap();
+    assert_eq!(reset["name"], "cli");
+    up.add_items(3, 4);
+    run(cmd(&["poll", "cli"])).await;
+    wait_source(&s, "cli", "the new item", |v| v["items_total"] == 4).await;
+}
