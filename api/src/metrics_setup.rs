@@ -34,6 +34,26 @@ pub fn handle() -> PrometheusHandle {
 
 pub fn describe() {
     metrics::describe_counter!(
+        "tidemark_source_polls_total",
+        "Source polls by source and outcome (ok, retry_after, error, unauthorized, parked, not_active)"
+    );
+    metrics::describe_counter!(
+        "tidemark_source_items_total",
+        "Items a source appended (items already in the log not counted)"
+    );
+    metrics::describe_histogram!(
+        "tidemark_source_poll_duration_seconds",
+        "Duration of one source poll (all its pages), seconds"
+    );
+    metrics::describe_gauge!(
+        "tidemark_source_seconds_since_success",
+        "Seconds since the source's last successful poll (since the start before the first)"
+    );
+    metrics::describe_gauge!(
+        "tidemark_source_stale",
+        "1 when the source has not succeeded for three intervals"
+    );
+    metrics::describe_counter!(
         "tidemark_events_appended_total",
         "Events appended (duplicates not counted)"
     );

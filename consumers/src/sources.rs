@@ -408,6 +408,9 @@ pub struct Runtime {
     pub last_error: Option<String>,
     /// Not succeeded for three intervals (counted from the process start at the earliest).
     pub stale: bool,
+    /// Seconds since the last success (since the process start before the first).
+    #[serde(skip)]
+    pub seconds_since_success: f64,
 }
 
 struct Slot {
@@ -472,6 +475,7 @@ impl Sources {
         let interval = s.source.schedule.interval(Utc::now()).as_micros() as i64;
         let since = r.last_success_at_us.unwrap_or(0).max(s.started_us);
         r.stale = now_us() - since > interval.saturating_mul(3);
+        r.seconds_since_success = (now_us() - since).max(0) as f64 / 1e6;
         Some(r)
     }
 

@@ -85,6 +85,19 @@ pub async fn readyz(State(st): State<AppState>) -> Result<axum::Json<Health>, Ap
 pub async fn metrics(State(st): State<AppState>) -> Response {
     metrics::gauge!("tidemark_log_head").set(st.engine.head() as f64);
     metrics::gauge!("tidemark_log_queue_depth").set(st.engine.queued() as f64);
+    // Sources: seconds since the last success (since the process start before the first),
+    // and whether it is stale, judged at scrape time.
+    for name in st.sources.names() {
+        if let Some(rt) = st.sources.runtime(&name) {
+            metrics::gauge!("tidemark_source_seconds_since_success", "source" => name.clone())
+                .set(rt.seconds_since_success);
+            metrics::gauge!("tidemark_source_stale", "source" => name).set(if rt.stale {
+                1.0
+            } else {
+                0.0
+            });
+        }
+    }
     // Outbox KPIs are computed at scrape time from the deliveries model.
     if let Ok((all, by_sink, _)) = crate::routes::deliveries::compute_kpis(&st, 60, None).await {
         let set = |sink: &str, k: &tidemark_projections::read::Kpis| {

@@ -1,16 +1,19 @@
 //! What the benchmarks that drive the release server over HTTP share: histograms and their
 //! percentiles, CPU tick counters from `/proc`, the machine description, where the server
 //! binary and the data directories are, and how errors are counted. Included by
-//! `claim.rs` and `bridges.rs` with `mod common;`.
+//! `claim.rs`, `bridges.rs` and `sources.rs` with `mod common;`; the release server as a child
+//! process ([`Server`]).
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 pub(crate) use tidemark_benches::machine::{target_dir, work_dir};
 pub(crate) use tidemark_benches::measure::{Percentiles, clock_ticks, micros, new_histogram};
 
 use std::path::{Path, PathBuf};
 
-use std::time::SystemTime;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -142,4 +145,138 @@ pub(crate) fn problem_key(what: &str, status: reqwest::StatusCode, body: &[u8]) 
         .and_then(|v| v.get("code").and_then(Value::as_str).map(str::to_owned))
         .unwrap_or_else(|| "-".into());
     format!("{what} {} {code}", status.as_u16())
+}
+
+// The server: the release binary as a child process
+
+pub(crate) struct Server {
+    child: Child,
+    pub(crate) addr: String,
+    stderr_path: PathBuf,
+}
+
+impl Server {
+    /// `tidemark serve --data <dir>/data --listen 127.0.0.1:0 --config <dir>/bench.toml` with
+    /// `text` as that config; the bound address comes from its first stdout line.
+    pub(crate) fn start(bin: &Path, dir: &Path, text: &str) -> Result<Server, String> {
+        let config = dir.join("bench.toml");
+        std::fs::write(&config, text)
+            .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
+        let stderr_path = dir.join("server.stderr");
+        let stderr = std::fs::File::create(&stderr_path)
+            .map_err(|e| format!("cannot create {}: {e}", stderr_path.display()))?;
+        let mut child = Command::new(bin)
+            .arg("serve")
+            .arg("--data")
+            .arg(dir.join("data"))
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr))
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        let stdout = child.stdout.take().ok_or("no stdout from the server")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Read the first line, then drain stdout until the server exits.
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let _ = tx.send(lines.next());
+            for _ in lines {}
+        });
+        let mut server = Server {
+            child,
+            addr: String::new(),
+            stderr_path,
+        };
+        let first = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(Some(Ok(line))) => line,
+            _ => {
+                return Err(format!(
+                    "the server did not say where it listens; its stderr:\n{}",
+                    server.stderr_tail(20)
+                ));
+            }
+        };
+        server.addr = first
+            .strip_prefix("listening on http://")
+            .ok_or_else(|| format!("unexpected first line from the server: {first:?}"))?
+            .trim()
+            .to_owned();
+        Ok(server)
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub(crate) fn stderr_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// WARN and ERROR lines the server logged, but the expected one of an open server.
+    pub(crate) fn warnings(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.stderr_path)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .filter(|l| !l.contains("no auth tokens configured"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    pub(crate) async fn wait_ready(&self, client: &reqwest::Client) -> Result<(), String> {
+        let url = self.url("/readyz");
+        for _ in 0..600 {
+            if let Ok(r) = client.get(&url).send().await
+                && r.status().is_success()
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(format!("{url} did not answer 200 within 60 s"))
+    }
+
+    /// SIGTERM, then SIGKILL if it has not stopped within 30 s.
+    pub(crate) fn stop(mut self) -> Result<(), String> {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap_or(0));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) if status.success() => return Ok(()),
+                Ok(Some(status)) => {
+                    return Err(format!(
+                        "the server exited with {status}; its stderr:\n{}",
+                        self.stderr_tail(20)
+                    ));
+                }
+                Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(50)),
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    return Err("the server did not stop within 30 s of SIGTERM".into());
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Only when `stop` did not reap it (an error path): do not leave a server behind.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }

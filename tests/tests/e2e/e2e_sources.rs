@@ -334,6 +334,17 @@ title_many = "You have {count} new updates"
     let notes = s.read_all("&type=notification.requested").await;
     assert_eq!(notes.len(), 4);
     assert_eq!(notes[3]["payload"]["title"], "plan 250 has been updated");
+    // Metrics: polls by outcome, items, poll duration, seconds since the last success.
+    let m = s.get("/metrics").await.text;
+    for want in [
+        "tidemark_source_polls_total{source=\"plans\",outcome=\"ok\"}",
+        "tidemark_source_items_total{source=\"plans\"} 251",
+        "tidemark_source_poll_duration_seconds_count{source=\"plans\"}",
+        "tidemark_source_seconds_since_success{source=\"plans\"}",
+        "tidemark_source_stale{source=\"plans\"} 0",
+    ] {
+        assert!(m.contains(want), "metrics lack {want}");
+    }
     // The list, the secret nowhere, and a rebuild reproduces the state.
     let list = s.get("/v1/sources").await;
     assert_eq!(list.json["sources"][0]["name"], "plans", "{}", list.text);
