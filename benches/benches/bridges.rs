@@ -42,9 +42,8 @@ mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -179,145 +178,6 @@ impl CpuMark {
 
 // ---------------------------------------------------------------------------------------------
 // The machine and where things are
-
-// ---------------------------------------------------------------------------------------------
-// The server: the release binary as a child process
-
-struct Server {
-    child: Child,
-    addr: String,
-    stderr_path: PathBuf,
-}
-
-impl Server {
-    /// `tidemark serve --data <dir>/data --listen 127.0.0.1:0`; the bound address comes from
-    /// its first stdout line.
-    fn start(bin: &Path, dir: &Path) -> Result<Server, String> {
-        let stderr_path = dir.join("server.stderr");
-        let stderr = std::fs::File::create(&stderr_path)
-            .map_err(|e| format!("cannot create {}: {e}", stderr_path.display()))?;
-        let mut cmd = Command::new(bin);
-        cmd.arg("serve")
-            .arg("--data")
-            .arg(dir.join("data"))
-            .arg("--listen")
-            .arg("127.0.0.1:0");
-        // The built-in settings, whatever the shell running the bench has exported.
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("TIDEMARK_") {
-                cmd.env_remove(&k);
-            }
-        }
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(stderr))
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
-        let stdout = child.stdout.take().ok_or("no stdout from the server")?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        // Read the first line, then drain stdout until the server exits.
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let _ = tx.send(lines.next());
-            for _ in lines {}
-        });
-        let mut server = Server {
-            child,
-            addr: String::new(),
-            stderr_path,
-        };
-        let first = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(Some(Ok(line))) => line,
-            _ => {
-                return Err(format!(
-                    "the server did not say where it listens; its stderr:\n{}",
-                    server.stderr_tail(20)
-                ));
-            }
-        };
-        server.addr = first
-            .strip_prefix("listening on http://")
-            .ok_or_else(|| format!("unexpected first line from the server: {first:?}"))?
-            .trim()
-            .trim_end_matches('/')
-            .to_owned();
-        Ok(server)
-    }
-
-    fn base(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn stderr_tail(&self, n: usize) -> String {
-        let text = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
-    }
-
-    /// WARN and ERROR lines the server logged.
-    fn warnings(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.stderr_path)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
-            // Expected of a bench server without tokens.
-            .filter(|l| !l.contains("no auth tokens configured"))
-            .map(str::to_owned)
-            .collect()
-    }
-
-    async fn wait_ready(&self, client: &reqwest::Client) -> Result<(), String> {
-        let url = format!("{}/readyz", self.base());
-        for _ in 0..600 {
-            if let Ok(r) = client.get(&url).send().await
-                && r.status().is_success()
-            {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Err(format!("{url} did not answer 200 within 60 s"))
-    }
-
-    /// SIGTERM, then SIGKILL if it has not stopped within 30 s.
-    fn stop(mut self) -> Result<(), String> {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap_or(0));
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let until = Instant::now() + Duration::from_secs(30);
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) if status.success() => return Ok(()),
-                Ok(Some(status)) => {
-                    return Err(format!(
-                        "the server exited with {status}; its stderr:\n{}",
-                        self.stderr_tail(20)
-                    ));
-                }
-                Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(50)),
-                _ => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    return Err("the server did not stop within 30 s of SIGTERM".into());
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // Only when `stop` did not reap it (an error path): do not leave a server behind.
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Names and HTTP helpers
@@ -1226,7 +1086,7 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
         .build()
         .map_err(|e| format!("runtime: {e}"))?;
     let hz = clock_ticks();
-    let server = Server::start(&bin, dir.path())?;
+    let server = Server::start(&bin, dir.path(), "")?;
     let results = rt.block_on(async {
         let client = reqwest::Client::builder()
             .no_proxy()

@@ -55,7 +55,7 @@ pub struct SourceConfig {
     pub page_size: u32,
     pub watermark: WatermarkConfig,
     pub items: ItemsConfig,
-    pub notify: Option<NotifyConfig>,
+    pub notify: Option<NotifyPlan>,
     pub ack: Option<AckConfig>,
     #[serde(default)]
     pub retry: SourceRetryConfig,
@@ -112,17 +112,6 @@ fn default_bootstrap() -> String {
 pub struct ItemsConfig {
     pub path: String,
     pub id: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NotifyConfig {
-    pub priority: String,
-    pub recipient: Option<String>,
-    pub group_key: Option<String>,
-    pub title_one: String,
-    pub title_many: String,
-    pub body: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -718,14 +707,7 @@ async fn poll(
             let cmd = SourceCommand::Page {
                 name: name.clone(),
                 items: page.items,
-                notify: cfg.notify.as_ref().map(|n| NotifyPlan {
-                    priority: n.priority.clone(),
-                    recipient: n.recipient.clone(),
-                    group_key: n.group_key.clone(),
-                    title_one: n.title_one.clone(),
-                    title_many: n.title_many.clone(),
-                    body: n.body.clone(),
-                }),
+                notify: cfg.notify.clone(),
                 max_pending,
             };
             let out = engine

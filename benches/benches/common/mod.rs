@@ -157,7 +157,8 @@ pub(crate) struct Server {
 
 impl Server {
     /// `tidemark serve --data <dir>/data --listen 127.0.0.1:0 --config <dir>/bench.toml` with
-    /// `text` as that config; the bound address comes from its first stdout line.
+    /// `text` as that config (the built-in settings when empty, whatever `TIDEMARK_*` the shell
+    /// running the bench has exported); the bound address comes from its first stdout line.
     pub(crate) fn start(bin: &Path, dir: &Path, text: &str) -> Result<Server, String> {
         let config = dir.join("bench.toml");
         std::fs::write(&config, text)
@@ -165,14 +166,20 @@ impl Server {
         let stderr_path = dir.join("server.stderr");
         let stderr = std::fs::File::create(&stderr_path)
             .map_err(|e| format!("cannot create {}: {e}", stderr_path.display()))?;
-        let mut child = Command::new(bin)
-            .arg("serve")
+        let mut cmd = Command::new(bin);
+        cmd.arg("serve")
             .arg("--data")
             .arg(dir.join("data"))
             .arg("--listen")
             .arg("127.0.0.1:0")
             .arg("--config")
-            .arg(&config)
+            .arg(&config);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("TIDEMARK_") {
+                cmd.env_remove(&k);
+            }
+        }
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(stderr))
@@ -206,6 +213,11 @@ impl Server {
             .trim()
             .to_owned();
         Ok(server)
+    }
+
+    /// `http://<addr>`.
+    pub(crate) fn base(&self) -> String {
+        format!("http://{}", self.addr)
     }
 
     pub(crate) fn url(&self, path: &str) -> String {

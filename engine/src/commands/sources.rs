@@ -18,8 +18,10 @@ pub struct SourceItem {
     pub item: Value,
 }
 
-/// `[sources.notify]`: one `notification.requested` per page with new items.
-#[derive(Debug, Clone)]
+/// `[sources.notify]`: one `notification.requested` per page with new items (the config
+/// section itself: the poller passes it on as it is).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NotifyPlan {
     pub priority: String,
     pub recipient: Option<String>,

@@ -483,6 +483,17 @@ async fn a_hanging_source_does_not_delay_another() {
     );
     assert_eq!(source(&s, "slow").await["state"], "polling");
     assert_eq!(source(&s, "fast").await["items_total"], 1);
+    // No success for three intervals (3 s, counted from the start): stale, and said so in the
+    // metrics; the fast one is not.
+    let slow_state = wait_source(&s, "slow", "stale", |v| v["stale"] == true).await;
+    assert!(slow_state["last_success_at"].is_null());
+    assert_eq!(source(&s, "fast").await["stale"], false);
+    let m = s.get("/metrics").await.text;
+    assert!(
+        m.contains("tidemark_source_stale{source=\"slow\"} 1"),
+        "metrics say stale"
+    );
+    assert!(m.contains("tidemark_source_stale{source=\"fast\"} 0"));
 }
 
 /// Bootstrap `latest` skips the history (the newest item's id becomes the watermark, nothing
