@@ -1067,6 +1067,20 @@ mod tests {
                 "/pagination/hasMore",
             ),
         ];
+        let many: Vec<_> = (0..=MAX_ITEMS)
+            .map(|i| serde_json::json!({"id": i.to_string()}))
+            .collect();
+        let too_many =
+            serde_json::json!({"data": many, "pagination": {"nextAfterId": "x", "hasMore": true}})
+                .to_string();
+        let big = serde_json::json!({"data": [{"id": "a", "blob": "x".repeat(MAX_ITEM_BYTES)}], "pagination": {"nextAfterId": "a", "hasMore": false}}).to_string();
+        let cases: Vec<(&[u8], &str)> = cases
+            .into_iter()
+            .chain([
+                (too_many.as_bytes(), "more than 1000 items"),
+                (big.as_bytes(), "/data/0: item over 64 KiB"),
+            ])
+            .collect();
         for (body, want) in cases {
             match parse_page(&c, body) {
                 Err(PollError::Park(e)) => assert!(e.contains(want), "{e} should name {want}"),

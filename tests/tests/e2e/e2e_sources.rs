@@ -800,3 +800,84 @@ async fn the_cli_lists_and_acts_on_sources() {
     run(cmd(&["poll", "cli"])).await;
     wait_source(&s, "cli", "the new item", |v| v["items_total"] == 4).await;
 }
+
+/// A full outbox never wedges a source: a page whose notification would go past
+/// `max_pending` is refused whole (nothing appended), the source backs off, and once the
+/// outbox drains the same page is appended with its notification.
+#[tokio::test]
+async fn a_full_outbox_backs_the_source_off_until_it_drains() {
+    let (up, addr) = start_upstream().await;
+    let notify = "every = \"1h\"\n[sources.notify]\npriority = \"urgent\"\ntitle_one = \"one\"\ntitle_many = \"{count} new\"\n";
+    let s = start(format!(
+        "[notifications.outbox]\nmax_pending = 1\n{}",
+        source_toml("busy", addr, notify)
+    ))
+    .await;
+    wait_source(&s, "busy", "the first (empty) poll", |v| {
+        v["last_success_at"].is_string()
+    })
+    .await;
+    // Two pending deliveries (one over the bound).
+    let batch: Vec<Value> = (0..2)
+        .map(|i| json!({"event_id": format!("busy-n{i}"), "stream": "notifications", "subject": format!("busy-n{i}"),
+                        "type": "notification.requested", "payload": {"priority": "urgent", "title": "t"}}))
+        .collect();
+    let (st, body) = s.append(&json!({ "events": batch })).await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    wait_for(
+        Duration::from_secs(30),
+        "two pending deliveries",
+        || async {
+            let k = s.get("/v1/outbox/kpis").await.json;
+            (k["queue_depth"] == 2).then_some(())
+        },
+    )
+    .await;
+    up.add_items(0, 3);
+    post(&s, "/v1/sources/busy/poll", json!({})).await;
+    let st = wait_source(&s, "busy", "backing off", |v| v["state"] == "backing_off").await;
+    assert!(
+        st["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("outbox full"),
+        "{st}"
+    );
+    assert!(
+        item_events(&s).await.is_empty(),
+        "a refused page appends nothing"
+    );
+    // Drain the outbox: claim and complete both.
+    let r = post(
+        &s,
+        "/v1/deliveries/claim",
+        json!({"sink": "app", "owner": "drain", "limit": 10}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    for d in r.json["deliveries"].as_array().unwrap() {
+        let id = d["id"].as_str().unwrap();
+        let c = post(
+            &s,
+            &format!(
+                "/v1/deliveries/{}/complete",
+                tidemark_tests::encode_path(id)
+            ),
+            json!({"owner": "drain"}),
+        )
+        .await;
+        assert_eq!(c.status, StatusCode::OK, "{}", c.text);
+    }
+    let st = wait_source(&s, "busy", "the page after the drain", |v| {
+        v["items_total"] == 3
+    })
+    .await;
+    assert_eq!(st["watermark"], "000002");
+    let notes = s.read_all("&type=notification.requested").await;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n["event_id"] == "src:busy:notify:000000" && n["payload"]["title"] == "3 new"),
+        "the page's notification went in with it"
+    );
+}
