@@ -718,6 +718,12 @@ async fn poll(
                 .into_source_page()
                 .map_err(command_error)?;
             appended += out.appended;
+            if out.notify_blocked {
+                // The recipient is suppressed (crisis block): the items went in without it.
+                metrics::counter!("tidemark_source_notifications_blocked_total", "source" => name.clone())
+                    .increment(1);
+                tracing::info!(source = %name, "a page's notification was left out: its recipient is suppressed");
+            }
             if let Some(ack) = &cfg.ack {
                 send_ack(
                     client,

@@ -93,6 +93,8 @@ pub struct PageOutcome {
     /// Items already in the log, left out.
     pub skipped: usize,
     pub notified: bool,
+    /// The notification was left out: its recipient is suppressed (the items went in).
+    pub notify_blocked: bool,
 }
 
 fn storage(e: impl std::error::Error + Send + Sync + 'static) -> CommandError {
@@ -155,9 +157,22 @@ pub fn render(template: &str, count: usize, item: &Value) -> String {
     out
 }
 
+/// Whether `recipient` is suppressed at `now_us`, at the head (the crisis block, section 14):
+/// a page's notification to them is left out and the items are appended without it.
+fn blocked(txn: &WriteTransaction, recipient: &str, now_us: i64) -> Result<bool, CommandError> {
+    use tidemark_projections::deliveries::{NAME, RECIPIENTS, Recipient};
+    let mut t = tidemark_projections::framework::TxnTables::new(txn, NAME)
+        .map_err(CommandError::Storage)?;
+    let r: Recipient = t
+        .get_val(RECIPIENTS, recipient.as_bytes())
+        .map_err(CommandError::Storage)?
+        .unwrap_or_default();
+    Ok(r.suppressed_at(now_us))
+}
+
 pub(crate) fn run(
     txn: &WriteTransaction,
-    _now_us: i64,
+    now_us: i64,
     cmd: SourceCommand,
 ) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
     let st = CommandError::Storage;
@@ -192,7 +207,14 @@ pub(crate) fn run(
                 new_items.push(it);
             }
             let mut notified = false;
-            if let (Some(n), Some(first)) = (&notify, new_items.first()) {
+            let mut notify_blocked = false;
+            if let (Some(n), Some(_)) = (&notify, new_items.first())
+                && let Some(r) = &n.recipient
+                && blocked(txn, r, now_us)?
+            {
+                notify_blocked = true;
+            }
+            if let (Some(n), Some(first), false) = (&notify, new_items.first(), notify_blocked) {
                 let pending = tidemark_projections::deliveries::pending_in(txn).map_err(st)?;
                 if pending > max_pending {
                     return Err(CommandError::rejected(
@@ -243,6 +265,7 @@ pub(crate) fn run(
                     appended: new_items.len(),
                     skipped,
                     notified,
+                    notify_blocked,
                 }),
                 events,
             ))

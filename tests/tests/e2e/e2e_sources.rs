@@ -881,3 +881,41 @@ async fn a_full_outbox_backs_the_source_off_until_it_drains() {
         "the page's notification went in with it"
     );
 }
+
+/// A notify recipient who is suppressed (the crisis block) never wedges a source: the page's
+/// items are appended without the notification.
+#[tokio::test]
+async fn a_blocked_notify_recipient_gets_no_notification_and_the_items_go_in() {
+    let (up, addr) = start_upstream().await;
+    let notify = "every = \"1h\"\n[sources.notify]\npriority = \"info\"\nrecipient = \"ana\"\ntitle_one = \"one\"\ntitle_many = \"{count} new\"\n";
+    let s = start(source_toml("quiet", addr, notify)).await;
+    wait_source(&s, "quiet", "the first (empty) poll", |v| {
+        v["last_success_at"].is_string()
+    })
+    .await;
+    let (st, body) = s
+        .append(
+            &json!({"stream": "recipients", "subject": "ana", "type": "recipient.suppressed",
+                        "payload": {"reason": "crisis"}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    up.add_items(0, 4);
+    post(&s, "/v1/sources/quiet/poll", json!({})).await;
+    let st = wait_source(&s, "quiet", "the page", |v| v["items_total"] == 4).await;
+    assert_eq!(st["state"], "idle", "{st}");
+    assert_eq!(st["watermark"], "000003");
+    assert!(
+        s.read_all("&type=notification.requested").await.is_empty(),
+        "no notification to a suppressed recipient"
+    );
+    // Unsuppressed, the next page notifies again.
+    s.append(&json!({"stream": "recipients", "subject": "ana", "type": "recipient.unsuppressed", "payload": {}}))
+        .await;
+    up.add_items(4, 5);
+    post(&s, "/v1/sources/quiet/poll", json!({})).await;
+    wait_source(&s, "quiet", "the next page", |v| v["items_total"] == 5).await;
+    let notes = s.read_all("&type=notification.requested").await;
+    assert_eq!(notes.len(), 1);
+    assert_eq!(notes[0]["event_id"], "src:quiet:notify:000004");
+}
