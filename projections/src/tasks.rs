@@ -165,7 +165,9 @@ pub fn fold_task(task: &mut Task, ev: &Event) {
     let seq = ev.seq;
     task.latest_event_seq = task.latest_event_seq.max(seq);
     task.updated_at_us = ev.time_us;
-    let run_id = owned(&p.run_id).unwrap_or_default();
+    // Borrowed from the payload: a run id is copied only into a run or `current_run_id`
+    // that changes.
+    let run_id: &str = p.run_id.as_deref().unwrap_or("");
     let Some(ty) = EventType::parse(&ev.event_type) else {
         return;
     };
@@ -186,8 +188,10 @@ pub fn fold_task(task: &mut Task, ev: &Event) {
                 .unwrap_or(false);
         }
         T::TaskRunStarted if !run_id.is_empty() => {
-            task.run_mut(&run_id, seq);
-            task.current_run_id = Some(run_id);
+            task.run_mut(run_id, seq);
+            if !task.is_current(run_id) {
+                task.current_run_id = Some(run_id.to_owned());
+            }
             task.set_status(TaskStatus::Running);
         }
         T::TaskRunCompleted | T::TaskRunFailed | T::TaskRunCanceled if !run_id.is_empty() => {
@@ -197,7 +201,7 @@ pub fn fold_task(task: &mut Task, ev: &Event) {
                 _ => TaskStatus::Canceled,
             };
             let requires = task.review_required;
-            let run = task.run_mut(&run_id, seq);
+            let run = task.run_mut(run_id, seq);
             run.outcome = outcome.into();
             run.ended_seq = seq;
             run.review.continuation = false;
@@ -207,7 +211,7 @@ pub fn fold_task(task: &mut Task, ev: &Event) {
             let awaiting = outcome == TaskStatus::Completed
                 && run.review.gated(requires)
                 && run.review.state != "approved";
-            if task.is_current(&run_id) {
+            if task.is_current(run_id) {
                 task.set_status(if awaiting {
                     TaskStatus::AwaitingReview
                 } else {
@@ -216,21 +220,21 @@ pub fn fold_task(task: &mut Task, ev: &Event) {
             }
         }
         T::TaskRunReviewRequested if !run_id.is_empty() => {
-            let run = task.run_mut(&run_id, seq);
+            let run = task.run_mut(run_id, seq);
             run.review.requested = true;
             run.review.state = "pending".into();
             run.review.decided_seq = seq;
-            if task.is_current(&run_id) {
+            if task.is_current(run_id) {
                 task.set_status(TaskStatus::AwaitingReview);
             }
         }
         T::TaskRunReviewApproved if !run_id.is_empty() => {
-            let run = task.run_mut(&run_id, seq);
+            let run = task.run_mut(run_id, seq);
             run.review.state = "approved".into();
             run.review.reviewer = owned(&p.reviewer);
             run.review.continuation = false;
             run.review.decided_seq = seq;
-            if task.is_current(&run_id) {
+            if task.is_current(run_id) {
                 task.set_status(TaskStatus::Completed);
             }
         }
@@ -240,7 +244,7 @@ pub fn fold_task(task: &mut Task, ev: &Event) {
                 .as_ref()
                 .and_then(Value::as_bool)
                 .unwrap_or(false);
-            let run = task.run_mut(&run_id, seq);
+            let run = task.run_mut(run_id, seq);
             run.review.state = "rejected".into();
             run.review.reviewer = owned(&p.reviewer);
             run.review.reason = owned(&p.reason);
@@ -249,7 +253,7 @@ pub fn fold_task(task: &mut Task, ev: &Event) {
             if continuation {
                 run.outcome = "running".into();
             }
-            if task.is_current(&run_id) {
+            if task.is_current(run_id) {
                 task.set_status(if continuation {
                     TaskStatus::Running
                 } else {
@@ -302,20 +306,26 @@ impl Projection for Tasks {
             // Not a task (yet): nothing to record.
             (None, false) => return Ok(()),
         };
-        let before = (task.status.clone(), task.project_id.clone());
+        // Only `task.created` moves a task to another project: the project is copied for the
+        // index update then only; the status is compared as its (copyable) name.
+        let before_status = TaskStatus::parse(&task.status);
+        let before_project =
+            (ev.event_type == EventType::TaskCreated || is_new).then(|| task.project_id.clone());
         if lifecycle {
             fold_task(&mut task, ev);
         } else {
             task.latest_event_seq = task.latest_event_seq.max(ev.seq);
         }
-        if is_new || before.0 != task.status {
-            if !is_new {
-                st.delete(BY_STATUS, &index_key(&before.0, &task.task_id))?;
+        if is_new || before_status != TaskStatus::parse(&task.status) {
+            if !is_new && let Some(old) = before_status {
+                st.delete(BY_STATUS, &index_key(old.as_str(), &task.task_id))?;
             }
             st.put(BY_STATUS, &index_key(&task.status, &task.task_id), &[])?;
         }
-        if before.1 != task.project_id {
-            if let Some(old) = &before.1 {
+        if let Some(before_project) = before_project
+            && before_project != task.project_id
+        {
+            if let Some(old) = &before_project {
                 st.delete(BY_PROJECT, &index_key(old, &task.task_id))?;
             }
             if let Some(new) = &task.project_id {
