@@ -171,6 +171,41 @@ async fn claim_then_complete_is_sent_once() {
 const RETRY_CONFIG: &str = "[notifications.retry]\nmax_attempts = 3\nbase_delay = \"100ms\"\n\
                             max_delay = \"400ms\"\n";
 
+/// `retry.strategy = "fixed"` (the outbox design's fixed interval): every retry waits
+/// `base_delay`, the backoff every delivery and source poll uses (`routing::backoff_ms`).
+#[tokio::test]
+async fn a_fixed_retry_strategy_waits_the_same_after_every_failure() {
+    let s = Server::start(ServerOpts::default().config(
+        "[notifications.retry]\nstrategy = \"fixed\"\nmax_attempts = 4\nbase_delay = \"300ms\"\n\
+         max_delay = \"10s\"\njitter = 0.0\n",
+    ))
+    .await;
+    let api = s.api();
+    append_ok(&s, &urgent("fx-a")).await;
+    let id = dlv("fx-a");
+    wait_status(&s, &id, "queued").await;
+    for k in 1..=3u64 {
+        let got = claim_some(&api, "w1").await;
+        assert_eq!(ids(&got), vec![id.clone()], "attempt {k}");
+        let r = act(
+            &s,
+            &id,
+            "fail",
+            &json!({"owner": "w1", "error_code": "timeout"}),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "fail #{k}: {}", r.text);
+        assert_eq!(r.json["status"], "retry_wait", "{}", r.text);
+        let g = get_dlv(&s, &id).await;
+        let step = timeline(&g).last().cloned().expect("a step");
+        assert_eq!(
+            us(&r.json["next_attempt_at"]) - us(&step["at"]),
+            300_000,
+            "attempt {k}: the fixed interval, not base · 2^(k−1): {g}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn state_machine_backoff_parking_and_operator_actions() {
     let s = Server::start(ServerOpts::default().config(RETRY_CONFIG)).await;
