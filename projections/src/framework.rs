@@ -1,6 +1,9 @@
 //! The projection framework: pure folds over the log, kept in redb tables of the log's file,
-//! updated in the same transaction as the events they fold (so a reader that saw an append's
-//! reply sees its effect), each with a checkpoint and a running digest.
+//! each with a checkpoint written in the same transaction as its state and a running digest.
+//! The engine's follower folds committed events in batches ([`catch_up`]); a command catches
+//! the models up to the head before it decides; readers wait until the models reach the head
+//! of their request's arrival (`tidemark_engine::Queries`). Fold tests use [`Projector::new`],
+//! which folds every commit's events inside that commit.
 //!
 //! Tables of a projection are named `p.<projection>.<table>.g<generation>`. A rebuild folds the
 //! log into generation `g+1` in chunks, and in the transaction that catches it up with the
