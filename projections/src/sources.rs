@@ -110,22 +110,32 @@ pub fn source(db: &redb::Database, name: &str) -> Result<Option<SourceRow>, Stor
     crate::framework::Reader::new(db)?.get_val(NAME, ROWS, name.as_bytes())
 }
 
-/// The source, inside the writer's transaction (commands decide on it at the head).
-pub fn row_in(txn: &redb::WriteTransaction, name: &str) -> Result<SourceRow, StorageError> {
-    let mut t = crate::framework::TxnTables::new(txn, NAME)?;
-    Ok(t.get_val(ROWS, name.as_bytes())?
-        .unwrap_or_else(|| SourceRow {
-            name: name.to_owned(),
-            ..SourceRow::default()
-        }))
+/// The sources model inside the writer's transaction (commands decide on it at the head),
+/// its tables opened once for every lookup of a command.
+pub struct InTxn<'t> {
+    t: crate::framework::TxnTables<'t>,
 }
 
-/// Whether the source has appended item `id`, inside the writer's transaction.
-pub fn has_item_in(
-    txn: &redb::WriteTransaction,
-    name: &str,
-    id: &str,
-) -> Result<bool, StorageError> {
-    let mut t = crate::framework::TxnTables::new(txn, NAME)?;
-    Ok(t.get(ITEMS, &item_key(name, id))?.is_some())
+impl<'t> InTxn<'t> {
+    pub fn new(txn: &'t redb::WriteTransaction) -> Result<Self, StorageError> {
+        Ok(InTxn {
+            t: crate::framework::TxnTables::new(txn, NAME)?,
+        })
+    }
+
+    /// The source's row, or its state before anything was recorded about it.
+    pub fn row(&mut self, name: &str) -> Result<SourceRow, StorageError> {
+        Ok(self
+            .t
+            .get_val(ROWS, name.as_bytes())?
+            .unwrap_or_else(|| SourceRow {
+                name: name.to_owned(),
+                ..SourceRow::default()
+            }))
+    }
+
+    /// Whether the source has appended item `id`.
+    pub fn has_item(&mut self, name: &str, id: &str) -> Result<bool, StorageError> {
+        Ok(self.t.get(ITEMS, &item_key(name, id))?.is_some())
+    }
 }

@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 use tidemark_log::{CommandError, NewEvent, RejectKind, StorageError};
 use tidemark_projections::names::{EventType, Stream, ids};
-use tidemark_projections::sources::{SourceRow, has_item_in, row_in};
+use tidemark_projections::sources::{InTxn, SourceRow};
 
 use crate::commands::Outcome;
 use crate::store::WriteTransaction;
@@ -157,25 +157,13 @@ pub fn render(template: &str, count: usize, item: &Value) -> String {
     out
 }
 
-/// Whether `recipient` is suppressed at `now_us`, at the head (the crisis block, section 14):
-/// a page's notification to them is left out and the items are appended without it.
-fn blocked(txn: &WriteTransaction, recipient: &str, now_us: i64) -> Result<bool, CommandError> {
-    use tidemark_projections::deliveries::{NAME, RECIPIENTS, Recipient};
-    let mut t = tidemark_projections::framework::TxnTables::new(txn, NAME)
-        .map_err(CommandError::Storage)?;
-    let r: Recipient = t
-        .get_val(RECIPIENTS, recipient.as_bytes())
-        .map_err(CommandError::Storage)?
-        .unwrap_or_default();
-    Ok(r.suppressed_at(now_us))
-}
-
 pub(crate) fn run(
     txn: &WriteTransaction,
     now_us: i64,
     cmd: SourceCommand,
 ) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
     let st = CommandError::Storage;
+    let mut model = InTxn::new(txn).map_err(st)?;
     match cmd {
         SourceCommand::Page {
             name,
@@ -183,7 +171,7 @@ pub(crate) fn run(
             notify,
             max_pending,
         } => {
-            let row = row_in(txn, &name).map_err(st)?;
+            let row = model.row(&name).map_err(st)?;
             if let Some(e) = not_active(&row) {
                 return Err(e);
             }
@@ -194,7 +182,7 @@ pub(crate) fn run(
             for it in &items {
                 // An id twice on one page, or already appended: left out, whatever its
                 // content now (an item that changed upstream is not a conflict).
-                if !seen.insert(it.id.as_str()) || has_item_in(txn, &name, &it.id).map_err(st)? {
+                if !seen.insert(it.id.as_str()) || model.has_item(&name, &it.id).map_err(st)? {
                     skipped += 1;
                     continue;
                 }
@@ -210,7 +198,11 @@ pub(crate) fn run(
             let mut notify_blocked = false;
             if let (Some(n), Some(_)) = (&notify, new_items.first())
                 && let Some(r) = &n.recipient
-                && blocked(txn, r, now_us)?
+                // Suppressed at the head (the crisis block, section 14): the page's
+                // notification is left out and the items go in without it.
+                && crate::commands::outbox::State::new(txn)?
+                    .recipient(Some(r))?
+                    .suppressed_at(now_us)
             {
                 notify_blocked = true;
             }
@@ -271,7 +263,7 @@ pub(crate) fn run(
             ))
         }
         SourceCommand::Advance { name, from, to } => {
-            let row = row_in(txn, &name).map_err(st)?;
+            let row = model.row(&name).map_err(st)?;
             if row.watermark != from {
                 return Err(CommandError::rejected(
                     RejectKind::Conflict,
@@ -305,7 +297,7 @@ pub(crate) fn run(
             Ok((Outcome::Source(after), vec![ev]))
         }
         SourceCommand::Pause { name, by, reason } => {
-            let mut row = row_in(txn, &name).map_err(st)?;
+            let mut row = model.row(&name).map_err(st)?;
             if row.paused {
                 return Ok((Outcome::Source(row), Vec::new()));
             }
@@ -319,7 +311,7 @@ pub(crate) fn run(
             Ok((Outcome::Source(row), vec![ev]))
         }
         SourceCommand::Resume { name, by } => {
-            let mut row = row_in(txn, &name).map_err(st)?;
+            let mut row = model.row(&name).map_err(st)?;
             if !row.paused && !row.parked {
                 return Ok((Outcome::Source(row), Vec::new()));
             }
@@ -330,7 +322,7 @@ pub(crate) fn run(
             Ok((Outcome::Source(row), vec![ev]))
         }
         SourceCommand::Park { name, error } => {
-            let mut row = row_in(txn, &name).map_err(st)?;
+            let mut row = model.row(&name).map_err(st)?;
             let ev = source_event(
                 &name,
                 EventType::SourceParked,
@@ -354,7 +346,7 @@ pub(crate) fn run(
                     "a reset needs a reason",
                 ));
             }
-            let mut row = row_in(txn, &name).map_err(st)?;
+            let mut row = model.row(&name).map_err(st)?;
             let ev = source_event(
                 &name,
                 EventType::SourceReset,

@@ -157,7 +157,7 @@ impl<'t> State<'t> {
         self.t.get_val(d::ROWS, id.as_bytes()).map_err(storage)
     }
 
-    fn recipient(&mut self, r: Option<&str>) -> Result<Recipient, CommandError> {
+    pub(crate) fn recipient(&mut self, r: Option<&str>) -> Result<Recipient, CommandError> {
         let Some(r) = r else {
             return Ok(Recipient::default());
         };
