@@ -193,22 +193,6 @@ impl Engine {
         Some(tidemark_projections::rebuild::rebuild(&self.log, p, swap, progress).await)
     }
 
-    /// Rebuild (`swap`) or verify every projection in one pass over the log (each chunk read
-    /// once for all of them).
-    pub async fn rebuild_all(
-        &self,
-        swap: bool,
-        progress: impl Fn(u64, u64),
-    ) -> Result<Vec<RebuildReport>, CommandError> {
-        tidemark_projections::rebuild::rebuild_many(
-            &self.log,
-            tidemark_projections::all(),
-            swap,
-            progress,
-        )
-        .await
-    }
-
     /// Requests waiting for the log writer.
     pub fn queued(&self) -> usize {
         self.log.queued()

@@ -121,6 +121,30 @@ struct Fields<'a> {
     source_seq: LenientU64,
 }
 
+impl<'a> Fields<'a> {
+    /// The same fields read from a value tree (`Value::as_str` / `as_u64`).
+    fn of_tree(p: &'a Value) -> Fields<'a> {
+        let s = |k: &str| {
+            LenientStr(
+                p.get(k)
+                    .and_then(Value::as_str)
+                    .map(std::borrow::Cow::Borrowed),
+            )
+        };
+        Fields {
+            priority: s("priority"),
+            title: s("title"),
+            body: s("body"),
+            recipient: s("recipient"),
+            group_key: s("group_key"),
+            task_id: s("task_id"),
+            project_id: s("project_id"),
+            deliver_after: s("deliver_after"),
+            source_seq: LenientU64(p.get("source_seq").and_then(Value::as_u64)),
+        }
+    }
+}
+
 #[derive(Default)]
 struct LenientStr<'a>(Option<std::borrow::Cow<'a, str>>);
 
@@ -199,10 +223,6 @@ impl<'de> Deserialize<'de> for LenientU64 {
     }
 }
 
-fn s(p: &Value, k: &str) -> Option<String> {
-    p.get(k).and_then(Value::as_str).map(str::to_owned)
-}
-
 /// `value ‖ 0 ‖ seq (BE)`: a row of `by_priority` or `by_recipient`.
 pub(crate) fn index_key(value: &str, seq: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(value.len() + 9);
@@ -242,40 +262,29 @@ impl Projection for Notifications {
             // One notification per id, whatever arrives later under it.
             return Ok(());
         }
-        let n = match serde_json::from_str::<Fields<'_>>(ev.payload.get()) {
-            Ok(f) => Notification {
-                notification_id: id.clone(),
-                seq: ev.seq,
-                priority: f.priority.owned().unwrap_or_else(|| "info".into()),
-                title: f.title.owned().unwrap_or_default(),
-                body: f.body.owned(),
-                recipient: f.recipient.owned(),
-                group_key: f.group_key.owned(),
-                task_id: f.task_id.owned(),
-                project_id: f.project_id.owned(),
-                deliver_after: f.deliver_after.owned(),
-                source_seq: f.source_seq.0,
-                time_us: ev.time_us,
-            },
-            // A payload the borrowed reader refuses (a key given twice): the value tree, as
-            // before, so the row is the same whichever reads it.
+        // A payload the borrowed reader refuses (a key given twice) is read from the value
+        // tree, as before, so the row is the same whichever reads it.
+        let tree;
+        let f = match serde_json::from_str::<Fields<'_>>(ev.payload.get()) {
+            Ok(f) => f,
             Err(_) => {
-                let p = ev.payload_value();
-                Notification {
-                    notification_id: id.clone(),
-                    seq: ev.seq,
-                    priority: s(&p, "priority").unwrap_or_else(|| "info".into()),
-                    title: s(&p, "title").unwrap_or_default(),
-                    body: s(&p, "body"),
-                    recipient: s(&p, "recipient"),
-                    group_key: s(&p, "group_key"),
-                    task_id: s(&p, "task_id"),
-                    project_id: s(&p, "project_id"),
-                    deliver_after: s(&p, "deliver_after"),
-                    source_seq: p.get("source_seq").and_then(Value::as_u64),
-                    time_us: ev.time_us,
-                }
+                tree = ev.payload_value();
+                Fields::of_tree(&tree)
             }
+        };
+        let n = Notification {
+            notification_id: id.clone(),
+            seq: ev.seq,
+            priority: f.priority.owned().unwrap_or_else(|| "info".into()),
+            title: f.title.owned().unwrap_or_default(),
+            body: f.body.owned(),
+            recipient: f.recipient.owned(),
+            group_key: f.group_key.owned(),
+            task_id: f.task_id.owned(),
+            project_id: f.project_id.owned(),
+            deliver_after: f.deliver_after.owned(),
+            source_seq: f.source_seq.0,
+            time_us: ev.time_us,
         };
         st.put(IDS, id.as_bytes(), &ev.seq.to_be_bytes())?;
         st.put_val(BY_SEQ, &ev.seq.to_be_bytes(), &n)?;
@@ -301,6 +310,10 @@ impl Projection for Notifications {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn s(p: &Value, k: &str) -> Option<String> {
+        p.get(k).and_then(Value::as_str).map(str::to_owned)
+    }
 
     /// The borrowed reader reads every field as the value tree does, whatever its JSON type.
     #[test]

@@ -146,18 +146,13 @@ pub async fn get(
 ) -> Result<Json<SourceAnswer>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     known(&st, &name)?;
-    let n = name.clone();
-    let (row, as_of_seq) = read_model(&st.engine, q.seq()?, move |r| r.source(&n)).await?;
-    Ok(Json(SourceAnswer {
-        source: out(&st, &name, row),
-        as_of_seq,
-    }))
+    answer(&st, &name, q.seq()?).await
 }
 
-/// The current row at the head (after any action), for answers.
-async fn answer(st: &AppState, name: &str) -> Result<Json<SourceAnswer>, ApiError> {
+/// The source as of at least the head (after any action) or `min_seq`.
+async fn answer(st: &AppState, name: &str, min_seq: u64) -> Result<Json<SourceAnswer>, ApiError> {
     let n = name.to_owned();
-    let (row, as_of_seq) = read_model(&st.engine, 0, move |r| r.source(&n)).await?;
+    let (row, as_of_seq) = read_model(&st.engine, min_seq, move |r| r.source(&n)).await?;
     Ok(Json(SourceAnswer {
         source: out(st, name, row),
         as_of_seq,
@@ -181,7 +176,7 @@ pub async fn poll(
     Path(name): Path<String>,
 ) -> Result<(StatusCode, Json<SourceAnswer>), ApiError> {
     known(&st, &name)?;
-    let a = answer(&st, &name).await?;
+    let a = answer(&st, &name, 0).await?;
     if a.source.state == "paused" || a.source.state == "parked" {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -244,7 +239,7 @@ pub async fn pause(
         })
         .await?;
     metrics::counter!("tidemark_source_operator_total", "action" => "pause").increment(1);
-    answer(&st, &name).await
+    answer(&st, &name, 0).await
 }
 
 /// Resume a paused or parked source: it polls at once, from the same watermark.
@@ -272,7 +267,7 @@ pub async fn resume(
         .await?;
     st.sources.wake(&name);
     metrics::counter!("tidemark_source_operator_total", "action" => "resume").increment(1);
-    answer(&st, &name).await
+    answer(&st, &name, 0).await
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -328,5 +323,5 @@ pub async fn reset(
     tracing::info!(source = %name, "source watermark reset");
     st.sources.wake(&name);
     metrics::counter!("tidemark_source_operator_total", "action" => "reset").increment(1);
-    answer(&st, &name).await
+    answer(&st, &name, 0).await
 }

@@ -217,6 +217,8 @@ async fn source(api: &Api, name: &str) -> Value {
     r.json
 }
 
+/// Waits on a page name its watermark too: the page's items and the watermark are two
+/// commands (section 12), so a read between them sees the new items and the old watermark.
 async fn wait_source(api: &Api, name: &str, what: &str, f: impl Fn(&Value) -> bool) -> Value {
     wait_for(Duration::from_secs(30), what, || async {
         let s = source(api, name).await;
@@ -562,7 +564,10 @@ scopes = ["operator", "read"]
     )
     .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
-    let news = wait_source(&s, "news", "the replay", |v| v["items_total"] == 10).await;
+    let news = wait_source(&s, "news", "the replay", |v| {
+        v["items_total"] == 10 && v["watermark"] == "000029"
+    })
+    .await;
     assert_eq!(news["watermark"], "000029");
     let resets = s.read_all("&type=source.reset").await;
     assert_eq!(resets.len(), 1);
@@ -750,7 +755,10 @@ async fn the_cli_lists_and_acts_on_sources() {
     let (up, addr) = start_upstream().await;
     up.add_items(0, 3);
     let s = start(source_toml("cli", addr, "every = \"1h\"")).await;
-    wait_source(&s, "cli", "the first poll", |v| v["items_total"] == 3).await;
+    wait_source(&s, "cli", "the first poll", |v| {
+        v["items_total"] == 3 && v["watermark"] == "000002"
+    })
+    .await;
     let limit = Duration::from_secs(60);
     let run = |args: Vec<String>| async move {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -870,7 +878,7 @@ async fn a_full_outbox_backs_the_source_off_until_it_drains() {
         assert_eq!(c.status, StatusCode::OK, "{}", c.text);
     }
     let st = wait_source(&s, "busy", "the page after the drain", |v| {
-        v["items_total"] == 3
+        v["items_total"] == 3 && v["watermark"] == "000002"
     })
     .await;
     assert_eq!(st["watermark"], "000002");
@@ -903,7 +911,10 @@ async fn a_blocked_notify_recipient_gets_no_notification_and_the_items_go_in() {
     assert_eq!(st, StatusCode::CREATED, "{body}");
     up.add_items(0, 4);
     post(&s, "/v1/sources/quiet/poll", json!({})).await;
-    let st = wait_source(&s, "quiet", "the page", |v| v["items_total"] == 4).await;
+    let st = wait_source(&s, "quiet", "the page", |v| {
+        v["items_total"] == 4 && v["watermark"] == "000003" && v["state"] == "idle"
+    })
+    .await;
     assert_eq!(st["state"], "idle", "{st}");
     assert_eq!(st["watermark"], "000003");
     assert!(
