@@ -1,0 +1,439 @@
+//! `[[sources]]` (spec section 12): the configuration as written, checked once at start
+//! (every error names its key, never a header value), and resolved into a [`Source`]: its
+//! schedule, timeout, backoff and header values (`env:NAME` read from the environment).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use chrono::{DateTime, FixedOffset, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tidemark_engine::commands::NotifyPlan;
+use tidemark_projections::routing::{RetrySettings, Strategy, parse_duration_ms};
+
+/// `[[sources]]`, as configured (section 12).
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    pub name: String,
+    pub url: String,
+    #[serde(default = "default_method")]
+    pub method: String,
+    /// Values may be `env:NAME`. Never logged or served (masked by `Debug` and `config show`).
+    #[serde(default, serialize_with = "masked")]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub body: Option<Value>,
+    pub every: Option<String>,
+    pub cron: Option<String>,
+    pub tz: Option<String>,
+    #[serde(default = "default_timeout")]
+    pub timeout: String,
+    #[serde(default = "default_pages")]
+    pub max_pages_per_poll: u32,
+    #[serde(default = "default_page_size")]
+    pub page_size: u32,
+    pub watermark: WatermarkConfig,
+    pub items: ItemsConfig,
+    pub notify: Option<NotifyPlan>,
+    pub ack: Option<AckConfig>,
+    #[serde(default)]
+    pub retry: SourceRetryConfig,
+}
+
+fn masked<S: serde::Serializer>(h: &BTreeMap<String, String>, s: S) -> Result<S::Ok, S::Error> {
+    let m: BTreeMap<&str, &str> = h.keys().map(|k| (k.as_str(), "<masked>")).collect();
+    m.serialize(s)
+}
+
+impl std::fmt::Debug for SourceConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceConfig")
+            .field("name", &self.name)
+            .field("url", &self.url)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+fn default_method() -> String {
+    "GET".into()
+}
+fn default_timeout() -> String {
+    "30s".into()
+}
+fn default_pages() -> u32 {
+    10
+}
+fn default_page_size() -> u32 {
+    100
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatermarkConfig {
+    pub request_field: String,
+    pub next: String,
+    pub has_more: String,
+    #[serde(default = "default_limit_field")]
+    pub limit_field: String,
+    #[serde(default = "default_bootstrap")]
+    pub bootstrap: String,
+}
+fn default_limit_field() -> String {
+    "limit".into()
+}
+fn default_bootstrap() -> String {
+    "all".into()
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ItemsConfig {
+    pub path: String,
+    pub id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AckConfig {
+    pub url: String,
+    pub field: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceRetryConfig {
+    #[serde(default = "default_strategy")]
+    pub strategy: String,
+    #[serde(default = "default_base")]
+    pub base_delay: String,
+    #[serde(default = "default_max")]
+    pub max_delay: String,
+    #[serde(default = "default_jitter")]
+    pub jitter: f64,
+    #[serde(default = "default_retry_after_max")]
+    pub retry_after_max: String,
+}
+fn default_strategy() -> String {
+    "exponential".into()
+}
+fn default_base() -> String {
+    "1s".into()
+}
+fn default_max() -> String {
+    "5m".into()
+}
+fn default_jitter() -> f64 {
+    0.25
+}
+fn default_retry_after_max() -> String {
+    "1h".into()
+}
+impl Default for SourceRetryConfig {
+    fn default() -> Self {
+        SourceRetryConfig {
+            strategy: default_strategy(),
+            base_delay: default_base(),
+            max_delay: default_max(),
+            jitter: default_jitter(),
+            retry_after_max: default_retry_after_max(),
+        }
+    }
+}
+
+/// When a source polls.
+#[derive(Debug, Clone)]
+pub(super) enum Schedule {
+    Every(Duration),
+    Cron {
+        cron: Box<croner::Cron>,
+        tz: FixedOffset,
+    },
+}
+
+impl Schedule {
+    /// The next poll after `now` (wall clock, UTC).
+    pub(super) fn next_after(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        match self {
+            Schedule::Every(d) => now + chrono::Duration::from_std(*d).unwrap_or_default(),
+            Schedule::Cron { cron, tz } => cron
+                .find_next_occurrence(&now.with_timezone(tz), false)
+                .map(|t| t.with_timezone(&Utc))
+                .unwrap_or(now + chrono::Duration::hours(24)),
+        }
+    }
+
+    /// The length of one interval (for `stale`): `every`, or the gap between the next two
+    /// scheduled times.
+    pub(super) fn interval(&self, now: DateTime<Utc>) -> Duration {
+        match self {
+            Schedule::Every(d) => *d,
+            Schedule::Cron { .. } => {
+                let a = self.next_after(now);
+                let b = self.next_after(a);
+                (b - a).to_std().unwrap_or(Duration::from_secs(86_400))
+            }
+        }
+    }
+}
+
+/// A source's configuration checked and resolved (header secrets read from the environment).
+#[derive(Clone)]
+pub struct Source {
+    pub cfg: SourceConfig,
+    pub(super) schedule: Schedule,
+    pub(super) timeout: Duration,
+    pub(super) headers: reqwest::header::HeaderMap,
+    pub(super) retry: RetrySettings,
+    pub(super) retry_after_max: Duration,
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The resolved header values are secrets: only the configuration's (masked) view.
+        self.cfg.fmt(f)
+    }
+}
+
+fn key_err(name: &str, key: &str, why: impl std::fmt::Display) -> String {
+    format!("sources.{name}.{key}: {why}")
+}
+
+fn check_pointer(name: &str, key: &str, p: &str, allow_empty: bool) -> Result<(), String> {
+    if (p.is_empty() && allow_empty) || p.starts_with('/') {
+        Ok(())
+    } else {
+        Err(key_err(name, key, "must be a JSON pointer (\"/a/b\")"))
+    }
+}
+
+fn tz_offset(s: &str) -> Option<FixedOffset> {
+    if s == "UTC" || s == "Z" {
+        return FixedOffset::east_opt(0);
+    }
+    let (sign, rest) = match s.as_bytes().first()? {
+        b'+' => (1, &s[1..]),
+        b'-' => (-1, &s[1..]),
+        _ => return None,
+    };
+    let (h, m) = rest.split_once(':')?;
+    let (h, m): (i32, i32) = (h.parse().ok()?, m.parse().ok()?);
+    if h > 14 || m > 59 || rest.len() != 5 {
+        return None;
+    }
+    FixedOffset::east_opt(sign * (h * 3600 + m * 60))
+}
+
+impl Source {
+    /// Validate `cfg` (errors name the key) and resolve its header values.
+    pub fn new(cfg: SourceConfig) -> Result<Source, String> {
+        let n = cfg.name.clone();
+        if n.is_empty()
+            || n.len() > 64
+            || !n
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+        {
+            return Err(format!("sources: name {n:?} must match [a-z0-9_-]{{1,64}}"));
+        }
+        let url = reqwest::Url::parse(&cfg.url).map_err(|e| key_err(&n, "url", e))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(key_err(&n, "url", "must be http:// or https://"));
+        }
+        if !matches!(cfg.method.as_str(), "GET" | "POST") {
+            return Err(key_err(&n, "method", "must be GET or POST"));
+        }
+        if let Some(b) = &cfg.body
+            && !b.is_object()
+        {
+            return Err(key_err(&n, "body", "must be a table (a JSON object)"));
+        }
+        let schedule = match (&cfg.every, &cfg.cron) {
+            (Some(e), None) => Schedule::Every(Duration::from_millis(
+                parse_duration_ms(e)
+                    .filter(|ms| *ms >= 1)
+                    .ok_or_else(|| key_err(&n, "every", "is not a duration (\"15m\", \"30s\")"))?,
+            )),
+            (None, Some(c)) => {
+                if c.split_whitespace().count() != 5 {
+                    return Err(key_err(&n, "cron", "must have 5 fields"));
+                }
+                use std::str::FromStr as _;
+                let cron = croner::Cron::from_str(c).map_err(|e| key_err(&n, "cron", e))?;
+                let tz = match &cfg.tz {
+                    None => FixedOffset::east_opt(0).expect("zero offset"),
+                    Some(t) => tz_offset(t)
+                        .ok_or_else(|| key_err(&n, "tz", "must be \"UTC\" or \"+HH:MM\""))?,
+                };
+                Schedule::Cron {
+                    cron: Box::new(cron),
+                    tz,
+                }
+            }
+            (Some(_), Some(_)) => return Err(key_err(&n, "every", "give every or cron, not both")),
+            (None, None) => return Err(key_err(&n, "every", "give every or cron")),
+        };
+        if cfg.tz.is_some() && cfg.cron.is_none() {
+            return Err(key_err(&n, "tz", "only goes with cron"));
+        }
+        let timeout = parse_duration_ms(&cfg.timeout)
+            .filter(|ms| *ms >= 1)
+            .ok_or_else(|| key_err(&n, "timeout", "is not a duration"))?;
+        if !(1..=1000).contains(&cfg.max_pages_per_poll) {
+            return Err(key_err(&n, "max_pages_per_poll", "must be 1..=1000"));
+        }
+        if !(1..=1000).contains(&cfg.page_size) {
+            return Err(key_err(&n, "page_size", "must be 1..=1000"));
+        }
+        let w = &cfg.watermark;
+        if w.request_field.is_empty() || w.limit_field.is_empty() {
+            return Err(key_err(&n, "watermark.request_field", "must not be empty"));
+        }
+        check_pointer(&n, "watermark.next", &w.next, false)?;
+        check_pointer(&n, "watermark.has_more", &w.has_more, false)?;
+        if !matches!(w.bootstrap.as_str(), "latest" | "all") {
+            return Err(key_err(&n, "watermark.bootstrap", "must be latest or all"));
+        }
+        check_pointer(&n, "items.path", &cfg.items.path, true)?;
+        check_pointer(&n, "items.id", &cfg.items.id, true)?;
+        if let Some(no) = &cfg.notify
+            && tidemark_projections::names::Priority::parse(&no.priority).is_none()
+        {
+            return Err(key_err(
+                &n,
+                "notify.priority",
+                "must be urgent, action, warning or info",
+            ));
+        }
+        if let Some(a) = &cfg.ack {
+            reqwest::Url::parse(&a.url).map_err(|e| key_err(&n, "ack.url", e))?;
+            if a.field.is_empty() {
+                return Err(key_err(&n, "ack.field", "must not be empty"));
+            }
+        }
+        let r = &cfg.retry;
+        let retry = RetrySettings {
+            strategy: Strategy::parse(&r.strategy).ok_or_else(|| {
+                key_err(&n, "retry.strategy", "must be exponential, linear or fixed")
+            })?,
+            max_attempts: u32::MAX,
+            base_delay_ms: parse_duration_ms(&r.base_delay)
+                .ok_or_else(|| key_err(&n, "retry.base_delay", "is not a duration"))?,
+            max_delay_ms: parse_duration_ms(&r.max_delay)
+                .ok_or_else(|| key_err(&n, "retry.max_delay", "is not a duration"))?,
+            jitter: Some(r.jitter)
+                .filter(|j| (0.0..=1.0).contains(j))
+                .ok_or_else(|| key_err(&n, "retry.jitter", "must be between 0 and 1"))?,
+            lease_ttl_ms: 0,
+            batch_size: 1,
+        };
+        let retry_after_max = Duration::from_millis(
+            parse_duration_ms(&r.retry_after_max)
+                .ok_or_else(|| key_err(&n, "retry.retry_after_max", "is not a duration"))?,
+        );
+        let mut headers = reqwest::header::HeaderMap::new();
+        for (k, v) in &cfg.headers {
+            let value = match v.strip_prefix("env:") {
+                Some(var) => std::env::var(var).map_err(|_| {
+                    key_err(
+                        &n,
+                        &format!("headers.{k}"),
+                        format!("environment variable {var} is not set"),
+                    )
+                })?,
+                None => v.clone(),
+            };
+            let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+                .map_err(|_| key_err(&n, &format!("headers.{k}"), "is not a header name"))?;
+            let mut value = reqwest::header::HeaderValue::from_str(&value).map_err(|_| {
+                // The value itself is a secret: not in the error.
+                key_err(&n, &format!("headers.{k}"), "is not a valid header value")
+            })?;
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+        Ok(Source {
+            cfg,
+            schedule,
+            timeout: Duration::from_millis(timeout),
+            headers,
+            retry,
+            retry_after_max,
+        })
+    }
+}
+
+/// The sources of a configuration, validated; the first error names its key.
+pub fn from_config(list: &[SourceConfig]) -> Result<Vec<Source>, String> {
+    let mut seen = HashMap::new();
+    let mut out = Vec::new();
+    for c in list {
+        if seen.insert(c.name.clone(), ()).is_some() {
+            return Err(format!("sources: name {:?} is used twice", c.name));
+        }
+        out.push(Source::new(c.clone())?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> SourceConfig {
+        serde_json::from_value(serde_json::json!({
+            "name": "s1", "url": "http://127.0.0.1:1/x", "every": "1s",
+            "watermark": {"request_field": "afterId", "next": "/pagination/nextAfterId", "has_more": "/pagination/hasMore"},
+            "items": {"path": "/data", "id": "/id"},
+            "headers": {"authorization": "Bearer very-secret"},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn validation_names_the_key_and_hides_header_values() {
+        Source::new(cfg()).unwrap();
+        let mut c = cfg();
+        c.every = None;
+        c.cron = Some("0 9,17 * * *".into());
+        c.tz = Some("+02:00".into());
+        Source::new(c.clone()).unwrap();
+        c.tz = Some("Mars/Olympus".into());
+        assert!(Source::new(c).unwrap_err().contains("sources.s1.tz"));
+        let mut c = cfg();
+        c.name = "Bad Name".into();
+        assert!(Source::new(c).unwrap_err().contains("[a-z0-9_-]"));
+        let mut c = cfg();
+        c.watermark.next = "pagination".into();
+        assert!(Source::new(c).unwrap_err().contains("watermark.next"));
+        let mut c = cfg();
+        c.headers
+            .insert("x-key".into(), "env:TIDEMARK_TEST_UNSET_VAR".into());
+        assert!(
+            Source::new(c)
+                .unwrap_err()
+                .contains("TIDEMARK_TEST_UNSET_VAR")
+        );
+        let mut c = cfg();
+        c.headers.insert("x-bad".into(), "secret\nvalue".into());
+        let e = Source::new(c.clone()).unwrap_err();
+        assert!(e.contains("headers.x-bad") && !e.contains("secret"), "{e}");
+        let shown = format!("{c:?} {}", serde_json::to_string(&c).unwrap());
+        assert!(!shown.contains("very-secret"), "{shown}");
+    }
+
+    #[test]
+    fn cron_in_a_fixed_offset() {
+        use std::str::FromStr as _;
+        let s = Schedule::Cron {
+            cron: Box::new(croner::Cron::from_str("0 9 * * *").unwrap()),
+            tz: tz_offset("+02:00").unwrap(),
+        };
+        let now = DateTime::parse_from_rfc3339("2026-11-23T06:30:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        assert_eq!(s.next_after(now).to_rfc3339(), "2026-11-23T07:00:00+00:00");
+        assert_eq!(s.interval(now), Duration::from_secs(86_400));
+    }
+}

@@ -1,0 +1,440 @@
+//! Source pollers (spec section 12): each configured source polls its upstream on its own
+//! schedule, in a task of its own (polls of one source never overlap, and a slow upstream
+//! delays only its own source), and turns pages into events through the engine's commands:
+//! the page (new items, and the notification about them, in one atomic batch decided at the
+//! head), then the upstream ack, then the watermark's compare-and-swap. A crash anywhere
+//! replays the same page harmlessly: items already in the log are left out, the notification's
+//! id is derived from the first new item, the ack repeats with the same idempotency key, and
+//! the watermark moves only from where it was.
+//!
+//! Header values are secrets: they are resolved once at start (`env:NAME`) and never logged,
+//! served or put into an error.
+
+mod config;
+mod upstream;
+
+pub use config::{
+    AckConfig, ItemsConfig, Source, SourceConfig, SourceRetryConfig, WatermarkConfig, from_config,
+};
+pub use upstream::{MAX_ITEM_BYTES, MAX_ITEMS, MAX_RESPONSE_BYTES};
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use serde::Serialize;
+use tidemark_engine::Engine;
+use tidemark_engine::commands::SourceCommand;
+use tidemark_log::{CommandError, RejectKind};
+use tidemark_projections::routing::backoff_ms;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use upstream::{parse_page, request, send_ack};
+
+/// What the poller keeps in memory about a source (section 12: not in the log).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Runtime {
+    /// idle, polling, backing_off (paused and parked come from the log).
+    pub state: String,
+    pub last_poll_at_us: Option<i64>,
+    pub last_success_at_us: Option<i64>,
+    pub next_poll_at_us: Option<i64>,
+    pub consecutive_failures: u32,
+    /// The last transient failure (a parking error is in the log).
+    pub last_error: Option<String>,
+    /// Not succeeded for three intervals (counted from the process start at the earliest).
+    pub stale: bool,
+    /// Seconds since the last success (since the process start before the first).
+    #[serde(skip)]
+    pub seconds_since_success: f64,
+}
+
+struct Slot {
+    source: Source,
+    runtime: Mutex<Runtime>,
+    wake: Notify,
+    started_us: i64,
+}
+
+/// The configured sources and their pollers' state; cheap to clone.
+#[derive(Clone, Default)]
+pub struct Sources {
+    slots: Arc<Vec<Arc<Slot>>>,
+}
+
+fn now_us() -> i64 {
+    Utc::now().timestamp_micros()
+}
+
+impl Sources {
+    pub fn new(sources: Vec<Source>) -> Sources {
+        let started_us = now_us();
+        Sources {
+            slots: Arc::new(
+                sources
+                    .into_iter()
+                    .map(|source| {
+                        Arc::new(Slot {
+                            source,
+                            runtime: Mutex::new(Runtime {
+                                state: "idle".into(),
+                                ..Runtime::default()
+                            }),
+                            wake: Notify::new(),
+                            started_us,
+                        })
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.slots
+            .iter()
+            .map(|s| s.source.cfg.name.clone())
+            .collect()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.slot(name).is_some()
+    }
+
+    fn slot(&self, name: &str) -> Option<&Arc<Slot>> {
+        self.slots.iter().find(|s| s.source.cfg.name == name)
+    }
+
+    /// The poller's state of `name`, with `stale` judged now.
+    pub fn runtime(&self, name: &str) -> Option<Runtime> {
+        let s = self.slot(name)?;
+        let mut r = s.runtime.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let interval = s.source.schedule.interval(Utc::now()).as_micros() as i64;
+        let since = r.last_success_at_us.unwrap_or(0).max(s.started_us);
+        r.stale = now_us() - since > interval.saturating_mul(3);
+        r.seconds_since_success = (now_us() - since).max(0) as f64 / 1e6;
+        Some(r)
+    }
+
+    /// Poll `name` now (or as soon as its current poll ends); also wakes a paused or parked
+    /// source's task after a resume.
+    pub fn wake(&self, name: &str) -> bool {
+        match self.slot(name) {
+            Some(s) => {
+                s.wake.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Start one poller per source; the handle ends when every poller has stopped on `shutdown`.
+pub fn spawn(
+    engine: Engine,
+    sources: Sources,
+    max_pending: u64,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap_or_default();
+    let tasks: Vec<_> = sources
+        .slots
+        .iter()
+        .map(|slot| {
+            tokio::spawn(run(
+                engine.clone(),
+                client.clone(),
+                slot.clone(),
+                max_pending,
+                shutdown.clone(),
+            ))
+        })
+        .collect();
+    tokio::spawn(async move {
+        for t in tasks {
+            let _ = t.await;
+        }
+    })
+}
+
+/// Why a poll did not succeed.
+#[derive(Debug)]
+pub(super) enum PollError {
+    /// Wait this long (429/503 with Retry-After, a full outbox), capped by the caller.
+    RetryAfter(Duration, String),
+    /// Retry with backoff (5xx, timeout, connection error, a storage refusal).
+    Transient(String),
+    /// 401: retried once, then parked.
+    Unauthorized(String),
+    /// Park the source: 4xx or an invalid response.
+    Park(String),
+    /// Paused or parked by someone else while polling: stop and wait.
+    NotActive,
+    /// Shutting down.
+    Stopped,
+}
+
+fn set(slot: &Slot, f: impl FnOnce(&mut Runtime)) {
+    f(&mut slot.runtime.lock().unwrap_or_else(|p| p.into_inner()));
+}
+
+async fn run(
+    engine: Engine,
+    client: reqwest::Client,
+    slot: Arc<Slot>,
+    max_pending: u64,
+    shutdown: CancellationToken,
+) {
+    let name = slot.source.cfg.name.clone();
+    let mut next = slot.source.schedule.next_after(Utc::now());
+    // A source polls once at start (a schedule's first time may be far away).
+    let mut due_now = true;
+    let mut unauthorized_once = false;
+    loop {
+        if !due_now {
+            set(&slot, |r| r.next_poll_at_us = Some(next.timestamp_micros()));
+            let wait = (next - Utc::now()).to_std().unwrap_or_default();
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+                _ = slot.wake.notified() => {}
+            }
+        }
+        due_now = false;
+        let e = engine.clone();
+        let n = name.clone();
+        let row = match tokio::task::spawn_blocking(move || e.read().source(&n)).await {
+            Ok(Ok(r)) => r.unwrap_or_default(),
+            _ => {
+                next = Utc::now() + chrono::Duration::seconds(1);
+                continue;
+            }
+        };
+        if row.paused || row.parked {
+            set(&slot, |r| {
+                r.state = if row.parked { "parked" } else { "paused" }.into();
+                r.next_poll_at_us = None;
+            });
+            // Until a resume (or a poll request, answered 409 by the API) wakes it.
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = slot.wake.notified() => {}
+            }
+            due_now = true;
+            continue;
+        }
+        set(&slot, |r| {
+            r.state = "polling".into();
+            r.last_poll_at_us = Some(now_us());
+        });
+        let started = Instant::now();
+        let result = tokio::select! {
+            _ = shutdown.cancelled() => Err(PollError::Stopped),
+            r = poll(&engine, &client, &slot.source, row.watermark.clone(), row.items_total == 0 && row.watermark.is_none(), max_pending) => r,
+        };
+        metrics::histogram!("tidemark_source_poll_duration_seconds", "source" => name.clone())
+            .record(started.elapsed().as_secs_f64());
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(PollError::RetryAfter(..)) => "retry_after",
+            Err(PollError::Transient(_)) => "error",
+            Err(PollError::Unauthorized(_)) => "unauthorized",
+            Err(PollError::Park(_)) => "parked",
+            Err(PollError::NotActive) => "not_active",
+            Err(PollError::Stopped) => "stopped",
+        };
+        metrics::counter!("tidemark_source_polls_total", "source" => name.clone(), "outcome" => outcome)
+            .increment(1);
+        let failures = slot
+            .runtime
+            .lock()
+            .map(|r| r.consecutive_failures)
+            .unwrap_or(0);
+        match result {
+            Ok(items) => {
+                unauthorized_once = false;
+                metrics::counter!("tidemark_source_items_total", "source" => name.clone())
+                    .increment(items as u64);
+                metrics::gauge!("tidemark_source_last_success_timestamp_seconds", "source" => name.clone())
+                    .set(now_us() as f64 / 1e6);
+                set(&slot, |r| {
+                    r.state = "idle".into();
+                    r.last_success_at_us = Some(now_us());
+                    r.consecutive_failures = 0;
+                    r.last_error = None;
+                });
+                next = slot.source.schedule.next_after(Utc::now());
+            }
+            Err(PollError::Stopped) => return,
+            Err(PollError::NotActive) => {}
+            Err(PollError::Park(error)) => {
+                tracing::warn!(source = %name, %error, "source parked");
+                park(&engine, &name, error).await;
+            }
+            Err(PollError::Unauthorized(error)) if unauthorized_once => {
+                tracing::warn!(source = %name, %error, "source parked after a second 401");
+                park(&engine, &name, error).await;
+                unauthorized_once = false;
+            }
+            Err(PollError::Unauthorized(error)) => {
+                // Retried once, at once (a token may just have been rotated upstream).
+                unauthorized_once = true;
+                set(&slot, |r| {
+                    r.consecutive_failures += 1;
+                    r.last_error = Some(error);
+                });
+                due_now = true;
+            }
+            Err(PollError::RetryAfter(wait, error)) => {
+                let wait = wait.min(slot.source.retry_after_max);
+                tracing::info!(source = %name, wait_ms = wait.as_millis() as u64, "source backing off (Retry-After)");
+                set(&slot, |r| {
+                    r.state = "backing_off".into();
+                    r.consecutive_failures += 1;
+                    r.last_error = Some(error);
+                });
+                next = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
+            }
+            Err(PollError::Transient(error)) => {
+                let attempt = failures + 1;
+                let delay = backoff_ms(&slot.source.retry, attempt, rand::random::<f64>(), None);
+                tracing::info!(source = %name, attempt, delay_ms = delay, %error, "source poll failed; backing off");
+                set(&slot, |r| {
+                    r.state = "backing_off".into();
+                    r.consecutive_failures = attempt;
+                    r.last_error = Some(error);
+                });
+                next = Utc::now() + chrono::Duration::milliseconds(delay as i64);
+            }
+        }
+    }
+}
+
+async fn park(engine: &Engine, name: &str, error: String) {
+    let r = engine
+        .execute(SourceCommand::Park {
+            name: name.to_owned(),
+            error,
+        })
+        .await;
+    if let Err(e) = r {
+        tracing::warn!(source = %name, error = %e, "could not record the parking");
+    }
+}
+
+/// One poll: pages after the watermark, up to `max_pages_per_poll`. Answers the number of
+/// items appended.
+async fn poll(
+    engine: &Engine,
+    client: &reqwest::Client,
+    src: &Source,
+    mut watermark: Option<String>,
+    fresh: bool,
+    max_pending: u64,
+) -> Result<usize, PollError> {
+    let cfg = &src.cfg;
+    let name = &cfg.name;
+    if fresh && cfg.watermark.bootstrap == "latest" {
+        // The newest item's id becomes the watermark; nothing is appended.
+        let body = request(client, src, None, 1).await?;
+        let page = parse_page(cfg, &body)?;
+        if let Some(first) = page.items.first() {
+            advance(engine, name, None, first.id.clone()).await?;
+        }
+        return Ok(0);
+    }
+    let mut appended = 0;
+    for _ in 0..cfg.max_pages_per_poll {
+        let body = request(client, src, watermark.as_deref(), cfg.page_size).await?;
+        let page = parse_page(cfg, &body)?;
+        if !page.items.is_empty() {
+            let ids: Vec<String> = page.items.iter().map(|i| i.id.clone()).collect();
+            let cmd = SourceCommand::Page {
+                name: name.clone(),
+                items: page.items,
+                notify: cfg.notify.clone(),
+                max_pending,
+            };
+            let out = engine
+                .execute(cmd)
+                .await
+                .map_err(command_error)?
+                .0
+                .into_source_page()
+                .map_err(command_error)?;
+            appended += out.appended;
+            if out.notify_blocked {
+                // The recipient is suppressed (crisis block): the items went in without it.
+                metrics::counter!("tidemark_source_notifications_blocked_total", "source" => name.clone())
+                    .increment(1);
+                tracing::info!(source = %name, "a page's notification was left out: its recipient is suppressed");
+            }
+            if let Some(ack) = &cfg.ack {
+                send_ack(
+                    client,
+                    src,
+                    ack,
+                    &ids,
+                    watermark.as_deref().unwrap_or(""),
+                    page.next.as_deref().unwrap_or(""),
+                )
+                .await?;
+            }
+        }
+        match page.next {
+            Some(to) if Some(&to) != watermark.as_ref() => {
+                advance(engine, name, watermark.clone(), to.clone()).await?;
+                watermark = Some(to);
+            }
+            _ => {}
+        }
+        if !page.has_more {
+            break;
+        }
+    }
+    Ok(appended)
+}
+
+async fn advance(
+    engine: &Engine,
+    name: &str,
+    from: Option<String>,
+    to: String,
+) -> Result<(), PollError> {
+    engine
+        .execute(SourceCommand::Advance {
+            name: name.to_owned(),
+            from,
+            to,
+        })
+        .await
+        .map(drop)
+        .map_err(command_error)
+}
+
+fn command_error(e: CommandError) -> PollError {
+    match &e {
+        CommandError::Rejected { code, .. } if *code == "source_not_active" => PollError::NotActive,
+        CommandError::Rejected {
+            kind: RejectKind::Overloaded,
+            ..
+        } => PollError::RetryAfter(Duration::from_secs(5), format!("outbox full: {e}")),
+        // Someone else moved the watermark (a reset): the next poll starts from it.
+        CommandError::Rejected { code, .. } if *code == "watermark_conflict" => {
+            PollError::Transient(e.to_string())
+        }
+        CommandError::Rejected {
+            kind: RejectKind::Invalid,
+            code,
+            ..
+        } if *code == "watermark_backwards" => PollError::Park(format!("pointer {}: {e}", "next")),
+        CommandError::Rejected {
+            kind: RejectKind::Invalid,
+            ..
+        } => PollError::Park(e.to_string()),
+        _ => PollError::Transient(e.to_string()),
+    }
+}

@@ -1,0 +1,303 @@
+//! One source's upstream over HTTP: the list request after the watermark (its status judged
+//! by section 12's error rules), the bounded body, the page's validation (naming the JSON
+//! pointer that failed), and the ack. Errors never carry anything of the request (headers,
+//! URL query).
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tidemark_engine::commands::SourceItem;
+
+use super::PollError;
+use super::config::{AckConfig, Source, SourceConfig};
+
+/// Largest response body read from an upstream.
+pub const MAX_RESPONSE_BYTES: usize = 10 << 20;
+/// Most items one page may hold.
+pub const MAX_ITEMS: usize = 1000;
+/// Largest item (its JSON text).
+pub const MAX_ITEM_BYTES: usize = 64 << 10;
+
+/// The upstream's answer, checked: status and a bounded body.
+pub(super) async fn request(
+    client: &reqwest::Client,
+    src: &Source,
+    watermark: Option<&str>,
+    limit: u32,
+) -> Result<Vec<u8>, PollError> {
+    let cfg = &src.cfg;
+    let w = &cfg.watermark;
+    let mut req = match cfg.method.as_str() {
+        "POST" => {
+            let mut body = cfg
+                .body
+                .clone()
+                .unwrap_or_else(|| Value::Object(Default::default()));
+            if let Some(obj) = body.as_object_mut() {
+                obj.insert(w.limit_field.clone(), Value::from(limit));
+                match watermark {
+                    Some(v) => {
+                        obj.insert(w.request_field.clone(), Value::from(v));
+                    }
+                    None => {
+                        obj.remove(&w.request_field);
+                    }
+                }
+            }
+            client.post(&cfg.url).json(&body)
+        }
+        _ => {
+            let mut q: Vec<(&str, String)> = vec![(w.limit_field.as_str(), limit.to_string())];
+            if let Some(v) = watermark {
+                q.push((w.request_field.as_str(), v.to_owned()));
+            }
+            client.get(&cfg.url).query(&q)
+        }
+    };
+    req = req.headers(src.headers.clone()).timeout(src.timeout);
+    let resp = req.send().await.map_err(|e| transport(&e))?;
+    let status = resp.status();
+    if !status.is_success() {
+        return Err(status_error(status, resp.headers()));
+    }
+    read_bounded(resp).await
+}
+
+/// An error of the HTTP client, without anything of the request (headers, URL query).
+pub(super) fn transport(e: &reqwest::Error) -> PollError {
+    let what = if e.is_timeout() {
+        "timeout"
+    } else if e.is_connect() {
+        "connection failed"
+    } else if e.is_body() || e.is_decode() {
+        "reading the body failed"
+    } else {
+        "request failed"
+    };
+    PollError::Transient(what.into())
+}
+
+pub(super) fn status_error(
+    status: reqwest::StatusCode,
+    headers: &reqwest::header::HeaderMap,
+) -> PollError {
+    let code = status.as_u16();
+    let retry_after = headers
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    match (code, retry_after) {
+        (429 | 503, Some(d)) => PollError::RetryAfter(d, format!("status {code}")),
+        (401, _) => PollError::Unauthorized(format!("status {code}")),
+        (500..=599, _) | (429, _) | (408, _) => PollError::Transient(format!("status {code}")),
+        _ => PollError::Park(format!("status {code}")),
+    }
+}
+
+pub(super) async fn read_bounded(mut resp: reqwest::Response) -> Result<Vec<u8>, PollError> {
+    if resp
+        .content_length()
+        .is_some_and(|n| n > MAX_RESPONSE_BYTES as u64)
+    {
+        return Err(PollError::Park(format!(
+            "response over {MAX_RESPONSE_BYTES} bytes"
+        )));
+    }
+    let mut out = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| transport(&e))? {
+        if out.len() + chunk.len() > MAX_RESPONSE_BYTES {
+            return Err(PollError::Park(format!(
+                "response over {MAX_RESPONSE_BYTES} bytes"
+            )));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+/// A validated page.
+#[derive(Debug)]
+pub(super) struct Page {
+    pub(super) items: Vec<SourceItem>,
+    pub(super) next: Option<String>,
+    pub(super) has_more: bool,
+}
+
+fn invalid(pointer: &str, why: &str) -> PollError {
+    PollError::Park(format!("invalid response at {pointer}: {why}"))
+}
+
+pub(super) fn parse_page(cfg: &SourceConfig, body: &[u8]) -> Result<Page, PollError> {
+    let v: Value = serde_json::from_slice(body).map_err(|_| invalid("", "not JSON"))?;
+    let path = &cfg.items.path;
+    let list = if path.is_empty() {
+        Some(&v)
+    } else {
+        v.pointer(path)
+    };
+    let list = list
+        .and_then(Value::as_array)
+        .ok_or_else(|| invalid(path, "not an array"))?;
+    if list.len() > MAX_ITEMS {
+        return Err(invalid(path, &format!("more than {MAX_ITEMS} items")));
+    }
+    let mut items = Vec::with_capacity(list.len());
+    for (i, item) in list.iter().enumerate() {
+        let at = format!("{path}/{i}");
+        if !item.is_object() {
+            return Err(invalid(&at, "not an object"));
+        }
+        if serde_json::to_string(item)
+            .map(|s| s.len())
+            .unwrap_or(usize::MAX)
+            > MAX_ITEM_BYTES
+        {
+            return Err(invalid(&at, "item over 64 KiB"));
+        }
+        let id_at = format!("{at}{}", cfg.items.id);
+        let id = item
+            .pointer(&cfg.items.id)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| invalid(&id_at, "not a non-empty string"))?;
+        let event_id = tidemark_projections::names::ids::source_item(&cfg.name, id);
+        if event_id.chars().count() > 128 || id.chars().any(char::is_control) {
+            return Err(invalid(&id_at, "does not make a valid event_id"));
+        }
+        items.push(SourceItem {
+            id: id.to_owned(),
+            item: item.clone(),
+        });
+    }
+    let next = match v.pointer(&cfg.watermark.next) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(invalid(&cfg.watermark.next, "not a string or null")),
+    };
+    let has_more = match v.pointer(&cfg.watermark.has_more) {
+        Some(Value::Bool(b)) => *b,
+        _ => return Err(invalid(&cfg.watermark.has_more, "not a boolean")),
+    };
+    if !items.is_empty() && next.is_none() {
+        return Err(invalid(&cfg.watermark.next, "null on a page with items"));
+    }
+    Ok(Page {
+        items,
+        next,
+        has_more,
+    })
+}
+
+pub(super) async fn send_ack(
+    client: &reqwest::Client,
+    src: &Source,
+    ack: &AckConfig,
+    ids: &[String],
+    from: &str,
+    to: &str,
+) -> Result<(), PollError> {
+    let mut body = serde_json::Map::new();
+    body.insert(ack.field.clone(), Value::from(ids.to_vec()));
+    let resp = client
+        .post(&ack.url)
+        .headers(src.headers.clone())
+        .header(
+            "X-Idempotency-Key",
+            format!("ack:{}:{from}:{to}", src.cfg.name),
+        )
+        .timeout(src.timeout)
+        .json(&Value::Object(body))
+        .send()
+        .await
+        .map_err(|e| transport(&e))?;
+    if !resp.status().is_success() {
+        return Err(status_error(resp.status(), resp.headers()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> SourceConfig {
+        serde_json::from_value(serde_json::json!({
+            "name": "s1", "url": "http://127.0.0.1:1/x", "every": "1s",
+            "watermark": {"request_field": "afterId", "next": "/pagination/nextAfterId", "has_more": "/pagination/hasMore"},
+            "items": {"path": "/data", "id": "/id"},
+            "headers": {"authorization": "Bearer very-secret"},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn pages_are_validated_with_the_failing_pointer() {
+        let c = cfg();
+        let ok =
+            br#"{"data":[{"id":"a"},{"id":"b"}],"pagination":{"nextAfterId":"b","hasMore":false}}"#;
+        let p = parse_page(&c, ok).unwrap();
+        assert_eq!(p.items.len(), 2);
+        assert_eq!(p.next.as_deref(), Some("b"));
+        let cases: [(&[u8], &str); 5] = [
+            (b"{", "not JSON"),
+            (
+                br#"{"data":{},"pagination":{"nextAfterId":null,"hasMore":false}}"#,
+                "/data",
+            ),
+            (
+                br#"{"data":[{"id":7}],"pagination":{"nextAfterId":"x","hasMore":false}}"#,
+                "/data/0/id",
+            ),
+            (
+                br#"{"data":[{"id":"a"}],"pagination":{"nextAfterId":null,"hasMore":false}}"#,
+                "/pagination/nextAfterId",
+            ),
+            (
+                br#"{"data":[],"pagination":{"nextAfterId":null,"hasMore":"no"}}"#,
+                "/pagination/hasMore",
+            ),
+        ];
+        let many: Vec<_> = (0..=MAX_ITEMS)
+            .map(|i| serde_json::json!({"id": i.to_string()}))
+            .collect();
+        let too_many =
+            serde_json::json!({"data": many, "pagination": {"nextAfterId": "x", "hasMore": true}})
+                .to_string();
+        let big = serde_json::json!({"data": [{"id": "a", "blob": "x".repeat(MAX_ITEM_BYTES)}], "pagination": {"nextAfterId": "a", "hasMore": false}}).to_string();
+        let cases: Vec<(&[u8], &str)> = cases
+            .into_iter()
+            .chain([
+                (too_many.as_bytes(), "more than 1000 items"),
+                (big.as_bytes(), "/data/0: item over 64 KiB"),
+            ])
+            .collect();
+        for (body, want) in cases {
+            match parse_page(&c, body) {
+                Err(PollError::Park(e)) => assert!(e.contains(want), "{e} should name {want}"),
+                other => panic!("{want}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn retry_after_and_statuses() {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert(reqwest::header::RETRY_AFTER, "7".parse().unwrap());
+        assert!(
+            matches!(status_error(reqwest::StatusCode::TOO_MANY_REQUESTS, &h), PollError::RetryAfter(d, _) if d == Duration::from_secs(7))
+        );
+        let none = reqwest::header::HeaderMap::new();
+        assert!(matches!(
+            status_error(reqwest::StatusCode::UNAUTHORIZED, &none),
+            PollError::Unauthorized(_)
+        ));
+        assert!(matches!(
+            status_error(reqwest::StatusCode::BAD_GATEWAY, &none),
+            PollError::Transient(_)
+        ));
+        assert!(
+            matches!(status_error(reqwest::StatusCode::NOT_FOUND, &none), PollError::Park(e) if e == "status 404")
+        );
+    }
+}
