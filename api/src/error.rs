@@ -227,8 +227,7 @@ impl From<tidemark_log::CommandError> for ApiError {
                 };
                 let err = ApiError::new(status, code, detail);
                 if status == StatusCode::TOO_MANY_REQUESTS {
-                    // Pending work drains over seconds, not milliseconds.
-                    err.retry_after(5)
+                    err.retry_after(tidemark_engine::OVERLOADED_RETRY_AFTER.as_secs())
                 } else {
                     err
                 }

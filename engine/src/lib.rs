@@ -29,6 +29,11 @@ use tidemark_projections::names::EventType;
 use tidemark_projections::rebuild::RebuildReport;
 
 pub use commands::{Command, Outcome};
+
+/// How long a command refused for pending work (`RejectKind::Overloaded`, e.g. `outbox_full`)
+/// asks its caller to wait before trying again: pending work drains over seconds. The HTTP
+/// answer's `Retry-After` and a source poll's backoff both use it.
+pub const OVERLOADED_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 pub use follow::FOLLOW_BATCH;
 pub use queries::{LAG_CAP, Lag, Queries, QueryError, READ_WAIT};
 

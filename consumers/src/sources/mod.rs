@@ -421,7 +421,10 @@ fn command_error(e: CommandError) -> PollError {
         CommandError::Rejected {
             kind: RejectKind::Overloaded,
             ..
-        } => PollError::RetryAfter(Duration::from_secs(5), format!("outbox full: {e}")),
+        } => PollError::RetryAfter(
+            tidemark_engine::OVERLOADED_RETRY_AFTER,
+            format!("outbox full: {e}"),
+        ),
         // Someone else moved the watermark (a reset): the next poll starts from it.
         CommandError::Rejected { code, .. } if *code == "watermark_conflict" => {
             PollError::Transient(e.to_string())
