@@ -378,10 +378,11 @@ pub fn from_config(list: &[SourceConfig]) -> Result<Vec<Source>, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn cfg() -> SourceConfig {
+    /// A valid source (the upstream tests share it).
+    pub(in crate::sources) fn cfg() -> SourceConfig {
         serde_json::from_value(serde_json::json!({
             "name": "s1", "url": "http://127.0.0.1:1/x", "every": "1s",
             "watermark": {"request_field": "afterId", "next": "/pagination/nextAfterId", "has_more": "/pagination/hasMore"},

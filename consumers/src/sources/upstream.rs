@@ -220,16 +220,7 @@ pub(super) async fn send_ack(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn cfg() -> SourceConfig {
-        serde_json::from_value(serde_json::json!({
-            "name": "s1", "url": "http://127.0.0.1:1/x", "every": "1s",
-            "watermark": {"request_field": "afterId", "next": "/pagination/nextAfterId", "has_more": "/pagination/hasMore"},
-            "items": {"path": "/data", "id": "/id"},
-            "headers": {"authorization": "Bearer very-secret"},
-        }))
-        .unwrap()
-    }
+    use crate::sources::config::tests::cfg;
 
     #[test]
     fn pages_are_validated_with_the_failing_pointer() {
