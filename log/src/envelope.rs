@@ -219,6 +219,19 @@ pub struct Event {
 }
 
 impl Event {
+    /// The event borrowed: what a fold reads (the projections fold [`EventRef`]s).
+    pub fn as_ref(&self) -> EventRef<'_> {
+        EventRef {
+            seq: self.seq,
+            event_id: &self.event_id,
+            stream: &self.stream,
+            subject: &self.subject,
+            event_type: &self.event_type,
+            time_us: self.time_us,
+            payload: self.payload.get(),
+        }
+    }
+
     /// The payload parsed as a JSON value.
     pub fn payload_value(&self) -> serde_json::Value {
         serde_json::from_str(self.payload.get()).unwrap_or(serde_json::Value::Null)
@@ -227,6 +240,42 @@ impl Event {
     /// The commit time, RFC 3339 with microseconds.
     pub fn time_rfc3339(&self) -> String {
         format_micros(self.time_us)
+    }
+}
+
+/// An event borrowed from its stored bytes (or from an [`Event`]): what projections fold, so a
+/// fold copies only what it keeps. `payload` is the canonical JSON text of an object, as
+/// stored (checked when it was appended, not again when read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventRef<'a> {
+    pub seq: u64,
+    pub event_id: &'a str,
+    pub stream: &'a str,
+    pub subject: &'a str,
+    pub event_type: &'a str,
+    /// Commit time in microseconds since the Unix epoch (UTC).
+    pub time_us: i64,
+    pub payload: &'a str,
+}
+
+impl EventRef<'_> {
+    /// The payload parsed as a JSON value (allocates a tree: folds read typed fields instead).
+    pub fn payload_value(&self) -> serde_json::Value {
+        serde_json::from_str(self.payload).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The event as an owned [`Event`].
+    pub fn to_event(&self) -> Event {
+        Event {
+            seq: self.seq,
+            event_id: self.event_id.to_owned(),
+            stream: self.stream.to_owned(),
+            subject: self.subject.to_owned(),
+            event_type: self.event_type.to_owned(),
+            time_us: self.time_us,
+            payload: RawValue::from_string(self.payload.to_owned())
+                .unwrap_or_else(|_| RawValue::NULL.to_owned()),
+        }
     }
 }
 

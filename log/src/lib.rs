@@ -57,7 +57,7 @@ use redb::Database;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
 
-pub use envelope::{Event, FieldError, InvalidKind, NewEvent, limits};
+pub use envelope::{Event, EventRef, FieldError, InvalidKind, NewEvent, limits};
 pub use error::{AppendError, CommandError, Error, OpenError, ReadError, RejectKind, StorageError};
 pub use store::{ReadPage, ReadQuery};
 pub use writer::CommandFn;
@@ -215,6 +215,61 @@ pub fn scan_events(
         }
     }
     Ok(())
+}
+
+/// A run of stored events copied out of the log in one buffer ([`EventChunk::read`]), decoded
+/// as borrowed [`EventRef`]s: reading a chunk allocates nothing per event (the buffers are
+/// reused from one chunk to the next), which is what projections fold in batches.
+#[derive(Debug, Default)]
+pub struct EventChunk {
+    bytes: Vec<u8>,
+    /// `(seq, end offset in bytes)` of each stored record, in seq order.
+    ends: Vec<(u64, usize)>,
+}
+
+impl EventChunk {
+    /// Replace the chunk's content with the events `after < seq <= upto`, as `txn` sees them.
+    pub fn read(
+        &mut self,
+        txn: &redb::WriteTransaction,
+        after: u64,
+        upto: u64,
+    ) -> Result<(), StorageError> {
+        use redb::ReadableTable;
+        self.bytes.clear();
+        self.ends.clear();
+        if after >= upto {
+            return Ok(());
+        }
+        let t = txn.open_table(store::EVENTS).map_err(StorageError::of)?;
+        for row in t.range(after + 1..=upto).map_err(StorageError::of)? {
+            let (k, v) = row.map_err(StorageError::of)?;
+            self.bytes.extend_from_slice(v.value());
+            self.ends.push((k.value(), self.bytes.len()));
+        }
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The events decoded, borrowing their strings and payloads from the chunk.
+    pub fn events(&self) -> Result<Vec<EventRef<'_>>, StorageError> {
+        let mut out = Vec::with_capacity(self.ends.len());
+        let mut start = 0;
+        for &(seq, end) in &self.ends {
+            out.push(
+                store::decode_event_ref(seq, &self.bytes[start..end]).map_err(StorageError::of)?,
+            );
+            start = end;
+        }
+        Ok(out)
+    }
 }
 
 pub(crate) fn fresh_event_id() -> String {

@@ -6,7 +6,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 use serde_json::value::RawValue;
 
 use crate::codec;
-use crate::envelope::Event;
+use crate::envelope::{Event, EventRef};
 use crate::error::{OpenError, ReadError, StorageError, storage};
 use crate::tail::Tail;
 
@@ -30,6 +30,25 @@ const META_TYPES_INDEXED: &str = "types_indexed";
 pub(crate) const STREAMS: TableDefinition<(&str, u64), &str> = TableDefinition::new("stream_seq");
 /// Present once the stream index covers every event up to `indexed_through`.
 const META_STREAMS_INDEXED: &str = "streams_indexed";
+
+/// A stored event borrowed from its bytes: nothing is copied, and the payload is taken as the
+/// JSON text it was stored as (validated at its append; its UTF-8 is checked here).
+pub(crate) fn decode_event_ref(seq: u64, bytes: &[u8]) -> Result<EventRef<'_>, ReadError> {
+    let rec = codec::decode(bytes).map_err(|detail| ReadError::Format { seq, detail })?;
+    let payload = std::str::from_utf8(rec.payload).map_err(|e| ReadError::Format {
+        seq,
+        detail: e.to_string(),
+    })?;
+    Ok(EventRef {
+        seq,
+        event_id: rec.event_id,
+        stream: rec.stream,
+        subject: rec.subject,
+        event_type: rec.event_type,
+        time_us: rec.time_us,
+        payload,
+    })
+}
 
 pub(crate) fn decode_event(seq: u64, bytes: &[u8]) -> Result<Event, ReadError> {
     let rec = codec::decode(bytes).map_err(|detail| ReadError::Format { seq, detail })?;
@@ -195,9 +214,9 @@ pub(crate) fn open(
     })
 }
 
-/// A bounded read of the log. `after` and `head` bound the seqs looked at; `budget` bounds how
-/// many stored rows one call may examine, so a sparse filter over a long log answers in bounded
-/// time with a `next_after` that lets the caller continue.
+/// A read of the log: up to `limit` events with `seq > after` that match every filter given.
+/// Each filter is served by its index (combined filters by a join of them), so a page holds
+/// `limit` matches whenever that many exist, and a shorter page is the end.
 #[derive(Debug, Clone, Default)]
 pub struct ReadQuery {
     pub after: u64,
@@ -215,8 +234,6 @@ pub struct ReadPage {
     pub next_after: u64,
     pub head: u64,
 }
-
-pub(crate) const SCAN_BUDGET: usize = 20_000;
 
 /// The last seq committed in `txn`'s view of the log.
 fn head_of(events: &redb::ReadOnlyTable<u64, &[u8]>) -> Result<u64, ReadError> {
@@ -240,90 +257,83 @@ pub(crate) fn read(
     let st = |e: redb::Error| ReadError::Storage(storage(e));
     let limit = q.limit.max(1);
     let mut out = Vec::new();
-    // A subject, or else a type, or else a stream, is read from its index: the page holds up
-    // to `limit` matches whenever they exist (the other filters are checked on each
-    // candidate).
-    let index = match (&q.subject, &q.event_type, &q.stream) {
-        (Some(subject), _, _) => Some((SUBJECTS, subject.as_str(), Posting::Subject)),
-        (None, Some(ty), _) => Some((TYPES, ty.as_str(), Posting::Type)),
-        (None, None, Some(stream)) => Some((STREAMS, stream.as_str(), Posting::Stream)),
-        (None, None, None) => None,
-    };
-    if let Some((def, key, posting)) = index {
-        // Collect candidate seqs under the tail lock, so the index tables and the tail are
-        // seen at the same merge point.
-        let (txn, head, candidates, exhausted) = {
+    // Each filter given (subject, type, stream) has an index: the matches are the seqs in
+    // every one of their posting lists, found by a leapfrog join, so the page holds up to
+    // `limit` matches whenever they exist however rare they are (spec section 7).
+    let mut postings: Vec<(&str, Posting)> = Vec::new();
+    if let Some(subject) = &q.subject {
+        postings.push((subject.as_str(), Posting::Subject));
+    }
+    if let Some(ty) = &q.event_type {
+        postings.push((ty.as_str(), Posting::Type));
+    }
+    if let Some(stream) = &q.stream {
+        postings.push((stream.as_str(), Posting::Stream));
+    }
+    if !postings.is_empty() {
+        let mut head_seen = None;
+        let mut matched: Vec<u64> = Vec::new();
+        let mut from = q.after + 1;
+        let mut exhausted = false;
+        let mut txn;
+        // In rounds of at most JOIN_ROUND seeks, each under the tail's lock with a read
+        // transaction at the same merge point, so that a long join never holds the writer off
+        // the tail. Events up to the first round's head never change, so rounds agree.
+        loop {
             let tail = tail.read().unwrap_or_else(|p| p.into_inner());
-            let txn = db.begin_read().map_err(|e| st(e.into()))?;
-            let head = head_of(&txn.open_table(EVENTS).map_err(|e| st(e.into()))?)?;
-            if q.after >= head {
-                return Ok(ReadPage {
-                    events: out,
-                    next_after: q.after,
+            txn = db.begin_read().map_err(|e| st(e.into()))?;
+            let head = match head_seen {
+                Some(h) => h,
+                None => {
+                    let h = head_of(&txn.open_table(EVENTS).map_err(|e| st(e.into()))?)?;
+                    head_seen = Some(h);
+                    h
+                }
+            };
+            if from > head {
+                exhausted = true;
+                break;
+            }
+            let indexed_end = tail.indexed_through.min(head);
+            let mut cursors = Vec::with_capacity(postings.len());
+            for &(key, posting) in &postings {
+                let (def, list) = match posting {
+                    Posting::Subject => (SUBJECTS, tail.subjects.get(key)),
+                    Posting::Type => (TYPES, tail.types.get(key)),
+                    Posting::Stream => (STREAMS, tail.by_stream.get(key)),
+                };
+                cursors.push(PostingCursor {
+                    index: txn.open_table(def).map_err(|e| st(e.into()))?,
+                    key,
+                    indexed_end,
+                    tail: list.map(Vec::as_slice).unwrap_or(&[]),
+                    tail_from: tail.indexed_through + 1,
                     head,
                 });
             }
-            let mut cands: Vec<(u64, bool)> = Vec::new();
-            let stream_ok = |s: &str| q.stream.as_deref().is_none_or(|want| want == s);
-            let indexed_end = tail.indexed_through.min(head);
-            let mut full = false;
-            if q.after < indexed_end {
-                let idx = txn.open_table(def).map_err(|e| st(e.into()))?;
-                let range = idx
-                    .range((key, q.after + 1)..=(key, indexed_end))
-                    .map_err(|e| st(e.into()))?;
-                for row in range {
-                    let (k, v) = row.map_err(|e| st(e.into()))?;
-                    cands.push((k.value().1, stream_ok(v.value())));
-                    if cands.len() >= SCAN_BUDGET {
-                        full = true;
-                        break;
-                    }
+            match leapfrog(&cursors, &mut from, limit, &mut matched, JOIN_ROUND)? {
+                Join::Full => break,
+                Join::Exhausted => {
+                    exhausted = true;
+                    break;
                 }
-            }
-            let listed = match posting {
-                Posting::Subject => tail.subjects.get(key),
-                Posting::Type => tail.types.get(key),
-                Posting::Stream => tail.by_stream.get(key),
-            };
-            if !full && let Some(list) = listed {
-                let from = q.after.max(tail.indexed_through);
-                let start = list.partition_point(|(s, _)| *s <= from);
-                for (seq, stream) in &list[start..] {
-                    if *seq > head {
-                        break;
-                    }
-                    cands.push((*seq, stream_ok(stream)));
-                    if cands.len() >= SCAN_BUDGET {
-                        full = true;
-                        break;
-                    }
-                }
-            }
-            (txn, head, cands, !full)
-        };
-        let events = txn.open_table(EVENTS).map_err(|e| st(e.into()))?;
-        let mut next_after = if exhausted { head } else { q.after };
-        for (seq, stream_matches) in candidates {
-            if stream_matches {
-                let Some(v) = events.get(seq).map_err(|e| st(e.into()))? else {
-                    return Err(ReadError::Storage(
-                        format!("indexed event {seq} is missing").into(),
-                    ));
-                };
-                let ev = decode_event(seq, v.value())?;
-                if q.event_type.as_deref().is_none_or(|t| t == ev.event_type) {
-                    out.push(ev);
-                }
-            }
-            if out.len() >= limit {
-                next_after = seq;
-                break;
-            }
-            if !exhausted {
-                next_after = seq;
+                Join::Paused => continue,
             }
         }
+        let head = head_seen.unwrap_or(q.after);
+        let events = txn.open_table(EVENTS).map_err(|e| st(e.into()))?;
+        for &seq in &matched {
+            let Some(v) = events.get(seq).map_err(|e| st(e.into()))? else {
+                return Err(ReadError::Storage(
+                    format!("indexed event {seq} is missing").into(),
+                ));
+            };
+            out.push(decode_event(seq, v.value())?);
+        }
+        let next_after = match (exhausted, matched.last()) {
+            (true, _) | (false, None) => head.max(q.after),
+            (false, Some(&last)) => last,
+        };
         return Ok(ReadPage {
             events: out,
             next_after,
@@ -341,23 +351,11 @@ pub(crate) fn read(
         });
     }
     let mut next_after = head;
-    let mut examined = 0usize;
     for row in events.range(q.after + 1..=head).map_err(|e| st(e.into()))? {
         let (k, v) = row.map_err(|e| st(e.into()))?;
         let seq = k.value();
-        examined += 1;
-        let matches = if q.stream.is_none() && q.event_type.is_none() {
-            true
-        } else {
-            let rec =
-                codec::decode(v.value()).map_err(|detail| ReadError::Format { seq, detail })?;
-            q.stream.as_deref().is_none_or(|s| s == rec.stream)
-                && q.event_type.as_deref().is_none_or(|t| t == rec.event_type)
-        };
-        if matches {
-            out.push(decode_event(seq, v.value())?);
-        }
-        if out.len() >= limit || examined >= SCAN_BUDGET {
+        out.push(decode_event(seq, v.value())?);
+        if out.len() >= limit {
             next_after = seq;
             break;
         }
@@ -367,6 +365,91 @@ pub(crate) fn read(
         next_after,
         head,
     })
+}
+
+/// Seeks a join makes under one hold of the tail's lock.
+const JOIN_ROUND: usize = 4096;
+
+/// One filter's posting list as of one merge point: the index table up to `indexed_end`,
+/// then the tail's list from `tail_from`, both cut at `head`.
+struct PostingCursor<'a> {
+    index: redb::ReadOnlyTable<(&'static str, u64), &'static str>,
+    key: &'a str,
+    indexed_end: u64,
+    tail: &'a [(u64, std::sync::Arc<str>)],
+    tail_from: u64,
+    head: u64,
+}
+
+impl PostingCursor<'_> {
+    /// The first seq `>= from` in the list, if any up to `head`.
+    fn seek(&self, from: u64) -> Result<Option<u64>, ReadError> {
+        let st = |e: redb::Error| ReadError::Storage(storage(e));
+        if from <= self.indexed_end {
+            let mut range = self
+                .index
+                .range((self.key, from)..=(self.key, self.indexed_end))
+                .map_err(|e| st(e.into()))?;
+            if let Some(row) = range.next() {
+                let (k, _) = row.map_err(|e| st(e.into()))?;
+                return Ok(Some(k.value().1));
+            }
+        }
+        let from = from.max(self.tail_from);
+        let i = self.tail.partition_point(|(s, _)| *s < from);
+        Ok(self
+            .tail
+            .get(i)
+            .map(|(s, _)| *s)
+            .filter(|s| *s <= self.head))
+    }
+}
+
+enum Join {
+    /// `limit` matches found.
+    Full,
+    /// No match past the last one up to the head.
+    Exhausted,
+    /// The round's seeks ran out; `from` is where to go on.
+    Paused,
+}
+
+/// Leapfrog join of sorted posting lists: push onto `matched` every seq `>= *from` in all of
+/// them, in order, until `limit` are matched, the lists end, or `budget` seeks were made.
+fn leapfrog(
+    cursors: &[PostingCursor<'_>],
+    from: &mut u64,
+    limit: usize,
+    matched: &mut Vec<u64>,
+    budget: usize,
+) -> Result<Join, ReadError> {
+    let n = cursors.len();
+    let mut seeks = 0;
+    let mut i = 0;
+    let mut agree = 0;
+    loop {
+        if matched.len() >= limit {
+            return Ok(Join::Full);
+        }
+        if seeks >= budget {
+            return Ok(Join::Paused);
+        }
+        seeks += 1;
+        match cursors[i].seek(*from)? {
+            None => return Ok(Join::Exhausted),
+            Some(s) if s == *from => agree += 1,
+            Some(s) => {
+                *from = s;
+                agree = 1;
+            }
+        }
+        i = (i + 1) % n;
+        if agree == n {
+            matched.push(*from);
+            *from += 1;
+            agree = 0;
+        }
+    }
 }
 
 /// Which posting list a filtered read walks.

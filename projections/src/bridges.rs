@@ -5,8 +5,8 @@
 //! the cursor; creating the same id again resumes from it.
 
 use serde::{Deserialize, Serialize};
-use tidemark_log::Event;
 use tidemark_log::StorageError;
+use tidemark_log::{Event, EventRef};
 
 use crate::framework::{Projection, Store};
 use crate::names::{EventType, Stream, TaskStatus, ids};
@@ -84,20 +84,20 @@ impl Projection for Bridges {
         &[ROWS, BY_TASK, BY_BRIDGE, ACTIVE]
     }
 
-    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
+    fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
         if ev.stream != Stream::Bridges {
             return Ok(());
         }
-        let ty = EventType::parse(&ev.event_type);
+        let ty = EventType::parse(ev.event_type);
         let b: BridgeEvent = match ty {
             Some(EventType::BridgeSubscribed | EventType::BridgeUnsubscribed) => {
-                serde_json::from_str(ev.payload.get()).map_err(|e| {
+                serde_json::from_str(ev.payload).map_err(|e| {
                     StorageError::new(format!("{} at seq {}", ev.event_type, ev.seq), e)
                 })?
             }
             _ => return Ok(()),
         };
-        let id = ev.subject.as_str();
+        let id = ev.subject;
         let old: Option<Subscription> = st.get_val(ROWS, id.as_bytes())?;
         if let Some(o) = old.as_ref().filter(|o| o.active) {
             st.delete(BY_TASK, &cat(&o.target.task_id, id))?;
@@ -288,10 +288,11 @@ mod decision_table {
                 1,
                 "task.created",
                 json!({"project_id": "p", "review_required": review_required}),
-            ),
+            )
+            .as_ref(),
         );
         for (i, (ty, p)) in events.iter().enumerate() {
-            fold_task(&mut t, &event(i as u64 + 2, ty, p.clone()));
+            fold_task(&mut t, &event(i as u64 + 2, ty, p.clone()).as_ref());
         }
         t
     }

@@ -3,8 +3,10 @@
 //! same seq with the same delivery id) and `cursor.reset` (the only way down, with a reason).
 //! The commands that check those rules are the engine's (`tidemark_engine::commands::cursors`).
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
-use tidemark_log::Event;
+use tidemark_log::EventRef;
 use tidemark_log::StorageError;
 
 use crate::framework::{Projection, Store};
@@ -90,17 +92,17 @@ impl Projection for Cursors {
         &[ROWS]
     }
 
-    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
-        let Some(ty) = EventType::parse(&ev.event_type).filter(|t| ev.stream == t.stream()) else {
+    fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
+        let Some(ty) = EventType::parse(ev.event_type).filter(|t| ev.stream == t.stream()) else {
             return Ok(());
         };
         use EventType as T;
         let (consumer, c) = match ty {
             T::CursorAdvanced | T::CursorReset | T::CursorFailed => {
-                let c: CursorEvent = serde_json::from_str(ev.payload.get()).map_err(|e| {
+                let c: CursorEvent = serde_json::from_str(ev.payload).map_err(|e| {
                     StorageError::new(format!("{} at seq {}", ev.event_type, ev.seq), e)
                 })?;
-                (ev.subject.clone(), c)
+                (Cow::Borrowed(ev.subject), c)
             }
             T::NotificationTerminalStateMismatch => {
                 // The mismatch is the subscription cursor's last error.
@@ -114,23 +116,23 @@ impl Projection for Cursors {
                     .unwrap_or("mismatch");
                 let c = CursorEvent {
                     stream_name: Stream::TaskEvents.into(),
-                    subject_id: ev.subject.clone(),
+                    subject_id: ev.subject.to_owned(),
                     error: Some(bound_error(detail)),
                     at_us: ev.time_us,
                     ..CursorEvent::default()
                 };
-                (crate::names::ids::bridge_consumer(sub), c)
+                (Cow::Owned(crate::names::ids::bridge_consumer(sub)), c)
             }
             _ => return Ok(()),
         };
         let k = key(&consumer, &c.stream_name, &c.subject_id);
         let mut row: Cursor = st
-            .get_val(ROWS, &k)?
+            .take_row(ROWS, &k)?
             .unwrap_or_else(|| Cursor::zero(&consumer, &c.stream_name, &c.subject_id));
         match ty {
             T::CursorAdvanced => {
                 row.last_sequence = c.last_sequence.unwrap_or(row.last_sequence);
-                row.last_delivery_id = c.delivery_id.clone();
+                row.last_delivery_id = c.delivery_id;
                 row.last_delivered_at_us = Some(c.at_us);
                 row.last_error = None;
             }
@@ -138,10 +140,10 @@ impl Projection for Cursors {
                 row.last_sequence = c.to.unwrap_or(0);
                 row.last_error = None;
             }
-            _ => row.last_error = c.error.clone(),
+            _ => row.last_error = c.error,
         }
         row.updated_at_us = Some(c.at_us);
         row.changed_seq = ev.seq;
-        st.put_val(ROWS, &k, &row)
+        st.put_row(ROWS, &k, row)
     }
 }

@@ -27,7 +27,7 @@ use tidemark_log::StorageError;
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 use serde::{Deserialize, Serialize};
-use tidemark_log::{CommitHook, Event, scan_events};
+use tidemark_log::{CommitHook, Event, EventChunk, EventRef};
 
 /// A u64 stored big-endian (counters, checkpoints), or `None` when the bytes are not one.
 pub fn be_u64(b: &[u8]) -> Option<u64> {
@@ -58,7 +58,8 @@ pub trait Projection: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// Names of its tables (besides `digests`).
     fn tables(&self) -> &'static [&'static str];
-    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError>;
+    /// Fold one event, borrowed from the log: copy only what the model keeps.
+    fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError>;
     /// Bump when the stored rows or the fold change: at the next start the projection is
     /// rebuilt from the log instead of folding new events onto rows of another shape.
     fn version(&self) -> u32 {
@@ -130,6 +131,9 @@ fn encode_as<T: Serialize + 'static>(
     Ok(())
 }
 
+/// Events read from the log at a time when a projection catches up at open.
+const RECOVER_CHUNK: u64 = 50_000;
+
 /// Coalesced writes are flushed after this many events even inside one transaction.
 const FLUSH_EVERY: usize = 50_000;
 
@@ -162,6 +166,23 @@ impl<'t> Store<'t> {
             return Ok(v.clone());
         }
         self.tables.get(table, key)
+    }
+
+    /// Whether `key` has a row (a row kept decoded is not encoded to answer).
+    pub fn contains(&mut self, table: &'static str, key: &[u8]) -> Result<bool, StorageError> {
+        if let Some(d) = self.rows.get(table).and_then(|t| t.get(key)) {
+            d.row(table)?;
+            return Ok(true);
+        }
+        if let Some(v) = self.pending.get(table).and_then(|t| t.get(key)) {
+            return Ok(v.is_some());
+        }
+        Ok(self
+            .tables
+            .table(table)?
+            .get(key)
+            .map_err(StorageError::of)?
+            .is_some())
     }
 
     /// Take a row out to fold it, decoded: from the rows kept decoded when it is there
@@ -321,7 +342,7 @@ impl<'t> Store<'t> {
     fn fold(
         &mut self,
         p: &dyn Projection,
-        ev: &Event,
+        ev: &EventRef<'_>,
         meta: &mut Meta,
     ) -> Result<(), StorageError> {
         // A boundary between the last event folded and this one (seqs are dense, so only when
@@ -419,7 +440,7 @@ pub(crate) fn fold_all(
     txn: &WriteTransaction,
     p: &dyn Projection,
     generation: u32,
-    events: &[Event],
+    events: &[EventRef<'_>],
     meta: &mut Meta,
 ) -> Result<(), StorageError> {
     fold_events(txn, p, generation, events, meta, false).map(drop)
@@ -430,7 +451,7 @@ pub(crate) fn fold_events(
     txn: &WriteTransaction,
     p: &dyn Projection,
     generation: u32,
-    events: &[Event],
+    events: &[EventRef<'_>],
     meta: &mut Meta,
     note_changes: bool,
 ) -> Result<Vec<u64>, StorageError> {
@@ -500,11 +521,9 @@ pub fn catch_up(
         return Ok(from);
     }
     let end = upto.min(from.saturating_add(max.max(1)));
-    let mut events = Vec::with_capacity((end - from).min(1 << 16) as usize);
-    scan_events(txn, from, end, |ev| {
-        events.push(ev);
-        Ok(true)
-    })?;
+    let mut chunk = EventChunk::default();
+    chunk.read(txn, from, end)?;
+    let events = chunk.events()?;
     let mut t = None;
     for (p, meta) in projections.iter().zip(metas.iter_mut()) {
         if meta.checkpoint >= end {
@@ -608,10 +627,15 @@ impl CommitHook for Projector {
                     "catching up"
                 );
                 let mut st = Store::new(txn, p.name(), meta.generation);
-                scan_events(txn, meta.checkpoint, head, |ev| {
-                    st.fold(*p, &ev, &mut meta)?;
-                    Ok(true)
-                })?;
+                let mut chunk = EventChunk::default();
+                while meta.checkpoint < head {
+                    let upto = head.min(meta.checkpoint.saturating_add(RECOVER_CHUNK));
+                    chunk.read(txn, meta.checkpoint, upto)?;
+                    for ev in chunk.events()? {
+                        st.fold(*p, &ev, &mut meta)?;
+                    }
+                    meta.checkpoint = upto;
+                }
                 st.flush()?;
                 drop(st);
                 write_meta(txn, p.name(), &meta)?;
@@ -646,8 +670,9 @@ impl CommitHook for Projector {
                 metas.push(m);
             }
         }
+        let events: Vec<EventRef<'_>> = events.iter().map(Event::as_ref).collect();
         for (p, meta) in self.projections.iter().zip(metas.iter_mut()) {
-            fold_all(txn, *p, meta.generation, events, meta)?;
+            fold_all(txn, *p, meta.generation, &events, meta)?;
         }
         let mut t = txn.open_table(META).map_err(StorageError::of)?;
         for (p, meta) in self.projections.iter().zip(&metas) {

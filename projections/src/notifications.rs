@@ -6,8 +6,8 @@
 use crate::names::{EventType, Priority, Stream};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tidemark_log::Event;
 use tidemark_log::StorageError;
+use tidemark_log::{Event, EventRef};
 
 use crate::framework::{Projection, Store, be_u64};
 
@@ -249,13 +249,13 @@ impl Projection for Notifications {
         2
     }
 
-    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
+    fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
         if ev.stream != Stream::Notifications {
             return Ok(());
         }
-        let id = match EventType::parse(&ev.event_type) {
-            Some(EventType::NotificationRequested) => ev.event_id.clone(),
-            Some(EventType::NotificationCreated) => ev.subject.clone(),
+        let id = match EventType::parse(ev.event_type) {
+            Some(EventType::NotificationRequested) => ev.event_id,
+            Some(EventType::NotificationCreated) => ev.subject,
             _ => return Ok(()),
         };
         if st.get(IDS, id.as_bytes())?.is_some() {
@@ -265,7 +265,7 @@ impl Projection for Notifications {
         // A payload the borrowed reader refuses (a key given twice) is read from the value
         // tree, as before, so the row is the same whichever reads it.
         let tree;
-        let f = match serde_json::from_str::<Fields<'_>>(ev.payload.get()) {
+        let f = match serde_json::from_str::<Fields<'_>>(ev.payload) {
             Ok(f) => f,
             Err(_) => {
                 tree = ev.payload_value();
@@ -273,7 +273,7 @@ impl Projection for Notifications {
             }
         };
         let n = Notification {
-            notification_id: id.clone(),
+            notification_id: id.to_owned(),
             seq: ev.seq,
             priority: f.priority.owned().unwrap_or_else(|| "info".into()),
             title: f.title.owned().unwrap_or_default(),

@@ -8,7 +8,7 @@ use tidemark_log::StorageError;
 
 use redb::{ReadableTable, TableDefinition, WriteTransaction};
 use serde::Serialize;
-use tidemark_log::{CommandError, Log, scan_events};
+use tidemark_log::{CommandError, EventChunk, EventRef, Log};
 
 use crate::framework::{
     DIGEST_EVERY, DIGESTS, Meta, Projection, drop_other_generations, fold_events, read_meta,
@@ -136,12 +136,9 @@ pub async fn rebuild_many(
                 // digests this chunk is compared with are complete.
                 crate::framework::catch_up(txn, &crate::all(), head, u64::MAX).map_err(st)?;
                 let upto = head.min(from + CHUNK);
-                let mut batch = Vec::with_capacity((upto - from) as usize);
-                scan_events(txn, from, upto, |ev| {
-                    batch.push(ev);
-                    Ok(true)
-                })
-                .map_err(st)?;
+                let mut events = EventChunk::default();
+                events.read(txn, from, upto).map_err(st)?;
+                let batch = events.events().map_err(st)?;
                 let mut states = states;
                 for (p, s) in set.iter().zip(states.iter_mut()) {
                     chunk(txn, *p, s, &batch, (from, upto), head, swap).map_err(st)?;
@@ -186,7 +183,7 @@ fn chunk(
     txn: &WriteTransaction,
     p: &'static dyn Projection,
     s: &mut Progress,
-    batch: &[tidemark_log::Event],
+    batch: &[EventRef<'_>],
     (from, upto): (u64, u64),
     head: u64,
     swap: bool,

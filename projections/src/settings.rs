@@ -1,7 +1,7 @@
 //! The notification settings in force: the payload of the last `settings.updated`.
 
 use crate::names::{EventType, Stream};
-use tidemark_log::Event;
+use tidemark_log::EventRef;
 use tidemark_log::StorageError;
 
 use crate::framework::{Projection, Store};
@@ -21,9 +21,9 @@ impl Projection for Settings {
         &[CURRENT]
     }
 
-    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
+    fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
         if ev.stream == Stream::Settings && ev.event_type == EventType::SettingsUpdated {
-            st.put(CURRENT, KEY, ev.payload.get().as_bytes())?;
+            st.put(CURRENT, KEY, ev.payload.as_bytes())?;
         }
         Ok(())
     }

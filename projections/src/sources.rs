@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tidemark_log::{Event, StorageError};
+use tidemark_log::{EventRef, StorageError};
 
 use crate::framework::{Projection, Store};
 use crate::names::{EventType, Stream, ids};
@@ -54,14 +54,14 @@ impl Projection for Sources {
         &[ROWS, ITEMS]
     }
 
-    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
+    fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
         if ev.stream != Stream::Sources {
             return Ok(());
         }
-        let Some(ty) = EventType::parse(&ev.event_type) else {
+        let Some(ty) = EventType::parse(ev.event_type) else {
             return Ok(());
         };
-        let name = ev.subject.as_str();
+        let name = ev.subject;
         let mut row: SourceRow = st
             .get_val(ROWS, name.as_bytes())?
             .unwrap_or_else(|| SourceRow {
@@ -70,7 +70,7 @@ impl Projection for Sources {
             });
         match ty {
             EventType::SourceItem => {
-                let Some(id) = ids::source_item_id(name, &ev.event_id) else {
+                let Some(id) = ids::source_item_id(name, ev.event_id) else {
                     return Ok(());
                 };
                 let key = item_key(name, id);

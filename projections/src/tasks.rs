@@ -14,7 +14,7 @@ use tidemark_log::StorageError;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tidemark_log::Event;
+use tidemark_log::EventRef;
 
 use crate::framework::{Projection, Store};
 
@@ -159,16 +159,16 @@ fn owned(v: &Option<Cow<'_, str>>) -> Option<String> {
 }
 
 /// Fold one lifecycle event into a task (the pure core, also used by tests).
-pub fn fold_task(task: &mut Task, ev: &Event) {
+pub fn fold_task(task: &mut Task, ev: &EventRef<'_>) {
     // Fields of another JSON type than the schema's are read as absent, as before.
-    let p: Payload<'_> = serde_json::from_str(ev.payload.get()).unwrap_or_default();
+    let p: Payload<'_> = serde_json::from_str(ev.payload).unwrap_or_default();
     let seq = ev.seq;
     task.latest_event_seq = task.latest_event_seq.max(seq);
     task.updated_at_us = ev.time_us;
     // Borrowed from the payload: a run id is copied only into a run or `current_run_id`
     // that changes.
     let run_id: &str = p.run_id.as_deref().unwrap_or("");
-    let Some(ty) = EventType::parse(&ev.event_type) else {
+    let Some(ty) = EventType::parse(ev.event_type) else {
         return;
     };
     use EventType as T;
@@ -289,7 +289,7 @@ impl Projection for Tasks {
         &[ROWS, BY_STATUS, BY_PROJECT]
     }
 
-    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
+    fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
         // The delivery runtime's own streams name deliveries and consumers, never tasks: no
         // lookup for them (they are most of the writes of a busy outbox).
         if ev.subject.is_empty() || ev.stream == Stream::Deliveries || ev.stream == Stream::Cursors
@@ -302,7 +302,7 @@ impl Projection for Tasks {
         let is_new = existing.is_none();
         let mut task = match (existing, lifecycle) {
             (Some(t), _) => t,
-            (None, true) => Task::new(&ev.subject),
+            (None, true) => Task::new(ev.subject),
             // Not a task (yet): nothing to record.
             (None, false) => return Ok(()),
         };

@@ -2,7 +2,7 @@
 //! the application of settings, recipient, cancellation and delivery events.
 
 use serde::Deserialize;
-use tidemark_log::{Event, StorageError};
+use tidemark_log::{EventRef, StorageError};
 
 use super::*;
 use crate::framework::{Projection, Store, be_u64};
@@ -91,16 +91,38 @@ fn add_count(st: &mut Store<'_>, key: &[u8], delta: i64) -> Result<(), StorageEr
     }
 }
 
-/// Store `new` in place of `old`, keeping every index and counter in step.
+/// The index rows of one state of a row: the digested ones and the list filters'.
+struct Entries {
+    digested: Vec<(&'static str, Vec<u8>)>,
+    filters: Vec<(&'static str, Vec<u8>)>,
+}
+
+impl Entries {
+    fn of(d: &Delivery) -> Self {
+        Entries {
+            digested: index_entries(d),
+            filters: filter_entries(d),
+        }
+    }
+}
+
+/// Store `new` (under `id`, kept decoded for the next event) in place of the row whose index
+/// rows were `before`, keeping every index and counter in step, then its timeline step. The
+/// writes are made in the order the digest has always seen them: indexes, row, step.
 fn store_row(
     st: &mut Store<'_>,
-    old: Option<&Delivery>,
-    new: &Delivery,
+    before: Option<Entries>,
+    id: &[u8],
+    new: Delivery,
+    step: &Step,
 ) -> Result<(), StorageError> {
-    let before = old.map(index_entries).unwrap_or_default();
-    let after = index_entries(new);
-    for (t, k) in &before {
-        if !after.contains(&(t, k.clone())) {
+    let before = before.unwrap_or(Entries {
+        digested: Vec::new(),
+        filters: Vec::new(),
+    });
+    let after = Entries::of(&new);
+    for (t, k) in &before.digested {
+        if !after.digested.iter().any(|(u, l)| u == t && l == k) {
             if *t == COUNTS {
                 add_count(st, k, -1)?;
             } else {
@@ -108,8 +130,8 @@ fn store_row(
             }
         }
     }
-    for (t, k) in &after {
-        if !before.contains(&(t, k.clone())) {
+    for (t, k) in &after.digested {
+        if !before.digested.iter().any(|(u, l)| u == t && l == k) {
             if *t == COUNTS {
                 add_count(st, k, 1)?;
             } else {
@@ -117,19 +139,22 @@ fn store_row(
             }
         }
     }
-    let before = old.map(filter_entries).unwrap_or_default();
-    let after = filter_entries(new);
-    for (t, k) in &before {
-        if !after.contains(&(t, k.clone())) {
+    for (t, k) in &before.filters {
+        if !after.filters.iter().any(|(u, l)| u == t && l == k) {
             st.delete_index(t, k);
         }
     }
-    for (t, k) in &after {
-        if !before.contains(&(t, k.clone())) {
+    for (t, k) in &after.filters {
+        if !before.filters.iter().any(|(u, l)| u == t && l == k) {
             st.put_index(t, k);
         }
     }
-    st.put_val(ROWS, new.id.as_bytes(), new)
+    let mut tk = Vec::with_capacity(new.id.len() + 9);
+    tk.extend_from_slice(new.id.as_bytes());
+    tk.push(0);
+    tk.extend_from_slice(&step.seq.to_be_bytes());
+    st.put_row(ROWS, id, new)?;
+    st.put_val(TIMELINE, &tk, step)
 }
 
 fn step(seq: u64, kind: &str, c: &Change) -> Step {
@@ -147,13 +172,6 @@ fn step(seq: u64, kind: &str, c: &Change) -> Step {
     }
 }
 
-fn put_step(st: &mut Store<'_>, id: &str, s: &Step) -> Result<(), StorageError> {
-    let mut k = id.as_bytes().to_vec();
-    k.push(0);
-    k.extend_from_slice(&s.seq.to_be_bytes());
-    st.put_val(TIMELINE, &k, s)
-}
-
 fn raise_routed(st: &mut Store<'_>, seq: u64) -> Result<(), StorageError> {
     let cur = st
         .get(STATE, ROUTED_KEY)?
@@ -165,8 +183,8 @@ fn raise_routed(st: &mut Store<'_>, seq: u64) -> Result<(), StorageError> {
     Ok(())
 }
 
-fn parse<T: for<'de> Deserialize<'de>>(ev: &Event) -> Result<T, StorageError> {
-    serde_json::from_str(ev.payload.get())
+fn parse<'a, T: Deserialize<'a>>(ev: &EventRef<'a>) -> Result<T, StorageError> {
+    serde_json::from_str(ev.payload)
         .map_err(|e| StorageError::new(format!("{} at seq {}", ev.event_type, ev.seq), e))
 }
 
@@ -205,15 +223,13 @@ impl Projection for Deliveries {
         2
     }
 
-    fn apply(&self, st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
-        let Some(ty) = EventType::parse(&ev.event_type).filter(|t| ev.stream == t.stream()) else {
+    fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
+        let Some(ty) = EventType::parse(ev.event_type).filter(|t| ev.stream == t.stream()) else {
             return Ok(());
         };
         use EventType as T;
         match ty {
-            T::SettingsUpdated => {
-                st.put(SETTINGS, &ev.seq.to_be_bytes(), ev.payload.get().as_bytes())
-            }
+            T::SettingsUpdated => st.put(SETTINGS, &ev.seq.to_be_bytes(), ev.payload.as_bytes()),
             T::RecipientUpdated | T::RecipientSuppressed | T::RecipientUnsuppressed => {
                 fold_recipient(st, ty, ev)
             }
@@ -229,7 +245,11 @@ impl Projection for Deliveries {
     }
 }
 
-fn fold_recipient(st: &mut Store<'_>, ty: EventType, ev: &Event) -> Result<(), StorageError> {
+fn fold_recipient(
+    st: &mut Store<'_>,
+    ty: EventType,
+    ev: &EventRef<'_>,
+) -> Result<(), StorageError> {
     let p = ev.payload_value();
     let mut r: Recipient = st
         .get_val(RECIPIENTS, ev.subject.as_bytes())?
@@ -258,15 +278,14 @@ fn fold_recipient(st: &mut Store<'_>, ty: EventType, ev: &Event) -> Result<(), S
     st.put_val(RECIPIENTS, ev.subject.as_bytes(), &r)
 }
 
-fn fold_delivery(st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
+fn fold_delivery(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
     let kind = &ev.event_type["delivery.".len()..];
     let id = ev.subject.as_bytes();
-    let old: Option<Delivery> = st.get_val(ROWS, id)?;
     match kind {
         "created" => {
             let c: Created = parse(ev)?;
             raise_routed(st, c.notification_seq)?;
-            if old.is_some() {
+            if st.contains(ROWS, id)? {
                 return Ok(());
             }
             let row = c.row(ev.seq);
@@ -284,7 +303,6 @@ fn fold_delivery(st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
                     },
                 )?;
             }
-            store_row(st, None, &row)?;
             let s = Step {
                 seq: ev.seq,
                 event: "created".into(),
@@ -293,19 +311,20 @@ fn fold_delivery(st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
                 attempt: None,
                 error_code: None,
                 error: None,
-                reason: c.reason.clone(),
+                reason: c.reason,
                 next_attempt_at_us: row.next_attempt_at_us,
                 lease_expires_at_us: None,
             };
-            put_step(st, &row.id, &s)
+            store_row(st, None, id, row, &s)
         }
         "joined" => {
             let j: Joined = parse(ev)?;
             raise_routed(st, j.notification_seq)?;
-            let Some(old) = old else { return Ok(()) };
-            let mut row = old.clone();
+            let Some(mut row) = st.take_row::<Delivery>(ROWS, id)? else {
+                return Ok(());
+            };
+            let before = Entries::of(&row);
             join(&mut row, &j, ev.seq);
-            store_row(st, Some(&old), &row)?;
             let s = Step {
                 seq: ev.seq,
                 event: "joined".into(),
@@ -318,18 +337,19 @@ fn fold_delivery(st: &mut Store<'_>, ev: &Event) -> Result<(), StorageError> {
                 next_attempt_at_us: None,
                 lease_expires_at_us: None,
             };
-            put_step(st, &row.id, &s)
+            store_row(st, Some(before), id, row, &s)
         }
         _ => {
             let c: Change = parse(ev)?;
             if let Some(cs) = c.cancel_seq {
                 raise_routed(st, cs)?;
             }
-            let Some(old) = old else { return Ok(()) };
-            let mut row = old.clone();
+            let Some(mut row) = st.take_row::<Delivery>(ROWS, id)? else {
+                return Ok(());
+            };
+            let before = Entries::of(&row);
             transition(&mut row, kind, &c, ev.seq);
-            store_row(st, Some(&old), &row)?;
-            put_step(st, &row.id, &step(ev.seq, kind, &c))
+            store_row(st, Some(before), id, row, &step(ev.seq, kind, &c))
         }
     }
 }
