@@ -22,7 +22,9 @@
 //! boundaries kept a row at every changing event; the digest at a boundary is read as the last
 //! row at or before it, which is the same value in both layouts.)
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
 use tidemark_log::StorageError;
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
@@ -77,14 +79,14 @@ type Bytes = &'static [u8];
 pub struct Store<'t> {
     tables: TxnTables<'t>,
     /// Writes not yet in the tables: a fold of many events touches the same rows again and
-    /// again (a task gets ~8 events), so they are coalesced here and written once, in key
-    /// order, by `flush`. The digest does not see this: it hashes every write as it is made.
-    pending: HashMap<&'static str, BTreeMap<Vec<u8>, Option<Vec<u8>>>>,
+    /// again (a task gets ~8 events), so they are coalesced here and written once, sorted by
+    /// key, by `flush`. The digest does not see this: it hashes every write as it is made.
+    pending: FxHashMap<&'static str, FxHashMap<Vec<u8>, Option<Vec<u8>>>>,
     pending_len: usize,
     /// Rows kept decoded between events ([`Store::take_row`] / [`Store::put_row`]): a row a
     /// fold rewrites at every event (a task) is decoded once and encoded once per flush, not
     /// at each event. Encoded into `pending` by `flush` (or when read as bytes).
-    rows: HashMap<&'static str, HashMap<Vec<u8>, Decoded>>,
+    rows: FxHashMap<&'static str, FxHashMap<Vec<u8>, Decoded>>,
     /// Reused buffer that the digest hashes an encoded row from.
     scratch: Vec<u8>,
     /// Digests at the boundaries passed, not yet written.
@@ -141,9 +143,9 @@ impl<'t> Store<'t> {
     fn new(txn: &'t WriteTransaction, proj: &'static str, generation: u32) -> Self {
         Store {
             tables: TxnTables::at(txn, proj, generation),
-            pending: HashMap::new(),
+            pending: FxHashMap::default(),
             pending_len: 0,
-            rows: HashMap::new(),
+            rows: FxHashMap::default(),
             scratch: Vec::new(),
             boundaries: Vec::new(),
             changed_at: None,
@@ -262,6 +264,14 @@ impl<'t> Store<'t> {
         value: &[u8],
     ) -> Result<(), StorageError> {
         self.note(table, key, Some(value));
+        if self.rows.get(table).is_none_or(|t| !t.contains_key(key))
+            && let Some(Some(staged)) = self.pending.get_mut(table).and_then(|t| t.get_mut(key))
+        {
+            // Written again (a counter, an index row): reuse the staged buffer.
+            staged.clear();
+            staged.extend_from_slice(value);
+            return Ok(());
+        }
         self.stage(table, key, Some(value.to_vec()));
         Ok(())
     }
@@ -390,6 +400,8 @@ impl<'t> Store<'t> {
         self.pending_len = 0;
         for (table, rows) in pending {
             let t = self.tables.table_mut(table)?;
+            let mut rows: Vec<_> = rows.into_iter().collect();
+            rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
             for (key, value) in rows {
                 match value {
                     Some(v) => t.insert(key.as_slice(), v.as_slice()).map(drop),
