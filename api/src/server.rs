@@ -133,6 +133,7 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(tasks::get))
             .routes(routes!(tasks::stream))
             .routes(routes!(notifications::list))
+            .routes(routes!(notifications::get))
             .routes(routes!(deliveries::list))
             .routes(routes!(deliveries::get))
             .routes(routes!(deliveries::kpis))

@@ -16,7 +16,7 @@ use tidemark_projections::deliveries::{Delivery, Step};
 use tidemark_projections::names::Stream;
 use tidemark_projections::notifications::Notification;
 use tidemark_projections::read::{
-    self, DeliveryFilter, Kpis, NotificationFilter, ProjectionInfo, TaskFilter,
+    self, DeliveryFilter, Kpis, NotificationFilter, NotificationStatus, ProjectionInfo, TaskFilter,
 };
 use tidemark_projections::tasks::Task;
 
@@ -173,6 +173,12 @@ impl Queries {
     pub fn notifications(&self, f: &NotificationFilter) -> R<(Vec<Notification>, Option<u64>)> {
         self.floor(0)?;
         Ok(read::notifications(&self.log.db(), f)?)
+    }
+
+    /// The status record of one notification (`None`: no notification has that id).
+    pub fn notification_status(&self, id: &str) -> R<Option<NotificationStatus>> {
+        self.floor(0)?;
+        Ok(read::notification_status(&self.log.db(), id)?)
     }
 
     /// The highest source seq the notification router has derived from.

@@ -384,6 +384,8 @@ pub struct DeliveryFilter {
     pub sink: Option<String>,
     pub route: Option<String>,
     pub recipient: Option<String>,
+    /// Deliveries carrying this notification (a digest carries the ones that joined it).
+    pub notification_id: Option<String>,
     /// Page after this delivery id (ids are ordered bytewise).
     pub after: Option<String>,
     pub limit: usize,
@@ -405,6 +407,7 @@ pub fn deliveries(
         (deliveries::BY_SINK, f.sink.as_deref()),
         (deliveries::BY_ROUTE, f.route.as_deref()),
         (deliveries::BY_RECIPIENT, f.recipient.as_deref()),
+        (deliveries::BY_NOTIFICATION, f.notification_id.as_deref()),
     ];
     if let Some(lists) = Postings::of_filters(&r, deliveries::NAME, &filters)? {
         let keep = |d: &Delivery| {
@@ -414,6 +417,9 @@ pub fn deliveries(
                 && f.recipient
                     .as_deref()
                     .is_none_or(|s| d.recipient.as_deref() == Some(s))
+                && f.notification_id
+                    .as_deref()
+                    .is_none_or(|n| d.items.iter().any(|i| i.notification_id == n))
         };
         let after = f.after.as_deref().map(str::as_bytes);
         let next = intersect(&lists, Order::Asc, after, limit, |id| {
@@ -444,6 +450,112 @@ pub fn deliveries(
         }
     }
     Ok((out, None))
+}
+
+/// What became of one notification (spec section 14), derived from its deliveries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NotificationStatus {
+    pub notification: Notification,
+    /// dashboard_only, pending, parked, delivered, discarded, cancelled or skipped.
+    pub status: &'static str,
+    /// Attempts of all its deliveries.
+    pub attempts: u32,
+    /// The error of the delivery that failed most recently.
+    pub last_error: Option<String>,
+    /// When it was enqueued: the event time (its source's `enqueued_at` once provenance is
+    /// modelled).
+    pub enqueued_at_us: i64,
+    pub created_at_us: i64,
+    /// The latest delivery time of its deliveries.
+    pub delivered_at_us: Option<i64>,
+    /// Its deliveries (a digest it joined counts as its own), by id.
+    pub deliveries: Vec<Delivery>,
+}
+
+/// The status of a notification with these deliveries: none → `dashboard_only`; any queued,
+/// leased or retry_wait → `pending`; else any parked → `parked`; else any sent → `delivered`;
+/// else any discarded → `discarded`; else any cancelled → `cancelled`; else `skipped`.
+pub fn notification_status_of(deliveries: &[Delivery]) -> &'static str {
+    let any = |s: &[&str]| deliveries.iter().any(|d| s.contains(&d.status.as_str()));
+    if deliveries.is_empty() {
+        "dashboard_only"
+    } else if any(&["queued", "leased", "retry_wait"]) {
+        "pending"
+    } else if any(&["parked"]) {
+        "parked"
+    } else if any(&["sent"]) {
+        "delivered"
+    } else if any(&["discarded"]) {
+        "discarded"
+    } else if any(&["cancelled"]) {
+        "cancelled"
+    } else {
+        "skipped"
+    }
+}
+
+/// Deliveries a status record lists at most (one per route; a notification has a handful).
+const STATUS_DELIVERIES_MAX: usize = 1000;
+
+/// The status record of notification `id`, or `None` when no notification has that id.
+pub fn notification_status(
+    db: &redb::Database,
+    id: &str,
+) -> Result<Option<NotificationStatus>, StorageError> {
+    let r = Reader::new(db)?;
+    let Some(ids) = r.table(notifications::NAME, notifications::IDS)? else {
+        return Ok(None);
+    };
+    let Some(seq) = ids
+        .get(id.as_bytes())
+        .map_err(StorageError::of)?
+        .and_then(|v| be_u64(v.value()))
+    else {
+        return Ok(None);
+    };
+    let Some(notification) = r.get_val::<Notification>(
+        notifications::NAME,
+        notifications::BY_SEQ,
+        &seq.to_be_bytes(),
+    )?
+    else {
+        return Ok(None);
+    };
+    let mut found = Vec::new();
+    if let (Some(index), Some(rows)) = (
+        r.table(deliveries::NAME, deliveries::BY_NOTIFICATION)?,
+        r.table(deliveries::NAME, deliveries::ROWS)?,
+    ) {
+        let mut prefix = id.as_bytes().to_vec();
+        prefix.push(0);
+        for row in index.range(prefix.as_slice()..).map_err(StorageError::of)? {
+            let (k, _) = row.map_err(StorageError::of)?;
+            let Some(delivery_id) = k.value().strip_prefix(prefix.as_slice()) else {
+                break;
+            };
+            if let Some(v) = rows.get(delivery_id).map_err(StorageError::of)? {
+                found.push(postcard::from_bytes::<Delivery>(v.value()).map_err(StorageError::of)?);
+            }
+            if found.len() >= STATUS_DELIVERIES_MAX {
+                break;
+            }
+        }
+    }
+    let last_error = found
+        .iter()
+        .filter(|d| d.last_error.is_some())
+        .max_by_key(|d| (d.updated_at_us, d.last_seq))
+        .and_then(|d| d.last_error.clone());
+    Ok(Some(NotificationStatus {
+        status: notification_status_of(&found),
+        attempts: found.iter().map(|d| d.attempts).sum(),
+        last_error,
+        enqueued_at_us: notification.time_us,
+        created_at_us: notification.time_us,
+        delivered_at_us: found.iter().filter_map(|d| d.delivered_at_us).max(),
+        deliveries: found,
+        notification,
+    }))
 }
 
 /// Outbox KPIs of one sink or of all (spec section 5).

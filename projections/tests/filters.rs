@@ -14,6 +14,7 @@ use redb::ReadableTable;
 use serde_json::json;
 use tidemark_log::{Log, LogConfig, NewEvent};
 use tidemark_projections::deliveries::{Change, Created, Delivery};
+use tidemark_projections::framework::Projection;
 use tidemark_projections::notifications::Notification;
 use tidemark_projections::read::{self, DeliveryFilter, NotificationFilter};
 
@@ -200,6 +201,11 @@ fn delivery_matches(all: &[Delivery], f: &DeliveryFilter) -> Vec<String> {
                 .as_deref()
                 .is_none_or(|s| d.recipient.as_deref() == Some(s))
         })
+        .filter(|d| {
+            f.notification_id
+                .as_deref()
+                .is_none_or(|n| d.items.iter().any(|i| i.notification_id == n))
+        })
         .map(|d| d.id.clone())
         .collect()
 }
@@ -248,13 +254,16 @@ fn delivery_filter() -> impl Strategy<Value = DeliveryFilter> {
         value(&RECIPIENTS),
         proptest::option::of(0..1000usize),
         1..7usize,
+        // The notification of the delivery the i-th op may have created (`n-<id>`).
+        proptest::option::of(0..300usize),
     )
         .prop_map(
-            |(status, sink, route, recipient, after, limit)| DeliveryFilter {
+            |(status, sink, route, recipient, after, limit, notification)| DeliveryFilter {
                 status,
                 sink,
                 route,
                 recipient,
+                notification_id: notification.map(|i| format!("n-d{:03}", (i * 37) % 1000)),
                 after: after.map(|k| format!("d{k:03}")),
                 limit,
             },
@@ -349,6 +358,11 @@ proptest! {
             .filter_map(|d| Some(key(d.recipient.as_deref()?, d.id.as_bytes())))
             .collect();
         prop_assert_eq!(index_keys(&db, "deliveries", "by_recipient"), sorted(want));
+        let want: Vec<Vec<u8>> = rows
+            .iter()
+            .flat_map(|d| d.items.iter().map(|i| key(&i.notification_id, d.id.as_bytes())))
+            .collect();
+        prop_assert_eq!(index_keys(&db, "deliveries", "by_notification"), sorted(want));
 
         // Notifications: newest first, from what was appended.
         let by_seq: BTreeMap<u64, (&str, Option<&str>)> = notes
@@ -579,7 +593,11 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
             for name in ["deliveries", "notifications"] {
                 let mut m: tidemark_projections::Meta =
                     postcard::from_bytes(t.get(name).unwrap().unwrap().value()).unwrap();
-                assert_eq!(m.version, 2);
+                let current = match name {
+                    "deliveries" => tidemark_projections::deliveries::Deliveries.version(),
+                    _ => tidemark_projections::notifications::Notifications.version(),
+                };
+                assert_eq!(m.version, current, "{name}");
                 m.version = 1;
                 t.insert(name, postcard::to_stdvec(&m).unwrap().as_slice())
                     .unwrap();
@@ -589,6 +607,7 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
             "p.deliveries.by_sink.g0",
             "p.deliveries.by_route.g0",
             "p.deliveries.by_recipient.g0",
+            "p.deliveries.by_notification.g0",
             "p.notifications.by_priority.g0",
             "p.notifications.by_recipient.g0",
         ] {
@@ -619,6 +638,21 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
     // i ≡ 0 (mod 3) and i even: 0, 6, ..., 36.
     let got: Vec<&str> = page.iter().map(|d| d.id.as_str()).collect();
     assert_eq!(got, ["d00", "d06", "d12", "d18", "d24", "d30", "d36"]);
+    let (page, _) = read::deliveries(
+        &db,
+        &DeliveryFilter {
+            notification_id: Some("n-d07".into()),
+            limit: 100,
+            ..DeliveryFilter::default()
+        },
+    )
+    .unwrap();
+    let got: Vec<&str> = page.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(
+        got,
+        ["d07"],
+        "the notification index is filled by the rebuild"
+    );
     let (page, _) = read::notifications(
         &db,
         &NotificationFilter {

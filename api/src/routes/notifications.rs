@@ -2,11 +2,11 @@
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use serde::{Deserialize, Serialize};
 use tidemark_projections::names::Priority;
 use tidemark_projections::notifications::Notification;
-use tidemark_projections::read::NotificationFilter;
+use tidemark_projections::read::{NotificationFilter, NotificationStatus};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
@@ -110,4 +110,105 @@ pub async fn list(
         next_before_seq: next,
         as_of_seq,
     }))
+}
+
+/// One of the notification's deliveries, as its status record lists it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StatusDeliveryOut {
+    pub id: String,
+    pub route: String,
+    pub sink: String,
+    /// queued, leased, retry_wait, sent, parked, discarded, skipped, cancelled.
+    pub status: String,
+    pub attempts: u32,
+}
+
+/// What became of one notification (spec section 14).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NotificationStatusOut {
+    pub notification: NotificationOut,
+    /// dashboard_only (no delivery), pending (any queued, leased or retry_wait), else parked,
+    /// delivered, discarded, cancelled or skipped, in that order of precedence.
+    #[schema(pattern = "^(dashboard_only|pending|parked|delivered|discarded|cancelled|skipped)$")]
+    pub status: String,
+    /// Attempts of all its deliveries.
+    pub attempts: u32,
+    /// The error of the delivery that failed most recently.
+    pub last_error: Option<String>,
+    pub enqueued_at: String,
+    pub created_at: String,
+    /// The latest delivery time among its deliveries.
+    pub delivered_at: Option<String>,
+    /// Its deliveries; a digest it joined counts as its own.
+    pub deliveries: Vec<StatusDeliveryOut>,
+    /// The answer reflects the log at least up to this seq.
+    pub as_of_seq: u64,
+}
+
+impl NotificationStatusOut {
+    fn new(s: NotificationStatus, as_of_seq: u64) -> Self {
+        use tidemark_log::time::format_micros;
+        NotificationStatusOut {
+            notification: NotificationOut::from(s.notification),
+            status: s.status.to_owned(),
+            attempts: s.attempts,
+            last_error: s.last_error,
+            enqueued_at: format_micros(s.enqueued_at_us),
+            created_at: format_micros(s.created_at_us),
+            delivered_at: s.delivered_at_us.map(format_micros),
+            deliveries: s
+                .deliveries
+                .into_iter()
+                .map(|d| StatusDeliveryOut {
+                    id: d.id,
+                    route: d.route,
+                    sink: d.sink,
+                    status: d.status,
+                    attempts: d.attempts,
+                })
+                .collect(),
+            as_of_seq,
+        }
+    }
+}
+
+/// The status record of one notification: its dashboard row, what became of it and its
+/// deliveries.
+#[utoipa::path(
+    get, path = "/v1/notifications/{id}", tag = "notifications", operation_id = "getNotificationStatus",
+    params(("id" = String, Path, description = "Notification id"), crate::routes::ReadAt),
+    responses(
+        (status = 200, body = NotificationStatusOut),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["read"]))
+)]
+#[tracing::instrument(skip_all)]
+pub async fn get(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    q: Result<Query<crate::routes::ReadAt>, QueryRejection>,
+) -> Result<Json<NotificationStatusOut>, ApiError> {
+    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
+    if id.is_empty() || id.chars().count() > 128 || id.chars().any(char::is_control) {
+        return Err(ApiError::bad_request(
+            "invalid_path",
+            "a notification id is 1–128 printable characters",
+        ));
+    }
+    let key = id.clone();
+    let (found, as_of_seq) =
+        crate::routes::read_model(&st.engine, q.seq()?, move |r| r.notification_status(&key))
+            .await?;
+    let s = found.ok_or_else(|| {
+        ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "notification_not_found",
+            "no notification with that id",
+        )
+    })?;
+    metrics::counter!("tidemark_notification_status_reads_total", "status" => s.status)
+        .increment(1);
+    Ok(Json(NotificationStatusOut::new(s, as_of_seq)))
 }

@@ -78,6 +78,12 @@ fn filter_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
     if let Some(r) = &d.recipient {
         out.push((BY_RECIPIENT, cat(&[r.as_bytes(), d.id.as_bytes()])));
     }
+    for item in &d.items {
+        out.push((
+            BY_NOTIFICATION,
+            cat(&[item.notification_id.as_bytes(), d.id.as_bytes()]),
+        ));
+    }
     out
 }
 
@@ -209,6 +215,7 @@ impl Projection for Deliveries {
             BY_SINK,
             BY_ROUTE,
             BY_RECIPIENT,
+            BY_NOTIFICATION,
             GROUPS,
             SETTINGS,
             RECIPIENTS,
@@ -217,10 +224,11 @@ impl Projection for Deliveries {
         ]
     }
 
-    /// 2: the list-filter indexes `by_sink`, `by_route`, `by_recipient` (outside the digest);
-    /// a model of version 1 is rebuilt from the log at the next open, which fills them.
+    /// 2: the list-filter indexes `by_sink`, `by_route`, `by_recipient`; 3: `by_notification`
+    /// (all outside the digest). An older model is rebuilt from the log at the next open, which
+    /// fills them.
     fn version(&self) -> u32 {
-        2
+        3
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {

@@ -39,6 +39,10 @@ pub const BY_TASK: &str = "by_task";
 pub const BY_SINK: &str = "by_sink";
 pub const BY_ROUTE: &str = "by_route";
 pub const BY_RECIPIENT: &str = "by_recipient";
+/// `notification_id ‖ 0 ‖ id` for every notification a delivery carries (a digest carries the
+/// ones that joined it): `?notification_id=` and the status record of a notification (spec
+/// section 14). Outside the digest, like the other list-filter indexes.
+pub const BY_NOTIFICATION: &str = "by_notification";
 /// `route ‖ 0 ‖ recipient ‖ 0 ‖ group_key` → the open digest [`Group`].
 pub const GROUPS: &str = "groups";
 /// seq (BE) → payload of the `settings.updated` at that seq.

@@ -243,6 +243,9 @@ pub struct DeliveriesQuery {
     pub sink: Option<String>,
     pub route: Option<String>,
     pub recipient: Option<String>,
+    /// Deliveries carrying this notification (a digest carries every notification that
+    /// joined it).
+    pub notification_id: Option<String>,
     /// Continue after this delivery id.
     pub after: Option<String>,
     /// 1–1000, default 100.
@@ -280,6 +283,7 @@ pub async fn list(
         ("sink", &q.sink),
         ("route", &q.route),
         ("recipient", &q.recipient),
+        ("notification_id", &q.notification_id),
         ("after", &q.after),
     ] {
         if let Some(v) = v
@@ -295,6 +299,7 @@ pub async fn list(
         sink: q.sink,
         route: q.route,
         recipient: q.recipient,
+        notification_id: q.notification_id,
         after: q.after,
         limit: parse_limit(q.limit.as_deref(), 100, 1000)?,
     };
