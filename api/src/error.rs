@@ -26,6 +26,12 @@ pub struct Problem {
     /// For conflicts: the seq of the event already in the log.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seq: Option<u64>,
+    /// For `recipient_blocked`: the 0-based indexes of the blocked events of the batch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocked: Option<Vec<usize>>,
+    /// For `recipient_blocked`: `"blocked"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -48,6 +54,8 @@ impl ApiError {
                 index: None,
                 field: None,
                 seq: None,
+                blocked: None,
+                outcome: None,
             }),
             retry_after_secs: None,
         }
@@ -210,6 +218,38 @@ impl IntoResponse for ApiError {
             h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         resp
+    }
+}
+
+impl From<tidemark_engine::ClientAppendError> for ApiError {
+    fn from(e: tidemark_engine::ClientAppendError) -> Self {
+        match e {
+            tidemark_engine::ClientAppendError::Command(e) => e.into(),
+            full @ tidemark_engine::ClientAppendError::OutboxFull { retry_after_s, .. } => {
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "outbox_full",
+                    full.to_string(),
+                )
+                .retry_after(retry_after_s)
+            }
+            tidemark_engine::ClientAppendError::RecipientBlocked { indexes } => {
+                // The detail names no recipient and no content (section 14: the server keeps
+                // nothing of a blocked request, its log and answers included).
+                let mut err = ApiError::new(
+                    StatusCode::CONFLICT,
+                    "recipient_blocked",
+                    format!(
+                        "{} notification(s) of the batch are for a suppressed recipient; \
+                         nothing was appended",
+                        indexes.len()
+                    ),
+                );
+                err.problem.blocked = Some(indexes);
+                err.problem.outcome = Some("blocked".to_owned());
+                err
+            }
+        }
     }
 }
 

@@ -23,11 +23,12 @@ use std::sync::Arc;
 
 use tidemark_log::{
     AppendReceipt, CommandError, EventLog, Log, LogConfig, NewEvent, OpenError, OpenReport,
-    RejectKind, StorageError,
+    StorageError,
 };
 use tidemark_projections::names::EventType;
 use tidemark_projections::rebuild::RebuildReport;
 
+pub use commands::admission::Admission;
 pub use commands::{Command, Outcome};
 
 /// How long a command refused for pending work (`RejectKind::Overloaded`, e.g. `outbox_full`)
@@ -40,6 +41,30 @@ pub use queries::{LAG_CAP, Lag, Queries, QueryError, READ_WAIT};
 /// The redb items the commands use inside the writer's transaction; nothing of it is public.
 mod store {
     pub(crate) use redb::{ReadableTable, WriteTransaction};
+}
+
+/// Why a client's append was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientAppendError {
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    /// The batch requests notifications (0-based `indexes`) for recipients suppressed at the
+    /// head: nothing of it was appended (the crisis hard-block, spec section 14).
+    #[error("the batch requests notifications for suppressed recipients")]
+    RecipientBlocked { indexes: Vec<usize> },
+    /// The batch's deliveries (`adding`) would take the `pending` ones above `max_pending`
+    /// (I8: refused, nothing appended); retry after `retry_after_s` (the drain rate's
+    /// estimate).
+    #[error(
+        "{pending} deliveries are pending or being routed and this request adds {adding}, \
+         above outbox.max_pending ({max_pending}); retry later"
+    )]
+    OutboxFull {
+        pending: u64,
+        adding: u64,
+        max_pending: u64,
+        retry_after_s: u64,
+    },
 }
 
 /// Where commands read the time (microseconds since the epoch).
@@ -147,43 +172,73 @@ impl Engine {
         r
     }
 
-    /// Append a client's batch (atomic, idempotent). Backpressure (spec section 4, I8): when
-    /// the batch requests a notification and more than `max_pending` deliveries are pending,
-    /// it is refused (`Rejected` / `Overloaded`, code `outbox_full`) and nothing is appended;
-    /// lifecycle events are never refused for it. The check is a command: it counts the
-    /// pending deliveries at the head, in the transaction that appends the batch.
+    /// Append a client's batch (atomic, idempotent). A batch that requests notifications is
+    /// judged at the head first (spec section 14, `commands::admission`): an `event_id` already
+    /// in the log with other content is left to the log's conflict; a notification for a
+    /// recipient suppressed at the head refuses the whole batch
+    /// ([`ClientAppendError::RecipientBlocked`]; nothing is appended, nothing of it logged);
+    /// new deliveries that would take the outbox above `max_pending` refuse it
+    /// ([`ClientAppendError::OutboxFull`], I8; the bound is never exceeded). Exact duplicates
+    /// are answered `duplicate: true` and never blocked or counted; lifecycle events and
+    /// dashboard-only notifications are never refused for the bound.
     pub async fn append_from_client(
         &self,
         events: Vec<NewEvent>,
         max_pending: u64,
-    ) -> Result<AppendReceipt, CommandError> {
+    ) -> Result<AppendReceipt, ClientAppendError> {
         if !events
             .iter()
             .any(|e| e.event_type == EventType::NotificationRequested)
         {
-            return Ok(self.log.append(events).await?);
+            return Ok(self.log.append(events).await.map_err(CommandError::from)?);
         }
-        let (_, receipt) = self
+        // Which events the log already holds with the same content (answered as duplicates);
+        // one with other content is the log's 409, before any other check.
+        let mut known = vec![false; events.len()];
+        for (i, e) in events.iter().enumerate() {
+            let Some(id) = &e.event_id else { continue };
+            let Some(prev) = self
+                .log
+                .get_by_id(id)
+                .map_err(|e| CommandError::Storage(StorageError::of(e)))?
+            else {
+                continue;
+            };
+            if prev.stream == e.stream
+                && prev.subject == e.subject
+                && prev.event_type == e.event_type
+                && prev.payload.get().as_bytes() == e.payload_bytes()
+            {
+                known[i] = true;
+            } else {
+                return Ok(self.log.append(events).await.map_err(CommandError::from)?);
+            }
+        }
+        let clock = self.clock.clone();
+        let (admission, receipt) = self
             .log
             .command(true, move |txn, head| {
                 at_head(txn, head)?;
-                let pending = tidemark_projections::deliveries::pending_in(txn)
-                    .map_err(CommandError::Storage)?;
-                if pending > max_pending {
-                    metrics::counter!("tidemark_outbox_refused_total").increment(1);
-                    return Err(CommandError::rejected(
-                        RejectKind::Overloaded,
-                        "outbox_full",
-                        format!(
-                            "{pending} deliveries are pending, above outbox.max_pending \
-                             ({max_pending}); retry later"
-                        ),
-                    ));
+                match commands::admission::admit(txn, &events, &known, clock(), max_pending)? {
+                    Admission::Accept => Ok((Admission::Accept, events)),
+                    blocked => Ok((blocked, Vec::new())),
                 }
-                Ok(((), events))
             })
             .await?;
-        Ok(receipt)
+        match admission {
+            Admission::Accept => Ok(receipt),
+            Admission::Blocked(indexes) => Err(ClientAppendError::RecipientBlocked { indexes }),
+            Admission::Full {
+                pending,
+                adding,
+                retry_after_s,
+            } => Err(ClientAppendError::OutboxFull {
+                pending,
+                adding,
+                max_pending,
+                retry_after_s,
+            }),
+        }
     }
 
     /// Rebuild (`swap`) or verify projection `name` from the log; `None` when there is no such

@@ -232,6 +232,24 @@ pub(crate) fn index_key(value: &str, seq: u64) -> Vec<u8> {
     k
 }
 
+/// Notifications of `priority` at seqs after `after`, as the writer's transaction sees them:
+/// with `after` the routing checkpoint, the ones the router has not routed yet (the outbox
+/// bound counts the deliveries they will make, spec section 5).
+pub fn count_after(
+    txn: &redb::WriteTransaction,
+    priority: &str,
+    after: u64,
+) -> Result<u64, StorageError> {
+    use redb::ReadableTable;
+    let mut t = crate::framework::TxnTables::new(txn, NAME)?;
+    let lo = index_key(priority, after.saturating_add(1));
+    let hi = index_key(priority, u64::MAX);
+    Ok(t.table(BY_PRIORITY)?
+        .range(lo.as_slice()..=hi.as_slice())
+        .map_err(StorageError::of)?
+        .count() as u64)
+}
+
 pub struct Notifications;
 
 impl Projection for Notifications {

@@ -326,11 +326,11 @@ pub(crate) fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
         (status = 400, description = "Malformed input", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No or bad token", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Missing scope or server-only type", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "event_id already used with other content", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "event_id already used with other content (`event_id_conflict`), or a notification for a suppressed recipient (`recipient_blocked`: `blocked` lists the indexes, nothing appended)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body, batch or payload too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Reserved type with an invalid payload", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "Writer queue full; see Retry-After", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Writer queue full (`overloaded`), or the outbox bound (`outbox_full`: Retry-After from the drain rate)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Shutting down", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = ["append"]))

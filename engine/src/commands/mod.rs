@@ -5,9 +5,11 @@
 //! - [`outbox`]: routing, leases, completions, failures, operator actions (sections 4–5);
 //! - [`cursors`]: advance and reset (section 6, I4);
 //! - [`bridges`]: subscriptions and delivery confirmations (section 6);
+//! - [`admission`]: the crisis block and the outbox bound on a client's append (section 14);
 //! - [`sources`]: a polled page, the watermark's compare-and-swap, pause/resume/park/reset
 //!   (section 12).
 
+pub mod admission;
 pub mod bridges;
 pub mod cursors;
 pub mod outbox;

@@ -207,13 +207,23 @@ pub(crate) fn run(
                 notify_blocked = true;
             }
             if let (Some(n), Some(first), false) = (&notify, new_items.first(), notify_blocked) {
-                let pending = tidemark_projections::deliveries::pending_in(txn).map_err(st)?;
-                if pending > max_pending {
+                // The same bound as a client's append (section 5): never exceeded.
+                let mut state = crate::commands::outbox::State::new(txn)?;
+                if let crate::commands::admission::Admission::Full {
+                    pending, adding, ..
+                } = crate::commands::admission::over_bound(
+                    txn,
+                    &mut state,
+                    &[n.priority.as_str()],
+                    now_us,
+                    max_pending,
+                )? {
                     return Err(CommandError::rejected(
                         RejectKind::Overloaded,
                         "outbox_full",
                         format!(
-                            "{pending} deliveries are pending, above outbox.max_pending \
+                            "{pending} deliveries are pending or being routed and the page's \
+                             notification adds {adding}, above outbox.max_pending \
                              ({max_pending})"
                         ),
                     ));

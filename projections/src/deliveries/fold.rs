@@ -262,26 +262,8 @@ fn fold_recipient(
     let mut r: Recipient = st
         .get_val(RECIPIENTS, ev.subject.as_bytes())?
         .unwrap_or_default();
-    match ty {
-        EventType::RecipientUpdated => {
-            if let Some(m) = p.get("tz_offset_minutes").and_then(|v| v.as_i64()) {
-                r.tz_offset_minutes = Some(m.clamp(-840, 840) as i32);
-            }
-        }
-        EventType::RecipientSuppressed => {
-            r.suppressed = true;
-            r.suppressed_until_us = p
-                .get("until")
-                .and_then(|v| v.as_str())
-                .and_then(tidemark_log::time::parse_rfc3339_micros);
-            r.suppress_reason = p.get("reason").and_then(|v| v.as_str()).map(str::to_owned);
-        }
-        EventType::RecipientUnsuppressed => {
-            r.suppressed = false;
-            r.suppressed_until_us = None;
-            r.suppress_reason = None;
-        }
-        _ => return Ok(()),
+    if !r.apply(ty, &p) {
+        return Ok(());
     }
     st.put_val(RECIPIENTS, ev.subject.as_bytes(), &r)
 }

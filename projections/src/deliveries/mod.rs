@@ -156,6 +156,35 @@ pub struct Recipient {
 }
 
 impl Recipient {
+    /// Apply a recipient event (`ty` with payload `p`); false for another type. The one rule
+    /// the fold and the append's crisis-block check (which applies a batch's own recipient
+    /// events in order, spec section 14) share.
+    pub fn apply(&mut self, ty: crate::names::EventType, p: &serde_json::Value) -> bool {
+        use crate::names::EventType as T;
+        match ty {
+            T::RecipientUpdated => {
+                if let Some(m) = p.get("tz_offset_minutes").and_then(|v| v.as_i64()) {
+                    self.tz_offset_minutes = Some(m.clamp(-840, 840) as i32);
+                }
+            }
+            T::RecipientSuppressed => {
+                self.suppressed = true;
+                self.suppressed_until_us = p
+                    .get("until")
+                    .and_then(|v| v.as_str())
+                    .and_then(tidemark_log::time::parse_rfc3339_micros);
+                self.suppress_reason = p.get("reason").and_then(|v| v.as_str()).map(str::to_owned);
+            }
+            T::RecipientUnsuppressed => {
+                self.suppressed = false;
+                self.suppressed_until_us = None;
+                self.suppress_reason = None;
+            }
+            _ => return false,
+        }
+        true
+    }
+
     /// Suppressed at time `at_us` (a suppression with `until` ends then).
     pub fn suppressed_at(&self, at_us: i64) -> bool {
         self.suppressed && self.suppressed_until_us.is_none_or(|u| at_us < u)
@@ -398,6 +427,39 @@ pub(crate) fn count_pending(
         }) {
             n += crate::framework::be_u64(v.value()).unwrap_or(0);
         }
+    }
+    Ok(n)
+}
+
+/// Deliveries sent at or after `since_us` over all sinks, as the writer's transaction sees
+/// them (the outbox's drain rate, for the `Retry-After` of a refusal).
+pub fn sent_since_in(
+    txn: &redb::WriteTransaction,
+    since_us: i64,
+) -> Result<u64, tidemark_log::StorageError> {
+    use redb::ReadableTable;
+    use tidemark_log::StorageError;
+    let mut t = crate::framework::TxnTables::new(txn, NAME)?;
+    let mut sinks: Vec<Vec<u8>> = Vec::new();
+    for row in t.table(COUNTS)?.iter().map_err(StorageError::of)? {
+        let (k, _) = row.map_err(StorageError::of)?;
+        let k = k.value();
+        if let Some(split) = k.iter().position(|b| *b == 0)
+            && sinks.last().is_none_or(|s| s.as_slice() != &k[..split])
+        {
+            sinks.push(k[..split].to_vec());
+        }
+    }
+    let sent = t.table(SENT)?;
+    let mut n = 0;
+    for sink in sinks {
+        let sink = String::from_utf8_lossy(&sink);
+        let lo = timed_key(&sink, since_us, "");
+        let hi = timed_key(&sink, i64::MAX, "");
+        n += sent
+            .range(lo.as_slice()..hi.as_slice())
+            .map_err(StorageError::of)?
+            .count() as u64;
     }
     Ok(n)
 }

@@ -1032,10 +1032,13 @@ async fn an_expired_last_attempt_is_parked() {
 // 6. Backpressure
 // ---------------------------------------------------------------------------------------------
 
+/// The bound is hard (section 5): six pending with `max_pending = 6` is full, and a request
+/// that would make a seventh is refused (it used to allow one batch past the bound: 6 pending
+/// with `max_pending = 5`). Only requests that create deliveries are refused.
 #[tokio::test]
 async fn a_full_outbox_refuses_notification_requests_only() {
     let s =
-        Server::start(ServerOpts::default().config("[notifications.outbox]\nmax_pending = 5\n"))
+        Server::start(ServerOpts::default().config("[notifications.outbox]\nmax_pending = 6\n"))
             .await;
     let batch: Vec<Value> = (0..6).map(|i| urgent(&format!("bp-{i}"))).collect();
     append_ok(&s, &json!({ "events": batch })).await;
@@ -1061,16 +1064,24 @@ async fn a_full_outbox_refuses_notification_requests_only() {
     let r = s
         .send(s.request(Method::POST, "/v1/events").json(&urgent("bp-7")))
         .await;
-    assert_problem_for(&r, 429, "outbox_full", "6 pending > max_pending 5");
-    let retry_after = r
-        .headers
-        .get(reqwest::header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_else(|| panic!("429 without Retry-After: {:?}", r.headers));
-    assert!(
-        retry_after.trim().parse::<u64>().is_ok_and(|n| n >= 1),
-        "Retry-After must be whole seconds: {retry_after:?}"
+    assert_problem_for(&r, 429, "outbox_full", "6 pending + 1 > max_pending 6");
+    assert_eq!(s.head().await, head, "a refused request appends nothing");
+    assert_eq!(
+        retry_after(&r),
+        3600,
+        "nothing completed in the last minute: the longest wait"
     );
+    // A notification that makes no delivery (dashboard only) and a duplicate of an accepted
+    // one are still answered.
+    let r = append_ok(
+        &s,
+        &notif_ev("bp-info", json!({"priority": "info", "title": "fyi"})),
+    )
+    .await;
+    assert!(!r[0].2, "{r:?}");
+    let r = append_ok(&s, &urgent("bp-3")).await;
+    assert!(r[0].2, "a duplicate: {r:?}");
+    let head = s.head().await;
     // A batch with a notification request is refused whole.
     let r = s
         .send(
@@ -1115,13 +1126,27 @@ async fn a_full_outbox_refuses_notification_requests_only() {
     assert_eq!(r.len(), 2);
     assert_eq!(s.head().await, head + 2);
 
-    // Deliver one: 5 pending, not above the limit: the same request is accepted.
+    // Deliver one: 5 pending, one below the limit: the same request is accepted.
     let got = claim(&s, "bp-worker", 1, 60_000).await;
     assert_eq!(got.len(), 1);
     let id = got[0]["id"].as_str().expect("id").to_owned();
     let r = act(&s, &id, "complete", &json!({"owner": "bp-worker"})).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(kpis(&s, "").await["queue_depth"], 5);
+    // A batch of two would make 7: refused whole, waiting for one completion at the rate of
+    // one a minute (ceil(1 × 60 / 1) s).
+    let r = s
+        .send(
+            s.request(Method::POST, "/v1/events")
+                .json(&json!({"events": [urgent("bp-7"), urgent("bp-8")]})),
+        )
+        .await;
+    assert_problem_for(&r, 429, "outbox_full", "5 + 2 > 6");
+    assert!(
+        (1..=60).contains(&retry_after(&r)),
+        "Retry-After follows the drain rate: {:?}",
+        r.headers
+    );
     let r = append_ok(&s, &urgent("bp-7")).await;
     assert_eq!(r.len(), 1);
     assert!(!r[0].2, "bp-7 was never appended before: {r:?}");
@@ -1130,14 +1155,32 @@ async fn a_full_outbox_refuses_notification_requests_only() {
         listed.iter().any(|n| n["notification_id"] == "bp-7"),
         "the accepted notification is listed"
     );
-    // Its delivery makes 6 pending again: refused again.
-    wait_status(&s, &dlv("bp-7"), "queued").await;
+    // Its delivery makes 6 pending again: full, refused again — even before the router has
+    // made bp-7's delivery (it is counted while unrouted), so the bound is never exceeded.
     let head = s.head().await;
     let r = s
         .send(s.request(Method::POST, "/v1/events").json(&urgent("bp-9")))
         .await;
     assert_problem_for(&r, 429, "outbox_full", "full again");
     assert_eq!(s.head().await, head);
+    wait_status(&s, &dlv("bp-7"), "queued").await;
+    assert_eq!(
+        kpis(&s, "").await["queue_depth"],
+        6,
+        "never above the bound"
+    );
+}
+
+/// The `Retry-After` of a 429, in whole seconds.
+fn retry_after(r: &Reply) -> u64 {
+    let v = r
+        .headers
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_else(|| panic!("429 without Retry-After: {:?}", r.headers));
+    v.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("Retry-After must be whole seconds: {v:?}"))
 }
 
 // ---------------------------------------------------------------------------------------------

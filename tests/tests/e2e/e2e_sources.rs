@@ -818,7 +818,7 @@ async fn a_full_outbox_backs_the_source_off_until_it_drains() {
     let (up, addr) = start_upstream().await;
     let notify = "every = \"1h\"\n[sources.notify]\npriority = \"urgent\"\ntitle_one = \"one\"\ntitle_many = \"{count} new\"\n";
     let s = start(format!(
-        "[notifications.outbox]\nmax_pending = 1\n{}",
+        "[notifications.outbox]\nmax_pending = 2\n{}",
         source_toml("busy", addr, notify)
     ))
     .await;
@@ -826,7 +826,7 @@ async fn a_full_outbox_backs_the_source_off_until_it_drains() {
         v["last_success_at"].is_string()
     })
     .await;
-    // Two pending deliveries (one over the bound).
+    // Two pending deliveries: the bound reached (a request over it is refused, section 5).
     let batch: Vec<Value> = (0..2)
         .map(|i| json!({"event_id": format!("busy-n{i}"), "stream": "notifications", "subject": format!("busy-n{i}"),
                         "type": "notification.requested", "payload": {"priority": "urgent", "title": "t"}}))

@@ -17,6 +17,7 @@
 //! Build the binary first: `cargo build -p tidemark-api`.
 
 mod common;
+mod e2e_admission;
 mod e2e_append;
 mod e2e_auth;
 mod e2e_bad_input;

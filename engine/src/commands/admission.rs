@@ -1,0 +1,183 @@
+//! The checks on a client's batch that requests notifications (spec section 14, in this order
+//! after the request's shape, size, schema and scope): an `event_id` already in the log with
+//! other content is the log's `409 conflict`; a notification for a recipient suppressed at the
+//! head is `409 recipient_blocked` (the crisis hard-block: nothing of the request is appended);
+//! then the outbox bound is `429 outbox_full` (section 5): only a request that would create a
+//! new delivery is refused, when the deliveries pending — those in the model and those the
+//! router will make for notifications it has not routed yet — plus the request's own would be
+//! above `max_pending`, so the bound is never exceeded; a dashboard-only notification is
+//! accepted. An exact duplicate of an event already in the log is answered `duplicate: true`
+//! by the log and never blocked or counted.
+//!
+//! Suppression is judged at the head, applying the batch's own earlier recipient events in
+//! order, at the command's time (a suppression whose `until` has passed does not block).
+
+use std::collections::HashMap;
+
+use tidemark_log::{CommandError, NewEvent};
+use tidemark_projections::deliveries::Recipient;
+use tidemark_projections::names::{EventType, Priority, Stream};
+use tidemark_projections::notifications;
+use tidemark_projections::routing::{RouteOutcome, resolve_routes};
+
+use crate::store::WriteTransaction;
+
+/// What the checks decided about a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// Append it.
+    Accept,
+    /// These events (0-based indexes) request notifications for suppressed recipients.
+    Blocked(Vec<usize>),
+    /// The request's deliveries would take the outbox above `max_pending`.
+    Full {
+        /// Deliveries pending or about to be routed.
+        pending: u64,
+        /// Deliveries the request would add.
+        adding: u64,
+        /// Seconds until the outbox has drained enough at the rate it completed deliveries
+        /// over the last minute: at least 1, at most 3600.
+        retry_after_s: u64,
+    },
+}
+
+/// The window the drain rate of a refusal's `Retry-After` is measured over.
+const DRAIN_WINDOW_S: u64 = 60;
+
+/// Judge `events` at the head (`txn` has the read models caught up). `known[i]` says that event
+/// `i` is already in the log with the same content (the log will answer it as a duplicate).
+pub(crate) fn admit(
+    txn: &WriteTransaction,
+    events: &[NewEvent],
+    known: &[bool],
+    now_us: i64,
+    max_pending: u64,
+) -> Result<Admission, CommandError> {
+    let mut state = super::outbox::State::new(txn)?;
+    let mut recipients: HashMap<&str, Recipient> = HashMap::new();
+    let mut blocked = Vec::new();
+    let mut priorities: Vec<String> = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        if known.get(i).copied().unwrap_or(false) {
+            continue;
+        }
+        let Some(ty) = EventType::parse(&e.event_type) else {
+            continue;
+        };
+        match ty {
+            EventType::RecipientUpdated
+            | EventType::RecipientSuppressed
+            | EventType::RecipientUnsuppressed
+                if e.stream == Stream::Recipients =>
+            {
+                let r = match recipients.entry(e.subject.as_str()) {
+                    std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        v.insert(state.recipient(Some(&e.subject))?)
+                    }
+                };
+                r.apply(ty, &payload(e));
+            }
+            EventType::NotificationRequested if e.stream == Stream::Notifications => {
+                let p = payload(e);
+                priorities.push(
+                    p.get("priority")
+                        .and_then(|v| v.as_str())
+                        .unwrap_or("info")
+                        .to_owned(),
+                );
+                let Some(who) = p.get("recipient").and_then(|v| v.as_str()) else {
+                    continue;
+                };
+                let suppressed = match recipients.get(who) {
+                    Some(r) => r.suppressed_at(now_us),
+                    None => state.recipient(Some(who))?.suppressed_at(now_us),
+                };
+                if suppressed {
+                    blocked.push(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    if !blocked.is_empty() {
+        metrics::counter!("tidemark_notifications_blocked_total").increment(blocked.len() as u64);
+        return Ok(Admission::Blocked(blocked));
+    }
+    let priorities: Vec<&str> = priorities.iter().map(String::as_str).collect();
+    over_bound(txn, &mut state, &priorities, now_us, max_pending)
+}
+
+/// The outbox bound for new notifications of `priorities` (section 5): `Full` when the
+/// deliveries they would make (under the settings at the head), added to those pending and
+/// those the router will make for the notifications it has not routed yet, would be above
+/// `max_pending`; `Accept` when they make none or fit. Shared by clients' appends and source
+/// pages.
+pub(crate) fn over_bound(
+    txn: &WriteTransaction,
+    state: &mut super::outbox::State<'_>,
+    priorities: &[&str],
+    now_us: i64,
+    max_pending: u64,
+) -> Result<Admission, CommandError> {
+    let settings = state.settings_at(u64::MAX)?;
+    let per = |priority: &str| {
+        resolve_routes(&settings, priority)
+            .iter()
+            .filter(|o| matches!(o, RouteOutcome::Deliver { .. }))
+            .count() as u64
+    };
+    let adding: u64 = priorities.iter().map(|p| per(p)).sum();
+    if adding == 0 {
+        return Ok(Admission::Accept);
+    }
+    let st = CommandError::Storage;
+    let mut pending = tidemark_projections::deliveries::pending_in(txn).map_err(st)?;
+    let routed = state.routed()?;
+    for p in Priority::ALL {
+        let n = per(p.as_str());
+        if n > 0 {
+            pending += n * notifications::count_after(txn, p.as_str(), routed).map_err(st)?;
+        }
+    }
+    if pending + adding <= max_pending {
+        return Ok(Admission::Accept);
+    }
+    metrics::counter!("tidemark_outbox_refused_total").increment(1);
+    let over = pending + adding - max_pending;
+    let since = now_us.saturating_sub(DRAIN_WINDOW_S as i64 * 1_000_000);
+    let drained = tidemark_projections::deliveries::sent_since_in(txn, since).map_err(st)?;
+    Ok(Admission::Full {
+        pending,
+        adding,
+        retry_after_s: retry_after_s(over, drained),
+    })
+}
+
+/// ceil(`over` ÷ (`drained` per [`DRAIN_WINDOW_S`])), at least 1 s and at most 3600 s (an
+/// outbox that drained nothing: 3600).
+pub(crate) fn retry_after_s(over: u64, drained: u64) -> u64 {
+    if drained == 0 {
+        return 3600;
+    }
+    (over.saturating_mul(DRAIN_WINDOW_S).div_ceil(drained)).clamp(1, 3600)
+}
+
+fn payload(e: &NewEvent) -> serde_json::Value {
+    serde_json::from_slice(e.payload_bytes()).unwrap_or(serde_json::Value::Null)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::retry_after_s;
+
+    #[test]
+    fn retry_after_follows_the_drain_rate() {
+        assert_eq!(retry_after_s(1, 60), 1, "one a second, one over: 1 s");
+        assert_eq!(retry_after_s(1, 1), 60, "one a minute, one over: 60 s");
+        assert_eq!(retry_after_s(10, 7), 86, "ceil(10 × 60 / 7)");
+        assert_eq!(retry_after_s(1, 10_000), 1, "at least 1 s");
+        assert_eq!(retry_after_s(1_000_000, 1), 3600, "at most an hour");
+        assert_eq!(retry_after_s(5, 0), 3600, "nothing drained: an hour");
+    }
+}
