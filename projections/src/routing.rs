@@ -87,6 +87,8 @@ pub struct RoutePolicy {
 pub struct RoutingSettings {
     pub enabled: bool,
     pub dashboard_enabled: bool,
+    /// Default page size of `GET /v1/notifications` (1–500).
+    pub dashboard_limit: u32,
     pub desktop_enabled: bool,
     pub desktop_priorities: Vec<String>,
     pub sound_priorities: Vec<String>,
@@ -105,6 +107,7 @@ impl Default for RoutingSettings {
         RoutingSettings {
             enabled: true,
             dashboard_enabled: true,
+            dashboard_limit: 50,
             desktop_enabled: true,
             desktop_priorities: r(&["urgent", "action"]),
             sound_priorities: r(&["urgent"]),
@@ -150,6 +153,12 @@ impl RoutingSettings {
         }
         if let Some(x) = v.pointer("/dashboard/enabled") {
             s.dashboard_enabled = b(x, "dashboard.enabled")?;
+        }
+        if let Some(x) = v.pointer("/dashboard/limit") {
+            s.dashboard_limit = x
+                .as_u64()
+                .filter(|n| (1..=500).contains(n))
+                .ok_or_else(|| bad("dashboard.limit"))? as u32;
         }
         if let Some(x) = v.pointer("/desktop/enabled") {
             s.desktop_enabled = b(x, "desktop.enabled")?;

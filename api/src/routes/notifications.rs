@@ -52,6 +52,10 @@ pub struct NotificationsPage {
     pub notifications: Vec<NotificationOut>,
     /// Pass as `before_seq` for the next (older) page; absent on the last page.
     pub next_before_seq: Option<u64>,
+    /// Present (`false`) only when `[notifications.dashboard] enabled = false`: the list is
+    /// then empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dashboard_enabled: Option<bool>,
     /// The answer reflects the log at least up to this seq.
     pub as_of_seq: u64,
 }
@@ -62,8 +66,8 @@ pub struct NotificationsQuery {
     /// urgent, action, warning, info.
     pub priority: Option<String>,
     pub recipient: Option<String>,
-    /// 1–500, default 50.
-    #[param(value_type = Option<u32>)]
+    /// 1–500, default `[notifications.dashboard] limit` (50).
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 500)]
     pub limit: Option<String>,
     /// Only notifications older than this seq.
     #[param(value_type = Option<u64>)]
@@ -100,14 +104,22 @@ pub async fn list(
         priority: q.priority,
         recipient: q.recipient,
         before_seq: parse_u64("before_seq", q.before_seq.as_deref())?,
-        limit: parse_limit(q.limit.as_deref(), 50, 500)?,
+        limit: parse_limit(q.limit.as_deref(), st.routing.dashboard_limit as usize, 500)?,
     };
     let min_seq = crate::routes::ReadAt { min_seq: q.min_seq }.seq()?;
-    let ((items, next), as_of_seq) =
-        crate::routes::read_model(&st.engine, min_seq, move |r| r.notifications(&f)).await?;
+    let enabled = st.routing.dashboard_enabled;
+    let ((items, next), as_of_seq) = crate::routes::read_model(&st.engine, min_seq, move |r| {
+        if enabled {
+            r.notifications(&f)
+        } else {
+            Ok((Vec::new(), None))
+        }
+    })
+    .await?;
     Ok(Json(NotificationsPage {
         notifications: items.into_iter().map(NotificationOut::from).collect(),
         next_before_seq: next,
+        dashboard_enabled: (!enabled).then_some(false),
         as_of_seq,
     }))
 }

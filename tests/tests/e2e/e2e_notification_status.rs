@@ -254,3 +254,51 @@ async fn every_status_is_reached_through_the_api() {
     assert_eq!(before["deliveries"], after["deliveries"]);
     assert_eq!(deliveries_of(&s, "s-g2").await, ["dlv:s-g1:desktop"]);
 }
+
+/// `[notifications.dashboard]`: `limit` is the default page size of the dashboard list, and
+/// `enabled = false` makes it answer an empty list with `"dashboard_enabled": false` (the
+/// notifications and their status records are still kept).
+#[tokio::test]
+async fn the_dashboard_knobs_are_honoured() {
+    let s =
+        Server::start(ServerOpts::default().config("[notifications.dashboard]\nlimit = 3\n")).await;
+    let batch: Vec<Value> = (0..5)
+        .map(|i| notif_ev(&format!("k-{i}"), json!({"priority": "info", "title": "t"})))
+        .collect();
+    append_ok(&s, &json!({ "events": batch })).await;
+    let r = s.get("/v1/notifications").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(
+        r.json["notifications"].as_array().map(Vec::len),
+        Some(3),
+        "{}",
+        r.text
+    );
+    assert!(r.json.get("dashboard_enabled").is_none(), "{}", r.text);
+    let r = s.get("/v1/notifications?limit=5").await;
+    assert_eq!(
+        r.json["notifications"].as_array().map(Vec::len),
+        Some(5),
+        "{}",
+        r.text
+    );
+    drop(s);
+
+    let s =
+        Server::start(ServerOpts::default().config("[notifications.dashboard]\nenabled = false\n"))
+            .await;
+    append_ok(
+        &s,
+        &notif_ev("k-off", json!({"priority": "info", "title": "t"})),
+    )
+    .await;
+    let r = s.get("/v1/notifications").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json["notifications"], json!([]), "{}", r.text);
+    assert_eq!(r.json["dashboard_enabled"], false, "{}", r.text);
+    assert_eq!(status(&s, "k-off").await["status"], "dashboard_only");
+    let r =
+        Server::try_start(ServerOpts::default().config("[notifications.dashboard]\nlimit = 0\n"))
+            .await;
+    assert!(r.is_err(), "a limit outside 1–500 is refused at start");
+}
