@@ -1,7 +1,8 @@
 //! Bearer tokens with scopes (spec section 8). Tokens are configured as SHA-256 hashes; the
 //! token text is hashed on each request and never logged.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use axum::extract::{Request, State};
 use axum::http::header;
@@ -45,6 +46,71 @@ struct Token {
     name: String,
     hash: [u8; 32],
     scopes: Vec<String>,
+    /// Its `rate`, when it has one.
+    bucket: Option<Mutex<Bucket>>,
+}
+
+/// `"<count>/<s|m|h>"` as (count, period in seconds); None when malformed.
+pub fn parse_rate(s: &str) -> Option<(u32, u32)> {
+    let (n, unit) = s.trim().split_once('/')?;
+    let n: u32 = n
+        .trim()
+        .parse()
+        .ok()
+        .filter(|n| (1..=1_000_000).contains(n))?;
+    let period = match unit.trim() {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => return None,
+    };
+    Some((n, period))
+}
+
+/// A token bucket: `capacity` requests, refilled continuously at `per_s` a second.
+#[derive(Debug)]
+pub(crate) struct Bucket {
+    capacity: f64,
+    per_s: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+/// What the bucket said about one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Take {
+    /// Allowed; this many requests remain now.
+    Allowed { remaining: u64 },
+    /// Refused; one request is allowed again after this many seconds (at least 1).
+    Refused { retry_after_s: u64 },
+}
+
+impl Bucket {
+    pub(crate) fn new((count, period_s): (u32, u32), now: Instant) -> Bucket {
+        Bucket {
+            capacity: f64::from(count),
+            per_s: f64::from(count) / f64::from(period_s),
+            tokens: f64::from(count),
+            at: now,
+        }
+    }
+
+    pub(crate) fn take(&mut self, now: Instant) -> Take {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.per_s).min(self.capacity);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Take::Allowed {
+                remaining: self.tokens.floor() as u64,
+            }
+        } else {
+            let wait = (1.0 - self.tokens) / self.per_s;
+            Take::Refused {
+                retry_after_s: (wait.ceil() as u64).max(1),
+            }
+        }
+    }
 }
 
 /// The configured tokens; empty means the server runs open.
@@ -65,6 +131,12 @@ impl Auth {
                     name: t.name.clone(),
                     hash,
                     scopes: t.scopes.clone(),
+                    // Validated at config load.
+                    bucket: t
+                        .rate
+                        .as_deref()
+                        .and_then(parse_rate)
+                        .map(|r| Mutex::new(Bucket::new(r, Instant::now()))),
                 }
             })
             .collect();
@@ -117,9 +189,11 @@ impl Auth {
         found.ok_or_else(unauthorized)
     }
 
-    fn check(&self, authorization: Option<&str>, scope: Scope) -> Result<(), ApiError> {
+    /// The token may act with `scope`: `Ok` with what its rate limit said (None: no limit,
+    /// or open mode), 401/403 otherwise.
+    fn check(&self, authorization: Option<&str>, scope: Scope) -> Result<Option<Take>, ApiError> {
         if self.is_open() {
-            return Ok(());
+            return Ok(None);
         }
         let token = self.token(authorization)?;
         if token
@@ -127,7 +201,11 @@ impl Auth {
             .iter()
             .any(|s| s == scope.name() || s == "admin")
         {
-            Ok(())
+            Ok(token.bucket.as_ref().map(|b| {
+                b.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take(Instant::now())
+            }))
         } else {
             tracing::info!(token = %token.name, scope = scope.name(), "request refused: missing scope");
             Err(ApiError::new(
@@ -160,7 +238,26 @@ pub async fn require(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     match auth.check(h, scope) {
-        Ok(()) => next.run(req).await,
+        Ok(None) => next.run(req).await,
+        Ok(Some(Take::Allowed { remaining })) => {
+            let mut resp = next.run(req).await;
+            resp.headers_mut()
+                .insert("ratelimit-remaining", remaining.into());
+            resp
+        }
+        Ok(Some(Take::Refused { retry_after_s })) => {
+            metrics::counter!("tidemark_rate_limited_total").increment(1);
+            let mut resp = ApiError::new(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                "this token's request rate is used up; retry after Retry-After seconds",
+            )
+            .retry_after(retry_after_s)
+            .into_response();
+            resp.headers_mut()
+                .insert("ratelimit-remaining", 0u64.into());
+            resp
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -169,11 +266,43 @@ pub async fn require(
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_bucket_allows_its_count_then_refills_continuously() {
+        assert_eq!(parse_rate("100/m"), Some((100, 60)));
+        assert_eq!(parse_rate(" 5 / s "), Some((5, 1)));
+        for bad in ["", "0/m", "x/m", "5/d", "5", "2000000/s"] {
+            assert_eq!(parse_rate(bad), None, "{bad:?}");
+        }
+        // 4 requests per 2 s: a burst of 4, then one every 0.5 s (times exact in binary).
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + std::time::Duration::from_millis(n);
+        let mut b = Bucket::new((4, 2), t0);
+        for left in [3, 2, 1, 0] {
+            assert_eq!(b.take(t0), Take::Allowed { remaining: left });
+        }
+        assert_eq!(b.take(t0), Take::Refused { retry_after_s: 1 });
+        assert_eq!(b.take(ms(250)), Take::Refused { retry_after_s: 1 });
+        assert_eq!(b.take(ms(500)), Take::Allowed { remaining: 0 });
+        assert_eq!(b.take(ms(500)), Take::Refused { retry_after_s: 1 });
+        // Never above the burst.
+        assert_eq!(b.take(ms(3_600_000)), Take::Allowed { remaining: 3 });
+        // A slow rate waits whole seconds: 1 per hour, empty → 3600 s.
+        let mut slow = Bucket::new((1, 3600), t0);
+        assert_eq!(slow.take(t0), Take::Allowed { remaining: 0 });
+        assert_eq!(
+            slow.take(t0),
+            Take::Refused {
+                retry_after_s: 3600
+            }
+        );
+    }
+
     fn token(text: &str, scopes: &[&str]) -> TokenConfig {
         TokenConfig {
             name: text.to_owned(),
             sha256: hex::encode(Sha256::digest(text.as_bytes())),
             scopes: scopes.iter().map(|s| s.to_string()).collect(),
+            rate: None,
         }
     }
 

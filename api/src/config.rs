@@ -65,6 +65,10 @@ pub struct TokenConfig {
     /// Hex SHA-256 of the token text; the text itself is never stored.
     pub sha256: String,
     pub scopes: Vec<String>,
+    /// A request rate, `"<count>/<s|m|h>"` (e.g. `"100/m"`): a token bucket of `count`
+    /// requests refilled continuously over the period (spec section 8). None: no limit.
+    #[serde(default)]
+    pub rate: Option<String>,
 }
 
 impl std::fmt::Debug for TokenConfig {
@@ -73,6 +77,7 @@ impl std::fmt::Debug for TokenConfig {
             .field("name", &self.name)
             .field("sha256", &"<redacted>")
             .field("scopes", &self.scopes)
+            .field("rate", &self.rate)
             .finish()
     }
 }
@@ -125,6 +130,15 @@ impl Config {
             if t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return bad(format!(
                     "auth token {:?}: sha256 must be 64 hex digits",
+                    t.name
+                ));
+            }
+            if let Some(r) = &t.rate
+                && crate::auth::parse_rate(r).is_none()
+            {
+                return bad(format!(
+                    "auth token {:?}: rate {r:?} must be <count>/<s|m|h> with a count of 1 to \
+                     1000000 (e.g. \"100/m\")",
                     t.name
                 ));
             }

@@ -58,3 +58,15 @@ pub(crate) async fn read_model<T: Send + 'static>(
     })
     .await
 }
+
+/// The name of the token that made this request (`None` in open mode): the `by` of operator
+/// actions (spec section 8).
+pub(crate) fn caller(
+    st: &crate::state::AppState,
+    headers: &axum::http::HeaderMap,
+) -> Option<String> {
+    let h = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    st.auth.identify(h).ok().and_then(|i| i.name)
+}

@@ -7,7 +7,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use tidemark_engine::commands::SourceCommand;
 use tidemark_log::time::format_micros;
@@ -195,12 +195,7 @@ pub struct PauseBody {
     pub reason: Option<String>,
 }
 
-fn caller(st: &AppState, headers: &HeaderMap) -> Option<String> {
-    let h = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    st.auth.identify(h).ok().and_then(|i| i.name)
-}
+use crate::routes::caller;
 
 /// Pause: no polls until resumed (recorded as `source.paused` with the token's name).
 #[utoipa::path(

@@ -333,3 +333,142 @@ async fn read_models_and_projection_admin_need_their_scopes() {
         );
     }
 }
+
+/// A token with `rate = "3/m"` gets three requests, then `429 rate_limited` with `Retry-After`
+/// (the seconds until one more is allowed: 20 at 3 a minute, give or take the time the test
+/// took) and `RateLimit-Remaining` on every answer; another token is unaffected, and the
+/// limited token's requests are refused before they act.
+#[tokio::test]
+async fn a_token_rate_limit_refuses_past_its_burst_and_spares_other_tokens() {
+    let (limited, free) = (random_token(32), random_token(32));
+    let config = format!(
+        "[[auth.tokens]]\nname = \"limited\"\nsha256 = \"{}\"\nscopes = [\"admin\"]\nrate = \"3/m\"\n\n\
+         [[auth.tokens]]\nname = \"free\"\nsha256 = \"{}\"\nscopes = [\"admin\"]\n",
+        sha256_hex(&limited),
+        sha256_hex(&free),
+    );
+    let s = Server::start(ServerOpts::default().config(config)).await;
+    let get = |token: String| {
+        let s = s.api();
+        async move {
+            s.send(
+                s.request(Method::GET, "/v1/events?after_sequence=0")
+                    .bearer_auth(token),
+            )
+            .await
+        }
+    };
+    for left in ["2", "1", "0"] {
+        let r = get(limited.clone()).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        assert_eq!(
+            r.headers
+                .get("ratelimit-remaining")
+                .and_then(|v| v.to_str().ok()),
+            Some(left),
+            "{:?}",
+            r.headers
+        );
+    }
+    let head = s.health_head().await;
+    let r = s
+        .send(
+            s.request(Method::POST, "/v1/events")
+                .bearer_auth(&limited)
+                .json(&json!({"stream": "s", "type": "t"})),
+        )
+        .await;
+    assert_problem(&r, 429, "rate_limited");
+    let wait: u64 = r
+        .headers
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("429 without Retry-After: {:?}", r.headers));
+    assert!((1..=20).contains(&wait), "Retry-After {wait}");
+    assert_eq!(
+        r.headers
+            .get("ratelimit-remaining")
+            .and_then(|v| v.to_str().ok()),
+        Some("0")
+    );
+    assert_eq!(
+        s.health_head().await,
+        head,
+        "a refused request appends nothing"
+    );
+    for _ in 0..10 {
+        let r = get(free.clone()).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        assert!(r.headers.get("ratelimit-remaining").is_none());
+    }
+    assert!(
+        !s.all_stderr().contains(&limited),
+        "the token text is never logged"
+    );
+}
+
+/// An operator action records the token that made it (spec section 8), whatever `by` the body
+/// claims.
+#[tokio::test]
+async fn an_operator_action_records_the_calling_token() {
+    let ana = random_token(32);
+    let config = format!(
+        "[[auth.tokens]]\nname = \"ops-ana\"\nsha256 = \"{}\"\nscopes = [\"admin\"]\n",
+        sha256_hex(&ana)
+    );
+    let mut s = Server::start(ServerOpts::default().config(config)).await;
+    s.set_token(Some(&ana));
+    let r = s
+        .send(s.request(Method::POST, "/v1/events").json(&json!({
+            "event_id": "op-1", "stream": "notifications", "subject": "op-1",
+            "type": "notification.requested", "payload": {"priority": "urgent", "title": "t"}})))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let id = "dlv:op-1:desktop";
+    let claimed = crate::common::wait_for(Duration::from_secs(30), "a claim to lease it", || {
+        let s = s.api();
+        async move {
+            let r = s
+                .send(
+                    s.request(Method::POST, "/v1/deliveries/claim")
+                        .json(&json!({"sink": "app", "owner": "w", "limit": 1, "lease_ms": 60000})),
+                )
+                .await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+            r.json["deliveries"]
+                .as_array()
+                .is_some_and(|d| !d.is_empty())
+                .then_some(r.json)
+        }
+    })
+    .await;
+    assert_eq!(claimed["deliveries"][0]["id"], id);
+    let post = |path: String, body: serde_json::Value| {
+        let s = s.api();
+        async move { s.send(s.request(Method::POST, &path).json(&body)).await }
+    };
+    let r = post(
+        format!("/v1/deliveries/{id}/fail"),
+        json!({"owner": "w", "error_code": "gone", "retryable": false}),
+    )
+    .await;
+    assert_eq!(r.json["status"], "parked", "{}", r.text);
+    let r = post(
+        format!("/v1/deliveries/{id}/discard"),
+        json!({"by": "mallory", "reason": "spam"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = s.get(&format!("/v1/deliveries/{id}")).await;
+    let last = r.json["timeline"]
+        .as_array()
+        .and_then(|t| t.last())
+        .cloned()
+        .expect("a timeline");
+    assert_eq!(last["event"], "discarded", "{last}");
+    assert_eq!(
+        last["owner"], "ops-ana",
+        "the token's name, not the body's: {last}"
+    );
+}

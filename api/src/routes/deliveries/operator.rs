@@ -17,7 +17,8 @@ use crate::state::AppState;
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OperatorBody {
-    /// Who acts (recorded in the timeline); default `operator`.
+    /// Who acts (recorded in the timeline). With tokens it is always the calling token's
+    /// name (this field is ignored); in open mode it defaults to `operator`.
     pub by: Option<String>,
     pub reason: Option<String>,
 }
@@ -36,7 +37,10 @@ async fn operator_action(
     } else {
         json_body(&headers, Ok(raw))?
     };
-    let by = b.by.unwrap_or_else(|| "operator".into());
+    // With tokens, the action records the token that made it, whatever the body says.
+    let by = crate::routes::caller(&st, &headers)
+        .or(b.by)
+        .unwrap_or_else(|| "operator".into());
     check_text("by", &by, 128)?;
     if let Some(r) = &b.reason {
         check_text("reason", r, 4096)?;
