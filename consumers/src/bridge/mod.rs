@@ -214,10 +214,54 @@ pub(crate) async fn record_mismatch(engine: &Engine, sub: &Subscription, ev: &Ev
     }
 }
 
-/// `sha256=<hex HMAC-SHA256 of body under secret>`.
-pub fn signature(secret: &str, body: &[u8]) -> String {
+/// `v1=<hex HMAC-SHA256 under secret of "<webhook-id>.<webhook-timestamp>.<body>">` (spec
+/// section 6): the id and the time are signed with the body, so a receiver that refuses old
+/// timestamps and seen ids cannot be replayed a captured request.
+pub fn signature(secret: &str, webhook_id: &str, timestamp: u64, body: &[u8]) -> String {
     let mut mac =
         Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
+    mac.update(webhook_id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
     mac.update(body);
-    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+    format!("v1={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// The wait a webhook receiver asks for with `429`/`503` and `Retry-After` (whole seconds),
+/// capped at an hour; `None` for other answers or a header that is not a number of seconds.
+pub fn receiver_retry_after_ms(status: u16, retry_after: Option<&str>) -> Option<u64> {
+    if status != 429 && status != 503 {
+        return None;
+    }
+    let secs: u64 = retry_after?.trim().parse().ok()?;
+    Some(secs.min(3600) * 1000)
+}
+
+#[cfg(test)]
+mod webhook_tests {
+    use super::*;
+
+    #[test]
+    fn a_receivers_retry_after_counts_on_429_and_503_only_and_is_capped() {
+        assert_eq!(receiver_retry_after_ms(429, Some("2")), Some(2_000));
+        assert_eq!(receiver_retry_after_ms(503, Some(" 30 ")), Some(30_000));
+        assert_eq!(receiver_retry_after_ms(503, Some("86400")), Some(3_600_000));
+        assert_eq!(receiver_retry_after_ms(500, Some("2")), None);
+        assert_eq!(receiver_retry_after_ms(429, None), None);
+        assert_eq!(
+            receiver_retry_after_ms(429, Some("Wed, 21 Oct 2015 07:28:00 GMT")),
+            None
+        );
+    }
+
+    #[test]
+    fn the_signature_covers_id_timestamp_and_body() {
+        let a = signature("k", "notif:s:1", 1_700_000_000, b"{}");
+        assert!(a.starts_with("v1=") && a.len() == 3 + 64, "{a}");
+        assert_ne!(a, signature("k", "notif:s:2", 1_700_000_000, b"{}"));
+        assert_ne!(a, signature("k", "notif:s:1", 1_700_000_001, b"{}"));
+        assert_ne!(a, signature("k", "notif:s:1", 1_700_000_000, b"{ }"));
+        assert_ne!(a, signature("other", "notif:s:1", 1_700_000_000, b"{}"));
+    }
 }

@@ -16,7 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::follow::{Feed, Page};
 
-use super::{PullHub, Scan, confirm, record_failure, record_mismatch, scan, signature};
+use super::{
+    PullHub, Scan, confirm, receiver_retry_after_ms, record_failure, record_mismatch, scan,
+    signature,
+};
 
 /// State of one webhook subscription between passes.
 #[derive(Default)]
@@ -73,7 +76,7 @@ struct Notifier {
     stopped: std::collections::HashSet<String>,
     deferred: std::collections::HashSet<String>,
     /// Webhook POSTs in flight: (subscription, seq, cursor when scanned, outcome).
-    inflight: JoinSet<(String, u64, u64, Result<(), String>)>,
+    inflight: JoinSet<(String, u64, u64, Result<(), Failed>)>,
     hub: PullHub,
     /// Subscriptions with a webhook POST in flight.
     busy: HashMap<String, u64>,
@@ -127,7 +130,7 @@ impl Notifier {
 
     async fn finished(
         &mut self,
-        (sub_id, seq, expected, result): (String, u64, u64, Result<(), String>),
+        (sub_id, seq, expected, result): (String, u64, u64, Result<(), Failed>),
     ) {
         self.busy.remove(&sub_id);
         let Ok(Some(sub)) = ({
@@ -152,7 +155,10 @@ impl Notifier {
                     }
                 }
             }
-            Err(err) => {
+            Err(Failed {
+                error: err,
+                retry_after_ms,
+            }) => {
                 metrics::counter!("tidemark_bridge_webhook_failures_total").increment(1);
                 let r = self.retries.entry(sub_id.clone()).or_default();
                 if r.seq != seq {
@@ -163,7 +169,8 @@ impl Notifier {
                 }
                 r.attempts += 1;
                 let u = rand::random::<f64>();
-                let ms = backoff_ms(&self.settings.retry, r.attempts, u, None);
+                // A receiver's Retry-After (429/503, capped at an hour) replaces the backoff.
+                let ms = backoff_ms(&self.settings.retry, r.attempts, u, retry_after_ms);
                 r.next = Some(Instant::now() + Duration::from_millis(ms));
                 tracing::info!(subscription = %sub_id, seq, attempt = r.attempts, retry_in_ms = ms, "webhook delivery failed");
                 let _ = record_failure(&self.engine, &sub, &err).await;
@@ -365,31 +372,50 @@ impl Notifier {
             // A pull sink's envelope waits for the bridge's ack; a webhook's is POSTed.
             if let (Some(ev), "webhook") = (&scan.deliver, sub.target.sink.kind.as_str()) {
                 {
-                    let body = serde_json::to_vec(&bridges::envelope(&sub, ev))
-                        .map_err(StorageError::of)?;
+                    let envelope = bridges::envelope(&sub, ev);
+                    let webhook_id = envelope["delivery_id"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    let body = serde_json::to_vec(&envelope).map_err(StorageError::of)?;
                     let url = sub.target.sink.url.clone().unwrap_or_default();
-                    let sig = sub
-                        .target
-                        .sink
-                        .secret
-                        .as_deref()
-                        .map(|s| signature(s, &body));
+                    let secret = sub.target.sink.secret.clone();
                     let http = self.http.clone();
                     let seq = ev.seq;
                     let expected = scan.cursor.last_sequence;
                     self.busy.insert(id.clone(), seq);
                     self.inflight.spawn(async move {
+                        // The time of this attempt: a retry is signed anew.
+                        let timestamp = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map(|d| d.as_secs())
+                            .unwrap_or(0);
                         let mut rb = http
                             .post(&url)
                             .header("content-type", "application/json")
-                            .body(body);
-                        if let Some(sig) = sig {
-                            rb = rb.header("tidemark-signature", sig);
+                            .header("webhook-id", &webhook_id)
+                            .header("webhook-timestamp", timestamp.to_string());
+                        if let Some(secret) = &secret {
+                            rb = rb.header(
+                                "tidemark-signature",
+                                signature(secret, &webhook_id, timestamp, &body),
+                            );
                         }
-                        let r = match rb.send().await {
+                        let r = match rb.body(body).send().await {
                             Ok(resp) if resp.status().is_success() => Ok(()),
-                            Ok(resp) => Err(format!("webhook answered {}", resp.status())),
-                            Err(e) => Err(format!("webhook unreachable: {}", without_url(&e))),
+                            Ok(resp) => Err(Failed {
+                                error: format!("webhook answered {}", resp.status()),
+                                retry_after_ms: receiver_retry_after_ms(
+                                    resp.status().as_u16(),
+                                    resp.headers()
+                                        .get(reqwest::header::RETRY_AFTER)
+                                        .and_then(|v| v.to_str().ok()),
+                                ),
+                            }),
+                            Err(e) => Err(Failed {
+                                error: format!("webhook unreachable: {}", without_url(&e)),
+                                retry_after_ms: None,
+                            }),
                         };
                         (id, seq, expected, r)
                     });
@@ -398,6 +424,13 @@ impl Notifier {
         }
         Ok(())
     }
+}
+
+/// Why a webhook POST failed, and the wait its receiver asked for.
+#[derive(Debug)]
+struct Failed {
+    error: String,
+    retry_after_ms: Option<u64>,
 }
 
 /// A reqwest error without its URL (a webhook URL may carry credentials).

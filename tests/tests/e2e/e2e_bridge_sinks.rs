@@ -44,6 +44,8 @@ enum Answer {
     Status(u16),
     /// Hold the answer until the gate is open, then answer with this status.
     Gated(u16),
+    /// Answer with this status and `Retry-After: <seconds>`.
+    RetryAfter(u16, u64),
 }
 
 /// One POST the receiver got.
@@ -57,6 +59,8 @@ struct Hit {
     json: Value,
     /// Position on the test's shared clock when the POST arrived.
     tick: u64,
+    /// When it arrived.
+    at: std::time::Instant,
 }
 
 impl Hit {
@@ -91,7 +95,8 @@ async fn hook_handler(
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
-) -> AxStatus {
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
     let answer = {
         let mut hits = st.hits.lock().expect("hits lock");
         let index = hits.len();
@@ -102,11 +107,19 @@ async fn hook_handler(
             headers,
             body: body.to_vec(),
             tick: st.clock.fetch_add(1, Ordering::SeqCst),
+            at: std::time::Instant::now(),
         });
         (st.policy.lock().expect("policy lock"))(index)
     };
     let status = match answer {
         Answer::Status(s) => s,
+        Answer::RetryAfter(s, secs) => {
+            return (
+                AxStatus::from_u16(s).expect("valid status"),
+                [("retry-after", secs.to_string())],
+            )
+                .into_response();
+        }
         Answer::Gated(s) => {
             let mut rx = st.gate.subscribe();
             // An error means the receiver is gone: the answer no longer matters.
@@ -114,7 +127,9 @@ async fn hook_handler(
             s
         }
     };
-    AxStatus::from_u16(status).expect("valid status")
+    AxStatus::from_u16(status)
+        .expect("valid status")
+        .into_response()
 }
 
 impl Receiver {
@@ -172,8 +187,38 @@ fn hmac_hex(secret: &str, body: &[u8]) -> String {
     hex::encode(mac.finalize().into_bytes())
 }
 
-/// The POST is a signed JSON envelope: content type, and `tidemark-signature` equal to
-/// `sha256=` + hex HMAC-SHA256 of the exact body bytes under `secret`.
+/// Seconds since the Unix epoch now.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs()
+}
+
+/// What a careful receiver checks (spec section 6, Standard Webhooks): `webhook-id`,
+/// `webhook-timestamp` within 5 minutes of `now`, and `tidemark-signature` = `v1=` + hex
+/// HMAC-SHA256 under `secret` of `"<id>.<timestamp>.<body>"`. A captured request replayed later
+/// is refused as stale, and one with its timestamp rewritten fails the signature.
+fn verify(headers: &HeaderMap, body: &[u8], secret: &str, now: u64) -> Result<(), String> {
+    let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+    let id = h("webhook-id").ok_or("no webhook-id")?;
+    let ts: u64 = h("webhook-timestamp")
+        .and_then(|t| t.parse().ok())
+        .ok_or("no numeric webhook-timestamp")?;
+    if ts.abs_diff(now) > 300 {
+        return Err(format!("stale timestamp {ts} (now {now})"));
+    }
+    let mut signed = format!("{id}.{ts}.").into_bytes();
+    signed.extend_from_slice(body);
+    let want = format!("v1={}", hmac_hex(secret, &signed));
+    match h("tidemark-signature") {
+        Some(sig) if sig == want => Ok(()),
+        other => Err(format!("signature {other:?}, want {want}")),
+    }
+}
+
+/// The POST is a signed JSON envelope: content type, `webhook-id` = its `delivery_id`, and a
+/// signature a careful receiver accepts now ([`verify`]).
 #[track_caller]
 fn assert_signed(hit: &Hit, secret: &str) {
     assert_eq!(hit.method, "POST", "webhook request method: {hit:?}");
@@ -182,13 +227,17 @@ fn assert_signed(hit: &Hit, secret: &str) {
         ct.starts_with("application/json"),
         "webhook content-type is {ct:?}, not application/json"
     );
-    let want = format!("sha256={}", hmac_hex(secret, &hit.body));
     assert_eq!(
-        hit.header("tidemark-signature"),
-        Some(want.as_str()),
-        "tidemark-signature of {}",
-        String::from_utf8_lossy(&hit.body)
+        hit.header("webhook-id"),
+        Some(hit.delivery_id()),
+        "webhook-id is the delivery id"
     );
+    if let Err(e) = verify(&hit.headers, &hit.body, secret, unix_now()) {
+        panic!(
+            "a careful receiver refuses the POST of {}: {e}",
+            String::from_utf8_lossy(&hit.body)
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -396,6 +445,26 @@ async fn a_webhook_gets_the_signed_envelope_and_the_secret_never_shows() {
         envelope(sub, task, bridge, "post", seq, "task.run_completed", "r1"),
         "the webhook body"
     );
+    // Replayed: ten minutes later the same request is stale; with its timestamp rewritten to
+    // look fresh, the signature no longer matches; another body under the same headers neither.
+    let later = unix_now() + 600;
+    assert!(
+        verify(&hit.headers, &hit.body, &secret, later).is_err_and(|e| e.contains("stale")),
+        "a replay ten minutes later is refused"
+    );
+    let mut rewritten = hit.headers.clone();
+    rewritten.insert(
+        "webhook-timestamp",
+        later.to_string().parse().expect("header"),
+    );
+    assert!(
+        verify(&rewritten, &hit.body, &secret, later).is_err_and(|e| e.contains("signature")),
+        "a rewritten timestamp breaks the signature"
+    );
+    assert!(
+        verify(&hit.headers, b"{}", &secret, unix_now()).is_err(),
+        "another body breaks the signature"
+    );
 
     // The secret is kept (the server signs with it after a restart) but never served or logged.
     let got = s
@@ -460,6 +529,53 @@ async fn a_webhook_gets_the_signed_envelope_and_the_secret_never_shows() {
 
 // ---------------------------------------------------------------------------------------------
 // 2. Webhook failures: retried with backoff, recorded, and never in the way of others
+
+/// A receiver that answers `429` or `503` with `Retry-After` is left alone that long (the
+/// backoff here is 100–400 ms, so the waits below are the receiver's), and every retry is
+/// signed anew under the same `webhook-id`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_receivers_retry_after_is_honoured() {
+    let clock = Arc::new(AtomicU64::new(0));
+    let hook = Receiver::start(clock, |i| match i {
+        0 => Answer::RetryAfter(429, 2),
+        1 => Answer::RetryAfter(503, 1),
+        _ => Answer::Status(200),
+    })
+    .await;
+    let s = Server::start(ServerOpts::default().config(RETRY_CONFIG)).await;
+    let secret = "ra-secret";
+    let (task, sub, bridge) = ("ra-task", "ra-sub", "b-ra");
+    task_with_run(&s, task, false).await;
+    subscribe(
+        &s,
+        task,
+        &webhook_body(sub, bridge, &hook.url("/hook"), secret),
+    )
+    .await;
+    let seq = append_one(
+        &s,
+        &task_ev(task, "task.run_completed", json!({"run_id": "r1"})),
+    )
+    .await;
+    wait_cursor_at(&s, sub, task, seq).await;
+    let hits = hook.hits();
+    assert_eq!(hits.len(), 3, "429, 503, then 200: {hits:?}");
+    let gap = |a: usize, b: usize| hits[b].at.duration_since(hits[a].at);
+    assert!(
+        gap(0, 1) >= Duration::from_millis(1_900),
+        "Retry-After: 2 waited only {:?}",
+        gap(0, 1)
+    );
+    assert!(
+        gap(1, 2) >= Duration::from_millis(900),
+        "Retry-After: 1 waited only {:?}",
+        gap(1, 2)
+    );
+    for h in &hits {
+        assert_signed(h, secret);
+        assert_eq!(h.header("webhook-id"), Some(delivery_id(sub, seq).as_str()));
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_webhook_is_retried_until_it_answers_2xx() {
