@@ -162,6 +162,7 @@ impl Harness {
                 subject_id: t.into(),
                 to,
                 reason: reason.into(),
+                by: None,
             },
         )
     }

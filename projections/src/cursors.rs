@@ -78,6 +78,9 @@ pub struct CursorEvent {
     /// Failed: the error, bounded.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub error: Option<String>,
+    /// Reset: the token that asked for it (absent in open mode).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub by: Option<String>,
     pub at_us: i64,
 }
 

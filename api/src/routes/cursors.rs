@@ -238,6 +238,7 @@ pub async fn reset(
             subject_id: b.subject_id,
             to: b.last_sequence,
             reason: b.reason,
+            by: crate::routes::caller(&st, &headers),
         })
         .await?
         .0

@@ -20,6 +20,8 @@ pub enum CursorCommand {
         subject_id: String,
         to: u64,
         reason: String,
+        /// The token that asked for it (`None` in open mode), recorded on `cursor.reset`.
+        by: Option<String>,
     },
 }
 
@@ -36,14 +38,14 @@ pub(crate) fn run(
             subject_id,
             to,
             reason,
+            by,
         } => reset(
             txn,
             now_us,
-            &consumer_id,
-            &stream_name,
-            &subject_id,
+            (&consumer_id, &stream_name, &subject_id),
             to,
             &reason,
+            by,
         )?,
     };
     Ok((Outcome::Cursor(cursor), events))
@@ -150,11 +152,10 @@ pub(crate) fn advance_from(
 fn reset(
     txn: &WriteTransaction,
     now_us: i64,
-    consumer_id: &str,
-    stream_name: &str,
-    subject_id: &str,
+    (consumer_id, stream_name, subject_id): (&str, &str, &str),
     to: u64,
     reason: &str,
+    by: Option<String>,
 ) -> Result<(Cursor, Vec<NewEvent>), CommandError> {
     if reason.trim().is_empty() {
         return Err(CommandError::rejected(
@@ -170,6 +171,7 @@ fn reset(
         from: Some(cur.last_sequence),
         to: Some(to),
         reason: Some(reason.to_owned()),
+        by,
         at_us: now_us,
         ..CursorEvent::default()
     };

@@ -471,4 +471,15 @@ async fn an_operator_action_records_the_calling_token() {
         last["owner"], "ops-ana",
         "the token's name, not the body's: {last}"
     );
+    // A cursor reset records the token too.
+    let r = post(
+        "/v1/cursors/reset".to_owned(),
+        json!({"consumer_id": "c-1", "stream_name": "task_events", "subject_id": "t-1",
+               "last_sequence": 1, "reason": "replay from the start"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let resets = s.read_all("stream=cursors&type=cursor.reset").await;
+    assert_eq!(resets.len(), 1, "{resets:?}");
+    assert_eq!(resets[0]["payload"]["by"], "ops-ana", "{}", resets[0]);
 }
