@@ -263,20 +263,6 @@ impl EventRef<'_> {
     pub fn payload_value(&self) -> serde_json::Value {
         serde_json::from_str(self.payload).unwrap_or(serde_json::Value::Null)
     }
-
-    /// The event as an owned [`Event`].
-    pub fn to_event(&self) -> Event {
-        Event {
-            seq: self.seq,
-            event_id: self.event_id.to_owned(),
-            stream: self.stream.to_owned(),
-            subject: self.subject.to_owned(),
-            event_type: self.event_type.to_owned(),
-            time_us: self.time_us,
-            payload: RawValue::from_string(self.payload.to_owned())
-                .unwrap_or_else(|_| RawValue::NULL.to_owned()),
-        }
-    }
 }
 
 impl Serialize for Event {

@@ -250,14 +250,6 @@ impl EventChunk {
         Ok(())
     }
 
-    pub fn len(&self) -> usize {
-        self.ends.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
-    }
-
     /// The events decoded, borrowing their strings and payloads from the chunk.
     pub fn events(&self) -> Result<Vec<EventRef<'_>>, StorageError> {
         let mut out = Vec::with_capacity(self.ends.len());

@@ -232,22 +232,33 @@ pub(crate) fn index_key(value: &str, seq: u64) -> Vec<u8> {
     k
 }
 
-/// Notifications of `priority` at seqs after `after`, as the writer's transaction sees them:
-/// with `after` the routing checkpoint, the ones the router has not routed yet (the outbox
-/// bound counts the deliveries they will make, spec section 5).
-pub fn count_after(
+/// Σ `weight(priority)` over the notifications at seqs after `after`, as the writer's
+/// transaction sees them: with `after` the routing checkpoint and the deliveries each priority
+/// makes as the weight, the deliveries the router has yet to make (the outbox bound, spec
+/// section 5). Priorities of weight 0 are not read.
+pub fn weighted_after(
     txn: &redb::WriteTransaction,
-    priority: &str,
     after: u64,
+    weight: impl Fn(&str) -> u64,
 ) -> Result<u64, StorageError> {
     use redb::ReadableTable;
     let mut t = crate::framework::TxnTables::new(txn, NAME)?;
-    let lo = index_key(priority, after.saturating_add(1));
-    let hi = index_key(priority, u64::MAX);
-    Ok(t.table(BY_PRIORITY)?
-        .range(lo.as_slice()..=hi.as_slice())
-        .map_err(StorageError::of)?
-        .count() as u64)
+    let index = t.table(BY_PRIORITY)?;
+    let mut sum = 0;
+    for p in Priority::ALL {
+        let w = weight(p.as_str());
+        if w == 0 {
+            continue;
+        }
+        let lo = index_key(p.as_str(), after.saturating_add(1));
+        let hi = index_key(p.as_str(), u64::MAX);
+        let n = index
+            .range(lo.as_slice()..=hi.as_slice())
+            .map_err(StorageError::of)?
+            .count() as u64;
+        sum += w * n;
+    }
+    Ok(sum)
 }
 
 pub struct Notifications;

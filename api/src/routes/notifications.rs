@@ -203,12 +203,7 @@ pub async fn get(
     q: Result<Query<crate::routes::ReadAt>, QueryRejection>,
 ) -> Result<Json<NotificationStatusOut>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    if id.is_empty() || id.chars().count() > 128 || id.chars().any(char::is_control) {
-        return Err(ApiError::bad_request(
-            "invalid_path",
-            "a notification id is 1–128 printable characters",
-        ));
-    }
+    crate::routes::check_path_id("notification", &id)?;
     let key = id.clone();
     let (found, as_of_seq) =
         crate::routes::read_model(&st.engine, q.seq()?, move |r| r.notification_status(&key))

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use tidemark_log::{CommandError, NewEvent};
 use tidemark_projections::deliveries::Recipient;
-use tidemark_projections::names::{EventType, Priority, Stream};
+use tidemark_projections::names::{EventType, Stream};
 use tidemark_projections::notifications;
 use tidemark_projections::routing::{RouteOutcome, resolve_routes};
 
@@ -132,14 +132,9 @@ pub(crate) fn over_bound(
         return Ok(Admission::Accept);
     }
     let st = CommandError::Storage;
-    let mut pending = tidemark_projections::deliveries::pending_in(txn).map_err(st)?;
     let routed = state.routed()?;
-    for p in Priority::ALL {
-        let n = per(p.as_str());
-        if n > 0 {
-            pending += n * notifications::count_after(txn, p.as_str(), routed).map_err(st)?;
-        }
-    }
+    let pending = tidemark_projections::deliveries::pending_in(txn).map_err(st)?
+        + notifications::weighted_after(txn, routed, per).map_err(st)?;
     if pending + adding <= max_pending {
         return Ok(Admission::Accept);
     }

@@ -530,21 +530,14 @@ async fn a_webhook_gets_the_signed_envelope_and_the_secret_never_shows() {
 // ---------------------------------------------------------------------------------------------
 // 2. Webhook failures: retried with backoff, recorded, and never in the way of others
 
-/// A receiver that answers `429` or `503` with `Retry-After` is left alone that long (the
-/// backoff here is 100–400 ms, so the waits below are the receiver's), and every retry is
-/// signed anew under the same `webhook-id`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_webhook_receivers_retry_after_is_honoured() {
-    let clock = Arc::new(AtomicU64::new(0));
-    let hook = Receiver::start(clock, |i| match i {
-        0 => Answer::RetryAfter(429, 2),
-        1 => Answer::RetryAfter(503, 1),
-        _ => Answer::Status(200),
-    })
-    .await;
+/// A server with short retry delays, a task whose run `r1` completes, and a webhook
+/// subscription to it at `hook`: the server and the seq of the completion.
+async fn completed_with_webhook(
+    hook: &Receiver,
+    secret: &str,
+    (task, sub, bridge): (&str, &str, &str),
+) -> (Server, u64) {
     let s = Server::start(ServerOpts::default().config(RETRY_CONFIG)).await;
-    let secret = "ra-secret";
-    let (task, sub, bridge) = ("ra-task", "ra-sub", "b-ra");
     task_with_run(&s, task, false).await;
     subscribe(
         &s,
@@ -557,6 +550,24 @@ async fn a_webhook_receivers_retry_after_is_honoured() {
         &task_ev(task, "task.run_completed", json!({"run_id": "r1"})),
     )
     .await;
+    (s, seq)
+}
+
+/// A receiver that answers `429` or `503` with `Retry-After` is left alone that long (the
+/// backoff here is 100–400 ms, so the waits below are the receiver's), and every retry is
+/// signed anew under the same `webhook-id`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_receivers_retry_after_is_honoured() {
+    let clock = Arc::new(AtomicU64::new(0));
+    let hook = Receiver::start(clock, |i| match i {
+        0 => Answer::RetryAfter(429, 2),
+        1 => Answer::RetryAfter(503, 1),
+        _ => Answer::Status(200),
+    })
+    .await;
+    let secret = "ra-secret";
+    let (task, sub, bridge) = ("ra-task", "ra-sub", "b-ra");
+    let (s, seq) = completed_with_webhook(&hook, secret, (task, sub, bridge)).await;
     wait_cursor_at(&s, sub, task, seq).await;
     let hits = hook.hits();
     assert_eq!(hits.len(), 3, "429, 503, then 200: {hits:?}");
@@ -589,21 +600,9 @@ async fn a_failing_webhook_is_retried_until_it_answers_2xx() {
         }
     })
     .await;
-    let s = Server::start(ServerOpts::default().config(RETRY_CONFIG)).await;
     let secret = "retry-secret";
     let (task, sub, bridge) = ("retry-task", "retry-sub", "b-retry");
-    task_with_run(&s, task, false).await;
-    subscribe(
-        &s,
-        task,
-        &webhook_body(sub, bridge, &hook.url("/hook"), secret),
-    )
-    .await;
-    let seq = append_one(
-        &s,
-        &task_ev(task, "task.run_completed", json!({"run_id": "r1"})),
-    )
-    .await;
+    let (s, seq) = completed_with_webhook(&hook, secret, (task, sub, bridge)).await;
 
     // Three refusals, then the fourth attempt is held: the failure is recorded meanwhile and
     // the cursor has not moved.

@@ -212,13 +212,7 @@ fn check_sink(v: &str) -> Result<(), ApiError> {
 }
 
 fn check_id(id: &str) -> Result<(), ApiError> {
-    if id.is_empty() || id.chars().count() > 128 || id.chars().any(char::is_control) {
-        return Err(ApiError::bad_request(
-            "invalid_path",
-            "a delivery id is 1–128 printable characters",
-        ));
-    }
-    Ok(())
+    crate::routes::check_path_id("delivery", id)
 }
 
 const LEASE_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
