@@ -23,6 +23,29 @@ pub struct Config {
     /// Source pollers (spec section 12), `[[sources]]`.
     #[serde(default)]
     pub sources: Vec<tidemark_consumers::sources::SourceConfig>,
+    /// The key of zero-PII routes (spec section 14).
+    #[serde(default)]
+    pub privacy: PrivacyConfig,
+}
+
+/// `[privacy]`: `hmac_key = "env:NAME"` names the environment variable holding the key of the
+/// redacting routes (its UTF-8 bytes). The key itself never enters the config file, the log
+/// or `settings.updated`.
+#[derive(Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrivacyConfig {
+    pub hmac_key: Option<String>,
+}
+
+impl std::fmt::Debug for PrivacyConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrivacyConfig")
+            .field(
+                "hmac_key",
+                &self.hmac_key.as_ref().map(|_| "<env reference>"),
+            )
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -175,10 +198,41 @@ impl Config {
                 self.log.id_filter_cache
             ));
         }
-        tidemark_projections::routing::RoutingSettings::from_json(&self.notification_settings())
-            .map_err(ConfigError::Invalid)?;
+        let routing = tidemark_projections::routing::RoutingSettings::from_json(
+            &self.notification_settings(),
+        )
+        .map_err(ConfigError::Invalid)?;
         tidemark_consumers::sources::from_config(&self.sources).map_err(ConfigError::Invalid)?;
+        let key = self.privacy()?;
+        if let Some((route, _)) = routing.routes.iter().find(|(_, p)| p.redact)
+            && key.is_none()
+        {
+            return bad(format!(
+                "notifications.routes.{route}.redact = true needs a key: set [privacy] hmac_key = \
+                 \"env:NAME\" and the variable NAME"
+            ));
+        }
         Ok(())
+    }
+
+    /// The key of the redacting routes, read from the variable `[privacy] hmac_key` names
+    /// (`None` when not configured).
+    pub fn privacy(&self) -> Result<Option<tidemark_engine::privacy::Privacy>, ConfigError> {
+        let Some(spec) = &self.privacy.hmac_key else {
+            return Ok(None);
+        };
+        let Some(var) = spec.strip_prefix("env:").filter(|v| !v.is_empty()) else {
+            return Err(ConfigError::Invalid(
+                "privacy.hmac_key must be \"env:NAME\", the environment variable holding the key"
+                    .into(),
+            ));
+        };
+        match std::env::var(var) {
+            Ok(v) if !v.is_empty() => Ok(tidemark_engine::privacy::Privacy::new(v.into_bytes())),
+            _ => Err(ConfigError::Invalid(format!(
+                "privacy.hmac_key names the environment variable {var}, which is not set"
+            ))),
+        }
     }
 
     /// The notification settings as the JSON payload of `settings.updated`.

@@ -315,9 +315,13 @@ pub async fn run(
         tracing::warn!(%addr, "no auth tokens configured: running open, on loopback only");
     }
     let log_cfg = config.log_config();
+    let privacy = config
+        .privacy()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     let (engine, report) = tokio::task::spawn_blocking(move || Engine::open(&log_cfg))
         .await
         .map_err(|e| std::io::Error::other(e.to_string()))??;
+    let engine = engine.with_privacy(privacy);
     tracing::info!(head = report.head, repaired = report.repaired, "log ready");
     record_settings(&engine, config.notification_settings()).await?;
     let metrics = crate::metrics_setup::handle();

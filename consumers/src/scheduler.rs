@@ -30,9 +30,12 @@ pub(crate) fn checkpoint(engine: &Engine) -> Result<u64, StorageError> {
 fn relevant(ev: &Event) -> bool {
     use EventType as T;
     match EventType::parse(&ev.event_type) {
-        Some(t @ (T::NotificationRequested | T::NotificationCreated | T::TaskCanceled)) => {
-            ev.stream == t.stream()
-        }
+        Some(
+            t @ (T::NotificationRequested
+            | T::NotificationCreated
+            | T::NotificationCanceled
+            | T::TaskCanceled),
+        ) => ev.stream == t.stream(),
         _ => false,
     }
 }

@@ -17,6 +17,7 @@
 
 pub mod commands;
 mod follow;
+pub mod privacy;
 mod queries;
 
 use std::sync::Arc;
@@ -83,6 +84,8 @@ pub struct Engine {
     clock: Clock,
     queries: Queries,
     follower: Arc<follow::Follower>,
+    /// The key of the redacting routes (section 14), from the configuration only.
+    privacy: Option<Arc<privacy::Privacy>>,
 }
 
 /// Catch every read model up to `head` inside the writer's transaction: what a command does
@@ -113,6 +116,7 @@ impl Engine {
                 log,
                 clock: wall_clock(),
                 follower: Arc::new(follower),
+                privacy: None,
             },
             report,
         ))
@@ -122,6 +126,21 @@ impl Engine {
     pub fn with_clock(mut self, clock: Clock) -> Engine {
         self.clock = clock;
         self
+    }
+
+    /// The same engine with the key of the redacting routes (zero-PII deliveries, spec
+    /// section 14): routing hashes with it, and lookups by notification id or recipient
+    /// compute the hashes at query time.
+    pub fn with_privacy(mut self, privacy: Option<privacy::Privacy>) -> Engine {
+        let p = privacy.map(Arc::new);
+        self.queries.set_privacy(p.clone());
+        self.privacy = p;
+        self
+    }
+
+    /// The key of the redacting routes, if one is configured.
+    pub fn privacy(&self) -> Option<&privacy::Privacy> {
+        self.privacy.as_deref()
     }
 
     /// The log through its narrow interface.
@@ -155,11 +174,12 @@ impl Engine {
         let cmd = cmd.into();
         let name = cmd.name();
         let clock = self.clock.clone();
+        let privacy = self.privacy.clone();
         let r = self
             .log
             .command(true, move |txn, head| {
                 at_head(txn, head)?;
-                commands::run(txn, clock(), cmd)
+                commands::run(txn, clock(), cmd, privacy.as_deref())
             })
             .await;
         let result = match &r {

@@ -96,11 +96,20 @@ pub struct Lag {
 pub struct Queries {
     log: Log,
     progress: Arc<crate::follow::Progress>,
+    privacy: Option<Arc<crate::privacy::Privacy>>,
 }
 
 impl Queries {
     pub(crate) fn new(log: Log, progress: Arc<crate::follow::Progress>) -> Queries {
-        Queries { log, progress }
+        Queries {
+            log,
+            progress,
+            privacy: None,
+        }
+    }
+
+    pub(crate) fn set_privacy(&mut self, p: Option<Arc<crate::privacy::Privacy>>) {
+        self.privacy = p;
     }
 
     /// Wait until every read model has folded the log up to the head now, or `min_seq` if
@@ -178,7 +187,20 @@ impl Queries {
     /// The status record of one notification (`None`: no notification has that id).
     pub fn notification_status(&self, id: &str) -> R<Option<NotificationStatus>> {
         self.floor(0)?;
-        Ok(read::notification_status(&self.log.db(), id)?)
+        let intent = self.privacy.as_ref().map(|p| p.intent_key(id));
+        Ok(read::notification_status(
+            &self.log.db(),
+            id,
+            intent.as_deref(),
+        )?)
+    }
+
+    /// The provenance of the notification at `seq` (what a delivery of it serves).
+    pub fn provenance_at(
+        &self,
+        seq: u64,
+    ) -> R<Option<tidemark_projections::notifications::Provenance>> {
+        Ok(read::provenance_at(&self.log.db(), seq)?)
     }
 
     /// The highest source seq the notification router has derived from.
@@ -202,7 +224,36 @@ impl Queries {
     /// A page of deliveries and the id to continue after.
     pub fn deliveries(&self, f: &DeliveryFilter) -> R<(Vec<Delivery>, Option<String>)> {
         self.floor(0)?;
-        Ok(read::deliveries(&self.log.db(), f)?)
+        let db = self.log.db();
+        let clear = read::deliveries(&db, f)?;
+        // Redacted deliveries carry the keyed hashes of the recipient and the notification id
+        // (section 14): a filter by either also finds them, merged in id order.
+        let Some(p) = self
+            .privacy
+            .as_ref()
+            .filter(|_| f.recipient.is_some() || f.notification_id.is_some())
+        else {
+            return Ok(clear);
+        };
+        let hashed = DeliveryFilter {
+            recipient: f.recipient.as_deref().map(|r| p.recipient_hash(r)),
+            notification_id: f.notification_id.as_deref().map(|n| p.intent_key(n)),
+            ..f.clone()
+        };
+        let other = read::deliveries(&db, &hashed)?;
+        let more = clear.1.is_some() || other.1.is_some();
+        let mut all: Vec<Delivery> = clear.0.into_iter().chain(other.0).collect();
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        all.dedup_by(|a, b| a.id == b.id);
+        let limit = f.limit.max(1);
+        let more = more || all.len() > limit;
+        all.truncate(limit);
+        let next = if more {
+            all.last().map(|d| d.id.clone())
+        } else {
+            None
+        };
+        Ok((all, next))
     }
 
     /// Outbox KPIs overall and per sink, judged at `now_us`.
@@ -214,6 +265,22 @@ impl Queries {
     ) -> R<(Kpis, BTreeMap<String, Kpis>)> {
         self.floor(0)?;
         self.kpis_now(now_us, stuck_after_ms, interval_ms)
+    }
+
+    /// Outbox KPIs per source site (`by_source_site`), judged at `now_us`.
+    pub fn kpis_by_site(
+        &self,
+        now_us: i64,
+        stuck_after_ms: u64,
+        interval_ms: u64,
+    ) -> R<BTreeMap<String, Kpis>> {
+        self.floor(0)?;
+        Ok(read::kpis_by_site(
+            &self.log.db(),
+            now_us,
+            stuck_after_ms,
+            interval_ms,
+        )?)
     }
 
     /// Deliveries not yet sent, skipped, cancelled or discarded.

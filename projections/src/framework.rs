@@ -73,7 +73,7 @@ pub(crate) fn table_name(proj: &str, table: &str, generation: u32) -> String {
     format!("p.{proj}.{table}.g{generation}")
 }
 
-type Bytes = &'static [u8];
+pub(crate) type Bytes = &'static [u8];
 
 /// Write access to one projection's tables at one generation, recording the digest.
 pub struct Store<'t> {

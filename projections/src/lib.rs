@@ -37,6 +37,7 @@ pub mod schema;
 pub mod settings;
 pub mod sources;
 pub mod tasks;
+pub mod trailing;
 
 pub use framework::{Meta, Projection, Projector, Reader};
 

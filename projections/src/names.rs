@@ -89,6 +89,7 @@ names! {
         TaskCanceled = "task.canceled",
         NotificationRequested = "notification.requested",
         NotificationCreated = "notification.created",
+        NotificationCanceled = "notification.canceled",
         NotificationTerminalStateMismatch = "notification.terminal_state_mismatch",
         RecipientUpdated = "recipient.updated",
         RecipientSuppressed = "recipient.suppressed",
@@ -104,6 +105,7 @@ names! {
         DeliveryDiscarded = "delivery.discarded",
         DeliveryLeaseExtended = "delivery.lease_extended",
         DeliveryJoined = "delivery.joined",
+        DeliveryDeferred = "delivery.deferred",
         CursorAdvanced = "cursor.advanced",
         CursorReset = "cursor.reset",
         CursorFailed = "cursor.failed",
@@ -150,7 +152,9 @@ impl EventType {
             | TaskRunReviewRejected
             | TaskCanceled
             | NotificationTerminalStateMismatch => Stream::TaskEvents,
-            NotificationRequested | NotificationCreated => Stream::Notifications,
+            NotificationRequested | NotificationCreated | NotificationCanceled => {
+                Stream::Notifications
+            }
             RecipientUpdated | RecipientSuppressed | RecipientUnsuppressed => Stream::Recipients,
             DeliveryCreated
             | DeliveryLeased
@@ -162,7 +166,8 @@ impl EventType {
             | DeliveryRetried
             | DeliveryDiscarded
             | DeliveryLeaseExtended
-            | DeliveryJoined => Stream::Deliveries,
+            | DeliveryJoined
+            | DeliveryDeferred => Stream::Deliveries,
             CursorAdvanced | CursorReset | CursorFailed => Stream::Cursors,
             BridgeSubscribed | BridgeUnsubscribed => Stream::Bridges,
             SettingsUpdated => Stream::Settings,
@@ -352,7 +357,8 @@ mod tests {
         assert_eq!(all.len(), EventType::ALL.len());
     }
 
-    /// Clients write lifecycle events, notification requests and recipient updates; tidemark
+    /// Clients write lifecycle events, notification requests and cancels and recipient updates;
+    /// tidemark
     /// writes everything else (spec section 2).
     #[test]
     fn who_writes_what() {
@@ -374,12 +380,13 @@ mod tests {
                 "task.run_review_rejected",
                 "task.canceled",
                 "notification.requested",
+                "notification.canceled",
                 "recipient.updated",
                 "recipient.suppressed",
                 "recipient.unsuppressed",
             ]
         );
-        assert_eq!(EventType::ALL.len() - client.len(), 25);
+        assert_eq!(EventType::ALL.len() - client.len(), 26);
     }
 
     #[test]

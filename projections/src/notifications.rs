@@ -38,6 +38,45 @@ pub struct Notification {
     pub source_seq: Option<u64>,
     /// Event time, microseconds since the epoch.
     pub time_us: i64,
+    /// Provenance (section 2), at its default for a notification without any (so such a row
+    /// keeps the bytes, and the digest, it had before: [`crate::trailing`]).
+    #[serde(default, with = "crate::trailing")]
+    pub ext: Provenance,
+}
+
+/// A notification's `type`, `type_data` and `source` (section 2); the objects are kept as the
+/// client's JSON text.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Provenance {
+    pub ntype: Option<String>,
+    pub type_data: Option<String>,
+    pub source: Option<String>,
+}
+
+impl Provenance {
+    /// Read from a payload (the fields the schema admitted).
+    pub fn of(p: &Value) -> Provenance {
+        let obj = |k: &str| p.get(k).filter(|v| v.is_object()).map(Value::to_string);
+        Provenance {
+            ntype: p.get("type").and_then(Value::as_str).map(str::to_owned),
+            type_data: obj("type_data"),
+            source: obj("source"),
+        }
+    }
+
+    /// `source.site_id`.
+    pub fn site_id(&self) -> Option<String> {
+        let v: Value = serde_json::from_str(self.source.as_deref()?).ok()?;
+        v.get("site_id").and_then(Value::as_str).map(str::to_owned)
+    }
+
+    /// `source.enqueued_at`, microseconds.
+    pub fn enqueued_at_us(&self) -> Option<i64> {
+        let v: Value = serde_json::from_str(self.source.as_deref()?).ok()?;
+        v.get("enqueued_at")
+            .and_then(Value::as_str)
+            .and_then(tidemark_log::time::parse_rfc3339_micros)
+    }
 }
 
 /// The priority a lifecycle event's notification gets (spec section 2), if it gets one.
@@ -272,10 +311,11 @@ impl Projection for Notifications {
         &[BY_SEQ, IDS, ROUTER, BY_PRIORITY, BY_RECIPIENT]
     }
 
-    /// 2: the list-filter indexes `by_priority`, `by_recipient` (outside the digest); a model
-    /// of version 1 is rebuilt from the log at the next open, which fills them.
+    /// 2: the list-filter indexes `by_priority`, `by_recipient` (outside the digest); 3: a
+    /// row's provenance (`ext`, absent on rows without any). An older model is rebuilt from
+    /// the log at the next open, which fills them.
     fn version(&self) -> u32 {
-        2
+        3
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
@@ -314,6 +354,12 @@ impl Projection for Notifications {
             deliver_after: f.deliver_after.owned(),
             source_seq: f.source_seq.0,
             time_us: ev.time_us,
+            // Only a payload that names them is read as a tree (most carry none).
+            ext: if ev.payload.contains("\"type") || ev.payload.contains("\"source\"") {
+                Provenance::of(&ev.payload_value())
+            } else {
+                Provenance::default()
+            },
         };
         st.put(IDS, id.as_bytes(), &ev.seq.to_be_bytes())?;
         st.put_val(BY_SEQ, &ev.seq.to_be_bytes(), &n)?;

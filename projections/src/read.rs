@@ -386,6 +386,8 @@ pub struct DeliveryFilter {
     pub recipient: Option<String>,
     /// Deliveries carrying this notification (a digest carries the ones that joined it).
     pub notification_id: Option<String>,
+    /// Deliveries of notifications from this `source.site_id`.
+    pub source_site: Option<String>,
     /// Page after this delivery id (ids are ordered bytewise).
     pub after: Option<String>,
     pub limit: usize,
@@ -408,6 +410,7 @@ pub fn deliveries(
         (deliveries::BY_ROUTE, f.route.as_deref()),
         (deliveries::BY_RECIPIENT, f.recipient.as_deref()),
         (deliveries::BY_NOTIFICATION, f.notification_id.as_deref()),
+        (deliveries::BY_SITE, f.source_site.as_deref()),
     ];
     if let Some(lists) = Postings::of_filters(&r, deliveries::NAME, &filters)? {
         let keep = |d: &Delivery| {
@@ -419,7 +422,10 @@ pub fn deliveries(
                     .is_none_or(|s| d.recipient.as_deref() == Some(s))
                 && f.notification_id
                     .as_deref()
-                    .is_none_or(|n| d.items.iter().any(|i| i.notification_id == n))
+                    .is_none_or(|n| d.all_items().any(|i| i.notification_id == n))
+                && f.source_site
+                    .as_deref()
+                    .is_none_or(|s| d.ext.source_site.as_deref() == Some(s))
         };
         let after = f.after.as_deref().map(str::as_bytes);
         let next = intersect(&lists, Order::Asc, after, limit, |id| {
@@ -462,14 +468,27 @@ pub struct NotificationStatus {
     pub attempts: u32,
     /// The error of the delivery that failed most recently.
     pub last_error: Option<String>,
-    /// When it was enqueued: the event time (its source's `enqueued_at` once provenance is
-    /// modelled).
+    /// When it was enqueued: its `source.enqueued_at`, else the event time.
     pub enqueued_at_us: i64,
     pub created_at_us: i64,
     /// The latest delivery time of its deliveries.
     pub delivered_at_us: Option<i64>,
     /// Its deliveries (a digest it joined counts as its own), by id.
     pub deliveries: Vec<Delivery>,
+}
+
+/// The provenance of the notification at `seq` (section 2), if there is one there.
+pub fn provenance_at(
+    db: &redb::Database,
+    seq: u64,
+) -> Result<Option<notifications::Provenance>, StorageError> {
+    Ok(Reader::new(db)?
+        .get_val::<Notification>(
+            notifications::NAME,
+            notifications::BY_SEQ,
+            &seq.to_be_bytes(),
+        )?
+        .map(|n| n.ext))
 }
 
 /// The status of a notification with these deliveries: none → `dashboard_only`; any queued,
@@ -501,6 +520,7 @@ const STATUS_DELIVERIES_MAX: usize = 1000;
 pub fn notification_status(
     db: &redb::Database,
     id: &str,
+    intent_key: Option<&str>,
 ) -> Result<Option<NotificationStatus>, StorageError> {
     let r = Reader::new(db)?;
     let Some(ids) = r.table(notifications::NAME, notifications::IDS)? else {
@@ -526,31 +546,51 @@ pub fn notification_status(
         r.table(deliveries::NAME, deliveries::BY_NOTIFICATION)?,
         r.table(deliveries::NAME, deliveries::ROWS)?,
     ) {
-        let mut prefix = id.as_bytes().to_vec();
-        prefix.push(0);
-        for row in index.range(prefix.as_slice()..).map_err(StorageError::of)? {
-            let (k, _) = row.map_err(StorageError::of)?;
-            let Some(delivery_id) = k.value().strip_prefix(prefix.as_slice()) else {
-                break;
-            };
-            if let Some(v) = rows.get(delivery_id).map_err(StorageError::of)? {
-                found.push(postcard::from_bytes::<Delivery>(v.value()).map_err(StorageError::of)?);
-            }
-            if found.len() >= STATUS_DELIVERIES_MAX {
-                break;
+        // Its deliveries on redacting routes carry the intent key in place of its id.
+        for key in std::iter::once(id).chain(intent_key) {
+            let mut prefix = key.as_bytes().to_vec();
+            prefix.push(0);
+            for row in index.range(prefix.as_slice()..).map_err(StorageError::of)? {
+                let (k, _) = row.map_err(StorageError::of)?;
+                let Some(delivery_id) = k.value().strip_prefix(prefix.as_slice()) else {
+                    break;
+                };
+                if let Some(v) = rows.get(delivery_id).map_err(StorageError::of)? {
+                    found.push(
+                        postcard::from_bytes::<Delivery>(v.value()).map_err(StorageError::of)?,
+                    );
+                }
+                if found.len() >= STATUS_DELIVERIES_MAX {
+                    break;
+                }
             }
         }
+        found.sort_by(|a, b| a.id.cmp(&b.id));
     }
+    let canceled = r
+        .table(deliveries::NAME, deliveries::NOTIFICATIONS_CANCELED)?
+        .map(|t| t.get(id.as_bytes()).map(|v| v.is_some()))
+        .transpose()
+        .map_err(StorageError::of)?
+        .unwrap_or(false);
+    // A canceled notification whose digest let it go has no delivery left: cancelled.
+    let status = match notification_status_of(&found) {
+        "dashboard_only" if canceled => "cancelled",
+        s => s,
+    };
     let last_error = found
         .iter()
         .filter(|d| d.last_error.is_some())
         .max_by_key(|d| (d.updated_at_us, d.last_seq))
         .and_then(|d| d.last_error.clone());
     Ok(Some(NotificationStatus {
-        status: notification_status_of(&found),
+        status,
         attempts: found.iter().map(|d| d.attempts).sum(),
         last_error,
-        enqueued_at_us: notification.time_us,
+        enqueued_at_us: notification
+            .ext
+            .enqueued_at_us()
+            .unwrap_or(notification.time_us),
         created_at_us: notification.time_us,
         delivered_at_us: found.iter().filter_map(|d| d.delivered_at_us).max(),
         deliveries: found,
@@ -609,34 +649,15 @@ pub fn kpis(
     let stuck_before = now_us.saturating_sub(stuck_after_ms as i64 * 1_000);
     let sent_since = now_us.saturating_sub(interval_ms as i64 * 1_000);
     for (sink, k) in by_sink.iter_mut() {
-        k.queue_depth = k.queued + k.leased + k.retry_wait;
-        let lo = deliveries::timed_key(sink, 0, "");
-        let hi = deliveries::timed_key(sink, i64::MAX, "");
-        if let Some(p) = &pending {
-            let cut = deliveries::timed_key(sink, stuck_before, "");
-            k.stuck = p
-                .range(lo.as_slice()..cut.as_slice())
-                .map_err(StorageError::of)?
-                .count() as u64;
-            if let Some(first) = p
-                .range(lo.as_slice()..hi.as_slice())
-                .map_err(StorageError::of)?
-                .next()
-            {
-                let (key, _) = first.map_err(StorageError::of)?;
-                let key = key.value();
-                let at = &key[sink.len() + 1..sink.len() + 9];
-                let created = u64::from_be_bytes(at.try_into().expect("8 bytes")) as i64;
-                k.oldest_pending_age_s = (now_us - created).max(0) as f64 / 1e6;
-            }
-        }
-        if let Some(s) = &sent {
-            let cut = deliveries::timed_key(sink, sent_since, "");
-            k.sent_last_interval = s
-                .range(cut.as_slice()..hi.as_slice())
-                .map_err(StorageError::of)?
-                .count() as u64;
-        }
+        timed_kpis(
+            k,
+            sink,
+            pending.as_ref(),
+            sent.as_ref(),
+            stuck_before,
+            sent_since,
+            now_us,
+        )?;
     }
     let mut all = Kpis::default();
     for k in by_sink.values() {
@@ -650,6 +671,97 @@ pub fn kpis(
         all.oldest_pending_age_s = all.oldest_pending_age_s.max(k.oldest_pending_age_s);
     }
     Ok((all, by_sink))
+}
+
+/// The KPIs of one sink or site `dim` read from its `dim ‖ 0 ‖ time ‖ id` indexes of pending
+/// (by creation) and sent (by delivery) rows: queue depth, stuck, oldest pending age, sent in
+/// the interval.
+fn timed_kpis(
+    k: &mut Kpis,
+    dim: &str,
+    pending: Option<&redb::ReadOnlyTable<crate::framework::Bytes, crate::framework::Bytes>>,
+    sent: Option<&redb::ReadOnlyTable<crate::framework::Bytes, crate::framework::Bytes>>,
+    stuck_before: i64,
+    sent_since: i64,
+    now_us: i64,
+) -> Result<(), StorageError> {
+    k.queue_depth = k.queued + k.leased + k.retry_wait;
+    let lo = deliveries::timed_key(dim, 0, "");
+    let hi = deliveries::timed_key(dim, i64::MAX, "");
+    if let Some(p) = pending {
+        let cut = deliveries::timed_key(dim, stuck_before, "");
+        k.stuck = p
+            .range(lo.as_slice()..cut.as_slice())
+            .map_err(StorageError::of)?
+            .count() as u64;
+        if let Some(first) = p
+            .range(lo.as_slice()..hi.as_slice())
+            .map_err(StorageError::of)?
+            .next()
+        {
+            let (key, _) = first.map_err(StorageError::of)?;
+            let key = key.value();
+            let at = &key[dim.len() + 1..dim.len() + 9];
+            let created = u64::from_be_bytes(at.try_into().expect("8 bytes")) as i64;
+            k.oldest_pending_age_s = (now_us - created).max(0) as f64 / 1e6;
+        }
+    }
+    if let Some(s) = sent {
+        let cut = deliveries::timed_key(dim, sent_since, "");
+        k.sent_last_interval = s
+            .range(cut.as_slice()..hi.as_slice())
+            .map_err(StorageError::of)?
+            .count() as u64;
+    }
+    Ok(())
+}
+
+/// KPIs per source site (`by_source_site`, section 5), from the per-site indexes; times are
+/// judged at `now_us`. Deliveries of notifications without a site are not in it.
+pub fn kpis_by_site(
+    db: &redb::Database,
+    now_us: i64,
+    stuck_after_ms: u64,
+    interval_ms: u64,
+) -> Result<std::collections::BTreeMap<String, Kpis>, StorageError> {
+    let r = Reader::new(db)?;
+    let mut out: std::collections::BTreeMap<String, Kpis> = Default::default();
+    let Some(status) = r.table(deliveries::NAME, deliveries::SITE_STATUS)? else {
+        return Ok(out);
+    };
+    for row in status.iter().map_err(StorageError::of)? {
+        let (k, _) = row.map_err(StorageError::of)?;
+        let mut parts = k.value().splitn(3, |b| *b == 0);
+        let (Some(site), Some(st)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let e = out
+            .entry(String::from_utf8_lossy(site).into_owned())
+            .or_default();
+        match st {
+            b"queued" => e.queued += 1,
+            b"leased" => e.leased += 1,
+            b"retry_wait" => e.retry_wait += 1,
+            b"parked" => e.parked += 1,
+            _ => {}
+        }
+    }
+    let pending = r.table(deliveries::NAME, deliveries::SITE_PENDING)?;
+    let sent = r.table(deliveries::NAME, deliveries::SITE_SENT)?;
+    let stuck_before = now_us.saturating_sub(stuck_after_ms as i64 * 1_000);
+    let sent_since = now_us.saturating_sub(interval_ms as i64 * 1_000);
+    for (site, k) in out.iter_mut() {
+        timed_kpis(
+            k,
+            site,
+            pending.as_ref(),
+            sent.as_ref(),
+            stuck_before,
+            sent_since,
+            now_us,
+        )?;
+    }
+    Ok(out)
 }
 
 /// Pending deliveries (queued + leased + retry_wait) over all sinks: the backpressure gauge.

@@ -68,7 +68,49 @@ pub struct RetrySettings {
 #[derive(Debug, Clone, PartialEq)]
 pub struct DigestPolicy {
     pub window_ms: u64,
+    /// Items listed in the delivery; the rest are counted in `more`.
     pub max_items: u32,
+    /// Up to this many items the title is `templates.many`, past it `templates.summary`.
+    pub summary_after: u32,
+}
+
+/// The titles of a digest delivery (section 4); absent keys fall back (locale → route →
+/// [`Templates::DEFAULT_MANY`] / [`Templates::DEFAULT_SUMMARY`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Templates {
+    pub many: Option<String>,
+    pub summary: Option<String>,
+}
+
+impl Templates {
+    pub const DEFAULT_MANY: &'static str = "{count} new updates";
+    pub const DEFAULT_SUMMARY: &'static str = "You have {count} new updates";
+
+    fn parse(v: &Value, key: &str) -> Result<Templates, String> {
+        let bad = || format!("notifications.{key} is malformed");
+        let m = v.as_object().ok_or_else(bad)?;
+        let mut t = Templates::default();
+        for (k, x) in m {
+            let x = x
+                .as_str()
+                .filter(|x| !x.is_empty() && x.len() <= 512)
+                .ok_or_else(bad)?;
+            match k.as_str() {
+                "many" => t.many = Some(x.to_owned()),
+                "summary" => t.summary = Some(x.to_owned()),
+                _ => return Err(format!("notifications.{key}.{k} is not a template name")),
+            }
+        }
+        Ok(t)
+    }
+}
+
+/// `{count}`, `{title}` (the newest item's) and `{first_title}` (the opening item's) filled in.
+pub fn render_title(template: &str, count: usize, title: &str, first_title: &str) -> String {
+    template
+        .replace("{count}", &count.to_string())
+        .replace("{first_title}", first_title)
+        .replace("{title}", title)
 }
 
 /// Per-route scheduling policy, `[notifications.routes.<route>]`.
@@ -80,6 +122,25 @@ pub struct RoutePolicy {
     pub quiet_hours: Option<(u32, u32)>,
     pub quiet_hours_bypass: Vec<String>,
     pub digest: Option<DigestPolicy>,
+    pub templates: Templates,
+    /// Only notifications of these types take the route (`None`: every notification).
+    pub types: Option<Vec<String>>,
+    /// Zero-PII deliveries (section 14).
+    pub redact: bool,
+    /// The title of a redacted delivery.
+    pub generic_title: Option<String>,
+    /// Overrides `[notifications.retry]` for this route.
+    pub retry: Option<RetrySettings>,
+}
+
+impl RoutePolicy {
+    pub const DEFAULT_GENERIC_TITLE: &'static str = "New message";
+
+    pub fn generic_title(&self) -> &str {
+        self.generic_title
+            .as_deref()
+            .unwrap_or(Self::DEFAULT_GENERIC_TITLE)
+    }
 }
 
 /// The effective notification settings.
@@ -98,6 +159,8 @@ pub struct RoutingSettings {
     pub max_pending: u64,
     pub stuck_after_ms: u64,
     pub routes: BTreeMap<String, RoutePolicy>,
+    /// `[notifications.templates.<locale>]`: digest titles per recipient locale.
+    pub templates: BTreeMap<String, Templates>,
 }
 
 impl Default for RoutingSettings {
@@ -129,6 +192,7 @@ impl Default for RoutingSettings {
             max_pending: 100_000,
             stuck_after_ms: 600_000,
             routes: BTreeMap::new(),
+            templates: BTreeMap::new(),
         }
     }
 }
@@ -177,39 +241,7 @@ impl RoutingSettings {
             }
         }
         if let Some(r) = v.get("retry") {
-            if let Some(x) = r.get("strategy") {
-                s.retry.strategy = x
-                    .as_str()
-                    .and_then(Strategy::parse)
-                    .ok_or_else(|| bad("retry.strategy"))?;
-            }
-            if let Some(x) = r.get("max_attempts") {
-                s.retry.max_attempts =
-                    x.as_u64()
-                        .filter(|n| (1..=1000).contains(n))
-                        .ok_or_else(|| bad("retry.max_attempts"))? as u32;
-            }
-            if let Some(x) = r.get("base_delay") {
-                s.retry.base_delay_ms = dur(x, "retry.base_delay")?;
-            }
-            if let Some(x) = r.get("max_delay") {
-                s.retry.max_delay_ms = dur(x, "retry.max_delay")?;
-            }
-            if let Some(x) = r.get("jitter") {
-                s.retry.jitter = x
-                    .as_f64()
-                    .filter(|j| (0.0..=1.0).contains(j))
-                    .ok_or_else(|| bad("retry.jitter"))?;
-            }
-            if let Some(x) = r.get("lease_ttl") {
-                s.retry.lease_ttl_ms = dur(x, "retry.lease_ttl")?;
-            }
-            if let Some(x) = r.get("batch_size") {
-                s.retry.batch_size =
-                    x.as_u64()
-                        .filter(|n| (1..=1000).contains(n))
-                        .ok_or_else(|| bad("retry.batch_size"))? as u32;
-            }
+            s.retry = parse_retry(&s.retry, r, "retry")?;
         }
         if let Some(x) = v.pointer("/outbox/max_pending") {
             s.max_pending = x.as_u64().ok_or_else(|| bad("outbox.max_pending"))?;
@@ -257,18 +289,162 @@ impl RoutingSettings {
                         .filter(|n| *n >= 1)
                         .ok_or_else(|| bad(&k("digest.max_items")))?
                         as u32;
+                    let summary_after = match d.get("summary_after") {
+                        None => max_items,
+                        Some(x) => x
+                            .as_u64()
+                            .filter(|n| *n >= 1 && *n <= u32::MAX as u64)
+                            .ok_or_else(|| bad(&k("digest.summary_after")))?
+                            as u32,
+                    };
                     policy.digest = Some(DigestPolicy {
                         window_ms,
                         max_items,
+                        summary_after,
                     });
+                }
+                if let Some(t) = p.get("templates") {
+                    policy.templates = Templates::parse(t, &k("templates"))?;
+                }
+                if let Some(t) = p.get("types") {
+                    policy.types = Some(strings(t).ok_or_else(|| bad(&k("types")))?);
+                }
+                if let Some(x) = p.get("redact") {
+                    policy.redact = x.as_bool().ok_or_else(|| bad(&k("redact")))?;
+                }
+                if let Some(x) = p.get("generic_title") {
+                    policy.generic_title = Some(
+                        x.as_str()
+                            .filter(|t| !t.is_empty() && t.len() <= 256)
+                            .ok_or_else(|| bad(&k("generic_title")))?
+                            .to_owned(),
+                    );
+                }
+                if let Some(r) = p.get("retry") {
+                    policy.retry = Some(parse_retry(&s.retry, r, &k("retry"))?);
                 }
                 s.routes.insert(name.clone(), policy);
             }
         }
-        if s.retry.base_delay_ms > s.retry.max_delay_ms {
-            return Err("notifications.retry.base_delay is larger than max_delay".into());
+        if let Some(t) = v.get("templates") {
+            let t = t.as_object().ok_or_else(|| bad("templates"))?;
+            for (locale, x) in t {
+                s.templates.insert(
+                    locale.to_ascii_lowercase(),
+                    Templates::parse(x, &format!("templates.{locale}"))?,
+                );
+            }
         }
         Ok(s)
+    }
+}
+
+/// A `retry` table over `base` (the global one, or a route's over the global); `key` names it
+/// in errors.
+fn parse_retry(base: &RetrySettings, r: &Value, key: &str) -> Result<RetrySettings, String> {
+    let bad = |k: &str| format!("notifications.{k} is malformed");
+    let dur = |v: &Value, k: &str| v.as_str().and_then(parse_duration_ms).ok_or_else(|| bad(k));
+    let mut out = base.clone();
+    if let Some(x) = r.get("strategy") {
+        out.strategy = x
+            .as_str()
+            .and_then(Strategy::parse)
+            .ok_or_else(|| bad(&format!("{key}.strategy")))?;
+    }
+    if let Some(x) = r.get("max_attempts") {
+        out.max_attempts = x
+            .as_u64()
+            .filter(|n| (1..=1000).contains(n))
+            .ok_or_else(|| bad(&format!("{key}.max_attempts")))? as u32;
+    }
+    if let Some(x) = r.get("base_delay") {
+        out.base_delay_ms = dur(x, &format!("{key}.base_delay"))?;
+    }
+    if let Some(x) = r.get("max_delay") {
+        out.max_delay_ms = dur(x, &format!("{key}.max_delay"))?;
+    }
+    if let Some(x) = r.get("jitter") {
+        out.jitter = x
+            .as_f64()
+            .filter(|j| (0.0..=1.0).contains(j))
+            .ok_or_else(|| bad(&format!("{key}.jitter")))?;
+    }
+    if let Some(x) = r.get("lease_ttl") {
+        out.lease_ttl_ms = dur(x, &format!("{key}.lease_ttl"))?;
+    }
+    if let Some(x) = r.get("batch_size") {
+        out.batch_size = x
+            .as_u64()
+            .filter(|n| (1..=1000).contains(n))
+            .ok_or_else(|| bad(&format!("{key}.batch_size")))? as u32;
+    }
+
+    if out.base_delay_ms > out.max_delay_ms {
+        return Err(format!(
+            "notifications.{key}.base_delay is larger than max_delay"
+        ));
+    }
+    Ok(out)
+}
+
+impl RoutingSettings {
+    /// The policy of `route` (the default when it has none).
+    pub fn policy(&self, route: &str) -> RoutePolicy {
+        self.routes.get(route).cloned().unwrap_or_default()
+    }
+
+    /// The retry settings of `route`: its own `retry` table, else `[notifications.retry]`.
+    pub fn retry_for(&self, route: &str) -> &RetrySettings {
+        self.routes
+            .get(route)
+            .and_then(|p| p.retry.as_ref())
+            .unwrap_or(&self.retry)
+    }
+
+    /// The title of a digest of `count` items on `route` (section 4): one item keeps its own
+    /// title; up to `summary_after` items `templates.many`, more `templates.summary`, each
+    /// from the recipient's locale (`de-AT`, then `de`), then the route, then the default.
+    pub fn digest_title(
+        &self,
+        route: &str,
+        locale: Option<&str>,
+        count: usize,
+        title: &str,
+        first_title: &str,
+    ) -> String {
+        if count <= 1 {
+            return title.to_owned();
+        }
+        let policy = self.routes.get(route);
+        let summary_after = policy
+            .and_then(|p| p.digest.as_ref())
+            .map_or(u32::MAX, |d| d.summary_after);
+        let summary = count > summary_after as usize;
+        let pick = |t: &Templates| {
+            if summary {
+                t.summary.clone()
+            } else {
+                t.many.clone()
+            }
+        };
+        let locale = locale.map(str::to_ascii_lowercase);
+        let from_locale = locale.as_deref().and_then(|l| {
+            let lang = l.split(['-', '_']).next().unwrap_or(l);
+            [l, lang]
+                .into_iter()
+                .find_map(|k| self.templates.get(k).and_then(pick))
+        });
+        let template = from_locale
+            .or_else(|| policy.and_then(|p| pick(&p.templates)))
+            .unwrap_or_else(|| {
+                if summary {
+                    Templates::DEFAULT_SUMMARY
+                } else {
+                    Templates::DEFAULT_MANY
+                }
+                .to_owned()
+            });
+        render_title(&template, count, title, first_title)
     }
 }
 
@@ -281,9 +457,14 @@ pub enum RouteOutcome {
     Skipped { route: String, reason: &'static str },
 }
 
-/// Routes a notification of `priority` takes under `s` (spec section 4). The dashboard is the
-/// notification row itself and yields nothing here.
-pub fn resolve_routes(s: &RoutingSettings, priority: &str) -> Vec<RouteOutcome> {
+/// Routes a notification of `priority` and `ntype` (its `type`, if any) takes under `s` (spec
+/// sections 2 and 4). The dashboard is the notification row itself and yields nothing here; a
+/// route restricted to `types` is not taken by a notification of another type or of none.
+pub fn resolve_routes(
+    s: &RoutingSettings,
+    priority: &str,
+    ntype: Option<&str>,
+) -> Vec<RouteOutcome> {
     if !s.enabled {
         return Vec::new();
     }
@@ -297,6 +478,11 @@ pub fn resolve_routes(s: &RoutingSettings, priority: &str) -> Vec<RouteOutcome> 
                 r == route
             }
         }) {
+            continue;
+        }
+        if let Some(types) = s.routes.get(route).and_then(|p| p.types.as_ref())
+            && !ntype.is_some_and(|t| types.iter().any(|x| x == t))
+        {
             continue;
         }
         match route.as_str() {
@@ -344,7 +530,65 @@ mod tests {
     use serde_json::json;
 
     fn routes(s: &RoutingSettings, p: &str) -> Vec<RouteOutcome> {
-        resolve_routes(s, p)
+        resolve_routes(s, p, None)
+    }
+
+    #[test]
+    fn types_restrict_a_route() {
+        let s = RoutingSettings::from_json(&json!({"routes": {"desktop": {"types": ["app"]}}}))
+            .unwrap();
+        assert!(resolve_routes(&s, "urgent", None).is_empty(), "no type");
+        assert!(resolve_routes(&s, "urgent", Some("email")).is_empty());
+        assert_eq!(resolve_routes(&s, "urgent", Some("app")), vec![desktop()]);
+        let open = RoutingSettings::default();
+        assert_eq!(
+            resolve_routes(&open, "urgent", Some("email")),
+            vec![desktop()]
+        );
+    }
+
+    #[test]
+    fn digest_titles_by_count_locale_and_route() {
+        let s = RoutingSettings::from_json(&json!({
+            "routes": {"desktop": {"digest": {"window": "5m", "max_items": 5, "summary_after": 3},
+                                   "templates": {"many": "{count} about {first_title}"}},
+                       "other": {"digest": {"window": "5m", "max_items": 5}}},
+            "templates": {"de": {"many": "{count} neue: {title}", "summary": "Sie haben {count} neue Meldungen"}}
+        }))
+        .unwrap();
+        let t = |route: &str, loc: Option<&str>, n: usize| {
+            s.digest_title(route, loc, n, "new", "first")
+        };
+        assert_eq!(t("desktop", None, 1), "new");
+        assert_eq!(t("desktop", None, 3), "3 about first");
+        assert_eq!(t("desktop", None, 4), "You have 4 new updates");
+        assert_eq!(t("desktop", Some("de-AT"), 2), "2 neue: new");
+        assert_eq!(t("desktop", Some("DE"), 8), "Sie haben 8 neue Meldungen");
+        assert_eq!(t("desktop", Some("fr"), 2), "2 about first");
+        assert_eq!(t("other", None, 5), "5 new updates");
+        assert_eq!(t("other", None, 6), "You have 6 new updates");
+        assert!(RoutingSettings::from_json(&json!({"templates": {"de": {"bogus": "x"}}})).is_err());
+    }
+
+    #[test]
+    fn a_route_overrides_the_retry_settings() {
+        let s = RoutingSettings::from_json(&json!({
+            "retry": {"base_delay": "2s"},
+            "routes": {"desktop": {"retry": {"strategy": "linear", "max_attempts": 9}}}
+        }))
+        .unwrap();
+        let r = s.retry_for("desktop");
+        assert_eq!(
+            (r.strategy, r.max_attempts, r.base_delay_ms),
+            (Strategy::Linear, 9, 2_000)
+        );
+        assert_eq!(s.retry_for("other").strategy, Strategy::Exponential);
+        assert!(
+            RoutingSettings::from_json(
+                &json!({"routes": {"desktop": {"retry": {"base_delay": "1h"}}}})
+            )
+            .is_err()
+        );
     }
 
     fn desktop() -> RouteOutcome {
@@ -433,7 +677,8 @@ mod tests {
             p.digest,
             Some(DigestPolicy {
                 window_ms: 300_000,
-                max_items: 5
+                max_items: 5,
+                summary_after: 5,
             })
         );
         for bad in [

@@ -101,8 +101,53 @@ pub fn check_client_event(
             f.time("deliver_after")?;
             f.string("task_id", false, 128)?;
             f.string("project_id", false, 128)?;
+            // Provenance (section 2): a free type name, its data as given, and where a
+            // forwarded notification comes from.
+            if let Some(t) = f.string("type", false, 64)?
+                && (t.is_empty()
+                    || !t
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)))
+            {
+                return Err(invalid("payload.type must be 1-64 of A-Za-z0-9._-"));
+            }
+            f.object("type_data")?;
+            if let Some(src) = f.object("source")? {
+                let g = Fields(src);
+                for k in ["site_id", "node", "instance_id", "script"] {
+                    g.string(k, false, 128).map_err(|_| {
+                        invalid(format!(
+                            "payload.source.{k} must be a string of at most 128 characters"
+                        ))
+                    })?;
+                }
+                g.time("enqueued_at")
+                    .map_err(|_| invalid("payload.source.enqueued_at must be an RFC 3339 time"))?;
+                if let Some(k) = src.keys().find(|k| {
+                    !["site_id", "node", "instance_id", "script", "enqueued_at"]
+                        .contains(&k.as_str())
+                }) {
+                    return Err(invalid(format!(
+                        "payload.source.{k} is not a provenance field"
+                    )));
+                }
+            }
+        }
+        T::NotificationCanceled => {
+            f.string("reason", false, 4096)?;
         }
         T::RecipientUpdated => {
+            if let Some(l) = f.string("locale", false, 35)?
+                && (l.is_empty()
+                    || !l.split('-').all(|part| {
+                        (1..=8).contains(&part.len())
+                            && part.bytes().all(|b| b.is_ascii_alphanumeric())
+                    }))
+            {
+                return Err(invalid(
+                    "payload.locale must be a BCP 47 tag such as de or de-AT",
+                ));
+            }
             if let Some(v) = p.get("tz_offset_minutes") {
                 match v.as_i64() {
                     Some(m) if (-840..=840).contains(&m) => {}
@@ -149,6 +194,14 @@ impl<'a> Fields<'a> {
                 Ok(Some(s))
             }
             Some(_) => Err(invalid(format!("payload.{name} must be a string"))),
+        }
+    }
+
+    fn object(&self, name: &str) -> Result<Option<&'a Map<String, Value>>, SchemaError> {
+        match self.0.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Object(m)) => Ok(Some(m)),
+            Some(_) => Err(invalid(format!("payload.{name} must be an object"))),
         }
     }
 

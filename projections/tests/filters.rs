@@ -47,6 +47,14 @@ fn open(dir: &std::path::Path) -> Log {
         .0
 }
 
+/// Source sites of the notifications behind the deliveries (`None` for every fourth).
+const SITES: [&str; 3] = ["north", "south", "east"];
+
+fn site_of(id: &str) -> Option<&'static str> {
+    let n: usize = id.bytes().map(|b| b as usize).sum();
+    SITES.get(n % 4).copied()
+}
+
 fn created(id: &str, sink: &str, route: &str, recipient: Option<&str>, status: &str) -> NewEvent {
     let at = 1_700_000_000_000_000i64;
     let c = Created {
@@ -72,6 +80,8 @@ fn created(id: &str, sink: &str, route: &str, recipient: Option<&str>, status: &
         quiet_hours_until_us: None,
         digest_until_us: None,
         digest_max_items: None,
+        source_site: site_of(id).map(str::to_owned),
+        redacted: false,
     };
     NewEvent::new(
         None,
@@ -206,6 +216,11 @@ fn delivery_matches(all: &[Delivery], f: &DeliveryFilter) -> Vec<String> {
                 .as_deref()
                 .is_none_or(|n| d.items.iter().any(|i| i.notification_id == n))
         })
+        .filter(|d| {
+            f.source_site
+                .as_deref()
+                .is_none_or(|s| site_of(&d.id) == Some(s))
+        })
         .map(|d| d.id.clone())
         .collect()
 }
@@ -256,16 +271,20 @@ fn delivery_filter() -> impl Strategy<Value = DeliveryFilter> {
         1..7usize,
         // The notification of the delivery the i-th op may have created (`n-<id>`).
         proptest::option::of(0..300usize),
+        value(&SITES),
     )
         .prop_map(
-            |(status, sink, route, recipient, after, limit, notification)| DeliveryFilter {
-                status,
-                sink,
-                route,
-                recipient,
-                notification_id: notification.map(|i| format!("n-d{:03}", (i * 37) % 1000)),
-                after: after.map(|k| format!("d{k:03}")),
-                limit,
+            |(status, sink, route, recipient, after, limit, notification, source_site)| {
+                DeliveryFilter {
+                    status,
+                    sink,
+                    route,
+                    recipient,
+                    notification_id: notification.map(|i| format!("n-d{:03}", (i * 37) % 1000)),
+                    source_site,
+                    after: after.map(|k| format!("d{k:03}")),
+                    limit,
+                }
             },
         )
 }

@@ -114,7 +114,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 /// Delivery event kinds the fold knows (created first, so most sequences start with one).
-const DELIVERY_KINDS: [&str; 10] = [
+const DELIVERY_KINDS: [&str; 12] = [
     "created",
     "leased",
     "sent",
@@ -125,6 +125,8 @@ const DELIVERY_KINDS: [&str; 10] = [
     "discarded",
     "skipped",
     "joined",
+    "cancelled",
+    "deferred",
 ];
 
 const CURSOR_KEYS: [(&str, &str, &str); 3] = [
@@ -159,8 +161,11 @@ fn delivery_payload(d: u8, kind: &str, i: usize) -> serde_json::Value {
             quiet_hours_until_us: None,
             digest_until_us: None,
             digest_max_items: None,
+            source_site: (d % 2 == 1).then(|| format!("site-{}", d % 3)),
+            redacted: d == 2,
         })
         .unwrap(),
+        // Joins past `max_items` are counted (`ext.more_items`), the title is the command's.
         "joined" => serde_json::to_value(Joined {
             notification_id: format!("j{i}"),
             notification_seq: i as u64,
@@ -168,6 +173,8 @@ fn delivery_payload(d: u8, kind: &str, i: usize) -> serde_json::Value {
             title: "j".into(),
             body: None,
             at_us: at,
+            digest_title: i.is_multiple_of(3).then(|| format!("{i} new")),
+            max_items: (i % 3 != 2).then_some(2),
         })
         .unwrap(),
         _ => serde_json::to_value(Change {
@@ -178,6 +185,9 @@ fn delivery_payload(d: u8, kind: &str, i: usize) -> serde_json::Value {
             next_attempt_at_us: Some(at + 1_000_000),
             error_code: (kind == "attempt_failed").then(|| "boom".into()),
             parked: Some(i.is_multiple_of(2)),
+            // A notification cancel: one item of a digest leaves, or a leased row waits.
+            notification_id: (kind == "cancelled" && i % 4 == 1).then(|| format!("j{}", i - 1)),
+            at_lease_end: (kind == "cancelled" && i % 4 == 3).then_some(true),
             ..Change::default()
         })
         .unwrap(),

@@ -27,11 +27,38 @@ pub struct NotificationOut {
     pub project_id: Option<String>,
     /// Time of the event that created it.
     pub time: String,
+    /// Provenance (section 2): a free type name (`email`, `teams`, `app`), its data as given,
+    /// and where a forwarded notification comes from (`site_id`, `node`, `instance_id`,
+    /// `script`, `enqueued_at`). Absent when not given.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub ntype: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub type_data: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub source: Option<serde_json::Value>,
+}
+
+/// The provenance of a notification as served: `type`, `type_data`, `source`.
+pub(crate) fn provenance_out(
+    p: tidemark_projections::notifications::Provenance,
+) -> (
+    Option<String>,
+    Option<serde_json::Value>,
+    Option<serde_json::Value>,
+) {
+    let obj = |t: Option<String>| t.and_then(|t| serde_json::from_str(&t).ok());
+    (p.ntype, obj(p.type_data), obj(p.source))
 }
 
 impl From<Notification> for NotificationOut {
     fn from(n: Notification) -> Self {
+        let (ntype, type_data, source) = provenance_out(n.ext);
         NotificationOut {
+            ntype,
+            type_data,
+            source,
             time: tidemark_log::time::format_micros(n.time_us),
             notification_id: n.notification_id,
             seq: n.seq,

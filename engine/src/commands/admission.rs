@@ -18,7 +18,7 @@ use tidemark_log::{CommandError, NewEvent};
 use tidemark_projections::deliveries::Recipient;
 use tidemark_projections::names::{EventType, Stream};
 use tidemark_projections::notifications;
-use tidemark_projections::routing::{RouteOutcome, resolve_routes};
+use tidemark_projections::routing::{RouteOutcome, RoutingSettings, resolve_routes};
 
 use crate::store::WriteTransaction;
 
@@ -56,7 +56,7 @@ pub(crate) fn admit(
     let mut state = super::outbox::State::new(txn)?;
     let mut recipients: HashMap<&str, Recipient> = HashMap::new();
     let mut blocked = Vec::new();
-    let mut priorities: Vec<String> = Vec::new();
+    let mut notices: Vec<(String, Option<String>)> = Vec::new();
     for (i, e) in events.iter().enumerate() {
         if known.get(i).copied().unwrap_or(false) {
             continue;
@@ -80,12 +80,8 @@ pub(crate) fn admit(
             }
             EventType::NotificationRequested if e.stream == Stream::Notifications => {
                 let p = payload(e);
-                priorities.push(
-                    p.get("priority")
-                        .and_then(|v| v.as_str())
-                        .unwrap_or("info")
-                        .to_owned(),
-                );
+                let s = |k: &str| p.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+                notices.push((s("priority").unwrap_or_else(|| "info".into()), s("type")));
                 let Some(who) = p.get("recipient").and_then(|v| v.as_str()) else {
                     continue;
                 };
@@ -104,11 +100,14 @@ pub(crate) fn admit(
         metrics::counter!("tidemark_notifications_blocked_total").increment(blocked.len() as u64);
         return Ok(Admission::Blocked(blocked));
     }
-    let priorities: Vec<&str> = priorities.iter().map(String::as_str).collect();
-    over_bound(txn, &mut state, &priorities, now_us, max_pending)
+    let notices: Vec<(&str, Option<&str>)> = notices
+        .iter()
+        .map(|(p, t)| (p.as_str(), t.as_deref()))
+        .collect();
+    over_bound(txn, &mut state, &notices, now_us, max_pending)
 }
 
-/// The outbox bound for new notifications of `priorities` (section 5): `Full` when the
+/// The outbox bound for new notifications of these (priority, type) (section 5): `Full` when the
 /// deliveries they would make (under the settings at the head), added to those pending and
 /// those the router will make for the notifications it has not routed yet, would be above
 /// `max_pending`; `Accept` when they make none or fit. Shared by clients' appends and source
@@ -116,21 +115,26 @@ pub(crate) fn admit(
 pub(crate) fn over_bound(
     txn: &WriteTransaction,
     state: &mut super::outbox::State<'_>,
-    priorities: &[&str],
+    notices: &[(&str, Option<&str>)],
     now_us: i64,
     max_pending: u64,
 ) -> Result<Admission, CommandError> {
     let settings = state.settings_at(u64::MAX)?;
-    let per = |priority: &str| {
-        resolve_routes(&settings, priority)
+    let per = |s: &RoutingSettings, priority: &str, ty: Option<&str>| {
+        resolve_routes(s, priority, ty)
             .iter()
             .filter(|o| matches!(o, RouteOutcome::Deliver { .. }))
             .count() as u64
     };
-    let adding: u64 = priorities.iter().map(|p| per(p)).sum();
+    let adding: u64 = notices.iter().map(|(p, t)| per(&settings, p, *t)).sum();
     if adding == 0 {
         return Ok(Admission::Accept);
     }
+    // Notifications not routed yet are weighed by priority alone: as if each took every route
+    // its priority names, whatever the routes' `types` (an upper bound).
+    let mut untyped = settings.clone();
+    untyped.routes.values_mut().for_each(|p| p.types = None);
+    let per = |priority: &str| per(&untyped, priority, None);
     let st = CommandError::Storage;
     let routed = state.routed()?;
     let pending = tidemark_projections::deliveries::pending_in(txn).map_err(st)?

@@ -174,9 +174,10 @@ pub(crate) fn run(
     txn: &WriteTransaction,
     now_us: i64,
     cmd: Command,
+    privacy: Option<&crate::privacy::Privacy>,
 ) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
     match cmd {
-        Command::Outbox(c) => outbox::run(txn, now_us, c),
+        Command::Outbox(c) => outbox::run(txn, now_us, c, privacy),
         Command::Cursor(c) => cursors::run(txn, now_us, c),
         Command::Bridge(c) => bridges::run(txn, now_us, c),
         Command::Source(c) => sources::run(txn, now_us, c),

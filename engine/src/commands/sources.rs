@@ -214,7 +214,7 @@ pub(crate) fn run(
                 } = crate::commands::admission::over_bound(
                     txn,
                     &mut state,
-                    &[n.priority.as_str()],
+                    &[(n.priority.as_str(), None)],
                     now_us,
                     max_pending,
                 )? {

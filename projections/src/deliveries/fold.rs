@@ -78,11 +78,27 @@ fn filter_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
     if let Some(r) = &d.recipient {
         out.push((BY_RECIPIENT, cat(&[r.as_bytes(), d.id.as_bytes()])));
     }
-    for item in &d.items {
+    for item in d.all_items() {
         out.push((
             BY_NOTIFICATION,
             cat(&[item.notification_id.as_bytes(), d.id.as_bytes()]),
         ));
+    }
+    if let Some(site) = &d.ext.source_site {
+        out.push((BY_SITE, cat(&[site.as_bytes(), d.id.as_bytes()])));
+        out.push((
+            SITE_STATUS,
+            cat(&[site.as_bytes(), d.status.as_bytes(), d.id.as_bytes()]),
+        ));
+        if d.is_pending() {
+            out.push((SITE_PENDING, timed_key(site, d.created_at_us, &d.id)));
+        }
+        if d.status == "sent" {
+            out.push((
+                SITE_SENT,
+                timed_key(site, d.delivered_at_us.unwrap_or(0), &d.id),
+            ));
+        }
     }
     out
 }
@@ -221,14 +237,20 @@ impl Projection for Deliveries {
             RECIPIENTS,
             CANCELED,
             STATE,
+            NOTIFICATIONS_CANCELED,
+            BY_SITE,
+            SITE_STATUS,
+            SITE_PENDING,
+            SITE_SENT,
         ]
     }
 
-    /// 2: the list-filter indexes `by_sink`, `by_route`, `by_recipient`; 3: `by_notification`
-    /// (all outside the digest). An older model is rebuilt from the log at the next open, which
+    /// 2: the list-filter indexes `by_sink`, `by_route`, `by_recipient`; 3: `by_notification`;
+    /// 4: the per-site indexes `by_site`, `site_status`, `site_pending`, `site_sent` (all
+    /// outside the digest). An older model is rebuilt from the log at the next open, which
     /// fills them.
     fn version(&self) -> u32 {
-        3
+        4
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
@@ -244,6 +266,19 @@ impl Projection for Deliveries {
             T::TaskCanceled => {
                 if st.get(CANCELED, ev.subject.as_bytes())?.is_none() {
                     st.put(CANCELED, ev.subject.as_bytes(), &ev.seq.to_be_bytes())?;
+                }
+                Ok(())
+            }
+            T::NotificationCanceled => {
+                if st
+                    .get(NOTIFICATIONS_CANCELED, ev.subject.as_bytes())?
+                    .is_none()
+                {
+                    st.put(
+                        NOTIFICATIONS_CANCELED,
+                        ev.subject.as_bytes(),
+                        &ev.seq.to_be_bytes(),
+                    )?;
                 }
                 Ok(())
             }

@@ -43,12 +43,23 @@ pub const BY_RECIPIENT: &str = "by_recipient";
 /// ones that joined it): `?notification_id=` and the status record of a notification (spec
 /// section 14). Outside the digest, like the other list-filter indexes.
 pub const BY_NOTIFICATION: &str = "by_notification";
+/// Per source site (the notification's `source.site_id`, section 2), outside the digest like
+/// the list filters: `site ‖ 0 ‖ id` (`?source_site=`), `site ‖ 0 ‖ status ‖ 0 ‖ id`, and
+/// `site ‖ 0 ‖ time ‖ id` of pending rows (by creation) and sent rows (by delivery): the
+/// `by_source_site` KPIs.
+pub const BY_SITE: &str = "by_site";
+pub const SITE_STATUS: &str = "site_status";
+pub const SITE_PENDING: &str = "site_pending";
+pub const SITE_SENT: &str = "site_sent";
 /// `route ‖ 0 ‖ recipient ‖ 0 ‖ group_key` → the open digest [`Group`].
 pub const GROUPS: &str = "groups";
 /// seq (BE) → payload of the `settings.updated` at that seq.
 pub const SETTINGS: &str = "settings";
 /// recipient → [`Recipient`].
 pub const RECIPIENTS: &str = "recipients";
+/// notification id → seq of its first `notification.canceled` (BE): routing cancels what it
+/// would create for it.
+pub const NOTIFICATIONS_CANCELED: &str = "notifications_canceled";
 /// task_id → seq of its first `task.canceled` (BE).
 pub const CANCELED: &str = "canceled";
 /// `routed` → seq of the last notification or task cancellation the routing command has
@@ -105,9 +116,38 @@ pub struct Delivery {
     pub digest_until_us: Option<i64>,
     /// Seq of the last event that changed it.
     pub last_seq: u64,
+    /// What later releases added, at its default for a row that does not use it (so such a
+    /// row keeps the bytes, and the digest, it had before: [`crate::trailing`]).
+    #[serde(default, with = "crate::trailing")]
+    pub ext: DeliveryExt,
+}
+
+/// The fields a delivery row gained after the golden release (see [`Delivery::ext`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryExt {
+    /// Digest items past `max_items`, without their body: counted as `more` (section 4), kept
+    /// so that the status record of each finds the digest and a cancel can promote one.
+    pub more_items: Vec<Item>,
+    /// The notification's `source.site_id` (section 2): the per-site KPIs and filter.
+    pub source_site: Option<String>,
+    /// A zero-PII delivery (section 14): `recipient` holds the recipient's HMAC and
+    /// `notification_id` (and each item's) the intent key.
+    pub redacted: bool,
+    /// Its notification was canceled while it was leased: cancelled when the lease ends.
+    pub cancel_pending: bool,
 }
 
 impl Delivery {
+    /// Notifications it carries: the listed items and those counted in `more`.
+    pub fn item_count(&self) -> usize {
+        self.items.len() + self.ext.more_items.len()
+    }
+
+    /// Every notification it carries, listed or counted.
+    pub fn all_items(&self) -> impl Iterator<Item = &Item> {
+        self.items.iter().chain(&self.ext.more_items)
+    }
+
     pub fn is_pending(&self) -> bool {
         DeliveryStatus::parse(&self.status).is_some_and(DeliveryStatus::is_pending)
     }
@@ -153,6 +193,9 @@ pub struct Recipient {
     pub suppressed: bool,
     pub suppressed_until_us: Option<i64>,
     pub suppress_reason: Option<String>,
+    /// BCP 47 tag from `recipient.updated`: the digest templates' locale (section 4).
+    #[serde(default, with = "crate::trailing")]
+    pub locale: Option<String>,
 }
 
 impl Recipient {
@@ -165,6 +208,9 @@ impl Recipient {
             T::RecipientUpdated => {
                 if let Some(m) = p.get("tz_offset_minutes").and_then(|v| v.as_i64()) {
                     self.tz_offset_minutes = Some(m.clamp(-840, 840) as i32);
+                }
+                if let Some(l) = p.get("locale").and_then(|v| v.as_str()) {
+                    self.locale = Some(l.to_owned());
                 }
             }
             T::RecipientSuppressed => {
@@ -229,6 +275,12 @@ pub struct Created {
     pub digest_until_us: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub digest_max_items: Option<u32>,
+    /// The notification's `source.site_id`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub source_site: Option<String>,
+    /// Zero-PII (section 14): recipient, ids and titles in this event are already redacted.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub redacted: bool,
 }
 
 /// Payload of `delivery.joined` (subject: the digest delivery joined).
@@ -241,6 +293,14 @@ pub struct Joined {
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub body: Option<String>,
     pub at_us: i64,
+    /// The digest's title with this item (section 4: single, many or summary, in the
+    /// recipient's locale), decided by the routing command. Absent in events written before
+    /// templates: "<n> new updates".
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub digest_title: Option<String>,
+    /// Items listed before the rest are only counted (absent: no limit).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub max_items: Option<u32>,
 }
 
 /// Payload of every other delivery transition.
@@ -274,6 +334,19 @@ pub struct Change {
     /// For cancellations: the seq of the `task.canceled` that caused it.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub cancel_seq: Option<u64>,
+    /// A `notification.canceled` (section 4) of this notification: on a digest carrying
+    /// others, only its item leaves (and the title becomes `digest_title`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub notification_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub digest_title: Option<String>,
+    /// A leased delivery is cancelled when its lease ends (expiry or failure); its owner's
+    /// complete is refused.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub at_lease_end: Option<bool>,
+    /// For a deferral: why the due time moved (`quiet_hours`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub quiet_hours_until_us: Option<i64>,
 }
 
 /// The transitions of spec section 5: `kind` (event type without `delivery.`) may be applied
@@ -281,7 +354,10 @@ pub struct Change {
 pub fn allowed(status: &str, kind: &str) -> bool {
     matches!(
         (status, kind),
-        ("queued" | "retry_wait", "leased" | "skipped" | "cancelled")
+        (
+            "queued" | "retry_wait",
+            "leased" | "skipped" | "cancelled" | "deferred"
+        ) | ("parked", "cancelled")
             | (
                 "leased",
                 "lease_extended" | "sent" | "attempt_failed" | "lease_expired"
@@ -304,6 +380,19 @@ pub fn transition(d: &mut Delivery, kind: &str, c: &Change, seq: u64) {
             d.attempts = c.attempt.unwrap_or(d.attempts + 1);
         }
         "lease_extended" => d.lease_expires_at_us = c.lease_expires_at_us,
+        "deferred" => d.next_attempt_at_us = c.next_attempt_at_us.or(d.next_attempt_at_us),
+        "cancelled" if c.at_lease_end == Some(true) && d.status == "leased" => {
+            d.ext.cancel_pending = true;
+        }
+        "cancelled"
+            if d.item_count() > 1
+                && let Some(nid) = &c.notification_id =>
+        {
+            remove_item(d, nid);
+            if let Some(t) = &c.digest_title {
+                d.title = t.clone();
+            }
+        }
         "sent" => {
             d.status = "sent".into();
             d.delivered_at_us = Some(c.at_us);
@@ -338,6 +427,7 @@ pub fn transition(d: &mut Delivery, kind: &str, c: &Change, seq: u64) {
             }
         }
         "skipped" | "cancelled" | "discarded" => {
+            d.ext.cancel_pending = false;
             d.status = kind.into();
             d.reason = c.reason.clone();
             d.lease_owner = None;
@@ -351,6 +441,20 @@ pub fn transition(d: &mut Delivery, kind: &str, c: &Change, seq: u64) {
             d.next_attempt_at_us = Some(c.at_us);
         }
         _ => {}
+    }
+}
+
+/// Take notification `nid` out of a digest: a listed item's place goes to the first counted
+/// one.
+pub fn remove_item(d: &mut Delivery, nid: &str) {
+    if let Some(i) = d.items.iter().position(|x| x.notification_id == nid) {
+        d.items.remove(i);
+        if !d.ext.more_items.is_empty() {
+            let promoted = d.ext.more_items.remove(0);
+            d.items.push(promoted);
+        }
+    } else {
+        d.ext.more_items.retain(|x| x.notification_id != nid);
     }
 }
 
@@ -391,19 +495,35 @@ impl Created {
             }],
             digest_until_us: self.digest_until_us,
             last_seq: seq,
+            ext: DeliveryExt {
+                source_site: self.source_site.clone(),
+                redacted: self.redacted,
+                ..DeliveryExt::default()
+            },
         }
     }
 }
 
-/// Add a notification to a digest delivery; its title becomes "N new updates".
+/// Add a notification to a digest delivery: listed while the digest has fewer than its
+/// `max_items`, counted in `more` after; the title is the one the routing command chose (or
+/// "N new updates" for an event from before templates).
 pub fn join(d: &mut Delivery, j: &Joined, seq: u64) {
-    d.items.push(Item {
+    let item = Item {
         notification_id: j.notification_id.clone(),
         notification_seq: j.notification_seq,
         title: j.title.clone(),
         body: j.body.clone(),
-    });
-    d.title = format!("{} new updates", d.items.len());
+    };
+    match j.max_items {
+        Some(max) if d.items.len() >= max as usize => {
+            d.ext.more_items.push(Item { body: None, ..item })
+        }
+        _ => d.items.push(item),
+    }
+    d.title = j
+        .digest_title
+        .clone()
+        .unwrap_or_else(|| format!("{} new updates", d.item_count()));
     d.body = None;
     d.updated_at_us = j.at_us;
     d.last_seq = seq;

@@ -181,7 +181,7 @@ impl Drop for Receiver {
     }
 }
 
-fn hmac_hex(secret: &str, body: &[u8]) -> String {
+pub(crate) fn hmac_hex(secret: &str, body: &[u8]) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
     mac.update(body);
     hex::encode(mac.finalize().into_bytes())

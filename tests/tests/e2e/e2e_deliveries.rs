@@ -171,6 +171,42 @@ async fn claim_then_complete_is_sent_once() {
 const RETRY_CONFIG: &str = "[notifications.retry]\nmax_attempts = 3\nbase_delay = \"100ms\"\n\
                             max_delay = \"400ms\"\n";
 
+/// A route's own `[notifications.routes.<route>.retry]` overrides the global one: here a
+/// linear strategy (`base · n`) with its own attempts, while the global one stays exponential.
+#[tokio::test]
+async fn a_route_retries_with_its_own_linear_strategy() {
+    let s = Server::start(ServerOpts::default().config(
+        "[notifications.retry]\nmax_attempts = 2\nbase_delay = \"1s\"\n\
+         [notifications.routes.desktop.retry]\nstrategy = \"linear\"\nmax_attempts = 4\n\
+         base_delay = \"200ms\"\nmax_delay = \"10s\"\njitter = 0.0\n",
+    ))
+    .await;
+    let api = s.api();
+    append_ok(&s, &urgent("ln-a")).await;
+    let id = dlv("ln-a");
+    let row = wait_status(&s, &id, "queued").await;
+    assert_eq!(row["max_attempts"], 4, "the route's max_attempts: {row}");
+    for k in 1..=3i64 {
+        let got = claim_some(&api, "w1").await;
+        assert_eq!(ids(&got), vec![id.clone()], "attempt {k}");
+        let r = act(
+            &s,
+            &id,
+            "fail",
+            &json!({"owner": "w1", "error_code": "timeout"}),
+        )
+        .await;
+        assert_eq!(r.json["status"], "retry_wait", "{}", r.text);
+        let g = get_dlv(&s, &id).await;
+        let step = timeline(&g).last().cloned().expect("a step");
+        assert_eq!(
+            us(&r.json["next_attempt_at"]) - us(&step["at"]),
+            200_000 * k,
+            "attempt {k}: base · n: {g}"
+        );
+    }
+}
+
 /// `retry.strategy = "fixed"` (the outbox design's fixed interval): every retry waits
 /// `base_delay`, the backoff every delivery and source poll uses (`routing::backoff_ms`).
 #[tokio::test]
@@ -2083,12 +2119,12 @@ fn urgent(id: &str) -> Value {
 }
 
 /// `POST path` with a JSON body.
-async fn post(api: &Api, path: &str, body: &Value) -> Reply {
+pub(crate) async fn post(api: &Api, path: &str, body: &Value) -> Reply {
     api.send(api.request(Method::POST, path).json(body)).await
 }
 
 /// `POST /v1/deliveries/{id}/{verb}` with a JSON body.
-async fn act(api: &Api, id: &str, verb: &str, body: &Value) -> Reply {
+pub(crate) async fn act(api: &Api, id: &str, verb: &str, body: &Value) -> Reply {
     post(
         api,
         &format!("/v1/deliveries/{}/{verb}", encode_path(id)),
@@ -2098,7 +2134,7 @@ async fn act(api: &Api, id: &str, verb: &str, body: &Value) -> Reply {
 }
 
 /// Claim on sink `app`; panics unless 200 with leased rows of `owner`, at most `limit`.
-async fn claim(api: &Api, owner: &str, limit: u32, lease_ms: u64) -> Vec<Value> {
+pub(crate) async fn claim(api: &Api, owner: &str, limit: u32, lease_ms: u64) -> Vec<Value> {
     let body = json!({"sink": "app", "owner": owner, "limit": limit, "lease_ms": lease_ms});
     let r = post(api, "/v1/deliveries/claim", &body).await;
     assert_eq!(r.status, StatusCode::OK, "claim {body}: {}", r.text);
@@ -2121,7 +2157,7 @@ async fn claim(api: &Api, owner: &str, limit: u32, lease_ms: u64) -> Vec<Value> 
 }
 
 /// Poll claim (limit 10, 60 s lease) until it answers something.
-async fn claim_some(api: &Api, owner: &str) -> Vec<Value> {
+pub(crate) async fn claim_some(api: &Api, owner: &str) -> Vec<Value> {
     wait_for(
         WAIT,
         &format!("a claim by {owner} to lease something"),
@@ -2172,7 +2208,7 @@ fn ids(rows: &[Value]) -> Vec<String> {
 }
 
 /// `GET /v1/deliveries/{id}`; panics unless 200.
-async fn get_dlv(api: &Api, id: &str) -> Value {
+pub(crate) async fn get_dlv(api: &Api, id: &str) -> Value {
     let r = api
         .get(&format!("/v1/deliveries/{}", encode_path(id)))
         .await;
@@ -2181,7 +2217,7 @@ async fn get_dlv(api: &Api, id: &str) -> Value {
 }
 
 /// Wait (bounded) until delivery `id` exists with `status`; returns it.
-async fn wait_status(api: &Api, id: &str, status: &str) -> Value {
+pub(crate) async fn wait_status(api: &Api, id: &str, status: &str) -> Value {
     wait_for(WAIT, &format!("delivery {id} to be {status}"), || {
         let api = api.clone();
         let id = id.to_owned();
@@ -2255,7 +2291,7 @@ async fn list_deliveries(api: &Api, query: &str, limit: u32) -> Vec<Value> {
     panic!("GET /v1/deliveries?{query}: paging did not end");
 }
 
-fn timeline(row: &Value) -> Vec<Value> {
+pub(crate) fn timeline(row: &Value) -> Vec<Value> {
     row["timeline"]
         .as_array()
         .unwrap_or_else(|| panic!("no `timeline` array: {row}"))
@@ -2367,7 +2403,7 @@ fn now_us() -> i64 {
 
 /// Microseconds since the epoch of an RFC 3339 UTC time with six fractional digits.
 #[track_caller]
-fn us(v: &Value) -> i64 {
+pub(crate) fn us(v: &Value) -> i64 {
     let t = v
         .as_str()
         .unwrap_or_else(|| panic!("expected an RFC 3339 time, got {v}"));

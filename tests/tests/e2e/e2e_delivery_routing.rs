@@ -798,7 +798,7 @@ const CFG_DIGEST: &str =
     "[notifications.routes.desktop]\ndigest = { window = \"10m\", max_items = 3 }\n";
 
 #[tokio::test]
-async fn digests_join_within_the_window_up_to_max_items() {
+async fn digests_join_within_the_window_however_many() {
     let s = Server::start(ServerOpts::default().config(CFG_DIGEST)).await;
     let g = |id: &str, group: Option<&str>| {
         let mut extra = json!({"recipient": "ann", "body": format!("body {id}")});
@@ -847,8 +847,11 @@ async fn digests_join_within_the_window_up_to_max_items() {
         .iter()
         .map(|i| str_of(i, "notification_id"))
         .collect();
+    // A digest is never split (section 4): d4 joins too, counted past max_items = 3, and the
+    // title is the summary template once past summary_after (= max_items by default).
     assert_eq!(items, vec!["d1", "d2", "d3"], "{d1}");
-    assert_eq!(d1["title"], "3 new updates", "{d1}");
+    assert_eq!(d1["more"], 1, "{d1}");
+    assert_eq!(d1["title"], "You have 4 new updates", "{d1}");
     assert_eq!(d1["status"], "queued", "{d1}");
     let t1 = parse_us(&notification_time(&s, "d1").await);
     assert_eq!(
@@ -858,17 +861,25 @@ async fn digests_join_within_the_window_up_to_max_items() {
     );
     assert_eq!(
         timeline_events(&d1),
-        vec!["created", "joined", "joined"],
+        vec!["created", "joined", "joined", "joined"],
         "{d1}"
     );
-    for id in ["d2", "d3", "e2"] {
+    for id in ["d2", "d3", "d4", "e2"] {
         assert_absent(&s, &format!("dlv:{id}:desktop")).await;
     }
-    let d4 = get_delivery(&s, "dlv:d4:desktop")
-        .await
-        .expect("d4: max_items reached, a new delivery");
-    assert_eq!(d4["items"].as_array().map(Vec::len), Some(1), "{d4}");
-    assert_eq!(d4["title"], "title of d4", "{d4}");
+    // d4's status record shows the digest it joined, though the digest does not list it.
+    let st4 = s.get("/v1/notifications/d4").await;
+    assert_eq!(
+        st4.json["deliveries"][0]["id"], "dlv:d1:desktop",
+        "{}",
+        st4.text
+    );
+    let by_n = s.get("/v1/deliveries?notification_id=d4").await;
+    assert_eq!(
+        by_n.json["deliveries"][0]["id"], "dlv:d1:desktop",
+        "{}",
+        by_n.text
+    );
     for id in ["d5", "d6", "d7"] {
         let d = get_delivery(&s, &format!("dlv:{id}:desktop"))
             .await
@@ -964,6 +975,7 @@ async fn digests_join_within_the_window_up_to_max_items() {
         vec![
             "dlv:d1:desktop<-\"d2\"",
             "dlv:d1:desktop<-\"d3\"",
+            "dlv:d1:desktop<-\"d4\"",
             "dlv:e1:desktop<-\"e2\"",
             "dlv:e3:desktop<-\"e4\"",
         ],

@@ -33,6 +33,7 @@ mod e2e_limits;
 mod e2e_notification_status;
 mod e2e_notifications;
 mod e2e_ops;
+mod e2e_outbox_policies;
 mod e2e_projections;
 mod e2e_races;
 mod e2e_read_models;

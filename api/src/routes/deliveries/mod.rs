@@ -32,8 +32,11 @@ pub use operator::*;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ItemOut {
+    /// On a redacted delivery: the intent key.
     pub notification_id: String,
-    pub notification_seq: u64,
+    /// Absent on a redacted delivery.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notification_seq: Option<u64>,
     pub title: String,
     pub body: Option<String>,
 }
@@ -103,21 +106,85 @@ pub struct DeliveryOut {
     pub created_at: String,
     pub updated_at: String,
     pub delivered_at: Option<String>,
-    /// The notifications it carries (several for a digest).
+    /// The notifications it carries (several for a digest): the first `max_items`.
     pub items: Vec<ItemOut>,
+    /// A digest's notifications past its `max_items`, counted.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub more: usize,
+    /// A zero-PII delivery (section 14): no title, body, recipient or notification id in
+    /// clear; `notification_id` is the intent key.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub redacted: bool,
+    /// On a redacted delivery: HMAC-SHA256 of the recipient (hex), in place of `recipient`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recipient_hash: Option<String>,
+    /// The notification's provenance (section 2), when it has one; never on a redacted
+    /// delivery.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub ntype: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub type_data: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub source: Option<serde_json::Value>,
     /// Only on `GET /v1/deliveries/{id}`: every step with its time, owner, code and error.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<StepOut>>,
 }
 
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+impl DeliveryOut {
+    /// With the provenance of its notification (none for a redacted delivery).
+    pub(crate) fn with_provenance(
+        mut self,
+        p: Option<tidemark_projections::notifications::Provenance>,
+    ) -> Self {
+        if let (false, Some(p)) = (self.redacted, p) {
+            (self.ntype, self.type_data, self.source) =
+                crate::routes::notifications::provenance_out(p);
+        }
+        self
+    }
+}
+
+/// Deliveries as served, each with its notification's provenance (read in the same blocking
+/// task as the rows).
+pub(crate) fn with_provenance(
+    r: &tidemark_engine::Queries,
+    rows: Vec<Delivery>,
+) -> Result<Vec<DeliveryOut>, tidemark_engine::QueryError> {
+    rows.into_iter()
+        .map(|d| {
+            let p = if d.ext.redacted || d.notification_seq == 0 {
+                None
+            } else {
+                r.provenance_at(d.notification_seq)?
+            };
+            Ok(DeliveryOut::from(d).with_provenance(p))
+        })
+        .collect()
+}
+
 impl From<Delivery> for DeliveryOut {
     fn from(d: Delivery) -> Self {
+        let redacted = d.ext.redacted;
+        let more = d.ext.more_items.len();
         DeliveryOut {
             id: d.id,
             notification_id: d.notification_id,
             route: d.route,
             sink: d.sink,
-            recipient: d.recipient,
+            recipient: if redacted { None } else { d.recipient.clone() },
+            recipient_hash: if redacted { d.recipient } else { None },
+            redacted,
+            more,
+            ntype: None,
+            type_data: None,
+            source: None,
             status: d.status,
             reason: d.reason,
             priority: d.priority,
@@ -142,7 +209,7 @@ impl From<Delivery> for DeliveryOut {
                 .into_iter()
                 .map(|i| ItemOut {
                     notification_id: i.notification_id,
-                    notification_seq: i.notification_seq,
+                    notification_seq: (!redacted).then_some(i.notification_seq),
                     title: i.title,
                     body: i.body,
                 })
@@ -238,8 +305,10 @@ pub struct DeliveriesQuery {
     pub route: Option<String>,
     pub recipient: Option<String>,
     /// Deliveries carrying this notification (a digest carries every notification that
-    /// joined it).
+    /// joined it; a redacted delivery is found by the notification id too).
     pub notification_id: Option<String>,
+    /// Deliveries of notifications from this `source.site_id`.
+    pub source_site: Option<String>,
     /// Continue after this delivery id.
     pub after: Option<String>,
     /// 1–1000, default 100.
@@ -278,6 +347,7 @@ pub async fn list(
         ("route", &q.route),
         ("recipient", &q.recipient),
         ("notification_id", &q.notification_id),
+        ("source_site", &q.source_site),
         ("after", &q.after),
     ] {
         if let Some(v) = v
@@ -294,14 +364,18 @@ pub async fn list(
         route: q.route,
         recipient: q.recipient,
         notification_id: q.notification_id,
+        source_site: q.source_site,
         after: q.after,
         limit: parse_limit(q.limit.as_deref(), 100, 1000)?,
     };
     let min_seq = crate::routes::ReadAt { min_seq: q.min_seq }.seq()?;
-    let ((rows, next), as_of_seq) =
-        crate::routes::read_model(&st.engine, min_seq, move |r| r.deliveries(&f)).await?;
+    let ((rows, next), as_of_seq) = crate::routes::read_model(&st.engine, min_seq, move |r| {
+        let (rows, next) = r.deliveries(&f)?;
+        Ok((with_provenance(r, rows)?, next))
+    })
+    .await?;
     Ok(Json(DeliveriesPage {
-        deliveries: rows.into_iter().map(DeliveryOut::from).collect(),
+        deliveries: rows,
         next_after: next,
         as_of_seq,
     }))
@@ -326,16 +400,20 @@ pub async fn get(
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     check_id(&id)?;
     let key = id.clone();
-    let (found, as_of_seq) =
-        crate::routes::read_model(&st.engine, q.seq()?, move |r| r.delivery(&key)).await?;
-    let (row, steps) = found.ok_or_else(|| {
+    let (found, as_of_seq) = crate::routes::read_model(&st.engine, q.seq()?, move |r| {
+        Ok(match r.delivery(&key)? {
+            Some((row, steps)) => Some((with_provenance(r, vec![row])?.remove(0), steps)),
+            None => None,
+        })
+    })
+    .await?;
+    let (mut out, steps) = found.ok_or_else(|| {
         ApiError::new(
             axum::http::StatusCode::NOT_FOUND,
             "delivery_not_found",
             format!("no delivery {id:?}"),
         )
     })?;
-    let mut out = DeliveryOut::from(row);
     out.timeline = Some(steps.into_iter().map(StepOut::from).collect());
     Ok(Json(DeliveryAnswer {
         delivery: out,
@@ -360,6 +438,11 @@ pub struct KpisOut {
     pub interval_s: u64,
     #[schema(value_type = Object)]
     pub by_sink: BTreeMap<String, Kpis>,
+    /// The same per source site (`source.site_id` of the notifications); deliveries of
+    /// notifications without a site are not in it. Absent while no delivery has a site.
+    #[schema(value_type = Option<Object>)]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_source_site: BTreeMap<String, Kpis>,
     /// The answer reflects the log at least up to this seq.
     pub as_of_seq: u64,
 }
@@ -402,8 +485,8 @@ pub(crate) async fn compute_kpis(
     .await
 }
 
-/// Queue depth, stuck, parked, sent in the last interval and oldest pending age; overall and
-/// per sink.
+/// Queue depth, stuck, parked, sent in the last interval and oldest pending age; overall, per
+/// sink and per source site.
 #[utoipa::path(
     get, path = "/v1/outbox/kpis", tag = "deliveries", params(KpisQuery),
     responses(
@@ -428,7 +511,13 @@ pub async fn kpis(
     };
     let min_seq = crate::routes::ReadAt { min_seq: q.min_seq }.seq()?;
     let (all, by_sink, as_of_seq) = compute_kpis(&st, interval_s, Some(min_seq)).await?;
+    let stuck_after = settings(&st).stuck_after_ms;
+    let (by_source_site, _) = crate::routes::read_model(&st.engine, as_of_seq, move |r| {
+        r.kpis_by_site(now_micros(), stuck_after, interval_s * 1_000)
+    })
+    .await?;
     Ok(Json(KpisOut {
+        by_source_site,
         queue_depth: all.queue_depth,
         queued: all.queued,
         leased: all.leased,

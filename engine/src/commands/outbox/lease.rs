@@ -4,8 +4,61 @@ use tidemark_log::{CommandError, NewEvent, RejectKind};
 use tidemark_projections::deliveries::{self as d, Change, Delivery, allowed, transition};
 use tidemark_projections::routing::backoff_ms;
 
+use tidemark_projections::routing::RoutingSettings;
+
+use super::route::quiet_end;
 use super::{OperatorAction, State, draw, event};
+use crate::privacy::Privacy;
 use crate::store::WriteTransaction;
+
+/// What follows a lease's end (expiry, failure) or precedes a claim, recorded as events so a
+/// replay is exact (section 4): a delivery whose notification was canceled while leased is
+/// cancelled; a due time inside the recipient's quiet window (the time zone in force now)
+/// moves to the window's end (`delivery.deferred`, reason `quiet_hours`). True when the row
+/// is no longer claimable now.
+fn hold(
+    st: &mut State<'_>,
+    row: &mut Delivery,
+    now_us: i64,
+    settings: &RoutingSettings,
+    privacy: Option<&Privacy>,
+    events: &mut Vec<NewEvent>,
+) -> Result<bool, CommandError> {
+    if row.ext.cancel_pending && allowed(&row.status, "cancelled") {
+        let c = Change {
+            at_us: now_us,
+            reason: Some("notification_canceled".into()),
+            ..Change::default()
+        };
+        transition(row, "cancelled", &c, 0);
+        events.push(event("cancelled", &row.id, &c)?);
+        return Ok(true);
+    }
+    let Some(due) = row
+        .next_attempt_at_us
+        .filter(|_| allowed(&row.status, "deferred"))
+    else {
+        return Ok(false);
+    };
+    let policy = settings.policy(&row.route);
+    if policy.quiet_hours.is_none() {
+        return Ok(false);
+    }
+    let recipient = st.recipient_of(row, privacy)?;
+    let Some(end) = quiet_end(&policy, &row.priority, &recipient, due.max(now_us)) else {
+        return Ok(false);
+    };
+    let c = Change {
+        at_us: now_us,
+        next_attempt_at_us: Some(end),
+        reason: Some("quiet_hours".into()),
+        quiet_hours_until_us: Some(end),
+        ..Change::default()
+    };
+    transition(row, "deferred", &c, 0);
+    events.push(event("deferred", &row.id, &c)?);
+    Ok(true)
+}
 
 fn not_found(id: &str) -> CommandError {
     CommandError::rejected(
@@ -68,8 +121,10 @@ pub(super) fn claim(
     owner: &str,
     limit: usize,
     lease_ms: u64,
+    privacy: Option<&Privacy>,
 ) -> Result<(Vec<Delivery>, Vec<NewEvent>), CommandError> {
     let mut st = State::new(txn)?;
+    let settings = st.settings_at(u64::MAX)?;
     let mut from = sink.as_bytes().to_vec();
     from.push(0);
     let mut to = from.clone();
@@ -92,13 +147,14 @@ pub(super) fn claim(
                 transition(&mut row, "lease_expired", &c, 0);
                 events.push(event("lease_expired", &id, &c)?);
                 if row.status == "parked" {
+                    hold(&mut st, &mut row, now_us, &settings, privacy, &mut events)?;
                     continue;
                 }
             }
-            if st
-                .recipient(row.recipient.as_deref())?
-                .suppressed_at(now_us)
-            {
+            if hold(&mut st, &mut row, now_us, &settings, privacy, &mut events)? {
+                continue;
+            }
+            if st.recipient_of(&row, privacy)?.suppressed_at(now_us) {
                 let c = Change {
                     at_us: now_us,
                     reason: Some("suppressed".into()),
@@ -144,20 +200,33 @@ pub(super) fn expire_leases(
     txn: &WriteTransaction,
     now_us: i64,
     max: usize,
+    privacy: Option<&Privacy>,
 ) -> Result<(usize, Vec<NewEvent>), CommandError> {
     let mut st = State::new(txn)?;
+    let mut settings = None;
+    let mut released = 0;
     let to = d::us_key(now_us.saturating_add(1));
     let keys = st.keys(d::LEASES, &[], &to, max)?;
     let mut events = Vec::new();
     for k in &keys {
         let id = String::from_utf8_lossy(&k[8..]).into_owned();
-        let Some(row) = st.row(&id)? else { continue };
+        let Some(mut row) = st.row(&id)? else {
+            continue;
+        };
         if row.status != "leased" {
             continue;
         }
-        events.push(event("lease_expired", &id, &expiry(&row, now_us))?);
+        let c = expiry(&row, now_us);
+        transition(&mut row, "lease_expired", &c, 0);
+        events.push(event("lease_expired", &id, &c)?);
+        released += 1;
+        let settings = match &settings {
+            Some(s) => s,
+            None => settings.insert(st.settings_at(u64::MAX)?),
+        };
+        hold(&mut st, &mut row, now_us, settings, privacy, &mut events)?;
     }
-    Ok((events.len(), events))
+    Ok((released, events))
 }
 
 /// One item of a batch completion: the row it left, or why it was refused.
@@ -219,6 +288,14 @@ pub(super) fn complete_many(
             }
             row => match owned_lease(row, now_us, id, owner, "complete") {
                 Err(e) => Err(e),
+                Ok(row) if row.ext.cancel_pending => Err(CommandError::rejected(
+                    RejectKind::Conflict,
+                    "illegal_transition",
+                    format!(
+                        "the notification of delivery {id:?} was canceled: it is cancelled \
+                         when this lease ends, and cannot be completed"
+                    ),
+                )),
                 Ok(mut row) => {
                     let c = Change {
                         at_us: now_us,
@@ -264,18 +341,20 @@ pub(super) fn fail(
     id: &str,
     owner: &str,
     f: Failure,
+    privacy: Option<&Privacy>,
 ) -> Result<(Delivery, Vec<NewEvent>), CommandError> {
     let mut st = State::new(txn)?;
     let mut row = owned_lease(st.row(id)?, now_us, id, owner, "fail")?;
+    let settings = st.settings_at(u64::MAX)?;
     let parked = !f.retryable || row.attempts >= row.max_attempts;
     let next = if parked {
         None
     } else {
-        let retry = st.settings_at(u64::MAX)?.retry;
+        let retry = settings.retry_for(&row.route);
         // The jitter is a draw from the delivery and its attempt: replaying the decision
         // draws the same.
         let u = draw(&[id.as_bytes(), &row.attempts.to_le_bytes(), b"retry"]);
-        let ms = backoff_ms(&retry, row.attempts.max(1), u, f.retry_after_ms);
+        let ms = backoff_ms(retry, row.attempts.max(1), u, f.retry_after_ms);
         Some(now_us.saturating_add(ms as i64 * 1_000))
     };
     let c = Change {
@@ -299,7 +378,9 @@ pub(super) fn fail(
         ..Change::default()
     };
     transition(&mut row, "attempt_failed", &c, 0);
-    Ok((row, vec![event("attempt_failed", id, &c)?]))
+    let mut events = vec![event("attempt_failed", id, &c)?];
+    hold(&mut st, &mut row, now_us, &settings, privacy, &mut events)?;
+    Ok((row, events))
 }
 
 /// The lease owner extends its lease (heartbeat); an expired lease cannot be extended.

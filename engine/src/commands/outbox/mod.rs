@@ -23,6 +23,7 @@ use tidemark_projections::names::Stream;
 use tidemark_projections::routing::RoutingSettings;
 
 use crate::commands::Outcome;
+use crate::privacy::Privacy;
 use crate::store::{ReadableTable, WriteTransaction};
 
 pub use lease::{Completed, Failure};
@@ -90,6 +91,7 @@ pub(crate) fn run(
     txn: &WriteTransaction,
     now_us: i64,
     cmd: OutboxCommand,
+    privacy: Option<&Privacy>,
 ) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
     Ok(match cmd {
         OutboxCommand::Claim {
@@ -98,7 +100,7 @@ pub(crate) fn run(
             limit,
             lease_ms,
         } => {
-            let (rows, ev) = lease::claim(txn, now_us, &sink, &owner, limit, lease_ms)?;
+            let (rows, ev) = lease::claim(txn, now_us, &sink, &owner, limit, lease_ms, privacy)?;
             (Outcome::Deliveries(rows), ev)
         }
         OutboxCommand::Complete { owner, items } => {
@@ -106,7 +108,7 @@ pub(crate) fn run(
             (Outcome::Completed(done), ev)
         }
         OutboxCommand::Fail { id, owner, failure } => {
-            let (row, ev) = lease::fail(txn, now_us, &id, &owner, failure)?;
+            let (row, ev) = lease::fail(txn, now_us, &id, &owner, failure, privacy)?;
             (Outcome::Delivery(Box::new(row)), ev)
         }
         OutboxCommand::Extend {
@@ -127,11 +129,11 @@ pub(crate) fn run(
             (Outcome::Delivery(Box::new(row)), ev)
         }
         OutboxCommand::Route { source } => {
-            let ev = route::route(txn, &source)?;
+            let ev = route::route(txn, &source, privacy)?;
             (Outcome::Count(ev.len()), ev)
         }
         OutboxCommand::ExpireLeases { max } => {
-            let (n, ev) = lease::expire_leases(txn, now_us, max)?;
+            let (n, ev) = lease::expire_leases(txn, now_us, max, privacy)?;
             (Outcome::Count(n), ev)
         }
     })
@@ -157,6 +159,39 @@ impl<'t> State<'t> {
         self.t.get_val(d::ROWS, id.as_bytes()).map_err(storage)
     }
 
+    /// The recipient a delivery row names: in clear, or (a redacted row) by its keyed hash,
+    /// found among the recipients that have state (one without state has the defaults). The
+    /// scan costs one HMAC per recipient with state; only redacted rows take it.
+    pub(crate) fn recipient_of(
+        &mut self,
+        row: &Delivery,
+        privacy: Option<&Privacy>,
+    ) -> Result<Recipient, CommandError> {
+        if !row.ext.redacted {
+            return self.recipient(row.recipient.as_deref());
+        }
+        let (Some(hash), Some(p)) = (&row.recipient, privacy) else {
+            return Ok(Recipient::default());
+        };
+        let t = self.t.table(d::RECIPIENTS).map_err(storage)?;
+        for entry in t.iter().map_err(|e| storage(StorageError::of(e)))? {
+            let (k, v) = entry.map_err(|e| storage(StorageError::of(e)))?;
+            if p.recipient_hash(&String::from_utf8_lossy(k.value())) == *hash {
+                return postcard::from_bytes(v.value()).map_err(|e| storage(StorageError::of(e)));
+            }
+        }
+        Ok(Recipient::default())
+    }
+
+    /// A `notification.canceled` for `id` has been folded.
+    pub fn notification_canceled(&mut self, id: &str) -> Result<bool, CommandError> {
+        Ok(self
+            .t
+            .get(d::NOTIFICATIONS_CANCELED, id.as_bytes())
+            .map_err(storage)?
+            .is_some())
+    }
+
     pub(crate) fn recipient(&mut self, r: Option<&str>) -> Result<Recipient, CommandError> {
         let Some(r) = r else {
             return Ok(Recipient::default());
@@ -168,7 +203,11 @@ impl<'t> State<'t> {
             .unwrap_or_default())
     }
 
-    fn u64_at(&mut self, table: &'static str, key: &[u8]) -> Result<Option<u64>, CommandError> {
+    pub(super) fn u64_at(
+        &mut self,
+        table: &'static str,
+        key: &[u8],
+    ) -> Result<Option<u64>, CommandError> {
         Ok(self
             .t
             .get(table, key)
@@ -198,7 +237,7 @@ impl<'t> State<'t> {
     }
 
     /// Keys of `table` in `[from, to)`, at most `max`.
-    fn keys(
+    pub(super) fn keys(
         &mut self,
         table: &'static str,
         from: &[u8],

@@ -9,9 +9,10 @@ use tidemark_projections::deliveries::{
     self as d, Change, Created, Delivery, Group, Joined, allowed, transition,
 };
 use tidemark_projections::names::{EventType, Stream, ids};
-use tidemark_projections::routing::{RouteOutcome, resolve_routes};
+use tidemark_projections::routing::{RouteOutcome, RoutePolicy, resolve_routes};
 
 use super::{State, draw, event, storage};
+use crate::privacy::Privacy;
 use crate::store::WriteTransaction;
 
 const MINUTE_US: i64 = 60_000_000;
@@ -55,6 +56,10 @@ struct Notice {
     group_key: Option<String>,
     task_id: Option<String>,
     deliver_after_us: Option<i64>,
+    /// `type` (section 2): routes restricted to `types` take only these.
+    ntype: Option<String>,
+    /// `source.site_id`.
+    source_site: Option<String>,
 }
 
 fn notice(ev: &Event) -> Option<Notice> {
@@ -82,6 +87,11 @@ fn notice(ev: &Event) -> Option<Notice> {
         deliver_after_us: s("deliver_after")
             .as_deref()
             .and_then(tidemark_log::time::parse_rfc3339_micros),
+        ntype: s("type"),
+        source_site: p
+            .pointer("/source/site_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
     })
 }
 
@@ -107,6 +117,7 @@ impl Overlay {
 pub(super) fn route(
     txn: &WriteTransaction,
     source: &[Event],
+    privacy: Option<&Privacy>,
 ) -> Result<Vec<NewEvent>, CommandError> {
     let mut st = State::new(txn)?;
     let routed = st.routed()?;
@@ -114,9 +125,20 @@ pub(super) fn route(
     let mut ov = Overlay::default();
     for ev in source.iter().filter(|e| e.seq > routed) {
         match (Stream::parse(&ev.stream), EventType::parse(&ev.event_type)) {
+            (Some(Stream::Notifications), Some(EventType::NotificationCanceled)) => {
+                cancel_notification(
+                    &mut st,
+                    &mut ov,
+                    &ev.subject,
+                    ev.seq,
+                    ev.time_us,
+                    privacy,
+                    &mut out,
+                )?
+            }
             (Some(Stream::Notifications), _) => {
                 if let Some(n) = notice(ev) {
-                    route_one(&mut st, &mut ov, &n, &mut out)?;
+                    route_one(&mut st, &mut ov, &n, privacy, &mut out)?;
                 }
             }
             (Some(Stream::TaskEvents), Some(EventType::TaskCanceled)) => {
@@ -132,62 +154,98 @@ fn route_one(
     st: &mut State<'_>,
     ov: &mut Overlay,
     n: &Notice,
+    privacy: Option<&Privacy>,
     out: &mut Vec<NewEvent>,
 ) -> Result<(), CommandError> {
     let s = st.settings_at(n.seq)?;
-    for outcome in resolve_routes(&s, &n.priority) {
+    for outcome in resolve_routes(&s, &n.priority, n.ntype.as_deref()) {
         let (route, sink, skip) = match outcome {
             RouteOutcome::Deliver { route, sink } => (route, sink, None),
             RouteOutcome::Skipped { route, reason } => (route, "none".to_owned(), Some(reason)),
         };
-        let id = ids::delivery(&n.id, &route);
+        let policy = s.policy(&route);
+        // A redacting route writes keyed hashes in place of the ids, the recipient and the
+        // group, the generic title in place of the content, and no log positions that lead
+        // back to the notification (section 14).
+        let redact = match (policy.redact, privacy) {
+            (false, _) => None,
+            (true, Some(p)) => Some(p),
+            (true, None) => {
+                return Err(CommandError::Storage(tidemark_log::StorageError::new(
+                    "a route redacts and the engine has no privacy key",
+                    std::io::Error::other("no [privacy] hmac_key"),
+                )));
+            }
+        };
+        let nid = match redact {
+            Some(p) => p.intent_key(&n.id),
+            None => n.id.clone(),
+        };
+        let recipient = match (redact, &n.recipient) {
+            (Some(p), Some(r)) => Some(p.recipient_hash(r)),
+            (_, r) => r.clone(),
+        };
+        let group = match (redact, &n.group_key) {
+            (Some(p), Some(g)) => Some(p.hash(g)),
+            (_, g) => g.clone(),
+        };
+        let (title, body, seq, source_seq) = match redact {
+            Some(_) => (policy.generic_title().to_owned(), None, 0, 0),
+            None => (n.title.clone(), n.body.clone(), n.seq, n.source_seq),
+        };
+        let id = ids::delivery(&nid, &route);
         if ov.row(st, &id)?.is_some() {
             continue;
         }
         let at = n.time_us.max(n.deliver_after_us.unwrap_or(i64::MIN));
-        let policy = s.routes.get(&route).cloned().unwrap_or_default();
         let mut c = Created {
             delivery_id: id.clone(),
-            notification_id: n.id.clone(),
-            notification_seq: n.seq,
-            source_seq: n.source_seq,
+            notification_id: nid.clone(),
+            notification_seq: seq,
+            source_seq,
             route: route.clone(),
             sink,
-            recipient: n.recipient.clone(),
+            recipient: recipient.clone(),
             priority: n.priority.clone(),
-            title: n.title.clone(),
-            body: n.body.clone(),
+            title: title.clone(),
+            body: body.clone(),
             sound: s.sound_priorities.contains(&n.priority),
             task_id: n.task_id.clone(),
-            group_key: n.group_key.clone(),
+            group_key: group.clone(),
             status: "queued".into(),
             reason: None,
-            max_attempts: s.retry.max_attempts,
+            max_attempts: s.retry_for(&route).max_attempts,
             created_at_us: n.time_us,
             next_attempt_at_us: at,
             delay_ms: None,
             quiet_hours_until_us: None,
             digest_until_us: None,
             digest_max_items: None,
+            source_site: n.source_site.clone().filter(|_| redact.is_none()),
+            redacted: redact.is_some(),
         };
         let canceled_at = match &n.task_id {
             Some(t) => st.u64_at(d::CANCELED, t.as_bytes())?,
             None => None,
         };
-        let recipient = st.recipient(n.recipient.as_deref())?;
+        let rcpt = st.recipient(n.recipient.as_deref())?;
         if let Some(reason) = skip {
             c.status = "skipped".into();
             c.reason = Some(reason.into());
         } else if canceled_at.is_some_and(|cs| n.source_seq < cs) {
             c.status = "cancelled".into();
             c.reason = Some("task_canceled".into());
-        } else if recipient.suppressed_at(n.time_us) {
+        } else if st.notification_canceled(&n.id)? {
+            c.status = "cancelled".into();
+            c.reason = Some("notification_canceled".into());
+        } else if rcpt.suppressed_at(n.time_us) {
             c.status = "skipped".into();
             c.reason = Some("suppressed".into());
         } else {
-            // Digest: join the open delivery of this recipient and group, if any.
-            if let (Some(dg), Some(g)) = (&policy.digest, &n.group_key) {
-                let key = d::group_key(&route, n.recipient.as_deref().unwrap_or(""), g);
+            // Digest: join the open delivery of this recipient and group, if any, however
+            // many items it has (section 4: a digest is never split).
+            if let (Some(dg), Some(g)) = (&policy.digest, &group) {
+                let key = d::group_key(&route, recipient.as_deref().unwrap_or(""), g);
                 let open = match ov.groups.get(&key) {
                     Some(g) => Some(g.clone()),
                     None => st.t.get_val::<Group>(d::GROUPS, &key).map_err(storage)?,
@@ -196,15 +254,27 @@ fn route_one(
                     && at < grp.until_us
                     && let Some(mut target) = ov.row(st, &grp.delivery_id)?
                     && target.status == "queued"
-                    && (target.items.len() as u32) < grp.max_items
                 {
+                    if target.all_items().any(|i| i.notification_id == nid) {
+                        continue;
+                    }
+                    let count = target.item_count() + 1;
+                    let first = target.items.first().map_or("", |i| i.title.as_str());
+                    let digest_title = match redact {
+                        Some(_) => title.clone(),
+                        None => {
+                            s.digest_title(&route, rcpt.locale.as_deref(), count, &title, first)
+                        }
+                    };
                     let j = Joined {
-                        notification_id: n.id.clone(),
-                        notification_seq: n.seq,
-                        source_seq: n.source_seq,
-                        title: n.title.clone(),
-                        body: n.body.clone(),
+                        notification_id: nid.clone(),
+                        notification_seq: seq,
+                        source_seq,
+                        title: title.clone(),
+                        body: body.clone(),
                         at_us: n.time_us,
+                        digest_title: Some(digest_title),
+                        max_items: Some(dg.max_items),
                     };
                     d::join(&mut target, &j, 0);
                     out.push(event("joined", &target.id, &j)?);
@@ -233,11 +303,7 @@ fn route_one(
             if let Some(until) = c.digest_until_us {
                 due = due.max(until);
             }
-            if let Some((from, to)) = policy.quiet_hours
-                && !policy.quiet_hours_bypass.contains(&n.priority)
-                && let Some(end) =
-                    quiet_hours_end(due, recipient.tz_offset_minutes.unwrap_or(0), from, to)
-            {
+            if let Some(end) = quiet_end(&policy, &n.priority, &rcpt, due) {
                 c.quiet_hours_until_us = Some(end);
                 due = end;
             }
@@ -245,6 +311,108 @@ fn route_one(
         }
         ov.rows.insert(id.clone(), c.row(0));
         out.push(event("created", &id, &c)?);
+    }
+    Ok(())
+}
+
+/// Where a due time inside the recipient's quiet window (the route's `quiet_hours`, with the
+/// recipient's time zone as it is now) moves to, unless the priority bypasses it.
+pub(super) fn quiet_end(
+    policy: &RoutePolicy,
+    priority: &str,
+    recipient: &d::Recipient,
+    due_us: i64,
+) -> Option<i64> {
+    let (from, to) = policy.quiet_hours?;
+    if policy.quiet_hours_bypass.iter().any(|p| p == priority) {
+        return None;
+    }
+    quiet_hours_end(due_us, recipient.tz_offset_minutes.unwrap_or(0), from, to)
+}
+
+/// A `notification.canceled` (section 4): its queued, retry_wait and parked deliveries are
+/// cancelled, a leased one when its lease ends; on a digest that carries others only its item
+/// leaves, and the title is recomputed. Its deliveries on redacting routes are found by the
+/// intent key.
+fn cancel_notification(
+    st: &mut State<'_>,
+    ov: &mut Overlay,
+    nid: &str,
+    cancel_seq: u64,
+    at_us: i64,
+    privacy: Option<&Privacy>,
+    out: &mut Vec<NewEvent>,
+) -> Result<(), CommandError> {
+    let mut keys = vec![nid.to_owned()];
+    if let Some(p) = privacy {
+        keys.push(p.intent_key(nid));
+    }
+    let mut ids = Vec::new();
+    for k in &keys {
+        let from = [k.as_bytes(), &[0u8]].concat();
+        let to = [k.as_bytes(), &[1u8]].concat();
+        for key in st.keys(d::BY_NOTIFICATION, &from, &to, usize::MAX)? {
+            ids.push(String::from_utf8_lossy(&key[from.len()..]).into_owned());
+        }
+    }
+    for r in ov.rows.values() {
+        if r.all_items().any(|i| keys.contains(&i.notification_id)) && !ids.contains(&r.id) {
+            ids.push(r.id.clone());
+        }
+    }
+    ids.sort();
+    ids.dedup();
+    let s = st.settings_at(u64::MAX)?;
+    for id in ids {
+        let Some(mut row) = ov.row(st, &id)? else {
+            continue;
+        };
+        let Some(item) = keys
+            .iter()
+            .find(|k| row.all_items().any(|i| &&i.notification_id == k))
+            .cloned()
+        else {
+            continue;
+        };
+        let mut c = Change {
+            at_us,
+            reason: Some("notification_canceled".into()),
+            cancel_seq: Some(cancel_seq),
+            notification_id: Some(item.clone()),
+            ..Change::default()
+        };
+        if row.status == "leased" {
+            if row.ext.cancel_pending {
+                continue;
+            }
+            c.at_lease_end = Some(true);
+        } else if !allowed(&row.status, "cancelled") {
+            continue;
+        } else if row.item_count() > 1 {
+            // The digest keeps its other items: its title as if this one had never joined.
+            let mut left = row.clone();
+            d::remove_item(&mut left, &item);
+            let all: Vec<&d::Item> = left.all_items().collect();
+            let (first, newest) = (
+                all.first().map(|i| i.title.clone()),
+                all.last().map(|i| i.title.clone()),
+            );
+            c.digest_title = Some(if row.ext.redacted {
+                row.title.clone()
+            } else {
+                let locale = st.recipient(row.recipient.as_deref())?.locale;
+                s.digest_title(
+                    &row.route,
+                    locale.as_deref(),
+                    all.len(),
+                    newest.as_deref().unwrap_or(""),
+                    first.as_deref().unwrap_or(""),
+                )
+            });
+        }
+        transition(&mut row, "cancelled", &c, 0);
+        out.push(event("cancelled", &id, &c)?);
+        ov.rows.insert(id, row);
     }
     Ok(())
 }
