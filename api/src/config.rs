@@ -26,6 +26,20 @@ pub struct Config {
     /// The key of zero-PII routes (spec section 14).
     #[serde(default)]
     pub privacy: PrivacyConfig,
+    /// What leaves the read models, and when (spec section 13).
+    pub retention: RetentionConfig,
+}
+
+/// `[retention]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// Terminal rows leave the read models this long after their last change ("365d").
+    pub window: String,
+    /// How often the purge runs ("24h").
+    pub run_every: String,
+    /// Also drop old events from the log: not built yet, refused at start.
+    pub compact_log: bool,
 }
 
 /// `[privacy]`: `hmac_key = "env:NAME"` names the environment variable holding the key of the
@@ -203,6 +217,24 @@ impl Config {
         )
         .map_err(ConfigError::Invalid)?;
         tidemark_consumers::sources::from_config(&self.sources).map_err(ConfigError::Invalid)?;
+        let dur = |k: &str, v: &str| {
+            tidemark_projections::routing::parse_duration_ms(v)
+                .filter(|ms| *ms >= 1_000)
+                .ok_or_else(|| {
+                    ConfigError::Invalid(format!(
+                        "retention.{k} {v:?} is not a duration of at least 1s (e.g. \"365d\", \"24h\")"
+                    ))
+                })
+        };
+        dur("window", &self.retention.window)?;
+        dur("run_every", &self.retention.run_every)?;
+        if self.retention.compact_log {
+            return bad(
+                "retention.compact_log = true is not supported by this build: the read models are \
+                 purged, the log is kept whole"
+                    .into(),
+            );
+        }
         let key = self.privacy()?;
         if let Some((route, _)) = routing.routes.iter().find(|(_, p)| p.redact)
             && key.is_none()
@@ -213,6 +245,15 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// The retention settings (validated at start).
+    pub fn retention(&self) -> tidemark_consumers::retention::Retention {
+        let ms = |v: &str| tidemark_projections::routing::parse_duration_ms(v).unwrap_or(1_000);
+        tidemark_consumers::retention::Retention {
+            window_ms: ms(&self.retention.window),
+            run_every: std::time::Duration::from_millis(ms(&self.retention.run_every)),
+        }
     }
 
     /// The key of the redacting routes, read from the variable `[privacy] hmac_key` names

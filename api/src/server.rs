@@ -192,7 +192,8 @@ pub fn router(state: AppState) -> Router {
     let admin = scoped(
         OpenApiRouter::new()
             .routes(routes!(cursors::reset))
-            .routes(routes!(sources::reset)),
+            .routes(routes!(sources::reset))
+            .routes(routes!(admin::run_retention)),
         &auth,
         Scope::Admin,
     );
@@ -353,6 +354,7 @@ pub async fn run(
         engine.clone(),
         (*state.routing).clone(),
         state.pull_hub.clone(),
+        state.config.retention(),
         token.clone(),
     )
     .await

@@ -11,6 +11,7 @@
 //! - [`bridge`]: the bridge terminal notifier (deliver / defer / mismatch per subscription),
 //!   its webhook sink, the pull cache, the ack planner and the confirmation that advances a
 //!   subscription's cursor.
+//! - [`retention`]: the periodic purge of what left the retention window.
 
 //!
 //! # Public surface
@@ -22,6 +23,7 @@
 
 pub mod bridge;
 pub mod follow;
+pub mod retention;
 pub mod router;
 pub mod scheduler;
 pub mod sources;
@@ -37,6 +39,7 @@ pub async fn spawn(
     engine: Engine,
     settings: RoutingSettings,
     hub: bridge::PullHub,
+    retention: retention::Retention,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, StorageError> {
     let e = engine.clone();
@@ -68,6 +71,11 @@ pub async fn spawn(
             shutdown.clone(),
         )),
         tokio::spawn(scheduler::expiry_loop(engine.clone(), shutdown.clone())),
+        tokio::spawn(retention::run_loop(
+            engine.clone(),
+            retention,
+            shutdown.clone(),
+        )),
         bridge::spawn(
             engine.clone(),
             settings,

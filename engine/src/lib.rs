@@ -179,7 +179,7 @@ impl Engine {
             .log
             .command(true, move |txn, head| {
                 at_head(txn, head)?;
-                commands::run(txn, clock(), cmd, privacy.as_deref())
+                commands::run(txn, clock(), head, cmd, privacy.as_deref())
             })
             .await;
         let result = match &r {

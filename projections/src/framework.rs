@@ -290,6 +290,30 @@ impl<'t> Store<'t> {
         self.stage(table, key, Some(Vec::new()));
     }
 
+    /// Keys of `table` that start with `prefix`, as the table stands with every write of the
+    /// fold so far (they are flushed first: call it while no row is taken out).
+    pub fn prefix_keys(
+        &mut self,
+        table: &'static str,
+        prefix: &[u8],
+    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        self.flush()?;
+        let mut out = Vec::new();
+        for row in self
+            .tables
+            .table(table)?
+            .range(prefix..)
+            .map_err(StorageError::of)?
+        {
+            let (k, _) = row.map_err(StorageError::of)?;
+            if !k.value().starts_with(prefix) {
+                break;
+            }
+            out.push(k.value().to_vec());
+        }
+        Ok(out)
+    }
+
     /// Delete a row of a secondary index (see [`Store::put_index`]).
     pub fn delete_index(&mut self, table: &'static str, key: &[u8]) {
         self.stage(table, key, None);

@@ -32,6 +32,7 @@ pub mod names;
 pub mod notifications;
 pub mod read;
 pub mod rebuild;
+pub mod retention;
 pub mod routing;
 pub mod schema;
 pub mod settings;

@@ -71,6 +71,7 @@ names! {
         Bridges = "bridges",
         Settings = "settings",
         Sources = "sources",
+        Retention = "retention",
     }
 }
 
@@ -118,11 +119,12 @@ names! {
         SourceResumed = "source.resumed",
         SourceReset = "source.reset",
         SourceParked = "source.parked",
+        RetentionPurged = "retention.purged",
     }
 }
 
 /// Prefixes whose types tidemark defines.
-pub const RESERVED_PREFIXES: [&str; 8] = [
+pub const RESERVED_PREFIXES: [&str; 9] = [
     "task.",
     "notification.",
     "recipient.",
@@ -131,6 +133,7 @@ pub const RESERVED_PREFIXES: [&str; 8] = [
     "bridge.",
     "settings.",
     "source.",
+    "retention.",
 ];
 
 /// What every task lifecycle event type starts with.
@@ -177,6 +180,7 @@ impl EventType {
             | SourceResumed
             | SourceReset
             | SourceParked => Stream::Sources,
+            RetentionPurged => Stream::Retention,
         }
     }
 
@@ -386,7 +390,7 @@ mod tests {
                 "recipient.unsuppressed",
             ]
         );
-        assert_eq!(EventType::ALL.len() - client.len(), 26);
+        assert_eq!(EventType::ALL.len() - client.len(), 27);
     }
 
     #[test]

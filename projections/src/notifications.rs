@@ -12,8 +12,8 @@ use tidemark_log::{Event, EventRef};
 use crate::framework::{Projection, Store, be_u64};
 
 pub const NAME: &str = "notifications";
-pub(crate) const BY_SEQ: &str = "by_seq";
-pub(crate) const IDS: &str = "ids";
+pub const BY_SEQ: &str = "by_seq";
+pub const IDS: &str = "ids";
 /// `priority ‖ 0 ‖ seq (BE)` and `recipient ‖ 0 ‖ seq (BE)` (notifications with a recipient):
 /// the list filters of `GET /v1/notifications`, intersected when combined. Added after the
 /// golden release, so they are written outside the digest (`Store::put_index`).
@@ -319,6 +319,27 @@ impl Projection for Notifications {
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
+        if ev.stream == Stream::Retention && ev.event_type == EventType::RetentionPurged {
+            let p = crate::retention::Purged::parse(ev.payload);
+            for id in &p.notifications {
+                let Some(seq) = st.get(IDS, id.as_bytes())?.and_then(|b| be_u64(&b)) else {
+                    continue;
+                };
+                let Some(n) = st.get_val::<Notification>(BY_SEQ, &seq.to_be_bytes())? else {
+                    continue;
+                };
+                if n.seq > p.through_seq {
+                    continue;
+                }
+                st.delete(BY_SEQ, &seq.to_be_bytes())?;
+                st.delete(IDS, id.as_bytes())?;
+                st.delete_index(BY_PRIORITY, &index_key(&n.priority, seq));
+                if let Some(r) = &n.recipient {
+                    st.delete_index(BY_RECIPIENT, &index_key(r, seq));
+                }
+            }
+            return Ok(());
+        }
         if ev.stream != Stream::Notifications {
             return Ok(());
         }

@@ -19,8 +19,8 @@ use tidemark_log::EventRef;
 use crate::framework::{Projection, Store};
 
 pub const NAME: &str = "tasks";
-pub(crate) const ROWS: &str = "rows";
-pub(crate) const BY_STATUS: &str = "by_status";
+pub const ROWS: &str = "rows";
+pub const BY_STATUS: &str = "by_status";
 pub(crate) const BY_PROJECT: &str = "by_project";
 
 /// Review state of one run.
@@ -290,6 +290,24 @@ impl Projection for Tasks {
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
+        if ev.stream == Stream::Retention && ev.event_type == EventType::RetentionPurged {
+            let p = crate::retention::Purged::parse(ev.payload);
+            for id in &p.tasks {
+                let Some(task) = st.take_row::<Task>(ROWS, id.as_bytes())? else {
+                    continue;
+                };
+                if task.latest_event_seq > p.through_seq {
+                    st.put_row(ROWS, id.as_bytes(), task)?;
+                    continue;
+                }
+                st.delete(ROWS, id.as_bytes())?;
+                st.delete(BY_STATUS, &index_key(&task.status, id))?;
+                if let Some(project) = &task.project_id {
+                    st.delete(BY_PROJECT, &index_key(project, id))?;
+                }
+            }
+            return Ok(());
+        }
         // The delivery runtime's own streams name deliveries and consumers, never tasks: no
         // lookup for them (they are most of the writes of a busy outbox).
         if ev.subject.is_empty() || ev.stream == Stream::Deliveries || ev.stream == Stream::Cursors

@@ -84,6 +84,12 @@ enum Op {
     Other {
         task: u8,
     },
+    /// A `retention.purged` naming some deliveries, notifications and tasks (bits of `mask`),
+    /// decided at seq `through` (some named rows changed after it, and stay).
+    Purge {
+        mask: u16,
+        through: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -110,6 +116,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0u8..3, 0u8..3, 0u8..20).prop_map(|(key, kind, seq)| Op::Cursor { key, kind, seq }),
         (0u8..3, t.clone(), any::<bool>()).prop_map(|(sub, task, on)| Op::Bridge { sub, task, on }),
         (0u8..3, t).prop_map(|(sub, task)| Op::Mismatch { sub, task }),
+        (any::<u16>(), any::<u8>()).prop_map(|(mask, through)| Op::Purge { mask, through }),
     ]
 }
 
@@ -354,6 +361,28 @@ fn to_event(i: usize, op: &Op) -> Option<NewEvent> {
             )
             .unwrap()
         }
+        Op::Purge { mask, through } => {
+            let pick = |n: u16, shift: u16, f: &dyn Fn(u16) -> String| -> Vec<String> {
+                (0..n)
+                    .filter(|k| mask >> (shift + k) & 1 == 1)
+                    .map(f)
+                    .collect()
+            };
+            NewEvent::new(
+                id,
+                "retention",
+                "",
+                "retention.purged",
+                &json!({
+                    "before": "2026-01-01T00:00:00Z",
+                    "through_seq": (i as u64).saturating_sub(*through as u64 % 8),
+                    "deliveries": pick(3, 0, &|k| format!("dlv:n{k}:desktop")),
+                    "notifications": pick(5, 3, &|k| format!("n{k}")),
+                    "tasks": pick(4, 8, &|k| format!("task-{k}")),
+                }),
+            )
+            .unwrap()
+        }
         Op::Mismatch { sub, task } => NewEvent::new(
             id,
             "task_events",
@@ -405,6 +434,18 @@ struct RefTask {
 fn reference(events: &[(u64, NewEvent)]) -> HashMap<String, RefTask> {
     let mut m: HashMap<String, RefTask> = HashMap::new();
     for (seq, e) in events {
+        // A purge removes the tasks it names that did not change after its decision.
+        if e.event_type == "retention.purged" {
+            let p: serde_json::Value = serde_json::from_slice(e.payload_bytes()).unwrap();
+            let through = p["through_seq"].as_u64().unwrap_or(0);
+            for id in p["tasks"].as_array().into_iter().flatten() {
+                let id = id.as_str().unwrap_or("");
+                if m.get(id).is_some_and(|t| t.latest <= through) {
+                    m.remove(id);
+                }
+            }
+            continue;
+        }
         // Only lifecycle events (`task.*` in task_events) make a task; any other event about
         // an existing task moves its latest seq, except the delivery runtime's own streams,
         // whose subjects name deliveries and consumers.

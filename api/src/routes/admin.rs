@@ -172,3 +172,42 @@ pub async fn verify_one(
 ) -> Result<Json<RebuildOut>, ApiError> {
     run(st, name, false).await
 }
+
+/// What a retention run purged (spec section 13).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RetentionOut {
+    /// Rows whose last change is before this left the read models.
+    pub before: String,
+    /// The head the run decided at.
+    pub through_seq: u64,
+    pub deliveries: usize,
+    pub notifications: usize,
+    pub tasks: usize,
+    /// `retention.purged` events appended (none when nothing was due).
+    pub events: usize,
+}
+
+/// Run retention now: terminal deliveries, notifications whose deliveries are all terminal and
+/// terminal tasks nobody follows, unchanged for `[retention] window`, leave the read models
+/// (as `retention.purged` events, which a rebuild replays). Nothing pending is purged.
+#[utoipa::path(
+    post, path = "/v1/admin/retention/run", tag = "admin", operation_id = "runRetention",
+    responses(
+        (status = 200, body = RetentionOut),
+        (status = 507, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["admin"]))
+)]
+#[tracing::instrument(skip_all)]
+pub async fn run_retention(State(st): State<AppState>) -> Result<Json<RetentionOut>, ApiError> {
+    let window_ms = st.config.retention().window_ms;
+    let r = tidemark_consumers::retention::run_now(&st.engine, window_ms).await?;
+    Ok(Json(RetentionOut {
+        before: tidemark_log::time::format_micros(r.before_us),
+        through_seq: r.through_seq,
+        deliveries: r.deliveries,
+        notifications: r.notifications,
+        tasks: r.tasks,
+        events: r.events,
+    }))
+}

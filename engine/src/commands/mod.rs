@@ -7,12 +7,14 @@
 //! - [`bridges`]: subscriptions and delivery confirmations (section 6);
 //! - [`admission`]: the crisis block and the outbox bound on a client's append (section 14);
 //! - [`sources`]: a polled page, the watermark's compare-and-swap, pause/resume/park/reset
-//!   (section 12).
+//!   (section 12);
+//! - [`retention`]: what leaves the read models after the window (section 13).
 
 pub mod admission;
 pub mod bridges;
 pub mod cursors;
 pub mod outbox;
+pub mod retention;
 pub mod sources;
 
 use tidemark_log::{CommandError, NewEvent};
@@ -23,6 +25,7 @@ use tidemark_projections::deliveries::Delivery;
 pub use bridges::{BridgeCommand, Confirmation};
 pub use cursors::{Advance, CursorCommand};
 pub use outbox::{Completed, Failure, OperatorAction, OutboxCommand};
+pub use retention::{RetentionCommand, RetentionReport};
 pub use sources::{NotifyPlan, PageOutcome, SourceCommand, SourceItem};
 
 use crate::store::WriteTransaction;
@@ -34,6 +37,13 @@ pub enum Command {
     Cursor(CursorCommand),
     Bridge(BridgeCommand),
     Source(SourceCommand),
+    Retention(RetentionCommand),
+}
+
+impl From<RetentionCommand> for Command {
+    fn from(c: RetentionCommand) -> Self {
+        Command::Retention(c)
+    }
 }
 
 impl From<SourceCommand> for Command {
@@ -81,6 +91,7 @@ impl Command {
                 BridgeCommand::Confirm(_) => "bridge.confirm",
             },
             Command::Source(c) => c.name(),
+            Command::Retention(_) => "retention.run",
         }
     }
 }
@@ -106,6 +117,8 @@ pub enum Outcome {
     SourcePage(PageOutcome),
     /// Any other source command: the source after it.
     Source(tidemark_projections::sources::SourceRow),
+    /// A retention run: what it purged.
+    Retention(RetentionReport),
 }
 
 fn unexpected(what: &str) -> CommandError {
@@ -129,6 +142,12 @@ impl Outcome {
         match self {
             Outcome::Completed(c) => Ok(c),
             _ => Err(unexpected("completions")),
+        }
+    }
+    pub fn into_retention(self) -> Result<RetentionReport, CommandError> {
+        match self {
+            Outcome::Retention(r) => Ok(r),
+            _ => Err(unexpected("a retention report")),
         }
     }
     pub fn into_count(self) -> Result<usize, CommandError> {
@@ -173,10 +192,12 @@ impl Outcome {
 pub(crate) fn run(
     txn: &WriteTransaction,
     now_us: i64,
+    head: u64,
     cmd: Command,
     privacy: Option<&crate::privacy::Privacy>,
 ) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
     match cmd {
+        Command::Retention(c) => retention::run(txn, now_us, head, c, privacy),
         Command::Outbox(c) => outbox::run(txn, now_us, c, privacy),
         Command::Cursor(c) => cursors::run(txn, now_us, c),
         Command::Bridge(c) => bridges::run(txn, now_us, c),

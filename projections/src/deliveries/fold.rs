@@ -269,6 +269,7 @@ impl Projection for Deliveries {
                 }
                 Ok(())
             }
+            T::RetentionPurged => purge(st, &crate::retention::Purged::parse(ev.payload)),
             T::NotificationCanceled => {
                 if st
                     .get(NOTIFICATIONS_CANCELED, ev.subject.as_bytes())?
@@ -286,6 +287,53 @@ impl Projection for Deliveries {
             _ => Ok(()),
         }
     }
+}
+
+/// `retention.purged`: the named deliveries leave with every index row, count, timeline step
+/// and open digest of theirs (a row changed after the decision, or pending, stays); the
+/// cancellation marks of the named notifications and tasks go with them.
+fn purge(st: &mut Store<'_>, p: &crate::retention::Purged) -> Result<(), StorageError> {
+    for id in &p.deliveries {
+        let steps = st.prefix_keys(TIMELINE, &[id.as_bytes(), &[0u8]].concat())?;
+        let Some(row) = st.take_row::<Delivery>(ROWS, id.as_bytes())? else {
+            continue;
+        };
+        if row.last_seq > p.through_seq || row.is_pending() {
+            st.put_row(ROWS, id.as_bytes(), row)?;
+            continue;
+        }
+        let e = Entries::of(&row);
+        for (t, k) in &e.digested {
+            if *t == COUNTS {
+                add_count(st, k, -1)?;
+            } else {
+                st.delete(t, k)?;
+            }
+        }
+        for (t, k) in &e.filters {
+            st.delete_index(t, k);
+        }
+        if let Some(g) = &row.group_key {
+            let key = group_key(&row.route, row.recipient.as_deref().unwrap_or(""), g);
+            if st
+                .get_val::<Group>(GROUPS, &key)?
+                .is_some_and(|grp| grp.delivery_id == row.id)
+            {
+                st.delete(GROUPS, &key)?;
+            }
+        }
+        st.delete(ROWS, id.as_bytes())?;
+        for k in steps {
+            st.delete(TIMELINE, &k)?;
+        }
+    }
+    for id in &p.notifications {
+        st.delete(NOTIFICATIONS_CANCELED, id.as_bytes())?;
+    }
+    for id in &p.tasks {
+        st.delete(CANCELED, id.as_bytes())?;
+    }
+    Ok(())
 }
 
 fn fold_recipient(

@@ -116,7 +116,14 @@ async fn golden_directory_opens_and_serves_the_same() {
         &std::fs::read(dir.join("expected.json")).expect("tests/golden/v1/expected.json"),
     )
     .expect("expected.json parses");
-    let s = Server::start(ServerOpts::default().seed_data(dir.join("data"))).await;
+    // The golden log's events are dated 2026-11-23: a retention window of a century keeps the
+    // run at start from purging them once they are a year old.
+    let s = Server::start(
+        ServerOpts::default()
+            .seed_data(dir.join("data"))
+            .config("[retention]\nwindow = \"36500d\"\n"),
+    )
+    .await;
     wait_quiet(&s).await;
     let got = snapshot(&s).await;
     // Nothing appended on its own, except one `settings.updated` when this build's default

@@ -1,0 +1,80 @@
+//! The retention reactor (spec section 13): every `run_every` it runs the engine's retention
+//! command until nothing more has left the window; `POST /v1/admin/retention/run` runs it now.
+
+use std::time::Duration;
+
+use tidemark_engine::Engine;
+use tidemark_engine::commands::{RetentionCommand, RetentionReport};
+use tidemark_log::CommandError;
+use tokio_util::sync::CancellationToken;
+
+/// Ids one command names at most: a run is several bounded transactions, never one huge one.
+const BATCH: usize = 5_000;
+
+/// The retention settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    pub window_ms: u64,
+    pub run_every: Duration,
+}
+
+/// Purge everything that left the window by now; the totals of every command it took (the
+/// first one's `before` and `through_seq`).
+pub async fn run_now(engine: &Engine, window_ms: u64) -> Result<RetentionReport, CommandError> {
+    let mut total: Option<RetentionReport> = None;
+    loop {
+        let r = engine
+            .execute(RetentionCommand {
+                window_ms,
+                max: BATCH,
+            })
+            .await?
+            .0
+            .into_retention()?;
+        let more = r.more;
+        match &mut total {
+            None => total = Some(r),
+            Some(t) => {
+                t.deliveries += r.deliveries;
+                t.notifications += r.notifications;
+                t.tasks += r.tasks;
+                t.events += r.events;
+            }
+        }
+        if !more {
+            break;
+        }
+    }
+    let mut t = total.unwrap_or_default();
+    t.more = false;
+    for (kind, n) in [
+        ("deliveries", t.deliveries),
+        ("notifications", t.notifications),
+        ("tasks", t.tasks),
+    ] {
+        metrics::counter!("tidemark_retention_purged_total", "kind" => kind).increment(n as u64);
+    }
+    tracing::info!(
+        deliveries = t.deliveries,
+        notifications = t.notifications,
+        tasks = t.tasks,
+        events = t.events,
+        "retention run"
+    );
+    Ok(t)
+}
+
+/// Run retention at start, then every `run_every`, until `shutdown`.
+pub(crate) async fn run_loop(engine: Engine, r: Retention, shutdown: CancellationToken) {
+    loop {
+        match run_now(&engine, r.window_ms).await {
+            Ok(_) => {}
+            Err(CommandError::Append(tidemark_log::AppendError::Closed)) => return,
+            Err(e) => tracing::warn!(error = %e, "retention run failed; will retry"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(r.run_every) => {},
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}

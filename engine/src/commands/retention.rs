@@ -1,0 +1,225 @@
+//! Retention (spec section 13): what has been done with for `window` leaves the read models.
+//! The command decides at the head, where every model is current: notifications (dashboard-only
+//! ones too) whose deliveries are all terminal and unchanged for the window, with those
+//! deliveries; terminal tasks unchanged for the window that no bridge subscription and no
+//! live cursor on `task_events` still follows. It writes the ids into `retention.purged`
+//! events, which every projection folds, so a rebuild removes exactly the same rows. Nothing
+//! pending is ever named; cursors, subscriptions, sources and settings are never purged.
+
+use std::collections::BTreeSet;
+
+use tidemark_log::{CommandError, NewEvent, StorageError};
+use tidemark_projections::deliveries::{self as d, Delivery};
+use tidemark_projections::framework::TxnTables;
+use tidemark_projections::names::{EventType, Stream, TaskStatus};
+use tidemark_projections::notifications::{self as n, Notification};
+use tidemark_projections::retention::{IDS_PER_EVENT, Purged};
+use tidemark_projections::tasks::{self, Task};
+use tidemark_projections::{bridges, cursors};
+
+use crate::commands::Outcome;
+use crate::privacy::Privacy;
+use crate::store::{ReadableTable, WriteTransaction};
+
+/// Purge what left the window by now (at most `max` ids in one command: run it again while
+/// it reports `more`).
+#[derive(Debug, Clone)]
+pub struct RetentionCommand {
+    pub window_ms: u64,
+    pub max: usize,
+}
+
+/// What one run purged.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RetentionReport {
+    pub before_us: i64,
+    pub through_seq: u64,
+    pub deliveries: usize,
+    pub notifications: usize,
+    pub tasks: usize,
+    /// `retention.purged` events appended.
+    pub events: usize,
+    /// The limit was reached: there may be more to purge.
+    pub more: bool,
+}
+
+fn st(e: StorageError) -> CommandError {
+    CommandError::Storage(e)
+}
+
+fn se(e: impl std::error::Error + Send + Sync + 'static) -> CommandError {
+    CommandError::Storage(StorageError::of(e))
+}
+
+/// Keys of `table` starting with `prefix ‖ 0`, the rest after it.
+fn suffixes(
+    t: &mut TxnTables<'_>,
+    table: &'static str,
+    prefix: &str,
+) -> Result<Vec<String>, CommandError> {
+    let lo = [prefix.as_bytes(), &[0u8]].concat();
+    let hi = [prefix.as_bytes(), &[1u8]].concat();
+    let mut out = Vec::new();
+    for row in t
+        .table(table)
+        .map_err(st)?
+        .range(lo.as_slice()..hi.as_slice())
+        .map_err(se)?
+    {
+        let (k, _) = row.map_err(se)?;
+        out.push(String::from_utf8_lossy(&k.value()[lo.len()..]).into_owned());
+    }
+    Ok(out)
+}
+
+pub(crate) fn run(
+    txn: &WriteTransaction,
+    now_us: i64,
+    head: u64,
+    cmd: RetentionCommand,
+    privacy: Option<&Privacy>,
+) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
+    let before = now_us.saturating_sub((cmd.window_ms as i64).saturating_mul(1_000));
+    let mut rep = RetentionReport {
+        before_us: before,
+        through_seq: head,
+        ..RetentionReport::default()
+    };
+    let mut dl: BTreeSet<String> = BTreeSet::new();
+    let mut nl: Vec<String> = Vec::new();
+    let mut tl: Vec<String> = Vec::new();
+    let done = |d: &Delivery| !d.is_pending() && d.updated_at_us < before && d.last_seq <= head;
+
+    // Notifications, oldest first: event times never go back along seq.
+    let mut nt = TxnTables::new(txn, n::NAME).map_err(st)?;
+    let mut dt = TxnTables::new(txn, d::NAME).map_err(st)?;
+    let rows: Vec<Notification> = {
+        let mut rows = Vec::new();
+        for row in nt
+            .table(n::BY_SEQ)
+            .map_err(st)?
+            .range(..=head.to_be_bytes().as_slice())
+            .map_err(se)?
+        {
+            let (_, v) = row.map_err(se)?;
+            let note: Notification = postcard::from_bytes(v.value()).map_err(se)?;
+            if note.time_us >= before || rows.len() >= cmd.max {
+                break;
+            }
+            rows.push(note);
+        }
+        rows
+    };
+    for note in rows {
+        if dl.len() + nl.len() >= cmd.max {
+            rep.more = true;
+            break;
+        }
+        let mut ids = suffixes(&mut dt, d::BY_NOTIFICATION, &note.notification_id)?;
+        if let Some(p) = privacy {
+            ids.extend(suffixes(
+                &mut dt,
+                d::BY_NOTIFICATION,
+                &p.intent_key(&note.notification_id),
+            )?);
+        }
+        let mut all_done = true;
+        for id in &ids {
+            match dt.get_val::<Delivery>(d::ROWS, id.as_bytes()).map_err(st)? {
+                Some(row) if !done(&row) => {
+                    all_done = false;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        if all_done {
+            nl.push(note.notification_id.clone());
+            dl.extend(ids);
+        }
+    }
+
+    // Terminal tasks nobody follows.
+    let mut ct = TxnTables::new(txn, cursors::NAME).map_err(st)?;
+    let mut followers: Vec<cursors::Cursor> = Vec::new();
+    for row in ct.table(cursors::ROWS).map_err(st)?.iter().map_err(se)? {
+        let (_, v) = row.map_err(se)?;
+        let c: cursors::Cursor = postcard::from_bytes(v.value()).map_err(se)?;
+        // A cursor with no progress for the window pins nothing (section 13).
+        if c.stream_name == Stream::TaskEvents.as_str()
+            && c.updated_at_us.is_some_and(|u| u >= before)
+        {
+            followers.push(c);
+        }
+    }
+    let mut tt = TxnTables::new(txn, tasks::NAME).map_err(st)?;
+    let mut bt = TxnTables::new(txn, bridges::NAME).map_err(st)?;
+    'status: for status in [
+        TaskStatus::Completed,
+        TaskStatus::Failed,
+        TaskStatus::Canceled,
+    ] {
+        for id in suffixes(&mut tt, tasks::BY_STATUS, status.as_str())? {
+            if dl.len() + nl.len() + tl.len() >= cmd.max {
+                rep.more = true;
+                break 'status;
+            }
+            let Some(task) = tt.get_val::<Task>(tasks::ROWS, id.as_bytes()).map_err(st)? else {
+                continue;
+            };
+            if task.updated_at_us >= before || task.latest_event_seq > head {
+                continue;
+            }
+            if !suffixes(&mut bt, bridges::BY_TASK, &id)?.is_empty() {
+                continue;
+            }
+            let pinned = followers.iter().any(|c| {
+                (c.subject_id.is_empty() || c.subject_id == id)
+                    && c.last_sequence < task.latest_event_seq
+            });
+            if !pinned {
+                tl.push(id);
+            }
+        }
+    }
+
+    rep.deliveries = dl.len();
+    rep.notifications = nl.len();
+    rep.tasks = tl.len();
+    let before_text = tidemark_log::time::format_micros(before);
+    let mut events = Vec::new();
+    let mut dl = dl.into_iter();
+    let (mut nl, mut tl) = (nl.into_iter(), tl.into_iter());
+    loop {
+        let mut p = Purged {
+            before: before_text.clone(),
+            through_seq: head,
+            ..Purged::default()
+        };
+        let mut room = IDS_PER_EVENT;
+        for (list, src) in [
+            (
+                &mut p.deliveries,
+                &mut dl as &mut dyn Iterator<Item = String>,
+            ),
+            (&mut p.notifications, &mut nl),
+            (&mut p.tasks, &mut tl),
+        ] {
+            while room > 0 {
+                let Some(id) = src.next() else { break };
+                list.push(id);
+                room -= 1;
+            }
+        }
+        if room == IDS_PER_EVENT {
+            break;
+        }
+        let v = serde_json::to_value(&p).map_err(se)?;
+        events.push(
+            NewEvent::new(None, Stream::Retention, "", EventType::RetentionPurged, &v)
+                .map_err(se)?,
+        );
+    }
+    rep.events = events.len();
+    Ok((Outcome::Retention(rep), events))
+}
