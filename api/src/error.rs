@@ -217,6 +217,13 @@ impl IntoResponse for ApiError {
         if let Some(secs) = self.retry_after_secs {
             h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        // RFC 6750: a 401 names the scheme (and why, when a token was sent but is not valid).
+        if self.status == StatusCode::UNAUTHORIZED {
+            h.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"tidemark\""),
+            );
+        }
         resp
     }
 }

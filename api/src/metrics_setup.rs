@@ -9,14 +9,23 @@ static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 pub fn handle() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
+            // Every histogram is in seconds (`*_seconds`) but the commit size.
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(
-                    Matcher::Suffix("duration_seconds".into()),
+                    Matcher::Full("tidemark_log_commit_items".into()),
                     &[
-                        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                        0.25, 0.5, 1.0, 2.5, 5.0,
+                        1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0, 4096.0,
                     ],
                 )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Suffix("_seconds".into()),
+                        &[
+                            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                            0.25, 0.5, 1.0, 2.5, 5.0,
+                        ],
+                    )
+                })
                 .map(|b| b.build_recorder());
             match recorder {
                 Ok(r) => {
@@ -33,6 +42,206 @@ pub fn handle() -> PrometheusHandle {
 }
 
 pub fn describe() {
+    for (name, help) in [
+        (
+            "tidemark_bridge_confirmed_total",
+            "Bridge deliveries confirmed (acked), advancing their subscription's cursor",
+        ),
+        (
+            "tidemark_bridge_mismatches_total",
+            "Terminal-state mismatches recorded by the bridge notifier",
+        ),
+        (
+            "tidemark_bridge_nacks_total",
+            "Bridge deliveries refused by their sink (nack)",
+        ),
+        (
+            "tidemark_bridge_webhook_failures_total",
+            "Webhook deliveries that failed and will be retried",
+        ),
+        (
+            "tidemark_bridge_subscriptions_created_total",
+            "Bridge subscriptions created",
+        ),
+        (
+            "tidemark_commands_total",
+            "Engine commands by command and result (ok, refused, error)",
+        ),
+        ("tidemark_cursor_advances_total", "Cursor advances recorded"),
+        (
+            "tidemark_cursor_resets_total",
+            "Cursor resets recorded (admin)",
+        ),
+        (
+            "tidemark_deliveries_failed_total",
+            "Delivery attempts reported failed",
+        ),
+        (
+            "tidemark_deliveries_leased_total",
+            "Deliveries leased by claims",
+        ),
+        (
+            "tidemark_deliveries_operator_total",
+            "Operator retries and discards of parked deliveries",
+        ),
+        (
+            "tidemark_deliveries_sent_total",
+            "Deliveries completed (sent)",
+        ),
+        (
+            "tidemark_delivery_leases_expired_total",
+            "Delivery leases released after they expired",
+        ),
+        (
+            "tidemark_delivery_routing_events_total",
+            "Events appended by delivery routing (created, joined, cancelled)",
+        ),
+        (
+            "tidemark_follower_events_read_total",
+            "Events the reactors' follower read from the log",
+        ),
+        (
+            "tidemark_notification_status_reads_total",
+            "Notification status records served",
+        ),
+        (
+            "tidemark_notifications_blocked_total",
+            "Notifications refused for a suppressed recipient (crisis block)",
+        ),
+        (
+            "tidemark_outbox_refused_total",
+            "Requests refused because the outbox was full",
+        ),
+        (
+            "tidemark_rate_limited_total",
+            "Requests refused by a token's rate limit",
+        ),
+        (
+            "tidemark_reads_lagging_total",
+            "Reads answered before the read models reached the requested seq",
+        ),
+        (
+            "tidemark_retention_purged_total",
+            "Rows retention removed from the read models, by kind",
+        ),
+        (
+            "tidemark_router_notifications_total",
+            "Notifications derived from lifecycle events by the router",
+        ),
+        (
+            "tidemark_source_notifications_blocked_total",
+            "Source notifications left out for a suppressed recipient",
+        ),
+        (
+            "tidemark_source_operator_total",
+            "Operator actions on sources (poll, pause, resume, reset)",
+        ),
+    ] {
+        metrics::describe_counter!(name, help);
+    }
+    for (name, help) in [
+        (
+            "tidemark_bridge_notifier_dirty_subscriptions",
+            "Subscriptions the bridge notifier looked at in its last pass",
+        ),
+        (
+            "tidemark_bridge_subscriptions_deferring",
+            "Subscriptions whose next delivery is deferred (review pending)",
+        ),
+        (
+            "tidemark_bridge_subscriptions_stopped",
+            "Subscriptions stopped after a terminal delivery",
+        ),
+        (
+            "tidemark_bridge_webhooks_retrying",
+            "Webhook subscriptions waiting to retry",
+        ),
+        ("tidemark_consumer_cursors", "Consumer cursors"),
+        (
+            "tidemark_consumer_cursors_behind",
+            "Consumer cursors behind the head of what they follow",
+        ),
+        (
+            "tidemark_consumer_cursors_stalled",
+            "Consumer cursors behind and without progress (stalled)",
+        ),
+        (
+            "tidemark_consumer_lag_events_max",
+            "Events the furthest-behind cursor has yet to deliver",
+        ),
+        (
+            "tidemark_consumer_lag_seconds_max",
+            "Age of the oldest event a cursor has yet to deliver, seconds",
+        ),
+        (
+            "tidemark_outbox_queue_depth",
+            "Deliveries queued, leased or waiting to retry, by sink",
+        ),
+        (
+            "tidemark_outbox_stuck",
+            "Deliveries due for longer than outbox.stuck_after, by sink",
+        ),
+        ("tidemark_outbox_parked", "Parked deliveries, by sink"),
+        (
+            "tidemark_outbox_sent_last_interval",
+            "Deliveries sent in the last 60 s, by sink",
+        ),
+        (
+            "tidemark_outbox_oldest_pending_age_seconds",
+            "Age of the oldest pending delivery, by sink, seconds",
+        ),
+        (
+            "tidemark_projection_identical",
+            "1 when the last verify of the projection found it identical",
+        ),
+        (
+            "tidemark_projection_lag_events",
+            "Events committed but not yet folded, by projection",
+        ),
+        (
+            "tidemark_source_last_success_timestamp_seconds",
+            "Unix time of the source's last successful poll",
+        ),
+        (
+            "tidemark_build_info",
+            "Build information (version label), always 1",
+        ),
+        (
+            "tidemark_projection_follower_lag_events",
+            "Events the projection follower had yet to fold after its last batch",
+        ),
+    ] {
+        metrics::describe_gauge!(name, help);
+    }
+    for (name, help) in [
+        (
+            "tidemark_bridge_notifier_pass_seconds",
+            "Duration of one bridge notifier pass, seconds",
+        ),
+        (
+            "tidemark_projection_batch_seconds",
+            "Duration of folding one follower batch, seconds",
+        ),
+        (
+            "tidemark_rebuild_duration_seconds",
+            "Duration of a projection rebuild or verify, seconds",
+        ),
+        (
+            "tidemark_log_commit_duration_seconds",
+            "Duration of one group commit of the log writer (write and fsync), seconds",
+        ),
+        (
+            "tidemark_log_fsync_duration_seconds",
+            "Duration of the durable sync of one group commit, seconds",
+        ),
+        (
+            "tidemark_log_commit_items",
+            "Requests (appends and commands) in one group commit",
+        ),
+    ] {
+        metrics::describe_histogram!(name, help);
+    }
+
     metrics::describe_counter!(
         "tidemark_source_polls_total",
         "Source polls by source and outcome (ok, retry_after, error, unauthorized, parked, not_active)"

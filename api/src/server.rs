@@ -375,6 +375,14 @@ pub async fn run(
         trigger.cancel();
     });
     let app = router(state);
+    // Tests and scripts read the bound address (useful with port 0) from this first line: it
+    // is printed once the log is open and the reactors run, so "listening" means ready to
+    // serve (a start that fails exits 1 without it).
+    {
+        use std::io::Write;
+        println!("listening on http://{addr}");
+        let _ = std::io::stdout().flush();
+    }
     let serve = axum::serve(listener, app).with_graceful_shutdown(token.clone().cancelled_owned());
     tracing::info!(%addr, "serving");
     tokio::select! {

@@ -123,7 +123,7 @@ fn run(log: Log, progress: Arc<Progress>, stop: Arc<AtomicBool>) {
         match rt.block_on(fold_batch(&log, head)) {
             Ok(at) => {
                 progress.advance(at);
-                metrics::gauge!("tidemark_projection_lag_events")
+                metrics::gauge!("tidemark_projection_follower_lag_events")
                     .set(log.head().saturating_sub(at) as f64);
                 backoff = Duration::from_millis(10);
             }

@@ -112,6 +112,11 @@ impl Queries {
         self.privacy = p;
     }
 
+    /// Events committed that the read models have not folded yet (never waits).
+    pub fn lag(&self) -> u64 {
+        self.log.head().saturating_sub(self.progress.get())
+    }
+
     /// Wait until every read model has folded the log up to the head now, or `min_seq` if
     /// higher (a seq the caller saw elsewhere), at most [`READ_WAIT`]; the seq every answer
     /// read afterwards reflects at least (`as_of_seq`).

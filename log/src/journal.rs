@@ -114,9 +114,12 @@ impl Journal {
         self.store
             .write(self.end, &self.buf)
             .map_err(|e| AppendFailed::Write(StorageError::new("writing the journal", e)))?;
+        let synced = std::time::Instant::now();
         self.store
             .sync_data()
             .map_err(|e| AppendFailed::Sync(StorageError::new("syncing the journal", e)))?;
+        metrics::histogram!("tidemark_log_fsync_duration_seconds")
+            .record(synced.elapsed().as_secs_f64());
         self.end += self.buf.len() as u64;
         self.groups += 1;
         Ok(())

@@ -312,7 +312,18 @@ impl Writer {
         Ok(())
     }
 
+    /// Commit one group, recording its duration (staging, journal write and fsync, redb
+    /// commit, replies) and size.
     fn process(&mut self, group: Vec<Item>, durable: bool) {
+        let started = std::time::Instant::now();
+        let items = group.len();
+        self.process_group(group, durable);
+        metrics::histogram!("tidemark_log_commit_duration_seconds")
+            .record(started.elapsed().as_secs_f64());
+        metrics::histogram!("tidemark_log_commit_items").record(items as f64);
+    }
+
+    fn process_group(&mut self, group: Vec<Item>, durable: bool) {
         let fail_all = |group: Vec<Item>, e: AppendError| {
             for item in group {
                 match item {

@@ -1,6 +1,5 @@
 //! The `tidemark` command line (spec section 9).
 
-use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,10 +9,14 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::Config;
 
 mod events;
+mod more;
 mod operator;
+pub mod output;
 
 use events::{append, tail};
+use more::{completions, config_show, notifications, tasks};
 use operator::{cursors, deliveries, projections, sources};
+pub use output::Output;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -42,6 +45,15 @@ pub enum Command {
     Cursors(CursorsArgs),
     /// Source pollers: list, show, poll now, pause, resume, reset the watermark (admin).
     Sources(SourcesArgs),
+    /// Bridge subscriptions of a task: subscribe, list, show, delete.
+    Tasks(TasksArgs),
+    /// What became of a notification.
+    Notifications(NotificationsArgs),
+    /// The effective configuration (built-in settings, the file, TIDEMARK_* variables), with
+    /// secrets masked.
+    Config(ConfigArgs),
+    /// Shell completions for bash, zsh, fish, elvish or powershell, on stdout.
+    Completions { shell: clap_complete::Shell },
     /// Benchmark tidemark against Redis Streams, PostgreSQL, SQLite and NATS JetStream
     /// (`tidemark bench --help` lists the options; peers: benches/peers/install.sh).
     #[command(disable_help_flag = true)]
@@ -54,6 +66,88 @@ pub struct BenchArgs {
     /// `--json-out`, …), passed on to `tidemark-bench`.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub args: Vec<std::ffi::OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct TasksArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(subcommand)]
+    pub action: TasksAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TasksAction {
+    /// A task's terminal notifications to bridges (spec section 6).
+    Notifications {
+        #[command(subcommand)]
+        action: SubscriptionAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SubscriptionAction {
+    /// Subscribe a bridge to the task's terminal notification.
+    Subscribe {
+        task: String,
+        #[arg(long)]
+        subscription_id: String,
+        #[arg(long)]
+        bridge_id: String,
+        /// pull (the bridge fetches and acks) or webhook (POSTed to --webhook-url).
+        #[arg(long, default_value = "pull")]
+        sink: String,
+        #[arg(long)]
+        webhook_url: Option<String>,
+        /// The webhook's HMAC key (read from the environment variable it names, so it stays
+        /// out of shell history).
+        #[arg(long)]
+        secret_env: Option<String>,
+    },
+    /// The task's subscriptions.
+    List { task: String },
+    /// One subscription with its cursor.
+    Show {
+        task: String,
+        subscription_id: String,
+    },
+    /// Unsubscribe.
+    Delete {
+        task: String,
+        subscription_id: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct NotificationsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(subcommand)]
+    pub action: NotificationsAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NotificationsAction {
+    /// The status record: pending, delivered, parked, ... with its deliveries.
+    Status { id: String },
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    #[command(subcommand)]
+    pub action: ConfigAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigAction {
+    /// Print the effective configuration as TOML (`-o json` for JSON).
+    Show {
+        /// TOML config file.
+        #[arg(long, env = "TIDEMARK_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<Output>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -212,6 +306,15 @@ pub struct ClientArgs {
     /// Bearer token.
     #[arg(long, global = true, env = "TIDEMARK_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// How records are printed: table (the default on a terminal), json (otherwise), jsonl.
+    #[arg(short = 'o', long = "output", global = true, value_enum)]
+    pub output: Option<Output>,
+}
+
+impl ClientArgs {
+    pub fn output(&self) -> Output {
+        Output::resolve(self.output)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -262,6 +365,10 @@ pub fn main() -> ExitCode {
             Command::Deliveries(a) => deliveries(a).await,
             Command::Cursors(a) => cursors(a).await,
             Command::Sources(a) => sources(a).await,
+            Command::Tasks(a) => tasks(a).await,
+            Command::Notifications(a) => notifications(a).await,
+            Command::Config(a) => config_show(a),
+            Command::Completions { shell } => completions(shell),
             // Replaces this process; returns only when the benchmark could not be started.
             Command::Bench(b) => crate::bench::exec(b.args),
         }
@@ -302,9 +409,7 @@ async fn serve(a: ServeArgs) -> CliResult {
     if cfg.auth.tokens.is_empty() && !addr.ip().is_loopback() {
         return Err(crate::RunError::OpenOnNonLoopback(addr).to_string());
     }
-    // Tests and scripts read the bound address (useful with port 0) from this first line.
-    println!("listening on http://{addr}");
-    let _ = std::io::stdout().flush();
+    // `run` prints `listening on http://<addr>` once the log is open.
     crate::run(cfg, listener, shutdown_signal())
         .await
         .map_err(|e| e.to_string())

@@ -5,8 +5,8 @@ use std::io::Write;
 use crate::cli::{SourcesAction, SourcesArgs};
 
 use super::{
-    CliResult, CursorsAction, CursorsArgs, DeliveriesAction, DeliveriesArgs, ProjectionsAction,
-    ProjectionsArgs, client, enc, get_json, send_text,
+    CliResult, CursorsAction, CursorsArgs, DeliveriesAction, DeliveriesArgs, Output,
+    ProjectionsAction, ProjectionsArgs, client, enc, get_json, send_text,
 };
 
 pub(crate) async fn projections(a: ProjectionsArgs) -> CliResult {
@@ -15,20 +15,12 @@ pub(crate) async fn projections(a: ProjectionsArgs) -> CliResult {
         "{}/v1/admin/projections",
         a.client.url.trim_end_matches('/')
     );
+    let out = a.client.output();
     let names: Vec<(String, &str)> = match &a.action {
         ProjectionsAction::List => {
             let v = get_json(&http, &base).await?;
-            println!("{:<16} {:>12} {:>8}  digest", "name", "checkpoint", "lag");
-            for p in v["projections"].as_array().into_iter().flatten() {
-                println!(
-                    "{:<16} {:>12} {:>8}  {}",
-                    p["name"].as_str().unwrap_or(""),
-                    p["checkpoint"].as_u64().unwrap_or(0),
-                    p["lag"].as_u64().unwrap_or(0),
-                    p["digest"].as_str().unwrap_or("")
-                );
-            }
-            return Ok(());
+            let rows = v["projections"].as_array().cloned().unwrap_or_default();
+            return out.list(&rows, &["name", "checkpoint", "lag", "digest"]);
         }
         ProjectionsAction::Rebuild { name } => vec![(name.clone(), "rebuild")],
         ProjectionsAction::Verify { name: Some(name) } => vec![(name.clone(), "verify")],
@@ -69,7 +61,7 @@ pub(crate) async fn projections(a: ProjectionsArgs) -> CliResult {
         eprintln!();
         let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
         all_identical &= v["identical"].as_bool().unwrap_or(false);
-        println!("{v}");
+        out.one(&v)?;
     }
     if all_identical {
         Ok(())
@@ -102,32 +94,54 @@ pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
             }
             let mut after: Option<String> = None;
             let mut printed = 0u64;
+            let out = a.client.output();
+            // JSON lines stream page by page; a table or a JSON array is printed whole.
+            let mut rows: Vec<serde_json::Value> = Vec::new();
             let stdout = std::io::stdout();
-            loop {
+            'pages: loop {
                 let mut url = format!("{base}?limit=1000{filters}");
                 if let Some(a) = &after {
                     url.push_str(&format!("&after={}", enc(a)));
                 }
                 let v = get_json(&http, &url).await?;
-                let mut out = stdout.lock();
+                let mut w = stdout.lock();
                 for d in v["deliveries"].as_array().into_iter().flatten() {
                     if limit.is_some_and(|l| printed >= l) {
-                        return Ok(());
+                        break 'pages;
                     }
-                    writeln!(out, "{d}").map_err(|e| e.to_string())?;
+                    if out == Output::Jsonl {
+                        writeln!(w, "{d}").map_err(|e| e.to_string())?;
+                    } else {
+                        rows.push(d.clone());
+                    }
                     printed += 1;
                 }
                 match v["next_after"].as_str() {
                     Some(n) => after = Some(n.to_owned()),
-                    None => return Ok(()),
+                    None => break,
                 }
             }
+            if out == Output::Jsonl {
+                return Ok(());
+            }
+            out.list(
+                &rows,
+                &[
+                    "id",
+                    "status",
+                    "sink",
+                    "attempts",
+                    "next_attempt_at",
+                    "last_error_code",
+                    "title",
+                ],
+            )
         }
         DeliveriesAction::Retry { id, reason } => {
-            operator_action(&http, &base, &id, "retry", reason).await
+            operator_action(&http, &base, &id, "retry", reason, a.client.output()).await
         }
         DeliveriesAction::Discard { id, reason } => {
-            operator_action(&http, &base, &id, "discard", reason).await
+            operator_action(&http, &base, &id, "discard", reason, a.client.output()).await
         }
     }
 }
@@ -138,6 +152,7 @@ async fn operator_action(
     id: &str,
     action: &str,
     reason: Option<String>,
+    out: Output,
 ) -> CliResult {
     let url = format!("{base}/{}/{action}", enc(id));
     let mut body = serde_json::json!({"by": "cli"});
@@ -148,12 +163,12 @@ async fn operator_action(
         format!("{action} {id} failed ({status}): {text}")
     })
     .await?;
-    println!("{text}");
-    Ok(())
+    out.one(&serde_json::from_str(&text).map_err(|e| e.to_string())?)
 }
 
 pub(crate) async fn cursors(a: CursorsArgs) -> CliResult {
     let http = client(&a.client)?;
+    let out = a.client.output();
     let base = a.client.url.trim_end_matches('/').to_owned();
     match a.action {
         CursorsAction::Show {
@@ -176,10 +191,19 @@ pub(crate) async fn cursors(a: CursorsArgs) -> CliResult {
                 }
                 get_json(&http, &url).await?
             };
-            for c in v["cursors"].as_array().into_iter().flatten() {
-                println!("{c}");
-            }
-            Ok(())
+            let rows = v["cursors"].as_array().cloned().unwrap_or_default();
+            out.list(
+                &rows,
+                &[
+                    "consumer_id",
+                    "stream_name",
+                    "subject_id",
+                    "last_sequence",
+                    "lag_events",
+                    "stalled",
+                    "last_error",
+                ],
+            )
         }
         CursorsAction::Reset {
             consumer,
@@ -197,14 +221,14 @@ pub(crate) async fn cursors(a: CursorsArgs) -> CliResult {
                 format!("reset failed ({status}): {text}")
             })
             .await?;
-            println!("{text}");
-            Ok(())
+            out.one(&serde_json::from_str(&text).map_err(|e| e.to_string())?)
         }
     }
 }
 
 pub(crate) async fn sources(a: SourcesArgs) -> CliResult {
     let http = client(&a.client)?;
+    let out = a.client.output();
     let base = format!("{}/v1/sources", a.client.url.trim_end_matches('/'));
     let post = |name: &str, action: &str, body: serde_json::Value| {
         let url = format!("{base}/{}/{action}", enc(name));
@@ -215,24 +239,26 @@ pub(crate) async fn sources(a: SourcesArgs) -> CliResult {
                 format!("{what} failed ({status}): {text}")
             })
             .await?;
-            println!("{text}");
-            Ok::<(), String>(())
+            out.one(&serde_json::from_str(&text).map_err(|e| e.to_string())?)
         }
     };
     match a.action {
         SourcesAction::List => {
             let v = get_json(&http, &base).await?;
-            for s in v["sources"].as_array().into_iter().flatten() {
-                println!("{s}");
-            }
-            Ok(())
+            let rows = v["sources"].as_array().cloned().unwrap_or_default();
+            out.list(
+                &rows,
+                &[
+                    "name",
+                    "state",
+                    "watermark",
+                    "last_success_at",
+                    "last_error",
+                ],
+            )
         }
         SourcesAction::Show { name } => {
-            println!(
-                "{}",
-                get_json(&http, &format!("{base}/{}", enc(&name))).await?
-            );
-            Ok(())
+            out.one(&get_json(&http, &format!("{base}/{}", enc(&name))).await?)
         }
         SourcesAction::Poll { name } => post(&name, "poll", serde_json::json!({})).await,
         SourcesAction::Pause { name, reason } => {

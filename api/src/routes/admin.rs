@@ -68,7 +68,7 @@ impl From<RebuildReport> for RebuildOut {
 
 /// Every projection with its checkpoint, lag and digest.
 #[utoipa::path(
-    get, path = "/v1/admin/projections", tag = "admin",
+    get, path = "/v1/admin/projections", operation_id = "listProjections", tag = "admin",
     responses((status = 200, body = ProjectionsPage)),
     security(("bearer" = ["operator"]))
 )]
@@ -137,7 +137,7 @@ async fn run(st: AppState, name: String, swap: bool) -> Result<Json<RebuildOut>,
 
 /// Rebuild a projection from the log and switch to it once caught up.
 #[utoipa::path(
-    post, path = "/v1/admin/projections/{name}/rebuild", tag = "admin",
+    post, path = "/v1/admin/projections/{name}/rebuild", operation_id = "rebuildProjection", tag = "admin",
     params(("name" = String, Path, description = "tasks, notifications or settings")),
     responses(
         (status = 200, body = RebuildOut),
@@ -156,7 +156,7 @@ pub async fn rebuild_one(
 
 /// Rebuild a projection into scratch tables and compare with the live model, without switching.
 #[utoipa::path(
-    post, path = "/v1/admin/projections/{name}/verify", tag = "admin",
+    post, path = "/v1/admin/projections/{name}/verify", operation_id = "verifyProjection", tag = "admin",
     params(("name" = String, Path, description = "tasks, notifications or settings")),
     responses(
         (status = 200, body = RebuildOut),

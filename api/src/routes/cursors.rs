@@ -80,7 +80,7 @@ fn check_key(consumer_id: &str, stream_name: &str, subject_id: &str) -> Result<(
 
 /// One cursor (zero state when it does not exist), or all cursors of a consumer.
 #[utoipa::path(
-    get, path = "/v1/cursors", tag = "cursors", params(CursorsQuery),
+    get, path = "/v1/cursors", operation_id = "getCursors", tag = "cursors", params(CursorsQuery),
     responses(
         (status = 200, description = "`{\"cursors\": [...]}`; one item when stream_name is given", body = CursorsPage),
         (status = 400, body = Problem, content_type = "application/problem+json"),
@@ -139,7 +139,7 @@ pub struct AdvanceBody {
 /// Advance a cursor: forward only; the same seq with the same delivery_id is an idempotent
 /// replay. Durable when answered.
 #[utoipa::path(
-    post, path = "/v1/cursors/advance", tag = "cursors",
+    post, path = "/v1/cursors/advance", operation_id = "advanceCursor", tag = "cursors",
     request_body(content = AdvanceBody, content_type = "application/json"),
     responses(
         (status = 200, body = CursorOut),
@@ -199,7 +199,7 @@ pub struct ResetBody {
 
 /// Operator: move a cursor to any position, with a reason recorded as an event.
 #[utoipa::path(
-    post, path = "/v1/cursors/reset", tag = "cursors",
+    post, path = "/v1/cursors/reset", operation_id = "resetCursor", tag = "cursors",
     request_body(content = ResetBody, content_type = "application/json"),
     responses(
         (status = 200, body = CursorOut),
@@ -297,7 +297,7 @@ pub(crate) async fn compute_lag(st: &AppState) -> Result<Vec<LagOut>, ApiError> 
 
 /// Every cursor's lag in events and seconds; stalled ones flagged.
 #[utoipa::path(
-    get, path = "/v1/consumers/lag", tag = "cursors",
+    get, path = "/v1/consumers/lag", operation_id = "getConsumerLag", tag = "cursors",
     responses((status = 200, body = LagPage)),
     security(("bearer" = ["read"]))
 )]

@@ -319,7 +319,7 @@ pub(crate) fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
 
 /// Append one event or a batch, atomically and durably.
 #[utoipa::path(
-    post, path = "/v1/events", tag = "events",
+    post, path = "/v1/events", operation_id = "appendEvents", tag = "events",
     request_body(content = AppendBody, content_type = "application/json"),
     responses(
         (status = 201, description = "Appended (or recognised as duplicates); durable", body = AppendResponse),
@@ -387,7 +387,7 @@ pub(crate) async fn read_page(engine: &Engine, q: ReadQuery) -> Result<ReadPage,
 /// restart) but never served: event pages and streams show `"secret": "[redacted]"`.
 /// Read a page of events after a seq, optionally filtered.
 #[utoipa::path(
-    get, path = "/v1/events", tag = "events",
+    get, path = "/v1/events", operation_id = "listEvents", tag = "events",
     params(EventsQuery),
     responses(
         (status = 200, description = "A page of events in seq order", body = EventsPage),
@@ -431,7 +431,7 @@ pub(crate) fn resume_point(headers: &HeaderMap, query_after: u64) -> Result<u64,
 
 /// Server-sent events of the log from a resume point, live.
 #[utoipa::path(
-    get, path = "/v1/events/stream", tag = "events",
+    get, path = "/v1/events/stream", operation_id = "streamEvents", tag = "events",
     params(
         EventsQuery,
         ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq; wins over after_sequence"),

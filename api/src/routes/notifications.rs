@@ -106,7 +106,7 @@ pub struct NotificationsQuery {
 
 /// The dashboard list, newest first.
 #[utoipa::path(
-    get, path = "/v1/notifications", tag = "notifications", params(NotificationsQuery),
+    get, path = "/v1/notifications", operation_id = "listNotifications", tag = "notifications", params(NotificationsQuery),
     responses(
         (status = 200, body = NotificationsPage),
         (status = 400, body = Problem, content_type = "application/problem+json"),

@@ -11,6 +11,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::error::ApiError;
+use crate::routes::blocking;
 use crate::state::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -37,7 +38,7 @@ pub async fn whoami(
 }
 
 /// Liveness: the process answers.
-#[utoipa::path(get, path = "/healthz", tag = "ops", responses(
+#[utoipa::path(get, path = "/healthz", operation_id = "health", tag = "ops", responses(
     (status = 200, body = Health),
     (status = 503, description = "The log is unavailable (a storage failure) or its disk is short of space", body = crate::error::Problem, content_type = "application/problem+json"),
 ))]
@@ -62,16 +63,29 @@ fn storage_ok(st: &AppState) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Readiness: the log is open and accepting appends.
-#[utoipa::path(get, path = "/readyz", tag = "ops", responses(
+/// Read models further behind the head than this are still catching up (after a restart with
+/// a long log to fold, or a rebuild): not ready.
+pub const READY_MAX_LAG: u64 = 10 * tidemark_engine::FOLLOW_BATCH;
+
+/// Readiness: the log is open and accepting appends, and the read models are caught up.
+#[utoipa::path(get, path = "/readyz", tag = "ops", operation_id = "readiness", responses(
     (status = 200, body = Health),
-    (status = 503, description = "Shutting down, the log is unavailable, or its disk is short of space", body = crate::error::Problem, content_type = "application/problem+json"),
+    (status = 503, description = "Shutting down, the log is unavailable, its disk is short of space, or the read models are catching up", body = crate::error::Problem, content_type = "application/problem+json"),
 ))]
 pub async fn readyz(State(st): State<AppState>) -> Result<axum::Json<Health>, ApiError> {
     if st.is_shutting_down() {
         return Err(ApiError::unavailable());
     }
     storage_ok(&st)?;
+    let lag = st.engine.read().lag();
+    if lag > READY_MAX_LAG {
+        return Err(ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "catching_up",
+            format!("the read models are {lag} events behind the head"),
+        )
+        .retry_after(1));
+    }
     Ok(axum::Json(Health {
         status: "ready",
         head: st.engine.head(),
@@ -79,12 +93,21 @@ pub async fn readyz(State(st): State<AppState>) -> Result<axum::Json<Health>, Ap
 }
 
 /// Prometheus metrics in the text exposition format.
-#[utoipa::path(get, path = "/metrics", tag = "ops", responses(
+#[utoipa::path(get, path = "/metrics", operation_id = "getMetrics", tag = "ops", responses(
     (status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)
 ))]
 pub async fn metrics(State(st): State<AppState>) -> Response {
     metrics::gauge!("tidemark_log_head").set(st.engine.head() as f64);
     metrics::gauge!("tidemark_log_queue_depth").set(st.engine.queued() as f64);
+    metrics::gauge!("tidemark_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    // Each read model's lag behind the head, judged at scrape time.
+    let engine = st.engine.clone();
+    if let Ok(infos) = blocking(move || engine.read().projections()).await {
+        for i in infos {
+            metrics::gauge!("tidemark_projection_lag_events", "projection" => i.name)
+                .set(i.lag as f64);
+        }
+    }
     // Sources: seconds since the last success (since the process start before the first),
     // and whether it is stale, judged at scrape time.
     for name in st.sources.names() {
@@ -111,7 +134,8 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
             metrics::gauge!("tidemark_outbox_oldest_pending_age_seconds", "sink" => s)
                 .set(k.oldest_pending_age_s);
         };
-        set("all", &all);
+        // Per sink only: a `sink="all"` series would double-count in a sum over sinks.
+        let _ = all;
         for (sink, k) in &by_sink {
             set(sink, k);
         }
@@ -136,7 +160,7 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
 }
 
 /// This document.
-#[utoipa::path(get, path = "/openapi.json", tag = "ops", responses(
+#[utoipa::path(get, path = "/openapi.json", operation_id = "getOpenApi", tag = "ops", responses(
     (status = 200, description = "OpenAPI 3.1 document", content_type = "application/json", body = Object)
 ))]
 pub async fn openapi(Extension(doc): Extension<Arc<String>>) -> Response {
@@ -148,7 +172,7 @@ pub async fn openapi(Extension(doc): Extension<Arc<String>>) -> Response {
 }
 
 /// The operator page.
-#[utoipa::path(get, path = "/", tag = "ops", responses(
+#[utoipa::path(get, path = "/", operation_id = "console", tag = "ops", responses(
     (status = 200, description = "HTML page", content_type = "text/html", body = String)
 ))]
 pub async fn index(State(st): State<AppState>) -> Html<String> {

@@ -137,7 +137,7 @@ pub struct TasksQuery {
 
 /// List tasks, ordered by id.
 #[utoipa::path(
-    get, path = "/v1/tasks", tag = "tasks", params(TasksQuery),
+    get, path = "/v1/tasks", operation_id = "listTasks", tag = "tasks", params(TasksQuery),
     responses(
         (status = 200, body = TasksPage),
         (status = 400, body = Problem, content_type = "application/problem+json"),
@@ -176,7 +176,7 @@ pub async fn list(
 
 /// One task with its runs and review gates.
 #[utoipa::path(
-    get, path = "/v1/tasks/{id}", tag = "tasks",
+    get, path = "/v1/tasks/{id}", operation_id = "getTask", tag = "tasks",
     params(("id" = String, Path, description = "Task id"), crate::routes::ReadAt),
     responses(
         (status = 200, body = TaskAnswer),
@@ -211,7 +211,7 @@ pub struct TaskStreamQuery {
 
 /// SSE of every event whose subject is the task, with the resume rules of `/v1/events/stream`.
 #[utoipa::path(
-    get, path = "/v1/tasks/{id}/stream", tag = "tasks",
+    get, path = "/v1/tasks/{id}/stream", operation_id = "streamTask", tag = "tasks",
     params(
         ("id" = String, Path, description = "Task id"),
         TaskStreamQuery,

@@ -1952,6 +1952,11 @@ async fn cli_cursors_show_reset_and_lag() {
                 serde_json::from_str(l)
                     .unwrap_or_else(|e| panic!("{what}: not a JSON line ({e}): {l:?}"))
             })
+            // A list is one JSON array when stdout is not a terminal (`-o json`).
+            .flat_map(|v: Value| match v {
+                Value::Array(a) => a,
+                v => vec![v],
+            })
             .collect()
     };
 

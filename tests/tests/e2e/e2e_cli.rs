@@ -7,11 +7,17 @@ use tidemark_tests::{Server, ServerOpts, run_cli};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
+/// Records printed as JSON lines, or as one JSON array (`-o json`, the default off a
+/// terminal).
 fn lines(out: &[u8]) -> Vec<Value> {
     String::from_utf8_lossy(out)
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}")))
+        .flat_map(|v: Value| match v {
+            Value::Array(a) => a,
+            v => vec![v],
+        })
         .collect()
 }
 
@@ -281,4 +287,200 @@ async fn deliveries_list_retry_discard() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(s.head().await, head);
+}
+
+fn ok(out: &std::process::Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Section 9's other commands: a task's bridge subscriptions, a notification's status,
+/// `-o table|json|jsonl`, `config show` with secrets masked, and shell completions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_status_output_formats_config_and_completions() {
+    let s = Server::start(ServerOpts::default()).await;
+    let url = s.base().to_owned();
+    let (st, body) = s
+        .append(&json!({"events": [
+            {"stream": "task_events", "subject": "cli-task", "type": "task.created",
+             "payload": {"project_id": "p"}},
+            {"event_id": "cli-n1", "stream": "notifications", "subject": "cli-n1",
+             "type": "notification.requested", "payload": {"priority": "info", "title": "Hi"}},
+        ]}))
+        .await;
+    assert_eq!(st, reqwest::StatusCode::CREATED, "{body}");
+
+    let out = run_cli(
+        &[
+            "tasks",
+            "notifications",
+            "subscribe",
+            "cli-task",
+            "--subscription-id",
+            "cli-sub",
+            "--bridge-id",
+            "cli-bridge",
+            "-o",
+            "json",
+            "--url",
+            &url,
+        ],
+        "",
+        LIMIT,
+    )
+    .await;
+    let sub: Value = serde_json::from_str(&ok(&out, "subscribe")).unwrap();
+    assert_eq!(sub["subscription_id"], "cli-sub", "{sub}");
+    let out = run_cli(
+        &[
+            "tasks",
+            "notifications",
+            "list",
+            "cli-task",
+            "-o",
+            "jsonl",
+            "--url",
+            &url,
+        ],
+        "",
+        LIMIT,
+    )
+    .await;
+    let subs = lines(ok(&out, "list").as_bytes());
+    assert_eq!(subs.len(), 1, "{subs:?}");
+    assert_eq!(subs[0]["subscription_id"], "cli-sub");
+    let out = run_cli(
+        &[
+            "tasks",
+            "notifications",
+            "list",
+            "cli-task",
+            "-o",
+            "table",
+            "--url",
+            &url,
+        ],
+        "",
+        LIMIT,
+    )
+    .await;
+    let table = ok(&out, "list -o table");
+    let mut rows = table.lines();
+    assert!(
+        rows.next().unwrap_or("").starts_with("SUBSCRIPTION_ID"),
+        "{table}"
+    );
+    assert!(rows.next().unwrap_or("").starts_with("cli-sub"), "{table}");
+    let out = run_cli(
+        &[
+            "tasks",
+            "notifications",
+            "show",
+            "cli-task",
+            "cli-sub",
+            "--url",
+            &url,
+        ],
+        "",
+        LIMIT,
+    )
+    .await;
+    let shown: Value = serde_json::from_str(&ok(&out, "show")).unwrap();
+    assert_eq!(shown["subscription_id"], "cli-sub", "{shown}");
+    let out = run_cli(
+        &[
+            "tasks",
+            "notifications",
+            "delete",
+            "cli-task",
+            "cli-sub",
+            "--url",
+            &url,
+        ],
+        "",
+        LIMIT,
+    )
+    .await;
+    ok(&out, "delete");
+
+    let out = run_cli(
+        &["notifications", "status", "cli-n1", "--url", &url],
+        "",
+        LIMIT,
+    )
+    .await;
+    let status: Value = serde_json::from_str(&ok(&out, "status")).unwrap();
+    assert_eq!(status["status"], "dashboard_only", "{status}");
+    let out = run_cli(
+        &[
+            "notifications",
+            "status",
+            "cli-n1",
+            "-o",
+            "table",
+            "--url",
+            &url,
+        ],
+        "",
+        LIMIT,
+    )
+    .await;
+    let table = ok(&out, "status -o table");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("status") && l.ends_with("dashboard_only")),
+        "{table}"
+    );
+    let out = run_cli(
+        &["notifications", "status", "nope", "--url", &url],
+        "",
+        LIMIT,
+    )
+    .await;
+    assert!(!out.status.success());
+
+    // config show: the effective settings, the token hash and source secrets masked.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("t.toml");
+    std::fs::write(
+        &cfg,
+        "[[auth.tokens]]\nname = \"ops\"\nsha256 = \"5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8\"\nscopes = [\"read\"]\n\
+         [server]\nlisten = \"0.0.0.0:7701\"\n",
+    )
+    .unwrap();
+    let cfg = cfg.to_string_lossy().into_owned();
+    let out = run_cli(&["config", "show", "--config", &cfg], "", LIMIT).await;
+    let text = ok(&out, "config show");
+    assert!(
+        text.contains("0.0.0.0:7701") && text.contains("[retention]"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("5e884898"),
+        "the token hash is masked: {text}"
+    );
+    let out = run_cli(
+        &["config", "show", "--config", &cfg, "-o", "json"],
+        "",
+        LIMIT,
+    )
+    .await;
+    let v: Value = serde_json::from_str(&ok(&out, "config show -o json")).unwrap();
+    assert_eq!(v["auth"]["tokens"][0]["name"], "ops", "{v}");
+    assert_eq!(v["auth"]["tokens"][0]["sha256"], "***", "{v}");
+
+    for shell in ["bash", "zsh", "fish"] {
+        let out = run_cli(&["completions", shell], "", LIMIT).await;
+        let script = ok(&out, "completions");
+        assert!(
+            script.contains("deliveries") && script.contains("notifications"),
+            "{shell}"
+        );
+    }
 }

@@ -229,3 +229,158 @@ async fn lag_and_stopped_subscriptions_are_in_the_metrics() {
     let (_, lag) = s.get_json("/v1/consumers/lag").await;
     assert_eq!(lag["stalled"], 1, "{lag}");
 }
+
+/// Collect every `$ref` in `v`.
+fn refs<'a>(v: &'a serde_json::Value, out: &mut Vec<&'a str>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                match (k.as_str(), x.as_str()) {
+                    ("$ref", Some(r)) => out.push(r),
+                    _ => refs(x, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| refs(x, out)),
+        _ => {}
+    }
+}
+
+/// The document a client generator reads (issue 16): every operation has an `operationId`,
+/// each one unique; every `$ref` resolves; every path parameter is declared on its
+/// operation; every operation documents a 2xx answer.
+#[tokio::test]
+async fn the_openapi_document_has_unique_operation_ids_and_resolving_refs() {
+    let s = Server::start(ServerOpts::default()).await;
+    let (st, doc) = s.get_json("/openapi.json").await;
+    assert_eq!(st, StatusCode::OK);
+    let mut seen = std::collections::BTreeMap::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for (method, op) in item.as_object().expect("path item") {
+            if !["get", "post", "put", "delete", "patch"].contains(&method.as_str()) {
+                continue;
+            }
+            let id = op["operationId"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{method} {path} has no operationId"));
+            assert!(
+                id.chars().all(|c| c.is_ascii_alphanumeric()) && id.len() > 3,
+                "{method} {path}: operationId {id:?} is not a descriptive camelCase name"
+            );
+            if let Some(other) = seen.insert(id.to_owned(), format!("{method} {path}")) {
+                panic!("operationId {id:?} is used by {other} and {method} {path}");
+            }
+            let params: Vec<&str> = op["parameters"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter(|p| p["in"] == "path")
+                        .filter_map(|p| p["name"].as_str())
+                        .collect()
+                })
+                .unwrap_or_default();
+            for seg in path.split('/') {
+                if let Some(name) = seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+                    assert!(
+                        params.contains(&name),
+                        "{method} {path}: path parameter {name} is not declared"
+                    );
+                }
+            }
+            let responses = op["responses"].as_object().expect("responses");
+            assert!(
+                responses.keys().any(|c| c.starts_with('2')),
+                "{method} {path} documents no 2xx answer"
+            );
+        }
+    }
+    assert!(seen.len() >= 45, "{} operations", seen.len());
+    let mut all = Vec::new();
+    refs(&doc, &mut all);
+    for r in all {
+        let pointer = r
+            .strip_prefix('#')
+            .unwrap_or_else(|| panic!("external $ref {r}"));
+        assert!(
+            doc.pointer(pointer).is_some(),
+            "$ref {r} does not resolve in the document"
+        );
+    }
+}
+
+/// Operations (issue 16): every metric family has help text; the log's commit and fsync
+/// latencies are histograms; each projection's lag and the build are exported; the outbox
+/// gauges are per sink only (a sum over sinks counts each delivery once).
+#[tokio::test]
+async fn every_metric_family_has_help_and_the_log_has_latency_histograms() {
+    let s = Server::start(ServerOpts::default()).await;
+    let (st, body) = s
+        .append(&json!({"event_id": "h-1", "stream": "m", "type": "m.t"}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    let r = s.get("/metrics").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let mut families = Vec::new();
+    let mut helped = Vec::new();
+    for line in r.text.lines() {
+        let mut w = line.split_whitespace();
+        match (w.next(), w.next(), w.next()) {
+            (Some("#"), Some("TYPE"), Some(name)) => families.push(name.to_owned()),
+            (Some("#"), Some("HELP"), Some(name)) => helped.push(name.to_owned()),
+            _ => {}
+        }
+    }
+    assert!(families.len() > 10, "{}", r.text);
+    for f in families.iter().filter(|f| f.starts_with("tidemark_")) {
+        assert!(
+            helped.contains(f),
+            "metric family {f} has no # HELP:\n{}",
+            r.text
+        );
+    }
+    for name in [
+        "tidemark_log_commit_duration_seconds_bucket",
+        "tidemark_log_fsync_duration_seconds_bucket",
+        "tidemark_log_commit_items_bucket",
+        "tidemark_build_info",
+    ] {
+        assert!(
+            metric_sum(&r.text, name).is_some(),
+            "no {name} in /metrics:\n{}",
+            r.text
+        );
+    }
+    for p in ["tasks", "notifications", "deliveries"] {
+        assert!(
+            r.text.contains(&format!(
+                "tidemark_projection_lag_events{{projection=\"{p}\"}}"
+            )),
+            "no lag of {p}:\n{}",
+            r.text
+        );
+    }
+    assert!(!r.text.contains("sink=\"all\""), "{}", r.text);
+}
+
+/// A 401 names the scheme (RFC 6750).
+#[tokio::test]
+async fn unauthorized_answers_carry_www_authenticate() {
+    let token = tidemark_tests::random_token(24);
+    let s = Server::start(ServerOpts::default().config(format!(
+        "[[auth.tokens]]\nname = \"r\"\nsha256 = \"{}\"\nscopes = [\"read\"]\n",
+        tidemark_tests::sha256_hex(&token)
+    )))
+    .await;
+    let r = s
+        .send(reqwest::Client::new().get(s.url("/v1/events")))
+        .await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text);
+    assert_eq!(
+        r.headers
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok()),
+        Some("Bearer realm=\"tidemark\""),
+        "{:?}",
+        r.headers
+    );
+}

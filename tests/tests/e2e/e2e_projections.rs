@@ -567,7 +567,12 @@ async fn cli_projections_list_verify_and_rebuild() {
     let limit = Duration::from_secs(60);
     let url = s.base().to_owned();
 
-    let out = run_cli(&["projections", "list", "--url", &url], "", limit).await;
+    let out = run_cli(
+        &["projections", "list", "-o", "table", "--url", &url],
+        "",
+        limit,
+    )
+    .await;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),

@@ -778,8 +778,12 @@ async fn the_cli_lists_and_acts_on_sources() {
         v.push(url.clone());
         v
     };
-    let list = run(cmd(&["list"])).await;
-    let row: Value = serde_json::from_str(list.lines().next().unwrap()).unwrap();
+    // Off a terminal a list is one JSON array (`-o json`); `-o jsonl` prints a line each.
+    let list: Value = serde_json::from_str(&run(cmd(&["list"])).await).unwrap();
+    let row = list[0].clone();
+    let lines = run(cmd(&["list", "-o", "jsonl"])).await;
+    let line: Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
+    assert_eq!(line, row);
     assert_eq!(row["name"], "cli");
     assert_eq!(row["items_total"], 3);
     let shown: Value = serde_json::from_str(&run(cmd(&["show", "cli"])).await).unwrap();

@@ -126,7 +126,8 @@ pub struct SinkIn {
     pub kind: String,
     /// Webhook: `https://…` (or `http://…`) URL the envelope is POSTed to.
     pub url: Option<String>,
-    /// Webhook: HMAC-SHA256 key; the signature goes in `tidemark-signature: sha256=<hex>`.
+    /// Webhook: HMAC-SHA256 key; the signature goes in `tidemark-signature: v1=<hex>` over
+    /// `<webhook-id>.<webhook-timestamp>.<body>`.
     pub secret: Option<String>,
 }
 
@@ -237,7 +238,7 @@ fn target(task_id: &str, body: SubscribeBody) -> Result<(String, Target), ApiErr
 /// Subscribe a bridge to a task's terminal notification: 201 new (or re-created: resumes from
 /// the kept cursor), 200 the same again, 409 the same id with another target.
 #[utoipa::path(
-    post, path = "/v1/tasks/{id}/notifications/bridges", tag = "bridges",
+    post, path = "/v1/tasks/{id}/notifications/bridges", operation_id = "createBridgeSubscription", tag = "bridges",
     params(("id" = String, Path, description = "Task id")),
     request_body(content = SubscribeBody, content_type = "application/json"),
     responses(
@@ -277,7 +278,7 @@ pub async fn create(
 
 /// The task's active subscriptions, each with its cursor.
 #[utoipa::path(
-    get, path = "/v1/tasks/{id}/notifications/bridges", tag = "bridges",
+    get, path = "/v1/tasks/{id}/notifications/bridges", operation_id = "listBridgeSubscriptions", tag = "bridges",
     params(("id" = String, Path, description = "Task id"), crate::routes::ReadAt),
     responses((status = 200, body = SubscriptionsPage)),
     security(("bearer" = ["read"]))
@@ -325,7 +326,7 @@ async fn active_of_task(
 
 /// One subscription with its cursor.
 #[utoipa::path(
-    get, path = "/v1/tasks/{id}/notifications/bridges/{subscription_id}", tag = "bridges",
+    get, path = "/v1/tasks/{id}/notifications/bridges/{subscription_id}", operation_id = "getBridgeSubscription", tag = "bridges",
     params(("id" = String, Path, description = "Task id"), ("subscription_id" = String, Path), crate::routes::ReadAt),
     responses(
         (status = 200, body = SubscriptionAnswer),
@@ -349,7 +350,7 @@ pub async fn show(
 
 /// Delete a subscription; its cursor is kept, and creating the same id again resumes from it.
 #[utoipa::path(
-    delete, path = "/v1/tasks/{id}/notifications/bridges/{subscription_id}", tag = "bridges",
+    delete, path = "/v1/tasks/{id}/notifications/bridges/{subscription_id}", operation_id = "deleteBridgeSubscription", tag = "bridges",
     params(("id" = String, Path, description = "Task id"), ("subscription_id" = String, Path)),
     responses(
         (status = 200, description = "Deleted (active: false), with the kept cursor", body = SubscriptionOut),
@@ -415,7 +416,7 @@ pub struct ExplainOut {
 
 /// The decision for each candidate event past the cursor, with its reason.
 #[utoipa::path(
-    get, path = "/v1/tasks/{id}/notifications/bridges/{subscription_id}/explain", tag = "bridges",
+    get, path = "/v1/tasks/{id}/notifications/bridges/{subscription_id}/explain", operation_id = "explainBridgeSubscription", tag = "bridges",
     params(("id" = String, Path, description = "Task id"), ("subscription_id" = String, Path), crate::routes::ReadAt),
     responses(
         (status = 200, body = ExplainOut),

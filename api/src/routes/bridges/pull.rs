@@ -39,7 +39,7 @@ pub struct PullPage {
 
 /// Pending envelopes of the bridge's pull subscriptions; with `wait_ms`, waits for one.
 #[utoipa::path(
-    get, path = "/v1/bridges/{bridge_id}/deliveries", tag = "bridges",
+    get, path = "/v1/bridges/{bridge_id}/deliveries", operation_id = "pullBridgeDeliveries", tag = "bridges",
     params(("bridge_id" = String, Path), PullQuery),
     responses(
         (status = 200, body = PullPage),
@@ -141,7 +141,7 @@ pub struct AckOut {
 
 /// Confirm a delivery: the subscription's cursor advances to its seq (durable when answered).
 #[utoipa::path(
-    post, path = "/v1/bridges/{bridge_id}/deliveries/{delivery_id}/ack", tag = "bridges",
+    post, path = "/v1/bridges/{bridge_id}/deliveries/{delivery_id}/ack", operation_id = "ackBridgeDelivery", tag = "bridges",
     params(("bridge_id" = String, Path), ("delivery_id" = String, Path)),
     responses(
         (status = 200, body = AckOut),
@@ -212,7 +212,7 @@ fn refusal(delivery_id: &str, e: CommandError) -> AckResult {
 /// `…/{delivery_id}/ack`). Per subscription, the ids must follow its pending deliveries in
 /// order (nothing deliverable is skipped); each id is answered on its own.
 #[utoipa::path(
-    post, path = "/v1/bridges/{bridge_id}/deliveries/ack", tag = "bridges",
+    post, path = "/v1/bridges/{bridge_id}/deliveries/ack", operation_id = "ackBridgeDeliveries", tag = "bridges",
     params(("bridge_id" = String, Path)),
     request_body(content = AckManyBody, content_type = "application/json"),
     responses(
@@ -304,7 +304,7 @@ pub struct NackBody {
 /// Report a delivery the bridge could not make: recorded as the cursor's `last_error`; the
 /// cursor does not move and the delivery stays pending.
 #[utoipa::path(
-    post, path = "/v1/bridges/{bridge_id}/deliveries/{delivery_id}/nack", tag = "bridges",
+    post, path = "/v1/bridges/{bridge_id}/deliveries/{delivery_id}/nack", operation_id = "nackBridgeDelivery", tag = "bridges",
     params(("bridge_id" = String, Path), ("delivery_id" = String, Path)),
     request_body(content = NackBody, content_type = "application/json"),
     responses(

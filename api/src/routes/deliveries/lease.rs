@@ -32,7 +32,7 @@ pub struct ClaimBody {
 
 /// Lease due deliveries of a sink, oldest due first.
 #[utoipa::path(
-    post, path = "/v1/deliveries/claim", tag = "deliveries",
+    post, path = "/v1/deliveries/claim", operation_id = "claimDeliveries", tag = "deliveries",
     request_body(content = ClaimBody, content_type = "application/json"),
     responses(
         (status = 200, description = "The deliveries now leased to `owner` (possibly none)", body = DeliveriesPage),
@@ -90,7 +90,7 @@ pub struct CompleteBody {
 
 /// The lease owner reports the delivery sent (repeating it answers the same row).
 #[utoipa::path(
-    post, path = "/v1/deliveries/{id}/complete", tag = "deliveries",
+    post, path = "/v1/deliveries/{id}/complete", operation_id = "completeDelivery", tag = "deliveries",
     params(("id" = String, Path, description = "Delivery id")),
     request_body(content = CompleteBody, content_type = "application/json"),
     responses(
@@ -167,7 +167,7 @@ pub struct CompleteManyOut {
 /// `…/{id}/complete`, for a claimer that claimed with a `limit` > 1). Each item succeeds or is
 /// refused on its own; refused items change nothing.
 #[utoipa::path(
-    post, path = "/v1/deliveries/complete", tag = "deliveries",
+    post, path = "/v1/deliveries/complete", operation_id = "completeDeliveries", tag = "deliveries",
     request_body(content = CompleteManyBody, content_type = "application/json"),
     responses(
         (status = 200, body = CompleteManyOut),
@@ -255,7 +255,7 @@ pub struct FailBody {
 
 /// The lease owner reports a failed attempt: retry later with backoff, or parked.
 #[utoipa::path(
-    post, path = "/v1/deliveries/{id}/fail", tag = "deliveries",
+    post, path = "/v1/deliveries/{id}/fail", operation_id = "failDelivery", tag = "deliveries",
     params(("id" = String, Path, description = "Delivery id")),
     request_body(content = FailBody, content_type = "application/json"),
     responses(
@@ -311,7 +311,7 @@ pub struct ExtendBody {
 
 /// The lease owner extends its lease (heartbeat).
 #[utoipa::path(
-    post, path = "/v1/deliveries/{id}/extend", tag = "deliveries",
+    post, path = "/v1/deliveries/{id}/extend", operation_id = "extendDeliveryLease", tag = "deliveries",
     params(("id" = String, Path, description = "Delivery id")),
     request_body(content = ExtendBody, content_type = "application/json"),
     responses(

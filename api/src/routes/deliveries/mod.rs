@@ -321,7 +321,7 @@ pub struct DeliveriesQuery {
 
 /// Deliveries by id, filtered.
 #[utoipa::path(
-    get, path = "/v1/deliveries", tag = "deliveries", params(DeliveriesQuery),
+    get, path = "/v1/deliveries", operation_id = "listDeliveries", tag = "deliveries", params(DeliveriesQuery),
     responses(
         (status = 200, body = DeliveriesPage),
         (status = 400, body = Problem, content_type = "application/problem+json"),
@@ -383,7 +383,7 @@ pub async fn list(
 
 /// One delivery with its attempt timeline.
 #[utoipa::path(
-    get, path = "/v1/deliveries/{id}", tag = "deliveries",
+    get, path = "/v1/deliveries/{id}", operation_id = "getDelivery", tag = "deliveries",
     params(("id" = String, Path, description = "Delivery id"), crate::routes::ReadAt),
     responses(
         (status = 200, body = DeliveryAnswer),
@@ -488,7 +488,7 @@ pub(crate) async fn compute_kpis(
 /// Queue depth, stuck, parked, sent in the last interval and oldest pending age; overall, per
 /// sink and per source site.
 #[utoipa::path(
-    get, path = "/v1/outbox/kpis", tag = "deliveries", params(KpisQuery),
+    get, path = "/v1/outbox/kpis", operation_id = "getOutboxKpis", tag = "deliveries", params(KpisQuery),
     responses(
         (status = 200, body = KpisOut),
         (status = 400, body = Problem, content_type = "application/problem+json"),

@@ -62,7 +62,7 @@ async fn operator_action(
 
 /// Operator: put a parked delivery back in the queue with its attempts reset.
 #[utoipa::path(
-    post, path = "/v1/deliveries/{id}/retry", tag = "deliveries",
+    post, path = "/v1/deliveries/{id}/retry", operation_id = "retryDelivery", tag = "deliveries",
     params(("id" = String, Path, description = "Delivery id")),
     request_body(content = Option<OperatorBody>, content_type = "application/json"),
     responses(
@@ -84,7 +84,7 @@ pub async fn retry(
 
 /// Operator: give up on a parked delivery.
 #[utoipa::path(
-    post, path = "/v1/deliveries/{id}/discard", tag = "deliveries",
+    post, path = "/v1/deliveries/{id}/discard", operation_id = "discardDelivery", tag = "deliveries",
     params(("id" = String, Path, description = "Delivery id")),
     request_body(content = Option<OperatorBody>, content_type = "application/json"),
     responses(

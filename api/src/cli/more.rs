@@ -1,0 +1,214 @@
+//! Tasks' bridge subscriptions, a notification's status, the effective configuration and
+//! shell completions (spec section 9).
+
+use clap::CommandFactory;
+use serde_json::{Value, json};
+
+use super::{
+    CliResult, ConfigAction, ConfigArgs, NotificationsAction, NotificationsArgs, Output,
+    SubscriptionAction, TasksAction, TasksArgs, client, enc, get_json, send_text,
+};
+use crate::config::Config;
+
+pub(crate) async fn tasks(a: TasksArgs) -> CliResult {
+    let http = client(&a.client)?;
+    let out = a.client.output();
+    let base = a.client.url.trim_end_matches('/').to_owned();
+    let subs = |task: &str| format!("{base}/v1/tasks/{}/notifications/bridges", enc(task));
+    let TasksAction::Notifications { action } = a.action;
+    match action {
+        SubscriptionAction::Subscribe {
+            task,
+            subscription_id,
+            bridge_id,
+            sink,
+            webhook_url,
+            secret_env,
+        } => {
+            let mut s = json!({"kind": sink});
+            if let Some(u) = webhook_url {
+                s["url"] = json!(u);
+            }
+            if let Some(var) = secret_env {
+                let secret = std::env::var(&var)
+                    .map_err(|_| format!("the environment variable {var} is not set"))?;
+                s["secret"] = json!(secret);
+            }
+            let body = json!({"subscription_id": subscription_id, "bridge_id": bridge_id,
+                              "sink": s});
+            let text = send_text(http.post(subs(&task)).json(&body), |status, text| {
+                format!("subscribe failed ({status}): {text}")
+            })
+            .await?;
+            out.one(&serde_json::from_str(&text).map_err(|e| e.to_string())?)
+        }
+        SubscriptionAction::List { task } => {
+            let v = get_json(&http, &subs(&task)).await?;
+            let rows: Vec<Value> = v["subscriptions"].as_array().cloned().unwrap_or_default();
+            out.list(
+                &rows,
+                &[
+                    "subscription_id",
+                    "bridge_id",
+                    "active",
+                    "sink.kind",
+                    "cursor.last_sequence",
+                    "cursor.last_error",
+                ],
+            )
+        }
+        SubscriptionAction::Show {
+            task,
+            subscription_id,
+        } => {
+            let url = format!("{}/{}", subs(&task), enc(&subscription_id));
+            out.one(&get_json(&http, &url).await?)
+        }
+        SubscriptionAction::Delete {
+            task,
+            subscription_id,
+        } => {
+            let url = format!("{}/{}", subs(&task), enc(&subscription_id));
+            let text = send_text(http.delete(url), |status, text| {
+                format!("delete failed ({status}): {text}")
+            })
+            .await?;
+            out.one(&serde_json::from_str(&text).unwrap_or(Value::Null))
+        }
+    }
+}
+
+pub(crate) async fn notifications(a: NotificationsArgs) -> CliResult {
+    let http = client(&a.client)?;
+    let out = a.client.output();
+    let NotificationsAction::Status { id } = a.action;
+    let url = format!(
+        "{}/v1/notifications/{}",
+        a.client.url.trim_end_matches('/'),
+        enc(&id)
+    );
+    let v = get_json(&http, &url).await?;
+    match out {
+        Output::Table => {
+            let mut head = json!({"notification_id": v["notification"]["notification_id"],
+                                  "title": v["notification"]["title"], "status": v["status"],
+                                  "attempts": v["attempts"], "last_error": v["last_error"],
+                                  "enqueued_at": v["enqueued_at"],
+                                  "delivered_at": v["delivered_at"]});
+            if let Some(site) = v["notification"]["source"]["site_id"].as_str() {
+                head["source_site"] = json!(site);
+            }
+            out.one(&head)?;
+            println!();
+            let rows = v["deliveries"].as_array().cloned().unwrap_or_default();
+            out.list(&rows, &["id", "route", "sink", "status", "attempts"])
+        }
+        _ => out.one(&v),
+    }
+}
+
+/// Keys whose values are secrets (or could be): masked in `config show`.
+fn secret_key(k: &str) -> bool {
+    let k = k.to_ascii_lowercase();
+    [
+        "secret",
+        "token",
+        "password",
+        "sha256",
+        "authorization",
+        "hmac_key",
+        "api_key",
+    ]
+    .iter()
+    .any(|s| k == *s || k.ends_with(&format!("_{s}")))
+}
+
+/// Every scalar under `v` masked.
+fn mask_all(v: &mut Value) {
+    match v {
+        Value::Object(m) => m.values_mut().for_each(mask_all),
+        Value::Array(a) => a.iter_mut().for_each(mask_all),
+        Value::Null => {}
+        x => *x = json!("***"),
+    }
+}
+
+fn mask(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m.iter_mut() {
+                if k.eq_ignore_ascii_case("headers") || secret_key(k) {
+                    mask_all(x);
+                } else {
+                    mask(x);
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(mask),
+        _ => {}
+    }
+}
+
+/// The effective configuration, secrets masked, as a JSON tree.
+pub(crate) fn effective(cfg: &Config) -> Result<Value, String> {
+    let mut v = serde_json::to_value(cfg).map_err(|e| e.to_string())?;
+    mask(&mut v);
+    Ok(v)
+}
+
+pub(crate) fn config_show(a: ConfigArgs) -> CliResult {
+    let ConfigAction::Show { config, output } = a.action;
+    let cfg = Config::load(config.as_deref()).map_err(|e| e.to_string())?;
+    let v = effective(&cfg)?;
+    match output {
+        Some(Output::Json) | Some(Output::Jsonl) => println!("{v}"),
+        _ => {
+            // TOML has no null: an unset option is left out.
+            fn strip(v: &mut Value) {
+                match v {
+                    Value::Object(m) => {
+                        m.retain(|_, x| !x.is_null());
+                        m.values_mut().for_each(strip);
+                    }
+                    Value::Array(a) => a.iter_mut().for_each(strip),
+                    _ => {}
+                }
+            }
+            let mut v = v;
+            strip(&mut v);
+            print!(
+                "{}",
+                toml::to_string_pretty(&v).map_err(|e| format!("cannot print as TOML: {e}"))?
+            )
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn completions(shell: clap_complete::Shell) -> CliResult {
+    let mut cmd = super::Cli::command();
+    clap_complete::generate(shell, &mut cmd, "tidemark", &mut std::io::stdout());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_masked_at_any_depth() {
+        let mut v = json!({"auth": {"tokens": [{"name": "a", "sha256": "abc", "scopes": ["read"]}]},
+                           "sources": [{"name": "s", "headers": {"Authorization": "Bearer x"},
+                                        "url": "https://x"}],
+                           "privacy": {"hmac_key": "env:K"}, "server": {"listen": "1"}});
+        mask(&mut v);
+        let text = v.to_string();
+        for secret in ["abc", "Bearer x", "env:K"] {
+            assert!(!text.contains(secret), "{text}");
+        }
+        assert!(
+            text.contains("https://x") && text.contains("\"scopes\""),
+            "{text}"
+        );
+    }
+}
