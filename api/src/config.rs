@@ -38,7 +38,8 @@ pub struct RetentionConfig {
     pub window: String,
     /// How often the purge runs ("24h").
     pub run_every: String,
-    /// Also drop old events from the log: not built yet, refused at start.
+    /// Also drop the log's events older than the window (after snapshots of every read model,
+    /// keeping what a live cursor still needs).
     pub compact_log: bool,
 }
 
@@ -228,13 +229,6 @@ impl Config {
         };
         dur("window", &self.retention.window)?;
         dur("run_every", &self.retention.run_every)?;
-        if self.retention.compact_log {
-            return bad(
-                "retention.compact_log = true is not supported by this build: the read models are \
-                 purged, the log is kept whole"
-                    .into(),
-            );
-        }
         let key = self.privacy()?;
         if let Some((route, _)) = routing.routes.iter().find(|(_, p)| p.redact)
             && key.is_none()
@@ -253,6 +247,7 @@ impl Config {
         tidemark_consumers::retention::Retention {
             window_ms: ms(&self.retention.window),
             run_every: std::time::Duration::from_millis(ms(&self.retention.run_every)),
+            compact_log: self.retention.compact_log,
         }
     }
 

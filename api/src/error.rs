@@ -138,6 +138,16 @@ impl ApiError {
                 Self::projection_lagging(*want, *at)
             }
             tidemark_engine::QueryError::Storage(e) => Self::storage(context, e),
+            tidemark_engine::QueryError::Compacted { first } => Self::new(
+                StatusCode::GONE,
+                "compacted",
+                format!(
+                    "the log was compacted: it starts at seq {first}, so a position before {} \
+                     cannot be read; resume from {} or later",
+                    first - 1,
+                    first - 1
+                ),
+            ),
         }
     }
 

@@ -121,6 +121,10 @@ pub fn describe() {
             "Reads answered before the read models reached the requested seq",
         ),
         (
+            "tidemark_log_compacted_events_total",
+            "Events compaction dropped from the log",
+        ),
+        (
             "tidemark_retention_purged_total",
             "Rows retention removed from the read models, by kind",
         ),
@@ -201,6 +205,10 @@ pub fn describe() {
         (
             "tidemark_source_last_success_timestamp_seconds",
             "Unix time of the source's last successful poll",
+        ),
+        (
+            "tidemark_log_first_seq",
+            "The first seq the log holds (after compaction)",
         ),
         (
             "tidemark_build_info",

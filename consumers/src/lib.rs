@@ -44,9 +44,13 @@ pub async fn spawn(
 ) -> Result<tokio::task::JoinHandle<()>, StorageError> {
     let e = engine.clone();
     let (router_after, routing_after, head) = tokio::task::spawn_blocking(move || {
+        // A checkpoint before a compacted prefix resumes at its end: what the window dropped
+        // was handled long before (a checkpoint only moves with what it derives, so a quiet
+        // one can be far behind what it has seen).
+        let floor = e.first_seq()?.saturating_sub(1);
         Ok::<_, StorageError>((
-            router::checkpoint(&e)?,
-            scheduler::checkpoint(&e)?,
+            router::checkpoint(&e)?.max(floor),
+            scheduler::checkpoint(&e)?.max(floor),
             e.head(),
         ))
     })

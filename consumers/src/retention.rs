@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use tidemark_engine::Engine;
-use tidemark_engine::commands::{RetentionCommand, RetentionReport};
+use tidemark_engine::commands::{CompactCommand, CompactReport, RetentionCommand, RetentionReport};
 use tidemark_log::CommandError;
 use tokio_util::sync::CancellationToken;
 
@@ -16,11 +16,68 @@ const BATCH: usize = 5_000;
 pub struct Retention {
     pub window_ms: u64,
     pub run_every: Duration,
+    /// Also drop the log's events older than the window.
+    pub compact_log: bool,
+}
+
+/// What a run did: the purge, and the compaction when `compact_log` is on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunReport {
+    pub purge: RetentionReport,
+    pub compaction: Option<CompactReport>,
+}
+
+/// Purge everything that left the window by now, then (with `compact_log`) drop the log's
+/// events older than it.
+pub async fn run_now(engine: &Engine, r: Retention) -> Result<RunReport, CommandError> {
+    let purge = purge(engine, r.window_ms).await?;
+    let compaction = if r.compact_log {
+        Some(compact(engine, r.window_ms).await?)
+    } else {
+        None
+    };
+    Ok(RunReport { purge, compaction })
+}
+
+/// Drop the log's events older than the window, in bounded commands; the totals.
+async fn compact(engine: &Engine, window_ms: u64) -> Result<CompactReport, CommandError> {
+    let mut total: Option<CompactReport> = None;
+    loop {
+        let r = engine
+            .execute(CompactCommand { window_ms })
+            .await?
+            .0
+            .into_compacted()?;
+        let more = r.more;
+        match &mut total {
+            None => total = Some(r),
+            Some(t) => {
+                t.removed += r.removed;
+                t.first_seq = r.first_seq;
+                t.cut = r.cut;
+            }
+        }
+        if !more {
+            break;
+        }
+    }
+    let t = total.unwrap_or_default();
+    metrics::counter!("tidemark_log_compacted_events_total").increment(t.removed);
+    metrics::gauge!("tidemark_log_first_seq").set(t.first_seq as f64);
+    if t.removed > 0 {
+        tracing::info!(
+            removed = t.removed,
+            first_seq = t.first_seq,
+            pinned_below = t.window_cut,
+            "log compacted"
+        );
+    }
+    Ok(t)
 }
 
 /// Purge everything that left the window by now; the totals of every command it took (the
 /// first one's `before` and `through_seq`).
-pub async fn run_now(engine: &Engine, window_ms: u64) -> Result<RetentionReport, CommandError> {
+async fn purge(engine: &Engine, window_ms: u64) -> Result<RetentionReport, CommandError> {
     let mut total: Option<RetentionReport> = None;
     loop {
         let r = engine
@@ -67,7 +124,7 @@ pub async fn run_now(engine: &Engine, window_ms: u64) -> Result<RetentionReport,
 /// Run retention at start, then every `run_every`, until `shutdown`.
 pub(crate) async fn run_loop(engine: Engine, r: Retention, shutdown: CancellationToken) {
     loop {
-        match run_now(&engine, r.window_ms).await {
+        match run_now(&engine, r).await {
             Ok(_) => {}
             Err(CommandError::Append(tidemark_log::AppendError::Closed)) => return,
             Err(e) => tracing::warn!(error = %e, "retention run failed; will retry"),

@@ -148,6 +148,11 @@ impl Engine {
         &self.log
     }
 
+    /// The first seq the log holds (after a compaction, the first retained one; blocking).
+    pub fn first_seq(&self) -> Result<u64, StorageError> {
+        self.log.first_seq()
+    }
+
     /// The highest committed seq (the log's head).
     pub fn head(&self) -> u64 {
         self.log.head()

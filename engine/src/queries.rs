@@ -35,6 +35,10 @@ pub enum QueryError {
         want: u64,
         at: u64,
     },
+    /// The read position is before the first event the log holds (spec section 13).
+    Compacted {
+        first: u64,
+    },
 }
 
 impl From<StorageError> for QueryError {
@@ -51,6 +55,9 @@ impl std::fmt::Display for QueryError {
                 f,
                 "the read models are at seq {at}, behind the {want} this read waits for"
             ),
+            QueryError::Compacted { first } => {
+                write!(f, "the log was compacted: it starts at seq {first}")
+            }
         }
     }
 }
@@ -64,6 +71,9 @@ impl From<QueryError> for StorageError {
             QueryError::Storage(e) => e,
             lagging @ QueryError::Lagging { .. } => {
                 StorageError::new("the read models lag behind the log", lagging)
+            }
+            gone @ QueryError::Compacted { .. } => {
+                StorageError::new("a read before the compacted prefix", gone)
             }
         }
     }
@@ -88,6 +98,11 @@ pub struct Lag {
     pub lag_seconds: f64,
     /// Pending work and no progress for `stuck_after_ms`.
     pub stalled: bool,
+    /// When the cursor last moved.
+    pub updated_at_us: Option<i64>,
+    /// Events it had yet to deliver were compacted away (it made no progress for the
+    /// retention window, so it no longer pinned them): counted from the first retained one.
+    pub compacted_past: bool,
     pub last_error: Option<String>,
 }
 
@@ -145,7 +160,10 @@ impl Queries {
 
     /// A page of events as clients see them: webhook secrets redacted.
     pub fn events(&self, q: &ReadQuery) -> R<ReadPage> {
-        let mut page = self.log.read(q).map_err(StorageError::of)?;
+        let mut page = self.log.read(q).map_err(|e| match e {
+            tidemark_log::ReadError::Compacted { first } => QueryError::Compacted { first },
+            e => QueryError::Storage(StorageError::of(e)),
+        })?;
         for ev in &mut page.events {
             tidemark_projections::bridges::redact_secret(ev);
         }
@@ -350,6 +368,7 @@ impl Queries {
     /// judged at `now_us`.
     pub fn lags(&self, now_us: i64, stuck_after_ms: u64) -> R<Vec<Lag>> {
         let db = self.log.db();
+        let first = self.log.first_seq()?;
         let mut all = read::cursors(&db, None, 100_000)?;
         let known: std::collections::HashSet<(String, String, String)> = all
             .iter()
@@ -369,12 +388,12 @@ impl Queries {
             }
         }
         all.iter()
-            .map(|c| self.lag_of(c, now_us, stuck_after_ms))
+            .map(|c| self.lag_of(c, now_us, stuck_after_ms, first))
             .collect()
     }
 
-    fn lag_of(&self, c: &Cursor, now_us: i64, stuck_after_ms: u64) -> R<Lag> {
-        let mut after = c.last_sequence;
+    fn lag_of(&self, c: &Cursor, now_us: i64, stuck_after_ms: u64, first: u64) -> R<Lag> {
+        let mut after = c.last_sequence.max(first.saturating_sub(1));
         let mut count = 0u64;
         let mut oldest: Option<i64> = None;
         let mut capped = false;
@@ -417,6 +436,8 @@ impl Queries {
             lag_capped: capped,
             lag_seconds,
             stalled: count > 0 && lag_seconds * 1000.0 >= stuck_after_ms as f64,
+            updated_at_us: c.updated_at_us,
+            compacted_past: c.last_sequence + 1 < first,
             last_error: c.last_error.clone(),
         })
     }

@@ -247,6 +247,10 @@ impl CommandError {
 pub enum ReadError {
     #[error("storage failure while reading: {0}")]
     Storage(#[source] StorageError),
+    /// The position is before the first event the log still holds (compaction, spec
+    /// section 13): events after it are gone.
+    #[error("the log was compacted: it starts at seq {first}; read from seq {} on", first - 1)]
+    Compacted { first: u64 },
     #[error("stored event {seq} cannot be decoded: {detail}")]
     Format { seq: u64, detail: String },
 }

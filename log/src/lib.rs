@@ -37,6 +37,7 @@
 #![forbid(unsafe_code)]
 
 mod codec;
+pub mod compact;
 pub mod envelope;
 pub mod error;
 pub mod fault;
@@ -240,6 +241,12 @@ impl EventChunk {
         self.ends.clear();
         if after >= upto {
             return Ok(());
+        }
+        let first = compact::first_seq_in(txn)?;
+        if after + 1 < first {
+            return Err(StorageError::msg(format!(
+                "the events after {after} are needed but the log starts at {first} (compacted)"
+            )));
         }
         let t = txn.open_table(store::EVENTS).map_err(StorageError::of)?;
         for row in t.range(after + 1..=upto).map_err(StorageError::of)? {
@@ -549,6 +556,11 @@ impl Log {
     /// The highest committed seq (0 for an empty log).
     pub fn head(&self) -> u64 {
         *self.shared.head.borrow()
+    }
+
+    /// The first seq the log holds: 1, or the first after a compacted prefix (blocking).
+    pub fn first_seq(&self) -> Result<u64, StorageError> {
+        compact::first_seq(&self.db())
     }
 
     /// A receiver that changes on every commit; its value is the new head. A change is only a

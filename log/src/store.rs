@@ -175,10 +175,16 @@ pub(crate) fn open(
         }
         None => (0, i64::MIN),
     };
-    // I1: seqs are dense from 1, so the number of rows is the last seq. A file that says
-    // otherwise was damaged outside tidemark; refuse it rather than serve a gap.
+    // I1: seqs are dense from 1 (from the first retained seq after a compaction), so the
+    // number of rows is the last seq less the compacted prefix. A file that says otherwise was
+    // damaged outside tidemark; refuse it rather than serve a gap.
     let rows = events.len().map_err(|e| st(e.into()))?;
-    if rows != head {
+    let first = meta
+        .get(crate::compact::META_FIRST_SEQ)
+        .map_err(|e| st(e.into()))?
+        .map(|v| v.value())
+        .unwrap_or(1);
+    if head > 0 && (head + 1 < first || rows != head + 1 - first) {
         return Err(OpenError::Storage(
             format!("the events table holds {rows} rows but its last seq is {head}").into(),
         ));
@@ -257,6 +263,10 @@ pub(crate) fn read(
     let st = |e: redb::Error| ReadError::Storage(storage(e));
     let limit = q.limit.max(1);
     let mut out = Vec::new();
+    let first = crate::compact::first_seq(db).map_err(ReadError::Storage)?;
+    if q.after + 1 < first {
+        return Err(ReadError::Compacted { first });
+    }
     // Each filter given (subject, type, stream) has an index: the matches are the seqs in
     // every one of their posting lists, found by a leapfrog join, so the page holds up to
     // `limit` matches whenever they exist however rare they are (spec section 7).

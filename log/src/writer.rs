@@ -673,6 +673,9 @@ impl Writer {
                             Ok(orig) => ev.same_content(&orig),
                             Err(e) => return Err(StorageError::of(e)),
                         },
+                        // Compacted (spec section 13): the id is still known, its content is
+                        // not; a resend is answered as the duplicate it most likely is.
+                        None if seq < crate::compact::first_seq_in(txn)? => true,
                         None => return Err(format!("indexed event {seq} is missing").into()),
                     };
                     Some((seq, same))

@@ -12,7 +12,7 @@ use tidemark_log::{CommandError, EventChunk, EventRef, Log};
 
 use crate::framework::{
     DIGEST_EVERY, DIGESTS, Meta, Projection, drop_other_generations, fold_events, read_meta,
-    table_name, write_meta,
+    restore_snapshot, table_name, write_meta,
 };
 
 /// Events folded per writer transaction.
@@ -106,28 +106,54 @@ pub async fn rebuild_many(
     let started = Instant::now();
     let st = CommandError::Storage;
     let set = projections.clone();
-    // Start a fresh generation of each, clearing what an interrupted rebuild may have left.
-    let (mut states, _) = log
+    // Start a fresh generation of each, clearing what an interrupted rebuild may have left:
+    // empty, or — when the log was compacted (spec section 13) — a copy of the projection's
+    // snapshot, folded forward from the snapshot's seq.
+    let ((mut states, mut from), _) = log
         .command(true, move |txn, _head| {
+            let first = tidemark_log::compact::first_seq_in(txn).map_err(st)?;
             let mut states = Vec::with_capacity(set.len());
+            let mut from: Option<u64> = None;
             for p in &set {
                 let live = read_meta(txn, p.name()).map_err(st)?;
                 drop_other_generations(txn, p.name(), live.generation).map_err(st)?;
-                states.push(Progress {
-                    new: Meta {
-                        generation: live.generation + 1,
+                let generation = live.generation + 1;
+                let new = if first > 1 {
+                    let snap = restore_snapshot(txn, *p, generation)
+                        .map_err(st)?
+                        .filter(|m| m.checkpoint + 1 >= first && m.version == p.version())
+                        .ok_or_else(|| {
+                            st(StorageError::msg(format!(
+                                "the log starts at seq {first} (compacted) and projection {} \
+                                 has no snapshot of this format at or after it",
+                                p.name()
+                            )))
+                        })?;
+                    if from.is_some_and(|f| f != snap.checkpoint) {
+                        return Err(st(StorageError::msg(
+                            "the projections' snapshots are at different seqs: rebuild them \
+                             one at a time",
+                        )));
+                    }
+                    from = Some(snap.checkpoint);
+                    snap
+                } else {
+                    Meta {
+                        generation,
                         version: p.version(),
                         ..Meta::default()
-                    },
+                    }
+                };
+                states.push(Progress {
+                    new,
                     live_generation: live.generation,
                     first_divergent: None,
                     done: false,
                 });
             }
-            Ok((states, Vec::new()))
+            Ok(((states, from.unwrap_or(0)), Vec::new()))
         })
         .await?;
-    let mut from = 0;
     // One buffer for every chunk's events (10 MB at 50,000 events: fresh memory per chunk
     // was a tenth of a rebuild, in the kernel zeroing pages).
     let mut buffer = EventChunk::default();

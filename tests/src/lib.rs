@@ -776,9 +776,12 @@ impl Api {
         }
     }
 
-    /// The log head (`latest_event_seq`).
+    /// The log head (`latest_event_seq`), read past the end (a position after the head is
+    /// always readable, also when the log's prefix was compacted).
     pub async fn head(&self) -> u64 {
-        self.page("limit=1").await.latest_event_seq
+        self.page("after_sequence=9007199254740991&limit=1")
+            .await
+            .latest_event_seq
     }
 
     /// The `head` of `GET /healthz` (open, needs no token); panics unless it is a number.

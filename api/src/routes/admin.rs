@@ -185,6 +185,11 @@ pub struct RetentionOut {
     pub tasks: usize,
     /// `retention.purged` events appended (none when nothing was due).
     pub events: usize,
+    /// With `compact_log`: the log's events dropped, and the first seq it now holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compacted_events: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_seq: Option<u64>,
 }
 
 /// Run retention now: terminal deliveries, notifications whose deliveries are all terminal and
@@ -200,8 +205,8 @@ pub struct RetentionOut {
 )]
 #[tracing::instrument(skip_all)]
 pub async fn run_retention(State(st): State<AppState>) -> Result<Json<RetentionOut>, ApiError> {
-    let window_ms = st.config.retention().window_ms;
-    let r = tidemark_consumers::retention::run_now(&st.engine, window_ms).await?;
+    let run = tidemark_consumers::retention::run_now(&st.engine, st.config.retention()).await?;
+    let r = run.purge;
     Ok(Json(RetentionOut {
         before: tidemark_log::time::format_micros(r.before_us),
         through_seq: r.through_seq,
@@ -209,5 +214,7 @@ pub async fn run_retention(State(st): State<AppState>) -> Result<Json<RetentionO
         notifications: r.notifications,
         tasks: r.tasks,
         events: r.events,
+        compacted_events: run.compaction.as_ref().map(|c| c.removed),
+        first_seq: run.compaction.as_ref().map(|c| c.first_seq),
     }))
 }

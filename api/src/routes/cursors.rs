@@ -262,6 +262,11 @@ pub struct LagOut {
     pub lag_seconds: f64,
     /// Pending work and no progress for `outbox.stuck_after`.
     pub stalled: bool,
+    /// With `[retention] compact_log`: no progress for the retention window, so it no longer
+    /// keeps the log's events from being compacted (and may have lost some: it then counts
+    /// from the first retained event).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub stale: bool,
     pub last_error: Option<String>,
 }
 
@@ -276,6 +281,7 @@ impl From<Lag> for LagOut {
             lag_capped: l.lag_capped,
             lag_seconds: l.lag_seconds,
             stalled: l.stalled,
+            stale: l.compacted_past,
             last_error: l.last_error,
         }
     }
@@ -291,8 +297,26 @@ pub struct LagPage {
 pub(crate) async fn compute_lag(st: &AppState) -> Result<Vec<LagOut>, ApiError> {
     let engine = st.engine.clone();
     let stuck_after = st.routing.stuck_after_ms;
-    let lags = blocking(move || engine.read().lags(engine.now_us(), stuck_after)).await?;
-    Ok(lags.into_iter().map(LagOut::from).collect())
+    let retention = st.config.retention();
+    let (lags, now) = blocking(move || {
+        let now = engine.now_us();
+        Ok::<_, tidemark_engine::QueryError>((engine.read().lags(now, stuck_after)?, now))
+    })
+    .await?;
+    let window_us = (retention.window_ms as i64).saturating_mul(1_000);
+    Ok(lags
+        .into_iter()
+        .map(|l| {
+            let stale = retention.compact_log
+                && (l.compacted_past
+                    || l.updated_at_us
+                        .is_some_and(|u| now.saturating_sub(u) >= window_us));
+            LagOut {
+                stale,
+                ..LagOut::from(l)
+            }
+        })
+        .collect())
 }
 
 /// Every cursor's lag in events and seconds; stalled ones flagged.

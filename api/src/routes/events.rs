@@ -392,6 +392,7 @@ pub(crate) async fn read_page(engine: &Engine, q: ReadQuery) -> Result<ReadPage,
     responses(
         (status = 200, description = "A page of events in seq order", body = EventsPage),
         (status = 400, description = "Bad query", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "`after` is before the compacted prefix of the log", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No or bad token", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = ["read"]))
@@ -439,6 +440,7 @@ pub(crate) fn resume_point(headers: &HeaderMap, query_after: u64) -> Result<u64,
     responses(
         (status = 200, description = "text/event-stream: `id` = seq, `event` = type, `data` = envelope", content_type = "text/event-stream", body = String),
         (status = 400, description = "Bad query or Last-Event-ID", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The position is before the compacted prefix of the log", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Too many open streams", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = ["read"]))
@@ -453,7 +455,22 @@ pub async fn stream(
     let mut rq = q.to_read(256)?;
     rq.limit = 256;
     rq.after = resume_point(&headers, rq.after)?;
+    readable_from(&st, &rq).await?;
     Ok(sse_response(&st, rq)?.into_response())
+}
+
+/// A stream resumes from `q.after` only if the log still holds what follows it: before the
+/// compacted prefix the answer is `410 compacted` (spec section 13), not a stream with a gap.
+pub(crate) async fn readable_from(st: &AppState, q: &ReadQuery) -> Result<(), ApiError> {
+    read_page(
+        &st.engine,
+        ReadQuery {
+            limit: 1,
+            ..q.clone()
+        },
+    )
+    .await
+    .map(drop)
 }
 
 /// An SSE response that replays the log from `q.after` and then follows it. The stream reads

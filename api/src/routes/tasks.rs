@@ -220,6 +220,7 @@ pub struct TaskStreamQuery {
     responses(
         (status = 200, description = "text/event-stream", content_type = "text/event-stream", body = String),
         (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The position is before the compacted prefix of the log", body = Problem, content_type = "application/problem+json"),
         (status = 429, body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = ["read"]))
@@ -241,5 +242,6 @@ pub async fn stream(
         subject: Some(id),
         ..ReadQuery::default()
     };
+    crate::routes::events::readable_from(&st, &rq).await?;
     Ok(sse_response(&st, rq)?.into_response())
 }

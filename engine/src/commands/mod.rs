@@ -25,7 +25,7 @@ use tidemark_projections::deliveries::Delivery;
 pub use bridges::{BridgeCommand, Confirmation};
 pub use cursors::{Advance, CursorCommand};
 pub use outbox::{Completed, Failure, OperatorAction, OutboxCommand};
-pub use retention::{RetentionCommand, RetentionReport};
+pub use retention::{CompactCommand, CompactReport, RetentionCommand, RetentionReport};
 pub use sources::{NotifyPlan, PageOutcome, SourceCommand, SourceItem};
 
 use crate::store::WriteTransaction;
@@ -38,6 +38,13 @@ pub enum Command {
     Bridge(BridgeCommand),
     Source(SourceCommand),
     Retention(RetentionCommand),
+    Compact(CompactCommand),
+}
+
+impl From<CompactCommand> for Command {
+    fn from(c: CompactCommand) -> Self {
+        Command::Compact(c)
+    }
 }
 
 impl From<RetentionCommand> for Command {
@@ -92,6 +99,7 @@ impl Command {
             },
             Command::Source(c) => c.name(),
             Command::Retention(_) => "retention.run",
+            Command::Compact(_) => "retention.compact",
         }
     }
 }
@@ -119,6 +127,8 @@ pub enum Outcome {
     Source(tidemark_projections::sources::SourceRow),
     /// A retention run: what it purged.
     Retention(RetentionReport),
+    /// A compaction: what it dropped.
+    Compacted(CompactReport),
 }
 
 fn unexpected(what: &str) -> CommandError {
@@ -148,6 +158,12 @@ impl Outcome {
         match self {
             Outcome::Retention(r) => Ok(r),
             _ => Err(unexpected("a retention report")),
+        }
+    }
+    pub fn into_compacted(self) -> Result<CompactReport, CommandError> {
+        match self {
+            Outcome::Compacted(r) => Ok(r),
+            _ => Err(unexpected("a compaction report")),
         }
     }
     pub fn into_count(self) -> Result<usize, CommandError> {
@@ -198,6 +214,7 @@ pub(crate) fn run(
 ) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
     match cmd {
         Command::Retention(c) => retention::run(txn, now_us, head, c, privacy),
+        Command::Compact(c) => retention::compact(txn, now_us, c),
         Command::Outbox(c) => outbox::run(txn, now_us, c, privacy),
         Command::Cursor(c) => cursors::run(txn, now_us, c),
         Command::Bridge(c) => bridges::run(txn, now_us, c),

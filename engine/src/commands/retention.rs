@@ -223,3 +223,98 @@ pub(crate) fn run(
     rep.events = events.len();
     Ok((Outcome::Retention(rep), events))
 }
+
+/// Drop the log's events older than the window (spec section 13, `compact_log`): every
+/// projection first stores a snapshot at the head, and no event a live cursor still needs
+/// goes. At most [`tidemark_log::compact::COMPACT_MAX`] events per command: run it again while
+/// it reports `more`.
+#[derive(Debug, Clone)]
+pub struct CompactCommand {
+    pub window_ms: u64,
+}
+
+/// What one compaction did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompactReport {
+    /// The seq the window alone would cut at (the last event older than the window).
+    pub window_cut: u64,
+    /// The seq the cut stopped at: the window's, or lower where a cursor pins events.
+    pub cut: u64,
+    pub removed: u64,
+    /// The first seq the log now holds.
+    pub first_seq: u64,
+    pub more: bool,
+}
+
+/// A cursor pins the events it follows (its stream, and its subject when not empty) after its
+/// position, unless it made no progress for the window or belongs to a deleted subscription.
+fn pinned_cut(txn: &WriteTransaction, before: i64, mut cut: u64) -> Result<u64, CommandError> {
+    let mut ct = TxnTables::new(txn, cursors::NAME).map_err(st)?;
+    let mut bt = TxnTables::new(txn, bridges::NAME).map_err(st)?;
+    let mut live: Vec<cursors::Cursor> = Vec::new();
+    for row in ct.table(cursors::ROWS).map_err(st)?.iter().map_err(se)? {
+        let (_, v) = row.map_err(se)?;
+        let c: cursors::Cursor = postcard::from_bytes(v.value()).map_err(se)?;
+        if c.updated_at_us.is_none_or(|u| u < before) {
+            continue;
+        }
+        if let Some(sub) =
+            tidemark_projections::names::ids::subscription_of_consumer(&c.consumer_id)
+        {
+            let active = bt
+                .get_val::<bridges::Subscription>(bridges::ROWS, sub.as_bytes())
+                .map_err(st)?
+                .is_some_and(|s| s.active);
+            if !active {
+                continue;
+            }
+        }
+        live.push(c);
+    }
+    for c in live {
+        if c.last_sequence >= cut {
+            continue;
+        }
+        if let Some(next) = tidemark_log::compact::next_in_index(
+            txn,
+            &c.stream_name,
+            &c.subject_id,
+            c.last_sequence,
+        )
+        .map_err(st)?
+        {
+            cut = cut.min(next - 1);
+        }
+    }
+    Ok(cut)
+}
+
+pub(crate) fn compact(
+    txn: &WriteTransaction,
+    now_us: i64,
+    cmd: CompactCommand,
+) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
+    let before = now_us.saturating_sub((cmd.window_ms as i64).saturating_mul(1_000));
+    let window_cut = tidemark_log::compact::last_before_in(txn, before).map_err(st)?;
+    let cut = pinned_cut(txn, before, window_cut)?;
+    let first = tidemark_log::compact::first_seq_in(txn).map_err(st)?;
+    let mut rep = CompactReport {
+        window_cut,
+        cut,
+        first_seq: first,
+        ..CompactReport::default()
+    };
+    if cut < first {
+        return Ok((Outcome::Compacted(rep), Vec::new()));
+    }
+    // Every projection is at the head here (the command caught them up): their snapshots
+    // are at or above any cut.
+    for p in tidemark_projections::all() {
+        tidemark_projections::framework::snapshot(txn, p).map_err(st)?;
+    }
+    let c = tidemark_log::compact::compact_in(txn, cut).map_err(st)?;
+    rep.removed = c.removed;
+    rep.first_seq = c.first_seq;
+    rep.more = c.more;
+    Ok((Outcome::Compacted(rep), Vec::new()))
+}
