@@ -450,7 +450,16 @@ pub(crate) fn read_meta_opt(
     txn: &WriteTransaction,
     name: &str,
 ) -> Result<Option<Meta>, StorageError> {
-    let t = txn.open_table(META).map_err(StorageError::of)?;
+    meta_in(txn, META, name)
+}
+
+/// The [`Meta`] stored under `name` in `table` (the live metas, or the snapshots').
+fn meta_in(
+    txn: &WriteTransaction,
+    table: TableDefinition<&str, &[u8]>,
+    name: &str,
+) -> Result<Option<Meta>, StorageError> {
+    let t = txn.open_table(table).map_err(StorageError::of)?;
     let v = t.get(name).map_err(StorageError::of)?;
     match v {
         Some(b) => postcard::from_bytes(b.value())
@@ -919,14 +928,7 @@ pub fn snapshot(txn: &WriteTransaction, p: &dyn Projection) -> Result<Meta, Stor
 
 /// The meta of `name`'s snapshot, if it has one.
 pub fn snapshot_meta(txn: &WriteTransaction, name: &str) -> Result<Option<Meta>, StorageError> {
-    let t = txn.open_table(SNAPSHOTS).map_err(StorageError::of)?;
-    let v = t.get(name).map_err(StorageError::of)?;
-    match v {
-        Some(b) => postcard::from_bytes(b.value())
-            .map(Some)
-            .map_err(StorageError::of),
-        None => Ok(None),
-    }
+    meta_in(txn, SNAPSHOTS, name)
 }
 
 /// Start generation `generation` of `p` as a copy of its snapshot; answers the meta to go on

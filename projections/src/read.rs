@@ -615,6 +615,19 @@ pub struct Kpis {
     pub oldest_pending_age_s: f64,
 }
 
+impl Kpis {
+    /// Count `n` deliveries in `status`.
+    fn count(&mut self, status: &[u8], n: u64) {
+        match status {
+            b"queued" => self.queued += n,
+            b"leased" => self.leased += n,
+            b"retry_wait" => self.retry_wait += n,
+            b"parked" => self.parked += n,
+            _ => {}
+        }
+    }
+}
+
 /// Per sink and overall; times are judged at `now_us` (reads may use the clock; folds never).
 pub fn kpis(
     db: &redb::Database,
@@ -634,14 +647,7 @@ pub fn kpis(
             let sink = String::from_utf8_lossy(&k[..split]).into_owned();
             let status = &k[split + 1..];
             let n = be_u64(v.value()).unwrap_or(0);
-            let e = by_sink.entry(sink).or_default();
-            match status {
-                b"queued" => e.queued += n,
-                b"leased" => e.leased += n,
-                b"retry_wait" => e.retry_wait += n,
-                b"parked" => e.parked += n,
-                _ => {}
-            }
+            by_sink.entry(sink).or_default().count(status, n);
         }
     }
     let pending = r.table(deliveries::NAME, deliveries::PENDING)?;
@@ -735,16 +741,9 @@ pub fn kpis_by_site(
         let (Some(site), Some(st)) = (parts.next(), parts.next()) else {
             continue;
         };
-        let e = out
-            .entry(String::from_utf8_lossy(site).into_owned())
-            .or_default();
-        match st {
-            b"queued" => e.queued += 1,
-            b"leased" => e.leased += 1,
-            b"retry_wait" => e.retry_wait += 1,
-            b"parked" => e.parked += 1,
-            _ => {}
-        }
+        out.entry(String::from_utf8_lossy(site).into_owned())
+            .or_default()
+            .count(st, 1);
     }
     let pending = r.table(deliveries::NAME, deliveries::SITE_PENDING)?;
     let sent = r.table(deliveries::NAME, deliveries::SITE_SENT)?;

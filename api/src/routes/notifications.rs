@@ -27,9 +27,15 @@ pub struct NotificationOut {
     pub project_id: Option<String>,
     /// Time of the event that created it.
     pub time: String,
-    /// Provenance (section 2): a free type name (`email`, `teams`, `app`), its data as given,
-    /// and where a forwarded notification comes from (`site_id`, `node`, `instance_id`,
-    /// `script`, `enqueued_at`). Absent when not given.
+    #[serde(flatten)]
+    pub provenance: ProvenanceOut,
+}
+
+/// Provenance (section 2): a free type name (`email`, `teams`, `app`), its data as given, and
+/// where a forwarded notification comes from (`site_id`, `node`, `instance_id`, `script`,
+/// `enqueued_at`). Each absent when not given.
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct ProvenanceOut {
     #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
     pub ntype: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -40,25 +46,21 @@ pub struct NotificationOut {
     pub source: Option<serde_json::Value>,
 }
 
-/// The provenance of a notification as served: `type`, `type_data`, `source`.
-pub(crate) fn provenance_out(
-    p: tidemark_projections::notifications::Provenance,
-) -> (
-    Option<String>,
-    Option<serde_json::Value>,
-    Option<serde_json::Value>,
-) {
-    let obj = |t: Option<String>| t.and_then(|t| serde_json::from_str(&t).ok());
-    (p.ntype, obj(p.type_data), obj(p.source))
+impl From<tidemark_projections::notifications::Provenance> for ProvenanceOut {
+    fn from(p: tidemark_projections::notifications::Provenance) -> Self {
+        let obj = |t: Option<String>| t.and_then(|t| serde_json::from_str(&t).ok());
+        ProvenanceOut {
+            ntype: p.ntype,
+            type_data: obj(p.type_data),
+            source: obj(p.source),
+        }
+    }
 }
 
 impl From<Notification> for NotificationOut {
     fn from(n: Notification) -> Self {
-        let (ntype, type_data, source) = provenance_out(n.ext);
         NotificationOut {
-            ntype,
-            type_data,
-            source,
+            provenance: n.ext.into(),
             time: tidemark_log::time::format_micros(n.time_us),
             notification_id: n.notification_id,
             seq: n.seq,

@@ -183,26 +183,34 @@ async fn a_route_retries_with_its_own_linear_strategy() {
     .await;
     let api = s.api();
     append_ok(&s, &urgent("ln-a")).await;
-    let id = dlv("ln-a");
-    let row = wait_status(&s, &id, "queued").await;
+    let row = wait_status(&s, &dlv("ln-a"), "queued").await;
     assert_eq!(row["max_attempts"], 4, "the route's max_attempts: {row}");
-    for k in 1..=3i64 {
-        let got = claim_some(&api, "w1").await;
-        assert_eq!(ids(&got), vec![id.clone()], "attempt {k}");
+    // base · n
+    fail_and_check_waits(&s, &api, &dlv("ln-a"), &[200_000, 400_000, 600_000]).await;
+}
+
+/// Claim `id` and report it failed once per entry of `waits_us`, checking that each failure
+/// schedules the next attempt that many microseconds after it.
+async fn fail_and_check_waits(s: &Server, api: &Api, id: &str, waits_us: &[i64]) {
+    for (k, want) in waits_us.iter().enumerate() {
+        let got = claim_some(api, "w1").await;
+        assert_eq!(ids(&got), vec![id.to_owned()], "attempt {}", k + 1);
         let r = act(
-            &s,
-            &id,
+            s,
+            id,
             "fail",
             &json!({"owner": "w1", "error_code": "timeout"}),
         )
         .await;
+        assert_eq!(r.status, StatusCode::OK, "fail #{}: {}", k + 1, r.text);
         assert_eq!(r.json["status"], "retry_wait", "{}", r.text);
-        let g = get_dlv(&s, &id).await;
+        let g = get_dlv(s, id).await;
         let step = timeline(&g).last().cloned().expect("a step");
         assert_eq!(
             us(&r.json["next_attempt_at"]) - us(&step["at"]),
-            200_000 * k,
-            "attempt {k}: base · n: {g}"
+            *want,
+            "attempt {}: {g}",
+            k + 1
         );
     }
 }
@@ -218,28 +226,9 @@ async fn a_fixed_retry_strategy_waits_the_same_after_every_failure() {
     .await;
     let api = s.api();
     append_ok(&s, &urgent("fx-a")).await;
-    let id = dlv("fx-a");
-    wait_status(&s, &id, "queued").await;
-    for k in 1..=3u64 {
-        let got = claim_some(&api, "w1").await;
-        assert_eq!(ids(&got), vec![id.clone()], "attempt {k}");
-        let r = act(
-            &s,
-            &id,
-            "fail",
-            &json!({"owner": "w1", "error_code": "timeout"}),
-        )
-        .await;
-        assert_eq!(r.status, StatusCode::OK, "fail #{k}: {}", r.text);
-        assert_eq!(r.json["status"], "retry_wait", "{}", r.text);
-        let g = get_dlv(&s, &id).await;
-        let step = timeline(&g).last().cloned().expect("a step");
-        assert_eq!(
-            us(&r.json["next_attempt_at"]) - us(&step["at"]),
-            300_000,
-            "attempt {k}: the fixed interval, not base · 2^(k−1): {g}"
-        );
-    }
+    wait_status(&s, &dlv("fx-a"), "queued").await;
+    // The fixed interval, not base · 2^(k−1).
+    fail_and_check_waits(&s, &api, &dlv("fx-a"), &[300_000, 300_000, 300_000]).await;
 }
 
 #[tokio::test]

@@ -120,14 +120,8 @@ pub struct DeliveryOut {
     pub recipient_hash: Option<String>,
     /// The notification's provenance (section 2), when it has one; never on a redacted
     /// delivery.
-    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
-    pub ntype: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub type_data: Option<serde_json::Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub source: Option<serde_json::Value>,
+    #[serde(flatten)]
+    pub provenance: crate::routes::notifications::ProvenanceOut,
     /// Only on `GET /v1/deliveries/{id}`: every step with its time, owner, code and error.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<StepOut>>,
@@ -144,8 +138,7 @@ impl DeliveryOut {
         p: Option<tidemark_projections::notifications::Provenance>,
     ) -> Self {
         if let (false, Some(p)) = (self.redacted, p) {
-            (self.ntype, self.type_data, self.source) =
-                crate::routes::notifications::provenance_out(p);
+            self.provenance = p.into();
         }
         self
     }
@@ -182,9 +175,7 @@ impl From<Delivery> for DeliveryOut {
             recipient_hash: if redacted { d.recipient } else { None },
             redacted,
             more,
-            ntype: None,
-            type_data: None,
-            source: None,
+            provenance: Default::default(),
             status: d.status,
             reason: d.reason,
             priority: d.priority,
