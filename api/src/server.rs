@@ -91,6 +91,73 @@ fn scoped(
     ))
 }
 
+/// Document on every operation the answers the shared layers give (the same for all, so they
+/// are declared here once rather than on each handler): `400` for a malformed query or an
+/// unknown parameter; with a body `413`, `415` and `422`; behind a token `401`, `403` and the
+/// token's rate limit `429`; with path parameters `404`; and `503` while the server stops or
+/// its storage fails. A handler's own description of a code is kept.
+fn document_common_answers(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    let problem = |what: &str| {
+        ResponseBuilder::new()
+            .description(what)
+            .content(
+                "application/problem+json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("Problem")))
+                    .build(),
+            )
+            .build()
+    };
+    for (path, item) in doc.paths.paths.iter_mut() {
+        for op in [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let mut codes: Vec<(&str, &str)> = vec![
+                (
+                    "400",
+                    "Malformed request: a bad or unknown query parameter or header",
+                ),
+                ("503", "Shutting down, or the storage is unavailable"),
+            ];
+            if op.request_body.is_some() {
+                codes.extend([
+                    ("413", "The body is larger than server.max_body_bytes"),
+                    ("415", "The body is not Content-Type: application/json"),
+                    ("422", "A field of the body is invalid"),
+                ]);
+            }
+            let secured = op.security.as_ref().is_some_and(|s| !s.is_empty());
+            if secured {
+                codes.extend([
+                    (
+                        "401",
+                        "No token, or not a valid one (WWW-Authenticate: Bearer)",
+                    ),
+                    ("403", "The token lacks the scope this operation needs"),
+                    ("429", "The token's rate limit is spent (Retry-After)"),
+                ]);
+            }
+            if path.contains('{') {
+                codes.push(("404", "No such resource"));
+            }
+            for (code, what) in codes {
+                op.responses
+                    .responses
+                    .entry(code.to_owned())
+                    .or_insert_with(|| problem(what).into());
+            }
+        }
+    }
+}
+
 /// Set every operation's `security` to the bearer scheme with `scopes` (none: any token).
 fn require_in_doc(doc: &mut utoipa::openapi::OpenApi, scopes: &[&str]) {
     for item in doc.paths.paths.values_mut() {
@@ -217,6 +284,8 @@ pub fn router(state: AppState) -> Router {
         .merge(any_token)
         .merge(open)
         .split_for_parts();
+    let mut doc = doc;
+    document_common_answers(&mut doc);
     let allowed = Arc::new(crate::params::Allowed::from_doc(&doc));
     let doc = Arc::new(doc.to_pretty_json().unwrap_or_else(|_| "{}".into()));
     router

@@ -126,11 +126,15 @@ pub async fn get(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AdvanceBody {
+    #[schema(min_length = 1, max_length = 160)]
     pub consumer_id: String,
+    #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9_.-]+$")]
     pub stream_name: String,
     #[serde(default)]
+    #[schema(max_length = 128)]
     pub subject_id: String,
     pub last_sequence: u64,
+    #[schema(min_length = 1, max_length = 256)]
     pub delivery_id: String,
     /// Compare-and-swap: advance only if the cursor is at this seq now.
     pub expected_sequence: Option<u64>,
@@ -187,13 +191,17 @@ pub async fn advance(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResetBody {
+    #[schema(min_length = 1, max_length = 160)]
     pub consumer_id: String,
+    #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9_.-]+$")]
     pub stream_name: String,
     #[serde(default)]
+    #[schema(max_length = 128)]
     pub subject_id: String,
     /// The new position (may be lower: reset is the only way down).
     pub last_sequence: u64,
     /// Why; required, recorded in the `cursor.reset` event.
+    #[schema(min_length = 1, max_length = 4096)]
     pub reason: String,
 }
 

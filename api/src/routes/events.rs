@@ -101,7 +101,7 @@ pub struct EventsQuery {
     #[param(value_type = Option<u64>)]
     pub after_sequence: Option<String>,
     /// Page size, 1–1000 (default 100). Ignored by the stream.
-    #[param(value_type = Option<u32>)]
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     pub limit: Option<String>,
     /// Only events of this stream.
     pub stream: Option<String>,

@@ -128,7 +128,7 @@ pub struct TasksQuery {
     /// Page after this task id.
     pub after: Option<String>,
     /// 1–500, default 50.
-    #[param(value_type = Option<u32>)]
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 500)]
     pub limit: Option<String>,
     /// Answer as of at least this seq (see `ReadAt`).
     #[param(value_type = Option<u64>)]

@@ -134,7 +134,9 @@ pub struct SinkIn {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubscribeBody {
+    #[schema(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._-]+$")]
     pub subscription_id: String,
+    #[schema(min_length = 1, max_length = 128)]
     pub bridge_id: String,
     pub scope: Option<String>,
     pub workspace_id: Option<String>,

@@ -21,12 +21,16 @@ use crate::state::AppState;
 #[serde(deny_unknown_fields)]
 pub struct ClaimBody {
     /// The sink to claim for (`app` for desktop deliveries).
+    #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9_.-]+$")]
     pub sink: String,
     /// Who holds the leases; only this owner may complete, fail or extend them.
+    #[schema(min_length = 1, max_length = 128)]
     pub owner: String,
     /// At most this many (1–1000; default `retry.batch_size`).
+    #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
     /// Lease length (100–3600000 ms; default `retry.lease_ttl`).
+    #[schema(minimum = 100, maximum = 3600000)]
     pub lease_ms: Option<u64>,
 }
 
@@ -83,6 +87,7 @@ pub async fn claim(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompleteBody {
+    #[schema(min_length = 1, max_length = 128)]
     pub owner: String,
     /// The sink's own id for what it delivered.
     pub external_id: Option<String>,
@@ -139,8 +144,10 @@ pub struct CompleteItem {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompleteManyBody {
+    #[schema(min_length = 1, max_length = 128)]
     pub owner: String,
     /// 1–1000 deliveries leased by `owner`.
+    #[schema(min_items = 1, max_items = 1000)]
     pub deliveries: Vec<CompleteItem>,
 }
 
@@ -243,9 +250,12 @@ pub async fn complete_many(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FailBody {
+    #[schema(min_length = 1, max_length = 128)]
     pub owner: String,
     /// Stable code of the failure, e.g. `timeout`.
+    #[schema(min_length = 1, max_length = 64)]
     pub error_code: String,
+    #[schema(min_length = 1, max_length = 4096)]
     pub error: Option<String>,
     /// Default true; false parks the delivery at once.
     pub retryable: Option<bool>,
@@ -304,8 +314,10 @@ pub async fn fail(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExtendBody {
+    #[schema(min_length = 1, max_length = 128)]
     pub owner: String,
     /// New lease length from now (default `retry.lease_ttl`).
+    #[schema(minimum = 100, maximum = 3600000)]
     pub lease_ms: Option<u64>,
 }
 

@@ -303,7 +303,7 @@ pub struct DeliveriesQuery {
     /// Continue after this delivery id.
     pub after: Option<String>,
     /// 1–1000, default 100.
-    #[param(value_type = Option<u32>)]
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     pub limit: Option<String>,
     /// Answer as of at least this seq (see `ReadAt`).
     #[param(value_type = Option<u64>)]
