@@ -291,16 +291,23 @@ fn settings(st: &AppState) -> &RoutingSettings {
 #[into_params(parameter_in = Query)]
 pub struct DeliveriesQuery {
     /// queued, leased, retry_wait, sent, parked, discarded, skipped, cancelled.
+    #[param(pattern = "^(queued|leased|retry_wait|sent|parked|discarded|skipped|cancelled)$")]
     pub status: Option<String>,
+    #[param(max_length = 256, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
     pub sink: Option<String>,
+    #[param(max_length = 256, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
     pub route: Option<String>,
+    #[param(max_length = 256, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
     pub recipient: Option<String>,
     /// Deliveries carrying this notification (a digest carries every notification that
     /// joined it; a redacted delivery is found by the notification id too).
+    #[param(max_length = 256, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
     pub notification_id: Option<String>,
     /// Deliveries of notifications from this `source.site_id`.
+    #[param(max_length = 256, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
     pub source_site: Option<String>,
     /// Continue after this delivery id.
+    #[param(max_length = 256, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
     pub after: Option<String>,
     /// 1–1000, default 100.
     #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]

@@ -32,10 +32,11 @@ async fn operator_action(
 ) -> Result<Json<DeliveryOut>, ApiError> {
     check_id(&id)?;
     let raw = body.map_err(body_rejection)?;
+    // No body, `null` or an object: the body is optional.
     let b: OperatorBody = if raw.is_empty() {
         OperatorBody::default()
     } else {
-        json_body(&headers, Ok(raw))?
+        json_body::<Option<OperatorBody>>(&headers, Ok(raw))?.unwrap_or_default()
     };
     // With tokens, the action records the token that made it, whatever the body says.
     let by = crate::routes::caller(&st, &headers)
