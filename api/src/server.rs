@@ -272,7 +272,9 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(ops::readyz))
         .routes(routes!(ops::metrics))
         .routes(routes!(ops::openapi))
-        .routes(routes!(ops::index));
+        .routes(routes!(ops::index))
+        .routes(routes!(ops::console_script))
+        .routes(routes!(ops::console_style));
     let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(append)
         .merge(read)

@@ -388,9 +388,49 @@ pub struct DeliveryFilter {
     pub notification_id: Option<String>,
     /// Deliveries of notifications from this `source.site_id`.
     pub source_site: Option<String>,
+    /// Created at or after this time (µs).
+    pub created_after_us: Option<i64>,
+    /// Created before this time (µs).
+    pub created_before_us: Option<i64>,
+    /// `Some(cut)`: only stuck deliveries (pending and created before `cut`, µs);
+    /// with `stuck_only == false`, only those that are not stuck.
+    pub stuck: Option<StuckFilter>,
+    /// A case-insensitive substring of the title (or of a digest item's title).
+    pub title_contains: Option<String>,
     /// Page after this delivery id (ids are ordered bytewise).
     pub after: Option<String>,
     pub limit: usize,
+}
+
+/// The `stuck` filter: pending deliveries created before `cut_us` are stuck.
+#[derive(Debug, Clone, Copy)]
+pub struct StuckFilter {
+    pub cut_us: i64,
+    pub stuck_only: bool,
+}
+
+impl StuckFilter {
+    /// Whether `d` is stuck: pending (queued, leased or retry_wait) and created before the cut.
+    pub fn is_stuck(cut_us: i64, d: &Delivery) -> bool {
+        d.is_pending() && d.created_at_us < cut_us
+    }
+}
+
+impl DeliveryFilter {
+    /// The filters no index answers (time range, stuck, title): checked on each row.
+    fn keeps_unindexed(&self, d: &Delivery) -> bool {
+        self.created_after_us.is_none_or(|t| d.created_at_us >= t)
+            && self.created_before_us.is_none_or(|t| d.created_at_us < t)
+            && self
+                .stuck
+                .is_none_or(|s| StuckFilter::is_stuck(s.cut_us, d) == s.stuck_only)
+            && self.title_contains.as_deref().is_none_or(|q| {
+                let q = q.to_lowercase();
+                std::iter::once(d.title.as_str())
+                    .chain(d.all_items().map(|i| i.title.as_str()))
+                    .any(|t| t.to_lowercase().contains(&q))
+            })
+    }
 }
 
 /// Deliveries ordered by id, filtered; the second value is the id to continue after, if any.
@@ -426,6 +466,7 @@ pub fn deliveries(
                 && f.source_site
                     .as_deref()
                     .is_none_or(|s| d.ext.source_site.as_deref() == Some(s))
+                && f.keeps_unindexed(d)
         };
         let after = f.after.as_deref().map(str::as_bytes);
         let next = intersect(&lists, Order::Asc, after, limit, |id| {
@@ -450,7 +491,11 @@ pub fn deliveries(
     }
     for row in rows.range(from.as_slice()..).map_err(StorageError::of)? {
         let (k, v) = row.map_err(StorageError::of)?;
-        out.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
+        let d: Delivery = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
+        if !f.keeps_unindexed(&d) {
+            continue;
+        }
+        out.push(d);
         if out.len() >= limit {
             return Ok((out, Some(String::from_utf8_lossy(k.value()).into_owned())));
         }

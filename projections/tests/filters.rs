@@ -16,7 +16,7 @@ use tidemark_log::{Log, LogConfig, NewEvent};
 use tidemark_projections::deliveries::{Change, Created, Delivery};
 use tidemark_projections::framework::Projection;
 use tidemark_projections::notifications::Notification;
-use tidemark_projections::read::{self, DeliveryFilter, NotificationFilter};
+use tidemark_projections::read::{self, DeliveryFilter, NotificationFilter, StuckFilter};
 
 const SINKS: [&str; 3] = ["app", "none", "mail"];
 const ROUTES: [&str; 3] = ["desktop", "pager", "sms"];
@@ -55,8 +55,34 @@ fn site_of(id: &str) -> Option<&'static str> {
     SITES.get(n % 4).copied()
 }
 
+/// Creation times spread over 1000 s by id, so the time range and stuck filters split them.
+const T0: i64 = 1_700_000_000_000_000;
+
+fn id_number(id: &str) -> i64 {
+    let digits = id.trim_start_matches(|c: char| !c.is_ascii_digit());
+    digits.parse().unwrap_or(0)
+}
+
+fn created_at(id: &str) -> i64 {
+    T0 + id_number(id) * 1_000_000
+}
+
+/// Titles that the title search can tell apart.
+fn title_of(id: &str) -> String {
+    let k = id_number(id);
+    format!(
+        "t{} {}",
+        k % 5,
+        if k % 2 == 0 {
+            "Disk full"
+        } else {
+            "Build broke"
+        }
+    )
+}
+
 fn created(id: &str, sink: &str, route: &str, recipient: Option<&str>, status: &str) -> NewEvent {
-    let at = 1_700_000_000_000_000i64;
+    let at = created_at(id);
     let c = Created {
         delivery_id: id.into(),
         notification_id: format!("n-{id}"),
@@ -66,7 +92,7 @@ fn created(id: &str, sink: &str, route: &str, recipient: Option<&str>, status: &
         sink: sink.into(),
         recipient: recipient.map(str::to_owned),
         priority: "urgent".into(),
-        title: "t".into(),
+        title: title_of(id),
         body: None,
         sound: false,
         task_id: None,
@@ -221,6 +247,19 @@ fn delivery_matches(all: &[Delivery], f: &DeliveryFilter) -> Vec<String> {
                 .as_deref()
                 .is_none_or(|s| site_of(&d.id) == Some(s))
         })
+        .filter(|d| f.created_after_us.is_none_or(|t| created_at(&d.id) >= t))
+        .filter(|d| f.created_before_us.is_none_or(|t| created_at(&d.id) < t))
+        .filter(|d| {
+            f.stuck.is_none_or(|s| {
+                let pending = ["queued", "leased", "retry_wait"].contains(&d.status.as_str());
+                (pending && created_at(&d.id) < s.cut_us) == s.stuck_only
+            })
+        })
+        .filter(|d| {
+            f.title_contains
+                .as_deref()
+                .is_none_or(|q| title_of(&d.id).to_lowercase().contains(&q.to_lowercase()))
+        })
         .map(|d| d.id.clone())
         .collect()
 }
@@ -261,30 +300,62 @@ fn value(domain: &'static [&'static str]) -> impl Strategy<Value = Option<String
     )
 }
 
+/// The filters no index answers: a creation time range, stuck or not, a title substring.
+fn unindexed_filter() -> impl Strategy<
+    Value = (
+        Option<i64>,
+        Option<i64>,
+        Option<StuckFilter>,
+        Option<String>,
+    ),
+> {
+    let at = || proptest::option::weighted(0.3, (0..1000i64).prop_map(|k| T0 + k * 1_000_000));
+    (
+        at(),
+        at(),
+        proptest::option::weighted(
+            0.3,
+            (0..1000i64, any::<bool>()).prop_map(|(k, stuck_only)| StuckFilter {
+                cut_us: T0 + k * 1_000_000,
+                stuck_only,
+            }),
+        ),
+        value(&["disk", "BROKE", "t3", "t1 b"]),
+    )
+}
+
 fn delivery_filter() -> impl Strategy<Value = DeliveryFilter> {
     (
-        value(&["queued", "leased", "sent", "skipped", "parked"]),
-        value(&SINKS),
-        value(&ROUTES),
-        value(&RECIPIENTS),
-        proptest::option::of(0..1000usize),
-        1..7usize,
-        // The notification of the delivery the i-th op may have created (`n-<id>`).
-        proptest::option::of(0..300usize),
-        value(&SITES),
+        (
+            value(&["queued", "leased", "sent", "skipped", "parked"]),
+            value(&SINKS),
+            value(&ROUTES),
+            value(&RECIPIENTS),
+            proptest::option::of(0..1000usize),
+            1..7usize,
+            // The notification of the delivery the i-th op may have created (`n-<id>`).
+            proptest::option::of(0..300usize),
+            value(&SITES),
+        ),
+        unindexed_filter(),
     )
         .prop_map(
-            |(status, sink, route, recipient, after, limit, notification, source_site)| {
-                DeliveryFilter {
-                    status,
-                    sink,
-                    route,
-                    recipient,
-                    notification_id: notification.map(|i| format!("n-d{:03}", (i * 37) % 1000)),
-                    source_site,
-                    after: after.map(|k| format!("d{k:03}")),
-                    limit,
-                }
+            |(
+                (status, sink, route, recipient, after, limit, notification, source_site),
+                (created_after_us, created_before_us, stuck, title_contains),
+            )| DeliveryFilter {
+                status,
+                sink,
+                route,
+                recipient,
+                notification_id: notification.map(|i| format!("n-d{:03}", (i * 37) % 1000)),
+                source_site,
+                after: after.map(|k| format!("d{k:03}")),
+                limit,
+                created_after_us,
+                created_before_us,
+                stuck,
+                title_contains,
             },
         )
 }

@@ -156,7 +156,7 @@ fn assert_current(bin: &Path) {
 }
 
 /// The most recently modified source of the binary: `.rs` and `.toml` files under the crates
-/// it is built from, and the lock file.
+/// it is built from, the console's files it embeds, and the lock file.
 pub fn newest_source() -> Option<(PathBuf, std::time::SystemTime)> {
     let ws = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()?
@@ -177,9 +177,11 @@ pub fn newest_source() -> Option<(PathBuf, std::time::SystemTime)> {
             }
             continue;
         }
-        let source = p
-            .extension()
-            .is_some_and(|e| e == "rs" || e == "toml" || e == "lock");
+        let source = p.extension().is_some_and(|e| {
+            ["rs", "toml", "lock", "html", "js", "css"]
+                .iter()
+                .any(|x| e == *x)
+        });
         if let (true, Ok(t)) = (source, meta.modified())
             && newest.as_ref().is_none_or(|(_, n)| t > *n)
         {

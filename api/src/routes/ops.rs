@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::Extension;
 use axum::extract::State;
 use axum::http::header;
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -171,21 +171,49 @@ pub async fn openapi(Extension(doc): Extension<Arc<String>>) -> Response {
         .into_response()
 }
 
-/// The operator page.
-#[utoipa::path(get, path = "/", operation_id = "console", tag = "ops", responses(
-    (status = 200, description = "HTML page", content_type = "text/html", body = String)
+/// The console's files, embedded in the binary (spec section 15): it fetches nothing else.
+const CONSOLE_HTML: &str = include_str!("../../console/index.html");
+const CONSOLE_JS: &str = include_str!("../../console/app.js");
+const CONSOLE_CSS: &str = include_str!("../../console/app.css");
+
+/// The console's pages load only the server's own files and talk only to the server.
+const CONSOLE_CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+                           connect-src 'self'; img-src 'self'; form-action 'none'; \
+                           frame-ancestors 'none'; base-uri 'none'";
+
+fn console_file(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CONTENT_SECURITY_POLICY, CONSOLE_CSP),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// The operator console: a single page that uses the public API under `/v1` only.
+#[utoipa::path(get, path = "/", operation_id = "getConsole", tag = "ops", responses(
+    (status = 200, description = "The console's HTML page", content_type = "text/html", body = String)
 ))]
-pub async fn index(State(st): State<AppState>) -> Html<String> {
-    Html(format!(
-        "<!doctype html><html><head><meta charset=utf-8><title>tidemark</title></head><body>\
-         <h1>tidemark</h1><p>Log head: <b>{}</b></p><ul>\
-         <li><a href=\"/v1/events?limit=20\">latest events</a></li>\
-         <li><a href=\"/v1/outbox/kpis\">outbox KPIs</a></li>\
-         <li><a href=\"/v1/deliveries?status=parked\">parked deliveries</a></li>\
-         <li><a href=\"/v1/consumers/lag\">consumer lag (stalled cursors flagged)</a></li>\
-         <li><a href=\"/metrics\">metrics</a></li>\
-         <li><a href=\"/openapi.json\">OpenAPI document</a></li>\
-         <li><a href=\"/readyz\">readiness</a></li></ul></body></html>",
-        st.engine.head()
-    ))
+pub async fn index() -> Response {
+    console_file("text/html; charset=utf-8", CONSOLE_HTML)
+}
+
+/// The console's script.
+#[utoipa::path(get, path = "/console/app.js", operation_id = "getConsoleScript", tag = "ops", responses(
+    (status = 200, description = "JavaScript", content_type = "text/javascript", body = String)
+))]
+pub async fn console_script() -> Response {
+    console_file("text/javascript; charset=utf-8", CONSOLE_JS)
+}
+
+/// The console's style sheet.
+#[utoipa::path(get, path = "/console/app.css", operation_id = "getConsoleStyle", tag = "ops", responses(
+    (status = 200, description = "CSS", content_type = "text/css", body = String)
+))]
+pub async fn console_style() -> Response {
+    console_file("text/css; charset=utf-8", CONSOLE_CSS)
 }

@@ -2409,3 +2409,135 @@ pub(crate) fn us(v: &Value) -> i64 {
     let secs = days * 86_400 + n(11..13) * 3_600 + n(14..16) * 60 + n(17..19);
     secs * 1_000_000 + n(20..26)
 }
+
+/// The console's filters of section 7: a creation time range, stuck (judged at the read
+/// against `outbox.stuck_after`), and a case-insensitive title search that still fills a page
+/// with up to `limit` matches; each row says whether it is stuck. Bad values are 400 and change
+/// nothing.
+#[tokio::test]
+async fn time_range_stuck_and_title_filters() {
+    let s = Server::start(
+        ServerOpts::default().config("[notifications.outbox]\nstuck_after = \"1s\"\n"),
+    )
+    .await;
+    let titled =
+        |id: &str, title: &str| notif_ev(id, json!({"priority": "urgent", "title": title}));
+    append_ok(&s, &titled("f-1", "Disk full on db-1")).await;
+    append_ok(&s, &titled("f-2", "Build broke")).await;
+    let first = wait_status(&s, &dlv("f-2"), "queued").await;
+    wait_status(&s, &dlv("f-1"), "queued").await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    append_ok(&s, &titled("f-3", "disk SLOW on db-2")).await;
+    let third = wait_status(&s, &dlv("f-3"), "queued").await;
+    // The range is half-open: created_after includes its time, created_before excludes it.
+    let cut = third["created_at"].as_str().expect("created_at").to_owned();
+    assert!(first["stuck"] == false, "fresh rows are not stuck: {first}");
+
+    let ids_of = |q: &str| {
+        let s = s.clone();
+        let q = q.to_owned();
+        async move {
+            let r = s.get(&format!("/v1/deliveries?{q}")).await;
+            assert_eq!(r.status, StatusCode::OK, "{q}: {}", r.text);
+            r.json["deliveries"]
+                .as_array()
+                .expect("deliveries")
+                .iter()
+                .map(|d| d["id"].as_str().expect("id").to_owned())
+                .collect::<Vec<_>>()
+        }
+    };
+    let enc = |t: &str| t.replace(':', "%3A").replace('+', "%2B");
+    assert_eq!(
+        ids_of(&format!("created_after={}", enc(&cut))).await,
+        vec![dlv("f-3")]
+    );
+    assert_eq!(
+        ids_of(&format!("created_before={}", enc(&cut))).await,
+        vec![dlv("f-1"), dlv("f-2")]
+    );
+    assert_eq!(ids_of("q=DISK").await, vec![dlv("f-1"), dlv("f-3")]);
+    assert_eq!(
+        ids_of("q=disk&status=queued&sink=app").await,
+        vec![dlv("f-1"), dlv("f-3")]
+    );
+    assert_eq!(ids_of("q=no+such+title").await, Vec::<String>::new());
+    // Pages of one: each holds a match although non-matching rows lie between them.
+    let p1 = s.get("/v1/deliveries?q=disk&limit=1").await;
+    assert_eq!(
+        p1.json["deliveries"][0]["id"],
+        dlv("f-1").as_str(),
+        "{}",
+        p1.text
+    );
+    let next = p1.json["next_after"]
+        .as_str()
+        .expect("next_after")
+        .to_owned();
+    let p2 = s
+        .get(&format!(
+            "/v1/deliveries?q=disk&limit=1&after={}",
+            encode_path(&next)
+        ))
+        .await;
+    assert_eq!(
+        p2.json["deliveries"][0]["id"],
+        dlv("f-3").as_str(),
+        "{}",
+        p2.text
+    );
+
+    // Nothing is stuck until stuck_after has passed; then all three pending rows are.
+    assert_eq!(
+        ids_of("stuck=true").await.len(),
+        0,
+        "stuck before stuck_after"
+    );
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert_eq!(
+        ids_of("stuck=true").await,
+        vec![dlv("f-1"), dlv("f-2"), dlv("f-3")]
+    );
+    let got = claim(&s, "o", 10, 60_000).await;
+    assert_eq!(got.len(), 3);
+    let r = act(&s, &dlv("f-2"), "complete", &json!({"owner": "o"})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(
+        ids_of("stuck=true").await,
+        vec![dlv("f-1"), dlv("f-3")],
+        "leased rows stay stuck"
+    );
+    assert_eq!(
+        ids_of("stuck=false").await,
+        vec![dlv("f-2")],
+        "a sent row is not stuck"
+    );
+    let row = s
+        .get(&format!("/v1/deliveries/{}", encode_path(&dlv("f-1"))))
+        .await;
+    assert_eq!(row.json["stuck"], true, "{}", row.text);
+    let row = s
+        .get(&format!("/v1/deliveries/{}", encode_path(&dlv("f-2"))))
+        .await;
+    assert_eq!(row.json["stuck"], false, "{}", row.text);
+    let kpis = s.get("/v1/outbox/kpis").await;
+    assert_eq!(
+        kpis.json["stuck"], 2,
+        "the stuck filter and the KPI agree: {}",
+        kpis.text
+    );
+
+    let head = s.head().await;
+    for bad in [
+        "stuck=yes",
+        "stuck=",
+        "created_after=yesterday",
+        "created_before=2026-13-01T00:00:00Z",
+        "q=",
+        "q=%07bell",
+    ] {
+        let r = s.get(&format!("/v1/deliveries?{bad}")).await;
+        assert_problem_for(&r, 400, "invalid_query", bad);
+    }
+    assert_eq!(s.head().await, head, "bad filters change nothing");
+}

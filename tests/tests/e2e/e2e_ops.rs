@@ -384,3 +384,61 @@ async fn unauthorized_answers_carry_www_authenticate() {
         r.headers
     );
 }
+
+/// The console is three embedded files under a policy that allows only the server itself; the
+/// page talks to the public API only (its script names no other origin and no private path).
+#[tokio::test]
+async fn the_console_is_served_from_the_binary_under_a_strict_policy() {
+    let s = Server::start(ServerOpts::default()).await;
+    for (path, ty, needle) in [
+        ("/", "text/html", "/console/app.js"),
+        ("/console/app.js", "text/javascript", "/v1/whoami"),
+        ("/console/app.css", "text/css", ".tile"),
+    ] {
+        let r = s.get(path).await;
+        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text);
+        let h = |n: &str| {
+            r.headers
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert!(
+            h("content-type").starts_with(ty),
+            "{path}: {}",
+            h("content-type")
+        );
+        let csp = h("content-security-policy");
+        assert!(
+            csp.contains("default-src 'none'") && csp.contains("connect-src 'self'"),
+            "{path}: {csp}"
+        );
+        assert_eq!(h("x-content-type-options"), "nosniff", "{path}");
+        assert!(r.text.contains(needle), "{path} lacks {needle}");
+        assert!(
+            !r.text.contains("http://") && !r.text.contains("https://"),
+            "{path} refers to another origin"
+        );
+    }
+    // Every path the script calls is a documented operation under /v1.
+    let js = s.get("/console/app.js").await.text;
+    let doc = s.get("/openapi.json").await.json;
+    let paths: Vec<&String> = doc["paths"].as_object().expect("paths").keys().collect();
+    for used in [
+        "/v1/whoami",
+        "/v1/outbox/kpis",
+        "/v1/deliveries",
+        "/v1/events/stream",
+        "/v1/consumers/lag",
+        "/v1/sources",
+        "/v1/admin/projections",
+        "/v1/tasks",
+    ] {
+        assert!(js.contains(used), "the console does not use {used}");
+        assert!(
+            paths.iter().any(|p| p.as_str() == used),
+            "{used} is not in the OpenAPI document"
+        );
+    }
+}

@@ -24,6 +24,7 @@ mod e2e_bad_input;
 mod e2e_bridge_sinks;
 mod e2e_bridges;
 mod e2e_cli;
+mod e2e_console;
 mod e2e_crash;
 mod e2e_deliveries;
 mod e2e_delivery_routing;

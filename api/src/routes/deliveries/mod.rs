@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use tidemark_log::time::{format_micros, now_micros};
 use tidemark_projections::deliveries::{Delivery, Step};
 use tidemark_projections::names::DeliveryStatus;
-use tidemark_projections::read::{DeliveryFilter, Kpis};
+use tidemark_projections::read::{DeliveryFilter, Kpis, StuckFilter};
 use tidemark_projections::routing::RoutingSettings;
 use utoipa::{IntoParams, ToSchema};
 
@@ -104,6 +104,8 @@ pub struct DeliveryOut {
     pub last_error: Option<String>,
     pub external_id: Option<String>,
     pub created_at: String,
+    #[serde(skip)]
+    pub(crate) created_at_us: i64,
     pub updated_at: String,
     pub delivered_at: Option<String>,
     /// The notifications it carries (several for a digest): the first `max_items`.
@@ -122,6 +124,9 @@ pub struct DeliveryOut {
     /// delivery.
     #[serde(flatten)]
     pub provenance: crate::routes::notifications::ProvenanceOut,
+    /// Pending (queued, leased or retry_wait) for longer than `outbox.stuck_after`, judged
+    /// when the answer was made.
+    pub stuck: bool,
     /// Only on `GET /v1/deliveries/{id}`: every step with its time, owner, code and error.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<StepOut>>,
@@ -131,7 +136,19 @@ fn is_zero(n: &usize) -> bool {
     *n == 0
 }
 
+/// Deliveries pending since before this time (µs) are stuck.
+fn stuck_cut(now_us: i64, stuck_after_ms: u64) -> i64 {
+    now_us.saturating_sub(stuck_after_ms as i64 * 1_000)
+}
+
 impl DeliveryOut {
+    /// With `stuck` judged against `cut_us` (see [`stuck_cut`]).
+    fn judged_stuck(mut self, cut_us: i64) -> Self {
+        self.stuck = DeliveryStatus::parse(&self.status).is_some_and(DeliveryStatus::is_pending)
+            && self.created_at_us < cut_us;
+        self
+    }
+
     /// With the provenance of its notification (none for a redacted delivery).
     pub(crate) fn with_provenance(
         mut self,
@@ -193,6 +210,8 @@ impl From<Delivery> for DeliveryOut {
             last_error: d.last_error,
             external_id: d.external_id,
             created_at: format_micros(d.created_at_us),
+            created_at_us: d.created_at_us,
+            stuck: false,
             updated_at: format_micros(d.updated_at_us),
             delivered_at: d.delivered_at_us.map(format_micros),
             items: d
@@ -306,6 +325,24 @@ pub struct DeliveriesQuery {
     /// Deliveries of notifications from this `source.site_id`.
     #[param(max_length = 256, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
     pub source_site: Option<String>,
+    /// Created at or after this time (RFC 3339).
+    #[param(value_type = Option<String>, format = DateTime)]
+    pub created_after: Option<String>,
+    /// Created before this time (RFC 3339).
+    #[param(value_type = Option<String>, format = DateTime)]
+    pub created_before: Option<String>,
+    /// `true`: only stuck deliveries (pending for longer than `outbox.stuck_after`);
+    /// `false`: only the others.
+    #[param(value_type = Option<bool>)]
+    pub stuck: Option<String>,
+    /// A case-insensitive substring of the title (a digest's item titles too). It may scan;
+    /// a page still holds up to `limit` matches when they exist.
+    #[param(
+        min_length = 1,
+        max_length = 256,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$"
+    )]
+    pub q: Option<String>,
     /// Continue after this delivery id.
     #[param(max_length = 256, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
     pub after: Option<String>,
@@ -347,6 +384,7 @@ pub async fn list(
         ("notification_id", &q.notification_id),
         ("source_site", &q.source_site),
         ("after", &q.after),
+        ("q", &q.q),
     ] {
         if let Some(v) = v
             && (v.chars().count() > 256 || v.chars().any(char::is_control))
@@ -356,7 +394,40 @@ pub async fn list(
             )));
         }
     }
+    if q.q.as_deref() == Some("") {
+        return Err(ApiError::invalid_query("q must not be empty"));
+    }
+    let time = |name: &str, v: Option<&str>| -> Result<Option<i64>, ApiError> {
+        v.map(|v| {
+            tidemark_log::time::parse_rfc3339_micros(v).ok_or_else(|| {
+                ApiError::invalid_query(format!("{name} must be an RFC 3339 time, not {v:?}"))
+            })
+        })
+        .transpose()
+    };
+    let created_after_us = time("created_after", q.created_after.as_deref())?;
+    let created_before_us = time("created_before", q.created_before.as_deref())?;
+    let now = now_micros();
+    let stuck_cut = stuck_cut(now, settings(&st).stuck_after_ms);
+    let stuck = match q.stuck.as_deref() {
+        None => None,
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        Some(v) => {
+            return Err(ApiError::invalid_query(format!(
+                "stuck must be true or false, not {v:?}"
+            )));
+        }
+    }
+    .map(|stuck_only| StuckFilter {
+        cut_us: stuck_cut,
+        stuck_only,
+    });
     let f = DeliveryFilter {
+        created_after_us,
+        created_before_us,
+        stuck,
+        title_contains: q.q,
         status: q.status,
         sink: q.sink,
         route: q.route,
@@ -373,7 +444,10 @@ pub async fn list(
     })
     .await?;
     Ok(Json(DeliveriesPage {
-        deliveries: rows,
+        deliveries: rows
+            .into_iter()
+            .map(|d| d.judged_stuck(stuck_cut))
+            .collect(),
         next_after: next,
         as_of_seq,
     }))
@@ -412,6 +486,7 @@ pub async fn get(
             format!("no delivery {id:?}"),
         )
     })?;
+    out = out.judged_stuck(stuck_cut(now_micros(), settings(&st).stuck_after_ms));
     out.timeline = Some(steps.into_iter().map(StepOut::from).collect());
     Ok(Json(DeliveryAnswer {
         delivery: out,

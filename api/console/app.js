@@ -1,0 +1,661 @@
+// tidemark operator console (spec section 15). Plain JavaScript, no dependencies, served by the
+// binary itself; it talks only to the public HTTP API under /v1, like any other client.
+'use strict';
+
+const ALL_SCOPES = ['read', 'append', 'bridge', 'operator', 'admin'];
+const TOKEN_KEY = 'tidemark.token';
+const TAIL_MAX = 200;
+const KPI_EVERY_MS = 5000;
+
+const state = {
+  token: sessionStorage.getItem(TOKEN_KEY),
+  who: null, // {name, scopes, open}
+  view: null,
+  kpiTimer: null,
+  dNext: null, // next_after of the deliveries list
+  tNext: null,
+  task: null, // the task shown
+  tail: { ctrl: null, lastId: null, attempt: 0, filters: {}, timer: null },
+};
+
+// ---------------------------------------------------------------------------------------------
+// Small DOM helpers: elements are built with textContent only (no HTML from the server).
+
+const $ = (sel) => document.querySelector(sel);
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === 'class') e.className = v;
+    else if (k === 'text') e.textContent = v;
+    else if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
+    else if (k === 'dataset') Object.assign(e.dataset, v);
+    else e.setAttribute(k, v === true ? '' : v);
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null || c === false) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+function table(node, headers, rows) {
+  node.replaceChildren(
+    el('thead', {}, el('tr', {}, headers.map((h) => el('th', { text: h })))),
+    el('tbody', {}, rows),
+  );
+  if (!rows.length) {
+    node.querySelector('tbody').append(
+      el('tr', {}, el('td', { colspan: headers.length, class: 'muted', text: 'nothing here' })),
+    );
+  }
+}
+
+/// Replace `node`'s children, skipping absent ones (null, undefined, false).
+function fill(node, ...children) {
+  node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+}
+
+function show(node, on) {
+  node.hidden = !on;
+}
+
+function flash(msg, kind) {
+  const f = $('#flash');
+  f.textContent = msg;
+  f.className = kind || 'info';
+  f.hidden = false;
+  clearTimeout(flash.timer);
+  flash.timer = setTimeout(() => { f.hidden = true; }, 6000);
+}
+
+function fmtTime(s) {
+  return s ? s.replace('T', ' ').replace(/\.\d+Z$/, 'Z') : '–';
+}
+
+function fmtAge(seconds) {
+  if (!seconds) return '0s';
+  const s = Math.round(seconds);
+  if (s < 120) return `${s}s`;
+  if (s < 7200) return `${Math.round(s / 60)}m`;
+  return `${Math.round(s / 3600)}h`;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The API: every call carries the tab's token; a 401 asks for one again.
+
+class ApiError extends Error {
+  constructor(status, problem) {
+    super((problem && (problem.detail || problem.title)) || `HTTP ${status}`);
+    this.status = status;
+    this.code = problem && problem.code;
+  }
+}
+
+function authHeaders() {
+  return state.token ? { Authorization: `Bearer ${state.token}` } : {};
+}
+
+async function api(method, path, body) {
+  const headers = { Accept: 'application/json', ...authHeaders() };
+  const init = { method, headers };
+  if (body !== undefined) {
+    headers['Content-Type'] = 'application/json';
+    init.body = JSON.stringify(body);
+  }
+  const r = await fetch(path, init);
+  const text = await r.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch (_) { data = null; }
+  if (r.status === 401) {
+    askToken('The token was refused; paste another.');
+    throw new ApiError(401, data);
+  }
+  if (!r.ok) throw new ApiError(r.status, data);
+  return data;
+}
+
+function qs(params) {
+  const u = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) {
+    if (v !== undefined && v !== null && v !== '') u.set(k, v);
+  }
+  const s = u.toString();
+  return s ? `?${s}` : '';
+}
+
+function can(scope) {
+  const w = state.who;
+  if (!w) return false;
+  return w.open || w.scopes.includes('admin') || w.scopes.includes(scope);
+}
+
+/// A button for an action that needs `scope`: disabled, with the reason, when the token lacks it.
+function actionButton(label, scope, onclick, testid) {
+  const allowed = can(scope);
+  return el('button', {
+    type: 'button',
+    text: label,
+    disabled: !allowed,
+    title: allowed ? null : `needs the ${scope} scope`,
+    'data-testid': testid,
+    onclick: async (ev) => {
+      ev.stopPropagation();
+      const b = ev.currentTarget;
+      b.disabled = true;
+      try { await onclick(); } catch (e) { flash(`${label}: ${e.message}`, 'error'); }
+      finally { b.disabled = !can(scope); }
+    },
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Token and identity.
+
+function askToken(why) {
+  state.who = null;
+  stopTail();
+  show($('#app'), false);
+  show($('#login'), true);
+  show($('#logout'), false);
+  $('#who').textContent = '';
+  $('#login-error').textContent = why || '';
+  $('#token').focus();
+}
+
+async function identify() {
+  const r = await fetch('/v1/whoami', { headers: { Accept: 'application/json', ...authHeaders() } });
+  if (r.status === 401) {
+    const had = !!state.token;
+    if (had) sessionStorage.removeItem(TOKEN_KEY);
+    state.token = null;
+    askToken(had ? 'That token was refused.' : '');
+    return false;
+  }
+  if (!r.ok) throw new ApiError(r.status, await r.json().catch(() => null));
+  state.who = await r.json();
+  const w = state.who;
+  $('#who').textContent = w.open
+    ? 'open mode (no tokens configured): every scope'
+    : `${w.name}: ${w.scopes.join(', ')}`;
+  $('#who').dataset.scopes = (w.open ? ALL_SCOPES : w.scopes).join(' ');
+  show($('#logout'), !w.open);
+  show($('#login'), false);
+  show($('#app'), true);
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outbox: KPI tiles (refreshed), deliveries with filters, timelines, Retry and Discard.
+
+const TILES = [
+  ['queue_depth', 'Queue depth'],
+  ['stuck', 'Stuck'],
+  ['parked', 'Parked'],
+  ['sent_last_interval', 'Sent (last interval)'],
+  ['oldest_pending_age_s', 'Oldest pending'],
+];
+
+function kpiRows(map) {
+  return Object.entries(map || {}).map(([name, k]) => el('tr', { 'data-key': name },
+    el('td', { text: name }),
+    TILES.map(([f]) => el('td', {
+      'data-field': f,
+      text: f === 'oldest_pending_age_s' ? fmtAge(k[f]) : k[f],
+    }))));
+}
+
+async function loadKpis() {
+  const k = await api('GET', '/v1/outbox/kpis');
+  $('#tiles').replaceChildren(...TILES.map(([f, label]) => el('div', {
+    class: `tile${(f === 'stuck' || f === 'parked') && k[f] > 0 ? ' warn' : ''}`,
+    'data-testid': `tile-${f}`,
+  },
+  el('div', { class: 'label', text: label }),
+  el('div', {
+    class: 'value',
+    'data-value': k[f],
+    text: f === 'oldest_pending_age_s' ? fmtAge(k[f]) : k[f],
+  }))));
+  $('#kpi-asof').textContent = `as of seq ${k.as_of_seq}, sent interval ${k.interval_s}s`;
+  const head = ['', ...TILES.map(([, l]) => l)];
+  table($('#kpi-sinks'), head, kpiRows(k.by_sink));
+  table($('#kpi-sites'), head, kpiRows(k.by_source_site));
+  setHead(k.as_of_seq);
+}
+
+function deliveryFilters() {
+  const f = new FormData($('#dfilter'));
+  const p = {};
+  for (const name of ['status', 'sink', 'route', 'recipient', 'notification_id', 'source_site', 'q']) {
+    const v = (f.get(name) || '').trim();
+    if (v) p[name] = v;
+  }
+  for (const name of ['created_after', 'created_before']) {
+    const v = f.get(name);
+    if (v) p[name] = new Date(v).toISOString();
+  }
+  if (f.get('stuck')) p.stuck = 'true';
+  return p;
+}
+
+function deliveryRow(d) {
+  const tr = el('tr', {
+    class: 'clickable',
+    'data-id': d.id,
+    'data-status': d.status,
+    onclick: () => openTimeline(d.id),
+  },
+  el('td', { class: 'mono', text: d.id }),
+  el('td', {}, el('span', { class: `pill s-${d.status}`, text: d.status }),
+    d.stuck ? el('span', { class: 'pill badge-stuck', text: 'stuck', 'data-testid': 'stuck-badge' }) : null),
+  el('td', { text: d.sink }),
+  el('td', { text: d.route }),
+  el('td', { text: d.redacted ? '(redacted)' : (d.recipient || '–') }),
+  el('td', { text: d.title }),
+  el('td', { text: `${d.attempts}/${d.max_attempts}` }),
+  el('td', { text: fmtTime(d.created_at) }),
+  el('td', { class: 'err', text: d.last_error || '' }),
+  el('td', {}, d.status === 'parked' ? [
+    actionButton('Retry', 'operator', () => operate(d.id, 'retry'), 'retry'),
+    actionButton('Discard', 'operator', () => operate(d.id, 'discard'), 'discard'),
+  ] : null));
+  return tr;
+}
+
+const DHEAD = ['id', 'status', 'sink', 'route', 'recipient', 'title', 'attempts', 'created', 'last error', ''];
+
+async function loadDeliveries(append) {
+  const p = deliveryFilters();
+  p.limit = 50;
+  if (append && state.dNext) p.after = state.dNext;
+  const page = await api('GET', `/v1/deliveries${qs(p)}`);
+  const rows = page.deliveries.map(deliveryRow);
+  if (append) $('#deliveries tbody').append(...rows);
+  else table($('#deliveries'), DHEAD, rows);
+  state.dNext = page.next_after || null;
+  show($('#dmore'), !!state.dNext);
+}
+
+async function operate(id, action) {
+  await api('POST', `/v1/deliveries/${encodeURIComponent(id)}/${action}`,
+    { reason: `${action} from the console` });
+  flash(`${action === 'retry' ? 'Retried' : 'Discarded'} ${id}`, 'ok');
+  await Promise.all([loadDeliveries(false), loadKpis(), openTimeline(id)]);
+}
+
+async function openTimeline(id) {
+  const d = await api('GET', `/v1/deliveries/${encodeURIComponent(id)}`);
+  const steps = (d.timeline || []).map((s) => el('tr', {},
+    el('td', { text: s.seq }),
+    el('td', { text: s.event }),
+    el('td', { text: fmtTime(s.at) }),
+    el('td', { text: s.owner || '' }),
+    el('td', { text: s.attempt ?? '' }),
+    el('td', { text: [s.error_code, s.error, s.reason].filter(Boolean).join(' · ') }),
+    el('td', { text: fmtTime(s.next_attempt_at || s.lease_expires_at || '') }),
+  ));
+  const t = el('table', { class: 'list' });
+  table(t, ['seq', 'step', 'at', 'owner', 'attempt', 'detail', 'next / lease until'], steps);
+  const items = (d.items || []).map((i) => el('li', {}, `${i.notification_id}: ${i.title}`));
+  fill($('#timeline'),
+    el('h3', {}, 'Timeline of ', el('span', { class: 'mono', text: d.id }),
+      ' ', el('span', { class: `pill s-${d.status}`, text: d.status, 'data-testid': 'timeline-status' })),
+    el('p', { class: 'muted' }, `notification ${d.notification_id} · route ${d.route} · sink ${d.sink}`,
+      d.reason ? ` · reason ${d.reason}` : '', d.source ? ` · site ${d.source.site_id || '–'}` : ''),
+    items.length > 1 ? el('ul', {}, items) : null,
+    d.more ? el('p', { class: 'muted', text: `and ${d.more} more` }) : null,
+    t,
+    el('button', { type: 'button', text: 'Close', onclick: () => show($('#timeline'), false) }),
+  );
+  show($('#timeline'), true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tasks, their bridge subscriptions with cursor state, and explain.
+
+async function loadTasks(append) {
+  const f = new FormData($('#tfilter'));
+  const id = (f.get('task_id') || '').trim();
+  if (id && !append) {
+    await openTask(id);
+    return;
+  }
+  const p = { status: f.get('status'), project_id: (f.get('project_id') || '').trim(), limit: 50 };
+  if (append && state.tNext) p.after = state.tNext;
+  const page = await api('GET', `/v1/tasks${qs(p)}`);
+  const rows = page.tasks.map((t) => el('tr', { class: 'clickable', 'data-id': t.task_id, onclick: () => openTask(t.task_id) },
+    el('td', { class: 'mono', text: t.task_id }),
+    el('td', { text: t.title || '' }),
+    el('td', { text: t.project_id || '' }),
+    el('td', {}, el('span', { class: `pill t-${t.status}`, text: t.status })),
+    el('td', { text: t.latest_event_seq }),
+    el('td', { text: fmtTime(t.updated_at) })));
+  if (append) $('#tasks tbody').append(...rows);
+  else table($('#tasks'), ['task', 'title', 'project', 'status', 'latest seq', 'updated'], rows);
+  state.tNext = page.next_after || null;
+  show($('#tmore'), !!state.tNext);
+}
+
+function cursorCard(s) {
+  const c = s.cursor;
+  const zero = c.last_sequence === 0 && !c.last_delivery_id && !c.last_error;
+  const parts = [];
+  if (zero) {
+    parts.push(el('p', {}, el('span', { class: 'pill zero', text: 'zero state', 'data-testid': 'zero-pill' }),
+      ' seq ', el('b', { text: '0', 'data-testid': 'cursor-seq' }),
+      el('span', { class: 'muted', text: ' — nothing delivered yet' })));
+  } else {
+    parts.push(el('dl', { class: 'kv' },
+      el('dt', { text: 'last_sequence' }), el('dd', { text: c.last_sequence, 'data-testid': 'cursor-seq' }),
+      el('dt', { text: 'last_delivery_id' }), el('dd', { class: 'mono', text: c.last_delivery_id || '–', 'data-testid': 'cursor-delivery' }),
+      el('dt', { text: 'last_delivered_at' }), el('dd', { text: fmtTime(c.last_delivered_at) }),
+      el('dt', { text: 'updated_at' }), el('dd', { text: fmtTime(c.updated_at) })));
+  }
+  if (c.last_error) {
+    parts.push(el('div', { class: 'failure', 'data-testid': 'cursor-error' },
+      el('b', { text: 'last_error: ' }), el('span', { text: c.last_error }),
+      el('div', { class: 'muted mono', text: `consumer ${c.consumer_id} · stream ${c.stream_name} · subject ${c.subject_id}` })));
+  }
+  const explainBox = el('div', { class: 'explain', 'data-testid': 'explain' });
+  const base = `/v1/tasks/${encodeURIComponent(s.task_id)}/notifications/bridges/${encodeURIComponent(s.subscription_id)}`;
+  return el('div', { class: `card${c.last_error ? ' failed' : ''}`, 'data-testid': 'subscription', 'data-id': s.subscription_id },
+    el('h4', {}, el('span', { class: 'mono', text: s.subscription_id }), ' → bridge ',
+      el('span', { class: 'mono', text: s.bridge_id }), ` (${s.mode}, ${s.sink.kind})`,
+      s.active ? null : el('span', { class: 'pill', text: 'deleted' })),
+    parts,
+    el('div', { class: 'actions' },
+      el('button', {
+        type: 'button',
+        text: 'Explain',
+        'data-testid': 'explain-button',
+        onclick: async () => {
+          try {
+            const x = await api('GET', `${base}/explain`);
+            const t = el('table', { class: 'list' });
+            table(t, ['seq', 'event', 'decision', 'reason'], x.candidates.map((k) => el('tr', {},
+              el('td', { text: k.seq }), el('td', { text: k.event_type }),
+              el('td', {}, el('span', { class: `pill d-${k.decision}`, text: k.decision })),
+              el('td', { text: k.reason }))));
+            explainBox.replaceChildren(el('p', {}, `next: ${x.next}${x.next_seq ? ` at seq ${x.next_seq}` : ''}`), t);
+          } catch (e) { flash(`explain: ${e.message}`, 'error'); }
+        },
+      }),
+      s.active ? actionButton('Delete', 'bridge', async () => {
+        await api('DELETE', base);
+        flash(`Deleted ${s.subscription_id}; creating it again resumes from its cursor`, 'ok');
+        await openTask(s.task_id);
+      }, 'delete-subscription') : null),
+    explainBox);
+}
+
+async function openTask(id) {
+  const enc = encodeURIComponent(id);
+  const [t, subs] = await Promise.all([
+    api('GET', `/v1/tasks/${enc}`),
+    api('GET', `/v1/tasks/${enc}/notifications/bridges`),
+  ]);
+  state.task = id;
+  const runs = (t.runs || []).map((r) => el('tr', {},
+    el('td', { class: 'mono', text: r.run_id }), el('td', { text: r.outcome || '–' }),
+    el('td', { text: r.review && r.review.state !== 'none' ? `${r.review.state}${r.review.gated ? ' (gated)' : ''}` : '–' })));
+  const rt = el('table', { class: 'list' });
+  table(rt, ['run', 'outcome', 'review'], runs);
+  const active = subs.subscriptions.filter((s) => s.active);
+  fill($('#task'),
+    el('h3', {}, 'Task ', el('span', { class: 'mono', text: t.task_id }), ' ',
+      el('span', { class: `pill t-${t.status}`, text: t.status, 'data-testid': 'task-status' })),
+    el('p', { class: 'muted' }, `${t.title || ''} · project ${t.project_id || '–'} · review required ${t.review_required}`),
+    el('p', {}, 'Stream resume: reconnect with ', el('code', { text: `after_sequence=${t.latest_event_seq}` }),
+      ' (latest_event_seq of this task).'),
+    rt,
+    el('h4', { text: `Bridge subscriptions (${active.length})` }),
+    subs.subscriptions.length ? subs.subscriptions.map(cursorCard)
+      : el('p', { class: 'muted', text: 'No bridge subscriptions.' }),
+    subs.subscriptions.some((s) => !s.active)
+      ? el('p', { class: 'muted', text: 'A deleted subscription keeps its cursor: creating the same subscription_id again resumes from it.' })
+      : null,
+    el('button', { type: 'button', text: 'Refresh', 'data-testid': 'task-refresh', onclick: () => openTask(id) }),
+  );
+  show($('#task'), true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumers, sources, projections.
+
+async function loadLag() {
+  const p = await api('GET', '/v1/consumers/lag');
+  $('#lag-summary').textContent = `${p.cursors.length} cursors, ${p.stalled} stalled`;
+  table($('#lag'), ['consumer', 'stream', 'subject', 'last seq', 'lag (events)', 'lag (time)', 'flags', 'last error'],
+    p.cursors.map((c) => el('tr', { 'data-consumer': c.consumer_id },
+      el('td', { class: 'mono', text: c.consumer_id }), el('td', { text: c.stream_name }),
+      el('td', { text: c.subject_id || '(all)' }), el('td', { text: c.last_sequence }),
+      el('td', { text: `${c.lag_capped ? '≥ ' : ''}${c.lag_events}` }), el('td', { text: fmtAge(c.lag_seconds) }),
+      el('td', {}, c.stalled ? el('span', { class: 'pill warn', text: 'stalled', 'data-testid': 'stalled' }) : null,
+        c.stale ? el('span', { class: 'pill', text: 'stale' }) : null),
+      el('td', { class: 'err', text: c.last_error || '' }))));
+}
+
+async function loadSources() {
+  const p = await api('GET', '/v1/sources');
+  table($('#sources'), ['source', 'state', 'watermark', 'last poll', 'last success', 'failures', 'last error', ''],
+    p.sources.map((s) => {
+      const enc = encodeURIComponent(s.name);
+      const act = (verb) => async () => {
+        await api('POST', `/v1/sources/${enc}/${verb}`, verb === 'poll' ? undefined : { reason: 'from the console' });
+        flash(`${verb}: ${s.name}`, 'ok');
+        await loadSources();
+      };
+      return el('tr', { 'data-name': s.name },
+        el('td', { class: 'mono', text: s.name }),
+        el('td', {}, el('span', { class: `pill src-${s.state}`, text: s.state }), s.stale ? el('span', { class: 'pill warn', text: 'stale' }) : null),
+        el('td', { class: 'mono', text: s.watermark ?? '–' }),
+        el('td', { text: fmtTime(s.last_poll_at) }), el('td', { text: fmtTime(s.last_success_at) }),
+        el('td', { text: s.consecutive_failures }), el('td', { class: 'err', text: s.last_error || '' }),
+        el('td', {},
+          actionButton('Poll now', 'operator', act('poll'), 'poll'),
+          s.state === 'paused' ? actionButton('Resume', 'operator', act('resume'), 'resume')
+            : actionButton('Pause', 'operator', act('pause'), 'pause')));
+    }));
+}
+
+async function loadProjections() {
+  const allowed = can('operator');
+  show($('#proj-denied'), !allowed);
+  if (!allowed) {
+    table($('#projections'), ['projection'], []);
+    return;
+  }
+  const p = await api('GET', '/v1/admin/projections');
+  const run = (name, verb) => async () => {
+    $('#proj-result').replaceChildren(el('p', { class: 'muted', text: `${verb} ${name}…` }));
+    show($('#proj-result'), true);
+    const r = await api('POST', `/v1/admin/projections/${encodeURIComponent(name)}/${verb}`);
+    fill($('#proj-result'), el('p', { 'data-testid': 'proj-outcome' },
+      `${verb} ${r.name}: ${r.events_replayed} events in ${r.duration_ms} ms, `,
+      el('b', { text: r.identical ? 'identical' : `diverges at seq ${r.first_divergent_seq}` }),
+      verb === 'rebuild' ? ` · ${r.swapped ? 'switched to the rebuilt model' : 'kept the live model'}` : ''),
+    el('p', { class: 'mono muted', text: `digest ${r.digest}` }));
+    await loadProjections();
+  };
+  table($('#projections'), ['projection', 'checkpoint', 'lag', 'generation', 'digest', ''],
+    p.projections.map((x) => el('tr', { 'data-name': x.name },
+      el('td', { class: 'mono', text: x.name }), el('td', { text: x.checkpoint }), el('td', { text: x.lag }),
+      el('td', { text: x.generation ?? '' }), el('td', { class: 'mono small', text: x.digest }),
+      el('td', {}, actionButton('Verify', 'operator', run(x.name, 'verify'), 'verify'),
+        actionButton('Rebuild', 'operator', run(x.name, 'rebuild'), 'rebuild')))));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Live tail: SSE read through fetch with a streaming body, so the token travels in a header and
+// Last-Event-ID is ours to send after a reconnect.
+
+function setHead(seq) {
+  const h = $('#head');
+  if (!h.dataset.seq || Number(h.dataset.seq) < seq) {
+    h.dataset.seq = seq;
+    h.textContent = seq;
+  }
+}
+
+function tailState(text, cls) {
+  const s = $('#tail-state');
+  s.textContent = text;
+  s.className = `pill ${cls || ''}`;
+}
+
+function stopTail() {
+  const t = state.tail;
+  if (t.ctrl) t.ctrl.abort();
+  clearTimeout(t.timer);
+  t.ctrl = null;
+}
+
+function tailEvent(id, type, data) {
+  let env = null;
+  try { env = JSON.parse(data); } catch (_) { return; }
+  state.tail.lastId = id;
+  setHead(Number(id));
+  const body = $('#tail tbody');
+  const row = el('tr', { 'data-seq': id, 'data-type': type },
+    el('td', { text: id }), el('td', { text: fmtTime(env.time) }), el('td', { text: type }),
+    el('td', { class: 'mono', text: env.stream }), el('td', { class: 'mono', text: env.subject }),
+    el('td', { class: 'mono', text: env.event_id }));
+  const empty = body.querySelector('td[colspan]');
+  if (empty) empty.parentElement.remove();
+  body.prepend(row);
+  while (body.children.length > TAIL_MAX) body.lastElementChild.remove();
+}
+
+async function startTail(reset) {
+  const t = state.tail;
+  stopTail();
+  if (reset) {
+    t.lastId = null;
+    t.attempt = 0;
+    table($('#tail'), ['seq', 'time', 'type', 'stream', 'subject', 'event id'], []);
+    // Seed: the last 20 events (of the filters), then everything appended after them.
+    const page = await api('GET', `/v1/events${qs({ ...t.filters, limit: 1 })}`);
+    t.from = Math.max(0, (page.latest_event_seq || 0) - 20);
+  }
+  const ctrl = new AbortController();
+  t.ctrl = ctrl;
+  const headers = { Accept: 'text/event-stream', ...authHeaders() };
+  if (t.lastId !== null) headers['Last-Event-ID'] = String(t.lastId);
+  tailState(t.attempt ? `reconnecting (attempt ${t.attempt})` : 'connecting', 'warn');
+  try {
+    const r = await fetch(`/v1/events/stream${qs({ ...t.filters, after_sequence: t.from })}`, { headers, signal: ctrl.signal });
+    if (r.status === 401) { askToken('The token was refused; paste another.'); return; }
+    if (!r.ok || !r.body) throw new Error(`HTTP ${r.status}`);
+    tailState('live', 'ok');
+    t.attempt = 0;
+    const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buf = '';
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += value.replace(/\r\n?/g, '\n');
+      let cut;
+      while ((cut = buf.indexOf('\n\n')) >= 0) {
+        const block = buf.slice(0, cut);
+        buf = buf.slice(cut + 2);
+        let id = null; let type = 'message'; const data = [];
+        for (const line of block.split('\n')) {
+          if (line.startsWith(':')) continue;
+          const i = line.indexOf(':');
+          const field = i < 0 ? line : line.slice(0, i);
+          let v = i < 0 ? '' : line.slice(i + 1);
+          if (v.startsWith(' ')) v = v.slice(1);
+          if (field === 'id') id = v;
+          else if (field === 'event') type = v;
+          else if (field === 'data') data.push(v);
+        }
+        if (id !== null && data.length) tailEvent(id, type, data.join('\n'));
+      }
+    }
+    throw new Error('the stream ended');
+  } catch (e) {
+    if (ctrl.signal.aborted) return;
+    t.attempt += 1;
+    const wait = Math.min(10000, 500 * 2 ** Math.min(t.attempt, 5));
+    tailState(`disconnected, retrying in ${Math.round(wait / 1000)}s (${e.message})`, 'warn');
+    t.timer = setTimeout(() => { if (state.tail.ctrl === ctrl) startTail(false); }, wait);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Views and wiring.
+
+const LOADERS = {
+  outbox: async () => { await Promise.all([loadKpis(), loadDeliveries(false)]); },
+  tasks: () => loadTasks(false),
+  consumers: loadLag,
+  sources: loadSources,
+  projections: loadProjections,
+  tail: async () => {},
+};
+
+async function showView(name) {
+  if (!LOADERS[name]) name = 'outbox';
+  state.view = name;
+  for (const s of document.querySelectorAll('.view')) show(s, s.dataset.view === name);
+  for (const a of document.querySelectorAll('#nav a')) a.classList.toggle('active', a.dataset.view === name);
+  clearInterval(state.kpiTimer);
+  if (name === 'outbox') {
+    state.kpiTimer = setInterval(() => { loadKpis().catch(() => {}); }, KPI_EVERY_MS);
+  }
+  try { await LOADERS[name](); } catch (e) { if (e.status !== 401) flash(e.message, 'error'); }
+}
+
+async function boot() {
+  try {
+    if (!(await identify())) return;
+  } catch (e) {
+    flash(`whoami: ${e.message}`, 'error');
+    return;
+  }
+  await showView(location.hash.slice(1));
+  if (!state.tail.ctrl) startTail(true).catch((e) => flash(`tail: ${e.message}`, 'error'));
+  document.body.dataset.ready = 'true';
+}
+
+function wire() {
+  window.addEventListener('hashchange', () => { if (state.who) showView(location.hash.slice(1)); });
+  $('#login-form').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    state.token = $('#token').value.trim();
+    $('#token').value = '';
+    sessionStorage.setItem(TOKEN_KEY, state.token);
+    boot();
+  });
+  $('#logout').addEventListener('click', () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    state.token = null;
+    askToken('');
+  });
+  $('#dfilter').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    loadDeliveries(false).catch((e) => flash(e.message, 'error'));
+  });
+  $('#dfilter').addEventListener('reset', () => setTimeout(() => loadDeliveries(false).catch(() => {}), 0));
+  $('#dmore').addEventListener('click', () => loadDeliveries(true).catch((e) => flash(e.message, 'error')));
+  $('#tfilter').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    loadTasks(false).catch((e) => flash(e.message, 'error'));
+  });
+  $('#tmore').addEventListener('click', () => loadTasks(true).catch((e) => flash(e.message, 'error')));
+  $('#tfilt').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    const f = new FormData(ev.target);
+    state.tail.filters = {};
+    for (const k of ['stream', 'subject', 'type']) {
+      const v = (f.get(k) || '').trim();
+      if (v) state.tail.filters[k] = v;
+    }
+    startTail(true).catch((e) => flash(`tail: ${e.message}`, 'error'));
+  });
+  boot();
+}
+
+document.addEventListener('DOMContentLoaded', wire);

@@ -1,0 +1,488 @@
+// Browser tests of the operator console (spec section 15): Debian's Chromium, headless, driven by
+// playwright-core against the built `tidemark` binary with real data. Run by the cargo test
+// `e2e_console` (tests/tests/e2e/e2e_console.rs), which passes:
+//   TIDEMARK_BIN   the built binary (checked to be current by the harness)
+//   CONSOLE_WORK   a fresh temporary directory (data directories, Chromium profile, configs)
+//   CONSOLE_SHOTS  where the screenshots go (target/console-screenshots)
+//   CHROMIUM       the browser (default /usr/bin/chromium)
+// Every wait is a bound against hanging, never a speed assertion.
+import { spawn } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import assert from 'node:assert/strict';
+import { chromium } from 'playwright-core';
+
+const BIN = process.env.TIDEMARK_BIN;
+const WORK = process.env.CONSOLE_WORK;
+const SHOTS = process.env.CONSOLE_SHOTS;
+const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+if (!BIN || !WORK || !SHOTS) {
+  console.error('TIDEMARK_BIN, CONSOLE_WORK and CONSOLE_SHOTS are required');
+  process.exit(2);
+}
+mkdirSync(SHOTS, { recursive: true });
+const WAIT = 30_000;
+
+function step(msg) {
+  console.log(`[console] ${msg}`);
+}
+
+async function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+    s.on('error', reject);
+  });
+}
+
+async function sleep(ms) {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+/// Poll `probe` until it returns a truthy value (bounded).
+async function until(what, probe, limit = WAIT) {
+  const end = Date.now() + limit;
+  let last;
+  for (;;) {
+    try {
+      last = await probe();
+      if (last) return last;
+    } catch (e) {
+      last = e;
+    }
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what} (last: ${last})`);
+    await sleep(100);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server: the real binary, its own data directory, stopped by PID.
+
+class Server {
+  constructor(name, config) {
+    this.dir = path.join(WORK, name);
+    mkdirSync(this.dir, { recursive: true });
+    this.config = path.join(WORK, `${name}.toml`);
+    writeFileSync(this.config, config || '');
+    this.token = null;
+    this.log = '';
+  }
+
+  async start() {
+    if (!this.port) this.port = await freePort();
+    this.base = `http://127.0.0.1:${this.port}`;
+    this.proc = spawn(BIN, ['serve', '--data', path.join(this.dir, 'data'),
+      '--listen', `127.0.0.1:${this.port}`, '--config', this.config],
+    { stdio: ['ignore', 'pipe', 'pipe'] });
+    const exited = new Promise((resolve) => this.proc.once('exit', (code) => resolve(code)));
+    this.proc.stderr.on('data', (d) => { this.log += d; });
+    let out = '';
+    await Promise.race([
+      new Promise((resolve) => {
+        this.proc.stdout.on('data', (d) => {
+          out += d;
+          if (out.includes('listening on')) resolve();
+        });
+      }),
+      exited.then((code) => { throw new Error(`the server exited (${code}) before listening: ${this.log}`); }),
+      sleep(WAIT).then(() => { throw new Error('the server did not announce it is listening'); }),
+    ]);
+  }
+
+  kill9() {
+    this.proc.kill('SIGKILL');
+    return new Promise((resolve) => {
+      if (this.proc.exitCode !== null || this.proc.signalCode) resolve();
+      else this.proc.once('exit', resolve);
+    });
+  }
+
+  async req(method, p, body, token) {
+    const headers = { Accept: 'application/json' };
+    const t = token === undefined ? this.token : token;
+    if (t) headers.Authorization = `Bearer ${t}`;
+    if (body !== undefined) headers['Content-Type'] = 'application/json';
+    const r = await fetch(this.base + p, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+    const text = await r.text();
+    let json = null;
+    try { json = JSON.parse(text); } catch (_) { /* not json */ }
+    return { status: r.status, json, text };
+  }
+
+  async ok(method, p, body) {
+    const r = await this.req(method, p, body);
+    assert.ok(r.status >= 200 && r.status < 300, `${method} ${p}: ${r.status} ${r.text}`);
+    return r.json;
+  }
+
+  async append(events) {
+    const r = await this.ok('POST', '/v1/events', { events });
+    return r.events.map((e) => e.seq);
+  }
+}
+
+function notif(id, title, extra) {
+  return { event_id: id, stream: 'notifications', subject: id, type: 'notification.requested',
+    payload: { priority: 'urgent', title, body: 'details', recipient: 'ops', ...extra } };
+}
+
+function taskEv(task, type, payload) {
+  return { event_id: `${task}:${type}:${randomBytes(4).toString('hex')}`, stream: 'task_events',
+    subject: task, type, payload };
+}
+
+async function delivery(s, id) {
+  return (await s.ok('GET', `/v1/deliveries/${encodeURIComponent(id)}`));
+}
+
+async function waitStatus(s, id, status) {
+  return until(`${id} ${status}`, async () => {
+    const r = await s.req('GET', `/v1/deliveries/${encodeURIComponent(id)}`);
+    return r.status === 200 && r.json.status === status && r.json;
+  });
+}
+
+/// Claim every due delivery of sink `app`: fail those in `parked` for good (parked), complete
+/// the others (sent).
+async function settle(s, ids, parked) {
+  for (const id of ids) await waitStatus(s, id, 'queued');
+  const c = await s.ok('POST', '/v1/deliveries/claim', { sink: 'app', owner: 'console-test', limit: 100, lease_ms: 60_000 });
+  assert.deepEqual(c.deliveries.map((d) => d.id).sort(), [...ids].sort(), 'the claim leased what was due');
+  for (const d of c.deliveries) {
+    const enc = encodeURIComponent(d.id);
+    if (parked.includes(d.id)) {
+      await s.ok('POST', `/v1/deliveries/${enc}/fail`, {
+        owner: 'console-test', error_code: 'rejected', error: 'the sink said no', retryable: false });
+    } else {
+      await s.ok('POST', `/v1/deliveries/${enc}/complete`, { owner: 'console-test' });
+    }
+  }
+  for (const id of ids) await waitStatus(s, id, parked.includes(id) ? 'parked' : 'sent');
+}
+
+// ---------------------------------------------------------------------------------------------
+// The browser.
+
+let browser;
+let shot = 0;
+
+async function openPage(s) {
+  const context = await browser.newContext({ viewport: { width: 1400, height: 900 } });
+  const page = await context.newPage();
+  const urls = [];
+  const external = [];
+  page.on('request', (r) => {
+    urls.push(r.url());
+    if (!r.url().startsWith(s.base)) external.push(r.url());
+  });
+  page.on('pageerror', (e) => { page.errors.push(e.message); });
+  page.errors = [];
+  page.urls = urls;
+  pages.push(page);
+  page.external = external;
+  await page.goto(`${s.base}/`);
+  return page;
+}
+
+const pages = [];
+
+/// On a failure: a screenshot of every open page, to see what the page showed.
+async function failureShot(name) {
+  for (const [i, p] of pages.entries()) {
+    await p.screenshot({ path: path.join(SHOTS, `failed-${name}-${i}.png`), fullPage: true }).catch(() => {});
+    console.error(`[console] page errors: ${JSON.stringify(p.errors)}`);
+  }
+}
+
+async function snap(page, name) {
+  shot += 1;
+  const file = path.join(SHOTS, `${String(shot).padStart(2, '0')}-${name}.png`);
+  await page.screenshot({ path: file, fullPage: true });
+  step(`screenshot ${file}`);
+}
+
+async function ready(page) {
+  await page.waitForSelector('body[data-ready=true]', { timeout: WAIT });
+}
+
+async function view(page, name) {
+  await page.click(`#nav a[data-view=${name}]`);
+  await page.waitForSelector(`#view-${name}:not([hidden])`, { timeout: WAIT });
+}
+
+async function text(page, sel) {
+  return (await page.locator(sel).first().textContent({ timeout: WAIT })).trim();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenario 1: open mode.
+
+async function openMode() {
+  const s = new Server('open', '[notifications.outbox]\nstuck_after = "1s"\n');
+  await s.start();
+  step(`open server on ${s.base}`);
+
+  await s.append([notif('n-1', 'Disk almost full'), notif('n-2', 'Build broke'),
+    notif('n-3', 'Deploy failed'), notif('n-4', 'Certificate expires')]);
+  await settle(s, ['dlv:n-1:desktop', 'dlv:n-2:desktop', 'dlv:n-3:desktop', 'dlv:n-4:desktop'],
+    ['dlv:n-1:desktop', 'dlv:n-2:desktop']);
+  // Two still queued, older than stuck_after (1 s) by the time the page reads them.
+  await s.append([notif('n-5', 'Backup late'), notif('n-6', 'Queue growing')]);
+  await waitStatus(s, 'dlv:n-5:desktop', 'queued');
+  await waitStatus(s, 'dlv:n-6:desktop', 'queued');
+  await until('two stuck deliveries', async () => (await s.ok('GET', '/v1/outbox/kpis')).stuck === 2);
+
+  const page = await openPage(s);
+  await ready(page);
+  assert.match(await text(page, '#who'), /open mode/);
+
+  // KPI tiles show what the API gives (the page refreshes them; wait for its next read).
+  const k = await s.ok('GET', '/v1/outbox/kpis');
+  assert.equal(k.parked, 2);
+  for (const f of ['queue_depth', 'stuck', 'parked', 'sent_last_interval']) {
+    await page.waitForSelector(`[data-testid=tile-${f}] .value[data-value="${k[f]}"]`, { timeout: WAIT });
+  }
+  const appRow = page.locator('#kpi-sinks tr[data-key=app] td[data-field=parked]');
+  assert.equal((await appRow.textContent()).trim(), String(k.by_sink.app.parked));
+  step(`KPI tiles match the API: ${JSON.stringify({ queue_depth: k.queue_depth, stuck: k.stuck, parked: k.parked, sent: k.sent_last_interval })}`);
+  await snap(page, 'outbox-kpis');
+
+  // Stuck rows are badged; the stuck-only toggle asks the API for them.
+  await page.check('[data-testid=filter-stuck]');
+  await page.click('[data-testid=filter-apply]');
+  await until('only stuck rows', async () => {
+    const ids = await page.locator('#deliveries tbody tr[data-id]').evaluateAll((rs) => rs.map((r) => r.dataset.id));
+    return ids.length === 2 && ids.includes('dlv:n-5:desktop') && ids.includes('dlv:n-6:desktop');
+  });
+  assert.equal(await page.locator('#deliveries [data-testid=stuck-badge]').count(), 2);
+  await snap(page, 'outbox-stuck-only');
+  await page.uncheck('[data-testid=filter-stuck]');
+
+  // The title search.
+  await page.fill('[data-testid=filter-q]', 'build');
+  await page.click('[data-testid=filter-apply]');
+  await until('title search', async () => {
+    const ids = await page.locator('#deliveries tbody tr[data-id]').evaluateAll((rs) => rs.map((r) => r.dataset.id));
+    return ids.length === 1 && ids[0] === 'dlv:n-2:desktop';
+  });
+  await page.fill('[data-testid=filter-q]', '');
+
+  // Parked rows offer Retry and Discard; Retry makes the delivery queued.
+  await page.selectOption('#dfilter select[name=status]', 'parked');
+  await page.click('[data-testid=filter-apply]');
+  const row = page.locator('#deliveries tr[data-id="dlv:n-1:desktop"]');
+  await row.waitFor({ timeout: WAIT });
+  assert.equal(await page.locator('#deliveries tbody tr[data-id]').count(), 2);
+  await snap(page, 'outbox-parked');
+  await row.locator('[data-testid=retry]').click();
+  await waitStatus(s, 'dlv:n-1:desktop', 'queued');
+  await page.waitForSelector('[data-testid=timeline-status]:text("queued")', { timeout: WAIT });
+  await until('the retried row leaves the parked list', async () => (await page.locator('#deliveries tr[data-id="dlv:n-1:desktop"]').count()) === 0);
+  const tl = await page.locator('#timeline').textContent();
+  assert.match(tl, /retried/, 'the timeline shows the retry step');
+  assert.match(tl, /the sink said no/, 'the timeline shows the failure');
+  step('Retry on a parked delivery made it queued');
+  await snap(page, 'outbox-retried-timeline');
+  const k2 = await s.ok('GET', '/v1/outbox/kpis');
+  assert.equal(k2.parked, 1);
+  await page.waitForSelector(`[data-testid=tile-parked] .value[data-value="1"]`, { timeout: WAIT });
+
+  // A subscription: zero state, then its last_sequence after an ack, then last_error after a
+  // mismatch.
+  const task = 'task-console';
+  await s.append([taskEv(task, 'task.created', { project_id: 'p-console', title: 'Console task', review_required: false })]);
+  await s.ok('POST', `/v1/tasks/${task}/notifications/bridges`, {
+    subscription_id: 'sub-console', bridge_id: 'bridge-console', thread_id: 'th-1', sink: { kind: 'pull' } });
+  await view(page, 'tasks');
+  await page.fill('[data-testid=task-id-input]', task);
+  await page.click('[data-testid=task-find]');
+  const card = page.locator('[data-testid=subscription][data-id=sub-console]');
+  await card.locator('[data-testid=zero-pill]').waitFor({ timeout: WAIT });
+  assert.equal(await text(page, '[data-testid=subscription] [data-testid=cursor-seq]'), '0');
+  step('the subscription shows the zero-state pill and seq 0');
+  await snap(page, 'subscription-zero-state');
+
+  const [, done] = await s.append([taskEv(task, 'task.run_started', { run_id: 'r1' }),
+    taskEv(task, 'task.run_completed', { run_id: 'r1' })]);
+  const pulled = await until('the terminal notification', async () => {
+    const p = await s.ok('GET', '/v1/bridges/bridge-console/deliveries?wait_ms=1000');
+    return p.deliveries.length && p.deliveries;
+  });
+  assert.equal(pulled[0].seq, done);
+  await s.ok('POST', `/v1/bridges/bridge-console/deliveries/${encodeURIComponent(pulled[0].delivery_id)}/ack`, {});
+  await page.click('[data-testid=task-refresh]');
+  await page.waitForSelector(`[data-testid=subscription] [data-testid=cursor-seq]:text-is("${done}")`, { timeout: WAIT });
+  assert.equal(await text(page, '[data-testid=cursor-delivery]'), `notif:sub-console:${done}`);
+  assert.equal(await card.locator('[data-testid=zero-pill]').count(), 0);
+  step(`after the ack the card shows last_sequence ${done}`);
+  await snap(page, 'subscription-steady');
+
+  // Run r2 completes, then fails: the completion contradicts the run's outcome → mismatch.
+  const [, r2done] = await s.append([taskEv(task, 'task.run_started', { run_id: 'r2' }),
+    taskEv(task, 'task.run_completed', { run_id: 'r2' }), taskEv(task, 'task.run_failed', { run_id: 'r2', error: 'late crash' })]);
+  const cur = await until('the mismatch on the cursor', async () => {
+    const l = await s.ok('GET', `/v1/tasks/${task}/notifications/bridges/sub-console`);
+    return l.cursor.last_error && l.cursor;
+  });
+  await page.click('[data-testid=task-refresh]');
+  await page.waitForSelector('[data-testid=cursor-error]', { timeout: WAIT });
+  assert.ok((await text(page, '[data-testid=cursor-error]')).includes(cur.last_error));
+  assert.equal(await text(page, '[data-testid=cursor-seq]'), String(done), 'a mismatch never advances');
+  await card.locator('[data-testid=explain-button]').click();
+  await page.waitForSelector(`[data-testid=explain] td:text-is("${r2done}")`, { timeout: WAIT });
+  assert.match(await page.locator('[data-testid=explain]').textContent(), /mismatch/);
+  step('after the mismatch the card shows last_error and explain shows the decision');
+  await snap(page, 'subscription-failure');
+
+  // Consumers' lag, sources, projections with verify.
+  await view(page, 'consumers');
+  await page.waitForSelector('#lag tr[data-consumer="bridge_task_subscription:sub-console"]', { timeout: WAIT });
+  await snap(page, 'consumers');
+  await view(page, 'projections');
+  await page.locator('#projections tr[data-name=deliveries] [data-testid=verify]').click();
+  await page.waitForSelector('[data-testid=proj-outcome]:has-text("identical")', { timeout: WAIT });
+  await snap(page, 'projections-verified');
+
+  // The live tail: an event appended after the page opened appears; after a restart of the
+  // server it resumes from the last event shown (Last-Event-ID), without repeats or gaps.
+  await view(page, 'tail');
+  await page.waitForSelector('[data-testid=tail-state]:text-is("live")', { timeout: WAIT });
+  const [live] = await s.append([notif('tail-1', 'Appended after the page opened')]);
+  await page.waitForSelector(`#tail tr[data-seq="${live}"]`, { timeout: WAIT });
+  step(`the tail shows seq ${live}, appended after the page opened`);
+  await snap(page, 'tail-live');
+  await s.kill9();
+  await page.waitForSelector('[data-testid=tail-state]:not(:text-is("live"))', { timeout: WAIT });
+  await snap(page, 'tail-disconnected');
+  await s.start();
+  const [after] = await s.append([notif('tail-2', 'Appended after the restart')]);
+  await page.waitForSelector(`#tail tr[data-seq="${after}"]`, { timeout: WAIT });
+  await page.waitForSelector('[data-testid=tail-state]:text-is("live")', { timeout: WAIT });
+  const seqs = await page.locator('#tail tbody tr[data-seq]').evaluateAll((rs) => rs.map((r) => Number(r.dataset.seq)));
+  assert.equal(new Set(seqs).size, seqs.length, `the tail repeats events after the resume: ${seqs}`);
+  const sorted = [...seqs].sort((a, b) => b - a);
+  assert.deepEqual(seqs, sorted, 'newest first');
+  for (let i = 1; i < sorted.length; i += 1) assert.equal(sorted[i - 1] - sorted[i], 1, `a gap in the tail: ${sorted}`);
+  step(`after kill -9 and a restart the tail resumed and shows seq ${after}`);
+  await snap(page, 'tail-resumed');
+
+  assert.deepEqual(page.external, [], 'the console fetched nothing beyond the server');
+  assert.deepEqual(page.errors, [], 'no script errors');
+  await page.context().close();
+  await s.kill9();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenario 2: tokens. The page asks for one, keeps it for the tab, and disables what the
+// token's scopes forbid.
+
+async function withTokens() {
+  const admin = randomBytes(16).toString('hex');
+  const reader = randomBytes(16).toString('hex');
+  const sha = (t) => createHash('sha256').update(t).digest('hex');
+  const s = new Server('tokens', `
+[[auth.tokens]]
+name = "console-admin"
+sha256 = "${sha(admin)}"
+scopes = ["admin"]
+
+[[auth.tokens]]
+name = "console-reader"
+sha256 = "${sha(reader)}"
+scopes = ["read"]
+`);
+  s.token = admin;
+  await s.start();
+  step(`server with tokens on ${s.base}`);
+  await s.append([notif('t-1', 'Parked for the reader')]);
+  await settle(s, ['dlv:t-1:desktop'], ['dlv:t-1:desktop']);
+
+  const page = await openPage(s);
+  await page.waitForSelector('#login:not([hidden])', { timeout: WAIT });
+  await snap(page, 'token-prompt');
+  await page.fill('[data-testid=token-input]', 'not-a-token');
+  await page.click('[data-testid=token-submit]');
+  await page.waitForSelector('[data-testid=login-error]:has-text("refused")', { timeout: WAIT });
+
+  await page.fill('[data-testid=token-input]', reader);
+  await page.click('[data-testid=token-submit]');
+  await ready(page);
+  assert.equal(await page.getAttribute('#who', 'data-scopes'), 'read');
+  await page.selectOption('#dfilter select[name=status]', 'parked');
+  await page.click('[data-testid=filter-apply]');
+  const retry = page.locator('#deliveries tr[data-id="dlv:t-1:desktop"] [data-testid=retry]');
+  await retry.waitFor({ timeout: WAIT });
+  assert.ok(await retry.isDisabled(), 'a read-only token sees Retry disabled');
+  assert.equal(await retry.getAttribute('title'), 'needs the operator scope');
+  assert.ok(await page.locator('#deliveries tr[data-id="dlv:t-1:desktop"] [data-testid=discard]').isDisabled());
+  step('a read-only token sees Retry and Discard disabled');
+  await snap(page, 'read-only-token');
+  await view(page, 'projections');
+  await page.waitForSelector('#proj-denied:not([hidden])', { timeout: WAIT });
+
+  // The live tail works with a token too (sent as a header by fetch).
+  await view(page, 'tail');
+  await page.waitForSelector('[data-testid=tail-state]:text-is("live")', { timeout: WAIT });
+  const [seq] = await s.append([notif('t-2', 'Seen by the reader')]);
+  await page.waitForSelector(`#tail tr[data-seq="${seq}"]`, { timeout: WAIT });
+
+  // The token stays in this tab (session storage), survives a reload, and is never in a URL.
+  await page.reload();
+  await ready(page);
+  assert.equal(await page.getAttribute('#who', 'data-scopes'), 'read');
+  for (const u of page.urls) {
+    assert.ok(!u.includes(reader) && !u.includes(admin), `a token in a URL: ${u}`);
+  }
+  const other = await page.context().newPage();
+  await other.goto(`${s.base}/`);
+  await other.waitForSelector('#login:not([hidden])', { timeout: WAIT });
+  await other.close();
+
+  // Forget it, use the admin token: Retry is enabled and works.
+  await page.click('#logout');
+  await page.waitForSelector('#login:not([hidden])', { timeout: WAIT });
+  await page.fill('[data-testid=token-input]', admin);
+  await page.click('[data-testid=token-submit]');
+  await ready(page);
+  await view(page, 'outbox');
+  await page.selectOption('#dfilter select[name=status]', 'parked');
+  await page.click('[data-testid=filter-apply]');
+  const retry2 = page.locator('#deliveries tr[data-id="dlv:t-1:desktop"] [data-testid=retry]');
+  await retry2.waitFor({ timeout: WAIT });
+  assert.ok(await retry2.isEnabled());
+  await retry2.click();
+  const d = await waitStatus(s, 'dlv:t-1:desktop', 'queued');
+  const retried = d.timeline.find((x) => x.event === 'retried');
+  assert.ok(retried, JSON.stringify(d.timeline));
+  assert.match(JSON.stringify(retried), /console-admin/, 'the retry is recorded with the token name');
+  step('the admin token retried the delivery');
+  await snap(page, 'admin-token');
+  assert.deepEqual(page.external, []);
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+  await s.kill9();
+  assert.ok(!s.log.includes(admin) && !s.log.includes(reader), 'a token in the server log');
+}
+
+// ---------------------------------------------------------------------------------------------
+
+// playwright-core starts the browser with a fresh, empty --user-data-dir of its own (a temporary
+// directory it deletes on close); it never downloads a browser.
+browser = await chromium.launch({
+  executablePath: CHROMIUM,
+  headless: true,
+  args: ['--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking',
+    '--disable-component-update', '--disable-sync', '--disable-quic'],
+});
+try {
+  await openMode().catch(async (e) => { await failureShot('open-mode'); throw e; });
+  await withTokens().catch(async (e) => { await failureShot('tokens'); throw e; });
+  step('all console checks passed');
+} finally {
+  await browser.close();
+}

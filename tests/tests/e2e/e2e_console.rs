@@ -1,0 +1,71 @@
+//! The operator console in a real browser (spec section 15): Debian's headless Chromium, driven
+//! by playwright-core (npm, no browser download of its own) from `tests/browser/console.test.mjs`,
+//! against the built binary with real data. The script starts and kill -9s its own servers (one
+//! open, one with tokens) and checks: the KPI tiles show the numbers the API gives; the stuck
+//! badge and toggle and the title search; Retry on a parked delivery makes it queued (with its
+//! timeline); a subscription's zero state, then last_sequence after an ack, then last_error
+//! after a mismatch, and explain; consumers and projection verify; the live tail shows an event
+//! appended after the page opened and resumes after the server restarts (no repeats, no gaps);
+//! with tokens it asks for one, keeps it for the tab, never puts it in a URL, and a read-only
+//! token sees Retry disabled. Screenshots of each state go to `target/console-screenshots/`.
+//!
+//! `.ci/run` installs Chromium (`apt-get install chromium`) and the script's one dependency
+//! (`npm ci --prefix tests/browser`); without them this test fails and says what is missing.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+#[tokio::test]
+async fn the_console_in_headless_chromium() {
+    let bin = tidemark_tests::binary();
+    let ws = workspace();
+    let browser_dir = ws.join("tests/browser");
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        Path::new(&chromium).exists(),
+        "{chromium} is missing: install Debian's chromium (`apt-get install chromium`, as .ci/run does)"
+    );
+    assert!(
+        browser_dir.join("node_modules/playwright-core").is_dir(),
+        "playwright-core is missing: run `npm ci --prefix tests/browser` (as .ci/run does)"
+    );
+    let work = tempfile::tempdir().expect("tempdir");
+    let shots = ws.join("target/console-screenshots");
+    let _ = std::fs::remove_dir_all(&shots);
+    let child = tokio::process::Command::new("node")
+        .arg(browser_dir.join("console.test.mjs"))
+        .current_dir(&browser_dir)
+        .env("TIDEMARK_BIN", &bin)
+        .env("CONSOLE_WORK", work.path())
+        .env("CONSOLE_SHOTS", &shots)
+        .env("CHROMIUM", &chromium)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node is required for the browser tests (Debian's nodejs)");
+    // A bound against hanging (the script takes well under a minute), never a speed check.
+    let out = tokio::time::timeout(Duration::from_secs(600), child.wait_with_output())
+        .await
+        .expect("the browser test hung for 10 minutes")
+        .expect("wait for node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "the browser test failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(stdout.contains("all console checks passed"), "{stdout}");
+    let n = std::fs::read_dir(&shots).map(|d| d.count()).unwrap_or(0);
+    assert!(n >= 10, "expected the screenshots of each state, found {n}");
+}
