@@ -72,6 +72,8 @@ pub struct ServerConfig {
     pub sse_max_clients: usize,
     pub keepalive_secs: u64,
     pub shutdown_grace_secs: u64,
+    /// Longest long-poll `wait_ms` of `GET /v1/bridges/{id}/deliveries` (≤ 30000).
+    pub max_wait_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -190,6 +192,9 @@ impl Config {
         }
         if self.server.max_body_bytes == 0 || self.server.sse_max_clients == 0 {
             return bad("server.max_body_bytes and server.sse_max_clients must be positive".into());
+        }
+        if self.server.max_wait_ms > 30_000 {
+            return bad("server.max_wait_ms must be at most 30000".into());
         }
         if self.server.keepalive_secs == 0 || self.server.keepalive_secs > 15 {
             return bad("server.keepalive_secs must be between 1 and 15".into());

@@ -232,6 +232,16 @@ pub enum CommandError {
 }
 
 impl CommandError {
+    /// The event a command would record is not valid (a field too long, say): the input is
+    /// refused, and the log is not touched. Never a storage failure, which would stop the log.
+    pub fn invalid_event(e: impl std::fmt::Display) -> Self {
+        CommandError::rejected(
+            RejectKind::Invalid,
+            "invalid_field",
+            format!("the event this would record is not valid: {e}"),
+        )
+    }
+
     pub fn rejected(kind: RejectKind, code: &'static str, detail: impl Into<String>) -> Self {
         CommandError::Rejected {
             kind,

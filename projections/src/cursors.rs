@@ -62,6 +62,10 @@ pub fn bound_error(e: &str) -> String {
 /// Payload of `cursor.advanced`, `cursor.reset` and `cursor.failed`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CursorEvent {
+    /// The consumer, when its id is too long to be the event's subject (see
+    /// `names::ids::cursor_subject`); else the subject is the consumer id.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub consumer_id: Option<String>,
     pub stream_name: String,
     pub subject_id: String,
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -105,7 +109,11 @@ impl Projection for Cursors {
                 let c: CursorEvent = serde_json::from_str(ev.payload).map_err(|e| {
                     StorageError::new(format!("{} at seq {}", ev.event_type, ev.seq), e)
                 })?;
-                (Cow::Borrowed(ev.subject), c)
+                let consumer = match &c.consumer_id {
+                    Some(id) => Cow::Owned(id.clone()),
+                    None => Cow::Borrowed(ev.subject),
+                };
+                (consumer, c)
             }
             T::NotificationTerminalStateMismatch => {
                 // The mismatch is the subscription cursor's last error.

@@ -304,6 +304,17 @@ pub mod ids {
         format!("dlv:~{}:{route}", &h[..32])
     }
 
+    /// The subject of a cursor's events: its consumer id, or, when that is longer than a
+    /// subject may be (128; a bridge consumer of a long subscription id is), `cursor:~<hash>`
+    /// with the consumer id in the payload.
+    pub fn cursor_subject(consumer_id: &str) -> Option<String> {
+        if consumer_id.chars().count() <= 128 {
+            return None;
+        }
+        let h = blake3::hash(consumer_id.as_bytes()).to_hex();
+        Some(format!("cursor:~{}", &h[..32]))
+    }
+
     const BRIDGE_CONSUMER: &str = "bridge_task_subscription:";
 
     /// The consumer id of a bridge subscription's cursor.

@@ -17,6 +17,7 @@
 
 #![forbid(unsafe_code)]
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
@@ -356,7 +357,7 @@ impl Server {
 
     /// Bearer token used by every request of [`Server::api`] from now on.
     pub fn set_token(&mut self, token: Option<&str>) {
-        self.api.token = token.map(str::to_owned);
+        self.api.token = token.map(secret);
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -443,6 +444,40 @@ impl Server {
     }
 }
 
+/// The log filter of the suite's servers: every level of tidemark's own crates and of its HTTP
+/// layer, debug for the rest, info for the transport crates underneath (their output is about
+/// bytes, not about requests).
+pub const DEBUG_LOG: &str = "debug,tidemark_api=trace,tidemark_engine=trace,\
+    tidemark_consumers=trace,tidemark_log=trace,tidemark_projections=trace,tower_http=trace,\
+    hyper=info,hyper_util=info,h2=info,rustls=info,reqwest=info,tower=info,mio=info";
+
+static SECRETS: std::sync::Mutex<BTreeSet<String>> = std::sync::Mutex::new(BTreeSet::new());
+
+/// Register `s` as a secret (a token, a webhook secret, a source header, the privacy key) and
+/// return it: no server of the suite may write it to its log (checked when the server is
+/// dropped, spec section 8 and I9 of issue 17).
+pub fn secret(s: impl Into<String>) -> String {
+    let s = s.into();
+    if s.len() >= 8 {
+        SECRETS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(s.clone());
+    }
+    s
+}
+
+/// The registered secrets that occur in `log`, masked.
+pub fn leaked_secrets(log: &str) -> Vec<String> {
+    SECRETS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|s| log.contains(s.as_str()))
+        .map(|s| format!("{}… ({} chars)", &s[..4], s.len()))
+        .collect()
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -450,6 +485,14 @@ impl Drop for Server {
                 signal(self.pid, nix::sys::signal::Signal::SIGKILL);
             }
             let _ = child.wait();
+        }
+        if !std::thread::panicking() {
+            let leaked = leaked_secrets(&self.all_stderr());
+            assert!(
+                leaked.is_empty(),
+                "secrets in the server log ({}): {leaked:?}",
+                self.stderr_path().display()
+            );
         }
         if std::thread::panicking() {
             eprintln!(
@@ -482,6 +525,9 @@ impl Spawn {
             cmd.arg("--config").arg(c);
         }
         scrub_env(&mut cmd);
+        // Every server of the suite logs at debug level, so the check in `Drop` that no
+        // secret reaches the log covers every level the code logs at.
+        cmd.env("RUST_LOG", DEBUG_LOG);
         for (k, v) in &self.opts.env {
             cmd.env(k, v);
         }
@@ -715,6 +761,12 @@ impl Api {
         Reply::read(resp)
             .await
             .unwrap_or_else(|e| panic!("reading the answer failed: {e}"))
+    }
+
+    /// Send and read the whole answer; transport errors (a server killed under the request)
+    /// are returned.
+    pub async fn try_send(&self, rb: reqwest::RequestBuilder) -> Result<Reply, reqwest::Error> {
+        Reply::read(rb.send().await?).await
     }
 
     /// `POST /v1/events` with a JSON body; transport errors are returned.
@@ -1019,18 +1071,23 @@ pub fn encode_path(s: &str) -> String {
 /// Hex SHA-256 of a token text, as the config stores it.
 pub fn sha256_hex(text: &str) -> String {
     use sha2::Digest;
+    // What the suite hashes is a token's text: a secret no server may log.
+    secret(text);
     hex::encode(sha2::Sha256::digest(text.as_bytes()))
 }
 
-/// A string of random letters and digits.
+/// A string of random letters and digits, registered as a [`secret`] (the suite makes tokens
+/// and webhook secrets of them).
 pub fn random_token(len: usize) -> String {
     use rand::Rng;
     use rand::distr::Alphanumeric;
-    rand::rng()
-        .sample_iter(Alphanumeric)
-        .take(len)
-        .map(char::from)
-        .collect()
+    secret(
+        rand::rng()
+            .sample_iter(Alphanumeric)
+            .take(len)
+            .map(char::from)
+            .collect::<String>(),
+    )
 }
 
 /// Assert that `r` is a problem+json answer with this status and `code`.

@@ -59,10 +59,17 @@ pub struct CursorsPage {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct CursorsQuery {
+    #[param(
+        min_length = 1,
+        max_length = 160,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub consumer_id: String,
     /// With it: that one cursor (its zero state when absent). Without: all of the consumer's.
+    #[param(min_length = 1, max_length = 64, pattern = "^[a-z0-9_.-]+$")]
     pub stream_name: Option<String>,
     /// Default "" (the unscoped stream).
+    #[param(max_length = 128, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
     pub subject_id: Option<String>,
     /// Answer as of at least this seq (see `ReadAt`).
     #[param(value_type = Option<u64>)]
@@ -111,8 +118,18 @@ pub async fn get(
         None => {
             check_text("consumer_id", &consumer, 160)
                 .map_err(|e| ApiError::invalid_query(e.problem.detail.clone()))?;
+            // Without a stream, subject_id narrows the consumer's cursors to that subject.
+            let subject = q.subject_id;
+            if let Some(s) = &subject {
+                tidemark_log::envelope::check_subject(s)
+                    .map_err(|e| ApiError::invalid_query(format!("subject_id: {e}")))?;
+            }
             crate::routes::read_model(&st.engine, min_seq, move |r| {
-                r.cursors(Some(&consumer), 10_000)
+                let mut all = r.cursors(Some(&consumer), 10_000)?;
+                if let Some(s) = subject {
+                    all.retain(|c| c.subject_id == s);
+                }
+                Ok(all)
             })
             .await?
         }
@@ -126,15 +143,24 @@ pub async fn get(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AdvanceBody {
-    #[schema(min_length = 1, max_length = 160)]
+    #[schema(
+        min_length = 1,
+        max_length = 160,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub consumer_id: String,
     #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9_.-]+$")]
     pub stream_name: String,
     #[serde(default)]
-    #[schema(max_length = 128)]
+    #[schema(max_length = 128, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
     pub subject_id: String,
+    #[schema(minimum = 1)]
     pub last_sequence: u64,
-    #[schema(min_length = 1, max_length = 256)]
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub delivery_id: String,
     /// Compare-and-swap: advance only if the cursor is at this seq now.
     pub expected_sequence: Option<u64>,
@@ -191,17 +217,25 @@ pub async fn advance(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResetBody {
-    #[schema(min_length = 1, max_length = 160)]
+    #[schema(
+        min_length = 1,
+        max_length = 160,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub consumer_id: String,
     #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9_.-]+$")]
     pub stream_name: String,
     #[serde(default)]
-    #[schema(max_length = 128)]
+    #[schema(max_length = 128, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
     pub subject_id: String,
     /// The new position (may be lower: reset is the only way down).
     pub last_sequence: u64,
     /// Why; required, recorded in the `cursor.reset` event.
-    #[schema(min_length = 1, max_length = 4096)]
+    #[schema(
+        min_length = 1,
+        max_length = 4096,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*[^\\x00-\\x20\\x7F-\\xA0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000][^\\x00-\\x1F\\x7F-\\x9F]*$"
+    )]
     pub reason: String,
 }
 

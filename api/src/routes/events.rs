@@ -28,17 +28,21 @@ use crate::state::AppState;
 pub struct EventInput {
     /// 1–128 of `A-Za-z0-9._:-`; the server makes one when absent. Retrying with the same id is
     /// safe: the event is appended once.
+    #[schema(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:-]+$")]
     pub event_id: Option<String>,
     /// 1–64 of `a-z0-9_.-`.
+    #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9_.-]+$")]
     pub stream: String,
     /// 0–128 printable characters.
     #[serde(default)]
+    #[schema(max_length = 128, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
     pub subject: String,
     /// 1–64 of `a-z0-9_.`.
     #[serde(rename = "type")]
+    #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9_.]+$")]
     pub event_type: String,
     /// A JSON object of at most 64 KiB; `{}` when absent.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub payload: Option<Value>,
 }
 
@@ -46,7 +50,10 @@ pub struct EventInput {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum AppendBody {
-    Batch { events: Vec<Value> },
+    Batch {
+        #[schema(value_type = Vec<EventInput>, min_items = 1, max_items = 1000)]
+        events: Vec<Value>,
+    },
     One(Box<EventInput>),
 }
 
@@ -104,21 +111,37 @@ pub struct EventsQuery {
     #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     pub limit: Option<String>,
     /// Only events of this stream.
+    #[param(min_length = 1, max_length = 64, pattern = "^[a-z0-9_.-]+$")]
     pub stream: Option<String>,
     /// Only events with this subject.
+    #[param(max_length = 128, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
     pub subject: Option<String>,
     /// Only events of this type.
     #[serde(rename = "type")]
-    #[param(rename = "type")]
+    #[param(
+        rename = "type",
+        min_length = 1,
+        max_length = 64,
+        pattern = "^[a-z0-9_.]+$"
+    )]
     pub event_type: Option<String>,
 }
 
 pub(crate) fn parse_u64(name: &str, v: Option<&str>) -> Result<Option<u64>, ApiError> {
     match v {
         None => Ok(None),
-        Some(s) => s.parse::<u64>().map(Some).map_err(|_| {
-            ApiError::invalid_query(format!("{name} must be a non-negative integer, got {s:?}"))
-        }),
+        // Seqs and counts are int64 in the OpenAPI document (as JSON clients read them).
+        Some(s) => s
+            .parse::<u64>()
+            .ok()
+            .filter(|n| *n <= i64::MAX as u64)
+            .map(Some)
+            .ok_or_else(|| {
+                ApiError::invalid_query(format!(
+                    "{name} must be an integer from 0 to {}, got {s:?}",
+                    i64::MAX
+                ))
+            }),
     }
 }
 
@@ -473,6 +496,14 @@ pub(crate) async fn readable_from(st: &AppState, q: &ReadQuery) -> Result<(), Ap
     .map(drop)
 }
 
+/// Streams read their pages through this many blocking reads at once. Every commit wakes every
+/// stream; without a bound, 1,000 streams woken together each took a thread of the blocking
+/// pool (up to 512), and the threads' stacks and allocator heaps held about 600 KB of resident
+/// memory per connection (measured by `e2e_limits::idle_slow_and_half_open_clients_…`).
+const STREAM_READS_AT_ONCE: usize = 4;
+static STREAM_READS: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(STREAM_READS_AT_ONCE);
+
 /// An SSE response that replays the log from `q.after` and then follows it. The stream reads
 /// one bounded page at a time and only when the client has taken the previous one, so a slow
 /// client costs one page of memory, never a backlog (I9).
@@ -498,9 +529,12 @@ pub(crate) fn sse_response(
         let mut head_rx = engine.log().subscribe();
         loop {
             head_rx.borrow_and_update();
-            let page = match read_page(&engine, q.clone()).await {
-                Ok(p) => p,
-                Err(_) => break,
+            let page = {
+                let Ok(_turn) = STREAM_READS.acquire().await else { break };
+                match read_page(&engine, q.clone()).await {
+                    Ok(p) => p,
+                    Err(_) => break,
+                }
             };
             for ev in &page.events {
                 let data = serde_json::to_string(ev).unwrap_or_default();

@@ -93,6 +93,7 @@ pub struct NotificationsPage {
 #[into_params(parameter_in = Query)]
 pub struct NotificationsQuery {
     /// urgent, action, warning, info.
+    #[param(pattern = "^(urgent|action|warning|info)$")]
     pub priority: Option<String>,
     pub recipient: Option<String>,
     /// 1–500, default `[notifications.dashboard] limit` (50).

@@ -192,6 +192,11 @@ pub async fn poll(
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PauseBody {
+    #[schema(
+        min_length = 1,
+        max_length = 4096,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub reason: Option<String>,
 }
 
@@ -267,10 +272,20 @@ pub async fn resume(
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ResetBody {
+pub struct SourceResetBody {
     /// The new watermark (null: from the beginning). May move it back.
+    #[schema(
+        min_length = 1,
+        max_length = 1024,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub watermark: Option<String>,
     /// Why; required, recorded in the `source.reset` event.
+    #[schema(
+        min_length = 1,
+        max_length = 4096,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*[^\\x00-\\x20\\x7F-\\xA0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000][^\\x00-\\x1F\\x7F-\\x9F]*$"
+    )]
     pub reason: String,
 }
 
@@ -278,7 +293,7 @@ pub struct ResetBody {
 #[utoipa::path(
     post, path = "/v1/sources/{name}/reset", tag = "sources", operation_id = "resetSource",
     params(("name" = String, Path, description = "Source name")),
-    request_body(content = ResetBody, content_type = "application/json"),
+    request_body(content = SourceResetBody, content_type = "application/json"),
     responses(
         (status = 200, body = SourceAnswer),
         (status = 404, body = Problem, content_type = "application/problem+json"),
@@ -294,7 +309,7 @@ pub async fn reset(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<SourceAnswer>, ApiError> {
     known(&st, &name)?;
-    let b: ResetBody = json_body(&headers, body)?;
+    let b: SourceResetBody = json_body(&headers, body)?;
     if b.reason.trim().is_empty() {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,

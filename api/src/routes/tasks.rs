@@ -123,6 +123,7 @@ pub struct TaskAnswer {
 #[into_params(parameter_in = Query)]
 pub struct TasksQuery {
     /// open, running, awaiting_review, completed, failed, canceled.
+    #[param(pattern = "^(open|running|awaiting_review|completed|failed|canceled)$")]
     pub status: Option<String>,
     pub project_id: Option<String>,
     /// Page after this task id.

@@ -71,7 +71,7 @@ pub(crate) fn run(
 fn bridge_event(kind: &str, id: &str, b: &BridgeEvent) -> Result<NewEvent, CommandError> {
     let v = serde_json::to_value(b).map_err(|e| CommandError::Storage(StorageError::of(e)))?;
     NewEvent::new(None, Stream::Bridges, id, format!("bridge.{kind}"), &v)
-        .map_err(|e| CommandError::Storage(StorageError::of(e)))
+        .map_err(CommandError::invalid_event)
 }
 
 fn row_in(txn: &WriteTransaction, id: &str) -> Result<Option<Subscription>, CommandError> {

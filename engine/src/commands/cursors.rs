@@ -65,15 +65,20 @@ pub(crate) fn get_in(
 }
 
 fn event(kind: &str, consumer_id: &str, c: &CursorEvent) -> Result<NewEvent, CommandError> {
-    let v = serde_json::to_value(c).map_err(|e| CommandError::Storage(StorageError::of(e)))?;
+    let long = tidemark_projections::names::ids::cursor_subject(consumer_id);
+    let c = CursorEvent {
+        consumer_id: long.as_ref().map(|_| consumer_id.to_owned()),
+        ..c.clone()
+    };
+    let v = serde_json::to_value(&c).map_err(|e| CommandError::Storage(StorageError::of(e)))?;
     NewEvent::new(
         None,
         Stream::Cursors,
-        consumer_id,
+        long.as_deref().unwrap_or(consumer_id),
         format!("cursor.{kind}"),
         &v,
     )
-    .map_err(|e| CommandError::Storage(StorageError::of(e)))
+    .map_err(CommandError::invalid_event)
 }
 
 /// What an advance asks for.

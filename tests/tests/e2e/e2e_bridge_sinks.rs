@@ -565,7 +565,7 @@ async fn a_webhook_receivers_retry_after_is_honoured() {
         _ => Answer::Status(200),
     })
     .await;
-    let secret = "ra-secret";
+    let secret = &tidemark_tests::secret("ra-secret-1b7c");
     let (task, sub, bridge) = ("ra-task", "ra-sub", "b-ra");
     let (s, seq) = completed_with_webhook(&hook, secret, (task, sub, bridge)).await;
     wait_cursor_at(&s, sub, task, seq).await;
@@ -600,7 +600,7 @@ async fn a_failing_webhook_is_retried_until_it_answers_2xx() {
         }
     })
     .await;
-    let secret = "retry-secret";
+    let secret = &tidemark_tests::secret("retry-secret-8d2e");
     let (task, sub, bridge) = ("retry-task", "retry-sub", "b-retry");
     let (s, seq) = completed_with_webhook(&hook, secret, (task, sub, bridge)).await;
 

@@ -1504,7 +1504,7 @@ async fn subscription_create_is_idempotent_and_validated() {
     assert_eq!(list.json["subscriptions"], json!([row]), "{}", list.text);
 
     // A webhook secret is never served back.
-    let secret = "wh-secret-5f1e9a7c";
+    let secret = &tidemark_tests::secret("wh-secret-5f1e9a7c");
     let r = post_json(
         &s,
         &bridges_path("t-subs-2"),
@@ -2090,4 +2090,49 @@ async fn cli_cursors_show_reset_and_lag() {
     // show without --consumer or --lag is a usage error.
     let out = run_cli(&["cursors", "show", "--url", &base], "", CLI_LIMIT).await;
     assert!(!out.status.success(), "cursors show without a consumer");
+}
+
+/// Found by the API fuzzer: a consumer id longer than an event subject (128) — a bridge
+/// subscription id near its 128-character limit makes one, and `POST /cursors/advance` takes up
+/// to 160 — made the cursor event invalid, which the command reported as a storage failure: the
+/// log stopped (503 log_unavailable) until a restart. The event's subject is now a hash of the
+/// consumer with the id in the payload; the fold reads it back; the cursor works as any other,
+/// across a rebuild too, and the log stays up.
+#[tokio::test]
+async fn long_consumer_ids_advance_and_never_stop_the_log() {
+    let s = start().await;
+    let (task, bridge) = ("t-long", "b-long");
+    let sub = "s".repeat(128);
+    new_task(&s, task, false).await;
+    subscribe(&s, task, &sub, bridge).await;
+    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
+    let got = pull(&s, bridge, 10_000).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    ack_ok(&s, bridge, &sub, done).await;
+    assert_eq!(sub_cursor(&s, task, &sub).await["last_sequence"], done);
+
+    let consumer = "c".repeat(160);
+    let r = post_json(
+        &s,
+        "/v1/cursors/advance",
+        &json!({"consumer_id": consumer, "stream_name": "task_events", "subject_id": task,
+                "last_sequence": done, "delivery_id": "d-1"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(
+        cursor_of(&s, &consumer, "task_events", task).await["last_sequence"],
+        done
+    );
+    let r = s.get("/healthz").await;
+    assert_eq!(r.status, StatusCode::OK, "the log stays up: {}", r.text);
+    // The events carry the whole consumer id; a rebuild folds them to the same cursors.
+    let r = crate::common::post_empty(&s, "/v1/admin/projections/cursors/rebuild").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json["identical"], true, "{}", r.text);
+    assert_eq!(
+        cursor_of(&s, &consumer, "task_events", task).await["last_sequence"],
+        done
+    );
 }

@@ -45,3 +45,152 @@ async fn sse_streams_are_bounded_and_released() {
     );
     drop(second);
 }
+
+/// Issue 17, item 4 (I9): abusive clients. 1,000 idle SSE clients (each on a subject nobody
+/// writes), 100 SSE clients reading one byte a second, and 200 connections that never finish
+/// their request, all at once while 20,000 events are appended: other clients are still
+/// served (appends, reads, health), the stream cap answers its documented `429`, and the
+/// server's memory does not follow the backlog. A server that buffered the slow readers'
+/// backlog would hold 100 × 20,000 events (about 500 MB); the bound below is 64 MiB of growth
+/// between a quarter of the appends and all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_slow_and_half_open_clients_leave_memory_flat_and_others_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    const IDLE: usize = 1_000;
+    const SLOW: usize = 100;
+    const HALF: usize = 200;
+    let s = Server::start(ServerOpts::default().config(format!(
+        "[server]\nsse_max_clients = {}\n[log]\ncache_mb = 16\n",
+        IDLE + SLOW
+    )))
+    .await;
+    let api = s.api();
+    let addr = s.addr();
+    let open = |path: String| async move {
+        let mut c = TcpStream::connect(addr).await.expect("connect");
+        c.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .expect("send the request");
+        c
+    };
+    let append_batch = |from: usize, n: usize| {
+        let api = api.clone();
+        async move {
+            let events: Vec<_> = (from..from + n)
+                .map(|i| {
+                    serde_json::json!({"event_id": format!("abuse-{i}"), "stream": "abuse",
+                                       "subject": format!("a-{}", i % 50), "type": "abuse.tick",
+                                       "payload": {"i": i, "pad": "x".repeat(100)}})
+                })
+                .collect();
+            let (st, body) = api.append(&serde_json::json!({"events": events})).await;
+            assert_eq!(st, reqwest::StatusCode::CREATED, "{body}");
+        }
+    };
+
+    let mut idle = Vec::with_capacity(IDLE);
+    for i in 0..IDLE {
+        idle.push(
+            open(format!(
+                "/v1/events/stream?after_sequence=0&subject=idle-{i}"
+            ))
+            .await,
+        );
+    }
+    // Slow readers: one byte a second each, for the whole test.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut slow = Vec::with_capacity(SLOW);
+    for _ in 0..SLOW {
+        let mut c = open("/v1/events/stream?after_sequence=0&stream=abuse".into()).await;
+        let stop = stop.clone();
+        slow.push(tokio::spawn(async move {
+            let mut b = [0u8; 1];
+            let mut read = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match tokio::time::timeout(Duration::from_secs(2), c.read(&mut b)).await {
+                    Ok(Ok(0)) | Ok(Err(_)) => break,
+                    Ok(Ok(n)) => read += n,
+                    Err(_) => {}
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            read
+        }));
+    }
+    // Connections that never finish their request line and headers.
+    let mut half = Vec::with_capacity(HALF);
+    for i in 0..HALF {
+        let mut c = TcpStream::connect(addr).await.expect("connect");
+        c.write_all(
+            format!("GET /v1/events?after_sequence={i} HTTP/1.1\r\nHost: 127.0").as_bytes(),
+        )
+        .await
+        .expect("send half a request");
+        half.push(c);
+    }
+
+    // The cap: every stream slot is taken, so one more stream is refused as documented.
+    let refused = wait_refused(&api).await;
+    assert_problem(&refused, 429, "too_many_streams");
+
+    // Appends under abuse: a quarter, measure, the rest, measure.
+    for b in 0..5 {
+        append_batch(b * 1_000, 1_000).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss_quarter = s.rss_kb();
+    for b in 5..20 {
+        append_batch(b * 1_000, 1_000).await;
+        // Other clients are served meanwhile.
+        let r = api.get("/healthz").await;
+        assert_eq!(r.status, reqwest::StatusCode::OK, "{}", r.text);
+        let r = api
+            .get("/v1/events?after_sequence=0&limit=10&stream=abuse")
+            .await;
+        assert_eq!(r.status, reqwest::StatusCode::OK, "{}", r.text);
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rss_all = s.rss_kb();
+    let growth_kb = rss_all.saturating_sub(rss_quarter);
+    println!(
+        "RSS with {IDLE} idle, {SLOW} slow and {HALF} half-open clients: {rss_quarter} KiB after \
+         5,000 events, {rss_all} KiB after 20,000 (+{growth_kb} KiB); peak {} KiB",
+        s.peak_rss_kb()
+    );
+    assert!(
+        growth_kb < 64 * 1024,
+        "memory followed the backlog: {rss_quarter} KiB → {rss_all} KiB"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut slow_bytes = 0;
+    for t in slow {
+        slow_bytes += t.await.expect("slow reader");
+    }
+    assert!(slow_bytes > 0, "the slow readers were served");
+    // The abusers are still connected (nothing crashed); the server still answers.
+    let r = api.get("/readyz").await;
+    assert_eq!(r.status, reqwest::StatusCode::OK, "{}", r.text);
+    drop(idle);
+    drop(half);
+}
+
+/// One more stream once every slot is taken: `429` (bounded wait for the slots to fill).
+async fn wait_refused(api: &tidemark_tests::Api) -> tidemark_tests::Reply {
+    for _ in 0..300 {
+        match api.sse("after_sequence=0", None).await {
+            Err(r) if r.status == reqwest::StatusCode::TOO_MANY_REQUESTS => return r,
+            Ok(stream) => drop(stream),
+            Err(r) => panic!(
+                "unexpected answer to one stream more: {} {}",
+                r.status, r.text
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the stream cap was never reached");
+}

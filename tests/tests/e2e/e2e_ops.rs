@@ -295,6 +295,43 @@ async fn the_openapi_document_has_unique_operation_ids_and_resolving_refs() {
         }
     }
     assert!(seen.len() >= 45, "{} operations", seen.len());
+    // Links (create→get/act chains) name operations that exist, with their parameters.
+    let mut links = 0;
+    for item in doc["paths"].as_object().expect("paths").values() {
+        for op in item.as_object().expect("path item").values() {
+            for (status, resp) in op["responses"].as_object().into_iter().flatten() {
+                for (name, link) in resp["links"].as_object().into_iter().flatten() {
+                    links += 1;
+                    let to = link["operationId"].as_str().expect("operationId");
+                    let target = doc["paths"]
+                        .as_object()
+                        .expect("paths")
+                        .values()
+                        .flat_map(|i| i.as_object().expect("item").values())
+                        .find(|o| o["operationId"] == to)
+                        .unwrap_or_else(|| panic!("link {name} ({status}) to unknown {to}"));
+                    let declared: Vec<&str> = target["parameters"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|p| p["name"].as_str())
+                        .collect();
+                    for (p, expr) in link["parameters"].as_object().into_iter().flatten() {
+                        assert!(
+                            declared.contains(&p.as_str()),
+                            "link {name}: {to} has no {p}"
+                        );
+                        let e = expr.as_str().expect("expression");
+                        assert!(
+                            e.starts_with("$response.body#/") || e.starts_with("$request."),
+                            "link {name}: {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(links >= 20, "{links} links");
     let mut all = Vec::new();
     refs(&doc, &mut all);
     for r in all {

@@ -525,7 +525,7 @@ async fn a_redacted_route_carries_no_content_anywhere() {
     let s = Server::start(
         ServerOpts::default()
             .config(redact_cfg(true))
-            .env("TM_TEST_PRIVACY_KEY", KEY),
+            .env("TM_TEST_PRIVACY_KEY", tidemark_tests::secret(KEY)),
     )
     .await;
     let crisis = |nid: &str, group: Option<&str>| {

@@ -44,13 +44,13 @@ struct Upstream {
 }
 
 #[derive(Clone)]
-struct Up(Arc<Mutex<Upstream>>);
+pub(crate) struct Up(Arc<Mutex<Upstream>>);
 
 impl Up {
     fn with<T>(&self, f: impl FnOnce(&mut Upstream) -> T) -> T {
         f(&mut self.0.lock().unwrap())
     }
-    fn add_items(&self, from: usize, to: usize) {
+    pub(crate) fn add_items(&self, from: usize, to: usize) {
         self.with(|u| {
             for i in from..to {
                 let id = format!("{i:06}");
@@ -157,7 +157,7 @@ async fn ack(State(up): State<Up>, headers: HeaderMap, body: axum::Json<Value>) 
     StatusCode::OK
 }
 
-async fn start_upstream() -> (Up, SocketAddr) {
+pub(crate) async fn start_upstream() -> (Up, SocketAddr) {
     let up = Up(Arc::new(Mutex::new(Upstream::default())));
     let app = axum::Router::new()
         .route("/items", get(list))
@@ -172,7 +172,7 @@ async fn start_upstream() -> (Up, SocketAddr) {
 }
 
 /// A `[[sources]]` block polling `addr`.
-fn source_toml(name: &str, addr: SocketAddr, extra: &str) -> String {
+pub(crate) fn source_toml(name: &str, addr: SocketAddr, extra: &str) -> String {
     format!(
         r#"
 [[sources]]
@@ -200,13 +200,13 @@ retry_after_max = "10s"
     )
 }
 
-const SECRET: &str = "Bearer upstream-secret-3f9a";
+pub(crate) const SECRET: &str = "Bearer upstream-secret-3f9a";
 
 async fn start(config: String) -> Server {
     Server::start(
         ServerOpts::default()
             .config(config)
-            .env("TEST_SOURCE_TOKEN", SECRET),
+            .env("TEST_SOURCE_TOKEN", tidemark_tests::secret(SECRET)),
     )
     .await
 }
@@ -228,7 +228,7 @@ async fn wait_source(api: &Api, name: &str, what: &str, f: impl Fn(&Value) -> bo
 }
 
 /// Every `source.item` event of the log, as (event_id, seq).
-async fn item_events(api: &Api) -> Vec<(String, u64)> {
+pub(crate) async fn item_events(api: &Api) -> Vec<(String, u64)> {
     api.read_all("&type=source.item")
         .await
         .iter()
@@ -732,7 +732,7 @@ async fn a_bad_source_config_is_refused_at_start_naming_the_key() {
             Server::try_start(
                 ServerOpts::default()
                     .config(cfg)
-                    .env("TEST_SOURCE_TOKEN", SECRET),
+                    .env("TEST_SOURCE_TOKEN", tidemark_tests::secret(SECRET)),
             ),
         )
         .await

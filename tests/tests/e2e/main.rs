@@ -18,11 +18,13 @@
 
 mod common;
 mod e2e_admission;
+mod e2e_api_fuzz;
 mod e2e_append;
 mod e2e_auth;
 mod e2e_bad_input;
 mod e2e_bridge_sinks;
 mod e2e_bridges;
+mod e2e_campaign;
 mod e2e_cli;
 mod e2e_console;
 mod e2e_crash;

@@ -136,14 +136,101 @@ pub struct SinkIn {
 pub struct SubscribeBody {
     #[schema(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._-]+$")]
     pub subscription_id: String,
-    #[schema(min_length = 1, max_length = 128)]
+    #[schema(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._-]+$")]
     pub bridge_id: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub scope: Option<String>,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub workspace_id: Option<String>,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub thread_id: Option<String>,
     /// reply (default) or post.
+    #[schema(pattern = "^(reply|post)$")]
     pub mode: Option<String>,
+    #[schema(schema_with = sink_in_schema)]
     pub sink: SinkIn,
+}
+
+/// `sink` as the handler reads it: `{"kind": "pull"}`, or a webhook with its URL (and an
+/// optional secret).
+/// What `sink.url` may be (the same rule as [`WEBHOOK_URL`]): `http(s)://host[:port][/path]`,
+/// the host of `A-Za-z0-9.-`, the port of 1–5 digits, the path of visible ASCII; ≤ 2048.
+fn webhook_url_ok(url: &str) -> bool {
+    let Some(rest) = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+    else {
+        return false;
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let (host, port) = match authority.split_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (authority, None),
+    };
+    url.len() <= 2048
+        && !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+        && port.is_none_or(|p| (1..=5).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()))
+        && path.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// [`webhook_url_ok`] as a pattern.
+const WEBHOOK_URL: &str = "^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[!-~]*)?$";
+
+fn sink_in_schema() -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, OneOfBuilder, Type};
+    let string = |nullable: bool| {
+        ObjectBuilder::new().schema_type(if nullable {
+            utoipa::openapi::schema::SchemaType::from_iter([Type::String, Type::Null])
+        } else {
+            utoipa::openapi::schema::SchemaType::new(Type::String)
+        })
+    };
+    let kind = |k: &str| string(false).enum_values(Some([k]));
+    let pull = ObjectBuilder::new()
+        .description(Some(
+            "A bridge fetches and acknowledges its deliveries (no url, no secret)",
+        ))
+        .property("kind", kind("pull"))
+        .property("url", ObjectBuilder::new().schema_type(Type::Null))
+        .property("secret", ObjectBuilder::new().schema_type(Type::Null))
+        .required("kind")
+        .additional_properties(Some(AdditionalProperties::FreeForm(false)));
+    let webhook = ObjectBuilder::new()
+        .description(Some("The envelope is POSTed, signed, to url"))
+        .property("kind", kind("webhook"))
+        .property(
+            "url",
+            string(false)
+                .max_length(Some(2048))
+                .pattern(Some(WEBHOOK_URL)),
+        )
+        .property(
+            "secret",
+            string(true)
+                .min_length(Some(1))
+                .max_length(Some(512))
+                .pattern(Some(crate::server::PRINTABLE))
+                .description(Some("HMAC-SHA256 key of the signature")),
+        )
+        .required("kind")
+        .required("url")
+        .additional_properties(Some(AdditionalProperties::FreeForm(false)));
+    OneOfBuilder::new().item(pull).item(webhook).into()
 }
 
 fn check_id(field: &str, v: &str) -> Result<(), ApiError> {
@@ -203,17 +290,16 @@ fn target(task_id: &str, body: SubscribeBody) -> Result<(String, Target), ApiErr
                 .sink
                 .url
                 .ok_or_else(|| invalid("sink.url", "a webhook sink needs a url"))?;
-            let scheme_ok = url.starts_with("https://") || url.starts_with("http://");
-            if !scheme_ok || url.len() > 2048 || url.chars().any(char::is_whitespace) {
+            if !webhook_url_ok(&url) {
                 return Err(invalid(
                     "sink.url",
-                    "sink.url must be an https:// or http:// URL of at most 2048 characters",
+                    "sink.url must be an https:// or http:// URL of at most 2048 characters: \
+                     a host name or IPv4 address of A-Za-z0-9.-, an optional :port, and an \
+                     optional path of visible ASCII characters",
                 ));
             }
-            if let Some(s) = &body.sink.secret
-                && (s.is_empty() || s.len() > 512)
-            {
-                return Err(invalid("sink.secret", "sink.secret must be 1–512 bytes"));
+            if let Some(s) = &body.sink.secret {
+                check_text("sink.secret", s, 512)?;
             }
             Sink {
                 kind: "webhook".into(),

@@ -26,7 +26,7 @@ use crate::state::AppState;
 #[into_params(parameter_in = Query)]
 pub struct PullQuery {
     /// Long-poll: wait up to this long (0–30000 ms, default 0) for a delivery.
-    #[param(value_type = Option<u64>)]
+    #[param(value_type = Option<u64>, minimum = 0, maximum = 30000)]
     pub wait_ms: Option<String>,
 }
 
@@ -55,14 +55,14 @@ pub async fn pull(
 ) -> Result<Json<PullPage>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     check_path_id("bridge id", &bridge_id)?;
-    let wait_ms = match q.wait_ms.as_deref() {
-        None => 0,
-        Some(v) => v
-            .parse::<u64>()
-            .ok()
-            .filter(|n| *n <= 30_000)
-            .ok_or_else(|| ApiError::invalid_query("wait_ms must be from 0 to 30000"))?,
-    };
+    let max = st.config.server.max_wait_ms;
+    let wait_ms =
+        match q.wait_ms.as_deref() {
+            None => 0,
+            Some(v) => v.parse::<u64>().ok().filter(|n| *n <= max).ok_or_else(|| {
+                ApiError::invalid_query(format!("wait_ms must be from 0 to {max}"))
+            })?,
+        };
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     // Woken by the notifier when one of this bridge's subscriptions may have changed; the
     // answer is always computed from the log.
@@ -173,10 +173,22 @@ pub async fn ack(
     }
 }
 
+/// The schema of a delivery id as a bridge received it: 1–300 printable characters.
+pub enum BridgeDeliveryId {}
+
+impl utoipa::PartialSchema for BridgeDeliveryId {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        crate::server::printable_string(1, 300).into()
+    }
+}
+
+impl ToSchema for BridgeDeliveryId {}
+
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AckManyBody {
     /// 1–1000 delivery ids of this bridge, in the order they were received.
+    #[schema(min_items = 1, max_items = 1000, value_type = Vec<BridgeDeliveryId>)]
     pub delivery_ids: Vec<String>,
 }
 
@@ -298,6 +310,11 @@ async fn ack_ids(
 #[serde(deny_unknown_fields)]
 pub struct NackBody {
     /// Why the bridge could not deliver it (kept as the cursor's last_error, ≤ 512 chars).
+    #[schema(
+        min_length = 1,
+        max_length = 4096,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub error: String,
 }
 

@@ -24,7 +24,11 @@ pub struct ClaimBody {
     #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9_.-]+$")]
     pub sink: String,
     /// Who holds the leases; only this owner may complete, fail or extend them.
-    #[schema(min_length = 1, max_length = 128)]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub owner: String,
     /// At most this many (1–1000; default `retry.batch_size`).
     #[schema(minimum = 1, maximum = 1000)]
@@ -87,9 +91,18 @@ pub async fn claim(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompleteBody {
-    #[schema(min_length = 1, max_length = 128)]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub owner: String,
     /// The sink's own id for what it delivered.
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub external_id: Option<String>,
 }
 
@@ -137,14 +150,28 @@ pub async fn complete(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompleteItem {
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub id: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub external_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompleteManyBody {
-    #[schema(min_length = 1, max_length = 128)]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub owner: String,
     /// 1–1000 deliveries leased by `owner`.
     #[schema(min_items = 1, max_items = 1000)]
@@ -250,12 +277,20 @@ pub async fn complete_many(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FailBody {
-    #[schema(min_length = 1, max_length = 128)]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub owner: String,
     /// Stable code of the failure, e.g. `timeout`.
-    #[schema(min_length = 1, max_length = 64)]
+    #[schema(
+        min_length = 1,
+        max_length = 64,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub error_code: String,
-    #[schema(min_length = 1, max_length = 4096)]
+    #[schema(max_length = 4096)]
     pub error: Option<String>,
     /// Default true; false parks the delivery at once.
     pub retryable: Option<bool>,
@@ -314,7 +349,11 @@ pub async fn fail(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExtendBody {
-    #[schema(min_length = 1, max_length = 128)]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub owner: String,
     /// New lease length from now (default `retry.lease_ttl`).
     #[schema(minimum = 100, maximum = 3600000)]

@@ -253,8 +253,33 @@ pub(crate) fn json_body<T: DeserializeOwned>(
 ) -> Result<T, ApiError> {
     let body = body.map_err(body_rejection)?;
     require_json(headers)?;
-    serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request("malformed_json", e.to_string()))
+    let mut v: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request("malformed_json", e.to_string()))?;
+    integral_floats_as_integers(&mut v);
+    serde_json::from_value(v).map_err(|e| ApiError::bad_request("malformed_json", e.to_string()))
+}
+
+/// JSON does not tell `1.0` from `1` (JSON Schema calls both integers), so a command body's
+/// integral floats are read as the integers they are: `{"lease_ms": 60000.0}` is 60000.
+/// Fractional ones stay floats and fail an integer field.
+fn integral_floats_as_integers(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) if n.is_f64() => {
+            if let Some(f) = n.as_f64()
+                && f.fract() == 0.0
+            {
+                if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
+                    *v = Value::from(f as u64);
+                } else if (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
+                    *v = Value::from(f as i64);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integral_floats_as_integers),
+        Value::Object(map) => map.values_mut().for_each(integral_floats_as_integers),
+        _ => {}
+    }
 }
 
 pub(crate) fn invalid(field: &str, detail: impl Into<String>) -> ApiError {
@@ -524,7 +549,7 @@ pub struct KpisOut {
 #[into_params(parameter_in = Query)]
 pub struct KpisQuery {
     /// Window of `sent_last_interval`, 1–86400 s, default 60.
-    #[param(value_type = Option<u64>)]
+    #[param(value_type = Option<u64>, minimum = 1, maximum = 86400)]
     pub interval_s: Option<String>,
     /// Answer as of at least this seq (see `ReadAt`).
     #[param(value_type = Option<u64>)]

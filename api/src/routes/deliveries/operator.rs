@@ -19,7 +19,17 @@ use crate::state::AppState;
 pub struct OperatorBody {
     /// Who acts (recorded in the timeline). With tokens it is always the calling token's
     /// name (this field is ignored); in open mode it defaults to `operator`.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub by: Option<String>,
+    #[schema(
+        min_length = 1,
+        max_length = 4096,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub reason: Option<String>,
 }
 

@@ -263,7 +263,7 @@ impl<'t> State<'t> {
 fn event(kind: &str, id: &str, payload: &impl serde::Serialize) -> Result<NewEvent, CommandError> {
     let v = serde_json::to_value(payload).map_err(|e| storage(StorageError::of(e)))?;
     NewEvent::new(None, Stream::Deliveries, id, format!("delivery.{kind}"), &v)
-        .map_err(|e| storage(StorageError::of(e)))
+        .map_err(CommandError::invalid_event)
 }
 
 /// A number in [0, 1) drawn from `seed`: the draws of routing are a function of the delivery
