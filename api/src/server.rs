@@ -766,6 +766,58 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// How long a client may take to send a request's line and headers. axum::serve sets no bound,
+/// so a connection that never finished its request was held forever (found by
+/// `e2e_limits::idle_slow_and_half_open_clients_…`): one file descriptor and task each.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Accept and serve connections until `stop` is cancelled; answers the connections still
+/// open, to be finished gracefully (in-flight requests complete, idle connections close).
+async fn accept_loop(
+    listener: TcpListener,
+    app: Router,
+    stop: &CancellationToken,
+) -> hyper_util::server::graceful::GracefulShutdown {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use tower::Service;
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let stream = tokio::select! {
+            () = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors, say: wait a moment rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            let mut app = app.clone();
+            app.call(req.map(axum::body::Body::new))
+        });
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT);
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended");
+            }
+        });
+    }
+    graceful
+}
+
 /// The span of a request: its method and route template (`/v1/deliveries/{id}`), never its
 /// URI. Query strings and path ids carry personal data (a recipient, a title search, the id
 /// of a redacted notification) that must not reach the log (found when the suite's servers
@@ -915,11 +967,11 @@ pub async fn run(
         println!("listening on http://{addr}");
         let _ = std::io::stdout().flush();
     }
-    let serve = axum::serve(listener, app).with_graceful_shutdown(token.clone().cancelled_owned());
     tracing::info!(%addr, "serving");
+    let graceful = accept_loop(listener, app, &token).await;
     tokio::select! {
-        r = serve => r?,
-        _ = async { token.cancelled().await; tokio::time::sleep(grace).await } => {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(grace) => {
             tracing::warn!(grace_secs = grace.as_secs(), "in-flight requests did not finish in time; closing anyway");
         }
     }
