@@ -15,6 +15,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 mod metrics_setup;
+mod openapi;
 mod params;
 pub mod routes;
 pub mod server;

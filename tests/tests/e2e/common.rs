@@ -550,3 +550,27 @@ pub async fn wait_quiet(api: &Api) {
         assert!(Instant::now() < deadline, "the log never went quiet");
     }
 }
+
+/// Run an outside tool's test script (the browser test, the API fuzz run) to its end, bounded
+/// by 10 minutes against a hang (never a speed check); answers its stdout, panicking with both
+/// outputs unless it exits 0.
+pub async fn run_script(mut cmd: tokio::process::Command, what: &str) -> String {
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: cannot start it: {e}"));
+    let out = tokio::time::timeout(Duration::from_secs(600), child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{what} hung for 10 minutes"))
+        .unwrap_or_else(|e| panic!("{what}: wait: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    stdout
+}

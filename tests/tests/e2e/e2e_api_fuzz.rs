@@ -7,39 +7,21 @@
 //! More cases: `TIDEMARK_FUZZ_EXAMPLES=100 TIDEMARK_FUZZ_SEED=random tests/api-fuzz/run.sh`.
 
 use std::path::Path;
-use std::process::Stdio;
-use std::time::Duration;
 
 #[tokio::test]
 async fn schemathesis_finds_no_failure() {
     let bin = tidemark_tests::binary();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("api-fuzz/run.sh");
-    let child = tokio::process::Command::new("bash")
-        .arg(&script)
-        .arg(&bin)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("bash");
-    // The script's own budget is 7 minutes; this bound only keeps a hang from stalling CI.
-    let out = tokio::time::timeout(Duration::from_secs(600), child.wait_with_output())
-        .await
-        .expect("the fuzz run hung for 10 minutes")
-        .expect("wait for the fuzz run");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.arg(&script).arg(&bin);
+    // The script's own budget is 7 minutes.
+    let stdout = crate::common::run_script(cmd, "the API fuzz run").await;
     let summary: String = stdout
         .lines()
         .skip_while(|l| !l.contains("SUMMARY"))
         .collect::<Vec<_>>()
         .join("\n");
     println!("{summary}");
-    assert!(
-        out.status.success(),
-        "the API fuzz run failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
     assert!(
         stdout.contains("generated") && stdout.contains("No issues found"),
         "no summary of a clean run:\n{stdout}"

@@ -13,8 +13,6 @@
 //! (`npm ci --prefix tests/browser`); without them this test fails and says what is missing.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::Duration;
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -40,31 +38,16 @@ async fn the_console_in_headless_chromium() {
     let work = tempfile::tempdir().expect("tempdir");
     let shots = ws.join("target/console-screenshots");
     let _ = std::fs::remove_dir_all(&shots);
-    let child = tokio::process::Command::new("node")
-        .arg(browser_dir.join("console.test.mjs"))
+    let mut cmd = tokio::process::Command::new("node");
+    cmd.arg(browser_dir.join("console.test.mjs"))
         .current_dir(&browser_dir)
         .env("TIDEMARK_BIN", &bin)
         .env("CONSOLE_WORK", work.path())
         .env("CONSOLE_SHOTS", &shots)
-        .env("CHROMIUM", &chromium)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("node is required for the browser tests (Debian's nodejs)");
-    // A bound against hanging (the script takes well under a minute), never a speed check.
-    let out = tokio::time::timeout(Duration::from_secs(600), child.wait_with_output())
-        .await
-        .expect("the browser test hung for 10 minutes")
-        .expect("wait for node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+        .env("CHROMIUM", &chromium);
+    // node is Debian's nodejs; the script takes well under a minute.
+    let stdout = crate::common::run_script(cmd, "the browser test").await;
     println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "the browser test failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
     assert!(stdout.contains("all console checks passed"), "{stdout}");
     let n = std::fs::read_dir(&shots).map(|d| d.count()).unwrap_or(0);
     assert!(n >= 10, "expected the screenshots of each state, found {n}");

@@ -608,6 +608,18 @@ async fn compare(s: &Server, m: &Model) {
     }
 }
 
+/// A fresh server with the model task the subscriptions and runs belong to.
+async fn model_server() -> Server {
+    let s = Server::start(ServerOpts::default()).await;
+    let r = s
+        .append(&json!({"event_id": "model-task", "stream": "task_events",
+                        "subject": "model-task", "type": "task.created",
+                        "payload": {"project_id": "model"}}))
+        .await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    s
+}
+
 fn cases() -> u32 {
     std::env::var("TIDEMARK_MODEL_CASES")
         .ok()
@@ -626,13 +638,7 @@ proptest! {
             .build()
             .unwrap();
         rt.block_on(async {
-            let s = Server::start(ServerOpts::default()).await;
-            let r = s
-                .append(&json!({"event_id": "model-task", "stream": "task_events",
-                                "subject": "model-task", "type": "task.created",
-                                "payload": {"project_id": "model"}}))
-                .await;
-            assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+            let s = model_server().await;
             let mut m = Model::default();
             let case = rand::random::<u32>() as u64;
             for op in &ops {
@@ -659,13 +665,7 @@ proptest! {
 /// ack of the later one is refused, the pending one is acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_bridge_round_trip() {
-    let s = Server::start(ServerOpts::default()).await;
-    let r = s
-        .append(&json!({"event_id": "model-task", "stream": "task_events",
-                        "subject": "model-task", "type": "task.created",
-                        "payload": {"project_id": "model"}}))
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let s = model_server().await;
     let mut m = Model::default();
     let ops = [
         Op::Subscribe { sub: 0, bridge: 0 },

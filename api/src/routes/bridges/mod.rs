@@ -224,7 +224,7 @@ fn sink_in_schema() -> utoipa::openapi::schema::Schema {
             string(true)
                 .min_length(Some(1))
                 .max_length(Some(512))
-                .pattern(Some(crate::server::PRINTABLE))
+                .pattern(Some(crate::openapi::PRINTABLE))
                 .description(Some("HMAC-SHA256 key of the signature")),
         )
         .required("kind")

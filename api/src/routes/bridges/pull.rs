@@ -178,7 +178,7 @@ pub enum BridgeDeliveryId {}
 
 impl utoipa::PartialSchema for BridgeDeliveryId {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        crate::server::printable_string(1, 300).into()
+        crate::openapi::printable_string(1, 300).into()
     }
 }
 

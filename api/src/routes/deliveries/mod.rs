@@ -104,8 +104,6 @@ pub struct DeliveryOut {
     pub last_error: Option<String>,
     pub external_id: Option<String>,
     pub created_at: String,
-    #[serde(skip)]
-    pub(crate) created_at_us: i64,
     pub updated_at: String,
     pub delivered_at: Option<String>,
     /// The notifications it carries (several for a digest): the first `max_items`.
@@ -142,13 +140,6 @@ fn stuck_cut(now_us: i64, stuck_after_ms: u64) -> i64 {
 }
 
 impl DeliveryOut {
-    /// With `stuck` judged against `cut_us` (see [`stuck_cut`]).
-    fn judged_stuck(mut self, cut_us: i64) -> Self {
-        self.stuck = DeliveryStatus::parse(&self.status).is_some_and(DeliveryStatus::is_pending)
-            && self.created_at_us < cut_us;
-        self
-    }
-
     /// With the provenance of its notification (none for a redacted delivery).
     pub(crate) fn with_provenance(
         mut self,
@@ -162,10 +153,12 @@ impl DeliveryOut {
 }
 
 /// Deliveries as served, each with its notification's provenance (read in the same blocking
-/// task as the rows).
+/// task as the rows) and whether it is stuck, judged against `stuck_cut_us` (see
+/// [`stuck_cut`]).
 pub(crate) fn with_provenance(
     r: &tidemark_engine::Queries,
     rows: Vec<Delivery>,
+    stuck_cut_us: i64,
 ) -> Result<Vec<DeliveryOut>, tidemark_engine::QueryError> {
     rows.into_iter()
         .map(|d| {
@@ -174,7 +167,11 @@ pub(crate) fn with_provenance(
             } else {
                 r.provenance_at(d.notification_seq)?
             };
-            Ok(DeliveryOut::from(d).with_provenance(p))
+            let stuck = StuckFilter::is_stuck(stuck_cut_us, &d);
+            Ok(DeliveryOut {
+                stuck,
+                ..DeliveryOut::from(d).with_provenance(p)
+            })
         })
         .collect()
 }
@@ -210,7 +207,6 @@ impl From<Delivery> for DeliveryOut {
             last_error: d.last_error,
             external_id: d.external_id,
             created_at: format_micros(d.created_at_us),
-            created_at_us: d.created_at_us,
             stuck: false,
             updated_at: format_micros(d.updated_at_us),
             delivered_at: d.delivered_at_us.map(format_micros),
@@ -253,32 +249,46 @@ pub(crate) fn json_body<T: DeserializeOwned>(
 ) -> Result<T, ApiError> {
     let body = body.map_err(body_rejection)?;
     require_json(headers)?;
-    let mut v: serde_json::Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request("malformed_json", e.to_string()))?;
-    integral_floats_as_integers(&mut v);
-    serde_json::from_value(v).map_err(|e| ApiError::bad_request("malformed_json", e.to_string()))
+    let malformed = |e: serde_json::Error| ApiError::bad_request("malformed_json", e.to_string());
+    // One parse on the hot path (claims, completes); the detour through a Value only for a
+    // body the direct parse refused, which may hold an integer written as `1.0`.
+    let first = match serde_json::from_slice(&body) {
+        Ok(t) => return Ok(t),
+        Err(e) => e,
+    };
+    let mut v: serde_json::Value = serde_json::from_slice(&body).map_err(malformed)?;
+    if !integral_floats_as_integers(&mut v) {
+        return Err(malformed(first));
+    }
+    serde_json::from_value(v).map_err(malformed)
 }
 
 /// JSON does not tell `1.0` from `1` (JSON Schema calls both integers), so a command body's
 /// integral floats are read as the integers they are: `{"lease_ms": 60000.0}` is 60000.
-/// Fractional ones stay floats and fail an integer field.
-fn integral_floats_as_integers(v: &mut serde_json::Value) {
+/// Fractional ones stay floats and fail an integer field. Answers whether it changed any.
+fn integral_floats_as_integers(v: &mut serde_json::Value) -> bool {
     use serde_json::Value;
     match v {
         Value::Number(n) if n.is_f64() => {
-            if let Some(f) = n.as_f64()
-                && f.fract() == 0.0
-            {
-                if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
-                    *v = Value::from(f as u64);
-                } else if (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
-                    *v = Value::from(f as i64);
-                }
+            let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0) else {
+                return false;
+            };
+            if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
+                *v = Value::from(f as u64);
+            } else if (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
+                *v = Value::from(f as i64);
+            } else {
+                return false;
             }
+            true
         }
-        Value::Array(items) => items.iter_mut().for_each(integral_floats_as_integers),
-        Value::Object(map) => map.values_mut().for_each(integral_floats_as_integers),
-        _ => {}
+        Value::Array(items) => items
+            .iter_mut()
+            .fold(false, |changed, i| integral_floats_as_integers(i) | changed),
+        Value::Object(map) => map
+            .values_mut()
+            .fold(false, |changed, i| integral_floats_as_integers(i) | changed),
+        _ => false,
     }
 }
 
@@ -465,14 +475,11 @@ pub async fn list(
     let min_seq = crate::routes::ReadAt { min_seq: q.min_seq }.seq()?;
     let ((rows, next), as_of_seq) = crate::routes::read_model(&st.engine, min_seq, move |r| {
         let (rows, next) = r.deliveries(&f)?;
-        Ok((with_provenance(r, rows)?, next))
+        Ok((with_provenance(r, rows, stuck_cut)?, next))
     })
     .await?;
     Ok(Json(DeliveriesPage {
-        deliveries: rows
-            .into_iter()
-            .map(|d| d.judged_stuck(stuck_cut))
-            .collect(),
+        deliveries: rows,
         next_after: next,
         as_of_seq,
     }))
@@ -497,9 +504,10 @@ pub async fn get(
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     check_id(&id)?;
     let key = id.clone();
+    let cut = stuck_cut(now_micros(), settings(&st).stuck_after_ms);
     let (found, as_of_seq) = crate::routes::read_model(&st.engine, q.seq()?, move |r| {
         Ok(match r.delivery(&key)? {
-            Some((row, steps)) => Some((with_provenance(r, vec![row])?.remove(0), steps)),
+            Some((row, steps)) => Some((with_provenance(r, vec![row], cut)?.remove(0), steps)),
             None => None,
         })
     })
@@ -511,7 +519,6 @@ pub async fn get(
             format!("no delivery {id:?}"),
         )
     })?;
-    out = out.judged_stuck(stuck_cut(now_micros(), settings(&st).stuck_after_ms));
     out.timeline = Some(steps.into_iter().map(StepOut::from).collect());
     Ok(Json(DeliveryAnswer {
         delivery: out,

@@ -1,0 +1,528 @@
+//! The OpenAPI document as served: what the handlers' annotations cannot say by themselves,
+//! added once for every operation (the answers of the shared layers, path ids, closed request
+//! bodies, the configured long-poll bound, the create→get/act links).
+
+use utoipa::openapi::OpenApi;
+
+/// Complete the generated document (before the server reads its parameters from it).
+pub(crate) fn shape(doc: &mut OpenApi, max_wait_ms: u64) {
+    common_answers(doc);
+    path_parameters(doc);
+    wait_bound(doc, max_wait_ms);
+    links(doc);
+    closed_bodies(doc);
+}
+
+/// The document as served.
+pub(crate) fn to_json(doc: &OpenApi) -> String {
+    links_in_camel_case(doc)
+}
+
+/// A string schema of `min..=max` printable characters (no control characters: what
+/// `char::is_control` refuses), as the handlers check text.
+pub(crate) fn printable_string(min: usize, max: usize) -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(min))
+        .max_length(Some(max))
+        .pattern(Some(if min == 0 {
+            PRINTABLE_OR_EMPTY
+        } else {
+            PRINTABLE
+        }))
+        .build()
+}
+
+pub(crate) const PRINTABLE: &str = "^[^\\x00-\\x1F\\x7F-\\x9F]+$";
+const PRINTABLE_OR_EMPTY: &str = "^[^\\x00-\\x1F\\x7F-\\x9F]*$";
+
+/// Every path parameter is a resource id or name the handlers check as 1–128 printable
+/// characters (`routes::check_path_id`; anything else is `400 invalid_path`).
+fn path_parameters(doc: &mut OpenApi) {
+    use utoipa::openapi::path::ParameterIn;
+    for item in doc.paths.paths.values_mut() {
+        for op in [
+            &mut item.get,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.put,
+            &mut item.patch,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            for p in op.parameters.iter_mut().flatten() {
+                if matches!(p.parameter_in, ParameterIn::Path) {
+                    p.schema = Some(printable_string(1, 128).into());
+                }
+            }
+        }
+    }
+}
+
+/// `wait_ms` is bounded by `server.max_wait_ms` of this server's configuration.
+fn wait_bound(doc: &mut OpenApi, max_wait_ms: u64) {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    for item in doc.paths.paths.values_mut() {
+        for p in item
+            .get
+            .iter_mut()
+            .flat_map(|op| op.parameters.iter_mut().flatten())
+        {
+            if p.name == "wait_ms" {
+                p.schema = Some(
+                    ObjectBuilder::new()
+                        .schema_type(Type::Integer)
+                        .minimum(Some(0))
+                        .maximum(Some(max_wait_ms as f64))
+                        .into(),
+                );
+            }
+        }
+    }
+}
+
+/// One link: from an operation's answer to the next operation.
+struct LinkSpec {
+    from: &'static str,
+    status: &'static str,
+    name: &'static str,
+    to: &'static str,
+    params: &'static [(&'static str, &'static str)],
+    body: Option<&'static str>,
+}
+
+const fn link(
+    (from, status, name, to): (&'static str, &'static str, &'static str, &'static str),
+    params: &'static [(&'static str, &'static str)],
+    body: Option<&'static str>,
+) -> LinkSpec {
+    LinkSpec {
+        from,
+        status,
+        name,
+        to,
+        params,
+        body,
+    }
+}
+
+/// The create→get/act chains of the API as OpenAPI `links`: what a client (or a stateful
+/// fuzzer) does next with an answer. Parameters and bodies are runtime expressions over the answer and request.
+const LINKS: &[LinkSpec] = &[
+    link(
+        (
+            "createBridgeSubscription",
+            "201",
+            "GetSubscription",
+            "getBridgeSubscription",
+        ),
+        &[
+            ("id", "$request.path.id"),
+            ("subscription_id", "$response.body#/subscription_id"),
+        ],
+        None,
+    ),
+    link(
+        (
+            "createBridgeSubscription",
+            "201",
+            "ExplainSubscription",
+            "explainBridgeSubscription",
+        ),
+        &[
+            ("id", "$request.path.id"),
+            ("subscription_id", "$response.body#/subscription_id"),
+        ],
+        None,
+    ),
+    link(
+        (
+            "createBridgeSubscription",
+            "201",
+            "DeleteSubscription",
+            "deleteBridgeSubscription",
+        ),
+        &[
+            ("id", "$request.path.id"),
+            ("subscription_id", "$response.body#/subscription_id"),
+        ],
+        None,
+    ),
+    link(
+        (
+            "createBridgeSubscription",
+            "201",
+            "PullDeliveries",
+            "pullBridgeDeliveries",
+        ),
+        &[("bridge_id", "$response.body#/bridge_id")],
+        None,
+    ),
+    link(
+        (
+            "createBridgeSubscription",
+            "200",
+            "GetSubscription",
+            "getBridgeSubscription",
+        ),
+        &[
+            ("id", "$request.path.id"),
+            ("subscription_id", "$response.body#/subscription_id"),
+        ],
+        None,
+    ),
+    link(
+        (
+            "listBridgeSubscriptions",
+            "200",
+            "GetSubscription",
+            "getBridgeSubscription",
+        ),
+        &[
+            ("id", "$request.path.id"),
+            (
+                "subscription_id",
+                "$response.body#/subscriptions/0/subscription_id",
+            ),
+        ],
+        None,
+    ),
+    link(
+        (
+            "pullBridgeDeliveries",
+            "200",
+            "AckDelivery",
+            "ackBridgeDelivery",
+        ),
+        &[
+            ("bridge_id", "$request.path.bridge_id"),
+            ("delivery_id", "$response.body#/deliveries/0/delivery_id"),
+        ],
+        None,
+    ),
+    link(
+        (
+            "pullBridgeDeliveries",
+            "200",
+            "NackDelivery",
+            "nackBridgeDelivery",
+        ),
+        &[
+            ("bridge_id", "$request.path.bridge_id"),
+            ("delivery_id", "$response.body#/deliveries/0/delivery_id"),
+        ],
+        None,
+    ),
+    link(
+        (
+            "claimDeliveries",
+            "200",
+            "CompleteDelivery",
+            "completeDelivery",
+        ),
+        &[("id", "$response.body#/deliveries/0/id")],
+        Some(r#"{"owner": "$request.body#/owner"}"#),
+    ),
+    link(
+        ("claimDeliveries", "200", "FailDelivery", "failDelivery"),
+        &[("id", "$response.body#/deliveries/0/id")],
+        Some(r#"{"owner": "$request.body#/owner", "error_code": "fuzz", "retryable": false}"#),
+    ),
+    link(
+        (
+            "claimDeliveries",
+            "200",
+            "ExtendDeliveryLease",
+            "extendDeliveryLease",
+        ),
+        &[("id", "$response.body#/deliveries/0/id")],
+        Some(r#"{"owner": "$request.body#/owner"}"#),
+    ),
+    link(
+        ("claimDeliveries", "200", "GetDelivery", "getDelivery"),
+        &[("id", "$response.body#/deliveries/0/id")],
+        None,
+    ),
+    link(
+        ("listDeliveries", "200", "GetDelivery", "getDelivery"),
+        &[("id", "$response.body#/deliveries/0/id")],
+        None,
+    ),
+    link(
+        ("listDeliveries", "200", "RetryDelivery", "retryDelivery"),
+        &[("id", "$response.body#/deliveries/0/id")],
+        None,
+    ),
+    link(
+        (
+            "listDeliveries",
+            "200",
+            "DiscardDelivery",
+            "discardDelivery",
+        ),
+        &[("id", "$response.body#/deliveries/0/id")],
+        None,
+    ),
+    link(
+        ("failDelivery", "200", "RetryDelivery", "retryDelivery"),
+        &[("id", "$request.path.id")],
+        None,
+    ),
+    link(
+        ("listTasks", "200", "GetTask", "getTask"),
+        &[("id", "$response.body#/tasks/0/task_id")],
+        None,
+    ),
+    link(
+        (
+            "listTasks",
+            "200",
+            "ListSubscriptions",
+            "listBridgeSubscriptions",
+        ),
+        &[("id", "$response.body#/tasks/0/task_id")],
+        None,
+    ),
+    link(
+        (
+            "listNotifications",
+            "200",
+            "GetNotificationStatus",
+            "getNotificationStatus",
+        ),
+        &[("id", "$response.body#/notifications/0/notification_id")],
+        None,
+    ),
+    link(
+        ("listSources", "200", "GetSource", "getSource"),
+        &[("name", "$response.body#/sources/0/name")],
+        None,
+    ),
+    link(
+        ("listSources", "200", "PollSource", "pollSource"),
+        &[("name", "$response.body#/sources/0/name")],
+        None,
+    ),
+    link(
+        (
+            "listProjections",
+            "200",
+            "VerifyProjection",
+            "verifyProjection",
+        ),
+        &[("name", "$response.body#/projections/0/name")],
+        None,
+    ),
+    link(
+        (
+            "listProjections",
+            "200",
+            "RebuildProjection",
+            "rebuildProjection",
+        ),
+        &[("name", "$response.body#/projections/0/name")],
+        None,
+    ),
+];
+
+/// utoipa 5.5 writes a link's `operationId` and `requestBody` as `operation_id` and
+/// `request_body`, which OpenAPI readers do not know: rename them in the served document.
+fn links_in_camel_case(doc: &OpenApi) -> String {
+    let Ok(mut v) = serde_json::to_value(doc) else {
+        return "{}".into();
+    };
+    let links = v["paths"]
+        .as_object_mut()
+        .into_iter()
+        .flat_map(|p| p.values_mut())
+        .filter_map(|item| item.as_object_mut())
+        .flat_map(|item| item.values_mut())
+        .filter_map(|op| op.get_mut("responses").and_then(|r| r.as_object_mut()))
+        .flat_map(|r| r.values_mut())
+        .filter_map(|resp| resp.get_mut("links").and_then(|l| l.as_object_mut()))
+        .flat_map(|l| l.values_mut())
+        .filter_map(|link| link.as_object_mut());
+    for link in links {
+        for (from, to) in [
+            ("operation_id", "operationId"),
+            ("request_body", "requestBody"),
+        ] {
+            if let Some(x) = link.remove(from) {
+                link.insert(to.to_owned(), x);
+            }
+        }
+    }
+    serde_json::to_string_pretty(&v).unwrap_or_else(|_| "{}".into())
+}
+
+fn links(doc: &mut OpenApi) {
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::link::LinkBuilder;
+    for LinkSpec {
+        from,
+        status,
+        name,
+        to,
+        params,
+        body,
+    } in LINKS
+    {
+        let mut link = LinkBuilder::new().operation_id(*to);
+        for (p, expr) in *params {
+            link = link.parameter(*p, *expr);
+        }
+        if let Some(b) = body {
+            let v: serde_json::Value = serde_json::from_str(b).expect("a link body is JSON");
+            link = link.request_body(Some(v));
+        }
+        let op = doc
+            .paths
+            .paths
+            .values_mut()
+            .flat_map(|i| {
+                [&mut i.get, &mut i.post, &mut i.delete]
+                    .into_iter()
+                    .flatten()
+            })
+            .find(|op| op.operation_id.as_deref() == Some(*from));
+        let Some(op) = op else {
+            panic!("link {name}: no operation {from}");
+        };
+        let Some(RefOr::T(resp)) = op.responses.responses.get_mut(*status) else {
+            panic!("link {name}: {from} documents no {status}");
+        };
+        resp.links
+            .insert((*name).to_owned(), RefOr::T(link.build()));
+    }
+}
+
+/// Every request body type refuses fields it does not know (`deny_unknown_fields`, `400`), so
+/// its schema says `additionalProperties: false`; so do the objects it holds.
+fn closed_bodies(doc: &mut OpenApi) {
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::schema::{AdditionalProperties, ArrayItems, Schema};
+    fn refs_in(s: &RefOr<Schema>, out: &mut Vec<String>) {
+        match s {
+            RefOr::Ref(r) => out.extend(
+                r.ref_location
+                    .strip_prefix("#/components/schemas/")
+                    .map(str::to_owned),
+            ),
+            RefOr::T(Schema::Object(o)) => o.properties.values().for_each(|p| refs_in(p, out)),
+            RefOr::T(Schema::Array(a)) => {
+                if let ArrayItems::RefOrSchema(i) = &a.items {
+                    refs_in(i, out)
+                }
+            }
+            RefOr::T(Schema::OneOf(o)) => o.items.iter().for_each(|i| refs_in(i, out)),
+            _ => {}
+        }
+    }
+    let mut todo = Vec::new();
+    for item in doc.paths.paths.values() {
+        for op in [&item.post, &item.put, &item.patch].into_iter().flatten() {
+            for c in op.request_body.iter().flat_map(|b| b.content.values()) {
+                if let Some(s) = &c.schema {
+                    refs_in(s, &mut todo);
+                }
+            }
+        }
+    }
+    let Some(components) = doc.components.as_mut() else {
+        return;
+    };
+    let mut done = std::collections::BTreeSet::new();
+    while let Some(name) = todo.pop() {
+        if !done.insert(name.clone()) {
+            continue;
+        }
+        let Some(schema) = components.schemas.get_mut(&name) else {
+            continue;
+        };
+        let closed = Some(Box::new(AdditionalProperties::FreeForm(false)));
+        match schema {
+            RefOr::T(Schema::Object(o)) if !o.properties.is_empty() => {
+                o.additional_properties = closed;
+            }
+            // An untagged enum of bodies (`POST /v1/events`: a batch or one event).
+            RefOr::T(Schema::OneOf(one)) => {
+                for item in &mut one.items {
+                    if let RefOr::T(Schema::Object(o)) = item {
+                        o.additional_properties = closed.clone();
+                    }
+                }
+            }
+            _ => {}
+        }
+        refs_in(schema, &mut todo);
+    }
+}
+
+/// Document on every operation the answers the shared layers give (the same for all, so they
+/// are declared here once rather than on each handler): `400` for a malformed query or an
+/// unknown parameter; with a body `413`, `415` and `422`; behind a token `401`, `403` and the
+/// token's rate limit `429`; with path parameters `404`; and `503` while the server stops or
+/// its storage fails. A handler's own description of a code is kept.
+fn common_answers(doc: &mut OpenApi) {
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    let problem = |what: &str| {
+        ResponseBuilder::new()
+            .description(what)
+            .content(
+                "application/problem+json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("Problem")))
+                    .build(),
+            )
+            .build()
+    };
+    for (path, item) in doc.paths.paths.iter_mut() {
+        for op in [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let mut codes: Vec<(&str, &str)> = vec![
+                (
+                    "400",
+                    "Malformed request: a bad or unknown query parameter or header",
+                ),
+                ("503", "Shutting down, or the storage is unavailable"),
+            ];
+            if op.request_body.is_some() {
+                codes.extend([
+                    ("413", "The body is larger than server.max_body_bytes"),
+                    ("415", "The body is not Content-Type: application/json"),
+                    ("422", "A field of the body is invalid"),
+                ]);
+            }
+            let secured = op.security.as_ref().is_some_and(|s| !s.is_empty());
+            if secured {
+                codes.extend([
+                    (
+                        "401",
+                        "No token, or not a valid one (WWW-Authenticate: Bearer)",
+                    ),
+                    ("403", "The token lacks the scope this operation needs"),
+                    ("429", "The token's rate limit is spent (Retry-After)"),
+                ]);
+            }
+            if path.contains('{') {
+                codes.push(("404", "No such resource"));
+            }
+            for (code, what) in codes {
+                op.responses
+                    .responses
+                    .entry(code.to_owned())
+                    .or_insert_with(|| problem(what).into());
+            }
+        }
+    }
+}
