@@ -175,25 +175,24 @@ impl Auth {
                 "send a valid token as `Authorization: Bearer <token>`",
             )
         };
-        let text = authorization
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(unauthorized)?;
-        let digest: [u8; 32] = Sha256::digest(text.as_bytes()).into();
-        // Compare every configured hash without stopping early.
-        let found = self
-            .tokens
-            .iter()
-            .fold(None, |acc, t| if t.hash == digest { Some(t) } else { acc });
-        found.ok_or_else(unauthorized)
+        self.known(authorization).ok_or_else(unauthorized)
     }
 
-    /// The token may act with `scope`: `Ok` with what its rate limit said (None: no limit,
-    /// or open mode), 401/403 otherwise.
-    fn check(&self, authorization: Option<&str>, scope: Scope) -> Result<Option<Take>, ApiError> {
+    /// The configured token whose text the header carries, if any.
+    fn known(&self, authorization: Option<&str>) -> Option<&Token> {
+        let text = bearer(authorization?)?;
+        let digest: [u8; 32] = Sha256::digest(text.as_bytes()).into();
+        // Compare every configured hash without stopping early.
+        self.tokens
+            .iter()
+            .fold(None, |acc, t| if t.hash == digest { Some(t) } else { acc })
+    }
+
+    /// The token may act with `scope`: `Ok` in open mode or with the scope, 401/403
+    /// otherwise.
+    fn check(&self, authorization: Option<&str>, scope: Scope) -> Result<(), ApiError> {
         if self.is_open() {
-            return Ok(None);
+            return Ok(());
         }
         let token = self.token(authorization)?;
         if token
@@ -201,11 +200,7 @@ impl Auth {
             .iter()
             .any(|s| s == scope.name() || s == "admin")
         {
-            Ok(token.bucket.as_ref().map(|b| {
-                b.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take(Instant::now())
-            }))
+            Ok(())
         } else {
             tracing::info!(token = %token.name, scope = scope.name(), "request refused: missing scope");
             Err(ApiError::new(
@@ -227,6 +222,14 @@ pub struct Identity {
     pub open: bool,
 }
 
+/// The token of an `Authorization: Bearer <token>` header; the scheme is case-insensitive
+/// (RFC 9110 §11.1), so `bearer` and `BEARER` are the same.
+fn bearer(h: &str) -> Option<&str> {
+    let (scheme, token) = h.trim_start().split_once(char::is_whitespace)?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 /// Middleware factory: require `scope` on every route of a router.
 pub async fn require(
     State((auth, scope)): State<(Auth, Scope)>,
@@ -238,28 +241,44 @@ pub async fn require(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     match auth.check(h, scope) {
-        Ok(None) => next.run(req).await,
-        Ok(Some(Take::Allowed { remaining })) => {
-            let mut resp = next.run(req).await;
-            resp.headers_mut()
-                .insert("ratelimit-remaining", remaining.into());
-            resp
-        }
-        Ok(Some(Take::Refused { retry_after_s })) => {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Middleware over every route (section 8): a request carrying a rate-limited token takes
+/// from its bucket, whatever it asks for, and every answer to it carries
+/// `RateLimit-Remaining` (a 403, a 404, a 400 included); past the limit it is `429` with
+/// `Retry-After`. Requests without a valid token are left to the scope check.
+pub async fn rate_limit(State(auth): State<Auth>, req: Request, next: Next) -> Response {
+    let h = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let Some(bucket) = auth.known(h).and_then(|t| t.bucket.as_ref()) else {
+        return next.run(req).await;
+    };
+    let take = bucket
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take(Instant::now());
+    let (mut resp, remaining) = match take {
+        Take::Allowed { remaining } => (next.run(req).await, remaining),
+        Take::Refused { retry_after_s } => {
             metrics::counter!("tidemark_rate_limited_total").increment(1);
-            let mut resp = ApiError::new(
+            let resp = ApiError::new(
                 axum::http::StatusCode::TOO_MANY_REQUESTS,
                 "rate_limited",
                 "this token's request rate is used up; retry after Retry-After seconds",
             )
             .retry_after(retry_after_s)
             .into_response();
-            resp.headers_mut()
-                .insert("ratelimit-remaining", 0u64.into());
-            resp
+            (resp, 0)
         }
-        Err(e) => e.into_response(),
-    }
+    };
+    resp.headers_mut()
+        .insert("ratelimit-remaining", remaining.into());
+    resp
 }
 
 #[cfg(test)]
@@ -330,5 +349,22 @@ mod tests {
             "unauthorized"
         );
         assert!(Auth::new(&[]).check(None, Scope::Admin).is_ok());
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        let auth = Auth::new(&[token("r", &["read"])]);
+        for h in [
+            "Bearer r",
+            "bearer r",
+            "BEARER r",
+            "BeArEr   r ",
+            " Bearer\tr",
+        ] {
+            assert!(auth.check(Some(h), Scope::Read).is_ok(), "{h:?}");
+        }
+        for h in ["Bearerr", "Basic r", "Bearer", "Bearer  ", "r"] {
+            assert!(auth.check(Some(h), Scope::Read).is_err(), "{h:?}");
+        }
     }
 }

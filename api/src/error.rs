@@ -67,6 +67,14 @@ impl ApiError {
         self
     }
 
+    /// The same problem answered with another status (its title follows).
+    pub fn with_status(mut self, status: StatusCode) -> Self {
+        self.status = status;
+        self.problem.status = status.as_u16();
+        self.problem.title = status.canonical_reason().unwrap_or("error").to_owned();
+        self
+    }
+
     pub fn retry_after(mut self, secs: u64) -> Self {
         self.retry_after_secs = Some(secs);
         self
@@ -216,7 +224,9 @@ impl From<AppendError> for ApiError {
 }
 
 impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+    fn into_response(mut self) -> Response {
+        // The body's `status` is the answer's, whatever changed `status` after `new`.
+        self.problem.status = self.status.as_u16();
         let body = serde_json::to_vec(&*self.problem).unwrap_or_default();
         let mut resp = (self.status, body).into_response();
         let h = resp.headers_mut();

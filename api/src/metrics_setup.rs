@@ -167,7 +167,14 @@ pub fn describe() {
         ),
         (
             "tidemark_consumer_cursors_stalled",
-            "Consumer cursors behind and without progress (stalled)",
+            "Consumer cursors with work to deliver now (a bridge subscription: what its explain \
+             would deliver) and no progress for outbox.stuck_after (a subscription waiting on a \
+             running or review-gated task is not counted)",
+        ),
+        (
+            "tidemark_consumer_cursors_stopped",
+            "Bridge subscriptions stopped at a terminal-state mismatch (counted at once; they \
+             resume when the task is repaired or the cursor is reset)",
         ),
         (
             "tidemark_consumer_lag_events_max",
@@ -175,7 +182,8 @@ pub fn describe() {
         ),
         (
             "tidemark_consumer_lag_seconds_max",
-            "Age of the oldest event a cursor has yet to deliver, seconds",
+            "Longest time any cursor's deliverable work has waited (since the later of its last \
+             progress and the first event it has to deliver), seconds",
         ),
         (
             "tidemark_outbox_queue_depth",
@@ -183,7 +191,9 @@ pub fn describe() {
         ),
         (
             "tidemark_outbox_stuck",
-            "Deliveries due for longer than outbox.stuck_after, by sink",
+            "Deliveries not terminal and due (next attempt time passed, or lease expired) for \
+             longer than outbox.stuck_after, by sink; deliveries scheduled for later are not \
+             counted",
         ),
         ("tidemark_outbox_parked", "Parked deliveries, by sink"),
         (

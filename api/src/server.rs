@@ -201,6 +201,7 @@ pub fn router(state: AppState) -> Router {
     let mut any_token = OpenApiRouter::new().routes(routes!(ops::whoami));
     require_in_doc(any_token.get_openapi_mut(), &[]);
     let open = OpenApiRouter::new()
+        .routes(routes!(ops::livez))
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))
         .routes(routes!(ops::metrics))
@@ -236,6 +237,10 @@ pub fn router(state: AppState) -> Router {
                 "this resource does not support that method",
             )
         })
+        .layer(middleware::from_fn_with_state(
+            auth.clone(),
+            auth::rate_limit,
+        ))
         .layer(axum::Extension(doc))
         .layer(DefaultBodyLimit::max(state.config.server.max_body_bytes))
         .layer(middleware::from_fn_with_state(

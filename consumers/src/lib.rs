@@ -17,7 +17,7 @@
 //! # Public surface
 //! [`spawn`] (the follower and the three reactors); [`follow::Follower`]; from [`bridge`]:
 //! `scan`, `confirm` / `confirm_many`, `record_failure`, `plan_acks`, `pending_for_bridge`,
-//! `signature`, `PullHub`; [`scheduler::expire_now`].
+//! `Signatures`, `PullHub`; [`scheduler::expire_now`].
 
 #![forbid(unsafe_code)]
 

@@ -37,7 +37,7 @@ pub use commands::{Command, Outcome};
 /// answer's `Retry-After` and a source poll's backoff both use it.
 pub const OVERLOADED_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 pub use follow::FOLLOW_BATCH;
-pub use queries::{LAG_CAP, Lag, Queries, QueryError, READ_WAIT};
+pub use queries::{LAG_CAP, Lag, Queries, QueryError, READ_WAIT, Stopped};
 
 /// The redb items the commands use inside the writer's transaction; nothing of it is public.
 mod store {

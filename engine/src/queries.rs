@@ -93,17 +93,47 @@ pub struct Lag {
     pub lag_events: u64,
     /// More than [`LAG_CAP`] events are past the cursor.
     pub lag_capped: bool,
-    /// Seconds since the cursor last moved (or since the oldest pending event when it never
-    /// moved), 0 when it has nothing pending.
+    /// How long its oldest pending work has waited, seconds: since the later of its last
+    /// progress (an advance or a reset) and the first event it has to deliver; 0 when it has
+    /// nothing to deliver.
     pub lag_seconds: f64,
-    /// Pending work and no progress for `stuck_after_ms`.
+    /// Deliverable work and no progress for `stuck_after_ms` (section 10).
     pub stalled: bool,
-    /// When the cursor last moved.
+    /// A bridge subscription stopped at a terminal-state mismatch (section 6): flagged at
+    /// once, with the mismatch's reason and seq.
+    pub stopped: Option<Stopped>,
+    /// When the cursor row last changed (an advance, a reset, a failure).
     pub updated_at_us: Option<i64>,
+    /// When it last made progress (an advance or a reset).
+    pub progress_at_us: Option<i64>,
     /// Events it had yet to deliver were compacted away (it made no progress for the
     /// retention window, so it no longer pinned them): counted from the first retained one.
     pub compacted_past: bool,
     pub last_error: Option<String>,
+}
+
+/// Where and why a bridge subscription stopped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stopped {
+    pub seq: u64,
+    pub reason: String,
+}
+
+impl Lag {
+    /// Judge the waiting work that started at `due_us` (the first event to deliver) against
+    /// the cursor's last progress at `now_us`: how long it has waited, and whether that is
+    /// longer than `stuck_after_ms`. `None`: nothing to deliver.
+    pub fn judge(
+        &mut self,
+        due_us: Option<i64>,
+        progress_us: Option<i64>,
+        now_us: i64,
+        stuck_after_ms: u64,
+    ) {
+        let waited_us = due_us.map(|due| (now_us - progress_us.map_or(due, |p| p.max(due))).max(0));
+        self.lag_seconds = waited_us.map_or(0.0, |w| w as f64 / 1e6);
+        self.stalled = waited_us.is_some_and(|w| w >= stuck_after_ms as i64 * 1_000);
+    }
 }
 
 /// Queries of the read models, as of at least the head when they are called.
@@ -421,24 +451,23 @@ impl Queries {
             }
             after = page.next_after;
         }
-        let since = c.updated_at_us.or(oldest).unwrap_or(now_us);
-        let lag_seconds = if count > 0 {
-            (now_us - since).max(0) as f64 / 1e6
-        } else {
-            0.0
-        };
-        Ok(Lag {
+        let mut lag = Lag {
             consumer_id: c.consumer_id.clone(),
             stream_name: c.stream_name.clone(),
             subject_id: c.subject_id.clone(),
             last_sequence: c.last_sequence,
             lag_events: count.min(LAG_CAP),
             lag_capped: capped,
-            lag_seconds,
-            stalled: count > 0 && lag_seconds * 1000.0 >= stuck_after_ms as f64,
+            lag_seconds: 0.0,
+            stalled: false,
+            stopped: None,
             updated_at_us: c.updated_at_us,
+            progress_at_us: c.progress_at_us(),
             compacted_past: c.last_sequence + 1 < first,
             last_error: c.last_error.clone(),
-        })
+        };
+        // A plain consumer has every event past its cursor to deliver.
+        lag.judge(oldest, c.progress_at_us(), now_us, stuck_after_ms);
+        Ok(lag)
     }
 }

@@ -169,6 +169,10 @@ pub const TERMINAL_TYPES: [EventType; 5] = [
     EventType::TaskCanceled,
 ];
 
+/// The reason code of a mismatch for a run that never started (spec section 6): its reason
+/// text starts with it.
+pub const RUN_NOT_STARTED: &str = "run_not_started";
+
 /// Decide for `ev` (an event of `task`'s `task_events`) against the task's current state,
 /// with the reason in words.
 pub fn decide(task: Option<&Task>, ev: &Event) -> (Decision, String) {
@@ -184,6 +188,26 @@ pub fn decide(task: Option<&Task>, ev: &Event) -> (Decision, String) {
     let p = ev.payload_value();
     let run_id = p.get("run_id").and_then(|v| v.as_str()).unwrap_or("");
     let run = task.run(run_id);
+    // A run's outcome or approval before (or without) its start: the task reads as running
+    // another run, or not at all, so a bridge must not post "done" (section 6's last row).
+    if ty != EventType::TaskCanceled
+        && task
+            .run_started_seq(run_id)
+            .is_none_or(|started| started >= ev.seq)
+    {
+        return (
+            Mismatch,
+            format!(
+                "{RUN_NOT_STARTED}: {ty} of run {run_id}, which {} before seq {}",
+                if run.is_some() {
+                    "had not started"
+                } else {
+                    "the task never started"
+                },
+                ev.seq
+            ),
+        );
+    }
     match ty {
         EventType::TaskCanceled => {
             if task.canceled {
@@ -264,7 +288,7 @@ mod decision_table {
     use serde_json::{Value, json};
     use tidemark_log::Event;
 
-    use super::{Decision, decide};
+    use super::{Decision, RUN_NOT_STARTED, decide};
     use crate::tasks::{Task, fold_task};
 
     fn event(seq: u64, ty: &str, payload: Value) -> Event {
@@ -438,5 +462,62 @@ mod decision_table {
         );
         let (d, _) = decide(None, &event(5, "task.run_completed", r1()));
         assert_eq!(d, Decision::Mismatch);
+    }
+
+    /// The table's last row: an outcome or approval of a run with no `task.run_started` before
+    /// it is a mismatch (`run_not_started`) whatever the run's recorded outcome, gated or not,
+    /// and a start that comes later does not make the earlier event deliverable.
+    #[test]
+    fn an_outcome_or_approval_of_a_run_that_never_started_is_a_mismatch() {
+        let r9 = || json!({"run_id": "r9"});
+        // r1 runs; r9 completes without ever starting (the chat bridge case).
+        let t = task(
+            false,
+            &[("task.run_started", r1()), ("task.run_completed", r9())],
+        );
+        assert_eq!(t.status, "running");
+        let (d, reason) = decide(Some(&t), &event(3, "task.run_completed", r9()));
+        assert_eq!(d, Decision::Mismatch);
+        assert!(reason.starts_with(RUN_NOT_STARTED), "{reason}");
+        for ty in [
+            "task.run_failed",
+            "task.run_canceled",
+            "task.run_review_approved",
+        ] {
+            let (d, reason) = decide(Some(&t), &event(99, ty, r9()));
+            assert_eq!(d, Decision::Mismatch, "{ty}");
+            assert!(reason.starts_with(RUN_NOT_STARTED), "{ty}: {reason}");
+        }
+        // Gated runs too: the deferral is only for runs that started.
+        let gated = task(true, &[("task.run_completed", r1())]);
+        assert_eq!(
+            decision(&gated, "task.run_completed", r1()),
+            Decision::Mismatch
+        );
+        // Started after the completion (seq 3 after seq 2): the completion at seq 2 is still
+        // one of a run that had not started; a completion after the start is delivered.
+        let late = task(
+            false,
+            &[("task.run_completed", r1()), ("task.run_started", r1())],
+        );
+        let (d, reason) = decide(Some(&late), &event(2, "task.run_completed", r1()));
+        assert_eq!(d, Decision::Mismatch, "{reason}");
+        assert_eq!(late.run_started_seq("r1"), Some(3));
+        let done = task(
+            false,
+            &[
+                ("task.run_completed", r1()),
+                ("task.run_started", r1()),
+                ("task.run_completed", r1()),
+            ],
+        );
+        assert_eq!(
+            decision(&done, "task.run_completed", r1()),
+            Decision::Deliver
+        );
+        // A run that started normally keeps no extra state (its row's bytes are unchanged).
+        let normal = task(false, &[("task.run_started", r1())]);
+        assert!(normal.ext.late_starts.is_empty());
+        assert_eq!(normal.run_started_seq("r1"), Some(2));
     }
 }

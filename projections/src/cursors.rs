@@ -30,6 +30,25 @@ pub struct Cursor {
     pub updated_at_us: Option<i64>,
     /// Seq of the last event that changed it.
     pub changed_seq: u64,
+    /// What later releases added, at its default for a row that does not use it (so such a
+    /// row keeps the bytes, and the digest, it had before: [`crate::trailing`]).
+    #[serde(default, with = "crate::trailing")]
+    pub ext: CursorExt,
+}
+
+/// The fields a cursor row gained after the golden release (see [`Cursor::ext`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CursorExt {
+    /// When an operator last reset it, until it advances again.
+    pub reset_at_us: Option<i64>,
+}
+
+impl Cursor {
+    /// When it last made progress: its last advance, or the reset since (`None`: never).
+    /// Failures and mismatches are not progress.
+    pub fn progress_at_us(&self) -> Option<i64> {
+        self.last_delivered_at_us.or(self.ext.reset_at_us)
+    }
 }
 
 impl Cursor {
@@ -88,6 +107,32 @@ pub struct CursorEvent {
     pub at_us: i64,
 }
 
+/// Apply cursor event `ty` (advanced, reset, failed; a mismatch is a failure) to `row`: the
+/// one function the fold and the commands share, so the row a command answers with is the row
+/// the fold stores.
+pub fn apply(row: &mut Cursor, ty: EventType, c: CursorEvent) {
+    match ty {
+        EventType::CursorAdvanced => {
+            row.last_sequence = c.last_sequence.unwrap_or(row.last_sequence);
+            row.last_delivery_id = c.delivery_id;
+            row.last_delivered_at_us = Some(c.at_us);
+            row.last_error = None;
+            row.ext.reset_at_us = None;
+        }
+        EventType::CursorReset => {
+            // The delivery at the old position is not the one at the new: a reset cursor has
+            // delivered nothing since (section 6's fields describe the position).
+            row.last_sequence = c.to.unwrap_or(0);
+            row.last_delivery_id = None;
+            row.last_delivered_at_us = None;
+            row.last_error = None;
+            row.ext.reset_at_us = Some(c.at_us);
+        }
+        _ => row.last_error = c.error,
+    }
+    row.updated_at_us = Some(c.at_us);
+}
+
 pub struct Cursors;
 
 impl Projection for Cursors {
@@ -97,6 +142,12 @@ impl Projection for Cursors {
 
     fn tables(&self) -> &'static [&'static str] {
         &[ROWS]
+    }
+
+    /// 2: a reset clears `last_delivery_id` and `last_delivered_at` and records
+    /// [`CursorExt::reset_at_us`]; an older model is rebuilt from the log at the next open.
+    fn version(&self) -> u32 {
+        2
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
@@ -140,20 +191,7 @@ impl Projection for Cursors {
         let mut row: Cursor = st
             .take_row(ROWS, &k)?
             .unwrap_or_else(|| Cursor::zero(&consumer, &c.stream_name, &c.subject_id));
-        match ty {
-            T::CursorAdvanced => {
-                row.last_sequence = c.last_sequence.unwrap_or(row.last_sequence);
-                row.last_delivery_id = c.delivery_id;
-                row.last_delivered_at_us = Some(c.at_us);
-                row.last_error = None;
-            }
-            T::CursorReset => {
-                row.last_sequence = c.to.unwrap_or(0);
-                row.last_error = None;
-            }
-            _ => row.last_error = c.error,
-        }
-        row.updated_at_us = Some(c.at_us);
+        apply(&mut row, ty, c);
         row.changed_seq = ev.seq;
         st.put_row(ROWS, &k, row)
     }

@@ -392,8 +392,8 @@ pub struct DeliveryFilter {
     pub created_after_us: Option<i64>,
     /// Created before this time (µs).
     pub created_before_us: Option<i64>,
-    /// `Some(cut)`: only stuck deliveries (pending and created before `cut`, µs);
-    /// with `stuck_only == false`, only those that are not stuck.
+    /// `Some(cut)`: only stuck deliveries (due since before `cut`, µs); with
+    /// `stuck_only == false`, only those that are not stuck.
     pub stuck: Option<StuckFilter>,
     /// A case-insensitive substring of the title (or of a digest item's title).
     pub title_contains: Option<String>,
@@ -402,7 +402,7 @@ pub struct DeliveryFilter {
     pub limit: usize,
 }
 
-/// The `stuck` filter: pending deliveries created before `cut_us` are stuck.
+/// The `stuck` filter: deliveries due since before `cut_us` (now − `stuck_after`) are stuck.
 #[derive(Debug, Clone, Copy)]
 pub struct StuckFilter {
     pub cut_us: i64,
@@ -410,9 +410,12 @@ pub struct StuckFilter {
 }
 
 impl StuckFilter {
-    /// Whether `d` is stuck: pending (queued, leased or retry_wait) and created before the cut.
+    /// Whether `d` is stuck (section 5): not terminal, and due (its next attempt time passed,
+    /// or its lease expired) since before the cut. A delivery scheduled for later (a delay,
+    /// quiet hours, a digest window, a backoff) or under a live lease is not stuck, whatever its
+    /// age; an operator retry makes it due at the retry, which restarts the clock.
     pub fn is_stuck(cut_us: i64, d: &Delivery) -> bool {
-        d.is_pending() && d.created_at_us < cut_us
+        d.due_us().is_some_and(|due| due < cut_us)
     }
 }
 
@@ -651,7 +654,7 @@ pub struct Kpis {
     pub queued: u64,
     pub leased: u64,
     pub retry_wait: u64,
-    /// Pending and created longer than `stuck_after` ago.
+    /// Due (next attempt time passed, or lease expired) for longer than `stuck_after`.
     pub stuck: u64,
     pub parked: u64,
     /// Sent within the last interval.
@@ -696,6 +699,7 @@ pub fn kpis(
         }
     }
     let pending = r.table(deliveries::NAME, deliveries::PENDING)?;
+    let due = r.table(deliveries::NAME, deliveries::DUE)?;
     let sent = r.table(deliveries::NAME, deliveries::SENT)?;
     let stuck_before = now_us.saturating_sub(stuck_after_ms as i64 * 1_000);
     let sent_since = now_us.saturating_sub(interval_ms as i64 * 1_000);
@@ -703,8 +707,11 @@ pub fn kpis(
         timed_kpis(
             k,
             sink,
-            pending.as_ref(),
-            sent.as_ref(),
+            Timed {
+                pending: pending.as_ref(),
+                due: due.as_ref(),
+                sent: sent.as_ref(),
+            },
             stuck_before,
             sent_since,
             now_us,
@@ -724,14 +731,22 @@ pub fn kpis(
     Ok((all, by_sink))
 }
 
-/// The KPIs of one sink or site `dim` read from its `dim ‖ 0 ‖ time ‖ id` indexes of pending
-/// (by creation) and sent (by delivery) rows: queue depth, stuck, oldest pending age, sent in
-/// the interval.
+type Index = redb::ReadOnlyTable<crate::framework::Bytes, crate::framework::Bytes>;
+
+/// The `dim ‖ 0 ‖ time ‖ id` indexes of one dimension (sink or site): pending rows by
+/// creation, claimable rows by due time, sent rows by delivery.
+struct Timed<'a> {
+    pending: Option<&'a Index>,
+    due: Option<&'a Index>,
+    sent: Option<&'a Index>,
+}
+
+/// The KPIs of one sink or site `dim` read from its [`Timed`] indexes: queue depth, stuck
+/// (due since before `stuck_before`), oldest pending age, sent in the interval.
 fn timed_kpis(
     k: &mut Kpis,
     dim: &str,
-    pending: Option<&redb::ReadOnlyTable<crate::framework::Bytes, crate::framework::Bytes>>,
-    sent: Option<&redb::ReadOnlyTable<crate::framework::Bytes, crate::framework::Bytes>>,
+    t: Timed<'_>,
     stuck_before: i64,
     sent_since: i64,
     now_us: i64,
@@ -739,25 +754,26 @@ fn timed_kpis(
     k.queue_depth = k.queued + k.leased + k.retry_wait;
     let lo = deliveries::timed_key(dim, 0, "");
     let hi = deliveries::timed_key(dim, i64::MAX, "");
-    if let Some(p) = pending {
+    if let Some(d) = t.due {
         let cut = deliveries::timed_key(dim, stuck_before, "");
-        k.stuck = p
+        k.stuck = d
             .range(lo.as_slice()..cut.as_slice())
             .map_err(StorageError::of)?
             .count() as u64;
-        if let Some(first) = p
+    }
+    if let Some(p) = t.pending
+        && let Some(first) = p
             .range(lo.as_slice()..hi.as_slice())
             .map_err(StorageError::of)?
             .next()
-        {
-            let (key, _) = first.map_err(StorageError::of)?;
-            let key = key.value();
-            let at = &key[dim.len() + 1..dim.len() + 9];
-            let created = u64::from_be_bytes(at.try_into().expect("8 bytes")) as i64;
-            k.oldest_pending_age_s = (now_us - created).max(0) as f64 / 1e6;
-        }
+    {
+        let (key, _) = first.map_err(StorageError::of)?;
+        let key = key.value();
+        let at = &key[dim.len() + 1..dim.len() + 9];
+        let created = u64::from_be_bytes(at.try_into().expect("8 bytes")) as i64;
+        k.oldest_pending_age_s = (now_us - created).max(0) as f64 / 1e6;
     }
-    if let Some(s) = sent {
+    if let Some(s) = t.sent {
         let cut = deliveries::timed_key(dim, sent_since, "");
         k.sent_last_interval = s
             .range(cut.as_slice()..hi.as_slice())
@@ -791,6 +807,7 @@ pub fn kpis_by_site(
             .count(st, 1);
     }
     let pending = r.table(deliveries::NAME, deliveries::SITE_PENDING)?;
+    let due = r.table(deliveries::NAME, deliveries::SITE_DUE)?;
     let sent = r.table(deliveries::NAME, deliveries::SITE_SENT)?;
     let stuck_before = now_us.saturating_sub(stuck_after_ms as i64 * 1_000);
     let sent_since = now_us.saturating_sub(interval_ms as i64 * 1_000);
@@ -798,8 +815,11 @@ pub fn kpis_by_site(
         timed_kpis(
             k,
             site,
-            pending.as_ref(),
-            sent.as_ref(),
+            Timed {
+                pending: pending.as_ref(),
+                due: due.as_ref(),
+                sent: sent.as_ref(),
+            },
             stuck_before,
             sent_since,
             now_us,

@@ -76,6 +76,19 @@ pub struct Task {
     pub created_seq: u64,
     /// Time of the last event, microseconds since the epoch (from the event, never the clock).
     pub updated_at_us: i64,
+    /// What later releases added, at its default for a row that does not use it (so such a
+    /// row keeps the bytes, and the digest, it had before: [`crate::trailing`]).
+    #[serde(default, with = "crate::trailing")]
+    pub ext: TaskExt,
+}
+
+/// The fields a task row gained after the golden release (see [`Task::ext`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskExt {
+    /// Runs first named by an event other than their `task.run_started` (a completion, a
+    /// review request, ...), each with the seq of its first `task.run_started` once one comes
+    /// (0: none yet). A run not listed here started at its `started_seq`.
+    pub late_starts: Vec<(String, u64)>,
 }
 
 impl Task {
@@ -93,6 +106,7 @@ impl Task {
             latest_event_seq: 0,
             created_seq: 0,
             updated_at_us: 0,
+            ext: TaskExt::default(),
         }
     }
 
@@ -100,9 +114,33 @@ impl Task {
         self.runs.iter().find(|r| r.run_id == run_id)
     }
 
-    fn run_mut(&mut self, run_id: &str, seq: u64) -> &mut Run {
+    /// The seq of run `run_id`'s first `task.run_started`, if it has one.
+    pub fn run_started_seq(&self, run_id: &str) -> Option<u64> {
+        let run = self.run(run_id)?;
+        match self.ext.late_starts.iter().find(|(r, _)| r == run_id) {
+            Some((_, 0)) => None,
+            Some((_, s)) => Some(*s),
+            None => Some(run.started_seq),
+        }
+    }
+
+    /// Run `run_id`, made on its first mention; `starts`: the event at `seq` is its
+    /// `task.run_started`.
+    fn run_mut(&mut self, run_id: &str, seq: u64, starts: bool) -> &mut Run {
         if let Some(i) = self.runs.iter().position(|r| r.run_id == run_id) {
+            if starts
+                && let Some(late) = self
+                    .ext
+                    .late_starts
+                    .iter_mut()
+                    .find(|(r, s)| r == run_id && *s == 0)
+            {
+                late.1 = seq;
+            }
             return &mut self.runs[i];
+        }
+        if !starts {
+            self.ext.late_starts.push((run_id.to_owned(), 0));
         }
         let required = self.review_required;
         self.runs.push(Run {
@@ -188,7 +226,7 @@ pub fn fold_task(task: &mut Task, ev: &EventRef<'_>) {
                 .unwrap_or(false);
         }
         T::TaskRunStarted if !run_id.is_empty() => {
-            task.run_mut(run_id, seq);
+            task.run_mut(run_id, seq, true);
             if !task.is_current(run_id) {
                 task.current_run_id = Some(run_id.to_owned());
             }
@@ -201,7 +239,7 @@ pub fn fold_task(task: &mut Task, ev: &EventRef<'_>) {
                 _ => TaskStatus::Canceled,
             };
             let requires = task.review_required;
-            let run = task.run_mut(run_id, seq);
+            let run = task.run_mut(run_id, seq, false);
             run.outcome = outcome.into();
             run.ended_seq = seq;
             run.review.continuation = false;
@@ -220,7 +258,7 @@ pub fn fold_task(task: &mut Task, ev: &EventRef<'_>) {
             }
         }
         T::TaskRunReviewRequested if !run_id.is_empty() => {
-            let run = task.run_mut(run_id, seq);
+            let run = task.run_mut(run_id, seq, false);
             run.review.requested = true;
             run.review.state = "pending".into();
             run.review.decided_seq = seq;
@@ -229,7 +267,7 @@ pub fn fold_task(task: &mut Task, ev: &EventRef<'_>) {
             }
         }
         T::TaskRunReviewApproved if !run_id.is_empty() => {
-            let run = task.run_mut(run_id, seq);
+            let run = task.run_mut(run_id, seq, false);
             run.review.state = "approved".into();
             run.review.reviewer = owned(&p.reviewer);
             run.review.continuation = false;
@@ -244,7 +282,7 @@ pub fn fold_task(task: &mut Task, ev: &EventRef<'_>) {
                 .as_ref()
                 .and_then(Value::as_bool)
                 .unwrap_or(false);
-            let run = task.run_mut(run_id, seq);
+            let run = task.run_mut(run_id, seq, false);
             run.review.state = "rejected".into();
             run.review.reviewer = owned(&p.reviewer);
             run.review.reason = owned(&p.reason);
@@ -287,6 +325,12 @@ impl Projection for Tasks {
 
     fn tables(&self) -> &'static [&'static str] {
         &[ROWS, BY_STATUS, BY_PROJECT]
+    }
+
+    /// 2: [`TaskExt::late_starts`] (the bridge decision's `run_not_started`); an older model
+    /// is rebuilt from the log at the next open, which fills it.
+    fn version(&self) -> u32 {
+        2
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {

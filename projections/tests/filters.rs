@@ -251,8 +251,16 @@ fn delivery_matches(all: &[Delivery], f: &DeliveryFilter) -> Vec<String> {
         .filter(|d| f.created_before_us.is_none_or(|t| created_at(&d.id) < t))
         .filter(|d| {
             f.stuck.is_none_or(|s| {
-                let pending = ["queued", "leased", "retry_wait"].contains(&d.status.as_str());
-                (pending && created_at(&d.id) < s.cut_us) == s.stuck_only
+                // Stuck: due since before the cut (a queued or retry_wait row at its next
+                // attempt, a leased one at its lease expiry); terminal rows never are.
+                let due = match d.status.as_str() {
+                    "queued" | "retry_wait" => {
+                        Some(d.next_attempt_at_us.unwrap_or(created_at(&d.id)))
+                    }
+                    "leased" => d.lease_expires_at_us,
+                    _ => None,
+                };
+                due.is_some_and(|t| t < s.cut_us) == s.stuck_only
             })
         })
         .filter(|d| {

@@ -191,7 +191,9 @@ pub(crate) async fn cursors(a: CursorsArgs) -> CliResult {
                 }
                 get_json(&http, &url).await?
             };
-            let rows = v["cursors"].as_array().cloned().unwrap_or_default();
+            // The lag view lists `consumers` (section 7), one cursor or a consumer's `cursors`.
+            let key = if lag { "consumers" } else { "cursors" };
+            let rows = v[key].as_array().cloned().unwrap_or_default();
             out.list(
                 &rows,
                 &[
@@ -201,6 +203,7 @@ pub(crate) async fn cursors(a: CursorsArgs) -> CliResult {
                     "last_sequence",
                     "lag_events",
                     "stalled",
+                    "stopped",
                     "last_error",
                 ],
             )

@@ -299,11 +299,20 @@ pub struct LagOut {
     /// Matching events past the cursor (counted up to 10,000; `lag_capped` beyond).
     pub lag_events: u64,
     pub lag_capped: bool,
-    /// Seconds since the cursor last moved (or since the oldest pending event when it never
-    /// moved), 0 when it has nothing pending.
+    /// How long its oldest deliverable work has waited, seconds: since the later of its last
+    /// progress (an advance or a reset) and the first event it has to deliver; 0 when it has
+    /// nothing to deliver (a bridge subscription: nothing its explain would deliver now).
     pub lag_seconds: f64,
-    /// Pending work and no progress for `outbox.stuck_after`.
+    /// Deliverable work and no progress for `outbox.stuck_after` (section 10). A bridge
+    /// subscription waiting on a running or review-gated task is not stalled.
     pub stalled: bool,
+    /// A bridge subscription stopped at a terminal-state mismatch: flagged at once; it
+    /// resumes when the task's state is repaired or an operator resets its cursor.
+    pub stopped: bool,
+    /// Why it stopped (the mismatch's reason, starting with its code, e.g. `run_not_started`).
+    pub stopped_reason: Option<String>,
+    /// The seq of the event it stopped at.
+    pub stopped_seq: Option<u64>,
     /// With `[retention] compact_log`: no progress for the retention window, so it no longer
     /// keeps the log's events from being compacted (and may have lost some: it then counts
     /// from the first retained event).
@@ -323,6 +332,9 @@ impl From<Lag> for LagOut {
             lag_capped: l.lag_capped,
             lag_seconds: l.lag_seconds,
             stalled: l.stalled,
+            stopped: l.stopped.is_some(),
+            stopped_seq: l.stopped.as_ref().map(|s| s.seq),
+            stopped_reason: l.stopped.map(|s| s.reason),
             stale: l.compacted_past,
             last_error: l.last_error,
         }
@@ -331,8 +343,12 @@ impl From<Lag> for LagOut {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct LagPage {
-    pub cursors: Vec<LagOut>,
+    /// Every consumer cursor, and every active bridge subscription's (zero or not).
+    pub consumers: Vec<LagOut>,
+    /// How many are stalled.
     pub stalled: u64,
+    /// How many are stopped.
+    pub stopped: u64,
 }
 
 /// Every cursor (and every active subscription's cursor, zero or not) with its lag.
@@ -342,7 +358,10 @@ pub(crate) async fn compute_lag(st: &AppState) -> Result<Vec<LagOut>, ApiError> 
     let retention = st.config.retention();
     let (lags, now) = blocking(move || {
         let now = engine.now_us();
-        Ok::<_, tidemark_engine::QueryError>((engine.read().lags(now, stuck_after)?, now))
+        Ok::<_, tidemark_engine::QueryError>((
+            tidemark_consumers::bridge::lags(&engine, now, stuck_after)?,
+            now,
+        ))
     })
     .await?;
     let window_us = (retention.window_ms as i64).saturating_mul(1_000);
@@ -361,7 +380,7 @@ pub(crate) async fn compute_lag(st: &AppState) -> Result<Vec<LagOut>, ApiError> 
         .collect())
 }
 
-/// Every cursor's lag in events and seconds; stalled ones flagged.
+/// Every cursor's lag in events and seconds; stalled and stopped ones flagged.
 #[utoipa::path(
     get, path = "/v1/consumers/lag", operation_id = "getConsumerLag", tag = "cursors",
     responses((status = 200, body = LagPage)),
@@ -369,7 +388,13 @@ pub(crate) async fn compute_lag(st: &AppState) -> Result<Vec<LagOut>, ApiError> 
 )]
 #[tracing::instrument(skip_all)]
 pub async fn lag(State(st): State<AppState>) -> Result<Response, ApiError> {
-    let cursors = compute_lag(&st).await?;
-    let stalled = cursors.iter().filter(|c| c.stalled).count() as u64;
-    Ok(Json(LagPage { cursors, stalled }).into_response())
+    let consumers = compute_lag(&st).await?;
+    let stalled = consumers.iter().filter(|c| c.stalled).count() as u64;
+    let stopped = consumers.iter().filter(|c| c.stopped).count() as u64;
+    Ok(Json(LagPage {
+        consumers,
+        stalled,
+        stopped,
+    })
+    .into_response())
 }

@@ -37,10 +37,24 @@ pub async fn whoami(
     st.auth.identify(h).map(axum::Json)
 }
 
-/// Liveness: the process answers.
+/// Liveness (section 18): the process answers. Never failed by storage: a full disk or a
+/// poisoned log is not fixed by a restart of a live process's container (a poisoned log is
+/// recovered by one, but `/healthz` says so and an operator decides).
+#[utoipa::path(get, path = "/livez", operation_id = "liveness", tag = "ops", responses(
+    (status = 200, body = Health),
+))]
+pub async fn livez(State(st): State<AppState>) -> axum::Json<Health> {
+    axum::Json(Health {
+        status: "alive",
+        head: st.engine.head(),
+    })
+}
+
+/// Overall health: 503 while the log refuses writes (a storage failure, or its disk short of
+/// space), with the refusal's `code` and the body's `status` equal to the HTTP status.
 #[utoipa::path(get, path = "/healthz", operation_id = "health", tag = "ops", responses(
     (status = 200, body = Health),
-    (status = 503, description = "The log is unavailable (a storage failure) or its disk is short of space", body = crate::error::Problem, content_type = "application/problem+json"),
+    (status = 503, description = "The log refuses writes: unavailable after a storage failure (`log_unavailable`) or its disk short of space (`insufficient_storage`)", body = crate::error::Problem, content_type = "application/problem+json"),
 ))]
 pub async fn healthz(State(st): State<AppState>) -> Result<axum::Json<Health>, ApiError> {
     storage_ok(&st)?;
@@ -56,9 +70,7 @@ fn storage_ok(st: &AppState) -> Result<(), ApiError> {
         return Err(ApiError::log_unavailable());
     }
     if let Err(e) = st.engine.check_space() {
-        let mut err = ApiError::from(e);
-        err.status = axum::http::StatusCode::SERVICE_UNAVAILABLE;
-        return Err(err);
+        return Err(ApiError::from(e).with_status(axum::http::StatusCode::SERVICE_UNAVAILABLE));
     }
     Ok(())
 }
@@ -143,12 +155,14 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
     // Consumer lag (spec section 10: stuck work is visible): totals, worst cursor, stalled.
     if let Ok(lag) = crate::routes::cursors::compute_lag(&st).await {
         let stalled = lag.iter().filter(|c| c.stalled).count();
+        let stopped = lag.iter().filter(|c| c.stopped).count();
         let max_events = lag.iter().map(|c| c.lag_events).max().unwrap_or(0);
         let max_secs = lag.iter().map(|c| c.lag_seconds).fold(0.0, f64::max);
         let pending = lag.iter().filter(|c| c.lag_events > 0).count();
         metrics::gauge!("tidemark_consumer_cursors").set(lag.len() as f64);
         metrics::gauge!("tidemark_consumer_cursors_behind").set(pending as f64);
         metrics::gauge!("tidemark_consumer_cursors_stalled").set(stalled as f64);
+        metrics::gauge!("tidemark_consumer_cursors_stopped").set(stopped as f64);
         metrics::gauge!("tidemark_consumer_lag_events_max").set(max_events as f64);
         metrics::gauge!("tidemark_consumer_lag_seconds_max").set(max_secs);
     }

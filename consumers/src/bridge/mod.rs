@@ -16,8 +16,8 @@
 use hmac::{Hmac, Mac};
 use serde::Serialize;
 use sha2::Sha256;
-use tidemark_engine::Engine;
 use tidemark_engine::commands::{BridgeCommand, Confirmation};
+use tidemark_engine::{Engine, Lag, Stopped};
 use tidemark_log::{AppendError, CommandError, Event, EventLog, NewEvent, ReadQuery, StorageError};
 use tidemark_projections::bridges::{self, Decision, Subscription};
 use tidemark_projections::cursors::{self, Cursor};
@@ -129,6 +129,55 @@ pub fn scan(engine: &Engine, sub: &Subscription, all: bool) -> Result<Scan, Stor
     }
 }
 
+/// Every cursor's lag (section 10), with each bridge subscription's judged by what its
+/// notifier would do now: `stalled` only when its scan has an event to deliver that has waited
+/// (since the later of that event and the cursor's last progress) for `stuck_after_ms`, so a
+/// subscription waiting on a running or review-gated task is not; `stopped` at once at a
+/// mismatch, with its reason; a deleted subscription's cursor has nobody to deliver to and is
+/// neither. Blocking: reads the log and the read models.
+pub fn lags(
+    engine: &Engine,
+    now_us: i64,
+    stuck_after_ms: u64,
+) -> Result<Vec<Lag>, tidemark_engine::QueryError> {
+    let mut lags = engine.read().lags(now_us, stuck_after_ms)?;
+    for lag in &mut lags {
+        let Some(sub_id) = ids::subscription_of_consumer(&lag.consumer_id) else {
+            continue;
+        };
+        let judged = engine.read().subscription(sub_id).and_then(|sub| {
+            match sub.filter(|s| s.active && s.target.task_id == lag.subject_id) {
+                Some(sub) => Ok(Some(scan(engine, &sub, false)?)),
+                None => Ok(None),
+            }
+        });
+        match judged {
+            Ok(Some(scan)) => match &scan.mismatch {
+                Some((ev, reason)) => {
+                    lag.stopped = Some(Stopped {
+                        seq: ev.seq,
+                        reason: reason.clone(),
+                    });
+                    lag.judge(None, None, now_us, stuck_after_ms);
+                }
+                None => lag.judge(
+                    scan.deliver.as_ref().map(|e| e.time_us),
+                    scan.cursor.progress_at_us(),
+                    now_us,
+                    stuck_after_ms,
+                ),
+            },
+            Ok(None) => lag.judge(None, None, now_us, stuck_after_ms),
+            // The read models are catching up (the lag view never waits for them): this
+            // cursor is judged as a plain one until they have.
+            Err(e) => {
+                tracing::debug!(error = %e, subscription = sub_id, "lag judged without a scan")
+            }
+        }
+    }
+    Ok(lags)
+}
+
 /// Confirm deliveries in one command (one durable commit, one fold): inside the writer, each
 /// re-reads its event and task, requires the decision to still be deliver and the cursor to be
 /// where the caller saw it (or already there with this delivery id), and advances. Each item
@@ -214,18 +263,41 @@ pub(crate) async fn record_mismatch(engine: &Engine, sub: &Subscription, ev: &Ev
     }
 }
 
-/// `v1=<hex HMAC-SHA256 under secret of "<webhook-id>.<webhook-timestamp>.<body>">` (spec
-/// section 6): the id and the time are signed with the body, so a receiver that refuses old
-/// timestamps and seen ids cannot be replayed a captured request.
-pub fn signature(secret: &str, webhook_id: &str, timestamp: u64, body: &[u8]) -> String {
-    let mut mac =
-        Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
-    mac.update(webhook_id.as_bytes());
-    mac.update(b".");
-    mac.update(timestamp.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    format!("v1={}", hex::encode(mac.finalize().into_bytes()))
+/// The signature headers of one webhook attempt (spec section 6), both HMAC-SHA256 under the
+/// secret of `"<webhook-id>.<webhook-timestamp>.<body>"`: `webhook-signature: v1,<base64>` as
+/// the Standard Webhooks specification writes it (so its stock libraries verify it), and
+/// `tidemark-signature: v1=<hex>` for receivers written against earlier releases. The key is
+/// the secret's UTF-8 bytes, or for a secret written `whsec_<base64>` (the form those libraries
+/// take) the decoded bytes. The id and the time are signed with the body, so a receiver that
+/// refuses old timestamps and seen ids cannot be replayed a captured request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signatures {
+    /// The `webhook-signature` header.
+    pub standard: String,
+    /// The `tidemark-signature` header.
+    pub legacy: String,
+}
+
+impl Signatures {
+    pub fn new(secret: &str, webhook_id: &str, timestamp: u64, body: &[u8]) -> Signatures {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let key = secret
+            .strip_prefix("whsec_")
+            .and_then(|k| b64.decode(k).ok())
+            .unwrap_or_else(|| secret.as_bytes().to_vec());
+        let mut mac = Hmac::<Sha256>::new_from_slice(&key).expect("HMAC takes keys of any length");
+        mac.update(webhook_id.as_bytes());
+        mac.update(b".");
+        mac.update(timestamp.to_string().as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        let tag = mac.finalize().into_bytes();
+        Signatures {
+            standard: format!("v1,{}", b64.encode(tag)),
+            legacy: format!("v1={}", hex::encode(tag)),
+        }
+    }
 }
 
 /// The wait a webhook receiver asks for with `429`/`503` and `Retry-After` (whole seconds),
@@ -256,12 +328,36 @@ mod webhook_tests {
     }
 
     #[test]
-    fn the_signature_covers_id_timestamp_and_body() {
-        let a = signature("k", "notif:s:1", 1_700_000_000, b"{}");
-        assert!(a.starts_with("v1=") && a.len() == 3 + 64, "{a}");
-        assert_ne!(a, signature("k", "notif:s:2", 1_700_000_000, b"{}"));
-        assert_ne!(a, signature("k", "notif:s:1", 1_700_000_001, b"{}"));
-        assert_ne!(a, signature("k", "notif:s:1", 1_700_000_000, b"{ }"));
-        assert_ne!(a, signature("other", "notif:s:1", 1_700_000_000, b"{}"));
+    fn the_signatures_cover_id_timestamp_and_body() {
+        let sig = |k: &str, id: &str, t: u64, b: &[u8]| Signatures::new(k, id, t, b);
+        let a = sig("k", "notif:s:1", 1_700_000_000, b"{}");
+        assert!(
+            a.legacy.starts_with("v1=") && a.legacy.len() == 3 + 64,
+            "{a:?}"
+        );
+        assert!(
+            a.standard.starts_with("v1,") && a.standard.len() == 3 + 44,
+            "{a:?}"
+        );
+        assert_ne!(a, sig("k", "notif:s:2", 1_700_000_000, b"{}"));
+        assert_ne!(a, sig("k", "notif:s:1", 1_700_000_001, b"{}"));
+        assert_ne!(a, sig("k", "notif:s:1", 1_700_000_000, b"{ }"));
+        assert_ne!(a, sig("other", "notif:s:1", 1_700_000_000, b"{}"));
+    }
+
+    /// The Standard Webhooks specification's example (its libraries' test vector): a
+    /// `whsec_` secret is its base64-decoded bytes.
+    #[test]
+    fn the_standard_signature_matches_the_specification_example() {
+        let s = Signatures::new(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1_614_265_330,
+            br#"{"test": 2432232314}"#,
+        );
+        assert_eq!(
+            s.standard,
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+        );
     }
 }

@@ -17,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 use crate::follow::{Feed, Page};
 
 use super::{
-    PullHub, Scan, confirm, receiver_retry_after_ms, record_failure, record_mismatch, scan,
-    signature,
+    PullHub, Scan, Signatures, confirm, receiver_retry_after_ms, record_failure, record_mismatch,
+    scan,
 };
 
 /// State of one webhook subscription between passes.
@@ -396,10 +396,10 @@ impl Notifier {
                             .header("webhook-id", &webhook_id)
                             .header("webhook-timestamp", timestamp.to_string());
                         if let Some(secret) = &secret {
-                            rb = rb.header(
-                                "tidemark-signature",
-                                signature(secret, &webhook_id, timestamp, &body),
-                            );
+                            let sig = Signatures::new(secret, &webhook_id, timestamp, &body);
+                            rb = rb
+                                .header("webhook-signature", sig.standard)
+                                .header("tidemark-signature", sig.legacy);
                         }
                         let r = match rb.body(body).send().await {
                             Ok(resp) if resp.status().is_success() => Ok(()),

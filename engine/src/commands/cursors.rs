@@ -5,7 +5,7 @@
 use tidemark_log::{CommandError, NewEvent, RejectKind, StorageError};
 use tidemark_projections::cursors::{Cursor, CursorEvent, NAME, ROWS, bound_error, key};
 use tidemark_projections::framework::TxnTables;
-use tidemark_projections::names::Stream;
+use tidemark_projections::names::{EventType, Stream};
 
 use crate::commands::Outcome;
 use crate::store::WriteTransaction;
@@ -144,13 +144,10 @@ pub(crate) fn advance_from(
         at_us: now_us,
         ..CursorEvent::default()
     };
+    let ev = event("advanced", &a.consumer_id, &c)?;
     let mut next = cur.clone();
-    next.last_sequence = a.last_sequence;
-    next.last_delivery_id = Some(a.delivery_id.clone());
-    next.last_delivered_at_us = Some(now_us);
-    next.last_error = None;
-    next.updated_at_us = Some(now_us);
-    Ok((next, vec![event("advanced", &a.consumer_id, &c)?]))
+    tidemark_projections::cursors::apply(&mut next, EventType::CursorAdvanced, c);
+    Ok((next, vec![ev]))
 }
 
 /// Set a cursor to `to` (up or down), recorded with its reason.
@@ -180,11 +177,10 @@ fn reset(
         at_us: now_us,
         ..CursorEvent::default()
     };
+    let ev = event("reset", consumer_id, &c)?;
     let mut next = cur;
-    next.last_sequence = to;
-    next.last_error = None;
-    next.updated_at_us = Some(now_us);
-    Ok((next, vec![event("reset", consumer_id, &c)?]))
+    tidemark_projections::cursors::apply(&mut next, EventType::CursorReset, c);
+    Ok((next, vec![ev]))
 }
 
 /// Record a delivery failure as the cursor's `last_error` (bounded).

@@ -93,6 +93,9 @@ fn filter_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
         if d.is_pending() {
             out.push((SITE_PENDING, timed_key(site, d.created_at_us, &d.id)));
         }
+        if let Some(due) = d.due_us() {
+            out.push((SITE_DUE, timed_key(site, due, &d.id)));
+        }
         if d.status == "sent" {
             out.push((
                 SITE_SENT,
@@ -242,15 +245,16 @@ impl Projection for Deliveries {
             SITE_STATUS,
             SITE_PENDING,
             SITE_SENT,
+            SITE_DUE,
         ]
     }
 
     /// 2: the list-filter indexes `by_sink`, `by_route`, `by_recipient`; 3: `by_notification`;
     /// 4: the per-site indexes `by_site`, `site_status`, `site_pending`, `site_sent` (all
-    /// outside the digest). An older model is rebuilt from the log at the next open, which
-    /// fills them.
+    /// outside the digest); 5: `site_due` (the per-site stuck count). An older model is
+    /// rebuilt from the log at the next open, which fills them.
     fn version(&self) -> u32 {
-        4
+        5
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {

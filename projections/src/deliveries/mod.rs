@@ -51,6 +51,9 @@ pub const BY_SITE: &str = "by_site";
 pub const SITE_STATUS: &str = "site_status";
 pub const SITE_PENDING: &str = "site_pending";
 pub const SITE_SENT: &str = "site_sent";
+/// `site ‖ 0 ‖ due_us ‖ id` of claimable rows, like [`DUE`] per sink: the per-site stuck
+/// count (a row is stuck once it has been due for `stuck_after`, section 5).
+pub const SITE_DUE: &str = "site_due";
 /// `route ‖ 0 ‖ recipient ‖ 0 ‖ group_key` → the open digest [`Group`].
 pub const GROUPS: &str = "groups";
 /// seq (BE) → payload of the `settings.updated` at that seq.

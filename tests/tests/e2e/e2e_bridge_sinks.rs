@@ -1157,3 +1157,116 @@ async fn an_https_webhook_is_attempted_with_tls_and_its_failure_recorded() {
         .await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
 }
+
+/// Section 6's Standard Webhooks signature, checked by a stock verifier: the `standardwebhooks`
+/// package from PyPI (installed by `.ci/run`), called on the exact headers and body the
+/// receiver got, for a `whsec_<base64>` secret (the form those libraries take) and for a plain
+/// secret (its UTF-8 bytes as the key). A rewritten body, id or timestamp is refused by the same
+/// verifier, and the legacy `tidemark-signature` still verifies beside it.
+#[tokio::test]
+async fn a_stock_standard_webhooks_verifier_accepts_the_signature() {
+    use base64::Engine as _;
+    let clock = Arc::new(AtomicU64::new(0));
+    let hook = Receiver::start(clock, |_| Answer::Status(200)).await;
+    let s = Server::start(ServerOpts::default()).await;
+    let whsec = format!(
+        "whsec_{}",
+        base64::engine::general_purpose::STANDARD.encode(random_token(32))
+    );
+    let plain = format!("plain-{}", random_token(24));
+    let mut checks = Vec::new();
+    for (i, secret) in [&whsec, &plain].into_iter().enumerate() {
+        let (task, sub) = (format!("sw-task-{i}"), format!("sw-sub-{i}"));
+        task_with_run(&s, &task, false).await;
+        subscribe(
+            &s,
+            &task,
+            &webhook_body(&sub, "b-sw", &hook.url(&format!("/sw/{i}")), secret),
+        )
+        .await;
+        let seq = append_one(
+            &s,
+            &task_ev(&task, "task.run_completed", json!({"run_id": "r1"})),
+        )
+        .await;
+        wait_cursor_at(&s, &sub, &task, seq).await;
+        let hit = hook
+            .hits()
+            .into_iter()
+            .find(|h| h.path == format!("/sw/{i}"))
+            .expect("the POST of this subscription");
+        let h = |n: &str| {
+            hit.headers
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_else(|| panic!("no {n} header"))
+                .to_owned()
+        };
+        assert!(h("webhook-signature").starts_with("v1,"), "{hit:?}");
+        // The legacy header is the same HMAC in hex.
+        let legacy = h("tidemark-signature");
+        let std_bytes = base64::engine::general_purpose::STANDARD
+            .decode(&h("webhook-signature")[3..])
+            .expect("base64 signature");
+        assert_eq!(legacy, format!("v1={}", hex::encode(&std_bytes)));
+        checks.push(json!({
+            "secret": secret,
+            "raw_key": !secret.starts_with("whsec_"),
+            "body": String::from_utf8(hit.body.clone()).expect("utf-8 body"),
+            "headers": {
+                "webhook-id": h("webhook-id"),
+                "webhook-timestamp": h("webhook-timestamp"),
+                "webhook-signature": h("webhook-signature"),
+            },
+        }));
+    }
+    // The stock verifier: every genuine request passes; each tampered one is refused.
+    let script = r#"
+import json, sys
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+out = []
+for c in json.load(sys.stdin):
+    wh = Webhook(c["secret"].encode() if c["raw_key"] else c["secret"])
+    wh.verify(c["body"], c["headers"])
+    tampered = [
+        (c["body"].replace("final", "finaL"), c["headers"]),
+        (c["body"], {**c["headers"], "webhook-id": c["headers"]["webhook-id"] + "x"}),
+        (c["body"], {**c["headers"], "webhook-timestamp": str(int(c["headers"]["webhook-timestamp"]) - 1)}),
+    ]
+    refused = 0
+    for body, headers in tampered:
+        try:
+            wh.verify(body, headers)
+        except WebhookVerificationError:
+            refused += 1
+    out.append({"verified": True, "tampered_refused": refused})
+print(json.dumps(out))
+"#;
+    let mut child = tokio::process::Command::new("python3")
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin
+            .write_all(Value::Array(checks).to_string().as_bytes())
+            .await
+            .expect("write the requests");
+    }
+    let out = child.wait_with_output().await.expect("python3 ends");
+    assert!(
+        out.status.success(),
+        "the Standard Webhooks verifier refused a request (is `standardwebhooks` installed? \
+         .ci/run installs tests/webhooks/requirements.txt): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Value = serde_json::from_slice(&out.stdout).expect("verifier output");
+    assert_eq!(
+        got,
+        json!([{"verified": true, "tampered_refused": 3}, {"verified": true, "tampered_refused": 3}])
+    );
+}

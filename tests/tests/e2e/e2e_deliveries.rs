@@ -1295,8 +1295,8 @@ async fn kpis_count_a_known_mix() {
         );
     }
     assert!(
-        k["stuck"].as_u64().is_some_and(|n| n <= 5),
-        "only pending rows can be stuck: {k}"
+        k["stuck"].as_u64().is_some_and(|n| n <= 3),
+        "only due rows can be stuck: {k}"
     );
     for (query, n) in [
         ("status=queued", 3),
@@ -1321,18 +1321,20 @@ async fn kpis_count_a_known_mix() {
         assert_eq!(none["queue_depth"], 0, "{k}");
     }
 
-    // stuck_after = 1 s: the 5 pending rows become stuck; parked and sent ones never do.
+    // stuck_after = 1 s: the 3 queued rows, due and never claimed, become stuck; the leased
+    // row (a live 60 s lease) and the one backing off for 10 minutes are not due, and parked
+    // and sent ones are terminal (section 5).
     let api = s.api();
-    let k = wait_for(WAIT, "5 stuck deliveries", || {
+    let k = wait_for(WAIT, "3 stuck deliveries", || {
         let api = api.clone();
         async move {
             let k = kpis(&api, "interval_s=3600").await;
-            assert!(k["stuck"].as_u64().is_some_and(|n| n <= 5), "{k}");
-            (k["stuck"] == 5).then_some(k)
+            assert!(k["stuck"].as_u64().is_some_and(|n| n <= 3), "{k}");
+            (k["stuck"] == 3).then_some(k)
         }
     })
     .await;
-    assert_eq!(k["by_sink"]["app"]["stuck"], 5, "{k}");
+    assert_eq!(k["by_sink"]["app"]["stuck"], 3, "{k}");
     assert!(
         k["oldest_pending_age_s"].as_f64().is_some_and(|a| a >= 1.0),
         "the oldest pending row is older than stuck_after: {k}"
@@ -1360,7 +1362,7 @@ async fn kpis_count_a_known_mix() {
     for (name, n) in [
         ("tidemark_outbox_queue_depth", 5.0),
         ("tidemark_outbox_parked", 1.0),
-        ("tidemark_outbox_stuck", 5.0),
+        ("tidemark_outbox_stuck", 3.0),
     ] {
         assert_eq!(
             gauge(&r.text, &format!("{name}{{sink=\"app\"}}")),
@@ -2498,34 +2500,38 @@ async fn time_range_stuck_and_title_filters() {
         ids_of("stuck=true").await,
         vec![dlv("f-1"), dlv("f-2"), dlv("f-3")]
     );
+    let row = s
+        .get(&format!("/v1/deliveries/{}", encode_path(&dlv("f-1"))))
+        .await;
+    assert_eq!(row.json["stuck"], true, "{}", row.text);
+    let kpis = s.get("/v1/outbox/kpis").await;
+    assert_eq!(
+        kpis.json["stuck"], 3,
+        "the stuck filter and the KPI agree: {}",
+        kpis.text
+    );
+    // Claimed: under a live lease nothing is due, so nothing is stuck (section 5); sent is
+    // terminal.
     let got = claim(&s, "o", 10, 60_000).await;
     assert_eq!(got.len(), 3);
     let r = act(&s, &dlv("f-2"), "complete", &json!({"owner": "o"})).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(
         ids_of("stuck=true").await,
-        vec![dlv("f-1"), dlv("f-3")],
-        "leased rows stay stuck"
+        Vec::<String>::new(),
+        "leased rows are not due"
     );
     assert_eq!(
         ids_of("stuck=false").await,
-        vec![dlv("f-2")],
-        "a sent row is not stuck"
+        vec![dlv("f-1"), dlv("f-2"), dlv("f-3")],
+        "leased and sent rows are not stuck"
     );
-    let row = s
-        .get(&format!("/v1/deliveries/{}", encode_path(&dlv("f-1"))))
-        .await;
-    assert_eq!(row.json["stuck"], true, "{}", row.text);
     let row = s
         .get(&format!("/v1/deliveries/{}", encode_path(&dlv("f-2"))))
         .await;
     assert_eq!(row.json["stuck"], false, "{}", row.text);
     let kpis = s.get("/v1/outbox/kpis").await;
-    assert_eq!(
-        kpis.json["stuck"], 2,
-        "the stuck filter and the KPI agree: {}",
-        kpis.text
-    );
+    assert_eq!(kpis.json["stuck"], 0, "{}", kpis.text);
 
     let head = s.head().await;
     for bad in [

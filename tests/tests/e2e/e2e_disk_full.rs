@@ -134,7 +134,20 @@ async fn a_full_disk_refuses_writes_with_507_and_recovers_without_a_restart() {
             r.text
         );
         assert_eq!(r.json["code"], "insufficient_storage", "{path}: {}", r.text);
+        assert_eq!(
+            r.json["status"], 503,
+            "the body's status is the answer's: {}",
+            r.text
+        );
     }
+    // Liveness is not storage (section 18): a restart cannot free the disk.
+    let r = api.get("/livez").await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "/livez on a full disk: {}",
+        r.text
+    );
 
     // Space returns: appends succeed again, without a restart.
     std::fs::remove_file(&filler).expect("remove the filler");

@@ -51,3 +51,4 @@ mod e2e_shutdown;
 mod e2e_sources;
 mod e2e_task_stream;
 mod e2e_tasks;
+mod e2e_truth;

@@ -126,7 +126,9 @@ pub struct SinkIn {
     pub kind: String,
     /// Webhook: `https://…` (or `http://…`) URL the envelope is POSTed to.
     pub url: Option<String>,
-    /// Webhook: HMAC-SHA256 key; the signature goes in `tidemark-signature: v1=<hex>` over
+    /// Webhook: HMAC-SHA256 key (its UTF-8 bytes, or for `whsec_<base64>` the decoded
+    /// bytes); each POST carries `webhook-signature: v1,<base64>` (Standard Webhooks) and
+    /// `tidemark-signature: v1=<hex>` of the same HMAC over
     /// `<webhook-id>.<webhook-timestamp>.<body>`.
     pub secret: Option<String>,
 }
