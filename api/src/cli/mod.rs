@@ -292,8 +292,8 @@ pub struct ProjectionsArgs {
 pub enum ProjectionsAction {
     /// Each projection's checkpoint, lag and digest.
     List,
-    /// Rebuild one projection from the log and switch to it, showing progress on stderr;
-    /// prints its report.
+    /// Rebuild one projection from the log and switch to it (progress on stderr when it is a
+    /// terminal); prints its report.
     Rebuild { name: String },
     /// Rebuild into scratch tables and compare with the live model; prints the report of the
     /// projection named, or with no name of every projection (`-o json`: one array). Exits
@@ -357,10 +357,13 @@ pub struct TailArgs {
     /// Start after this seq.
     #[arg(long, default_value_t = 0)]
     pub after: u64,
+    /// Only events of this stream.
     #[arg(long)]
     pub stream: Option<String>,
+    /// Only events of this subject.
     #[arg(long)]
     pub subject: Option<String>,
+    /// Only events of this type.
     #[arg(long = "type")]
     pub event_type: Option<String>,
     /// Exit after this many events.
