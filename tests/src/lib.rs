@@ -10,7 +10,8 @@
 //!   Dropping it kills the child, so a failing test never leaks a server. It derefs to [`Api`].
 //! - [`Api`]: a cheap, cloneable HTTP handle for tasks (append, reads, paging, SSE).
 //! - [`SseStream`]: an SSE reader over `reqwest::Response::bytes_stream`, with bounded waits.
-//! - [`run_cli`]: runs a CLI subcommand with stdin and a bounded wait.
+//! - [`run_cli`]: runs a CLI subcommand with stdin and a bounded wait; [`cli_command`] builds
+//!   one (or a shell pipeline around it) for a test that drives its pipes itself.
 //!
 //! Every wait here is bounded: a server that does not come up, does not exit or stops sending
 //! fails the test with a message instead of hanging it. No wait is an assertion on speed.
@@ -1019,21 +1020,31 @@ impl SseStream {
     }
 }
 
-/// Run `tidemark <args>` with `stdin`, killed after `limit`. Returns its output.
-pub async fn run_cli(args: &[&str], stdin: &str, limit: Duration) -> std::process::Output {
-    use tokio::io::AsyncWriteExt;
-    let mut cmd = tokio::process::Command::new(binary());
-    cmd.args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+/// `program <args>` without the test process's `TIDEMARK_*` and `RUST_LOG` (a developer's shell
+/// cannot change what a test runs), killed when dropped. `program` is the tidemark binary when
+/// `None`; e.g. `sh` for a test that runs the CLI in a pipeline.
+pub fn cli_command(program: Option<&str>, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = match program {
+        Some(p) => tokio::process::Command::new(p),
+        None => tokio::process::Command::new(binary()),
+    };
+    cmd.args(args).kill_on_drop(true);
     for (k, _) in std::env::vars_os() {
         let k_str = k.to_string_lossy();
         if k_str.starts_with("TIDEMARK_") || k_str == "RUST_LOG" {
             cmd.env_remove(&k);
         }
     }
+    cmd
+}
+
+/// Run `tidemark <args>` with `stdin`, killed after `limit`. Returns its output.
+pub async fn run_cli(args: &[&str], stdin: &str, limit: Duration) -> std::process::Output {
+    use tokio::io::AsyncWriteExt;
+    let mut cmd = cli_command(None, args);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("spawn the tidemark CLI");
     let mut input = child.stdin.take().expect("piped stdin");
     let text = stdin.to_owned();

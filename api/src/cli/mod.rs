@@ -1,5 +1,6 @@
 //! The `tidemark` command line (spec section 9).
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,11 +9,14 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::Config;
 
+mod client;
+mod error;
 mod events;
 mod more;
 mod operator;
 pub mod output;
 
+use error::CliError;
 use events::{append, tail};
 use more::{completions, config_show, notifications, tasks};
 use operator::{cursors, deliveries, projections, sources};
@@ -33,9 +37,20 @@ pub struct Cli {
 pub enum Command {
     /// Run the server.
     Serve(ServeArgs),
-    /// Append events from JSON lines (one event object per line) read from FILE or stdin.
+    /// Append events from JSON lines (one event object per line) read from FILE or stdin, and
+    /// print each event's receipt (event_id, seq, duplicate).
+    ///
+    /// Every line is checked to be a JSON object before anything is sent; the events then go
+    /// in batches of up to 1000, each appended whole or not at all. An error names the line of
+    /// the input it comes from (1-based, blank lines counted), and says which lines were
+    /// appended before it.
     Append(AppendArgs),
-    /// Print events as JSON lines, following the log live.
+    /// Print the log's events after --after, following it live; with --count, exit after that
+    /// many.
+    ///
+    /// Off a terminal, following prints one JSON line per event as it comes (jsonl); with
+    /// --count the default is json, one array of the events. `-o json` without --count is
+    /// refused: one document needs an end.
     Tail(TailArgs),
     /// Inspect, rebuild and verify the read models of a running server.
     Projections(ProjectionsArgs),
@@ -140,7 +155,8 @@ pub struct ConfigArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum ConfigAction {
-    /// Print the effective configuration as TOML (`-o json` for JSON).
+    /// Print the effective configuration: TOML (`-o table`, the default), or one JSON object
+    /// (`-o json` or `-o jsonl`).
     Show {
         /// TOML config file.
         #[arg(long, env = "TIDEMARK_CONFIG")]
@@ -169,7 +185,8 @@ pub enum CursorsAction {
         stream: Option<String>,
         #[arg(long, default_value = "")]
         subject: String,
-        /// Every cursor with its lag in events and seconds (stalled ones flagged).
+        /// Every cursor with its lag in events and seconds, and whether it is stalled or stopped
+        /// (with the reason it stopped).
         #[arg(long)]
         lag: bool,
     },
@@ -198,7 +215,7 @@ pub struct SourcesArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum SourcesAction {
-    /// Every source with its state, one JSON object per line.
+    /// Every source with its state.
     List,
     /// One source with its state.
     Show { name: String },
@@ -233,7 +250,8 @@ pub struct DeliveriesArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum DeliveriesAction {
-    /// Deliveries as JSON lines, by id, filtered (all pages unless --limit).
+    /// Deliveries by id, filtered (all pages unless --limit); `-o jsonl` prints each page as it
+    /// comes.
     List {
         /// queued, leased, retry_wait, sent, parked, discarded, skipped, cancelled.
         #[arg(long)]
@@ -274,9 +292,12 @@ pub struct ProjectionsArgs {
 pub enum ProjectionsAction {
     /// Each projection's checkpoint, lag and digest.
     List,
-    /// Rebuild one projection from the log and switch to it; shows progress.
+    /// Rebuild one projection from the log and switch to it (progress on stderr when it is a
+    /// terminal); prints its report.
     Rebuild { name: String },
-    /// Rebuild into scratch tables and compare with the live model (all when no name).
+    /// Rebuild into scratch tables and compare with the live model; prints the report of the
+    /// projection named, or with no name of every projection (`-o json`: one array). Exits
+    /// non-zero when a rebuilt model differs.
     Verify { name: Option<String> },
 }
 
@@ -295,7 +316,8 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct ClientArgs {
-    /// Server base URL.
+    /// Server base URL; `host:port` alone (127.0.0.1:7700, localhost:7700, [::1]:7700) means
+    /// http://host:port.
     #[arg(
         long,
         global = true,
@@ -306,7 +328,10 @@ pub struct ClientArgs {
     /// Bearer token.
     #[arg(long, global = true, env = "TIDEMARK_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// How records are printed: table (the default on a terminal), json (otherwise), jsonl.
+    /// How records are printed on stdout: table (aligned columns; the default on a terminal),
+    /// json (one JSON document: an array of the records, or the one record; the default
+    /// otherwise), jsonl (one JSON record per line). Errors go to stderr in words; under
+    /// `-o json|jsonl` a refusal by the server is its problem JSON document instead.
     #[arg(short = 'o', long = "output", global = true, value_enum)]
     pub output: Option<Output>,
 }
@@ -332,10 +357,13 @@ pub struct TailArgs {
     /// Start after this seq.
     #[arg(long, default_value_t = 0)]
     pub after: u64,
+    /// Only events of this stream.
     #[arg(long)]
     pub stream: Option<String>,
+    /// Only events of this subject.
     #[arg(long)]
     pub subject: Option<String>,
+    /// Only events of this type.
     #[arg(long = "type")]
     pub event_type: Option<String>,
     /// Exit after this many events.
@@ -356,6 +384,10 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let raw_errors = matches!(
+        cli.command.output_flag(),
+        Some(Output::Json | Output::Jsonl)
+    );
     let result = rt.block_on(async {
         match cli.command {
             Command::Serve(a) => serve(a).await,
@@ -370,14 +402,41 @@ pub fn main() -> ExitCode {
             Command::Config(a) => config_show(a),
             Command::Completions { shell } => completions(shell),
             // Replaces this process; returns only when the benchmark could not be started.
-            Command::Bench(b) => crate::bench::exec(b.args),
+            Command::Bench(b) => crate::bench::exec(b.args).map_err(CliError::Other),
         }
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        // Nobody reads stdout any more (`| head -1`): nothing is left to say, and no one to
+        // say it to.
+        Ok(()) | Err(CliError::ClosedPipe) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tidemark: {e}");
+            let text = match e.problem() {
+                Some(p) if raw_errors => p.to_string(),
+                _ => e.human(),
+            };
+            // A closed stderr is not worth a panic.
+            let _ = writeln!(std::io::stderr(), "{text}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+impl Command {
+    /// The `-o` given on the command line, if any.
+    fn output_flag(&self) -> Option<Output> {
+        match self {
+            Command::Append(a) => a.client.output,
+            Command::Tail(a) => a.client.output,
+            Command::Projections(a) => a.client.output,
+            Command::Deliveries(a) => a.client.output,
+            Command::Cursors(a) => a.client.output,
+            Command::Sources(a) => a.client.output,
+            Command::Tasks(a) => a.client.output,
+            Command::Notifications(a) => a.client.output,
+            Command::Config(ConfigArgs {
+                action: ConfigAction::Show { output, .. },
+            }) => *output,
+            Command::Serve(_) | Command::Completions { .. } | Command::Bench(_) => None,
         }
     }
 }
@@ -392,7 +451,7 @@ fn init_tracing() {
         .try_init();
 }
 
-pub(crate) type CliResult = Result<(), String>;
+pub(crate) type CliResult = Result<(), CliError>;
 
 async fn serve(a: ServeArgs) -> CliResult {
     let mut cfg = Config::load(a.config.as_deref()).map_err(|e| e.to_string())?;
@@ -407,12 +466,12 @@ async fn serve(a: ServeArgs) -> CliResult {
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.server.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     if cfg.auth.tokens.is_empty() && !addr.ip().is_loopback() {
-        return Err(crate::RunError::OpenOnNonLoopback(addr).to_string());
+        return Err(crate::RunError::OpenOnNonLoopback(addr).to_string().into());
     }
     // `run` prints `listening on http://<addr>` once the log is open.
     crate::run(cfg, listener, shutdown_signal())
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| CliError::Other(e.to_string()))
 }
 
 async fn shutdown_signal() {
@@ -436,59 +495,4 @@ async fn shutdown_signal() {
     {
         let _ = ctrl_c.await;
     }
-}
-
-pub(crate) fn client(args: &ClientArgs) -> Result<reqwest::Client, String> {
-    let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(t) = &args.token {
-        let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}"))
-            .map_err(|_| "the token contains characters not allowed in a header".to_owned())?;
-        v.set_sensitive(true);
-        headers.insert(reqwest::header::AUTHORIZATION, v);
-    }
-    reqwest::Client::builder()
-        .default_headers(headers)
-        .build()
-        .map_err(|e| e.to_string())
-}
-
-pub(crate) async fn get_json(
-    http: &reqwest::Client,
-    url: &str,
-) -> Result<serde_json::Value, String> {
-    let text = send_text(http.get(url), |status, text| {
-        format!("server answered {status}: {text}")
-    })
-    .await?;
-    serde_json::from_str(&text).map_err(|e| e.to_string())
-}
-
-/// Send `rb` and read the answer: its body when it is a success, else `failed(status, body)`.
-pub(crate) async fn send_text(
-    rb: reqwest::RequestBuilder,
-    failed: impl FnOnce(reqwest::StatusCode, &str) -> String,
-) -> Result<String, String> {
-    let resp = rb
-        .send()
-        .await
-        .map_err(|e| format!("cannot reach the server: {e}"))?;
-    let status = resp.status();
-    let text = resp.text().await.map_err(|e| e.to_string())?;
-    if !status.is_success() {
-        return Err(failed(status, &text));
-    }
-    Ok(text)
-}
-
-/// Percent-encode a query or path value.
-pub(crate) fn enc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~:".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }

@@ -4,17 +4,19 @@
 use clap::CommandFactory;
 use serde_json::{Value, json};
 
+use super::client::{Client, enc};
+use super::operator::items;
+use super::output::write_out;
 use super::{
     CliResult, ConfigAction, ConfigArgs, NotificationsAction, NotificationsArgs, Output,
-    SubscriptionAction, TasksAction, TasksArgs, client, enc, get_json, send_text,
+    SubscriptionAction, TasksAction, TasksArgs,
 };
 use crate::config::Config;
 
 pub(crate) async fn tasks(a: TasksArgs) -> CliResult {
-    let http = client(&a.client)?;
+    let c = Client::new(&a.client)?;
     let out = a.client.output();
-    let base = a.client.url.trim_end_matches('/').to_owned();
-    let subs = |task: &str| format!("{base}/v1/tasks/{}/notifications/bridges", enc(task));
+    let subs = |task: &str| format!("/v1/tasks/{}/notifications/bridges", enc(task));
     let TasksAction::Notifications { action } = a.action;
     match action {
         SubscriptionAction::Subscribe {
@@ -36,17 +38,12 @@ pub(crate) async fn tasks(a: TasksArgs) -> CliResult {
             }
             let body = json!({"subscription_id": subscription_id, "bridge_id": bridge_id,
                               "sink": s});
-            let text = send_text(http.post(subs(&task)).json(&body), |status, text| {
-                format!("subscribe failed ({status}): {text}")
-            })
-            .await?;
-            out.one(&serde_json::from_str(&text).map_err(|e| e.to_string())?)
+            out.one(&c.post_json(&subs(&task), &body).await?)
         }
         SubscriptionAction::List { task } => {
-            let v = get_json(&http, &subs(&task)).await?;
-            let rows: Vec<Value> = v["subscriptions"].as_array().cloned().unwrap_or_default();
+            let v = c.get_json(&subs(&task)).await?;
             out.list(
-                &rows,
+                &items(&v, "subscriptions"),
                 &[
                     "subscription_id",
                     "bridge_id",
@@ -61,33 +58,26 @@ pub(crate) async fn tasks(a: TasksArgs) -> CliResult {
             task,
             subscription_id,
         } => {
-            let url = format!("{}/{}", subs(&task), enc(&subscription_id));
-            out.one(&get_json(&http, &url).await?)
+            let path = format!("{}/{}", subs(&task), enc(&subscription_id));
+            out.one(&c.get_json(&path).await?)
         }
         SubscriptionAction::Delete {
             task,
             subscription_id,
         } => {
-            let url = format!("{}/{}", subs(&task), enc(&subscription_id));
-            let text = send_text(http.delete(url), |status, text| {
-                format!("delete failed ({status}): {text}")
-            })
-            .await?;
-            out.one(&serde_json::from_str(&text).unwrap_or(Value::Null))
+            let path = format!("{}/{}", subs(&task), enc(&subscription_id));
+            out.one(&c.send_json(c.http.delete(c.url(&path))).await?)
         }
     }
 }
 
 pub(crate) async fn notifications(a: NotificationsArgs) -> CliResult {
-    let http = client(&a.client)?;
+    let c = Client::new(&a.client)?;
     let out = a.client.output();
     let NotificationsAction::Status { id } = a.action;
-    let url = format!(
-        "{}/v1/notifications/{}",
-        a.client.url.trim_end_matches('/'),
-        enc(&id)
-    );
-    let v = get_json(&http, &url).await?;
+    let v = c
+        .get_json(&format!("/v1/notifications/{}", enc(&id)))
+        .await?;
     match out {
         Output::Table => {
             let mut head = json!({"notification_id": v["notification"]["notification_id"],
@@ -99,9 +89,11 @@ pub(crate) async fn notifications(a: NotificationsArgs) -> CliResult {
                 head["source_site"] = json!(site);
             }
             out.one(&head)?;
-            println!();
-            let rows = v["deliveries"].as_array().cloned().unwrap_or_default();
-            out.list(&rows, &["id", "route", "sink", "status", "attempts"])
+            write_out("\n")?;
+            out.list(
+                &items(&v, "deliveries"),
+                &["id", "route", "sink", "status", "attempts"],
+            )
         }
         _ => out.one(&v),
     }
@@ -161,7 +153,7 @@ pub(crate) fn config_show(a: ConfigArgs) -> CliResult {
     let cfg = Config::load(config.as_deref()).map_err(|e| e.to_string())?;
     let v = effective(&cfg)?;
     match output {
-        Some(Output::Json) | Some(Output::Jsonl) => println!("{v}"),
+        Some(Output::Json | Output::Jsonl) => write_out(&format!("{v}\n")),
         _ => {
             // TOML has no null: an unset option is left out.
             fn strip(v: &mut Value) {
@@ -176,19 +168,19 @@ pub(crate) fn config_show(a: ConfigArgs) -> CliResult {
             }
             let mut v = v;
             strip(&mut v);
-            print!(
-                "{}",
-                toml::to_string_pretty(&v).map_err(|e| format!("cannot print as TOML: {e}"))?
+            write_out(
+                &toml::to_string_pretty(&v).map_err(|e| format!("cannot print as TOML: {e}"))?,
             )
         }
     }
-    Ok(())
 }
 
 pub(crate) fn completions(shell: clap_complete::Shell) -> CliResult {
     let mut cmd = super::Cli::command();
-    clap_complete::generate(shell, &mut cmd, "tidemark", &mut std::io::stdout());
-    Ok(())
+    // Into memory first: clap_complete panics on a write error, such as a closed pipe.
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "tidemark", &mut script);
+    write_out(&String::from_utf8_lossy(&script))
 }
 
 #[cfg(test)]

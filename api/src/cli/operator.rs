@@ -1,78 +1,102 @@
-//! The operator's commands: projections, deliveries, cursors.
+//! The operator's commands: projections, deliveries, cursors, sources.
 
-use std::io::Write;
+use std::io::IsTerminal;
 
-use crate::cli::{SourcesAction, SourcesArgs};
+use serde_json::{Value, json};
 
+use super::client::{Client, enc};
+use super::error::CliError;
+use super::output::Records;
 use super::{
-    CliResult, CursorsAction, CursorsArgs, DeliveriesAction, DeliveriesArgs, Output,
-    ProjectionsAction, ProjectionsArgs, client, enc, get_json, send_text,
+    CliResult, CursorsAction, CursorsArgs, DeliveriesAction, DeliveriesArgs, ProjectionsAction,
+    ProjectionsArgs, SourcesAction, SourcesArgs,
 };
 
+const REPORT_COLUMNS: &[&str] = &[
+    "name",
+    "identical",
+    "events_replayed",
+    "duration_ms",
+    "first_divergent_seq",
+    "digest",
+];
+
 pub(crate) async fn projections(a: ProjectionsArgs) -> CliResult {
-    let http = client(&a.client)?;
-    let base = format!(
-        "{}/v1/admin/projections",
-        a.client.url.trim_end_matches('/')
-    );
+    let c = Client::new(&a.client)?;
+    let base = "/v1/admin/projections";
     let out = a.client.output();
-    let names: Vec<(String, &str)> = match &a.action {
+    let (names, action, many): (Vec<String>, &str, bool) = match &a.action {
         ProjectionsAction::List => {
-            let v = get_json(&http, &base).await?;
-            let rows = v["projections"].as_array().cloned().unwrap_or_default();
-            return out.list(&rows, &["name", "checkpoint", "lag", "digest"]);
+            let v = c.get_json(base).await?;
+            return out.list(
+                &items(&v, "projections"),
+                &["name", "checkpoint", "lag", "digest"],
+            );
         }
-        ProjectionsAction::Rebuild { name } => vec![(name.clone(), "rebuild")],
-        ProjectionsAction::Verify { name: Some(name) } => vec![(name.clone(), "verify")],
+        ProjectionsAction::Rebuild { name } => (vec![name.clone()], "rebuild", false),
+        ProjectionsAction::Verify { name: Some(name) } => (vec![name.clone()], "verify", false),
         ProjectionsAction::Verify { name: None } => {
-            let v = get_json(&http, &base).await?;
-            v["projections"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|p| p["name"].as_str().map(|n| (n.to_owned(), "verify")))
-                .collect()
+            let v = c.get_json(base).await?;
+            let names = items(&v, "projections")
+                .iter()
+                .filter_map(|p| p["name"].as_str().map(str::to_owned))
+                .collect();
+            (names, "verify", true)
         }
     };
-    let mut all_identical = true;
-    for (name, action) in names {
-        let url = format!("{base}/{name}/{action}");
-        let req = http.post(&url).send();
+    let mut reports = Vec::new();
+    for name in names {
+        let rb = c
+            .http
+            .post(c.url(&format!("{base}/{}/{action}", enc(&name))));
+        let req = c.send_json(rb);
         tokio::pin!(req);
-        // Show progress while the server works.
-        let resp = loop {
+        // Show progress while the server works (on a terminal: it is a line redrawn in place).
+        let mut shown = false;
+        let v = loop {
             tokio::select! {
-                r = &mut req => break r.map_err(|e| format!("cannot reach the server: {e}"))?,
-                _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {
-                    if let Ok(v) = get_json(&http, &base).await
-                        && let Some(p) = v["projections"].as_array().into_iter().flatten().find(|p| p["name"] == name.as_str())
+                r = &mut req => break r?,
+                () = tokio::time::sleep(std::time::Duration::from_millis(500)) => {
+                    if std::io::stderr().is_terminal()
+                        && let Ok(v) = c.get_json(base).await
+                        && let Some(p) = items(&v, "projections").iter().find(|p| p["name"] == name.as_str())
                         && let Some(r) = p.get("rebuild").filter(|r| !r.is_null())
                     {
                         eprint!("\r{action} {name}: {} / {} events", r["done"], r["head"]);
+                        shown = true;
                     }
                 }
             }
         };
-        let status = resp.status();
-        let text = resp.text().await.map_err(|e| e.to_string())?;
-        if !status.is_success() {
-            return Err(format!("{action} {name} failed ({status}): {text}"));
+        if shown {
+            eprintln!();
         }
-        eprintln!();
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-        all_identical &= v["identical"].as_bool().unwrap_or(false);
-        out.one(&v)?;
+        reports.push(v);
     }
-    if all_identical {
+    // Several reports are a list (one JSON array); one is the record itself.
+    if many {
+        out.list(&reports, REPORT_COLUMNS)?;
+    } else if let Some(r) = reports.first() {
+        out.one(r)?;
+    }
+    let differ: Vec<&str> = reports
+        .iter()
+        .filter(|r| r["identical"].as_bool() != Some(true))
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    if differ.is_empty() {
         Ok(())
     } else {
-        Err("a rebuilt model differs from the live one (see first_divergent_seq)".into())
+        Err(CliError::Other(format!(
+            "the rebuilt {} differs from the live model (see first_divergent_seq in the report)",
+            differ.join(", ")
+        )))
     }
 }
 
 pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
-    let http = client(&a.client)?;
-    let base = format!("{}/v1/deliveries", a.client.url.trim_end_matches('/'));
+    let c = Client::new(&a.client)?;
+    let out = a.client.output();
     match a.action {
         DeliveriesAction::List {
             status,
@@ -94,38 +118,9 @@ pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
             }
             let mut after: Option<String> = None;
             let mut printed = 0u64;
-            let out = a.client.output();
-            // JSON lines stream page by page; a table or a JSON array is printed whole.
-            let mut rows: Vec<serde_json::Value> = Vec::new();
-            let stdout = std::io::stdout();
-            'pages: loop {
-                let mut url = format!("{base}?limit=1000{filters}");
-                if let Some(a) = &after {
-                    url.push_str(&format!("&after={}", enc(a)));
-                }
-                let v = get_json(&http, &url).await?;
-                let mut w = stdout.lock();
-                for d in v["deliveries"].as_array().into_iter().flatten() {
-                    if limit.is_some_and(|l| printed >= l) {
-                        break 'pages;
-                    }
-                    if out == Output::Jsonl {
-                        writeln!(w, "{d}").map_err(|e| e.to_string())?;
-                    } else {
-                        rows.push(d.clone());
-                    }
-                    printed += 1;
-                }
-                match v["next_after"].as_str() {
-                    Some(n) => after = Some(n.to_owned()),
-                    None => break,
-                }
-            }
-            if out == Output::Jsonl {
-                return Ok(());
-            }
-            out.list(
-                &rows,
+            // JSON lines go out page by page; a table or a JSON array is printed whole.
+            let mut rows = Records::new(
+                out,
                 &[
                     "id",
                     "status",
@@ -135,65 +130,58 @@ pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
                     "last_error_code",
                     "title",
                 ],
-            )
+            );
+            'pages: loop {
+                let mut path = format!("/v1/deliveries?limit=1000{filters}");
+                if let Some(a) = &after {
+                    path.push_str(&format!("&after={}", enc(a)));
+                }
+                let v = c.get_json(&path).await?;
+                for d in items(&v, "deliveries") {
+                    if limit.is_some_and(|l| printed >= l) {
+                        break 'pages;
+                    }
+                    rows.push(d)?;
+                    printed += 1;
+                }
+                match v["next_after"].as_str() {
+                    Some(n) => after = Some(n.to_owned()),
+                    None => break,
+                }
+            }
+            rows.finish()
         }
         DeliveriesAction::Retry { id, reason } => {
-            operator_action(&http, &base, &id, "retry", reason, a.client.output()).await
+            out.one(&operator_action(&c, &id, "retry", reason).await?)
         }
         DeliveriesAction::Discard { id, reason } => {
-            operator_action(&http, &base, &id, "discard", reason, a.client.output()).await
+            out.one(&operator_action(&c, &id, "discard", reason).await?)
         }
     }
 }
 
 async fn operator_action(
-    http: &reqwest::Client,
-    base: &str,
+    c: &Client,
     id: &str,
     action: &str,
     reason: Option<String>,
-    out: Output,
-) -> CliResult {
-    let url = format!("{base}/{}/{action}", enc(id));
-    let mut body = serde_json::json!({"by": "cli"});
+) -> Result<Value, CliError> {
+    let mut body = json!({"by": "cli"});
     if let Some(r) = reason {
-        body["reason"] = serde_json::Value::String(r);
+        body["reason"] = Value::String(r);
     }
-    let text = send_text(http.post(&url).json(&body), |status, text| {
-        format!("{action} {id} failed ({status}): {text}")
-    })
-    .await?;
-    out.one(&serde_json::from_str(&text).map_err(|e| e.to_string())?)
+    c.post_json(&format!("/v1/deliveries/{}/{action}", enc(id)), &body)
+        .await
 }
 
 pub(crate) async fn cursors(a: CursorsArgs) -> CliResult {
-    let http = client(&a.client)?;
+    let c = Client::new(&a.client)?;
     let out = a.client.output();
-    let base = a.client.url.trim_end_matches('/').to_owned();
     match a.action {
-        CursorsAction::Show {
-            consumer,
-            stream,
-            subject,
-            lag,
-        } => {
-            let v = if lag {
-                get_json(&http, &format!("{base}/v1/consumers/lag")).await?
-            } else {
-                let consumer = consumer.ok_or("give --consumer (or --lag for every cursor)")?;
-                let mut url = format!("{base}/v1/cursors?consumer_id={}", enc(&consumer));
-                if let Some(s) = &stream {
-                    url.push_str(&format!(
-                        "&stream_name={}&subject_id={}",
-                        enc(s),
-                        enc(&subject)
-                    ));
-                }
-                get_json(&http, &url).await?
-            };
-            // The lag view lists `consumers` (section 7), one cursor or a consumer's `cursors`.
-            let key = if lag { "consumers" } else { "cursors" };
-            let rows = v[key].as_array().cloned().unwrap_or_default();
+        CursorsAction::Show { lag: true, .. } => {
+            let v = c.get_json("/v1/consumers/lag").await?;
+            // `consumers` is the list key of section 7.
+            let rows = items(&v, "consumers");
             out.list(
                 &rows,
                 &[
@@ -202,8 +190,39 @@ pub(crate) async fn cursors(a: CursorsArgs) -> CliResult {
                     "subject_id",
                     "last_sequence",
                     "lag_events",
+                    "lag_seconds",
                     "stalled",
                     "stopped",
+                    "stopped_reason",
+                    "last_error",
+                ],
+            )
+        }
+        CursorsAction::Show {
+            consumer,
+            stream,
+            subject,
+            lag: false,
+        } => {
+            let consumer = consumer.ok_or("give --consumer (or --lag for every cursor)")?;
+            let mut path = format!("/v1/cursors?consumer_id={}", enc(&consumer));
+            if let Some(s) = &stream {
+                path.push_str(&format!(
+                    "&stream_name={}&subject_id={}",
+                    enc(s),
+                    enc(&subject)
+                ));
+            }
+            let v = c.get_json(&path).await?;
+            out.list(
+                &items(&v, "cursors"),
+                &[
+                    "consumer_id",
+                    "stream_name",
+                    "subject_id",
+                    "last_sequence",
+                    "last_delivery_id",
+                    "updated_at",
                     "last_error",
                 ],
             )
@@ -215,42 +234,25 @@ pub(crate) async fn cursors(a: CursorsArgs) -> CliResult {
             to,
             reason,
         } => {
-            let body = serde_json::json!({
+            let body = json!({
                 "consumer_id": consumer, "stream_name": stream, "subject_id": subject,
                 "last_sequence": to, "reason": reason,
             });
-            let rb = http.post(format!("{base}/v1/cursors/reset")).json(&body);
-            let text = send_text(rb, |status, text| {
-                format!("reset failed ({status}): {text}")
-            })
-            .await?;
-            out.one(&serde_json::from_str(&text).map_err(|e| e.to_string())?)
+            out.one(&c.post_json("/v1/cursors/reset", &body).await?)
         }
     }
 }
 
 pub(crate) async fn sources(a: SourcesArgs) -> CliResult {
-    let http = client(&a.client)?;
+    let c = Client::new(&a.client)?;
     let out = a.client.output();
-    let base = format!("{}/v1/sources", a.client.url.trim_end_matches('/'));
-    let post = |name: &str, action: &str, body: serde_json::Value| {
-        let url = format!("{base}/{}/{action}", enc(name));
-        let what = format!("{action} {name}");
-        let rb = http.post(url).json(&body);
-        async move {
-            let text = send_text(rb, |status, text| {
-                format!("{what} failed ({status}): {text}")
-            })
-            .await?;
-            out.one(&serde_json::from_str(&text).map_err(|e| e.to_string())?)
-        }
-    };
-    match a.action {
+    let base = "/v1/sources";
+    let path = |name: &str, action: &str| format!("{base}/{}/{action}", enc(name));
+    let v = match a.action {
         SourcesAction::List => {
-            let v = get_json(&http, &base).await?;
-            let rows = v["sources"].as_array().cloned().unwrap_or_default();
-            out.list(
-                &rows,
+            let v = c.get_json(base).await?;
+            return out.list(
+                &items(&v, "sources"),
                 &[
                     "name",
                     "state",
@@ -258,27 +260,31 @@ pub(crate) async fn sources(a: SourcesArgs) -> CliResult {
                     "last_success_at",
                     "last_error",
                 ],
-            )
+            );
         }
-        SourcesAction::Show { name } => {
-            out.one(&get_json(&http, &format!("{base}/{}", enc(&name))).await?)
-        }
-        SourcesAction::Poll { name } => post(&name, "poll", serde_json::json!({})).await,
+        SourcesAction::Show { name } => c.get_json(&format!("{base}/{}", enc(&name))).await?,
+        SourcesAction::Poll { name } => c.post_json(&path(&name, "poll"), &json!({})).await?,
         SourcesAction::Pause { name, reason } => {
-            post(&name, "pause", serde_json::json!({ "reason": reason })).await
+            c.post_json(&path(&name, "pause"), &json!({ "reason": reason }))
+                .await?
         }
-        SourcesAction::Resume { name } => post(&name, "resume", serde_json::json!({})).await,
+        SourcesAction::Resume { name } => c.post_json(&path(&name, "resume"), &json!({})).await?,
         SourcesAction::Reset {
             name,
             watermark,
             reason,
         } => {
-            post(
-                &name,
-                "reset",
-                serde_json::json!({ "watermark": watermark, "reason": reason }),
+            c.post_json(
+                &path(&name, "reset"),
+                &json!({ "watermark": watermark, "reason": reason }),
             )
-            .await
+            .await?
         }
-    }
+    };
+    out.one(&v)
+}
+
+/// The records under a list's plural key (section 7: `{"deliveries": [...], ...}`).
+pub(crate) fn items(v: &Value, key: &str) -> Vec<Value> {
+    v[key].as_array().cloned().unwrap_or_default()
 }

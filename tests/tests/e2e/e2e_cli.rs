@@ -1,9 +1,14 @@
-//! The CLI against a running server: `tidemark append`, `tail` and `deliveries`.
+//! The CLI against a running server: `tidemark append`, `tail` and `deliveries`, the other
+//! section 9 commands, and what the CLI tells its operator (issue 26): `-o` honoured by every
+//! command that prints records, errors in words (or the problem under `-o json`), the line of
+//! the file at fault, quiet on a closed pipe, a `--url` without a scheme.
 
-use std::time::Duration;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tidemark_tests::{Server, ServerOpts, run_cli};
+use tidemark_tests::{Server, ServerOpts, cli_command, random_token, run_cli, sha256_hex};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -483,4 +488,672 @@ async fn subscriptions_status_output_formats_config_and_completions() {
             "{shell}"
         );
     }
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A refused command: non-zero exit, nothing on stdout; its stderr.
+fn refused(out: &std::process::Output, what: &str) -> String {
+    assert!(
+        !out.status.success(),
+        "{what} succeeded: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{what}: a refusal prints nothing on stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    stderr(out)
+}
+
+/// What a command prints: a list of records or one record.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Shape {
+    List,
+    One,
+}
+
+/// Check the three `-o` formats of one command: `json` is ONE document (an array for a list,
+/// the object for one record), `jsonl` one object per line (as many as the array holds),
+/// `table` a header of upper-case column names and a row per record (or `key  value` lines).
+async fn check_formats(args: &[&str], stdin: &str, shape: Shape, url: &str) {
+    let run = |o: &'static str| {
+        let mut a: Vec<&str> = args.to_vec();
+        a.extend(["-o", o, "--url", url]);
+        let what = a.join(" ");
+        async move { (ok(&run_cli(&a, stdin, LIMIT).await, &what), what) }
+    };
+    let (json, what) = run("json").await;
+    let doc: Value = serde_json::from_str(json.trim())
+        .unwrap_or_else(|e| panic!("`{what}` must print one JSON document ({e}):\n{json}"));
+    let n = match (shape, &doc) {
+        (Shape::List, Value::Array(a)) => a.len(),
+        (Shape::One, Value::Object(_)) => 1,
+        _ => panic!("`{what}` printed the wrong kind of document for a {shape:?}: {doc}"),
+    };
+    let (jsonl, what) = run("jsonl").await;
+    let lines: Vec<&str> = jsonl.lines().filter(|l| !l.trim().is_empty()).collect();
+    for l in &lines {
+        let v: Value = serde_json::from_str(l)
+            .unwrap_or_else(|e| panic!("`{what}`: not a JSON line ({e}): {l:?}"));
+        assert!(v.is_object(), "`{what}`: each line is one record: {l}");
+    }
+    assert_eq!(lines.len(), n, "`{what}`: a line per record:\n{jsonl}");
+    let (table, what) = run("table").await;
+    let rows: Vec<&str> = table.lines().collect();
+    match shape {
+        Shape::List => {
+            let head = rows.first().copied().unwrap_or_default();
+            assert!(
+                !head.is_empty()
+                    && head
+                        .chars()
+                        .all(|c| c.is_ascii_uppercase() || "_. ".contains(c)),
+                "`{what}`: the first line names the columns:\n{table}"
+            );
+            assert_eq!(rows.len(), n + 1, "`{what}`: a row per record:\n{table}");
+        }
+        Shape::One => {
+            let keys: Vec<&String> = doc.as_object().unwrap().keys().collect();
+            assert_eq!(
+                rows.len(),
+                keys.len(),
+                "`{what}`: a line per field:\n{table}"
+            );
+            for (row, k) in rows.iter().zip(keys) {
+                assert!(
+                    row.starts_with(k.as_str()),
+                    "`{what}`: {row:?} is the {k} line"
+                );
+            }
+        }
+    }
+}
+
+/// Wait (bounded) until `GET path` lists at least `n` items under `key`.
+async fn wait_for(s: &Server, path: &str, key: &str, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, v) = s.get_json(path).await;
+        if let Some(items) = v[key].as_array().filter(|a| a.len() >= n) {
+            return items.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} never listed {n} {key}: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Issue 26: `append` and `tail` printed JSON lines whatever `-o` said, and `projections verify
+/// -o json` printed a line per projection where `--help` promised one document. Every command
+/// that prints records now prints exactly what `-o` says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_that_prints_records_honours_o() {
+    let s = Server::start(ServerOpts::default()).await;
+    let url = s.base().to_owned();
+    let base = s.start_head().to_string();
+    let (st, body) = s
+        .append(&json!({"events": [
+            {"stream": "task_events", "subject": "o-task", "type": "task.created",
+             "payload": {"project_id": "p"}},
+            {"event_id": "o-n1", "stream": "notifications", "subject": "o-n1",
+             "type": "notification.requested", "payload": {"priority": "urgent", "title": "Hi"}},
+        ]}))
+        .await;
+    assert_eq!(st, reqwest::StatusCode::CREATED, "{body}");
+    let r = s
+        .send(
+            s.request(
+                reqwest::Method::POST,
+                "/v1/tasks/o-task/notifications/bridges",
+            )
+            .json(&json!({"subscription_id": "o-sub", "bridge_id": "o-bridge",
+                          "sink": {"kind": "pull"}})),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.text);
+    wait_for(&s, "/v1/deliveries", "deliveries", 1).await;
+
+    let events = "{\"event_id\": \"o-1\", \"stream\": \"o\", \"type\": \"o.t\"}\n\n\
+                  {\"event_id\": \"o-2\", \"stream\": \"o\", \"type\": \"o.t\"}\n";
+    check_formats(&["append"], events, Shape::List, &url).await;
+    check_formats(
+        &["tail", "--after", &base, "--count", "3"],
+        "",
+        Shape::List,
+        &url,
+    )
+    .await;
+    check_formats(&["projections", "list"], "", Shape::List, &url).await;
+    check_formats(&["projections", "verify"], "", Shape::List, &url).await;
+    check_formats(&["projections", "verify", "tasks"], "", Shape::One, &url).await;
+    check_formats(&["deliveries", "list"], "", Shape::List, &url).await;
+    check_formats(&["cursors", "show", "--lag"], "", Shape::List, &url).await;
+    check_formats(
+        &["cursors", "show", "--consumer", "o-c", "--stream", "o"],
+        "",
+        Shape::List,
+        &url,
+    )
+    .await;
+    check_formats(&["sources", "list"], "", Shape::List, &url).await;
+    check_formats(
+        &["tasks", "notifications", "list", "o-task"],
+        "",
+        Shape::List,
+        &url,
+    )
+    .await;
+    check_formats(
+        &["tasks", "notifications", "show", "o-task", "o-sub"],
+        "",
+        Shape::One,
+        &url,
+    )
+    .await;
+
+    // Off a terminal, a list is one JSON document by default, receipts included.
+    let out = run_cli(&["append", "--url", &url], events, LIMIT).await;
+    let receipts: Value = serde_json::from_str(ok(&out, "append").trim()).unwrap();
+    assert_eq!(receipts.as_array().map(Vec::len), Some(2), "{receipts}");
+    assert_eq!(receipts[0]["event_id"], "o-1");
+    assert_eq!(receipts[1]["duplicate"], true);
+    let out = run_cli(&["projections", "verify", "--url", &url], "", LIMIT).await;
+    let reports: Value = serde_json::from_str(ok(&out, "projections verify").trim()).unwrap();
+    assert!(
+        reports
+            .as_array()
+            .is_some_and(|a| a.len() > 1 && a.iter().all(|r| r["identical"] == true)),
+        "{reports}"
+    );
+    // The same records whatever the format: the tail of the same events, three ways.
+    let tail = |o: &'static str| {
+        let url = url.clone();
+        let base = base.clone();
+        async move {
+            let a = [
+                "tail", "--after", &base, "--count", "3", "-o", o, "--url", &url,
+            ];
+            ok(&run_cli(&a, "", LIMIT).await, "tail")
+        }
+    };
+    let as_json: Vec<Value> = serde_json::from_str(tail("json").await.trim()).unwrap();
+    assert_eq!(lines(tail("jsonl").await.as_bytes()), as_json);
+    let table = tail("table").await;
+    for (row, e) in table.lines().skip(1).zip(&as_json) {
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cols[0], e["seq"].to_string(), "{table}");
+        assert!(row.contains(e["type"].as_str().unwrap()), "{table}");
+    }
+}
+
+/// `tail` without `--count` follows the log for ever: off a terminal it prints a JSON line per
+/// event as it comes (one document would never end, so `-o json` asks for `--count`). And once
+/// its reader goes away (`| head -1`) it ends quietly, also when no more events come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_follows_as_json_lines_and_ends_quietly_when_its_reader_goes() {
+    let s = Server::start(ServerOpts::default()).await;
+    let url = s.base().to_owned();
+    let base = s.start_head().to_string();
+    for i in 0..3 {
+        let (st, body) = s
+            .append(&json!({"event_id": format!("f-{i}"), "stream": "f", "type": "f.t"}))
+            .await;
+        assert_eq!(st, reqwest::StatusCode::CREATED, "{body}");
+    }
+    let out = run_cli(&["tail", "-o", "json", "--url", &url], "", LIMIT).await;
+    let err = refused(&out, "tail -o json without --count");
+    assert!(err.contains("--count") && err.contains("jsonl"), "{err}");
+
+    let mut child = cli_command(None, &["tail", "--after", &base, "--url", &url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tail");
+    let mut reader = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    for i in 0..2 {
+        let line = tokio::time::timeout(LIMIT, reader.next_line())
+            .await
+            .expect("tail printed an event")
+            .unwrap()
+            .expect("a line");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(
+            v["event_id"],
+            format!("f-{i}"),
+            "one event per line: {line}"
+        );
+    }
+    // The reader goes away, as `head -2` would; no event comes after.
+    drop(reader);
+    let status = tokio::time::timeout(LIMIT, child.wait())
+        .await
+        .expect("tail ends once nobody reads it")
+        .unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .await
+        .unwrap();
+    assert!(status.success(), "{status}: {err}");
+    assert_eq!(err, "", "nothing on stderr");
+}
+
+/// Issue 26: `tidemark tail ... | head -1` and `tidemark deliveries list | head -1` printed
+/// `Broken pipe` (or panicked). A closed stdout now ends a command quietly: exit 0, nothing on
+/// stderr. `append` still appends what it read: its receipts are only the echo.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_pipe_ends_a_command_quietly() {
+    let s = Server::start(ServerOpts::default()).await;
+    let url = s.base().to_owned();
+    for i in 0..3 {
+        let (st, body) = s
+            .append(
+                &json!({"event_id": format!("p-{i}"), "stream": "notifications",
+                            "subject": format!("p-{i}"), "type": "notification.requested",
+                            "payload": {"priority": "urgent", "title": "T"}}),
+            )
+            .await;
+        assert_eq!(st, reqwest::StatusCode::CREATED, "{body}");
+    }
+    wait_for(&s, "/v1/deliveries", "deliveries", 3).await;
+
+    // The operator's own pipelines, through a shell.
+    let bin = tidemark_tests::binary();
+    let bin = bin.to_string_lossy();
+    for cmd in [
+        "\"$0\" tail --after 0 --url \"$1\" | head -1",
+        "\"$0\" deliveries list --url \"$1\" | head -1",
+        "\"$0\" deliveries list -o jsonl --url \"$1\" | head -1",
+        "\"$0\" deliveries list -o table --url \"$1\" | head -1",
+    ] {
+        let out = tokio::time::timeout(
+            LIMIT,
+            cli_command(Some("sh"), &["-c", cmd, &bin, &url])
+                .stdin(Stdio::null())
+                .output(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("`{cmd}` did not end"))
+        .unwrap();
+        assert!(out.status.success(), "{cmd}: {}", stderr(&out));
+        assert_eq!(stderr(&out), "", "{cmd}: nothing on stderr");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).lines().count(),
+            1,
+            "{cmd}"
+        );
+    }
+
+    // A stdout whose reader is gone before the first write: every write fails (EPIPE).
+    let head = s.head().await;
+    for (args, stdin) in [
+        (vec!["deliveries", "list"], ""),
+        (vec!["deliveries", "list", "-o", "jsonl"], ""),
+        (vec!["deliveries", "list", "-o", "table"], ""),
+        (vec!["tail", "--after", "0", "--count", "2"], ""),
+        (vec!["tail", "--after", "0", "-o", "table"], ""),
+        (vec!["projections", "list"], ""),
+        (vec!["cursors", "show", "--lag", "-o", "jsonl"], ""),
+        (
+            vec!["append"],
+            "{\"event_id\": \"p-new\", \"stream\": \"p\", \"type\": \"p.t\"}\n",
+        ),
+        (vec!["completions", "bash"], ""),
+        (vec!["config", "show"], ""),
+    ] {
+        let what = args.join(" ");
+        let mut a = args.clone();
+        if !matches!(args[0], "completions" | "config") {
+            a.extend(["--url", &url]);
+        }
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut child = cli_command(None, &a)
+            .stdin(Stdio::piped())
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use tokio::io::AsyncWriteExt;
+            let mut input = child.stdin.take().unwrap();
+            input.write_all(stdin.as_bytes()).await.unwrap();
+        }
+        let out = tokio::time::timeout(LIMIT, child.wait_with_output())
+            .await
+            .unwrap_or_else(|_| panic!("`{what}` into a closed pipe did not end"))
+            .unwrap();
+        let err = stderr(&out);
+        assert!(out.status.success(), "{what}: {}: {err}", out.status);
+        let err: Vec<&str> = err
+            .lines()
+            .filter(|l| !l.starts_with("appended "))
+            .collect();
+        assert!(err.is_empty(), "{what}: nothing on stderr: {err:?}");
+    }
+    assert_eq!(
+        s.head().await,
+        head + 1,
+        "append appended into a closed pipe"
+    );
+}
+
+/// Issue 26: errors printed the raw problem JSON. They are words now, with the code and what
+/// to do; `-o json` (for scripts) prints the problem document itself on stderr. A server that
+/// does not answer is named with its URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_say_what_went_wrong_and_what_to_do() {
+    let token = random_token(32);
+    let admin = random_token(32);
+    let mut s = Server::start(ServerOpts::default().config(format!(
+        "[[auth.tokens]]\nname = \"reader\"\nsha256 = \"{}\"\nscopes = [\"read\"]\n\
+         [[auth.tokens]]\nname = \"admin\"\nsha256 = \"{}\"\nscopes = [\"admin\"]\n",
+        sha256_hex(&token),
+        sha256_hex(&admin)
+    )))
+    .await;
+    s.set_token(Some(&admin));
+    let url = s.base().to_owned();
+    let run = |args: &[&str]| {
+        let mut a: Vec<String> = args.iter().map(|x| (*x).to_owned()).collect();
+        a.extend(["--url".to_owned(), url.clone()]);
+        async move {
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            run_cli(&a, "", LIMIT).await
+        }
+    };
+    let head = s.head().await;
+
+    // No token: what is wrong, and how to pass one.
+    let err = refused(&run(&["deliveries", "list"]).await, "no token");
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(
+        lines[0].starts_with("error: unauthorized (401 unauthorized): "),
+        "{err}"
+    );
+    assert!(
+        lines.iter().any(|l| l.starts_with("hint: ")
+            && l.contains("--token")
+            && l.contains("TIDEMARK_TOKEN")),
+        "{err}"
+    );
+    assert!(
+        !err.contains("\"type\""),
+        "words, not the problem JSON: {err}"
+    );
+
+    // A token without the scope.
+    let err = refused(
+        &run(&["deliveries", "retry", "dlv:x", "--token", &token]).await,
+        "retry with a read token",
+    );
+    assert!(
+        err.starts_with("error: forbidden (403 forbidden_scope): "),
+        "{err}"
+    );
+    assert!(err.contains("\nhint: ") && err.contains("scope"), "{err}");
+    assert!(!err.contains(&token), "the token is never printed: {err}");
+
+    // An unknown id.
+    let err = refused(
+        &run(&["deliveries", "retry", "dlv:nope", "--token", &admin]).await,
+        "retry of an unknown delivery",
+    );
+    assert!(
+        err.starts_with("error: not found (404 delivery_not_found): "),
+        "{err}"
+    );
+    assert!(err.contains("\nhint: check the id"), "{err}");
+
+    // A reset without a reason.
+    let err = refused(
+        &run(&[
+            "cursors",
+            "reset",
+            "--consumer",
+            "c",
+            "--stream",
+            "s",
+            "--to",
+            "0",
+            "--reason",
+            "",
+            "--token",
+            &admin,
+        ])
+        .await,
+        "reset without a reason",
+    );
+    assert!(err.contains("(422 reason_required)"), "{err}");
+    assert!(err.contains("\nhint: say why with --reason"), "{err}");
+
+    // Under -o json (and jsonl), stderr is the server's problem document.
+    for o in ["json", "jsonl"] {
+        let out = run(&[
+            "deliveries",
+            "retry",
+            "dlv:nope",
+            "--token",
+            &admin,
+            "-o",
+            o,
+        ])
+        .await;
+        let err = refused(&out, "retry -o json");
+        let p: Value = serde_json::from_str(err.trim())
+            .unwrap_or_else(|e| panic!("-o {o}: stderr is one JSON document ({e}): {err}"));
+        assert_eq!(p["code"], "delivery_not_found", "{p}");
+        assert_eq!(p["status"], 404, "{p}");
+        assert!(p["detail"].is_string() && p["title"].is_string(), "{p}");
+    }
+    let out = run(&[
+        "projections",
+        "verify",
+        "nope",
+        "--token",
+        &admin,
+        "-o",
+        "json",
+    ])
+    .await;
+    let p: Value = serde_json::from_str(refused(&out, "verify nope").trim()).unwrap();
+    assert_eq!(p["code"], "not_found", "{p}");
+    assert_eq!(s.head().await, head, "no refusal appended anything");
+
+    // Nothing listens: the URL is named and the server said not to run there.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    let nowhere = format!("127.0.0.1:{port}");
+    for args in [
+        vec!["deliveries", "list"],
+        vec!["tail", "--after", "0"],
+        vec!["append"],
+    ] {
+        let mut a = args.clone();
+        a.extend(["--url", &nowhere]);
+        let out = run_cli(&a, "{\"stream\": \"s\", \"type\": \"t.t\"}\n", LIMIT).await;
+        let err = refused(&out, &a.join(" "));
+        assert!(
+            err.starts_with(&format!(
+                "error: cannot reach the server at http://{nowhere}"
+            )),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains("not running"), "{args:?}: {err}");
+    }
+}
+
+/// Issue 26: an `append` error named the event's index in the batch, which no one can find in
+/// a file with blank lines (or past the first batch of 1000). It names the line of the file,
+/// and a malformed line is reported before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_errors_name_the_line_of_the_file() {
+    let s = Server::start(ServerOpts::default()).await;
+    let url = s.base().to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    let ev = |id: &str| format!("{{\"event_id\": \"{id}\", \"stream\": \"l\", \"type\": \"l.t\"}}");
+    let head = s.head().await;
+
+    // The server refuses the 3rd event of the batch, on line 4 (line 2 is blank).
+    let bad = format!(
+        "{}\n\n{}\n{{\"event_id\": \"l-3\", \"stream\": \"NOT OK\", \"type\": \"l.t\"}}\n",
+        ev("l-1"),
+        ev("l-2")
+    );
+    let path = file("bad.jsonl", &bad);
+    let out = run_cli(&["append", &path, "--url", &url], "", LIMIT).await;
+    let err = refused(&out, "append of a bad event");
+    assert!(
+        err.starts_with("error: bad request (400 invalid_field): "),
+        "{err}"
+    );
+    assert!(!err.contains("event 2"), "the line, not the index: {err}");
+    assert!(err.contains(&format!("\n  at line 4 of {path}\n")), "{err}");
+    assert!(err.contains("nothing was appended"), "{err}");
+    let out = run_cli(&["append", &path, "-o", "json", "--url", &url], "", LIMIT).await;
+    let p: Value = serde_json::from_str(refused(&out, "append -o json").trim()).unwrap();
+    assert_eq!(p["code"], "invalid_field", "{p}");
+    assert_eq!(p["line"], 4, "{p}");
+    assert_eq!(p["file"], path.as_str(), "{p}");
+    // The same from stdin.
+    let out = run_cli(&["append", "--url", &url], &bad, LIMIT).await;
+    assert!(refused(&out, "append from stdin").contains("\n  at line 4 of stdin\n"));
+    assert_eq!(s.head().await, head, "a refused batch appends nothing");
+
+    // A line that is not JSON: its number, before anything is sent (also past a batch).
+    let mut many: String = (0..1500).map(|i| ev(&format!("m-{i}")) + "\n").collect();
+    many.push_str("\n{\"event_id\": \"m-x\", oops}\n");
+    let out = run_cli(&["append", "--url", &url], &many, LIMIT).await;
+    let err = refused(&out, "append of a malformed line");
+    assert!(
+        err.starts_with("error: line 1502 of stdin is not a JSON object"),
+        "{err}"
+    );
+    assert!(err.contains("nothing was sent"), "{err}");
+    let out = run_cli(
+        &["append", &file("many.jsonl", &many), "--url", &url],
+        "",
+        LIMIT,
+    )
+    .await;
+    assert!(refused(&out, "append of a malformed file").contains("line 1502 of"));
+    let out = run_cli(&["append", "--url", &url], "{\"a\": 1}\n[1, 2]\n", LIMIT).await;
+    assert!(
+        refused(&out, "append of an array")
+            .starts_with("error: line 2 of stdin is not a JSON object"),
+    );
+    assert_eq!(s.head().await, head, "nothing was sent");
+
+    // Refused in the second batch: the first one stays appended, and the error says so.
+    let mut two: String = (0..1000).map(|i| ev(&format!("t-{i}")) + "\n").collect();
+    two.push_str(&format!(
+        "\n{}\n{{\"event_id\": \"t-x\", \"stream\": \"l\", \"type\": \"NOT OK\"}}\n",
+        ev("t-1000")
+    ));
+    let out = run_cli(&["append", "--url", &url], &two, LIMIT).await;
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("\n  at line 1003 of stdin\n"), "{err}");
+    assert!(
+        err.contains("1000 events up to line 1000 were appended"),
+        "{err}"
+    );
+    let receipts: Value = serde_json::from_slice(&out.stdout).expect("the receipts, one array");
+    assert_eq!(receipts.as_array().map(Vec::len), Some(1000));
+    assert_eq!(receipts[999]["event_id"], "t-999");
+    assert_eq!(s.head().await, head + 1000);
+}
+
+/// Issue 26: `--url 127.0.0.1:7861` said "builder error". An address without a scheme is
+/// http; a URL that still cannot be used says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_without_a_scheme_is_http() {
+    let s = Server::start(ServerOpts::default()).await;
+    let port = s.addr().port();
+    for url in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
+        let out = run_cli(&["projections", "list", "--url", &url], "", LIMIT).await;
+        let list: Value = serde_json::from_str(ok(&out, &url).trim()).unwrap();
+        assert!(list.as_array().is_some_and(|a| !a.is_empty()), "{list}");
+        let out = run_cli(
+            &["tail", "--after", "0", "--count", "1", "--url", &url],
+            "",
+            LIMIT,
+        )
+        .await;
+        ok(&out, &url);
+    }
+    if std::net::TcpListener::bind("[::1]:0").is_ok() {
+        let s6 = Server::start(ServerOpts::default().listen("[::1]:0")).await;
+        let url = format!("[::1]:{}", s6.addr().port());
+        let out = run_cli(&["projections", "list", "--url", &url], "", LIMIT).await;
+        ok(&out, &url);
+    } else {
+        eprintln!("no IPv6 loopback here: [::1]:PORT not tried");
+    }
+    for (url, why) in [
+        ("ftp://127.0.0.1:1", "http or https"),
+        ("127.0.0.1:notaport", "invalid port"),
+        ("http://", "empty host"),
+    ] {
+        let out = run_cli(&["deliveries", "list", "--url", url], "", LIMIT).await;
+        let err = refused(&out, url);
+        assert!(
+            err.starts_with(&format!("error: --url {url:?} cannot be used: ")) && err.contains(why),
+            "{url}: {err}"
+        );
+        assert!(!err.contains("builder error"), "{err}");
+    }
+}
+
+/// The `--help` texts say what `-o` prints, command by command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn help_says_what_each_output_prints() {
+    let help = |args: &'static [&'static str]| async move {
+        let mut a = args.to_vec();
+        a.push("--help");
+        ok(&run_cli(&a, "", LIMIT).await, &a.join(" "))
+    };
+    let text = help(&["deliveries", "list"]).await;
+    for said in [
+        "one JSON document",
+        "an array of the records",
+        "one JSON record per line",
+        "the default on a terminal",
+        "problem JSON",
+        "host:port",
+    ] {
+        assert!(text.contains(said), "{said:?} in:\n{text}");
+    }
+    let text = help(&["tail"]).await;
+    assert!(
+        text.contains("one JSON line per event") && text.contains("needs an end"),
+        "{text}"
+    );
+    let text = help(&["append"]).await;
+    assert!(
+        text.contains("before anything is sent") && text.contains("line of the input"),
+        "{text}"
+    );
+    let text = help(&["projections", "verify"]).await;
+    assert!(text.contains("one array"), "{text}");
+    let text = help(&["sources", "list"]).await;
+    assert!(
+        text.lines().next() == Some("Every source with its state"),
+        "{text}"
+    );
 }

@@ -549,11 +549,16 @@ async fn rebuilds_under_load_are_identical_and_change_no_answer() {
     }
 }
 
+/// The reports printed: one JSON document off a terminal (an array of reports when several).
 fn json_lines(out: &[u8]) -> Vec<Value> {
     String::from_utf8_lossy(out)
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}")))
+        .flat_map(|v: Value| match v {
+            Value::Array(a) => a,
+            v => vec![v],
+        })
         .collect()
 }
 
@@ -606,7 +611,7 @@ async fn cli_projections_list_verify_and_rebuild() {
             .map(|r| r["name"].as_str().unwrap_or_default())
             .collect::<Vec<_>>(),
         PROJECTIONS,
-        "one JSON report line per projection on stdout: {reports:?}"
+        "one JSON report per projection on stdout: {reports:?}"
     );
     for r in &reports {
         let name = r["name"].as_str().expect("name");

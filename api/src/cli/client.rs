@@ -1,0 +1,191 @@
+//! The CLI's HTTP client: the server's base URL (`--url`, also without a scheme), the bearer
+//! token, and answers turned into records or a [`CliError`].
+
+use serde_json::Value;
+
+use super::ClientArgs;
+use super::error::CliError;
+
+/// A client of one server.
+pub(crate) struct Client {
+    pub http: reqwest::Client,
+    /// The server's base URL without a trailing slash, e.g. `http://127.0.0.1:7700`.
+    pub base: String,
+}
+
+impl Client {
+    pub(crate) fn new(args: &ClientArgs) -> Result<Client, CliError> {
+        let base = base_url(&args.url)?;
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(t) = &args.token {
+            let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}"))
+                .map_err(|_| "the token contains characters not allowed in a header")?;
+            v.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, v);
+        }
+        let http = reqwest::Client::builder()
+            .default_headers(headers)
+            .build()
+            .map_err(|e| format!("cannot set up the HTTP client: {e}"))?;
+        Ok(Client { http, base })
+    }
+
+    /// `base` + `path` (which starts with `/`).
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// GET `path` and read the JSON answer.
+    pub(crate) async fn get_json(&self, path: &str) -> Result<Value, CliError> {
+        self.send_json(self.http.get(self.url(path))).await
+    }
+
+    /// POST `body` to `path` and read the JSON answer.
+    pub(crate) async fn post_json(&self, path: &str, body: &Value) -> Result<Value, CliError> {
+        self.send_json(self.http.post(self.url(path)).json(body))
+            .await
+    }
+
+    /// Send `rb` and read its answer as JSON when it is a success.
+    pub(crate) async fn send_json(&self, rb: reqwest::RequestBuilder) -> Result<Value, CliError> {
+        let text = self.send_text(rb).await?;
+        if text.trim().is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_str(&text)
+            .map_err(|e| CliError::Other(format!("the server's answer is not JSON: {e}")))
+    }
+
+    /// Send `rb` and read its answer: the body when it is a success, else the refusal.
+    pub(crate) async fn send_text(&self, rb: reqwest::RequestBuilder) -> Result<String, CliError> {
+        let resp = self.send(rb).await?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(|e| self.unreachable(&e))?;
+        if status.is_success() {
+            Ok(text)
+        } else {
+            Err(CliError::refused(status, text))
+        }
+    }
+
+    /// Send `rb`; a failure to get an answer names the server's URL.
+    pub(crate) async fn send(
+        &self,
+        rb: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, CliError> {
+        rb.send().await.map_err(|e| self.unreachable(&e))
+    }
+
+    /// Why no answer came from the server, in words.
+    pub(crate) fn unreachable(&self, e: &reqwest::Error) -> CliError {
+        let mut cause: &dyn std::error::Error = e;
+        let mut refused = false;
+        while let Some(inner) = cause.source() {
+            if let Some(io) = inner.downcast_ref::<std::io::Error>() {
+                refused |= io.kind() == std::io::ErrorKind::ConnectionRefused;
+            }
+            cause = inner;
+        }
+        let cause = if e.is_timeout() {
+            "no answer in time".to_owned()
+        } else {
+            cause.to_string()
+        };
+        CliError::Unreachable {
+            url: self.base.clone(),
+            cause,
+            refused,
+        }
+    }
+}
+
+/// The server's base URL from `--url`: `host:port` alone (`127.0.0.1:7700`, `localhost:7700`,
+/// `[::1]:7700`) means `http://host:port`; otherwise an http or https URL with a host and no
+/// query. The answer has no trailing slash.
+pub(crate) fn base_url(given: &str) -> Result<String, String> {
+    let given = given.trim();
+    let bad = |why: &str| {
+        format!(
+            "--url {given:?} cannot be used: {why} (give the server's address, e.g. \
+             http://127.0.0.1:7700 or 127.0.0.1:7700)"
+        )
+    };
+    if given.is_empty() {
+        return Err(bad("it is empty"));
+    }
+    let with_scheme = if given.contains("://") {
+        given.to_owned()
+    } else {
+        format!("http://{given}")
+    };
+    let url = reqwest::Url::parse(&with_scheme).map_err(|e| bad(&e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(bad(&format!(
+            "the scheme is {:?}; the server speaks http or https",
+            url.scheme()
+        )));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(bad("it names no host"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(bad("a base URL has no query or fragment"));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(bad("pass credentials with --token, not in the URL"));
+    }
+    Ok(url.as_str().trim_end_matches('/').to_owned())
+}
+
+/// Percent-encode a query or path value.
+pub(crate) fn enc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~:".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_without_a_scheme_is_http() {
+        for (given, want) in [
+            ("127.0.0.1:7861", "http://127.0.0.1:7861"),
+            ("localhost:7700", "http://localhost:7700"),
+            ("[::1]:7700", "http://[::1]:7700"),
+            ("http://127.0.0.1:7700/", "http://127.0.0.1:7700"),
+            (
+                "https://tidemark.example/base/",
+                "https://tidemark.example/base",
+            ),
+            (" localhost:7700 ", "http://localhost:7700"),
+        ] {
+            assert_eq!(base_url(given).as_deref(), Ok(want), "{given}");
+        }
+    }
+
+    #[test]
+    fn an_unusable_url_is_explained() {
+        for (given, why) in [
+            ("ftp://x:1", "the scheme is \"ftp\""),
+            ("127.0.0.1:notaport", "invalid port"),
+            ("http://", "empty host"),
+            ("", "it is empty"),
+            ("http://h:1/?a=b", "no query"),
+            ("http://u:p@h:1", "--token"),
+        ] {
+            let e = base_url(given).expect_err(given);
+            assert!(
+                e.contains(why) && e.contains("cannot be used"),
+                "{given}: {e}"
+            );
+        }
+    }
+}
