@@ -262,6 +262,10 @@ pub enum DeliveriesAction {
         route: Option<String>,
         #[arg(long)]
         recipient: Option<String>,
+        /// Only stuck deliveries (`true`: due for longer than `outbox.stuck_after`, nobody
+        /// finishing them) or only the others (`false`).
+        #[arg(long)]
+        stuck: Option<bool>,
         /// Stop after this many.
         #[arg(long)]
         limit: Option<u64>,

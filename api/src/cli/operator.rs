@@ -103,14 +103,17 @@ pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
             sink,
             route,
             recipient,
+            stuck,
             limit,
         } => {
+            let stuck = stuck.map(|b| b.to_string());
             let mut filters = String::new();
             for (k, v) in [
                 ("status", &status),
                 ("sink", &sink),
                 ("route", &route),
                 ("recipient", &recipient),
+                ("stuck", &stuck),
             ] {
                 if let Some(v) = v {
                     filters.push_str(&format!("&{k}={}", enc(v)));
@@ -124,6 +127,7 @@ pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
                 &[
                     "id",
                     "status",
+                    "stuck",
                     "sink",
                     "attempts",
                     "next_attempt_at",

@@ -135,6 +135,27 @@ async fn stuck_is_due_work_only() {
         .collect();
     want.sort();
     assert_eq!(not_stuck, want);
+    // The CLI says the same: `deliveries list --stuck true`.
+    let out = tidemark_tests::run_cli(
+        &[
+            "deliveries",
+            "list",
+            "--stuck",
+            "true",
+            "-o",
+            "json",
+            "--url",
+            s.base(),
+        ],
+        "",
+        WAIT,
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let rows: Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
+    assert_eq!(rows[0]["id"], dlv("s-due").as_str(), "{rows}");
+    assert_eq!(rows[0]["stuck"], true, "{rows}");
     let k = get_ok(&s, "/v1/outbox/kpis").await;
     assert_eq!(k["stuck"], 1, "{k}");
     assert_eq!(k["by_sink"]["app"]["stuck"], 1, "{k}");
