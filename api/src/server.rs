@@ -361,11 +361,35 @@ async fn record_settings(engine: &Engine, settings: serde_json::Value) -> Result
         &settings,
     )
     .map_err(|e| std::io::Error::other(format!("notification settings: {e}")))?;
-    let r = engine
-        .log()
-        .append(vec![ev])
-        .await
-        .map_err(|e| std::io::Error::other(format!("recording settings: {e}")))?;
+    let r = match engine.log().append(vec![ev.clone()]).await {
+        // A full disk found at start is a full disk, not damage (I10): serve reads and refuse
+        // writes, and record the settings as soon as space returns.
+        Err(e @ tidemark_log::AppendError::InsufficientStorage { .. }) => {
+            tracing::warn!(error = %e, "the log's disk is full: serving reads; the notification settings are recorded once space returns");
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    match engine.log().append(vec![ev.clone()]).await {
+                        Ok(r) => {
+                            tracing::info!(
+                                seq = r.last_seq,
+                                "notification settings recorded in the log"
+                            );
+                            return;
+                        }
+                        Err(tidemark_log::AppendError::InsufficientStorage { .. }) => {}
+                        Err(e) => {
+                            tracing::error!(error = %e, "recording the notification settings failed");
+                            return;
+                        }
+                    }
+                }
+            });
+            return Ok(());
+        }
+        r => r.map_err(|e| std::io::Error::other(format!("recording settings: {e}")))?,
+    };
     tracing::info!(
         seq = r.last_seq,
         "notification settings recorded in the log"

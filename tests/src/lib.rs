@@ -839,10 +839,11 @@ impl Api {
             .latest_event_seq
     }
 
-    /// The `head` of `GET /healthz` (open, needs no token); panics unless it is a number.
+    /// The `head` of `GET /livez` (open, needs no token, answers whatever the storage's
+    /// state); panics unless it is a number.
     pub async fn health_head(&self) -> u64 {
-        let r = self.get("/healthz").await;
-        assert_eq!(r.status, StatusCode::OK, "GET /healthz: {}", r.text);
+        let r = self.get("/livez").await;
+        assert_eq!(r.status, StatusCode::OK, "GET /livez: {}", r.text);
         r.json["head"]
             .as_u64()
             .unwrap_or_else(|| panic!("GET /healthz has no numeric `head`: {}", r.text))

@@ -566,9 +566,10 @@ async fn a_reset_cursor_forgets_its_old_delivery_id() {
     assert_eq!(r.json["last_delivery_id"], "d-7", "{}", r.text);
 }
 
-/// Probes (section 18) on a healthy server: `/livez`, `/healthz` and `/readyz` answer 200
-/// (e2e_disk_full checks them on a full disk: `/livez` 200, the others 503 with a body whose
-/// `status` is 503), and every problem body's `status` is its HTTP status.
+/// Probes (section 18): on a healthy server `/livez`, `/healthz` and `/readyz` answer 200; on
+/// a disk full from the start `/livez` still does, the others answer 503 with a body whose
+/// `status` is 503 (it said 507 in a 503), appends 507 and reads work (e2e_disk_full fills a
+/// disk under a running server); every problem body's `status` is its HTTP status.
 #[tokio::test]
 async fn probes_answer_and_problem_status_is_the_http_status() {
     let s = Server::start(ServerOpts::default()).await;
@@ -581,6 +582,31 @@ async fn probes_answer_and_problem_status_is_the_http_status() {
         assert_eq!(r.status, StatusCode::OK, "{p}: {}", r.text);
         assert_eq!(r.json["status"], status, "{p}: {}", r.text);
     }
+    // A reserve larger than any disk: the disk is full from the start, which is not damage
+    // (I10): the server starts, serves reads and refuses writes; liveness is not storage.
+    let full =
+        Server::start(ServerOpts::default().config("[log]\nmin_free = \"1000000GiB\"\n")).await;
+    let r = full.get("/livez").await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "/livez on a full disk: {}",
+        r.text
+    );
+    for p in ["/healthz", "/readyz"] {
+        let r = full.get(p).await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{p}: {}", r.text);
+        assert_eq!(r.json["status"], 503, "{p}: {}", r.text);
+        assert_eq!(r.json["code"], "insufficient_storage", "{p}: {}", r.text);
+    }
+    let r = full
+        .send(full.request(Method::POST, "/v1/events").json(&json!({
+            "event_id": "e-1", "stream": "s", "subject": "x", "type": "t.x", "payload": {}})))
+        .await;
+    assert_eq!(r.status.as_u16(), 507, "{}", r.text);
+    assert_eq!(r.json["status"], 507, "{}", r.text);
+    let r = full.get("/v1/events?after_sequence=0").await;
+    assert_eq!(r.status, StatusCode::OK, "reads work: {}", r.text);
     for (method, path, body) in [
         (Method::GET, "/v1/nope", json!(null)),
         (Method::GET, "/v1/events?after_sequence=x", json!(null)),
