@@ -13,7 +13,7 @@ use crate::names::DeliveryStatus;
 
 mod fold;
 
-pub use fold::{Deliveries, cat, group_key, timed_key, us_key};
+pub use fold::{Deliveries, cat, created_key, group_key, timed_key, us_key};
 
 pub const NAME: &str = "deliveries";
 pub const ROWS: &str = "rows";
@@ -51,6 +51,10 @@ pub const BY_SITE: &str = "by_site";
 pub const SITE_STATUS: &str = "site_status";
 pub const SITE_PENDING: &str = "site_pending";
 pub const SITE_SENT: &str = "site_sent";
+/// `created_us ‖ id` (the time big-endian, fixed width): the newest-first list of
+/// `GET /v1/deliveries?order=newest`, and its time range. Outside the digest, like the list
+/// filters.
+pub const BY_CREATED: &str = "by_created";
 /// `route ‖ 0 ‖ recipient ‖ 0 ‖ group_key` → the open digest [`Group`].
 pub const GROUPS: &str = "groups";
 /// seq (BE) → payload of the `settings.updated` at that seq.
