@@ -16,7 +16,8 @@ use tidemark_projections::deliveries::{Delivery, Step};
 use tidemark_projections::names::Stream;
 use tidemark_projections::notifications::Notification;
 use tidemark_projections::read::{
-    self, DeliveryFilter, Kpis, NotificationFilter, NotificationStatus, ProjectionInfo, TaskFilter,
+    self, DeliveryFilter, Kpis, ListOrder, NotificationFilter, NotificationStatus, Page, Position,
+    ProjectionInfo, TaskFilter,
 };
 use tidemark_projections::tasks::Task;
 
@@ -225,8 +226,8 @@ impl Queries {
         Ok(read::task(&self.log.db(), task_id)?)
     }
 
-    /// A page of tasks and the cursor of the next page.
-    pub fn tasks(&self, f: &TaskFilter) -> R<(Vec<Task>, Option<String>)> {
+    /// A page of tasks and the position of its last row when more may follow.
+    pub fn tasks(&self, f: &TaskFilter) -> R<Page<Task>> {
         self.floor(0)?;
         Ok(read::tasks(&self.log.db(), f)?)
     }
@@ -274,13 +275,13 @@ impl Queries {
         Ok(read::delivery(&self.log.db(), id)?)
     }
 
-    /// A page of deliveries and the id to continue after.
-    pub fn deliveries(&self, f: &DeliveryFilter) -> R<(Vec<Delivery>, Option<String>)> {
+    /// A page of deliveries and the position of its last row when more may follow.
+    pub fn deliveries(&self, f: &DeliveryFilter) -> R<Page<Delivery>> {
         self.floor(0)?;
         let db = self.log.db();
         let clear = read::deliveries(&db, f)?;
         // Redacted deliveries carry the keyed hashes of the recipient and the notification id
-        // (section 14): a filter by either also finds them, merged in id order.
+        // (section 14): a filter by either also finds them, merged in the list's order.
         let Some(p) = self
             .privacy
             .as_ref()
@@ -296,13 +297,16 @@ impl Queries {
         let other = read::deliveries(&db, &hashed)?;
         let more = clear.1.is_some() || other.1.is_some();
         let mut all: Vec<Delivery> = clear.0.into_iter().chain(other.0).collect();
-        all.sort_by(|a, b| a.id.cmp(&b.id));
+        match f.order {
+            ListOrder::Id => all.sort_by(|a, b| a.id.cmp(&b.id)),
+            ListOrder::Newest => all.sort_by_key(|d| std::cmp::Reverse(Position::from(d))),
+        }
         all.dedup_by(|a, b| a.id == b.id);
         let limit = f.limit.max(1);
         let more = more || all.len() > limit;
         all.truncate(limit);
         let next = if more {
-            all.last().map(|d| d.id.clone())
+            all.last().map(Position::from)
         } else {
             None
         };

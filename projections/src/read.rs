@@ -47,64 +47,193 @@ pub fn task(db: &redb::Database, task_id: &str) -> Result<Option<Task>, StorageE
 pub struct TaskFilter {
     pub status: Option<String>,
     pub project_id: Option<String>,
-    /// Page after this task id (ids are ordered bytewise).
+    /// Only tasks whose id sorts after this one (bytewise): the cursor of `ListOrder::Id`.
     pub after: Option<String>,
+    /// Only tasks created before this position: the cursor of `ListOrder::Newest`.
+    pub before: Option<Position>,
+    pub order: ListOrder,
     pub limit: usize,
 }
 
-/// Tasks ordered by id, filtered; the second value is the id to continue after, if any.
-pub fn tasks(
-    db: &redb::Database,
-    f: &TaskFilter,
-) -> Result<(Vec<Task>, Option<String>), StorageError> {
+/// The order a list (`GET /v1/tasks`, `GET /v1/deliveries`) is paged in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ListOrder {
+    /// By id, bytewise; paged with `after`.
+    #[default]
+    Id,
+    /// Newest first by creation, ties by id (the larger first); paged with `before`.
+    Newest,
+}
+
+/// A row's place in creation order: its creation key (a task's [`tasks::created_key`], a
+/// delivery's `created_at_us`) and its id, which breaks ties. Ordered by key, then id, as the
+/// `by_created` indexes hold them (`key (8 bytes, big-endian) ‖ id`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Position {
+    pub key: u64,
+    pub id: String,
+}
+
+impl Position {
+    /// Whether this position comes after the row created at `key` with id `id` (the row is
+    /// older: a `before` cursor here keeps it), without building a position of the row.
+    fn follows(&self, key: u64, id: &str) -> bool {
+        (key, id) < (self.key, self.id.as_str())
+    }
+
+    /// Its row in a `by_created` index.
+    fn index_key(&self) -> Vec<u8> {
+        [&self.key.to_be_bytes()[..], self.id.as_bytes()].concat()
+    }
+}
+
+impl From<&Task> for Position {
+    fn from(t: &Task) -> Self {
+        Position {
+            key: tasks::created_key(t),
+            id: t.task_id.clone(),
+        }
+    }
+}
+
+impl From<&Delivery> for Position {
+    fn from(d: &Delivery) -> Self {
+        Position {
+            key: u64::from_be_bytes(deliveries::us_key(d.created_at_us)),
+            id: d.id.clone(),
+        }
+    }
+}
+
+/// A page of a list: its rows, and the position of the last when more may follow (the cursor
+/// of the next page: its id in id order, the position itself newest first).
+pub type Page<T> = (Vec<T>, Option<Position>);
+
+/// Walk a `by_created` index (`key (8 bytes BE) ‖ id`) newest first, from just below `upper`
+/// (the newest row when `None`) down to `lower` (inclusive), giving `visit` each row id;
+/// `visit` answers whether the row counted (a row that is missing or does not pass the
+/// caller's check does not). Answers whether it stopped after `limit` counted rows (more may
+/// follow) rather than at the end of the index. It scans: every row between two matches is
+/// read, so a page holds up to `limit` matches whenever they exist.
+fn walk_newest(
+    idx: &Table,
+    lower: &[u8],
+    upper: Option<&[u8]>,
+    limit: usize,
+    mut visit: impl FnMut(&[u8]) -> Result<bool, StorageError>,
+) -> Result<bool, StorageError> {
+    use std::ops::Bound::{Excluded, Included, Unbounded};
+    if upper.is_some_and(|u| u <= lower) {
+        return Ok(false);
+    }
+    let range = idx
+        .range::<&[u8]>((Included(lower), upper.map_or(Unbounded, Excluded)))
+        .map_err(StorageError::of)?;
+    let mut counted = 0;
+    for row in range.rev() {
+        let (k, _) = row.map_err(StorageError::of)?;
+        let Some(id) = k.value().get(8..) else {
+            continue;
+        };
+        if visit(id)? {
+            counted += 1;
+            if counted >= limit {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// Tasks ordered by id or newest first, filtered.
+pub fn tasks(db: &redb::Database, f: &TaskFilter) -> Result<Page<Task>, StorageError> {
     let r = Reader::new(db)?;
     let limit = f.limit.max(1);
     let mut out: Vec<Task> = Vec::new();
     let Some(rows) = r.table(tasks::NAME, tasks::ROWS)? else {
         return Ok((out, None));
     };
-    let filters = [
-        (tasks::BY_PROJECT, f.project_id.as_deref()),
-        (tasks::BY_STATUS, f.status.as_deref()),
-    ];
-    if let Some(lists) = Postings::of_filters(&r, tasks::NAME, &filters)? {
-        let keep = |t: &Task| {
-            f.status.as_deref().is_none_or(|s| s == t.status)
-                && f.project_id
-                    .as_deref()
-                    .is_none_or(|p| t.project_id.as_deref() == Some(p))
-        };
-        let after = f.after.as_deref().map(str::as_bytes);
-        let next = intersect(&lists, Order::Asc, after, limit, |id| {
-            let Some(v) = rows.get(id).map_err(StorageError::of)? else {
-                return Ok(false);
-            };
-            let t: Task = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
-            let kept = keep(&t);
-            if kept {
-                out.push(t);
+    let keep = |t: &Task| {
+        f.status.as_deref().is_none_or(|s| s == t.status)
+            && f.project_id
+                .as_deref()
+                .is_none_or(|p| t.project_id.as_deref() == Some(p))
+            && f.after.as_deref().is_none_or(|a| t.task_id.as_str() > a)
+            && f.before
+                .as_ref()
+                .is_none_or(|b| b.follows(tasks::created_key(t), &t.task_id))
+    };
+    // Decode a stored task; keep it when it passes the filters.
+    let take = |v: &[u8]| -> Result<bool, StorageError> {
+        let t: Task = postcard::from_bytes(v).map_err(StorageError::of)?;
+        let kept = keep(&t);
+        if kept {
+            out.push(t);
+        }
+        Ok(kept)
+    };
+    let more = if f.order == ListOrder::Newest {
+        match r.table(tasks::NAME, tasks::BY_CREATED)? {
+            Some(idx) => {
+                let upper = f.before.as_ref().map(Position::index_key);
+                walk_newest(&idx, &[], upper.as_deref(), limit, by_id(&rows, take))?
             }
-            Ok(kept)
-        })?;
-        return Ok((
-            out,
-            next.map(|id| String::from_utf8_lossy(&id).into_owned()),
-        ));
+            None => false,
+        }
+    } else {
+        let filters = [
+            (tasks::BY_PROJECT, f.project_id.as_deref()),
+            (tasks::BY_STATUS, f.status.as_deref()),
+        ];
+        let after = f.after.as_deref().map(str::as_bytes);
+        match Postings::of_filters(&r, tasks::NAME, &filters)? {
+            Some(lists) => {
+                intersect(&lists, Order::Asc, after, limit, by_id(&rows, take))?.is_some()
+            }
+            None => scan_ids(&rows, after, limit, take)?,
+        }
+    };
+    let next = more.then(|| out.last().map(Position::from)).flatten();
+    Ok((out, next))
+}
+
+/// A model table (or index) opened for reading.
+type Table = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
+
+/// `take` given the stored row of each id (a missing row does not count).
+fn by_id<'a>(
+    rows: &'a Table,
+    mut take: impl FnMut(&[u8]) -> Result<bool, StorageError> + 'a,
+) -> impl FnMut(&[u8]) -> Result<bool, StorageError> + 'a {
+    move |id| match rows.get(id).map_err(StorageError::of)? {
+        Some(v) => take(v.value()),
+        None => Ok(false),
     }
-    let after = f.after.clone().unwrap_or_default();
-    let mut start = after.as_bytes().to_vec();
-    if f.after.is_some() {
-        start.push(0);
-    }
-    for row in rows.range(start.as_slice()..).map_err(StorageError::of)? {
-        let (k, v) = row.map_err(StorageError::of)?;
-        let t: Task = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
-        out.push(t);
-        if out.len() >= limit {
-            return Ok((out, Some(String::from_utf8_lossy(k.value()).into_owned())));
+}
+
+/// Walk the rows of `rows` in id order past `after` (from the first when `None`), giving
+/// `take` each stored row; answers whether it stopped after `limit` counted rows.
+fn scan_ids(
+    rows: &Table,
+    after: Option<&[u8]>,
+    limit: usize,
+    mut take: impl FnMut(&[u8]) -> Result<bool, StorageError>,
+) -> Result<bool, StorageError> {
+    use std::ops::Bound::{Excluded, Unbounded};
+    let range = rows
+        .range::<&[u8]>((after.map_or(Unbounded, Excluded), Unbounded))
+        .map_err(StorageError::of)?;
+    let mut counted = 0;
+    for row in range {
+        let (_, v) = row.map_err(StorageError::of)?;
+        if take(v.value())? {
+            counted += 1;
+            if counted >= limit {
+                return Ok(true);
+            }
         }
     }
-    Ok((out, None))
+    Ok(false)
 }
 
 /// The direction a list is walked in: ids ascending, or seqs newest first.
@@ -397,8 +526,12 @@ pub struct DeliveryFilter {
     pub stuck: Option<StuckFilter>,
     /// A case-insensitive substring of the title (or of a digest item's title).
     pub title_contains: Option<String>,
-    /// Page after this delivery id (ids are ordered bytewise).
+    /// Only deliveries whose id sorts after this one (bytewise): the cursor of
+    /// `ListOrder::Id`.
     pub after: Option<String>,
+    /// Only deliveries created before this position: the cursor of `ListOrder::Newest`.
+    pub before: Option<Position>,
+    pub order: ListOrder,
     pub limit: usize,
 }
 
@@ -436,74 +569,81 @@ impl DeliveryFilter {
     }
 }
 
-/// Deliveries ordered by id, filtered; the second value is the id to continue after, if any.
-pub fn deliveries(
-    db: &redb::Database,
-    f: &DeliveryFilter,
-) -> Result<(Vec<Delivery>, Option<String>), StorageError> {
+/// Deliveries ordered by id or newest first, filtered.
+pub fn deliveries(db: &redb::Database, f: &DeliveryFilter) -> Result<Page<Delivery>, StorageError> {
     let r = Reader::new(db)?;
     let limit = f.limit.max(1);
     let mut out: Vec<Delivery> = Vec::new();
     let Some(rows) = r.table(deliveries::NAME, deliveries::ROWS)? else {
         return Ok((out, None));
     };
-    let filters = [
-        (deliveries::BY_STATUS, f.status.as_deref()),
-        (deliveries::BY_SINK, f.sink.as_deref()),
-        (deliveries::BY_ROUTE, f.route.as_deref()),
-        (deliveries::BY_RECIPIENT, f.recipient.as_deref()),
-        (deliveries::BY_NOTIFICATION, f.notification_id.as_deref()),
-        (deliveries::BY_SITE, f.source_site.as_deref()),
-    ];
-    if let Some(lists) = Postings::of_filters(&r, deliveries::NAME, &filters)? {
-        let keep = |d: &Delivery| {
-            f.sink.as_deref().is_none_or(|s| s == d.sink)
-                && f.route.as_deref().is_none_or(|s| s == d.route)
-                && f.status.as_deref().is_none_or(|s| s == d.status)
-                && f.recipient
-                    .as_deref()
-                    .is_none_or(|s| d.recipient.as_deref() == Some(s))
-                && f.notification_id
-                    .as_deref()
-                    .is_none_or(|n| d.all_items().any(|i| i.notification_id == n))
-                && f.source_site
-                    .as_deref()
-                    .is_none_or(|s| d.ext.source_site.as_deref() == Some(s))
-                && f.keeps_unindexed(d)
-        };
-        let after = f.after.as_deref().map(str::as_bytes);
-        let next = intersect(&lists, Order::Asc, after, limit, |id| {
-            let Some(v) = rows.get(id).map_err(StorageError::of)? else {
-                return Ok(false);
-            };
-            let d: Delivery = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
-            let kept = keep(&d);
-            if kept {
-                out.push(d);
+    let keep = |d: &Delivery| {
+        f.sink.as_deref().is_none_or(|s| s == d.sink)
+            && f.route.as_deref().is_none_or(|s| s == d.route)
+            && f.status.as_deref().is_none_or(|s| s == d.status)
+            && f.recipient
+                .as_deref()
+                .is_none_or(|s| d.recipient.as_deref() == Some(s))
+            && f.notification_id
+                .as_deref()
+                .is_none_or(|n| d.all_items().any(|i| i.notification_id == n))
+            && f.source_site
+                .as_deref()
+                .is_none_or(|s| d.ext.source_site.as_deref() == Some(s))
+            && f.keeps_unindexed(d)
+            && f.after.as_deref().is_none_or(|a| d.id.as_str() > a)
+            && f.before.as_ref().is_none_or(|b| {
+                b.follows(
+                    u64::from_be_bytes(deliveries::us_key(d.created_at_us)),
+                    &d.id,
+                )
+            })
+    };
+    // Decode a stored delivery; keep it when it passes the filters.
+    let take = |v: &[u8]| -> Result<bool, StorageError> {
+        let d: Delivery = postcard::from_bytes(v).map_err(StorageError::of)?;
+        let kept = keep(&d);
+        if kept {
+            out.push(d);
+        }
+        Ok(kept)
+    };
+    let more = if f.order == ListOrder::Newest {
+        match r.table(deliveries::NAME, deliveries::BY_CREATED)? {
+            Some(idx) => {
+                // The time range bounds the walk (the index is by creation time).
+                let lower = deliveries::us_key(f.created_after_us.unwrap_or(0));
+                let upper = [
+                    f.before.as_ref().map(Position::index_key),
+                    f.created_before_us
+                        .map(|t| deliveries::us_key(t.max(1)).to_vec()),
+                ]
+                .into_iter()
+                .flatten()
+                .min();
+                walk_newest(&idx, &lower, upper.as_deref(), limit, by_id(&rows, take))?
             }
-            Ok(kept)
-        })?;
-        return Ok((
-            out,
-            next.map(|id| String::from_utf8_lossy(&id).into_owned()),
-        ));
-    }
-    let mut from = f.after.clone().unwrap_or_default().into_bytes();
-    if f.after.is_some() {
-        from.push(0);
-    }
-    for row in rows.range(from.as_slice()..).map_err(StorageError::of)? {
-        let (k, v) = row.map_err(StorageError::of)?;
-        let d: Delivery = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
-        if !f.keeps_unindexed(&d) {
-            continue;
+            None => false,
         }
-        out.push(d);
-        if out.len() >= limit {
-            return Ok((out, Some(String::from_utf8_lossy(k.value()).into_owned())));
+    } else {
+        let filters = [
+            (deliveries::BY_STATUS, f.status.as_deref()),
+            (deliveries::BY_SINK, f.sink.as_deref()),
+            (deliveries::BY_ROUTE, f.route.as_deref()),
+            (deliveries::BY_RECIPIENT, f.recipient.as_deref()),
+            (deliveries::BY_NOTIFICATION, f.notification_id.as_deref()),
+            (deliveries::BY_SITE, f.source_site.as_deref()),
+        ];
+        let after = f.after.as_deref().map(str::as_bytes);
+        match Postings::of_filters(&r, deliveries::NAME, &filters)? {
+            Some(lists) => {
+                intersect(&lists, Order::Asc, after, limit, by_id(&rows, take))?.is_some()
+            }
+            None => scan_ids(&rows, after, limit, take)?,
         }
-    }
-    Ok((out, None))
+    };
+    let next = more.then(|| out.last().map(Position::from)).flatten();
+    Ok((out, next))
 }
 
 /// What became of one notification (spec section 14), derived from its deliveries.
@@ -731,14 +871,12 @@ pub fn kpis(
     Ok((all, by_sink))
 }
 
-type Index = redb::ReadOnlyTable<crate::framework::Bytes, crate::framework::Bytes>;
-
 /// The `dim ‖ 0 ‖ time ‖ id` indexes of one dimension (sink or site): pending rows by
 /// creation, claimable rows by due time, sent rows by delivery.
 struct Timed<'a> {
-    pending: Option<&'a Index>,
-    due: Option<&'a Index>,
-    sent: Option<&'a Index>,
+    pending: Option<&'a Table>,
+    due: Option<&'a Table>,
+    sent: Option<&'a Table>,
 }
 
 /// The KPIs of one sink or site `dim` read from its [`Timed`] indexes: queue depth, stuck

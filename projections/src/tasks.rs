@@ -22,6 +22,10 @@ pub const NAME: &str = "tasks";
 pub const ROWS: &str = "rows";
 pub const BY_STATUS: &str = "by_status";
 pub(crate) const BY_PROJECT: &str = "by_project";
+/// `created_key ‖ task_id` (the key big-endian, see [`created_key`]): the newest-first list of
+/// `GET /v1/tasks?order=newest`. Added after the golden release, so it is written outside the
+/// digest (`Store::put_index`).
+pub const BY_CREATED: &str = "by_created";
 
 /// Review state of one run.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -308,6 +312,20 @@ pub fn fold_task(task: &mut Task, ev: &EventRef<'_>) {
     }
 }
 
+/// The seq a task is ordered by in newest-first lists: its `task.created`, or, for a task whose
+/// lifecycle began without one, the first event of its first run (0 when it has neither).
+pub fn created_key(t: &Task) -> u64 {
+    match t.created_seq {
+        0 => t.runs.first().map_or(0, |r| r.started_seq),
+        seq => seq,
+    }
+}
+
+/// The `by_created` row of a task.
+pub fn created_index_key(t: &Task) -> Vec<u8> {
+    [&created_key(t).to_be_bytes()[..], t.task_id.as_bytes()].concat()
+}
+
 pub(crate) fn index_key(a: &str, task_id: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(a.len() + task_id.len() + 1);
     k.extend_from_slice(a.as_bytes());
@@ -324,11 +342,12 @@ impl Projection for Tasks {
     }
 
     fn tables(&self) -> &'static [&'static str] {
-        &[ROWS, BY_STATUS, BY_PROJECT]
+        &[ROWS, BY_STATUS, BY_PROJECT, BY_CREATED]
     }
 
-    /// 2: [`TaskExt::late_starts`] (the bridge decision's `run_not_started`); an older model
-    /// is rebuilt from the log at the next open, which fills it.
+    /// 2: the `by_created` index (outside the digest) and [`TaskExt::late_starts`] (the
+    /// bridge decision's `run_not_started`). An older model is rebuilt from the log at the next
+    /// open, which fills them.
     fn version(&self) -> u32 {
         2
     }
@@ -345,6 +364,7 @@ impl Projection for Tasks {
                     continue;
                 }
                 st.delete(ROWS, id.as_bytes())?;
+                st.delete_index(BY_CREATED, &created_index_key(&task));
                 st.delete(BY_STATUS, &index_key(&task.status, id))?;
                 if let Some(project) = &task.project_id {
                     st.delete(BY_PROJECT, &index_key(project, id))?;
@@ -371,6 +391,7 @@ impl Projection for Tasks {
         // Only `task.created` moves a task to another project: the project is copied for the
         // index update then only; the status is compared as its (copyable) name.
         let before_status = TaskStatus::parse(&task.status);
+        let before_created = (!is_new).then(|| created_key(&task));
         let before_project =
             (ev.event_type == EventType::TaskCreated || is_new).then(|| task.project_id.clone());
         if lifecycle {
@@ -393,6 +414,14 @@ impl Projection for Tasks {
             if let Some(new) = &task.project_id {
                 st.put(BY_PROJECT, &index_key(new, &task.task_id), &[])?;
             }
+        }
+        if before_created != Some(created_key(&task)) {
+            if let Some(old) = before_created {
+                let mut k = created_index_key(&task);
+                k[..8].copy_from_slice(&old.to_be_bytes());
+                st.delete_index(BY_CREATED, &k);
+            }
+            st.put_index(BY_CREATED, &created_index_key(&task));
         }
         st.put_row(ROWS, ev.subject.as_bytes(), task)
     }

@@ -16,7 +16,10 @@ use tidemark_log::{Log, LogConfig, NewEvent};
 use tidemark_projections::deliveries::{Change, Created, Delivery};
 use tidemark_projections::framework::Projection;
 use tidemark_projections::notifications::Notification;
-use tidemark_projections::read::{self, DeliveryFilter, NotificationFilter, StuckFilter};
+use tidemark_projections::read::{
+    self, DeliveryFilter, ListOrder, NotificationFilter, Position, StuckFilter, TaskFilter,
+};
+use tidemark_projections::tasks::Task;
 
 const SINKS: [&str; 3] = ["app", "none", "mail"];
 const ROUTES: [&str; 3] = ["desktop", "pager", "sms"];
@@ -164,7 +167,8 @@ fn append(rt: &tokio::runtime::Runtime, log: &Log, events: Vec<NewEvent>) -> Vec
     seqs
 }
 
-/// Every page of `f` from its cursor on, checking that a page with a next cursor is full.
+/// Every page of `f` from its cursor on in its order, checking that a page with a next cursor
+/// is full and that the cursor is the position of its last row.
 fn delivery_pages(db: &redb::Database, f: &DeliveryFilter) -> Vec<Vec<Delivery>> {
     let mut f = f.clone();
     let mut pages = Vec::new();
@@ -178,9 +182,42 @@ fn delivery_pages(db: &redb::Database, f: &DeliveryFilter) -> Vec<Vec<Delivery>>
                     f.limit,
                     "a page short of limit before the end: {f:?}"
                 );
-                assert_eq!(page.last().map(|d| d.id.as_str()), Some(n.as_str()));
+                assert_eq!(page.last().map(Position::from), Some(n.clone()));
                 pages.push(page);
-                f.after = Some(n);
+                match f.order {
+                    ListOrder::Id => f.after = Some(n.id),
+                    ListOrder::Newest => f.before = Some(n),
+                }
+            }
+            None => {
+                pages.push(page);
+                return pages;
+            }
+        }
+        assert!(pages.len() < 10_000, "paging does not end: {f:?}");
+    }
+}
+
+/// The same for tasks.
+fn task_pages(db: &redb::Database, f: &TaskFilter) -> Vec<Vec<Task>> {
+    let mut f = f.clone();
+    let mut pages = Vec::new();
+    loop {
+        let (page, next) = read::tasks(db, &f).unwrap();
+        assert!(page.len() <= f.limit, "a page over limit: {f:?}");
+        match next {
+            Some(n) => {
+                assert_eq!(
+                    page.len(),
+                    f.limit,
+                    "a page short of limit before the end: {f:?}"
+                );
+                assert_eq!(page.last().map(Position::from), Some(n.clone()));
+                pages.push(page);
+                match f.order {
+                    ListOrder::Id => f.after = Some(n.id),
+                    ListOrder::Newest => f.before = Some(n),
+                }
             }
             None => {
                 pages.push(page);
@@ -359,6 +396,8 @@ fn delivery_filter() -> impl Strategy<Value = DeliveryFilter> {
                 notification_id: notification.map(|i| format!("n-d{:03}", (i * 37) % 1000)),
                 source_site,
                 after: after.map(|k| format!("d{k:03}")),
+                before: None,
+                order: ListOrder::Id,
                 limit,
                 created_after_us,
                 created_before_us,
@@ -488,6 +527,219 @@ proptest! {
             .filter_map(|(s, (_, r))| Some(key((*r)?, &s.to_be_bytes())))
             .collect();
         prop_assert_eq!(index_keys(&db, "notifications", "by_recipient"), sorted(want));
+        rt.block_on(log.close());
+    }
+}
+
+/// Newest first (`order=newest`, issue 26): deliveries whose ids do not sort as they were
+/// created (`a10` before `a7` by id, after it by time) and that tie on their creation time
+/// (`a7` and `b7`), tasks created by `task.created` or by a run's first event (or neither) in
+/// any order. Both orders are paged with their own cursor, and each cursor is also a filter of
+/// the other order.
+#[derive(Debug, Clone)]
+enum NewestOp {
+    Create {
+        n: usize,
+        prefix: usize,
+        sink: usize,
+        route: usize,
+        recipient: Option<usize>,
+        status: usize,
+    },
+    Move {
+        d: usize,
+        kind: usize,
+        parked: bool,
+    },
+    Task {
+        t: usize,
+        event: usize,
+        project: usize,
+    },
+}
+
+/// Delivery id prefixes: `a7` and `b7` are created at the same time (`created_at` reads the
+/// number).
+const PREFIXES: [&str; 2] = ["a", "b"];
+/// Task events: `task.created` sets the creation seq; a run's first event stands for it while
+/// the task has none; `task.canceled` alone leaves it 0.
+const TASK_EVENTS: [&str; 4] = [
+    "task.created",
+    "task.run_started",
+    "task.run_completed",
+    "task.canceled",
+];
+
+fn newest_op() -> impl Strategy<Value = NewestOp> {
+    prop_oneof![
+        3 => (0..60usize, 0..2usize, 0..3usize, 0..3usize, proptest::option::of(0..3usize), 0..3usize)
+            .prop_map(|(n, prefix, sink, route, recipient, status)| NewestOp::Create {
+                n, prefix, sink, route, recipient, status,
+            }),
+        1 => (0..1000usize, 0..KINDS.len(), any::<bool>())
+            .prop_map(|(d, kind, parked)| NewestOp::Move { d, kind, parked }),
+        3 => (0..15usize, 0..TASK_EVENTS.len(), 0..3usize)
+            .prop_map(|(t, event, project)| NewestOp::Task { t, event, project }),
+    ]
+}
+
+fn order() -> impl Strategy<Value = ListOrder> {
+    prop_oneof![3 => Just(ListOrder::Newest), 1 => Just(ListOrder::Id)]
+}
+
+fn newest_delivery_filter() -> impl Strategy<Value = DeliveryFilter> {
+    let id = || (0..2usize, 0..60usize).prop_map(|(p, n)| format!("{}{n}", PREFIXES[p]));
+    (
+        delivery_filter(),
+        order(),
+        proptest::option::weighted(0.3, id()),
+        proptest::option::weighted(0.5, id()),
+        proptest::option::weighted(0.2, id()),
+    )
+        .prop_map(|(f, order, notification, before, after)| DeliveryFilter {
+            notification_id: notification.map(|id| format!("n-{id}")),
+            before: before.map(|id| Position {
+                key: created_at(&id) as u64,
+                id,
+            }),
+            after,
+            order,
+            ..f
+        })
+}
+
+fn task_filter() -> impl Strategy<Value = TaskFilter> {
+    let id = || (0..15usize).prop_map(|t| format!("bt-{t}"));
+    (
+        value(&["open", "running", "completed", "canceled"]),
+        value(&["p0", "p1", "p2"]),
+        proptest::option::weighted(0.2, id()),
+        proptest::option::weighted(0.5, (0..400u64, id())),
+        order(),
+        1..7usize,
+    )
+        .prop_map(
+            |(status, project_id, after, before, order, limit)| TaskFilter {
+                status,
+                project_id,
+                after,
+                before: before.map(|(key, id)| Position { key, id }),
+                order,
+                limit,
+            },
+        )
+}
+
+/// `matches` (ids with their creation positions) in `order`, past `f`'s `before`.
+fn in_order(
+    mut matches: Vec<Position>,
+    order: ListOrder,
+    before: Option<&Position>,
+) -> Vec<String> {
+    matches.retain(|p| before.is_none_or(|b| p < b));
+    match order {
+        ListOrder::Id => matches.sort_by(|a, b| a.id.cmp(&b.id)),
+        ListOrder::Newest => matches.sort_by(|a, b| b.cmp(a)),
+    }
+    matches.into_iter().map(|p| p.id).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn paging_newest_first_walks_exactly_its_matches(
+        ops in proptest::collection::vec(newest_op(), 1..300),
+        dfs in proptest::collection::vec(newest_delivery_filter(), 12),
+        tfs in proptest::collection::vec(task_filter(), 12),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = rt();
+        let log = open(dir.path());
+        let mut events = Vec::new();
+        let mut created_ids: Vec<String> = Vec::new();
+        // Per task: the index in `events` of its first `task.created` and of its first run
+        // event.
+        let mut tasks: BTreeMap<String, (Option<usize>, Option<usize>)> = BTreeMap::new();
+        for (i, op) in ops.iter().enumerate() {
+            match op {
+                NewestOp::Create { n, prefix, sink, route, recipient, status } => {
+                    let id = format!("{}{n}", PREFIXES[*prefix]);
+                    if created_ids.contains(&id) {
+                        continue;
+                    }
+                    events.push(created(
+                        &id,
+                        SINKS[*sink],
+                        ROUTES[*route],
+                        recipient.map(|r| RECIPIENTS[r]),
+                        CREATED_STATUS[*status],
+                    ));
+                    created_ids.push(id);
+                }
+                NewestOp::Move { d, kind, parked } if !created_ids.is_empty() => {
+                    events.push(change(&created_ids[d % created_ids.len()], KINDS[*kind], *parked));
+                }
+                NewestOp::Move { .. } => {}
+                NewestOp::Task { t, event, project } => {
+                    let id = format!("bt-{t}");
+                    let ty = TASK_EVENTS[*event];
+                    let entry = tasks.entry(id.clone()).or_default();
+                    match ty {
+                        "task.created" => { entry.0.get_or_insert(events.len()); }
+                        "task.canceled" => {}
+                        _ => { entry.1.get_or_insert(events.len()); }
+                    }
+                    let payload = json!({"project_id": format!("p{project}"), "run_id": "r1"});
+                    events.push(
+                        NewEvent::new(Some(format!("e{i}")), "task_events", &id, ty, &payload).unwrap(),
+                    );
+                }
+            }
+        }
+        let seqs_of = append(&rt, &log, events);
+        let db = log.db();
+
+        // Deliveries: the model's picks in the filter's order (creation time from the id).
+        let (rows, _) = read::deliveries(&db, &DeliveryFilter { limit: 1000, ..Default::default() }).unwrap();
+        let position = |id: &str| Position { key: created_at(id) as u64, id: id.to_owned() };
+        let all = delivery_ids(&delivery_pages(&db, &DeliveryFilter {
+            order: ListOrder::Newest, limit: 1000, ..Default::default()
+        }));
+        prop_assert_eq!(&all, &in_order(created_ids.iter().map(|id| position(id)).collect(), ListOrder::Newest, None));
+        for f in &dfs {
+            let picked = delivery_matches(&rows, &DeliveryFilter { before: None, ..f.clone() });
+            let want = in_order(picked.iter().map(|id| position(id)).collect(), f.order, f.before.as_ref());
+            let got = delivery_ids(&delivery_pages(&db, f));
+            prop_assert_eq!(got, want, "{:?}", f);
+        }
+        let want: Vec<Vec<u8>> = created_ids
+            .iter()
+            .map(|id| [&(created_at(id) as u64).to_be_bytes()[..], id.as_bytes()].concat())
+            .collect();
+        prop_assert_eq!(index_keys(&db, "deliveries", "by_created"), sorted(want));
+
+        // Tasks: created at their `task.created`, else at their first run event, else 0.
+        let key = |t: &(Option<usize>, Option<usize>)| t.0.or(t.1).map_or(0, |i| seqs_of[i]);
+        let (rows, _) = read::tasks(&db, &TaskFilter { limit: 1000, ..Default::default() }).unwrap();
+        prop_assert_eq!(rows.iter().map(|t| t.task_id.clone()).collect::<Vec<_>>(), tasks.keys().cloned().collect::<Vec<_>>());
+        for f in &tfs {
+            let picked: Vec<Position> = rows
+                .iter()
+                .filter(|t| f.status.as_deref().is_none_or(|s| s == t.status))
+                .filter(|t| f.project_id.as_deref().is_none_or(|p| t.project_id.as_deref() == Some(p)))
+                .filter(|t| f.after.as_deref().is_none_or(|a| t.task_id.as_str() > a))
+                .map(|t| Position { key: key(&tasks[&t.task_id]), id: t.task_id.clone() })
+                .collect();
+            let want = in_order(picked, f.order, f.before.as_ref());
+            let got: Vec<String> = task_pages(&db, f).iter().flatten().map(|t| t.task_id.clone()).collect();
+            prop_assert_eq!(got, want, "{:?}", f);
+        }
+        let want: Vec<Vec<u8>> = tasks
+            .iter()
+            .map(|(id, t)| [&key(t).to_be_bytes()[..], id.as_bytes()].concat())
+            .collect();
+        prop_assert_eq!(index_keys(&db, "tasks", "by_created"), sorted(want));
         rt.block_on(log.close());
     }
 }
@@ -654,7 +906,8 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
 }
 
 /// A model of version 1 (no filter indexes) is rebuilt from the log at the next open: the
-/// indexes are filled, the digest is the one it had (the indexes are outside the digest).
+/// indexes are filled, the digest is the one it had (the indexes are outside the digest). The
+/// tasks model too, whose `by_created` index came later still.
 #[test]
 fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
     let dir = tempfile::tempdir().unwrap();
@@ -676,6 +929,19 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
             "queued",
         ));
     }
+    // Tasks created in the order 9, 10, 8: by id 10 comes first, newest first 8 does.
+    for t in [9, 10, 8] {
+        events.push(
+            NewEvent::new(
+                None,
+                "task_events",
+                format!("bt-{t}"),
+                "task.created",
+                &json!({"project_id": "p"}),
+            )
+            .unwrap(),
+        );
+    }
     append(&rt, &log, events);
     let head = log.head();
     let before = read::projections(&log.db(), head).unwrap();
@@ -688,11 +954,12 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
         {
             let def: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("projections");
             let mut t = txn.open_table(def).unwrap();
-            for name in ["deliveries", "notifications"] {
+            for name in ["deliveries", "notifications", "tasks"] {
                 let mut m: tidemark_projections::Meta =
                     postcard::from_bytes(t.get(name).unwrap().unwrap().value()).unwrap();
                 let current = match name {
                     "deliveries" => tidemark_projections::deliveries::Deliveries.version(),
+                    "tasks" => tidemark_projections::tasks::Tasks.version(),
                     _ => tidemark_projections::notifications::Notifications.version(),
                 };
                 assert_eq!(m.version, current, "{name}");
@@ -708,6 +975,8 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
             "p.deliveries.by_notification.g0",
             "p.notifications.by_priority.g0",
             "p.notifications.by_recipient.g0",
+            "p.deliveries.by_created.g0",
+            "p.tasks.by_created.g0",
         ] {
             let def: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new(table);
             assert!(txn.delete_table(def).unwrap(), "{table} was written");
@@ -719,7 +988,7 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
     for (b, a) in before.iter().zip(&after) {
         assert_eq!(a.digest, b.digest, "digest of {}", a.name);
         assert_eq!(a.checkpoint, b.checkpoint, "checkpoint of {}", a.name);
-        let rebuilt = ["deliveries", "notifications"].contains(&a.name.as_str());
+        let rebuilt = ["deliveries", "notifications", "tasks"].contains(&a.name.as_str());
         assert_eq!(a.generation, b.generation + rebuilt as u32, "{}", a.name);
     }
     let db = log.db();
@@ -767,6 +1036,32 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
         [
             "n37", "n33", "n29", "n25", "n21", "n17", "n13", "n09", "n05", "n01"
         ]
+    );
+    let (page, _) = read::deliveries(
+        &db,
+        &DeliveryFilter {
+            order: ListOrder::Newest,
+            limit: 3,
+            ..DeliveryFilter::default()
+        },
+    )
+    .unwrap();
+    let got: Vec<&str> = page.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(got, ["d39", "d38", "d37"], "the by_created index is filled");
+    let (page, _) = read::tasks(
+        &db,
+        &TaskFilter {
+            order: ListOrder::Newest,
+            limit: 10,
+            ..TaskFilter::default()
+        },
+    )
+    .unwrap();
+    let got: Vec<&str> = page.iter().map(|t| t.task_id.as_str()).collect();
+    assert_eq!(
+        got,
+        ["bt-8", "bt-10", "bt-9"],
+        "the tasks' by_created is filled"
     );
     rt.block_on(log.close());
 }

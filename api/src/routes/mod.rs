@@ -7,6 +7,7 @@ pub mod deliveries;
 pub mod events;
 pub mod notifications;
 pub mod ops;
+pub(crate) mod order;
 pub mod sources;
 pub mod tasks;
 

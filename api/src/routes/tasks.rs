@@ -15,6 +15,7 @@ use crate::error::{ApiError, Problem};
 use tidemark_projections::names::TaskStatus;
 
 use crate::routes::events::{parse_limit, parse_u64, resume_point, sse_response};
+use crate::routes::order::{next_cursors, parse_before, parse_order};
 use crate::state::AppState;
 
 /// The review gate of a run.
@@ -104,8 +105,14 @@ impl From<Task> for TaskOut {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct TasksPage {
     pub tasks: Vec<TaskOut>,
-    /// Pass as `after` for the next page; absent on the last page.
+    /// In id order: pass as `after` for the next page; null on the last page (and newest
+    /// first).
     pub next_after: Option<String>,
+    /// With `order=newest`: pass as `before` for the next page, `<creation seq>:<task id>`;
+    /// absent on the last page (and in id order).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[0-9]{1,19}:[^\\x00-\\x1F\\x7F-\\x9F]{1,256}$")]
+    pub next_before: Option<String>,
     /// The answer reflects the log at least up to this seq.
     pub as_of_seq: u64,
 }
@@ -126,8 +133,17 @@ pub struct TasksQuery {
     #[param(pattern = "^(open|running|awaiting_review|completed|failed|canceled)$")]
     pub status: Option<String>,
     pub project_id: Option<String>,
-    /// Page after this task id.
+    /// `id` (the default): by task id, bytewise, paged with `after`. `newest`: newest first by
+    /// creation (the seq of the task's `task.created`, or of its first run's first event for a
+    /// task created without one), paged with `before`.
+    #[param(pattern = "^(id|newest)$")]
+    pub order: Option<String>,
+    /// Only tasks whose id sorts after this one: the cursor of id order (`next_after`).
     pub after: Option<String>,
+    /// Only tasks created before this position, `<creation seq>:<task id>`: the cursor of
+    /// newest order (`next_before`).
+    #[param(pattern = "^[0-9]{1,19}:[^\\x00-\\x1F\\x7F-\\x9F]{1,256}$")]
+    pub before: Option<String>,
     /// 1–500, default 50.
     #[param(value_type = Option<u32>, minimum = 1, maximum = 500)]
     pub limit: Option<String>,
@@ -136,7 +152,7 @@ pub struct TasksQuery {
     pub min_seq: Option<String>,
 }
 
-/// List tasks, ordered by id.
+/// List tasks, by id or newest first.
 #[utoipa::path(
     get, path = "/v1/tasks", operation_id = "listTasks", tag = "tasks", params(TasksQuery),
     responses(
@@ -159,18 +175,23 @@ pub async fn list(
             TaskStatus::joined()
         )));
     }
+    let order = parse_order(q.order.as_deref())?;
     let f = TaskFilter {
         status: q.status,
         project_id: q.project_id,
         after: q.after,
+        before: parse_before(q.before.as_deref(), "creation seq")?,
+        order,
         limit: parse_limit(q.limit.as_deref(), 50, 500)?,
     };
     let min_seq = crate::routes::ReadAt { min_seq: q.min_seq }.seq()?;
     let ((tasks, next), as_of_seq) =
         crate::routes::read_model(&st.engine, min_seq, move |r| r.tasks(&f)).await?;
+    let (next_after, next_before) = next_cursors(order, next);
     Ok(Json(TasksPage {
         tasks: tasks.into_iter().map(TaskOut::from).collect(),
-        next_after: next,
+        next_after,
+        next_before,
         as_of_seq,
     }))
 }

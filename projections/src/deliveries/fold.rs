@@ -33,6 +33,11 @@ pub fn timed_key(sink: &str, us: i64, id: &str) -> Vec<u8> {
     k
 }
 
+/// The `by_created` row of a delivery: `created_us ‖ id`.
+pub fn created_key(d: &Delivery) -> Vec<u8> {
+    [&us_key(d.created_at_us)[..], d.id.as_bytes()].concat()
+}
+
 pub fn group_key(route: &str, recipient: &str, group: &str) -> Vec<u8> {
     cat(&[route.as_bytes(), recipient.as_bytes(), group.as_bytes()])
 }
@@ -74,6 +79,7 @@ fn filter_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
     let mut out = vec![
         (BY_SINK, cat(&[d.sink.as_bytes(), d.id.as_bytes()])),
         (BY_ROUTE, cat(&[d.route.as_bytes(), d.id.as_bytes()])),
+        (BY_CREATED, created_key(d)),
     ];
     if let Some(r) = &d.recipient {
         out.push((BY_RECIPIENT, cat(&[r.as_bytes(), d.id.as_bytes()])));
@@ -246,13 +252,15 @@ impl Projection for Deliveries {
             SITE_PENDING,
             SITE_SENT,
             SITE_DUE,
+            BY_CREATED,
         ]
     }
 
     /// 2: the list-filter indexes `by_sink`, `by_route`, `by_recipient`; 3: `by_notification`;
     /// 4: the per-site indexes `by_site`, `site_status`, `site_pending`, `site_sent` (all
-    /// outside the digest); 5: `site_due` (the per-site stuck count). An older model is
-    /// rebuilt from the log at the next open, which fills them.
+    /// outside the digest); 5: `site_due` (the per-site stuck count) and `by_created`, the
+    /// newest-first list (both outside the digest). An older model is rebuilt from the log at
+    /// the next open, which fills them.
     fn version(&self) -> u32 {
         5
     }

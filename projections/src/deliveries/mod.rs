@@ -13,7 +13,7 @@ use crate::names::DeliveryStatus;
 
 mod fold;
 
-pub use fold::{Deliveries, cat, group_key, timed_key, us_key};
+pub use fold::{Deliveries, cat, created_key, group_key, timed_key, us_key};
 
 pub const NAME: &str = "deliveries";
 pub const ROWS: &str = "rows";
@@ -54,6 +54,10 @@ pub const SITE_SENT: &str = "site_sent";
 /// `site ‖ 0 ‖ due_us ‖ id` of claimable rows, like [`DUE`] per sink: the per-site stuck
 /// count (a row is stuck once it has been due for `stuck_after`, section 5).
 pub const SITE_DUE: &str = "site_due";
+/// `created_us ‖ id` (the time big-endian, fixed width): the newest-first list of
+/// `GET /v1/deliveries?order=newest`, and its time range. Outside the digest, like the list
+/// filters.
+pub const BY_CREATED: &str = "by_created";
 /// `route ‖ 0 ‖ recipient ‖ 0 ‖ group_key` → the open digest [`Group`].
 pub const GROUPS: &str = "groups";
 /// seq (BE) → payload of the `settings.updated` at that seq.

@@ -33,6 +33,7 @@ mod e2e_delivery_routing;
 mod e2e_disk_full;
 mod e2e_golden;
 mod e2e_limits;
+mod e2e_list_order;
 mod e2e_model;
 mod e2e_notification_status;
 mod e2e_notifications;

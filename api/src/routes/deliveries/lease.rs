@@ -83,6 +83,7 @@ pub async fn claim(
     Ok(Json(DeliveriesPage {
         deliveries: rows.into_iter().map(DeliveryOut::from).collect(),
         next_after: None,
+        next_before: None,
         // The claim decided at the head its own commit made.
         as_of_seq: receipt.last_seq,
     }))

@@ -22,6 +22,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::error::{ApiError, Problem};
 use crate::routes::blocking;
 use crate::routes::events::{body_rejection, parse_limit, require_json};
+use crate::routes::order::{next_cursors, parse_before, parse_order};
 use crate::state::AppState;
 
 mod lease;
@@ -228,8 +229,14 @@ impl From<Delivery> for DeliveryOut {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DeliveriesPage {
     pub deliveries: Vec<DeliveryOut>,
-    /// Pass as `after` for the next page; absent on the last page.
+    /// In id order: pass as `after` for the next page; null on the last page (and newest
+    /// first).
     pub next_after: Option<String>,
+    /// With `order=newest`: pass as `before` for the next page, `<created_at in µs since the
+    /// epoch>:<delivery id>`; absent on the last page (and in id order).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[0-9]{1,19}:[^\\x00-\\x1F\\x7F-\\x9F]{1,256}$")]
+    pub next_before: Option<String>,
     /// The answer reflects the log at least up to this seq.
     pub as_of_seq: u64,
 }
@@ -378,9 +385,18 @@ pub struct DeliveriesQuery {
         pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$"
     )]
     pub q: Option<String>,
-    /// Continue after this delivery id.
+    /// `id` (the default): by delivery id, bytewise, paged with `after`. `newest`: newest
+    /// first by `created_at` (ties by id), paged with `before`; every filter applies, and a
+    /// page still holds up to `limit` matches when they exist (it may scan).
+    #[param(pattern = "^(id|newest)$")]
+    pub order: Option<String>,
+    /// Only deliveries whose id sorts after this one: the cursor of id order (`next_after`).
     #[param(max_length = 256, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
     pub after: Option<String>,
+    /// Only deliveries created before this position, `<created_at in µs since the
+    /// epoch>:<delivery id>`: the cursor of newest order (`next_before`).
+    #[param(pattern = "^[0-9]{1,19}:[^\\x00-\\x1F\\x7F-\\x9F]{1,256}$")]
+    pub before: Option<String>,
     /// 1–1000, default 100.
     #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     pub limit: Option<String>,
@@ -389,7 +405,7 @@ pub struct DeliveriesQuery {
     pub min_seq: Option<String>,
 }
 
-/// Deliveries by id, filtered.
+/// Deliveries by id or newest first, filtered.
 #[utoipa::path(
     get, path = "/v1/deliveries", operation_id = "listDeliveries", tag = "deliveries", params(DeliveriesQuery),
     responses(
@@ -440,6 +456,7 @@ pub async fn list(
         })
         .transpose()
     };
+    let order = parse_order(q.order.as_deref())?;
     let created_after_us = time("created_after", q.created_after.as_deref())?;
     let created_before_us = time("created_before", q.created_before.as_deref())?;
     let now = now_micros();
@@ -470,6 +487,8 @@ pub async fn list(
         notification_id: q.notification_id,
         source_site: q.source_site,
         after: q.after,
+        before: parse_before(q.before.as_deref(), "created_at in µs")?,
+        order,
         limit: parse_limit(q.limit.as_deref(), 100, 1000)?,
     };
     let min_seq = crate::routes::ReadAt { min_seq: q.min_seq }.seq()?;
@@ -478,9 +497,11 @@ pub async fn list(
         Ok((with_provenance(r, rows, stuck_cut)?, next))
     })
     .await?;
+    let (next_after, next_before) = next_cursors(order, next);
     Ok(Json(DeliveriesPage {
         deliveries: rows,
-        next_after: next,
+        next_after,
+        next_before,
         as_of_seq,
     }))
 }
