@@ -12,8 +12,9 @@ const state = {
   who: null, // {name, scopes, open}
   view: null,
   kpiTimer: null,
-  dNext: null, // next_after of the deliveries list
-  tNext: null,
+  dNext: null, // the next page of the deliveries list: {after} or {before}
+  tNext: null, // the same of the tasks list
+  nNext: null, // next_before_seq of the notifications list
   task: null, // the task shown
   tail: { ctrl: null, lastId: null, attempt: 0, filters: {}, timer: null },
 };
@@ -132,11 +133,14 @@ function can(scope) {
 }
 
 /// A button for an action that needs `scope`: disabled, with the reason, when the token lacks it.
-function actionButton(label, scope, onclick, testid) {
+/// With `confirm` ({title, text}), nothing is sent until the operator confirms in a dialog;
+/// cancelling sends nothing.
+function actionButton(label, scope, onclick, testid, confirm) {
   const allowed = can(scope);
   return el('button', {
     type: 'button',
     text: label,
+    class: confirm ? 'danger' : null,
     disabled: !allowed,
     title: allowed ? null : `needs the ${scope} scope`,
     'data-testid': testid,
@@ -144,9 +148,31 @@ function actionButton(label, scope, onclick, testid) {
       ev.stopPropagation();
       const b = ev.currentTarget;
       b.disabled = true;
-      try { await onclick(); } catch (e) { flash(`${label}: ${e.message}`, 'error'); }
+      try {
+        if (confirm && !(await confirmAction(confirm.title, confirm.text, label))) {
+          flash(`${label} cancelled: nothing was sent`, 'info');
+          return;
+        }
+        await onclick();
+      } catch (e) { flash(`${label}: ${e.message}`, 'error'); }
       finally { b.disabled = !can(scope); }
     },
+  });
+}
+
+/// Ask the operator to confirm an action in a modal dialog: true when confirmed; Cancel, Escape
+/// or a second request while one is open answer false.
+function confirmAction(title, text, okLabel) {
+  const d = $('#confirm');
+  if (d.open) return Promise.resolve(false);
+  $('#confirm-title').textContent = title;
+  $('#confirm-text').textContent = text;
+  $('#confirm-ok').textContent = okLabel;
+  d.returnValue = '';
+  return new Promise((resolve) => {
+    d.addEventListener('close', () => resolve(d.returnValue === 'ok'), { once: true });
+    d.showModal();
+    $('#confirm-cancel').focus();
   });
 }
 
@@ -237,7 +263,14 @@ function deliveryFilters() {
     if (v) p[name] = new Date(v).toISOString();
   }
   if (f.get('stuck')) p.stuck = 'true';
+  p.order = f.get('order') || 'newest';
   return p;
+}
+
+/// The cursor of the next page of a list in `order` (newest first: `before`; by id: `after`).
+function nextPage(order, page) {
+  if (order === 'newest') return page.next_before ? { before: page.next_before } : null;
+  return page.next_after ? { after: page.next_after } : null;
 }
 
 function deliveryRow(d) {
@@ -259,7 +292,10 @@ function deliveryRow(d) {
   el('td', { class: 'err', text: d.last_error || '' }),
   el('td', {}, d.status === 'parked' ? [
     actionButton('Retry', 'operator', () => operate(d.id, 'retry'), 'retry'),
-    actionButton('Discard', 'operator', () => operate(d.id, 'discard'), 'discard'),
+    actionButton('Discard', 'operator', () => operate(d.id, 'discard'), 'discard', {
+      title: `Discard ${d.id}?`,
+      text: 'It will never be sent, and a discarded delivery cannot be retried.',
+    }),
   ] : null));
   return tr;
 }
@@ -269,12 +305,12 @@ const DHEAD = ['id', 'status', 'sink', 'route', 'recipient', 'title', 'attempts'
 async function loadDeliveries(append) {
   const p = deliveryFilters();
   p.limit = 50;
-  if (append && state.dNext) p.after = state.dNext;
+  if (append && state.dNext) Object.assign(p, state.dNext);
   const page = await api('GET', `/v1/deliveries${qs(p)}`);
   const rows = page.deliveries.map(deliveryRow);
   if (append) $('#deliveries tbody').append(...rows);
   else table($('#deliveries'), DHEAD, rows);
-  state.dNext = page.next_after || null;
+  state.dNext = nextPage(p.order, page);
   show($('#dmore'), !!state.dNext);
 }
 
@@ -313,6 +349,104 @@ async function openTimeline(id) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Notifications: the dashboard list (every priority, newest first) and each one's status record.
+
+/// What each status of a status record means (spec section 14).
+const NOTIFICATION_STATUS = {
+  dashboard_only: 'no delivery: shown on the dashboard only',
+  pending: 'a delivery is queued, leased or waiting to retry',
+  parked: 'a delivery failed for good and waits for an operator',
+  delivered: 'sent',
+  discarded: 'an operator discarded its delivery',
+  cancelled: 'cancelled before it was sent (its task or the notification was canceled)',
+  skipped: 'its deliveries were skipped (a route that does not exist, a suppressed recipient)',
+};
+
+async function loadNotifications(append) {
+  const f = new FormData($('#nfilter'));
+  const p = { priority: f.get('priority'), recipient: (f.get('recipient') || '').trim(), limit: 50 };
+  if (append && state.nNext !== null) p.before_seq = state.nNext;
+  const page = await api('GET', `/v1/notifications${qs(p)}`);
+  $('#ntf-note').textContent = page.dashboard_enabled === false
+    ? 'the dashboard is disabled ([notifications.dashboard] enabled = false): nothing is listed'
+    : `as of seq ${page.as_of_seq}`;
+  const rows = page.notifications.map((n) => el('tr', {
+    class: 'clickable',
+    'data-id': n.notification_id,
+    'data-priority': n.priority,
+    onclick: () => openNotification(n.notification_id).catch((e) => flash(e.message, 'error')),
+  },
+  el('td', { text: n.seq }),
+  el('td', { text: fmtTime(n.time) }),
+  el('td', {}, el('span', { class: `pill p-${n.priority}`, text: n.priority })),
+  el('td', {}, el('div', { text: n.title }), n.body ? el('div', { class: 'muted small', text: n.body }) : null),
+  el('td', { text: n.recipient || '–' }),
+  el('td', { class: 'mono', text: n.task_id || '' }),
+  el('td', { class: 'mono small', text: n.notification_id })));
+  if (append) $('#notifications tbody').append(...rows);
+  else table($('#notifications'), ['seq', 'time', 'priority', 'title', 'recipient', 'task', 'id'], rows);
+  state.nNext = page.next_before_seq ?? null;
+  show($('#nmore'), state.nNext !== null);
+}
+
+async function openNotification(id) {
+  const r = await api('GET', `/v1/notifications/${encodeURIComponent(id)}`);
+  const n = r.notification;
+  const deliveries = r.deliveries.map((d) => el('tr', { 'data-id': d.id },
+    el('td', { class: 'mono', text: d.id }), el('td', { text: d.route }), el('td', { text: d.sink }),
+    el('td', {}, el('span', { class: `pill s-${d.status}`, text: d.status })),
+    el('td', { text: d.attempts }),
+    el('td', {}, el('button', {
+      type: 'button',
+      text: 'Timeline',
+      'data-testid': 'ntf-timeline',
+      onclick: () => showDelivery(n.notification_id, d.id).catch((e) => flash(e.message, 'error')),
+    }))));
+  const dt = el('table', { class: 'list' });
+  table(dt, ['delivery', 'route', 'sink', 'status', 'attempts', ''], deliveries);
+  const site = n.source && n.source.site_id;
+  fill($('#notification'),
+    el('h3', {}, 'Notification ', el('span', { class: 'mono', text: n.notification_id }), ' ',
+      el('span', { class: `pill n-${r.status}`, text: r.status, 'data-testid': 'ntf-status' }),
+      el('span', { class: `pill p-${n.priority}`, text: n.priority })),
+    el('p', { class: 'muted', 'data-testid': 'ntf-meaning', text: NOTIFICATION_STATUS[r.status] || '' }),
+    el('p', {}, el('b', { text: n.title }), n.body ? ` — ${n.body}` : ''),
+    r.last_error ? el('div', { class: 'failure', 'data-testid': 'ntf-error' },
+      el('b', { text: 'last_error: ' }), el('span', { text: r.last_error })) : null,
+    el('dl', { class: 'kv' },
+      el('dt', { text: 'attempts' }), el('dd', { text: r.attempts, 'data-testid': 'ntf-attempts' }),
+      el('dt', { text: 'recipient' }), el('dd', { text: n.recipient || '–' }),
+      el('dt', { text: 'task' }), el('dd', { class: 'mono', text: n.task_id || '–' }),
+      el('dt', { text: 'group' }), el('dd', { text: n.group_key || '–' }),
+      el('dt', { text: 'seq' }), el('dd', { text: n.seq }),
+      n.type ? [el('dt', { text: 'type' }), el('dd', { text: n.type })] : null,
+      site ? [el('dt', { text: 'source site' }), el('dd', { text: site })] : null,
+      el('dt', { text: 'enqueued' }), el('dd', { text: fmtTime(r.enqueued_at) }),
+      el('dt', { text: 'created' }), el('dd', { text: fmtTime(r.created_at) }),
+      el('dt', { text: 'delivered' }), el('dd', { text: fmtTime(r.delivered_at), 'data-testid': 'ntf-delivered' })),
+    el('h4', { text: `Deliveries (${r.deliveries.length})` }),
+    r.deliveries.length ? dt : el('p', { class: 'muted', text: 'None: this notification is on the dashboard only.' }),
+    el('p', { class: 'muted small', text: `as of seq ${r.as_of_seq}` }),
+    el('button', { type: 'button', text: 'Close', onclick: () => show($('#notification'), false) }),
+  );
+  show($('#notification'), true);
+}
+
+/// The outbox with the deliveries of one notification and the timeline of one of them.
+async function showDelivery(notificationId, deliveryId) {
+  // Clear the other filters by hand: a form reset would reload the list once more.
+  for (const e of $('#dfilter').elements) {
+    if (e.type === 'checkbox') e.checked = false;
+    else if (e.tagName === 'SELECT') e.selectedIndex = 0;
+    else if (e.tagName === 'INPUT') e.value = '';
+  }
+  $('#dfilter [name=notification_id]').value = notificationId;
+  history.pushState(null, '', '#outbox');
+  await showView('outbox');
+  await openTimeline(deliveryId);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Tasks, their bridge subscriptions with cursor state, and explain.
 
 async function loadTasks(append) {
@@ -322,8 +456,13 @@ async function loadTasks(append) {
     await openTask(id);
     return;
   }
-  const p = { status: f.get('status'), project_id: (f.get('project_id') || '').trim(), limit: 50 };
-  if (append && state.tNext) p.after = state.tNext;
+  const p = {
+    status: f.get('status'),
+    project_id: (f.get('project_id') || '').trim(),
+    order: f.get('order') || 'newest',
+    limit: 50,
+  };
+  if (append && state.tNext) Object.assign(p, state.tNext);
   const page = await api('GET', `/v1/tasks${qs(p)}`);
   const rows = page.tasks.map((t) => el('tr', { class: 'clickable', 'data-id': t.task_id, onclick: () => openTask(t.task_id) },
     el('td', { class: 'mono', text: t.task_id }),
@@ -334,7 +473,7 @@ async function loadTasks(append) {
     el('td', { text: fmtTime(t.updated_at) })));
   if (append) $('#tasks tbody').append(...rows);
   else table($('#tasks'), ['task', 'title', 'project', 'status', 'latest seq', 'updated'], rows);
-  state.tNext = page.next_after || null;
+  state.tNext = nextPage(p.order, page);
   show($('#tmore'), !!state.tNext);
 }
 
@@ -386,7 +525,11 @@ function cursorCard(s) {
         await api('DELETE', base);
         flash(`Deleted ${s.subscription_id}; creating it again resumes from its cursor`, 'ok');
         await openTask(s.task_id);
-      }, 'delete-subscription') : null),
+      }, 'delete-subscription', {
+        title: `Delete subscription ${s.subscription_id}?`,
+        text: `Bridge ${s.bridge_id} stops getting this task's terminal notifications. The cursor is `
+          + 'kept: creating the same subscription again resumes from it.',
+      }) : null),
     explainBox);
 }
 
@@ -426,15 +569,24 @@ async function openTask(id) {
 
 async function loadLag() {
   const p = await api('GET', '/v1/consumers/lag');
-  $('#lag-summary').textContent = `${p.cursors.length} cursors, ${p.stalled} stalled`;
+  // `consumers` is the list's key (section 7); a server from before issue 26 answers `cursors`.
+  const list = p.consumers ?? p.cursors ?? [];
+  const stopped = p.stopped ?? list.filter((c) => c.stopped).length;
+  $('#lag-summary').textContent = `${list.length} consumers, ${p.stalled} stalled, ${stopped} stopped`;
   table($('#lag'), ['consumer', 'stream', 'subject', 'last seq', 'lag (events)', 'lag (time)', 'flags', 'last error'],
-    p.cursors.map((c) => el('tr', { 'data-consumer': c.consumer_id },
+    list.map((c) => el('tr', { 'data-consumer': c.consumer_id },
       el('td', { class: 'mono', text: c.consumer_id }), el('td', { text: c.stream_name }),
       el('td', { text: c.subject_id || '(all)' }), el('td', { text: c.last_sequence }),
       el('td', { text: `${c.lag_capped ? '≥ ' : ''}${c.lag_events}` }), el('td', { text: fmtAge(c.lag_seconds) }),
-      el('td', {}, c.stalled ? el('span', { class: 'pill warn', text: 'stalled', 'data-testid': 'stalled' }) : null,
+      el('td', {},
+        c.stopped ? el('span', { class: 'pill stopped', text: 'stopped', 'data-testid': 'stopped' }) : null,
+        c.stalled ? el('span', { class: 'pill warn', text: 'stalled', 'data-testid': 'stalled' }) : null,
         c.stale ? el('span', { class: 'pill', text: 'stale' }) : null),
-      el('td', { class: 'err', text: c.last_error || '' }))));
+      el('td', {},
+        c.stopped ? el('div', { class: 'failure', 'data-testid': 'stopped-reason' },
+          el('b', { text: `stopped${c.stopped_seq ? ` at seq ${c.stopped_seq}` : ''}: ` }),
+          el('span', { text: c.stopped_reason || 'a terminal-state mismatch' })) : null,
+        el('span', { class: 'err', text: c.last_error || '' })))));
 }
 
 async function loadSources() {
@@ -484,7 +636,11 @@ async function loadProjections() {
       el('td', { class: 'mono', text: x.name }), el('td', { text: x.checkpoint }), el('td', { text: x.lag }),
       el('td', { text: x.generation ?? '' }), el('td', { class: 'mono small', text: x.digest }),
       el('td', {}, actionButton('Verify', 'operator', run(x.name, 'verify'), 'verify'),
-        actionButton('Rebuild', 'operator', run(x.name, 'rebuild'), 'rebuild')))));
+        actionButton('Rebuild', 'operator', run(x.name, 'rebuild'), 'rebuild', {
+          title: `Rebuild ${x.name}?`,
+          text: `The whole log (up to seq ${x.checkpoint}) is replayed into a new copy of the model, `
+            + 'which then replaces the live one. On a large log this takes a while and loads the server.',
+        })))));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -589,6 +745,7 @@ async function startTail(reset) {
 
 const LOADERS = {
   outbox: async () => { await Promise.all([loadKpis(), loadDeliveries(false)]); },
+  notifications: () => loadNotifications(false),
   tasks: () => loadTasks(false),
   consumers: loadLag,
   sources: loadSources,
@@ -645,6 +802,15 @@ function wire() {
     loadTasks(false).catch((e) => flash(e.message, 'error'));
   });
   $('#tmore').addEventListener('click', () => loadTasks(true).catch((e) => flash(e.message, 'error')));
+  $('#nfilter').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    show($('#notification'), false);
+    loadNotifications(false).catch((e) => flash(e.message, 'error'));
+  });
+  $('#nfilter').addEventListener('reset', () => setTimeout(() => loadNotifications(false).catch(() => {}), 0));
+  $('#nmore').addEventListener('click', () => loadNotifications(true).catch((e) => flash(e.message, 'error')));
+  $('#confirm-ok').addEventListener('click', () => $('#confirm').close('ok'));
+  $('#confirm-cancel').addEventListener('click', () => $('#confirm').close('cancel'));
   $('#tfilt').addEventListener('submit', (ev) => {
     ev.preventDefault();
     const f = new FormData(ev.target);

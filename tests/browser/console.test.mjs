@@ -176,15 +176,18 @@ async function openPage(s) {
   const page = await context.newPage();
   const urls = [];
   const external = [];
+  const writes = [];
   page.on('request', (r) => {
     urls.push(r.url());
     if (!r.url().startsWith(s.base)) external.push(r.url());
+    if (r.method() !== 'GET') writes.push(`${r.method()} ${r.url().slice(s.base.length)}`);
   });
   page.on('pageerror', (e) => { page.errors.push(e.message); });
   page.errors = [];
   page.urls = urls;
   pages.push(page);
   page.external = external;
+  page.writes = writes;
   await page.goto(`${s.base}/`);
   return page;
 }
@@ -217,6 +220,34 @@ async function view(page, name) {
 
 async function text(page, sel) {
   return (await page.locator(sel).first().textContent({ timeout: WAIT })).trim();
+}
+
+/// The ids (`data-id`) of the rows of list `sel`, in the order shown.
+async function rowIds(page, sel) {
+  return page.locator(`${sel} tbody tr[data-id]`).evaluateAll((rs) => rs.map((r) => r.dataset.id));
+}
+
+/// Click `button`, which asks for a confirmation: the dialog opens with `title`; a screenshot
+/// named `shotName` (if given) shows it. Cancelling sends nothing (no request other than GET
+/// reaches the server, and the flash says so); the caller checks through the API that nothing
+/// changed, then calls the returned `confirm()`, which clicks again and confirms.
+async function cancelThenConfirm(page, button, title, shotName) {
+  const before = page.writes.length;
+  await button.click();
+  await page.waitForSelector('[data-testid=confirm-dialog][open]', { timeout: WAIT });
+  assert.match(await text(page, '#confirm-title'), title);
+  if (shotName) await snap(page, shotName);
+  await page.click('[data-testid=confirm-cancel]');
+  await page.waitForSelector('[data-testid=confirm-dialog]:not([open])', { state: 'attached', timeout: WAIT });
+  await page.waitForSelector('#flash:has-text("nothing was sent")', { timeout: WAIT });
+  assert.deepEqual(page.writes.slice(before), [], 'a cancelled action sent a request');
+  return async () => {
+    await button.click();
+    await page.waitForSelector('[data-testid=confirm-dialog][open]', { timeout: WAIT });
+    await page.click('[data-testid=confirm-ok]');
+    await page.waitForSelector('[data-testid=confirm-dialog]:not([open])', { state: 'attached', timeout: WAIT });
+    await until('the confirmed request', async () => page.writes.length > before);
+  };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -292,6 +323,18 @@ async function openMode() {
   assert.equal(k2.parked, 1);
   await page.waitForSelector(`[data-testid=tile-parked] .value[data-value="1"]`, { timeout: WAIT });
 
+  // Discard asks first: cancelling sends nothing and the delivery stays parked; confirming
+  // discards it.
+  const discard = page.locator('#deliveries tr[data-id="dlv:n-2:desktop"] [data-testid=discard]');
+  const confirmDiscard = await cancelThenConfirm(page, discard, /Discard dlv:n-2:desktop\?/, 'confirm-discard');
+  assert.equal((await delivery(s, 'dlv:n-2:desktop')).status, 'parked', 'a cancelled Discard changed the delivery');
+  await confirmDiscard();
+  await waitStatus(s, 'dlv:n-2:desktop', 'discarded');
+  assert.deepEqual(page.writes.filter((w) => w.includes('/discard')),
+    [`POST /v1/deliveries/${encodeURIComponent('dlv:n-2:desktop')}/discard`], 'one discard, after the confirmation');
+  await page.waitForSelector(`[data-testid=tile-parked] .value[data-value="0"]`, { timeout: WAIT });
+  step('Discard: cancel sent nothing, confirm discarded the delivery');
+
   // A subscription: zero state, then its last_sequence after an ack, then last_error after a
   // mismatch.
   const task = 'task-console';
@@ -339,14 +382,125 @@ async function openMode() {
   step('after the mismatch the card shows last_error and explain shows the decision');
   await snap(page, 'subscription-failure');
 
-  // Consumers' lag, sources, projections with verify.
+  // Consumers' lag: the subscription stopped at the mismatch is flagged stopped at once, with
+  // its reason, and not stalled.
   await view(page, 'consumers');
-  await page.waitForSelector('#lag tr[data-consumer="bridge_task_subscription:sub-console"]', { timeout: WAIT });
+  const lagRow = page.locator('#lag tr[data-consumer="bridge_task_subscription:sub-console"]');
+  await lagRow.waitFor({ timeout: WAIT });
+  const lag = await s.ok('GET', '/v1/consumers/lag');
+  if (lag.consumers) {
+    const entry = lag.consumers.find((c) => c.consumer_id === 'bridge_task_subscription:sub-console');
+    assert.ok(entry.stopped && entry.stopped_reason, JSON.stringify(entry));
+    await lagRow.locator('[data-testid=stopped]').waitFor({ timeout: WAIT });
+    assert.ok((await lagRow.locator('[data-testid=stopped-reason]').textContent()).includes(entry.stopped_reason));
+    assert.equal(await lagRow.locator('[data-testid=stalled]').count(), entry.stalled ? 1 : 0);
+    assert.match(await text(page, '[data-testid=lag-summary]'), new RegExp(`${lag.stalled} stalled, ${lag.stopped} stopped`));
+    step(`the consumers view shows the subscription stopped: ${entry.stopped_reason}`);
+  } else {
+    // A server from before issue 26's lag contract (`cursors`, no stopped flag).
+    step('the server answers the lag under `cursors`, without stopped flags: the stopped check is skipped');
+  }
   await snap(page, 'consumers');
+
+  // Delete asks first: cancelling keeps the subscription; confirming deletes it (its cursor
+  // stays).
+  await view(page, 'tasks');
+  await page.fill('[data-testid=task-id-input]', task);
+  await page.click('[data-testid=task-find]');
+  const del = card.locator('[data-testid=delete-subscription]');
+  const confirmDelete = await cancelThenConfirm(page, del, /Delete subscription sub-console\?/, 'confirm-delete-subscription');
+  const sub = () => s.req('GET', `/v1/tasks/${task}/notifications/bridges/sub-console`);
+  assert.equal((await sub()).status, 200, 'a cancelled Delete removed the subscription');
+  await confirmDelete();
+  await until('the subscription deleted', async () => (await sub()).status === 404);
+  await card.waitFor({ state: 'detached', timeout: WAIT });
+  step('Delete: cancel kept the subscription, confirm deleted it');
+
+  // Projections: verify; Rebuild asks first.
   await view(page, 'projections');
   await page.locator('#projections tr[data-name=deliveries] [data-testid=verify]').click();
   await page.waitForSelector('[data-testid=proj-outcome]:has-text("identical")', { timeout: WAIT });
   await snap(page, 'projections-verified');
+  const generation = async () => (await s.ok('GET', '/v1/admin/projections')).projections.find((x) => x.name === 'tasks').generation;
+  const g0 = await generation();
+  const rebuild = page.locator('#projections tr[data-name=tasks] [data-testid=rebuild]');
+  const confirmRebuild = await cancelThenConfirm(page, rebuild, /Rebuild tasks\?/, 'confirm-rebuild');
+  assert.equal(await generation(), g0, 'a cancelled Rebuild rebuilt');
+  await confirmRebuild();
+  await page.waitForSelector('[data-testid=proj-outcome]:has-text("rebuild tasks")', { timeout: WAIT });
+  const g1 = await generation();
+  assert.ok(g1 > g0, `the rebuild switched to a new generation: ${g0} → ${g1}`);
+  step(`Rebuild: cancel sent nothing, confirm rebuilt tasks (generation ${g0} → ${g1})`);
+
+  // The Notifications view: every priority, newest first; one opens its status record.
+  await s.append([notif('w-1', 'Disk 80% full', { priority: 'warning' }),
+    notif('i-1', 'Nightly backup done', { priority: 'info', recipient: 'night-shift' })]);
+  await view(page, 'notifications');
+  await page.waitForSelector('#notifications tr[data-id="i-1"][data-priority=info]', { timeout: WAIT });
+  await page.waitForSelector('#notifications tr[data-id="w-1"][data-priority=warning]', { timeout: WAIT });
+  const listed = await s.ok('GET', '/v1/notifications?limit=50');
+  assert.deepEqual(await rowIds(page, '#notifications'), listed.notifications.map((n) => n.notification_id),
+    'the list is the dashboard list, newest first');
+  assert.equal((await rowIds(page, '#notifications'))[0], 'i-1');
+  // The screenshots without the flash of the last action (it hides itself).
+  await page.waitForSelector('#flash', { state: 'hidden', timeout: WAIT });
+  await snap(page, 'notifications');
+  await page.selectOption('[data-testid=nfilter-priority]', 'warning');
+  await page.click('[data-testid=nfilter-apply]');
+  await until('only warnings', async () => {
+    const ps = await page.locator('#notifications tbody tr[data-id]').evaluateAll((rs) => rs.map((r) => r.dataset.priority));
+    return ps.length > 0 && ps.every((p) => p === 'warning') && (await rowIds(page, '#notifications')).includes('w-1');
+  });
+  await page.locator('#notifications tr[data-id="w-1"]').click();
+  const w1 = await s.ok('GET', '/v1/notifications/w-1');
+  await page.waitForSelector(`[data-testid=ntf-status]:text-is("${w1.status}")`, { timeout: WAIT });
+  assert.equal(w1.status, 'dashboard_only');
+  await page.selectOption('[data-testid=nfilter-priority]', '');
+  await page.click('[data-testid=nfilter-apply]');
+  await page.locator('#notifications tr[data-id="n-2"]').click();
+  const n2 = await s.ok('GET', '/v1/notifications/n-2');
+  assert.equal(n2.status, 'discarded');
+  await page.waitForSelector('[data-testid=ntf-status]:text-is("discarded")', { timeout: WAIT });
+  assert.ok((await text(page, '[data-testid=ntf-error]')).includes('the sink said no'));
+  assert.equal(await text(page, '[data-testid=ntf-attempts]'), String(n2.attempts));
+  assert.equal(await page.locator('#notification tr[data-id="dlv:n-2:desktop"]').count(), 1);
+  step(`the status record of n-2: ${n2.status}, ${n2.attempts} attempt(s), last error ${n2.last_error}`);
+  await snap(page, 'notification-status-record');
+  await page.locator('#notification [data-testid=ntf-timeline]').click();
+  await page.waitForSelector('#view-outbox:not([hidden])', { timeout: WAIT });
+  await page.waitForSelector('[data-testid=timeline-status]:text-is("discarded")', { timeout: WAIT });
+  await until('the outbox lists the deliveries of n-2', async () => {
+    const ids = await rowIds(page, '#deliveries');
+    return ids.length === 1 && ids[0] === 'dlv:n-2:desktop';
+  });
+
+  // Tasks newest first by default (ids as text would put bt-10 before bt-2), by id on request.
+  await s.append(Array.from({ length: 12 }, (_, i) => taskEv(`bt-${i}`, 'task.created', { project_id: 'p-bt', title: `Batch task ${i}` })));
+  await view(page, 'tasks');
+  await page.fill('[data-testid=task-id-input]', '');
+  await page.click('[data-testid=task-find]');
+  const newest = Array.from({ length: 12 }, (_, i) => `bt-${11 - i}`);
+  await until('the tasks newest first', async () => {
+    const ids = await rowIds(page, '#tasks');
+    return ids.length === 13 && ids.slice(0, 12).join() === newest.join() && ids[12] === task;
+  });
+  step('the tasks list is newest first: bt-11 … bt-0, then the task created before them');
+  await snap(page, 'tasks-newest-first');
+  await page.selectOption('[data-testid=torder]', 'id');
+  await page.click('[data-testid=task-find]');
+  await until('the tasks by id', async () => (await rowIds(page, '#tasks')).slice(0, 4).join() === 'bt-0,bt-1,bt-10,bt-11');
+  await snap(page, 'tasks-by-id');
+  // The deliveries too: newest first by default, by id on request.
+  await view(page, 'outbox');
+  await page.fill('#dfilter [name=notification_id]', '');
+  await page.click('[data-testid=filter-apply]');
+  const byTime = (await s.ok('GET', '/v1/deliveries?order=newest&limit=50')).deliveries.map((d) => d.id);
+  await until('the deliveries newest first', async () => (await rowIds(page, '#deliveries')).join() === byTime.join());
+  await page.selectOption('[data-testid=dorder]', 'id');
+  await page.click('[data-testid=filter-apply]');
+  const byId = (await s.ok('GET', '/v1/deliveries?limit=50')).deliveries.map((d) => d.id);
+  await until('the deliveries by id', async () => (await rowIds(page, '#deliveries')).join() === byId.join());
+  assert.notEqual(byTime.join(), byId.join(), 'the two orders differ here');
 
   // The live tail: an event appended after the page opened appears; after a restart of the
   // server it resumes from the last event shown (Last-Event-ID), without repeats or gaps.

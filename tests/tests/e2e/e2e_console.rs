@@ -7,7 +7,13 @@
 //! after a mismatch, and explain; consumers and projection verify; the live tail shows an event
 //! appended after the page opened and resumes after the server restarts (no repeats, no gaps);
 //! with tokens it asks for one, keeps it for the tab, never puts it in a URL, and a read-only
-//! token sees Retry disabled. Screenshots of each state go to `target/console-screenshots/`.
+//! token sees Retry disabled. Issue 26: Discard, Rebuild and Delete ask for a confirmation
+//! (cancelling sends no request and changes nothing, as the API shows; confirming acts); the
+//! consumers view flags a subscription stopped at a mismatch with its reason; the Notifications
+//! view lists info and warning notifications newest first, filters them and opens a status
+//! record (and from it a delivery's timeline); tasks (`bt-0` … `bt-11`) and deliveries are
+//! listed newest first by default, by id on request. Screenshots of each state go to
+//! `target/console-screenshots/`.
 //!
 //! `.ci/run` installs Chromium (`apt-get install chromium`) and the script's one dependency
 //! (`npm ci --prefix tests/browser`); without them this test fails and says what is missing.
@@ -50,5 +56,5 @@ async fn the_console_in_headless_chromium() {
     println!("{stdout}");
     assert!(stdout.contains("all console checks passed"), "{stdout}");
     let n = std::fs::read_dir(&shots).map(|d| d.count()).unwrap_or(0);
-    assert!(n >= 10, "expected the screenshots of each state, found {n}");
+    assert!(n >= 22, "expected the screenshots of each state, found {n}");
 }
