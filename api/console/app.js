@@ -569,8 +569,8 @@ async function openTask(id) {
 
 async function loadLag() {
   const p = await api('GET', '/v1/consumers/lag');
-  // `consumers` is the list's key (section 7); a server from before issue 26 answers `cursors`.
-  const list = p.consumers ?? p.cursors ?? [];
+  // `consumers` is the list's key (section 7).
+  const list = p.consumers ?? [];
   const stopped = p.stopped ?? list.filter((c) => c.stopped).length;
   $('#lag-summary').textContent = `${list.length} consumers, ${p.stalled} stalled, ${stopped} stopped`;
   table($('#lag'), ['consumer', 'stream', 'subject', 'last seq', 'lag (events)', 'lag (time)', 'flags', 'last error'],
