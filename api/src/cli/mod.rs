@@ -250,7 +250,7 @@ pub struct DeliveriesArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum DeliveriesAction {
-    /// Deliveries by id, filtered (all pages unless --limit); `-o jsonl` prints each page as it
+    /// Deliveries, newest first (or by id), filtered (all pages unless --limit); `-o jsonl` prints each page as it
     /// comes.
     List {
         /// queued, leased, retry_wait, sent, parked, discarded, skipped, cancelled.
@@ -266,6 +266,9 @@ pub enum DeliveriesAction {
         /// finishing them) or only the others (`false`).
         #[arg(long)]
         stuck: Option<bool>,
+        /// newest (the most recently created first) or id.
+        #[arg(long, value_enum, default_value = "newest")]
+        order: ListOrder,
         /// Stop after this many.
         #[arg(long)]
         limit: Option<u64>,
@@ -282,6 +285,15 @@ pub enum DeliveriesAction {
         #[arg(long)]
         reason: Option<String>,
     },
+}
+
+/// The order of a listing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ListOrder {
+    /// The most recently created first.
+    Newest,
+    /// By id.
+    Id,
 }
 
 #[derive(Debug, Args)]

@@ -8,8 +8,8 @@ use super::client::{Client, enc};
 use super::error::CliError;
 use super::output::Records;
 use super::{
-    CliResult, CursorsAction, CursorsArgs, DeliveriesAction, DeliveriesArgs, ProjectionsAction,
-    ProjectionsArgs, SourcesAction, SourcesArgs,
+    CliResult, CursorsAction, CursorsArgs, DeliveriesAction, DeliveriesArgs, ListOrder,
+    ProjectionsAction, ProjectionsArgs, SourcesAction, SourcesArgs,
 };
 
 const REPORT_COLUMNS: &[&str] = &[
@@ -104,10 +104,12 @@ pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
             route,
             recipient,
             stuck,
+            order,
             limit,
         } => {
             let stuck = stuck.map(|b| b.to_string());
-            let mut filters = String::new();
+            let newest = order == ListOrder::Newest;
+            let mut filters = format!("&order={}", if newest { "newest" } else { "id" });
             for (k, v) in [
                 ("status", &status),
                 ("sink", &sink),
@@ -119,6 +121,13 @@ pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
                     filters.push_str(&format!("&{k}={}", enc(v)));
                 }
             }
+            // Newest first pages backwards with `before` / `next_before`; id order forwards with
+            // `after` / `next_after`.
+            let (cursor_param, next_key) = if newest {
+                ("before", "next_before")
+            } else {
+                ("after", "next_after")
+            };
             let mut after: Option<String> = None;
             let mut printed = 0u64;
             // JSON lines go out page by page; a table or a JSON array is printed whole.
@@ -138,7 +147,7 @@ pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
             'pages: loop {
                 let mut path = format!("/v1/deliveries?limit=1000{filters}");
                 if let Some(a) = &after {
-                    path.push_str(&format!("&after={}", enc(a)));
+                    path.push_str(&format!("&{cursor_param}={}", enc(a)));
                 }
                 let v = c.get_json(&path).await?;
                 for d in items(&v, "deliveries") {
@@ -148,7 +157,7 @@ pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
                     rows.push(d)?;
                     printed += 1;
                 }
-                match v["next_after"].as_str() {
+                match v[next_key].as_str() {
                     Some(n) => after = Some(n.to_owned()),
                     None => break,
                 }

@@ -1157,3 +1157,57 @@ async fn help_says_what_each_output_prints() {
         "{text}"
     );
 }
+
+/// `deliveries list` shows the newest first by default (a large outbox's recent rows are on
+/// the first page), `--order id` by id; both page through everything.
+#[tokio::test]
+async fn deliveries_list_newest_first_by_default() {
+    let s = Server::start(ServerOpts::default()).await;
+    // Created in the order a, c, b: by id a < b < c, newest first b, c, a.
+    for id in ["ord-a", "ord-c", "ord-b"] {
+        crate::common::append_ok(
+            &s,
+            &crate::common::notif_ev(id, json!({"priority": "urgent", "title": id})),
+        )
+        .await;
+        crate::e2e_deliveries::wait_status(&s, &format!("dlv:{id}:desktop"), "queued").await;
+    }
+    let ids = |out: String| -> Vec<String> {
+        let v: Value = serde_json::from_str(&out).expect("one JSON document");
+        v.as_array()
+            .expect("an array")
+            .iter()
+            .map(|d| d["id"].as_str().expect("id").to_owned())
+            .collect()
+    };
+    let dl = |id: &str| format!("dlv:{id}:desktop");
+    let newest = ok(
+        &run_cli(
+            &["deliveries", "list", "-o", "json", "--url", s.base()],
+            "",
+            LIMIT,
+        )
+        .await,
+        "deliveries list",
+    );
+    assert_eq!(ids(newest), vec![dl("ord-b"), dl("ord-c"), dl("ord-a")]);
+    let by_id = ok(
+        &run_cli(
+            &[
+                "deliveries",
+                "list",
+                "--order",
+                "id",
+                "-o",
+                "json",
+                "--url",
+                s.base(),
+            ],
+            "",
+            LIMIT,
+        )
+        .await,
+        "deliveries list --order id",
+    );
+    assert_eq!(ids(by_id), vec![dl("ord-a"), dl("ord-b"), dl("ord-c")]);
+}
