@@ -42,6 +42,7 @@ mod e2e_outbox_policies;
 mod e2e_projections;
 mod e2e_races;
 mod e2e_read_models;
+mod e2e_readme;
 mod e2e_rebuild_crash;
 mod e2e_resume;
 mod e2e_retention;
