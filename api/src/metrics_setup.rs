@@ -154,7 +154,8 @@ pub fn describe() {
         ),
         (
             "tidemark_bridge_subscriptions_stopped",
-            "Subscriptions stopped after a terminal delivery",
+            "Bridge subscriptions the notifier holds stopped at a terminal-state mismatch, as of \
+             its last pass (tidemark_consumer_cursors_stopped counts the same at scrape time)",
         ),
         (
             "tidemark_bridge_webhooks_retrying",
