@@ -141,10 +141,17 @@ pub fn lags(
     stuck_after_ms: u64,
 ) -> Result<Vec<Lag>, tidemark_engine::QueryError> {
     let mut lags = engine.read().lags(now_us, stuck_after_ms)?;
+    // The lag view never waits for the read models (section 7): while they catch up (after a
+    // restart with a long log, a rebuild), or once one read found them lagging, subscriptions
+    // are judged as plain cursors instead of each waiting for the models.
+    let mut scans = engine.read().lag() <= tidemark_engine::FOLLOW_BATCH;
     for lag in &mut lags {
         let Some(sub_id) = ids::subscription_of_consumer(&lag.consumer_id) else {
             continue;
         };
+        if !scans {
+            continue;
+        }
         let judged = engine.read().subscription(sub_id).and_then(|sub| {
             match sub.filter(|s| s.active && s.target.task_id == lag.subject_id) {
                 Some(sub) => Ok(Some(scan(engine, &sub, false)?)),
@@ -168,10 +175,9 @@ pub fn lags(
                 ),
             },
             Ok(None) => lag.judge(None, None, now_us, stuck_after_ms),
-            // The read models are catching up (the lag view never waits for them): this
-            // cursor is judged as a plain one until they have.
             Err(e) => {
-                tracing::debug!(error = %e, subscription = sub_id, "lag judged without a scan")
+                tracing::debug!(error = %e, subscription = sub_id, "lag judged without a scan");
+                scans = false;
             }
         }
     }
