@@ -180,16 +180,24 @@ pub struct RetentionOut {
     pub before: String,
     /// The head the run decided at.
     pub through_seq: u64,
+    /// Rows that left the read models.
+    pub purged: Purged,
+    /// `retention.purged` events appended (none when nothing was due).
+    pub events: usize,
+    /// With `compact_log`: the last seq the log dropped (it now starts after it); null when
+    /// nothing was compacted.
+    pub compacted_through_seq: Option<u64>,
+    /// With `compact_log`: how many events the log dropped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compacted_events: Option<u64>,
+}
+
+/// Rows a retention run purged, by model.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Purged {
     pub deliveries: usize,
     pub notifications: usize,
     pub tasks: usize,
-    /// `retention.purged` events appended (none when nothing was due).
-    pub events: usize,
-    /// With `compact_log`: the log's events dropped, and the first seq it now holds.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub compacted_events: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub first_seq: Option<u64>,
 }
 
 /// Run retention now: terminal deliveries, notifications whose deliveries are all terminal and
@@ -210,11 +218,16 @@ pub async fn run_retention(State(st): State<AppState>) -> Result<Json<RetentionO
     Ok(Json(RetentionOut {
         before: tidemark_log::time::format_micros(r.before_us),
         through_seq: r.through_seq,
-        deliveries: r.deliveries,
-        notifications: r.notifications,
-        tasks: r.tasks,
+        purged: Purged {
+            deliveries: r.deliveries,
+            notifications: r.notifications,
+            tasks: r.tasks,
+        },
         events: r.events,
+        compacted_through_seq: run
+            .compaction
+            .as_ref()
+            .map(|c| c.first_seq.saturating_sub(1)),
         compacted_events: run.compaction.as_ref().map(|c| c.removed),
-        first_seq: run.compaction.as_ref().map(|c| c.first_seq),
     }))
 }

@@ -83,11 +83,16 @@ async fn a_purge_removes_what_is_done_keeps_what_is_not_and_rebuilds_identical()
     let r = post_empty(&s, "/v1/admin/retention/run").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     let report = r.json.clone();
-    assert_eq!(report["deliveries"], 1, "{report}");
+    assert_eq!(report["purged"]["deliveries"], 1, "{report}");
     // r-dash, r-sent and the dashboard-only notifications routed from t-done's completion and
     // the two task cancellations.
-    assert_eq!(report["notifications"], 5, "{report}");
-    assert_eq!(report["tasks"], 2, "t-done and t-stale: {report}");
+    assert_eq!(report["purged"]["notifications"], 5, "{report}");
+    assert_eq!(report["purged"]["tasks"], 2, "t-done and t-stale: {report}");
+    assert_eq!(
+        report["compacted_through_seq"],
+        Value::Null,
+        "no compact_log: {report}"
+    );
     assert!(report["through_seq"].as_u64().unwrap() >= head, "{report}");
 
     for gone in [
@@ -132,8 +137,8 @@ async fn a_purge_removes_what_is_done_keeps_what_is_not_and_rebuilds_identical()
         purged[0]
     );
     let again = post_empty(&s, "/v1/admin/retention/run").await;
-    assert_eq!(again.json["deliveries"], 0, "{}", again.text);
-    assert_eq!(again.json["notifications"], 0, "{}", again.text);
+    assert_eq!(again.json["purged"]["deliveries"], 0, "{}", again.text);
+    assert_eq!(again.json["purged"]["notifications"], 0, "{}", again.text);
 
     // A rebuild replays the purge: every model identical to the live one.
     assert_projections_sound(&s, "after a purge").await;
@@ -205,7 +210,10 @@ async fn compaction_drops_the_old_prefix_keeps_what_cursors_need_and_rebuilds_id
 
     let r = post_empty(&s, "/v1/admin/retention/run").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
-    let first = r.json["first_seq"].as_u64().expect("first_seq");
+    let first = r.json["compacted_through_seq"]
+        .as_u64()
+        .expect("compacted_through_seq")
+        + 1;
     assert_eq!(
         first, pin2,
         "cut just before what the live cursor needs: {}",
