@@ -13,7 +13,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use serde_json::json;
-use tidemark_log::{AppendError, Event, EventLog, Expect, Log, LogConfig, NewEvent, ReadQuery};
+use tidemark_log::{
+    AppendError, Condition, ConditionOn, Event, EventLog, Log, LogConfig, NewEvent, ReadQuery,
+};
 
 /// How the suite gets a backend's log: open (or reopen) the one kept in `dir`, close it.
 trait Backend {
@@ -258,21 +260,19 @@ fn everything_survives_a_reopen<B: Backend>() {
 fn conditional_appends<B: Backend>() {
     let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
     let log = B::open(dir.path());
-    let head_is = |h| Expect::Head(h);
-    let subj = |stream: &str, subject: &str, seq| Expect::SubjectLastSeq {
-        stream: stream.into(),
-        subject: subject.into(),
-        seq,
-    };
+    let head_is = Condition::head;
+    let subj = Condition::subject;
     // On the head.
     rt.block_on(log.append_if(vec![ev("h1", "s", "x", "t", json!({}))], head_is(0)))
         .unwrap();
     let r = rt.block_on(log.append_if(vec![ev("h2", "s", "x", "t", json!({}))], head_is(0)));
     match r {
         Err(AppendError::ExpectationFailed {
-            expected, actual, ..
+            on,
+            expected,
+            actual,
         }) => {
-            assert_eq!((expected, actual), (0, 1))
+            assert_eq!((on, expected, actual), (ConditionOn::Head, 0, 1))
         }
         r => panic!("expected ExpectationFailed, got {r:?}"),
     }
@@ -341,7 +341,7 @@ fn conditional_appends<B: Backend>() {
                 for k in 0..25 {
                     let h = log.head();
                     let e = ev(&format!("race-{t}-{k}"), "race", "r", "t", json!({}));
-                    match log.append_if(vec![e], Expect::Head(h)).await {
+                    match log.append_if(vec![e], Condition::head(h)).await {
                         Ok(_) => won += 1,
                         Err(AppendError::ExpectationFailed { .. }) => {}
                         Err(e) => panic!("{e}"),
