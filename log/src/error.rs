@@ -175,14 +175,15 @@ pub enum AppendError {
     Conflict { event_id: String, seq: u64 },
     #[error("the log is busy: {queued} requests are queued; retry shortly")]
     Overloaded { queued: usize },
-    /// A conditional append whose condition did not hold: nothing was appended.
+    /// A conditional append whose condition did not hold: nothing was appended. Names the
+    /// first part of the condition that failed (the head first, then the subjects in the
+    /// order given).
     #[error(
-        "the append expected the last seq of {what} to be {expected}, it is {actual}; nothing \
+        "the append expected the last seq of {on} to be {expected}, it is {actual}; nothing \
          was appended"
     )]
     ExpectationFailed {
-        /// `the log` or `stream/subject`.
-        what: String,
+        on: crate::condition::ConditionOn,
         expected: u64,
         actual: u64,
     },

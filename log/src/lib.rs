@@ -9,6 +9,7 @@
 //! - [`envelope`]: [`NewEvent`] (validated input, canonical payload) and [`Event`] (served).
 //! - `codec`: the stored byte format, versioned.
 //! - `writer`: the group-commit writer thread.
+//! - [`condition`]: conditions of conditional appends, judged by the writer.
 //! - `journal`: the group's durable point, replayed at open.
 //! - `tail`: in-memory index of the newest events, merged into redb in large batches.
 //! - `store`: table definitions, open/recovery, bounded reads.
@@ -16,7 +17,7 @@
 //!
 //! # Public surface
 //! - The narrow interface every backend implements: [`EventLog`] (append, conditional append
-//!   with [`Expect`], read by [`ReadQuery`] into a [`ReadPage`], get, get by id, head,
+//!   on a [`Condition`], read by [`ReadQuery`] into a [`ReadPage`], get, get by id, head,
 //!   subscribe), with [`NewEvent`] / [`Event`] / [`limits`], [`AppendReceipt`] / [`Appended`]
 //!   and the errors ([`AppendError`], [`ReadError`], [`OpenError`], [`StorageError`]).
 //! - The redb backend: [`Log`] ([`LogConfig`], [`OpenReport`]), which also offers what only
@@ -38,6 +39,7 @@
 
 mod codec;
 pub mod compact;
+pub mod condition;
 pub mod envelope;
 pub mod error;
 pub mod fault;
@@ -58,6 +60,7 @@ use redb::Database;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
 
+pub use condition::{Condition, ConditionOn, SubjectSeq};
 pub use envelope::{Event, EventRef, FieldError, InvalidKind, NewEvent, limits};
 pub use error::{AppendError, CommandError, Error, OpenError, ReadError, RejectKind, StorageError};
 pub use store::{ReadPage, ReadQuery};
@@ -129,12 +132,17 @@ pub trait EventLog: Send + Sync + 'static {
         &self,
         events: Vec<NewEvent>,
     ) -> impl std::future::Future<Output = Result<AppendReceipt, AppendError>> + Send;
-    /// `append` on a condition (the head, or a subject's last seq); `ExpectationFailed` and
-    /// nothing appended when it does not hold.
+    /// `append` on a condition: the head, and for each of several (stream, subject) pairs the
+    /// seq of its last event (0: none yet), judged on the log as it stands just before the
+    /// batch (the batches committed before it in the same group included). When any part
+    /// does not hold, nothing of the batch is appended and the answer is `ExpectationFailed`
+    /// naming that part. A batch none of whose events is new (all already in the log with the
+    /// same content: the resend of an append that succeeded) is answered as duplicates with
+    /// the original seqs whatever the condition, as an unconditional append is.
     fn append_if(
         &self,
         events: Vec<NewEvent>,
-        expect: Expect,
+        condition: Condition,
     ) -> impl std::future::Future<Output = Result<AppendReceipt, AppendError>> + Send;
     /// A bounded page of committed events with `seq > q.after`, in order.
     fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError>;
@@ -154,9 +162,9 @@ impl EventLog for Log {
     async fn append_if(
         &self,
         events: Vec<NewEvent>,
-        expect: Expect,
+        condition: Condition,
     ) -> Result<AppendReceipt, AppendError> {
-        Log::append_if(self, events, expect).await
+        Log::append_if(self, events, condition).await
     }
     fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
         Log::read(self, q)
@@ -273,24 +281,6 @@ impl EventChunk {
 
 pub(crate) fn fresh_event_id() -> String {
     format!("evt-{}", uuid::Uuid::now_v7().simple())
-}
-
-/// The condition of a conditional append (spec section 3; JetStream's expected last sequence
-/// and expected last subject sequence, section 16). Checked against the log as the writer
-/// stages the batch, after the batches before it in the same group.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum Expect {
-    /// No condition.
-    #[default]
-    Any,
-    /// The log's head is this seq.
-    Head(u64),
-    /// The last event of `stream` with this `subject` has this seq (0: there is none).
-    SubjectLastSeq {
-        stream: String,
-        subject: String,
-        seq: u64,
-    },
 }
 
 /// One event of an append's reply.
@@ -447,17 +437,17 @@ impl Log {
 
     /// Append a batch atomically. Events without an `event_id` get a fresh one.
     pub async fn append(&self, events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
-        self.append_if(events, Expect::Any).await
+        self.append_if(events, Condition::none()).await
     }
 
-    /// Append a batch atomically if `expect` holds when the writer stages it; otherwise
+    /// Append a batch atomically if `condition` holds when the writer stages it; otherwise
     /// `ExpectationFailed` and nothing is appended. A batch whose events are all already in
     /// the log is answered as duplicates whatever the condition (a retried conditional append
-    /// that had succeeded is told so, not refused).
+    /// that had succeeded is told so, not refused). See [`EventLog::append_if`].
     pub async fn append_if(
         &self,
         mut events: Vec<NewEvent>,
-        expect: Expect,
+        condition: Condition,
     ) -> Result<AppendReceipt, AppendError> {
         if events.is_empty() {
             return Err(AppendError::Invalid {
@@ -487,7 +477,7 @@ impl Log {
         let (reply, rx) = oneshot::channel();
         match self.tx.try_send(writer::Msg::Append {
             events,
-            expect,
+            condition,
             reply,
         }) {
             Ok(()) => {}

@@ -1,10 +1,11 @@
 //! The single writer: group commit of concurrent appends.
 //!
 //! Appenders send requests over a bounded channel. The writer thread takes every request that is
-//! waiting (up to `max_group_events`), checks each one against the log and the rest of the
-//! group, writes all accepted events in one redb write transaction, commits it durably (fsync),
-//! and only then publishes the new head and answers the callers. A request is atomic: one
-//! conflicting event rejects that request alone, before anything of it is written.
+//! waiting (up to `max_group_events`), checks each one (its events' ids, and its condition: see
+//! `condition`) against the log and the rest of the group, writes all accepted events in one
+//! redb write transaction, commits it durably (fsync), and only then publishes the new head and
+//! answers the callers. A request is atomic: one conflicting event or a failed condition rejects
+//! that request alone, before anything of it is written.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,12 +15,13 @@ use redb::{Database, ReadableTable, WriteTransaction};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::codec::{self, StoredV1};
+use crate::condition::{self, Condition, GroupLast};
 use crate::envelope::{Event, NewEvent};
 use crate::error::{AppendError, CommandError, StorageError, storage};
 use crate::store::{EVENTS, META, META_INDEXED_THROUGH, STREAMS, SUBJECTS, TYPES};
 use crate::tail::Tail;
 use crate::time::now_micros;
-use crate::{AppendReceipt, Appended, CommitHook, Expect, Shared};
+use crate::{AppendReceipt, Appended, CommitHook, Shared};
 
 type Reply = oneshot::Sender<Result<AppendReceipt, AppendError>>;
 
@@ -32,7 +34,7 @@ pub type CommandFn =
 pub(crate) enum Msg {
     Append {
         events: Vec<NewEvent>,
-        expect: Expect,
+        condition: Condition,
         reply: Reply,
     },
     Command {
@@ -44,7 +46,7 @@ pub(crate) enum Msg {
 }
 
 enum Item {
-    Append(Vec<NewEvent>, Expect, Reply),
+    Append(Vec<NewEvent>, Condition, Reply),
     Command(
         CommandFn,
         oneshot::Sender<Result<AppendReceipt, CommandError>>,
@@ -132,33 +134,6 @@ enum Found {
     Log(u64),
 }
 
-/// The last committed seq of `stream` with `subject` (0: none): the in-memory tail first (it
-/// holds the newest events), then the merged subject index.
-fn last_of_subject(
-    txn: &WriteTransaction,
-    tail: &Tail,
-    stream: &str,
-    subject: &str,
-) -> Result<u64, StorageError> {
-    if let Some(list) = tail.subjects.get(subject)
-        && let Some((seq, _)) = list.iter().rev().find(|(_, s)| &**s == stream)
-    {
-        return Ok(*seq);
-    }
-    let t = txn.open_table(SUBJECTS).map_err(storage)?;
-    for row in t
-        .range((subject, 0)..=(subject, u64::MAX))
-        .map_err(storage)?
-        .rev()
-    {
-        let (k, v) = row.map_err(storage)?;
-        if v.value() == stream {
-            return Ok(k.value().1);
-        }
-    }
-    Ok(0)
-}
-
 impl Writer {
     /// Bring every hook up to the head, in one transaction, before serving anything.
     pub fn recover_hooks(&mut self) -> Result<(), StorageError> {
@@ -199,11 +174,11 @@ impl Writer {
                 match msg {
                     Msg::Append {
                         events,
-                        expect,
+                        condition,
                         reply,
                     } => {
                         n += events.len();
-                        group.push(Item::Append(events, expect, reply));
+                        group.push(Item::Append(events, condition, reply));
                     }
                     Msg::Command {
                         f,
@@ -504,6 +479,7 @@ impl Writer {
         pending: &mut Vec<Pending>,
     ) -> Result<(), StorageError> {
         let mut staged_ids: HashMap<String, usize> = HashMap::new();
+        let mut group_last = GroupLast::default();
         // The log's tables stay open across the group's appends; a command may read them
         // itself (scan_events), so they are closed while it runs.
         let mut tables: Option<LogTables<'_>> = None;
@@ -511,8 +487,10 @@ impl Writer {
         let tail = shared.tail.read().unwrap_or_else(|p| p.into_inner());
         for item in group.by_ref() {
             let is_command = matches!(item, Item::Command(..));
-            let (events, expect, reply) = match item {
-                Item::Append(events, expect, reply) => (events, expect, AnyReply::Append(reply)),
+            let (events, condition, reply) = match item {
+                Item::Append(events, condition, reply) => {
+                    (events, condition, AnyReply::Append(reply))
+                }
                 Item::Command(f, reply) => {
                     match run_command(&mut tables, f, txn, self.head + staged.len() as u64) {
                         Ok(events) if events.is_empty() => {
@@ -528,7 +506,7 @@ impl Writer {
                                     ev.event_id = Some(crate::fresh_event_id());
                                 }
                             }
-                            (events, Expect::Any, AnyReply::Command(reply))
+                            (events, Condition::none(), AnyReply::Command(reply))
                         }
                         Err(e) => {
                             let _ = reply.send(Err(e));
@@ -555,26 +533,38 @@ impl Writer {
             }
             let t = tables.as_mut().expect("opened above");
             // The condition is judged on the log as it stands before this request (the group's
-            // earlier requests included); it matters only when the request adds events.
-            let failed = self.expectation_failed(txn, &tail, &expect, staged)?;
-            let results =
+            // earlier requests included), and only when the request adds events: a request
+            // whose events are all in the log already is the resend of one that succeeded
+            // (its condition held then) and is answered as duplicates with the original seqs
+            // (a JetStream backend, which finds a batch's duplicates before it publishes, spec
+            // section 16, answers the same).
+            let outcome =
                 match self.stage_request(txn, t, &tail, events, staged, &mut staged_ids)? {
-                    Ok(_) if failed.is_some() && staged.len() > base => {
-                        for (_, undone) in staged.drain(base..) {
-                            staged_ids.remove(undone.event_id.as_deref().unwrap_or_default());
+                    Ok(results) if staged.len() > base && !condition.is_none() => {
+                        match condition::failed(
+                            &condition,
+                            self.head,
+                            &staged[..base],
+                            &mut group_last,
+                            txn,
+                            &tail,
+                        )? {
+                            Some(failed) => Err(failed),
+                            None => Ok(results),
                         }
-                        answer(pending, failed.expect("checked above"));
-                        continue;
                     }
-                    Ok(results) => results,
-                    Err(conflict) => {
-                        for (_, undone) in staged.drain(base..) {
-                            staged_ids.remove(undone.event_id.as_deref().unwrap_or_default());
-                        }
-                        answer(pending, conflict);
-                        continue;
-                    }
+                    other => other,
                 };
+            let results = match outcome {
+                Ok(results) => results,
+                Err(refused) => {
+                    for (_, undone) in staged.drain(base..) {
+                        staged_ids.remove(undone.event_id.as_deref().unwrap_or_default());
+                    }
+                    answer(pending, refused);
+                    continue;
+                }
+            };
             {
                 for (seq, ev) in &staged[base..] {
                     let mut b = Vec::with_capacity(64 + ev.payload_bytes().len());
@@ -603,39 +593,6 @@ impl Writer {
             }
         }
         Ok(())
-    }
-
-    /// `Some(ExpectationFailed)` when `expect` does not hold for the log as staged so far.
-    fn expectation_failed(
-        &self,
-        txn: &WriteTransaction,
-        tail: &Tail,
-        expect: &Expect,
-        staged: &[(u64, NewEvent)],
-    ) -> Result<Option<AppendError>, StorageError> {
-        let (what, expected, actual) = match expect {
-            Expect::Any => return Ok(None),
-            Expect::Head(h) => ("the log".to_owned(), *h, self.head + staged.len() as u64),
-            Expect::SubjectLastSeq {
-                stream,
-                subject,
-                seq,
-            } => {
-                let is_it = |ev: &NewEvent| ev.stream == *stream && ev.subject == *subject;
-                let actual = match staged.iter().rev().find(|(_, ev)| is_it(ev)) {
-                    Some((s, _)) => *s,
-                    None => last_of_subject(txn, tail, stream, subject)?,
-                };
-                (format!("{stream}/{subject}"), *seq, actual)
-            }
-        };
-        Ok(
-            (expected != actual).then_some(AppendError::ExpectationFailed {
-                what,
-                expected,
-                actual,
-            }),
-        )
     }
 
     /// Dedup-check one atomic request against the log and the group, staging its new events.

@@ -5,7 +5,9 @@
 //! Dense seqs from 1 (I1), idempotent appends and conflicts (I2), atomic batches (also across
 //! `kill -9` in the middle of commits, with a child process that appends until it is killed),
 //! reads by range and filters with paging, lookups by seq and by `event_id`, the commit
-//! notifier, and everything surviving a reopen.
+//! notifier, everything surviving a reopen, and conditional appends: on the head and on the
+//! last seqs of several subjects at once, with racers, resends of appends that succeeded,
+//! index merges and reopens, and a property test judged on the log afterwards.
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
@@ -13,7 +15,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use serde_json::json;
-use tidemark_log::{AppendError, Event, EventLog, Expect, Log, LogConfig, NewEvent, ReadQuery};
+use tidemark_log::{
+    AppendError, AppendReceipt, Condition, ConditionOn, Event, EventLog, Log, LogConfig, NewEvent,
+    ReadQuery,
+};
 
 /// How the suite gets a backend's log: open (or reopen) the one kept in `dir`, close it.
 trait Backend {
@@ -32,7 +37,20 @@ impl Backend for Redb {
         // indexes, not only the in-memory tail.
         let mut cfg = LogConfig::new(dir.join("log.redb"));
         cfg.merge_threshold = 16;
-        Log::open(&cfg).expect("open the log").0
+        // A reopen right after a close can find the file still locked, by this very process:
+        // a child that `all_or_nothing_across_kill` (running beside) starts at that moment
+        // holds a copy of every descriptor until it execs (close-on-exec acts only then), and
+        // the file's lock goes with the descriptor. On a loaded machine that lasts long enough
+        // to fail a reopen now and then; it ends as soon as the child runs.
+        for _ in 0..500 {
+            match Log::open(&cfg) {
+                Err(tidemark_log::OpenError::Locked { .. }) => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                r => return r.expect("open the log").0,
+            }
+        }
+        panic!("the log stayed locked")
     }
     fn close(log: Log, rt: &tokio::runtime::Runtime) {
         rt.block_on(log.close());
@@ -258,21 +276,19 @@ fn everything_survives_a_reopen<B: Backend>() {
 fn conditional_appends<B: Backend>() {
     let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
     let log = B::open(dir.path());
-    let head_is = |h| Expect::Head(h);
-    let subj = |stream: &str, subject: &str, seq| Expect::SubjectLastSeq {
-        stream: stream.into(),
-        subject: subject.into(),
-        seq,
-    };
+    let head_is = Condition::head;
+    let subj = Condition::subject;
     // On the head.
     rt.block_on(log.append_if(vec![ev("h1", "s", "x", "t", json!({}))], head_is(0)))
         .unwrap();
     let r = rt.block_on(log.append_if(vec![ev("h2", "s", "x", "t", json!({}))], head_is(0)));
     match r {
         Err(AppendError::ExpectationFailed {
-            expected, actual, ..
+            on,
+            expected,
+            actual,
         }) => {
-            assert_eq!((expected, actual), (0, 1))
+            assert_eq!((on, expected, actual), (ConditionOn::Head, 0, 1))
         }
         r => panic!("expected ExpectationFailed, got {r:?}"),
     }
@@ -341,7 +357,7 @@ fn conditional_appends<B: Backend>() {
                 for k in 0..25 {
                     let h = log.head();
                     let e = ev(&format!("race-{t}-{k}"), "race", "r", "t", json!({}));
-                    match log.append_if(vec![e], Expect::Head(h)).await {
+                    match log.append_if(vec![e], Condition::head(h)).await {
                         Ok(_) => won += 1,
                         Err(AppendError::ExpectationFailed { .. }) => {}
                         Err(e) => panic!("{e}"),
@@ -360,6 +376,687 @@ fn conditional_appends<B: Backend>() {
     assert_eq!(log.head(), start + wins, "only the winners appended");
     let all = read_all(&*log, ReadQuery::default(), 1000);
     assert_eq!(all.len() as u64, log.head());
+    match std::sync::Arc::try_unwrap(log) {
+        Ok(log) => B::close(log, &rt),
+        Err(_) => panic!("the log is still shared"),
+    }
+}
+
+/// The answer a refused conditional append must get: `ExpectationFailed` naming `on` with
+/// `expected` and `actual`; nothing of it (its first event's id is `id`) in the log.
+fn assert_refused<L: EventLog>(
+    log: &L,
+    r: Result<AppendReceipt, AppendError>,
+    id: &str,
+    on: ConditionOn,
+    expected: u64,
+    actual: u64,
+) {
+    let head = log.head();
+    match r {
+        Err(AppendError::ExpectationFailed {
+            on: got_on,
+            expected: got_expected,
+            actual: got_actual,
+        }) => assert_eq!(
+            (got_on, got_expected, got_actual),
+            (on, expected, actual),
+            "the failed part of the condition"
+        ),
+        r => panic!("expected ExpectationFailed, got {r:?}"),
+    }
+    assert!(log.get_by_id(id).unwrap().is_none(), "{id} was appended");
+    assert_eq!(log.head(), head);
+}
+
+fn on_subject(stream: &str, subject: &str) -> ConditionOn {
+    ConditionOn::Subject {
+        stream: stream.into(),
+        subject: subject.into(),
+    }
+}
+
+fn seqs_of(r: &AppendReceipt) -> Vec<(u64, bool)> {
+    r.events.iter().map(|e| (e.seq, e.duplicate)).collect()
+}
+
+/// A condition on several subjects holds only when every one does; each is checked, and the
+/// refusal names the one that failed. Only the events of that stream with that subject count;
+/// 0 means "no event yet"; the head and subjects combine.
+fn multi_subject_conditions<B: Backend>() {
+    let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
+    let log = B::open(dir.path());
+    let subj = Condition::subject;
+    let append_if = |id: &str, stream: &str, subject: &str, c: Condition| {
+        rt.block_on(log.append_if(vec![ev(id, stream, subject, "t", json!({}))], c))
+    };
+    rt.block_on(log.append(vec![
+        ev("a1", "s", "x", "t", json!({})),
+        ev("a2", "s", "y", "t", json!({})),
+        ev("a3", "o", "x", "t", json!({})),
+        ev("a4", "s", "xx", "t", json!({})),
+    ]))
+    .unwrap();
+    // Every part holds: appended.
+    let all = subj("s", "x", 1)
+        .and_subject("s", "y", 2)
+        .and_subject("s", "new", 0);
+    let r = append_if("b1", "s", "x", all).unwrap();
+    assert_eq!(seqs_of(&r), [(5, false)]);
+    // Each part is checked: whichever fails is named, with what it expected and found.
+    let refused = [
+        (
+            subj("s", "x", 1).and_subject("s", "y", 2),
+            on_subject("s", "x"),
+            1,
+            5,
+        ),
+        (
+            subj("s", "x", 5).and_subject("s", "y", 3),
+            on_subject("s", "y"),
+            3,
+            2,
+        ),
+        (
+            subj("s", "x", 5)
+                .and_subject("s", "y", 2)
+                .and_subject("s", "new", 4),
+            on_subject("s", "new"),
+            4,
+            0,
+        ),
+    ];
+    for (c, on, expected, actual) in refused {
+        let r = append_if("refused", "s", "z", c);
+        assert_refused(&log, r, "refused", on, expected, actual);
+    }
+    // Other streams' and other subjects' events do not count: `o`/`x` (same subject, other
+    // stream), `s`/`xx` (a subject that starts the same) and `t`/`x` move, `s`/`x` does not.
+    rt.block_on(log.append(vec![
+        ev("c1", "o", "x", "t", json!({})),
+        ev("c2", "s", "xx", "t", json!({})),
+        ev("c3", "t", "x", "t", json!({})),
+    ]))
+    .unwrap();
+    let c = subj("s", "x", 5)
+        .and_subject("o", "x", 6)
+        .and_subject("s", "xx", 7)
+        .and_subject("q", "x", 0);
+    assert_eq!(
+        seqs_of(&append_if("c4", "s", "y", c).unwrap()),
+        [(9, false)]
+    );
+    // 0: no event yet; once there is one, 0 fails.
+    let r = append_if("d1", "s", "fresh", subj("s", "fresh", 0)).unwrap();
+    assert_eq!(seqs_of(&r), [(10, false)]);
+    let r = append_if("d2", "s", "other", subj("s", "fresh", 0));
+    assert_refused(&log, r, "d2", on_subject("s", "fresh"), 0, 10);
+    // The head and subjects together: both must hold; the head is judged first.
+    let r = append_if("e1", "s", "z", Condition::head(10).and_subject("s", "x", 5)).unwrap();
+    assert_eq!(seqs_of(&r), [(11, false)]);
+    let r = append_if("e2", "s", "z", Condition::head(11).and_subject("s", "x", 4));
+    assert_refused(&log, r, "e2", on_subject("s", "x"), 4, 5);
+    let r = append_if("e2", "s", "z", Condition::head(10).and_subject("s", "x", 4));
+    assert_refused(&log, r, "e2", ConditionOn::Head, 10, 11);
+    let r = append_if("e2", "s", "z", Condition::head(11).and_subject("s", "x", 5)).unwrap();
+    assert_eq!(seqs_of(&r), [(12, false)]);
+    // A batch is judged on the log before it, not on its own events: two events on `s`/`x`
+    // under `s`/`x` = 5 go in; the same condition then sees the second.
+    let r = rt
+        .block_on(log.append_if(
+            vec![
+                ev("f1", "s", "x", "t", json!({})),
+                ev("f2", "s", "x", "t", json!({})),
+            ],
+            subj("s", "x", 5),
+        ))
+        .unwrap();
+    assert_eq!(seqs_of(&r), [(13, false), (14, false)]);
+    let r = append_if("f3", "s", "x", subj("s", "x", 5));
+    assert_refused(&log, r, "f3", on_subject("s", "x"), 5, 14);
+    // The same subject named twice with two seqs never holds; the empty condition always does.
+    let r = append_if("g1", "s", "z", subj("s", "x", 14).and_subject("s", "x", 13));
+    assert_refused(&log, r, "g1", on_subject("s", "x"), 13, 14);
+    let r = append_if("g1", "s", "z", Condition::none()).unwrap();
+    assert_eq!(seqs_of(&r), [(15, false)]);
+    B::close(log, &rt);
+}
+
+/// The resend of a conditional append that succeeded is answered as duplicates with the
+/// original seqs, even though its condition no longer holds (the append is in the log: telling
+/// the retrying client it failed would be false). A batch with any new event is judged on its
+/// condition, duplicates and all; other content under a known id is a conflict.
+fn duplicates_of_conditional_appends<B: Backend>() {
+    let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
+    let log = std::sync::Arc::new(B::open(dir.path()));
+    let batch = || {
+        vec![
+            ev("k1", "s", "x", "t", json!({"n": 1})),
+            ev("k2", "s", "y", "t", json!({"n": 2})),
+        ]
+    };
+    let both_new = || Condition::subject("s", "x", 0).and_subject("s", "y", 0);
+    let r = rt.block_on(log.append_if(batch(), both_new())).unwrap();
+    assert_eq!(seqs_of(&r), [(1, false), (2, false)]);
+    rt.block_on(log.append(vec![ev("k3", "s", "x", "t", json!({}))]))
+        .unwrap();
+    // Its condition no longer holds (`s`/`x` is at 3): still the original seqs, nothing added.
+    for c in [
+        both_new(),
+        Condition::head(0),
+        Condition::subject("s", "x", 99),
+    ] {
+        let r = rt.block_on(log.append_if(batch(), c)).unwrap();
+        assert_eq!(seqs_of(&r), [(1, true), (2, true)]);
+        assert_eq!(log.head(), 3);
+    }
+    // With a new event beside the duplicates, the condition decides: refused whole.
+    let mut more = batch();
+    more.push(ev("k4", "s", "z", "t", json!({})));
+    let r = rt.block_on(log.append_if(more, both_new()));
+    assert_refused(&*log, r, "k4", on_subject("s", "x"), 0, 3);
+    // Other content under a known id is a conflict, whatever the condition.
+    let r = rt.block_on(log.append_if(
+        vec![ev("k1", "s", "x", "t", json!({"n": 9}))],
+        Condition::subject("s", "x", 3),
+    ));
+    assert!(
+        matches!(r, Err(AppendError::Conflict { ref event_id, seq: 1 }) if event_id == "k1"),
+        "{r:?}"
+    );
+    // A refused append sent again once its condition holds goes in (it never was in).
+    let r = rt.block_on(log.append_if(
+        vec![ev("k5", "s", "x", "t", json!({}))],
+        Condition::subject("s", "x", 1),
+    ));
+    assert_refused(&*log, r, "k5", on_subject("s", "x"), 1, 3);
+    let r = rt
+        .block_on(log.append_if(
+            vec![ev("k5", "s", "x", "t", json!({}))],
+            Condition::subject("s", "x", 3),
+        ))
+        .unwrap();
+    assert_eq!(seqs_of(&r), [(4, false)]);
+    // The same conditional append sent many times at once (several may share a group): one
+    // copy goes in, every answer names it.
+    let answers: Vec<Vec<(u64, bool)>> = rt.block_on(async {
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..8 {
+            let log = log.clone();
+            tasks.spawn(async move {
+                let e = vec![ev("k6", "s", "x", "t", json!({}))];
+                seqs_of(
+                    &log.append_if(e, Condition::subject("s", "x", 4))
+                        .await
+                        .unwrap(),
+                )
+            });
+        }
+        tasks.join_all().await
+    });
+    assert_eq!(answers.iter().filter(|a| a[0] == (5, false)).count(), 1);
+    assert!(answers.iter().all(|a| a[0].0 == 5), "{answers:?}");
+    assert_eq!(log.head(), 5);
+    match std::sync::Arc::try_unwrap(log) {
+        Ok(log) => B::close(log, &rt),
+        Err(_) => panic!("the log is still shared"),
+    }
+}
+
+/// Many tasks race to append to one subject, each on the condition that the subject's last
+/// seq is the one it last saw (and that a subject nobody writes has none), while other tasks
+/// write the same subject in another stream and another subject of the stream. Each winner
+/// records the seq it expected: the subject's events must form one chain, each naming its
+/// predecessor, so no two winners had the same expected seq, and every refusal names a later
+/// seq of that chain.
+fn racers_on_one_subject<B: Backend>() {
+    const TASKS: u64 = 16;
+    const ATTEMPTS: u64 = 20;
+    let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
+    let log = std::sync::Arc::new(B::open(dir.path()));
+    let (wins, refusals) = rt.block_on(async {
+        let mut noise = tokio::task::JoinSet::new();
+        for (stream, subject) in [("noise", "hot"), ("race", "warm")] {
+            let log = log.clone();
+            noise.spawn(async move {
+                for k in 0..ATTEMPTS {
+                    let e = ev(&format!("{stream}-{k}"), stream, subject, "t", json!({}));
+                    log.append(vec![e]).await.unwrap();
+                }
+            });
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for t in 0..TASKS {
+            let log = log.clone();
+            tasks.spawn(async move {
+                let (mut known, mut wins, mut refusals) = (0u64, Vec::new(), Vec::new());
+                for k in 0..ATTEMPTS {
+                    let e = ev(
+                        &format!("race-{t}-{k}"),
+                        "race",
+                        "hot",
+                        "t",
+                        json!({"expected": known}),
+                    );
+                    let mut c = Condition::subject("race", "hot", known);
+                    if t % 2 == 0 {
+                        c = c.and_subject("race", "never", 0);
+                    }
+                    match log.append_if(vec![e], c).await {
+                        Ok(r) => {
+                            known = r.events[0].seq;
+                            wins.push(known);
+                        }
+                        Err(AppendError::ExpectationFailed {
+                            on,
+                            expected,
+                            actual,
+                        }) => {
+                            assert_eq!((on, expected), (on_subject("race", "hot"), known));
+                            assert!(actual > expected, "a stale view is behind: {actual}");
+                            refusals.push(actual);
+                            known = actual;
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                (wins, refusals)
+            });
+        }
+        noise.join_all().await;
+        let (mut wins, mut refusals) = (Vec::new(), Vec::new());
+        for (w, r) in tasks.join_all().await {
+            wins.extend(w);
+            refusals.extend(r);
+        }
+        (wins, refusals)
+    });
+    let q = ReadQuery {
+        stream: Some("race".into()),
+        subject: Some("hot".into()),
+        ..ReadQuery::default()
+    };
+    let chain = read_all(&*log, q, 100);
+    let mut previous = 0;
+    for e in &chain {
+        assert_eq!(
+            e.payload_value()["expected"],
+            json!(previous),
+            "event {} did not expect its predecessor",
+            e.seq
+        );
+        previous = e.seq;
+    }
+    let mut won = wins.clone();
+    won.sort_unstable();
+    assert_eq!(
+        won,
+        chain.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        "exactly the winners are on the subject"
+    );
+    let on_chain: HashSet<u64> = won.iter().copied().collect();
+    assert!(
+        refusals.iter().all(|a| on_chain.contains(a)),
+        "{refusals:?}"
+    );
+    assert_eq!(wins.len() + refusals.len(), (TASKS * ATTEMPTS) as usize);
+    // Each refusal moves its task along the chain, so the chain is at least as long as any
+    // task's refusals or wins: at least half its attempts.
+    assert!(wins.len() as u64 >= ATTEMPTS / 2, "{} wins", wins.len());
+    let all = read_all(&*log, ReadQuery::default(), 1000);
+    assert_eq!(all.len() as u64, log.head(), "dense");
+    assert_eq!(log.head(), wins.len() as u64 + 2 * ATTEMPTS);
+    match std::sync::Arc::try_unwrap(log) {
+        Ok(log) => B::close(log, &rt),
+        Err(_) => panic!("the log is still shared"),
+    }
+}
+
+/// Conditions read a subject's last seq wherever the log keeps it: the redb backend indexes
+/// the newest events in memory and merges them into its on-disk subject index every 16 events
+/// here (`Redb::open`), and rebuilds the in-memory part at open. A subject whose last event
+/// was merged while the same subject of another stream has a newer one in memory, a subject
+/// with events on both sides of a merge, and all of it again after a close and a reopen.
+fn conditions_across_a_merge_and_a_reopen<B: Backend>() {
+    let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
+    let filler = |log: &B::L, tag: &str, n: usize| {
+        let batch: Vec<NewEvent> = (0..n)
+            .map(|i| {
+                ev(
+                    &format!("{tag}-{i}"),
+                    "fill",
+                    &format!("{tag}-{i}"),
+                    "t",
+                    json!({}),
+                )
+            })
+            .collect();
+        rt.block_on(log.append(batch)).unwrap();
+    };
+    let log = B::open(dir.path());
+    rt.block_on(log.append(vec![
+        ev("x1", "s", "x", "t", json!({})),
+        ev("ox1", "o", "x", "t", json!({})),
+        ev("y1", "s", "y", "t", json!({})),
+    ]))
+    .unwrap();
+    filler(&log, "f1", 40); // 4..=43, merged
+    rt.block_on(log.append(vec![ev("ox2", "o", "x", "t", json!({}))]))
+        .unwrap(); // 44
+    let c = Condition::subject("s", "x", 1)
+        .and_subject("o", "x", 44)
+        .and_subject("s", "y", 3)
+        .and_subject("s", "none", 0);
+    let r = rt
+        .block_on(log.append_if(vec![ev("y2", "s", "y", "t", json!({}))], c))
+        .unwrap();
+    assert_eq!(seqs_of(&r), [(45, false)]);
+    let r = rt.block_on(log.append_if(
+        vec![ev("y3", "s", "y", "t", json!({}))],
+        Condition::subject("s", "y", 3),
+    ));
+    assert_refused(&log, r, "y3", on_subject("s", "y"), 3, 45);
+    filler(&log, "f2", 20); // 46..=65, merged with 44 and 45
+    let c = Condition::subject("s", "y", 45)
+        .and_subject("s", "x", 1)
+        .and_subject("o", "x", 44);
+    let r = rt
+        .block_on(log.append_if(vec![ev("x2", "s", "x", "t", json!({}))], c))
+        .unwrap();
+    assert_eq!(seqs_of(&r), [(66, false)]);
+    B::close(log, &rt);
+
+    let log = B::open(dir.path());
+    let c = Condition::head(66)
+        .and_subject("s", "x", 66)
+        .and_subject("s", "y", 45)
+        .and_subject("o", "x", 44)
+        .and_subject("s", "none", 0);
+    let r = rt
+        .block_on(log.append_if(vec![ev("x3", "s", "x", "t", json!({}))], c))
+        .unwrap();
+    assert_eq!(seqs_of(&r), [(67, false)]);
+    let r = rt.block_on(log.append_if(
+        vec![ev("x4", "s", "x", "t", json!({}))],
+        Condition::subject("s", "x", 66),
+    ));
+    assert_refused(&log, r, "x4", on_subject("s", "x"), 66, 67);
+    // The resend of a conditional append that succeeded before the reopen and the merges.
+    let r = rt
+        .block_on(log.append_if(
+            vec![ev("y2", "s", "y", "t", json!({}))],
+            Condition::subject("s", "x", 1),
+        ))
+        .unwrap();
+    assert_eq!(seqs_of(&r), [(45, true)]);
+    B::close(log, &rt);
+
+    let log = B::open(dir.path());
+    let r = rt
+        .block_on(log.append_if(
+            vec![ev("y4", "s", "y", "t", json!({}))],
+            Condition::subject("s", "x", 67).and_subject("s", "y", 45),
+        ))
+        .unwrap();
+    assert_eq!(seqs_of(&r), [(68, false)]);
+    B::close(log, &rt);
+}
+
+/// The (stream, subject) pairs the property test writes and conditions on, in each case's own
+/// streams.
+const TARGETS: [(&str, &str); 4] = [("a", "x"), ("a", "y"), ("b", "x"), ("b", "")];
+
+/// One append of a round, as drawn: the targets it writes, its head condition (0: the head at
+/// the round's start, 1: one past it, 2: one before it), its subject conditions (target, and
+/// 0: the target's last seq at the round's start, 1: none yet, 2: one less, 3: another
+/// target's last seq), or instead the resend of an earlier winner under a drawn condition.
+#[derive(Debug, Clone)]
+struct Drawn {
+    writes: Vec<usize>,
+    head: Option<u8>,
+    subjects: Vec<(usize, u8)>,
+    resend: Option<proptest::sample::Index>,
+}
+
+/// A concrete append of a round and its answer.
+struct Tried {
+    events: Vec<NewEvent>,
+    condition: Condition,
+    /// The seqs of the earlier append it resends.
+    resends: Option<Vec<u64>>,
+    answer: Result<AppendReceipt, AppendError>,
+}
+
+/// Whether each part of `c` before the one `on`/`expected` names holds in `state`, and that
+/// one reads `actual` there.
+fn refused_at(
+    c: &Condition,
+    on: &ConditionOn,
+    expected: u64,
+    actual: u64,
+    head: u64,
+    last: &impl Fn(&str, &str) -> u64,
+) -> bool {
+    if let Some(h) = c.head {
+        if *on == ConditionOn::Head {
+            return h == expected && head == actual;
+        }
+        if h != head {
+            return false;
+        }
+    }
+    for part in &c.subjects {
+        let now = last(&part.stream, &part.subject);
+        let named = matches!(on, ConditionOn::Subject { stream, subject }
+            if *stream == part.stream && *subject == part.subject);
+        if named && part.last_seq == expected {
+            return now == actual;
+        }
+        if now != part.last_seq {
+            return false;
+        }
+    }
+    false
+}
+
+/// Property: rounds of conditional appends sent at once (so the redb backend stages many in
+/// one group) on a few subjects, with conditions that hold, fail or name stale seqs, and
+/// resends of earlier winners. Judged on the log afterwards: the winners' new events are
+/// exactly the new events of the log, each winner's condition held just before its events,
+/// each resend of a winner answers its original seqs, and each refusal is true of the log at
+/// some point between the round's batches (every part before the one named held there, and
+/// that one read what the refusal says).
+fn conditions_hold_exactly<B: Backend>() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
+    let log = std::sync::Arc::new(B::open(dir.path()));
+    let drawn = (
+        prop::collection::vec(0..TARGETS.len(), 1..=3),
+        prop::option::of(0..3u8),
+        prop::collection::vec((0..TARGETS.len(), 0..4u8), 0..=3),
+        prop::option::weighted(0.2, any::<prop::sample::Index>()),
+    )
+        .prop_map(|(writes, head, subjects, resend)| Drawn {
+            writes,
+            head,
+            subjects,
+            resend,
+        });
+    let rounds = prop::collection::vec(prop::collection::vec(drawn, 1..=6), 1..=5);
+    let cases = AtomicU64::new(0);
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&rounds, |rounds| {
+        // Each case writes streams of its own, after everything earlier cases wrote.
+        let case = cases.fetch_add(1, Ordering::SeqCst);
+        let base = log.head();
+        let target = |i: usize| (format!("c{case}-{}", TARGETS[i].0), TARGETS[i].1.to_owned());
+        // Every winner so far: its events and their seqs.
+        let mut winners: Vec<(Vec<NewEvent>, Vec<u64>)> = Vec::new();
+        for (round, drawn) in rounds.iter().enumerate() {
+            let start = log.head();
+            let before = read_all(
+                &*log,
+                ReadQuery {
+                    after: base,
+                    ..ReadQuery::default()
+                },
+                1000,
+            );
+            let last_at = |stream: &str, subject: &str, upto: u64, new: &[Event]| {
+                before
+                    .iter()
+                    .chain(new)
+                    .filter(|e| e.seq <= upto && e.stream == stream && e.subject == subject)
+                    .map(|e| e.seq)
+                    .max()
+                    .unwrap_or(0)
+            };
+            let mut tries: Vec<Tried> = Vec::new();
+            for (i, d) in drawn.iter().enumerate() {
+                let mut condition = Condition::none();
+                if let Some(h) = d.head {
+                    condition = condition.and_head(match h {
+                        0 => start,
+                        1 => start + 1,
+                        _ => start.saturating_sub(1),
+                    });
+                }
+                for &(t, how) in &d.subjects {
+                    let (stream, subject) = target(t);
+                    let now = last_at(&stream, &subject, start, &[]);
+                    let (other_stream, other_subject) = target((t + 1) % TARGETS.len());
+                    let seq = match how {
+                        0 => now,
+                        1 => 0,
+                        2 => now.saturating_sub(1),
+                        _ => last_at(&other_stream, &other_subject, start, &[]),
+                    };
+                    condition = condition.and_subject(stream, subject, seq);
+                }
+                let (events, resends) = match d.resend {
+                    Some(ix) if !winners.is_empty() => {
+                        let (events, seqs) = ix.get(&winners).clone();
+                        (events, Some(seqs))
+                    }
+                    _ => {
+                        let events = d
+                            .writes
+                            .iter()
+                            .enumerate()
+                            .map(|(j, &t)| {
+                                let (stream, subject) = target(t);
+                                let id = format!("c{case}-r{round}-a{i}-e{j}");
+                                ev(&id, &stream, &subject, "t", json!({"a": i}))
+                            })
+                            .collect();
+                        (events, None)
+                    }
+                };
+                tries.push(Tried {
+                    events,
+                    condition,
+                    resends,
+                    answer: Err(AppendError::Closed),
+                });
+            }
+            let answers = rt.block_on(async {
+                let mut tasks = tokio::task::JoinSet::new();
+                for (i, t) in tries.iter().enumerate() {
+                    let (log, events, c) = (log.clone(), t.events.clone(), t.condition.clone());
+                    tasks.spawn(async move { (i, log.append_if(events, c).await) });
+                }
+                tasks.join_all().await
+            });
+            for (i, answer) in answers {
+                tries[i].answer = answer;
+            }
+            // What the round appended, and the points between its batches.
+            let new = read_all(
+                &*log,
+                ReadQuery {
+                    after: start,
+                    ..ReadQuery::default()
+                },
+                1000,
+            );
+            let mut points = vec![start];
+            let mut appended: Vec<u64> = Vec::new();
+            for t in &tries {
+                let Ok(r) = &t.answer else { continue };
+                let seqs: Vec<u64> = r.events.iter().map(|e| e.seq).collect();
+                match &t.resends {
+                    Some(original) => {
+                        prop_assert_eq!(&seqs, original, "a resend answers the original seqs");
+                        prop_assert!(r.events.iter().all(|e| e.duplicate));
+                    }
+                    None => {
+                        prop_assert!(r.events.iter().all(|e| !e.duplicate));
+                        prop_assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "contiguous");
+                        let first = seqs[0];
+                        for (e, s) in t.events.iter().zip(&seqs) {
+                            let got = new.iter().find(|n| n.seq == *s).expect("in the log");
+                            prop_assert_eq!(Some(&got.event_id), e.event_id.as_ref());
+                        }
+                        // Its condition held just before its first event.
+                        if let Some(h) = t.condition.head {
+                            prop_assert_eq!(h, first - 1, "the head condition of {}", first);
+                        }
+                        for part in &t.condition.subjects {
+                            let now = last_at(&part.stream, &part.subject, first - 1, &new);
+                            prop_assert_eq!(now, part.last_seq, "{:?} before {}", part, first);
+                        }
+                        points.push(*seqs.last().expect("a batch"));
+                        appended.extend(seqs);
+                        winners.push((t.events.clone(), r.events.iter().map(|e| e.seq).collect()));
+                    }
+                }
+            }
+            appended.sort_unstable();
+            prop_assert_eq!(
+                appended,
+                new.iter().map(|e| e.seq).collect::<Vec<_>>(),
+                "the round's new events are the winners'"
+            );
+            for t in &tries {
+                match &t.answer {
+                    Ok(_) => {}
+                    Err(AppendError::ExpectationFailed {
+                        on,
+                        expected,
+                        actual,
+                    }) => {
+                        prop_assert!(t.resends.is_none(), "a resend was refused");
+                        prop_assert_ne!(expected, actual);
+                        let somewhere = points.iter().any(|&p| {
+                            let last = |s: &str, j: &str| last_at(s, j, p, &new);
+                            refused_at(&t.condition, on, *expected, *actual, p, &last)
+                        });
+                        prop_assert!(
+                            somewhere,
+                            "{:?} refused on {} ({} vs {}), true nowhere in {:?}",
+                            t.condition,
+                            on,
+                            expected,
+                            actual,
+                            points
+                        );
+                    }
+                    Err(e) => prop_assert!(false, "{}", e),
+                }
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
     match std::sync::Arc::try_unwrap(log) {
         Ok(log) => B::close(log, &rt),
         Err(_) => panic!("the log is still shared"),
@@ -508,6 +1205,26 @@ macro_rules! contract {
         #[test]
         fn conditional_appends() {
             super::conditional_appends::<$backend>();
+        }
+        #[test]
+        fn multi_subject_conditions() {
+            super::multi_subject_conditions::<$backend>();
+        }
+        #[test]
+        fn duplicates_of_conditional_appends() {
+            super::duplicates_of_conditional_appends::<$backend>();
+        }
+        #[test]
+        fn racers_on_one_subject() {
+            super::racers_on_one_subject::<$backend>();
+        }
+        #[test]
+        fn conditions_across_a_merge_and_a_reopen() {
+            super::conditions_across_a_merge_and_a_reopen::<$backend>();
+        }
+        #[test]
+        fn conditions_hold_exactly() {
+            super::conditions_hold_exactly::<$backend>();
         }
         #[test]
         fn all_or_nothing_across_kill() {
