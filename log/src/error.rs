@@ -130,6 +130,20 @@ impl From<&str> for StorageError {
     }
 }
 
+/// What a storage failure at open means for the operator: a full disk is not damage (I10),
+/// so it names the space needed and never advises a restore; anything else may be.
+fn open_storage_message(e: &StorageError) -> String {
+    if e.is_storage_full() {
+        format!(
+            "the disk holding the log is full ({e}); nothing is damaged: free space (the journal \
+             takes 16 MiB at open, and [log] min_free is kept in reserve, 64 MiB by default) and \
+             start tidemark again"
+        )
+    } else {
+        format!("the log file is unreadable: {e}; restore it from a backup")
+    }
+}
+
 /// Why a log could not be opened.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -151,7 +165,7 @@ pub enum OpenError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("the log file is unreadable: {0}; restore it from a backup")]
+    #[error("{}", open_storage_message(.0))]
     Storage(#[source] StorageError),
     #[error("stored event {seq} has an unknown format: {detail}; upgrade tidemark to read it")]
     Format { seq: u64, detail: String },

@@ -320,3 +320,25 @@ async fn a_disk_full_inside_the_log_file_is_recovered_in_process() {
     s.sigterm();
     s.wait_exit(Duration::from_secs(30)).await;
 }
+
+/// I10 at start, where storage cannot be opened at all: a filesystem too small for the
+/// journal's 16 MiB preallocation. The server exits naming the space it needs and that nothing
+/// is damaged; it never advises restoring a backup (it said "the log file is unreadable …
+/// restore it from a backup").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_too_full_to_open_is_named_as_such_not_as_damage() {
+    let fs = Mount::tmpfs("8m");
+    let err = match Server::try_start(ServerOpts {
+        data_dir: Some(fs.path().join("data")),
+        config: Some("[log]\ncache_mb = 4\nmin_free = \"0\"\n".into()),
+        ..ServerOpts::default()
+    })
+    .await
+    {
+        Ok(_) => panic!("an 8 MiB filesystem cannot hold the 16 MiB journal"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("disk holding the log is full"), "{err}");
+    assert!(err.contains("nothing is damaged"), "{err}");
+    assert!(!err.contains("restore"), "a full disk is not damage: {err}");
+}
