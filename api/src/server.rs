@@ -344,7 +344,11 @@ async fn record_request(req: Request, next: Next) -> Response {
 
 /// Record the configured notification settings in the log when they differ from the last
 /// recorded ones (I3: projections and reactors read settings from the log, never the file).
-async fn record_settings(engine: &Engine, settings: serde_json::Value) -> Result<(), RunError> {
+async fn record_settings(
+    engine: &Engine,
+    settings: serde_json::Value,
+    stop: CancellationToken,
+) -> Result<(), RunError> {
     let e = engine.clone();
     let current = tokio::task::spawn_blocking(move || e.read().current_settings())
         .await
@@ -369,7 +373,10 @@ async fn record_settings(engine: &Engine, settings: serde_json::Value) -> Result
             let engine = engine.clone();
             tokio::spawn(async move {
                 loop {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
                     match engine.log().append(vec![ev.clone()]).await {
                         Ok(r) => {
                             tracing::info!(
@@ -421,11 +428,11 @@ pub async fn run(
         .map_err(|e| std::io::Error::other(e.to_string()))??;
     let engine = engine.with_privacy(privacy);
     tracing::info!(head = report.head, repaired = report.repaired, "log ready");
-    record_settings(&engine, config.notification_settings()).await?;
+    let token = CancellationToken::new();
+    record_settings(&engine, config.notification_settings(), token.clone()).await?;
     let metrics = crate::metrics_setup::handle();
     crate::metrics_setup::describe();
     metrics::gauge!("tidemark_log_head").set(report.head as f64);
-    let token = CancellationToken::new();
     let state = AppState {
         engine: engine.clone(),
         auth: Auth::new(&config.auth.tokens),

@@ -133,7 +133,7 @@ impl Lag {
     ) {
         let waited_us = due_us.map(|due| (now_us - progress_us.map_or(due, |p| p.max(due))).max(0));
         self.lag_seconds = waited_us.map_or(0.0, |w| w as f64 / 1e6);
-        self.stalled = waited_us.is_some_and(|w| w >= stuck_after_ms as i64 * 1_000);
+        self.stalled = waited_us.is_some_and(|w| w > stuck_after_ms as i64 * 1_000);
     }
 }
 
@@ -143,6 +143,8 @@ pub struct Queries {
     log: Log,
     progress: Arc<crate::follow::Progress>,
     privacy: Option<Arc<crate::privacy::Privacy>>,
+    /// Wait for the models to reach the head (false: [`Queries::unwaited`]).
+    wait: bool,
 }
 
 impl Queries {
@@ -151,6 +153,17 @@ impl Queries {
             log,
             progress,
             privacy: None,
+            wait: true,
+        }
+    }
+
+    /// The same queries as of whatever the models have folded, never waiting for the head: for
+    /// the views that never wait (section 7: the lag view, `/metrics`), whose callers judge
+    /// only what a row has seen.
+    pub fn unwaited(&self) -> Queries {
+        Queries {
+            wait: false,
+            ..self.clone()
         }
     }
 
@@ -169,6 +182,9 @@ impl Queries {
     pub fn floor(&self, min_seq: u64) -> R<u64> {
         let want = self.log.head().max(min_seq);
         let known = self.progress.get();
+        if !self.wait {
+            return Ok(known);
+        }
         if known >= want {
             return Ok(known);
         }

@@ -345,11 +345,11 @@ impl Projection for Tasks {
         &[ROWS, BY_STATUS, BY_PROJECT, BY_CREATED]
     }
 
-    /// 2: the `by_created` index (outside the digest) and [`TaskExt::late_starts`] (the
-    /// bridge decision's `run_not_started`). An older model is rebuilt from the log at the next
-    /// open, which fills them.
+    /// 2: [`TaskExt::late_starts`] (the bridge decision's `run_not_started`); 3: the
+    /// `by_created` index (outside the digest). An older model is rebuilt from the log at the
+    /// next open, which fills them.
     fn version(&self) -> u32 {
-        2
+        3
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {

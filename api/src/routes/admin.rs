@@ -227,6 +227,7 @@ pub async fn run_retention(State(st): State<AppState>) -> Result<Json<RetentionO
         compacted_through_seq: run
             .compaction
             .as_ref()
+            .filter(|c| c.removed > 0)
             .map(|c| c.first_seq.saturating_sub(1)),
         compacted_events: run.compaction.as_ref().map(|c| c.removed),
     }))

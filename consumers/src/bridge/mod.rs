@@ -17,7 +17,7 @@ use hmac::{Hmac, Mac};
 use serde::Serialize;
 use sha2::Sha256;
 use tidemark_engine::commands::{BridgeCommand, Confirmation};
-use tidemark_engine::{Engine, Lag, Stopped};
+use tidemark_engine::{Engine, Lag, Queries, Stopped};
 use tidemark_log::{AppendError, CommandError, Event, EventLog, NewEvent, ReadQuery, StorageError};
 use tidemark_projections::bridges::{self, Decision, Subscription};
 use tidemark_projections::cursors::{self, Cursor};
@@ -63,13 +63,23 @@ pub struct Scan {
 /// Replay `sub`'s task events past its cursor and decide (blocking: reads the log and the
 /// read models).
 pub fn scan(engine: &Engine, sub: &Subscription, all: bool) -> Result<Scan, StorageError> {
+    scan_in(engine, engine.read(), sub, all)
+}
+
+/// [`scan`] reading the models through `q` (e.g. [`Queries::unwaited`]).
+fn scan_in(
+    engine: &Engine,
+    q: &Queries,
+    sub: &Subscription,
+    all: bool,
+) -> Result<Scan, StorageError> {
     let task_id = &sub.target.task_id;
-    let cursor = engine.read().cursor(
+    let cursor = q.cursor(
         &ids::bridge_consumer(&sub.subscription_id),
         Stream::TaskEvents.as_str(),
         task_id,
     )?;
-    let task: Option<Task> = engine.read().task(task_id)?;
+    let task: Option<Task> = q.task(task_id)?;
     let mut out = Scan {
         task_seq: task.as_ref().map(|t| t.latest_event_seq).unwrap_or(0),
         cursor,
@@ -131,53 +141,51 @@ pub fn scan(engine: &Engine, sub: &Subscription, all: bool) -> Result<Scan, Stor
 
 /// Every cursor's lag (section 10), with each bridge subscription's judged by what its
 /// notifier would do now: `stalled` only when its scan has an event to deliver that has waited
-/// (since the later of that event and the cursor's last progress) for `stuck_after_ms`, so a
-/// subscription waiting on a running or review-gated task is not; `stopped` at once at a
-/// mismatch, with its reason; a deleted subscription's cursor has nobody to deliver to and is
-/// neither. Blocking: reads the log and the read models.
+/// for `stuck_after_ms` since the latest of that event, the cursor's last progress and the
+/// subscription's (re)creation, so a subscription waiting on a running or review-gated task is
+/// not; `stopped` at once at a mismatch, with its reason; a deleted subscription's cursor has
+/// nobody to deliver to and is neither. Never waits for the read models (section 7): it judges
+/// what they have folded (a scan judges only events its task row has seen), and a subscription
+/// it cannot judge is not flagged. Blocking: reads the log and the read models.
 pub fn lags(
     engine: &Engine,
     now_us: i64,
     stuck_after_ms: u64,
 ) -> Result<Vec<Lag>, tidemark_engine::QueryError> {
-    let mut lags = engine.read().lags(now_us, stuck_after_ms)?;
-    // The lag view never waits for the read models (section 7): while they catch up (after a
-    // restart with a long log, a rebuild), or once one read found them lagging, subscriptions
-    // are judged as plain cursors instead of each waiting for the models.
-    let mut scans = engine.read().lag() <= tidemark_engine::FOLLOW_BATCH;
+    let q = engine.read().unwaited();
+    let mut lags = q.lags(now_us, stuck_after_ms)?;
     for lag in &mut lags {
         let Some(sub_id) = ids::subscription_of_consumer(&lag.consumer_id) else {
             continue;
         };
-        if !scans {
-            continue;
-        }
-        let judged = engine.read().subscription(sub_id).and_then(|sub| {
+        let judged = q.subscription(sub_id).and_then(|sub| {
             match sub.filter(|s| s.active && s.target.task_id == lag.subject_id) {
-                Some(sub) => Ok(Some(scan(engine, &sub, false)?)),
+                Some(sub) => Ok(Some((scan_in(engine, &q, &sub, false)?, sub.updated_at_us))),
                 None => Ok(None),
             }
         });
         match judged {
-            Ok(Some(scan)) => match &scan.mismatch {
-                Some((ev, reason)) => {
-                    lag.stopped = Some(Stopped {
-                        seq: ev.seq,
-                        reason: reason.clone(),
-                    });
-                    lag.judge(None, None, now_us, stuck_after_ms);
-                }
-                None => lag.judge(
+            Ok(Some((scan, _))) if scan.mismatch.is_some() => {
+                let (ev, reason) = scan.mismatch.expect("checked");
+                lag.stopped = Some(Stopped {
+                    seq: ev.seq,
+                    reason,
+                });
+                lag.judge(None, None, now_us, stuck_after_ms);
+            }
+            Ok(Some((scan, subscribed_at))) => {
+                let progress = scan.cursor.progress_at_us().max(Some(subscribed_at));
+                lag.judge(
                     scan.deliver.as_ref().map(|e| e.time_us),
-                    scan.cursor.progress_at_us(),
+                    progress,
                     now_us,
                     stuck_after_ms,
-                ),
-            },
+                );
+            }
             Ok(None) => lag.judge(None, None, now_us, stuck_after_ms),
             Err(e) => {
                 tracing::debug!(error = %e, subscription = sub_id, "lag judged without a scan");
-                scans = false;
+                lag.judge(None, None, now_us, stuck_after_ms);
             }
         }
     }

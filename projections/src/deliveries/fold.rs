@@ -258,11 +258,11 @@ impl Projection for Deliveries {
 
     /// 2: the list-filter indexes `by_sink`, `by_route`, `by_recipient`; 3: `by_notification`;
     /// 4: the per-site indexes `by_site`, `site_status`, `site_pending`, `site_sent` (all
-    /// outside the digest); 5: `site_due` (the per-site stuck count) and `by_created`, the
+    /// outside the digest); 5: `site_due` (the per-site stuck count); 6: `by_created`, the
     /// newest-first list (both outside the digest). An older model is rebuilt from the log at
     /// the next open, which fills them.
     fn version(&self) -> u32 {
-        5
+        6
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {

@@ -684,3 +684,41 @@ async fn bearer_is_case_insensitive_and_every_answer_to_a_limited_token_says_wha
     assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text);
     assert!(r.headers.get("ratelimit-remaining").is_none());
 }
+
+/// A subscription created on a task that finished long ago has a final envelope to deliver at
+/// once, but has not been waiting: its clock starts at its creation, so it is not stalled
+/// before `stuck_after` has passed since then (the check follows the creation by milliseconds,
+/// far inside the 2 s), and is once it has, if nobody acks.
+#[tokio::test]
+async fn a_new_subscription_is_not_stalled_by_an_old_event() {
+    let s = Server::start(ServerOpts::default().config(
+        "[notifications.desktop]\nenabled = false\n[notifications.outbox]\nstuck_after = \"2s\"\n",
+    ))
+    .await;
+    steps(
+        &s,
+        "t-old",
+        &[
+            ("task.created", json!({"project_id": "p"})),
+            ("task.run_started", json!({"run_id": "r1"})),
+            ("task.run_completed", json!({"run_id": "r1"})),
+        ],
+    )
+    .await;
+    // The completion is older than stuck_after when the subscription is made.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    subscribe(&s, "t-old", "s-old", "b-old").await;
+    let row = lag_row(&lag(&s).await, &consumer("s-old"));
+    assert_eq!(row["stalled"], false, "just subscribed: {row}");
+    assert!(
+        row["lag_seconds"].as_f64().is_some_and(|x| x < 2.0),
+        "waited since the subscription: {row}"
+    );
+    wait_for(WAIT, "s-old to be stalled", || {
+        let api = s.api();
+        async move {
+            (lag_row(&lag(&api).await, &consumer("s-old"))["stalled"] == true).then_some(())
+        }
+    })
+    .await;
+}
