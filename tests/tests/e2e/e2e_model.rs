@@ -418,8 +418,10 @@ async fn step(s: &Server, m: &mut Model, op: &Op, case: u64) {
             .await;
             expect(&r, 200, None, &what);
             assert_eq!(r.json["last_sequence"], seq, "{what}");
-            let prev = m.cursors.get(consumer).and_then(|c| c.1.clone());
-            m.cursors.insert(consumer.into(), (seq, prev));
+            // A reset forgets the old position's delivery id (section 6, issue 26): a later
+            // replay of the advance before it is no longer the same delivery.
+            assert_eq!(r.json["last_delivery_id"], Value::Null, "{what}");
+            m.cursors.insert(consumer.into(), (seq, None));
         }
         Op::Subscribe { sub, bridge } => {
             let sub_id = format!("ms{sub}");
@@ -572,9 +574,15 @@ async fn compare(s: &Server, m: &Model) {
                 "/v1/cursors?consumer_id={c}&stream_name=model&subject_id="
             ))
             .await;
-        let want = m.cursors.get(c).map_or(0, |x| x.0);
+        let (want, want_did) = m.cursors.get(c).cloned().unwrap_or((0, None));
         assert_eq!(
             r.json["cursors"][0]["last_sequence"], want,
+            "cursor {c}: {}",
+            r.text
+        );
+        assert_eq!(
+            r.json["cursors"][0]["last_delivery_id"].as_str(),
+            want_did.as_deref(),
             "cursor {c}: {}",
             r.text
         );
