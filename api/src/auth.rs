@@ -168,33 +168,39 @@ impl Auth {
 
     /// The configured token whose text the header carries, or 401.
     fn token(&self, authorization: Option<&str>) -> Result<&Token, ApiError> {
-        let unauthorized = || {
-            ApiError::new(
-                axum::http::StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "send a valid token as `Authorization: Bearer <token>`",
-            )
-        };
         self.known(authorization).ok_or_else(unauthorized)
     }
 
     /// The configured token whose text the header carries, if any.
     fn known(&self, authorization: Option<&str>) -> Option<&Token> {
+        self.known_index(authorization).map(|i| &self.tokens[i])
+    }
+
+    /// The position of [`Auth::known`]'s token among the configured ones.
+    fn known_index(&self, authorization: Option<&str>) -> Option<usize> {
         let text = bearer(authorization?)?;
         let digest: [u8; 32] = Sha256::digest(text.as_bytes()).into();
         // Compare every configured hash without stopping early.
-        self.tokens
-            .iter()
-            .fold(None, |acc, t| if t.hash == digest { Some(t) } else { acc })
+        self.tokens.iter().enumerate().fold(
+            None,
+            |acc, (i, t)| if t.hash == digest { Some(i) } else { acc },
+        )
     }
 
-    /// The token may act with `scope`: `Ok` in open mode or with the scope, 401/403
-    /// otherwise.
+    /// The token the header carries may act with `scope`: `Ok` in open mode or with the
+    /// scope, 401/403 otherwise.
+    #[cfg(test)]
     fn check(&self, authorization: Option<&str>, scope: Scope) -> Result<(), ApiError> {
+        self.allows(self.known(authorization), scope)
+    }
+
+    /// `found` (the caller's configured token, if any) may act with `scope`: `Ok` in open mode
+    /// or with the scope, 401/403 otherwise.
+    fn allows(&self, found: Option<&Token>, scope: Scope) -> Result<(), ApiError> {
         if self.is_open() {
             return Ok(());
         }
-        let token = self.token(authorization)?;
+        let token = found.ok_or_else(unauthorized)?;
         if token
             .scopes
             .iter()
@@ -211,6 +217,20 @@ impl Auth {
         }
     }
 }
+
+fn unauthorized() -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "send a valid token as `Authorization: Bearer <token>`",
+    )
+}
+
+/// The configured token a request carries (its position), found once per request by
+/// [`rate_limit`], which runs over every route, and read by [`require`]: the token's text is
+/// hashed once.
+#[derive(Debug, Clone, Copy)]
+struct Caller(Option<usize>);
 
 /// The calling token as `GET /v1/whoami` answers it.
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
@@ -236,26 +256,36 @@ pub async fn require(
     req: Request,
     next: Next,
 ) -> Response {
-    let h = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    match auth.check(h, scope) {
+    let found = match req.extensions().get::<Caller>() {
+        Some(Caller(i)) => i.map(|i| &auth.tokens[i]),
+        None => auth.known(
+            req.headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok()),
+        ),
+    };
+    match auth.allows(found, scope) {
         Ok(()) => next.run(req).await,
         Err(e) => e.into_response(),
     }
 }
 
-/// Middleware over every route (section 8): a request carrying a rate-limited token takes
-/// from its bucket, whatever it asks for, and every answer to it carries
-/// `RateLimit-Remaining` (a 403, a 404, a 400 included); past the limit it is `429` with
-/// `Retry-After`. Requests without a valid token are left to the scope check.
-pub async fn rate_limit(State(auth): State<Auth>, req: Request, next: Next) -> Response {
-    let h = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    let Some(bucket) = auth.known(h).and_then(|t| t.bucket.as_ref()) else {
+/// Middleware over every route (section 8): finds the caller's token once ([`Caller`]); a
+/// request carrying a rate-limited token takes from its bucket, whatever it asks for, and
+/// every answer to it carries `RateLimit-Remaining` (a 403, a 404, a 400 included); past the
+/// limit it is `429` with `Retry-After`. Requests without a valid token are left to the scope
+/// check.
+pub async fn rate_limit(State(auth): State<Auth>, mut req: Request, next: Next) -> Response {
+    if auth.is_open() {
+        return next.run(req).await;
+    }
+    let found = auth.known_index(
+        req.headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    );
+    req.extensions_mut().insert(Caller(found));
+    let Some(bucket) = found.and_then(|i| auth.tokens[i].bucket.as_ref()) else {
         return next.run(req).await;
     };
     let take = bucket
