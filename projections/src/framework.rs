@@ -32,6 +32,12 @@ use serde::{Deserialize, Serialize};
 use tidemark_log::{CommitHook, Event, EventChunk, EventRef};
 
 /// A u64 stored big-endian (counters, checkpoints), or `None` when the bytes are not one.
+/// A row of a `by_created` index (the newest-first lists of tasks and deliveries):
+/// `key (8 bytes, big-endian) ‖ id`, so rows order by creation key, then id.
+pub(crate) fn created_row(key: u64, id: &str) -> Vec<u8> {
+    [&key.to_be_bytes()[..], id.as_bytes()].concat()
+}
+
 pub fn be_u64(b: &[u8]) -> Option<u64> {
     b.try_into().ok().map(u64::from_be_bytes)
 }

@@ -83,7 +83,7 @@ impl Position {
 
     /// Its row in a `by_created` index.
     fn index_key(&self) -> Vec<u8> {
-        [&self.key.to_be_bytes()[..], self.id.as_bytes()].concat()
+        crate::framework::created_row(self.key, &self.id)
     }
 }
 
@@ -99,7 +99,7 @@ impl From<&Task> for Position {
 impl From<&Delivery> for Position {
     fn from(d: &Delivery) -> Self {
         Position {
-            key: u64::from_be_bytes(deliveries::us_key(d.created_at_us)),
+            key: deliveries::created_key(d),
             id: d.id.clone(),
         }
     }
@@ -592,12 +592,9 @@ pub fn deliveries(db: &redb::Database, f: &DeliveryFilter) -> Result<Page<Delive
                 .is_none_or(|s| d.ext.source_site.as_deref() == Some(s))
             && f.keeps_unindexed(d)
             && f.after.as_deref().is_none_or(|a| d.id.as_str() > a)
-            && f.before.as_ref().is_none_or(|b| {
-                b.follows(
-                    u64::from_be_bytes(deliveries::us_key(d.created_at_us)),
-                    &d.id,
-                )
-            })
+            && f.before
+                .as_ref()
+                .is_none_or(|b| b.follows(deliveries::created_key(d), &d.id))
     };
     // Decode a stored delivery; keep it when it passes the filters.
     let take = |v: &[u8]| -> Result<bool, StorageError> {

@@ -322,8 +322,8 @@ pub fn created_key(t: &Task) -> u64 {
 }
 
 /// The `by_created` row of a task.
-pub fn created_index_key(t: &Task) -> Vec<u8> {
-    [&created_key(t).to_be_bytes()[..], t.task_id.as_bytes()].concat()
+fn created_row(t: &Task) -> Vec<u8> {
+    crate::framework::created_row(created_key(t), &t.task_id)
 }
 
 pub(crate) fn index_key(a: &str, task_id: &str) -> Vec<u8> {
@@ -364,7 +364,7 @@ impl Projection for Tasks {
                     continue;
                 }
                 st.delete(ROWS, id.as_bytes())?;
-                st.delete_index(BY_CREATED, &created_index_key(&task));
+                st.delete_index(BY_CREATED, &created_row(&task));
                 st.delete(BY_STATUS, &index_key(&task.status, id))?;
                 if let Some(project) = &task.project_id {
                     st.delete(BY_PROJECT, &index_key(project, id))?;
@@ -417,11 +417,11 @@ impl Projection for Tasks {
         }
         if before_created != Some(created_key(&task)) {
             if let Some(old) = before_created {
-                let mut k = created_index_key(&task);
+                let mut k = created_row(&task);
                 k[..8].copy_from_slice(&old.to_be_bytes());
                 st.delete_index(BY_CREATED, &k);
             }
-            st.put_index(BY_CREATED, &created_index_key(&task));
+            st.put_index(BY_CREATED, &created_row(&task));
         }
         st.put_row(ROWS, ev.subject.as_bytes(), task)
     }

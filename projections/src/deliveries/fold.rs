@@ -33,9 +33,9 @@ pub fn timed_key(sink: &str, us: i64, id: &str) -> Vec<u8> {
     k
 }
 
-/// The `by_created` row of a delivery: `created_us ‖ id`.
-pub fn created_key(d: &Delivery) -> Vec<u8> {
-    [&us_key(d.created_at_us)[..], d.id.as_bytes()].concat()
+/// The key a delivery is ordered by in newest-first lists: its creation time (µs).
+pub fn created_key(d: &Delivery) -> u64 {
+    u64::from_be_bytes(us_key(d.created_at_us))
 }
 
 pub fn group_key(route: &str, recipient: &str, group: &str) -> Vec<u8> {
@@ -79,7 +79,10 @@ fn filter_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
     let mut out = vec![
         (BY_SINK, cat(&[d.sink.as_bytes(), d.id.as_bytes()])),
         (BY_ROUTE, cat(&[d.route.as_bytes(), d.id.as_bytes()])),
-        (BY_CREATED, created_key(d)),
+        (
+            BY_CREATED,
+            crate::framework::created_row(created_key(d), &d.id),
+        ),
     ];
     if let Some(r) = &d.recipient {
         out.push((BY_RECIPIENT, cat(&[r.as_bytes(), d.id.as_bytes()])));
