@@ -4,6 +4,7 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use tidemark_engine::{CommandError, RejectKind};
 use tidemark_log::{AppendError, InvalidKind};
 use utoipa::ToSchema;
 
@@ -280,9 +281,8 @@ impl From<tidemark_engine::ClientAppendError> for ApiError {
     }
 }
 
-impl From<tidemark_log::CommandError> for ApiError {
-    fn from(e: tidemark_log::CommandError) -> Self {
-        use tidemark_log::{CommandError, RejectKind};
+impl From<tidemark_engine::CommandError> for ApiError {
+    fn from(e: tidemark_engine::CommandError) -> Self {
         match e {
             CommandError::Rejected { kind, code, detail } => {
                 let status = match kind {

@@ -168,7 +168,7 @@ fn fill(dir: &Path, to: u64, projections: bool, batch: usize, appenders: usize) 
         let (engine, rep) = tidemark_engine::Engine::open(&cfg(dir)).expect("open");
         (Some(engine), None, rep.head)
     } else {
-        let (log, rep) = Log::open_with(&cfg(dir), Vec::new()).expect("open");
+        let (log, rep) = Log::open(&cfg(dir)).expect("open");
         (None, Some(log), rep.head)
     };
     let started = Instant::now();
@@ -225,18 +225,22 @@ fn fill(dir: &Path, to: u64, projections: bool, batch: usize, appenders: usize) 
 
 fn rebuild(dir: &Path) -> Value {
     let rss_before = vm_hwm_kb();
-    let (log, rep) =
-        Log::open_with(&cfg(dir), vec![tidemark_projections::projector()]).expect("open");
+    let (log, rep) = Log::open(&cfg(dir)).expect("open");
+    let models = tidemark_projections::Models::open(&tidemark_engine::models_config(&cfg(dir)))
+        .expect("models");
+    models
+        .follow(&log, tidemark_engine::FOLLOW_BATCH)
+        .expect("follow");
     let rt = rt();
     // Every projection in one pass over the log, as an operator's rebuild of all runs it.
-    let reports = rt
-        .block_on(tidemark_projections::rebuild::rebuild_many(
-            &log,
-            tidemark_projections::all(),
-            true,
-            |_, _| {},
-        ))
-        .expect("rebuild");
+    let reports = tidemark_projections::rebuild::rebuild_many(
+        &models,
+        &log,
+        tidemark_projections::all(),
+        true,
+        |_, _| {},
+    )
+    .expect("rebuild");
     let total_ms = reports.first().map_or(0, |r| r.duration_ms);
     let mut per = Vec::new();
     for r in &reports {

@@ -2,10 +2,10 @@
 //! command until nothing more has left the window; `POST /v1/admin/retention/run` runs it now.
 
 use std::time::Duration;
+use tidemark_engine::CommandError;
 
 use tidemark_engine::Engine;
 use tidemark_engine::commands::{CompactCommand, CompactReport, RetentionCommand, RetentionReport};
-use tidemark_log::CommandError;
 use tokio_util::sync::CancellationToken;
 
 /// Ids one command names at most: a run is several bounded transactions, never one huge one.

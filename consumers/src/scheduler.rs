@@ -8,10 +8,11 @@
 //! crashes.
 
 use std::time::Duration;
+use tidemark_engine::CommandError;
 
 use tidemark_engine::Engine;
 use tidemark_engine::commands::OutboxCommand;
-use tidemark_log::{CommandError, Event, StorageError};
+use tidemark_log::{Event, StorageError};
 use tidemark_projections::names::EventType;
 use tokio_util::sync::CancellationToken;
 

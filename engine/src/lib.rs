@@ -1,13 +1,15 @@
 //! The engine of tidemark: the one boundary between the HTTP API and reactors above and the
 //! log and read models below. Data flows one way: commands → log → followers → queries.
 //!
-//! - [`Engine::execute`] runs a typed [`Command`] (one module per family in [`commands`])
-//!   inside the log writer's transaction and answers its [`Outcome`].
+//! - [`Engine::execute`] runs a typed [`Command`] (one module per family in [`commands`]):
+//!   the decider ([`decider`]) decides it against the read models at the head and appends its
+//!   events to the log on a condition; answers its [`Outcome`].
 //! - [`Engine::log`] is the log behind its narrow interface ([`EventLog`]: append, conditional
 //!   append, read, get, head, commit notification); nothing of storage crosses it.
-//! - [`Engine::read`] is the one reader of the read models ([`Queries`]).
-//! - The clock enters here ([`Clock`]): commands take `now` from it inside the writer, so a
-//!   test can drive due times and lease expiry.
+//! - [`Engine::read`] is the one reader of the read models ([`Queries`]), which live in the
+//!   models store ([`tidemark_projections::Models`], a file of their own).
+//! - The clock enters here ([`Clock`]): commands take `now` from it when they are decided, so
+//!   a test can drive due times and lease expiry.
 //!
 //! # Public surface
 //! `Engine` (open, execute, log, read, rebuild, now_us, queued, is_poisoned, close), `Command`
@@ -16,30 +18,32 @@
 #![forbid(unsafe_code)]
 
 pub mod commands;
-mod follow;
+pub mod decider;
+pub mod error;
 pub mod privacy;
 mod queries;
 
 use std::sync::Arc;
 
 use tidemark_log::{
-    AppendReceipt, CommandError, EventLog, Log, LogConfig, NewEvent, OpenError, OpenReport,
-    StorageError,
+    AppendReceipt, EventLog, Log, LogConfig, NewEvent, OpenError, OpenReport, StorageError,
 };
 use tidemark_projections::names::EventType;
 use tidemark_projections::rebuild::RebuildReport;
+use tidemark_projections::{Models, ModelsConfig};
 
-pub use commands::admission::Admission;
+pub use commands::admission::{Admission, AdmitCommand};
 pub use commands::{Command, Outcome};
+pub use error::{CommandError, RejectKind};
 
 /// How long a command refused for pending work (`RejectKind::Overloaded`, e.g. `outbox_full`)
 /// asks its caller to wait before trying again: pending work drains over seconds. The HTTP
 /// answer's `Retry-After` and a source poll's backoff both use it.
 pub const OVERLOADED_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
-pub use follow::FOLLOW_BATCH;
+pub use decider::FOLLOW_BATCH;
 pub use queries::{LAG_CAP, Lag, Queries, QueryError, READ_WAIT, Stopped};
 
-/// The redb items the commands use inside the writer's transaction; nothing of it is public.
+/// The redb items the commands read the models store with; nothing of it is public.
 mod store {
     pub(crate) use redb::{ReadableTable, WriteTransaction};
 }
@@ -76,55 +80,80 @@ pub fn wall_clock() -> Clock {
     Arc::new(tidemark_log::time::now_micros)
 }
 
-/// Handle to an open engine. Cheap to clone; all clones share one log writer and one
-/// projection follower (stopped when the last clone is dropped, or by [`Engine::close`]).
+/// Handle to an open engine. Cheap to clone; all clones share one log and one decider
+/// (stopped by [`Engine::close`]).
 #[derive(Clone)]
 pub struct Engine {
     log: Log,
+    models: Models,
     clock: Clock,
     queries: Queries,
-    follower: Arc<follow::Follower>,
+    decider: Arc<decider::Decider>,
+    knobs: Arc<std::sync::RwLock<decider::Knobs>>,
     /// The key of the redacting routes (section 14), from the configuration only.
     privacy: Option<Arc<privacy::Privacy>>,
 }
 
-/// Catch every read model up to `head` inside the writer's transaction: what a command does
-/// before it decides (spec section 3: against state current at the head, never a lagging
-/// follower).
-fn at_head(txn: &redb::WriteTransaction, head: u64) -> Result<(), CommandError> {
-    tidemark_projections::framework::catch_up(txn, &tidemark_projections::all(), head, u64::MAX)
-        .map(drop)
-        .map_err(CommandError::Storage)
+/// The models store beside the log of `cfg` (its file in the same directory).
+pub fn models_config(cfg: &LogConfig) -> ModelsConfig {
+    let dir = cfg
+        .path
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
+    ModelsConfig::in_dir(&dir)
 }
 
 impl Engine {
-    /// Open (or create) the log; the projections are caught up with it, then follow it in a
-    /// thread of their own (blocking: call from a blocking context in async code).
+    /// Open (or create) the log and the models store beside it (blocking: call from a
+    /// blocking context in async code). A data directory of the layout before the models
+    /// store had one is migrated first ([`tidemark_projections::models::migrate`]).
     pub fn open(cfg: &LogConfig) -> Result<(Engine, OpenReport), OpenError> {
-        let (log, report) = Log::open_with(cfg, vec![tidemark_projections::following_projector()])?;
-        let progress = Arc::new(follow::Progress::default());
-        progress.advance(
-            tidemark_projections::framework::checkpoint(&log.db(), &tidemark_projections::all())
-                .map_err(OpenError::Storage)?,
-        );
-        let follower = follow::Follower::spawn(log.clone(), progress.clone()).map_err(|e| {
-            OpenError::Storage(StorageError::new("cannot start the projection follower", e))
-        })?;
-        Ok((
-            Engine {
-                queries: Queries::new(log.clone(), progress),
-                log,
-                clock: wall_clock(),
-                follower: Arc::new(follower),
-                privacy: None,
-            },
-            report,
-        ))
+        Self::open_with(cfg, &models_config(cfg))
+    }
+
+    /// [`Engine::open`] with the models store at `models`.
+    pub fn open_with(
+        cfg: &LogConfig,
+        models: &ModelsConfig,
+    ) -> Result<(Engine, OpenReport), OpenError> {
+        if matches!(cfg.storage, tidemark_log::storage::Storage::File) && models.store.is_none() {
+            tidemark_projections::models::migrate(&cfg.path, models).map_err(OpenError::Storage)?;
+        }
+        let (log, report) = Log::open(cfg)?;
+        let engine = Self::on_log(log, models)?;
+        Ok((engine, report))
+    }
+
+    /// An engine over an open log with a models store of its own: several engines over one
+    /// log are independent deciders (the log's conditions keep them apart).
+    pub fn on_log(log: Log, models: &ModelsConfig) -> Result<Engine, OpenError> {
+        let models = Models::open(models).map_err(OpenError::Storage)?;
+        let progress = Arc::new(decider::Progress::default());
+        progress.advance(models.checkpoint().map_err(OpenError::Storage)?);
+        let clock = wall_clock();
+        let knobs = Arc::new(std::sync::RwLock::new(decider::Knobs {
+            clock: clock.clone(),
+            privacy: None,
+        }));
+        let decider =
+            decider::Decider::spawn(log.clone(), models.clone(), progress.clone(), knobs.clone())
+                .map_err(|e| OpenError::Storage(StorageError::new("cannot start the decider", e)))?;
+        Ok(Engine {
+            queries: Queries::new(log.clone(), models.clone(), progress.clone()),
+            log,
+            models,
+            clock,
+            decider: Arc::new(decider),
+            knobs,
+            privacy: None,
+        })
     }
 
     /// The same engine reading time from `clock` (tests drive due times with it).
     pub fn with_clock(mut self, clock: Clock) -> Engine {
-        self.clock = clock;
+        self.clock = clock.clone();
+        self.knobs.write().unwrap_or_else(|p| p.into_inner()).clock = clock;
         self
     }
 
@@ -134,7 +163,11 @@ impl Engine {
     pub fn with_privacy(mut self, privacy: Option<privacy::Privacy>) -> Engine {
         let p = privacy.map(Arc::new);
         self.queries.set_privacy(p.clone());
-        self.privacy = p;
+        self.privacy = p.clone();
+        self.knobs
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .privacy = p;
         self
     }
 
@@ -153,6 +186,11 @@ impl Engine {
         self.log.first_seq()
     }
 
+    /// The models store.
+    pub fn models(&self) -> &Models {
+        &self.models
+    }
+
     /// The highest committed seq (the log's head).
     pub fn head(&self) -> u64 {
         self.log.head()
@@ -168,25 +206,16 @@ impl Engine {
         (self.clock)()
     }
 
-    /// Execute `cmd`: inside the writer's transaction it catches the read models up to the
-    /// head (every event before it, those of its own group included), decides, and its events
-    /// are appended in the same durable commit. A refusal (`CommandError::Rejected`) appends
-    /// nothing.
+    /// Execute `cmd`: the decider decides it against the read models at the head and appends
+    /// its events on the condition that what it decided on has not changed since (deciding
+    /// again when it has). A refusal (`CommandError::Rejected`) appends nothing.
     pub async fn execute(
         &self,
         cmd: impl Into<Command>,
     ) -> Result<(Outcome, AppendReceipt), CommandError> {
         let cmd = cmd.into();
         let name = cmd.name();
-        let clock = self.clock.clone();
-        let privacy = self.privacy.clone();
-        let r = self
-            .log
-            .command(true, move |txn, head| {
-                at_head(txn, head)?;
-                commands::run(txn, clock(), head, cmd, privacy.as_deref())
-            })
-            .await;
+        let r = self.decider.execute(cmd).await;
         let result = match &r {
             Ok(_) => "ok",
             Err(CommandError::Rejected { .. }) => "refused",
@@ -239,18 +268,14 @@ impl Engine {
                 return Ok(self.log.append(events).await.map_err(CommandError::from)?);
             }
         }
-        let clock = self.clock.clone();
-        let (admission, receipt) = self
-            .log
-            .command(true, move |txn, head| {
-                at_head(txn, head)?;
-                match commands::admission::admit(txn, &events, &known, clock(), max_pending)? {
-                    Admission::Accept => Ok((Admission::Accept, events)),
-                    blocked => Ok((blocked, Vec::new())),
-                }
-            })
+        let (outcome, receipt) = self
+            .execute(Command::Admit(AdmitCommand {
+                events,
+                known,
+                max_pending,
+            }))
             .await?;
-        match admission {
+        match outcome.into_admission()? {
             Admission::Accept => Ok(receipt),
             Admission::Blocked(indexes) => Err(ClientAppendError::RecipientBlocked { indexes }),
             Admission::Full {
@@ -266,21 +291,41 @@ impl Engine {
         }
     }
 
-    /// Rebuild (`swap`) or verify projection `name` from the log; `None` when there is no such
-    /// projection. `progress(done, head)` is called between chunks.
+    /// Rebuild (`swap`) or verify projection `name` from the log, on the models' side (appends
+    /// never wait for it); `None` when there is no such projection. `progress(done, head)` is
+    /// called between chunks.
     pub async fn rebuild(
         &self,
         name: &str,
         swap: bool,
-        progress: impl Fn(u64, u64),
+        progress: impl Fn(u64, u64) + Send + 'static,
     ) -> Option<Result<RebuildReport, CommandError>> {
         let p = tidemark_projections::by_name(name)?;
-        Some(tidemark_projections::rebuild::rebuild(&self.log, p, swap, progress).await)
+        let (models, log) = (self.models.clone(), self.log.clone());
+        Some(
+            tokio::task::spawn_blocking(move || {
+                tidemark_projections::rebuild::rebuild(&models, &log, p, swap, progress)
+                    .map_err(CommandError::Storage)
+            })
+            .await
+            .unwrap_or_else(|e| {
+                Err(CommandError::Storage(StorageError::new(
+                    "the rebuild stopped",
+                    e,
+                )))
+            }),
+        )
     }
 
-    /// Requests waiting for the log writer.
+    /// Decisions the log refused because what they decided on had changed (another decider
+    /// over the same log), each decided again.
+    pub fn redecided(&self) -> u64 {
+        self.decider.redecided()
+    }
+
+    /// Requests waiting for the log writer and the decider.
     pub fn queued(&self) -> usize {
-        self.log.queued()
+        self.log.queued() + self.decider.queued()
     }
 
     /// `Err(InsufficientStorage)` while the log's disk is short of space (checked now).
@@ -293,11 +338,10 @@ impl Engine {
         self.log.is_poisoned()
     }
 
-    /// Stop the projection follower, then the writer after the requests already queued, and
-    /// wait for both.
+    /// Stop the decider (the models synced), then the log's writer after the requests already
+    /// queued, and wait for both.
     pub async fn close(&self) {
-        let follower = self.follower.clone();
-        let _ = tokio::task::spawn_blocking(move || follower.stop()).await;
+        self.decider.stop().await;
         self.log.close().await
     }
 }

@@ -141,16 +141,22 @@ impl Lag {
 #[derive(Clone)]
 pub struct Queries {
     log: Log,
-    progress: Arc<crate::follow::Progress>,
+    models: tidemark_projections::Models,
+    progress: Arc<crate::decider::Progress>,
     privacy: Option<Arc<crate::privacy::Privacy>>,
     /// Wait for the models to reach the head (false: [`Queries::unwaited`]).
     wait: bool,
 }
 
 impl Queries {
-    pub(crate) fn new(log: Log, progress: Arc<crate::follow::Progress>) -> Queries {
+    pub(crate) fn new(
+        log: Log,
+        models: tidemark_projections::Models,
+        progress: Arc<crate::decider::Progress>,
+    ) -> Queries {
         Queries {
             log,
+            models,
             progress,
             privacy: None,
             wait: true,
@@ -191,8 +197,8 @@ impl Queries {
         let until = Instant::now() + READ_WAIT;
         let models = tidemark_projections::all();
         loop {
-            // The models' own checkpoints: a command may have folded them in the writer.
-            let at = tidemark_projections::framework::checkpoint(&self.log.db(), &models)?;
+            // The models' own checkpoints (a rebuild's chunk may have folded them).
+            let at = tidemark_projections::framework::checkpoint(&self.models.db(), &models)?;
             if at >= want {
                 self.progress.advance(at);
                 return Ok(at);
@@ -219,7 +225,7 @@ impl Queries {
 
     /// Every projection with its checkpoint, lag behind the head and digest (never waits).
     pub fn projections(&self) -> R<Vec<ProjectionInfo>> {
-        Ok(read::projections(&self.log.db(), self.log.head())?)
+        Ok(read::projections(&self.models.db(), self.log.head())?)
     }
 
     /// Outbox KPIs as the deliveries model stands now, without waiting (for `/metrics`).
@@ -230,7 +236,7 @@ impl Queries {
         interval_ms: u64,
     ) -> R<(Kpis, BTreeMap<String, Kpis>)> {
         Ok(read::kpis(
-            &self.log.db(),
+            &self.models.db(),
             now_us,
             stuck_after_ms,
             interval_ms,
@@ -239,19 +245,19 @@ impl Queries {
 
     pub fn task(&self, task_id: &str) -> R<Option<Task>> {
         self.floor(0)?;
-        Ok(read::task(&self.log.db(), task_id)?)
+        Ok(read::task(&self.models.db(), task_id)?)
     }
 
     /// A page of tasks and the position of its last row when more may follow.
     pub fn tasks(&self, f: &TaskFilter) -> R<Page<Task>> {
         self.floor(0)?;
-        Ok(read::tasks(&self.log.db(), f)?)
+        Ok(read::tasks(&self.models.db(), f)?)
     }
 
     /// Notifications newest first and the `before_seq` of the next page.
     pub fn notifications(&self, f: &NotificationFilter) -> R<(Vec<Notification>, Option<u64>)> {
         self.floor(0)?;
-        Ok(read::notifications(&self.log.db(), f)?)
+        Ok(read::notifications(&self.models.db(), f)?)
     }
 
     /// The status record of one notification (`None`: no notification has that id).
@@ -259,7 +265,7 @@ impl Queries {
         self.floor(0)?;
         let intent = self.privacy.as_ref().map(|p| p.intent_key(id));
         Ok(read::notification_status(
-            &self.log.db(),
+            &self.models.db(),
             id,
             intent.as_deref(),
         )?)
@@ -270,31 +276,31 @@ impl Queries {
         &self,
         seq: u64,
     ) -> R<Option<tidemark_projections::notifications::Provenance>> {
-        Ok(read::provenance_at(&self.log.db(), seq)?)
+        Ok(read::provenance_at(&self.models.db(), seq)?)
     }
 
     /// The highest source seq the notification router has derived from.
     pub fn router_checkpoint(&self) -> R<u64> {
         self.floor(0)?;
-        Ok(read::router_checkpoint(&self.log.db())?)
+        Ok(read::router_checkpoint(&self.models.db())?)
     }
 
     /// The notification settings last recorded in the log.
     pub fn current_settings(&self) -> R<Option<serde_json::Value>> {
         self.floor(0)?;
-        Ok(read::current_settings(&self.log.db())?)
+        Ok(read::current_settings(&self.models.db())?)
     }
 
     /// One delivery and its timeline.
     pub fn delivery(&self, id: &str) -> R<Option<(Delivery, Vec<Step>)>> {
         self.floor(0)?;
-        Ok(read::delivery(&self.log.db(), id)?)
+        Ok(read::delivery(&self.models.db(), id)?)
     }
 
     /// A page of deliveries and the position of its last row when more may follow.
     pub fn deliveries(&self, f: &DeliveryFilter) -> R<Page<Delivery>> {
         self.floor(0)?;
-        let db = self.log.db();
+        let db = self.models.db();
         let clear = read::deliveries(&db, f)?;
         // Redacted deliveries carry the keyed hashes of the recipient and the notification id
         // (section 14): a filter by either also finds them, merged in the list's order.
@@ -349,7 +355,7 @@ impl Queries {
     ) -> R<BTreeMap<String, Kpis>> {
         self.floor(0)?;
         Ok(read::kpis_by_site(
-            &self.log.db(),
+            &self.models.db(),
             now_us,
             stuck_after_ms,
             interval_ms,
@@ -359,26 +365,29 @@ impl Queries {
     /// Deliveries not yet sent, skipped, cancelled or discarded.
     pub fn pending_deliveries(&self) -> R<u64> {
         self.floor(0)?;
-        Ok(read::pending_deliveries(&self.log.db())?)
+        Ok(read::pending_deliveries(&self.models.db())?)
     }
 
     /// The seq of the last notification or cancellation routing has handled.
     pub fn routing_checkpoint(&self) -> R<u64> {
         self.floor(0)?;
-        Ok(read::routing_checkpoint(&self.log.db())?)
+        Ok(read::routing_checkpoint(&self.models.db())?)
     }
 
     /// What the log says about source `name` (`None`: nothing yet).
     pub fn source(&self, name: &str) -> R<Option<tidemark_projections::sources::SourceRow>> {
         self.floor(0)?;
-        Ok(tidemark_projections::sources::source(&self.log.db(), name)?)
+        Ok(tidemark_projections::sources::source(
+            &self.models.db(),
+            name,
+        )?)
     }
 
     /// A cursor, or its zero state.
     pub fn cursor(&self, consumer_id: &str, stream_name: &str, subject_id: &str) -> R<Cursor> {
         self.floor(0)?;
         Ok(read::cursor(
-            &self.log.db(),
+            &self.models.db(),
             consumer_id,
             stream_name,
             subject_id,
@@ -388,36 +397,36 @@ impl Queries {
     /// Cursors (of one consumer), at most `limit`.
     pub fn cursors(&self, consumer_id: Option<&str>, limit: usize) -> R<Vec<Cursor>> {
         self.floor(0)?;
-        Ok(read::cursors(&self.log.db(), consumer_id, limit)?)
+        Ok(read::cursors(&self.models.db(), consumer_id, limit)?)
     }
 
     pub fn subscription(&self, id: &str) -> R<Option<Subscription>> {
         self.floor(0)?;
-        Ok(read::subscription(&self.log.db(), id)?)
+        Ok(read::subscription(&self.models.db(), id)?)
     }
 
     /// Active subscriptions of a task.
     pub fn task_subscriptions(&self, task_id: &str) -> R<Vec<Subscription>> {
         self.floor(0)?;
-        Ok(read::task_subscriptions(&self.log.db(), task_id)?)
+        Ok(read::task_subscriptions(&self.models.db(), task_id)?)
     }
 
     /// Active subscriptions of a bridge.
     pub fn bridge_subscriptions(&self, bridge_id: &str) -> R<Vec<Subscription>> {
         self.floor(0)?;
-        Ok(read::bridge_subscriptions(&self.log.db(), bridge_id)?)
+        Ok(read::bridge_subscriptions(&self.models.db(), bridge_id)?)
     }
 
     /// Every active subscription.
     pub fn all_active_subscriptions(&self) -> R<Vec<Subscription>> {
         self.floor(0)?;
-        Ok(read::all_active_subscriptions(&self.log.db())?)
+        Ok(read::all_active_subscriptions(&self.models.db())?)
     }
 
     /// Every cursor, and every active bridge subscription's cursor (zero or not), with its lag
     /// judged at `now_us`.
     pub fn lags(&self, now_us: i64, stuck_after_ms: u64) -> R<Vec<Lag>> {
-        let db = self.log.db();
+        let db = self.models.db();
         let first = self.log.first_seq()?;
         let mut all = read::cursors(&db, None, 100_000)?;
         let known: std::collections::HashSet<(String, String, String)> = all

@@ -65,20 +65,44 @@ struct Told {
     acks: u64,
 }
 
-/// The log's two files on fault-injecting stores of one machine: the redb file and the
-/// journal.
+/// The engine's three files on fault-injecting stores of one machine (one power supply): the
+/// log's redb file and journal, and the models store.
 #[derive(Clone)]
 struct Disk {
     db: FaultStore,
     journal: FaultStore,
+    models: FaultStore,
 }
 
 impl Default for Disk {
     fn default() -> Self {
         let db = FaultStore::new();
         let journal = db.sibling();
-        Disk { db, journal }
+        let models = db.sibling();
+        Disk {
+            db,
+            journal,
+            models,
+        }
     }
+}
+
+/// The engine on `disk`'s files, its log opened with `cfg`.
+fn open_on(
+    cfg: &LogConfig,
+    disk: &Disk,
+) -> Result<(Engine, tidemark_log::OpenReport), tidemark_log::OpenError> {
+    let models = tidemark_projections::ModelsConfig {
+        path: "/fault-store/models.redb".into(),
+        cache_bytes: 1 << 20,
+        store: Some(Arc::new(disk.models.clone())),
+    };
+    Engine::open_with(cfg, &models)
+}
+
+/// The engine on `disk` with [`config`].
+fn open(disk: &Disk, merge_threshold: usize) -> (Engine, tidemark_log::OpenReport) {
+    open_on(&config(disk, merge_threshold), disk).unwrap()
 }
 
 impl Disk {
@@ -86,14 +110,24 @@ impl Disk {
     fn crash(&self, mut keep: impl FnMut(usize) -> bool) -> Disk {
         let db = self.db.crash(&mut keep);
         let journal = self.journal.crash_on(&db, &mut keep);
-        Disk { db, journal }
+        let models = self.models.crash_on(&db, &mut keep);
+        Disk {
+            db,
+            journal,
+            models,
+        }
     }
 
     /// A power loss that may also tear writes: `keep(i, len)` bytes of each unsynced write.
     fn crash_torn(&self, mut keep: impl FnMut(usize, usize) -> usize) -> Disk {
         let db = self.db.crash_torn(&mut keep);
         let journal = FaultStore::crash_on(&self.journal.crash_torn(&mut keep), &db, |_| true);
-        Disk { db, journal }
+        let models = FaultStore::crash_on(&self.models.crash_torn(&mut keep), &db, |_| true);
+        Disk {
+            db,
+            journal,
+            models,
+        }
     }
     /// The power goes out after `n` more operations on either file.
     fn cut_after(&self, n: u64) {
@@ -106,7 +140,7 @@ impl Disk {
         self.db.syncs() + self.journal.syncs()
     }
     fn unsynced(&self) -> usize {
-        self.db.unsynced() + self.journal.unsynced()
+        self.db.unsynced() + self.journal.unsynced() + self.models.unsynced()
     }
 }
 
@@ -301,7 +335,7 @@ fn case(seed: u64) -> Result<(u64, usize), String> {
         c.journal_prealloc = prealloc;
         c
     };
-    let (engine, _) = Engine::open(&cfg(&store)).map_err(|e| e.to_string())?;
+    let (engine, _) = open_on(&cfg(&store), &store).map_err(|e| e.to_string())?;
     let opened_at = store.ops();
     let syncs_before = store.syncs();
     // Cut somewhere inside the workload, or after it (then the crash only drops unsynced
@@ -340,7 +374,7 @@ fn case(seed: u64) -> Result<(u64, usize), String> {
         },
     });
     let (engine, _) =
-        Engine::open(&cfg(&image)).map_err(|e| format!("reopen after the crash failed: {e}"))?;
+        open_on(&cfg(&image), &image).map_err(|e| format!("reopen after the crash failed: {e}"))?;
     let r = check(&rt, &engine, &told);
     rt.block_on(engine.close());
     r.map(|()| (ops, unsynced))
@@ -384,7 +418,7 @@ fn a_failed_sync_poisons_the_log_until_a_restart() {
     let disk = Disk::default();
     // The group's durable point is the journal's sync.
     let store = disk.journal.clone();
-    let (engine, _) = Engine::open(&config(&disk, 8)).unwrap();
+    let (engine, _) = open(&disk, 8);
     let ev = |i: u64| one("p", i);
     let mut acked = Vec::new();
     for i in 0..5 {
@@ -407,7 +441,9 @@ fn a_failed_sync_poisons_the_log_until_a_restart() {
     assert!(
         matches!(
             r,
-            Err(tidemark_log::CommandError::Append(AppendError::Poisoned(_)))
+            Err(tidemark_engine::CommandError::Append(
+                AppendError::Poisoned(_)
+            ))
         ),
         "{r:?}"
     );
@@ -416,7 +452,7 @@ fn a_failed_sync_poisons_the_log_until_a_restart() {
     rt.block_on(engine.close());
     drop(engine);
     // The restart: the same disk, as a power loss would leave it, reopened.
-    let (engine, _) = Engine::open(&config(&disk.crash(|_| false), 8)).unwrap();
+    let (engine, _) = open(&disk.crash(|_| false), 8);
     let events = events_after(&engine, 0);
     let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
     assert_eq!(
@@ -440,7 +476,7 @@ fn short_of_space_refuses_writes_until_space_returns() {
     let store = disk.db.clone();
     let mut cfg = config(&disk, 8);
     cfg.min_free = 1 << 20;
-    let (engine, _) = Engine::open(&cfg).unwrap();
+    let (engine, _) = open_on(&cfg, &disk).unwrap();
     let ev = |i: u64| one("f", i);
     rt.block_on(engine.log().append(vec![ev(0)])).unwrap();
     store.set_available(Some(1000));
@@ -461,7 +497,7 @@ fn short_of_space_refuses_writes_until_space_returns() {
     assert!(
         matches!(
             r,
-            Err(tidemark_log::CommandError::Append(
+            Err(tidemark_engine::CommandError::Append(
                 AppendError::InsufficientStorage { .. }
             ))
         ),
@@ -497,7 +533,7 @@ fn short_of_space_refuses_writes_until_space_returns() {
 fn every_group_commit_syncs_before_it_answers() {
     let rt = rt();
     let disk = Disk::default();
-    let (engine, _) = Engine::open(&config(&disk, 100_000)).unwrap();
+    let (engine, _) = open(&disk, 100_000);
     let bytes_written = |d: &Disk| d.db.bytes_written() + d.journal.bytes_written();
     let (syncs, bytes) = (disk.syncs(), bytes_written(&disk));
     let n = 200u64;
@@ -531,7 +567,7 @@ fn every_group_commit_syncs_before_it_answers() {
 fn enospc_on_the_journal_refuses_the_group_and_the_log_goes_on() {
     let rt = rt();
     let disk = Disk::default();
-    let (engine, _) = Engine::open(&config(&disk, 8)).unwrap();
+    let (engine, _) = open(&disk, 8);
     let ev = |i: u64| one("n", i);
     rt.block_on(engine.log().append(vec![ev(0)])).unwrap();
     disk.journal.set_full(true);
@@ -547,7 +583,7 @@ fn enospc_on_the_journal_refuses_the_group_and_the_log_goes_on() {
     assert_eq!(r.last_seq, 2, "the refused group left no seq behind");
     rt.block_on(engine.close());
     drop(engine);
-    let (engine, _) = Engine::open(&config(&disk.crash(|_| false), 8)).unwrap();
+    let (engine, _) = open(&disk.crash(|_| false), 8);
     let ids: Vec<String> = events_after(&engine, 0)
         .into_iter()
         .map(|e| e.event_id)
@@ -564,7 +600,7 @@ fn enospc_on_the_sync_poisons_and_the_group_is_all_or_nothing() {
     let rt = rt();
     for keep_unsynced in [false, true] {
         let disk = Disk::default();
-        let (engine, _) = Engine::open(&config(&disk, 8)).unwrap();
+        let (engine, _) = open(&disk, 8);
         rt.block_on(engine.log().append(vec![one("s", 0)])).unwrap();
         disk.journal.fail_nth(
             tidemark_log::fault::Op::Sync,
@@ -576,7 +612,7 @@ fn enospc_on_the_sync_poisons_and_the_group_is_all_or_nothing() {
         assert!(engine.is_poisoned());
         rt.block_on(engine.close());
         drop(engine);
-        let (engine, _) = Engine::open(&config(&disk.crash(|_| keep_unsynced), 8)).unwrap();
+        let (engine, _) = open(&disk.crash(|_| keep_unsynced), 8);
         let ids: Vec<String> = events_after(&engine, 0)
             .into_iter()
             .map(|e| e.event_id)
@@ -600,7 +636,7 @@ fn enospc_on_the_sync_poisons_and_the_group_is_all_or_nothing() {
 fn enospc_inside_redb_reopens_the_log_in_process_once_space_returns() {
     let rt = rt();
     let disk = Disk::default();
-    let (engine, _) = Engine::open(&config(&disk, 8)).unwrap();
+    let (engine, _) = open(&disk, 8);
     let mut acked: Vec<String> = Vec::new();
     let mut unknown: Vec<String> = Vec::new();
     for i in 0..4 {
@@ -695,7 +731,7 @@ fn enospc_inside_redb_reopens_the_log_in_process_once_space_returns() {
     rt.block_on(engine.close());
     drop(engine);
     // And after a power loss now.
-    let (engine, _) = Engine::open(&config(&disk.crash(|_| false), 8)).unwrap();
+    let (engine, _) = open(&disk.crash(|_| false), 8);
     check(&engine, None);
     rt.block_on(engine.close());
 }

@@ -15,6 +15,7 @@
 mod common;
 
 use std::collections::HashMap;
+use tidemark_engine::CommandError;
 
 use common::{engine_with_clock, events_after, rt};
 use proptest::prelude::*;
@@ -24,7 +25,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use tidemark_engine::Engine;
 use tidemark_engine::commands::{Advance, CursorCommand};
-use tidemark_log::{CommandError, Event};
+use tidemark_log::Event;
 use tidemark_projections::cursors::Cursor;
 
 /// Cursor keys: two scoped to a subject, one unscoped; two of them share a consumer.

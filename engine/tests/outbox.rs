@@ -19,13 +19,14 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use tidemark_engine::CommandError;
 
 use common::{engine_with_clock, events_after, rt};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use tidemark_engine::Engine;
 use tidemark_engine::commands::{Completed, Failure, OperatorAction, OutboxCommand};
-use tidemark_log::{CommandError, Event, EventLog, NewEvent};
+use tidemark_log::{Event, EventLog, NewEvent};
 use tidemark_projections::deliveries::Delivery;
 
 const MAX_ATTEMPTS: u32 = 2;

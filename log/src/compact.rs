@@ -25,7 +25,7 @@ fn st(e: impl Into<redb::Error>) -> StorageError {
 }
 
 /// The first seq the log holds, as `txn` sees it (1 when nothing was compacted).
-pub fn first_seq_in(txn: &WriteTransaction) -> Result<u64, StorageError> {
+pub(crate) fn first_seq_in(txn: &WriteTransaction) -> Result<u64, StorageError> {
     let meta = txn.open_table(META).map_err(st)?;
     Ok(meta
         .get(META_FIRST_SEQ)
@@ -36,7 +36,11 @@ pub fn first_seq_in(txn: &WriteTransaction) -> Result<u64, StorageError> {
 
 /// The first seq the log holds, from a read transaction.
 pub(crate) fn first_seq(db: &redb::Database) -> Result<u64, StorageError> {
-    let txn = db.begin_read().map_err(st)?;
+    first_seq_of(&db.begin_read().map_err(st)?)
+}
+
+/// The first seq the log holds, as read transaction `txn` sees it.
+pub(crate) fn first_seq_of(txn: &redb::ReadTransaction) -> Result<u64, StorageError> {
     let meta = match txn.open_table(META) {
         Ok(t) => t,
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(1),
@@ -62,7 +66,7 @@ pub struct Compacted {
 
 /// Remove the events with seq `<= through` (at most [`COMPACT_MAX`] of them, none past
 /// `indexed_through`, never the head) and their index rows, in `txn`.
-pub fn compact_in(txn: &WriteTransaction, through: u64) -> Result<Compacted, StorageError> {
+pub(crate) fn compact_in(txn: &WriteTransaction, through: u64) -> Result<Compacted, StorageError> {
     let first = first_seq_in(txn)?;
     let indexed = {
         let meta = txn.open_table(META).map_err(st)?;
@@ -122,8 +126,8 @@ pub fn compact_in(txn: &WriteTransaction, through: u64) -> Result<Compacted, Sto
 
 /// The first seq after `after` of `stream` (and of `subject` when it is not empty), among the
 /// events the index tables cover, as `txn` sees them: what a cursor still needs.
-pub fn next_in_index(
-    txn: &WriteTransaction,
+pub(crate) fn next_in_index(
+    txn: &redb::ReadTransaction,
     stream: &str,
     subject: &str,
     after: u64,
@@ -153,7 +157,10 @@ pub fn next_in_index(
 
 /// The last seq whose event time is before `before_us` (0 when none), as `txn` sees the log:
 /// event times never go back along seq, so a binary search finds it.
-pub fn last_before_in(txn: &WriteTransaction, before_us: i64) -> Result<u64, StorageError> {
+pub(crate) fn last_before_in(
+    txn: &redb::ReadTransaction,
+    before_us: i64,
+) -> Result<u64, StorageError> {
     let events = txn.open_table(EVENTS).map_err(st)?;
     let time_of = |seq: u64| -> Result<Option<i64>, StorageError> {
         match events.get(seq).map_err(st)? {

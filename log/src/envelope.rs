@@ -89,19 +89,6 @@ impl NewEvent {
             && self.payload.get() == other.payload.get()
     }
 
-    /// The event as it will be stored at `seq`.
-    pub(crate) fn to_event(&self, seq: u64, time_us: i64) -> Result<Event, String> {
-        Ok(Event {
-            seq,
-            event_id: self.event_id.clone().unwrap_or_default(),
-            stream: self.stream.clone(),
-            subject: self.subject.clone(),
-            event_type: self.event_type.clone(),
-            time_us,
-            payload: self.payload.clone(),
-        })
-    }
-
     pub(crate) fn same_content(&self, other: &Event) -> bool {
         self.stream == other.stream
             && self.subject == other.subject

@@ -5,7 +5,7 @@
 //! log runs unchanged on top of it.
 
 use std::io;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use crate::storage::Store;
 
@@ -47,12 +47,16 @@ struct State {
     full: bool,
     /// What `available` answers.
     available: Option<u64>,
+    /// Syncs wait while this is set ([`FaultStore::hold_syncs`]).
+    held: bool,
+    /// Syncs waiting on `held`.
+    waiting: usize,
 }
 
 /// A store in memory with a durable image. Clones share it; [`FaultStore::sibling`] makes
 /// another file on the same machine (one power supply, one operation count).
 #[derive(Debug, Clone, Default)]
-pub struct FaultStore(Arc<Mutex<State>>, Arc<Mutex<Power>>);
+pub struct FaultStore(Arc<Mutex<State>>, Arc<Mutex<Power>>, Arc<Condvar>);
 
 fn eio(what: &str) -> io::Error {
     io::Error::other(format!("injected fault: {what}"))
@@ -72,20 +76,21 @@ impl FaultStore {
                 ..State::default()
             })),
             Arc::default(),
+            Arc::default(),
         )
     }
 
     /// Another, empty file on the same machine: it shares this store's power (a cut stops
     /// both) and operation count.
     pub fn sibling(&self) -> FaultStore {
-        FaultStore(Arc::default(), self.1.clone())
+        FaultStore(Arc::default(), self.1.clone(), Arc::default())
     }
 
     /// [`FaultStore::crash`] of a file whose machine is `machine`'s (after the crash both run
     /// on one power supply again).
     pub fn crash_on(&self, machine: &FaultStore, keep: impl FnMut(usize) -> bool) -> FaultStore {
         let c = self.crash(keep);
-        FaultStore(c.0, machine.1.clone())
+        FaultStore(c.0, machine.1.clone(), c.2)
     }
 
     fn power(&self) -> std::sync::MutexGuard<'_, Power> {
@@ -110,6 +115,18 @@ impl FaultStore {
     /// A full disk: writes past the end and growing resizes fail with `StorageFull`.
     pub fn set_full(&self, full: bool) {
         self.st().full = full;
+    }
+
+    /// Hold every sync (it waits, not fails) until called again with `false`: a test keeps
+    /// a writer busy inside a commit for as long as it needs.
+    pub fn hold_syncs(&self, held: bool) {
+        self.st().held = held;
+        self.2.notify_all();
+    }
+
+    /// Syncs waiting on [`FaultStore::hold_syncs`] now.
+    pub fn syncs_waiting(&self) -> usize {
+        self.st().waiting
     }
 
     /// Say this much space is free (what the log checks before each commit).
@@ -232,6 +249,14 @@ impl Store for FaultStore {
     }
 
     fn sync_data(&self) -> io::Result<()> {
+        {
+            let mut s = self.st();
+            s.waiting += 1;
+            while s.held {
+                s = self.2.wait(s).unwrap_or_else(|p| p.into_inner());
+            }
+            s.waiting -= 1;
+        }
         let mut s = self.enter(Op::Sync)?;
         s.durable = s.written.clone();
         s.pending.clear();

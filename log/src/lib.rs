@@ -20,9 +20,9 @@
 //!   on a [`Condition`], read by [`ReadQuery`] into a [`ReadPage`], get, get by id, head,
 //!   subscribe), with [`NewEvent`] / [`Event`] / [`limits`], [`AppendReceipt`] / [`Appended`]
 //!   and the errors ([`AppendError`], [`ReadError`], [`OpenError`], [`StorageError`]).
-//! - The redb backend: [`Log`] ([`LogConfig`], [`OpenReport`]), which also offers what only
-//!   the engine and the read models use while they live in its file: [`Log::command`]
-//!   ([`CommandError`], [`RejectKind`]), [`CommitHook`], [`scan_events`], [`Log::db`].
+//! - The redb backend: [`Log`] ([`LogConfig`], [`OpenReport`]), with the retention operations
+//!   of section 13 ([`Log::compact`], [`Log::last_before`], [`Log::next_of`]) and
+//!   [`EventChunk`], a run of events read in one buffer for folds.
 //! - [`time`]: event time formatting.
 //! - [`storage`]: the byte stores under the log ([`storage::Store`]); [`fault`]: the
 //!   fault-injecting store tests run it on.
@@ -60,11 +60,11 @@ use redb::Database;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
 
+pub use compact::{COMPACT_MAX, Compacted};
 pub use condition::{Condition, ConditionOn, SubjectSeq};
 pub use envelope::{Event, EventRef, FieldError, InvalidKind, NewEvent, limits};
-pub use error::{AppendError, CommandError, Error, OpenError, ReadError, RejectKind, StorageError};
+pub use error::{AppendError, Error, OpenError, ReadError, StorageError};
 pub use store::{ReadPage, ReadQuery};
-pub use writer::CommandFn;
 
 /// How to open a log.
 #[derive(Debug, Clone)]
@@ -183,49 +183,6 @@ impl EventLog for Log {
     }
 }
 
-/// State kept in the log's own redb file and updated inside the writer's transactions:
-/// projections. `apply` runs in the same transaction as the append of `events`, so a commit
-/// holds the events and the state they produce, or neither.
-pub trait CommitHook: Send + 'static {
-    /// Once at open, before anything is served: bring the state up to `head` (the hook reads
-    /// the missing events with [`scan_events`]).
-    fn recover(&mut self, txn: &redb::WriteTransaction, head: u64) -> Result<(), StorageError>;
-    /// Fold newly appended events (in seq order) into the state: every commit's when
-    /// [`Self::folds_commits`], and a command's always (so what a command did is in the state
-    /// when it is answered). The events are in `txn`'s events table too.
-    fn apply(&mut self, txn: &redb::WriteTransaction, events: &[Event])
-    -> Result<(), StorageError>;
-    /// Whether [`Self::apply`] wants the events of every commit (a hook whose state follows
-    /// the log in its own transactions does not, and the writer then builds none for appends).
-    fn folds_commits(&self) -> bool {
-        true
-    }
-}
-
-/// Visit the events with `after < seq <= upto` in order, as `txn` sees them (a command's
-/// transaction includes the events staged before it in the same group); stop early when `f`
-/// returns `Ok(false)`.
-pub fn scan_events(
-    txn: &redb::WriteTransaction,
-    after: u64,
-    upto: u64,
-    mut f: impl FnMut(Event) -> Result<bool, StorageError>,
-) -> Result<(), StorageError> {
-    use redb::ReadableTable;
-    if after >= upto {
-        return Ok(());
-    }
-    let t = txn.open_table(store::EVENTS).map_err(StorageError::of)?;
-    for row in t.range(after + 1..=upto).map_err(StorageError::of)? {
-        let (k, v) = row.map_err(StorageError::of)?;
-        let ev = store::decode_event(k.value(), v.value()).map_err(StorageError::of)?;
-        if !f(ev)? {
-            break;
-        }
-    }
-    Ok(())
-}
-
 /// A run of stored events copied out of the log in one buffer ([`EventChunk::read`]), decoded
 /// as borrowed [`EventRef`]s: reading a chunk allocates nothing per event (the buffers are
 /// reused from one chunk to the next), which is what projections fold in batches.
@@ -237,32 +194,45 @@ pub struct EventChunk {
 }
 
 impl EventChunk {
-    /// Replace the chunk's content with the events `after < seq <= upto`, as `txn` sees them.
-    pub fn read(
-        &mut self,
-        txn: &redb::WriteTransaction,
-        after: u64,
-        upto: u64,
-    ) -> Result<(), StorageError> {
-        use redb::ReadableTable;
+    /// Replace the chunk's content with the committed events `after < seq <= upto` of `log`
+    /// (`upto` is cut at the head).
+    pub fn read(&mut self, log: &Log, after: u64, upto: u64) -> Result<(), ReadError> {
+        use redb::ReadableDatabase;
         self.bytes.clear();
         self.ends.clear();
+        let upto = upto.min(log.head());
         if after >= upto {
             return Ok(());
         }
-        let first = compact::first_seq_in(txn)?;
+        let db = log.shared.db();
+        let txn = db
+            .begin_read()
+            .map_err(|e| ReadError::Storage(StorageError::of(e)))?;
+        let first = compact::first_seq_of(&txn).map_err(ReadError::Storage)?;
         if after + 1 < first {
-            return Err(StorageError::msg(format!(
-                "the events after {after} are needed but the log starts at {first} (compacted)"
-            )));
+            return Err(ReadError::Compacted { first });
         }
-        let t = txn.open_table(store::EVENTS).map_err(StorageError::of)?;
-        for row in t.range(after + 1..=upto).map_err(StorageError::of)? {
-            let (k, v) = row.map_err(StorageError::of)?;
+        let t = txn
+            .open_table(store::EVENTS)
+            .map_err(|e| ReadError::Storage(StorageError::of(e)))?;
+        for row in t
+            .range(after + 1..=upto)
+            .map_err(|e| ReadError::Storage(StorageError::of(e)))?
+        {
+            let (k, v) = row.map_err(|e| ReadError::Storage(StorageError::of(e)))?;
             self.bytes.extend_from_slice(v.value());
             self.ends.push((k.value(), self.bytes.len()));
         }
         Ok(())
+    }
+
+    /// The number of events in the chunk.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
     }
 
     /// The events decoded, borrowing their strings and payloads from the chunk.
@@ -362,14 +332,6 @@ pub struct OpenReport {
 impl Log {
     /// Open (or create) the log and start its writer thread.
     pub fn open(cfg: &LogConfig) -> Result<(Log, OpenReport), OpenError> {
-        Self::open_with(cfg, Vec::new())
-    }
-
-    /// Open with hooks (projections) that the writer keeps current with every commit.
-    pub fn open_with(
-        cfg: &LogConfig,
-        hooks: Vec<Box<dyn CommitHook>>,
-    ) -> Result<(Log, OpenReport), OpenError> {
         let stores = cfg.storage.open(&cfg.path)?;
         let opened = store::open(cfg, &stores)?;
         let report = OpenReport {
@@ -395,7 +357,7 @@ impl Log {
             path: cfg.path.clone(),
             min_free: cfg.min_free,
         };
-        let mut w = writer::Writer {
+        let w = writer::Writer {
             shared: shared.clone(),
             db: db.clone(),
             rx,
@@ -406,11 +368,9 @@ impl Log {
             quick_repair: cfg.quick_repair,
             space: space.clone(),
             journal: opened.journal,
-            hooks,
             cfg: cfg.clone(),
             stores,
         };
-        w.recover_hooks().map_err(OpenError::Storage)?;
         let handle = std::thread::Builder::new()
             .name("tidemark-log-writer".into())
             .spawn(move || w.run())
@@ -491,51 +451,40 @@ impl Log {
         rx.await.map_err(|_| AppendError::Closed)?
     }
 
-    /// Run `f` inside the writer's transaction: it reads state, decides, and returns the events
-    /// that record its decision (and a value for the caller). The events are appended and the
-    /// hooks applied in the same transaction, so two commands never decide on the same state.
-    /// With `durable = false` the commit skips the fsync (maintenance work that can be redone).
-    pub async fn command<R: Send + 'static>(
-        &self,
-        durable: bool,
-        f: impl FnOnce(&redb::WriteTransaction, u64) -> Result<(R, Vec<NewEvent>), CommandError>
-        + Send
-        + 'static,
-    ) -> Result<(R, AppendReceipt), CommandError> {
-        let slot: Arc<Mutex<Option<R>>> = Arc::new(Mutex::new(None));
-        let out = slot.clone();
-        let boxed: CommandFn = Box::new(move |txn, head| {
-            let (r, events) = f(txn, head)?;
-            *out.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-            Ok(events)
-        });
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(writer::Msg::Command {
-                f: boxed,
-                durable,
-                reply,
-            })
-            .await
-            .map_err(|_| CommandError::Append(AppendError::Closed))?;
-        let receipt = rx
-            .await
-            .map_err(|_| CommandError::Append(AppendError::Closed))??;
-        let r = slot
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-            .ok_or_else(|| CommandError::Storage("the command did not run".into()))?;
-        Ok((r, receipt))
+    fn db(&self) -> Arc<Database> {
+        self.shared.db()
     }
 
-    /// The underlying database, for the read models kept in the same file (the projections
-    /// crate and the engine's reader). Not part of [`EventLog`]: nothing above the engine
-    /// uses it, and a backend without co-located read models has no such thing.
-    /// A handle is held only for a request: after a full disk the writer reopens the file in
-    /// process and later calls get the new database.
-    pub fn db(&self) -> Arc<Database> {
-        self.shared.db()
+    /// Drop the events with seq `<= through` (at most [`COMPACT_MAX`] per call, never past
+    /// what the index tables cover nor the head; spec section 13) in a durable commit of its
+    /// own. The `event_id` index keeps the ids of the dropped events.
+    pub async fn compact(&self, through: u64) -> Result<Compacted, AppendError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(writer::Msg::Compact { through, reply })
+            .await
+            .map_err(|_| AppendError::Closed)?;
+        rx.await.map_err(|_| AppendError::Closed)?
+    }
+
+    /// The last seq whose event time is before `before_us` (0 when none; blocking).
+    pub fn last_before(&self, before_us: i64) -> Result<u64, StorageError> {
+        use redb::ReadableDatabase;
+        let txn = self.db().begin_read().map_err(StorageError::of)?;
+        compact::last_before_in(&txn, before_us)
+    }
+
+    /// The first seq after `after` of `stream` (and of `subject` when it is not empty) among
+    /// the events the index tables cover (blocking): what a cursor at `after` still needs.
+    pub fn next_of(
+        &self,
+        stream: &str,
+        subject: &str,
+        after: u64,
+    ) -> Result<Option<u64>, StorageError> {
+        use redb::ReadableDatabase;
+        let txn = self.db().begin_read().map_err(StorageError::of)?;
+        compact::next_in_index(&txn, stream, subject, after)
     }
 
     /// Requests waiting for the writer.

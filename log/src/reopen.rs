@@ -59,13 +59,6 @@ impl Writer {
         self.last_time_us = self.last_time_us.max(opened.last_time_us);
         let was = self.head;
         self.head = opened.head;
-        if let Err(why) = self.recover_hooks() {
-            if why.is_storage_full() {
-                return Err(refusal(&self.space));
-            }
-            self.poison(why.clone());
-            return Err(AppendError::Poisoned(why));
-        }
         self.shared.head.send_replace(self.head);
         self.stores.cause.clear();
         self.shared.full.store(false, Ordering::SeqCst);

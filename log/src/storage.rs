@@ -231,3 +231,12 @@ impl redb::StorageBackend for Backend {
         self.cause.record(self.store.write(offset, data))
     }
 }
+
+/// A redb storage backend on `store`: what another redb file kept beside the log (the
+/// models store) uses to run on the same stores as the log, fault-injecting ones in tests.
+pub fn redb_backend(store: Arc<dyn Store>) -> impl redb::StorageBackend {
+    Backend {
+        store,
+        cause: Arc::new(Cause::default()),
+    }
+}

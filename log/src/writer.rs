@@ -16,20 +16,14 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::codec::{self, StoredV1};
 use crate::condition::{self, Condition, GroupLast};
-use crate::envelope::{Event, NewEvent};
-use crate::error::{AppendError, CommandError, StorageError, storage};
+use crate::envelope::NewEvent;
+use crate::error::{AppendError, StorageError, storage};
 use crate::store::{EVENTS, META, META_INDEXED_THROUGH, STREAMS, SUBJECTS, TYPES};
 use crate::tail::Tail;
 use crate::time::now_micros;
-use crate::{AppendReceipt, Appended, CommitHook, Shared};
+use crate::{AppendReceipt, Appended, Shared};
 
 type Reply = oneshot::Sender<Result<AppendReceipt, AppendError>>;
-
-/// A command: decides from state inside the writer's transaction and returns the events that
-/// record its decision. It must not write to the transaction itself unless it is a
-/// maintenance command that never fails after writing (projection rebuild).
-pub type CommandFn =
-    Box<dyn FnOnce(&WriteTransaction, u64) -> Result<Vec<NewEvent>, CommandError> + Send>;
 
 pub(crate) enum Msg {
     Append {
@@ -37,40 +31,27 @@ pub(crate) enum Msg {
         condition: Condition,
         reply: Reply,
     },
-    Command {
-        f: CommandFn,
-        durable: bool,
-        reply: oneshot::Sender<Result<AppendReceipt, CommandError>>,
+    /// Drop the events up to a seq (retention, spec section 13), in a commit of its own.
+    Compact {
+        through: u64,
+        reply: oneshot::Sender<Result<crate::compact::Compacted, AppendError>>,
     },
     Close(oneshot::Sender<()>),
 }
 
 enum Item {
     Append(Vec<NewEvent>, Condition, Reply),
-    Command(
-        CommandFn,
-        oneshot::Sender<Result<AppendReceipt, CommandError>>,
-    ),
 }
 
-enum AnyReply {
-    Append(Reply),
-    Command(oneshot::Sender<Result<AppendReceipt, CommandError>>),
-}
+struct AnyReply(Reply);
 
 impl AnyReply {
     fn ok(self, r: AppendReceipt) {
-        match self {
-            AnyReply::Append(tx) => drop(tx.send(Ok(r))),
-            AnyReply::Command(tx) => drop(tx.send(Ok(r))),
-        }
+        drop(self.0.send(Ok(r)))
     }
 
     fn err(self, e: AppendError) {
-        match self {
-            AnyReply::Append(tx) => drop(tx.send(Err(e))),
-            AnyReply::Command(tx) => drop(tx.send(Err(CommandError::Append(e)))),
-        }
+        drop(self.0.send(Err(e)))
     }
 }
 
@@ -86,7 +67,6 @@ pub(crate) struct Writer {
     pub space: crate::Space,
     /// The lean commit's durable point (see `journal`).
     pub journal: crate::journal::Journal,
-    pub hooks: Vec<Box<dyn CommitHook>>,
     /// How the log was opened and on what, for an in-process reopen after a full disk.
     pub cfg: crate::LogConfig,
     pub stores: crate::storage::Opened,
@@ -107,17 +87,6 @@ fn stored(ev: &NewEvent, time_us: i64) -> StoredV1<'_> {
     }
 }
 
-/// Run a command with the log's tables closed, so it may open them itself.
-fn run_command(
-    tables: &mut Option<LogTables<'_>>,
-    f: CommandFn,
-    txn: &WriteTransaction,
-    head: u64,
-) -> Result<Vec<NewEvent>, CommandError> {
-    *tables = None;
-    f(txn, head)
-}
-
 struct LogTables<'t> {
     events: redb::Table<'t, u64, &'static [u8]>,
 }
@@ -135,18 +104,6 @@ enum Found {
 }
 
 impl Writer {
-    /// Bring every hook up to the head, in one transaction, before serving anything.
-    pub fn recover_hooks(&mut self) -> Result<(), StorageError> {
-        if self.hooks.is_empty() {
-            return Ok(());
-        }
-        let txn = self.begin()?;
-        for h in &mut self.hooks {
-            h.recover(&txn, self.head)?;
-        }
-        txn.commit().map_err(storage)
-    }
-
     /// The next request; while a full disk keeps the log closed, look for space every
     /// [`REOPEN_POLL`] and reopen, so the log recovers by itself without traffic (I10).
     fn next_msg(&mut self) -> Option<Msg> {
@@ -168,7 +125,6 @@ impl Writer {
         while let Some(first) = self.next_msg() {
             let mut group = Vec::new();
             let mut n = 0usize;
-            let mut durable = true;
             let mut next = Some(first);
             while let Some(msg) = next.take() {
                 match msg {
@@ -180,21 +136,13 @@ impl Writer {
                         n += events.len();
                         group.push(Item::Append(events, condition, reply));
                     }
-                    Msg::Command {
-                        f,
-                        durable: d,
-                        reply,
-                    } => {
-                        // A non-durable command rides alone, so no append loses its fsync.
-                        if !d && !group.is_empty() {
-                            self.process(std::mem::take(&mut group), true);
+                    Msg::Compact { through, reply } => {
+                        // Alone, after the appends taken so far.
+                        if !group.is_empty() {
+                            self.process(std::mem::take(&mut group));
                         }
-                        durable = d;
-                        group.push(Item::Command(f, reply));
-                        n += 1;
-                        if !d {
-                            break;
-                        }
+                        let _ = reply.send(self.compact(through));
+                        break;
                     }
                     Msg::Close(reply) => {
                         close_reply = Some(reply);
@@ -207,7 +155,7 @@ impl Writer {
                 next = self.rx.try_recv().ok();
             }
             if !group.is_empty() {
-                self.process(group, durable);
+                self.process(group);
             }
             if close_reply.is_some() {
                 break;
@@ -225,9 +173,7 @@ impl Writer {
         while let Ok(msg) = self.rx.try_recv() {
             match msg {
                 Msg::Append { reply, .. } => drop(reply.send(Err(AppendError::Closed))),
-                Msg::Command { reply, .. } => {
-                    drop(reply.send(Err(CommandError::Append(AppendError::Closed))))
-                }
+                Msg::Compact { reply, .. } => drop(reply.send(Err(AppendError::Closed))),
                 Msg::Close(reply) => drop(reply.send(())),
             }
         }
@@ -289,22 +235,19 @@ impl Writer {
 
     /// Commit one group, recording its duration (staging, journal write and fsync, redb
     /// commit, replies) and size.
-    fn process(&mut self, group: Vec<Item>, durable: bool) {
+    fn process(&mut self, group: Vec<Item>) {
         let started = std::time::Instant::now();
         let items = group.len();
-        self.process_group(group, durable);
+        self.process_group(group);
         metrics::histogram!("tidemark_log_commit_duration_seconds")
             .record(started.elapsed().as_secs_f64());
         metrics::histogram!("tidemark_log_commit_items").record(items as f64);
     }
 
-    fn process_group(&mut self, group: Vec<Item>, durable: bool) {
+    fn process_group(&mut self, group: Vec<Item>) {
         let fail_all = |group: Vec<Item>, e: AppendError| {
-            for item in group {
-                match item {
-                    Item::Append(_, _, r) => AnyReply::Append(r).err(e.clone()),
-                    Item::Command(_, r) => AnyReply::Command(r).err(e.clone()),
-                }
+            for Item::Append(_, _, r) in group {
+                AnyReply(r).err(e.clone());
             }
         };
         if let Some(why) = self.poisoned() {
@@ -332,13 +275,10 @@ impl Writer {
             }
         };
         // The journal record is the group's durable point; redb's commit only makes it visible
-        // (a checkpoint makes redb durable every `journal::CHECKPOINT_*`). A durable command
-        // that appends nothing (a rebuild chunk) has no record: its own commit is made
-        // durable below, and is a checkpoint.
+        // (a checkpoint makes redb durable every `journal::CHECKPOINT_*`).
         txn.set_quick_repair(false);
         let _ = txn.set_durability(redb::Durability::None);
         let time_us = now_micros().max(self.last_time_us);
-        let only_appends = group.iter().all(|i| matches!(i, Item::Append(..)));
         let mut staged: Vec<(u64, NewEvent)> = Vec::new();
         let mut pending: Vec<Pending> = Vec::new();
         // The stored bytes of the staged events, encoded once: for the events table and for
@@ -361,19 +301,12 @@ impl Writer {
             for p in pending {
                 p.reply.err(AppendError::Storage(e.clone()));
             }
-            for item in items {
-                match item {
-                    Item::Append(_, _, r) => {
-                        AnyReply::Append(r).err(AppendError::Storage(e.clone()))
-                    }
-                    Item::Command(_, r) => {
-                        AnyReply::Command(r).err(AppendError::Storage(e.clone()))
-                    }
-                }
+            for Item::Append(_, _, r) in items {
+                AnyReply(r).err(AppendError::Storage(e.clone()));
             }
             return;
         }
-        if staged.is_empty() && only_appends {
+        if staged.is_empty() {
             // Nothing new (all duplicates or refused): nothing to commit.
             drop(txn);
             for p in pending {
@@ -389,8 +322,7 @@ impl Writer {
                 .journal
                 .append(records.iter().map(|(s, b)| (*s, b.as_slice())))
         {
-            // The group is not acknowledged: abort it (redb rolls the transaction back, the
-            // projector keeps no state outside it). A write refused for a full disk left
+            // The group is not acknowledged: abort it (redb rolls the transaction back). A write refused for a full disk left
             // no complete record: the group is refused and the log goes on once space
             // returns (I10). Any other failure — a failed sync may have left a complete
             // record — poisons the log; the group's outcome is then unknown until a
@@ -424,11 +356,6 @@ impl Writer {
                 tail.insert(*seq, id, &ev.stream, &ev.subject, &ev.event_type);
             }
         }
-        let checkpoint = durable && staged.is_empty();
-        if checkpoint {
-            let _ = txn.set_durability(redb::Durability::Immediate);
-            txn.set_quick_repair(self.quick_repair);
-        }
         if let Err(e) = txn.commit() {
             let why = storage(e);
             self.stop(why.clone());
@@ -447,9 +374,6 @@ impl Writer {
                 last_seq: new_head,
             });
         }
-        if checkpoint {
-            self.journal.reset();
-        }
         let tail_len = self.shared.tail.read().map(|t| t.len()).unwrap_or(0);
         if tail_len >= self.merge_threshold {
             // The merge's commit is durable: a checkpoint.
@@ -464,11 +388,9 @@ impl Writer {
         }
     }
 
-    /// Check every item of the group in order and write the accepted ones into `txn`, running
-    /// the hooks on each accepted request's events before the next item is looked at (so a
-    /// command sees the state left by the appends before it). Rejected items are answered at
-    /// once; accepted ones wait in `pending` for the commit. An `Err` is a storage or hook
-    /// failure: the whole group fails.
+    /// Check every item of the group in order and write the accepted ones into `txn`.
+    /// Rejected items are answered at once; accepted ones wait in `pending` for the commit. An
+    /// `Err` is a storage failure: the whole group fails.
     fn stage_group(
         &mut self,
         txn: &WriteTransaction,
@@ -480,41 +402,13 @@ impl Writer {
     ) -> Result<(), StorageError> {
         let mut staged_ids: HashMap<String, usize> = HashMap::new();
         let mut group_last = GroupLast::default();
-        // The log's tables stay open across the group's appends; a command may read them
-        // itself (scan_events), so they are closed while it runs.
+        // The log's tables stay open across the group's appends.
         let mut tables: Option<LogTables<'_>> = None;
         let shared = self.shared.clone();
         let tail = shared.tail.read().unwrap_or_else(|p| p.into_inner());
         for item in group.by_ref() {
-            let is_command = matches!(item, Item::Command(..));
-            let (events, condition, reply) = match item {
-                Item::Append(events, condition, reply) => {
-                    (events, condition, AnyReply::Append(reply))
-                }
-                Item::Command(f, reply) => {
-                    match run_command(&mut tables, f, txn, self.head + staged.len() as u64) {
-                        Ok(events) if events.is_empty() => {
-                            pending.push(Pending {
-                                reply: AnyReply::Command(reply),
-                                results: Vec::new(),
-                            });
-                            continue;
-                        }
-                        Ok(mut events) => {
-                            for ev in &mut events {
-                                if ev.event_id.is_none() {
-                                    ev.event_id = Some(crate::fresh_event_id());
-                                }
-                            }
-                            (events, Condition::none(), AnyReply::Command(reply))
-                        }
-                        Err(e) => {
-                            let _ = reply.send(Err(e));
-                            continue;
-                        }
-                    }
-                }
-            };
+            let Item::Append(events, condition, reply) = item;
+            let reply = AnyReply(reply);
             let base = staged.len();
             // Answered with the group's error if a storage call fails below.
             pending.push(Pending {
@@ -571,21 +465,6 @@ impl Writer {
                     codec::encode(&stored(ev, time_us), &mut b);
                     t.events.insert(*seq, b.as_slice()).map_err(storage)?;
                     records.push((*seq, b));
-                }
-            }
-            // Hooks see every commit's events if they fold commits, and a command's events
-            // always (a command's effects are in the state when it is answered).
-            if staged.len() > base && self.hooks.iter().any(|h| h.folds_commits() || is_command) {
-                let events: Vec<Event> = staged[base..]
-                    .iter()
-                    .map(|(seq, ev)| ev.to_event(*seq, time_us))
-                    .collect::<Result<_, _>>()?;
-                // A hook may read the log's tables itself (scan_events).
-                tables = None;
-                for h in &mut self.hooks {
-                    if h.folds_commits() || is_command {
-                        h.apply(txn, &events)?;
-                    }
                 }
             }
             if let Some(p) = pending.last_mut() {
@@ -660,6 +539,32 @@ impl Writer {
             }
         }
         Ok(Ok(results))
+    }
+
+    /// Drop the events up to `through` (bounded, see `compact`) in a durable commit of its
+    /// own, which is also a checkpoint.
+    fn compact(&mut self, through: u64) -> Result<crate::compact::Compacted, AppendError> {
+        if let Some(why) = self.poisoned() {
+            return Err(AppendError::Poisoned(why));
+        }
+        self.try_reopen()?;
+        if let Err((available, min_free)) = self.space.check() {
+            return Err(AppendError::InsufficientStorage {
+                available,
+                min_free,
+            });
+        }
+        let run = |w: &mut Self| -> Result<crate::compact::Compacted, StorageError> {
+            let txn = w.begin()?;
+            let c = crate::compact::compact_in(&txn, through)?;
+            txn.commit().map_err(storage)?;
+            w.journal.reset();
+            Ok(c)
+        };
+        run(self).map_err(|e| {
+            self.stop(e.clone());
+            AppendError::Storage(e)
+        })
     }
 
     /// Move the in-memory tail into the redb index tables in one sorted write transaction.

@@ -325,28 +325,33 @@ proptest! {
 
 /// I8: when the writer's queue is full an append is refused at once with `Overloaded`
 /// (retryable) and nothing of it is appended; accepted appends are not dropped. The writer is
-/// held busy by a command that waits, so the queue fills deterministically.
+/// held busy inside a commit (its journal's sync held on a fault store), so the queue fills
+/// deterministically.
 #[test]
 fn a_full_queue_refuses_explicitly_and_loses_nothing() {
+    use tidemark_log::fault::FaultStore;
+    use tidemark_log::storage::Storage;
     let dir = tempfile::tempdir().unwrap();
     let mut c = cfg(&dir, 100);
     c.queue_capacity = 2;
+    let journal = FaultStore::new();
+    c.storage = Storage::Stores {
+        db: std::sync::Arc::new(FaultStore::new()),
+        journal: std::sync::Arc::new(journal.clone()),
+    };
     rt().block_on(async {
         let (log, _) = Log::open(&c).unwrap();
-        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-        let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+        journal.hold_syncs(true);
         let busy = {
             let log = log.clone();
             tokio::spawn(async move {
-                log.command(true, move |_txn, _head| {
-                    let _ = started_tx.send(());
-                    let _ = release_rx.recv();
-                    Ok(((), Vec::new()))
-                })
-                .await
+                log.append(vec![ev(Some("q0"), "s", "x.y", json!({}))])
+                    .await
             })
         };
-        started_rx.await.unwrap();
+        while journal.syncs_waiting() == 0 {
+            tokio::task::yield_now().await;
+        }
         // The writer is inside the command: two appends fill the queue, the third is refused.
         let a = tokio::spawn({
             let log = log.clone();
@@ -375,14 +380,14 @@ fn a_full_queue_refuses_explicitly_and_loses_nothing() {
             "{refused:?}"
         );
         assert!(refused.is_retryable());
-        release_tx.send(()).unwrap();
-        busy.await.unwrap().unwrap();
+        journal.hold_syncs(false);
+        assert_eq!(busy.await.unwrap().unwrap().events[0].seq, 1);
         let mut seqs = vec![
             a.await.unwrap().unwrap().events[0].seq,
             b.await.unwrap().unwrap().events[0].seq,
         ];
         seqs.sort_unstable();
-        assert_eq!(seqs, vec![1, 2]);
+        assert_eq!(seqs, vec![2, 3]);
         let ids: Vec<String> = all(&log, ReadQuery::default())
             .into_iter()
             .map(|e| e.event_id)
@@ -396,7 +401,7 @@ fn a_full_queue_refuses_explicitly_and_loses_nothing() {
             .append(vec![ev(Some("q3"), "s", "x.y", json!({}))])
             .await
             .unwrap();
-        assert_eq!(r.events[0].seq, 3);
+        assert_eq!(r.events[0].seq, 4);
         log.close().await;
     });
 }

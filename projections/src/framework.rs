@@ -29,7 +29,7 @@ use tidemark_log::StorageError;
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 use serde::{Deserialize, Serialize};
-use tidemark_log::{CommitHook, Event, EventChunk, EventRef};
+use tidemark_log::{EventChunk, EventRef, Log};
 
 /// A u64 stored big-endian (counters, checkpoints), or `None` when the bytes are not one.
 /// A row of a `by_created` index (the newest-first lists of tasks and deliveries):
@@ -138,9 +138,6 @@ fn encode_as<T: Serialize + 'static>(
     *out = buf;
     Ok(())
 }
-
-/// Events read from the log at a time when a projection catches up at open.
-const RECOVER_CHUNK: u64 = 50_000;
 
 /// Coalesced writes are flushed after this many events even inside one transaction.
 const FLUSH_EVERY: usize = 50_000;
@@ -543,16 +540,17 @@ pub(crate) fn drop_other_generations(
 }
 
 /// Fold every projection of `projections` forward from its checkpoint towards `upto` — at
-/// most `max` events past the lowest checkpoint — in `txn`, with the fold code a rebuild uses
-/// (the log is read once for all of them). The projection follower calls it in its own
-/// transactions; a command calls it in the writer's transaction before it decides, so it
-/// decides against state current at the head (spec section 3). Returns the lowest checkpoint
-/// after.
+/// most `max` events past the lowest checkpoint — in `txn` (a transaction of the models
+/// store), with the fold code a rebuild uses; the events are read from `log` once for all of
+/// them, into `chunk` (a buffer reused from one call to the next). The subjects' last seqs
+/// ([`crate::subjects`]) follow too. Returns the lowest checkpoint after.
 pub fn catch_up(
     txn: &WriteTransaction,
     projections: &[&'static dyn Projection],
+    log: &Log,
     upto: u64,
     max: u64,
+    chunk: &mut EventChunk,
 ) -> Result<u64, StorageError> {
     let mut metas = Vec::with_capacity(projections.len());
     {
@@ -567,13 +565,18 @@ pub fn catch_up(
             });
         }
     }
-    let from = metas.iter().map(|m| m.checkpoint).min().unwrap_or(upto);
+    let subjects_at = crate::subjects::checkpoint(txn, log)?;
+    let from = metas
+        .iter()
+        .map(|m| m.checkpoint)
+        .min()
+        .unwrap_or(upto)
+        .min(subjects_at);
     if from >= upto {
         return Ok(from);
     }
     let end = upto.min(from.saturating_add(max.max(1)));
-    let mut chunk = EventChunk::default();
-    chunk.read(txn, from, end)?;
+    chunk.read(log, from, end).map_err(StorageError::of)?;
     let events = chunk.events()?;
     let mut t = None;
     for (p, meta) in projections.iter().zip(metas.iter_mut()) {
@@ -589,6 +592,10 @@ pub fn catch_up(
         };
         let b = postcard::to_stdvec(&*meta).map_err(StorageError::of)?;
         t.insert(p.name(), b.as_slice()).map_err(StorageError::of)?;
+    }
+    if subjects_at < end {
+        let start = events.partition_point(|e| e.seq <= subjects_at);
+        crate::subjects::record(txn, &events[start..], end)?;
     }
     Ok(metas.iter().map(|m| m.checkpoint).min().unwrap_or(end))
 }
@@ -607,131 +614,48 @@ pub fn checkpoint(
     Ok(if low == u64::MAX { 0 } else { low })
 }
 
-/// The hook that keeps the projections' tables in order in the log's writer: at open it
-/// drops what an interrupted rebuild left, rebuilds a projection whose format changed and
-/// catches every projection up with the log. Folding the new events is the follower's work
-/// (`tidemark_engine`), in its own transactions, unless the projector was made `inline`
-/// (then every commit folds its own events, as the fold tests use it).
-pub struct Projector {
-    projections: Vec<&'static dyn Projection>,
-    inline: bool,
-}
-
-impl Projector {
-    /// Projections that fold every commit's events inside that commit.
-    pub fn new(projections: Vec<&'static dyn Projection>) -> Self {
-        Projector {
-            projections,
-            inline: true,
-        }
-    }
-
-    /// Projections that follow the log: commits do not fold.
-    pub fn following(projections: Vec<&'static dyn Projection>) -> Self {
-        Projector {
-            projections,
-            inline: false,
-        }
-    }
-}
-
-impl CommitHook for Projector {
-    fn recover(&mut self, txn: &WriteTransaction, head: u64) -> Result<(), StorageError> {
-        for p in &self.projections {
-            let stored = read_meta_opt(txn, p.name())?;
-            let mut meta = match &stored {
-                None => Meta {
-                    version: p.version(),
-                    ..Meta::default()
-                },
-                Some(m) if m.version != p.version() => {
-                    tracing::warn!(
-                        projection = p.name(),
-                        stored = m.version,
-                        code = p.version(),
-                        "projection format changed; rebuilding it from the log"
-                    );
-                    Meta {
-                        generation: m.generation + 1,
-                        version: p.version(),
-                        ..Meta::default()
-                    }
-                }
-                Some(m) => m.clone(),
-            };
-            let dropped = drop_other_generations(txn, p.name(), meta.generation)?;
-            if dropped > 0 {
+/// Put the projections' tables in order at open: drop what an interrupted rebuild left, and
+/// start over (a new generation, folded from the log) a projection whose format changed.
+/// Catching up with the log is the follower's work.
+pub fn prepare(
+    txn: &WriteTransaction,
+    projections: &[&'static dyn Projection],
+) -> Result<(), StorageError> {
+    for p in projections {
+        let stored = read_meta_opt(txn, p.name())?;
+        let meta = match &stored {
+            None => Meta {
+                version: p.version(),
+                ..Meta::default()
+            },
+            Some(m) if m.version != p.version() => {
                 tracing::warn!(
                     projection = p.name(),
-                    tables = dropped,
-                    "dropped tables of an unfinished rebuild or of an older projection format"
+                    stored = m.version,
+                    code = p.version(),
+                    "projection format changed; rebuilding it from the log"
                 );
-            }
-            if stored.as_ref() != Some(&meta) {
-                write_meta(txn, p.name(), &meta)?;
-            }
-            if meta.checkpoint < head {
-                tracing::info!(
-                    projection = p.name(),
-                    from = meta.checkpoint,
-                    to = head,
-                    "catching up"
-                );
-                let mut st = Store::new(txn, p.name(), meta.generation);
-                let mut chunk = EventChunk::default();
-                while meta.checkpoint < head {
-                    let upto = head.min(meta.checkpoint.saturating_add(RECOVER_CHUNK));
-                    chunk.read(txn, meta.checkpoint, upto)?;
-                    for ev in chunk.events()? {
-                        st.fold(*p, &ev, &mut meta)?;
-                    }
-                    meta.checkpoint = upto;
+                Meta {
+                    generation: m.generation + 1,
+                    version: p.version(),
+                    ..Meta::default()
                 }
-                st.flush()?;
-                drop(st);
-                write_meta(txn, p.name(), &meta)?;
             }
+            Some(m) => m.clone(),
+        };
+        let dropped = drop_other_generations(txn, p.name(), meta.generation)?;
+        if dropped > 0 {
+            tracing::warn!(
+                projection = p.name(),
+                tables = dropped,
+                "dropped tables of an unfinished rebuild or of an older projection format"
+            );
         }
-        Ok(())
+        if stored.as_ref() != Some(&meta) {
+            write_meta(txn, p.name(), &meta)?;
+        }
     }
-
-    fn folds_commits(&self) -> bool {
-        self.inline
-    }
-
-    fn apply(&mut self, txn: &WriteTransaction, events: &[Event]) -> Result<(), StorageError> {
-        if !self.inline {
-            // A command's events (it caught the models up to the head before deciding): fold
-            // through them, from wherever each model stands, reading the log.
-            if let Some(last) = events.last() {
-                catch_up(txn, &self.projections, last.seq, u64::MAX)?;
-            }
-            return Ok(());
-        }
-        // One open of the meta table for all projections (this runs for every request the
-        // writer accepts, commands included).
-        let mut metas = Vec::with_capacity(self.projections.len());
-        {
-            let t = txn.open_table(META).map_err(StorageError::of)?;
-            for p in &self.projections {
-                let m = match t.get(p.name()).map_err(StorageError::of)? {
-                    Some(b) => postcard::from_bytes(b.value()).map_err(StorageError::of)?,
-                    None => Meta::default(),
-                };
-                metas.push(m);
-            }
-        }
-        let events: Vec<EventRef<'_>> = events.iter().map(Event::as_ref).collect();
-        for (p, meta) in self.projections.iter().zip(metas.iter_mut()) {
-            fold_all(txn, *p, meta.generation, &events, meta)?;
-        }
-        let mut t = txn.open_table(META).map_err(StorageError::of)?;
-        for (p, meta) in self.projections.iter().zip(&metas) {
-            let b = postcard::to_stdvec(meta).map_err(StorageError::of)?;
-            t.insert(p.name(), b.as_slice()).map_err(StorageError::of)?;
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
 /// Read access to projections for the API: one read transaction, so everything read through

@@ -28,6 +28,7 @@ pub mod bridges;
 pub mod cursors;
 pub mod deliveries;
 pub mod framework;
+pub mod models;
 pub mod names;
 pub mod notifications;
 pub mod read;
@@ -37,10 +38,12 @@ pub mod routing;
 pub mod schema;
 pub mod settings;
 pub mod sources;
+pub mod subjects;
 pub mod tasks;
 pub mod trailing;
 
-pub use framework::{Meta, Projection, Projector, Reader};
+pub use framework::{Meta, Projection, Reader};
+pub use models::{Models, ModelsConfig};
 
 static TASKS: tasks::Tasks = tasks::Tasks;
 static NOTIFICATIONS: notifications::Notifications = notifications::Notifications;
@@ -66,16 +69,4 @@ pub fn all() -> Vec<&'static dyn Projection> {
 /// A projection by name.
 pub fn by_name(name: &str) -> Option<&'static dyn Projection> {
     all().into_iter().find(|p| p.name() == name)
-}
-
-/// The hook to pass to `Log::open_with` for projections folded inside every commit (the
-/// fold tests and the rebuild benchmark's baseline).
-pub fn projector() -> Box<dyn tidemark_log::CommitHook> {
-    Box::new(Projector::new(all()))
-}
-
-/// The hook to pass to `Log::open_with` for projections that follow the log (the engine's
-/// follower folds them, and commands catch them up to the head before deciding).
-pub fn following_projector() -> Box<dyn tidemark_log::CommitHook> {
-    Box::new(Projector::following(all()))
 }

@@ -1,21 +1,24 @@
 //! Rebuild and verify: fold the whole log into a fresh generation of a projection, chunk by
-//! chunk inside the writer (appends go on between chunks), compare its digest chain with the
-//! live one, and — for a rebuild — switch to it in the transaction that catches up with the
-//! head.
+//! chunk, each in a transaction of the models store (the log is only read: appends never wait
+//! for a rebuild; the models' follower waits at most one chunk), compare its digest chain with
+//! the live one, and — for a rebuild — switch to it in the transaction that catches up with
+//! the head.
 
 use std::time::Instant;
 use tidemark_log::StorageError;
 
 use redb::{ReadableTable, TableDefinition, WriteTransaction};
 use serde::Serialize;
-use tidemark_log::{CommandError, EventChunk, EventRef, Log};
+use tidemark_log::{EventChunk, EventRef, Log};
+
+use crate::models::Models;
 
 use crate::framework::{
     DIGEST_EVERY, DIGESTS, Meta, Projection, drop_other_generations, fold_events, read_meta,
     restore_snapshot, table_name, write_meta,
 };
 
-/// Events folded per writer transaction.
+/// Events folded per transaction of the models store.
 pub const CHUNK: u64 = 50_000;
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -83,102 +86,96 @@ fn first_differing_range(
 }
 
 /// Rebuild (`swap = true`) or verify (`swap = false`) one projection. `progress(done, head)` is
-/// called after each chunk.
-pub async fn rebuild(
+/// called after each chunk. Blocking.
+pub fn rebuild(
+    models: &Models,
     log: &Log,
     p: &'static dyn Projection,
     swap: bool,
     progress: impl Fn(u64, u64),
-) -> Result<RebuildReport, CommandError> {
-    let mut reports = rebuild_many(log, vec![p], swap, progress).await?;
+) -> Result<RebuildReport, StorageError> {
+    let mut reports = rebuild_many(models, log, vec![p], swap, progress)?;
     Ok(reports.remove(0))
 }
 
 /// Rebuild or verify several projections in one pass over the log: each chunk of events is
 /// read and decoded once and folded into every projection's new generation (a rebuild of all
-/// six read the log six times). Each report's `duration_ms` is the whole pass.
-pub async fn rebuild_many(
+/// six read the log six times). Each report's `duration_ms` is the whole pass. Blocking.
+pub fn rebuild_many(
+    models: &Models,
     log: &Log,
     projections: Vec<&'static dyn Projection>,
     swap: bool,
     progress: impl Fn(u64, u64),
-) -> Result<Vec<RebuildReport>, CommandError> {
+) -> Result<Vec<RebuildReport>, StorageError> {
     let started = Instant::now();
-    let st = CommandError::Storage;
-    let set = projections.clone();
     // Start a fresh generation of each, clearing what an interrupted rebuild may have left:
     // empty, or — when the log was compacted (spec section 13) — a copy of the projection's
     // snapshot, folded forward from the snapshot's seq.
-    let ((mut states, mut from), _) = log
-        .command(true, move |txn, _head| {
-            let first = tidemark_log::compact::first_seq_in(txn).map_err(st)?;
-            let mut states = Vec::with_capacity(set.len());
-            let mut from: Option<u64> = None;
-            for p in &set {
-                let live = read_meta(txn, p.name()).map_err(st)?;
-                drop_other_generations(txn, p.name(), live.generation).map_err(st)?;
-                let generation = live.generation + 1;
-                let new = if first > 1 {
-                    let snap = restore_snapshot(txn, *p, generation)
-                        .map_err(st)?
-                        .filter(|m| m.checkpoint + 1 >= first && m.version == p.version())
-                        .ok_or_else(|| {
-                            st(StorageError::msg(format!(
-                                "the log starts at seq {first} (compacted) and projection {} \
-                                 has no snapshot of this format at or after it",
-                                p.name()
-                            )))
-                        })?;
-                    if from.is_some_and(|f| f != snap.checkpoint) {
-                        return Err(st(StorageError::msg(
-                            "the projections' snapshots are at different seqs: rebuild them \
-                             one at a time",
-                        )));
-                    }
-                    from = Some(snap.checkpoint);
-                    snap
-                } else {
-                    Meta {
-                        generation,
-                        version: p.version(),
-                        ..Meta::default()
-                    }
-                };
-                states.push(Progress {
-                    new,
-                    live_generation: live.generation,
-                    first_divergent: None,
-                    done: false,
-                });
-            }
-            Ok(((states, from.unwrap_or(0)), Vec::new()))
-        })
-        .await?;
-    // One buffer for every chunk's events (10 MB at 50,000 events: fresh memory per chunk
-    // was a tenth of a rebuild, in the kernel zeroing pages).
-    let mut buffer = EventChunk::default();
-    while !states.iter().all(|s| s.done) {
-        let set = projections.clone();
-        let ((next, upto, head, back), _) = log
-            .command(true, move |txn, head| {
-                // The live models follow the log: bring them to the head first, so the live
-                // digests this chunk is compared with are complete.
-                crate::framework::catch_up(txn, &crate::all(), head, u64::MAX).map_err(st)?;
-                let upto = head.min(from + CHUNK);
-                let mut events = buffer;
-                events.read(txn, from, upto).map_err(st)?;
-                let batch = events.events().map_err(st)?;
-                let mut states = states;
-                for (p, s) in set.iter().zip(states.iter_mut()) {
-                    chunk(txn, *p, s, &batch, (from, upto), head, swap).map_err(st)?;
+    let first = log.first_seq()?;
+    let (mut states, mut from) = {
+        let txn = models.begin()?;
+        let mut states = Vec::with_capacity(projections.len());
+        let mut from: Option<u64> = None;
+        for p in &projections {
+            let live = read_meta(&txn, p.name())?;
+            drop_other_generations(&txn, p.name(), live.generation)?;
+            let generation = live.generation + 1;
+            let new = if first > 1 {
+                let snap = restore_snapshot(&txn, *p, generation)?
+                    .filter(|m| m.checkpoint + 1 >= first && m.version == p.version())
+                    .ok_or_else(|| {
+                        StorageError::msg(format!(
+                            "the log starts at seq {first} (compacted) and projection {} \
+                             has no snapshot of this format at or after it",
+                            p.name()
+                        ))
+                    })?;
+                if from.is_some_and(|f| f != snap.checkpoint) {
+                    return Err(StorageError::msg(
+                        "the projections' snapshots are at different seqs: rebuild them \
+                         one at a time",
+                    ));
                 }
-                drop(batch);
-                Ok(((states, upto, head, events), Vec::new()))
-            })
-            .await?;
+                from = Some(snap.checkpoint);
+                snap
+            } else {
+                Meta {
+                    generation,
+                    version: p.version(),
+                    ..Meta::default()
+                }
+            };
+            states.push(Progress {
+                new,
+                live_generation: live.generation,
+                first_divergent: None,
+                done: false,
+            });
+        }
+        txn.commit().map_err(StorageError::of)?;
+        (states, from.unwrap_or(0))
+    };
+    // One buffer for every chunk's events (10 MB at 50,000 events: fresh memory per chunk
+    // was a tenth of a rebuild, in the kernel zeroing pages), and one for the live models'.
+    let mut events = EventChunk::default();
+    let mut live = EventChunk::default();
+    while !states.iter().all(|s| s.done) {
+        let txn = models.begin()?;
+        // The live models follow the log: bring them to the head first, so the live digests
+        // this chunk is compared with are complete.
+        let head = log.head();
+        crate::framework::catch_up(&txn, &crate::all(), log, head, u64::MAX, &mut live)?;
+        let upto = head.min(from + CHUNK);
+        events.read(log, from, upto).map_err(StorageError::of)?;
+        {
+            let batch = events.events()?;
+            for (p, s) in projections.iter().zip(states.iter_mut()) {
+                chunk(&txn, *p, s, &batch, (from, upto), head, swap)?;
+            }
+        }
+        txn.commit().map_err(StorageError::of)?;
         progress(upto, head);
-        states = next;
-        buffer = back;
         from = upto;
     }
     let duration_ms = started.elapsed().as_millis() as u64;

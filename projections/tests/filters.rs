@@ -7,6 +7,8 @@
 //! (20,000) examined is on the first page; a model written before the indexes existed is
 //! rebuilt at the next open with the indexes filled and its digest unchanged.
 
+mod common;
+
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
@@ -43,11 +45,9 @@ fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-fn open(dir: &std::path::Path) -> Log {
+fn open(dir: &std::path::Path) -> common::Folded {
     let cfg = LogConfig::new(dir.join("log.redb"));
-    Log::open_with(&cfg, vec![tidemark_projections::projector()])
-        .unwrap()
-        .0
+    common::Folded::open(&cfg).0
 }
 
 /// Source sites of the notifications behind the deliveries (`None` for every fourth).
@@ -949,7 +949,7 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
     drop(log);
     // Make it what a build before the indexes left: version 1, no index tables.
     {
-        let db = redb::Database::open(dir.path().join("log.redb")).unwrap();
+        let db = redb::Database::open(dir.path().join("models.redb")).unwrap();
         let txn = db.begin_write().unwrap();
         {
             let def: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("projections");

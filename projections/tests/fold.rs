@@ -6,11 +6,13 @@
 //! was sent events recorded changes (no model compares empty with empty), and the tasks and
 //! cursors models match references written here from the spec's rules.
 
+mod common;
+
 use std::collections::HashMap;
 
 use proptest::prelude::*;
 use serde_json::json;
-use tidemark_log::{Log, LogConfig, NewEvent};
+use tidemark_log::{LogConfig, NewEvent};
 use tidemark_projections::bridges::{BridgeEvent, Sink, Target};
 use tidemark_projections::cursors::CursorEvent;
 use tidemark_projections::deliveries::{Change, Created, Joined};
@@ -557,7 +559,7 @@ proptest! {
         let mut cfg = LogConfig::new(dir.path().join("log.redb"));
         cfg.cache_bytes = 4 << 20;
         cfg.merge_threshold = 7;
-        let (log, _) = Log::open_with(&cfg, vec![tidemark_projections::projector()]).unwrap();
+        let (log, _) = common::Folded::open(&cfg);
         let mut sent: Vec<NewEvent> = Vec::new();
         let mut stored: Vec<(u64, NewEvent)> = Vec::new();
         let mut pending: Vec<NewEvent> = Vec::new();
@@ -633,10 +635,10 @@ proptest! {
         for p in tidemark_projections::all() {
             let before = read::projections(&log.db(), head).unwrap().into_iter().find(|i| i.name == p.name()).unwrap();
             prop_assert_eq!(before.checkpoint, head);
-            let v = rt.block_on(rebuild::rebuild(&log, p, false, |_, _| {})).unwrap();
+            let v = (rebuild::rebuild(&log.models, &log, p, false, |_, _| {})).unwrap();
             prop_assert!(v.identical, "verify of {} diverged at {:?}", p.name(), v.first_divergent_seq);
             prop_assert_eq!(&v.digest, &before.digest);
-            let r = rt.block_on(rebuild::rebuild(&log, p, true, |_, _| {})).unwrap();
+            let r = (rebuild::rebuild(&log.models, &log, p, true, |_, _| {})).unwrap();
             prop_assert!(r.identical);
             prop_assert_eq!(r.events_replayed, head);
             let after = read::projections(&log.db(), head).unwrap().into_iter().find(|i| i.name == p.name()).unwrap();
@@ -646,7 +648,7 @@ proptest! {
         // All of them in one pass over the log: the same digests, verify and rebuild.
         let before = read::projections(&log.db(), head).unwrap();
         for swap in [false, true] {
-            let reports = rt.block_on(rebuild::rebuild_many(&log, tidemark_projections::all(), swap, |_, _| {})).unwrap();
+            let reports = (rebuild::rebuild_many(&log.models, &log, tidemark_projections::all(), swap, |_, _| {})).unwrap();
             prop_assert_eq!(reports.len(), before.len());
             for (r, b) in reports.iter().zip(&before) {
                 prop_assert_eq!(&r.name, &b.name);
@@ -681,7 +683,7 @@ fn divergence_is_located() {
     let dir = tempfile::tempdir().unwrap();
     let rt = rt();
     let cfg = LogConfig::new(dir.path().join("log.redb"));
-    let (log, _) = Log::open_with(&cfg, vec![tidemark_projections::projector()]).unwrap();
+    let (log, _) = common::Folded::open(&cfg);
     let n = 2 * DIGEST_EVERY + DIGEST_EVERY / 2;
     for chunk in 0..n / 100 {
         let batch = (0..100)
@@ -700,14 +702,14 @@ fn divergence_is_located() {
     }
     let p = tidemark_projections::by_name("tasks").unwrap();
     let v = rt
-        .block_on(rebuild::rebuild(&log, p, false, |_, _| {}))
+        .block_on(async { rebuild::rebuild(&log.models, &log, p, false, |_, _| {}) })
         .unwrap();
     assert!(v.identical, "untampered: {v:?}");
     rt.block_on(log.close());
     drop(log);
     // Tamper: rewrite the live digest recorded at the second boundary directly in the file.
     {
-        let db = redb::Database::open(dir.path().join("log.redb")).unwrap();
+        let db = redb::Database::open(dir.path().join("models.redb")).unwrap();
         let txn = db.begin_write().unwrap();
         {
             let def: redb::TableDefinition<u64, &[u8]> =
@@ -723,19 +725,19 @@ fn divergence_is_located() {
         }
         txn.commit().unwrap();
     }
-    let (log, _) = Log::open_with(&cfg, vec![tidemark_projections::projector()]).unwrap();
+    let (log, _) = common::Folded::open(&cfg);
     let v = rt
-        .block_on(rebuild::rebuild(&log, p, false, |_, _| {}))
+        .block_on(async { rebuild::rebuild(&log.models, &log, p, false, |_, _| {}) })
         .unwrap();
     assert!(!v.identical);
     assert_eq!(v.first_divergent_seq, Some(DIGEST_EVERY + 1));
     // The swap replaces the tampered rows; the next verify is identical.
     let r = rt
-        .block_on(rebuild::rebuild(&log, p, true, |_, _| {}))
+        .block_on(async { rebuild::rebuild(&log.models, &log, p, true, |_, _| {}) })
         .unwrap();
     assert_eq!(r.first_divergent_seq, Some(DIGEST_EVERY + 1));
     let v = rt
-        .block_on(rebuild::rebuild(&log, p, false, |_, _| {}))
+        .block_on(async { rebuild::rebuild(&log.models, &log, p, false, |_, _| {}) })
         .unwrap();
     assert!(v.identical, "after the swap: {v:?}");
     rt.block_on(log.close());
@@ -749,7 +751,7 @@ fn divergence_after_the_last_boundary_is_located() {
     let dir = tempfile::tempdir().unwrap();
     let rt = rt();
     let cfg = LogConfig::new(dir.path().join("log.redb"));
-    let (log, _) = Log::open_with(&cfg, vec![tidemark_projections::projector()]).unwrap();
+    let (log, _) = common::Folded::open(&cfg);
     for i in 0..5 {
         let e = NewEvent::new(
             None,
@@ -764,7 +766,7 @@ fn divergence_after_the_last_boundary_is_located() {
     rt.block_on(log.close());
     drop(log);
     {
-        let db = redb::Database::open(dir.path().join("log.redb")).unwrap();
+        let db = redb::Database::open(dir.path().join("models.redb")).unwrap();
         let txn = db.begin_write().unwrap();
         {
             let def: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("projections");
@@ -777,10 +779,10 @@ fn divergence_after_the_last_boundary_is_located() {
         }
         txn.commit().unwrap();
     }
-    let (log, _) = Log::open_with(&cfg, vec![tidemark_projections::projector()]).unwrap();
+    let (log, _) = common::Folded::open(&cfg);
     let p = tidemark_projections::by_name("tasks").unwrap();
     let v = rt
-        .block_on(rebuild::rebuild(&log, p, false, |_, _| {}))
+        .block_on(async { rebuild::rebuild(&log.models, &log, p, false, |_, _| {}) })
         .unwrap();
     assert!(!v.identical);
     assert_eq!(v.first_divergent_seq, Some(1));
@@ -797,7 +799,7 @@ fn rebuild_under_concurrent_appends_misses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let rt = rt();
     let cfg = LogConfig::new(dir.path().join("log.redb"));
-    let (log, _) = Log::open_with(&cfg, vec![tidemark_projections::projector()]).unwrap();
+    let (log, _) = common::Folded::open(&cfg);
     rt.block_on(async {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut appenders = Vec::new();
@@ -823,9 +825,13 @@ fn rebuild_under_concurrent_appends_misses_nothing() {
         }
         let p = tidemark_projections::by_name("tasks").unwrap();
         for i in 0..12 {
-            let r = rebuild::rebuild(&log, p, i % 2 == 0, |_, _| {})
-                .await
-                .unwrap();
+            let (m, l) = (log.models.clone(), log.log.clone());
+            let r = tokio::task::spawn_blocking(move || {
+                rebuild::rebuild(&m, &l, p, i % 2 == 0, |_, _| {})
+            })
+            .await
+            .unwrap()
+            .unwrap();
             assert!(
                 r.identical,
                 "round {i}: diverged at {:?}",
@@ -864,7 +870,7 @@ fn an_old_projection_format_is_rebuilt_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let rt = rt();
     let cfg = LogConfig::new(dir.path().join("log.redb"));
-    let (log, _) = Log::open_with(&cfg, vec![tidemark_projections::projector()]).unwrap();
+    let (log, _) = common::Folded::open(&cfg);
     for i in 0..20 {
         let e = NewEvent::new(
             None,
@@ -880,7 +886,7 @@ fn an_old_projection_format_is_rebuilt_at_open() {
     rt.block_on(log.close());
     drop(log);
     {
-        let db = redb::Database::open(dir.path().join("log.redb")).unwrap();
+        let db = redb::Database::open(dir.path().join("models.redb")).unwrap();
         let txn = db.begin_write().unwrap();
         {
             let def: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("projections");
@@ -898,7 +904,7 @@ fn an_old_projection_format_is_rebuilt_at_open() {
         }
         txn.commit().unwrap();
     }
-    let (log, _) = Log::open_with(&cfg, vec![tidemark_projections::projector()]).unwrap();
+    let (log, _) = common::Folded::open(&cfg);
     let after = read::projections(&log.db(), log.head()).unwrap();
     let (b, a) = (&before[0], &after[0]);
     assert_eq!(a.name, "tasks");

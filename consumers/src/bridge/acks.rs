@@ -3,11 +3,12 @@
 //! bridge's pending envelopes computed from the log.
 
 use std::collections::HashMap;
+use tidemark_engine::{CommandError, RejectKind};
 
 use serde_json::Value;
 use tidemark_engine::Engine;
 use tidemark_engine::commands::Confirmation;
-use tidemark_log::{CommandError, RejectKind, StorageError};
+use tidemark_log::StorageError;
 use tidemark_projections::bridges::{self, Decision};
 use tidemark_projections::names::ids;
 

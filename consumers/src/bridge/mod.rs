@@ -16,9 +16,10 @@
 use hmac::{Hmac, Mac};
 use serde::Serialize;
 use sha2::Sha256;
+use tidemark_engine::CommandError;
 use tidemark_engine::commands::{BridgeCommand, Confirmation};
 use tidemark_engine::{Engine, Lag, Queries, Stopped};
-use tidemark_log::{AppendError, CommandError, Event, EventLog, NewEvent, ReadQuery, StorageError};
+use tidemark_log::{AppendError, Event, EventLog, NewEvent, ReadQuery, StorageError};
 use tidemark_projections::bridges::{self, Decision, Subscription};
 use tidemark_projections::cursors::{self, Cursor};
 use tidemark_projections::names::{EventType, Stream, ids};

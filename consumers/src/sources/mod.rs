@@ -20,12 +20,13 @@ pub use upstream::{MAX_ITEM_BYTES, MAX_ITEMS, MAX_RESPONSE_BYTES};
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tidemark_engine::{CommandError, RejectKind};
 
 use chrono::Utc;
 use serde::Serialize;
 use tidemark_engine::Engine;
 use tidemark_engine::commands::SourceCommand;
-use tidemark_log::{CommandError, RejectKind};
+
 use tidemark_projections::routing::backoff_ms;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;

@@ -10,11 +10,13 @@
 //! by the log and never blocked or counted.
 //!
 //! Suppression is judged at the head, applying the batch's own earlier recipient events in
-//! order, at the command's time (a suppression whose `until` has passed does not block).
+//! order, at the command's time (a suppression whose `until` has passed does not block); the
+//! batch is appended on the condition that the recipients it names have no newer event.
 
+use crate::error::CommandError;
 use std::collections::HashMap;
 
-use tidemark_log::{CommandError, NewEvent};
+use tidemark_log::NewEvent;
 use tidemark_projections::deliveries::Recipient;
 use tidemark_projections::names::{EventType, Stream};
 use tidemark_projections::notifications;
@@ -41,6 +43,47 @@ pub enum Admission {
     },
 }
 
+/// A client's batch that requests notifications, to be judged at the head and appended if
+/// accepted. `known[i]` says that event `i` is already in the log with the same content.
+#[derive(Debug, Clone)]
+pub struct AdmitCommand {
+    pub events: Vec<NewEvent>,
+    pub known: Vec<bool>,
+    pub max_pending: u64,
+}
+
+/// Judge the batch; accepted, its events are the decision, on the condition that the
+/// recipients it was judged against have not changed since (a suppression appended meanwhile
+/// is not missed).
+pub(crate) fn run(
+    txn: &WriteTransaction,
+    round: &mut crate::decider::Round<'_>,
+    c: AdmitCommand,
+) -> Result<super::Decided, CommandError> {
+    let admission = admit(txn, &c.events, &c.known, round, c.max_pending)?;
+    let mut reads = Vec::new();
+    for (i, e) in c.events.iter().enumerate() {
+        if c.known.get(i).copied().unwrap_or(false) {
+            continue;
+        }
+        if e.event_type == EventType::NotificationRequested
+            && e.stream == Stream::Notifications
+            && let Some(who) = payload(e).get("recipient").and_then(|v| v.as_str())
+        {
+            reads.push((Stream::Recipients.as_str().to_owned(), who.to_owned()));
+        }
+    }
+    let events = match admission {
+        Admission::Accept => c.events,
+        _ => Vec::new(),
+    };
+    Ok(super::Decided {
+        outcome: super::Outcome::Admission(admission),
+        events,
+        reads,
+    })
+}
+
 /// The window the drain rate of a refusal's `Retry-After` is measured over.
 const DRAIN_WINDOW_S: u64 = 60;
 
@@ -50,9 +93,10 @@ pub(crate) fn admit(
     txn: &WriteTransaction,
     events: &[NewEvent],
     known: &[bool],
-    now_us: i64,
+    round: &mut crate::decider::Round<'_>,
     max_pending: u64,
 ) -> Result<Admission, CommandError> {
+    let now_us = round.now_us;
     let mut state = super::outbox::State::new(txn)?;
     let mut recipients: HashMap<&str, Recipient> = HashMap::new();
     let mut blocked = Vec::new();
@@ -104,21 +148,23 @@ pub(crate) fn admit(
         .iter()
         .map(|(p, t)| (p.as_str(), t.as_deref()))
         .collect();
-    over_bound(txn, &mut state, &notices, now_us, max_pending)
+    over_bound(txn, &mut state, &notices, round, max_pending)
 }
 
 /// The outbox bound for new notifications of these (priority, type) (section 5): `Full` when the
 /// deliveries they would make (under the settings at the head), added to those pending and
 /// those the router will make for the notifications it has not routed yet, would be above
 /// `max_pending`; `Accept` when they make none or fit. Shared by clients' appends and source
-/// pages.
+/// pages. What the round's earlier accepted batches add (not in the models yet) counts as
+/// pending, and an accepted batch adds its own to it.
 pub(crate) fn over_bound(
     txn: &WriteTransaction,
     state: &mut super::outbox::State<'_>,
     notices: &[(&str, Option<&str>)],
-    now_us: i64,
+    round: &mut crate::decider::Round<'_>,
     max_pending: u64,
 ) -> Result<Admission, CommandError> {
+    let now_us = round.now_us;
     let settings = state.settings_at(u64::MAX)?;
     let per = |s: &RoutingSettings, priority: &str, ty: Option<&str>| {
         resolve_routes(s, priority, ty)
@@ -138,8 +184,10 @@ pub(crate) fn over_bound(
     let st = CommandError::Storage;
     let routed = state.routed()?;
     let pending = tidemark_projections::deliveries::pending_in(txn).map_err(st)?
-        + notifications::weighted_after(txn, routed, per).map_err(st)?;
+        + notifications::weighted_after(txn, routed, per).map_err(st)?
+        + round.pending_added;
     if pending + adding <= max_pending {
+        round.pending_added += adding;
         return Ok(Admission::Accept);
     }
     metrics::counter!("tidemark_outbox_refused_total").increment(1);

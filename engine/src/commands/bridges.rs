@@ -3,9 +3,10 @@
 //! decision to still be deliver and the cursor to be where the caller saw it (or already there
 //! with this delivery id), and advances the subscription's cursor.
 
+use crate::error::{CommandError, RejectKind};
 use std::collections::HashMap;
 
-use tidemark_log::{CommandError, NewEvent, RejectKind, StorageError};
+use tidemark_log::{NewEvent, StorageError};
 use tidemark_projections::bridges::{
     self, BridgeEvent, Decision, NAME, ROWS, Subscription, Target,
 };
@@ -31,9 +32,10 @@ pub enum BridgeCommand {
 
 pub(crate) fn run(
     txn: &WriteTransaction,
-    now_us: i64,
+    round: &crate::decider::Round<'_>,
     cmd: BridgeCommand,
 ) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
+    let now_us = round.now_us;
     Ok(match cmd {
         BridgeCommand::Subscribe { id, target } => {
             let ((row, created), ev) = subscribe(txn, now_us, &id, target)?;
@@ -54,7 +56,7 @@ pub(crate) fn run(
             let mut events = Vec::new();
             let mut out = Vec::with_capacity(items.len());
             for c in &items {
-                match confirm_in(txn, now_us, c, &mut moved) {
+                match confirm_in(txn, round, c, &mut moved) {
                     Ok((cur, evs)) => {
                         events.extend(evs);
                         out.push(Ok(cur));
@@ -155,7 +157,7 @@ pub struct Confirmation {
 /// earlier in the same command (they are not in the tables until the command's events fold).
 fn confirm_in(
     txn: &WriteTransaction,
-    now_us: i64,
+    round: &crate::decider::Round<'_>,
     c: &Confirmation,
     moved: &mut HashMap<String, Cursor>,
 ) -> Result<(Cursor, Vec<NewEvent>), CommandError> {
@@ -169,13 +171,11 @@ fn confirm_in(
     if cur.last_sequence == c.seq && cur.last_delivery_id.as_deref() == Some(&delivery_id) {
         return Ok((cur, Vec::new()));
     }
-    let mut ev = None;
-    tidemark_log::scan_events(txn, c.seq.saturating_sub(1), c.seq, |e| {
-        ev = Some(e);
-        Ok(false)
-    })
-    .map_err(CommandError::Storage)?;
-    let ev = ev
+    let now_us = round.now_us;
+    let ev = round
+        .log
+        .get(c.seq)
+        .map_err(|e| CommandError::Storage(StorageError::of(e)))?
         .filter(|e| e.stream == Stream::TaskEvents && e.subject == *task_id)
         .ok_or_else(|| {
             CommandError::rejected(

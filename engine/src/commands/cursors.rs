@@ -2,7 +2,8 @@
 //! delivery id, optionally compare-and-swap on the position the caller saw) and reset (the only
 //! way down, with a reason), checked inside the writer against the `cursors` model.
 
-use tidemark_log::{CommandError, NewEvent, RejectKind, StorageError};
+use crate::error::{CommandError, RejectKind};
+use tidemark_log::{NewEvent, StorageError};
 use tidemark_projections::cursors::{Cursor, CursorEvent, NAME, ROWS, bound_error, key};
 use tidemark_projections::framework::TxnTables;
 use tidemark_projections::names::{EventType, Stream};

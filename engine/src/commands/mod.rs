@@ -1,7 +1,8 @@
-//! Commands: every write that depends on state. A command runs inside the log writer's
-//! transaction, reads the read models as left by every event before it, decides, and returns
-//! the events that record its decision; they are appended and folded in the same commit, so
-//! two commands never decide on the same state. One module per family:
+//! Commands: every write that depends on state. A command is decided by the engine's decider
+//! ([`crate::decider`]) against the read models caught up to the head, in a transaction of the
+//! models store it only reads; it returns the events that record its decision, which are
+//! appended on the condition that the subjects it decided on have not changed since (spec
+//! section 3). One module per family:
 //! - [`outbox`]: routing, leases, completions, failures, operator actions (sections 4–5);
 //! - [`cursors`]: advance and reset (section 6, I4);
 //! - [`bridges`]: subscriptions and delivery confirmations (section 6);
@@ -17,7 +18,8 @@ pub mod outbox;
 pub mod retention;
 pub mod sources;
 
-use tidemark_log::{CommandError, NewEvent};
+use crate::error::CommandError;
+use tidemark_log::NewEvent;
 use tidemark_projections::bridges::Subscription;
 use tidemark_projections::cursors::Cursor;
 use tidemark_projections::deliveries::Delivery;
@@ -28,7 +30,9 @@ pub use outbox::{Completed, Failure, OperatorAction, OutboxCommand};
 pub use retention::{CompactCommand, CompactReport, RetentionCommand, RetentionReport};
 pub use sources::{NotifyPlan, PageOutcome, SourceCommand, SourceItem};
 
+use crate::decider::Round;
 use crate::store::WriteTransaction;
+pub use admission::Admission;
 
 /// Every command the engine executes ([`crate::Engine::execute`]).
 #[derive(Debug, Clone)]
@@ -39,6 +43,8 @@ pub enum Command {
     Source(SourceCommand),
     Retention(RetentionCommand),
     Compact(CompactCommand),
+    /// The checks on a client's batch that requests notifications.
+    Admit(admission::AdmitCommand),
 }
 
 impl From<CompactCommand> for Command {
@@ -100,6 +106,7 @@ impl Command {
             Command::Source(c) => c.name(),
             Command::Retention(_) => "retention.run",
             Command::Compact(_) => "retention.compact",
+            Command::Admit(_) => "append.admit",
         }
     }
 }
@@ -129,6 +136,8 @@ pub enum Outcome {
     Retention(RetentionReport),
     /// A compaction: what it dropped.
     Compacted(CompactReport),
+    /// A client's batch: accepted (and appended), or why not.
+    Admission(Admission),
 }
 
 fn unexpected(what: &str) -> CommandError {
@@ -196,6 +205,12 @@ impl Outcome {
             _ => Err(unexpected("a source")),
         }
     }
+    pub fn into_admission(self) -> Result<Admission, CommandError> {
+        match self {
+            Outcome::Admission(a) => Ok(a),
+            _ => Err(unexpected("an admission")),
+        }
+    }
     pub fn into_confirmed(self) -> Result<Vec<Result<Cursor, CommandError>>, CommandError> {
         match self {
             Outcome::Confirmed(c) => Ok(c),
@@ -204,20 +219,35 @@ impl Outcome {
     }
 }
 
-/// Run `cmd` inside the writer's transaction at `now_us`.
+/// What a command decided: its answer, the events that record it, and the subjects it read
+/// besides those it appends to (each with the seq of its last event as the models have it),
+/// which the append's condition names too.
+pub(crate) struct Decided {
+    pub outcome: Outcome,
+    pub events: Vec<NewEvent>,
+    pub reads: Vec<(String, String)>,
+}
+
+/// Decide `cmd` in `txn` (the models at the head) at `round.now_us`.
 pub(crate) fn run(
     txn: &WriteTransaction,
-    now_us: i64,
-    head: u64,
+    round: &mut Round<'_>,
     cmd: Command,
-    privacy: Option<&crate::privacy::Privacy>,
-) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
+) -> Result<Decided, CommandError> {
+    let now_us = round.now_us;
+    let privacy = round.privacy;
+    let plain = |(outcome, events): (Outcome, Vec<NewEvent>)| Decided {
+        outcome,
+        events,
+        reads: Vec::new(),
+    };
     match cmd {
-        Command::Retention(c) => retention::run(txn, now_us, head, c, privacy),
-        Command::Compact(c) => retention::compact(txn, now_us, c),
-        Command::Outbox(c) => outbox::run(txn, now_us, c, privacy),
-        Command::Cursor(c) => cursors::run(txn, now_us, c),
-        Command::Bridge(c) => bridges::run(txn, now_us, c),
-        Command::Source(c) => sources::run(txn, now_us, c),
+        Command::Retention(c) => retention::run(txn, now_us, round.head, c, privacy).map(plain),
+        Command::Compact(c) => retention::compact(txn, round, c).map(plain),
+        Command::Outbox(c) => outbox::run(txn, round, c).map(plain),
+        Command::Cursor(c) => cursors::run(txn, now_us, c).map(plain),
+        Command::Bridge(c) => bridges::run(txn, round, c).map(plain),
+        Command::Source(c) => sources::run(txn, round, c).map(plain),
+        Command::Admit(c) => admission::run(txn, round, c),
     }
 }

@@ -6,9 +6,10 @@
 //! events, which every projection folds, so a rebuild removes exactly the same rows. Nothing
 //! pending is ever named; cursors, subscriptions, sources and settings are never purged.
 
+use crate::error::CommandError;
 use std::collections::BTreeSet;
 
-use tidemark_log::{CommandError, NewEvent, StorageError};
+use tidemark_log::{NewEvent, StorageError};
 use tidemark_projections::deliveries::{self as d, Delivery};
 use tidemark_projections::framework::TxnTables;
 use tidemark_projections::names::{EventType, Stream, TaskStatus};
@@ -226,7 +227,7 @@ pub(crate) fn run(
 
 /// Drop the log's events older than the window (spec section 13, `compact_log`): every
 /// projection first stores a snapshot at the head, and no event a live cursor still needs
-/// goes. At most [`tidemark_log::compact::COMPACT_MAX`] events per command: run it again while
+/// goes. At most [`tidemark_log::COMPACT_MAX`] events per command: run it again while
 /// it reports `more`.
 #[derive(Debug, Clone)]
 pub struct CompactCommand {
@@ -248,7 +249,12 @@ pub struct CompactReport {
 
 /// A cursor pins the events it follows (its stream, and its subject when not empty) after its
 /// position, unless it made no progress for the window or belongs to a deleted subscription.
-fn pinned_cut(txn: &WriteTransaction, before: i64, mut cut: u64) -> Result<u64, CommandError> {
+fn pinned_cut(
+    txn: &WriteTransaction,
+    log: &tidemark_log::Log,
+    before: i64,
+    mut cut: u64,
+) -> Result<u64, CommandError> {
     let mut ct = TxnTables::new(txn, cursors::NAME).map_err(st)?;
     let mut bt = TxnTables::new(txn, bridges::NAME).map_err(st)?;
     let mut live: Vec<cursors::Cursor> = Vec::new();
@@ -275,13 +281,9 @@ fn pinned_cut(txn: &WriteTransaction, before: i64, mut cut: u64) -> Result<u64, 
         if c.last_sequence >= cut {
             continue;
         }
-        if let Some(next) = tidemark_log::compact::next_in_index(
-            txn,
-            &c.stream_name,
-            &c.subject_id,
-            c.last_sequence,
-        )
-        .map_err(st)?
+        if let Some(next) = log
+            .next_of(&c.stream_name, &c.subject_id, c.last_sequence)
+            .map_err(st)?
         {
             cut = cut.min(next - 1);
         }
@@ -289,16 +291,22 @@ fn pinned_cut(txn: &WriteTransaction, before: i64, mut cut: u64) -> Result<u64, 
     Ok(cut)
 }
 
+/// Decide a compaction: the cut, and — when there is something to drop — every projection's
+/// snapshot at the head, written in `txn` (the decider commits it, durably, before it asks
+/// the log to drop the events: [`crate::decider`]). The report's `removed`, `first_seq` and
+/// `more` are filled in from the log's answer.
 pub(crate) fn compact(
     txn: &WriteTransaction,
-    now_us: i64,
+    round: &crate::decider::Round<'_>,
     cmd: CompactCommand,
 ) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
-    let before = now_us.saturating_sub((cmd.window_ms as i64).saturating_mul(1_000));
-    let window_cut = tidemark_log::compact::last_before_in(txn, before).map_err(st)?;
-    let cut = pinned_cut(txn, before, window_cut)?;
-    let first = tidemark_log::compact::first_seq_in(txn).map_err(st)?;
-    let mut rep = CompactReport {
+    let before = round
+        .now_us
+        .saturating_sub((cmd.window_ms as i64).saturating_mul(1_000));
+    let window_cut = round.log.last_before(before).map_err(st)?;
+    let cut = pinned_cut(txn, round.log, before, window_cut)?;
+    let first = round.log.first_seq().map_err(st)?;
+    let rep = CompactReport {
         window_cut,
         cut,
         first_seq: first,
@@ -307,14 +315,9 @@ pub(crate) fn compact(
     if cut < first {
         return Ok((Outcome::Compacted(rep), Vec::new()));
     }
-    // Every projection is at the head here (the command caught them up): their snapshots
-    // are at or above any cut.
+    // Every projection is at the head here: their snapshots are at or above any cut.
     for p in tidemark_projections::all() {
         tidemark_projections::framework::snapshot(txn, p).map_err(st)?;
     }
-    let c = tidemark_log::compact::compact_in(txn, cut).map_err(st)?;
-    rep.removed = c.removed;
-    rep.first_seq = c.first_seq;
-    rep.more = c.more;
     Ok((Outcome::Compacted(rep), Vec::new()))
 }

@@ -3,8 +3,9 @@
 //! notification is about the new ones only), the watermark's compare-and-swap, and the operator
 //! and poller state changes (pause, resume, park, reset).
 
+use crate::error::{CommandError, RejectKind};
 use serde_json::{Value, json};
-use tidemark_log::{CommandError, NewEvent, RejectKind, StorageError};
+use tidemark_log::{NewEvent, StorageError};
 use tidemark_projections::names::{EventType, Stream, ids};
 use tidemark_projections::sources::{InTxn, SourceRow};
 
@@ -159,9 +160,10 @@ pub fn render(template: &str, count: usize, item: &Value) -> String {
 
 pub(crate) fn run(
     txn: &WriteTransaction,
-    now_us: i64,
+    round: &mut crate::decider::Round<'_>,
     cmd: SourceCommand,
 ) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
+    let now_us = round.now_us;
     let st = CommandError::Storage;
     let mut model = InTxn::new(txn).map_err(st)?;
     match cmd {
@@ -215,7 +217,7 @@ pub(crate) fn run(
                     txn,
                     &mut state,
                     &[(n.priority.as_str(), None)],
-                    now_us,
+                    round,
                     max_pending,
                 )? {
                     return Err(CommandError::rejected(

@@ -27,7 +27,7 @@ struct D {
 
 /// Replays `deliveries` and `cursors` events and records every step the spec forbids.
 #[derive(Default)]
-struct Checker {
+pub(crate) struct Checker {
     deliveries: HashMap<String, D>,
     cursors: HashMap<(String, String, String), (u64, String)>,
     violations: Vec<String>,
@@ -136,7 +136,7 @@ impl Checker {
         }
     }
 
-    fn check_log(events: &[Value]) -> Vec<String> {
+    pub(crate) fn check_log(events: &[Value]) -> Vec<String> {
         let mut c = Checker::default();
         for e in events {
             c.apply(e);

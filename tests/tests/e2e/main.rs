@@ -28,6 +28,7 @@ mod e2e_campaign;
 mod e2e_cli;
 mod e2e_console;
 mod e2e_crash;
+mod e2e_deciders;
 mod e2e_deliveries;
 mod e2e_delivery_routing;
 mod e2e_disk_full;

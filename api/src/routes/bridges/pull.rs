@@ -1,6 +1,7 @@
 //! A bridge's delivery endpoints: pull (with long-poll), ack (one or many), nack.
 
 use std::time::Duration;
+use tidemark_engine::CommandError;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -10,7 +11,6 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidemark_consumers::bridge;
-use tidemark_log::CommandError;
 use tidemark_projections::bridges::Subscription;
 use tidemark_projections::names::{Stream, ids};
 use utoipa::{IntoParams, ToSchema};

@@ -6,8 +6,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use serde::{Deserialize, Serialize};
+use tidemark_engine::CommandError;
 use tidemark_engine::commands::{Completed, Failure, OutboxCommand};
-use tidemark_log::CommandError;
 use utoipa::ToSchema;
 
 use super::{

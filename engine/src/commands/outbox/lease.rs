@@ -1,7 +1,9 @@
 //! Leases and their ends: claim, expiry, complete, fail, extend, operator retry / discard.
 
-use tidemark_log::{CommandError, NewEvent, RejectKind};
+use crate::error::{CommandError, RejectKind};
+use tidemark_log::NewEvent;
 use tidemark_projections::deliveries::{self as d, Change, Delivery, allowed, transition};
+use tidemark_projections::names::Stream;
 use tidemark_projections::routing::backoff_ms;
 
 use tidemark_projections::routing::RoutingSettings;
@@ -120,13 +122,14 @@ fn owned_lease(
 /// recipient suppressed now is skipped instead. Answers the leased rows.
 pub(super) fn claim(
     txn: &WriteTransaction,
-    now_us: i64,
+    round: &crate::decider::Round<'_>,
     sink: &str,
     owner: &str,
     limit: usize,
     lease_ms: u64,
-    privacy: Option<&Privacy>,
 ) -> Result<(Vec<Delivery>, Vec<NewEvent>), CommandError> {
+    let now_us = round.now_us;
+    let privacy = round.privacy;
     let mut st = State::new(txn)?;
     let settings = st.settings_at(u64::MAX)?;
     let mut from = sink.as_bytes().to_vec();
@@ -143,6 +146,11 @@ pub(super) fn claim(
         }
         for k in &keys {
             let id = String::from_utf8_lossy(&k[from.len() + 8..]).into_owned();
+            // A claim earlier in the same round took it (or another command of the round
+            // records something of it): left to the next round.
+            if round.touches(Stream::Deliveries.as_str(), &id) {
+                continue;
+            }
             let Some(mut row) = st.row(&id)? else {
                 continue;
             };

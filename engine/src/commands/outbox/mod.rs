@@ -1,8 +1,9 @@
 //! The outbox family (spec sections 4 and 5): routing notifications into deliveries, leases,
-//! completions, failures and operator actions. Each command runs inside the log writer's
-//! transaction: it reads the deliveries model as left by every event before it, checks the
-//! transition, and returns the events that record it. Two concurrent claims are two commands
-//! in sequence, so a row is never leased twice.
+//! completions, failures and operator actions. Each command reads the deliveries model at the
+//! head, checks the transition, and returns the events that record it, appended on the
+//! condition that the deliveries it names have no newer event: two claims never lease one row
+//! (two claims of one decider's round skip each other's rows; a second decider's is refused
+//! by the log and decided again).
 //!
 //! The clock and random draws are read here, never in the fold: `now_us` is passed in and the
 //! chosen times are written into the events; a draw is a hash of the delivery id, so a replayed
@@ -15,8 +16,9 @@
 mod lease;
 mod route;
 
+use crate::error::CommandError;
 use serde_json::Value;
-use tidemark_log::{CommandError, Event, NewEvent, StorageError};
+use tidemark_log::{Event, NewEvent, StorageError};
 use tidemark_projections::deliveries::{self as d, Delivery, Recipient};
 use tidemark_projections::framework::{TxnTables, be_u64};
 use tidemark_projections::names::Stream;
@@ -89,10 +91,11 @@ impl OperatorAction {
 
 pub(crate) fn run(
     txn: &WriteTransaction,
-    now_us: i64,
+    round: &crate::decider::Round<'_>,
     cmd: OutboxCommand,
-    privacy: Option<&Privacy>,
 ) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
+    let now_us = round.now_us;
+    let privacy = round.privacy;
     Ok(match cmd {
         OutboxCommand::Claim {
             sink,
@@ -100,7 +103,7 @@ pub(crate) fn run(
             limit,
             lease_ms,
         } => {
-            let (rows, ev) = lease::claim(txn, now_us, &sink, &owner, limit, lease_ms, privacy)?;
+            let (rows, ev) = lease::claim(txn, round, &sink, &owner, limit, lease_ms)?;
             (Outcome::Deliveries(rows), ev)
         }
         OutboxCommand::Complete { owner, items } => {

@@ -3,8 +3,9 @@
 //! settings in force at its seq say; a task cancellation cancels the task's undelivered
 //! deliveries of earlier notifications.
 
+use crate::error::CommandError;
 use serde_json::Value;
-use tidemark_log::{CommandError, Event, NewEvent};
+use tidemark_log::{Event, NewEvent};
 use tidemark_projections::deliveries::{
     self as d, Change, Created, Delivery, Group, Joined, allowed, transition,
 };

@@ -1,0 +1,561 @@
+//! The decider: the one thread that writes the models store (spec section 3). It follows the
+//! log — folds the committed events it has not folded, read through the log's interface, in
+//! transactions of the models store that commit without a sync — and decides commands against
+//! the models caught up to the head, in rounds:
+//!
+//! 1. fold to the head (commands decide at the head, never on a lagging model);
+//! 2. decide every queued command, in order, in one transaction of the models store that is
+//!    only read and then dropped: each command's events, and the condition that the subjects
+//!    it decided on (those of the followed streams it appends to, [`subjects`], and those it
+//!    names as read) still have the last seq the models have;
+//! 3. send every decision to the log as a conditional append, all at once so the log's writer
+//!    takes them into one group commit, and answer each caller with the log's answer.
+//!
+//! Within a round a command that touches a subject an earlier command of the round appends to
+//! is left to the next round (a claim simply skips such deliveries), so the decisions of one
+//! round never depend on each other. A decision whose condition fails — something else
+//! appended to its subject meanwhile: another decider over the same log — is decided again in
+//! the next round against the newer models, at most [`MAX_ATTEMPTS`] times, then refused as
+//! `contended`. The log refuses a stale decision; luck does not (I7).
+//!
+//! The commands of a round wait for one fsync between them; the models store is synced every
+//! [`PERSIST_EVERY`] and at close, never on an acknowledgement path. A failure of the models
+//! store never touches the log: the decider answers the waiting commands with it, reopens the
+//! store and folds again.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use tidemark_log::{AppendError, AppendReceipt, Condition, EventChunk, Log, StorageError};
+use tidemark_projections::Models;
+use tidemark_projections::subjects;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::Clock;
+use crate::commands::{self, Command, Outcome};
+use crate::error::{CommandError, RejectKind};
+use crate::privacy::Privacy;
+
+/// Events one fold transaction takes at most (a rebuild's chunk waits for it, and it for a
+/// rebuild's chunk).
+pub const FOLLOW_BATCH: u64 = 4_096;
+
+/// Commands one round decides at most.
+const ROUND_MAX: usize = 4_096;
+
+/// Decisions of one command refused by the log's condition before it is answered `contended`.
+pub const MAX_ATTEMPTS: u32 = 16;
+
+/// How long the models store may go without a synced commit while it changes.
+pub const PERSIST_EVERY: Duration = Duration::from_secs(1);
+
+/// Commands waiting for the decider beyond this are refused with `Overloaded` (I8).
+const QUEUE: usize = 65_536;
+
+/// The lowest seq every read model has folded (committed), with a wake-up for readers.
+#[derive(Default)]
+pub struct Progress {
+    seq: Mutex<u64>,
+    cv: Condvar,
+}
+
+impl Progress {
+    pub fn get(&self) -> u64 {
+        *self.seq.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Record that every model has folded through `seq` (never goes back).
+    pub fn advance(&self, seq: u64) {
+        let mut g = self.seq.lock().unwrap_or_else(|p| p.into_inner());
+        if seq > *g {
+            *g = seq;
+            self.cv.notify_all();
+        }
+    }
+
+    /// Wait until the models reach `want` or `until` passes, checking at least every
+    /// `recheck` (the caller then reads the models' checkpoints itself); the seq reached.
+    pub fn wait(&self, want: u64, until: Instant, recheck: Duration) -> u64 {
+        let mut g = self.seq.lock().unwrap_or_else(|p| p.into_inner());
+        let start = Instant::now();
+        while *g < want {
+            let now = Instant::now();
+            if now >= until || now.duration_since(start) >= recheck {
+                break;
+            }
+            let left = (until - now).min(recheck);
+            g = self
+                .cv
+                .wait_timeout(g, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        *g
+    }
+}
+
+/// What one command decides against: the round's time and head, and what the round's earlier
+/// commands did that the models do not show yet.
+pub(crate) struct Round<'a> {
+    pub now_us: i64,
+    /// The head the models were folded to.
+    pub head: u64,
+    pub privacy: Option<&'a Privacy>,
+    pub log: &'a Log,
+    /// `stream ‖ 0 ‖ subject` of every subject an earlier command of the round appends to or
+    /// read.
+    touched: HashSet<Vec<u8>>,
+    /// Deliveries the round's earlier accepted batches will add (the outbox bound).
+    pub pending_added: u64,
+}
+
+fn key(stream: &str, subject: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(stream.len() + 1 + subject.len());
+    k.extend_from_slice(stream.as_bytes());
+    k.push(0);
+    k.extend_from_slice(subject.as_bytes());
+    k
+}
+
+impl Round<'_> {
+    /// Whether an earlier command of the round appends to (or read) this subject.
+    pub fn touches(&self, stream: &str, subject: &str) -> bool {
+        self.touched.contains(&key(stream, subject))
+    }
+}
+
+type Reply = oneshot::Sender<Result<(Outcome, AppendReceipt), CommandError>>;
+
+pub(crate) struct Job {
+    pub cmd: Command,
+    pub reply: Reply,
+    attempts: u32,
+}
+
+enum Msg {
+    Job(Box<Job>),
+    Stop(oneshot::Sender<()>),
+}
+
+/// The decider thread's handle.
+pub(crate) struct Decider {
+    tx: mpsc::Sender<Msg>,
+    redecided: Arc<std::sync::atomic::AtomicU64>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// What the decider reads from the engine's configuration at each round: the clock and the
+/// key of the redacting routes (set before use; tests drive the clock).
+#[derive(Clone)]
+pub(crate) struct Knobs {
+    pub clock: Clock,
+    pub privacy: Option<Arc<Privacy>>,
+}
+
+struct State {
+    log: Log,
+    models: Models,
+    progress: Arc<Progress>,
+    knobs: Arc<std::sync::RwLock<Knobs>>,
+    redecided: Arc<std::sync::atomic::AtomicU64>,
+    chunk: EventChunk,
+    /// Commands to decide (again) before those still in the channel.
+    queue: VecDeque<Job>,
+    /// Folded since the last synced commit.
+    dirty: Option<Instant>,
+}
+
+impl Decider {
+    pub fn spawn(
+        log: Log,
+        models: Models,
+        progress: Arc<Progress>,
+        knobs: Arc<std::sync::RwLock<Knobs>>,
+    ) -> std::io::Result<Decider> {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let redecided = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let st = State {
+            log,
+            models,
+            progress,
+            knobs,
+            redecided: redecided.clone(),
+            chunk: EventChunk::default(),
+            queue: VecDeque::new(),
+            dirty: None,
+        };
+        let thread = std::thread::Builder::new()
+            .name("tidemark-decider".into())
+            .spawn(move || st.run(rx))?;
+        Ok(Decider {
+            tx,
+            redecided,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Decide `cmd` and append what it decided; the answer and the log's receipt.
+    pub async fn execute(&self, cmd: Command) -> Result<(Outcome, AppendReceipt), CommandError> {
+        let (reply, rx) = oneshot::channel();
+        let job = Job {
+            cmd,
+            reply,
+            attempts: 0,
+        };
+        match self.tx.try_send(Msg::Job(Box::new(job))) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                return Err(CommandError::Append(AppendError::Overloaded {
+                    queued: QUEUE,
+                }));
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                return Err(CommandError::Append(AppendError::Closed));
+            }
+        }
+        rx.await
+            .map_err(|_| CommandError::Append(AppendError::Closed))?
+    }
+
+    /// Decisions the log refused for a failed condition (each decided again) so far.
+    pub fn redecided(&self) -> u64 {
+        self.redecided.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Commands waiting for the decider.
+    pub fn queued(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+
+    /// Stop after the round in hand (the models synced), and wait for the thread.
+    pub async fn stop(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Msg::Stop(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+        let t = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = t {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+    }
+}
+
+impl State {
+    fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                tracing::error!(error = %e, "the decider cannot start");
+                return;
+            }
+        };
+        let mut heads = self.log.subscribe();
+        let mut backoff = Duration::from_millis(10);
+        let mut stop: Option<oneshot::Sender<()>> = None;
+        loop {
+            // Fold to the head.
+            match self.fold_to_head() {
+                Ok(()) => backoff = Duration::from_millis(10),
+                Err(e) => {
+                    self.models_failed(e, &mut backoff);
+                    if stop.is_some() {
+                        break;
+                    }
+                    continue;
+                }
+            }
+            if stop.is_some() {
+                break;
+            }
+            // Take what is queued; with nothing to do, wait for a command, a commit, or the
+            // time to sync what was folded.
+            while self.queue.len() < ROUND_MAX {
+                match rx.try_recv() {
+                    Ok(Msg::Job(j)) => self.queue.push_back(*j),
+                    Ok(Msg::Stop(tx)) => {
+                        stop = Some(tx);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            if self.queue.is_empty() && stop.is_none() {
+                let persist_in = self
+                    .dirty
+                    .map(|since| PERSIST_EVERY.saturating_sub(since.elapsed()));
+                let head = self.log.head();
+                let woke = rt.block_on(async {
+                    tokio::select! {
+                        m = rx.recv() => Some(m),
+                        _ = heads.wait_for(|h| *h > head) => None,
+                        _ = async {
+                            match persist_in {
+                                Some(d) => tokio::time::sleep(d).await,
+                                None => std::future::pending().await,
+                            }
+                        } => None,
+                    }
+                });
+                match woke {
+                    Some(Some(Msg::Job(j))) => self.queue.push_back(*j),
+                    Some(Some(Msg::Stop(tx))) => stop = Some(tx),
+                    Some(None) => break,
+                    None => {}
+                }
+                if self.dirty.is_some_and(|d| d.elapsed() >= PERSIST_EVERY) {
+                    self.persist();
+                }
+                continue;
+            }
+            if !self.queue.is_empty() {
+                rt.block_on(self.round());
+            }
+        }
+        // Answer what is left, and sync the models.
+        for j in self.queue.drain(..) {
+            let _ = j.reply.send(Err(CommandError::Append(AppendError::Closed)));
+        }
+        rx.close();
+        while let Ok(m) = rx.try_recv() {
+            match m {
+                Msg::Job(j) => drop(j.reply.send(Err(CommandError::Append(AppendError::Closed)))),
+                Msg::Stop(tx) => drop(tx.send(())),
+            }
+        }
+        if self.dirty.is_some() {
+            self.persist();
+        }
+        tracing::info!("decider stopped");
+        if let Some(tx) = stop {
+            let _ = tx.send(());
+        }
+    }
+
+    fn persist(&mut self) {
+        match self.models.persist() {
+            Ok(()) => self.dirty = None,
+            Err(e) => tracing::warn!(error = %e, "the models store could not be synced; retrying"),
+        }
+    }
+
+    /// A failure of the models store: the waiting commands are answered with it (the log is
+    /// untouched), and the store is reopened after a pause.
+    fn models_failed(&mut self, e: StorageError, backoff: &mut Duration) {
+        tracing::warn!(error = %e, "the models store failed; reopening it (the log is not affected)");
+        for j in self.queue.drain(..) {
+            let _ = j.reply.send(Err(CommandError::Storage(e.clone())));
+        }
+        std::thread::sleep(*backoff);
+        *backoff = (*backoff * 2).min(Duration::from_secs(1));
+        if let Err(e) = self.models.reopen() {
+            tracing::warn!(error = %e, "the models store cannot be reopened yet");
+        }
+    }
+
+    /// Fold the committed events up to the head, in transactions of [`FOLLOW_BATCH`].
+    fn fold_to_head(&mut self) -> Result<(), StorageError> {
+        loop {
+            let head = self.log.head();
+            if self.progress.get() >= head {
+                return Ok(());
+            }
+            let started = Instant::now();
+            let txn = self.models.begin()?;
+            let at = Models::fold(&txn, &self.log, FOLLOW_BATCH, &mut self.chunk)?;
+            txn.commit().map_err(StorageError::of)?;
+            self.dirty.get_or_insert_with(Instant::now);
+            self.progress.advance(at);
+            metrics::histogram!("tidemark_projection_batch_seconds")
+                .record(started.elapsed().as_secs_f64());
+            metrics::gauge!("tidemark_projection_follower_lag_events")
+                .set(self.log.head().saturating_sub(at) as f64);
+            if at >= head {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Decide the queued commands and append their decisions.
+    async fn round(&mut self) {
+        let knobs = self.knobs.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let now_us = (knobs.clock)();
+        let head = self.progress.get();
+        let first_seq = match self.log.first_seq() {
+            Ok(f) => f,
+            Err(e) => {
+                for j in self.queue.drain(..) {
+                    let _ = j.reply.send(Err(CommandError::Storage(e.clone())));
+                }
+                return;
+            }
+        };
+        let mut round = Round {
+            now_us,
+            head,
+            privacy: knobs.privacy.as_deref(),
+            log: &self.log,
+            touched: HashSet::new(),
+            pending_added: 0,
+        };
+        let mut later: VecDeque<Job> = VecDeque::new();
+        let mut sends: Vec<(Job, Outcome, Vec<tidemark_log::NewEvent>, Condition)> = Vec::new();
+        let txn = match self.models.begin() {
+            Ok(t) => t,
+            Err(e) => {
+                for j in self.queue.drain(..) {
+                    let _ = j.reply.send(Err(CommandError::Storage(e.clone())));
+                }
+                return;
+            }
+        };
+        let mut compact = None;
+        while let Some(job) = self.queue.pop_front() {
+            if matches!(job.cmd, Command::Compact(_)) {
+                // A compaction writes snapshots and drops events: alone, after the round.
+                if compact.is_none() && sends.is_empty() {
+                    compact = Some(job);
+                } else {
+                    later.push_back(job);
+                }
+                continue;
+            }
+            let decided = match commands::run(&txn, &mut round, job.cmd.clone()) {
+                Ok(d) => d,
+                Err(e) => {
+                    let _ = job.reply.send(Err(e));
+                    continue;
+                }
+            };
+            if decided.events.is_empty() {
+                let _ = job.reply.send(Ok((
+                    decided.outcome,
+                    AppendReceipt {
+                        events: Vec::new(),
+                        last_seq: head,
+                    },
+                )));
+                continue;
+            }
+            // The subjects the decision rests on: those of the followed streams it appends
+            // to, and those it read.
+            let mut on: Vec<(String, String)> = decided
+                .events
+                .iter()
+                .filter(|e| subjects::followed(&e.stream))
+                .map(|e| (e.stream.clone(), e.subject.clone()))
+                .chain(decided.reads.iter().cloned())
+                .collect();
+            on.sort_unstable();
+            on.dedup();
+            if on.iter().any(|(s, j)| round.touches(s, j)) {
+                later.push_back(job);
+                continue;
+            }
+            let mut condition = Condition::none();
+            let mut failed = None;
+            for (stream, subject) in &on {
+                match subjects::last(&txn, stream, subject, first_seq) {
+                    Ok(last) => condition = condition.and_subject(stream, subject, last),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+                round.touched.insert(key(stream, subject));
+            }
+            if let Some(e) = failed {
+                let _ = job.reply.send(Err(CommandError::Storage(e)));
+                continue;
+            }
+            sends.push((job, decided.outcome, decided.events, condition));
+        }
+        if let Some(job) = compact {
+            drop(txn);
+            self.compact(job).await;
+        } else {
+            drop(txn);
+        }
+        // Every decision to the log at once: one group commit.
+        let log = &self.log;
+        let answers = futures::future::join_all(
+            sends
+                .iter()
+                .map(|(_, _, events, cond)| log.append_if(events.clone(), cond.clone())),
+        )
+        .await;
+        for ((mut job, outcome, _, _), answer) in sends.into_iter().zip(answers) {
+            match answer {
+                Ok(receipt) => {
+                    let _ = job.reply.send(Ok((outcome, receipt)));
+                }
+                Err(AppendError::ExpectationFailed { .. }) => {
+                    job.attempts += 1;
+                    self.redecided
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    metrics::counter!("tidemark_commands_redecided_total").increment(1);
+                    if job.attempts >= MAX_ATTEMPTS {
+                        let _ = job.reply.send(Err(CommandError::rejected(
+                            RejectKind::Conflict,
+                            "contended",
+                            format!(
+                                "what this command acts on kept changing while it was decided \
+                                 ({MAX_ATTEMPTS} attempts); try again"
+                            ),
+                        )));
+                    } else {
+                        later.push_front(job);
+                    }
+                }
+                Err(e) => {
+                    let _ = job.reply.send(Err(CommandError::Append(e)));
+                }
+            }
+        }
+        self.queue = later;
+    }
+
+    /// A compaction: snapshots at the head committed (and synced) in the models store first,
+    /// then the log drops the events up to the cut.
+    async fn compact(&mut self, job: Job) {
+        let knobs = self.knobs.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let result = async {
+            let txn = self.models.begin().map_err(CommandError::Storage)?;
+            let mut round = Round {
+                now_us: (knobs.clock)(),
+                head: self.progress.get(),
+                privacy: knobs.privacy.as_deref(),
+                log: &self.log,
+                touched: HashSet::new(),
+                pending_added: 0,
+            };
+            let d = commands::run(&txn, &mut round, job.cmd.clone())?;
+            txn.commit()
+                .map_err(|e| CommandError::Storage(StorageError::of(e)))?;
+            self.models.persist().map_err(CommandError::Storage)?;
+            let Outcome::Compacted(mut rep) = d.outcome else {
+                return Err(CommandError::Storage(StorageError::msg(
+                    "a compaction answered something else",
+                )));
+            };
+            if rep.cut >= rep.first_seq {
+                let c = self.log.compact(rep.cut).await?;
+                rep.removed = c.removed;
+                rep.first_seq = c.first_seq;
+                rep.more = c.more;
+            }
+            Ok((
+                Outcome::Compacted(rep),
+                AppendReceipt {
+                    events: Vec::new(),
+                    last_seq: self.log.head(),
+                },
+            ))
+        }
+        .await;
+        let _ = job.reply.send(result);
+    }
+}

@@ -1,0 +1,256 @@
+//! The models store (spec section 3): every read model's tables, their metas, digest chains
+//! and snapshots, and the subjects' last seqs ([`crate::subjects`]), in a redb file of their
+//! own beside the log (`models.redb`), written by one thread of the engine (its decider),
+//! never by the log's writer. It follows the log: [`Models::follow`] folds committed events,
+//! read through the log's interface, in bounded transactions that commit without a sync; a
+//! sync ([`Models::persist`]) is made every few seconds and at close. After a crash the store
+//! is at its last synced commit and folds forward from there; deleted, it is rebuilt from the
+//! log at the next start. A failure of its file never touches the log: the store is reopened
+//! ([`Models::reopen`]) and folds again.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use redb::{Database, Durability, WriteTransaction};
+use tidemark_log::storage::{FileStore, Store, redb_backend};
+use tidemark_log::{EventChunk, Log, StorageError};
+
+use crate::framework;
+
+/// How to open the models store.
+#[derive(Clone)]
+pub struct ModelsConfig {
+    pub path: PathBuf,
+    pub cache_bytes: usize,
+    /// Another byte store instead of the file at `path` (tests: a fault-injecting one).
+    pub store: Option<Arc<dyn Store>>,
+}
+
+impl ModelsConfig {
+    /// The models store of the data directory `dir`.
+    pub fn in_dir(dir: &Path) -> ModelsConfig {
+        ModelsConfig {
+            path: dir.join(FILE),
+            cache_bytes: 256 * 1024 * 1024,
+            store: None,
+        }
+    }
+}
+
+/// The models store's file name in a data directory.
+pub const FILE: &str = "models.redb";
+
+/// An open models store. Cheap to clone; the last handle dropped syncs it.
+#[derive(Clone)]
+pub struct Models {
+    db: Arc<Handle>,
+    cfg: ModelsConfig,
+}
+
+struct Handle(RwLock<Arc<Database>>);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let db = self.0.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Ok(txn) = db.begin_write() {
+            let _ = txn.commit();
+        }
+    }
+}
+
+fn open_db(cfg: &ModelsConfig) -> Result<Database, StorageError> {
+    let store: Arc<dyn Store> = match &cfg.store {
+        Some(s) => s.clone(),
+        None => {
+            let cannot = |e| StorageError::new(format!("cannot open {}", cfg.path.display()), e);
+            if let Some(dir) = cfg.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(cannot)?;
+            }
+            Arc::new(FileStore::open(&cfg.path).map_err(cannot)?)
+        }
+    };
+    let mut b = Database::builder();
+    b.set_cache_size(cfg.cache_bytes);
+    b.create_with_backend(redb_backend(store))
+        .map_err(|e| StorageError::new(format!("cannot open {}", cfg.path.display()), e))
+}
+
+impl Models {
+    /// Open (or create) the store and put its tables in order ([`framework::prepare`]).
+    pub fn open(cfg: &ModelsConfig) -> Result<Models, StorageError> {
+        let m = Models {
+            db: Arc::new(Handle(RwLock::new(Arc::new(open_db(cfg)?)))),
+            cfg: cfg.clone(),
+        };
+        m.prepare()?;
+        Ok(m)
+    }
+
+    fn prepare(&self) -> Result<(), StorageError> {
+        let txn = self.begin()?;
+        framework::prepare(&txn, &crate::all())?;
+        txn.commit().map_err(StorageError::of)
+    }
+
+    /// The database, for one request's reads (held only that long: [`Models::reopen`]
+    /// replaces it).
+    pub fn db(&self) -> Arc<Database> {
+        self.db.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// A write transaction that commits without a sync.
+    pub fn begin(&self) -> Result<WriteTransaction, StorageError> {
+        let mut txn = self.db().begin_write().map_err(StorageError::of)?;
+        txn.set_durability(Durability::None)
+            .map_err(StorageError::of)?;
+        Ok(txn)
+    }
+
+    /// Make every commit so far durable.
+    pub fn persist(&self) -> Result<(), StorageError> {
+        let txn = self.db().begin_write().map_err(StorageError::of)?;
+        txn.commit().map_err(StorageError::of)
+    }
+
+    /// Open the file again after a failure of it (redb refuses every call after an I/O
+    /// error): the store goes back to its last synced commit and folds forward from there.
+    pub fn reopen(&self) -> Result<(), StorageError> {
+        let mut g = self.db.0.write().unwrap_or_else(|p| p.into_inner());
+        // Readers still holding the old handle finish with errors; it wrote nothing since
+        // its failure, so dropping it later writes nothing either.
+        *g = Arc::new(open_db(&self.cfg)?);
+        drop(g);
+        self.prepare()
+    }
+
+    /// The lowest checkpoint of the read models.
+    pub fn checkpoint(&self) -> Result<u64, StorageError> {
+        framework::checkpoint(&self.db(), &crate::all())
+    }
+
+    /// Fold the committed events of `log` past the models' checkpoint, at most `max` of them,
+    /// in one transaction of `txn` (committed by the caller); the lowest checkpoint after.
+    pub fn fold(
+        txn: &WriteTransaction,
+        log: &Log,
+        max: u64,
+        chunk: &mut EventChunk,
+    ) -> Result<u64, StorageError> {
+        framework::catch_up(txn, &crate::all(), log, log.head(), max, chunk)
+    }
+
+    /// Fold up to the head of `log`, in transactions of at most `batch` events (tests, tools
+    /// and the start); the checkpoint reached.
+    pub fn follow(&self, log: &Log, batch: u64) -> Result<u64, StorageError> {
+        let mut chunk = EventChunk::default();
+        loop {
+            let txn = self.begin()?;
+            let at = Models::fold(&txn, log, batch, &mut chunk)?;
+            txn.commit().map_err(StorageError::of)?;
+            if at >= log.head() {
+                return Ok(at);
+            }
+        }
+    }
+}
+
+/// Whether `name` is a table of the read models (in the layout where they lived in the log's
+/// file), and whether it is keyed by u64 (the digest chains).
+fn model_table(name: &str) -> Option<bool> {
+    if name == "projections" || name == "projection_snapshots" {
+        return Some(false);
+    }
+    let digests = name.starts_with("p.") && name.contains(".digests.g")
+        || name.starts_with("s.") && name.ends_with(".digests");
+    (name.starts_with("p.") || name.starts_with("s.")).then_some(digests)
+}
+
+fn copy<K: redb::Key + 'static>(
+    from: &redb::ReadTransaction,
+    to: &WriteTransaction,
+    name: &str,
+) -> Result<u64, StorageError>
+where
+    for<'a> K::SelfType<'a>: std::borrow::Borrow<K::SelfType<'a>>,
+{
+    use redb::{ReadableTable, TableDefinition};
+    let def: TableDefinition<K, &[u8]> = TableDefinition::new(name);
+    let src = from.open_table(def).map_err(StorageError::of)?;
+    let mut dst = to.open_table(def).map_err(StorageError::of)?;
+    let mut n = 0;
+    for row in src.iter().map_err(StorageError::of)? {
+        let (k, v) = row.map_err(StorageError::of)?;
+        dst.insert(k.value(), v.value()).map_err(StorageError::of)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Move the read models out of the log's file (`log_path`, the layout before the models store)
+/// into the models store of `cfg`, once, before the log is opened: their tables are copied
+/// as they are — digests, checkpoints and snapshots included, so a compacted log keeps its
+/// models — into a new file that is renamed into place only once complete, and then dropped
+/// from the log's file. A data directory without them, or already moved, is left alone; an
+/// interrupted move is finished at the next open.
+pub fn migrate(log_path: &Path, cfg: &ModelsConfig) -> Result<(), StorageError> {
+    use redb::{ReadableDatabase, TableDefinition, TableHandle};
+    if !log_path.exists() {
+        return Ok(());
+    }
+    let ctx = |what: &str| {
+        format!(
+            "moving the read models out of {}: {what}",
+            log_path.display()
+        )
+    };
+    let log_db = Database::open(log_path).map_err(|e| StorageError::new(ctx("open"), e))?;
+    let names: Vec<(String, bool)> = {
+        let r = log_db.begin_read().map_err(StorageError::of)?;
+        r.list_tables()
+            .map_err(StorageError::of)?
+            .filter_map(|h| model_table(h.name()).map(|d| (h.name().to_owned(), d)))
+            .collect()
+    };
+    if names.is_empty() {
+        return Ok(());
+    }
+    if !cfg.path.exists() {
+        let tmp = cfg.path.with_extension("redb.migrating");
+        let _ = std::fs::remove_file(&tmp);
+        let models = Database::create(&tmp).map_err(|e| StorageError::new(ctx("create"), e))?;
+        let r = log_db.begin_read().map_err(StorageError::of)?;
+        let w = models.begin_write().map_err(StorageError::of)?;
+        let mut rows = 0;
+        for (name, digests) in &names {
+            rows += if *digests {
+                copy::<u64>(&r, &w, name)?
+            } else if name.starts_with("p.") || name.starts_with("s.") {
+                copy::<&[u8]>(&r, &w, name)?
+            } else {
+                copy::<&str>(&r, &w, name)?
+            };
+        }
+        w.commit().map_err(StorageError::of)?;
+        drop(models);
+        std::fs::rename(&tmp, &cfg.path).map_err(|e| StorageError::new(ctx("rename"), e))?;
+        tracing::warn!(
+            tables = names.len(),
+            rows,
+            to = %cfg.path.display(),
+            "moved the read models out of the log's file into their own store"
+        );
+    }
+    let w = log_db.begin_write().map_err(StorageError::of)?;
+    for (name, digests) in &names {
+        let done = if *digests {
+            w.delete_table(TableDefinition::<u64, &[u8]>::new(name))
+        } else if name.starts_with("p.") || name.starts_with("s.") {
+            w.delete_table(TableDefinition::<&[u8], &[u8]>::new(name))
+        } else {
+            w.delete_table(TableDefinition::<&str, &[u8]>::new(name))
+        };
+        done.map_err(StorageError::of)?;
+    }
+    w.commit().map_err(StorageError::of)?;
+    Ok(())
+}

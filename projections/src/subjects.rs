@@ -1,0 +1,89 @@
+//! The seq of the last event of every subject of the streams commands put conditions on
+//! (spec section 3): the deliveries, cursors, bridge subscriptions, sources and recipients. A
+//! command that decided on a subject appends on the condition that this is still its last
+//! event, so a decision on stale state is refused by the log, whoever appended in between.
+//!
+//! Kept in the models store beside the read models and followed with them (not part of any
+//! model's digest: it is bookkeeping of the follower, rebuilt from the log with the store).
+//! A subject whose every event was compacted away has no last event in the log any more; its
+//! row, older than the log's first seq, reads as 0 ([`last`]).
+
+use redb::{ReadableTable, TableDefinition, WriteTransaction};
+use tidemark_log::{EventRef, Log, StorageError};
+
+use crate::names::Stream;
+
+/// The streams whose subjects are followed.
+pub const STREAMS: [Stream; 5] = [
+    Stream::Deliveries,
+    Stream::Cursors,
+    Stream::Bridges,
+    Stream::Sources,
+    Stream::Recipients,
+];
+
+/// `stream ‖ 0 ‖ subject` → seq of its last event.
+const LAST: TableDefinition<&[u8], u64> = TableDefinition::new("subject_last");
+/// Bookkeeping of the models store: `subjects` → the seq the table reflects.
+const META: TableDefinition<&str, u64> = TableDefinition::new("models_meta");
+const CHECKPOINT: &str = "subjects";
+
+fn key(stream: &str, subject: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(stream.len() + 1 + subject.len());
+    k.extend_from_slice(stream.as_bytes());
+    k.push(0);
+    k.extend_from_slice(subject.as_bytes());
+    k
+}
+
+/// Whether `stream`'s subjects are followed.
+pub fn followed(stream: &str) -> bool {
+    STREAMS.iter().any(|s| s.as_str() == stream)
+}
+
+/// The seq the table reflects. A log compacted past it cannot be read from there: the table
+/// goes on from the first seq the log holds (what was dropped is not a last event any more).
+pub fn checkpoint(txn: &WriteTransaction, log: &Log) -> Result<u64, StorageError> {
+    let t = txn.open_table(META).map_err(StorageError::of)?;
+    let at = t
+        .get(CHECKPOINT)
+        .map_err(StorageError::of)?
+        .map(|v| v.value())
+        .unwrap_or(0);
+    let first = log.first_seq()?;
+    Ok(at.max(first.saturating_sub(1)))
+}
+
+/// Record the last seq of the followed subjects among `events` (in seq order), and that the
+/// table reflects the log through `upto`.
+pub fn record(
+    txn: &WriteTransaction,
+    events: &[EventRef<'_>],
+    upto: u64,
+) -> Result<(), StorageError> {
+    let mut t = txn.open_table(LAST).map_err(StorageError::of)?;
+    for e in events.iter().filter(|e| followed(e.stream)) {
+        t.insert(key(e.stream, e.subject).as_slice(), e.seq)
+            .map_err(StorageError::of)?;
+    }
+    let mut m = txn.open_table(META).map_err(StorageError::of)?;
+    m.insert(CHECKPOINT, upto).map_err(StorageError::of)?;
+    Ok(())
+}
+
+/// The seq of the last event of `(stream, subject)` as the models store has it (0: none, or
+/// every one of them is before `first_seq`, compacted).
+pub fn last(
+    txn: &WriteTransaction,
+    stream: &str,
+    subject: &str,
+    first_seq: u64,
+) -> Result<u64, StorageError> {
+    let t = txn.open_table(LAST).map_err(StorageError::of)?;
+    let seq = t
+        .get(key(stream, subject).as_slice())
+        .map_err(StorageError::of)?
+        .map(|v| v.value())
+        .unwrap_or(0);
+    Ok(if seq < first_seq { 0 } else { seq })
+}

@@ -1,0 +1,241 @@
+//! Two independent deciders over one log (spec section 3, I7): two engines, each with a
+//! models store of its own, share one log and race claims, completes and compare-and-swap
+//! cursor advances. Neither knows of the other; only the log's conditions keep their
+//! decisions apart. Every answer is a success or a documented refusal, every delivery is
+//! leased by one claimer only (the leases are long: none expires), and the combined log
+//! replays legally through the independent checker of `e2e_races`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use tidemark_engine::commands::{Advance, Completed, CursorCommand, OutboxCommand};
+use tidemark_engine::{CommandError, Engine};
+use tidemark_log::{Log, LogConfig, NewEvent, ReadQuery};
+use tidemark_projections::ModelsConfig;
+
+use crate::e2e_races::Checker;
+
+const DELIVERIES: usize = 240;
+
+fn all_events(log: &Log) -> Vec<tidemark_log::Event> {
+    let mut out = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = log
+            .read(&ReadQuery {
+                after,
+                limit: 1000,
+                ..ReadQuery::default()
+            })
+            .unwrap();
+        if page.events.is_empty() {
+            return out;
+        }
+        after = page.events.last().unwrap().seq;
+        out.extend(page.events);
+    }
+}
+
+fn as_json(e: &tidemark_log::Event) -> Value {
+    json!({"seq": e.seq, "type": e.event_type, "subject": e.subject,
+           "payload": serde_json::from_str::<Value>(e.payload.get()).unwrap()})
+}
+
+/// A refusal one of the racers may meet: the documented ones of section 5 and 6, or
+/// `contended` after too many re-decisions. Anything else fails the test.
+fn refused_as_documented(e: &CommandError) -> bool {
+    matches!(e, CommandError::Rejected { code, .. } if [
+        "not_lease_owner", "illegal_transition", "lease_expired", "contended",
+        "cursor_conflict", "non_monotonic_cursor",
+    ].contains(code))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = Log::open(&LogConfig::in_dir(dir.path())).unwrap();
+    let a = Engine::on_log(log.clone(), &ModelsConfig::in_dir(&dir.path().join("a"))).unwrap();
+    let b = Engine::on_log(log.clone(), &ModelsConfig::in_dir(&dir.path().join("b"))).unwrap();
+    let engines = [("a", a.clone()), ("b", b.clone())];
+
+    // Notifications, routed by both deciders at once (the same deterministic deliveries).
+    let notes: Vec<NewEvent> = (0..DELIVERIES)
+        .map(|i| {
+            let id = format!("dd-{i}");
+            NewEvent::new(
+                Some(id.clone()),
+                "notifications",
+                id,
+                "notification.requested",
+                &json!({"priority": "urgent", "title": "t", "recipient": format!("r{}", i % 7)}),
+            )
+            .unwrap()
+        })
+        .collect();
+    for chunk in notes.chunks(100) {
+        log.append(chunk.to_vec()).await.unwrap();
+    }
+    let source = all_events(&log);
+    let (ra, rb) = tokio::join!(
+        a.execute(OutboxCommand::Route {
+            source: source.clone()
+        }),
+        b.execute(OutboxCommand::Route { source })
+    );
+    ra.unwrap();
+    rb.unwrap();
+    let created: Vec<(String, Value)> = all_events(&log)
+        .iter()
+        .filter(|e| e.event_type == "delivery.created")
+        .map(|e| (e.subject.clone(), as_json(e)["payload"].clone()))
+        .collect();
+    assert!(
+        created.len() >= DELIVERIES,
+        "{} deliveries were created",
+        created.len()
+    );
+
+    // Claimers on both deciders, each completing what it leased; a cursor advanced by both
+    // with compare-and-swap.
+    let leased: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
+    let twice: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut racers = Vec::new();
+    for (name, engine) in &engines {
+        for k in 0..6 {
+            let (engine, leased, twice) = (engine.clone(), leased.clone(), twice.clone());
+            let owner = format!("{name}-{k}");
+            racers.push(tokio::spawn(async move {
+                let mut idle = 0;
+                while idle < 3 {
+                    let claim = engine
+                        .execute(OutboxCommand::Claim {
+                            sink: "app".into(),
+                            owner: owner.clone(),
+                            limit: 5,
+                            lease_ms: 600_000,
+                        })
+                        .await;
+                    let rows = match claim {
+                        Ok((o, _)) => o.into_deliveries().unwrap(),
+                        Err(e) if refused_as_documented(&e) => Vec::new(),
+                        Err(e) => panic!("claim by {owner}: {e:?}"),
+                    };
+                    if rows.is_empty() {
+                        idle += 1;
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    idle = 0;
+                    {
+                        let mut m = leased.lock().unwrap();
+                        for r in &rows {
+                            if let Some(prev) = m.insert(r.id.clone(), owner.clone()) {
+                                twice
+                                    .lock()
+                                    .unwrap()
+                                    .push(format!("{} leased by {prev} and by {owner}", r.id));
+                            }
+                        }
+                    }
+                    let items = rows.iter().map(|r| (r.id.clone(), None)).collect();
+                    let done = engine
+                        .execute(OutboxCommand::Complete {
+                            owner: owner.clone(),
+                            items,
+                        })
+                        .await
+                        .unwrap()
+                        .0
+                        .into_completed()
+                        .unwrap();
+                    for c in done {
+                        if let Completed::Refused { .. } = c {
+                            panic!("{owner}'s complete of its own lease was refused: {c:?}");
+                        }
+                    }
+                }
+            }));
+        }
+        for k in 0..3 {
+            let engine = engine.clone();
+            let tag = format!("{name}-{k}");
+            racers.push(tokio::spawn(async move {
+                for n in 0..40u64 {
+                    let at = engine
+                        .read()
+                        .cursors(Some("race-consumer"), 10)
+                        .map(|c| c.first().map_or(0, |c| c.last_sequence))
+                        .unwrap_or(0);
+                    let r = engine
+                        .execute(CursorCommand::Advance(Advance {
+                            consumer_id: "race-consumer".into(),
+                            stream_name: "task_events".into(),
+                            subject_id: "t".into(),
+                            last_sequence: at + 1,
+                            delivery_id: format!("{tag}-{n}"),
+                            expected_sequence: Some(at),
+                        }))
+                        .await;
+                    match r {
+                        Ok(_) => {}
+                        Err(e) if refused_as_documented(&e) => {}
+                        Err(e) => panic!("advance by {tag}: {e:?}"),
+                    }
+                }
+            }));
+        }
+    }
+    for r in racers {
+        r.await.unwrap();
+    }
+
+    let twice = twice.lock().unwrap().clone();
+    assert!(twice.is_empty(), "double leases: {twice:?}");
+    let leased = leased.lock().unwrap().clone();
+    let app: HashSet<String> = created
+        .iter()
+        .filter(|(_, p)| p["sink"] == "app")
+        .map(|(id, _)| id.clone())
+        .collect();
+    assert!(
+        leased.len() == app.len() && !leased.is_empty(),
+        "{} of {} app deliveries were leased",
+        leased.len(),
+        app.len()
+    );
+    let events: Vec<Value> = all_events(&log).iter().map(as_json).collect();
+    let violations = Checker::check_log(&events);
+    assert!(violations.is_empty(), "{violations:#?}");
+    let by_a = events
+        .iter()
+        .filter(|e| {
+            e["type"] == "delivery.leased"
+                && e["payload"]["owner"]
+                    .as_str()
+                    .is_some_and(|o| o.starts_with("a-"))
+        })
+        .count();
+    let by_b = events
+        .iter()
+        .filter(|e| {
+            e["type"] == "delivery.leased"
+                && e["payload"]["owner"]
+                    .as_str()
+                    .is_some_and(|o| o.starts_with("b-"))
+        })
+        .count();
+    assert!(
+        by_a > 0 && by_b > 0,
+        "both deciders leased: a {by_a}, b {by_b}"
+    );
+    eprintln!(
+        "two deciders: {} leases (a {by_a}, b {by_b}), {} events, re-decided a {} b {}",
+        leased.len(),
+        events.len(),
+        a.redecided(),
+        b.redecided()
+    );
+    a.close().await;
+    b.close().await;
+}
