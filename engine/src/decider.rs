@@ -74,6 +74,11 @@ impl Progress {
         }
     }
 
+    /// The models went back to `seq` (their store was reopened at its last synced commit).
+    pub fn reset(&self, seq: u64) {
+        *self.seq.lock().unwrap_or_else(|p| p.into_inner()) = seq;
+    }
+
     /// Wait until the models reach `want` or `until` passes, checking at least every
     /// `recheck` (the caller then reads the models' checkpoints itself); the seq reached.
     pub fn wait(&self, want: u64, until: Instant, recheck: Duration) -> u64 {
@@ -338,7 +343,7 @@ impl State {
     fn persist(&mut self) {
         match self.models.persist() {
             Ok(()) => self.dirty = None,
-            Err(e) => tracing::warn!(error = %e, "the models store could not be synced; retrying"),
+            Err(e) => self.models_failed(e, &mut Duration::from_millis(100)),
         }
     }
 
@@ -351,8 +356,14 @@ impl State {
         }
         std::thread::sleep(*backoff);
         *backoff = (*backoff * 2).min(Duration::from_secs(1));
-        if let Err(e) = self.models.reopen() {
-            tracing::warn!(error = %e, "the models store cannot be reopened yet");
+        // Reopened, the store is at its last synced commit: the models' progress goes back
+        // to it (readers wait for the refold rather than read older state as current).
+        match self.models.reopen().and_then(|()| self.models.checkpoint()) {
+            Ok(at) => {
+                self.progress.reset(at);
+                self.dirty = None;
+            }
+            Err(e) => tracing::warn!(error = %e, "the models store cannot be reopened yet"),
         }
     }
 

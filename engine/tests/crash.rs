@@ -735,3 +735,67 @@ fn enospc_inside_redb_reopens_the_log_in_process_once_space_returns() {
     check(&engine, None);
     rt.block_on(engine.close());
 }
+
+/// I10: the models store is its own fault domain. A full disk under it (ENOSPC) and then an
+/// I/O error in it stop the read models for a while — reads wait, then answer `Lagging` — but
+/// never the log: appends go on and are acknowledged, the log is not poisoned, and once the
+/// store works again the decider reopens it and the models catch up with every event, the
+/// same digests a rebuild finds.
+#[test]
+fn a_failing_models_store_never_poisons_the_log() {
+    let rt = rt();
+    let disk = Disk::default();
+    let (engine, _) = open(&disk, 8);
+    rt.block_on(engine.log().append(vec![one("m", 0)])).unwrap();
+    engine.read().floor(0).unwrap();
+    for fault in ["full", "eio"] {
+        let kind = match fault {
+            "full" => std::io::ErrorKind::StorageFull,
+            _ => std::io::ErrorKind::Other,
+        };
+        disk.models.fail_writes(Some(kind));
+        for i in 1..20 {
+            rt.block_on(engine.log().append(vec![one(fault, i)]))
+                .unwrap_or_else(|e| panic!("append {i} with the models store {fault}: {e}"));
+        }
+        assert!(!engine.is_poisoned(), "{fault}: the log was poisoned");
+        // The models store fails at its next sync at the latest (one a second): the models
+        // stop following.
+        let mut lagged = false;
+        for i in 20..200 {
+            rt.block_on(engine.log().append(vec![one(fault, i)]))
+                .unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(25));
+            if engine.read().lag() > 0 && engine.read().floor(0).is_err() {
+                lagged = true;
+                break;
+            }
+        }
+        assert!(
+            lagged,
+            "{fault}: the models store did not fail (the test would prove nothing)"
+        );
+        disk.models.fail_writes(None);
+        // The decider reopens the store and folds every event.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if engine.read().floor(0).is_ok_and(|at| at >= engine.head()) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{fault}: the models never caught up"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    for p in tidemark_projections::all() {
+        let v = rt
+            .block_on(engine.rebuild(p.name(), false, |_, _| {}))
+            .unwrap()
+            .unwrap();
+        assert!(v.identical, "{}: {:?}", p.name(), v.first_divergent_seq);
+    }
+    assert!(!engine.is_poisoned());
+    rt.block_on(engine.close());
+}

@@ -47,6 +47,11 @@ struct State {
     full: bool,
     /// What `available` answers.
     available: Option<u64>,
+    /// Every write, resize and sync fails with this until cleared ([`FaultStore::fail_writes`]).
+    failing: Option<io::ErrorKind>,
+    /// The next operation of this kind panics (a bug in the code below the writer, stood in
+    /// for: [`FaultStore::panic_on`]).
+    panic: Option<Op>,
     /// Syncs wait while this is set ([`FaultStore::hold_syncs`]).
     held: bool,
     /// Syncs waiting on `held`.
@@ -115,6 +120,18 @@ impl FaultStore {
     /// A full disk: writes past the end and growing resizes fail with `StorageFull`.
     pub fn set_full(&self, full: bool) {
         self.st().full = full;
+    }
+
+    /// Every write, resize and sync fails with `kind` from now on, until called with `None`: a
+    /// disk that stays broken (or full) for a while.
+    pub fn fail_writes(&self, kind: Option<io::ErrorKind>) {
+        self.st().failing = kind;
+    }
+
+    /// The next operation of kind `op` panics, once: what a writer does when code under it
+    /// panics is then testable (it must poison the log, not vanish).
+    pub fn panic_on(&self, op: Op) {
+        self.st().panic = Some(op);
     }
 
     /// Hold every sync (it waits, not fails) until called again with `false`: a test keeps
@@ -200,6 +217,16 @@ impl FaultStore {
             }
         }
         let mut s = self.st();
+        if let Some(kind) = s.failing
+            && op != Op::Read
+        {
+            return Err(io::Error::new(kind, format!("injected fault on {op:?}")));
+        }
+        if s.panic == Some(op) {
+            s.panic = None;
+            drop(s);
+            panic!("injected panic on {op:?}");
+        }
         if let Some((o, n, kind)) = s.fail
             && o == op
         {

@@ -47,6 +47,8 @@ pub(crate) struct Journal {
     /// Checkpoint after this many group commits.
     every: u64,
     buf: Vec<u8>,
+    /// The preallocation did not fit on the disk (see [`Journal::start`]).
+    short_of_space: bool,
 }
 
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
@@ -58,7 +60,10 @@ fn check(body: &[u8]) -> [u8; 8] {
 
 impl Journal {
     /// A journal on `store`, writing from its start (call once `replay` put its records
-    /// back), at least `prealloc` bytes long and written through.
+    /// back), at least `prealloc` bytes long and written through. A disk too full for the
+    /// preallocation is not an error: the journal is left as it was (it grows with each
+    /// record instead) and [`Journal::short_of_space`] says so, for the log to start refusing
+    /// appends until space returns (I10: a full disk at start starts the log read-only).
     pub(crate) fn start(
         store: Arc<dyn Store>,
         log_id: u64,
@@ -66,14 +71,32 @@ impl Journal {
         prealloc: u64,
     ) -> Result<Journal, StorageError> {
         let err = |e| StorageError::new("preparing the journal", e);
-        let mut len = store.len().map_err(err)?;
-        if len < prealloc {
-            while len < prealloc {
-                let n = (prealloc - len).min(ZEROS.len() as u64) as usize;
-                store.write(len, &ZEROS[..n]).map_err(err)?;
-                len += n as u64;
+        let start = store.len().map_err(err)?;
+        let mut short = false;
+        if start < prealloc {
+            let mut len = start;
+            let filled = (|| -> std::io::Result<()> {
+                while len < prealloc {
+                    let n = (prealloc - len).min(ZEROS.len() as u64) as usize;
+                    store.write(len, &ZEROS[..n])?;
+                    len += n as u64;
+                }
+                store.sync_data()
+            })();
+            match filled {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => {
+                    tracing::warn!(
+                        need = prealloc,
+                        "the disk is too full for the journal's preallocation; the log starts \
+                         read-only until space returns"
+                    );
+                    store.set_len(start).map_err(err)?;
+                    store.sync_data().map_err(err)?;
+                    short = true;
+                }
+                Err(e) => return Err(err(e)),
             }
-            store.sync_data().map_err(err)?;
         }
         let mut j = Journal {
             store,
@@ -82,9 +105,27 @@ impl Journal {
             groups: 0,
             every: every.max(1),
             buf: Vec::with_capacity(64 << 10),
+            short_of_space: short,
         };
         j.reset();
         Ok(j)
+    }
+
+    /// Try the preallocation again (after it did not fit at start); `Ok` once it is done.
+    pub(crate) fn preallocate(&mut self, prealloc: u64) -> Result<(), StorageError> {
+        let j = Journal::start(self.store.clone(), self.log_id, self.every, prealloc)?;
+        if j.short_of_space {
+            return Err(StorageError::msg(
+                "the journal's preallocation does not fit yet",
+            ));
+        }
+        *self = j;
+        Ok(())
+    }
+
+    /// Whether the disk was too full for the preallocation at start.
+    pub(crate) fn short_of_space(&self) -> bool {
+        self.short_of_space
     }
 
     /// Append one group's events (seq, stored bytes) and sync: the group's durable point.

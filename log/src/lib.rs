@@ -305,6 +305,26 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    pub(crate) fn poison(&self, why: StorageError) {
+        self.poisoned_flag
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        *self.poisoned.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    }
+
+    /// The error for a request the writer will never answer: `Poisoned` after a failure or a
+    /// panic of the writer, else `Closed`.
+    fn gone(&self) -> AppendError {
+        match self
+            .poisoned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            Some(why) => AppendError::Poisoned(why),
+            None => AppendError::Closed,
+        }
+    }
+
     pub(crate) fn db(&self) -> Arc<Database> {
         self.db.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -341,6 +361,9 @@ impl Log {
             tail_events: opened.tail.len(),
         };
         let db = Arc::new(opened.db);
+        // A disk too full for the journal at start: the log opens read-only (appends refused
+        // with `InsufficientStorage`) and the writer reopens it once space returns (I10).
+        let short_of_space = opened.journal.short_of_space();
         let (head_tx, _) = watch::channel(opened.head);
         let shared = Arc::new(Shared {
             tail: RwLock::new(opened.tail),
@@ -349,7 +372,7 @@ impl Log {
             poisoned: Mutex::new(None),
             poisoned_flag: AtomicBool::new(false),
             db: RwLock::new(db.clone()),
-            full: AtomicBool::new(false),
+            full: AtomicBool::new(short_of_space),
         });
         let (tx, rx) = mpsc::channel(cfg.queue_capacity.max(1));
         let space = Space {
@@ -371,9 +394,25 @@ impl Log {
             cfg: cfg.clone(),
             stores,
         };
+        let watched = shared.clone();
         let handle = std::thread::Builder::new()
             .name("tidemark-log-writer".into())
-            .spawn(move || w.run())
+            .spawn(move || {
+                // A panic in the writer (or under it) poisons the log: every later append is
+                // refused as `Poisoned`, never answered `Closed` as if the log had been shut
+                // down on purpose (I10).
+                let run = std::panic::AssertUnwindSafe(move || w.run());
+                if let Err(p) = std::panic::catch_unwind(run) {
+                    let what = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".into());
+                    let why = StorageError::msg(format!("the log writer panicked: {what}"));
+                    tracing::error!(error = %why, "log poisoned; appends are refused until restart");
+                    watched.poison(why);
+                }
+            })
             .map_err(|e| {
                 OpenError::Storage(StorageError::new("cannot start the writer thread", e))
             })?;
@@ -446,9 +485,12 @@ impl Log {
                     queued: self.tx.max_capacity(),
                 });
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => return Err(AppendError::Closed),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(self.shared.gone()),
         }
-        rx.await.map_err(|_| AppendError::Closed)?
+        match rx.await {
+            Ok(r) => r,
+            Err(_) => Err(self.unanswered().await),
+        }
     }
 
     fn db(&self) -> Arc<Database> {
@@ -485,6 +527,23 @@ impl Log {
         use redb::ReadableDatabase;
         let txn = self.db().begin_read().map_err(StorageError::of)?;
         compact::next_in_index(&txn, stream, subject, after)
+    }
+
+    /// Why the writer dropped a request unanswered: it panicked (the request's reply went
+    /// while it unwound, just before it poisoned the log: wait for that) or it stopped.
+    async fn unanswered(&self) -> AppendError {
+        for _ in 0..1000 {
+            let finished = self
+                .writer
+                .lock()
+                .map(|h| h.as_ref().is_none_or(|h| h.is_finished()))
+                .unwrap_or(true);
+            if finished || self.is_poisoned() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        self.shared.gone()
     }
 
     /// Requests waiting for the writer.

@@ -34,7 +34,19 @@ impl Writer {
             tracing::debug!(error = %e, "the log file cannot grow yet; staying closed");
             return Err(refusal(&self.space));
         }
+        if self.journal.short_of_space() {
+            // Opened on a disk too full for the journal: redb is fine, only the journal's
+            // preallocation is missing.
+            if let Err(e) = self.journal.preallocate(self.cfg.journal_prealloc) {
+                tracing::debug!(error = %e, "the journal still does not fit; staying read-only");
+                return Err(refusal(&self.space));
+            }
+            self.shared.full.store(false, Ordering::SeqCst);
+            tracing::warn!("space returned; the log takes appends again");
+            return Ok(());
+        }
         let opened = match crate::store::open(&self.cfg, &self.stores) {
+            Ok(o) if o.journal.short_of_space() => return Err(refusal(&self.space)),
             Ok(o) => o,
             Err(crate::OpenError::Storage(why)) if why.is_storage_full() => {
                 return Err(refusal(&self.space));

@@ -211,12 +211,7 @@ impl Writer {
 
     pub(crate) fn poison(&self, why: StorageError) {
         tracing::error!(error = %why, "log poisoned; appends are refused until restart");
-        self.shared.poisoned_flag.store(true, Ordering::SeqCst);
-        *self
-            .shared
-            .poisoned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(why);
+        self.shared.poison(why);
     }
 
     fn begin(&self) -> Result<WriteTransaction, StorageError> {

@@ -676,3 +676,46 @@ proptest! {
         rt.block_on(log.close());
     }
 }
+
+/// I10: a writer that panics (here: code under it, a store, panics inside a group commit)
+/// poisons the log. The append in flight and every later one are refused as `Poisoned` with
+/// the panic named, never answered `Closed` as if the log had been shut down on purpose, and
+/// what was acknowledged before is still read.
+#[test]
+fn a_panicking_writer_poisons_the_log() {
+    use tidemark_log::fault::{FaultStore, Op};
+    use tidemark_log::storage::Storage;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(&dir, 100);
+    let journal = FaultStore::new();
+    c.storage = Storage::Stores {
+        db: std::sync::Arc::new(FaultStore::new()),
+        journal: std::sync::Arc::new(journal.clone()),
+    };
+    rt().block_on(async {
+        let (log, _) = Log::open(&c).unwrap();
+        log.append(vec![ev(Some("p1"), "s", "x.y", json!({}))])
+            .await
+            .unwrap();
+        journal.panic_on(Op::Write);
+        let in_flight = log
+            .append(vec![ev(Some("p2"), "s", "x.y", json!({}))])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&in_flight, AppendError::Poisoned(why) if why.to_string().contains("panicked")),
+            "{in_flight:?}"
+        );
+        assert!(log.is_poisoned());
+        let later = log
+            .append(vec![ev(Some("p3"), "s", "x.y", json!({}))])
+            .await
+            .unwrap_err();
+        assert!(matches!(later, AppendError::Poisoned(_)), "{later:?}");
+        let ids: Vec<String> = all(&log, ReadQuery::default())
+            .into_iter()
+            .map(|e| e.event_id)
+            .collect();
+        assert_eq!(ids, vec!["p1".to_owned()]);
+    });
+}

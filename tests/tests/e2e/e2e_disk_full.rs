@@ -13,7 +13,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 use tidemark_tests::{Server, ServerOpts};
 
-use crate::common::{append_ok, ev, task_ev};
+use crate::common::{append_ok, ev, task_ev, wait_for};
 
 /// A tmpfs mounted for the test, unmounted when dropped (before its temp dir goes).
 struct Mount(PathBuf, #[allow(dead_code)] tempfile::TempDir);
@@ -321,24 +321,50 @@ async fn a_disk_full_inside_the_log_file_is_recovered_in_process() {
     s.wait_exit(Duration::from_secs(30)).await;
 }
 
-/// I10 at start, where storage cannot be opened at all: a filesystem too small for the
-/// journal's 16 MiB preallocation. The server exits naming the space it needs and that nothing
-/// is damaged; it never advises restoring a backup (it said "the log file is unreadable …
-/// restore it from a backup").
+/// I10 at start: a filesystem too small for the journal's 16 MiB preallocation. The server
+/// starts read-only — it serves reads and refuses appends with `507` (it exited with "the log
+/// file is unreadable … restore it from a backup", then with a message naming the space) —
+/// and takes appends once space returns, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_disk_too_full_to_open_is_named_as_such_not_as_damage() {
+async fn a_disk_too_full_at_start_starts_read_only_and_recovers() {
     let fs = Mount::tmpfs("8m");
-    let err = match Server::try_start(ServerOpts {
+    let s = Server::start(ServerOpts {
         data_dir: Some(fs.path().join("data")),
         config: Some("[log]\ncache_mb = 4\nmin_free = \"0\"\n".into()),
         ..ServerOpts::default()
     })
-    .await
-    {
-        Ok(_) => panic!("an 8 MiB filesystem cannot hold the 16 MiB journal"),
-        Err(e) => e.to_string(),
-    };
-    assert!(err.contains("disk holding the log is full"), "{err}");
-    assert!(err.contains("nothing is damaged"), "{err}");
-    assert!(!err.contains("restore"), "a full disk is not damage: {err}");
+    .await;
+    let r = s.get("/v1/events?after_sequence=0").await;
+    assert_eq!(r.status, StatusCode::OK, "reads are served: {}", r.text);
+    let (st, body) = s
+        .append(&json!({"events": [ev("ro-1", "s", "subj", "x.y", json!({}))]}))
+        .await;
+    assert_eq!(st, StatusCode::INSUFFICIENT_STORAGE, "{body}");
+    assert_eq!(body["code"], "insufficient_storage", "{body}");
+    // Space returns: the same append is taken, no restart.
+    let out = Command::new("mount")
+        .args(["-o", "remount,size=64m"])
+        .arg(fs.path())
+        .output()
+        .expect("remount");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for(Duration::from_secs(30), "appends taken again", || async {
+        let (st, _) = s
+            .append(&json!({"events": [ev("ro-1", "s", "subj", "x.y", json!({}))]}))
+            .await;
+        (st == StatusCode::CREATED).then_some(())
+    })
+    .await;
+    assert_eq!(
+        s.read_all("")
+            .await
+            .iter()
+            .filter(|e| e["event_id"] == "ro-1")
+            .count(),
+        1
+    );
 }

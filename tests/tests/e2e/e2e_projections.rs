@@ -668,3 +668,37 @@ async fn cli_projections_list_verify_and_rebuild() {
     );
     assert_projections_sound(&s, "after the CLI").await;
 }
+
+/// The models store is disposable (spec section 3): deleted while the server is stopped, it is
+/// rebuilt from the log at the next start — every model at the head with the digest it had —
+/// and every read answers as before. Only the models' file goes; the log is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_models_store_is_rebuilt_from_the_log_identical() {
+    let mut s = Server::start(ServerOpts::default()).await;
+    seed_tasks(&s, "gone", "p-gone", 12).await;
+    wait_quiet(&s).await;
+    settled(&s).await;
+    let head = s.head().await;
+    let before = projections(&s).await;
+    let tasks_before = list_tasks(&s, "project_id=p-gone", 100).await;
+    s.sigterm();
+    s.wait_exit(WAIT).await;
+    let models = s.data_dir().join("models.redb");
+    assert!(models.exists(), "the models store is its own file");
+    std::fs::remove_file(&models).unwrap();
+    s.restart().await;
+    wait_quiet(&s).await;
+    settled(&s).await;
+    assert_eq!(s.head().await, head, "nothing was appended on its own");
+    let after = projections(&s).await;
+    for (name, b) in &before {
+        let a = &after[name];
+        assert_eq!(
+            a["digest"], b["digest"],
+            "digest of {name} after the rebuild"
+        );
+        assert_eq!(a["checkpoint"], b["checkpoint"], "checkpoint of {name}");
+    }
+    assert_eq!(list_tasks(&s, "project_id=p-gone", 100).await, tasks_before);
+    assert_projections_sound(&s, "a models store rebuilt from the log").await;
+}
