@@ -67,6 +67,15 @@ enum Cmd {
         #[arg(long)]
         dir: PathBuf,
     },
+    /// Append latency of 16 appenders × 1 event, alone and while a rebuild of every
+    /// projection runs (the rebuild folds on the models' side: appends should not wait).
+    #[command(hide = true)]
+    AppendDuringRebuild {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
 }
 
 /// Event `i` of a realistic stream: tasks are created, run, reviewed and notified about;
@@ -256,6 +265,86 @@ fn rebuild(dir: &Path) -> Value {
            "rss_before_open_kb": rss_before, "peak_rss_kb": vm_hwm_kb()})
 }
 
+/// 16 appenders × 1 event for `seconds`: per-append latency (µs) and how many.
+async fn appenders(engine: &tidemark_engine::Engine, seconds: u64, tag: &str) -> Value {
+    let stop = Instant::now() + std::time::Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for a in 0..16u64 {
+        let engine = engine.clone();
+        let tag = tag.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+            let mut i = 0u64;
+            while Instant::now() < stop {
+                let e = NewEvent::new(
+                    Some(format!("adr-{tag}-{a}-{i}")),
+                    "task_events",
+                    format!("adr-{a}"),
+                    "bench.appended",
+                    &json!({"n": i}),
+                )
+                .expect("event");
+                let t = Instant::now();
+                engine.log().append(vec![e]).await.expect("append");
+                h.record(t.elapsed().as_micros() as u64).expect("record");
+                i += 1;
+            }
+            h
+        }));
+    }
+    let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+    for t in tasks {
+        h.add(t.await.expect("appender")).expect("add");
+    }
+    json!({"appends": h.len(), "per_sec": h.len() as f64 / seconds as f64,
+           "p50_us": h.value_at_quantile(0.5), "p99_us": h.value_at_quantile(0.99),
+           "max_us": h.max()})
+}
+
+/// Append latency alone, then while every projection is rebuilt (again and again until the
+/// window ends), over the log in `dir`.
+fn append_during_rebuild(dir: &Path, seconds: u64) -> Value {
+    let (engine, rep) = tidemark_engine::Engine::open(&cfg(dir)).expect("open");
+    let rt = rt();
+    rt.block_on(async {
+        // The models current first.
+        let e2 = engine.clone();
+        tokio::task::spawn_blocking(move || e2.read().floor(0))
+            .await
+            .expect("join")
+            .ok();
+        let alone = appenders(&engine, seconds, "alone").await;
+        let busy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let rebuilds = {
+            let (engine, busy) = (engine.clone(), busy.clone());
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while busy.load(std::sync::atomic::Ordering::SeqCst) {
+                    for p in tidemark_projections::all() {
+                        engine
+                            .rebuild(p.name(), true, |_, _| {})
+                            .await
+                            .expect("projection")
+                            .expect("rebuild");
+                    }
+                    n += 1;
+                }
+                n
+            })
+        };
+        // Let the first rebuild get going.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let during = appenders(&engine, seconds, "during").await;
+        busy.store(false, std::sync::atomic::Ordering::SeqCst);
+        let passes = rebuilds.await.expect("rebuilds");
+        engine.close().await;
+        let ratio = during["p99_us"].as_f64().unwrap_or(0.0)
+            / alone["p99_us"].as_f64().unwrap_or(1.0).max(1.0);
+        json!({"head": rep.head, "alone": alone, "during_rebuild": during,
+               "rebuild_passes": passes, "p99_ratio": ratio})
+    })
+}
+
 fn child(args: &[String]) -> Value {
     let exe = std::env::current_exe().expect("exe");
     let out = Command::new(exe)
@@ -286,6 +375,10 @@ fn main() -> ExitCode {
         }
         Some(Cmd::Rebuild { dir }) => {
             println!("{}", rebuild(&dir));
+            return ExitCode::SUCCESS;
+        }
+        Some(Cmd::AppendDuringRebuild { dir, seconds }) => {
+            println!("{}", append_during_rebuild(&dir, seconds));
             return ExitCode::SUCCESS;
         }
         None => {}
@@ -359,6 +452,17 @@ fn main() -> ExitCode {
         );
         report.insert(format!("fill_{label}"), f);
         report.insert(format!("rebuild_{label}"), r);
+        if label == "small" {
+            eprintln!("== append 16 × 1 alone and during a rebuild of every projection");
+            let a = child(&[s("append-during-rebuild"), s("--dir"), d("rebuild")]);
+            eprintln!(
+                "  p99 alone {} µs, during a rebuild {} µs (ratio {:.2})",
+                a["alone"]["p99_us"],
+                a["during_rebuild"]["p99_us"],
+                a["p99_ratio"].as_f64().unwrap_or(0.0)
+            );
+            report.insert("append_during_rebuild".into(), a);
+        }
     }
     println!(
         "{}",

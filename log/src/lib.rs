@@ -153,6 +153,42 @@ pub trait EventLog: Send + Sync + 'static {
     /// Changes on every commit; the value is the new head (a nudge: read the log for the
     /// events).
     fn subscribe(&self) -> watch::Receiver<u64>;
+    /// The committed events `after < seq <= upto` (cut at the head) into `out`, for the folds.
+    /// The default reads pages with [`EventLog::read`]; a backend may copy its stored records
+    /// in one buffer instead (redb).
+    fn read_chunk(&self, after: u64, upto: u64, out: &mut EventChunk) -> Result<(), ReadError> {
+        let upto = upto.min(self.head());
+        let mut events = Vec::new();
+        let mut at = after;
+        while at < upto {
+            let page = self.read(&ReadQuery {
+                after: at,
+                limit: (upto - at).min(1000) as usize,
+                ..ReadQuery::default()
+            })?;
+            let Some(last) = page.events.last().map(|e| e.seq) else {
+                break;
+            };
+            events.extend(page.events.into_iter().filter(|e| e.seq <= upto));
+            at = last;
+        }
+        out.fill(events);
+        Ok(())
+    }
+    // The retention operations of section 13.
+    /// The first seq the log holds: 1, or the first after a compacted prefix.
+    fn first_seq(&self) -> Result<u64, StorageError>;
+    /// The last seq whose event time is before `before_us` (0 when none).
+    fn last_before(&self, before_us: i64) -> Result<u64, StorageError>;
+    /// The first seq after `after` of `stream` (and of `subject` when not empty): what a
+    /// cursor at `after` still needs.
+    fn next_of(&self, stream: &str, subject: &str, after: u64)
+    -> Result<Option<u64>, StorageError>;
+    /// Drop the events with seq `<= through` (bounded per call; never the head).
+    fn compact(
+        &self,
+        through: u64,
+    ) -> impl std::future::Future<Output = Result<Compacted, AppendError>> + Send;
 }
 
 impl EventLog for Log {
@@ -181,6 +217,26 @@ impl EventLog for Log {
     fn subscribe(&self) -> watch::Receiver<u64> {
         Log::subscribe(self)
     }
+    fn read_chunk(&self, after: u64, upto: u64, out: &mut EventChunk) -> Result<(), ReadError> {
+        out.read_stored(self, after, upto)
+    }
+    fn first_seq(&self) -> Result<u64, StorageError> {
+        Log::first_seq(self)
+    }
+    fn last_before(&self, before_us: i64) -> Result<u64, StorageError> {
+        Log::last_before(self, before_us)
+    }
+    fn next_of(
+        &self,
+        stream: &str,
+        subject: &str,
+        after: u64,
+    ) -> Result<Option<u64>, StorageError> {
+        Log::next_of(self, stream, subject, after)
+    }
+    async fn compact(&self, through: u64) -> Result<Compacted, AppendError> {
+        Log::compact(self, through).await
+    }
 }
 
 /// A run of stored events copied out of the log in one buffer ([`EventChunk::read`]), decoded
@@ -191,15 +247,31 @@ pub struct EventChunk {
     bytes: Vec<u8>,
     /// `(seq, end offset in bytes)` of each stored record, in seq order.
     ends: Vec<(u64, usize)>,
+    /// Events a backend without the stored byte format handed over whole
+    /// ([`EventChunk::fill`]); used instead of `bytes` when not empty.
+    owned: Vec<Event>,
 }
 
 impl EventChunk {
-    /// Replace the chunk's content with the committed events `after < seq <= upto` of `log`
-    /// (`upto` is cut at the head).
-    pub fn read(&mut self, log: &Log, after: u64, upto: u64) -> Result<(), ReadError> {
+    /// Replace the chunk's content with the committed events `after < seq <= upto` of `log`,
+    /// through the log's interface ([`EventLog::read_chunk`]).
+    pub fn read(&mut self, log: &impl EventLog, after: u64, upto: u64) -> Result<(), ReadError> {
+        log.read_chunk(after, upto, self)
+    }
+
+    /// Replace the chunk's content with `events` (a backend's `read_chunk` built on `read`).
+    pub fn fill(&mut self, events: Vec<Event>) {
+        self.bytes.clear();
+        self.ends.clear();
+        self.owned = events;
+    }
+
+    /// The redb backend's chunk read: the stored records copied in one buffer.
+    fn read_stored(&mut self, log: &Log, after: u64, upto: u64) -> Result<(), ReadError> {
         use redb::ReadableDatabase;
         self.bytes.clear();
         self.ends.clear();
+        self.owned.clear();
         let upto = upto.min(log.head());
         if after >= upto {
             return Ok(());
@@ -228,15 +300,18 @@ impl EventChunk {
 
     /// The number of events in the chunk.
     pub fn len(&self) -> usize {
-        self.ends.len()
+        self.ends.len() + self.owned.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
+        self.len() == 0
     }
 
     /// The events decoded, borrowing their strings and payloads from the chunk.
     pub fn events(&self) -> Result<Vec<EventRef<'_>>, StorageError> {
+        if !self.owned.is_empty() {
+            return Ok(self.owned.iter().map(Event::as_ref).collect());
+        }
         let mut out = Vec::with_capacity(self.ends.len());
         let mut start = 0;
         for &(seq, end) in &self.ends {

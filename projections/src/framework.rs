@@ -29,7 +29,7 @@ use tidemark_log::StorageError;
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 use serde::{Deserialize, Serialize};
-use tidemark_log::{EventChunk, EventRef, Log};
+use tidemark_log::{EventChunk, EventLog, EventRef};
 
 /// A u64 stored big-endian (counters, checkpoints), or `None` when the bytes are not one.
 /// A row of a `by_created` index (the newest-first lists of tasks and deliveries):
@@ -547,7 +547,7 @@ pub(crate) fn drop_other_generations(
 pub fn catch_up(
     txn: &WriteTransaction,
     projections: &[&'static dyn Projection],
-    log: &Log,
+    log: &impl EventLog,
     upto: u64,
     max: u64,
     chunk: &mut EventChunk,

@@ -13,7 +13,7 @@ use std::sync::{Arc, RwLock};
 
 use redb::{Database, Durability, WriteTransaction};
 use tidemark_log::storage::{FileStore, Store, redb_backend};
-use tidemark_log::{EventChunk, Log, StorageError};
+use tidemark_log::{EventChunk, EventLog, StorageError};
 
 use crate::framework;
 
@@ -132,7 +132,7 @@ impl Models {
     /// in one transaction of `txn` (committed by the caller); the lowest checkpoint after.
     pub fn fold(
         txn: &WriteTransaction,
-        log: &Log,
+        log: &impl EventLog,
         max: u64,
         chunk: &mut EventChunk,
     ) -> Result<u64, StorageError> {
@@ -141,7 +141,7 @@ impl Models {
 
     /// Fold up to the head of `log`, in transactions of at most `batch` events (tests, tools
     /// and the start); the checkpoint reached.
-    pub fn follow(&self, log: &Log, batch: u64) -> Result<u64, StorageError> {
+    pub fn follow(&self, log: &impl EventLog, batch: u64) -> Result<u64, StorageError> {
         let mut chunk = EventChunk::default();
         loop {
             let txn = self.begin()?;

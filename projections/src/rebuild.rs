@@ -9,7 +9,7 @@ use tidemark_log::StorageError;
 
 use redb::{ReadableTable, TableDefinition, WriteTransaction};
 use serde::Serialize;
-use tidemark_log::{EventChunk, EventRef, Log};
+use tidemark_log::{EventChunk, EventLog, EventRef};
 
 use crate::models::Models;
 
@@ -89,7 +89,7 @@ fn first_differing_range(
 /// called after each chunk. Blocking.
 pub fn rebuild(
     models: &Models,
-    log: &Log,
+    log: &impl EventLog,
     p: &'static dyn Projection,
     swap: bool,
     progress: impl Fn(u64, u64),
@@ -103,7 +103,7 @@ pub fn rebuild(
 /// six read the log six times). Each report's `duration_ms` is the whole pass. Blocking.
 pub fn rebuild_many(
     models: &Models,
-    log: &Log,
+    log: &impl EventLog,
     projections: Vec<&'static dyn Projection>,
     swap: bool,
     progress: impl Fn(u64, u64),

@@ -9,7 +9,7 @@
 //! row, older than the log's first seq, reads as 0 ([`last`]).
 
 use redb::{ReadableTable, TableDefinition, WriteTransaction};
-use tidemark_log::{EventRef, Log, StorageError};
+use tidemark_log::{EventLog, EventRef, StorageError};
 
 use crate::names::Stream;
 
@@ -43,7 +43,7 @@ pub fn followed(stream: &str) -> bool {
 
 /// The seq the table reflects. A log compacted past it cannot be read from there: the table
 /// goes on from the first seq the log holds (what was dropped is not a last event any more).
-pub fn checkpoint(txn: &WriteTransaction, log: &Log) -> Result<u64, StorageError> {
+pub fn checkpoint(txn: &WriteTransaction, log: &impl EventLog) -> Result<u64, StorageError> {
     let t = txn.open_table(META).map_err(StorageError::of)?;
     let at = t
         .get(CHECKPOINT)

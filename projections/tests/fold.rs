@@ -635,10 +635,10 @@ proptest! {
         for p in tidemark_projections::all() {
             let before = read::projections(&log.db(), head).unwrap().into_iter().find(|i| i.name == p.name()).unwrap();
             prop_assert_eq!(before.checkpoint, head);
-            let v = (rebuild::rebuild(&log.models, &log, p, false, |_, _| {})).unwrap();
+            let v = (rebuild::rebuild(&log.models, &log.log, p, false, |_, _| {})).unwrap();
             prop_assert!(v.identical, "verify of {} diverged at {:?}", p.name(), v.first_divergent_seq);
             prop_assert_eq!(&v.digest, &before.digest);
-            let r = (rebuild::rebuild(&log.models, &log, p, true, |_, _| {})).unwrap();
+            let r = (rebuild::rebuild(&log.models, &log.log, p, true, |_, _| {})).unwrap();
             prop_assert!(r.identical);
             prop_assert_eq!(r.events_replayed, head);
             let after = read::projections(&log.db(), head).unwrap().into_iter().find(|i| i.name == p.name()).unwrap();
@@ -648,7 +648,7 @@ proptest! {
         // All of them in one pass over the log: the same digests, verify and rebuild.
         let before = read::projections(&log.db(), head).unwrap();
         for swap in [false, true] {
-            let reports = (rebuild::rebuild_many(&log.models, &log, tidemark_projections::all(), swap, |_, _| {})).unwrap();
+            let reports = (rebuild::rebuild_many(&log.models, &log.log, tidemark_projections::all(), swap, |_, _| {})).unwrap();
             prop_assert_eq!(reports.len(), before.len());
             for (r, b) in reports.iter().zip(&before) {
                 prop_assert_eq!(&r.name, &b.name);
@@ -702,7 +702,7 @@ fn divergence_is_located() {
     }
     let p = tidemark_projections::by_name("tasks").unwrap();
     let v = rt
-        .block_on(async { rebuild::rebuild(&log.models, &log, p, false, |_, _| {}) })
+        .block_on(async { rebuild::rebuild(&log.models, &log.log, p, false, |_, _| {}) })
         .unwrap();
     assert!(v.identical, "untampered: {v:?}");
     rt.block_on(log.close());
@@ -727,17 +727,17 @@ fn divergence_is_located() {
     }
     let (log, _) = common::Folded::open(&cfg);
     let v = rt
-        .block_on(async { rebuild::rebuild(&log.models, &log, p, false, |_, _| {}) })
+        .block_on(async { rebuild::rebuild(&log.models, &log.log, p, false, |_, _| {}) })
         .unwrap();
     assert!(!v.identical);
     assert_eq!(v.first_divergent_seq, Some(DIGEST_EVERY + 1));
     // The swap replaces the tampered rows; the next verify is identical.
     let r = rt
-        .block_on(async { rebuild::rebuild(&log.models, &log, p, true, |_, _| {}) })
+        .block_on(async { rebuild::rebuild(&log.models, &log.log, p, true, |_, _| {}) })
         .unwrap();
     assert_eq!(r.first_divergent_seq, Some(DIGEST_EVERY + 1));
     let v = rt
-        .block_on(async { rebuild::rebuild(&log.models, &log, p, false, |_, _| {}) })
+        .block_on(async { rebuild::rebuild(&log.models, &log.log, p, false, |_, _| {}) })
         .unwrap();
     assert!(v.identical, "after the swap: {v:?}");
     rt.block_on(log.close());
@@ -782,7 +782,7 @@ fn divergence_after_the_last_boundary_is_located() {
     let (log, _) = common::Folded::open(&cfg);
     let p = tidemark_projections::by_name("tasks").unwrap();
     let v = rt
-        .block_on(async { rebuild::rebuild(&log.models, &log, p, false, |_, _| {}) })
+        .block_on(async { rebuild::rebuild(&log.models, &log.log, p, false, |_, _| {}) })
         .unwrap();
     assert!(!v.identical);
     assert_eq!(v.first_divergent_seq, Some(1));
