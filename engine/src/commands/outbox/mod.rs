@@ -21,7 +21,7 @@ use serde_json::Value;
 use tidemark_log::{Event, NewEvent, StorageError};
 use tidemark_projections::deliveries::{self as d, Delivery, Recipient};
 use tidemark_projections::framework::{TxnTables, be_u64};
-use tidemark_projections::names::Stream;
+use tidemark_projections::names::{DeliveryTransition, EventType, Stream};
 use tidemark_projections::routing::RoutingSettings;
 
 use crate::commands::Outcome;
@@ -81,11 +81,16 @@ pub enum OperatorAction {
 
 impl OperatorAction {
     /// The transition it records (`delivery.retried` / `delivery.discarded`).
-    pub fn kind(self) -> &'static str {
+    pub fn transition(self) -> DeliveryTransition {
         match self {
-            OperatorAction::Retry => "retried",
-            OperatorAction::Discard => "discarded",
+            OperatorAction::Retry => DeliveryTransition::Retried,
+            OperatorAction::Discard => DeliveryTransition::Discarded,
         }
+    }
+
+    /// The name of its transition (`retried` / `discarded`), for metrics.
+    pub fn kind(self) -> &'static str {
+        self.transition().as_str()
     }
 }
 
@@ -263,9 +268,15 @@ impl<'t> State<'t> {
     }
 }
 
-fn event(kind: &str, id: &str, payload: &impl serde::Serialize) -> Result<NewEvent, CommandError> {
+/// The `delivery.*` event of type `ty` (a [`DeliveryTransition`] or `created` / `joined`) on
+/// delivery `id`.
+fn event(
+    ty: impl Into<EventType>,
+    id: &str,
+    payload: &impl serde::Serialize,
+) -> Result<NewEvent, CommandError> {
     let v = serde_json::to_value(payload).map_err(|e| storage(StorageError::of(e)))?;
-    NewEvent::new(None, Stream::Deliveries, id, format!("delivery.{kind}"), &v)
+    NewEvent::new(None, Stream::Deliveries, id, ty.into().as_str(), &v)
         .map_err(CommandError::invalid_event)
 }
 
