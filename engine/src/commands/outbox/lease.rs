@@ -1,6 +1,7 @@
 //! Leases and their ends: claim, expiry, complete, fail, extend, operator retry / discard.
 
 use crate::error::{CommandError, RejectKind};
+use std::collections::HashMap;
 use tidemark_log::NewEvent;
 use tidemark_projections::deliveries::{self as d, Change, Delivery, transition};
 use tidemark_projections::names::{DeliveryStatus as S, DeliveryTransition as T, Stream};
@@ -283,54 +284,97 @@ pub(super) fn complete_many(
     let mut st = State::new(txn)?;
     let mut out = Vec::with_capacity(items.len());
     let mut events = Vec::new();
-    let mut done: std::collections::HashMap<&str, Delivery> = Default::default();
+    let mut done = HashMap::new();
     for (id, external_id) in items {
-        let current = match done.get(id.as_str()) {
-            Some(r) => Some(r.clone()),
-            None => st.row(id)?,
-        };
-        let result = match current {
-            None => Err(not_found(id)),
-            Some(row) if row.status == S::Sent && row.lease_owner.as_deref() == Some(owner) => {
-                out.push(Completed::Sent(Box::new(row)));
-                continue;
-            }
-            row => match owned_lease(row, now_us, id, owner, "complete") {
-                Err(e) => Err(e),
-                Ok(row) if row.ext.cancel_pending => Err(CommandError::rejected(
-                    RejectKind::Conflict,
-                    "illegal_transition",
-                    format!(
-                        "the notification of delivery {id:?} was canceled: it is cancelled \
-                         when this lease ends, and cannot be completed"
-                    ),
-                )),
-                Ok(mut row) => {
-                    let c = Change {
-                        at_us: now_us,
-                        owner: Some(owner.to_owned()),
-                        attempt: Some(row.attempts),
-                        external_id: external_id.clone(),
-                        ..Change::default()
-                    };
-                    transition(&mut row, T::Sent, &c, 0);
-                    events.push(event(T::Sent, id, &c)?);
-                    done.insert(id.as_str(), row.clone());
-                    Ok(row)
-                }
-            },
-        };
-        out.push(match result {
-            Ok(row) => Completed::Sent(Box::new(row)),
-            Err(CommandError::Rejected { kind, code, detail }) => Completed::Refused {
-                code,
-                detail,
-                not_found: kind == RejectKind::NotFound,
-            },
-            Err(e) => return Err(e),
-        });
+        out.push(complete_item(
+            &mut st,
+            now_us,
+            owner,
+            id,
+            external_id.as_deref(),
+            &mut done,
+            &mut events,
+        )?);
     }
     Ok((out, events))
+}
+
+/// Complete one delivery leased by `owner` ([`complete_many`] of one item).
+pub(super) fn complete_one(
+    txn: &WriteTransaction,
+    now_us: i64,
+    owner: &str,
+    id: &str,
+    external_id: Option<&str>,
+) -> Result<(Completed, Vec<NewEvent>), CommandError> {
+    let mut st = State::new(txn)?;
+    let mut events = Vec::new();
+    let done = complete_item(
+        &mut st,
+        now_us,
+        owner,
+        id,
+        external_id,
+        &mut HashMap::new(),
+        &mut events,
+    )?;
+    Ok((done, events))
+}
+
+/// One item of a completion: `done` holds the rows completed earlier in the same command (the
+/// models do not show them yet), and the item's event joins `events`.
+fn complete_item<'a>(
+    st: &mut State<'_>,
+    now_us: i64,
+    owner: &str,
+    id: &'a str,
+    external_id: Option<&str>,
+    done: &mut HashMap<&'a str, Delivery>,
+    events: &mut Vec<NewEvent>,
+) -> Result<Completed, CommandError> {
+    let current = match done.get(id) {
+        Some(r) => Some(r.clone()),
+        None => st.row(id)?,
+    };
+    let result = match current {
+        None => Err(not_found(id)),
+        Some(row) if row.status == S::Sent && row.lease_owner.as_deref() == Some(owner) => {
+            return Ok(Completed::Sent(Box::new(row)));
+        }
+        row => match owned_lease(row, now_us, id, owner, "complete") {
+            Err(e) => Err(e),
+            Ok(row) if row.ext.cancel_pending => Err(CommandError::rejected(
+                RejectKind::Conflict,
+                "illegal_transition",
+                format!(
+                    "the notification of delivery {id:?} was canceled: it is cancelled \
+                     when this lease ends, and cannot be completed"
+                ),
+            )),
+            Ok(mut row) => {
+                let c = Change {
+                    at_us: now_us,
+                    owner: Some(owner.to_owned()),
+                    attempt: Some(row.attempts),
+                    external_id: external_id.map(str::to_owned),
+                    ..Change::default()
+                };
+                transition(&mut row, T::Sent, &c, 0);
+                events.push(event(T::Sent, id, &c)?);
+                done.insert(id, row.clone());
+                Ok(row)
+            }
+        },
+    };
+    match result {
+        Ok(row) => Ok(Completed::Sent(Box::new(row))),
+        Err(CommandError::Rejected { kind, code, detail }) => Ok(Completed::Refused {
+            code,
+            detail,
+            not_found: kind == RejectKind::NotFound,
+        }),
+        Err(e) => Err(e),
+    }
 }
 
 /// What a failure report says.
