@@ -5,7 +5,7 @@ use std::time::Duration;
 use tidemark_engine::CommandError;
 
 use tidemark_engine::Engine;
-use tidemark_engine::commands::{CompactCommand, CompactReport, RetentionCommand, RetentionReport};
+use tidemark_engine::commands::retention::{Compact, CompactReport, Purge, RetentionReport};
 use tokio_util::sync::CancellationToken;
 
 /// Ids one command names at most: a run is several bounded transactions, never one huge one.
@@ -43,11 +43,7 @@ pub async fn run_now(engine: &Engine, r: Retention) -> Result<RunReport, Command
 async fn compact(engine: &Engine, window_ms: u64) -> Result<CompactReport, CommandError> {
     let mut total: Option<CompactReport> = None;
     loop {
-        let r = engine
-            .execute(CompactCommand { window_ms })
-            .await?
-            .0
-            .into_compacted()?;
+        let (r, _) = engine.execute(Compact { window_ms }).await?;
         let more = r.more;
         match &mut total {
             None => total = Some(r),
@@ -80,14 +76,12 @@ async fn compact(engine: &Engine, window_ms: u64) -> Result<CompactReport, Comma
 async fn purge(engine: &Engine, window_ms: u64) -> Result<RetentionReport, CommandError> {
     let mut total: Option<RetentionReport> = None;
     loop {
-        let r = engine
-            .execute(RetentionCommand {
+        let (r, _) = engine
+            .execute(Purge {
                 window_ms,
                 max: BATCH,
             })
-            .await?
-            .0
-            .into_retention()?;
+            .await?;
         let more = r.more;
         match &mut total {
             None => total = Some(r),

@@ -2,7 +2,7 @@
 //! the undelivered deliveries of canceled tasks, and releases expired leases (section 5).
 //!
 //! Routing takes each page the follower hands it past the routing checkpoint and gives its
-//! notifications and task cancellations to the routing command (`OutboxCommand::Route`),
+//! notifications and task cancellations to the routing command (`outbox::Route`),
 //! which runs inside the writer's transaction: it skips what the checkpoint already covers and
 //! advances it with the events it appends, so a notification is routed exactly once whatever
 //! crashes.
@@ -11,7 +11,7 @@ use std::time::Duration;
 use tidemark_engine::CommandError;
 
 use tidemark_engine::Engine;
-use tidemark_engine::commands::OutboxCommand;
+use tidemark_engine::commands::outbox::{ExpireLeases, Route};
 use tidemark_log::{Event, StorageError};
 use tidemark_projections::names::EventType;
 use tokio_util::sync::CancellationToken;
@@ -67,11 +67,11 @@ async fn run_route(engine: &Engine, source: Vec<Event>, shutdown: &CancellationT
     let mut backoff = Duration::from_millis(50);
     loop {
         let r = engine
-            .execute(OutboxCommand::Route {
+            .execute(Route {
                 source: source.clone(),
             })
             .await
-            .and_then(|(o, _)| o.into_count());
+            .map(|(n, _)| n);
         match r {
             Ok(n) => {
                 metrics::counter!("tidemark_delivery_routing_events_total").increment(n as u64);
@@ -94,11 +94,7 @@ async fn run_route(engine: &Engine, source: Vec<Event>, shutdown: &CancellationT
 pub async fn expire_now(engine: &Engine) -> Result<usize, CommandError> {
     let mut total = 0;
     loop {
-        let n = engine
-            .execute(OutboxCommand::ExpireLeases { max: EXPIRE_BATCH })
-            .await?
-            .0
-            .into_count()?;
+        let (n, _) = engine.execute(ExpireLeases { max: EXPIRE_BATCH }).await?;
         total += n;
         if n < EXPIRE_BATCH {
             if total > 0 {

@@ -27,15 +27,18 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use tidemark_log::{AppendError, AppendReceipt, Condition, EventChunk, Log, StorageError};
+use tidemark_log::{
+    AppendError, AppendReceipt, Condition, EventChunk, Log, NewEvent, StorageError,
+};
 use tidemark_projections::Models;
 use tidemark_projections::subjects;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::Clock;
-use crate::commands::{self, Command, Outcome};
+use crate::commands::{Command, CompactReport, Decided};
 use crate::error::{CommandError, RejectKind};
 use crate::privacy::Privacy;
+use crate::store::WriteTransaction;
 
 /// Events one fold transaction takes at most (a rebuild's chunk waits for it, and it for a
 /// rebuild's chunk).
@@ -101,18 +104,18 @@ impl Progress {
 }
 
 /// What one command decides against: the round's time and head, and what the round's earlier
-/// commands did that the models do not show yet.
-pub(crate) struct Round<'a> {
-    pub now_us: i64,
+/// commands did that the models do not show yet. Only the decider makes one.
+pub struct Round<'a> {
+    pub(crate) now_us: i64,
     /// The head the models were folded to.
-    pub head: u64,
-    pub privacy: Option<&'a Privacy>,
-    pub log: &'a Log,
+    pub(crate) head: u64,
+    pub(crate) privacy: Option<&'a Privacy>,
+    pub(crate) log: &'a Log,
     /// `stream ‖ 0 ‖ subject` of every subject an earlier command of the round appends to or
     /// read.
     touched: HashSet<Vec<u8>>,
     /// Deliveries the round's earlier accepted batches will add (the outbox bound).
-    pub pending_added: u64,
+    pub(crate) pending_added: u64,
 }
 
 fn key(stream: &str, subject: &str) -> Vec<u8> {
@@ -125,21 +128,95 @@ fn key(stream: &str, subject: &str) -> Vec<u8> {
 
 impl Round<'_> {
     /// Whether an earlier command of the round appends to (or read) this subject.
-    pub fn touches(&self, stream: &str, subject: &str) -> bool {
+    pub(crate) fn touches(&self, stream: &str, subject: &str) -> bool {
         self.touched.contains(&key(stream, subject))
     }
 }
 
-type Reply = oneshot::Sender<Result<(Outcome, AppendReceipt), CommandError>>;
+/// A command in the decider's queue, its type erased: it decides (keeping its typed answer)
+/// and answers its caller.
+trait Job: Send {
+    /// Decide (again, from scratch): the events and the subjects read besides those they
+    /// append to; the answer is kept for [`Job::answer`].
+    fn decide(
+        &mut self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<()>, CommandError>;
 
-pub(crate) struct Job {
-    pub cmd: Command,
-    pub reply: Reply,
+    /// Answer the caller: the answer of the last decision with the log's receipt, or the
+    /// error.
+    fn answer(self: Box<Self>, r: Result<AppendReceipt, CommandError>);
+
+    /// A compaction ([`Command::COMPACTION`]): decided alone, after the round.
+    fn is_compaction(&self) -> bool;
+
+    /// A compaction's report, once decided, for the log's answer to complete.
+    fn compaction_report(&mut self) -> Option<&mut CompactReport>;
+}
+
+/// Command `C` waiting for its answer.
+struct Typed<C: Command> {
+    cmd: C,
+    /// The answer of its last decision.
+    answer: Option<C::Answer>,
+    reply: oneshot::Sender<Result<(C::Answer, AppendReceipt), CommandError>>,
+}
+
+impl<C: Command> Job for Typed<C> {
+    fn decide(
+        &mut self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<()>, CommandError> {
+        self.answer = None;
+        let Decided {
+            answer,
+            events,
+            reads,
+        } = self.cmd.decide(txn, round)?;
+        self.answer = Some(answer);
+        Ok(Decided {
+            answer: (),
+            events,
+            reads,
+        })
+    }
+
+    fn answer(self: Box<Self>, r: Result<AppendReceipt, CommandError>) {
+        let Typed { answer, reply, .. } = *self;
+        let r = r.and_then(|receipt| match answer {
+            Some(a) => Ok((a, receipt)),
+            None => Err(CommandError::Storage(StorageError::msg(
+                "the decider answered a command it had not decided",
+            ))),
+        });
+        let _ = reply.send(r);
+    }
+
+    fn is_compaction(&self) -> bool {
+        C::COMPACTION.is_some()
+    }
+
+    fn compaction_report(&mut self) -> Option<&mut CompactReport> {
+        Some(C::COMPACTION?(self.answer.as_mut()?))
+    }
+}
+
+/// A queued command and the decisions of it the log refused so far.
+struct Queued {
+    job: Box<dyn Job>,
     attempts: u32,
 }
 
+impl Queued {
+    fn answer(self, r: Result<AppendReceipt, CommandError>) {
+        self.job.answer(r)
+    }
+}
+
 enum Msg {
-    Job(Box<Job>),
+    Job(Queued),
     Stop(oneshot::Sender<()>),
 }
 
@@ -166,7 +243,7 @@ struct State {
     redecided: Arc<std::sync::atomic::AtomicU64>,
     chunk: EventChunk,
     /// Commands to decide (again) before those still in the channel.
-    queue: VecDeque<Job>,
+    queue: VecDeque<Queued>,
     /// Folded since the last synced commit.
     dirty: Option<Instant>,
 }
@@ -201,14 +278,20 @@ impl Decider {
     }
 
     /// Decide `cmd` and append what it decided; the answer and the log's receipt.
-    pub async fn execute(&self, cmd: Command) -> Result<(Outcome, AppendReceipt), CommandError> {
+    pub async fn execute<C: Command>(
+        &self,
+        cmd: C,
+    ) -> Result<(C::Answer, AppendReceipt), CommandError> {
         let (reply, rx) = oneshot::channel();
-        let job = Job {
-            cmd,
-            reply,
+        let job = Queued {
+            job: Box::new(Typed {
+                cmd,
+                answer: None,
+                reply,
+            }),
             attempts: 0,
         };
-        match self.tx.try_send(Msg::Job(Box::new(job))) {
+        match self.tx.try_send(Msg::Job(job)) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
                 return Err(CommandError::Append(AppendError::Overloaded {
@@ -280,7 +363,7 @@ impl State {
             // time to sync what was folded.
             while self.queue.len() < ROUND_MAX {
                 match rx.try_recv() {
-                    Ok(Msg::Job(j)) => self.queue.push_back(*j),
+                    Ok(Msg::Job(j)) => self.queue.push_back(j),
                     Ok(Msg::Stop(tx)) => {
                         stop = Some(tx);
                         break;
@@ -306,7 +389,7 @@ impl State {
                     }
                 });
                 match woke {
-                    Some(Some(Msg::Job(j))) => self.queue.push_back(*j),
+                    Some(Some(Msg::Job(j))) => self.queue.push_back(j),
                     Some(Some(Msg::Stop(tx))) => stop = Some(tx),
                     Some(None) => break,
                     None => {}
@@ -322,12 +405,12 @@ impl State {
         }
         // Answer what is left, and sync the models.
         for j in self.queue.drain(..) {
-            let _ = j.reply.send(Err(CommandError::Append(AppendError::Closed)));
+            j.answer(Err(CommandError::Append(AppendError::Closed)));
         }
         rx.close();
         while let Ok(m) = rx.try_recv() {
             match m {
-                Msg::Job(j) => drop(j.reply.send(Err(CommandError::Append(AppendError::Closed)))),
+                Msg::Job(j) => j.answer(Err(CommandError::Append(AppendError::Closed))),
                 Msg::Stop(tx) => drop(tx.send(())),
             }
         }
@@ -352,7 +435,7 @@ impl State {
     fn models_failed(&mut self, e: StorageError, backoff: &mut Duration) {
         tracing::warn!(error = %e, "the models store failed; reopening it (the log is not affected)");
         for j in self.queue.drain(..) {
-            let _ = j.reply.send(Err(CommandError::Storage(e.clone())));
+            j.answer(Err(CommandError::Storage(e.clone())));
         }
         std::thread::sleep(*backoff);
         *backoff = (*backoff * 2).min(Duration::from_secs(1));
@@ -399,7 +482,7 @@ impl State {
             Ok(f) => f,
             Err(e) => {
                 for j in self.queue.drain(..) {
-                    let _ = j.reply.send(Err(CommandError::Storage(e.clone())));
+                    j.answer(Err(CommandError::Storage(e.clone())));
                 }
                 return;
             }
@@ -412,58 +495,54 @@ impl State {
             touched: HashSet::new(),
             pending_added: 0,
         };
-        let mut later: VecDeque<Job> = VecDeque::new();
-        let mut sends: Vec<(Job, Outcome, Vec<tidemark_log::NewEvent>, Condition)> = Vec::new();
+        let mut later: VecDeque<Queued> = VecDeque::new();
+        let mut sends: Vec<(Queued, Vec<NewEvent>, Condition)> = Vec::new();
         let txn = match self.models.begin() {
             Ok(t) => t,
             Err(e) => {
                 for j in self.queue.drain(..) {
-                    let _ = j.reply.send(Err(CommandError::Storage(e.clone())));
+                    j.answer(Err(CommandError::Storage(e.clone())));
                 }
                 return;
             }
         };
         let mut compact = None;
-        while let Some(job) = self.queue.pop_front() {
-            if matches!(job.cmd, Command::Compact(_)) {
+        while let Some(mut q) = self.queue.pop_front() {
+            if q.job.is_compaction() {
                 // A compaction writes snapshots and drops events: alone, after the round.
                 if compact.is_none() && sends.is_empty() {
-                    compact = Some(job);
+                    compact = Some(q);
                 } else {
-                    later.push_back(job);
+                    later.push_back(q);
                 }
                 continue;
             }
-            let decided = match commands::run(&txn, &mut round, job.cmd.clone()) {
+            let Decided { events, reads, .. } = match q.job.decide(&txn, &mut round) {
                 Ok(d) => d,
                 Err(e) => {
-                    let _ = job.reply.send(Err(e));
+                    q.answer(Err(e));
                     continue;
                 }
             };
-            if decided.events.is_empty() {
-                let _ = job.reply.send(Ok((
-                    decided.outcome,
-                    AppendReceipt {
-                        events: Vec::new(),
-                        last_seq: head,
-                    },
-                )));
+            if events.is_empty() {
+                q.answer(Ok(AppendReceipt {
+                    events: Vec::new(),
+                    last_seq: head,
+                }));
                 continue;
             }
             // The subjects the decision rests on: those of the followed streams it appends
             // to, and those it read.
-            let mut on: Vec<(String, String)> = decided
-                .events
+            let mut on: Vec<(String, String)> = events
                 .iter()
                 .filter(|e| subjects::followed(&e.stream))
                 .map(|e| (e.stream.clone(), e.subject.clone()))
-                .chain(decided.reads.iter().cloned())
+                .chain(reads)
                 .collect();
             on.sort_unstable();
             on.dedup();
             if on.iter().any(|(s, j)| round.touches(s, j)) {
-                later.push_back(job);
+                later.push_back(q);
                 continue;
             }
             let mut condition = Condition::none();
@@ -479,14 +558,14 @@ impl State {
                 round.touched.insert(key(stream, subject));
             }
             if let Some(e) = failed {
-                let _ = job.reply.send(Err(CommandError::Storage(e)));
+                q.answer(Err(CommandError::Storage(e)));
                 continue;
             }
-            sends.push((job, decided.outcome, decided.events, condition));
+            sends.push((q, events, condition));
         }
-        if let Some(job) = compact {
+        if let Some(q) = compact {
             drop(txn);
-            self.compact(job).await;
+            self.compact(q).await;
         } else {
             drop(txn);
         }
@@ -494,22 +573,20 @@ impl State {
         let log = &self.log;
         let answers = futures::future::join_all(
             sends
-                .iter()
-                .map(|(_, _, events, cond)| log.append_if(events.clone(), cond.clone())),
+                .iter_mut()
+                .map(|(_, events, cond)| log.append_if(std::mem::take(events), cond.clone())),
         )
         .await;
-        for ((mut job, outcome, _, _), answer) in sends.into_iter().zip(answers) {
+        for ((mut q, _, _), answer) in sends.into_iter().zip(answers) {
             match answer {
-                Ok(receipt) => {
-                    let _ = job.reply.send(Ok((outcome, receipt)));
-                }
+                Ok(receipt) => q.answer(Ok(receipt)),
                 Err(AppendError::ExpectationFailed { .. }) => {
-                    job.attempts += 1;
+                    q.attempts += 1;
                     self.redecided
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     metrics::counter!("tidemark_commands_redecided_total").increment(1);
-                    if job.attempts >= MAX_ATTEMPTS {
-                        let _ = job.reply.send(Err(CommandError::rejected(
+                    if q.attempts >= MAX_ATTEMPTS {
+                        q.answer(Err(CommandError::rejected(
                             RejectKind::Conflict,
                             "contended",
                             format!(
@@ -518,55 +595,52 @@ impl State {
                             ),
                         )));
                     } else {
-                        later.push_front(job);
+                        later.push_front(q);
                     }
                 }
-                Err(e) => {
-                    let _ = job.reply.send(Err(CommandError::Append(e)));
-                }
+                Err(e) => q.answer(Err(CommandError::Append(e))),
             }
         }
         self.queue = later;
     }
 
     /// A compaction: snapshots at the head committed (and synced) in the models store first,
-    /// then the log drops the events up to the cut.
-    async fn compact(&mut self, job: Job) {
+    /// then the log drops the events up to the cut, and the report is completed from the
+    /// log's answer.
+    async fn compact(&mut self, mut q: Queued) {
+        let r = self.compaction(q.job.as_mut()).await;
+        q.answer(r);
+    }
+
+    async fn compaction(&mut self, job: &mut dyn Job) -> Result<AppendReceipt, CommandError> {
         let knobs = self.knobs.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let result = async {
-            let txn = self.models.begin().map_err(CommandError::Storage)?;
-            let mut round = Round {
-                now_us: (knobs.clock)(),
-                head: self.progress.get(),
-                privacy: knobs.privacy.as_deref(),
-                log: &self.log,
-                touched: HashSet::new(),
-                pending_added: 0,
-            };
-            let d = commands::run(&txn, &mut round, job.cmd.clone())?;
-            txn.commit()
-                .map_err(|e| CommandError::Storage(StorageError::of(e)))?;
-            self.models.persist().map_err(CommandError::Storage)?;
-            let Outcome::Compacted(mut rep) = d.outcome else {
-                return Err(CommandError::Storage(StorageError::msg(
-                    "a compaction answered something else",
-                )));
-            };
-            if rep.cut >= rep.first_seq {
-                let c = self.log.compact(rep.cut).await?;
-                rep.removed = c.removed;
-                rep.first_seq = c.first_seq;
-                rep.more = c.more;
-            }
-            Ok((
-                Outcome::Compacted(rep),
-                AppendReceipt {
-                    events: Vec::new(),
-                    last_seq: self.log.head(),
-                },
-            ))
+        let txn = self.models.begin().map_err(CommandError::Storage)?;
+        let mut round = Round {
+            now_us: (knobs.clock)(),
+            head: self.progress.get(),
+            privacy: knobs.privacy.as_deref(),
+            log: &self.log,
+            touched: HashSet::new(),
+            pending_added: 0,
+        };
+        job.decide(&txn, &mut round)?;
+        txn.commit()
+            .map_err(|e| CommandError::Storage(StorageError::of(e)))?;
+        self.models.persist().map_err(CommandError::Storage)?;
+        let Some(rep) = job.compaction_report() else {
+            return Err(CommandError::Storage(StorageError::msg(
+                "a compaction answered no report",
+            )));
+        };
+        if rep.cut >= rep.first_seq {
+            let c = self.log.compact(rep.cut).await?;
+            rep.removed = c.removed;
+            rep.first_seq = c.first_seq;
+            rep.more = c.more;
         }
-        .await;
-        let _ = job.reply.send(result);
+        Ok(AppendReceipt {
+            events: Vec::new(),
+            last_seq: self.log.head(),
+        })
     }
 }

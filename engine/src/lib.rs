@@ -1,9 +1,10 @@
 //! The engine of tidemark: the one boundary between the HTTP API and reactors above and the
 //! log and read models below. Data flows one way: commands → log → followers → queries.
 //!
-//! - [`Engine::execute`] runs a typed [`Command`] (one module per family in [`commands`]):
-//!   the decider ([`decider`]) decides it against the read models at the head and appends its
-//!   events to the log on a condition; answers its [`Outcome`].
+//! - [`Engine::execute`] runs a [`Command`] (one type per command, one module per family in
+//!   [`commands`]): the decider ([`decider`]) decides it against the read models at the head
+//!   and appends its events to the log on a condition; answers the command's own
+//!   [`Command::Answer`].
 //! - [`Engine::log`] is the log behind its narrow interface ([`EventLog`]: append, conditional
 //!   append, read, get, head, commit notification); nothing of storage crosses it.
 //! - [`Engine::read`] is the one reader of the read models ([`Queries`]), which live in the
@@ -12,8 +13,8 @@
 //!   a test can drive due times and lease expiry.
 //!
 //! # Public surface
-//! `Engine` (open, execute, log, read, rebuild, now_us, queued, is_poisoned, close), `Command`
-//! and its families, `Outcome`, `Queries`, `Clock`.
+//! `Engine` (open, execute, log, read, rebuild, now_us, queued, is_poisoned, close), the
+//! `Command` trait and the command types of its families, `Queries`, `Clock`.
 
 #![forbid(unsafe_code)]
 
@@ -32,8 +33,8 @@ use tidemark_projections::names::EventType;
 use tidemark_projections::rebuild::RebuildReport;
 use tidemark_projections::{Models, ModelsConfig};
 
-pub use commands::admission::{Admission, AdmitCommand};
-pub use commands::{Command, Outcome};
+pub use commands::admission::{Admission, Admit};
+pub use commands::{Command, Decided};
 pub use error::{CommandError, RejectKind};
 
 /// How long a command refused for pending work (`RejectKind::Overloaded`, e.g. `outbox_full`)
@@ -208,12 +209,12 @@ impl Engine {
 
     /// Execute `cmd`: the decider decides it against the read models at the head and appends
     /// its events on the condition that what it decided on has not changed since (deciding
-    /// again when it has). A refusal (`CommandError::Rejected`) appends nothing.
-    pub async fn execute(
+    /// again when it has). Answers the command's answer and the log's receipt. A refusal
+    /// (`CommandError::Rejected`) appends nothing.
+    pub async fn execute<C: Command>(
         &self,
-        cmd: impl Into<Command>,
-    ) -> Result<(Outcome, AppendReceipt), CommandError> {
-        let cmd = cmd.into();
+        cmd: C,
+    ) -> Result<(C::Answer, AppendReceipt), CommandError> {
         let name = cmd.name();
         let r = self.decider.execute(cmd).await;
         let result = match &r {
@@ -268,14 +269,14 @@ impl Engine {
                 return Ok(self.log.append(events).await.map_err(CommandError::from)?);
             }
         }
-        let (outcome, receipt) = self
-            .execute(Command::Admit(AdmitCommand {
+        let (admission, receipt) = self
+            .execute(Admit {
                 events,
                 known,
                 max_pending,
-            }))
+            })
             .await?;
-        match outcome.into_admission()? {
+        match admission {
             Admission::Accept => Ok(receipt),
             Admission::Blocked(indexes) => Err(ClientAppendError::RecipientBlocked { indexes }),
             Admission::Full {

@@ -26,7 +26,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use tidemark_engine::Engine;
-use tidemark_engine::commands::{Advance, CursorCommand};
+use tidemark_engine::commands::cursors::Advance;
 use tidemark_log::fault::FaultStore;
 use tidemark_log::storage::Storage;
 use tidemark_log::{AppendError, EventLog, LogConfig, NewEvent};
@@ -192,7 +192,7 @@ fn workload(rt: &tokio::runtime::Runtime, engine: &Engine, rng: &mut StdRng, ste
             let seq = rng.random_range(1..=40);
             told.advances_tried.insert(seq);
             let a = advance_to(seq);
-            if let Ok((_, r)) = rt.block_on(engine.execute(CursorCommand::Advance(a))) {
+            if let Ok((_, r)) = rt.block_on(engine.execute(a)) {
                 told.advances_acked.push(seq);
                 // An idempotent replay appends nothing and has nothing to sync.
                 told.acks += u64::from(!r.events.is_empty());
@@ -437,7 +437,7 @@ fn a_failed_sync_poisons_the_log_until_a_restart() {
         assert!(matches!(r, Err(AppendError::Poisoned(_))), "{r:?}");
     }
     let advance = advance_to(1);
-    let r = rt.block_on(engine.execute(CursorCommand::Advance(advance)));
+    let r = rt.block_on(engine.execute(advance));
     assert!(
         matches!(
             r,
@@ -493,7 +493,7 @@ fn short_of_space_refuses_writes_until_space_returns() {
         "{r:?}"
     );
     let advance = advance_to(1);
-    let r = rt.block_on(engine.execute(CursorCommand::Advance(advance.clone())));
+    let r = rt.block_on(engine.execute(advance.clone()));
     assert!(
         matches!(
             r,
@@ -521,8 +521,7 @@ fn short_of_space_refuses_writes_until_space_returns() {
         .block_on(engine.log().append(vec![ev(1), ev(2)]))
         .unwrap();
     assert_eq!(r.last_seq, 3);
-    rt.block_on(engine.execute(CursorCommand::Advance(advance)))
-        .unwrap();
+    rt.block_on(engine.execute(advance)).unwrap();
     rt.block_on(engine.close());
 }
 

@@ -23,8 +23,9 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use tidemark_engine::Command;
 use tidemark_engine::Engine;
-use tidemark_engine::commands::{Advance, CursorCommand};
+use tidemark_engine::commands::cursors::{Advance, Reset};
 use tidemark_log::Event;
 use tidemark_projections::cursors::Cursor;
 
@@ -138,10 +139,10 @@ impl Harness {
 
     /// Execute a cursor command at `now_us` through the engine; `Err(code)` for a refusal
     /// (any other failure panics).
-    fn run(&self, now_us: i64, cmd: CursorCommand) -> Result<Cursor, &'static str> {
+    fn run(&self, now_us: i64, cmd: impl Command<Answer = Cursor>) -> Result<Cursor, &'static str> {
         self.clock.store(now_us, Ordering::SeqCst);
         match self.rt.block_on(self.engine.execute(cmd)) {
-            Ok((o, _)) => Ok(o.into_cursor().expect("a cursor")),
+            Ok((c, _)) => Ok(c),
             Err(CommandError::Rejected { code, .. }) => Err(code),
             Err(e) => panic!("a cursor command failed: {e}"),
         }
@@ -157,7 +158,7 @@ impl Harness {
         let (c, s, t) = key;
         self.run(
             now_us,
-            CursorCommand::Reset {
+            Reset {
                 consumer_id: c.into(),
                 stream_name: s.into(),
                 subject_id: t.into(),
@@ -342,7 +343,7 @@ proptest! {
                         .expect("a known key");
                     let outcome = model_advance(&models[key], &a);
                     let a2 = a.clone();
-                    let result = h.run(now, CursorCommand::Advance(a2));
+                    let result = h.run(now, a2);
                     let ev = check_step(&h, key, &before, head, &outcome, &result)
                         .map_err(|e| TestCaseError::fail(format!("{op:?} ({a:?}): {e}")))?;
                     let after = h.cursor(key);
@@ -491,18 +492,18 @@ fn advance_replay_conflicts_and_reset() {
     assert_eq!(zero.unwrap(), Cursor::zero("c", "s", ""));
 
     let a = adv(5, "d5", None);
-    let c = h.run(1, CursorCommand::Advance(a)).unwrap();
+    let c = h.run(1, a).unwrap();
     assert_eq!(c.last_sequence, 5);
     let head = h.engine.head();
     let a = adv(5, "d5", Some(5));
-    assert!(h.run(2, CursorCommand::Advance(a)).is_ok());
+    assert!(h.run(2, a).is_ok());
     assert_eq!(h.engine.head(), head, "a replay appended");
     for (a, code) in [
         (adv(5, "other", None), "non_monotonic_cursor"),
         (adv(4, "d4", None), "non_monotonic_cursor"),
         (adv(9, "d9", Some(3)), "cursor_conflict"),
     ] {
-        assert_eq!(h.run(3, CursorCommand::Advance(a)), Err(code));
+        assert_eq!(h.run(3, a), Err(code));
         assert_eq!(h.engine.head(), head, "a refusal appended");
     }
     assert_eq!(h.reset(4, ("c", "s", ""), 1, " "), Err("reason_required"));

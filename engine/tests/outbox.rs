@@ -24,8 +24,12 @@ use tidemark_engine::CommandError;
 use common::{engine_with_clock, events_after, rt};
 use proptest::prelude::*;
 use serde_json::{Value, json};
+use tidemark_engine::Command;
 use tidemark_engine::Engine;
-use tidemark_engine::commands::{Completed, Failure, OperatorAction, OutboxCommand};
+use tidemark_engine::commands::outbox::{
+    Claim, Complete, ExpireLeases, Extend, Fail, Operator, Route,
+};
+use tidemark_engine::commands::{Completed, Failure, OperatorAction};
 use tidemark_log::{Event, EventLog, NewEvent};
 use tidemark_projections::deliveries::Delivery;
 
@@ -504,12 +508,12 @@ impl Harness {
         let source = events_after(&self.engine, self.routed);
         self.routed = self.engine.head();
         self.rt
-            .block_on(self.engine.execute(OutboxCommand::Route { source }))
+            .block_on(self.engine.execute(Route { source }))
             .unwrap();
     }
 
     /// Execute; a refusal must leave the log as it was and is answered by its code.
-    fn exec(&mut self, cmd: OutboxCommand) -> Result<tidemark_engine::Outcome, Refusal> {
+    fn exec<C: Command>(&mut self, cmd: C) -> Result<C::Answer, Refusal> {
         let head = self.engine.head();
         match self.rt.block_on(self.engine.execute(cmd)) {
             Ok((o, _)) => Ok(o),
@@ -633,15 +637,13 @@ impl Harness {
             } => {
                 let o = OWNERS[owner as usize];
                 let got = self
-                    .exec(OutboxCommand::Claim {
+                    .exec(Claim {
                         sink: "app".into(),
                         owner: o.into(),
                         limit: limit as usize,
                         lease_ms: lease_s as u64 * 1000,
                     })
-                    .map_err(|c| format!("claim refused: {c}"))?
-                    .into_deliveries()
-                    .unwrap();
+                    .map_err(|c| format!("claim refused: {c}"))?;
                 let want = self
                     .model
                     .claim(o, limit as usize, lease_s as u64 * 1000, now);
@@ -661,13 +663,11 @@ impl Harness {
                 }
                 let items = ids.iter().map(|id| (id.clone(), None)).collect();
                 let got = self
-                    .exec(OutboxCommand::Complete {
+                    .exec(Complete {
                         owner: o.into(),
                         items,
                     })
-                    .map_err(|c| format!("batch complete refused as a whole: {c}"))?
-                    .into_completed()
-                    .unwrap();
+                    .map_err(|c| format!("batch complete refused as a whole: {c}"))?;
                 if got.len() != ids.len() {
                     return Err("complete answered another number of items".into());
                 }
@@ -705,7 +705,7 @@ impl Harness {
                     retryable,
                     retry_after_ms: retry_after.then_some(RETRY_AFTER_MS),
                 };
-                let got = self.exec(OutboxCommand::Fail {
+                let got = self.exec(Fail {
                     id: id.clone(),
                     owner: o.into(),
                     failure,
@@ -718,7 +718,7 @@ impl Harness {
                     return Ok(());
                 };
                 let o = OWNERS[owner as usize];
-                let got = self.exec(OutboxCommand::Extend {
+                let got = self.exec(Extend {
                     id: id.clone(),
                     owner: o.into(),
                     lease_ms: EXTEND_MS,
@@ -730,10 +730,8 @@ impl Harness {
                 self.advance(secs as i64 * SEC);
                 let now = self.now();
                 let got = self
-                    .exec(OutboxCommand::ExpireLeases { max: 1000 })
-                    .map_err(|c| format!("expiry refused: {c}"))?
-                    .into_count()
-                    .unwrap();
+                    .exec(ExpireLeases { max: 1000 })
+                    .map_err(|c| format!("expiry refused: {c}"))?;
                 let want = self.model.tick(now);
                 if got != want {
                     return Err(format!("expiry released {got}, the model {want}"));
@@ -749,7 +747,7 @@ impl Harness {
                 } else {
                     OperatorAction::Discard
                 };
-                let got = self.exec(OutboxCommand::Operator {
+                let got = self.exec(Operator {
                     id: id.clone(),
                     action,
                     by: "op".into(),
@@ -766,10 +764,10 @@ impl Harness {
         &mut self,
         id: &str,
         want: Result<(), Refusal>,
-        got: Result<tidemark_engine::Outcome, Refusal>,
+        got: Result<Delivery, Refusal>,
     ) -> Result<(), String> {
         match (want, got) {
-            (Ok(()), Ok(o)) => self.model.agree(id, &o.into_delivery().unwrap()),
+            (Ok(()), Ok(row)) => self.model.agree(id, &row),
             (Err(w), Err(g)) if w == g => Ok(()),
             (w, g) => Err(format!("{id}: model {w:?}, product {:?}", g.map(|_| "ok"))),
         }
@@ -824,36 +822,28 @@ fn expired_lease_is_released_and_reclaimed() {
         )
         .unwrap(),
     );
-    let claim = |owner: &str| OutboxCommand::Claim {
+    let claim = |owner: &str| Claim {
         sink: "app".into(),
         owner: owner.into(),
         limit: 10,
         lease_ms: 1_000,
     };
-    let got = h.exec(claim("a")).unwrap().into_deliveries().unwrap();
+    let got = h.exec(claim("a")).unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].id, "dlv:x:desktop");
     h.advance(500_000);
-    assert!(
-        h.exec(claim("b"))
-            .unwrap()
-            .into_deliveries()
-            .unwrap()
-            .is_empty()
-    );
+    assert!(h.exec(claim("b")).unwrap().is_empty());
     h.advance(500_001);
-    let got = h.exec(claim("b")).unwrap().into_deliveries().unwrap();
+    let got = h.exec(claim("b")).unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].lease_owner.as_deref(), Some("b"));
     assert_eq!(got[0].attempts, 2);
     h.advance(100_000);
     let r = h
-        .exec(OutboxCommand::Complete {
+        .exec(Complete {
             owner: "a".into(),
             items: vec![("dlv:x:desktop".into(), None)],
         })
-        .unwrap()
-        .into_completed()
         .unwrap();
     assert!(
         matches!(
@@ -897,11 +887,8 @@ fn routing_twice_changes_nothing() {
     assert_eq!(row.title, "3 new updates");
     let head = h.engine.head();
     let everything = events_after(&h.engine, 0);
-    h.rt.block_on(
-        h.engine
-            .execute(OutboxCommand::Route { source: everything }),
-    )
-    .unwrap();
+    h.rt.block_on(h.engine.execute(Route { source: everything }))
+        .unwrap();
     assert_eq!(h.engine.head(), head, "routing again appended events");
     assert_eq!(h.row("dlv:d0:desktop").items.len(), 3);
     // The checkpoint is the last notification (the join after it is at the head).

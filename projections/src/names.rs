@@ -200,9 +200,122 @@ impl EventType {
         self.as_str().starts_with(LIFECYCLE_PREFIX)
     }
 
-    /// The delivery transition a `delivery.*` type records (its name without the prefix).
-    pub fn delivery_kind(self) -> Option<&'static str> {
-        self.as_str().strip_prefix("delivery.")
+    /// What a `delivery.*` type does to the deliveries model; `None` for every other type.
+    /// Every type is named here, so a new one must say what it is.
+    pub const fn delivery_event(self) -> Option<DeliveryEvent> {
+        use DeliveryTransition as D;
+        use EventType::*;
+        Some(match self {
+            DeliveryCreated => DeliveryEvent::Created,
+            DeliveryJoined => DeliveryEvent::Joined,
+            DeliveryLeased => DeliveryEvent::Transition(D::Leased),
+            DeliverySent => DeliveryEvent::Transition(D::Sent),
+            DeliveryAttemptFailed => DeliveryEvent::Transition(D::AttemptFailed),
+            DeliveryLeaseExpired => DeliveryEvent::Transition(D::LeaseExpired),
+            DeliverySkipped => DeliveryEvent::Transition(D::Skipped),
+            DeliveryCancelled => DeliveryEvent::Transition(D::Cancelled),
+            DeliveryRetried => DeliveryEvent::Transition(D::Retried),
+            DeliveryDiscarded => DeliveryEvent::Transition(D::Discarded),
+            DeliveryLeaseExtended => DeliveryEvent::Transition(D::LeaseExtended),
+            DeliveryDeferred => DeliveryEvent::Transition(D::Deferred),
+            TaskCreated
+            | TaskRunStarted
+            | TaskRunCompleted
+            | TaskRunFailed
+            | TaskRunCanceled
+            | TaskRunReviewRequested
+            | TaskRunReviewApproved
+            | TaskRunReviewRejected
+            | TaskCanceled
+            | NotificationRequested
+            | NotificationCreated
+            | NotificationCanceled
+            | NotificationTerminalStateMismatch
+            | RecipientUpdated
+            | RecipientSuppressed
+            | RecipientUnsuppressed
+            | CursorAdvanced
+            | CursorReset
+            | CursorFailed
+            | BridgeSubscribed
+            | BridgeUnsubscribed
+            | SettingsUpdated
+            | SourceItem
+            | SourceWatermarkAdvanced
+            | SourcePaused
+            | SourceResumed
+            | SourceReset
+            | SourceParked
+            | RetentionPurged => return None,
+        })
+    }
+}
+
+names! {
+    /// The transitions of a delivery row (spec section 5): every `delivery.*` event type but
+    /// `delivery.created` (which makes the row) and `delivery.joined` (which adds a
+    /// notification to a digest), by the name the row's timeline records (the type without
+    /// `delivery.`). Each carries a [`crate::deliveries::Change`];
+    /// [`crate::deliveries::allowed`] says from which statuses, and
+    /// [`crate::deliveries::transition`] applies it.
+    DeliveryTransition {
+        Leased = "leased",
+        Sent = "sent",
+        AttemptFailed = "attempt_failed",
+        LeaseExpired = "lease_expired",
+        Skipped = "skipped",
+        Cancelled = "cancelled",
+        Retried = "retried",
+        Discarded = "discarded",
+        LeaseExtended = "lease_extended",
+        Deferred = "deferred",
+    }
+}
+
+impl DeliveryTransition {
+    /// The event type that records it.
+    pub const fn event_type(self) -> EventType {
+        use DeliveryTransition as D;
+        match self {
+            D::Leased => EventType::DeliveryLeased,
+            D::Sent => EventType::DeliverySent,
+            D::AttemptFailed => EventType::DeliveryAttemptFailed,
+            D::LeaseExpired => EventType::DeliveryLeaseExpired,
+            D::Skipped => EventType::DeliverySkipped,
+            D::Cancelled => EventType::DeliveryCancelled,
+            D::Retried => EventType::DeliveryRetried,
+            D::Discarded => EventType::DeliveryDiscarded,
+            D::LeaseExtended => EventType::DeliveryLeaseExtended,
+            D::Deferred => EventType::DeliveryDeferred,
+        }
+    }
+}
+
+impl From<DeliveryTransition> for EventType {
+    fn from(t: DeliveryTransition) -> EventType {
+        t.event_type()
+    }
+}
+
+/// What a `delivery.*` event does to the deliveries model ([`EventType::delivery_event`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeliveryEvent {
+    /// `delivery.created`: a new row.
+    Created,
+    /// `delivery.joined`: a notification joins a digest row.
+    Joined,
+    /// Any other: a transition of the row.
+    Transition(DeliveryTransition),
+}
+
+impl DeliveryEvent {
+    /// The name the row's timeline records: the event type without `delivery.`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DeliveryEvent::Created => "created",
+            DeliveryEvent::Joined => "joined",
+            DeliveryEvent::Transition(t) => t.as_str(),
+        }
     }
 }
 
@@ -366,6 +479,9 @@ mod tests {
         for s in DeliveryStatus::ALL {
             assert_eq!(DeliveryStatus::parse(s.as_str()), Some(*s));
         }
+        for t in DeliveryTransition::ALL {
+            assert_eq!(DeliveryTransition::parse(t.as_str()), Some(*t));
+        }
         let mut all: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
         all.sort();
         all.dedup();
@@ -402,6 +518,26 @@ mod tests {
             ]
         );
         assert_eq!(EventType::ALL.len() - client.len(), 27);
+    }
+
+    /// Every `delivery.*` type (and no other) says what it does to a delivery row, by the
+    /// name its timeline has always recorded; every transition is one of them.
+    #[test]
+    fn delivery_events_are_the_delivery_types() {
+        for t in EventType::ALL {
+            let kind = t.as_str().strip_prefix("delivery.");
+            assert_eq!(t.delivery_event().map(DeliveryEvent::as_str), kind, "{t}");
+            assert_eq!(kind.is_some(), t.stream() == Stream::Deliveries, "{t}");
+            if let Some(DeliveryEvent::Transition(d)) = t.delivery_event() {
+                assert_eq!(d.event_type(), *t);
+            }
+        }
+        for d in DeliveryTransition::ALL {
+            assert_eq!(
+                d.event_type().delivery_event(),
+                Some(DeliveryEvent::Transition(*d))
+            );
+        }
     }
 
     #[test]

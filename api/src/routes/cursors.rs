@@ -9,7 +9,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tidemark_engine::Lag;
-use tidemark_engine::commands::{Advance, CursorCommand};
+use tidemark_engine::commands::cursors::{Advance, Reset};
 use tidemark_log::time::format_micros;
 use tidemark_projections::cursors::Cursor;
 use utoipa::{IntoParams, ToSchema};
@@ -204,12 +204,7 @@ pub async fn advance(
         delivery_id: b.delivery_id,
         expected_sequence: b.expected_sequence,
     };
-    let c = st
-        .engine
-        .execute(CursorCommand::Advance(a))
-        .await?
-        .0
-        .into_cursor()?;
+    let (c, _) = st.engine.execute(a).await?;
     metrics::counter!("tidemark_cursor_advances_total").increment(1);
     Ok(Json(c.into()))
 }
@@ -272,9 +267,9 @@ pub async fn reset(
             format!("last_sequence is past the log head ({})", st.engine.head()),
         ));
     }
-    let c = st
+    let (c, _) = st
         .engine
-        .execute(CursorCommand::Reset {
+        .execute(Reset {
             consumer_id: b.consumer_id,
             stream_name: b.stream_name,
             subject_id: b.subject_id,
@@ -282,9 +277,7 @@ pub async fn reset(
             reason: b.reason,
             by: crate::routes::caller(&st, &headers),
         })
-        .await?
-        .0
-        .into_cursor()?;
+        .await?;
     tracing::info!(consumer = %c.consumer_id, to = c.last_sequence, "cursor reset");
     metrics::counter!("tidemark_cursor_resets_total").increment(1);
     Ok(Json(c.into()))

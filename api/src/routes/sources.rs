@@ -9,7 +9,7 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
-use tidemark_engine::commands::SourceCommand;
+use tidemark_engine::commands::sources::{Pause, Reset, Resume};
 use tidemark_log::time::format_micros;
 use tidemark_projections::sources::SourceRow;
 use utoipa::ToSchema;
@@ -232,7 +232,7 @@ pub async fn pause(
         check_text("reason", r, 4096)?;
     }
     st.engine
-        .execute(SourceCommand::Pause {
+        .execute(Pause {
             name: name.clone(),
             by: caller(&st, &headers),
             reason: b.reason,
@@ -260,7 +260,7 @@ pub async fn resume(
 ) -> Result<Json<SourceAnswer>, ApiError> {
     known(&st, &name)?;
     st.engine
-        .execute(SourceCommand::Resume {
+        .execute(Resume {
             name: name.clone(),
             by: caller(&st, &headers),
         })
@@ -323,7 +323,7 @@ pub async fn reset(
         check_text("watermark", w, 1024)?;
     }
     st.engine
-        .execute(SourceCommand::Reset {
+        .execute(Reset {
             name: name.clone(),
             to: b.watermark,
             reason: b.reason,

@@ -17,7 +17,7 @@ use hmac::{Hmac, Mac};
 use serde::Serialize;
 use sha2::Sha256;
 use tidemark_engine::CommandError;
-use tidemark_engine::commands::{BridgeCommand, Confirmation};
+use tidemark_engine::commands::bridges::{Confirm, ConfirmOne, Confirmation};
 use tidemark_engine::{Engine, Lag, Queries, Stopped};
 use tidemark_log::{AppendError, Event, EventLog, NewEvent, ReadQuery, StorageError};
 use tidemark_projections::bridges::{self, Decision, Subscription};
@@ -201,11 +201,7 @@ pub async fn confirm_many(
     engine: &Engine,
     items: Vec<Confirmation>,
 ) -> Result<Vec<Result<Cursor, CommandError>>, CommandError> {
-    let results = engine
-        .execute(BridgeCommand::Confirm(items))
-        .await?
-        .0
-        .into_confirmed()?;
+    let (results, _) = engine.execute(Confirm(items)).await?;
     let ok = results.iter().filter(|r| r.is_ok()).count();
     metrics::counter!("tidemark_bridge_confirmed_total").increment(ok as u64);
     Ok(results)
@@ -225,10 +221,9 @@ pub async fn confirm(
         seq,
         expected,
     };
-    confirm_many(engine, vec![c])
-        .await?
-        .pop()
-        .unwrap_or_else(|| Err(CommandError::Storage("confirm answered nothing".into())))
+    let (result, _) = engine.execute(ConfirmOne(c)).await?;
+    metrics::counter!("tidemark_bridge_confirmed_total").increment(u64::from(result.is_ok()));
+    result
 }
 
 /// Record a failed delivery attempt as the subscription cursor's `last_error`.

@@ -25,7 +25,7 @@ use tidemark_engine::{CommandError, RejectKind};
 use chrono::Utc;
 use serde::Serialize;
 use tidemark_engine::Engine;
-use tidemark_engine::commands::SourceCommand;
+use tidemark_engine::commands::sources::{Advance, Page, Park};
 
 use tidemark_projections::routing::backoff_ms;
 use tokio::sync::Notify;
@@ -316,7 +316,7 @@ async fn run(
 
 async fn park(engine: &Engine, name: &str, error: String) {
     let r = engine
-        .execute(SourceCommand::Park {
+        .execute(Park {
             name: name.to_owned(),
             error,
         })
@@ -353,19 +353,13 @@ async fn poll(
         let page = parse_page(cfg, &body)?;
         if !page.items.is_empty() {
             let ids: Vec<String> = page.items.iter().map(|i| i.id.clone()).collect();
-            let cmd = SourceCommand::Page {
+            let cmd = Page {
                 name: name.clone(),
                 items: page.items,
                 notify: cfg.notify.clone(),
                 max_pending,
             };
-            let out = engine
-                .execute(cmd)
-                .await
-                .map_err(command_error)?
-                .0
-                .into_source_page()
-                .map_err(command_error)?;
+            let (out, _) = engine.execute(cmd).await.map_err(command_error)?;
             appended += out.appended;
             if out.notify_blocked {
                 // The recipient is suppressed (crisis block): the items went in without it.
@@ -406,7 +400,7 @@ async fn advance(
     to: String,
 ) -> Result<(), PollError> {
     engine
-        .execute(SourceCommand::Advance {
+        .execute(Advance {
             name: name.to_owned(),
             from,
             to,

@@ -22,6 +22,8 @@ use tidemark_projections::names::{EventType, Stream};
 use tidemark_projections::notifications;
 use tidemark_projections::routing::{RouteOutcome, RoutingSettings, resolve_routes};
 
+use super::sealed::Sealed;
+use super::{Command, Decided, Round};
 use crate::store::WriteTransaction;
 
 /// What the checks decided about a batch.
@@ -45,43 +47,53 @@ pub enum Admission {
 
 /// A client's batch that requests notifications, to be judged at the head and appended if
 /// accepted. `known[i]` says that event `i` is already in the log with the same content.
+/// Answers whether it was accepted (and appended), or why not.
 #[derive(Debug, Clone)]
-pub struct AdmitCommand {
+pub struct Admit {
     pub events: Vec<NewEvent>,
     pub known: Vec<bool>,
     pub max_pending: u64,
 }
 
-/// Judge the batch; accepted, its events are the decision, on the condition that the
-/// recipients it was judged against have not changed since (a suppression appended meanwhile
-/// is not missed).
-pub(crate) fn run(
-    txn: &WriteTransaction,
-    round: &mut crate::decider::Round<'_>,
-    c: AdmitCommand,
-) -> Result<super::Decided, CommandError> {
-    let admission = admit(txn, &c.events, &c.known, round, c.max_pending)?;
-    let mut reads = Vec::new();
-    for (i, e) in c.events.iter().enumerate() {
-        if c.known.get(i).copied().unwrap_or(false) {
-            continue;
-        }
-        if e.event_type == EventType::NotificationRequested
-            && e.stream == Stream::Notifications
-            && let Some(who) = payload(e).get("recipient").and_then(|v| v.as_str())
-        {
-            reads.push((Stream::Recipients.as_str().to_owned(), who.to_owned()));
-        }
+impl Sealed for Admit {}
+impl Command for Admit {
+    type Answer = Admission;
+
+    fn name(&self) -> &'static str {
+        "append.admit"
     }
-    let events = match admission {
-        Admission::Accept => c.events,
-        _ => Vec::new(),
-    };
-    Ok(super::Decided {
-        outcome: super::Outcome::Admission(admission),
-        events,
-        reads,
-    })
+
+    /// Judge the batch; accepted, its events are the decision, on the condition that the
+    /// recipients it was judged against have not changed since (a suppression appended
+    /// meanwhile is not missed).
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Admission>, CommandError> {
+        let admission = admit(txn, &self.events, &self.known, round, self.max_pending)?;
+        let mut reads = Vec::new();
+        for (i, e) in self.events.iter().enumerate() {
+            if self.known.get(i).copied().unwrap_or(false) {
+                continue;
+            }
+            if e.event_type == EventType::NotificationRequested
+                && e.stream == Stream::Notifications
+                && let Some(who) = payload(e).get("recipient").and_then(|v| v.as_str())
+            {
+                reads.push((Stream::Recipients.as_str().to_owned(), who.to_owned()));
+            }
+        }
+        let events = match admission {
+            Admission::Accept => self.events.clone(),
+            _ => Vec::new(),
+        };
+        Ok(Decided {
+            answer: admission,
+            events,
+            reads,
+        })
+    }
 }
 
 /// The window the drain rate of a refusal's `Retry-After` is measured over.
@@ -93,7 +105,7 @@ pub(crate) fn admit(
     txn: &WriteTransaction,
     events: &[NewEvent],
     known: &[bool],
-    round: &mut crate::decider::Round<'_>,
+    round: &mut Round<'_>,
     max_pending: u64,
 ) -> Result<Admission, CommandError> {
     let now_us = round.now_us;
@@ -161,7 +173,7 @@ pub(crate) fn over_bound(
     txn: &WriteTransaction,
     state: &mut super::outbox::State<'_>,
     notices: &[(&str, Option<&str>)],
-    round: &mut crate::decider::Round<'_>,
+    round: &mut Round<'_>,
     max_pending: u64,
 ) -> Result<Admission, CommandError> {
     let now_us = round.now_us;

@@ -15,59 +15,139 @@ use tidemark_projections::framework::TxnTables;
 use tidemark_projections::names::{Stream, ids};
 use tidemark_projections::tasks::{self, Task};
 
-use crate::commands::Outcome;
+use super::sealed::Sealed;
+use super::{Command, Decided, Round};
 use crate::commands::cursors::{Advance, advance_from, get_in};
 use crate::store::WriteTransaction;
 
-/// A command of the bridge family.
+/// Create (or re-create) subscription `id`; answers the row and whether it is new.
 #[derive(Debug, Clone)]
-pub enum BridgeCommand {
-    /// Create (or re-create) subscription `id`.
-    Subscribe { id: String, target: Target },
-    /// Delete the active subscription `id` of `task_id` (its cursor stays).
-    Unsubscribe { task_id: String, id: String },
-    /// Confirm deliveries; each is answered on its own.
-    Confirm(Vec<Confirmation>),
+pub struct Subscribe {
+    pub id: String,
+    pub target: Target,
 }
 
-pub(crate) fn run(
+/// What [`Subscribe`] answers.
+#[derive(Debug, Clone)]
+pub struct Subscribed {
+    pub row: Subscription,
+    /// It is new (an active subscription with the same target is answered as it is).
+    pub created: bool,
+}
+
+/// Delete the active subscription `id` of `task_id` (its cursor stays); answers the row
+/// after it.
+#[derive(Debug, Clone)]
+pub struct Unsubscribe {
+    pub task_id: String,
+    pub id: String,
+}
+
+/// Confirm deliveries; answers each on its own, in order: the cursor after it, or why it was
+/// refused.
+#[derive(Debug, Clone)]
+pub struct Confirm(pub Vec<Confirmation>);
+
+/// Confirm one delivery ([`Confirm`] of one); answers the cursor after it, or why it was
+/// refused.
+#[derive(Debug, Clone)]
+pub struct ConfirmOne(pub Confirmation);
+
+impl Sealed for Subscribe {}
+impl Command for Subscribe {
+    type Answer = Subscribed;
+
+    fn name(&self) -> &'static str {
+        "bridge.subscribe"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Subscribed>, CommandError> {
+        let ((row, created), ev) = subscribe(txn, round.now_us, &self.id, &self.target)?;
+        Ok(Decided::new(Subscribed { row, created }, ev))
+    }
+}
+
+impl Sealed for Unsubscribe {}
+impl Command for Unsubscribe {
+    type Answer = Subscription;
+
+    fn name(&self) -> &'static str {
+        "bridge.unsubscribe"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Subscription>, CommandError> {
+        let (row, ev) = unsubscribe(txn, round.now_us, &self.task_id, &self.id)?;
+        Ok(Decided::new(row, ev))
+    }
+}
+
+impl Sealed for Confirm {}
+impl Command for Confirm {
+    type Answer = Vec<Result<Cursor, CommandError>>;
+
+    fn name(&self) -> &'static str {
+        "bridge.confirm"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Self::Answer>, CommandError> {
+        let mut moved = HashMap::new();
+        let mut events = Vec::new();
+        let mut out = Vec::with_capacity(self.0.len());
+        for c in &self.0 {
+            out.push(confirm_item(txn, round, c, &mut moved, &mut events)?);
+        }
+        Ok(Decided::new(out, events))
+    }
+}
+
+impl Sealed for ConfirmOne {}
+impl Command for ConfirmOne {
+    type Answer = Result<Cursor, CommandError>;
+
+    fn name(&self) -> &'static str {
+        "bridge.confirm"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Self::Answer>, CommandError> {
+        let mut events = Vec::new();
+        let out = confirm_item(txn, round, &self.0, &mut HashMap::new(), &mut events)?;
+        Ok(Decided::new(out, events))
+    }
+}
+
+/// One item of a confirmation: its refusal is its answer, and what it records joins
+/// `events`.
+fn confirm_item(
     txn: &WriteTransaction,
-    round: &crate::decider::Round<'_>,
-    cmd: BridgeCommand,
-) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
-    let now_us = round.now_us;
-    Ok(match cmd {
-        BridgeCommand::Subscribe { id, target } => {
-            let ((row, created), ev) = subscribe(txn, now_us, &id, target)?;
-            (Outcome::Subscription { row, created }, ev)
+    round: &Round<'_>,
+    c: &Confirmation,
+    moved: &mut HashMap<String, Cursor>,
+    events: &mut Vec<NewEvent>,
+) -> Result<Result<Cursor, CommandError>, CommandError> {
+    match confirm_in(txn, round, c, moved) {
+        Ok((cur, evs)) => {
+            events.extend(evs);
+            Ok(Ok(cur))
         }
-        BridgeCommand::Unsubscribe { task_id, id } => {
-            let (row, ev) = unsubscribe(txn, now_us, &task_id, &id)?;
-            (
-                Outcome::Subscription {
-                    row,
-                    created: false,
-                },
-                ev,
-            )
-        }
-        BridgeCommand::Confirm(items) => {
-            let mut moved = HashMap::new();
-            let mut events = Vec::new();
-            let mut out = Vec::with_capacity(items.len());
-            for c in &items {
-                match confirm_in(txn, round, c, &mut moved) {
-                    Ok((cur, evs)) => {
-                        events.extend(evs);
-                        out.push(Ok(cur));
-                    }
-                    Err(e @ CommandError::Rejected { .. }) => out.push(Err(e)),
-                    Err(e) => return Err(e),
-                }
-            }
-            (Outcome::Confirmed(out), events)
-        }
-    })
+        Err(e @ CommandError::Rejected { .. }) => Ok(Err(e)),
+        Err(e) => Err(e),
+    }
 }
 
 fn bridge_event(kind: &str, id: &str, b: &BridgeEvent) -> Result<NewEvent, CommandError> {
@@ -89,12 +169,12 @@ fn subscribe(
     txn: &WriteTransaction,
     now_us: i64,
     id: &str,
-    target: Target,
+    target: &Target,
 ) -> Result<((Subscription, bool), Vec<NewEvent>), CommandError> {
     if let Some(cur) = row_in(txn, id)?
         && cur.active
     {
-        if cur.target == target {
+        if cur.target == *target {
             return Ok(((cur, false), Vec::new()));
         }
         return Err(CommandError::rejected(
@@ -110,7 +190,7 @@ fn subscribe(
     };
     let row = Subscription {
         subscription_id: id.to_owned(),
-        target,
+        target: target.clone(),
         active: true,
         created_at_us: created,
         updated_at_us: now_us,
@@ -157,7 +237,7 @@ pub struct Confirmation {
 /// earlier in the same command (they are not in the tables until the command's events fold).
 fn confirm_in(
     txn: &WriteTransaction,
-    round: &crate::decider::Round<'_>,
+    round: &Round<'_>,
     c: &Confirmation,
     moved: &mut HashMap<String, Cursor>,
 ) -> Result<(Cursor, Vec<NewEvent>), CommandError> {

@@ -8,48 +8,57 @@ use tidemark_projections::cursors::{Cursor, CursorEvent, NAME, ROWS, bound_error
 use tidemark_projections::framework::TxnTables;
 use tidemark_projections::names::{EventType, Stream};
 
-use crate::commands::Outcome;
+use super::sealed::Sealed;
+use super::{Command, Decided, Round};
 use crate::store::WriteTransaction;
 
-/// A command of the cursor family.
+/// Set a cursor to `to` (up or down), recorded with its `reason`: the only way down. Answers
+/// the cursor after it.
 #[derive(Debug, Clone)]
-pub enum CursorCommand {
-    Advance(Advance),
-    Reset {
-        consumer_id: String,
-        stream_name: String,
-        subject_id: String,
-        to: u64,
-        reason: String,
-        /// The token that asked for it (`None` in open mode), recorded on `cursor.reset`.
-        by: Option<String>,
-    },
+pub struct Reset {
+    pub consumer_id: String,
+    pub stream_name: String,
+    pub subject_id: String,
+    pub to: u64,
+    pub reason: String,
+    /// The token that asked for it (`None` in open mode), recorded on `cursor.reset`.
+    pub by: Option<String>,
 }
 
-pub(crate) fn run(
-    txn: &WriteTransaction,
-    now_us: i64,
-    cmd: CursorCommand,
-) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
-    let (cursor, events) = match cmd {
-        CursorCommand::Advance(a) => advance(txn, now_us, &a)?,
-        CursorCommand::Reset {
-            consumer_id,
-            stream_name,
-            subject_id,
-            to,
-            reason,
-            by,
-        } => reset(
-            txn,
-            now_us,
-            (&consumer_id, &stream_name, &subject_id),
-            to,
-            &reason,
-            by,
-        )?,
-    };
-    Ok((Outcome::Cursor(cursor), events))
+impl Sealed for Advance {}
+impl Command for Advance {
+    type Answer = Cursor;
+
+    fn name(&self) -> &'static str {
+        "cursor.advance"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Cursor>, CommandError> {
+        let (cursor, events) = advance(txn, round.now_us, self)?;
+        Ok(Decided::new(cursor, events))
+    }
+}
+
+impl Sealed for Reset {}
+impl Command for Reset {
+    type Answer = Cursor;
+
+    fn name(&self) -> &'static str {
+        "cursor.reset"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Cursor>, CommandError> {
+        let (cursor, events) = reset(txn, round.now_us, self)?;
+        Ok(Decided::new(cursor, events))
+    }
 }
 
 /// The cursor as stored, or its zero state.
@@ -82,7 +91,8 @@ fn event(kind: &str, consumer_id: &str, c: &CursorEvent) -> Result<NewEvent, Com
     .map_err(CommandError::invalid_event)
 }
 
-/// What an advance asks for.
+/// Advance a cursor: forward, or the same seq with the same delivery id (which appends
+/// nothing), optionally compare-and-swap on `expected_sequence`. Answers the cursor after it.
 #[derive(Debug, Clone)]
 pub struct Advance {
     pub consumer_id: String,
@@ -155,12 +165,10 @@ pub(crate) fn advance_from(
 fn reset(
     txn: &WriteTransaction,
     now_us: i64,
-    (consumer_id, stream_name, subject_id): (&str, &str, &str),
-    to: u64,
-    reason: &str,
-    by: Option<String>,
+    r: &Reset,
 ) -> Result<(Cursor, Vec<NewEvent>), CommandError> {
-    if reason.trim().is_empty() {
+    let (consumer_id, stream_name, subject_id) = (&r.consumer_id, &r.stream_name, &r.subject_id);
+    if r.reason.trim().is_empty() {
         return Err(CommandError::rejected(
             RejectKind::Invalid,
             "reason_required",
@@ -169,12 +177,12 @@ fn reset(
     }
     let cur = get_in(txn, consumer_id, stream_name, subject_id)?;
     let c = CursorEvent {
-        stream_name: stream_name.to_owned(),
-        subject_id: subject_id.to_owned(),
+        stream_name: stream_name.clone(),
+        subject_id: subject_id.clone(),
         from: Some(cur.last_sequence),
-        to: Some(to),
-        reason: Some(reason.to_owned()),
-        by,
+        to: Some(r.to),
+        reason: Some(r.reason.clone()),
+        by: r.by.clone(),
         at_us: now_us,
         ..CursorEvent::default()
     };

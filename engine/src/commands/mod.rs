@@ -10,6 +10,9 @@
 //! - [`sources`]: a polled page, the watermark's compare-and-swap, pause/resume/park/reset
 //!   (section 12);
 //! - [`retention`]: what leaves the read models after the window (section 13).
+//!
+//! Each command is a type of its family implementing [`Command`], with its own answer type:
+//! the caller gets that answer back, never a variant to unpack.
 
 pub mod admission;
 pub mod bridges;
@@ -20,234 +23,65 @@ pub mod sources;
 
 use crate::error::CommandError;
 use tidemark_log::NewEvent;
-use tidemark_projections::bridges::Subscription;
-use tidemark_projections::cursors::Cursor;
-use tidemark_projections::deliveries::Delivery;
 
-pub use bridges::{BridgeCommand, Confirmation};
-pub use cursors::{Advance, CursorCommand};
-pub use outbox::{Completed, Failure, OperatorAction, OutboxCommand};
-pub use retention::{CompactCommand, CompactReport, RetentionCommand, RetentionReport};
-pub use sources::{NotifyPlan, PageOutcome, SourceCommand, SourceItem};
+pub use admission::Admission;
+pub use bridges::{Confirmation, Subscribed};
+pub use outbox::{Completed, Failure, OperatorAction};
+pub use retention::{CompactReport, RetentionReport};
+pub use sources::{NotifyPlan, PageOutcome, SourceItem};
 
 use crate::decider::Round;
 use crate::store::WriteTransaction;
-pub use admission::Admission;
 
-/// Every command the engine executes ([`crate::Engine::execute`]).
-#[derive(Debug, Clone)]
-pub enum Command {
-    Outbox(OutboxCommand),
-    Cursor(CursorCommand),
-    Bridge(BridgeCommand),
-    Source(SourceCommand),
-    Retention(RetentionCommand),
-    Compact(CompactCommand),
-    /// The checks on a client's batch that requests notifications.
-    Admit(admission::AdmitCommand),
+/// A command the engine executes ([`crate::Engine::execute`]): one type per command, each
+/// with its own answer. Implemented by the command types of the families above only.
+pub trait Command: sealed::Sealed + Send + 'static {
+    /// What the command answers its caller (with the log's receipt).
+    type Answer: Send + 'static;
+
+    /// Set by a compaction alone ([`retention::Compact`]): it is decided on its own after the
+    /// round, its decision (every projection's snapshot, in the models store) is committed
+    /// and synced, then the log drops its events up to the cut the report names and the
+    /// report is completed from the log's answer. `None` for every other command.
+    #[doc(hidden)]
+    const COMPACTION: Option<fn(&mut Self::Answer) -> &mut CompactReport> = None;
+
+    /// A short name for spans and metrics (`tidemark_commands_total{command}`).
+    fn name(&self) -> &'static str;
+
+    /// Decide against the models caught up to the head (`txn`, which it only reads) at
+    /// `round.now_us`. When the log refuses the decision because what it rests on changed,
+    /// the command is decided again from scratch against the newer models: a decision
+    /// depends on the command and the models only.
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Self::Answer>, CommandError>;
 }
 
-impl From<CompactCommand> for Command {
-    fn from(c: CompactCommand) -> Self {
-        Command::Compact(c)
-    }
-}
-
-impl From<RetentionCommand> for Command {
-    fn from(c: RetentionCommand) -> Self {
-        Command::Retention(c)
-    }
-}
-
-impl From<SourceCommand> for Command {
-    fn from(c: SourceCommand) -> Self {
-        Command::Source(c)
-    }
-}
-
-impl From<OutboxCommand> for Command {
-    fn from(c: OutboxCommand) -> Self {
-        Command::Outbox(c)
-    }
-}
-
-impl From<CursorCommand> for Command {
-    fn from(c: CursorCommand) -> Self {
-        Command::Cursor(c)
-    }
-}
-
-impl From<BridgeCommand> for Command {
-    fn from(c: BridgeCommand) -> Self {
-        Command::Bridge(c)
-    }
-}
-
-impl Command {
-    /// A short name for spans and metrics.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Command::Outbox(c) => match c {
-                OutboxCommand::Claim { .. } => "outbox.claim",
-                OutboxCommand::Complete { .. } => "outbox.complete",
-                OutboxCommand::Fail { .. } => "outbox.fail",
-                OutboxCommand::Extend { .. } => "outbox.extend",
-                OutboxCommand::Operator { .. } => "outbox.operator",
-                OutboxCommand::Route { .. } => "outbox.route",
-                OutboxCommand::ExpireLeases { .. } => "outbox.expire_leases",
-            },
-            Command::Cursor(CursorCommand::Advance(_)) => "cursor.advance",
-            Command::Cursor(CursorCommand::Reset { .. }) => "cursor.reset",
-            Command::Bridge(c) => match c {
-                BridgeCommand::Subscribe { .. } => "bridge.subscribe",
-                BridgeCommand::Unsubscribe { .. } => "bridge.unsubscribe",
-                BridgeCommand::Confirm(_) => "bridge.confirm",
-            },
-            Command::Source(c) => c.name(),
-            Command::Retention(_) => "retention.run",
-            Command::Compact(_) => "retention.compact",
-            Command::Admit(_) => "append.admit",
-        }
-    }
-}
-
-/// What a command answers, besides the events it appended.
-#[derive(Debug, Clone)]
-pub enum Outcome {
-    /// Claim: the rows now leased.
-    Deliveries(Vec<Delivery>),
-    /// Fail, extend, operator: the row after it.
-    Delivery(Box<Delivery>),
-    /// Complete: one result per item, in order.
-    Completed(Vec<Completed>),
-    /// Route: events appended; expire: leases released.
-    Count(usize),
-    /// Advance, reset: the cursor after it.
-    Cursor(Cursor),
-    /// Subscribe (`created`: it is new), unsubscribe.
-    Subscription { row: Subscription, created: bool },
-    /// Confirm: the cursor after each item, or why it was refused.
-    Confirmed(Vec<Result<Cursor, CommandError>>),
-    /// A source page: what was appended.
-    SourcePage(PageOutcome),
-    /// Any other source command: the source after it.
-    Source(tidemark_projections::sources::SourceRow),
-    /// A retention run: what it purged.
-    Retention(RetentionReport),
-    /// A compaction: what it dropped.
-    Compacted(CompactReport),
-    /// A client's batch: accepted (and appended), or why not.
-    Admission(Admission),
-}
-
-fn unexpected(what: &str) -> CommandError {
-    CommandError::Storage(format!("the command answered something other than {what}").into())
-}
-
-impl Outcome {
-    pub fn into_deliveries(self) -> Result<Vec<Delivery>, CommandError> {
-        match self {
-            Outcome::Deliveries(d) => Ok(d),
-            _ => Err(unexpected("deliveries")),
-        }
-    }
-    pub fn into_delivery(self) -> Result<Delivery, CommandError> {
-        match self {
-            Outcome::Delivery(d) => Ok(*d),
-            _ => Err(unexpected("a delivery")),
-        }
-    }
-    pub fn into_completed(self) -> Result<Vec<Completed>, CommandError> {
-        match self {
-            Outcome::Completed(c) => Ok(c),
-            _ => Err(unexpected("completions")),
-        }
-    }
-    pub fn into_retention(self) -> Result<RetentionReport, CommandError> {
-        match self {
-            Outcome::Retention(r) => Ok(r),
-            _ => Err(unexpected("a retention report")),
-        }
-    }
-    pub fn into_compacted(self) -> Result<CompactReport, CommandError> {
-        match self {
-            Outcome::Compacted(r) => Ok(r),
-            _ => Err(unexpected("a compaction report")),
-        }
-    }
-    pub fn into_count(self) -> Result<usize, CommandError> {
-        match self {
-            Outcome::Count(n) => Ok(n),
-            _ => Err(unexpected("a count")),
-        }
-    }
-    pub fn into_cursor(self) -> Result<Cursor, CommandError> {
-        match self {
-            Outcome::Cursor(c) => Ok(c),
-            _ => Err(unexpected("a cursor")),
-        }
-    }
-    pub fn into_subscription(self) -> Result<(Subscription, bool), CommandError> {
-        match self {
-            Outcome::Subscription { row, created } => Ok((row, created)),
-            _ => Err(unexpected("a subscription")),
-        }
-    }
-    pub fn into_source_page(self) -> Result<PageOutcome, CommandError> {
-        match self {
-            Outcome::SourcePage(p) => Ok(p),
-            _ => Err(unexpected("a source page")),
-        }
-    }
-    pub fn into_source(self) -> Result<tidemark_projections::sources::SourceRow, CommandError> {
-        match self {
-            Outcome::Source(s) => Ok(s),
-            _ => Err(unexpected("a source")),
-        }
-    }
-    pub fn into_admission(self) -> Result<Admission, CommandError> {
-        match self {
-            Outcome::Admission(a) => Ok(a),
-            _ => Err(unexpected("an admission")),
-        }
-    }
-    pub fn into_confirmed(self) -> Result<Vec<Result<Cursor, CommandError>>, CommandError> {
-        match self {
-            Outcome::Confirmed(c) => Ok(c),
-            _ => Err(unexpected("confirmations")),
-        }
-    }
+/// Only the command types of the families implement [`Command`].
+mod sealed {
+    pub trait Sealed {}
 }
 
 /// What a command decided: its answer, the events that record it, and the subjects it read
 /// besides those it appends to (each with the seq of its last event as the models have it),
 /// which the append's condition names too.
-pub(crate) struct Decided {
-    pub outcome: Outcome,
+#[derive(Debug)]
+pub struct Decided<A> {
+    pub answer: A,
     pub events: Vec<NewEvent>,
     pub reads: Vec<(String, String)>,
 }
 
-/// Decide `cmd` in `txn` (the models at the head) at `round.now_us`.
-pub(crate) fn run(
-    txn: &WriteTransaction,
-    round: &mut Round<'_>,
-    cmd: Command,
-) -> Result<Decided, CommandError> {
-    let now_us = round.now_us;
-    let privacy = round.privacy;
-    let plain = |(outcome, events): (Outcome, Vec<NewEvent>)| Decided {
-        outcome,
-        events,
-        reads: Vec::new(),
-    };
-    match cmd {
-        Command::Retention(c) => retention::run(txn, now_us, round.head, c, privacy).map(plain),
-        Command::Compact(c) => retention::compact(txn, round, c).map(plain),
-        Command::Outbox(c) => outbox::run(txn, round, c).map(plain),
-        Command::Cursor(c) => cursors::run(txn, now_us, c).map(plain),
-        Command::Bridge(c) => bridges::run(txn, round, c).map(plain),
-        Command::Source(c) => sources::run(txn, round, c).map(plain),
-        Command::Admit(c) => admission::run(txn, round, c),
+impl<A> Decided<A> {
+    /// `answer`, recorded by `events`, resting on the subjects they append to only.
+    pub fn new(answer: A, events: Vec<NewEvent>) -> Self {
+        Decided {
+            answer,
+            events,
+            reads: Vec::new(),
+        }
     }
 }

@@ -18,16 +18,35 @@ use tidemark_projections::retention::{IDS_PER_EVENT, Purged};
 use tidemark_projections::tasks::{self, Task};
 use tidemark_projections::{bridges, cursors};
 
-use crate::commands::Outcome;
+use super::sealed::Sealed;
+use super::{Command, Decided, Round};
 use crate::privacy::Privacy;
 use crate::store::{ReadableTable, WriteTransaction};
 
 /// Purge what left the window by now (at most `max` ids in one command: run it again while
-/// it reports `more`).
+/// it reports `more`); answers what it purged.
 #[derive(Debug, Clone)]
-pub struct RetentionCommand {
+pub struct Purge {
     pub window_ms: u64,
     pub max: usize,
+}
+
+impl Sealed for Purge {}
+impl Command for Purge {
+    type Answer = RetentionReport;
+
+    fn name(&self) -> &'static str {
+        "retention.run"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<RetentionReport>, CommandError> {
+        let (rep, events) = run(txn, round.now_us, round.head, self, round.privacy)?;
+        Ok(Decided::new(rep, events))
+    }
 }
 
 /// What one run purged.
@@ -73,13 +92,13 @@ fn suffixes(
     Ok(out)
 }
 
-pub(crate) fn run(
+fn run(
     txn: &WriteTransaction,
     now_us: i64,
     head: u64,
-    cmd: RetentionCommand,
+    cmd: &Purge,
     privacy: Option<&Privacy>,
-) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
+) -> Result<(RetentionReport, Vec<NewEvent>), CommandError> {
     let before = now_us.saturating_sub((cmd.window_ms as i64).saturating_mul(1_000));
     let mut rep = RetentionReport {
         before_us: before,
@@ -222,16 +241,40 @@ pub(crate) fn run(
         );
     }
     rep.events = events.len();
-    Ok((Outcome::Retention(rep), events))
+    Ok((rep, events))
 }
 
 /// Drop the log's events older than the window (spec section 13, `compact_log`): every
 /// projection first stores a snapshot at the head, and no event a live cursor still needs
 /// goes. At most [`tidemark_log::COMPACT_MAX`] events per command: run it again while
-/// it reports `more`.
+/// it reports `more`. Answers what it dropped.
 #[derive(Debug, Clone)]
-pub struct CompactCommand {
+pub struct Compact {
     pub window_ms: u64,
+}
+
+impl Sealed for Compact {}
+impl Command for Compact {
+    type Answer = CompactReport;
+
+    const COMPACTION: Option<fn(&mut CompactReport) -> &mut CompactReport> = Some(the_report);
+
+    fn name(&self) -> &'static str {
+        "retention.compact"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<CompactReport>, CommandError> {
+        compact(txn, round, self).map(|rep| Decided::new(rep, Vec::new()))
+    }
+}
+
+/// A compaction's answer is the report the log's answer completes.
+fn the_report(r: &mut CompactReport) -> &mut CompactReport {
+    r
 }
 
 /// What one compaction did.
@@ -295,11 +338,11 @@ fn pinned_cut(
 /// snapshot at the head, written in `txn` (the decider commits it, durably, before it asks
 /// the log to drop the events: [`crate::decider`]). The report's `removed`, `first_seq` and
 /// `more` are filled in from the log's answer.
-pub(crate) fn compact(
+fn compact(
     txn: &WriteTransaction,
-    round: &crate::decider::Round<'_>,
-    cmd: CompactCommand,
-) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
+    round: &Round<'_>,
+    cmd: &Compact,
+) -> Result<CompactReport, CommandError> {
     let before = round
         .now_us
         .saturating_sub((cmd.window_ms as i64).saturating_mul(1_000));
@@ -313,11 +356,11 @@ pub(crate) fn compact(
         ..CompactReport::default()
     };
     if cut < first {
-        return Ok((Outcome::Compacted(rep), Vec::new()));
+        return Ok(rep);
     }
     // Every projection is at the head here: their snapshots are at or above any cut.
     for p in tidemark_projections::all() {
         tidemark_projections::framework::snapshot(txn, p).map_err(st)?;
     }
-    Ok((Outcome::Compacted(rep), Vec::new()))
+    Ok(rep)
 }

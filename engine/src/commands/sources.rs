@@ -9,7 +9,8 @@ use tidemark_log::{NewEvent, StorageError};
 use tidemark_projections::names::{EventType, Stream, ids};
 use tidemark_projections::sources::{InTxn, SourceRow};
 
-use crate::commands::Outcome;
+use super::sealed::Sealed;
+use super::{Command, Decided, Round};
 use crate::store::WriteTransaction;
 
 /// One item of a polled page: its upstream id and the item as the source returned it.
@@ -34,57 +35,55 @@ pub struct NotifyPlan {
     pub body: Option<String>,
 }
 
-/// A command of the source family.
+/// Append a page's new items (and the notification about them) as one atomic batch;
+/// answers what it appended.
 #[derive(Debug, Clone)]
-pub enum SourceCommand {
-    /// Append a page's new items (and the notification about them) as one atomic batch.
-    Page {
-        name: String,
-        items: Vec<SourceItem>,
-        notify: Option<NotifyPlan>,
-        /// The outbox bound (section 4): with a notification and more pending deliveries than
-        /// this, the page is refused (`outbox_full`) and the poll backs off.
-        max_pending: u64,
-    },
-    /// Move the watermark from `from` (compare-and-swap) to `to`.
-    Advance {
-        name: String,
-        from: Option<String>,
-        to: String,
-    },
-    Pause {
-        name: String,
-        by: Option<String>,
-        reason: Option<String>,
-    },
-    Resume {
-        name: String,
-        by: Option<String>,
-    },
-    Park {
-        name: String,
-        error: String,
-    },
-    /// The operator's way back (or anywhere): needs a reason.
-    Reset {
-        name: String,
-        to: Option<String>,
-        reason: String,
-        by: Option<String>,
-    },
+pub struct Page {
+    pub name: String,
+    pub items: Vec<SourceItem>,
+    pub notify: Option<NotifyPlan>,
+    /// The outbox bound (section 4): with a notification and more pending deliveries than
+    /// this, the page is refused (`outbox_full`) and the poll backs off.
+    pub max_pending: u64,
 }
 
-impl SourceCommand {
-    pub fn name(&self) -> &'static str {
-        match self {
-            SourceCommand::Page { .. } => "source.page",
-            SourceCommand::Advance { .. } => "source.advance",
-            SourceCommand::Pause { .. } => "source.pause",
-            SourceCommand::Resume { .. } => "source.resume",
-            SourceCommand::Park { .. } => "source.park",
-            SourceCommand::Reset { .. } => "source.reset",
-        }
-    }
+/// Move the watermark from `from` (compare-and-swap) to `to`; answers the source after it.
+#[derive(Debug, Clone)]
+pub struct Advance {
+    pub name: String,
+    pub from: Option<String>,
+    pub to: String,
+}
+
+/// Pause polling; answers the source after it.
+#[derive(Debug, Clone)]
+pub struct Pause {
+    pub name: String,
+    pub by: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// Resume a paused or parked source; answers the source after it.
+#[derive(Debug, Clone)]
+pub struct Resume {
+    pub name: String,
+    pub by: Option<String>,
+}
+
+/// Park a source after a permanent error; answers the source after it.
+#[derive(Debug, Clone)]
+pub struct Park {
+    pub name: String,
+    pub error: String,
+}
+
+/// The operator's way back (or anywhere): needs a reason. Answers the source after it.
+#[derive(Debug, Clone)]
+pub struct Reset {
+    pub name: String,
+    pub to: Option<String>,
+    pub reason: String,
+    pub by: Option<String>,
 }
 
 /// What a page command did.
@@ -158,217 +157,304 @@ pub fn render(template: &str, count: usize, item: &Value) -> String {
     out
 }
 
-pub(crate) fn run(
-    txn: &WriteTransaction,
-    round: &mut crate::decider::Round<'_>,
-    cmd: SourceCommand,
-) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
-    let now_us = round.now_us;
-    let st = CommandError::Storage;
-    let mut model = InTxn::new(txn).map_err(st)?;
-    match cmd {
-        SourceCommand::Page {
+impl Sealed for Page {}
+impl Command for Page {
+    type Answer = PageOutcome;
+
+    fn name(&self) -> &'static str {
+        "source.page"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<PageOutcome>, CommandError> {
+        let Page {
             name,
             items,
             notify,
             max_pending,
-        } => {
-            let row = model.row(&name).map_err(st)?;
-            if let Some(e) = not_active(&row) {
-                return Err(e);
-            }
-            let mut events = Vec::new();
-            let mut new_items: Vec<&SourceItem> = Vec::new();
-            let mut seen = std::collections::HashSet::new();
-            let mut skipped = 0;
-            for it in &items {
-                // An id twice on one page, or already appended: left out, whatever its
-                // content now (an item that changed upstream is not a conflict).
-                if !seen.insert(it.id.as_str()) || model.has_item(&name, &it.id).map_err(st)? {
-                    skipped += 1;
-                    continue;
-                }
-                events.push(source_event(
-                    &name,
-                    EventType::SourceItem,
-                    Some(ids::source_item(&name, &it.id)),
-                    &it.item,
-                )?);
-                new_items.push(it);
-            }
-            let mut notified = false;
-            let mut notify_blocked = false;
-            if let (Some(n), Some(_)) = (&notify, new_items.first())
-                && let Some(r) = &n.recipient
-                // Suppressed at the head (the crisis block, section 14): the page's
-                // notification is left out and the items go in without it.
-                && crate::commands::outbox::State::new(txn)?
-                    .recipient(Some(r))?
-                    .suppressed_at(now_us)
-            {
-                notify_blocked = true;
-            }
-            if let (Some(n), Some(first), false) = (&notify, new_items.first(), notify_blocked) {
-                // The same bound as a client's append (section 5): never exceeded.
-                let mut state = crate::commands::outbox::State::new(txn)?;
-                if let crate::commands::admission::Admission::Full {
-                    pending, adding, ..
-                } = crate::commands::admission::over_bound(
-                    txn,
-                    &mut state,
-                    &[(n.priority.as_str(), None)],
-                    round,
-                    max_pending,
-                )? {
-                    return Err(CommandError::rejected(
-                        RejectKind::Overloaded,
-                        "outbox_full",
-                        format!(
-                            "{pending} deliveries are pending or being routed and the page's \
-                             notification adds {adding}, above outbox.max_pending \
-                             ({max_pending})"
-                        ),
-                    ));
-                }
-                let count = new_items.len();
-                let title = if count == 1 {
-                    render(&n.title_one, count, &first.item)
-                } else {
-                    render(&n.title_many, count, &first.item)
-                };
-                let id = ids::source_notification(&name, &first.id);
-                let mut payload = json!({
-                    "priority": n.priority,
-                    "title": title,
-                    "source_name": name,
-                    "items": new_items.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(),
-                });
-                if let Some(r) = &n.recipient {
-                    payload["recipient"] = json!(r);
-                }
-                if let Some(g) = &n.group_key {
-                    payload["group_key"] = json!(g);
-                }
-                if let Some(b) = &n.body {
-                    payload["body"] = json!(render(b, count, &first.item));
-                }
-                events.push(
-                    NewEvent::new(
-                        Some(id.clone()),
-                        Stream::Notifications,
-                        id,
-                        EventType::NotificationRequested.as_str(),
-                        &payload,
-                    )
-                    .map_err(storage)?,
-                );
-                notified = true;
-            }
-            Ok((
-                Outcome::SourcePage(PageOutcome {
-                    appended: new_items.len(),
-                    skipped,
-                    notified,
-                    notify_blocked,
-                }),
-                events,
-            ))
+        } = self;
+        let max_pending = *max_pending;
+        let now_us = round.now_us;
+        let st = CommandError::Storage;
+        let mut model = InTxn::new(txn).map_err(st)?;
+        let row = model.row(name).map_err(st)?;
+        if let Some(e) = not_active(&row) {
+            return Err(e);
         }
-        SourceCommand::Advance { name, from, to } => {
-            let row = model.row(&name).map_err(st)?;
-            if row.watermark != from {
+        let mut events = Vec::new();
+        let mut new_items: Vec<&SourceItem> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut skipped = 0;
+        for it in items {
+            // An id twice on one page, or already appended: left out, whatever its
+            // content now (an item that changed upstream is not a conflict).
+            if !seen.insert(it.id.as_str()) || model.has_item(name, &it.id).map_err(st)? {
+                skipped += 1;
+                continue;
+            }
+            events.push(source_event(
+                name,
+                EventType::SourceItem,
+                Some(ids::source_item(name, &it.id)),
+                &it.item,
+            )?);
+            new_items.push(it);
+        }
+        let mut notified = false;
+        let mut notify_blocked = false;
+        if let (Some(n), Some(_)) = (notify, new_items.first())
+            && let Some(r) = &n.recipient
+            // Suppressed at the head (the crisis block, section 14): the page's
+            // notification is left out and the items go in without it.
+            && crate::commands::outbox::State::new(txn)?
+                .recipient(Some(r))?
+                .suppressed_at(now_us)
+        {
+            notify_blocked = true;
+        }
+        if let (Some(n), Some(first), false) = (notify, new_items.first(), notify_blocked) {
+            // The same bound as a client's append (section 5): never exceeded.
+            let mut state = crate::commands::outbox::State::new(txn)?;
+            if let crate::commands::admission::Admission::Full {
+                pending, adding, ..
+            } = crate::commands::admission::over_bound(
+                txn,
+                &mut state,
+                &[(n.priority.as_str(), None)],
+                round,
+                max_pending,
+            )? {
                 return Err(CommandError::rejected(
-                    RejectKind::Conflict,
-                    "watermark_conflict",
+                    RejectKind::Overloaded,
+                    "outbox_full",
                     format!(
-                        "the watermark of {name:?} is {:?}, not {from:?}",
-                        row.watermark
+                        "{pending} deliveries are pending or being routed and the page's \
+                         notification adds {adding}, above outbox.max_pending \
+                         ({max_pending})"
                     ),
                 ));
             }
-            if from.as_deref() == Some(to.as_str()) {
-                return Ok((Outcome::Source(row), Vec::new()));
+            let count = new_items.len();
+            let title = if count == 1 {
+                render(&n.title_one, count, &first.item)
+            } else {
+                render(&n.title_many, count, &first.item)
+            };
+            let id = ids::source_notification(name, &first.id);
+            let mut payload = json!({
+                "priority": n.priority,
+                "title": title,
+                "source_name": name,
+                "items": new_items.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(),
+            });
+            if let Some(r) = &n.recipient {
+                payload["recipient"] = json!(r);
             }
-            if let Some(f) = &from
-                && to.as_str() < f.as_str()
-            {
-                return Err(CommandError::rejected(
-                    RejectKind::Invalid,
-                    "watermark_backwards",
-                    format!("next {to:?} is before the watermark {f:?}"),
-                ));
+            if let Some(g) = &n.group_key {
+                payload["group_key"] = json!(g);
             }
-            let ev = source_event(
-                &name,
-                EventType::SourceWatermarkAdvanced,
-                None,
-                &json!({"from": from, "to": to}),
-            )?;
-            let mut after = row;
-            after.watermark = Some(to);
-            Ok((Outcome::Source(after), vec![ev]))
-        }
-        SourceCommand::Pause { name, by, reason } => {
-            let mut row = model.row(&name).map_err(st)?;
-            if row.paused {
-                return Ok((Outcome::Source(row), Vec::new()));
+            if let Some(b) = &n.body {
+                payload["body"] = json!(render(b, count, &first.item));
             }
-            let ev = source_event(
-                &name,
-                EventType::SourcePaused,
-                None,
-                &json!({"by": by, "reason": reason}),
-            )?;
-            row.paused = true;
-            Ok((Outcome::Source(row), vec![ev]))
+            events.push(
+                NewEvent::new(
+                    Some(id.clone()),
+                    Stream::Notifications,
+                    id,
+                    EventType::NotificationRequested.as_str(),
+                    &payload,
+                )
+                .map_err(storage)?,
+            );
+            notified = true;
         }
-        SourceCommand::Resume { name, by } => {
-            let mut row = model.row(&name).map_err(st)?;
-            if !row.paused && !row.parked {
-                return Ok((Outcome::Source(row), Vec::new()));
-            }
-            let ev = source_event(&name, EventType::SourceResumed, None, &json!({"by": by}))?;
-            row.paused = false;
-            row.parked = false;
-            row.last_error = None;
-            Ok((Outcome::Source(row), vec![ev]))
+        let page = PageOutcome {
+            appended: new_items.len(),
+            skipped,
+            notified,
+            notify_blocked,
+        };
+        Ok(Decided::new(page, events))
+    }
+}
+
+impl Sealed for Advance {}
+impl Command for Advance {
+    type Answer = SourceRow;
+
+    fn name(&self) -> &'static str {
+        "source.advance"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        _: &mut Round<'_>,
+    ) -> Result<Decided<SourceRow>, CommandError> {
+        let Advance { name, from, to } = self;
+        let row = model_row(txn, name)?;
+        if row.watermark != *from {
+            return Err(CommandError::rejected(
+                RejectKind::Conflict,
+                "watermark_conflict",
+                format!(
+                    "the watermark of {name:?} is {:?}, not {from:?}",
+                    row.watermark
+                ),
+            ));
         }
-        SourceCommand::Park { name, error } => {
-            let mut row = model.row(&name).map_err(st)?;
-            let ev = source_event(
-                &name,
-                EventType::SourceParked,
-                None,
-                &json!({"error": error}),
-            )?;
-            row.parked = true;
-            row.last_error = Some(error);
-            Ok((Outcome::Source(row), vec![ev]))
+        if from.as_deref() == Some(to.as_str()) {
+            return Ok(Decided::new(row, Vec::new()));
         }
-        SourceCommand::Reset {
+        if let Some(f) = from
+            && to.as_str() < f.as_str()
+        {
+            return Err(CommandError::rejected(
+                RejectKind::Invalid,
+                "watermark_backwards",
+                format!("next {to:?} is before the watermark {f:?}"),
+            ));
+        }
+        let ev = source_event(
+            name,
+            EventType::SourceWatermarkAdvanced,
+            None,
+            &json!({"from": from, "to": to}),
+        )?;
+        let mut after = row;
+        after.watermark = Some(to.clone());
+        Ok(Decided::new(after, vec![ev]))
+    }
+}
+
+impl Sealed for Pause {}
+impl Command for Pause {
+    type Answer = SourceRow;
+
+    fn name(&self) -> &'static str {
+        "source.pause"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        _: &mut Round<'_>,
+    ) -> Result<Decided<SourceRow>, CommandError> {
+        let Pause { name, by, reason } = self;
+        let mut row = model_row(txn, name)?;
+        if row.paused {
+            return Ok(Decided::new(row, Vec::new()));
+        }
+        let ev = source_event(
+            name,
+            EventType::SourcePaused,
+            None,
+            &json!({"by": by, "reason": reason}),
+        )?;
+        row.paused = true;
+        Ok(Decided::new(row, vec![ev]))
+    }
+}
+
+impl Sealed for Resume {}
+impl Command for Resume {
+    type Answer = SourceRow;
+
+    fn name(&self) -> &'static str {
+        "source.resume"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        _: &mut Round<'_>,
+    ) -> Result<Decided<SourceRow>, CommandError> {
+        let Resume { name, by } = self;
+        let mut row = model_row(txn, name)?;
+        if !row.paused && !row.parked {
+            return Ok(Decided::new(row, Vec::new()));
+        }
+        let ev = source_event(name, EventType::SourceResumed, None, &json!({"by": by}))?;
+        row.paused = false;
+        row.parked = false;
+        row.last_error = None;
+        Ok(Decided::new(row, vec![ev]))
+    }
+}
+
+impl Sealed for Park {}
+impl Command for Park {
+    type Answer = SourceRow;
+
+    fn name(&self) -> &'static str {
+        "source.park"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        _: &mut Round<'_>,
+    ) -> Result<Decided<SourceRow>, CommandError> {
+        let Park { name, error } = self;
+        let mut row = model_row(txn, name)?;
+        let ev = source_event(
+            name,
+            EventType::SourceParked,
+            None,
+            &json!({"error": error}),
+        )?;
+        row.parked = true;
+        row.last_error = Some(error.clone());
+        Ok(Decided::new(row, vec![ev]))
+    }
+}
+
+impl Sealed for Reset {}
+impl Command for Reset {
+    type Answer = SourceRow;
+
+    fn name(&self) -> &'static str {
+        "source.reset"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        _: &mut Round<'_>,
+    ) -> Result<Decided<SourceRow>, CommandError> {
+        let Reset {
             name,
             to,
             reason,
             by,
-        } => {
-            if reason.trim().is_empty() {
-                return Err(CommandError::rejected(
-                    RejectKind::Invalid,
-                    "reason_required",
-                    "a reset needs a reason",
-                ));
-            }
-            let mut row = model.row(&name).map_err(st)?;
-            let ev = source_event(
-                &name,
-                EventType::SourceReset,
-                None,
-                &json!({"from": row.watermark, "to": to, "reason": reason, "by": by}),
-            )?;
-            row.watermark = to;
-            Ok((Outcome::Source(row), vec![ev]))
+        } = self;
+        if reason.trim().is_empty() {
+            return Err(CommandError::rejected(
+                RejectKind::Invalid,
+                "reason_required",
+                "a reset needs a reason",
+            ));
         }
+        let mut row = model_row(txn, name)?;
+        let ev = source_event(
+            name,
+            EventType::SourceReset,
+            None,
+            &json!({"from": row.watermark, "to": to, "reason": reason, "by": by}),
+        )?;
+        row.watermark = to.clone();
+        Ok(Decided::new(row, vec![ev]))
     }
+}
+
+/// Source `name` as the models have it.
+fn model_row(txn: &WriteTransaction, name: &str) -> Result<SourceRow, CommandError> {
+    InTxn::new(txn)
+        .and_then(|mut m| m.row(name))
+        .map_err(CommandError::Storage)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use tidemark_log::{EventRef, StorageError};
 
 use super::*;
 use crate::framework::{Projection, Store, be_u64};
-use crate::names::{EventType, Stream};
+use crate::names::{DeliveryEvent, DeliveryStatus, DeliveryTransition, EventType};
 
 pub fn us_key(us: i64) -> [u8; 8] {
     (us.max(0) as u64).to_be_bytes()
@@ -53,7 +53,7 @@ fn index_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
     if let Some(due) = d.due_us() {
         out.push((DUE, timed_key(&d.sink, due, &d.id)));
     }
-    if d.status == "leased"
+    if d.status == DeliveryStatus::Leased
         && let Some(exp) = d.lease_expires_at_us
     {
         let mut k = us_key(exp).to_vec();
@@ -63,7 +63,7 @@ fn index_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
     if d.is_pending() {
         out.push((PENDING, timed_key(&d.sink, d.created_at_us, &d.id)));
     }
-    if d.status == "sent" {
+    if d.status == DeliveryStatus::Sent {
         out.push((
             SENT,
             timed_key(&d.sink, d.delivered_at_us.unwrap_or(0), &d.id),
@@ -105,7 +105,7 @@ fn filter_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
         if let Some(due) = d.due_us() {
             out.push((SITE_DUE, timed_key(site, due, &d.id)));
         }
-        if d.status == "sent" {
+        if d.status == DeliveryStatus::Sent {
             out.push((
                 SITE_SENT,
                 timed_key(site, d.delivered_at_us.unwrap_or(0), &d.id),
@@ -191,10 +191,10 @@ fn store_row(
     st.put_val(TIMELINE, &tk, step)
 }
 
-fn step(seq: u64, kind: &str, c: &Change) -> Step {
+fn step(seq: u64, t: DeliveryTransition, c: &Change) -> Step {
     Step {
         seq,
-        event: kind.to_owned(),
+        event: DeliveryEvent::Transition(t).as_str().to_owned(),
         at_us: c.at_us,
         owner: c.owner.clone(),
         attempt: c.attempt,
@@ -268,6 +268,10 @@ impl Projection for Deliveries {
         6
     }
 
+    /// The event type is parsed once, here. A type tidemark does not define (a client's
+    /// free-form type, or a reserved one only a newer version writes: a `delivery.*` type this
+    /// version does not know among them), or one on another stream than its own, changes
+    /// nothing in this model, deliberately.
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
         let Some(ty) = EventType::parse(ev.event_type).filter(|t| ev.stream == t.stream()) else {
             return Ok(());
@@ -298,8 +302,11 @@ impl Projection for Deliveries {
                 }
                 Ok(())
             }
-            t if t.stream() == Stream::Deliveries => fold_delivery(st, ev),
-            _ => Ok(()),
+            t => match t.delivery_event() {
+                Some(d) => fold_delivery(st, d, ev),
+                // The other types of tidemark change nothing here.
+                None => Ok(()),
+            },
         }
     }
 }
@@ -366,11 +373,17 @@ fn fold_recipient(
     st.put_val(RECIPIENTS, ev.subject.as_bytes(), &r)
 }
 
-fn fold_delivery(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
-    let kind = &ev.event_type["delivery.".len()..];
+/// A `delivery.*` event of a type tidemark defines, parsed by `apply` (which leaves the types
+/// it does not define alone: the log refuses unknown `delivery.*` types from clients and
+/// tidemark writes none).
+fn fold_delivery(
+    st: &mut Store<'_>,
+    kind: DeliveryEvent,
+    ev: &EventRef<'_>,
+) -> Result<(), StorageError> {
     let id = ev.subject.as_bytes();
     match kind {
-        "created" => {
+        DeliveryEvent::Created => {
             let c: Created = parse(ev)?;
             raise_routed(st, c.notification_seq)?;
             if st.contains(ROWS, id)? {
@@ -393,7 +406,7 @@ fn fold_delivery(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageErr
             }
             let s = Step {
                 seq: ev.seq,
-                event: "created".into(),
+                event: kind.as_str().into(),
                 at_us: c.created_at_us,
                 owner: None,
                 attempt: None,
@@ -405,7 +418,7 @@ fn fold_delivery(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageErr
             };
             store_row(st, None, id, row, &s)
         }
-        "joined" => {
+        DeliveryEvent::Joined => {
             let j: Joined = parse(ev)?;
             raise_routed(st, j.notification_seq)?;
             let Some(mut row) = st.take_row::<Delivery>(ROWS, id)? else {
@@ -415,7 +428,7 @@ fn fold_delivery(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageErr
             join(&mut row, &j, ev.seq);
             let s = Step {
                 seq: ev.seq,
-                event: "joined".into(),
+                event: kind.as_str().into(),
                 at_us: j.at_us,
                 owner: None,
                 attempt: None,
@@ -427,7 +440,7 @@ fn fold_delivery(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageErr
             };
             store_row(st, Some(before), id, row, &s)
         }
-        _ => {
+        DeliveryEvent::Transition(t) => {
             let c: Change = parse(ev)?;
             if let Some(cs) = c.cancel_seq {
                 raise_routed(st, cs)?;
@@ -436,8 +449,8 @@ fn fold_delivery(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageErr
                 return Ok(());
             };
             let before = Entries::of(&row);
-            transition(&mut row, kind, &c, ev.seq);
-            store_row(st, Some(before), id, row, &step(ev.seq, kind, &c))
+            transition(&mut row, t, &c, ev.seq);
+            store_row(st, Some(before), id, row, &step(ev.seq, t, &c))
         }
     }
 }

@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::names::DeliveryStatus;
+use crate::names::{DeliveryStatus, DeliveryTransition};
 
 mod fold;
 
@@ -155,16 +155,28 @@ impl Delivery {
         self.items.iter().chain(&self.ext.more_items)
     }
 
+    /// Its status (`None` only for a row whose stored status is not one of
+    /// [`DeliveryStatus`], which no event writes).
+    pub fn status(&self) -> Option<DeliveryStatus> {
+        DeliveryStatus::parse(&self.status)
+    }
+
     pub fn is_pending(&self) -> bool {
-        DeliveryStatus::parse(&self.status).is_some_and(DeliveryStatus::is_pending)
+        self.status().is_some_and(DeliveryStatus::is_pending)
+    }
+
+    /// Transition `t` may be applied to it now ([`allowed`] from its status).
+    pub fn allows(&self, t: DeliveryTransition) -> bool {
+        self.status().is_some_and(|s| allowed(s, t))
     }
 
     /// When it can next be claimed, if it can be claimed at all.
     pub fn due_us(&self) -> Option<i64> {
-        match self.status.as_str() {
-            "queued" | "retry_wait" => Some(self.next_attempt_at_us.unwrap_or(self.created_at_us)),
-            "leased" => self.lease_expires_at_us,
-            _ => None,
+        use DeliveryStatus as S;
+        match self.status()? {
+            S::Queued | S::RetryWait => Some(self.next_attempt_at_us.unwrap_or(self.created_at_us)),
+            S::Leased => self.lease_expires_at_us,
+            S::Sent | S::Parked | S::Discarded | S::Skipped | S::Cancelled => None,
         }
     }
 }
@@ -356,42 +368,42 @@ pub struct Change {
     pub quiet_hours_until_us: Option<i64>,
 }
 
-/// The transitions of spec section 5: `kind` (event type without `delivery.`) may be applied
-/// to a delivery in `status`.
-pub fn allowed(status: &str, kind: &str) -> bool {
-    matches!(
-        (status, kind),
-        (
-            "queued" | "retry_wait",
-            "leased" | "skipped" | "cancelled" | "deferred"
-        ) | ("parked", "cancelled")
-            | (
-                "leased",
-                "lease_extended" | "sent" | "attempt_failed" | "lease_expired"
-            )
-            | ("parked", "retried" | "discarded")
-    )
+/// The transitions of spec section 5: `t` may be applied to a delivery in `status`.
+pub fn allowed(status: DeliveryStatus, t: DeliveryTransition) -> bool {
+    use DeliveryStatus as S;
+    use DeliveryTransition as T;
+    match t {
+        T::Leased | T::Skipped | T::Deferred => matches!(status, S::Queued | S::RetryWait),
+        T::Cancelled => matches!(status, S::Queued | S::RetryWait | S::Parked),
+        T::LeaseExtended | T::Sent | T::AttemptFailed | T::LeaseExpired => status == S::Leased,
+        T::Retried | T::Discarded => status == S::Parked,
+    }
 }
 
-/// Apply transition `kind` to a row: the one function the fold and the commands share, so the
-/// row a command answers with is the row the fold stores.
-pub fn transition(d: &mut Delivery, kind: &str, c: &Change, seq: u64) {
+/// Apply transition `t` to a row: the one function the fold and the commands share, so the
+/// row a command answers with is the row the fold stores. It does not check [`allowed`]: the
+/// commands check before they decide, and the fold applies what the log recorded.
+pub fn transition(d: &mut Delivery, t: DeliveryTransition, c: &Change, seq: u64) {
+    use DeliveryStatus as S;
+    use DeliveryTransition as T;
     d.updated_at_us = c.at_us;
     d.last_seq = seq;
     let parked = c.parked.unwrap_or(false);
-    match kind {
-        "leased" => {
-            d.status = "leased".into();
+    match t {
+        T::Leased => {
+            d.status = S::Leased.into();
             d.lease_owner = c.owner.clone();
             d.lease_expires_at_us = c.lease_expires_at_us;
             d.attempts = c.attempt.unwrap_or(d.attempts + 1);
         }
-        "lease_extended" => d.lease_expires_at_us = c.lease_expires_at_us,
-        "deferred" => d.next_attempt_at_us = c.next_attempt_at_us.or(d.next_attempt_at_us),
-        "cancelled" if c.at_lease_end == Some(true) && d.status == "leased" => {
+        T::LeaseExtended => d.lease_expires_at_us = c.lease_expires_at_us,
+        T::Deferred => d.next_attempt_at_us = c.next_attempt_at_us.or(d.next_attempt_at_us),
+        // A leased delivery is cancelled when its lease ends.
+        T::Cancelled if c.at_lease_end == Some(true) && d.status == S::Leased => {
             d.ext.cancel_pending = true;
         }
-        "cancelled"
+        // A digest that carries others loses only this notification's item.
+        T::Cancelled
             if d.item_count() > 1
                 && let Some(nid) = &c.notification_id =>
         {
@@ -400,55 +412,61 @@ pub fn transition(d: &mut Delivery, kind: &str, c: &Change, seq: u64) {
                 d.title = t.clone();
             }
         }
-        "sent" => {
-            d.status = "sent".into();
+        T::Sent => {
+            d.status = S::Sent.into();
             d.delivered_at_us = Some(c.at_us);
             d.lease_expires_at_us = None;
             d.external_id = c.external_id.clone();
         }
-        "attempt_failed" | "lease_expired" => {
-            if kind == "attempt_failed" {
-                d.last_error_code = c.error_code.clone();
-                d.last_error = c.error.clone();
-            } else {
-                d.last_error_code = Some("lease_expired".into());
-                d.last_error = Some(format!(
-                    "lease of {} expired",
-                    d.lease_owner.as_deref().unwrap_or("?")
-                ));
-            }
-            d.lease_owner = None;
-            d.lease_expires_at_us = None;
-            if parked {
-                d.status = "parked".into();
-                d.reason = c.reason.clone();
-                d.next_attempt_at_us = None;
-            } else {
-                d.status = if kind == "attempt_failed" {
-                    "retry_wait"
-                } else {
-                    "queued"
-                }
-                .into();
-                d.next_attempt_at_us = Some(c.next_attempt_at_us.unwrap_or(c.at_us));
-            }
+        T::AttemptFailed => {
+            d.last_error_code = c.error_code.clone();
+            d.last_error = c.error.clone();
+            release(d, c, parked, S::RetryWait);
         }
-        "skipped" | "cancelled" | "discarded" => {
-            d.ext.cancel_pending = false;
-            d.status = kind.into();
-            d.reason = c.reason.clone();
-            d.lease_owner = None;
-            d.lease_expires_at_us = None;
-            d.next_attempt_at_us = None;
+        T::LeaseExpired => {
+            d.last_error_code = Some("lease_expired".into());
+            d.last_error = Some(format!(
+                "lease of {} expired",
+                d.lease_owner.as_deref().unwrap_or("?")
+            ));
+            release(d, c, parked, S::Queued);
         }
-        "retried" => {
-            d.status = "queued".into();
+        T::Skipped => end(d, S::Skipped, c),
+        T::Cancelled => end(d, S::Cancelled, c),
+        T::Discarded => end(d, S::Discarded, c),
+        T::Retried => {
+            d.status = S::Queued.into();
             d.attempts = 0;
             d.reason = None;
             d.next_attempt_at_us = Some(c.at_us);
         }
-        _ => {}
     }
+}
+
+/// A lease ends without a delivery (a failed attempt, an expiry): parked, or `again` (due at
+/// the change's next attempt).
+fn release(d: &mut Delivery, c: &Change, parked: bool, again: DeliveryStatus) {
+    d.lease_owner = None;
+    d.lease_expires_at_us = None;
+    if parked {
+        d.status = DeliveryStatus::Parked.into();
+        d.reason = c.reason.clone();
+        d.next_attempt_at_us = None;
+    } else {
+        d.status = again.into();
+        d.next_attempt_at_us = Some(c.next_attempt_at_us.unwrap_or(c.at_us));
+    }
+}
+
+/// A final status without a delivery (skipped, cancelled, discarded), with the change's
+/// reason.
+fn end(d: &mut Delivery, status: DeliveryStatus, c: &Change) {
+    d.ext.cancel_pending = false;
+    d.status = status.into();
+    d.reason = c.reason.clone();
+    d.lease_owner = None;
+    d.lease_expires_at_us = None;
+    d.next_attempt_at_us = None;
 }
 
 /// Take notification `nid` out of a digest: a listed item's place goes to the first counted
@@ -485,7 +503,8 @@ impl Created {
             reason: self.reason.clone(),
             attempts: 0,
             max_attempts: self.max_attempts,
-            next_attempt_at_us: (self.status == "queued").then_some(self.next_attempt_at_us),
+            next_attempt_at_us: (self.status == DeliveryStatus::Queued)
+                .then_some(self.next_attempt_at_us),
             lease_owner: None,
             lease_expires_at_us: None,
             last_error_code: None,

@@ -9,7 +9,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
-use tidemark_engine::commands::{Advance, Completed, CursorCommand, OutboxCommand};
+use tidemark_engine::commands::Completed;
+use tidemark_engine::commands::cursors::Advance;
+use tidemark_engine::commands::outbox::{Claim, Complete, Route};
 use tidemark_engine::{CommandError, Engine};
 use tidemark_log::{Log, LogConfig, NewEvent, ReadQuery};
 use tidemark_projections::ModelsConfig;
@@ -78,10 +80,10 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
     }
     let source = all_events(&log);
     let (ra, rb) = tokio::join!(
-        a.execute(OutboxCommand::Route {
+        a.execute(Route {
             source: source.clone()
         }),
-        b.execute(OutboxCommand::Route { source })
+        b.execute(Route { source })
     );
     ra.unwrap();
     rb.unwrap();
@@ -109,7 +111,7 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
                 let mut idle = 0;
                 while idle < 3 {
                     let claim = engine
-                        .execute(OutboxCommand::Claim {
+                        .execute(Claim {
                             sink: "app".into(),
                             owner: owner.clone(),
                             limit: 5,
@@ -117,7 +119,7 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
                         })
                         .await;
                     let rows = match claim {
-                        Ok((o, _)) => o.into_deliveries().unwrap(),
+                        Ok((rows, _)) => rows,
                         Err(e) if refused_as_documented(&e) => Vec::new(),
                         Err(e) => panic!("claim by {owner}: {e:?}"),
                     };
@@ -139,15 +141,12 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
                         }
                     }
                     let items = rows.iter().map(|r| (r.id.clone(), None)).collect();
-                    let done = engine
-                        .execute(OutboxCommand::Complete {
+                    let (done, _) = engine
+                        .execute(Complete {
                             owner: owner.clone(),
                             items,
                         })
                         .await
-                        .unwrap()
-                        .0
-                        .into_completed()
                         .unwrap();
                     for c in done {
                         if let Completed::Refused { .. } = c {
@@ -168,14 +167,14 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
                         .map(|c| c.first().map_or(0, |c| c.last_sequence))
                         .unwrap_or(0);
                     let r = engine
-                        .execute(CursorCommand::Advance(Advance {
+                        .execute(Advance {
                             consumer_id: "race-consumer".into(),
                             stream_name: "task_events".into(),
                             subject_id: "t".into(),
                             last_sequence: at + 1,
                             delivery_id: format!("{tag}-{n}"),
                             expected_sequence: Some(at),
-                        }))
+                        })
                         .await;
                     match r {
                         Ok(_) => {}

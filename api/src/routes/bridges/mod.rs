@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tidemark_consumers::bridge::{self, Candidate};
 
-use tidemark_engine::commands::BridgeCommand;
+use tidemark_engine::commands::bridges::{Subscribe, Subscribed, Unsubscribe};
 use tidemark_log::time::format_micros;
 use tidemark_projections::bridges::{Sink, Subscription, Target};
 use tidemark_projections::names::Stream;
@@ -349,12 +349,7 @@ pub async fn create(
     check_path_id("task id", &task_id)?;
     let body: SubscribeBody = json_body(&headers, body)?;
     let (id, t) = target(&task_id, body)?;
-    let (row, created) = st
-        .engine
-        .execute(BridgeCommand::Subscribe { id, target: t })
-        .await?
-        .0
-        .into_subscription()?;
+    let (Subscribed { row, created }, _) = st.engine.execute(Subscribe { id, target: t }).await?;
     if created {
         metrics::counter!("tidemark_bridge_subscriptions_created_total").increment(1);
     }
@@ -457,13 +452,11 @@ pub async fn delete(
     check_path_id("subscription id", &sub_id)?;
     let (row, _) = st
         .engine
-        .execute(BridgeCommand::Unsubscribe {
+        .execute(Unsubscribe {
             task_id,
             id: sub_id,
         })
-        .await?
-        .0
-        .into_subscription()?;
+        .await?;
     Ok(Json(with_cursor(&st, row).await?))
 }
 

@@ -6,8 +6,9 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use serde::{Deserialize, Serialize};
-use tidemark_engine::CommandError;
-use tidemark_engine::commands::{Completed, Failure, OutboxCommand};
+use tidemark_engine::commands::outbox::{
+    Claim, Complete, CompleteOne, Completed, Extend, Fail, Failure,
+};
 use utoipa::ToSchema;
 
 use super::{
@@ -67,16 +68,15 @@ pub async fn claim(
     let lease = lease_ms(b.lease_ms, s)?;
     tracing::Span::current().record("sink", b.sink.as_str());
     let (sink, owner) = (b.sink.clone(), b.owner.clone());
-    let (outcome, receipt) = st
+    let (rows, receipt) = st
         .engine
-        .execute(OutboxCommand::Claim {
+        .execute(Claim {
             sink,
             owner,
             limit: limit as usize,
             lease_ms: lease,
         })
         .await?;
-    let rows = outcome.into_deliveries()?;
     tracing::Span::current().record("claimed", rows.len());
     metrics::counter!("tidemark_deliveries_leased_total", "sink" => b.sink)
         .increment(rows.len() as u64);
@@ -134,15 +134,13 @@ pub async fn complete(
     }
     let row = st
         .engine
-        .execute(OutboxCommand::Complete {
+        .execute(CompleteOne {
+            id,
             owner: b.owner,
-            items: vec![(id, b.external_id)],
+            external_id: b.external_id,
         })
         .await?
         .0
-        .into_completed()?
-        .pop()
-        .ok_or_else(|| CommandError::Storage("complete answered nothing".into()))?
         .into_result()?;
     metrics::counter!("tidemark_deliveries_sent_total", "sink" => row.sink.clone()).increment(1);
     Ok(Json(row.into()))
@@ -239,12 +237,7 @@ pub async fn complete_many(
         .collect();
     let ids: Vec<String> = items.iter().map(|(id, _)| id.clone()).collect();
     let owner = b.owner;
-    let results = st
-        .engine
-        .execute(OutboxCommand::Complete { owner, items })
-        .await?
-        .0
-        .into_completed()?;
+    let (results, _) = st.engine.execute(Complete { owner, items }).await?;
     let mut out = Vec::with_capacity(results.len());
     for (id, r) in ids.into_iter().zip(results) {
         out.push(match r {
@@ -333,16 +326,14 @@ pub async fn fail(
         retryable: b.retryable.unwrap_or(true),
         retry_after_ms: b.retry_after_ms,
     };
-    let row = st
+    let (row, _) = st
         .engine
-        .execute(OutboxCommand::Fail {
+        .execute(Fail {
             id,
             owner: b.owner,
             failure: f,
         })
-        .await?
-        .0
-        .into_delivery()?;
+        .await?;
     metrics::counter!("tidemark_deliveries_failed_total", "sink" => row.sink.clone(), "parked" => (row.status == "parked").to_string()).increment(1);
     Ok(Json(row.into()))
 }
@@ -384,15 +375,13 @@ pub async fn extend(
     let b: ExtendBody = json_body(&headers, body)?;
     check_text("owner", &b.owner, 128)?;
     let lease = lease_ms(b.lease_ms, settings(&st))?;
-    let row = st
+    let (row, _) = st
         .engine
-        .execute(OutboxCommand::Extend {
+        .execute(Extend {
             id,
             owner: b.owner,
             lease_ms: lease,
         })
-        .await?
-        .0
-        .into_delivery()?;
+        .await?;
     Ok(Json(row.into()))
 }

@@ -6,7 +6,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use serde::Deserialize;
-use tidemark_engine::commands::{OperatorAction, OutboxCommand};
+use tidemark_engine::commands::outbox::{Operator, OperatorAction};
 use utoipa::ToSchema;
 
 use super::{DeliveryOut, check_id, check_text, json_body};
@@ -56,17 +56,15 @@ async fn operator_action(
     if let Some(r) = &b.reason {
         check_text("reason", r, 4096)?;
     }
-    let row = st
+    let (row, _) = st
         .engine
-        .execute(OutboxCommand::Operator {
+        .execute(Operator {
             id,
             action,
             by,
             reason: b.reason,
         })
-        .await?
-        .0
-        .into_delivery()?;
+        .await?;
     metrics::counter!("tidemark_deliveries_operator_total", "action" => action.kind()).increment(1);
     Ok(Json(row.into()))
 }

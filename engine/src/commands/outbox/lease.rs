@@ -1,9 +1,10 @@
 //! Leases and their ends: claim, expiry, complete, fail, extend, operator retry / discard.
 
 use crate::error::{CommandError, RejectKind};
+use std::collections::HashMap;
 use tidemark_log::NewEvent;
-use tidemark_projections::deliveries::{self as d, Change, Delivery, allowed, transition};
-use tidemark_projections::names::Stream;
+use tidemark_projections::deliveries::{self as d, Change, Delivery, transition};
+use tidemark_projections::names::{DeliveryStatus as S, DeliveryTransition as T, Stream};
 use tidemark_projections::routing::backoff_ms;
 
 use tidemark_projections::routing::RoutingSettings;
@@ -26,20 +27,17 @@ fn hold(
     privacy: Option<&Privacy>,
     events: &mut Vec<NewEvent>,
 ) -> Result<bool, CommandError> {
-    if row.ext.cancel_pending && allowed(&row.status, "cancelled") {
+    if row.ext.cancel_pending && row.allows(T::Cancelled) {
         let c = Change {
             at_us: now_us,
             reason: Some("notification_canceled".into()),
             ..Change::default()
         };
-        transition(row, "cancelled", &c, 0);
-        events.push(event("cancelled", &row.id, &c)?);
+        transition(row, T::Cancelled, &c, 0);
+        events.push(event(T::Cancelled, &row.id, &c)?);
         return Ok(true);
     }
-    let Some(due) = row
-        .next_attempt_at_us
-        .filter(|_| allowed(&row.status, "deferred"))
-    else {
+    let Some(due) = row.next_attempt_at_us.filter(|_| row.allows(T::Deferred)) else {
         return Ok(false);
     };
     // Most routes have no quiet hours: no copy of the policy, no recipient read.
@@ -61,8 +59,8 @@ fn hold(
         quiet_hours_until_us: Some(end),
         ..Change::default()
     };
-    transition(row, "deferred", &c, 0);
-    events.push(event("deferred", &row.id, &c)?);
+    transition(row, T::Deferred, &c, 0);
+    events.push(event(T::Deferred, &row.id, &c)?);
     Ok(true)
 }
 
@@ -97,7 +95,7 @@ fn owned_lease(
     action: &str,
 ) -> Result<Delivery, CommandError> {
     let row = row.ok_or_else(|| not_found(id))?;
-    if row.status != "leased" {
+    if row.status != S::Leased {
         return Err(illegal(&row, action));
     }
     if row.lease_owner.as_deref() != Some(owner) {
@@ -154,11 +152,11 @@ pub(super) fn claim(
             let Some(mut row) = st.row(&id)? else {
                 continue;
             };
-            if row.status == "leased" {
+            if row.status == S::Leased {
                 let c = expiry(&row, now_us);
-                transition(&mut row, "lease_expired", &c, 0);
-                events.push(event("lease_expired", &id, &c)?);
-                if row.status == "parked" {
+                transition(&mut row, T::LeaseExpired, &c, 0);
+                events.push(event(T::LeaseExpired, &id, &c)?);
+                if row.status == S::Parked {
                     hold(&mut st, &mut row, now_us, &settings, privacy, &mut events)?;
                     continue;
                 }
@@ -172,7 +170,7 @@ pub(super) fn claim(
                     reason: Some("suppressed".into()),
                     ..Change::default()
                 };
-                events.push(event("skipped", &id, &c)?);
+                events.push(event(T::Skipped, &id, &c)?);
                 continue;
             }
             let c = Change {
@@ -182,8 +180,8 @@ pub(super) fn claim(
                 lease_expires_at_us: Some(now_us.saturating_add(lease_ms as i64 * 1_000)),
                 ..Change::default()
             };
-            transition(&mut row, "leased", &c, 0);
-            events.push(event("leased", &id, &c)?);
+            transition(&mut row, T::Leased, &c, 0);
+            events.push(event(T::Leased, &id, &c)?);
             leased.push(row);
         }
         after = keys.last().expect("not empty").clone();
@@ -225,12 +223,12 @@ pub(super) fn expire_leases(
         let Some(mut row) = st.row(&id)? else {
             continue;
         };
-        if row.status != "leased" {
+        if row.status != S::Leased {
             continue;
         }
         let c = expiry(&row, now_us);
-        transition(&mut row, "lease_expired", &c, 0);
-        events.push(event("lease_expired", &id, &c)?);
+        transition(&mut row, T::LeaseExpired, &c, 0);
+        events.push(event(T::LeaseExpired, &id, &c)?);
         released += 1;
         let settings = match &settings {
             Some(s) => s,
@@ -286,54 +284,97 @@ pub(super) fn complete_many(
     let mut st = State::new(txn)?;
     let mut out = Vec::with_capacity(items.len());
     let mut events = Vec::new();
-    let mut done: std::collections::HashMap<&str, Delivery> = Default::default();
+    let mut done = HashMap::new();
     for (id, external_id) in items {
-        let current = match done.get(id.as_str()) {
-            Some(r) => Some(r.clone()),
-            None => st.row(id)?,
-        };
-        let result = match current {
-            None => Err(not_found(id)),
-            Some(row) if row.status == "sent" && row.lease_owner.as_deref() == Some(owner) => {
-                out.push(Completed::Sent(Box::new(row)));
-                continue;
-            }
-            row => match owned_lease(row, now_us, id, owner, "complete") {
-                Err(e) => Err(e),
-                Ok(row) if row.ext.cancel_pending => Err(CommandError::rejected(
-                    RejectKind::Conflict,
-                    "illegal_transition",
-                    format!(
-                        "the notification of delivery {id:?} was canceled: it is cancelled \
-                         when this lease ends, and cannot be completed"
-                    ),
-                )),
-                Ok(mut row) => {
-                    let c = Change {
-                        at_us: now_us,
-                        owner: Some(owner.to_owned()),
-                        attempt: Some(row.attempts),
-                        external_id: external_id.clone(),
-                        ..Change::default()
-                    };
-                    transition(&mut row, "sent", &c, 0);
-                    events.push(event("sent", id, &c)?);
-                    done.insert(id.as_str(), row.clone());
-                    Ok(row)
-                }
-            },
-        };
-        out.push(match result {
-            Ok(row) => Completed::Sent(Box::new(row)),
-            Err(CommandError::Rejected { kind, code, detail }) => Completed::Refused {
-                code,
-                detail,
-                not_found: kind == RejectKind::NotFound,
-            },
-            Err(e) => return Err(e),
-        });
+        out.push(complete_item(
+            &mut st,
+            now_us,
+            owner,
+            id,
+            external_id.as_deref(),
+            &mut done,
+            &mut events,
+        )?);
     }
     Ok((out, events))
+}
+
+/// Complete one delivery leased by `owner` ([`complete_many`] of one item).
+pub(super) fn complete_one(
+    txn: &WriteTransaction,
+    now_us: i64,
+    owner: &str,
+    id: &str,
+    external_id: Option<&str>,
+) -> Result<(Completed, Vec<NewEvent>), CommandError> {
+    let mut st = State::new(txn)?;
+    let mut events = Vec::new();
+    let done = complete_item(
+        &mut st,
+        now_us,
+        owner,
+        id,
+        external_id,
+        &mut HashMap::new(),
+        &mut events,
+    )?;
+    Ok((done, events))
+}
+
+/// One item of a completion: `done` holds the rows completed earlier in the same command (the
+/// models do not show them yet), and the item's event joins `events`.
+fn complete_item<'a>(
+    st: &mut State<'_>,
+    now_us: i64,
+    owner: &str,
+    id: &'a str,
+    external_id: Option<&str>,
+    done: &mut HashMap<&'a str, Delivery>,
+    events: &mut Vec<NewEvent>,
+) -> Result<Completed, CommandError> {
+    let current = match done.get(id) {
+        Some(r) => Some(r.clone()),
+        None => st.row(id)?,
+    };
+    let result = match current {
+        None => Err(not_found(id)),
+        Some(row) if row.status == S::Sent && row.lease_owner.as_deref() == Some(owner) => {
+            return Ok(Completed::Sent(Box::new(row)));
+        }
+        row => match owned_lease(row, now_us, id, owner, "complete") {
+            Err(e) => Err(e),
+            Ok(row) if row.ext.cancel_pending => Err(CommandError::rejected(
+                RejectKind::Conflict,
+                "illegal_transition",
+                format!(
+                    "the notification of delivery {id:?} was canceled: it is cancelled \
+                     when this lease ends, and cannot be completed"
+                ),
+            )),
+            Ok(mut row) => {
+                let c = Change {
+                    at_us: now_us,
+                    owner: Some(owner.to_owned()),
+                    attempt: Some(row.attempts),
+                    external_id: external_id.map(str::to_owned),
+                    ..Change::default()
+                };
+                transition(&mut row, T::Sent, &c, 0);
+                events.push(event(T::Sent, id, &c)?);
+                done.insert(id, row.clone());
+                Ok(row)
+            }
+        },
+    };
+    match result {
+        Ok(row) => Ok(Completed::Sent(Box::new(row))),
+        Err(CommandError::Rejected { kind, code, detail }) => Ok(Completed::Refused {
+            code,
+            detail,
+            not_found: kind == RejectKind::NotFound,
+        }),
+        Err(e) => Err(e),
+    }
 }
 
 /// What a failure report says.
@@ -389,8 +430,8 @@ pub(super) fn fail(
         }),
         ..Change::default()
     };
-    transition(&mut row, "attempt_failed", &c, 0);
-    let mut events = vec![event("attempt_failed", id, &c)?];
+    transition(&mut row, T::AttemptFailed, &c, 0);
+    let mut events = vec![event(T::AttemptFailed, id, &c)?];
     hold(&mut st, &mut row, now_us, &settings, privacy, &mut events)?;
     Ok((row, events))
 }
@@ -405,7 +446,7 @@ pub(super) fn extend(
 ) -> Result<(Delivery, Vec<NewEvent>), CommandError> {
     let mut st = State::new(txn)?;
     if let Some(row) = st.row(id)?
-        && row.status != "leased"
+        && row.status != S::Leased
         && row.last_error_code.as_deref() == Some("lease_expired")
     {
         // Released by the expiry tick before this heartbeat arrived.
@@ -423,8 +464,8 @@ pub(super) fn extend(
         lease_expires_at_us: Some(now_us.saturating_add(lease_ms as i64 * 1_000)),
         ..Change::default()
     };
-    transition(&mut row, "lease_extended", &c, 0);
-    Ok((row, vec![event("lease_extended", id, &c)?]))
+    transition(&mut row, T::LeaseExtended, &c, 0);
+    Ok((row, vec![event(T::LeaseExtended, id, &c)?]))
 }
 
 /// Operator action on a parked delivery: `retried` (back to queued with attempts 0) or
@@ -439,8 +480,8 @@ pub(super) fn operator(
 ) -> Result<(Delivery, Vec<NewEvent>), CommandError> {
     let mut st = State::new(txn)?;
     let mut row = st.row(id)?.ok_or_else(|| not_found(id))?;
-    let kind = action.kind();
-    if !allowed(&row.status, kind) {
+    let kind = action.transition();
+    if !row.allows(kind) {
         let verb = match action {
             OperatorAction::Retry => "retry",
             OperatorAction::Discard => "discard",

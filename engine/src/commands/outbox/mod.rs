@@ -21,55 +21,79 @@ use serde_json::Value;
 use tidemark_log::{Event, NewEvent, StorageError};
 use tidemark_projections::deliveries::{self as d, Delivery, Recipient};
 use tidemark_projections::framework::{TxnTables, be_u64};
-use tidemark_projections::names::Stream;
+use tidemark_projections::names::{DeliveryTransition, EventType, Stream};
 use tidemark_projections::routing::RoutingSettings;
 
-use crate::commands::Outcome;
+use super::sealed::Sealed;
+use super::{Command, Decided, Round};
 use crate::privacy::Privacy;
 use crate::store::{ReadableTable, WriteTransaction};
 
 pub use lease::{Completed, Failure};
 pub use route::quiet_hours_end;
 
-/// A command of the outbox family.
+/// Lease up to `limit` due deliveries of `sink` to `owner` for `lease_ms`; answers the rows
+/// now leased.
 #[derive(Debug, Clone)]
-pub enum OutboxCommand {
-    /// Lease up to `limit` due deliveries of `sink` to `owner` for `lease_ms`.
-    Claim {
-        sink: String,
-        owner: String,
-        limit: usize,
-        lease_ms: u64,
-    },
-    /// The lease owner reports these deliveries sent (each answered on its own).
-    Complete {
-        owner: String,
-        items: Vec<(String, Option<String>)>,
-    },
-    /// The lease owner reports a failed attempt.
-    Fail {
-        id: String,
-        owner: String,
-        failure: Failure,
-    },
-    /// The lease owner extends its lease to `lease_ms` from now.
-    Extend {
-        id: String,
-        owner: String,
-        lease_ms: u64,
-    },
-    /// An operator retries or discards a parked delivery.
-    Operator {
-        id: String,
-        action: OperatorAction,
-        by: String,
-        reason: Option<String>,
-    },
-    /// Route the notifications and task cancellations among `source` past the routing
-    /// checkpoint (the scheduler's command).
-    Route { source: Vec<Event> },
-    /// Release at most `max` leases expired by now.
-    ExpireLeases { max: usize },
+pub struct Claim {
+    pub sink: String,
+    pub owner: String,
+    pub limit: usize,
+    pub lease_ms: u64,
+}
+
+/// The lease owner reports these deliveries (id, external id) sent; answers each on its own,
+/// in order.
+#[derive(Debug, Clone)]
+pub struct Complete {
+    pub owner: String,
+    pub items: Vec<(String, Option<String>)>,
+}
+
+/// The lease owner reports one delivery sent ([`Complete`] of one item); answers it.
+#[derive(Debug, Clone)]
+pub struct CompleteOne {
+    pub id: String,
+    pub owner: String,
+    pub external_id: Option<String>,
+}
+
+/// The lease owner reports a failed attempt; answers the row after it.
+#[derive(Debug, Clone)]
+pub struct Fail {
+    pub id: String,
+    pub owner: String,
+    pub failure: Failure,
+}
+
+/// The lease owner extends its lease to `lease_ms` from now; answers the row after it.
+#[derive(Debug, Clone)]
+pub struct Extend {
+    pub id: String,
+    pub owner: String,
+    pub lease_ms: u64,
+}
+
+/// An operator retries or discards a parked delivery; answers the row after it.
+#[derive(Debug, Clone)]
+pub struct Operator {
+    pub id: String,
+    pub action: OperatorAction,
+    pub by: String,
+    pub reason: Option<String>,
+}
+
+/// Route the notifications and task cancellations among `source` past the routing
+/// checkpoint (the scheduler's command); answers how many events it appended.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub source: Vec<Event>,
+}
+
+/// Release at most `max` leases expired by now; answers how many.
+#[derive(Debug, Clone)]
+pub struct ExpireLeases {
+    pub max: usize,
 }
 
 /// What an operator does to a parked delivery.
@@ -81,65 +105,188 @@ pub enum OperatorAction {
 
 impl OperatorAction {
     /// The transition it records (`delivery.retried` / `delivery.discarded`).
-    pub fn kind(self) -> &'static str {
+    pub fn transition(self) -> DeliveryTransition {
         match self {
-            OperatorAction::Retry => "retried",
-            OperatorAction::Discard => "discarded",
+            OperatorAction::Retry => DeliveryTransition::Retried,
+            OperatorAction::Discard => DeliveryTransition::Discarded,
         }
+    }
+
+    /// The name of its transition (`retried` / `discarded`), for metrics.
+    pub fn kind(self) -> &'static str {
+        self.transition().as_str()
     }
 }
 
-pub(crate) fn run(
-    txn: &WriteTransaction,
-    round: &crate::decider::Round<'_>,
-    cmd: OutboxCommand,
-) -> Result<(Outcome, Vec<NewEvent>), CommandError> {
-    let now_us = round.now_us;
-    let privacy = round.privacy;
-    Ok(match cmd {
-        OutboxCommand::Claim {
-            sink,
-            owner,
-            limit,
-            lease_ms,
-        } => {
-            let (rows, ev) = lease::claim(txn, round, &sink, &owner, limit, lease_ms)?;
-            (Outcome::Deliveries(rows), ev)
-        }
-        OutboxCommand::Complete { owner, items } => {
-            let (done, ev) = lease::complete_many(txn, now_us, &owner, &items)?;
-            (Outcome::Completed(done), ev)
-        }
-        OutboxCommand::Fail { id, owner, failure } => {
-            let (row, ev) = lease::fail(txn, now_us, &id, &owner, failure, privacy)?;
-            (Outcome::Delivery(Box::new(row)), ev)
-        }
-        OutboxCommand::Extend {
-            id,
-            owner,
-            lease_ms,
-        } => {
-            let (row, ev) = lease::extend(txn, now_us, &id, &owner, lease_ms)?;
-            (Outcome::Delivery(Box::new(row)), ev)
-        }
-        OutboxCommand::Operator {
-            id,
-            action,
-            by,
-            reason,
-        } => {
-            let (row, ev) = lease::operator(txn, now_us, &id, action, &by, reason)?;
-            (Outcome::Delivery(Box::new(row)), ev)
-        }
-        OutboxCommand::Route { source } => {
-            let ev = route::route(txn, &source, privacy)?;
-            (Outcome::Count(ev.len()), ev)
-        }
-        OutboxCommand::ExpireLeases { max } => {
-            let (n, ev) = lease::expire_leases(txn, now_us, max, privacy)?;
-            (Outcome::Count(n), ev)
-        }
-    })
+impl Sealed for Claim {}
+impl Command for Claim {
+    type Answer = Vec<Delivery>;
+
+    fn name(&self) -> &'static str {
+        "outbox.claim"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Vec<Delivery>>, CommandError> {
+        let (rows, ev) = lease::claim(
+            txn,
+            round,
+            &self.sink,
+            &self.owner,
+            self.limit,
+            self.lease_ms,
+        )?;
+        Ok(Decided::new(rows, ev))
+    }
+}
+
+impl Sealed for Complete {}
+impl Command for Complete {
+    type Answer = Vec<Completed>;
+
+    fn name(&self) -> &'static str {
+        "outbox.complete"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Vec<Completed>>, CommandError> {
+        let (done, ev) = lease::complete_many(txn, round.now_us, &self.owner, &self.items)?;
+        Ok(Decided::new(done, ev))
+    }
+}
+
+impl Sealed for CompleteOne {}
+impl Command for CompleteOne {
+    type Answer = Completed;
+
+    fn name(&self) -> &'static str {
+        "outbox.complete"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Completed>, CommandError> {
+        let (done, ev) = lease::complete_one(
+            txn,
+            round.now_us,
+            &self.owner,
+            &self.id,
+            self.external_id.as_deref(),
+        )?;
+        Ok(Decided::new(done, ev))
+    }
+}
+
+impl Sealed for Fail {}
+impl Command for Fail {
+    type Answer = Delivery;
+
+    fn name(&self) -> &'static str {
+        "outbox.fail"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Delivery>, CommandError> {
+        let (row, ev) = lease::fail(
+            txn,
+            round.now_us,
+            &self.id,
+            &self.owner,
+            self.failure.clone(),
+            round.privacy,
+        )?;
+        Ok(Decided::new(row, ev))
+    }
+}
+
+impl Sealed for Extend {}
+impl Command for Extend {
+    type Answer = Delivery;
+
+    fn name(&self) -> &'static str {
+        "outbox.extend"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Delivery>, CommandError> {
+        let (row, ev) = lease::extend(txn, round.now_us, &self.id, &self.owner, self.lease_ms)?;
+        Ok(Decided::new(row, ev))
+    }
+}
+
+impl Sealed for Operator {}
+impl Command for Operator {
+    type Answer = Delivery;
+
+    fn name(&self) -> &'static str {
+        "outbox.operator"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Delivery>, CommandError> {
+        let (row, ev) = lease::operator(
+            txn,
+            round.now_us,
+            &self.id,
+            self.action,
+            &self.by,
+            self.reason.clone(),
+        )?;
+        Ok(Decided::new(row, ev))
+    }
+}
+
+impl Sealed for Route {}
+impl Command for Route {
+    type Answer = usize;
+
+    fn name(&self) -> &'static str {
+        "outbox.route"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<usize>, CommandError> {
+        let ev = route::route(txn, &self.source, round.privacy)?;
+        Ok(Decided::new(ev.len(), ev))
+    }
+}
+
+impl Sealed for ExpireLeases {}
+impl Command for ExpireLeases {
+    type Answer = usize;
+
+    fn name(&self) -> &'static str {
+        "outbox.expire_leases"
+    }
+
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<usize>, CommandError> {
+        let (n, ev) = lease::expire_leases(txn, round.now_us, self.max, round.privacy)?;
+        Ok(Decided::new(n, ev))
+    }
 }
 
 fn storage(e: StorageError) -> CommandError {
@@ -263,9 +410,15 @@ impl<'t> State<'t> {
     }
 }
 
-fn event(kind: &str, id: &str, payload: &impl serde::Serialize) -> Result<NewEvent, CommandError> {
+/// The `delivery.*` event of type `ty` (a [`DeliveryTransition`] or `created` / `joined`) on
+/// delivery `id`.
+fn event(
+    ty: impl Into<EventType>,
+    id: &str,
+    payload: &impl serde::Serialize,
+) -> Result<NewEvent, CommandError> {
     let v = serde_json::to_value(payload).map_err(|e| storage(StorageError::of(e)))?;
-    NewEvent::new(None, Stream::Deliveries, id, format!("delivery.{kind}"), &v)
+    NewEvent::new(None, Stream::Deliveries, id, ty.into().as_str(), &v)
         .map_err(CommandError::invalid_event)
 }
 

@@ -7,9 +7,11 @@ use crate::error::CommandError;
 use serde_json::Value;
 use tidemark_log::{Event, NewEvent};
 use tidemark_projections::deliveries::{
-    self as d, Change, Created, Delivery, Group, Joined, allowed, transition,
+    self as d, Change, Created, Delivery, Group, Joined, transition,
 };
-use tidemark_projections::names::{EventType, Stream, ids};
+use tidemark_projections::names::{
+    DeliveryStatus as S, DeliveryTransition as T, EventType, Stream, ids,
+};
 use tidemark_projections::routing::{RouteOutcome, RoutePolicy, resolve_routes};
 
 use super::{State, draw, event, storage};
@@ -213,7 +215,7 @@ fn route_one(
             sound: s.sound_priorities.contains(&n.priority),
             task_id: n.task_id.clone(),
             group_key: group.clone(),
-            status: "queued".into(),
+            status: S::Queued.into(),
             reason: None,
             max_attempts: s.retry_for(&route).max_attempts,
             created_at_us: n.time_us,
@@ -231,16 +233,16 @@ fn route_one(
         };
         let rcpt = st.recipient(n.recipient.as_deref())?;
         if let Some(reason) = skip {
-            c.status = "skipped".into();
+            c.status = S::Skipped.into();
             c.reason = Some(reason.into());
         } else if canceled_at.is_some_and(|cs| n.source_seq < cs) {
-            c.status = "cancelled".into();
+            c.status = S::Cancelled.into();
             c.reason = Some("task_canceled".into());
         } else if st.notification_canceled(&n.id)? {
-            c.status = "cancelled".into();
+            c.status = S::Cancelled.into();
             c.reason = Some("notification_canceled".into());
         } else if rcpt.suppressed_at(n.time_us) {
-            c.status = "skipped".into();
+            c.status = S::Skipped.into();
             c.reason = Some("suppressed".into());
         } else {
             // Digest: join the open delivery of this recipient and group, if any, however
@@ -254,7 +256,7 @@ fn route_one(
                 if let Some(grp) = open
                     && at < grp.until_us
                     && let Some(mut target) = ov.row(st, &grp.delivery_id)?
-                    && target.status == "queued"
+                    && target.status == S::Queued
                 {
                     if target.all_items().any(|i| i.notification_id == nid) {
                         continue;
@@ -278,7 +280,7 @@ fn route_one(
                         max_items: Some(dg.max_items),
                     };
                     d::join(&mut target, &j, 0);
-                    out.push(event("joined", &target.id, &j)?);
+                    out.push(event(EventType::DeliveryJoined, &target.id, &j)?);
                     ov.rows.insert(target.id.clone(), target);
                     continue;
                 }
@@ -311,7 +313,7 @@ fn route_one(
             c.next_attempt_at_us = due;
         }
         ov.rows.insert(id.clone(), c.row(0));
-        out.push(event("created", &id, &c)?);
+        out.push(event(EventType::DeliveryCreated, &id, &c)?);
     }
     Ok(())
 }
@@ -382,12 +384,12 @@ fn cancel_notification(
             notification_id: Some(item.clone()),
             ..Change::default()
         };
-        if row.status == "leased" {
+        if row.status == S::Leased {
             if row.ext.cancel_pending {
                 continue;
             }
             c.at_lease_end = Some(true);
-        } else if !allowed(&row.status, "cancelled") {
+        } else if !row.allows(T::Cancelled) {
             continue;
         } else if row.item_count() > 1 {
             // The digest keeps its other items: its title as if this one had never joined.
@@ -411,8 +413,8 @@ fn cancel_notification(
                 )
             });
         }
-        transition(&mut row, "cancelled", &c, 0);
-        out.push(event("cancelled", &id, &c)?);
+        transition(&mut row, T::Cancelled, &c, 0);
+        out.push(event(T::Cancelled, &id, &c)?);
         ov.rows.insert(id, row);
     }
     Ok(())
@@ -445,7 +447,7 @@ fn cancel_task(
         let Some(mut row) = ov.row(st, &id)? else {
             continue;
         };
-        if row.source_seq >= cancel_seq || !allowed(&row.status, "cancelled") {
+        if row.source_seq >= cancel_seq || !row.allows(T::Cancelled) {
             continue;
         }
         let c = Change {
@@ -454,8 +456,8 @@ fn cancel_task(
             cancel_seq: Some(cancel_seq),
             ..Change::default()
         };
-        transition(&mut row, "cancelled", &c, 0);
-        out.push(event("cancelled", &id, &c)?);
+        transition(&mut row, T::Cancelled, &c, 0);
+        out.push(event(T::Cancelled, &id, &c)?);
         ov.rows.insert(id, row);
     }
     Ok(())
