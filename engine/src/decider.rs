@@ -28,7 +28,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use tidemark_log::{
-    AppendError, AppendReceipt, Condition, EventChunk, Log, NewEvent, StorageError,
+    AppendError, AppendReceipt, Condition, EventChunk, EventLog, NewEvent, StorageError,
 };
 use tidemark_projections::Models;
 use tidemark_projections::subjects;
@@ -103,6 +103,38 @@ impl Progress {
     }
 }
 
+/// What a command may read of the log besides the models: an event by seq (a confirmation's),
+/// and the retention operations a compaction decides with. Every [`EventLog`] is one; a
+/// command sees it as this object, so the commands are the same whichever backend the engine
+/// runs on.
+pub trait LogReads: Send + Sync {
+    fn get(&self, seq: u64) -> Result<Option<tidemark_log::Event>, tidemark_log::ReadError>;
+    fn first_seq(&self) -> Result<u64, StorageError>;
+    fn last_before(&self, before_us: i64) -> Result<u64, StorageError>;
+    fn next_of(&self, stream: &str, subject: &str, after: u64)
+    -> Result<Option<u64>, StorageError>;
+}
+
+impl<L: EventLog> LogReads for L {
+    fn get(&self, seq: u64) -> Result<Option<tidemark_log::Event>, tidemark_log::ReadError> {
+        EventLog::get(self, seq)
+    }
+    fn first_seq(&self) -> Result<u64, StorageError> {
+        EventLog::first_seq(self)
+    }
+    fn last_before(&self, before_us: i64) -> Result<u64, StorageError> {
+        EventLog::last_before(self, before_us)
+    }
+    fn next_of(
+        &self,
+        stream: &str,
+        subject: &str,
+        after: u64,
+    ) -> Result<Option<u64>, StorageError> {
+        EventLog::next_of(self, stream, subject, after)
+    }
+}
+
 /// What one command decides against: the round's time and head, and what the round's earlier
 /// commands did that the models do not show yet. Only the decider makes one.
 pub struct Round<'a> {
@@ -110,7 +142,7 @@ pub struct Round<'a> {
     /// The head the models were folded to.
     pub(crate) head: u64,
     pub(crate) privacy: Option<&'a Privacy>,
-    pub(crate) log: &'a Log,
+    pub(crate) log: &'a dyn LogReads,
     /// `stream ‖ 0 ‖ subject` of every subject an earlier command of the round appends to or
     /// read.
     touched: HashSet<Vec<u8>>,
@@ -235,8 +267,8 @@ pub(crate) struct Knobs {
     pub privacy: Option<Arc<Privacy>>,
 }
 
-struct State {
-    log: Log,
+struct State<L> {
+    log: L,
     models: Models,
     progress: Arc<Progress>,
     knobs: Arc<std::sync::RwLock<Knobs>>,
@@ -249,8 +281,8 @@ struct State {
 }
 
 impl Decider {
-    pub fn spawn(
-        log: Log,
+    pub fn spawn<L: EventLog + Clone>(
+        log: L,
         models: Models,
         progress: Arc<Progress>,
         knobs: Arc<std::sync::RwLock<Knobs>>,
@@ -329,7 +361,7 @@ impl Decider {
     }
 }
 
-impl State {
+impl<L: EventLog + Clone> State<L> {
     fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
         let rt = match tokio::runtime::Builder::new_current_thread()
             .enable_time()

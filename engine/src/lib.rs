@@ -84,11 +84,11 @@ pub fn wall_clock() -> Clock {
 /// Handle to an open engine. Cheap to clone; all clones share one log and one decider
 /// (stopped by [`Engine::close`]).
 #[derive(Clone)]
-pub struct Engine {
-    log: Log,
+pub struct Engine<L = Log> {
+    log: L,
     models: Models,
     clock: Clock,
-    queries: Queries,
+    queries: Queries<L>,
     decider: Arc<decider::Decider>,
     knobs: Arc<std::sync::RwLock<decider::Knobs>>,
     /// The key of the redacting routes (section 14), from the configuration only.
@@ -125,10 +125,14 @@ impl Engine {
         let engine = Self::on_log(log, models)?;
         Ok((engine, report))
     }
+}
 
+/// The engine over any log backend ([`EventLog`]): the same commands, decider, read models and
+/// queries whichever log holds the events (spec section 3).
+impl<L: EventLog + Clone> Engine<L> {
     /// An engine over an open log with a models store of its own: several engines over one
     /// log are independent deciders (the log's conditions keep them apart).
-    pub fn on_log(log: Log, models: &ModelsConfig) -> Result<Engine, OpenError> {
+    pub fn on_log(log: L, models: &ModelsConfig) -> Result<Engine<L>, OpenError> {
         let models = Models::open(models).map_err(OpenError::Storage)?;
         let progress = Arc::new(decider::Progress::default());
         progress.advance(models.checkpoint().map_err(OpenError::Storage)?);
@@ -152,7 +156,7 @@ impl Engine {
     }
 
     /// The same engine reading time from `clock` (tests drive due times with it).
-    pub fn with_clock(mut self, clock: Clock) -> Engine {
+    pub fn with_clock(mut self, clock: Clock) -> Engine<L> {
         self.clock = clock.clone();
         self.knobs.write().unwrap_or_else(|p| p.into_inner()).clock = clock;
         self
@@ -161,7 +165,7 @@ impl Engine {
     /// The same engine with the key of the redacting routes (zero-PII deliveries, spec
     /// section 14): routing hashes with it, and lookups by notification id or recipient
     /// compute the hashes at query time.
-    pub fn with_privacy(mut self, privacy: Option<privacy::Privacy>) -> Engine {
+    pub fn with_privacy(mut self, privacy: Option<privacy::Privacy>) -> Engine<L> {
         let p = privacy.map(Arc::new);
         self.queries.set_privacy(p.clone());
         self.privacy = p.clone();
@@ -178,7 +182,7 @@ impl Engine {
     }
 
     /// The log through its narrow interface.
-    pub fn log(&self) -> &(impl EventLog + Clone + use<>) {
+    pub fn log(&self) -> &(impl EventLog + Clone + use<L>) {
         &self.log
     }
 
@@ -198,7 +202,7 @@ impl Engine {
     }
 
     /// The read models.
-    pub fn read(&self) -> &Queries {
+    pub fn read(&self) -> &Queries<L> {
         &self.queries
     }
 

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tidemark_log::{Log, ReadPage, ReadQuery, StorageError};
+use tidemark_log::{EventLog, Log, ReadPage, ReadQuery, StorageError};
 use tidemark_projections::bridges::Subscription;
 use tidemark_projections::cursors::Cursor;
 use tidemark_projections::deliveries::{Delivery, Step};
@@ -139,8 +139,8 @@ impl Lag {
 
 /// Queries of the read models, as of at least the head when they are called.
 #[derive(Clone)]
-pub struct Queries {
-    log: Log,
+pub struct Queries<L = Log> {
+    log: L,
     models: tidemark_projections::Models,
     progress: Arc<crate::decider::Progress>,
     privacy: Option<Arc<crate::privacy::Privacy>>,
@@ -148,12 +148,12 @@ pub struct Queries {
     wait: bool,
 }
 
-impl Queries {
+impl<L: EventLog + Clone> Queries<L> {
     pub(crate) fn new(
-        log: Log,
+        log: L,
         models: tidemark_projections::Models,
         progress: Arc<crate::decider::Progress>,
-    ) -> Queries {
+    ) -> Queries<L> {
         Queries {
             log,
             models,
@@ -166,7 +166,7 @@ impl Queries {
     /// The same queries as of whatever the models have folded, never waiting for the head: for
     /// the views that never wait (section 7: the lag view, `/metrics`), whose callers judge
     /// only what a row has seen.
-    pub fn unwaited(&self) -> Queries {
+    pub fn unwaited(&self) -> Queries<L> {
         Queries {
             wait: false,
             ..self.clone()

@@ -175,6 +175,20 @@ pub trait EventLog: Send + Sync + 'static {
         out.fill(events);
         Ok(())
     }
+    /// Requests waiting for the backend (0 when it does not say).
+    fn queued(&self) -> usize {
+        0
+    }
+    /// `Err(InsufficientStorage)` while the backend is short of space to append.
+    fn check_space(&self) -> Result<(), AppendError> {
+        Ok(())
+    }
+    /// Whether a failure has stopped appends until a restart.
+    fn is_poisoned(&self) -> bool {
+        false
+    }
+    /// Stop after the requests already taken, and wait for it.
+    fn close(&self) -> impl std::future::Future<Output = ()> + Send;
     // The retention operations of section 13.
     /// The first seq the log holds: 1, or the first after a compacted prefix.
     fn first_seq(&self) -> Result<u64, StorageError>;
@@ -236,6 +250,18 @@ impl EventLog for Log {
     }
     async fn compact(&self, through: u64) -> Result<Compacted, AppendError> {
         Log::compact(self, through).await
+    }
+    fn queued(&self) -> usize {
+        Log::queued(self)
+    }
+    fn check_space(&self) -> Result<(), AppendError> {
+        Log::check_space(self)
+    }
+    fn is_poisoned(&self) -> bool {
+        Log::is_poisoned(self)
+    }
+    async fn close(&self) {
+        Log::close(self).await
     }
 }
 

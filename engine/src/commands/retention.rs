@@ -294,7 +294,7 @@ pub struct CompactReport {
 /// position, unless it made no progress for the window or belongs to a deleted subscription.
 fn pinned_cut(
     txn: &WriteTransaction,
-    log: &tidemark_log::Log,
+    log: &dyn crate::decider::LogReads,
     before: i64,
     mut cut: u64,
 ) -> Result<u64, CommandError> {

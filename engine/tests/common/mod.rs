@@ -30,11 +30,16 @@ pub fn engine_with_clock(dir: &std::path::Path, start_us: i64) -> (Engine, Arc<A
 }
 
 /// Every committed event after `after`, in order.
-pub fn events_after(engine: &Engine, mut after: u64) -> Vec<Event> {
+#[allow(dead_code)] // not every test binary uses it
+pub fn events_after(engine: &Engine, after: u64) -> Vec<Event> {
+    events_after_on(engine.log(), after)
+}
+
+/// Every committed event of `log` after `after`, in order.
+pub fn events_after_on(log: &impl EventLog, mut after: u64) -> Vec<Event> {
     let mut out = Vec::new();
     loop {
-        let page = engine
-            .log()
+        let page = log
             .read(&ReadQuery {
                 after,
                 limit: 1000,
