@@ -106,6 +106,13 @@ impl Models {
         Ok(txn)
     }
 
+    /// A write transaction whose commit is synced: a rebuild's (its chunks are few and large,
+    /// and a generation half built before a crash is then found and dropped at the next
+    /// start rather than silently lost with the unsynced commits).
+    pub fn begin_synced(&self) -> Result<WriteTransaction, StorageError> {
+        self.db().begin_write().map_err(StorageError::of)
+    }
+
     /// Make every commit so far durable.
     pub fn persist(&self) -> Result<(), StorageError> {
         let txn = self.db().begin_write().map_err(StorageError::of)?;

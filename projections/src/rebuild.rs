@@ -114,7 +114,7 @@ pub fn rebuild_many(
     // snapshot, folded forward from the snapshot's seq.
     let first = log.first_seq()?;
     let (mut states, mut from) = {
-        let txn = models.begin()?;
+        let txn = models.begin_synced()?;
         let mut states = Vec::with_capacity(projections.len());
         let mut from: Option<u64> = None;
         for p in &projections {
@@ -161,7 +161,7 @@ pub fn rebuild_many(
     let mut events = EventChunk::default();
     let mut live = EventChunk::default();
     while !states.iter().all(|s| s.done) {
-        let txn = models.begin()?;
+        let txn = models.begin_synced()?;
         // The live models follow the log: bring them to the head first, so the live digests
         // this chunk is compared with are complete.
         let head = log.head();
