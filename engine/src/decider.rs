@@ -50,6 +50,10 @@ const ROUND_MAX: usize = 4_096;
 /// Decisions of one command refused by the log's condition before it is answered `contended`.
 pub const MAX_ATTEMPTS: u32 = 16;
 
+/// How long the decider lets commits gather before it folds them when no command and no
+/// reader waits (a reader or a command is served at once).
+pub const COALESCE: Duration = Duration::from_millis(5);
+
 /// How long the models store may go without a synced commit while it changes.
 pub const PERSIST_EVERY: Duration = Duration::from_secs(1);
 
@@ -61,6 +65,8 @@ const QUEUE: usize = 65_536;
 pub struct Progress {
     seq: Mutex<u64>,
     cv: Condvar,
+    /// Readers waiting in [`Progress::wait`].
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl Progress {
@@ -84,7 +90,15 @@ impl Progress {
 
     /// Wait until the models reach `want` or `until` passes, checking at least every
     /// `recheck` (the caller then reads the models' checkpoints itself); the seq reached.
+    /// Readers waiting for the models now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub fn wait(&self, want: u64, until: Instant, recheck: Duration) -> u64 {
+        self.waiting
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _done = Waiting(&self.waiting);
         let mut g = self.seq.lock().unwrap_or_else(|p| p.into_inner());
         let start = Instant::now();
         while *g < want {
@@ -100,6 +114,15 @@ impl Progress {
                 .0;
         }
         *g
+    }
+}
+
+/// Counts a reader out of [`Progress::wait`] however it leaves.
+struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -420,6 +443,23 @@ impl<L: EventLog + Clone> State<L> {
                         } => None,
                     }
                 });
+                if woke.is_none() && self.log.head() > head && self.progress.waiting() == 0 {
+                    // Only commits, and no reader waits for them: let a few more gather
+                    // before folding (one models transaction per window, not per commit),
+                    // unless a command comes first.
+                    let more = rt.block_on(async {
+                        tokio::select! {
+                            m = rx.recv() => Some(m),
+                            _ = tokio::time::sleep(COALESCE) => None,
+                        }
+                    });
+                    match more {
+                        Some(Some(Msg::Job(j))) => self.queue.push_back(j),
+                        Some(Some(Msg::Stop(tx))) => stop = Some(tx),
+                        Some(None) => break,
+                        None => {}
+                    }
+                }
                 match woke {
                     Some(Some(Msg::Job(j))) => self.queue.push_back(j),
                     Some(Some(Msg::Stop(tx))) => stop = Some(tx),
