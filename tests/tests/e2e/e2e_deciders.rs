@@ -49,7 +49,7 @@ fn as_json(e: &tidemark_log::Event) -> Value {
 fn refused_as_documented(e: &CommandError) -> bool {
     matches!(e, CommandError::Rejected { code, .. } if [
         "not_lease_owner", "illegal_transition", "lease_expired", "contended",
-        "cursor_conflict", "non_monotonic_cursor",
+        "cursor_conflict", "non_monotonic_cursor", "watermark_conflict",
     ].contains(code))
 }
 
@@ -157,6 +157,37 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
             }));
         }
         for k in 0..3 {
+            // A source's watermark moved by compare-and-swap from both deciders.
+            let engine = engine.clone();
+            racers.push(tokio::spawn(async move {
+                for _ in 0..30 {
+                    let from = engine
+                        .read()
+                        .source("race-src")
+                        .ok()
+                        .flatten()
+                        .and_then(|r| r.watermark);
+                    let n: u64 = from
+                        .as_deref()
+                        .and_then(|w| w.strip_prefix('w'))
+                        .and_then(|w| w.parse().ok())
+                        .unwrap_or(0);
+                    let r = engine
+                        .execute(tidemark_engine::commands::sources::Advance {
+                            name: "race-src".into(),
+                            from,
+                            to: format!("w{:06}", n + 1),
+                        })
+                        .await;
+                    match r {
+                        Ok(_) => {}
+                        Err(e) if refused_as_documented(&e) => {}
+                        Err(e) => panic!("watermark advance {k}: {e:?}"),
+                    }
+                }
+            }));
+        }
+        for k in 0..3 {
             let engine = engine.clone();
             let tag = format!("{name}-{k}");
             racers.push(tokio::spawn(async move {
@@ -204,6 +235,23 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
         app.len()
     );
     let events: Vec<Value> = all_events(&log).iter().map(as_json).collect();
+    // No watermark skipped or moved twice from one place: each advance starts where the one
+    // before it in the log ended.
+    let mut watermark = Value::Null;
+    let mut advances = 0;
+    for e in events
+        .iter()
+        .filter(|e| e["type"] == "source.watermark_advanced")
+    {
+        assert_eq!(
+            e["payload"]["from"], watermark,
+            "seq {}: a watermark advance from a stale watermark",
+            e["seq"]
+        );
+        watermark = e["payload"]["to"].clone();
+        advances += 1;
+    }
+    assert!(advances > 0, "the watermark moved");
     let violations = Checker::check_log(&events);
     assert!(violations.is_empty(), "{violations:#?}");
     let by_a = events
@@ -233,7 +281,8 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
         }
     }
     eprintln!(
-        "two deciders: {} leases (a {by_a}, b {by_b}), {} events, re-decided a {} b {}",
+        "two deciders: {} leases (a {by_a}, b {by_b}), {advances} watermark advances, {} events, \
+         re-decided a {} b {}",
         leased.len(),
         events.len(),
         a.redecided(),
