@@ -649,6 +649,14 @@ impl<L: EventLog + Clone> State<L> {
                 .map(|(_, events, cond)| log.append_if(std::mem::take(events), cond.clone())),
         )
         .await;
+        // What the round appended is folded before anyone is answered: a command's effects are
+        // in the read models when its caller hears of it, for the views that never wait too
+        // (the lag view). A fold that fails here is the main loop's to handle.
+        if answers.iter().any(Result::is_ok)
+            && let Err(e) = self.fold_to_head()
+        {
+            tracing::warn!(error = %e, "folding a round's events before answering failed");
+        }
         for ((mut q, _, _), answer) in sends.into_iter().zip(answers) {
             match answer {
                 Ok(receipt) => q.answer(Ok(receipt)),
