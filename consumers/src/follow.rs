@@ -9,9 +9,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How long the follower lets commits gather after the log was idle before it reads them.
-pub const COALESCE: Duration = Duration::from_millis(5);
-
 use tidemark_engine::Engine;
 use tidemark_log::{Event, EventLog, ReadQuery, StorageError};
 use tokio::sync::mpsc;
@@ -118,13 +115,6 @@ impl Follower {
             }
             tokio::select! {
                 changed = head_rx.changed() => if changed.is_err() { return },
-                _ = shutdown.cancelled() => return,
-            }
-            // Let a few more commits come before reading: one read and one wake of each
-            // reactor per window instead of per commit (the reactors are never on an
-            // acknowledgement path; a busy log is read back to back, without this pause).
-            tokio::select! {
-                _ = tokio::time::sleep(COALESCE) => {},
                 _ = shutdown.cancelled() => return,
             }
         }
