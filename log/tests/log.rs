@@ -18,6 +18,18 @@ fn cfg(dir: &tempfile::TempDir, merge_threshold: usize) -> LogConfig {
     c
 }
 
+/// A config whose redb file and journal are fault stores; the journal's, to hold or break.
+fn on_fault_stores(dir: &tempfile::TempDir) -> (LogConfig, tidemark_log::fault::FaultStore) {
+    use tidemark_log::fault::FaultStore;
+    let mut c = cfg(dir, 100);
+    let journal = FaultStore::new();
+    c.storage = tidemark_log::storage::Storage::Stores {
+        db: std::sync::Arc::new(FaultStore::new()),
+        journal: std::sync::Arc::new(journal.clone()),
+    };
+    (c, journal)
+}
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -329,16 +341,9 @@ proptest! {
 /// deterministically.
 #[test]
 fn a_full_queue_refuses_explicitly_and_loses_nothing() {
-    use tidemark_log::fault::FaultStore;
-    use tidemark_log::storage::Storage;
     let dir = tempfile::tempdir().unwrap();
-    let mut c = cfg(&dir, 100);
+    let (mut c, journal) = on_fault_stores(&dir);
     c.queue_capacity = 2;
-    let journal = FaultStore::new();
-    c.storage = Storage::Stores {
-        db: std::sync::Arc::new(FaultStore::new()),
-        journal: std::sync::Arc::new(journal.clone()),
-    };
     rt().block_on(async {
         let (log, _) = Log::open(&c).unwrap();
         journal.hold_syncs(true);
@@ -683,15 +688,9 @@ proptest! {
 /// what was acknowledged before is still read.
 #[test]
 fn a_panicking_writer_poisons_the_log() {
-    use tidemark_log::fault::{FaultStore, Op};
-    use tidemark_log::storage::Storage;
+    use tidemark_log::fault::Op;
     let dir = tempfile::tempdir().unwrap();
-    let mut c = cfg(&dir, 100);
-    let journal = FaultStore::new();
-    c.storage = Storage::Stores {
-        db: std::sync::Arc::new(FaultStore::new()),
-        journal: std::sync::Arc::new(journal.clone()),
-    };
+    let (c, journal) = on_fault_stores(&dir);
     rt().block_on(async {
         let (log, _) = Log::open(&c).unwrap();
         log.append(vec![ev(Some("p1"), "s", "x.y", json!({}))])

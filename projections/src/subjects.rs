@@ -41,8 +41,8 @@ pub fn followed(stream: &str) -> bool {
     STREAMS.iter().any(|s| s.as_str() == stream)
 }
 
-/// The seq the table reflects. A log compacted past it cannot be read from there: the table
-/// goes on from the first seq the log holds (what was dropped is not a last event any more).
+/// The seq the table reflects. A new table on a compacted log cannot be read from the start:
+/// it goes on from the first seq the log holds (what was dropped is not a last event any more).
 pub fn checkpoint(txn: &WriteTransaction, log: &impl EventLog) -> Result<u64, StorageError> {
     let t = txn.open_table(META).map_err(StorageError::of)?;
     let at = t
@@ -50,8 +50,13 @@ pub fn checkpoint(txn: &WriteTransaction, log: &impl EventLog) -> Result<u64, St
         .map_err(StorageError::of)?
         .map(|v| v.value())
         .unwrap_or(0);
-    let first = log.first_seq()?;
-    Ok(at.max(first.saturating_sub(1)))
+    // Only a store that never followed (new, or migrated) can be behind a compaction: a
+    // compaction syncs the models at the head before the log drops anything. The log is asked
+    // then only, not at every fold.
+    if at > 0 {
+        return Ok(at);
+    }
+    Ok(log.first_seq()?.saturating_sub(1))
 }
 
 /// Record the last seq of the followed subjects among `events` (in seq order), and that the
