@@ -430,7 +430,10 @@ impl<L: EventLog + Clone> State<L> {
                 let persist_in = self
                     .dirty
                     .map(|since| PERSIST_EVERY.saturating_sub(since.elapsed()));
-                let head = self.log.head();
+                // Wait for a head beyond what was folded, not beyond the head read now: a
+                // commit landing between the fold and this read would otherwise be waited
+                // past (and its readers left waiting until the next commit).
+                let head = self.progress.get();
                 let woke = rt.block_on(async {
                     tokio::select! {
                         m = rx.recv() => Some(m),

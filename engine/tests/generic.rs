@@ -16,9 +16,11 @@ use tokio::sync::watch;
 
 use common::rt;
 
-/// Another backend, as far as the engine can tell.
+/// Another backend, as far as the engine can tell; its `head()` may be slow to answer (a
+/// pause, then the value read), which widens every window between reading the head and acting
+/// on it.
 #[derive(Clone)]
-struct Other(Log);
+struct Other(Log, std::time::Duration);
 
 impl EventLog for Other {
     async fn append(&self, events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
@@ -41,6 +43,9 @@ impl EventLog for Other {
         self.0.get_by_id(event_id)
     }
     fn head(&self) -> u64 {
+        if !self.1.is_zero() {
+            std::thread::sleep(self.1);
+        }
         self.0.head()
     }
     fn subscribe(&self) -> watch::Receiver<u64> {
@@ -73,8 +78,11 @@ fn the_engine_runs_on_another_event_log() {
     let dir = tempfile::tempdir().unwrap();
     let rt = rt();
     let (log, _) = Log::open(&LogConfig::in_dir(dir.path())).unwrap();
-    let engine: Engine<Other> =
-        Engine::on_log(Other(log), &ModelsConfig::in_dir(dir.path())).unwrap();
+    let engine: Engine<Other> = Engine::on_log(
+        Other(log, Default::default()),
+        &ModelsConfig::in_dir(dir.path()),
+    )
+    .unwrap();
     rt.block_on(async {
         let notes: Vec<NewEvent> = (0..30)
             .map(|i| {
@@ -124,5 +132,44 @@ fn the_engine_runs_on_another_event_log() {
             assert!(v.identical, "{}: {:?}", p.name(), v.first_divergent_seq);
         }
         engine.close().await;
+    });
+}
+
+/// The decider folds to the head, then sleeps until the head moves: an event committed between
+/// the two (here by the log alone, with no command to wake the decider and nothing folded yet
+/// to sync later) is folded without waiting for a later commit. A slow `head()` widens that
+/// window, and each fresh engine appends at another moment; its read waits for the models to reach the event just appended.
+#[test]
+fn a_commit_between_the_fold_and_the_wait_is_folded() {
+    let rt = rt();
+    let slow = std::time::Duration::from_millis(2);
+    rt.block_on(async {
+        // The append lands at a different moment of the decider's start in each engine.
+        for i in 0..40u64 {
+            let dir = tempfile::tempdir().unwrap();
+            let (log, _) = Log::open(&LogConfig::in_dir(dir.path())).unwrap();
+            let engine: Engine<Other> =
+                Engine::on_log(Other(log, slow), &ModelsConfig::in_dir(dir.path())).unwrap();
+            let id = format!("w-{i}");
+            let ev = NewEvent::new(
+                Some(id.clone()),
+                "notifications",
+                id,
+                "notification.requested",
+                &serde_json::json!({"priority": "urgent", "title": "t", "recipient": "r"}),
+            )
+            .unwrap();
+            std::thread::sleep(std::time::Duration::from_micros(i * 250));
+            let seq = engine.log().append(vec![ev]).await.unwrap().last_seq;
+            let q = engine.read().clone();
+            let at = tokio::task::spawn_blocking(move || q.floor(seq))
+                .await
+                .unwrap();
+            match at {
+                Ok(at) => assert!(at >= seq, "engine {i}: models at {at}, want {seq}"),
+                Err(e) => panic!("engine {i}: seq {seq} never reached the models: {e}"),
+            }
+            engine.close().await;
+        }
     });
 }
