@@ -1,6 +1,6 @@
 //! Two independent deciders over one log (spec section 3, I7): two engines, each with a
-//! models store of its own, share one log and race claims, completes and compare-and-swap
-//! cursor advances. Neither knows of the other; only the log's conditions keep their
+//! models store of its own, share one log and race claims, completes, compare-and-swap
+//! cursor advances, bridge acknowledgements and source watermarks. Neither knows of the other; only the log's conditions keep their
 //! decisions apart. Every answer is a success or a documented refusal, every delivery is
 //! leased by one claimer only (the leases are long: none expires), and the combined log
 //! replays legally through the independent checker of `e2e_races`.
@@ -10,15 +10,20 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 use tidemark_engine::commands::Completed;
+use tidemark_engine::commands::bridges::{ConfirmOne, Confirmation, Subscribe};
 use tidemark_engine::commands::cursors::Advance;
 use tidemark_engine::commands::outbox::{Claim, Complete, Route};
 use tidemark_engine::{CommandError, Engine};
 use tidemark_log::{Log, LogConfig, NewEvent, ReadQuery};
 use tidemark_projections::ModelsConfig;
+use tidemark_projections::names::ids;
 
 use crate::e2e_races::Checker;
 
 const DELIVERIES: usize = 240;
+
+/// Runs of the bridged task: each ends in a terminal event a bridge acknowledges.
+const RUNS: usize = 40;
 
 fn all_events(log: &Log) -> Vec<tidemark_log::Event> {
     let mut out = Vec::new();
@@ -53,6 +58,52 @@ fn refused_as_documented(e: &CommandError) -> bool {
     ].contains(code))
 }
 
+/// The task a bridge follows, with [`RUNS`] runs started and completed, and a pull
+/// subscription on it; the seqs of the terminal (deliverable) events, in order.
+async fn bridged_task(log: &Log, engine: &Engine) -> Vec<u64> {
+    let mut evs = vec![
+        NewEvent::new(
+            Some("bt".into()),
+            "task_events",
+            "bt",
+            "task.created",
+            &json!({"project_id": "race"}),
+        )
+        .unwrap(),
+    ];
+    for r in 0..RUNS {
+        for ty in ["task.run_started", "task.run_completed"] {
+            evs.push(
+                NewEvent::new(
+                    None,
+                    "task_events",
+                    "bt",
+                    ty,
+                    &json!({"run_id": format!("r{r}")}),
+                )
+                .unwrap(),
+            );
+        }
+    }
+    log.append(evs).await.unwrap();
+    let target = serde_json::from_value(json!({
+        "task_id": "bt", "bridge_id": "race-bridge", "mode": "post", "sink": {"kind": "pull"}
+    }))
+    .unwrap();
+    engine
+        .execute(Subscribe {
+            id: "race-sub".into(),
+            target,
+        })
+        .await
+        .unwrap();
+    all_events(log)
+        .iter()
+        .filter(|e| e.event_type == "task.run_completed")
+        .map(|e| e.seq)
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
     let dir = tempfile::tempdir().unwrap();
@@ -78,6 +129,7 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
     for chunk in notes.chunks(100) {
         log.append(chunk.to_vec()).await.unwrap();
     }
+    let terminal = bridged_task(&log, &a).await;
     let source = all_events(&log);
     let (ra, rb) = tokio::join!(
         a.execute(Route {
@@ -102,6 +154,7 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
     // with compare-and-swap.
     let leased: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
     let twice: Arc<Mutex<Vec<String>>> = Arc::default();
+    let acks: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
     let mut racers = Vec::new();
     for (name, engine) in &engines {
         for k in 0..6 {
@@ -215,6 +268,44 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
                 }
             }));
         }
+        for k in 0..3 {
+            // A bridge acknowledging its deliveries one by one from both deciders, each at the
+            // cursor its own models show (compare-and-swap): every acknowledgement that moved
+            // the cursor is recorded as (from, to).
+            let (engine, terminal, acks) = (engine.clone(), terminal.clone(), acks.clone());
+            let tag = format!("{name}-{k}");
+            racers.push(tokio::spawn(async move {
+                for _ in 0..RUNS * 20 {
+                    let at = engine
+                        .read()
+                        .cursors(Some(&ids::bridge_consumer("race-sub")), 10)
+                        .map(|c| c.first().map_or(0, |c| c.last_sequence))
+                        .unwrap_or(0);
+                    let Some(&next) = terminal.iter().find(|&&s| s > at) else {
+                        return;
+                    };
+                    let r = engine
+                        .execute(ConfirmOne(Confirmation {
+                            subscription_id: "race-sub".into(),
+                            task_id: "bt".into(),
+                            seq: next,
+                            expected: Some(at),
+                        }))
+                        .await;
+                    match r {
+                        Ok((Ok(cur), receipt)) => {
+                            if !receipt.events.is_empty() {
+                                assert_eq!(cur.last_sequence, next, "ack by {tag}");
+                                acks.lock().unwrap().push((at, next));
+                            }
+                        }
+                        Ok((Err(e), _)) | Err(e) if refused_as_documented(&e) => {}
+                        Ok((Err(e), _)) | Err(e) => panic!("ack by {tag}: {e:?}"),
+                    }
+                }
+                panic!("ack racer {tag} never saw every terminal event acknowledged");
+            }));
+        }
     }
     for r in racers {
         r.await.unwrap();
@@ -252,6 +343,29 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
         advances += 1;
     }
     assert!(advances > 0, "the watermark moved");
+    // No acknowledgement lost: the cursor moves the racers were told of chain from 0, each
+    // from where the one before it ended, through the bridged task's terminal events in
+    // order; the log holds exactly those moves, in that order.
+    let mut acks = acks.lock().unwrap().clone();
+    acks.sort_unstable();
+    let mut from = 0;
+    for &(at, to) in &acks {
+        assert_eq!(at, from, "an acknowledgement from a stale cursor: {acks:?}");
+        from = to;
+    }
+    assert_eq!(
+        acks.iter().map(|a| a.1).collect::<Vec<_>>(),
+        terminal,
+        "every terminal event acknowledged once"
+    );
+    let moved: Vec<u64> = events
+        .iter()
+        .filter(|e| {
+            e["type"] == "cursor.advanced" && e["subject"] == ids::bridge_consumer("race-sub")
+        })
+        .map(|e| e["payload"]["last_sequence"].as_u64().unwrap())
+        .collect();
+    assert_eq!(moved, terminal, "the bridge's cursor moves in the log");
     let violations = Checker::check_log(&events);
     assert!(violations.is_empty(), "{violations:#?}");
     let by_a = events
@@ -281,9 +395,10 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
         }
     }
     eprintln!(
-        "two deciders: {} leases (a {by_a}, b {by_b}), {advances} watermark advances, {} events, \
-         re-decided a {} b {}",
+        "two deciders: {} leases (a {by_a}, b {by_b}), {advances} watermark advances, {} bridge \
+         acks, {} events, re-decided a {} b {}",
         leased.len(),
+        acks.len(),
         events.len(),
         a.redecided(),
         b.redecided()
