@@ -45,6 +45,7 @@ pub mod error;
 pub mod fault;
 mod ids;
 mod journal;
+mod recent;
 mod reopen;
 pub mod storage;
 mod store;
@@ -302,6 +303,13 @@ impl EventChunk {
         if after >= upto {
             return Ok(());
         }
+        if let Some(recent) = log.shared.recent_since(after) {
+            for (seq, record) in recent.records(upto) {
+                self.bytes.extend_from_slice(record);
+                self.ends.push((seq, self.bytes.len()));
+            }
+            return Ok(());
+        }
         let db = log.shared.db();
         let txn = db
             .begin_read()
@@ -403,6 +411,8 @@ pub(crate) struct Shared {
     /// A full disk failed a redb write; appends are refused until the writer has reopened
     /// the log, which it does once space returns.
     pub full: AtomicBool,
+    /// The newest committed groups as stored, read by the followers at the head.
+    pub recent: RwLock<recent::Recent>,
 }
 
 impl Shared {
@@ -428,6 +438,14 @@ impl Shared {
 
     pub(crate) fn db(&self) -> Arc<Database> {
         self.db.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The newest groups after `after`, if memory still holds every event past it.
+    pub(crate) fn recent_since(&self, after: u64) -> Option<recent::Since> {
+        self.recent
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .since(after)
     }
 }
 
@@ -474,6 +492,7 @@ impl Log {
             poisoned_flag: AtomicBool::new(false),
             db: RwLock::new(db.clone()),
             full: AtomicBool::new(short_of_space),
+            recent: RwLock::default(),
         });
         let (tx, rx) = mpsc::channel(cfg.queue_capacity.max(1));
         let space = Space {
@@ -696,6 +715,9 @@ impl Log {
 
     /// Bounded read of committed events (blocking; call from a blocking context in async code).
     pub fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
+        if let Some(recent) = self.shared.recent_since(q.after) {
+            return recent.page(q);
+        }
         store::read(&self.shared.db(), &self.shared.tail, q)
     }
 
@@ -730,6 +752,11 @@ impl Log {
     pub fn get(&self, seq: u64) -> Result<Option<Event>, ReadError> {
         if seq == 0 || seq > self.head() {
             return Ok(None);
+        }
+        if let Some(recent) = self.shared.recent_since(seq - 1)
+            && let Some(e) = recent.get(seq)?
+        {
+            return Ok(Some(e));
         }
         store::get(&self.shared.db(), seq)
     }

@@ -65,6 +65,11 @@ impl Writer {
             *self.shared.db.write().unwrap_or_else(|p| p.into_inner()) = db.clone();
             *tail = opened.tail;
             *ids = opened.runs;
+            self.shared
+                .recent
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
         }
         self.db = db;
         self.journal = opened.journal;

@@ -362,6 +362,13 @@ impl Writer {
         let new_head = staged.last().map(|(s, _)| *s).unwrap_or(self.head);
         self.head = new_head;
         self.last_time_us = time_us;
+        // The group's records, as stored, for the followers reading at the head (`recent`):
+        // kept before the head is published, so a reader that sees the head finds them.
+        self.shared
+            .recent
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(records);
         self.shared.head.send_replace(new_head);
         for p in pending {
             p.reply.ok(AppendReceipt {
@@ -550,6 +557,12 @@ impl Writer {
             });
         }
         let run = |w: &mut Self| -> Result<crate::compact::Compacted, StorageError> {
+            // Readers of the newest groups go to redb, which answers `Compacted` below the cut.
+            w.shared
+                .recent
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
             let txn = w.begin()?;
             let c = crate::compact::compact_in(&txn, through)?;
             txn.commit().map_err(storage)?;
