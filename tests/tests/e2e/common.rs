@@ -460,6 +460,26 @@ pub async fn created_notifications(api: &Api) -> Vec<Value> {
 
 /// Wait (bounded) until every routed lifecycle event of the log has a `notification.created`;
 /// returns the sources and the `notification.created` events read last.
+/// Every event of the log and its head, read once the log is quiet: the reactors may still be
+/// appending what routing derives (deliveries of the notifications just created), so the head
+/// is read before and after the whole log until the two agree.
+pub async fn whole_quiet_log(api: &Api, limit: Duration) -> (Vec<Value>, u64) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let before = api.head().await;
+        let all = api.read_all("").await;
+        let after = api.head().await;
+        if before == after {
+            return (all, after);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the log was still growing after {limit:?} ({before} then {after})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 pub async fn wait_routed(api: &Api, limit: Duration) -> (BTreeMap<u64, Value>, Vec<Value>) {
     let mut last_missing = Vec::new();
     let deadline = Instant::now() + limit;

@@ -18,7 +18,7 @@ use tidemark_tests::{Api, Server, ServerOpts};
 
 use crate::common::{
     append_ok, assert_dense_unique, assert_projections_sound, assert_routed_exactly_once,
-    list_notifications, receipts, routed_priority, task_ev, wait_routed,
+    list_notifications, receipts, routed_priority, task_ev, wait_routed, whole_quiet_log,
 };
 
 const DELAY_ENV: &str = "TIDEMARK_FAULT_ROUTER_DELAY_MS";
@@ -116,8 +116,8 @@ async fn a_kill_inside_the_router_delay_window_loses_and_duplicates_nothing() {
         inside_window > 0,
         "no kill landed inside the 1.5 s router delay window in {ROUNDS} rounds"
     );
-    let head = s.head().await;
-    assert_dense_unique(&s.read_all("").await, head);
+    let (all, head) = whole_quiet_log(&s, WAIT).await;
+    assert_dense_unique(&all, head);
 }
 
 #[derive(Default)]
@@ -273,8 +273,8 @@ async fn kills_at_random_moments_under_load_route_each_event_once() {
     }
     assert_routed_exactly_once(&sources, &created);
     check_dashboard(&s, &sources.keys().copied().collect::<Vec<_>>()).await;
-    let head = s.head().await;
-    assert_dense_unique(&s.read_all("").await, head);
+    let (all, head) = whole_quiet_log(&s, WAIT).await;
+    assert_dense_unique(&all, head);
     assert_projections_sound(&s, "after the last kill -9").await;
     eprintln!(
         "router crash: {} batches acknowledged, {} routed events acknowledged, {} in the log, \
