@@ -21,10 +21,10 @@ use crate::error::ReadError;
 use crate::store::{ReadPage, ReadQuery, decode_event, decode_event_ref};
 
 /// At most this many events are kept.
-pub(crate) const MAX_EVENTS: usize = 16_384;
+pub(crate) const MAX_EVENTS: usize = 4_096;
 /// At most this many bytes of stored records are kept (the newest group is kept whatever its
 /// size).
-pub(crate) const MAX_BYTES: usize = 16 << 20;
+pub(crate) const MAX_BYTES: usize = 1 << 20;
 
 /// One committed group: its stored records, `(seq, record)`, seqs dense and ascending.
 #[derive(Debug)]
