@@ -140,6 +140,11 @@ pub fn describe() {
             "tidemark_source_operator_total",
             "Operator actions on sources (poll, pause, resume, reset)",
         ),
+        (
+            "tidemark_sse_wakeups_total",
+            "Times a caught-up live stream was woken to read the log (only by a commit holding \
+             an event it shows)",
+        ),
     ] {
         metrics::describe_counter!(name, help);
     }

@@ -448,6 +448,7 @@ pub async fn run(
             .unwrap_or_default(),
         ),
         pull_hub: Default::default(),
+        streams: Default::default(),
         sources: tidemark_consumers::sources::Sources::new(
             tidemark_consumers::sources::from_config(&config.sources)
                 .map_err(std::io::Error::other)?,
@@ -458,6 +459,7 @@ pub async fn run(
         engine.clone(),
         (*state.routing).clone(),
         state.pull_hub.clone(),
+        state.streams.clone(),
         state.config.retention(),
         token.clone(),
     )

@@ -28,6 +28,8 @@ pub struct AppState {
     pub routing: Arc<tidemark_projections::routing::RoutingSettings>,
     /// Pending pull deliveries and long-poll wake-ups, kept by the bridge notifier.
     pub pull_hub: tidemark_consumers::bridge::PullHub,
+    /// What wakes the live streams (only those a commit has an event for).
+    pub streams: tidemark_consumers::streams::StreamHub,
     /// The configured source pollers and their in-memory state (spec section 12).
     pub sources: tidemark_consumers::sources::Sources,
 }

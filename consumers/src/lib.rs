@@ -12,6 +12,8 @@
 //!   its webhook sink, the pull cache, the ack planner and the confirmation that advances a
 //!   subscription's cursor.
 //! - [`retention`]: the periodic purge of what left the retention window.
+//! - [`streams`]: the live streams' wake-ups ([`streams::StreamHub`]): a stream is woken only
+//!   by a page holding an event of its filter.
 
 //!
 //! # Public surface
@@ -27,18 +29,20 @@ pub mod retention;
 pub mod router;
 pub mod scheduler;
 pub mod sources;
+pub mod streams;
 
 use tidemark_engine::Engine;
 use tidemark_log::StorageError;
 use tidemark_projections::routing::RoutingSettings;
 use tokio_util::sync::CancellationToken;
 
-/// Start the follower and the three reactors (router, scheduler with its lease-expiry tick,
-/// bridge notifier); the handle ends when all have stopped after `shutdown`.
+/// Start the follower and the reactors (router, scheduler with its lease-expiry tick, bridge
+/// notifier, the live streams' hub); the handle ends when all have stopped after `shutdown`.
 pub async fn spawn(
     engine: Engine,
     settings: RoutingSettings,
     hub: bridge::PullHub,
+    streams: streams::StreamHub,
     retention: retention::Retention,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, StorageError> {
@@ -61,6 +65,8 @@ pub async fn spawn(
     let routing_feed = follower.subscribe(routing_after);
     // The notifier looks at every subscription at the head first, then follows from there.
     let notifier_feed = follower.subscribe(head);
+    // Live streams wait for what is committed from now on.
+    let streams_feed = follower.subscribe(head);
     let tasks = [
         tokio::spawn(router::run(
             engine.clone(),
@@ -87,6 +93,7 @@ pub async fn spawn(
             notifier_feed,
             shutdown.clone(),
         ),
+        tokio::spawn(streams.run(streams_feed, shutdown.clone())),
         tokio::spawn(follower.run(shutdown)),
     ];
     Ok(tokio::spawn(async move {

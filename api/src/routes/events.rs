@@ -14,7 +14,7 @@ use futures::Stream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidemark_engine::Engine;
-use tidemark_log::{AppendReceipt, Event, EventLog, NewEvent, ReadPage, ReadQuery, limits};
+use tidemark_log::{AppendReceipt, Event, NewEvent, ReadPage, ReadQuery, limits};
 use tidemark_projections::names::EventType;
 use tidemark_projections::schema::{self, SchemaError};
 use utoipa::{IntoParams, ToSchema};
@@ -496,8 +496,8 @@ pub(crate) async fn readable_from(st: &AppState, q: &ReadQuery) -> Result<(), Ap
     .map(drop)
 }
 
-/// Streams read their pages through this many blocking reads at once. Every commit wakes every
-/// stream; without a bound, 1,000 streams woken together each took a thread of the blocking
+/// Streams read their pages through this many blocking reads at once. A commit wakes every
+/// stream it has an event for (an unfiltered stream: every commit); without a bound, 1,000 streams woken together each took a thread of the blocking
 /// pool (up to 512), and the threads' stacks and allocator heaps held about 600 KB of resident
 /// memory per connection (measured by `e2e_limits::idle_slow_and_half_open_clients_…`).
 const STREAM_READS_AT_ONCE: usize = 4;
@@ -521,14 +521,15 @@ pub(crate) fn sse_response(
     })?;
     let engine = st.engine.clone();
     let shutdown = st.shutdown.clone();
+    let streams = st.streams.clone();
     let keepalive = Duration::from_secs(st.config.server.keepalive_secs);
     let events = async_stream::stream! {
         let _permit = permit;
         let _gauge = SseGauge::new();
         let mut q = q;
-        let mut head_rx = engine.log().subscribe();
+        let mut wake = streams.watch(&q);
         loop {
-            head_rx.borrow_and_update();
+            wake.mark_seen();
             let page = {
                 let Ok(_turn) = STREAM_READS.acquire().await else { break };
                 match read_page(&engine, q.clone()).await {
@@ -544,11 +545,13 @@ pub(crate) fn sse_response(
             if page.next_after < page.head {
                 continue;
             }
-            // Caught up: wait for the next commit (a nudge; the log is read again).
+            // Caught up: wait for a commit holding an event this stream shows (a nudge; the
+            // log is read again).
             tokio::select! {
-                changed = head_rx.changed() => if changed.is_err() { break },
+                changed = wake.changed() => if !changed { break },
                 _ = shutdown.cancelled() => break,
             }
+            metrics::counter!("tidemark_sse_wakeups_total").increment(1);
         }
     };
     Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(keepalive)))

@@ -424,3 +424,57 @@ async fn a_stalled_reader_is_served_from_the_log_not_buffered() {
         );
     }
 }
+
+/// A caught-up stream is woken only by a commit holding an event it shows (issue 27: no wake-up
+/// per commit for a stream with nothing to do): 150 commits on another subject wake no stream
+/// filtered on a quiet one, and the one event on its subject reaches it.
+#[tokio::test]
+async fn a_filtered_stream_is_woken_only_by_its_own_events() {
+    let s = Server::start(ServerOpts::default()).await;
+    let base = s.start_head();
+    let mut quiet = s
+        .sse(&format!("subject=quiet&after_sequence={base}"), None)
+        .await
+        .expect("stream");
+    // A stream of everything sees every commit: once it has the first event, both streams are
+    // registered and caught up.
+    let mut all = s
+        .sse(&format!("after_sequence={base}"), None)
+        .await
+        .expect("stream");
+    let wait = Duration::from_secs(30);
+    let (code, body) = s
+        .append(&json!({"event_id": "busy-0", "stream": "z", "subject": "busy", "type": "z.t"}))
+        .await;
+    assert_eq!(code, StatusCode::CREATED, "{body}");
+    assert_eq!(all.expect_event(wait).await.seq(), base + 1);
+    let wakeups = |text: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with("tidemark_sse_wakeups_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let before = wakeups(&s.get("/metrics").await.text);
+    for i in 1..=150 {
+        let (code, body) = s
+            .append(&json!({"event_id": format!("busy-{i}"), "stream": "z", "subject": "busy", "type": "z.t"}))
+            .await;
+        assert_eq!(code, StatusCode::CREATED, "{body}");
+    }
+    let (code, body) = s
+        .append(&json!({"event_id": "quiet-1", "stream": "z", "subject": "quiet", "type": "z.t"}))
+        .await;
+    assert_eq!(code, StatusCode::CREATED, "{body}");
+    let e = quiet.expect_event(wait).await;
+    assert_eq!(e.data["event_id"], "quiet-1");
+    for want in base + 2..=base + 152 {
+        assert_eq!(all.expect_event(wait).await.seq(), want);
+    }
+    let woken = wakeups(&s.get("/metrics").await.text) - before;
+    // The stream of everything is woken by some of the 151 commits (it may find several at a
+    // wake-up); the quiet one once. Every commit waking both would be 302.
+    assert!(
+        woken <= 151.0 + 3.0,
+        "{woken} wake-ups for 151 commits: the quiet stream was woken by other subjects' commits"
+    );
+}
