@@ -14,14 +14,16 @@ use std::sync::atomic::Ordering;
 use redb::{Database, ReadableTable, WriteTransaction};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::codec::{self, StoredV1};
-use crate::condition::{self, Condition, GroupLast};
+use super::Shared;
+use super::codec::{self, StoredV1};
+use super::condition::{self, GroupLast};
+use super::store::{EVENTS, META, META_INDEXED_THROUGH, STREAMS, SUBJECTS, TYPES};
+use super::tail::Tail;
+use crate::condition::Condition;
 use crate::envelope::NewEvent;
 use crate::error::{AppendError, StorageError, storage};
-use crate::store::{EVENTS, META, META_INDEXED_THROUGH, STREAMS, SUBJECTS, TYPES};
-use crate::tail::Tail;
 use crate::time::now_micros;
-use crate::{AppendReceipt, Appended, Shared};
+use crate::{AppendReceipt, Appended};
 
 type Reply = oneshot::Sender<Result<AppendReceipt, AppendError>>;
 
@@ -34,7 +36,7 @@ pub(crate) enum Msg {
     /// Drop the events up to a seq (retention, spec section 13), in a commit of its own.
     Compact {
         through: u64,
-        reply: oneshot::Sender<Result<crate::compact::Compacted, AppendError>>,
+        reply: oneshot::Sender<Result<super::compact::Compacted, AppendError>>,
     },
     Close(oneshot::Sender<()>),
 }
@@ -64,12 +66,12 @@ pub(crate) struct Writer {
     pub max_group_events: usize,
     pub merge_threshold: usize,
     pub quick_repair: bool,
-    pub space: crate::Space,
+    pub space: super::Space,
     /// The lean commit's durable point (see `journal`).
-    pub journal: crate::journal::Journal,
+    pub journal: super::journal::Journal,
     /// How the log was opened and on what, for an in-process reopen after a full disk.
-    pub cfg: crate::LogConfig,
-    pub stores: crate::storage::Opened,
+    pub cfg: super::LogConfig,
+    pub stores: super::storage::Opened,
 }
 
 /// How often a writer that a full disk stopped looks for space to reopen the log.
@@ -324,14 +326,14 @@ impl Writer {
             // restart (it is wholly in the log, or not at all).
             drop(txn);
             let refusal = match failed {
-                crate::journal::AppendFailed::Write(why) if why.is_storage_full() => {
+                super::journal::AppendFailed::Write(why) if why.is_storage_full() => {
                     AppendError::InsufficientStorage {
                         available: self.space.storage.available(&self.space.path).unwrap_or(0),
                         min_free: self.space.min_free,
                     }
                 }
-                crate::journal::AppendFailed::Write(why)
-                | crate::journal::AppendFailed::Sync(why) => {
+                super::journal::AppendFailed::Write(why)
+                | super::journal::AppendFailed::Sync(why) => {
                     self.poison(why.clone());
                     AppendError::Storage(why)
                 }
@@ -507,13 +509,13 @@ impl Writer {
                 }
                 Some(Found::Log(seq)) => {
                     let same = match events_t.get(seq).map_err(storage)? {
-                        Some(v) => match crate::store::decode_event(seq, v.value()) {
+                        Some(v) => match super::store::decode_event(seq, v.value()) {
                             Ok(orig) => ev.same_content(&orig),
                             Err(e) => return Err(StorageError::of(e)),
                         },
                         // Compacted (spec section 13): the id is still known, its content is
                         // not; a resend is answered as the duplicate it most likely is.
-                        None if seq < crate::compact::first_seq_in(txn)? => true,
+                        None if seq < super::compact::first_seq_in(txn)? => true,
                         None => return Err(format!("indexed event {seq} is missing").into()),
                     };
                     Some((seq, same))
@@ -545,7 +547,7 @@ impl Writer {
 
     /// Drop the events up to `through` (bounded, see `compact`) in a durable commit of its
     /// own, which is also a checkpoint.
-    fn compact(&mut self, through: u64) -> Result<crate::compact::Compacted, AppendError> {
+    fn compact(&mut self, through: u64) -> Result<super::compact::Compacted, AppendError> {
         if let Some(why) = self.poisoned() {
             return Err(AppendError::Poisoned(why));
         }
@@ -556,7 +558,7 @@ impl Writer {
                 min_free,
             });
         }
-        let run = |w: &mut Self| -> Result<crate::compact::Compacted, StorageError> {
+        let run = |w: &mut Self| -> Result<super::compact::Compacted, StorageError> {
             // Readers of the newest groups go to redb, which answers `Compacted` below the cut.
             w.shared
                 .recent
@@ -564,7 +566,7 @@ impl Writer {
                 .unwrap_or_else(|p| p.into_inner())
                 .clear();
             let txn = w.begin()?;
-            let c = crate::compact::compact_in(&txn, through)?;
+            let c = super::compact::compact_in(&txn, through)?;
             txn.commit().map_err(storage)?;
             w.journal.reset();
             Ok(c)
@@ -589,9 +591,9 @@ impl Writer {
             ids.sort_unstable();
             let current = self.shared.ids.read().unwrap_or_else(|p| p.into_inner());
             next_runs = current.add(&txn, &ids)?;
-            crate::tail::write_postings(&txn, SUBJECTS, &tail.subjects).map_err(storage)?;
-            crate::tail::write_postings(&txn, TYPES, &tail.types).map_err(storage)?;
-            crate::tail::write_postings(&txn, STREAMS, &tail.by_stream).map_err(storage)?;
+            super::tail::write_postings(&txn, SUBJECTS, &tail.subjects).map_err(storage)?;
+            super::tail::write_postings(&txn, TYPES, &tail.types).map_err(storage)?;
+            super::tail::write_postings(&txn, STREAMS, &tail.by_stream).map_err(storage)?;
             let mut meta = txn.open_table(META).map_err(storage)?;
             meta.insert(META_INDEXED_THROUGH, self.head)
                 .map_err(storage)?;

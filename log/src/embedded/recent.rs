@@ -16,9 +16,10 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use super::store::{decode_event, decode_event_ref};
 use crate::envelope::{Event, EventRef};
 use crate::error::ReadError;
-use crate::store::{ReadPage, ReadQuery, decode_event, decode_event_ref};
+use crate::{ReadPage, ReadQuery};
 
 /// At most this many events are kept.
 pub(crate) const MAX_EVENTS: usize = 4_096;
@@ -239,7 +240,9 @@ mod tests {
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .build()
                     .unwrap();
-                let (log, _) = crate::Log::open(&crate::LogConfig::in_dir(dir.path())).unwrap();
+                let (log, _) =
+                    crate::embedded::Log::open(&crate::embedded::LogConfig::in_dir(dir.path()))
+                        .unwrap();
                 for g in &groups {
                     let evs = g
                         .iter()
@@ -277,10 +280,11 @@ mod tests {
                     };
                     prop_assert!(log.shared.recent_since(q.after).is_some() || q.after > head);
                     let mem = log.read(&q).unwrap();
-                    let disk = crate::store::read(&log.shared.db(), &log.shared.tail, &q).unwrap();
+                    let disk = crate::embedded::store::read(&log.shared.db(), &log.shared.tail, &q)
+                        .unwrap();
                     prop_assert_eq!(key(&mem), key(&disk), "{:?}", q);
                 }
-                let chunk = |log: &crate::Log| {
+                let chunk = |log: &crate::embedded::Log| {
                     let mut c = crate::EventChunk::default();
                     c.read(log, 0, head).unwrap();
                     c.events()

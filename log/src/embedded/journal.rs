@@ -20,8 +20,8 @@
 
 use std::sync::Arc;
 
+use super::storage::Store;
 use crate::error::StorageError;
-use crate::storage::Store;
 
 /// Checkpoint when the journal holds this many bytes.
 pub(crate) const CHECKPOINT_BYTES: u64 = 8 << 20;
@@ -242,7 +242,7 @@ pub(crate) fn read(store: &dyn Store, log_id: u64) -> Result<Vec<(u64, Vec<u8>)>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fault::FaultStore;
+    use crate::embedded::fault::FaultStore;
 
     #[test]
     fn records_read_back_and_a_torn_tail_ends_the_journal() {
@@ -265,11 +265,15 @@ mod tests {
             ]
         );
         // A third record written but not synced, then torn by a crash.
-        f.fail_nth(crate::fault::Op::Sync, 1, std::io::ErrorKind::Other);
+        f.fail_nth(
+            crate::embedded::fault::Op::Sync,
+            1,
+            std::io::ErrorKind::Other,
+        );
         assert!(j.append([(4u64, &b"four"[..])].into_iter()).is_err());
         let crashed = f.crash(|_| true);
-        let len = crate::storage::Store::len(&crashed).unwrap();
-        crate::storage::Store::set_len(&crashed, len - 2).unwrap();
+        let len = crate::embedded::storage::Store::len(&crashed).unwrap();
+        crate::embedded::storage::Store::set_len(&crashed, len - 2).unwrap();
         assert_eq!(read(&crashed, 42).unwrap().len(), 3);
         // Starting over overwrites from the start; the older records behind it end the read.
         j.reset();
@@ -281,10 +285,10 @@ mod tests {
     fn a_preallocated_journal_reads_as_empty_and_is_only_overwritten() {
         let f = FaultStore::new();
         let mut j = Journal::start(Arc::new(f.clone()), 42, 100, 100_000).unwrap();
-        assert_eq!(crate::storage::Store::len(&f).unwrap(), 100_000);
+        assert_eq!(crate::embedded::storage::Store::len(&f).unwrap(), 100_000);
         assert!(read(&f, 42).unwrap().is_empty());
         j.append([(1u64, &b"one"[..])].into_iter()).unwrap();
-        assert_eq!(crate::storage::Store::len(&f).unwrap(), 100_000);
+        assert_eq!(crate::embedded::storage::Store::len(&f).unwrap(), 100_000);
         assert_eq!(read(&f, 42).unwrap(), [(1, b"one".to_vec())]);
     }
 }

@@ -79,7 +79,7 @@ mod tests {
     /// The v1 fixture was written by the first release of the format; it must stay readable.
     #[test]
     fn v1_fixture_stays_readable() {
-        let fixture = include_bytes!("../tests/fixtures/v1.bin");
+        let fixture = include_bytes!("../../tests/fixtures/v1.bin");
         assert_eq!(decode(fixture).unwrap(), sample());
     }
 }

@@ -5,10 +5,11 @@ use std::sync::RwLock;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde_json::value::RawValue;
 
-use crate::codec;
+use super::codec;
+use super::tail::Tail;
 use crate::envelope::{Event, EventRef};
 use crate::error::{OpenError, ReadError, StorageError, storage};
-use crate::tail::Tail;
+use crate::{ReadPage, ReadQuery};
 
 /// seq -> stored envelope (see `codec`).
 pub(crate) const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
@@ -76,9 +77,9 @@ pub(crate) fn decode_event(seq: u64, bytes: &[u8]) -> Result<Event, ReadError> {
 pub(crate) struct Opened {
     pub db: Database,
     /// The runs of the `event_id` index.
-    pub runs: crate::ids::Runs,
+    pub runs: super::ids::Runs,
     /// The journal, started over once its records are back in the events table.
-    pub journal: crate::journal::Journal,
+    pub journal: super::journal::Journal,
     /// Events put back from the journal at this open.
     pub replayed: u64,
     pub head: u64,
@@ -91,8 +92,8 @@ pub(crate) struct Opened {
 /// writer and readers keep in memory. Called at open, and again in process after a full disk
 /// failed a redb commit (I10).
 pub(crate) fn open(
-    cfg: &crate::LogConfig,
-    stores: &crate::storage::Opened,
+    cfg: &super::LogConfig,
+    stores: &super::storage::Opened,
 ) -> Result<Opened, OpenError> {
     let path = cfg.path.as_path();
     let repaired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -107,7 +108,7 @@ pub(crate) fn open(
             tracing::debug!(progress = session.progress(), "repairing log file");
         });
     let db = builder
-        .create_with_backend(crate::storage::Backend {
+        .create_with_backend(super::storage::Backend {
             store: stores.db.clone(),
             cause: stores.cause.clone(),
         })
@@ -119,12 +120,12 @@ pub(crate) fn open(
     {
         let txn = db.begin_write().map_err(|e| st(e.into()))?;
         txn.open_table(EVENTS).map_err(|e| st(e.into()))?;
-        txn.open_table(crate::ids::LEGACY)
+        txn.open_table(super::ids::LEGACY)
             .map_err(|e| st(e.into()))?;
-        txn.open_table(crate::ids::RUNS).map_err(|e| st(e.into()))?;
-        txn.open_table(crate::ids::BLOOM)
+        txn.open_table(super::ids::RUNS).map_err(|e| st(e.into()))?;
+        txn.open_table(super::ids::BLOOM)
             .map_err(|e| st(e.into()))?;
-        let moved = crate::ids::migrate_dev_runs(&txn).map_err(OpenError::Storage)?;
+        let moved = super::ids::migrate_dev_runs(&txn).map_err(OpenError::Storage)?;
         if moved > 0 {
             tracing::warn!(
                 ids = moved,
@@ -154,7 +155,7 @@ pub(crate) fn open(
             "replayed the journal past the last checkpoint"
         );
     }
-    let journal = crate::journal::Journal::start(
+    let journal = super::journal::Journal::start(
         journal_store,
         log_id,
         cfg.checkpoint_groups,
@@ -180,7 +181,7 @@ pub(crate) fn open(
     // damaged outside tidemark; refuse it rather than serve a gap.
     let rows = events.len().map_err(|e| st(e.into()))?;
     let first = meta
-        .get(crate::compact::META_FIRST_SEQ)
+        .get(super::compact::META_FIRST_SEQ)
         .map_err(|e| st(e.into()))?
         .map(|v| v.value())
         .unwrap_or(1);
@@ -206,7 +207,7 @@ pub(crate) fn open(
     }
     drop(events);
     drop(meta);
-    let runs = crate::ids::Runs::load(&txn, cfg.id_filter_cache).map_err(OpenError::Storage)?;
+    let runs = super::ids::Runs::load(&txn, cfg.id_filter_cache).map_err(OpenError::Storage)?;
     drop(txn);
     Ok(Opened {
         runs,
@@ -218,27 +219,6 @@ pub(crate) fn open(
         tail,
         repaired: repaired.load(std::sync::atomic::Ordering::Relaxed),
     })
-}
-
-/// A read of the log: up to `limit` events with `seq > after` that match every filter given.
-/// Each filter is served by its index (combined filters by a join of them), so a page holds
-/// `limit` matches whenever that many exist, and a shorter page is the end.
-#[derive(Debug, Clone, Default)]
-pub struct ReadQuery {
-    pub after: u64,
-    pub limit: usize,
-    pub stream: Option<String>,
-    pub subject: Option<String>,
-    pub event_type: Option<String>,
-}
-
-/// The answer to a [`ReadQuery`]: every matching event with `after < seq <= next_after` is in
-/// `events`, in order.
-#[derive(Debug, Clone)]
-pub struct ReadPage {
-    pub events: Vec<Event>,
-    pub next_after: u64,
-    pub head: u64,
 }
 
 /// The last seq committed in `txn`'s view of the log.
@@ -263,7 +243,7 @@ pub(crate) fn read(
     let st = |e: redb::Error| ReadError::Storage(storage(e));
     let limit = q.limit.max(1);
     let mut out = Vec::new();
-    let first = crate::compact::first_seq(db).map_err(ReadError::Storage)?;
+    let first = super::compact::first_seq(db).map_err(ReadError::Storage)?;
     if q.after + 1 < first {
         return Err(ReadError::Compacted { first });
     }
@@ -514,7 +494,7 @@ fn backfill_index(
 /// The seq of `event_id` in the merged `event_id` index (the newest events are in the tail).
 pub(crate) fn seq_of_id(
     db: &Database,
-    runs: &crate::ids::Runs,
+    runs: &super::ids::Runs,
     event_id: &str,
 ) -> Result<Option<u64>, ReadError> {
     let txn = db
@@ -537,10 +517,10 @@ pub(crate) fn get(db: &Database, seq: u64) -> Result<Option<Event>, ReadError> {
 /// commit; how many. A journal that skips a seq is refused: it would leave a gap (I1).
 fn replay(
     db: &Database,
-    journal: &dyn crate::storage::Store,
+    journal: &dyn super::storage::Store,
     log_id: u64,
 ) -> Result<u64, StorageError> {
-    let records = crate::journal::read(journal, log_id)?;
+    let records = super::journal::read(journal, log_id)?;
     if records.is_empty() {
         return Ok(0);
     }

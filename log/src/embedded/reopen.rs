@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use super::writer::Writer;
 use crate::error::{AppendError, StorageError};
-use crate::writer::Writer;
 
 /// What the log file must be able to grow by before a writer that a full disk stopped reopens
 /// it.
@@ -18,7 +18,7 @@ impl Writer {
     /// last durable commit and the journal puts back every group acknowledged since — and
     /// carry on. `Err` while the log stays closed.
     pub(crate) fn try_reopen(&mut self) -> Result<(), AppendError> {
-        let refusal = |space: &crate::Space| AppendError::InsufficientStorage {
+        let refusal = |space: &super::Space| AppendError::InsufficientStorage {
             available: space.storage.available(&space.path).unwrap_or(0),
             min_free: space.min_free,
         };
@@ -45,7 +45,7 @@ impl Writer {
             tracing::warn!("space returned; the log takes appends again");
             return Ok(());
         }
-        let opened = match crate::store::open(&self.cfg, &self.stores) {
+        let opened = match super::store::open(&self.cfg, &self.stores) {
             Ok(o) if o.journal.short_of_space() => return Err(refusal(&self.space)),
             Ok(o) => o,
             Err(crate::OpenError::Storage(why)) if why.is_storage_full() => {

@@ -8,10 +8,10 @@
 
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 
-use crate::error::StorageError;
-use crate::store::{
+use super::store::{
     EVENTS, META, META_INDEXED_THROUGH, STREAMS, SUBJECTS, TYPES, decode_event_ref,
 };
+use crate::error::StorageError;
 
 /// `log_meta` key: the first seq the log holds (absent: 1).
 pub(crate) const META_FIRST_SEQ: &str = "first_seq";

@@ -1,6 +1,6 @@
 //! Where the log's bytes go. The log reaches its file only through redb's storage-backend
 //! trait, built from the [`Storage`] of its config: the real file (production), or any
-//! [`Store`] — the fault-injecting [`crate::fault::FaultStore`] in tests. [`Store`] is also the
+//! [`Store`] — the fault-injecting [`super::fault::FaultStore`] in tests. [`Store`] is also the
 //! one file interface any side file of the log goes through.
 
 use std::fmt;

@@ -7,7 +7,7 @@
 use std::io;
 use std::sync::{Arc, Condvar, Mutex};
 
-use crate::storage::Store;
+use super::storage::Store;
 
 /// An operation of the store, for targeting faults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

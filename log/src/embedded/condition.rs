@@ -1,0 +1,154 @@
+//! How the writer judges a [`Condition`] of a conditional append against redb.
+//!
+//! The writer judges a batch's condition on the log as it stands just before the batch: the
+//! committed log plus the batches accepted earlier in the same group commit. A group's
+//! accepted events are indexed by (stream, subject) once, lazily — only when some batch of the
+//! group has a subject condition — so a condition costs one map lookup for the group and, when
+//! the group has not written that subject, one lookup in the log's subject index (the in-memory
+//! tail, then the merged `subject_seq` table), never a scan of the group.
+
+use std::collections::HashMap;
+
+use redb::{ReadableTable, WriteTransaction};
+
+use super::store::SUBJECTS;
+use super::tail::Tail;
+use crate::condition::{Condition, ConditionOn};
+use crate::envelope::NewEvent;
+use crate::error::{AppendError, StorageError, storage};
+
+/// The last seq of each (stream, subject) among a group's accepted events: subject → (stream,
+/// seq), a subject having few streams.
+#[derive(Debug, Default)]
+pub(crate) struct GroupLast {
+    /// How many of the group's staged events are indexed.
+    indexed: usize,
+    last: HashMap<String, Vec<(String, u64)>>,
+}
+
+impl GroupLast {
+    /// Index the events of `staged` not indexed yet. `staged` only ever grows by accepted
+    /// batches before it is looked at again (a refused batch is removed before the next one is
+    /// judged), so what is indexed stays in it.
+    fn catch_up(&mut self, staged: &[(u64, NewEvent)]) {
+        debug_assert!(self.indexed <= staged.len(), "indexed events were unstaged");
+        for (seq, ev) in staged.iter().skip(self.indexed) {
+            match self.last.get_mut(ev.subject.as_str()) {
+                Some(streams) => match streams.iter_mut().find(|(s, _)| *s == ev.stream) {
+                    Some((_, last)) => *last = *seq,
+                    None => streams.push((ev.stream.clone(), *seq)),
+                },
+                None => {
+                    self.last
+                        .insert(ev.subject.clone(), vec![(ev.stream.clone(), *seq)]);
+                }
+            }
+        }
+        self.indexed = staged.len();
+    }
+
+    fn get(&self, stream: &str, subject: &str) -> Option<u64> {
+        self.last
+            .get(subject)?
+            .iter()
+            .find(|(s, _)| s == stream)
+            .map(|(_, seq)| *seq)
+    }
+}
+
+/// `Some(ExpectationFailed)` naming the first part of `cond` (the head first, then the
+/// subjects in the order given) that does not hold for the log as it stands before a batch:
+/// the committed log up to `head`, then `staged`, the events the group accepted before it.
+pub(crate) fn failed(
+    cond: &Condition,
+    head: u64,
+    staged: &[(u64, NewEvent)],
+    group: &mut GroupLast,
+    txn: &WriteTransaction,
+    tail: &Tail,
+) -> Result<Option<AppendError>, StorageError> {
+    if let Some(expected) = cond.head {
+        let actual = head + staged.len() as u64;
+        if actual != expected {
+            return Ok(Some(AppendError::ExpectationFailed {
+                on: ConditionOn::Head,
+                expected,
+                actual,
+            }));
+        }
+    }
+    if cond.subjects.is_empty() {
+        return Ok(None);
+    }
+    group.catch_up(staged);
+    for c in &cond.subjects {
+        let actual = match group.get(&c.stream, &c.subject) {
+            Some(seq) => seq,
+            None => last_of_subject(txn, tail, &c.stream, &c.subject)?,
+        };
+        if actual != c.last_seq {
+            return Ok(Some(AppendError::ExpectationFailed {
+                on: ConditionOn::Subject {
+                    stream: c.stream.clone(),
+                    subject: c.subject.clone(),
+                },
+                expected: c.last_seq,
+                actual,
+            }));
+        }
+    }
+    Ok(None)
+}
+
+/// The last committed seq of `stream` with `subject` (0: none): the in-memory tail first (it
+/// holds the newest events), then the merged subject index.
+fn last_of_subject(
+    txn: &WriteTransaction,
+    tail: &Tail,
+    stream: &str,
+    subject: &str,
+) -> Result<u64, StorageError> {
+    if let Some(list) = tail.subjects.get(subject)
+        && let Some((seq, _)) = list.iter().rev().find(|(_, s)| &**s == stream)
+    {
+        return Ok(*seq);
+    }
+    let t = txn.open_table(SUBJECTS).map_err(storage)?;
+    for row in t
+        .range((subject, 0)..=(subject, u64::MAX))
+        .map_err(storage)?
+        .rev()
+    {
+        let (k, v) = row.map_err(storage)?;
+        if v.value() == stream {
+            return Ok(k.value().1);
+        }
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn ev(stream: &str, subject: &str) -> NewEvent {
+        NewEvent::new(None, stream, subject, "t", &json!({})).unwrap()
+    }
+
+    /// The group index answers the last seq per (stream, subject), not per subject, and picks
+    /// up events staged after it was last asked.
+    #[test]
+    fn the_group_index_keeps_the_last_seq_per_stream_and_subject() {
+        let mut g = GroupLast::default();
+        let mut staged = vec![(1, ev("s", "x")), (2, ev("o", "x")), (3, ev("s", "y"))];
+        g.catch_up(&staged);
+        assert_eq!(g.get("s", "x"), Some(1));
+        assert_eq!(g.get("o", "x"), Some(2));
+        assert_eq!(g.get("o", "y"), None);
+        staged.push((4, ev("s", "x")));
+        g.catch_up(&staged);
+        assert_eq!((g.get("s", "x"), g.get("o", "x")), (Some(4), Some(2)));
+    }
+}
