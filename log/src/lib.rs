@@ -51,7 +51,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 pub use condition::{Condition, ConditionOn, SubjectSeq};
-pub use embedded::compact::{COMPACT_MAX, Compacted};
+pub use embedded::compact::COMPACT_MAX;
 pub use embedded::{Log, LogConfig, OpenReport, compact, fault, storage};
 pub use envelope::{Event, EventRef, FieldError, InvalidKind, NewEvent, limits};
 pub use error::{AppendError, Error, OpenError, ReadError, StorageError};
@@ -215,6 +215,18 @@ impl EventChunk {
         }
         Ok(out)
     }
+}
+
+/// What a compaction ([`EventLog::compact`]) did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Compacted {
+    /// Events removed.
+    pub removed: u64,
+    /// The first seq the log now holds.
+    pub first_seq: u64,
+    /// The cut was limited (a backend bounds one compaction, the embedded one by
+    /// [`COMPACT_MAX`]): call again to go on.
+    pub more: bool,
 }
 
 /// One event of an append's reply.

@@ -11,6 +11,7 @@ use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 use super::store::{
     EVENTS, META, META_INDEXED_THROUGH, STREAMS, SUBJECTS, TYPES, decode_event_ref,
 };
+use crate::Compacted;
 use crate::error::StorageError;
 
 /// `log_meta` key: the first seq the log holds (absent: 1).
@@ -51,17 +52,6 @@ pub(crate) fn first_seq_of(txn: &redb::ReadTransaction) -> Result<u64, StorageEr
         .map_err(st)?
         .map(|v| v.value())
         .unwrap_or(1))
-}
-
-/// What [`compact_in`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Compacted {
-    /// Events removed.
-    pub removed: u64,
-    /// The first seq the log now holds.
-    pub first_seq: u64,
-    /// The cut was limited (by [`COMPACT_MAX`]): call again to go on.
-    pub more: bool,
 }
 
 /// Remove the events with seq `<= through` (at most [`COMPACT_MAX`] of them, none past

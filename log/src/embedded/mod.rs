@@ -45,11 +45,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use redb::Database;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::Compacted;
 use crate::{
     AppendError, AppendReceipt, Condition, Event, EventChunk, EventLog, InvalidKind, NewEvent,
     OpenError, ReadError, ReadPage, ReadQuery, StorageError, limits,
 };
-use compact::Compacted;
 
 /// How to open a log.
 #[derive(Debug, Clone)]

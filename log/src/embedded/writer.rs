@@ -36,7 +36,7 @@ pub(crate) enum Msg {
     /// Drop the events up to a seq (retention, spec section 13), in a commit of its own.
     Compact {
         through: u64,
-        reply: oneshot::Sender<Result<super::compact::Compacted, AppendError>>,
+        reply: oneshot::Sender<Result<crate::Compacted, AppendError>>,
     },
     Close(oneshot::Sender<()>),
 }
@@ -547,7 +547,7 @@ impl Writer {
 
     /// Drop the events up to `through` (bounded, see `compact`) in a durable commit of its
     /// own, which is also a checkpoint.
-    fn compact(&mut self, through: u64) -> Result<super::compact::Compacted, AppendError> {
+    fn compact(&mut self, through: u64) -> Result<crate::Compacted, AppendError> {
         if let Some(why) = self.poisoned() {
             return Err(AppendError::Poisoned(why));
         }
@@ -558,7 +558,7 @@ impl Writer {
                 min_free,
             });
         }
-        let run = |w: &mut Self| -> Result<super::compact::Compacted, StorageError> {
+        let run = |w: &mut Self| -> Result<crate::Compacted, StorageError> {
             // Readers of the newest groups go to redb, which answers `Compacted` below the cut.
             w.shared
                 .recent
