@@ -82,6 +82,11 @@ impl NewEvent {
         self.payload.get().as_bytes()
     }
 
+    /// The canonical payload.
+    pub fn payload_raw(&self) -> &RawValue {
+        &self.payload
+    }
+
     pub(crate) fn same_as(&self, other: &NewEvent) -> bool {
         self.stream == other.stream
             && self.subject == other.subject

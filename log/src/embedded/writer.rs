@@ -31,6 +31,8 @@ pub(crate) enum Msg {
     Append {
         events: Vec<NewEvent>,
         condition: Condition,
+        /// The time to record instead of the group's (a replica records its source's).
+        at_us: Option<i64>,
         reply: Reply,
     },
     /// Drop the events up to a seq (retention, spec section 13), in a commit of its own.
@@ -42,7 +44,7 @@ pub(crate) enum Msg {
 }
 
 enum Item {
-    Append(Vec<NewEvent>, Condition, Reply),
+    Append(Vec<NewEvent>, Condition, Option<i64>, Reply),
 }
 
 struct AnyReply(Reply);
@@ -133,10 +135,11 @@ impl Writer {
                     Msg::Append {
                         events,
                         condition,
+                        at_us,
                         reply,
                     } => {
                         n += events.len();
-                        group.push(Item::Append(events, condition, reply));
+                        group.push(Item::Append(events, condition, at_us, reply));
                     }
                     Msg::Compact { through, reply } => {
                         // Alone, after the appends taken so far.
@@ -243,7 +246,7 @@ impl Writer {
 
     fn process_group(&mut self, group: Vec<Item>) {
         let fail_all = |group: Vec<Item>, e: AppendError| {
-            for Item::Append(_, _, r) in group {
+            for Item::Append(_, _, _, r) in group {
                 AnyReply(r).err(e.clone());
             }
         };
@@ -298,7 +301,7 @@ impl Writer {
             for p in pending {
                 p.reply.err(AppendError::Storage(e.clone()));
             }
-            for Item::Append(_, _, r) in items {
+            for Item::Append(_, _, _, r) in items {
                 AnyReply(r).err(AppendError::Storage(e.clone()));
             }
             return;
@@ -411,7 +414,7 @@ impl Writer {
         let shared = self.shared.clone();
         let tail = shared.tail.read().unwrap_or_else(|p| p.into_inner());
         for item in group.by_ref() {
-            let Item::Append(events, condition, reply) = item;
+            let Item::Append(events, condition, at_us, reply) = item;
             let reply = AnyReply(reply);
             let base = staged.len();
             // Answered with the group's error if a storage call fails below.
@@ -466,7 +469,7 @@ impl Writer {
             {
                 for (seq, ev) in &staged[base..] {
                     let mut b = Vec::with_capacity(64 + ev.payload_bytes().len());
-                    codec::encode(&stored(ev, time_us), &mut b);
+                    codec::encode(&stored(ev, at_us.unwrap_or(time_us)), &mut b);
                     t.events.insert(*seq, b.as_slice()).map_err(storage)?;
                     records.push((*seq, b));
                 }
