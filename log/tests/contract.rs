@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use serde_json::json;
 use tidemark_log::{
@@ -1312,4 +1313,108 @@ mod redb_backend {
 mod jetstream_backend {
     use super::JetStream;
     contract!(JetStream, "jetstream_backend");
+}
+
+/// What only the JetStream backend has to show (spec section 16).
+mod jetstream_only {
+    use super::*;
+    use async_nats::jetstream::{self, stream};
+
+    /// Make stream `name` beforehand, as an operator might.
+    fn make_stream(rt: &tokio::runtime::Runtime, name: &str, atomic: bool, window: Duration) {
+        let urls = nats_urls();
+        rt.block_on(async {
+            let client = async_nats::connect(urls[0].as_str()).await.unwrap();
+            let js = jetstream::new(client);
+            js.create_stream(stream::Config {
+                name: name.into(),
+                subjects: vec![format!("tidemark.{}.>", hex::encode(name))],
+                storage: stream::StorageType::File,
+                num_replicas: 3,
+                allow_atomic_publish: atomic,
+                duplicate_window: window,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        });
+    }
+
+    fn config(dir: &Path, name: &str) -> tidemark_log::JetStreamConfig {
+        let mut cfg = tidemark_log::JetStreamConfig::new(
+            nats_urls(),
+            name,
+            LogConfig::new(dir.join("replica.redb")),
+        );
+        cfg.timeout = Duration::from_secs(10);
+        cfg
+    }
+
+    /// I2 forever: a resend after the server's de-duplication window has passed (1 s here) is
+    /// answered as the duplicate it is, with its original seq, and the stream holds one copy —
+    /// also through another node's log that never saw the first append.
+    #[test]
+    fn a_resend_after_the_dedup_window_is_a_duplicate() {
+        let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
+        make_stream(&rt, "WINDOW1S", true, Duration::from_secs(1));
+        let a =
+            tidemark_log::JetStreamLog::open(&config(&dir.path().join("a"), "WINDOW1S")).unwrap();
+        let e = ev("w-1", "s", "x", "t", json!({"k": 1}));
+        let first = rt.block_on(a.append(vec![e.clone()])).unwrap();
+        assert!(!first.events[0].duplicate);
+        std::thread::sleep(Duration::from_millis(2500));
+        let again = rt.block_on(a.append(vec![e.clone()])).unwrap();
+        assert_eq!(
+            (again.events[0].seq, again.events[0].duplicate),
+            (first.events[0].seq, true)
+        );
+        let b =
+            tidemark_log::JetStreamLog::open(&config(&dir.path().join("b"), "WINDOW1S")).unwrap();
+        let via_b = rt.block_on(b.append(vec![e])).unwrap();
+        assert_eq!(
+            (via_b.events[0].seq, via_b.events[0].duplicate),
+            (first.events[0].seq, true)
+        );
+        let conflict = rt.block_on(b.append(vec![ev("w-1", "s", "x", "t", json!({"k": 2}))]));
+        assert!(
+            matches!(conflict, Err(AppendError::Conflict { seq, .. }) if seq == first.events[0].seq),
+            "{conflict:?}"
+        );
+        assert_eq!(a.head(), 1);
+        assert_eq!(b.head(), 1);
+        rt.block_on(a.close());
+        rt.block_on(b.close());
+    }
+
+    /// A stream that cannot take atomic batches is refused at open, saying so.
+    #[test]
+    fn a_stream_without_atomic_batches_is_refused_at_open() {
+        let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
+        make_stream(&rt, "NOATOMIC", false, Duration::from_secs(120));
+        match tidemark_log::JetStreamLog::open(&config(dir.path(), "NOATOMIC")) {
+            Err(e) => assert!(e.to_string().contains("allow_atomic"), "{e}"),
+            Ok(_) => panic!("a stream without allow_atomic was opened"),
+        }
+    }
+
+    /// Servers that do not answer (no quorum, nobody there) fail the open within its timeout
+    /// with a clear error, never hang.
+    #[test]
+    fn no_cluster_fails_the_open_clearly() {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut cfg = config(dir.path(), "NOBODY");
+        cfg.servers = vec![format!("nats://127.0.0.1:{port}")];
+        cfg.timeout = Duration::from_secs(2);
+        let started = std::time::Instant::now();
+        match tidemark_log::JetStreamLog::open(&cfg) {
+            Err(e) => assert!(e.to_string().contains("jetstream"), "{e}"),
+            Ok(_) => panic!("opened without a server"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "the open hung");
+    }
 }
