@@ -90,6 +90,14 @@ pub struct LogSettings {
     /// Memory for the `event_id` index's filter pages ("32MiB"); the filters are on disk, so
     /// memory stays flat as the log grows (I9).
     pub id_filter_cache: String,
+    /// `embedded` or `jetstream` (spec section 16).
+    pub backend: String,
+    /// The cluster's servers (`nats://host:port`), for `jetstream`.
+    pub servers: Vec<String>,
+    /// The stream's name, for `jetstream` (created if absent).
+    pub stream: String,
+    /// Replicas of a stream this node creates, for `jetstream`.
+    pub replicas: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -206,6 +214,42 @@ impl Config {
                     .into(),
             );
         }
+        match self.log.backend.as_str() {
+            "embedded" => {}
+            "jetstream" => {
+                if self.log.servers.is_empty() {
+                    return bad("log.backend = \"jetstream\" needs log.servers (e.g. \
+                         [\"nats://127.0.0.1:4222\"])"
+                        .into());
+                }
+                if let Some(s) = self
+                    .log
+                    .servers
+                    .iter()
+                    .find(|s| !tidemark_log::jetstream::is_server_address(s))
+                {
+                    return bad(format!("log.servers: {s:?} is not a NATS server address"));
+                }
+                let ok = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+                if self.log.stream.is_empty()
+                    || self.log.stream.len() > 64
+                    || !self.log.stream.chars().all(ok)
+                {
+                    return bad(format!(
+                        "log.stream {:?} must be 1 to 64 letters, digits, '_' or '-'",
+                        self.log.stream
+                    ));
+                }
+                if !(1..=5).contains(&self.log.replicas) {
+                    return bad("log.replicas must be between 1 and 5".into());
+                }
+            }
+            other => {
+                return bad(format!(
+                    "log.backend {other:?} is not a backend (embedded, jetstream)"
+                ));
+            }
+        }
         if parse_size(&self.log.min_free).is_none() {
             return bad(format!(
                 "log.min_free {:?} is not a size (e.g. \"64MiB\", \"1GiB\", or bytes)",
@@ -293,6 +337,23 @@ impl Config {
             .map(|b| b as usize)
             .unwrap_or(c.id_filter_cache);
         c
+    }
+
+    /// The JetStream log of `[log] backend = "jetstream"`: its local replica is an embedded
+    /// log under `<data>/jetstream-replica` with the `[log]` settings above.
+    pub fn jetstream_config(&self) -> Option<tidemark_log::JetStreamConfig> {
+        if self.log.backend != "jetstream" {
+            return None;
+        }
+        let mut replica = self.log_config();
+        replica.path = self.server.data.join("jetstream-replica").join("log.redb");
+        let mut c = tidemark_log::JetStreamConfig::new(
+            self.log.servers.clone(),
+            self.log.stream.clone(),
+            replica,
+        );
+        c.replicas = self.log.replicas;
+        Some(c)
     }
 }
 

@@ -423,9 +423,20 @@ pub async fn run(
     let privacy = config
         .privacy()
         .map_err(|e| std::io::Error::other(e.to_string()))?;
-    let (engine, report) = tokio::task::spawn_blocking(move || Engine::open(&log_cfg))
-        .await
-        .map_err(|e| std::io::Error::other(e.to_string()))??;
+    let js_cfg = config.jetstream_config();
+    let (engine, report) = tokio::task::spawn_blocking(move || match js_cfg {
+        Some(js) => {
+            if let Some(dir) = js.replica.path.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    tidemark_log::OpenError::Storage(tidemark_log::StorageError::of(e))
+                })?;
+            }
+            Engine::open_jetstream(&js, &tidemark_engine::models_config(&log_cfg))
+        }
+        None => Engine::open(&log_cfg),
+    })
+    .await
+    .map_err(|e| std::io::Error::other(e.to_string()))??;
     let engine = engine.with_privacy(privacy);
     tracing::info!(head = report.head, repaired = report.repaired, "log ready");
     let token = CancellationToken::new();

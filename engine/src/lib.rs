@@ -27,7 +27,7 @@ mod queries;
 use std::sync::Arc;
 
 use tidemark_log::{
-    AppendReceipt, EventLog, Log, LogConfig, NewEvent, OpenError, OpenReport, StorageError,
+    AnyLog, AppendReceipt, EventLog, Log, LogConfig, NewEvent, OpenError, OpenReport, StorageError,
 };
 use tidemark_projections::names::EventType;
 use tidemark_projections::rebuild::RebuildReport;
@@ -84,7 +84,7 @@ pub fn wall_clock() -> Clock {
 /// Handle to an open engine. Cheap to clone; all clones share one log and one decider
 /// (stopped by [`Engine::close`]).
 #[derive(Clone)]
-pub struct Engine<L = Log> {
+pub struct Engine<L = AnyLog> {
     log: L,
     models: Models,
     clock: Clock,
@@ -122,7 +122,22 @@ impl Engine {
             tidemark_projections::models::migrate(&cfg.path, models).map_err(OpenError::Storage)?;
         }
         let (log, report) = Log::open(cfg)?;
-        let engine = Self::on_log(log, models)?;
+        let engine = Self::on_log(AnyLog::Embedded(log), models)?;
+        Ok((engine, report))
+    }
+
+    /// Open a node on a JetStream cluster (spec section 16): the stream of `cfg`, its local
+    /// replica, and the models store at `models` (blocking, like [`Engine::open`]).
+    pub fn open_jetstream(
+        cfg: &tidemark_log::JetStreamConfig,
+        models: &ModelsConfig,
+    ) -> Result<(Engine, OpenReport), OpenError> {
+        let log = tidemark_log::JetStreamLog::open(cfg)?;
+        let report = OpenReport {
+            head: EventLog::head(&log),
+            ..OpenReport::default()
+        };
+        let engine = Self::on_log(AnyLog::JetStream(log), models)?;
         Ok((engine, report))
     }
 }

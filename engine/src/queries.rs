@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tidemark_log::{EventLog, Log, ReadPage, ReadQuery, StorageError};
+use tidemark_log::{AnyLog, EventLog, ReadPage, ReadQuery, StorageError};
 use tidemark_projections::bridges::Subscription;
 use tidemark_projections::cursors::Cursor;
 use tidemark_projections::deliveries::{Delivery, Step};
@@ -139,7 +139,7 @@ impl Lag {
 
 /// Queries of the read models, as of at least the head when they are called.
 #[derive(Clone)]
-pub struct Queries<L = Log> {
+pub struct Queries<L = AnyLog> {
     log: L,
     models: tidemark_projections::Models,
     progress: Arc<crate::decider::Progress>,

@@ -41,6 +41,7 @@
 
 #![forbid(unsafe_code)]
 
+mod any;
 pub mod condition;
 mod embedded;
 pub mod envelope;
@@ -51,6 +52,7 @@ pub mod time;
 use serde::Serialize;
 use tokio::sync::watch;
 
+pub use any::AnyLog;
 pub use condition::{Condition, ConditionOn, SubjectSeq};
 pub use embedded::compact::COMPACT_MAX;
 pub use embedded::{Log, LogConfig, OpenReport, compact, fault, storage};

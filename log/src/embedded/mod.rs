@@ -290,7 +290,7 @@ pub struct Log {
 }
 
 /// What `open` did, for the operator.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct OpenReport {
     pub head: u64,
     /// Events put back from the journal (groups acknowledged after the last checkpoint).

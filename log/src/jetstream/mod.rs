@@ -103,6 +103,11 @@ struct Body<'a> {
     payload: &'a RawValue,
 }
 
+/// Whether `s` is a server address the client takes (`nats://host:port`, `host:port`).
+pub fn is_server_address(s: &str) -> bool {
+    s.parse::<async_nats::ServerAddr>().is_ok()
+}
+
 fn cluster_err(what: &str, e: impl std::fmt::Display) -> StorageError {
     StorageError::from(format!("jetstream: {what}: {e}"))
 }
@@ -230,6 +235,24 @@ impl JetStreamLog {
                     )
                 })?,
         };
+        // A stream just made (or electing) has no leader yet: wait for one.
+        let mut stream = stream;
+        loop {
+            let has_leader = match stream.info().await {
+                Ok(i) => i.cluster.as_ref().is_none_or(|c| c.leader.is_some()),
+                Err(_) => false,
+            };
+            if has_leader {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline + cfg.timeout {
+                return Err(OpenError::Storage(cluster_err(
+                    "the stream",
+                    format!("stream {:?} has no leader (no quorum?)", cfg.stream),
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         if !stream.cached_info().config.allow_atomic_publish {
             return Err(OpenError::Storage(cluster_err(
                 "the stream",
@@ -487,7 +510,15 @@ impl JetStreamLog {
                 Ok(reply.payload)
             })
             .await?
-            .map_err(|e| Attempt::Final(AppendError::Storage(cluster_err("publishing", e))))?;
+            .map_err(|e| {
+                if e.contains("no responders") {
+                    // The stream has no leader this moment (just made, or electing): nothing
+                    // of the batch was stored; try again with a new batch.
+                    Attempt::Again
+                } else {
+                    Attempt::Final(AppendError::Storage(cluster_err("publishing", e)))
+                }
+            })?;
         let ack: PubAck = serde_json::from_slice(&answer)
             .map_err(|e| Attempt::storage(cluster_err("the publish acknowledgement", e)))?;
         if let Some(err) = ack.error {
@@ -709,16 +740,23 @@ impl EventLog for JetStreamLog {
                 ev.event_id = Some(crate::embedded::fresh_event_id());
             }
         }
-        for _ in 0..32 {
+        let deadline = tokio::time::Instant::now() + self.inner.timeout;
+        let mut pause = Duration::from_millis(10);
+        for _ in 0..64 {
             match self.append_once(&events, &condition).await {
                 Ok(r) => return Ok(r),
                 Err(Attempt::Final(e)) => return Err(e),
-                Err(Attempt::Again) => continue,
+                Err(Attempt::Again) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                Err(Attempt::Again) => break,
             }
         }
         Err(AppendError::Storage(cluster_err(
             "appending",
-            "the batch kept meeting duplicates being published by another node",
+            "the batch could not be stored: the stream had no leader, or its events kept \
+             meeting duplicates being published by another node",
         )))
     }
 
@@ -761,6 +799,14 @@ impl EventLog for JetStreamLog {
         after: u64,
     ) -> Result<Option<u64>, StorageError> {
         self.inner.replica.next_of(stream, subject, after)
+    }
+
+    fn check_space(&self) -> Result<(), AppendError> {
+        self.inner.replica.check_space()
+    }
+
+    fn is_poisoned(&self) -> bool {
+        EventLog::is_poisoned(&self.inner.replica)
     }
 
     async fn compact(&self, _through: u64) -> Result<Compacted, AppendError> {

@@ -60,7 +60,7 @@ fn refused_as_documented(e: &CommandError) -> bool {
 
 /// The task a bridge follows, with [`RUNS`] runs started and completed, and a pull
 /// subscription on it; the seqs of the terminal (deliverable) events, in order.
-async fn bridged_task(log: &Log, engine: &Engine) -> Vec<u64> {
+async fn bridged_task(log: &Log, engine: &Engine<Log>) -> Vec<u64> {
     let mut evs = vec![
         NewEvent::new(
             Some("bt".into()),

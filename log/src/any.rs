@@ -1,0 +1,116 @@
+//! Either backend, chosen by configuration at start: the embedded redb log or the JetStream
+//! log (spec section 16). The engine and everything above it run on this type by default, so
+//! a node's backend is a setting, not a build.
+
+use tokio::sync::watch;
+
+use crate::{
+    AppendError, AppendReceipt, Compacted, Condition, Event, EventChunk, EventLog, JetStreamLog,
+    Log, NewEvent, ReadError, ReadPage, ReadQuery, StorageError,
+};
+
+/// The log of a node: embedded, or on a JetStream cluster.
+#[derive(Clone)]
+pub enum AnyLog {
+    Embedded(Log),
+    JetStream(JetStreamLog),
+}
+
+impl From<Log> for AnyLog {
+    fn from(l: Log) -> Self {
+        AnyLog::Embedded(l)
+    }
+}
+
+impl From<JetStreamLog> for AnyLog {
+    fn from(l: JetStreamLog) -> Self {
+        AnyLog::JetStream(l)
+    }
+}
+
+impl AnyLog {
+    /// The embedded log, when it is one (its own operations: `tidemark` admin tools).
+    pub fn embedded(&self) -> Option<&Log> {
+        match self {
+            AnyLog::Embedded(l) => Some(l),
+            AnyLog::JetStream(_) => None,
+        }
+    }
+
+    /// Which backend, for logs and metrics.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            AnyLog::Embedded(_) => "embedded",
+            AnyLog::JetStream(_) => "jetstream",
+        }
+    }
+}
+
+macro_rules! each {
+    ($self:ident, $l:ident => $e:expr) => {
+        match $self {
+            AnyLog::Embedded($l) => $e,
+            AnyLog::JetStream($l) => $e,
+        }
+    };
+}
+
+impl EventLog for AnyLog {
+    async fn append(&self, events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
+        each!(self, l => EventLog::append(l, events).await)
+    }
+    async fn append_if(
+        &self,
+        events: Vec<NewEvent>,
+        condition: Condition,
+    ) -> Result<AppendReceipt, AppendError> {
+        each!(self, l => EventLog::append_if(l, events, condition).await)
+    }
+    fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
+        each!(self, l => EventLog::read(l, q))
+    }
+    fn get(&self, seq: u64) -> Result<Option<Event>, ReadError> {
+        each!(self, l => EventLog::get(l, seq))
+    }
+    fn get_by_id(&self, event_id: &str) -> Result<Option<Event>, ReadError> {
+        each!(self, l => EventLog::get_by_id(l, event_id))
+    }
+    fn head(&self) -> u64 {
+        each!(self, l => EventLog::head(l))
+    }
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        each!(self, l => EventLog::subscribe(l))
+    }
+    fn read_chunk(&self, after: u64, upto: u64, out: &mut EventChunk) -> Result<(), ReadError> {
+        each!(self, l => EventLog::read_chunk(l, after, upto, out))
+    }
+    fn queued(&self) -> usize {
+        each!(self, l => EventLog::queued(l))
+    }
+    fn check_space(&self) -> Result<(), AppendError> {
+        each!(self, l => EventLog::check_space(l))
+    }
+    fn is_poisoned(&self) -> bool {
+        each!(self, l => EventLog::is_poisoned(l))
+    }
+    async fn close(&self) {
+        each!(self, l => EventLog::close(l).await)
+    }
+    fn first_seq(&self) -> Result<u64, StorageError> {
+        each!(self, l => EventLog::first_seq(l))
+    }
+    fn last_before(&self, before_us: i64) -> Result<u64, StorageError> {
+        each!(self, l => EventLog::last_before(l, before_us))
+    }
+    fn next_of(
+        &self,
+        stream: &str,
+        subject: &str,
+        after: u64,
+    ) -> Result<Option<u64>, StorageError> {
+        each!(self, l => EventLog::next_of(l, stream, subject, after))
+    }
+    async fn compact(&self, through: u64) -> Result<Compacted, AppendError> {
+        each!(self, l => EventLog::compact(l, through).await)
+    }
+}

