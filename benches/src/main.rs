@@ -228,6 +228,8 @@ enum AnyTarget {
     Postgres(targets::postgres::Postgres),
     Sqlite(targets::sqlite::Sqlite),
     Nats(targets::nats::Nats),
+    TidemarkJetstream(targets::cluster::TidemarkJetStream),
+    NatsCluster(targets::cluster::NatsOnCluster),
 }
 
 macro_rules! dispatch {
@@ -239,6 +241,8 @@ macro_rules! dispatch {
             AnyTarget::Postgres($x) => $body,
             AnyTarget::Sqlite($x) => $body,
             AnyTarget::Nats($x) => $body,
+            AnyTarget::TidemarkJetstream($x) => $body,
+            AnyTarget::NatsCluster($x) => $body,
         }
     };
 }
@@ -278,6 +282,12 @@ impl Run<'_> {
             System::Postgres => AnyTarget::Postgres(targets::postgres::Postgres::start(o).await?),
             System::Sqlite => AnyTarget::Sqlite(targets::sqlite::Sqlite::start(o).await?),
             System::Nats => AnyTarget::Nats(targets::nats::Nats::start(o).await?),
+            System::TidemarkJetstream => {
+                AnyTarget::TidemarkJetstream(targets::cluster::TidemarkJetStream::start(o).await?)
+            }
+            System::NatsCluster => {
+                AnyTarget::NatsCluster(targets::cluster::NatsOnCluster::start(o).await?)
+            }
         })
     }
 

@@ -49,20 +49,23 @@ impl From<&Histogram<u64>> for Percentiles {
 #[derive(Clone, Copy, Debug)]
 pub enum Proc {
     Tree(u32),
+    /// Several servers' trees (a tidemark node and its NATS cluster); 0 = unused.
+    Trees([u32; 4]),
     This,
 }
 
 impl Proc {
-    pub fn root(self) -> u32 {
+    fn roots(self) -> Vec<u32> {
         match self {
-            Proc::Tree(pid) => pid,
-            Proc::This => std::process::id(),
+            Proc::Tree(pid) => vec![pid],
+            Proc::Trees(pids) => pids.into_iter().filter(|p| *p != 0).collect(),
+            Proc::This => vec![std::process::id()],
         }
     }
 
-    /// Every pid of the tree rooted at `root` (the root itself first).
+    /// Every pid of the trees rooted at the roots (the roots themselves first).
     pub fn pids(self) -> Vec<u32> {
-        let root = self.root();
+        let roots = self.roots();
         let mut parent: HashMap<u32, u32> = HashMap::new();
         if let Ok(dir) = std::fs::read_dir("/proc") {
             for e in dir.flatten() {
@@ -76,7 +79,7 @@ impl Proc {
                 }
             }
         }
-        let mut out = vec![root];
+        let mut out = roots;
         let mut i = 0;
         while i < out.len() {
             let p = out[i];

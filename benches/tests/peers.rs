@@ -161,6 +161,18 @@ fn nats_appends_and_reads_back() {
     check_system("nats");
 }
 
+/// `tidemark serve` on a three-node JetStream cluster the benchmark starts (spec section 16).
+#[test]
+fn tidemark_jetstream_appends_and_reads_back() {
+    check_system("tidemark-jetstream");
+}
+
+/// NATS's own publish to a three-replica stream on such a cluster.
+#[test]
+fn nats_cluster_appends_and_reads_back() {
+    check_system("nats-cluster");
+}
+
 /// `tidemark bench` (the CLI) runs the benchmark binary and the ratio table compares tidemark
 /// with a peer of the same run.
 #[test]

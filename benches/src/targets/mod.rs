@@ -8,6 +8,7 @@ use std::path::Path;
 use crate::events::BenchEvent;
 use crate::measure::Proc;
 
+pub mod cluster;
 pub mod nats;
 pub mod postgres;
 pub mod redis;
@@ -82,6 +83,10 @@ pub enum System {
     Postgres,
     Sqlite,
     Nats,
+    /// `tidemark serve` on a three-node JetStream cluster (`[log] backend = "jetstream"`).
+    TidemarkJetstream,
+    /// NATS's own publish to a three-replica stream on the same kind of cluster.
+    NatsCluster,
 }
 
 impl System {
@@ -93,11 +98,16 @@ impl System {
             System::Postgres => "postgres",
             System::Sqlite => "sqlite",
             System::Nats => "nats",
+            System::TidemarkJetstream => "tidemark-jetstream",
+            System::NatsCluster => "nats-cluster",
         }
     }
 
     pub fn is_tidemark(self) -> bool {
-        matches!(self, System::TidemarkHttp | System::TidemarkInproc)
+        matches!(
+            self,
+            System::TidemarkHttp | System::TidemarkInproc | System::TidemarkJetstream
+        )
     }
 
     /// Why it cannot run on this machine, if it cannot.
@@ -108,6 +118,10 @@ impl System {
                 Some(p) => Some(format!("no tidemark binary at {}", p.display())),
                 None => Some("no tidemark binary (pass --tidemark-bin)".into()),
             },
+            System::TidemarkJetstream => System::TidemarkHttp
+                .missing(tidemark_bin)
+                .or_else(|| crate::peers::missing("nats")),
+            System::NatsCluster => crate::peers::missing("nats"),
             System::TidemarkInproc | System::Sqlite => None,
             other => crate::peers::missing(other.name()),
         }

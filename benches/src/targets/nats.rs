@@ -24,7 +24,8 @@ use crate::peers::{ChildServer, free_port, wait_until};
 const STREAM_NAME: &str = "TIDEMARK";
 
 pub struct Nats {
-    server: ChildServer,
+    /// The server this target started (none on a cluster started by the caller).
+    server: Option<ChildServer>,
     url: String,
     batch_ids: AtomicU64,
 }
@@ -65,18 +66,37 @@ impl Nats {
             }
         })
         .await?;
+        let mut nats = Nats::on_client(client, url, 1).await?;
+        nats.server = Some(server);
+        Ok(nats)
+    }
+
+    /// The target on servers started elsewhere (a cluster): a stream of `replicas`.
+    pub async fn on(url: String, replicas: usize) -> Result<Self, String> {
+        let client = async_nats::connect(&url)
+            .await
+            .map_err(|e| format!("nats connect: {e}"))?;
+        Nats::on_client(client, url, replicas).await
+    }
+
+    async fn on_client(
+        client: async_nats::Client,
+        url: String,
+        replicas: usize,
+    ) -> Result<Self, String> {
         let js = jetstream::new(client);
         js.create_stream(stream::Config {
             name: STREAM_NAME.into(),
             subjects: vec!["ev.>".into()],
             storage: stream::StorageType::File,
             allow_atomic_publish: true,
+            num_replicas: replicas,
             ..Default::default()
         })
         .await
         .map_err(|e| format!("create stream: {e}"))?;
         Ok(Nats {
-            server,
+            server: None,
             url,
             batch_ids: AtomicU64::new(0),
         })
@@ -99,7 +119,7 @@ impl Target for Nats {
     }
 
     fn proc(&self) -> Proc {
-        Proc::Tree(self.server.pid)
+        Proc::Tree(self.server.as_ref().map_or(0, |s| s.pid))
     }
 
     async fn connect(&self) -> Result<NatsConn, String> {
@@ -229,6 +249,8 @@ impl Target for Nats {
     }
 
     async fn stop(mut self) {
-        self.server.stop();
+        if let Some(s) = &mut self.server {
+            s.stop();
+        }
     }
 }

@@ -23,6 +23,20 @@ pub struct TidemarkHttp {
 
 impl TidemarkHttp {
     pub async fn start(o: &StartOpts) -> Result<Self, String> {
+        Self::start_with(o, "tidemark-http", None).await
+    }
+
+    /// The server's pid.
+    pub fn pid(&self) -> u32 {
+        self.server.pid
+    }
+
+    /// `tidemark serve` with a configuration file of `config` (TOML), if any.
+    pub async fn start_with(
+        o: &StartOpts,
+        name: &'static str,
+        config: Option<String>,
+    ) -> Result<Self, String> {
         let bin = o
             .tidemark_bin
             .clone()
@@ -41,7 +55,12 @@ impl TidemarkHttp {
             }
         }
         cmd.env("RUST_LOG", "warn");
-        let mut server = ChildServer::spawn("tidemark", cmd, dir, Signal::SIGTERM)?;
+        if let Some(toml) = config {
+            let path = dir.path().join("tidemark.toml");
+            std::fs::write(&path, toml).map_err(|e| e.to_string())?;
+            cmd.arg("--config").arg(path);
+        }
+        let mut server = ChildServer::spawn(name, cmd, dir, Signal::SIGTERM)?;
         let client = http_client()?;
         let base = format!("http://127.0.0.1:{port}");
         let ready = format!("{base}/readyz");
