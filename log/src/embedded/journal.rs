@@ -49,6 +49,8 @@ pub(crate) struct Journal {
     buf: Vec<u8>,
     /// The preallocation did not fit on the disk (see [`Journal::start`]).
     short_of_space: bool,
+    /// Sync each record (off only for a log that is a disposable copy of another).
+    sync: bool,
 }
 
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
@@ -104,6 +106,7 @@ impl Journal {
             end: 0,
             groups: 0,
             every: every.max(1),
+            sync: true,
             buf: Vec::with_capacity(64 << 10),
             short_of_space: short,
         };
@@ -113,7 +116,8 @@ impl Journal {
 
     /// Try the preallocation again (after it did not fit at start); `Ok` once it is done.
     pub(crate) fn preallocate(&mut self, prealloc: u64) -> Result<(), StorageError> {
-        let j = Journal::start(self.store.clone(), self.log_id, self.every, prealloc)?;
+        let mut j = Journal::start(self.store.clone(), self.log_id, self.every, prealloc)?;
+        j.sync = self.sync;
         if j.short_of_space {
             return Err(StorageError::msg(
                 "the journal's preallocation does not fit yet",
@@ -121,6 +125,11 @@ impl Journal {
         }
         *self = j;
         Ok(())
+    }
+
+    /// Sync each record or not ([`crate::LogConfig::sync`]).
+    pub(crate) fn set_sync(&mut self, sync: bool) {
+        self.sync = sync;
     }
 
     /// Whether the disk was too full for the preallocation at start.
@@ -155,12 +164,14 @@ impl Journal {
         self.store
             .write(self.end, &self.buf)
             .map_err(|e| AppendFailed::Write(StorageError::new("writing the journal", e)))?;
-        let synced = std::time::Instant::now();
-        self.store
-            .sync_data()
-            .map_err(|e| AppendFailed::Sync(StorageError::new("syncing the journal", e)))?;
-        metrics::histogram!("tidemark_log_fsync_duration_seconds")
-            .record(synced.elapsed().as_secs_f64());
+        if self.sync {
+            let synced = std::time::Instant::now();
+            self.store
+                .sync_data()
+                .map_err(|e| AppendFailed::Sync(StorageError::new("syncing the journal", e)))?;
+            metrics::histogram!("tidemark_log_fsync_duration_seconds")
+                .record(synced.elapsed().as_secs_f64());
+        }
         self.end += self.buf.len() as u64;
         self.groups += 1;
         Ok(())

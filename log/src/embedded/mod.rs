@@ -79,6 +79,10 @@ pub struct LogConfig {
     pub journal_prealloc: u64,
     /// Memory for the `event_id` index's filter pages (the filters themselves are on disk).
     pub id_filter_cache: usize,
+    /// Sync each group's journal record before answering (true). Off only for a log that is a
+    /// disposable copy of another — the JetStream backend's replica, whose source is the
+    /// stream: after a crash it is back at its last checkpoint and follows the stream again.
+    pub sync: bool,
 }
 
 impl LogConfig {
@@ -100,6 +104,7 @@ impl LogConfig {
             checkpoint_groups: 512,
             journal_prealloc: 16 << 20,
             id_filter_cache: ids::DEFAULT_CACHE_BYTES,
+            sync: true,
         }
     }
 }

@@ -155,13 +155,14 @@ pub(crate) fn open(
             "replayed the journal past the last checkpoint"
         );
     }
-    let journal = super::journal::Journal::start(
+    let mut journal = super::journal::Journal::start(
         journal_store,
         log_id,
         cfg.checkpoint_groups,
         cfg.journal_prealloc,
     )
     .map_err(OpenError::Storage)?;
+    journal.set_sync(cfg.sync);
     let txn = db.begin_read().map_err(|e| st(e.into()))?;
     let events = txn.open_table(EVENTS).map_err(|e| st(e.into()))?;
     let meta = txn.open_table(META).map_err(|e| st(e.into()))?;

@@ -61,7 +61,10 @@ pub struct JetStreamConfig {
 }
 
 impl JetStreamConfig {
-    pub fn new(servers: Vec<String>, stream: impl Into<String>, replica: LogConfig) -> Self {
+    /// The replica is not synced per group ([`LogConfig::sync`]): the stream is the durable
+    /// copy, and a replica that lost its tail in a crash follows it again.
+    pub fn new(servers: Vec<String>, stream: impl Into<String>, mut replica: LogConfig) -> Self {
+        replica.sync = false;
         JetStreamConfig {
             servers,
             stream: stream.into(),
@@ -85,6 +88,12 @@ struct Inner {
     prefix: String,
     replica: Log,
     timeout: Duration,
+    /// When the replica last held everything the stream held at that moment (an append that
+    /// finds this recent enough skips asking the stream for its head: any id published since
+    /// is within the server's de-duplication window, which refuses it in the batch).
+    caught_up: Mutex<Option<std::time::Instant>>,
+    /// How recent that must be: a tenth of the stream's de-duplication window, at most 10 s.
+    catch_up_every: Duration,
     /// Runs the connection's and the follower's tasks.
     handle: tokio::runtime::Handle,
     stop: Mutex<Option<oneshot::Sender<()>>>,
@@ -140,7 +149,7 @@ impl JetStreamLog {
             })
             .map_err(|e| OpenError::Storage(StorageError::of(e)))?;
         let opened = handle.block_on(Self::connect(cfg));
-        let (client, js, stream) = match opened {
+        let (client, js, stream, window) = match opened {
             Ok(c) => c,
             Err(e) => {
                 let _ = stop_tx.send(());
@@ -156,6 +165,8 @@ impl JetStreamLog {
             prefix: subject_prefix(&cfg.stream),
             replica: replica.clone(),
             timeout: cfg.timeout,
+            caught_up: Mutex::new(None),
+            catch_up_every: (window / 10).min(Duration::from_secs(10)),
             handle: handle.clone(),
             stop: Mutex::new(Some(stop_tx)),
             thread: Mutex::new(Some(thread)),
@@ -164,17 +175,22 @@ impl JetStreamLog {
         let log = JetStreamLog { inner };
         // Opened means every event the stream holds now is readable here.
         handle
-            .block_on(async {
-                let last = log.stream_last().await?;
-                log.replica_at(last).await
-            })
+            .block_on(log.catch_up(true))
             .map_err(|e| OpenError::Storage(cluster_err("catching up with the stream", e)))?;
         Ok(log)
     }
 
     async fn connect(
         cfg: &JetStreamConfig,
-    ) -> Result<(async_nats::Client, jetstream::Context, stream::Stream), OpenError> {
+    ) -> Result<
+        (
+            async_nats::Client,
+            jetstream::Context,
+            stream::Stream,
+            Duration,
+        ),
+        OpenError,
+    > {
         let open = |what: &str, e: &dyn std::fmt::Display| OpenError::Storage(cluster_err(what, e));
         let addrs: Vec<async_nats::ServerAddr> = cfg
             .servers
@@ -263,7 +279,8 @@ impl JetStreamLog {
                 ),
             )));
         }
-        Ok((client, js, stream))
+        let window = stream.cached_info().config.duplicate_window;
+        Ok((client, js, stream, window))
     }
 
     /// The first part of `condition` that does not hold on the replica, as the embedded log
@@ -307,11 +324,7 @@ impl JetStreamLog {
             return Attempt::Again;
         }
         if d.contains("wrong last") {
-            let caught_up = async {
-                let last = self.stream_last().await?;
-                self.replica_at(last).await
-            };
-            if let Err(e) = caught_up.await {
+            if let Err(e) = self.catch_up(true).await {
                 return Attempt::Final(e);
             }
             return match self.judge(condition) {
@@ -387,14 +400,38 @@ impl JetStreamLog {
         }
     }
 
+    /// Bring the replica up to the stream's head as of now, unless it was recently enough
+    /// (and `force` is not set).
+    async fn catch_up(&self, force: bool) -> Result<(), AppendError> {
+        let recent = self
+            .inner
+            .caught_up
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|t| t.elapsed() < self.inner.catch_up_every);
+        if recent && !force {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let last = self.stream_last().await?;
+        self.replica_at(last).await?;
+        *self
+            .inner
+            .caught_up
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(started);
+        Ok(())
+    }
+
     async fn append_once(
         &self,
         events: &[NewEvent],
         condition: &Condition,
+        force: bool,
     ) -> Result<AppendReceipt, Attempt> {
-        // Everything committed before now is in the replica: its ids are known exactly.
-        let last = self.stream_last().await?;
-        self.replica_at(last).await?;
+        // Everything committed before the last catch-up is in the replica: its ids are known
+        // exactly; anything published since is within the server's window.
+        self.catch_up(force).await?;
         let replica = &self.inner.replica;
         let mut results: Vec<Option<Appended>> = Vec::with_capacity(events.len());
         let mut fresh: Vec<&NewEvent> = Vec::new();
@@ -440,7 +477,13 @@ impl JetStreamLog {
         // The condition judged on the caught-up replica, as the embedded log judges it (the
         // exact refusal); the headers below hold it against whatever lands meanwhile.
         if let Some(failed) = self.judge(condition)? {
-            return Err(Attempt::Final(failed));
+            // A replica caught up a while ago may be behind: judge again on a fresh one
+            // before refusing.
+            return Err(if force {
+                Attempt::Final(failed)
+            } else {
+                Attempt::Again
+            });
         }
         let head = replica.head();
         let subject_of: Vec<String> = fresh
@@ -742,8 +785,8 @@ impl EventLog for JetStreamLog {
         }
         let deadline = tokio::time::Instant::now() + self.inner.timeout;
         let mut pause = Duration::from_millis(10);
-        for _ in 0..64 {
-            match self.append_once(&events, &condition).await {
+        for attempt in 0..64 {
+            match self.append_once(&events, &condition, attempt > 0).await {
                 Ok(r) => return Ok(r),
                 Err(Attempt::Final(e)) => return Err(e),
                 Err(Attempt::Again) if tokio::time::Instant::now() < deadline => {
