@@ -45,6 +45,11 @@ use crate::{AppendReceipt, Appended, Compacted, EventChunk, EventLog, ReadPage, 
 /// them, and the fixes of 2.12.1–2.12.3.
 pub const MIN_SERVER: (u64, u64, u64) = (2, 12, 3);
 
+/// Atomic batches one node has in flight at once. The server keeps at most 50 open batches per
+/// stream and refuses more ("atomic publish batch is incomplete"); a burst above this waits
+/// here instead (three nodes stay under the server's bound).
+pub const BATCHES_IN_FLIGHT: usize = 16;
+
 /// How to reach the stream, and where the local replica lives.
 #[derive(Debug, Clone)]
 pub struct JetStreamConfig {
@@ -94,6 +99,8 @@ struct Inner {
     caught_up: Mutex<Option<std::time::Instant>>,
     /// How recent that must be: a tenth of the stream's de-duplication window, at most 10 s.
     catch_up_every: Duration,
+    /// Bounds the atomic batches in flight ([`BATCHES_IN_FLIGHT`]).
+    in_flight: Arc<tokio::sync::Semaphore>,
     /// Runs the connection's and the follower's tasks.
     handle: tokio::runtime::Handle,
     stop: Mutex<Option<oneshot::Sender<()>>>,
@@ -167,6 +174,7 @@ impl JetStreamLog {
             timeout: cfg.timeout,
             caught_up: Mutex::new(None),
             catch_up_every: (window / 10).min(Duration::from_secs(10)),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(BATCHES_IN_FLIGHT)),
             handle: handle.clone(),
             stop: Mutex::new(Some(stop_tx)),
             thread: Mutex::new(Some(thread)),
@@ -533,6 +541,15 @@ impl JetStreamLog {
             msgs.push((subject_of[i].clone(), h, body));
         }
         let client = self.inner.client.clone();
+        // A slot among the node's batches in flight, waited for outside the request's timeout
+        // (a burst queues here; each batch then has the whole timeout).
+        let _slot = self
+            .inner
+            .in_flight
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| Attempt::storage(StorageError::of(e)))?;
         let answer = self
             .run(async move {
                 let mut msgs = msgs.into_iter();
