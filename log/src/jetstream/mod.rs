@@ -219,6 +219,15 @@ impl JetStreamLog {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let version = client.server_info().version;
+        if version.is_empty() {
+            return Err(OpenError::Storage(cluster_err(
+                "connecting",
+                format!(
+                    "no server of {:?} answered within {:?}",
+                    cfg.servers, cfg.timeout
+                ),
+            )));
+        }
         match parse_version(&version) {
             Some(v) if v >= MIN_SERVER => {}
             _ => {
@@ -235,9 +244,15 @@ impl JetStreamLog {
         let js = jetstream::ContextBuilder::new()
             .timeout(cfg.timeout)
             .build(client.clone());
-        let stream = match js.get_stream(&cfg.stream).await {
+        // Making a replicated stream and electing its leader can take longer than one request
+        // may (a cluster just started, a loaded machine): the open allows several timeouts.
+        let open_wait = (cfg.timeout * 6).max(Duration::from_secs(30));
+        let setup = jetstream::ContextBuilder::new()
+            .timeout(open_wait)
+            .build(client.clone());
+        let stream = match setup.get_stream(&cfg.stream).await {
             Ok(s) => s,
-            Err(_) => js
+            Err(_) => setup
                 .create_stream(stream::Config {
                     name: cfg.stream.clone(),
                     subjects: vec![format!("{}.>", subject_prefix(&cfg.stream))],
@@ -269,7 +284,7 @@ impl JetStreamLog {
             if has_leader {
                 break;
             }
-            if tokio::time::Instant::now() >= deadline + cfg.timeout {
+            if tokio::time::Instant::now() >= deadline + open_wait {
                 return Err(OpenError::Storage(cluster_err(
                     "the stream",
                     format!("stream {:?} has no leader (no quorum?)", cfg.stream),
