@@ -33,8 +33,10 @@ use futures::{Stream, StreamExt};
 use reqwest::StatusCode;
 use serde_json::Value;
 
-/// How long a server may take to print its `listening on` line.
-pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a server may take to print its `listening on` line: a node on a JetStream cluster
+/// that was just restarted may wait out an election (up to 25 s for its stream, then catching
+/// up) on a machine busy with the rest of the suite.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Upper bound of one ordinary HTTP request (never asserted, only to avoid hanging).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 

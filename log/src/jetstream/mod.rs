@@ -183,7 +183,18 @@ impl JetStreamLog {
         let log = JetStreamLog { inner };
         // Opened means every event the stream holds now is readable here.
         handle
-            .block_on(log.catch_up(true))
+            .block_on(async {
+                // A request met during an election may go unanswered: ask up to three times.
+                let mut r = log.catch_up(true).await;
+                for _ in 0..2 {
+                    if r.is_ok() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    r = log.catch_up(true).await;
+                }
+                r
+            })
             .map_err(|e| OpenError::Storage(cluster_err("catching up with the stream", e)))?;
         Ok(log)
     }
@@ -245,34 +256,41 @@ impl JetStreamLog {
             .timeout(cfg.timeout)
             .build(client.clone());
         // Making a replicated stream and electing its leader can take longer than one request
-        // may (a cluster just started, a loaded machine): the open allows several timeouts.
-        let open_wait = (cfg.timeout * 6).max(Duration::from_secs(30));
-        let setup = jetstream::ContextBuilder::new()
-            .timeout(open_wait)
-            .build(client.clone());
-        let stream = match setup.get_stream(&cfg.stream).await {
-            Ok(s) => s,
-            Err(_) => setup
-                .create_stream(stream::Config {
-                    name: cfg.stream.clone(),
-                    subjects: vec![format!("{}.>", subject_prefix(&cfg.stream))],
-                    storage: stream::StorageType::File,
-                    num_replicas: cfg.replicas,
-                    allow_atomic_publish: true,
-                    allow_direct: true,
-                    duplicate_window: Duration::from_secs(120),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| {
-                    open(
+        // may, and a request met during an election can go unanswered (a cluster just started
+        // or just lost a node, a loaded machine): the open asks again, each time with the
+        // request timeout, for up to 25 s.
+        let open_wait = Duration::from_secs(25);
+        let open_deadline = tokio::time::Instant::now() + open_wait;
+        let stream = loop {
+            let made = match js.get_stream(&cfg.stream).await {
+                Ok(s) => Ok(s),
+                Err(_) => js
+                    .create_stream(stream::Config {
+                        name: cfg.stream.clone(),
+                        subjects: vec![format!("{}.>", subject_prefix(&cfg.stream))],
+                        storage: stream::StorageType::File,
+                        num_replicas: cfg.replicas,
+                        allow_atomic_publish: true,
+                        allow_direct: true,
+                        duplicate_window: Duration::from_secs(120),
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| e.to_string()),
+            };
+            match made {
+                Ok(s) => break s,
+                Err(e) if tokio::time::Instant::now() >= open_deadline => {
+                    return Err(open(
                         &format!(
-                            "creating stream {:?} with {} replicas (is there a quorum?)",
+                            "opening stream {:?} with {} replicas (is there a quorum?)",
                             cfg.stream, cfg.replicas
                         ),
                         &e,
-                    )
-                })?,
+                    ));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
         };
         // A stream just made (or electing) has no leader yet: wait for one.
         let mut stream = stream;
@@ -284,7 +302,7 @@ impl JetStreamLog {
             if has_leader {
                 break;
             }
-            if tokio::time::Instant::now() >= deadline + open_wait {
+            if tokio::time::Instant::now() >= open_deadline {
                 return Err(OpenError::Storage(cluster_err(
                     "the stream",
                     format!("stream {:?} has no leader (no quorum?)", cfg.stream),
