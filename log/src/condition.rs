@@ -90,3 +90,38 @@ impl std::fmt::Display for ConditionOn {
         }
     }
 }
+
+/// `Some(ExpectationFailed)` naming the first part of `cond` that does not hold — the head
+/// first, then the subjects in the order given — for a log whose head is `head` and whose last
+/// seq of a (stream, subject) `last_of` answers. Every backend judges a condition with it, so
+/// they refuse alike.
+pub(crate) fn first_failed<E>(
+    cond: &Condition,
+    head: u64,
+    mut last_of: impl FnMut(&str, &str) -> Result<u64, E>,
+) -> Result<Option<crate::AppendError>, E> {
+    use crate::AppendError::ExpectationFailed;
+    if let Some(expected) = cond.head
+        && head != expected
+    {
+        return Ok(Some(ExpectationFailed {
+            on: ConditionOn::Head,
+            expected,
+            actual: head,
+        }));
+    }
+    for c in &cond.subjects {
+        let actual = last_of(&c.stream, &c.subject)?;
+        if actual != c.last_seq {
+            return Ok(Some(ExpectationFailed {
+                on: ConditionOn::Subject {
+                    stream: c.stream.clone(),
+                    subject: c.subject.clone(),
+                },
+                expected: c.last_seq,
+                actual,
+            }));
+        }
+    }
+    Ok(None)
+}

@@ -271,6 +271,43 @@ impl Serialize for Event {
     }
 }
 
+/// Ready a batch for any backend: refused when empty or over [`limits::BATCH_MAX_EVENTS`], and
+/// every event without an `event_id` given a fresh one (so a backend, and every replica of it,
+/// records the same id).
+pub(crate) fn prepare_batch(events: &mut [NewEvent]) -> Result<(), AppendError> {
+    if events.is_empty() {
+        return Err(AppendError::Invalid {
+            index: 0,
+            field: "events",
+            reason: "the batch is empty".into(),
+            kind: InvalidKind::EmptyBatch,
+        });
+    }
+    if events.len() > limits::BATCH_MAX_EVENTS {
+        return Err(AppendError::Invalid {
+            index: limits::BATCH_MAX_EVENTS,
+            field: "events",
+            reason: format!(
+                "the batch has {} events, more than the {} allowed",
+                events.len(),
+                limits::BATCH_MAX_EVENTS
+            ),
+            kind: InvalidKind::BatchTooLarge,
+        });
+    }
+    for ev in events {
+        if ev.event_id.is_none() {
+            ev.event_id = Some(fresh_event_id());
+        }
+    }
+    Ok(())
+}
+
+/// A new, unique `event_id` (time-ordered).
+pub(crate) fn fresh_event_id() -> String {
+    format!("evt-{}", uuid::Uuid::now_v7().simple())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,7 @@ use redb::{ReadableTable, WriteTransaction};
 
 use super::store::SUBJECTS;
 use super::tail::Tail;
-use crate::condition::{Condition, ConditionOn};
+use crate::condition::Condition;
 use crate::envelope::NewEvent;
 use crate::error::{AppendError, StorageError, storage};
 
@@ -67,37 +67,17 @@ pub(crate) fn failed(
     txn: &WriteTransaction,
     tail: &Tail,
 ) -> Result<Option<AppendError>, StorageError> {
-    if let Some(expected) = cond.head {
-        let actual = head + staged.len() as u64;
-        if actual != expected {
-            return Ok(Some(AppendError::ExpectationFailed {
-                on: ConditionOn::Head,
-                expected,
-                actual,
-            }));
-        }
+    if !cond.subjects.is_empty() {
+        group.catch_up(staged);
     }
-    if cond.subjects.is_empty() {
-        return Ok(None);
-    }
-    group.catch_up(staged);
-    for c in &cond.subjects {
-        let actual = match group.get(&c.stream, &c.subject) {
-            Some(seq) => seq,
-            None => last_of_subject(txn, tail, &c.stream, &c.subject)?,
-        };
-        if actual != c.last_seq {
-            return Ok(Some(AppendError::ExpectationFailed {
-                on: ConditionOn::Subject {
-                    stream: c.stream.clone(),
-                    subject: c.subject.clone(),
-                },
-                expected: c.last_seq,
-                actual,
-            }));
-        }
-    }
-    Ok(None)
+    crate::condition::first_failed(
+        cond,
+        head + staged.len() as u64,
+        |stream, subject| match group.get(stream, subject) {
+            Some(seq) => Ok(seq),
+            None => last_of_subject(txn, tail, stream, subject),
+        },
+    )
 }
 
 /// The last committed seq of `stream` with `subject` (0: none): the in-memory tail first (it

@@ -47,8 +47,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::Compacted;
 use crate::{
-    AppendError, AppendReceipt, Condition, Event, EventChunk, EventLog, InvalidKind, NewEvent,
-    OpenError, ReadError, ReadPage, ReadQuery, StorageError, limits,
+    AppendError, AppendReceipt, Condition, Event, EventChunk, EventLog, NewEvent, OpenError,
+    ReadError, ReadPage, ReadQuery, StorageError,
 };
 
 /// How to open a log.
@@ -208,10 +208,6 @@ impl EventChunk {
         }
         Ok(())
     }
-}
-
-pub(crate) fn fresh_event_id() -> String {
-    format!("evt-{}", uuid::Uuid::now_v7().simple())
 }
 
 /// Where the log checks its free space.
@@ -404,31 +400,7 @@ impl Log {
         mut events: Vec<NewEvent>,
         condition: Condition,
     ) -> Result<AppendReceipt, AppendError> {
-        if events.is_empty() {
-            return Err(AppendError::Invalid {
-                index: 0,
-                field: "events",
-                reason: "the batch is empty".into(),
-                kind: InvalidKind::EmptyBatch,
-            });
-        }
-        if events.len() > limits::BATCH_MAX_EVENTS {
-            return Err(AppendError::Invalid {
-                index: limits::BATCH_MAX_EVENTS,
-                field: "events",
-                reason: format!(
-                    "the batch has {} events, more than the {} allowed",
-                    events.len(),
-                    limits::BATCH_MAX_EVENTS
-                ),
-                kind: InvalidKind::BatchTooLarge,
-            });
-        }
-        for ev in &mut events {
-            if ev.event_id.is_none() {
-                ev.event_id = Some(fresh_event_id());
-            }
-        }
+        crate::envelope::prepare_batch(&mut events)?;
         self.send(events, condition, None).await
     }
 

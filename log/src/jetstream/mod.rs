@@ -3,7 +3,7 @@
 //!
 //! # Shape
 //! - **Appends** go to the cluster: one atomic batch publish per append (`Nats-Batch-Id`,
-//!   `-Sequence`, `-Commit`; at most [`limits::BATCH_MAX_EVENTS`] = the server's 1,000), each
+//!   `-Sequence`, `-Commit`; at most [`crate::limits::BATCH_MAX_EVENTS`] = the server's 1,000), each
 //!   event a message on a NATS subject derived from its stream and subject
 //!   (`<prefix>.s<hex stream>.j<hex subject>`), its body the event's id, names and payload.
 //!   Acknowledged means the commit's publish acknowledgement: stored on a quorum (and synced
@@ -29,16 +29,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::{self, consumer, stream};
-use futures::StreamExt;
+use async_nats::jetstream::{self, stream};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio::sync::{oneshot, watch};
 
-use crate::condition::{Condition, ConditionOn};
+use crate::condition::Condition;
 use crate::embedded::{Log, LogConfig};
-use crate::envelope::{Event, InvalidKind, NewEvent, limits};
+use crate::envelope::{Event, NewEvent};
 use crate::error::{AppendError, OpenError, ReadError, StorageError};
+mod follow;
+
 use crate::{AppendReceipt, Appended, Compacted, EventChunk, EventLog, ReadPage, ReadQuery};
 
 /// The oldest server with what this backend needs: atomic batches with message ids inside
@@ -179,7 +180,7 @@ impl JetStreamLog {
             stop: Mutex::new(Some(stop_tx)),
             thread: Mutex::new(Some(thread)),
         });
-        handle.spawn(follow(stream, client, replica));
+        handle.spawn(follow::follow(stream, client, replica));
         let log = JetStreamLog { inner };
         // Opened means every event the stream holds now is readable here.
         handle
@@ -328,32 +329,11 @@ impl JetStreamLog {
     /// reports it: the head, then each subject in order.
     fn judge(&self, condition: &Condition) -> Result<Option<AppendError>, AppendError> {
         let replica = &self.inner.replica;
-        if let Some(expected) = condition.head {
-            let actual = replica.head();
-            if actual != expected {
-                return Ok(Some(AppendError::ExpectationFailed {
-                    on: ConditionOn::Head,
-                    expected,
-                    actual,
-                }));
-            }
-        }
-        for c in &condition.subjects {
-            let actual = replica
-                .last_of(&c.stream, &c.subject)
-                .map_err(AppendError::Storage)?;
-            if actual != c.last_seq {
-                return Ok(Some(AppendError::ExpectationFailed {
-                    on: ConditionOn::Subject {
-                        stream: c.stream.clone(),
-                        subject: c.subject.clone(),
-                    },
-                    expected: c.last_seq,
-                    actual,
-                }));
-            }
-        }
-        Ok(None)
+        crate::condition::first_failed(condition, replica.head(), |stream, subject| {
+            replica
+                .last_of(stream, subject)
+                .map_err(AppendError::Storage)
+        })
     }
 
     /// What a batch the server refused means: a condition that no longer holds (judged again
@@ -390,9 +370,10 @@ impl JetStreamLog {
         let inner = self.inner.clone();
         let r = self
             .run(async move {
-                let mut s = inner.js.get_stream(&inner.stream).await?;
+                // Getting the stream is one info request: its answer holds the head.
+                let s = inner.js.get_stream(&inner.stream).await?;
                 Ok::<u64, Box<dyn std::error::Error + Send + Sync>>(
-                    s.info().await?.state.last_sequence,
+                    s.cached_info().state.last_sequence,
                 )
             })
             .await;
@@ -708,96 +689,6 @@ fn nats_subject(prefix: &str, stream: &str, subject: &str) -> String {
     )
 }
 
-/// Follow the stream into the replica, from the replica's head on, for as long as the runtime
-/// runs; a broken consumer is made again from where the replica is.
-async fn follow(stream: stream::Stream, client: async_nats::Client, replica: Log) {
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        if let Err(e) = follow_once(&stream, &client, &replica).await {
-            tracing::warn!(error = %e, "following the stream failed; following again");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
-        } else {
-            backoff = Duration::from_millis(50);
-        }
-    }
-}
-
-async fn follow_once(
-    stream: &stream::Stream,
-    client: &async_nats::Client,
-    replica: &Log,
-) -> Result<(), StorageError> {
-    let start = replica.head() + 1;
-    let consumer = stream
-        .create_consumer(consumer::push::OrderedConfig {
-            deliver_subject: client.new_inbox(),
-            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: start,
-            },
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| cluster_err("making the follower", e))?;
-    let mut messages = consumer
-        .messages()
-        .await
-        .map_err(|e| cluster_err("following", e))?;
-    let mut run: Vec<NewEvent> = Vec::new();
-    let mut run_first = 0;
-    let mut next = start;
-    while let Some(m) = messages.next().await {
-        let m = m.map_err(|e| cluster_err("following", e))?;
-        let (seq, at) = {
-            let info = m
-                .info()
-                .map_err(|e| cluster_err("a message's metadata", e))?;
-            (
-                info.stream_sequence,
-                (info.published.unix_timestamp_nanos() / 1_000) as i64,
-            )
-        };
-        if seq < next {
-            continue;
-        }
-        if seq > next {
-            return Err(cluster_err(
-                "following",
-                format!("the stream jumped from {next} to {seq} (purged?)"),
-            ));
-        }
-        let body: Body<'_> = serde_json::from_slice(&m.payload)
-            .map_err(|e| cluster_err(&format!("message {seq}"), e))?;
-        let value: serde_json::Value = serde_json::from_str(body.payload.get())
-            .map_err(|e| cluster_err(&format!("message {seq}"), e))?;
-        let ev = NewEvent::new(
-            Some(body.id.to_owned()),
-            body.stream,
-            body.subject,
-            body.event_type,
-            &value,
-        )
-        .map_err(|e| cluster_err(&format!("message {seq}"), format!("{e:?}")))?;
-        // A batch is replicated whole, at its commit's time (the same on every node): its
-        // messages are contiguous in the stream, the last one carrying the commit.
-        let headers = m.headers.as_ref();
-        let in_batch = headers.is_some_and(|h| h.get("Nats-Batch-Id").is_some());
-        let commit = headers.is_some_and(|h| h.get("Nats-Batch-Commit").is_some());
-        if run.is_empty() {
-            run_first = seq;
-        }
-        run.push(ev);
-        next = seq + 1;
-        if !in_batch || commit || run.len() >= limits::BATCH_MAX_EVENTS {
-            replica
-                .replicate(std::mem::take(&mut run), run_first, at)
-                .await
-                .map_err(|e| cluster_err("the replica", e))?;
-        }
-    }
-    Err(cluster_err("following", "the consumer ended"))
-}
-
 impl EventLog for JetStreamLog {
     async fn append(&self, events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
         self.append_if(events, Condition::none()).await
@@ -808,31 +699,7 @@ impl EventLog for JetStreamLog {
         mut events: Vec<NewEvent>,
         condition: Condition,
     ) -> Result<AppendReceipt, AppendError> {
-        if events.is_empty() {
-            return Err(AppendError::Invalid {
-                index: 0,
-                field: "events",
-                reason: "the batch is empty".into(),
-                kind: InvalidKind::EmptyBatch,
-            });
-        }
-        if events.len() > limits::BATCH_MAX_EVENTS {
-            return Err(AppendError::Invalid {
-                index: limits::BATCH_MAX_EVENTS,
-                field: "events",
-                reason: format!(
-                    "the batch has {} events, more than the {} allowed",
-                    events.len(),
-                    limits::BATCH_MAX_EVENTS
-                ),
-                kind: InvalidKind::BatchTooLarge,
-            });
-        }
-        for ev in &mut events {
-            if ev.event_id.is_none() {
-                ev.event_id = Some(crate::embedded::fresh_event_id());
-            }
-        }
+        crate::envelope::prepare_batch(&mut events)?;
         let deadline = tokio::time::Instant::now() + self.inner.timeout;
         let mut pause = Duration::from_millis(10);
         for attempt in 0..64 {

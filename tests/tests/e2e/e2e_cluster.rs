@@ -17,6 +17,11 @@ use tidemark_tests::{Server, ServerOpts};
 
 use crate::e2e_deliveries::{claim, post};
 
+/// `tests/nats/cluster.sh`.
+fn script() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/nats/cluster.sh")
+}
+
 /// A three-node cluster under `dir`, stopped (by its PIDs) when dropped or when this test
 /// process ends.
 struct Cluster {
@@ -27,9 +32,8 @@ struct Cluster {
 impl Cluster {
     fn start() -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/nats/cluster.sh");
         let out = Command::new("bash")
-            .arg(script)
+            .arg(script())
             .arg("start")
             .arg(dir.path())
             .arg(std::process::id().to_string())
@@ -60,9 +64,8 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/nats/cluster.sh");
         let _ = Command::new("bash")
-            .arg(script)
+            .arg(script())
             .arg("stop")
             .arg(self.dir.path())
             .status();
@@ -195,9 +198,8 @@ async fn two_nodes_over_one_cluster_serve_one_log() {
 
 impl Cluster {
     fn script(&self, args: &[&str]) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/nats/cluster.sh");
         let st = Command::new("bash")
-            .arg(script)
+            .arg(script())
             .arg(args[0])
             .arg(self.dir.path())
             .args(&args[1..])
