@@ -33,6 +33,8 @@ start_one() {
 
 case "$cmd" in
 start)
+  command -v nats-server >/dev/null 2>&1 ||
+    { echo "cluster.sh: nats-server is not on PATH (benches/peers/install.sh installs it)" >&2; exit 1; }
   read -r -a ports <<<"$(free_ports 9)"
   routes=""
   for n in 1 2 3; do
@@ -74,6 +76,11 @@ CONF
     [[ $ok -eq 3 ]] && break
     sleep 0.1
   done
+  if [[ $ok -ne 3 ]]; then
+    echo "cluster.sh: the cluster under $dir was not ready in 30 s (see $dir/n*.log)" >&2
+    for n in 1 2 3; do kill -9 "$(cat "$dir/n$n.pid")" 2>/dev/null || true; done
+    exit 1
+  fi
   if [[ -n "${3:-}" ]]; then
     owner=$3
     (

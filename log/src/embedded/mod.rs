@@ -498,20 +498,24 @@ impl Log {
         compact::next_in_index(&txn, stream, subject, after)
     }
 
-    /// The seq of the last event of `stream` with `subject` (0: none), as committed now: the
-    /// in-memory tail first, then the merged subject index.
-    pub fn last_of(&self, stream: &str, subject: &str) -> Result<u64, StorageError> {
+    /// The seq of the last event of `stream` with `subject` at or before `upto` (0: none): the
+    /// in-memory tail first, then the merged subject index. Bounded by a head read before, the
+    /// answer is that of one point of the log even while a commit lands between the reads.
+    pub fn last_of(&self, stream: &str, subject: &str, upto: u64) -> Result<u64, StorageError> {
         use redb::ReadableDatabase;
         let tail = self.shared.tail.read().unwrap_or_else(|p| p.into_inner());
         if let Some(list) = tail.subjects.get(subject)
-            && let Some((seq, _)) = list.iter().rev().find(|(_, s)| &**s == stream)
+            && let Some((seq, _)) = list
+                .iter()
+                .rev()
+                .find(|(seq, s)| *seq <= upto && &**s == stream)
         {
             return Ok(*seq);
         }
         let txn = self.db().begin_read().map_err(StorageError::of)?;
         let t = txn.open_table(store::SUBJECTS).map_err(StorageError::of)?;
         for row in t
-            .range((subject, 0)..=(subject, u64::MAX))
+            .range((subject, 0)..=(subject, upto))
             .map_err(StorageError::of)?
             .rev()
         {

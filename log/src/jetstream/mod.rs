@@ -329,9 +329,12 @@ impl JetStreamLog {
     /// reports it: the head, then each subject in order.
     fn judge(&self, condition: &Condition) -> Result<Option<AppendError>, AppendError> {
         let replica = &self.inner.replica;
-        crate::condition::first_failed(condition, replica.head(), |stream, subject| {
+        // One point of the replica: the head, and each subject as of that head (a batch
+        // replicated between the reads is not half seen).
+        let head = replica.head();
+        crate::condition::first_failed(condition, head, |stream, subject| {
             replica
-                .last_of(stream, subject)
+                .last_of(stream, subject, head)
                 .map_err(AppendError::Storage)
         })
     }
