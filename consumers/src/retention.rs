@@ -115,17 +115,35 @@ async fn purge(engine: &Engine, window_ms: u64) -> Result<RetentionReport, Comma
     Ok(t)
 }
 
-/// Run retention at start, then every `run_every`, until `shutdown`.
+/// The lease that makes the periodic run once per cluster (spec section 16).
+pub const LEASE: &str = "retention";
+
+/// Run retention at start, then every `run_every`, until `shutdown` — on the node holding the
+/// retention lease (on a cluster the other nodes wait, and one of them takes the lease when
+/// its holder dies). `POST /v1/admin/retention/run` runs it on the node asked, lease or not.
 pub(crate) async fn run_loop(engine: Engine, r: Retention, shutdown: CancellationToken) {
+    let leases = engine.leases();
+    leases.want(LEASE);
+    leases.ready().await;
+    let mut changes = leases.changes();
     loop {
-        match run_now(&engine, r).await {
-            Ok(_) => {}
-            Err(CommandError::Append(tidemark_log::AppendError::Closed)) => return,
-            Err(e) => tracing::warn!(error = %e, "retention run failed; will retry"),
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(r.run_every) => {},
-            _ = shutdown.cancelled() => return,
+        if leases.holds(LEASE) {
+            match run_now(&engine, r).await {
+                Ok(_) => {}
+                Err(CommandError::Append(tidemark_log::AppendError::Closed)) => return,
+                Err(e) => tracing::warn!(error = %e, "retention run failed; will retry"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(r.run_every) => {},
+                _ = shutdown.cancelled() => return,
+            }
+        } else {
+            // Not ours: look again when the leases change (a run is due on taking it).
+            tokio::select! {
+                _ = changes.changed() => {},
+                _ = tokio::time::sleep(leases.ttl()) => {},
+                _ = shutdown.cancelled() => return,
+            }
         }
     }
 }

@@ -140,6 +140,12 @@ impl Engine {
         let engine = Self::on_log(AnyLog::JetStream(log), models)?;
         Ok((engine, report))
     }
+
+    /// This node's leases on once-per-cluster work (spec section 16): every one is held on
+    /// the embedded log; on a cluster, by one node at a time.
+    pub fn leases(&self) -> tidemark_log::Leases {
+        self.log.leases()
+    }
 }
 
 /// The engine over any log backend ([`EventLog`]): the same commands, decider, read models and

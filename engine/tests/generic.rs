@@ -106,6 +106,7 @@ fn the_engine_runs_on_another_event_log() {
                 owner: "o".into(),
                 limit: 100,
                 lease_ms: 60_000,
+                share: tidemark_log::Share::ALL,
             })
             .await
             .unwrap();

@@ -642,6 +642,7 @@ impl Harness {
                         owner: o.into(),
                         limit: limit as usize,
                         lease_ms: lease_s as u64 * 1000,
+                        share: tidemark_log::Share::ALL,
                     })
                     .map_err(|c| format!("claim refused: {c}"))?;
                 let want = self
@@ -827,6 +828,7 @@ fn expired_lease_is_released_and_reclaimed() {
         owner: owner.into(),
         limit: 10,
         lease_ms: 1_000,
+        share: tidemark_log::Share::ALL,
     };
     let got = h.exec(claim("a")).unwrap();
     assert_eq!(got.len(), 1);
@@ -858,6 +860,57 @@ fn expired_lease_is_released_and_reclaimed() {
     let (_, steps) = h.engine.read().delivery("dlv:x:desktop").unwrap().unwrap();
     let kinds: Vec<&str> = steps.iter().map(|s| s.event.as_str()).collect();
     assert_eq!(kinds, ["created", "leased", "lease_expired", "leased"]);
+    h.rt.block_on(h.engine.close());
+}
+
+/// A claim with a node's share (spec section 16) takes the due deliveries of its share first
+/// and another share's only when its own run short; two shares of two split everything.
+#[test]
+fn claims_take_their_share_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = Harness::new(dir.path(), None);
+    let p = json!({"priority": "action", "title": "t"});
+    for i in 0..40 {
+        let id = format!("n{i}");
+        h.append(
+            NewEvent::new(
+                Some(id.clone()),
+                "notifications",
+                id,
+                "notification.requested",
+                &p,
+            )
+            .unwrap(),
+        );
+    }
+    let share = |index| tidemark_log::Share { index, of: 2 };
+    let claim = |owner: &str, index, limit| Claim {
+        sink: "app".into(),
+        owner: owner.into(),
+        limit,
+        lease_ms: 60_000,
+        share: share(index),
+    };
+    let a = h.exec(claim("a", 0, 5)).unwrap();
+    let b = h.exec(claim("b", 1, 5)).unwrap();
+    assert_eq!((a.len(), b.len()), (5, 5));
+    assert!(a.iter().all(|d| share(0).owns(&d.id)), "a took its share");
+    assert!(b.iter().all(|d| share(1).owns(&d.id)), "b took its share");
+    // Everything else: a's share first, then b's.
+    let rest = h.exec(claim("a", 0, 1000)).unwrap();
+    assert_eq!(rest.len(), 30);
+    let first_other = rest
+        .iter()
+        .position(|d| !share(0).owns(&d.id))
+        .unwrap_or(rest.len());
+    assert!(
+        rest[first_other..].iter().all(|d| !share(0).owns(&d.id)),
+        "a's own share came before b's"
+    );
+    assert!(
+        first_other > 0 && first_other < rest.len(),
+        "both shares left some"
+    );
     h.rt.block_on(h.engine.close());
 }
 

@@ -37,6 +37,19 @@ impl AnyLog {
         }
     }
 
+    /// This node's leases on once-per-cluster work (every one held on the embedded log).
+    pub fn leases(&self) -> crate::Leases {
+        match self {
+            AnyLog::Embedded(_) => {
+                static SINGLE: std::sync::OnceLock<crate::Leases> = std::sync::OnceLock::new();
+                SINGLE
+                    .get_or_init(|| crate::Leases::single(crate::lease::node_id()))
+                    .clone()
+            }
+            AnyLog::JetStream(l) => l.leases().clone(),
+        }
+    }
+
     /// Which backend, for logs and metrics.
     pub fn backend(&self) -> &'static str {
         match self {

@@ -47,6 +47,7 @@ mod embedded;
 pub mod envelope;
 pub mod error;
 pub mod jetstream;
+pub mod lease;
 pub mod time;
 
 use serde::Serialize;
@@ -59,6 +60,7 @@ pub use embedded::{Log, LogConfig, OpenReport, compact, fault, storage};
 pub use envelope::{Event, EventRef, FieldError, InvalidKind, NewEvent, limits};
 pub use error::{AppendError, Error, OpenError, ReadError, StorageError};
 pub use jetstream::{JetStreamConfig, JetStreamLog};
+pub use lease::{Leases, Share};
 
 /// A read of the log: up to `limit` events with `seq > after` that match every filter given.
 /// Each filter is served by its index (combined filters by a join of them), so a page holds

@@ -1386,6 +1386,69 @@ mod jetstream_only {
         rt.block_on(b.close());
     }
 
+    /// Leases on once-per-cluster work: of two nodes wanting the same lease exactly one holds
+    /// it at any moment, both see each other as members with shares that split every id, and
+    /// when the holder closes (or stops renewing: its keys expire) the other takes it within
+    /// the lease time.
+    #[test]
+    fn a_lease_is_held_by_one_node_and_handed_over() {
+        let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
+        let mut ca = config(&dir.path().join("a"), "LEASES");
+        let mut cb = config(&dir.path().join("b"), "LEASES");
+        ca.lease_ttl = Duration::from_millis(1500);
+        cb.lease_ttl = Duration::from_millis(1500);
+        ca.node = "node-a".into();
+        cb.node = "node-b".into();
+        let a = tidemark_log::JetStreamLog::open(&ca).unwrap();
+        let b = tidemark_log::JetStreamLog::open(&cb).unwrap();
+        let (la, lb) = (a.leases().clone(), b.leases().clone());
+        la.want("work");
+        lb.want("work");
+        let started = std::time::Instant::now();
+        let mut held_by = std::collections::BTreeSet::new();
+        while started.elapsed() < Duration::from_secs(6) {
+            let (ha, hb) = (la.holds("work"), lb.holds("work"));
+            assert!(!(ha && hb), "both nodes held the lease at once");
+            if ha {
+                held_by.insert("a");
+            }
+            if hb {
+                held_by.insert("b");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            held_by.len(),
+            1,
+            "one node took the lease and kept it: {held_by:?}"
+        );
+        assert_eq!(la.members(), vec!["node-a".to_owned(), "node-b".to_owned()]);
+        assert_eq!(lb.members(), la.members());
+        let (sa, sb) = (la.share(), lb.share());
+        assert_eq!((sa.of, sb.of), (2, 2));
+        assert_ne!(sa.index, sb.index);
+        for i in 0..200 {
+            let id = format!("d-{i}");
+            assert!(sa.owns(&id) ^ sb.owns(&id), "{id} in exactly one share");
+        }
+        // The holder closes: the other takes the lease within the lease time.
+        let (holder, other, other_leases) = if held_by.contains("a") {
+            (a, b, lb)
+        } else {
+            (b, a, la)
+        };
+        rt.block_on(holder.close());
+        let closed = std::time::Instant::now();
+        while !other_leases.holds("work") {
+            assert!(
+                closed.elapsed() < Duration::from_secs(8),
+                "the lease was not handed over"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        rt.block_on(other.close());
+    }
+
     /// A stream that cannot take atomic batches is refused at open, saying so.
     #[test]
     fn a_stream_without_atomic_batches_is_refused_at_open() {

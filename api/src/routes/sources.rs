@@ -23,7 +23,8 @@ use crate::state::AppState;
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SourceOut {
     pub name: String,
-    /// idle, polling, backing_off, paused or parked.
+    /// idle, polling, backing_off, paused or parked; standby on a node of a cluster while
+    /// another node holds the source's poller lease.
     pub state: String,
     /// The upstream's `next` of the last page appended and acknowledged; null before any.
     pub watermark: Option<String>,

@@ -30,6 +30,19 @@ struct Retry {
     seq: u64,
 }
 
+/// Webhook subscriptions are split into this many leases (spec section 16: a bridge notifier
+/// per subscription, once per cluster), so a cluster renews a few keys, not one per
+/// subscription.
+pub const LEASE_SLOTS: usize = 16;
+
+/// The lease of the notifier of `subscription`'s webhook.
+pub fn lease_name(subscription: &str) -> String {
+    format!(
+        "bridge.{}",
+        tidemark_log::lease::slot(subscription, LEASE_SLOTS)
+    )
+}
+
 /// Start the notifier; it stops when `shutdown` is cancelled.
 pub fn spawn(
     engine: Engine,
@@ -49,7 +62,16 @@ pub fn spawn(
                 return;
             }
         };
+        let leases = engine.leases();
+        for slot in 0..LEASE_SLOTS {
+            leases.want(&format!("bridge.{slot}"));
+        }
+        tokio::select! {
+            _ = leases.ready() => {}
+            _ = shutdown.cancelled() => return,
+        }
         let mut n = Notifier {
+            leases,
             engine,
             http,
             settings,
@@ -66,6 +88,9 @@ pub fn spawn(
 }
 
 struct Notifier {
+    /// Which webhook subscriptions this node posts to and records mismatches of; the pull
+    /// cache is kept on every node (its long-polls are served anywhere).
+    leases: tidemark_log::Leases,
     engine: Engine,
     http: reqwest::Client,
     settings: RoutingSettings,
@@ -88,6 +113,7 @@ impl Notifier {
     async fn run(&mut self, mut feed: Feed, shutdown: CancellationToken) {
         let mut page: Option<Arc<Page>> = None;
         let mut due = true;
+        let mut leases = self.leases.changes();
         loop {
             if due {
                 if let Err(e) = self.pass(page.take()).await {
@@ -120,6 +146,11 @@ impl Notifier {
                     if let Ok(done) = done { self.finished(done).await }
                 }
                 _ = tokio::time::sleep(next_retry) => due = true,
+                // A lease taken (or lost): look at every subscription again.
+                Ok(()) = leases.changed() => {
+                    self.scanned_to = None;
+                    due = true;
+                }
                 _ = shutdown.cancelled() => {
                     self.inflight.abort_all();
                     return;
@@ -362,6 +393,11 @@ impl Notifier {
                 self.deferred.insert(id.clone());
             } else {
                 self.deferred.remove(&id);
+            }
+            // What this node does for the subscription beyond the pull cache: while it holds
+            // the subscription's lease.
+            if !self.leases.holds(&lease_name(&id)) {
+                return Ok(());
             }
             if let Some((ev, reason)) = &scan.mismatch {
                 self.stopped.insert(id.clone());

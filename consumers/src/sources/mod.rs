@@ -36,7 +36,8 @@ use upstream::{parse_page, request, send_ack};
 /// What the poller keeps in memory about a source (section 12: not in the log).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Runtime {
-    /// idle, polling, backing_off (paused and parked come from the log).
+    /// idle, polling, backing_off; standby while another node of a cluster holds the
+    /// source's poller lease (paused and parked come from the log).
     pub state: String,
     pub last_poll_at_us: Option<i64>,
     pub last_success_at_us: Option<i64>,
@@ -112,7 +113,8 @@ impl Sources {
         let mut r = s.runtime.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let interval = s.source.schedule.interval(Utc::now()).as_micros() as i64;
         let since = r.last_success_at_us.unwrap_or(0).max(s.started_us);
-        r.stale = now_us() - since > interval.saturating_mul(3);
+        // A node on standby (another node polls) is not the one to say the source is stale.
+        r.stale = r.state != "standby" && now_us() - since > interval.saturating_mul(3);
         r.seconds_since_success = (now_us() - since).max(0) as f64 / 1e6;
         Some(r)
     }
@@ -128,6 +130,11 @@ impl Sources {
             None => false,
         }
     }
+}
+
+/// The lease of a source's poller.
+pub fn lease_name(source: &str) -> String {
+    format!("source.{source}")
 }
 
 /// Start one poller per source; the handle ends when every poller has stopped on `shutdown`.
@@ -194,7 +201,31 @@ async fn run(
     // A source polls once at start (a schedule's first time may be far away).
     let mut due_now = true;
     let mut unauthorized_once = false;
+    // One poller per source across a cluster (spec section 16): this node polls while it
+    // holds the source's lease; another node takes it when this one dies.
+    let leases = engine.leases();
+    let lease = lease_name(&name);
+    leases.want(&lease);
+    tokio::select! {
+        _ = shutdown.cancelled() => return,
+        _ = leases.ready() => {}
+    }
+    let mut changes = leases.changes();
     loop {
+        if !leases.holds(&lease) {
+            set(&slot, |r| {
+                r.state = "standby".into();
+                r.next_poll_at_us = None;
+            });
+            // Until this node takes the lease (then it polls at once: its holder is gone).
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep(leases.ttl()) => {}
+            }
+            due_now = true;
+            continue;
+        }
         if !due_now {
             set(&slot, |r| r.next_poll_at_us = Some(next.timestamp_micros()));
             let wait = (next - Utc::now()).to_std().unwrap_or_default();

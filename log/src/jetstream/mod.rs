@@ -64,6 +64,11 @@ pub struct JetStreamConfig {
     pub replica: LogConfig,
     /// How long a request to the cluster may take before the append is refused.
     pub timeout: Duration,
+    /// How long a lease on once-per-cluster work outlives its node's last renewal
+    /// ([`crate::lease`]): the bound on a handover after a node dies.
+    pub lease_ttl: Duration,
+    /// This node's id among the cluster's nodes (unique per process).
+    pub node: String,
 }
 
 impl JetStreamConfig {
@@ -77,6 +82,8 @@ impl JetStreamConfig {
             replicas: 3,
             replica,
             timeout: Duration::from_secs(5),
+            lease_ttl: Duration::from_secs(6),
+            node: crate::lease::node_id(),
         }
     }
 }
@@ -106,6 +113,9 @@ struct Inner {
     handle: tokio::runtime::Handle,
     stop: Mutex<Option<oneshot::Sender<()>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// This node's leases on once-per-cluster work, and what stops their keeper.
+    leases: crate::Leases,
+    leases_stop: watch::Sender<bool>,
 }
 
 /// The body of a message: the event as appended.
@@ -165,6 +175,22 @@ impl JetStreamLog {
                 return Err(e);
             }
         };
+        let bucket = match handle.block_on(Self::lease_bucket(&js, cfg)) {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = stop_tx.send(());
+                let _ = thread.join();
+                return Err(e);
+            }
+        };
+        let (leases_stop, stop_keeper) = watch::channel(false);
+        let leases = crate::Leases::cluster(
+            bucket,
+            cfg.node.clone(),
+            cfg.lease_ttl,
+            &handle,
+            stop_keeper,
+        );
         let (replica, _) = Log::open(&cfg.replica)?;
         let inner = Arc::new(Inner {
             client: client.clone(),
@@ -179,6 +205,8 @@ impl JetStreamLog {
             handle: handle.clone(),
             stop: Mutex::new(Some(stop_tx)),
             thread: Mutex::new(Some(thread)),
+            leases,
+            leases_stop,
         });
         handle.spawn(follow::follow(stream, client, replica));
         let log = JetStreamLog { inner };
@@ -323,6 +351,47 @@ impl JetStreamLog {
         }
         let window = stream.cached_info().config.duplicate_window;
         Ok((client, js, stream, window))
+    }
+
+    /// The leases bucket of the stream (`<stream>_leases`, entries expiring after the lease
+    /// time), made if absent; asked again during an election, as the stream is.
+    async fn lease_bucket(
+        js: &jetstream::Context,
+        cfg: &JetStreamConfig,
+    ) -> Result<jetstream::kv::Store, OpenError> {
+        let name = format!("{}_leases", cfg.stream);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(25);
+        loop {
+            let made = match js.get_key_value(&name).await {
+                Ok(kv) => Ok(kv),
+                Err(_) => js
+                    .create_key_value(jetstream::kv::Config {
+                        bucket: name.clone(),
+                        history: 1,
+                        max_age: cfg.lease_ttl,
+                        storage: stream::StorageType::File,
+                        num_replicas: cfg.replicas,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| e.to_string()),
+            };
+            match made {
+                Ok(kv) => return Ok(kv),
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    return Err(OpenError::Storage(cluster_err(
+                        &format!("opening the leases bucket {name:?}"),
+                        e,
+                    )));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
+    /// This node's leases on once-per-cluster work.
+    pub fn leases(&self) -> &crate::Leases {
+        &self.inner.leases
     }
 
     /// The first part of `condition` that does not hold on the replica, as the embedded log
@@ -779,6 +848,15 @@ impl EventLog for JetStreamLog {
     }
 
     async fn close(&self) {
+        // Hand the leases over at once: stop renewing, then delete them.
+        if !self.inner.leases_stop.send_replace(true) {
+            let leases = self.inner.leases.clone();
+            let _ = self
+                .inner
+                .handle
+                .spawn(async move { leases.release().await })
+                .await;
+        }
         if let Some(tx) = self
             .inner
             .stop

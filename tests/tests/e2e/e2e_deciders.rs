@@ -156,10 +156,17 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
     let twice: Arc<Mutex<Vec<String>>> = Arc::default();
     let acks: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
     let mut racers = Vec::new();
-    for (name, engine) in &engines {
+    for (index, (name, engine)) in engines.iter().enumerate() {
         for k in 0..6 {
             let (engine, leased, twice) = (engine.clone(), leased.clone(), twice.clone());
             let owner = format!("{name}-{k}");
+            // Half the claimers take the deciders' shares first (as nodes of a cluster do),
+            // half race for the same deliveries.
+            let share = if k % 2 == 0 {
+                tidemark_log::Share { index, of: 2 }
+            } else {
+                tidemark_log::Share::ALL
+            };
             racers.push(tokio::spawn(async move {
                 let mut idle = 0;
                 while idle < 3 {
@@ -169,6 +176,7 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
                             owner: owner.clone(),
                             limit: 5,
                             lease_ms: 600_000,
+                            share,
                         })
                         .await;
                     let rows = match claim {

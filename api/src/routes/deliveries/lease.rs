@@ -75,6 +75,7 @@ pub async fn claim(
             owner,
             limit: limit as usize,
             lease_ms: lease,
+            share: st.engine.leases().share(),
         })
         .await?;
     tracing::Span::current().record("claimed", rows.len());

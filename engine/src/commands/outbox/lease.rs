@@ -125,6 +125,7 @@ pub(super) fn claim(
     owner: &str,
     limit: usize,
     lease_ms: u64,
+    share: tidemark_log::Share,
 ) -> Result<(Vec<Delivery>, Vec<NewEvent>), CommandError> {
     let now_us = round.now_us;
     let privacy = round.privacy;
@@ -138,12 +139,26 @@ pub(super) fn claim(
     let mut events = Vec::new();
     let mut after = from.clone();
     while leased.len() < limit {
-        let keys = st.keys(d::DUE, &after, &to, limit - leased.len())?;
+        // Among the next due deliveries, this node's share first (spec section 16): claimers
+        // on several nodes of a cluster take different deliveries in a storm instead of
+        // racing for the same ones; another share's are taken when this one's run short.
+        let keys = st.keys(
+            d::DUE,
+            &after,
+            &to,
+            (limit - leased.len()) * share.of.max(1),
+        )?;
         if keys.is_empty() {
             break;
         }
-        for k in &keys {
-            let id = String::from_utf8_lossy(&k[from.len() + 8..]).into_owned();
+        let id_of = |k: &[u8]| String::from_utf8_lossy(&k[from.len() + 8..]).into_owned();
+        let (own, others): (Vec<&Vec<u8>>, Vec<&Vec<u8>>) =
+            keys.iter().partition(|k| share.owns(&id_of(k)));
+        for k in own.into_iter().chain(others) {
+            if leased.len() >= limit {
+                break;
+            }
+            let id = id_of(k);
             // A claim earlier in the same round took it (or another command of the round
             // records something of it): left to the next round.
             if round.touches(Stream::Deliveries.as_str(), &id) {

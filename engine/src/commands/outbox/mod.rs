@@ -40,6 +40,9 @@ pub struct Claim {
     pub owner: String,
     pub limit: usize,
     pub lease_ms: u64,
+    /// This node's share of the due deliveries, taken first ([`tidemark_log::Share::ALL`] on a
+    /// single node).
+    pub share: tidemark_log::Share,
 }
 
 /// The lease owner reports these deliveries (id, external id) sent; answers each on its own,
@@ -138,6 +141,7 @@ impl Command for Claim {
             &self.owner,
             self.limit,
             self.lease_ms,
+            self.share,
         )?;
         Ok(Decided::new(rows, ev))
     }
