@@ -171,6 +171,11 @@ pub struct Round<'a> {
     touched: HashSet<Vec<u8>>,
     /// Deliveries the round's earlier accepted batches will add (the outbox bound).
     pub(crate) pending_added: u64,
+    /// Other nodes admit to the same outbox (spec section 16): an admission that adds
+    /// deliveries also writes `outbox.admitted` on the one subject every node's admissions
+    /// write, so it is appended only if no other admission came in since the models it was
+    /// judged on (`max_pending` is never exceeded across nodes).
+    pub(crate) shared_outbox: bool,
 }
 
 fn key(stream: &str, subject: &str) -> Vec<u8> {
@@ -288,6 +293,8 @@ pub(crate) struct Decider {
 pub(crate) struct Knobs {
     pub clock: Clock,
     pub privacy: Option<Arc<Privacy>>,
+    /// Several nodes share the outbox bound (a cluster): see [`Round::shared_outbox`].
+    pub shared_outbox: bool,
 }
 
 struct State<L> {
@@ -569,6 +576,7 @@ impl<L: EventLog + Clone> State<L> {
             log: &self.log,
             touched: HashSet::new(),
             pending_added: 0,
+            shared_outbox: knobs.shared_outbox,
         };
         let mut later: VecDeque<Queued> = VecDeque::new();
         let mut sends: Vec<(Queued, Vec<NewEvent>, Condition)> = Vec::new();
@@ -705,6 +713,7 @@ impl<L: EventLog + Clone> State<L> {
             log: &self.log,
             touched: HashSet::new(),
             pending_added: 0,
+            shared_outbox: knobs.shared_outbox,
         };
         job.decide(&txn, &mut round)?;
         txn.commit()

@@ -138,6 +138,11 @@ impl Engine {
             ..OpenReport::default()
         };
         let engine = Self::on_log(AnyLog::JetStream(log), models)?;
+        engine
+            .knobs
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .shared_outbox = true;
         Ok((engine, report))
     }
 
@@ -161,6 +166,7 @@ impl<L: EventLog + Clone> Engine<L> {
         let knobs = Arc::new(std::sync::RwLock::new(decider::Knobs {
             clock: clock.clone(),
             privacy: None,
+            shared_outbox: false,
         }));
         let decider =
             decider::Decider::spawn(log.clone(), models.clone(), progress.clone(), knobs.clone())
@@ -194,6 +200,17 @@ impl<L: EventLog + Clone> Engine<L> {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .privacy = p;
+        self
+    }
+
+    /// The same engine sharing its outbox bound with other deciders on the same log (spec
+    /// section 16; set for a JetStream node): admissions that add deliveries append on the
+    /// condition that no other admission came in since ([`commands::admission`]).
+    pub fn with_shared_outbox(self, shared: bool) -> Engine<L> {
+        self.knobs
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .shared_outbox = shared;
         self
     }
 
@@ -294,7 +311,8 @@ impl<L: EventLog + Clone> Engine<L> {
                 return Ok(self.log.append(events).await.map_err(CommandError::from)?);
             }
         }
-        let (admission, receipt) = self
+        let sent = events.len();
+        let (admission, mut receipt) = self
             .execute(Admit {
                 events,
                 known,
@@ -302,7 +320,12 @@ impl<L: EventLog + Clone> Engine<L> {
             })
             .await?;
         match admission {
-            Admission::Accept => Ok(receipt),
+            // The client is answered for its own events (on a cluster the admission's
+            // `outbox.admitted` follows them).
+            Admission::Accept => {
+                receipt.events.truncate(sent);
+                Ok(receipt)
+            }
             Admission::Blocked(indexes) => Err(ClientAppendError::RecipientBlocked { indexes }),
             Admission::Full {
                 pending,

@@ -72,6 +72,9 @@ names! {
         Settings = "settings",
         Sources = "sources",
         Retention = "retention",
+        /// Admissions to the outbox on a cluster (spec section 16: one subject all nodes'
+        /// admissions write and append on the condition of, so `max_pending` holds across them).
+        Outbox = "outbox",
     }
 }
 
@@ -120,11 +123,12 @@ names! {
         SourceReset = "source.reset",
         SourceParked = "source.parked",
         RetentionPurged = "retention.purged",
+        OutboxAdmitted = "outbox.admitted",
     }
 }
 
 /// Prefixes whose types tidemark defines.
-pub const RESERVED_PREFIXES: [&str; 9] = [
+pub const RESERVED_PREFIXES: [&str; 10] = [
     "task.",
     "notification.",
     "recipient.",
@@ -134,6 +138,7 @@ pub const RESERVED_PREFIXES: [&str; 9] = [
     "settings.",
     "source.",
     "retention.",
+    "outbox.",
 ];
 
 /// What every task lifecycle event type starts with.
@@ -181,6 +186,7 @@ impl EventType {
             | SourceReset
             | SourceParked => Stream::Sources,
             RetentionPurged => Stream::Retention,
+            OutboxAdmitted => Stream::Outbox,
         }
     }
 
@@ -246,7 +252,8 @@ impl EventType {
             | SourceResumed
             | SourceReset
             | SourceParked
-            | RetentionPurged => return None,
+            | RetentionPurged
+            | OutboxAdmitted => return None,
         })
     }
 }
@@ -517,7 +524,7 @@ mod tests {
                 "recipient.unsuppressed",
             ]
         );
-        assert_eq!(EventType::ALL.len() - client.len(), 27);
+        assert_eq!(EventType::ALL.len() - client.len(), 28);
     }
 
     /// Every `delivery.*` type (and no other) says what it does to a delivery row, by the

@@ -71,7 +71,16 @@ impl Command for Admit {
         txn: &WriteTransaction,
         round: &mut Round<'_>,
     ) -> Result<Decided<Admission>, CommandError> {
+        let before = round.pending_added;
         let admission = admit(txn, &self.events, &self.known, round, self.max_pending)?;
+        let marker = match (&admission, self.events.first()) {
+            (Admission::Accept, Some(first)) => admitted_marker(
+                round,
+                first.event_id.as_deref().unwrap_or_default(),
+                round.pending_added - before,
+            )?,
+            _ => None,
+        };
         let mut reads = Vec::new();
         for (i, e) in self.events.iter().enumerate() {
             if self.known.get(i).copied().unwrap_or(false) {
@@ -85,7 +94,7 @@ impl Command for Admit {
             }
         }
         let events = match admission {
-            Admission::Accept => self.events.clone(),
+            Admission::Accept => self.events.iter().cloned().chain(marker).collect(),
             _ => Vec::new(),
         };
         Ok(Decided {
@@ -212,6 +221,36 @@ pub(crate) fn over_bound(
         retry_after_s: retry_after_s(over, drained),
     })
 }
+
+/// On a cluster ([`Round::shared_outbox`]), the `outbox.admitted` event of an accepted
+/// admission that adds `adding` deliveries (none when it adds none, or on a single node): on
+/// the one subject every node's admissions write, so the decider appends the admission on the
+/// condition that no other admission came in since the models it was judged on. Its id is
+/// derived from the admission's first event (`adm:` and a hash), so a retry of the same batch
+/// cannot write it twice.
+pub(crate) fn admitted_marker(
+    round: &Round<'_>,
+    first_id: &str,
+    adding: u64,
+) -> Result<Option<NewEvent>, CommandError> {
+    if !round.shared_outbox || adding == 0 {
+        return Ok(None);
+    }
+    let hash = blake3::hash(first_id.as_bytes());
+    let id = format!("adm:{}", &hash.to_hex()[..40]);
+    NewEvent::new(
+        Some(id),
+        Stream::Outbox.as_str(),
+        ADMISSIONS,
+        EventType::OutboxAdmitted.as_str(),
+        &serde_json::json!({"adding": adding}),
+    )
+    .map(Some)
+    .map_err(|e| CommandError::Storage(tidemark_log::StorageError::of(e)))
+}
+
+/// The one subject of the outbox's admissions.
+pub const ADMISSIONS: &str = "admissions";
 
 /// ceil(`over` ÷ (`drained` per [`DRAIN_WINDOW_S`])), at least 1 s and at most 3600 s (an
 /// outbox that drained nothing: 3600).

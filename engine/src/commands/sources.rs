@@ -218,6 +218,7 @@ impl Command for Page {
         if let (Some(n), Some(first), false) = (notify, new_items.first(), notify_blocked) {
             // The same bound as a client's append (section 5): never exceeded.
             let mut state = crate::commands::outbox::State::new(txn)?;
+            let before = round.pending_added;
             if let crate::commands::admission::Admission::Full {
                 pending, adding, ..
             } = crate::commands::admission::over_bound(
@@ -269,6 +270,11 @@ impl Command for Page {
                 )
                 .map_err(storage)?,
             );
+            events.extend(crate::commands::admission::admitted_marker(
+                round,
+                &ids::source_notification(name, &first.id),
+                round.pending_added - before,
+            )?);
             notified = true;
         }
         let page = PageOutcome {

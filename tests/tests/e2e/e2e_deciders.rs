@@ -414,3 +414,87 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
     a.close().await;
     b.close().await;
 }
+
+/// `max_pending` across deciders (spec section 16): two engines over one log, sharing the
+/// outbox bound as the nodes of a cluster do, admit notification requests from many clients
+/// at once. However their admissions interleave, the deliveries they make never exceed the
+/// bound: an admission that adds deliveries appends on the condition that no other admission
+/// came in since the models it was judged on. Every request is accepted or refused
+/// `outbox_full`, and the accepted ones are exactly those in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_pending_holds_across_two_deciders() {
+    const MAX_PENDING: u64 = 30;
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = Log::open(&LogConfig::in_dir(dir.path())).unwrap();
+    let a = Engine::on_log(log.clone(), &ModelsConfig::in_dir(&dir.path().join("a")))
+        .unwrap()
+        .with_shared_outbox(true);
+    let b = Engine::on_log(log.clone(), &ModelsConfig::in_dir(&dir.path().join("b")))
+        .unwrap()
+        .with_shared_outbox(true);
+    let accepted: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut clients = Vec::new();
+    for (name, engine) in [("a", a.clone()), ("b", b.clone())] {
+        for k in 0..6 {
+            let (engine, accepted) = (engine.clone(), accepted.clone());
+            clients.push(tokio::spawn(async move {
+                let mut full = 0;
+                for i in 0..20 {
+                    let id = format!("mp-{name}-{k}-{i}");
+                    let ev = NewEvent::new(
+                        Some(id.clone()),
+                        "notifications",
+                        id.clone(),
+                        "notification.requested",
+                        &json!({"priority": "action", "title": "t"}),
+                    )
+                    .unwrap();
+                    match engine.append_from_client(vec![ev], MAX_PENDING).await {
+                        Ok(r) => {
+                            assert_eq!(r.events.len(), 1, "answered for its own event");
+                            accepted.lock().unwrap().push(id);
+                        }
+                        Err(tidemark_engine::ClientAppendError::OutboxFull { .. }) => full += 1,
+                        Err(tidemark_engine::ClientAppendError::Command(e))
+                            if refused_as_documented(&e) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                full
+            }));
+        }
+    }
+    let mut full = 0;
+    for c in clients {
+        full += c.await.unwrap();
+    }
+    assert!(full > 0, "the bound was reached");
+    let events = all_events(&log);
+    let requested: HashSet<String> = events
+        .iter()
+        .filter(|e| e.event_type == "notification.requested")
+        .map(|e| e.subject.clone())
+        .collect();
+    let accepted: HashSet<String> = accepted.lock().unwrap().iter().cloned().collect();
+    assert_eq!(
+        requested, accepted,
+        "the accepted requests are those in the log"
+    );
+    // Route them all: the deliveries they make are within the bound.
+    a.execute(Route {
+        source: events.clone(),
+    })
+    .await
+    .unwrap();
+    let created = all_events(&log)
+        .iter()
+        .filter(|e| e.event_type == "delivery.created")
+        .count() as u64;
+    assert!(created > 0);
+    assert!(
+        created <= MAX_PENDING,
+        "{created} deliveries pending, above max_pending {MAX_PENDING}"
+    );
+    a.close().await;
+    b.close().await;
+}
