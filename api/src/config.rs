@@ -98,6 +98,9 @@ pub struct LogSettings {
     pub stream: String,
     /// Replicas of a stream this node creates, for `jetstream`.
     pub replicas: usize,
+    /// How long a lease on once-per-cluster work outlives its node's last renewal, for
+    /// `jetstream` ("6s"; 1 s to 5 min).
+    pub lease_ttl: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -243,6 +246,15 @@ impl Config {
                 if !(1..=5).contains(&self.log.replicas) {
                     return bad("log.replicas must be between 1 and 5".into());
                 }
+                match tidemark_projections::routing::parse_duration_ms(&self.log.lease_ttl) {
+                    Some(ms) if (1_000..=300_000).contains(&ms) => {}
+                    _ => {
+                        return bad(format!(
+                            "log.lease_ttl {:?} must be a duration from 1s to 5m",
+                            self.log.lease_ttl
+                        ));
+                    }
+                }
             }
             other => {
                 return bad(format!(
@@ -353,6 +365,9 @@ impl Config {
             replica,
         );
         c.replicas = self.log.replicas;
+        if let Some(ms) = tidemark_projections::routing::parse_duration_ms(&self.log.lease_ttl) {
+            c.lease_ttl = std::time::Duration::from_millis(ms);
+        }
         Some(c)
     }
 }

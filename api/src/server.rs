@@ -180,6 +180,7 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(admin::list))
             .routes(routes!(admin::rebuild_one))
             .routes(routes!(admin::verify_one))
+            .routes(routes!(admin::cluster))
             .routes(routes!(deliveries::retry))
             .routes(routes!(deliveries::discard))
             .routes(routes!(sources::poll))

@@ -5,7 +5,9 @@
 //! and then renews by compare-and-swap on its revision.
 //!
 //! # How it holds
-//! A keeper task renews what this node holds and tries to take what it wants every `ttl / 3`.
+//! A keeper task renews what this node holds and tries to take what it wants every `ttl / 3`,
+//! up to its fair part (the wanted leases over the live nodes): a node holding more hands the
+//! excess over, so work spreads over the nodes and moves back when a node returns.
 //! A lease counts as held here only until `ttl − ttl / 6` after the start of its last
 //! successful write, so a node that cannot reach the cluster stops acting on a lease before
 //! the server lets another node take it. A node that dies stops renewing: its keys expire and
@@ -73,6 +75,8 @@ struct Inner {
 struct State {
     wanted: BTreeSet<String>,
     held: HashMap<String, Held>,
+    /// The revision of this node's membership key.
+    member: Option<u64>,
     members: Vec<String>,
 }
 
@@ -233,62 +237,89 @@ impl Leases {
         }
     }
 
-    /// The KV key of a lease (or of this node's membership).
-    fn key(&self, name: &str) -> String {
-        if name == member_key(&self.inner.node) {
-            name.to_owned()
-        } else {
-            lease_key(name)
-        }
-    }
-
-    /// Renew what is held, try what is wanted, read the membership.
+    /// Renew this node's membership and what it holds, read the membership, then even the
+    /// load: a node holding more than its fair part (the wanted leases over the live nodes,
+    /// rounded up) hands the excess over (deletes those keys, which another node takes at its
+    /// next round), and one holding less takes free leases up to its part.
     async fn round(&self) {
         let Some(kv) = &self.inner.kv else { return };
         let started = Instant::now();
         let until = started + self.inner.ttl - self.inner.ttl / 6;
         let me: Vec<u8> = self.inner.node.clone().into_bytes();
-        let (wanted, held) = {
-            let st = self.state();
-            let mut wanted: Vec<String> = st.wanted.iter().cloned().collect();
-            wanted.push(member_key(&self.inner.node));
-            (wanted, st.held.clone())
-        };
+        let node = &self.inner.node;
         let mut changed = false;
-        for name in wanted {
-            let key = self.key(&name);
-            let written = match held.get(&name) {
-                Some(h) => kv.update(&key, me.clone().into(), h.revision).await.ok(),
-                None => kv.create(&key, me.clone().into()).await.ok(),
-            };
-            let lost = match (written, held.get(&name)) {
-                // Not renewed: another node took it after it expired, or the cluster did not
-                // answer (then it lapses here when its time is up).
-                (None, Some(h)) => {
-                    h.until <= Instant::now() || kv_taken(kv, &key, &self.inner.node).await
-                }
-                _ => false,
-            };
-            let mut st = self.state();
-            if let Some(revision) = written {
-                if held.get(&name).is_none_or(|h| h.until <= started) {
-                    changed = true;
-                    if name != member_key(&self.inner.node) {
-                        tracing::info!(lease = %name, node = %self.inner.node, "lease taken");
-                    }
-                }
-                st.held.insert(name, Held { revision, until });
-            } else if lost {
-                st.held.remove(&name);
-                changed = true;
-                tracing::info!(lease = %name, node = %self.inner.node, "lease lost");
+        // Membership first: the fair part depends on it.
+        let member = self.state().member;
+        let key = member_key(node);
+        let written = match member {
+            Some(revision) => kv.update(&key, me.clone().into(), revision).await.ok(),
+            None => kv.create(&key, me.clone().into()).await.ok(),
+        };
+        self.state().member = match written {
+            Some(r) => Some(r),
+            // Expired (a long pause) or never made: made again at the next round.
+            None if member.is_some() => {
+                let _ = kv.delete(&key).await;
+                None
             }
-        }
+            None => None,
+        };
         if let Ok(members) = members(kv).await {
             let mut st = self.state();
             if st.members != members {
                 st.members = members;
                 changed = true;
+            }
+        }
+        let (wanted, held, live) = {
+            let st = self.state();
+            let wanted: Vec<String> = st.wanted.iter().cloned().collect();
+            (wanted, st.held.clone(), st.members.len().max(1))
+        };
+        let fair = wanted.len().div_ceil(live);
+        // Renew what is held.
+        let mut kept: Vec<String> = Vec::new();
+        for (name, h) in &held {
+            let key = lease_key(name);
+            let written = kv.update(&key, me.clone().into(), h.revision).await.ok();
+            // Not renewed: another node took it after it expired, or the cluster did not
+            // answer (then it lapses here when its time is up).
+            let lost =
+                written.is_none() && (h.until <= Instant::now() || kv_taken(kv, &key, node).await);
+            let mut st = self.state();
+            if let Some(revision) = written {
+                st.held.insert(name.clone(), Held { revision, until });
+                kept.push(name.clone());
+            } else if lost {
+                st.held.remove(name);
+                changed = true;
+                tracing::info!(lease = %name, node = %node, "lease lost");
+            } else {
+                kept.push(name.clone());
+            }
+        }
+        kept.sort();
+        if kept.len() > fair {
+            // More than this node's part: hand the last ones over.
+            for name in kept.split_off(fair) {
+                let revision = self.state().held.remove(&name).map(|h| h.revision);
+                let _ = kv.delete_expect_revision(lease_key(&name), revision).await;
+                changed = true;
+                tracing::info!(lease = %name, node = %node, "lease handed over");
+            }
+        } else {
+            for name in wanted.iter().filter(|n| !held.contains_key(*n)) {
+                if kept.len() >= fair {
+                    break;
+                }
+                if let Ok(revision) = kv.create(lease_key(name), me.clone().into()).await {
+                    self.state()
+                        .held
+                        .insert(name.clone(), Held { revision, until });
+                    kept.push(name.clone());
+                    changed = true;
+                    tracing::info!(lease = %name, node = %node, "lease taken");
+                }
             }
         }
         if changed {
@@ -299,14 +330,18 @@ impl Leases {
     /// Delete every key this node holds (its leases pass on at once); after the keeper stopped.
     pub(crate) async fn release(&self) {
         let Some(kv) = &self.inner.kv else { return };
-        let held: Vec<(String, Held)> = self.state().held.drain().collect();
+        let (held, member): (Vec<(String, Held)>, Option<u64>) = {
+            let mut st = self.state();
+            (st.held.drain().collect(), st.member.take())
+        };
+        let timeout = Duration::from_secs(2);
         for (name, h) in held {
-            let key = self.key(&name);
-            let _ = tokio::time::timeout(
-                Duration::from_secs(2),
-                kv.delete_expect_revision(&key, Some(h.revision)),
-            )
-            .await;
+            let delete = kv.delete_expect_revision(lease_key(&name), Some(h.revision));
+            let _ = tokio::time::timeout(timeout, delete).await;
+        }
+        if member.is_some() {
+            let delete = kv.delete_expect_revision(member_key(&self.inner.node), member);
+            let _ = tokio::time::timeout(timeout, delete).await;
         }
         self.inner.changed.send_modify(|g| *g += 1);
     }

@@ -232,3 +232,43 @@ pub async fn run_retention(State(st): State<AppState>) -> Result<Json<RetentionO
         compacted_events: run.compaction.as_ref().map(|c| c.removed),
     }))
 }
+
+/// This node among the nodes of its cluster (spec section 16).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ClusterOut {
+    /// `embedded` or `jetstream`.
+    pub backend: &'static str,
+    /// This node's id (host, process, a few random bits).
+    pub node: String,
+    /// The live nodes, sorted (this one alone on the embedded log).
+    pub members: Vec<String>,
+    /// The once-per-cluster work this node holds now: `retention`, `source.<name>`,
+    /// `bridge.<slot>` (every one, unlisted, on the embedded log).
+    pub leases: Vec<String>,
+    /// This node's share of the due deliveries its claims take first: `index` of `of`.
+    pub share_index: usize,
+    pub share_of: usize,
+}
+
+/// Who this node is on its cluster: the live nodes, the leases it holds, its claim share.
+#[utoipa::path(
+    get, path = "/v1/admin/cluster", tag = "admin", operation_id = "getCluster",
+    responses((status = 200, body = ClusterOut)),
+    security(("bearer" = ["operator"]))
+)]
+pub async fn cluster(State(st): State<AppState>) -> Json<ClusterOut> {
+    let leases = st.engine.leases();
+    let share = leases.share();
+    Json(ClusterOut {
+        backend: if leases.clustered() {
+            "jetstream"
+        } else {
+            "embedded"
+        },
+        node: leases.node().to_owned(),
+        members: leases.members(),
+        leases: leases.held(),
+        share_index: share.index,
+        share_of: share.of,
+    })
+}

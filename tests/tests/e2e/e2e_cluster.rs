@@ -379,3 +379,233 @@ async fn faults_lose_nothing_and_no_quorum_is_refused() {
     assert!(all.iter().any(|e| e["event_id"] == "nq-2"));
     drop(cluster);
 }
+
+/// The leases of `GET /v1/admin/cluster` on `node`, and its members.
+async fn cluster_view(node: &Server) -> (Vec<String>, Vec<String>) {
+    let r = node.get("/v1/admin/cluster").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect()
+    };
+    (strings(&r.json["leases"]), strings(&r.json["members"]))
+}
+
+/// A webhook receiver on loopback that answers 200 and records each POST's `webhook-id`.
+async fn webhook_receiver() -> (
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    std::net::SocketAddr,
+) {
+    use std::sync::{Arc, Mutex};
+    let hits: Arc<Mutex<Vec<String>>> = Arc::default();
+    let h = hits.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |headers: axum::http::HeaderMap| {
+            let h = h.clone();
+            async move {
+                let id = headers
+                    .get("webhook-id")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                h.lock().unwrap().push(id);
+                StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (hits, addr)
+}
+
+/// Once-per-cluster work (spec section 16) on two nodes: the retention run, the poller of a
+/// source and the webhook notifier of every subscription are each held by exactly one node
+/// (`GET /v1/admin/cluster`), the other node's poller says `standby`; each upstream item is
+/// appended once and each webhook delivery POSTed once; a cursor advanced through one node is
+/// read through the other. Then the node holding the source is killed (-9): the survivor
+/// takes every lease within a bounded time, polls the upstream's new items and POSTs the next
+/// webhook delivery itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_per_cluster_work_is_held_once_and_handed_over() {
+    use crate::common::{append_ok, task_ev, wait_for};
+    use crate::e2e_sources::{SECRET, item_events, source_toml, start_upstream};
+    let cluster = Cluster::start();
+    let (up, addr) = start_upstream().await;
+    up.add_items(0, 5);
+    let (hits, hook) = webhook_receiver().await;
+    let cfg = cluster
+        .node_config("WORK")
+        .replace("replicas = 3\n", "replicas = 3\nlease_ttl = \"2s\"\n")
+        + &source_toml("up", addr, "every = \"1s\"");
+    let start = || {
+        Server::start(
+            ServerOpts::default()
+                .config(cfg.clone())
+                .env("TEST_SOURCE_TOKEN", tidemark_tests::secret(SECRET)),
+        )
+    };
+    let mut a = start().await;
+    let mut b = start().await;
+    let mut all_leases: Vec<String> = (0..16).map(|s| format!("bridge.{s}")).collect();
+    all_leases.extend(["retention".to_owned(), "source.up".to_owned()]);
+    all_leases.sort();
+
+    // Every lease held by exactly one of the two nodes, and the work spread over both.
+    let (la, lb) = wait_for(Duration::from_secs(30), "the leases to settle", || async {
+        let ((la, ma), (lb, mb)) = (cluster_view(&a).await, cluster_view(&b).await);
+        let mut both: Vec<String> = la.iter().chain(&lb).cloned().collect();
+        both.sort();
+        // Spread over both nodes (each holds its fair part, 9 of the 18).
+        let spread = la.len() == 9 && lb.len() == 9;
+        (ma.len() == 2 && mb.len() == 2 && both == all_leases && spread).then_some((la, lb))
+    })
+    .await;
+    eprintln!("cluster leases: A holds {la:?}, B holds {lb:?}");
+    let (holder, other) = if la.contains(&"source.up".to_owned()) {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    // The source is polled by its holder only: the other is on standby; every item once.
+    wait_for(Duration::from_secs(30), "the items", || async {
+        (item_events(other).await.len() == 5).then_some(())
+    })
+    .await;
+    let s = other.get("/v1/sources/up").await;
+    assert_eq!(s.json["state"], "standby", "{}", s.text);
+
+    // A webhook subscription: its deliveries are POSTed once, by the holder of its slot.
+    let task = "cw-task";
+    append_ok(
+        other,
+        &json!({"events": [
+            task_ev(task, "task.created", json!({"project_id": "p"})),
+            task_ev(task, "task.run_started", json!({"run_id": "r1"})),
+        ]}),
+    )
+    .await;
+    let r = other
+        .send(
+            other
+                .request(
+                    reqwest::Method::POST,
+                    &format!("/v1/tasks/{task}/notifications/bridges"),
+                )
+                .json(
+                    &json!({"subscription_id": "cw-sub", "bridge_id": "cw-bridge",
+                   "thread_id": "th", "sink": {"kind": "webhook",
+                   "url": format!("http://{hook}/hook"), "secret": "whsec-test"}}),
+                ),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let done = append_ok(
+        holder,
+        &json!({"events": [task_ev(task, "task.run_completed", json!({"run_id": "r1"}))]}),
+    )
+    .await[0]
+        .1;
+    let cursor = format!(
+        "/v1/cursors?consumer_id=bridge_task_subscription:cw-sub&stream_name=task_events&subject_id={task}"
+    );
+    // Confirmed (the cursor advanced), read through either node.
+    for node in [&*holder, &*other] {
+        wait_for(Duration::from_secs(30), "the webhook's cursor", || async {
+            let r = node.get(&cursor).await;
+            (r.json["cursors"][0]["last_sequence"].as_u64() == Some(done)).then_some(())
+        })
+        .await;
+    }
+    assert_eq!(
+        hits.lock().unwrap().len(),
+        1,
+        "one POST: {:?}",
+        hits.lock().unwrap()
+    );
+
+    // A cursor advanced through one node is read through the other.
+    let r = post(
+        other,
+        "/v1/cursors/advance",
+        &json!({"consumer_id": "cw-app", "stream_name": "task_events", "subject_id": task,
+                "last_sequence": done, "delivery_id": "d-1"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = holder
+        .get(&format!(
+            "/v1/cursors?consumer_id=cw-app&stream_name=task_events&subject_id={task}&min_seq={}",
+            other.head().await
+        ))
+        .await;
+    assert_eq!(
+        r.json["cursors"][0]["last_sequence"].as_u64(),
+        Some(done),
+        "{}",
+        r.text
+    );
+
+    // The holder of the source dies: the survivor takes every lease, polls and POSTs.
+    holder.kill9();
+    let killed = std::time::Instant::now();
+    wait_for(
+        Duration::from_secs(30),
+        "the survivor to take every lease",
+        || async {
+            let (l, m) = cluster_view(other).await;
+            (l == all_leases && m.len() == 1).then_some(())
+        },
+    )
+    .await;
+    eprintln!(
+        "cluster handover: every lease on the survivor {:?} after the kill",
+        killed.elapsed()
+    );
+    up.add_items(5, 8);
+    wait_for(Duration::from_secs(30), "the new items", || async {
+        (item_events(other).await.len() == 8).then_some(())
+    })
+    .await;
+    let ids: std::collections::HashSet<String> = item_events(other)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(ids.len(), 8, "every item once");
+    append_ok(
+        other,
+        &json!({"events": [
+            task_ev(task, "task.run_started", json!({"run_id": "r2"})),
+            task_ev(task, "task.run_completed", json!({"run_id": "r2"})),
+        ]}),
+    )
+    .await;
+    wait_for(
+        Duration::from_secs(30),
+        "the survivor's webhook POST",
+        || async { (hits.lock().unwrap().len() >= 2).then_some(()) },
+    )
+    .await;
+    let posted = hits.lock().unwrap().clone();
+    let unique: std::collections::HashSet<&String> = posted.iter().collect();
+    assert_eq!(
+        unique.len(),
+        posted.len(),
+        "a delivery POSTed twice: {posted:?}"
+    );
+    // The killed node comes back and takes its part again.
+    holder.restart().await;
+    wait_for(Duration::from_secs(30), "two members again", || async {
+        let (_, m) = cluster_view(other).await;
+        (m.len() == 2).then_some(())
+    })
+    .await;
+    drop(cluster);
+}
