@@ -246,6 +246,12 @@ impl Config {
                 if !(1..=5).contains(&self.log.replicas) {
                     return bad("log.replicas must be between 1 and 5".into());
                 }
+                if self.retention.compact_log {
+                    return bad("retention.compact_log is not supported with log.backend = \
+                         \"jetstream\" yet: the stream keeps every event (purging its prefix \
+                         and the nodes' replicas together is not built)"
+                        .into());
+                }
                 match tidemark_projections::routing::parse_duration_ms(&self.log.lease_ttl) {
                     Some(ms) if (1_000..=300_000).contains(&ms) => {}
                     _ => {

@@ -609,3 +609,83 @@ async fn once_per_cluster_work_is_held_once_and_handed_over() {
     .await;
     drop(cluster);
 }
+
+/// Retention on a cluster (spec sections 13 and 16): the periodic run, held by one node's
+/// lease, purges a sent delivery a window after it was sent, and both nodes' read models drop
+/// it (they fold the same `retention.purged`); what is pending stays on both. Compaction of
+/// the log is refused at start on this backend, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_runs_once_and_purges_on_every_node() {
+    use crate::common::{append_ok, notif_ev, wait_for};
+    let cluster = Cluster::start();
+    let cfg = cluster.node_config("RETAIN") + "[retention]\nwindow = \"2s\"\nrun_every = \"1s\"\n";
+    let a = Server::start(ServerOpts::default().config(cfg.clone())).await;
+    let b = Server::start(ServerOpts::default().config(cfg.clone())).await;
+    let urgent = |id: &str| notif_ev(id, json!({"priority": "urgent", "title": "t"}));
+    append_ok(&a, &urgent("rt-sent")).await;
+    let rows = wait_for(Duration::from_secs(30), "the delivery", || async {
+        let rows = claim(&b, "w", 10, 600_000).await;
+        (!rows.is_empty()).then_some(rows)
+    })
+    .await;
+    assert_eq!(rows[0]["id"], "dlv:rt-sent:desktop");
+    let r = post(
+        &b,
+        "/v1/deliveries/dlv:rt-sent:desktop/complete",
+        &json!({"owner": "w"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    append_ok(&b, &urgent("rt-pending")).await;
+    for node in [&a, &b] {
+        wait_for(
+            Duration::from_secs(60),
+            "the purge on both nodes",
+            || async {
+                let sent = node.get("/v1/deliveries/dlv:rt-sent:desktop").await.status;
+                (sent == StatusCode::NOT_FOUND).then_some(())
+            },
+        )
+        .await;
+        let pending = node
+            .get(&format!(
+                "/v1/deliveries/dlv:rt-pending:desktop?min_seq={}",
+                node.head().await
+            ))
+            .await;
+        assert_eq!(pending.status, StatusCode::OK, "{}", pending.text);
+    }
+    let purges = a.read_all("type=retention.purged").await;
+    assert!(!purges.is_empty(), "a retention.purged event");
+    // Which node ran it: exactly one holds the lease.
+    let held = |v: &Value| {
+        v["leases"]
+            .as_array()
+            .is_some_and(|l| l.contains(&json!("retention")))
+    };
+    let (va, vb) = (
+        a.get("/v1/admin/cluster").await.json,
+        b.get("/v1/admin/cluster").await.json,
+    );
+    assert!(held(&va) ^ held(&vb), "one node holds retention: {va} {vb}");
+    // Compaction is refused on this backend at start, with the reason.
+    let out = std::process::Command::new(tidemark_tests::binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg({
+            let f = cluster.dir.path().join("compact.toml");
+            std::fs::write(
+                &f,
+                cfg.replace("run_every", "compact_log = true\nrun_every"),
+            )
+            .unwrap();
+            f
+        })
+        .arg("--data")
+        .arg(cluster.dir.path().join("compact-data"))
+        .output()
+        .expect("run tidemark");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("compact_log"), "{err}");
+    drop(cluster);
+}
