@@ -262,9 +262,39 @@ async fn appender(
     acked
 }
 
+/// Cursor advances through both nodes in turn until told to stop, each to the answering
+/// node's head; the highest acknowledged (200) position.
+async fn cursor_advancer(
+    nodes: [tidemark_tests::Api; 2],
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> u64 {
+    let mut acked = 0;
+    let mut k = 0usize;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let node = &nodes[k % 2];
+        k += 1;
+        let head = node.head().await;
+        if head > acked {
+            let r = post(
+                node,
+                "/v1/cursors/advance",
+                &json!({"consumer_id": "fault-app", "stream_name": "load",
+                        "last_sequence": head, "delivery_id": format!("d-{head}")}),
+            )
+            .await;
+            if r.status == StatusCode::OK {
+                acked = acked.max(head);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    acked
+}
+
 /// Faults under load (spec section 16): the stream leader's NATS node is killed (-9) and
 /// restarted, then one tidemark node; no acknowledged batch is lost or split, nothing is
-/// duplicated, seqs stay dense and both nodes' models verify identical. With two of the three
+/// duplicated, seqs stay dense and both nodes' models verify identical, and no acknowledged
+/// cursor advance (made through both nodes meanwhile) is lost. With two of the three
 /// NATS nodes gone (no quorum) a node answers appends 503 within a bounded time, never
 /// acknowledging, keeps serving reads, and takes appends again by itself once they return.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -279,6 +309,7 @@ async fn faults_lose_nothing_and_no_quorum_is_refused() {
     let stop = Arc::new(AtomicBool::new(false));
     let ta = tokio::spawn(appender(a.api(), "a", stop.clone()));
     let tb = tokio::spawn(appender(b.api(), "b", stop.clone()));
+    let tc = tokio::spawn(cursor_advancer([a.api(), b.api()], stop.clone()));
     tokio::time::sleep(Duration::from_millis(800)).await;
     let leader = cluster
         .leader_of("FAULTS")
@@ -291,6 +322,8 @@ async fn faults_lose_nothing_and_no_quorum_is_refused() {
     stop.store(true, Ordering::Relaxed);
     let mut acked = ta.await.expect("appender a");
     acked.extend(tb.await.expect("appender b"));
+    let cursor_acked = tc.await.expect("cursor advancer");
+    assert!(cursor_acked > 0, "no cursor advance was acknowledged");
     // One tidemark node killed and restarted: it rebuilds nothing it cannot, and catches up.
     b.kill9();
     b.restart().await;
@@ -331,6 +364,21 @@ async fn faults_lose_nothing_and_no_quorum_is_refused() {
     );
     crate::common::assert_projections_sound(&a, "node A after the faults").await;
     crate::common::assert_projections_sound(&b, "node B after the faults").await;
+    // No acknowledged cursor advance lost, on either node.
+    for node in [&a, &b] {
+        let r = node
+            .get(&format!(
+                "/v1/cursors?consumer_id=fault-app&stream_name=load&min_seq={}",
+                a.head().await.max(b.head().await)
+            ))
+            .await;
+        let at = r.json["cursors"][0]["last_sequence"].as_u64().unwrap_or(0);
+        assert!(
+            at >= cursor_acked,
+            "cursor at {at}, {cursor_acked} was acknowledged: {}",
+            r.text
+        );
+    }
 
     // No quorum: two of three NATS nodes gone.
     let others: Vec<usize> = (1..=3).filter(|n| *n != leader).collect();
