@@ -28,6 +28,17 @@ pub struct Config {
     pub privacy: PrivacyConfig,
     /// What leaves the read models, and when (spec section 13).
     pub retention: RetentionConfig,
+    /// The sinks tidemark delivers itself (spec section 17), `[sinks.email]`, `[sinks.webhook]`.
+    #[serde(default)]
+    pub sinks: SinksConfig,
+}
+
+/// `[sinks]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinksConfig {
+    pub email: Option<tidemark_consumers::dispatch::email::EmailConfig>,
+    pub webhook: Option<tidemark_consumers::dispatch::webhook::WebhookConfig>,
 }
 
 /// `[retention]`.
@@ -305,6 +316,7 @@ impl Config {
                  \"env:NAME\" and the variable NAME"
             ));
         }
+        self.dispatch_sinks()?;
         Ok(())
     }
 
@@ -339,8 +351,86 @@ impl Config {
     }
 
     /// The notification settings as the JSON payload of `settings.updated`.
+    /// A webhook route's `url` and `secret` (section 17) stay out of it: they are this node's
+    /// configuration (and may be secrets), read by the dispatcher ([`Config::dispatch_sinks`]).
     pub fn notification_settings(&self) -> serde_json::Value {
-        serde_json::to_value(&self.notifications).unwrap_or_default()
+        let mut v = serde_json::to_value(&self.notifications).unwrap_or_default();
+        if let Some(routes) = v.get_mut("routes").and_then(|r| r.as_object_mut()) {
+            for p in routes.values_mut() {
+                if let Some(p) = p.as_object_mut() {
+                    p.remove("url");
+                    p.remove("secret");
+                }
+            }
+        }
+        v
+    }
+
+    /// The sinks the dispatcher delivers to (spec section 17), secrets resolved from the
+    /// environment: `[sinks.email]`, and every route with `sink = "webhook"` and its `url`.
+    /// Errors name the key.
+    pub fn dispatch_sinks(&self) -> Result<tidemark_consumers::dispatch::Sinks, ConfigError> {
+        use tidemark_consumers::dispatch::{self, email, webhook};
+        let bad = |m: String| ConfigError::Invalid(m);
+        let mut sinks = dispatch::Sinks::default();
+        let routes = self
+            .notifications
+            .get("routes")
+            .and_then(|r| r.as_table())
+            .cloned()
+            .unwrap_or_default();
+        let mut hooks = std::collections::HashMap::new();
+        let mut email_routes = Vec::new();
+        for (name, p) in &routes {
+            let s = |k: &str| p.get(k).and_then(|v| v.as_str());
+            match s("sink") {
+                Some("webhook") => {
+                    let url = s("url").ok_or_else(|| {
+                        bad(format!(
+                            "notifications.routes.{name}: sink = \"webhook\" needs url"
+                        ))
+                    })?;
+                    hooks.insert(
+                        name.clone(),
+                        webhook::Target::new(name, url, s("secret")).map_err(bad)?,
+                    );
+                }
+                Some("email") => {
+                    if p.get("redact").and_then(|v| v.as_bool()) == Some(true) {
+                        return Err(bad(format!(
+                            "notifications.routes.{name}: a redacting route cannot use the \
+                             email sink (it needs the recipient's address)"
+                        )));
+                    }
+                    email_routes.push(name.clone());
+                }
+                _ => {
+                    if s("url").is_some() || s("secret").is_some() {
+                        return Err(bad(format!(
+                            "notifications.routes.{name}: url and secret are for sink = \"webhook\""
+                        )));
+                    }
+                }
+            }
+        }
+        match (&self.sinks.email, email_routes.first()) {
+            (Some(cfg), _) => sinks
+                .adapters
+                .push(std::sync::Arc::new(email::Email::new(cfg).map_err(bad)?)),
+            (None, Some(route)) => {
+                return Err(bad(format!(
+                    "notifications.routes.{route}: sink = \"email\" needs [sinks.email]"
+                )));
+            }
+            (None, None) => {}
+        }
+        if !hooks.is_empty() {
+            let cfg = self.sinks.webhook.clone().unwrap_or_default();
+            sinks.adapters.push(std::sync::Arc::new(
+                webhook::Webhook::new(&cfg, hooks).map_err(bad)?,
+            ));
+        }
+        Ok(sinks)
     }
 
     pub fn log_config(&self) -> tidemark_log::LogConfig {

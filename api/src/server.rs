@@ -483,6 +483,16 @@ pub async fn run(
         state.routing.max_pending,
         token.clone(),
     );
+    // Tidemark's own sinks (section 17), each on its own bounded pool.
+    let dispatcher = tidemark_consumers::dispatch::spawn(
+        engine.clone(),
+        state
+            .config
+            .dispatch_sinks()
+            .map_err(std::io::Error::other)?,
+        state.routing.retry.lease_ttl_ms,
+        token.clone(),
+    );
     let grace = Duration::from_secs(state.config.server.shutdown_grace_secs);
     let flag = state.shutting_down.clone();
     let trigger = token.clone();
@@ -511,6 +521,7 @@ pub async fn run(
     }
     let _ = reactors.await;
     let _ = pollers.await;
+    let _ = dispatcher.await;
     engine.close().await;
     drop(engine);
     tracing::info!("stopped cleanly");

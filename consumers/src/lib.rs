@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bridge;
+pub mod dispatch;
 pub mod follow;
 pub mod retention;
 pub mod router;

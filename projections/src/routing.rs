@@ -131,6 +131,9 @@ pub struct RoutePolicy {
     pub generic_title: Option<String>,
     /// Overrides `[notifications.retry]` for this route.
     pub retry: Option<RetrySettings>,
+    /// The sink a route other than `desktop` delivers to (section 17): `app` (claimed by an
+    /// app), `email` or `webhook` (tidemark's dispatcher). `None`: `unknown_route`.
+    pub sink: Option<String>,
 }
 
 impl RoutePolicy {
@@ -323,6 +326,14 @@ impl RoutingSettings {
                 if let Some(r) = p.get("retry") {
                     policy.retry = Some(parse_retry(&s.retry, r, &k("retry"))?);
                 }
+                if let Some(x) = p.get("sink") {
+                    policy.sink = Some(
+                        x.as_str()
+                            .filter(|t| SINKS.contains(t))
+                            .ok_or_else(|| bad(&k("sink")))?
+                            .to_owned(),
+                    );
+                }
                 s.routes.insert(name.clone(), policy);
             }
         }
@@ -448,6 +459,9 @@ impl RoutingSettings {
     }
 }
 
+/// The sinks a route may name (section 17): claimed by an app, or delivered by tidemark.
+pub const SINKS: [&str; 3] = ["app", "email", "webhook"];
+
 /// What a route does for one notification.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RouteOutcome {
@@ -495,10 +509,16 @@ pub fn resolve_routes(
                     });
                 }
             }
-            _ => out.push(RouteOutcome::Skipped {
-                route: route.clone(),
-                reason: "unknown_route",
-            }),
+            _ => match s.routes.get(route).and_then(|p| p.sink.as_ref()) {
+                Some(sink) => out.push(RouteOutcome::Deliver {
+                    route: route.clone(),
+                    sink: sink.clone(),
+                }),
+                None => out.push(RouteOutcome::Skipped {
+                    route: route.clone(),
+                    reason: "unknown_route",
+                }),
+            },
         }
     }
     out

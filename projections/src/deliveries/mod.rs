@@ -142,6 +142,17 @@ pub struct DeliveryExt {
     pub redacted: bool,
     /// Its notification was canceled while it was leased: cancelled when the lease ends.
     pub cancel_pending: bool,
+    #[serde(default, with = "crate::trailing")]
+    pub more: DeliveryExt2,
+}
+
+/// Fields added after [`DeliveryExt`] (a trailing field of it: a row without them keeps its
+/// bytes).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryExt2 {
+    /// Whom a delivery by tidemark's dispatcher reached (section 17): the addresses, or the
+    /// endpoint's scheme, host and port; snapshotted by `delivery.sent` for audit.
+    pub resolved_targets: Vec<String>,
 }
 
 impl Delivery {
@@ -366,6 +377,9 @@ pub struct Change {
     /// For a deferral: why the due time moved (`quiet_hours`).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub quiet_hours_until_us: Option<i64>,
+    /// For a delivery sent by tidemark's dispatcher: whom it reached (section 17).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub resolved_targets: Option<Vec<String>>,
 }
 
 /// The transitions of spec section 5: `t` may be applied to a delivery in `status`.
@@ -417,6 +431,7 @@ pub fn transition(d: &mut Delivery, t: DeliveryTransition, c: &Change, seq: u64)
             d.delivered_at_us = Some(c.at_us);
             d.lease_expires_at_us = None;
             d.external_id = c.external_id.clone();
+            d.ext.more.resolved_targets = c.resolved_targets.clone().unwrap_or_default();
         }
         T::AttemptFailed => {
             d.last_error_code = c.error_code.clone();

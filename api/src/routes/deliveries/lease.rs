@@ -139,6 +139,7 @@ pub async fn complete(
             id,
             owner: b.owner,
             external_id: b.external_id,
+            resolved_targets: Vec::new(),
         })
         .await?
         .0

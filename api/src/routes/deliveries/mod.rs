@@ -104,6 +104,10 @@ pub struct DeliveryOut {
     pub last_error_code: Option<String>,
     pub last_error: Option<String>,
     pub external_id: Option<String>,
+    /// Whom tidemark's dispatcher reached when it sent it (section 17): the addresses, or
+    /// the endpoint's scheme, host and port; absent for other deliveries.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub resolved_targets: Vec<String>,
     pub created_at: String,
     pub updated_at: String,
     pub delivered_at: Option<String>,
@@ -207,6 +211,7 @@ impl From<Delivery> for DeliveryOut {
             last_error_code: d.last_error_code,
             last_error: d.last_error,
             external_id: d.external_id,
+            resolved_targets: d.ext.more.resolved_targets.clone(),
             created_at: format_micros(d.created_at_us),
             stuck: false,
             updated_at: format_micros(d.updated_at_us),

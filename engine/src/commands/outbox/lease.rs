@@ -306,7 +306,10 @@ pub(super) fn complete_many(
             now_us,
             owner,
             id,
-            external_id.as_deref(),
+            SentWith {
+                external_id: external_id.as_deref(),
+                resolved_targets: &[],
+            },
             &mut done,
             &mut events,
         )?);
@@ -321,6 +324,7 @@ pub(super) fn complete_one(
     owner: &str,
     id: &str,
     external_id: Option<&str>,
+    resolved_targets: &[String],
 ) -> Result<(Completed, Vec<NewEvent>), CommandError> {
     let mut st = State::new(txn)?;
     let mut events = Vec::new();
@@ -329,11 +333,22 @@ pub(super) fn complete_one(
         now_us,
         owner,
         id,
-        external_id,
+        SentWith {
+            external_id,
+            resolved_targets,
+        },
         &mut HashMap::new(),
         &mut events,
     )?;
     Ok((done, events))
+}
+
+/// What a completion records besides the transition: the owner's external id, and whom
+/// tidemark's dispatcher reached.
+#[derive(Clone, Copy)]
+struct SentWith<'b> {
+    external_id: Option<&'b str>,
+    resolved_targets: &'b [String],
 }
 
 /// One item of a completion: `done` holds the rows completed earlier in the same command (the
@@ -343,7 +358,7 @@ fn complete_item<'a>(
     now_us: i64,
     owner: &str,
     id: &'a str,
-    external_id: Option<&str>,
+    sent: SentWith<'_>,
     done: &mut HashMap<&'a str, Delivery>,
     events: &mut Vec<NewEvent>,
 ) -> Result<Completed, CommandError> {
@@ -371,7 +386,9 @@ fn complete_item<'a>(
                     at_us: now_us,
                     owner: Some(owner.to_owned()),
                     attempt: Some(row.attempts),
-                    external_id: external_id.map(str::to_owned),
+                    external_id: sent.external_id.map(str::to_owned),
+                    resolved_targets: (!sent.resolved_targets.is_empty())
+                        .then(|| sent.resolved_targets.to_vec()),
                     ..Change::default()
                 };
                 transition(&mut row, T::Sent, &c, 0);

@@ -59,6 +59,8 @@ pub struct CompleteOne {
     pub id: String,
     pub owner: String,
     pub external_id: Option<String>,
+    /// Whom it reached (tidemark's dispatcher; empty for an app's completion).
+    pub resolved_targets: Vec<String>,
 }
 
 /// The lease owner reports a failed attempt; answers the row after it.
@@ -184,6 +186,7 @@ impl Command for CompleteOne {
             &self.owner,
             &self.id,
             self.external_id.as_deref(),
+            &self.resolved_targets,
         )?;
         Ok(Decided::new(done, ev))
     }

@@ -1,0 +1,247 @@
+//! The dispatcher (spec section 17): tidemark delivers the deliveries of its own sinks —
+//! `email` (SMTP) and `webhook` (any HTTP endpoint) — itself. For each configured sink a loop
+//! claims due deliveries through the ordinary claim command (owner `dispatcher:<node>`), runs
+//! each attempt on the sink's own bounded pool (`concurrency` in flight; a hanging SMTP server
+//! holds only its sink), and reports the outcome through the ordinary complete and fail
+//! commands: success → `delivery.sent` with `resolved_targets` (whom it reached); a transient
+//! failure → `retry_wait` with the route's backoff (a receiver's `Retry-After` honoured); a
+//! permanent one → `parked` with the adapter's code. A dispatcher that dies leaves leases
+//! that expire, and the deliveries are tried again.
+//!
+//! Secrets (SMTP credentials, webhook URLs and signing secrets) are resolved at start and never
+//! logged, answered or recorded.
+
+pub mod email;
+pub mod webhook;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tidemark_engine::Engine;
+use tidemark_engine::commands::Completed;
+use tidemark_engine::commands::outbox::{Claim, CompleteOne, Fail, Failure};
+use tidemark_projections::deliveries::Delivery;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// What one attempt came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Delivered; whom it reached (addresses, or an endpoint's scheme, host and port).
+    Sent(Vec<String>),
+    /// Try again later (SMTP 4xx, a connection error, a timeout, HTTP 5xx/408/429).
+    Transient {
+        code: String,
+        error: String,
+        retry_after_ms: Option<u64>,
+    },
+    /// Park it (SMTP 5xx, HTTP 4xx other than 408/429, an address that cannot be used).
+    Permanent { code: String, error: String },
+}
+
+/// A sink tidemark delivers itself.
+pub trait Adapter: Send + Sync + 'static {
+    /// The sink's name on routes (`email`, `webhook`).
+    fn sink(&self) -> &'static str;
+    /// Deliveries in flight at most.
+    fn concurrency(&self) -> usize;
+    /// One attempt of one delivery.
+    fn deliver(
+        &self,
+        d: Delivery,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send + '_>>;
+}
+
+/// The configured sinks.
+#[derive(Clone, Default)]
+pub struct Sinks {
+    pub adapters: Vec<Arc<dyn Adapter>>,
+}
+
+impl Sinks {
+    /// The sinks by name (for `GET /v1/sinks` and the console).
+    pub fn names(&self) -> Vec<&'static str> {
+        self.adapters.iter().map(|a| a.sink()).collect()
+    }
+}
+
+/// Start one dispatcher loop per sink; the handle ends when all have stopped on `shutdown`.
+pub fn spawn(
+    engine: Engine,
+    sinks: Sinks,
+    lease_ms: u64,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let owner = format!("dispatcher:{}", engine.leases().node());
+    let tasks: Vec<_> = sinks
+        .adapters
+        .iter()
+        .map(|a| {
+            tokio::spawn(run(
+                engine.clone(),
+                a.clone(),
+                owner.clone(),
+                lease_ms,
+                shutdown.clone(),
+            ))
+        })
+        .collect();
+    tokio::spawn(async move {
+        for t in tasks {
+            let _ = t.await;
+        }
+    })
+}
+
+/// A sink's loop: keep up to `concurrency` attempts in flight, claiming as slots free up.
+async fn run(
+    engine: Engine,
+    adapter: Arc<dyn Adapter>,
+    owner: String,
+    lease_ms: u64,
+    shutdown: CancellationToken,
+) {
+    let sink = adapter.sink();
+    let mut inflight: JoinSet<(String, Outcome, Duration)> = JoinSet::new();
+    let mut idle = Duration::from_millis(50);
+    loop {
+        let free = adapter.concurrency().saturating_sub(inflight.len());
+        let mut claimed = 0;
+        if free > 0 {
+            let claim = Claim {
+                sink: sink.to_owned(),
+                owner: owner.clone(),
+                limit: free,
+                lease_ms,
+                share: engine.leases().share(),
+            };
+            match engine.execute(claim).await {
+                Ok((rows, _)) => {
+                    claimed = rows.len();
+                    for d in rows {
+                        let a = adapter.clone();
+                        metrics::gauge!("tidemark_sink_in_flight", "sink" => sink).increment(1.0);
+                        inflight.spawn(async move {
+                            let id = d.id.clone();
+                            let started = Instant::now();
+                            let outcome = a.deliver(d).await;
+                            (id, outcome, started.elapsed())
+                        });
+                    }
+                }
+                Err(e) if shutdown.is_cancelled() => {
+                    let _ = e;
+                    return;
+                }
+                Err(e) => tracing::warn!(sink, error = %e, "dispatcher: claim failed; retrying"),
+            }
+        }
+        idle = if claimed > 0 {
+            Duration::from_millis(50)
+        } else {
+            (idle * 2).min(Duration::from_millis(500))
+        };
+        let full = inflight.len() >= adapter.concurrency();
+        tokio::select! {
+            Some(done) = inflight.join_next(), if !inflight.is_empty() => {
+                if let Ok((id, outcome, took)) = done {
+                    metrics::gauge!("tidemark_sink_in_flight", "sink" => sink).decrement(1.0);
+                    report(&engine, sink, &owner, &id, outcome, took).await;
+                }
+            }
+            // Nothing more due now (or every slot busy): look again after a pause.
+            _ = tokio::time::sleep(idle), if !full => {}
+            _ = shutdown.cancelled() => {
+                // Attempts in flight are abandoned: their leases expire and they are tried
+                // again (at least once, as a crash would).
+                inflight.abort_all();
+                return;
+            }
+        }
+    }
+}
+
+/// Record an attempt's outcome through the complete or fail command.
+async fn report(
+    engine: &Engine,
+    sink: &'static str,
+    owner: &str,
+    id: &str,
+    o: Outcome,
+    took: Duration,
+) {
+    let kind = match &o {
+        Outcome::Sent(_) => "sent",
+        Outcome::Transient { .. } => "transient",
+        Outcome::Permanent { .. } => "permanent",
+    };
+    metrics::counter!("tidemark_sink_attempts_total", "sink" => sink, "outcome" => kind)
+        .increment(1);
+    metrics::histogram!("tidemark_sink_attempt_seconds", "sink" => sink).record(took.as_secs_f64());
+    let r = match o {
+        Outcome::Sent(targets) => engine
+            .execute(CompleteOne {
+                id: id.to_owned(),
+                owner: owner.to_owned(),
+                external_id: None,
+                resolved_targets: targets,
+            })
+            .await
+            .map(|(c, _)| match c {
+                Completed::Refused { code, .. } => Some(code.to_owned()),
+                _ => None,
+            }),
+        Outcome::Transient {
+            code,
+            error,
+            retry_after_ms,
+        } => fail(engine, id, owner, code, error, true, retry_after_ms).await,
+        Outcome::Permanent { code, error } => {
+            fail(engine, id, owner, code, error, false, None).await
+        }
+    };
+    match r {
+        Ok(None) => {}
+        Ok(Some(code)) => tracing::info!(sink, delivery = %id, %code, "dispatcher: report refused"),
+        Err(e) => {
+            tracing::warn!(sink, delivery = %id, error = %e, "dispatcher: report failed; the lease will expire")
+        }
+    }
+}
+
+async fn fail(
+    engine: &Engine,
+    id: &str,
+    owner: &str,
+    code: String,
+    error: String,
+    retryable: bool,
+    retry_after_ms: Option<u64>,
+) -> Result<Option<String>, tidemark_engine::CommandError> {
+    engine
+        .execute(Fail {
+            id: id.to_owned(),
+            owner: owner.to_owned(),
+            failure: Failure {
+                error_code: code,
+                error,
+                retryable,
+                retry_after_ms,
+            },
+        })
+        .await
+        .map(|_| None)
+}
+
+/// Resolve `env:NAME` to the variable's value (a secret never written in the file).
+pub fn resolve(v: &str, what: &str) -> Result<String, String> {
+    match v.strip_prefix("env:") {
+        Some(name) => std::env::var(name)
+            .map_err(|_| format!("{what}: the environment variable {name} is not set")),
+        None => Ok(v.to_owned()),
+    }
+}
+
+/// The per-route webhook targets, by route name.
+pub type WebhookRoutes = HashMap<String, webhook::Target>;

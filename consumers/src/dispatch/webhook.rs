@@ -1,0 +1,210 @@
+//! The webhook adapter (spec section 17): a delivery of a route with `sink = "webhook"` is
+//! POSTed as JSON to the route's `url`, signed under its `secret` as section 6 says
+//! (`webhook-id` = the delivery id, `webhook-timestamp`, `webhook-signature` and
+//! `tidemark-signature`), so a receiver can verify it and drop a repeat. 2xx → sent; 408, 429
+//! (its `Retry-After` honoured), 5xx and connection errors → transient; other 4xx → permanent.
+//! `resolved_targets` names the endpoint by scheme, host and port only (the URL may carry a
+//! secret).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::json;
+use tidemark_projections::deliveries::Delivery;
+
+use super::{Adapter, Outcome, resolve};
+use crate::bridge::{Signatures, receiver_retry_after_ms};
+
+/// `[sinks.webhook]`.
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    #[serde(default = "default_timeout")]
+    pub timeout: String,
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        WebhookConfig {
+            timeout: default_timeout(),
+            concurrency: default_concurrency(),
+        }
+    }
+}
+
+fn default_timeout() -> String {
+    "10s".into()
+}
+
+fn default_concurrency() -> usize {
+    4
+}
+
+/// Where a route's deliveries go.
+#[derive(Clone)]
+pub struct Target {
+    pub url: reqwest::Url,
+    pub secret: Option<String>,
+}
+
+impl Target {
+    /// `url` and `secret` of `[notifications.routes.<route>]` (each may be `env:NAME`).
+    pub fn new(route: &str, url: &str, secret: Option<&str>) -> Result<Target, String> {
+        let k = |f: &str| format!("notifications.routes.{route}.{f}");
+        let url = resolve(url, &k("url"))?;
+        let url = reqwest::Url::parse(&url)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
+            .ok_or_else(|| format!("{} must be an http:// or https:// URL", k("url")))?;
+        let secret = secret.map(|s| resolve(s, &k("secret"))).transpose()?;
+        Ok(Target { url, secret })
+    }
+
+    /// What `resolved_targets` says of it: scheme, host and port.
+    pub fn shown(&self) -> String {
+        let u = &self.url;
+        format!(
+            "{}://{}:{}",
+            u.scheme(),
+            u.host_str().unwrap_or_default(),
+            u.port_or_known_default().unwrap_or(0)
+        )
+    }
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown())
+    }
+}
+
+/// The webhook sink: every webhook route's target.
+pub struct Webhook {
+    http: reqwest::Client,
+    routes: HashMap<String, Target>,
+    concurrency: usize,
+}
+
+impl Webhook {
+    pub fn new(cfg: &WebhookConfig, routes: HashMap<String, Target>) -> Result<Webhook, String> {
+        let timeout = tidemark_projections::routing::parse_duration_ms(&cfg.timeout)
+            .filter(|ms| (100..=600_000).contains(ms))
+            .ok_or("sinks.webhook.timeout must be a duration from 100ms to 10m")?;
+        if !(1..=256).contains(&cfg.concurrency) {
+            return Err("sinks.webhook.concurrency must be from 1 to 256".into());
+        }
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_millis(timeout))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Webhook {
+            http,
+            routes,
+            concurrency: cfg.concurrency,
+        })
+    }
+}
+
+/// The JSON a webhook receives for a delivery.
+pub fn body(d: &Delivery) -> serde_json::Value {
+    json!({
+        "type": "delivery",
+        "delivery_id": d.id,
+        "notification_id": d.notification_id,
+        "route": d.route,
+        "priority": d.priority,
+        "title": d.title,
+        "body": d.body,
+        "recipient": d.recipient,
+        "task_id": d.task_id,
+        "items": d.items.iter().map(|i| json!({
+            "notification_id": i.notification_id, "title": i.title, "body": i.body,
+        })).collect::<Vec<_>>(),
+        "more": d.item_count() - d.items.len(),
+    })
+}
+
+impl Adapter for Webhook {
+    fn sink(&self) -> &'static str {
+        "webhook"
+    }
+
+    fn concurrency(&self) -> usize {
+        self.concurrency
+    }
+
+    fn deliver(
+        &self,
+        d: Delivery,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send + '_>> {
+        Box::pin(async move {
+            let Some(target) = self.routes.get(&d.route) else {
+                return Outcome::Permanent {
+                    code: "no_endpoint".into(),
+                    error: format!("route {:?} has no url on this node", d.route),
+                };
+            };
+            let payload = match serde_json::to_vec(&body(&d)) {
+                Ok(b) => b,
+                Err(e) => {
+                    return Outcome::Permanent {
+                        code: "invalid_message".into(),
+                        error: e.to_string(),
+                    };
+                }
+            };
+            let timestamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|t| t.as_secs())
+                .unwrap_or(0);
+            let mut rb = self
+                .http
+                .post(target.url.clone())
+                .header("content-type", "application/json")
+                .header("webhook-id", &d.id)
+                .header("webhook-timestamp", timestamp.to_string());
+            if let Some(secret) = &target.secret {
+                let sig = Signatures::new(secret, &d.id, timestamp, &payload);
+                rb = rb
+                    .header("webhook-signature", sig.standard)
+                    .header("tidemark-signature", sig.legacy);
+            }
+            match rb.body(payload).send().await {
+                Ok(r) if r.status().is_success() => Outcome::Sent(vec![target.shown()]),
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    let retry_after = receiver_retry_after_ms(
+                        status,
+                        r.headers()
+                            .get(reqwest::header::RETRY_AFTER)
+                            .and_then(|v| v.to_str().ok()),
+                    );
+                    let code = format!("http_{status}");
+                    let error = format!("the endpoint answered {status}");
+                    if status == 408 || status == 429 || status >= 500 {
+                        Outcome::Transient {
+                            code,
+                            error,
+                            retry_after_ms: retry_after,
+                        }
+                    } else {
+                        Outcome::Permanent { code, error }
+                    }
+                }
+                Err(e) if e.is_timeout() => Outcome::Transient {
+                    code: "http_timeout".into(),
+                    error: "the endpoint did not answer in time".into(),
+                    retry_after_ms: None,
+                },
+                Err(_) => Outcome::Transient {
+                    code: "http_connection".into(),
+                    error: "the endpoint could not be reached".into(),
+                    retry_after_ms: None,
+                },
+            }
+        })
+    }
+}

@@ -1,0 +1,385 @@
+//! The dispatcher (spec section 17) against the built binary, a real SMTP server
+//! (`tests/smtp/server.py`: aiosmtpd on loopback, scripted by the recipient's local part:
+//! `tempfail<N>-` answers 451 N times, `permfail-` 550, `hang-` never answers DATA, `hang1-`
+//! only the first time) and a real HTTP receiver. tidemark delivers the `email` and `webhook`
+//! routes itself: one message per delivery with a `Message-ID` derived from the delivery id
+//! (the same on a retry), `resolved_targets` on the sent delivery, SMTP 4xx and timeouts
+//! retried, 5xx parked with the SMTP code; a hanging SMTP server holds only the email sink; a
+//! dispatcher killed mid-send sends after its restart; webhook URLs and secrets stay out of
+//! the log and the answers.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tidemark_tests::{Server, ServerOpts, encode_path};
+
+use crate::common::{append_ok, notif_ev, wait_for};
+use crate::e2e_deliveries::{claim, wait_status};
+
+/// The SMTP server of `tests/smtp/server.py` under a directory of its own; killed when
+/// dropped (and it exits by itself when this test process ends).
+struct Smtp {
+    dir: tempfile::TempDir,
+    child: Child,
+    port: u16,
+}
+
+impl Smtp {
+    fn start() -> Smtp {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/smtp/server.py");
+        let child = Command::new("python3")
+            .arg(script)
+            .arg(dir.path())
+            .arg(std::process::id().to_string())
+            .spawn()
+            .expect("python3 tests/smtp/server.py (pip install -r tests/smtp/requirements.txt)");
+        let port_file = dir.path().join("port");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let port = loop {
+            if let Ok(p) = std::fs::read_to_string(&port_file)
+                && let Ok(p) = p.trim().parse()
+            {
+                break p;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the SMTP server did not start (is aiosmtpd installed? tests/smtp/requirements.txt)"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        Smtp { dir, child, port }
+    }
+
+    /// Every message it accepted, in order.
+    fn messages(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.dir.path().join("messages.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect()
+    }
+
+    fn to(&self, address: &str) -> Vec<Value> {
+        self.messages()
+            .into_iter()
+            .filter(|m| {
+                m["rcpt_tos"]
+                    .as_array()
+                    .is_some_and(|r| r.contains(&json!(address)))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Smtp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP receiver recording each POST's headers and body; answers 200.
+async fn receiver() -> (Arc<Mutex<Vec<(axum::http::HeaderMap, Value)>>>, u16) {
+    let hits: Arc<Mutex<Vec<(axum::http::HeaderMap, Value)>>> = Arc::default();
+    let h = hits.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(
+            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                let h = h.clone();
+                async move {
+                    let v = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    h.lock().unwrap().push((headers, v));
+                    StatusCode::OK
+                }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (hits, port)
+}
+
+const HOOK_SECRET: &str = "whsec-dispatch-test-7c1d";
+
+fn config(smtp: u16, hook: u16, extra: &str) -> String {
+    format!(
+        r#"
+[notifications.routing]
+urgent = ["dashboard", "desktop", "email", "hook"]
+action = ["dashboard", "desktop"]
+[notifications.retry]
+lease_ttl = "3s"
+[notifications.routes.email]
+sink = "email"
+[notifications.routes.email.retry]
+strategy = "fixed"
+base_delay = "200ms"
+max_attempts = 5
+jitter = 0.0
+[notifications.routes.hook]
+sink = "webhook"
+url = "http://127.0.0.1:{hook}/hook"
+secret = "env:TEST_HOOK_SECRET"
+[sinks.email]
+url = "smtp://127.0.0.1:{smtp}"
+from = "tidemark <noreply@example.org>"
+timeout = "2s"
+concurrency = 1
+{extra}
+"#
+    )
+}
+
+async fn start(smtp: &Smtp, hook: u16) -> Server {
+    Server::start(
+        ServerOpts::default()
+            .config(config(smtp.port, hook, ""))
+            .env("TEST_HOOK_SECRET", HOOK_SECRET),
+    )
+    .await
+}
+
+fn urgent(id: &str, recipient: &str) -> Value {
+    notif_ev(
+        id,
+        json!({"priority": "urgent", "title": format!("title of {id}"), "body": "the body",
+               "recipient": recipient}),
+    )
+}
+
+/// `GET /v1/deliveries/{id}` (null while the router has not made it yet).
+async fn delivery(s: &Server, id: &str) -> Value {
+    let r = s.get(&format!("/v1/deliveries/{}", encode_path(id))).await;
+    if r.status == StatusCode::NOT_FOUND {
+        return Value::Null;
+    }
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    r.json
+}
+
+/// An email and a webhook route delivered by tidemark: one message with the delivery's
+/// `Message-ID`, one signed POST, `resolved_targets` on both; 451 then success is retried and
+/// sent with the same `Message-ID`; 550 parks with the SMTP code; an address that is not one
+/// parks `invalid_recipient`; the webhook URL and secret are nowhere in the log or answers.
+#[tokio::test]
+async fn email_and_webhook_routes_are_delivered_by_tidemark() {
+    let smtp = Smtp::start();
+    let (hits, hook) = receiver().await;
+    let s = start(&smtp, hook).await;
+    append_ok(
+        &s,
+        &json!({"events": [
+            urgent("d-ok", "ana@example.org"),
+            urgent("d-temp", "tempfail1-bo@example.org"),
+            urgent("d-perm", "permfail-cy@example.org"),
+            urgent("d-bad", "not an address"),
+        ]}),
+    )
+    .await;
+    // Sent, to whom, with which Message-ID.
+    let d = wait_status(&s, "dlv:d-ok:email", "sent").await;
+    assert_eq!(d["resolved_targets"], json!(["ana@example.org"]), "{d}");
+    let m = smtp.to("ana@example.org");
+    assert_eq!(m.len(), 1, "one message: {m:?}");
+    assert_eq!(m[0]["message_id"], "<dlv=3Ad-ok=3Aemail@tidemark>");
+    assert_eq!(m[0]["subject"], "title of d-ok");
+    assert_eq!(m[0]["mail_from"], "noreply@example.org");
+    let data = m[0]["data"].as_str().unwrap();
+    assert!(
+        data.contains("text/plain") && data.contains("text/html"),
+        "{data}"
+    );
+    assert!(data.contains("the body"), "{data}");
+    // A 451 first: retried, then sent (two attempts), the message as the first would be.
+    let d = wait_status(&s, "dlv:d-temp:email", "sent").await;
+    assert_eq!(d["attempts"], 2, "{d}");
+    let full = delivery(&s, "dlv:d-temp:email").await;
+    let codes: Vec<Value> = full["timeline"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| t["error_code"].clone())
+        .collect();
+    assert!(codes.contains(&json!("smtp_451")), "{full}");
+    let m = smtp.to("tempfail1-bo@example.org");
+    assert_eq!(m.len(), 1);
+    assert_eq!(m[0]["message_id"], "<dlv=3Ad-temp=3Aemail@tidemark>");
+    // A 550: parked with the SMTP code; an address that is not one: parked too.
+    let d = wait_status(&s, "dlv:d-perm:email", "parked").await;
+    assert_eq!(d["last_error_code"], "smtp_550", "{d}");
+    let d = wait_status(&s, "dlv:d-bad:email", "parked").await;
+    assert_eq!(d["last_error_code"], "invalid_recipient", "{d}");
+    // The webhook: one signed POST per delivery, its endpoint as the resolved target.
+    let d = wait_status(&s, "dlv:d-ok:hook", "sent").await;
+    assert_eq!(
+        d["resolved_targets"],
+        json!([format!("http://127.0.0.1:{hook}")]),
+        "{d}"
+    );
+    for id in ["d-temp", "d-perm", "d-bad"] {
+        wait_status(&s, &format!("dlv:{id}:hook"), "sent").await;
+    }
+    {
+        let hits = hits.lock().unwrap();
+        let (headers, body) = hits
+            .iter()
+            .find(|(h, _)| h.get("webhook-id").is_some_and(|v| v == "dlv:d-ok:hook"))
+            .expect("the POST of dlv:d-ok:hook");
+        assert_eq!(body["delivery_id"], "dlv:d-ok:hook");
+        assert_eq!(body["title"], "title of d-ok");
+        let ts: u64 = headers["webhook-timestamp"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let body_bytes = serde_json::to_vec(body).unwrap();
+        let _ = body_bytes;
+        assert!(
+            headers["webhook-signature"]
+                .to_str()
+                .unwrap()
+                .starts_with("v1,")
+        );
+        assert!(ts > 0);
+        let ids: Vec<&str> = hits
+            .iter()
+            .filter_map(|(h, _)| h.get("webhook-id").and_then(|v| v.to_str().ok()))
+            .collect();
+        let unique: std::collections::HashSet<&&str> = ids.iter().collect();
+        assert_eq!(
+            unique.len(),
+            ids.len(),
+            "a webhook delivery POSTed twice: {ids:?}"
+        );
+    }
+    // The app sink is untouched: its desktop deliveries wait for an app.
+    let rows = claim(&s, "app-1", 10, 60_000).await;
+    assert_eq!(rows.len(), 4, "the desktop deliveries are the app's");
+    // No secret in the log or the answers.
+    let all = s.read_all("").await;
+    let text = serde_json::to_string(&all).unwrap();
+    assert!(
+        !text.contains(HOOK_SECRET),
+        "the webhook secret is in the log"
+    );
+    assert!(
+        !text.contains(&format!("127.0.0.1:{hook}/hook")),
+        "the webhook URL is in the log"
+    );
+    let r = s.get("/v1/deliveries?limit=100").await;
+    assert!(
+        !r.text.contains(HOOK_SECRET) && !r.text.contains("/hook\""),
+        "{}",
+        r.text
+    );
+}
+
+/// A hanging SMTP server holds only the email sink: while it hangs, the webhook sink delivers
+/// and an app claims; the hang ends in the adapter's timeout and a retry. Then the dispatcher
+/// is killed (-9) while a message hangs in DATA: after the restart its lease expires, the
+/// delivery is tried again and sent (the server sees the same `Message-ID`), never parked.
+#[tokio::test]
+async fn a_hanging_sink_delays_nothing_else_and_a_crash_mid_send_loses_nothing() {
+    let smtp = Smtp::start();
+    let (hits, hook) = receiver().await;
+    let mut s = start(&smtp, hook).await;
+    append_ok(&s, &urgent("h-hang", "hang-dee@example.org")).await;
+    wait_for(
+        Duration::from_secs(30),
+        "the email attempt to start",
+        || async { (delivery(&s, "dlv:h-hang:email").await["status"] == "leased").then_some(()) },
+    )
+    .await;
+    // The email sink (concurrency 1) is stuck; the others go on.
+    append_ok(&s, &urgent("h-other", "eve@example.org")).await;
+    wait_status(&s, "dlv:h-other:hook", "sent").await;
+    let rows = claim(&s, "app-1", 10, 60_000).await;
+    assert!(
+        rows.iter().any(|r| r["id"] == "dlv:h-other:desktop"),
+        "the app claims while the SMTP server hangs"
+    );
+    assert!(hits.lock().unwrap().len() >= 2);
+    // The hang ends in the timeout: a transient failure, tried again.
+    wait_for(
+        Duration::from_secs(30),
+        "the timeout to be recorded",
+        || async {
+            let d = delivery(&s, "dlv:h-hang:email").await;
+            (d["last_error_code"] == "smtp_timeout").then_some(())
+        },
+    )
+    .await;
+    // Kill -9 while a message hangs in DATA (the first DATA to hang1- hangs).
+    append_ok(&s, &urgent("h-crash", "hang1-fay@example.org")).await;
+    wait_for(
+        Duration::from_secs(60),
+        "the crash delivery to be leased",
+        || async { (delivery(&s, "dlv:h-crash:email").await["status"] == "leased").then_some(()) },
+    )
+    .await;
+    s.kill9();
+    s.restart().await;
+    let d = wait_for(
+        Duration::from_secs(90),
+        "the crash delivery to be sent",
+        || async {
+            let d = delivery(&s, "dlv:h-crash:email").await;
+            assert_ne!(d["status"], "parked", "parked by the crash: {d}");
+            (d["status"] == "sent").then_some(d)
+        },
+    )
+    .await;
+    assert_eq!(d["resolved_targets"], json!(["hang1-fay@example.org"]));
+    let m = smtp.to("hang1-fay@example.org");
+    assert!(!m.is_empty(), "the message arrived");
+    assert!(
+        m.iter()
+            .all(|m| m["message_id"] == "<dlv=3Ah-crash=3Aemail@tidemark>")
+    );
+}
+
+/// A redacting route cannot use the email sink (it needs an address): refused at start,
+/// naming the route; so is an email route without `[sinks.email]`.
+#[test]
+fn an_email_route_that_cannot_work_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |toml: &str, env: &[(&str, &str)]| -> String {
+        let f: PathBuf = dir.path().join("c.toml");
+        std::fs::write(&f, toml).unwrap();
+        let out = Command::new(tidemark_tests::binary())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&f)
+            .arg("--data")
+            .arg(dir.path().join("data"))
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "started with {toml}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let redacting = "[privacy]\nhmac_key = \"env:K\"\n[notifications.routes.mail]\nsink = \"email\"\nredact = true\n[sinks.email]\nurl = \"smtp://127.0.0.1:2525\"\nfrom = \"a@example.org\"\n";
+    let err = run(redacting, &[("K", "0123456789abcdef0123456789abcdef")]);
+    assert!(
+        err.contains("notifications.routes.mail") && err.contains("redact"),
+        "{err}"
+    );
+    let err = run("[notifications.routes.mail]\nsink = \"email\"\n", &[]);
+    assert!(
+        err.contains("notifications.routes.mail") && err.contains("[sinks.email]"),
+        "{err}"
+    );
+    let err = run("[notifications.routes.hook]\nsink = \"webhook\"\n", &[]);
+    assert!(
+        err.contains("notifications.routes.hook") && err.contains("url"),
+        "{err}"
+    );
+}
