@@ -26,7 +26,7 @@ use crate::auth::{self, Auth, Scope};
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::routes::{
-    admin, bridges, cursors, deliveries, events, notifications, ops, sources, tasks,
+    admin, bridges, cursors, deliveries, events, lists, notifications, ops, sources, tasks,
 };
 use crate::state::AppState;
 
@@ -130,6 +130,8 @@ pub fn router(state: AppState) -> Router {
     let read = read.merge(scoped(
         OpenApiRouter::new()
             .routes(routes!(tasks::list))
+            .routes(routes!(lists::list))
+            .routes(routes!(lists::show))
             .routes(routes!(tasks::get))
             .routes(routes!(tasks::stream))
             .routes(routes!(notifications::list))
@@ -193,6 +195,7 @@ pub fn router(state: AppState) -> Router {
     let admin = scoped(
         OpenApiRouter::new()
             .routes(routes!(cursors::reset))
+            .routes(routes!(lists::put, lists::delete))
             .routes(routes!(sources::reset))
             .routes(routes!(admin::run_retention)),
         &auth,

@@ -383,6 +383,18 @@ impl<L: EventLog + Clone> Queries<L> {
         )?)
     }
 
+    /// A notification list (section 17).
+    pub fn list(&self, name: &str) -> R<Option<tidemark_projections::lists::ListRow>> {
+        self.floor(0)?;
+        Ok(tidemark_projections::lists::list(&self.models.db(), name)?)
+    }
+
+    /// Every notification list, by name.
+    pub fn lists(&self) -> R<Vec<tidemark_projections::lists::ListRow>> {
+        self.floor(0)?;
+        Ok(tidemark_projections::lists::all(&self.models.db())?)
+    }
+
     /// A cursor, or its zero state.
     pub fn cursor(&self, consumer_id: &str, stream_name: &str, subject_id: &str) -> R<Cursor> {
         self.floor(0)?;

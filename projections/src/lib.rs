@@ -28,6 +28,7 @@ pub mod bridges;
 pub mod cursors;
 pub mod deliveries;
 pub mod framework;
+pub mod lists;
 pub mod models;
 pub mod names;
 pub mod notifications;
@@ -52,6 +53,7 @@ static DELIVERIES: deliveries::Deliveries = deliveries::Deliveries;
 static CURSORS: cursors::Cursors = cursors::Cursors;
 static BRIDGES: bridges::Bridges = bridges::Bridges;
 static SOURCES: sources::Sources = sources::Sources;
+static LISTS: lists::Lists = lists::Lists;
 
 /// Every projection, in the order they are applied.
 pub fn all() -> Vec<&'static dyn Projection> {
@@ -63,6 +65,7 @@ pub fn all() -> Vec<&'static dyn Projection> {
         &CURSORS,
         &BRIDGES,
         &SOURCES,
+        &LISTS,
     ]
 }
 

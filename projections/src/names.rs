@@ -75,6 +75,8 @@ names! {
         /// Admissions to the outbox on a cluster (spec section 16: one subject all nodes'
         /// admissions write and append on the condition of, so `max_pending` holds across them).
         Outbox = "outbox",
+        /// Notification lists (section 17), subject the list's name.
+        Lists = "lists",
     }
 }
 
@@ -124,11 +126,13 @@ names! {
         SourceParked = "source.parked",
         RetentionPurged = "retention.purged",
         OutboxAdmitted = "outbox.admitted",
+        ListUpdated = "list.updated",
+        ListDeleted = "list.deleted",
     }
 }
 
 /// Prefixes whose types tidemark defines.
-pub const RESERVED_PREFIXES: [&str; 10] = [
+pub const RESERVED_PREFIXES: [&str; 11] = [
     "task.",
     "notification.",
     "recipient.",
@@ -139,6 +143,7 @@ pub const RESERVED_PREFIXES: [&str; 10] = [
     "source.",
     "retention.",
     "outbox.",
+    "list.",
 ];
 
 /// What every task lifecycle event type starts with.
@@ -187,6 +192,7 @@ impl EventType {
             | SourceParked => Stream::Sources,
             RetentionPurged => Stream::Retention,
             OutboxAdmitted => Stream::Outbox,
+            ListUpdated | ListDeleted => Stream::Lists,
         }
     }
 
@@ -253,7 +259,9 @@ impl EventType {
             | SourceReset
             | SourceParked
             | RetentionPurged
-            | OutboxAdmitted => return None,
+            | OutboxAdmitted
+            | ListUpdated
+            | ListDeleted => return None,
         })
     }
 }
@@ -524,7 +532,7 @@ mod tests {
                 "recipient.unsuppressed",
             ]
         );
-        assert_eq!(EventType::ALL.len() - client.len(), 28);
+        assert_eq!(EventType::ALL.len() - client.len(), 30);
     }
 
     /// Every `delivery.*` type (and no other) says what it does to a delivery row, by the

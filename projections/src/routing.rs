@@ -134,6 +134,8 @@ pub struct RoutePolicy {
     /// The sink a route other than `desktop` delivers to (section 17): `app` (claimed by an
     /// app), `email` or `webhook` (tidemark's dispatcher). `None`: `unknown_route`.
     pub sink: Option<String>,
+    /// The list a notification that names no recipient or list is delivered to.
+    pub list: Option<String>,
 }
 
 impl RoutePolicy {
@@ -325,6 +327,14 @@ impl RoutingSettings {
                 }
                 if let Some(r) = p.get("retry") {
                     policy.retry = Some(parse_retry(&s.retry, r, &k("retry"))?);
+                }
+                if let Some(x) = p.get("list") {
+                    policy.list = Some(
+                        x.as_str()
+                            .filter(|t| !t.is_empty() && t.len() <= 128)
+                            .ok_or_else(|| bad(&k("list")))?
+                            .to_owned(),
+                    );
                 }
                 if let Some(x) = p.get("sink") {
                     policy.sink = Some(

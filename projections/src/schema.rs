@@ -97,6 +97,7 @@ pub fn check_client_event(
             f.string("title", true, 256)?;
             f.string("body", false, 8192)?;
             f.string("recipient", false, 128)?;
+            f.string("list", false, 128)?;
             f.string("group_key", false, 128)?;
             f.time("deliver_after")?;
             f.string("task_id", false, 128)?;

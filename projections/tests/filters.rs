@@ -111,6 +111,7 @@ fn created(id: &str, sink: &str, route: &str, recipient: Option<&str>, status: &
         digest_max_items: None,
         source_site: site_of(id).map(str::to_owned),
         redacted: false,
+        list: None,
     };
     NewEvent::new(
         None,

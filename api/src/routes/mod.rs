@@ -5,6 +5,7 @@ pub mod bridges;
 pub mod cursors;
 pub mod deliveries;
 pub mod events;
+pub mod lists;
 pub mod notifications;
 pub mod ops;
 pub(crate) mod order;

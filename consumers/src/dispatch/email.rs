@@ -107,7 +107,7 @@ impl Email {
     }
 
     /// The message of `d` to `to`.
-    fn message(&self, d: &Delivery, to: Mailbox) -> Result<Message, String> {
+    fn message(&self, d: &Delivery, to: Mailbox, id: String) -> Result<Message, String> {
         let mut text = String::new();
         let mut html = String::new();
         if d.items.len() > 1 || d.item_count() > 1 {
@@ -130,7 +130,7 @@ impl Email {
             .from(self.from.clone())
             .to(to)
             .subject(d.title.clone())
-            .message_id(Some(message_id(&d.id)))
+            .message_id(Some(id))
             .multipart(MultiPart::alternative_plain_html(
                 text,
                 format!(
@@ -171,40 +171,57 @@ impl Adapter for Email {
         self.concurrency
     }
 
+    fn to_people(&self) -> bool {
+        true
+    }
+
+    /// One message per target, in turn (each member of a list gets its own, with a
+    /// `Message-ID` of its own that is the same on every retry; nobody sees the others'
+    /// addresses). Every one sent: sent, to all. A transient failure retries the delivery
+    /// (members already reached get the same message again, which their `Message-ID` lets a
+    /// mail system drop); a permanent one parks it.
     fn deliver(
         &self,
         d: Delivery,
+        targets: Vec<super::Target>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send + '_>> {
         Box::pin(async move {
-            let Some(to) = d
-                .recipient
-                .as_deref()
-                .and_then(|r| r.parse::<Mailbox>().ok())
-            else {
-                return Outcome::Permanent {
-                    code: "invalid_recipient".into(),
-                    error: "the delivery's recipient is not an email address".into(),
-                };
-            };
-            let address = to.email.to_string();
-            let msg = match self.message(&d, to) {
-                Ok(m) => m,
-                Err(e) => {
+            let mut reached = Vec::with_capacity(targets.len());
+            for t in targets {
+                let Ok(to) = t.address.parse::<Mailbox>() else {
                     return Outcome::Permanent {
-                        code: "invalid_message".into(),
-                        error: e,
+                        code: "invalid_recipient".into(),
+                        error: "a target of the delivery is not an email address".into(),
                     };
+                };
+                let address = to.email.to_string();
+                let id = if t.from_list {
+                    message_id(&format!("{}/{}", d.id, address))
+                } else {
+                    message_id(&d.id)
+                };
+                let msg = match self.message(&d, to, id) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        return Outcome::Permanent {
+                            code: "invalid_message".into(),
+                            error: e,
+                        };
+                    }
+                };
+                match tokio::time::timeout(self.timeout, self.transport.send(msg)).await {
+                    Ok(Ok(_)) => reached.push(address),
+                    Ok(Err(e)) => return classify(&e),
+                    Err(_) => {
+                        return Outcome::Transient {
+                            code: "smtp_timeout".into(),
+                            error: "the SMTP server did not answer in time".into(),
+                            retry_after_ms: None,
+                        };
+                    }
                 }
-            };
-            match tokio::time::timeout(self.timeout, self.transport.send(msg)).await {
-                Ok(Ok(_)) => Outcome::Sent(vec![address]),
-                Ok(Err(e)) => classify(&e),
-                Err(_) => Outcome::Transient {
-                    code: "smtp_timeout".into(),
-                    error: "the SMTP server did not answer in time".into(),
-                    retry_after_ms: None,
-                },
             }
+            Outcome::Sent(reached)
         })
     }
 }

@@ -40,16 +40,77 @@ pub enum Outcome {
     Permanent { code: String, error: String },
 }
 
+/// One person a delivery goes to: an address, and whether it came from a list (its message
+/// then carries an id of its own per member).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub address: String,
+    pub from_list: bool,
+}
+
+/// Whom `d` goes to, resolved now (section 17: a list when the delivery is attempted, so a
+/// change since routing counts): its list's members, else its recipient. An unknown list, an
+/// empty one, or no recipient at all is a permanent outcome.
+pub async fn targets(engine: &Engine, d: &Delivery) -> Result<Vec<Target>, Outcome> {
+    let Some(name) = d.ext.more.list.clone() else {
+        return match &d.recipient {
+            Some(r) => Ok(vec![Target {
+                address: r.clone(),
+                from_list: false,
+            }]),
+            None => Err(Outcome::Permanent {
+                code: "no_recipient".into(),
+                error: "the notification names no recipient and no list".into(),
+            }),
+        };
+    };
+    let e = engine.clone();
+    let n = name.clone();
+    let row = match tokio::task::spawn_blocking(move || e.read().list(&n)).await {
+        Ok(Ok(row)) => row,
+        _ => {
+            return Err(Outcome::Transient {
+                code: "list_unreadable".into(),
+                error: "the lists model could not be read".into(),
+                retry_after_ms: None,
+            });
+        }
+    };
+    match row {
+        None => Err(Outcome::Permanent {
+            code: "unknown_list".into(),
+            error: format!("there is no list {name:?}"),
+        }),
+        Some(l) if l.members.is_empty() => Err(Outcome::Permanent {
+            code: "empty_list".into(),
+            error: format!("the list {name:?} has no members"),
+        }),
+        Some(l) => Ok(l
+            .members
+            .into_iter()
+            .map(|address| Target {
+                address,
+                from_list: true,
+            })
+            .collect()),
+    }
+}
+
 /// A sink tidemark delivers itself.
 pub trait Adapter: Send + Sync + 'static {
     /// The sink's name on routes (`email`, `webhook`).
     fn sink(&self) -> &'static str;
     /// Deliveries in flight at most.
     fn concurrency(&self) -> usize;
-    /// One attempt of one delivery.
+    /// Whether it sends to the delivery's recipient or list members (email), rather than to
+    /// an endpoint of its route (webhook).
+    fn to_people(&self) -> bool;
+    /// One attempt of one delivery to `targets` (the list's members or the recipient, when
+    /// [`Adapter::to_people`]; empty otherwise).
     fn deliver(
         &self,
         d: Delivery,
+        targets: Vec<Target>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send + '_>>;
 }
 
@@ -121,11 +182,20 @@ async fn run(
                     claimed = rows.len();
                     for d in rows {
                         let a = adapter.clone();
+                        let e = engine.clone();
                         metrics::gauge!("tidemark_sink_in_flight", "sink" => sink).increment(1.0);
                         inflight.spawn(async move {
                             let id = d.id.clone();
                             let started = Instant::now();
-                            let outcome = a.deliver(d).await;
+                            let to = if a.to_people() {
+                                targets(&e, &d).await
+                            } else {
+                                Ok(Vec::new())
+                            };
+                            let outcome = match to {
+                                Ok(to) => a.deliver(d, to).await,
+                                Err(o) => o,
+                            };
                             (id, outcome, started.elapsed())
                         });
                     }

@@ -136,9 +136,14 @@ impl Adapter for Webhook {
         self.concurrency
     }
 
+    fn to_people(&self) -> bool {
+        false
+    }
+
     fn deliver(
         &self,
         d: Delivery,
+        _: Vec<super::Target>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send + '_>> {
         Box::pin(async move {
             let Some(target) = self.routes.get(&d.route) else {

@@ -17,6 +17,7 @@
 pub mod admission;
 pub mod bridges;
 pub mod cursors;
+pub mod lists;
 pub mod outbox;
 pub mod retention;
 pub mod sources;

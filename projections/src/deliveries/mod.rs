@@ -153,6 +153,8 @@ pub struct DeliveryExt2 {
     /// Whom a delivery by tidemark's dispatcher reached (section 17): the addresses, or the
     /// endpoint's scheme, host and port; snapshotted by `delivery.sent` for audit.
     pub resolved_targets: Vec<String>,
+    /// The notification list its targets are (section 17).
+    pub list: Option<String>,
 }
 
 impl Delivery {
@@ -311,6 +313,9 @@ pub struct Created {
     /// Zero-PII (section 14): recipient, ids and titles in this event are already redacted.
     #[serde(skip_serializing_if = "std::ops::Not::not", default)]
     pub redacted: bool,
+    /// The notification list its targets are (section 17), resolved when it is attempted.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub list: Option<String>,
 }
 
 /// Payload of `delivery.joined` (subject: the digest delivery joined).
@@ -539,6 +544,10 @@ impl Created {
             ext: DeliveryExt {
                 source_site: self.source_site.clone(),
                 redacted: self.redacted,
+                more: DeliveryExt2 {
+                    list: self.list.clone(),
+                    ..DeliveryExt2::default()
+                },
                 ..DeliveryExt::default()
             },
         }

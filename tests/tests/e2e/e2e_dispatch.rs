@@ -383,3 +383,127 @@ fn an_email_route_that_cannot_work_is_refused_at_start() {
         "{err}"
     );
 }
+
+/// `PUT /v1/lists/{name}` with a reason; panics unless 200.
+async fn put_list(s: &Server, name: &str, members: &[&str]) -> Value {
+    let r = s
+        .send(
+            s.request(reqwest::Method::PUT, &format!("/v1/lists/{name}"))
+                .json(&json!({"members": members, "reason": "test"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    r.json
+}
+
+/// Notification lists (section 17): a list of three addresses gets one message per member
+/// (each its own `Message-ID`, nobody sees the others' addresses) and the delivery names all
+/// three as `resolved_targets`; a list changed between routing and delivery reaches the new
+/// members; an empty list parks `empty_list`, and once fixed an operator's retry sends it; an
+/// unknown list parks `unknown_list`; a route's `list` takes notifications that name nobody.
+/// The lists model answers `GET`, and `PUT` needs a reason.
+#[tokio::test]
+async fn lists_are_resolved_when_a_delivery_is_attempted() {
+    let smtp = Smtp::start();
+    let (_hits, hook) = receiver().await;
+    let s = Server::start(
+        ServerOpts::default()
+            .config(config(smtp.port, hook, "").replace(
+                "[notifications.routes.email]\nsink = \"email\"\n",
+                "[notifications.routes.email]\nsink = \"email\"\nlist = \"fallback\"\n",
+            ))
+            .env("TEST_HOOK_SECRET", HOOK_SECRET),
+    )
+    .await;
+    let ops = ["a@example.org", "b@example.org", "c@example.org"];
+    let l = put_list(&s, "ops", &ops).await;
+    assert_eq!(l["members"], json!(ops));
+    let r = s
+        .send(
+            s.request(reqwest::Method::PUT, "/v1/lists/x")
+                .json(&json!({"members": [], "reason": " "})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    assert_eq!(r.json["code"], "reason_required");
+    let with_list = |id: &str, list: &str, extra: Value| {
+        let mut p = json!({"priority": "urgent", "title": format!("title of {id}"), "list": list});
+        p.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        notif_ev(id, p)
+    };
+    append_ok(&s, &with_list("l-ops", "ops", json!({}))).await;
+    let d = wait_status(&s, "dlv:l-ops:email", "sent").await;
+    assert_eq!(d["resolved_targets"], json!(ops), "{d}");
+    for a in ops {
+        let m = smtp.to(a);
+        assert_eq!(m.len(), 1, "one message to {a}");
+        assert_eq!(m[0]["rcpt_tos"], json!([a]), "each message to one member");
+        let want = format!("<dlv=3Al-ops=3Aemail=2F{}@tidemark>", a.replace('@', "=40"));
+        assert_eq!(m[0]["message_id"], json!(want));
+    }
+    // Changed between routing and delivery: the members at the attempt.
+    let later = tidemark_log::time::format_micros(
+        (std::time::SystemTime::now() + Duration::from_secs(3))
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as i64,
+    );
+    put_list(&s, "team", &["old@example.org"]).await;
+    append_ok(
+        &s,
+        &with_list("l-team", "team", json!({"deliver_after": later})),
+    )
+    .await;
+    wait_status(&s, "dlv:l-team:email", "queued").await;
+    put_list(&s, "team", &["new1@example.org", "new2@example.org"]).await;
+    let d = wait_status(&s, "dlv:l-team:email", "sent").await;
+    assert_eq!(
+        d["resolved_targets"],
+        json!(["new1@example.org", "new2@example.org"])
+    );
+    assert!(smtp.to("old@example.org").is_empty());
+    // Empty, then fixed and retried by an operator.
+    put_list(&s, "empty", &[]).await;
+    append_ok(&s, &with_list("l-empty", "empty", json!({}))).await;
+    let d = wait_status(&s, "dlv:l-empty:email", "parked").await;
+    assert_eq!(d["last_error_code"], "empty_list", "{d}");
+    put_list(&s, "empty", &["fixed@example.org"]).await;
+    let r = crate::e2e_deliveries::act(&s, "dlv:l-empty:email", "retry", &json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let d = wait_status(&s, "dlv:l-empty:email", "sent").await;
+    assert_eq!(d["resolved_targets"], json!(["fixed@example.org"]));
+    // Unknown; and the route's list for a notification that names nobody.
+    append_ok(&s, &with_list("l-none", "nosuch", json!({}))).await;
+    let d = wait_status(&s, "dlv:l-none:email", "parked").await;
+    assert_eq!(d["last_error_code"], "unknown_list", "{d}");
+    put_list(&s, "fallback", &["fb@example.org"]).await;
+    append_ok(
+        &s,
+        &notif_ev(
+            "l-fb",
+            json!({"priority": "urgent", "title": "nobody named"}),
+        ),
+    )
+    .await;
+    let d = wait_status(&s, "dlv:l-fb:email", "sent").await;
+    assert_eq!(d["resolved_targets"], json!(["fb@example.org"]));
+    // The model, and deleting.
+    let r = s.get("/v1/lists").await;
+    let names: Vec<&str> = r.json["lists"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["empty", "fallback", "ops", "team"], "{}", r.text);
+    let r = s
+        .send(
+            s.request(reqwest::Method::DELETE, "/v1/lists/team")
+                .json(&json!({"reason": "gone"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text);
+    assert_eq!(s.get("/v1/lists/team").await.status, StatusCode::NOT_FOUND);
+}

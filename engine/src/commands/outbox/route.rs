@@ -56,6 +56,8 @@ struct Notice {
     title: String,
     body: Option<String>,
     recipient: Option<String>,
+    /// A notification list (section 17), resolved when the delivery is attempted.
+    list: Option<String>,
     group_key: Option<String>,
     task_id: Option<String>,
     deliver_after_us: Option<i64>,
@@ -85,6 +87,7 @@ fn notice(ev: &Event) -> Option<Notice> {
         title: s("title").unwrap_or_default(),
         body: s("body"),
         recipient: s("recipient"),
+        list: s("list"),
         group_key: s("group_key"),
         task_id: s("task_id"),
         deliver_after_us: s("deliver_after")
@@ -226,6 +229,11 @@ fn route_one(
             digest_max_items: None,
             source_site: n.source_site.clone().filter(|_| redact.is_none()),
             redacted: redact.is_some(),
+            // The notification's list, else the route's when it names no recipient either.
+            list: n
+                .list
+                .clone()
+                .or_else(|| n.recipient.is_none().then(|| policy.list.clone()).flatten()),
         };
         let canceled_at = match &n.task_id {
             Some(t) => st.u64_at(d::CANCELED, t.as_bytes())?,

@@ -1,0 +1,242 @@
+//! Notification lists (spec section 17): `GET /v1/lists`, `GET /v1/lists/{name}` (read), and
+//! `PUT` / `DELETE /v1/lists/{name}` (admin), recorded as `list.updated` / `list.deleted` with
+//! the reason and who did it. A list is resolved when a delivery is attempted.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde::{Deserialize, Serialize};
+use tidemark_engine::commands::lists::SetList;
+use tidemark_log::time::format_micros;
+use tidemark_projections::lists::ListRow;
+use utoipa::ToSchema;
+
+use crate::error::{ApiError, Problem};
+use crate::routes::deliveries::{check_text, json_body};
+use crate::routes::{caller, read_model};
+use crate::state::AppState;
+
+/// At most this many members in a list.
+pub const MAX_MEMBERS: usize = 1000;
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ListOut {
+    pub name: String,
+    pub members: Vec<String>,
+    pub reason: String,
+    /// The token that last changed it (absent in open mode).
+    pub by: Option<String>,
+    pub updated_at: String,
+    pub updated_seq: u64,
+}
+
+impl From<ListRow> for ListOut {
+    fn from(r: ListRow) -> Self {
+        ListOut {
+            name: r.name,
+            members: r.members,
+            reason: r.reason,
+            by: r.by,
+            updated_at: format_micros(r.updated_at_us),
+            updated_seq: r.updated_seq,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ListsPage {
+    pub lists: Vec<ListOut>,
+    /// The answer reflects the log at least up to this seq.
+    pub as_of_seq: u64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ListAnswer {
+    #[serde(flatten)]
+    pub list: ListOut,
+    pub as_of_seq: u64,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListBody {
+    /// Addresses (or any target names), 1 to 254 characters each, at most 1000, no duplicates.
+    #[schema(max_items = 1000)]
+    pub members: Vec<String>,
+    /// Why; required, recorded in the event.
+    #[schema(min_length = 1, max_length = 4096)]
+    pub reason: String,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListDeleteBody {
+    /// Why; required, recorded in the event.
+    #[schema(min_length = 1, max_length = 4096)]
+    pub reason: String,
+}
+
+fn check_name(name: &str) -> Result<(), ApiError> {
+    if name.is_empty()
+        || name.len() > 128
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_list",
+            "a list name is 1 to 128 letters, digits, '.', '_' or '-'",
+        ));
+    }
+    Ok(())
+}
+
+fn check_reason(reason: &str) -> Result<(), ApiError> {
+    if reason.trim().is_empty() {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "reason_required",
+            "a list change needs a non-empty reason",
+        )
+        .at(0, Some("reason")));
+    }
+    check_text("reason", reason, 4096)
+}
+
+fn not_found(name: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "list_not_found",
+        format!("no list {name:?}"),
+    )
+}
+
+/// Every notification list.
+#[utoipa::path(get, path = "/v1/lists", tag = "lists", operation_id = "listLists",
+    responses((status = 200, body = ListsPage)),
+    security(("bearer" = ["read"])))]
+pub async fn list(State(st): State<AppState>) -> Result<Json<ListsPage>, ApiError> {
+    let (rows, as_of_seq) = read_model(&st.engine, 0, |q| q.lists()).await?;
+    Ok(Json(ListsPage {
+        lists: rows.into_iter().map(ListOut::from).collect(),
+        as_of_seq,
+    }))
+}
+
+/// One notification list.
+#[utoipa::path(get, path = "/v1/lists/{name}", tag = "lists", operation_id = "getList",
+    params(("name" = String, Path, description = "List name")),
+    responses(
+        (status = 200, body = ListAnswer),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["read"])))]
+pub async fn show(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<ListAnswer>, ApiError> {
+    check_name(&name)?;
+    let n = name.clone();
+    let (row, as_of_seq) = read_model(&st.engine, 0, move |q| q.list(&n)).await?;
+    let row = row.ok_or_else(|| not_found(&name))?;
+    Ok(Json(ListAnswer {
+        list: row.into(),
+        as_of_seq,
+    }))
+}
+
+/// Admin: set a list's members (creating it), with a reason.
+#[utoipa::path(put, path = "/v1/lists/{name}", tag = "lists", operation_id = "putList",
+    params(("name" = String, Path, description = "List name")),
+    request_body(content = ListBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = ListAnswer),
+        (status = 422, description = "reason_required, invalid_list or a malformed body", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["admin"])))]
+#[tracing::instrument(skip_all, fields(list = %name))]
+pub async fn put(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<ListAnswer>, ApiError> {
+    check_name(&name)?;
+    let b: ListBody = json_body(&headers, body)?;
+    check_reason(&b.reason)?;
+    if b.members.len() > MAX_MEMBERS {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_list",
+            format!("a list has at most {MAX_MEMBERS} members"),
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for m in &b.members {
+        check_text("members", m, 254)?;
+        if m.trim().is_empty() || !seen.insert(m.as_str()) {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_list",
+                "members are non-empty and distinct",
+            ));
+        }
+    }
+    let (_, receipt) = st
+        .engine
+        .execute(SetList {
+            name: name.clone(),
+            members: Some(b.members),
+            reason: b.reason,
+            by: caller(&st, &headers),
+        })
+        .await?;
+    let n = name.clone();
+    let (row, as_of_seq) = read_model(&st.engine, receipt.last_seq, move |q| q.list(&n)).await?;
+    let row = row.ok_or_else(|| not_found(&name))?;
+    Ok(Json(ListAnswer {
+        list: row.into(),
+        as_of_seq,
+    }))
+}
+
+/// Admin: delete a list, with a reason. Deliveries to it are parked `unknown_list` when
+/// attempted.
+#[utoipa::path(delete, path = "/v1/lists/{name}", tag = "lists", operation_id = "deleteList",
+    params(("name" = String, Path, description = "List name")),
+    request_body(content = ListDeleteBody, content_type = "application/json"),
+    responses(
+        (status = 204, description = "deleted"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["admin"])))]
+#[tracing::instrument(skip_all, fields(list = %name))]
+pub async fn delete(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<StatusCode, ApiError> {
+    check_name(&name)?;
+    let b: ListDeleteBody = json_body(&headers, body)?;
+    check_reason(&b.reason)?;
+    let n = name.clone();
+    let (row, _) = read_model(&st.engine, 0, move |q| q.list(&n)).await?;
+    if row.is_none() {
+        return Err(not_found(&name));
+    }
+    st.engine
+        .execute(SetList {
+            name,
+            members: None,
+            reason: b.reason,
+            by: caller(&st, &headers),
+        })
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}

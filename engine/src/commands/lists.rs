@@ -1,0 +1,61 @@
+//! Notification lists (spec section 17): `PUT /v1/lists/{name}` records `list.updated` with the
+//! members, `DELETE` records `list.deleted`; both need a reason and name who did it.
+
+use serde_json::json;
+use tidemark_log::NewEvent;
+use tidemark_projections::lists::ListRow;
+use tidemark_projections::names::{EventType, Stream};
+
+use super::sealed::Sealed;
+use super::{Command, Decided, Round};
+use crate::error::{CommandError, RejectKind};
+use crate::store::WriteTransaction;
+
+/// Set a list's members (`Some`) or delete it (`None`); answers the list after it (deleted:
+/// without members).
+#[derive(Debug, Clone)]
+pub struct SetList {
+    pub name: String,
+    pub members: Option<Vec<String>>,
+    pub reason: String,
+    pub by: Option<String>,
+}
+
+impl Sealed for SetList {}
+impl Command for SetList {
+    type Answer = ListRow;
+
+    fn name(&self) -> &'static str {
+        "list.set"
+    }
+
+    fn decide(
+        &self,
+        _: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<ListRow>, CommandError> {
+        let (ty, payload) = match &self.members {
+            Some(m) => (
+                EventType::ListUpdated,
+                json!({"members": m, "reason": self.reason, "by": self.by}),
+            ),
+            None => (
+                EventType::ListDeleted,
+                json!({"reason": self.reason, "by": self.by}),
+            ),
+        };
+        let ev =
+            NewEvent::new(None, Stream::Lists, &self.name, ty.as_str(), &payload).map_err(|e| {
+                CommandError::rejected(RejectKind::Invalid, "invalid_list", e.to_string())
+            })?;
+        let row = ListRow {
+            name: self.name.clone(),
+            members: self.members.clone().unwrap_or_default(),
+            reason: self.reason.clone(),
+            by: self.by.clone(),
+            updated_at_us: round.now_us,
+            updated_seq: 0,
+        };
+        Ok(Decided::new(row, vec![ev]))
+    }
+}
