@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use tidemark_engine::commands::lists::SetList;
 use tidemark_log::time::format_micros;
 use tidemark_projections::lists::ListRow;
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
 use crate::routes::deliveries::{check_text, json_body};
@@ -59,14 +59,32 @@ pub struct ListAnswer {
     pub as_of_seq: u64,
 }
 
+/// A list's name in a path.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct ListName {
+    /// The list's name: 1 to 128 letters, digits, '.', '_' or '-'.
+    #[param(pattern = "^[A-Za-z0-9._-]{1,128}$")]
+    pub name: String,
+}
+
+/// A member: an address (or any target name), 1 to 254 printable characters.
+#[derive(Debug, Deserialize, ToSchema)]
+#[schema(pattern = "^[^\\x00-\\x20\\x7F-\\xA0]{1,254}$")]
+pub struct Member(pub String);
+
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListBody {
-    /// Addresses (or any target names), 1 to 254 characters each, at most 1000, no duplicates.
+    /// The members, at most 1000 (a repeated one counts once).
     #[schema(max_items = 1000)]
-    pub members: Vec<String>,
+    pub members: Vec<Member>,
     /// Why; required, recorded in the event.
-    #[schema(min_length = 1, max_length = 4096)]
+    #[schema(
+        min_length = 1,
+        max_length = 4096,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*[^\\x00-\\x20\\x7F-\\xA0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000][^\\x00-\\x1F\\x7F-\\x9F]*$"
+    )]
     pub reason: String,
 }
 
@@ -74,7 +92,11 @@ pub struct ListBody {
 #[serde(deny_unknown_fields)]
 pub struct ListDeleteBody {
     /// Why; required, recorded in the event.
-    #[schema(min_length = 1, max_length = 4096)]
+    #[schema(
+        min_length = 1,
+        max_length = 4096,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*[^\\x00-\\x20\\x7F-\\xA0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000][^\\x00-\\x1F\\x7F-\\x9F]*$"
+    )]
     pub reason: String,
 }
 
@@ -128,7 +150,7 @@ pub async fn list(State(st): State<AppState>) -> Result<Json<ListsPage>, ApiErro
 
 /// One notification list.
 #[utoipa::path(get, path = "/v1/lists/{name}", tag = "lists", operation_id = "getList",
-    params(("name" = String, Path, description = "List name")),
+    params(ListName),
     responses(
         (status = 200, body = ListAnswer),
         (status = 404, body = Problem, content_type = "application/problem+json"),
@@ -137,7 +159,7 @@ pub async fn list(State(st): State<AppState>) -> Result<Json<ListsPage>, ApiErro
     security(("bearer" = ["read"])))]
 pub async fn show(
     State(st): State<AppState>,
-    Path(name): Path<String>,
+    Path(ListName { name }): Path<ListName>,
 ) -> Result<Json<ListAnswer>, ApiError> {
     check_name(&name)?;
     let n = name.clone();
@@ -151,7 +173,7 @@ pub async fn show(
 
 /// Admin: set a list's members (creating it), with a reason.
 #[utoipa::path(put, path = "/v1/lists/{name}", tag = "lists", operation_id = "putList",
-    params(("name" = String, Path, description = "List name")),
+    params(ListName),
     request_body(content = ListBody, content_type = "application/json"),
     responses(
         (status = 200, body = ListAnswer),
@@ -161,7 +183,7 @@ pub async fn show(
 #[tracing::instrument(skip_all, fields(list = %name))]
 pub async fn put(
     State(st): State<AppState>,
-    Path(name): Path<String>,
+    Path(ListName { name }): Path<ListName>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<ListAnswer>, ApiError> {
@@ -176,21 +198,18 @@ pub async fn put(
         ));
     }
     let mut seen = std::collections::HashSet::new();
-    for m in &b.members {
-        check_text("members", m, 254)?;
-        if m.trim().is_empty() || !seen.insert(m.as_str()) {
-            return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_list",
-                "members are non-empty and distinct",
-            ));
+    let mut members = Vec::with_capacity(b.members.len());
+    for Member(m) in b.members {
+        check_text("members", &m, 254)?;
+        if seen.insert(m.clone()) {
+            members.push(m);
         }
     }
     let (_, receipt) = st
         .engine
         .execute(SetList {
             name: name.clone(),
-            members: Some(b.members),
+            members: Some(members),
             reason: b.reason,
             by: caller(&st, &headers),
         })
@@ -207,7 +226,7 @@ pub async fn put(
 /// Admin: delete a list, with a reason. Deliveries to it are parked `unknown_list` when
 /// attempted.
 #[utoipa::path(delete, path = "/v1/lists/{name}", tag = "lists", operation_id = "deleteList",
-    params(("name" = String, Path, description = "List name")),
+    params(ListName),
     request_body(content = ListDeleteBody, content_type = "application/json"),
     responses(
         (status = 204, description = "deleted"),
@@ -218,7 +237,7 @@ pub async fn put(
 #[tracing::instrument(skip_all, fields(list = %name))]
 pub async fn delete(
     State(st): State<AppState>,
-    Path(name): Path<String>,
+    Path(ListName { name }): Path<ListName>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {

@@ -293,7 +293,7 @@ pub async fn projections(api: &Api) -> HashMap<String, Value> {
     map
 }
 
-pub const PROJECTIONS: [&str; 7] = [
+pub const PROJECTIONS: [&str; 8] = [
     "tasks",
     "notifications",
     "settings",
@@ -301,6 +301,7 @@ pub const PROJECTIONS: [&str; 7] = [
     "cursors",
     "bridges",
     "sources",
+    "lists",
 ];
 
 /// `POST /v1/admin/projections/{name}/{action}` (rebuild or verify); panics unless 200.

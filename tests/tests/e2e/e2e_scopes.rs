@@ -19,7 +19,8 @@ fn spec_scope(method: &str, path: &str) -> &'static str {
         ("post", "/v1/events") => "append",
         ("post", "/v1/cursors/reset")
         | ("post", "/v1/sources/{name}/reset")
-        | ("post", "/v1/admin/retention/run") => "admin",
+        | ("post", "/v1/admin/retention/run")
+        | ("put" | "delete", "/v1/lists/{name}") => "admin",
         (_, p) if p.starts_with("/v1/admin/") => "operator",
         ("post", p) if p.ends_with("/retry") || p.ends_with("/discard") => "operator",
         ("post", p)
