@@ -145,6 +145,19 @@ fn mask(v: &mut Value) {
 pub(crate) fn effective(cfg: &Config) -> Result<Value, String> {
     let mut v = serde_json::to_value(cfg).map_err(|e| e.to_string())?;
     mask(&mut v);
+    // A webhook route's URL can itself be a secret (spec section 17).
+    if let Some(routes) = v
+        .pointer_mut("/notifications/routes")
+        .and_then(Value::as_object_mut)
+    {
+        for r in routes.values_mut() {
+            if let Some(url) = r.get_mut("url")
+                && !url.as_str().is_some_and(|u| u.starts_with("env:"))
+            {
+                *url = json!("***");
+            }
+        }
+    }
     Ok(v)
 }
 

@@ -63,8 +63,8 @@ pub struct ListAnswer {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct ListName {
-    /// The list's name: 1 to 128 letters, digits, '.', '_' or '-'.
-    #[param(pattern = "^[A-Za-z0-9._-]{1,128}$")]
+    /// The list's name: 1 to 128 printable characters.
+    #[param(min_length = 1, max_length = 128)]
     pub name: String,
 }
 
@@ -101,16 +101,11 @@ pub struct ListDeleteBody {
 }
 
 fn check_name(name: &str) -> Result<(), ApiError> {
-    if name.is_empty()
-        || name.len() > 128
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-    {
+    if name.is_empty() || name.chars().count() > 128 || name.chars().any(char::is_control) {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_list",
-            "a list name is 1 to 128 letters, digits, '.', '_' or '-'",
+            "a list name is 1 to 128 printable characters",
         ));
     }
     Ok(())
