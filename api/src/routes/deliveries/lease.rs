@@ -290,8 +290,27 @@ pub struct FailBody {
     pub error: Option<String>,
     /// Default true; false parks the delivery at once.
     pub retryable: Option<bool>,
-    /// Retry after this long instead of the backoff (capped at 1 h).
-    pub retry_after_ms: Option<u64>,
+    /// Retry after this long instead of the backoff (capped at 1 h). Read as a JSON number:
+    /// a large integer written as a float (`2037253834360445.0`) may parse a fraction off
+    /// (serde_json's fast float parsing) and is still the integer it is.
+    #[schema(value_type = Option<u64>)]
+    pub retry_after_ms: Option<f64>,
+}
+
+/// `retry_after_ms` as milliseconds, capped at an hour: a non-negative integer (beyond 2^53,
+/// where a float cannot tell, any value).
+fn retry_after(v: Option<f64>) -> Result<Option<u64>, ApiError> {
+    const HOUR_MS: f64 = 3_600_000.0;
+    match v {
+        None => Ok(None),
+        Some(x) if x >= 0.0 && (x.fract() == 0.0 || x > 9_007_199_254_740_992.0) => {
+            Ok(Some(x.min(HOUR_MS) as u64))
+        }
+        Some(_) => Err(invalid(
+            "retry_after_ms",
+            "retry_after_ms must be a non-negative integer",
+        )),
+    }
 }
 
 /// The lease owner reports a failed attempt: retry later with backoff, or parked.
@@ -326,7 +345,7 @@ pub async fn fail(
         error_code: b.error_code,
         error,
         retryable: b.retryable.unwrap_or(true),
-        retry_after_ms: b.retry_after_ms,
+        retry_after_ms: retry_after(b.retry_after_ms)?,
     };
     let (row, _) = st
         .engine
