@@ -33,6 +33,18 @@ pub mod sources;
 pub mod streams;
 
 use tidemark_engine::Engine;
+
+/// A configured value that may name an environment variable (`env:NAME`): the variable's
+/// value, or the text itself. Secrets (source headers, SMTP credentials, webhook URLs and
+/// secrets) enter this way and are never written in the file.
+pub fn env_value(v: &str) -> Result<String, String> {
+    match v.strip_prefix("env:") {
+        Some(var) => {
+            std::env::var(var).map_err(|_| format!("environment variable {var} is not set"))
+        }
+        None => Ok(v.to_owned()),
+    }
+}
 use tidemark_log::StorageError;
 use tidemark_projections::routing::RoutingSettings;
 use tokio_util::sync::CancellationToken;

@@ -68,12 +68,7 @@ impl Email {
             .host_str()
             .ok_or("sinks.email.url has no host")?
             .to_owned();
-        let timeout = tidemark_projections::routing::parse_duration_ms(&cfg.timeout)
-            .filter(|ms| (100..=600_000).contains(ms))
-            .ok_or("sinks.email.timeout must be a duration from 100ms to 10m")?;
-        if !(1..=256).contains(&cfg.concurrency) {
-            return Err("sinks.email.concurrency must be from 1 to 256".into());
-        }
+        let (timeout, concurrency) = super::pool("email", &cfg.timeout, cfg.concurrency)?;
         let tls_params =
             || TlsParameters::new(host.clone()).map_err(|e| format!("sinks.email.url: TLS: {e}"));
         let (port, tls) = match url.scheme() {
@@ -87,7 +82,7 @@ impl Email {
         let mut b = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host)
             .port(port)
             .tls(tls)
-            .timeout(Some(Duration::from_millis(timeout)));
+            .timeout(Some(timeout));
         match (&cfg.user, &cfg.password) {
             (Some(u), Some(p)) => {
                 b = b.credentials(Credentials::new(
@@ -101,8 +96,8 @@ impl Email {
         Ok(Email {
             transport: b.build(),
             from,
-            concurrency: cfg.concurrency,
-            timeout: Duration::from_millis(timeout),
+            concurrency,
+            timeout,
         })
     }
 

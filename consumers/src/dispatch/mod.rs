@@ -14,7 +14,6 @@
 pub mod email;
 pub mod webhook;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -120,13 +119,6 @@ pub struct Sinks {
     pub adapters: Vec<Arc<dyn Adapter>>,
 }
 
-impl Sinks {
-    /// The sinks by name (for `GET /v1/sinks` and the console).
-    pub fn names(&self) -> Vec<&'static str> {
-        self.adapters.iter().map(|a| a.sink()).collect()
-    }
-}
-
 /// Start one dispatcher loop per sink; the handle ends when all have stopped on `shutdown`.
 pub fn spawn(
     engine: Engine,
@@ -200,10 +192,7 @@ async fn run(
                         });
                     }
                 }
-                Err(e) if shutdown.is_cancelled() => {
-                    let _ = e;
-                    return;
-                }
+                Err(_) if shutdown.is_cancelled() => return,
                 Err(e) => tracing::warn!(sink, error = %e, "dispatcher: claim failed; retrying"),
             }
         }
@@ -304,14 +293,23 @@ async fn fail(
         .map(|_| None)
 }
 
-/// Resolve `env:NAME` to the variable's value (a secret never written in the file).
-pub fn resolve(v: &str, what: &str) -> Result<String, String> {
-    match v.strip_prefix("env:") {
-        Some(name) => std::env::var(name)
-            .map_err(|_| format!("{what}: the environment variable {name} is not set")),
-        None => Ok(v.to_owned()),
-    }
+/// `key`'s value through [`crate::env_value`], an error naming the key.
+pub(crate) fn resolve(v: &str, key: &str) -> Result<String, String> {
+    crate::env_value(v).map_err(|e| format!("{key}: {e}"))
 }
 
-/// The per-route webhook targets, by route name.
-pub type WebhookRoutes = HashMap<String, webhook::Target>;
+/// A sink's `timeout` (100 ms to 10 min) and `concurrency` (1 to 256), checked; errors name
+/// `sinks.<sink>.<key>`.
+pub(crate) fn pool(
+    sink: &str,
+    timeout: &str,
+    concurrency: usize,
+) -> Result<(Duration, usize), String> {
+    let ms = tidemark_projections::routing::parse_duration_ms(timeout)
+        .filter(|ms| (100..=600_000).contains(ms))
+        .ok_or_else(|| format!("sinks.{sink}.timeout must be a duration from 100ms to 10m"))?;
+    if !(1..=256).contains(&concurrency) {
+        return Err(format!("sinks.{sink}.concurrency must be from 1 to 256"));
+    }
+    Ok((Duration::from_millis(ms), concurrency))
+}

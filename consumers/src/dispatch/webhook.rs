@@ -7,7 +7,6 @@
 //! secret).
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use serde_json::json;
 use tidemark_projections::deliveries::Delivery;
@@ -89,21 +88,16 @@ pub struct Webhook {
 
 impl Webhook {
     pub fn new(cfg: &WebhookConfig, routes: HashMap<String, Target>) -> Result<Webhook, String> {
-        let timeout = tidemark_projections::routing::parse_duration_ms(&cfg.timeout)
-            .filter(|ms| (100..=600_000).contains(ms))
-            .ok_or("sinks.webhook.timeout must be a duration from 100ms to 10m")?;
-        if !(1..=256).contains(&cfg.concurrency) {
-            return Err("sinks.webhook.concurrency must be from 1 to 256".into());
-        }
+        let (timeout, concurrency) = super::pool("webhook", &cfg.timeout, cfg.concurrency)?;
         let http = reqwest::Client::builder()
-            .timeout(Duration::from_millis(timeout))
+            .timeout(timeout)
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| e.to_string())?;
         Ok(Webhook {
             http,
             routes,
-            concurrency: cfg.concurrency,
+            concurrency,
         })
     }
 }

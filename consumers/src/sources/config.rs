@@ -334,16 +334,7 @@ impl Source {
         );
         let mut headers = reqwest::header::HeaderMap::new();
         for (k, v) in &cfg.headers {
-            let value = match v.strip_prefix("env:") {
-                Some(var) => std::env::var(var).map_err(|_| {
-                    key_err(
-                        &n,
-                        &format!("headers.{k}"),
-                        format!("environment variable {var} is not set"),
-                    )
-                })?,
-                None => v.clone(),
-            };
+            let value = crate::env_value(v).map_err(|e| key_err(&n, &format!("headers.{k}"), e))?;
             let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
                 .map_err(|_| key_err(&n, &format!("headers.{k}"), "is not a header name"))?;
             let mut value = reqwest::header::HeaderValue::from_str(&value).map_err(|_| {
