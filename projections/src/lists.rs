@@ -73,6 +73,11 @@ pub fn list(db: &redb::Database, name: &str) -> Result<Option<ListRow>, StorageE
     crate::framework::Reader::new(db)?.get_val(NAME, ROWS, name.as_bytes())
 }
 
+/// A list by name inside the writer's transaction (a command decides on it at the head).
+pub fn in_txn(txn: &redb::WriteTransaction, name: &str) -> Result<Option<ListRow>, StorageError> {
+    crate::framework::TxnTables::new(txn, NAME)?.get_val(ROWS, name.as_bytes())
+}
+
 /// Every list, by name.
 pub fn all(db: &redb::Database) -> Result<Vec<ListRow>, StorageError> {
     use redb::ReadableTable;

@@ -239,11 +239,6 @@ pub async fn delete(
     check_name(&name)?;
     let b: ListDeleteBody = json_body(&headers, body)?;
     check_reason(&b.reason)?;
-    let n = name.clone();
-    let (row, _) = read_model(&st.engine, 0, move |q| q.list(&n)).await?;
-    if row.is_none() {
-        return Err(not_found(&name));
-    }
     st.engine
         .execute(SetList {
             name,

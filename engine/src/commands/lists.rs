@@ -11,8 +11,8 @@ use super::{Command, Decided, Round};
 use crate::error::{CommandError, RejectKind};
 use crate::store::WriteTransaction;
 
-/// Set a list's members (`Some`) or delete it (`None`); answers the list after it (deleted:
-/// without members).
+/// Set a list's members (`Some`) or delete it (`None`, refused `list_not_found` for a list
+/// that does not exist); answers the list after it (deleted: without members).
 #[derive(Debug, Clone)]
 pub struct SetList {
     pub name: String,
@@ -31,9 +31,20 @@ impl Command for SetList {
 
     fn decide(
         &self,
-        _: &WriteTransaction,
+        txn: &WriteTransaction,
         round: &mut Round<'_>,
     ) -> Result<Decided<ListRow>, CommandError> {
+        if self.members.is_none()
+            && tidemark_projections::lists::in_txn(txn, &self.name)
+                .map_err(CommandError::Storage)?
+                .is_none()
+        {
+            return Err(CommandError::rejected(
+                RejectKind::NotFound,
+                "list_not_found",
+                format!("no list {:?}", self.name),
+            ));
+        }
         let (ty, payload) = match &self.members {
             Some(m) => (
                 EventType::ListUpdated,
