@@ -34,7 +34,7 @@ function el(tag, attrs, ...children) {
     else if (k === 'dataset') Object.assign(e.dataset, v);
     else e.setAttribute(k, v === true ? '' : v);
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === undefined || c === null || c === false) continue;
     e.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -249,12 +249,42 @@ async function loadKpis() {
   table($('#kpi-sinks'), head, kpiRows(k.by_sink));
   table($('#kpi-sites'), head, kpiRows(k.by_source_site));
   setHead(k.as_of_seq);
+  await loadSinkHealth(k.by_sink || {});
+}
+
+/// The dispatcher's sinks on this node (`GET /v1/outbox/sinks`), beside each one's queue.
+async function loadSinkHealth(bySink) {
+  const h = await api('GET', '/v1/outbox/sinks');
+  $('#sink-node').textContent = h.sinks.length ? `node ${h.node}` : '';
+  const rows = h.sinks.map((x) => {
+    const q = bySink[x.sink] || {};
+    return el('tr', { 'data-sink': x.sink, 'data-state': x.state },
+      el('td', { class: 'mono', text: x.sink }),
+      el('td', {}, el('span', { class: `pill h-${x.state}`, text: x.state, 'data-testid': 'sink-state' })),
+      el('td', { text: `${x.in_flight}/${x.concurrency}` }),
+      el('td', { 'data-field': 'sent', text: x.sent }),
+      el('td', { 'data-field': 'transient', text: x.transient }),
+      el('td', { 'data-field': 'permanent', text: x.permanent }),
+      el('td', { text: fmtTime(x.last_success_at) }),
+      el('td', {}, x.last_failure_at ? `${fmtTime(x.last_failure_at)} ` : '',
+        x.last_error_code ? el('span', { class: 'err', text: x.last_error_code }) : null),
+      el('td', { text: q.queue_depth ?? 0 }),
+      el('td', { text: q.parked ?? 0 }));
+  });
+  table($('#sink-health'), ['sink', 'health', 'in flight', 'sent', 'retried', 'parked (attempts)',
+    'last success', 'last failure', 'queue', 'parked now'], rows);
+  if (!rows.length) {
+    $('#sink-health tbody').append(el('tr', {}, el('td', {
+      colspan: 10, class: 'muted',
+      text: 'No email or webhook route is configured: every route is claimed by an app.',
+    })));
+  }
 }
 
 function deliveryFilters() {
   const f = new FormData($('#dfilter'));
   const p = {};
-  for (const name of ['status', 'sink', 'route', 'recipient', 'notification_id', 'source_site', 'q']) {
+  for (const name of ['status', 'sink', 'route', 'recipient', 'notification_id', 'source_site', 'type', 'list', 'q']) {
     const v = (f.get(name) || '').trim();
     if (v) p[name] = v;
   }
@@ -339,13 +369,23 @@ async function openTimeline(id) {
     el('h3', {}, 'Timeline of ', el('span', { class: 'mono', text: d.id }),
       ' ', el('span', { class: `pill s-${d.status}`, text: d.status, 'data-testid': 'timeline-status' })),
     el('p', { class: 'muted' }, `notification ${d.notification_id} · route ${d.route} · sink ${d.sink}`,
+      d.type ? ` · type ${d.type}` : '', d.list ? ` · list ${d.list}` : '',
       d.reason ? ` · reason ${d.reason}` : '', d.source ? ` · site ${d.source.site_id || '–'}` : ''),
+    reached(d.resolved_targets),
     items.length > 1 ? el('ul', {}, items) : null,
     d.more ? el('p', { class: 'muted', text: `and ${d.more} more` }) : null,
     t,
     el('button', { type: 'button', text: 'Close', onclick: () => show($('#timeline'), false) }),
   );
   show($('#timeline'), true);
+}
+
+/// Whom tidemark's dispatcher reached (section 17), or nothing.
+function reached(targets) {
+  if (!targets || !targets.length) return null;
+  return el('div', { class: 'reached', 'data-testid': 'resolved-targets' },
+    el('b', { text: `Reached (${targets.length}): ` }),
+    targets.map((t, i) => [i ? ', ' : '', el('span', { class: 'mono', text: t })]));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -396,6 +436,7 @@ async function openNotification(id) {
     el('td', { class: 'mono', text: d.id }), el('td', { text: d.route }), el('td', { text: d.sink }),
     el('td', {}, el('span', { class: `pill s-${d.status}`, text: d.status })),
     el('td', { text: d.attempts }),
+    el('td', { class: 'small', text: (d.resolved_targets || []).join(', ') }),
     el('td', {}, el('button', {
       type: 'button',
       text: 'Timeline',
@@ -403,7 +444,7 @@ async function openNotification(id) {
       onclick: () => showDelivery(n.notification_id, d.id).catch((e) => flash(e.message, 'error')),
     }))));
   const dt = el('table', { class: 'list' });
-  table(dt, ['delivery', 'route', 'sink', 'status', 'attempts', ''], deliveries);
+  table(dt, ['delivery', 'route', 'sink', 'status', 'attempts', 'reached', ''], deliveries);
   const site = n.source && n.source.site_id;
   fill($('#notification'),
     el('h3', {}, 'Notification ', el('span', { class: 'mono', text: n.notification_id }), ' ',
@@ -424,6 +465,7 @@ async function openNotification(id) {
       el('dt', { text: 'enqueued' }), el('dd', { text: fmtTime(r.enqueued_at) }),
       el('dt', { text: 'created' }), el('dd', { text: fmtTime(r.created_at) }),
       el('dt', { text: 'delivered' }), el('dd', { text: fmtTime(r.delivered_at), 'data-testid': 'ntf-delivered' })),
+    reached(r.resolved_targets),
     el('h4', { text: `Deliveries (${r.deliveries.length})` }),
     r.deliveries.length ? dt : el('p', { class: 'muted', text: 'None: this notification is on the dashboard only.' }),
     el('p', { class: 'muted small', text: `as of seq ${r.as_of_seq}` }),
@@ -432,14 +474,18 @@ async function openNotification(id) {
   show($('#notification'), true);
 }
 
-/// The outbox with the deliveries of one notification and the timeline of one of them.
-async function showDelivery(notificationId, deliveryId) {
-  // Clear the other filters by hand: a form reset would reload the list once more.
+/// Clear the outbox's filters by hand (a form reset would reload the list once more).
+function clearDeliveryFilters() {
   for (const e of $('#dfilter').elements) {
     if (e.type === 'checkbox') e.checked = false;
     else if (e.tagName === 'SELECT') e.selectedIndex = 0;
     else if (e.tagName === 'INPUT') e.value = '';
   }
+}
+
+/// The outbox with the deliveries of one notification and the timeline of one of them.
+async function showDelivery(notificationId, deliveryId) {
+  clearDeliveryFilters();
   $('#dfilter [name=notification_id]').value = notificationId;
   history.pushState(null, '', '#outbox');
   await showView('outbox');
@@ -612,6 +658,69 @@ async function loadSources() {
     }));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Notification lists (section 17): read by anyone, changed by an admin with a reason.
+
+async function loadLists() {
+  const p = await api('GET', '/v1/lists');
+  $('#lists-asof').textContent = `as of seq ${p.as_of_seq}`;
+  const admin = can('admin');
+  for (const e of $('#list-form').elements) e.disabled = !admin;
+  $('#list-form').title = admin ? '' : 'needs the admin scope';
+  table($('#lists'), ['list', 'members', 'updated', 'by', 'reason', ''],
+    p.lists.map((l) => el('tr', { 'data-name': l.name },
+      el('td', { class: 'mono', text: l.name }),
+      el('td', { 'data-field': 'members' }, l.members.length
+        ? l.members.map((m, i) => [i ? ', ' : '', el('span', { class: 'mono', text: m })])
+        : el('span', { class: 'warn', text: 'empty: deliveries to it park' })),
+      el('td', { text: fmtTime(l.updated_at) }),
+      el('td', { text: l.by || '–' }),
+      el('td', { text: l.reason }),
+      el('td', {},
+        el('button', {
+          type: 'button', text: 'Edit', 'data-testid': 'list-edit', disabled: !admin,
+          onclick: () => {
+            const f = $('#list-form');
+            f.elements.name.value = l.name;
+            f.elements.members.value = l.members.join('\n');
+            f.elements.reason.focus();
+          },
+        }),
+        el('button', {
+          type: 'button', text: 'Deliveries', 'data-testid': 'list-deliveries',
+          onclick: () => showListDeliveries(l.name).catch((e) => flash(e.message, 'error')),
+        }),
+        actionButton('Delete', 'admin', async () => {
+          const reason = $('#list-form').elements.reason.value.trim() || 'deleted from the console';
+          await api('DELETE', `/v1/lists/${encodeURIComponent(l.name)}`, { reason });
+          flash(`Deleted list ${l.name}`, 'ok');
+          await loadLists();
+        }, 'list-delete', {
+          title: `Delete the list ${l.name}?`,
+          text: 'Deliveries to it that are not sent yet will park (unknown_list) until a list of that name exists again and they are retried.',
+        })))));
+}
+
+async function saveList(ev) {
+  ev.preventDefault();
+  const f = new FormData(ev.target);
+  const name = (f.get('name') || '').trim();
+  const members = (f.get('members') || '').split(/[\n,]/).map((m) => m.trim()).filter(Boolean);
+  const reason = (f.get('reason') || '').trim();
+  await api('PUT', `/v1/lists/${encodeURIComponent(name)}`, { members, reason });
+  flash(`Saved list ${name} (${members.length} members)`, 'ok');
+  ev.target.reset();
+  await loadLists();
+}
+
+/// The outbox filtered to one list's deliveries.
+async function showListDeliveries(name) {
+  clearDeliveryFilters();
+  $('#dfilter [name=list]').value = name;
+  history.pushState(null, '', '#outbox');
+  await showView('outbox');
+}
+
 async function loadProjections() {
   const allowed = can('operator');
   show($('#proj-denied'), !allowed);
@@ -749,6 +858,7 @@ const LOADERS = {
   tasks: () => loadTasks(false),
   consumers: loadLag,
   sources: loadSources,
+  lists: loadLists,
   projections: loadProjections,
   tail: async () => {},
 };
@@ -809,6 +919,7 @@ function wire() {
   });
   $('#nfilter').addEventListener('reset', () => setTimeout(() => loadNotifications(false).catch(() => {}), 0));
   $('#nmore').addEventListener('click', () => loadNotifications(true).catch((e) => flash(e.message, 'error')));
+  $('#list-form').addEventListener('submit', (ev) => saveList(ev).catch((e) => flash(e.message, 'error')));
   $('#confirm-ok').addEventListener('click', () => $('#confirm').close('ok'));
   $('#confirm-cancel').addEventListener('click', () => $('#confirm').close('cancel'));
   $('#tfilt').addEventListener('submit', (ev) => {

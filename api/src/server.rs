@@ -139,6 +139,7 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(deliveries::list))
             .routes(routes!(deliveries::get))
             .routes(routes!(deliveries::kpis))
+            .routes(routes!(deliveries::sinks))
             .routes(routes!(cursors::get))
             .routes(routes!(cursors::lag))
             .routes(routes!(bridges::explain))
@@ -448,7 +449,10 @@ pub async fn run(
     let metrics = crate::metrics_setup::handle();
     crate::metrics_setup::describe();
     metrics::gauge!("tidemark_log_head").set(report.head as f64);
+    // Tidemark's own sinks (section 17), checked before anything runs.
+    let sinks = config.dispatch_sinks().map_err(std::io::Error::other)?;
     let state = AppState {
+        sink_health: sinks.health.clone(),
         engine: engine.clone(),
         auth: Auth::new(&config.auth.tokens),
         sse_slots: Arc::new(Semaphore::new(config.server.sse_max_clients)),
@@ -486,13 +490,10 @@ pub async fn run(
         state.routing.max_pending,
         token.clone(),
     );
-    // Tidemark's own sinks (section 17), each on its own bounded pool.
+    // Each sink on its own bounded pool.
     let dispatcher = tidemark_consumers::dispatch::spawn(
         engine.clone(),
-        state
-            .config
-            .dispatch_sinks()
-            .map_err(std::io::Error::other)?,
+        sinks,
         state.routing.retry.lease_ttl_ms,
         token.clone(),
     );

@@ -32,6 +32,8 @@ pub struct AppState {
     pub streams: tidemark_consumers::streams::StreamHub,
     /// The configured source pollers and their in-memory state (spec section 12).
     pub sources: tidemark_consumers::sources::Sources,
+    /// How the dispatcher's sinks are doing on this node (section 17).
+    pub sink_health: tidemark_consumers::dispatch::Health,
 }
 
 impl AppState {

@@ -517,6 +517,10 @@ pub struct DeliveryFilter {
     pub notification_id: Option<String>,
     /// Deliveries of notifications from this `source.site_id`.
     pub source_site: Option<String>,
+    /// Deliveries of notifications of this `type`.
+    pub ntype: Option<String>,
+    /// Deliveries to this notification list (section 17).
+    pub list: Option<String>,
     /// Created at or after this time (µs).
     pub created_after_us: Option<i64>,
     /// Created before this time (µs).
@@ -590,6 +594,12 @@ pub fn deliveries(db: &redb::Database, f: &DeliveryFilter) -> Result<Page<Delive
             && f.source_site
                 .as_deref()
                 .is_none_or(|s| d.ext.source_site.as_deref() == Some(s))
+            && f.ntype
+                .as_deref()
+                .is_none_or(|t| d.ext.more.ntype.as_deref() == Some(t))
+            && f.list
+                .as_deref()
+                .is_none_or(|l| d.ext.more.list.as_deref() == Some(l))
             && f.keeps_unindexed(d)
             && f.after.as_deref().is_none_or(|a| d.id.as_str() > a)
             && f.before
@@ -630,6 +640,8 @@ pub fn deliveries(db: &redb::Database, f: &DeliveryFilter) -> Result<Page<Delive
             (deliveries::BY_RECIPIENT, f.recipient.as_deref()),
             (deliveries::BY_NOTIFICATION, f.notification_id.as_deref()),
             (deliveries::BY_SITE, f.source_site.as_deref()),
+            (deliveries::BY_TYPE, f.ntype.as_deref()),
+            (deliveries::BY_LIST, f.list.as_deref()),
         ];
         let after = f.after.as_deref().map(str::as_bytes);
         match Postings::of_filters(&r, deliveries::NAME, &filters)? {

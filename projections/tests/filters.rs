@@ -58,6 +58,18 @@ fn site_of(id: &str) -> Option<&'static str> {
     SITES.get(n % 4).copied()
 }
 
+/// The notification's type (`None` for every third) and list (`None` for every other).
+const TYPES: [&str; 2] = ["alert", "notice"];
+const LISTS: [&str; 1] = ["ops"];
+
+fn type_of(id: &str) -> Option<&'static str> {
+    TYPES.get(id_number(id) as usize % 3).copied()
+}
+
+fn list_of(id: &str) -> Option<&'static str> {
+    LISTS.get((id_number(id) as usize / 3) % 2).copied()
+}
+
 /// Creation times spread over 1000 s by id, so the time range and stuck filters split them.
 const T0: i64 = 1_700_000_000_000_000;
 
@@ -111,7 +123,8 @@ fn created(id: &str, sink: &str, route: &str, recipient: Option<&str>, status: &
         digest_max_items: None,
         source_site: site_of(id).map(str::to_owned),
         redacted: false,
-        list: None,
+        list: list_of(id).map(str::to_owned),
+        ntype: type_of(id).map(str::to_owned),
     };
     NewEvent::new(
         None,
@@ -285,6 +298,8 @@ fn delivery_matches(all: &[Delivery], f: &DeliveryFilter) -> Vec<String> {
                 .as_deref()
                 .is_none_or(|s| site_of(&d.id) == Some(s))
         })
+        .filter(|d| f.ntype.as_deref().is_none_or(|t| type_of(&d.id) == Some(t)))
+        .filter(|d| f.list.as_deref().is_none_or(|l| list_of(&d.id) == Some(l)))
         .filter(|d| f.created_after_us.is_none_or(|t| created_at(&d.id) >= t))
         .filter(|d| f.created_before_us.is_none_or(|t| created_at(&d.id) < t))
         .filter(|d| {
@@ -382,12 +397,25 @@ fn delivery_filter() -> impl Strategy<Value = DeliveryFilter> {
             // The notification of the delivery the i-th op may have created (`n-<id>`).
             proptest::option::of(0..300usize),
             value(&SITES),
+            value(&TYPES),
+            value(&LISTS),
         ),
         unindexed_filter(),
     )
         .prop_map(
             |(
-                (status, sink, route, recipient, after, limit, notification, source_site),
+                (
+                    status,
+                    sink,
+                    route,
+                    recipient,
+                    after,
+                    limit,
+                    notification,
+                    source_site,
+                    ntype,
+                    list,
+                ),
                 (created_after_us, created_before_us, stuck, title_contains),
             )| DeliveryFilter {
                 status,
@@ -396,6 +424,8 @@ fn delivery_filter() -> impl Strategy<Value = DeliveryFilter> {
                 recipient,
                 notification_id: notification.map(|i| format!("n-d{:03}", (i * 37) % 1000)),
                 source_site,
+                ntype,
+                list,
                 after: after.map(|k| format!("d{k:03}")),
                 before: None,
                 order: ListOrder::Id,

@@ -173,6 +173,7 @@ fn delivery_payload(d: u8, kind: &str, i: usize) -> serde_json::Value {
             source_site: (d % 2 == 1).then(|| format!("site-{}", d % 3)),
             redacted: d == 2,
             list: None,
+            ntype: None,
         })
         .unwrap(),
         // Joins past `max_items` are counted (`ext.more_items`), the title is the command's.

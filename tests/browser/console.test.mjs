@@ -8,7 +8,7 @@
 // Every wait is a bound against hanging, never a speed assertion.
 import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import assert from 'node:assert/strict';
@@ -620,6 +620,131 @@ scopes = ["read"]
   assert.ok(!s.log.includes(admin) && !s.log.includes(reader), 'a token in the server log');
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Scenario 3: push delivery (spec section 17). A real SMTP server (tests/smtp/server.py), an
+// email route; a list is made in the Lists view, a notification to it is sent by tidemark, and
+// the console shows whom it reached, the sink's health and the list filter.
+
+async function startSmtp() {
+  const dir = path.join(WORK, 'smtp');
+  mkdirSync(dir, { recursive: true });
+  const proc = spawn('python3', [path.resolve('../smtp/server.py'), dir, String(process.pid)],
+    { stdio: ['ignore', 'inherit', 'inherit'] });
+  const port = await until('the SMTP server', async () => {
+    const f = path.join(dir, 'port');
+    return existsSync(f) && Number(readFileSync(f, 'utf8').trim());
+  });
+  const messages = () => {
+    const f = path.join(dir, 'messages.jsonl');
+    return existsSync(f) ? readFileSync(f, 'utf8').trim().split('\n').filter(Boolean).map((l) => JSON.parse(l)) : [];
+  };
+  return { port, proc, messages };
+}
+
+async function pushDelivery() {
+  const smtp = await startSmtp();
+  const s = new Server('push', `
+[notifications.routing]
+urgent = ["dashboard", "email"]
+[notifications.routes.email]
+sink = "email"
+[notifications.routes.email.retry]
+strategy = "fixed"
+base_delay = "200ms"
+max_attempts = 1
+jitter = 0.0
+[sinks.email]
+url = "smtp://127.0.0.1:${smtp.port}"
+from = "tidemark <noreply@example.org>"
+timeout = "5s"
+concurrency = 2
+`);
+  await s.start();
+  step(`push server on ${s.base}, SMTP on ${smtp.port}`);
+  const page = await openPage(s);
+  await ready(page);
+
+  // Make the list in the Lists view.
+  await view(page, 'lists');
+  const members = ['ana@example.org', 'bo@example.org', 'cy@example.org'];
+  await page.fill('[data-testid=list-name]', 'oncall');
+  await page.fill('[data-testid=list-members]', members.join('\n'));
+  await page.fill('[data-testid=list-reason]', 'rota for the week');
+  await page.click('[data-testid=list-save]');
+  await page.waitForSelector('#lists tr[data-name=oncall]', { timeout: WAIT });
+  const l = await s.ok('GET', '/v1/lists/oncall');
+  assert.deepEqual(l.members, members);
+  assert.equal(l.reason, 'rota for the week');
+  step('the Lists view made the list oncall with three members');
+  await snap(page, 'lists');
+
+  // A notification to the list is sent by tidemark's email sink, one message per member.
+  await s.append([notif('p-1', 'Primary database failover', { recipient: undefined, list: 'oncall', type: 'email' }),
+    notif('p-2', 'Rejected address', { recipient: 'permfail-x@example.org', type: 'email' })]);
+  const sent = await waitStatus(s, 'dlv:p-1:email', 'sent');
+  assert.deepEqual([...sent.resolved_targets].sort(), members);
+  await waitStatus(s, 'dlv:p-2:email', 'parked');
+  assert.equal(smtp.messages().filter((m) => m.subject === 'Primary database failover').length, 3);
+
+  // Outbox: the list filter finds it; its timeline says whom it reached.
+  await view(page, 'outbox');
+  await page.fill('[data-testid=filter-list]', 'oncall');
+  await page.click('[data-testid=filter-apply]');
+  await until('the list filter', async () => {
+    const ids = await rowIds(page, '#deliveries');
+    return ids.length === 1 && ids[0] === 'dlv:p-1:email';
+  });
+  await page.click('#deliveries tr[data-id="dlv:p-1:email"]');
+  const reachedText = await text(page, '#timeline [data-testid=resolved-targets]');
+  for (const m of members) assert.ok(reachedText.includes(m), reachedText);
+  step(`the timeline shows whom it reached: ${reachedText}`);
+  await snap(page, 'delivery-reached');
+
+  // The type filter: both are type "email"; none is "chat".
+  await page.fill('[data-testid=filter-list]', '');
+  await page.fill('[data-testid=filter-type]', 'email');
+  await page.click('[data-testid=filter-apply]');
+  await until('the type filter', async () => (await rowIds(page, '#deliveries')).length === 2);
+  await page.fill('[data-testid=filter-type]', 'chat');
+  await page.click('[data-testid=filter-apply]');
+  await until('the type filter (none)', async () => (await rowIds(page, '#deliveries')).length === 0);
+
+  // Sink health: one sent, one parked by a 550; the state follows the last attempt.
+  const health = page.locator('#sink-health tr[data-sink=email]');
+  await health.waitFor({ timeout: WAIT });
+  await until('the sink health counts', async () => {
+    await page.evaluate(() => loadKpis());
+    return (await health.locator('td[data-field=sent]').textContent()).trim() === '1'
+      && (await health.locator('td[data-field=permanent]').textContent()).trim() === '1';
+  });
+  const h = (await s.ok('GET', '/v1/outbox/sinks')).sinks.find((x) => x.sink === 'email');
+  assert.equal(await health.getAttribute('data-state'), h.state);
+  assert.match(h.last_error_code, /^smtp_55\d$/);
+  step(`the sink health row: ${h.state}, sent ${h.sent}, parked ${h.permanent}, last error ${h.last_error_code}`);
+  await snap(page, 'sink-health');
+
+  // The status record shows whom the notification reached.
+  await view(page, 'notifications');
+  await page.click('#notifications tr[data-id="p-1"]');
+  const rec = await text(page, '#notification [data-testid=resolved-targets]');
+  for (const m of members) assert.ok(rec.includes(m), rec);
+  step('the status record shows the resolved targets');
+
+  // Deleting the list asks first; confirmed, it is gone.
+  await view(page, 'lists');
+  const confirm = await cancelThenConfirm(page, page.locator('#lists tr[data-name=oncall] [data-testid=list-delete]'), /oncall/);
+  assert.equal((await s.req('GET', '/v1/lists/oncall')).status, 200);
+  await confirm();
+  await until('the list deleted', async () => (await s.req('GET', '/v1/lists/oncall')).status === 404);
+  step('Delete: cancel kept the list, confirm deleted it');
+  assert.deepEqual(page.external, []);
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+  await s.kill9();
+  smtp.proc.kill('SIGKILL');
+}
+
 // ---------------------------------------------------------------------------------------------
 
 // playwright-core starts the browser with a fresh, empty --user-data-dir of its own (a temporary
@@ -633,6 +758,7 @@ browser = await chromium.launch({
 try {
   await openMode().catch(async (e) => { await failureShot('open-mode'); throw e; });
   await withTokens().catch(async (e) => { await failureShot('tokens'); throw e; });
+  await pushDelivery().catch(async (e) => { await failureShot('push'); throw e; });
   step('all console checks passed');
 } finally {
   await browser.close();

@@ -19,7 +19,7 @@ pub mod output;
 use error::CliError;
 use events::{append, tail};
 use more::{completions, config_show, notifications, tasks};
-use operator::{cursors, deliveries, projections, sources};
+use operator::{cursors, deliveries, lists, projections, sources};
 pub use output::Output;
 
 #[derive(Debug, Parser)]
@@ -64,6 +64,8 @@ pub enum Command {
     Tasks(TasksArgs),
     /// What became of a notification.
     Notifications(NotificationsArgs),
+    /// Notification lists (section 17): list, show, set the members (admin), delete (admin).
+    Lists(ListsArgs),
     /// The effective configuration (built-in settings, the file, TIDEMARK_* variables), with
     /// secrets masked.
     Config(ConfigArgs),
@@ -145,6 +147,38 @@ pub struct NotificationsArgs {
 pub enum NotificationsAction {
     /// The status record: pending, delivered, parked, ... with its deliveries.
     Status { id: String },
+}
+
+#[derive(Debug, Args)]
+pub struct ListsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(subcommand)]
+    pub action: ListsAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ListsAction {
+    /// Every list with its members.
+    List,
+    /// One list.
+    Show { name: String },
+    /// Create a list or replace its members (recorded as `list.updated` with the reason).
+    Set {
+        name: String,
+        /// The members: email addresses (or other addresses the list's routes deliver to).
+        #[arg(required = true)]
+        members: Vec<String>,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Delete a list (recorded as `list.deleted` with the reason); deliveries to it then
+    /// park `unknown_list`.
+    Delete {
+        name: String,
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -262,6 +296,12 @@ pub enum DeliveriesAction {
         route: Option<String>,
         #[arg(long)]
         recipient: Option<String>,
+        /// Only deliveries of notifications of this type.
+        #[arg(long = "type")]
+        ntype: Option<String>,
+        /// Only deliveries to this notification list.
+        #[arg(long)]
+        list: Option<String>,
         /// Only stuck deliveries (`true`: due for longer than `outbox.stuck_after`, nobody
         /// finishing them) or only the others (`false`).
         #[arg(long)]
@@ -415,6 +455,7 @@ pub fn main() -> ExitCode {
             Command::Sources(a) => sources(a).await,
             Command::Tasks(a) => tasks(a).await,
             Command::Notifications(a) => notifications(a).await,
+            Command::Lists(a) => lists(a).await,
             Command::Config(a) => config_show(a),
             Command::Completions { shell } => completions(shell),
             // Replaces this process; returns only when the benchmark could not be started.
@@ -449,6 +490,7 @@ impl Command {
             Command::Sources(a) => a.client.output,
             Command::Tasks(a) => a.client.output,
             Command::Notifications(a) => a.client.output,
+            Command::Lists(a) => a.client.output,
             Command::Config(ConfigArgs {
                 action: ConfigAction::Show { output, .. },
             }) => *output,

@@ -1,4 +1,4 @@
-//! The operator's commands: projections, deliveries, cursors, sources.
+//! The operator's commands: projections, deliveries, cursors, sources, lists.
 
 use std::io::IsTerminal;
 
@@ -9,7 +9,7 @@ use super::error::CliError;
 use super::output::Records;
 use super::{
     CliResult, CursorsAction, CursorsArgs, DeliveriesAction, DeliveriesArgs, ListOrder,
-    ProjectionsAction, ProjectionsArgs, SourcesAction, SourcesArgs,
+    ListsAction, ListsArgs, ProjectionsAction, ProjectionsArgs, SourcesAction, SourcesArgs,
 };
 
 const REPORT_COLUMNS: &[&str] = &[
@@ -103,6 +103,8 @@ pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
             sink,
             route,
             recipient,
+            ntype,
+            list,
             stuck,
             order,
             limit,
@@ -115,6 +117,8 @@ pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
                 ("sink", &sink),
                 ("route", &route),
                 ("recipient", &recipient),
+                ("type", &ntype),
+                ("list", &list),
                 ("stuck", &stuck),
             ] {
                 if let Some(v) = v {
@@ -292,6 +296,39 @@ pub(crate) async fn sources(a: SourcesArgs) -> CliResult {
                 &json!({ "watermark": watermark, "reason": reason }),
             )
             .await?
+        }
+    };
+    out.one(&v)
+}
+
+pub(crate) async fn lists(a: ListsArgs) -> CliResult {
+    let c = Client::new(&a.client)?;
+    let out = a.client.output();
+    let path = |name: &str| format!("/v1/lists/{}", enc(name));
+    let v = match a.action {
+        ListsAction::List => {
+            let v = c.get_json("/v1/lists").await?;
+            return out.list(
+                &items(&v, "lists"),
+                &["name", "members", "updated_at", "by", "reason"],
+            );
+        }
+        ListsAction::Show { name } => c.get_json(&path(&name)).await?,
+        ListsAction::Set {
+            name,
+            members,
+            reason,
+        } => {
+            let body = json!({ "members": members, "reason": reason });
+            c.send_json(c.http.put(c.url(&path(&name))).json(&body))
+                .await?
+        }
+        ListsAction::Delete { name, reason } => {
+            let body = json!({ "reason": reason });
+            // 204: nothing to read back; say what was done.
+            c.send_text(c.http.delete(c.url(&path(&name))).json(&body))
+                .await?;
+            json!({ "name": name, "deleted": true })
         }
     };
     out.one(&v)

@@ -163,6 +163,9 @@ pub struct StatusDeliveryOut {
     /// queued, leased, retry_wait, sent, parked, discarded, skipped, cancelled.
     pub status: String,
     pub attempts: u32,
+    /// Whom it reached, when tidemark's dispatcher sent it (section 17).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub resolved_targets: Vec<String>,
 }
 
 /// What became of one notification (spec section 14).
@@ -183,6 +186,10 @@ pub struct NotificationStatusOut {
     pub delivered_at: Option<String>,
     /// Its deliveries; a digest it joined counts as its own.
     pub deliveries: Vec<StatusDeliveryOut>,
+    /// Whom its deliveries reached (section 17), each once, in the order of its deliveries:
+    /// addresses, or a webhook endpoint's scheme, host and port.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub resolved_targets: Vec<String>,
     /// The answer reflects the log at least up to this seq.
     pub as_of_seq: u64,
 }
@@ -190,7 +197,18 @@ pub struct NotificationStatusOut {
 impl NotificationStatusOut {
     fn new(s: NotificationStatus, as_of_seq: u64) -> Self {
         use tidemark_log::time::format_micros;
+        let mut resolved_targets: Vec<String> = Vec::new();
+        for t in s
+            .deliveries
+            .iter()
+            .flat_map(|d| &d.ext.more.resolved_targets)
+        {
+            if !resolved_targets.contains(t) {
+                resolved_targets.push(t.clone());
+            }
+        }
         NotificationStatusOut {
+            resolved_targets,
             notification: NotificationOut::from(s.notification),
             status: s.status.to_owned(),
             attempts: s.attempts,
@@ -207,6 +225,7 @@ impl NotificationStatusOut {
                     sink: d.sink,
                     status: d.status,
                     attempts: d.attempts,
+                    resolved_targets: d.ext.more.resolved_targets,
                 })
                 .collect(),
             as_of_seq,

@@ -113,10 +113,85 @@ pub trait Adapter: Send + Sync + 'static {
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send + '_>>;
 }
 
-/// The configured sinks.
+/// The configured sinks, and how each is doing on this node.
 #[derive(Clone, Default)]
 pub struct Sinks {
     pub adapters: Vec<Arc<dyn Adapter>>,
+    pub health: Health,
+}
+
+/// How this node's sinks are doing (the console's sink health, section 17): counted in memory
+/// by the dispatcher since the start, one entry per configured sink.
+#[derive(Clone, Default)]
+pub struct Health(Arc<std::sync::Mutex<Vec<SinkHealth>>>);
+
+/// One sink's attempts since the start on this node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SinkHealth {
+    pub sink: &'static str,
+    pub concurrency: usize,
+    pub in_flight: usize,
+    pub sent: u64,
+    pub transient: u64,
+    pub permanent: u64,
+    /// Failed attempts since the last success.
+    pub consecutive_failures: u64,
+    pub last_attempt_at_us: Option<i64>,
+    pub last_success_at_us: Option<i64>,
+    pub last_failure_at_us: Option<i64>,
+    /// The adapter's code of the last failure (`smtp_451`, `http_503`, `smtp_timeout`, …).
+    pub last_error_code: Option<String>,
+}
+
+impl SinkHealth {
+    /// `idle` (no attempt yet), `ok` (the last attempt succeeded), `failing` (it failed, and
+    /// every one since the last success).
+    pub fn state(&self) -> &'static str {
+        match (self.last_attempt_at_us, self.consecutive_failures) {
+            (None, _) => "idle",
+            (Some(_), 0) => "ok",
+            _ => "failing",
+        }
+    }
+}
+
+impl Health {
+    /// Every sink's entry, in the order they were configured.
+    pub fn snapshot(&self) -> Vec<SinkHealth> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn update(&self, sink: &str, f: impl FnOnce(&mut SinkHealth)) {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = all.iter_mut().find(|h| h.sink == sink) {
+            f(h);
+        }
+    }
+
+    fn outcome(&self, sink: &str, o: &Outcome) {
+        let now = tidemark_log::time::now_micros();
+        self.update(sink, |h| {
+            h.in_flight = h.in_flight.saturating_sub(1);
+            h.last_attempt_at_us = Some(now);
+            match o {
+                Outcome::Sent(_) => {
+                    h.sent += 1;
+                    h.consecutive_failures = 0;
+                    h.last_success_at_us = Some(now);
+                }
+                Outcome::Transient { code, .. } | Outcome::Permanent { code, .. } => {
+                    if matches!(o, Outcome::Transient { .. }) {
+                        h.transient += 1;
+                    } else {
+                        h.permanent += 1;
+                    }
+                    h.consecutive_failures += 1;
+                    h.last_failure_at_us = Some(now);
+                    h.last_error_code = Some(code.clone());
+                }
+            }
+        });
+    }
 }
 
 /// Start one dispatcher loop per sink; the handle ends when all have stopped on `shutdown`.
@@ -127,6 +202,15 @@ pub fn spawn(
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let owner = format!("dispatcher:{}", engine.leases().node());
+    *sinks.health.0.lock().unwrap_or_else(|p| p.into_inner()) = sinks
+        .adapters
+        .iter()
+        .map(|a| SinkHealth {
+            sink: a.sink(),
+            concurrency: a.concurrency(),
+            ..SinkHealth::default()
+        })
+        .collect();
     let tasks: Vec<_> = sinks
         .adapters
         .iter()
@@ -134,6 +218,7 @@ pub fn spawn(
             tokio::spawn(run(
                 engine.clone(),
                 a.clone(),
+                sinks.health.clone(),
                 owner.clone(),
                 lease_ms,
                 shutdown.clone(),
@@ -151,6 +236,7 @@ pub fn spawn(
 async fn run(
     engine: Engine,
     adapter: Arc<dyn Adapter>,
+    health: Health,
     owner: String,
     lease_ms: u64,
     shutdown: CancellationToken,
@@ -176,6 +262,7 @@ async fn run(
                         let a = adapter.clone();
                         let e = engine.clone();
                         metrics::gauge!("tidemark_sink_in_flight", "sink" => sink).increment(1.0);
+                        health.update(sink, |h| h.in_flight += 1);
                         inflight.spawn(async move {
                             let id = d.id.clone();
                             let started = Instant::now();
@@ -204,9 +291,14 @@ async fn run(
         let full = inflight.len() >= adapter.concurrency();
         tokio::select! {
             Some(done) = inflight.join_next(), if !inflight.is_empty() => {
-                if let Ok((id, outcome, took)) = done {
-                    metrics::gauge!("tidemark_sink_in_flight", "sink" => sink).decrement(1.0);
-                    report(&engine, sink, &owner, &id, outcome, took).await;
+                metrics::gauge!("tidemark_sink_in_flight", "sink" => sink).decrement(1.0);
+                match done {
+                    Ok((id, outcome, took)) => {
+                        health.outcome(sink, &outcome);
+                        report(&engine, sink, &owner, &id, outcome, took).await;
+                    }
+                    // A panicked attempt: its lease expires and it is tried again.
+                    Err(_) => health.update(sink, |h| h.in_flight = h.in_flight.saturating_sub(1)),
                 }
             }
             // Nothing more due now (or every slot busy): look again after a pause.
@@ -215,6 +307,7 @@ async fn run(
                 // Attempts in flight are abandoned: their leases expire and they are tried
                 // again (at least once, as a crash would).
                 inflight.abort_all();
+                health.update(sink, |h| h.in_flight = 0);
                 return;
             }
         }

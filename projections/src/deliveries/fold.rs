@@ -87,6 +87,12 @@ fn filter_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
     if let Some(r) = &d.recipient {
         out.push((BY_RECIPIENT, cat(&[r.as_bytes(), d.id.as_bytes()])));
     }
+    if let Some(t) = &d.ext.more.ntype {
+        out.push((BY_TYPE, cat(&[t.as_bytes(), d.id.as_bytes()])));
+    }
+    if let Some(l) = &d.ext.more.list {
+        out.push((BY_LIST, cat(&[l.as_bytes(), d.id.as_bytes()])));
+    }
     for item in d.all_items() {
         out.push((
             BY_NOTIFICATION,
@@ -243,6 +249,8 @@ impl Projection for Deliveries {
             BY_SINK,
             BY_ROUTE,
             BY_RECIPIENT,
+            BY_TYPE,
+            BY_LIST,
             BY_NOTIFICATION,
             GROUPS,
             SETTINGS,
@@ -262,10 +270,11 @@ impl Projection for Deliveries {
     /// 2: the list-filter indexes `by_sink`, `by_route`, `by_recipient`; 3: `by_notification`;
     /// 4: the per-site indexes `by_site`, `site_status`, `site_pending`, `site_sent` (all
     /// outside the digest); 5: `site_due` (the per-site stuck count); 6: `by_created`, the
-    /// newest-first list (both outside the digest). An older model is rebuilt from the log at
-    /// the next open, which fills them.
+    /// newest-first list (both outside the digest); 7: `by_type` and `by_list` (section 17's
+    /// filters, outside the digest). An older model is rebuilt from the log at the next open,
+    /// which fills them.
     fn version(&self) -> u32 {
-        6
+        7
     }
 
     /// The event type is parsed once, here. A type tidemark does not define (a client's

@@ -39,6 +39,10 @@ pub const BY_TASK: &str = "by_task";
 pub const BY_SINK: &str = "by_sink";
 pub const BY_ROUTE: &str = "by_route";
 pub const BY_RECIPIENT: &str = "by_recipient";
+/// `type ‖ 0 ‖ id` (the notification's type) and `list ‖ 0 ‖ id` (section 17): `?type=` and
+/// `?list=`, like the filters above.
+pub const BY_TYPE: &str = "by_type";
+pub const BY_LIST: &str = "by_list";
 /// `notification_id ‖ 0 ‖ id` for every notification a delivery carries (a digest carries the
 /// ones that joined it): `?notification_id=` and the status record of a notification (spec
 /// section 14). Outside the digest, like the other list-filter indexes.
@@ -155,6 +159,10 @@ pub struct DeliveryExt2 {
     pub resolved_targets: Vec<String>,
     /// The notification list its targets are (section 17).
     pub list: Option<String>,
+    /// The notification's `type` (section 2): `?type=` and the claim's answer. Trailing on
+    /// its own, so a row written before it keeps its bytes.
+    #[serde(default, with = "crate::trailing")]
+    pub ntype: Option<String>,
 }
 
 impl Delivery {
@@ -316,6 +324,9 @@ pub struct Created {
     /// The notification list its targets are (section 17), resolved when it is attempted.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub list: Option<String>,
+    /// The notification's `type` (section 2).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none", default)]
+    pub ntype: Option<String>,
 }
 
 /// Payload of `delivery.joined` (subject: the digest delivery joined).
@@ -546,6 +557,7 @@ impl Created {
                 redacted: self.redacted,
                 more: DeliveryExt2 {
                     list: self.list.clone(),
+                    ntype: self.ntype.clone(),
                     ..DeliveryExt2::default()
                 },
                 ..DeliveryExt::default()

@@ -443,6 +443,19 @@ async fn lists_are_resolved_when_a_delivery_is_attempted() {
         let want = format!("<dlv=3Al-ops=3Aemail=2F{}@tidemark>", a.replace('@', "=40"));
         assert_eq!(m[0]["message_id"], json!(want));
     }
+    // The status record names whom it reached, overall and per delivery.
+    let st = s.get("/v1/notifications/l-ops").await;
+    // (the webhook route's endpoint joins them once that route has sent too)
+    let all = st.json["resolved_targets"].as_array().unwrap();
+    assert_eq!(all[..3], ops.map(|a| json!(a)), "{}", st.text);
+    let email = st.json["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["sink"] == "email")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(email["resolved_targets"], json!(ops), "{}", st.text);
     // Changed between routing and delivery: the members at the attempt.
     let later = tidemark_log::time::format_micros(
         (std::time::SystemTime::now() + Duration::from_secs(3))
@@ -506,4 +519,346 @@ async fn lists_are_resolved_when_a_delivery_is_attempted() {
         .await;
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text);
     assert_eq!(s.get("/v1/lists/team").await.status, StatusCode::NOT_FOUND);
+}
+
+/// Every id of `GET /v1/deliveries?{filter}` paged `limit` at a time in id order; each page but
+/// the last holds `limit` rows (an indexed filter fills its pages).
+async fn page_through(s: &Server, filter: &str, limit: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut path = format!("/v1/deliveries?{filter}&limit={limit}");
+        if let Some(a) = &after {
+            path.push_str(&format!("&after={}", encode_path(a)));
+        }
+        let r = s.get(&path).await;
+        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text);
+        let page: Vec<String> = r.json["deliveries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["id"].as_str().unwrap().to_owned())
+            .collect();
+        after = r.json["next_after"].as_str().map(str::to_owned);
+        if after.is_some() {
+            assert_eq!(
+                page.len(),
+                limit,
+                "{path}: a page that is not the last is full"
+            );
+        }
+        ids.extend(page);
+        if after.is_none() {
+            return ids;
+        }
+    }
+}
+
+/// `?type=` and `?list=` on `/v1/deliveries` (sections 7 and 17): indexed, so every page but
+/// the last is full and paging finds every match, alone, combined with each other and with
+/// `sink`, and newest first; the delivery and the claim answer carry `type` and `list`; bad
+/// values are 400. `tidemark lists set|list|show|delete` and `tidemark deliveries list --type
+/// --list` do the same from the command line.
+#[tokio::test]
+async fn type_and_list_filters_page_through_every_match_and_the_lists_cli() {
+    let s = Server::start(ServerOpts::default()).await;
+    let url = s.base().to_owned();
+    let cli = |args: Vec<String>| async move {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        tidemark_tests::run_cli(&a, "", Duration::from_secs(60)).await
+    };
+    let args = |v: &[&str]| -> Vec<String> {
+        v.iter()
+            .map(|s| s.to_string())
+            .chain(["--url".into(), url.clone(), "-o".into(), "json".into()])
+            .collect()
+    };
+    // The lists CLI: set, show, list.
+    let out = cli(args(&[
+        "lists",
+        "set",
+        "ops",
+        "a@example.org",
+        "b@example.org",
+        "--reason",
+        "rota",
+    ]))
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["members"],
+        json!(["a@example.org", "b@example.org"]),
+        "{v}"
+    );
+    assert_eq!(v["reason"], "rota");
+    let out = cli(args(&["lists", "show", "ops"])).await;
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["name"], "ops", "{v}");
+    let out = cli(args(&["lists", "list"])).await;
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v.as_array().map(Vec::len), Some(1), "{v}");
+    let out = cli(args(&["lists", "set", "ops", "a@example.org"])).await;
+    assert!(
+        !out.status.success(),
+        "a change without --reason is refused"
+    );
+
+    // 30 notifications: type alert / notice / none in turn, every third to list ops.
+    let mut want_alert = Vec::new();
+    let mut want_ops = Vec::new();
+    let mut want_both = Vec::new();
+    let mut events = Vec::new();
+    for i in 0..30 {
+        let id = format!("f-{i:02}");
+        let mut p = json!({"priority": "urgent", "title": id, "recipient": "r"});
+        let ty = ["alert", "notice", ""][i % 3];
+        if !ty.is_empty() {
+            p["type"] = json!(ty);
+        }
+        if i % 4 == 0 {
+            p["list"] = json!("ops");
+        }
+        let d = format!("dlv:{id}:desktop");
+        if ty == "alert" {
+            want_alert.push(d.clone());
+        }
+        if i % 4 == 0 {
+            want_ops.push(d.clone());
+            if ty == "alert" {
+                want_both.push(d.clone());
+            }
+        }
+        events.push(notif_ev(&id, p));
+    }
+    append_ok(&s, &json!({ "events": events })).await;
+    wait_for(Duration::from_secs(20), "30 deliveries", || async {
+        let r = s.get("/v1/deliveries?limit=1000").await;
+        (r.json["deliveries"].as_array().map(Vec::len) == Some(30)).then_some(())
+    })
+    .await;
+    assert_eq!(page_through(&s, "type=alert", 3).await, want_alert);
+    assert_eq!(page_through(&s, "list=ops", 2).await, want_ops);
+    assert_eq!(page_through(&s, "type=alert&list=ops", 1).await, want_both);
+    assert_eq!(page_through(&s, "type=alert&sink=app", 4).await, want_alert);
+    assert!(
+        page_through(&s, "type=alert&sink=email", 4)
+            .await
+            .is_empty()
+    );
+    assert!(page_through(&s, "list=nosuch", 4).await.is_empty());
+    // Newest first, the same set in reverse.
+    let r = s
+        .get("/v1/deliveries?type=alert&order=newest&limit=1000")
+        .await;
+    let newest: Vec<&str> = r.json["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
+    let mut rev: Vec<&str> = want_alert.iter().map(String::as_str).collect();
+    rev.reverse();
+    assert_eq!(newest, rev);
+    // The row and the claim carry them.
+    let d = s.get("/v1/deliveries/dlv:f-00:desktop").await.json;
+    assert_eq!(
+        (&d["type"], &d["list"]),
+        (&json!("alert"), &json!("ops")),
+        "{d}"
+    );
+    let d = s.get("/v1/deliveries/dlv:f-02:desktop").await.json;
+    assert!(d.get("type").is_none() && d.get("list").is_none(), "{d}");
+    let c = claim(&s, "filters", 1, 60_000).await;
+    assert_eq!(c[0]["id"], "dlv:f-00:desktop");
+    assert_eq!(c[0]["type"], "alert", "{}", c[0]);
+    // Bad values change nothing and say why.
+    for bad in [
+        "type=a%01b",
+        "list=a%7Fb",
+        &format!("type={}", "x".repeat(257)),
+    ] {
+        let r = s.get(&format!("/v1/deliveries?{bad}")).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad}: {}", r.text);
+        assert_eq!(r.json["code"], "invalid_query", "{}", r.text);
+    }
+
+    // The CLI's filters, and deleting a list.
+    let out = cli(args(&[
+        "deliveries",
+        "list",
+        "--type",
+        "alert",
+        "--order",
+        "id",
+    ]))
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, want_alert);
+    let out = cli(args(&[
+        "deliveries",
+        "list",
+        "--list",
+        "ops",
+        "--order",
+        "id",
+    ]))
+    .await;
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v.as_array().map(Vec::len), Some(want_ops.len()));
+    let out = cli(args(&["lists", "delete", "ops", "--reason", "gone"])).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cli(args(&["lists", "show", "ops"])).await;
+    assert!(!out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let e: Value = serde_json::from_slice(&out.stderr).unwrap_or(v);
+    assert_eq!(e["code"], "list_not_found", "{e}");
+}
+
+/// Section 17: everything else holds for the email sink as for the app sink. A digest is one
+/// email listing its items; quiet hours hold an email until the window ends; a suppressed
+/// recipient is refused at append (crisis block, nothing sent) and a suppression after
+/// routing skips the email at its claim; retention purges sent email deliveries and keeps
+/// the pending ones.
+#[tokio::test]
+async fn the_email_sink_keeps_digests_quiet_hours_crisis_blocks_and_retention() {
+    use crate::e2e_deliveries::us;
+    use crate::e2e_outbox_policies::clock;
+    let smtp = Smtp::start();
+    let now_min = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 60) as i64;
+    let cfg = format!(
+        r#"
+[notifications.routing]
+urgent = ["dashboard", "email", "quiet"]
+[notifications.routes.email]
+sink = "email"
+types = ["alert"]
+digest = {{ window = "2s", max_items = 5 }}
+[notifications.routes.quiet]
+sink = "email"
+types = ["night"]
+quiet_hours = ["{}", "{}"]
+[sinks.email]
+url = "smtp://127.0.0.1:{}"
+from = "tidemark <noreply@example.org>"
+timeout = "5s"
+[retention]
+window = "2s"
+run_every = "1h"
+"#,
+        clock(now_min - 60),
+        clock(now_min + 60),
+        smtp.port
+    );
+    let s = Server::start(ServerOpts::default().config(cfg)).await;
+    let note = |id: &str, ty: &str, to: &str, extra: Value| {
+        let mut p = json!({"priority": "urgent", "title": format!("title of {id}"),
+                           "recipient": to, "type": ty});
+        p.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        notif_ev(id, p)
+    };
+    let suppress = |who: &str| {
+        json!({"event_id": format!("sup-{}", who.replace('@', "-at-")), "stream": "recipients", "subject": who,
+               "type": "recipient.suppressed", "payload": {"reason": "crisis"}})
+    };
+
+    // Quiet hours: held until the window's end, an hour away.
+    append_ok(&s, &note("q-1", "night", "night@example.org", json!({}))).await;
+    let q = wait_status(&s, "dlv:q-1:quiet", "queued").await;
+    let due = us(&q["next_attempt_at"]) - us(&q["created_at"]);
+    assert!(
+        due > 55 * 60_000_000,
+        "held to the window's end, about an hour on: {q}"
+    );
+
+    // A digest of three: one email listing them.
+    let mut batch = Vec::new();
+    for i in 1..=3 {
+        batch.push(note(
+            &format!("dg-{i}"),
+            "alert",
+            "dg@example.org",
+            json!({"group_key": "builds"}),
+        ));
+    }
+    append_ok(&s, &json!({ "events": batch })).await;
+    let d = wait_status(&s, "dlv:dg-1:email", "sent").await;
+    assert_eq!(d["items"].as_array().map(Vec::len), Some(3), "{d}");
+    assert_eq!(d["resolved_targets"], json!(["dg@example.org"]));
+    let m = smtp.to("dg@example.org");
+    assert_eq!(m.len(), 1, "one email for the digest: {m:?}");
+    let data = m[0]["data"].as_str().unwrap_or_default();
+    for i in 1..=3 {
+        assert!(data.contains(&format!("title of dg-{i}")), "{data}");
+    }
+    for i in 2..=3 {
+        let st = s.get(&format!("/v1/notifications/dg-{i}")).await.json;
+        assert_eq!(st["status"], "delivered", "{st}");
+        assert_eq!(st["resolved_targets"], json!(["dg@example.org"]), "{st}");
+    }
+
+    // Crisis block: refused at append, nothing recorded or sent.
+    append_ok(&s, &suppress("blocked@example.org")).await;
+    let (st, body) = s
+        .append(&note("b-1", "alert", "blocked@example.org", json!({})))
+        .await;
+    assert_eq!(st, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["code"], "recipient_blocked", "{body}");
+    // Suppressed after routing: the claim skips it.
+    let later = tidemark_log::time::format_micros(tidemark_log::time::now_micros() + 2_000_000);
+    append_ok(
+        &s,
+        &note(
+            "s-1",
+            "alert",
+            "later@example.org",
+            json!({"deliver_after": later}),
+        ),
+    )
+    .await;
+    wait_status(&s, "dlv:s-1:email", "queued").await;
+    append_ok(&s, &suppress("later@example.org")).await;
+    let d = wait_status(&s, "dlv:s-1:email", "skipped").await;
+    assert_eq!(d["reason"], "suppressed", "{d}");
+    assert!(smtp.to("blocked@example.org").is_empty());
+    assert!(smtp.to("later@example.org").is_empty());
+    assert!(
+        smtp.to("night@example.org").is_empty(),
+        "quiet hours hold it"
+    );
+
+    // Retention: past the window, sent and skipped email deliveries go; the held one stays.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let r = crate::common::post_empty(&s, "/v1/admin/retention/run").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    for gone in ["dlv:dg-1:email", "dlv:s-1:email"] {
+        let r = s.get(&format!("/v1/deliveries/{gone}")).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{gone} purged: {}", r.text);
+    }
+    assert_eq!(delivery(&s, "dlv:q-1:quiet").await["status"], "queued");
 }

@@ -273,7 +273,7 @@ async fn a_canceled_notification_cancels_its_deliveries_and_a_leased_one_at_leas
 }
 
 /// Minutes after midnight, "HH:MM".
-fn clock(min: i64) -> String {
+pub(crate) fn clock(min: i64) -> String {
     let m = min.rem_euclid(1440);
     format!("{:02}:{:02}", m / 60, m % 60)
 }

@@ -27,9 +27,11 @@ use crate::state::AppState;
 
 mod lease;
 mod operator;
+mod sinks;
 
 pub use lease::*;
 pub use operator::*;
+pub use sinks::*;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ItemOut {
@@ -81,8 +83,14 @@ pub struct DeliveryOut {
     pub id: String,
     pub notification_id: String,
     pub route: String,
-    /// `app` for the desktop route.
+    /// `app` for the desktop route; `email` and `webhook` are delivered by tidemark.
     pub sink: String,
+    /// The notification's `type` (section 2), when it has one.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub ntype: Option<String>,
+    /// The notification list its targets are (section 17), resolved when it is attempted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub list: Option<String>,
     pub recipient: Option<String>,
     /// queued, leased, retry_wait, sent, parked, discarded, skipped, cancelled.
     pub status: String,
@@ -190,6 +198,8 @@ impl From<Delivery> for DeliveryOut {
             notification_id: d.notification_id,
             route: d.route,
             sink: d.sink,
+            ntype: d.ext.more.ntype.clone(),
+            list: d.ext.more.list.clone(),
             recipient: if redacted { None } else { d.recipient.clone() },
             recipient_hash: if redacted { d.recipient } else { None },
             redacted,
@@ -372,6 +382,12 @@ pub struct DeliveriesQuery {
     /// Deliveries of notifications from this `source.site_id`.
     #[param(max_length = 256, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
     pub source_site: Option<String>,
+    /// Deliveries of notifications of this `type` (section 2).
+    #[param(max_length = 256, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
+    pub r#type: Option<String>,
+    /// Deliveries to this notification list (section 17).
+    #[param(max_length = 256, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
+    pub list: Option<String>,
     /// Created at or after this time (RFC 3339).
     #[param(value_type = Option<String>, format = DateTime)]
     pub created_after: Option<String>,
@@ -439,6 +455,8 @@ pub async fn list(
         ("recipient", &q.recipient),
         ("notification_id", &q.notification_id),
         ("source_site", &q.source_site),
+        ("type", &q.r#type),
+        ("list", &q.list),
         ("after", &q.after),
         ("q", &q.q),
     ] {
@@ -491,6 +509,8 @@ pub async fn list(
         recipient: q.recipient,
         notification_id: q.notification_id,
         source_site: q.source_site,
+        ntype: q.r#type,
+        list: q.list,
         after: q.after,
         before: parse_before(q.before.as_deref(), "created_at in µs")?,
         order,

@@ -234,6 +234,7 @@ fn route_one(
                 .list
                 .clone()
                 .or_else(|| n.recipient.is_none().then(|| policy.list.clone()).flatten()),
+            ntype: n.ntype.clone(),
         };
         let canceled_at = match &n.task_id {
             Some(t) => st.u64_at(d::CANCELED, t.as_bytes())?,
