@@ -33,6 +33,17 @@ pub fn timed_key(sink: &str, us: i64, id: &str) -> Vec<u8> {
     k
 }
 
+/// `sink ‖ 0 ‖ rank ‖ due ‖ id` ([`DUE_BY_PRIORITY`]).
+pub fn due_priority_key(d: &Delivery, due_us: i64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(d.sink.len() + 10 + d.id.len());
+    k.extend_from_slice(d.sink.as_bytes());
+    k.push(0);
+    k.push(priority_rank(&d.priority));
+    k.extend_from_slice(&us_key(due_us));
+    k.extend_from_slice(d.id.as_bytes());
+    k
+}
+
 /// The key a delivery is ordered by in newest-first lists: its creation time (µs).
 pub fn created_key(d: &Delivery) -> u64 {
     u64::from_be_bytes(us_key(d.created_at_us))
@@ -86,6 +97,9 @@ fn filter_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
     ];
     if let Some(r) = &d.recipient {
         out.push((BY_RECIPIENT, cat(&[r.as_bytes(), d.id.as_bytes()])));
+    }
+    if let Some(due) = d.due_us() {
+        out.push((DUE_BY_PRIORITY, due_priority_key(d, due)));
     }
     if let Some(t) = &d.ext.more.ntype {
         out.push((BY_TYPE, cat(&[t.as_bytes(), d.id.as_bytes()])));
@@ -240,6 +254,7 @@ impl Projection for Deliveries {
             ROWS,
             TIMELINE,
             DUE,
+            DUE_BY_PRIORITY,
             LEASES,
             PENDING,
             SENT,
@@ -271,10 +286,10 @@ impl Projection for Deliveries {
     /// 4: the per-site indexes `by_site`, `site_status`, `site_pending`, `site_sent` (all
     /// outside the digest); 5: `site_due` (the per-site stuck count); 6: `by_created`, the
     /// newest-first list (both outside the digest); 7: `by_type` and `by_list` (section 17's
-    /// filters, outside the digest). An older model is rebuilt from the log at the next open,
-    /// which fills them.
+    /// filters, outside the digest); 8: `due_by_priority` (claims by priority, outside the
+    /// digest). An older model is rebuilt from the log at the next open, which fills them.
     fn version(&self) -> u32 {
-        7
+        8
     }
 
     /// The event type is parsed once, here. A type tidemark does not define (a client's

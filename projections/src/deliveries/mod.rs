@@ -21,6 +21,11 @@ pub const TIMELINE: &str = "timeline";
 /// `sink ‖ 0 ‖ due_us ‖ id` for claimable rows: queued and retry_wait by their next attempt,
 /// leased by their lease expiry.
 pub const DUE: &str = "due";
+/// `sink ‖ 0 ‖ rank ‖ due_us ‖ id` for the same rows as [`DUE`], `rank` the place of the
+/// delivery's priority ([`priority_rank`]): claims take urgent first, then action, warning and
+/// info, the oldest due first within a priority (section 5). Outside the digest, like the
+/// list filters.
+pub const DUE_BY_PRIORITY: &str = "due_by_priority";
 /// `lease_expires_us ‖ id` for leased rows.
 pub const LEASES: &str = "leases";
 /// `sink ‖ 0 ‖ created_us ‖ id` for pending rows (queued, leased, retry_wait).
@@ -77,6 +82,18 @@ pub const CANCELED: &str = "canceled";
 /// handled (BE): routing resumes after it.
 pub const STATE: &str = "state";
 pub const ROUTED_KEY: &[u8] = b"routed";
+
+/// The place of `priority` in claim order: urgent 0, action 1, warning 2, info 3; anything
+/// else (a row from before priorities were checked) [`PRIORITY_RANKS`] − 1, last.
+pub fn priority_rank(priority: &str) -> u8 {
+    crate::names::Priority::ALL
+        .iter()
+        .position(|p| p.as_str() == priority)
+        .map_or(PRIORITY_RANKS - 1, |i| i as u8)
+}
+
+/// How many ranks [`priority_rank`] gives.
+pub const PRIORITY_RANKS: u8 = crate::names::Priority::ALL.len() as u8 + 1;
 
 /// One notification inside a (digest) delivery.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -2547,3 +2547,56 @@ async fn time_range_stuck_and_title_filters() {
     }
     assert_eq!(s.head().await, head, "bad filters change nothing");
 }
+
+/// Claims take the most pressing priority first (section 5): urgent, action, warning, info,
+/// the oldest due first within a priority. An info delivery due long before is claimed last;
+/// a retry due later than a fresh urgent one waits for it.
+#[tokio::test]
+async fn claims_take_urgent_first_then_the_oldest_within_a_priority() {
+    let s = Server::start(ServerOpts::default().config(
+        "[notifications.routing]\nurgent = [\"desktop\"]\naction = [\"desktop\"]\n\
+         warning = [\"desktop\"]\ninfo = [\"desktop\"]\n\
+         [notifications.desktop]\npriorities = [\"urgent\", \"action\", \"warning\", \"info\"]\n",
+    ))
+    .await;
+    let note = |id: &str, prio: &str| notif_ev(id, json!({"priority": prio, "title": id}));
+    // Oldest first: info, warning, action, then two urgent ones (the later last).
+    for (id, prio) in [
+        ("pr-info", "info"),
+        ("pr-warning", "warning"),
+        ("pr-action", "action"),
+        ("pr-urgent-1", "urgent"),
+        ("pr-urgent-2", "urgent"),
+    ] {
+        append_ok(&s, &note(id, prio)).await;
+        wait_status(&s, &format!("dlv:{id}:desktop"), "queued").await;
+    }
+    let mut order = Vec::new();
+    for _ in 0..5 {
+        let got = claim(&s, "prio", 1, 60_000).await;
+        assert_eq!(got.len(), 1, "one due delivery per claim");
+        order.push(got[0]["notification_id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(
+        order,
+        [
+            "pr-urgent-1",
+            "pr-urgent-2",
+            "pr-action",
+            "pr-warning",
+            "pr-info"
+        ]
+    );
+    // A batch claim takes them in the same order.
+    for id in ["pr-b-info", "pr-b-action"] {
+        let prio = id.rsplit('-').next().unwrap();
+        append_ok(&s, &note(id, prio)).await;
+        wait_status(&s, &format!("dlv:{id}:desktop"), "queued").await;
+    }
+    let got = claim(&s, "prio", 10, 60_000).await;
+    let ids: Vec<&str> = got
+        .iter()
+        .map(|d| d["notification_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["pr-b-action", "pr-b-info"]);
+}

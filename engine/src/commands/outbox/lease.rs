@@ -115,9 +115,10 @@ fn owned_lease(
     Ok(row)
 }
 
-/// Claim due deliveries of `sink`, oldest due first: queued, retry_wait past its next attempt,
-/// leased past its lease (released first). Suppression is re-checked: a delivery to a
-/// recipient suppressed now is skipped instead. Answers the leased rows.
+/// Claim due deliveries of `sink`, the most pressing priority first (urgent, action, warning,
+/// info), oldest due first within one: queued, retry_wait past its next attempt, leased past
+/// its lease (released first). Suppression is re-checked: a delivery to a recipient
+/// suppressed now is skipped instead. Answers the leased rows.
 pub(super) fn claim(
     txn: &WriteTransaction,
     round: &crate::decider::Round<'_>,
@@ -131,78 +132,110 @@ pub(super) fn claim(
     let privacy = round.privacy;
     let mut st = State::new(txn)?;
     let settings = st.settings_at(u64::MAX)?;
-    let mut from = sink.as_bytes().to_vec();
-    from.push(0);
-    let mut to = from.clone();
-    to.extend_from_slice(&d::us_key(now_us.saturating_add(1)));
     let mut leased = Vec::new();
     let mut events = Vec::new();
-    let mut after = from.clone();
-    while leased.len() < limit {
-        // Among the next due deliveries, this node's share first (spec section 16): claimers
-        // on several nodes of a cluster take different deliveries in a storm instead of
-        // racing for the same ones; another share's are taken when this one's run short.
-        let keys = st.keys(
-            d::DUE,
-            &after,
-            &to,
-            (limit - leased.len()) * share.of.max(1),
-        )?;
-        if keys.is_empty() {
-            break;
-        }
-        let id_of = |k: &[u8]| String::from_utf8_lossy(&k[from.len() + 8..]).into_owned();
-        let (own, others): (Vec<&Vec<u8>>, Vec<&Vec<u8>>) =
-            keys.iter().partition(|k| share.owns(&id_of(k)));
-        for k in own.into_iter().chain(others) {
-            if leased.len() >= limit {
+    for rank in 0..d::PRIORITY_RANKS {
+        let mut from = sink.as_bytes().to_vec();
+        from.push(0);
+        from.push(rank);
+        let mut to = from.clone();
+        to.extend_from_slice(&d::us_key(now_us.saturating_add(1)));
+        let mut after = from.clone();
+        while leased.len() < limit {
+            // Among the next due deliveries, this node's share first (spec section 16):
+            // claimers on several nodes of a cluster take different deliveries in a storm
+            // instead of racing for the same ones; another share's are taken when this
+            // one's run short.
+            let keys = st.keys(
+                d::DUE_BY_PRIORITY,
+                &after,
+                &to,
+                (limit - leased.len()) * share.of.max(1),
+            )?;
+            if keys.is_empty() {
                 break;
             }
-            let id = id_of(k);
-            // A claim earlier in the same round took it (or another command of the round
-            // records something of it): left to the next round.
-            if round.touches(Stream::Deliveries.as_str(), &id) {
-                continue;
-            }
-            let Some(mut row) = st.row(&id)? else {
-                continue;
-            };
-            if row.status == S::Leased {
-                let c = expiry(&row, now_us);
-                transition(&mut row, T::LeaseExpired, &c, 0);
-                events.push(event(T::LeaseExpired, &id, &c)?);
-                if row.status == S::Parked {
-                    hold(&mut st, &mut row, now_us, &settings, privacy, &mut events)?;
-                    continue;
+            let id_of = |k: &[u8]| String::from_utf8_lossy(&k[from.len() + 8..]).into_owned();
+            let (own, others): (Vec<&Vec<u8>>, Vec<&Vec<u8>>) =
+                keys.iter().partition(|k| share.owns(&id_of(k)));
+            for k in own.into_iter().chain(others) {
+                if leased.len() >= limit {
+                    break;
+                }
+                if let Some(row) = take(
+                    &mut st,
+                    round,
+                    &id_of(k),
+                    now_us,
+                    &settings,
+                    privacy,
+                    owner,
+                    lease_ms,
+                    &mut events,
+                )? {
+                    leased.push(row);
                 }
             }
-            if hold(&mut st, &mut row, now_us, &settings, privacy, &mut events)? {
-                continue;
-            }
-            if st.recipient_of(&row, privacy)?.suppressed_at(now_us) {
-                let c = Change {
-                    at_us: now_us,
-                    reason: Some("suppressed".into()),
-                    ..Change::default()
-                };
-                events.push(event(T::Skipped, &id, &c)?);
-                continue;
-            }
-            let c = Change {
-                at_us: now_us,
-                owner: Some(owner.to_owned()),
-                attempt: Some(row.attempts + 1),
-                lease_expires_at_us: Some(now_us.saturating_add(lease_ms as i64 * 1_000)),
-                ..Change::default()
-            };
-            transition(&mut row, T::Leased, &c, 0);
-            events.push(event(T::Leased, &id, &c)?);
-            leased.push(row);
+            after = keys.last().expect("not empty").clone();
+            after.push(0);
         }
-        after = keys.last().expect("not empty").clone();
-        after.push(0);
     }
     Ok((leased, events))
+}
+
+/// Lease due delivery `id` to `owner`, or record why it is not leased (its expired lease
+/// parked it, a hold moved it, its recipient is suppressed now); `None` when it is not.
+#[allow(clippy::too_many_arguments)]
+fn take(
+    st: &mut State<'_>,
+    round: &crate::decider::Round<'_>,
+    id: &str,
+    now_us: i64,
+    settings: &RoutingSettings,
+    privacy: Option<&Privacy>,
+    owner: &str,
+    lease_ms: u64,
+    events: &mut Vec<NewEvent>,
+) -> Result<Option<Delivery>, CommandError> {
+    // A claim earlier in the same round took it (or another command of the round records
+    // something of it): left to the next round.
+    if round.touches(Stream::Deliveries.as_str(), id) {
+        return Ok(None);
+    }
+    let Some(mut row) = st.row(id)? else {
+        return Ok(None);
+    };
+    if row.status == S::Leased {
+        let c = expiry(&row, now_us);
+        transition(&mut row, T::LeaseExpired, &c, 0);
+        events.push(event(T::LeaseExpired, id, &c)?);
+        if row.status == S::Parked {
+            hold(st, &mut row, now_us, settings, privacy, events)?;
+            return Ok(None);
+        }
+    }
+    if hold(st, &mut row, now_us, settings, privacy, events)? {
+        return Ok(None);
+    }
+    if st.recipient_of(&row, privacy)?.suppressed_at(now_us) {
+        let c = Change {
+            at_us: now_us,
+            reason: Some("suppressed".into()),
+            ..Change::default()
+        };
+        events.push(event(T::Skipped, id, &c)?);
+        return Ok(None);
+    }
+    let c = Change {
+        at_us: now_us,
+        owner: Some(owner.to_owned()),
+        attempt: Some(row.attempts + 1),
+        lease_expires_at_us: Some(now_us.saturating_add(lease_ms as i64 * 1_000)),
+        ..Change::default()
+    };
+    transition(&mut row, T::Leased, &c, 0);
+    events.push(event(T::Leased, id, &c)?);
+    Ok(Some(row))
 }
 
 /// A lease's expiry: back to queued, or parked when it used the last attempt.
