@@ -223,13 +223,16 @@ const TILES = [
   ['oldest_pending_age_s', 'Oldest pending'],
 ];
 
+/// A KPI as shown: the oldest pending age is "–" when nothing is pending (not "0s").
+function kpiText(k, f) {
+  if (f !== 'oldest_pending_age_s') return k[f];
+  return k.queue_depth > 0 ? fmtAge(k[f]) : '–';
+}
+
 function kpiRows(map) {
   return Object.entries(map || {}).map(([name, k]) => el('tr', { 'data-key': name },
     el('td', { text: name }),
-    TILES.map(([f]) => el('td', {
-      'data-field': f,
-      text: f === 'oldest_pending_age_s' ? fmtAge(k[f]) : k[f],
-    }))));
+    TILES.map(([f]) => el('td', { 'data-field': f, text: kpiText(k, f) }))));
 }
 
 async function loadKpis() {
@@ -242,7 +245,7 @@ async function loadKpis() {
   el('div', {
     class: 'value',
     'data-value': k[f],
-    text: f === 'oldest_pending_age_s' ? fmtAge(k[f]) : k[f],
+    text: kpiText(k, f),
   }))));
   $('#kpi-asof').textContent = `as of seq ${k.as_of_seq}, sent interval ${k.interval_s}s`;
   const head = ['', ...TILES.map(([, l]) => l)];
@@ -357,7 +360,7 @@ async function openTimeline(id) {
     el('td', { text: s.seq }),
     el('td', { text: s.event }),
     el('td', { text: fmtTime(s.at) }),
-    el('td', { text: s.owner || '' }),
+    el('td', { text: s.owner || s.by || '' }),
     el('td', { text: s.attempt ?? '' }),
     el('td', { text: [s.error_code, s.error, s.reason].filter(Boolean).join(' · ') }),
     el('td', { text: fmtTime(s.next_attempt_at || s.lease_expires_at || '') }),

@@ -85,6 +85,9 @@ pub struct ServerConfig {
     pub shutdown_grace_secs: u64,
     /// Longest long-poll `wait_ms` of `GET /v1/bridges/{id}/deliveries` (≤ 30000).
     pub max_wait_ms: u64,
+    /// Origins (`https://host[:port]`) whose browsers may call the API (section 8).
+    #[serde(default)]
+    pub cors_origins: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -218,6 +221,14 @@ impl Config {
         if self.server.max_wait_ms > 30_000 {
             return bad("server.max_wait_ms must be at most 30000".into());
         }
+        for o in &self.server.cors_origins {
+            if !is_origin(o) {
+                return bad(format!(
+                    "server.cors_origins: {o:?} is not an origin (scheme://host[:port], \
+                     e.g. \"https://ops.example.org\")"
+                ));
+            }
+        }
         if self.server.keepalive_secs == 0 || self.server.keepalive_secs > 15 {
             return bad("server.keepalive_secs must be between 1 and 15".into());
         }
@@ -291,6 +302,7 @@ impl Config {
                 self.log.id_filter_cache
             ));
         }
+        check_notification_keys(&self.notifications).map_err(ConfigError::Invalid)?;
         let routing = tidemark_projections::routing::RoutingSettings::from_json(
             &self.notification_settings(),
         )
@@ -510,4 +522,116 @@ mod tests {
         assert_eq!(parse_size("5TiB"), None);
         assert_eq!(parse_size(""), None);
     }
+}
+
+/// `http(s)://host[:port]` and nothing more: what a browser sends as `Origin`.
+fn is_origin(o: &str) -> bool {
+    let Ok(u) = reqwest::Url::parse(o) else {
+        return false;
+    };
+    matches!(u.scheme(), "http" | "https")
+        && u.host_str().is_some()
+        && u.username().is_empty()
+        && u.password().is_none()
+        && u.query().is_none()
+        && u.fragment().is_none()
+        && u.path() == "/"
+        && !o.ends_with('/')
+        && axum::http::HeaderValue::from_str(o).is_ok()
+}
+
+/// Refuse a key `[notifications]` does not know, at any depth, naming it (section 8): a
+/// misspelt key must not start as if it were absent. Tables whose keys are names (routes,
+/// priorities, locales) take any name; what is inside them is checked.
+fn check_notification_keys(n: &toml::Table) -> Result<(), String> {
+    const RETRY: &[&str] = &[
+        "strategy",
+        "max_attempts",
+        "base_delay",
+        "max_delay",
+        "jitter",
+        "lease_ttl",
+        "batch_size",
+    ];
+    const TEMPLATES: &[&str] = &["many", "summary"];
+    const ROUTE: &[&str] = &[
+        "sink",
+        "types",
+        "list",
+        "url",
+        "secret",
+        "delay",
+        "quiet_hours",
+        "quiet_hours_bypass",
+        "digest",
+        "templates",
+        "retry",
+        "redact",
+        "generic_title",
+    ];
+    fn only(t: &toml::Table, known: &[&str], at: &str) -> Result<(), String> {
+        match t.keys().find(|k| !known.contains(&k.as_str())) {
+            Some(k) => Err(format!(
+                "{at}.{k} is not a known key (known: {})",
+                known.join(", ")
+            )),
+            None => Ok(()),
+        }
+    }
+    fn table<'a>(v: &'a toml::Value, at: &str) -> Result<&'a toml::Table, String> {
+        v.as_table().ok_or_else(|| format!("{at} must be a table"))
+    }
+    let top = "notifications";
+    only(
+        n,
+        &[
+            "enabled",
+            "dashboard",
+            "desktop",
+            "routing",
+            "retry",
+            "outbox",
+            "routes",
+            "templates",
+        ],
+        top,
+    )?;
+    for (k, v) in n {
+        let at = format!("{top}.{k}");
+        match k.as_str() {
+            "dashboard" => only(table(v, &at)?, &["enabled", "limit"], &at)?,
+            "desktop" => only(
+                table(v, &at)?,
+                &["enabled", "priorities", "sound_priorities"],
+                &at,
+            )?,
+            "outbox" => only(table(v, &at)?, &["max_pending", "stuck_after"], &at)?,
+            "retry" => only(table(v, &at)?, RETRY, &at)?,
+            "templates" => {
+                for (locale, t) in table(v, &at)? {
+                    let at = format!("{at}.{locale}");
+                    only(table(t, &at)?, TEMPLATES, &at)?;
+                }
+            }
+            "routes" => {
+                for (name, r) in table(v, &at)? {
+                    let at = format!("{at}.{name}");
+                    let r = table(r, &at)?;
+                    only(r, ROUTE, &at)?;
+                    for (k, known) in [
+                        ("digest", &["window", "max_items", "summary_after"][..]),
+                        ("retry", RETRY),
+                        ("templates", TEMPLATES),
+                    ] {
+                        if let Some(x) = r.get(k) {
+                            let at = format!("{at}.{k}");
+                            only(table(x, &at)?, known, &at)?;
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }

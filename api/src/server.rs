@@ -257,7 +257,68 @@ pub fn router(state: AppState) -> Router {
             ApiError::internal("handler panicked", "panic").into_response()
         }))
         .layer(TraceLayer::new_for_http().make_span_with(request_span))
+        .layer(cors(&state.config.server.cors_origins))
+        .layer(middleware::from_fn(request_id))
         .with_state(state)
+}
+
+/// `X-Request-ID` (section 8): the client's when it sent one of 1–128 printable characters,
+/// else a new UUID; on the request (so its log span shows it) and on every answer.
+async fn request_id(mut req: Request, next: Next) -> Response {
+    use axum::http::HeaderValue;
+    const NAME: &str = "x-request-id";
+    let given = req
+        .headers()
+        .get(NAME)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| {
+            !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+        });
+    let id = match given.and_then(|v| HeaderValue::from_str(v).ok()) {
+        Some(v) => v,
+        None => HeaderValue::from_str(&uuid::Uuid::now_v7().to_string()).expect("a UUID is ASCII"),
+    };
+    req.headers_mut().insert(NAME, id.clone());
+    let mut resp = next.run(req).await;
+    resp.headers_mut().insert(NAME, id);
+    resp
+}
+
+/// Browsers on the listed origins may call the API (section 8): preflight answered, the
+/// headers a client sends allowed, the ones it reads exposed. No origins: no CORS headers, so
+/// a browser on another origin is refused (and `OPTIONS` is 405).
+fn cors(
+    origins: &[String],
+) -> tower::util::Either<tower_http::cors::CorsLayer, tower::layer::util::Identity> {
+    use axum::http::{HeaderName, HeaderValue, Method};
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return tower::util::Either::Right(tower::layer::util::Identity::new());
+    }
+    let list: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o).ok())
+        .collect();
+    let h = HeaderName::from_static;
+    tower::util::Either::Left(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(list))
+            .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
+            .allow_headers([
+                h("authorization"),
+                h("content-type"),
+                h("last-event-id"),
+                h("x-request-id"),
+            ])
+            .expose_headers([
+                h("x-request-id"),
+                h("retry-after"),
+                h("ratelimit-remaining"),
+                h("ratelimit-limit"),
+                h("ratelimit-reset"),
+            ])
+            .max_age(Duration::from_secs(600)),
+    )
 }
 
 /// How long a client may take to send a request's line and headers. axum::serve sets no bound,
@@ -321,7 +382,13 @@ fn request_span(req: &axum::http::Request<axum::body::Body>) -> tracing::Span {
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .map_or("(no route)", |m| m.as_str());
-    tracing::debug_span!("request", method = %req.method(), route)
+    let request_id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    // At info: a warning or error logged while serving carries the request id.
+    tracing::info_span!("request", method = %req.method(), route, request_id)
 }
 
 async fn refuse_when_stopping(State(st): State<AppState>, req: Request, next: Next) -> Response {

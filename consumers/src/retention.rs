@@ -28,9 +28,13 @@ pub struct RunReport {
 }
 
 /// Purge everything that left the window by now, then (with `compact_log`) drop the log's
-/// events older than it.
-pub async fn run_now(engine: &Engine, r: Retention) -> Result<RunReport, CommandError> {
-    let purge = purge(engine, r.window_ms).await?;
+/// events older than it. `by`: who ran it by hand (section 8), `None` for the periodic run.
+pub async fn run_now(
+    engine: &Engine,
+    r: Retention,
+    by: Option<Option<String>>,
+) -> Result<RunReport, CommandError> {
+    let purge = purge(engine, r.window_ms, by).await?;
     let compaction = if r.compact_log {
         Some(compact(engine, r.window_ms).await?)
     } else {
@@ -73,13 +77,18 @@ async fn compact(engine: &Engine, window_ms: u64) -> Result<CompactReport, Comma
 
 /// Purge everything that left the window by now; the totals of every command it took (the
 /// first one's `before` and `through_seq`).
-async fn purge(engine: &Engine, window_ms: u64) -> Result<RetentionReport, CommandError> {
+async fn purge(
+    engine: &Engine,
+    window_ms: u64,
+    by: Option<Option<String>>,
+) -> Result<RetentionReport, CommandError> {
     let mut total: Option<RetentionReport> = None;
     loop {
         let (r, _) = engine
             .execute(Purge {
                 window_ms,
                 max: BATCH,
+                by: by.clone(),
             })
             .await?;
         let more = r.more;
@@ -128,7 +137,7 @@ pub(crate) async fn run_loop(engine: Engine, r: Retention, shutdown: Cancellatio
     let mut changes = leases.changes();
     loop {
         if leases.holds(LEASE) {
-            match run_now(&engine, r).await {
+            match run_now(&engine, r, None).await {
                 Ok(_) => {}
                 Err(CommandError::Append(tidemark_log::AppendError::Closed)) => return,
                 Err(e) => tracing::warn!(error = %e, "retention run failed; will retry"),

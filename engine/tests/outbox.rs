@@ -751,7 +751,7 @@ impl Harness {
                 let got = self.exec(Operator {
                     id: id.clone(),
                     action,
-                    by: "op".into(),
+                    by: Some("op".into()),
                     reason: None,
                 });
                 let want = self.model.operator(&id, action, now);

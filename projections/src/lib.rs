@@ -25,6 +25,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bridges;
+pub mod by;
 pub mod cursors;
 pub mod deliveries;
 pub mod framework;

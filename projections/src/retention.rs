@@ -21,6 +21,14 @@ pub struct Purged {
     pub notifications: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<String>,
+    /// Run by hand (section 8): the token's name, `null` in open mode; absent on the
+    /// periodic run.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        default,
+        deserialize_with = "crate::by::present"
+    )]
+    pub by: Option<Option<String>>,
 }
 
 impl Purged {

@@ -722,6 +722,8 @@ concurrency = 2
   assert.equal(await health.getAttribute('data-state'), h.state);
   assert.match(h.last_error_code, /^smtp_55\d$/);
   step(`the sink health row: ${h.state}, sent ${h.sent}, parked ${h.permanent}, last error ${h.last_error_code}`);
+  // Nothing pending on the sink: its oldest pending age is "–", not "0s".
+  assert.equal((await page.locator('#kpi-sinks tr[data-key=email] td[data-field=oldest_pending_age_s]').textContent()).trim(), '–');
   await snap(page, 'sink-health');
 
   // The status record shows whom the notification reached.

@@ -212,8 +212,12 @@ pub struct Purged {
     security(("bearer" = ["admin"]))
 )]
 #[tracing::instrument(skip_all)]
-pub async fn run_retention(State(st): State<AppState>) -> Result<Json<RetentionOut>, ApiError> {
-    let run = tidemark_consumers::retention::run_now(&st.engine, st.config.retention()).await?;
+pub async fn run_retention(
+    State(st): State<AppState>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<RetentionOut>, ApiError> {
+    let by = Some(crate::routes::caller(&st, &headers));
+    let run = tidemark_consumers::retention::run_now(&st.engine, st.config.retention(), by).await?;
     let r = run.purge;
     Ok(Json(RetentionOut {
         before: tidemark_log::time::format_micros(r.before_us),

@@ -22,7 +22,7 @@ pub struct Health {
 }
 
 /// The calling token's name and scopes (any valid token; in open mode, every scope).
-#[utoipa::path(get, path = "/v1/whoami", tag = "ops", operation_id = "whoami",
+#[utoipa::path(get, path = "/v1/whoami", tag = "ops", operation_id = "getWhoami",
     responses(
         (status = 200, body = crate::auth::Identity),
         (status = 401, description = "no or an unknown token", content_type = "application/problem+json"),
@@ -40,7 +40,7 @@ pub async fn whoami(
 /// Liveness (section 18): the process answers. Never failed by storage: a full disk or a
 /// poisoned log is not fixed by a restart of a live process's container (a poisoned log is
 /// recovered by one, but `/healthz` says so and an operator decides).
-#[utoipa::path(get, path = "/livez", operation_id = "liveness", tag = "ops", responses(
+#[utoipa::path(get, path = "/livez", operation_id = "getLiveness", tag = "ops", responses(
     (status = 200, body = Health),
 ))]
 pub async fn livez(State(st): State<AppState>) -> axum::Json<Health> {
@@ -52,7 +52,7 @@ pub async fn livez(State(st): State<AppState>) -> axum::Json<Health> {
 
 /// Overall health: 503 while the log refuses writes (a storage failure, or its disk short of
 /// space), with the refusal's `code` and the body's `status` equal to the HTTP status.
-#[utoipa::path(get, path = "/healthz", operation_id = "health", tag = "ops", responses(
+#[utoipa::path(get, path = "/healthz", operation_id = "getHealth", tag = "ops", responses(
     (status = 200, body = Health),
     (status = 503, description = "The log refuses writes: unavailable after a storage failure (`log_unavailable`) or its disk short of space (`insufficient_storage`)", body = crate::error::Problem, content_type = "application/problem+json"),
 ))]
@@ -80,7 +80,7 @@ fn storage_ok(st: &AppState) -> Result<(), ApiError> {
 pub const READY_MAX_LAG: u64 = 10 * tidemark_engine::FOLLOW_BATCH;
 
 /// Readiness: the log is open and accepting appends, and the read models are caught up.
-#[utoipa::path(get, path = "/readyz", tag = "ops", operation_id = "readiness", responses(
+#[utoipa::path(get, path = "/readyz", tag = "ops", operation_id = "getReadiness", responses(
     (status = 200, body = Health),
     (status = 503, description = "Shutting down, the log is unavailable, its disk is short of space, or the read models are catching up", body = crate::error::Problem, content_type = "application/problem+json"),
 ))]

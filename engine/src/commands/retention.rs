@@ -29,6 +29,9 @@ use crate::store::{ReadableTable, WriteTransaction};
 pub struct Purge {
     pub window_ms: u64,
     pub max: usize,
+    /// Run by hand: `Some(token name)`, `Some(None)` in open mode; `None` for the periodic
+    /// run (section 8).
+    pub by: Option<Option<String>>,
 }
 
 impl Sealed for Purge {}
@@ -214,6 +217,7 @@ fn run(
         let mut p = Purged {
             before: before_text.clone(),
             through_seq: head,
+            by: cmd.by.clone(),
             ..Purged::default()
         };
         let mut room = IDS_PER_EVENT;

@@ -223,6 +223,7 @@ fn step(seq: u64, t: DeliveryTransition, c: &Change) -> Step {
         reason: c.reason.clone(),
         next_attempt_at_us: c.next_attempt_at_us,
         lease_expires_at_us: c.lease_expires_at_us,
+        by: c.by.clone().flatten(),
     }
 }
 
@@ -439,6 +440,7 @@ fn fold_delivery(
                 reason: c.reason,
                 next_attempt_at_us: row.next_attempt_at_us,
                 lease_expires_at_us: None,
+                by: None,
             };
             store_row(st, None, id, row, &s)
         }
@@ -461,6 +463,7 @@ fn fold_delivery(
                 reason: Some(format!("notification {}", j.notification_id)),
                 next_attempt_at_us: None,
                 lease_expires_at_us: None,
+                by: None,
             };
             store_row(st, Some(before), id, row, &s)
         }

@@ -233,6 +233,10 @@ pub struct Step {
     pub reason: Option<String>,
     pub next_attempt_at_us: Option<i64>,
     pub lease_expires_at_us: Option<i64>,
+    /// Who retried or discarded it (section 8; absent in open mode and on other steps).
+    /// Trailing, so a step stored before it keeps its bytes.
+    #[serde(default, with = "crate::trailing")]
+    pub by: Option<String>,
 }
 
 /// An open digest: later notifications of the same route, recipient and group join
@@ -413,6 +417,14 @@ pub struct Change {
     /// For a delivery sent by tidemark's dispatcher: whom it reached (section 17).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub resolved_targets: Option<Vec<String>>,
+    /// For an operator's retry or discard (section 8): `Some(name)` of the token, `Some(None)`
+    /// (written `"by": null`) in open mode; absent on the other transitions.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        default,
+        deserialize_with = "crate::by::present"
+    )]
+    pub by: Option<Option<String>>,
 }
 
 /// The transitions of spec section 5: `t` may be applied to a delivery in `status`.

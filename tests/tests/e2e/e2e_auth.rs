@@ -468,9 +468,10 @@ async fn an_operator_action_records_the_calling_token() {
         .expect("a timeline");
     assert_eq!(last["event"], "discarded", "{last}");
     assert_eq!(
-        last["owner"], "ops-ana",
+        last["by"], "ops-ana",
         "the token's name, not the body's: {last}"
     );
+    assert!(last["owner"].is_null(), "`by`, not the lease owner: {last}");
     // A cursor reset records the token too.
     let r = post(
         "/v1/cursors/reset".to_owned(),

@@ -2600,3 +2600,108 @@ async fn claims_take_urgent_first_then_the_oldest_within_a_priority() {
         .collect();
     assert_eq!(ids, ["pr-b-action", "pr-b-info"]);
 }
+
+/// Operator actions record who did it as `by` (section 8): the token's name, `null` in open
+/// mode (never the lease `owner`); a `by` in the body is not recorded. The retention run by
+/// hand records its `by` too.
+#[tokio::test]
+async fn operator_actions_record_by_the_token_and_null_in_open_mode() {
+    // Park one delivery with a permanent failure; answers its id.
+    async fn parked(s: &Server, id: &str, token: Option<&str>) -> String {
+        let r = call(s, Method::POST, "/v1/events", token, Some(&urgent(id))).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+        let d = dlv(id);
+        let body = json!({"sink": "app", "owner": "w", "limit": 10, "lease_ms": 60_000});
+        wait_for(WAIT, "the claim", || async {
+            let r = call(s, Method::POST, "/v1/deliveries/claim", token, Some(&body)).await;
+            (r.json["deliveries"].as_array().map(Vec::len) == Some(1)).then_some(())
+        })
+        .await;
+        let fail = json!({"owner": "w", "error_code": "gone", "retryable": false});
+        let path = format!("/v1/deliveries/{}/fail", encode_path(&d));
+        let r = call(s, Method::POST, &path, token, Some(&fail)).await;
+        assert_eq!(r.json["status"], "parked", "{}", r.text);
+        d
+    }
+    async fn last_payload(s: &Server, id: &str, token: Option<&str>) -> Value {
+        let r = call(
+            s,
+            Method::GET,
+            "/v1/events?stream=deliveries&limit=1000",
+            token,
+            None,
+        )
+        .await;
+        r.json["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|e| e["subject"] == id)
+            .map(|e| e["payload"].clone())
+            .unwrap()
+    }
+    // Open mode.
+    let s = Server::start(ServerOpts::default()).await;
+    let d = parked(&s, "by-open", None).await;
+    let path = format!("/v1/deliveries/{}/retry", encode_path(&d));
+    let r = call(
+        &s,
+        Method::POST,
+        &path,
+        None,
+        Some(&json!({"by": "mallory"})),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let p = last_payload(&s, &d, None).await;
+    assert_eq!(p.get("by"), Some(&Value::Null), "{p}");
+    assert!(p.get("owner").is_none(), "{p}");
+    let step = r.json["timeline"]
+        .as_array()
+        .and_then(|t| t.last().cloned());
+    assert!(step.is_none_or(|s| s.get("by").is_none()), "{}", r.text);
+    // With a token: its name.
+    let op = format!("tm-op-{}", random_token(24));
+    let cfg = format!(
+        "[retention]\nwindow = \"2s\"\nrun_every = \"1h\"\n\
+         [[auth.tokens]]\nname = \"night-shift\"\nsha256 = \"{}\"\nscopes = [\"admin\"]\n",
+        sha256_hex(&op)
+    );
+    let s = Server::start(ServerOpts::default().config(cfg)).await;
+    let d = parked(&s, "by-token", Some(&op)).await;
+    let path = format!("/v1/deliveries/{}/discard", encode_path(&d));
+    let body = json!({"by": "mallory", "reason": "duplicate"});
+    let r = call(&s, Method::POST, &path, Some(&op), Some(&body)).await;
+    assert_eq!(r.json["status"], "discarded", "{}", r.text);
+    let p = last_payload(&s, &d, Some(&op)).await;
+    assert_eq!(p["by"], "night-shift", "{p}");
+    assert!(p.get("owner").is_none(), "{p}");
+    let path = format!("/v1/deliveries/{}", encode_path(&d));
+    let row = call(&s, Method::GET, &path, Some(&op), None).await.json;
+    let last = row["timeline"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        (&last["event"], &last["by"]),
+        (&json!("discarded"), &json!("night-shift")),
+        "{row}"
+    );
+    // Past the window, the discarded delivery is purged by a run by hand.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let r = call(&s, Method::POST, "/v1/admin/retention/run", Some(&op), None).await;
+    assert_eq!(r.json["purged"]["deliveries"], 1, "{}", r.text);
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = call(
+        &s,
+        Method::GET,
+        "/v1/events?stream=retention",
+        Some(&op),
+        None,
+    )
+    .await;
+    let runs = r.json["events"].as_array().unwrap();
+    assert!(
+        !runs.is_empty() && runs.iter().all(|e| e["payload"]["by"] == "night-shift"),
+        "{}",
+        r.text
+    );
+}

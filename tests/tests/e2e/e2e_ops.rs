@@ -267,8 +267,11 @@ async fn the_openapi_document_has_unique_operation_ids_and_resolving_refs() {
             let id = op["operationId"]
                 .as_str()
                 .unwrap_or_else(|| panic!("{method} {path} has no operationId"));
+            // A verb and what it acts on, camelCase: `getHealth`, not `health`.
             assert!(
-                id.chars().all(|c| c.is_ascii_alphanumeric()) && id.len() > 3,
+                id.chars().all(|c| c.is_ascii_alphanumeric())
+                    && id.starts_with(|c: char| c.is_ascii_lowercase())
+                    && id.chars().any(|c| c.is_ascii_uppercase()),
                 "{method} {path}: operationId {id:?} is not a descriptive camelCase name"
             );
             if let Some(other) = seen.insert(id.to_owned(), format!("{method} {path}")) {
@@ -481,5 +484,202 @@ async fn the_console_is_served_from_the_binary_under_a_strict_policy() {
             paths.iter().any(|p| p.as_str() == used),
             "{used} is not in the OpenAPI document"
         );
+    }
+}
+
+/// `X-Request-ID` (section 8): the client's id (1–128 printable characters) is echoed, else
+/// the server makes one (a UUID), on every answer — a success, a 404, a 401, a 405 — and it
+/// is on the request's log lines.
+#[tokio::test]
+async fn every_answer_carries_a_request_id_and_the_log_shows_it() {
+    let token = tidemark_tests::random_token(24);
+    let s = Server::start(ServerOpts::default().config(format!(
+        "[[auth.tokens]]\nname = \"r\"\nsha256 = \"{}\"\nscopes = [\"read\"]\n",
+        tidemark_tests::sha256_hex(&token)
+    )))
+    .await;
+    let c = reqwest::Client::new();
+    let id_of = |r: &tidemark_tests::Reply| {
+        r.headers
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let given = "req-7f3a 2026/11/27";
+    let r = s
+        .send(
+            c.get(s.url("/v1/whoami"))
+                .bearer_auth(&token)
+                .header("x-request-id", given),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(id_of(&r).as_deref(), Some(given));
+    for (what, rb) in [
+        ("no token", c.get(s.url("/v1/events"))),
+        ("no such path", c.get(s.url("/v1/nope")).bearer_auth(&token)),
+        (
+            "wrong method",
+            c.patch(s.url("/v1/events")).bearer_auth(&token),
+        ),
+        ("health", c.get(s.url("/healthz"))),
+        (
+            "too long an id",
+            c.get(s.url("/healthz"))
+                .header("x-request-id", "x".repeat(129)),
+        ),
+    ] {
+        let r = s.send(rb).await;
+        let id = id_of(&r).unwrap_or_else(|| panic!("{what}: no x-request-id: {:?}", r.headers));
+        assert!(
+            uuid::Uuid::parse_str(&id).is_ok(),
+            "{what}: a made id is a UUID, not {id:?}"
+        );
+    }
+    // Two answers without an id get different ones.
+    let a = id_of(&s.send(c.get(s.url("/healthz"))).await);
+    let b = id_of(&s.send(c.get(s.url("/healthz"))).await);
+    assert_ne!(a, b);
+    // On the request's log lines.
+    let log = s.stderr();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("request_id=\"req-7f3a 2026/11/27\"") && l.contains("/v1/whoami")),
+        "no log line of the request carries its id: {:?}",
+        log.lines()
+            .filter(|l| l.contains("whoami"))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// CORS (section 8): with `[server] cors_origins`, a listed origin's preflight is answered
+/// with the methods and headers a client needs, and its requests see `x-request-id`,
+/// `retry-after` and the `ratelimit-*` headers; another origin gets no CORS headers (its
+/// browser refuses). Without the setting nothing is allowed and `OPTIONS` is 405.
+#[tokio::test]
+async fn cors_allows_only_the_listed_origins() {
+    let s = Server::start(
+        ServerOpts::default().config("[server]\ncors_origins = [\"https://ops.example.org\"]\n"),
+    )
+    .await;
+    let c = reqwest::Client::new();
+    let preflight = |origin: &str| {
+        c.request(reqwest::Method::OPTIONS, s.url("/v1/events"))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization, content-type, x-request-id",
+            )
+    };
+    let h = |r: &tidemark_tests::Reply, k: &str| {
+        r.headers
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_ascii_lowercase()
+    };
+    let r = s.send(preflight("https://ops.example.org")).await;
+    assert!(r.status.is_success(), "{} {:?}", r.status, r.headers);
+    assert_eq!(
+        h(&r, "access-control-allow-origin"),
+        "https://ops.example.org"
+    );
+    let allowed = h(&r, "access-control-allow-headers");
+    for k in [
+        "authorization",
+        "content-type",
+        "last-event-id",
+        "x-request-id",
+    ] {
+        assert!(allowed.contains(k), "{k} not allowed: {allowed}");
+    }
+    assert!(h(&r, "access-control-allow-methods").contains("post"));
+    let r = s
+        .send(
+            c.get(s.url("/v1/events"))
+                .header("origin", "https://ops.example.org"),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(
+        h(&r, "access-control-allow-origin"),
+        "https://ops.example.org"
+    );
+    let exposed = h(&r, "access-control-expose-headers");
+    for k in ["x-request-id", "retry-after", "ratelimit-remaining"] {
+        assert!(exposed.contains(k), "{k} not exposed: {exposed}");
+    }
+    for r in [
+        s.send(preflight("https://evil.example.org")).await,
+        s.send(
+            c.get(s.url("/v1/events"))
+                .header("origin", "https://evil.example.org"),
+        )
+        .await,
+    ] {
+        assert_eq!(h(&r, "access-control-allow-origin"), "", "{:?}", r.headers);
+    }
+    // Not configured: nothing allowed.
+    let plain = Server::start(ServerOpts::default()).await;
+    let r = plain
+        .send(
+            c.request(reqwest::Method::OPTIONS, plain.url("/v1/events"))
+                .header("origin", "https://ops.example.org")
+                .header("access-control-request-method", "POST"),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{}", r.text);
+    assert_eq!(h(&r, "access-control-allow-origin"), "");
+}
+
+/// Unknown keys anywhere in the configuration refuse the start, naming the key (section 8):
+/// inside a route, its digest and retry, the notification sections, and `cors_origins` that
+/// is not an origin.
+#[test]
+fn unknown_configuration_keys_refuse_the_start_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |toml: &str| -> String {
+        let f = dir.path().join("c.toml");
+        std::fs::write(&f, toml).unwrap();
+        let out = std::process::Command::new(tidemark_tests::binary())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&f)
+            .arg("--data")
+            .arg(dir.path().join("data"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "started with {toml}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    for (toml, key) in [
+        (
+            "[notifications.routes.desktop]\nquiet_hour = [\"22:00\", \"07:00\"]\n",
+            "notifications.routes.desktop.quiet_hour",
+        ),
+        (
+            "[notifications.routes.desktop]\ndigest = { window = \"5m\", max_item = 5 }\n",
+            "notifications.routes.desktop.digest.max_item",
+        ),
+        (
+            "[notifications.routes.desktop.retry]\nmax_attempt = 3\n",
+            "notifications.routes.desktop.retry.max_attempt",
+        ),
+        (
+            "[notifications.desktop]\nsound = true\n",
+            "notifications.desktop.sound",
+        ),
+        (
+            "[notifications]\nrouting_x = 1\n",
+            "notifications.routing_x",
+        ),
+        ("[server]\ncors_origin = []\n", "cors_origin"),
+        (
+            "[server]\ncors_origins = [\"https://ops.example.org/path\"]\n",
+            "server.cors_origins",
+        ),
+    ] {
+        let err = run(toml);
+        assert!(err.contains(key), "{toml}: {err}");
     }
 }

@@ -574,6 +574,13 @@ async fn a_redacted_route_carries_no_content_anywhere() {
         claimed.get("recipient").is_none_or(Value::is_null),
         "{claimed}"
     );
+    // The intent key is a field of its own, not only inside the id.
+    assert_eq!(
+        claimed["intent_key"],
+        json!(intent(SECRETS[3])),
+        "{claimed}"
+    );
+    assert_eq!(dg["intent_key"], json!(intent(SECRETS[4])), "{dg}");
     assert_clean("the claim", &r.text);
     let r = act(
         &s,

@@ -131,6 +131,13 @@ async fn a_purge_removes_what_is_done_keeps_what_is_not_and_rebuilds_identical()
     let purged = s.read_all("stream=retention").await;
     assert_eq!(purged.len(), 1, "{purged:?}");
     assert_eq!(purged[0]["type"], "retention.purged");
+    // Run by hand in open mode: `by` is there, null (section 8).
+    assert_eq!(
+        purged[0]["payload"].get("by"),
+        Some(&Value::Null),
+        "{:?}",
+        purged[0]
+    );
     assert!(
         purged[0]["payload"]["before"].is_string(),
         "{:?}",

@@ -58,6 +58,9 @@ pub struct StepOut {
     pub reason: Option<String>,
     pub next_attempt_at: Option<String>,
     pub lease_expires_at: Option<String>,
+    /// On `retried` and `discarded`: the token that did it (absent in open mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 impl From<Step> for StepOut {
@@ -73,6 +76,7 @@ impl From<Step> for StepOut {
             reason: s.reason,
             next_attempt_at: s.next_attempt_at_us.map(format_micros),
             lease_expires_at: s.lease_expires_at_us.map(format_micros),
+            by: s.by,
         }
     }
 }
@@ -131,6 +135,10 @@ pub struct DeliveryOut {
     /// On a redacted delivery: HMAC-SHA256 of the recipient (hex), in place of `recipient`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recipient_hash: Option<String>,
+    /// On a redacted delivery: HMAC-SHA256 of the notification id (hex), the key its
+    /// deliveries and status record are found by (section 14).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub intent_key: Option<String>,
     /// The notification's provenance (section 2), when it has one; never on a redacted
     /// delivery.
     #[serde(flatten)]
@@ -195,6 +203,7 @@ impl From<Delivery> for DeliveryOut {
         let more = d.ext.more_items.len();
         DeliveryOut {
             id: d.id,
+            intent_key: redacted.then(|| d.notification_id.clone()),
             notification_id: d.notification_id,
             route: d.route,
             sink: d.sink,

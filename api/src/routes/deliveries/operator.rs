@@ -17,8 +17,8 @@ use crate::state::AppState;
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OperatorBody {
-    /// Who acts (recorded in the timeline). With tokens it is always the calling token's
-    /// name (this field is ignored); in open mode it defaults to `operator`.
+    /// Ignored (kept so that older clients are not refused): the action records the calling
+    /// token's name as `by`, `null` in open mode (section 8).
     #[schema(
         min_length = 1,
         max_length = 128,
@@ -48,11 +48,12 @@ async fn operator_action(
     } else {
         json_body::<Option<OperatorBody>>(&headers, Ok(raw))?.unwrap_or_default()
     };
-    // With tokens, the action records the token that made it, whatever the body says.
-    let by = crate::routes::caller(&st, &headers)
-        .or(b.by)
-        .unwrap_or_else(|| "operator".into());
-    check_text("by", &by, 128)?;
+    // The action records the token that made it (section 8), `null` in open mode; a `by`
+    // in the body is checked but never recorded.
+    if let Some(x) = &b.by {
+        check_text("by", x, 128)?;
+    }
+    let by = crate::routes::caller(&st, &headers);
     if let Some(r) = &b.reason {
         check_text("reason", r, 4096)?;
     }

@@ -540,7 +540,7 @@ pub(super) fn operator(
     now_us: i64,
     id: &str,
     action: OperatorAction,
-    by: &str,
+    by: Option<&str>,
     reason: Option<String>,
 ) -> Result<(Delivery, Vec<NewEvent>), CommandError> {
     let mut st = State::new(txn)?;
@@ -555,7 +555,7 @@ pub(super) fn operator(
     }
     let c = Change {
         at_us: now_us,
-        owner: Some(by.to_owned()),
+        by: Some(by.map(str::to_owned)),
         reason,
         ..Change::default()
     };

@@ -84,7 +84,8 @@ pub struct Extend {
 pub struct Operator {
     pub id: String,
     pub action: OperatorAction,
-    pub by: String,
+    /// The token's name; `None` in open mode.
+    pub by: Option<String>,
     pub reason: Option<String>,
 }
 
@@ -253,7 +254,7 @@ impl Command for Operator {
             round.now_us,
             &self.id,
             self.action,
-            &self.by,
+            self.by.as_deref(),
             self.reason.clone(),
         )?;
         Ok(Decided::new(row, ev))
