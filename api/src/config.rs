@@ -499,31 +499,6 @@ pub fn parse_size(s: &str) -> Option<u64> {
     n.checked_mul(mult)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_load_and_validate() {
-        let c = Config::defaults();
-        c.validate().unwrap();
-        assert_eq!(c.server.listen.to_string(), "127.0.0.1:7700");
-        assert!(c.auth.tokens.is_empty());
-        assert_eq!(c.log_config().min_free, 64 << 20);
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("64MiB"), Some(64 << 20));
-        assert_eq!(parse_size("1GiB"), Some(1 << 30));
-        assert_eq!(parse_size("4096"), Some(4096));
-        assert_eq!(parse_size("2 MB"), Some(2_000_000));
-        assert_eq!(parse_size("lots"), None);
-        assert_eq!(parse_size("5TiB"), None);
-        assert_eq!(parse_size(""), None);
-    }
-}
-
 /// `http(s)://host[:port]` and nothing more: what a browser sends as `Origin`.
 fn is_origin(o: &str) -> bool {
     let Ok(u) = reqwest::Url::parse(o) else {
@@ -634,4 +609,29 @@ fn check_notification_keys(n: &toml::Table) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_load_and_validate() {
+        let c = Config::defaults();
+        c.validate().unwrap();
+        assert_eq!(c.server.listen.to_string(), "127.0.0.1:7700");
+        assert!(c.auth.tokens.is_empty());
+        assert_eq!(c.log_config().min_free, 64 << 20);
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64MiB"), Some(64 << 20));
+        assert_eq!(parse_size("1GiB"), Some(1 << 30));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("2 MB"), Some(2_000_000));
+        assert_eq!(parse_size("lots"), None);
+        assert_eq!(parse_size("5TiB"), None);
+        assert_eq!(parse_size(""), None);
+    }
 }
