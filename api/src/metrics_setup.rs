@@ -133,6 +133,10 @@ pub fn describe() {
             "Notifications derived from lifecycle events by the router",
         ),
         (
+            "tidemark_source_notifications_generated_total",
+            "Notifications a source's poll cycles appended (one per cycle with new items)",
+        ),
+        (
             "tidemark_source_notifications_blocked_total",
             "Source notifications left out for a suppressed recipient",
         ),

@@ -4,6 +4,7 @@
 //! already in the log. The poller's transient state (polling, backing off, last poll times)
 //! is kept in memory by the poller, not here: it is not in the log.
 
+use redb::ReadableTable;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidemark_log::{EventRef, StorageError};
@@ -14,6 +15,11 @@ use crate::names::{EventType, Stream, ids};
 pub const NAME: &str = "sources";
 pub(crate) const ROWS: &str = "rows";
 pub(crate) const ITEMS: &str = "items";
+/// `name ‖ 0 ‖ seq (BE) ‖ item id` of the items appended since the watermark last moved that
+/// no notification has covered yet: the one notification of a poll cycle covers them all,
+/// also after a crash between pages (section 12). Outside the digest (`put_index`): it is
+/// derived from the items, the source's notifications and its watermark moves.
+pub(crate) const PENDING: &str = "pending";
 
 /// What the log says about one source.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,10 +57,19 @@ impl Projection for Sources {
     }
 
     fn tables(&self) -> &'static [&'static str] {
-        &[ROWS, ITEMS]
+        &[ROWS, ITEMS, PENDING]
+    }
+
+    /// 2: `pending` (the items a cycle's notification is still to cover). An older model is
+    /// rebuilt at the next open, which fills it.
+    fn version(&self) -> u32 {
+        2
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
+        if ev.stream == Stream::Notifications {
+            return covered(st, ev);
+        }
         if ev.stream != Stream::Sources {
             return Ok(());
         }
@@ -78,6 +93,7 @@ impl Projection for Sources {
                     return Ok(());
                 }
                 st.put(ITEMS, &key, &ev.seq.to_be_bytes())?;
+                st.put_index(PENDING, &pending_key(name, ev.seq, id));
                 row.items_total += 1;
             }
             _ => {
@@ -85,6 +101,12 @@ impl Projection for Sources {
                 match ty {
                     EventType::SourceWatermarkAdvanced | EventType::SourceReset => {
                         row.watermark = text(&p, "to");
+                        // The cycle is over: what it appended is settled, notified or not.
+                        let mut prefix = name.as_bytes().to_vec();
+                        prefix.push(0);
+                        for k in st.prefix_keys(PENDING, &prefix)? {
+                            st.delete_index(PENDING, &k);
+                        }
                     }
                     EventType::SourcePaused => row.paused = true,
                     EventType::SourceResumed => {
@@ -103,6 +125,46 @@ impl Projection for Sources {
         row.updated_seq = ev.seq;
         st.put_val(ROWS, name.as_bytes(), &row)
     }
+}
+
+/// `name ‖ 0 ‖ seq ‖ id` of [`PENDING`].
+fn pending_key(name: &str, seq: u64, id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(name.len() + 9 + id.len());
+    k.extend_from_slice(name.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+/// A source's notification (`src:<name>:notify:…`) covers the items it lists: they are no
+/// longer pending. Other notifications are not read.
+fn covered(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
+    if !ev.event_id.starts_with("src:")
+        || !ev.event_id.contains(":notify:")
+        || EventType::parse(ev.event_type) != Some(EventType::NotificationRequested)
+    {
+        return Ok(());
+    }
+    let p = ev.payload_value();
+    let Some(name) = p.get("source_name").and_then(Value::as_str) else {
+        return Ok(());
+    };
+    for id in p
+        .get("items")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        if let Some(seq) = st
+            .get(ITEMS, &item_key(name, id))?
+            .and_then(|b| crate::framework::be_u64(&b))
+        {
+            st.delete_index(PENDING, &pending_key(name, seq, id));
+        }
+    }
+    Ok(())
 }
 
 /// One source as of the read transaction (`None`: nothing recorded about it yet).
@@ -132,6 +194,28 @@ impl<'t> InTxn<'t> {
                 name: name.to_owned(),
                 ..SourceRow::default()
             }))
+    }
+
+    /// The items appended since the watermark last moved that no notification covers yet,
+    /// in the order they were appended.
+    pub fn pending(&mut self, name: &str) -> Result<Vec<String>, StorageError> {
+        let mut prefix = name.as_bytes().to_vec();
+        prefix.push(0);
+        let mut out = Vec::new();
+        for row in self
+            .t
+            .table(PENDING)?
+            .range(prefix.as_slice()..)
+            .map_err(StorageError::of)?
+        {
+            let (k, _) = row.map_err(StorageError::of)?;
+            let k = k.value();
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            out.push(String::from_utf8_lossy(&k[prefix.len() + 8..]).into_owned());
+        }
+        Ok(out)
     }
 
     /// Whether the source has appended item `id`.

@@ -1,11 +1,12 @@
 //! Source pollers (spec section 12): each configured source polls its upstream on its own
 //! schedule, in a task of its own (polls of one source never overlap, and a slow upstream
 //! delays only its own source), and turns pages into events through the engine's commands:
-//! the page (new items, and the notification about them, in one atomic batch decided at the
-//! head), then the upstream ack, then the watermark's compare-and-swap. A crash anywhere
-//! replays the same page harmlessly: items already in the log are left out, the notification's
-//! id is derived from the first new item, the ack repeats with the same idempotency key, and
-//! the watermark moves only from where it was.
+//! each page's new items in one atomic batch decided at the head, the cycle's one
+//! notification with its last page, then the upstream ack of the cycle's items, then the
+//! watermark's compare-and-swap. A crash anywhere replays the cycle harmlessly: items already
+//! in the log are left out, the notification covers every item of the cycle no notification
+//! covers yet (its id derived from the first), the ack repeats with the same idempotency key,
+//! and the watermark moves only from where it was.
 //!
 //! Header values are secrets: they are resolved once at start (`env:NAME`) and never logged,
 //! served or put into an error.
@@ -25,7 +26,7 @@ use tidemark_engine::{CommandError, RejectKind};
 use chrono::Utc;
 use serde::Serialize;
 use tidemark_engine::Engine;
-use tidemark_engine::commands::sources::{Advance, Page, Park};
+use tidemark_engine::commands::sources::{Advance, Page, Park, SourceItem};
 
 use tidemark_projections::routing::backoff_ms;
 use tokio::sync::Notify;
@@ -363,7 +364,7 @@ async fn poll(
     engine: &Engine,
     client: &reqwest::Client,
     src: &Source,
-    mut watermark: Option<String>,
+    watermark: Option<String>,
     fresh: bool,
     max_pending: u64,
 ) -> Result<usize, PollError> {
@@ -378,48 +379,67 @@ async fn poll(
         }
         return Ok(0);
     }
+    // One cycle: the pages after the watermark it starts from, each appended as it comes
+    // (atomic, never skipped, never twice); the cycle's one notification with its last page;
+    // then one upstream ack of every item of the cycle and one watermark move. A crash
+    // before the move replays the cycle from the same watermark: the items already in the
+    // log are left out and the notification still covers all of them, once.
+    let start = watermark.clone();
+    let mut cursor = watermark;
     let mut appended = 0;
-    for _ in 0..cfg.max_pages_per_poll {
-        let body = request(client, src, watermark.as_deref(), cfg.page_size).await?;
+    let mut ids: Vec<String> = Vec::new();
+    let mut first_of_cycle: Option<SourceItem> = None;
+    for n in 0..cfg.max_pages_per_poll {
+        let body = request(client, src, cursor.as_deref(), cfg.page_size).await?;
         let page = parse_page(cfg, &body)?;
-        if !page.items.is_empty() {
-            let ids: Vec<String> = page.items.iter().map(|i| i.id.clone()).collect();
+        let last = !page.has_more || n + 1 == cfg.max_pages_per_poll;
+        if !page.items.is_empty() || last {
+            ids.extend(page.items.iter().map(|i| i.id.clone()));
+            let earlier = first_of_cycle.clone();
+            if first_of_cycle.is_none() {
+                first_of_cycle = page.items.first().cloned();
+            }
             let cmd = Page {
                 name: name.clone(),
                 items: page.items,
                 notify: cfg.notify.clone(),
                 max_pending,
+                last,
+                first_of_cycle: earlier,
             };
             let (out, _) = engine.execute(cmd).await.map_err(command_error)?;
             appended += out.appended;
+            if out.notified {
+                metrics::counter!("tidemark_source_notifications_generated_total", "source" => name.clone())
+                    .increment(1);
+            }
             if out.notify_blocked {
                 // The recipient is suppressed (crisis block): the items went in without it.
                 metrics::counter!("tidemark_source_notifications_blocked_total", "source" => name.clone())
                     .increment(1);
-                tracing::info!(source = %name, "a page's notification was left out: its recipient is suppressed");
-            }
-            if let Some(ack) = &cfg.ack {
-                send_ack(
-                    client,
-                    src,
-                    ack,
-                    &ids,
-                    watermark.as_deref().unwrap_or(""),
-                    page.next.as_deref().unwrap_or(""),
-                )
-                .await?;
+                tracing::info!(source = %name, "a cycle's notification was left out: its recipient is suppressed");
             }
         }
-        match page.next {
-            Some(to) if Some(&to) != watermark.as_ref() => {
-                advance(engine, name, watermark.clone(), to.clone()).await?;
-                watermark = Some(to);
-            }
-            _ => {}
+        if let Some(to) = page.next {
+            cursor = Some(to);
         }
-        if !page.has_more {
+        if last {
             break;
         }
+    }
+    if let (Some(ack), false) = (&cfg.ack, ids.is_empty()) {
+        send_ack(
+            client,
+            src,
+            ack,
+            &ids,
+            start.as_deref().unwrap_or(""),
+            cursor.as_deref().unwrap_or(""),
+        )
+        .await?;
+    }
+    if let Some(to) = cursor.filter(|to| Some(to) != start.as_ref()) {
+        advance(engine, name, start, to).await?;
     }
     Ok(appended)
 }

@@ -20,8 +20,8 @@ pub struct SourceItem {
     pub item: Value,
 }
 
-/// `[sources.notify]`: one `notification.requested` per page with new items (the config
-/// section itself: the poller passes it on as it is).
+/// `[sources.notify]`: one `notification.requested` per poll cycle with new items (the
+/// config section itself: the poller passes it on as it is).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NotifyPlan {
@@ -30,13 +30,15 @@ pub struct NotifyPlan {
     pub group_key: Option<String>,
     /// `{/json/pointer}` placeholders read from the (first) new item.
     pub title_one: String,
-    /// `{count}` is the number of new items; pointers read the first new item.
+    /// `{count}` is the number of changes (new items) of the cycle; pointers read the first.
     pub title_many: String,
     pub body: Option<String>,
 }
 
-/// Append a page's new items (and the notification about them) as one atomic batch;
-/// answers what it appended.
+/// Append a page's new items as one atomic batch, and with the last page of a poll cycle the
+/// cycle's one notification, about every item appended since the cycle began that no
+/// notification covers yet (so a cycle replayed after a crash between its pages still
+/// notifies once, about all of them); answers what it appended.
 #[derive(Debug, Clone)]
 pub struct Page {
     pub name: String,
@@ -45,6 +47,11 @@ pub struct Page {
     /// The outbox bound (section 4): with a notification and more pending deliveries than
     /// this, the page is refused (`outbox_full`) and the poll backs off.
     pub max_pending: u64,
+    /// The cycle's last page: the notification goes with it.
+    pub last: bool,
+    /// The cycle's first item, when it was on an earlier page: the title's placeholders read
+    /// it.
+    pub first_of_cycle: Option<SourceItem>,
 }
 
 /// Move the watermark from `from` (compare-and-swap) to `to`; answers the source after it.
@@ -175,6 +182,8 @@ impl Command for Page {
             items,
             notify,
             max_pending,
+            last,
+            first_of_cycle,
         } = self;
         let max_pending = *max_pending;
         let now_us = round.now_us;
@@ -203,9 +212,24 @@ impl Command for Page {
             )?);
             new_items.push(it);
         }
+        // What the cycle's notification covers: the items earlier pages of the cycle
+        // appended (still pending), then this page's new ones.
+        let mut covers: Vec<String> = Vec::new();
+        if *last && notify.is_some() {
+            covers = model.pending(name).map_err(st)?;
+            covers.extend(new_items.iter().map(|i| i.id.clone()));
+        }
+        let first = covers.first().map(|id| {
+            new_items
+                .iter()
+                .copied()
+                .chain(first_of_cycle.iter())
+                .find(|i| i.id == *id)
+                .map_or(Value::Null, |i| i.item.clone())
+        });
         let mut notified = false;
         let mut notify_blocked = false;
-        if let (Some(n), Some(_)) = (notify, new_items.first())
+        if let (Some(n), Some(_)) = (notify, &first)
             && let Some(r) = &n.recipient
             // Suppressed at the head (the crisis block, section 14): the page's
             // notification is left out and the items go in without it.
@@ -215,7 +239,7 @@ impl Command for Page {
         {
             notify_blocked = true;
         }
-        if let (Some(n), Some(first), false) = (notify, new_items.first(), notify_blocked) {
+        if let (Some(n), Some(first), false) = (notify, &first, notify_blocked) {
             // The same bound as a client's append (section 5): never exceeded.
             let mut state = crate::commands::outbox::State::new(txn)?;
             let before = round.pending_added;
@@ -238,18 +262,19 @@ impl Command for Page {
                     ),
                 ));
             }
-            let count = new_items.len();
+            let count = covers.len();
             let title = if count == 1 {
-                render(&n.title_one, count, &first.item)
+                render(&n.title_one, count, first)
             } else {
-                render(&n.title_many, count, &first.item)
+                render(&n.title_many, count, first)
             };
-            let id = ids::source_notification(name, &first.id);
+            let id = ids::source_notification(name, &covers[0]);
             let mut payload = json!({
                 "priority": n.priority,
                 "title": title,
                 "source_name": name,
-                "items": new_items.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(),
+                "items": covers,
+                "count": count,
             });
             if let Some(r) = &n.recipient {
                 payload["recipient"] = json!(r);
@@ -258,7 +283,7 @@ impl Command for Page {
                 payload["group_key"] = json!(g);
             }
             if let Some(b) = &n.body {
-                payload["body"] = json!(render(b, count, &first.item));
+                payload["body"] = json!(render(b, count, first));
             }
             events.push(
                 NewEvent::new(
@@ -272,7 +297,7 @@ impl Command for Page {
             );
             events.extend(crate::commands::admission::admitted_marker(
                 round,
-                &ids::source_notification(name, &first.id),
+                &ids::source_notification(name, &covers[0]),
                 round.pending_added - before,
             )?);
             notified = true;

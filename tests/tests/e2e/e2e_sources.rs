@@ -22,6 +22,8 @@ use crate::common::wait_for;
 /// What the upstream answers instead of a page (consumed one per list request).
 #[derive(Debug, Clone)]
 enum Fault {
+    /// Answer as usual (to script a fault on a later request).
+    Pass,
     Status(u16, Option<u64>),
     Malformed,
     Oversize,
@@ -118,6 +120,7 @@ async fn list(State(up): State<Up>, headers: HeaderMap, Query(q): Query<ListQuer
         Some(Fault::Hang) => {
             tokio::time::sleep(Duration::from_secs(3600)).await;
         }
+        Some(Fault::Pass) => {}
         Some(Fault::BadItem) => {
             return axum::Json(
                 json!({"data": [{"id": 7}], "pagination": {"nextAfterId": "x", "hasMore": false}}),
@@ -245,9 +248,9 @@ async fn post(api: &Api, path: &str, body: Value) -> tidemark_tests::Reply {
     api.send(api.request(Method::POST, path).json(&body)).await
 }
 
-/// A backlog of three pages is appended exactly once and in order, with one notification
-/// per page about its new items and one ack per page with its idempotency key; the watermark
-/// ends at the last `nextAfterId`; a second poll with nothing new appends nothing; the header
+/// A backlog of three pages is appended exactly once and in order, page by page, with one
+/// notification for the poll about all of its items (`count` 250), one ack of them with its
+/// idempotency key and one watermark move; the watermark ends at the last `nextAfterId`; a second poll with nothing new appends nothing; the header
 /// secret reaches the upstream and appears nowhere in tidemark's answers or log output; a
 /// rebuild reproduces the source's state.
 #[tokio::test]
@@ -279,34 +282,28 @@ title_many = "You have {count} new updates"
     let ids: Vec<String> = items.iter().map(|(id, _)| id.clone()).collect();
     let want: Vec<String> = (0..250).map(|i| format!("src:plans:{i:06}")).collect();
     assert_eq!(ids, want, "every item once, in upstream order");
-    // One notification per page, about its items.
+    // One notification for the poll, about all of its items.
     let notes = s.read_all("&type=notification.requested").await;
     let note_ids: Vec<&str> = notes
         .iter()
         .map(|n| n["event_id"].as_str().unwrap())
         .collect();
+    assert_eq!(note_ids, ["src:plans:notify:000000"]);
+    assert_eq!(notes[0]["payload"]["title"], "You have 250 new updates");
+    assert_eq!(notes[0]["payload"]["count"], 250);
     assert_eq!(
-        note_ids,
-        [
-            "src:plans:notify:000000",
-            "src:plans:notify:000100",
-            "src:plans:notify:000200"
-        ]
+        notes[0]["payload"]["items"].as_array().map(Vec::len),
+        Some(250)
     );
-    assert_eq!(notes[2]["payload"]["title"], "You have 50 new updates");
     assert_eq!(notes[0]["payload"]["recipient"], "ana");
-    // Acks: one per page, keyed by the watermark move.
+    // One ack of the poll's items, keyed by its watermark move, and one move.
     let acks = up.with(|u| u.acks.clone());
     let keys: Vec<&str> = acks.iter().map(|(k, _)| k.as_str()).collect();
-    assert_eq!(
-        keys,
-        [
-            "ack:plans::000099",
-            "ack:plans:000099:000199",
-            "ack:plans:000199:000249"
-        ]
-    );
-    assert_eq!(acks[0].1.len(), 100);
+    assert_eq!(keys, ["ack:plans::000249"]);
+    assert_eq!(acks[0].1.len(), 250);
+    let moves = s.read_all("&type=source.watermark_advanced").await;
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    assert_eq!(moves[0]["payload"]["to"], "000249");
     // The secret reached the upstream.
     assert!(
         up.with(|u| u.requests.iter().all(|r| r.3.as_deref() == Some(SECRET))),
@@ -334,8 +331,9 @@ title_many = "You have {count} new updates"
     post(&s, "/v1/sources/plans/poll", json!({})).await;
     wait_source(&s, "plans", "the new item", |v| v["watermark"] == "000250").await;
     let notes = s.read_all("&type=notification.requested").await;
-    assert_eq!(notes.len(), 4);
-    assert_eq!(notes[3]["payload"]["title"], "plan 250 has been updated");
+    assert_eq!(notes.len(), 2);
+    assert_eq!(notes[1]["payload"]["title"], "plan 250 has been updated");
+    assert_eq!(notes[1]["payload"]["count"], 1);
     // Metrics: polls by outcome, items, poll duration, seconds since the last success.
     let m = s.get("/metrics").await.text;
     for want in [
@@ -679,7 +677,8 @@ async fn kill9_during_polls_loses_and_duplicates_nothing() {
     let mut seqs: Vec<u64> = items.iter().map(|(_, s)| *s).collect();
     seqs.dedup();
     assert_eq!(seqs.len(), total);
-    // Notifications: at most one per first new item, never twice.
+    // Notifications: never twice, and together they cover every item exactly once (a poll
+    // cut by a crash between its pages notifies, when replayed, about all of its items).
     let notes = s.read_all("&type=notification.requested").await;
     let mut nids: Vec<&str> = notes
         .iter()
@@ -688,7 +687,25 @@ async fn kill9_during_polls_loses_and_duplicates_nothing() {
     let n = nids.len();
     nids.sort();
     nids.dedup();
-    assert_eq!(nids.len(), n, "a replayed page notifies once");
+    assert_eq!(nids.len(), n, "a replayed poll notifies once");
+    let mut covered: Vec<String> = notes
+        .iter()
+        .flat_map(|n| {
+            n["payload"]["items"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|v| format!("src:crashy:{}", v.as_str().unwrap()))
+        .collect();
+    covered.sort();
+    assert_eq!(covered, expected, "every item in exactly one notification");
+    for note in &notes {
+        assert_eq!(
+            note["payload"]["count"].as_u64(),
+            note["payload"]["items"].as_array().map(|a| a.len() as u64)
+        );
+    }
     // Acks repeated only with the same key for the same ids.
     let acks = up.with(|u| u.acks.clone());
     let mut by_key = std::collections::HashMap::new();
@@ -934,4 +951,65 @@ async fn a_blocked_notify_recipient_gets_no_notification_and_the_items_go_in() {
     let notes = s.read_all("&type=notification.requested").await;
     assert_eq!(notes.len(), 1);
     assert_eq!(notes[0]["event_id"], "src:quiet:notify:000004");
+}
+
+/// Seed 004: one poll that fetches 8 changes in 3 pages makes one notification ("8 new"), one
+/// upstream ack and one watermark move; `kill -9` between its pages (the second page hangs)
+/// and a restart still make one notification, about all 8.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_notification_one_ack_one_move_per_poll_also_after_a_crash_between_pages() {
+    let notify = "every = \"1h\"\n[sources.notify]\npriority = \"info\"\ntitle_one = \"one\"\ntitle_many = \"{count} new\"\n";
+    for crash in [false, true] {
+        let (up, addr) = start_upstream().await;
+        up.add_items(0, 8);
+        if crash {
+            up.with(|u| u.faults.extend([Fault::Pass, Fault::Hang]));
+        }
+        let ack = format!("[sources.ack]\nurl = \"http://{addr}/ack\"\nfield = \"ids\"\n");
+        let cfg = source_toml("eight", addr, &format!("{notify}{ack}"))
+            .replace("page_size = 100", "page_size = 3");
+        let mut s = start(cfg).await;
+        if crash {
+            // The first page is in, the second hangs: kill the server there.
+            wait_source(&s, "eight", "the first page", |v| v["items_total"] == 3).await;
+            wait_for(
+                Duration::from_secs(30),
+                "the second page's request",
+                || async { (up.requests() >= 2).then_some(()) },
+            )
+            .await;
+            assert!(
+                s.read_all("&type=notification.requested").await.is_empty(),
+                "no notification before the poll's last page"
+            );
+            s.kill9();
+            s.restart().await;
+        }
+        wait_source(&s, "eight", "the poll", |v| {
+            v["watermark"] == "000007" && v["items_total"] == 8
+        })
+        .await;
+        let notes = s.read_all("&type=notification.requested").await;
+        assert_eq!(notes.len(), 1, "crash {crash}: {notes:?}");
+        assert_eq!(notes[0]["event_id"], "src:eight:notify:000000");
+        assert_eq!(notes[0]["payload"]["title"], "8 new");
+        assert_eq!(notes[0]["payload"]["count"], 8);
+        let acks = up.with(|u| u.acks.clone());
+        assert_eq!(acks.len(), 1, "crash {crash}: one ack: {acks:?}");
+        assert_eq!(acks[0].0, "ack:eight::000007");
+        assert_eq!(acks[0].1.len(), 8);
+        let moves = s.read_all("&type=source.watermark_advanced").await;
+        assert_eq!(
+            moves.len(),
+            1,
+            "crash {crash}: one watermark move: {moves:?}"
+        );
+        let m = s.get("/metrics").await.text;
+        assert!(
+            m.contains("tidemark_source_notifications_generated_total{source=\"eight\"} 1"),
+            "the per-source counter"
+        );
+        let v = crate::common::rebuild_or_verify(&s, "sources", "verify").await;
+        assert_eq!(v["identical"], true, "{v}");
+    }
 }
