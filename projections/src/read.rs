@@ -596,7 +596,7 @@ pub fn deliveries(db: &redb::Database, f: &DeliveryFilter) -> Result<Page<Delive
                 .is_none_or(|s| d.ext.source_site.as_deref() == Some(s))
             && f.ntype
                 .as_deref()
-                .is_none_or(|t| d.ext.more.ntype.as_deref() == Some(t))
+                .is_none_or(|t| d.ext.more.later.ntype.as_deref() == Some(t))
             && f.list
                 .as_deref()
                 .is_none_or(|l| d.ext.more.list.as_deref() == Some(l))

@@ -125,6 +125,7 @@ fn created(id: &str, sink: &str, route: &str, recipient: Option<&str>, status: &
         redacted: false,
         list: list_of(id).map(str::to_owned),
         ntype: type_of(id).map(str::to_owned),
+        count: None,
     };
     NewEvent::new(
         None,

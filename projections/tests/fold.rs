@@ -174,6 +174,7 @@ fn delivery_payload(d: u8, kind: &str, i: usize) -> serde_json::Value {
             redacted: d == 2,
             list: None,
             ntype: None,
+            count: None,
         })
         .unwrap(),
         // Joins past `max_items` are counted (`ext.more_items`), the title is the command's.
@@ -186,6 +187,7 @@ fn delivery_payload(d: u8, kind: &str, i: usize) -> serde_json::Value {
             at_us: at,
             digest_title: i.is_multiple_of(3).then(|| format!("{i} new")),
             max_items: (i % 3 != 2).then_some(2),
+            count: (i % 4 == 1).then_some(3),
         })
         .unwrap(),
         _ => serde_json::to_value(Change {

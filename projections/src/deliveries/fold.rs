@@ -101,7 +101,7 @@ fn filter_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
     if let Some(due) = d.due_us() {
         out.push((DUE_BY_PRIORITY, due_priority_key(d, due)));
     }
-    if let Some(t) = &d.ext.more.ntype {
+    if let Some(t) = &d.ext.more.later.ntype {
         out.push((BY_TYPE, cat(&[t.as_bytes(), d.id.as_bytes()])));
     }
     if let Some(l) = &d.ext.more.list {
@@ -288,9 +288,10 @@ impl Projection for Deliveries {
     /// outside the digest); 5: `site_due` (the per-site stuck count); 6: `by_created`, the
     /// newest-first list (both outside the digest); 7: `by_type` and `by_list` (section 17's
     /// filters, outside the digest); 8: `due_by_priority` (claims by priority, outside the
-    /// digest). An older model is rebuilt from the log at the next open, which fills them.
+    /// digest); 9: a row's trailing fields regrouped (`DeliveryExt3`: type, change counts).
+    /// An older model is rebuilt from the log at the next open, which fills them.
     fn version(&self) -> u32 {
-        8
+        9
     }
 
     /// The event type is parsed once, here. A type tidemark does not define (a client's

@@ -176,16 +176,43 @@ pub struct DeliveryExt2 {
     pub resolved_targets: Vec<String>,
     /// The notification list its targets are (section 17).
     pub list: Option<String>,
-    /// The notification's `type` (section 2): `?type=` and the claim's answer. Trailing on
-    /// its own, so a row written before it keeps its bytes.
     #[serde(default, with = "crate::trailing")]
+    pub later: DeliveryExt3,
+}
+
+/// Fields added after [`DeliveryExt2`] (its trailing field).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryExt3 {
+    /// The notification's `type` (section 2): `?type=` and the claim's answer.
     pub ntype: Option<String>,
+    /// Items that stand for more than one change (a source poll's notification carries its
+    /// `count`, section 12): notification id → count. A digest counts changes.
+    pub counts: Vec<(String, u64)>,
 }
 
 impl Delivery {
     /// Notifications it carries: the listed items and those counted in `more`.
     pub fn item_count(&self) -> usize {
         self.items.len() + self.ext.more_items.len()
+    }
+
+    /// The changes it carries: each notification counts its `count` (1 unless a source poll
+    /// gathered several). The `{count}` of a digest's title.
+    pub fn change_count(&self) -> usize {
+        self.all_items()
+            .map(|i| self.count_of(&i.notification_id) as usize)
+            .sum()
+    }
+
+    /// The `count` of notification `nid` (1 unless it stands for more changes).
+    pub fn count_of(&self, nid: &str) -> u64 {
+        self.ext
+            .more
+            .later
+            .counts
+            .iter()
+            .find(|(n, _)| n == nid)
+            .map_or(1, |(_, c)| *c)
     }
 
     /// Every notification it carries, listed or counted.
@@ -348,6 +375,9 @@ pub struct Created {
     /// The notification's `type` (section 2).
     #[serde(rename = "type", skip_serializing_if = "Option::is_none", default)]
     pub ntype: Option<String>,
+    /// The notification's `count` when it stands for more than one change (section 12).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub count: Option<u64>,
 }
 
 /// Payload of `delivery.joined` (subject: the digest delivery joined).
@@ -368,6 +398,9 @@ pub struct Joined {
     /// Items listed before the rest are only counted (absent: no limit).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub max_items: Option<u32>,
+    /// The notification's `count` when it stands for more than one change (section 12).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub count: Option<u64>,
 }
 
 /// Payload of every other delivery transition.
@@ -541,6 +574,7 @@ pub fn remove_item(d: &mut Delivery, nid: &str) {
     } else {
         d.ext.more_items.retain(|x| x.notification_id != nid);
     }
+    d.ext.more.later.counts.retain(|(n, _)| n != nid);
 }
 
 impl Created {
@@ -586,7 +620,15 @@ impl Created {
                 redacted: self.redacted,
                 more: DeliveryExt2 {
                     list: self.list.clone(),
-                    ntype: self.ntype.clone(),
+                    later: DeliveryExt3 {
+                        ntype: self.ntype.clone(),
+                        counts: self
+                            .count
+                            .filter(|c| *c > 1)
+                            .map(|c| (self.notification_id.clone(), c))
+                            .into_iter()
+                            .collect(),
+                    },
                     ..DeliveryExt2::default()
                 },
                 ..DeliveryExt::default()
@@ -611,10 +653,13 @@ pub fn join(d: &mut Delivery, j: &Joined, seq: u64) {
         }
         _ => d.items.push(item),
     }
+    if let Some(c) = j.count.filter(|c| *c > 1) {
+        d.ext.more.later.counts.push((j.notification_id.clone(), c));
+    }
     d.title = j
         .digest_title
         .clone()
-        .unwrap_or_else(|| format!("{} new updates", d.item_count()));
+        .unwrap_or_else(|| format!("{} new updates", d.change_count()));
     d.body = None;
     d.updated_at_us = j.at_us;
     d.last_seq = seq;

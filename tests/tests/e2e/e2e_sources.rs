@@ -1013,3 +1013,31 @@ async fn one_notification_one_ack_one_move_per_poll_also_after_a_crash_between_p
         assert_eq!(v["identical"], true, "{v}");
     }
 }
+
+/// A digest counts changes, not notifications (section 12): two polls of 3 and 5 new items
+/// make two notifications (`count` 3 and 5) that join one digest delivery titled with 8.
+#[tokio::test]
+async fn a_digest_of_poll_notifications_counts_their_changes() {
+    let (up, addr) = start_upstream().await;
+    up.add_items(0, 3);
+    let notify = "every = \"1h\"\n[sources.notify]\npriority = \"urgent\"\nrecipient = \"ana\"\n\
+                  group_key = \"starred\"\ntitle_one = \"one\"\ntitle_many = \"{count} new\"\n";
+    let cfg = format!(
+        "[notifications.routes.desktop]\ndigest = {{ window = \"1h\", max_items = 5 }}\n{}",
+        source_toml("dg", addr, notify)
+    );
+    let s = start(cfg).await;
+    wait_source(&s, "dg", "the first poll", |v| v["items_total"] == 3).await;
+    up.add_items(3, 8);
+    post(&s, "/v1/sources/dg/poll", json!({})).await;
+    wait_source(&s, "dg", "the second poll", |v| v["items_total"] == 8).await;
+    let d = wait_for(Duration::from_secs(30), "the digest of both", || async {
+        let r = s.get("/v1/deliveries?route=desktop").await;
+        let rows = r.json["deliveries"].as_array().cloned().unwrap_or_default();
+        (rows.len() == 1 && rows[0]["items"].as_array().map(Vec::len) == Some(2))
+            .then(|| rows[0].clone())
+    })
+    .await;
+    // 8 changes, past `summary_after` (= max_items, 5): the summary, with 8 (not 2).
+    assert_eq!(d["title"], "You have 8 new updates", "{d}");
+}

@@ -207,7 +207,7 @@ impl From<Delivery> for DeliveryOut {
             notification_id: d.notification_id,
             route: d.route,
             sink: d.sink,
-            ntype: d.ext.more.ntype.clone(),
+            ntype: d.ext.more.later.ntype.clone(),
             list: d.ext.more.list.clone(),
             recipient: if redacted { None } else { d.recipient.clone() },
             recipient_hash: if redacted { d.recipient } else { None },

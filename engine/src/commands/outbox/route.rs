@@ -65,6 +65,8 @@ struct Notice {
     ntype: Option<String>,
     /// `source.site_id`.
     source_site: Option<String>,
+    /// The changes it stands for (a source poll's `count`, section 12); 1 otherwise.
+    count: u64,
 }
 
 fn notice(ev: &Event) -> Option<Notice> {
@@ -94,6 +96,11 @@ fn notice(ev: &Event) -> Option<Notice> {
             .as_deref()
             .and_then(tidemark_log::time::parse_rfc3339_micros),
         ntype: s("type"),
+        count: p
+            .get("count")
+            .and_then(Value::as_u64)
+            .filter(|c| *c >= 1)
+            .unwrap_or(1),
         source_site: p
             .pointer("/source/site_id")
             .and_then(Value::as_str)
@@ -235,6 +242,7 @@ fn route_one(
                 .clone()
                 .or_else(|| n.recipient.is_none().then(|| policy.list.clone()).flatten()),
             ntype: n.ntype.clone(),
+            count: (n.count > 1).then_some(n.count),
         };
         let canceled_at = match &n.task_id {
             Some(t) => st.u64_at(d::CANCELED, t.as_bytes())?,
@@ -270,7 +278,7 @@ fn route_one(
                     if target.all_items().any(|i| i.notification_id == nid) {
                         continue;
                     }
-                    let count = target.item_count() + 1;
+                    let count = target.change_count() + n.count as usize;
                     let first = target.items.first().map_or("", |i| i.title.as_str());
                     let digest_title = match redact {
                         Some(_) => title.clone(),
@@ -287,6 +295,7 @@ fn route_one(
                         at_us: n.time_us,
                         digest_title: Some(digest_title),
                         max_items: Some(dg.max_items),
+                        count: (n.count > 1).then_some(n.count),
                     };
                     d::join(&mut target, &j, 0);
                     out.push(event(EventType::DeliveryJoined, &target.id, &j)?);
@@ -416,7 +425,7 @@ fn cancel_notification(
                 s.digest_title(
                     &row.route,
                     locale.as_deref(),
-                    all.len(),
+                    left.change_count(),
                     newest.as_deref().unwrap_or(""),
                     first.as_deref().unwrap_or(""),
                 )
