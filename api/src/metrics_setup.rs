@@ -290,6 +290,10 @@ pub fn describe() {
         "tidemark_source_stale",
         "1 when the source has not succeeded for three intervals"
     );
+    metrics::describe_gauge!(
+        "tidemark_source_backpressure",
+        "1 while the source waits for the outbox to drain below its backpressure_threshold"
+    );
     metrics::describe_counter!(
         "tidemark_events_appended_total",
         "Events appended (duplicates not counted)"

@@ -33,6 +33,10 @@ pub struct SourceConfig {
     pub max_pages_per_poll: u32,
     #[serde(default = "default_page_size")]
     pub page_size: u32,
+    /// Wait while the poll's notification would take pending deliveries past this share of
+    /// `outbox.max_pending` (0 < it ≤ 1; default 0.8).
+    #[serde(default = "default_backpressure")]
+    pub backpressure_threshold: f64,
     pub watermark: WatermarkConfig,
     pub items: ItemsConfig,
     pub notify: Option<NotifyPlan>,
@@ -67,6 +71,9 @@ fn default_pages() -> u32 {
 }
 fn default_page_size() -> u32 {
     100
+}
+fn default_backpressure() -> f64 {
+    0.8
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -282,6 +289,13 @@ impl Source {
             .ok_or_else(|| key_err(&n, "timeout", "is not a duration"))?;
         if !(1..=1000).contains(&cfg.max_pages_per_poll) {
             return Err(key_err(&n, "max_pages_per_poll", "must be 1..=1000"));
+        }
+        if !(cfg.backpressure_threshold > 0.0 && cfg.backpressure_threshold <= 1.0) {
+            return Err(key_err(
+                &n,
+                "backpressure_threshold",
+                "must be above 0 and at most 1 (a share of outbox.max_pending)",
+            ));
         }
         if !(1..=1000).contains(&cfg.page_size) {
             return Err(key_err(&n, "page_size", "must be 1..=1000"));

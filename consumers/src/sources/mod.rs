@@ -403,11 +403,26 @@ async fn poll(
                 name: name.clone(),
                 items: page.items,
                 notify: cfg.notify.clone(),
-                max_pending,
+                // The source's share of the outbox (section 12's backpressure).
+                max_pending: (max_pending as f64 * cfg.backpressure_threshold).floor() as u64,
                 last,
                 first_of_cycle: earlier,
             };
             let (out, _) = engine.execute(cmd).await.map_err(command_error)?;
+            if let Some((pending, retry_after_s)) = out.held_back {
+                // Backpressure (section 12): the page and its notification wait for the
+                // outbox to drain; the next poll replays the cycle from its watermark.
+                metrics::gauge!("tidemark_source_backpressure", "source" => name.clone()).set(1.0);
+                return Err(PollError::RetryAfter(
+                    Duration::from_secs(retry_after_s),
+                    format!(
+                        "backpressure: {pending} deliveries pending, at or past {:.0} % of \
+                         outbox.max_pending",
+                        cfg.backpressure_threshold * 100.0
+                    ),
+                ));
+            }
+            metrics::gauge!("tidemark_source_backpressure", "source" => name.clone()).set(0.0);
             appended += out.appended;
             if out.notified {
                 metrics::counter!("tidemark_source_notifications_generated_total", "source" => name.clone())

@@ -44,8 +44,9 @@ pub struct Page {
     pub name: String,
     pub items: Vec<SourceItem>,
     pub notify: Option<NotifyPlan>,
-    /// The outbox bound (section 4): with a notification and more pending deliveries than
-    /// this, the page is refused (`outbox_full`) and the poll backs off.
+    /// The bound for this source (section 12: its `backpressure_threshold` × `max_pending`):
+    /// a notification that would take pending deliveries past it holds the page back (nothing
+    /// appended) and the poll waits for the outbox to drain.
     pub max_pending: u64,
     /// The cycle's last page: the notification goes with it.
     pub last: bool,
@@ -102,6 +103,9 @@ pub struct PageOutcome {
     pub notified: bool,
     /// The notification was left out: its recipient is suppressed (the items went in).
     pub notify_blocked: bool,
+    /// Held back by backpressure, nothing appended: `(pending, retry_after_s)`, the seconds
+    /// until the outbox has drained enough at the rate it completed deliveries lately.
+    pub held_back: Option<(u64, u64)>,
 }
 
 fn storage(e: impl std::error::Error + Send + Sync + 'static) -> CommandError {
@@ -244,7 +248,9 @@ impl Command for Page {
             let mut state = crate::commands::outbox::State::new(txn)?;
             let before = round.pending_added;
             if let crate::commands::admission::Admission::Full {
-                pending, adding, ..
+                pending,
+                retry_after_s,
+                ..
             } = crate::commands::admission::over_bound(
                 txn,
                 &mut state,
@@ -252,15 +258,14 @@ impl Command for Page {
                 round,
                 max_pending,
             )? {
-                return Err(CommandError::rejected(
-                    RejectKind::Overloaded,
-                    "outbox_full",
-                    format!(
-                        "{pending} deliveries are pending or being routed and the page's \
-                         notification adds {adding}, above outbox.max_pending \
-                         ({max_pending})"
-                    ),
-                ));
+                let held = PageOutcome {
+                    appended: 0,
+                    skipped: 0,
+                    notified: false,
+                    notify_blocked: false,
+                    held_back: Some((pending, retry_after_s)),
+                };
+                return Ok(Decided::new(held, Vec::new()));
             }
             let count = covers.len();
             let title = if count == 1 {
@@ -307,6 +312,7 @@ impl Command for Page {
             skipped,
             notified,
             notify_blocked,
+            held_back: None,
         };
         Ok(Decided::new(page, events))
     }

@@ -870,12 +870,22 @@ async fn a_full_outbox_backs_the_source_off_until_it_drains() {
         st["last_error"]
             .as_str()
             .unwrap_or("")
-            .contains("outbox full"),
+            .contains("backpressure"),
         "{st}"
     );
     assert!(
         item_events(&s).await.is_empty(),
         "a refused page appends nothing"
+    );
+    // Nothing drained lately: the computed Retry-After is long, capped by retry_after_max
+    // (10 s here), not a constant 5 s.
+    let wait = crate::e2e_deliveries::us(&st["next_poll_at"])
+        - crate::e2e_deliveries::us(&st["last_poll_at"]);
+    assert!(wait >= 9_000_000, "waits the capped drain estimate: {st}");
+    let m = s.get("/metrics").await.text;
+    assert!(
+        m.contains("tidemark_source_backpressure{source=\"busy\"} 1"),
+        "the backpressure gauge"
     );
     // Drain the outbox: claim and complete both.
     let r = post(
@@ -898,6 +908,7 @@ async fn a_full_outbox_backs_the_source_off_until_it_drains() {
         .await;
         assert_eq!(c.status, StatusCode::OK, "{}", c.text);
     }
+    post(&s, "/v1/sources/busy/poll", json!({})).await;
     let st = wait_source(&s, "busy", "the page after the drain", |v| {
         v["items_total"] == 3 && v["watermark"] == "000002"
     })
@@ -1040,4 +1051,71 @@ async fn a_digest_of_poll_notifications_counts_their_changes() {
     .await;
     // 8 changes, past `summary_after` (= max_items, 5): the summary, with 8 (not 2).
     assert_eq!(d["title"], "You have 8 new updates", "{d}");
+}
+
+/// Early backpressure (seed 004, section 12): with `backpressure_threshold` 0.8 and
+/// `max_pending` 10, a source waits once 8 deliveries are pending, while clients may still
+/// append up to 10; with 7 pending its poll's notification (one more) goes in.
+#[tokio::test]
+async fn a_source_waits_at_its_backpressure_threshold_before_the_outbox_is_full() {
+    let (up, addr) = start_upstream().await;
+    let notify = "every = \"1h\"\n[sources.notify]\npriority = \"urgent\"\ntitle_one = \"one\"\ntitle_many = \"{count} new\"\n";
+    let s = start(format!(
+        "[notifications.outbox]\nmax_pending = 10\n{}",
+        source_toml("early", addr, notify)
+    ))
+    .await;
+    wait_source(&s, "early", "the first (empty) poll", |v| {
+        v["last_success_at"].is_string()
+    })
+    .await;
+    let pend = |from: usize, to: usize| {
+        let batch: Vec<Value> = (from..to)
+            .map(|i| {
+                json!({"event_id": format!("early-n{i}"), "stream": "notifications",
+                            "subject": format!("early-n{i}"), "type": "notification.requested",
+                            "payload": {"priority": "urgent", "title": "t"}})
+            })
+            .collect();
+        json!({ "events": batch })
+    };
+    let depth = |n: u64| {
+        let s = &s;
+        async move {
+            wait_for(Duration::from_secs(30), "the queue depth", || async {
+                let k = s.get("/v1/outbox/kpis").await.json;
+                (k["queue_depth"] == n).then_some(())
+            })
+            .await
+        }
+    };
+    // 7 pending: the poll's notification makes 8, at the threshold: it goes in.
+    let (st, body) = s.append(&pend(0, 7)).await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    depth(7).await;
+    up.add_items(0, 2);
+    post(&s, "/v1/sources/early/poll", json!({})).await;
+    wait_source(&s, "early", "the first items", |v| v["items_total"] == 2).await;
+    depth(8).await;
+    // 8 pending: the next poll waits, though the outbox (10) is not full.
+    up.add_items(2, 4);
+    post(&s, "/v1/sources/early/poll", json!({})).await;
+    let st = wait_source(&s, "early", "backpressure", |v| v["state"] == "backing_off").await;
+    assert!(
+        st["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("backpressure"),
+        "{st}"
+    );
+    assert_eq!(
+        source(&s, "early").await["items_total"],
+        2,
+        "nothing appended"
+    );
+    // A client may still append up to max_pending.
+    let (st, body) = s.append(&pend(7, 9)).await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    let m = s.get("/metrics").await.text;
+    assert!(m.contains("tidemark_source_backpressure{source=\"early\"} 1"));
 }
