@@ -33,6 +33,10 @@ pub struct SourceConfig {
     pub max_pages_per_poll: u32,
     #[serde(default = "default_page_size")]
     pub page_size: u32,
+    /// A header to send an idempotency key in with every poll request (e.g.
+    /// `Idempotency-Key`): `poll:<name>:<watermark>:<request id>`.
+    #[serde(default)]
+    pub idempotency_header: Option<String>,
     /// Wait while the poll's notification would take pending deliveries past this share of
     /// `outbox.max_pending` (0 < it ≤ 1; default 0.8).
     #[serde(default = "default_backpressure")]
@@ -289,6 +293,11 @@ impl Source {
             .ok_or_else(|| key_err(&n, "timeout", "is not a duration"))?;
         if !(1..=1000).contains(&cfg.max_pages_per_poll) {
             return Err(key_err(&n, "max_pages_per_poll", "must be 1..=1000"));
+        }
+        if let Some(h) = &cfg.idempotency_header
+            && reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err()
+        {
+            return Err(key_err(&n, "idempotency_header", "is not a header name"));
         }
         if !(cfg.backpressure_threshold > 0.0 && cfg.backpressure_threshold <= 1.0) {
             return Err(key_err(

@@ -54,7 +54,19 @@ pub(super) async fn request(
             client.get(&cfg.url).query(&q)
         }
     };
-    req = req.headers(src.headers.clone()).timeout(src.timeout);
+    // Every poll request carries an id of its own (the upstream's logs can name it), and, if
+    // configured, an idempotency key: the source, the watermark it reads after and the id.
+    let request_id = uuid::Uuid::now_v7().to_string();
+    req = req
+        .headers(src.headers.clone())
+        .header("X-Request-ID", &request_id)
+        .timeout(src.timeout);
+    if let Some(h) = &cfg.idempotency_header {
+        req = req.header(
+            h.as_str(),
+            format!("poll:{}:{}:{request_id}", cfg.name, watermark.unwrap_or("")),
+        );
+    }
     let resp = req.send().await.map_err(|e| transport(&e))?;
     let status = resp.status();
     if !status.is_success() {

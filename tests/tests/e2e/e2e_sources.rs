@@ -41,6 +41,8 @@ struct Upstream {
     requests: Vec<(Instant, Option<String>, u32, Option<String>)>,
     /// Every ack: (idempotency key, ids).
     acks: Vec<(String, Vec<String>)>,
+    /// Every list request's `X-Request-ID` and `Idempotency-Key` headers.
+    request_ids: Vec<(Option<String>, Option<String>)>,
     /// Delay before answering an ack.
     ack_delay: Duration,
 }
@@ -78,9 +80,17 @@ async fn list(State(up): State<Up>, headers: HeaderMap, Query(q): Query<ListQuer
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let header = |k: &str| {
+        headers
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let ids = (header("x-request-id"), header("idempotency-key"));
     let (fault, page) = up.with(|u| {
         u.requests
             .push((Instant::now(), q.after_id.clone(), q.limit, auth));
+        u.request_ids.push(ids);
         let fault = u.faults.pop_front();
         let page: Vec<(String, Value)> = match &q.after_id {
             // The bootstrap `latest` asks for one item without a watermark: the newest.
@@ -1118,4 +1128,55 @@ async fn a_source_waits_at_its_backpressure_threshold_before_the_outbox_is_full(
     assert_eq!(st, StatusCode::CREATED, "{body}");
     let m = s.get("/metrics").await.text;
     assert!(m.contains("tidemark_source_backpressure{source=\"early\"} 1"));
+}
+
+/// Every poll request carries a request id of its own (a UUID) and, with `idempotency_header`,
+/// an idempotency key naming the source, the watermark it reads after and that id.
+#[tokio::test]
+async fn poll_requests_carry_a_request_id_and_an_idempotency_key() {
+    let (up, addr) = start_upstream().await;
+    up.add_items(0, 5);
+    let cfg = source_toml(
+        "ids",
+        addr,
+        "every = \"1h\"\nidempotency_header = \"Idempotency-Key\"",
+    )
+    .replace("page_size = 100", "page_size = 2");
+    let s = start(cfg).await;
+    wait_source(&s, "ids", "the backlog", |v| v["items_total"] == 5).await;
+    let (reqs, ids) = up.with(|u| (u.requests.clone(), u.request_ids.clone()));
+    assert!(ids.len() >= 3, "{ids:?}");
+    let mut seen = std::collections::HashSet::new();
+    for ((_, after, _, _), (rid, key)) in reqs.iter().zip(&ids) {
+        let rid = rid.as_deref().expect("x-request-id");
+        assert!(uuid::Uuid::parse_str(rid).is_ok(), "{rid}");
+        assert!(seen.insert(rid.to_owned()), "request ids repeat");
+        assert_eq!(
+            key.as_deref(),
+            Some(format!("poll:ids:{}:{rid}", after.as_deref().unwrap_or("")).as_str())
+        );
+    }
+    // A header name that is not one refuses the start.
+    let bad = source_toml(
+        "ids",
+        addr,
+        "every = \"1h\"\nidempotency_header = \"bad header\"",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("c.toml");
+    std::fs::write(&f, bad).unwrap();
+    let out = std::process::Command::new(tidemark_tests::binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&f)
+        .arg("--data")
+        .arg(dir.path().join("data"))
+        .env("TEST_SOURCE_TOKEN", "x")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("sources.ids.idempotency_header"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
