@@ -125,7 +125,15 @@ pub struct SourceRetryConfig {
     pub jitter: f64,
     #[serde(default = "default_retry_after_max")]
     pub retry_after_max: String,
+    /// Park after this many consecutive failures of a class: `server_error` (5xx, 408, 429
+    /// without `Retry-After`), `timeout`, `connection`, `rate_limited` (429/503 with
+    /// `Retry-After`). A class not named retries without end, with the capped backoff.
+    #[serde(default)]
+    pub limits: BTreeMap<String, u32>,
 }
+
+/// The classes of transient upstream failure `[sources.retry] limits` may bound.
+pub const FAILURE_CLASSES: &[&str] = &["server_error", "timeout", "connection", "rate_limited"];
 fn default_strategy() -> String {
     "exponential".into()
 }
@@ -149,6 +157,7 @@ impl Default for SourceRetryConfig {
             max_delay: default_max(),
             jitter: default_jitter(),
             retry_after_max: default_retry_after_max(),
+            limits: BTreeMap::new(),
         }
     }
 }
@@ -198,6 +207,8 @@ pub struct Source {
     pub(super) headers: reqwest::header::HeaderMap,
     pub(super) retry: RetrySettings,
     pub(super) retry_after_max: Duration,
+    /// `[sources.retry] limits`, checked.
+    pub(super) limits: HashMap<&'static str, u32>,
 }
 
 impl std::fmt::Debug for Source {
@@ -355,6 +366,27 @@ impl Source {
             parse_duration_ms(&r.retry_after_max)
                 .ok_or_else(|| key_err(&n, "retry.retry_after_max", "is not a duration"))?,
         );
+        let mut limits = HashMap::new();
+        for (class, limit) in &r.limits {
+            let Some(c) = FAILURE_CLASSES.iter().find(|c| **c == class) else {
+                return Err(key_err(
+                    &n,
+                    &format!("retry.limits.{class}"),
+                    format!(
+                        "is not a failure class (known: {})",
+                        FAILURE_CLASSES.join(", ")
+                    ),
+                ));
+            };
+            if *limit == 0 {
+                return Err(key_err(
+                    &n,
+                    &format!("retry.limits.{class}"),
+                    "must be at least 1",
+                ));
+            }
+            limits.insert(*c, *limit);
+        }
         let mut headers = reqwest::header::HeaderMap::new();
         for (k, v) in &cfg.headers {
             let value = crate::env_value(v).map_err(|e| key_err(&n, &format!("headers.{k}"), e))?;
@@ -374,6 +406,7 @@ impl Source {
             headers,
             retry,
             retry_after_max,
+            limits,
         })
     }
 }

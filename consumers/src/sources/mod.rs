@@ -172,10 +172,12 @@ pub fn spawn(
 /// Why a poll did not succeed.
 #[derive(Debug)]
 pub(super) enum PollError {
-    /// Wait this long (429/503 with Retry-After, a full outbox), capped by the caller.
-    RetryAfter(Duration, String),
-    /// Retry with backoff (5xx, timeout, connection error, a storage refusal).
-    Transient(String),
+    /// Wait this long (429/503 with Retry-After, a full outbox), capped by the caller. The
+    /// class (`rate_limited`) of an upstream's answer; `None` for our own backpressure.
+    RetryAfter(Duration, Option<&'static str>, String),
+    /// Retry with backoff: an upstream's 5xx (`server_error`), `timeout` or `connection`
+    /// error, or (class `None`) a storage refusal.
+    Transient(Option<&'static str>, String),
     /// 401: retried once, then parked.
     Unauthorized(String),
     /// Park the source: 4xx or an invalid response.
@@ -202,6 +204,8 @@ async fn run(
     // A source polls once at start (a schedule's first time may be far away).
     let mut due_now = true;
     let mut unauthorized_once = false;
+    // Consecutive failures by class, against `[sources.retry] limits`.
+    let mut class_failures: std::collections::HashMap<&'static str, u32> = Default::default();
     // One poller per source across a cluster (spec section 16): this node polls while it
     // holds the source's lease; another node takes it when this one dies.
     let leases = engine.leases();
@@ -273,7 +277,7 @@ async fn run(
         let outcome = match &result {
             Ok(_) => "ok",
             Err(PollError::RetryAfter(..)) => "retry_after",
-            Err(PollError::Transient(_)) => "error",
+            Err(PollError::Transient(..)) => "error",
             Err(PollError::Unauthorized(_)) => "unauthorized",
             Err(PollError::Park(_)) => "parked",
             Err(PollError::NotActive) => "not_active",
@@ -289,6 +293,7 @@ async fn run(
         match result {
             Ok(items) => {
                 unauthorized_once = false;
+                class_failures.clear();
                 metrics::counter!("tidemark_source_items_total", "source" => name.clone())
                     .increment(items as u64);
                 metrics::gauge!("tidemark_source_last_success_timestamp_seconds", "source" => name.clone())
@@ -321,7 +326,19 @@ async fn run(
                 });
                 due_now = true;
             }
-            Err(PollError::RetryAfter(wait, error)) => {
+            Err(
+                PollError::RetryAfter(_, Some(class), ref error)
+                | PollError::Transient(Some(class), ref error),
+            ) if over_limit(&slot, &mut class_failures, class) => {
+                let error = format!(
+                    "{} consecutive {class} failures (retry.limits.{class}); the last: {error}",
+                    class_failures.get(class).copied().unwrap_or(0)
+                );
+                tracing::warn!(source = %name, %error, "source parked");
+                park(&engine, &name, error).await;
+                class_failures.clear();
+            }
+            Err(PollError::RetryAfter(wait, _, error)) => {
                 let wait = wait.min(slot.source.retry_after_max);
                 tracing::info!(source = %name, wait_ms = wait.as_millis() as u64, "source backing off (Retry-After)");
                 set(&slot, |r| {
@@ -331,7 +348,7 @@ async fn run(
                 });
                 next = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
             }
-            Err(PollError::Transient(error)) => {
+            Err(PollError::Transient(_, error)) => {
                 let attempt = failures + 1;
                 let delay = backoff_ms(&slot.source.retry, attempt, rand::random::<f64>(), None);
                 tracing::info!(source = %name, attempt, delay_ms = delay, %error, "source poll failed; backing off");
@@ -344,6 +361,20 @@ async fn run(
             }
         }
     }
+}
+
+/// Count a failure of `class`; true once the source's `retry.limits` for it is reached.
+fn over_limit(
+    slot: &Slot,
+    failures: &mut std::collections::HashMap<&'static str, u32>,
+    class: &'static str,
+) -> bool {
+    let n = failures.entry(class).or_insert(0);
+    *n += 1;
+    slot.source
+        .limits
+        .get(class)
+        .is_some_and(|limit| *n >= *limit)
 }
 
 async fn park(engine: &Engine, name: &str, error: String) {
@@ -415,6 +446,7 @@ async fn poll(
                 metrics::gauge!("tidemark_source_backpressure", "source" => name.clone()).set(1.0);
                 return Err(PollError::RetryAfter(
                     Duration::from_secs(retry_after_s),
+                    None,
                     format!(
                         "backpressure: {pending} deliveries pending, at or past {:.0} % of \
                          outbox.max_pending",
@@ -484,11 +516,12 @@ fn command_error(e: CommandError) -> PollError {
             ..
         } => PollError::RetryAfter(
             tidemark_engine::OVERLOADED_RETRY_AFTER,
+            None,
             format!("outbox full: {e}"),
         ),
         // Someone else moved the watermark (a reset): the next poll starts from it.
         CommandError::Rejected { code, .. } if *code == "watermark_conflict" => {
-            PollError::Transient(e.to_string())
+            PollError::Transient(None, e.to_string())
         }
         CommandError::Rejected {
             kind: RejectKind::Invalid,
@@ -499,6 +532,6 @@ fn command_error(e: CommandError) -> PollError {
             kind: RejectKind::Invalid,
             ..
         } => PollError::Park(e.to_string()),
-        _ => PollError::Transient(e.to_string()),
+        _ => PollError::Transient(None, e.to_string()),
     }
 }

@@ -77,16 +77,16 @@ pub(super) async fn request(
 
 /// An error of the HTTP client, without anything of the request (headers, URL query).
 pub(super) fn transport(e: &reqwest::Error) -> PollError {
-    let what = if e.is_timeout() {
-        "timeout"
+    let (class, what) = if e.is_timeout() {
+        ("timeout", "timeout")
     } else if e.is_connect() {
-        "connection failed"
+        ("connection", "connection failed")
     } else if e.is_body() || e.is_decode() {
-        "reading the body failed"
+        ("connection", "reading the body failed")
     } else {
-        "request failed"
+        ("connection", "request failed")
     };
-    PollError::Transient(what.into())
+    PollError::Transient(Some(class), what.into())
 }
 
 pub(super) fn status_error(
@@ -100,9 +100,13 @@ pub(super) fn status_error(
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(Duration::from_secs);
     match (code, retry_after) {
-        (429 | 503, Some(d)) => PollError::RetryAfter(d, format!("status {code}")),
+        (429 | 503, Some(d)) => {
+            PollError::RetryAfter(d, Some("rate_limited"), format!("status {code}"))
+        }
         (401, _) => PollError::Unauthorized(format!("status {code}")),
-        (500..=599, _) | (429, _) | (408, _) => PollError::Transient(format!("status {code}")),
+        (500..=599, _) | (429, _) | (408, _) => {
+            PollError::Transient(Some("server_error"), format!("status {code}"))
+        }
         _ => PollError::Park(format!("status {code}")),
     }
 }
@@ -288,7 +292,7 @@ mod tests {
         let mut h = reqwest::header::HeaderMap::new();
         h.insert(reqwest::header::RETRY_AFTER, "7".parse().unwrap());
         assert!(
-            matches!(status_error(reqwest::StatusCode::TOO_MANY_REQUESTS, &h), PollError::RetryAfter(d, _) if d == Duration::from_secs(7))
+            matches!(status_error(reqwest::StatusCode::TOO_MANY_REQUESTS, &h), PollError::RetryAfter(d, Some("rate_limited"), _) if d == Duration::from_secs(7))
         );
         let none = reqwest::header::HeaderMap::new();
         assert!(matches!(
@@ -297,7 +301,7 @@ mod tests {
         ));
         assert!(matches!(
             status_error(reqwest::StatusCode::BAD_GATEWAY, &none),
-            PollError::Transient(_)
+            PollError::Transient(Some("server_error"), _)
         ));
         assert!(
             matches!(status_error(reqwest::StatusCode::NOT_FOUND, &none), PollError::Park(e) if e == "status 404")

@@ -1180,3 +1180,59 @@ async fn poll_requests_carry_a_request_id_and_an_idempotency_key() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Per-class retry limits (`[sources.retry] limits`): three 5xx in a row park a source whose
+/// `server_error` limit is 3, naming the class; a success in between starts the count again;
+/// an unknown class refuses the start.
+#[tokio::test]
+async fn a_class_of_transient_errors_parks_the_source_at_its_limit() {
+    let (up, addr) = start_upstream().await;
+    up.add_items(0, 1);
+    let cfg = source_toml("flaky", addr, "every = \"1h\"").replace(
+        "retry_after_max = \"10s\"",
+        "retry_after_max = \"10s\"\nlimits = { server_error = 3 }",
+    );
+    // Two 502s, then a success: not parked.
+    up.with(|u| {
+        u.faults
+            .extend([Fault::Status(502, None), Fault::Status(502, None)])
+    });
+    let s = start(cfg.clone()).await;
+    wait_source(&s, "flaky", "the item after two 502s", |v| {
+        v["items_total"] == 1 && v["state"] == "idle"
+    })
+    .await;
+    // Three in a row: parked, naming the class.
+    up.add_items(1, 2);
+    up.with(|u| u.faults.extend((0..3).map(|_| Fault::Status(503, None))));
+    post(&s, "/v1/sources/flaky/poll", json!({})).await;
+    let st = wait_source(&s, "flaky", "parked", |v| v["state"] == "parked").await;
+    let err = st["last_error"].as_str().unwrap_or("");
+    assert!(
+        err.contains("3 consecutive server_error failures") && err.contains("status 503"),
+        "{st}"
+    );
+    assert_eq!(st["items_total"], 1);
+    // Resumed, it goes on.
+    post(&s, "/v1/sources/flaky/resume", json!({})).await;
+    wait_source(&s, "flaky", "resumed", |v| v["items_total"] == 2).await;
+    // An unknown class refuses the start.
+    let bad = cfg.replace("server_error = 3", "server_errors = 3");
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("c.toml");
+    std::fs::write(&f, bad).unwrap();
+    let out = std::process::Command::new(tidemark_tests::binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&f)
+        .arg("--data")
+        .arg(dir.path().join("data"))
+        .env("TEST_SOURCE_TOKEN", "x")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("sources.flaky.retry.limits.server_errors"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
