@@ -149,6 +149,13 @@ pub fn check_client_event(
                     "payload.locale must be a BCP 47 tag such as de or de-AT",
                 ));
             }
+            if let Some(t) = f.string("tz", false, 64)?
+                && t.parse::<chrono_tz::Tz>().is_err()
+            {
+                return Err(invalid(
+                    "payload.tz must be an IANA time-zone name such as Europe/Berlin or UTC",
+                ));
+            }
             if let Some(v) = p.get("tz_offset_minutes") {
                 match v.as_i64() {
                     Some(m) if (-840..=840).contains(&m) => {}

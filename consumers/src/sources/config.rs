@@ -166,10 +166,23 @@ impl Default for SourceRetryConfig {
 #[derive(Debug, Clone)]
 pub(super) enum Schedule {
     Every(Duration),
-    Cron {
-        cron: Box<croner::Cron>,
-        tz: FixedOffset,
-    },
+    Cron { cron: Box<croner::Cron>, tz: Zone },
+}
+
+/// A cron schedule's time zone: a fixed offset (`UTC`, `+02:00`) or an IANA name
+/// (`Europe/Berlin`, whose daylight-saving changes the schedule follows).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Zone {
+    Fixed(FixedOffset),
+    Named(chrono_tz::Tz),
+}
+
+impl Zone {
+    fn parse(s: &str) -> Option<Zone> {
+        tz_offset(s)
+            .map(Zone::Fixed)
+            .or_else(|| s.parse().ok().map(Zone::Named))
+    }
 }
 
 impl Schedule {
@@ -177,10 +190,15 @@ impl Schedule {
     pub(super) fn next_after(&self, now: DateTime<Utc>) -> DateTime<Utc> {
         match self {
             Schedule::Every(d) => now + chrono::Duration::from_std(*d).unwrap_or_default(),
-            Schedule::Cron { cron, tz } => cron
-                .find_next_occurrence(&now.with_timezone(tz), false)
-                .map(|t| t.with_timezone(&Utc))
-                .unwrap_or(now + chrono::Duration::hours(24)),
+            Schedule::Cron { cron, tz } => match tz {
+                Zone::Fixed(z) => cron
+                    .find_next_occurrence(&now.with_timezone(z), false)
+                    .map(|t| t.with_timezone(&Utc)),
+                Zone::Named(z) => cron
+                    .find_next_occurrence(&now.with_timezone(z), false)
+                    .map(|t| t.with_timezone(&Utc)),
+            }
+            .unwrap_or(now + chrono::Duration::hours(24)),
         }
     }
 
@@ -284,9 +302,14 @@ impl Source {
                 use std::str::FromStr as _;
                 let cron = croner::Cron::from_str(c).map_err(|e| key_err(&n, "cron", e))?;
                 let tz = match &cfg.tz {
-                    None => FixedOffset::east_opt(0).expect("zero offset"),
-                    Some(t) => tz_offset(t)
-                        .ok_or_else(|| key_err(&n, "tz", "must be \"UTC\" or \"+HH:MM\""))?,
+                    None => Zone::Fixed(FixedOffset::east_opt(0).expect("zero offset")),
+                    Some(t) => Zone::parse(t).ok_or_else(|| {
+                        key_err(
+                            &n,
+                            "tz",
+                            "must be \"UTC\", \"+HH:MM\" or an IANA name such as \"Europe/Berlin\"",
+                        )
+                    })?,
                 };
                 Schedule::Cron {
                     cron: Box::new(cron),
@@ -476,12 +499,36 @@ pub(super) mod tests {
         use std::str::FromStr as _;
         let s = Schedule::Cron {
             cron: Box::new(croner::Cron::from_str("0 9 * * *").unwrap()),
-            tz: tz_offset("+02:00").unwrap(),
+            tz: Zone::parse("+02:00").unwrap(),
         };
         let now = DateTime::parse_from_rfc3339("2026-11-23T06:30:00Z")
             .unwrap()
             .with_timezone(&Utc);
         assert_eq!(s.next_after(now).to_rfc3339(), "2026-11-23T07:00:00+00:00");
         assert_eq!(s.interval(now), Duration::from_secs(86_400));
+    }
+
+    /// `tz = "Europe/Berlin"`: 09:00 local is 08:00 UTC in winter and 07:00 UTC in summer.
+    #[test]
+    fn cron_in_an_iana_zone_follows_daylight_saving() {
+        use std::str::FromStr as _;
+        let s = Schedule::Cron {
+            cron: Box::new(croner::Cron::from_str("0 9 * * *").unwrap()),
+            tz: Zone::parse("Europe/Berlin").unwrap(),
+        };
+        let at = |t: &str| DateTime::parse_from_rfc3339(t).unwrap().with_timezone(&Utc);
+        assert_eq!(
+            s.next_after(at("2026-01-10T06:30:00Z")).to_rfc3339(),
+            "2026-01-10T08:00:00+00:00"
+        );
+        assert_eq!(
+            s.next_after(at("2026-07-10T06:30:00Z")).to_rfc3339(),
+            "2026-07-10T07:00:00+00:00"
+        );
+        let mut c = cfg();
+        c.every = None;
+        c.cron = Some("0 9 * * *".into());
+        c.tz = Some("America/New_York".into());
+        Source::new(c).unwrap();
     }
 }

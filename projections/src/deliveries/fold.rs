@@ -288,10 +288,11 @@ impl Projection for Deliveries {
     /// outside the digest); 5: `site_due` (the per-site stuck count); 6: `by_created`, the
     /// newest-first list (both outside the digest); 7: `by_type` and `by_list` (section 17's
     /// filters, outside the digest); 8: `due_by_priority` (claims by priority, outside the
-    /// digest); 9: a row's trailing fields regrouped (`DeliveryExt3`: type, change counts).
+    /// digest); 9: a row's trailing fields regrouped (`DeliveryExt3`: type, change counts);
+    /// 10: a recipient's trailing fields regrouped (`RecipientExt`: locale, IANA time zone).
     /// An older model is rebuilt from the log at the next open, which fills them.
     fn version(&self) -> u32 {
-        9
+        10
     }
 
     /// The event type is parsed once, here. A type tidemark does not define (a client's

@@ -281,9 +281,26 @@ pub struct Recipient {
     pub suppressed: bool,
     pub suppressed_until_us: Option<i64>,
     pub suppress_reason: Option<String>,
-    /// BCP 47 tag from `recipient.updated`: the digest templates' locale (section 4).
     #[serde(default, with = "crate::trailing")]
+    pub ext: RecipientExt,
+}
+
+/// The fields a recipient gained after the golden release (a row that leaves them at their
+/// defaults keeps its bytes).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecipientExt {
+    /// BCP 47 tag from `recipient.updated`: the digest templates' locale (section 4).
     pub locale: Option<String>,
+    /// IANA time-zone name (`Europe/Berlin`) from `recipient.updated`: quiet hours follow its
+    /// daylight-saving changes; it wins over `tz_offset_minutes`.
+    pub tz: Option<String>,
+}
+
+impl Recipient {
+    /// The recipient's time zone, if it set an IANA name.
+    pub fn zone(&self) -> Option<chrono_tz::Tz> {
+        self.ext.tz.as_deref().and_then(|t| t.parse().ok())
+    }
 }
 
 impl Recipient {
@@ -298,7 +315,10 @@ impl Recipient {
                     self.tz_offset_minutes = Some(m.clamp(-840, 840) as i32);
                 }
                 if let Some(l) = p.get("locale").and_then(|v| v.as_str()) {
-                    self.locale = Some(l.to_owned());
+                    self.ext.locale = Some(l.to_owned());
+                }
+                if let Some(t) = p.get("tz").and_then(|v| v.as_str()) {
+                    self.ext.tz = Some(t.to_owned());
                 }
             }
             T::RecipientSuppressed => {

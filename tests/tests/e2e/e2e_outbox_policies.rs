@@ -655,3 +655,43 @@ async fn a_redacted_route_carries_no_content_anywhere() {
         }
     }
 }
+
+/// A recipient's IANA time zone (`recipient.updated {tz}`) sets its quiet hours' clock (with
+/// daylight saving; the engine's unit tests cross a change) and wins over
+/// `tz_offset_minutes`; a name that is not a zone is refused, naming the field.
+#[tokio::test]
+async fn quiet_hours_read_the_recipients_iana_time_zone() {
+    let now_min = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 60) as i64;
+    // Tokyo is UTC+9 all year: a two-hour window around its local now.
+    let (from, to) = (now_min + 540 - 60, now_min + 540 + 60);
+    let cfg = format!(
+        "[notifications.routes.desktop]\nquiet_hours = [\"{}\", \"{}\"]\n",
+        clock(from),
+        clock(to)
+    );
+    let s = Server::start(ServerOpts::default().config(cfg)).await;
+    append_ok(
+        &s,
+        &recipient("kenji", json!({"tz_offset_minutes": 0, "tz": "Asia/Tokyo"})),
+    )
+    .await;
+    append_ok(&s, &note("tz-1", "kenji", None, json!({}))).await;
+    let d = wait_status(&s, &dlv("tz-1"), "queued").await;
+    let wait = us(&d["next_attempt_at"]) - us(&d["created_at"]);
+    assert!(
+        wait > 55 * 60_000_000 && wait <= 61 * 60_000_000,
+        "held to the end of the Tokyo window, about an hour on: {d}"
+    );
+    let (st, body) = s
+        .append(&recipient("kenji", json!({"tz": "Mars/Olympus"})))
+        .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap_or("").contains("payload.tz"),
+        "{body}"
+    );
+}

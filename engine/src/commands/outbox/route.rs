@@ -283,7 +283,7 @@ fn route_one(
                     let digest_title = match redact {
                         Some(_) => title.clone(),
                         None => {
-                            s.digest_title(&route, rcpt.locale.as_deref(), count, &title, first)
+                            s.digest_title(&route, rcpt.ext.locale.as_deref(), count, &title, first)
                         }
                     };
                     let j = Joined {
@@ -348,7 +348,41 @@ pub(super) fn quiet_end(
     if policy.quiet_hours_bypass.iter().any(|p| p == priority) {
         return None;
     }
-    quiet_hours_end(due_us, recipient.tz_offset_minutes.unwrap_or(0), from, to)
+    match recipient.zone() {
+        Some(tz) => quiet_hours_end_in(due_us, tz, from, to),
+        None => quiet_hours_end(due_us, recipient.tz_offset_minutes.unwrap_or(0), from, to),
+    }
+}
+
+/// [`quiet_hours_end`] in an IANA time zone: the window is read on the local clock of the day
+/// `due_us` falls on, daylight-saving changes included (the window's end on a day the clocks
+/// skip it is the first local time after the gap).
+pub fn quiet_hours_end_in(due_us: i64, tz: chrono_tz::Tz, from: u32, to: u32) -> Option<i64> {
+    use chrono::{Duration, NaiveTime, TimeZone, Timelike};
+    if from == to {
+        return None;
+    }
+    let local = chrono::DateTime::from_timestamp_micros(due_us)?.with_timezone(&tz);
+    let minute = local.hour() * 60 + local.minute();
+    let inside = if from < to {
+        minute >= from && minute < to
+    } else {
+        minute >= from || minute < to
+    };
+    if !inside {
+        return None;
+    }
+    let end_time = NaiveTime::from_hms_opt(to / 60, to % 60, 0)?;
+    let mut end = local.date_naive().and_time(end_time);
+    if end <= local.naive_local() {
+        end += Duration::days(1);
+    }
+    // A local time the clocks skip (spring forward) does not exist: an hour later does.
+    let at = tz.from_local_datetime(&end).earliest().or_else(|| {
+        tz.from_local_datetime(&(end + Duration::hours(1)))
+            .earliest()
+    })?;
+    Some(at.timestamp_micros())
 }
 
 /// A `notification.canceled` (section 4): its queued, retry_wait and parked deliveries are
@@ -421,7 +455,7 @@ fn cancel_notification(
             c.digest_title = Some(if row.ext.redacted {
                 row.title.clone()
             } else {
-                let locale = st.recipient(row.recipient.as_deref())?.locale;
+                let locale = st.recipient(row.recipient.as_deref())?.ext.locale;
                 s.digest_title(
                     &row.route,
                     locale.as_deref(),
@@ -526,5 +560,42 @@ mod tests {
             Some(day + 14 * H)
         );
         assert_eq!(quiet_hours_end(day + 14 * H, 0, 12 * 60, 14 * 60), None);
+    }
+
+    fn us(rfc3339: &str) -> i64 {
+        tidemark_log::time::parse_rfc3339_micros(rfc3339).unwrap()
+    }
+
+    /// Quiet hours 22:00–07:00 in Europe/Berlin follow its clock: 07:00 is 06:00 UTC in
+    /// winter, 05:00 UTC in summer, and across the spring-forward night the window ends at
+    /// 07:00 CEST (05:00 UTC), an hour before a fixed +01:00 offset would say.
+    #[test]
+    fn quiet_hours_follow_daylight_saving_in_an_iana_zone() {
+        let berlin: chrono_tz::Tz = "Europe/Berlin".parse().unwrap();
+        let (from, to) = (22 * 60, 7 * 60);
+        let end = |at: &str| quiet_hours_end_in(us(at), berlin, from, to);
+        assert_eq!(
+            end("2026-01-10T22:00:00Z"),
+            Some(us("2026-01-11T06:00:00Z"))
+        );
+        assert_eq!(
+            end("2026-07-10T21:00:00Z"),
+            Some(us("2026-07-11T05:00:00Z"))
+        );
+        assert_eq!(
+            end("2026-03-28T22:00:00Z"),
+            Some(us("2026-03-29T05:00:00Z"))
+        );
+        assert_eq!(
+            quiet_hours_end(us("2026-03-28T22:00:00Z"), 60, from, to),
+            Some(us("2026-03-29T06:00:00Z")),
+            "a fixed offset misses the change"
+        );
+        assert_eq!(end("2026-07-10T12:00:00Z"), None, "outside the window");
+        // A window ending inside the skipped hour (02:30 on 29 March) ends at 03:30 CEST.
+        assert_eq!(
+            quiet_hours_end_in(us("2026-03-28T23:00:00Z"), berlin, 0, 150),
+            Some(us("2026-03-29T01:30:00Z"))
+        );
     }
 }
