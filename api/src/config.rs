@@ -585,7 +585,15 @@ fn check_notification_keys(n: &toml::Table) -> Result<(), String> {
             "templates" => {
                 for (locale, t) in table(v, &at)? {
                     let at = format!("{at}.{locale}");
-                    only(table(t, &at)?, TEMPLATES, &at)?;
+                    let t = table(t, &at)?;
+                    only(t, &["many", "summary", "sources"], &at)?;
+                    if let Some(srcs) = t.get("sources") {
+                        let at = format!("{at}.sources");
+                        for (name, titles) in table(srcs, &at)? {
+                            let at = format!("{at}.{name}");
+                            only(table(titles, &at)?, &["title_one", "title_many"], &at)?;
+                        }
+                    }
                 }
             }
             "routes" => {

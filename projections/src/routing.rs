@@ -80,6 +80,9 @@ pub struct DigestPolicy {
 pub struct Templates {
     pub many: Option<String>,
     pub summary: Option<String>,
+    /// `[notifications.templates.<locale>.sources.<name>]`: a source's notification titles in
+    /// this locale (section 12), `(title_one, title_many)`.
+    pub sources: BTreeMap<String, (Option<String>, Option<String>)>,
 }
 
 impl Templates {
@@ -91,6 +94,30 @@ impl Templates {
         let m = v.as_object().ok_or_else(bad)?;
         let mut t = Templates::default();
         for (k, x) in m {
+            if k == "sources" {
+                let srcs = x.as_object().ok_or_else(bad)?;
+                for (name, titles) in srcs {
+                    let at = format!("notifications.{key}.sources.{name}");
+                    let titles = titles
+                        .as_object()
+                        .ok_or_else(|| format!("{at} is malformed"))?;
+                    let mut pair = (None, None);
+                    for (tk, tv) in titles {
+                        let tv = tv
+                            .as_str()
+                            .filter(|x| !x.is_empty() && x.len() <= 512)
+                            .ok_or_else(|| format!("{at}.{tk} is malformed"))?
+                            .to_owned();
+                        match tk.as_str() {
+                            "title_one" => pair.0 = Some(tv),
+                            "title_many" => pair.1 = Some(tv),
+                            _ => return Err(format!("{at}.{tk} is not a title name")),
+                        }
+                    }
+                    t.sources.insert(name.clone(), pair);
+                }
+                continue;
+            }
             let x = x
                 .as_str()
                 .filter(|x| !x.is_empty() && x.len() <= 512)
@@ -448,13 +475,7 @@ impl RoutingSettings {
                 t.many.clone()
             }
         };
-        let locale = locale.map(str::to_ascii_lowercase);
-        let from_locale = locale.as_deref().and_then(|l| {
-            let lang = l.split(['-', '_']).next().unwrap_or(l);
-            [l, lang]
-                .into_iter()
-                .find_map(|k| self.templates.get(k).and_then(pick))
-        });
+        let from_locale = self.in_locale(locale, pick);
         let template = from_locale
             .or_else(|| policy.and_then(|p| pick(&p.templates)))
             .unwrap_or_else(|| {
@@ -466,6 +487,35 @@ impl RoutingSettings {
                 .to_owned()
             });
         render_title(&template, count, title, first_title)
+    }
+}
+
+impl RoutingSettings {
+    /// The first of `pick` over the templates of `locale`, then of its language (`de-AT`,
+    /// then `de`); case does not matter.
+    pub fn in_locale<T>(
+        &self,
+        locale: Option<&str>,
+        pick: impl Fn(&Templates) -> Option<T>,
+    ) -> Option<T> {
+        let l = locale?.to_ascii_lowercase();
+        let lang = l.split(['-', '_']).next().unwrap_or(&l).to_owned();
+        [l, lang]
+            .iter()
+            .find_map(|k| self.templates.get(k.as_str()).and_then(&pick))
+    }
+
+    /// Source `name`'s notification titles in `locale`, `(title_one, title_many)`, each when
+    /// the locale has it.
+    pub fn source_titles(
+        &self,
+        name: &str,
+        locale: Option<&str>,
+    ) -> (Option<String>, Option<String>) {
+        (
+            self.in_locale(locale, |t| t.sources.get(name).and_then(|p| p.0.clone())),
+            self.in_locale(locale, |t| t.sources.get(name).and_then(|p| p.1.clone())),
+        )
     }
 }
 

@@ -268,10 +268,19 @@ impl Command for Page {
                 return Ok(Decided::new(held, Vec::new()));
             }
             let count = covers.len();
+            // In the recipient's locale when `[notifications.templates.<locale>.sources.<name>]`
+            // has the title (section 12), else as configured.
+            let locale = match &n.recipient {
+                Some(r) => state.recipient(Some(r))?.ext.locale,
+                None => None,
+            };
+            let (one, many) = state
+                .settings_at(u64::MAX)?
+                .source_titles(name, locale.as_deref());
             let title = if count == 1 {
-                render(&n.title_one, count, first)
+                render(one.as_deref().unwrap_or(&n.title_one), count, first)
             } else {
-                render(&n.title_many, count, first)
+                render(many.as_deref().unwrap_or(&n.title_many), count, first)
             };
             let id = ids::source_notification(name, &covers[0]);
             let mut payload = json!({

@@ -1236,3 +1236,73 @@ async fn a_class_of_transient_errors_parks_the_source_at_its_limit() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A source's titles in the notify recipient's locale (`[notifications.templates.<locale>.
+/// sources.<name>]`, `de-AT` falling back to `de`), the configured ones otherwise; a misspelt
+/// title key refuses the start naming it.
+#[tokio::test]
+async fn source_titles_follow_the_recipients_locale() {
+    let (up, addr) = start_upstream().await;
+    let notify = "every = \"1h\"\n[sources.notify]\npriority = \"info\"\nrecipient = \"ana\"\n\
+                  title_one = \"{/plan/name} has been updated\"\ntitle_many = \"You have {count} new updates\"\n";
+    let templates = "[notifications.templates.de.sources.loc]\n\
+                     title_one = \"{/plan/name} wurde aktualisiert\"\n\
+                     title_many = \"Sie haben {count} neue Änderungen\"\n";
+    let cfg = format!("{templates}{}", source_toml("loc", addr, notify));
+    let s = start(cfg.clone()).await;
+    wait_source(&s, "loc", "the first (empty) poll", |v| {
+        v["last_success_at"].is_string()
+    })
+    .await;
+    // No locale yet: as configured.
+    up.add_items(0, 1);
+    post(&s, "/v1/sources/loc/poll", json!({})).await;
+    wait_source(&s, "loc", "one", |v| v["items_total"] == 1).await;
+    // ana reads Austrian German: the de titles.
+    let (st, body) = s
+        .append(
+            &json!({"event_id": "ana-de", "stream": "recipients", "subject": "ana",
+                        "type": "recipient.updated", "payload": {"locale": "de-AT"}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    up.add_items(1, 2);
+    post(&s, "/v1/sources/loc/poll", json!({})).await;
+    wait_source(&s, "loc", "two", |v| v["items_total"] == 2).await;
+    up.add_items(2, 5);
+    post(&s, "/v1/sources/loc/poll", json!({})).await;
+    wait_source(&s, "loc", "five", |v| v["items_total"] == 5).await;
+    let titles: Vec<String> = s
+        .read_all("&type=notification.requested")
+        .await
+        .iter()
+        .map(|n| n["payload"]["title"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        titles,
+        [
+            "plan 0 has been updated",
+            "plan 1 wurde aktualisiert",
+            "Sie haben 3 neue Änderungen"
+        ]
+    );
+    // A misspelt title key refuses the start, naming it.
+    let bad = cfg.replace("title_many = \"Sie", "title_lots = \"Sie");
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("c.toml");
+    std::fs::write(&f, bad).unwrap();
+    let out = std::process::Command::new(tidemark_tests::binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&f)
+        .arg("--data")
+        .arg(dir.path().join("data"))
+        .env("TEST_SOURCE_TOKEN", "x")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("notifications.templates.de.sources.loc.title_lots"),
+        "{err}"
+    );
+}
