@@ -111,6 +111,18 @@ pub enum SubscriptionAction {
         subscription_id: String,
         #[arg(long)]
         bridge_id: String,
+        /// Where the bridge posts (e.g. a chat team or channel), carried on each envelope.
+        #[arg(long)]
+        scope: Option<String>,
+        /// The bridge's workspace id, carried on each envelope.
+        #[arg(long)]
+        workspace: Option<String>,
+        /// The thread the bridge replies in, carried on each envelope.
+        #[arg(long)]
+        thread: Option<String>,
+        /// reply (in --thread; the default) or post (a new message).
+        #[arg(long, value_parser = ["reply", "post"])]
+        mode: Option<String>,
         /// pull (the bridge fetches and acks) or webhook (POSTed to --webhook-url).
         #[arg(long, default_value = "pull")]
         sink: String,

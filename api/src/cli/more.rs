@@ -23,6 +23,10 @@ pub(crate) async fn tasks(a: TasksArgs) -> CliResult {
             task,
             subscription_id,
             bridge_id,
+            scope,
+            workspace,
+            thread,
+            mode,
             sink,
             webhook_url,
             secret_env,
@@ -36,8 +40,18 @@ pub(crate) async fn tasks(a: TasksArgs) -> CliResult {
                     .map_err(|_| format!("the environment variable {var} is not set"))?;
                 s["secret"] = json!(secret);
             }
-            let body = json!({"subscription_id": subscription_id, "bridge_id": bridge_id,
-                              "sink": s});
+            let mut body = json!({"subscription_id": subscription_id, "bridge_id": bridge_id,
+                                  "sink": s});
+            for (k, v) in [
+                ("scope", scope),
+                ("workspace_id", workspace),
+                ("thread_id", thread),
+                ("mode", mode),
+            ] {
+                if let Some(v) = v {
+                    body[k] = json!(v);
+                }
+            }
             out.one(&c.post_json(&subs(&task), &body).await?)
         }
         SubscriptionAction::List { task } => {

@@ -330,6 +330,14 @@ async fn subscriptions_status_output_formats_config_and_completions() {
             "cli-sub",
             "--bridge-id",
             "cli-bridge",
+            "--scope",
+            "team-ops",
+            "--workspace",
+            "ws-1",
+            "--thread",
+            "th-9",
+            "--mode",
+            "post",
             "-o",
             "json",
             "--url",
@@ -341,6 +349,22 @@ async fn subscriptions_status_output_formats_config_and_completions() {
     .await;
     let sub: Value = serde_json::from_str(&ok(&out, "subscribe")).unwrap();
     assert_eq!(sub["subscription_id"], "cli-sub", "{sub}");
+    // The bridge's routing flags reach the subscription.
+    assert_eq!(
+        (
+            &sub["scope"],
+            &sub["workspace_id"],
+            &sub["thread_id"],
+            &sub["mode"]
+        ),
+        (
+            &json!("team-ops"),
+            &json!("ws-1"),
+            &json!("th-9"),
+            &json!("post")
+        ),
+        "{sub}"
+    );
     let out = run_cli(
         &[
             "tasks",
