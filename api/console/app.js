@@ -378,9 +378,10 @@ async function openTimeline(id) {
     items.length > 1 ? el('ul', {}, items) : null,
     d.more ? el('p', { class: 'muted', text: `and ${d.more} more` }) : null,
     t,
-    el('button', { type: 'button', text: 'Close', onclick: () => show($('#timeline'), false) }),
+    el('button', { type: 'button', text: 'Close', onclick: () => { show($('#timeline'), false); linkTo('outbox'); } }),
   );
   show($('#timeline'), true);
+  linkTo('deliveries', id);
 }
 
 /// Whom tidemark's dispatcher reached (section 17), or nothing.
@@ -472,9 +473,10 @@ async function openNotification(id) {
     el('h4', { text: `Deliveries (${r.deliveries.length})` }),
     r.deliveries.length ? dt : el('p', { class: 'muted', text: 'None: this notification is on the dashboard only.' }),
     el('p', { class: 'muted small', text: `as of seq ${r.as_of_seq}` }),
-    el('button', { type: 'button', text: 'Close', onclick: () => show($('#notification'), false) }),
+    el('button', { type: 'button', text: 'Close', onclick: () => { show($('#notification'), false); linkTo('notifications'); } }),
   );
   show($('#notification'), true);
+  linkTo('notifications', id);
 }
 
 /// Clear the outbox's filters by hand (a form reset would reload the list once more).
@@ -600,7 +602,13 @@ async function openTask(id) {
       el('span', { class: `pill t-${t.status}`, text: t.status, 'data-testid': 'task-status' })),
     el('p', { class: 'muted' }, `${t.title || ''} · project ${t.project_id || '–'} · review required ${t.review_required}`),
     el('p', {}, 'Stream resume: reconnect with ', el('code', { text: `after_sequence=${t.latest_event_seq}` }),
-      ' (latest_event_seq of this task).'),
+      ' (latest_event_seq of this task). ',
+      el('button', {
+        type: 'button',
+        text: `Follow its stream from seq ${t.latest_event_seq}`,
+        'data-testid': 'follow-stream',
+        onclick: () => followTask(t.task_id, t.latest_event_seq).catch((e) => flash(e.message, 'error')),
+      })),
     rt,
     el('h4', { text: `Bridge subscriptions (${active.length})` }),
     subs.subscriptions.length ? subs.subscriptions.map(cursorCard)
@@ -611,6 +619,20 @@ async function openTask(id) {
     el('button', { type: 'button', text: 'Refresh', 'data-testid': 'task-refresh', onclick: () => openTask(id) }),
   );
   show($('#task'), true);
+  linkTo('tasks', id);
+}
+
+/// The live tail on one task's events (subject = the task id), from `seq` on: what a client
+/// resuming with `after_sequence=seq` receives.
+async function followTask(id, seq) {
+  const f = $('#tfilt');
+  f.elements.stream.value = '';
+  f.elements.type.value = '';
+  f.elements.subject.value = id;
+  state.tail.filters = { subject: id };
+  history.pushState(null, '', '#tail');
+  await showView('tail');
+  await startTail(true, seq);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -648,7 +670,7 @@ async function loadSources() {
         flash(`${verb}: ${s.name}`, 'ok');
         await loadSources();
       };
-      return el('tr', { 'data-name': s.name },
+      return el('tr', { 'data-name': s.name, class: 'clickable', onclick: () => openSource(s.name).catch((e) => flash(e.message, 'error')) },
         el('td', { class: 'mono', text: s.name }),
         el('td', {}, el('span', { class: `pill src-${s.state}`, text: s.state }), s.stale ? el('span', { class: 'pill warn', text: 'stale' }) : null),
         el('td', { class: 'mono', text: s.watermark ?? '–' }),
@@ -682,12 +704,8 @@ async function loadLists() {
       el('td', {},
         el('button', {
           type: 'button', text: 'Edit', 'data-testid': 'list-edit', disabled: !admin,
-          onclick: () => {
-            const f = $('#list-form');
-            f.elements.name.value = l.name;
-            f.elements.members.value = l.members.join('\n');
-            f.elements.reason.focus();
-          },
+          onclick: () => openList(l.name).then(() => $('#list-form').elements.reason.focus())
+            .catch((e) => flash(e.message, 'error')),
         }),
         el('button', {
           type: 'button', text: 'Deliveries', 'data-testid': 'list-deliveries',
@@ -722,6 +740,35 @@ async function showListDeliveries(name) {
   $('#dfilter [name=list]').value = name;
   history.pushState(null, '', '#outbox');
   await showView('outbox');
+}
+
+/// One source's state (section 12), with a link of its own.
+async function openSource(name) {
+  const s = await api('GET', `/v1/sources/${encodeURIComponent(name)}`);
+  const kv = [];
+  for (const k of ['state', 'watermark', 'items_total', 'last_poll_at', 'last_success_at', 'next_poll_at',
+    'consecutive_failures', 'last_error', 'stale']) {
+    const v = s[k];
+    kv.push(el('dt', { text: k }), el('dd', { text: k.endsWith('_at') ? fmtTime(v) : (v ?? '–') }));
+  }
+  fill($('#source'),
+    el('h3', {}, 'Source ', el('span', { class: 'mono', text: s.name }), ' ',
+      el('span', { class: `pill src-${s.state}`, text: s.state, 'data-testid': 'source-state' }),
+      s.stale ? el('span', { class: 'pill warn', text: 'stale', 'data-testid': 'source-stale' }) : null),
+    el('dl', { class: 'kv' }, kv),
+    el('button', { type: 'button', text: 'Close', onclick: () => { show($('#source'), false); linkTo('sources'); } }));
+  show($('#source'), true);
+  linkTo('sources', name);
+}
+
+/// One list in the form, ready to edit, with a link of its own.
+async function openList(name) {
+  const l = await api('GET', `/v1/lists/${encodeURIComponent(name)}`);
+  const f = $('#list-form');
+  f.elements.name.value = l.name;
+  f.elements.members.value = l.members.join('\n');
+  for (const tr of document.querySelectorAll('#lists tr[data-name]')) tr.classList.toggle('selected', tr.dataset.name === name);
+  linkTo('lists', name);
 }
 
 async function loadProjections() {
@@ -796,16 +843,20 @@ function tailEvent(id, type, data) {
   while (body.children.length > TAIL_MAX) body.lastElementChild.remove();
 }
 
-async function startTail(reset) {
+async function startTail(reset, from) {
   const t = state.tail;
   stopTail();
   if (reset) {
     t.lastId = null;
     t.attempt = 0;
     table($('#tail'), ['seq', 'time', 'type', 'stream', 'subject', 'event id'], []);
-    // Seed: the last 20 events (of the filters), then everything appended after them.
-    const page = await api('GET', `/v1/events${qs({ ...t.filters, limit: 1 })}`);
-    t.from = Math.max(0, (page.latest_event_seq || 0) - 20);
+    if (from !== undefined) {
+      t.from = from;
+    } else {
+      // Seed: the last 20 events (of the filters), then everything appended after them.
+      const page = await api('GET', `/v1/events${qs({ ...t.filters, limit: 1 })}`);
+      t.from = Math.max(0, (page.latest_event_seq || 0) - 20);
+    }
   }
   const ctrl = new AbortController();
   t.ctrl = ctrl;
@@ -866,6 +917,44 @@ const LOADERS = {
   tail: async () => {},
 };
 
+// ---------------------------------------------------------------------------------------------
+// Links: the address bar names what is shown, `#<view>` or `#<kind>/<id>` (deliveries, tasks,
+// notifications, sources, lists), so an operator can share or bookmark it; Back goes back.
+
+function parseHash() {
+  const h = location.hash.slice(1);
+  const i = h.indexOf('/');
+  const kind = i < 0 ? h : h.slice(0, i);
+  let arg = null;
+  if (i >= 0) {
+    try { arg = decodeURIComponent(h.slice(i + 1)) || null; } catch (_) { arg = null; }
+  }
+  return { view: kind === 'deliveries' ? 'outbox' : kind, arg };
+}
+
+/// Name what is shown in the address bar (no reload; a new history entry when it changes).
+function linkTo(kind, id) {
+  const h = id === undefined || id === null ? `#${kind}` : `#${kind}/${encodeURIComponent(id)}`;
+  if (location.hash !== h) history.pushState(null, '', h);
+}
+
+const OPENERS = {
+  outbox: openTimeline,
+  tasks: openTask,
+  notifications: openNotification,
+  sources: openSource,
+  lists: openList,
+};
+
+/// Show what the address bar names.
+async function route() {
+  const { view, arg } = parseHash();
+  await showView(view);
+  if (arg && OPENERS[state.view]) {
+    try { await OPENERS[state.view](arg); } catch (e) { if (e.status !== 401) flash(e.message, 'error'); }
+  }
+}
+
 async function showView(name) {
   if (!LOADERS[name]) name = 'outbox';
   state.view = name;
@@ -885,13 +974,14 @@ async function boot() {
     flash(`whoami: ${e.message}`, 'error');
     return;
   }
-  await showView(location.hash.slice(1));
+  await route();
   if (!state.tail.ctrl) startTail(true).catch((e) => flash(`tail: ${e.message}`, 'error'));
   document.body.dataset.ready = 'true';
 }
 
 function wire() {
-  window.addEventListener('hashchange', () => { if (state.who) showView(location.hash.slice(1)); });
+  // Also fired by Back and Forward between the entries `linkTo` adds.
+  window.addEventListener('hashchange', () => { if (state.who) route(); });
   $('#login-form').addEventListener('submit', (ev) => {
     ev.preventDefault();
     state.token = $('#token').value.trim();

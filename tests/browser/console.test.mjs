@@ -499,6 +499,38 @@ async function openMode() {
   await until('the deliveries by id', async () => (await rowIds(page, '#deliveries')).join() === byId.join());
   assert.notEqual(byTime.join(), byId.join(), 'the two orders differ here');
 
+  // Links of their own: a task, a delivery and a notification open directly from the address
+  // bar, and opening one puts its link there. The task's resume card opens its live stream.
+  const linked = await openPage(s);
+  await linked.goto(`${s.base}/#tasks/bt-3`);
+  await ready(linked);
+  await linked.waitForSelector('#task:not([hidden]) h3:has-text("bt-3")', { timeout: WAIT });
+  await linked.goto(`${s.base}/#deliveries/${encodeURIComponent('dlv:n-1:desktop')}`);
+  await linked.waitForSelector('#timeline:not([hidden]) h3:has-text("dlv:n-1:desktop")', { timeout: WAIT });
+  await linked.goto(`${s.base}/#notifications/n-2`);
+  await linked.waitForSelector('#notification:not([hidden]) h3:has-text("n-2")', { timeout: WAIT });
+  await linked.click('#nav a[data-view=tasks]');
+  await linked.click('#tasks tr[data-id="bt-5"]');
+  await until('the task link in the address bar', async () => linked.url().endsWith('#tasks/bt-5'));
+  await linked.click('#tasks tr[data-id="bt-6"]');
+  await until('the next task link', async () => linked.url().endsWith('#tasks/bt-6'));
+  await linked.goBack();
+  await linked.waitForSelector('#task:not([hidden]) h3:has-text("bt-5")', { timeout: WAIT });
+  step('links: #tasks/<id>, #deliveries/<id>, #notifications/<id> open directly; Back returns');
+  await snap(linked, 'task-by-link');
+  const t5 = await s.ok('GET', '/v1/tasks/bt-5');
+  await linked.click('[data-testid=follow-stream]');
+  await linked.waitForSelector('[data-testid=tail-state]:text-is("live")', { timeout: WAIT });
+  const [mine] = await s.append([taskEv('bt-5', 'task.run_started', { run_id: 'r-follow' })]);
+  const [other] = await s.append([taskEv('bt-6', 'task.run_started', { run_id: 'r-other' })]);
+  await linked.waitForSelector(`#tail tr[data-seq="${mine}"]`, { timeout: WAIT });
+  const shown = await linked.locator('#tail tbody tr[data-seq]').evaluateAll((rs) => rs.map((r) => Number(r.dataset.seq)));
+  assert.ok(!shown.includes(other), `another task's event in the task's stream: ${shown}`);
+  assert.ok(shown.every((q) => q > t5.latest_event_seq), `the stream starts after seq ${t5.latest_event_seq}: ${shown}`);
+  step(`the resume card followed bt-5's stream from seq ${t5.latest_event_seq}`);
+  assert.deepEqual(linked.errors, [], 'no script errors');
+  await linked.context().close();
+
   // The live tail: an event appended after the page opened appears; after a restart of the
   // server it resumes from the last event shown (Last-Event-ID), without repeats or gaps.
   await view(page, 'tail');
@@ -659,6 +691,18 @@ url = "smtp://127.0.0.1:${smtp.port}"
 from = "tidemark <noreply@example.org>"
 timeout = "5s"
 concurrency = 2
+[[sources]]
+name = "dead"
+url = "http://127.0.0.1:9/items"
+every = "1h"
+timeout = "1s"
+[sources.watermark]
+request_field = "afterId"
+next = "/next"
+has_more = "/more"
+[sources.items]
+path = "/data"
+id = "/id"
 `);
   await s.start();
   step(`push server on ${s.base}, SMTP on ${smtp.port}`);
@@ -732,6 +776,15 @@ concurrency = 2
   const rec = await text(page, '#notification [data-testid=resolved-targets]');
   for (const m of members) assert.ok(rec.includes(m), rec);
   step('the status record shows the resolved targets');
+
+  // A source and a list have links of their own too.
+  await page.goto(`${s.base}/#sources/dead`);
+  await ready(page);
+  await page.waitForSelector('#source:not([hidden]) h3:has-text("dead")', { timeout: WAIT });
+  await page.goto(`${s.base}/#lists/oncall`);
+  await ready(page);
+  await until('the list in the form', async () => (await page.inputValue('[data-testid=list-name]')) === 'oncall');
+  step('links: #sources/<name> and #lists/<name> open directly');
 
   // Deleting the list asks first; confirmed, it is gone.
   await view(page, 'lists');
