@@ -694,7 +694,7 @@ concurrency = 2
 [[sources]]
 name = "dead"
 url = "http://127.0.0.1:9/items"
-every = "1h"
+every = "1s"
 timeout = "1s"
 [sources.watermark]
 request_field = "afterId"
@@ -781,6 +781,12 @@ id = "/id"
   await page.goto(`${s.base}/#sources/dead`);
   await ready(page);
   await page.waitForSelector('#source:not([hidden]) h3:has-text("dead")', { timeout: WAIT });
+  // Never a success for three intervals (3 s here): stale, in the list and the panel.
+  await until('the source stale', async () => (await s.ok('GET', '/v1/sources/dead')).stale === true);
+  await view(page, 'sources');
+  await page.waitForSelector('#sources tr[data-name=dead] .pill:text-is("stale")', { timeout: WAIT });
+  await page.click('#sources tr[data-name=dead]');
+  await page.waitForSelector('#source [data-testid=source-stale]', { timeout: WAIT });
   await page.goto(`${s.base}/#lists/oncall`);
   await ready(page);
   await until('the list in the form', async () => (await page.inputValue('[data-testid=list-name]')) === 'oncall');
