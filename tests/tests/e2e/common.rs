@@ -595,3 +595,21 @@ pub async fn run_script(mut cmd: tokio::process::Command, what: &str) -> String 
     );
     stdout
 }
+
+/// Start the built binary with `toml` as its config (and `env`), expecting it to refuse:
+/// answers its stderr. Panics if it started.
+pub fn refused_start(toml: &str, env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = dir.path().join("c.toml");
+    std::fs::write(&f, toml).expect("write the config");
+    let out = std::process::Command::new(tidemark_tests::binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&f)
+        .arg("--data")
+        .arg(dir.path().join("data"))
+        .envs(env.iter().copied())
+        .output()
+        .expect("run the binary");
+    assert!(!out.status.success(), "started with {toml}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}

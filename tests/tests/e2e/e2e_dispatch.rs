@@ -8,7 +8,7 @@
 //! dispatcher killed mid-send sends after its restart; webhook URLs and secrets stay out of
 //! the log and the answers.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -351,21 +351,7 @@ async fn a_hanging_sink_delays_nothing_else_and_a_crash_mid_send_loses_nothing()
 /// naming the route; so is an email route without `[sinks.email]`.
 #[test]
 fn an_email_route_that_cannot_work_is_refused_at_start() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = |toml: &str, env: &[(&str, &str)]| -> String {
-        let f: PathBuf = dir.path().join("c.toml");
-        std::fs::write(&f, toml).unwrap();
-        let out = Command::new(tidemark_tests::binary())
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&f)
-            .arg("--data")
-            .arg(dir.path().join("data"))
-            .envs(env.iter().copied())
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "started with {toml}");
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
+    let run = crate::common::refused_start;
     let redacting = "[privacy]\nhmac_key = \"env:K\"\n[notifications.routes.mail]\nsink = \"email\"\nredact = true\n[sinks.email]\nurl = \"smtp://127.0.0.1:2525\"\nfrom = \"a@example.org\"\n";
     let err = run(redacting, &[("K", "0123456789abcdef0123456789abcdef")]);
     assert!(
@@ -563,48 +549,40 @@ async fn page_through(s: &Server, filter: &str, limit: usize) -> Vec<String> {
 async fn type_and_list_filters_page_through_every_match_and_the_lists_cli() {
     let s = Server::start(ServerOpts::default()).await;
     let url = s.base().to_owned();
-    let cli = |args: Vec<String>| async move {
-        let a: Vec<&str> = args.iter().map(String::as_str).collect();
-        tidemark_tests::run_cli(&a, "", Duration::from_secs(60)).await
-    };
-    let args = |v: &[&str]| -> Vec<String> {
-        v.iter()
+    // `tidemark <args> --url <server> -o json`: what it printed, or its stderr when it failed.
+    let cli = |v: &[&str]| {
+        let args: Vec<String> = v
+            .iter()
             .map(|s| s.to_string())
             .chain(["--url".into(), url.clone(), "-o".into(), "json".into()])
-            .collect()
+            .collect();
+        async move {
+            let a: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = tidemark_tests::run_cli(&a, "", Duration::from_secs(60)).await;
+            if out.status.success() {
+                Ok(serde_json::from_slice::<Value>(&out.stdout).expect("JSON on stdout"))
+            } else {
+                Err(String::from_utf8_lossy(&out.stderr).into_owned())
+            }
+        }
     };
     // The lists CLI: set, show, list.
-    let out = cli(args(&[
-        "lists",
-        "set",
-        "ops",
-        "a@example.org",
-        "b@example.org",
-        "--reason",
-        "rota",
-    ]))
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let set = ["lists", "set", "ops", "a@example.org", "b@example.org"];
+    let v = cli(&[&set[..], &["--reason", "rota"]].concat())
+        .await
+        .unwrap();
     assert_eq!(
         v["members"],
         json!(["a@example.org", "b@example.org"]),
         "{v}"
     );
     assert_eq!(v["reason"], "rota");
-    let out = cli(args(&["lists", "show", "ops"])).await;
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = cli(&["lists", "show", "ops"]).await.unwrap();
     assert_eq!(v["name"], "ops", "{v}");
-    let out = cli(args(&["lists", "list"])).await;
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = cli(&["lists", "list"]).await.unwrap();
     assert_eq!(v.as_array().map(Vec::len), Some(1), "{v}");
-    let out = cli(args(&["lists", "set", "ops", "a@example.org"])).await;
     assert!(
-        !out.status.success(),
+        cli(&set).await.is_err(),
         "a change without --reason is refused"
     );
 
@@ -688,21 +666,9 @@ async fn type_and_list_filters_page_through_every_match_and_the_lists_cli() {
     }
 
     // The CLI's filters, and deleting a list.
-    let out = cli(args(&[
-        "deliveries",
-        "list",
-        "--type",
-        "alert",
-        "--order",
-        "id",
-    ]))
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = cli(&["deliveries", "list", "--type", "alert", "--order", "id"])
+        .await
+        .unwrap();
     let ids: Vec<&str> = v
         .as_array()
         .unwrap()
@@ -710,28 +676,16 @@ async fn type_and_list_filters_page_through_every_match_and_the_lists_cli() {
         .map(|d| d["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, want_alert);
-    let out = cli(args(&[
-        "deliveries",
-        "list",
-        "--list",
-        "ops",
-        "--order",
-        "id",
-    ]))
-    .await;
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = cli(&["deliveries", "list", "--list", "ops", "--order", "id"])
+        .await
+        .unwrap();
     assert_eq!(v.as_array().map(Vec::len), Some(want_ops.len()));
-    let out = cli(args(&["lists", "delete", "ops", "--reason", "gone"])).await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = cli(args(&["lists", "show", "ops"])).await;
-    assert!(!out.status.success());
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    let e: Value = serde_json::from_slice(&out.stderr).unwrap_or(v);
-    assert_eq!(e["code"], "list_not_found", "{e}");
+    cli(&["lists", "delete", "ops", "--reason", "gone"])
+        .await
+        .unwrap();
+    let err = cli(&["lists", "show", "ops"]).await.unwrap_err();
+    let e: Value = serde_json::from_str(&err).unwrap_or(Value::Null);
+    assert_eq!(e["code"], "list_not_found", "{err}");
 }
 
 /// Section 17: everything else holds for the email sink as for the app sink. A digest is one

@@ -638,20 +638,7 @@ async fn cors_allows_only_the_listed_origins() {
 /// is not an origin.
 #[test]
 fn unknown_configuration_keys_refuse_the_start_naming_the_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = |toml: &str| -> String {
-        let f = dir.path().join("c.toml");
-        std::fs::write(&f, toml).unwrap();
-        let out = std::process::Command::new(tidemark_tests::binary())
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&f)
-            .arg("--data")
-            .arg(dir.path().join("data"))
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "started with {toml}");
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
+    let run = |toml: &str| crate::common::refused_start(toml, &[]);
     for (toml, key) in [
         (
             "[notifications.routes.desktop]\nquiet_hour = [\"22:00\", \"07:00\"]\n",

@@ -1162,23 +1162,8 @@ async fn poll_requests_carry_a_request_id_and_an_idempotency_key() {
         addr,
         "every = \"1h\"\nidempotency_header = \"bad header\"",
     );
-    let dir = tempfile::tempdir().unwrap();
-    let f = dir.path().join("c.toml");
-    std::fs::write(&f, bad).unwrap();
-    let out = std::process::Command::new(tidemark_tests::binary())
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&f)
-        .arg("--data")
-        .arg(dir.path().join("data"))
-        .env("TEST_SOURCE_TOKEN", "x")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("sources.ids.idempotency_header"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let err = crate::common::refused_start(&bad, &[("TEST_SOURCE_TOKEN", "x")]);
+    assert!(err.contains("sources.ids.idempotency_header"), "{err}");
 }
 
 /// Per-class retry limits (`[sources.retry] limits`): three 5xx in a row park a source whose
@@ -1218,22 +1203,10 @@ async fn a_class_of_transient_errors_parks_the_source_at_its_limit() {
     wait_source(&s, "flaky", "resumed", |v| v["items_total"] == 2).await;
     // An unknown class refuses the start.
     let bad = cfg.replace("server_error = 3", "server_errors = 3");
-    let dir = tempfile::tempdir().unwrap();
-    let f = dir.path().join("c.toml");
-    std::fs::write(&f, bad).unwrap();
-    let out = std::process::Command::new(tidemark_tests::binary())
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&f)
-        .arg("--data")
-        .arg(dir.path().join("data"))
-        .env("TEST_SOURCE_TOKEN", "x")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
+    let err = crate::common::refused_start(&bad, &[("TEST_SOURCE_TOKEN", "x")]);
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("sources.flaky.retry.limits.server_errors"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        err.contains("sources.flaky.retry.limits.server_errors"),
+        "{err}"
     );
 }
 
@@ -1288,19 +1261,7 @@ async fn source_titles_follow_the_recipients_locale() {
     );
     // A misspelt title key refuses the start, naming it.
     let bad = cfg.replace("title_many = \"Sie", "title_lots = \"Sie");
-    let dir = tempfile::tempdir().unwrap();
-    let f = dir.path().join("c.toml");
-    std::fs::write(&f, bad).unwrap();
-    let out = std::process::Command::new(tidemark_tests::binary())
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&f)
-        .arg("--data")
-        .arg(dir.path().join("data"))
-        .env("TEST_SOURCE_TOKEN", "x")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = crate::common::refused_start(&bad, &[("TEST_SOURCE_TOKEN", "x")]);
     assert!(
         err.contains("notifications.templates.de.sources.loc.title_lots"),
         "{err}"

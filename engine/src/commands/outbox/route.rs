@@ -28,18 +28,11 @@ pub fn quiet_hours_end(due_us: i64, tz_offset_minutes: i32, from: u32, to: u32) 
         return None;
     }
     let local = due_us + tz_offset_minutes as i64 * MINUTE_US;
-    let minute = local.rem_euclid(DAY_US) / MINUTE_US;
-    let (from, to) = (from as i64, to as i64);
-    let inside = if from < to {
-        minute >= from && minute < to
-    } else {
-        minute >= from || minute < to
-    };
-    if !inside {
+    if !in_window((local.rem_euclid(DAY_US) / MINUTE_US) as u32, from, to) {
         return None;
     }
     let midnight = local - local.rem_euclid(DAY_US);
-    let mut end = midnight + to * MINUTE_US;
+    let mut end = midnight + to as i64 * MINUTE_US;
     if end <= local {
         end += DAY_US;
     }
@@ -354,6 +347,16 @@ pub(super) fn quiet_end(
     }
 }
 
+/// Whether local `minute` (after midnight) is in the window `[from, to)`, which may wrap past
+/// midnight.
+fn in_window(minute: u32, from: u32, to: u32) -> bool {
+    if from < to {
+        minute >= from && minute < to
+    } else {
+        minute >= from || minute < to
+    }
+}
+
 /// [`quiet_hours_end`] in an IANA time zone: the window is read on the local clock of the day
 /// `due_us` falls on, daylight-saving changes included (the window's end on a day the clocks
 /// skip it is the first local time after the gap).
@@ -363,13 +366,7 @@ pub fn quiet_hours_end_in(due_us: i64, tz: chrono_tz::Tz, from: u32, to: u32) ->
         return None;
     }
     let local = chrono::DateTime::from_timestamp_micros(due_us)?.with_timezone(&tz);
-    let minute = local.hour() * 60 + local.minute();
-    let inside = if from < to {
-        minute >= from && minute < to
-    } else {
-        minute >= from || minute < to
-    };
-    if !inside {
+    if !in_window(local.hour() * 60 + local.minute(), from, to) {
         return None;
     }
     let end_time = NaiveTime::from_hms_opt(to / 60, to % 60, 0)?;
