@@ -841,28 +841,43 @@ async fn the_cli_lists_and_acts_on_sources() {
     wait_source(&s, "cli", "the new item", |v| v["items_total"] == 4).await;
 }
 
+/// Source `name` with an urgent notification (one delivery each) under `max_pending`, after
+/// its first (empty) poll.
+async fn outbox_bound_source(name: &str, max_pending: u64) -> (Up, Server) {
+    let (up, addr) = start_upstream().await;
+    let notify = "every = \"1h\"\n[sources.notify]\npriority = \"urgent\"\ntitle_one = \"one\"\ntitle_many = \"{count} new\"\n";
+    let s = start(format!(
+        "[notifications.outbox]\nmax_pending = {max_pending}\n{}",
+        source_toml(name, addr, notify)
+    ))
+    .await;
+    wait_source(&s, name, "the first (empty) poll", |v| {
+        v["last_success_at"].is_string()
+    })
+    .await;
+    (up, s)
+}
+
+/// A client's batch of urgent notifications `<prefix>-n<from>` … `<prefix>-n<to - 1>`.
+fn urgent_batch(prefix: &str, from: usize, to: usize) -> Value {
+    let events: Vec<Value> = (from..to)
+        .map(|i| {
+            json!({"event_id": format!("{prefix}-n{i}"), "stream": "notifications",
+                   "subject": format!("{prefix}-n{i}"), "type": "notification.requested",
+                   "payload": {"priority": "urgent", "title": "t"}})
+        })
+        .collect();
+    json!({ "events": events })
+}
+
 /// A full outbox never wedges a source: a page whose notification would go past
 /// `max_pending` is refused whole (nothing appended), the source backs off, and once the
 /// outbox drains the same page is appended with its notification.
 #[tokio::test]
 async fn a_full_outbox_backs_the_source_off_until_it_drains() {
-    let (up, addr) = start_upstream().await;
-    let notify = "every = \"1h\"\n[sources.notify]\npriority = \"urgent\"\ntitle_one = \"one\"\ntitle_many = \"{count} new\"\n";
-    let s = start(format!(
-        "[notifications.outbox]\nmax_pending = 2\n{}",
-        source_toml("busy", addr, notify)
-    ))
-    .await;
-    wait_source(&s, "busy", "the first (empty) poll", |v| {
-        v["last_success_at"].is_string()
-    })
-    .await;
+    let (up, s) = outbox_bound_source("busy", 2).await;
     // Two pending deliveries: the bound reached (a request over it is refused, section 5).
-    let batch: Vec<Value> = (0..2)
-        .map(|i| json!({"event_id": format!("busy-n{i}"), "stream": "notifications", "subject": format!("busy-n{i}"),
-                        "type": "notification.requested", "payload": {"priority": "urgent", "title": "t"}}))
-        .collect();
-    let (st, body) = s.append(&json!({ "events": batch })).await;
+    let (st, body) = s.append(&urgent_batch("busy", 0, 2)).await;
     assert_eq!(st, StatusCode::CREATED, "{body}");
     wait_for(
         Duration::from_secs(30),
@@ -1068,27 +1083,7 @@ async fn a_digest_of_poll_notifications_counts_their_changes() {
 /// append up to 10; with 7 pending its poll's notification (one more) goes in.
 #[tokio::test]
 async fn a_source_waits_at_its_backpressure_threshold_before_the_outbox_is_full() {
-    let (up, addr) = start_upstream().await;
-    let notify = "every = \"1h\"\n[sources.notify]\npriority = \"urgent\"\ntitle_one = \"one\"\ntitle_many = \"{count} new\"\n";
-    let s = start(format!(
-        "[notifications.outbox]\nmax_pending = 10\n{}",
-        source_toml("early", addr, notify)
-    ))
-    .await;
-    wait_source(&s, "early", "the first (empty) poll", |v| {
-        v["last_success_at"].is_string()
-    })
-    .await;
-    let pend = |from: usize, to: usize| {
-        let batch: Vec<Value> = (from..to)
-            .map(|i| {
-                json!({"event_id": format!("early-n{i}"), "stream": "notifications",
-                            "subject": format!("early-n{i}"), "type": "notification.requested",
-                            "payload": {"priority": "urgent", "title": "t"}})
-            })
-            .collect();
-        json!({ "events": batch })
-    };
+    let (up, s) = outbox_bound_source("early", 10).await;
     let depth = |n: u64| {
         let s = &s;
         async move {
@@ -1100,7 +1095,7 @@ async fn a_source_waits_at_its_backpressure_threshold_before_the_outbox_is_full(
         }
     };
     // 7 pending: the poll's notification makes 8, at the threshold: it goes in.
-    let (st, body) = s.append(&pend(0, 7)).await;
+    let (st, body) = s.append(&urgent_batch("early", 0, 7)).await;
     assert_eq!(st, StatusCode::CREATED, "{body}");
     depth(7).await;
     up.add_items(0, 2);
@@ -1124,7 +1119,7 @@ async fn a_source_waits_at_its_backpressure_threshold_before_the_outbox_is_full(
         "nothing appended"
     );
     // A client may still append up to max_pending.
-    let (st, body) = s.append(&pend(7, 9)).await;
+    let (st, body) = s.append(&urgent_batch("early", 7, 9)).await;
     assert_eq!(st, StatusCode::CREATED, "{body}");
     let m = s.get("/metrics").await.text;
     assert!(m.contains("tidemark_source_backpressure{source=\"early\"} 1"));
