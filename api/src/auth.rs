@@ -208,7 +208,12 @@ impl Auth {
         {
             Ok(())
         } else {
-            tracing::info!(token = %token.name, scope = scope.name(), "request refused: missing scope");
+            tracing::info!(
+                token = %token.name,
+                scope = scope.name(),
+                request_id = %crate::server::request_id(),
+                "request refused: missing scope"
+            );
             Err(ApiError::new(
                 axum::http::StatusCode::FORBIDDEN,
                 "forbidden_scope",

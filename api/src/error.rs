@@ -113,7 +113,7 @@ impl ApiError {
             chain.push_str(&s.to_string());
             cur = s.source();
         }
-        tracing::error!(error = %chain, "{context}");
+        tracing::error!(error = %chain, request_id = %crate::server::request_id(), "{context}");
         Self::log_unavailable()
     }
 
@@ -161,7 +161,7 @@ impl ApiError {
     }
 
     pub fn internal(context: &str, err: impl std::fmt::Display) -> Self {
-        tracing::error!(error = %err, "{context}");
+        tracing::error!(error = %err, request_id = %crate::server::request_id(), "{context}");
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",

@@ -278,7 +278,12 @@ pub async fn reset(
             by: crate::routes::caller(&st, &headers),
         })
         .await?;
-    tracing::info!(consumer = %c.consumer_id, to = c.last_sequence, "cursor reset");
+    tracing::info!(
+        consumer = %c.consumer_id,
+        to = c.last_sequence,
+        request_id = %crate::server::request_id(),
+        "cursor reset"
+    );
     metrics::counter!("tidemark_cursor_resets_total").increment(1);
     Ok(Json(c.into()))
 }

@@ -540,8 +540,23 @@ async fn every_answer_carries_a_request_id_and_the_log_shows_it() {
     let a = id_of(&s.send(c.get(s.url("/healthz"))).await);
     let b = id_of(&s.send(c.get(s.url("/healthz"))).await);
     assert_ne!(a, b);
+    // A refusal the server logs at info names the request.
+    let r = s
+        .send(
+            c.get(s.url("/v1/admin/projections"))
+                .bearer_auth(&token)
+                .header("x-request-id", "req-scope-1"),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text);
     // On the request's log lines.
     let log = s.stderr();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("request refused: missing scope")
+                && l.contains("request_id=req-scope-1")),
+        "the refusal's log line names the request"
+    );
     assert!(
         log.lines()
             .any(|l| l.contains("request_id=\"req-7f3a 2026/11/27\"") && l.contains("/v1/whoami")),
