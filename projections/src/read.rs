@@ -149,9 +149,8 @@ fn walk_newest(
 pub fn tasks(db: &redb::Database, f: &TaskFilter) -> Result<Page<Task>, StorageError> {
     let r = Reader::new(db)?;
     let limit = f.limit.max(1);
-    let mut out: Vec<Task> = Vec::new();
     let Some(rows) = r.table(tasks::NAME, tasks::ROWS)? else {
-        return Ok((out, None));
+        return Ok((Vec::new(), None));
     };
     let keep = |t: &Task| {
         f.status.as_deref().is_none_or(|s| s == t.status)
@@ -163,34 +162,80 @@ pub fn tasks(db: &redb::Database, f: &TaskFilter) -> Result<Page<Task>, StorageE
                 .as_ref()
                 .is_none_or(|b| b.follows(tasks::created_key(t), &t.task_id))
     };
-    // Decode a stored task; keep it when it passes the filters.
+    let walk = if f.order == ListOrder::Newest {
+        Walk::Newest {
+            index: tasks::BY_CREATED,
+            lower: Vec::new(),
+            upper: f.before.as_ref().map(Position::index_key),
+        }
+    } else {
+        Walk::ById {
+            filters: vec![
+                (tasks::BY_PROJECT, f.project_id.as_deref()),
+                (tasks::BY_STATUS, f.status.as_deref()),
+            ],
+            after: f.after.as_deref(),
+        }
+    };
+    paged(&r, tasks::NAME, &rows, walk, limit, keep)
+}
+
+/// How a list is walked: newest first along its creation index between two keys, or in id
+/// order through the postings of its indexed filters (every row when none is set).
+enum Walk<'f> {
+    Newest {
+        index: &'static str,
+        lower: Vec<u8>,
+        upper: Option<Vec<u8>>,
+    },
+    ById {
+        filters: Vec<(&'static str, Option<&'f str>)>,
+        after: Option<&'f str>,
+    },
+}
+
+/// One page of the rows of `model` (`rows`, its stored rows by id) that `keep` keeps, walked
+/// as `walk` says: up to `limit` of them, and the position to go on from when there may be
+/// more. The one paged index-join of the task and delivery lists.
+fn paged<T>(
+    r: &Reader,
+    model: &str,
+    rows: &Table,
+    walk: Walk<'_>,
+    limit: usize,
+    keep: impl Fn(&T) -> bool,
+) -> Result<Page<T>, StorageError>
+where
+    T: serde::de::DeserializeOwned,
+    for<'a> Position: From<&'a T>,
+{
+    let mut out: Vec<T> = Vec::new();
+    // Decode a stored row; keep it when it passes the filters.
     let take = |v: &[u8]| -> Result<bool, StorageError> {
-        let t: Task = postcard::from_bytes(v).map_err(StorageError::of)?;
-        let kept = keep(&t);
+        let row: T = postcard::from_bytes(v).map_err(StorageError::of)?;
+        let kept = keep(&row);
         if kept {
-            out.push(t);
+            out.push(row);
         }
         Ok(kept)
     };
-    let more = if f.order == ListOrder::Newest {
-        match r.table(tasks::NAME, tasks::BY_CREATED)? {
-            Some(idx) => {
-                let upper = f.before.as_ref().map(Position::index_key);
-                walk_newest(&idx, &[], upper.as_deref(), limit, by_id(&rows, take))?
-            }
+    let more = match walk {
+        Walk::Newest {
+            index,
+            lower,
+            upper,
+        } => match r.table(model, index)? {
+            Some(idx) => walk_newest(&idx, &lower, upper.as_deref(), limit, by_id(rows, take))?,
             None => false,
-        }
-    } else {
-        let filters = [
-            (tasks::BY_PROJECT, f.project_id.as_deref()),
-            (tasks::BY_STATUS, f.status.as_deref()),
-        ];
-        let after = f.after.as_deref().map(str::as_bytes);
-        match Postings::of_filters(&r, tasks::NAME, &filters)? {
-            Some(lists) => {
-                intersect(&lists, Order::Asc, after, limit, by_id(&rows, take))?.is_some()
+        },
+        Walk::ById { filters, after } => {
+            let after = after.map(str::as_bytes);
+            match Postings::of_filters(r, model, &filters)? {
+                Some(lists) => {
+                    intersect(&lists, Order::Asc, after, limit, by_id(rows, take))?.is_some()
+                }
+                None => scan_ids(rows, after, limit, take)?,
             }
-            None => scan_ids(&rows, after, limit, take)?,
         }
     };
     let next = more.then(|| out.last().map(Position::from)).flatten();
@@ -577,9 +622,8 @@ impl DeliveryFilter {
 pub fn deliveries(db: &redb::Database, f: &DeliveryFilter) -> Result<Page<Delivery>, StorageError> {
     let r = Reader::new(db)?;
     let limit = f.limit.max(1);
-    let mut out: Vec<Delivery> = Vec::new();
     let Some(rows) = r.table(deliveries::NAME, deliveries::ROWS)? else {
-        return Ok((out, None));
+        return Ok((Vec::new(), None));
     };
     let keep = |d: &Delivery| {
         f.sink.as_deref().is_none_or(|s| s == d.sink)
@@ -606,53 +650,36 @@ pub fn deliveries(db: &redb::Database, f: &DeliveryFilter) -> Result<Page<Delive
                 .as_ref()
                 .is_none_or(|b| b.follows(deliveries::created_key(d), &d.id))
     };
-    // Decode a stored delivery; keep it when it passes the filters.
-    let take = |v: &[u8]| -> Result<bool, StorageError> {
-        let d: Delivery = postcard::from_bytes(v).map_err(StorageError::of)?;
-        let kept = keep(&d);
-        if kept {
-            out.push(d);
-        }
-        Ok(kept)
-    };
-    let more = if f.order == ListOrder::Newest {
-        match r.table(deliveries::NAME, deliveries::BY_CREATED)? {
-            Some(idx) => {
-                // The time range bounds the walk (the index is by creation time).
-                let lower = deliveries::us_key(f.created_after_us.unwrap_or(0));
-                let upper = [
-                    f.before.as_ref().map(Position::index_key),
-                    f.created_before_us
-                        .map(|t| deliveries::us_key(t.max(1)).to_vec()),
-                ]
-                .into_iter()
-                .flatten()
-                .min();
-                walk_newest(&idx, &lower, upper.as_deref(), limit, by_id(&rows, take))?
-            }
-            None => false,
+    let walk = if f.order == ListOrder::Newest {
+        // The time range bounds the walk (the index is by creation time).
+        Walk::Newest {
+            index: deliveries::BY_CREATED,
+            lower: deliveries::us_key(f.created_after_us.unwrap_or(0)).to_vec(),
+            upper: [
+                f.before.as_ref().map(Position::index_key),
+                f.created_before_us
+                    .map(|t| deliveries::us_key(t.max(1)).to_vec()),
+            ]
+            .into_iter()
+            .flatten()
+            .min(),
         }
     } else {
-        let filters = [
-            (deliveries::BY_STATUS, f.status.as_deref()),
-            (deliveries::BY_SINK, f.sink.as_deref()),
-            (deliveries::BY_ROUTE, f.route.as_deref()),
-            (deliveries::BY_RECIPIENT, f.recipient.as_deref()),
-            (deliveries::BY_NOTIFICATION, f.notification_id.as_deref()),
-            (deliveries::BY_SITE, f.source_site.as_deref()),
-            (deliveries::BY_TYPE, f.ntype.as_deref()),
-            (deliveries::BY_LIST, f.list.as_deref()),
-        ];
-        let after = f.after.as_deref().map(str::as_bytes);
-        match Postings::of_filters(&r, deliveries::NAME, &filters)? {
-            Some(lists) => {
-                intersect(&lists, Order::Asc, after, limit, by_id(&rows, take))?.is_some()
-            }
-            None => scan_ids(&rows, after, limit, take)?,
+        Walk::ById {
+            filters: vec![
+                (deliveries::BY_STATUS, f.status.as_deref()),
+                (deliveries::BY_SINK, f.sink.as_deref()),
+                (deliveries::BY_ROUTE, f.route.as_deref()),
+                (deliveries::BY_RECIPIENT, f.recipient.as_deref()),
+                (deliveries::BY_NOTIFICATION, f.notification_id.as_deref()),
+                (deliveries::BY_SITE, f.source_site.as_deref()),
+                (deliveries::BY_TYPE, f.ntype.as_deref()),
+                (deliveries::BY_LIST, f.list.as_deref()),
+            ],
+            after: f.after.as_deref(),
         }
     };
-    let next = more.then(|| out.last().map(Position::from)).flatten();
-    Ok((out, next))
+    paged(&r, deliveries::NAME, &rows, walk, limit, keep)
 }
 
 /// What became of one notification (spec section 14), derived from its deliveries.
