@@ -946,10 +946,14 @@ const OPENERS = {
   lists: openList,
 };
 
+/// The panel an opener fills, per view: closed when the address names the view alone.
+const PANELS = { outbox: '#timeline', tasks: '#task', notifications: '#notification', sources: '#source' };
+
 /// Show what the address bar names.
 async function route() {
   const { view, arg } = parseHash();
   await showView(view);
+  if (!arg && PANELS[state.view]) show($(PANELS[state.view]), false);
   if (arg && OPENERS[state.view]) {
     try { await OPENERS[state.view](arg); } catch (e) { if (e.status !== 401) flash(e.message, 'error'); }
   }

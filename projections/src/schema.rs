@@ -8,6 +8,9 @@ use serde_json::{Map, Value};
 
 use crate::names::{EventType, Priority, RESERVED_PREFIXES};
 
+/// The largest `count` a notification may stand for.
+pub const MAX_COUNT: u64 = 1_000_000;
+
 /// Why a client may not append an event.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SchemaError {
@@ -98,6 +101,14 @@ pub fn check_client_event(
             f.string("body", false, 8192)?;
             f.string("recipient", false, 128)?;
             f.string("list", false, 128)?;
+            // The changes it stands for (a digest counts them, section 12).
+            if let Some(c) = p.get("count")
+                && !c.as_u64().is_some_and(|c| (1..=MAX_COUNT).contains(&c))
+            {
+                return Err(invalid(format!(
+                    "payload.count must be an integer from 1 to {MAX_COUNT}"
+                )));
+            }
             f.string("group_key", false, 128)?;
             f.time("deliver_after")?;
             f.string("task_id", false, 128)?;
@@ -285,6 +296,23 @@ mod tests {
         let ok =
             json!({"priority": "urgent", "title": "t", "deliver_after": "2026-11-21T10:00:00Z"});
         assert!(check("notifications", "notification.requested", ok).is_ok());
+        // `count`: an integer from 1 to MAX_COUNT.
+        for (count, fine) in [
+            (json!(1), true),
+            (json!(MAX_COUNT), true),
+            (json!(0), false),
+            (json!(-1), false),
+            (json!("3"), false),
+            (json!(MAX_COUNT + 1), false),
+            (json!(u64::MAX), false),
+        ] {
+            let p = json!({"priority": "info", "title": "t", "count": count});
+            assert_eq!(
+                check("notifications", "notification.requested", p).is_ok(),
+                fine,
+                "{count}"
+            );
+        }
         assert!(
             check(
                 "notifications",

@@ -137,7 +137,8 @@ fn pending_key(name: &str, seq: u64, id: &str) -> Vec<u8> {
     k
 }
 
-/// A source's notification (`src:<name>:notify:…`) covers the items it lists: they are no
+/// A source's notification (`src:<name>:notify:…`) covers every item of the source pending
+/// when it was appended (it lists only the first of them when they are many): those are no
 /// longer pending. Other notifications are not read.
 fn covered(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
     if !ev.event_id.starts_with("src:")
@@ -150,18 +151,12 @@ fn covered(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
     let Some(name) = p.get("source_name").and_then(Value::as_str) else {
         return Ok(());
     };
-    for id in p
-        .get("items")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-    {
-        if let Some(seq) = st
-            .get(ITEMS, &item_key(name, id))?
-            .and_then(|b| crate::framework::be_u64(&b))
-        {
-            st.delete_index(PENDING, &pending_key(name, seq, id));
+    let mut prefix = name.as_bytes().to_vec();
+    prefix.push(0);
+    for k in st.prefix_keys(PENDING, &prefix)? {
+        let seq = crate::framework::be_u64(&k[prefix.len()..prefix.len() + 8]).unwrap_or(0);
+        if seq < ev.seq {
+            st.delete_index(PENDING, &k);
         }
     }
     Ok(())
@@ -216,6 +211,19 @@ impl<'t> InTxn<'t> {
             out.push(String::from_utf8_lossy(&k[prefix.len() + 8..]).into_owned());
         }
         Ok(out)
+    }
+
+    /// Whether item `id` of the source is pending (appended since the watermark last moved,
+    /// not covered by a notification yet).
+    pub fn is_pending(&mut self, name: &str, id: &str) -> Result<bool, StorageError> {
+        let Some(seq) = self
+            .t
+            .get(ITEMS, &item_key(name, id))?
+            .and_then(|b| crate::framework::be_u64(&b))
+        else {
+            return Ok(false);
+        };
+        Ok(self.t.get(PENDING, &pending_key(name, seq, id))?.is_some())
     }
 
     /// Whether the source has appended item `id`.

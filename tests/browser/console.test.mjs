@@ -516,6 +516,12 @@ async function openMode() {
   await until('the next task link', async () => linked.url().endsWith('#tasks/bt-6'));
   await linked.goBack();
   await linked.waitForSelector('#task:not([hidden]) h3:has-text("bt-5")', { timeout: WAIT });
+  // Back to the list alone: the panel closes with it.
+  await linked.goBack();
+  await until('#tasks alone', async () => linked.url().endsWith('#tasks'));
+  await linked.waitForSelector('#task', { state: 'hidden', timeout: WAIT });
+  await linked.goForward();
+  await linked.waitForSelector('#task:not([hidden]) h3:has-text("bt-5")', { timeout: WAIT });
   step('links: #tasks/<id>, #deliveries/<id>, #notifications/<id> open directly; Back returns');
   await snap(linked, 'task-by-link');
   const t5 = await s.ok('GET', '/v1/tasks/bt-5');

@@ -34,7 +34,8 @@ pub struct SourceConfig {
     #[serde(default = "default_page_size")]
     pub page_size: u32,
     /// A header to send an idempotency key in with every poll request (e.g.
-    /// `Idempotency-Key`): `poll:<name>:<watermark>:<request id>`.
+    /// `Idempotency-Key`): `poll:<name>:<watermark>:<series>`, the series the same for the
+    /// retries of a failed poll and new after a success.
     #[serde(default)]
     pub idempotency_header: Option<String>,
     /// Wait while the poll's notification would take pending deliveries past this share of

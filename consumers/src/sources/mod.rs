@@ -204,6 +204,9 @@ async fn run(
     // A source polls once at start (a schedule's first time may be far away).
     let mut due_now = true;
     let mut unauthorized_once = false;
+    // The poll's idempotency series: the same for the retries of a poll that failed, a new one
+    // after a success (so a later poll of the same watermark is a new request upstream).
+    let mut series = uuid::Uuid::now_v7().to_string();
     // Consecutive failures by class, against `[sources.retry] limits`.
     let mut class_failures: std::collections::HashMap<&'static str, u32> = Default::default();
     // One poller per source across a cluster (spec section 16): this node polls while it
@@ -270,7 +273,7 @@ async fn run(
         let started = Instant::now();
         let result = tokio::select! {
             _ = shutdown.cancelled() => Err(PollError::Stopped),
-            r = poll(&engine, &client, &slot.source, row.watermark.clone(), row.items_total == 0 && row.watermark.is_none(), max_pending) => r,
+            r = poll(&engine, &client, &slot.source, row.watermark.clone(), row.items_total == 0 && row.watermark.is_none(), max_pending, &series) => r,
         };
         metrics::histogram!("tidemark_source_poll_duration_seconds", "source" => name.clone())
             .record(started.elapsed().as_secs_f64());
@@ -294,6 +297,7 @@ async fn run(
             Ok(items) => {
                 unauthorized_once = false;
                 class_failures.clear();
+                series = uuid::Uuid::now_v7().to_string();
                 metrics::counter!("tidemark_source_items_total", "source" => name.clone())
                     .increment(items as u64);
                 metrics::gauge!("tidemark_source_last_success_timestamp_seconds", "source" => name.clone())
@@ -338,7 +342,11 @@ async fn run(
                 park(&engine, &name, error).await;
                 class_failures.clear();
             }
-            Err(PollError::RetryAfter(wait, _, error)) => {
+            Err(PollError::RetryAfter(wait, class, error)) => {
+                if class.is_none() {
+                    // Our own wait (backpressure) breaks an upstream failure's run.
+                    class_failures.clear();
+                }
                 let wait = wait.min(slot.source.retry_after_max);
                 tracing::info!(source = %name, wait_ms = wait.as_millis() as u64, "source backing off (Retry-After)");
                 set(&slot, |r| {
@@ -348,7 +356,10 @@ async fn run(
                 });
                 next = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
             }
-            Err(PollError::Transient(_, error)) => {
+            Err(PollError::Transient(class, error)) => {
+                if class.is_none() {
+                    class_failures.clear();
+                }
                 let attempt = failures + 1;
                 let delay = backoff_ms(&slot.source.retry, attempt, rand::random::<f64>(), None);
                 tracing::info!(source = %name, attempt, delay_ms = delay, %error, "source poll failed; backing off");
@@ -369,6 +380,8 @@ fn over_limit(
     failures: &mut std::collections::HashMap<&'static str, u32>,
     class: &'static str,
 ) -> bool {
+    // In a row: a failure of another class ends the run of this one.
+    failures.retain(|c, _| *c == class);
     let n = failures.entry(class).or_insert(0);
     *n += 1;
     slot.source
@@ -398,12 +411,13 @@ async fn poll(
     watermark: Option<String>,
     fresh: bool,
     max_pending: u64,
+    series: &str,
 ) -> Result<usize, PollError> {
     let cfg = &src.cfg;
     let name = &cfg.name;
     if fresh && cfg.watermark.bootstrap == "latest" {
         // The newest item's id becomes the watermark; nothing is appended.
-        let body = request(client, src, None, 1).await?;
+        let body = request(client, src, None, 1, series).await?;
         let page = parse_page(cfg, &body)?;
         if let Some(first) = page.items.first() {
             advance(engine, name, None, first.id.clone()).await?;
@@ -421,15 +435,18 @@ async fn poll(
     let mut ids: Vec<String> = Vec::new();
     let mut first_of_cycle: Option<SourceItem> = None;
     for n in 0..cfg.max_pages_per_poll {
-        let body = request(client, src, cursor.as_deref(), cfg.page_size).await?;
+        let body = request(client, src, cursor.as_deref(), cfg.page_size, series).await?;
         let page = parse_page(cfg, &body)?;
         let last = !page.has_more || n + 1 == cfg.max_pages_per_poll;
         if !page.items.is_empty() || last {
             ids.extend(page.items.iter().map(|i| i.id.clone()));
-            let earlier = first_of_cycle.clone();
-            if first_of_cycle.is_none() {
-                first_of_cycle = page.items.first().cloned();
-            }
+            // The page's items stay here too until the command says which one, if any, is
+            // the first its cycle's notification covers (the title's placeholders read it).
+            let items = if first_of_cycle.is_none() {
+                Some(page.items.clone())
+            } else {
+                None
+            };
             let cmd = Page {
                 name: name.clone(),
                 items: page.items,
@@ -437,9 +454,12 @@ async fn poll(
                 // The source's share of the outbox (section 12's backpressure).
                 max_pending: (max_pending as f64 * cfg.backpressure_threshold).floor() as u64,
                 last,
-                first_of_cycle: earlier,
+                first_of_cycle: first_of_cycle.clone(),
             };
             let (out, _) = engine.execute(cmd).await.map_err(command_error)?;
+            if let (None, Some(id), Some(items)) = (&first_of_cycle, &out.first_covered, items) {
+                first_of_cycle = items.into_iter().find(|i| i.id == *id);
+            }
             if let Some((pending, retry_after_s)) = out.held_back {
                 // Backpressure (section 12): the page and its notification wait for the
                 // outbox to drain; the next poll replays the cycle from its watermark.

@@ -24,6 +24,7 @@ pub(super) async fn request(
     src: &Source,
     watermark: Option<&str>,
     limit: u32,
+    series: &str,
 ) -> Result<Vec<u8>, PollError> {
     let cfg = &src.cfg;
     let w = &cfg.watermark;
@@ -55,7 +56,8 @@ pub(super) async fn request(
         }
     };
     // Every poll request carries an id of its own (the upstream's logs can name it), and, if
-    // configured, an idempotency key: the source, the watermark it reads after and the id.
+    // configured, an idempotency key: the source, the watermark it reads after and the poll's
+    // series (the same when a failed poll is retried, a new one after a success).
     let request_id = uuid::Uuid::now_v7().to_string();
     req = req
         .headers(src.headers.clone())
@@ -64,7 +66,7 @@ pub(super) async fn request(
     if let Some(h) = &cfg.idempotency_header {
         req = req.header(
             h.as_str(),
-            format!("poll:{}:{}:{request_id}", cfg.name, watermark.unwrap_or("")),
+            format!("poll:{}:{}:{series}", cfg.name, watermark.unwrap_or("")),
         );
     }
     let resp = req.send().await.map_err(|e| transport(&e))?;

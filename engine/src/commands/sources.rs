@@ -106,7 +106,15 @@ pub struct PageOutcome {
     /// Held back by backpressure, nothing appended: `(pending, retry_after_s)`, the seconds
     /// until the outbox has drained enough at the rate it completed deliveries lately.
     pub held_back: Option<(u64, u64)>,
+    /// The first item of the page the cycle's notification will cover (new, or appended by
+    /// an earlier try of the cycle and still pending): the poller keeps the cycle's first for
+    /// the title's placeholders.
+    pub first_covered: Option<String>,
 }
+
+/// A cycle's notification lists at most this many item ids (its `count` is all of them): the
+/// payload stays far below the 64 KiB bound whatever the page size and page count.
+pub const NOTIFY_LISTED_ITEMS: usize = 100;
 
 fn storage(e: impl std::error::Error + Send + Sync + 'static) -> CommandError {
     CommandError::Storage(StorageError::of(e))
@@ -201,12 +209,19 @@ impl Command for Page {
         let mut new_items: Vec<&SourceItem> = Vec::new();
         let mut seen = std::collections::HashSet::new();
         let mut skipped = 0;
+        let mut first_covered: Option<String> = None;
         for it in items {
             // An id twice on one page, or already appended: left out, whatever its
             // content now (an item that changed upstream is not a conflict).
             if !seen.insert(it.id.as_str()) || model.has_item(name, &it.id).map_err(st)? {
+                if first_covered.is_none() && model.is_pending(name, &it.id).map_err(st)? {
+                    first_covered = Some(it.id.clone());
+                }
                 skipped += 1;
                 continue;
+            }
+            if first_covered.is_none() {
+                first_covered = Some(it.id.clone());
             }
             events.push(source_event(
                 name,
@@ -264,6 +279,7 @@ impl Command for Page {
                     notified: false,
                     notify_blocked: false,
                     held_back: Some((pending, retry_after_s)),
+                    first_covered: None,
                 };
                 return Ok(Decided::new(held, Vec::new()));
             }
@@ -287,7 +303,7 @@ impl Command for Page {
                 "priority": n.priority,
                 "title": title,
                 "source_name": name,
-                "items": covers,
+                "items": &covers[..count.min(NOTIFY_LISTED_ITEMS)],
                 "count": count,
             });
             if let Some(r) = &n.recipient {
@@ -322,6 +338,7 @@ impl Command for Page {
             notified,
             notify_blocked,
             held_back: None,
+            first_covered,
         };
         Ok(Decided::new(page, events))
     }

@@ -201,7 +201,7 @@ impl Delivery {
     pub fn change_count(&self) -> usize {
         self.all_items()
             .map(|i| self.count_of(&i.notification_id) as usize)
-            .sum()
+            .fold(0, usize::saturating_add)
     }
 
     /// The `count` of notification `nid` (1 unless it stands for more changes).

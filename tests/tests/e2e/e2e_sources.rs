@@ -301,9 +301,10 @@ title_many = "You have {count} new updates"
     assert_eq!(note_ids, ["src:plans:notify:000000"]);
     assert_eq!(notes[0]["payload"]["title"], "You have 250 new updates");
     assert_eq!(notes[0]["payload"]["count"], 250);
+    // The first 100 ids are listed (the payload stays small); `count` is all of them.
     assert_eq!(
         notes[0]["payload"]["items"].as_array().map(Vec::len),
-        Some(250)
+        Some(100)
     );
     assert_eq!(notes[0]["payload"]["recipient"], "ana");
     // One ack of the poll's items, keyed by its watermark move, and one move.
@@ -698,6 +699,7 @@ async fn kill9_during_polls_loses_and_duplicates_nothing() {
     nids.sort();
     nids.dedup();
     assert_eq!(nids.len(), n, "a replayed poll notifies once");
+    // (each lists up to 100 ids; a poll here covers far fewer)
     let mut covered: Vec<String> = notes
         .iter()
         .flat_map(|n| {
@@ -1126,11 +1128,14 @@ async fn a_source_waits_at_its_backpressure_threshold_before_the_outbox_is_full(
 }
 
 /// Every poll request carries a request id of its own (a UUID) and, with `idempotency_header`,
-/// an idempotency key naming the source, the watermark it reads after and that id.
+/// an idempotency key naming the source, the watermark it reads after and the poll's series:
+/// the same when a failed poll is retried, a new one for the next poll after a success.
 #[tokio::test]
 async fn poll_requests_carry_a_request_id_and_an_idempotency_key() {
     let (up, addr) = start_upstream().await;
     up.add_items(0, 5);
+    // The first request fails: the retry repeats its key.
+    up.with(|u| u.faults.push_back(Fault::Status(502, None)));
     let cfg = source_toml(
         "ids",
         addr,
@@ -1139,18 +1144,36 @@ async fn poll_requests_carry_a_request_id_and_an_idempotency_key() {
     .replace("page_size = 100", "page_size = 2");
     let s = start(cfg).await;
     wait_source(&s, "ids", "the backlog", |v| v["items_total"] == 5).await;
+    post(&s, "/v1/sources/ids/poll", json!({})).await;
+    wait_for(Duration::from_secs(30), "the next poll", || async {
+        (up.with(|u| u.request_ids.len()) >= 5).then_some(())
+    })
+    .await;
     let (reqs, ids) = up.with(|u| (u.requests.clone(), u.request_ids.clone()));
-    assert!(ids.len() >= 3, "{ids:?}");
     let mut seen = std::collections::HashSet::new();
+    let mut series = Vec::new();
     for ((_, after, _, _), (rid, key)) in reqs.iter().zip(&ids) {
         let rid = rid.as_deref().expect("x-request-id");
         assert!(uuid::Uuid::parse_str(rid).is_ok(), "{rid}");
         assert!(seen.insert(rid.to_owned()), "request ids repeat");
-        assert_eq!(
-            key.as_deref(),
-            Some(format!("poll:ids:{}:{rid}", after.as_deref().unwrap_or("")).as_str())
-        );
+        let key = key.as_deref().expect("idempotency-key");
+        let prefix = format!("poll:ids:{}:", after.as_deref().unwrap_or(""));
+        let s = key.strip_prefix(&prefix).unwrap_or_else(|| panic!("{key}"));
+        assert!(uuid::Uuid::parse_str(s).is_ok() && s != rid, "{key}");
+        series.push(s.to_owned());
     }
+    // Failed request, its retry and the rest of that poll: one series; the next poll: another.
+    let first = &series[0];
+    let n = series.iter().take_while(|s| *s == first).count();
+    assert!(
+        n >= 4,
+        "the failed poll's retry and pages share its key: {series:?}"
+    );
+    assert_ne!(
+        series.last(),
+        Some(first),
+        "a poll after a success is a new series"
+    );
     // A header name that is not one refuses the start.
     let bad = source_toml(
         "ids",
@@ -1162,7 +1185,8 @@ async fn poll_requests_carry_a_request_id_and_an_idempotency_key() {
 }
 
 /// Per-class retry limits (`[sources.retry] limits`): three 5xx in a row park a source whose
-/// `server_error` limit is 3, naming the class; a success in between starts the count again;
+/// `server_error` limit is 3, naming the class; a failure of another class or a success in
+/// between starts the count again;
 /// an unknown class refuses the start.
 #[tokio::test]
 async fn a_class_of_transient_errors_parks_the_source_at_its_limit() {
@@ -1172,13 +1196,19 @@ async fn a_class_of_transient_errors_parks_the_source_at_its_limit() {
         "retry_after_max = \"10s\"",
         "retry_after_max = \"10s\"\nlimits = { server_error = 3 }",
     );
-    // Two 502s, then a success: not parked.
+    // 502, 502, a 429 with Retry-After (another class: the run of 5xx ends), 502, 502,
+    // then a success: never three 5xx in a row, not parked.
     up.with(|u| {
-        u.faults
-            .extend([Fault::Status(502, None), Fault::Status(502, None)])
+        u.faults.extend([
+            Fault::Status(502, None),
+            Fault::Status(502, None),
+            Fault::Status(429, Some(1)),
+            Fault::Status(502, None),
+            Fault::Status(502, None),
+        ])
     });
     let s = start(cfg.clone()).await;
-    wait_source(&s, "flaky", "the item after two 502s", |v| {
+    wait_source(&s, "flaky", "the item after the failures", |v| {
         v["items_total"] == 1 && v["state"] == "idle"
     })
     .await;
@@ -1261,4 +1291,32 @@ async fn source_titles_follow_the_recipients_locale() {
         err.contains("notifications.templates.de.sources.loc.title_lots"),
         "{err}"
     );
+}
+
+/// The title's placeholders read the first item the poll's notification covers, also when it
+/// is on an earlier page behind an item already in the log: after a reset back to 000000, the
+/// poll's first page is [000001 (old), 000002 (new)] and its second [000003 (new)].
+#[tokio::test]
+async fn the_title_reads_the_first_covered_item_across_pages() {
+    let (up, addr) = start_upstream().await;
+    up.add_items(0, 2);
+    let notify = "every = \"1h\"\n[sources.notify]\npriority = \"info\"\ntitle_one = \"one\"\n\
+                  title_many = \"{count} new, from {/plan/name}\"\n";
+    let cfg = source_toml("first", addr, notify).replace("page_size = 100", "page_size = 2");
+    let s = start(cfg).await;
+    wait_source(&s, "first", "the first poll", |v| v["items_total"] == 2).await;
+    let r = post(
+        &s,
+        "/v1/sources/first/reset",
+        json!({"watermark": "000000", "reason": "re-read"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    up.add_items(2, 4);
+    post(&s, "/v1/sources/first/poll", json!({})).await;
+    wait_source(&s, "first", "the new items", |v| v["items_total"] == 4).await;
+    let notes = s.read_all("&type=notification.requested").await;
+    let last = notes.last().unwrap();
+    assert_eq!(last["payload"]["title"], "2 new, from plan 2", "{last}");
+    assert_eq!(last["payload"]["items"], json!(["000002", "000003"]));
 }

@@ -271,7 +271,7 @@ fn route_one(
                     if target.all_items().any(|i| i.notification_id == nid) {
                         continue;
                     }
-                    let count = target.change_count() + n.count as usize;
+                    let count = target.change_count().saturating_add(n.count as usize);
                     let first = target.items.first().map_or("", |i| i.title.as_str());
                     let digest_title = match redact {
                         Some(_) => title.clone(),
