@@ -241,6 +241,16 @@ async fn run(
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
                 _ = slot.wake.notified() => {}
+                // The lease handed over while waiting: go on standby now, not at the next
+                // poll time (the node would show `idle` for a source another node polls).
+                _ = changes.changed() => {
+                    if !leases.holds(&lease) {
+                        continue;
+                    }
+                    // Still ours: wait on for the poll time.
+                    due_now = Utc::now() >= next;
+                    continue;
+                }
             }
         }
         due_now = false;

@@ -396,16 +396,20 @@ impl JetStreamLog {
 
     /// The first part of `condition` that does not hold on the replica, as the embedded log
     /// reports it: the head, then each subject in order.
-    fn judge(&self, condition: &Condition) -> Result<Option<AppendError>, AppendError> {
+    /// The condition judged at one point of the replica: the head it was judged at, and the
+    /// part that failed there, if any. The head is what the publish then holds (a batch the
+    /// replica took in after the judgment must not pass as judged).
+    fn judge(&self, condition: &Condition) -> Result<(u64, Option<AppendError>), AppendError> {
         let replica = &self.inner.replica;
         // One point of the replica: the head, and each subject as of that head (a batch
         // replicated between the reads is not half seen).
         let head = replica.head();
-        crate::condition::first_failed(condition, head, |stream, subject| {
+        let failed = crate::condition::first_failed(condition, head, |stream, subject| {
             replica
                 .last_of(stream, subject, head)
                 .map_err(AppendError::Storage)
-        })
+        })?;
+        Ok((head, failed))
     }
 
     /// What a batch the server refused means: a condition that no longer holds (judged again
@@ -421,8 +425,8 @@ impl JetStreamLog {
                 return Attempt::Final(e);
             }
             return match self.judge(condition) {
-                Ok(Some(failed)) => Attempt::Final(failed),
-                Ok(None) => Attempt::Again,
+                Ok((_, Some(failed))) => Attempt::Final(failed),
+                Ok((_, None)) => Attempt::Again,
                 Err(e) => Attempt::Final(e),
             };
         }
@@ -570,7 +574,8 @@ impl JetStreamLog {
         }
         // The condition judged on the caught-up replica, as the embedded log judges it (the
         // exact refusal); the headers below hold it against whatever lands meanwhile.
-        if let Some(failed) = self.judge(condition)? {
+        let (head, failed) = self.judge(condition)?;
+        if let Some(failed) = failed {
             // A replica caught up a while ago may be behind: judge again on a fresh one
             // before refusing.
             return Err(if force {
@@ -579,7 +584,6 @@ impl JetStreamLog {
                 Attempt::Again
             });
         }
-        let head = replica.head();
         let subject_of: Vec<String> = fresh
             .iter()
             .map(|e| nats_subject(&self.inner.prefix, &e.stream, &e.subject))
