@@ -952,7 +952,12 @@ const PANELS = { outbox: '#timeline', tasks: '#task', notifications: '#notificat
 /// Show what the address bar names.
 async function route() {
   const { view, arg } = parseHash();
+  // Only the latest navigation acts once its view is loaded (Back pressed twice quickly, or
+  // the start's own route still loading).
+  state.routeSeq = (state.routeSeq || 0) + 1;
+  const mine = state.routeSeq;
   await showView(view);
+  if (mine !== state.routeSeq) return;
   if (!arg && PANELS[state.view]) show($(PANELS[state.view]), false);
   if (arg && OPENERS[state.view]) {
     try { await OPENERS[state.view](arg); } catch (e) { if (e.status !== 401) flash(e.message, 'error'); }

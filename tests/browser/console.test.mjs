@@ -502,12 +502,18 @@ async function openMode() {
   // Links of their own: a task, a delivery and a notification open directly from the address
   // bar, and opening one puts its link there. The task's resume card opens its live stream.
   const linked = await openPage(s);
-  await linked.goto(`${s.base}/#tasks/bt-3`);
   await ready(linked);
+  // Each link opened as a bookmark is: a fresh load of the page at that address.
+  const openLink = async (hash) => {
+    await linked.goto('about:blank');
+    await linked.goto(`${s.base}/${hash}`);
+    await ready(linked);
+  };
+  await openLink('#tasks/bt-3');
   await linked.waitForSelector('#task:not([hidden]) h3:has-text("bt-3")', { timeout: WAIT });
-  await linked.goto(`${s.base}/#deliveries/${encodeURIComponent('dlv:n-1:desktop')}`);
+  await openLink(`#deliveries/${encodeURIComponent('dlv:n-1:desktop')}`);
   await linked.waitForSelector('#timeline:not([hidden]) h3:has-text("dlv:n-1:desktop")', { timeout: WAIT });
-  await linked.goto(`${s.base}/#notifications/n-2`);
+  await openLink('#notifications/n-2');
   await linked.waitForSelector('#notification:not([hidden]) h3:has-text("n-2")', { timeout: WAIT });
   await linked.click('#nav a[data-view=tasks]');
   await linked.click('#tasks tr[data-id="bt-5"]');
@@ -784,6 +790,7 @@ id = "/id"
   step('the status record shows the resolved targets');
 
   // A source and a list have links of their own too.
+  await page.goto('about:blank');
   await page.goto(`${s.base}/#sources/dead`);
   await ready(page);
   await page.waitForSelector('#source:not([hidden]) h3:has-text("dead")', { timeout: WAIT });
@@ -793,6 +800,7 @@ id = "/id"
   await page.waitForSelector('#sources tr[data-name=dead] .pill:text-is("stale")', { timeout: WAIT });
   await page.click('#sources tr[data-name=dead]');
   await page.waitForSelector('#source [data-testid=source-stale]', { timeout: WAIT });
+  await page.goto('about:blank');
   await page.goto(`${s.base}/#lists/oncall`);
   await ready(page);
   await until('the list in the form', async () => (await page.inputValue('[data-testid=list-name]')) === 'oncall');
