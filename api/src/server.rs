@@ -279,19 +279,21 @@ async fn with_request_id(mut req: Request, next: Next) -> Response {
         None => HeaderValue::from_str(&uuid::Uuid::now_v7().to_string()).expect("a UUID is ASCII"),
     };
     req.headers_mut().insert(NAME, id.clone());
-    let text = id.to_str().unwrap_or_default().to_owned();
-    let mut resp = REQUEST_ID.scope(text, next.run(req)).await;
+    // The header value itself (a reference-counted clone): text only when a line is logged.
+    let mut resp = REQUEST_ID.scope(id.clone(), next.run(req)).await;
     resp.headers_mut().insert(NAME, id);
     resp
 }
 
 tokio::task_local! {
-    static REQUEST_ID: String;
+    static REQUEST_ID: axum::http::HeaderValue;
 }
 
 /// The id of the request being served (empty outside one): the request's log lines carry it.
 pub fn request_id() -> String {
-    REQUEST_ID.try_with(String::clone).unwrap_or_default()
+    REQUEST_ID
+        .try_with(|v| v.to_str().unwrap_or_default().to_owned())
+        .unwrap_or_default()
 }
 
 /// Browsers on the listed origins may call the API (section 8): preflight answered, the

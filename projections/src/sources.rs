@@ -141,14 +141,16 @@ fn pending_key(name: &str, seq: u64, id: &str) -> Vec<u8> {
 /// when it was appended (it lists only the first of them when they are many): those are no
 /// longer pending. Other notifications are not read.
 fn covered(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
-    if !ev.event_id.starts_with("src:")
-        || !ev.event_id.contains(":notify:")
-        || EventType::parse(ev.event_type) != Some(EventType::NotificationRequested)
-    {
+    if EventType::parse(ev.event_type) != Some(EventType::NotificationRequested) {
         return Ok(());
     }
-    let p = ev.payload_value();
-    let Some(name) = p.get("source_name").and_then(Value::as_str) else {
+    // `src:<name>:notify:<id>`: a source name has no colon, so the id names the source and
+    // the payload need not be parsed.
+    let Some((name, _)) = ev
+        .event_id
+        .strip_prefix("src:")
+        .and_then(|rest| rest.split_once(":notify:"))
+    else {
         return Ok(());
     };
     let mut prefix = name.as_bytes().to_vec();

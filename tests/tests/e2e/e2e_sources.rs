@@ -843,6 +843,12 @@ async fn the_cli_lists_and_acts_on_sources() {
     wait_source(&s, "cli", "the new item", |v| v["items_total"] == 4).await;
 }
 
+/// A source configuration the server refuses at start, naming `key`.
+fn refused_naming(toml: &str, key: &str) {
+    let err = crate::common::refused_start(toml, &[("TEST_SOURCE_TOKEN", "x")]);
+    assert!(err.contains(key), "{err}");
+}
+
 /// Source `name` with an urgent notification (one delivery each) under `max_pending`, after
 /// its first (empty) poll.
 async fn outbox_bound_source(name: &str, max_pending: u64) -> (Up, Server) {
@@ -1180,8 +1186,7 @@ async fn poll_requests_carry_a_request_id_and_an_idempotency_key() {
         addr,
         "every = \"1h\"\nidempotency_header = \"bad header\"",
     );
-    let err = crate::common::refused_start(&bad, &[("TEST_SOURCE_TOKEN", "x")]);
-    assert!(err.contains("sources.ids.idempotency_header"), "{err}");
+    refused_naming(&bad, "sources.ids.idempotency_header");
 }
 
 /// Per-class retry limits (`[sources.retry] limits`): three 5xx in a row park a source whose
@@ -1228,11 +1233,7 @@ async fn a_class_of_transient_errors_parks_the_source_at_its_limit() {
     wait_source(&s, "flaky", "resumed", |v| v["items_total"] == 2).await;
     // An unknown class refuses the start.
     let bad = cfg.replace("server_error = 3", "server_errors = 3");
-    let err = crate::common::refused_start(&bad, &[("TEST_SOURCE_TOKEN", "x")]);
-    assert!(
-        err.contains("sources.flaky.retry.limits.server_errors"),
-        "{err}"
-    );
+    refused_naming(&bad, "sources.flaky.retry.limits.server_errors");
 }
 
 /// A source's titles in the notify recipient's locale (`[notifications.templates.<locale>.
@@ -1286,11 +1287,7 @@ async fn source_titles_follow_the_recipients_locale() {
     );
     // A misspelt title key refuses the start, naming it.
     let bad = cfg.replace("title_many = \"Sie", "title_lots = \"Sie");
-    let err = crate::common::refused_start(&bad, &[("TEST_SOURCE_TOKEN", "x")]);
-    assert!(
-        err.contains("notifications.templates.de.sources.loc.title_lots"),
-        "{err}"
-    );
+    refused_naming(&bad, "notifications.templates.de.sources.loc.title_lots");
 }
 
 /// The title's placeholders read the first item the poll's notification covers, also when it
