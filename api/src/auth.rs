@@ -4,10 +4,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::header;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
 use crate::config::TokenConfig;
@@ -255,65 +253,56 @@ fn bearer(h: &str) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-/// Middleware factory: require `scope` on every route of a router.
-pub async fn require(
-    State((auth, scope)): State<(Auth, Scope)>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let found = match req.extensions().get::<Caller>() {
-        Some(Caller(i)) => i.map(|i| &auth.tokens[i]),
-        None => auth.known(
+impl Auth {
+    /// Whether the request's token has `scope` (section 8): `401` without a valid token,
+    /// `403` without the scope. The token was found once by [`Auth::take_rate`].
+    pub(crate) fn check_scope(&self, req: &Request, scope: Scope) -> Result<(), ApiError> {
+        let found = match req.extensions().get::<Caller>() {
+            Some(Caller(i)) => i.map(|i| &self.tokens[i]),
+            None => self.known(
+                req.headers()
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok()),
+            ),
+        };
+        self.allows(found, scope)
+    }
+
+    /// Over every route (section 8): finds the caller's token once ([`Caller`]); a request
+    /// carrying a rate-limited token takes from its bucket, whatever it asks for: `Ok` with
+    /// the requests remaining (every answer to it carries `RateLimit-Remaining`, a 403, a 404,
+    /// a 400 included), or past the limit the `429` with `Retry-After` (none remain). Requests
+    /// without a valid token are left to the scope check.
+    pub(crate) fn take_rate(&self, req: &mut Request) -> Result<Option<u64>, ApiError> {
+        if self.is_open() {
+            return Ok(None);
+        }
+        let found = self.known_index(
             req.headers()
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok()),
-        ),
-    };
-    match auth.allows(found, scope) {
-        Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
-    }
-}
-
-/// Middleware over every route (section 8): finds the caller's token once ([`Caller`]); a
-/// request carrying a rate-limited token takes from its bucket, whatever it asks for, and
-/// every answer to it carries `RateLimit-Remaining` (a 403, a 404, a 400 included); past the
-/// limit it is `429` with `Retry-After`. Requests without a valid token are left to the scope
-/// check.
-pub async fn rate_limit(State(auth): State<Auth>, mut req: Request, next: Next) -> Response {
-    if auth.is_open() {
-        return next.run(req).await;
-    }
-    let found = auth.known_index(
-        req.headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok()),
-    );
-    req.extensions_mut().insert(Caller(found));
-    let Some(bucket) = found.and_then(|i| auth.tokens[i].bucket.as_ref()) else {
-        return next.run(req).await;
-    };
-    let take = bucket
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take(Instant::now());
-    let (mut resp, remaining) = match take {
-        Take::Allowed { remaining } => (next.run(req).await, remaining),
-        Take::Refused { retry_after_s } => {
-            metrics::counter!("tidemark_rate_limited_total").increment(1);
-            let resp = ApiError::new(
-                axum::http::StatusCode::TOO_MANY_REQUESTS,
-                "rate_limited",
-                "this token's request rate is used up; retry after Retry-After seconds",
-            )
-            .retry_after(retry_after_s)
-            .into_response();
-            (resp, 0)
+        );
+        req.extensions_mut().insert(Caller(found));
+        let Some(bucket) = found.and_then(|i| self.tokens[i].bucket.as_ref()) else {
+            return Ok(None);
+        };
+        let take = bucket
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(Instant::now());
+        match take {
+            Take::Allowed { remaining } => Ok(Some(remaining)),
+            Take::Refused { retry_after_s } => {
+                metrics::counter!("tidemark_rate_limited_total").increment(1);
+                Err(ApiError::new(
+                    axum::http::StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limited",
+                    "this token's request rate is used up; retry after Retry-After seconds",
+                )
+                .retry_after(retry_after_s))
+            }
         }
-    };
-    resp.headers_mut()
-        .insert("ratelimit-remaining", remaining.into());
-    resp
+    }
 }
 
 #[cfg(test)]

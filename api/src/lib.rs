@@ -4,7 +4,9 @@
 //! - [`config`]: embedded defaults → file → `TIDEMARK_*` environment.
 //! - [`server`]: the router (every handler is in the OpenAPI document) and [`run`].
 //! - `routes`: handlers, one file per resource family.
-//! - `auth`: bearer tokens and scopes; `error`: problem+json.
+//! - `front`: the checks before every handler (request id, shutdown, rate limit, unknown
+//!   parameters, scopes, request metrics); `auth`: bearer tokens and scopes; `error`:
+//!   problem+json.
 //! - [`cli`]: the `tidemark` command line.
 
 #![forbid(unsafe_code)]
@@ -14,6 +16,7 @@ mod bench;
 pub mod cli;
 pub mod config;
 pub mod error;
+mod front;
 mod metrics_setup;
 mod openapi;
 mod params;

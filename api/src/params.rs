@@ -5,11 +5,7 @@
 //! refused, and a test calls every operation with an unknown one.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use utoipa::openapi::path::ParameterIn;
 
 use crate::error::ApiError;
@@ -46,7 +42,12 @@ impl Allowed {
         Allowed(map)
     }
 
-    fn check(&self, method: &axum::http::Method, path: &str, query: &str) -> Result<(), ApiError> {
+    pub(crate) fn check(
+        &self,
+        method: &axum::http::Method,
+        path: &str,
+        query: &str,
+    ) -> Result<(), ApiError> {
         // A route the document does not list (none should exist) is not judged here.
         let Some(names) = self.0.get(&(method.clone(), path.to_owned())) else {
             return Ok(());
@@ -72,18 +73,4 @@ impl Allowed {
         }
         Ok(())
     }
-}
-
-/// The middleware: refuse a request naming a query parameter its operation does not take.
-pub async fn refuse_unknown(
-    State(allowed): State<Arc<Allowed>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    if let (Some(path), Some(query)) = (req.extensions().get::<MatchedPath>(), req.uri().query())
-        && let Err(e) = allowed.check(req.method(), path.as_str(), query)
-    {
-        return e.into_response();
-    }
-    next.run(req).await
 }

@@ -3,12 +3,11 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::extract::DefaultBodyLimit;
+use axum::response::IntoResponse;
 use tidemark_engine::Engine;
 use tidemark_log::EventLog;
 use tidemark_projections::names::{EventType, Stream};
@@ -22,13 +21,13 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, Secur
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::auth::{self, Auth, Scope};
+use crate::auth::{Auth, Scope};
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::routes::{
     admin, bridges, cursors, deliveries, events, lists, notifications, ops, sources, tasks,
 };
-use crate::state::AppState;
+use crate::state::{AppState, Shared};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -85,10 +84,7 @@ fn scoped(
     scope: Scope,
 ) -> OpenApiRouter<AppState> {
     require_in_doc(router.get_openapi_mut(), &[scope.name()]);
-    router.route_layer(middleware::from_fn_with_state(
-        (auth.clone(), scope),
-        auth::require,
-    ))
+    router.route_layer(crate::front::RequireScope::new(auth.clone(), scope))
 }
 
 /// Set every operation's `security` to the bearer scheme with `scopes` (none: any token).
@@ -228,12 +224,8 @@ pub fn router(state: AppState) -> Router {
     let mut doc = doc;
     crate::openapi::shape(&mut doc, state.config.server.max_wait_ms);
     let allowed = Arc::new(crate::params::Allowed::from_doc(&doc));
-    let doc = Arc::new(crate::openapi::to_json(&doc));
+    let _ = state.openapi.set(crate::openapi::to_json(&doc));
     router
-        .layer(middleware::from_fn_with_state(
-            allowed,
-            crate::params::refuse_unknown,
-        ))
         .fallback(|| async { ApiError::not_found("no such resource") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -242,47 +234,24 @@ pub fn router(state: AppState) -> Router {
                 "this resource does not support that method",
             )
         })
-        .layer(middleware::from_fn_with_state(
-            auth.clone(),
-            auth::rate_limit,
-        ))
-        .layer(axum::Extension(doc))
         .layer(DefaultBodyLimit::max(state.config.server.max_body_bytes))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            refuse_when_stopping,
-        ))
-        .layer(middleware::from_fn(record_request))
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::internal("handler panicked", "panic").into_response()
         }))
         .layer(TraceLayer::new_for_http().make_span_with(request_span))
         .layer(cors(&state.config.server.cors_origins))
-        .layer(middleware::from_fn(with_request_id))
+        .layer(crate::front::Front::new(state.clone(), allowed))
         .with_state(state)
 }
 
-/// `X-Request-ID` (section 8): the client's when it sent one of 1–128 printable characters,
-/// else a new UUID; on the request (so its log span shows it) and on every answer.
-async fn with_request_id(mut req: Request, next: Next) -> Response {
-    use axum::http::HeaderValue;
-    const NAME: &str = "x-request-id";
-    let given = req
-        .headers()
-        .get(NAME)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| {
-            !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
-        });
-    let id = match given.and_then(|v| HeaderValue::from_str(v).ok()) {
-        Some(v) => v,
-        None => HeaderValue::from_str(&uuid::Uuid::now_v7().to_string()).expect("a UUID is ASCII"),
-    };
-    req.headers_mut().insert(NAME, id.clone());
-    // The header value itself (a reference-counted clone): text only when a line is logged.
-    let mut resp = REQUEST_ID.scope(id.clone(), next.run(req)).await;
-    resp.headers_mut().insert(NAME, id);
-    resp
+/// Run `fut` as the request with this `X-Request-ID` ([`crate::front::Front`] gives each
+/// request one): the header value itself (a reference-counted clone), made text only when a
+/// line is logged ([`request_id`]).
+pub(crate) fn with_request_id<F: Future>(
+    id: axum::http::HeaderValue,
+    fut: F,
+) -> impl Future<Output = F::Output> {
+    REQUEST_ID.scope(id, fut)
 }
 
 tokio::task_local! {
@@ -405,29 +374,6 @@ fn request_span(req: &axum::http::Request<axum::body::Body>) -> tracing::Span {
     tracing::debug_span!("request", method = %req.method(), route, request_id)
 }
 
-async fn refuse_when_stopping(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    if st.is_shutting_down() {
-        return ApiError::unavailable().into_response();
-    }
-    next.run(req).await
-}
-
-async fn record_request(req: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".to_owned());
-    let method = req.method().as_str().to_owned();
-    let resp = next.run(req).await;
-    let status = resp.status().as_u16().to_string();
-    metrics::counter!("tidemark_http_requests_total", "method" => method.clone(), "route" => route.clone(), "status" => status).increment(1);
-    metrics::histogram!("tidemark_http_request_duration_seconds", "method" => method, "route" => route)
-        .record(started.elapsed().as_secs_f64());
-    resp
-}
-
 /// Record the configured notification settings in the log when they differ from the last
 /// recorded ones (I3: projections and reactors read settings from the log, never the file).
 async fn record_settings(
@@ -532,7 +478,7 @@ pub async fn run(
     metrics::gauge!("tidemark_log_head").set(report.head as f64);
     // Tidemark's own sinks (section 17), checked before anything runs.
     let sinks = config.dispatch_sinks().map_err(std::io::Error::other)?;
-    let state = AppState {
+    let state = AppState::new(Shared {
         sink_health: sinks.health.clone(),
         engine: engine.clone(),
         auth: Auth::new(&config.auth.tokens),
@@ -554,7 +500,8 @@ pub async fn run(
                 .map_err(std::io::Error::other)?,
         ),
         config: Arc::new(config),
-    };
+        openapi: Default::default(),
+    });
     let reactors = tidemark_consumers::spawn(
         engine.clone(),
         (*state.routing).clone(),

@@ -11,8 +11,26 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::Auth;
 use crate::config::Config;
 
+/// What every handler shares, behind one reference count: a handler's `State` (and each
+/// middleware's) is a clone per request, and a struct of twenty reference-counted parts cost
+/// about a tenth of the server's CPU at 256 clients × 1 event in clones and drops alone.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    pub fn new(shared: Shared) -> AppState {
+        AppState(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+pub struct Shared {
     pub engine: Engine,
     pub config: Arc<Config>,
     pub auth: Auth,
@@ -34,9 +52,11 @@ pub struct AppState {
     pub sources: tidemark_consumers::sources::Sources,
     /// How the dispatcher's sinks are doing on this node (section 17).
     pub sink_health: tidemark_consumers::dispatch::Health,
+    /// The OpenAPI document the router was built with ([`crate::router`] sets it).
+    pub openapi: std::sync::OnceLock<String>,
 }
 
-impl AppState {
+impl Shared {
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)
     }

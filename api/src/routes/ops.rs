@@ -1,9 +1,6 @@
 //! Operational endpoints outside `/v1`: health, readiness, metrics, the OpenAPI document and
 //! the operator page.
 
-use std::sync::Arc;
-
-use axum::Extension;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
@@ -177,10 +174,14 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
 #[utoipa::path(get, path = "/openapi.json", operation_id = "getOpenApi", tag = "ops", responses(
     (status = 200, description = "OpenAPI 3.1 document", content_type = "application/json", body = Object)
 ))]
-pub async fn openapi(Extension(doc): Extension<Arc<String>>) -> Response {
+pub async fn openapi(State(st): State<AppState>) -> Response {
     (
         [(header::CONTENT_TYPE, "application/json")],
-        doc.as_str().to_owned(),
+        st.openapi
+            .get()
+            .map(|d| d.as_str())
+            .unwrap_or("{}")
+            .to_owned(),
     )
         .into_response()
 }

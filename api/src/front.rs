@@ -1,0 +1,260 @@
+//! The checks every request passes before its handler, as two plain tower services.
+//!
+//! They were six `axum::middleware::from_fn` layers, and each of those clones the whole service
+//! beneath it (and its state) for every request so that its `async fn` can own it: six nested
+//! layers made about twenty clones and drops of boxed services per request, a fifth of the
+//! server's CPU at 256 clients × 1 event (`docs/benchmarks.md`, issue 31). Here each check is a
+//! synchronous decision before the inner service is called, and the inner future is awaited
+//! in place, so nothing is cloned: [`Front`] over every route (request id, shutdown, rate limit,
+//! unknown query parameters, request metrics), [`RequireScope`] over each scope's routes.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request};
+use axum::http::{HeaderValue, Method};
+use axum::response::{IntoResponse, Response};
+use tower::{Layer, Service};
+
+use crate::auth::{Auth, Scope};
+use crate::error::ApiError;
+use crate::params::Allowed;
+use crate::state::AppState;
+
+/// The layer of [`FrontService`].
+#[derive(Clone)]
+pub struct Front {
+    state: AppState,
+    allowed: Arc<Allowed>,
+}
+
+impl Front {
+    pub fn new(state: AppState, allowed: Arc<Allowed>) -> Front {
+        Front { state, allowed }
+    }
+}
+
+impl<S> Layer<S> for Front {
+    type Service = FrontService<S>;
+    fn layer(&self, inner: S) -> FrontService<S> {
+        FrontService {
+            front: self.clone(),
+            inner,
+        }
+    }
+}
+
+/// Over every route and the fallback, in this order: `X-Request-ID` (section 8: the client's
+/// when it sent one of 1–128 printable characters, else a new UUID; on the request, in the
+/// task-local [`crate::server::request_id`] reads, and on every answer); `503` while shutting
+/// down; the caller's token found once and its rate limit taken (every answer to a
+/// rate-limited token carries `RateLimit-Remaining`, past the limit `429` with `Retry-After`);
+/// `400 unknown_parameter` for a query parameter the operation does not take
+/// ([`Allowed`]); the request counted and timed by method, route and status.
+#[derive(Clone)]
+pub struct FrontService<S> {
+    front: Front,
+    inner: S,
+}
+
+type Answer = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+impl<S> Service<Request> for FrontService<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Answer;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request) -> Answer {
+        let started = Instant::now();
+        let id = request_id_of(&req);
+        req.headers_mut().insert(REQUEST_ID_HEADER, id.clone());
+        let labels = Labels::of(&req);
+        let (inner, remaining) = match self.decide(&mut req) {
+            Ok(remaining) => (Ok(self.inner.call(req)), remaining),
+            Err((refusal, remaining)) => (Err(refusal), remaining),
+        };
+        Box::pin(crate::server::with_request_id(id.clone(), async move {
+            let mut resp = match inner {
+                Ok(fut) => {
+                    let Ok(resp) = fut.await;
+                    resp
+                }
+                Err(refusal) => refusal.into_response(),
+            };
+            if let Some(n) = remaining {
+                resp.headers_mut()
+                    .insert("ratelimit-remaining", HeaderValue::from(n));
+            }
+            resp.headers_mut().insert(REQUEST_ID_HEADER, id);
+            labels.record(resp.status().as_u16(), started);
+            Ok(resp)
+        }))
+    }
+}
+
+impl<S> FrontService<S> {
+    /// The checks before the handler: `Ok` with the rate limit's remaining requests (when the
+    /// token has one), or the refusal to answer with (and what remains: none past the limit).
+    fn decide(&self, req: &mut Request) -> Result<Option<u64>, (Box<ApiError>, Option<u64>)> {
+        if self.front.state.is_shutting_down() {
+            return Err((Box::new(ApiError::unavailable()), None));
+        }
+        let remaining = self
+            .front
+            .state
+            .auth
+            .take_rate(req)
+            .map_err(|e| (Box::new(e), Some(0)))?;
+        if let (Some(path), Some(query)) =
+            (req.extensions().get::<MatchedPath>(), req.uri().query())
+        {
+            self.front
+                .allowed
+                .check(req.method(), path.as_str(), query)
+                .map_err(|e| (Box::new(e), remaining))?;
+        }
+        Ok(remaining)
+    }
+}
+
+const REQUEST_ID_HEADER: &str = "x-request-id";
+
+fn request_id_of(req: &Request) -> HeaderValue {
+    let given = req
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .filter(|v| {
+            let b = v.as_bytes();
+            !b.is_empty() && b.len() <= 128 && b.iter().all(|c| c.is_ascii_graphic() || *c == b' ')
+        })
+        .cloned();
+    given.unwrap_or_else(|| {
+        let mut buf = uuid::Uuid::encode_buffer();
+        let text = uuid::Uuid::now_v7().hyphenated().encode_lower(&mut buf);
+        HeaderValue::from_str(text).expect("a UUID is ASCII")
+    })
+}
+
+/// The method and route template of a request (`/v1/deliveries/{id}`, never its URI: paths
+/// carry ids of personal data), and the metrics recorded under them.
+struct Labels {
+    method: Method,
+    route: Option<MatchedPath>,
+}
+
+thread_local! {
+    /// The request metrics' handles by (method, route, status): `metrics::counter!` with
+    /// labels builds and hashes its key and looks it up in the registry on every call.
+    static HANDLES: RefCell<HandleCache> = RefCell::new(HashMap::new());
+}
+
+/// Route → (method, status, handles).
+type HandleCache = HashMap<String, Vec<(Method, u16, Handles)>>;
+
+#[derive(Clone)]
+struct Handles {
+    requests: metrics::Counter,
+    duration: metrics::Histogram,
+}
+
+impl Labels {
+    fn of(req: &Request) -> Labels {
+        Labels {
+            method: req.method().clone(),
+            route: req.extensions().get::<MatchedPath>().cloned(),
+        }
+    }
+
+    fn record(self, status: u16, started: Instant) {
+        let route = self.route.as_ref().map_or("unmatched", MatchedPath::as_str);
+        let handles = HANDLES.with(|cache| {
+            let mut cache = cache.borrow_mut();
+            if let Some(h) = cache.get(route).and_then(|hs| {
+                hs.iter()
+                    .find(|(m, s, _)| *m == self.method && *s == status)
+            }) {
+                return h.2.clone();
+            }
+            let method = self.method.as_str().to_owned();
+            let h = Handles {
+                requests: metrics::counter!("tidemark_http_requests_total",
+                    "method" => method.clone(), "route" => route.to_owned(), "status" => status.to_string()),
+                duration: metrics::histogram!("tidemark_http_request_duration_seconds",
+                    "method" => method, "route" => route.to_owned()),
+            };
+            cache
+                .entry(route.to_owned())
+                .or_default()
+                .push((self.method.clone(), status, h.clone()));
+            h
+        });
+        handles.requests.increment(1);
+        handles.duration.record(started.elapsed().as_secs_f64());
+    }
+}
+
+/// The layer of [`RequireScopeService`]: every route of a group needs `scope` (section 8's
+/// table; `admin` includes every scope).
+#[derive(Clone)]
+pub struct RequireScope {
+    auth: Auth,
+    scope: Scope,
+}
+
+impl RequireScope {
+    pub fn new(auth: Auth, scope: Scope) -> RequireScope {
+        RequireScope { auth, scope }
+    }
+}
+
+impl<S> Layer<S> for RequireScope {
+    type Service = RequireScopeService<S>;
+    fn layer(&self, inner: S) -> RequireScopeService<S> {
+        RequireScopeService {
+            layer: self.clone(),
+            inner,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct RequireScopeService<S> {
+    layer: RequireScope,
+    inner: S,
+}
+
+impl<S> Service<Request> for RequireScopeService<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future =
+        futures::future::Either<S::Future, std::future::Ready<Result<Response, Infallible>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        match self.layer.auth.check_scope(&req, self.layer.scope) {
+            Ok(()) => futures::future::Either::Left(self.inner.call(req)),
+            Err(e) => futures::future::Either::Right(std::future::ready(Ok(e.into_response()))),
+        }
+    }
+}
