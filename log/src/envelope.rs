@@ -44,18 +44,55 @@ impl NewEvent {
             event_type: event_type.into(),
             payload: RawValue::NULL.to_owned(),
         };
-        if let Some(id) = &ev.event_id {
-            check_event_id(id)?;
-        }
-        check_stream(&ev.stream)?;
-        check_subject(&ev.subject)?;
-        check_type(&ev.event_type)?;
+        ev.check_fields()?;
         if !payload.is_object() {
             return Err(FieldError::new("payload", "must be a JSON object"));
         }
         // serde_json's Map is a BTreeMap (no `preserve_order`), so this output has sorted keys.
         let text = serde_json::to_string(payload)
             .map_err(|e| FieldError::new("payload", format!("cannot be encoded: {e}")))?;
+        ev.with_payload(text)
+    }
+
+    /// [`NewEvent::new`] with the payload as the JSON text a client sent: kept as it is when
+    /// it is already canonical ([`crate::canonical`]), the common case, else parsed and
+    /// re-encoded. The same checks, errors and stored bytes as [`NewEvent::new`] of the value
+    /// the text parses to.
+    pub fn from_json_text(
+        event_id: Option<String>,
+        stream: impl Into<String>,
+        subject: impl Into<String>,
+        event_type: impl Into<String>,
+        payload: &RawValue,
+    ) -> Result<NewEvent, FieldError> {
+        let text = payload.get();
+        if !crate::canonical::is_canonical_object(text) {
+            let value: serde_json::Value = serde_json::from_str(text)
+                .map_err(|e| FieldError::new("payload", format!("cannot be read: {e}")))?;
+            return NewEvent::new(event_id, stream, subject, event_type, &value);
+        }
+        let ev = NewEvent {
+            event_id,
+            stream: stream.into(),
+            subject: subject.into(),
+            event_type: event_type.into(),
+            payload: RawValue::NULL.to_owned(),
+        };
+        ev.check_fields()?;
+        ev.with_payload(text.to_owned())
+    }
+
+    fn check_fields(&self) -> Result<(), FieldError> {
+        if let Some(id) = &self.event_id {
+            check_event_id(id)?;
+        }
+        check_stream(&self.stream)?;
+        check_subject(&self.subject)?;
+        check_type(&self.event_type)
+    }
+
+    /// The event with its canonical payload text, once the text is within the size limit.
+    fn with_payload(self, text: String) -> Result<NewEvent, FieldError> {
         if text.len() > limits::PAYLOAD_MAX_BYTES {
             return Err(FieldError {
                 kind: InvalidKind::TooLarge,
@@ -70,10 +107,10 @@ impl NewEvent {
             });
         }
         Ok(NewEvent {
-            // Serialised by serde_json just above: valid JSON, so this never fails.
+            // Canonical JSON text (checked or written by serde_json): this never fails.
             payload: RawValue::from_string(text)
                 .map_err(|e| FieldError::new("payload", format!("cannot be encoded: {e}")))?,
-            ..ev
+            ..self
         })
     }
 

@@ -42,6 +42,7 @@
 #![forbid(unsafe_code)]
 
 mod any;
+pub mod canonical;
 pub mod condition;
 mod embedded;
 pub mod envelope;

@@ -24,6 +24,12 @@ fn invalid(msg: impl Into<String>) -> SchemaError {
     SchemaError::Invalid(msg.into())
 }
 
+/// Whether [`check_client_event`] reads the payload of this type (a type of tidemark's
+/// reserved prefixes); for every other type any payload passes.
+pub fn reads_payload(event_type: &str) -> bool {
+    RESERVED_PREFIXES.iter().any(|p| event_type.starts_with(p))
+}
+
 /// Check an event a client wants to append. Free-form types always pass.
 pub fn check_client_event(
     stream: &str,
@@ -35,7 +41,7 @@ pub fn check_client_event(
     if ty.is_some_and(EventType::server_only) {
         return Err(SchemaError::ServerOnly(event_type.to_owned()));
     }
-    if !RESERVED_PREFIXES.iter().any(|p| event_type.starts_with(p)) {
+    if !reads_payload(event_type) {
         return Ok(());
     }
     let Some(ty) = ty else {

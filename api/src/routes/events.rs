@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use tidemark_engine::Engine;
 use tidemark_log::{AppendReceipt, Event, NewEvent, ReadPage, ReadQuery, limits};
 use tidemark_projections::names::EventType;
@@ -259,7 +260,116 @@ fn to_new_event(index: usize, v: Value) -> Result<NewEvent, ApiError> {
 }
 
 /// Parse and validate a whole request body; nothing is appended unless all of it is valid.
+///
+/// A body is read once, from its bytes into the events to append, with each payload kept as
+/// the client's text when it is already canonical ([`NewEvent::from_json_text`]). Anything
+/// that path does not take (a malformed body, an invalid event, a duplicate key) is read again
+/// the long way, through a value tree, which finds the error and words it: the answers and the
+/// stored bytes are the same either way.
 pub fn parse_append_body(body: &[u8]) -> Result<Vec<NewEvent>, ApiError> {
+    match parse_once(body) {
+        Some(events) => Ok(events),
+        None => parse_the_long_way(body),
+    }
+}
+
+/// An event as sent, its payload borrowed from the body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Sent<'a> {
+    event_id: Option<String>,
+    stream: String,
+    #[serde(default)]
+    subject: String,
+    #[serde(rename = "type")]
+    event_type: String,
+    #[serde(borrow)]
+    payload: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SentBatch<'a> {
+    #[serde(borrow)]
+    events: Vec<Sent<'a>>,
+}
+
+/// The events of a valid body, or `None` for the long way to judge.
+fn parse_once(body: &[u8]) -> Option<Vec<NewEvent>> {
+    // serde reads a struct from an array too; the long way takes an object only.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return None;
+    }
+    let sent = match serde_json::from_slice::<SentBatch<'_>>(body) {
+        Ok(batch) => batch.events,
+        Err(_) => vec![serde_json::from_slice::<Sent<'_>>(body).ok()?],
+    };
+    if sent.is_empty() || sent.len() > limits::BATCH_MAX_EVENTS {
+        return None;
+    }
+    sent.into_iter()
+        .map(|e| {
+            let payload: &RawValue = match e.payload {
+                Some(p) => p,
+                None => empty_object(),
+            };
+            let mut event_id = e.event_id;
+            if e.event_type == EventType::NotificationRequested && event_id.is_none() {
+                event_id = (!e.subject.is_empty()).then(|| e.subject.clone());
+            }
+            let checks = Checked::new(event_id.as_deref(), &e.subject, &e.event_type)?;
+            let ev = NewEvent::from_json_text(event_id, e.stream, e.subject, e.event_type, payload)
+                .ok()?;
+            checks.schema(&ev).then_some(ev)
+        })
+        .collect()
+}
+
+fn empty_object() -> &'static RawValue {
+    serde_json::from_str("{}").expect("an empty object is JSON")
+}
+
+/// The API's own rules for an event, on the short path: a notification's subject is its id,
+/// tidemark's id prefixes are its own, and a payload is read as a value only for the types
+/// whose schema tidemark checks.
+struct Checked;
+
+impl Checked {
+    fn new(event_id: Option<&str>, subject: &str, event_type: &str) -> Option<Checked> {
+        if event_type == EventType::NotificationRequested.as_str()
+            && event_id.is_some_and(|id| id != subject)
+        {
+            return None;
+        }
+        if event_id.is_some_and(|id| {
+            tidemark_projections::names::ids::RESERVED_PREFIXES
+                .iter()
+                .any(|p| id.starts_with(p))
+        }) {
+            return None;
+        }
+        Some(Checked)
+    }
+
+    fn schema(&self, ev: &NewEvent) -> bool {
+        let parsed;
+        let payload = if schema::reads_payload(&ev.event_type) {
+            match serde_json::from_str::<Value>(ev.payload_raw().get()) {
+                Ok(v) => {
+                    parsed = v;
+                    &parsed
+                }
+                Err(_) => return false,
+            }
+        } else {
+            &Value::Null
+        };
+        schema::check_client_event(&ev.stream, &ev.subject, &ev.event_type, payload).is_ok()
+    }
+}
+
+/// The body through a value tree: every error found and worded.
+fn parse_the_long_way(body: &[u8]) -> Result<Vec<NewEvent>, ApiError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request("malformed_json", format!("the body is not JSON: {e}"))
     })?;
@@ -569,5 +679,125 @@ impl SseGauge {
 impl Drop for SseGauge {
     fn drop(&mut self) {
         metrics::gauge!("tidemark_sse_clients").decrement(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn outcome(r: Result<Vec<NewEvent>, ApiError>) -> String {
+        match r {
+            Ok(evs) => evs
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{:?}|{}|{}|{}|{}",
+                        e.event_id,
+                        e.stream,
+                        e.subject,
+                        e.event_type,
+                        String::from_utf8_lossy(e.payload_bytes())
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Err(e) => format!("{} {:?}", e.status, e.problem),
+        }
+    }
+
+    fn one_of(values: &'static [&'static str]) -> impl Strategy<Value = Option<String>> {
+        prop::option::weighted(0.8, prop::sample::select(values).prop_map(str::to_owned))
+    }
+
+    /// An event's fields, each present or not, mostly well-formed.
+    fn event() -> impl Strategy<Value = String> {
+        (
+            one_of(&[
+                r#""event_id":"e-1""#,
+                r#""event_id":"n1""#,
+                r#""event_id":"dlv:x""#,
+                r#""event_id":"ntf:n1""#,
+                r#""event_id":null"#,
+                r#""event_id":7"#,
+            ]),
+            one_of(&[
+                r#""stream":"orders""#,
+                r#""stream":"notifications""#,
+                r#""stream":"Bad""#,
+            ]),
+            one_of(&[
+                r#""subject":"n1""#,
+                r#""subject":"a\u0007""#,
+                r#""subject":"""#,
+            ]),
+            one_of(&[
+                r#""type":"order.placed""#,
+                r#""type":"notification.requested""#,
+                r#""type":"delivery.sent""#,
+                r#""type":"task.created""#,
+            ]),
+            one_of(&[
+                r#""payload":{"a":1,"b":"x"}"#,
+                r#""payload":{"b":1,"a":[1,2.5,"x"]}"#,
+                r#""payload":{"a":1,"b":"\u0041"}"#,
+                r#""payload":{ "a" : 1 }"#,
+                r#""payload":{"priority":"info","recipient":"u1","title":"Hi"}"#,
+                r#""payload":{"recipient":"u1","title":"Hi"}"#,
+                r#""payload":[1]"#,
+                r#""payload":null"#,
+                r#""payload":{"a":1,"a":2}"#,
+            ]),
+            prop::option::weighted(0.1, Just(r#""extra":1"#.to_owned())),
+            any::<bool>(),
+        )
+            .prop_map(|(id, stream, subject, ty, payload, extra, reversed)| {
+                let mut f: Vec<String> = [id, stream, subject, ty, payload, extra]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                if reversed {
+                    f.reverse();
+                }
+                format!("{{{}}}", f.join(","))
+            })
+    }
+
+    fn body() -> impl Strategy<Value = String> {
+        prop_oneof![
+            event(),
+            prop::collection::vec(event(), 0..4)
+                .prop_map(|e| format!(r#"{{"events":[{}]}}"#, e.join(","))),
+            prop::collection::vec(event(), 1..3)
+                .prop_map(|e| format!(r#" {{ "events" : [ {} ] , "x":1}}"#, e.join(" , "))),
+            event().prop_map(|e| format!("[{e}]")),
+            Just(r#"["e","orders","","order.placed",{}]"#.to_owned()),
+        ]
+    }
+
+    proptest! {
+        /// Read once or the long way, every body gets the same answer: the same events with
+        /// the same stored payload bytes, or the same error.
+        #[test]
+        fn reading_once_answers_as_the_long_way(body in body()) {
+            let once = parse_once(body.as_bytes());
+            let long = outcome(parse_the_long_way(body.as_bytes()));
+            if let Some(evs) = once {
+                prop_assert_eq!(outcome(Ok(evs)), long.clone());
+            }
+            prop_assert_eq!(outcome(parse_append_body(body.as_bytes())), long);
+        }
+    }
+
+    #[test]
+    fn the_common_body_is_read_once() {
+        for body in [
+            r#"{"stream":"orders","subject":"o1","type":"order.placed","payload":{"a":1,"b":"x"}}"#,
+            r#"{"events":[{"event_id":"e1","stream":"orders","type":"order.placed"}]}"#,
+            r#"{"stream":"notifications","subject":"n1","type":"notification.requested","payload":{"priority":"info","recipient":"u1","title":"Hi"}}"#,
+        ] {
+            assert!(parse_once(body.as_bytes()).is_some(), "{body}");
+        }
     }
 }
