@@ -417,10 +417,10 @@ impl<L: EventLog + Clone> Queries<L> {
         Ok(read::subscription(&self.models.db(), id)?)
     }
 
-    /// Active subscriptions of a task.
-    pub fn task_subscriptions(&self, task_id: &str) -> R<Vec<Subscription>> {
+    /// Active subscriptions of these tasks (one read for all).
+    pub fn task_subscriptions(&self, task_ids: &[&str]) -> R<Vec<Subscription>> {
         self.floor(0)?;
-        Ok(read::task_subscriptions(&self.models.db(), task_id)?)
+        Ok(read::task_subscriptions(&self.models.db(), task_ids)?)
     }
 
     /// Active subscriptions of a bridge.

@@ -1086,11 +1086,12 @@ pub fn subscription(
 }
 
 /// Active subscriptions whose index key starts with `prefix ‖ 0` in `index` (`by_task`,
-/// `by_bridge`), or every active one when `prefix` is `None`.
+/// `by_bridge`) for any of `prefixes`, or every active one when `prefixes` is `None`; one read
+/// transaction for all of them (the bridge notifier asks for every task of a commit at once).
 fn active_subscriptions(
     db: &redb::Database,
     index: &'static str,
-    prefix: Option<&str>,
+    prefixes: Option<&[&str]>,
 ) -> Result<Vec<crate::bridges::Subscription>, StorageError> {
     use crate::bridges;
     let r = Reader::new(db)?;
@@ -1101,18 +1102,23 @@ fn active_subscriptions(
         return Ok(Vec::new());
     };
     let mut ids = Vec::new();
-    match prefix {
-        Some(p) => {
-            let mut from = p.as_bytes().to_vec();
-            from.push(0);
-            let mut to = p.as_bytes().to_vec();
-            to.push(1);
-            for row in idx
-                .range(from.as_slice()..to.as_slice())
-                .map_err(StorageError::of)?
-            {
-                let (k, _) = row.map_err(StorageError::of)?;
-                ids.push(k.value()[from.len()..].to_vec());
+    match prefixes {
+        Some(prefixes) => {
+            if redb::ReadableTableMetadata::is_empty(&idx).map_err(StorageError::of)? {
+                return Ok(Vec::new());
+            }
+            for p in prefixes {
+                let mut from = p.as_bytes().to_vec();
+                from.push(0);
+                let mut to = p.as_bytes().to_vec();
+                to.push(1);
+                for row in idx
+                    .range(from.as_slice()..to.as_slice())
+                    .map_err(StorageError::of)?
+                {
+                    let (k, _) = row.map_err(StorageError::of)?;
+                    ids.push(k.value()[from.len()..].to_vec());
+                }
             }
         }
         None => {
@@ -1131,18 +1137,19 @@ fn active_subscriptions(
     Ok(out)
 }
 
+/// The active subscriptions of these tasks.
 pub fn task_subscriptions(
     db: &redb::Database,
-    task_id: &str,
+    task_ids: &[&str],
 ) -> Result<Vec<crate::bridges::Subscription>, StorageError> {
-    active_subscriptions(db, crate::bridges::BY_TASK, Some(task_id))
+    active_subscriptions(db, crate::bridges::BY_TASK, Some(task_ids))
 }
 
 pub fn bridge_subscriptions(
     db: &redb::Database,
     bridge_id: &str,
 ) -> Result<Vec<crate::bridges::Subscription>, StorageError> {
-    active_subscriptions(db, crate::bridges::BY_BRIDGE, Some(bridge_id))
+    active_subscriptions(db, crate::bridges::BY_BRIDGE, Some(&[bridge_id]))
 }
 
 pub fn all_active_subscriptions(

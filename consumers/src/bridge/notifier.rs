@@ -251,8 +251,9 @@ impl Notifier {
                 }
             }
             let mut out: Vec<Subscription> = Vec::new();
-            for t in &tasks {
-                out.extend(e.read().task_subscriptions(t)?);
+            if !tasks.is_empty() {
+                let tasks: Vec<&str> = tasks.iter().map(String::as_str).collect();
+                out.extend(e.read().task_subscriptions(&tasks)?);
             }
             for id in &ids {
                 match e.read().subscription(id)? {

@@ -377,7 +377,7 @@ pub async fn list(
     check_path_id("task id", &task_id)?;
     let as_of_seq = as_of(&st, q).await?;
     let engine = st.engine.clone();
-    let subs = blocking(move || engine.read().task_subscriptions(&task_id)).await?;
+    let subs = blocking(move || engine.read().task_subscriptions(&[&task_id])).await?;
     let mut out = Vec::with_capacity(subs.len());
     for s in subs {
         out.push(with_cursor(&st, s).await?);
