@@ -20,6 +20,7 @@ mod front;
 mod metrics_setup;
 mod openapi;
 mod params;
+pub mod request;
 pub mod routes;
 pub mod server;
 pub mod state;

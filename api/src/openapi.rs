@@ -354,7 +354,52 @@ fn links_in_camel_case(doc: &OpenApi) -> String {
             }
         }
     }
+    plain_inline_schemas(&mut v);
     serde_json::to_string_pretty(&v).unwrap_or_else(|_| "{}".into())
+}
+
+/// utoipa wraps an inline schema that has its own description (a field of a bounded type such
+/// as [`crate::request::Text`]) in a one-element `oneOf`, and an optional one in `oneOf` with
+/// `null`: written out as the plain schema (`type: [string, null]` for the optional one), as
+/// the same field declared with attributes reads.
+fn plain_inline_schemas(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Array(items) => items.iter_mut().for_each(plain_inline_schemas),
+        Value::Object(map) => {
+            map.values_mut().for_each(plain_inline_schemas);
+            if map.contains_key("type") || map.contains_key("$ref") {
+                return;
+            }
+            let Some(Value::Array(one_of)) = map.get("oneOf") else {
+                return;
+            };
+            let is_null = |s: &Value| {
+                s.as_object()
+                    .is_some_and(|o| o.len() == 1 && o.get("type") == Some(&Value::from("null")))
+            };
+            let (inner, nullable) = match one_of.as_slice() {
+                [only] => (only.clone(), false),
+                [a, b] if is_null(a) => (b.clone(), true),
+                [a, b] if is_null(b) => (a.clone(), true),
+                _ => return,
+            };
+            let Value::Object(mut inner) = inner else {
+                return;
+            };
+            let Some(Value::String(ty)) = inner.get("type").cloned() else {
+                return;
+            };
+            if nullable {
+                inner.insert("type".into(), Value::from(vec![ty, "null".to_owned()]));
+            }
+            map.remove("oneOf");
+            for (k, x) in inner {
+                map.entry(k).or_insert(x);
+            }
+        }
+        _ => {}
+    }
 }
 
 fn links(doc: &mut OpenApi) {

@@ -15,8 +15,9 @@ use tidemark_projections::cursors::Cursor;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
+use crate::request::{invalid, json_body};
 use crate::routes::blocking;
-use crate::routes::deliveries::{check_text, invalid, json_body};
+use crate::routes::deliveries::check_text;
 use crate::state::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]

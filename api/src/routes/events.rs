@@ -7,7 +7,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
@@ -21,6 +21,7 @@ use tidemark_projections::schema::{self, SchemaError};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
+use crate::request::{body_rejection, require_json};
 use crate::state::AppState;
 
 /// One event as a client sends it.
@@ -419,35 +420,6 @@ fn parse_the_long_way(body: &[u8]) -> Result<Vec<NewEvent>, ApiError> {
         .enumerate()
         .map(|(i, v)| to_new_event(i, v))
         .collect()
-}
-
-pub(crate) fn body_rejection(r: BytesRejection) -> ApiError {
-    if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            "the request body is larger than the server's limit (server.max_body_bytes)",
-        )
-    } else {
-        ApiError::bad_request("malformed_json", r.body_text())
-    }
-}
-
-pub(crate) fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
-    let ct = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let mime = ct.split(';').next().unwrap_or("").trim();
-    if mime.eq_ignore_ascii_case("application/json") || mime.ends_with("+json") {
-        Ok(())
-    } else {
-        Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-            "send the body as Content-Type: application/json",
-        ))
-    }
 }
 
 /// Append one event or a batch, atomically and durably.

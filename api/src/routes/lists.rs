@@ -14,7 +14,8 @@ use tidemark_projections::lists::ListRow;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
-use crate::routes::deliveries::{check_text, json_body};
+use crate::request::json_body;
+use crate::routes::deliveries::check_text;
 use crate::routes::{caller, read_model};
 use crate::state::AppState;
 

@@ -73,13 +73,4 @@ pub(crate) fn caller(
     st.auth.identify(h).ok().and_then(|i| i.name)
 }
 
-/// A resource id in a path: 1–128 printable characters, else `400 invalid_path` naming `what`.
-pub(crate) fn check_path_id(what: &str, id: &str) -> Result<(), ApiError> {
-    if id.is_empty() || id.chars().count() > 128 || id.chars().any(char::is_control) {
-        return Err(ApiError::bad_request(
-            "invalid_path",
-            format!("a {what} id is 1–128 printable characters"),
-        ));
-    }
-    Ok(())
-}
+pub(crate) use crate::request::check_path_id;

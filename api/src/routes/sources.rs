@@ -15,8 +15,8 @@ use tidemark_projections::sources::SourceRow;
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, Problem};
-use crate::routes::deliveries::{check_text, json_body};
-use crate::routes::events::body_rejection;
+use crate::request::{body_rejection, json_body};
+use crate::routes::deliveries::check_text;
 use crate::routes::{ReadAt, read_model};
 use crate::state::AppState;
 

@@ -18,9 +18,10 @@ use tidemark_projections::names::ids;
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, Problem};
+use crate::request::{invalid, json_body};
 use crate::routes::blocking;
 use crate::routes::cursors::CursorOut;
-use crate::routes::deliveries::{check_text, invalid, json_body};
+use crate::routes::deliveries::check_text;
 use crate::state::AppState;
 
 mod pull;

@@ -17,9 +17,10 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::check_path_id;
 use crate::error::{ApiError, Problem};
+use crate::request::{invalid, json_body};
 use crate::routes::blocking;
 use crate::routes::cursors::CursorOut;
-use crate::routes::deliveries::{check_text, invalid, json_body};
+use crate::routes::deliveries::check_text;
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, IntoParams)]

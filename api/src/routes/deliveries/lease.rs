@@ -1,21 +1,16 @@
 //! The lease holder's endpoints: claim, complete (one or many), fail, extend.
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
-use axum::http::HeaderMap;
+use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use tidemark_engine::commands::outbox::{
     Claim, Complete, CompleteOne, Completed, Extend, Fail, Failure,
 };
 use utoipa::ToSchema;
 
-use super::{
-    DeliveriesPage, DeliveryOut, check_id, check_sink, check_text, invalid, json_body, lease_ms,
-    settings,
-};
+use super::{DeliveriesPage, DeliveryId, DeliveryOut, check_sink, invalid, lease_ms, settings};
 use crate::error::{ApiError, Problem};
+use crate::request::{PathId, Text, Validate, ValidatedJson};
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -25,12 +20,8 @@ pub struct ClaimBody {
     #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9_.-]+$")]
     pub sink: String,
     /// Who holds the leases; only this owner may complete, fail or extend them.
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub owner: String,
+    #[schema(inline)]
+    pub owner: Text<128>,
     /// At most this many (1–1000; default `retry.batch_size`).
     #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
@@ -54,12 +45,8 @@ pub struct ClaimBody {
 #[tracing::instrument(skip_all, fields(sink, claimed))]
 pub async fn claim(
     State(st): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    ValidatedJson(b): ValidatedJson<ClaimBody>,
 ) -> Result<Json<DeliveriesPage>, ApiError> {
-    let b: ClaimBody = json_body(&headers, body)?;
-    check_sink(&b.sink)?;
-    check_text("owner", &b.owner, 128)?;
     let s = settings(&st);
     let limit = b.limit.unwrap_or(s.retry.batch_size);
     if !(1..=1000).contains(&limit) {
@@ -67,7 +54,7 @@ pub async fn claim(
     }
     let lease = lease_ms(b.lease_ms, s)?;
     tracing::Span::current().record("sink", b.sink.as_str());
-    let (sink, owner) = (b.sink.clone(), b.owner.clone());
+    let (sink, owner) = (b.sink.clone(), b.owner.into_string());
     let (rows, receipt) = st
         .engine
         .execute(Claim {
@@ -93,19 +80,11 @@ pub async fn claim(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompleteBody {
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub owner: String,
+    #[schema(inline)]
+    pub owner: Text<128>,
     /// The sink's own id for what it delivered.
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub external_id: Option<String>,
+    #[schema(inline)]
+    pub external_id: Option<Text<256>>,
 }
 
 /// The lease owner reports the delivery sent (repeating it answers the same row).
@@ -123,22 +102,15 @@ pub struct CompleteBody {
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn complete(
     State(st): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    id: PathId<DeliveryId>,
+    ValidatedJson(b): ValidatedJson<CompleteBody>,
 ) -> Result<Json<DeliveryOut>, ApiError> {
-    check_id(&id)?;
-    let b: CompleteBody = json_body(&headers, body)?;
-    check_text("owner", &b.owner, 128)?;
-    if let Some(x) = &b.external_id {
-        check_text("external_id", x, 256)?;
-    }
     let row = st
         .engine
         .execute(CompleteOne {
-            id,
-            owner: b.owner,
-            external_id: b.external_id,
+            id: id.into_string(),
+            owner: b.owner.into_string(),
+            external_id: b.external_id.map(Text::into_string),
             resolved_targets: Vec::new(),
         })
         .await?
@@ -151,29 +123,17 @@ pub async fn complete(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompleteItem {
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub id: String,
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub external_id: Option<String>,
+    #[schema(inline)]
+    pub id: Text<128>,
+    #[schema(inline)]
+    pub external_id: Option<Text<256>>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompleteManyBody {
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub owner: String,
+    #[schema(inline)]
+    pub owner: Text<128>,
     /// 1–1000 deliveries leased by `owner`.
     #[schema(min_items = 1, max_items = 1000)]
     pub deliveries: Vec<CompleteItem>,
@@ -214,31 +174,16 @@ pub struct CompleteManyOut {
 #[tracing::instrument(skip_all, fields(items))]
 pub async fn complete_many(
     State(st): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    ValidatedJson(b): ValidatedJson<CompleteManyBody>,
 ) -> Result<Json<CompleteManyOut>, ApiError> {
-    let b: CompleteManyBody = json_body(&headers, body)?;
-    check_text("owner", &b.owner, 128)?;
-    if b.deliveries.is_empty() || b.deliveries.len() > 1000 {
-        return Err(invalid(
-            "deliveries",
-            "deliveries must hold 1 to 1000 items",
-        ));
-    }
-    for d in &b.deliveries {
-        check_text("deliveries.id", &d.id, 128)?;
-        if let Some(x) = &d.external_id {
-            check_text("deliveries.external_id", x, 256)?;
-        }
-    }
     tracing::Span::current().record("items", b.deliveries.len());
     let items: Vec<(String, Option<String>)> = b
         .deliveries
         .into_iter()
-        .map(|d| (d.id, d.external_id))
+        .map(|d| (d.id.into_string(), d.external_id.map(Text::into_string)))
         .collect();
     let ids: Vec<String> = items.iter().map(|(id, _)| id.clone()).collect();
-    let owner = b.owner;
+    let owner = b.owner.into_string();
     let (results, _) = st.engine.execute(Complete { owner, items }).await?;
     let mut out = Vec::with_capacity(results.len());
     for (id, r) in ids.into_iter().zip(results) {
@@ -273,19 +218,11 @@ pub async fn complete_many(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FailBody {
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub owner: String,
+    #[schema(inline)]
+    pub owner: Text<128>,
     /// Stable code of the failure, e.g. `timeout`.
-    #[schema(
-        min_length = 1,
-        max_length = 64,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub error_code: String,
+    #[schema(inline)]
+    pub error_code: Text<64>,
     #[schema(max_length = 4096)]
     pub error: Option<String>,
     /// Default true; false parks the delivery at once.
@@ -296,6 +233,41 @@ pub struct FailBody {
     #[schema(value_type = Option<u64>)]
     pub retry_after_ms: Option<f64>,
 }
+
+impl Validate for ClaimBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        check_sink(&self.sink)
+    }
+}
+
+impl Validate for CompleteBody {}
+
+impl Validate for CompleteManyBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        if self.deliveries.is_empty() || self.deliveries.len() > 1000 {
+            return Err(invalid(
+                "deliveries",
+                "deliveries must hold 1 to 1000 items",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Validate for FailBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        if self
+            .error
+            .as_ref()
+            .is_some_and(|e| e.chars().count() > 4096)
+        {
+            return Err(invalid("error", "error must be at most 4096 characters"));
+        }
+        Ok(())
+    }
+}
+
+impl Validate for ExtendBody {}
 
 /// `retry_after_ms` as milliseconds, capped at an hour: a non-negative integer (beyond 2^53,
 /// where a float cannot tell, any value).
@@ -329,20 +301,12 @@ fn retry_after(v: Option<f64>) -> Result<Option<u64>, ApiError> {
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn fail(
     State(st): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    id: PathId<DeliveryId>,
+    ValidatedJson(b): ValidatedJson<FailBody>,
 ) -> Result<Json<DeliveryOut>, ApiError> {
-    check_id(&id)?;
-    let b: FailBody = json_body(&headers, body)?;
-    check_text("owner", &b.owner, 128)?;
-    check_text("error_code", &b.error_code, 64)?;
     let error = b.error.unwrap_or_default();
-    if error.chars().count() > 4096 {
-        return Err(invalid("error", "error must be at most 4096 characters"));
-    }
     let f = Failure {
-        error_code: b.error_code,
+        error_code: b.error_code.into_string(),
         error,
         retryable: b.retryable.unwrap_or(true),
         retry_after_ms: retry_after(b.retry_after_ms)?,
@@ -350,8 +314,8 @@ pub async fn fail(
     let (row, _) = st
         .engine
         .execute(Fail {
-            id,
-            owner: b.owner,
+            id: id.into_string(),
+            owner: b.owner.into_string(),
             failure: f,
         })
         .await?;
@@ -362,12 +326,8 @@ pub async fn fail(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExtendBody {
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub owner: String,
+    #[schema(inline)]
+    pub owner: Text<128>,
     /// New lease length from now (default `retry.lease_ttl`).
     #[schema(minimum = 100, maximum = 3600000)]
     pub lease_ms: Option<u64>,
@@ -388,19 +348,15 @@ pub struct ExtendBody {
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn extend(
     State(st): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    id: PathId<DeliveryId>,
+    ValidatedJson(b): ValidatedJson<ExtendBody>,
 ) -> Result<Json<DeliveryOut>, ApiError> {
-    check_id(&id)?;
-    let b: ExtendBody = json_body(&headers, body)?;
-    check_text("owner", &b.owner, 128)?;
     let lease = lease_ms(b.lease_ms, settings(&st))?;
     let (row, _) = st
         .engine
         .execute(Extend {
-            id,
-            owner: b.owner,
+            id: id.into_string(),
+            owner: b.owner.into_string(),
             lease_ms: lease,
         })
         .await?;

@@ -6,11 +6,8 @@
 use std::collections::BTreeMap;
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::HeaderMap;
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tidemark_log::time::{format_micros, now_micros};
 use tidemark_projections::deliveries::{Delivery, Step};
@@ -20,8 +17,9 @@ use tidemark_projections::routing::RoutingSettings;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
+pub(crate) use crate::request::{invalid, json_body};
 use crate::routes::blocking;
-use crate::routes::events::{body_rejection, parse_limit, require_json};
+use crate::routes::events::parse_limit;
 use crate::routes::order::{next_cursors, parse_before, parse_order};
 use crate::state::AppState;
 
@@ -274,64 +272,6 @@ pub struct DeliveryAnswer {
     pub as_of_seq: u64,
 }
 
-pub(crate) fn json_body<T: DeserializeOwned>(
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<T, ApiError> {
-    let body = body.map_err(body_rejection)?;
-    require_json(headers)?;
-    let malformed = |e: serde_json::Error| ApiError::bad_request("malformed_json", e.to_string());
-    // One parse on the hot path (claims, completes); the detour through a Value only for a
-    // body the direct parse refused, which may hold an integer written as `1.0`.
-    let first = match serde_json::from_slice(&body) {
-        Ok(t) => return Ok(t),
-        Err(e) => e,
-    };
-    let mut v: serde_json::Value = serde_json::from_slice(&body).map_err(malformed)?;
-    if !integral_floats_as_integers(&mut v) {
-        return Err(malformed(first));
-    }
-    serde_json::from_value(v).map_err(malformed)
-}
-
-/// JSON does not tell `1.0` from `1` (JSON Schema calls both integers), so a command body's
-/// integral floats are read as the integers they are: `{"lease_ms": 60000.0}` is 60000.
-/// Fractional ones stay floats and fail an integer field. Answers whether it changed any.
-fn integral_floats_as_integers(v: &mut serde_json::Value) -> bool {
-    use serde_json::Value;
-    match v {
-        Value::Number(n) if n.is_f64() => {
-            let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0) else {
-                return false;
-            };
-            if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
-                *v = Value::from(f as u64);
-            } else if (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
-                *v = Value::from(f as i64);
-            } else {
-                return false;
-            }
-            true
-        }
-        Value::Array(items) => items
-            .iter_mut()
-            .fold(false, |changed, i| integral_floats_as_integers(i) | changed),
-        Value::Object(map) => map
-            .values_mut()
-            .fold(false, |changed, i| integral_floats_as_integers(i) | changed),
-        _ => false,
-    }
-}
-
-pub(crate) fn invalid(field: &str, detail: impl Into<String>) -> ApiError {
-    ApiError::new(
-        axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_field",
-        detail,
-    )
-    .at(0, Some(field))
-}
-
 pub(crate) fn check_text(field: &str, v: &str, max: usize) -> Result<(), ApiError> {
     if v.is_empty() || v.chars().count() > max || v.chars().any(char::is_control) {
         return Err(invalid(
@@ -355,7 +295,14 @@ fn check_sink(v: &str) -> Result<(), ApiError> {
 }
 
 fn check_id(id: &str) -> Result<(), ApiError> {
-    crate::routes::check_path_id("delivery", id)
+    crate::routes::check_path_id(<DeliveryId as crate::request::IdKind>::WHAT, id)
+}
+
+/// The id of a delivery in a path.
+pub struct DeliveryId;
+
+impl crate::request::IdKind for DeliveryId {
+    const WHAT: &'static str = "delivery";
 }
 
 const LEASE_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;

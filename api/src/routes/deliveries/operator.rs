@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 
 use super::{DeliveryOut, check_id, check_text, json_body};
 use crate::error::{ApiError, Problem};
-use crate::routes::events::body_rejection;
+use crate::request::body_rejection;
 use crate::state::AppState;
 
 #[derive(Debug, Default, Deserialize, ToSchema)]

@@ -1,0 +1,373 @@
+//! What handlers read requests with, in one place: the JSON body extractor that checks what
+//! its type declares ([`ValidatedJson`]), bounded text ([`Text`]: one declaration is both the
+//! OpenAPI schema and the check), and a path id ([`PathId`]).
+//!
+//! A body type declares its bounds in its field types; whatever a type cannot say (a range
+//! across fields, a pattern of its own) it says in [`Validate`]. The answers are the ones the
+//! handlers gave when each checked its own body by hand: a body that is not JSON, or not the
+//! declared shape, is `400 malformed_json`; a text field out of its bounds is `422
+//! invalid_field` naming the field (`deliveries.id` for an item's) — the malformed answer wins
+//! when a body has both, as it did.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer};
+
+use crate::error::ApiError;
+
+/// Text of 1 to `MAX` printable characters (no control characters): the schema says so, and a
+/// body holding anything else is refused naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Text<const MAX: usize>(String);
+
+impl<const MAX: usize> Text<MAX> {
+    pub fn into_string(self) -> String {
+        self.0
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `v` is within the bounds.
+    pub fn fits(v: &str) -> bool {
+        !v.is_empty() && v.chars().count() <= MAX && !v.chars().any(char::is_control)
+    }
+}
+
+impl<const MAX: usize> std::ops::Deref for Text<MAX> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<const MAX: usize> From<Text<MAX>> for String {
+    fn from(t: Text<MAX>) -> String {
+        t.0
+    }
+}
+
+/// What a refused [`Text`] tells [`ValidatedJson`] (through serde's error text): its bound.
+const TEXT_REFUSED: &str = "\u{1}text-out-of-bounds:";
+
+thread_local! {
+    /// Set while a body is read only to see whether it is well-formed apart from its texts.
+    static LENIENT: Cell<bool> = const { Cell::new(false) };
+}
+
+impl<'de, const MAX: usize> Deserialize<'de> for Text<MAX> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if Self::fits(&s) || LENIENT.with(Cell::get) {
+            Ok(Text(s))
+        } else {
+            Err(serde::de::Error::custom(format_args!(
+                "{TEXT_REFUSED}{MAX}"
+            )))
+        }
+    }
+}
+
+impl<const MAX: usize> utoipa::PartialSchema for Text<MAX> {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        crate::openapi::printable_string(1, MAX).into()
+    }
+}
+
+impl<const MAX: usize> utoipa::ToSchema for Text<MAX> {}
+
+/// Checks of a body beyond its field types (ranges, patterns of its own, rules across fields).
+pub trait Validate {
+    fn validate(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
+}
+
+/// A JSON body of `T`, read once and checked: `Content-Type` JSON, within the body limit, the
+/// declared shape, every [`Text`] within its bounds, then [`Validate`].
+pub struct ValidatedJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Validate> FromRequest<S> for ValidatedJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let (parts, body) = req.into_parts();
+        let bytes = Bytes::from_request(Request::from_parts(parts.clone(), body), state).await;
+        let t: T = json_body(&parts.headers, bytes)?;
+        t.validate()?;
+        Ok(ValidatedJson(t))
+    }
+}
+
+/// An optional JSON body: none (or an empty one) is `T::default()`.
+pub struct OptionalJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Validate + Default> FromRequest<S> for OptionalJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let (parts, body) = req.into_parts();
+        let bytes = Bytes::from_request(Request::from_parts(parts.clone(), body), state)
+            .await
+            .map_err(body_rejection)?;
+        if bytes.is_empty() {
+            return Ok(OptionalJson(T::default()));
+        }
+        let t = json_body::<Option<T>>(&parts.headers, Ok(bytes))?.unwrap_or_default();
+        t.validate()?;
+        Ok(OptionalJson(t))
+    }
+}
+
+/// A body read as `T`, answering as every handler did (see the module's documentation).
+pub(crate) fn json_body<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let body = body.map_err(body_rejection)?;
+    require_json(headers)?;
+    match read_body(&body) {
+        Ok(t) => Ok(t),
+        Err(e) if !refused_text(&e) => Err(e),
+        Err(e) => {
+            // A text is out of bounds: unless the body is malformed besides, name the field.
+            LENIENT.with(|l| l.set(true));
+            let lenient = read_body::<T>(&body);
+            LENIENT.with(|l| l.set(false));
+            match lenient {
+                Err(malformed) => Err(malformed),
+                Ok(_) => Err(text_field::<T>(&body).unwrap_or(e)),
+            }
+        }
+    }
+}
+
+fn read_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let malformed = |e: serde_json::Error| ApiError::bad_request("malformed_json", e.to_string());
+    // One parse on the hot path (claims, completes); the detour through a Value only for a
+    // body the direct parse refused, which may hold an integer written as `1.0`.
+    let first = match serde_json::from_slice(body) {
+        Ok(t) => return Ok(t),
+        Err(e) => e,
+    };
+    if first.to_string().starts_with(TEXT_REFUSED) {
+        return Err(malformed(first));
+    }
+    let mut v: serde_json::Value = serde_json::from_slice(body).map_err(malformed)?;
+    if !integral_floats_as_integers(&mut v) {
+        return Err(malformed(first));
+    }
+    serde_json::from_value(v).map_err(malformed)
+}
+
+fn refused_text(e: &ApiError) -> bool {
+    e.problem.detail.starts_with(TEXT_REFUSED)
+}
+
+/// The answer for the first text out of bounds in a body that is otherwise well-formed: the
+/// field by its path without positions (`deliveries.id`) and the bound its type declares.
+fn text_field<T: DeserializeOwned>(body: &[u8]) -> Option<ApiError> {
+    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    integral_floats_as_integers(&mut v);
+    let e = serde_path_to_error::deserialize::<_, T>(&v).err()?;
+    let max = e.inner().to_string();
+    let max = max
+        .strip_prefix(TEXT_REFUSED)?
+        .split(' ')
+        .next()?
+        .to_owned();
+    let mut field = String::new();
+    for seg in e.path().iter() {
+        if let serde_path_to_error::Segment::Map { key } = seg {
+            if !field.is_empty() {
+                field.push('.');
+            }
+            field.push_str(key);
+        }
+    }
+    Some(invalid(
+        &field,
+        format!("{field} must be 1–{max} printable characters"),
+    ))
+}
+
+/// JSON does not tell `1.0` from `1` (JSON Schema calls both integers), so a command body's
+/// integral floats are read as the integers they are: `{"lease_ms": 60000.0}` is 60000.
+/// Fractional ones stay floats and fail an integer field. Answers whether it changed any.
+fn integral_floats_as_integers(v: &mut serde_json::Value) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) if n.is_f64() => {
+            let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0) else {
+                return false;
+            };
+            if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
+                *v = Value::from(f as u64);
+            } else if (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
+                *v = Value::from(f as i64);
+            } else {
+                return false;
+            }
+            true
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .fold(false, |changed, i| integral_floats_as_integers(i) | changed),
+        Value::Object(map) => map
+            .values_mut()
+            .fold(false, |changed, i| integral_floats_as_integers(i) | changed),
+        _ => false,
+    }
+}
+
+pub(crate) fn body_rejection(r: BytesRejection) -> ApiError {
+    if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            "the request body is larger than the server's limit (server.max_body_bytes)",
+        )
+    } else {
+        ApiError::bad_request("malformed_json", r.body_text())
+    }
+}
+
+pub(crate) fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let mime = ct.split(';').next().unwrap_or("").trim();
+    if mime.eq_ignore_ascii_case("application/json") || mime.ends_with("+json") {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send the body as Content-Type: application/json",
+        ))
+    }
+}
+
+/// `422 invalid_field` naming `field`.
+pub(crate) fn invalid(field: &str, detail: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", detail).at(0, Some(field))
+}
+
+/// What a [`PathId`] names (`a delivery id is …`).
+pub trait IdKind {
+    const WHAT: &'static str;
+}
+
+/// A resource id in a path: 1–128 printable characters, else `400 invalid_path` naming the
+/// kind. Read before the body, so a bad id is answered as such whatever the body holds.
+pub struct PathId<K>(pub String, PhantomData<K>);
+
+impl<K> PathId<K> {
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl<K> std::fmt::Display for PathId<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<S: Send + Sync, K: IdKind> FromRequestParts<S> for PathId<K> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let axum::extract::Path(id) =
+            axum::extract::Path::<String>::from_request_parts(parts, state)
+                .await
+                .map_err(|_| invalid_path(K::WHAT))?;
+        check_path_id(K::WHAT, &id)?;
+        Ok(PathId(id, PhantomData))
+    }
+}
+
+fn invalid_path(what: &str) -> ApiError {
+    ApiError::bad_request(
+        "invalid_path",
+        format!("a {what} id is 1–128 printable characters"),
+    )
+}
+
+/// A resource id in a path: 1–128 printable characters, else `400 invalid_path` naming `what`.
+pub(crate) fn check_path_id(what: &str, id: &str) -> Result<(), ApiError> {
+    if id.is_empty() || id.chars().count() > 128 || id.chars().any(char::is_control) {
+        return Err(invalid_path(what));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Item {
+        #[allow(dead_code)]
+        id: Text<4>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        #[allow(dead_code)]
+        owner: Text<8>,
+        #[allow(dead_code)]
+        items: Vec<Item>,
+        #[allow(dead_code)]
+        n: Option<u32>,
+    }
+
+    fn read(body: &str) -> Result<Body, (u16, String, String)> {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
+        json_body::<Body>(&h, Ok(Bytes::from(body.to_owned()))).map_err(|e| {
+            (
+                e.status.as_u16(),
+                e.problem.kind.rsplit('/').next().unwrap().to_owned(),
+                e.problem.detail.clone(),
+            )
+        })
+    }
+
+    #[test]
+    fn a_text_out_of_bounds_is_refused_naming_its_field_and_bound() {
+        assert!(read(r#"{"owner":"w1","items":[{"id":"a"}],"n":3.0}"#).is_ok());
+        let e = read(r#"{"owner":"123456789","items":[]}"#).unwrap_err();
+        assert_eq!((e.0, e.1.as_str()), (422, "invalid_field"));
+        assert_eq!(e.2, "owner must be 1–8 printable characters");
+        let e = read(r#"{"owner":"w","items":[{"id":"a"},{"id":"a\u0007"}],"n":2.0}"#).unwrap_err();
+        assert_eq!(e.2, "items.id must be 1–4 printable characters");
+        let e = read(r#"{"owner":"","items":[]}"#).unwrap_err();
+        assert_eq!(e.2, "owner must be 1–8 printable characters");
+    }
+
+    #[test]
+    fn a_malformed_body_is_malformed_even_with_a_bad_text_before_the_fault() {
+        for body in [
+            r#"{"owner":"123456789","items":[],"n":"x"}"#,
+            r#"{"owner":"123456789","items":[],"extra":1}"#,
+            r#"{"owner":"123456789"}"#,
+            r#"{"owner":"123456789","items":[],"n":1.5}"#,
+        ] {
+            let e = read(body).unwrap_err();
+            assert_eq!((e.0, e.1.as_str()), (400, "malformed_json"), "{body}: {e:?}");
+            assert!(!e.2.contains(TEXT_REFUSED), "{}", e.2);
+        }
+    }
+}
