@@ -366,7 +366,11 @@ mod tests {
             r#"{"owner":"123456789","items":[],"n":1.5}"#,
         ] {
             let e = read(body).unwrap_err();
-            assert_eq!((e.0, e.1.as_str()), (400, "malformed_json"), "{body}: {e:?}");
+            assert_eq!(
+                (e.0, e.1.as_str()),
+                (400, "malformed_json"),
+                "{body}: {e:?}"
+            );
             assert!(!e.2.contains(TEXT_REFUSED), "{}", e.2);
         }
     }

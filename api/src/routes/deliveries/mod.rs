@@ -17,7 +17,7 @@ use tidemark_projections::routing::RoutingSettings;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
-pub(crate) use crate::request::{invalid, json_body};
+pub(crate) use crate::request::invalid;
 use crate::routes::blocking;
 use crate::routes::events::parse_limit;
 use crate::routes::order::{next_cursors, parse_before, parse_order};

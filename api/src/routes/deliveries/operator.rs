@@ -1,17 +1,15 @@
 //! The operator's endpoints on parked deliveries: retry, discard.
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use serde::Deserialize;
 use tidemark_engine::commands::outbox::{Operator, OperatorAction};
 use utoipa::ToSchema;
 
-use super::{DeliveryOut, check_id, check_text, json_body};
+use super::{DeliveryId, DeliveryOut};
 use crate::error::{ApiError, Problem};
-use crate::request::body_rejection;
+use crate::request::{OptionalJson, PathId, Text, Validate};
 use crate::state::AppState;
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -19,51 +17,31 @@ use crate::state::AppState;
 pub struct OperatorBody {
     /// Ignored (kept so that older clients are not refused): the action records the calling
     /// token's name as `by`, `null` in open mode (section 8).
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub by: Option<String>,
-    #[schema(
-        min_length = 1,
-        max_length = 4096,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub reason: Option<String>,
+    #[schema(inline)]
+    pub by: Option<Text<128>>,
+    #[schema(inline)]
+    pub reason: Option<Text<4096>>,
 }
+
+impl Validate for OperatorBody {}
 
 async fn operator_action(
     st: AppState,
-    id: String,
+    id: PathId<DeliveryId>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    b: OperatorBody,
     action: OperatorAction,
 ) -> Result<Json<DeliveryOut>, ApiError> {
-    check_id(&id)?;
-    let raw = body.map_err(body_rejection)?;
-    // No body, `null` or an object: the body is optional.
-    let b: OperatorBody = if raw.is_empty() {
-        OperatorBody::default()
-    } else {
-        json_body::<Option<OperatorBody>>(&headers, Ok(raw))?.unwrap_or_default()
-    };
     // The action records the token that made it (section 8), `null` in open mode; a `by`
     // in the body is checked but never recorded.
-    if let Some(x) = &b.by {
-        check_text("by", x, 128)?;
-    }
     let by = crate::routes::caller(&st, &headers);
-    if let Some(r) = &b.reason {
-        check_text("reason", r, 4096)?;
-    }
     let (row, _) = st
         .engine
         .execute(Operator {
-            id,
+            id: id.into_string(),
             action,
             by,
-            reason: b.reason,
+            reason: b.reason.map(Text::into_string),
         })
         .await?;
     metrics::counter!("tidemark_deliveries_operator_total", "action" => action.kind()).increment(1);
@@ -85,9 +63,9 @@ async fn operator_action(
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn retry(
     State(st): State<AppState>,
-    Path(id): Path<String>,
+    id: PathId<DeliveryId>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    OptionalJson(body): OptionalJson<OperatorBody>,
 ) -> Result<Json<DeliveryOut>, ApiError> {
     operator_action(st, id, headers, body, OperatorAction::Retry).await
 }
@@ -107,9 +85,9 @@ pub async fn retry(
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn discard(
     State(st): State<AppState>,
-    Path(id): Path<String>,
+    id: PathId<DeliveryId>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    OptionalJson(body): OptionalJson<OperatorBody>,
 ) -> Result<Json<DeliveryOut>, ApiError> {
     operator_action(st, id, headers, body, OperatorAction::Discard).await
 }
