@@ -136,6 +136,11 @@ struct Opts {
     /// Do not count sync calls (the strace pass after each append cell).
     #[arg(long)]
     no_fsync_count: bool,
+    /// After each tidemark-http append cell, profile a pass of the same shape with `perf
+    /// record` and print the server's CPU per event by layer (HTTP, front checks, handler,
+    /// append body, log writer, decider, reactors, tokio).
+    #[arg(long)]
+    layers: bool,
     /// The preset that finishes in about a minute.
     #[arg(long)]
     quick: bool,
@@ -348,6 +353,7 @@ impl Run<'_> {
                     events: self.plan.events.max((clients * batch * 5) as u64),
                     seconds: self.plan.cell_seconds,
                     count_fsyncs: !self.opts.no_fsync_count,
+                    layers: self.opts.layers,
                 };
                 let c = workloads::append_cell(&mut rig, &plan).await;
                 eprintln!(

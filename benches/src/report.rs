@@ -140,6 +140,24 @@ impl Report {
                 );
             }
             s.push('\n');
+            for c in self.append.iter().filter(|c| !c.layers.is_empty()) {
+                let _ = writeln!(
+                    s,
+                    "### {} {} × {}: server CPU per event by layer (perf, a pass of the same shape)\n\n\
+                     | layer | µs/event | share |\n|---|---:|---:|",
+                    c.system, c.clients, c.batch
+                );
+                for l in &c.layers {
+                    let _ = writeln!(
+                        s,
+                        "| {} | {} | {:.1} % |",
+                        l.name,
+                        l.us_per_event,
+                        l.share * 100.0
+                    );
+                }
+                let _ = writeln!(s, "| **all** | **{}** | 100 % |\n", c.cpu_us_per_event);
+            }
         }
         if !self.ratios.is_empty() {
             s.push_str(

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::events::EventGen;
 use crate::measure::{
-    Counters, Percentiles, SyscallCount, clock_ticks, micros, new_histogram, round1, round3,
+    Counters, Percentiles, Proc, SyscallCount, clock_ticks, micros, new_histogram, round1, round3,
 };
 use crate::targets::Target;
 
@@ -180,6 +180,10 @@ pub struct AppendCell {
     /// tidemark in process: the read models' lag at the cell's end and its catch-up time.
     pub follow: Option<crate::targets::FollowLag>,
     pub error: Option<String>,
+    /// tidemark over HTTP with `--layers`: the server's CPU per event by layer, from a profiled
+    /// pass of the same shape.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<crate::layers::Layer>,
 }
 
 /// `x` to 4 significant digits (sync calls per event span 2 to 0.0001).
@@ -197,6 +201,8 @@ pub struct CellPlan {
     pub events: u64,
     pub seconds: f64,
     pub count_fsyncs: bool,
+    /// Profile a pass of tidemark over HTTP by layer ([`crate::layers`]).
+    pub layers: bool,
 }
 
 /// One append cell: a warm-up batch per client, the timed run, then (optionally) the traced
@@ -220,6 +226,7 @@ pub async fn append_cell<T: Target>(rig: &mut Rig<T>, p: &CellPlan) -> AppendCel
         fsync_pass_events: 0,
         follow: None,
         error: None,
+        layers: Vec::new(),
     };
     // Warm-up: connections open, every client's first request served.
     let warm = rig
@@ -256,6 +263,9 @@ pub async fn append_cell<T: Target>(rig: &mut Rig<T>, p: &CellPlan) -> AppendCel
         cell.wal_bytes_per_event = Some((b.saturating_sub(a) as f64 / n).round());
     }
     cell.error = d.error;
+    if cell.error.is_none() && p.layers && cell.system == "tidemark-http" {
+        profile_layers(rig, p, proc, &mut cell).await;
+    }
     if cell.error.is_some() || !p.count_fsyncs {
         return cell;
     }
@@ -286,6 +296,36 @@ pub async fn append_cell<T: Target>(rig: &mut Rig<T>, p: &CellPlan) -> AppendCel
         Err(e) => eprintln!("  (sync calls not counted: {e})"),
     }
     cell
+}
+
+/// A pass of the cell's shape under `perf record`, shared out by layer.
+async fn profile_layers<T: Target>(
+    rig: &mut Rig<T>,
+    p: &CellPlan,
+    proc: Proc,
+    cell: &mut AppendCell,
+) {
+    match crate::layers::Profile::attach(proc) {
+        Ok(profile) => {
+            let deadline = Instant::now() + crate::layers::Profile::pass();
+            let d = rig.run(p.clients, p.batch, p.events, Some(deadline)).await;
+            match (profile.finish(cell.cpu_us_per_event), d.error) {
+                (Ok(layers), None) => {
+                    for l in &layers {
+                        eprintln!(
+                            "    {:>6.1} µs/ev {:>5.1} %  {}",
+                            l.us_per_event,
+                            l.share * 100.0,
+                            l.name
+                        );
+                    }
+                    cell.layers = layers;
+                }
+                (Err(e), _) | (_, Some(e)) => eprintln!("  (layers not profiled: {e})"),
+            }
+        }
+        Err(e) => eprintln!("  (layers not profiled: {e})"),
+    }
 }
 
 #[derive(Serialize, Clone, serde::Deserialize)]

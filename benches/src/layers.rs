@@ -1,0 +1,213 @@
+//! Where the server's CPU goes, layer by layer (issue 31): `perf record` with call graphs on
+//! every thread of the server during a separate pass of the cell's shape (never during the
+//! timed cell: the profiler costs CPU), each sample given to the innermost layer on its stack,
+//! and each layer's share of the samples times the cell's CPU per event.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::measure::Proc;
+
+/// One layer's part of the server's CPU in a cell.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct Layer {
+    pub name: String,
+    /// Of the server's samples.
+    pub share: f64,
+    /// `share` × the timed cell's CPU per event.
+    pub us_per_event: f64,
+}
+
+/// The layers, innermost first: a sample belongs to the first layer any frame of its stack
+/// (read from the leaf up) matches. Allocation, copies and the kernel are counted in the layer
+/// that called them, so the table says who spends, not which primitive.
+const LAYERS: &[(&str, &[&str])] = &[
+    (
+        "log writer: journal, index postings, redb commit, fsync",
+        &["tidemark_log::embedded::writer", "tidemark-log-wr"],
+    ),
+    (
+        "decider and models: folds, conditions, redb",
+        &["tidemark_engine::decider", "tidemark-decide"],
+    ),
+    (
+        "reactors and streams: bridge notifier, router, SSE hub",
+        &[
+            "tidemark_consumers::",
+            "tidemark_engine::queries",
+            "tidemark_projections::read",
+        ],
+    ),
+    (
+        "append body: parse, check, canonical payload",
+        &[
+            "tidemark_api::routes::events::parse_append_body",
+            "tidemark_log::envelope::NewEvent",
+        ],
+    ),
+    (
+        "engine and log append: queue to the writer, receipt",
+        &[
+            "tidemark_engine::Engine<L>::append_from_client",
+            "tidemark_log::embedded::Log::append",
+            "tidemark_log::any::",
+        ],
+    ),
+    (
+        "handler: answer encoding, metrics",
+        &["tidemark_api::routes::", "serde_json::ser", "metrics::"],
+    ),
+    (
+        "front checks: request id, rate limit, unknown parameters, scope, request metrics",
+        &[
+            "tidemark_api::front",
+            "tidemark_api::auth",
+            "tidemark_api::params",
+        ],
+    ),
+    (
+        "axum routing, tower layers (trace, catch-panic, body limit)",
+        &["axum::", "tower::", "tower_http::", "tracing::"],
+    ),
+    (
+        "HTTP/1: read, parse, encode, write (hyper and the socket calls)",
+        &[
+            "hyper::",
+            "hyper_util::",
+            "tokio::net::tcp",
+            "__GI___writev",
+            "__libc_recv",
+            "__libc_send",
+            "__GI___libc_write",
+            "__GI___libc_read",
+        ],
+    ),
+    (
+        "tokio: scheduler, timers, epoll, wake-ups",
+        &["tokio::", "epoll_wait", "mio::"],
+    ),
+];
+
+/// How long the profiled pass runs at most.
+const PASS: Duration = Duration::from_secs(4);
+
+/// `perf record` attached to every thread of a process tree until [`Profile::finish`].
+pub struct Profile {
+    child: std::process::Child,
+    out: tempfile::NamedTempFile,
+}
+
+impl Profile {
+    pub fn attach(proc: Proc) -> Result<Profile, String> {
+        let out = tempfile::NamedTempFile::new().map_err(|e| format!("perf output: {e}"))?;
+        let pids: Vec<String> = proc.pids().iter().map(u32::to_string).collect();
+        let child = Command::new("perf")
+            .args([
+                "record",
+                "-q",
+                "-F",
+                "299",
+                "--call-graph",
+                "dwarf,16384",
+                "-o",
+            ])
+            .arg(out.path())
+            .args(["-p", &pids.join(",")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run perf: {e}"))?;
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(Profile { child, out })
+    }
+
+    pub fn pass() -> Duration {
+        PASS
+    }
+
+    /// Stop recording and share the samples out among the layers.
+    pub fn finish(mut self, cpu_us_per_event: f64) -> Result<Vec<Layer>, String> {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+        let status = self.child.wait().map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("perf record failed: {status}"));
+        }
+        let script = Command::new("perf")
+            .args(["script", "-F", "comm,ip,sym", "-i"])
+            .arg(self.out.path())
+            .stderr(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run perf script: {e}"))?;
+        let text = String::from_utf8_lossy(&script.stdout);
+        Ok(share_out(&text, cpu_us_per_event))
+    }
+}
+
+/// Each sample of `perf script` output (a header line, then one frame per line, a blank line
+/// after) to its layer; the layers with their shares, largest first, then "other".
+pub fn share_out(script: &str, cpu_us_per_event: f64) -> Vec<Layer> {
+    let mut counts: BTreeMap<usize, u64> = BTreeMap::new();
+    let mut total = 0u64;
+    for sample in script.split("\n\n") {
+        let mut lines = sample.lines().filter(|l| !l.trim().is_empty());
+        let Some(header) = lines.next() else { continue };
+        total += 1;
+        let comm = header.trim();
+        let frames: Vec<&str> = lines.collect();
+        let layer = LAYERS
+            .iter()
+            .position(|(_, pats)| {
+                frames.iter().any(|f| pats.iter().any(|p| f.contains(p)))
+                    || pats.iter().any(|p| comm.starts_with(p))
+            })
+            .unwrap_or(LAYERS.len());
+        *counts.entry(layer).or_default() += 1;
+    }
+    let total = total.max(1) as f64;
+    let mut out: Vec<Layer> = counts
+        .into_iter()
+        .map(|(i, n)| {
+            let share = n as f64 / total;
+            Layer {
+                name: LAYERS
+                    .get(i)
+                    .map_or("other (kernel work outside these, idle loops)", |l| l.0)
+                    .to_owned(),
+                share: crate::measure::round3(share),
+                us_per_event: crate::measure::round1(share * cpu_us_per_event),
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| b.share.total_cmp(&a.share));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sample_goes_to_the_innermost_layer_on_its_stack() {
+        let script = "tokio-rt-worker\n\t1 mi_malloc\n\t2 tidemark_api::routes::events::parse_append_body\n\t3 tidemark_api::front::FrontService\n\t4 tokio::runtime::task\n\n\
+                      tidemark-log-wr\n\t1 fdatasync\n\t2 tidemark_log::embedded::writer::Writer::run\n\n\
+                      tokio-rt-worker\n\t1 epoll_wait\n\t2 tokio::runtime::io::driver\n\n\
+                      tokio-rt-worker\n\t1 __GI___writev\n\t2 hyper::proto::h1::dispatch\n\t3 tokio::runtime::task\n";
+        let layers = share_out(script, 40.0);
+        let find = |p: &str| {
+            layers
+                .iter()
+                .find(|l| l.name.starts_with(p))
+                .unwrap()
+                .us_per_event
+        };
+        assert_eq!(find("append body"), 10.0);
+        assert_eq!(find("log writer"), 10.0);
+        assert_eq!(find("tokio"), 10.0);
+        assert_eq!(find("HTTP/1"), 10.0);
+    }
+}
