@@ -262,9 +262,94 @@ pub(crate) fn invalid(field: &str, detail: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", detail).at(0, Some(field))
 }
 
+/// A required reason (a reset, a list change): not blank, at most 4096 printable characters.
+/// Read as any text, checked by [`Reason::check`] after the body's shape, naming the action:
+/// a blank one is `422 reason_required`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(transparent)]
+pub struct Reason(String);
+
+/// Printable, with at least one character that is not white space.
+const NON_BLANK: &str = "^[^\\x00-\\x1F\\x7F-\\x9F]*[^\\x00-\\x20\\x7F-\\xA0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000][^\\x00-\\x1F\\x7F-\\x9F]*$";
+
+impl Reason {
+    /// `what` names the action: `a cursor reset`.
+    pub fn check(&self, what: &str) -> Result<(), ApiError> {
+        check_reason(what, &self.0)
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl utoipa::PartialSchema for Reason {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(4096))
+            .pattern(Some(NON_BLANK))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Reason {}
+
+/// A required reason (operator actions, list changes): `422 reason_required` when blank, else
+/// 1–4096 printable characters. `what` names the action (`a cursor reset`).
+fn check_reason(what: &str, reason: &str) -> Result<(), ApiError> {
+    if reason.trim().is_empty() {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "reason_required",
+            format!("{what} needs a non-empty reason"),
+        )
+        .at(0, Some("reason")));
+    }
+    check_text("reason", reason, 4096)
+}
+
+/// `422 invalid_field` unless `v` is 1–`max` printable characters (for text whose bound is not
+/// its type's: query values, list members).
+pub(crate) fn check_text(field: &str, v: &str, max: usize) -> Result<(), ApiError> {
+    if v.is_empty() || v.chars().count() > max || v.chars().any(char::is_control) {
+        return Err(invalid(
+            field,
+            format!("{field} must be 1–{max} printable characters"),
+        ));
+    }
+    Ok(())
+}
+
 /// What a [`PathId`] names (`a delivery id is …`).
 pub trait IdKind {
     const WHAT: &'static str;
+}
+
+/// The kinds of id a path holds.
+macro_rules! id_kinds {
+    ($($(#[$doc:meta])* $name:ident = $what:literal;)*) => {$(
+        $(#[$doc])*
+        pub struct $name;
+        impl IdKind for $name {
+            const WHAT: &'static str = $what;
+        }
+    )*};
+}
+
+id_kinds! {
+    /// A task's id.
+    TaskId = "task";
+    /// A delivery's id.
+    DeliveryId = "delivery";
+    /// A notification's id.
+    NotificationId = "notification";
+    /// A bridge subscription's id.
+    SubscriptionId = "subscription";
+    /// A bridge's id.
+    BridgeId = "bridge";
 }
 
 /// A resource id in a path: 1–128 printable characters, else `400 invalid_path` naming the

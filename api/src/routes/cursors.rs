@@ -2,8 +2,7 @@
 //! `GET /v1/consumers/lag` (spec sections 6, 7 and 10, I4).
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -15,7 +14,7 @@ use tidemark_projections::cursors::Cursor;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
-use crate::request::{invalid, json_body};
+use crate::request::{Reason, Text, Validate, ValidatedJson, invalid};
 use crate::routes::blocking;
 use crate::routes::deliveries::check_text;
 use crate::state::AppState;
@@ -79,6 +78,10 @@ pub struct CursorsQuery {
 
 fn check_key(consumer_id: &str, stream_name: &str, subject_id: &str) -> Result<(), ApiError> {
     check_text("consumer_id", consumer_id, 160)?;
+    check_stream_subject(stream_name, subject_id)
+}
+
+fn check_stream_subject(stream_name: &str, subject_id: &str) -> Result<(), ApiError> {
     tidemark_log::envelope::check_stream(stream_name)
         .map_err(|e| invalid("stream_name", format!("stream_name: {e}")))?;
     tidemark_log::envelope::check_subject(subject_id)
@@ -144,12 +147,8 @@ pub async fn get(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AdvanceBody {
-    #[schema(
-        min_length = 1,
-        max_length = 160,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub consumer_id: String,
+    #[schema(inline)]
+    pub consumer_id: Text<160>,
     #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9_.-]+$")]
     pub stream_name: String,
     #[serde(default)]
@@ -157,14 +156,16 @@ pub struct AdvanceBody {
     pub subject_id: String,
     #[schema(minimum = 1)]
     pub last_sequence: u64,
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub delivery_id: String,
+    #[schema(inline)]
+    pub delivery_id: Text<256>,
     /// Compare-and-swap: advance only if the cursor is at this seq now.
     pub expected_sequence: Option<u64>,
+}
+
+impl Validate for AdvanceBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        check_stream_subject(&self.stream_name, &self.subject_id)
+    }
 }
 
 /// Advance a cursor: forward only; the same seq with the same delivery_id is an idempotent
@@ -182,12 +183,8 @@ pub struct AdvanceBody {
 #[tracing::instrument(skip_all)]
 pub async fn advance(
     State(st): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    ValidatedJson(b): ValidatedJson<AdvanceBody>,
 ) -> Result<Json<CursorOut>, ApiError> {
-    let b: AdvanceBody = json_body(&headers, body)?;
-    check_key(&b.consumer_id, &b.stream_name, &b.subject_id)?;
-    check_text("delivery_id", &b.delivery_id, 256)?;
     if b.last_sequence == 0 || b.last_sequence > st.engine.head() {
         return Err(invalid(
             "last_sequence",
@@ -198,11 +195,11 @@ pub async fn advance(
         ));
     }
     let a = Advance {
-        consumer_id: b.consumer_id,
+        consumer_id: b.consumer_id.into_string(),
         stream_name: b.stream_name,
         subject_id: b.subject_id,
         last_sequence: b.last_sequence,
-        delivery_id: b.delivery_id,
+        delivery_id: b.delivery_id.into_string(),
         expected_sequence: b.expected_sequence,
     };
     let (c, _) = st.engine.execute(a).await?;
@@ -213,12 +210,8 @@ pub async fn advance(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResetBody {
-    #[schema(
-        min_length = 1,
-        max_length = 160,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub consumer_id: String,
+    #[schema(inline)]
+    pub consumer_id: Text<160>,
     #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9_.-]+$")]
     pub stream_name: String,
     #[serde(default)]
@@ -227,12 +220,15 @@ pub struct ResetBody {
     /// The new position (may be lower: reset is the only way down).
     pub last_sequence: u64,
     /// Why; required, recorded in the `cursor.reset` event.
-    #[schema(
-        min_length = 1,
-        max_length = 4096,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*[^\\x00-\\x20\\x7F-\\xA0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000][^\\x00-\\x1F\\x7F-\\x9F]*$"
-    )]
-    pub reason: String,
+    #[schema(inline)]
+    pub reason: Reason,
+}
+
+impl Validate for ResetBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        check_stream_subject(&self.stream_name, &self.subject_id)?;
+        self.reason.check("a cursor reset")
+    }
 }
 
 /// Operator: move a cursor to any position, with a reason recorded as an event.
@@ -249,19 +245,8 @@ pub struct ResetBody {
 pub async fn reset(
     State(st): State<AppState>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    ValidatedJson(b): ValidatedJson<ResetBody>,
 ) -> Result<Json<CursorOut>, ApiError> {
-    let b: ResetBody = json_body(&headers, body)?;
-    check_key(&b.consumer_id, &b.stream_name, &b.subject_id)?;
-    if b.reason.trim().is_empty() {
-        return Err(ApiError::new(
-            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-            "reason_required",
-            "a cursor reset needs a non-empty reason",
-        )
-        .at(0, Some("reason")));
-    }
-    check_text("reason", &b.reason, 4096)?;
     if b.last_sequence > st.engine.head() {
         return Err(invalid(
             "last_sequence",
@@ -271,11 +256,11 @@ pub async fn reset(
     let (c, _) = st
         .engine
         .execute(Reset {
-            consumer_id: b.consumer_id,
+            consumer_id: b.consumer_id.into_string(),
             stream_name: b.stream_name,
             subject_id: b.subject_id,
             to: b.last_sequence,
-            reason: b.reason,
+            reason: b.reason.into_string(),
             by: crate::routes::caller(&st, &headers),
         })
         .await?;

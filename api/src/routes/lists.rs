@@ -3,8 +3,6 @@
 //! the reason and who did it. A list is resolved when a delivery is attempted.
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
@@ -14,8 +12,7 @@ use tidemark_projections::lists::ListRow;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
-use crate::request::json_body;
-use crate::routes::deliveries::check_text;
+use crate::request::{Reason, Validate, ValidatedJson, check_text};
 use crate::routes::{caller, read_model};
 use crate::state::AppState;
 
@@ -81,24 +78,34 @@ pub struct ListBody {
     #[schema(max_items = 1000)]
     pub members: Vec<Member>,
     /// Why; required, recorded in the event.
-    #[schema(
-        min_length = 1,
-        max_length = 4096,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*[^\\x00-\\x20\\x7F-\\xA0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000][^\\x00-\\x1F\\x7F-\\x9F]*$"
-    )]
-    pub reason: String,
+    #[schema(inline)]
+    pub reason: Reason,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListDeleteBody {
     /// Why; required, recorded in the event.
-    #[schema(
-        min_length = 1,
-        max_length = 4096,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*[^\\x00-\\x20\\x7F-\\xA0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000][^\\x00-\\x1F\\x7F-\\x9F]*$"
-    )]
-    pub reason: String,
+    #[schema(inline)]
+    pub reason: Reason,
+}
+
+/// A list's name read from the path and checked before any body: `422 invalid_list`.
+pub struct ListPath(String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ListPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        let Path(ListName { name }) = Path::<ListName>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| check_name("").unwrap_err())?;
+        check_name(&name)?;
+        Ok(ListPath(name))
+    }
 }
 
 fn check_name(name: &str) -> Result<(), ApiError> {
@@ -112,16 +119,27 @@ fn check_name(name: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn check_reason(reason: &str) -> Result<(), ApiError> {
-    if reason.trim().is_empty() {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "reason_required",
-            "a list change needs a non-empty reason",
-        )
-        .at(0, Some("reason")));
+impl Validate for ListBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        self.reason.check("a list change")?;
+        if self.members.len() > MAX_MEMBERS {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_list",
+                format!("a list has at most {MAX_MEMBERS} members"),
+            ));
+        }
+        for Member(m) in &self.members {
+            check_text("members", m, 254)?;
+        }
+        Ok(())
     }
-    check_text("reason", reason, 4096)
+}
+
+impl Validate for ListDeleteBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        self.reason.check("a list change")
+    }
 }
 
 fn not_found(name: &str) -> ApiError {
@@ -155,9 +173,8 @@ pub async fn list(State(st): State<AppState>) -> Result<Json<ListsPage>, ApiErro
     security(("bearer" = ["read"])))]
 pub async fn show(
     State(st): State<AppState>,
-    Path(ListName { name }): Path<ListName>,
+    ListPath(name): ListPath,
 ) -> Result<Json<ListAnswer>, ApiError> {
-    check_name(&name)?;
     let n = name.clone();
     let (row, as_of_seq) = read_model(&st.engine, 0, move |q| q.list(&n)).await?;
     let row = row.ok_or_else(|| not_found(&name))?;
@@ -179,24 +196,13 @@ pub async fn show(
 #[tracing::instrument(skip_all, fields(list = %name))]
 pub async fn put(
     State(st): State<AppState>,
-    Path(ListName { name }): Path<ListName>,
+    ListPath(name): ListPath,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    ValidatedJson(b): ValidatedJson<ListBody>,
 ) -> Result<Json<ListAnswer>, ApiError> {
-    check_name(&name)?;
-    let b: ListBody = json_body(&headers, body)?;
-    check_reason(&b.reason)?;
-    if b.members.len() > MAX_MEMBERS {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_list",
-            format!("a list has at most {MAX_MEMBERS} members"),
-        ));
-    }
     let mut seen = std::collections::HashSet::new();
     let mut members = Vec::with_capacity(b.members.len());
     for Member(m) in b.members {
-        check_text("members", &m, 254)?;
         if seen.insert(m.clone()) {
             members.push(m);
         }
@@ -206,7 +212,7 @@ pub async fn put(
         .execute(SetList {
             name: name.clone(),
             members: Some(members),
-            reason: b.reason,
+            reason: b.reason.into_string(),
             by: caller(&st, &headers),
         })
         .await?;
@@ -233,18 +239,15 @@ pub async fn put(
 #[tracing::instrument(skip_all, fields(list = %name))]
 pub async fn delete(
     State(st): State<AppState>,
-    Path(ListName { name }): Path<ListName>,
+    ListPath(name): ListPath,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    ValidatedJson(b): ValidatedJson<ListDeleteBody>,
 ) -> Result<StatusCode, ApiError> {
-    check_name(&name)?;
-    let b: ListDeleteBody = json_body(&headers, body)?;
-    check_reason(&b.reason)?;
     st.engine
         .execute(SetList {
             name,
             members: None,
-            reason: b.reason,
+            reason: b.reason.into_string(),
             by: caller(&st, &headers),
         })
         .await?;

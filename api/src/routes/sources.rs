@@ -15,8 +15,7 @@ use tidemark_projections::sources::SourceRow;
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, Problem};
-use crate::request::{body_rejection, json_body};
-use crate::routes::deliveries::check_text;
+use crate::request::{OptionalJson, Reason, Text, Validate, ValidatedJson};
 use crate::routes::{ReadAt, read_model};
 use crate::state::AppState;
 
@@ -86,13 +85,28 @@ fn out(st: &AppState, name: &str, row: Option<SourceRow>) -> SourceOut {
     }
 }
 
-fn known(st: &AppState, name: &str) -> Result<(), ApiError> {
-    if st.sources.contains(name) {
-        Ok(())
-    } else {
-        Err(ApiError::not_found(format!(
-            "no source {name:?} is configured"
-        )))
+/// A configured source's name in a path, checked before any body: `404` for one not
+/// configured.
+pub struct SourcePath(String);
+
+impl axum::extract::FromRequestParts<AppState> for SourcePath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        st: &AppState,
+    ) -> Result<Self, ApiError> {
+        let name = Path::<String>::from_request_parts(parts, st)
+            .await
+            .map(|Path(n)| n)
+            .unwrap_or_default();
+        if st.sources.contains(&name) {
+            Ok(SourcePath(name))
+        } else {
+            Err(ApiError::not_found(format!(
+                "no source {name:?} is configured"
+            )))
+        }
     }
 }
 
@@ -142,11 +156,10 @@ pub async fn list(
 #[tracing::instrument(skip_all, fields(source = %name))]
 pub async fn get(
     State(st): State<AppState>,
-    Path(name): Path<String>,
+    SourcePath(name): SourcePath,
     q: Result<Query<ReadAt>, QueryRejection>,
 ) -> Result<Json<SourceAnswer>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    known(&st, &name)?;
     answer(&st, &name, q.seq()?).await
 }
 
@@ -174,9 +187,8 @@ async fn answer(st: &AppState, name: &str, min_seq: u64) -> Result<Json<SourceAn
 #[tracing::instrument(skip_all, fields(source = %name))]
 pub async fn poll(
     State(st): State<AppState>,
-    Path(name): Path<String>,
+    SourcePath(name): SourcePath,
 ) -> Result<(StatusCode, Json<SourceAnswer>), ApiError> {
-    known(&st, &name)?;
     let a = answer(&st, &name, 0).await?;
     if a.source.state == "paused" || a.source.state == "parked" {
         return Err(ApiError::new(
@@ -193,13 +205,11 @@ pub async fn poll(
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PauseBody {
-    #[schema(
-        min_length = 1,
-        max_length = 4096,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub reason: Option<String>,
+    #[schema(inline)]
+    pub reason: Option<Text<4096>>,
 }
+
+impl Validate for PauseBody {}
 
 use crate::routes::caller;
 
@@ -218,25 +228,15 @@ use crate::routes::caller;
 #[tracing::instrument(skip_all, fields(source = %name))]
 pub async fn pause(
     State(st): State<AppState>,
-    Path(name): Path<String>,
+    SourcePath(name): SourcePath,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    OptionalJson(b): OptionalJson<PauseBody>,
 ) -> Result<Json<SourceAnswer>, ApiError> {
-    known(&st, &name)?;
-    let raw = body.map_err(body_rejection)?;
-    let b: PauseBody = if raw.is_empty() {
-        PauseBody::default()
-    } else {
-        json_body(&headers, Ok(raw))?
-    };
-    if let Some(r) = &b.reason {
-        check_text("reason", r, 4096)?;
-    }
     st.engine
         .execute(Pause {
             name: name.clone(),
             by: caller(&st, &headers),
-            reason: b.reason,
+            reason: b.reason.map(Text::into_string),
         })
         .await?;
     metrics::counter!("tidemark_source_operator_total", "action" => "pause").increment(1);
@@ -256,10 +256,9 @@ pub async fn pause(
 #[tracing::instrument(skip_all, fields(source = %name))]
 pub async fn resume(
     State(st): State<AppState>,
-    Path(name): Path<String>,
+    SourcePath(name): SourcePath,
     headers: HeaderMap,
 ) -> Result<Json<SourceAnswer>, ApiError> {
-    known(&st, &name)?;
     st.engine
         .execute(Resume {
             name: name.clone(),
@@ -275,19 +274,17 @@ pub async fn resume(
 #[serde(deny_unknown_fields)]
 pub struct SourceResetBody {
     /// The new watermark (null: from the beginning). May move it back.
-    #[schema(
-        min_length = 1,
-        max_length = 1024,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub watermark: Option<String>,
+    #[schema(inline)]
+    pub watermark: Option<Text<1024>>,
     /// Why; required, recorded in the `source.reset` event.
-    #[schema(
-        min_length = 1,
-        max_length = 4096,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*[^\\x00-\\x20\\x7F-\\xA0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000][^\\x00-\\x1F\\x7F-\\x9F]*$"
-    )]
-    pub reason: String,
+    #[schema(inline)]
+    pub reason: Reason,
+}
+
+impl Validate for SourceResetBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        self.reason.check("a source reset")
+    }
 }
 
 /// Admin: set the watermark (also backwards), with a reason recorded as an event.
@@ -305,29 +302,15 @@ pub struct SourceResetBody {
 #[tracing::instrument(skip_all, fields(source = %name))]
 pub async fn reset(
     State(st): State<AppState>,
-    Path(name): Path<String>,
+    SourcePath(name): SourcePath,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    ValidatedJson(b): ValidatedJson<SourceResetBody>,
 ) -> Result<Json<SourceAnswer>, ApiError> {
-    known(&st, &name)?;
-    let b: SourceResetBody = json_body(&headers, body)?;
-    if b.reason.trim().is_empty() {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "reason_required",
-            "a source reset needs a non-empty reason",
-        )
-        .at(0, Some("reason")));
-    }
-    check_text("reason", &b.reason, 4096)?;
-    if let Some(w) = &b.watermark {
-        check_text("watermark", w, 1024)?;
-    }
     st.engine
         .execute(Reset {
             name: name.clone(),
-            to: b.watermark,
-            reason: b.reason,
+            to: b.watermark.map(Text::into_string),
+            reason: b.reason.into_string(),
             by: caller(&st, &headers),
         })
         .await?;

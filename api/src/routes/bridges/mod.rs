@@ -18,7 +18,7 @@ use tidemark_projections::names::ids;
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, Problem};
-use crate::request::{invalid, json_body};
+use crate::request::{PathId, TaskId, Text, Validate, ValidatedJson, invalid};
 use crate::routes::blocking;
 use crate::routes::cursors::CursorOut;
 use crate::routes::deliveries::check_text;
@@ -141,24 +141,12 @@ pub struct SubscribeBody {
     pub subscription_id: String,
     #[schema(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._-]+$")]
     pub bridge_id: String,
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub scope: Option<String>,
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub workspace_id: Option<String>,
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub thread_id: Option<String>,
+    #[schema(inline)]
+    pub scope: Option<Text<256>>,
+    #[schema(inline)]
+    pub workspace_id: Option<Text<256>>,
+    #[schema(inline)]
+    pub thread_id: Option<Text<256>>,
     /// reply (default) or post.
     #[schema(pattern = "^(reply|post)$")]
     pub mode: Option<String>,
@@ -251,28 +239,13 @@ fn check_id(field: &str, v: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn check_path_id(what: &str, v: &str) -> Result<(), ApiError> {
-    if v.is_empty() || v.chars().count() > 128 || v.chars().any(char::is_control) {
-        return Err(ApiError::bad_request(
-            "invalid_path",
-            format!("a {what} is 1–128 printable characters"),
-        ));
-    }
-    Ok(())
-}
+pub(crate) use crate::request::check_path_id;
+
+impl Validate for SubscribeBody {}
 
 fn target(task_id: &str, body: SubscribeBody) -> Result<(String, Target), ApiError> {
     check_id("subscription_id", &body.subscription_id)?;
     check_id("bridge_id", &body.bridge_id)?;
-    for (f, v) in [
-        ("scope", &body.scope),
-        ("workspace_id", &body.workspace_id),
-        ("thread_id", &body.thread_id),
-    ] {
-        if let Some(v) = v {
-            check_text(f, v, 256)?;
-        }
-    }
     let mode = body.mode.unwrap_or_else(|| "reply".into());
     if mode != "reply" && mode != "post" {
         return Err(invalid("mode", "mode must be reply or post"));
@@ -317,9 +290,9 @@ fn target(task_id: &str, body: SubscribeBody) -> Result<(String, Target), ApiErr
         Target {
             task_id: task_id.to_owned(),
             bridge_id: body.bridge_id,
-            scope: body.scope,
-            workspace_id: body.workspace_id,
-            thread_id: body.thread_id,
+            scope: body.scope.map(Text::into_string),
+            workspace_id: body.workspace_id.map(Text::into_string),
+            thread_id: body.thread_id.map(Text::into_string),
             mode,
             sink,
         },
@@ -343,13 +316,10 @@ fn target(task_id: &str, body: SubscribeBody) -> Result<(String, Target), ApiErr
 #[tracing::instrument(skip_all, fields(task = %task_id))]
 pub async fn create(
     State(st): State<AppState>,
-    Path(task_id): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    task_id: PathId<TaskId>,
+    ValidatedJson(body): ValidatedJson<SubscribeBody>,
 ) -> Result<Response, ApiError> {
-    check_path_id("task id", &task_id)?;
-    let body: SubscribeBody = json_body(&headers, body)?;
-    let (id, t) = target(&task_id, body)?;
+    let (id, t) = target(&task_id.0, body)?;
     let (Subscribed { row, created }, _) = st.engine.execute(Subscribe { id, target: t }).await?;
     if created {
         metrics::counter!("tidemark_bridge_subscriptions_created_total").increment(1);
@@ -375,7 +345,7 @@ pub async fn list(
     Path(task_id): Path<String>,
     q: ReadAtQuery,
 ) -> Result<Json<SubscriptionsPage>, ApiError> {
-    check_path_id("task id", &task_id)?;
+    check_path_id("task", &task_id)?;
     let as_of_seq = as_of(&st, q).await?;
     let engine = st.engine.clone();
     let subs = blocking(move || engine.read().task_subscriptions(&[&task_id])).await?;
@@ -394,8 +364,8 @@ async fn active_of_task(
     task_id: &str,
     sub_id: &str,
 ) -> Result<Subscription, ApiError> {
-    check_path_id("task id", task_id)?;
-    check_path_id("subscription id", sub_id)?;
+    check_path_id("task", task_id)?;
+    check_path_id("subscription", sub_id)?;
     let engine = st.engine.clone();
     let id = sub_id.to_owned();
     blocking(move || engine.read().subscription(&id))
@@ -449,8 +419,8 @@ pub async fn delete(
     State(st): State<AppState>,
     Path((task_id, sub_id)): Path<(String, String)>,
 ) -> Result<Json<SubscriptionOut>, ApiError> {
-    check_path_id("task id", &task_id)?;
-    check_path_id("subscription id", &sub_id)?;
+    check_path_id("task", &task_id)?;
+    check_path_id("subscription", &sub_id)?;
     let (row, _) = st
         .engine
         .execute(Unsubscribe {

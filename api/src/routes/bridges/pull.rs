@@ -15,12 +15,12 @@ use tidemark_projections::bridges::Subscription;
 use tidemark_projections::names::{Stream, ids};
 use utoipa::{IntoParams, ToSchema};
 
-use super::check_path_id;
 use crate::error::{ApiError, Problem};
-use crate::request::{invalid, json_body};
+use crate::request::{
+    BridgeId, PathId, Text, Validate, ValidatedJson, check_path_id, check_text, invalid,
+};
 use crate::routes::blocking;
 use crate::routes::cursors::CursorOut;
-use crate::routes::deliveries::check_text;
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -55,7 +55,7 @@ pub async fn pull(
     q: Result<Query<PullQuery>, QueryRejection>,
 ) -> Result<Json<PullPage>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    check_path_id("bridge id", &bridge_id)?;
+    check_path_id("bridge", &bridge_id)?;
     let max = st.config.server.max_wait_ms;
     let wait_ms =
         match q.wait_ms.as_deref() {
@@ -109,7 +109,7 @@ async fn delivery_target(
     bridge_id: &str,
     delivery_id: &str,
 ) -> Result<(Subscription, u64), ApiError> {
-    check_path_id("bridge id", bridge_id)?;
+    check_path_id("bridge", bridge_id)?;
     let not_found = || {
         ApiError::new(
             StatusCode::NOT_FOUND,
@@ -156,7 +156,7 @@ pub async fn ack(
     State(st): State<AppState>,
     Path((bridge_id, delivery_id)): Path<(String, String)>,
 ) -> Result<Json<AckOut>, ApiError> {
-    check_path_id("bridge id", &bridge_id)?;
+    check_path_id("bridge", &bridge_id)?;
     let r = ack_ids(&st, &bridge_id, vec![delivery_id])
         .await?
         .pop()
@@ -191,6 +191,21 @@ pub struct AckManyBody {
     /// 1–1000 delivery ids of this bridge, in the order they were received.
     #[schema(min_items = 1, max_items = 1000, value_type = Vec<BridgeDeliveryId>)]
     pub delivery_ids: Vec<String>,
+}
+
+impl Validate for AckManyBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        if self.delivery_ids.is_empty() || self.delivery_ids.len() > 1000 {
+            return Err(invalid(
+                "delivery_ids",
+                "delivery_ids must hold 1 to 1000 ids",
+            ));
+        }
+        for id in &self.delivery_ids {
+            check_text("delivery_ids", id, 300)?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -238,21 +253,10 @@ fn refusal(delivery_id: &str, e: CommandError) -> AckResult {
 #[tracing::instrument(skip_all, fields(bridge = %bridge_id, items))]
 pub async fn ack_many(
     State(st): State<AppState>,
-    Path(bridge_id): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    bridge_id: PathId<BridgeId>,
+    ValidatedJson(body): ValidatedJson<AckManyBody>,
 ) -> Result<Json<AckManyOut>, ApiError> {
-    check_path_id("bridge id", &bridge_id)?;
-    let body: AckManyBody = json_body(&headers, body)?;
-    if body.delivery_ids.is_empty() || body.delivery_ids.len() > 1000 {
-        return Err(invalid(
-            "delivery_ids",
-            "delivery_ids must hold 1 to 1000 ids",
-        ));
-    }
-    for id in &body.delivery_ids {
-        check_text("delivery_ids", id, 300)?;
-    }
+    let bridge_id = bridge_id.into_string();
     tracing::Span::current().record("items", body.delivery_ids.len());
     let results = ack_ids(&st, &bridge_id, body.delivery_ids).await?;
     Ok(Json(AckManyOut { results }))
@@ -311,13 +315,11 @@ async fn ack_ids(
 #[serde(deny_unknown_fields)]
 pub struct NackBody {
     /// Why the bridge could not deliver it (kept as the cursor's last_error, ≤ 512 chars).
-    #[schema(
-        min_length = 1,
-        max_length = 4096,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub error: String,
+    #[schema(inline)]
+    pub error: Text<4096>,
 }
+
+impl Validate for NackBody {}
 
 /// Report a delivery the bridge could not make: recorded as the cursor's `last_error`; the
 /// cursor does not move and the delivery stays pending.
@@ -336,11 +338,8 @@ pub struct NackBody {
 pub async fn nack(
     State(st): State<AppState>,
     Path((bridge_id, delivery_id)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    ValidatedJson(body): ValidatedJson<NackBody>,
 ) -> Result<Json<AckOut>, ApiError> {
-    let body: NackBody = json_body(&headers, body)?;
-    check_text("error", &body.error, 4096)?;
     let (sub, seq) = delivery_target(&st, &bridge_id, &delivery_id).await?;
     let engine = st.engine.clone();
     let s2 = sub.clone();

@@ -272,15 +272,7 @@ pub struct DeliveryAnswer {
     pub as_of_seq: u64,
 }
 
-pub(crate) fn check_text(field: &str, v: &str, max: usize) -> Result<(), ApiError> {
-    if v.is_empty() || v.chars().count() > max || v.chars().any(char::is_control) {
-        return Err(invalid(
-            field,
-            format!("{field} must be 1–{max} printable characters"),
-        ));
-    }
-    Ok(())
-}
+pub(crate) use crate::request::check_text;
 
 fn check_sink(v: &str) -> Result<(), ApiError> {
     if v.is_empty()
@@ -298,12 +290,7 @@ fn check_id(id: &str) -> Result<(), ApiError> {
     crate::routes::check_path_id(<DeliveryId as crate::request::IdKind>::WHAT, id)
 }
 
-/// The id of a delivery in a path.
-pub struct DeliveryId;
-
-impl crate::request::IdKind for DeliveryId {
-    const WHAT: &'static str = "delivery";
-}
+pub(crate) use crate::request::DeliveryId;
 
 const LEASE_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
 
