@@ -96,6 +96,16 @@ impl From<&Task> for Position {
     }
 }
 
+/// A notification's place: its seq (the key of its row).
+impl From<&Notification> for Position {
+    fn from(n: &Notification) -> Self {
+        Position {
+            key: n.seq,
+            id: String::new(),
+        }
+    }
+}
+
 impl From<&Delivery> for Position {
     fn from(d: &Delivery) -> Self {
         Position {
@@ -169,34 +179,37 @@ pub fn tasks(db: &redb::Database, f: &TaskFilter) -> Result<Page<Task>, StorageE
             upper: f.before.as_ref().map(Position::index_key),
         }
     } else {
-        Walk::ById {
+        Walk::ByKey {
             filters: vec![
                 (tasks::BY_PROJECT, f.project_id.as_deref()),
                 (tasks::BY_STATUS, f.status.as_deref()),
             ],
-            after: f.after.as_deref(),
+            from: f.after.as_deref().map(str::as_bytes),
+            order: Order::Asc,
         }
     };
     paged(&r, tasks::NAME, &rows, walk, limit, keep)
 }
 
-/// How a list is walked: newest first along its creation index between two keys, or in id
-/// order through the postings of its indexed filters (every row when none is set).
+/// How a list is walked: newest first along its creation index between two keys, or in the
+/// order of its rows' keys (ids ascending; a notification's seq descending) through the
+/// postings of its indexed filters (every row when none is set), from past `from`.
 enum Walk<'f> {
     Newest {
         index: &'static str,
         lower: Vec<u8>,
         upper: Option<Vec<u8>>,
     },
-    ById {
+    ByKey {
         filters: Vec<(&'static str, Option<&'f str>)>,
-        after: Option<&'f str>,
+        from: Option<&'f [u8]>,
+        order: Order,
     },
 }
 
 /// One page of the rows of `model` (`rows`, its stored rows by id) that `keep` keeps, walked
 /// as `walk` says: up to `limit` of them, and the position to go on from when there may be
-/// more. The one paged index-join of the task and delivery lists.
+/// more. The one paged index-join of the task, notification and delivery lists.
 fn paged<T>(
     r: &Reader,
     model: &str,
@@ -228,15 +241,14 @@ where
             Some(idx) => walk_newest(&idx, &lower, upper.as_deref(), limit, by_id(rows, take))?,
             None => false,
         },
-        Walk::ById { filters, after } => {
-            let after = after.map(str::as_bytes);
-            match Postings::of_filters(r, model, &filters)? {
-                Some(lists) => {
-                    intersect(&lists, Order::Asc, after, limit, by_id(rows, take))?.is_some()
-                }
-                None => scan_ids(rows, after, limit, take)?,
-            }
-        }
+        Walk::ByKey {
+            filters,
+            from,
+            order,
+        } => match Postings::of_filters(r, model, &filters)? {
+            Some(lists) => intersect(&lists, order, from, limit, by_id(rows, take))?.is_some(),
+            None => scan_rows(rows, from, order, limit, take)?,
+        },
     };
     let next = more.then(|| out.last().map(Position::from)).flatten();
     Ok((out, next))
@@ -258,16 +270,23 @@ fn by_id<'a>(
 
 /// Walk the rows of `rows` in id order past `after` (from the first when `None`), giving
 /// `take` each stored row; answers whether it stopped after `limit` counted rows.
-fn scan_ids(
+fn scan_rows(
     rows: &Table,
-    after: Option<&[u8]>,
+    from: Option<&[u8]>,
+    order: Order,
     limit: usize,
     mut take: impl FnMut(&[u8]) -> Result<bool, StorageError>,
 ) -> Result<bool, StorageError> {
     use std::ops::Bound::{Excluded, Unbounded};
-    let range = rows
-        .range::<&[u8]>((after.map_or(Unbounded, Excluded), Unbounded))
-        .map_err(StorageError::of)?;
+    let from = from.map_or(Unbounded, Excluded);
+    let range: Box<dyn Iterator<Item = _>> = match order {
+        Order::Asc => Box::new(rows.range::<&[u8]>((from, Unbounded)).map_err(StorageError::of)?),
+        Order::Desc => Box::new(
+            rows.range::<&[u8]>((Unbounded, from))
+                .map_err(StorageError::of)?
+                .rev(),
+        ),
+    };
     let mut counted = 0;
     for row in range {
         let (_, v) = row.map_err(StorageError::of)?;
@@ -435,53 +454,26 @@ pub fn notifications(
     f: &NotificationFilter,
 ) -> Result<(Vec<Notification>, Option<u64>), StorageError> {
     let r = Reader::new(db)?;
-    let limit = f.limit.max(1);
-    let mut out: Vec<Notification> = Vec::new();
-    let Some(t) = r.table(notifications::NAME, notifications::BY_SEQ)? else {
-        return Ok((out, None));
+    let Some(rows) = r.table(notifications::NAME, notifications::BY_SEQ)? else {
+        return Ok((Vec::new(), None));
     };
-    let filters = [
-        (notifications::BY_PRIORITY, f.priority.as_deref()),
-        (notifications::BY_RECIPIENT, f.recipient.as_deref()),
-    ];
-    if let Some(lists) = Postings::of_filters(&r, notifications::NAME, &filters)? {
-        let keep = |n: &Notification| {
-            f.priority.as_deref().is_none_or(|p| p == n.priority)
-                && f.recipient
-                    .as_deref()
-                    .is_none_or(|r| n.recipient.as_deref() == Some(r))
-        };
-        let before = f.before_seq.map(u64::to_be_bytes);
-        let next = intersect(
-            &lists,
-            Order::Desc,
-            before.as_ref().map(<[u8; 8]>::as_slice),
-            limit,
-            |seq| {
-                let Some(v) = t.get(seq).map_err(StorageError::of)? else {
-                    return Ok(false);
-                };
-                let n: Notification = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
-                let kept = keep(&n);
-                if kept {
-                    out.push(n);
-                }
-                Ok(kept)
-            },
-        )?;
-        return Ok((out, next.and_then(|seq| be_u64(&seq))));
-    }
-    let end = f.before_seq.unwrap_or(u64::MAX).to_be_bytes();
-    for row in t.range(..end.as_slice()).map_err(StorageError::of)?.rev() {
-        let (_, v) = row.map_err(StorageError::of)?;
-        let n: Notification = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
-        let seq = n.seq;
-        out.push(n);
-        if out.len() >= limit {
-            return Ok((out, Some(seq)));
-        }
-    }
-    Ok((out, None))
+    let keep = |n: &Notification| {
+        f.priority.as_deref().is_none_or(|p| p == n.priority)
+            && f.recipient
+                .as_deref()
+                .is_none_or(|r| n.recipient.as_deref() == Some(r))
+    };
+    let before = f.before_seq.map(u64::to_be_bytes);
+    let walk = Walk::ByKey {
+        filters: vec![
+            (notifications::BY_PRIORITY, f.priority.as_deref()),
+            (notifications::BY_RECIPIENT, f.recipient.as_deref()),
+        ],
+        from: before.as_ref().map(<[u8; 8]>::as_slice),
+        order: Order::Desc,
+    };
+    let (out, next) = paged(&r, notifications::NAME, &rows, walk, f.limit.max(1), keep)?;
+    Ok((out, next.map(|p| p.key)))
 }
 
 /// Highest source seq the router has produced a notification for.
@@ -665,7 +657,7 @@ pub fn deliveries(db: &redb::Database, f: &DeliveryFilter) -> Result<Page<Delive
             .min(),
         }
     } else {
-        Walk::ById {
+        Walk::ByKey {
             filters: vec![
                 (deliveries::BY_STATUS, f.status.as_deref()),
                 (deliveries::BY_SINK, f.sink.as_deref()),
@@ -676,7 +668,8 @@ pub fn deliveries(db: &redb::Database, f: &DeliveryFilter) -> Result<Page<Delive
                 (deliveries::BY_TYPE, f.ntype.as_deref()),
                 (deliveries::BY_LIST, f.list.as_deref()),
             ],
-            after: f.after.as_deref(),
+            from: f.after.as_deref().map(str::as_bytes),
+            order: Order::Asc,
         }
     };
     paged(&r, deliveries::NAME, &rows, walk, limit, keep)
