@@ -280,7 +280,10 @@ fn scan_rows(
     use std::ops::Bound::{Excluded, Unbounded};
     let from = from.map_or(Unbounded, Excluded);
     let range: Box<dyn Iterator<Item = _>> = match order {
-        Order::Asc => Box::new(rows.range::<&[u8]>((from, Unbounded)).map_err(StorageError::of)?),
+        Order::Asc => Box::new(
+            rows.range::<&[u8]>((from, Unbounded))
+                .map_err(StorageError::of)?,
+        ),
         Order::Desc => Box::new(
             rows.range::<&[u8]>((Unbounded, from))
                 .map_err(StorageError::of)?
