@@ -21,44 +21,54 @@ pub struct Layer {
     pub us_per_event: f64,
 }
 
-/// The layers, innermost first: a sample belongs to the first layer any frame of its stack
-/// (read from the leaf up) matches. Allocation, copies and the kernel are counted in the layer
-/// that called them, so the table says who spends, not which primitive.
+/// The layers and the frames that are theirs. A sample belongs to the layer of the frame
+/// nearest its leaf that any layer claims (a frame two layers claim goes to the first listed),
+/// so allocation, copies, locks and the kernel count in the layer that called them: the table
+/// says who spends, not which primitive. Only frames of code that belongs to one layer are
+/// claimed (not serde_json or `tokio::sync`, which every layer calls).
 const LAYERS: &[(&str, &[&str])] = &[
     (
         "log writer: journal, index postings, redb commit, fsync",
-        &["tidemark_log::embedded::writer", "tidemark-log-wr"],
+        &[
+            "tidemark_log::embedded::writer",
+            "tidemark_log::embedded::journal",
+        ],
     ),
     (
         "decider and models: folds, conditions, redb",
-        &["tidemark_engine::decider", "tidemark-decide"],
+        &[
+            "tidemark_engine::decider",
+            "tidemark_projections::framework",
+        ],
     ),
     (
         "reactors and streams: bridge notifier, router, SSE hub",
-        &[
-            "tidemark_consumers::",
-            "tidemark_engine::queries",
-            "tidemark_projections::read",
-        ],
+        &["tidemark_consumers::", "tidemark_engine::queries"],
     ),
     (
         "append body: parse, check, canonical payload",
         &[
             "tidemark_api::routes::events::parse_append_body",
+            "tidemark_api::routes::events::parse_once",
             "tidemark_log::envelope::NewEvent",
+            "tidemark_log::canonical",
         ],
     ),
     (
-        "engine and log append: queue to the writer, receipt",
+        "engine and log append: queue to the writer, wait, receipt",
         &[
-            "tidemark_engine::Engine<L>::append_from_client",
-            "tidemark_log::embedded::Log::append",
+            "tidemark_engine::Engine",
+            "tidemark_log::embedded::Log",
             "tidemark_log::any::",
         ],
     ),
     (
-        "handler: answer encoding, metrics",
-        &["tidemark_api::routes::", "serde_json::ser", "metrics::"],
+        "handlers: extractors, answer encoding, handler metrics",
+        &[
+            "tidemark_api::routes::",
+            "tidemark_api::request",
+            "tidemark_api::error",
+        ],
     ),
     (
         "front checks: request id, rate limit, unknown parameters, scope, request metrics",
@@ -69,8 +79,14 @@ const LAYERS: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "axum routing, tower layers (trace, catch-panic, body limit)",
-        &["axum::", "tower::", "tower_http::", "tracing::"],
+        "axum routing and tower layers (trace, catch-panic, body limit)",
+        &[
+            "axum::",
+            "tower::",
+            "tower_http::",
+            "tracing::",
+            "tracing_core::",
+        ],
     ),
     (
         "HTTP/1: read, parse, encode, write (hyper and the socket calls)",
@@ -87,9 +103,20 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     (
         "tokio: scheduler, timers, epoll, wake-ups",
-        &["tokio::", "epoll_wait", "mio::"],
+        &[
+            "tokio::runtime::scheduler",
+            "tokio::runtime::io",
+            "tokio::runtime::time",
+            "tokio::runtime::blocking",
+            "tokio::runtime::task",
+            "epoll_wait",
+            "mio::",
+        ],
     ),
 ];
+
+/// Threads whose samples are their layer's whatever the frames (their stacks may not unwind).
+const THREADS: &[(&str, usize)] = &[("tidemark-log-wr", 0), ("tidemark-decide", 1)];
 
 /// How long the profiled pass runs at most.
 const PASS: Duration = Duration::from_secs(4);
@@ -133,9 +160,10 @@ impl Profile {
     pub fn finish(mut self, cpu_us_per_event: f64) -> Result<Vec<Layer>, String> {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+        // perf ends on the signal (its status says so) after writing what it recorded.
         let status = self.child.wait().map_err(|e| e.to_string())?;
-        if !status.success() {
-            return Err(format!("perf record failed: {status}"));
+        if std::fs::metadata(self.out.path()).map_or(0, |m| m.len()) == 0 {
+            return Err(format!("perf record wrote nothing ({status})"));
         }
         let script = Command::new("perf")
             .args(["script", "-F", "comm,ip,sym", "-i"])
@@ -144,6 +172,9 @@ impl Profile {
             .output()
             .map_err(|e| format!("cannot run perf script: {e}"))?;
         let text = String::from_utf8_lossy(&script.stdout);
+        if text.trim().is_empty() {
+            return Err("perf script read no samples".into());
+        }
         Ok(share_out(&text, cpu_us_per_event))
     }
 }
@@ -159,11 +190,17 @@ pub fn share_out(script: &str, cpu_us_per_event: f64) -> Vec<Layer> {
         total += 1;
         let comm = header.trim();
         let frames: Vec<&str> = lines.collect();
-        let layer = LAYERS
+        let by_thread = THREADS
             .iter()
-            .position(|(_, pats)| {
-                frames.iter().any(|f| pats.iter().any(|p| f.contains(p)))
-                    || pats.iter().any(|p| comm.starts_with(p))
+            .find(|(t, _)| comm.starts_with(t))
+            .map(|(_, i)| *i);
+        let layer = by_thread
+            .or_else(|| {
+                frames.iter().find_map(|f| {
+                    LAYERS
+                        .iter()
+                        .position(|(_, pats)| pats.iter().any(|p| f.contains(p)))
+                })
             })
             .unwrap_or(LAYERS.len());
         *counts.entry(layer).or_default() += 1;
@@ -176,7 +213,10 @@ pub fn share_out(script: &str, cpu_us_per_event: f64) -> Vec<Layer> {
             Layer {
                 name: LAYERS
                     .get(i)
-                    .map_or("other (kernel work outside these, idle loops)", |l| l.0)
+                    .map_or(
+                        "other (threads' own loops, the kernel outside these)",
+                        |l| l.0,
+                    )
                     .to_owned(),
                 share: crate::measure::round3(share),
                 us_per_event: crate::measure::round1(share * cpu_us_per_event),
@@ -196,8 +236,9 @@ mod tests {
         let script = "tokio-rt-worker\n\t1 mi_malloc\n\t2 tidemark_api::routes::events::parse_append_body\n\t3 tidemark_api::front::FrontService\n\t4 tokio::runtime::task\n\n\
                       tidemark-log-wr\n\t1 fdatasync\n\t2 tidemark_log::embedded::writer::Writer::run\n\n\
                       tokio-rt-worker\n\t1 epoll_wait\n\t2 tokio::runtime::io::driver\n\n\
-                      tokio-rt-worker\n\t1 __GI___writev\n\t2 hyper::proto::h1::dispatch\n\t3 tokio::runtime::task\n";
-        let layers = share_out(script, 40.0);
+                      tokio-rt-worker\n\t1 __GI___writev\n\t2 hyper::proto::h1::dispatch\n\t3 tokio::runtime::task\n\n\
+                      tokio-rt-worker\n\t1 mi_free\n\t2 tower_http::trace::ResponseFuture\n\t3 tidemark_api::front::FrontService\n\t4 hyper::proto\n";
+        let layers = share_out(script, 50.0);
         let find = |p: &str| {
             layers
                 .iter()
@@ -209,5 +250,8 @@ mod tests {
         assert_eq!(find("log writer"), 10.0);
         assert_eq!(find("tokio"), 10.0);
         assert_eq!(find("HTTP/1"), 10.0);
+        // Deeper than the front's frame: the tower layer's, not the front's.
+        assert_eq!(find("axum routing"), 10.0);
+        assert!(layers.iter().all(|l| !l.name.starts_with("front")));
     }
 }
