@@ -5,8 +5,8 @@
 //! layers made about twenty clones and drops of boxed services per request, a fifth of the
 //! server's CPU at 256 clients × 1 event (`docs/benchmarks.md`, issue 31). Here each check is a
 //! synchronous decision before the inner service is called, and the inner future is awaited
-//! in place, so nothing is cloned: [`Front`] over every route (request id, shutdown, rate limit,
-//! unknown query parameters, request metrics), [`RequireScope`] over each scope's routes.
+//! in place, so nothing is cloned. The scope an operation needs is read, like the query
+//! parameters it takes, from the OpenAPI document the router is built with ([`Allowed`]).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -22,7 +22,6 @@ use axum::http::{HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 use tower::{Layer, Service};
 
-use crate::auth::{Auth, Scope};
 use crate::error::ApiError;
 use crate::params::Allowed;
 use crate::state::AppState;
@@ -56,7 +55,8 @@ impl<S> Layer<S> for Front {
 /// down; the caller's token found once and its rate limit taken (every answer to a
 /// rate-limited token carries `RateLimit-Remaining`, past the limit `429` with `Retry-After`);
 /// `400 unknown_parameter` for a query parameter the operation does not take
-/// ([`Allowed`]); the request counted and timed by method, route and status.
+/// ([`Allowed`]); `401`/`403` without the scope the operation's `security` names (section 8:
+/// `admin` has every scope); the request counted and timed by method, route and status.
 #[derive(Clone)]
 pub struct FrontService<S> {
     front: Front,
@@ -65,10 +65,12 @@ pub struct FrontService<S> {
 
 type Answer = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
-impl<S> Service<Request> for FrontService<S>
+impl<S, B> Service<Request> for FrontService<S>
 where
-    S: Service<Request, Response = Response, Error = Infallible> + Send + 'static,
+    S: Service<Request, Response = axum::http::Response<B>, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
+    B: axum::body::HttpBody<Data = axum::body::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
 {
     type Response = Response;
     type Error = Infallible;
@@ -83,7 +85,8 @@ where
         let id = request_id_of(&req);
         req.headers_mut().insert(REQUEST_ID_HEADER, id.clone());
         let labels = Labels::of(&req);
-        let (inner, remaining) = match self.decide(&mut req) {
+        let decided = crate::server::with_request_id_sync(id.clone(), || self.decide(&mut req));
+        let (inner, remaining) = match decided {
             Ok(remaining) => (Ok(self.inner.call(req)), remaining),
             Err((refusal, remaining)) => (Err(refusal), remaining),
         };
@@ -91,7 +94,7 @@ where
             let mut resp = match inner {
                 Ok(fut) => {
                     let Ok(resp) = fut.await;
-                    resp
+                    resp.map(axum::body::Body::new)
                 }
                 Err(refusal) => refusal.into_response(),
             };
@@ -119,13 +122,21 @@ impl<S> FrontService<S> {
             .auth
             .take_rate(req)
             .map_err(|e| (Box::new(e), Some(0)))?;
-        if let (Some(path), Some(query)) =
-            (req.extensions().get::<MatchedPath>(), req.uri().query())
-        {
-            self.front
-                .allowed
-                .check(req.method(), path.as_str(), query)
-                .map_err(|e| (Box::new(e), remaining))?;
+        if let Some(path) = req.extensions().get::<MatchedPath>() {
+            let refused = |e| (Box::new(e), remaining);
+            let allowed = &self.front.allowed;
+            if let Some(query) = req.uri().query() {
+                allowed
+                    .check(req.method(), path.as_str(), query)
+                    .map_err(refused)?;
+            }
+            if let Some(scope) = allowed.scope(req.method(), path.as_str()) {
+                self.front
+                    .state
+                    .auth
+                    .check_scope(req, scope)
+                    .map_err(refused)?;
+            }
         }
         Ok(remaining)
     }
@@ -204,57 +215,5 @@ impl Labels {
         });
         handles.requests.increment(1);
         handles.duration.record(started.elapsed().as_secs_f64());
-    }
-}
-
-/// The layer of [`RequireScopeService`]: every route of a group needs `scope` (section 8's
-/// table; `admin` includes every scope).
-#[derive(Clone)]
-pub struct RequireScope {
-    auth: Auth,
-    scope: Scope,
-}
-
-impl RequireScope {
-    pub fn new(auth: Auth, scope: Scope) -> RequireScope {
-        RequireScope { auth, scope }
-    }
-}
-
-impl<S> Layer<S> for RequireScope {
-    type Service = RequireScopeService<S>;
-    fn layer(&self, inner: S) -> RequireScopeService<S> {
-        RequireScopeService {
-            layer: self.clone(),
-            inner,
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct RequireScopeService<S> {
-    layer: RequireScope,
-    inner: S,
-}
-
-impl<S> Service<Request> for RequireScopeService<S>
-where
-    S: Service<Request, Response = Response, Error = Infallible>,
-    S::Future: Send + 'static,
-{
-    type Response = Response;
-    type Error = Infallible;
-    type Future =
-        futures::future::Either<S::Future, std::future::Ready<Result<Response, Infallible>>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request) -> Self::Future {
-        match self.layer.auth.check_scope(&req, self.layer.scope) {
-            Ok(()) => futures::future::Either::Left(self.inner.call(req)),
-            Err(e) => futures::future::Either::Right(std::future::ready(Ok(e.into_response()))),
-        }
     }
 }

@@ -10,9 +10,16 @@ use utoipa::openapi::path::ParameterIn;
 
 use crate::error::ApiError;
 
-/// (method, path template) → the query parameters the operation takes.
+/// (method, path template) → what the operation takes: its query parameters, and the scope
+/// its `security` requirement names (section 8's table, as the router's groups set it).
 #[derive(Debug, Default)]
-pub struct Allowed(HashMap<(axum::http::Method, String), HashSet<String>>);
+pub struct Allowed(HashMap<String, Vec<(axum::http::Method, Operation)>>);
+
+#[derive(Debug, Default)]
+struct Operation {
+    params: HashSet<String>,
+    scope: Option<crate::auth::Scope>,
+}
 
 impl Allowed {
     /// Every operation of `doc` with its documented query parameters.
@@ -28,7 +35,7 @@ impl Allowed {
                 (Method::PATCH, &item.patch),
             ] {
                 let Some(op) = op else { continue };
-                let names: HashSet<String> = op
+                let params: HashSet<String> = op
                     .parameters
                     .iter()
                     .flatten()
@@ -36,10 +43,34 @@ impl Allowed {
                     .filter(|p| matches!(p.parameter_in, ParameterIn::Query))
                     .map(|p| p.name.clone())
                     .collect();
-                map.insert((method, path.clone()), names);
+                map.entry(path.clone()).or_insert_with(Vec::new).push((
+                    method,
+                    Operation {
+                        params,
+                        scope: scope_of(op),
+                    },
+                ));
             }
         }
         Allowed(map)
+    }
+
+    /// The scope the operation needs: `None` for an open one and for one any valid token may
+    /// call (its handler identifies the caller).
+    pub(crate) fn scope(
+        &self,
+        method: &axum::http::Method,
+        path: &str,
+    ) -> Option<crate::auth::Scope> {
+        self.operation(method, path).and_then(|op| op.scope)
+    }
+
+    fn operation(&self, method: &axum::http::Method, path: &str) -> Option<&Operation> {
+        self.0
+            .get(path)?
+            .iter()
+            .find(|(m, _)| m == method)
+            .map(|(_, op)| op)
     }
 
     pub(crate) fn check(
@@ -49,7 +80,7 @@ impl Allowed {
         query: &str,
     ) -> Result<(), ApiError> {
         // A route the document does not list (none should exist) is not judged here.
-        let Some(names) = self.0.get(&(method.clone(), path.to_owned())) else {
+        let Some(Operation { params: names, .. }) = self.operation(method, path) else {
             return Ok(());
         };
         for (key, _) in form_urlencoded::parse(query.as_bytes()) {
@@ -73,4 +104,13 @@ impl Allowed {
         }
         Ok(())
     }
+}
+
+/// The scope named by an operation's bearer requirement (one scope per operation).
+fn scope_of(op: &utoipa::openapi::path::Operation) -> Option<crate::auth::Scope> {
+    let value = serde_json::to_value(op.security.as_ref()?).ok()?;
+    let name = value.get(0)?.get("bearer")?.get(0)?.as_str()?.to_owned();
+    crate::auth::Scope::ALL
+        .into_iter()
+        .find(|s| s.name() == name)
 }

@@ -75,16 +75,13 @@ pub enum RunError {
 }
 
 /// What a group of routes needs: section 8's scope table is the list of `scoped` groups in
-/// [`router`], and each operation's scope is also its `security` requirement in the OpenAPI
-/// document, so clients (and the test that tries every route with every scope) read the same
-/// table the server enforces. `admin` includes every scope.
-fn scoped(
-    mut router: OpenApiRouter<AppState>,
-    auth: &Auth,
-    scope: Scope,
-) -> OpenApiRouter<AppState> {
+/// [`router`], written as each operation's `security` requirement in the OpenAPI document,
+/// which is what the server enforces (`front::Front` reads it through `params::Allowed`), so
+/// clients (and the test that tries every route with every scope) read the very table the
+/// server checks. `admin` includes every scope.
+fn scoped(mut router: OpenApiRouter<AppState>, scope: Scope) -> OpenApiRouter<AppState> {
     require_in_doc(router.get_openapi_mut(), &[scope.name()]);
-    router.route_layer(crate::front::RequireScope::new(auth.clone(), scope))
+    router
 }
 
 /// Set every operation's `security` to the bearer scheme with `scopes` (none: any token).
@@ -110,17 +107,14 @@ fn require_in_doc(doc: &mut utoipa::openapi::OpenApi, scopes: &[&str]) {
 
 /// Build the whole application router and its OpenAPI document.
 pub fn router(state: AppState) -> Router {
-    let auth = state.auth.clone();
     let append = scoped(
         OpenApiRouter::new().routes(routes!(events::append)),
-        &auth,
         Scope::Append,
     );
     let read = scoped(
         OpenApiRouter::new()
             .routes(routes!(events::list))
             .routes(routes!(events::stream)),
-        &auth,
         Scope::Read,
     );
     let read = read.merge(scoped(
@@ -141,7 +135,6 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(bridges::explain))
             .routes(routes!(sources::list))
             .routes(routes!(sources::get)),
-        &auth,
         Scope::Read,
     ));
     let bridge = scoped(
@@ -156,7 +149,6 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(bridges::ack))
             .routes(routes!(bridges::ack_many))
             .routes(routes!(bridges::nack)),
-        &auth,
         Scope::Bridge,
     );
     // Create/delete need the bridge scope, list/show the read scope, on the same paths.
@@ -164,14 +156,12 @@ pub fn router(state: AppState) -> Router {
         OpenApiRouter::new()
             .routes(routes!(bridges::create))
             .routes(routes!(bridges::delete)),
-        &auth,
         Scope::Bridge,
     );
     let subs_read = scoped(
         OpenApiRouter::new()
             .routes(routes!(bridges::list))
             .routes(routes!(bridges::show)),
-        &auth,
         Scope::Read,
     );
     let operator = scoped(
@@ -185,7 +175,6 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(sources::poll))
             .routes(routes!(sources::pause))
             .routes(routes!(sources::resume)),
-        &auth,
         Scope::Operator,
     );
     // Only admin moves a cursor back (spec section 8).
@@ -195,7 +184,6 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(lists::put, lists::delete))
             .routes(routes!(sources::reset))
             .routes(routes!(admin::run_retention)),
-        &auth,
         Scope::Admin,
     );
     // Any valid token (the handler identifies the caller itself).
@@ -234,13 +222,18 @@ pub fn router(state: AppState) -> Router {
                 "this resource does not support that method",
             )
         })
-        .layer(DefaultBodyLimit::max(state.config.server.max_body_bytes))
-        .layer(CatchPanicLayer::custom(|_| {
-            ApiError::internal("handler panicked", "panic").into_response()
-        }))
-        .layer(TraceLayer::new_for_http().make_span_with(request_span))
-        .layer(cors(&state.config.server.cors_origins))
-        .layer(crate::front::Front::new(state.clone(), allowed))
+        // One layer of them all: axum boxes each `layer` call's service and clones the boxes
+        // of a route for every request.
+        .layer(
+            tower::ServiceBuilder::new()
+                .layer(crate::front::Front::new(state.clone(), allowed))
+                .layer(TraceLayer::new_for_http().make_span_with(request_span))
+                .layer(cors(&state.config.server.cors_origins))
+                .layer(CatchPanicLayer::custom(|_| {
+                    ApiError::internal("handler panicked", "panic").into_response()
+                }))
+                .layer(DefaultBodyLimit::max(state.config.server.max_body_bytes)),
+        )
         .with_state(state)
 }
 
@@ -252,6 +245,11 @@ pub(crate) fn with_request_id<F: Future>(
     fut: F,
 ) -> impl Future<Output = F::Output> {
     REQUEST_ID.scope(id, fut)
+}
+
+/// [`with_request_id`] for synchronous work (the front's checks, which may log a refusal).
+pub(crate) fn with_request_id_sync<R>(id: axum::http::HeaderValue, f: impl FnOnce() -> R) -> R {
+    REQUEST_ID.sync_scope(id, f)
 }
 
 tokio::task_local! {
