@@ -257,6 +257,17 @@ pub(crate) fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+/// `422 invalid_field` unless a list holds 1 to 1000 items: `what` names them (`ids`).
+pub(crate) fn check_count(field: &str, n: usize, what: &str) -> Result<(), ApiError> {
+    if n == 0 || n > 1000 {
+        return Err(invalid(
+            field,
+            format!("{field} must hold 1 to 1000 {what}"),
+        ));
+    }
+    Ok(())
+}
+
 /// `422 invalid_field` naming `field`.
 pub(crate) fn invalid(field: &str, detail: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", detail).at(0, Some(field))

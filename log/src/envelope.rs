@@ -37,14 +37,7 @@ impl NewEvent {
         event_type: impl Into<String>,
         payload: &serde_json::Value,
     ) -> Result<NewEvent, FieldError> {
-        let ev = NewEvent {
-            event_id,
-            stream: stream.into(),
-            subject: subject.into(),
-            event_type: event_type.into(),
-            payload: RawValue::NULL.to_owned(),
-        };
-        ev.check_fields()?;
+        let ev = NewEvent::checked(event_id, stream, subject, event_type)?;
         if !payload.is_object() {
             return Err(FieldError::new("payload", "must be a JSON object"));
         }
@@ -71,6 +64,16 @@ impl NewEvent {
                 .map_err(|e| FieldError::new("payload", format!("cannot be read: {e}")))?;
             return NewEvent::new(event_id, stream, subject, event_type, &value);
         }
+        NewEvent::checked(event_id, stream, subject, event_type)?.with_payload(text.to_owned())
+    }
+
+    /// The event with its fields checked, its payload still to come ([`NewEvent::with_payload`]).
+    fn checked(
+        event_id: Option<String>,
+        stream: impl Into<String>,
+        subject: impl Into<String>,
+        event_type: impl Into<String>,
+    ) -> Result<NewEvent, FieldError> {
         let ev = NewEvent {
             event_id,
             stream: stream.into(),
@@ -78,17 +81,13 @@ impl NewEvent {
             event_type: event_type.into(),
             payload: RawValue::NULL.to_owned(),
         };
-        ev.check_fields()?;
-        ev.with_payload(text.to_owned())
-    }
-
-    fn check_fields(&self) -> Result<(), FieldError> {
-        if let Some(id) = &self.event_id {
+        if let Some(id) = &ev.event_id {
             check_event_id(id)?;
         }
-        check_stream(&self.stream)?;
-        check_subject(&self.subject)?;
-        check_type(&self.event_type)
+        check_stream(&ev.stream)?;
+        check_subject(&ev.subject)?;
+        check_type(&ev.event_type)?;
+        Ok(ev)
     }
 
     /// The event with its canonical payload text, once the text is within the size limit.

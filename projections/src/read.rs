@@ -532,10 +532,7 @@ pub fn delivery(
     };
     let mut steps = Vec::new();
     if let Some(t) = r.table(deliveries::NAME, deliveries::TIMELINE)? {
-        let mut from = id.as_bytes().to_vec();
-        from.push(0);
-        let mut to = id.as_bytes().to_vec();
-        to.push(1);
+        let (from, to) = under(id);
         for row in t
             .range(from.as_slice()..to.as_slice())
             .map_err(StorageError::of)?
@@ -1081,6 +1078,17 @@ pub fn subscription(
     Reader::new(db)?.get_val(bridges::NAME, bridges::ROWS, id.as_bytes())
 }
 
+/// The keys `prefix ‖ 0 ‖ …` of an index or timeline lie in `prefix ‖ 0 .. prefix ‖ 1`.
+fn under(prefix: &str) -> (Vec<u8>, Vec<u8>) {
+    let bound = |b: u8| {
+        let mut k = Vec::with_capacity(prefix.len() + 1);
+        k.extend_from_slice(prefix.as_bytes());
+        k.push(b);
+        k
+    };
+    (bound(0), bound(1))
+}
+
 /// Active subscriptions whose index key starts with `prefix ‖ 0` in `index` (`by_task`,
 /// `by_bridge`) for any of `prefixes`, or every active one when `prefixes` is `None`; one read
 /// transaction for all of them (the bridge notifier asks for every task of a commit at once).
@@ -1104,10 +1112,7 @@ fn active_subscriptions(
                 return Ok(Vec::new());
             }
             for p in prefixes {
-                let mut from = p.as_bytes().to_vec();
-                from.push(0);
-                let mut to = p.as_bytes().to_vec();
-                to.push(1);
+                let (from, to) = under(p);
                 for row in idx
                     .range(from.as_slice()..to.as_slice())
                     .map_err(StorageError::of)?

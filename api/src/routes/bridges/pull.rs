@@ -16,7 +16,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
 use crate::request::{
-    BridgeId, PathId, Text, Validate, ValidatedJson, check_path_id, check_text, invalid,
+    BridgeId, PathId, Text, Validate, ValidatedJson, check_count, check_path_id, check_text,
 };
 use crate::routes::blocking;
 use crate::routes::cursors::CursorOut;
@@ -194,12 +194,7 @@ pub struct AckManyBody {
 
 impl Validate for AckManyBody {
     fn validate(&self) -> Result<(), ApiError> {
-        if self.delivery_ids.is_empty() || self.delivery_ids.len() > 1000 {
-            return Err(invalid(
-                "delivery_ids",
-                "delivery_ids must hold 1 to 1000 ids",
-            ));
-        }
+        check_count("delivery_ids", self.delivery_ids.len(), "ids")?;
         for id in &self.delivery_ids {
             check_text("delivery_ids", id, 300)?;
         }

@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 
 use super::{DeliveriesPage, DeliveryId, DeliveryOut, check_sink, invalid, lease_ms, settings};
 use crate::error::{ApiError, Problem};
-use crate::request::{PathId, Text, Validate, ValidatedJson};
+use crate::request::{PathId, Text, Validate, ValidatedJson, check_count};
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -244,13 +244,7 @@ impl Validate for CompleteBody {}
 
 impl Validate for CompleteManyBody {
     fn validate(&self) -> Result<(), ApiError> {
-        if self.deliveries.is_empty() || self.deliveries.len() > 1000 {
-            return Err(invalid(
-                "deliveries",
-                "deliveries must hold 1 to 1000 items",
-            ));
-        }
-        Ok(())
+        check_count("deliveries", self.deliveries.len(), "items")
     }
 }
 
