@@ -230,8 +230,7 @@ fn unauthorized() -> ApiError {
 }
 
 /// The configured token a request carries (its position), found once per request by
-/// [`rate_limit`], which runs over every route, and read by [`require`]: the token's text is
-/// hashed once.
+/// [`Auth::take_rate`] and read by [`Auth::check_scope`]: the token's text is hashed once.
 #[derive(Debug, Clone, Copy)]
 struct Caller(Option<usize>);
 

@@ -49,10 +49,7 @@ impl<S> Layer<S> for Front {
     }
 }
 
-/// Over every route and the fallback, in this order: `X-Request-ID` (section 8: the client's
-/// when it sent one of 1–128 printable characters, else a new UUID; on the request, in the
-/// task-local [`crate::server::request_id`] reads, and on every answer); `503` while shutting
-/// down; the caller's token found once and its rate limit taken (every answer to a
+/// Over every route and the fallback, in this order: `503` while shutting down; the caller's token found once and its rate limit taken (every answer to a
 /// rate-limited token carries `RateLimit-Remaining`, past the limit `429` with `Retry-After`);
 /// `400 unknown_parameter` for a query parameter the operation does not take
 /// ([`Allowed`]); `401`/`403` without the scope the operation's `security` names (section 8:
@@ -82,15 +79,12 @@ where
 
     fn call(&mut self, mut req: Request) -> Answer {
         let started = Instant::now();
-        let id = request_id_of(&req);
-        req.headers_mut().insert(REQUEST_ID_HEADER, id.clone());
         let labels = Labels::of(&req);
-        let decided = crate::server::with_request_id_sync(id.clone(), || self.decide(&mut req));
-        let (inner, remaining) = match decided {
+        let (inner, remaining) = match self.decide(&mut req) {
             Ok(remaining) => (Ok(self.inner.call(req)), remaining),
             Err((refusal, remaining)) => (Err(refusal), remaining),
         };
-        Box::pin(crate::server::with_request_id(id.clone(), async move {
+        Box::pin(async move {
             let mut resp = match inner {
                 Ok(fut) => {
                     let Ok(resp) = fut.await;
@@ -102,10 +96,9 @@ where
                 resp.headers_mut()
                     .insert("ratelimit-remaining", HeaderValue::from(n));
             }
-            resp.headers_mut().insert(REQUEST_ID_HEADER, id);
             labels.record(resp.status().as_u16(), started);
             Ok(resp)
-        }))
+        })
     }
 }
 
@@ -139,6 +132,53 @@ impl<S> FrontService<S> {
             }
         }
         Ok(remaining)
+    }
+}
+
+/// The layer of [`RequestIdService`].
+#[derive(Clone, Copy, Default)]
+pub struct RequestId;
+
+impl<S> Layer<S> for RequestId {
+    type Service = RequestIdService<S>;
+    fn layer(&self, inner: S) -> RequestIdService<S> {
+        RequestIdService { inner }
+    }
+}
+
+/// `X-Request-ID` (section 8): the client's when it sent one of 1–128 printable characters,
+/// else a new UUID v7; on the request, in the task-local [`crate::server::request_id`] reads
+/// (while the services beneath decide and while they answer), and on every answer.
+#[derive(Clone)]
+pub struct RequestIdService<S> {
+    inner: S,
+}
+
+impl<S, B> Service<Request> for RequestIdService<S>
+where
+    S: Service<Request, Response = axum::http::Response<B>, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+    B: axum::body::HttpBody<Data = axum::body::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Answer;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request) -> Answer {
+        let id = request_id_of(&req);
+        req.headers_mut().insert(REQUEST_ID_HEADER, id.clone());
+        let fut = crate::server::with_request_id_sync(id.clone(), || self.inner.call(req));
+        Box::pin(crate::server::with_request_id(id.clone(), async move {
+            let Ok(resp) = fut.await;
+            let mut resp = resp.map(axum::body::Body::new);
+            resp.headers_mut().insert(REQUEST_ID_HEADER, id);
+            Ok(resp)
+        }))
     }
 }
 

@@ -65,7 +65,14 @@ impl Allowed {
         self.operation(method, path).and_then(|op| op.scope)
     }
 
+    /// The documented operation a request on this route runs: `HEAD` runs the `GET` handler
+    /// (axum routes it there), so it is that operation, scope and all.
     fn operation(&self, method: &axum::http::Method, path: &str) -> Option<&Operation> {
+        let method = if method == axum::http::Method::HEAD {
+            &axum::http::Method::GET
+        } else {
+            method
+        };
         self.0
             .get(path)?
             .iter()
@@ -106,11 +113,16 @@ impl Allowed {
     }
 }
 
-/// The scope named by an operation's bearer requirement (one scope per operation).
+/// The scope named by an operation's bearer requirement (one scope per operation; none for an
+/// open operation or one any valid token may call). A scope this server does not know is a
+/// mistake in the router, refused at start rather than left unchecked.
 fn scope_of(op: &utoipa::openapi::path::Operation) -> Option<crate::auth::Scope> {
     let value = serde_json::to_value(op.security.as_ref()?).ok()?;
     let name = value.get(0)?.get("bearer")?.get(0)?.as_str()?.to_owned();
-    crate::auth::Scope::ALL
-        .into_iter()
-        .find(|s| s.name() == name)
+    Some(
+        crate::auth::Scope::ALL
+            .into_iter()
+            .find(|s| s.name() == name)
+            .unwrap_or_else(|| panic!("an operation requires the unknown scope {name:?}")),
+    )
 }

@@ -63,6 +63,22 @@ thread_local! {
     static LENIENT: Cell<bool> = const { Cell::new(false) };
 }
 
+/// [`LENIENT`] while it lives (also when a panic unwinds through the read).
+struct Lenient;
+
+impl Lenient {
+    fn on() -> Lenient {
+        LENIENT.with(|l| l.set(true));
+        Lenient
+    }
+}
+
+impl Drop for Lenient {
+    fn drop(&mut self) {
+        LENIENT.with(|l| l.set(false));
+    }
+}
+
 impl<'de, const MAX: usize> Deserialize<'de> for Text<MAX> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
@@ -139,9 +155,10 @@ pub(crate) fn json_body<T: DeserializeOwned>(
         Err(e) if !refused_text(&e) => Err(e),
         Err(e) => {
             // A text is out of bounds: unless the body is malformed besides, name the field.
-            LENIENT.with(|l| l.set(true));
-            let lenient = read_body::<T>(&body);
-            LENIENT.with(|l| l.set(false));
+            let lenient = {
+                let _lenient = Lenient::on();
+                read_body::<T>(&body)
+            };
             match lenient {
                 Err(malformed) => Err(malformed),
                 Ok(_) => Err(text_field::<T>(&body).unwrap_or(e)),

@@ -226,9 +226,10 @@ pub fn router(state: AppState) -> Router {
         // of a route for every request.
         .layer(
             tower::ServiceBuilder::new()
+                .layer(crate::front::RequestId)
+                .layer(cors(&state.config.server.cors_origins))
                 .layer(crate::front::Front::new(state.clone(), allowed))
                 .layer(TraceLayer::new_for_http().make_span_with(request_span))
-                .layer(cors(&state.config.server.cors_origins))
                 .layer(CatchPanicLayer::custom(|_| {
                     ApiError::internal("handler panicked", "panic").into_response()
                 }))

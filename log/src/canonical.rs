@@ -4,8 +4,37 @@
 //! them out again (issue 31). A text this does not recognise is not wrong, only not known to be
 //! canonical: it goes the long way (parse, re-encode), which gives the same bytes when it is.
 
-/// Deeper than this is judged the long way (serde_json's own recursion limit is 128).
-const MAX_DEPTH: usize = 128;
+/// Nested deeper than this (objects and arrays inside the payload object) is judged the long
+/// way: well inside serde_json's recursion limit (128 levels for a whole document, a request
+/// body's own levels included), so a text taken here always parses back.
+pub const MAX_DEPTH: usize = 100;
+
+/// How deeply a JSON text nests objects and arrays (`{}` is 1), counted without parsing it:
+/// brackets inside strings do not count. Meant for text already known to be JSON.
+pub fn nesting_depth(text: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
 
 /// True when `text` is a JSON object exactly as `serde_json::to_string` writes the value it
 /// parses to (without `preserve_order`): no whitespace, keys in ascending byte order and
@@ -28,11 +57,10 @@ impl<'a> Scan<'a> {
         self.b.get(self.i).copied()
     }
 
+    /// A value whose enclosing objects and arrays number `depth`.
     fn value(&mut self, depth: usize) -> bool {
-        if depth > MAX_DEPTH {
-            return false;
-        }
         match self.peek() {
+            Some(b'{' | b'[') if depth >= MAX_DEPTH => false,
             Some(b'{') => self.object(depth),
             Some(b'[') => self.array(depth),
             Some(b'"') => self.string(true).is_some(),
@@ -169,6 +197,19 @@ mod tests {
     fn long_way(text: &str) -> Option<String> {
         let v: Value = serde_json::from_str(text).ok()?;
         v.is_object().then(|| serde_json::to_string(&v).unwrap())
+    }
+
+    #[test]
+    fn depth_is_counted_outside_strings_and_deep_texts_go_the_long_way() {
+        assert_eq!(nesting_depth("{}"), 1);
+        assert_eq!(nesting_depth(r#"{"a":[{"b":"[[{{\"]]"}],"c":{}}"#), 3);
+        let nested = |n: usize| format!("{}{}{}", r#"{"a":"#.repeat(n), "1", "}".repeat(n));
+        assert!(is_canonical_object(&nested(MAX_DEPTH)));
+        assert!(!is_canonical_object(&nested(MAX_DEPTH + 1)));
+        assert_eq!(nesting_depth(&nested(MAX_DEPTH + 1)), MAX_DEPTH + 1);
+        // Whatever it takes, serde_json reads back inside a body of a few levels more.
+        let body = format!(r#"{{"events":[{{"payload":{}}}]}}"#, nested(MAX_DEPTH));
+        assert!(serde_json::from_str::<Value>(&body).is_ok());
     }
 
     #[test]

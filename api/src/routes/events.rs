@@ -314,6 +314,13 @@ fn parse_once(body: &[u8]) -> Option<Vec<NewEvent>> {
                 Some(p) => p,
                 None => empty_object(),
             };
+            // A deep payload is the long way's to judge: the whole body through a value tree
+            // meets serde_json's recursion limit where it always has.
+            if tidemark_log::canonical::nesting_depth(payload.get())
+                > tidemark_log::canonical::MAX_DEPTH
+            {
+                return None;
+            }
             let mut event_id = e.event_id;
             if e.event_type == EventType::NotificationRequested && event_id.is_none() {
                 event_id = (!e.subject.is_empty()).then(|| e.subject.clone());
@@ -745,6 +752,16 @@ mod tests {
                 .prop_map(|e| format!(r#" {{ "events" : [ {} ] , "x":1}}"#, e.join(" , "))),
             event().prop_map(|e| format!("[{e}]")),
             Just(r#"["e","orders","","order.placed",{}]"#.to_owned()),
+            (95usize..135, any::<bool>()).prop_map(|(n, batch)| {
+                let payload = format!("{}1{}", r#"{"a":"#.repeat(n), "}".repeat(n));
+                let event =
+                    format!(r#"{{"stream":"orders","type":"order.placed","payload":{payload}}}"#);
+                if batch {
+                    format!(r#"{{"events":[{event}]}}"#)
+                } else {
+                    event
+                }
+            }),
         ]
     }
 

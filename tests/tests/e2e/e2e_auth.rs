@@ -70,6 +70,39 @@ async fn call(s: &Server, method: Method, path: &str, token: Option<&str>) -> Re
     s.send(rb).await
 }
 
+/// `HEAD` runs a route's `GET` handler (axum routes it there), so it needs what `GET` needs:
+/// no token is 401, a token without the scope 403, and the scope's token gets the `GET`
+/// answer's status without its body.
+#[tokio::test]
+async fn head_needs_what_get_needs() {
+    let reader = format!("tm-read-{}", random_token(24));
+    let appender = format!("tm-append-{}", random_token(24));
+    let config = format!(
+        "[[auth.tokens]]\nname = \"reader\"\nsha256 = \"{}\"\nscopes = [\"read\"]\n\n\
+         [[auth.tokens]]\nname = \"appender\"\nsha256 = \"{}\"\nscopes = [\"append\"]\n",
+        sha256_hex(&reader),
+        sha256_hex(&appender),
+    );
+    let s = Server::start(ServerOpts::default().config(config)).await;
+    for (path, found) in [
+        ("/v1/events?after_sequence=0", StatusCode::OK),
+        ("/v1/deliveries/none-such", StatusCode::NOT_FOUND),
+        ("/v1/notifications/none-such", StatusCode::NOT_FOUND),
+        ("/v1/admin/projections", StatusCode::FORBIDDEN),
+        (
+            "/v1/bridges/b1/deliveries?wait_ms=30000",
+            StatusCode::FORBIDDEN,
+        ),
+    ] {
+        let r = call(&s, Method::HEAD, path, None).await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "HEAD {path}");
+        let r = call(&s, Method::HEAD, path, Some(&appender)).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "HEAD {path} with append");
+        let r = call(&s, Method::HEAD, path, Some(&reader)).await;
+        assert_eq!(r.status, found, "HEAD {path} with read");
+    }
+}
+
 #[tokio::test]
 async fn scopes_are_enforced() {
     let reader = format!("tm-read-{}", random_token(24));
