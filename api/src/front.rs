@@ -154,12 +154,10 @@ pub struct RequestIdService<S> {
     inner: S,
 }
 
-impl<S, B> Service<Request> for RequestIdService<S>
+impl<S> Service<Request> for RequestIdService<S>
 where
-    S: Service<Request, Response = axum::http::Response<B>, Error = Infallible> + Send + 'static,
+    S: Service<Request, Response = Response, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
-    B: axum::body::HttpBody<Data = axum::body::Bytes> + Send + 'static,
-    B::Error: Into<axum::BoxError>,
 {
     type Response = Response;
     type Error = Infallible;
@@ -174,8 +172,7 @@ where
         req.headers_mut().insert(REQUEST_ID_HEADER, id.clone());
         let fut = crate::server::with_request_id_sync(id.clone(), || self.inner.call(req));
         Box::pin(crate::server::with_request_id(id.clone(), async move {
-            let Ok(resp) = fut.await;
-            let mut resp = resp.map(axum::body::Body::new);
+            let Ok(mut resp) = fut.await;
             resp.headers_mut().insert(REQUEST_ID_HEADER, id);
             Ok(resp)
         }))
