@@ -201,12 +201,40 @@ fn to_new_event(index: usize, v: Value) -> Result<NewEvent, ApiError> {
     let payload = input
         .payload
         .unwrap_or_else(|| Value::Object(Default::default()));
-    let mut event_id = input.event_id;
-    if input.event_type == EventType::NotificationRequested {
-        // The notification id is the event_id; the subject names it too.
+    let event_id = event_id_of(index, input.event_id, &input.subject, &input.event_type)?;
+    let ev = NewEvent::new(
+        event_id,
+        input.stream,
+        input.subject,
+        input.event_type,
+        &payload,
+    )
+    .map_err(|e| {
+        let too_large = e.kind == tidemark_log::InvalidKind::TooLarge;
+        let (status, code) = if too_large {
+            (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
+        } else {
+            (StatusCode::BAD_REQUEST, "invalid_field")
+        };
+        ApiError::new(status, code, format!("event {index}: {e}")).at(index, Some(e.field))
+    })?;
+    check_schema(index, &ev, &payload)?;
+    Ok(ev)
+}
+
+/// The event's id by the API's own rules: a notification's id is its subject (taken from it
+/// when absent, refused when another), and tidemark's id prefixes are its own.
+fn event_id_of(
+    index: usize,
+    event_id: Option<String>,
+    subject: &str,
+    event_type: &str,
+) -> Result<Option<String>, ApiError> {
+    let mut event_id = event_id;
+    if event_type == EventType::NotificationRequested.as_str() {
         match &event_id {
-            None if !input.subject.is_empty() => event_id = Some(input.subject.clone()),
-            Some(id) if *id != input.subject => {
+            None if !subject.is_empty() => event_id = Some(subject.to_owned()),
+            Some(id) if id != subject => {
                 return Err(ApiError::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     "schema_violation",
@@ -231,24 +259,14 @@ fn to_new_event(index: usize, v: Value) -> Result<NewEvent, ApiError> {
         )
         .at(index, Some("event_id")));
     }
-    let ev = NewEvent::new(
-        event_id,
-        input.stream,
-        input.subject,
-        input.event_type,
-        &payload,
-    )
-    .map_err(|e| {
-        let too_large = e.kind == tidemark_log::InvalidKind::TooLarge;
-        let (status, code) = if too_large {
-            (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
-        } else {
-            (StatusCode::BAD_REQUEST, "invalid_field")
-        };
-        ApiError::new(status, code, format!("event {index}: {e}")).at(index, Some(e.field))
-    })?;
-    schema::check_client_event(&ev.stream, &ev.subject, &ev.event_type, &payload).map_err(|e| {
-        match e {
+    Ok(event_id)
+}
+
+/// The schema of tidemark's own types (section 2); `payload` is read only for those
+/// ([`schema::reads_payload`]).
+fn check_schema(index: usize, ev: &NewEvent, payload: &Value) -> Result<(), ApiError> {
+    schema::check_client_event(&ev.stream, &ev.subject, &ev.event_type, payload).map_err(
+        |e| match e {
             SchemaError::ServerOnly(_) => ApiError::new(
                 StatusCode::FORBIDDEN,
                 "server_only_type",
@@ -261,9 +279,8 @@ fn to_new_event(index: usize, v: Value) -> Result<NewEvent, ApiError> {
                 format!("event {index}: {e}"),
             )
             .at(index, Some("payload")),
-        }
-    })?;
-    Ok(ev)
+        },
+    )
 }
 
 /// Parse and validate a whole request body; nothing is appended unless all of it is valid.
@@ -327,59 +344,23 @@ fn parse_once(body: &[u8]) -> Option<Vec<NewEvent>> {
             {
                 return None;
             }
-            let mut event_id = e.event_id;
-            if e.event_type == EventType::NotificationRequested && event_id.is_none() {
-                event_id = (!e.subject.is_empty()).then(|| e.subject.clone());
-            }
-            let checks = Checked::new(event_id.as_deref(), &e.subject, &e.event_type)?;
+            // The same rules as the long way; their errors are its to word.
+            let event_id = event_id_of(0, e.event_id, &e.subject, &e.event_type).ok()?;
             let ev = NewEvent::from_json_text(event_id, e.stream, e.subject, e.event_type, payload)
                 .ok()?;
-            checks.schema(&ev).then_some(ev)
+            let parsed: Value = if schema::reads_payload(&ev.event_type) {
+                serde_json::from_str(payload.get()).ok()?
+            } else {
+                Value::Null
+            };
+            check_schema(0, &ev, &parsed).ok()?;
+            Some(ev)
         })
         .collect()
 }
 
 fn empty_object() -> &'static RawValue {
     serde_json::from_str("{}").expect("an empty object is JSON")
-}
-
-/// The API's own rules for an event, on the short path: a notification's subject is its id,
-/// tidemark's id prefixes are its own, and a payload is read as a value only for the types
-/// whose schema tidemark checks.
-struct Checked;
-
-impl Checked {
-    fn new(event_id: Option<&str>, subject: &str, event_type: &str) -> Option<Checked> {
-        if event_type == EventType::NotificationRequested.as_str()
-            && event_id.is_some_and(|id| id != subject)
-        {
-            return None;
-        }
-        if event_id.is_some_and(|id| {
-            tidemark_projections::names::ids::RESERVED_PREFIXES
-                .iter()
-                .any(|p| id.starts_with(p))
-        }) {
-            return None;
-        }
-        Some(Checked)
-    }
-
-    fn schema(&self, ev: &NewEvent) -> bool {
-        let parsed;
-        let payload = if schema::reads_payload(&ev.event_type) {
-            match serde_json::from_str::<Value>(ev.payload_raw().get()) {
-                Ok(v) => {
-                    parsed = v;
-                    &parsed
-                }
-                Err(_) => return false,
-            }
-        } else {
-            &Value::Null
-        };
-        schema::check_client_event(&ev.stream, &ev.subject, &ev.event_type, payload).is_ok()
-    }
 }
 
 /// The body through a value tree: every error found and worded.
