@@ -127,6 +127,28 @@ impl ApiError {
         )
     }
 
+    /// The models store failed (spec I10: a fault domain of its own; the log is not affected):
+    /// `507` while its disk is full, else `503 models_unavailable`; the command appended
+    /// nothing and can be retried.
+    pub fn models_unavailable(err: &tidemark_log::StorageError) -> Self {
+        tracing::warn!(error = %err, request_id = %crate::server::request_id(), "a command met a models store failure");
+        if err.is_storage_full() {
+            return Self::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "insufficient_storage",
+                "the read models' disk is full; free space and retry (the log is not affected)",
+            )
+            .retry_after(5);
+        }
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "models_unavailable",
+            "the read models' store failed and is being reopened (or, if its writer panicked, \
+             until tidemark is restarted); nothing was appended, the log is not affected; retry",
+        )
+        .retry_after(1)
+    }
+
     /// The read models had not folded the log up to what the read waits for (spec section 7).
     pub fn projection_lagging(want: u64, at: u64) -> Self {
         Self::new(
@@ -301,6 +323,15 @@ impl From<tidemark_engine::CommandError> for ApiError {
             }
             CommandError::Append(e) => e.into(),
             CommandError::Storage(e) => ApiError::storage("command failed", &e),
+            CommandError::Models(e) => ApiError::models_unavailable(&e),
+            CommandError::Misconfigured(why) => {
+                tracing::error!(request_id = %crate::server::request_id(), "{why}");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "misconfigured",
+                    "the server's configuration cannot carry this out; nothing was appended",
+                )
+            }
             #[allow(unreachable_patterns)]
             other => ApiError::internal("command failed", other),
         }

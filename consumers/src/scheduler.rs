@@ -109,12 +109,25 @@ pub async fn expire_now(engine: &Engine) -> Result<usize, CommandError> {
 /// Release expired leases at start-up (leases held when the server stopped), then every
 /// [`TICK`], until `shutdown`.
 pub(crate) async fn expiry_loop(engine: Engine, shutdown: CancellationToken) {
-    // Once at start-up (leases held when the server stopped), then periodically.
+    // Once at start-up (leases held when the server stopped), then whenever a tick finds a
+    // lease expired in the models (a read: the decider is not woken while nothing is due).
+    let mut first = true;
     loop {
-        match expire_now(&engine).await {
-            Ok(_) => {}
-            Err(CommandError::Append(tidemark_log::AppendError::Closed)) => return,
-            Err(e) => tracing::warn!(error = %e, "lease expiry failed; will retry"),
+        let due = first || {
+            let r = engine.read();
+            match r.earliest_lease_expiry() {
+                Ok(at) => at.is_some_and(|at| at <= engine.now_us()),
+                // Let the command meet (and report) whatever the models have.
+                Err(_) => true,
+            }
+        };
+        first = false;
+        if due {
+            match expire_now(&engine).await {
+                Ok(_) => {}
+                Err(CommandError::Append(tidemark_log::AppendError::Closed)) => return,
+                Err(e) => tracing::warn!(error = %e, "lease expiry failed; will retry"),
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(TICK) => {},

@@ -247,7 +247,7 @@ impl<C: Command> Job for Typed<C> {
         let Typed { answer, reply, .. } = *self;
         let r = r.and_then(|receipt| match answer {
             Some(a) => Ok((a, receipt)),
-            None => Err(CommandError::Storage(StorageError::msg(
+            None => Err(CommandError::Models(StorageError::msg(
                 "the decider answered a command it had not decided",
             ))),
         });
@@ -284,6 +284,9 @@ enum Msg {
 pub(crate) struct Decider {
     tx: mpsc::Sender<Msg>,
     redecided: Arc<std::sync::atomic::AtomicU64>,
+    /// Why the decider panicked, once it has (spec I10: a panicking writer poisons what it
+    /// was writing, the models store; the log goes on).
+    poisoned: Arc<std::sync::OnceLock<String>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -308,6 +311,9 @@ struct State<L> {
     queue: VecDeque<Queued>,
     /// Folded since the last synced commit.
     dirty: Option<Instant>,
+    /// The models store's last failure with its cause (redb answers "previous I/O error"
+    /// after one until the store is reopened: commands are told the cause, a full disk say).
+    failure: Option<StorageError>,
 }
 
 impl Decider {
@@ -328,15 +334,52 @@ impl Decider {
             chunk: EventChunk::default(),
             queue: VecDeque::new(),
             dirty: None,
+            failure: None,
         };
+        let poisoned = Arc::new(std::sync::OnceLock::new());
+        let poison = poisoned.clone();
         let thread = std::thread::Builder::new()
             .name("tidemark-decider".into())
-            .spawn(move || st.run(rx))?;
+            .spawn(move || {
+                let mut rx = rx;
+                let ran =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| st.run(&mut rx)));
+                if let Err(panic) = ran {
+                    let why = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".to_owned());
+                    tracing::error!(
+                        panic = %why,
+                        "the decider panicked: commands are refused until tidemark is restarted \
+                         (the log is not affected; the models rebuild from it if they must)"
+                    );
+                    let _ = poison.set(why);
+                    // The commands that were in its hands were dropped with it (their callers
+                    // see the poison); those still coming are answered with it.
+                    while let Some(m) = rx.blocking_recv() {
+                        match m {
+                            Msg::Job(j) => j.answer(Err(poisoned_error(&poison))),
+                            Msg::Stop(tx) => {
+                                let _ = tx.send(());
+                                break;
+                            }
+                        }
+                    }
+                }
+            })?;
         Ok(Decider {
             tx,
             redecided,
+            poisoned,
             thread: Mutex::new(Some(thread)),
         })
+    }
+
+    /// Why the decider panicked, if it has.
+    pub fn poisoned(&self) -> Option<&str> {
+        self.poisoned.get().map(String::as_str)
     }
 
     /// Decide `cmd` and append what it decided; the answer and the log's receipt.
@@ -361,11 +404,21 @@ impl Decider {
                 }));
             }
             Err(mpsc::error::TrySendError::Closed(_)) => {
-                return Err(CommandError::Append(AppendError::Closed));
+                return Err(self.closed());
             }
         }
-        rx.await
-            .map_err(|_| CommandError::Append(AppendError::Closed))?
+        // A stopping decider answers every command it holds (`Closed`); one dropped unanswered
+        // was in its hands when it panicked.
+        rx.await.map_err(|_| poisoned_error(&self.poisoned))?
+    }
+
+    /// Why the queue is closed to a command: the decider panicked, or it stopped.
+    fn closed(&self) -> CommandError {
+        if self.poisoned.get().is_some() {
+            poisoned_error(&self.poisoned)
+        } else {
+            CommandError::Append(AppendError::Closed)
+        }
     }
 
     /// Decisions the log refused for a failed condition (each decided again) so far.
@@ -391,8 +444,15 @@ impl Decider {
     }
 }
 
+fn poisoned_error(why: &std::sync::OnceLock<String>) -> CommandError {
+    CommandError::Models(StorageError::msg(format!(
+        "the decider panicked ({}); commands are refused until tidemark is restarted",
+        why.get().map(String::as_str).unwrap_or("a panic")
+    )))
+}
+
 impl<L: EventLog + Clone> State<L> {
-    fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
+    fn run(mut self, rx: &mut mpsc::Receiver<Msg>) {
         let rt = match tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -411,7 +471,19 @@ impl<L: EventLog + Clone> State<L> {
             match self.fold_to_head() {
                 Ok(()) => backoff = Duration::from_millis(10),
                 Err(e) => {
-                    self.models_failed(e, &mut backoff);
+                    let e = self.failure(e);
+                    self.models_failed(e.clone(), &mut backoff);
+                    // The commands that came meanwhile are answered with the failure too (not
+                    // left waiting for the store to come back).
+                    while let Ok(m) = rx.try_recv() {
+                        match m {
+                            Msg::Job(j) => j.answer(Err(CommandError::Models(e.clone()))),
+                            Msg::Stop(tx) => {
+                                stop = Some(tx);
+                                break;
+                            }
+                        }
+                    }
                     if stop.is_some() {
                         break;
                     }
@@ -512,12 +584,26 @@ impl<L: EventLog + Clone> State<L> {
         }
     }
 
+    /// `e` as the models store's failure: its cause when redb only says a previous I/O error
+    /// occurred.
+    fn failure(&mut self, e: StorageError) -> StorageError {
+        let previous = e.is_previous_io();
+        match (&self.failure, previous) {
+            (Some(cause), true) => cause.clone(),
+            _ => {
+                self.failure = Some(e.clone());
+                e
+            }
+        }
+    }
+
     /// A failure of the models store: the waiting commands are answered with it (the log is
     /// untouched), and the store is reopened after a pause.
     fn models_failed(&mut self, e: StorageError, backoff: &mut Duration) {
+        let e = self.failure(e);
         tracing::warn!(error = %e, "the models store failed; reopening it (the log is not affected)");
         for j in self.queue.drain(..) {
-            j.answer(Err(CommandError::Storage(e.clone())));
+            j.answer(Err(CommandError::Models(e.clone())));
         }
         std::thread::sleep(*backoff);
         *backoff = (*backoff * 2).min(Duration::from_secs(1));
@@ -583,8 +669,9 @@ impl<L: EventLog + Clone> State<L> {
         let txn = match self.models.begin() {
             Ok(t) => t,
             Err(e) => {
+                let e = self.failure(e);
                 for j in self.queue.drain(..) {
-                    j.answer(Err(CommandError::Storage(e.clone())));
+                    j.answer(Err(CommandError::Models(e.clone())));
                 }
                 return;
             }
@@ -641,7 +728,7 @@ impl<L: EventLog + Clone> State<L> {
                 round.touched.insert(key(stream, subject));
             }
             if let Some(e) = failed {
-                q.answer(Err(CommandError::Storage(e)));
+                q.answer(Err(CommandError::Models(e)));
                 continue;
             }
             sends.push((q, events, condition));
@@ -705,7 +792,7 @@ impl<L: EventLog + Clone> State<L> {
 
     async fn compaction(&mut self, job: &mut dyn Job) -> Result<AppendReceipt, CommandError> {
         let knobs = self.knobs.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let txn = self.models.begin().map_err(CommandError::Storage)?;
+        let txn = self.models.begin().map_err(CommandError::Models)?;
         let mut round = Round {
             now_us: (knobs.clock)(),
             head: self.progress.get(),
@@ -717,10 +804,10 @@ impl<L: EventLog + Clone> State<L> {
         };
         job.decide(&txn, &mut round)?;
         txn.commit()
-            .map_err(|e| CommandError::Storage(StorageError::of(e)))?;
-        self.models.persist().map_err(CommandError::Storage)?;
+            .map_err(|e| CommandError::Models(StorageError::of(e)))?;
+        self.models.persist().map_err(CommandError::Models)?;
         let Some(rep) = job.compaction_report() else {
-            return Err(CommandError::Storage(StorageError::msg(
+            return Err(CommandError::Models(StorageError::msg(
                 "a compaction answered no report",
             )));
         };

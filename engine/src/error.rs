@@ -29,8 +29,18 @@ pub enum CommandError {
     },
     #[error(transparent)]
     Append(#[from] AppendError),
+    /// The log's storage failed under a command's read of it.
     #[error("storage failure in a command: {0}")]
     Storage(#[source] StorageError),
+    /// The models store failed (or its writer, the decider, panicked): a fault domain of its
+    /// own (spec I10): the log is not affected, and the command can be retried once the store
+    /// is reopened (or, after a panic, once the server restarts).
+    #[error("the models store failed: {0}")]
+    Models(#[source] StorageError),
+    /// The server's configuration cannot carry out the command (a redacting route without a
+    /// privacy key): nothing was appended; the operator must fix the configuration.
+    #[error("misconfigured: {0}")]
+    Misconfigured(String),
 }
 
 impl CommandError {

@@ -159,9 +159,13 @@ impl<L: EventLog + Clone> Engine<L> {
     /// An engine over an open log with a models store of its own: several engines over one
     /// log are independent deciders (the log's conditions keep them apart).
     pub fn on_log(log: L, models: &ModelsConfig) -> Result<Engine<L>, OpenError> {
-        let models = Models::open(models).map_err(OpenError::Storage)?;
+        let derived = |source| OpenError::Derived {
+            what: format!("the read models' store {}", models.path.display()),
+            source,
+        };
+        let models = Models::open(models).map_err(derived)?;
         let progress = Arc::new(decider::Progress::default());
-        progress.advance(models.checkpoint().map_err(OpenError::Storage)?);
+        progress.advance(models.checkpoint().map_err(derived)?);
         let clock = wall_clock();
         let knobs = Arc::new(std::sync::RwLock::new(decider::Knobs {
             clock: clock.clone(),
@@ -354,11 +358,11 @@ impl<L: EventLog + Clone> Engine<L> {
         Some(
             tokio::task::spawn_blocking(move || {
                 tidemark_projections::rebuild::rebuild(&models, &log, p, swap, progress)
-                    .map_err(CommandError::Storage)
+                    .map_err(CommandError::Models)
             })
             .await
             .unwrap_or_else(|e| {
-                Err(CommandError::Storage(StorageError::new(
+                Err(CommandError::Models(StorageError::new(
                     "the rebuild stopped",
                     e,
                 )))
@@ -385,6 +389,12 @@ impl<L: EventLog + Clone> Engine<L> {
     /// Whether a storage failure has stopped appends.
     pub fn is_poisoned(&self) -> bool {
         self.log.is_poisoned()
+    }
+
+    /// Why the decider, the models store's writer, panicked, if it has: commands are refused
+    /// (`CommandError::Models`) until a restart; appends and the log are not affected.
+    pub fn models_poisoned(&self) -> Option<&str> {
+        self.decider.poisoned()
     }
 
     /// Stop the decider (the models synced), then the log's writer after the requests already

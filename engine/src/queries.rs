@@ -368,6 +368,12 @@ impl<L: EventLog + Clone> Queries<L> {
         Ok(read::pending_deliveries(&self.models.db())?)
     }
 
+    /// When the first held lease expires (µs since the epoch), as the models show it now (not
+    /// waiting for them); `None` when nothing is leased.
+    pub fn earliest_lease_expiry(&self) -> R<Option<i64>> {
+        Ok(read::earliest_lease_expiry(&self.models.db())?)
+    }
+
     /// The seq of the last notification or cancellation routing has handled.
     pub fn routing_checkpoint(&self) -> R<u64> {
         self.floor(0)?;

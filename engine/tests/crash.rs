@@ -774,6 +774,15 @@ fn a_failing_models_store_never_poisons_the_log() {
             lagged,
             "{fault}: the models store did not fail (the test would prove nothing)"
         );
+        // A command meanwhile is refused as the models' failure (a full disk said as such),
+        // never as the log's.
+        match rt.block_on(engine.execute(advance_to(1))) {
+            Err(tidemark_engine::CommandError::Models(e)) => {
+                assert_eq!(e.is_storage_full(), fault == "full", "{fault}: {e}")
+            }
+            other => panic!("{fault}: a command on a failing models store: {other:?}"),
+        }
+        assert!(!engine.is_poisoned(), "{fault}: the log was poisoned");
         disk.models.fail_writes(None);
         // The decider reopens the store and folds every event.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -796,5 +805,57 @@ fn a_failing_models_store_never_poisons_the_log() {
         assert!(v.identical, "{}: {:?}", p.name(), v.first_divergent_seq);
     }
     assert!(!engine.is_poisoned());
+    rt.block_on(engine.close());
+}
+
+/// I10: a panic in the decider (the models store's writer) poisons the models, not the log:
+/// the command in its hands and every later one is answered with the poison (never left
+/// waiting, never `shutting_down`), appends go on, and the engine still closes.
+#[test]
+fn a_panicking_decider_poisons_the_models_not_the_log() {
+    let rt = rt();
+    let disk = Disk::default();
+    let (engine, _) = open(&disk, 8);
+    let panic_now = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let wall = tidemark_engine::wall_clock();
+    let trip = panic_now.clone();
+    let engine = engine.with_clock(Arc::new(move || {
+        if trip.load(std::sync::atomic::Ordering::SeqCst) {
+            panic!("injected into the decider's clock");
+        }
+        wall()
+    }));
+    rt.block_on(engine.log().append(vec![one("p", 0)])).unwrap();
+    rt.block_on(engine.execute(advance_to(1))).unwrap();
+    assert!(engine.models_poisoned().is_none());
+    panic_now.store(true, std::sync::atomic::Ordering::SeqCst);
+    for attempt in 0..3 {
+        match rt.block_on(engine.execute(advance_to(1))) {
+            Err(tidemark_engine::CommandError::Models(e)) => {
+                assert!(e.to_string().contains("panicked"), "{attempt}: {e}")
+            }
+            other => panic!("{attempt}: a command after the decider panicked: {other:?}"),
+        }
+    }
+    assert!(
+        engine
+            .models_poisoned()
+            .is_some_and(|why| why.contains("injected")),
+        "{:?}",
+        engine.models_poisoned()
+    );
+    panic_now.store(false, std::sync::atomic::Ordering::SeqCst);
+    let r = rt.block_on(engine.log().append(vec![one("p", 1)])).unwrap();
+    assert_eq!(r.last_seq, engine.head());
+    assert!(
+        !engine.is_poisoned(),
+        "the log was poisoned by the decider's panic"
+    );
+    rt.block_on(engine.close());
+    // Restarted, the models fold the log again and commands are decided.
+    drop(engine);
+    let (engine, _) = open(&disk, 8);
+    rt.block_on(engine.execute(advance_to(2))).unwrap();
+    assert!(engine.models_poisoned().is_none());
     rt.block_on(engine.close());
 }

@@ -53,6 +53,42 @@ impl StorageError {
         false
     }
 
+    /// Whether redb only says that an earlier I/O error happened (it answers so until the
+    /// database is reopened): the cause was an earlier error.
+    pub fn is_previous_io(&self) -> bool {
+        self.any_redb(|s| matches!(s, redb::StorageError::PreviousIo))
+    }
+
+    /// Whether redb found the file's content corrupt or not a database at all (not an I/O
+    /// failure of the machine: permissions, a lock, a full disk).
+    pub fn is_corrupt(&self) -> bool {
+        self.any_redb(|s| matches!(s, redb::StorageError::Corrupted(_)))
+            || self.chain().any(|e| {
+                matches!(
+                    e.downcast_ref::<redb::DatabaseError>(),
+                    Some(redb::DatabaseError::UpgradeRequired(_))
+                ) || io_of(e).is_some_and(|io| {
+                    matches!(
+                        io.kind(),
+                        std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof
+                    )
+                })
+            })
+    }
+
+    fn chain(&self) -> impl Iterator<Item = &(dyn std::error::Error + 'static)> {
+        std::iter::successors(
+            self.source
+                .as_deref()
+                .map(|s| s as &(dyn std::error::Error + 'static)),
+            |e| e.source(),
+        )
+    }
+
+    fn any_redb(&self, f: impl Fn(&redb::StorageError) -> bool) -> bool {
+        self.chain().any(|e| redb_storage_of(e).is_some_and(&f))
+    }
+
     /// The same failure, said to have happened while doing `context`.
     pub fn context(mut self, context: impl Into<String>) -> StorageError {
         let c = context.into();
@@ -169,6 +205,17 @@ pub enum OpenError {
     Storage(#[source] StorageError),
     #[error("stored event {seq} has an unknown format: {detail}; upgrade tidemark to read it")]
     Format { seq: u64, detail: String },
+    /// A store derived from the log (the read models') cannot be opened: nothing of the log is
+    /// at stake.
+    #[error(
+        "{what} cannot be opened: {source}; it is derived from the log, which is not affected: \
+         fix the cause (permissions, free space) or delete it to have it rebuilt from the log"
+    )]
+    Derived {
+        what: String,
+        #[source]
+        source: StorageError,
+    },
 }
 
 /// Why an append was not applied. Nothing of the request is in the log when this is returned.

@@ -76,8 +76,31 @@ fn open_db(cfg: &ModelsConfig) -> Result<Database, StorageError> {
 }
 
 impl Models {
-    /// Open (or create) the store and put its tables in order ([`framework::prepare`]).
+    /// Open (or create) the store and put its tables in order ([`framework::prepare`]). The
+    /// store is derived from the log: a file redb cannot read is set aside as
+    /// `models.redb.unreadable` (one, the newest) and an empty store opened in its place, which
+    /// the decider then folds from the log; any other failure is the caller's.
     pub fn open(cfg: &ModelsConfig) -> Result<Models, StorageError> {
+        match Self::open_as_is(cfg) {
+            // Only a file redb finds corrupt (not an I/O error: permissions, a full disk).
+            Err(e) if cfg.store.is_none() && e.is_corrupt() && cfg.path.exists() => {
+                let aside = cfg.path.with_extension("redb.unreadable");
+                tracing::warn!(
+                    error = %e,
+                    path = %cfg.path.display(),
+                    aside = %aside.display(),
+                    "the models store is unreadable: set aside, and rebuilt from the log"
+                );
+                std::fs::rename(&cfg.path, &aside).map_err(|io| {
+                    StorageError::new(format!("cannot set {} aside", cfg.path.display()), io)
+                })?;
+                Self::open_as_is(cfg)
+            }
+            r => r,
+        }
+    }
+
+    fn open_as_is(cfg: &ModelsConfig) -> Result<Models, StorageError> {
         let m = Models {
             db: Arc::new(Handle(RwLock::new(Arc::new(open_db(cfg)?)))),
             cfg: cfg.clone(),
@@ -163,6 +186,12 @@ impl Models {
 
 /// Whether `name` is a table of the read models (in the layout where they lived in the log's
 /// file), and whether it is keyed by u64 (the digest chains).
+/// Whether table `name` of a log file is a read model's (the layout before the models store
+/// had a file of its own): what [`migrate`] moves out.
+pub fn is_model_table(name: &str) -> bool {
+    model_table(name).is_some()
+}
+
 fn model_table(name: &str) -> Option<bool> {
     if name == "projections" || name == "projection_snapshots" {
         return Some(false);

@@ -1004,6 +1004,17 @@ pub fn pending_deliveries(db: &redb::Database) -> Result<u64, StorageError> {
     }
 }
 
+/// When the first of the held leases expires (µs since the epoch); `None` when no delivery is
+/// leased.
+pub fn earliest_lease_expiry(db: &redb::Database) -> Result<Option<i64>, StorageError> {
+    let r = Reader::new(db)?;
+    let Some(t) = r.table(deliveries::NAME, deliveries::LEASES)? else {
+        return Ok(None);
+    };
+    let first = t.first().map_err(StorageError::of)?;
+    Ok(first.and_then(|(k, _)| be_u64(k.value().get(..8)?).map(|us| us as i64)))
+}
+
 /// Highest source seq the delivery routing has handled.
 pub fn routing_checkpoint(db: &redb::Database) -> Result<u64, StorageError> {
     stored_u64(

@@ -252,6 +252,13 @@ pub(crate) fn hint(code: Option<&str>, status: StatusCode) -> &'static str {
             "the server's log stopped after a storage error: read the server's own log, fix the \
              cause, then restart it"
         }
+        "models_unavailable" => {
+            "the server's read models failed (its log did not): retry shortly; if it persists, \
+             read the server's own log and restart it (the models rebuild from the log)"
+        }
+        "misconfigured" => {
+            "the server's configuration cannot do this: its own log names the setting"
+        }
         "insufficient_storage" => "the server's disk is full: free space, then retry",
         _ if status.is_server_error() => {
             "the server failed; its own log says why (look for this request's X-Request-ID)"

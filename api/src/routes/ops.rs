@@ -66,6 +66,11 @@ fn storage_ok(st: &AppState) -> Result<(), ApiError> {
     if st.engine.is_poisoned() {
         return Err(ApiError::log_unavailable());
     }
+    if let Some(why) = st.engine.models_poisoned() {
+        return Err(ApiError::models_unavailable(
+            &tidemark_log::StorageError::msg(why.to_owned()),
+        ));
+    }
     if let Err(e) = st.engine.check_space() {
         return Err(ApiError::from(e).with_status(axum::http::StatusCode::SERVICE_UNAVAILABLE));
     }

@@ -202,7 +202,7 @@ pub(crate) fn over_bound(
     let mut untyped = settings.clone();
     untyped.routes.values_mut().for_each(|p| p.types = None);
     let per = |priority: &str| per(&untyped, priority, None);
-    let st = CommandError::Storage;
+    let st = CommandError::Models;
     let routed = state.routed()?;
     let pending = tidemark_projections::deliveries::pending_in(txn).map_err(st)?
         + notifications::weighted_after(txn, routed, per).map_err(st)?
@@ -246,7 +246,7 @@ pub(crate) fn admitted_marker(
         &serde_json::json!({"adding": adding}),
     )
     .map(Some)
-    .map_err(|e| CommandError::Storage(tidemark_log::StorageError::of(e)))
+    .map_err(|e| CommandError::Models(tidemark_log::StorageError::of(e)))
 }
 
 /// The one subject of the outbox's admissions.

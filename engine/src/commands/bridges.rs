@@ -151,15 +151,14 @@ fn confirm_item(
 }
 
 fn bridge_event(kind: &str, id: &str, b: &BridgeEvent) -> Result<NewEvent, CommandError> {
-    let v = serde_json::to_value(b).map_err(|e| CommandError::Storage(StorageError::of(e)))?;
+    let v = serde_json::to_value(b).map_err(|e| CommandError::Models(StorageError::of(e)))?;
     NewEvent::new(None, Stream::Bridges, id, format!("bridge.{kind}"), &v)
         .map_err(CommandError::invalid_event)
 }
 
 fn row_in(txn: &WriteTransaction, id: &str) -> Result<Option<Subscription>, CommandError> {
-    let mut t = TxnTables::new(txn, NAME).map_err(CommandError::Storage)?;
-    t.get_val(ROWS, id.as_bytes())
-        .map_err(CommandError::Storage)
+    let mut t = TxnTables::new(txn, NAME).map_err(CommandError::Models)?;
+    t.get_val(ROWS, id.as_bytes()).map_err(CommandError::Models)
 }
 
 /// Create (or re-create) a subscription. Answers the row and whether it is new: an active
@@ -264,10 +263,10 @@ fn confirm_in(
                 format!("{delivery_id} names no event of task {task_id:?}"),
             )
         })?;
-    let mut t = TxnTables::new(txn, tasks::NAME).map_err(CommandError::Storage)?;
+    let mut t = TxnTables::new(txn, tasks::NAME).map_err(CommandError::Models)?;
     let task: Option<Task> = t
         .get_val("rows", task_id.as_bytes())
-        .map_err(CommandError::Storage)?;
+        .map_err(CommandError::Models)?;
     let (decision, reason) = bridges::decide(task.as_ref(), &ev);
     if decision != Decision::Deliver {
         return Err(CommandError::rejected(

@@ -68,9 +68,9 @@ pub(crate) fn get_in(
     stream_name: &str,
     subject_id: &str,
 ) -> Result<Cursor, CommandError> {
-    let mut t = TxnTables::new(txn, NAME).map_err(CommandError::Storage)?;
+    let mut t = TxnTables::new(txn, NAME).map_err(CommandError::Models)?;
     Ok(t.get_val(ROWS, &key(consumer_id, stream_name, subject_id))
-        .map_err(CommandError::Storage)?
+        .map_err(CommandError::Models)?
         .unwrap_or_else(|| Cursor::zero(consumer_id, stream_name, subject_id)))
 }
 
@@ -80,7 +80,7 @@ fn event(kind: &str, consumer_id: &str, c: &CursorEvent) -> Result<NewEvent, Com
         consumer_id: long.as_ref().map(|_| consumer_id.to_owned()),
         ..c.clone()
     };
-    let v = serde_json::to_value(&c).map_err(|e| CommandError::Storage(StorageError::of(e)))?;
+    let v = serde_json::to_value(&c).map_err(|e| CommandError::Models(StorageError::of(e)))?;
     NewEvent::new(
         None,
         Stream::Cursors,

@@ -36,7 +36,7 @@ impl Command for SetList {
     ) -> Result<Decided<ListRow>, CommandError> {
         if self.members.is_none()
             && tidemark_projections::lists::in_txn(txn, &self.name)
-                .map_err(CommandError::Storage)?
+                .map_err(CommandError::Models)?
                 .is_none()
         {
             return Err(CommandError::rejected(

@@ -67,11 +67,16 @@ pub struct RetentionReport {
 }
 
 fn st(e: StorageError) -> CommandError {
+    CommandError::Models(e)
+}
+
+/// A read of the log (not the models) failed.
+fn log_st(e: StorageError) -> CommandError {
     CommandError::Storage(e)
 }
 
 fn se(e: impl std::error::Error + Send + Sync + 'static) -> CommandError {
-    CommandError::Storage(StorageError::of(e))
+    CommandError::Models(StorageError::of(e))
 }
 
 /// Keys of `table` starting with `prefix ‖ 0`, the rest after it.
@@ -330,7 +335,7 @@ fn pinned_cut(
         }
         if let Some(next) = log
             .next_of(&c.stream_name, &c.subject_id, c.last_sequence)
-            .map_err(st)?
+            .map_err(log_st)?
         {
             cut = cut.min(next - 1);
         }
@@ -350,9 +355,9 @@ fn compact(
     let before = round
         .now_us
         .saturating_sub((cmd.window_ms as i64).saturating_mul(1_000));
-    let window_cut = round.log.last_before(before).map_err(st)?;
+    let window_cut = round.log.last_before(before).map_err(log_st)?;
     let cut = pinned_cut(txn, round.log, before, window_cut)?;
-    let first = round.log.first_seq().map_err(st)?;
+    let first = round.log.first_seq().map_err(log_st)?;
     let rep = CompactReport {
         window_cut,
         cut,

@@ -117,7 +117,7 @@ pub struct PageOutcome {
 pub const NOTIFY_LISTED_ITEMS: usize = 100;
 
 fn storage(e: impl std::error::Error + Send + Sync + 'static) -> CommandError {
-    CommandError::Storage(StorageError::of(e))
+    CommandError::Models(StorageError::of(e))
 }
 
 fn source_event(
@@ -199,7 +199,7 @@ impl Command for Page {
         } = self;
         let max_pending = *max_pending;
         let now_us = round.now_us;
-        let st = CommandError::Storage;
+        let st = CommandError::Models;
         let mut model = InTxn::new(txn).map_err(st)?;
         let row = model.row(name).map_err(st)?;
         if let Some(e) = not_active(&row) {
@@ -517,7 +517,7 @@ impl Command for Reset {
 fn model_row(txn: &WriteTransaction, name: &str) -> Result<SourceRow, CommandError> {
     InTxn::new(txn)
         .and_then(|mut m| m.row(name))
-        .map_err(CommandError::Storage)
+        .map_err(CommandError::Models)
 }
 
 #[cfg(test)]

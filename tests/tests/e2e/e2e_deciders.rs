@@ -411,6 +411,12 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
         a.redecided(),
         b.redecided()
     );
+    // The log's condition did refuse stale decisions (else the race never happened and the
+    // checks above would hold by luck).
+    assert!(
+        a.redecided() + b.redecided() > 0,
+        "no decision was refused by the log's condition: the deciders never raced"
+    );
     a.close().await;
     b.close().await;
 }

@@ -341,6 +341,11 @@ async fn a_disk_too_full_at_start_starts_read_only_and_recovers() {
         .await;
     assert_eq!(st, StatusCode::INSUFFICIENT_STORAGE, "{body}");
     assert_eq!(body["code"], "insufficient_storage", "{body}");
+    // Not healthy while writes are refused; alive all the same (a restart fixes nothing).
+    let h = s.get("/healthz").await;
+    assert_eq!(h.status, StatusCode::SERVICE_UNAVAILABLE, "{}", h.text);
+    assert_eq!(h.json["status"], 503, "{}", h.text);
+    assert_eq!(s.get("/livez").await.status, StatusCode::OK);
     // Space returns: the same append is taken, no restart.
     let out = Command::new("mount")
         .args(["-o", "remount,size=64m"])
@@ -367,4 +372,5 @@ async fn a_disk_too_full_at_start_starts_read_only_and_recovers() {
             .count(),
         1
     );
+    assert_eq!(s.get("/healthz").await.status, StatusCode::OK);
 }

@@ -163,6 +163,28 @@ async fn golden_directory_opens_and_serves_the_same() {
         let v = crate::common::rebuild_or_verify(&s, name, "rebuild").await;
         assert_eq!(v["identical"], true, "rebuild of {name}: {v}");
     }
+    // The golden directory predates the models store: its read models were moved out of the
+    // log's file into `models.redb` at the first open.
+    let data = s.data_dir().to_path_buf();
+    assert!(
+        std::fs::metadata(data.join("models.redb")).is_ok_and(|m| m.len() > 0),
+        "no models store was made beside the golden log"
+    );
+    let mut s = s;
+    s.sigterm();
+    assert!(s.wait_exit(Duration::from_secs(60)).await.success());
+    let log = redb::Database::open(data.join("log.redb")).expect("the golden log reopens");
+    let r = redb::ReadableDatabase::begin_read(&log).unwrap();
+    let left: Vec<String> = r
+        .list_tables()
+        .unwrap()
+        .map(|t| redb::TableHandle::name(&t).to_owned())
+        .filter(|n| tidemark_projections::models::is_model_table(n))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "read model tables left in log.redb: {left:?}"
+    );
 }
 
 /// What later releases answer differently from the golden release on purpose, each with its

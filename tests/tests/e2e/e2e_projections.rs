@@ -669,9 +669,10 @@ async fn cli_projections_list_verify_and_rebuild() {
     assert_projections_sound(&s, "after the CLI").await;
 }
 
-/// The models store is disposable (spec section 3): deleted while the server is stopped, it is
-/// rebuilt from the log at the next start — every model at the head with the digest it had —
-/// and every read answers as before. Only the models' file goes; the log is untouched.
+/// The models store is disposable (spec section 3): deleted while the server is stopped, or
+/// found unreadable at start (set aside, not lost), it is rebuilt from the log — every model at
+/// the head with the digest it had — and every read answers as before. Only the models' file
+/// goes; the log is untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_models_store_is_rebuilt_from_the_log_identical() {
     let mut s = Server::start(ServerOpts::default()).await;
@@ -681,24 +682,47 @@ async fn a_deleted_models_store_is_rebuilt_from_the_log_identical() {
     let head = s.head().await;
     let before = projections(&s).await;
     let tasks_before = list_tasks(&s, "project_id=p-gone", 100).await;
-    s.sigterm();
-    s.wait_exit(WAIT).await;
-    let models = s.data_dir().join("models.redb");
-    assert!(models.exists(), "the models store is its own file");
-    std::fs::remove_file(&models).unwrap();
-    s.restart().await;
-    wait_quiet(&s).await;
-    settled(&s).await;
-    assert_eq!(s.head().await, head, "nothing was appended on its own");
-    let after = projections(&s).await;
-    for (name, b) in &before {
-        let a = &after[name];
+    // Deleted, then (a second time) overwritten with what redb cannot read: both are rebuilt;
+    // the unreadable file is set aside, not lost.
+    for damage in ["deleted", "unreadable"] {
+        s.sigterm();
+        s.wait_exit(WAIT).await;
+        let models = s.data_dir().join("models.redb");
+        assert!(models.exists(), "the models store is its own file");
+        match damage {
+            "deleted" => std::fs::remove_file(&models).unwrap(),
+            _ => std::fs::write(&models, vec![0xAB; 64 * 1024]).unwrap(),
+        }
+        s.restart().await;
+        wait_quiet(&s).await;
+        settled(&s).await;
         assert_eq!(
-            a["digest"], b["digest"],
-            "digest of {name} after the rebuild"
+            s.head().await,
+            head,
+            "{damage}: nothing was appended on its own"
         );
-        assert_eq!(a["checkpoint"], b["checkpoint"], "checkpoint of {name}");
+        let after = projections(&s).await;
+        for (name, b) in &before {
+            let a = &after[name];
+            assert_eq!(
+                a["digest"], b["digest"],
+                "{damage}: digest of {name} after the rebuild"
+            );
+            assert_eq!(
+                a["checkpoint"], b["checkpoint"],
+                "{damage}: checkpoint of {name}"
+            );
+        }
+        assert_eq!(list_tasks(&s, "project_id=p-gone", 100).await, tasks_before);
+        assert_projections_sound(&s, "a models store rebuilt from the log").await;
     }
-    assert_eq!(list_tasks(&s, "project_id=p-gone", 100).await, tasks_before);
-    assert_projections_sound(&s, "a models store rebuilt from the log").await;
+    let aside = s.data_dir().join("models.redb.unreadable");
+    assert_eq!(
+        std::fs::read(&aside).expect("the unreadable store is kept aside"),
+        vec![0xAB; 64 * 1024]
+    );
+    assert!(
+        s.all_stderr()
+            .contains("set aside, and rebuilt from the log")
+    );
 }

@@ -298,7 +298,7 @@ impl Command for ExpireLeases {
 }
 
 fn storage(e: StorageError) -> CommandError {
-    CommandError::Storage(e)
+    CommandError::Models(e)
 }
 
 /// The deliveries model seen from inside the writer's transaction.

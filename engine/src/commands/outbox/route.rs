@@ -177,9 +177,8 @@ fn route_one(
             (false, _) => None,
             (true, Some(p)) => Some(p),
             (true, None) => {
-                return Err(CommandError::Storage(tidemark_log::StorageError::new(
-                    "a route redacts and the engine has no privacy key",
-                    std::io::Error::other("no [privacy] hmac_key"),
+                return Err(CommandError::Misconfigured(format!(
+                    "route {route:?} redacts and the engine has no privacy key ([privacy] hmac_key)"
                 )));
             }
         };
