@@ -38,7 +38,7 @@ pub(crate) const PRINTABLE: &str = "^[^\\x00-\\x1F\\x7F-\\x9F]+$";
 const PRINTABLE_OR_EMPTY: &str = "^[^\\x00-\\x1F\\x7F-\\x9F]*$";
 
 /// Every path parameter is a resource id or name the handlers check as 1–128 printable
-/// characters (`routes::check_path_id`; anything else is `400 invalid_path`).
+/// characters (`request::PathId`, `request::path_id`; anything else is `400 invalid_path`).
 fn path_parameters(doc: &mut OpenApi) {
     use utoipa::openapi::path::ParameterIn;
     for item in doc.paths.paths.values_mut() {

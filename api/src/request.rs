@@ -10,7 +10,6 @@
 //! when a body has both, as it did.
 
 use std::cell::Cell;
-use std::marker::PhantomData;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -351,52 +350,16 @@ pub(crate) fn check_text(field: &str, v: &str, max: usize) -> Result<(), ApiErro
     Ok(())
 }
 
-/// What a [`PathId`] names (`a delivery id is …`).
-pub trait IdKind {
-    const WHAT: &'static str;
-}
+pub use tidemark_projections::ids::{
+    BridgeId, DeliveryId, Kind as IdKind, NotificationId, SubscriptionId, TaskId,
+};
 
-/// The kinds of id a path holds.
-macro_rules! id_kinds {
-    ($($(#[$doc:meta])* $name:ident = $what:literal;)*) => {$(
-        $(#[$doc])*
-        pub struct $name;
-        impl IdKind for $name {
-            const WHAT: &'static str = $what;
-        }
-    )*};
-}
+/// A resource id in a path, typed by what it names: 1–128 printable characters, else `400
+/// invalid_path` naming the kind. Read before the body, so a bad id is answered as such
+/// whatever the body holds.
+pub struct PathId<K>(pub K);
 
-id_kinds! {
-    /// A task's id.
-    TaskId = "task";
-    /// A delivery's id.
-    DeliveryId = "delivery";
-    /// A notification's id.
-    NotificationId = "notification";
-    /// A bridge subscription's id.
-    SubscriptionId = "subscription";
-    /// A bridge's id.
-    BridgeId = "bridge";
-}
-
-/// A resource id in a path: 1–128 printable characters, else `400 invalid_path` naming the
-/// kind. Read before the body, so a bad id is answered as such whatever the body holds.
-pub struct PathId<K>(pub String, PhantomData<K>);
-
-impl<K> PathId<K> {
-    pub fn into_string(self) -> String {
-        self.0
-    }
-}
-
-impl<K> std::fmt::Display for PathId<K> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl<S: Send + Sync, K: IdKind> FromRequestParts<S> for PathId<K> {
+impl<S: Send + Sync, K: IdKind + From<String>> FromRequestParts<S> for PathId<K> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
@@ -404,9 +367,20 @@ impl<S: Send + Sync, K: IdKind> FromRequestParts<S> for PathId<K> {
             axum::extract::Path::<String>::from_request_parts(parts, state)
                 .await
                 .map_err(|_| invalid_path(K::WHAT))?;
-        check_path_id(K::WHAT, &id)?;
-        Ok(PathId(id, PhantomData))
+        path_id(id).map(PathId)
     }
+}
+
+impl<K: std::fmt::Display> std::fmt::Display for PathId<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// One segment of a path with several ids, checked as [`PathId`] checks its one and typed.
+pub(crate) fn path_id<K: IdKind + From<String>>(id: String) -> Result<K, ApiError> {
+    check_path_id(K::WHAT, &id)?;
+    Ok(K::from(id))
 }
 
 fn invalid_path(what: &str) -> ApiError {

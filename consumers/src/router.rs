@@ -7,6 +7,7 @@
 //! original seq and does not store.
 
 use std::time::Duration;
+use tidemark_projections::ids::TaskId;
 
 use tidemark_engine::Engine;
 use tidemark_log::{AppendError, Event, EventLog, NewEvent, StorageError, limits};
@@ -35,7 +36,8 @@ fn derive(engine: &Engine, ev: &Event) -> Result<Option<NewEvent>, StorageError>
     if lifecycle_priority(&ev.event_type).is_none() {
         return Ok(None);
     }
-    let project = engine.read().task(&ev.subject)?.and_then(|t| t.project_id);
+    let task = TaskId::new(ev.subject.as_str());
+    let project = engine.read().task(&task)?.and_then(|t| t.project_id);
     let Some(payload) = routed_payload(ev, project.as_deref()) else {
         return Ok(None);
     };

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tidemark_projections::ids::{BridgeId, DeliveryId, NotificationId, SubscriptionId, TaskId};
 
 use tidemark_log::{AnyLog, EventLog, ReadPage, ReadQuery, StorageError};
 use tidemark_projections::bridges::Subscription;
@@ -243,7 +244,7 @@ impl<L: EventLog + Clone> Queries<L> {
         )?)
     }
 
-    pub fn task(&self, task_id: &str) -> R<Option<Task>> {
+    pub fn task(&self, task_id: &TaskId) -> R<Option<Task>> {
         self.floor(0)?;
         Ok(read::task(&self.models.db(), task_id)?)
     }
@@ -261,9 +262,9 @@ impl<L: EventLog + Clone> Queries<L> {
     }
 
     /// The status record of one notification (`None`: no notification has that id).
-    pub fn notification_status(&self, id: &str) -> R<Option<NotificationStatus>> {
+    pub fn notification_status(&self, id: &NotificationId) -> R<Option<NotificationStatus>> {
         self.floor(0)?;
-        let intent = self.privacy.as_ref().map(|p| p.intent_key(id));
+        let intent = self.privacy.as_ref().map(|p| p.intent_key(id.as_str()));
         Ok(read::notification_status(
             &self.models.db(),
             id,
@@ -292,7 +293,7 @@ impl<L: EventLog + Clone> Queries<L> {
     }
 
     /// One delivery and its timeline.
-    pub fn delivery(&self, id: &str) -> R<Option<(Delivery, Vec<Step>)>> {
+    pub fn delivery(&self, id: &DeliveryId) -> R<Option<(Delivery, Vec<Step>)>> {
         self.floor(0)?;
         Ok(read::delivery(&self.models.db(), id)?)
     }
@@ -418,7 +419,7 @@ impl<L: EventLog + Clone> Queries<L> {
         Ok(read::cursors(&self.models.db(), consumer_id, limit)?)
     }
 
-    pub fn subscription(&self, id: &str) -> R<Option<Subscription>> {
+    pub fn subscription(&self, id: &SubscriptionId) -> R<Option<Subscription>> {
         self.floor(0)?;
         Ok(read::subscription(&self.models.db(), id)?)
     }
@@ -430,7 +431,7 @@ impl<L: EventLog + Clone> Queries<L> {
     }
 
     /// Active subscriptions of a bridge.
-    pub fn bridge_subscriptions(&self, bridge_id: &str) -> R<Vec<Subscription>> {
+    pub fn bridge_subscriptions(&self, bridge_id: &BridgeId) -> R<Vec<Subscription>> {
         self.floor(0)?;
         Ok(read::bridge_subscriptions(&self.models.db(), bridge_id)?)
     }
@@ -458,8 +459,13 @@ impl<L: EventLog + Clone> Queries<L> {
             })
             .collect();
         for sub in read::all_active_subscriptions(&db)? {
-            let consumer = tidemark_projections::names::ids::bridge_consumer(&sub.subscription_id);
-            let key = (consumer, Stream::TaskEvents.into(), sub.target.task_id);
+            let consumer =
+                tidemark_projections::names::ids::bridge_consumer(sub.subscription_id.as_str());
+            let key = (
+                consumer,
+                Stream::TaskEvents.into(),
+                sub.target.task_id.into_string(),
+            );
             if !known.contains(&key) {
                 all.push(Cursor::zero(&key.0, &key.1, &key.2));
             }

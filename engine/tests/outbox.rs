@@ -530,7 +530,12 @@ impl Harness {
     }
 
     fn row(&self, id: &str) -> Delivery {
-        self.engine.read().delivery(id).unwrap().expect("row").0
+        self.engine
+            .read()
+            .delivery(&id.into())
+            .unwrap()
+            .expect("row")
+            .0
     }
 
     /// The model and the read model agree on every row; the stream replays legally.
@@ -648,7 +653,7 @@ impl Harness {
                 let want = self
                     .model
                     .claim(o, limit as usize, lease_s as u64 * 1000, now);
-                let ids: Vec<String> = got.iter().map(|d| d.id.clone()).collect();
+                let ids: Vec<String> = got.iter().map(|d| d.id.to_string()).collect();
                 if ids != want {
                     return Err(format!("claim leased {ids:?}, the model {want:?}"));
                 }
@@ -662,7 +667,7 @@ impl Harness {
                 if ids.is_empty() {
                     return Ok(());
                 }
-                let items = ids.iter().map(|id| (id.clone(), None)).collect();
+                let items = ids.iter().map(|id| (id.as_str().into(), None)).collect();
                 let got = self
                     .exec(Complete {
                         owner: o.into(),
@@ -707,7 +712,7 @@ impl Harness {
                     retry_after_ms: retry_after.then_some(RETRY_AFTER_MS),
                 };
                 let got = self.exec(Fail {
-                    id: id.clone(),
+                    id: id.as_str().into(),
                     owner: o.into(),
                     failure,
                 });
@@ -720,7 +725,7 @@ impl Harness {
                 };
                 let o = OWNERS[owner as usize];
                 let got = self.exec(Extend {
-                    id: id.clone(),
+                    id: id.as_str().into(),
                     owner: o.into(),
                     lease_ms: EXTEND_MS,
                 });
@@ -749,7 +754,7 @@ impl Harness {
                     OperatorAction::Discard
                 };
                 let got = self.exec(Operator {
-                    id: id.clone(),
+                    id: id.as_str().into(),
                     action,
                     by: Some("op".into()),
                     reason: None,
@@ -857,7 +862,12 @@ fn expired_lease_is_released_and_reclaimed() {
         ),
         "{r:?}"
     );
-    let (_, steps) = h.engine.read().delivery("dlv:x:desktop").unwrap().unwrap();
+    let (_, steps) = h
+        .engine
+        .read()
+        .delivery(&"dlv:x:desktop".into())
+        .unwrap()
+        .unwrap();
     let kinds: Vec<&str> = steps.iter().map(|s| s.event.as_str()).collect();
     assert_eq!(kinds, ["created", "leased", "lease_expired", "leased"]);
     h.rt.block_on(h.engine.close());

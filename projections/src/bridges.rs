@@ -4,6 +4,7 @@
 //! `(bridge_task_subscription:<subscription_id>, task_events, <task_id>)`. Deleting one keeps
 //! the cursor; creating the same id again resumes from it.
 
+use crate::ids::{BridgeId, SubscriptionId, TaskId};
 use serde::{Deserialize, Serialize};
 use tidemark_log::StorageError;
 use tidemark_log::{Event, EventRef};
@@ -36,8 +37,8 @@ pub struct Sink {
 /// which is not self-describing: no `skip_serializing_if` here.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Target {
-    pub task_id: String,
-    pub bridge_id: String,
+    pub task_id: TaskId,
+    pub bridge_id: BridgeId,
     #[serde(default)]
     pub scope: Option<String>,
     #[serde(default)]
@@ -51,7 +52,7 @@ pub struct Target {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Subscription {
-    pub subscription_id: String,
+    pub subscription_id: SubscriptionId,
     pub target: Target,
     pub active: bool,
     pub created_at_us: i64,
@@ -100,13 +101,13 @@ impl Projection for Bridges {
         let id = ev.subject;
         let old: Option<Subscription> = st.get_val(ROWS, id.as_bytes())?;
         if let Some(o) = old.as_ref().filter(|o| o.active) {
-            st.delete(BY_TASK, &cat(&o.target.task_id, id))?;
-            st.delete(BY_BRIDGE, &cat(&o.target.bridge_id, id))?;
+            st.delete(BY_TASK, &cat(o.target.task_id.as_str(), id))?;
+            st.delete(BY_BRIDGE, &cat(o.target.bridge_id.as_str(), id))?;
             st.delete(ACTIVE, id.as_bytes())?;
         }
         let row = match (ty, b.target, old) {
             (Some(EventType::BridgeSubscribed), Some(target), old) => Subscription {
-                subscription_id: id.to_owned(),
+                subscription_id: SubscriptionId::new(id),
                 target,
                 active: true,
                 created_at_us: old.map(|o| o.created_at_us).unwrap_or(b.at_us),
@@ -120,8 +121,8 @@ impl Projection for Bridges {
             _ => return Ok(()),
         };
         if row.active {
-            st.put(BY_TASK, &cat(&row.target.task_id, id), &[])?;
-            st.put(BY_BRIDGE, &cat(&row.target.bridge_id, id), &[])?;
+            st.put(BY_TASK, &cat(row.target.task_id.as_str(), id), &[])?;
+            st.put(BY_BRIDGE, &cat(row.target.bridge_id.as_str(), id), &[])?;
             st.put(ACTIVE, id.as_bytes(), &[])?;
         }
         st.put_val(ROWS, id.as_bytes(), &row)
@@ -268,7 +269,7 @@ pub fn envelope(sub: &Subscription, ev: &Event) -> serde_json::Value {
         meta["run_id"] = r.clone();
     }
     serde_json::json!({
-        "delivery_id": ids::bridge_delivery(&sub.subscription_id, ev.seq),
+        "delivery_id": ids::bridge_delivery(sub.subscription_id.as_str(), ev.seq),
         "subscription_id": sub.subscription_id,
         "task_id": sub.target.task_id,
         "bridge_id": sub.target.bridge_id,

@@ -1,6 +1,7 @@
 //! Read models of tidemark: pure folds over the event log.
 //!
 //! # Layout
+//! - [`ids`]: the typed ids (task, delivery, notification, subscription, bridge).
 //! - [`names`]: the reserved streams, event types, delivery statuses and derived ids, each
 //!   named once.
 //! - [`schema`]: the event types tidemark reserves, who may write them, and the payload rules
@@ -29,6 +30,7 @@ pub mod by;
 pub mod cursors;
 pub mod deliveries;
 pub mod framework;
+pub mod ids;
 pub mod lists;
 pub mod models;
 pub mod names;

@@ -8,6 +8,7 @@ use redb::ReadableTable;
 
 use crate::deliveries::{self, Delivery};
 use crate::framework::{Reader, be_u64};
+use crate::ids::{BridgeId, DeliveryId, NotificationId, SubscriptionId, TaskId};
 use crate::notifications::{self, Notification};
 use crate::tasks::{self, Task};
 
@@ -39,7 +40,7 @@ pub fn projections(db: &redb::Database, head: u64) -> Result<Vec<ProjectionInfo>
         .collect()
 }
 
-pub fn task(db: &redb::Database, task_id: &str) -> Result<Option<Task>, StorageError> {
+pub fn task(db: &redb::Database, task_id: &TaskId) -> Result<Option<Task>, StorageError> {
     Reader::new(db)?.get_val(tasks::NAME, tasks::ROWS, task_id.as_bytes())
 }
 
@@ -110,7 +111,7 @@ impl From<&Delivery> for Position {
     fn from(d: &Delivery) -> Self {
         Position {
             key: deliveries::created_key(d),
-            id: d.id.clone(),
+            id: d.id.to_string(),
         }
     }
 }
@@ -523,8 +524,9 @@ pub fn current_settings(db: &redb::Database) -> Result<Option<serde_json::Value>
 /// A delivery and its attempt timeline, oldest step first.
 pub fn delivery(
     db: &redb::Database,
-    id: &str,
+    id: &DeliveryId,
 ) -> Result<Option<(Delivery, Vec<deliveries::Step>)>, StorageError> {
+    let id = id.as_str();
     let r = Reader::new(db)?;
     let Some(row) = r.get_val::<Delivery>(deliveries::NAME, deliveries::ROWS, id.as_bytes())?
     else {
@@ -736,9 +738,10 @@ const STATUS_DELIVERIES_MAX: usize = 1000;
 /// The status record of notification `id`, or `None` when no notification has that id.
 pub fn notification_status(
     db: &redb::Database,
-    id: &str,
+    id: &NotificationId,
     intent_key: Option<&str>,
 ) -> Result<Option<NotificationStatus>, StorageError> {
+    let id = id.as_str();
     let r = Reader::new(db)?;
     let Some(ids) = r.table(notifications::NAME, notifications::IDS)? else {
         return Ok(None);
@@ -1083,7 +1086,7 @@ pub fn cursors(
 /// A subscription (active or deleted).
 pub fn subscription(
     db: &redb::Database,
-    id: &str,
+    id: &SubscriptionId,
 ) -> Result<Option<crate::bridges::Subscription>, StorageError> {
     use crate::bridges;
     Reader::new(db)?.get_val(bridges::NAME, bridges::ROWS, id.as_bytes())
@@ -1159,9 +1162,9 @@ pub fn task_subscriptions(
 
 pub fn bridge_subscriptions(
     db: &redb::Database,
-    bridge_id: &str,
+    bridge_id: &BridgeId,
 ) -> Result<Vec<crate::bridges::Subscription>, StorageError> {
-    active_subscriptions(db, crate::bridges::BY_BRIDGE, Some(&[bridge_id]))
+    active_subscriptions(db, crate::bridges::BY_BRIDGE, Some(&[bridge_id.as_str()]))
 }
 
 pub fn all_active_subscriptions(

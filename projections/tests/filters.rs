@@ -270,7 +270,7 @@ fn notification_pages(db: &redb::Database, f: &NotificationFilter) -> Vec<Vec<No
 }
 
 fn delivery_ids(pages: &[Vec<Delivery>]) -> Vec<String> {
-    pages.iter().flatten().map(|d| d.id.clone()).collect()
+    pages.iter().flatten().map(|d| d.id.to_string()).collect()
 }
 
 fn seqs(pages: &[Vec<Notification>]) -> Vec<u64> {
@@ -322,7 +322,7 @@ fn delivery_matches(all: &[Delivery], f: &DeliveryFilter) -> Vec<String> {
                 .as_deref()
                 .is_none_or(|q| title_of(&d.id).to_lowercase().contains(&q.to_lowercase()))
         })
-        .map(|d| d.id.clone())
+        .map(|d| d.id.to_string())
         .collect()
 }
 

@@ -337,7 +337,7 @@ fn to_event(i: usize, op: &Op) -> Option<NewEvent> {
         }
         Op::Bridge { sub, task, on } => {
             let target = Target {
-                task_id: format!("task-{task}"),
+                task_id: format!("task-{task}").into(),
                 bridge_id: "b1".into(),
                 scope: None,
                 workspace_id: None,
@@ -602,7 +602,7 @@ proptest! {
         // The tasks model against the reference.
         let want = reference(&stored);
         for (id, rt_) in &want {
-            let got = read::task(&log.db(), id).unwrap().expect("task row");
+            let got = read::task(&log.db(), &id.as_str().into()).unwrap().expect("task row");
             prop_assert_eq!(&got.status, &rt_.status, "status of {}", id);
             prop_assert_eq!(&got.current_run_id, &rt_.current);
             prop_assert_eq!(got.latest_event_seq, rt_.latest);
@@ -668,7 +668,7 @@ proptest! {
         }
         // After the swap the read model still answers the same.
         for (id, rt_) in &want {
-            let got = read::task(&log.db(), id).unwrap().expect("task row after rebuild");
+            let got = read::task(&log.db(), &id.as_str().into()).unwrap().expect("task row after rebuild");
             prop_assert_eq!(&got.status, &rt_.status);
         }
         rt.block_on(log.close());
@@ -920,7 +920,7 @@ fn an_old_projection_format_is_rebuilt_at_open() {
     assert_eq!(a.digest, b.digest, "the same log folds to the same model");
     assert_eq!(a.lag, 0);
     assert_eq!(
-        read::task(&log.db(), "t19")
+        read::task(&log.db(), &"t19".into())
             .unwrap()
             .unwrap()
             .project_id

@@ -72,5 +72,3 @@ pub(crate) fn caller(
         .and_then(|v| v.to_str().ok());
     st.auth.identify(h).ok().and_then(|i| i.name)
 }
-
-pub(crate) use crate::request::check_path_id;

@@ -157,7 +157,8 @@ pub async fn list(
 /// One of the notification's deliveries, as its status record lists it.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct StatusDeliveryOut {
-    pub id: String,
+    #[schema(value_type = String)]
+    pub id: tidemark_projections::ids::DeliveryId,
     pub route: String,
     pub sink: String,
     /// queued, leased, retry_wait, sent, parked, discarded, skipped, cancelled.
@@ -252,8 +253,7 @@ pub async fn get(
     q: Result<Query<crate::routes::ReadAt>, QueryRejection>,
 ) -> Result<Json<NotificationStatusOut>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    crate::routes::check_path_id("notification", &id)?;
-    let key = id.clone();
+    let key: crate::request::NotificationId = crate::request::path_id(id.clone())?;
     let (found, as_of_seq) =
         crate::routes::read_model(&st.engine, q.seq()?, move |r| r.notification_status(&key))
             .await?;

@@ -213,7 +213,7 @@ pub async fn get(
     q: Result<Query<crate::routes::ReadAt>, QueryRejection>,
 ) -> Result<Json<TaskAnswer>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    let key = id.clone();
+    let key = crate::request::TaskId::new(id.as_str());
     match crate::routes::read_model(&st.engine, q.seq()?, move |r| r.task(&key)).await? {
         (Some(t), as_of_seq) => Ok(Json(TaskAnswer {
             task: t.into(),

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use tidemark_engine::{CommandError, RejectKind};
+use tidemark_projections::ids::{BridgeId, SubscriptionId};
 
 use serde_json::Value;
 use tidemark_engine::Engine;
@@ -34,7 +35,7 @@ fn refused(kind: RejectKind, code: &'static str, detail: String) -> CommandError
 /// compare-and-swap, which answers the cursor as it is).
 pub fn plan_acks(
     engine: &Engine,
-    bridge_id: &str,
+    bridge_id: &BridgeId,
     ids: &[String],
 ) -> Result<Vec<Result<Confirmation, CommandError>>, StorageError> {
     let not_found = |id: &str| {
@@ -44,25 +45,26 @@ pub fn plan_acks(
             format!("no delivery {id:?}"),
         )
     };
-    let mut plans: HashMap<String, Plan> = HashMap::new();
+    let mut plans: HashMap<SubscriptionId, Plan> = HashMap::new();
     let mut out = Vec::with_capacity(ids.len());
     for id in ids {
         let Some((sub_id, seq)) = ids::parse_bridge_delivery(id) else {
             out.push(Err(not_found(id)));
             continue;
         };
-        let Some(sub) = engine.read().subscription(sub_id)?.filter(|s| s.active) else {
+        let sub_id = SubscriptionId::new(sub_id);
+        let Some(sub) = engine.read().subscription(&sub_id)?.filter(|s| s.active) else {
             out.push(Err(not_found(id)));
             continue;
         };
-        if sub.target.bridge_id != bridge_id {
+        if sub.target.bridge_id != *bridge_id {
             let why = format!("{id:?} belongs to another bridge");
             out.push(Err(refused(RejectKind::Conflict, "foreign_delivery", why)));
             continue;
         }
-        if !plans.contains_key(sub_id) {
+        if !plans.contains_key(&sub_id) {
             // Past the first deliverable only when the batch holds more ids of it.
-            let prefix = ids::bridge_delivery_prefix(sub_id);
+            let prefix = ids::bridge_delivery_prefix(sub_id.as_str());
             let more = ids.iter().filter(|i| i.starts_with(&prefix)).count() > 1;
             let scan = scan(engine, &sub, more)?;
             let deliverable = scan
@@ -77,9 +79,9 @@ pub fn plan_acks(
                 deliverable,
                 taken: 0,
             };
-            plans.insert(sub_id.to_owned(), plan);
+            plans.insert(sub_id.clone(), plan);
         }
-        let plan = plans.get_mut(sub_id).expect("inserted above");
+        let plan = plans.get_mut(&sub_id).expect("inserted above");
         let replay = seq > 0 && seq == plan.cursor && plan.taken == 0;
         let expected = match plan.taken {
             0 => plan.cursor,
@@ -97,7 +99,7 @@ pub fn plan_acks(
             plan.taken += 1;
         }
         out.push(Ok(Confirmation {
-            subscription_id: sub_id.to_owned(),
+            subscription_id: sub_id,
             task_id: sub.target.task_id.clone(),
             seq,
             expected: (!replay).then_some(expected),
@@ -108,7 +110,10 @@ pub fn plan_acks(
 
 /// The envelopes `bridge_id`'s pull subscriptions have pending, computed from the log
 /// (blocking; the notifier's cache answers once it has looked at everything).
-pub fn pending_for_bridge(engine: &Engine, bridge_id: &str) -> Result<Vec<Value>, StorageError> {
+pub fn pending_for_bridge(
+    engine: &Engine,
+    bridge_id: &BridgeId,
+) -> Result<Vec<Value>, StorageError> {
     let mut out = Vec::new();
     for s in engine.read().bridge_subscriptions(bridge_id)? {
         if s.target.sink.kind != "pull" {

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use tidemark_projections::bridges::Subscription;
+use tidemark_projections::ids::{BridgeId, SubscriptionId};
 
 /// Pull-sink state shared by the notifier and the HTTP handlers: per bridge, the envelope each
 /// pull subscription has pending (as of the notifier's last look at it) and a wake-up counter
@@ -27,11 +28,12 @@ impl Default for PullHub {
 struct Hub {
     /// Set after the notifier's first full pass; before it, handlers compute from the log.
     ready: bool,
-    wake: HashMap<String, tokio::sync::watch::Sender<u64>>,
+    wake: HashMap<BridgeId, tokio::sync::watch::Sender<u64>>,
     /// bridge → subscription → (seq, envelope).
-    pending: HashMap<String, std::collections::BTreeMap<String, (u64, serde_json::Value)>>,
+    pending:
+        HashMap<BridgeId, std::collections::BTreeMap<SubscriptionId, (u64, serde_json::Value)>>,
     /// subscription → highest seq acked through the API.
-    floor: HashMap<String, u64>,
+    floor: HashMap<SubscriptionId, u64>,
 }
 
 impl PullHub {
@@ -40,10 +42,10 @@ impl PullHub {
     }
 
     /// A receiver that changes when `bridge_id` may have something new.
-    pub fn subscribe(&self, bridge_id: &str) -> tokio::sync::watch::Receiver<u64> {
+    pub fn subscribe(&self, bridge_id: &BridgeId) -> tokio::sync::watch::Receiver<u64> {
         self.lock()
             .wake
-            .entry(bridge_id.to_owned())
+            .entry(bridge_id.clone())
             .or_insert_with(|| tokio::sync::watch::channel(0).0)
             .subscribe()
     }
@@ -58,7 +60,7 @@ impl PullHub {
     }
 
     /// The bridge's pending envelopes, or `None` until the notifier has looked at everything.
-    pub fn pending(&self, bridge_id: &str) -> Option<Vec<serde_json::Value>> {
+    pub fn pending(&self, bridge_id: &BridgeId) -> Option<Vec<serde_json::Value>> {
         let h = self.lock();
         if !h.ready {
             return None;
@@ -72,9 +74,9 @@ impl PullHub {
     }
 
     /// A delivery was acked through the API: never serve it (or anything before it) again.
-    pub fn acked(&self, bridge_id: &str, subscription_id: &str, seq: u64) {
+    pub fn acked(&self, bridge_id: &BridgeId, subscription_id: &SubscriptionId, seq: u64) {
         let mut h = self.lock();
-        let f = h.floor.entry(subscription_id.to_owned()).or_insert(0);
+        let f = h.floor.entry(subscription_id.clone()).or_insert(0);
         *f = (*f).max(seq);
         if let Some(m) = h.pending.get_mut(bridge_id)
             && m.get(subscription_id).is_some_and(|(s, _)| *s <= seq)
@@ -98,7 +100,7 @@ impl PullHub {
     }
 
     /// The subscription is gone, or its cursor was reset (the floor no longer holds).
-    pub(super) fn forget(&self, subscription_id: &str, reset: bool) {
+    pub(super) fn forget(&self, subscription_id: &SubscriptionId, reset: bool) {
         let mut h = self.lock();
         for m in h.pending.values_mut() {
             m.remove(subscription_id);
@@ -120,7 +122,7 @@ impl PullHub {
         });
     }
 
-    pub(super) fn bump(&self, bridge_id: &str) {
+    pub(super) fn bump(&self, bridge_id: &BridgeId) {
         let h = self.lock();
         if let Some(tx) = h.wake.get(bridge_id) {
             tx.send_modify(|n| *n += 1);

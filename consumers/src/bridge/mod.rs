@@ -22,6 +22,7 @@ use tidemark_engine::{Engine, Lag, Queries, Stopped};
 use tidemark_log::{AppendError, Event, EventLog, NewEvent, ReadQuery, StorageError};
 use tidemark_projections::bridges::{self, Decision, Subscription};
 use tidemark_projections::cursors::{self, Cursor};
+use tidemark_projections::ids::SubscriptionId;
 use tidemark_projections::names::{EventType, Stream, ids};
 
 use tidemark_projections::tasks::Task;
@@ -76,9 +77,9 @@ fn scan_in(
 ) -> Result<Scan, StorageError> {
     let task_id = &sub.target.task_id;
     let cursor = q.cursor(
-        &ids::bridge_consumer(&sub.subscription_id),
+        &ids::bridge_consumer(sub.subscription_id.as_str()),
         Stream::TaskEvents.as_str(),
-        task_id,
+        task_id.as_str(),
     )?;
     let task: Option<Task> = q.task(task_id)?;
     let mut out = Scan {
@@ -96,7 +97,7 @@ fn scan_in(
                 after,
                 limit: 500,
                 stream: Some(Stream::TaskEvents.into()),
-                subject: Some(task_id.clone()),
+                subject: Some(task_id.to_string()),
                 ..ReadQuery::default()
             })
             .map_err(StorageError::of)?;
@@ -159,12 +160,14 @@ pub fn lags(
         let Some(sub_id) = ids::subscription_of_consumer(&lag.consumer_id) else {
             continue;
         };
-        let judged = q.subscription(sub_id).and_then(|sub| {
-            match sub.filter(|s| s.active && s.target.task_id == lag.subject_id) {
-                Some(sub) => Ok(Some((scan_in(engine, &q, &sub, false)?, sub.updated_at_us))),
-                None => Ok(None),
-            }
-        });
+        let judged = q
+            .subscription(&SubscriptionId::new(sub_id))
+            .and_then(
+                |sub| match sub.filter(|s| s.active && s.target.task_id == lag.subject_id) {
+                    Some(sub) => Ok(Some((scan_in(engine, &q, &sub, false)?, sub.updated_at_us))),
+                    None => Ok(None),
+                },
+            );
         match judged {
             Ok(Some((scan, _))) if scan.mismatch.is_some() => {
                 let (ev, reason) = scan.mismatch.expect("checked");
@@ -233,9 +236,9 @@ pub async fn record_failure(
     error: &str,
 ) -> Result<(), CommandError> {
     let ev = tidemark_engine::commands::cursors::failed_event(
-        &ids::bridge_consumer(&sub.subscription_id),
+        &ids::bridge_consumer(sub.subscription_id.as_str()),
         Stream::TaskEvents.as_str(),
-        &sub.target.task_id,
+        sub.target.task_id.as_str(),
         error,
         engine.now_us(),
     )?;
@@ -245,7 +248,7 @@ pub async fn record_failure(
 
 /// Append the one mismatch event of (subscription, seq).
 pub(crate) async fn record_mismatch(engine: &Engine, sub: &Subscription, ev: &Event, reason: &str) {
-    let id = ids::mismatch(&sub.subscription_id, ev.seq);
+    let id = ids::mismatch(sub.subscription_id.as_str(), ev.seq);
     let payload = serde_json::json!({
         "subscription_id": sub.subscription_id,
         "seq": ev.seq,

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidemark_log::StorageError;
+use tidemark_projections::ids::SubscriptionId;
 
 use tidemark_engine::Engine;
 use tidemark_projections::bridges::{self, Decision, Subscription};
@@ -96,15 +97,15 @@ struct Notifier {
     settings: RoutingSettings,
     /// The log head the last pass looked at (`None`: look at every subscription).
     scanned_to: Option<u64>,
-    retries: HashMap<String, Retry>,
+    retries: HashMap<SubscriptionId, Retry>,
     /// Subscriptions stopped at a mismatch, and those with a deferred event, as last seen.
-    stopped: std::collections::HashSet<String>,
-    deferred: std::collections::HashSet<String>,
+    stopped: std::collections::HashSet<SubscriptionId>,
+    deferred: std::collections::HashSet<SubscriptionId>,
     /// Webhook POSTs in flight: (subscription, seq, cursor when scanned, outcome).
-    inflight: JoinSet<(String, u64, u64, Result<(), Failed>)>,
+    inflight: JoinSet<(SubscriptionId, u64, u64, Result<(), Failed>)>,
     hub: PullHub,
     /// Subscriptions with a webhook POST in flight.
-    busy: HashMap<String, u64>,
+    busy: HashMap<SubscriptionId, u64>,
 }
 
 impl Notifier {
@@ -161,7 +162,7 @@ impl Notifier {
 
     async fn finished(
         &mut self,
-        (sub_id, seq, expected, result): (String, u64, u64, Result<(), Failed>),
+        (sub_id, seq, expected, result): (SubscriptionId, u64, u64, Result<(), Failed>),
     ) {
         self.busy.remove(&sub_id);
         let Ok(Some(sub)) = ({
@@ -226,7 +227,7 @@ impl Notifier {
             let mut tasks = std::collections::BTreeSet::new();
             let mut ids = std::collections::BTreeSet::new();
             // Subscriptions to drop from the pull cache: (id, its cursor was reset).
-            let mut forget: Vec<(String, bool)> = Vec::new();
+            let mut forget: Vec<(SubscriptionId, bool)> = Vec::new();
             let events = page
                 .as_ref()
                 .map(|p| p.events.as_slice())
@@ -237,13 +238,13 @@ impl Notifier {
                         tasks.insert(ev.subject.clone());
                     }
                     Some(Stream::Bridges) => {
-                        ids.insert(ev.subject.clone());
+                        ids.insert(SubscriptionId::new(ev.subject.as_str()));
                     }
                     Some(Stream::Cursors) => {
                         if let Some(sub) = ids::subscription_of_consumer(&ev.subject) {
-                            ids.insert(sub.to_owned());
+                            ids.insert(SubscriptionId::new(sub));
                             if ev.event_type == EventType::CursorReset {
-                                forget.push((sub.to_owned(), true));
+                                forget.push((SubscriptionId::new(sub), true));
                             }
                         }
                     }
@@ -258,7 +259,7 @@ impl Notifier {
             for id in &ids {
                 match e.read().subscription(id)? {
                     Some(s) if s.active => {
-                        if !tasks.contains(&s.target.task_id) {
+                        if !tasks.contains(s.target.task_id.as_str()) {
                             out.push(s);
                         }
                     }
@@ -280,7 +281,7 @@ impl Notifier {
         self.scanned_to = Some(seen);
         let mut subs = subs;
         let now = Instant::now();
-        let due: Vec<String> = self
+        let due: Vec<SubscriptionId> = self
             .retries
             .iter()
             .filter(|(id, r)| {
@@ -397,7 +398,7 @@ impl Notifier {
             }
             // What this node does for the subscription beyond the pull cache: while it holds
             // the subscription's lease.
-            if !self.leases.holds(&lease_name(&id)) {
+            if !self.leases.holds(&lease_name(id.as_str())) {
                 return Ok(());
             }
             if let Some((ev, reason)) = &scan.mismatch {

@@ -16,6 +16,7 @@ pub mod webhook;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tidemark_projections::ids::DeliveryId;
 
 use tidemark_engine::Engine;
 use tidemark_engine::commands::Completed;
@@ -242,7 +243,7 @@ async fn run(
     shutdown: CancellationToken,
 ) {
     let sink = adapter.sink();
-    let mut inflight: JoinSet<(String, Outcome, Duration)> = JoinSet::new();
+    let mut inflight: JoinSet<(DeliveryId, Outcome, Duration)> = JoinSet::new();
     let mut idle = Duration::from_millis(50);
     loop {
         let free = adapter.concurrency().saturating_sub(inflight.len());
@@ -334,7 +335,7 @@ async fn report(
     let r = match o {
         Outcome::Sent(targets) => engine
             .execute(CompleteOne {
-                id: id.to_owned(),
+                id: DeliveryId::new(id),
                 owner: owner.to_owned(),
                 external_id: None,
                 resolved_targets: targets,
@@ -373,7 +374,7 @@ async fn fail(
 ) -> Result<Option<String>, tidemark_engine::CommandError> {
     engine
         .execute(Fail {
-            id: id.to_owned(),
+            id: DeliveryId::new(id),
             owner: owner.to_owned(),
             failure: Failure {
                 error_code: code,

@@ -163,7 +163,7 @@ impl Adapter for Webhook {
                 .http
                 .post(target.url.clone())
                 .header("content-type", "application/json")
-                .header("webhook-id", &d.id)
+                .header("webhook-id", d.id.as_str())
                 .header("webhook-timestamp", timestamp.to_string());
             if let Some(secret) = &target.secret {
                 let sig = Signatures::new(secret, &d.id, timestamp, &payload);

@@ -19,11 +19,12 @@ use super::sealed::Sealed;
 use super::{Command, Decided, Round};
 use crate::commands::cursors::{Advance, advance_from, get_in};
 use crate::store::WriteTransaction;
+pub use tidemark_projections::ids::{SubscriptionId, TaskId};
 
 /// Create (or re-create) subscription `id`; answers the row and whether it is new.
 #[derive(Debug, Clone)]
 pub struct Subscribe {
-    pub id: String,
+    pub id: SubscriptionId,
     pub target: Target,
 }
 
@@ -39,8 +40,8 @@ pub struct Subscribed {
 /// after it.
 #[derive(Debug, Clone)]
 pub struct Unsubscribe {
-    pub task_id: String,
-    pub id: String,
+    pub task_id: TaskId,
+    pub id: SubscriptionId,
 }
 
 /// Confirm deliveries; answers each on its own, in order: the cursor after it, or why it was
@@ -66,7 +67,7 @@ impl Command for Subscribe {
         txn: &WriteTransaction,
         round: &mut Round<'_>,
     ) -> Result<Decided<Subscribed>, CommandError> {
-        let ((row, created), ev) = subscribe(txn, round.now_us, &self.id, &self.target)?;
+        let ((row, created), ev) = subscribe(txn, round.now_us, self.id.as_str(), &self.target)?;
         Ok(Decided::new(Subscribed { row, created }, ev))
     }
 }
@@ -84,7 +85,7 @@ impl Command for Unsubscribe {
         txn: &WriteTransaction,
         round: &mut Round<'_>,
     ) -> Result<Decided<Subscription>, CommandError> {
-        let (row, ev) = unsubscribe(txn, round.now_us, &self.task_id, &self.id)?;
+        let (row, ev) = unsubscribe(txn, round.now_us, self.task_id.as_str(), self.id.as_str())?;
         Ok(Decided::new(row, ev))
     }
 }
@@ -188,7 +189,7 @@ fn subscribe(
         at_us: now_us,
     };
     let row = Subscription {
-        subscription_id: id.to_owned(),
+        subscription_id: SubscriptionId::new(id),
         target: target.clone(),
         active: true,
         created_at_us: created,
@@ -226,8 +227,8 @@ fn unsubscribe(
 /// caller saw (compare-and-swap), if any.
 #[derive(Debug, Clone)]
 pub struct Confirmation {
-    pub subscription_id: String,
-    pub task_id: String,
+    pub subscription_id: SubscriptionId,
+    pub task_id: TaskId,
     pub seq: u64,
     pub expected: Option<u64>,
 }
@@ -240,9 +241,9 @@ fn confirm_in(
     c: &Confirmation,
     moved: &mut HashMap<String, Cursor>,
 ) -> Result<(Cursor, Vec<NewEvent>), CommandError> {
-    let consumer = ids::bridge_consumer(&c.subscription_id);
-    let delivery_id = ids::bridge_delivery(&c.subscription_id, c.seq);
-    let task_id = &c.task_id;
+    let consumer = ids::bridge_consumer(c.subscription_id.as_str());
+    let delivery_id = ids::bridge_delivery(c.subscription_id.as_str(), c.seq);
+    let task_id = c.task_id.as_str();
     let cur = match moved.get(&consumer) {
         Some(cur) => cur.clone(),
         None => get_in(txn, &consumer, Stream::TaskEvents.as_str(), task_id)?,
@@ -288,7 +289,7 @@ fn confirm_in(
         &Advance {
             consumer_id: consumer.clone(),
             stream_name: Stream::TaskEvents.into(),
-            subject_id: task_id.clone(),
+            subject_id: task_id.to_owned(),
             last_sequence: c.seq,
             delivery_id,
             expected_sequence: c.expected,

@@ -425,7 +425,7 @@ fn fold_delivery(
                     GROUPS,
                     &key,
                     &Group {
-                        delivery_id: row.id.clone(),
+                        delivery_id: row.id.to_string(),
                         until_us: until,
                         max_items: max,
                     },

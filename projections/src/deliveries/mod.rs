@@ -7,6 +7,7 @@
 //! Every field comes from an event: commands read the clock and draw random numbers, write the
 //! result into the event, and this fold only copies it (I3).
 
+use crate::ids::DeliveryId;
 use serde::{Deserialize, Serialize};
 
 use crate::names::{DeliveryStatus, DeliveryTransition};
@@ -106,7 +107,7 @@ pub struct Item {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Delivery {
-    pub id: String,
+    pub id: DeliveryId,
     pub notification_id: String,
     pub notification_seq: u64,
     /// The log position the delivery stands for: the lifecycle event a routed notification
@@ -600,7 +601,7 @@ pub fn remove_item(d: &mut Delivery, nid: &str) {
 impl Created {
     pub fn row(&self, seq: u64) -> Delivery {
         Delivery {
-            id: self.delivery_id.clone(),
+            id: DeliveryId::new(self.delivery_id.as_str()),
             notification_id: self.notification_id.clone(),
             notification_seq: self.notification_seq,
             source_seq: self.source_seq,

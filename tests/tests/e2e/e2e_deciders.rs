@@ -193,7 +193,7 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
                     {
                         let mut m = leased.lock().unwrap();
                         for r in &rows {
-                            if let Some(prev) = m.insert(r.id.clone(), owner.clone()) {
+                            if let Some(prev) = m.insert(r.id.to_string(), owner.clone()) {
                                 twice
                                     .lock()
                                     .unwrap()
@@ -398,7 +398,11 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
     // whichever) is sent in each one's read models.
     for id in leased.keys() {
         for (name, e) in &engines {
-            let (row, _) = e.read().delivery(id).unwrap().expect("row");
+            let (row, _) = e
+                .read()
+                .delivery(&id.as_str().into())
+                .unwrap()
+                .expect("row");
             assert_eq!(row.status, "sent", "{id} in {name}'s models");
         }
     }

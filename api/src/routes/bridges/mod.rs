@@ -16,7 +16,9 @@ use tidemark_projections::names::ids;
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, Problem};
-use crate::request::{PathId, TaskId, Text, Validate, ValidatedJson, invalid};
+use crate::request::{
+    BridgeId, PathId, SubscriptionId, TaskId, Text, Validate, ValidatedJson, invalid, path_id,
+};
 use crate::routes::blocking;
 use crate::routes::cursors::CursorOut;
 use crate::routes::deliveries::check_text;
@@ -37,9 +39,12 @@ pub struct SinkOut {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SubscriptionOut {
-    pub subscription_id: String,
-    pub task_id: String,
-    pub bridge_id: String,
+    #[schema(value_type = String)]
+    pub subscription_id: SubscriptionId,
+    #[schema(value_type = String)]
+    pub task_id: TaskId,
+    #[schema(value_type = String)]
+    pub bridge_id: BridgeId,
     pub scope: Option<String>,
     pub workspace_id: Option<String>,
     pub thread_id: Option<String>,
@@ -79,13 +84,13 @@ fn out(s: Subscription, cursor: tidemark_projections::cursors::Cursor) -> Subscr
 async fn with_cursor(st: &AppState, s: Subscription) -> Result<SubscriptionOut, ApiError> {
     let engine = st.engine.clone();
     let (consumer, task) = (
-        ids::bridge_consumer(&s.subscription_id),
+        ids::bridge_consumer(s.subscription_id.as_str()),
         s.target.task_id.clone(),
     );
     let c = blocking(move || {
         engine
             .read()
-            .cursor(&consumer, Stream::TaskEvents.as_str(), &task)
+            .cursor(&consumer, Stream::TaskEvents.as_str(), task.as_str())
     })
     .await?;
     Ok(out(s, c))
@@ -237,11 +242,9 @@ fn check_id(field: &str, v: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-pub(crate) use crate::request::check_path_id;
-
 impl Validate for SubscribeBody {}
 
-fn target(task_id: &str, body: SubscribeBody) -> Result<(String, Target), ApiError> {
+fn target(task_id: &TaskId, body: SubscribeBody) -> Result<(SubscriptionId, Target), ApiError> {
     check_id("subscription_id", &body.subscription_id)?;
     check_id("bridge_id", &body.bridge_id)?;
     let mode = body.mode.unwrap_or_else(|| "reply".into());
@@ -284,10 +287,10 @@ fn target(task_id: &str, body: SubscribeBody) -> Result<(String, Target), ApiErr
         _ => return Err(invalid("sink.kind", "sink.kind must be pull or webhook")),
     };
     Ok((
-        body.subscription_id,
+        SubscriptionId::new(body.subscription_id),
         Target {
-            task_id: task_id.to_owned(),
-            bridge_id: body.bridge_id,
+            task_id: task_id.clone(),
+            bridge_id: BridgeId::new(body.bridge_id),
             scope: body.scope.map(Text::into_string),
             workspace_id: body.workspace_id.map(Text::into_string),
             thread_id: body.thread_id.map(Text::into_string),
@@ -343,10 +346,10 @@ pub async fn list(
     Path(task_id): Path<String>,
     q: ReadAtQuery,
 ) -> Result<Json<SubscriptionsPage>, ApiError> {
-    check_path_id("task", &task_id)?;
+    let task_id: TaskId = path_id(task_id)?;
     let as_of_seq = as_of(&st, q).await?;
     let engine = st.engine.clone();
-    let subs = blocking(move || engine.read().task_subscriptions(&[&task_id])).await?;
+    let subs = blocking(move || engine.read().task_subscriptions(&[task_id.as_str()])).await?;
     let mut out = Vec::with_capacity(subs.len());
     for s in subs {
         out.push(with_cursor(&st, s).await?);
@@ -359,13 +362,13 @@ pub async fn list(
 
 async fn active_of_task(
     st: &AppState,
-    task_id: &str,
-    sub_id: &str,
+    task_id: String,
+    sub_id: String,
 ) -> Result<Subscription, ApiError> {
-    check_path_id("task", task_id)?;
-    check_path_id("subscription", sub_id)?;
+    let task_id: TaskId = path_id(task_id)?;
+    let sub_id: SubscriptionId = path_id(sub_id)?;
     let engine = st.engine.clone();
-    let id = sub_id.to_owned();
+    let id = sub_id.clone();
     blocking(move || engine.read().subscription(&id))
         .await?
         .filter(|s| s.active && s.target.task_id == task_id)
@@ -395,7 +398,7 @@ pub async fn show(
     q: ReadAtQuery,
 ) -> Result<Json<SubscriptionAnswer>, ApiError> {
     let as_of_seq = as_of(&st, q).await?;
-    let s = active_of_task(&st, &task_id, &sub_id).await?;
+    let s = active_of_task(&st, task_id.clone(), sub_id.clone()).await?;
     Ok(Json(SubscriptionAnswer {
         subscription: with_cursor(&st, s).await?,
         as_of_seq,
@@ -417,13 +420,11 @@ pub async fn delete(
     State(st): State<AppState>,
     Path((task_id, sub_id)): Path<(String, String)>,
 ) -> Result<Json<SubscriptionOut>, ApiError> {
-    check_path_id("task", &task_id)?;
-    check_path_id("subscription", &sub_id)?;
     let (row, _) = st
         .engine
         .execute(Unsubscribe {
-            task_id,
-            id: sub_id,
+            task_id: path_id(task_id)?,
+            id: path_id(sub_id)?,
         })
         .await?;
     Ok(Json(with_cursor(&st, row).await?))
@@ -483,7 +484,7 @@ pub async fn explain(
     q: ReadAtQuery,
 ) -> Result<Json<ExplainOut>, ApiError> {
     let as_of_seq = as_of(&st, q).await?;
-    let s = active_of_task(&st, &task_id, &sub_id).await?;
+    let s = active_of_task(&st, task_id.clone(), sub_id.clone()).await?;
     let engine = st.engine.clone();
     let scan = blocking(move || bridge::scan(&engine, &s, true)).await?;
     let (next, next_seq) = match (&scan.deliver, &scan.mismatch) {

@@ -11,12 +11,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidemark_consumers::bridge;
 use tidemark_projections::bridges::Subscription;
+use tidemark_projections::ids::SubscriptionId;
 use tidemark_projections::names::{Stream, ids};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
 use crate::request::{
-    BridgeId, PathId, Text, Validate, ValidatedJson, check_count, check_path_id, check_text,
+    BridgeId, PathId, Text, Validate, ValidatedJson, check_count, check_text, path_id,
 };
 use crate::routes::blocking;
 use crate::routes::cursors::CursorOut;
@@ -54,7 +55,7 @@ pub async fn pull(
     q: Result<Query<PullQuery>, QueryRejection>,
 ) -> Result<Json<PullPage>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    check_path_id("bridge", &bridge_id)?;
+    let bridge_id: BridgeId = path_id(bridge_id)?;
     let max = st.config.server.max_wait_ms;
     let wait_ms =
         match q.wait_ms.as_deref() {
@@ -105,10 +106,10 @@ pub async fn pull(
 /// The subscription a delivery id names, checked to belong to `bridge_id`.
 async fn delivery_target(
     st: &AppState,
-    bridge_id: &str,
+    bridge_id: String,
     delivery_id: &str,
 ) -> Result<(Subscription, u64), ApiError> {
-    check_path_id("bridge", bridge_id)?;
+    let bridge_id: BridgeId = path_id(bridge_id)?;
     let not_found = || {
         ApiError::new(
             StatusCode::NOT_FOUND,
@@ -118,7 +119,7 @@ async fn delivery_target(
     };
     let (sub_id, seq) = ids::parse_bridge_delivery(delivery_id).ok_or_else(not_found)?;
     let engine = st.engine.clone();
-    let id = sub_id.to_owned();
+    let id = SubscriptionId::new(sub_id);
     let sub = blocking(move || engine.read().subscription(&id))
         .await?
         .filter(|s| s.active)
@@ -155,7 +156,7 @@ pub async fn ack(
     State(st): State<AppState>,
     Path((bridge_id, delivery_id)): Path<(String, String)>,
 ) -> Result<Json<AckOut>, ApiError> {
-    check_path_id("bridge", &bridge_id)?;
+    let bridge_id: BridgeId = path_id(bridge_id)?;
     let r = ack_ids(&st, &bridge_id, vec![delivery_id])
         .await?
         .pop()
@@ -250,7 +251,7 @@ pub async fn ack_many(
     bridge_id: PathId<BridgeId>,
     ValidatedJson(body): ValidatedJson<AckManyBody>,
 ) -> Result<Json<AckManyOut>, ApiError> {
-    let bridge_id = bridge_id.into_string();
+    let PathId(bridge_id) = bridge_id;
     tracing::Span::current().record("items", body.delivery_ids.len());
     let results = ack_ids(&st, &bridge_id, body.delivery_ids).await?;
     Ok(Json(AckManyOut { results }))
@@ -260,11 +261,11 @@ pub async fn ack_many(
 /// id, in order.
 async fn ack_ids(
     st: &AppState,
-    bridge_id: &str,
+    bridge_id: &BridgeId,
     ids: Vec<String>,
 ) -> Result<Vec<AckResult>, ApiError> {
     let engine = st.engine.clone();
-    let (bridge, for_judge) = (bridge_id.to_owned(), ids.clone());
+    let (bridge, for_judge) = (bridge_id.clone(), ids.clone());
     let judged = blocking(move || bridge::plan_acks(&engine, &bridge, &for_judge)).await?;
     let mut to_confirm = Vec::new();
     let mut results: Vec<Option<AckResult>> = Vec::with_capacity(judged.len());
@@ -334,7 +335,7 @@ pub async fn nack(
     Path((bridge_id, delivery_id)): Path<(String, String)>,
     ValidatedJson(body): ValidatedJson<NackBody>,
 ) -> Result<Json<AckOut>, ApiError> {
-    let (sub, seq) = delivery_target(&st, &bridge_id, &delivery_id).await?;
+    let (sub, seq) = delivery_target(&st, bridge_id.clone(), &delivery_id).await?;
     let engine = st.engine.clone();
     let s2 = sub.clone();
     let scan = blocking(move || bridge::scan(&engine, &s2, false)).await?;
@@ -349,13 +350,13 @@ pub async fn nack(
     metrics::counter!("tidemark_bridge_nacks_total").increment(1);
     let engine = st.engine.clone();
     let (consumer, task) = (
-        ids::bridge_consumer(&sub.subscription_id),
+        ids::bridge_consumer(sub.subscription_id.as_str()),
         sub.target.task_id.clone(),
     );
     let c = blocking(move || {
         engine
             .read()
-            .cursor(&consumer, Stream::TaskEvents.as_str(), &task)
+            .cursor(&consumer, Stream::TaskEvents.as_str(), task.as_str())
     })
     .await?;
     Ok(Json(AckOut {

@@ -108,7 +108,7 @@ pub async fn complete(
     let row = st
         .engine
         .execute(CompleteOne {
-            id: id.into_string(),
+            id: id.0,
             owner: b.owner.into_string(),
             external_id: b.external_id.map(Text::into_string),
             resolved_targets: Vec::new(),
@@ -141,7 +141,8 @@ pub struct CompleteManyBody {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CompleteResult {
-    pub id: String,
+    #[schema(value_type = String)]
+    pub id: DeliveryId,
     /// 200 (sent), 404 or 409, as `POST /v1/deliveries/{id}/complete` would answer.
     pub status: u16,
     /// The row when sent.
@@ -177,12 +178,17 @@ pub async fn complete_many(
     ValidatedJson(b): ValidatedJson<CompleteManyBody>,
 ) -> Result<Json<CompleteManyOut>, ApiError> {
     tracing::Span::current().record("items", b.deliveries.len());
-    let items: Vec<(String, Option<String>)> = b
+    let items: Vec<(DeliveryId, Option<String>)> = b
         .deliveries
         .into_iter()
-        .map(|d| (d.id.into_string(), d.external_id.map(Text::into_string)))
+        .map(|d| {
+            (
+                DeliveryId::new(d.id.into_string()),
+                d.external_id.map(Text::into_string),
+            )
+        })
         .collect();
-    let ids: Vec<String> = items.iter().map(|(id, _)| id.clone()).collect();
+    let ids: Vec<DeliveryId> = items.iter().map(|(id, _)| id.clone()).collect();
     let owner = b.owner.into_string();
     let (results, _) = st.engine.execute(Complete { owner, items }).await?;
     let mut out = Vec::with_capacity(results.len());
@@ -308,7 +314,7 @@ pub async fn fail(
     let (row, _) = st
         .engine
         .execute(Fail {
-            id: id.into_string(),
+            id: id.0,
             owner: b.owner.into_string(),
             failure: f,
         })
@@ -349,7 +355,7 @@ pub async fn extend(
     let (row, _) = st
         .engine
         .execute(Extend {
-            id: id.into_string(),
+            id: id.0,
             owner: b.owner.into_string(),
             lease_ms: lease,
         })

@@ -82,7 +82,8 @@ impl From<Step> for StepOut {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DeliveryOut {
     /// `dlv:<notification_id>:<route>`.
-    pub id: String,
+    #[schema(value_type = String)]
+    pub id: DeliveryId,
     pub notification_id: String,
     pub route: String,
     /// `app` for the desktop route; `email` and `webhook` are delivered by tidemark.
@@ -286,10 +287,6 @@ fn check_sink(v: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn check_id(id: &str) -> Result<(), ApiError> {
-    crate::routes::check_path_id(<DeliveryId as crate::request::IdKind>::WHAT, id)
-}
-
 pub(crate) use crate::request::DeliveryId;
 
 const LEASE_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
@@ -491,8 +488,7 @@ pub async fn get(
     q: Result<Query<crate::routes::ReadAt>, QueryRejection>,
 ) -> Result<Json<DeliveryAnswer>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    check_id(&id)?;
-    let key = id.clone();
+    let key: DeliveryId = crate::request::path_id(id.clone())?;
     let cut = stuck_cut(now_micros(), settings(&st).stuck_after_ms);
     let (found, as_of_seq) = crate::routes::read_model(&st.engine, q.seq()?, move |r| {
         Ok(match r.delivery(&key)? {

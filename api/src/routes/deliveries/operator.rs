@@ -38,7 +38,7 @@ async fn operator_action(
     let (row, _) = st
         .engine
         .execute(Operator {
-            id: id.into_string(),
+            id: id.0,
             action,
             by,
             reason: b.reason.map(Text::into_string),

@@ -4,6 +4,7 @@ use crate::error::{CommandError, RejectKind};
 use std::collections::HashMap;
 use tidemark_log::NewEvent;
 use tidemark_projections::deliveries::{self as d, Change, Delivery, transition};
+use tidemark_projections::ids::DeliveryId;
 use tidemark_projections::names::{DeliveryStatus as S, DeliveryTransition as T, Stream};
 use tidemark_projections::routing::backoff_ms;
 
@@ -327,7 +328,7 @@ pub(super) fn complete_many(
     txn: &WriteTransaction,
     now_us: i64,
     owner: &str,
-    items: &[(String, Option<String>)],
+    items: &[(DeliveryId, Option<String>)],
 ) -> Result<(Vec<Completed>, Vec<NewEvent>), CommandError> {
     let mut st = State::new(txn)?;
     let mut out = Vec::with_capacity(items.len());
@@ -338,7 +339,7 @@ pub(super) fn complete_many(
             &mut st,
             now_us,
             owner,
-            id,
+            id.as_str(),
             SentWith {
                 external_id: external_id.as_deref(),
                 resolved_targets: &[],
@@ -355,10 +356,11 @@ pub(super) fn complete_one(
     txn: &WriteTransaction,
     now_us: i64,
     owner: &str,
-    id: &str,
+    id: &DeliveryId,
     external_id: Option<&str>,
     resolved_targets: &[String],
 ) -> Result<(Completed, Vec<NewEvent>), CommandError> {
+    let id = id.as_str();
     let mut st = State::new(txn)?;
     let mut events = Vec::new();
     let done = complete_item(
@@ -456,11 +458,12 @@ pub struct Failure {
 pub(super) fn fail(
     txn: &WriteTransaction,
     now_us: i64,
-    id: &str,
+    id: &DeliveryId,
     owner: &str,
     f: Failure,
     privacy: Option<&Privacy>,
 ) -> Result<(Delivery, Vec<NewEvent>), CommandError> {
+    let id = id.as_str();
     let mut st = State::new(txn)?;
     let mut row = owned_lease(st.row(id)?, now_us, id, owner, "fail")?;
     let settings = st.settings_at(u64::MAX)?;
@@ -505,10 +508,11 @@ pub(super) fn fail(
 pub(super) fn extend(
     txn: &WriteTransaction,
     now_us: i64,
-    id: &str,
+    id: &DeliveryId,
     owner: &str,
     lease_ms: u64,
 ) -> Result<(Delivery, Vec<NewEvent>), CommandError> {
+    let id = id.as_str();
     let mut st = State::new(txn)?;
     if let Some(row) = st.row(id)?
         && row.status != S::Leased
@@ -538,11 +542,12 @@ pub(super) fn extend(
 pub(super) fn operator(
     txn: &WriteTransaction,
     now_us: i64,
-    id: &str,
+    id: &DeliveryId,
     action: OperatorAction,
     by: Option<&str>,
     reason: Option<String>,
 ) -> Result<(Delivery, Vec<NewEvent>), CommandError> {
+    let id = id.as_str();
     let mut st = State::new(txn)?;
     let mut row = st.row(id)?.ok_or_else(|| not_found(id))?;
     let kind = action.transition();

@@ -31,6 +31,7 @@ use crate::store::{ReadableTable, WriteTransaction};
 
 pub use lease::{Completed, Failure};
 pub use route::quiet_hours_end;
+pub use tidemark_projections::ids::DeliveryId;
 
 /// Lease up to `limit` due deliveries of `sink` to `owner` for `lease_ms`; answers the rows
 /// now leased.
@@ -50,13 +51,13 @@ pub struct Claim {
 #[derive(Debug, Clone)]
 pub struct Complete {
     pub owner: String,
-    pub items: Vec<(String, Option<String>)>,
+    pub items: Vec<(DeliveryId, Option<String>)>,
 }
 
 /// The lease owner reports one delivery sent ([`Complete`] of one item); answers it.
 #[derive(Debug, Clone)]
 pub struct CompleteOne {
-    pub id: String,
+    pub id: DeliveryId,
     pub owner: String,
     pub external_id: Option<String>,
     /// Whom it reached (tidemark's dispatcher; empty for an app's completion).
@@ -66,7 +67,7 @@ pub struct CompleteOne {
 /// The lease owner reports a failed attempt; answers the row after it.
 #[derive(Debug, Clone)]
 pub struct Fail {
-    pub id: String,
+    pub id: DeliveryId,
     pub owner: String,
     pub failure: Failure,
 }
@@ -74,7 +75,7 @@ pub struct Fail {
 /// The lease owner extends its lease to `lease_ms` from now; answers the row after it.
 #[derive(Debug, Clone)]
 pub struct Extend {
-    pub id: String,
+    pub id: DeliveryId,
     pub owner: String,
     pub lease_ms: u64,
 }
@@ -82,7 +83,7 @@ pub struct Extend {
 /// An operator retries or discards a parked delivery; answers the row after it.
 #[derive(Debug, Clone)]
 pub struct Operator {
-    pub id: String,
+    pub id: DeliveryId,
     pub action: OperatorAction,
     /// The token's name; `None` in open mode.
     pub by: Option<String>,

@@ -291,7 +291,7 @@ fn route_one(
                     };
                     d::join(&mut target, &j, 0);
                     out.push(event(EventType::DeliveryJoined, &target.id, &j)?);
-                    ov.rows.insert(target.id.clone(), target);
+                    ov.rows.insert(target.id.to_string(), target);
                     continue;
                 }
                 let until = at.saturating_add(dg.window_ms as i64 * 1_000);
@@ -407,8 +407,10 @@ fn cancel_notification(
         }
     }
     for r in ov.rows.values() {
-        if r.all_items().any(|i| keys.contains(&i.notification_id)) && !ids.contains(&r.id) {
-            ids.push(r.id.clone());
+        if r.all_items().any(|i| keys.contains(&i.notification_id))
+            && !ids.iter().any(|i| *i == r.id)
+        {
+            ids.push(r.id.to_string());
         }
     }
     ids.sort();
@@ -486,8 +488,8 @@ fn cancel_task(
         .map(|k| String::from_utf8_lossy(&k[from.len()..]).into_owned())
         .collect();
     for r in ov.rows.values() {
-        if r.task_id.as_deref() == Some(task) && !ids.contains(&r.id) {
-            ids.push(r.id.clone());
+        if r.task_id.as_deref() == Some(task) && !ids.iter().any(|i| *i == r.id) {
+            ids.push(r.id.to_string());
         }
     }
     ids.sort();
