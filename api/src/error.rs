@@ -149,6 +149,16 @@ impl ApiError {
         .retry_after(1)
     }
 
+    /// The decider panicked (spec I10): `503 models_unavailable` with what is known of the
+    /// command, until a restart.
+    pub fn models_poisoned(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "models_unavailable",
+            detail,
+        )
+    }
+
     /// The read models had not folded the log up to what the read waits for (spec section 7).
     pub fn projection_lagging(want: u64, at: u64) -> Self {
         Self::new(
@@ -324,6 +334,10 @@ impl From<tidemark_engine::CommandError> for ApiError {
             CommandError::Append(e) => e.into(),
             CommandError::Storage(e) => ApiError::storage("command failed", &e),
             CommandError::Models(e) => ApiError::models_unavailable(&e),
+            CommandError::Poisoned(why) => {
+                tracing::warn!(request_id = %crate::server::request_id(), "{why}");
+                ApiError::models_poisoned(why)
+            }
             CommandError::Misconfigured(why) => {
                 tracing::error!(request_id = %crate::server::request_id(), "{why}");
                 ApiError::new(

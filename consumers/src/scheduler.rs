@@ -106,8 +106,9 @@ pub async fn expire_now(engine: &Engine) -> Result<usize, CommandError> {
     }
 }
 
-/// Release expired leases at start-up (leases held when the server stopped), then every
-/// [`TICK`], until `shutdown`.
+/// Release expired leases at start-up (leases held when the server stopped), then, until
+/// `shutdown`, whenever a check every [`TICK`] of the first held lease's expiry (a read of the
+/// models) finds one expired.
 pub(crate) async fn expiry_loop(engine: Engine, shutdown: CancellationToken) {
     // Once at start-up (leases held when the server stopped), then whenever a tick finds a
     // lease expired in the models (a read: the decider is not woken while nothing is due).

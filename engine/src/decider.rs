@@ -220,7 +220,27 @@ struct Typed<C: Command> {
     cmd: C,
     /// The answer of its last decision.
     answer: Option<C::Answer>,
-    reply: oneshot::Sender<Result<(C::Answer, AppendReceipt), CommandError>>,
+    /// Taken when answered; a command dropped unanswered while the decider unwinds from a
+    /// panic is answered from [`Drop`].
+    reply: Option<Reply<C>>,
+}
+
+/// Where command `C`'s answer goes.
+type Reply<C> = oneshot::Sender<Result<(<C as Command>::Answer, AppendReceipt), CommandError>>;
+
+impl<C: Command> Drop for Typed<C> {
+    fn drop(&mut self) {
+        if let Some(reply) = self.reply.take()
+            && std::thread::panicking()
+        {
+            let _ = reply.send(Err(CommandError::Poisoned(
+                "the decider panicked while this command was in its hands: whether what it \
+                 decided was appended is not known (read before retrying); commands are refused \
+                 until tidemark is restarted"
+                    .to_owned(),
+            )));
+        }
+    }
 }
 
 impl<C: Command> Job for Typed<C> {
@@ -243,11 +263,13 @@ impl<C: Command> Job for Typed<C> {
         })
     }
 
-    fn answer(self: Box<Self>, r: Result<AppendReceipt, CommandError>) {
-        let Typed { answer, reply, .. } = *self;
-        let r = r.and_then(|receipt| match answer {
+    fn answer(mut self: Box<Self>, r: Result<AppendReceipt, CommandError>) {
+        let Some(reply) = self.reply.take() else {
+            return;
+        };
+        let r = r.and_then(|receipt| match self.answer.take() {
             Some(a) => Ok((a, receipt)),
-            None => Err(CommandError::Models(StorageError::msg(
+            None => Err(CommandError::Storage(StorageError::msg(
                 "the decider answered a command it had not decided",
             ))),
         });
@@ -392,7 +414,7 @@ impl Decider {
             job: Box::new(Typed {
                 cmd,
                 answer: None,
-                reply,
+                reply: Some(reply),
             }),
             attempts: 0,
         };
@@ -445,10 +467,11 @@ impl Decider {
 }
 
 fn poisoned_error(why: &std::sync::OnceLock<String>) -> CommandError {
-    CommandError::Models(StorageError::msg(format!(
-        "the decider panicked ({}); commands are refused until tidemark is restarted",
+    CommandError::Poisoned(format!(
+        "the decider panicked ({}); nothing of this command was appended; commands are refused \
+         until tidemark is restarted",
         why.get().map(String::as_str).unwrap_or("a panic")
-    )))
+    ))
 }
 
 impl<L: EventLog + Clone> State<L> {
@@ -469,7 +492,11 @@ impl<L: EventLog + Clone> State<L> {
         loop {
             // Fold to the head.
             match self.fold_to_head() {
-                Ok(()) => backoff = Duration::from_millis(10),
+                Ok(()) => {
+                    backoff = Duration::from_millis(10);
+                    // Recovered: a later "previous I/O error" has a cause of its own.
+                    self.failure = None;
+                }
                 Err(e) => {
                     let e = self.failure(e);
                     self.models_failed(e.clone(), &mut backoff);
@@ -753,6 +780,8 @@ impl<L: EventLog + Clone> State<L> {
         if answers.iter().any(Result::is_ok)
             && let Err(e) = self.fold_to_head()
         {
+            // Recorded as the store's failure, for the commands answered after it.
+            let e = self.failure(e);
             tracing::warn!(error = %e, "folding a round's events before answering failed");
         }
         for ((mut q, _, _), answer) in sends.into_iter().zip(answers) {

@@ -37,6 +37,10 @@ pub enum CommandError {
     /// is reopened (or, after a panic, once the server restarts).
     #[error("the models store failed: {0}")]
     Models(#[source] StorageError),
+    /// The decider (the models' writer) panicked: the text says what is known of this command
+    /// (nothing appended, or, for one in its hands at the panic, that it is not known).
+    #[error("{0}")]
+    Poisoned(String),
     /// The server's configuration cannot carry out the command (a redacting route without a
     /// privacy key): nothing was appended; the operator must fix the configuration.
     #[error("misconfigured: {0}")]

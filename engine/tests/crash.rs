@@ -829,10 +829,18 @@ fn a_panicking_decider_poisons_the_models_not_the_log() {
     rt.block_on(engine.execute(advance_to(1))).unwrap();
     assert!(engine.models_poisoned().is_none());
     panic_now.store(true, std::sync::atomic::Ordering::SeqCst);
+    // The command in its hands is told its outcome is not known; those after it that nothing
+    // was appended.
     for attempt in 0..3 {
         match rt.block_on(engine.execute(advance_to(1))) {
-            Err(tidemark_engine::CommandError::Models(e)) => {
-                assert!(e.to_string().contains("panicked"), "{attempt}: {e}")
+            Err(tidemark_engine::CommandError::Poisoned(why)) => {
+                assert!(why.contains("panicked"), "{attempt}: {why}");
+                let known = if attempt == 0 {
+                    "is not known"
+                } else {
+                    "nothing of this command was appended"
+                };
+                assert!(why.contains(known), "{attempt}: {why}");
             }
             other => panic!("{attempt}: a command after the decider panicked: {other:?}"),
         }

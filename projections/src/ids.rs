@@ -71,8 +71,8 @@ macro_rules! ids {
             }
         }
 
-        // Read as text anywhere (a key, a message); made only on purpose: a `&str` or another
-        // kind's id is never taken for one.
+        // Read as text anywhere (a key, a message); made only by an explicit conversion
+        // (`new`, `from`, `into`): a `&str` or another kind's id is never taken for one.
         impl std::ops::Deref for $name {
             type Target = str;
             fn deref(&self) -> &str {

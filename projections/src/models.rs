@@ -184,14 +184,14 @@ impl Models {
     }
 }
 
-/// Whether `name` is a table of the read models (in the layout where they lived in the log's
-/// file), and whether it is keyed by u64 (the digest chains).
 /// Whether table `name` of a log file is a read model's (the layout before the models store
 /// had a file of its own): what [`migrate`] moves out.
 pub fn is_model_table(name: &str) -> bool {
     model_table(name).is_some()
 }
 
+/// Whether `name` is a table of the read models (in the layout where they lived in the log's
+/// file), and whether it is keyed by u64 (the digest chains).
 fn model_table(name: &str) -> Option<bool> {
     if name == "projections" || name == "projection_snapshots" {
         return Some(false);

@@ -48,10 +48,11 @@ pub async fn livez(State(st): State<AppState>) -> axum::Json<Health> {
 }
 
 /// Overall health: 503 while the log refuses writes (a storage failure, or its disk short of
-/// space), with the refusal's `code` and the body's `status` equal to the HTTP status.
+/// space) or the decider has panicked, with the refusal's `code` and the body's `status` equal
+/// to the HTTP status.
 #[utoipa::path(get, path = "/healthz", operation_id = "getHealth", tag = "ops", responses(
     (status = 200, body = Health),
-    (status = 503, description = "The log refuses writes: unavailable after a storage failure (`log_unavailable`) or its disk short of space (`insufficient_storage`)", body = crate::error::Problem, content_type = "application/problem+json"),
+    (status = 503, description = "The log refuses writes: unavailable after a storage failure (`log_unavailable`) or its disk short of space (`insufficient_storage`); or the decider panicked (`models_unavailable`)", body = crate::error::Problem, content_type = "application/problem+json"),
 ))]
 pub async fn healthz(State(st): State<AppState>) -> Result<axum::Json<Health>, ApiError> {
     storage_ok(&st)?;
@@ -67,9 +68,9 @@ fn storage_ok(st: &AppState) -> Result<(), ApiError> {
         return Err(ApiError::log_unavailable());
     }
     if let Some(why) = st.engine.models_poisoned() {
-        return Err(ApiError::models_unavailable(
-            &tidemark_log::StorageError::msg(why.to_owned()),
-        ));
+        return Err(ApiError::models_poisoned(format!(
+            "the decider panicked ({why}): commands are refused until tidemark is restarted"
+        )));
     }
     if let Err(e) = st.engine.check_space() {
         return Err(ApiError::from(e).with_status(axum::http::StatusCode::SERVICE_UNAVAILABLE));

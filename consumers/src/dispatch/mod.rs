@@ -320,7 +320,7 @@ async fn report(
     engine: &Engine,
     sink: &'static str,
     owner: &str,
-    id: &str,
+    id: &DeliveryId,
     o: Outcome,
     took: Duration,
 ) {
@@ -335,7 +335,7 @@ async fn report(
     let r = match o {
         Outcome::Sent(targets) => engine
             .execute(CompleteOne {
-                id: DeliveryId::new(id),
+                id: id.clone(),
                 owner: owner.to_owned(),
                 external_id: None,
                 resolved_targets: targets,
@@ -365,7 +365,7 @@ async fn report(
 
 async fn fail(
     engine: &Engine,
-    id: &str,
+    id: &DeliveryId,
     owner: &str,
     code: String,
     error: String,
@@ -374,7 +374,7 @@ async fn fail(
 ) -> Result<Option<String>, tidemark_engine::CommandError> {
     engine
         .execute(Fail {
-            id: DeliveryId::new(id),
+            id: id.clone(),
             owner: owner.to_owned(),
             failure: Failure {
                 error_code: code,

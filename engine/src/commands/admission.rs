@@ -246,7 +246,7 @@ pub(crate) fn admitted_marker(
         &serde_json::json!({"adding": adding}),
     )
     .map(Some)
-    .map_err(|e| CommandError::Models(tidemark_log::StorageError::of(e)))
+    .map_err(CommandError::invalid_event)
 }
 
 /// The one subject of the outbox's admissions.

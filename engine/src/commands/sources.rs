@@ -5,7 +5,7 @@
 
 use crate::error::{CommandError, RejectKind};
 use serde_json::{Value, json};
-use tidemark_log::{NewEvent, StorageError};
+use tidemark_log::NewEvent;
 use tidemark_projections::names::{EventType, Stream, ids};
 use tidemark_projections::sources::{InTxn, SourceRow};
 
@@ -115,10 +115,6 @@ pub struct PageOutcome {
 /// A cycle's notification lists at most this many item ids (its `count` is all of them): the
 /// payload stays far below the 64 KiB bound whatever the page size and page count.
 pub const NOTIFY_LISTED_ITEMS: usize = 100;
-
-fn storage(e: impl std::error::Error + Send + Sync + 'static) -> CommandError {
-    CommandError::Models(StorageError::of(e))
-}
 
 fn source_event(
     name: &str,
@@ -323,7 +319,7 @@ impl Command for Page {
                     EventType::NotificationRequested.as_str(),
                     &payload,
                 )
-                .map_err(storage)?,
+                .map_err(CommandError::invalid_event)?,
             );
             events.extend(crate::commands::admission::admitted_marker(
                 round,
