@@ -301,7 +301,7 @@ impl Serialize for Event {
         m.serialize_entry("stream", &self.stream)?;
         m.serialize_entry("subject", &self.subject)?;
         m.serialize_entry("type", &self.event_type)?;
-        m.serialize_entry("time", &format_micros(self.time_us))?;
+        m.serialize_entry("time", &crate::time::Micros(self.time_us))?;
         m.serialize_entry("payload", &self.payload)?;
         m.end()
     }

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tidemark_engine::Lag;
 use tidemark_engine::commands::cursors::{Advance, Reset};
-use tidemark_log::time::format_micros;
+use tidemark_log::time::Micros;
 use tidemark_projections::cursors::Cursor;
 use utoipa::{IntoParams, ToSchema};
 
@@ -28,10 +28,12 @@ pub struct CursorOut {
     /// 0 = nothing delivered.
     pub last_sequence: u64,
     pub last_delivery_id: Option<String>,
-    pub last_delivered_at: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub last_delivered_at: Option<Micros>,
     /// The last delivery failure or mismatch (≤ 512 characters).
     pub last_error: Option<String>,
-    pub updated_at: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub updated_at: Option<Micros>,
 }
 
 impl From<Cursor> for CursorOut {
@@ -42,9 +44,9 @@ impl From<Cursor> for CursorOut {
             subject_id: c.subject_id,
             last_sequence: c.last_sequence,
             last_delivery_id: c.last_delivery_id,
-            last_delivered_at: c.last_delivered_at_us.map(format_micros),
+            last_delivered_at: c.last_delivered_at_us.map(Micros),
             last_error: c.last_error,
-            updated_at: c.updated_at_us.map(format_micros),
+            updated_at: c.updated_at_us.map(Micros),
         }
     }
 }

@@ -7,7 +7,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use tidemark_engine::commands::lists::SetList;
-use tidemark_log::time::format_micros;
+use tidemark_log::time::Micros;
 use tidemark_projections::lists::ListRow;
 use utoipa::{IntoParams, ToSchema};
 
@@ -26,7 +26,8 @@ pub struct ListOut {
     pub reason: String,
     /// The token that last changed it (absent in open mode).
     pub by: Option<String>,
-    pub updated_at: String,
+    #[schema(value_type = String)]
+    pub updated_at: Micros,
     pub updated_seq: u64,
 }
 
@@ -37,7 +38,7 @@ impl From<ListRow> for ListOut {
             members: r.members,
             reason: r.reason,
             by: r.by,
-            updated_at: format_micros(r.updated_at_us),
+            updated_at: Micros(r.updated_at_us),
             updated_seq: r.updated_seq,
         }
     }

@@ -4,6 +4,7 @@ use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use serde::{Deserialize, Serialize};
+use tidemark_log::time::Micros;
 use tidemark_projections::names::Priority;
 use tidemark_projections::notifications::Notification;
 use tidemark_projections::read::{NotificationFilter, NotificationStatus};
@@ -26,7 +27,8 @@ pub struct NotificationOut {
     pub task_id: Option<String>,
     pub project_id: Option<String>,
     /// Time of the event that created it.
-    pub time: String,
+    #[schema(value_type = String)]
+    pub time: Micros,
     #[serde(flatten)]
     pub provenance: ProvenanceOut,
 }
@@ -61,7 +63,7 @@ impl From<Notification> for NotificationOut {
     fn from(n: Notification) -> Self {
         NotificationOut {
             provenance: n.ext.into(),
-            time: tidemark_log::time::format_micros(n.time_us),
+            time: Micros(n.time_us),
             notification_id: n.notification_id,
             seq: n.seq,
             priority: n.priority,
@@ -181,10 +183,13 @@ pub struct NotificationStatusOut {
     pub attempts: u32,
     /// The error of the delivery that failed most recently.
     pub last_error: Option<String>,
-    pub enqueued_at: String,
-    pub created_at: String,
+    #[schema(value_type = String)]
+    pub enqueued_at: Micros,
+    #[schema(value_type = String)]
+    pub created_at: Micros,
     /// The latest delivery time among its deliveries.
-    pub delivered_at: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub delivered_at: Option<Micros>,
     /// Its deliveries; a digest it joined counts as its own.
     pub deliveries: Vec<StatusDeliveryOut>,
     /// Whom its deliveries reached (section 17), each once, in the order of its deliveries:
@@ -197,7 +202,6 @@ pub struct NotificationStatusOut {
 
 impl NotificationStatusOut {
     fn new(s: NotificationStatus, as_of_seq: u64) -> Self {
-        use tidemark_log::time::format_micros;
         let mut resolved_targets: Vec<String> = Vec::new();
         for t in s
             .deliveries
@@ -214,9 +218,9 @@ impl NotificationStatusOut {
             status: s.status.to_owned(),
             attempts: s.attempts,
             last_error: s.last_error,
-            enqueued_at: format_micros(s.enqueued_at_us),
-            created_at: format_micros(s.created_at_us),
-            delivered_at: s.delivered_at_us.map(format_micros),
+            enqueued_at: Micros(s.enqueued_at_us),
+            created_at: Micros(s.created_at_us),
+            delivered_at: s.delivered_at_us.map(Micros),
             deliveries: s
                 .deliveries
                 .into_iter()

@@ -9,7 +9,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use tidemark_engine::commands::sources::{Pause, Reset, Resume};
-use tidemark_log::time::format_micros;
+use tidemark_log::time::Micros;
 use tidemark_projections::sources::SourceRow;
 use utoipa::ToSchema;
 
@@ -26,9 +26,12 @@ pub struct SourceOut {
     pub state: String,
     /// The upstream's `next` of the last page appended and acknowledged; null before any.
     pub watermark: Option<String>,
-    pub last_poll_at: Option<String>,
-    pub last_success_at: Option<String>,
-    pub next_poll_at: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub last_poll_at: Option<Micros>,
+    #[schema(value_type = Option<String>)]
+    pub last_success_at: Option<Micros>,
+    #[schema(value_type = Option<String>)]
+    pub next_poll_at: Option<Micros>,
     pub consecutive_failures: u32,
     /// Why it is parked, or the last transient failure (status, or the JSON pointer that
     /// failed validation); never a header value.
@@ -70,9 +73,9 @@ fn out(st: &AppState, name: &str, row: Option<SourceRow>) -> SourceOut {
         name: name.to_owned(),
         state,
         watermark: row.watermark,
-        last_poll_at: rt.last_poll_at_us.map(format_micros),
-        last_success_at: rt.last_success_at_us.map(format_micros),
-        next_poll_at: rt.next_poll_at_us.filter(|_| active).map(format_micros),
+        last_poll_at: rt.last_poll_at_us.map(Micros),
+        last_success_at: rt.last_success_at_us.map(Micros),
+        next_poll_at: rt.next_poll_at_us.filter(|_| active).map(Micros),
         consecutive_failures: rt.consecutive_failures,
         last_error: if row.parked {
             row.last_error

@@ -7,6 +7,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tidemark_log::ReadQuery;
+use tidemark_log::time::Micros;
 use tidemark_projections::read::TaskFilter;
 use tidemark_projections::tasks::Task;
 use utoipa::{IntoParams, ToSchema};
@@ -61,7 +62,8 @@ pub struct TaskOut {
     /// Highest seq of any event whose subject is this task; stream from here with
     /// `GET /v1/tasks/{id}/stream?after_sequence=` to miss nothing.
     pub latest_event_seq: u64,
-    pub updated_at: String,
+    #[schema(value_type = String)]
+    pub updated_at: Micros,
 }
 
 impl From<Task> for TaskOut {
@@ -97,7 +99,7 @@ impl From<Task> for TaskOut {
             canceled: t.canceled,
             cancel_reason: t.cancel_reason,
             latest_event_seq: t.latest_event_seq,
-            updated_at: tidemark_log::time::format_micros(t.updated_at_us),
+            updated_at: Micros(t.updated_at_us),
         }
     }
 }

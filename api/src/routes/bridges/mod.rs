@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tidemark_consumers::bridge::{self, Candidate};
 
 use tidemark_engine::commands::bridges::{Subscribe, Subscribed, Unsubscribe};
-use tidemark_log::time::format_micros;
+use tidemark_log::time::Micros;
 use tidemark_projections::bridges::{Sink, Subscription, Target};
 use tidemark_projections::names::Stream;
 use tidemark_projections::names::ids;
@@ -52,8 +52,10 @@ pub struct SubscriptionOut {
     pub mode: String,
     pub sink: SinkOut,
     pub active: bool,
-    pub created_at: String,
-    pub updated_at: String,
+    #[schema(value_type = String)]
+    pub created_at: Micros,
+    #[schema(value_type = String)]
+    pub updated_at: Micros,
     /// `(bridge_task_subscription:<subscription_id>, task_events, <task_id>)`; the zero state
     /// when it never moved.
     pub cursor: CursorOut,
@@ -74,8 +76,8 @@ fn out(s: Subscription, cursor: tidemark_projections::cursors::Cursor) -> Subscr
             secret_set: s.target.sink.secret.is_some(),
         },
         active: s.active,
-        created_at: format_micros(s.created_at_us),
-        updated_at: format_micros(s.updated_at_us),
+        created_at: Micros(s.created_at_us),
+        updated_at: Micros(s.updated_at_us),
         cursor: cursor.into(),
     }
 }

@@ -9,7 +9,7 @@ use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use serde::{Deserialize, Serialize};
-use tidemark_log::time::{format_micros, now_micros};
+use tidemark_log::time::{Micros, now_micros};
 use tidemark_projections::deliveries::{Delivery, Step};
 use tidemark_projections::names::DeliveryStatus;
 use tidemark_projections::read::{DeliveryFilter, Kpis, StuckFilter};
@@ -48,14 +48,17 @@ pub struct StepOut {
     /// created, joined, leased, lease_extended, sent, attempt_failed, lease_expired, skipped,
     /// cancelled, retried, discarded.
     pub event: String,
-    pub at: String,
+    #[schema(value_type = String)]
+    pub at: Micros,
     pub owner: Option<String>,
     pub attempt: Option<u32>,
     pub error_code: Option<String>,
     pub error: Option<String>,
     pub reason: Option<String>,
-    pub next_attempt_at: Option<String>,
-    pub lease_expires_at: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub next_attempt_at: Option<Micros>,
+    #[schema(value_type = Option<String>)]
+    pub lease_expires_at: Option<Micros>,
     /// On `retried` and `discarded`: the token that did it (absent in open mode).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
@@ -66,14 +69,14 @@ impl From<Step> for StepOut {
         StepOut {
             seq: s.seq,
             event: s.event,
-            at: format_micros(s.at_us),
+            at: Micros(s.at_us),
             owner: s.owner,
             attempt: s.attempt,
             error_code: s.error_code,
             error: s.error,
             reason: s.reason,
-            next_attempt_at: s.next_attempt_at_us.map(format_micros),
-            lease_expires_at: s.lease_expires_at_us.map(format_micros),
+            next_attempt_at: s.next_attempt_at_us.map(Micros),
+            lease_expires_at: s.lease_expires_at_us.map(Micros),
             by: s.by,
         }
     }
@@ -109,9 +112,11 @@ pub struct DeliveryOut {
     pub group_key: Option<String>,
     pub attempts: u32,
     pub max_attempts: u32,
-    pub next_attempt_at: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub next_attempt_at: Option<Micros>,
     pub lease_owner: Option<String>,
-    pub lease_expires_at: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub lease_expires_at: Option<Micros>,
     pub last_error_code: Option<String>,
     pub last_error: Option<String>,
     pub external_id: Option<String>,
@@ -119,9 +124,12 @@ pub struct DeliveryOut {
     /// the endpoint's scheme, host and port; absent for other deliveries.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub resolved_targets: Vec<String>,
-    pub created_at: String,
-    pub updated_at: String,
-    pub delivered_at: Option<String>,
+    #[schema(value_type = String)]
+    pub created_at: Micros,
+    #[schema(value_type = String)]
+    pub updated_at: Micros,
+    #[schema(value_type = Option<String>)]
+    pub delivered_at: Option<Micros>,
     /// The notifications it carries (several for a digest): the first `max_items`.
     pub items: Vec<ItemOut>,
     /// A digest's notifications past its `max_items`, counted.
@@ -223,17 +231,17 @@ impl From<Delivery> for DeliveryOut {
             group_key: d.group_key,
             attempts: d.attempts,
             max_attempts: d.max_attempts,
-            next_attempt_at: d.next_attempt_at_us.map(format_micros),
+            next_attempt_at: d.next_attempt_at_us.map(Micros),
             lease_owner: d.lease_owner,
-            lease_expires_at: d.lease_expires_at_us.map(format_micros),
+            lease_expires_at: d.lease_expires_at_us.map(Micros),
             last_error_code: d.last_error_code,
             last_error: d.last_error,
             external_id: d.external_id,
             resolved_targets: d.ext.more.resolved_targets.clone(),
-            created_at: format_micros(d.created_at_us),
+            created_at: Micros(d.created_at_us),
             stuck: false,
-            updated_at: format_micros(d.updated_at_us),
-            delivered_at: d.delivered_at_us.map(format_micros),
+            updated_at: Micros(d.updated_at_us),
+            delivered_at: d.delivered_at_us.map(Micros),
             items: d
                 .items
                 .into_iter()
