@@ -35,8 +35,14 @@ pub type Feed = mpsc::Receiver<Arc<Page>>;
 pub struct Follower {
     engine: Engine,
     from: Option<u64>,
-    feeds: Vec<mpsc::Sender<Arc<Page>>>,
+    feeds: Vec<(mpsc::Sender<Arc<Page>>, Wants)>,
 }
+
+/// Whether a reactor has anything to do with a page: a page it does not want is not sent to
+/// it (the reactor is not woken). Only for reactors whose progress does not depend on seeing
+/// every page: the router and routing keep their checkpoints in the read models, and a live
+/// stream reads the log itself.
+pub type Wants = Box<dyn Fn(&Page) -> bool + Send + Sync>;
 
 impl Follower {
     pub fn new(engine: Engine) -> Follower {
@@ -49,8 +55,13 @@ impl Follower {
 
     /// A feed of every page after `after`.
     pub fn subscribe(&mut self, after: u64) -> Feed {
+        self.subscribe_if(after, Box::new(|_| true))
+    }
+
+    /// A feed of the pages after `after` that `wants`.
+    pub fn subscribe_if(&mut self, after: u64, wants: Wants) -> Feed {
         let (tx, rx) = mpsc::channel(QUEUE);
-        self.feeds.push(tx);
+        self.feeds.push((tx, wants));
         self.from = Some(self.from.map_or(after, |f| f.min(after)));
         rx
     }
@@ -98,8 +109,11 @@ impl Follower {
                     upto: page.next_after,
                 });
                 after = p.upto;
-                self.feeds.retain(|f| !f.is_closed());
-                for f in &self.feeds {
+                self.feeds.retain(|(f, _)| !f.is_closed());
+                for (f, wants) in &self.feeds {
+                    if !wants(&p) {
+                        continue;
+                    }
                     tokio::select! {
                         // A reactor that stopped no longer gets pages.
                         _ = f.send(p.clone()) => {},

@@ -74,12 +74,24 @@ pub async fn spawn(
     .await
     .map_err(StorageError::of)??;
     let mut follower = follow::Follower::new(engine.clone());
-    let router_feed = follower.subscribe(router_after);
-    let routing_feed = follower.subscribe(routing_after);
-    // The notifier looks at every subscription at the head first, then follows from there.
+    // A commit with nothing for a reactor does not wake it: the router takes lifecycle events,
+    // routing notifications and cancellations, the live streams' hub only has work while a
+    // stream waits.
+    let router_feed = follower.subscribe_if(
+        router_after,
+        Box::new(|p| p.events.iter().any(router::derives_from)),
+    );
+    let routing_feed = follower.subscribe_if(
+        routing_after,
+        Box::new(|p| p.events.iter().any(scheduler::relevant)),
+    );
+    // The notifier looks at every subscription at the head first, then follows from there;
+    // it sees every page (pull long-polls wait for it to have seen the head), and a page with
+    // nothing for the bridges costs it no read.
     let notifier_feed = follower.subscribe(head);
     // Live streams wait for what is committed from now on.
-    let streams_feed = follower.subscribe(head);
+    let watched = streams.clone();
+    let streams_feed = follower.subscribe_if(head, Box::new(move |_| watched.is_watched()));
     let tasks = [
         tokio::spawn(router::run(
             engine.clone(),

@@ -32,6 +32,11 @@ pub(crate) fn checkpoint(engine: &Engine) -> Result<u64, StorageError> {
     Ok(engine.read().router_checkpoint()?)
 }
 
+/// Whether `ev` is a lifecycle event the router may derive a notification from.
+pub(crate) fn derives_from(ev: &Event) -> bool {
+    ev.stream == Stream::TaskEvents && lifecycle_priority(&ev.event_type).is_some()
+}
+
 fn derive(engine: &Engine, ev: &Event) -> Result<Option<NewEvent>, StorageError> {
     if lifecycle_priority(&ev.event_type).is_none() {
         return Ok(None);

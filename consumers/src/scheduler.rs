@@ -28,7 +28,8 @@ pub(crate) fn checkpoint(engine: &Engine) -> Result<u64, StorageError> {
     Ok(engine.read().routing_checkpoint()?)
 }
 
-fn relevant(ev: &Event) -> bool {
+/// What routing takes from a page: notifications to route and task cancellations.
+pub(crate) fn relevant(ev: &Event) -> bool {
     use EventType as T;
     match EventType::parse(&ev.event_type) {
         Some(

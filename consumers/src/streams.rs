@@ -82,6 +82,13 @@ impl StreamHub {
         }
     }
 
+    /// Whether any live stream waits (the follower sends pages only then).
+    pub fn is_watched(&self) -> bool {
+        let mut all = self.interests.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        !all.is_empty()
+    }
+
     /// Look at each page of the follower once and wake the streams it has events for.
     pub async fn run(self, mut feed: Feed, shutdown: CancellationToken) {
         loop {

@@ -215,62 +215,79 @@ impl Notifier {
     async fn dirty(&mut self, page: Option<Arc<Page>>) -> Result<Vec<Subscription>, StorageError> {
         let e = self.engine.clone();
         let since = self.scanned_to;
-        let (subs, seen, forget) = tokio::task::spawn_blocking(move || {
-            let Some(since) = since else {
-                let head = e.head();
-                return Ok::<_, StorageError>((
-                    e.read().all_active_subscriptions()?,
-                    head,
-                    Vec::new(),
-                ));
-            };
-            let mut tasks = std::collections::BTreeSet::new();
-            let mut ids = std::collections::BTreeSet::new();
-            // Subscriptions to drop from the pull cache: (id, its cursor was reset).
-            let mut forget: Vec<(SubscriptionId, bool)> = Vec::new();
-            let events = page
-                .as_ref()
-                .map(|p| p.events.as_slice())
-                .unwrap_or_default();
-            for ev in events.iter().filter(|ev| ev.seq > since) {
-                match Stream::parse(&ev.stream) {
-                    Some(Stream::TaskEvents) => {
-                        tasks.insert(ev.subject.clone());
-                    }
-                    Some(Stream::Bridges) => {
-                        ids.insert(SubscriptionId::new(ev.subject.as_str()));
-                    }
-                    Some(Stream::Cursors) => {
-                        if let Some(sub) = ids::subscription_of_consumer(&ev.subject) {
-                            ids.insert(SubscriptionId::new(sub));
-                            if ev.event_type == EventType::CursorReset {
-                                forget.push((SubscriptionId::new(sub), true));
+        // A page with nothing for the bridges (no task, subscription or cursor event) is seen
+        // without a read: no blocking task, no read transaction.
+        let quiet = match (since, page.as_deref()) {
+            (Some(since), Some(p)) => !p.events.iter().any(|ev| {
+                ev.seq > since
+                    && matches!(
+                        Stream::parse(&ev.stream),
+                        Some(Stream::TaskEvents | Stream::Bridges | Stream::Cursors)
+                    )
+            }),
+            _ => false,
+        };
+        let (subs, seen, forget) = if let (true, Some(since)) = (quiet, since) {
+            let seen = page.map_or(since, |p| p.upto.max(since));
+            (Vec::new(), seen, Vec::new())
+        } else {
+            tokio::task::spawn_blocking(move || {
+                let Some(since) = since else {
+                    let head = e.head();
+                    return Ok::<_, StorageError>((
+                        e.read().all_active_subscriptions()?,
+                        head,
+                        Vec::new(),
+                    ));
+                };
+                let mut tasks = std::collections::BTreeSet::new();
+                let mut ids = std::collections::BTreeSet::new();
+                // Subscriptions to drop from the pull cache: (id, its cursor was reset).
+                let mut forget: Vec<(SubscriptionId, bool)> = Vec::new();
+                let events = page
+                    .as_ref()
+                    .map(|p| p.events.as_slice())
+                    .unwrap_or_default();
+                for ev in events.iter().filter(|ev| ev.seq > since) {
+                    match Stream::parse(&ev.stream) {
+                        Some(Stream::TaskEvents) => {
+                            tasks.insert(ev.subject.clone());
+                        }
+                        Some(Stream::Bridges) => {
+                            ids.insert(SubscriptionId::new(ev.subject.as_str()));
+                        }
+                        Some(Stream::Cursors) => {
+                            if let Some(sub) = ids::subscription_of_consumer(&ev.subject) {
+                                ids.insert(SubscriptionId::new(sub));
+                                if ev.event_type == EventType::CursorReset {
+                                    forget.push((SubscriptionId::new(sub), true));
+                                }
                             }
                         }
+                        _ => {}
                     }
-                    _ => {}
                 }
-            }
-            let mut out: Vec<Subscription> = Vec::new();
-            if !tasks.is_empty() {
-                let tasks: Vec<&str> = tasks.iter().map(String::as_str).collect();
-                out.extend(e.read().task_subscriptions(&tasks)?);
-            }
-            for id in &ids {
-                match e.read().subscription(id)? {
-                    Some(s) if s.active => {
-                        if !tasks.contains(s.target.task_id.as_str()) {
-                            out.push(s);
+                let mut out: Vec<Subscription> = Vec::new();
+                if !tasks.is_empty() {
+                    let tasks: Vec<&str> = tasks.iter().map(String::as_str).collect();
+                    out.extend(e.read().task_subscriptions(&tasks)?);
+                }
+                for id in &ids {
+                    match e.read().subscription(id)? {
+                        Some(s) if s.active => {
+                            if !tasks.contains(s.target.task_id.as_str()) {
+                                out.push(s);
+                            }
                         }
+                        _ => forget.push((id.clone(), false)),
                     }
-                    _ => forget.push((id.clone(), false)),
                 }
-            }
-            let seen = page.map_or(since, |p| p.upto.max(since));
-            Ok((out, seen, forget))
-        })
-        .await
-        .map_err(StorageError::of)??;
+                let seen = page.map_or(since, |p| p.upto.max(since));
+                Ok((out, seen, forget))
+            })
+            .await
+            .map_err(StorageError::of)??
+        };
         for (id, reset) in &forget {
             self.hub.forget(id, *reset);
             if !reset {
