@@ -18,8 +18,10 @@ use crate::framework::{
     restore_snapshot, table_name, write_meta,
 };
 
-/// Events folded per transaction of the models store.
-pub const CHUNK: u64 = 50_000;
+/// Events folded per transaction of the models store. The decider (commands, and appends of
+/// notifications, which it admits) waits for at most one chunk's transaction: 10,000 events
+/// keep that wait to tens of milliseconds.
+pub const CHUNK: u64 = 10_000;
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct RebuildReport {
@@ -156,7 +158,7 @@ pub fn rebuild_many(
         txn.commit().map_err(StorageError::of)?;
         (states, from.unwrap_or(0))
     };
-    // One buffer for every chunk's events (10 MB at 50,000 events: fresh memory per chunk
+    // One buffer for every chunk's events (2 MB at 10,000 events: fresh memory per chunk
     // was a tenth of a rebuild, in the kernel zeroing pages), and one for the live models'.
     let mut events = EventChunk::default();
     let mut live = EventChunk::default();
