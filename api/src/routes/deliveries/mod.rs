@@ -205,19 +205,25 @@ pub(crate) fn with_provenance(
 }
 
 impl From<Delivery> for DeliveryOut {
-    fn from(d: Delivery) -> Self {
+    /// The row's fields moved into their API shape (nothing copied but a redacted row's
+    /// intent key, which it serves twice).
+    fn from(mut d: Delivery) -> Self {
         let redacted = d.ext.redacted;
         let more = d.ext.more_items.len();
+        let (recipient, recipient_hash) = match redacted {
+            true => (None, d.recipient.take()),
+            false => (d.recipient.take(), None),
+        };
         DeliveryOut {
             id: d.id,
             intent_key: redacted.then(|| d.notification_id.clone()),
             notification_id: d.notification_id,
             route: d.route,
             sink: d.sink,
-            ntype: d.ext.more.later.ntype.clone(),
-            list: d.ext.more.list.clone(),
-            recipient: if redacted { None } else { d.recipient.clone() },
-            recipient_hash: if redacted { d.recipient } else { None },
+            ntype: d.ext.more.later.ntype.take(),
+            list: d.ext.more.list.take(),
+            recipient,
+            recipient_hash,
             redacted,
             more,
             provenance: Default::default(),
@@ -237,7 +243,7 @@ impl From<Delivery> for DeliveryOut {
             last_error_code: d.last_error_code,
             last_error: d.last_error,
             external_id: d.external_id,
-            resolved_targets: d.ext.more.resolved_targets.clone(),
+            resolved_targets: std::mem::take(&mut d.ext.more.resolved_targets),
             created_at: Micros(d.created_at_us),
             stuck: false,
             updated_at: Micros(d.updated_at_us),
