@@ -16,7 +16,8 @@
 //! `Engine` (open, execute, log, read, rebuild, now_us, queued, is_poisoned, close), the
 //! `Command` trait and the command types of its families, `Queries`, `Clock`.
 
-#![forbid(unsafe_code)]
+// No unsafe code but the two libc calls of `yield_cpu` (which allows itself).
+#![deny(unsafe_code)]
 
 pub mod commands;
 pub mod decider;
@@ -75,6 +76,25 @@ pub enum ClientAppendError {
 
 /// Where commands read the time (microseconds since the epoch).
 pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+/// Lower the calling thread's CPU priority (nice 10): for work that must not compete with the
+/// request path (a rebuild). Linux keeps the nice value per thread; elsewhere, or when refused,
+/// the thread runs at the normal priority.
+#[allow(unsafe_code)]
+fn yield_cpu() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and setpriority take and return plain integers; on Linux a thread id
+        // names that one thread for PRIO_PROCESS.
+        let refused = unsafe {
+            let tid = nix::libc::gettid();
+            nix::libc::setpriority(nix::libc::PRIO_PROCESS, tid as nix::libc::id_t, 10)
+        };
+        if refused != 0 {
+            tracing::debug!("the rebuild thread's priority was not lowered");
+        }
+    }
+}
 
 /// The wall clock.
 pub fn wall_clock() -> Clock {
@@ -355,19 +375,29 @@ impl<L: EventLog + Clone> Engine<L> {
     ) -> Option<Result<RebuildReport, CommandError>> {
         let p = tidemark_projections::by_name(name)?;
         let (models, log) = (self.models.clone(), self.log.clone());
-        Some(
-            tokio::task::spawn_blocking(move || {
-                tidemark_projections::rebuild::rebuild(&models, &log, p, swap, progress)
-                    .map_err(CommandError::Models)
-            })
-            .await
-            .unwrap_or_else(|e| {
-                Err(CommandError::Models(StorageError::new(
-                    "the rebuild stopped",
-                    e,
+        // A thread of its own at a lower priority: a rebuild is CPU-bound for seconds, and on a
+        // small machine it would otherwise take a core from the log's writer and the requests
+        // (the append p99 during a rebuild is that contention, docs/benchmarks.md).
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let started = std::thread::Builder::new()
+            .name("tidemark-rebuild".into())
+            .spawn(move || {
+                yield_cpu();
+                let r = tidemark_projections::rebuild::rebuild(&models, &log, p, swap, progress)
+                    .map_err(CommandError::Models);
+                let _ = tx.send(r);
+            });
+        Some(match started {
+            Ok(_) => rx.await.unwrap_or_else(|_| {
+                Err(CommandError::Models(StorageError::msg(
+                    "the rebuild stopped (its thread panicked)",
                 )))
             }),
-        )
+            Err(e) => Err(CommandError::Models(StorageError::new(
+                "cannot start the rebuild's thread",
+                e,
+            ))),
+        })
     }
 
     /// Decisions the log refused because what they decided on had changed (another decider

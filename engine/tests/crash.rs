@@ -867,3 +867,32 @@ fn a_panicking_decider_poisons_the_models_not_the_log() {
     assert!(engine.models_poisoned().is_none());
     rt.block_on(engine.close());
 }
+
+/// A rebuild runs on a thread of its own at a lower priority (nice 10): CPU-bound for seconds,
+/// it must not take a core from the log's writer and the requests.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_rebuild_runs_at_a_lower_priority() {
+    let rt = rt();
+    let disk = Disk::default();
+    let (engine, _) = open(&disk, 8);
+    rt.block_on(engine.log().append(vec![one("n", 0)])).unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let report = rt
+        .block_on(engine.rebuild("tasks", false, move |_, _| {
+            let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+            // After "pid (comm) ": state is field 3, nice field 19.
+            let fields = &stat[stat.rfind(')').unwrap() + 2..];
+            let nice: i64 = fields.split(' ').nth(16).unwrap().parse().unwrap();
+            record.lock().unwrap().push(nice);
+        }))
+        .unwrap()
+        .unwrap();
+    assert!(report.identical);
+    let seen = seen.lock().unwrap();
+    assert!(!seen.is_empty(), "the rebuild reported no progress");
+    assert!(seen.iter().all(|n| *n == 10), "nice values seen: {seen:?}");
+    drop(seen);
+    rt.block_on(engine.close());
+}
