@@ -146,8 +146,13 @@ pub fn describe() {
         ),
         (
             "tidemark_sse_wakeups_total",
-            "Times a caught-up live stream was woken to read the log (only by a commit holding \
-             an event it shows)",
+            "Times a caught-up live stream was woken (only by a commit holding an event it \
+             shows)",
+        ),
+        (
+            "tidemark_sse_log_reads_total",
+            "Pages live streams read from the log themselves (replays, and catching up after \
+             falling behind; a caught-up stream takes its events from the follower's page)",
         ),
     ] {
         metrics::describe_counter!(name, help);

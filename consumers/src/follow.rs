@@ -24,7 +24,9 @@ const QUEUE: usize = 2;
 pub struct Page {
     /// Committed events in seq order.
     pub events: Vec<Event>,
-    /// The page covers the log through this seq.
+    /// The page covers the log after this seq ...
+    pub after: u64,
+    /// ... through this seq.
     pub upto: u64,
 }
 
@@ -106,6 +108,7 @@ impl Follower {
                     .increment(page.events.len() as u64);
                 let p = Arc::new(Page {
                     events: page.events,
+                    after,
                     upto: page.next_after,
                 });
                 after = p.upto;

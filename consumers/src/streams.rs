@@ -5,18 +5,29 @@
 //! used to wait for the log's head, so every commit woke every stream, each to read the log and
 //! find, for a filtered stream, usually nothing. Now a stream registers its filter here
 //! ([`StreamHub::watch`]); the hub, fed by the follower like the other reactors, wakes a stream
-//! only when a page holds an event its filter matches. The wake-up is still a nudge: the stream
-//! reads the log itself (from the newest groups kept in memory), so a page the hub saw before
-//! the stream's read and one it sees after are both covered (the stream marks its watch seen
-//! before each read).
+//! only when a page holds an event its filter matches, and hands it the page: a stream that has
+//! everything up to the previous page it was handed takes its events from this one, so a commit
+//! is read once (by the follower) for every caught-up stream. A stream further behind reads the
+//! log itself (from the newest groups kept in memory), so a page the hub saw before the stream's
+//! read and one it sees after are both covered (the stream marks its watch seen before each
+//! read).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use tidemark_log::{Event, ReadQuery};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::follow::Feed;
+use crate::follow::{Feed, Page};
+
+/// What the hub hands a stream: a page holding events of its filter, and the end of the page
+/// it was handed before (every matching event between the two is in this page).
+#[derive(Debug, Clone, Default)]
+struct Wake {
+    page: Option<Arc<Page>>,
+    prev_upto: u64,
+}
 
 /// What a stream waits for: events of its filter.
 #[derive(Debug)]
@@ -24,8 +35,10 @@ struct Interest {
     stream: Option<String>,
     subject: Option<String>,
     event_type: Option<String>,
-    /// The last matching seq the hub has seen.
-    tx: watch::Sender<u64>,
+    /// The last page with events of this filter the hub has seen.
+    tx: watch::Sender<Wake>,
+    /// The end of that page.
+    last_upto: AtomicU64,
 }
 
 impl Interest {
@@ -34,6 +47,17 @@ impl Interest {
             && self.subject.as_deref().is_none_or(|s| s == e.subject)
             && self.event_type.as_deref().is_none_or(|t| t == e.event_type)
     }
+}
+
+/// What a woken stream does next ([`StreamWatch::next`]).
+#[derive(Debug)]
+pub enum Next {
+    /// These events of its filter follow its position directly; then it is at `upto`.
+    Events { events: Vec<Event>, upto: u64 },
+    /// Nothing past its position: wait again.
+    Nothing,
+    /// It may have missed events: read the log.
+    ReadLog,
 }
 
 /// The live streams' registry and the reactor that wakes them.
@@ -45,8 +69,8 @@ pub struct StreamHub {
 /// A stream's end: dropped with the stream, which unregisters it.
 #[derive(Debug)]
 pub struct StreamWatch {
-    _interest: Arc<Interest>,
-    rx: watch::Receiver<u64>,
+    interest: Arc<Interest>,
+    rx: watch::Receiver<Wake>,
 }
 
 impl StreamWatch {
@@ -60,26 +84,49 @@ impl StreamWatch {
     pub async fn changed(&mut self) -> bool {
         self.rx.changed().await.is_ok()
     }
+
+    /// After a wake-up, for a stream at `after`: the events of the page it was handed when it
+    /// has everything up to the page before (clones: the caller redacts what it serves), else
+    /// read the log.
+    pub fn next(&mut self, after: u64) -> Next {
+        let w = self.rx.borrow_and_update();
+        let Some(page) = &w.page else {
+            return Next::ReadLog;
+        };
+        if page.upto <= after {
+            return Next::Nothing;
+        }
+        if after < w.prev_upto {
+            return Next::ReadLog;
+        }
+        Next::Events {
+            events: page
+                .events
+                .iter()
+                .filter(|e| e.seq > after && self.interest.matches(e))
+                .cloned()
+                .collect(),
+            upto: page.upto,
+        }
+    }
 }
 
 impl StreamHub {
     /// Register a stream reading with the filters of `q`.
     pub fn watch(&self, q: &ReadQuery) -> StreamWatch {
-        let (tx, rx) = watch::channel(0);
+        let (tx, rx) = watch::channel(Wake::default());
         let interest = Arc::new(Interest {
             stream: q.stream.clone(),
             subject: q.subject.clone(),
             event_type: q.event_type.clone(),
             tx,
+            last_upto: AtomicU64::new(0),
         });
         self.interests
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(Arc::downgrade(&interest));
-        StreamWatch {
-            _interest: interest,
-            rx,
-        }
+        StreamWatch { interest, rx }
     }
 
     /// Whether any live stream waits (the follower sends pages only then).
@@ -108,8 +155,12 @@ impl StreamHub {
                 all.iter().filter_map(Weak::upgrade).collect()
             };
             for i in &live {
-                if let Some(e) = page.events.iter().rev().find(|e| i.matches(e)) {
-                    i.tx.send_replace(e.seq);
+                if page.events.iter().any(|e| i.matches(e)) {
+                    let prev_upto = i.last_upto.swap(page.upto, Ordering::SeqCst);
+                    i.tx.send_replace(Wake {
+                        page: Some(page.clone()),
+                        prev_upto,
+                    });
                 }
             }
         }

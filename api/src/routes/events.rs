@@ -592,6 +592,7 @@ pub(crate) fn sse_response(
         let mut wake = streams.watch(&q);
         loop {
             wake.mark_seen();
+            metrics::counter!("tidemark_sse_log_reads_total").increment(1);
             let page = {
                 let Ok(_turn) = STREAM_READS.acquire().await else { break };
                 match read_page(&engine, q.clone()).await {
@@ -607,13 +608,32 @@ pub(crate) fn sse_response(
             if page.next_after < page.head {
                 continue;
             }
-            // Caught up: wait for a commit holding an event this stream shows (a nudge; the
-            // log is read again).
-            tokio::select! {
-                changed = wake.changed() => if !changed { break },
-                _ = shutdown.cancelled() => break,
+            // Caught up: wait for a commit holding an event this stream shows, and take its
+            // events from the page the follower read, or read the log when it may have missed
+            // some.
+            let mut stop = false;
+            loop {
+                tokio::select! {
+                    changed = wake.changed() => if !changed { stop = true; break },
+                    _ = shutdown.cancelled() => { stop = true; break },
+                }
+                metrics::counter!("tidemark_sse_wakeups_total").increment(1);
+                match wake.next(q.after) {
+                    tidemark_consumers::streams::Next::Events { mut events, upto } => {
+                        for ev in &mut events {
+                            tidemark_projections::bridges::redact_secret(ev);
+                            let data = serde_json::to_string(&*ev).unwrap_or_default();
+                            yield Ok(SseEvent::default().id(ev.seq.to_string()).event(ev.event_type.clone()).data(data));
+                        }
+                        q.after = upto;
+                    }
+                    tidemark_consumers::streams::Next::Nothing => {}
+                    tidemark_consumers::streams::Next::ReadLog => break,
+                }
             }
-            metrics::counter!("tidemark_sse_wakeups_total").increment(1);
+            if stop {
+                break;
+            }
         }
     };
     Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(keepalive)))
