@@ -19,13 +19,20 @@ use tidemark_log::{Event, ReadQuery};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::follow::{Feed, Page};
+use crate::follow::Feed;
 
-/// What the hub hands a stream: a page holding events of its filter, and the end of the page
-/// it was handed before (every matching event between the two is in this page).
+/// Events of a stream's filter the hub hands it from one page at most: a stream sends a page of
+/// at most 256 events from the log (I9), and holds no more than that from the hub while it
+/// waits; past it, the stream reads the log in pages as before.
+pub const SHARED_MAX: usize = 256;
+
+/// What the hub hands a stream: the events of its filter in a page (`None`: more than
+/// [`SHARED_MAX`]), the end of that page, and the end of the page it was handed before (every
+/// matching event between the two ends is in this one).
 #[derive(Debug, Clone, Default)]
 struct Wake {
-    page: Option<Arc<Page>>,
+    events: Option<Arc<[Event]>>,
+    upto: u64,
     prev_upto: u64,
 }
 
@@ -69,7 +76,7 @@ pub struct StreamHub {
 /// A stream's end: dropped with the stream, which unregisters it.
 #[derive(Debug)]
 pub struct StreamWatch {
-    interest: Arc<Interest>,
+    _interest: Arc<Interest>,
     rx: watch::Receiver<Wake>,
 }
 
@@ -85,28 +92,20 @@ impl StreamWatch {
         self.rx.changed().await.is_ok()
     }
 
-    /// After a wake-up, for a stream at `after`: the events of the page it was handed when it
-    /// has everything up to the page before (clones: the caller redacts what it serves), else
-    /// read the log.
+    /// After a wake-up, for a stream at `after`: the events it was handed when it has everything
+    /// up to the page handed before (clones: the caller redacts what it serves), else read the
+    /// log (also when the page held more than [`SHARED_MAX`] of its events).
     pub fn next(&mut self, after: u64) -> Next {
         let w = self.rx.borrow_and_update();
-        let Some(page) = &w.page else {
-            return Next::ReadLog;
-        };
-        if page.upto <= after {
+        if w.upto <= after {
             return Next::Nothing;
         }
-        if after < w.prev_upto {
-            return Next::ReadLog;
-        }
-        Next::Events {
-            events: page
-                .events
-                .iter()
-                .filter(|e| e.seq > after && self.interest.matches(e))
-                .cloned()
-                .collect(),
-            upto: page.upto,
+        match &w.events {
+            Some(events) if after >= w.prev_upto => Next::Events {
+                events: events.iter().filter(|e| e.seq > after).cloned().collect(),
+                upto: w.upto,
+            },
+            _ => Next::ReadLog,
         }
     }
 }
@@ -126,7 +125,10 @@ impl StreamHub {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(Arc::downgrade(&interest));
-        StreamWatch { interest, rx }
+        StreamWatch {
+            _interest: interest,
+            rx,
+        }
     }
 
     /// Whether any live stream waits (the follower sends pages only then).
@@ -155,10 +157,14 @@ impl StreamHub {
                 all.iter().filter_map(Weak::upgrade).collect()
             };
             for i in &live {
-                if page.events.iter().any(|e| i.matches(e)) {
+                let matching = page.events.iter().filter(|e| i.matches(e));
+                let n = matching.clone().count();
+                if n > 0 {
+                    let events = (n <= SHARED_MAX).then(|| matching.cloned().collect());
                     let prev_upto = i.last_upto.swap(page.upto, Ordering::SeqCst);
                     i.tx.send_replace(Wake {
-                        page: Some(page.clone()),
+                        events,
+                        upto: page.upto,
                         prev_upto,
                     });
                 }

@@ -892,7 +892,8 @@ fn a_rebuild_runs_at_a_lower_priority() {
     assert!(report.identical);
     let seen = seen.lock().unwrap();
     assert!(!seen.is_empty(), "the rebuild reported no progress");
-    assert!(seen.iter().all(|n| *n == 10), "nice values seen: {seen:?}");
+    // 10, or more when the tests themselves run at a higher nice (a thread cannot lower it).
+    assert!(seen.iter().all(|n| *n >= 10), "nice values seen: {seen:?}");
     drop(seen);
     rt.block_on(engine.close());
 }

@@ -201,9 +201,10 @@ async fn idle_slow_and_half_open_clients_leave_memory_flat_and_others_served() {
     );
 }
 
-/// One more stream once every slot is taken: `429` (bounded wait for the slots to fill).
+/// One more stream once every slot is taken: `429` (bounded wait for the slots to fill: 150 s,
+/// five times the 30 s it was, which a loaded run of the whole suite exceeded twice).
 async fn wait_refused(api: &tidemark_tests::Api) -> tidemark_tests::Reply {
-    for _ in 0..300 {
+    for _ in 0..1500 {
         match api.sse("after_sequence=0", None).await {
             Err(r) if r.status == reqwest::StatusCode::TOO_MANY_REQUESTS => return r,
             Ok(stream) => drop(stream),
