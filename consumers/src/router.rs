@@ -37,10 +37,8 @@ pub(crate) fn derives_from(ev: &Event) -> bool {
     ev.stream == Stream::TaskEvents && lifecycle_priority(&ev.event_type).is_some()
 }
 
+/// The notification of lifecycle event `ev` ([`derives_from`]), if its payload routes one.
 fn derive(engine: &Engine, ev: &Event) -> Result<Option<NewEvent>, StorageError> {
-    if lifecycle_priority(&ev.event_type).is_none() {
-        return Ok(None);
-    }
     let task = TaskId::new(ev.subject.as_str());
     let project = engine.read().task(&task)?.and_then(|t| t.project_id);
     let Some(payload) = routed_payload(ev, project.as_deref()) else {
@@ -80,7 +78,7 @@ pub(crate) async fn run(
                 for ev in p
                     .events
                     .iter()
-                    .filter(|ev| ev.seq > after && ev.stream == Stream::TaskEvents)
+                    .filter(|ev| ev.seq > after && derives_from(ev))
                 {
                     if let Some(n) = derive(&e, ev)? {
                         derived.push(n);

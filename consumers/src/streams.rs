@@ -157,10 +157,15 @@ impl StreamHub {
                 all.iter().filter_map(Weak::upgrade).collect()
             };
             for i in &live {
-                let matching = page.events.iter().filter(|e| i.matches(e));
-                let n = matching.clone().count();
-                if n > 0 {
-                    let events = (n <= SHARED_MAX).then(|| matching.cloned().collect());
+                let matching: Vec<Event> = page
+                    .events
+                    .iter()
+                    .filter(|e| i.matches(e))
+                    .take(SHARED_MAX + 1)
+                    .cloned()
+                    .collect();
+                if !matching.is_empty() {
+                    let events = (matching.len() <= SHARED_MAX).then(|| matching.into());
                     let prev_upto = i.last_upto.swap(page.upto, Ordering::SeqCst);
                     i.tx.send_replace(Wake {
                         events,

@@ -498,8 +498,7 @@ impl<L: EventLog + Clone> State<L> {
                     self.failure = None;
                 }
                 Err(e) => {
-                    let e = self.failure(e);
-                    self.models_failed(e.clone(), &mut backoff);
+                    let e = self.models_failed(e, &mut backoff);
                     // The commands that came meanwhile are answered with the failure too (not
                     // left waiting for the store to come back).
                     while let Ok(m) = rx.try_recv() {
@@ -585,9 +584,7 @@ impl<L: EventLog + Clone> State<L> {
             }
         }
         // Answer what is left, and sync the models.
-        for j in self.queue.drain(..) {
-            j.answer(Err(CommandError::Append(AppendError::Closed)));
-        }
+        self.refuse_queued(&CommandError::Append(AppendError::Closed));
         rx.close();
         while let Ok(m) = rx.try_recv() {
             match m {
@@ -607,7 +604,9 @@ impl<L: EventLog + Clone> State<L> {
     fn persist(&mut self) {
         match self.models.persist() {
             Ok(()) => self.dirty = None,
-            Err(e) => self.models_failed(e, &mut Duration::from_millis(100)),
+            Err(e) => {
+                self.models_failed(e, &mut Duration::from_millis(100));
+            }
         }
     }
 
@@ -624,14 +623,19 @@ impl<L: EventLog + Clone> State<L> {
         }
     }
 
+    /// Answer every queued command with `e`.
+    fn refuse_queued(&mut self, e: &CommandError) {
+        for j in self.queue.drain(..) {
+            j.answer(Err(e.clone()));
+        }
+    }
+
     /// A failure of the models store: the waiting commands are answered with it (the log is
-    /// untouched), and the store is reopened after a pause.
-    fn models_failed(&mut self, e: StorageError, backoff: &mut Duration) {
+    /// untouched), and the store is reopened after a pause; answers the failure's cause.
+    fn models_failed(&mut self, e: StorageError, backoff: &mut Duration) -> StorageError {
         let e = self.failure(e);
         tracing::warn!(error = %e, "the models store failed; reopening it (the log is not affected)");
-        for j in self.queue.drain(..) {
-            j.answer(Err(CommandError::Models(e.clone())));
-        }
+        self.refuse_queued(&CommandError::Models(e.clone()));
         std::thread::sleep(*backoff);
         *backoff = (*backoff * 2).min(Duration::from_secs(1));
         // Reopened, the store is at its last synced commit: the models' progress goes back
@@ -643,6 +647,7 @@ impl<L: EventLog + Clone> State<L> {
             }
             Err(e) => tracing::warn!(error = %e, "the models store cannot be reopened yet"),
         }
+        e
     }
 
     /// Fold the committed events up to the head, in transactions of [`FOLLOW_BATCH`].
@@ -676,9 +681,7 @@ impl<L: EventLog + Clone> State<L> {
         let first_seq = match self.log.first_seq() {
             Ok(f) => f,
             Err(e) => {
-                for j in self.queue.drain(..) {
-                    j.answer(Err(CommandError::Storage(e.clone())));
-                }
+                self.refuse_queued(&CommandError::Storage(e));
                 return;
             }
         };
@@ -696,10 +699,8 @@ impl<L: EventLog + Clone> State<L> {
         let txn = match self.models.begin() {
             Ok(t) => t,
             Err(e) => {
-                let e = self.failure(e);
-                for j in self.queue.drain(..) {
-                    j.answer(Err(CommandError::Models(e.clone())));
-                }
+                let e = CommandError::Models(self.failure(e));
+                self.refuse_queued(&e);
                 return;
             }
         };

@@ -601,8 +601,7 @@ pub(crate) fn sse_response(
                 }
             };
             for ev in &page.events {
-                let data = serde_json::to_string(ev).unwrap_or_default();
-                yield Ok(SseEvent::default().id(ev.seq.to_string()).event(ev.event_type.clone()).data(data));
+                yield Ok(sse_event(ev));
             }
             q.after = page.next_after;
             if page.next_after < page.head {
@@ -621,9 +620,9 @@ pub(crate) fn sse_response(
                 match wake.next(q.after) {
                     tidemark_consumers::streams::Next::Events { mut events, upto } => {
                         for ev in &mut events {
+                            // As a read of the log redacts it (`Queries::events`).
                             tidemark_projections::bridges::redact_secret(ev);
-                            let data = serde_json::to_string(&*ev).unwrap_or_default();
-                            yield Ok(SseEvent::default().id(ev.seq.to_string()).event(ev.event_type.clone()).data(data));
+                            yield Ok(sse_event(ev));
                         }
                         q.after = upto;
                     }
@@ -637,6 +636,15 @@ pub(crate) fn sse_response(
         }
     };
     Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(keepalive)))
+}
+
+/// One event as a stream sends it: `id: <seq>`, `event: <type>`, `data: <envelope>`.
+fn sse_event(ev: &tidemark_log::Event) -> SseEvent {
+    let data = serde_json::to_string(ev).unwrap_or_default();
+    SseEvent::default()
+        .id(ev.seq.to_string())
+        .event(ev.event_type.clone())
+        .data(data)
 }
 
 struct SseGauge;

@@ -613,3 +613,21 @@ pub fn refused_start(toml: &str, env: &[(&str, &str)]) -> String {
     assert!(!out.status.success(), "started with {toml}");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
+
+/// The sum of the samples of a metric (all label sets) in Prometheus text.
+pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !(rest.starts_with(' ') || rest.starts_with('{')) {
+            continue;
+        }
+        let value = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+        if let Some(v) = value {
+            *found.get_or_insert(0.0) += v;
+        }
+    }
+    found
+}

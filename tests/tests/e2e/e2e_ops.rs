@@ -6,6 +6,8 @@ use reqwest::StatusCode;
 use serde_json::json;
 use tidemark_tests::{Server, ServerOpts};
 
+use crate::common::metric_sum;
+
 #[tokio::test]
 async fn healthz_and_readyz() {
     let s = Server::start(ServerOpts::default()).await;
@@ -31,24 +33,6 @@ async fn healthz_and_readyz() {
     );
     let r = s.get("/readyz").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
-}
-
-/// The sum of the samples of a metric (all label sets) in Prometheus text.
-fn metric_sum(text: &str, name: &str) -> Option<f64> {
-    let mut found = None;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        if !(rest.starts_with(' ') || rest.starts_with('{')) {
-            continue;
-        }
-        let value = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
-        if let Some(v) = value {
-            *found.get_or_insert(0.0) += v;
-        }
-    }
-    found
 }
 
 #[tokio::test]

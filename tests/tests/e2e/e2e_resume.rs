@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use tidemark_tests::{Api, Server, ServerOpts, SseNext};
 use tokio::sync::watch;
 
-use crate::common::{id_of, seq_of};
+use crate::common::{id_of, metric_sum, seq_of};
 
 const TOTAL: u64 = 3000;
 
@@ -448,12 +448,7 @@ async fn a_filtered_stream_is_woken_only_by_its_own_events() {
         .await;
     assert_eq!(code, StatusCode::CREATED, "{body}");
     assert_eq!(all.expect_event(wait).await.seq(), base + 1);
-    let wakeups = |text: &str| -> f64 {
-        text.lines()
-            .filter(|l| l.starts_with("tidemark_sse_wakeups_total"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
+    let wakeups = |text: &str| metric_sum(text, "tidemark_sse_wakeups_total").unwrap_or(0.0);
     let before = wakeups(&s.get("/metrics").await.text);
     for i in 1..=150 {
         let (code, body) = s
@@ -502,12 +497,7 @@ async fn caught_up_streams_take_their_events_from_the_followers_page() {
     assert_eq!(code, StatusCode::CREATED, "{body}");
     assert_eq!(all.expect_event(wait).await.seq(), base + 1);
     assert_eq!(one.expect_event(wait).await.data["event_id"], "one-0");
-    let reads = |text: &str| -> f64 {
-        text.lines()
-            .filter(|l| l.starts_with("tidemark_sse_log_reads_total"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
+    let reads = |text: &str| metric_sum(text, "tidemark_sse_log_reads_total").unwrap_or(0.0);
     let before = reads(&s.get("/metrics").await.text);
     for i in 1..=60u64 {
         let subject = if i % 2 == 0 { "one" } else { "other" };
