@@ -775,16 +775,10 @@ impl<L: EventLog + Clone> State<L> {
                 .map(|(_, events, cond)| log.append_if(std::mem::take(events), cond.clone())),
         )
         .await;
-        // What the round appended is folded before anyone is answered: a command's effects are
-        // in the read models when its caller hears of it, for the views that never wait too
-        // (the lag view). A fold that fails here is the main loop's to handle.
-        if answers.iter().any(Result::is_ok)
-            && let Err(e) = self.fold_to_head()
-        {
-            // Recorded as the store's failure, for the commands answered after it.
-            let e = self.failure(e);
-            tracing::warn!(error = %e, "folding a round's events before answering failed");
-        }
+        // Answered as soon as the log has: the models fold what the round appended on their own
+        // cadence (the main loop folds to the head before the next round), never on a
+        // command's acknowledgement path. Clients read their writes all the same: a read
+        // waits for the models to reach the head as of the request (section 3).
         for ((mut q, _, _), answer) in sends.into_iter().zip(answers) {
             match answer {
                 Ok(receipt) => q.answer(Ok(receipt)),
