@@ -98,7 +98,11 @@ pub fn describe() {
         ),
         (
             "tidemark_follower_events_read_total",
-            "Events the reactors' follower read from the log",
+            "Events the reactors' follower read from the log itself (catching up)",
+        ),
+        (
+            "tidemark_follower_events_shared_total",
+            "Events the reactors' follower took from the decider's read of them",
         ),
         (
             "tidemark_notification_status_reads_total",

@@ -1,10 +1,12 @@
-//! The one follower: it reads each new page of the log once and hands it to every reactor.
+//! The one follower: it hands each new page of the log to every reactor, taking it from what
+//! the decider read of it ([`tidemark_engine::pages`]) when it can, else reading the log.
 //!
 //! Reactors keep their own checkpoints (the router's and routing's are in the read models, the
 //! notifier's is the head it last looked at) and skip what a page holds at or before theirs;
-//! the follower starts at the lowest of them. A commit wakes it, but the wake-up is only a
-//! nudge: it always reads the log. Each reactor has a small bounded queue, so a slow one holds
-//! the follower back instead of letting pages pile up.
+//! the follower starts at the lowest of them. A commit or a chunk handed on wakes it, but the
+//! wake-up is only a nudge: it takes its page from a chunk that holds it, or reads the log.
+//! Each reactor has a small bounded queue, so a slow one holds the follower back instead of
+//! letting pages pile up.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +20,9 @@ use tokio_util::sync::CancellationToken;
 const PAGE: usize = 1_000;
 /// Pages queued per reactor.
 const QUEUE: usize = 2;
+/// How long the follower waits for the decider's read of new commits before it reads them
+/// itself.
+const FALLBACK: Duration = Duration::from_millis(200);
 
 /// One page of the log, shared by every reactor.
 #[derive(Debug)]
@@ -68,72 +73,125 @@ impl Follower {
         rx
     }
 
-    /// Read the log from the lowest checkpoint on, page by page, until `shutdown` or until
-    /// every reactor has gone.
+    /// Follow the log from the lowest checkpoint on, page by page, until `shutdown` or until
+    /// every reactor has gone. A page is what the decider read of the new commits when it
+    /// holds what comes next (each commit read once between the models and the reactors); the
+    /// follower reads the log itself to catch up, when the decider is behind it, or when the
+    /// decider's read does not come within [`FALLBACK`] (its models failing, say).
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut after = self.from.unwrap_or(0);
         let mut head_rx = self.engine.log().subscribe();
+        let mut pages_rx = self.engine.pages().subscribe();
         let mut backoff = Duration::from_millis(100);
         tracing::info!(after, reactors = self.feeds.len(), "log follower started");
         loop {
             head_rx.borrow_and_update();
-            let e = self.engine.clone();
-            let q = ReadQuery {
-                after,
-                limit: PAGE,
-                ..ReadQuery::default()
-            };
-            let read = tokio::task::spawn_blocking(move || e.log().read(&q))
-                .await
-                .map_err(StorageError::of)
-                .and_then(|r| r.map_err(StorageError::of));
-            let page = match read {
-                Ok(p) => {
-                    backoff = Duration::from_millis(100);
-                    p
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "log follower read failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {},
-                        _ = shutdown.cancelled() => return,
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                    continue;
-                }
-            };
-            let head = page.head;
-            if page.next_after > after {
-                metrics::counter!("tidemark_follower_events_read_total")
-                    .increment(page.events.len() as u64);
-                let p = Arc::new(Page {
-                    events: page.events,
-                    after,
-                    upto: page.next_after,
-                });
-                after = p.upto;
-                self.feeds.retain(|(f, _)| !f.is_closed());
-                for (f, wants) in &self.feeds {
-                    if !wants(&p) {
+            pages_rx.borrow_and_update();
+            let page = match self.shared(after) {
+                Some(p) => p,
+                None => {
+                    let head = self.engine.log().head();
+                    if head <= after {
+                        tokio::select! {
+                            changed = head_rx.changed() => if changed.is_err() { return },
+                            _ = pages_rx.changed() => {},
+                            _ = shutdown.cancelled() => return,
+                        }
                         continue;
                     }
-                    tokio::select! {
-                        // A reactor that stopped no longer gets pages.
-                        _ = f.send(p.clone()) => {},
-                        _ = shutdown.cancelled() => return,
+                    if self.engine.pages().published() == after {
+                        // The decider keeps up: its read of the new commits comes in a moment.
+                        tokio::select! {
+                            _ = pages_rx.changed() => continue,
+                            _ = tokio::time::sleep(FALLBACK) => {},
+                            _ = shutdown.cancelled() => return,
+                        }
+                        if self.engine.pages().covering(after).is_some() {
+                            continue;
+                        }
+                    }
+                    match self.read(after).await {
+                        Ok(p) => {
+                            backoff = Duration::from_millis(100);
+                            p
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "log follower read failed; retrying");
+                            tokio::select! {
+                                _ = tokio::time::sleep(backoff) => {},
+                                _ = shutdown.cancelled() => return,
+                            }
+                            backoff = (backoff * 2).min(Duration::from_secs(5));
+                            continue;
+                        }
                     }
                 }
-                if self.feeds.is_empty() {
-                    return;
-                }
-            }
-            if after < head {
+            };
+            if page.upto <= after {
                 continue;
             }
-            tokio::select! {
-                changed = head_rx.changed() => if changed.is_err() { return },
-                _ = shutdown.cancelled() => return,
+            let p = Arc::new(page);
+            after = p.upto;
+            self.feeds.retain(|(f, _)| !f.is_closed());
+            for (f, wants) in &self.feeds {
+                if !wants(&p) {
+                    continue;
+                }
+                tokio::select! {
+                    // A reactor that stopped no longer gets pages.
+                    _ = f.send(p.clone()) => {},
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+            if self.feeds.is_empty() {
+                return;
             }
         }
+    }
+
+    /// The page after `after` from what the decider read, if it holds it.
+    fn shared(&self, after: u64) -> Option<Page> {
+        let chunk = self.engine.pages().covering(after)?;
+        match chunk.events_after(after, PAGE) {
+            Ok(events) => {
+                metrics::counter!("tidemark_follower_events_shared_total")
+                    .increment(events.len() as u64);
+                // A page of at most PAGE events: the rest of the chunk is the next page's.
+                let upto = match events.last() {
+                    Some(last) if events.len() == PAGE => last.seq,
+                    _ => chunk.range().1,
+                };
+                Some(Page {
+                    events,
+                    after,
+                    upto,
+                })
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "an event the decider read does not decode; reading the log");
+                None
+            }
+        }
+    }
+
+    /// A page of the log after `after`, read by the follower itself.
+    async fn read(&self, after: u64) -> Result<Page, StorageError> {
+        let e = self.engine.clone();
+        let q = ReadQuery {
+            after,
+            limit: PAGE,
+            ..ReadQuery::default()
+        };
+        let page = tokio::task::spawn_blocking(move || e.log().read(&q))
+            .await
+            .map_err(StorageError::of)?
+            .map_err(StorageError::of)?;
+        metrics::counter!("tidemark_follower_events_read_total")
+            .increment(page.events.len() as u64);
+        Ok(Page {
+            events: page.events,
+            after,
+            upto: page.next_after,
+        })
     }
 }

@@ -37,6 +37,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::Clock;
 use crate::commands::{Command, CompactReport, Decided};
 use crate::error::{CommandError, RejectKind};
+use crate::pages::Pages;
 use crate::privacy::Privacy;
 use crate::store::WriteTransaction;
 
@@ -336,6 +337,8 @@ struct State<L> {
     /// The models store's last failure with its cause (redb answers "previous I/O error"
     /// after one until the store is reopened: commands are told the cause, a full disk say).
     failure: Option<StorageError>,
+    /// Where what the decider reads is handed on to the reactors' follower.
+    pages: Arc<Pages>,
 }
 
 impl Decider {
@@ -344,6 +347,7 @@ impl Decider {
         models: Models,
         progress: Arc<Progress>,
         knobs: Arc<std::sync::RwLock<Knobs>>,
+        pages: Arc<Pages>,
     ) -> std::io::Result<Decider> {
         let (tx, rx) = mpsc::channel(QUEUE);
         let redecided = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -357,6 +361,7 @@ impl Decider {
             queue: VecDeque::new(),
             dirty: None,
             failure: None,
+            pages,
         };
         let poisoned = Arc::new(std::sync::OnceLock::new());
         let poison = poisoned.clone();
@@ -551,6 +556,11 @@ impl<L: EventLog + Clone> State<L> {
                         } => None,
                     }
                 });
+                if woke.is_none() && self.log.head() > head {
+                    // The commit read now and handed on to the reactors, folded below or
+                    // after a few more have gathered. A failed read is the fold's to meet.
+                    let _ = self.stage();
+                }
                 if woke.is_none() && self.log.head() > head && self.progress.waiting() == 0 {
                     // Only commits, and no reader waits for them: let a few more gather
                     // before folding (one models transaction per window, not per commit),
@@ -650,6 +660,30 @@ impl<L: EventLog + Clone> State<L> {
         e
     }
 
+    /// Read the commits past what the chunk holds (at most [`FOLLOW_BATCH`] past the models'
+    /// checkpoint) and hand them on to the reactors' follower: each commit is read once, as it
+    /// lands, whenever the models fold it. The end of what the chunk holds.
+    fn stage(&mut self) -> Result<u64, StorageError> {
+        let at = self.progress.get();
+        let (after, upto) = self.chunk.range();
+        let from = if after == at && upto >= at { upto } else { at };
+        let end = self.log.head().min(at.saturating_add(FOLLOW_BATCH));
+        if end <= from {
+            return Ok(from);
+        }
+        let mut next = EventChunk::default();
+        next.read(&self.log, from, end).map_err(StorageError::of)?;
+        if from == at {
+            // A new fold: the chunk starts here (its buffers kept).
+            self.chunk.reset(at);
+        }
+        self.chunk.extend(&next);
+        if self.pages.wanted() {
+            self.pages.publish(Arc::new(next));
+        }
+        Ok(self.chunk.range().1)
+    }
+
     /// Fold the committed events up to the head, in transactions of [`FOLLOW_BATCH`].
     fn fold_to_head(&mut self) -> Result<(), StorageError> {
         loop {
@@ -657,9 +691,10 @@ impl<L: EventLog + Clone> State<L> {
             if self.progress.get() >= head {
                 return Ok(());
             }
+            let upto = self.stage()?;
             let started = Instant::now();
             let txn = self.models.begin()?;
-            let at = Models::fold(&txn, &self.log, FOLLOW_BATCH, &mut self.chunk)?;
+            let at = Models::fold(&txn, &self.log, upto, FOLLOW_BATCH, &mut self.chunk)?;
             txn.commit().map_err(StorageError::of)?;
             self.dirty.get_or_insert_with(Instant::now);
             self.progress.advance(at);

@@ -22,6 +22,7 @@
 pub mod commands;
 pub mod decider;
 pub mod error;
+pub mod pages;
 pub mod privacy;
 mod queries;
 
@@ -110,6 +111,8 @@ pub struct Engine<L = AnyLog> {
     clock: Clock,
     queries: Queries<L>,
     decider: Arc<decider::Decider>,
+    /// What the decider read, handed on to the reactors' follower.
+    pages: Arc<pages::Pages>,
     knobs: Arc<std::sync::RwLock<decider::Knobs>>,
     /// The key of the redacting routes (section 14), from the configuration only.
     privacy: Option<Arc<privacy::Privacy>>,
@@ -192,15 +195,22 @@ impl<L: EventLog + Clone> Engine<L> {
             privacy: None,
             shared_outbox: false,
         }));
-        let decider =
-            decider::Decider::spawn(log.clone(), models.clone(), progress.clone(), knobs.clone())
-                .map_err(|e| OpenError::Storage(StorageError::new("cannot start the decider", e)))?;
+        let pages = Arc::new(pages::Pages::default());
+        let decider = decider::Decider::spawn(
+            log.clone(),
+            models.clone(),
+            progress.clone(),
+            knobs.clone(),
+            pages.clone(),
+        )
+        .map_err(|e| OpenError::Storage(StorageError::new("cannot start the decider", e)))?;
         Ok(Engine {
             queries: Queries::new(log.clone(), models.clone(), progress.clone()),
             log,
             models,
             clock,
             decider: Arc::new(decider),
+            pages,
             knobs,
             privacy: None,
         })
@@ -241,6 +251,12 @@ impl<L: EventLog + Clone> Engine<L> {
     /// The key of the redacting routes, if one is configured.
     pub fn privacy(&self) -> Option<&privacy::Privacy> {
         self.privacy.as_deref()
+    }
+
+    /// The commits the decider read, handed on (the reactors' follower takes them from here
+    /// rather than reading the log again).
+    pub fn pages(&self) -> &pages::Pages {
+        &self.pages
     }
 
     /// The log through its narrow interface.

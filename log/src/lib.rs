@@ -181,13 +181,110 @@ pub struct EventChunk {
     /// Events a backend without the stored byte format handed over whole
     /// ([`EventChunk::fill`]); used instead of `bytes` when not empty.
     owned: Vec<Event>,
+    /// The range read: the chunk holds the committed events `after < seq <= upto`.
+    after: u64,
+    upto: u64,
 }
 
 impl EventChunk {
     /// Replace the chunk's content with the committed events `after < seq <= upto` of `log`,
     /// through the log's interface ([`EventLog::read_chunk`]).
+    /// A chunk that already holds exactly that range (read ahead: the models' follower reads
+    /// each commit as it lands, hands it on, and folds later) is not read again.
     pub fn read(&mut self, log: &impl EventLog, after: u64, upto: u64) -> Result<(), ReadError> {
-        log.read_chunk(after, upto, self)
+        let upto = upto.min(log.head());
+        if (self.after, self.upto) == (after, upto) && after < upto {
+            return Ok(());
+        }
+        // Not known until the read succeeds.
+        (self.after, self.upto) = (0, 0);
+        log.read_chunk(after, upto, self)?;
+        (self.after, self.upto) = (after, upto.max(after));
+        Ok(())
+    }
+
+    /// Empty the chunk (its buffers kept), as holding the empty range after `at`.
+    pub fn reset(&mut self, at: u64) {
+        self.bytes.clear();
+        self.ends.clear();
+        self.owned.clear();
+        (self.after, self.upto) = (at, at);
+    }
+
+    /// The range the chunk holds: the committed events `after < seq <= upto`.
+    pub fn range(&self) -> (u64, u64) {
+        (self.after, self.upto)
+    }
+
+    /// Extend the chunk with `next`, which holds the range right after this one's.
+    pub fn extend(&mut self, next: &EventChunk) {
+        debug_assert_eq!(next.after, self.upto, "chunks extend only their own range");
+        if !next.owned.is_empty() || !self.owned.is_empty() {
+            // A backend without stored bytes (or a mix, which none makes): whole events.
+            if self.owned.is_empty() && !self.ends.is_empty() {
+                self.owned = self.to_events().unwrap_or_default();
+                self.bytes.clear();
+                self.ends.clear();
+            }
+            match next.to_events() {
+                Ok(mut evs) => self.owned.append(&mut evs),
+                Err(_) => {
+                    // Undecodable: forget the range, so the next read reads the log.
+                    (self.after, self.upto) = (0, 0);
+                    return;
+                }
+            }
+        } else {
+            let base = self.bytes.len();
+            self.bytes.extend_from_slice(&next.bytes);
+            self.ends
+                .extend(next.ends.iter().map(|&(seq, end)| (seq, base + end)));
+        }
+        self.upto = next.upto;
+    }
+
+    /// Bytes the chunk holds (about: events handed over whole count their payloads).
+    pub fn size(&self) -> usize {
+        self.bytes.len()
+            + self
+                .owned
+                .iter()
+                .map(|e| e.payload.get().len() + e.event_id.len() + 64)
+                .sum::<usize>()
+    }
+
+    /// The events after `seq`, at most `limit` of them, owned (what a follower hands the
+    /// reactors).
+    pub fn events_after(&self, seq: u64, limit: usize) -> Result<Vec<Event>, StorageError> {
+        if !self.owned.is_empty() {
+            return Ok(self
+                .owned
+                .iter()
+                .filter(|e| e.seq > seq)
+                .take(limit)
+                .cloned()
+                .collect());
+        }
+        let first = self.ends.partition_point(|&(s, _)| s <= seq);
+        let mut start = if first == 0 {
+            0
+        } else {
+            self.ends[first - 1].1
+        };
+        let last = self.ends.len().min(first.saturating_add(limit));
+        let mut out = Vec::with_capacity(last - first);
+        for &(s, end) in &self.ends[first..last] {
+            out.push(
+                embedded::store::decode_event(s, &self.bytes[start..end])
+                    .map_err(StorageError::of)?,
+            );
+            start = end;
+        }
+        Ok(out)
+    }
+
+    fn to_events(&self) -> Result<Vec<Event>, StorageError> {
+        self.events_after(0, usize::MAX)
     }
 
     /// Replace the chunk's content with `events` (a backend's `read_chunk` built on `read`).

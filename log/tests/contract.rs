@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use tidemark_log::{
-    AppendError, AppendReceipt, Condition, ConditionOn, Event, EventLog, Log, LogConfig, NewEvent,
-    ReadQuery,
+    AppendError, AppendReceipt, Condition, ConditionOn, Event, EventChunk, EventLog, Log,
+    LogConfig, NewEvent, ReadQuery,
 };
 
 /// How the suite gets a backend's log: open (or reopen) the one kept in `dir`, close it.
@@ -223,6 +223,85 @@ fn dense_seqs_and_reads<B: Backend>() {
     // Times never go backwards along seq.
     let all = read_all(&log, ReadQuery::default(), 100);
     assert!(all.windows(2).all(|w| w[0].time_us <= w[1].time_us));
+    B::close(log, &rt);
+}
+
+/// A chunk read in parts and extended holds what one read holds, a chunk asked again for the
+/// range it holds is not read again, and its events after a seq are the log's (what the
+/// decider hands the reactors' follower).
+fn chunks_read_in_parts<B: Backend>() {
+    let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
+    let log = B::open(dir.path());
+    for i in 0..12 {
+        let s = if i % 3 == 0 { "s1" } else { "s2" };
+        rt.block_on(log.append(vec![ev(&format!("e{i}"), s, "x", "t.one", json!({"n": i}))]))
+            .unwrap();
+    }
+    let key = |c: &EventChunk| {
+        c.events()
+            .unwrap()
+            .iter()
+            .map(|e| (e.seq, e.event_id.to_owned(), e.payload.to_owned()))
+            .collect::<Vec<_>>()
+    };
+    let mut whole = EventChunk::default();
+    whole.read(&log, 2, 12).unwrap();
+    assert_eq!(whole.range(), (2, 12));
+    let mut parts = EventChunk::default();
+    parts.reset(2);
+    for (a, u) in [(2, 5), (5, 6), (6, 12)] {
+        let mut next = EventChunk::default();
+        next.read(&log, a, u).unwrap();
+        assert_eq!(next.range(), (a, u));
+        assert_eq!(next.len() as u64, u - a);
+        parts.extend(&next);
+    }
+    assert_eq!(parts.range(), (2, 12));
+    assert_eq!(key(&parts), key(&whole));
+    // Asked again for the range it holds, a chunk keeps what it holds (no read).
+    parts.read(&log, 2, 12).unwrap();
+    assert_eq!(key(&parts), key(&whole));
+    // Past the head: cut at it.
+    let mut tail = EventChunk::default();
+    tail.read(&log, 10, 99).unwrap();
+    assert_eq!(tail.range(), (10, 12));
+    // Its events after a seq are the log's, owned.
+    let from_log = read_all(
+        &log,
+        ReadQuery {
+            after: 7,
+            ..ReadQuery::default()
+        },
+        100,
+    );
+    let after = parts.events_after(7, 100).unwrap();
+    assert_eq!(
+        parts
+            .events_after(7, 2)
+            .unwrap()
+            .iter()
+            .map(|e| e.seq)
+            .collect::<Vec<_>>(),
+        [8, 9],
+        "at most the limit"
+    );
+    assert_eq!(after.len(), 5);
+    assert_eq!(
+        after
+            .iter()
+            .map(|e| (e.seq, e.event_id.clone(), e.payload.get().to_owned()))
+            .collect::<Vec<_>>(),
+        from_log
+            .iter()
+            .map(|e| (e.seq, e.event_id.clone(), e.payload.get().to_owned()))
+            .collect::<Vec<_>>()
+    );
+    assert!(parts.events_after(12, 100).unwrap().is_empty());
+    assert_eq!(
+        parts.events_after(0, 100).unwrap().len(),
+        10,
+        "from the chunk's start"
+    );
     B::close(log, &rt);
 }
 
@@ -1259,6 +1338,10 @@ macro_rules! contract {
         #[test]
         fn dense_seqs_and_reads() {
             super::dense_seqs_and_reads::<$backend>();
+        }
+        #[test]
+        fn chunks_read_in_parts() {
+            super::chunks_read_in_parts::<$backend>();
         }
         #[test]
         fn idempotent_appends_and_conflicts() {

@@ -158,15 +158,17 @@ impl Models {
         framework::checkpoint(&self.db(), &crate::all())
     }
 
-    /// Fold the committed events of `log` past the models' checkpoint, at most `max` of them,
-    /// in one transaction of `txn` (committed by the caller); the lowest checkpoint after.
+    /// Fold the committed events of `log` past the models' checkpoint up to `upto`, at most
+    /// `max` of them, in one transaction of `txn` (committed by the caller); the lowest
+    /// checkpoint after. `chunk` is read only where it does not already hold those events.
     pub fn fold(
         txn: &WriteTransaction,
         log: &impl EventLog,
+        upto: u64,
         max: u64,
         chunk: &mut EventChunk,
     ) -> Result<u64, StorageError> {
-        framework::catch_up(txn, &crate::all(), log, log.head(), max, chunk)
+        framework::catch_up(txn, &crate::all(), log, upto, max, chunk)
     }
 
     /// Fold up to the head of `log`, in transactions of at most `batch` events (tests, tools
@@ -175,7 +177,7 @@ impl Models {
         let mut chunk = EventChunk::default();
         loop {
             let txn = self.begin()?;
-            let at = Models::fold(&txn, log, batch, &mut chunk)?;
+            let at = Models::fold(&txn, log, log.head(), batch, &mut chunk)?;
             txn.commit().map_err(StorageError::of)?;
             if at >= log.head() {
                 return Ok(at);

@@ -498,7 +498,13 @@ async fn caught_up_streams_take_their_events_from_the_followers_page() {
     assert_eq!(all.expect_event(wait).await.seq(), base + 1);
     assert_eq!(one.expect_event(wait).await.data["event_id"], "one-0");
     let reads = |text: &str| metric_sum(text, "tidemark_sse_log_reads_total").unwrap_or(0.0);
-    let before = reads(&s.get("/metrics").await.text);
+    // The reactors' follower: its own reads of the log, and the events it took from the
+    // decider's read of them.
+    let own = |text: &str| metric_sum(text, "tidemark_follower_events_read_total").unwrap_or(0.0);
+    let shared =
+        |text: &str| metric_sum(text, "tidemark_follower_events_shared_total").unwrap_or(0.0);
+    let m = s.get("/metrics").await.text;
+    let (before, own_before, shared_before) = (reads(&m), own(&m), shared(&m));
     for i in 1..=60u64 {
         let subject = if i % 2 == 0 { "one" } else { "other" };
         let (code, body) = s.append(&append(i, subject)).await;
@@ -511,11 +517,21 @@ async fn caught_up_streams_take_their_events_from_the_followers_page() {
             );
         }
     }
-    let read = reads(&s.get("/metrics").await.text) - before;
+    let m = s.get("/metrics").await.text;
+    let read = reads(&m) - before;
     assert!(
         read <= 5.0,
         "{read} log reads by two caught-up streams for 60 commits: they did not take the \
          follower's pages"
+    );
+    // Each commit read once between the models and the reactors: the follower took the
+    // decider's read (a few own reads allowed: it reads itself when the decider's read is
+    // late, on a loaded machine).
+    let (own, shared) = (own(&m) - own_before, shared(&m) - shared_before);
+    assert!(
+        own <= 10.0 && shared >= 50.0,
+        "of 60 commits the reactors' follower read {own} events itself and took {shared} from \
+         the decider's read"
     );
     // A webhook subscription's secret reaches the stream redacted.
     let r = s

@@ -1,0 +1,78 @@
+//! What the models' follower read, handed on: the decider reads each commit once (as it
+//! lands, before it folds), and the reactors' follower takes the same events from here instead
+//! of reading the log again (spec section 3: the follower, the reactors and the live streams
+//! read each commit once between them).
+//!
+//! Only the newest chunks are kept ([`KEEP`], [`KEEP_BYTES`]); a reader further behind, or
+//! ahead of the decider, reads the log itself.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use tidemark_log::EventChunk;
+use tokio::sync::watch;
+
+/// Chunks kept for a reader that is a little behind: at most this many, and no more bytes
+/// than [`KEEP_BYTES`] (the newest is always kept).
+const KEEP: usize = 8;
+const KEEP_BYTES: usize = 1 << 20;
+
+/// The chunks the decider read, newest last; each is `(after, upto]` of the log.
+pub struct Pages {
+    chunks: Mutex<VecDeque<Arc<EventChunk>>>,
+    /// The end of the newest chunk handed on.
+    upto: watch::Sender<u64>,
+}
+
+impl Default for Pages {
+    fn default() -> Self {
+        Pages {
+            chunks: Mutex::new(VecDeque::new()),
+            upto: watch::channel(0).0,
+        }
+    }
+}
+
+impl Pages {
+    /// Whether anyone takes the chunks (the decider copies nothing for nobody).
+    pub(crate) fn wanted(&self) -> bool {
+        self.upto.receiver_count() > 0
+    }
+
+    /// Hand on a chunk the decider read.
+    pub(crate) fn publish(&self, chunk: Arc<EventChunk>) {
+        let upto = chunk.range().1;
+        {
+            let mut c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+            c.push_back(chunk);
+            let mut bytes: usize = c.iter().map(|ch| ch.size()).sum();
+            while c.len() > 1 && (c.len() > KEEP || bytes > KEEP_BYTES) {
+                bytes -= c.pop_front().map_or(0, |ch| ch.size());
+            }
+        }
+        self.upto.send_replace(upto);
+    }
+
+    /// Changes when a chunk is handed on; the value is its end.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.upto.subscribe()
+    }
+
+    /// The end of the newest chunk handed on (0: none yet).
+    pub fn published(&self) -> u64 {
+        *self.upto.borrow()
+    }
+
+    /// The newest chunk that holds the event after `after` (`after < upto`, starting at or
+    /// before it).
+    pub fn covering(&self, after: u64) -> Option<Arc<EventChunk>> {
+        let c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        c.iter()
+            .rev()
+            .find(|ch| {
+                let (a, u) = ch.range();
+                a <= after && after < u
+            })
+            .cloned()
+    }
+}
