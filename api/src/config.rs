@@ -88,6 +88,10 @@ pub struct ServerConfig {
     /// Origins (`https://host[:port]`) whose browsers may call the API (section 8).
     #[serde(default)]
     pub cors_origins: Vec<String>,
+    /// Where backups taken through the server are written (section 18); empty: `backups` in
+    /// the data directory.
+    #[serde(default)]
+    pub backup_dir: PathBuf,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -443,6 +447,16 @@ impl Config {
             ));
         }
         Ok(sinks)
+    }
+
+    /// The directory backups taken through the server go in (absolute).
+    pub fn backup_root(&self) -> PathBuf {
+        let root = if self.server.backup_dir.as_os_str().is_empty() {
+            self.server.data.join("backups")
+        } else {
+            self.server.backup_dir.clone()
+        };
+        std::path::absolute(&root).unwrap_or(root)
     }
 
     pub fn log_config(&self) -> tidemark_log::LogConfig {

@@ -244,6 +244,18 @@ pub fn describe() {
             "Build information (version label), always 1",
         ),
         (
+            "tidemark_backups_total",
+            "Backups taken through the server, by outcome (ok, failed)",
+        ),
+        (
+            "tidemark_backup_last_through_seq",
+            "The through_seq of the last backup taken through the server",
+        ),
+        (
+            "tidemark_backup_last_success_timestamp_seconds",
+            "Unix time of the last backup taken through the server that succeeded",
+        ),
+        (
             "tidemark_projection_follower_lag_events",
             "Events the projection follower had yet to fold after its last batch",
         ),

@@ -183,7 +183,8 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(cursors::reset))
             .routes(routes!(lists::put, lists::delete))
             .routes(routes!(sources::reset))
-            .routes(routes!(admin::run_retention)),
+            .routes(routes!(admin::run_retention))
+            .routes(routes!(admin::backup)),
         Scope::Admin,
     );
     // Any valid token (the handler identifies the caller itself).

@@ -259,6 +259,25 @@ impl<L: EventLog + Clone> Engine<L> {
         &self.pages
     }
 
+    /// Write a backup of the log into `dir` (spec section 18): the events after `after`
+    /// through the head as of now, read in pages while appends go on, and a manifest.
+    pub async fn backup(
+        &self,
+        dir: std::path::PathBuf,
+        after: u64,
+    ) -> Result<tidemark_log::transfer::Manifest, tidemark_log::transfer::TransferError>
+    where
+        L: 'static,
+    {
+        let log = self.log.clone();
+        tokio::task::spawn_blocking(move || tidemark_log::transfer::backup(&log, &dir, after))
+            .await
+            .map_err(|e| tidemark_log::transfer::TransferError::Io {
+                what: "the backup's task".into(),
+                source: std::io::Error::other(e.to_string()),
+            })?
+    }
+
     /// The log through its narrow interface.
     pub fn log(&self) -> &(impl EventLog + Clone + use<L>) {
         &self.log

@@ -50,6 +50,7 @@ pub mod error;
 pub mod jetstream;
 pub mod lease;
 pub mod time;
+pub mod transfer;
 
 use serde::Serialize;
 use tokio::sync::watch;

@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::Config;
 
+mod backup;
 mod client;
 mod error;
 mod events;
@@ -69,12 +70,95 @@ pub enum Command {
     /// The effective configuration (built-in settings, the file, TIDEMARK_* variables), with
     /// secrets masked.
     Config(ConfigArgs),
+    /// Take a backup of the log: through a running server (admin token; the directory is on
+    /// the server's machine, under its `[server] backup_dir`), or of a stopped server's data
+    /// directory with --data. Prints what it wrote, with `through_seq`: the backup is the log
+    /// as of that seq.
+    Backup(BackupArgs),
+    /// Make a new data directory from a full backup and its increments, applied in order (a
+    /// gap is refused); its read models rebuild from the log at the first start.
+    Restore(RestoreArgs),
+    /// The log as JSON lines: export from, or import into, a data directory (offline).
+    Log(LogArgs),
     /// Shell completions for bash, zsh, fish, elvish or powershell, on stdout.
     Completions { shell: clap_complete::Shell },
     /// Benchmark tidemark against Redis Streams, PostgreSQL, SQLite and NATS JetStream
     /// (`tidemark bench --help` lists the options; peers: benches/peers/install.sh).
     #[command(disable_help_flag = true)]
     Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The directory to write (it must not exist, or be empty). Through a server: a name
+    /// relative to its `[server] backup_dir` on its machine, or an absolute path inside it.
+    #[arg(long)]
+    pub to: PathBuf,
+    /// Write an increment: the events after this seq (the `through_seq` of the backup it
+    /// follows). 0, the default: a full backup.
+    #[arg(long, default_value_t = 0)]
+    pub after: u64,
+    /// Back up the data directory of a stopped server instead of asking a running one.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// TOML config file (with --data: its `[log]` settings).
+    #[arg(long, env = "TIDEMARK_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// A full backup's directory, then each increment's, in order (`--from A --from B`).
+    #[arg(long = "from", required = true)]
+    pub from: Vec<PathBuf>,
+    /// The data directory to make (it must not exist, or be empty).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// TOML config file (its `[log]` settings).
+    #[arg(long, env = "TIDEMARK_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[arg(short = 'o', long = "output", value_enum)]
+    pub output: Option<Output>,
+}
+
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    #[command(subcommand)]
+    pub action: LogAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LogAction {
+    /// Write the events after --after (through --through) as JSON lines on stdout, each with
+    /// its seq, event_id, stream, subject, type, time and payload. Offline: the server of
+    /// --data must be stopped (a running server's log: `tidemark backup`, whose events.jsonl
+    /// holds the same lines).
+    Export {
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        #[arg(long)]
+        through: Option<u64>,
+        #[arg(long, env = "TIDEMARK_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Read JSON lines of events (FILE, or stdin) into the log of --data, which must hold no
+    /// events, with the same seqs, ids and times (offline). The lines must follow each other
+    /// from seq 1 with no gap or repeat and no event_id twice; on any fault nothing is
+    /// changed.
+    Import {
+        #[arg(long)]
+        data: PathBuf,
+        /// JSON lines to read; stdin when absent or `-`.
+        file: Option<PathBuf>,
+        #[arg(long, env = "TIDEMARK_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<Output>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -469,6 +553,9 @@ pub fn main() -> ExitCode {
             Command::Notifications(a) => notifications(a).await,
             Command::Lists(a) => lists(a).await,
             Command::Config(a) => config_show(a),
+            Command::Backup(a) => backup::backup(a).await,
+            Command::Restore(a) => backup::restore(a).await,
+            Command::Log(a) => backup::log(a).await,
             Command::Completions { shell } => completions(shell),
             // Replaces this process; returns only when the benchmark could not be started.
             Command::Bench(b) => crate::bench::exec(b.args).map_err(CliError::Other),
@@ -506,7 +593,15 @@ impl Command {
             Command::Config(ConfigArgs {
                 action: ConfigAction::Show { output, .. },
             }) => *output,
-            Command::Serve(_) | Command::Completions { .. } | Command::Bench(_) => None,
+            Command::Backup(a) => a.client.output,
+            Command::Restore(a) => a.output,
+            Command::Log(LogArgs {
+                action: LogAction::Import { output, .. },
+            }) => *output,
+            Command::Serve(_)
+            | Command::Completions { .. }
+            | Command::Bench(_)
+            | Command::Log(_) => None,
         }
     }
 }

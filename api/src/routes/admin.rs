@@ -10,6 +10,7 @@ use tidemark_projections::rebuild::RebuildReport;
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, Problem};
+use crate::request::{Text, Validate, ValidatedJson, invalid};
 use crate::routes::blocking;
 use crate::state::AppState;
 
@@ -275,4 +276,126 @@ pub async fn cluster(State(st): State<AppState>) -> Json<ClusterOut> {
         share_index: share.index,
         share_of: share.of,
     })
+}
+
+/// `POST /v1/admin/backup`.
+#[derive(Debug, serde::Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BackupBody {
+    /// The backup's directory on the server's machine: a name relative to `[server]
+    /// backup_dir`, or an absolute path inside it. It must not exist, or be empty.
+    pub to: Text<1024>,
+    /// An increment: only the events after this seq (the `through_seq` of the backup it
+    /// follows). 0, the default, is a full backup.
+    #[serde(default)]
+    pub after: u64,
+}
+
+impl Validate for BackupBody {}
+
+/// What a backup wrote.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BackupOut {
+    /// The backup's directory (absolute).
+    pub dir: String,
+    /// `tidemark-backup/1`.
+    pub format: String,
+    /// 0 for a full backup; else the seq the increment follows.
+    pub after_seq: u64,
+    /// The log's head when the backup began: the backup is the log as of this seq.
+    pub through_seq: u64,
+    /// Events written.
+    pub events: u64,
+    /// Bytes of `events.jsonl`, and its BLAKE3 hash (hex).
+    pub bytes: u64,
+    pub blake3: String,
+    pub duration_ms: u64,
+}
+
+/// Take a backup of the log while appends go on: the events after `after` through the head as
+/// of now, written with a manifest into a directory on the server's machine (under `[server]
+/// backup_dir`). `tidemark restore` makes a data directory from a full backup and its
+/// increments.
+#[utoipa::path(
+    post, path = "/v1/admin/backup", tag = "admin", operation_id = "takeBackup",
+    request_body = BackupBody,
+    responses(
+        (status = 200, body = BackupOut),
+        (status = 409, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+        (status = 507, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["admin"]))
+)]
+#[tracing::instrument(skip_all)]
+pub async fn backup(
+    State(st): State<AppState>,
+    ValidatedJson(b): ValidatedJson<BackupBody>,
+) -> Result<Json<BackupOut>, ApiError> {
+    let dir = backup_dir(&st.config.backup_root(), b.to.as_str())?;
+    let started = std::time::Instant::now();
+    let r = st.engine.backup(dir.clone(), b.after).await;
+    let outcome = if r.is_ok() { "ok" } else { "failed" };
+    metrics::counter!("tidemark_backups_total", "outcome" => outcome).increment(1);
+    let m = r.map_err(backup_error)?;
+    metrics::gauge!("tidemark_backup_last_through_seq").set(m.through_seq as f64);
+    metrics::gauge!("tidemark_backup_last_success_timestamp_seconds")
+        .set(tidemark_log::time::now_micros() as f64 / 1e6);
+    Ok(Json(BackupOut {
+        dir: dir.display().to_string(),
+        format: m.format,
+        after_seq: m.after_seq,
+        through_seq: m.through_seq,
+        events: m.events,
+        bytes: m.bytes,
+        blake3: m.blake3,
+        duration_ms: started.elapsed().as_millis() as u64,
+    }))
+}
+
+/// The directory `to` names under `root`: relative to it, or absolute inside it; never
+/// outside it (no `..`).
+fn backup_dir(root: &std::path::Path, to: &str) -> Result<std::path::PathBuf, ApiError> {
+    let p = std::path::Path::new(to);
+    if p.components()
+        .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(invalid("to", "to must not contain `..`"));
+    }
+    if p.is_absolute() {
+        if !p.starts_with(root) || p == root {
+            return Err(invalid(
+                "to",
+                format!(
+                    "an absolute path must be a directory inside the server's backup_dir ({})",
+                    root.display()
+                ),
+            ));
+        }
+        return Ok(p.to_owned());
+    }
+    Ok(root.join(p))
+}
+
+fn backup_error(e: tidemark_log::transfer::TransferError) -> ApiError {
+    use tidemark_log::transfer::TransferError as T;
+    match e {
+        T::PastHead { .. } => invalid("after", e.to_string()),
+        T::DirNotEmpty { .. } => {
+            ApiError::new(StatusCode::CONFLICT, "backup_exists", e.to_string())
+        }
+        T::Compacted { .. } => ApiError::new(StatusCode::CONFLICT, "compacted", e.to_string()),
+        T::Io { ref source, .. }
+            if source.kind() == std::io::ErrorKind::StorageFull
+                || source.raw_os_error() == Some(28) =>
+        {
+            ApiError::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "insufficient_storage",
+                "the backup directory's disk is full; nothing was changed in the log",
+            )
+        }
+        T::Read(r) => ApiError::storage("backup read failed", &tidemark_log::StorageError::of(r)),
+        e => ApiError::internal("backup failed", e),
+    }
 }

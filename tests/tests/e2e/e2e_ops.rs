@@ -346,7 +346,22 @@ async fn every_metric_family_has_help_and_the_log_has_latency_histograms() {
         .append(&json!({"event_id": "h-1", "stream": "m", "type": "m.t"}))
         .await;
     assert_eq!(st, StatusCode::CREATED, "{body}");
-    let r = s.get("/metrics").await;
+    let histograms = [
+        "tidemark_log_commit_duration_seconds_bucket",
+        "tidemark_log_fsync_duration_seconds_bucket",
+        "tidemark_log_commit_items_bucket",
+        "tidemark_build_info",
+    ];
+    // The writer records a group's histograms after it has answered the group's appends: a
+    // scrape right after the answer may come first (a loaded machine), so wait for them.
+    let mut r = s.get("/metrics").await;
+    for _ in 0..200 {
+        if histograms.iter().all(|n| metric_sum(&r.text, n).is_some()) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        r = s.get("/metrics").await;
+    }
     assert_eq!(r.status, StatusCode::OK);
     let mut families = Vec::new();
     let mut helped = Vec::new();
@@ -366,12 +381,7 @@ async fn every_metric_family_has_help_and_the_log_has_latency_histograms() {
             r.text
         );
     }
-    for name in [
-        "tidemark_log_commit_duration_seconds_bucket",
-        "tidemark_log_fsync_duration_seconds_bucket",
-        "tidemark_log_commit_items_bucket",
-        "tidemark_build_info",
-    ] {
+    for name in histograms {
         assert!(
             metric_sum(&r.text, name).is_some(),
             "no {name} in /metrics:\n{}",

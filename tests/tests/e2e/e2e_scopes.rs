@@ -20,6 +20,7 @@ fn spec_scope(method: &str, path: &str) -> &'static str {
         ("post", "/v1/cursors/reset")
         | ("post", "/v1/sources/{name}/reset")
         | ("post", "/v1/admin/retention/run")
+        | ("post", "/v1/admin/backup")
         | ("put" | "delete", "/v1/lists/{name}") => "admin",
         (_, p) if p.starts_with("/v1/admin/") => "operator",
         ("post", p) if p.ends_with("/retry") || p.ends_with("/discard") => "operator",

@@ -21,6 +21,7 @@ mod e2e_admission;
 mod e2e_api_fuzz;
 mod e2e_append;
 mod e2e_auth;
+mod e2e_backup;
 mod e2e_bad_input;
 mod e2e_bridge_sinks;
 mod e2e_bridges;

@@ -1,0 +1,202 @@
+//! Backups, restores, and the log as JSON lines (spec section 18): `tidemark backup`,
+//! `tidemark restore`, `tidemark log export|import`.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+use tidemark_log::Log;
+use tidemark_log::transfer::{self, TransferError};
+
+use super::client::Client;
+use super::error::CliError;
+use super::{BackupArgs, CliResult, LogAction, LogArgs, Output, RestoreArgs};
+use crate::config::Config;
+
+/// The settings of the log in `data` (the config file's `[log]`, the data directory given).
+fn log_config(config: Option<&Path>, data: &Path) -> Result<tidemark_log::LogConfig, CliError> {
+    let mut cfg = Config::load(config).map_err(|e| e.to_string())?;
+    if cfg.log.backend != "embedded" {
+        return Err(CliError::Other(format!(
+            "the configuration puts the log on {} (spec section 16): this command reads and \
+             writes the embedded log of a data directory",
+            cfg.log.backend
+        )));
+    }
+    cfg.server.data = data.to_owned();
+    Ok(cfg.log_config())
+}
+
+/// Open the log of a stopped server's data directory (it must hold one).
+fn open_offline(config: Option<&Path>, data: &Path) -> Result<Log, CliError> {
+    let lc = log_config(config, data)?;
+    if !lc.path.exists() {
+        return Err(CliError::Other(format!(
+            "{} holds no log ({} is missing)",
+            data.display(),
+            lc.path.display()
+        )));
+    }
+    let (log, _) = Log::open(&lc).map_err(|e| {
+        CliError::Other(format!(
+            "cannot open the log in {}: {e} (a running server is backed up through it: \
+             `tidemark backup --to NAME` without --data)",
+            data.display()
+        ))
+    })?;
+    Ok(log)
+}
+
+fn transfer_error(e: TransferError) -> CliError {
+    CliError::Other(e.to_string())
+}
+
+pub(crate) async fn backup(a: BackupArgs) -> CliResult {
+    let out = a.client.output();
+    let report = match &a.data {
+        Some(data) => {
+            let log = open_offline(a.config.as_deref(), data)?;
+            let started = std::time::Instant::now();
+            let to = a.to.clone();
+            let after = a.after;
+            let l = log.clone();
+            let r = tokio::task::spawn_blocking(move || transfer::backup(&l, &to, after))
+                .await
+                .map_err(|e| CliError::Other(e.to_string()))?;
+            log.close().await;
+            let m = r.map_err(transfer_error)?;
+            let mut v = serde_json::to_value(&m).map_err(|e| CliError::Other(e.to_string()))?;
+            v["dir"] = json!(absolute(&a.to).display().to_string());
+            v["duration_ms"] = json!(started.elapsed().as_millis() as u64);
+            v
+        }
+        None => {
+            let c = Client::new(&a.client)?;
+            c.post_json(
+                "/v1/admin/backup",
+                &json!({"to": a.to.to_string_lossy(), "after": a.after}),
+            )
+            .await?
+        }
+    };
+    out.one(&report)
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_owned())
+}
+
+pub(crate) async fn restore(a: RestoreArgs) -> CliResult {
+    let out = Output::resolve(a.output);
+    // Every backup read and checked (manifest, hash, the chain) before anything is written.
+    let mut manifests = Vec::new();
+    for dir in &a.from {
+        let m = transfer::open_backup(dir).map_err(transfer_error)?;
+        manifests.push(m);
+    }
+    let mut at = 0;
+    for (dir, m) in a.from.iter().zip(&manifests) {
+        if m.after_seq != at {
+            return Err(CliError::Other(if at == 0 {
+                format!(
+                    "{} is an increment (after seq {}): a restore starts from a full backup",
+                    dir.display(),
+                    m.after_seq
+                )
+            } else {
+                format!(
+                    "{} follows seq {}, but the backups before it end at seq {at}: a gap, or \
+                     the increments are out of order",
+                    dir.display(),
+                    m.after_seq
+                )
+            }));
+        }
+        at = m.through_seq;
+    }
+    if let Ok(mut entries) = std::fs::read_dir(&a.data)
+        && entries.next().is_some()
+    {
+        return Err(CliError::Other(format!(
+            "{} is not empty: a restore makes a new data directory",
+            a.data.display()
+        )));
+    }
+    let lc = log_config(a.config.as_deref(), &a.data)?;
+    let mut inputs = Vec::new();
+    for (dir, m) in a.from.iter().zip(&manifests) {
+        let path = dir.join(transfer::EVENTS);
+        let f = std::fs::File::open(&path)
+            .map_err(|e| CliError::Other(format!("cannot open {}: {e}", path.display())))?;
+        inputs.push((m.after_seq, std::io::BufReader::with_capacity(1 << 20, f)));
+    }
+    let started = std::time::Instant::now();
+    let done = transfer::import(&a.data, &lc, inputs)
+        .await
+        .map_err(transfer_error)?;
+    out.one(&json!({
+        "data": absolute(&a.data).display().to_string(),
+        "through_seq": done.head,
+        "events": done.events,
+        "backups": a.from.len(),
+        "duration_ms": started.elapsed().as_millis() as u64,
+    }))
+}
+
+pub(crate) async fn log(a: LogArgs) -> CliResult {
+    match a.action {
+        LogAction::Export {
+            data,
+            after,
+            through,
+            config,
+        } => {
+            let log = open_offline(config.as_deref(), &data)?;
+            let l = log.clone();
+            let r = tokio::task::spawn_blocking(move || {
+                let stdout = std::io::stdout();
+                let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+                transfer::export(&l, after, through.unwrap_or(u64::MAX), &mut w)
+            })
+            .await
+            .map_err(|e| CliError::Other(e.to_string()))?;
+            log.close().await;
+            match r {
+                Ok(_) => Ok(()),
+                Err(TransferError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::BrokenPipe =>
+                {
+                    Err(CliError::ClosedPipe)
+                }
+                Err(e) => Err(transfer_error(e)),
+            }
+        }
+        LogAction::Import {
+            data,
+            file,
+            config,
+            output,
+        } => {
+            let lc = log_config(config.as_deref(), &data)?;
+            let input: Box<dyn BufRead + Send> = match &file {
+                Some(p) if p.as_os_str() != "-" => Box::new(std::io::BufReader::with_capacity(
+                    1 << 20,
+                    std::fs::File::open(p).map_err(|e| {
+                        CliError::Other(format!("cannot open {}: {e}", p.display()))
+                    })?,
+                )),
+                _ => Box::new(std::io::BufReader::with_capacity(1 << 20, std::io::stdin())),
+            };
+            let started = std::time::Instant::now();
+            let done = transfer::import(&data, &lc, vec![(0, input)])
+                .await
+                .map_err(transfer_error)?;
+            Output::resolve(output).one(&json!({
+                "data": absolute(&data).display().to_string(),
+                "events": done.events,
+                "head": done.head,
+                "duration_ms": started.elapsed().as_millis() as u64,
+            }))
+        }
+    }
+}

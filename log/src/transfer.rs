@@ -1,0 +1,518 @@
+//! The log out and in (spec section 18): JSON lines of events, one event per line with its
+//! seq, id, stream, subject, type, time and payload (the shape `GET /v1/events` answers).
+//! `tidemark log export` writes them, a backup holds them ([`backup`]) with a manifest, and
+//! [`import`] writes them into a log holding no events with the same seqs, ids and times, so
+//! every stored record is the original's byte for byte (the payload is the canonical text as
+//! stored, the time has all six digits).
+//!
+//! What a copy of the files of a running server is worth: nothing certain. `log.redb` and its
+//! journal are written in place by one writer; a copy taken while it commits can hold a redb
+//! file from one moment and a journal from another. A backup (below) or a copy of the stopped
+//! server's data directory is safe.
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::{AppendError, EventLog, Log, LogConfig, NewEvent, ReadError, ReadQuery};
+
+/// The manifest's `format`.
+pub const FORMAT: &str = "tidemark-backup/1";
+/// A backup directory's files.
+pub const MANIFEST: &str = "manifest.json";
+pub const EVENTS: &str = "events.jsonl";
+/// Events read per page while exporting, and appended per batch while importing.
+const PAGE: usize = 1_000;
+
+/// What a backup holds: the events after `after_seq` through `through_seq`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    /// 0 for a full backup; else an increment that applies on top of a backup through it.
+    pub after_seq: u64,
+    /// The log's head when the backup began: the copy is the log as of this seq.
+    pub through_seq: u64,
+    /// Events in `events.jsonl`.
+    pub events: u64,
+    /// Bytes of `events.jsonl`, and its BLAKE3 hash (hex).
+    pub bytes: u64,
+    pub blake3: String,
+    /// The tidemark version that wrote it.
+    pub version: String,
+}
+
+/// What [`export`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    pub events: u64,
+    pub bytes: u64,
+    pub through_seq: u64,
+}
+
+/// What [`import`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Imported {
+    pub events: u64,
+    /// The log's head after it.
+    pub head: u64,
+}
+
+/// Why an export, a backup, an import or a restore failed. An import or a restore that fails
+/// leaves the data directory as it was.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("line {line}: {reason}")]
+    Line { line: u64, reason: String },
+    #[error(
+        "line {line}: seq {found} where {expected} was due: the input has a gap or a repeat \
+         (events must follow each other from seq {first})"
+    )]
+    Sequence {
+        line: u64,
+        expected: u64,
+        found: u64,
+        first: u64,
+    },
+    #[error("line {line}: event_id {event_id:?} is already on line {first_line}")]
+    Duplicate {
+        line: u64,
+        event_id: String,
+        first_line: u64,
+    },
+    #[error(
+        "the log in {dir} already holds events (head {head}): an import goes into a data \
+         directory holding none"
+    )]
+    NotEmpty { dir: PathBuf, head: u64 },
+    #[error("{0}")]
+    Backup(String),
+    #[error("after {after} is past the log's head ({head})")]
+    PastHead { after: u64, head: u64 },
+    #[error("{} is not empty: a backup goes into a new or empty directory", dir.display())]
+    DirNotEmpty { dir: PathBuf },
+    #[error(
+        "the log was compacted through seq {first}: the events after {after} are no longer \
+         all in it"
+    )]
+    Compacted { after: u64, first: u64 },
+    #[error("reading the log: {0}")]
+    Read(#[source] ReadError),
+    #[error("writing the log: {0}")]
+    Append(#[source] AppendError),
+    #[error("opening the log: {0}")]
+    Open(#[source] crate::OpenError),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> TransferError {
+    let what = what.into();
+    move |source| TransferError::Io { what, source }
+}
+
+/// Write the committed events after `after` through `through` (cut at the head) to `out` as
+/// JSON lines, reading the log in pages: appends go on meanwhile, and what is written is the
+/// log as of `through`.
+pub fn export(
+    log: &impl EventLog,
+    after: u64,
+    through: u64,
+    out: &mut impl Write,
+) -> Result<Written, TransferError> {
+    let through = through.min(log.head());
+    let mut w = Written {
+        events: 0,
+        bytes: 0,
+        through_seq: through.max(after),
+    };
+    let mut at = after;
+    let mut line = Vec::with_capacity(4096);
+    while at < through {
+        let page = log
+            .read(&ReadQuery {
+                after: at,
+                limit: PAGE.min((through - at) as usize),
+                ..ReadQuery::default()
+            })
+            .map_err(|e| match e {
+                ReadError::Compacted { first } => TransferError::Compacted { after, first },
+                e => TransferError::Read(e),
+            })?;
+        for e in page.events.iter().take_while(|e| e.seq <= through) {
+            line.clear();
+            serde_json::to_writer(&mut line, e).map_err(|e| TransferError::Io {
+                what: "encoding an event".into(),
+                source: e.into(),
+            })?;
+            line.push(b'\n');
+            out.write_all(&line).map_err(io("writing the events"))?;
+            w.events += 1;
+            w.bytes += line.len() as u64;
+        }
+        if page.next_after <= at {
+            break;
+        }
+        at = page.next_after.min(through);
+    }
+    out.flush().map_err(io("writing the events"))?;
+    Ok(w)
+}
+
+/// A `Write` that hashes and counts what goes through it.
+struct Hashing<W> {
+    inner: W,
+    hash: blake3::Hasher,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Write a backup of `log` into `dir` (made here; it must not exist, or be empty): the events
+/// after `after` through the head as of now, and a manifest written last (a directory without
+/// one is an unfinished backup). Reads only: appends go on.
+pub fn backup(log: &impl EventLog, dir: &Path, after: u64) -> Result<Manifest, TransferError> {
+    let through = log.head();
+    if after > through {
+        return Err(TransferError::PastHead {
+            after,
+            head: through,
+        });
+    }
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(TransferError::DirNotEmpty {
+                    dir: dir.to_owned(),
+                });
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        }
+        Err(e) => return Err(io(format!("reading {}", dir.display()))(e)),
+    }
+    let partial = dir.join(format!("{EVENTS}.partial"));
+    let file =
+        std::fs::File::create(&partial).map_err(io(format!("creating {}", partial.display())))?;
+    let mut out = Hashing {
+        inner: std::io::BufWriter::with_capacity(1 << 20, file),
+        hash: blake3::Hasher::new(),
+    };
+    let w = export(log, after, through, &mut out)?;
+    let file = out
+        .inner
+        .into_inner()
+        .map_err(|e| io("writing the events")(e.into_error()))?;
+    file.sync_all().map_err(io("syncing the events"))?;
+    std::fs::rename(&partial, dir.join(EVENTS)).map_err(io("naming the events file"))?;
+    let m = Manifest {
+        format: FORMAT.into(),
+        after_seq: after,
+        through_seq: w.through_seq,
+        events: w.events,
+        bytes: w.bytes,
+        blake3: out.hash.finalize().to_hex().to_string(),
+        version: env!("CARGO_PKG_VERSION").into(),
+    };
+    let mut text = serde_json::to_vec_pretty(&m).unwrap_or_default();
+    text.push(b'\n');
+    write_synced(&dir.join(MANIFEST), &text)?;
+    sync_dir(dir)?;
+    Ok(m)
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), TransferError> {
+    let tmp = path.with_extension("partial");
+    let mut f = std::fs::File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(io(format!("writing {}", tmp.display())))?;
+    std::fs::rename(&tmp, path).map_err(io(format!("naming {}", path.display())))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), TransferError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(format!("syncing {}", dir.display())))
+}
+
+/// A backup directory read back: its manifest, checked against its events file (count, bytes
+/// and hash) before anything is written from it.
+pub fn open_backup(dir: &Path) -> Result<Manifest, TransferError> {
+    let path = dir.join(MANIFEST);
+    let text = std::fs::read(&path).map_err(|e| {
+        TransferError::Backup(format!(
+            "{} is not a finished backup (no readable {MANIFEST}: {e})",
+            dir.display()
+        ))
+    })?;
+    let m: Manifest = serde_json::from_slice(&text).map_err(|e| {
+        TransferError::Backup(format!("{}: not a backup manifest: {e}", path.display()))
+    })?;
+    if m.format != FORMAT {
+        return Err(TransferError::Backup(format!(
+            "{}: format {:?}, this tidemark reads {FORMAT:?}",
+            path.display(),
+            m.format
+        )));
+    }
+    let events = dir.join(EVENTS);
+    let mut f =
+        std::fs::File::open(&events).map_err(io(format!("opening {}", events.display())))?;
+    let mut h = blake3::Hasher::new();
+    let bytes =
+        std::io::copy(&mut f, &mut h).map_err(io(format!("reading {}", events.display())))?;
+    if bytes != m.bytes || h.finalize().to_hex().as_str() != m.blake3 {
+        return Err(TransferError::Backup(format!(
+            "{} does not match its manifest (bytes or BLAKE3 differ): the backup is damaged",
+            events.display()
+        )));
+    }
+    Ok(m)
+}
+
+/// One line of the input.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Line {
+    seq: u64,
+    event_id: String,
+    stream: String,
+    subject: String,
+    #[serde(rename = "type")]
+    event_type: String,
+    time: String,
+    payload: Box<RawValue>,
+}
+
+/// Read JSON lines of events following `after` (the first has seq `after + 1`, each the next),
+/// with no event_id twice, and hand them on in batches of events of one time.
+struct Reader<R> {
+    input: R,
+    line: u64,
+    next: u64,
+    first: u64,
+    ids: HashMap<String, u64>,
+    buf: String,
+    /// A line read past the end of the batch before it.
+    held: Option<(u64, i64, NewEvent)>,
+}
+
+impl<R: BufRead> Reader<R> {
+    fn new(input: R, after: u64) -> Self {
+        Reader {
+            input,
+            line: 0,
+            next: after + 1,
+            first: after + 1,
+            ids: HashMap::new(),
+            buf: String::new(),
+            held: None,
+        }
+    }
+
+    fn read_one(&mut self) -> Result<Option<(u64, i64, NewEvent)>, TransferError> {
+        loop {
+            self.buf.clear();
+            let n = self
+                .input
+                .read_line(&mut self.buf)
+                .map_err(io(format!("reading line {}", self.line + 1)))?;
+            if n == 0 {
+                return Ok(None);
+            }
+            self.line += 1;
+            if self.buf.trim().is_empty() {
+                continue;
+            }
+            let line = self.line;
+            let bad = |reason: String| TransferError::Line { line, reason };
+            let l: Line = serde_json::from_str(self.buf.trim_end())
+                .map_err(|e| bad(format!("not an event: {e}")))?;
+            if l.seq != self.next {
+                return Err(TransferError::Sequence {
+                    line,
+                    expected: self.next,
+                    found: l.seq,
+                    first: self.first,
+                });
+            }
+            let time = crate::time::parse_rfc3339_micros(&l.time)
+                .ok_or_else(|| bad(format!("time {:?} is not an RFC 3339 time", l.time)))?;
+            if let Some(&first_line) = self.ids.get(&l.event_id) {
+                return Err(TransferError::Duplicate {
+                    line,
+                    event_id: l.event_id,
+                    first_line,
+                });
+            }
+            self.ids.insert(l.event_id.clone(), line);
+            let ev = NewEvent::from_json_text(
+                Some(l.event_id),
+                l.stream,
+                l.subject,
+                l.event_type,
+                &l.payload,
+            )
+            .map_err(|e| bad(format!("invalid event: {e}")))?;
+            self.next += 1;
+            return Ok(Some((l.seq, time, ev)));
+        }
+    }
+
+    /// The next batch: consecutive events of one time, at most [`PAGE`].
+    fn batch(&mut self) -> Result<Option<(u64, i64, Vec<NewEvent>)>, TransferError> {
+        let Some((seq, time, ev)) = (match self.held.take() {
+            Some(h) => Some(h),
+            None => self.read_one()?,
+        }) else {
+            return Ok(None);
+        };
+        let mut events = vec![ev];
+        while events.len() < PAGE {
+            match self.read_one()? {
+                Some((_, t, e)) if t == time => events.push(e),
+                Some(other) => {
+                    self.held = Some(other);
+                    break;
+                }
+                None => break,
+            }
+        }
+        Ok(Some((seq, time, events)))
+    }
+}
+
+/// Where an import writes before the data directory takes the result.
+const STAGING: &str = ".tidemark-import";
+
+/// Import `inputs` in order — JSON lines of events, the first following seq `after` of the
+/// pair, which must be where the ones before left the log — into the log of the data directory
+/// `data`, which must hold no events (a missing directory is made). With the same seqs, ids
+/// and times as the input. The log is written in a staging directory first and takes the
+/// data directory's place only when every input went in whole: on any failure (a gap, a
+/// repeat, an invalid line, a full disk) the data directory is as it was. Read models left
+/// there are removed (they rebuild from the new log at the next start).
+pub async fn import<R: BufRead>(
+    data: &Path,
+    cfg: &LogConfig,
+    inputs: Vec<(u64, R)>,
+) -> Result<Imported, TransferError> {
+    let created = !data.exists();
+    std::fs::create_dir_all(data).map_err(io(format!("creating {}", data.display())))?;
+    let r = import_checked(data, cfg, inputs).await;
+    if r.is_err() && created {
+        // Nothing was there: nothing is left.
+        let _ = std::fs::remove_dir_all(data);
+    }
+    r
+}
+
+async fn import_checked<R: BufRead>(
+    data: &Path,
+    cfg: &LogConfig,
+    inputs: Vec<(u64, R)>,
+) -> Result<Imported, TransferError> {
+    let target = data.join(cfg.path.file_name().unwrap_or("log.redb".as_ref()));
+    if target.exists() {
+        let mut existing = cfg.clone();
+        existing.path = target.clone();
+        let (log, _) = Log::open(&existing).map_err(TransferError::Open)?;
+        let head = EventLog::head(&log);
+        log.close().await;
+        if head > 0 {
+            return Err(TransferError::NotEmpty {
+                dir: data.to_owned(),
+                head,
+            });
+        }
+    }
+    let staging = data.join(STAGING);
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(&staging).map_err(io(format!("creating {}", staging.display())))?;
+    let r = import_into(&staging, cfg, inputs).await;
+    match r {
+        Ok(done) => {
+            let staged: Vec<PathBuf> = std::fs::read_dir(&staging)
+                .map_err(io("reading the staging directory"))?
+                .map(|e| e.map(|e| e.path()))
+                .collect::<Result<_, _>>()
+                .map_err(io("reading the staging directory"))?;
+            for path in &staged {
+                std::fs::File::open(path)
+                    .and_then(|f| f.sync_all())
+                    .map_err(io(format!("syncing {}", path.display())))?;
+            }
+            for path in &staged {
+                let name = path.file_name().unwrap_or_default();
+                std::fs::rename(path, data.join(name))
+                    .map_err(io("moving the imported log into place"))?;
+            }
+            let _ = std::fs::remove_dir(&staging);
+            for stale in ["models.redb", "models.redb.unreadable"] {
+                let _ = std::fs::remove_file(data.join(stale));
+            }
+            sync_dir(data)?;
+            Ok(done)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&staging);
+            Err(e)
+        }
+    }
+}
+
+async fn import_into<R: BufRead>(
+    dir: &Path,
+    cfg: &LogConfig,
+    inputs: Vec<(u64, R)>,
+) -> Result<Imported, TransferError> {
+    let mut c = cfg.clone();
+    c.path = dir.join(cfg.path.file_name().unwrap_or("log.redb".as_ref()));
+    // No sync per group: the staged files are synced once, whole, before they take the data
+    // directory's place (a crash before that leaves only the staging directory, which the
+    // next import removes).
+    c.sync = false;
+    let (log, _) = Log::open(&c).map_err(TransferError::Open)?;
+    let r = async {
+        let mut events = 0;
+        for (after, input) in inputs {
+            let head = EventLog::head(&log);
+            if after != head {
+                return Err(TransferError::Backup(format!(
+                    "an input follows seq {after}, but the inputs before it end at {head}: a \
+                     gap, or the inputs are out of order"
+                )));
+            }
+            let mut reader = Reader::new(input, after);
+            while let Some((first, time, batch)) = reader.batch()? {
+                events += batch.len() as u64;
+                log.replicate(batch, first, time)
+                    .await
+                    .map_err(TransferError::Append)?;
+            }
+        }
+        Ok(Imported {
+            events,
+            head: EventLog::head(&log),
+        })
+    }
+    .await;
+    log.close().await;
+    r
+}
