@@ -92,6 +92,11 @@ pub struct ServerConfig {
     /// the data directory.
     #[serde(default)]
     pub backup_dir: PathBuf,
+    /// HTTPS (section 18): the PEM certificate chain and private key; both or neither.
+    #[serde(default)]
+    pub tls_cert: PathBuf,
+    #[serde(default)]
+    pub tls_key: PathBuf,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -221,6 +226,12 @@ impl Config {
         }
         if self.server.max_body_bytes == 0 || self.server.sse_max_clients == 0 {
             return bad("server.max_body_bytes and server.sse_max_clients must be positive".into());
+        }
+        if self.server.tls_cert.as_os_str().is_empty() != self.server.tls_key.as_os_str().is_empty()
+        {
+            return bad(
+                "server.tls_cert and server.tls_key go together: set both, or neither".into(),
+            );
         }
         if self.server.max_wait_ms > 30_000 {
             return bad("server.max_wait_ms must be at most 30000".into());
@@ -447,6 +458,12 @@ impl Config {
             ));
         }
         Ok(sinks)
+    }
+
+    /// The certificate and key files when HTTPS is configured.
+    pub fn tls(&self) -> Option<(PathBuf, PathBuf)> {
+        let s = &self.server;
+        (!s.tls_cert.as_os_str().is_empty()).then(|| (s.tls_cert.clone(), s.tls_key.clone()))
     }
 
     /// The directory backups taken through the server go in (absolute).

@@ -24,5 +24,6 @@ pub mod request;
 pub mod routes;
 pub mod server;
 pub mod state;
+pub mod tls;
 
 pub use server::{RunError, router, run};

@@ -72,6 +72,8 @@ pub enum RunError {
     Open(#[from] tidemark_log::OpenError),
     #[error("server I/O error: {0}")]
     Io(#[from] std::io::Error),
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// What a group of routes needs: section 8's scope table is the list of `scoped` groups in
@@ -312,10 +314,9 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 async fn accept_loop(
     listener: TcpListener,
     app: Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     stop: &CancellationToken,
 ) -> hyper_util::server::graceful::GracefulShutdown {
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-    use tower::Service;
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
         let stream = tokio::select! {
@@ -331,27 +332,50 @@ async fn accept_loop(
             },
         };
         let _ = stream.set_nodelay(true);
-        let app = app.clone();
-        let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-            let mut app = app.clone();
-            app.call(req.map(axum::body::Body::new))
-        });
-        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT);
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), svc)
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended");
+        let (app, watcher) = (app.clone(), graceful.watcher());
+        match &tls {
+            None => serve_connection(stream, app, watcher),
+            Some(acceptor) => {
+                // The handshake in the connection's own task, bounded like a request's head.
+                let accept = acceptor.accept(stream);
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HEADER_READ_TIMEOUT, accept).await {
+                        Ok(Ok(tls)) => serve_connection(tls, app, watcher),
+                        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                    }
+                });
             }
-        });
+        }
     }
     graceful
+}
+
+/// Serve one connection (plain or TLS) on its own task, watched for a graceful shutdown.
+fn serve_connection<I>(io: I, app: Router, watcher: hyper_util::server::graceful::Watcher)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use tower::Service;
+    let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let mut app = app.clone();
+        app.call(req.map(axum::body::Body::new))
+    });
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let conn = builder
+        .serve_connection_with_upgrades(TokioIo::new(io), svc)
+        .into_owned();
+    let conn = watcher.watch(conn);
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "connection ended");
+        }
+    });
 }
 
 /// The span of a request: its method and route template (`/v1/deliveries/{id}`), never its
@@ -436,6 +460,29 @@ async fn record_settings(
     Ok(())
 }
 
+/// Load the certificate again on every `SIGHUP` until `stop`.
+fn spawn_reload_on_hangup(certs: Arc<crate::tls::Certs>, stop: CancellationToken) {
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                got = hup.recv() => {
+                    if got.is_none() {
+                        return;
+                    }
+                    let c = certs.clone();
+                    let _ = tokio::task::spawn_blocking(move || c.reload_now()).await;
+                }
+            }
+        }
+    });
+}
+
 /// Open the log and serve on `listener` until `shutdown` resolves; then stop accepting, let
 /// in-flight requests finish (bounded by `server.shutdown_grace_secs`), end SSE streams, stop
 /// the writer and close the log file cleanly.
@@ -445,6 +492,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
     let addr = listener.local_addr()?;
+    // The certificate is checked before the log is opened: a start it fails changes nothing.
+    let certs = match config.tls() {
+        None => None,
+        Some((cert, key)) => Some(crate::tls::Certs::load(&cert, &key).map_err(RunError::Tls)?),
+    };
     if config.auth.tokens.is_empty() {
         if !addr.ip().is_loopback() {
             return Err(RunError::OpenOnNonLoopback(addr));
@@ -538,13 +590,22 @@ pub async fn run(
     // Tests and scripts read the bound address (useful with port 0) from this first line: it
     // is printed once the log is open and the reactors run, so "listening" means ready to
     // serve (a start that fails exits 1 without it).
+    let tls = match certs {
+        None => None,
+        Some(certs) => {
+            let server = certs.server_config().map_err(RunError::Tls)?;
+            spawn_reload_on_hangup(certs, token.clone());
+            Some(tokio_rustls::TlsAcceptor::from(Arc::new(server)))
+        }
+    };
     {
         use std::io::Write;
-        println!("listening on http://{addr}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        println!("listening on {scheme}://{addr}");
         let _ = std::io::stdout().flush();
     }
-    tracing::info!(%addr, "serving");
-    let graceful = accept_loop(listener, app, &token).await;
+    tracing::info!(%addr, tls = tls.is_some(), "serving");
+    let graceful = accept_loop(listener, app, tls, &token).await;
     tokio::select! {
         () = graceful.shutdown() => {}
         () = tokio::time::sleep(grace) => {

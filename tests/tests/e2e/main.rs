@@ -57,4 +57,5 @@ mod e2e_shutdown;
 mod e2e_sources;
 mod e2e_task_stream;
 mod e2e_tasks;
+mod e2e_tls;
 mod e2e_truth;
