@@ -41,6 +41,10 @@ pub struct SinksConfig {
     pub webhook: Option<tidemark_consumers::dispatch::webhook::WebhookConfig>,
 }
 
+fn text() -> String {
+    "text".to_owned()
+}
+
 /// `[retention]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -92,6 +96,10 @@ pub struct ServerConfig {
     /// the data directory.
     #[serde(default)]
     pub backup_dir: PathBuf,
+    /// `text` or `json` (one object per line): how log lines are written (section 18; also
+    /// `TIDEMARK_LOG_FORMAT`).
+    #[serde(default = "text")]
+    pub log_format: String,
     /// HTTPS (section 18): the PEM certificate chain and private key; both or neither.
     #[serde(default)]
     pub tls_cert: PathBuf,
@@ -184,9 +192,12 @@ impl Config {
                 .filter(|k| k.as_str().contains("__"))
                 .split("__"),
         );
-        let cfg: Config = fig
+        let mut cfg: Config = fig
             .extract()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if let Ok(f) = std::env::var("TIDEMARK_LOG_FORMAT") {
+            cfg.server.log_format = f;
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -226,6 +237,12 @@ impl Config {
         }
         if self.server.max_body_bytes == 0 || self.server.sse_max_clients == 0 {
             return bad("server.max_body_bytes and server.sse_max_clients must be positive".into());
+        }
+        if !matches!(self.server.log_format.as_str(), "text" | "json") {
+            return bad(format!(
+                "server.log_format (or TIDEMARK_LOG_FORMAT) is {:?}: text or json",
+                self.server.log_format
+            ));
         }
         if self.server.tls_cert.as_os_str().is_empty() != self.server.tls_key.as_os_str().is_empty()
         {

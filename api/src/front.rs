@@ -250,7 +250,18 @@ impl Labels {
                 .push((self.method.clone(), status, h.clone()));
             h
         });
+        let took = started.elapsed();
         handles.requests.increment(1);
-        handles.duration.record(started.elapsed().as_secs_f64());
+        handles.duration.record(took.as_secs_f64());
+        // The access log (section 18): method, route template, status, duration and request
+        // id; never the URI's query or path ids, never a body. A 5xx is an error line.
+        let ms = took.as_secs_f64() * 1e3;
+        if status >= 500 {
+            tracing::error!(target: "tidemark::access", method = %self.method, route, status,
+                duration_ms = ms, request_id = %crate::server::request_id(), "request failed");
+        } else {
+            tracing::info!(target: "tidemark::access", method = %self.method, route, status,
+                duration_ms = ms, request_id = %crate::server::request_id(), "request");
+        }
     }
 }

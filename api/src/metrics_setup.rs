@@ -241,7 +241,41 @@ pub fn describe() {
         ),
         (
             "tidemark_build_info",
-            "Build information (version label), always 1",
+            "Build information (version and commit labels), always 1",
+        ),
+        (
+            "tidemark_log_disk_free_bytes",
+            "Bytes free on the disk of the log (a JetStream node: of its replica)",
+        ),
+        (
+            "tidemark_storage_state",
+            "The log's storage state: 1 for the state it is in (ok; full: appends refused until space returns; poisoned: until a restart)",
+        ),
+        (
+            "tidemark_models_poisoned",
+            "1 when the decider panicked: commands are refused until a restart",
+        ),
+        (
+            "process_resident_memory_bytes",
+            "Resident memory of the process, bytes",
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "Virtual memory of the process, bytes",
+        ),
+        (
+            "process_cpu_seconds_total",
+            "CPU time the process has used, user and system, seconds",
+        ),
+        ("process_open_fds", "File descriptors the process has open"),
+        (
+            "process_max_fds",
+            "The process's limit on open file descriptors",
+        ),
+        ("process_threads", "Threads of the process"),
+        (
+            "process_start_time_seconds",
+            "When the process started, Unix seconds",
         ),
         (
             "tidemark_backups_total",
@@ -341,4 +375,53 @@ pub fn describe() {
         "tidemark_http_request_duration_seconds",
         "HTTP request latency by route"
     );
+}
+
+/// The process's own figures (section 18), read from `/proc` at each scrape (Linux; elsewhere
+/// nothing is set): resident and virtual memory, CPU seconds, open and allowed file
+/// descriptors, threads, start time.
+pub fn process_metrics() {
+    use nix::unistd::{SysconfVar, sysconf};
+    let ticks = sysconf(SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
+    let page = sysconf(SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .unwrap_or(4096) as f64;
+    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
+        // The fields after the command name (which may hold spaces), from field 3 on.
+        let f: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest)
+            .split_whitespace()
+            .collect();
+        let field = |n: usize| f.get(n - 3).and_then(|v| v.parse::<f64>().ok());
+        if let (Some(utime), Some(stime)) = (field(14), field(15)) {
+            metrics::gauge!("process_cpu_seconds_total").set((utime + stime) / ticks);
+        }
+        if let Some(t) = field(20) {
+            metrics::gauge!("process_threads").set(t);
+        }
+        if let Some(v) = field(23) {
+            metrics::gauge!("process_virtual_memory_bytes").set(v);
+        }
+        if let Some(r) = field(24) {
+            metrics::gauge!("process_resident_memory_bytes").set(r * page);
+        }
+        let boot = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("btime "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        });
+        if let (Some(boot), Some(start)) = (boot, field(22)) {
+            metrics::gauge!("process_start_time_seconds").set(boot + start / ticks);
+        }
+    }
+    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+        metrics::gauge!("process_open_fds").set(fds.count() as f64);
+    }
+    if let Ok((soft, _)) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    {
+        metrics::gauge!("process_max_fds").set(soft as f64);
+    }
 }

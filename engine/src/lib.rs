@@ -456,6 +456,23 @@ impl<L: EventLog + Clone> Engine<L> {
         self.log.is_poisoned()
     }
 
+    /// Bytes free on the log's disk, if known.
+    pub fn disk_free(&self) -> Option<u64> {
+        self.log.free_bytes()
+    }
+
+    /// The storage state of section 18: `poisoned` (a storage failure stopped appends until a
+    /// restart), `full` (appends refused until space returns), or `ok`.
+    pub fn storage_state(&self) -> &'static str {
+        if self.log.is_poisoned() {
+            "poisoned"
+        } else if self.log.check_space().is_err() {
+            "full"
+        } else {
+            "ok"
+        }
+    }
+
     /// Why the decider, the models store's writer, panicked, if it has: commands are refused
     /// (`CommandError::Models`) until a restart; appends and the log are not affected.
     pub fn models_poisoned(&self) -> Option<&str> {

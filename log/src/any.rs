@@ -103,6 +103,9 @@ impl EventLog for AnyLog {
     fn check_space(&self) -> Result<(), AppendError> {
         each!(self, l => EventLog::check_space(l))
     }
+    fn free_bytes(&self) -> Option<u64> {
+        each!(self, l => EventLog::free_bytes(l))
+    }
     fn is_poisoned(&self) -> bool {
         each!(self, l => EventLog::is_poisoned(l))
     }

@@ -149,6 +149,10 @@ pub trait EventLog: Send + Sync + 'static {
     fn check_space(&self) -> Result<(), AppendError> {
         Ok(())
     }
+    /// Bytes free where this node keeps the log (or its replica); `None` when not known.
+    fn free_bytes(&self) -> Option<u64> {
+        None
+    }
     /// Whether a failure has stopped appends until a restart.
     fn is_poisoned(&self) -> bool {
         false

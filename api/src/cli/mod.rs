@@ -525,7 +525,7 @@ pub struct TailArgs {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    init_tracing(&cli);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -606,14 +606,29 @@ impl Command {
     }
 }
 
-fn init_tracing() {
+/// Log lines on stderr, filtered by `RUST_LOG` (default `info`), as text or as JSON objects
+/// (`TIDEMARK_LOG_FORMAT`, else `[server] log_format` of the configuration `serve` reads).
+fn init_tracing(cli: &Cli) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=warn"));
-    let _ = tracing_subscriber::fmt()
+    let json = match std::env::var("TIDEMARK_LOG_FORMAT") {
+        Ok(f) => f == "json",
+        Err(_) => match &cli.command {
+            Command::Serve(a) => {
+                Config::load(a.config.as_deref()).is_ok_and(|c| c.server.log_format == "json")
+            }
+            _ => false,
+        },
+    };
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        fmt.json().flatten_event(true).try_init()
+    } else {
+        fmt.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init()
+    };
 }
 
 pub(crate) type CliResult = Result<(), CliError>;

@@ -114,7 +114,23 @@ pub async fn readyz(State(st): State<AppState>) -> Result<axum::Json<Health>, Ap
 pub async fn metrics(State(st): State<AppState>) -> Response {
     metrics::gauge!("tidemark_log_head").set(st.engine.head() as f64);
     metrics::gauge!("tidemark_log_queue_depth").set(st.engine.queued() as f64);
-    metrics::gauge!("tidemark_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    metrics::gauge!("tidemark_build_info", "version" => env!("CARGO_PKG_VERSION"), "commit" => env!("TIDEMARK_COMMIT")).set(1.0);
+    crate::metrics_setup::process_metrics();
+    if let Some(free) = st.engine.disk_free() {
+        metrics::gauge!("tidemark_log_disk_free_bytes").set(free as f64);
+    }
+    // One series per state, 1 for the one it is in: an alert reads `== 1` of the bad ones.
+    let state = st.engine.storage_state();
+    for s in ["ok", "full", "poisoned"] {
+        metrics::gauge!("tidemark_storage_state", "state" => s)
+            .set(f64::from(u8::from(s == state)));
+    }
+    let models = if st.engine.models_poisoned().is_some() {
+        1.0
+    } else {
+        0.0
+    };
+    metrics::gauge!("tidemark_models_poisoned").set(models);
     // Each read model's lag behind the head, judged at scrape time.
     let engine = st.engine.clone();
     if let Ok(infos) = blocking(move || engine.read().projections()).await {

@@ -161,6 +161,9 @@ impl EventLog for Log {
     fn check_space(&self) -> Result<(), AppendError> {
         Log::check_space(self)
     }
+    fn free_bytes(&self) -> Option<u64> {
+        self.space.storage.available(&self.space.path)
+    }
     fn is_poisoned(&self) -> bool {
         Log::is_poisoned(self)
     }

@@ -841,6 +841,10 @@ impl EventLog for JetStreamLog {
         self.inner.replica.check_space()
     }
 
+    fn free_bytes(&self) -> Option<u64> {
+        EventLog::free_bytes(&self.inner.replica)
+    }
+
     fn is_poisoned(&self) -> bool {
         EventLog::is_poisoned(&self.inner.replica)
     }
