@@ -278,6 +278,18 @@ pub fn describe() {
             "When the process started, Unix seconds",
         ),
         (
+            "tidemark_sink_attempts_total",
+            "Delivery attempts by tidemark's own sinks (email, webhook), by sink and outcome",
+        ),
+        (
+            "tidemark_sink_in_flight",
+            "Deliveries tidemark's own sinks are sending now, by sink",
+        ),
+        (
+            "tidemark_commands_redecided_total",
+            "Command decisions the log refused on a failed condition, each decided again",
+        ),
+        (
             "tidemark_backups_total",
             "Backups taken through the server, by outcome (ok, failed)",
         ),
@@ -320,6 +332,10 @@ pub fn describe() {
         (
             "tidemark_log_commit_items",
             "Requests (appends and commands) in one group commit",
+        ),
+        (
+            "tidemark_sink_attempt_seconds",
+            "Duration of one delivery attempt by tidemark's own sinks, by sink",
         ),
     ] {
         metrics::describe_histogram!(name, help);

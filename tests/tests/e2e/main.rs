@@ -18,6 +18,7 @@
 
 mod common;
 mod e2e_admission;
+mod e2e_alerts;
 mod e2e_api_fuzz;
 mod e2e_append;
 mod e2e_auth;

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The Debian package end to end (spec section 18), run by .ci/run as root: build it, install it
+# with dpkg -i, check what it installed (binary, unit, config, user, directories), start the
+# binary the way the unit does (as its User=, with its ExecStart=: the packaged config), append
+# an event and read the probes, stop it with SIGTERM, then remove and purge the package.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+fail() { echo "test-package: $*" >&2; exit 1; }
+[[ $(id -u) -eq 0 ]] || fail "needs root (dpkg -i)"
+if dpkg -s tidemark >/dev/null 2>&1; then fail "a tidemark package is already installed here"; fi
+cargo build --release -p tidemark-api --bin tidemark
+deb=$(bash deploy/debian/build.sh)
+echo "test-package: built $deb ($(du -h "$deb" | cut -f1))"
+dpkg-deb --info "$deb" | grep -q "Package: tidemark" || fail "no control file"
+dpkg -i "$deb"
+cleanup() {
+  [[ -n ${pid:-} ]] && kill "$pid" 2>/dev/null || true
+  dpkg -P tidemark >/dev/null 2>&1 || true
+  rm -rf /var/lib/tidemark /var/backups/tidemark
+  userdel tidemark 2>/dev/null || true
+  groupdel tidemark 2>/dev/null || true
+}
+trap cleanup EXIT
+for f in /usr/bin/tidemark /lib/systemd/system/tidemark.service /etc/tidemark/tidemark.toml \
+         /usr/share/doc/tidemark/configuration.md; do
+  [[ -e $f ]] || fail "$f was not installed"
+done
+getent passwd tidemark >/dev/null || fail "no tidemark user"
+[[ $(stat -c %U /var/lib/tidemark) == tidemark ]] || fail "/var/lib/tidemark is not the tidemark user's"
+[[ $(stat -c %a /var/lib/tidemark) == 750 ]] || fail "/var/lib/tidemark is not 0750"
+if command -v systemd-analyze >/dev/null 2>&1; then
+  # The unit's syntax (systemd need not run for this).
+  systemd-analyze verify /lib/systemd/system/tidemark.service 2>&1 | grep -v "^$" | grep -iv "network-online\|Failed to .*bus\|not running\|Command.*failed" >&2 || true
+fi
+# The unit's user and command, run as it runs them; port 0 so no other test's port is taken.
+unit=/lib/systemd/system/tidemark.service
+user=$(sed -n 's/^User=//p' "$unit")
+exec_start=$(sed -n 's/^ExecStart=//p' "$unit")
+[[ $user == tidemark && -n $exec_start ]] || fail "the unit names no User= or ExecStart="
+out=$(mktemp)
+cd /var/lib/tidemark
+# setpriv execs the command as the user (no process in between, as systemd does), so the PID
+# is the server's and SIGTERM reaches it.
+# shellcheck disable=SC2086
+TIDEMARK_SERVER__LISTEN=127.0.0.1:0 RUST_LOG=info \
+  setpriv --reuid="$user" --regid="$user" --init-groups -- $exec_start >"$out" 2>"$out.err" &
+pid=$!
+cd - >/dev/null
+for _ in $(seq 1 600); do
+  grep -q "^listening on" "$out" && break
+  kill -0 "$pid" 2>/dev/null || { cat "$out.err" >&2; fail "the service exited at start"; }
+  sleep 0.1
+done
+addr=$(sed -n 's/^listening on http:\/\///p' "$out")
+[[ -n $addr ]] || { cat "$out.err" >&2; fail "the service never said where it listens"; }
+for probe in livez readyz healthz; do
+  code=$(curl -s -o /dev/null -w '%{http_code}' "http://$addr/$probe")
+  [[ $code == 200 ]] || fail "/$probe answered $code"
+done
+receipt=$(echo '{"event_id":"pkg-1","stream":"package","subject":"ci","type":"package.installed","payload":{"ok":true}}' \
+  | /usr/bin/tidemark append --url "$addr" -o json)
+echo "$receipt" | grep -q '"event_id":"pkg-1"' || fail "append answered $receipt"
+[[ -f /var/lib/tidemark/log.redb && $(stat -c %U /var/lib/tidemark/log.redb) == tidemark ]] \
+  || fail "the log is not in /var/lib/tidemark, owned by tidemark"
+kill -TERM "$pid"
+wait "$pid" || fail "the service did not stop cleanly on SIGTERM"
+pid=
+grep -q "stopped cleanly" "$out.err" || fail "no clean stop in the log"
+dpkg -r tidemark
+[[ ! -e /usr/bin/tidemark ]] || fail "dpkg -r left /usr/bin/tidemark"
+[[ -e /etc/tidemark/tidemark.toml ]] || fail "dpkg -r removed the conffile (only purge does)"
+dpkg -P tidemark
+[[ ! -e /etc/tidemark/tidemark.toml ]] || fail "purge left the config"
+[[ -e /var/lib/tidemark/log.redb ]] || fail "purge deleted the event log (it is kept)"
+rm -f "$out" "$out.err"
+trap - EXIT
+cleanup
+echo "test-package: installed, served as the unit does, appended, stopped, removed: ok"

@@ -1,0 +1,311 @@
+//! Alert rules and the dashboard (spec section 18): `deploy/prometheus/tidemark-alerts.yml`
+//! passes `promtool check rules`, and a real Prometheus (Debian's `prometheus`, which `.ci/run`
+//! installs) scraping two real servers — one driven into stuck and parked deliveries, a stopped
+//! and a stalled subscription, a stale source and server errors, the other started with its
+//! disk "full" — evaluates each rule's expression true for the server in that state (the alert
+//! pending or firing, with that server's labels) and the others false. The Grafana dashboard's
+//! metrics are all in a real scrape (`deploy/grafana/check.py`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tidemark_tests::{Server, ServerOpts};
+
+use crate::common::{append_ok, notif_ev, wait_for};
+use crate::e2e_deliveries::{act, claim};
+
+fn deploy(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("deploy")
+        .join(rel)
+}
+
+fn tool(name: &str) -> PathBuf {
+    for dir in ["/usr/bin", "/usr/local/bin", "/bin"] {
+        let p = Path::new(dir).join(name);
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("{name} is not installed: .ci/run installs Debian's prometheus package (promtool too)");
+}
+
+#[test]
+fn the_rules_pass_promtool() {
+    let out = std::process::Command::new(tool("promtool"))
+        .arg("check")
+        .arg("rules")
+        .arg(deploy("prometheus/tidemark-alerts.yml"))
+        .output()
+        .expect("run promtool");
+    assert!(
+        out.status.success(),
+        "promtool check rules: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A source whose upstream refuses every connection: stale after three 1 s intervals.
+const DEAD_SOURCE: &str = r#"
+[[sources]]
+name = "dead-upstream"
+url = "http://127.0.0.1:9/items"
+page_size = 10
+timeout = "1s"
+every = "1s"
+[sources.watermark]
+request_field = "afterId"
+next = "/pagination/nextAfterId"
+has_more = "/pagination/hasMore"
+limit_field = "limit"
+[sources.items]
+path = "/data"
+id = "/id"
+"#;
+
+/// An alert expected active: its name, the server's instance, and a label it must carry.
+type Expected<'a> = (&'a str, &'a str, Option<(&'a str, &'a str)>);
+
+/// A port free now, for a process that cannot be told to take port 0 and say which it took.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+struct Prometheus {
+    child: tokio::process::Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+async fn prometheus(targets: &[SocketAddr]) -> Prometheus {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let list: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {:?}\n\
+             scrape_configs:\n  - job_name: tidemark\n    static_configs:\n      - targets: [{}]\n",
+            deploy("prometheus/tidemark-alerts.yml")
+                .display()
+                .to_string(),
+            list.join(", ")
+        ),
+    )
+    .expect("config");
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let child = tokio::process::Command::new(tool("prometheus"))
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address={addr}"))
+        .arg("--log.level=warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start prometheus");
+    Prometheus {
+        child,
+        addr,
+        _dir: dir,
+    }
+}
+
+/// The active (pending or firing) alerts: (alertname, instance, the other labels).
+async fn active(p: &Prometheus) -> Option<Vec<Value>> {
+    let r = reqwest::get(format!("http://{}/api/v1/alerts", p.addr))
+        .await
+        .ok()?;
+    let v: Value = r.json().await.ok()?;
+    v["data"]["alerts"].as_array().cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_alert_is_true_for_a_server_in_its_state() {
+    // Server A: work that nobody does, a dead source, server errors.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backups = dir.path().join("backups");
+    let a = Server::start(ServerOpts::default().config(format!(
+        "[server]\nbackup_dir = {:?}\n[notifications.outbox]\nstuck_after = \"1s\"\n{DEAD_SOURCE}",
+        backups.display().to_string()
+    )))
+    .await;
+    // Server B: its disk short of the space it keeps in reserve.
+    let b = Server::start(ServerOpts::default().config("[log]\nmin_free = \"1000000GB\"\n")).await;
+
+    // Stuck (two urgent notifications nobody claims) and parked (one failed for good).
+    for i in 0..3 {
+        append_ok(
+            &a,
+            &notif_ev(
+                &format!("al-{i}"),
+                json!({"priority": "urgent", "title": format!("t{i}")}),
+            ),
+        )
+        .await;
+    }
+    let got = wait_for(Duration::from_secs(60), "a delivery to claim", || async {
+        let rows = claim(&a, "alerts", 1, 60_000).await;
+        (!rows.is_empty()).then_some(rows)
+    })
+    .await;
+    let id = got[0]["id"].as_str().expect("id").to_owned();
+    let r = act(
+        &a,
+        &id,
+        "fail",
+        &json!({"owner": "alerts", "error_code": "gone", "error": "for good", "retryable": false}),
+    )
+    .await;
+    assert_eq!(r.json["status"], "parked", "{}", r.text);
+    // A subscription stopped at a mismatch, and one with a terminal notification nobody pulls.
+    let task = |t: &str, ty: &str, p: Value| json!({"stream": "task_events", "subject": t, "type": ty, "payload": p});
+    for (t, sub) in [("al-stop", "al-stop-sub"), ("al-stall", "al-stall-sub")] {
+        append_ok(
+            &a,
+            &json!({"events": [
+                task(t, "task.created", json!({"project_id": "p"})),
+                task(t, "task.run_started", json!({"run_id": "r1"})),
+            ]}),
+        )
+        .await;
+        let r = a
+            .send(
+                a.request(reqwest::Method::POST, &format!("/v1/tasks/{t}/notifications/bridges"))
+                    .json(&json!({"subscription_id": sub, "bridge_id": "al-bridge", "sink": {"kind": "pull"}})),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    }
+    append_ok(
+        &a,
+        &json!({"events": [
+            task("al-stop", "task.run_completed", json!({"run_id": "r1"})),
+            task("al-stop", "task.run_failed", json!({"run_id": "r1", "error": "late"})),
+            task("al-stall", "task.run_completed", json!({"run_id": "r1"})),
+        ]}),
+    )
+    .await;
+    // One backup that succeeds (its metrics are on the dashboard), then server errors: backups
+    // that cannot be written (their directory would be under a file).
+    let r = a
+        .send(
+            a.request(reqwest::Method::POST, "/v1/admin/backup")
+                .json(&json!({"to": "ok"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    std::fs::write(backups.join("blocker"), "not a directory").expect("write");
+    for _ in 0..40 {
+        let r = a
+            .send(
+                a.request(reqwest::Method::POST, "/v1/admin/backup")
+                    .json(&json!({"to": "blocker/b"})),
+            )
+            .await;
+        assert_eq!(r.status.as_u16(), 500, "{}", r.text);
+    }
+    // B refuses appends: its disk is "full".
+    let (code, body) = b.append(&json!({"stream": "s", "type": "t.x"})).await;
+    assert_eq!(code.as_u16(), 507, "{body}");
+
+    let p = prometheus(&[a.addr(), b.addr()]).await;
+    // Server errors go on while Prometheus scrapes (a rate needs them between two scrapes).
+    let errors = {
+        let api = a.api();
+        tokio::spawn(async move {
+            loop {
+                let r = api
+                    .send(
+                        api.request(reqwest::Method::POST, "/v1/admin/backup")
+                            .json(&json!({"to": "blocker/b"})),
+                    )
+                    .await;
+                assert_eq!(r.status.as_u16(), 500, "{}", r.text);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let (ia, ib) = (a.addr().to_string(), b.addr().to_string());
+    let expected: Vec<Expected> = vec![
+        ("TidemarkDeliveriesStuck", &ia, Some(("sink", "app"))),
+        ("TidemarkDeliveriesParked", &ia, Some(("sink", "app"))),
+        ("TidemarkConsumersStopped", &ia, None),
+        ("TidemarkConsumersStalled", &ia, None),
+        (
+            "TidemarkSourceStale",
+            &ia,
+            Some(("source", "dead-upstream")),
+        ),
+        ("TidemarkServerErrors", &ia, None),
+        ("TidemarkStorageFull", &ib, None),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let alerts = loop {
+        let alerts = active(&p).await.unwrap_or_default();
+        let has = |name: &str, inst: &str, label: Option<(&str, &str)>| {
+            alerts.iter().any(|al| {
+                al["labels"]["alertname"] == name
+                    && al["labels"]["instance"] == inst
+                    && label.is_none_or(|(k, v)| al["labels"][k] == v)
+            })
+        };
+        let missing: Vec<&str> = expected
+            .iter()
+            .filter(|(n, i, l)| !has(n, i, *l))
+            .map(|(n, _, _)| *n)
+            .collect();
+        if missing.is_empty() {
+            break alerts;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never evaluated {missing:?} true; active alerts: {alerts:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    errors.abort();
+    // And nothing else: the other rules are false for both servers (B is only full; A is not).
+    for al in &alerts {
+        let name = al["labels"]["alertname"].as_str().unwrap_or("");
+        let inst = al["labels"]["instance"].as_str().unwrap_or("");
+        assert!(
+            expected.iter().any(|(n, i, _)| *n == name && *i == inst),
+            "{name} is active for {inst}, which is not in that state: {al}"
+        );
+    }
+
+    // The dashboard's metrics are all in a scrape of A.
+    let scrape = a.get("/metrics").await.text;
+    let file = dir.path().join("scrape.txt");
+    std::fs::write(&file, &scrape).expect("write");
+    let out = std::process::Command::new("python3")
+        .arg(deploy("grafana/check.py"))
+        .arg(&file)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "dashboard check: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
