@@ -8,19 +8,34 @@ cd "$(dirname "$0")/../.."
 fail() { echo "test-package: $*" >&2; exit 1; }
 [[ $(id -u) -eq 0 ]] || fail "needs root (dpkg -i)"
 if dpkg -s tidemark >/dev/null 2>&1; then fail "a tidemark package is already installed here"; fi
+# Its cleanup deletes these: never on a machine where they hold something of someone else's.
+for there in /var/lib/tidemark /var/backups/tidemark /etc/tidemark; do
+  [[ ! -e $there ]] || fail "$there exists: not a clean machine for this test"
+done
+if getent passwd tidemark >/dev/null; then fail "a tidemark user exists: not a clean machine"; fi
 cargo build --release -p tidemark-api --bin tidemark
 deb=$(bash deploy/debian/build.sh)
 echo "test-package: built $deb ($(du -h "$deb" | cut -f1))"
 dpkg-deb --info "$deb" | grep -q "Package: tidemark" || fail "no control file"
-dpkg -i "$deb"
 cleanup() {
   [[ -n ${pid:-} ]] && kill "$pid" 2>/dev/null || true
   dpkg -P tidemark >/dev/null 2>&1 || true
-  rm -rf /var/lib/tidemark /var/backups/tidemark
+  rm -rf /var/lib/tidemark /var/backups/tidemark /usr/sbin/policy-rc.d.tidemark-test
+  [[ -e /usr/sbin/policy-rc.d.saved ]] && mv /usr/sbin/policy-rc.d.saved /usr/sbin/policy-rc.d
+  [[ -e /usr/sbin/policy-rc.d.ours ]] && rm -f /usr/sbin/policy-rc.d /usr/sbin/policy-rc.d.ours
   userdel tidemark 2>/dev/null || true
   groupdel tidemark 2>/dev/null || true
 }
 trap cleanup EXIT
+# Where systemd runs, postinst would start the real unit (which locks the log this test's own
+# server needs): invoke-rc.d's policy says no while the test runs.
+if [[ -d /run/systemd/system ]]; then
+  [[ -e /usr/sbin/policy-rc.d ]] && mv /usr/sbin/policy-rc.d /usr/sbin/policy-rc.d.saved
+  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+  chmod 755 /usr/sbin/policy-rc.d
+  touch /usr/sbin/policy-rc.d.ours
+fi
+dpkg -i "$deb"
 for f in /usr/bin/tidemark /lib/systemd/system/tidemark.service /etc/tidemark/tidemark.toml \
          /usr/share/doc/tidemark/configuration.md; do
   [[ -e $f ]] || fail "$f was not installed"
@@ -28,10 +43,6 @@ done
 getent passwd tidemark >/dev/null || fail "no tidemark user"
 [[ $(stat -c %U /var/lib/tidemark) == tidemark ]] || fail "/var/lib/tidemark is not the tidemark user's"
 [[ $(stat -c %a /var/lib/tidemark) == 750 ]] || fail "/var/lib/tidemark is not 0750"
-if command -v systemd-analyze >/dev/null 2>&1; then
-  # The unit's syntax (systemd need not run for this).
-  systemd-analyze verify /lib/systemd/system/tidemark.service 2>&1 | grep -v "^$" | grep -iv "network-online\|Failed to .*bus\|not running\|Command.*failed" >&2 || true
-fi
 # The unit's user and command, run as it runs them; port 0 so no other test's port is taken.
 unit=/lib/systemd/system/tidemark.service
 user=$(sed -n 's/^User=//p' "$unit")

@@ -13,7 +13,7 @@ use tidemark_log::EventChunk;
 use tokio::sync::watch;
 
 /// Chunks kept for a reader that is a little behind: at most this many, and no more bytes
-/// than [`KEEP_BYTES`] (the newest is always kept).
+/// than [`KEEP_BYTES`] together.
 const KEEP: usize = 8;
 const KEEP_BYTES: usize = 1 << 20;
 
@@ -39,14 +39,15 @@ impl Pages {
         self.upto.receiver_count() > 0
     }
 
-    /// Hand on a chunk the decider read.
+    /// Hand on a chunk the decider read. One larger than [`KEEP_BYTES`] is not kept (its
+    /// readers read the log), but its end is still announced, so no reader waits for it.
     pub(crate) fn publish(&self, chunk: Arc<EventChunk>) {
         let upto = chunk.range().1;
-        {
+        if chunk.size() <= KEEP_BYTES {
             let mut c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
             c.push_back(chunk);
             let mut bytes: usize = c.iter().map(|ch| ch.size()).sum();
-            while c.len() > 1 && (c.len() > KEEP || bytes > KEEP_BYTES) {
+            while c.len() > KEEP || bytes > KEEP_BYTES {
                 bytes -= c.pop_front().map_or(0, |ch| ch.size());
             }
         }

@@ -227,15 +227,22 @@ impl EventChunk {
         if !next.owned.is_empty() || !self.owned.is_empty() {
             // A backend without stored bytes (or a mix, which none makes): whole events.
             if self.owned.is_empty() && !self.ends.is_empty() {
-                self.owned = self.to_events().unwrap_or_default();
+                match self.to_events() {
+                    Ok(evs) => self.owned = evs,
+                    Err(_) => {
+                        // Undecodable: forget what it holds, so the next read reads the log.
+                        self.reset(0);
+                        return;
+                    }
+                }
                 self.bytes.clear();
                 self.ends.clear();
             }
             match next.to_events() {
                 Ok(mut evs) => self.owned.append(&mut evs),
                 Err(_) => {
-                    // Undecodable: forget the range, so the next read reads the log.
-                    (self.after, self.upto) = (0, 0);
+                    // Undecodable: forget what it holds, so the next read reads the log.
+                    self.reset(0);
                     return;
                 }
             }

@@ -10,7 +10,6 @@
 //! file from one moment and a journal from another. A backup (below) or a copy of the stopped
 //! server's data directory is safe.
 
-use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
@@ -82,12 +81,11 @@ pub enum TransferError {
         found: u64,
         first: u64,
     },
-    #[error("line {line}: event_id {event_id:?} is already on line {first_line}")]
-    Duplicate {
-        line: u64,
-        event_id: String,
-        first_line: u64,
-    },
+    #[error(
+        "the events of seqs {first_seq} to {last_seq}: an event_id among them appears twice in \
+         the input (there, or earlier)"
+    )]
+    Duplicate { first_seq: u64, last_seq: u64 },
     #[error(
         "the log in {dir} already holds events (head {head}): an import goes into a data \
          directory holding none"
@@ -157,9 +155,22 @@ pub fn export(
             w.bytes += line.len() as u64;
         }
         if page.next_after <= at {
-            break;
+            return Err(TransferError::Read(ReadError::Storage(
+                crate::StorageError::new(
+                    format!("the log's read after seq {at} made no progress before seq {through}"),
+                    std::io::Error::other("no progress"),
+                ),
+            )));
         }
         at = page.next_after.min(through);
+        // A backup on the log's own disk must not take it under its reserve (appends would
+        // be refused): stop instead.
+        if let Err(e) = log.check_space() {
+            return Err(TransferError::Io {
+                what: format!("the log's disk is short of space ({e}); the export stopped"),
+                source: std::io::Error::from(std::io::ErrorKind::StorageFull),
+            });
+        }
     }
     out.flush().map_err(io("writing the events"))?;
     Ok(w)
@@ -184,7 +195,11 @@ impl<W: Write> Write for Hashing<W> {
 
 /// Write a backup of `log` into `dir` (made here; it must not exist, or be empty): the events
 /// after `after` through the head as of now, and a manifest written last (a directory without
-/// one is an unfinished backup). Reads only: appends go on.
+/// one is an unfinished backup). Reads only: appends go on. The directory and its files are
+/// the owner's only (the log holds webhook secrets and personal data). Two backups into one
+/// directory: the second is refused. A backup that fails leaves nothing (the directory it made
+/// removed, or the empty one it was given emptied again); one that would take the log's disk
+/// under its reserve (`check_space`) stops and is removed.
 pub fn backup(log: &impl EventLog, dir: &Path, after: u64) -> Result<Manifest, TransferError> {
     let through = log.head();
     if after > through {
@@ -193,22 +208,78 @@ pub fn backup(log: &impl EventLog, dir: &Path, after: u64) -> Result<Manifest, T
             head: through,
         });
     }
-    match std::fs::read_dir(dir) {
-        Ok(mut entries) => {
+    let made = claim_dir(dir)?;
+    let r = write_backup(log, dir, after, through);
+    if r.is_err() {
+        if made {
+            let _ = std::fs::remove_dir_all(dir);
+        } else {
+            for f in [
+                format!("{EVENTS}.partial"),
+                EVENTS.into(),
+                format!("{MANIFEST}.partial"),
+            ] {
+                let _ = std::fs::remove_file(dir.join(f));
+            }
+        }
+    }
+    r
+}
+
+/// Make `dir` (0700), or take it when it exists empty; whether it was made here. The events
+/// file is then created exclusively, so a second backup racing into the same directory fails.
+fn claim_dir(dir: &Path) -> Result<bool, TransferError> {
+    use std::os::unix::fs::DirBuilderExt;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                sync_dir(parent)?;
+            }
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let mut entries =
+                std::fs::read_dir(dir).map_err(io(format!("reading {}", dir.display())))?;
             if entries.next().is_some() {
                 return Err(TransferError::DirNotEmpty {
                     dir: dir.to_owned(),
                 });
             }
+            Ok(false)
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
-        }
-        Err(e) => return Err(io(format!("reading {}", dir.display()))(e)),
+        Err(e) => Err(io(format!("creating {}", dir.display()))(e)),
     }
+}
+
+/// A file of the owner's only, which must not exist yet.
+fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+}
+
+fn write_backup(
+    log: &impl EventLog,
+    dir: &Path,
+    after: u64,
+    through: u64,
+) -> Result<Manifest, TransferError> {
     let partial = dir.join(format!("{EVENTS}.partial"));
-    let file =
-        std::fs::File::create(&partial).map_err(io(format!("creating {}", partial.display())))?;
+    let file = create_private(&partial).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            TransferError::DirNotEmpty {
+                dir: dir.to_owned(),
+            }
+        } else {
+            io(format!("creating {}", partial.display()))(e)
+        }
+    })?;
     let mut out = Hashing {
         inner: std::io::BufWriter::with_capacity(1 << 20, file),
         hash: blake3::Hasher::new(),
@@ -220,6 +291,7 @@ pub fn backup(log: &impl EventLog, dir: &Path, after: u64) -> Result<Manifest, T
         .map_err(|e| io("writing the events")(e.into_error()))?;
     file.sync_all().map_err(io("syncing the events"))?;
     std::fs::rename(&partial, dir.join(EVENTS)).map_err(io("naming the events file"))?;
+    sync_dir(dir)?;
     let m = Manifest {
         format: FORMAT.into(),
         after_seq: after,
@@ -238,7 +310,7 @@ pub fn backup(log: &impl EventLog, dir: &Path, after: u64) -> Result<Manifest, T
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), TransferError> {
     let tmp = path.with_extension("partial");
-    let mut f = std::fs::File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
+    let mut f = create_private(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
     f.write_all(bytes)
         .and_then(|()| f.sync_all())
         .map_err(io(format!("writing {}", tmp.display())))?;
@@ -307,7 +379,6 @@ struct Reader<R> {
     line: u64,
     next: u64,
     first: u64,
-    ids: HashMap<String, u64>,
     buf: String,
     /// A line read past the end of the batch before it.
     held: Option<(u64, i64, NewEvent)>,
@@ -320,7 +391,6 @@ impl<R: BufRead> Reader<R> {
             line: 0,
             next: after + 1,
             first: after + 1,
-            ids: HashMap::new(),
             buf: String::new(),
             held: None,
         }
@@ -354,14 +424,6 @@ impl<R: BufRead> Reader<R> {
             }
             let time = crate::time::parse_rfc3339_micros(&l.time)
                 .ok_or_else(|| bad(format!("time {:?} is not an RFC 3339 time", l.time)))?;
-            if let Some(&first_line) = self.ids.get(&l.event_id) {
-                return Err(TransferError::Duplicate {
-                    line,
-                    event_id: l.event_id,
-                    first_line,
-                });
-            }
-            self.ids.insert(l.event_id.clone(), line);
             let ev = NewEvent::from_json_text(
                 Some(l.event_id),
                 l.stream,
@@ -458,6 +520,15 @@ async fn import_checked<R: BufRead>(
                     .and_then(|f| f.sync_all())
                     .map_err(io(format!("syncing {}", path.display())))?;
             }
+            // The journal first, the log file last: a crash between them leaves the old,
+            // empty log with no journal of its own, never the new log with the old journal.
+            let log_name = cfg
+                .path
+                .file_name()
+                .unwrap_or("log.redb".as_ref())
+                .to_owned();
+            let mut staged = staged;
+            staged.sort_by_key(|p| p.file_name() == Some(log_name.as_os_str()));
             for path in &staged {
                 let name = path.file_name().unwrap_or_default();
                 std::fs::rename(path, data.join(name))
@@ -501,10 +572,26 @@ async fn import_into<R: BufRead>(
             }
             let mut reader = Reader::new(input, after);
             while let Some((first, time, batch)) = reader.batch()? {
-                events += batch.len() as u64;
-                log.replicate(batch, first, time)
-                    .await
-                    .map_err(TransferError::Append)?;
+                let n = batch.len() as u64;
+                events += n;
+                let ids: Vec<String> = batch.iter().filter_map(|e| e.event_id.clone()).collect();
+                if let Err(e) = log.replicate(batch, first, time).await {
+                    // The log refuses an id it holds (or one twice in the batch): said as the
+                    // input's fault, naming where.
+                    let mut seen = std::collections::HashSet::new();
+                    let twice = ids.iter().any(|id| !seen.insert(id.as_str()))
+                        || ids
+                            .iter()
+                            .any(|id| matches!(EventLog::get_by_id(&log, id), Ok(Some(_))));
+                    return Err(if twice {
+                        TransferError::Duplicate {
+                            first_seq: first,
+                            last_seq: first + n - 1,
+                        }
+                    } else {
+                        TransferError::Append(e)
+                    });
+                }
             }
         }
         Ok(Imported {

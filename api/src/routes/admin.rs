@@ -362,25 +362,78 @@ fn backup_dir(root: &std::path::Path, to: &str) -> Result<std::path::PathBuf, Ap
     {
         return Err(invalid("to", "to must not contain `..`"));
     }
-    if p.is_absolute() {
-        if !p.starts_with(root) || p == root {
-            return Err(invalid(
-                "to",
-                format!(
-                    "an absolute path must be a directory inside the server's backup_dir ({})",
-                    root.display()
-                ),
-            ));
-        }
-        return Ok(p.to_owned());
+    // A file system's limit on one name (255 bytes on Linux filesystems).
+    if p.components().any(|c| c.as_os_str().len() > 255) {
+        return Err(invalid(
+            "to",
+            "each directory name in to must be at most 255 bytes",
+        ));
     }
-    Ok(root.join(p))
+    let outside = || {
+        invalid(
+            "to",
+            format!(
+                "to must name a directory inside the server's backup_dir ({})",
+                root.display()
+            ),
+        )
+    };
+    let full = if p.is_absolute() {
+        p.to_owned()
+    } else {
+        root.join(p)
+    };
+    if !full.starts_with(root) || full == root {
+        return Err(outside());
+    }
+    // Symlinks: what exists of the path, resolved, must still be inside the resolved root.
+    let _ = std::fs::create_dir_all(root);
+    let real_root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_owned());
+    let mut existing = full.as_path();
+    while !existing.exists() {
+        match existing.parent() {
+            Some(up) => existing = up,
+            None => break,
+        }
+    }
+    if let Ok(real) = std::fs::canonicalize(existing)
+        && (!real.starts_with(&real_root) || (existing == full && real == real_root))
+    {
+        return Err(outside());
+    }
+    Ok(full)
+}
+
+/// The backup gauges as the backups on disk say (at start): the newest finished backup's
+/// time (its manifest's) and through_seq, so an alert on their age holds across restarts.
+pub fn backup_gauges_from_disk(root: &std::path::Path) {
+    let Ok(dirs) = std::fs::read_dir(root) else {
+        return;
+    };
+    let newest = dirs
+        .filter_map(Result::ok)
+        .filter_map(|d| {
+            let manifest = d.path().join(tidemark_log::transfer::MANIFEST);
+            let modified = std::fs::metadata(&manifest).ok()?.modified().ok()?;
+            let m: tidemark_log::transfer::Manifest =
+                serde_json::from_slice(&std::fs::read(&manifest).ok()?).ok()?;
+            Some((modified, m.through_seq))
+        })
+        .max_by_key(|(t, _)| *t);
+    if let Some((t, seq)) = newest {
+        let secs = t
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        metrics::gauge!("tidemark_backup_last_success_timestamp_seconds").set(secs);
+        metrics::gauge!("tidemark_backup_last_through_seq").set(seq as f64);
+    }
 }
 
 fn backup_error(e: tidemark_log::transfer::TransferError) -> ApiError {
     use tidemark_log::transfer::TransferError as T;
     match e {
-        T::PastHead { .. } => invalid("after", e.to_string()),
+        // A state of the log, not a malformed request: the head may pass it later.
+        T::PastHead { .. } => ApiError::new(StatusCode::CONFLICT, "past_head", e.to_string()),
         T::DirNotEmpty { .. } => {
             ApiError::new(StatusCode::CONFLICT, "backup_exists", e.to_string())
         }

@@ -190,10 +190,18 @@ async fn a_backup_under_load_restores_a_prefix_whose_models_verify() {
         )
         .await;
     assert_problem_for(&r, 409, "backup_exists", "a second backup into full");
+    let r = s
+        .send(
+            s.request(reqwest::Method::POST, "/v1/admin/backup")
+                .json(&json!({"to": "later", "after": n2 + 1_000_000})),
+        )
+        .await;
+    assert_problem_for(&r, 409, "past_head", "an increment after the head");
     for (body, field) in [
         (json!({"to": "/etc/tidemark-backup"}), "to"),
         (json!({"to": "../escape"}), "to"),
-        (json!({"to": "later", "after": n2 + 1_000_000}), "after"),
+        (json!({"to": "x".repeat(300)}), "to"),
+        (json!({"to": "."}), "to"),
     ] {
         let r = s
             .send(
@@ -205,6 +213,22 @@ async fn a_backup_under_load_restores_a_prefix_whose_models_verify() {
         assert_eq!(r.json["field"], field, "{}", r.text);
     }
     assert!(!Path::new("/etc/tidemark-backup").exists());
+    // A symlink inside backup_dir does not lead out of it.
+    let outside = tempfile::tempdir().expect("tempdir");
+    std::os::unix::fs::symlink(outside.path(), s.data_dir().join("backups/link")).expect("symlink");
+    let r = s
+        .send(
+            s.request(reqwest::Method::POST, "/v1/admin/backup")
+                .json(&json!({"to": "link/x"})),
+        )
+        .await;
+    assert_problem_for(
+        &r,
+        422,
+        "invalid_field",
+        "a backup through a symlink out of backup_dir",
+    );
+    assert!(!outside.path().join("x").exists());
     assert!(!s.data_dir().join("backups/later").exists());
     // Without the admin scope: refused.
     s.set_token(None);
@@ -238,6 +262,12 @@ async fn a_backup_under_load_restores_a_prefix_whose_models_verify() {
     );
     let backups = s.data_dir().join("backups");
     let (full_dir, inc_dir) = (backups.join("full"), backups.join("inc"));
+    // The owner's only: the log holds webhook secrets and personal data.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).expect("metadata").permissions().mode() & 0o777;
+    assert_eq!(mode(&full_dir), 0o700);
+    assert_eq!(mode(&full_dir.join("events.jsonl")), 0o600);
+    assert_eq!(mode(&full_dir.join("manifest.json")), 0o600);
     // The increment holds exactly the events after the first backup.
     let inc_lines: Vec<u64> = std::fs::read_to_string(inc_dir.join("events.jsonl"))
         .expect("the increment's events")
@@ -448,7 +478,7 @@ async fn export_then_import_reproduces_seqs_ids_and_digests() {
                 l[3] = v.to_string();
                 l.join("\n")
             },
-            "already on line 2",
+            "appears twice",
         ),
         (
             "not-json",

@@ -12,16 +12,17 @@ use crate::common::metric_sum;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_with_an_access_line_per_request_and_no_query_or_ids() {
-    // A backup directory under a regular file: a backup fails on the server's side (500).
+    // A backup into a directory under a regular file fails on the server's side (500).
     let dir = tempfile::tempdir().expect("tempdir");
-    let blocker = dir.path().join("a-file");
-    std::fs::write(&blocker, "not a directory").expect("write");
+    let backups = dir.path().join("backups");
+    std::fs::create_dir_all(&backups).expect("mkdir");
+    std::fs::write(backups.join("a-file"), "not a directory").expect("write");
     let mut s = Server::start(
         ServerOpts::default()
             .env("TIDEMARK_LOG_FORMAT", "json")
             .config(format!(
                 "[server]\nbackup_dir = {:?}\n",
-                blocker.join("backups").display().to_string()
+                backups.display().to_string()
             )),
     )
     .await;
@@ -43,7 +44,7 @@ async fn json_logs_with_an_access_line_per_request_and_no_query_or_ids() {
     let r = s
         .send(
             s.request(reqwest::Method::POST, "/v1/admin/backup")
-                .json(&json!({"to": "b1"})),
+                .json(&json!({"to": "a-file/b1"})),
         )
         .await;
     assert_eq!(r.status.as_u16(), 500, "{}", r.text);

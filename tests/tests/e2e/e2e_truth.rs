@@ -307,6 +307,9 @@ async fn steps(api: &Api, task: &str, steps: &[(&str, Value)]) -> Vec<u64> {
 }
 
 async fn lag(api: &Api) -> Value {
+    // The lag view never waits (section 7); a waiting read first, so it shows this test's
+    // writes (a command is answered before the models fold its events).
+    crate::common::settled(api).await;
     let v = get_ok(api, "/v1/consumers/lag").await;
     assert!(
         v.get("cursors").is_none(),
