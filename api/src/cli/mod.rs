@@ -92,8 +92,9 @@ pub enum Command {
 pub struct BackupArgs {
     #[command(flatten)]
     pub client: ClientArgs,
-    /// The directory to write (it must not exist, or be empty). Through a server: a name
-    /// relative to its `[server] backup_dir` on its machine, or an absolute path inside it.
+    /// The directory to write (it must not exist, or be empty). Through a server: a path
+    /// relative to its `[server] backup_dir` on its machine (names of letters, digits, `.`,
+    /// `_`, `-`, joined by `/`); with --data: any path.
     #[arg(long)]
     pub to: PathBuf,
     /// Write an increment: the events after this seq (the `through_seq` of the backup it

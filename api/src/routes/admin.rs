@@ -10,7 +10,7 @@ use tidemark_projections::rebuild::RebuildReport;
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, Problem};
-use crate::request::{Text, Validate, ValidatedJson, invalid};
+use crate::request::{Validate, ValidatedJson, invalid};
 use crate::routes::blocking;
 use crate::state::AppState;
 
@@ -282,16 +282,44 @@ pub async fn cluster(State(st): State<AppState>) -> Json<ClusterOut> {
 #[derive(Debug, serde::Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BackupBody {
-    /// The backup's directory on the server's machine: a name relative to `[server]
-    /// backup_dir`, or an absolute path inside it. It must not exist, or be empty.
-    pub to: Text<1024>,
+    /// The backup's directory on the server's machine, relative to its `[server] backup_dir`
+    /// (`nightly/2026-11-27`): names of letters, digits, `.`, `_` and `-`, each starting with
+    /// a letter, a digit or `_`, joined by `/`. It must not exist, or be empty.
+    #[schema(
+        min_length = 1,
+        max_length = 1024,
+        pattern = "^[A-Za-z0-9_][A-Za-z0-9._-]{0,254}(/[A-Za-z0-9_][A-Za-z0-9._-]{0,254})*$"
+    )]
+    pub to: String,
     /// An increment: only the events after this seq (the `through_seq` of the backup it
     /// follows). 0, the default, is a full backup.
     #[serde(default)]
     pub after: u64,
 }
 
-impl Validate for BackupBody {}
+impl Validate for BackupBody {
+    /// The schema's pattern and length, checked (one rule: a name never escapes backup_dir,
+    /// `.` and `..` cannot be written, and each name fits a file system's 255 bytes).
+    fn validate(&self) -> Result<(), ApiError> {
+        let name_ok = |seg: &str| {
+            let b = seg.as_bytes();
+            !b.is_empty()
+                && b.len() <= 255
+                && (b[0].is_ascii_alphanumeric() || b[0] == b'_')
+                && b.iter()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+        };
+        if self.to.len() > 1024 || !self.to.split('/').all(name_ok) {
+            return Err(invalid(
+                "to",
+                "to must be a relative path of names of letters, digits, `.`, `_` and `-` \
+                 (each starting with a letter, a digit or `_`, at most 255 bytes), at most 1024 \
+                 bytes",
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// What a backup wrote.
 #[derive(Debug, Serialize, ToSchema)]
@@ -332,7 +360,7 @@ pub async fn backup(
     State(st): State<AppState>,
     ValidatedJson(b): ValidatedJson<BackupBody>,
 ) -> Result<Json<BackupOut>, ApiError> {
-    let dir = backup_dir(&st.config.backup_root(), b.to.as_str())?;
+    let dir = backup_dir(&st.config.backup_root(), &b.to)?;
     let started = std::time::Instant::now();
     let r = st.engine.backup(dir.clone(), b.after).await;
     let outcome = if r.is_ok() { "ok" } else { "failed" };
@@ -356,19 +384,8 @@ pub async fn backup(
 /// The directory `to` names under `root`: relative to it, or absolute inside it; never
 /// outside it (no `..`).
 fn backup_dir(root: &std::path::Path, to: &str) -> Result<std::path::PathBuf, ApiError> {
+    // `to` is relative names only (checked against its pattern): never `..` or absolute.
     let p = std::path::Path::new(to);
-    if p.components()
-        .any(|c| matches!(c, std::path::Component::ParentDir))
-    {
-        return Err(invalid("to", "to must not contain `..`"));
-    }
-    // A file system's limit on one name (255 bytes on Linux filesystems).
-    if p.components().any(|c| c.as_os_str().len() > 255) {
-        return Err(invalid(
-            "to",
-            "each directory name in to must be at most 255 bytes",
-        ));
-    }
     let outside = || {
         invalid(
             "to",
@@ -378,12 +395,8 @@ fn backup_dir(root: &std::path::Path, to: &str) -> Result<std::path::PathBuf, Ap
             ),
         )
     };
-    let full = if p.is_absolute() {
-        p.to_owned()
-    } else {
-        root.join(p)
-    };
-    if !full.starts_with(root) || full == root {
+    let full = root.join(p);
+    if !full.starts_with(root) || full == root || p.is_absolute() {
         return Err(outside());
     }
     // Symlinks: what exists of the path, resolved, must still be inside the resolved root.

@@ -2,8 +2,11 @@
 //! passes `promtool check rules`, and a real Prometheus (Debian's `prometheus`, which `.ci/run`
 //! installs) scraping two real servers — one driven into stuck and parked deliveries, a stopped
 //! and a stalled subscription, a stale source and server errors, the other started with its
-//! disk "full" — evaluates each rule's expression true for the server in that state (the alert
-//! pending or firing, with that server's labels) and the others false. The Grafana dashboard's
+//! disk "full" and its last backup two days old, and a target where nothing listens — evaluates
+//! each of those rules' expressions true for the server in that state (the alert pending or
+//! firing, with that server's labels) and every rule false for the servers not in its state.
+//! Not driven here (no way to make them happen on this machine in a test): a poisoned log or
+//! decider, models 40,960 events behind, a disk filling over six hours. The Grafana dashboard's
 //! metrics are all in a real scrape (`deploy/grafana/check.py`).
 
 use std::net::SocketAddr;
@@ -148,8 +151,30 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
         backups.display().to_string()
     )))
     .await;
-    // Server B: its disk short of the space it keeps in reserve.
-    let b = Server::start(ServerOpts::default().config("[log]\nmin_free = \"1000000GB\"\n")).await;
+    // Server B: its disk short of the space it keeps in reserve, and its last backup two days
+    // old (read from the newest manifest under its backup_dir at start).
+    let b_backups = dir.path().join("b-backups");
+    std::fs::create_dir_all(b_backups.join("old")).expect("mkdir");
+    let manifest = b_backups.join("old/manifest.json");
+    std::fs::write(
+        &manifest,
+        json!({"format": "tidemark-backup/1", "after_seq": 0, "through_seq": 1, "events": 1,
+               "bytes": 0, "blake3": "", "version": "0.1.0"})
+        .to_string(),
+    )
+    .expect("write");
+    std::fs::File::options()
+        .write(true)
+        .open(&manifest)
+        .and_then(|f| {
+            f.set_modified(std::time::SystemTime::now() - Duration::from_secs(2 * 24 * 3600))
+        })
+        .expect("date the manifest");
+    let b = Server::start(ServerOpts::default().config(format!(
+        "[server]\nbackup_dir = {:?}\n[log]\nmin_free = \"1000000GB\"\n",
+        b_backups.display().to_string()
+    )))
+    .await;
 
     // Stuck (two urgent notifications nobody claims) and parked (one failed for good).
     for i in 0..3 {
@@ -227,7 +252,9 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
     let (code, body) = b.append(&json!({"stream": "s", "type": "t.x"})).await;
     assert_eq!(code.as_u16(), 507, "{body}");
 
-    let p = prometheus(&[a.addr(), b.addr()]).await;
+    // A third target where nothing listens: down.
+    let dead: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let p = prometheus(&[a.addr(), b.addr(), dead]).await;
     // Server errors go on while Prometheus scrapes (a rate needs them between two scrapes).
     let errors = {
         let api = a.api();
@@ -244,7 +271,7 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
             }
         })
     };
-    let (ia, ib) = (a.addr().to_string(), b.addr().to_string());
+    let (ia, ib, id) = (a.addr().to_string(), b.addr().to_string(), dead.to_string());
     let expected: Vec<Expected> = vec![
         ("TidemarkDeliveriesStuck", &ia, Some(("sink", "app"))),
         ("TidemarkDeliveriesParked", &ia, Some(("sink", "app"))),
@@ -257,6 +284,8 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
         ),
         ("TidemarkServerErrors", &ia, None),
         ("TidemarkStorageFull", &ib, None),
+        ("TidemarkBackupOld", &ib, None),
+        ("TidemarkDown", &id, None),
     ];
     let deadline = Instant::now() + Duration::from_secs(120);
     let alerts = loop {
