@@ -560,46 +560,102 @@ async fn import_into<R: BufRead>(
     // next import removes).
     c.sync = false;
     let (log, _) = Log::open(&c).map_err(TransferError::Open)?;
-    let r = async {
-        let mut events = 0;
-        for (after, input) in inputs {
-            let head = EventLog::head(&log);
-            if after != head {
-                return Err(TransferError::Backup(format!(
-                    "an input follows seq {after}, but the inputs before it end at {head}: a \
-                     gap, or the inputs are out of order"
-                )));
-            }
-            let mut reader = Reader::new(input, after);
-            while let Some((first, time, batch)) = reader.batch()? {
-                let n = batch.len() as u64;
-                events += n;
-                let ids: Vec<String> = batch.iter().filter_map(|e| e.event_id.clone()).collect();
-                if let Err(e) = log.replicate(batch, first, time).await {
-                    // The log refuses an id it holds (or one twice in the batch): said as the
-                    // input's fault, naming where.
-                    let mut seen = std::collections::HashSet::new();
-                    let twice = ids.iter().any(|id| !seen.insert(id.as_str()))
-                        || ids
-                            .iter()
-                            .any(|id| matches!(EventLog::get_by_id(&log, id), Ok(Some(_))));
-                    return Err(if twice {
-                        TransferError::Duplicate {
-                            first_seq: first,
-                            last_seq: first + n - 1,
-                        }
-                    } else {
-                        TransferError::Append(e)
-                    });
-                }
-            }
-        }
-        Ok(Imported {
-            events,
-            head: EventLog::head(&log),
-        })
-    }
-    .await;
+    let r = write_inputs(&log, inputs).await;
     log.close().await;
     r
+}
+
+/// A log an import writes to at exact seqs and times: the embedded log, or a JetStream stream
+/// (every node's replica then records the imported times).
+pub trait ImportTarget: EventLog {
+    fn import_batch(
+        &self,
+        events: Vec<NewEvent>,
+        first_seq: u64,
+        at_us: i64,
+    ) -> impl std::future::Future<Output = Result<crate::AppendReceipt, AppendError>> + Send;
+}
+
+impl ImportTarget for Log {
+    async fn import_batch(
+        &self,
+        events: Vec<NewEvent>,
+        first_seq: u64,
+        at_us: i64,
+    ) -> Result<crate::AppendReceipt, AppendError> {
+        self.replicate(events, first_seq, at_us).await
+    }
+}
+
+impl ImportTarget for crate::JetStreamLog {
+    async fn import_batch(
+        &self,
+        events: Vec<NewEvent>,
+        first_seq: u64,
+        at_us: i64,
+    ) -> Result<crate::AppendReceipt, AppendError> {
+        self.import(events, first_seq, at_us).await
+    }
+}
+
+/// Import `inputs` (as [`import`] reads them) into the JetStream stream of `log`, which must
+/// hold no events: the way from the embedded log to a cluster, with the same seqs, ids and
+/// times. On a fault the stream keeps what was imported before it (a stream cannot be
+/// rolled back): start again on a new stream.
+pub async fn import_jetstream<R: BufRead>(
+    log: &crate::JetStreamLog,
+    inputs: Vec<(u64, R)>,
+) -> Result<Imported, TransferError> {
+    let head = EventLog::head(log);
+    if head > 0 {
+        return Err(TransferError::NotEmpty {
+            dir: PathBuf::from("(the JetStream stream)"),
+            head,
+        });
+    }
+    write_inputs(log, inputs).await
+}
+
+/// Write each input in order into `log`, each following where the one before left it.
+async fn write_inputs<L: ImportTarget, R: BufRead>(
+    log: &L,
+    inputs: Vec<(u64, R)>,
+) -> Result<Imported, TransferError> {
+    let mut events = 0;
+    for (after, input) in inputs {
+        let head = log.head();
+        if after != head {
+            return Err(TransferError::Backup(format!(
+                "an input follows seq {after}, but the inputs before it end at {head}: a gap, \
+                 or the inputs are out of order"
+            )));
+        }
+        let mut reader = Reader::new(input, after);
+        while let Some((first, time, batch)) = reader.batch()? {
+            let n = batch.len() as u64;
+            events += n;
+            let ids: Vec<String> = batch.iter().filter_map(|e| e.event_id.clone()).collect();
+            if let Err(e) = log.import_batch(batch, first, time).await {
+                // The log refuses an id it holds (or one twice in the batch): said as the
+                // input's fault, naming where.
+                let mut seen = std::collections::HashSet::new();
+                let twice = ids.iter().any(|id| !seen.insert(id.as_str()))
+                    || ids
+                        .iter()
+                        .any(|id| matches!(log.get_by_id(id), Ok(Some(_))));
+                return Err(if twice {
+                    TransferError::Duplicate {
+                        first_seq: first,
+                        last_seq: first + n - 1,
+                    }
+                } else {
+                    TransferError::Append(e)
+                });
+            }
+        }
+    }
+    Ok(Imported {
+        events,
+        head: log.head(),
+    })
 }

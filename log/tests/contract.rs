@@ -1433,6 +1433,91 @@ mod jetstream_only {
         cfg
     }
 
+    /// The way from the embedded log to a cluster (spec section 18): an embedded log's export,
+    /// imported into an empty stream, has the same seqs, ids, times and payloads on the node
+    /// that imported it and on another node that never saw the import (the times travel in
+    /// the messages); a stream holding events is refused, and so is an id twice.
+    #[test]
+    fn an_embedded_log_imports_into_a_stream_with_its_times() {
+        let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
+        let embedded = Redb::open(&dir.path().join("embedded"));
+        for i in 0..7 {
+            let batch: Vec<NewEvent> = (0..(i % 3 + 1))
+                .map(|j| {
+                    ev(
+                        &format!("imp-{i}-{j}"),
+                        "s",
+                        &format!("x{j}"),
+                        "t.one",
+                        json!({"i": i, "j": j}),
+                    )
+                })
+                .collect();
+            rt.block_on(embedded.append(batch)).unwrap();
+            std::thread::sleep(Duration::from_millis(3));
+        }
+        let mut lines = Vec::new();
+        let head = embedded.head();
+        tidemark_log::transfer::export(&embedded, 0, head, &mut lines).unwrap();
+        let original = read_all(&embedded, ReadQuery::default(), 100);
+        Redb::close(embedded, &rt);
+        make_stream(&rt, "IMPORTED", true, Duration::from_secs(120));
+        let a =
+            tidemark_log::JetStreamLog::open(&config(&dir.path().join("a"), "IMPORTED")).unwrap();
+        let done = rt
+            .block_on(tidemark_log::transfer::import_jetstream(
+                &a,
+                vec![(0, std::io::Cursor::new(lines.clone()))],
+            ))
+            .unwrap();
+        assert_eq!((done.events, done.head), (head, head));
+        let key = |evs: &[Event]| {
+            evs.iter()
+                .map(|e| {
+                    (
+                        e.seq,
+                        e.event_id.clone(),
+                        e.time_us,
+                        e.payload.get().to_owned(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            key(&read_all(&a, ReadQuery::default(), 100)),
+            key(&original)
+        );
+        let b =
+            tidemark_log::JetStreamLog::open(&config(&dir.path().join("b"), "IMPORTED")).unwrap();
+        assert_eq!(
+            key(&read_all(&b, ReadQuery::default(), 100)),
+            key(&original),
+            "another node's replica records the imported times"
+        );
+        // A stream holding events is refused; an id twice is refused.
+        let again = rt.block_on(tidemark_log::transfer::import_jetstream(
+            &b,
+            vec![(0, std::io::Cursor::new(lines.clone()))],
+        ));
+        assert!(
+            matches!(
+                again,
+                Err(tidemark_log::transfer::TransferError::NotEmpty { .. })
+            ),
+            "{again:?}"
+        );
+        let appended = rt
+            .block_on(b.append(vec![ev("after-import", "s", "x", "t.one", json!({}))]))
+            .unwrap();
+        assert_eq!(
+            appended.events[0].seq,
+            head + 1,
+            "appends go on after the import"
+        );
+        rt.block_on(a.close());
+        rt.block_on(b.close());
+    }
+
     /// I2 forever: a resend after the server's de-duplication window has passed (1 s here) is
     /// answered as the duplicate it is, with its original seq, and the stream holds one copy —
     /// also through another node's log that never saw the first append.

@@ -177,7 +177,6 @@ pub(crate) async fn log(a: LogArgs) -> CliResult {
             config,
             output,
         } => {
-            let lc = log_config(config.as_deref(), &data)?;
             let input: Box<dyn BufRead + Send> = match &file {
                 Some(p) if p.as_os_str() != "-" => Box::new(std::io::BufReader::with_capacity(
                     1 << 20,
@@ -188,9 +187,27 @@ pub(crate) async fn log(a: LogArgs) -> CliResult {
                 _ => Box::new(std::io::BufReader::with_capacity(1 << 20, std::io::stdin())),
             };
             let started = std::time::Instant::now();
-            let done = transfer::import(&data, &lc, vec![(0, input)])
-                .await
-                .map_err(transfer_error)?;
+            let mut cfg = Config::load(config.as_deref()).map_err(|e| e.to_string())?;
+            cfg.server.data = data.clone();
+            let done = match cfg.jetstream_config() {
+                // Into the cluster's stream (section 16): the way from the embedded log to a
+                // cluster, with the same seqs, ids and times on every node.
+                Some(js) => {
+                    let log =
+                        tokio::task::spawn_blocking(move || tidemark_log::JetStreamLog::open(&js))
+                            .await
+                            .map_err(|e| CliError::Other(e.to_string()))?
+                            .map_err(|e| {
+                                CliError::Other(format!("cannot open the JetStream log: {e}"))
+                            })?;
+                    let r = transfer::import_jetstream(&log, vec![(0, input)]).await;
+                    tidemark_log::EventLog::close(&log).await;
+                    r.map_err(transfer_error)?
+                }
+                None => transfer::import(&data, &cfg.log_config(), vec![(0, input)])
+                    .await
+                    .map_err(transfer_error)?,
+            };
             Output::resolve(output).one(&json!({
                 "data": absolute(&data).display().to_string(),
                 "events": done.events,

@@ -149,7 +149,8 @@ pub enum LogAction {
     /// Read JSON lines of events (FILE, or stdin) into the log of --data, which must hold no
     /// events, with the same seqs, ids and times (offline). The lines must follow each other
     /// from seq 1 with no gap or repeat and no event_id twice; on any fault nothing is
-    /// changed.
+    /// changed. With a configuration whose `[log] backend` is `jetstream`, into the cluster's
+    /// stream (which must hold no events; --data is this node's replica directory).
     Import {
         #[arg(long)]
         data: PathBuf,

@@ -71,6 +71,8 @@ async fn follow_once(
         }
         let body: Body<'_> = serde_json::from_slice(&m.payload)
             .map_err(|e| cluster_err(&format!("message {seq}"), e))?;
+        // An imported event keeps its time (the same on every message of its batch).
+        let at = body.at_us.unwrap_or(at);
         let value: serde_json::Value = serde_json::from_str(body.payload.get())
             .map_err(|e| cluster_err(&format!("message {seq}"), e))?;
         let ev = NewEvent::new(

@@ -128,6 +128,10 @@ struct Body<'a> {
     event_type: &'a str,
     #[serde(borrow)]
     payload: &'a RawValue,
+    /// The event's time when it is not the message's (an imported log keeps its times); the
+    /// same on every message of a batch. Absent: the stream's time of the batch's commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    at_us: Option<i64>,
 }
 
 /// Whether `s` is a server address the client takes (`nats://host:port`, `host:port`).
@@ -526,6 +530,7 @@ impl JetStreamLog {
         events: &[NewEvent],
         condition: &Condition,
         force: bool,
+        at_us: Option<i64>,
     ) -> Result<AppendReceipt, Attempt> {
         // Everything committed before the last catch-up is in the replica: its ids are known
         // exactly; anything published since is within the server's window.
@@ -626,6 +631,7 @@ impl JetStreamLog {
                 subject: &ev.subject,
                 event_type: &ev.event_type,
                 payload: ev.payload_raw(),
+                at_us,
             })
             .map_err(|e| Attempt::storage(StorageError::of(e)))?;
             msgs.push((subject_of[i].clone(), h, body));
@@ -765,21 +771,23 @@ fn nats_subject(prefix: &str, stream: &str, subject: &str) -> String {
     )
 }
 
-impl EventLog for JetStreamLog {
-    async fn append(&self, events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
-        self.append_if(events, Condition::none()).await
-    }
-
-    async fn append_if(
+impl JetStreamLog {
+    /// An append, its events recorded at `at_us` when given (an import keeping its times)
+    /// rather than at the stream's time of the commit.
+    async fn append_at(
         &self,
         mut events: Vec<NewEvent>,
         condition: Condition,
+        at_us: Option<i64>,
     ) -> Result<AppendReceipt, AppendError> {
         crate::envelope::prepare_batch(&mut events)?;
         let deadline = tokio::time::Instant::now() + self.inner.timeout;
         let mut pause = Duration::from_millis(10);
         for attempt in 0..64 {
-            match self.append_once(&events, &condition, attempt > 0).await {
+            match self
+                .append_once(&events, &condition, attempt > 0, at_us)
+                .await
+            {
                 Ok(r) => return Ok(r),
                 Err(Attempt::Final(e)) => return Err(e),
                 Err(Attempt::Again) if tokio::time::Instant::now() < deadline => {
@@ -794,6 +802,42 @@ impl EventLog for JetStreamLog {
             "the batch could not be stored: the stream had no leader, or its events kept \
              meeting duplicates being published by another node",
         )))
+    }
+
+    /// Import events into the stream at exactly `first_seq..`, recorded at `at_us` (the
+    /// source's time; every node's replica records it so): what `tidemark log import` does on
+    /// a cluster. Anything else — a gap, an id already in the stream — is an error.
+    pub async fn import(
+        &self,
+        events: Vec<NewEvent>,
+        first_seq: u64,
+        at_us: i64,
+    ) -> Result<AppendReceipt, AppendError> {
+        let n = events.len() as u64;
+        let r = self
+            .append_at(events, Condition::head(first_seq - 1), Some(at_us))
+            .await?;
+        if r.events.iter().any(|a| a.duplicate) || r.last_seq != first_seq + n - 1 {
+            return Err(AppendError::Storage(
+                format!("the import diverged at seq {first_seq}: an event id appeared twice")
+                    .into(),
+            ));
+        }
+        Ok(r)
+    }
+}
+
+impl EventLog for JetStreamLog {
+    async fn append(&self, events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
+        self.append_if(events, Condition::none()).await
+    }
+
+    async fn append_if(
+        &self,
+        events: Vec<NewEvent>,
+        condition: Condition,
+    ) -> Result<AppendReceipt, AppendError> {
+        self.append_at(events, condition, None).await
     }
 
     fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
