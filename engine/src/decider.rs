@@ -471,6 +471,14 @@ impl Decider {
     }
 }
 
+/// A `TIDEMARK_FAULT_*` test knob, read once: the alert rules' test injects faults no test can
+/// cause for real (a panicking decider, a late fold).
+fn knob(name: &str, cell: &'static std::sync::OnceLock<Option<u64>>) -> Option<u64> {
+    *cell.get_or_init(|| std::env::var(name).ok().and_then(|v| v.parse().ok()))
+}
+static PANIC_KNOB: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+static FOLD_DELAY_KNOB: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+
 fn poisoned_error(why: &std::sync::OnceLock<String>) -> CommandError {
     CommandError::Poisoned(format!(
         "the decider panicked ({}); nothing of this command was appended; commands are refused \
@@ -692,6 +700,10 @@ impl<L: EventLog + Clone> State<L> {
                 return Ok(());
             }
             let upto = self.stage()?;
+            if let Some(ms) = knob("TIDEMARK_FAULT_FOLD_DELAY_MS", &FOLD_DELAY_KNOB) {
+                // A test knob (the alert rules' test): the models fold late, and lag.
+                std::thread::sleep(Duration::from_millis(ms));
+            }
             let started = Instant::now();
             let txn = self.models.begin()?;
             let at = Models::fold(&txn, &self.log, upto, FOLLOW_BATCH, &mut self.chunk)?;
@@ -710,6 +722,10 @@ impl<L: EventLog + Clone> State<L> {
 
     /// Decide the queued commands and append their decisions.
     async fn round(&mut self) {
+        if knob("TIDEMARK_FAULT_DECIDER_PANIC", &PANIC_KNOB).is_some() {
+            // A test knob (the alert rules' test): the decider panics at its first command.
+            panic!("an injected panic (TIDEMARK_FAULT_DECIDER_PANIC)");
+        }
         let knobs = self.knobs.read().unwrap_or_else(|p| p.into_inner()).clone();
         let now_us = (knobs.clock)();
         let head = self.progress.get();

@@ -76,6 +76,17 @@ pub(crate) struct Writer {
     pub stores: super::storage::Opened,
 }
 
+/// `TIDEMARK_FAULT_LOG_POISON_AFTER_SEQ=N`, a test knob: the first group after seq N fails as a
+/// storage failure would, poisoning the log (the alert rules' test drives a poisoned log so).
+fn fault_poison_after() -> Option<u64> {
+    static AFTER: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *AFTER.get_or_init(|| {
+        std::env::var("TIDEMARK_FAULT_LOG_POISON_AFTER_SEQ")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    })
+}
+
 /// How often a writer that a full disk stopped looks for space to reopen the log.
 const REOPEN_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -252,6 +263,15 @@ impl Writer {
         };
         if let Some(why) = self.poisoned() {
             return fail_all(group, AppendError::Poisoned(why));
+        }
+        if fault_poison_after().is_some_and(|after| self.head >= after) {
+            // A test knob (the alert rules' test): a storage failure, as a write would meet it.
+            let e = StorageError::new(
+                "an injected storage fault (TIDEMARK_FAULT_LOG_POISON_AFTER_SEQ)",
+                std::io::Error::other("injected fault"),
+            );
+            self.poison(e.clone());
+            return fail_all(group, AppendError::Storage(e));
         }
         if let Err(e) = self.try_reopen() {
             return fail_all(group, e);

@@ -5,8 +5,8 @@
 //! disk "full" and its last backup two days old, and a target where nothing listens — evaluates
 //! each of those rules' expressions true for the server in that state (the alert pending or
 //! firing, with that server's labels) and every rule false for the servers not in its state.
-//! Not driven here (no way to make them happen on this machine in a test): a poisoned log or
-//! decider, models 40,960 events behind, a disk filling over six hours. The Grafana dashboard's
+//! A poisoned log, a panicked decider and models 40,960 events behind are injected with the
+//! `TIDEMARK_FAULT_*` test knobs. Not driven: a disk filling over six hours. The Grafana dashboard's
 //! metrics are all in a real scrape (`deploy/grafana/check.py`).
 
 use std::net::SocketAddr;
@@ -254,7 +254,33 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
 
     // A third target where nothing listens: down.
     let dead: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let p = prometheus(&[a.addr(), b.addr(), dead]).await;
+    // Faults no test can cause for real here, injected (the TIDEMARK_FAULT_* test knobs): C's
+    // log fails a write after its first event (a storage failure poisons it), D's decider
+    // panics at its first command, E's models fold each batch three seconds late.
+    let c =
+        Server::start(ServerOpts::default().env("TIDEMARK_FAULT_LOG_POISON_AFTER_SEQ", "1")).await;
+    let (code, body) = c.append(&json!({"stream": "s", "type": "t.x"})).await;
+    assert_eq!(code.as_u16(), 503, "{body}");
+    assert_eq!(body["code"], "log_unavailable", "{body}");
+    let d = Server::start(ServerOpts::default().env("TIDEMARK_FAULT_DECIDER_PANIC", "1")).await;
+    let r = crate::e2e_deliveries::post(
+        &d,
+        "/v1/deliveries/claim",
+        &json!({"sink": "app", "owner": "o", "limit": 1, "lease_ms": 1000}),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 503, "{}", r.text);
+    let e = Server::start(ServerOpts::default().env("TIDEMARK_FAULT_FOLD_DELAY_MS", "3000")).await;
+    for i in 0..60 {
+        let events: Vec<Value> = (0..1000)
+            .map(
+                |j| json!({"event_id": format!("lag-{i}-{j}"), "stream": "bulk", "type": "bulk.x"}),
+            )
+            .collect();
+        let (code, body) = e.append(&json!({ "events": events })).await;
+        assert_eq!(code, StatusCode::CREATED, "{body}");
+    }
+    let p = prometheus(&[a.addr(), b.addr(), dead, c.addr(), d.addr(), e.addr()]).await;
     // Server errors go on while Prometheus scrapes (a rate needs them between two scrapes).
     let errors = {
         let api = a.api();
@@ -272,6 +298,11 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
         })
     };
     let (ia, ib, id) = (a.addr().to_string(), b.addr().to_string(), dead.to_string());
+    let (ic, idd, ie) = (
+        c.addr().to_string(),
+        d.addr().to_string(),
+        e.addr().to_string(),
+    );
     let expected: Vec<Expected> = vec![
         ("TidemarkDeliveriesStuck", &ia, Some(("sink", "app"))),
         ("TidemarkDeliveriesParked", &ia, Some(("sink", "app"))),
@@ -286,6 +317,9 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
         ("TidemarkStorageFull", &ib, None),
         ("TidemarkBackupOld", &ib, None),
         ("TidemarkDown", &id, None),
+        ("TidemarkStoragePoisoned", &ic, None),
+        ("TidemarkModelsPoisoned", &idd, None),
+        ("TidemarkModelsLagging", &ie, None),
     ];
     let deadline = Instant::now() + Duration::from_secs(120);
     let alerts = loop {
