@@ -6,7 +6,8 @@
 //! each of those rules' expressions true for the server in that state (the alert pending or
 //! firing, with that server's labels) and every rule false for the servers not in its state.
 //! A poisoned log, a panicked decider and models 40,960 events behind are injected with the
-//! `TIDEMARK_FAULT_*` test knobs. Not driven: a disk filling over six hours. The Grafana dashboard's
+//! `TIDEMARK_FAULT_*` test knobs; a disk filling up is a server on a small tmpfs that a filler
+//! file takes more of while Prometheus scrapes. The Grafana dashboard's
 //! metrics are all in a real scrape (`deploy/grafana/check.py`).
 
 use std::net::SocketAddr;
@@ -280,7 +281,38 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
         let (code, body) = e.append(&json!({ "events": events })).await;
         assert_eq!(code, StatusCode::CREATED, "{body}");
     }
-    let p = prometheus(&[a.addr(), b.addr(), dead, c.addr(), d.addr(), e.addr()]).await;
+    // F: its data directory on a small filesystem (a tmpfs; the suite runs as root) that a
+    // filler file takes more of while Prometheus scrapes: under 1 GiB free and falling.
+    let fs = crate::e2e_disk_full::Mount::tmpfs("256m");
+    let f = Server::try_start(ServerOpts {
+        data_dir: Some(fs.path().join("data")),
+        config: Some("[log]\ncache_mb = 8\nmin_free = \"1MiB\"\n".into()),
+        ..ServerOpts::default()
+    })
+    .await
+    .expect("a server on the small filesystem");
+    let p = prometheus(&[
+        a.addr(),
+        b.addr(),
+        dead,
+        c.addr(),
+        d.addr(),
+        e.addr(),
+        f.addr(),
+    ])
+    .await;
+    let filling = {
+        let filler = fs.path().join("filler");
+        tokio::spawn(async move {
+            use std::io::Write;
+            let mut file = std::fs::File::create(&filler).expect("filler");
+            for _ in 0..40 {
+                file.write_all(&vec![7u8; 4 << 20]).expect("fill");
+                file.sync_all().expect("sync");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
     // Server errors go on while Prometheus scrapes (a rate needs them between two scrapes).
     let errors = {
         let api = a.api();
@@ -303,6 +335,7 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
         d.addr().to_string(),
         e.addr().to_string(),
     );
+    let iff = f.addr().to_string();
     let expected: Vec<Expected> = vec![
         ("TidemarkDeliveriesStuck", &ia, Some(("sink", "app"))),
         ("TidemarkDeliveriesParked", &ia, Some(("sink", "app"))),
@@ -320,6 +353,7 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
         ("TidemarkStoragePoisoned", &ic, None),
         ("TidemarkModelsPoisoned", &idd, None),
         ("TidemarkModelsLagging", &ie, None),
+        ("TidemarkDiskFillingUp", &iff, None),
     ];
     let deadline = Instant::now() + Duration::from_secs(120);
     let alerts = loop {
@@ -346,6 +380,7 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     errors.abort();
+    filling.abort();
     // And nothing else: the other rules are false for both servers (B is only full; A is not).
     for al in &alerts {
         let name = al["labels"]["alertname"].as_str().unwrap_or("");

@@ -16,10 +16,10 @@ use tidemark_tests::{Server, ServerOpts};
 use crate::common::{append_ok, ev, task_ev, wait_for};
 
 /// A tmpfs mounted for the test, unmounted when dropped (before its temp dir goes).
-struct Mount(PathBuf, #[allow(dead_code)] tempfile::TempDir);
+pub(crate) struct Mount(PathBuf, #[allow(dead_code)] tempfile::TempDir);
 
 impl Mount {
-    fn tmpfs(size: &str) -> Mount {
+    pub(crate) fn tmpfs(size: &str) -> Mount {
         let dir = tempfile::Builder::new()
             .prefix("tidemark-full-")
             .tempdir()
@@ -39,7 +39,7 @@ impl Mount {
         Mount(path, dir)
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 
