@@ -202,13 +202,3 @@ fn the_packaged_configuration_is_the_defaults_but_for_its_directories() {
         "the packaged file changes more than the directories"
     );
 }
-
-/// Not a check: prints the accepted keys (`cargo test -p tidemark-api --test config_reference
-/// -- --ignored --nocapture`), to write the page from.
-#[test]
-#[ignore = "prints the keys"]
-fn print_accepted_keys() {
-    for k in accepted() {
-        println!("{k}");
-    }
-}

@@ -307,6 +307,22 @@ impl Serialize for Event {
     }
 }
 
+/// Whether an append at exactly `first_seq..` of `n` events went in as such (a replica, an
+/// import): no event was already there, and they took exactly those seqs.
+pub(crate) fn check_exact(
+    r: crate::AppendReceipt,
+    first_seq: u64,
+    n: u64,
+    what: &str,
+) -> Result<crate::AppendReceipt, AppendError> {
+    if r.events.iter().any(|a| a.duplicate) || r.last_seq != first_seq + n - 1 {
+        return Err(AppendError::Storage(
+            format!("{what} diverged at seq {first_seq}: an event id appeared twice").into(),
+        ));
+    }
+    Ok(r)
+}
+
 /// Ready a batch for any backend: refused when empty or over [`limits::BATCH_MAX_EVENTS`], and
 /// every event without an `event_id` given a fresh one (so a backend, and every replica of it,
 /// records the same id).

@@ -576,6 +576,7 @@ pub trait ImportTarget: EventLog {
     ) -> impl std::future::Future<Output = Result<crate::AppendReceipt, AppendError>> + Send;
 }
 
+/// The embedded log imports as it replicates (`JetStreamLog`'s impl is beside its appends).
 impl ImportTarget for Log {
     async fn import_batch(
         &self,
@@ -584,17 +585,6 @@ impl ImportTarget for Log {
         at_us: i64,
     ) -> Result<crate::AppendReceipt, AppendError> {
         self.replicate(events, first_seq, at_us).await
-    }
-}
-
-impl ImportTarget for crate::JetStreamLog {
-    async fn import_batch(
-        &self,
-        events: Vec<NewEvent>,
-        first_seq: u64,
-        at_us: i64,
-    ) -> Result<crate::AppendReceipt, AppendError> {
-        self.import(events, first_seq, at_us).await
     }
 }
 

@@ -399,9 +399,11 @@ fn backup_dir(root: &std::path::Path, to: &str) -> Result<std::path::PathBuf, Ap
     if !full.starts_with(root) || full == root || p.is_absolute() {
         return Err(outside());
     }
-    // Symlinks: what exists of the path, resolved, must still be inside the resolved root.
-    let _ = std::fs::create_dir_all(root);
-    let real_root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_owned());
+    // Symlinks: what exists of the path, resolved, must still be inside the resolved root
+    // (while the root does not exist yet, nothing under it can lead out).
+    let Ok(real_root) = std::fs::canonicalize(root) else {
+        return Ok(full);
+    };
     let mut existing = full.as_path();
     while !existing.exists() {
         match existing.parent() {
@@ -428,11 +430,14 @@ pub fn backup_gauges_from_disk(root: &std::path::Path) {
         .filter_map(|d| {
             let manifest = d.path().join(tidemark_log::transfer::MANIFEST);
             let modified = std::fs::metadata(&manifest).ok()?.modified().ok()?;
-            let m: tidemark_log::transfer::Manifest =
-                serde_json::from_slice(&std::fs::read(&manifest).ok()?).ok()?;
-            Some((modified, m.through_seq))
+            Some((modified, manifest))
         })
         .max_by_key(|(t, _)| *t);
+    let newest = newest.and_then(|(t, manifest)| {
+        let m: tidemark_log::transfer::Manifest =
+            serde_json::from_slice(&std::fs::read(&manifest).ok()?).ok()?;
+        Some((t, m.through_seq))
+    });
     if let Some((t, seq)) = newest {
         let secs = t
             .duration_since(std::time::UNIX_EPOCH)

@@ -426,16 +426,7 @@ impl Log {
         let r = self
             .send(events, Condition::head(first_seq - 1), Some(at_us))
             .await?;
-        if r.events.iter().any(|a| a.duplicate) || r.last_seq != first_seq + n - 1 {
-            return Err(AppendError::Storage(
-                format!(
-                    "the replica diverged from its source at seq {first_seq}: an event id \
-                     appeared twice"
-                )
-                .into(),
-            ));
-        }
-        Ok(r)
+        crate::envelope::check_exact(r, first_seq, n, "the replica")
     }
 
     async fn send(

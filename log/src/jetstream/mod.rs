@@ -803,11 +803,13 @@ impl JetStreamLog {
              meeting duplicates being published by another node",
         )))
     }
+}
 
-    /// Import events into the stream at exactly `first_seq..`, recorded at `at_us` (the
-    /// source's time; every node's replica records it so): what `tidemark log import` does on
-    /// a cluster. Anything else — a gap, an id already in the stream — is an error.
-    pub async fn import(
+/// An import into the stream at exactly `first_seq..`, recorded at `at_us` (the source's
+/// time; every node's replica records it so): what `tidemark log import` does on a cluster.
+/// Anything else — a gap, an id already in the stream — is an error.
+impl crate::transfer::ImportTarget for JetStreamLog {
+    async fn import_batch(
         &self,
         events: Vec<NewEvent>,
         first_seq: u64,
@@ -817,13 +819,7 @@ impl JetStreamLog {
         let r = self
             .append_at(events, Condition::head(first_seq - 1), Some(at_us))
             .await?;
-        if r.events.iter().any(|a| a.duplicate) || r.last_seq != first_seq + n - 1 {
-            return Err(AppendError::Storage(
-                format!("the import diverged at seq {first_seq}: an event id appeared twice")
-                    .into(),
-            ));
-        }
-        Ok(r)
+        crate::envelope::check_exact(r, first_seq, n, "the import")
     }
 }
 

@@ -55,24 +55,6 @@ fn the_rules_pass_promtool() {
     );
 }
 
-/// A source whose upstream refuses every connection: stale after three 1 s intervals.
-const DEAD_SOURCE: &str = r#"
-[[sources]]
-name = "dead-upstream"
-url = "http://127.0.0.1:9/items"
-page_size = 10
-timeout = "1s"
-every = "1s"
-[sources.watermark]
-request_field = "afterId"
-next = "/pagination/nextAfterId"
-has_more = "/pagination/hasMore"
-limit_field = "limit"
-[sources.items]
-path = "/data"
-id = "/id"
-"#;
-
 /// An alert expected active: its name, the server's instance, and a label it must carry.
 type Expected<'a> = (&'a str, &'a str, Option<(&'a str, &'a str)>);
 
@@ -147,10 +129,20 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
     // Server A: work that nobody does, a dead source, server errors.
     let dir = tempfile::tempdir().expect("tempdir");
     let backups = dir.path().join("backups");
-    let a = Server::start(ServerOpts::default().config(format!(
-        "[server]\nbackup_dir = {:?}\n[notifications.outbox]\nstuck_after = \"1s\"\n{DEAD_SOURCE}",
-        backups.display().to_string()
-    )))
+    // A source whose upstream refuses every connection: stale after three 1 s intervals.
+    let dead_source = crate::e2e_sources::source_toml(
+        "dead-upstream",
+        "127.0.0.1:9".parse().expect("addr"),
+        "every = \"1s\"",
+    );
+    let a = Server::start(
+        ServerOpts::default()
+            .env("TEST_SOURCE_TOKEN", "unused")
+            .config(format!(
+                "[server]\nbackup_dir = {:?}\n[notifications.outbox]\nstuck_after = \"1s\"\n{dead_source}",
+                backups.display().to_string()
+            )),
+    )
     .await;
     // Server B: its disk short of the space it keeps in reserve, and its last backup two days
     // old (read from the newest manifest under its backup_dir at start).
