@@ -358,7 +358,8 @@ impl Run<'_> {
                 let c = workloads::append_cell(&mut rig, &plan).await;
                 eprintln!(
                     "  {:<16} clients {:>4} batch {:>4}  {:>8} events {:>10} events/s  p50 {:>7} µs  \
-                     p99 {:>7} µs  cpu {:>6} µs/ev  wchar {:>6} B/ev  fsync/ev {}{}",
+                     p99 {:>7} µs  pause {:>7} µs  cpu {:>6} µs/ev  ctxsw {:>6}/ev  wchar {:>6} B/ev  \
+                     page cache {:>6} B/ev  device {:>6} B/ev  fsync/ev {}{}",
                     c.system,
                     c.clients,
                     c.batch,
@@ -366,8 +367,13 @@ impl Run<'_> {
                     c.events_per_sec,
                     c.latency_us.p50,
                     c.latency_us.p99,
+                    c.longest_pause_us,
                     c.cpu_us_per_event,
+                    c.ctx_switches_per_event,
                     c.wchar_per_event,
+                    c.write_bytes_per_event,
+                    c.device_bytes_per_event
+                        .map_or("n/a".into(), |v| v.to_string()),
                     c.fsyncs_per_event.map_or("-".into(), |v| v.to_string()),
                     c.error
                         .as_deref()

@@ -1,10 +1,13 @@
-//! What a run measures besides time: hdrhistogram percentiles, and a server's CPU, bytes
-//! written and fsync calls, read from `/proc` (and `strace`) over its whole process tree.
+//! What a run measures besides time: hdrhistogram percentiles, the longest pause between
+//! completions, a server's CPU, bytes written, context switches and fsync calls, read from
+//! `/proc` (and `strace`) over its whole process tree, and the bytes the block device under the
+//! data directory wrote, read from `/sys`.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -90,10 +93,12 @@ impl Proc {
     }
 
     /// The counters summed over the tree now. A reaped child's CPU and I/O are already in its
-    /// parent's (cutime/cstime and the signal-wide I/O accounting).
+    /// parent's (cutime/cstime and the signal-wide I/O accounting); its context switches are not
+    /// (see [`Counters::ctx_switches`]).
     pub fn counters(self) -> Counters {
         let mut c = Counters::default();
         for pid in self.pids() {
+            c.ctx_switches += ctx_switches_of(pid);
             if let Some(f) = stat_fields(&format!("/proc/{pid}/stat")) {
                 // After the command: state(0) ppid(1) … utime(11) stime(12) cutime(13) cstime(14).
                 let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
@@ -118,6 +123,36 @@ impl Proc {
     }
 }
 
+/// Context switches of every thread of `pid` alive now: the sum over `/proc/<pid>/task/*/status`
+/// (each task's own counts; the process-level `status` holds only the main thread's).
+fn ctx_switches_of(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .filter_map(|text| parse_ctx_switches(&text))
+        .sum()
+}
+
+/// `voluntary_ctxt_switches` + `nonvoluntary_ctxt_switches` of a `/proc/.../status` text, or
+/// None when it holds neither.
+pub fn parse_ctx_switches(status: &str) -> Option<u64> {
+    let mut found = false;
+    let mut total = 0u64;
+    for line in status.lines() {
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        if k == "voluntary_ctxt_switches" || k == "nonvoluntary_ctxt_switches" {
+            total += v.trim().parse::<u64>().ok()?;
+            found = true;
+        }
+    }
+    found.then_some(total)
+}
+
 /// The fields of a `/proc/.../stat` file after the command name (which may hold spaces).
 fn stat_fields(path: &str) -> Option<Vec<String>> {
     let s = std::fs::read_to_string(path).ok()?;
@@ -125,20 +160,162 @@ fn stat_fields(path: &str) -> Option<Vec<String>> {
     Some(rest.split_whitespace().map(str::to_owned).collect())
 }
 
+/// A process tree's counters at one instant ([`Proc::counters`]), or their growth over a phase
+/// ([`Counters::since`]).
 #[derive(Clone, Copy, Default, Debug)]
 pub struct Counters {
+    /// CPU time, user + system, children reaped included, in clock ticks ([`clock_ticks`]).
     pub cpu_ticks: u64,
+    /// Bytes passed to write calls (`wchar` of `/proc/<pid>/io`).
     pub wchar: u64,
+    /// Bytes of page cache dirtied (`write_bytes` of `/proc/<pid>/io`): accounted when a page
+    /// is dirtied, not when the device writes it, so a partial rewrite of a page counts it whole
+    /// and a page rewritten before writeback counts twice.
     pub write_bytes: u64,
+    /// Context switches, voluntary + involuntary, summed over the threads alive at the reading.
+    /// A thread (or process) that exits takes its counts with it, so over a phase in which
+    /// threads exit this under-counts; the servers here keep their threads, so it rarely does.
+    pub ctx_switches: u64,
 }
 
 impl Counters {
+    /// What grew from `before` to `self` (0 for a counter that shrank, as context switches
+    /// can when threads exit).
     pub fn since(self, before: Counters) -> Counters {
         Counters {
             cpu_ticks: self.cpu_ticks.saturating_sub(before.cpu_ticks),
             wchar: self.wchar.saturating_sub(before.wchar),
             write_bytes: self.write_bytes.saturating_sub(before.write_bytes),
+            ctx_switches: self.ctx_switches.saturating_sub(before.ctx_switches),
         }
+    }
+}
+
+/// The block device under a data directory, whose sysfs `stat` counts the sectors it has
+/// written: what reached the disk, journal and metadata included, whoever wrote it.
+#[derive(Clone, Debug)]
+pub struct BlockDevice {
+    /// The kernel's name and major:minor, e.g. `vda (254:0)`.
+    pub name: String,
+    /// `/sys/dev/block/<major>:<minor>/stat` (a partition's own, when it is a partition).
+    stat: PathBuf,
+}
+
+impl BlockDevice {
+    /// The device of the filesystem holding `dir` (the major:minor of its `st_dev`), or why
+    /// there is none to read: an overlay, tmpfs or btrfs filesystem has an anonymous device
+    /// (major 0) without sector counters.
+    pub fn of(dir: &Path) -> Result<BlockDevice, String> {
+        use std::os::unix::fs::MetadataExt;
+        let dev = std::fs::metadata(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?
+            .dev();
+        let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+        if major == 0 {
+            return Err(format!(
+                "{} is on an anonymous device {major}:{minor} (overlay, tmpfs, btrfs, …), \
+                 not a block device",
+                dir.display()
+            ));
+        }
+        let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+        let stat = sys.join("stat");
+        let text =
+            std::fs::read_to_string(&stat).map_err(|e| format!("{}: {e}", stat.display()))?;
+        if parse_block_stat(&text).is_none() {
+            return Err(format!("{}: no write sectors field", stat.display()));
+        }
+        let kernel_name = std::fs::canonicalize(&sys)
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "?".into());
+        Ok(BlockDevice {
+            name: format!("{kernel_name} ({major}:{minor})"),
+            stat,
+        })
+    }
+
+    /// Bytes the device has written since boot: its sectors written × 512 (sysfs counts
+    /// 512-byte sectors whatever the device's own block size).
+    pub fn written_bytes(&self) -> Option<u64> {
+        let text = std::fs::read_to_string(&self.stat).ok()?;
+        parse_block_stat(&text).map(|sectors| sectors.saturating_mul(512))
+    }
+}
+
+/// Sectors written: field 7 of a sysfs block device `stat` file (reads completed, reads
+/// merged, sectors read, ms reading, writes completed, writes merged, sectors written, …).
+pub fn parse_block_stat(text: &str) -> Option<u64> {
+    text.split_whitespace().nth(6)?.parse().ok()
+}
+
+/// The longest pause of a run: the longest time during which at least one request was in
+/// flight and none completed, over all its clients. A gap ends at a completed request and
+/// starts at the completion before it or, if no request was in flight then, at the send that
+/// ended the idle time (a lone client preparing its next batch is not a pause of the server).
+/// Every send and completion takes its instant under one lock, so their order is the order of
+/// the instants and the answer is exact for what the clients saw.
+#[derive(Default)]
+pub struct Pauses(Mutex<PauseState>);
+
+impl Pauses {
+    /// A request is about to be sent.
+    pub fn sent(&self) {
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        s.sent(Instant::now());
+    }
+
+    /// A request has ended: `ok` when it completed (a failed request ends without completing).
+    pub fn done(&self, ok: bool) {
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        s.done(Instant::now(), ok);
+    }
+
+    /// The longest pause so far (zero before two instants were seen).
+    pub fn longest(&self) -> Duration {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).longest
+    }
+}
+
+/// What [`Pauses`] keeps: requests in flight, since when some have been, the last completion
+/// and the longest pause.
+#[derive(Default, Debug)]
+pub struct PauseState {
+    in_flight: u64,
+    busy_since: Option<Instant>,
+    last_done: Option<Instant>,
+    longest: Duration,
+}
+
+impl PauseState {
+    /// A request sent at `now`.
+    pub fn sent(&mut self, now: Instant) {
+        if self.in_flight == 0 {
+            self.busy_since = Some(now);
+        }
+        self.in_flight += 1;
+    }
+
+    /// A request ended at `now`, completed if `ok`.
+    pub fn done(&mut self, now: Instant, ok: bool) {
+        if ok {
+            // In flight without a break since `busy_since`; the last completion, if later, is
+            // where this gap starts.
+            let start = match (self.busy_since, self.last_done) {
+                (Some(b), Some(d)) => Some(b.max(d)),
+                (b, d) => b.or(d),
+            };
+            if let Some(start) = start {
+                self.longest = self.longest.max(now.saturating_duration_since(start));
+            }
+            self.last_done = Some(now);
+        }
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+
+    /// The longest pause seen.
+    pub fn longest(&self) -> Duration {
+        self.longest
     }
 }
 
@@ -243,6 +420,95 @@ pub fn free_bytes(dir: &Path) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ctx_switches_sum_both_kinds() {
+        let status = "Name:\ttokio-runtime-w\nState:\tS (sleeping)\nTgid:\t4242\n\
+                      Cpus_allowed_list:\t0-1\n\
+                      voluntary_ctxt_switches:\t1200\n\
+                      nonvoluntary_ctxt_switches:\t34\n";
+        assert_eq!(parse_ctx_switches(status), Some(1234));
+        assert_eq!(parse_ctx_switches("Name:\tx\nState:\tR (running)\n"), None);
+        assert_eq!(
+            parse_ctx_switches("voluntary_ctxt_switches:\tmany\n"),
+            None,
+            "an unreadable count is no count"
+        );
+    }
+
+    #[test]
+    fn block_stat_gives_sectors_written() {
+        // A disk's /sys/block/vda/stat (17 fields on recent kernels) and a partition's older
+        // 11-field one: field 7 is sectors written either way.
+        let disk = "   20714        0  1196242    11408  3315787  3021366 92773136  2616361        0  \
+                    2169168  2697853   0   0   0   0   93310   70083\n";
+        assert_eq!(parse_block_stat(disk), Some(92_773_136));
+        let part = "  4356   120  301858  2816  51200  18000  5242880  99000  0  41000  101816\n";
+        assert_eq!(parse_block_stat(part), Some(5_242_880));
+        assert_eq!(parse_block_stat("1 2 3\n"), None);
+        assert_eq!(parse_block_stat(""), None);
+    }
+
+    #[test]
+    fn a_directory_on_no_block_device_says_so() {
+        // procfs has an anonymous device (major 0), as overlay and tmpfs do.
+        let e = BlockDevice::of(Path::new("/proc")).unwrap_err();
+        assert!(e.contains("anonymous device 0:"), "{e}");
+        // A directory on a disk reads its counter; one in a container's overlay says why not.
+        let dir = tempfile::tempdir().unwrap();
+        match BlockDevice::of(dir.path()) {
+            Ok(dev) => assert!(dev.written_bytes().is_some(), "{dev:?}"),
+            Err(e) => assert!(!e.is_empty()),
+        }
+    }
+
+    #[test]
+    fn the_longest_pause_counts_only_time_with_a_request_in_flight() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut p = PauseState::default();
+        // Two clients: a sends at 0, b at 1; a completes at 5, b at 6.
+        p.sent(at(0));
+        p.sent(at(1));
+        p.done(at(5), true);
+        assert_eq!(
+            p.longest(),
+            Duration::from_millis(5),
+            "first send to first completion"
+        );
+        p.done(at(6), true);
+        assert_eq!(p.longest(), Duration::from_millis(5));
+        // Nothing in flight from 6 to 20 (both clients preparing): not a pause.
+        p.sent(at(20));
+        p.sent(at(21));
+        p.done(at(23), true);
+        assert_eq!(p.longest(), Duration::from_millis(5));
+        // The request sent at 21 stays in flight: 9 ms from the completion at 23 to the next,
+        // though the request that completes then was sent at 30.
+        p.sent(at(30));
+        p.done(at(32), true);
+        assert_eq!(p.longest(), Duration::from_millis(9));
+        // A failed request ends its flight but is no completion; then nothing is in flight.
+        p.done(at(33), false);
+        p.sent(at(40));
+        p.done(at(41), true);
+        assert_eq!(p.longest(), Duration::from_millis(9));
+    }
+
+    #[test]
+    fn pauses_are_shared_by_clients() {
+        let p = Pauses::default();
+        p.sent();
+        std::thread::sleep(Duration::from_millis(3));
+        p.done(true);
+        assert!(p.longest() >= Duration::from_millis(3));
+    }
+
+    #[test]
+    fn this_process_has_context_switches() {
+        std::thread::sleep(Duration::from_millis(1));
+        assert!(Proc::This.counters().ctx_switches > 0);
+    }
 
     #[test]
     fn strace_summary_counts_only_sync_calls() {

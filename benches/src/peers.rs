@@ -1,7 +1,7 @@
 //! Peer servers started for real: each one a child process on a loopback port with a fresh data
 //! directory, stopped by its PID when the run ends, when it fails, and on Ctrl-C.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -100,6 +100,11 @@ impl ChildServer {
             log,
             stop_signal,
         })
+    }
+
+    /// Its data directory (until [`ChildServer::stop`] removes it).
+    pub fn data_dir(&self) -> Option<&Path> {
+        self.dir.as_ref().map(|d| d.path())
     }
 
     /// Err when the process has already exited, with the end of its log.

@@ -1,6 +1,7 @@
 //! The results document (written as the run goes) and its markdown tables: one per workload,
 //! and the ratios tidemark ÷ each peer from the same run.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use serde::Serialize;
@@ -27,6 +28,37 @@ pub struct Ratio {
     pub p99: f64,
     /// tidemark CPU per event ÷ peer CPU per event (below 1: tidemark cheaper).
     pub cpu_per_event: Option<f64>,
+    /// Bytes the device wrote per event, side by side; None unless both were counted.
+    pub device_bytes_per_event: Option<Pair>,
+    /// Context switches per event, side by side (an in-process system's include its clients').
+    pub ctx_switches_per_event: Pair,
+}
+
+/// One measure of tidemark and of the peer side by side.
+#[derive(Serialize, Clone, Copy)]
+pub struct Pair {
+    pub tidemark: f64,
+    pub peer: f64,
+    /// tidemark ÷ peer (below 1: tidemark less); None when the peer's is 0.
+    pub ratio: Option<f64>,
+}
+
+impl Pair {
+    fn new(tidemark: f64, peer: f64) -> Pair {
+        Pair {
+            tidemark,
+            peer,
+            ratio: (peer > 0.0).then(|| r2(tidemark / peer)),
+        }
+    }
+
+    /// `tidemark / peer (ratio×)`.
+    fn cell(&self) -> String {
+        match self.ratio {
+            Some(r) => format!("{} / {} ({r}×)", self.tidemark, self.peer),
+            None => format!("{} / {}", self.tidemark, self.peer),
+        }
+    }
 }
 
 #[derive(Serialize, Default)]
@@ -76,6 +108,14 @@ impl Report {
                     p99: r2(tm.latency_us.p99 as f64 / (peer.latency_us.p99.max(1)) as f64),
                     cpu_per_event: (peer.cpu_us_per_event > 0.0)
                         .then(|| r2(tm.cpu_us_per_event / peer.cpu_us_per_event)),
+                    device_bytes_per_event: tm
+                        .device_bytes_per_event
+                        .zip(peer.device_bytes_per_event)
+                        .map(|(t, p)| Pair::new(t, p)),
+                    ctx_switches_per_event: Pair::new(
+                        tm.ctx_switches_per_event,
+                        peer.ctx_switches_per_event,
+                    ),
                 });
             }
         }
@@ -114,15 +154,21 @@ impl Report {
         if !self.append.is_empty() {
             s.push_str(
                 "### Durable appends\n\n| system | clients | batch | events | events/s | p50 µs | p99 µs \
-                 | p99.9 µs | CPU µs/event | wchar B/event | write_bytes B/event | WAL B/event \
-                 | fsyncs/event | error |\n",
+                 | p99.9 µs | longest pause µs | CPU µs/event | ctx switches/event | wchar B/event \
+                 | page cache write_bytes B/event | device B/event | WAL B/event | fsyncs/event \
+                 | error |\n",
             );
-            s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+            s.push_str(
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+            );
+            // † in process: this process's counts, the clients' included.
+            let mark = |c: &AppendCell| if c.in_process { " †" } else { "" };
             for c in &self.append {
                 let l = c.latency_us;
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {}{} | {}{} | {} | {} | {} | {} \
+                     | {} | {} |",
                     c.system,
                     c.clients,
                     c.batch,
@@ -131,13 +177,43 @@ impl Report {
                     l.p50,
                     l.p99,
                     l.p999,
+                    c.longest_pause_us,
                     c.cpu_us_per_event,
+                    mark(c),
+                    c.ctx_switches_per_event,
+                    mark(c),
                     c.wchar_per_event,
                     c.write_bytes_per_event,
+                    c.device_bytes_per_event
+                        .map_or("n/a".into(), |v| v.to_string()),
                     c.wal_bytes_per_event.map_or("".into(), |v| v.to_string()),
                     c.fsyncs_per_event.map_or("".into(), |v| v.to_string()),
                     c.error.as_deref().map(short).unwrap_or_default(),
                 );
+            }
+            s.push_str(
+                "\nlongest pause: the longest time with a request in flight and no append \
+                 completing, over all the cell's clients. ctx switches: voluntary + involuntary, \
+                 the server's threads (threads that exit during the cell are not counted). \
+                 page cache write_bytes: bytes dirtied in the page cache (/proc/<pid>/io); \
+                 device: sectors written × 512 by the block device under the data directory \
+                 (/sys/dev/block/<major>:<minor>/stat), the whole device's, other writers on it \
+                 included; n/a when the data is on no block device.\n",
+            );
+            if self.append.iter().any(|c| c.in_process) {
+                s.push_str(
+                    "† in process: CPU and context switches are the benchmark process's, its \
+                     clients' included.\n",
+                );
+            }
+            // Which device each system's cells counted, or why none.
+            let mut devices: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+            for c in &self.append {
+                devices.entry(&c.device).or_default().insert(&c.system);
+            }
+            for (device, systems) in devices {
+                let systems: Vec<&str> = systems.into_iter().collect();
+                let _ = writeln!(s, "device of {}: {}", systems.join(", "), short(device));
             }
             s.push('\n');
             for c in self.append.iter().filter(|c| !c.layers.is_empty()) {
@@ -162,19 +238,25 @@ impl Report {
         if !self.ratios.is_empty() {
             s.push_str(
                 "### tidemark ÷ peer (same run)\n\n| tidemark | peer | clients | batch \
-                 | throughput × | p99 × | CPU/event × |\n|---|---|---:|---:|---:|---:|---:|\n",
+                 | throughput × | p99 × | CPU/event × | device B/event tidemark / peer \
+                 | ctx switches/event tidemark / peer |\n\
+                 |---|---|---:|---:|---:|---:|---:|---:|---:|\n",
             );
             for r in &self.ratios {
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     r.tidemark,
                     r.peer,
                     r.clients,
                     r.batch,
                     r.throughput,
                     r.p99,
-                    r.cpu_per_event.map_or("".into(), |v| v.to_string())
+                    r.cpu_per_event.map_or("".into(), |v| v.to_string()),
+                    r.device_bytes_per_event
+                        .as_ref()
+                        .map_or("n/a".into(), Pair::cell),
+                    r.ctx_switches_per_event.cell(),
                 );
             }
             s.push('\n');

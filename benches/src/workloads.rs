@@ -10,7 +10,8 @@ use serde::Serialize;
 
 use crate::events::EventGen;
 use crate::measure::{
-    Counters, Percentiles, Proc, SyscallCount, clock_ticks, micros, new_histogram, round1, round3,
+    BlockDevice, Counters, Pauses, Percentiles, Proc, SyscallCount, clock_ticks, micros,
+    new_histogram, round1, round3,
 };
 use crate::targets::Target;
 
@@ -71,11 +72,13 @@ impl<T: Target> Rig<T> {
         let base = self.next_event;
         self.next_event += batches * batch;
         let next = Arc::new(AtomicU64::new(0));
+        let pauses = Arc::new(Pauses::default());
         let mut tasks = tokio::task::JoinSet::new();
         let conns: Vec<T::Conn> = self.conns.drain(..clients).collect();
         let started = Instant::now();
         for mut conn in conns {
             let (target, next, evgen) = (self.target.clone(), next.clone(), self.evgen);
+            let pauses = pauses.clone();
             tasks.spawn(async move {
                 let mut h = new_histogram();
                 let mut done = 0u64;
@@ -90,8 +93,11 @@ impl<T: Target> Rig<T> {
                     }
                     let lo = base + k * batch;
                     let b = target.prepare(&evgen.batch(lo..lo + batch));
+                    pauses.sent();
                     let t0 = Instant::now();
-                    match target.append(&mut conn, b).await {
+                    let r = target.append(&mut conn, b).await;
+                    pauses.done(r.is_ok());
+                    match r {
                         Ok(()) => {
                             h.saturating_record(micros(t0.elapsed()));
                             done += batch;
@@ -111,6 +117,7 @@ impl<T: Target> Rig<T> {
             hist: new_histogram(),
             events: 0,
             seconds: 0.0,
+            longest_pause: Duration::ZERO,
             error: None,
         };
         while let Some(joined) = tasks.join_next().await {
@@ -127,6 +134,7 @@ impl<T: Target> Rig<T> {
             }
         }
         out.seconds = started.elapsed().as_secs_f64();
+        out.longest_pause = pauses.longest();
         self.appended += out.events;
         out
     }
@@ -137,6 +145,9 @@ pub struct Driven {
     pub hist: hdrhistogram::Histogram<u64>,
     pub events: u64,
     pub seconds: f64,
+    /// The longest time with a request in flight and none completing, over all clients
+    /// ([`Pauses`]).
+    pub longest_pause: Duration,
     pub error: Option<String>,
 }
 
@@ -146,6 +157,7 @@ impl Driven {
             hist: new_histogram(),
             events: 0,
             seconds: 0.0,
+            longest_pause: Duration::ZERO,
             error: Some(e),
         }
     }
@@ -167,8 +179,36 @@ pub struct AppendCell {
     pub cpu_us_per_event: f64,
     /// Bytes passed to write calls, per event (`wchar` of /proc/<pid>/io).
     pub wchar_per_event: f64,
-    /// Pages dirtied, per event (`write_bytes`; over-counts partial page rewrites).
+    /// Page cache dirtied, per event (`write_bytes` of /proc/<pid>/io: counted when a page is
+    /// dirtied, so it over-counts partial page rewrites; not what the device wrote, for which
+    /// see `device_bytes_per_event`).
     pub write_bytes_per_event: f64,
+    /// Bytes the block device under the data directory wrote, per event: its sectors written
+    /// (`/sys/dev/block/<major>:<minor>/stat`, field 7) × 512 over the timed run, so what
+    /// reached the disk, filesystem journal and metadata included. The count is the whole
+    /// device's: anything else writing to it during the cell counts too, and writeback of pages
+    /// dirtied before the cell may land in it. None when the data directory is on no block
+    /// device (overlay, tmpfs) or its counters cannot be read; `device` says why.
+    #[serde(default)]
+    pub device_bytes_per_event: Option<f64>,
+    /// The block device counted, e.g. `vda (254:0)`, or why none was.
+    #[serde(default)]
+    pub device: String,
+    /// Context switches per event, voluntary + involuntary, summed over the threads of the
+    /// server's process tree (`/proc/<pid>/task/*/status`). In-process targets (`in_process`):
+    /// every thread of this process, the clients' included. Threads that exit during the cell
+    /// take their counts with them (not counted).
+    #[serde(default)]
+    pub ctx_switches_per_event: f64,
+    /// The system runs in the benchmark process: CPU and context switches are this process's,
+    /// the clients' included.
+    #[serde(default)]
+    pub in_process: bool,
+    /// The longest time, in µs, during which at least one request was in flight and no append
+    /// completed, over all the cell's clients together (a stall of the whole system, not of one
+    /// request). With one client it is about the slowest request.
+    #[serde(default)]
+    pub longest_pause_us: u64,
     /// PostgreSQL: WAL bytes per event (`pg_current_wal_lsn()`).
     pub wal_bytes_per_event: Option<f64>,
     /// Sync calls (fsync, fdatasync, …) per event, from a separate pass of the same shape
@@ -220,6 +260,11 @@ pub async fn append_cell<T: Target>(rig: &mut Rig<T>, p: &CellPlan) -> AppendCel
         cpu_us_per_event: 0.0,
         wchar_per_event: 0.0,
         write_bytes_per_event: 0.0,
+        device_bytes_per_event: None,
+        device: String::new(),
+        ctx_switches_per_event: 0.0,
+        in_process: false,
+        longest_pause_us: 0,
         wal_bytes_per_event: None,
         fsyncs_per_event: None,
         fsync_calls: 0,
@@ -237,11 +282,22 @@ pub async fn append_cell<T: Target>(rig: &mut Rig<T>, p: &CellPlan) -> AppendCel
         return cell;
     }
     let proc = rig.target.proc();
+    cell.in_process = matches!(proc, Proc::This);
+    let device = match rig.target.data_dir() {
+        Some(dir) => BlockDevice::of(dir),
+        None => Err("no data directory".to_owned()),
+    };
+    cell.device = match &device {
+        Ok(dev) => dev.name.clone(),
+        Err(why) => format!("n/a: {why}"),
+    };
     let before: Counters = proc.counters();
+    let dev_before = device.as_ref().ok().and_then(BlockDevice::written_bytes);
     let wal_before = rig.target.extra_written().await;
     let deadline = Instant::now() + Duration::from_secs_f64(p.seconds);
     let d = rig.run(p.clients, p.batch, p.events, Some(deadline)).await;
     let after = proc.counters();
+    let dev_after = device.as_ref().ok().and_then(BlockDevice::written_bytes);
     let wal_after = rig.target.extra_written().await;
     cell.follow = rig.target.follow_lag().await;
     if let Some(f) = cell.follow {
@@ -259,6 +315,13 @@ pub async fn append_cell<T: Target>(rig: &mut Rig<T>, p: &CellPlan) -> AppendCel
     cell.cpu_us_per_event = round1(used.cpu_ticks as f64 / clock_ticks() * 1e6 / n);
     cell.wchar_per_event = (used.wchar as f64 / n).round();
     cell.write_bytes_per_event = (used.write_bytes as f64 / n).round();
+    if let (Some(a), Some(b)) = (dev_before, dev_after) {
+        cell.device_bytes_per_event = Some((b.saturating_sub(a) as f64 / n).round());
+    } else if device.is_ok() {
+        cell.device = format!("n/a: {}: stat unreadable", cell.device);
+    }
+    cell.ctx_switches_per_event = sig4(used.ctx_switches as f64 / n);
+    cell.longest_pause_us = u64::try_from(d.longest_pause.as_micros()).unwrap_or(u64::MAX);
     if let (Some(a), Some(b)) = (wal_before, wal_after) {
         cell.wal_bytes_per_event = Some((b.saturating_sub(a) as f64 / n).round());
     }

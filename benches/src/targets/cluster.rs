@@ -124,6 +124,11 @@ impl Target for TidemarkJetStream {
         Proc::Trees([self.http.pid(), a, b, c])
     }
 
+    /// The HTTP node's; the cluster's directories are beside it, in the same work directory.
+    fn data_dir(&self) -> Option<&std::path::Path> {
+        self.http.data_dir()
+    }
+
     async fn connect(&self) -> Result<(), String> {
         self.http.connect().await
     }
@@ -172,6 +177,11 @@ impl Target for NatsOnCluster {
     fn proc(&self) -> Proc {
         let [a, b, c] = self.cluster.pids();
         Proc::Trees([a, b, c, 0])
+    }
+
+    /// The first server's; the others' are beside it, in the same work directory.
+    fn data_dir(&self) -> Option<&std::path::Path> {
+        self.cluster.servers.first().and_then(|s| s.data_dir())
     }
 
     async fn connect(&self) -> Result<Self::Conn, String> {

@@ -34,6 +34,9 @@ pub trait Target: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// Whose CPU and I/O counters a run reads.
     fn proc(&self) -> Proc;
+    /// The directory holding the system's data: an append cell counts what the block device
+    /// under it writes. None when the system keeps no data of its own here.
+    fn data_dir(&self) -> Option<&Path>;
     fn connect(&self) -> impl Future<Output = Result<Self::Conn, String>> + Send;
     fn prepare(&self, events: &[BenchEvent]) -> Self::Batch;
     /// Resolves once the whole batch is durable.

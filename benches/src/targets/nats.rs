@@ -122,6 +122,10 @@ impl Target for Nats {
         Proc::Tree(self.server.as_ref().map_or(0, |s| s.pid))
     }
 
+    fn data_dir(&self) -> Option<&std::path::Path> {
+        self.server.as_ref().and_then(ChildServer::data_dir)
+    }
+
     async fn connect(&self) -> Result<NatsConn, String> {
         let client = async_nats::connect(&self.url)
             .await

@@ -191,6 +191,10 @@ impl Target for Postgres {
         Proc::Tree(self.server.pid)
     }
 
+    fn data_dir(&self) -> Option<&Path> {
+        self.server.data_dir()
+    }
+
     async fn connect(&self) -> Result<PgConn, String> {
         let client = connect(&self.conninfo).await?;
         let insert = client.prepare(INSERT).await.map_err(|e| e.to_string())?;

@@ -98,6 +98,10 @@ impl Target for Redis {
         Proc::Tree(self.server.pid)
     }
 
+    fn data_dir(&self) -> Option<&std::path::Path> {
+        self.server.data_dir()
+    }
+
     async fn connect(&self) -> Result<MultiplexedConnection, String> {
         // The crate's default response timeout (500 ms) fails requests that queue behind
         // hundreds of clients; wait as long as the other clients do.

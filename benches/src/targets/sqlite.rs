@@ -32,7 +32,7 @@ const READ: &str = "SELECT seq, event_id, stream, subject, type, payload
 
 pub struct Sqlite {
     path: PathBuf,
-    _dir: Arc<tempfile::TempDir>,
+    dir: Arc<tempfile::TempDir>,
 }
 
 fn open(path: &PathBuf) -> Result<Connection, String> {
@@ -55,7 +55,7 @@ impl Sqlite {
             .map_err(|e| format!("schema: {e}"))?;
         Ok(Sqlite {
             path,
-            _dir: Arc::new(dir),
+            dir: Arc::new(dir),
         })
     }
 }
@@ -87,6 +87,10 @@ impl Target for Sqlite {
 
     fn proc(&self) -> Proc {
         Proc::This
+    }
+
+    fn data_dir(&self) -> Option<&std::path::Path> {
+        Some(self.dir.path())
     }
 
     async fn connect(&self) -> Result<Self::Conn, String> {

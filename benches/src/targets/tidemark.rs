@@ -2,6 +2,7 @@
 //! sees), and the log in this process (what the storage engine alone costs).
 
 use std::fmt::Write as _;
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -162,6 +163,10 @@ impl Target for TidemarkHttp {
         Proc::Tree(self.server.pid)
     }
 
+    fn data_dir(&self) -> Option<&Path> {
+        self.server.data_dir()
+    }
+
     async fn connect(&self) -> Result<(), String> {
         Ok(())
     }
@@ -247,7 +252,7 @@ pub fn to_new_events(events: &[BenchEvent]) -> Vec<NewEvent> {
 /// following the log).
 pub struct TidemarkInproc {
     engine: tidemark_engine::Engine,
-    _dir: Arc<tempfile::TempDir>,
+    dir: Arc<tempfile::TempDir>,
 }
 
 impl TidemarkInproc {
@@ -259,7 +264,7 @@ impl TidemarkInproc {
             .map_err(|e| format!("cannot open the engine: {e}"))?;
         Ok(TidemarkInproc {
             engine,
-            _dir: Arc::new(dir),
+            dir: Arc::new(dir),
         })
     }
 
@@ -284,6 +289,10 @@ impl Target for TidemarkInproc {
 
     fn proc(&self) -> Proc {
         Proc::This
+    }
+
+    fn data_dir(&self) -> Option<&Path> {
+        Some(self.dir.path())
     }
 
     async fn connect(&self) -> Result<(), String> {
