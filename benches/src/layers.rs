@@ -28,11 +28,15 @@ pub struct Layer {
 /// claimed (not serde_json or `tokio::sync`, which every layer calls).
 const LAYERS: &[(&str, &[&str])] = &[
     (
-        "log writer: journal, index postings, redb commit, fsync",
+        "group commit (on the appender's thread): staging, journal write, fsync",
         &[
-            "tidemark_log::embedded::writer",
+            "tidemark_log::embedded::commit",
             "tidemark_log::embedded::journal",
         ],
+    ),
+    (
+        "log indexer (after the reply): redb events, merges, checkpoints",
+        &["tidemark_log::embedded::indexer"],
     ),
     (
         "decider and models: folds, conditions, redb",
@@ -234,7 +238,7 @@ mod tests {
     #[test]
     fn a_sample_goes_to_the_innermost_layer_on_its_stack() {
         let script = "tokio-rt-worker\n\t1 mi_malloc\n\t2 tidemark_api::routes::events::parse_append_body\n\t3 tidemark_api::front::FrontService\n\t4 tokio::runtime::task\n\n\
-                      tidemark-log-wr\n\t1 fdatasync\n\t2 tidemark_log::embedded::writer::Writer::run\n\n\
+                      tokio-rt-worker\n\t1 fdatasync\n\t2 tidemark_log::embedded::commit::lead\n\n\
                       tokio-rt-worker\n\t1 epoll_wait\n\t2 tokio::runtime::io::driver\n\n\
                       tokio-rt-worker\n\t1 __GI___writev\n\t2 hyper::proto::h1::dispatch\n\t3 tokio::runtime::task\n\n\
                       tokio-rt-worker\n\t1 mi_free\n\t2 tower_http::trace::ResponseFuture\n\t3 tidemark_api::front::FrontService\n\t4 hyper::proto\n";
@@ -247,7 +251,7 @@ mod tests {
                 .us_per_event
         };
         assert_eq!(find("append body"), 10.0);
-        assert_eq!(find("log writer"), 10.0);
+        assert_eq!(find("group commit"), 10.0);
         assert_eq!(find("tokio"), 10.0);
         assert_eq!(find("HTTP/1"), 10.0);
         // Deeper than the front's frame: the tower layer's, not the front's.

@@ -70,7 +70,9 @@ struct Told {
 #[derive(Clone)]
 struct Disk {
     db: FaultStore,
+    /// The journal's first segment (the one a log writes until it turns to the second).
     journal: FaultStore,
+    journal_b: FaultStore,
     models: FaultStore,
 }
 
@@ -78,10 +80,12 @@ impl Default for Disk {
     fn default() -> Self {
         let db = FaultStore::new();
         let journal = db.sibling();
+        let journal_b = db.sibling();
         let models = db.sibling();
         Disk {
             db,
             journal,
+            journal_b,
             models,
         }
     }
@@ -110,10 +114,12 @@ impl Disk {
     fn crash(&self, mut keep: impl FnMut(usize) -> bool) -> Disk {
         let db = self.db.crash(&mut keep);
         let journal = self.journal.crash_on(&db, &mut keep);
+        let journal_b = self.journal_b.crash_on(&db, &mut keep);
         let models = self.models.crash_on(&db, &mut keep);
         Disk {
             db,
             journal,
+            journal_b,
             models,
         }
     }
@@ -122,10 +128,12 @@ impl Disk {
     fn crash_torn(&self, mut keep: impl FnMut(usize, usize) -> usize) -> Disk {
         let db = self.db.crash_torn(&mut keep);
         let journal = FaultStore::crash_on(&self.journal.crash_torn(&mut keep), &db, |_| true);
+        let journal_b = FaultStore::crash_on(&self.journal_b.crash_torn(&mut keep), &db, |_| true);
         let models = FaultStore::crash_on(&self.models.crash_torn(&mut keep), &db, |_| true);
         Disk {
             db,
             journal,
+            journal_b,
             models,
         }
     }
@@ -137,10 +145,13 @@ impl Disk {
         self.db.ops()
     }
     fn syncs(&self) -> u64 {
-        self.db.syncs() + self.journal.syncs()
+        self.db.syncs() + self.journal.syncs() + self.journal_b.syncs()
     }
     fn unsynced(&self) -> usize {
-        self.db.unsynced() + self.journal.unsynced() + self.models.unsynced()
+        self.db.unsynced()
+            + self.journal.unsynced()
+            + self.journal_b.unsynced()
+            + self.models.unsynced()
     }
 }
 
@@ -151,7 +162,10 @@ fn config(disk: &Disk, merge_threshold: usize) -> LogConfig {
     cfg.journal_prealloc = 0;
     cfg.storage = Storage::Stores {
         db: Arc::new(disk.db.clone()),
-        journal: Arc::new(disk.journal.clone()),
+        journal: [
+            Arc::new(disk.journal.clone()),
+            Arc::new(disk.journal_b.clone()),
+        ],
     };
     cfg
 }

@@ -2,8 +2,9 @@
 //!
 //! Every fact is an [`Event`] appended to the log under a global, dense `seq` (I1), idempotent
 //! by `event_id` (I2). The crate is the backend-neutral interface, [`EventLog`], at the top
-//! level, and the embedded backend tidemark runs on, [`Log`] (one redb file, appended to by a
-//! group-commit writer thread), in its own folder, `embedded/`.
+//! level, and the embedded backend tidemark runs on, [`Log`] (a journal and one redb file,
+//! group-committed by the appenders themselves and indexed into redb after the reply), in its
+//! own folder, `embedded/`.
 //!
 //! # Layout
 //! The interface, at the top level of `src/`:
@@ -17,9 +18,11 @@
 //! The redb backend, in `src/embedded/` (module `embedded`, re-exported here):
 //! - `embedded/mod.rs`: [`Log`], [`LogConfig`], [`OpenReport`].
 //! - `codec`: the stored byte format, versioned.
-//! - `writer`: the group-commit writer thread; `condition`: the conditions of conditional
-//!   appends judged by the writer against redb; `reopen`: the writer's reopen after a full disk.
-//! - `journal`: the group's durable point, replayed at open.
+//! - `commit`: the group commit, led by the appender that finds the log idle; `condition`: the
+//!   conditions of conditional appends judged by the leader.
+//! - `indexer`: the thread that writes redb after the reply (events, merges, checkpoints,
+//!   compaction); `reopen`: its reopen after a full disk.
+//! - `journal`: the group's durable point (two segments), replayed at open.
 //! - `tail`: in-memory index of the newest events, merged into redb in large batches.
 //! - `recent`: the newest committed groups as stored, read by the followers at the head.
 //! - `ids`: the `event_id` index, as sorted runs with filters.

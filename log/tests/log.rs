@@ -25,7 +25,10 @@ fn on_fault_stores(dir: &tempfile::TempDir) -> (LogConfig, tidemark_log::fault::
     let journal = FaultStore::new();
     c.storage = tidemark_log::storage::Storage::Stores {
         db: std::sync::Arc::new(FaultStore::new()),
-        journal: std::sync::Arc::new(journal.clone()),
+        journal: [
+            std::sync::Arc::new(journal.clone()),
+            std::sync::Arc::new(journal.sibling()),
+        ],
     };
     (c, journal)
 }
@@ -717,4 +720,38 @@ fn a_panicking_writer_poisons_the_log() {
             .collect();
         assert_eq!(ids, vec!["p1".to_owned()]);
     });
+}
+
+/// Two owners of one log may each close it (two engines over one log do): the second close,
+/// and any job after the first, are answered at once, not left waiting for a stopped indexer.
+#[test]
+fn closing_twice_returns_and_later_calls_are_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let (log, _) = Log::open(&cfg(&dir, 100)).unwrap();
+        let other = log.clone();
+        log.append(vec![ev(Some("c1"), "t", "x.y", json!({}))])
+            .await
+            .unwrap();
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            log.close().await;
+            other.close().await;
+        })
+        .await;
+        assert!(closed.is_ok(), "a second close hung");
+        assert!(matches!(other.compact(1).await, Err(AppendError::Closed)));
+        assert!(matches!(
+            other
+                .append(vec![ev(Some("c2"), "t", "x.y", json!({}))])
+                .await,
+            Err(AppendError::Closed)
+        ));
+    });
+    let (log, rep) = Log::open(&cfg(&dir, 100)).unwrap();
+    assert_eq!(
+        (rep.head, rep.replayed),
+        (1, 0),
+        "a clean close leaves nothing to replay"
+    );
+    drop(log);
 }

@@ -1,6 +1,6 @@
-//! How the writer judges a [`Condition`] of a conditional append against redb.
+//! How the leader of a group judges a [`Condition`] of a conditional append against redb.
 //!
-//! The writer judges a batch's condition on the log as it stands just before the batch: the
+//! The leader judges a batch's condition on the log as it stands just before the batch: the
 //! committed log plus the batches accepted earlier in the same group commit. A group's
 //! accepted events are indexed by (stream, subject) once, lazily — only when some batch of the
 //! group has a subject condition — so a condition costs one map lookup for the group and, when
@@ -9,8 +9,7 @@
 
 use std::collections::HashMap;
 
-use redb::{ReadableTable, WriteTransaction};
-
+use super::ids::LazyRead;
 use super::store::SUBJECTS;
 use super::tail::Tail;
 use crate::condition::Condition;
@@ -64,7 +63,7 @@ pub(crate) fn failed(
     head: u64,
     staged: &[(u64, NewEvent)],
     group: &mut GroupLast,
-    txn: &WriteTransaction,
+    txn: &LazyRead<'_>,
     tail: &Tail,
 ) -> Result<Option<AppendError>, StorageError> {
     if !cond.subjects.is_empty() {
@@ -83,17 +82,19 @@ pub(crate) fn failed(
 /// The last committed seq of `stream` with `subject` (0: none): the in-memory tail first (it
 /// holds the newest events), then the merged subject index.
 fn last_of_subject(
-    txn: &WriteTransaction,
+    txn: &LazyRead<'_>,
     tail: &Tail,
     stream: &str,
     subject: &str,
 ) -> Result<u64, StorageError> {
-    if let Some(list) = tail.subjects.get(subject)
-        && let Some((seq, _)) = list.iter().rev().find(|(_, s)| &**s == stream)
-    {
-        return Ok(*seq);
+    if let Some(seq) = tail.last_of(stream, subject, u64::MAX) {
+        return Ok(seq);
     }
-    let t = txn.open_table(SUBJECTS).map_err(storage)?;
+    let t = match txn.txn()?.open_table(SUBJECTS) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+        Err(e) => return Err(storage(e)),
+    };
     for row in t
         .range((subject, 0)..=(subject, u64::MAX))
         .map_err(storage)?

@@ -185,6 +185,39 @@ impl FaultStore {
         FaultStore::from_image(image)
     }
 
+    /// A power loss that tears writes at the device's granularity: every 512-byte sector
+    /// (aligned on the file) of each unsynced write is kept or lost on its own,
+    /// `keep(write, sector)`, in any order — a disk may persist the later sectors of a write
+    /// and not the earlier ones. Resizes are kept.
+    pub fn crash_sectors(&self, mut keep: impl FnMut(usize, u64) -> bool) -> FaultStore {
+        const SECTOR: u64 = 512;
+        let s = self.st();
+        let mut image = s.durable.clone();
+        for (i, p) in s.pending.iter().enumerate() {
+            match p {
+                Pending::Write(off, data) => {
+                    let (start, end) = (*off, *off + data.len() as u64);
+                    let mut sector = start / SECTOR;
+                    while sector * SECTOR < end {
+                        let from = (sector * SECTOR).max(start);
+                        let to = ((sector + 1) * SECTOR).min(end);
+                        if keep(i, sector) {
+                            if image.len() < to as usize {
+                                image.resize(to as usize, 0);
+                            }
+                            image[from as usize..to as usize].copy_from_slice(
+                                &data[(from - start) as usize..(to - start) as usize],
+                            );
+                        }
+                        sector += 1;
+                    }
+                }
+                Pending::SetLen(len) => image.resize(*len as usize, 0),
+            }
+        }
+        FaultStore::from_image(image)
+    }
+
     /// Operations so far on this machine (reads, writes, resizes, syncs).
     pub fn ops(&self) -> u64 {
         self.power().ops

@@ -201,11 +201,35 @@ impl Runs {
     }
 
     /// The seq of `id`, asking the runs that may hold it (newest first), then the legacy table.
+    ///
+    /// The indexer merges runs (and deletes the merged ones) in a commit made before it
+    /// installs the new list in memory: a transaction begun in between sees tables this list
+    /// does not name. So a miss read through a transaction is checked against the runs that
+    /// transaction holds, and asked again of those when they differ (a miss decided by cached
+    /// filter pages alone touched no table and needs no check).
     pub(crate) fn lookup(
         &self,
         txn: &impl ReadTables,
         id: &str,
     ) -> Result<Option<u64>, StorageError> {
+        if let Some(seq) = self.lookup_in(txn, id)? {
+            return Ok(Some(seq));
+        }
+        if txn.began() {
+            let current = txn.runs()?;
+            if current != self.runs {
+                let fresh = Runs {
+                    runs: current,
+                    legacy: self.legacy,
+                    cache: self.cache.clone(),
+                };
+                return fresh.lookup_in(txn, id);
+            }
+        }
+        Ok(None)
+    }
+
+    fn lookup_in(&self, txn: &impl ReadTables, id: &str) -> Result<Option<u64>, StorageError> {
         let h = hashes(id);
         for run in self.runs.iter().rev() {
             if self.may_contain(txn, run, h)?
@@ -398,6 +422,10 @@ pub(crate) fn migrate_dev_runs(txn: &WriteTransaction) -> Result<u64, StorageErr
 
 /// What a lookup needs from a transaction (read or write).
 pub(crate) trait ReadTables {
+    /// Whether a transaction was begun (a lazy one may not have been).
+    fn began(&self) -> bool {
+        true
+    }
     fn get(&self, table: &str, h0: u64, id: &str) -> Result<Option<u64>, StorageError>;
     fn get_legacy(&self, id: &str) -> Result<Option<u64>, StorageError>;
     fn legacy_len(&self) -> Result<u64, StorageError>;
@@ -494,6 +522,53 @@ impl ReadTables for redb::ReadTransaction {
     }
 }
 
+/// A read transaction begun only when a lookup needs redb (most new ids are answered by the
+/// filters' cached pages alone): what the leader of a group reads the log through.
+pub(crate) struct LazyRead<'a> {
+    db: &'a redb::Database,
+    txn: std::cell::OnceCell<redb::ReadTransaction>,
+}
+
+impl<'a> LazyRead<'a> {
+    pub(crate) fn new(db: &'a redb::Database) -> LazyRead<'a> {
+        LazyRead {
+            db,
+            txn: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The transaction, begun at its first use.
+    pub(crate) fn txn(&self) -> Result<&redb::ReadTransaction, StorageError> {
+        if let Some(t) = self.txn.get() {
+            return Ok(t);
+        }
+        use redb::ReadableDatabase;
+        let t = self.db.begin_read().map_err(storage)?;
+        Ok(self.txn.get_or_init(|| t))
+    }
+}
+
+impl ReadTables for LazyRead<'_> {
+    fn began(&self) -> bool {
+        self.txn.get().is_some()
+    }
+    fn get(&self, table: &str, h0: u64, id: &str) -> Result<Option<u64>, StorageError> {
+        self.txn()?.get(table, h0, id)
+    }
+    fn get_legacy(&self, id: &str) -> Result<Option<u64>, StorageError> {
+        self.txn()?.get_legacy(id)
+    }
+    fn legacy_len(&self) -> Result<u64, StorageError> {
+        self.txn()?.legacy_len()
+    }
+    fn runs(&self) -> Result<Vec<Run>, StorageError> {
+        self.txn()?.runs()
+    }
+    fn page(&self, run: u64, page: u32) -> Result<Option<Vec<u8>>, StorageError> {
+        self.txn()?.page(run, page)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -566,6 +641,44 @@ mod tests {
             false_hits < 200,
             "{false_hits} filter hits for 2000 absent ids"
         );
+    }
+
+    /// A lookup with the list of runs from before a merge, through a transaction begun after
+    /// the merge's commit (which deleted the runs it merged), still finds every id: the
+    /// window between the indexer's commit and its install of the new list.
+    #[test]
+    fn an_old_list_of_runs_finds_ids_after_a_merge_deleted_its_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("ids.redb")).unwrap();
+        let mut runs = Runs::default();
+        let mut seq = 0;
+        let mut ids = Vec::new();
+        let mut add = |runs: &Runs| {
+            let batch: Vec<(String, u64)> = (0..20)
+                .map(|i| {
+                    seq += 1;
+                    (format!("id-{seq}-{i}"), seq)
+                })
+                .collect();
+            let txn = db.begin_write().unwrap();
+            let refs: Vec<(&str, u64)> = batch.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            let next = runs.add(&txn, &refs).unwrap();
+            txn.commit().unwrap();
+            ids.extend(batch);
+            next
+        };
+        for _ in 0..FANOUT - 1 {
+            runs = add(&runs);
+        }
+        let before = runs.clone();
+        // The FANOUT-th run fills level 0: its commit merges (and deletes) every level-0 run.
+        let after = add(&runs);
+        assert!(after.runs.len() < before.runs.len());
+        let txn = db.begin_read().unwrap();
+        for (id, seq) in &ids[..ids.len() - 20] {
+            assert_eq!(before.lookup(&txn, id).unwrap(), Some(*seq), "{id}");
+        }
+        assert_eq!(before.lookup(&txn, "never-added").unwrap(), None);
     }
 
     /// A development build's id-ordered runs are moved into the legacy table at open and

@@ -1,49 +1,55 @@
-//! The embedded backend of the log: one redb file in the data directory, written by one
-//! thread.
+//! The embedded backend of the log: a journal and one redb file in the data directory.
 //!
-//! Every fact is an [`Event`] appended to one redb file under a global, dense
-//! `seq` (I1), idempotent by `event_id` (I2). Appends are group-committed by a single writer
-//! thread (`writer`): one durable (fsynced) redb commit per group, and no caller is answered
-//! before its group is durable.
+//! Every fact is an [`Event`] appended under a global, dense `seq` (I1), idempotent by
+//! `event_id` (I2). Appends are group-committed by the appenders themselves (`commit`): the
+//! one that finds the log idle leads the group on its own thread — one journal record, one
+//! `fdatasync`, then it answers the group — and no caller is answered before its group is
+//! durable. redb (events by seq, the id and posting indexes) is written after the reply by the
+//! indexer thread (`indexer`).
 //!
 //! - `codec`: the stored byte format, versioned.
-//! - `writer`: the group-commit writer thread; `condition`: conditions of conditional appends,
-//!   judged by the writer; `reopen`: the writer's reopen after a full disk.
-//! - `journal`: the group's durable point, replayed at open.
+//! - `commit`: the group commit and its leader; `condition`: conditions of conditional
+//!   appends, judged by the leader.
+//! - `journal`: the group's durable point (two segments), replayed at open.
+//! - `indexer`: redb, after the reply: events, index merges, checkpoints, compaction;
+//!   `reopen`: its reopen after a full disk.
 //! - `tail`: in-memory index of the newest events, merged into redb in large batches.
-//! - `recent`: the newest committed groups as stored, read by the followers at the head.
+//! - `recent`: the newest committed groups as stored, read by the followers at the head, and
+//!   every group redb does not hold yet.
 //! - `ids`: the `event_id` index.
 //! - `store`: table definitions, open/recovery, bounded reads.
 //! - [`compact`]: log compaction; [`storage`]: the byte stores under the log; [`fault`]: the
 //!   fault-injecting store tests run it on.
 //!
-//! # Durability
-//! An append's reply means its group's record in the journal was synced (`journal`): one
-//! `fdatasync` per group commit; it survives `kill -9` and power loss. The redb commit that
-//! makes the group visible is not synced; a periodic checkpoint (one `Immediate` commit) makes
-//! redb durable and lets the journal start over, and at open the journal's events past redb's
-//! durable head are put back. Index tables lag the events table by at most `merge_threshold`
-//! events; the lag is rebuilt from the events table on open.
+//! # Durability and visibility
+//! Durable first, visible second, indexed third. An append's reply means its group's record
+//! in the journal was synced: it survives `kill -9` and power loss. Only then is the group put
+//! into the in-memory tail and `recent` and its head published, so nothing is visible before
+//! it is durable. redb is written later without a sync; a checkpoint (a durable redb commit)
+//! covers what was indexed, and the journal reuses a segment only once a checkpoint covers it.
+//! At open, the journal's events past redb's durable head are put back. A read at the head is
+//! served the same stored bytes from memory until redb holds them.
 
 mod codec;
+mod commit;
 pub mod compact;
 mod condition;
 pub mod fault;
 mod ids;
+mod indexer;
 mod journal;
 mod recent;
 mod reopen;
 pub mod storage;
 pub(crate) mod store;
 mod tail;
-mod writer;
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use redb::Database;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 
 use crate::Compacted;
 use crate::{
@@ -60,7 +66,7 @@ pub struct LogConfig {
     pub cache_bytes: usize,
     /// Largest number of events one group commit takes.
     pub max_group_events: usize,
-    /// Appends waiting for the writer beyond this are refused with `Overloaded` (I8).
+    /// Appends waiting for a group beyond this are refused with `Overloaded` (I8).
     pub queue_capacity: usize,
     /// Events kept in the in-memory index tail before it is merged into redb.
     pub merge_threshold: usize,
@@ -71,11 +77,12 @@ pub struct LogConfig {
     /// Appends and commands are refused (`InsufficientStorage`) while less than this is free
     /// where the log is kept (I10), so the disk never fills inside a commit.
     pub min_free: u64,
-    /// Group commits between checkpoints (one durable redb commit that lets the journal start
-    /// over; also at 8 MiB of journal and at every index merge). Bounds the replay at open.
+    /// Group commits a journal segment takes before the journal moves to the other one (as
+    /// it does at 8 MiB), which needs a checkpoint (a durable redb commit) covering that one.
+    /// By size by default; tests set it low to turn segments often. Bounds the replay at open.
     pub checkpoint_groups: u64,
-    /// The journal file is written full of zeros to this size once, so group commits only
-    /// overwrite it (a cheaper sync than growing a file).
+    /// The journal is written full of zeros to this size once (half of it in each segment), so
+    /// group commits only overwrite it (a cheaper sync than growing a file).
     pub journal_prealloc: u64,
     /// Memory for the `event_id` index's filter pages (the filters themselves are on disk).
     pub id_filter_cache: usize,
@@ -101,7 +108,7 @@ impl LogConfig {
             quick_repair: true,
             storage: storage::Storage::File,
             min_free: 64 << 20,
-            checkpoint_groups: 512,
+            checkpoint_groups: u64::MAX,
             journal_prealloc: 16 << 20,
             id_filter_cache: ids::DEFAULT_CACHE_BYTES,
             sync: true,
@@ -162,7 +169,7 @@ impl EventLog for Log {
         Log::check_space(self)
     }
     fn free_bytes(&self) -> Option<u64> {
-        self.space.storage.available(&self.space.path)
+        self.shared.space.storage.available(&self.shared.space.path)
     }
     fn is_poisoned(&self) -> bool {
         Log::is_poisoned(self)
@@ -173,41 +180,54 @@ impl EventLog for Log {
 }
 
 impl EventChunk {
-    /// The redb backend's chunk read: the stored records copied in one buffer.
+    /// The redb backend's chunk read: the stored records copied in one buffer, from redb as
+    /// far as it holds them and from memory after that.
     fn read_stored(&mut self, log: &Log, after: u64, upto: u64) -> Result<(), ReadError> {
         use redb::ReadableDatabase;
         self.bytes.clear();
         self.ends.clear();
         self.owned.clear();
         let upto = upto.min(log.head());
-        if after >= upto {
-            return Ok(());
-        }
-        if let Some(recent) = log.shared.recent_since(after) {
-            for (seq, record) in recent.records(upto) {
-                self.bytes.extend_from_slice(record);
-                self.ends.push((seq, self.bytes.len()));
+        let mut after = after;
+        let mut first_round = true;
+        while after < upto {
+            if let Some(recent) = log.shared.recent_since(after) {
+                for (seq, record) in recent.records(upto) {
+                    self.bytes.extend_from_slice(record);
+                    self.ends.push((seq, self.bytes.len()));
+                }
+                return Ok(());
             }
-            return Ok(());
-        }
-        let db = log.shared.db();
-        let txn = db
-            .begin_read()
-            .map_err(|e| ReadError::Storage(StorageError::of(e)))?;
-        let first = compact::first_seq_of(&txn).map_err(ReadError::Storage)?;
-        if after + 1 < first {
-            return Err(ReadError::Compacted { first });
-        }
-        let t = txn
-            .open_table(store::EVENTS)
-            .map_err(|e| ReadError::Storage(StorageError::of(e)))?;
-        for row in t
-            .range(after + 1..=upto)
-            .map_err(|e| ReadError::Storage(StorageError::of(e)))?
-        {
-            let (k, v) = row.map_err(|e| ReadError::Storage(StorageError::of(e)))?;
-            self.bytes.extend_from_slice(v.value());
-            self.ends.push((k.value(), self.bytes.len()));
+            let db = log.shared.db();
+            let txn = db
+                .begin_read()
+                .map_err(|e| ReadError::Storage(StorageError::of(e)))?;
+            if first_round {
+                let first = compact::first_seq_of(&txn).map_err(ReadError::Storage)?;
+                if after + 1 < first {
+                    return Err(ReadError::Compacted { first });
+                }
+                first_round = false;
+            }
+            let t = txn
+                .open_table(store::EVENTS)
+                .map_err(|e| ReadError::Storage(StorageError::of(e)))?;
+            let before = after;
+            for row in t
+                .range(after + 1..=upto)
+                .map_err(|e| ReadError::Storage(StorageError::of(e)))?
+            {
+                let (k, v) = row.map_err(|e| ReadError::Storage(StorageError::of(e)))?;
+                self.bytes.extend_from_slice(v.value());
+                self.ends.push((k.value(), self.bytes.len()));
+                after = k.value();
+            }
+            if after == before && log.shared.recent_since(after).is_none() {
+                return Err(ReadError::Storage(StorageError::msg(format!(
+                    "event {} is neither in redb nor in memory",
+                    after + 1
+                ))));
+            }
         }
         Ok(())
     }
@@ -229,43 +249,109 @@ impl Space {
             _ => Ok(()),
         }
     }
+
+    /// The refusal of a write while the disk is full.
+    pub fn refusal(&self) -> AppendError {
+        AppendError::InsufficientStorage {
+            available: self.storage.available(&self.path).unwrap_or(0),
+            min_free: self.min_free,
+        }
+    }
 }
+
+/// Memory holds at most about this many bytes of groups redb does not have yet; an appender
+/// waits for the indexer beyond it (I9).
+pub(crate) const MAX_LAG_BYTES: usize = 256 << 20;
+/// The longest an appender waits for the indexer.
+const LAG_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub(crate) struct Shared {
     pub tail: RwLock<tail::Tail>,
     /// The runs of the `event_id` index (replaced after a merge commits, before the tail
     /// forgets what it merged).
     pub ids: RwLock<ids::Runs>,
-    /// Published head: every event with seq <= head is committed and indexed.
+    /// Published head: every event with seq <= head is durable, in the tail and in `recent`
+    /// or redb.
     pub head: watch::Sender<u64>,
     pub poisoned: Mutex<Option<StorageError>>,
     pub poisoned_flag: AtomicBool,
-    /// The open redb database. Replaced when the writer reopens it in process: a full disk
+    /// The open redb database. Replaced when the indexer reopens it in process: a full disk
     /// failed a redb write, and redb refuses every call after an I/O error (I10).
     pub db: RwLock<Arc<Database>>,
-    /// A full disk failed a redb write; appends are refused until the writer has reopened
-    /// the log, which it does once space returns.
+    /// A full disk failed a redb write (or the journal's preallocation at start); appends are
+    /// refused until the indexer has reopened the log, which it does once space returns.
     pub full: AtomicBool,
-    /// The newest committed groups as stored, read by the followers at the head.
+    /// The newest committed groups as stored, read by the followers at the head, and every
+    /// group redb does not hold yet.
     pub recent: RwLock<recent::Recent>,
+    pub space: Space,
+    /// What the last failed call on the redb file met.
+    pub cause: Arc<storage::Cause>,
+    /// Appenders waiting for a group, and whether one leads.
+    pub queue: Mutex<commit::Queue>,
+    /// What the leader of a group works on.
+    pub core: Mutex<commit::Core>,
+    pub queue_capacity: usize,
+    pub max_group_events: usize,
+    /// The head as the indexer sees it (the published head).
+    pub published: AtomicU64,
+    /// redb's events table holds every event up to here.
+    pub indexed: AtomicU64,
+    /// A durable redb commit covers every event up to here.
+    pub checkpointed: AtomicU64,
+    /// The journal asks for a checkpoint through this seq before it reuses a segment.
+    pub wanted: AtomicU64,
+    /// The indexer sleeps with nothing to do: the next commit wakes it.
+    pub indexer_idle: AtomicBool,
+    /// The indexer leaves new groups to memory (a test knob: [`Log::pause_indexer`]).
+    pub paused: AtomicBool,
+    /// The indexer thread has ended (stopped, or panicked).
+    pub indexer_stopped: AtomicBool,
+    pub inbox: Mutex<indexer::Inbox>,
+    pub inbox_cv: Condvar,
+    /// Appenders waiting for the indexer (memory over [`MAX_LAG_BYTES`]).
+    pub lag: (Mutex<usize>, Condvar),
 }
 
 impl Shared {
     pub(crate) fn poison(&self, why: StorageError) {
-        self.poisoned_flag
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.poisoned_flag.store(true, Ordering::SeqCst);
         *self.poisoned.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        // Nobody waits for the indexer on a poisoned log.
+        self.indexer_caught_up();
     }
 
-    /// The error for a request the writer will never answer: `Poisoned` after a failure or a
-    /// panic of the writer, else `Closed`.
-    fn gone(&self) -> AppendError {
-        match self
-            .poisoned
+    pub(crate) fn poisoned(&self) -> Option<StorageError> {
+        if !self.poisoned_flag.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.poisoned
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-        {
+    }
+
+    /// A failed redb or journal call stops appends: one that met a full disk (ENOSPC) only
+    /// until space returns and the indexer reopens the log in process (redb itself refuses
+    /// every call after an I/O error, and goes back to its last durable commit when reopened,
+    /// the journal holding every group since); any other until a restart.
+    pub(crate) fn stop(&self, why: StorageError) {
+        // A `PreviousIo` after an earlier call met a full disk counts as full too.
+        if why.is_storage_full() || self.cause.full() {
+            if !self.full.swap(true, Ordering::SeqCst) {
+                tracing::error!(error = %why, "the disk is full; appends are refused until space returns");
+            }
+            self.wake_indexer();
+        } else {
+            tracing::error!(error = %why, "log poisoned; appends are refused until restart");
+            self.poison(why);
+        }
+    }
+
+    /// The error for a request the log will never answer: `Poisoned` after a failure or a
+    /// panic, else `Closed`.
+    fn gone(&self) -> AppendError {
+        match self.poisoned() {
             Some(why) => AppendError::Poisoned(why),
             None => AppendError::Closed,
         }
@@ -282,15 +368,121 @@ impl Shared {
             .unwrap_or_else(|p| p.into_inner())
             .since(after)
     }
+
+    /// A durable group's records, kept for readers and the indexer, then its head published.
+    pub(crate) fn publish(&self, records: Vec<(u64, Vec<u8>)>, head: u64) {
+        self.recent
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(records, self.indexed.load(Ordering::SeqCst));
+        self.published.store(head, Ordering::SeqCst);
+        self.head.send_replace(head);
+        if self.indexer_idle.swap(false, Ordering::SeqCst) {
+            self.wake_indexer();
+        }
+    }
+
+    fn wake_indexer(&self) {
+        let _inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
+        self.inbox_cv.notify_one();
+    }
+
+    /// Ask the indexer for a durable checkpoint through `seq`.
+    pub(crate) fn want_checkpoint(&self, seq: u64) {
+        if self.wanted.fetch_max(seq, Ordering::SeqCst) < seq {
+            self.indexer_idle.store(false, Ordering::SeqCst);
+            self.wake_indexer();
+        }
+    }
+
+    /// Wait while memory holds more than [`MAX_LAG_BYTES`] of groups redb does not have
+    /// (bounded: at most [`LAG_WAIT`], and never for an indexer that is paused, stopped, or
+    /// has nothing left to write).
+    pub(crate) fn wait_for_indexer(&self) {
+        let over = || {
+            self.published.load(Ordering::SeqCst) > self.indexed.load(Ordering::SeqCst)
+                && self
+                    .recent
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .bytes()
+                    > MAX_LAG_BYTES
+                && self.poisoned().is_none()
+                && !self.full.load(Ordering::SeqCst)
+                && !self.paused.load(Ordering::SeqCst)
+                && !self.indexer_stopped.load(Ordering::SeqCst)
+        };
+        if !over() {
+            return;
+        }
+        let started = std::time::Instant::now();
+        let (lock, cv) = &self.lag;
+        let mut waiting = lock.lock().unwrap_or_else(|p| p.into_inner());
+        *waiting += 1;
+        while over() && started.elapsed() < LAG_WAIT {
+            waiting = cv
+                .wait_timeout(waiting, std::time::Duration::from_millis(50))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        *waiting -= 1;
+    }
+
+    /// The indexer moved on: wake appenders waiting for it, if any.
+    pub(crate) fn indexer_caught_up(&self) {
+        let (lock, cv) = &self.lag;
+        if *lock.lock().unwrap_or_else(|p| p.into_inner()) > 0 {
+            cv.notify_all();
+        }
+    }
+
+    /// Whether the stored event `seq` has `ev`'s content (its bytes from memory or redb).
+    pub(crate) fn same_as_stored(&self, seq: u64, ev: &NewEvent) -> Result<bool, StorageError> {
+        use redb::ReadableDatabase;
+        if let Some(recent) = self.recent_since(seq.saturating_sub(1))
+            && let Some(orig) = recent.get(seq).map_err(StorageError::of)?
+        {
+            return Ok(ev.same_content(&orig));
+        }
+        // Not in memory: redb holds it (a group leaves memory only once redb has it).
+        let db = self.db();
+        let txn = db.begin_read().map_err(crate::error::storage)?;
+        let events = txn
+            .open_table(store::EVENTS)
+            .map_err(crate::error::storage)?;
+        match events.get(seq).map_err(crate::error::storage)? {
+            Some(v) => {
+                let orig = store::decode_event(seq, v.value()).map_err(StorageError::of)?;
+                Ok(ev.same_content(&orig))
+            }
+            // Compacted (spec section 13): the id is still known, its content is not; a resend
+            // is answered as the duplicate it most likely is.
+            None if seq < compact::first_seq_of(&txn)? => Ok(true),
+            None => Err(format!("indexed event {seq} is missing").into()),
+        }
+    }
 }
 
-/// Handle to an open log. Cheap to clone; all clones share one writer.
+/// Stops the indexer once every handle of the log is gone.
+struct Handles(Arc<Shared>);
+
+impl Drop for Handles {
+    fn drop(&mut self) {
+        self.0
+            .inbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .dropped = true;
+        self.0.inbox_cv.notify_one();
+    }
+}
+
+/// Handle to an open log. Cheap to clone; all clones share one log.
 #[derive(Clone)]
 pub struct Log {
     shared: Arc<Shared>,
-    space: Space,
-    tx: mpsc::Sender<writer::Msg>,
-    writer: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
+    indexer: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
+    _handles: Arc<Handles>,
 }
 
 /// What `open` did, for the operator.
@@ -304,7 +496,7 @@ pub struct OpenReport {
 }
 
 impl Log {
-    /// Open (or create) the log and start its writer thread.
+    /// Open (or create) the log and start its indexer thread.
     pub fn open(cfg: &LogConfig) -> Result<(Log, OpenReport), OpenError> {
         let stores = cfg.storage.open(&cfg.path)?;
         let opened = store::open(cfg, &stores)?;
@@ -312,13 +504,18 @@ impl Log {
             replayed: opened.replayed,
             head: opened.head,
             repaired: opened.repaired,
-            tail_events: opened.tail.len(),
+            tail_events: opened.tail.total(),
         };
         let db = Arc::new(opened.db);
         // A disk too full for the journal at start: the log opens read-only (appends refused
-        // with `InsufficientStorage`) and the writer reopens it once space returns (I10).
+        // with `InsufficientStorage`) and the indexer reopens it once space returns (I10).
         let short_of_space = opened.journal.short_of_space();
         let (head_tx, _) = watch::channel(opened.head);
+        let space = Space {
+            storage: cfg.storage.clone(),
+            path: cfg.path.clone(),
+            min_free: cfg.min_free,
+        };
         let shared = Arc::new(Shared {
             tail: RwLock::new(opened.tail),
             ids: RwLock::new(opened.runs),
@@ -328,48 +525,59 @@ impl Log {
             db: RwLock::new(db.clone()),
             full: AtomicBool::new(short_of_space),
             recent: RwLock::default(),
-        });
-        let (tx, rx) = mpsc::channel(cfg.queue_capacity.max(1));
-        let space = Space {
-            storage: cfg.storage.clone(),
-            path: cfg.path.clone(),
-            min_free: cfg.min_free,
-        };
-        let w = writer::Writer {
-            shared: shared.clone(),
-            db: db.clone(),
-            rx,
-            head: opened.head,
-            last_time_us: opened.last_time_us,
+            space,
+            cause: stores.cause.clone(),
+            queue: Mutex::default(),
+            core: Mutex::new(commit::Core {
+                head: opened.head,
+                last_time_us: opened.last_time_us,
+                journal: opened.journal,
+            }),
+            queue_capacity: cfg.queue_capacity.max(1),
             max_group_events: cfg.max_group_events.max(1),
+            published: AtomicU64::new(opened.head),
+            indexed: AtomicU64::new(opened.head),
+            checkpointed: AtomicU64::new(opened.head),
+            wanted: AtomicU64::new(0),
+            indexer_idle: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
+            indexer_stopped: AtomicBool::new(false),
+            inbox: Mutex::default(),
+            inbox_cv: Condvar::new(),
+            lag: (Mutex::new(0), Condvar::new()),
+        });
+        let ix = indexer::Indexer {
+            shared: shared.clone(),
+            db,
             merge_threshold: cfg.merge_threshold.max(1),
             quick_repair: cfg.quick_repair,
-            space: space.clone(),
-            journal: opened.journal,
             cfg: cfg.clone(),
             stores,
+            last_checkpoint: std::time::Instant::now(),
         };
         let watched = shared.clone();
         let handle = std::thread::Builder::new()
-            .name("tidemark-log-writer".into())
+            .name("tidemark-log-indexer".into())
             .spawn(move || {
-                // A panic in the writer (or under it) poisons the log: every later append is
+                // A panic in the indexer (or under it) poisons the log: every later append is
                 // refused as `Poisoned`, never answered `Closed` as if the log had been shut
                 // down on purpose (I10).
-                let run = std::panic::AssertUnwindSafe(move || w.run());
+                let run = std::panic::AssertUnwindSafe(move || ix.run());
                 if let Err(p) = std::panic::catch_unwind(run) {
                     let what = p
                         .downcast_ref::<&str>()
                         .map(|s| s.to_string())
                         .or_else(|| p.downcast_ref::<String>().cloned())
                         .unwrap_or_else(|| "a panic".into());
-                    let why = StorageError::msg(format!("the log writer panicked: {what}"));
+                    let why = StorageError::msg(format!("the log indexer panicked: {what}"));
                     tracing::error!(error = %why, "log poisoned; appends are refused until restart");
                     watched.poison(why);
+                    // Nobody is left to answer the jobs: answer them, and the later ones too.
+                    indexer::stopped(&watched);
                 }
             })
             .map_err(|e| {
-                OpenError::Storage(StorageError::new("cannot start the writer thread", e))
+                OpenError::Storage(StorageError::new("cannot start the indexer thread", e))
             })?;
         tracing::info!(
             head = report.head,
@@ -380,10 +588,9 @@ impl Log {
         );
         Ok((
             Log {
+                _handles: Arc::new(Handles(shared.clone())),
                 shared,
-                space,
-                tx,
-                writer: Arc::new(Mutex::new(Some(handle))),
+                indexer: Arc::new(Mutex::new(Some(handle))),
             },
             report,
         ))
@@ -394,7 +601,7 @@ impl Log {
         self.append_if(events, Condition::none()).await
     }
 
-    /// Append a batch atomically if `condition` holds when the writer stages it; otherwise
+    /// Append a batch atomically if `condition` holds when its group is staged; otherwise
     /// `ExpectationFailed` and nothing is appended. A batch whose events are all already in
     /// the log is answered as duplicates whatever the condition (a retried conditional append
     /// that had succeeded is told so, not refused). See [`EventLog::append_if`].
@@ -435,41 +642,70 @@ impl Log {
         condition: Condition,
         at_us: Option<i64>,
     ) -> Result<AppendReceipt, AppendError> {
-        let (reply, rx) = oneshot::channel();
-        match self.tx.try_send(writer::Msg::Append {
-            events,
-            condition,
-            at_us,
-            reply,
-        }) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                return Err(AppendError::Overloaded {
-                    queued: self.tx.max_capacity(),
-                });
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => return Err(self.shared.gone()),
-        }
-        match rx.await {
-            Ok(r) => r,
-            Err(_) => Err(self.unanswered().await),
-        }
+        commit::submit(
+            &self.shared,
+            commit::Request {
+                events,
+                condition,
+                at_us,
+                reply: None,
+            },
+        )
+        .await
     }
 
     fn db(&self) -> Arc<Database> {
         self.shared.db()
     }
 
+    /// Hand a job to the indexer and wait for its answer (`Closed` once it has stopped).
+    async fn job<T>(
+        &self,
+        job: impl FnOnce(oneshot::Sender<Result<T, AppendError>>) -> indexer::Job,
+    ) -> Result<T, AppendError> {
+        let (reply, rx) = oneshot::channel();
+        {
+            let mut inbox = self.shared.inbox.lock().unwrap_or_else(|p| p.into_inner());
+            if inbox.stopped {
+                return Err(self.shared.gone());
+            }
+            inbox.jobs.push_back(job(reply));
+        }
+        self.shared.inbox_cv.notify_one();
+        rx.await.map_err(|_| self.shared.gone())?
+    }
+
     /// Drop the events with seq `<= through` (at most [`COMPACT_MAX`](compact::COMPACT_MAX) per
     /// call, never past what the index tables cover nor the head; spec section 13) in a durable
-    /// commit of its own. The `event_id` index keeps the ids of the dropped events.
+    /// commit of its own, made by the indexer beside the appends. The `event_id` index keeps
+    /// the ids of the dropped events.
     pub async fn compact(&self, through: u64) -> Result<Compacted, AppendError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(writer::Msg::Compact { through, reply })
+        self.job(|reply| indexer::Job::Compact { through, reply })
             .await
-            .map_err(|_| AppendError::Closed)?;
-        rx.await.map_err(|_| AppendError::Closed)?
+    }
+
+    /// Wait until redb holds every event acknowledged so far, durably (tests, and a caller
+    /// about to read redb directly).
+    #[doc(hidden)]
+    pub async fn flush_index(&self) -> Result<(), AppendError> {
+        self.job(indexer::Job::Flush).await
+    }
+
+    /// Hold the indexer (a test tool): while paused it writes nothing into redb, so redb lags
+    /// the journal by every group committed meanwhile (memory holds them), as it would if the
+    /// indexer were slow. Jobs (flush, compact, close) still run.
+    #[doc(hidden)]
+    pub fn pause_indexer(&self, paused: bool) {
+        self.shared.paused.store(paused, Ordering::SeqCst);
+        if !paused {
+            self.shared.wake_indexer();
+        }
+    }
+
+    /// How far redb's events table reaches (a test tool: how far it lags the head).
+    #[doc(hidden)]
+    pub fn indexed(&self) -> u64 {
+        self.shared.indexed.load(Ordering::SeqCst)
     }
 
     /// The last seq whose event time is before `before_us` (0 when none; blocking).
@@ -498,16 +734,15 @@ impl Log {
     pub fn last_of(&self, stream: &str, subject: &str, upto: u64) -> Result<u64, StorageError> {
         use redb::ReadableDatabase;
         let tail = self.shared.tail.read().unwrap_or_else(|p| p.into_inner());
-        if let Some(list) = tail.subjects.get(subject)
-            && let Some((seq, _)) = list
-                .iter()
-                .rev()
-                .find(|(seq, s)| *seq <= upto && &**s == stream)
-        {
-            return Ok(*seq);
+        if let Some(seq) = tail.last_of(stream, subject, upto) {
+            return Ok(seq);
         }
         let txn = self.db().begin_read().map_err(StorageError::of)?;
-        let t = txn.open_table(store::SUBJECTS).map_err(StorageError::of)?;
+        let t = match txn.open_table(store::SUBJECTS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+            Err(e) => return Err(StorageError::of(e)),
+        };
         for row in t
             .range((subject, 0)..=(subject, upto))
             .map_err(StorageError::of)?
@@ -521,26 +756,14 @@ impl Log {
         Ok(0)
     }
 
-    /// Why the writer dropped a request unanswered: it panicked (the request's reply went
-    /// while it unwound, just before it poisoned the log: wait for that) or it stopped.
-    async fn unanswered(&self) -> AppendError {
-        for _ in 0..1000 {
-            let finished = self
-                .writer
-                .lock()
-                .map(|h| h.as_ref().is_none_or(|h| h.is_finished()))
-                .unwrap_or(true);
-            if finished || self.is_poisoned() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
-        self.shared.gone()
-    }
-
-    /// Requests waiting for the writer.
+    /// Requests waiting for a group.
     pub fn queued(&self) -> usize {
-        self.tx.max_capacity() - self.tx.capacity()
+        self.shared
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .waiting
+            .len()
     }
 
     /// The highest committed seq (0 for an empty log).
@@ -561,36 +784,58 @@ impl Log {
 
     /// `Err(InsufficientStorage)` while less than `min_free` is free where the log is kept
     /// (checked now, so it clears as soon as space returns), or while a full disk that failed
-    /// a redb write has not been recovered from yet (the writer reopens the log once space
+    /// a redb write has not been recovered from yet (the indexer reopens the log once space
     /// returns).
     pub fn check_space(&self) -> Result<(), AppendError> {
-        if self.shared.full.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(AppendError::InsufficientStorage {
-                available: self.space.storage.available(&self.space.path).unwrap_or(0),
-                min_free: self.space.min_free,
-            });
+        if self.shared.full.load(Ordering::SeqCst) {
+            return Err(self.shared.space.refusal());
         }
-        self.space
-            .check()
-            .map_err(|(available, min_free)| AppendError::InsufficientStorage {
+        self.shared.space.check().map_err(|(available, min_free)| {
+            AppendError::InsufficientStorage {
                 available,
                 min_free,
-            })
+            }
+        })
     }
 
     /// Whether a storage failure has stopped appends.
     pub fn is_poisoned(&self) -> bool {
-        self.shared
-            .poisoned_flag
-            .load(std::sync::atomic::Ordering::SeqCst)
+        self.shared.poisoned_flag.load(Ordering::SeqCst)
     }
 
-    /// Bounded read of committed events (blocking; call from a blocking context in async code).
+    /// Bounded read of committed events (blocking; call from a blocking context in async
+    /// code): from memory at the head, else from redb — and, where redb does not hold the
+    /// newest events yet, on from memory.
     pub fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
         if let Some(recent) = self.shared.recent_since(q.after) {
             return recent.page(q);
         }
-        store::read(&self.shared.db(), &self.shared.tail, q)
+        let limit = q.limit.max(1);
+        // Everything up to this head is durable and readable, from redb or memory.
+        let head = self.head();
+        let mut page = store::read(&self.shared.db(), &self.shared.tail, q)?;
+        // A page redb ended short of the published head goes on from memory (or from redb
+        // again, if the indexer moved on and memory let the groups go meanwhile).
+        for _ in 0..4 {
+            if page.events.len() >= limit || page.next_after >= head {
+                break;
+            }
+            let rest = ReadQuery {
+                after: page.next_after,
+                limit: limit - page.events.len(),
+                ..q.clone()
+            };
+            let more = match self.shared.recent_since(rest.after) {
+                Some(recent) => recent.page(&rest)?,
+                None => store::read(&self.shared.db(), &self.shared.tail, &rest)?,
+            };
+            page.events.extend(more.events);
+            page.next_after = more.next_after;
+            page.head = more.head;
+        }
+        // The view is the head read before: redb's own may lag it.
+        page.head = page.head.max(head);
+        Ok(page)
     }
 
     /// One event by its `event_id` (exact idempotency keeps `event_id → seq` for as long as the
@@ -603,19 +848,23 @@ impl Log {
             .tail
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .ids
-            .get(event_id)
-            .copied();
+            .id(event_id);
         let seq = match in_tail {
             Some(seq) => Some(seq),
             None => {
-                let runs = self.shared.ids.read().unwrap_or_else(|p| p.into_inner());
+                let runs = self
+                    .shared
+                    .ids
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
                 store::seq_of_id(&self.shared.db(), &runs, event_id)?
             }
         };
         match seq {
-            // A group is indexed before its commit: past the head it is not acknowledged yet.
-            Some(seq) if seq <= self.head() => store::get(&self.shared.db(), seq),
+            // A group is in the tail just before it is published: past the head it is not
+            // acknowledged yet.
+            Some(seq) if seq <= self.head() => self.get(seq),
             _ => Ok(None),
         }
     }
@@ -633,14 +882,42 @@ impl Log {
         store::get(&self.shared.db(), seq)
     }
 
-    /// Stop the writer after the requests already queued, and wait for it. Appends made after
-    /// this return `Closed`. The file is closed cleanly when the last handle is dropped.
+    /// Stop taking appends, let the group being committed (and those queued) finish, have the
+    /// indexer write and checkpoint everything, and wait for it. Appends made after this
+    /// return `Closed`. The file is closed cleanly when the last handle is dropped.
     pub async fn close(&self) {
-        let (tx, rx) = oneshot::channel();
-        if self.tx.send(writer::Msg::Close(tx)).await.is_ok() {
+        self.shared
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .closed = true;
+        for _ in 0..10_000 {
+            let leading = self
+                .shared
+                .queue
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .leading;
+            if !leading {
+                break;
+            }
+            // A leader finishes its group in a moment (no timer needed from the runtime).
+            tokio::task::yield_now().await;
+            std::thread::sleep(std::time::Duration::from_micros(500));
+        }
+        let stopping = {
+            let mut inbox = self.shared.inbox.lock().unwrap_or_else(|p| p.into_inner());
+            (!inbox.stopped).then(|| {
+                let (tx, rx) = oneshot::channel();
+                inbox.jobs.push_back(indexer::Job::Close(tx));
+                rx
+            })
+        };
+        if let Some(rx) = stopping {
+            self.shared.inbox_cv.notify_one();
             let _ = rx.await;
         }
-        let handle = self.writer.lock().ok().and_then(|mut h| h.take());
+        let handle = self.indexer.lock().ok().and_then(|mut h| h.take());
         if let Some(h) = handle {
             let _ = tokio::task::spawn_blocking(move || h.join()).await;
         }

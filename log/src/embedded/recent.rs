@@ -9,9 +9,12 @@
 //! reads redb as before.
 //!
 //! The ring holds a dense run of seqs ending at the published head (each group is pushed after
-//! its redb commit and before the head is published), bounded by [`MAX_EVENTS`] and
-//! [`MAX_BYTES`]. Anything that changes the log other than an append (a compaction, an in-process
-//! reopen) clears it.
+//! its journal sync and before the head is published). It is also where the indexer takes the
+//! groups redb does not have yet from: a group leaves it only once redb holds it, and beyond
+//! that the ring is bounded by [`MAX_EVENTS`] and [`MAX_BYTES`]. So every event is always in
+//! memory here or in redb, and a read that redb cannot finish goes on from here. A compaction
+//! drops the groups below its cut; an in-process reopen (which puts everything into redb)
+//! clears it.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -121,8 +124,8 @@ pub(crate) struct Recent {
 
 impl Recent {
     /// Keep a group just committed (its seqs follow the last group's), dropping the oldest
-    /// groups beyond the bounds.
-    pub fn push(&mut self, records: Vec<(u64, Vec<u8>)>) {
+    /// groups beyond the bounds that redb holds (up to `indexed`).
+    pub fn push(&mut self, records: Vec<(u64, Vec<u8>)>, indexed: u64) {
         if records.is_empty() {
             return;
         }
@@ -136,12 +139,36 @@ impl Recent {
         self.events += records.len();
         self.bytes += bytes;
         self.groups.push_back(Arc::new(Group { records, bytes }));
-        while self.groups.len() > 1 && (self.events > MAX_EVENTS || self.bytes > MAX_BYTES) {
-            if let Some(g) = self.groups.pop_front() {
-                self.events -= g.records.len();
-                self.bytes -= g.bytes;
-            }
+        self.trim(indexed);
+    }
+
+    /// Drop the oldest groups beyond the bounds, of those redb holds (up to `indexed`).
+    pub fn trim(&mut self, indexed: u64) {
+        while self.groups.len() > 1
+            && (self.events > MAX_EVENTS || self.bytes > MAX_BYTES)
+            && self.groups.front().is_some_and(|g| g.last() <= indexed)
+        {
+            self.pop();
         }
+    }
+
+    fn pop(&mut self) {
+        if let Some(g) = self.groups.pop_front() {
+            self.events -= g.records.len();
+            self.bytes -= g.bytes;
+        }
+    }
+
+    /// Drop every group that holds a seq `<= through` (a compaction's cut, which redb holds).
+    pub fn drop_through(&mut self, through: u64) {
+        while self.groups.front().is_some_and(|g| g.first() <= through) {
+            self.pop();
+        }
+    }
+
+    /// Bytes of the stored records held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     pub fn clear(&mut self) {
@@ -178,8 +205,8 @@ mod tests {
     fn since_reaches_back_only_as_far_as_it_holds() {
         let mut r = Recent::default();
         assert!(r.since(0).is_none(), "empty");
-        r.push(group(5, 3, 1));
-        r.push(group(8, 2, 1));
+        r.push(group(5, 3, 1), 0);
+        r.push(group(8, 2, 1), 0);
         assert!(r.since(3).is_none(), "seq 4 is not held");
         let s = r.since(4).unwrap();
         assert_eq!(
@@ -200,16 +227,31 @@ mod tests {
         let mut r = Recent::default();
         let per = MAX_EVENTS as u64 / 4;
         for i in 0..6 {
-            r.push(group(1 + i * per, per, 1));
+            r.push(group(1 + i * per, per, 1), 0);
         }
+        assert_eq!(
+            r.events,
+            6 * per as usize,
+            "redb holds none of them: all kept"
+        );
+        r.trim(per);
+        assert!(r.since(per).is_some() && r.since(per - 1).is_none());
+        r.trim(u64::MAX);
         assert!(r.events <= MAX_EVENTS);
         assert!(r.since(0).is_none());
         assert!(r.since(6 * per - MAX_EVENTS as u64).is_some());
-        r.push(group(6 * per + 1, 1, MAX_BYTES + 1));
+        r.push(group(6 * per + 1, 1, MAX_BYTES + 1), u64::MAX);
         assert_eq!(r.groups.len(), 1, "one huge group is kept alone");
-        r.push(group(6 * per + 5, 1, 1));
+        r.push(group(6 * per + 5, 1, 1), u64::MAX);
         assert_eq!(r.groups.len(), 1, "a gap starts over");
         assert!(r.since(6 * per + 4).is_some());
+        r.push(group(6 * per + 6, 2, 1), 0);
+        r.drop_through(6 * per + 5);
+        assert!(
+            r.since(6 * per + 4).is_none(),
+            "a compaction's cut drops the groups below it"
+        );
+        assert!(r.since(6 * per + 5).is_some());
     }
 
     /// What a follower reads from memory is what redb answers: every page (any `after`,
@@ -280,6 +322,7 @@ mod tests {
                     };
                     prop_assert!(log.shared.recent_since(q.after).is_some() || q.after > head);
                     let mem = log.read(&q).unwrap();
+                    rt.block_on(log.flush_index()).unwrap();
                     let disk = crate::embedded::store::read(&log.shared.db(), &log.shared.tail, &q)
                         .unwrap();
                     prop_assert_eq!(key(&mem), key(&disk), "{:?}", q);

@@ -40,10 +40,11 @@ pub enum Storage {
     /// beside it.
     #[default]
     File,
-    /// Other stores (tests: fault-injecting ones) for the redb file and the journal.
+    /// Other stores (tests: fault-injecting ones) for the redb file and the journal's two
+    /// segments.
     Stores {
         db: Arc<dyn Store>,
-        journal: Arc<dyn Store>,
+        journal: [Arc<dyn Store>; 2],
     },
 }
 
@@ -99,7 +100,7 @@ impl Store for FileStore {
 /// redb again on the same ones, so the process keeps its lock on the file.
 pub(crate) struct Opened {
     pub db: Arc<dyn Store>,
-    pub journal: Arc<dyn Store>,
+    pub journal: [Arc<dyn Store>; 2],
     pub cause: Arc<Cause>,
 }
 
@@ -130,10 +131,13 @@ impl Storage {
                     }
                     Err(std::fs::TryLockError::Error(e)) => return Err(file_err(path)(e)),
                 }
-                let journal = journal_path(path);
+                let [a, b] = journal_paths(path);
                 Ok(Opened {
                     db: Arc::new(db),
-                    journal: Arc::new(FileStore::open(&journal).map_err(file_err(&journal))?),
+                    journal: [
+                        Arc::new(FileStore::open(&a).map_err(file_err(&a))?),
+                        Arc::new(FileStore::open(&b).map_err(file_err(&b))?),
+                    ],
                     cause: Arc::default(),
                 })
             }
@@ -158,11 +162,14 @@ impl Storage {
     }
 }
 
-/// The journal of the log at `path`: `<path>.journal`, beside the file.
-pub(crate) fn journal_path(path: &std::path::Path) -> std::path::PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".journal");
-    name.into()
+/// The journal's segments of the log at `path`: `<path>.journal` and `<path>.journal.1`,
+/// beside the file.
+pub(crate) fn journal_paths(path: &std::path::Path) -> [std::path::PathBuf; 2] {
+    let mut a = path.as_os_str().to_owned();
+    a.push(".journal");
+    let mut b = a.clone();
+    b.push(".1");
+    [a.into(), b.into()]
 }
 
 impl fmt::Debug for Storage {

@@ -6,7 +6,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 use serde_json::value::RawValue;
 
 use super::codec;
-use super::tail::Tail;
+use super::tail::{Posting, Tail};
 use crate::envelope::{Event, EventRef};
 use crate::error::{OpenError, ReadError, StorageError, storage};
 use crate::{ReadPage, ReadQuery};
@@ -146,9 +146,9 @@ pub(crate) fn open(
     }
     // The lean commit: groups past redb's last checkpoint are in the journal. Put their events
     // back (durably) before anything reads the events table.
-    let journal_store = stores.journal.clone();
+    let journal_stores = stores.journal.clone();
     let log_id = log_id(&db).map_err(OpenError::Storage)?;
-    let replayed = replay(&db, &*journal_store, log_id).map_err(OpenError::Storage)?;
+    let replayed = replay(&db, &journal_stores, log_id).map_err(OpenError::Storage)?;
     if replayed > 0 {
         tracing::warn!(
             events = replayed,
@@ -156,7 +156,7 @@ pub(crate) fn open(
         );
     }
     let mut journal = super::journal::Journal::start(
-        journal_store,
+        journal_stores,
         log_id,
         cfg.checkpoint_groups,
         cfg.journal_prealloc,
@@ -288,16 +288,16 @@ pub(crate) fn read(
             let indexed_end = tail.indexed_through.min(head);
             let mut cursors = Vec::with_capacity(postings.len());
             for &(key, posting) in &postings {
-                let (def, list) = match posting {
-                    Posting::Subject => (SUBJECTS, tail.subjects.get(key)),
-                    Posting::Type => (TYPES, tail.types.get(key)),
-                    Posting::Stream => (STREAMS, tail.by_stream.get(key)),
+                let def = match posting {
+                    Posting::Subject => SUBJECTS,
+                    Posting::Type => TYPES,
+                    Posting::Stream => STREAMS,
                 };
                 cursors.push(PostingCursor {
                     index: txn.open_table(def).map_err(|e| st(e.into()))?,
                     key,
                     indexed_end,
-                    tail: list.map(Vec::as_slice).unwrap_or(&[]),
+                    tail: tail.postings(posting, key),
                     tail_from: tail.indexed_through + 1,
                     head,
                 });
@@ -367,7 +367,8 @@ struct PostingCursor<'a> {
     index: redb::ReadOnlyTable<(&'static str, u64), &'static str>,
     key: &'a str,
     indexed_end: u64,
-    tail: &'a [(u64, std::sync::Arc<str>)],
+    /// The tail's frozen part's list, then its active part's.
+    tail: [&'a [(u64, std::sync::Arc<str>)]; 2],
     tail_from: u64,
     head: u64,
 }
@@ -387,12 +388,13 @@ impl PostingCursor<'_> {
             }
         }
         let from = from.max(self.tail_from);
-        let i = self.tail.partition_point(|(s, _)| *s < from);
-        Ok(self
-            .tail
-            .get(i)
-            .map(|(s, _)| *s)
-            .filter(|s| *s <= self.head))
+        for list in self.tail {
+            let i = list.partition_point(|(s, _)| *s < from);
+            if let Some((s, _)) = list.get(i) {
+                return Ok(Some(*s).filter(|s| *s <= self.head));
+            }
+        }
+        Ok(None)
     }
 }
 
@@ -441,14 +443,6 @@ fn leapfrog(
             agree = 0;
         }
     }
-}
-
-/// Which posting list a filtered read walks.
-#[derive(Clone, Copy)]
-enum Posting {
-    Subject,
-    Type,
-    Stream,
 }
 
 /// Fill index `def` (`(key of the event, seq) → stream`) for every event up to
@@ -518,7 +512,7 @@ pub(crate) fn get(db: &Database, seq: u64) -> Result<Option<Event>, ReadError> {
 /// commit; how many. A journal that skips a seq is refused: it would leave a gap (I1).
 fn replay(
     db: &Database,
-    journal: &dyn super::storage::Store,
+    journal: &[std::sync::Arc<dyn super::storage::Store>; 2],
     log_id: u64,
 ) -> Result<u64, StorageError> {
     let records = super::journal::read(journal, log_id)?;
