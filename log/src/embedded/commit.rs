@@ -210,13 +210,7 @@ fn commit_group(shared: &Arc<Shared>, group: &mut [Member]) {
         .commit(group)
     });
     if let Err(p) = std::panic::catch_unwind(run) {
-        let what = p
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic".into());
-        let why = StorageError::msg(format!("a group commit panicked: {what}"));
-        tracing::error!(error = %why, "log poisoned; appends are refused until restart");
+        let why = super::panicked("a group commit", &*p);
         shared.poison(why.clone());
         for m in group.iter_mut() {
             if m.outcome.is_none() {

@@ -463,6 +463,18 @@ impl Shared {
     }
 }
 
+/// The storage error that a panic of `who` poisons the log with (logged once here).
+fn panicked(who: &str, p: &(dyn std::any::Any + Send)) -> StorageError {
+    let what = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into());
+    let why = StorageError::msg(format!("{who} panicked: {what}"));
+    tracing::error!(error = %why, "log poisoned; appends are refused until restart");
+    why
+}
+
 /// Stops the indexer once every handle of the log is gone.
 struct Handles(Arc<Shared>);
 
@@ -564,14 +576,7 @@ impl Log {
                 // down on purpose (I10).
                 let run = std::panic::AssertUnwindSafe(move || ix.run());
                 if let Err(p) = std::panic::catch_unwind(run) {
-                    let what = p
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| p.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "a panic".into());
-                    let why = StorageError::msg(format!("the log indexer panicked: {what}"));
-                    tracing::error!(error = %why, "log poisoned; appends are refused until restart");
-                    watched.poison(why);
+                    watched.poison(panicked("the log indexer", &*p));
                     // Nobody is left to answer the jobs: answer them, and the later ones too.
                     indexer::stopped(&watched);
                 }
