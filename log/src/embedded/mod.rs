@@ -261,7 +261,7 @@ impl Space {
 
 /// Memory holds at most about this many bytes of groups redb does not have yet; an appender
 /// waits for the indexer beyond it (I9).
-pub(crate) const MAX_LAG_BYTES: usize = 16 << 20;
+pub(crate) const MAX_LAG_BYTES: usize = 4 << 20;
 /// The longest an appender waits for the indexer.
 const LAG_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
