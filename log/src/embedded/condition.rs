@@ -74,20 +74,21 @@ pub(crate) fn failed(
         head + staged.len() as u64,
         |stream, subject| match group.get(stream, subject) {
             Some(seq) => Ok(seq),
-            None => last_of_subject(txn, tail, stream, subject),
+            None => last_of_subject(txn, tail, stream, subject, u64::MAX),
         },
     )
 }
 
-/// The last committed seq of `stream` with `subject` (0: none): the in-memory tail first (it
-/// holds the newest events), then the merged subject index.
-fn last_of_subject(
+/// The last committed seq `<= upto` of `stream` with `subject` (0: none): the in-memory tail
+/// first (it holds the newest events), then the merged subject index.
+pub(crate) fn last_of_subject(
     txn: &LazyRead<'_>,
     tail: &Tail,
     stream: &str,
     subject: &str,
+    upto: u64,
 ) -> Result<u64, StorageError> {
-    if let Some(seq) = tail.last_of(stream, subject, u64::MAX) {
+    if let Some(seq) = tail.last_of(stream, subject, upto) {
         return Ok(seq);
     }
     let t = match txn.txn()?.open_table(SUBJECTS) {
@@ -96,7 +97,7 @@ fn last_of_subject(
         Err(e) => return Err(storage(e)),
     };
     for row in t
-        .range((subject, 0)..=(subject, u64::MAX))
+        .range((subject, 0)..=(subject, upto))
         .map_err(storage)?
         .rev()
     {

@@ -737,28 +737,9 @@ impl Log {
     /// in-memory tail first, then the merged subject index. Bounded by a head read before, the
     /// answer is that of one point of the log even while a commit lands between the reads.
     pub fn last_of(&self, stream: &str, subject: &str, upto: u64) -> Result<u64, StorageError> {
-        use redb::ReadableDatabase;
         let tail = self.shared.tail.read().unwrap_or_else(|p| p.into_inner());
-        if let Some(seq) = tail.last_of(stream, subject, upto) {
-            return Ok(seq);
-        }
-        let txn = self.db().begin_read().map_err(StorageError::of)?;
-        let t = match txn.open_table(store::SUBJECTS) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
-            Err(e) => return Err(StorageError::of(e)),
-        };
-        for row in t
-            .range((subject, 0)..=(subject, upto))
-            .map_err(StorageError::of)?
-            .rev()
-        {
-            let (k, v) = row.map_err(StorageError::of)?;
-            if v.value() == stream {
-                return Ok(k.value().1);
-            }
-        }
-        Ok(0)
+        let db = self.db();
+        condition::last_of_subject(&ids::LazyRead::new(&db), &tail, stream, subject, upto)
     }
 
     /// Requests waiting for a group.
