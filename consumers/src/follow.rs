@@ -3,8 +3,9 @@
 //!
 //! Reactors keep their own checkpoints (the router's and routing's are in the read models, the
 //! notifier's is the head it last looked at) and skip what a page holds at or before theirs;
-//! the follower starts at the lowest of them. A commit or a chunk handed on wakes it, but the
-//! wake-up is only a nudge: it takes its page from a chunk that holds it, or reads the log.
+//! the follower starts at the lowest of them. A chunk handed on wakes it (a commit too, while
+//! the decider does not keep up), but the wake-up is only a nudge: it takes its page from a
+//! chunk that holds it, or reads the log.
 //! Each reactor has a small bounded queue, so a slow one holds the follower back instead of
 //! letting pages pile up.
 
@@ -92,8 +93,12 @@ impl Follower {
                 None => {
                     let head = self.engine.log().head();
                     if head <= after {
+                        // At the head: while the decider keeps up, its read of the next commit
+                        // is what wakes the follower (one wake-up per commit, not two); the
+                        // log's head only when it does not.
+                        let alone = !self.engine.pages().keeping_up();
                         tokio::select! {
-                            changed = head_rx.changed() => if changed.is_err() { return },
+                            changed = head_rx.changed(), if alone => if changed.is_err() { return },
                             _ = pages_rx.changed() => {},
                             _ = shutdown.cancelled() => return,
                         }

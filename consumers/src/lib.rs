@@ -92,6 +92,11 @@ pub async fn spawn(
     // Live streams wait for what is committed from now on.
     let watched = streams.clone();
     let streams_feed = follower.subscribe_if(head, Box::new(move |_| watched.is_watched()));
+    // Lease expiry wakes at the earliest expiry, or for a page that takes a lease.
+    let leases_feed = follower.subscribe_if(
+        head,
+        Box::new(|p| p.events.iter().any(|e| scheduler::lease_taken(e).is_some())),
+    );
     let tasks = [
         tokio::spawn(router::run(
             engine.clone(),
@@ -105,7 +110,11 @@ pub async fn spawn(
             routing_feed,
             shutdown.clone(),
         )),
-        tokio::spawn(scheduler::expiry_loop(engine.clone(), shutdown.clone())),
+        tokio::spawn(scheduler::expiry_loop(
+            engine.clone(),
+            leases_feed,
+            shutdown.clone(),
+        )),
         tokio::spawn(retention::run_loop(
             engine.clone(),
             retention,

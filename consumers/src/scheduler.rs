@@ -18,8 +18,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::follow::Feed;
 
-/// How often expired leases are looked for.
-pub const TICK: Duration = Duration::from_secs(1);
+/// How soon the leases are looked at again after an expiry command (the models fold its
+/// releases meanwhile).
+const RECHECK: Duration = Duration::from_secs(1);
+/// The shortest sleep until a lease's expiry.
+const RECHECK_MIN: Duration = Duration::from_millis(1);
 /// Leases released per expiry command.
 const EXPIRE_BATCH: usize = 1_000;
 
@@ -108,32 +111,72 @@ pub async fn expire_now(engine: &Engine) -> Result<usize, CommandError> {
 }
 
 /// Release expired leases at start-up (leases held when the server stopped), then, until
-/// `shutdown`, whenever a check every [`TICK`] of the first held lease's expiry (a read of the
-/// models) finds one expired.
-pub(crate) async fn expiry_loop(engine: Engine, shutdown: CancellationToken) {
-    // Once at start-up (leases held when the server stopped), then whenever a tick finds a
-    // lease expired in the models (a read: the decider is not woken while nothing is due).
+/// `shutdown`, when the first held lease expires: the loop sleeps until the earliest expiry the
+/// models hold (or that a page of the follower just brought, before the models fold it), and
+/// not at all while no lease is held. A server at rest is not woken (spec section 3).
+pub(crate) async fn expiry_loop(engine: Engine, mut feed: Feed, shutdown: CancellationToken) {
     let mut first = true;
+    // The earliest expiry of the leases the follower's pages showed (the models may not hold
+    // them yet).
+    let mut seen: Option<i64> = None;
     loop {
-        let due = first || {
-            let r = engine.read();
-            match r.earliest_lease_expiry() {
-                Ok(at) => at.is_some_and(|at| at <= engine.now_us()),
+        let held = if first {
+            Some(i64::MIN)
+        } else {
+            match engine.read().earliest_lease_expiry() {
+                Ok(at) => at,
                 // Let the command meet (and report) whatever the models have.
-                Err(_) => true,
+                Err(_) => Some(i64::MIN),
             }
         };
         first = false;
-        if due {
-            match expire_now(&engine).await {
-                Ok(_) => {}
-                Err(CommandError::Append(tidemark_log::AppendError::Closed)) => return,
-                Err(e) => tracing::warn!(error = %e, "lease expiry failed; will retry"),
+        let next = match (held, seen) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let now = engine.now_us();
+        let wait = match next {
+            Some(at) if at <= now => {
+                // Due: the command releases what is expired at the head, the seen ones too.
+                seen = None;
+                match expire_now(&engine).await {
+                    Ok(_) => {}
+                    Err(CommandError::Append(tidemark_log::AppendError::Closed)) => return,
+                    Err(e) => tracing::warn!(error = %e, "lease expiry failed; will retry"),
+                }
+                // The models fold the releases meanwhile (and a failure is retried then).
+                Some(RECHECK)
             }
-        }
+            Some(at) => Some(Duration::from_micros((at - now) as u64).max(RECHECK_MIN)),
+            None => None,
+        };
         tokio::select! {
-            _ = tokio::time::sleep(TICK) => {},
+            _ = async {
+                match wait {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
+            } => {},
+            page = feed.recv() => match page {
+                Some(p) => {
+                    for at in p.events.iter().filter_map(lease_taken) {
+                        seen = Some(seen.map_or(at, |s| s.min(at)));
+                    }
+                }
+                None => return,
+            },
             _ = shutdown.cancelled() => return,
         }
+    }
+}
+
+/// When a lease that `ev` takes or extends expires.
+pub(crate) fn lease_taken(ev: &Event) -> Option<i64> {
+    match EventType::parse(&ev.event_type) {
+        Some(EventType::DeliveryLeased | EventType::DeliveryLeaseExtended) => ev
+            .payload_value()
+            .get("lease_expires_at_us")
+            .and_then(serde_json::Value::as_i64),
+        _ => None,
     }
 }

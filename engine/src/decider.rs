@@ -369,6 +369,15 @@ impl Decider {
             .name("tidemark-decider".into())
             .spawn(move || {
                 let mut rx = rx;
+                // However the decider ends (stopped, panicked), the reactors' follower waits
+                // for the log's head itself from then on.
+                struct Stopped(Arc<Pages>);
+                impl Drop for Stopped {
+                    fn drop(&mut self) {
+                        self.0.set_keeping_up(false);
+                    }
+                }
+                let _stopped = Stopped(st.pages.clone());
                 let ran =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| st.run(&mut rx)));
                 if let Err(panic) = ran {
@@ -506,6 +515,7 @@ impl<L: EventLog + Clone> State<L> {
             // Fold to the head.
             match self.fold_to_head() {
                 Ok(()) => {
+                    self.pages.set_keeping_up(true);
                     backoff = Duration::from_millis(10);
                     // Recovered: a later "previous I/O error" has a cause of its own.
                     self.failure = None;
@@ -652,6 +662,7 @@ impl<L: EventLog + Clone> State<L> {
     /// untouched), and the store is reopened after a pause; answers the failure's cause.
     fn models_failed(&mut self, e: StorageError, backoff: &mut Duration) -> StorageError {
         let e = self.failure(e);
+        self.pages.set_keeping_up(false);
         tracing::warn!(error = %e, "the models store failed; reopening it (the log is not affected)");
         self.refuse_queued(&CommandError::Models(e.clone()));
         std::thread::sleep(*backoff);

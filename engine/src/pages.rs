@@ -5,8 +5,15 @@
 //!
 //! Only the newest chunks are kept ([`KEEP`], [`KEEP_BYTES`]); a reader further behind, or
 //! ahead of the decider, reads the log itself.
+//!
+//! While the decider keeps up ([`Pages::keeping_up`]), a reader at the head waits for the next
+//! chunk alone, not for the log's head as well: a commit then wakes the decider and, through
+//! its chunk, the reader, not both at every commit (spec section 3: one wake-up per commit, at
+//! most, for whoever has work). When the decider stops folding (its models failing, stopped,
+//! panicked) the flag falls and the readers wait for the log's head themselves.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tidemark_log::EventChunk;
@@ -20,8 +27,10 @@ const KEEP_BYTES: usize = 1 << 20;
 /// The chunks the decider read, newest last; each is `(after, upto]` of the log.
 pub struct Pages {
     chunks: Mutex<VecDeque<Arc<EventChunk>>>,
-    /// The end of the newest chunk handed on.
+    /// The end of the newest chunk handed on; also changes when `keeping_up` does.
     upto: watch::Sender<u64>,
+    /// Whether the decider reads each commit as it lands (see the module's doc).
+    keeping_up: AtomicBool,
 }
 
 impl Default for Pages {
@@ -29,6 +38,7 @@ impl Default for Pages {
         Pages {
             chunks: Mutex::new(VecDeque::new()),
             upto: watch::channel(0).0,
+            keeping_up: AtomicBool::new(false),
         }
     }
 }
@@ -54,7 +64,22 @@ impl Pages {
         self.upto.send_replace(upto);
     }
 
-    /// Changes when a chunk is handed on; the value is its end.
+    /// Whether the decider reads each commit as it lands: a reader at the head can wait for
+    /// [`subscribe`](Self::subscribe) alone. Set by the decider only.
+    pub fn keeping_up(&self) -> bool {
+        self.keeping_up.load(Ordering::SeqCst)
+    }
+
+    /// The decider folds (`true`) or has stopped folding (`false`); a change wakes every
+    /// reader, so one at the head starts or stops waiting for the log's head itself.
+    pub(crate) fn set_keeping_up(&self, yes: bool) {
+        if self.keeping_up.swap(yes, Ordering::SeqCst) != yes {
+            self.upto.send_modify(|_| {});
+        }
+    }
+
+    /// Changes when a chunk is handed on (the value is its end) and when
+    /// [`keeping_up`](Self::keeping_up) changes.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.upto.subscribe()
     }
