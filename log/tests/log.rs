@@ -523,26 +523,47 @@ fn a_type_filter_fills_its_page_from_the_index() {
     check(&log, "live");
     rt.block_on(log.close());
     drop(log);
-    // As an earlier release left it: no type or stream index.
+    // As an earlier release left it: no posting blocks, a subject index of one row per event
+    // (dropped at the open), no type or stream index.
+    let meta = redb::TableDefinition::<&str, u64>::new("log_meta");
     {
         let db = redb::Database::create(dir.path().join("log.redb")).unwrap();
         let txn = db.begin_write().unwrap();
-        for (table, marker) in [
-            ("type_seq", "types_indexed"),
-            ("stream_seq", "streams_indexed"),
-        ] {
-            txn.delete_table(redb::TableDefinition::<(&str, u64), &str>::new(table))
-                .unwrap();
-            txn.open_table(redb::TableDefinition::<&str, u64>::new("log_meta"))
-                .unwrap()
-                .remove(marker)
-                .unwrap();
+        for table in ["subject_blocks", "type_blocks", "stream_blocks"] {
+            assert!(
+                txn.delete_table(redb::TableDefinition::<(&str, u64), &[u8]>::new(table))
+                    .unwrap(),
+                "{table}"
+            );
         }
+        txn.open_table(redb::TableDefinition::<(&str, u64), &str>::new(
+            "subject_seq",
+        ))
+        .unwrap()
+        .insert(("a subject", 1), "a stream")
+        .unwrap();
+        txn.open_table(meta)
+            .unwrap()
+            .remove("posting_blocks")
+            .unwrap()
+            .expect("the blocks' marker");
         txn.commit().unwrap();
     }
     let (log, _) = Log::open(&cfg(&dir, 5_000)).unwrap();
     check(&log, "reopened without the index");
     rt.block_on(log.close());
+    drop(log);
+    let db = redb::Database::create(dir.path().join("log.redb")).unwrap();
+    let txn = redb::ReadableDatabase::begin_read(&db).unwrap();
+    assert!(
+        txn.open_table(redb::TableDefinition::<(&str, u64), &str>::new(
+            "subject_seq"
+        ))
+        .is_err(),
+        "the earlier release's index is gone"
+    );
+    let marker = txn.open_table(meta).unwrap().get("posting_blocks").unwrap();
+    assert_eq!(marker.map(|g| g.value()), Some(1));
 }
 
 /// Every combination of subject, type and stream is one leapfrog join over their indexes: a

@@ -1,16 +1,17 @@
 //! Log compaction (spec section 13, `[retention] compact_log`): the events up to a cut leave
-//! the log, with their rows in the subject, type and stream indexes. The cut never passes what
+//! the log, with their seqs in the subject, type and stream indexes. The cut never passes what
 //! the index tables cover (`indexed_through`: events newer than that are indexed in memory
 //! only) nor the head's predecessor, and a read or stream position before the first retained
 //! event is refused (`ReadError::Compacted`, `410 compacted` over HTTP). The `event_id` index
 //! keeps the ids of compacted events: resending one is still answered `duplicate: true` with
 //! its original seq.
 
+use std::collections::HashSet;
+
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 
-use super::store::{
-    EVENTS, META, META_INDEXED_THROUGH, STREAMS, SUBJECTS, TYPES, decode_event_ref,
-};
+use super::postings::{self, STREAM_BLOCKS, SUBJECT_BLOCKS, TYPE_BLOCKS};
+use super::store::{EVENTS, META, META_INDEXED_THROUGH, decode_event_ref};
 use crate::Compacted;
 use crate::error::StorageError;
 
@@ -95,14 +96,24 @@ pub(crate) fn compact_in(txn: &WriteTransaction, through: u64) -> Result<Compact
     }
     {
         let mut events = txn.open_table(EVENTS).map_err(st)?;
-        let mut subjects = txn.open_table(SUBJECTS).map_err(st)?;
-        let mut types = txn.open_table(TYPES).map_err(st)?;
-        let mut streams = txn.open_table(STREAMS).map_err(st)?;
+        let mut subjects = txn.open_table(SUBJECT_BLOCKS).map_err(st)?;
+        let mut types = txn.open_table(TYPE_BLOCKS).map_err(st)?;
+        let mut streams = txn.open_table(STREAM_BLOCKS).map_err(st)?;
+        let mut seen: [HashSet<&str>; 3] = Default::default();
         for (subject, ty, stream, seq) in &keys {
             events.remove(*seq).map_err(st)?;
-            subjects.remove((subject.as_str(), *seq)).map_err(st)?;
-            types.remove((ty.as_str(), *seq)).map_err(st)?;
-            streams.remove((stream.as_str(), *seq)).map_err(st)?;
+            for (i, (t, key)) in [
+                (&mut subjects, subject),
+                (&mut types, ty),
+                (&mut streams, stream),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                if seen[i].insert(key.as_str()) {
+                    postings::remove_through(t, key, upto)?;
+                }
+            }
         }
         let mut meta = txn.open_table(META).map_err(st)?;
         meta.insert(META_FIRST_SEQ, upto + 1).map_err(st)?;
@@ -122,27 +133,13 @@ pub(crate) fn next_in_index(
     subject: &str,
     after: u64,
 ) -> Result<Option<u64>, StorageError> {
+    let after = after.saturating_add(1);
     if subject.is_empty() {
-        let t = txn.open_table(STREAMS).map_err(st)?;
-        let mut r = t
-            .range((stream, after.saturating_add(1))..=(stream, u64::MAX))
-            .map_err(st)?;
-        return Ok(match r.next() {
-            Some(row) => Some(row.map_err(st)?.0.value().1),
-            None => None,
-        });
+        let t = txn.open_table(STREAM_BLOCKS).map_err(st)?;
+        return postings::first_from(&t, stream, None, after, u64::MAX);
     }
-    let t = txn.open_table(SUBJECTS).map_err(st)?;
-    for row in t
-        .range((subject, after.saturating_add(1))..=(subject, u64::MAX))
-        .map_err(st)?
-    {
-        let (k, v) = row.map_err(st)?;
-        if v.value() == stream {
-            return Ok(Some(k.value().1));
-        }
-    }
-    Ok(None)
+    let t = txn.open_table(SUBJECT_BLOCKS).map_err(st)?;
+    postings::first_from(&t, subject, Some(stream), after, u64::MAX)
 }
 
 /// The last seq whose event time is before `before_us` (0 when none), as `txn` sees the log:

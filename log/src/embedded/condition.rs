@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use super::ids::LazyRead;
-use super::store::SUBJECTS;
+use super::postings::{self, SUBJECT_BLOCKS};
 use super::tail::Tail;
 use crate::condition::Condition;
 use crate::envelope::NewEvent;
@@ -91,22 +91,12 @@ pub(crate) fn last_of_subject(
     if let Some(seq) = tail.last_of(stream, subject, upto) {
         return Ok(seq);
     }
-    let t = match txn.txn()?.open_table(SUBJECTS) {
+    let t = match txn.txn()?.open_table(SUBJECT_BLOCKS) {
         Ok(t) => t,
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
         Err(e) => return Err(storage(e)),
     };
-    for row in t
-        .range((subject, 0)..=(subject, upto))
-        .map_err(storage)?
-        .rev()
-    {
-        let (k, v) = row.map_err(storage)?;
-        if v.value() == stream {
-            return Ok(k.value().1);
-        }
-    }
-    Ok(0)
+    postings::last_upto(&t, subject, stream, upto)
 }
 
 #[cfg(test)]

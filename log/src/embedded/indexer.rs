@@ -29,7 +29,7 @@ use redb::{Database, WriteTransaction};
 use tokio::sync::oneshot;
 
 use super::Shared;
-use super::store::{EVENTS, META, META_INDEXED_THROUGH, STREAMS, SUBJECTS, TYPES};
+use super::store::{EVENTS, META, META_INDEXED_THROUGH};
 use crate::error::{AppendError, StorageError, storage};
 
 /// After a quiet spell, wait this long for more groups before writing them.
@@ -356,9 +356,7 @@ impl Indexer {
             let current = s.ids.read().unwrap_or_else(|p| p.into_inner()).clone();
             current.add(&txn, &ids)?
         };
-        super::tail::write_postings(&txn, SUBJECTS, &part.subjects).map_err(storage)?;
-        super::tail::write_postings(&txn, TYPES, &part.types).map_err(storage)?;
-        super::tail::write_postings(&txn, STREAMS, &part.by_stream).map_err(storage)?;
+        super::store::write_part(&txn, &part)?;
         txn.open_table(META)
             .map_err(storage)?
             .insert(META_INDEXED_THROUGH, part.last)

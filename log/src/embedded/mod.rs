@@ -38,6 +38,7 @@ pub mod fault;
 mod ids;
 mod indexer;
 mod journal;
+mod postings;
 mod recent;
 mod reopen;
 pub mod storage;

@@ -6,31 +6,26 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 use serde_json::value::RawValue;
 
 use super::codec;
-use super::tail::{Posting, Tail};
+use super::postings::{self, Block, STREAM_BLOCKS, SUBJECT_BLOCKS, TYPE_BLOCKS};
+use super::tail::{Part, Posting, Tail};
 use crate::envelope::{Event, EventRef};
 use crate::error::{OpenError, ReadError, StorageError, storage};
 use crate::{ReadPage, ReadQuery};
 
 /// seq -> stored envelope (see `codec`).
 pub(crate) const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
-/// event_id -> seq, for events up to `indexed_through`.
-/// (subject, seq) -> stream, for events up to `indexed_through`. Keyed by subject first because
-/// the common query is "everything about this task", which spans streams.
-pub(crate) const SUBJECTS: TableDefinition<(&str, u64), &str> = TableDefinition::new("subject_seq");
 /// Small named counters of the log itself.
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("log_meta");
 pub(crate) const META_INDEXED_THROUGH: &str = "indexed_through";
-/// (event type, seq) → stream, for the events up to `indexed_through` (newer ones are in the
-/// tail): a read filtered by type walks its matches instead of the log.
-pub(crate) const TYPES: TableDefinition<(&str, u64), &str> = TableDefinition::new("type_seq");
-/// Present once the type index covers every event up to `indexed_through` (a log written
-/// before the index existed is indexed at its first open).
-const META_TYPES_INDEXED: &str = "types_indexed";
-/// (stream, seq) → stream, for the events up to `indexed_through`: a read filtered by stream
-/// alone walks its matches instead of the log.
-pub(crate) const STREAMS: TableDefinition<(&str, u64), &str> = TableDefinition::new("stream_seq");
-/// Present once the stream index covers every event up to `indexed_through`.
-const META_STREAMS_INDEXED: &str = "streams_indexed";
+/// Present once the posting indexes (`postings`: subject, type and stream, in blocks of seqs)
+/// cover every event up to `indexed_through`; a log written by an earlier release (one row
+/// per event per index, or no type and stream index at all) is indexed again at its first
+/// open.
+const META_POSTING_BLOCKS: &str = "posting_blocks";
+/// An earlier release's posting indexes, one row per event: `(key, seq) → stream`, and the
+/// markers it kept for two of them. Dropped when the blocks are built.
+const LEGACY_POSTINGS: [&str; 3] = ["subject_seq", "type_seq", "stream_seq"];
+const LEGACY_MARKERS: [&str; 2] = ["types_indexed", "streams_indexed"];
 
 /// A stored event borrowed from its bytes: nothing is copied, and the payload is taken as the
 /// JSON text it was stored as (validated at its append; its UTF-8 is checked here).
@@ -132,16 +127,11 @@ pub(crate) fn open(
                 "moved a development build's id runs into the id table"
             );
         }
-        txn.open_table(SUBJECTS).map_err(|e| st(e.into()))?;
-        txn.open_table(TYPES).map_err(|e| st(e.into()))?;
-        txn.open_table(STREAMS).map_err(|e| st(e.into()))?;
+        for def in [SUBJECT_BLOCKS, TYPE_BLOCKS, STREAM_BLOCKS] {
+            txn.open_table(def).map_err(|e| st(e.into()))?;
+        }
         txn.open_table(META).map_err(|e| st(e.into()))?;
-        backfill_index(&txn, TYPES, META_TYPES_INDEXED, "event type", |r| {
-            r.event_type
-        })
-        .map_err(OpenError::Storage)?;
-        backfill_index(&txn, STREAMS, META_STREAMS_INDEXED, "stream", |r| r.stream)
-            .map_err(OpenError::Storage)?;
+        build_postings(&txn).map_err(OpenError::Storage)?;
         txn.commit().map_err(|e| st(e.into()))?;
     }
     // The lean commit: groups past redb's last checkpoint are in the journal. Put their events
@@ -289,9 +279,9 @@ pub(crate) fn read(
             let mut cursors = Vec::with_capacity(postings.len());
             for &(key, posting) in &postings {
                 let def = match posting {
-                    Posting::Subject => SUBJECTS,
-                    Posting::Type => TYPES,
-                    Posting::Stream => STREAMS,
+                    Posting::Subject => SUBJECT_BLOCKS,
+                    Posting::Type => TYPE_BLOCKS,
+                    Posting::Stream => STREAM_BLOCKS,
                 };
                 cursors.push(PostingCursor {
                     index: txn.open_table(def).map_err(|e| st(e.into()))?,
@@ -300,6 +290,7 @@ pub(crate) fn read(
                     tail: tail.postings(posting, key),
                     tail_from: tail.indexed_through + 1,
                     head,
+                    block: std::cell::RefCell::new(None),
                 });
             }
             match leapfrog(&cursors, &mut from, limit, &mut matched, JOIN_ROUND)? {
@@ -364,27 +355,37 @@ const JOIN_ROUND: usize = 4096;
 /// One filter's posting list as of one merge point: the index table up to `indexed_end`,
 /// then the tail's list from `tail_from`, both cut at `head`.
 struct PostingCursor<'a> {
-    index: redb::ReadOnlyTable<(&'static str, u64), &'static str>,
+    index: redb::ReadOnlyTable<(&'static str, u64), &'static [u8]>,
     key: &'a str,
     indexed_end: u64,
     /// The tail's frozen part's list, then its active part's.
     tail: [&'a [(u64, std::sync::Arc<str>)]; 2],
     tail_from: u64,
     head: u64,
+    /// The block the last seek read, with the seq that seek started from: the first block
+    /// whose last seq is at or past any later `from` up to that last seq (seeks only move
+    /// forward), so the join's next seeks need no lookup.
+    block: std::cell::RefCell<Option<(u64, u64, Block)>>,
 }
 
 impl PostingCursor<'_> {
     /// The first seq `>= from` in the list, if any up to `head`.
     fn seek(&self, from: u64) -> Result<Option<u64>, ReadError> {
-        let st = |e: redb::Error| ReadError::Storage(storage(e));
         if from <= self.indexed_end {
-            let mut range = self
-                .index
-                .range((self.key, from)..=(self.key, self.indexed_end))
-                .map_err(|e| st(e.into()))?;
-            if let Some(row) = range.next() {
-                let (k, _) = row.map_err(|e| st(e.into()))?;
-                return Ok(Some(k.value().1));
+            let mut cached = self.block.borrow_mut();
+            if !cached
+                .as_ref()
+                .is_some_and(|(start, last, _)| *start <= from && from <= *last)
+            {
+                *cached = postings::block_from(&self.index, self.key, from)
+                    .map_err(ReadError::Storage)?
+                    .map(|(last, b)| (from, last, b));
+            }
+            if let Some((_, _, b)) = cached.as_ref()
+                && let Some((_, s)) = b.seek(from)
+                && s <= self.indexed_end
+            {
+                return Ok(Some(s));
             }
         }
         let from = from.max(self.tail_from);
@@ -445,45 +446,74 @@ fn leapfrog(
     }
 }
 
-/// Fill index `def` (`(key of the event, seq) → stream`) for every event up to
-/// `indexed_through` if it is not there yet (a log written by a release before the index):
-/// once, streamed in seq order, in the open transaction; `marker` in the meta table records it.
-fn backfill_index(
-    txn: &redb::WriteTransaction,
-    def: TableDefinition<(&str, u64), &str>,
-    marker: &str,
-    what: &str,
-    key: impl for<'a> Fn(&codec::StoredV1<'a>) -> &'a str,
-) -> Result<(), StorageError> {
-    let mut meta = txn.open_table(META).map_err(storage)?;
-    if meta.get(marker).map_err(storage)?.is_some() {
+/// Build the posting blocks for every event up to `indexed_through` if they are not there yet
+/// (a log written by an earlier release): once, streamed in seq order in runs of
+/// [`REBUILD_RUN`] events, in the open transaction; an earlier release's tables and markers
+/// go, and [`META_POSTING_BLOCKS`] records it.
+fn build_postings(txn: &redb::WriteTransaction) -> Result<(), StorageError> {
+    if txn
+        .open_table(META)
+        .map_err(storage)?
+        .get(META_POSTING_BLOCKS)
+        .map_err(storage)?
+        .is_some()
+    {
         return Ok(());
     }
-    let through = meta
+    for name in LEGACY_POSTINGS {
+        txn.delete_table(TableDefinition::<(&str, u64), &str>::new(name))
+            .map_err(storage)?;
+    }
+    for def in [SUBJECT_BLOCKS, TYPE_BLOCKS, STREAM_BLOCKS] {
+        txn.delete_table(def).map_err(storage)?;
+        txn.open_table(def).map_err(storage)?;
+    }
+    let through = txn
+        .open_table(META)
+        .map_err(storage)?
         .get(META_INDEXED_THROUGH)
         .map_err(storage)?
         .map(|g| g.value())
         .unwrap_or(0);
+    let mut indexed = 0u64;
     if through > 0 {
         let events = txn.open_table(EVENTS).map_err(storage)?;
-        let mut index = txn.open_table(def).map_err(storage)?;
-        for row in events.range(1..=through).map_err(storage)? {
+        let mut part = Part::default();
+        for row in events.range(..=through).map_err(storage)? {
             let (k, v) = row.map_err(storage)?;
             let seq = k.value();
             let rec = codec::decode(v.value())
                 .map_err(|detail| StorageError::msg(format!("event {seq}: {detail}")))?;
-            index
-                .insert((key(&rec), seq), rec.stream)
-                .map_err(storage)?;
+            part.insert_postings(seq, rec.stream, rec.subject, rec.event_type);
+            indexed += 1;
+            if indexed.is_multiple_of(REBUILD_RUN) {
+                write_part(txn, &std::mem::take(&mut part))?;
+            }
         }
+        write_part(txn, &part)?;
+    }
+    let mut meta = txn.open_table(META).map_err(storage)?;
+    for m in LEGACY_MARKERS {
+        meta.remove(m).map_err(storage)?;
+    }
+    meta.insert(META_POSTING_BLOCKS, 1).map_err(storage)?;
+    if indexed > 0 {
         tracing::warn!(
-            events = through,
-            index = what,
-            "indexed the log (first open by this release)"
+            events = indexed,
+            "indexed the log's subjects, types and streams in blocks (first open by this release)"
         );
     }
-    meta.insert(marker, 1).map_err(storage)?;
     Ok(())
+}
+
+/// Events per run of the posting rebuild at open.
+const REBUILD_RUN: u64 = 100_000;
+
+/// Write a tail part's posting lists into the block tables.
+pub(crate) fn write_part(txn: &redb::WriteTransaction, part: &Part) -> Result<(), StorageError> {
+    postings::write(txn, SUBJECT_BLOCKS, &part.subjects)?;
+    postings::write(txn, TYPE_BLOCKS, &part.types)?;
+    postings::write(txn, STREAM_BLOCKS, &part.by_stream)
 }
 
 /// The seq of `event_id` in the merged `event_id` index (the newest events are in the tail).

@@ -44,6 +44,11 @@ impl Part {
 
     fn insert(&mut self, seq: u64, event_id: &str, stream: &str, subject: &str, event_type: &str) {
         self.ids.insert(event_id.to_owned(), seq);
+        self.insert_postings(seq, stream, subject, event_type);
+    }
+
+    /// Add one event to the subject, type and stream posting lists (not to the ids).
+    pub fn insert_postings(&mut self, seq: u64, stream: &str, subject: &str, event_type: &str) {
         self.last = seq;
         let stream = match self.streams.get(stream) {
             Some(s) => s.clone(),
@@ -186,27 +191,6 @@ impl Tail {
             self.indexed_through = self.indexed_through.max(f.last);
         }
     }
-}
-
-/// Write one of a part's postings (subject, type or stream → `(seq, stream)` in seq order)
-/// into its redb table, keys in order.
-pub(crate) fn write_postings(
-    txn: &redb::WriteTransaction,
-    def: redb::TableDefinition<(&str, u64), &str>,
-    postings: &HashMap<String, Postings>,
-) -> Result<(), redb::Error> {
-    let mut keys: Vec<_> = postings
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_slice()))
-        .collect();
-    keys.sort_unstable_by_key(|(k, _)| *k);
-    let mut t = txn.open_table(def)?;
-    for (key, list) in keys {
-        for (seq, stream) in list {
-            t.insert((key, *seq), &**stream)?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
