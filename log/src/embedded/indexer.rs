@@ -18,7 +18,8 @@
 //! It sleeps while there is nothing to do (no timer at rest), and an appender wakes it only
 //! when it sleeps and a commit gave it work. Nothing here ever holds up an append: appenders
 //! wait for it only if memory would otherwise hold more than [`super::MAX_LAG_BYTES`] of
-//! groups redb does not have (I9).
+//! groups redb does not have (I9), or [`super::MERGE_LAG_BYTES`] while it merges the tail (so
+//! that a merge does not make them wait).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -335,6 +336,14 @@ impl Indexer {
     /// Move the tail's active part into the redb index tables, frozen, while a new part
     /// takes appends; in one durable commit with the events published so far.
     fn merge(&mut self) -> Result<(), StorageError> {
+        let s = self.shared.clone();
+        s.merging.store(true, Ordering::SeqCst);
+        let r = self.merge_tail();
+        s.merging.store(false, Ordering::SeqCst);
+        r
+    }
+
+    fn merge_tail(&mut self) -> Result<(), StorageError> {
         let started = Instant::now();
         let s = self.shared.clone();
         let Some(part) = s.tail.write().unwrap_or_else(|p| p.into_inner()).freeze() else {

@@ -263,6 +263,11 @@ impl Space {
 /// Memory holds at most about this many bytes of groups redb does not have yet; an appender
 /// waits for the indexer beyond it (I9).
 pub(crate) const MAX_LAG_BYTES: usize = 4 << 20;
+/// The same bound while the indexer merges the tail (one durable commit of the frozen part's
+/// ids and postings, about 0.1-0.3 s per 100,000 events on this project's test machine): the
+/// groups that arrive meanwhile wait in memory, not the appenders (issue 39: merges never
+/// block appends). Still a bound: at 100,000 events/s of 600 bytes a 0.3 s merge holds 18 MB.
+pub(crate) const MERGE_LAG_BYTES: usize = 64 << 20;
 /// The longest an appender waits for the indexer.
 const LAG_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -308,6 +313,8 @@ pub(crate) struct Shared {
     pub paused: AtomicBool,
     /// The indexer thread has ended (stopped, or panicked).
     pub indexer_stopped: AtomicBool,
+    /// The indexer is merging the tail (appenders may run further ahead of it).
+    pub merging: AtomicBool,
     pub inbox: Mutex<indexer::Inbox>,
     pub inbox_cv: Condvar,
     /// Appenders waiting for the indexer (memory over [`MAX_LAG_BYTES`]).
@@ -397,17 +404,22 @@ impl Shared {
     }
 
     /// Wait while memory holds more than [`MAX_LAG_BYTES`] of groups redb does not have
-    /// (bounded: at most [`LAG_WAIT`], and never for an indexer that is paused, stopped, or
-    /// has nothing left to write).
+    /// ([`MERGE_LAG_BYTES`] during a merge; bounded: at most [`LAG_WAIT`], and never for an
+    /// indexer that is paused, stopped, or has nothing left to write).
     pub(crate) fn wait_for_indexer(&self) {
         let over = || {
+            let bound = if self.merging.load(Ordering::SeqCst) {
+                MERGE_LAG_BYTES
+            } else {
+                MAX_LAG_BYTES
+            };
             self.published.load(Ordering::SeqCst) > self.indexed.load(Ordering::SeqCst)
                 && self
                     .recent
                     .read()
                     .unwrap_or_else(|p| p.into_inner())
                     .bytes()
-                    > MAX_LAG_BYTES
+                    > bound
                 && self.poisoned().is_none()
                 && !self.full.load(Ordering::SeqCst)
                 && !self.paused.load(Ordering::SeqCst)
@@ -555,6 +567,7 @@ impl Log {
             indexer_idle: AtomicBool::new(false),
             paused: AtomicBool::new(false),
             indexer_stopped: AtomicBool::new(false),
+            merging: AtomicBool::new(false),
             inbox: Mutex::default(),
             inbox_cv: Condvar::new(),
             lag: (Mutex::new(0), Condvar::new()),
