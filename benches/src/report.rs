@@ -284,19 +284,20 @@ impl Report {
         if !self.growth.is_empty() {
             s.push_str(
                 "### Append rate as the log grows (4 clients × batches of 1000)\n\n\
-                 | system | events in the log | events/s | p99 µs |\n|---|---:|---:|---:|\n",
+                 | system | events in the log | events/s | p99 µs | longest pause µs |\n\
+                 |---|---:|---:|---:|---:|\n",
             );
             for g in &self.growth {
                 for st in &g.steps {
                     let _ = writeln!(
                         s,
-                        "| {} | {} | {} | {} |",
-                        g.system, st.upto, st.events_per_sec, st.p99_us
+                        "| {} | {} | {} | {} | {} |",
+                        g.system, st.upto, st.events_per_sec, st.p99_us, st.longest_pause_us
                     );
                 }
                 let _ = writeln!(
                     s,
-                    "| {} | last ÷ first | {} | {} |",
+                    "| {} | last ÷ first | {} | {} | |",
                     g.system,
                     g.last_over_first,
                     g.error.as_deref().map(short).unwrap_or_default()

@@ -469,6 +469,9 @@ pub struct GrowthStep {
     pub upto: u64,
     pub events_per_sec: f64,
     pub p99_us: u64,
+    /// The longest time in this step with a request in flight and no append completing.
+    #[serde(default)]
+    pub longest_pause_us: u64,
 }
 
 #[derive(Serialize, Clone, serde::Deserialize)]
@@ -505,10 +508,11 @@ pub async fn growth<T: Target>(rig: &mut Rig<T>, total: u64, step: u64) -> Growt
             upto: rig.appended,
             events_per_sec: (d.events as f64 / d.seconds.max(1e-9)).round(),
             p99_us: d.hist.value_at_quantile(0.99),
+            longest_pause_us: u64::try_from(d.longest_pause.as_micros()).unwrap_or(u64::MAX),
         };
         eprintln!(
-            "  growth {:<16} {:>10} events  {:>9} events/s  p99 {} µs",
-            g.system, s.upto, s.events_per_sec, s.p99_us
+            "  growth {:<16} {:>10} events  {:>9} events/s  p99 {} µs  pause {} µs",
+            g.system, s.upto, s.events_per_sec, s.p99_us, s.longest_pause_us
         );
         g.steps.push(s);
     }
