@@ -95,7 +95,7 @@ pub async fn spawn(
     // Lease expiry wakes at the earliest expiry, or for a page that takes a lease.
     let leases_feed = follower.subscribe_if(
         head,
-        Box::new(|p| p.events.iter().any(|e| scheduler::lease_taken(e).is_some())),
+        Box::new(|p| p.events.iter().any(scheduler::takes_lease)),
     );
     let tasks = [
         tokio::spawn(router::run(

@@ -170,13 +170,17 @@ pub(crate) async fn expiry_loop(engine: Engine, mut feed: Feed, shutdown: Cancel
     }
 }
 
+/// Whether `ev` takes or extends a lease (the page is for lease expiry; read by type only).
+pub(crate) fn takes_lease(ev: &Event) -> bool {
+    matches!(
+        EventType::parse(&ev.event_type),
+        Some(EventType::DeliveryLeased | EventType::DeliveryLeaseExtended)
+    )
+}
+
 /// When a lease that `ev` takes or extends expires.
-pub(crate) fn lease_taken(ev: &Event) -> Option<i64> {
-    match EventType::parse(&ev.event_type) {
-        Some(EventType::DeliveryLeased | EventType::DeliveryLeaseExtended) => ev
-            .payload_value()
-            .get("lease_expires_at_us")
-            .and_then(serde_json::Value::as_i64),
-        _ => None,
-    }
+fn lease_taken(ev: &Event) -> Option<i64> {
+    takes_lease(ev)
+        .then(|| ev.payload_value().get("lease_expires_at_us")?.as_i64())
+        .flatten()
 }

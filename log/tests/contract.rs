@@ -9,6 +9,8 @@
 //! last seqs of several subjects at once, with racers, resends of appends that succeeded,
 //! index merges and reopens, and a property test judged on the log afterwards.
 
+mod common;
+use common::rt;
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -120,14 +122,6 @@ impl Backend for JetStream {
     fn child_env() -> Vec<(String, String)> {
         vec![("CONTRACT_NATS_URLS".into(), nats_urls().join(","))]
     }
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 fn ev(id: &str, stream: &str, subject: &str, ty: &str, payload: serde_json::Value) -> NewEvent {

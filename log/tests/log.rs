@@ -1,6 +1,8 @@
 //! The log against its invariants, on a real redb file: I1 (dense, durable order) and I2
 //! (idempotent, atomic append), across group commits, index merges and reopens.
 
+mod common;
+use common::rt;
 use std::collections::HashMap;
 
 use proptest::prelude::*;
@@ -31,14 +33,6 @@ fn on_fault_stores(dir: &tempfile::TempDir) -> (LogConfig, tidemark_log::fault::
         ],
     };
     (c, journal)
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 fn all(log: &Log, q: ReadQuery) -> Vec<tidemark_log::Event> {

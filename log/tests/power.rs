@@ -16,6 +16,8 @@
 //! `TIDEMARK_POWER_CASES` sets the number of cases (default 60), `TIDEMARK_POWER_SEED` the
 //! first seed. A failure names its seed.
 
+mod common;
+use common::rt;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -67,14 +69,6 @@ impl Disk {
         };
         c
     }
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 /// A batch of `n` events tagged `tag` (each carries its batch's tag and size).

@@ -6,7 +6,7 @@
 //! keeps the ids of compacted events: resending one is still answered `duplicate: true` with
 //! its original seq.
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 
@@ -80,46 +80,42 @@ pub(crate) fn compact_in(txn: &WriteTransaction, through: u64) -> Result<Compact
             more: false,
         });
     }
-    let mut keys: Vec<(String, String, String, u64)> = Vec::new();
+    // The keys the cut touches in each index (subject, type, stream): their blocks up to the
+    // cut go, with the events.
+    let mut keys: [BTreeSet<String>; 3] = Default::default();
+    let mut removed = 0;
     {
         let events = txn.open_table(EVENTS).map_err(st)?;
         for row in events.range(first..=upto).map_err(st)? {
             let (k, v) = row.map_err(st)?;
             let e = decode_event_ref(k.value(), v.value()).map_err(StorageError::of)?;
-            keys.push((
-                e.subject.to_owned(),
-                e.event_type.to_owned(),
-                e.stream.to_owned(),
-                e.seq,
-            ));
+            for (set, key) in keys.iter_mut().zip([e.subject, e.event_type, e.stream]) {
+                if !set.contains(key) {
+                    set.insert(key.to_owned());
+                }
+            }
+            removed += 1;
         }
     }
     {
-        let mut events = txn.open_table(EVENTS).map_err(st)?;
-        let mut subjects = txn.open_table(SUBJECT_BLOCKS).map_err(st)?;
-        let mut types = txn.open_table(TYPE_BLOCKS).map_err(st)?;
-        let mut streams = txn.open_table(STREAM_BLOCKS).map_err(st)?;
-        let mut seen: [HashSet<&str>; 3] = Default::default();
-        for (subject, ty, stream, seq) in &keys {
-            events.remove(*seq).map_err(st)?;
-            for (i, (t, key)) in [
-                (&mut subjects, subject),
-                (&mut types, ty),
-                (&mut streams, stream),
-            ]
+        txn.open_table(EVENTS)
+            .map_err(st)?
+            .retain_in(first..=upto, |_, _| false)
+            .map_err(st)?;
+        for (def, set) in [SUBJECT_BLOCKS, TYPE_BLOCKS, STREAM_BLOCKS]
             .into_iter()
-            .enumerate()
-            {
-                if seen[i].insert(key.as_str()) {
-                    postings::remove_through(t, key, upto)?;
-                }
+            .zip(&keys)
+        {
+            let mut t = txn.open_table(def).map_err(st)?;
+            for key in set {
+                postings::remove_through(&mut t, key, upto)?;
             }
         }
         let mut meta = txn.open_table(META).map_err(st)?;
         meta.insert(META_FIRST_SEQ, upto + 1).map_err(st)?;
     }
     Ok(Compacted {
-        removed: keys.len() as u64,
+        removed,
         first_seq: upto + 1,
         more: upto < want,
     })

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use redb::{ReadableTable, TableDefinition, TableHandle, WriteTransaction};
+use redb::{ReadableTable, TableDefinition, WriteTransaction};
 
 use super::tail::Postings;
 use crate::error::{StorageError, storage};
@@ -158,13 +158,14 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Block, StorageError> {
     })
 }
 
-/// Write one index's posting lists (key → (seq, stream) ascending) as blocks, keys in order.
+/// Write one index's posting lists (key → (seq, stream) ascending) as blocks, keys in order;
+/// with `streams`, each seq's stream is kept (the subject index).
 pub(crate) fn write(
     txn: &WriteTransaction,
     def: TableDefinition<(&str, u64), &[u8]>,
     postings: &HashMap<String, Postings>,
+    streams: bool,
 ) -> Result<(), StorageError> {
-    let streams = def.name() == SUBJECT_BLOCKS.name();
     let mut keys: Vec<(&str, &Postings)> = postings.iter().map(|(k, v)| (k.as_str(), v)).collect();
     keys.sort_unstable_by_key(|(k, _)| *k);
     let mut t = txn.open_table(def).map_err(storage)?;
@@ -270,14 +271,8 @@ pub(crate) fn remove_through(
     key: &str,
     upto: u64,
 ) -> Result<(), StorageError> {
-    let gone: Vec<u64> = t
-        .range((key, 0)..=(key, upto))
-        .map_err(storage)?
-        .map(|row| row.map(|(k, _)| k.value().1).map_err(storage))
-        .collect::<Result<_, _>>()?;
-    for last in gone {
-        t.remove((key, last)).map_err(storage)?;
-    }
+    t.retain_in((key, 0)..=(key, upto), |_, _| false)
+        .map_err(storage)?;
     let Some(next) = upto.checked_add(1) else {
         return Ok(());
     };
@@ -349,7 +344,7 @@ mod tests {
         map.insert("k".to_owned(), list.clone());
         map.insert("other".to_owned(), entries(&[1, 2], &["a"]));
         let txn = db.begin_write().unwrap();
-        write(&txn, SUBJECT_BLOCKS, &map).unwrap();
+        write(&txn, SUBJECT_BLOCKS, &map, true).unwrap();
         txn.commit().unwrap();
         let check = |db: &redb::Database, first: u64| {
             let r = db.begin_read().unwrap();

@@ -511,9 +511,9 @@ const REBUILD_RUN: u64 = 100_000;
 
 /// Write a tail part's posting lists into the block tables.
 pub(crate) fn write_part(txn: &redb::WriteTransaction, part: &Part) -> Result<(), StorageError> {
-    postings::write(txn, SUBJECT_BLOCKS, &part.subjects)?;
-    postings::write(txn, TYPE_BLOCKS, &part.types)?;
-    postings::write(txn, STREAM_BLOCKS, &part.by_stream)
+    postings::write(txn, SUBJECT_BLOCKS, &part.subjects, true)?;
+    postings::write(txn, TYPE_BLOCKS, &part.types, false)?;
+    postings::write(txn, STREAM_BLOCKS, &part.by_stream, false)
 }
 
 /// The seq of `event_id` in the merged `event_id` index (the newest events are in the tail).
