@@ -112,7 +112,7 @@ impl FilterWriter {
         h: Hash,
     ) -> Result<(), StorageError> {
         let block = block_of(h, self.blocks);
-        let page = (block / PAGE_BLOCKS) as u32;
+        let page = self.page_of(h);
         debug_assert!(page >= self.page, "keys arrive in hash order");
         if page != self.page {
             self.flush(bloom)?;
@@ -124,6 +124,11 @@ impl FilterWriter {
         }
         self.dirty = true;
         Ok(())
+    }
+
+    /// The page a key's block falls in.
+    fn page_of(&self, h: Hash) -> u32 {
+        (block_of(h, self.blocks) / PAGE_BLOCKS) as u32
     }
 
     fn flush(
@@ -157,6 +162,8 @@ type PageCache = quick_cache::sync::Cache<(u64, u32), Arc<[u8]>>;
 #[derive(Clone)]
 pub(crate) struct Runs {
     runs: Vec<Run>,
+    /// The number the next run (a level-0 run or a compaction's output) takes.
+    next: u64,
     /// The legacy table holds ids (a log written by an earlier release).
     legacy: bool,
     cache: Arc<PageCache>,
@@ -167,6 +174,7 @@ impl std::fmt::Debug for Runs {
         f.debug_struct("Runs")
             .field("runs", &self.runs)
             .field("legacy", &self.legacy)
+            .field("next", &self.next)
             .finish()
     }
 }
@@ -179,6 +187,7 @@ impl Default for Runs {
     fn default() -> Runs {
         Runs {
             runs: Vec::new(),
+            next: 1,
             legacy: false,
             cache: page_cache(DEFAULT_CACHE_BYTES),
         }
@@ -188,8 +197,12 @@ impl Default for Runs {
 impl Runs {
     /// The runs recorded in the file; filter pages are cached up to `cache_bytes`.
     pub(crate) fn load(txn: &impl ReadTables, cache_bytes: usize) -> Result<Runs, StorageError> {
+        let runs = txn.runs()?;
+        let merging = txn.merging()?.map(|(n, _, _)| n).unwrap_or(0);
+        let last = runs.iter().map(|r| r.n).max().unwrap_or(0);
         Ok(Runs {
-            runs: txn.runs()?,
+            runs,
+            next: last.max(merging) + 1,
             legacy: txn.legacy_len()? > 0,
             cache: page_cache(cache_bytes),
         })
@@ -220,6 +233,7 @@ impl Runs {
             if current != self.runs {
                 let fresh = Runs {
                     runs: current,
+                    next: self.next,
                     legacy: self.legacy,
                     cache: self.cache.clone(),
                 };
@@ -262,15 +276,16 @@ impl Runs {
         Ok(probes(h).all(|bit| b[bit / 8] & (1 << (bit % 8)) != 0))
     }
 
-    /// Write `ids` as a new run, then merge levels that are full; in `txn`. The caller installs
-    /// the returned runs once `txn` committed.
+    /// Write `ids` as a new run of level 0, in `txn`. The caller installs the returned runs
+    /// once `txn` committed; merging full levels is a [`Compaction`]'s work, in steps.
     pub(crate) fn add(
         &self,
         txn: &WriteTransaction,
         ids: &[(&str, u64)],
     ) -> Result<Runs, StorageError> {
         let mut next = self.clone();
-        let n = next.runs.last().map(|r| r.n + 1).unwrap_or(1);
+        let n = next.next;
+        next.next += 1;
         let mut keyed: Vec<(u64, &str, u64)> = ids
             .iter()
             .map(|(id, seq)| (hashes(id).0, *id, *seq))
@@ -299,13 +314,11 @@ impl Runs {
             .insert(n, (0, keys, run.blocks))
             .map_err(storage)?;
         next.runs.push(run);
-        while let Some(level) = next.full_level() {
-            next.compact(txn, level)?;
-        }
         Ok(next)
     }
 
-    fn full_level(&self) -> Option<u8> {
+    /// The lowest level holding [`FANOUT`] runs or more.
+    pub(crate) fn full_level(&self) -> Option<u8> {
         let mut counts = std::collections::BTreeMap::<u8, usize>::new();
         for r in &self.runs {
             *counts.entry(r.level).or_default() += 1;
@@ -316,27 +329,108 @@ impl Runs {
             .map(|(l, _)| l)
     }
 
-    /// Merge every run of `level` into one run of `level + 1`: a k-way merge of the sorted
-    /// tables, streamed and written in key order with its filter (an id is in one run only).
-    fn compact(&mut self, txn: &WriteTransaction, level: u8) -> Result<(), StorageError> {
+    /// The compaction to carry on: the one `txn` holds in progress, else a new one of the
+    /// lowest full level (its output takes the next run number, so install `self` afterwards
+    /// whether or not the first step commits). `None` when no level is full.
+    pub(crate) fn compaction(
+        &mut self,
+        txn: &WriteTransaction,
+    ) -> Result<Option<Compaction>, StorageError> {
+        if let Some((n, level, after)) = ReadTables::merging(txn)? {
+            return Ok(Some(Compaction::of(self, n, level, after)));
+        }
+        let Some(level) = self.full_level() else {
+            return Ok(None);
+        };
+        let n = self.next;
+        self.next += 1;
+        Ok(Some(Compaction::of(self, n, level, None)))
+    }
+}
+
+/// (output run, level of its inputs, the last key written).
+type StoredProgress = (u64, u8, Option<(u64, &'static str)>);
+
+/// A compaction in progress: (output run, level of its inputs, the last key written).
+pub(crate) const MERGING: TableDefinition<(), StoredProgress> =
+    TableDefinition::new("event_ids.merging");
+
+/// The merge of every run of one level (numbered below the output) into one run of the next:
+/// a k-way merge of sorted tables, streamed and written in key order with its filter (an id is
+/// in one run only).
+///
+/// It is made in steps, each in a write transaction of the indexer's that also indexes the
+/// events published meanwhile, so merging millions of ids never holds up indexing (and, through
+/// the memory bound, appends). A step ends on a filter page boundary, so each page is written
+/// whole by one step. Its progress is stored with its rows ([`MERGING`]); until [`finish`]
+/// lists the output, lookups read the inputs, and a restart carries on where the last commit
+/// left off.
+///
+/// [`finish`]: Compaction::finish
+#[derive(Debug)]
+pub(crate) struct Compaction {
+    out: Run,
+    inputs: Vec<Run>,
+    after: Option<(u64, String)>,
+}
+
+impl Compaction {
+    fn of(runs: &Runs, n: u64, level: u8, after: Option<(u64, String)>) -> Compaction {
+        let inputs: Vec<Run> = runs
+            .runs
+            .iter()
+            .filter(|r| r.level == level && r.n < n)
+            .copied()
+            .collect();
+        let keys = inputs.iter().map(|r| r.keys).sum();
+        Compaction {
+            out: Run {
+                n,
+                level: level + 1,
+                keys,
+                blocks: blocks_for(keys),
+            },
+            inputs,
+            after,
+        }
+    }
+
+    /// The run it writes.
+    pub(crate) fn output(&self) -> Run {
+        self.out
+    }
+
+    /// Merge the next `rows` keys or more (to the end of the filter page the last one falls
+    /// in) into the output, in `txn`; `true` once every key is written. Call [`finish`] in
+    /// the same transaction then.
+    ///
+    /// [`finish`]: Compaction::finish
+    pub(crate) fn step(
+        &mut self,
+        txn: &WriteTransaction,
+        rows: usize,
+    ) -> Result<bool, StorageError> {
         use std::cmp::Reverse;
         use std::collections::BinaryHeap;
-        let n = self.runs.iter().map(|r| r.n).max().unwrap_or(0) + 1;
-        let (merge, keep): (Vec<Run>, Vec<Run>) =
-            self.runs.drain(..).partition(|r| r.level == level);
-        let names: Vec<String> = merge.iter().map(|r| table_name(r.n)).collect();
-        let new_name = table_name(n);
-        let keys: u64 = merge.iter().map(|r| r.keys).sum();
-        let mut filter = FilterWriter::new(n, keys);
+        use std::ops::Bound;
+        let names: Vec<String> = self.inputs.iter().map(|r| table_name(r.n)).collect();
+        let out_name = table_name(self.out.n);
+        let mut filter = FilterWriter::new(self.out.n, self.out.keys);
+        let mut written = 0usize;
+        let mut done = true;
         {
             let tables = names
                 .iter()
                 .map(|name| txn.open_table(run_table(name)))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(storage)?;
+            let from = match &self.after {
+                Some((h0, id)) => Bound::Excluded((*h0, id.as_str())),
+                None => Bound::Unbounded,
+            };
             let mut iters = tables
                 .iter()
-                .map(|t| t.iter())
+                .map(|t| t.range::<(u64, &str)>((from, Bound::Unbounded)))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(storage)?;
             let mut heap = BinaryHeap::new();
@@ -355,39 +449,67 @@ impl Runs {
             for i in 0..iters.len() {
                 heap.extend(next_of(i, &mut iters)?);
             }
-            let mut out = txn.open_table(run_table(&new_name)).map_err(storage)?;
+            let mut out = txn.open_table(run_table(&out_name)).map_err(storage)?;
             let mut bloom = txn.open_table(BLOOM).map_err(storage)?;
+            let mut last: Option<(u64, String)> = None;
             while let Some(Reverse((h0, id, seq, i))) = heap.pop() {
+                let h = hashes(&id);
+                if written >= rows && filter.page_of(h) != filter.page {
+                    done = false;
+                    break;
+                }
                 out.insert((h0, id.as_str()), seq).map_err(storage)?;
-                filter.add(&mut bloom, hashes(&id))?;
+                filter.add(&mut bloom, h)?;
+                written += 1;
+                last = Some((h0, id));
                 heap.extend(next_of(i, &mut iters)?);
             }
             filter.flush(&mut bloom)?;
-        }
-        {
-            let mut runs_t = txn.open_table(RUNS).map_err(storage)?;
-            let mut bloom = txn.open_table(BLOOM).map_err(storage)?;
-            for (name, r) in names.iter().zip(&merge) {
-                txn.delete_table(run_table(name)).map_err(storage)?;
-                runs_t.remove(r.n).map_err(storage)?;
-                bloom
-                    .retain_in((r.n, 0)..=(r.n, u32::MAX), |_, _| false)
-                    .map_err(storage)?;
+            if last.is_some() {
+                self.after = last;
             }
-            runs_t
-                .insert(n, (level + 1, keys, filter.blocks))
+        }
+        let after = self.after.as_ref().map(|(h0, id)| (*h0, id.as_str()));
+        let mut merging = txn.open_table(MERGING).map_err(storage)?;
+        if done {
+            merging.remove(()).map_err(storage)?;
+        } else {
+            let level = self.out.level - 1;
+            merging
+                .insert((), (self.out.n, level, after))
                 .map_err(storage)?;
         }
-        let mut runs = keep;
-        runs.push(Run {
-            n,
-            level: level + 1,
-            keys,
-            blocks: filter.blocks,
-        });
-        runs.sort_by_key(|r| r.n);
-        self.runs = runs;
-        Ok(())
+        Ok(done)
+    }
+
+    /// List the output and drop the inputs, in the transaction of the last [`step`]; the runs
+    /// to install (`current` with the inputs replaced) once it commits.
+    ///
+    /// [`step`]: Compaction::step
+    pub(crate) fn finish(
+        self,
+        txn: &WriteTransaction,
+        current: &Runs,
+    ) -> Result<Runs, StorageError> {
+        let mut runs_t = txn.open_table(RUNS).map_err(storage)?;
+        let mut bloom = txn.open_table(BLOOM).map_err(storage)?;
+        for r in &self.inputs {
+            txn.delete_table(run_table(&table_name(r.n)))
+                .map_err(storage)?;
+            runs_t.remove(r.n).map_err(storage)?;
+            bloom
+                .retain_in((r.n, 0)..=(r.n, u32::MAX), |_, _| false)
+                .map_err(storage)?;
+        }
+        runs_t
+            .insert(self.out.n, (self.out.level, self.out.keys, self.out.blocks))
+            .map_err(storage)?;
+        let mut next = current.clone();
+        next.runs.retain(|r| !self.inputs.contains(r));
+        next.runs.push(self.out);
+        next.runs.sort_by_key(|r| r.n);
+        next.next = next.next.max(self.out.n + 1);
+        Ok(next)
     }
 }
 
@@ -431,6 +553,20 @@ pub(crate) trait ReadTables {
     fn legacy_len(&self) -> Result<u64, StorageError>;
     fn runs(&self) -> Result<Vec<Run>, StorageError>;
     fn page(&self, run: u64, page: u32) -> Result<Option<Vec<u8>>, StorageError>;
+    /// The compaction in progress: its output run, input level and last key written.
+    fn merging(&self) -> Result<Option<Progress>, StorageError>;
+}
+
+/// A compaction's progress as [`MERGING`] holds it.
+pub(crate) type Progress = (u64, u8, Option<(u64, String)>);
+
+fn progress_of(
+    t: &impl ReadableTable<(), StoredProgress>,
+) -> Result<Option<Progress>, StorageError> {
+    Ok(t.get(()).map_err(storage)?.map(|g| {
+        let (n, level, after) = g.value();
+        (n, level, after.map(|(h0, id)| (h0, id.to_owned())))
+    }))
 }
 
 fn runs_of(t: &impl ReadableTable<u64, (u8, u64, u64)>) -> Result<Vec<Run>, StorageError> {
@@ -471,6 +607,9 @@ impl ReadTables for WriteTransaction {
         Ok(t.get((run, page))
             .map_err(storage)?
             .map(|g| g.value().to_vec()))
+    }
+    fn merging(&self) -> Result<Option<Progress>, StorageError> {
+        progress_of(&self.open_table(MERGING).map_err(storage)?)
     }
 }
 
@@ -517,6 +656,12 @@ impl ReadTables for redb::ReadTransaction {
                 .get((run, page))
                 .map_err(storage)?
                 .map(|g| g.value().to_vec())),
+            None => Ok(None),
+        }
+    }
+    fn merging(&self) -> Result<Option<Progress>, StorageError> {
+        match open_ro(self, MERGING)? {
+            Some(t) => progress_of(&t),
             None => Ok(None),
         }
     }
@@ -567,18 +712,61 @@ impl ReadTables for LazyRead<'_> {
     fn page(&self, run: u64, page: u32) -> Result<Option<Vec<u8>>, StorageError> {
         self.txn()?.page(run, page)
     }
+    fn merging(&self) -> Result<Option<Progress>, StorageError> {
+        self.txn()?.merging()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
 
-    use redb::ReadableDatabase;
+    use redb::{ReadableDatabase, TableHandle};
 
     use super::*;
 
+    /// Carry out `steps` steps of the compactions owed (all of them: `usize::MAX`), `rows`
+    /// keys each, a transaction per step.
+    fn compact(db: &redb::Database, runs: &mut Runs, rows: usize, steps: usize) {
+        for _ in 0..steps {
+            let txn = db.begin_write().unwrap();
+            let Some(mut c) = runs.compaction(&txn).unwrap() else {
+                return;
+            };
+            let next = if c.step(&txn, rows).unwrap() {
+                c.finish(&txn, runs).unwrap()
+            } else {
+                runs.clone()
+            };
+            txn.commit().unwrap();
+            *runs = next;
+        }
+    }
+
+    fn batch(
+        seq: &mut u64,
+        batch: usize,
+        n: usize,
+        model: &HashMap<String, u64>,
+    ) -> Vec<(String, u64)> {
+        let mut ids: Vec<(String, u64)> = (0..n)
+            .map(|i| {
+                *seq += 1;
+                (
+                    format!("id-{}", (batch * 7919 + i * 104_729) % 10_000_019),
+                    *seq,
+                )
+            })
+            .filter(|(id, _)| !model.contains_key(id))
+            .collect();
+        ids.sort();
+        ids.dedup_by(|a, b| a.0 == b.0);
+        ids
+    }
+
     /// Against a map: every id ever added is found with its seq, through many runs and
-    /// compactions, and ids never added are not.
+    /// compactions made in steps between the adds (so a compaction is often in progress while
+    /// runs are added and ids looked up), and ids never added are not.
     #[test]
     fn runs_answer_like_a_map() {
         let dir = tempfile::tempdir().unwrap();
@@ -586,19 +774,8 @@ mod tests {
         let mut runs = Runs::default();
         let mut model = HashMap::new();
         let mut seq = 0u64;
-        for batch in 0..(FANOUT * FANOUT + 3) {
-            let mut ids: Vec<(String, u64)> = (0..50)
-                .map(|i| {
-                    seq += 1;
-                    (
-                        format!("id-{}", (batch * 7919 + i * 104_729) % 1_000_003),
-                        seq,
-                    )
-                })
-                .filter(|(id, _)| !model.contains_key(id))
-                .collect();
-            ids.sort();
-            ids.dedup_by(|a, b| a.0 == b.0);
+        for b in 0..(FANOUT * FANOUT + 3) {
+            let ids = batch(&mut seq, b, 400, &model);
             let txn = db.begin_write().unwrap();
             let refs: Vec<(&str, u64)> = ids.iter().map(|(k, v)| (k.as_str(), *v)).collect();
             runs = runs.add(&txn, &refs).unwrap();
@@ -606,13 +783,19 @@ mod tests {
             for (k, v) in ids {
                 model.insert(k, v);
             }
-            assert!(
-                runs.len() < 2 * FANOUT,
-                "{} runs after {batch} merges",
-                runs.len()
-            );
+            // A step or two per add: the level-2 compaction (10 filter pages) spans adds.
+            compact(&db, &mut runs, 1, 2);
+            if b % 16 == 15 {
+                let txn = db.begin_read().unwrap();
+                for (id, seq) in &model {
+                    assert_eq!(runs.lookup(&txn, id).unwrap(), Some(*seq), "{id}");
+                }
+            }
         }
+        compact(&db, &mut runs, 1, usize::MAX);
+        assert!(runs.len() < 2 * FANOUT, "{} runs", runs.len());
         let txn = db.begin_read().unwrap();
+        assert_eq!(txn.merging().unwrap(), None);
         let loaded = Runs::load(&txn, 1 << 20).unwrap();
         assert_eq!(loaded.len(), runs.len());
         // The smallest cache (16 pages, fewer than the filters have) answers the same.
@@ -641,11 +824,95 @@ mod tests {
             false_hits < 200,
             "{false_hits} filter hits for 2000 absent ids"
         );
+        // Every run table left is listed, and every listed one exists.
+        let wtxn = db.begin_write().unwrap();
+        let mut tables: Vec<String> = wtxn
+            .list_tables()
+            .unwrap()
+            .map(|t| t.name().to_owned())
+            .filter(|n| n.starts_with("event_ids.h"))
+            .collect();
+        tables.sort();
+        let listed: Vec<String> = loaded.runs.iter().map(|r| table_name(r.n)).collect();
+        assert_eq!(tables, listed);
     }
 
-    /// A lookup with the list of runs from before a merge, through a transaction begun after
-    /// the merge's commit (which deleted the runs it merged), still finds every id: the
-    /// window between the indexer's commit and its install of the new list.
+    /// A compaction cut between its steps (the process stopped) carries on from its stored
+    /// progress after a load: ids are found throughout, a run added meanwhile takes a number
+    /// of its own, and the finished index lists exactly the tables it holds.
+    #[test]
+    fn a_compaction_carries_on_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.redb");
+        let mut model = HashMap::new();
+        let mut seq = 0u64;
+        let mut runs = Runs::default();
+        {
+            let db = redb::Database::create(&path).unwrap();
+            for b in 0..FANOUT {
+                let ids = batch(&mut seq, b, 3000, &model);
+                let txn = db.begin_write().unwrap();
+                let refs: Vec<(&str, u64)> = ids.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+                runs = runs.add(&txn, &refs).unwrap();
+                txn.commit().unwrap();
+                model.extend(ids);
+            }
+            // Two steps of a compaction of 24,000 ids (9 filter pages), then the process stops.
+            compact(&db, &mut runs, 1, 2);
+            let txn = db.begin_read().unwrap();
+            let (n, level, after) = txn.merging().unwrap().expect("in progress");
+            assert_eq!((n, level), (FANOUT as u64 + 1, 0));
+            assert!(after.is_some());
+        }
+        let db = redb::Database::open(&path).unwrap();
+        let txn = db.begin_read().unwrap();
+        let mut runs = Runs::load(&txn, 1 << 20).unwrap();
+        drop(txn);
+        assert_eq!(
+            runs.next,
+            FANOUT as u64 + 2,
+            "the output's number stays taken"
+        );
+        let ids = batch(&mut seq, 99, 100, &model);
+        let txn = db.begin_write().unwrap();
+        let refs: Vec<(&str, u64)> = ids.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        runs = runs.add(&txn, &refs).unwrap();
+        txn.commit().unwrap();
+        model.extend(ids);
+        let mut steps = 0;
+        loop {
+            let txn = db.begin_read().unwrap();
+            for (id, seq) in &model {
+                assert_eq!(runs.lookup(&txn, id).unwrap(), Some(*seq), "{id}");
+            }
+            drop(txn);
+            if runs.full_level().is_none() && db.begin_read().unwrap().merging().unwrap().is_none()
+            {
+                break;
+            }
+            compact(&db, &mut runs, 1, 1);
+            steps += 1;
+        }
+        assert!(steps >= 3, "{steps} steps");
+        let levels: Vec<(u64, u8)> = runs.runs.iter().map(|r| (r.n, r.level)).collect();
+        assert_eq!(levels, vec![(FANOUT as u64 + 1, 1), (FANOUT as u64 + 2, 0)]);
+        let wtxn = db.begin_write().unwrap();
+        let mut tables: Vec<String> = wtxn
+            .list_tables()
+            .unwrap()
+            .map(|t| t.name().to_owned())
+            .filter(|n| n.starts_with("event_ids.h"))
+            .collect();
+        tables.sort();
+        assert_eq!(
+            tables,
+            vec![table_name(FANOUT as u64 + 1), table_name(FANOUT as u64 + 2)]
+        );
+    }
+
+    /// A lookup with the list of runs from before a compaction finished, through a transaction
+    /// begun after the commit that deleted the runs it merged, still finds every id: the window
+    /// between the indexer's commit and its install of the new list.
     #[test]
     fn an_old_list_of_runs_finds_ids_after_a_merge_deleted_its_runs() {
         let dir = tempfile::tempdir().unwrap();
@@ -653,7 +920,7 @@ mod tests {
         let mut runs = Runs::default();
         let mut seq = 0;
         let mut ids = Vec::new();
-        let mut add = |runs: &Runs| {
+        for _ in 0..FANOUT {
             let batch: Vec<(String, u64)> = (0..20)
                 .map(|i| {
                     seq += 1;
@@ -662,20 +929,16 @@ mod tests {
                 .collect();
             let txn = db.begin_write().unwrap();
             let refs: Vec<(&str, u64)> = batch.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-            let next = runs.add(&txn, &refs).unwrap();
+            runs = runs.add(&txn, &refs).unwrap();
             txn.commit().unwrap();
             ids.extend(batch);
-            next
-        };
-        for _ in 0..FANOUT - 1 {
-            runs = add(&runs);
         }
         let before = runs.clone();
-        // The FANOUT-th run fills level 0: its commit merges (and deletes) every level-0 run.
-        let after = add(&runs);
-        assert!(after.runs.len() < before.runs.len());
+        // The FANOUT-th run filled level 0: its compaction merges (and deletes) every run.
+        compact(&db, &mut runs, usize::MAX, usize::MAX);
+        assert!(runs.runs.len() < before.runs.len());
         let txn = db.begin_read().unwrap();
-        for (id, seq) in &ids[..ids.len() - 20] {
+        for (id, seq) in &ids {
             assert_eq!(before.lookup(&txn, id).unwrap(), Some(*seq), "{id}");
         }
         assert_eq!(before.lookup(&txn, "never-added").unwrap(), None);

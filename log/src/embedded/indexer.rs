@@ -39,6 +39,9 @@ const BATCH_DELAY: Duration = Duration::from_millis(5);
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(30);
 /// How often an indexer that a full disk stopped looks for space to reopen the log.
 const REOPEN_POLL: Duration = Duration::from_millis(250);
+/// The ids a step of the id index's compaction merges at least (then to the end of a filter
+/// page): some tens of milliseconds, after which the events published meanwhile reach redb.
+const COMPACTION_STEP: usize = 16_384;
 
 /// Work for the indexer besides indexing.
 pub(crate) enum Job {
@@ -90,6 +93,8 @@ pub(crate) struct Indexer {
     pub cfg: super::LogConfig,
     pub stores: super::storage::Opened,
     pub last_checkpoint: Instant,
+    /// The id index may hold a compaction in progress (checked once at start).
+    pub compacting: bool,
 }
 
 /// What woke the indexer.
@@ -167,7 +172,7 @@ impl Indexer {
     /// A clean stop leaves redb holding everything, durably: nothing to replay at open.
     fn finish(&mut self) {
         if self.healthy()
-            && let Err(e) = self.apply(true)
+            && let Err(e) = self.apply(true, false)
         {
             tracing::error!(error = %e, "the closing checkpoint failed; the journal will be replayed at open");
         }
@@ -181,6 +186,8 @@ impl Indexer {
     /// Sleep until there is something to do.
     fn wait(&mut self) -> Wake {
         let s = self.shared.clone();
+        // Only this thread changes the runs: whether a compaction is owed holds while it waits.
+        let compaction_owed = self.compaction_owed();
         let mut inbox = s.inbox.lock().unwrap_or_else(|p| p.into_inner());
         let mut quiet = false;
         loop {
@@ -202,7 +209,9 @@ impl Indexer {
             let healthy = s.poisoned().is_none() && !s.paused.load(Ordering::SeqCst);
             let behind = || s.published.load(Ordering::SeqCst) > s.indexed.load(Ordering::SeqCst);
             if healthy {
-                if s.wanted.load(Ordering::SeqCst) > s.checkpointed.load(Ordering::SeqCst) {
+                if compaction_owed
+                    || s.wanted.load(Ordering::SeqCst) > s.checkpointed.load(Ordering::SeqCst)
+                {
                     return Wake::Work;
                 }
                 if behind() {
@@ -263,7 +272,43 @@ impl Indexer {
             || s.wanted.load(Ordering::SeqCst) > s.checkpointed.load(Ordering::SeqCst)
             || (s.indexed.load(Ordering::SeqCst) > s.checkpointed.load(Ordering::SeqCst)
                 && self.last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL);
-        self.apply(checkpoint)
+        self.apply(checkpoint, true)
+    }
+
+    fn compaction_owed(&self) -> bool {
+        self.compacting
+            || self
+                .shared
+                .ids
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .full_level()
+                .is_some()
+    }
+
+    /// One step of the id index's compaction in `txn`, if one is owed: the runs to install
+    /// once `txn` commits.
+    fn compaction_step(
+        &mut self,
+        txn: &WriteTransaction,
+    ) -> Result<Option<super::ids::Runs>, StorageError> {
+        let mut runs = self
+            .shared
+            .ids
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let Some(mut c) = runs.compaction(txn)? else {
+            self.compacting = false;
+            return Ok(None);
+        };
+        let done = c.step(txn, COMPACTION_STEP)?;
+        self.compacting = !done;
+        if done {
+            tracing::debug!(run = ?c.output(), "compacted the id index");
+            return Ok(Some(c.finish(txn, &runs)?));
+        }
+        Ok(Some(runs))
     }
 
     fn begin(&self, durable: bool) -> Result<WriteTransaction, StorageError> {
@@ -320,15 +365,32 @@ impl Indexer {
         s.indexer_caught_up();
     }
 
-    /// Index what was published in one commit (durable: a checkpoint).
-    fn apply(&mut self, durable: bool) -> Result<(), StorageError> {
-        let s = &self.shared;
-        if !durable && s.published.load(Ordering::SeqCst) <= s.indexed.load(Ordering::SeqCst) {
+    /// Index what was published in one commit (durable: a checkpoint), with a step of the id
+    /// index's compaction when one is owed and `compact` allows it.
+    fn apply(&mut self, durable: bool, compact: bool) -> Result<(), StorageError> {
+        let compact = compact && self.compaction_owed();
+        let s = self.shared.clone();
+        if !durable
+            && !compact
+            && s.published.load(Ordering::SeqCst) <= s.indexed.load(Ordering::SeqCst)
+        {
             return Ok(());
         }
         let txn = self.begin(durable)?;
         let through = self.stage_events(&txn)?;
-        txn.commit().map_err(storage)?;
+        let runs = if compact {
+            self.compaction_step(&txn)
+                .inspect_err(|_| self.compacting = true)?
+        } else {
+            None
+        };
+        txn.commit().map_err(|e| {
+            self.compacting = true;
+            storage(e)
+        })?;
+        if let Some(runs) = runs {
+            *s.ids.write().unwrap_or_else(|p| p.into_inner()) = runs;
+        }
         self.indexed(through, durable);
         Ok(())
     }

@@ -580,6 +580,7 @@ impl Log {
             cfg: cfg.clone(),
             stores,
             last_checkpoint: std::time::Instant::now(),
+            compacting: true,
         };
         let watched = shared.clone();
         let handle = std::thread::Builder::new()

@@ -74,6 +74,7 @@ impl Indexer {
                 .clear();
         }
         self.db = db;
+        self.compacting = true;
         core.journal = opened.journal;
         core.last_time_us = core.last_time_us.max(opened.last_time_us);
         let was = core.head;

@@ -120,6 +120,8 @@ pub(crate) fn open(
         txn.open_table(super::ids::RUNS).map_err(|e| st(e.into()))?;
         txn.open_table(super::ids::BLOOM)
             .map_err(|e| st(e.into()))?;
+        txn.open_table(super::ids::MERGING)
+            .map_err(|e| st(e.into()))?;
         let moved = super::ids::migrate_dev_runs(&txn).map_err(OpenError::Storage)?;
         if moved > 0 {
             tracing::warn!(
