@@ -561,6 +561,7 @@ pub async fn run(
         state.pull_hub.clone(),
         state.streams.clone(),
         state.config.retention(),
+        sinks.wake.clone(),
         token.clone(),
     )
     .await

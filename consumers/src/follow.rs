@@ -44,7 +44,13 @@ pub struct Follower {
     engine: Engine,
     from: Option<u64>,
     feeds: Vec<(mpsc::Sender<Arc<Page>>, Wants)>,
+    nudges: Vec<(Wants, Nudge)>,
 }
+
+/// What a page a reactor wants calls, instead of queueing the page for it: for a reactor that
+/// only needs to know that something happened (it reads the models itself), so that it never
+/// holds the follower back.
+pub type Nudge = Box<dyn Fn() + Send + Sync>;
 
 /// Whether a reactor has anything to do with a page: a page it does not want is not sent to
 /// it (the reactor is not woken). Only for reactors whose progress does not depend on seeing
@@ -58,7 +64,13 @@ impl Follower {
             engine,
             from: None,
             feeds: Vec::new(),
+            nudges: Vec::new(),
         }
+    }
+
+    /// Call `nudge` for each page from now on that `wants` (a page is not queued for it).
+    pub fn nudge_if(&mut self, wants: Wants, nudge: Nudge) {
+        self.nudges.push((wants, nudge));
     }
 
     /// A feed of every page after `after`.
@@ -137,6 +149,11 @@ impl Follower {
             }
             let p = Arc::new(page);
             after = p.upto;
+            for (wants, nudge) in &self.nudges {
+                if wants(&p) {
+                    nudge();
+                }
+            }
             self.feeds.retain(|(f, _)| !f.is_closed());
             for (f, wants) in &self.feeds {
                 if !wants(&p) {

@@ -57,6 +57,7 @@ pub async fn spawn(
     hub: bridge::PullHub,
     streams: streams::StreamHub,
     retention: retention::Retention,
+    dispatch: dispatch::Wake,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, StorageError> {
     let e = engine.clone();
@@ -96,6 +97,12 @@ pub async fn spawn(
     let leases_feed = follower.subscribe_if(
         head,
         Box::new(|p| p.events.iter().any(scheduler::takes_lease)),
+    );
+    // The sinks' dispatchers sleep until a delivery is due: a page that may make one due
+    // sooner nudges them.
+    follower.nudge_if(
+        Box::new(|p| p.events.iter().any(dispatch::makes_due)),
+        Box::new(move || dispatch.nudge()),
     );
     let tasks = [
         tokio::spawn(router::run(

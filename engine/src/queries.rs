@@ -375,6 +375,12 @@ impl<L: EventLog + Clone> Queries<L> {
         Ok(read::earliest_lease_expiry(&self.models.db())?)
     }
 
+    /// When the first delivery of `sink` falls due (µs since the epoch), as the models show it
+    /// now (not waiting for them); `None` when none waits.
+    pub fn earliest_due(&self, sink: &str) -> R<Option<i64>> {
+        Ok(read::earliest_due(&self.models.db(), sink)?)
+    }
+
     /// The seq of the last notification or cancellation routing has handled.
     pub fn routing_checkpoint(&self) -> R<u64> {
         self.floor(0)?;

@@ -1018,6 +1018,16 @@ pub fn earliest_lease_expiry(db: &redb::Database) -> Result<Option<i64>, Storage
     Ok(first.and_then(|(k, _)| be_u64(k.value().get(..8)?).map(|us| us as i64)))
 }
 
+/// When the first delivery of `sink` falls due (µs since the epoch; in the past when one is
+/// due now); `None` when none waits.
+pub fn earliest_due(db: &redb::Database, sink: &str) -> Result<Option<i64>, StorageError> {
+    let r = Reader::new(db)?;
+    match r.table(deliveries::NAME, deliveries::DUE)? {
+        Some(t) => deliveries::first_due(&t, sink),
+        None => Ok(None),
+    }
+}
+
 /// Highest source seq the delivery routing has handled.
 pub fn routing_checkpoint(db: &redb::Database) -> Result<u64, StorageError> {
     stored_u64(

@@ -119,7 +119,56 @@ pub trait Adapter: Send + Sync + 'static {
 pub struct Sinks {
     pub adapters: Vec<Arc<dyn Adapter>>,
     pub health: Health,
+    /// What the log's follower nudges when a page may make a delivery due.
+    pub wake: Wake,
 }
+
+/// The sinks' loops sleep until their first delivery is due; a page of the log that may make
+/// one due sooner (a delivery created, failed for a retry, released, retried, deferred or
+/// joined) nudges each of them. A nudge while a loop is busy is kept for its next wait.
+#[derive(Clone, Default)]
+pub struct Wake(Arc<std::sync::Mutex<Vec<Arc<tokio::sync::Notify>>>>);
+
+impl Wake {
+    /// Nudge every sink's loop.
+    pub fn nudge(&self) {
+        for n in self.0.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            n.notify_one();
+        }
+    }
+
+    fn register(&self) -> Arc<tokio::sync::Notify> {
+        let n = Arc::new(tokio::sync::Notify::new());
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(n.clone());
+        n
+    }
+}
+
+/// Whether `ev` may make a delivery due sooner than the models showed (read by type only).
+pub fn makes_due(ev: &tidemark_log::Event) -> bool {
+    use tidemark_projections::names::EventType as T;
+    matches!(
+        T::parse(&ev.event_type),
+        Some(
+            T::DeliveryCreated
+                | T::DeliveryAttemptFailed
+                | T::DeliveryLeaseExpired
+                | T::DeliveryRetried
+                | T::DeliveryDeferred
+                | T::DeliveryJoined
+        )
+    )
+}
+
+/// A loop that found a delivery due but could not take it (the models behind its own claim)
+/// looks again after this, doubling up to [`RECHECK_MAX`].
+const RECHECK_MIN: Duration = Duration::from_millis(50);
+const RECHECK_MAX: Duration = Duration::from_millis(500);
+/// The longest a loop sleeps towards a due time (the wall clock may be stepped meanwhile).
+const LONGEST_SLEEP: Duration = Duration::from_secs(60);
 
 /// How this node's sinks are doing (the console's sink health, section 17): counted in memory
 /// by the dispatcher since the start, one entry per configured sink.
@@ -220,6 +269,7 @@ pub fn spawn(
                 engine.clone(),
                 a.clone(),
                 sinks.health.clone(),
+                sinks.wake.register(),
                 owner.clone(),
                 lease_ms,
                 shutdown.clone(),
@@ -233,21 +283,23 @@ pub fn spawn(
     })
 }
 
-/// A sink's loop: keep up to `concurrency` attempts in flight, claiming as slots free up.
+/// A sink's loop: keep up to `concurrency` attempts in flight, claiming as slots free up and
+/// when a delivery falls due (at its due time, or when the follower's `nudged` says a page may
+/// have made one due); with nothing due it sleeps (no timer at rest).
 async fn run(
     engine: Engine,
     adapter: Arc<dyn Adapter>,
     health: Health,
+    nudged: Arc<tokio::sync::Notify>,
     owner: String,
     lease_ms: u64,
     shutdown: CancellationToken,
 ) {
     let sink = adapter.sink();
     let mut inflight: JoinSet<(DeliveryId, Outcome, Duration)> = JoinSet::new();
-    let mut idle = Duration::from_millis(50);
+    let mut recheck = RECHECK_MIN;
     loop {
         let free = adapter.concurrency().saturating_sub(inflight.len());
-        let mut claimed = 0;
         if free > 0 {
             let claim = Claim {
                 sink: sink.to_owned(),
@@ -258,7 +310,6 @@ async fn run(
             };
             match engine.execute(claim).await {
                 Ok((rows, _)) => {
-                    claimed = rows.len();
                     for d in rows {
                         let a = adapter.clone();
                         let e = engine.clone();
@@ -284,12 +335,35 @@ async fn run(
                 Err(e) => tracing::warn!(sink, error = %e, "dispatcher: claim failed; retrying"),
             }
         }
-        idle = if claimed > 0 {
-            Duration::from_millis(50)
-        } else {
-            (idle * 2).min(Duration::from_millis(500))
-        };
         let full = inflight.len() >= adapter.concurrency();
+        // With a slot free, nothing more is due now: sleep until the first delivery is.
+        let wait = if full {
+            None
+        } else {
+            match engine.read().earliest_due(sink) {
+                Ok(None) => {
+                    recheck = RECHECK_MIN;
+                    None
+                }
+                Ok(Some(at)) => {
+                    let now = engine.now_us();
+                    if at > now {
+                        recheck = RECHECK_MIN;
+                        Some(Duration::from_micros((at - now) as u64).min(LONGEST_SLEEP))
+                    } else {
+                        // Due, yet not taken: the models had not folded this claim's leases
+                        // (or a hold moved it); look again soon, then less often.
+                        let r = recheck;
+                        recheck = (recheck * 2).min(RECHECK_MAX);
+                        Some(r)
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(sink, error = %e, "dispatcher: reading due deliveries failed; retrying");
+                    Some(RECHECK_MAX)
+                }
+            }
+        };
         tokio::select! {
             Some(done) = inflight.join_next(), if !inflight.is_empty() => {
                 metrics::gauge!("tidemark_sink_in_flight", "sink" => sink).decrement(1.0);
@@ -302,8 +376,14 @@ async fn run(
                     Err(_) => health.update(sink, |h| h.in_flight = h.in_flight.saturating_sub(1)),
                 }
             }
-            // Nothing more due now (or every slot busy): look again after a pause.
-            _ = tokio::time::sleep(idle), if !full => {}
+            // The first delivery falls due (or a recheck).
+            _ = async {
+                match wait {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
+            }, if !full => {}
+            _ = nudged.notified(), if !full => recheck = RECHECK_MIN,
             _ = shutdown.cancelled() => {
                 // Attempts in flight are abandoned: their leases expire and they are tried
                 // again (at least once, as a crash would).

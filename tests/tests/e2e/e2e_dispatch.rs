@@ -283,6 +283,79 @@ async fn email_and_webhook_routes_are_delivered_by_tidemark() {
     );
 }
 
+/// Context switches (voluntary and not) of each thread of process `pid` so far, by thread id
+/// and name.
+fn switches(pid: u32) -> std::collections::BTreeMap<(String, String), u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc") {
+        let task = task.unwrap().path();
+        let status = std::fs::read_to_string(task.join("status")).unwrap_or_default();
+        let mut n = 0;
+        let mut name = String::new();
+        for line in status.lines() {
+            if let Some(v) = line.strip_prefix("Name:") {
+                name = v.trim().to_owned();
+            }
+            if let Some(v) = line
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))
+            {
+                n += v.trim().parse::<u64>().unwrap();
+            }
+        }
+        let tid = task.file_name().unwrap().to_string_lossy().into_owned();
+        out.insert((tid, name), n);
+    }
+    out
+}
+
+/// A server at rest is not woken (spec section 3), with tidemark's own sinks configured too:
+/// once the deliveries are sent, the dispatcher sleeps until a delivery is due or a page may
+/// make one due, instead of asking for due deliveries twice a second. A delivery appended
+/// afterwards is still sent at once, and one due later at its due time.
+#[tokio::test]
+async fn a_server_with_sinks_at_rest_is_not_woken() {
+    let smtp = Smtp::start();
+    let (_hits, hook) = receiver().await;
+    let s = start(&smtp, hook).await;
+    append_ok(&s, &urgent("rest-1", "ana@example.org")).await;
+    wait_status(&s, "dlv:rest-1:email", "sent").await;
+    wait_status(&s, "dlv:rest-1:hook", "sent").await;
+    // Settle (the reports of the sends, the lease-expiry loop's last look, the follower's last
+    // page: slower on a loaded machine) until a second passes with at most 2 switches, then
+    // watch. The dispatcher of before asked each sink every 500 ms: 2 sinks, 6 s, 24 claims
+    // at least, each waking a worker and the decider (about 200 switches in 10 s measured).
+    let total = |m: &std::collections::BTreeMap<(String, String), u64>| m.values().sum::<u64>();
+    for _ in 0..30 {
+        let a = total(&switches(s.pid()));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if total(&switches(s.pid())) - a <= 2 {
+            break;
+        }
+    }
+    let before = switches(s.pid());
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let after = switches(s.pid());
+    let by_thread: Vec<(&(String, String), u64)> = after
+        .iter()
+        .map(|(t, n)| (t, n - before.get(t).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let woken: u64 = by_thread.iter().map(|(_, n)| n).sum();
+    assert!(
+        woken <= 12,
+        "{woken} context switches in 6 s at rest: {by_thread:?}"
+    );
+    // Still delivered at once: the follower's page nudges the sinks.
+    append_ok(&s, &urgent("rest-2", "bo@example.org")).await;
+    wait_status(&s, "dlv:rest-2:email", "sent").await;
+    wait_status(&s, "dlv:rest-2:hook", "sent").await;
+    // A 451 is retried after the route's fixed 200 ms: at its due time, with no page to nudge.
+    append_ok(&s, &urgent("rest-3", "tempfail1-cy@example.org")).await;
+    let d = wait_status(&s, "dlv:rest-3:email", "sent").await;
+    assert_eq!(d["attempts"], 2, "{d}");
+}
+
 /// A hanging SMTP server holds only the email sink: while it hangs, the webhook sink delivers
 /// and an app claims; the hang ends in the adapter's timeout and a retry. Then the dispatcher
 /// is killed (-9) while a message hangs in DATA: after the restart its lease expires, the
