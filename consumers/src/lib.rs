@@ -86,10 +86,19 @@ pub async fn spawn(
         routing_after,
         Box::new(|p| p.events.iter().any(scheduler::relevant)),
     );
-    // The notifier looks at every subscription at the head first, then follows from there;
-    // it sees every page (pull long-polls wait for it to have seen the head), and a page with
-    // nothing for the bridges costs it no read.
-    let notifier_feed = follower.subscribe(head);
+    // The notifier looks at every subscription at the head first, then follows from there,
+    // handed only the pages with a task, subscription or cursor event; the others are passed
+    // over in the pull hub, which pull long-polls wait on (for the notifier to have looked at
+    // the head).
+    let offered = hub.clone();
+    let notifier_feed = follower.subscribe_if(
+        head,
+        Box::new(move |p| {
+            let wanted = p.events.iter().any(bridge::concerns);
+            offered.offered(p.upto, wanted);
+            wanted
+        }),
+    );
     // Live streams wait for what is committed from now on.
     let watched = streams.clone();
     let streams_feed = follower.subscribe_if(head, Box::new(move |_| watched.is_watched()));

@@ -14,13 +14,40 @@ use tidemark_projections::ids::{BridgeId, SubscriptionId};
 #[derive(Clone)]
 pub struct PullHub(
     std::sync::Arc<std::sync::Mutex<Hub>>,
-    /// The log head the notifier's last completed pass looked at.
-    tokio::sync::watch::Sender<u64>,
+    /// How far the notifier has looked at the log.
+    tokio::sync::watch::Sender<Looked>,
 );
 
 impl Default for PullHub {
     fn default() -> Self {
-        PullHub(Default::default(), tokio::sync::watch::channel(0).0)
+        PullHub(
+            Default::default(),
+            tokio::sync::watch::channel(Looked::default()).0,
+        )
+    }
+}
+
+/// How far the notifier has looked at the log. The follower hands it only the pages that
+/// concern the bridges; the others are looked at by being passed over, once the notifier has
+/// finished every page handed to it before.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Looked {
+    /// The log head the notifier's last completed pass looked at.
+    seen: u64,
+    /// The end of the last page handed to the notifier.
+    handed: u64,
+    /// The end of the last page passed over (nothing in it for the bridges).
+    passed: u64,
+}
+
+impl Looked {
+    /// Every event up to this seq has been looked at.
+    fn upto(&self) -> u64 {
+        if self.seen >= self.handed {
+            self.seen.max(self.passed)
+        } else {
+            self.seen
+        }
     }
 }
 
@@ -54,7 +81,7 @@ impl PullHub {
     /// when it has not by then.
     pub async fn caught_up(&self, head: u64, limit: std::time::Duration) -> bool {
         let mut rx = self.1.subscribe();
-        tokio::time::timeout(limit, rx.wait_for(|seen| *seen >= head))
+        tokio::time::timeout(limit, rx.wait_for(|l| l.upto() >= head))
             .await
             .is_ok_and(|r| r.is_ok())
     }
@@ -115,10 +142,26 @@ impl PullHub {
     }
 
     pub(super) fn seen(&self, head: u64) {
-        self.1.send_if_modified(|s| {
-            let changed = head > *s;
-            *s = (*s).max(head);
-            changed
+        self.update(|l| l.seen = l.seen.max(head));
+    }
+
+    /// The follower's page ending at `upto` is handed to the notifier (`wanted`) or passed
+    /// over; called in page order, before the page is handed.
+    pub(crate) fn offered(&self, upto: u64, wanted: bool) {
+        self.update(|l| {
+            if wanted {
+                l.handed = l.handed.max(upto);
+            } else {
+                l.passed = l.passed.max(upto);
+            }
+        });
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Looked)) {
+        self.1.send_if_modified(|l| {
+            let was = l.upto();
+            f(l);
+            l.upto() != was
         });
     }
 
@@ -127,5 +170,41 @@ impl PullHub {
         if let Some(tx) = h.wake.get(bridge_id) {
             tx.send_modify(|n| *n += 1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::PullHub;
+
+    /// A page passed over counts as looked at only once the notifier has finished every page
+    /// handed to it before; never earlier.
+    #[tokio::test]
+    async fn passed_pages_count_once_the_handed_ones_are_looked_at() {
+        let hub = PullHub::default();
+        let now = |hub: &PullHub, head| {
+            let hub = hub.clone();
+            async move { hub.caught_up(head, Duration::ZERO).await }
+        };
+        hub.offered(10, false);
+        assert!(now(&hub, 10).await, "nothing was handed: passing over is looking");
+        hub.offered(20, true);
+        hub.offered(30, false);
+        assert!(!now(&hub, 11).await, "the page up to 20 is not looked at yet");
+        hub.seen(20);
+        assert!(now(&hub, 30).await);
+        assert!(!now(&hub, 31).await);
+        // A long-poll waiting for the head is answered when the notifier gets there.
+        let waiting = tokio::spawn({
+            let hub = hub.clone();
+            async move { hub.caught_up(40, Duration::from_secs(60)).await }
+        });
+        hub.offered(40, true);
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        hub.seen(40);
+        assert!(waiting.await.unwrap());
     }
 }

@@ -33,6 +33,7 @@ mod notifier;
 
 pub use acks::{pending_for_bridge, plan_acks};
 pub use hub::PullHub;
+pub(crate) use notifier::concerns;
 pub use notifier::spawn;
 
 /// Candidates examined per scan (explain lists at most this many).

@@ -218,13 +218,7 @@ impl Notifier {
         // A page with nothing for the bridges (no task, subscription or cursor event) is seen
         // without a read: no blocking task, no read transaction.
         let quiet = match (since, page.as_deref()) {
-            (Some(since), Some(p)) => !p.events.iter().any(|ev| {
-                ev.seq > since
-                    && matches!(
-                        Stream::parse(&ev.stream),
-                        Some(Stream::TaskEvents | Stream::Bridges | Stream::Cursors)
-                    )
-            }),
+            (Some(since), Some(p)) => !p.events.iter().any(|ev| ev.seq > since && concerns(ev)),
             _ => false,
         };
         let (subs, seen, forget) = if let (true, Some(since)) = (quiet, since) {
@@ -500,4 +494,13 @@ fn without_url(e: &reqwest::Error) -> String {
         "error"
     };
     kind.to_owned()
+}
+
+/// Whether `ev` may change what a bridge subscription has to do (a task, subscription or
+/// cursor event): the pages the follower hands the notifier.
+pub(crate) fn concerns(ev: &tidemark_log::Event) -> bool {
+    matches!(
+        Stream::parse(&ev.stream),
+        Some(Stream::TaskEvents | Stream::Bridges | Stream::Cursors)
+    )
 }
