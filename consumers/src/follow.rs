@@ -133,6 +133,25 @@ impl Follower {
                             p
                         }
                         Err(e) => {
+                            // A compaction (retention, section 13) overtook the follower:
+                            // what the window dropped is behind every reactor's duty, as at
+                            // start (`spawn`); go on from the first event the log keeps.
+                            let e2 = self.engine.clone();
+                            let first = tokio::task::spawn_blocking(move || e2.first_seq())
+                                .await
+                                .ok()
+                                .and_then(Result::ok);
+                            if let Some(first) = first
+                                && first > after + 1
+                            {
+                                tracing::warn!(
+                                    after,
+                                    first_seq = first,
+                                    "the log was compacted past the follower; following from its first retained event"
+                                );
+                                after = first - 1;
+                                continue;
+                            }
                             tracing::warn!(error = %e, "log follower read failed; retrying");
                             tokio::select! {
                                 _ = tokio::time::sleep(backoff) => {},

@@ -189,10 +189,16 @@ mod tests {
             async move { hub.caught_up(head, Duration::ZERO).await }
         };
         hub.offered(10, false);
-        assert!(now(&hub, 10).await, "nothing was handed: passing over is looking");
+        assert!(
+            now(&hub, 10).await,
+            "nothing was handed: passing over is looking"
+        );
         hub.offered(20, true);
         hub.offered(30, false);
-        assert!(!now(&hub, 11).await, "the page up to 20 is not looked at yet");
+        assert!(
+            !now(&hub, 11).await,
+            "the page up to 20 is not looked at yet"
+        );
         hub.seen(20);
         assert!(now(&hub, 30).await);
         assert!(!now(&hub, 31).await);
