@@ -142,7 +142,7 @@ impl Engine {
         models: &ModelsConfig,
     ) -> Result<(Engine, OpenReport), OpenError> {
         if matches!(cfg.storage, tidemark_log::storage::Storage::File) && models.store.is_none() {
-            tidemark_projections::models::migrate(&cfg.path, models).map_err(OpenError::Storage)?;
+            tidemark_projections::models::migrate(&cfg.path, models)?;
         }
         let (log, report) = Log::open(cfg)?;
         let engine = Self::on_log(AnyLog::Embedded(log), models)?;

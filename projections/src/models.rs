@@ -230,18 +230,40 @@ where
 /// models — into a new file that is renamed into place only once complete, and then dropped
 /// from the log's file. A data directory without them, or already moved, is left alone; an
 /// interrupted move is finished at the next open.
-pub fn migrate(log_path: &Path, cfg: &ModelsConfig) -> Result<(), StorageError> {
-    use redb::{ReadableDatabase, TableDefinition, TableHandle};
+///
+/// The log's file held by another process, or one this process may not read, is said as such
+/// (`OpenError::Locked`, `OpenError::File`): neither is damage, and neither may be answered
+/// with advice to restore a backup (I10).
+pub fn migrate(log_path: &Path, cfg: &ModelsConfig) -> Result<(), tidemark_log::OpenError> {
+    use tidemark_log::OpenError;
     if !log_path.exists() {
         return Ok(());
     }
+    let path = log_path.to_owned();
+    let log_db = match Database::open(log_path) {
+        Ok(db) => db,
+        Err(redb::DatabaseError::DatabaseAlreadyOpen) => return Err(OpenError::Locked { path }),
+        Err(redb::DatabaseError::Storage(redb::StorageError::Io(source))) => {
+            return Err(OpenError::File { path, source });
+        }
+        Err(e) => {
+            return Err(OpenError::Storage(StorageError::new(
+                format!("moving the read models out of {}: open", log_path.display()),
+                e,
+            )));
+        }
+    };
+    migrate_from(log_db, log_path, cfg).map_err(OpenError::Storage)
+}
+
+fn migrate_from(log_db: Database, log_path: &Path, cfg: &ModelsConfig) -> Result<(), StorageError> {
+    use redb::{ReadableDatabase, TableDefinition, TableHandle};
     let ctx = |what: &str| {
         format!(
             "moving the read models out of {}: {what}",
             log_path.display()
         )
     };
-    let log_db = Database::open(log_path).map_err(|e| StorageError::new(ctx("open"), e))?;
     let names: Vec<(String, bool)> = {
         let r = log_db.begin_read().map_err(StorageError::of)?;
         r.list_tables()

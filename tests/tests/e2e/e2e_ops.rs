@@ -679,3 +679,31 @@ fn unknown_configuration_keys_refuse_the_start_naming_the_key() {
         assert!(err.contains(key), "{toml}: {err}");
     }
 }
+
+/// A second `tidemark serve` on a data directory a running server holds is refused as "in use
+/// by another tidemark process", exit 1, and never with advice to restore a backup (section 1,
+/// I10: that advice is for damage only, and following it here would overwrite good data). The
+/// running server is untouched.
+#[tokio::test]
+async fn a_second_server_on_a_held_data_directory_is_told_it_is_in_use() {
+    let s = tidemark_tests::Server::start(tidemark_tests::ServerOpts::default()).await;
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        tokio::process::Command::new(tidemark_tests::binary())
+            .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(s.data_dir())
+            .env_remove("TIDEMARK_CONFIG")
+            .stdin(std::process::Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("the second server exits")
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("in use by another tidemark process"), "{err}");
+    assert!(!err.to_lowercase().contains("backup"), "{err}");
+    assert!(!err.contains("unreadable"), "{err}");
+    let r = s.get("/healthz").await;
+    assert_eq!(r.status, reqwest::StatusCode::OK, "{}", r.text);
+}
