@@ -455,13 +455,34 @@ pub enum ProjectionsAction {
     Verify { name: Option<String> },
 }
 
+/// `--listen`: an address (`127.0.0.1:7700`, `[::1]:7700`) or a host name and port
+/// (`localhost:7700`), resolved now, its IPv4 address first.
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    let bad = |why: String| {
+        format!("{s:?} is not HOST:PORT ({why}); for example 127.0.0.1:7700 or localhost:7700")
+    };
+    let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(s)
+        .map_err(|e| bad(e.to_string()))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| bad("the name resolves to no address".into()))
+}
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Data directory (default ./tidemark-data).
     #[arg(long, env = "TIDEMARK_DATA")]
     pub data: Option<PathBuf>,
-    /// Listen address (default 127.0.0.1:7700).
-    #[arg(long, env = "TIDEMARK_LISTEN")]
+    /// Listen address, HOST:PORT (default 127.0.0.1:7700; a name such as localhost:7700 is
+    /// resolved, IPv4 first).
+    #[arg(long, env = "TIDEMARK_LISTEN", value_parser = parse_listen)]
     pub listen: Option<SocketAddr>,
     /// TOML config file.
     #[arg(long, env = "TIDEMARK_CONFIG")]
@@ -676,5 +697,33 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod listen_tests {
+    use super::parse_listen;
+
+    /// `--listen localhost:7743` is taken (it was refused: only literal addresses parsed);
+    /// what is not HOST:PORT is refused with an example.
+    #[test]
+    fn listen_takes_addresses_and_host_names() {
+        assert_eq!(
+            parse_listen("127.0.0.1:7700").unwrap().to_string(),
+            "127.0.0.1:7700"
+        );
+        assert_eq!(
+            parse_listen("[::1]:7700").unwrap().to_string(),
+            "[::1]:7700"
+        );
+        let a = parse_listen("localhost:7743").unwrap();
+        assert!(a.ip().is_loopback() && a.port() == 7743, "{a}");
+        for bad in ["localhost", "7700", "localhost:port", ""] {
+            let e = parse_listen(bad).unwrap_err();
+            assert!(
+                e.contains("HOST:PORT") && e.contains("localhost:7700"),
+                "{e}"
+            );
+        }
     }
 }
