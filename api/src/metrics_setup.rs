@@ -441,3 +441,20 @@ pub fn process_metrics() {
         metrics::gauge!("process_max_fds").set(soft as f64);
     }
 }
+
+/// Metrics kept as gauges (their value is read, not counted: the metrics crate's counters hold
+/// whole numbers) that are counters in Prometheus's sense, and typed so on `/metrics`, as
+/// Prometheus's own process collector types them (`rate()` then works without a warning).
+const COUNTERS_KEPT_AS_GAUGES: [&str; 1] = ["process_cpu_seconds_total"];
+
+/// The exposition text of `handle`, with the types of [`COUNTERS_KEPT_AS_GAUGES`] corrected.
+pub fn render(handle: &metrics_exporter_prometheus::PrometheusHandle) -> String {
+    let mut text = handle.render();
+    for name in COUNTERS_KEPT_AS_GAUGES {
+        text = text.replace(
+            &format!("# TYPE {name} gauge\n"),
+            &format!("# TYPE {name} counter\n"),
+        );
+    }
+    text
+}

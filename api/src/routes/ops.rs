@@ -187,7 +187,7 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
     }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        st.metrics.render(),
+        crate::metrics_setup::render(&st.metrics),
     )
         .into_response()
 }

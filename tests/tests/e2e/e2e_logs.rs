@@ -117,6 +117,11 @@ async fn json_logs_with_an_access_line_per_request_and_no_query_or_ids() {
         assert!(v > 0.0, "{name} = {v}");
     }
     assert!(metric_sum(&metrics, "process_cpu_seconds_total").is_some());
+    // A counter in Prometheus's sense (it was typed gauge).
+    assert!(
+        metrics.contains("# TYPE process_cpu_seconds_total counter\n"),
+        "{metrics}"
+    );
     assert_eq!(
         metric_sum(&metrics, "tidemark_storage_state{state=\"ok\"}"),
         Some(1.0)
