@@ -764,6 +764,20 @@ mod tests {
         ids
     }
 
+    /// The run tables the file holds, by name.
+    fn run_tables(db: &redb::Database) -> Vec<String> {
+        let mut tables: Vec<String> = db
+            .begin_write()
+            .unwrap()
+            .list_tables()
+            .unwrap()
+            .map(|t| t.name().to_owned())
+            .filter(|n| n.starts_with("event_ids.h"))
+            .collect();
+        tables.sort();
+        tables
+    }
+
     /// Against a map: every id ever added is found with its seq, through many runs and
     /// compactions made in steps between the adds (so a compaction is often in progress while
     /// runs are added and ids looked up), and ids never added are not.
@@ -825,14 +839,7 @@ mod tests {
             "{false_hits} filter hits for 2000 absent ids"
         );
         // Every run table left is listed, and every listed one exists.
-        let wtxn = db.begin_write().unwrap();
-        let mut tables: Vec<String> = wtxn
-            .list_tables()
-            .unwrap()
-            .map(|t| t.name().to_owned())
-            .filter(|n| n.starts_with("event_ids.h"))
-            .collect();
-        tables.sort();
+        let tables = run_tables(&db);
         let listed: Vec<String> = loaded.runs.iter().map(|r| table_name(r.n)).collect();
         assert_eq!(tables, listed);
     }
@@ -896,14 +903,7 @@ mod tests {
         assert!(steps >= 3, "{steps} steps");
         let levels: Vec<(u64, u8)> = runs.runs.iter().map(|r| (r.n, r.level)).collect();
         assert_eq!(levels, vec![(FANOUT as u64 + 1, 1), (FANOUT as u64 + 2, 0)]);
-        let wtxn = db.begin_write().unwrap();
-        let mut tables: Vec<String> = wtxn
-            .list_tables()
-            .unwrap()
-            .map(|t| t.name().to_owned())
-            .filter(|n| n.starts_with("event_ids.h"))
-            .collect();
-        tables.sort();
+        let tables = run_tables(&db);
         assert_eq!(
             tables,
             vec![table_name(FANOUT as u64 + 1), table_name(FANOUT as u64 + 2)]
