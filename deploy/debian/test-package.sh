@@ -16,7 +16,10 @@ if getent passwd tidemark >/dev/null; then fail "a tidemark user exists: not a c
 cargo build --release -p tidemark-api --bin tidemark
 deb=$(bash deploy/debian/build.sh)
 echo "test-package: built $deb ($(du -h "$deb" | cut -f1))"
-dpkg-deb --info "$deb" | grep -q "Package: tidemark" || fail "no control file"
+# Read whole before matching: grep -q leaves at the first match, and under pipefail the SIGPIPE
+# dpkg-deb gets then failed this check about one run in six.
+info=$(dpkg-deb --info "$deb") || fail "dpkg-deb --info $deb failed"
+[[ $info == *"Package: tidemark"* ]] || fail "no control file"
 cleanup() {
   [[ -n ${pid:-} ]] && kill "$pid" 2>/dev/null || true
   dpkg -P tidemark >/dev/null 2>&1 || true
@@ -70,7 +73,7 @@ for probe in livez readyz healthz; do
 done
 receipt=$(echo '{"event_id":"pkg-1","stream":"package","subject":"ci","type":"package.installed","payload":{"ok":true}}' \
   | /usr/bin/tidemark append --url "$addr" -o json)
-echo "$receipt" | grep -q '"event_id":"pkg-1"' || fail "append answered $receipt"
+[[ $receipt == *'"event_id":"pkg-1"'* ]] || fail "append answered $receipt"
 [[ -f /var/lib/tidemark/log.redb && $(stat -c %U /var/lib/tidemark/log.redb) == tidemark ]] \
   || fail "the log is not in /var/lib/tidemark, owned by tidemark"
 kill -TERM "$pid"
