@@ -40,6 +40,18 @@ pub struct ApiError {
     pub status: StatusCode,
     pub problem: Box<Problem>,
     pub retry_after_secs: Option<u64>,
+    /// What went wrong on the server's side, for the operator: never sent to the client, written
+    /// once, on the request's access-log line (one ERROR line per 5xx, with its route).
+    cause: Option<Box<str>>,
+}
+
+/// What the access log learns of an error answer: its `code`, and the server-side cause when
+/// there is one. Carried in the response's extensions from [`ApiError::into_response`] to the
+/// front layer, which writes the request's one log line.
+#[derive(Debug, Clone)]
+pub struct Logged {
+    pub code: String,
+    pub cause: Option<Box<str>>,
 }
 
 impl ApiError {
@@ -59,7 +71,14 @@ impl ApiError {
                 outcome: None,
             }),
             retry_after_secs: None,
+            cause: None,
         }
+    }
+
+    /// The server-side cause, logged on the request's access line (never answered).
+    pub fn caused_by(mut self, cause: impl std::fmt::Display) -> Self {
+        self.cause = Some(cause.to_string().into_boxed_str());
+        self
     }
 
     pub fn at(mut self, index: usize, field: Option<&str>) -> Self {
@@ -102,19 +121,17 @@ impl ApiError {
         .retry_after(1)
     }
 
-    /// A failure that is not the client's: logged here, returned without detail.
-    /// A storage failure (I10): logged with its whole source chain; the client is told the log
-    /// is unavailable (`503 log_unavailable`), never the cause.
+    /// A storage failure (I10): logged (on the access line) with its whole source chain; the
+    /// client is told the log is unavailable (`503 log_unavailable`), never the cause.
     pub fn storage(context: &str, err: &tidemark_log::StorageError) -> Self {
-        let mut chain = err.to_string();
+        let mut chain = format!("{context}: {err}");
         let mut cur = std::error::Error::source(err);
         while let Some(s) = cur {
             chain.push_str(" ← ");
             chain.push_str(&s.to_string());
             cur = s.source();
         }
-        tracing::error!(error = %chain, request_id = %crate::server::request_id(), "{context}");
-        Self::log_unavailable()
+        Self::log_unavailable().caused_by(chain)
     }
 
     /// The log's storage failed (I10): appends and commands are refused until a restart.
@@ -131,14 +148,15 @@ impl ApiError {
     /// `507` while its disk is full, else `503 models_unavailable`; the command appended
     /// nothing and can be retried.
     pub fn models_unavailable(err: &tidemark_log::StorageError) -> Self {
-        tracing::warn!(error = %err, request_id = %crate::server::request_id(), "a command met a models store failure");
+        let cause = format!("a command met a models store failure: {err}");
         if err.is_storage_full() {
             return Self::new(
                 StatusCode::INSUFFICIENT_STORAGE,
                 "insufficient_storage",
                 "the read models' disk is full; free space and retry (the log is not affected)",
             )
-            .retry_after(5);
+            .retry_after(5)
+            .caused_by(cause);
         }
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -147,6 +165,7 @@ impl ApiError {
              until tidemark is restarted); nothing was appended, the log is not affected; retry",
         )
         .retry_after(1)
+        .caused_by(cause)
     }
 
     /// The decider panicked (spec I10): `503 models_unavailable` with what is known of the
@@ -192,13 +211,15 @@ impl ApiError {
         }
     }
 
+    /// A failure that is not the client's: logged (on the access line), answered without
+    /// detail.
     pub fn internal(context: &str, err: impl std::fmt::Display) -> Self {
-        tracing::error!(error = %err, request_id = %crate::server::request_id(), "{context}");
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
             "an internal error occurred; it has been logged",
         )
+        .caused_by(format!("{context}: {err}"))
     }
 }
 
@@ -262,6 +283,10 @@ impl IntoResponse for ApiError {
         self.problem.status = self.status.as_u16();
         let body = serde_json::to_vec(&*self.problem).unwrap_or_default();
         let mut resp = (self.status, body).into_response();
+        resp.extensions_mut().insert(Logged {
+            code: std::mem::take(&mut self.problem.code),
+            cause: self.cause.take(),
+        });
         let h = resp.headers_mut();
         h.insert(
             header::CONTENT_TYPE,
@@ -334,18 +359,13 @@ impl From<tidemark_engine::CommandError> for ApiError {
             CommandError::Append(e) => e.into(),
             CommandError::Storage(e) => ApiError::storage("command failed", &e),
             CommandError::Models(e) => ApiError::models_unavailable(&e),
-            CommandError::Poisoned(why) => {
-                tracing::warn!(request_id = %crate::server::request_id(), "{why}");
-                ApiError::models_poisoned(why)
-            }
-            CommandError::Misconfigured(why) => {
-                tracing::error!(request_id = %crate::server::request_id(), "{why}");
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "misconfigured",
-                    "the server's configuration cannot carry this out; nothing was appended",
-                )
-            }
+            CommandError::Poisoned(why) => ApiError::models_poisoned(why.clone()).caused_by(why),
+            CommandError::Misconfigured(why) => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "misconfigured",
+                "the server's configuration cannot carry this out; nothing was appended",
+            )
+            .caused_by(why),
             #[allow(unreachable_patterns)]
             other => ApiError::internal("command failed", other),
         }

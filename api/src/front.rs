@@ -96,7 +96,8 @@ where
                 resp.headers_mut()
                     .insert("ratelimit-remaining", HeaderValue::from(n));
             }
-            labels.record(resp.status().as_u16(), started);
+            let logged = resp.extensions_mut().remove::<crate::error::Logged>();
+            labels.record(resp.status().as_u16(), started, logged);
             Ok(resp)
         })
     }
@@ -219,6 +220,34 @@ struct Handles {
     duration: metrics::Histogram,
 }
 
+/// The health probes, which a load balancer or an orchestrator asks every few seconds: while one
+/// fails, its ERROR line is written when its answer changes, not at each probe.
+fn is_probe(route: &str) -> bool {
+    matches!(route, "/healthz" | "/readyz")
+}
+
+/// Whether `route`'s answer (status and problem code) differs from its previous one; records it.
+fn probe_changed(route: &str, status: u16, code: &str) -> bool {
+    static LAST: std::sync::Mutex<Vec<(String, u16, String)>> = std::sync::Mutex::new(Vec::new());
+    let mut last = LAST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match last.iter_mut().find(|(r, _, _)| r == route) {
+        Some(seen) if seen.1 == status && seen.2 == code => false,
+        Some(seen) => {
+            let was_ok = seen.1 < 500;
+            seen.1 = status;
+            seen.2 = code.to_owned();
+            // A change between two healthy answers is not news.
+            !(was_ok && status < 500)
+        }
+        None => {
+            last.push((route.to_owned(), status, code.to_owned()));
+            status >= 500
+        }
+    }
+}
+
 impl Labels {
     fn of(req: &Request) -> Labels {
         Labels {
@@ -227,7 +256,7 @@ impl Labels {
         }
     }
 
-    fn record(self, status: u16, started: Instant) {
+    fn record(self, status: u16, started: Instant, logged: Option<crate::error::Logged>) {
         let route = self.route.as_ref().map_or("unmatched", MatchedPath::as_str);
         let handles = HANDLES.with(|cache| {
             let mut cache = cache.borrow_mut();
@@ -254,14 +283,29 @@ impl Labels {
         handles.requests.increment(1);
         handles.duration.record(took.as_secs_f64());
         // The access log (section 18): method, route template, status, duration and request
-        // id; never the URI's query or path ids, never a body. A 5xx is an error line.
+        // id; never the URI's query or path ids, never a body. A 5xx is one error line, with the
+        // problem's code and its server-side cause; a probe's only when its answer changes.
         let ms = took.as_secs_f64() * 1e3;
-        if status >= 500 {
-            tracing::error!(target: "tidemark::access", method = %self.method, route, status,
-                duration_ms = ms, request_id = %crate::server::request_id(), "request failed");
+        let code = logged.as_ref().map_or("", |l| l.code.as_str());
+        let cause = logged
+            .as_ref()
+            .and_then(|l| l.cause.as_deref())
+            .unwrap_or("");
+        let request_id = crate::server::request_id();
+        let method = &self.method;
+        let probe_news = is_probe(route) && probe_changed(route, status, code);
+        if status >= 500 && (probe_news || !is_probe(route)) {
+            tracing::error!(target: "tidemark::access", %method, route, status, code, error = cause,
+                duration_ms = ms, %request_id, "request failed");
+        } else if probe_news {
+            tracing::info!(target: "tidemark::access", %method, route, status,
+                duration_ms = ms, %request_id, "probe answers {status} again");
+        } else if logged.is_some() {
+            tracing::info!(target: "tidemark::access", %method, route, status, code,
+                duration_ms = ms, %request_id, "request");
         } else {
-            tracing::info!(target: "tidemark::access", method = %self.method, route, status,
-                duration_ms = ms, request_id = %crate::server::request_id(), "request");
+            tracing::info!(target: "tidemark::access", %method, route, status,
+                duration_ms = ms, %request_id, "request");
         }
     }
 }

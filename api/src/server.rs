@@ -232,7 +232,15 @@ pub fn router(state: AppState) -> Router {
                 .layer(crate::front::RequestId)
                 .layer(cors(&state.config.server.cors_origins))
                 .layer(crate::front::Front::new(state.clone(), allowed))
-                .layer(TraceLayer::new_for_http().make_span_with(request_span))
+                // The access line (front.rs) is the request's one ERROR line for a 5xx, with its
+                // code and cause; tower-http's failure line, without them, would be a second.
+                .layer(
+                    TraceLayer::new_for_http()
+                        .make_span_with(request_span)
+                        .on_failure(
+                            tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
+                        ),
+                )
                 .layer(CatchPanicLayer::custom(|_| {
                     ApiError::internal("handler panicked", "panic").into_response()
                 }))

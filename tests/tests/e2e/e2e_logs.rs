@@ -97,6 +97,17 @@ async fn json_logs_with_an_access_line_per_request_and_no_query_or_ids() {
     let failed = find("POST", "/v1/admin/backup");
     assert_eq!(failed["status"], 500);
     assert_eq!(failed["level"], "ERROR", "a 5xx is an error line: {failed}");
+    // One ERROR line per 5xx: the access line carries the code and the server-side cause (it
+    // was logged a second time, without its route, where the error was made).
+    let errors: Vec<&Value> = lines.iter().filter(|l| l["level"] == "ERROR").collect();
+    assert_eq!(errors.len(), 1, "one ERROR line for the one 5xx: {stderr}");
+    assert_eq!(failed["code"], "internal", "{failed}");
+    assert!(
+        failed["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("backup") && e.len() > 10),
+        "the cause is on the line: {failed}"
+    );
     for secret in ["task-secret-id-77", "private-query-text", "q="] {
         assert!(
             !stderr.contains(secret),
@@ -147,4 +158,49 @@ async fn json_logs_with_an_access_line_per_request_and_no_query_or_ids() {
         Some(c) => assert!(build.contains(&format!("commit=\"{c}\"")), "{build} vs {c}"),
         None => assert!(build.contains("commit=\""), "{build}"),
     }
+}
+
+/// A failing probe is an ERROR line when its answer changes, not at every probe: a full disk
+/// (here `min_free` above any disk) under a load balancer asking `/healthz` each second wrote two
+/// ERROR lines a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_probe_logs_its_change_once() {
+    let mut s = Server::start(
+        ServerOpts::default()
+            .env("TIDEMARK_LOG_FORMAT", "json")
+            .config("[log]\nmin_free = \"1000000GB\"\n"),
+    )
+    .await;
+    for _ in 0..5 {
+        let r = s.get("/healthz").await;
+        assert_eq!(r.status.as_u16(), 503, "{}", r.text);
+        assert!(r.text.contains("insufficient_storage"), "{}", r.text);
+    }
+    for _ in 0..3 {
+        assert_eq!(s.get("/readyz").await.status.as_u16(), 503);
+    }
+    s.sigterm();
+    assert!(
+        s.wait_exit(std::time::Duration::from_secs(60))
+            .await
+            .success()
+    );
+    let stderr = s.stderr();
+    let lines: Vec<Value> = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let probe_errors = |route: &str| {
+        lines
+            .iter()
+            .filter(|l| l["level"] == "ERROR" && l["route"] == route)
+            .count()
+    };
+    assert_eq!(probe_errors("/healthz"), 1, "{stderr}");
+    assert_eq!(probe_errors("/readyz"), 1, "{stderr}");
+    let probes = lines
+        .iter()
+        .filter(|l| l["target"] == "tidemark::access" && l["route"] == "/healthz")
+        .count();
+    assert_eq!(probes, 5, "each probe still has its access line: {stderr}");
 }
