@@ -167,7 +167,9 @@ impl From<&str> for StorageError {
 }
 
 /// What a storage failure at open means for the operator: a full disk is not damage (I10),
-/// so it names the space needed and never advises a restore; anything else may be.
+/// so it names the space needed and never advises a restore; a restore is advised only for
+/// damage redb or the log has verified (I10): an I/O error may be the machine's, and a restore
+/// over good data loses what the backup lacks.
 fn open_storage_message(e: &StorageError) -> String {
     if e.is_storage_full() {
         format!(
@@ -175,28 +177,161 @@ fn open_storage_message(e: &StorageError) -> String {
              takes 16 MiB at open, and [log] min_free is kept in reserve, 64 MiB by default) and \
              start tidemark again"
         )
+    } else if e.is_corrupt() {
+        format!("the log file is damaged: {e}; restore it from a backup (docs/operations.md)")
+    } else if let Some(io) = e.chain().find_map(io_of) {
+        format!(
+            "the log file cannot be read: {e}; nothing is known to be damaged: {}",
+            io_advice(None, io)
+        )
     } else {
-        format!("the log file is unreadable: {e}; restore it from a backup")
+        format!(
+            "the log file cannot be read: {e}; nothing is known to be damaged: check the disk and \
+             the file's permissions, then start tidemark again"
+        )
     }
+}
+
+/// What to do about an I/O error met opening `path`: a permission problem names the file, its
+/// owner and mode, and the user tidemark runs as (a restore run as root leaves `root:root` files
+/// the service user cannot open); anything else, the disk and the permissions to check.
+fn io_advice(path: Option<&std::path::Path>, io: &std::io::Error) -> String {
+    match io.kind() {
+        std::io::ErrorKind::PermissionDenied => {}
+        // What redb read is not a database: a damaged file, or not a tidemark log at all.
+        std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof => {
+            return "the file is damaged or is not a tidemark log: if --data names the right \
+                    directory, restore it from a backup (docs/operations.md)"
+                .to_owned();
+        }
+        _ => {
+            return "check the disk, its free space and the file's permissions, then start \
+                    tidemark again"
+                .to_owned();
+        }
+    }
+    let me = nix::unistd::getuid();
+    let user = nix::unistd::User::from_uid(me)
+        .ok()
+        .flatten()
+        .map(|u| u.name);
+    let name = |uid: nix::unistd::Uid| {
+        nix::unistd::User::from_uid(uid).ok().flatten().map_or_else(
+            || format!("uid {uid}"),
+            |u| format!("{} (uid {uid})", u.name),
+        )
+    };
+    let mut out = format!("tidemark runs as user {}", name(me));
+    if let Some(path) = path {
+        use std::os::unix::fs::MetadataExt;
+        // The file itself, or the first directory above it that exists.
+        let seen = path
+            .ancestors()
+            .find_map(|p| std::fs::metadata(p).ok().map(|m| (p.to_owned(), m)));
+        if let Some((p, m)) = seen {
+            let owner = name(nix::unistd::Uid::from_raw(m.uid()));
+            out.push_str(&format!(
+                ", and {} belongs to {owner} with mode {:o}",
+                p.display(),
+                m.mode() & 0o7777
+            ));
+        }
+        let dir = path.parent().unwrap_or(path);
+        out.push_str(&format!(
+            ": give the data directory to that user (`chown -R {}: {}`) or run tidemark as its \
+             owner; nothing is damaged",
+            user.unwrap_or_else(|| me.to_string()),
+            dir.display()
+        ));
+    } else {
+        out.push_str(": give the data directory to that user or run tidemark as its owner");
+    }
+    out
+}
+
+/// The pid of another process holding `path` open, when this process may look (Linux: a walk
+/// of `/proc/<pid>/fd`; processes of other users are skipped unless tidemark runs as root).
+fn holder_of(path: &std::path::Path) -> Option<u32> {
+    let want = std::fs::canonicalize(path).ok()?;
+    let me = std::process::id();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        if fds
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == want))
+        {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+fn database_message(path: &std::path::Path, e: &redb::DatabaseError) -> String {
+    match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => locked_message(path),
+        redb::DatabaseError::Storage(redb::StorageError::Io(io)) => file_message(path, io),
+        redb::DatabaseError::Storage(redb::StorageError::Corrupted(_)) => format!(
+            "the log file {} is damaged or not a tidemark log: {e}; restore it from a backup \
+             (docs/operations.md)",
+            path.display()
+        ),
+        _ => format!(
+            "cannot open the log file {}: {e}; nothing is known to be damaged: check the disk and \
+             the file's permissions",
+            path.display()
+        ),
+    }
+}
+
+fn locked_message(path: &std::path::Path) -> String {
+    let by = holder_of(path).map_or_else(
+        || "another tidemark process".to_owned(),
+        |pid| format!("another process (pid {pid})"),
+    );
+    format!(
+        "the file {} is in use by {by}: a data directory is served by one tidemark at a time; \
+         stop that one first, or give this one another --data directory; nothing is damaged",
+        path.display()
+    )
+}
+
+fn file_message(path: &std::path::Path, source: &std::io::Error) -> String {
+    format!(
+        "cannot open {}: {source}; {}",
+        path.display(),
+        io_advice(Some(path), source)
+    )
 }
 
 /// Why a log could not be opened.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
-    #[error("cannot create the data directory {path}: {source}; check permissions and free space")]
+    #[error("cannot create the data directory {path}: {source}; {}", io_advice(Some(.path), .source))]
     CreateDir {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("cannot open the log file {path}: {source}; is another tidemark process using it?")]
+    #[error("{}", database_message(.path, .source))]
     Database {
         path: PathBuf,
         source: Box<redb::DatabaseError>,
     },
-    #[error("the log file {path} is in use by another tidemark process; stop it first")]
+    #[error("{}", locked_message(.path))]
     Locked { path: PathBuf },
-    #[error("cannot open {path}: {source}; check permissions and free space")]
+    #[error("{}", file_message(.path, .source))]
     File {
         path: PathBuf,
         source: std::io::Error,

@@ -701,9 +701,102 @@ async fn a_second_server_on_a_held_data_directory_is_told_it_is_in_use() {
     .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("in use by another tidemark process"), "{err}");
+    // The holder by its pid (found in /proc: the suite runs as root, or as the server's user).
+    assert!(
+        err.contains(&format!("in use by another process (pid {})", s.pid())),
+        "{err}"
+    );
+    assert!(err.contains("nothing is damaged"), "{err}");
     assert!(!err.to_lowercase().contains("backup"), "{err}");
     assert!(!err.contains("unreadable"), "{err}");
     let r = s.get("/healthz").await;
     assert_eq!(r.status, reqwest::StatusCode::OK, "{}", r.text);
+}
+
+/// A data directory its user cannot open (a restore run as root leaves `root:root` files, 0644,
+/// that the service's user cannot write) is refused with the path, its owner and mode, the user
+/// tidemark runs as and the `chown` that fixes it; never with advice to restore a backup. Run as
+/// root (as CI runs the suite): the refused server runs as `nobody` through `setpriv`.
+#[tokio::test]
+async fn a_data_directory_its_user_cannot_open_names_the_user_and_the_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    assert!(
+        nix::unistd::getuid().is_root(),
+        "this test runs as root (CI does) to start a server as another user"
+    );
+    let mut s = tidemark_tests::Server::start(tidemark_tests::ServerOpts::default()).await;
+    s.sigterm();
+    assert!(
+        s.wait_exit(std::time::Duration::from_secs(60))
+            .await
+            .success()
+    );
+    // The directories traversable by all, as /var/lib is: only the files are root's.
+    for d in [s.data_dir(), s.data_dir().parent().unwrap()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        tokio::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(tidemark_tests::binary())
+            .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(s.data_dir())
+            .env_remove("TIDEMARK_CONFIG")
+            .stdin(std::process::Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("the refused server exits")
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let log = s.data_dir().join("log.redb");
+    for want in [
+        format!("cannot open {}", log.display()),
+        "Permission denied".to_owned(),
+        "tidemark runs as user nobody (uid 65534)".to_owned(),
+        format!("{} belongs to root (uid 0) with mode 644", log.display()),
+        format!("chown -R nobody: {}", s.data_dir().display()),
+        "nothing is damaged".to_owned(),
+    ] {
+        assert!(err.contains(&want), "{want:?} in: {err}");
+    }
+    assert!(!err.to_lowercase().contains("backup"), "{err}");
+}
+
+/// Advice to restore from a backup is given for damage the log has verified, and only then: a
+/// log file whose header is overwritten is refused as damaged, naming the restore.
+#[tokio::test]
+async fn a_damaged_log_file_is_the_one_refusal_that_advises_a_restore() {
+    use std::io::{Seek, Write};
+    let mut s = tidemark_tests::Server::start(tidemark_tests::ServerOpts::default()).await;
+    s.sigterm();
+    assert!(
+        s.wait_exit(std::time::Duration::from_secs(60))
+            .await
+            .success()
+    );
+    let log = s.data_dir().join("log.redb");
+    let mut f = std::fs::OpenOptions::new().write(true).open(&log).unwrap();
+    f.seek(std::io::SeekFrom::Start(0)).unwrap();
+    f.write_all(&[0x5a; 64]).unwrap();
+    drop(f);
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        tokio::process::Command::new(tidemark_tests::binary())
+            .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(s.data_dir())
+            .env_remove("TIDEMARK_CONFIG")
+            .stdin(std::process::Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("the refused server exits")
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&log.display().to_string()), "{err}");
+    assert!(err.contains("damaged"), "{err}");
+    assert!(err.contains("restore it from a backup"), "{err}");
 }
