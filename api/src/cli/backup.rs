@@ -86,8 +86,50 @@ fn absolute(p: &Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_owned())
 }
 
+/// The user `--owner` names, looked up before anything is written.
+fn owner_of(name: &str) -> Result<nix::unistd::User, CliError> {
+    let user = nix::unistd::User::from_name(name)
+        .map_err(|e| CliError::Other(format!("cannot look up the user {name:?}: {e}")))?
+        .ok_or_else(|| CliError::Other(format!("--owner {name}: there is no such user")))?;
+    if !nix::unistd::geteuid().is_root() && nix::unistd::geteuid() != user.uid {
+        return Err(CliError::Other(format!(
+            "--owner {name}: giving files to another user needs root (run the restore with sudo)"
+        )));
+    }
+    Ok(user)
+}
+
+/// A restored data directory as a backup keeps it and the service can open it: directories
+/// 0700, files 0600, all of it the owner's (when one is named).
+fn secure_tree(dir: &Path, owner: Option<&nix::unistd::User>) -> Result<(), CliError> {
+    use std::os::unix::fs::PermissionsExt;
+    let fail = |p: &Path, e: &dyn std::fmt::Display| {
+        CliError::Other(format!(
+            "the log is restored, but setting the owner or mode of {} failed: {e}",
+            p.display()
+        ))
+    };
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| fail(dir, &e))?;
+    if meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    if let Some(u) = owner {
+        nix::unistd::chown(dir, Some(u.uid), Some(u.gid)).map_err(|e| fail(dir, &e))?;
+    }
+    let mode = if meta.is_dir() { 0o700 } else { 0o600 };
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| fail(dir, &e))?;
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(dir).map_err(|e| fail(dir, &e))? {
+            secure_tree(&entry.map_err(|e| fail(dir, &e))?.path(), owner)?;
+        }
+    }
+    Ok(())
+}
+
 pub(crate) async fn restore(a: RestoreArgs) -> CliResult {
     let out = Output::resolve(a.output);
+    let owner = a.owner.as_deref().map(owner_of).transpose()?;
     // Every backup read and checked (manifest, hash, the chain) before anything is written.
     let mut manifests = Vec::new();
     for dir in &a.from {
@@ -134,8 +176,10 @@ pub(crate) async fn restore(a: RestoreArgs) -> CliResult {
     let done = transfer::import(&a.data, &lc, inputs)
         .await
         .map_err(transfer_error)?;
+    secure_tree(&a.data, owner.as_ref())?;
     out.one(&json!({
         "data": absolute(&a.data).display().to_string(),
+        "owner": owner.as_ref().map(|u| u.name.clone()),
         "through_seq": done.head,
         "events": done.events,
         "backups": a.from.len(),

@@ -117,6 +117,11 @@ pub struct RestoreArgs {
     /// The data directory to make (it must not exist, or be empty).
     #[arg(long)]
     pub data: PathBuf,
+    /// The user the restored directory is given to (with that user's group), as the service
+    /// runs as it: `--owner tidemark` for the Debian package. Needs root. Without it the files
+    /// are the restoring user's. Either way directories are 0700 and files 0600, as in a backup.
+    #[arg(long, value_name = "USER")]
+    pub owner: Option<String>,
     /// TOML config file (its `[log]` settings).
     #[arg(long, env = "TIDEMARK_CONFIG")]
     pub config: Option<PathBuf>,

@@ -314,6 +314,94 @@ async fn a_backup_under_load_restores_a_prefix_whose_models_verify() {
         "full + increment = prefix at n2"
     );
 
+    // Restored as a backup keeps it: directories 0700, files 0600 (they were the umask's 0644,
+    // which a restore run as root left unreadable... and unwritable to the service's user).
+    let walk = |dir: &Path| {
+        let mut all = vec![dir.to_owned()];
+        let mut i = 0;
+        while i < all.len() {
+            if all[i].is_dir() {
+                let more: Vec<_> = std::fs::read_dir(&all[i])
+                    .unwrap()
+                    .map(|e| e.unwrap().path())
+                    .collect();
+                all.extend(more);
+            }
+            i += 1;
+        }
+        all
+    };
+    for p in walk(&r2) {
+        assert_eq!(
+            mode(&p),
+            if p.is_dir() { 0o700 } else { 0o600 },
+            "{}",
+            p.display()
+        );
+    }
+    // `--owner USER` (run as root, as CI runs the suite): the service's user owns all of it and
+    // can open it as the service would (here `log export`, as `nobody`).
+    assert!(nix::unistd::getuid().is_root(), "the suite runs as root");
+    let r4 = tmp.path().join("r4");
+    let e = cli_refused(
+        &[
+            "restore",
+            "--from",
+            path(&full_dir),
+            "--data",
+            path(&r4),
+            "--owner",
+            "no-such-user-x",
+        ],
+        "",
+    )
+    .await;
+    assert!(e.contains("no such user"), "{e}");
+    assert!(!r4.exists(), "a refused restore made {}", r4.display());
+    let done = cli_json(&[
+        "restore",
+        "--from",
+        path(&full_dir),
+        "--data",
+        path(&r4),
+        "--owner",
+        "nobody",
+        "-o",
+        "json",
+    ])
+    .await;
+    assert_eq!(done["owner"], "nobody", "{done}");
+    for p in walk(&r4) {
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().uid(),
+            65534,
+            "{}",
+            p.display()
+        );
+    }
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let as_nobody = tokio::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(tidemark_tests::binary())
+        .args(["log", "export", "--data", path(&r4)])
+        .env_remove("TIDEMARK_CONFIG")
+        .output()
+        .await
+        .expect("setpriv");
+    assert!(
+        as_nobody.status.success(),
+        "the owner cannot open its restored log: {}",
+        String::from_utf8_lossy(&as_nobody.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&as_nobody.stdout).lines().count() as u64,
+        n1
+    );
+
     // A gap, a repeat or a damaged backup is refused, and makes no data directory.
     let r3 = tmp.path().join("r3");
     let e = cli_refused(
