@@ -291,15 +291,16 @@ pub fn describe() {
         ),
         (
             "tidemark_backups_total",
-            "Backups taken through the server, by outcome (ok, failed)",
+            "Backups taken through the server, by outcome (ok; refused: the request's to change, \
+             e.g. backup_exists, past_head; failed: the server's)",
         ),
         (
             "tidemark_backup_last_through_seq",
-            "The through_seq of the last backup taken through the server",
+            "The through_seq of the last backup taken through the server (0: none yet)",
         ),
         (
             "tidemark_backup_last_success_timestamp_seconds",
-            "Unix time of the last backup taken through the server that succeeded",
+            "Unix time of the last backup taken through the server that succeeded (0: never)",
         ),
         (
             "tidemark_projection_follower_lag_events",

@@ -362,10 +362,20 @@ pub async fn backup(
 ) -> Result<Json<BackupOut>, ApiError> {
     let dir = backup_dir(&st.config.backup_root(), &b.to)?;
     let started = std::time::Instant::now();
-    let r = st.engine.backup(dir.clone(), b.after).await;
-    let outcome = if r.is_ok() { "ok" } else { "failed" };
+    let r = st
+        .engine
+        .backup(dir.clone(), b.after)
+        .await
+        .map_err(backup_error);
+    // A refusal (a name taken, a position past the head: the caller's to change) is not a
+    // failed backup, which an operator must look into.
+    let outcome = match &r {
+        Ok(_) => "ok",
+        Err(e) if e.status.is_client_error() => "refused",
+        Err(_) => "failed",
+    };
     metrics::counter!("tidemark_backups_total", "outcome" => outcome).increment(1);
-    let m = r.map_err(backup_error)?;
+    let m = r?;
     metrics::gauge!("tidemark_backup_last_through_seq").set(m.through_seq as f64);
     metrics::gauge!("tidemark_backup_last_success_timestamp_seconds")
         .set(tidemark_log::time::now_micros() as f64 / 1e6);
@@ -419,9 +429,16 @@ fn backup_dir(root: &std::path::Path, to: &str) -> Result<std::path::PathBuf, Ap
     Ok(full)
 }
 
-/// The backup gauges as the backups on disk say (at start): the newest finished backup's
-/// time (its manifest's) and through_seq, so an alert on their age holds across restarts.
+/// The backup metrics as the backups on disk say (at start): the newest finished backup's
+/// time (its manifest's) and through_seq, so an alert on their age holds across restarts; 0
+/// when there is none, so that "backup too old" fires on a server never backed up (an absent
+/// series makes no alert). Each outcome's counter exists from the start, at 0.
 pub fn backup_gauges_from_disk(root: &std::path::Path) {
+    for outcome in ["ok", "refused", "failed"] {
+        metrics::counter!("tidemark_backups_total", "outcome" => outcome).increment(0);
+    }
+    metrics::gauge!("tidemark_backup_last_success_timestamp_seconds").set(0.0);
+    metrics::gauge!("tidemark_backup_last_through_seq").set(0.0);
     let Ok(dirs) = std::fs::read_dir(root) else {
         return;
     };

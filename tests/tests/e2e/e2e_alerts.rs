@@ -231,6 +231,14 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
         )
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    // A refusal (the name is taken) is counted apart from failures.
+    let r = a
+        .send(
+            a.request(reqwest::Method::POST, "/v1/admin/backup")
+                .json(&json!({"to": "ok"})),
+        )
+        .await;
+    assert_eq!(r.json["code"], "backup_exists", "{}", r.text);
     std::fs::write(backups.join("blocker"), "not a directory").expect("write");
     for _ in 0..40 {
         let r = a
@@ -341,6 +349,11 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
         ("TidemarkServerErrors", &ia, None),
         ("TidemarkStorageFull", &ib, None),
         ("TidemarkBackupOld", &ib, None),
+        // Never backed up (the gauge is 0 from the start; an absent series fired nothing).
+        ("TidemarkBackupOld", &ic, None),
+        ("TidemarkBackupOld", &idd, None),
+        ("TidemarkBackupOld", &ie, None),
+        ("TidemarkBackupOld", &iff, None),
         ("TidemarkDown", &id, None),
         ("TidemarkStoragePoisoned", &ic, None),
         ("TidemarkModelsPoisoned", &idd, None),
@@ -385,6 +398,30 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
 
     // The dashboard's metrics are all in a scrape of A.
     let scrape = a.get("/metrics").await.text;
+    let backups_of = |outcome: &str| {
+        crate::common::metric_sum(
+            &scrape,
+            &format!("tidemark_backups_total{{outcome=\"{outcome}\"}}"),
+        )
+    };
+    assert_eq!(backups_of("ok"), Some(1.0), "{scrape}");
+    assert_eq!(backups_of("refused"), Some(1.0), "{scrape}");
+    assert!(backups_of("failed").is_some_and(|n| n >= 40.0), "{scrape}");
+    // A server never backed up has every backup series, at 0.
+    let never = f.get("/metrics").await.text;
+    for series in [
+        "tidemark_backup_last_success_timestamp_seconds",
+        "tidemark_backup_last_through_seq",
+        "tidemark_backups_total{outcome=\"ok\"}",
+        "tidemark_backups_total{outcome=\"refused\"}",
+        "tidemark_backups_total{outcome=\"failed\"}",
+    ] {
+        assert_eq!(
+            crate::common::metric_sum(&never, series),
+            Some(0.0),
+            "{series}: {never}"
+        );
+    }
     let file = dir.path().join("scrape.txt");
     std::fs::write(&file, &scrape).expect("write");
     let out = std::process::Command::new("python3")
