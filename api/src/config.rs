@@ -172,6 +172,48 @@ pub enum ConfigError {
     Invalid(String),
 }
 
+/// A figment error in the file's own terms: the key as written (`server.listn`, not figment's
+/// internal profile path `default.server.listn`), what it must be, and where it was set.
+fn figment_message(e: figment::Error) -> String {
+    use figment::error::Kind;
+    e.into_iter()
+        .map(|e| {
+            let key = e.path.join(".");
+            let what = match &e.kind {
+                Kind::UnknownField(field, known) => {
+                    let table = e.path[..e.path.len().saturating_sub(1)].join(".");
+                    let known = known.join(", ");
+                    if table.is_empty() {
+                        format!("{field} is not a known section (known: {known})")
+                    } else {
+                        format!("{key} is not a known key of [{table}] (known: {known})")
+                    }
+                }
+                Kind::InvalidType(actual, expected) | Kind::InvalidValue(actual, expected) => {
+                    let expected = match expected.as_str() {
+                        "u8" | "u16" | "u32" | "u64" | "usize" => "a whole number, 0 or more",
+                        "i8" | "i16" | "i32" | "i64" | "isize" => "a whole number",
+                        "f32" | "f64" => "a number",
+                        "bool" => "true or false",
+                        other => other,
+                    };
+                    format!("{key} is {actual}: it must be {expected}")
+                }
+                Kind::MissingField(field) if key.is_empty() => format!("{field} is missing"),
+                Kind::MissingField(field) => format!("{key}.{field} is missing"),
+                other if key.is_empty() => other.to_string(),
+                other => format!("{key}: {other}"),
+            };
+            let from = e.metadata.as_ref().map(|m| match &m.source {
+                Some(figment::Source::File(p)) => format!(" (in {})", p.display()),
+                _ => format!(" (from {})", m.name),
+            });
+            format!("{what}{}", from.unwrap_or_default())
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 impl Config {
     /// Defaults, then `file` (when given), then `TIDEMARK_*` variables.
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
@@ -194,7 +236,7 @@ impl Config {
         );
         let mut cfg: Config = fig
             .extract()
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+            .map_err(|e| ConfigError::Invalid(figment_message(e)))?;
         if let Ok(f) = std::env::var("TIDEMARK_LOG_FORMAT") {
             cfg.server.log_format = f;
         }
@@ -386,7 +428,7 @@ impl Config {
                     .into(),
             ));
         };
-        match std::env::var(var) {
+        match tidemark_consumers::env_value(spec) {
             Ok(v) if !v.is_empty() => Ok(tidemark_engine::privacy::Privacy::new(v.into_bytes())),
             _ => Err(ConfigError::Invalid(format!(
                 "privacy.hmac_key names the environment variable {var}, which is not set"

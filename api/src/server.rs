@@ -406,6 +406,25 @@ fn request_span(req: &axum::http::Request<axum::body::Body>) -> tracing::Span {
     tracing::debug_span!("request", method = %req.method(), route, request_id)
 }
 
+/// A route the routing table names but no `[notifications.routes.<name>]` configures is kept
+/// (its notifications get a `skipped` delivery, section 4, as seed 000 asks), and said at start.
+fn warn_unknown_routes(config: &Config) {
+    let Ok(routing) =
+        tidemark_projections::routing::RoutingSettings::from_json(&config.notification_settings())
+    else {
+        return;
+    };
+    for (priority, route) in routing.unknown_routes() {
+        tracing::warn!(
+            priority = %priority,
+            route = %route,
+            "notifications.routing.{priority} names the route {route:?}, which is not configured \
+             (no [notifications.routes.{route}] with a sink): its notifications get a skipped \
+             delivery (reason unknown_route) and are never delivered there"
+        );
+    }
+}
+
 /// Record the configured notification settings in the log when they differ from the last
 /// recorded ones (I3: projections and reactors read settings from the log, never the file).
 async fn record_settings(
@@ -532,6 +551,7 @@ pub async fn run(
     let engine = engine.with_privacy(privacy);
     tracing::info!(head = report.head, repaired = report.repaired, "log ready");
     let token = CancellationToken::new();
+    warn_unknown_routes(&config);
     record_settings(&engine, config.notification_settings(), token.clone()).await?;
     let metrics = crate::metrics_setup::handle();
     crate::metrics_setup::describe();

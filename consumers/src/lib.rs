@@ -39,10 +39,50 @@ use tidemark_engine::Engine;
 /// secrets) enter this way and are never written in the file.
 pub fn env_value(v: &str) -> Result<String, String> {
     match v.strip_prefix("env:") {
-        Some(var) => {
-            std::env::var(var).map_err(|_| format!("environment variable {var} is not set"))
-        }
+        Some(var) => match std::env::var(var) {
+            Ok(value) => Ok(value),
+            Err(_) if unset_env::tolerated() => Ok(unset_env::placeholder(var)),
+            Err(_) => Err(format!("environment variable {var} is not set")),
+        },
         None => Ok(v.to_owned()),
+    }
+}
+
+/// `tidemark config show` checks a configuration on a machine that may not have the service's
+/// environment (the secrets are the unit's): there an unset `env:NAME` stands for a valid
+/// placeholder, and the names are kept to be reported, where the server refuses to start.
+pub mod unset_env {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static TOLERATED: AtomicBool = AtomicBool::new(false);
+    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    /// From now on, in this process, an unset variable is a placeholder (`config show` only).
+    pub fn tolerate() {
+        TOLERATED.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn tolerated() -> bool {
+        TOLERATED.load(Ordering::Relaxed)
+    }
+
+    /// A value any setting accepts (a URL, a header value, a key), never used to send.
+    pub fn placeholder(var: &str) -> String {
+        let mut seen = SEEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !seen.iter().any(|v| v == var) {
+            seen.push(var.to_owned());
+        }
+        "https://env-unset.invalid/".to_owned()
+    }
+
+    /// The variables met unset, in the order met.
+    pub fn seen() -> Vec<String> {
+        SEEN.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 use tidemark_log::StorageError;

@@ -48,6 +48,10 @@ for f in /usr/bin/tidemark /lib/systemd/system/tidemark.service /etc/tidemark/ti
   [[ -e $f ]] || fail "$f was not installed"
 done
 getent passwd tidemark >/dev/null || fail "no tidemark user"
+# `config show` reads the file the unit gives the server, without being told.
+shown=$(cd / && env -u TIDEMARK_CONFIG /usr/bin/tidemark config show 2>&1) || fail "config show: $shown"
+[[ $shown == *"# /etc/tidemark/tidemark.toml"* && $shown == *'backup_dir = "/var/backups/tidemark"'* ]] \
+  || fail "config show did not read the packaged config: $shown"
 [[ $(stat -c %U /var/lib/tidemark) == tidemark ]] || fail "/var/lib/tidemark is not the tidemark user's"
 [[ $(stat -c %a /var/lib/tidemark) == 750 ]] || fail "/var/lib/tidemark is not 0750"
 # The unit's user and command, run as it runs them; port 0 so no other test's port is taken.

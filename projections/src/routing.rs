@@ -23,6 +23,43 @@ pub fn parse_duration_ms(s: &str) -> Option<u64> {
     n.checked_mul(mult)
 }
 
+/// Why the setting at `key` (`notifications.…`) was refused: the form it must have, named by its
+/// last part, so that a bad duration says what a duration is.
+fn malformed(key: &str) -> String {
+    let last = key.rsplit('.').next().unwrap_or(key);
+    let parent = key.rsplit('.').nth(1).unwrap_or("");
+    let want = match last {
+        "enabled" | "redact" => "true or false".to_owned(),
+        "stuck_after" | "base_delay" | "max_delay" | "lease_ttl" | "window" => {
+            "a duration: a whole number and a unit, ms, s, m, h or d (e.g. \"30s\", \"5m\", \"1h\")"
+                .to_owned()
+        }
+        "delay" => "two durations [\"min\", \"max\"] with min ≤ max, each a whole number and a \
+                    unit, ms, s, m, h or d (e.g. [\"0s\", \"30s\"])"
+            .to_owned(),
+        "quiet_hours" => {
+            "two clock times [\"HH:MM\", \"HH:MM\"] (e.g. [\"22:00\", \"07:00\"])".to_owned()
+        }
+        "limit" => "a whole number from 1 to 500".to_owned(),
+        "max_attempts" | "batch_size" => "a whole number from 1 to 1000".to_owned(),
+        "max_items" | "summary_after" => "a whole number, at least 1".to_owned(),
+        "max_pending" => "a whole number".to_owned(),
+        "jitter" => "a number from 0 to 1 (e.g. 0.2)".to_owned(),
+        "strategy" => "one of \"exponential\", \"linear\", \"fixed\"".to_owned(),
+        "priorities" | "sound_priorities" | "types" | "quiet_hours_bypass" => {
+            "a list of strings (e.g. [\"urgent\", \"high\"])".to_owned()
+        }
+        "routing" => "a table of priority = [route names] (e.g. urgent = [\"email\"])".to_owned(),
+        _ if parent == "routing" => "a list of route names (e.g. [\"email\", \"app\"])".to_owned(),
+        "generic_title" => "a text of 1 to 256 bytes".to_owned(),
+        "list" => "a list name of 1 to 128 bytes".to_owned(),
+        "sink" => format!("one of {}", SINKS.join(", ")),
+        "title_one" | "title_many" | "many" | "summary" => "a text of 1 to 512 bytes".to_owned(),
+        _ => "a table".to_owned(),
+    };
+    format!("{key} must be {want}")
+}
+
 /// `"HH:MM"` in minutes after midnight.
 pub fn parse_clock(s: &str) -> Option<u32> {
     let (h, m) = s.split_once(':')?;
@@ -90,7 +127,7 @@ impl Templates {
     pub const DEFAULT_SUMMARY: &'static str = "You have {count} new updates";
 
     fn parse(v: &Value, key: &str) -> Result<Templates, String> {
-        let bad = || format!("notifications.{key} is malformed");
+        let bad = || malformed(&format!("notifications.{key}"));
         let m = v.as_object().ok_or_else(bad)?;
         let mut t = Templates::default();
         for (k, x) in m {
@@ -98,15 +135,13 @@ impl Templates {
                 let srcs = x.as_object().ok_or_else(bad)?;
                 for (name, titles) in srcs {
                     let at = format!("notifications.{key}.sources.{name}");
-                    let titles = titles
-                        .as_object()
-                        .ok_or_else(|| format!("{at} is malformed"))?;
+                    let titles = titles.as_object().ok_or_else(|| malformed(&at))?;
                     let mut pair = (None, None);
                     for (tk, tv) in titles {
                         let tv = tv
                             .as_str()
                             .filter(|x| !x.is_empty() && x.len() <= 512)
-                            .ok_or_else(|| format!("{at}.{tk} is malformed"))?
+                            .ok_or_else(|| malformed(&format!("{at}.{tk}")))?
                             .to_owned();
                         match tk.as_str() {
                             "title_one" => pair.0 = Some(tv),
@@ -241,7 +276,7 @@ impl RoutingSettings {
     /// Errors name the first key that is present but malformed.
     pub fn from_json(v: &Value) -> Result<RoutingSettings, String> {
         let mut s = RoutingSettings::default();
-        let bad = |k: &str| format!("notifications.{k} is malformed");
+        let bad = |k: &str| malformed(&format!("notifications.{k}"));
         let b = |v: &Value, k: &str| v.as_bool().ok_or_else(|| bad(k));
         let dur = |v: &Value, k: &str| v.as_str().and_then(parse_duration_ms).ok_or_else(|| bad(k));
         if let Some(x) = v.get("enabled") {
@@ -390,7 +425,7 @@ impl RoutingSettings {
 /// A `retry` table over `base` (the global one, or a route's over the global); `key` names it
 /// in errors.
 fn parse_retry(base: &RetrySettings, r: &Value, key: &str) -> Result<RetrySettings, String> {
-    let bad = |k: &str| format!("notifications.{k} is malformed");
+    let bad = |k: &str| malformed(&format!("notifications.{k}"));
     let dur = |v: &Value, k: &str| v.as_str().and_then(parse_duration_ms).ok_or_else(|| bad(k));
     let mut out = base.clone();
     if let Some(x) = r.get("strategy") {
@@ -436,6 +471,24 @@ fn parse_retry(base: &RetrySettings, r: &Value, key: &str) -> Result<RetrySettin
 }
 
 impl RoutingSettings {
+    /// The routes the routing table names that are not configured (neither `dashboard`,
+    /// `desktop`, nor a `[notifications.routes.<name>]` with a sink), as (priority, route):
+    /// each of their notifications gets a `skipped` delivery (`unknown_route`, section 4),
+    /// which the server warns about at start.
+    pub fn unknown_routes(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (priority, routes) in &self.routing {
+            for route in routes {
+                let known = matches!(route.as_str(), "dashboard" | "desktop")
+                    || self.routes.get(route).is_some_and(|p| p.sink.is_some());
+                if !known && !out.iter().any(|(p, r)| p == priority && r == route) {
+                    out.push((priority.clone(), route.clone()));
+                }
+            }
+        }
+        out
+    }
+
     /// The policy of `route` (the default when it has none).
     pub fn policy(&self, route: &str) -> RoutePolicy {
         self.routes.get(route).cloned().unwrap_or_default()
@@ -727,6 +780,12 @@ mod tests {
             }],
             "an explicitly configured unknown route: one skipped row"
         );
+        assert_eq!(
+            unknown.unknown_routes(),
+            vec![("info".to_owned(), "pager".to_owned())],
+            "named once, for the start's warning"
+        );
+        assert!(warn_desktop.unknown_routes().is_empty());
     }
 
     #[test]

@@ -113,6 +113,9 @@ pub(crate) async fn notifications(a: NotificationsArgs) -> CliResult {
     }
 }
 
+/// The configuration file the Debian package installs and its unit passes to `serve`.
+pub(crate) const PACKAGED_CONFIG: &str = "/etc/tidemark/tidemark.toml";
+
 /// Keys whose values are secrets (or could be): masked in `config show`.
 fn secret_key(k: &str) -> bool {
     let k = k.to_ascii_lowercase();
@@ -177,7 +180,27 @@ pub(crate) fn effective(cfg: &Config) -> Result<Value, String> {
 
 pub(crate) fn config_show(a: ConfigArgs) -> CliResult {
     let ConfigAction::Show { config, output } = a.action;
+    // The file the server would read: the one given, else the Debian package's, which its unit
+    // passes to `serve` (and which a `config show` on that machine is asked about).
+    let config = config.or_else(|| {
+        let packaged = std::path::Path::new(PACKAGED_CONFIG);
+        packaged.exists().then(|| {
+            eprintln!("# {PACKAGED_CONFIG} (the packaged service's; --config FILE for another)");
+            packaged.to_owned()
+        })
+    });
+    // The service's secrets may be set only in its environment: an unset one is shown masked
+    // and named here, not a refusal.
+    tidemark_consumers::unset_env::tolerate();
     let cfg = Config::load(config.as_deref()).map_err(|e| e.to_string())?;
+    let unset = tidemark_consumers::unset_env::seen();
+    if !unset.is_empty() {
+        eprintln!(
+            "# not set in this environment, so masked here (the server refuses to start without \
+             them): {}",
+            unset.join(", ")
+        );
+    }
     let v = effective(&cfg)?;
     match output {
         Some(Output::Json | Output::Jsonl) => write_out(&format!("{v}\n")),

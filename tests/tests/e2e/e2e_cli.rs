@@ -504,6 +504,68 @@ async fn subscriptions_status_output_formats_config_and_completions() {
     assert_eq!(v["auth"]["tokens"][0]["name"], "ops", "{v}");
     assert_eq!(v["auth"]["tokens"][0]["sha256"], "***", "{v}");
 
+    // A secret the service's environment holds and this shell does not: masked and named, not
+    // a refusal (the server itself refuses to start without it, naming it).
+    let with_env = dir.path().join("with-env.toml");
+    std::fs::write(
+        &with_env,
+        "[privacy]\nhmac_key = \"env:TM_TEST_UNSET_KEY\"\n\
+         [notifications.routes.hook]\nsink = \"webhook\"\nurl = \"env:TM_TEST_UNSET_URL\"\n",
+    )
+    .unwrap();
+    let with_env = with_env.to_string_lossy().into_owned();
+    let out = run_cli(&["config", "show", "--config", &with_env], "", LIMIT).await;
+    let text = ok(&out, "config show with unset env secrets");
+    assert!(text.contains("hmac_key = \"***\""), "{text}");
+    let err = stderr(&out);
+    assert!(
+        err.contains("TM_TEST_UNSET_KEY, TM_TEST_UNSET_URL"),
+        "the unset variables are named: {err}"
+    );
+    let out = run_cli(
+        &[
+            "serve",
+            "--config",
+            &with_env,
+            "--listen",
+            "127.0.0.1:0",
+            "--data",
+            &dir.path().join("d").to_string_lossy(),
+        ],
+        "",
+        LIMIT,
+    )
+    .await;
+    assert!(refused(&out, "serve without its secret").contains("TM_TEST_UNSET_KEY"));
+    // Messages in the file's terms: what a duration is, the key as written (no internal
+    // `default.` prefix) with its table's keys.
+    for (toml, want) in [
+        (
+            "[notifications.outbox]\nstuck_after = \"5 minutes\"\n",
+            "notifications.outbox.stuck_after must be a duration: a whole number and a unit",
+        ),
+        (
+            "[server]\nlistn = \"127.0.0.1:1\"\n",
+            "server.listn is not a known key of [server] (known: listen,",
+        ),
+        (
+            "[server]\nkeepalive_secs = \"ten\"\n",
+            "server.keepalive_secs is string \"ten\": it must be a whole number",
+        ),
+    ] {
+        let f = dir.path().join("bad.toml");
+        std::fs::write(&f, toml).unwrap();
+        let out = run_cli(
+            &["config", "show", "--config", &f.to_string_lossy()],
+            "",
+            LIMIT,
+        )
+        .await;
+        let err = refused(&out, toml);
+        assert!(err.contains(want), "{want:?} in {err}");
+        assert!(!err.contains("default."), "{err}");
+    }
+
     for shell in ["bash", "zsh", "fish"] {
         let out = run_cli(&["completions", shell], "", LIMIT).await;
         let script = ok(&out, "completions");

@@ -1240,6 +1240,15 @@ async fn kpis_count_a_known_mix() {
     let skipped = wait_status(&s, "dlv:k-info:pager", "skipped").await;
     assert_eq!(skipped["reason"], "unknown_route", "{skipped}");
     assert_eq!(skipped["sink"], "none", "{skipped}");
+    // Kept (section 4), and said at start: a WARN naming the route and its priority.
+    let warned = s.stderr().lines().any(|l| {
+        l.contains("WARN") && l.contains("notifications.routing.info names the route \"pager\"")
+    });
+    assert!(
+        warned,
+        "no start warning for the unknown route: {}",
+        s.stderr()
+    );
 
     let got = claim(&s, "A", 5, 60_000).await;
     assert_eq!(got.len(), 5);
