@@ -34,6 +34,11 @@ pub mod streams;
 
 use tidemark_engine::Engine;
 
+/// How tidemark names itself to the servers it calls (`User-Agent` of webhooks and source
+/// polls, `X-Mailer` of email): a receiver's logs can tell its requests, and the release that
+/// sent them, from anyone else's.
+pub const USER_AGENT: &str = concat!("tidemark/", env!("CARGO_PKG_VERSION"));
+
 /// A configured value that may name an environment variable (`env:NAME`): the variable's
 /// value, or the text itself. Secrets (source headers, SMTP credentials, webhook URLs and
 /// secrets) enter this way and are never written in the file.

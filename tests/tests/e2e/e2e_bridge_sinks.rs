@@ -1203,6 +1203,7 @@ async fn a_stock_standard_webhooks_verifier_accepts_the_signature() {
                 .to_owned()
         };
         assert!(h("webhook-signature").starts_with("v1,"), "{hit:?}");
+        assert_eq!(h("user-agent"), crate::e2e_dispatch::USER_AGENT, "{hit:?}");
         // The legacy header is the same HMAC in hex.
         let legacy = h("tidemark-signature");
         let std_bytes = base64::engine::general_purpose::STANDARD

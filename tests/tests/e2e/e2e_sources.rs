@@ -41,8 +41,8 @@ struct Upstream {
     requests: Vec<(Instant, Option<String>, u32, Option<String>)>,
     /// Every ack: (idempotency key, ids).
     acks: Vec<(String, Vec<String>)>,
-    /// Every list request's `X-Request-ID` and `Idempotency-Key` headers.
-    request_ids: Vec<(Option<String>, Option<String>)>,
+    /// Every list request's `X-Request-ID`, `Idempotency-Key` and `User-Agent` headers.
+    request_ids: Vec<(Option<String>, Option<String>, Option<String>)>,
     /// Delay before answering an ack.
     ack_delay: Duration,
 }
@@ -86,7 +86,11 @@ async fn list(State(up): State<Up>, headers: HeaderMap, Query(q): Query<ListQuer
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
     };
-    let ids = (header("x-request-id"), header("idempotency-key"));
+    let ids = (
+        header("x-request-id"),
+        header("idempotency-key"),
+        header("user-agent"),
+    );
     let (fault, page) = up.with(|u| {
         u.requests
             .push((Instant::now(), q.after_id.clone(), q.limit, auth));
@@ -1135,7 +1139,8 @@ async fn a_source_waits_at_its_backpressure_threshold_before_the_outbox_is_full(
 
 /// Every poll request carries a request id of its own (a UUID) and, with `idempotency_header`,
 /// an idempotency key naming the source, the watermark it reads after and the poll's series:
-/// the same when a failed poll is retried, a new one for the next poll after a success.
+/// the same when a failed poll is retried, a new one for the next poll after a success; and
+/// names tidemark and its release as its `User-Agent`.
 #[tokio::test]
 async fn poll_requests_carry_a_request_id_and_an_idempotency_key() {
     let (up, addr) = start_upstream().await;
@@ -1158,7 +1163,12 @@ async fn poll_requests_carry_a_request_id_and_an_idempotency_key() {
     let (reqs, ids) = up.with(|u| (u.requests.clone(), u.request_ids.clone()));
     let mut seen = std::collections::HashSet::new();
     let mut series = Vec::new();
-    for ((_, after, _, _), (rid, key)) in reqs.iter().zip(&ids) {
+    for ((_, after, _, _), (rid, key, agent)) in reqs.iter().zip(&ids) {
+        assert_eq!(
+            agent.as_deref(),
+            Some(crate::e2e_dispatch::USER_AGENT),
+            "{ids:?}"
+        );
         let rid = rid.as_deref().expect("x-request-id");
         assert!(uuid::Uuid::parse_str(rid).is_ok(), "{rid}");
         assert!(seen.insert(rid.to_owned()), "request ids repeat");
