@@ -12,6 +12,8 @@
 //!   its webhook sink, the pull cache, the ack planner and the confirmation that advances a
 //!   subscription's cursor.
 //! - [`retention`]: the periodic purge of what left the retention window.
+//! - [`retry_after`]: the wait a server asks for (`Retry-After`, or a JSON body's
+//!   `retryAfter`), read one way by the webhook sinks and the source poller.
 //! - [`streams`]: the live streams' wake-ups ([`streams::StreamHub`]): a stream is woken only
 //!   by a page holding an event of its filter.
 
@@ -27,6 +29,7 @@ pub mod bridge;
 pub mod dispatch;
 pub mod follow;
 pub mod retention;
+pub mod retry_after;
 pub mod router;
 pub mod scheduler;
 pub mod sources;
