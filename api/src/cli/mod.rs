@@ -388,12 +388,32 @@ pub enum DeliveriesAction {
         /// queued, leased, retry_wait, sent, parked, discarded, skipped, cancelled.
         #[arg(long)]
         status: Option<String>,
+        /// Only deliveries to this sink (`app`, `email`, `webhook`, ...).
         #[arg(long)]
         sink: Option<String>,
+        /// Only deliveries of this route (a `[notifications.routes.<name>]`).
         #[arg(long)]
         route: Option<String>,
+        /// Only deliveries to this recipient.
         #[arg(long)]
         recipient: Option<String>,
+        /// Only deliveries carrying this notification (a digest it joined too; a redacted
+        /// delivery is found by the notification id as well).
+        #[arg(long)]
+        notification_id: Option<String>,
+        /// Only deliveries of notifications from this `source.site_id`.
+        #[arg(long)]
+        source_site: Option<String>,
+        /// Only deliveries created at or after this time (RFC 3339, e.g.
+        /// 2026-11-28T09:00:00Z).
+        #[arg(long)]
+        created_after: Option<String>,
+        /// Only deliveries created before this time (RFC 3339).
+        #[arg(long)]
+        created_before: Option<String>,
+        /// Only deliveries whose title (or a digest item's) contains this text, any case.
+        #[arg(long)]
+        search: Option<String>,
         /// Only deliveries of notifications of this type.
         #[arg(long = "type")]
         ntype: Option<String>,
