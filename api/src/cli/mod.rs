@@ -528,8 +528,8 @@ pub struct ProjectionsArgs {
 pub enum ProjectionsAction {
     /// Each projection's checkpoint, lag and digest.
     List,
-    /// Rebuild one projection from the log and switch to it (progress on stderr when it is a
-    /// terminal); prints its report.
+    /// Rebuild one projection from the log and switch to it; prints its report. On a terminal,
+    /// one that runs longer than half a second shows its progress on stderr.
     Rebuild {
         /// The projection (`tidemark projections list` names them).
         name: String,
