@@ -265,7 +265,7 @@ impl<L: EventLog + Clone> Queries<L> {
     pub fn notifications_with_task_seq(
         &self,
         f: &NotificationFilter,
-    ) -> R<(Vec<(Notification, u64)>, Option<u64>)> {
+    ) -> R<read::NotificationsWithTaskSeq> {
         self.floor(0)?;
         Ok(read::notifications_with_task_seq(&self.models.db(), f)?)
     }

@@ -460,6 +460,10 @@ pub fn notifications(
     notifications_in(&Reader::new(db)?, f)
 }
 
+/// A page of notifications, each with its task's `latest_event_seq`, and the `before_seq` of
+/// the next page.
+pub type NotificationsWithTaskSeq = (Vec<(Notification, u64)>, Option<u64>);
+
 /// [`notifications`], each with the `latest_event_seq` of its task (0 when it names no task
 /// or its task has no events), read in the same transaction: the seed a dashboard opens the
 /// task's stream after (`/v1/tasks/{id}/stream?after_sequence=…`, seed 002), so no event
@@ -467,7 +471,7 @@ pub fn notifications(
 pub fn notifications_with_task_seq(
     db: &redb::Database,
     f: &NotificationFilter,
-) -> Result<(Vec<(Notification, u64)>, Option<u64>), StorageError> {
+) -> Result<NotificationsWithTaskSeq, StorageError> {
     let r = Reader::new(db)?;
     let (rows, next) = notifications_in(&r, f)?;
     let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();

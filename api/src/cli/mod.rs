@@ -439,6 +439,10 @@ pub struct DeliveriesArgs {
 }
 
 #[derive(Debug, Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "parsed once per process from the command line; boxing the filters buys nothing"
+)]
 pub enum DeliveriesAction {
     /// Deliveries, newest first (or by id), filtered (all pages unless --limit); `-o jsonl` prints each page as it
     /// comes.
