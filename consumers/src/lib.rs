@@ -12,6 +12,8 @@
 //!   its webhook sink, the pull cache, the ack planner and the confirmation that advances a
 //!   subscription's cursor.
 //! - [`retention`]: the periodic purge of what left the retention window.
+//! - [`retry_after`]: the wait a server asks for (`Retry-After`, or a JSON body's
+//!   `retryAfter`), read one way by the webhook sinks and the source poller.
 //! - [`streams`]: the live streams' wake-ups ([`streams::StreamHub`]): a stream is woken only
 //!   by a page holding an event of its filter.
 
@@ -27,12 +29,18 @@ pub mod bridge;
 pub mod dispatch;
 pub mod follow;
 pub mod retention;
+pub mod retry_after;
 pub mod router;
 pub mod scheduler;
 pub mod sources;
 pub mod streams;
 
 use tidemark_engine::Engine;
+
+/// How tidemark names itself to the servers it calls (`User-Agent` of webhooks and source
+/// polls, `X-Mailer` of email): a receiver's logs can tell its requests, and the release that
+/// sent them, from anyone else's.
+pub const USER_AGENT: &str = concat!("tidemark/", env!("CARGO_PKG_VERSION"));
 
 /// A configured value that may name an environment variable (`env:NAME`): the variable's
 /// value, or the text itself. Secrets (source headers, SMTP credentials, webhook URLs and

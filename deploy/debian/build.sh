@@ -22,12 +22,29 @@ bash deploy/debian/config.sh > "$stage/etc/tidemark/tidemark.toml"
 for doc in README.md CHANGELOG.md docs/operations.md docs/configuration.md docs/upgrading.md; do
   install -D -m 0644 "$doc" "$stage/usr/share/doc/tidemark/$(basename "$doc")"
 done
-cat > "$stage/usr/share/doc/tidemark/copyright" <<'COPY'
+# The copyright file (machine-readable format 1.0) carries both licenses' texts, taken from the
+# repository's LICENSE-MIT and LICENSE-APACHE so the package cannot say otherwise than the
+# source: each line indented by one space, an empty line written " .".
+license_text() { sed -e '/./,$!d' -e 's/[[:space:]]*$//' -e 's/^$/./' -e 's/^/ /' "$1"; }
+holder=$(sed -n 's/^Copyright (c) //p' LICENSE-MIT)
+[[ -n $holder ]] || { echo "build.sh: LICENSE-MIT names no copyright holder" >&2; exit 1; }
+{
+  cat <<COPY
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: tidemark
+Upstream-Contact: tidemark developers <dev@tidemark.invalid>
+
 Files: *
+Copyright: $holder
 License: MIT or Apache-2.0
+
+License: MIT
 COPY
+  license_text LICENSE-MIT
+  echo
+  echo "License: Apache-2.0"
+  license_text LICENSE-APACHE
+} > "$stage/usr/share/doc/tidemark/copyright"
 for s in postinst prerm postrm; do install -m 0755 "deploy/debian/$s" "$stage/DEBIAN/$s"; done
 echo /etc/tidemark/tidemark.toml > "$stage/DEBIAN/conffiles"
 size=$(du -sk --exclude=DEBIAN "$stage" | cut -f1)

@@ -261,6 +261,15 @@ impl<L: EventLog + Clone> Queries<L> {
         Ok(read::notifications(&self.models.db(), f)?)
     }
 
+    /// [`Queries::notifications`], each with its task's `latest_event_seq` (0 without one).
+    pub fn notifications_with_task_seq(
+        &self,
+        f: &NotificationFilter,
+    ) -> R<read::NotificationsWithTaskSeq> {
+        self.floor(0)?;
+        Ok(read::notifications_with_task_seq(&self.models.db(), f)?)
+    }
+
     /// The status record of one notification (`None`: no notification has that id).
     pub fn notification_status(&self, id: &NotificationId) -> R<Option<NotificationStatus>> {
         self.floor(0)?;

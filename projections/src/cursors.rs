@@ -101,7 +101,8 @@ pub struct CursorEvent {
     /// Failed: the error, bounded.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub error: Option<String>,
-    /// Reset: the token that asked for it (absent in open mode).
+    /// Reset: the token that asked for it (`null` in open mode: the reset command writes it;
+    /// resets of older releases have none).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub by: Option<String>,
     pub at_us: i64,

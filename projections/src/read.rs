@@ -457,7 +457,48 @@ pub fn notifications(
     db: &redb::Database,
     f: &NotificationFilter,
 ) -> Result<(Vec<Notification>, Option<u64>), StorageError> {
+    notifications_in(&Reader::new(db)?, f)
+}
+
+/// A page of notifications, each with its task's `latest_event_seq`, and the `before_seq` of
+/// the next page.
+pub type NotificationsWithTaskSeq = (Vec<(Notification, u64)>, Option<u64>);
+
+/// [`notifications`], each with the `latest_event_seq` of its task (0 when it names no task
+/// or its task has no events), read in the same transaction: the seed a dashboard opens the
+/// task's stream after (`/v1/tasks/{id}/stream?after_sequence=…`, seed 002), so no event
+/// between the read and the stream's start is missed.
+pub fn notifications_with_task_seq(
+    db: &redb::Database,
+    f: &NotificationFilter,
+) -> Result<NotificationsWithTaskSeq, StorageError> {
     let r = Reader::new(db)?;
+    let (rows, next) = notifications_in(&r, f)?;
+    let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    let mut out = Vec::with_capacity(rows.len());
+    for n in rows {
+        let seq = match &n.task_id {
+            None => 0,
+            Some(t) => match seen.get(t) {
+                Some(s) => *s,
+                None => {
+                    let s = r
+                        .get_val::<Task>(tasks::NAME, tasks::ROWS, t.as_bytes())?
+                        .map_or(0, |t| t.latest_event_seq);
+                    seen.insert(t.clone(), s);
+                    s
+                }
+            },
+        };
+        out.push((n, seq));
+    }
+    Ok((out, next))
+}
+
+fn notifications_in(
+    r: &Reader,
+    f: &NotificationFilter,
+) -> Result<(Vec<Notification>, Option<u64>), StorageError> {
     let Some(rows) = r.table(notifications::NAME, notifications::BY_SEQ)? else {
         return Ok((Vec::new(), None));
     };
@@ -476,7 +517,7 @@ pub fn notifications(
         from: before.as_ref().map(<[u8; 8]>::as_slice),
         order: Order::Desc,
     };
-    let (out, next) = paged(&r, notifications::NAME, &rows, walk, f.limit.max(1), keep)?;
+    let (out, next) = paged(r, notifications::NAME, &rows, walk, f.limit.max(1), keep)?;
     Ok((out, next.map(|p| p.key)))
 }
 

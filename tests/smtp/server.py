@@ -5,7 +5,7 @@
 
 Listens on 127.0.0.1 on a free port, writes the port to DIR/port and its pid to DIR/pid, and
 appends every accepted message to DIR/messages.jsonl as one JSON object per line:
-{"mail_from", "rcpt_tos", "message_id", "subject", "data"}. With OWNER_PID it exits once that
+{"mail_from", "rcpt_tos", "message_id", "subject", "x_mailer", "data"}. With OWNER_PID it exits once that
 process is gone, so a test that dies never leaves it behind.
 
 Behaviour is scripted by the recipient's local part, so one server serves every case:
@@ -62,6 +62,7 @@ class Handler:
             "rcpt_tos": envelope.rcpt_tos,
             "message_id": msg.get("Message-ID"),
             "subject": msg.get("Subject"),
+            "x_mailer": msg.get("X-Mailer"),
             "data": envelope.content.decode("utf-8", "replace"),
         }
         with open(os.path.join(DIR, "messages.jsonl"), "a") as f:

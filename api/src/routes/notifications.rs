@@ -29,6 +29,10 @@ pub struct NotificationOut {
     /// Time of the event that created it.
     #[schema(value_type = String)]
     pub time: Micros,
+    /// The `latest_event_seq` of its task (`task_id`) as of this answer, 0 when it names no
+    /// task or the task has no events: open `GET /v1/tasks/{task_id}/stream` with
+    /// `after_sequence` set to it, and no event of the task after this read is missed.
+    pub latest_event_seq: u64,
     #[serde(flatten)]
     pub provenance: ProvenanceOut,
 }
@@ -59,9 +63,11 @@ impl From<tidemark_projections::notifications::Provenance> for ProvenanceOut {
     }
 }
 
-impl From<Notification> for NotificationOut {
-    fn from(n: Notification) -> Self {
+impl NotificationOut {
+    /// The row with its task's `latest_event_seq`.
+    fn new(n: Notification, latest_event_seq: u64) -> Self {
         NotificationOut {
+            latest_event_seq,
             provenance: n.ext.into(),
             time: Micros(n.time_us),
             notification_id: n.notification_id,
@@ -142,14 +148,17 @@ pub async fn list(
     let enabled = st.routing.dashboard_enabled;
     let ((items, next), as_of_seq) = crate::routes::read_model(&st.engine, min_seq, move |r| {
         if enabled {
-            r.notifications(&f)
+            r.notifications_with_task_seq(&f)
         } else {
             Ok((Vec::new(), None))
         }
     })
     .await?;
     Ok(Json(NotificationsPage {
-        notifications: items.into_iter().map(NotificationOut::from).collect(),
+        notifications: items
+            .into_iter()
+            .map(|(n, seq)| NotificationOut::new(n, seq))
+            .collect(),
         next_before_seq: next,
         dashboard_enabled: (!enabled).then_some(false),
         as_of_seq,
@@ -201,7 +210,7 @@ pub struct NotificationStatusOut {
 }
 
 impl NotificationStatusOut {
-    fn new(s: NotificationStatus, as_of_seq: u64) -> Self {
+    fn new(s: NotificationStatus, task_seq: u64, as_of_seq: u64) -> Self {
         let mut resolved_targets: Vec<String> = Vec::new();
         for t in s
             .deliveries
@@ -214,7 +223,7 @@ impl NotificationStatusOut {
         }
         NotificationStatusOut {
             resolved_targets,
-            notification: NotificationOut::from(s.notification),
+            notification: NotificationOut::new(s.notification, task_seq),
             status: s.status.to_owned(),
             attempts: s.attempts,
             last_error: s.last_error,
@@ -258,10 +267,20 @@ pub async fn get(
 ) -> Result<Json<NotificationStatusOut>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     let key: crate::request::NotificationId = crate::request::path_id(id.clone())?;
-    let (found, as_of_seq) =
-        crate::routes::read_model(&st.engine, q.seq()?, move |r| r.notification_status(&key))
-            .await?;
-    let s = found.ok_or_else(|| {
+    let (found, as_of_seq) = crate::routes::read_model(&st.engine, q.seq()?, move |r| {
+        let Some(s) = r.notification_status(&key)? else {
+            return Ok(None);
+        };
+        let task_seq = match &s.notification.task_id {
+            Some(t) => r
+                .task(&crate::request::TaskId::new(t.as_str()))?
+                .map_or(0, |t| t.latest_event_seq),
+            None => 0,
+        };
+        Ok(Some((s, task_seq)))
+    })
+    .await?;
+    let (s, task_seq) = found.ok_or_else(|| {
         ApiError::new(
             axum::http::StatusCode::NOT_FOUND,
             "notification_not_found",
@@ -270,5 +289,5 @@ pub async fn get(
     })?;
     metrics::counter!("tidemark_notification_status_reads_total", "status" => s.status)
         .increment(1);
-    Ok(Json(NotificationStatusOut::new(s, as_of_seq)))
+    Ok(Json(NotificationStatusOut::new(s, task_seq, as_of_seq)))
 }

@@ -314,14 +314,15 @@ impl Signatures {
     }
 }
 
-/// The wait a webhook receiver asks for with `429`/`503` and `Retry-After` (whole seconds),
-/// capped at an hour; `None` for other answers or a header that is not a number of seconds.
+/// The wait a webhook receiver asks for with `429`/`503` and `Retry-After` (seconds or an HTTP
+/// date, [`crate::retry_after::header`]), capped at an hour; `None` for other answers or a
+/// header that is neither.
 pub fn receiver_retry_after_ms(status: u16, retry_after: Option<&str>) -> Option<u64> {
     if status != 429 && status != 503 {
         return None;
     }
-    let secs: u64 = retry_after?.trim().parse().ok()?;
-    Some(secs.min(3600) * 1000)
+    let wait = crate::retry_after::header(retry_after?, std::time::SystemTime::now())?;
+    Some(wait.as_millis().min(3_600_000) as u64)
 }
 
 #[cfg(test)]
@@ -335,9 +336,22 @@ mod webhook_tests {
         assert_eq!(receiver_retry_after_ms(503, Some("86400")), Some(3_600_000));
         assert_eq!(receiver_retry_after_ms(500, Some("2")), None);
         assert_eq!(receiver_retry_after_ms(429, None), None);
+        assert_eq!(receiver_retry_after_ms(429, Some("soon")), None);
+        // An HTTP date: the wait until then (none once past), capped the same way.
         assert_eq!(
             receiver_retry_after_ms(429, Some("Wed, 21 Oct 2015 07:28:00 GMT")),
-            None
+            Some(0)
+        );
+        let at = |s: u64| {
+            httpdate::fmt_http_date(
+                std::time::SystemTime::now() + std::time::Duration::from_secs(s),
+            )
+        };
+        let ms = receiver_retry_after_ms(503, Some(&at(120))).unwrap();
+        assert!((118_000..=120_000).contains(&ms), "{ms}");
+        assert_eq!(
+            receiver_retry_after_ms(503, Some(&at(86_400))),
+            Some(3_600_000)
         );
     }
 

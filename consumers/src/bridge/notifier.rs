@@ -54,6 +54,7 @@ pub fn spawn(
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let http = match reqwest::Client::builder()
+            .user_agent(crate::USER_AGENT)
             .timeout(Duration::from_secs(10))
             .build()
         {

@@ -1,11 +1,12 @@
 //! The email adapter (spec section 17) on `lettre`: `smtp://` (STARTTLS when the server offers
 //! it), `smtps://` (implicit TLS), optional credentials from the environment. One message per
 //! delivery to its recipient's address, with a `Message-ID` derived from the delivery id (the
-//! same on every retry, so a receiver can drop a repeat), a plain-text and a minimal HTML
+//! same on every retry, so a receiver can drop a repeat) and `X-Mailer: tidemark/<version>`, a plain-text and a minimal HTML
 //! part; a digest is one email listing its items.
 
 use std::time::Duration;
 
+use lettre::message::header::{HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart};
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::{Tls, TlsParameters};
@@ -126,6 +127,10 @@ impl Email {
             .to(to)
             .subject(d.title.clone())
             .message_id(Some(id))
+            .raw_header(HeaderValue::new(
+                HeaderName::new_from_ascii_str("X-Mailer"),
+                crate::USER_AGENT.to_owned(),
+            ))
             .multipart(MultiPart::alternative_plain_html(
                 text,
                 format!(

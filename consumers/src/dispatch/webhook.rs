@@ -90,6 +90,7 @@ impl Webhook {
     pub fn new(cfg: &WebhookConfig, routes: HashMap<String, Target>) -> Result<Webhook, String> {
         let (timeout, concurrency) = super::pool("webhook", &cfg.timeout, cfg.concurrency)?;
         let http = reqwest::Client::builder()
+            .user_agent(crate::USER_AGENT)
             .timeout(timeout)
             .redirect(reqwest::redirect::Policy::none())
             .build()

@@ -145,7 +145,9 @@ pub fn spawn(
     max_pending: u64,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
+    // A source's own `User-Agent` header, if configured, takes the place of this one.
     let client = reqwest::Client::builder()
+        .user_agent(crate::USER_AGENT)
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap_or_default();

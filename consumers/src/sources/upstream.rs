@@ -3,8 +3,6 @@
 //! pointer that failed), and the ack. Errors never carry anything of the request (headers,
 //! URL query).
 
-use std::time::Duration;
-
 use serde_json::Value;
 use tidemark_engine::commands::SourceItem;
 
@@ -70,9 +68,8 @@ pub(super) async fn request(
         );
     }
     let resp = req.send().await.map_err(|e| transport(&e))?;
-    let status = resp.status();
-    if !status.is_success() {
-        return Err(status_error(status, resp.headers()));
+    if !resp.status().is_success() {
+        return Err(error_answer(resp).await);
     }
     read_bounded(resp).await
 }
@@ -91,16 +88,41 @@ pub(super) fn transport(e: &reqwest::Error) -> PollError {
     PollError::Transient(Some(class), what.into())
 }
 
+/// Largest part of an error answer's body read for its `retryAfter`.
+const MAX_ERROR_BODY_BYTES: usize = 64 << 10;
+
+/// An error answer judged ([`status_error`]); a `429`/`503`'s body is read (its first 64 KiB)
+/// for a `retryAfter` the upstream may say there instead of in the header.
+async fn error_answer(mut resp: reqwest::Response) -> PollError {
+    let (status, headers) = (resp.status(), resp.headers().clone());
+    let mut body = Vec::new();
+    if matches!(status.as_u16(), 429 | 503) {
+        // A body that fails half-way is judged on what came: the status is the answer.
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            body.extend_from_slice(&chunk);
+            if body.len() > MAX_ERROR_BODY_BYTES {
+                body.clear();
+                break;
+            }
+        }
+    }
+    status_error(status, &headers, &body)
+}
+
+/// An error answer's class. A `429`/`503` that says how long to wait — `Retry-After` as
+/// seconds or an HTTP date, else the JSON body's `retryAfter` (seed 004's upstream writes
+/// `{"error": …, "retryAfter": 60}`) — waits that long (capped by `retry_after_max`).
 pub(super) fn status_error(
     status: reqwest::StatusCode,
     headers: &reqwest::header::HeaderMap,
+    body: &[u8],
 ) -> PollError {
     let code = status.as_u16();
     let retry_after = headers
         .get(reqwest::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Duration::from_secs);
+        .and_then(|v| crate::retry_after::header(v, std::time::SystemTime::now()))
+        .or_else(|| crate::retry_after::body(body));
     match (code, retry_after) {
         (429 | 503, Some(d)) => {
             PollError::RetryAfter(d, Some("rate_limited"), format!("status {code}"))
@@ -217,6 +239,13 @@ pub(super) async fn send_ack(
 ) -> Result<(), PollError> {
     let mut body = serde_json::Map::new();
     body.insert(ack.field.clone(), Value::from(ids.to_vec()));
+    // When tidemark acknowledged them (seed 004: `"acknowledgedAt": "2025-01-01T12:00:00Z"`,
+    // UTC to the second): the time of this request, so a repeat after a crash says when it
+    // was sent, under the same idempotency key.
+    body.insert(
+        "acknowledgedAt".to_owned(),
+        Value::from(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+    );
     let resp = client
         .post(&ack.url)
         .headers(src.headers.clone())
@@ -230,7 +259,7 @@ pub(super) async fn send_ack(
         .await
         .map_err(|e| transport(&e))?;
     if !resp.status().is_success() {
-        return Err(status_error(resp.status(), resp.headers()));
+        return Err(error_answer(resp).await);
     }
     Ok(())
 }
@@ -291,22 +320,59 @@ mod tests {
 
     #[test]
     fn retry_after_and_statuses() {
+        use reqwest::StatusCode as S;
+        use std::time::Duration;
+        let wait = |e: PollError| match e {
+            PollError::RetryAfter(d, Some("rate_limited"), _) => Some(d),
+            _ => None,
+        };
         let mut h = reqwest::header::HeaderMap::new();
         h.insert(reqwest::header::RETRY_AFTER, "7".parse().unwrap());
+        assert_eq!(
+            wait(status_error(S::TOO_MANY_REQUESTS, &h, b"")),
+            Some(Duration::from_secs(7))
+        );
+        // The header wins over the body.
+        assert_eq!(
+            wait(status_error(
+                S::TOO_MANY_REQUESTS,
+                &h,
+                br#"{"retryAfter":60}"#
+            )),
+            Some(Duration::from_secs(7))
+        );
+        // An HTTP date: the wait until then.
+        let at = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(90));
+        h.insert(reqwest::header::RETRY_AFTER, at.parse().unwrap());
+        let d = wait(status_error(S::SERVICE_UNAVAILABLE, &h, b"")).unwrap();
         assert!(
-            matches!(status_error(reqwest::StatusCode::TOO_MANY_REQUESTS, &h), PollError::RetryAfter(d, Some("rate_limited"), _) if d == Duration::from_secs(7))
+            d > Duration::from_secs(80) && d <= Duration::from_secs(90),
+            "{d:?}"
         );
         let none = reqwest::header::HeaderMap::new();
+        // The body's `retryAfter` when the header says nothing.
+        assert_eq!(
+            wait(status_error(
+                S::TOO_MANY_REQUESTS,
+                &none,
+                br#"{"error":"Rate limit exceeded","retryAfter":60}"#
+            )),
+            Some(Duration::from_secs(60))
+        );
         assert!(matches!(
-            status_error(reqwest::StatusCode::UNAUTHORIZED, &none),
+            status_error(S::TOO_MANY_REQUESTS, &none, b"{}"),
+            PollError::Transient(Some("server_error"), _)
+        ));
+        assert!(matches!(
+            status_error(S::UNAUTHORIZED, &none, b""),
             PollError::Unauthorized(_)
         ));
         assert!(matches!(
-            status_error(reqwest::StatusCode::BAD_GATEWAY, &none),
+            status_error(S::BAD_GATEWAY, &none, b""),
             PollError::Transient(Some("server_error"), _)
         ));
         assert!(
-            matches!(status_error(reqwest::StatusCode::NOT_FOUND, &none), PollError::Park(e) if e == "status 404")
+            matches!(status_error(S::NOT_FOUND, &none, b""), PollError::Park(e) if e == "status 404")
         );
     }
 }

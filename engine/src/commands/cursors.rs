@@ -80,7 +80,12 @@ fn event(kind: &str, consumer_id: &str, c: &CursorEvent) -> Result<NewEvent, Com
         consumer_id: long.as_ref().map(|_| consumer_id.to_owned()),
         ..c.clone()
     };
-    let v = serde_json::to_value(&c).map_err(|e| CommandError::Models(StorageError::of(e)))?;
+    let mut v = serde_json::to_value(&c).map_err(|e| CommandError::Models(StorageError::of(e)))?;
+    // A reset is an operator action: it says who did it, `"by": null` in open mode (spec
+    // section 8), as every other operator event does. It once left `by` out in open mode.
+    if kind == "reset" && c.by.is_none() {
+        v["by"] = serde_json::Value::Null;
+    }
     NewEvent::new(
         None,
         Stream::Cursors,

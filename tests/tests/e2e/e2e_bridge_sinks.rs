@@ -46,6 +46,8 @@ enum Answer {
     Gated(u16),
     /// Answer with this status and `Retry-After: <seconds>`.
     RetryAfter(u16, u64),
+    /// Answer with this status and `Retry-After: <HTTP date this many seconds on>`.
+    RetryAt(u16, u64),
 }
 
 /// One POST the receiver got.
@@ -117,6 +119,14 @@ async fn hook_handler(
             return (
                 AxStatus::from_u16(s).expect("valid status"),
                 [("retry-after", secs.to_string())],
+            )
+                .into_response();
+        }
+        Answer::RetryAt(s, secs) => {
+            let at = std::time::SystemTime::now() + Duration::from_secs(secs);
+            return (
+                AxStatus::from_u16(s).expect("valid status"),
+                [("retry-after", httpdate::fmt_http_date(at))],
             )
                 .into_response();
         }
@@ -554,14 +564,17 @@ async fn completed_with_webhook(
 }
 
 /// A receiver that answers `429` or `503` with `Retry-After` is left alone that long (the
-/// backoff here is 100–400 ms, so the waits below are the receiver's), and every retry is
-/// signed anew under the same `webhook-id`.
+/// backoff here is 100–400 ms, so the waits below are the receiver's), whether it says
+/// seconds or an HTTP date (read only as seconds once, a date fell back to the backoff), and
+/// every retry is signed anew under the same `webhook-id`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_webhook_receivers_retry_after_is_honoured() {
     let clock = Arc::new(AtomicU64::new(0));
     let hook = Receiver::start(clock, |i| match i {
         0 => Answer::RetryAfter(429, 2),
         1 => Answer::RetryAfter(503, 1),
+        // A date to the second, 3 s on: at least 2 s from now.
+        2 => Answer::RetryAt(503, 3),
         _ => Answer::Status(200),
     })
     .await;
@@ -570,7 +583,7 @@ async fn a_webhook_receivers_retry_after_is_honoured() {
     let (s, seq) = completed_with_webhook(&hook, secret, (task, sub, bridge)).await;
     wait_cursor_at(&s, sub, task, seq).await;
     let hits = hook.hits();
-    assert_eq!(hits.len(), 3, "429, 503, then 200: {hits:?}");
+    assert_eq!(hits.len(), 4, "429, 503, 503, then 200: {hits:?}");
     let gap = |a: usize, b: usize| hits[b].at.duration_since(hits[a].at);
     assert!(
         gap(0, 1) >= Duration::from_millis(1_900),
@@ -581,6 +594,11 @@ async fn a_webhook_receivers_retry_after_is_honoured() {
         gap(1, 2) >= Duration::from_millis(900),
         "Retry-After: 1 waited only {:?}",
         gap(1, 2)
+    );
+    assert!(
+        gap(2, 3) >= Duration::from_millis(1_900),
+        "Retry-After: <a date 3 s on> waited only {:?}",
+        gap(2, 3)
     );
     for h in &hits {
         assert_signed(h, secret);
@@ -1203,6 +1221,7 @@ async fn a_stock_standard_webhooks_verifier_accepts_the_signature() {
                 .to_owned()
         };
         assert!(h("webhook-signature").starts_with("v1,"), "{hit:?}");
+        assert_eq!(h("user-agent"), crate::e2e_dispatch::USER_AGENT, "{hit:?}");
         // The legacy header is the same HMAC in hex.
         let legacy = h("tidemark-signature");
         let std_bytes = base64::engine::general_purpose::STANDARD

@@ -1742,6 +1742,8 @@ async fn cursors_api_advance_replay_conflicts_and_reset() {
     assert_eq!(ev[0]["subject"], c1, "{}", ev[0]);
     assert_eq!(ev[0]["payload"]["from"], seqs[4], "{}", ev[0]);
     assert_eq!(ev[0]["payload"]["to"], seqs[0], "{}", ev[0]);
+    // Who reset it: nobody named, in open mode, said as `null` (it was left out).
+    assert_eq!(ev[0]["payload"].get("by"), Some(&Value::Null), "{}", ev[0]);
     assert_eq!(
         ev[0]["payload"]["reason"], "replay the orders after a bad deploy",
         "{}",

@@ -1297,3 +1297,117 @@ async fn deliveries_list_newest_first_by_default() {
     );
     assert_eq!(ids(by_id), vec![dl("ord-a"), dl("ord-b"), dl("ord-c")]);
 }
+
+/// `deliveries list` filters as the console does: by notification, source site, creation time
+/// and title text (the CLI once had only status, sink, route, recipient, type and list, so an
+/// operator in a shell could not narrow a large outbox to one site or one hour). A time that
+/// is not RFC 3339 is the server's `400 invalid_query`, said as such.
+#[tokio::test]
+async fn deliveries_list_takes_the_consoles_filters() {
+    let s = Server::start(ServerOpts::default()).await;
+    let note = |id: &str, site: Option<&str>, title: &str| {
+        let mut p = json!({"priority": "urgent", "title": title});
+        if let Some(site) = site {
+            p["source"] = json!({"site_id": site});
+        }
+        crate::common::notif_ev(id, p)
+    };
+    // One at a time, so their creation times are in this order.
+    for (id, site, title) in [
+        ("cf-1", Some("plant-a"), "Pump 1 stopped"),
+        ("cf-2", Some("plant-b"), "Valve 2 open"),
+        ("cf-3", Some("plant-a"), "pump 3 STOPPED"),
+        ("cf-4", None, "Door 4 open"),
+    ] {
+        crate::common::append_ok(&s, &note(id, site, title)).await;
+        crate::e2e_deliveries::wait_status(&s, &format!("dlv:{id}:desktop"), "queued").await;
+    }
+    let dl = |id: &str| format!("dlv:{id}:desktop");
+    let list = |args: Vec<String>| {
+        let s = &s;
+        async move {
+            let mut a: Vec<&str> = vec!["deliveries", "list", "--order", "id", "-o", "json"];
+            a.extend(args.iter().map(String::as_str));
+            a.extend(["--url", s.base()]);
+            let out = ok(&run_cli(&a, "", LIMIT).await, &a.join(" "));
+            let v: Value = serde_json::from_str(&out).expect("one JSON document");
+            v.as_array()
+                .expect("an array")
+                .iter()
+                .map(|d| d["id"].as_str().expect("id").to_owned())
+                .collect::<Vec<String>>()
+        }
+    };
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        list(args(&["--notification-id", "cf-2"])).await,
+        [dl("cf-2")]
+    );
+    assert_eq!(
+        list(args(&["--source-site", "plant-a"])).await,
+        [dl("cf-1"), dl("cf-3")]
+    );
+    assert_eq!(
+        list(args(&["--search", "pump"])).await,
+        [dl("cf-1"), dl("cf-3")]
+    );
+    assert_eq!(
+        list(args(&["--source-site", "plant-a", "--search", "1"])).await,
+        [dl("cf-1")]
+    );
+    // The time range, cut at the third's creation time as the server recorded it.
+    let (_, row) = s
+        .get_json(&format!(
+            "/v1/deliveries/{}",
+            tidemark_tests::encode_path(&dl("cf-3"))
+        ))
+        .await;
+    let cut = row["created_at"].as_str().expect("created_at").to_owned();
+    assert_eq!(
+        list(vec!["--created-after".into(), cut.clone()]).await,
+        [dl("cf-3"), dl("cf-4")],
+        "at or after {cut}"
+    );
+    assert_eq!(
+        list(vec!["--created-before".into(), cut.clone()]).await,
+        [dl("cf-1"), dl("cf-2")],
+        "before {cut}"
+    );
+    // Both ends: the third alone.
+    let micros = tidemark_log::time::parse_rfc3339_micros(&cut).expect("RFC 3339");
+    assert_eq!(
+        list(vec![
+            "--created-after".into(),
+            cut.clone(),
+            "--created-before".into(),
+            tidemark_log::time::format_micros(micros + 1),
+        ])
+        .await,
+        [dl("cf-3")]
+    );
+    // A time that is not one: the server's problem, non-zero exit, nothing on stdout.
+    for (fmt, check) in [("json", true), ("table", false)] {
+        let out = run_cli(
+            &[
+                "deliveries",
+                "list",
+                "--created-after",
+                "yesterday",
+                "-o",
+                fmt,
+                "--url",
+                s.base(),
+            ],
+            "",
+            LIMIT,
+        )
+        .await;
+        let err = refused(&out, "deliveries list --created-after yesterday");
+        assert!(err.contains("created_after"), "{err}");
+        if check {
+            let p: Value = serde_json::from_str(err.trim()).expect("the problem JSON");
+            assert_eq!(p["code"], "invalid_query", "{p}");
+            assert_eq!(p["status"], 400, "{p}");
+        }
+    }
+}

@@ -108,6 +108,9 @@ async fn receiver() -> (Arc<Mutex<Vec<(axum::http::HeaderMap, Value)>>>, u16) {
     (hits, port)
 }
 
+/// What tidemark's outgoing requests and mail name themselves.
+pub(crate) const USER_AGENT: &str = concat!("tidemark/", env!("CARGO_PKG_VERSION"));
+
 const HOOK_SECRET: &str = "whsec-dispatch-test-7c1d";
 
 fn config(smtp: u16, hook: u16, extra: &str) -> String {
@@ -193,6 +196,8 @@ async fn email_and_webhook_routes_are_delivered_by_tidemark() {
     assert_eq!(m[0]["message_id"], "<dlv=3Ad-ok=3Aemail@tidemark>");
     assert_eq!(m[0]["subject"], "title of d-ok");
     assert_eq!(m[0]["mail_from"], "noreply@example.org");
+    // The mailer names itself and its release, as the webhook's User-Agent does.
+    assert_eq!(m[0]["x_mailer"], json!(USER_AGENT), "{m:?}");
     let data = m[0]["data"].as_str().unwrap();
     assert!(
         data.contains("text/plain") && data.contains("text/html"),
@@ -236,6 +241,7 @@ async fn email_and_webhook_routes_are_delivered_by_tidemark() {
             .expect("the POST of dlv:d-ok:hook");
         assert_eq!(body["delivery_id"], "dlv:d-ok:hook");
         assert_eq!(body["title"], "title of d-ok");
+        assert_eq!(headers["user-agent"], USER_AGENT, "{headers:?}");
         let ts: u64 = headers["webhook-timestamp"]
             .to_str()
             .unwrap()

@@ -200,6 +200,29 @@ fn migrate(expected: &mut Value) {
     c["last_delivery_id"] = Value::Null;
     c["last_delivered_at"] = Value::Null;
     expected["projections"]["cursors"]["digest"] = json!(CURSORS_DIGEST_AFTER_ISSUE_26);
+    // Issue 40: each notification carries its task's `latest_event_seq` (seed 002's resume
+    // seed; 0 without a task), read from the tasks model at query time: what the golden
+    // release served as the task's seq.
+    let task_seq: std::collections::HashMap<String, Value> =
+        expected["answers"]["/v1/tasks?limit=500"]["tasks"]
+            .as_array()
+            .expect("the golden tasks")
+            .iter()
+            .map(|t| {
+                (
+                    t["task_id"].as_str().unwrap().to_owned(),
+                    t["latest_event_seq"].clone(),
+                )
+            })
+            .collect();
+    let list = &mut expected["answers"]["/v1/notifications?limit=500"]["notifications"];
+    for n in list.as_array_mut().expect("the golden notifications") {
+        let seq = n["task_id"]
+            .as_str()
+            .and_then(|t| task_seq.get(t).cloned())
+            .unwrap_or(json!(0));
+        n["latest_event_seq"] = seq;
+    }
 }
 
 /// The golden cursors model's digest once a reset forgets the old delivery id.

@@ -331,3 +331,76 @@ async fn lifecycle_events_are_routed_once_with_their_priority() {
     assert_eq!(created.len(), 8);
     assert_eq!(list_notifications(&s, "", 500).await.len(), 8);
 }
+
+/// Seed 002's dashboard seeds the task stream from what it rendered: each notification carries
+/// its task's `latest_event_seq` (0 without a task), read with the row, so a client that opens
+/// `/v1/tasks/{id}/stream?after_sequence=<it>` misses nothing that landed after the read. The
+/// list once carried no such seq, and a client had to read the task again (a race).
+#[tokio::test]
+async fn a_notification_carries_its_tasks_latest_event_seq() {
+    let s = Server::start(ServerOpts::default()).await;
+    let task = "lt-task";
+    append_ok(
+        &s,
+        &json!({"events": [
+            task_ev(task, "task.created", json!({"project_id": "p"})),
+            task_ev(task, "task.run_started", json!({"run_id": "r1"})),
+        ]}),
+    )
+    .await;
+    let r = append_ok(
+        &s,
+        &json!({"events": [
+            notif_ev("lt-1", json!({"priority": "info", "title": "about the task", "task_id": task})),
+            notif_ev("lt-2", json!({"priority": "info", "title": "about nothing"})),
+            notif_ev("lt-3", json!({"priority": "info", "title": "no such task", "task_id": "lt-none"})),
+        ]}),
+    )
+    .await;
+    assert_eq!(r.len(), 3);
+    // A later event of the task: the seq moves with it.
+    let later = append_ok(
+        &s,
+        &task_ev(task, "task.run_started", json!({"run_id": "r2"})),
+    )
+    .await[0]
+        .1;
+    let t = crate::common::get_task(&s, task).await;
+    assert_eq!(t["latest_event_seq"], later, "{t}");
+    let items = list_notifications(&s, "", 50).await;
+    let by_id: HashMap<&str, &Value> = items
+        .iter()
+        .map(|n| (n["notification_id"].as_str().unwrap(), n))
+        .collect();
+    assert_eq!(by_id["lt-1"]["latest_event_seq"], later, "{items:?}");
+    assert_eq!(by_id["lt-2"]["latest_event_seq"], 0, "no task: {items:?}");
+    assert_eq!(
+        by_id["lt-3"]["latest_event_seq"], 0,
+        "an unknown task: {items:?}"
+    );
+    // The status record's notification says the same.
+    let st = s.get("/v1/notifications/lt-1").await;
+    assert_eq!(st.status, StatusCode::OK, "{}", st.text);
+    assert_eq!(
+        st.json["notification"]["latest_event_seq"], later,
+        "{}",
+        st.text
+    );
+    // Resuming the task's events after it: nothing before, the next event after.
+    let next = append_ok(
+        &s,
+        &task_ev(task, "task.run_started", json!({"run_id": "r3"})),
+    )
+    .await[0]
+        .1;
+    let page = s
+        .get(&format!("/v1/events?subject={task}&after_sequence={later}"))
+        .await;
+    let seqs: Vec<u64> = page.json["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(seq_of)
+        .collect();
+    assert_eq!(seqs, [next], "{}", page.text);
+}

@@ -483,6 +483,52 @@ async fn provenance_is_served_counted_by_site_and_filtered() {
     assert_eq!(s.head().await, head, "refused provenance appends nothing");
 }
 
+/// A worker delivers from its claim alone. The claim's rows once carried the notification's
+/// `type` but not its `type_data` or `source`, so a worker had to read each delivery again to
+/// learn where and how to deliver it.
+#[tokio::test]
+async fn a_claimed_delivery_carries_its_type_data_and_source() {
+    let s = Server::start(ServerOpts::default()).await;
+    append_ok(
+        &s,
+        &json!({"events": [
+            sourced("cl-1", Some(SOURCE_A), Some("app")),
+            sourced("cl-2", None, None),
+        ]}),
+    )
+    .await;
+    for id in ["cl-1", "cl-2"] {
+        wait_status(&s, &dlv(id), "queued").await;
+    }
+    let got = claim(&s, "w", 10, 60_000).await;
+    assert_eq!(got.len(), 2, "{got:?}");
+    let (with, without) = (&got[0], &got[1]);
+    assert_eq!(with["id"], dlv("cl-1"), "oldest first: {got:?}");
+    assert_eq!(with["type"], "app", "{with}");
+    assert_eq!(
+        with["type_data"],
+        json!({"channel": "ops", "n": [1, 2]}),
+        "{with}"
+    );
+    assert_eq!(
+        with["source"],
+        json!({"site_id": SOURCE_A, "node": "n-7", "instance_id": "inst-1",
+               "script": "alarm.py", "enqueued_at": "2026-11-01T08:00:00Z"}),
+        "{with}"
+    );
+    // As the delivery itself serves it.
+    let d = get_dlv(&s, &dlv("cl-1")).await;
+    assert_eq!(d["type_data"], with["type_data"], "{d}");
+    assert_eq!(d["source"], with["source"], "{d}");
+    assert_eq!(without["id"], dlv("cl-2"), "{got:?}");
+    for k in ["type", "type_data", "source"] {
+        assert!(
+            without.get(k).is_none(),
+            "none given, none served: {without}"
+        );
+    }
+}
+
 const KEY: &str = "a-key-for-the-test-only";
 const SECRETS: [&str; 6] = [
     "Zoe Quartermaine",

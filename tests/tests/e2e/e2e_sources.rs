@@ -25,6 +25,10 @@ enum Fault {
     /// Answer as usual (to script a fault on a later request).
     Pass,
     Status(u16, Option<u64>),
+    /// This status with `Retry-After: <HTTP date this many seconds on>`.
+    RetryAt(u16, u64),
+    /// This status with `{"retryAfter": <seconds>}` in its body and no header (seed 004).
+    RetryAfterBody(u16, u64),
     Malformed,
     Oversize,
     Hang,
@@ -41,8 +45,10 @@ struct Upstream {
     requests: Vec<(Instant, Option<String>, u32, Option<String>)>,
     /// Every ack: (idempotency key, ids).
     acks: Vec<(String, Vec<String>)>,
-    /// Every list request's `X-Request-ID` and `Idempotency-Key` headers.
-    request_ids: Vec<(Option<String>, Option<String>)>,
+    /// Every ack's body.
+    ack_bodies: Vec<Value>,
+    /// Every list request's `X-Request-ID`, `Idempotency-Key` and `User-Agent` headers.
+    request_ids: Vec<(Option<String>, Option<String>, Option<String>)>,
     /// Delay before answering an ack.
     ack_delay: Duration,
 }
@@ -86,7 +92,11 @@ async fn list(State(up): State<Up>, headers: HeaderMap, Query(q): Query<ListQuer
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
     };
-    let ids = (header("x-request-id"), header("idempotency-key"));
+    let ids = (
+        header("x-request-id"),
+        header("idempotency-key"),
+        header("user-agent"),
+    );
     let (fault, page) = up.with(|u| {
         u.requests
             .push((Instant::now(), q.after_id.clone(), q.limit, auth));
@@ -122,6 +132,25 @@ async fn list(State(up): State<Up>, headers: HeaderMap, Query(q): Query<ListQuer
                     .insert("retry-after", s.to_string().parse().unwrap());
             }
             return r;
+        }
+        Some(Fault::RetryAt(code, secs)) => {
+            let at = std::time::SystemTime::now() + Duration::from_secs(secs);
+            return (
+                StatusCode::from_u16(code).unwrap(),
+                [("retry-after", httpdate::fmt_http_date(at))],
+                json!({"error": "scripted"}).to_string(),
+            )
+                .into_response();
+        }
+        Some(Fault::RetryAfterBody(code, secs)) => {
+            return (
+                StatusCode::from_u16(code).unwrap(),
+                axum::Json(
+                    json!({"error": "Rate limit exceeded", "code": "RATE_LIMIT_EXCEEDED",
+                                  "retryAfter": secs, "requestId": "req_jkl012"}),
+                ),
+            )
+                .into_response();
         }
         Some(Fault::Malformed) => return (StatusCode::OK, "{\"data\": [").into_response(),
         Some(Fault::Oversize) => {
@@ -164,6 +193,7 @@ async fn ack(State(up): State<Up>, headers: HeaderMap, body: axum::Json<Value>) 
         .unwrap_or_default();
     let delay = up.with(|u| {
         u.acks.push((key, ids));
+        u.ack_bodies.push(body.0.clone());
         u.ack_delay
     });
     tokio::time::sleep(delay).await;
@@ -260,11 +290,12 @@ async fn post(api: &Api, path: &str, body: Value) -> tidemark_tests::Reply {
 
 /// A backlog of three pages is appended exactly once and in order, page by page, with one
 /// notification for the poll about all of its items (`count` 250), one ack of them with its
-/// idempotency key and one watermark move; the watermark ends at the last `nextAfterId`; a second poll with nothing new appends nothing; the header
+/// idempotency key and its `acknowledgedAt`, and one watermark move; the watermark ends at the last `nextAfterId`; a second poll with nothing new appends nothing; the header
 /// secret reaches the upstream and appears nowhere in tidemark's answers or log output; a
 /// rebuild reproduces the source's state.
 #[tokio::test]
 async fn a_backlog_is_appended_once_in_order_and_acknowledged() {
+    let test_start_us = tidemark_log::time::now_micros();
     let (up, addr) = start_upstream().await;
     up.add_items(0, 250);
     let notify = r#"every = "1h"
@@ -312,6 +343,21 @@ title_many = "You have {count} new updates"
     let keys: Vec<&str> = acks.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(keys, ["ack:plans::000249"]);
     assert_eq!(acks[0].1.len(), 250);
+    // Saying when, as seed 004's upstream takes it: UTC to the second, sent during this test.
+    let body = up.with(|u| u.ack_bodies[0].clone());
+    let at = body["acknowledgedAt"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{body}"));
+    assert!(
+        at.len() == 20 && at.ends_with('Z') && !at.contains('.'),
+        "acknowledgedAt {at:?}"
+    );
+    let at_us = tidemark_log::time::parse_rfc3339_micros(at).expect("RFC 3339");
+    let now_us = tidemark_log::time::now_micros();
+    assert!(
+        at_us >= test_start_us - 1_000_000 && at_us <= now_us,
+        "acknowledgedAt {at} is not in the test's time"
+    );
     let moves = s.read_all("&type=source.watermark_advanced").await;
     assert_eq!(moves.len(), 1, "{moves:?}");
     assert_eq!(moves[0]["payload"]["to"], "000249");
@@ -372,6 +418,39 @@ title_many = "You have {count} new updates"
     ] {
         assert!(!text.contains("upstream-secret"), "a header secret leaked");
     }
+}
+
+/// An upstream's wait is read however it says it. `Retry-After` was once read only as whole
+/// seconds: a 429 whose header was an HTTP date, or (seed 004's upstream) whose JSON body said
+/// `"retryAfter": 60`, fell back to the 200 ms backoff and the poller came back at once.
+#[tokio::test]
+async fn retry_after_is_read_as_an_http_date_and_from_the_body() {
+    let (up, addr) = start_upstream().await;
+    up.add_items(0, 4);
+    up.with(|u| {
+        // A date to the second, 3 s on: at least 2 s from when it is read.
+        u.faults.push_back(Fault::RetryAt(503, 3));
+        u.faults.push_back(Fault::RetryAfterBody(429, 2));
+    });
+    let s = start(source_toml("waits", addr, "every = \"1h\"")).await;
+    let st = wait_source(&s, "waits", "recovery after both waits", |v| {
+        v["watermark"] == "000003"
+    })
+    .await;
+    assert_eq!(st["items_total"], 4, "{st}");
+    let times = up.with(|u| u.requests.iter().map(|r| r.0).collect::<Vec<_>>());
+    assert!(times.len() >= 3, "{} requests", times.len());
+    let gap = |a: usize, b: usize| times[b].duration_since(times[a]);
+    assert!(
+        gap(0, 1) >= Duration::from_millis(1_900),
+        "Retry-After: <a date 3 s on> waited only {:?}",
+        gap(0, 1)
+    );
+    assert!(
+        gap(1, 2) >= Duration::from_millis(1_900),
+        "{{\"retryAfter\": 2}} waited only {:?}",
+        gap(1, 2)
+    );
 }
 
 /// Failures as section 12 says: `Retry-After` is honoured (the next request does not come
@@ -1135,7 +1214,8 @@ async fn a_source_waits_at_its_backpressure_threshold_before_the_outbox_is_full(
 
 /// Every poll request carries a request id of its own (a UUID) and, with `idempotency_header`,
 /// an idempotency key naming the source, the watermark it reads after and the poll's series:
-/// the same when a failed poll is retried, a new one for the next poll after a success.
+/// the same when a failed poll is retried, a new one for the next poll after a success; and
+/// names tidemark and its release as its `User-Agent`.
 #[tokio::test]
 async fn poll_requests_carry_a_request_id_and_an_idempotency_key() {
     let (up, addr) = start_upstream().await;
@@ -1158,7 +1238,12 @@ async fn poll_requests_carry_a_request_id_and_an_idempotency_key() {
     let (reqs, ids) = up.with(|u| (u.requests.clone(), u.request_ids.clone()));
     let mut seen = std::collections::HashSet::new();
     let mut series = Vec::new();
-    for ((_, after, _, _), (rid, key)) in reqs.iter().zip(&ids) {
+    for ((_, after, _, _), (rid, key, agent)) in reqs.iter().zip(&ids) {
+        assert_eq!(
+            agent.as_deref(),
+            Some(crate::e2e_dispatch::USER_AGENT),
+            "{ids:?}"
+        );
         let rid = rid.as_deref().expect("x-request-id");
         assert!(uuid::Uuid::parse_str(rid).is_ok(), "{rid}");
         assert!(seen.insert(rid.to_owned()), "request ids repeat");

@@ -6,9 +6,13 @@ use serde::{Deserialize, Serialize};
 use tidemark_engine::commands::outbox::{
     Claim, Complete, CompleteOne, Completed, Extend, Fail, Failure,
 };
+use tidemark_log::time::now_micros;
 use utoipa::ToSchema;
 
-use super::{DeliveriesPage, DeliveryId, DeliveryOut, check_sink, invalid, lease_ms, settings};
+use super::{
+    DeliveriesPage, DeliveryId, DeliveryOut, check_sink, invalid, lease_ms, settings, stuck_cut,
+    with_provenance,
+};
 use crate::error::{ApiError, Problem};
 use crate::request::{PathId, Text, Validate, ValidatedJson, check_count};
 use crate::state::AppState;
@@ -35,7 +39,7 @@ pub struct ClaimBody {
     post, path = "/v1/deliveries/claim", operation_id = "claimDeliveries", tag = "deliveries",
     request_body(content = ClaimBody, content_type = "application/json"),
     responses(
-        (status = 200, description = "The deliveries now leased to `owner` (possibly none)", body = DeliveriesPage),
+        (status = 200, description = "The deliveries now leased to `owner` (possibly none), each with its notification's `type`, `type_data` and `source`", body = DeliveriesPage),
         (status = 400, body = Problem, content_type = "application/problem+json"),
         (status = 422, body = Problem, content_type = "application/problem+json"),
         (status = 429, body = Problem, content_type = "application/problem+json"),
@@ -68,8 +72,15 @@ pub async fn claim(
     tracing::Span::current().record("claimed", rows.len());
     metrics::counter!("tidemark_deliveries_leased_total", "sink" => b.sink)
         .increment(rows.len() as u64);
+    // A worker delivers from the claim alone: each row with its notification's `type_data` and
+    // `source` (section 2). The decider folded the models to the head before it decided the
+    // claim, so the notification of every claimed row is there to read.
+    let cut = stuck_cut(now_micros(), s.stuck_after_ms);
+    let engine = st.engine.clone();
+    let deliveries =
+        crate::routes::blocking(move || with_provenance(engine.read(), rows, cut)).await?;
     Ok(Json(DeliveriesPage {
-        deliveries: rows.into_iter().map(DeliveryOut::from).collect(),
+        deliveries,
         next_after: None,
         next_before: None,
         // The claim decided at the head its own commit made.
