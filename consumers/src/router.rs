@@ -39,8 +39,21 @@ pub(crate) fn derives_from(ev: &Event) -> bool {
 
 /// The notification of lifecycle event `ev` ([`derives_from`]), if its payload routes one.
 fn derive(engine: &Engine, ev: &Event) -> Result<Option<NewEvent>, StorageError> {
-    let task = TaskId::new(ev.subject.as_str());
-    let project = engine.read().task(&task)?.and_then(|t| t.project_id);
+    let task_id = TaskId::new(ev.subject.as_str());
+    let task = engine.read().task(&task_id)?;
+    // A completion of a run that had not started (no `task.run_started` before it) is a
+    // mismatch (section 6, `run_not_started`), not news: no "Run … completed". The read waits
+    // for the models to reach the head, so a start before `ev` is in the task.
+    if EventType::parse(&ev.event_type) == Some(EventType::TaskRunCompleted)
+        && let Some(run) = ev.payload_value().get("run_id").and_then(|r| r.as_str())
+        && task
+            .as_ref()
+            .and_then(|t| t.run_started_seq(run))
+            .is_none_or(|s| s >= ev.seq)
+    {
+        return Ok(None);
+    }
+    let project = task.and_then(|t| t.project_id);
     let Some(payload) = routed_payload(ev, project.as_deref()) else {
         return Ok(None);
     };

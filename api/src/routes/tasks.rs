@@ -45,6 +45,10 @@ pub struct RunOut {
     pub review: ReviewOut,
     pub started_seq: u64,
     pub ended_seq: Option<u64>,
+    /// Set when the run ended without a `task.run_started` before its end: `run_not_started`
+    /// (spec section 6: a mismatch; bridge subscriptions stop at it, and the router makes no
+    /// "completed" notification of it). The outcome is what the ending event said.
+    pub mismatch: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -69,11 +73,24 @@ pub struct TaskOut {
 impl From<Task> for TaskOut {
     fn from(t: Task) -> Self {
         let requires = t.review_required;
+        let not_started: Vec<bool> = t
+            .runs
+            .iter()
+            .map(|r| {
+                r.ended_seq > 0
+                    && t
+                        .run_started_seq(&r.run_id)
+                        .is_none_or(|s| s >= r.ended_seq)
+            })
+            .collect();
         TaskOut {
             runs: t
                 .runs
                 .into_iter()
-                .map(|r| RunOut {
+                .zip(not_started)
+                .map(|(r, not_started)| RunOut {
+                    mismatch: not_started
+                        .then(|| tidemark_projections::bridges::RUN_NOT_STARTED.to_owned()),
                     review: ReviewOut {
                         gated: r.review.gated(requires),
                         required: r.review.required,

@@ -441,13 +441,34 @@ impl TaskOracle {
 }
 
 /// The routed lifecycle events of the log (stream `task_events`, a routed type), by seq.
+///
+/// A `task.run_completed` of a run with no `task.run_started` before it is a mismatch
+/// (`run_not_started`, section 6) and routes nothing.
 pub async fn routed_sources(api: &Api) -> BTreeMap<u64, Value> {
-    api.read_all("stream=task_events")
-        .await
-        .into_iter()
-        .filter(|e| routed_priority(e["type"].as_str().unwrap_or_default()).is_some())
-        .map(|e| (seq_of(&e), e))
-        .collect()
+    let mut started: HashSet<(String, String)> = HashSet::new();
+    let mut out = BTreeMap::new();
+    for e in api.read_all("stream=task_events").await {
+        let ty = e["type"].as_str().unwrap_or_default();
+        let key = || {
+            (
+                e["subject"].as_str().unwrap_or_default().to_owned(),
+                e["payload"]["run_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        };
+        if ty == "task.run_started" {
+            started.insert(key());
+        }
+        if ty == "task.run_completed" && !started.contains(&key()) {
+            continue;
+        }
+        if routed_priority(ty).is_some() {
+            out.insert(seq_of(&e), e);
+        }
+    }
+    out
 }
 
 /// Every `notification.created` of the log (read as the whole `notifications` stream).

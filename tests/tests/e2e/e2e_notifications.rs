@@ -323,7 +323,8 @@ async fn lifecycle_events_are_routed_once_with_their_priority() {
     }
     append_ok(
         &s,
-        &task_ev("task-flush", "task.run_completed", json!({"run_id": "f"})),
+        // (A failure: a completion of a run that never started routes nothing.)
+        &task_ev("task-flush", "task.run_failed", json!({"run_id": "f"})),
     )
     .await;
     let (sources, created) = wait_routed(&s, WAIT).await;
@@ -403,4 +404,49 @@ async fn a_notification_carries_its_tasks_latest_event_seq() {
         .map(seq_of)
         .collect();
     assert_eq!(seqs, [next], "{}", page.text);
+}
+
+/// A `task.run_completed` of a run that never started is a mismatch (section 6,
+/// `run_not_started`): the router makes no "Run … completed" notification of it, and the task
+/// view marks the run with the mismatch; a completion after its start is routed as before.
+#[tokio::test]
+async fn a_completion_of_a_run_that_never_started_is_a_mismatch_not_news() {
+    let s = Server::start(ServerOpts::default()).await;
+    let mut seqs = Vec::new();
+    for (ty, run) in [
+        ("task.created", None),
+        ("task.run_completed", Some("r7")),
+        ("task.run_started", Some("r8")),
+        ("task.run_completed", Some("r8")),
+    ] {
+        let p = run.map_or_else(|| json!({"project_id": "p"}), |r| json!({"run_id": r}));
+        seqs.push(append_ok(&s, &task_ev("t-never", ty, p)).await[0].1);
+    }
+    let (sources, created) = wait_routed(&s, WAIT).await;
+    assert_routed_exactly_once(&sources, &created);
+    let from: Vec<u64> = created
+        .iter()
+        .filter_map(|n| n["payload"]["source_seq"].as_u64())
+        .collect();
+    assert_eq!(
+        from,
+        vec![seqs[3]],
+        "only r8's completion is routed: {created:?}"
+    );
+    let titles: Vec<&str> = created
+        .iter()
+        .filter_map(|n| n["payload"]["title"].as_str())
+        .collect();
+    assert!(!titles.iter().any(|t| t.contains("r7")), "{titles:?}");
+    let task = s.get("/v1/tasks/t-never").await;
+    assert_eq!(task.status, StatusCode::OK, "{}", task.text);
+    let run = |id: &str| {
+        task.json["runs"]
+            .as_array()
+            .and_then(|rs| rs.iter().find(|r| r["run_id"] == id))
+            .cloned()
+            .unwrap_or_else(|| panic!("no run {id}: {}", task.text))
+    };
+    assert_eq!(run("r7")["mismatch"], "run_not_started", "{}", task.text);
+    assert!(run("r8")["mismatch"].is_null(), "{}", task.text);
 }

@@ -150,7 +150,13 @@ fn script_step(task: &str, n: u64, rng: &mut StdRng) -> Value {
         }
         2 => {
             let ty = [
-                "task.run_completed",
+                // The first run's start is the task's creation (n == 0): its completion would
+                // be a mismatch (run_not_started), which routes nothing.
+                if n < 4 {
+                    "task.run_failed"
+                } else {
+                    "task.run_completed"
+                },
                 "task.run_failed",
                 "task.run_canceled",
                 "task.run_review_rejected",
