@@ -287,7 +287,9 @@ pub struct LagOut {
     pub lag_capped: bool,
     /// How long its oldest deliverable work has waited, seconds: since the later of its last
     /// progress (an advance or a reset) and the first event it has to deliver; 0 when it has
-    /// nothing to deliver (a bridge subscription: nothing its explain would deliver now).
+    /// nothing to deliver (a bridge subscription: nothing its explain would deliver now). A
+    /// stopped subscription: how long it has been stopped (since the mismatch, or a later
+    /// reset).
     pub lag_seconds: f64,
     /// Deliverable work and no progress for `outbox.stuck_after` (section 10). A bridge
     /// subscription waiting on a running or review-gated task is not stalled.

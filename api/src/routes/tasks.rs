@@ -78,8 +78,7 @@ impl From<Task> for TaskOut {
             .iter()
             .map(|r| {
                 r.ended_seq > 0
-                    && t
-                        .run_started_seq(&r.run_id)
+                    && t.run_started_seq(&r.run_id)
                         .is_none_or(|s| s >= r.ended_seq)
             })
             .collect();

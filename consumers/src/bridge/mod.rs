@@ -171,12 +171,17 @@ pub fn lags(
             );
         match judged {
             Ok(Some((scan, _))) if scan.mismatch.is_some() => {
+                let since = scan.cursor.progress_at_us();
                 let (ev, reason) = scan.mismatch.expect("checked");
                 lag.stopped = Some(Stopped {
                     seq: ev.seq,
                     reason,
                 });
+                // Nothing to deliver, so not stalled; its lag in time is how long it has been
+                // stopped: since the mismatch (or a later reset), not 0.
                 lag.judge(None, None, now_us, stuck_after_ms);
+                let since = since.map_or(ev.time_us, |p| p.max(ev.time_us));
+                lag.lag_seconds = (now_us - since).max(0) as f64 / 1e6;
             }
             Ok(Some((scan, subscribed_at))) => {
                 let progress = scan.cursor.progress_at_us().max(Some(subscribed_at));

@@ -194,10 +194,12 @@ pub struct SinkHealth {
 }
 
 impl SinkHealth {
-    /// `idle` (no attempt yet), `ok` (the last attempt succeeded), `failing` (it failed, and
-    /// every one since the last success).
+    /// `idle` (no attempt yet, none in flight), `sending` (the first attempts are in flight,
+    /// none has finished: a hanging server is not idle), `ok` (the last attempt succeeded),
+    /// `failing` (it failed, and every one since the last success).
     pub fn state(&self) -> &'static str {
         match (self.last_attempt_at_us, self.consecutive_failures) {
+            (None, _) if self.in_flight > 0 => "sending",
             (None, _) => "idle",
             (Some(_), 0) => "ok",
             _ => "failing",

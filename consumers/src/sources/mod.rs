@@ -324,12 +324,16 @@ async fn run(
             }
             Err(PollError::Stopped) => return,
             Err(PollError::NotActive) => {}
+            // The failure that parks a source is one of its consecutive failures: the count it
+            // shows is the one its parking message names.
             Err(PollError::Park(error)) => {
                 tracing::warn!(source = %name, %error, "source parked");
+                count_failure(&slot, &error);
                 park(&engine, &name, error).await;
             }
             Err(PollError::Unauthorized(error)) if unauthorized_once => {
                 tracing::warn!(source = %name, %error, "source parked after a second 401");
+                count_failure(&slot, &error);
                 park(&engine, &name, error).await;
                 unauthorized_once = false;
             }
@@ -351,6 +355,7 @@ async fn run(
                     class_failures.get(class).copied().unwrap_or(0)
                 );
                 tracing::warn!(source = %name, %error, "source parked");
+                count_failure(&slot, &error);
                 park(&engine, &name, error).await;
                 class_failures.clear();
             }
@@ -384,6 +389,14 @@ async fn run(
             }
         }
     }
+}
+
+/// One more consecutive failure, `error` the last.
+fn count_failure(slot: &Slot, error: &str) {
+    set(slot, |r| {
+        r.consecutive_failures += 1;
+        r.last_error = Some(error.to_owned());
+    });
 }
 
 /// Count a failure of `class`; true once the source's `retry.limits` for it is reached.

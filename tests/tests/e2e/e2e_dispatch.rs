@@ -378,6 +378,21 @@ async fn a_hanging_sink_delays_nothing_else_and_a_crash_mid_send_loses_nothing()
         || async { (delivery(&s, "dlv:h-hang:email").await["status"] == "leased").then_some(()) },
     )
     .await;
+    // Its first attempt hangs: the sink is `sending`, not `idle` (no attempt has finished).
+    let email = wait_for(
+        Duration::from_secs(30),
+        "the hanging attempt in flight",
+        || async {
+            let r = s.get("/v1/outbox/sinks").await;
+            let email = r.json["sinks"]
+                .as_array()
+                .and_then(|a| a.iter().find(|x| x["sink"] == "email"))
+                .cloned();
+            email.filter(|e| e["in_flight"] == 1)
+        },
+    )
+    .await;
+    assert_eq!(email["state"], "sending", "{email}");
     // The email sink (concurrency 1) is stuck; the others go on.
     append_ok(&s, &urgent("h-other", "eve@example.org")).await;
     wait_status(&s, "dlv:h-other:hook", "sent").await;

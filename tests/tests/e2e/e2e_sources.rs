@@ -1312,6 +1312,9 @@ async fn a_class_of_transient_errors_parks_the_source_at_its_limit() {
         err.contains("3 consecutive server_error failures") && err.contains("status 503"),
         "{st}"
     );
+    // The count beside the message is the message's (it read 2: the parking failure was not
+    // counted).
+    assert_eq!(st["consecutive_failures"], 3, "{st}");
     assert_eq!(st["items_total"], 1);
     // Resumed, it goes on.
     post(&s, "/v1/sources/flaky/resume", json!({})).await;

@@ -476,6 +476,16 @@ async fn a_mismatch_is_stopped_at_once_and_a_run_that_never_started_is_never_fin
         "{row}"
     );
     assert_eq!(row["stalled"], false, "{row}");
+    // Its lag in time is how long it has been stopped (it read 0 s): it grows.
+    let first = row["lag_seconds"].as_f64().expect("lag_seconds");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let later = lag_row(&lag(&s).await, &consumer("s-mis"))["lag_seconds"]
+        .as_f64()
+        .expect("lag_seconds");
+    assert!(
+        later >= 1.0 && later > first,
+        "stopped for {first} s, then {later} s"
+    );
     assert_eq!(v["stopped"], 1, "{v}");
     assert_eq!(v["stalled"], 0, "{v}");
     let m = s.get("/metrics").await.text;

@@ -15,9 +15,10 @@ use crate::state::AppState;
 pub struct SinkHealthOut {
     /// `email` or `webhook`.
     pub sink: String,
-    /// `idle` (no attempt yet), `ok` (the last attempt succeeded) or `failing` (every attempt
-    /// since the last success failed).
-    #[schema(pattern = "^(idle|ok|failing)$")]
+    /// `idle` (no attempt yet, none in flight), `sending` (first attempts in flight, none
+    /// finished), `ok` (the last attempt succeeded) or `failing` (every attempt since the last
+    /// success failed).
+    #[schema(pattern = "^(idle|sending|ok|failing)$")]
     pub state: String,
     /// Attempts in flight, at most `concurrency`.
     pub in_flight: usize,
