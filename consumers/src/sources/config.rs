@@ -27,6 +27,11 @@ pub struct SourceConfig {
     pub every: Option<String>,
     pub cron: Option<String>,
     pub tz: Option<String>,
+    /// Poll once at start, before the schedule's first time. Default: `true` for `every` (the
+    /// interval counts from a poll), `false` for `cron` (it polls only at its times; an
+    /// upstream that must not be called outside them is not).
+    #[serde(default)]
+    pub poll_at_start: Option<bool>,
     #[serde(default = "default_timeout")]
     pub timeout: String,
     #[serde(default = "default_pages")]
@@ -267,6 +272,13 @@ fn tz_offset(s: &str) -> Option<FixedOffset> {
 }
 
 impl Source {
+    /// Whether it polls once at start ([`SourceConfig::poll_at_start`]).
+    pub(super) fn polls_at_start(&self) -> bool {
+        self.cfg
+            .poll_at_start
+            .unwrap_or(matches!(self.schedule, Schedule::Every(_)))
+    }
+
     /// Validate `cfg` (errors name the key) and resolve its header values.
     pub fn new(cfg: SourceConfig) -> Result<Source, String> {
         let n = cfg.name.clone();

@@ -203,8 +203,9 @@ async fn run(
 ) {
     let name = slot.source.cfg.name.clone();
     let mut next = slot.source.schedule.next_after(Utc::now());
-    // A source polls once at start (a schedule's first time may be far away).
-    let mut due_now = true;
+    // An `every` source polls once at start (its interval counts from a poll); a `cron` one
+    // waits for its schedule's first time, unless `poll_at_start` says otherwise.
+    let mut due_now = slot.source.polls_at_start();
     let mut unauthorized_once = false;
     // The poll's idempotency series: the same for the retries of a poll that failed, a new one
     // after a success (so a later poll of the same watermark is a new request upstream).

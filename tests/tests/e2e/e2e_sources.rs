@@ -1405,3 +1405,36 @@ async fn the_title_reads_the_first_covered_item_across_pages() {
     assert_eq!(last["payload"]["title"], "2 new, from plan 2", "{last}");
     assert_eq!(last["payload"]["items"], json!(["000002", "000003"]));
 }
+
+/// A `cron` source polls at its schedule's times only: not at start (it did, outside its
+/// schedule); `poll_at_start = true` asks for that poll, and "Poll now" still polls. An
+/// `every` source polls at start, as before.
+#[tokio::test]
+async fn a_cron_source_first_polls_at_its_schedule_unless_told_to_poll_at_start() {
+    let (quiet_up, quiet) = start_upstream().await;
+    let (eager_up, eager) = start_upstream().await;
+    quiet_up.add_items(0, 1);
+    eager_up.add_items(0, 1);
+    // Once a year: its next time is months away, whenever this runs.
+    let yearly = "cron = \"0 0 1 1 *\"";
+    let s = start(format!(
+        "{}{}",
+        source_toml("quiet", quiet, yearly),
+        source_toml("eager", eager, &format!("{yearly}\npoll_at_start = true"))
+    ))
+    .await;
+    wait_source(&s, "eager", "the start poll", |v| v["items_total"] == 1).await;
+    // The eager source's start poll is done; the quiet one started as early and asked nothing.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let q = source(&s, "quiet").await;
+    assert_eq!(
+        quiet_up.requests(),
+        0,
+        "a cron source polled outside its schedule: {q}"
+    );
+    assert_eq!(q["items_total"], 0, "{q}");
+    assert!(q["next_poll_at"].is_string(), "{q}");
+    post(&s, "/v1/sources/quiet/poll", json!({})).await;
+    wait_source(&s, "quiet", "the poll asked for", |v| v["items_total"] == 1).await;
+    assert!(quiet_up.requests() >= 1);
+}
