@@ -186,7 +186,8 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(lists::put, lists::delete))
             .routes(routes!(sources::reset))
             .routes(routes!(admin::run_retention))
-            .routes(routes!(admin::backup)),
+            .routes(routes!(admin::backup))
+            .routes(routes!(admin::backup_stream)),
         Scope::Admin,
     );
     // Any valid token (the handler identifies the caller itself).

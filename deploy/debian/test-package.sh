@@ -95,8 +95,8 @@ receipt=$(echo '{"event_id":"pkg-1","stream":"package","subject":"ci","type":"pa
 [[ -f /var/lib/tidemark/log.redb && $(stat -c %U /var/lib/tidemark/log.redb) == tidemark ]] \
   || fail "the log is not in /var/lib/tidemark, owned by tidemark"
 # A backup, then the restore docs/operations.md walks for the package, step by step, as root.
-/usr/bin/tidemark backup --url "$addr" --to pkg-nightly -o json >/dev/null \
-  || fail "the backup through the service failed"
+/usr/bin/tidemark backup --url "$addr" --to /var/backups/tidemark/pkg-nightly -o json >/dev/null \
+  || fail "the backup streamed from the service failed"
 [[ -f /var/backups/tidemark/pkg-nightly/manifest.json ]] || fail "no backup in /var/backups/tidemark"
 stop_service
 /usr/bin/tidemark restore --from /var/backups/tidemark/pkg-nightly \

@@ -122,7 +122,7 @@ pub fn export(
     log: &impl EventLog,
     after: u64,
     through: u64,
-    out: &mut impl Write,
+    out: &mut (impl Write + ?Sized),
 ) -> Result<Written, TransferError> {
     let through = through.min(log.head());
     let mut w = Written {
@@ -234,8 +234,93 @@ pub fn backup(log: &impl EventLog, dir: &Path, after: u64) -> Result<Manifest, T
             head: through,
         });
     }
+    backup_with(dir, after, |out| export(log, after, through, out))
+}
+
+/// Write a backup into `dir` from a stream of the events after `after` through `through` as
+/// JSON lines (what a server sends to `tidemark backup --to` on another machine): the same
+/// files, manifest and guarantees as [`backup`]. Each line's seq must follow the one before
+/// from `after + 1`, and the last must be `through`: a stream that ends early, skips or
+/// repeats an event is refused and leaves nothing.
+pub fn backup_from(
+    input: impl BufRead,
+    dir: &Path,
+    after: u64,
+    through: u64,
+) -> Result<Manifest, TransferError> {
+    if after > through {
+        return Err(TransferError::PastHead {
+            after,
+            head: through,
+        });
+    }
+    backup_with(dir, after, |out| copy_dense(input, after, through, out))
+}
+
+/// Copy JSON event lines from `input` to `out`, checking that their seqs run from `after + 1`
+/// through `through` without a gap or a repeat.
+fn copy_dense(
+    mut input: impl BufRead,
+    after: u64,
+    through: u64,
+    out: &mut dyn Write,
+) -> Result<Written, TransferError> {
+    #[derive(Deserialize)]
+    struct Seq {
+        seq: u64,
+    }
+    let mut w = Written {
+        events: 0,
+        bytes: 0,
+        through_seq: through,
+    };
+    let mut last = after;
+    let mut line = Vec::with_capacity(4096);
+    loop {
+        line.clear();
+        let n = input
+            .read_until(b'\n', &mut line)
+            .map_err(io("receiving the events"))?;
+        if n == 0 {
+            break;
+        }
+        if line.last() != Some(&b'\n') {
+            return Err(TransferError::Backup(format!(
+                "the stream of events ended inside the line after seq {last}: it was cut off"
+            )));
+        }
+        let seq = serde_json::from_slice::<Seq>(&line)
+            .map_err(|e| {
+                TransferError::Backup(format!("the line after seq {last} is not an event: {e}"))
+            })?
+            .seq;
+        if seq != last + 1 || seq > through {
+            return Err(TransferError::Backup(format!(
+                "the stream sent seq {seq} after seq {last} (through {through}): a gap or a repeat"
+            )));
+        }
+        out.write_all(&line).map_err(io("writing the events"))?;
+        last = seq;
+        w.events += 1;
+        w.bytes += line.len() as u64;
+    }
+    if last != through {
+        return Err(TransferError::Backup(format!(
+            "the stream of events ended at seq {last}, before seq {through}: it was cut off"
+        )));
+    }
+    out.flush().map_err(io("writing the events"))?;
+    Ok(w)
+}
+
+/// [`backup`]'s directory, files and manifest, the events written by `fill`.
+fn backup_with(
+    dir: &Path,
+    after: u64,
+    fill: impl FnOnce(&mut dyn Write) -> Result<Written, TransferError>,
+) -> Result<Manifest, TransferError> {
     let made = claim_dir(dir)?;
-    let r = write_backup(log, dir, after, through);
+    let r = write_backup(dir, after, fill);
     if r.is_err() {
         if made {
             let _ = std::fs::remove_dir_all(dir);
@@ -291,10 +376,9 @@ fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
 }
 
 fn write_backup(
-    log: &impl EventLog,
     dir: &Path,
     after: u64,
-    through: u64,
+    fill: impl FnOnce(&mut dyn Write) -> Result<Written, TransferError>,
 ) -> Result<Manifest, TransferError> {
     let partial = dir.join(format!("{EVENTS}.partial"));
     let file = create_private(&partial).map_err(|e| {
@@ -310,7 +394,7 @@ fn write_backup(
         inner: std::io::BufWriter::with_capacity(1 << 20, Paced { file, unsynced: 0 }),
         hash: blake3::Hasher::new(),
     };
-    let w = export(log, after, through, &mut out)?;
+    let w = fill(&mut out)?;
     let file = out
         .inner
         .into_inner()
@@ -675,4 +759,48 @@ async fn write_inputs<L: ImportTarget, R: BufRead>(
         events,
         head: log.head(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(seqs: impl IntoIterator<Item = u64>) -> Vec<u8> {
+        let mut out = Vec::new();
+        for s in seqs {
+            out.extend_from_slice(format!("{{\"seq\":{s},\"type\":\"t.x\"}}\n").as_bytes());
+        }
+        out
+    }
+
+    /// A streamed backup is the same backup: its manifest opens and matches its file; a stream
+    /// with a gap, a repeat, a cut-off line or missing tail is refused and leaves nothing.
+    #[test]
+    fn a_streamed_backup_checks_every_seq_arrived() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ok = tmp.path().join("ok");
+        let m = backup_from(&lines(4..=9)[..], &ok, 3, 9).unwrap();
+        assert_eq!((m.after_seq, m.through_seq, m.events), (3, 9, 6));
+        assert_eq!(open_backup(&ok).unwrap(), m);
+        let empty = tmp.path().join("empty");
+        assert_eq!(backup_from(&b""[..], &empty, 9, 9).unwrap().events, 0);
+        let mut cut = lines(4..=9);
+        cut.truncate(cut.len() - 3);
+        for (what, input, why) in [
+            ("short", lines(4..=8), "ended at seq 8, before seq 9"),
+            ("gap", lines([4, 5, 7, 8, 9]), "gap or a repeat"),
+            ("repeat", lines([4, 5, 5, 6, 7, 8, 9]), "gap or a repeat"),
+            ("past", lines(4..=10), "gap or a repeat"),
+            ("cut", cut, "cut off"),
+        ] {
+            let dir = tmp.path().join(what);
+            let e = backup_from(&input[..], &dir, 3, 9).unwrap_err().to_string();
+            assert!(e.contains(why), "{what}: {e}");
+            assert!(
+                !dir.exists(),
+                "{what}: a refused stream left {}",
+                dir.display()
+            );
+        }
+    }
 }

@@ -40,7 +40,7 @@ fn open_offline(config: Option<&Path>, data: &Path) -> Result<Log, CliError> {
     let (log, _) = Log::open(&lc).map_err(|e| {
         CliError::Other(format!(
             "cannot open the log in {}: {e} (a running server is backed up through it: \
-             `tidemark backup --to NAME` without --data)",
+             `tidemark backup --to DIR` without --data)",
             data.display()
         ))
     })?;
@@ -53,33 +53,125 @@ fn transfer_error(e: TransferError) -> CliError {
 
 pub(crate) async fn backup(a: BackupArgs) -> CliResult {
     let out = a.client.output();
-    let report = match &a.data {
-        Some(data) => {
+    let started = std::time::Instant::now();
+    let report = match (&a.data, &a.to, &a.on_server) {
+        (Some(data), Some(to), _) => {
             let log = open_offline(a.config.as_deref(), data)?;
-            let started = std::time::Instant::now();
-            let to = a.to.clone();
+            let to = to.clone();
             let after = a.after;
             let l = log.clone();
             let r = tokio::task::spawn_blocking(move || transfer::backup(&l, &to, after))
                 .await
                 .map_err(|e| CliError::Other(e.to_string()))?;
             log.close().await;
-            let m = r.map_err(transfer_error)?;
-            let mut v = serde_json::to_value(&m).map_err(|e| CliError::Other(e.to_string()))?;
-            v["dir"] = json!(absolute(&a.to).display().to_string());
-            v["duration_ms"] = json!(started.elapsed().as_millis() as u64);
-            v
+            r.map_err(transfer_error)?
         }
-        None => {
+        (None, Some(to), _) => stream_backup(&Client::new(&a.client)?, to, a.after).await?,
+        (_, None, Some(name)) => {
             let c = Client::new(&a.client)?;
-            c.post_json(
-                "/v1/admin/backup",
-                &json!({"to": a.to.to_string_lossy(), "after": a.after}),
-            )
-            .await?
+            return out.one(
+                &c.post_json("/v1/admin/backup", &json!({"to": name, "after": a.after}))
+                    .await?,
+            );
         }
+        (_, None, None) => return Err(CliError::Other("give --to DIR or --on-server NAME".into())),
     };
-    out.one(&report)
+    let mut v = serde_json::to_value(&report).map_err(|e| CliError::Other(e.to_string()))?;
+    if let Some(to) = &a.to {
+        v["dir"] = json!(absolute(to).display().to_string());
+    }
+    v["duration_ms"] = json!(started.elapsed().as_millis() as u64);
+    out.one(&v)
+}
+
+/// A running server's backup, streamed into `to` on this machine: the server sends the events
+/// as JSON lines and says which seqs they span; here every seq is checked to have arrived, the
+/// lines are hashed and the same manifest is written as a backup made on the server. A stream
+/// cut off leaves nothing.
+async fn stream_backup(c: &Client, to: &Path, after: u64) -> Result<transfer::Manifest, CliError> {
+    // Refused here before the server reads its log for nothing (the directory is still claimed
+    // exclusively when the stream arrives).
+    if let Ok(mut entries) = std::fs::read_dir(to)
+        && entries.next().is_some()
+    {
+        return Err(transfer_error(transfer::TransferError::DirNotEmpty {
+            dir: to.to_owned(),
+        }));
+    }
+    let resp = c
+        .send(
+            c.http
+                .get(c.url(&format!("/v1/admin/backup/stream?after={after}"))),
+        )
+        .await?;
+    let status = resp.status();
+    if !status.is_success() {
+        let text = resp.text().await.map_err(|e| c.unreachable(&e))?;
+        return Err(CliError::refused(status, text));
+    }
+    let seq = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| CliError::Other(format!("the server's stream has no {name} header")))
+    };
+    let (from, through) = (seq("tidemark-after-seq")?, seq("tidemark-through-seq")?);
+    if from != after {
+        return Err(CliError::Other(format!(
+            "asked for the events after seq {after}, the server sent those after {from}"
+        )));
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let dir = to.to_owned();
+    let writer = tokio::task::spawn_blocking(move || {
+        let input = std::io::BufReader::with_capacity(1 << 20, Chunks { rx, at: None });
+        transfer::backup_from(input, &dir, after, through)
+    });
+    let mut resp = resp;
+    loop {
+        let next = resp.chunk().await;
+        let item = match next {
+            Ok(Some(bytes)) => Ok(bytes),
+            Ok(None) => break,
+            Err(e) => Err(std::io::Error::other(format!(
+                "the stream from the server broke: {e}"
+            ))),
+        };
+        let failed = item.is_err();
+        if tx.send(item).await.is_err() || failed {
+            break;
+        }
+    }
+    drop(tx);
+    writer
+        .await
+        .map_err(|e| CliError::Other(e.to_string()))?
+        .map_err(transfer_error)
+}
+
+/// The chunks of a response body as a blocking `Read` (for [`transfer::backup_from`]).
+struct Chunks {
+    rx: tokio::sync::mpsc::Receiver<std::io::Result<axum::body::Bytes>>,
+    at: Option<axum::body::Bytes>,
+}
+
+impl std::io::Read for Chunks {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            if let Some(chunk) = self.at.as_mut().filter(|c| !c.is_empty()) {
+                let n = chunk.len().min(buf.len());
+                buf[..n].copy_from_slice(&chunk[..n]);
+                let _ = chunk.split_to(n);
+                return Ok(n);
+            }
+            match self.rx.blocking_recv() {
+                Some(Ok(chunk)) => self.at = Some(chunk),
+                Some(Err(e)) => return Err(e),
+                None => return Ok(0),
+            }
+        }
+    }
 }
 
 fn absolute(p: &Path) -> PathBuf {

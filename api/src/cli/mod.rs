@@ -95,11 +95,19 @@ pub enum Command {
 pub struct BackupArgs {
     #[command(flatten)]
     pub client: ClientArgs,
-    /// The directory to write (it must not exist, or be empty). Through a server: a path
-    /// relative to its `[server] backup_dir` on its machine (names of letters, digits, `.`,
-    /// `_`, `-`, joined by `/`); with --data: any path.
-    #[arg(long)]
-    pub to: PathBuf,
+    /// The directory to write on this machine (it must not exist, or be empty): a running
+    /// server streams the backup here (`GET /v1/admin/backup/stream`), with --data it is read
+    /// from the stopped server's data directory. Either way the same files and manifest.
+    #[arg(
+        long,
+        required_unless_present = "on_server",
+        conflicts_with = "on_server"
+    )]
+    pub to: Option<PathBuf>,
+    /// Have the running server write the backup on its own machine instead, under its
+    /// `[server] backup_dir`: a relative name (letters, digits, `.`, `_`, `-`, joined by `/`).
+    #[arg(long, value_name = "NAME", conflicts_with = "data")]
+    pub on_server: Option<String>,
     /// Write an increment: the events after this seq (the `through_seq` of the backup it
     /// follows). 0, the default: a full backup.
     #[arg(long, default_value_t = 0)]

@@ -487,3 +487,132 @@ fn backup_error(e: tidemark_log::transfer::TransferError) -> ApiError {
         e => ApiError::internal("backup failed", e),
     }
 }
+
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct BackupStreamQuery {
+    /// 0 (the default): a full backup; else an increment of the events after this seq (the
+    /// `through_seq` of the backup it follows).
+    #[serde(default)]
+    pub after: u64,
+}
+
+/// Events on their way to the client, in chunks of about this many bytes.
+const STREAM_CHUNK: usize = 256 << 10;
+
+/// A `Write` that hands its bytes to the response body in chunks; fails once the client is gone
+/// (so the export stops reading the log).
+struct ToBody {
+    tx: tokio::sync::mpsc::Sender<Result<axum::body::Bytes, std::io::Error>>,
+    buf: Vec<u8>,
+}
+
+impl std::io::Write for ToBody {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(b);
+        if self.buf.len() >= STREAM_CHUNK {
+            self.flush()?;
+        }
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = axum::body::Bytes::from(std::mem::take(&mut self.buf));
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client left"))
+    }
+}
+
+/// Stream a backup to the caller (`tidemark backup --to DIR` on any machine): the events after
+/// `after` through the head as of now, as the JSON lines of a backup's `events.jsonl`, read in
+/// pages while appends go on. `Tidemark-After-Seq` and `Tidemark-Through-Seq` say what the
+/// body holds; the client checks every seq from one to the other arrived, hashes the lines
+/// and writes the same manifest as a backup made on the server. A stream that fails partway is
+/// cut off (the client sees it short and keeps nothing).
+#[utoipa::path(
+    get, path = "/v1/admin/backup/stream", tag = "admin", operation_id = "streamBackup",
+    params(BackupStreamQuery),
+    responses(
+        (status = 200, description = "The events as JSON lines", content_type = "application/x-ndjson", body = String,
+         headers(("tidemark-after-seq" = u64), ("tidemark-through-seq" = u64))),
+        (status = 409, description = "`after` is past the head (`past_head`), or the log was compacted past it (`compacted`)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["admin"]))
+)]
+#[tracing::instrument(skip_all)]
+pub async fn backup_stream(
+    State(st): State<AppState>,
+    q: Result<axum::extract::Query<BackupStreamQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let axum::extract::Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
+    let through = st.engine.head();
+    let refused = |e: tidemark_log::transfer::TransferError| {
+        metrics::counter!("tidemark_backups_total", "outcome" => "refused").increment(1);
+        backup_error(e)
+    };
+    if q.after > through {
+        return Err(refused(tidemark_log::transfer::TransferError::PastHead {
+            after: q.after,
+            head: through,
+        }));
+    }
+    let first = st.engine.first_seq().unwrap_or(1);
+    if q.after + 1 < first && q.after < through {
+        return Err(refused(tidemark_log::transfer::TransferError::Compacted {
+            after: q.after,
+            first,
+        }));
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let engine = st.engine.clone();
+    let after = q.after;
+    tokio::task::spawn_blocking(move || {
+        let mut out = ToBody {
+            tx: tx.clone(),
+            buf: Vec::with_capacity(STREAM_CHUNK),
+        };
+        let r = tidemark_log::transfer::export(engine.log(), after, through, &mut out);
+        match r {
+            Ok(_) => {
+                metrics::counter!("tidemark_backups_total", "outcome" => "ok").increment(1);
+                metrics::gauge!("tidemark_backup_last_through_seq").set(through as f64);
+                metrics::gauge!("tidemark_backup_last_success_timestamp_seconds")
+                    .set(tidemark_log::time::now_micros() as f64 / 1e6);
+            }
+            Err(e) => {
+                // Cut the body off: the client sees the stream end short and keeps nothing.
+                metrics::counter!("tidemark_backups_total", "outcome" => "failed").increment(1);
+                tracing::warn!(error = %e, after, through, "a streamed backup stopped");
+                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+            }
+        }
+    });
+    let mut rx = rx;
+    let body = axum::body::Body::from_stream(async_stream::stream! {
+        while let Some(chunk) = rx.recv().await {
+            yield chunk;
+        }
+    });
+    Ok((
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/x-ndjson"),
+            ),
+            (
+                axum::http::HeaderName::from_static("tidemark-after-seq"),
+                axum::http::HeaderValue::from(after),
+            ),
+            (
+                axum::http::HeaderName::from_static("tidemark-through-seq"),
+                axum::http::HeaderValue::from(through),
+            ),
+        ],
+        body,
+    )
+        .into_response())
+}

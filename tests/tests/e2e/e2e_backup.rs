@@ -152,7 +152,15 @@ async fn a_backup_under_load_restores_a_prefix_whose_models_verify() {
     .await;
     let before = s.head().await;
     let full = cli_json(&[
-        "backup", "--url", &url, "--token", ADMIN, "--to", "full", "-o", "json",
+        "backup",
+        "--url",
+        &url,
+        "--token",
+        ADMIN,
+        "--on-server",
+        "full",
+        "-o",
+        "json",
     ])
     .await;
     let n1 = full["through_seq"].as_u64().expect("through_seq");
@@ -169,14 +177,65 @@ async fn a_backup_under_load_restores_a_prefix_whose_models_verify() {
     })
     .await;
     let n1s = n1.to_string();
+    // The increment streamed to the machine running the command (`--to DIR`): the same files
+    // and manifest as one the server writes, restored below on top of the server's full one.
+    let local = tempfile::tempdir().expect("tempdir");
+    let inc_dir = local.path().join("inc");
     let inc = cli_json(&[
-        "backup", "--url", &url, "--token", ADMIN, "--to", "inc", "--after", &n1s, "-o", "json",
+        "backup",
+        "--url",
+        &url,
+        "--token",
+        ADMIN,
+        "--to",
+        path(&inc_dir),
+        "--after",
+        &n1s,
+        "-o",
+        "json",
     ])
     .await;
+    assert_eq!(inc["dir"], path(&inc_dir), "{inc}");
     let n2 = inc["through_seq"].as_u64().expect("through_seq");
     assert_eq!(inc["after_seq"], n1, "{inc}");
     assert!(n2 > n1, "{inc}");
     assert_eq!(inc["events"], n2 - n1, "{inc}");
+    // A streamed backup is refused as one on the server is: into a directory that holds one,
+    // or after the head; and refused, it writes nothing.
+    let e = cli_refused(
+        &[
+            "backup",
+            "--url",
+            &url,
+            "--token",
+            ADMIN,
+            "--to",
+            path(&inc_dir),
+            "--after",
+            &n1s,
+        ],
+        "",
+    )
+    .await;
+    assert!(e.contains("not empty"), "{e}");
+    let later = local.path().join("later");
+    let e = cli_refused(
+        &[
+            "backup",
+            "--url",
+            &url,
+            "--token",
+            ADMIN,
+            "--to",
+            path(&later),
+            "--after",
+            "999999999",
+        ],
+        "",
+    )
+    .await;
+    assert!(e.contains("past_head"), "{e}");
+    assert!(!later.exists(), "a refused stream made {}", later.display());
     stop_flag.store(true, Ordering::Relaxed);
     for c in clients {
         c.await.expect("client");
@@ -261,13 +320,15 @@ async fn a_backup_under_load_restores_a_prefix_whose_models_verify() {
         "the export is the log, secrets included"
     );
     let backups = s.data_dir().join("backups");
-    let (full_dir, inc_dir) = (backups.join("full"), backups.join("inc"));
+    let full_dir = backups.join("full");
     // The owner's only: the log holds webhook secrets and personal data.
     use std::os::unix::fs::PermissionsExt;
     let mode = |p: &Path| std::fs::metadata(p).expect("metadata").permissions().mode() & 0o777;
     assert_eq!(mode(&full_dir), 0o700);
     assert_eq!(mode(&full_dir.join("events.jsonl")), 0o600);
     assert_eq!(mode(&full_dir.join("manifest.json")), 0o600);
+    assert_eq!(mode(&inc_dir), 0o700);
+    assert_eq!(mode(&inc_dir.join("events.jsonl")), 0o600);
     // The increment holds exactly the events after the first backup.
     let inc_lines: Vec<u64> = std::fs::read_to_string(inc_dir.join("events.jsonl"))
         .expect("the increment's events")
