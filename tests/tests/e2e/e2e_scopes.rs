@@ -21,6 +21,8 @@ fn spec_scope(method: &str, path: &str) -> &'static str {
         | ("post", "/v1/sources/{name}/reset")
         | ("post", "/v1/admin/retention/run")
         | ("post", "/v1/admin/backup")
+        // The same backup streamed to the caller (issue 40): the whole log, as the backup.
+        | ("get", "/v1/admin/backup/stream")
         | ("put" | "delete", "/v1/lists/{name}") => "admin",
         (_, p) if p.starts_with("/v1/admin/") => "operator",
         ("post", p) if p.ends_with("/retry") || p.ends_with("/discard") => "operator",
