@@ -183,6 +183,12 @@ async function openPage(s) {
     if (r.method() !== 'GET') writes.push(`${r.method()} ${r.url().slice(s.base.length)}`);
   });
   page.on('pageerror', (e) => { page.errors.push(e.message); });
+  // The page's own files (the icon included, which browsers ask for on every load) are never
+  // missing; API answers are checked where they are used.
+  page.on('response', (r) => {
+    if (r.status() === 404 && !new URL(r.url()).pathname.startsWith('/v1/')) page.missing.push(r.url());
+  });
+  page.missing = [];
   page.errors = [];
   page.urls = urls;
   pages.push(page);
@@ -568,6 +574,7 @@ async function openMode() {
 
   assert.deepEqual(page.external, [], 'the console fetched nothing beyond the server');
   assert.deepEqual(page.errors, [], 'no script errors');
+  assert.deepEqual(page.missing, [], 'the page asked for a file the server does not have');
   await page.context().close();
   await s.kill9();
 }
@@ -659,6 +666,7 @@ scopes = ["read"]
   await snap(page, 'admin-token');
   assert.deepEqual(page.external, []);
   assert.deepEqual(page.errors, []);
+  assert.deepEqual(page.missing, []);
   await page.context().close();
   await s.kill9();
   assert.ok(!s.log.includes(admin) && !s.log.includes(reader), 'a token in the server log');
@@ -815,6 +823,7 @@ id = "/id"
   step('Delete: cancel kept the list, confirm deleted it');
   assert.deepEqual(page.external, []);
   assert.deepEqual(page.errors, []);
+  assert.deepEqual(page.missing, [], 'the page asked for a file the server does not have');
   await page.context().close();
   await s.kill9();
   smtp.proc.kill('SIGKILL');
