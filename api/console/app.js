@@ -75,6 +75,14 @@ function fmtTime(s) {
   return s ? s.replace('T', ' ').replace(/\.\d+Z$/, 'Z') : '–';
 }
 
+/// Bring a panel just opened into view and give it the focus: the panels open below lists of
+/// up to 50 rows, where a deep link (`#tasks/<id>`) or a click used to leave them out of view.
+function reveal(node) {
+  if (!node.hasAttribute('tabindex')) node.setAttribute('tabindex', '-1');
+  node.scrollIntoView({ block: 'start' });
+  node.focus({ preventScroll: true });
+}
+
 function fmtAge(seconds) {
   if (!seconds) return '0s';
   const s = Math.round(seconds);
@@ -351,10 +359,11 @@ async function operate(id, action) {
   await api('POST', `/v1/deliveries/${encodeURIComponent(id)}/${action}`,
     { reason: `${action} from the console` });
   flash(`${action === 'retry' ? 'Retried' : 'Discarded'} ${id}`, 'ok');
-  await Promise.all([loadDeliveries(false), loadKpis(), openTimeline(id)]);
+  await Promise.all([loadDeliveries(false), loadKpis(), openTimeline(id, true)]);
 }
 
-async function openTimeline(id) {
+/// A delivery's timeline; `stay`: refreshed in place, without scrolling to it.
+async function openTimeline(id, stay) {
   const d = await api('GET', `/v1/deliveries/${encodeURIComponent(id)}`);
   const steps = (d.timeline || []).map((s) => el('tr', {},
     el('td', { text: s.seq }),
@@ -381,6 +390,7 @@ async function openTimeline(id) {
     el('button', { type: 'button', text: 'Close', onclick: () => { show($('#timeline'), false); linkTo('outbox'); } }),
   );
   show($('#timeline'), true);
+  if (!stay) reveal($('#timeline'));
   linkTo('deliveries', id);
 }
 
@@ -476,8 +486,10 @@ async function openNotification(id) {
     el('button', { type: 'button', text: 'Close', onclick: () => { show($('#notification'), false); linkTo('notifications'); } }),
   );
   show($('#notification'), true);
+  reveal($('#notification'));
   linkTo('notifications', id);
 }
+
 
 /// Clear the outbox's filters by hand (a form reset would reload the list once more).
 function clearDeliveryFilters() {
@@ -575,7 +587,7 @@ function cursorCard(s) {
       s.active ? actionButton('Delete', 'bridge', async () => {
         await api('DELETE', base);
         flash(`Deleted ${s.subscription_id}; creating it again resumes from its cursor`, 'ok');
-        await openTask(s.task_id);
+        await openTask(s.task_id, true);
       }, 'delete-subscription', {
         title: `Delete subscription ${s.subscription_id}?`,
         text: `Bridge ${s.bridge_id} stops getting this task's terminal notifications. The cursor is `
@@ -584,7 +596,8 @@ function cursorCard(s) {
     explainBox);
 }
 
-async function openTask(id) {
+/// A task with its runs and bridge subscriptions; `stay`: refreshed in place.
+async function openTask(id, stay) {
   const enc = encodeURIComponent(id);
   const [t, subs] = await Promise.all([
     api('GET', `/v1/tasks/${enc}`),
@@ -616,9 +629,10 @@ async function openTask(id) {
     subs.subscriptions.some((s) => !s.active)
       ? el('p', { class: 'muted', text: 'A deleted subscription keeps its cursor: creating the same subscription_id again resumes from it.' })
       : null,
-    el('button', { type: 'button', text: 'Refresh', 'data-testid': 'task-refresh', onclick: () => openTask(id) }),
+    el('button', { type: 'button', text: 'Refresh', 'data-testid': 'task-refresh', onclick: () => openTask(id, true) }),
   );
   show($('#task'), true);
+  if (!stay) reveal($('#task'));
   linkTo('tasks', id);
 }
 
@@ -693,7 +707,7 @@ async function loadLists() {
   for (const e of $('#list-form').elements) e.disabled = !admin;
   $('#list-form').title = admin ? '' : 'needs the admin scope';
   table($('#lists'), ['list', 'members', 'updated', 'by', 'reason', ''],
-    p.lists.map((l) => el('tr', { 'data-name': l.name },
+    p.lists.map((l) => el('tr', { 'data-name': l.name, class: 'clickable', onclick: () => openList(l.name).catch((e) => flash(e.message, 'error')) },
       el('td', { class: 'mono', text: l.name }),
       el('td', { 'data-field': 'members' }, l.members.length
         ? l.members.map((m, i) => [i ? ', ' : '', el('span', { class: 'mono', text: m })])
@@ -704,12 +718,11 @@ async function loadLists() {
       el('td', {},
         el('button', {
           type: 'button', text: 'Edit', 'data-testid': 'list-edit', disabled: !admin,
-          onclick: () => openList(l.name).then(() => $('#list-form').elements.reason.focus())
-            .catch((e) => flash(e.message, 'error')),
+          onclick: (ev) => { ev.stopPropagation(); editList(l.name).catch((e) => flash(e.message, 'error')); },
         }),
         el('button', {
           type: 'button', text: 'Deliveries', 'data-testid': 'list-deliveries',
-          onclick: () => showListDeliveries(l.name).catch((e) => flash(e.message, 'error')),
+          onclick: (ev) => { ev.stopPropagation(); showListDeliveries(l.name).catch((e) => flash(e.message, 'error')); },
         }),
         actionButton('Delete', 'admin', async () => {
           const reason = $('#list-form').elements.reason.value.trim() || 'deleted from the console';
@@ -743,7 +756,7 @@ async function showListDeliveries(name) {
 }
 
 /// One source's state (section 12), with a link of its own.
-async function openSource(name) {
+async function openSource(name, stay) {
   const s = await api('GET', `/v1/sources/${encodeURIComponent(name)}`);
   const kv = [];
   for (const k of ['state', 'watermark', 'items_total', 'last_poll_at', 'last_success_at', 'next_poll_at',
@@ -758,16 +771,57 @@ async function openSource(name) {
     el('dl', { class: 'kv' }, kv),
     el('button', { type: 'button', text: 'Close', onclick: () => { show($('#source'), false); linkTo('sources'); } }));
   show($('#source'), true);
+  if (!stay) reveal($('#source'));
   linkTo('sources', name);
 }
 
-/// One list in the form, ready to edit, with a link of its own.
-async function openList(name) {
+/// One list in the form, ready to edit (reason to give).
+async function editList(name) {
   const l = await api('GET', `/v1/lists/${encodeURIComponent(name)}`);
   const f = $('#list-form');
   f.elements.name.value = l.name;
   f.elements.members.value = l.members.join('\n');
+  f.elements.reason.focus();
+}
+
+/// One list on a panel of its own, with a link of its own (`#lists/<name>`): its members, who
+/// changed it last and why, and its latest deliveries.
+async function openList(name) {
+  const enc = encodeURIComponent(name);
+  const [l, page] = await Promise.all([
+    api('GET', `/v1/lists/${enc}`),
+    api('GET', `/v1/deliveries${qs({ list: name, order: 'newest', limit: 20 })}`),
+  ]);
   for (const tr of document.querySelectorAll('#lists tr[data-name]')) tr.classList.toggle('selected', tr.dataset.name === name);
+  const dt = el('table', { class: 'list' });
+  table(dt, ['delivery', 'status', 'title', 'created'], page.deliveries.map((d) => el('tr', {
+    class: 'clickable', 'data-id': d.id, onclick: () => { location.hash = `#deliveries/${encodeURIComponent(d.id)}`; },
+  },
+  el('td', { class: 'mono', text: d.id }),
+  el('td', {}, el('span', { class: `pill s-${d.status}`, text: d.status })),
+  el('td', { text: d.title }), el('td', { text: fmtTime(d.created_at) }))));
+  const admin = can('admin');
+  fill($('#list'),
+    el('h3', {}, 'List ', el('span', { class: 'mono', text: l.name }), ' ',
+      el('span', { class: 'pill', 'data-testid': 'list-count', text: `${l.members.length} member${l.members.length === 1 ? '' : 's'}` })),
+    l.members.length
+      ? el('ul', { 'data-testid': 'list-members-shown' }, l.members.map((m) => el('li', { class: 'mono', text: m })))
+      : el('p', { class: 'warn', text: 'Empty: deliveries to it park (empty_list) until it has members.' }),
+    el('dl', { class: 'kv' },
+      el('dt', { text: 'updated' }), el('dd', { text: fmtTime(l.updated_at) }),
+      el('dt', { text: 'by' }), el('dd', { text: l.by || '–' }),
+      el('dt', { text: 'reason' }), el('dd', { text: l.reason || '–' })),
+    el('h4', { text: `Latest deliveries to it (${page.deliveries.length}${page.next_before ? '+' : ''})` }),
+    dt,
+    el('div', { class: 'actions' },
+      el('button', {
+        type: 'button', text: 'Edit', disabled: !admin, title: admin ? null : 'needs the admin scope',
+        onclick: () => editList(l.name).catch((e) => flash(e.message, 'error')),
+      }),
+      el('button', { type: 'button', text: 'All its deliveries', onclick: () => showListDeliveries(l.name).catch((e) => flash(e.message, 'error')) }),
+      el('button', { type: 'button', text: 'Close', onclick: () => { show($('#list'), false); linkTo('lists'); } })));
+  show($('#list'), true);
+  reveal($('#list'));
   linkTo('lists', name);
 }
 
@@ -947,7 +1001,9 @@ const OPENERS = {
 };
 
 /// The panel an opener fills, per view: closed when the address names the view alone.
-const PANELS = { outbox: '#timeline', tasks: '#task', notifications: '#notification', sources: '#source' };
+const PANELS = {
+  outbox: '#timeline', tasks: '#task', notifications: '#notification', sources: '#source', lists: '#list',
+};
 
 /// Show what the address bar names.
 async function route() {

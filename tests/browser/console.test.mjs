@@ -228,6 +228,17 @@ async function text(page, sel) {
   return (await page.locator(sel).first().textContent({ timeout: WAIT })).trim();
 }
 
+/// Whether the panel `sel` is shown with its top inside the window and has the focus (what a
+/// deep link or a click on a row of a long list must leave).
+async function inViewAndFocused(page, sel) {
+  return page.evaluate((q) => {
+    const n = document.querySelector(q);
+    if (!n || n.hidden) return false;
+    const r = n.getBoundingClientRect();
+    return r.top >= 0 && r.top < window.innerHeight && document.activeElement === n;
+  }, sel);
+}
+
 /// The ids (`data-id`) of the rows of list `sel`, in the order shown.
 async function rowIds(page, sel) {
   return page.locator(`${sel} tbody tr[data-id]`).evaluateAll((rs) => rs.map((r) => r.dataset.id));
@@ -811,8 +822,19 @@ id = "/id"
   await page.goto('about:blank');
   await page.goto(`${s.base}/#lists/oncall`);
   await ready(page);
-  await until('the list in the form', async () => (await page.inputValue('[data-testid=list-name]')) === 'oncall');
-  step('links: #sources/<name> and #lists/<name> open directly');
+  // A list has a panel of its own at its link: members, last change, its deliveries; brought
+  // into view and focused.
+  await page.waitForSelector('#list:not([hidden]) h3:has-text("oncall")', { timeout: WAIT });
+  assert.equal(await text(page, '#list [data-testid=list-count]'), '3 members');
+  const shownMembers = await page.locator('#list [data-testid=list-members-shown] li').allTextContents();
+  assert.deepEqual(shownMembers.map((m) => m.trim()), members);
+  await page.waitForSelector('#list tr[data-id="dlv:p-1:email"] .pill:text-is("sent")', { timeout: WAIT });
+  await until('the list panel in view and focused', () => inViewAndFocused(page, '#list'));
+  await snap(page, 'list-panel');
+  await page.click('#list tr[data-id="dlv:p-1:email"]');
+  await page.waitForSelector('#timeline:not([hidden]) h3:has-text("dlv:p-1:email")', { timeout: WAIT });
+  await until('the delivery link', async () => page.url().endsWith(`#deliveries/${encodeURIComponent('dlv:p-1:email')}`));
+  step('links: #sources/<name> opens directly; #lists/<name> opens the list\'s own panel');
 
   // Deleting the list asks first; confirmed, it is gone.
   await view(page, 'lists');
