@@ -75,6 +75,12 @@ function fmtTime(s) {
   return s ? s.replace('T', ' ').replace(/\.\d+Z$/, 'Z') : '–';
 }
 
+/// How far ahead a time is: " (in 5m)", or " (now)" once it has passed.
+function fmtIn(t) {
+  const s = (Date.parse(t) - Date.now()) / 1000;
+  return s > 0 ? ` (in ${fmtAge(s)})` : ' (now)';
+}
+
 /// Bring a panel just opened into view and give it the focus: the panels open below lists of
 /// up to 50 rows, where a deep link (`#tasks/<id>`) or a click used to leave them out of view.
 function reveal(node) {
@@ -323,14 +329,15 @@ function deliveryRow(d) {
   },
   el('td', { class: 'mono', text: d.id }),
   el('td', {}, el('span', { class: `pill s-${d.status}`, text: d.status }),
-    d.stuck ? el('span', { class: 'pill badge-stuck', text: 'stuck', 'data-testid': 'stuck-badge' }) : null),
+    d.stuck ? el('span', { class: 'pill badge-stuck', text: 'stuck', 'data-testid': 'stuck-badge' }) : null,
+    dueLine(d)),
   el('td', { text: d.sink }),
   el('td', { text: d.route }),
   el('td', { text: d.redacted ? '(redacted)' : (d.recipient || '–') }),
   el('td', { text: d.title }),
   el('td', { text: `${d.attempts}/${d.max_attempts}` }),
   el('td', { text: fmtTime(d.created_at) }),
-  el('td', { class: 'err', text: d.last_error || '' }),
+  el('td', { class: 'err', 'data-field': 'last_error', text: currentError(d) }),
   el('td', {}, d.status === 'parked' ? [
     actionButton('Retry', 'operator', () => operate(d.id, 'retry'), 'retry'),
     actionButton('Discard', 'operator', () => operate(d.id, 'discard'), 'discard', {
@@ -339,6 +346,30 @@ function deliveryRow(d) {
     }),
   ] : null));
   return tr;
+}
+
+/// When a delivery can next be claimed, for the two kinds that wait (spec section 5): one
+/// scheduled for later (queued, its `next_attempt_at` ahead: a route's delay, quiet hours, a
+/// digest window) and one waiting to retry (`retry_wait`).
+function dueText(d) {
+  if (!d.next_attempt_at) return null;
+  if (d.status === 'retry_wait') return `retry due ${fmtTime(d.next_attempt_at)}${fmtIn(d.next_attempt_at)}`;
+  if (d.status === 'queued' && Date.parse(d.next_attempt_at) > Date.now()) {
+    return `scheduled, due ${fmtTime(d.next_attempt_at)}${fmtIn(d.next_attempt_at)}`;
+  }
+  return null;
+}
+
+function dueLine(d) {
+  const t = dueText(d);
+  return t ? el('div', { class: 'small muted', 'data-testid': 'due', 'data-due': d.next_attempt_at, text: t }) : null;
+}
+
+/// The error of a delivery's current state: none once it is sent (an attempt that failed before
+/// a retry succeeded stays in its timeline, not in its state).
+function currentError(d) {
+  if (d.status === 'sent' || !d.last_error) return '';
+  return [d.last_error_code, d.last_error].filter(Boolean).join(': ');
 }
 
 const DHEAD = ['id', 'status', 'sink', 'route', 'recipient', 'title', 'attempts', 'created', 'last error', ''];
@@ -383,6 +414,11 @@ async function openTimeline(id, stay) {
     el('p', { class: 'muted' }, `notification ${d.notification_id} · route ${d.route} · sink ${d.sink}`,
       d.type ? ` · type ${d.type}` : '', d.list ? ` · list ${d.list}` : '',
       d.reason ? ` · reason ${d.reason}` : '', d.source ? ` · site ${d.source.site_id || '–'}` : ''),
+    dueLine(d),
+    currentError(d) ? el('div', { class: 'failure', 'data-testid': 'timeline-error' },
+      el('b', { text: 'last error: ' }), el('span', { text: currentError(d) })) : null,
+    d.status === 'sent' && d.last_error ? el('p', { class: 'muted small', 'data-testid': 'timeline-earlier' },
+      `Sent on attempt ${d.attempts}; the failures before it are in the history below.`) : null,
     reached(d.resolved_targets),
     items.length > 1 ? el('ul', {}, items) : null,
     d.more ? el('p', { class: 'muted', text: `and ${d.more} more` }) : null,
@@ -460,14 +496,20 @@ async function openNotification(id) {
   const dt = el('table', { class: 'list' });
   table(dt, ['delivery', 'route', 'sink', 'status', 'attempts', 'reached', ''], deliveries);
   const site = n.source && n.source.site_id;
+  const part = partlyDelivered(r);
   fill($('#notification'),
     el('h3', {}, 'Notification ', el('span', { class: 'mono', text: n.notification_id }), ' ',
-      el('span', { class: `pill n-${r.status}`, text: r.status, 'data-testid': 'ntf-status' }),
+      part
+        ? [el('span', { class: 'pill n-partial', text: `${part.sent} of ${part.total} delivered`, 'data-testid': 'ntf-status', 'data-status': r.status }),
+          part.others.map(([st, k]) => el('span', { class: `pill s-${st}`, text: `${k} ${st}`, 'data-testid': `ntf-count-${st}` }))]
+        : el('span', { class: `pill n-${r.status}`, text: r.status, 'data-testid': 'ntf-status', 'data-status': r.status }),
       el('span', { class: `pill p-${n.priority}`, text: n.priority })),
     el('p', { class: 'muted', 'data-testid': 'ntf-meaning', text: NOTIFICATION_STATUS[r.status] || '' }),
     el('p', {}, el('b', { text: n.title }), n.body ? ` — ${n.body}` : ''),
-    r.last_error ? el('div', { class: 'failure', 'data-testid': 'ntf-error' },
+    r.last_error && r.status !== 'delivered' ? el('div', { class: 'failure', 'data-testid': 'ntf-error' },
       el('b', { text: 'last_error: ' }), el('span', { text: r.last_error })) : null,
+    r.last_error && r.status === 'delivered' ? el('p', { class: 'muted small', 'data-testid': 'ntf-earlier-error' },
+      `Delivered; an earlier attempt failed (${r.last_error}).`) : null,
     el('dl', { class: 'kv' },
       el('dt', { text: 'attempts' }), el('dd', { text: r.attempts, 'data-testid': 'ntf-attempts' }),
       el('dt', { text: 'recipient' }), el('dd', { text: n.recipient || '–' }),
@@ -478,7 +520,10 @@ async function openNotification(id) {
       site ? [el('dt', { text: 'source site' }), el('dd', { text: site })] : null,
       el('dt', { text: 'enqueued' }), el('dd', { text: fmtTime(r.enqueued_at) }),
       el('dt', { text: 'created' }), el('dd', { text: fmtTime(r.created_at) }),
-      el('dt', { text: 'delivered' }), el('dd', { text: fmtTime(r.delivered_at), 'data-testid': 'ntf-delivered' })),
+      el('dt', { text: 'delivered' }), el('dd', {
+        'data-testid': 'ntf-delivered',
+        text: part ? `${part.sent} of ${part.total}, the last at ${fmtTime(r.delivered_at)}` : fmtTime(r.delivered_at),
+      })),
     reached(r.resolved_targets),
     el('h4', { text: `Deliveries (${r.deliveries.length})` }),
     r.deliveries.length ? dt : el('p', { class: 'muted', text: 'None: this notification is on the dashboard only.' }),
@@ -490,6 +535,18 @@ async function openNotification(id) {
   linkTo('notifications', id);
 }
 
+/// A notification some of whose deliveries are sent and others not: `{sent, total, others}`
+/// (`others`: [status, count] of the rest), so the record reads "1 of 2 delivered · 1 parked"
+/// rather than "parked" beside a delivery time. Null when all or none are sent.
+function partlyDelivered(r) {
+  const total = r.deliveries.length;
+  const counts = {};
+  for (const d of r.deliveries) counts[d.status] = (counts[d.status] || 0) + 1;
+  const sent = counts.sent || 0;
+  if (!sent || sent === total) return null;
+  delete counts.sent;
+  return { sent, total, others: Object.entries(counts) };
+}
 
 /// Clear the outbox's filters by hand (a form reset would reload the list once more).
 function clearDeliveryFilters() {
