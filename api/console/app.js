@@ -715,8 +715,8 @@ async function loadLag() {
   const list = p.consumers ?? [];
   const stopped = p.stopped ?? list.filter((c) => c.stopped).length;
   $('#lag-summary').textContent = `${list.length} consumers, ${p.stalled} stalled, ${stopped} stopped`;
-  table($('#lag'), ['consumer', 'stream', 'subject', 'last seq', 'lag (events)', 'lag (time)', 'flags', 'last error'],
-    list.map((c) => el('tr', { 'data-consumer': c.consumer_id },
+  table($('#lag'), ['consumer', 'stream', 'subject', 'last seq', 'lag (events)', 'lag (time)', 'flags', 'last error', ''],
+    list.map((c) => el('tr', { 'data-consumer': c.consumer_id, 'data-subject': c.subject_id },
       el('td', { class: 'mono', text: c.consumer_id }), el('td', { text: c.stream_name }),
       el('td', { text: c.subject_id || '(all)' }), el('td', { text: c.last_sequence }),
       el('td', { text: `${c.lag_capped ? '≥ ' : ''}${c.lag_events}` }), el('td', { text: fmtAge(c.lag_seconds) }),
@@ -728,7 +728,112 @@ async function loadLag() {
         c.stopped ? el('div', { class: 'failure', 'data-testid': 'stopped-reason' },
           el('b', { text: `stopped${c.stopped_seq ? ` at seq ${c.stopped_seq}` : ''}: ` }),
           el('span', { text: c.stopped_reason || 'a terminal-state mismatch' })) : null,
-        el('span', { class: 'err', text: c.last_error || '' })))));
+        el('span', { class: 'err', text: c.last_error || '' })),
+      el('td', {}, actionButton('Reset…', 'admin', async () => openReset(c), 'reset-cursor')))));
+}
+
+/// How many events of a cursor's stream (and subject) lie past `after`: its lag in events once
+/// reset there, counted as `GET /v1/consumers/lag` counts it (up to 10,000).
+async function eventsPast(c, after) {
+  let count = 0;
+  let from = after;
+  let head = 0;
+  for (let i = 0; i < 10; i += 1) {
+    const p = await api('GET', `/v1/events${qs({ stream: c.stream_name, subject: c.subject_id, after_sequence: from, limit: 1000 })}`);
+    count += p.events.length;
+    head = p.latest_event_seq;
+    if (p.next_after_sequence >= p.latest_event_seq || p.next_after_sequence <= from) return { count, capped: false, head };
+    from = p.next_after_sequence;
+  }
+  return { count, capped: true, head };
+}
+
+/// Reset one cursor (spec section 6: the only way down, with a reason, admin only): the panel
+/// shows the lag the new position would leave before anything is sent, asks for the reason,
+/// and asks for a confirmation before it posts. A subscription stopped at a mismatch is offered
+/// its stopped seq, which moves it past the event it stopped at.
+function openReset(c) {
+  const panel = $('#reset');
+  const start = c.stopped ? (c.stopped_seq ?? c.last_sequence) : c.last_sequence;
+  const seqIn = el('input', { type: 'number', min: '0', step: '1', value: String(start), size: 10, 'data-testid': 'reset-seq' });
+  const reasonIn = el('input', { size: 48, placeholder: 'why: recorded in the log with your token', 'data-testid': 'reset-reason' });
+  const leaves = el('p', { class: 'reached', 'data-testid': 'reset-lag', text: 'counting…' });
+  const go = el('button', { type: 'button', class: 'danger', text: 'Reset cursor', 'data-testid': 'reset-go', disabled: true });
+  let asked = 0;
+  let estimate = null; // {to, count, capped, head} of the value shown
+  const ready = () => {
+    go.disabled = !estimate || String(estimate.to) !== seqIn.value.trim() || !reasonIn.value.trim()
+      || estimate.to > estimate.head;
+    go.title = !reasonIn.value.trim() ? 'give a reason first' : '';
+  };
+  const count = async () => {
+    const mine = ++asked;
+    estimate = null;
+    delete leaves.dataset.for;
+    ready();
+    const v = seqIn.value.trim();
+    const to = Number(v);
+    if (v === '' || !Number.isSafeInteger(to) || to < 0) {
+      leaves.textContent = 'The position is a whole number from 0 (nothing delivered) to the head.';
+      return;
+    }
+    leaves.textContent = 'counting…';
+    try {
+      const n = await eventsPast(c, to);
+      if (mine !== asked) return;
+      estimate = { to, ...n };
+      leaves.dataset.for = String(to);
+      leaves.dataset.lag = String(n.count);
+      leaves.textContent = to > n.head
+        ? `Seq ${to} is past the head of the log (${n.head}).`
+        : `Reset to seq ${to}, it is ${n.capped ? 'at least ' : ''}${n.count} events behind `
+          + `(now ${c.lag_capped ? 'at least ' : ''}${c.lag_events}): every event of ${c.stream_name}`
+          + `${c.subject_id ? ` for ${c.subject_id}` : ''} after seq ${to} is delivered again or decided afresh.`;
+    } catch (e) {
+      if (mine === asked) leaves.textContent = `Could not count the events: ${e.message}`;
+    }
+    ready();
+  };
+  seqIn.addEventListener('input', () => { count(); });
+  reasonIn.addEventListener('input', ready);
+  go.addEventListener('click', async () => {
+    const est = estimate;
+    const reason = reasonIn.value.trim();
+    go.disabled = true;
+    try {
+      const ok = await confirmAction(`Reset the cursor of ${c.consumer_id}?`,
+        `From seq ${c.last_sequence} to seq ${est.to}: it will be ${est.capped ? 'at least ' : ''}${est.count} `
+          + `events behind. Reason: “${reason}”.`, 'Reset');
+      if (!ok) {
+        flash('Reset cancelled: nothing was sent', 'info');
+        return;
+      }
+      const r = await api('POST', '/v1/cursors/reset', {
+        consumer_id: c.consumer_id, stream_name: c.stream_name, subject_id: c.subject_id,
+        last_sequence: est.to, reason,
+      });
+      flash(`Reset ${c.consumer_id} to seq ${r.last_sequence}`, 'ok');
+      show(panel, false);
+      await loadLag();
+    } catch (e) { flash(`Reset: ${e.message}`, 'error'); } finally { ready(); }
+  });
+  fill(panel,
+    el('h3', {}, 'Reset the cursor of ', el('span', { class: 'mono', text: c.consumer_id })),
+    el('p', { class: 'muted' }, `stream ${c.stream_name} · subject ${c.subject_id || '(all)'} · now at seq ${c.last_sequence}, `
+      + `${c.lag_capped ? 'at least ' : ''}${c.lag_events} events behind`),
+    c.stopped ? el('div', { class: 'failure' }, el('b', { text: `Stopped at seq ${c.stopped_seq ?? '?'}: ` }),
+      el('span', { text: c.stopped_reason || 'a terminal-state mismatch' }),
+      el('div', { class: 'small', text: `Reset to ${c.stopped_seq ?? 'that seq'} to move past the event it stopped at, or lower to deliver again from there; `
+        + 'or repair the task and it resumes on its own.' })) : null,
+    el('div', { class: 'filters' },
+      el('label', {}, 'reset to seq', seqIn),
+      el('label', {}, 'reason (required)', reasonIn)),
+    leaves,
+    el('div', { class: 'actions' }, go,
+      el('button', { type: 'button', text: 'Close', onclick: () => show(panel, false) })));
+  show(panel, true);
+  reveal(panel);
+  count();
 }
 
 async function loadSources() {
@@ -737,7 +842,7 @@ async function loadSources() {
     p.sources.map((s) => {
       const enc = encodeURIComponent(s.name);
       const act = (verb) => async () => {
-        await api('POST', `/v1/sources/${enc}/${verb}`, verb === 'poll' ? undefined : { reason: 'from the console' });
+        await api('POST', `/v1/sources/${enc}/${verb}`, verb === 'pause' ? { reason: 'from the console' } : undefined);
         flash(`${verb}: ${s.name}`, 'ok');
         await loadSources();
       };
@@ -747,11 +852,20 @@ async function loadSources() {
         el('td', { class: 'mono', text: s.watermark ?? '–' }),
         el('td', { text: fmtTime(s.last_poll_at) }), el('td', { text: fmtTime(s.last_success_at) }),
         el('td', { text: s.consecutive_failures }), el('td', { class: 'err', text: s.last_error || '' }),
-        el('td', {},
-          actionButton('Poll now', 'operator', act('poll'), 'poll'),
-          s.state === 'paused' ? actionButton('Resume', 'operator', act('resume'), 'resume')
-            : actionButton('Pause', 'operator', act('pause'), 'pause')));
+        el('td', {}, sourceActions(s, act)));
     }));
+}
+
+/// Poll now and Pause on an active source; Resume on a paused or parked one, whose poll the
+/// server refuses (`source_not_active`) until it is resumed.
+function sourceActions(s, act) {
+  if (s.state === 'paused' || s.state === 'parked') {
+    return [
+      el('button', { type: 'button', text: 'Poll now', disabled: true, 'data-testid': 'poll', title: `${s.state}: resume it first` }),
+      actionButton('Resume', 'operator', act('resume'), 'resume'),
+    ];
+  }
+  return [actionButton('Poll now', 'operator', act('poll'), 'poll'), actionButton('Pause', 'operator', act('pause'), 'pause')];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -826,7 +940,12 @@ async function openSource(name, stay) {
       el('span', { class: `pill src-${s.state}`, text: s.state, 'data-testid': 'source-state' }),
       s.stale ? el('span', { class: 'pill warn', text: 'stale', 'data-testid': 'source-stale' }) : null),
     el('dl', { class: 'kv' }, kv),
-    el('button', { type: 'button', text: 'Close', onclick: () => { show($('#source'), false); linkTo('sources'); } }));
+    el('div', { class: 'actions' }, sourceActions(s, (verb) => async () => {
+      await api('POST', `/v1/sources/${encodeURIComponent(s.name)}/${verb}`, verb === 'pause' ? { reason: 'from the console' } : undefined);
+      flash(`${verb}: ${s.name}`, 'ok');
+      await Promise.all([loadSources(), openSource(s.name, true)]);
+    }),
+    el('button', { type: 'button', text: 'Close', onclick: () => { show($('#source'), false); linkTo('sources'); } })));
   show($('#source'), true);
   if (!stay) reveal($('#source'));
   linkTo('sources', name);
