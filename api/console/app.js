@@ -15,6 +15,7 @@ const state = {
   dNext: null, // the next page of the deliveries list: {after} or {before}
   tNext: null, // the same of the tasks list
   nNext: null, // next_before_seq of the notifications list
+  evNext: null, // the events browser's next page: a before_sequence (newest first) or after_sequence
   task: null, // the task shown
   tail: { ctrl: null, lastId: null, attempt: 0, filters: {}, timer: null },
 };
@@ -87,6 +88,28 @@ function reveal(node) {
   if (!node.hasAttribute('tabindex')) node.setAttribute('tabindex', '-1');
   node.scrollIntoView({ block: 'start' });
   node.focus({ preventScroll: true });
+}
+
+/// Field names whose values the console never shows, whatever the event: the server redacts
+/// webhook secrets itself (`"[redacted]"`); this masks anything else named like a secret.
+const SECRET_KEY = /^(secret|client_secret|password|passwd|token|api_key|apikey|authorization|hmac_key|private_key)$/i;
+
+function masked(v) {
+  if (Array.isArray(v)) return v.map(masked);
+  if (v && typeof v === 'object') {
+    const o = {};
+    for (const [k, x] of Object.entries(v)) {
+      o[k] = SECRET_KEY.test(k) && x !== null && x !== undefined ? '[redacted]' : masked(x);
+    }
+    return o;
+  }
+  return v;
+}
+
+/// A payload on one line, cut to `max` characters (the whole of it is a click away).
+function payloadPreview(payload, max = 80) {
+  const t = JSON.stringify(masked(payload ?? {}));
+  return t.length > max ? `${t.slice(0, max - 1)}…` : t;
 }
 
 function fmtAge(seconds) {
@@ -1063,10 +1086,14 @@ function tailEvent(id, type, data) {
   state.tail.lastId = id;
   setHead(Number(id));
   const body = $('#tail tbody');
-  const row = el('tr', { 'data-seq': id, 'data-type': type },
-    el('td', { text: id }), el('td', { text: fmtTime(env.time) }), el('td', { text: type }),
-    el('td', { class: 'mono', text: env.stream }), el('td', { class: 'mono', text: env.subject }),
-    el('td', { class: 'mono', text: env.event_id }));
+  const row = el('tr', {
+    'data-seq': id, 'data-type': type, class: 'clickable',
+    onclick: () => showEvent(env, $('#tail-payload'), false),
+  },
+  el('td', { text: id }), el('td', { text: fmtTime(env.time) }), el('td', { text: type }),
+  el('td', { class: 'mono', text: env.stream }), el('td', { class: 'mono', text: env.subject }),
+  el('td', { class: 'mono', text: env.event_id }),
+  el('td', { class: 'mono small', 'data-field': 'payload', text: payloadPreview(env.payload) }));
   const empty = body.querySelector('td[colspan]');
   if (empty) empty.parentElement.remove();
   body.prepend(row);
@@ -1079,7 +1106,7 @@ async function startTail(reset, from) {
   if (reset) {
     t.lastId = null;
     t.attempt = 0;
-    table($('#tail'), ['seq', 'time', 'type', 'stream', 'subject', 'event id'], []);
+    table($('#tail'), ['seq', 'time', 'type', 'stream', 'subject', 'event id', 'payload'], []);
     if (from !== undefined) {
       t.from = from;
     } else {
@@ -1134,6 +1161,102 @@ async function startTail(reset, from) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Events: the log browsed by stream, subject, type and seq range, newest first (`order=desc`)
+// or oldest first, each event's payload a click away (secrets masked, `masked`).
+
+/// One event with its payload on `panel`; with `link`, its address is `#events/<seq>`.
+function showEvent(env, panel, link) {
+  fill(panel,
+    el('h3', {}, 'Event ', el('span', { class: 'mono', text: `seq ${env.seq}` }), ' ',
+      el('span', { class: 'pill', text: env.type })),
+    el('dl', { class: 'kv' },
+      el('dt', { text: 'event id' }), el('dd', { class: 'mono', text: env.event_id }),
+      el('dt', { text: 'stream' }), el('dd', { class: 'mono', text: env.stream }),
+      el('dt', { text: 'subject' }), el('dd', { class: 'mono', text: env.subject || '(none)' }),
+      el('dt', { text: 'time' }), el('dd', { text: fmtTime(env.time) })),
+    el('pre', { class: 'payload', 'data-testid': 'payload', text: JSON.stringify(masked(env.payload ?? {}), null, 2) }),
+    el('button', {
+      type: 'button', text: 'Close',
+      onclick: () => { show(panel, false); if (link) linkTo('events'); },
+    }));
+  show(panel, true);
+  reveal(panel);
+  if (link) linkTo('events', env.seq);
+}
+
+/// The browser's query from its form, or an error message.
+function eventQuery(append) {
+  const f = new FormData($('#efilter'));
+  const p = { limit: 50 };
+  for (const k of ['stream', 'subject', 'type']) {
+    const v = (f.get(k) || '').trim();
+    if (v) p[k] = v;
+  }
+  const num = (k) => {
+    const v = (f.get(k) || '').trim();
+    return v === '' ? null : Number(v);
+  };
+  const from = num('from');
+  const to = num('to');
+  for (const [k, v] of [['from', from], ['to', to]]) {
+    if (v !== null && (!Number.isSafeInteger(v) || v < 1)) return { error: `${k} seq must be a whole number from 1` };
+  }
+  if (from !== null && to !== null && from > to) return { error: 'from seq is above to seq' };
+  const order = f.get('order') === 'asc' ? 'asc' : 'desc';
+  if (order === 'desc') {
+    p.order = 'desc';
+    if (to !== null) p.before_sequence = to + 1;
+    if (from !== null) p.after_sequence = from - 1;
+    if (append && state.evNext !== null) p.before_sequence = state.evNext;
+  } else {
+    p.after_sequence = from !== null ? from - 1 : 0;
+    if (append && state.evNext !== null) p.after_sequence = state.evNext;
+  }
+  return { p, order, to };
+}
+
+async function loadEvents(append) {
+  const q = eventQuery(append);
+  if (q.error) {
+    flash(q.error, 'error');
+    return;
+  }
+  const page = await api('GET', `/v1/events${qs(q.p)}`);
+  let events = page.events;
+  // Oldest first has no upper bound in the API: the page is cut at `to` here.
+  if (q.order === 'asc' && q.to !== null) events = events.filter((e) => e.seq <= q.to);
+  const rows = events.map((e) => el('tr', {
+    class: 'clickable', 'data-seq': e.seq, 'data-type': e.type, onclick: () => showEvent(e, $('#event'), true),
+  },
+  el('td', { text: e.seq }), el('td', { text: fmtTime(e.time) }), el('td', { text: e.type }),
+  el('td', { class: 'mono', text: e.stream }), el('td', { class: 'mono', text: e.subject }),
+  el('td', { class: 'mono small', 'data-field': 'payload', text: payloadPreview(e.payload) })));
+  if (append) $('#events tbody').append(...rows);
+  else table($('#events'), ['seq', 'time', 'type', 'stream', 'subject', 'payload'], rows);
+  if (q.order === 'desc') {
+    state.evNext = page.next_before_sequence ?? null;
+  } else {
+    const more = events.length === page.events.length && page.next_after_sequence < page.latest_event_seq
+      && (q.to === null || page.next_after_sequence < q.to);
+    state.evNext = more ? page.next_after_sequence : null;
+  }
+  $('#ev-note').textContent = `head ${page.latest_event_seq}`
+    + (state.evNext !== null ? ` · more ${q.order === 'desc' ? `below seq ${state.evNext}` : `after seq ${state.evNext}`}` : ' · that is all');
+  setHead(page.latest_event_seq);
+  show($('#emore'), state.evNext !== null);
+}
+
+/// `#events/<seq>`: that one event.
+async function openEvent(arg) {
+  const seq = Number(arg);
+  if (!Number.isSafeInteger(seq) || seq < 1) throw new Error(`no event ${arg}`);
+  const page = await api('GET', `/v1/events${qs({ after_sequence: seq - 1, limit: 1 })}`);
+  const e = page.events[0];
+  if (!e || e.seq !== seq) throw new Error(`no event at seq ${seq}`);
+  showEvent(e, $('#event'), true);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Views and wiring.
 
 const LOADERS = {
@@ -1145,6 +1268,7 @@ const LOADERS = {
   lists: loadLists,
   projections: loadProjections,
   tail: async () => {},
+  events: () => loadEvents(false),
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1174,11 +1298,12 @@ const OPENERS = {
   notifications: openNotification,
   sources: openSource,
   lists: openList,
+  events: openEvent,
 };
 
 /// The panel an opener fills, per view: closed when the address names the view alone.
 const PANELS = {
-  outbox: '#timeline', tasks: '#task', notifications: '#notification', sources: '#source', lists: '#list',
+  outbox: '#timeline', tasks: '#task', notifications: '#notification', sources: '#source', lists: '#list', events: '#event',
 };
 
 /// Show what the address bar names.
@@ -1254,6 +1379,13 @@ function wire() {
   $('#nfilter').addEventListener('reset', () => setTimeout(() => loadNotifications(false).catch(() => {}), 0));
   $('#nmore').addEventListener('click', () => loadNotifications(true).catch((e) => flash(e.message, 'error')));
   $('#list-form').addEventListener('submit', (ev) => saveList(ev).catch((e) => flash(e.message, 'error')));
+  $('#efilter').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    show($('#event'), false);
+    loadEvents(false).catch((e) => flash(e.message, 'error'));
+  });
+  $('#efilter').addEventListener('reset', () => setTimeout(() => loadEvents(false).catch(() => {}), 0));
+  $('#emore').addEventListener('click', () => loadEvents(true).catch((e) => flash(e.message, 'error')));
   $('#confirm-ok').addEventListener('click', () => $('#confirm').close('ok'));
   $('#confirm-cancel').addEventListener('click', () => $('#confirm').close('cancel'));
   $('#tfilt').addEventListener('submit', (ev) => {
