@@ -1203,15 +1203,10 @@ function eventQuery(append) {
   }
   if (from !== null && to !== null && from > to) return { error: 'from seq is above to seq' };
   const order = f.get('order') === 'asc' ? 'asc' : 'desc';
-  if (order === 'desc') {
-    p.order = 'desc';
-    if (to !== null) p.before_sequence = to + 1;
-    if (from !== null) p.after_sequence = from - 1;
-    if (append && state.evNext !== null) p.before_sequence = state.evNext;
-  } else {
-    p.after_sequence = from !== null ? from - 1 : 0;
-    if (append && state.evNext !== null) p.after_sequence = state.evNext;
-  }
+  p.order = order;
+  if (to !== null) p.before_sequence = to + 1;
+  if (from !== null) p.after_sequence = from - 1;
+  if (append && state.evNext !== null) p[order === 'desc' ? 'before_sequence' : 'after_sequence'] = state.evNext;
   return { p, order, to };
 }
 
@@ -1222,10 +1217,7 @@ async function loadEvents(append) {
     return;
   }
   const page = await api('GET', `/v1/events${qs(q.p)}`);
-  let events = page.events;
-  // Oldest first has no upper bound in the API: the page is cut at `to` here.
-  if (q.order === 'asc' && q.to !== null) events = events.filter((e) => e.seq <= q.to);
-  const rows = events.map((e) => el('tr', {
+  const rows = page.events.map((e) => el('tr', {
     class: 'clickable', 'data-seq': e.seq, 'data-type': e.type, onclick: () => showEvent(e, $('#event'), true),
   },
   el('td', { text: e.seq }), el('td', { text: fmtTime(e.time) }), el('td', { text: e.type }),
@@ -1236,9 +1228,9 @@ async function loadEvents(append) {
   if (q.order === 'desc') {
     state.evNext = page.next_before_sequence ?? null;
   } else {
-    const more = events.length === page.events.length && page.next_after_sequence < page.latest_event_seq
-      && (q.to === null || page.next_after_sequence < q.to);
-    state.evNext = more ? page.next_after_sequence : null;
+    // Oldest first, the range is done once the page reaches its end (`to`, or the head).
+    const end = q.to === null ? page.latest_event_seq : Math.min(q.to, page.latest_event_seq);
+    state.evNext = page.next_after_sequence < end ? page.next_after_sequence : null;
   }
   $('#ev-note').textContent = `head ${page.latest_event_seq}`
     + (state.evNext !== null ? ` · more ${q.order === 'desc' ? `below seq ${state.evNext}` : `after seq ${state.evNext}`}` : ' · that is all');

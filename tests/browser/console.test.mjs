@@ -1164,9 +1164,12 @@ id = "/id"
   await page.fill('[data-testid=ev-to]', '7');
   await page.click('[data-testid=ev-apply]');
   await until('seqs 7 to 3', async () => (await seqsShown('#events')).join() === '7,6,5,4,3');
+  await page.waitForSelector('[data-testid=ev-more]', { state: 'hidden', timeout: WAIT });
   await page.selectOption('[data-testid=ev-order]', 'asc');
   await page.click('[data-testid=ev-apply]');
   await until('seqs 3 to 7', async () => (await seqsShown('#events')).join() === '3,4,5,6,7');
+  await page.waitForSelector('[data-testid=ev-more]', { state: 'hidden', timeout: WAIT });
+  assert.ok(page.urls.some((u) => u.includes('order=asc') && u.includes('before_sequence=8')), 'the range read with before_sequence');
   await page.fill('[data-testid=ev-from]', '');
   await page.fill('[data-testid=ev-to]', '');
   await page.selectOption('[data-testid=ev-order]', 'desc');

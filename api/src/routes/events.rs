@@ -145,10 +145,39 @@ pub struct EventsQuery {
     /// `next_before_sequence`. Not taken by the stream.
     #[param(pattern = "^(asc|desc)$")]
     pub order: Option<String>,
-    /// With `order=desc`: only events with seq below this (default: the head + 1). With
-    /// `after_sequence` too, events above that one only.
+    /// Only events with seq below this (default: no bound; newest first, the head + 1): with
+    /// `after_sequence`, the range between the two. Not taken by the stream.
     #[param(value_type = Option<u64>, minimum = 1)]
     pub before_sequence: Option<String>,
+}
+
+/// The parameters `GET /v1/events/stream` documents (and so takes): those of
+/// [`EventsQuery`] without `order` and `before_sequence` (a stream is in seq order and has no
+/// end). Parsed as an [`EventsQuery`]; this type only documents them.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct StreamQuery {
+    /// Return events with seq greater than this (default 0).
+    #[param(value_type = Option<u64>)]
+    pub after_sequence: Option<String>,
+    /// Ignored by the stream (it sends pages of its own size).
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    pub limit: Option<String>,
+    /// Only events of this stream.
+    #[param(min_length = 1, max_length = 64, pattern = "^[a-z0-9_.-]+$")]
+    pub stream: Option<String>,
+    /// Only events with this subject.
+    #[param(max_length = 128, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
+    pub subject: Option<String>,
+    /// Only events of this type.
+    #[serde(rename = "type")]
+    #[param(
+        rename = "type",
+        min_length = 1,
+        max_length = 64,
+        pattern = "^[a-z0-9_.]+$"
+    )]
+    pub event_type: Option<String>,
 }
 
 pub(crate) fn parse_u64(name: &str, v: Option<&str>) -> Result<Option<u64>, ApiError> {
@@ -186,24 +215,23 @@ const DESC_WINDOW: u64 = 1000;
 /// ... and at most this many windows per request (bounded work whatever the filters match).
 const DESC_WINDOWS_MAX: u64 = 32;
 
-/// The reading order of `GET /v1/events`.
+/// The reading order of `GET /v1/events`, and the range's upper end (exclusive).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Order {
-    Asc,
+    Asc { before: Option<u64> },
     Desc { before: Option<u64> },
 }
 
 impl EventsQuery {
     fn order(&self) -> Result<Order, ApiError> {
         let before = parse_u64("before_sequence", self.before_sequence.as_deref())?;
+        if before == Some(0) {
+            return Err(ApiError::invalid_query(
+                "before_sequence must be at least 1 (no event has seq 0)",
+            ));
+        }
         match self.order.as_deref() {
-            None | Some("asc") if before.is_some() => Err(ApiError::invalid_query(
-                "before_sequence is taken with order=desc only",
-            )),
-            None | Some("asc") => Ok(Order::Asc),
-            Some("desc") if before == Some(0) => Err(ApiError::invalid_query(
-                "before_sequence must be at least 1",
-            )),
+            None | Some("asc") => Ok(Order::Asc { before }),
             Some("desc") => Ok(Order::Desc { before }),
             Some(o) => Err(ApiError::invalid_query(format!(
                 "order must be asc or desc, got {o:?}"
@@ -536,16 +564,31 @@ pub async fn list(
     let Query(q) = q.map_err(query_rejection)?;
     let order = q.order()?;
     let rq = q.to_read(100)?;
-    if let Order::Desc { before } = order {
-        let engine = st.engine.clone();
-        return crate::routes::blocking(move || read_desc(&engine, &rq, before))
-            .await
-            .map(Json);
-    }
+    let before = match order {
+        Order::Desc { before } => {
+            let engine = st.engine.clone();
+            return crate::routes::blocking(move || read_desc(&engine, &rq, before))
+                .await
+                .map(Json);
+        }
+        Order::Asc { before } => before,
+    };
+    let after = rq.after;
     let page = read_page(&st.engine, rq).await?;
+    let (events, next_after_sequence) = match before {
+        None => (page.events, page.next_after),
+        // The range ends below `before`: once the page reaches it, the range is done.
+        Some(b) => {
+            let end = b - 1;
+            let past = page.events.iter().any(|e| e.seq > end);
+            let events: Vec<Event> = page.events.into_iter().filter(|e| e.seq <= end).collect();
+            let next = if past { end } else { page.next_after.min(end) };
+            (events, next.max(after))
+        }
+    };
     Ok(Json(EventsPage {
-        events: page.events,
-        next_after_sequence: page.next_after,
+        events,
+        next_after_sequence,
         latest_event_seq: page.head,
         next_before_sequence: None,
     }))
@@ -644,7 +687,7 @@ pub(crate) fn resume_point(headers: &HeaderMap, query_after: u64) -> Result<u64,
 #[utoipa::path(
     get, path = "/v1/events/stream", operation_id = "streamEvents", tag = "events",
     params(
-        EventsQuery,
+        StreamQuery,
         ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq; wins over after_sequence"),
     ),
     responses(
@@ -662,9 +705,10 @@ pub async fn stream(
     q: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = q.map_err(query_rejection)?;
-    if q.order()? != Order::Asc {
+    // Not documented for the stream, so the front refuses them first (`unknown_parameter`).
+    if q.order.is_some() || q.before_sequence.is_some() {
         return Err(ApiError::invalid_query(
-            "a stream is in seq order: order=desc and before_sequence are for GET /v1/events",
+            "a stream is in seq order: order and before_sequence are for GET /v1/events",
         ));
     }
     let mut rq = q.to_read(256)?;

@@ -480,8 +480,9 @@ async fn time_is_rfc3339_with_microseconds_and_never_goes_back() {
 
 /// `GET /v1/events?order=desc` (issue 40, the console's stream browser): newest first, below
 /// `before_sequence`, paged by `next_before_sequence`, whatever the filters match and however
-/// far apart the matches are (the scan goes down window by window, bounded per request); bad
-/// values of the new parameters are `400 invalid_query` problems.
+/// far apart the matches are (the scan goes down window by window, bounded per request); in
+/// seq order `before_sequence` ends the range. Bad values of the new parameters are
+/// `400 invalid_query` problems, and the stream refuses both as unknown.
 #[tokio::test]
 async fn events_newest_first_page_down_with_next_before_sequence() {
     let s = Server::start(ServerOpts::default()).await;
@@ -541,16 +542,43 @@ async fn events_newest_first_page_down_with_next_before_sequence() {
     let (got, page) = desc(format!("stream=rare&after_sequence={}", at(10))).await;
     assert_eq!(got, vec![at(2400), at(1200)], "{page}");
     assert!(page.get("next_before_sequence").is_none(), "{page}");
-    // In seq order the answer has no next_before_sequence.
+    // In seq order the answer has no next_before_sequence; before_sequence ends the range,
+    // and next_after_sequence stops below it.
     let r = s.get("/v1/events?limit=1").await;
     assert!(r.json.get("next_before_sequence").is_none(), "{}", r.text);
+    let r = s
+        .get(&format!(
+            "/v1/events?stream=rare&before_sequence={}",
+            at(2400)
+        ))
+        .await;
+    let got: Vec<u64> = r.json["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(seq_of)
+        .collect();
+    assert_eq!(got, vec![at(10), at(1200)], "{}", r.text);
+    assert_eq!(r.json["next_after_sequence"], at(2400) - 1, "{}", r.text);
+    let p = s
+        .page(&format!(
+            "after_sequence={}&before_sequence={}",
+            base + 3,
+            base + 6
+        ))
+        .await;
+    let got: Vec<u64> = p.events.iter().map(seq_of).collect();
+    assert_eq!(got, vec![base + 4, base + 5]);
+    assert_eq!(p.next_after_sequence, base + 5);
 
     for (q, what) in [
         ("order=newest", "an unknown order"),
         ("order=", "an empty order"),
-        ("before_sequence=5", "before_sequence without order=desc"),
-        ("order=asc&before_sequence=5", "before_sequence, ascending"),
-        ("order=desc&before_sequence=0", "before_sequence 0"),
+        ("before_sequence=0", "before_sequence 0"),
+        (
+            "order=desc&before_sequence=0",
+            "before_sequence 0, newest first",
+        ),
         ("order=desc&before_sequence=-1", "a negative one"),
         ("order=desc&before_sequence=x", "not a number"),
         ("order=desc&limit=0", "limit 0"),
@@ -559,6 +587,9 @@ async fn events_newest_first_page_down_with_next_before_sequence() {
         let r = s.get(&format!("/v1/events?{q}")).await;
         assert_problem_for(&r, 400, "invalid_query", what);
     }
-    let r = s.get("/v1/events/stream?order=desc").await;
-    assert_problem_for(&r, 400, "invalid_query", "order on the stream");
+    // The stream is in seq order and has no end: it does not take either.
+    for q in ["order=desc", "before_sequence=5"] {
+        let r = s.get(&format!("/v1/events/stream?{q}")).await;
+        assert_problem_for(&r, 400, "unknown_parameter", q);
+    }
 }
