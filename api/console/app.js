@@ -15,6 +15,7 @@ const state = {
   dNext: null, // the next page of the deliveries list: {after} or {before}
   tNext: null, // the same of the tasks list
   nNext: null, // next_before_seq of the notifications list
+  evNext: null, // the events browser's next page: a before_sequence (newest first) or after_sequence
   task: null, // the task shown
   tail: { ctrl: null, lastId: null, attempt: 0, filters: {}, timer: null },
 };
@@ -73,6 +74,42 @@ function flash(msg, kind) {
 
 function fmtTime(s) {
   return s ? s.replace('T', ' ').replace(/\.\d+Z$/, 'Z') : '–';
+}
+
+/// How far ahead a time is: " (in 5m)", or " (now)" once it has passed.
+function fmtIn(t) {
+  const s = (Date.parse(t) - Date.now()) / 1000;
+  return s > 0 ? ` (in ${fmtAge(s)})` : ' (now)';
+}
+
+/// Bring a panel just opened into view and give it the focus: the panels open below lists of
+/// up to 50 rows, where a deep link (`#tasks/<id>`) or a click used to leave them out of view.
+function reveal(node) {
+  if (!node.hasAttribute('tabindex')) node.setAttribute('tabindex', '-1');
+  node.scrollIntoView({ block: 'start' });
+  node.focus({ preventScroll: true });
+}
+
+/// Field names whose values the console never shows, whatever the event: the server redacts
+/// webhook secrets itself (`"[redacted]"`); this masks anything else named like a secret.
+const SECRET_KEY = /^(secret|client_secret|password|passwd|token|api_key|apikey|authorization|hmac_key|private_key)$/i;
+
+function masked(v) {
+  if (Array.isArray(v)) return v.map(masked);
+  if (v && typeof v === 'object') {
+    const o = {};
+    for (const [k, x] of Object.entries(v)) {
+      o[k] = SECRET_KEY.test(k) && x !== null && x !== undefined ? '[redacted]' : masked(x);
+    }
+    return o;
+  }
+  return v;
+}
+
+/// A payload on one line, cut to `max` characters (the whole of it is a click away).
+function payloadPreview(payload, max = 80) {
+  const t = JSON.stringify(masked(payload ?? {}));
+  return t.length > max ? `${t.slice(0, max - 1)}…` : t;
 }
 
 function fmtAge(seconds) {
@@ -315,14 +352,15 @@ function deliveryRow(d) {
   },
   el('td', { class: 'mono', text: d.id }),
   el('td', {}, el('span', { class: `pill s-${d.status}`, text: d.status }),
-    d.stuck ? el('span', { class: 'pill badge-stuck', text: 'stuck', 'data-testid': 'stuck-badge' }) : null),
+    d.stuck ? el('span', { class: 'pill badge-stuck', text: 'stuck', 'data-testid': 'stuck-badge' }) : null,
+    dueLine(d)),
   el('td', { text: d.sink }),
   el('td', { text: d.route }),
   el('td', { text: d.redacted ? '(redacted)' : (d.recipient || '–') }),
   el('td', { text: d.title }),
   el('td', { text: `${d.attempts}/${d.max_attempts}` }),
   el('td', { text: fmtTime(d.created_at) }),
-  el('td', { class: 'err', text: d.last_error || '' }),
+  el('td', { class: 'err', 'data-field': 'last_error', text: currentError(d) }),
   el('td', {}, d.status === 'parked' ? [
     actionButton('Retry', 'operator', () => operate(d.id, 'retry'), 'retry'),
     actionButton('Discard', 'operator', () => operate(d.id, 'discard'), 'discard', {
@@ -331,6 +369,30 @@ function deliveryRow(d) {
     }),
   ] : null));
   return tr;
+}
+
+/// When a delivery can next be claimed, for the two kinds that wait (spec section 5): one
+/// scheduled for later (queued, its `next_attempt_at` ahead: a route's delay, quiet hours, a
+/// digest window) and one waiting to retry (`retry_wait`).
+function dueText(d) {
+  if (!d.next_attempt_at) return null;
+  if (d.status === 'retry_wait') return `retry due ${fmtTime(d.next_attempt_at)}${fmtIn(d.next_attempt_at)}`;
+  if (d.status === 'queued' && Date.parse(d.next_attempt_at) > Date.now()) {
+    return `scheduled, due ${fmtTime(d.next_attempt_at)}${fmtIn(d.next_attempt_at)}`;
+  }
+  return null;
+}
+
+function dueLine(d) {
+  const t = dueText(d);
+  return t ? el('div', { class: 'small muted', 'data-testid': 'due', 'data-due': d.next_attempt_at, text: t }) : null;
+}
+
+/// The error of a delivery's current state: none once it is sent (an attempt that failed before
+/// a retry succeeded stays in its timeline, not in its state).
+function currentError(d) {
+  if (d.status === 'sent' || !d.last_error) return '';
+  return [d.last_error_code, d.last_error].filter(Boolean).join(': ');
 }
 
 const DHEAD = ['id', 'status', 'sink', 'route', 'recipient', 'title', 'attempts', 'created', 'last error', ''];
@@ -351,10 +413,11 @@ async function operate(id, action) {
   await api('POST', `/v1/deliveries/${encodeURIComponent(id)}/${action}`,
     { reason: `${action} from the console` });
   flash(`${action === 'retry' ? 'Retried' : 'Discarded'} ${id}`, 'ok');
-  await Promise.all([loadDeliveries(false), loadKpis(), openTimeline(id)]);
+  await Promise.all([loadDeliveries(false), loadKpis(), openTimeline(id, true)]);
 }
 
-async function openTimeline(id) {
+/// A delivery's timeline; `stay`: refreshed in place, without scrolling to it.
+async function openTimeline(id, stay) {
   const d = await api('GET', `/v1/deliveries/${encodeURIComponent(id)}`);
   const steps = (d.timeline || []).map((s) => el('tr', {},
     el('td', { text: s.seq }),
@@ -374,6 +437,11 @@ async function openTimeline(id) {
     el('p', { class: 'muted' }, `notification ${d.notification_id} · route ${d.route} · sink ${d.sink}`,
       d.type ? ` · type ${d.type}` : '', d.list ? ` · list ${d.list}` : '',
       d.reason ? ` · reason ${d.reason}` : '', d.source ? ` · site ${d.source.site_id || '–'}` : ''),
+    dueLine(d),
+    currentError(d) ? el('div', { class: 'failure', 'data-testid': 'timeline-error' },
+      el('b', { text: 'last error: ' }), el('span', { text: currentError(d) })) : null,
+    d.status === 'sent' && d.last_error ? el('p', { class: 'muted small', 'data-testid': 'timeline-earlier' },
+      `Sent on attempt ${d.attempts}; the failures before it are in the history below.`) : null,
     reached(d.resolved_targets),
     items.length > 1 ? el('ul', {}, items) : null,
     d.more ? el('p', { class: 'muted', text: `and ${d.more} more` }) : null,
@@ -381,6 +449,7 @@ async function openTimeline(id) {
     el('button', { type: 'button', text: 'Close', onclick: () => { show($('#timeline'), false); linkTo('outbox'); } }),
   );
   show($('#timeline'), true);
+  if (!stay) reveal($('#timeline'));
   linkTo('deliveries', id);
 }
 
@@ -450,14 +519,20 @@ async function openNotification(id) {
   const dt = el('table', { class: 'list' });
   table(dt, ['delivery', 'route', 'sink', 'status', 'attempts', 'reached', ''], deliveries);
   const site = n.source && n.source.site_id;
+  const part = partlyDelivered(r);
   fill($('#notification'),
     el('h3', {}, 'Notification ', el('span', { class: 'mono', text: n.notification_id }), ' ',
-      el('span', { class: `pill n-${r.status}`, text: r.status, 'data-testid': 'ntf-status' }),
+      part
+        ? [el('span', { class: 'pill n-partial', text: `${part.sent} of ${part.total} delivered`, 'data-testid': 'ntf-status', 'data-status': r.status }),
+          part.others.map(([st, k]) => el('span', { class: `pill s-${st}`, text: `${k} ${st}`, 'data-testid': `ntf-count-${st}` }))]
+        : el('span', { class: `pill n-${r.status}`, text: r.status, 'data-testid': 'ntf-status', 'data-status': r.status }),
       el('span', { class: `pill p-${n.priority}`, text: n.priority })),
     el('p', { class: 'muted', 'data-testid': 'ntf-meaning', text: NOTIFICATION_STATUS[r.status] || '' }),
     el('p', {}, el('b', { text: n.title }), n.body ? ` — ${n.body}` : ''),
-    r.last_error ? el('div', { class: 'failure', 'data-testid': 'ntf-error' },
+    r.last_error && r.status !== 'delivered' ? el('div', { class: 'failure', 'data-testid': 'ntf-error' },
       el('b', { text: 'last_error: ' }), el('span', { text: r.last_error })) : null,
+    r.last_error && r.status === 'delivered' ? el('p', { class: 'muted small', 'data-testid': 'ntf-earlier-error' },
+      `Delivered; an earlier attempt failed (${r.last_error}).`) : null,
     el('dl', { class: 'kv' },
       el('dt', { text: 'attempts' }), el('dd', { text: r.attempts, 'data-testid': 'ntf-attempts' }),
       el('dt', { text: 'recipient' }), el('dd', { text: n.recipient || '–' }),
@@ -468,7 +543,10 @@ async function openNotification(id) {
       site ? [el('dt', { text: 'source site' }), el('dd', { text: site })] : null,
       el('dt', { text: 'enqueued' }), el('dd', { text: fmtTime(r.enqueued_at) }),
       el('dt', { text: 'created' }), el('dd', { text: fmtTime(r.created_at) }),
-      el('dt', { text: 'delivered' }), el('dd', { text: fmtTime(r.delivered_at), 'data-testid': 'ntf-delivered' })),
+      el('dt', { text: 'delivered' }), el('dd', {
+        'data-testid': 'ntf-delivered',
+        text: part ? `${part.sent} of ${part.total}, the last at ${fmtTime(r.delivered_at)}` : fmtTime(r.delivered_at),
+      })),
     reached(r.resolved_targets),
     el('h4', { text: `Deliveries (${r.deliveries.length})` }),
     r.deliveries.length ? dt : el('p', { class: 'muted', text: 'None: this notification is on the dashboard only.' }),
@@ -476,7 +554,21 @@ async function openNotification(id) {
     el('button', { type: 'button', text: 'Close', onclick: () => { show($('#notification'), false); linkTo('notifications'); } }),
   );
   show($('#notification'), true);
+  reveal($('#notification'));
   linkTo('notifications', id);
+}
+
+/// A notification some of whose deliveries are sent and others not: `{sent, total, others}`
+/// (`others`: [status, count] of the rest), so the record reads "1 of 2 delivered · 1 parked"
+/// rather than "parked" beside a delivery time. Null when all or none are sent.
+function partlyDelivered(r) {
+  const total = r.deliveries.length;
+  const counts = {};
+  for (const d of r.deliveries) counts[d.status] = (counts[d.status] || 0) + 1;
+  const sent = counts.sent || 0;
+  if (!sent || sent === total) return null;
+  delete counts.sent;
+  return { sent, total, others: Object.entries(counts) };
 }
 
 /// Clear the outbox's filters by hand (a form reset would reload the list once more).
@@ -575,7 +667,7 @@ function cursorCard(s) {
       s.active ? actionButton('Delete', 'bridge', async () => {
         await api('DELETE', base);
         flash(`Deleted ${s.subscription_id}; creating it again resumes from its cursor`, 'ok');
-        await openTask(s.task_id);
+        await openTask(s.task_id, true);
       }, 'delete-subscription', {
         title: `Delete subscription ${s.subscription_id}?`,
         text: `Bridge ${s.bridge_id} stops getting this task's terminal notifications. The cursor is `
@@ -584,7 +676,8 @@ function cursorCard(s) {
     explainBox);
 }
 
-async function openTask(id) {
+/// A task with its runs and bridge subscriptions; `stay`: refreshed in place.
+async function openTask(id, stay) {
   const enc = encodeURIComponent(id);
   const [t, subs] = await Promise.all([
     api('GET', `/v1/tasks/${enc}`),
@@ -616,9 +709,10 @@ async function openTask(id) {
     subs.subscriptions.some((s) => !s.active)
       ? el('p', { class: 'muted', text: 'A deleted subscription keeps its cursor: creating the same subscription_id again resumes from it.' })
       : null,
-    el('button', { type: 'button', text: 'Refresh', 'data-testid': 'task-refresh', onclick: () => openTask(id) }),
+    el('button', { type: 'button', text: 'Refresh', 'data-testid': 'task-refresh', onclick: () => openTask(id, true) }),
   );
   show($('#task'), true);
+  if (!stay) reveal($('#task'));
   linkTo('tasks', id);
 }
 
@@ -644,8 +738,8 @@ async function loadLag() {
   const list = p.consumers ?? [];
   const stopped = p.stopped ?? list.filter((c) => c.stopped).length;
   $('#lag-summary').textContent = `${list.length} consumers, ${p.stalled} stalled, ${stopped} stopped`;
-  table($('#lag'), ['consumer', 'stream', 'subject', 'last seq', 'lag (events)', 'lag (time)', 'flags', 'last error'],
-    list.map((c) => el('tr', { 'data-consumer': c.consumer_id },
+  table($('#lag'), ['consumer', 'stream', 'subject', 'last seq', 'lag (events)', 'lag (time)', 'flags', 'last error', ''],
+    list.map((c) => el('tr', { 'data-consumer': c.consumer_id, 'data-subject': c.subject_id },
       el('td', { class: 'mono', text: c.consumer_id }), el('td', { text: c.stream_name }),
       el('td', { text: c.subject_id || '(all)' }), el('td', { text: c.last_sequence }),
       el('td', { text: `${c.lag_capped ? '≥ ' : ''}${c.lag_events}` }), el('td', { text: fmtAge(c.lag_seconds) }),
@@ -657,7 +751,112 @@ async function loadLag() {
         c.stopped ? el('div', { class: 'failure', 'data-testid': 'stopped-reason' },
           el('b', { text: `stopped${c.stopped_seq ? ` at seq ${c.stopped_seq}` : ''}: ` }),
           el('span', { text: c.stopped_reason || 'a terminal-state mismatch' })) : null,
-        el('span', { class: 'err', text: c.last_error || '' })))));
+        el('span', { class: 'err', text: c.last_error || '' })),
+      el('td', {}, actionButton('Reset…', 'admin', async () => openReset(c), 'reset-cursor')))));
+}
+
+/// How many events of a cursor's stream (and subject) lie past `after`: its lag in events once
+/// reset there, counted as `GET /v1/consumers/lag` counts it (up to 10,000).
+async function eventsPast(c, after) {
+  let count = 0;
+  let from = after;
+  let head = 0;
+  for (let i = 0; i < 10; i += 1) {
+    const p = await api('GET', `/v1/events${qs({ stream: c.stream_name, subject: c.subject_id, after_sequence: from, limit: 1000 })}`);
+    count += p.events.length;
+    head = p.latest_event_seq;
+    if (p.next_after_sequence >= p.latest_event_seq || p.next_after_sequence <= from) return { count, capped: false, head };
+    from = p.next_after_sequence;
+  }
+  return { count, capped: true, head };
+}
+
+/// Reset one cursor (spec section 6: the only way down, with a reason, admin only): the panel
+/// shows the lag the new position would leave before anything is sent, asks for the reason,
+/// and asks for a confirmation before it posts. A subscription stopped at a mismatch is offered
+/// its stopped seq, which moves it past the event it stopped at.
+function openReset(c) {
+  const panel = $('#reset');
+  const start = c.stopped ? (c.stopped_seq ?? c.last_sequence) : c.last_sequence;
+  const seqIn = el('input', { type: 'number', min: '0', step: '1', value: String(start), size: 10, 'data-testid': 'reset-seq' });
+  const reasonIn = el('input', { size: 48, placeholder: 'why: recorded in the log with your token', 'data-testid': 'reset-reason' });
+  const leaves = el('p', { class: 'reached', 'data-testid': 'reset-lag', text: 'counting…' });
+  const go = el('button', { type: 'button', class: 'danger', text: 'Reset cursor', 'data-testid': 'reset-go', disabled: true });
+  let asked = 0;
+  let estimate = null; // {to, count, capped, head} of the value shown
+  const ready = () => {
+    go.disabled = !estimate || String(estimate.to) !== seqIn.value.trim() || !reasonIn.value.trim()
+      || estimate.to > estimate.head;
+    go.title = !reasonIn.value.trim() ? 'give a reason first' : '';
+  };
+  const count = async () => {
+    const mine = ++asked;
+    estimate = null;
+    delete leaves.dataset.for;
+    ready();
+    const v = seqIn.value.trim();
+    const to = Number(v);
+    if (v === '' || !Number.isSafeInteger(to) || to < 0) {
+      leaves.textContent = 'The position is a whole number from 0 (nothing delivered) to the head.';
+      return;
+    }
+    leaves.textContent = 'counting…';
+    try {
+      const n = await eventsPast(c, to);
+      if (mine !== asked) return;
+      estimate = { to, ...n };
+      leaves.dataset.for = String(to);
+      leaves.dataset.lag = String(n.count);
+      leaves.textContent = to > n.head
+        ? `Seq ${to} is past the head of the log (${n.head}).`
+        : `Reset to seq ${to}, it is ${n.capped ? 'at least ' : ''}${n.count} events behind `
+          + `(now ${c.lag_capped ? 'at least ' : ''}${c.lag_events}): every event of ${c.stream_name}`
+          + `${c.subject_id ? ` for ${c.subject_id}` : ''} after seq ${to} is delivered again or decided afresh.`;
+    } catch (e) {
+      if (mine === asked) leaves.textContent = `Could not count the events: ${e.message}`;
+    }
+    ready();
+  };
+  seqIn.addEventListener('input', () => { count(); });
+  reasonIn.addEventListener('input', ready);
+  go.addEventListener('click', async () => {
+    const est = estimate;
+    const reason = reasonIn.value.trim();
+    go.disabled = true;
+    try {
+      const ok = await confirmAction(`Reset the cursor of ${c.consumer_id}?`,
+        `From seq ${c.last_sequence} to seq ${est.to}: it will be ${est.capped ? 'at least ' : ''}${est.count} `
+          + `events behind. Reason: “${reason}”.`, 'Reset');
+      if (!ok) {
+        flash('Reset cancelled: nothing was sent', 'info');
+        return;
+      }
+      const r = await api('POST', '/v1/cursors/reset', {
+        consumer_id: c.consumer_id, stream_name: c.stream_name, subject_id: c.subject_id,
+        last_sequence: est.to, reason,
+      });
+      flash(`Reset ${c.consumer_id} to seq ${r.last_sequence}`, 'ok');
+      show(panel, false);
+      await loadLag();
+    } catch (e) { flash(`Reset: ${e.message}`, 'error'); } finally { ready(); }
+  });
+  fill(panel,
+    el('h3', {}, 'Reset the cursor of ', el('span', { class: 'mono', text: c.consumer_id })),
+    el('p', { class: 'muted' }, `stream ${c.stream_name} · subject ${c.subject_id || '(all)'} · now at seq ${c.last_sequence}, `
+      + `${c.lag_capped ? 'at least ' : ''}${c.lag_events} events behind`),
+    c.stopped ? el('div', { class: 'failure' }, el('b', { text: `Stopped at seq ${c.stopped_seq ?? '?'}: ` }),
+      el('span', { text: c.stopped_reason || 'a terminal-state mismatch' }),
+      el('div', { class: 'small', text: `Reset to ${c.stopped_seq ?? 'that seq'} to move past the event it stopped at, or lower to deliver again from there; `
+        + 'or repair the task and it resumes on its own.' })) : null,
+    el('div', { class: 'filters' },
+      el('label', {}, 'reset to seq', seqIn),
+      el('label', {}, 'reason (required)', reasonIn)),
+    leaves,
+    el('div', { class: 'actions' }, go,
+      el('button', { type: 'button', text: 'Close', onclick: () => show(panel, false) })));
+  show(panel, true);
+  reveal(panel);
+  count();
 }
 
 async function loadSources() {
@@ -666,7 +865,7 @@ async function loadSources() {
     p.sources.map((s) => {
       const enc = encodeURIComponent(s.name);
       const act = (verb) => async () => {
-        await api('POST', `/v1/sources/${enc}/${verb}`, verb === 'poll' ? undefined : { reason: 'from the console' });
+        await api('POST', `/v1/sources/${enc}/${verb}`, verb === 'pause' ? { reason: 'from the console' } : undefined);
         flash(`${verb}: ${s.name}`, 'ok');
         await loadSources();
       };
@@ -676,11 +875,20 @@ async function loadSources() {
         el('td', { class: 'mono', text: s.watermark ?? '–' }),
         el('td', { text: fmtTime(s.last_poll_at) }), el('td', { text: fmtTime(s.last_success_at) }),
         el('td', { text: s.consecutive_failures }), el('td', { class: 'err', text: s.last_error || '' }),
-        el('td', {},
-          actionButton('Poll now', 'operator', act('poll'), 'poll'),
-          s.state === 'paused' ? actionButton('Resume', 'operator', act('resume'), 'resume')
-            : actionButton('Pause', 'operator', act('pause'), 'pause')));
+        el('td', {}, sourceActions(s, act)));
     }));
+}
+
+/// Poll now and Pause on an active source; Resume on a paused or parked one, whose poll the
+/// server refuses (`source_not_active`) until it is resumed.
+function sourceActions(s, act) {
+  if (s.state === 'paused' || s.state === 'parked') {
+    return [
+      el('button', { type: 'button', text: 'Poll now', disabled: true, 'data-testid': 'poll', title: `${s.state}: resume it first` }),
+      actionButton('Resume', 'operator', act('resume'), 'resume'),
+    ];
+  }
+  return [actionButton('Poll now', 'operator', act('poll'), 'poll'), actionButton('Pause', 'operator', act('pause'), 'pause')];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -693,7 +901,7 @@ async function loadLists() {
   for (const e of $('#list-form').elements) e.disabled = !admin;
   $('#list-form').title = admin ? '' : 'needs the admin scope';
   table($('#lists'), ['list', 'members', 'updated', 'by', 'reason', ''],
-    p.lists.map((l) => el('tr', { 'data-name': l.name },
+    p.lists.map((l) => el('tr', { 'data-name': l.name, class: 'clickable', onclick: () => openList(l.name).catch((e) => flash(e.message, 'error')) },
       el('td', { class: 'mono', text: l.name }),
       el('td', { 'data-field': 'members' }, l.members.length
         ? l.members.map((m, i) => [i ? ', ' : '', el('span', { class: 'mono', text: m })])
@@ -704,12 +912,11 @@ async function loadLists() {
       el('td', {},
         el('button', {
           type: 'button', text: 'Edit', 'data-testid': 'list-edit', disabled: !admin,
-          onclick: () => openList(l.name).then(() => $('#list-form').elements.reason.focus())
-            .catch((e) => flash(e.message, 'error')),
+          onclick: (ev) => { ev.stopPropagation(); editList(l.name).catch((e) => flash(e.message, 'error')); },
         }),
         el('button', {
           type: 'button', text: 'Deliveries', 'data-testid': 'list-deliveries',
-          onclick: () => showListDeliveries(l.name).catch((e) => flash(e.message, 'error')),
+          onclick: (ev) => { ev.stopPropagation(); showListDeliveries(l.name).catch((e) => flash(e.message, 'error')); },
         }),
         actionButton('Delete', 'admin', async () => {
           const reason = $('#list-form').elements.reason.value.trim() || 'deleted from the console';
@@ -743,7 +950,7 @@ async function showListDeliveries(name) {
 }
 
 /// One source's state (section 12), with a link of its own.
-async function openSource(name) {
+async function openSource(name, stay) {
   const s = await api('GET', `/v1/sources/${encodeURIComponent(name)}`);
   const kv = [];
   for (const k of ['state', 'watermark', 'items_total', 'last_poll_at', 'last_success_at', 'next_poll_at',
@@ -756,18 +963,64 @@ async function openSource(name) {
       el('span', { class: `pill src-${s.state}`, text: s.state, 'data-testid': 'source-state' }),
       s.stale ? el('span', { class: 'pill warn', text: 'stale', 'data-testid': 'source-stale' }) : null),
     el('dl', { class: 'kv' }, kv),
-    el('button', { type: 'button', text: 'Close', onclick: () => { show($('#source'), false); linkTo('sources'); } }));
+    el('div', { class: 'actions' }, sourceActions(s, (verb) => async () => {
+      await api('POST', `/v1/sources/${encodeURIComponent(s.name)}/${verb}`, verb === 'pause' ? { reason: 'from the console' } : undefined);
+      flash(`${verb}: ${s.name}`, 'ok');
+      await Promise.all([loadSources(), openSource(s.name, true)]);
+    }),
+    el('button', { type: 'button', text: 'Close', onclick: () => { show($('#source'), false); linkTo('sources'); } })));
   show($('#source'), true);
+  if (!stay) reveal($('#source'));
   linkTo('sources', name);
 }
 
-/// One list in the form, ready to edit, with a link of its own.
-async function openList(name) {
+/// One list in the form, ready to edit (reason to give).
+async function editList(name) {
   const l = await api('GET', `/v1/lists/${encodeURIComponent(name)}`);
   const f = $('#list-form');
   f.elements.name.value = l.name;
   f.elements.members.value = l.members.join('\n');
+  f.elements.reason.focus();
+}
+
+/// One list on a panel of its own, with a link of its own (`#lists/<name>`): its members, who
+/// changed it last and why, and its latest deliveries.
+async function openList(name) {
+  const enc = encodeURIComponent(name);
+  const [l, page] = await Promise.all([
+    api('GET', `/v1/lists/${enc}`),
+    api('GET', `/v1/deliveries${qs({ list: name, order: 'newest', limit: 20 })}`),
+  ]);
   for (const tr of document.querySelectorAll('#lists tr[data-name]')) tr.classList.toggle('selected', tr.dataset.name === name);
+  const dt = el('table', { class: 'list' });
+  table(dt, ['delivery', 'status', 'title', 'created'], page.deliveries.map((d) => el('tr', {
+    class: 'clickable', 'data-id': d.id, onclick: () => { location.hash = `#deliveries/${encodeURIComponent(d.id)}`; },
+  },
+  el('td', { class: 'mono', text: d.id }),
+  el('td', {}, el('span', { class: `pill s-${d.status}`, text: d.status })),
+  el('td', { text: d.title }), el('td', { text: fmtTime(d.created_at) }))));
+  const admin = can('admin');
+  fill($('#list'),
+    el('h3', {}, 'List ', el('span', { class: 'mono', text: l.name }), ' ',
+      el('span', { class: 'pill', 'data-testid': 'list-count', text: `${l.members.length} member${l.members.length === 1 ? '' : 's'}` })),
+    l.members.length
+      ? el('ul', { 'data-testid': 'list-members-shown' }, l.members.map((m) => el('li', { class: 'mono', text: m })))
+      : el('p', { class: 'warn', text: 'Empty: deliveries to it park (empty_list) until it has members.' }),
+    el('dl', { class: 'kv' },
+      el('dt', { text: 'updated' }), el('dd', { text: fmtTime(l.updated_at) }),
+      el('dt', { text: 'by' }), el('dd', { text: l.by || '–' }),
+      el('dt', { text: 'reason' }), el('dd', { text: l.reason || '–' })),
+    el('h4', { text: `Latest deliveries to it (${page.deliveries.length}${page.next_before ? '+' : ''})` }),
+    dt,
+    el('div', { class: 'actions' },
+      el('button', {
+        type: 'button', text: 'Edit', disabled: !admin, title: admin ? null : 'needs the admin scope',
+        onclick: () => editList(l.name).catch((e) => flash(e.message, 'error')),
+      }),
+      el('button', { type: 'button', text: 'All its deliveries', onclick: () => showListDeliveries(l.name).catch((e) => flash(e.message, 'error')) }),
+      el('button', { type: 'button', text: 'Close', onclick: () => { show($('#list'), false); linkTo('lists'); } })));
+  show($('#list'), true);
+  reveal($('#list'));
   linkTo('lists', name);
 }
 
@@ -833,10 +1086,14 @@ function tailEvent(id, type, data) {
   state.tail.lastId = id;
   setHead(Number(id));
   const body = $('#tail tbody');
-  const row = el('tr', { 'data-seq': id, 'data-type': type },
-    el('td', { text: id }), el('td', { text: fmtTime(env.time) }), el('td', { text: type }),
-    el('td', { class: 'mono', text: env.stream }), el('td', { class: 'mono', text: env.subject }),
-    el('td', { class: 'mono', text: env.event_id }));
+  const row = el('tr', {
+    'data-seq': id, 'data-type': type, class: 'clickable',
+    onclick: () => showEvent(env, $('#tail-payload'), false),
+  },
+  el('td', { text: id }), el('td', { text: fmtTime(env.time) }), el('td', { text: type }),
+  el('td', { class: 'mono', text: env.stream }), el('td', { class: 'mono', text: env.subject }),
+  el('td', { class: 'mono', text: env.event_id }),
+  el('td', { class: 'mono small', 'data-field': 'payload', text: payloadPreview(env.payload) }));
   const empty = body.querySelector('td[colspan]');
   if (empty) empty.parentElement.remove();
   body.prepend(row);
@@ -849,7 +1106,7 @@ async function startTail(reset, from) {
   if (reset) {
     t.lastId = null;
     t.attempt = 0;
-    table($('#tail'), ['seq', 'time', 'type', 'stream', 'subject', 'event id'], []);
+    table($('#tail'), ['seq', 'time', 'type', 'stream', 'subject', 'event id', 'payload'], []);
     if (from !== undefined) {
       t.from = from;
     } else {
@@ -904,6 +1161,94 @@ async function startTail(reset, from) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Events: the log browsed by stream, subject, type and seq range, newest first (`order=desc`)
+// or oldest first, each event's payload a click away (secrets masked, `masked`).
+
+/// One event with its payload on `panel`; with `link`, its address is `#events/<seq>`.
+function showEvent(env, panel, link) {
+  fill(panel,
+    el('h3', {}, 'Event ', el('span', { class: 'mono', text: `seq ${env.seq}` }), ' ',
+      el('span', { class: 'pill', text: env.type })),
+    el('dl', { class: 'kv' },
+      el('dt', { text: 'event id' }), el('dd', { class: 'mono', text: env.event_id }),
+      el('dt', { text: 'stream' }), el('dd', { class: 'mono', text: env.stream }),
+      el('dt', { text: 'subject' }), el('dd', { class: 'mono', text: env.subject || '(none)' }),
+      el('dt', { text: 'time' }), el('dd', { text: fmtTime(env.time) })),
+    el('pre', { class: 'payload', 'data-testid': 'payload', text: JSON.stringify(masked(env.payload ?? {}), null, 2) }),
+    el('button', {
+      type: 'button', text: 'Close',
+      onclick: () => { show(panel, false); if (link) linkTo('events'); },
+    }));
+  show(panel, true);
+  reveal(panel);
+  if (link) linkTo('events', env.seq);
+}
+
+/// The browser's query from its form, or an error message.
+function eventQuery(append) {
+  const f = new FormData($('#efilter'));
+  const p = { limit: 50 };
+  for (const k of ['stream', 'subject', 'type']) {
+    const v = (f.get(k) || '').trim();
+    if (v) p[k] = v;
+  }
+  const num = (k) => {
+    const v = (f.get(k) || '').trim();
+    return v === '' ? null : Number(v);
+  };
+  const from = num('from');
+  const to = num('to');
+  for (const [k, v] of [['from', from], ['to', to]]) {
+    if (v !== null && (!Number.isSafeInteger(v) || v < 1)) return { error: `${k} seq must be a whole number from 1` };
+  }
+  if (from !== null && to !== null && from > to) return { error: 'from seq is above to seq' };
+  const order = f.get('order') === 'asc' ? 'asc' : 'desc';
+  p.order = order;
+  if (to !== null) p.before_sequence = to + 1;
+  if (from !== null) p.after_sequence = from - 1;
+  if (append && state.evNext !== null) p[order === 'desc' ? 'before_sequence' : 'after_sequence'] = state.evNext;
+  return { p, order, to };
+}
+
+async function loadEvents(append) {
+  const q = eventQuery(append);
+  if (q.error) {
+    flash(q.error, 'error');
+    return;
+  }
+  const page = await api('GET', `/v1/events${qs(q.p)}`);
+  const rows = page.events.map((e) => el('tr', {
+    class: 'clickable', 'data-seq': e.seq, 'data-type': e.type, onclick: () => showEvent(e, $('#event'), true),
+  },
+  el('td', { text: e.seq }), el('td', { text: fmtTime(e.time) }), el('td', { text: e.type }),
+  el('td', { class: 'mono', text: e.stream }), el('td', { class: 'mono', text: e.subject }),
+  el('td', { class: 'mono small', 'data-field': 'payload', text: payloadPreview(e.payload) })));
+  if (append) $('#events tbody').append(...rows);
+  else table($('#events'), ['seq', 'time', 'type', 'stream', 'subject', 'payload'], rows);
+  if (q.order === 'desc') {
+    state.evNext = page.next_before_sequence ?? null;
+  } else {
+    // Oldest first, the range is done once the page reaches its end (`to`, or the head).
+    const end = q.to === null ? page.latest_event_seq : Math.min(q.to, page.latest_event_seq);
+    state.evNext = page.next_after_sequence < end ? page.next_after_sequence : null;
+  }
+  $('#ev-note').textContent = `head ${page.latest_event_seq}`
+    + (state.evNext !== null ? ` · more ${q.order === 'desc' ? `below seq ${state.evNext}` : `after seq ${state.evNext}`}` : ' · that is all');
+  setHead(page.latest_event_seq);
+  show($('#emore'), state.evNext !== null);
+}
+
+/// `#events/<seq>`: that one event.
+async function openEvent(arg) {
+  const seq = Number(arg);
+  if (!Number.isSafeInteger(seq) || seq < 1) throw new Error(`no event ${arg}`);
+  const page = await api('GET', `/v1/events${qs({ after_sequence: seq - 1, limit: 1 })}`);
+  const e = page.events[0];
+  if (!e || e.seq !== seq) throw new Error(`no event at seq ${seq}`);
+  showEvent(e, $('#event'), true);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Views and wiring.
 
 const LOADERS = {
@@ -915,6 +1260,7 @@ const LOADERS = {
   lists: loadLists,
   projections: loadProjections,
   tail: async () => {},
+  events: () => loadEvents(false),
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -944,10 +1290,13 @@ const OPENERS = {
   notifications: openNotification,
   sources: openSource,
   lists: openList,
+  events: openEvent,
 };
 
 /// The panel an opener fills, per view: closed when the address names the view alone.
-const PANELS = { outbox: '#timeline', tasks: '#task', notifications: '#notification', sources: '#source' };
+const PANELS = {
+  outbox: '#timeline', tasks: '#task', notifications: '#notification', sources: '#source', lists: '#list', events: '#event',
+};
 
 /// Show what the address bar names.
 async function route() {
@@ -1022,6 +1371,13 @@ function wire() {
   $('#nfilter').addEventListener('reset', () => setTimeout(() => loadNotifications(false).catch(() => {}), 0));
   $('#nmore').addEventListener('click', () => loadNotifications(true).catch((e) => flash(e.message, 'error')));
   $('#list-form').addEventListener('submit', (ev) => saveList(ev).catch((e) => flash(e.message, 'error')));
+  $('#efilter').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    show($('#event'), false);
+    loadEvents(false).catch((e) => flash(e.message, 'error'));
+  });
+  $('#efilter').addEventListener('reset', () => setTimeout(() => loadEvents(false).catch(() => {}), 0));
+  $('#emore').addEventListener('click', () => loadEvents(true).catch((e) => flash(e.message, 'error')));
   $('#confirm-ok').addEventListener('click', () => $('#confirm').close('ok'));
   $('#confirm-cancel').addEventListener('click', () => $('#confirm').close('cancel'));
   $('#tfilt').addEventListener('submit', (ev) => {

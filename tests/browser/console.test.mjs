@@ -183,6 +183,12 @@ async function openPage(s) {
     if (r.method() !== 'GET') writes.push(`${r.method()} ${r.url().slice(s.base.length)}`);
   });
   page.on('pageerror', (e) => { page.errors.push(e.message); });
+  // The page's own files (the icon included, which browsers ask for on every load) are never
+  // missing; API answers are checked where they are used.
+  page.on('response', (r) => {
+    if (r.status() === 404 && !new URL(r.url()).pathname.startsWith('/v1/')) page.missing.push(r.url());
+  });
+  page.missing = [];
   page.errors = [];
   page.urls = urls;
   pages.push(page);
@@ -220,6 +226,35 @@ async function view(page, name) {
 
 async function text(page, sel) {
   return (await page.locator(sel).first().textContent({ timeout: WAIT })).trim();
+}
+
+/// Whether the panel `sel` is shown with its top inside the window and has the focus (what a
+/// deep link or a click on a row of a long list must leave).
+async function inViewAndFocused(page, sel) {
+  return page.evaluate((q) => {
+    const n = document.querySelector(q);
+    if (!n || n.hidden) return false;
+    const r = n.getBoundingClientRect();
+    return r.top >= 0 && r.top < window.innerHeight && document.activeElement === n;
+  }, sel);
+}
+
+/// Whether the top of `sel` lies below the first screen of the page (so that showing it in view
+/// took a scroll).
+async function belowTheFold(page, sel) {
+  return page.evaluate((q) => {
+    const n = document.querySelector(q);
+    return n.getBoundingClientRect().top + window.scrollY > window.innerHeight;
+  }, sel);
+}
+
+/// Log in on the token prompt (after Forget token, or on a first load).
+async function login(page, token) {
+  if (await page.locator('#logout').isVisible()) await page.click('#logout');
+  await page.waitForSelector('#login:not([hidden])', { timeout: WAIT });
+  await page.fill('[data-testid=token-input]', token);
+  await page.click('[data-testid=token-submit]');
+  await ready(page);
 }
 
 /// The ids (`data-id`) of the rows of list `sel`, in the order shown.
@@ -568,6 +603,7 @@ async function openMode() {
 
   assert.deepEqual(page.external, [], 'the console fetched nothing beyond the server');
   assert.deepEqual(page.errors, [], 'no script errors');
+  assert.deepEqual(page.missing, [], 'the page asked for a file the server does not have');
   await page.context().close();
   await s.kill9();
 }
@@ -659,6 +695,7 @@ scopes = ["read"]
   await snap(page, 'admin-token');
   assert.deepEqual(page.external, []);
   assert.deepEqual(page.errors, []);
+  assert.deepEqual(page.missing, []);
   await page.context().close();
   await s.kill9();
   assert.ok(!s.log.includes(admin) && !s.log.includes(reader), 'a token in the server log');
@@ -803,8 +840,19 @@ id = "/id"
   await page.goto('about:blank');
   await page.goto(`${s.base}/#lists/oncall`);
   await ready(page);
-  await until('the list in the form', async () => (await page.inputValue('[data-testid=list-name]')) === 'oncall');
-  step('links: #sources/<name> and #lists/<name> open directly');
+  // A list has a panel of its own at its link: members, last change, its deliveries; brought
+  // into view and focused.
+  await page.waitForSelector('#list:not([hidden]) h3:has-text("oncall")', { timeout: WAIT });
+  assert.equal(await text(page, '#list [data-testid=list-count]'), '3 members');
+  const shownMembers = await page.locator('#list [data-testid=list-members-shown] li').allTextContents();
+  assert.deepEqual(shownMembers.map((m) => m.trim()), members);
+  await page.waitForSelector('#list tr[data-id="dlv:p-1:email"] .pill:text-is("sent")', { timeout: WAIT });
+  await until('the list panel in view and focused', () => inViewAndFocused(page, '#list'));
+  await snap(page, 'list-panel');
+  await page.click('#list tr[data-id="dlv:p-1:email"]');
+  await page.waitForSelector('#timeline:not([hidden]) h3:has-text("dlv:p-1:email")', { timeout: WAIT });
+  await until('the delivery link', async () => page.url().endsWith(`#deliveries/${encodeURIComponent('dlv:p-1:email')}`));
+  step('links: #sources/<name> opens directly; #lists/<name> opens the list\'s own panel');
 
   // Deleting the list asks first; confirmed, it is gone.
   await view(page, 'lists');
@@ -815,9 +863,375 @@ id = "/id"
   step('Delete: cancel kept the list, confirm deleted it');
   assert.deepEqual(page.external, []);
   assert.deepEqual(page.errors, []);
+  assert.deepEqual(page.missing, [], 'the page asked for a file the server does not have');
   await page.context().close();
   await s.kill9();
   smtp.proc.kill('SIGKILL');
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenario 4 (issue 40, "fix from the console"): reset a stopped subscription's cursor (admin
+// only, its lag shown first, a reason, a confirmation), resume a parked source, deep links that
+// bring their panel into view, no stale error on a sent delivery, "1 of 2 delivered", due times,
+// payloads in the live tail and the event browser (newest first, secrets never shown), and an
+// icon that is not a 404.
+
+async function fixFromTheConsole() {
+  const admin = randomBytes(16).toString('hex');
+  const operator = randomBytes(16).toString('hex');
+  const sha = (t) => createHash('sha256').update(t).digest('hex');
+  const port = await freePort();
+  const s = new Server('fix', `
+[[auth.tokens]]
+name = "fix-admin"
+sha256 = "${sha(admin)}"
+scopes = ["admin"]
+
+[[auth.tokens]]
+name = "fix-operator"
+sha256 = "${sha(operator)}"
+scopes = ["read", "operator"]
+
+[notifications.routing]
+urgent = ["dashboard", "desktop", "pager"]
+action = ["dashboard", "desktop"]
+warning = ["dashboard", "slow"]
+info = ["dashboard", "later"]
+[notifications.retry]
+strategy = "fixed"
+base_delay = "100ms"
+max_delay = "100ms"
+jitter = 0.0
+[notifications.routes.pager]
+sink = "app"
+[notifications.routes.slow]
+sink = "app"
+[notifications.routes.slow.retry]
+strategy = "fixed"
+base_delay = "1h"
+max_delay = "1h"
+jitter = 0.0
+[notifications.routes.later]
+sink = "app"
+delay = ["1h", "2h"]
+
+# An upstream that answers 404 (this server's own unknown path): the source parks.
+[[sources]]
+name = "broken"
+url = "http://127.0.0.1:${port}/no-such-upstream"
+every = "1h"
+timeout = "5s"
+[sources.watermark]
+request_field = "afterId"
+next = "/next"
+has_more = "/more"
+[sources.items]
+path = "/data"
+id = "/id"
+`);
+  s.port = port;
+  s.token = admin;
+  await s.start();
+  step(`fix server on ${s.base}`);
+
+  // Deliveries: one notification sent on one route and parked on the other; one sent after a
+  // failed attempt; one waiting an hour to retry; one scheduled an hour or two ahead.
+  await s.append([notif('mix-1', 'Half delivered'),
+    notif('retry-1', 'Sent on the second attempt', { priority: 'action' }),
+    notif('slow-1', 'Retries in an hour', { priority: 'warning' }),
+    notif('later-1', 'Scheduled for later', { priority: 'info' })]);
+  const due = ['dlv:mix-1:desktop', 'dlv:mix-1:pager', 'dlv:retry-1:desktop', 'dlv:slow-1:slow'];
+  for (const id of due) await waitStatus(s, id, 'queued');
+  await waitStatus(s, 'dlv:later-1:later', 'queued');
+  const lease = { owner: 'fix-test', lease_ms: 60_000 };
+  const c1 = await s.ok('POST', '/v1/deliveries/claim', { sink: 'app', limit: 100, ...lease });
+  assert.deepEqual(c1.deliveries.map((d) => d.id).sort(), [...due].sort(), 'the scheduled one is not due');
+  const act = (id, verb, body) => s.ok('POST', `/v1/deliveries/${encodeURIComponent(id)}/${verb}`, { owner: 'fix-test', ...body });
+  await act('dlv:mix-1:desktop', 'complete', {});
+  await act('dlv:mix-1:pager', 'fail', { error_code: 'rejected', error: 'the pager said no', retryable: false });
+  await act('dlv:retry-1:desktop', 'fail', { error_code: 'unavailable', error: 'connection reset by peer', retryable: true });
+  await act('dlv:slow-1:slow', 'fail', { error_code: 'unavailable', error: 'try later', retryable: true });
+  await waitStatus(s, 'dlv:mix-1:pager', 'parked');
+  await waitStatus(s, 'dlv:slow-1:slow', 'retry_wait');
+  await until('the retry of dlv:retry-1:desktop', async () => {
+    const c = await s.ok('POST', '/v1/deliveries/claim', { sink: 'app', limit: 10, ...lease });
+    assert.ok(c.deliveries.every((d) => d.id === 'dlv:retry-1:desktop'), JSON.stringify(c.deliveries.map((d) => d.id)));
+    return c.deliveries.length === 1;
+  });
+  await act('dlv:retry-1:desktop', 'complete', {});
+  const resent = await waitStatus(s, 'dlv:retry-1:desktop', 'sent');
+  step(`dlv:retry-1:desktop sent on attempt ${resent.attempts}; the API's last_error: ${JSON.stringify(resent.last_error)}`);
+
+  // Enough rows that a panel below a list opens out of the first screen.
+  await s.append(Array.from({ length: 55 }, (_, i) => taskEv(`bulk-${i}`, 'task.created', { project_id: 'p-bulk', title: `Bulk task ${i}` })));
+  await s.append(Array.from({ length: 55 }, (_, i) => notif(`bulk-n-${i}`, `Bulk notification ${i}`, { priority: 'action' })));
+
+  // A subscription stopped at a mismatch (run r1 completed, then failed), and a webhook one
+  // whose secret must never be shown.
+  const task = 'fix-task';
+  await s.append([taskEv(task, 'task.created', { project_id: 'p-fix', title: 'Fix task', review_required: false })]);
+  await s.ok('POST', `/v1/tasks/${task}/notifications/bridges`, {
+    subscription_id: 'sub-fix', bridge_id: 'bridge-fix', thread_id: 'th-fix', sink: { kind: 'pull' } });
+  const [, completed] = await s.append([taskEv(task, 'task.run_started', { run_id: 'r1' }),
+    taskEv(task, 'task.run_completed', { run_id: 'r1' }), taskEv(task, 'task.run_failed', { run_id: 'r1', error: 'late crash' })]);
+  const secret = `console-secret-${randomBytes(12).toString('hex')}`;
+  await s.append([taskEv('hook-task', 'task.created', { project_id: 'p-fix', title: 'Hooked task' })]);
+  await s.ok('POST', '/v1/tasks/hook-task/notifications/bridges', {
+    subscription_id: 'sub-hook', bridge_id: 'bridge-hook', thread_id: 'th-hook',
+    sink: { kind: 'webhook', url: 'http://127.0.0.1:9/hook', secret } });
+  const consumer = 'bridge_task_subscription:sub-fix';
+  const lagOf = async () => (await s.ok('GET', '/v1/consumers/lag')).consumers.find((c) => c.consumer_id === consumer);
+  const stopped = await until('sub-fix stopped', async () => { const l = await lagOf(); return l && l.stopped && l; });
+  assert.equal(stopped.stopped_seq, completed, JSON.stringify(stopped));
+
+  // The source parks on its upstream's 404 (at its first poll, at the start, or now).
+  const poll = await s.req('POST', '/v1/sources/broken/poll');
+  assert.ok(poll.status === 202 || poll.json.code === 'source_not_active', poll.text);
+  await until('the source parked', async () => (await s.ok('GET', '/v1/sources/broken')).state === 'parked');
+
+  const page = await openPage(s);
+  await login(page, operator);
+  assert.equal(await page.getAttribute('#who', 'data-scopes'), 'read operator');
+
+  // With the operator scope: Reset is offered disabled (admin only); Resume is enabled.
+  await view(page, 'consumers');
+  const lagRow = page.locator(`#lag tr[data-consumer="${consumer}"]`);
+  await lagRow.locator('[data-testid=stopped]').waitFor({ timeout: WAIT });
+  const resetButton = lagRow.locator('[data-testid=reset-cursor]');
+  assert.ok(await resetButton.isDisabled(), 'an operator token sees Reset disabled');
+  assert.equal(await resetButton.getAttribute('title'), 'needs the admin scope');
+  await view(page, 'sources');
+  const srcRow = page.locator('#sources tr[data-name=broken]');
+  await srcRow.locator('.pill:text-is("parked")').waitFor({ timeout: WAIT });
+  assert.ok(await srcRow.locator('[data-testid=resume]').isEnabled(), 'an operator resumes a parked source');
+  assert.ok(await srcRow.locator('[data-testid=poll]').isDisabled(), 'Poll now waits for the resume');
+  assert.equal(await srcRow.locator('[data-testid=poll]').getAttribute('title'), 'parked: resume it first');
+  step('an operator token: Reset disabled (admin only), Resume enabled on the parked source');
+  await snap(page, 'source-parked');
+
+  // Resume on the parked source: recorded in the log (it polls at once, and parks again on
+  // the same 404).
+  const resumedBefore = (await s.ok('GET', '/v1/events?stream=sources&subject=broken&type=source.resumed')).events.length;
+  await srcRow.locator('[data-testid=resume]').click();
+  await until('source.resumed in the log', async () => (await s.ok('GET', '/v1/events?stream=sources&subject=broken&type=source.resumed')).events.length === resumedBefore + 1);
+  assert.ok(page.writes.includes('POST /v1/sources/broken/resume'), JSON.stringify(page.writes));
+  const resumed = (await s.ok('GET', '/v1/events?stream=sources&subject=broken&type=source.resumed')).events.at(-1);
+  assert.equal(resumed.payload.by, 'fix-operator', JSON.stringify(resumed));
+  step('Resume on the parked source: source.resumed by fix-operator');
+
+  // The admin token: the reset panel shows the lag the reset would leave before it sends.
+  await login(page, admin);
+  await view(page, 'consumers');
+  await lagRow.locator('[data-testid=reset-cursor]').click();
+  await page.waitForSelector('#reset:not([hidden])', { timeout: WAIT });
+  await until('the reset panel in view and focused', () => inViewAndFocused(page, '#reset'));
+  assert.equal(await page.inputValue('[data-testid=reset-seq]'), String(completed), 'offered the seq it stopped at');
+  const past = async (after) => (await s.ok('GET', `/v1/events?stream=task_events&subject=${task}&after_sequence=${after}&limit=1000`)).events.length;
+  const leaves = await past(completed);
+  assert.ok(leaves >= 1, 'the failure after the completion is left to decide');
+  await page.waitForSelector(`[data-testid=reset-lag][data-for="${completed}"][data-lag="${leaves}"]`, { timeout: WAIT });
+  await page.fill('[data-testid=reset-seq]', '0');
+  const all = await past(0);
+  await page.waitForSelector(`[data-testid=reset-lag][data-for="0"][data-lag="${all}"]`, { timeout: WAIT });
+  await page.fill('[data-testid=reset-seq]', String(completed));
+  await page.waitForSelector(`[data-testid=reset-lag][data-for="${completed}"][data-lag="${leaves}"]`, { timeout: WAIT });
+  const go = page.locator('[data-testid=reset-go]');
+  assert.ok(await go.isDisabled(), 'no reset without a reason');
+  await page.fill('[data-testid=reset-reason]', 'r1 failed after completing: skip the completion');
+  await until('Reset enabled with a reason', () => go.isEnabled());
+  const confirmReset = await cancelThenConfirm(page, go, /Reset the cursor of bridge_task_subscription:sub-fix\?/, 'confirm-reset');
+  assert.match(await text(page, '#confirm-text'), new RegExp(`to seq ${completed}: it will be ${leaves} events behind`));
+  assert.equal((await s.ok('GET', `/v1/tasks/${task}/notifications/bridges/sub-fix`)).cursor.last_sequence, 0, 'a cancelled reset moved the cursor');
+  await confirmReset();
+  await until('the cursor reset', async () => (await s.ok('GET', `/v1/tasks/${task}/notifications/bridges/sub-fix`)).cursor.last_sequence === completed);
+  assert.deepEqual(page.writes.filter((w) => w.includes('/cursors/reset')), ['POST /v1/cursors/reset'], 'one reset, after the confirmation');
+  const after = await until('the lag after the reset', async () => { const l = await lagOf(); return l.last_sequence === completed && l; });
+  assert.equal(after.lag_events, leaves, `the lag the panel showed is the lag the reset left: ${JSON.stringify(after)}`);
+  assert.equal(after.stopped, false, JSON.stringify(after));
+  const resetEv = (await s.ok('GET', '/v1/events?stream=cursors&type=cursor.reset&order=desc&limit=1')).events[0];
+  assert.match(JSON.stringify(resetEv.payload), /skip the completion/);
+  await page.waitForSelector(`#lag tr[data-consumer="${consumer}"]:not(:has([data-testid=stopped]))`, { timeout: WAIT });
+  step(`Reset: showed ${leaves} event(s) left, cancel sent nothing, confirm moved sub-fix to seq ${completed}`);
+  await snap(page, 'cursor-reset');
+
+  // Deep links: a task and a delivery below a list of 50 rows, and a list, open in view and
+  // focused.
+  const linked = await openPage(s);
+  await login(linked, admin);
+  const openLink = async (hash) => {
+    await linked.goto('about:blank');
+    await linked.goto(`${s.base}/${hash}`);
+    await ready(linked);
+  };
+  await openLink('#tasks/bulk-3');
+  await linked.waitForSelector('#task:not([hidden]) h3:has-text("bulk-3")', { timeout: WAIT });
+  assert.equal(await linked.locator('#tasks tbody tr[data-id]').count(), 50);
+  assert.ok(await belowTheFold(linked, '#task'), 'the task panel is below the first screen');
+  await until('the task panel in view and focused', () => inViewAndFocused(linked, '#task'));
+  await snap(linked, 'deep-link-task');
+  await openLink(`#deliveries/${encodeURIComponent('dlv:bulk-n-1:desktop')}`);
+  await linked.waitForSelector('#timeline:not([hidden]) h3:has-text("dlv:bulk-n-1:desktop")', { timeout: WAIT });
+  assert.ok(await belowTheFold(linked, '#timeline'), 'the timeline is below the first screen');
+  await until('the timeline in view and focused', () => inViewAndFocused(linked, '#timeline'));
+  // A click on a row of the list does the same.
+  await linked.evaluate(() => window.scrollTo(0, 0));
+  await linked.click('#nav a[data-view=tasks]');
+  await linked.click('#tasks tr[data-id="bulk-40"]');
+  await linked.waitForSelector('#task:not([hidden]) h3:has-text("bulk-40")', { timeout: WAIT });
+  await until('the clicked task in view and focused', () => inViewAndFocused(linked, '#task'));
+  step('deep links and clicks bring the task and delivery panels into view, focused');
+  assert.deepEqual(linked.errors, []);
+  assert.deepEqual(linked.missing, []);
+  await linked.context().close();
+
+  // A sent delivery shows no stale error; its history still has the failed attempt.
+  await view(page, 'outbox');
+  await page.fill('#dfilter [name=notification_id]', 'retry-1');
+  await page.click('[data-testid=filter-apply]');
+  const sentRow = page.locator('#deliveries tr[data-id="dlv:retry-1:desktop"]');
+  await sentRow.locator('.pill:text-is("sent")').waitFor({ timeout: WAIT });
+  assert.equal((await sentRow.locator('td[data-field=last_error]').textContent()).trim(), '', 'a sent row shows no error');
+  await sentRow.click();
+  await page.waitForSelector('[data-testid=timeline-status]:text-is("sent")', { timeout: WAIT });
+  assert.equal(await page.locator('#timeline [data-testid=timeline-error]').count(), 0, 'no current error on a sent delivery');
+  assert.match(await page.locator('#timeline table').textContent(), /connection reset by peer/, 'the history keeps the failed attempt');
+  if (resent.last_error) await page.locator('#timeline [data-testid=timeline-earlier]').waitFor({ timeout: WAIT });
+  await until('the timeline in view', () => inViewAndFocused(page, '#timeline'));
+  step('a delivery sent after a failed attempt: no error in its row or state, the failure in its history');
+  await snap(page, 'sent-after-retry');
+
+  // Due times: waiting to retry, and scheduled.
+  await page.fill('#dfilter [name=notification_id]', '');
+  await page.selectOption('#dfilter select[name=status]', 'retry_wait');
+  await page.click('[data-testid=filter-apply]');
+  const slow = await delivery(s, 'dlv:slow-1:slow');
+  assert.ok(slow.next_attempt_at, JSON.stringify(slow));
+  const slowDue = page.locator('#deliveries tr[data-id="dlv:slow-1:slow"] [data-testid=due]');
+  await slowDue.waitFor({ timeout: WAIT });
+  assert.equal(await slowDue.getAttribute('data-due'), slow.next_attempt_at);
+  assert.match(await slowDue.textContent(), /^retry due .+ \(in \d+m\)$/);
+  await page.selectOption('#dfilter select[name=status]', 'queued');
+  await page.fill('#dfilter [name=route]', 'later');
+  await page.click('[data-testid=filter-apply]');
+  const later = await delivery(s, 'dlv:later-1:later');
+  const laterDue = page.locator('#deliveries tr[data-id="dlv:later-1:later"] [data-testid=due]');
+  await laterDue.waitFor({ timeout: WAIT });
+  assert.equal(await laterDue.getAttribute('data-due'), later.next_attempt_at);
+  assert.match(await laterDue.textContent(), /^scheduled, due /);
+  assert.ok(Date.parse(later.next_attempt_at) - Date.parse(later.created_at) >= 3_600_000, JSON.stringify(later));
+  step(`due times: retry at ${slow.next_attempt_at}, scheduled at ${later.next_attempt_at}`);
+  await snap(page, 'due-times');
+  await page.fill('#dfilter [name=route]', '');
+  await page.selectOption('#dfilter select[name=status]', '');
+
+  // One of two deliveries sent, the other parked: "1 of 2 delivered" and "1 parked".
+  const mix = await s.ok('GET', '/v1/notifications/mix-1');
+  assert.equal(mix.status, 'parked');
+  // Older than the 50 rows shown: opened by its link.
+  await page.evaluate(() => { location.hash = '#notifications/mix-1'; });
+  await page.waitForSelector('[data-testid=ntf-status]:text-is("1 of 2 delivered")', { timeout: WAIT });
+  assert.equal(await text(page, '[data-testid=ntf-count-parked]'), '1 parked');
+  assert.equal(await page.getAttribute('[data-testid=ntf-status]', 'data-status'), 'parked');
+  assert.match(await text(page, '[data-testid=ntf-delivered]'), /^1 of 2, the last at /);
+  assert.match(await text(page, '[data-testid=ntf-error]'), /the pager said no/);
+  await snap(page, 'notification-partly-delivered');
+  await page.evaluate(() => { location.hash = '#notifications/retry-1'; });
+  await page.waitForSelector('[data-testid=ntf-status]:text-is("delivered")', { timeout: WAIT });
+  assert.equal(await page.locator('#notification [data-testid=ntf-error]').count(), 0, 'a delivered notification shows no error as its state');
+  step('mix-1 reads "1 of 2 delivered · 1 parked"; retry-1 delivered without a red error');
+
+  // The event browser: a stream newest first, paged down; a seq range either way; a payload on
+  // click with the webhook secret redacted.
+  await view(page, 'events');
+  await page.fill('[data-testid=ev-stream]', 'task_events');
+  await page.click('[data-testid=ev-apply]');
+  const taskEvents = [];
+  for (let after = 0; ;) {
+    const p = await s.ok('GET', `/v1/events?stream=task_events&after_sequence=${after}&limit=1000`);
+    taskEvents.push(...p.events.map((e) => e.seq));
+    if (p.next_after_sequence >= p.latest_event_seq || !p.events.length) break;
+    after = p.next_after_sequence;
+  }
+  const newestFirst = [...taskEvents].reverse();
+  const seqsShown = async (sel) => page.locator(`${sel} tbody tr[data-seq]`).evaluateAll((rs) => rs.map((r) => Number(r.dataset.seq)));
+  await until('the newest 50 task events', async () => (await seqsShown('#events')).join() === newestFirst.slice(0, 50).join());
+  await page.click('[data-testid=ev-more]');
+  await until('all task events, newest first', async () => (await seqsShown('#events')).join() === newestFirst.join());
+  await page.waitForSelector('[data-testid=ev-more]', { state: 'hidden', timeout: WAIT });
+  step(`the event browser lists the ${newestFirst.length} task_events newest first over two pages`);
+  await page.fill('[data-testid=ev-stream]', '');
+  await page.fill('[data-testid=ev-from]', '3');
+  await page.fill('[data-testid=ev-to]', '7');
+  await page.click('[data-testid=ev-apply]');
+  await until('seqs 7 to 3', async () => (await seqsShown('#events')).join() === '7,6,5,4,3');
+  await page.waitForSelector('[data-testid=ev-more]', { state: 'hidden', timeout: WAIT });
+  await page.selectOption('[data-testid=ev-order]', 'asc');
+  await page.click('[data-testid=ev-apply]');
+  await until('seqs 3 to 7', async () => (await seqsShown('#events')).join() === '3,4,5,6,7');
+  await page.waitForSelector('[data-testid=ev-more]', { state: 'hidden', timeout: WAIT });
+  assert.ok(page.urls.some((u) => u.includes('order=asc') && u.includes('before_sequence=8')), 'the range read with before_sequence');
+  await page.fill('[data-testid=ev-from]', '');
+  await page.fill('[data-testid=ev-to]', '');
+  await page.selectOption('[data-testid=ev-order]', 'desc');
+  await page.fill('[data-testid=ev-stream]', 'bridges');
+  await page.fill('[data-testid=ev-subject]', 'sub-hook');
+  await page.click('[data-testid=ev-apply]');
+  const hookRow = page.locator('#events tr[data-type="bridge.subscribed"]');
+  await hookRow.waitFor({ timeout: WAIT });
+  await hookRow.click();
+  await page.waitForSelector('#event:not([hidden]) [data-testid=payload]', { timeout: WAIT });
+  const payloadText = await text(page, '#event [data-testid=payload]');
+  assert.match(payloadText, /"secret": "\[redacted\]"/);
+  assert.match(payloadText, /127\.0\.0\.1:9\/hook/);
+  const seqOfHook = await hookRow.getAttribute('data-seq');
+  await until('the event link', async () => page.url().endsWith(`#events/${seqOfHook}`));
+  await until('the event panel in view', () => inViewAndFocused(page, '#event'));
+  assert.ok(!(await page.content()).includes(secret), 'the webhook secret is on the page');
+  step('the event browser: a seq range both ways; bridge.subscribed with its secret redacted');
+  await snap(page, 'event-payload');
+
+  // The live tail shows payloads (a field named like a secret masked), each in full on click.
+  await view(page, 'tail');
+  await page.waitForSelector('[data-testid=tail-state]:text-is("live")', { timeout: WAIT });
+  const [tailSeq] = await s.append([{ event_id: 'tail-payload-1', stream: 'orders', subject: 'o-1', type: 'order.placed',
+    payload: { note: 'hello from the tail', password: 'hunter2-not-shown', items: [1, 2] } }]);
+  const tailRow = page.locator(`#tail tr[data-seq="${tailSeq}"]`);
+  await tailRow.waitFor({ timeout: WAIT });
+  const preview = await tailRow.locator('td[data-field=payload]').textContent();
+  assert.match(preview, /hello from the tail/);
+  assert.ok(!preview.includes('hunter2'), preview);
+  await tailRow.click();
+  await page.waitForSelector('#tail-payload:not([hidden]) [data-testid=payload]', { timeout: WAIT });
+  const tailPayload = await text(page, '#tail-payload [data-testid=payload]');
+  assert.match(tailPayload, /"note": "hello from the tail"/);
+  assert.match(tailPayload, /"password": "\[redacted\]"/);
+  assert.ok(!(await page.content()).includes('hunter2'), 'a password on the page');
+  step('the live tail shows the payload, a password masked');
+  await snap(page, 'tail-payload');
+
+  // The icon: linked from the page, served at its link and at /favicon.ico; nothing the page
+  // loaded was a 404.
+  const icons = await page.evaluate(async () => {
+    const out = [];
+    for (const u of [document.querySelector('link[rel=icon]').href, '/favicon.ico']) {
+      const r = await fetch(u);
+      out.push([u, r.status, r.headers.get('content-type'), (await r.text()).slice(0, 4)]);
+    }
+    return out;
+  });
+  for (const [u, st, ty, start] of icons) {
+    assert.equal(st, 200, u);
+    assert.match(ty, /^image\/svg\+xml/, u);
+    assert.equal(start, '<svg', u);
+  }
+  assert.deepEqual(page.missing, [], 'the page asked for a file the server does not have');
+  step(`the icon is served (${icons.map(([u]) => new URL(u, s.base).pathname).join(', ')}); no 404 on load`);
+
+  assert.deepEqual(page.external, []);
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+  await s.kill9();
+  assert.ok(!s.log.includes(secret), 'the webhook secret in the server log');
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -834,6 +1248,7 @@ try {
   await openMode().catch(async (e) => { await failureShot('open-mode'); throw e; });
   await withTokens().catch(async (e) => { await failureShot('tokens'); throw e; });
   await pushDelivery().catch(async (e) => { await failureShot('push'); throw e; });
+  await fixFromTheConsole().catch(async (e) => { await failureShot('fix'); throw e; });
   step('all console checks passed');
 } finally {
   await browser.close();

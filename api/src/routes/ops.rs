@@ -212,6 +212,7 @@ pub async fn openapi(State(st): State<AppState>) -> Response {
 const CONSOLE_HTML: &str = include_str!("../../console/index.html");
 const CONSOLE_JS: &str = include_str!("../../console/app.js");
 const CONSOLE_CSS: &str = include_str!("../../console/app.css");
+const CONSOLE_ICON: &str = include_str!("../../console/favicon.svg");
 
 /// The console's pages load only the server's own files and talk only to the server.
 const CONSOLE_CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
@@ -253,4 +254,21 @@ pub async fn console_script() -> Response {
 ))]
 pub async fn console_style() -> Response {
     console_file("text/css; charset=utf-8", CONSOLE_CSS)
+}
+
+/// The console's icon, linked from its page.
+#[utoipa::path(get, path = "/console/favicon.svg", operation_id = "getConsoleIcon", tag = "ops", responses(
+    (status = 200, description = "SVG", content_type = "image/svg+xml", body = String)
+))]
+pub async fn console_icon() -> Response {
+    console_file("image/svg+xml", CONSOLE_ICON)
+}
+
+/// The same icon where browsers look for one without a link (every page load used to log a
+/// 404 for it).
+#[utoipa::path(get, path = "/favicon.ico", operation_id = "getFavicon", tag = "ops", responses(
+    (status = 200, description = "SVG", content_type = "image/svg+xml", body = String)
+))]
+pub async fn favicon() -> Response {
+    console_file("image/svg+xml", CONSOLE_ICON)
 }

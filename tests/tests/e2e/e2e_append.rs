@@ -7,7 +7,7 @@
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tidemark_tests::{Server, ServerOpts, assert_problem};
+use tidemark_tests::{Server, ServerOpts, assert_problem, assert_problem_for};
 
 use crate::common::{assert_dense_unique, check_time, ev, id_of, receipts, seq_of};
 
@@ -475,5 +475,121 @@ async fn time_is_rfc3339_with_microseconds_and_never_goes_back() {
             seq_of(e)
         );
         last = stamp;
+    }
+}
+
+/// `GET /v1/events?order=desc` (issue 40, the console's stream browser): newest first, below
+/// `before_sequence`, paged by `next_before_sequence`, whatever the filters match and however
+/// far apart the matches are (the scan goes down window by window, bounded per request); in
+/// seq order `before_sequence` ends the range. Bad values of the new parameters are
+/// `400 invalid_query` problems, and the stream refuses both as unknown.
+#[tokio::test]
+async fn events_newest_first_page_down_with_next_before_sequence() {
+    let s = Server::start(ServerOpts::default()).await;
+    let base = s.start_head();
+    // 2,500 events; the rare stream's are at 10, 1,200 and 2,400 (more than a window apart).
+    let rare = [10u64, 1200, 2400];
+    for chunk in 0..5u64 {
+        let events: Vec<Value> = (chunk * 500..(chunk + 1) * 500)
+            .map(|i| {
+                let stream = if rare.contains(&i) { "rare" } else { "bulk" };
+                json!({"event_id": format!("d-{i}"), "stream": stream, "type": "thing.done"})
+            })
+            .collect();
+        let (st, body) = s.append(&json!({ "events": events })).await;
+        assert_eq!(st, StatusCode::CREATED, "{body}");
+    }
+    let head = base + 2500;
+    let at = |i: u64| base + i + 1;
+    // The seqs of a newest-first page, and the page.
+    let desc = |q: String| {
+        let s = &s;
+        async move {
+            let r = s.get(&format!("/v1/events?order=desc&{q}")).await;
+            assert_eq!(r.status, StatusCode::OK, "{q}: {}", r.text);
+            let seqs: Vec<u64> = r.json["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(seq_of)
+                .collect();
+            (seqs, r.json)
+        }
+    };
+
+    // Unfiltered: the newest five, then the five before them.
+    let (got, page) = desc("limit=5".into()).await;
+    assert_eq!(got, (head - 4..=head).rev().collect::<Vec<_>>());
+    assert_eq!(page["next_before_sequence"], head - 4, "{page}");
+    assert_eq!(page["latest_event_seq"], head);
+    let (got, _) = desc(format!("limit=5&before_sequence={}", head - 4)).await;
+    assert_eq!(got, (head - 9..=head - 5).rev().collect::<Vec<_>>());
+
+    // A rare stream: each page holds the matches however far below the top they are.
+    let (got, page) = desc("stream=rare&limit=2".into()).await;
+    assert_eq!(got, vec![at(2400), at(1200)], "{page}");
+    assert_eq!(page["next_before_sequence"], at(1200));
+    let (got, page) = desc(format!("stream=rare&limit=2&before_sequence={}", at(1200))).await;
+    assert_eq!(got, vec![at(10)], "{page}");
+    assert!(
+        page.get("next_before_sequence").is_none(),
+        "nothing older is left: {page}"
+    );
+    // The same matches as in seq order, reversed; `after_sequence` bounds the walk below.
+    let asc = s.page("stream=rare&limit=1000").await;
+    let asc: Vec<u64> = asc.events.iter().map(seq_of).collect();
+    assert_eq!(asc, vec![at(10), at(1200), at(2400)]);
+    let (got, page) = desc(format!("stream=rare&after_sequence={}", at(10))).await;
+    assert_eq!(got, vec![at(2400), at(1200)], "{page}");
+    assert!(page.get("next_before_sequence").is_none(), "{page}");
+    // In seq order the answer has no next_before_sequence; before_sequence ends the range,
+    // and next_after_sequence stops below it.
+    let r = s.get("/v1/events?limit=1").await;
+    assert!(r.json.get("next_before_sequence").is_none(), "{}", r.text);
+    let r = s
+        .get(&format!(
+            "/v1/events?stream=rare&before_sequence={}",
+            at(2400)
+        ))
+        .await;
+    let got: Vec<u64> = r.json["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(seq_of)
+        .collect();
+    assert_eq!(got, vec![at(10), at(1200)], "{}", r.text);
+    assert_eq!(r.json["next_after_sequence"], at(2400) - 1, "{}", r.text);
+    let p = s
+        .page(&format!(
+            "after_sequence={}&before_sequence={}",
+            base + 3,
+            base + 6
+        ))
+        .await;
+    let got: Vec<u64> = p.events.iter().map(seq_of).collect();
+    assert_eq!(got, vec![base + 4, base + 5]);
+    assert_eq!(p.next_after_sequence, base + 5);
+
+    for (q, what) in [
+        ("order=newest", "an unknown order"),
+        ("order=", "an empty order"),
+        ("before_sequence=0", "before_sequence 0"),
+        (
+            "order=desc&before_sequence=0",
+            "before_sequence 0, newest first",
+        ),
+        ("order=desc&before_sequence=-1", "a negative one"),
+        ("order=desc&before_sequence=x", "not a number"),
+        ("order=desc&limit=0", "limit 0"),
+        ("order=desc&limit=1001", "limit past 1000"),
+    ] {
+        let r = s.get(&format!("/v1/events?{q}")).await;
+        assert_problem_for(&r, 400, "invalid_query", what);
+    }
+    // The stream is in seq order and has no end: it does not take either.
+    for q in ["order=desc", "before_sequence=5"] {
+        let r = s.get(&format!("/v1/events/stream?{q}")).await;
+        assert_problem_for(&r, 400, "unknown_parameter", q);
     }
 }

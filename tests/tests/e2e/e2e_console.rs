@@ -12,8 +12,17 @@
 //! consumers view flags a subscription stopped at a mismatch with its reason; the Notifications
 //! view lists info and warning notifications newest first, filters them and opens a status
 //! record (and from it a delivery's timeline); tasks (`bt-0` … `bt-11`) and deliveries are
-//! listed newest first by default, by id on request. Screenshots of each state go to
-//! `target/console-screenshots/`.
+//! listed newest first by default, by id on request. Issue 40, "fix from the console" (a server
+//! with an admin and an operator token): a stopped subscription's cursor is reset from the
+//! consumers view (offered to admin only; the lag the reset would leave is shown first and is
+//! the lag it leaves; a reason; cancel sends nothing); Resume on a parked source (Poll now waits
+//! for it); deep links and clicks bring their panel into view below a 50-row list, focused, and
+//! `#lists/<name>` opens the list's own panel; a delivery sent after a failed attempt shows no
+//! error as its state; "1 of 2 delivered · 1 parked"; the due time of a retrying and of a
+//! scheduled delivery; the event browser newest first over pages, by seq range both ways, a
+//! payload on click with the webhook secret redacted; payloads in the live tail (a password
+//! masked); the icon is served and nothing the page loads is a 404. Screenshots of each state go
+//! to `target/console-screenshots/`.
 //!
 //! `.ci/run` installs Chromium (`apt-get install chromium`) and the script's one dependency
 //! (`npm ci --prefix tests/browser`); without them this test fails and says what is missing.

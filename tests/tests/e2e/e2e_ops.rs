@@ -459,6 +459,22 @@ async fn the_console_is_served_from_the_binary_under_a_strict_policy() {
             "{path} refers to another origin"
         );
     }
+    // Its icon, linked from the page and where browsers look without a link: every load of
+    // the page used to log a 404 for /favicon.ico.
+    for path in ["/console/favicon.svg", "/favicon.ico"] {
+        let r = s.get(path).await;
+        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text);
+        let ty = r.content_type.as_deref().unwrap_or_default();
+        assert!(ty.starts_with("image/svg+xml"), "{path}: {ty}");
+        assert!(r.text.starts_with("<svg"), "{path}: {}", r.text);
+    }
+    assert!(
+        s.get("/")
+            .await
+            .text
+            .contains(r#"rel="icon" href="/console/favicon.svg""#),
+        "the page links its icon"
+    );
     // Every path the script calls is a documented operation under /v1.
     let js = s.get("/console/app.js").await.text;
     let doc = s.get("/openapi.json").await.json;

@@ -112,6 +112,9 @@ pub struct DeliveryOut {
     pub group_key: Option<String>,
     pub attempts: u32,
     pub max_attempts: u32,
+    /// When it is due: a `queued` delivery (scheduled later by a route's delay, quiet hours or
+    /// a digest window, or due at once) or one in `retry_wait` can be claimed from this time.
+    /// In other statuses it is what it was when the delivery was last due.
     #[schema(value_type = Option<String>)]
     pub next_attempt_at: Option<Micros>,
     pub lease_owner: Option<String>,
