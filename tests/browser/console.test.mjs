@@ -1080,6 +1080,14 @@ id = "/id"
   await linked.waitForSelector('#task:not([hidden]) h3:has-text("bulk-40")', { timeout: WAIT });
   await until('the clicked task in view and focused', () => inViewAndFocused(linked, '#task'));
   step('deep links and clicks bring the task and delivery panels into view, focused');
+  // A run that completed without having started: the task view says it is a mismatch.
+  await s.append([taskEv('never-started', 'task.created', { project_id: 'p' }),
+    taskEv('never-started', 'task.run_completed', { run_id: 'r7' })]);
+  await openLink('#tasks/never-started');
+  const outcome = linked.locator('[data-testid=run-outcome][data-run=r7]');
+  await outcome.waitFor({ timeout: WAIT });
+  assert.equal((await outcome.textContent()).trim(), 'completed without a start (mismatch: run_not_started)');
+  step('a completion of a run that never started reads as a mismatch in the task view');
   assert.deepEqual(linked.errors, []);
   assert.deepEqual(linked.missing, []);
   await linked.context().close();
