@@ -293,8 +293,9 @@ impl Labels {
             .unwrap_or("");
         let request_id = crate::server::request_id();
         let method = &self.method;
-        let probe_news = is_probe(route) && probe_changed(route, status, code);
-        if status >= 500 && (probe_news || !is_probe(route)) {
+        let probe = is_probe(route);
+        let probe_news = probe && probe_changed(route, status, code);
+        if status >= 500 && (probe_news || !probe) {
             tracing::error!(target: "tidemark::access", %method, route, status, code, error = cause,
                 duration_ms = ms, %request_id, "request failed");
         } else if probe_news {

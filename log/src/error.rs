@@ -210,42 +210,40 @@ fn io_advice(path: Option<&std::path::Path>, io: &std::io::Error) -> String {
                 .to_owned();
         }
     }
-    let me = nix::unistd::getuid();
-    let user = nix::unistd::User::from_uid(me)
-        .ok()
-        .flatten()
-        .map(|u| u.name);
-    let name = |uid: nix::unistd::Uid| {
-        nix::unistd::User::from_uid(uid).ok().flatten().map_or_else(
-            || format!("uid {uid}"),
-            |u| format!("{} (uid {uid})", u.name),
-        )
+    let user_name = |uid: nix::unistd::Uid| {
+        nix::unistd::User::from_uid(uid)
+            .ok()
+            .flatten()
+            .map(|u| u.name)
     };
-    let mut out = format!("tidemark runs as user {}", name(me));
-    if let Some(path) = path {
-        use std::os::unix::fs::MetadataExt;
-        // The file itself, or the first directory above it that exists.
-        let seen = path
-            .ancestors()
-            .find_map(|p| std::fs::metadata(p).ok().map(|m| (p.to_owned(), m)));
-        if let Some((p, m)) = seen {
-            let owner = name(nix::unistd::Uid::from_raw(m.uid()));
-            out.push_str(&format!(
-                ", and {} belongs to {owner} with mode {:o}",
-                p.display(),
-                m.mode() & 0o7777
-            ));
-        }
-        let dir = path.parent().unwrap_or(path);
-        out.push_str(&format!(
-            ": give the data directory to that user (`chown -R {}: {}`) or run tidemark as its \
-             owner; nothing is damaged",
-            user.unwrap_or_else(|| me.to_string()),
-            dir.display()
-        ));
-    } else {
+    let who = |uid: nix::unistd::Uid| {
+        user_name(uid).map_or_else(|| format!("uid {uid}"), |n| format!("{n} (uid {uid})"))
+    };
+    let me = nix::unistd::getuid();
+    let mut out = format!("tidemark runs as user {}", who(me));
+    let Some(path) = path else {
         out.push_str(": give the data directory to that user or run tidemark as its owner");
+        return out;
+    };
+    use std::os::unix::fs::MetadataExt;
+    // The file itself, or the first directory above it that exists.
+    if let Some((p, m)) = path
+        .ancestors()
+        .find_map(|p| std::fs::metadata(p).ok().map(|m| (p, m)))
+    {
+        out.push_str(&format!(
+            ", and {} belongs to {} with mode {:o}",
+            p.display(),
+            who(nix::unistd::Uid::from_raw(m.uid())),
+            m.mode() & 0o7777
+        ));
     }
+    out.push_str(&format!(
+        ": give the data directory to that user (`chown -R {}: {}`) or run tidemark as its owner; \
+         nothing is damaged",
+        user_name(me).unwrap_or_else(|| me.to_string()),
+        path.parent().unwrap_or(path).display()
+    ));
     out
 }
 

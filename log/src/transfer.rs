@@ -352,17 +352,27 @@ fn claim_dir(dir: &Path) -> Result<bool, TransferError> {
             Ok(true)
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let mut entries =
-                std::fs::read_dir(dir).map_err(io(format!("reading {}", dir.display())))?;
-            if entries.next().is_some() {
-                return Err(TransferError::DirNotEmpty {
-                    dir: dir.to_owned(),
-                });
-            }
+            refuse_taken(dir)?;
             Ok(false)
         }
         Err(e) => Err(io(format!("creating {}", dir.display()))(e)),
     }
+}
+
+/// `DirNotEmpty` when `dir` exists and holds anything: a backup goes into a new or empty
+/// directory (also checked by a client before it asks a server to stream one).
+pub fn refuse_taken(dir: &Path) -> Result<(), TransferError> {
+    let taken = match std::fs::read_dir(dir) {
+        Ok(mut entries) => entries.next().is_some(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => return Err(io(format!("reading {}", dir.display()))(e)),
+    };
+    if taken {
+        return Err(TransferError::DirNotEmpty {
+            dir: dir.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 /// A file of the owner's only, which must not exist yet.

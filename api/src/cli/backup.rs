@@ -91,13 +91,7 @@ pub(crate) async fn backup(a: BackupArgs) -> CliResult {
 async fn stream_backup(c: &Client, to: &Path, after: u64) -> Result<transfer::Manifest, CliError> {
     // Refused here before the server reads its log for nothing (the directory is still claimed
     // exclusively when the stream arrives).
-    if let Ok(mut entries) = std::fs::read_dir(to)
-        && entries.next().is_some()
-    {
-        return Err(transfer_error(transfer::TransferError::DirNotEmpty {
-            dir: to.to_owned(),
-        }));
-    }
+    transfer::refuse_taken(to).map_err(transfer_error)?;
     let resp = c
         .send(
             c.http

@@ -10,6 +10,17 @@ use tidemark_tests::{Server, ServerOpts};
 
 use crate::common::metric_sum;
 
+/// Stop `s` with SIGTERM (a clean exit) and take everything it logged.
+async fn stopped_stderr(s: &mut Server) -> String {
+    s.sigterm();
+    assert!(
+        s.wait_exit(std::time::Duration::from_secs(60))
+            .await
+            .success()
+    );
+    s.stderr()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_with_an_access_line_per_request_and_no_query_or_ids() {
     // A backup into a directory under a regular file fails on the server's side (500).
@@ -49,13 +60,7 @@ async fn json_logs_with_an_access_line_per_request_and_no_query_or_ids() {
         .await;
     assert_eq!(r.status.as_u16(), 500, "{}", r.text);
     let metrics = s.get("/metrics").await.text;
-    s.sigterm();
-    assert!(
-        s.wait_exit(std::time::Duration::from_secs(60))
-            .await
-            .success()
-    );
-    let stderr = s.stderr();
+    let stderr = stopped_stderr(&mut s).await;
 
     let lines: Vec<Value> = stderr
         .lines()
@@ -179,13 +184,7 @@ async fn a_failing_probe_logs_its_change_once() {
     for _ in 0..3 {
         assert_eq!(s.get("/readyz").await.status.as_u16(), 503);
     }
-    s.sigterm();
-    assert!(
-        s.wait_exit(std::time::Duration::from_secs(60))
-            .await
-            .success()
-    );
-    let stderr = s.stderr();
+    let stderr = stopped_stderr(&mut s).await;
     let lines: Vec<Value> = stderr
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())

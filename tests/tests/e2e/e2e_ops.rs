@@ -696,6 +696,34 @@ fn unknown_configuration_keys_refuse_the_start_naming_the_key() {
     }
 }
 
+/// `tidemark serve` on `data`, run behind `prefix` (e.g. `setpriv …`), which must refuse to
+/// start (exit 1): its stderr.
+async fn refused_serve(prefix: &[&str], data: &std::path::Path) -> String {
+    let binary = tidemark_tests::binary();
+    let mut cmd = match prefix.split_first() {
+        Some((first, rest)) => {
+            let mut c = tokio::process::Command::new(first);
+            c.args(rest).arg(&binary);
+            c
+        }
+        None => tokio::process::Command::new(&binary),
+    };
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(data)
+            .env_remove("TIDEMARK_CONFIG")
+            .stdin(std::process::Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("the refused server exits")
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    err
+}
+
 /// A second `tidemark serve` on a data directory a running server holds is refused as "in use
 /// by another tidemark process", exit 1, and never with advice to restore a backup (section 1,
 /// I10: that advice is for damage only, and following it here would overwrite good data). The
@@ -703,20 +731,7 @@ fn unknown_configuration_keys_refuse_the_start_naming_the_key() {
 #[tokio::test]
 async fn a_second_server_on_a_held_data_directory_is_told_it_is_in_use() {
     let s = tidemark_tests::Server::start(tidemark_tests::ServerOpts::default()).await;
-    let out = tokio::time::timeout(
-        std::time::Duration::from_secs(60),
-        tokio::process::Command::new(tidemark_tests::binary())
-            .args(["serve", "--listen", "127.0.0.1:0", "--data"])
-            .arg(s.data_dir())
-            .env_remove("TIDEMARK_CONFIG")
-            .stdin(std::process::Stdio::null())
-            .output(),
-    )
-    .await
-    .expect("the second server exits")
-    .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = refused_serve(&[], s.data_dir()).await;
     // The holder by its pid (found in /proc: the suite runs as root, or as the server's user).
     assert!(
         err.contains(&format!("in use by another process (pid {})", s.pid())),
@@ -751,22 +766,13 @@ async fn a_data_directory_its_user_cannot_open_names_the_user_and_the_owner() {
     for d in [s.data_dir(), s.data_dir().parent().unwrap()] {
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let out = tokio::time::timeout(
-        std::time::Duration::from_secs(60),
-        tokio::process::Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(tidemark_tests::binary())
-            .args(["serve", "--listen", "127.0.0.1:0", "--data"])
-            .arg(s.data_dir())
-            .env_remove("TIDEMARK_CONFIG")
-            .stdin(std::process::Stdio::null())
-            .output(),
-    )
-    .await
-    .expect("the refused server exits")
-    .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let as_nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ];
+    let err = refused_serve(&as_nobody, s.data_dir()).await;
     let log = s.data_dir().join("log.redb");
     for want in [
         format!("cannot open {}", log.display()),
@@ -798,20 +804,7 @@ async fn a_damaged_log_file_is_the_one_refusal_that_advises_a_restore() {
     f.seek(std::io::SeekFrom::Start(0)).unwrap();
     f.write_all(&[0x5a; 64]).unwrap();
     drop(f);
-    let out = tokio::time::timeout(
-        std::time::Duration::from_secs(60),
-        tokio::process::Command::new(tidemark_tests::binary())
-            .args(["serve", "--listen", "127.0.0.1:0", "--data"])
-            .arg(s.data_dir())
-            .env_remove("TIDEMARK_CONFIG")
-            .stdin(std::process::Stdio::null())
-            .output(),
-    )
-    .await
-    .expect("the refused server exits")
-    .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = refused_serve(&[], s.data_dir()).await;
     assert!(err.contains(&log.display().to_string()), "{err}");
     assert!(err.contains("damaged"), "{err}");
     assert!(err.contains("restore it from a backup"), "{err}");
