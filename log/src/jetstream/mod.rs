@@ -2,33 +2,39 @@
 //! its stream sequence is `event_seq`.
 //!
 //! # Shape
-//! - **Appends** go to the cluster: one atomic batch publish per append (`Nats-Batch-Id`,
-//!   `-Sequence`, `-Commit`; at most [`crate::limits::BATCH_MAX_EVENTS`] = the server's 1,000), each
-//!   event a message on a NATS subject derived from its stream and subject
-//!   (`<prefix>.s<hex stream>.j<hex subject>`), its body the event's id, names and payload.
-//!   Acknowledged means the commit's publish acknowledgement: stored on a quorum (and synced
-//!   where the servers run `sync_interval: always`).
-//! - **Reads** are served by a local replica: an embedded [`Log`] that follows the stream (an
-//!   ordered consumer from its head on) and appends each message at exactly its stream
-//!   sequence with the stream's time ([`Log::replicate`]). Pages, lookups by id, filters,
-//!   chunks for the folds and the commit notifier are the embedded log's. An append is
-//!   answered once the replica holds it (read-your-writes on this node).
+//! - **Appends** go to the cluster ([`append`]): one plain publish for a single event, one
+//!   atomic batch publish (`Nats-Batch-Id`, `-Sequence`, `-Commit`; at most
+//!   [`crate::limits::BATCH_MAX_EVENTS`] = the server's 1,000) for several; each event a message
+//!   on a NATS subject derived from its stream and subject (`<prefix>.s<hex stream>.j<hex
+//!   subject>`), its body the event's id, names, payload and the batch's time. Acknowledged
+//!   means the publish acknowledgement (the PubAck): stored on a quorum and synced where the
+//!   servers run `sync_interval: always`. A node keeps a bounded window of publishes in flight
+//!   ([`PUBLISH_WINDOW`], then 429).
+//! - **Reads** are served by a local replica: an embedded [`Log`] that takes each batch at
+//!   exactly its stream sequences and the batch's time ([`Log::replicate`]), through
+//!   [`feed`]: a batch this node published is handed over on its PubAck, as built (nothing is
+//!   parsed again); what other nodes published comes from an ordered consumer ([`follow`]),
+//!   which skips what the replica holds. Pages, lookups by id, filters, chunks for the folds and
+//!   the commit notifier are the embedded log's. An append is answered once the replica holds
+//!   its batch (read-your-writes on this node): at once when nothing of another node's lies
+//!   before it.
 //! - **Idempotency stays exact forever (I2).** Before it publishes, an append catches the
-//!   replica up to the stream's last sequence and looks its ids up there: an id already in the
-//!   log is answered as a duplicate with its original seq (or refused as a conflict), whatever
-//!   its age. Every message also carries `Nats-Msg-Id` = its event id, so two nodes publishing
-//!   the same id at once are told apart by the server's window; a batch that meets a duplicate
-//!   fails whole and is decided again against the caught-up replica.
+//!   replica up to the stream's last sequence (at most once per tenth of the de-duplication
+//!   window) and looks its ids up there: an id already in the log is answered as a duplicate
+//!   with its original seq (or refused as a conflict), whatever its age. Every message also
+//!   carries `Nats-Msg-Id` = its event id, so two publishes of one id inside the server's window
+//!   are told apart there: a plain publish is answered with the original's seq (compared on the
+//!   replica), an atomic batch fails whole and is decided again against the caught-up replica.
 //! - **Conditions.** The head condition is `Nats-Expected-Last-Sequence` on the first message;
 //!   a subject the batch writes is checked by `Nats-Expected-Last-Subject-Sequence` on its first
 //!   message. A subject the batch only reads is checked on the caught-up replica and then held
 //!   by `Nats-Expected-Last-Sequence` = the replica's head (nothing appended since the check).
+//!   Conditional appends naming one subject take turns on a node; the rest flow.
 
-use std::collections::HashMap;
+use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::HeaderMap;
 use async_nats::jetstream::{self, stream};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -38,18 +44,18 @@ use crate::condition::Condition;
 use crate::embedded::{Log, LogConfig};
 use crate::envelope::{Event, NewEvent};
 use crate::error::{AppendError, OpenError, ReadError, StorageError};
+mod append;
+mod feed;
 mod follow;
 
-use crate::{AppendReceipt, Appended, Compacted, EventChunk, EventLog, ReadPage, ReadQuery};
+use append::{Attempt, Pipeline};
+pub use append::{BATCHES_IN_FLIGHT, PUBLISH_WINDOW};
+
+use crate::{AppendReceipt, Compacted, EventChunk, EventLog, ReadPage, ReadQuery};
 
 /// The oldest server with what this backend needs: atomic batches with message ids inside
 /// them, and the fixes of 2.12.1–2.12.3.
 pub const MIN_SERVER: (u64, u64, u64) = (2, 12, 3);
-
-/// Atomic batches one node has in flight at once. The server keeps at most 50 open batches per
-/// stream and refuses more ("atomic publish batch is incomplete"); a burst above this waits
-/// here instead (three nodes stay under the server's bound).
-pub const BATCHES_IN_FLIGHT: usize = 16;
 
 /// How to reach the stream, and where the local replica lives.
 #[derive(Debug, Clone)]
@@ -107,15 +113,64 @@ struct Inner {
     caught_up: Mutex<Option<std::time::Instant>>,
     /// How recent that must be: a tenth of the stream's de-duplication window, at most 10 s.
     catch_up_every: Duration,
-    /// Bounds the atomic batches in flight ([`BATCHES_IN_FLIGHT`]).
-    in_flight: Arc<tokio::sync::Semaphore>,
-    /// Runs the connection's and the follower's tasks.
+    /// The publish window, the batch slots and the per-subject turns ([`append`]).
+    pipeline: Pipeline,
+    /// What the replica takes, from this node's publishes and from the follower.
+    feed: Arc<feed::Feed>,
+    /// The time of this node's last batch (its batches' times never go back).
+    last_at: AtomicI64,
+    /// Runs the connection's and the follower's tasks: the runtime that opened the log when
+    /// it has worker threads (a server's: an append then publishes from its own task, with no
+    /// hop to another thread), else one of its own.
     handle: tokio::runtime::Handle,
-    stop: Mutex<Option<oneshot::Sender<()>>>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// That runtime of its own, if any: what stops it, and its thread.
+    own: Mutex<Option<OwnRuntime>>,
+    /// The follower's task (stopped at close).
+    follower: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// This node's leases on once-per-cluster work, and what stops their keeper.
     leases: crate::Leases,
     leases_stop: watch::Sender<bool>,
+}
+
+/// A runtime the log runs for itself when it was opened outside one with worker threads (the
+/// CLI, tests): one worker thread.
+struct OwnRuntime {
+    handle: tokio::runtime::Handle,
+    stop: oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl OwnRuntime {
+    fn start() -> Result<OwnRuntime, OpenError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("tidemark-jetstream")
+            .enable_all()
+            .build()
+            .map_err(|e| OpenError::Storage(StorageError::of(e)))?;
+        let handle = rt.handle().clone();
+        let (stop, stop_rx) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("tidemark-jetstream".into())
+            .spawn(move || {
+                rt.block_on(async {
+                    let _ = stop_rx.await;
+                });
+                rt.shutdown_timeout(Duration::from_secs(1));
+            })
+            .map_err(|e| OpenError::Storage(StorageError::of(e)))?;
+        Ok(OwnRuntime {
+            handle,
+            stop,
+            thread,
+        })
+    }
+
+    /// Stop the runtime and wait for its thread (blocking).
+    fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.thread.join();
+    }
 }
 
 /// The body of a message: the event as appended.
@@ -153,37 +208,24 @@ impl JetStreamLog {
     /// Connect, check the server and the stream, open the replica and start following. Not
     /// from inside an async context (use `spawn_blocking`): it runs a runtime of its own.
     pub fn open(cfg: &JetStreamConfig) -> Result<JetStreamLog, OpenError> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("tidemark-jetstream")
-            .enable_all()
-            .build()
-            .map_err(|e| OpenError::Storage(StorageError::of(e)))?;
-        let handle = rt.handle().clone();
-        let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("tidemark-jetstream".into())
-            .spawn(move || {
-                rt.block_on(async {
-                    let _ = stop_rx.await;
-                });
-                rt.shutdown_timeout(Duration::from_secs(1));
-            })
-            .map_err(|e| OpenError::Storage(StorageError::of(e)))?;
-        let opened = handle.block_on(Self::connect(cfg));
-        let (client, js, stream, window) = match opened {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = stop_tx.send(());
-                let _ = thread.join();
-                return Err(e);
+        let (handle, own) = match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => (h, None),
+            _ => {
+                let own = OwnRuntime::start()?;
+                (own.handle.clone(), Some(own))
             }
         };
-        let bucket = match handle.block_on(Self::lease_bucket(&js, cfg)) {
-            Ok(b) => b,
+        let opened = handle.block_on(async {
+            let (client, js, stream, window) = Self::connect(cfg).await?;
+            let bucket = Self::lease_bucket(&js, cfg).await?;
+            Ok::<_, OpenError>((client, js, stream, window, bucket))
+        });
+        let (client, js, stream, window, bucket) = match opened {
+            Ok(c) => c,
             Err(e) => {
-                let _ = stop_tx.send(());
-                let _ = thread.join();
+                if let Some(own) = own {
+                    own.stop();
+                }
                 return Err(e);
             }
         };
@@ -196,6 +238,7 @@ impl JetStreamLog {
             stop_keeper,
         );
         let (replica, _) = Log::open(&cfg.replica)?;
+        let feed = Arc::new(feed::Feed::new(replica.clone()));
         let inner = Arc::new(Inner {
             client: client.clone(),
             js,
@@ -205,14 +248,17 @@ impl JetStreamLog {
             timeout: cfg.timeout,
             caught_up: Mutex::new(None),
             catch_up_every: (window / 10).min(Duration::from_secs(10)),
-            in_flight: Arc::new(tokio::sync::Semaphore::new(BATCHES_IN_FLIGHT)),
+            pipeline: Pipeline::new(),
+            feed: feed.clone(),
+            last_at: AtomicI64::new(0),
             handle: handle.clone(),
-            stop: Mutex::new(Some(stop_tx)),
-            thread: Mutex::new(Some(thread)),
+            own: Mutex::new(own),
+            follower: Mutex::new(None),
             leases,
             leases_stop,
         });
-        handle.spawn(follow::follow(stream, client, replica));
+        let follower = handle.spawn(follow::follow(stream, client, feed));
+        *inner.follower.lock().unwrap_or_else(|p| p.into_inner()) = Some(follower);
         let log = JetStreamLog { inner };
         // Opened means every event the stream holds now is readable here.
         handle
@@ -398,48 +444,6 @@ impl JetStreamLog {
         &self.inner.leases
     }
 
-    /// The first part of `condition` that does not hold on the replica, as the embedded log
-    /// reports it: the head, then each subject in order.
-    /// The condition judged at one point of the replica: the head it was judged at, and the
-    /// part that failed there, if any. The head is what the publish then holds (a batch the
-    /// replica took in after the judgment must not pass as judged).
-    fn judge(&self, condition: &Condition) -> Result<(u64, Option<AppendError>), AppendError> {
-        let replica = &self.inner.replica;
-        // One point of the replica: the head, and each subject as of that head (a batch
-        // replicated between the reads is not half seen).
-        let head = replica.head();
-        let failed = crate::condition::first_failed(condition, head, |stream, subject| {
-            replica
-                .last_of(stream, subject, head)
-                .map_err(AppendError::Storage)
-        })?;
-        Ok((head, failed))
-    }
-
-    /// What a batch the server refused means: a condition that no longer holds (judged again
-    /// on the caught-up replica, for the exact answer), a duplicate being published elsewhere
-    /// or a condition that holds again (decide again), or a fault.
-    async fn refused(&self, e: ApiError, condition: &Condition) -> Attempt {
-        let d = e.description.to_ascii_lowercase();
-        if d.contains("duplicate") {
-            return Attempt::Again;
-        }
-        if d.contains("wrong last") {
-            if let Err(e) = self.catch_up(true).await {
-                return Attempt::Final(e);
-            }
-            return match self.judge(condition) {
-                Ok((_, Some(failed))) => Attempt::Final(failed),
-                Ok((_, None)) => Attempt::Again,
-                Err(e) => Attempt::Final(e),
-            };
-        }
-        Attempt::storage(cluster_err(
-            "the batch was refused",
-            format!("{} (code {})", e.description, e.err_code),
-        ))
-    }
-
     /// The local replica (an embedded log following the stream).
     pub fn replica(&self) -> &Log {
         &self.inner.replica
@@ -473,19 +477,32 @@ impl JetStreamLog {
         f: impl std::future::Future<Output = T> + Send + 'static,
     ) -> Result<T, AppendError> {
         let timeout = self.inner.timeout;
-        match self
+        let own = self
             .inner
-            .handle
-            .spawn(tokio::time::timeout(timeout, f))
-            .await
-        {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(_)) => Err(AppendError::Storage(cluster_err(
+            .own
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        let answer = if own {
+            // The connection lives on the log's own runtime: the request runs there.
+            match self
+                .inner
+                .handle
+                .spawn(tokio::time::timeout(timeout, f))
+                .await
+            {
+                Ok(r) => r,
+                Err(e) => return Err(AppendError::Storage(StorageError::of(e))),
+            }
+        } else {
+            tokio::time::timeout(timeout, f).await
+        };
+        answer.map_err(|_| {
+            AppendError::Storage(cluster_err(
                 "the cluster",
                 format!("no answer within {timeout:?} (no quorum?)"),
-            ))),
-            Err(e) => Err(AppendError::Storage(StorageError::of(e))),
-        }
+            ))
+        })
     }
 
     /// Wait until the replica holds `seq`.
@@ -524,237 +541,6 @@ impl JetStreamLog {
             .unwrap_or_else(|p| p.into_inner()) = Some(started);
         Ok(())
     }
-
-    async fn append_once(
-        &self,
-        events: &[NewEvent],
-        condition: &Condition,
-        force: bool,
-        at_us: Option<i64>,
-    ) -> Result<AppendReceipt, Attempt> {
-        // Everything committed before the last catch-up is in the replica: its ids are known
-        // exactly; anything published since is within the server's window.
-        self.catch_up(force).await?;
-        let replica = &self.inner.replica;
-        let mut results: Vec<Option<Appended>> = Vec::with_capacity(events.len());
-        let mut fresh: Vec<&NewEvent> = Vec::new();
-        let mut in_batch: HashMap<&str, usize> = HashMap::new();
-        for ev in events {
-            let id = ev.event_id.as_deref().unwrap_or_default();
-            if let Some(&i) = in_batch.get(id) {
-                if !fresh[i].same_as(ev) {
-                    return Err(Attempt::Final(AppendError::Conflict {
-                        event_id: id.to_owned(),
-                        seq: 0,
-                    }));
-                }
-                results.push(None);
-                continue;
-            }
-            match replica.get_by_id(id).map_err(read_err)? {
-                Some(orig) if ev.same_content(&orig) => results.push(Some(Appended {
-                    event_id: id.to_owned(),
-                    seq: orig.seq,
-                    duplicate: true,
-                })),
-                Some(orig) => {
-                    return Err(Attempt::Final(AppendError::Conflict {
-                        event_id: id.to_owned(),
-                        seq: orig.seq,
-                    }));
-                }
-                None => {
-                    in_batch.insert(id, fresh.len());
-                    fresh.push(ev);
-                    results.push(None);
-                }
-            }
-        }
-        if fresh.is_empty() {
-            // A resend of an append that succeeded: its duplicates, whatever the condition.
-            return Ok(AppendReceipt {
-                events: results.into_iter().flatten().collect(),
-                last_seq: replica.head(),
-            });
-        }
-        // The condition judged on the caught-up replica, as the embedded log judges it (the
-        // exact refusal); the headers below hold it against whatever lands meanwhile.
-        let (head, failed) = self.judge(condition)?;
-        if let Some(failed) = failed {
-            // A replica caught up a while ago may be behind: judge again on a fresh one
-            // before refusing.
-            return Err(if force {
-                Attempt::Final(failed)
-            } else {
-                Attempt::Again
-            });
-        }
-        let subject_of: Vec<String> = fresh
-            .iter()
-            .map(|e| nats_subject(&self.inner.prefix, &e.stream, &e.subject))
-            .collect();
-        let mut checks: Vec<Option<u64>> = vec![None; fresh.len()];
-        let mut hold_head = condition.head;
-        for c in &condition.subjects {
-            let want = nats_subject(&self.inner.prefix, &c.stream, &c.subject);
-            match subject_of.iter().position(|s| *s == want) {
-                Some(i) => checks[i] = Some(c.last_seq),
-                // Only read: judged above, held by the head.
-                None => hold_head = Some(head),
-            }
-        }
-        let batch_id = uuid::Uuid::now_v7().simple().to_string();
-        let n = fresh.len();
-        let mut msgs = Vec::with_capacity(n);
-        for (i, ev) in fresh.iter().enumerate() {
-            let mut h = HeaderMap::new();
-            h.insert("Nats-Batch-Id", batch_id.as_str());
-            h.insert("Nats-Batch-Sequence", (i + 1).to_string().as_str());
-            h.insert("Nats-Msg-Id", ev.event_id.as_deref().unwrap_or_default());
-            if i == 0
-                && let Some(s) = hold_head
-            {
-                h.insert("Nats-Expected-Last-Sequence", s.to_string().as_str());
-            }
-            if let Some(last) = checks[i] {
-                h.insert(
-                    "Nats-Expected-Last-Subject-Sequence",
-                    last.to_string().as_str(),
-                );
-            }
-            if i + 1 == n {
-                h.insert("Nats-Batch-Commit", "1");
-            }
-            let body = serde_json::to_vec(&Body {
-                id: ev.event_id.as_deref().unwrap_or_default(),
-                stream: &ev.stream,
-                subject: &ev.subject,
-                event_type: &ev.event_type,
-                payload: ev.payload_raw(),
-                at_us,
-            })
-            .map_err(|e| Attempt::storage(StorageError::of(e)))?;
-            msgs.push((subject_of[i].clone(), h, body));
-        }
-        let client = self.inner.client.clone();
-        // A slot among the node's batches in flight, waited for outside the request's timeout
-        // (a burst queues here; each batch then has the whole timeout).
-        let _slot = self
-            .inner
-            .in_flight
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|e| Attempt::storage(StorageError::of(e)))?;
-        let answer = self
-            .run(async move {
-                let mut msgs = msgs.into_iter();
-                let Some(mut cur) = msgs.next() else {
-                    return Err("an empty batch".to_string());
-                };
-                for next in msgs {
-                    client
-                        .publish_with_headers(cur.0, cur.1, cur.2.into())
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    cur = next;
-                }
-                let reply = client
-                    .request_with_headers(cur.0, cur.1, cur.2.into())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                Ok(reply.payload)
-            })
-            .await?
-            .map_err(|e| {
-                if e.contains("no responders") {
-                    // The stream has no leader this moment (just made, or electing): nothing
-                    // of the batch was stored; try again with a new batch.
-                    Attempt::Again
-                } else {
-                    Attempt::Final(AppendError::Storage(cluster_err("publishing", e)))
-                }
-            })?;
-        let ack: PubAck = serde_json::from_slice(&answer)
-            .map_err(|e| Attempt::storage(cluster_err("the publish acknowledgement", e)))?;
-        if let Some(err) = ack.error {
-            return Err(self.refused(err, condition).await);
-        }
-        let last = ack.seq;
-        if ack.count != Some(n as u64) || last < n as u64 {
-            return Err(Attempt::storage(cluster_err(
-                "the publish acknowledgement",
-                format!(
-                    "{n} events acknowledged as {:?} ending at {last}",
-                    ack.count
-                ),
-            )));
-        }
-        let first = last + 1 - n as u64;
-        self.replica_at(last).await?;
-        let mut k = 0;
-        let out = events
-            .iter()
-            .zip(results)
-            .map(|(ev, r)| {
-                r.unwrap_or_else(|| {
-                    let id = ev.event_id.clone().unwrap_or_default();
-                    let i = in_batch[id.as_str()];
-                    let dup = i < k;
-                    k = k.max(i + 1);
-                    Appended {
-                        event_id: id,
-                        seq: first + i as u64,
-                        duplicate: dup,
-                    }
-                })
-            })
-            .collect();
-        Ok(AppendReceipt {
-            events: out,
-            last_seq: last,
-        })
-    }
-}
-
-/// One attempt's failure: final, or worth deciding again (a duplicate met in the batch).
-enum Attempt {
-    Final(AppendError),
-    Again,
-}
-
-impl Attempt {
-    fn storage(e: StorageError) -> Attempt {
-        Attempt::Final(AppendError::Storage(e))
-    }
-}
-
-impl From<AppendError> for Attempt {
-    fn from(e: AppendError) -> Self {
-        Attempt::Final(e)
-    }
-}
-
-fn read_err(e: ReadError) -> Attempt {
-    Attempt::storage(StorageError::of(e))
-}
-
-#[derive(Deserialize)]
-struct PubAck {
-    #[serde(default)]
-    seq: u64,
-    #[serde(default)]
-    count: Option<u64>,
-    #[serde(default)]
-    error: Option<ApiError>,
-}
-
-#[derive(Deserialize, Debug)]
-struct ApiError {
-    #[serde(default)]
-    err_code: u64,
-    #[serde(default)]
-    description: String,
 }
 
 fn subject_prefix(stream: &str) -> String {
@@ -781,6 +567,13 @@ impl JetStreamLog {
         at_us: Option<i64>,
     ) -> Result<AppendReceipt, AppendError> {
         crate::envelope::prepare_batch(&mut events)?;
+        // Conditional appends on one subject go one at a time on this node; others flow.
+        let _turn = if condition.subjects.is_empty() {
+            None
+        } else {
+            let subjects = self.condition_subjects(&condition);
+            Some(self.inner.pipeline.subjects_turn(subjects).await)
+        };
         let deadline = tokio::time::Instant::now() + self.inner.timeout;
         let mut pause = Duration::from_millis(10);
         for attempt in 0..64 {
@@ -905,23 +698,23 @@ impl EventLog for JetStreamLog {
                 .spawn(async move { leases.release().await })
                 .await;
         }
-        if let Some(tx) = self
+        if let Some(f) = self
             .inner
-            .stop
+            .follower
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()
         {
-            let _ = tx.send(());
+            f.abort();
         }
-        let t = self
+        let own = self
             .inner
-            .thread
+            .own
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        if let Some(t) = t {
-            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        if let Some(own) = own {
+            let _ = tokio::task::spawn_blocking(move || own.stop()).await;
         }
         self.inner.replica.close().await;
     }
