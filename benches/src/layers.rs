@@ -39,6 +39,10 @@ const LAYERS: &[(&str, &[&str])] = &[
         &["tidemark_log::embedded::indexer"],
     ),
     (
+        "JetStream: publish, acknowledgement, follower, replica feed (async-nats)",
+        &["tidemark_log::jetstream", "async_nats::"],
+    ),
+    (
         "decider and models: folds, conditions, redb",
         &[
             "tidemark_engine::decider",
@@ -117,10 +121,19 @@ const LAYERS: &[(&str, &[&str])] = &[
             "mio::",
         ],
     ),
+    (
+        "NATS servers (the cluster's three processes, tidemark-jetstream only)",
+        &[],
+    ),
 ];
 
 /// Threads whose samples are their layer's whatever the frames (their stacks may not unwind).
-const THREADS: &[(&str, usize)] = &[("tidemark-log-wr", 0), ("tidemark-decide", 1)];
+/// (A thread name's prefix, the start of its layer's name.)
+const THREADS: &[(&str, &str)] = &[
+    ("tidemark-log-in", "log indexer"),
+    ("tidemark-decide", "decider and models"),
+    ("nats-server", "NATS servers"),
+];
 
 /// How long the profiled pass runs at most.
 const PASS: Duration = Duration::from_secs(4);
@@ -197,7 +210,7 @@ pub fn share_out(script: &str, cpu_us_per_event: f64) -> Vec<Layer> {
         let by_thread = THREADS
             .iter()
             .find(|(t, _)| comm.starts_with(t))
-            .map(|(_, i)| *i);
+            .and_then(|(_, layer)| LAYERS.iter().position(|(n, _)| n.starts_with(layer)));
         let layer = by_thread
             .or_else(|| {
                 frames.iter().find_map(|f| {

@@ -326,7 +326,10 @@ pub async fn append_cell<T: Target>(rig: &mut Rig<T>, p: &CellPlan) -> AppendCel
         cell.wal_bytes_per_event = Some((b.saturating_sub(a) as f64 / n).round());
     }
     cell.error = d.error;
-    if cell.error.is_none() && p.layers && cell.system == "tidemark-http" {
+    if cell.error.is_none()
+        && p.layers
+        && matches!(cell.system.as_str(), "tidemark-http" | "tidemark-jetstream")
+    {
         profile_layers(rig, p, proc, &mut cell).await;
     }
     if cell.error.is_some() || !p.count_fsyncs {
