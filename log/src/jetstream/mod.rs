@@ -57,6 +57,11 @@ use crate::{AppendReceipt, Compacted, EventChunk, EventLog, ReadPage, ReadQuery}
 /// them, and the fixes of 2.12.1–2.12.3.
 pub const MIN_SERVER: (u64, u64, u64) = (2, 12, 3);
 
+/// The first server whose replicated streams sync once per Raft append under
+/// `sync_interval: always` (nats-server PR #8447) rather than once more per message, still
+/// acknowledging only what a quorum synced: older ones work, slower (a warning at open).
+pub const ONE_SYNC_PER_APPEND: (u64, u64, u64) = (2, 15, 0);
+
 /// How to reach the stream, and where the local replica lives.
 #[derive(Debug, Clone)]
 pub struct JetStreamConfig {
@@ -330,6 +335,14 @@ impl JetStreamLog {
                     ),
                 )));
             }
+        }
+        if parse_version(&version).is_some_and(|v| v < ONE_SYNC_PER_APPEND) {
+            tracing::warn!(
+                server = %version,
+                "nats-server older than 2.15.0 syncs every message of a replicated stream once \
+                 more besides its Raft log under sync_interval: always; 2.15.0 or newer is as \
+                 durable and several times faster"
+            );
         }
         let js = jetstream::ContextBuilder::new()
             .timeout(cfg.timeout)
