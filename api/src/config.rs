@@ -132,6 +132,8 @@ pub struct LogSettings {
     /// How long a lease on once-per-cluster work outlives its node's last renewal, for
     /// `jetstream` ("6s"; 1 s to 5 min).
     pub lease_ttl: String,
+    /// Publishes one node keeps in flight, for `jetstream` (beyond them: 429).
+    pub publish_window: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -348,6 +350,12 @@ impl Config {
                          and the nodes' replicas together is not built)"
                         .into());
                 }
+                if !(1..=65_536).contains(&self.log.publish_window) {
+                    return bad(format!(
+                        "log.publish_window {} must be between 1 and 65536",
+                        self.log.publish_window
+                    ));
+                }
                 match tidemark_projections::routing::parse_duration_ms(&self.log.lease_ttl) {
                     Some(ms) if (1_000..=300_000).contains(&ms) => {}
                     _ => {
@@ -563,6 +571,7 @@ impl Config {
             replica,
         );
         c.replicas = self.log.replicas;
+        c.publish_window = self.log.publish_window;
         if let Some(ms) = tidemark_projections::routing::parse_duration_ms(&self.log.lease_ttl) {
             c.lease_ttl = std::time::Duration::from_millis(ms);
         }

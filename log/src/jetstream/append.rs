@@ -23,8 +23,9 @@ use crate::envelope::NewEvent;
 use crate::error::{AppendError, ReadError, StorageError};
 use crate::{AppendReceipt, Appended};
 
-/// Publishes one node keeps in flight at once; an append beyond them is refused with
-/// `Overloaded` (429) rather than queued without bound.
+/// Publishes one node keeps in flight at once by default ([`super::JetStreamConfig`]'s
+/// `publish_window`); an append beyond them is refused with `Overloaded` (429) rather than
+/// queued without bound.
 pub const PUBLISH_WINDOW: usize = 1024;
 
 /// Atomic batches one node has in flight at once. The server keeps at most 50 open batches per
@@ -82,14 +83,16 @@ pub(super) struct ApiError {
 /// appends.
 pub(super) struct Pipeline {
     window: Arc<tokio::sync::Semaphore>,
+    window_size: usize,
     batches: Arc<tokio::sync::Semaphore>,
     subjects: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Pipeline {
-    pub fn new() -> Pipeline {
+    pub fn new(window: usize) -> Pipeline {
         Pipeline {
-            window: Arc::new(tokio::sync::Semaphore::new(PUBLISH_WINDOW)),
+            window: Arc::new(tokio::sync::Semaphore::new(window)),
+            window_size: window,
             batches: Arc::new(tokio::sync::Semaphore::new(BATCHES_IN_FLIGHT)),
             subjects: Mutex::new(HashMap::new()),
         }
@@ -99,7 +102,7 @@ impl Pipeline {
     fn publish_slot(&self) -> Result<OwnedSemaphorePermit, Attempt> {
         self.window.clone().try_acquire_owned().map_err(|_| {
             Attempt::Final(AppendError::Overloaded {
-                queued: PUBLISH_WINDOW,
+                queued: self.window_size,
             })
         })
     }
@@ -432,7 +435,7 @@ impl JetStreamLog {
         } else {
             None
         };
-        let client = self.inner.client.clone();
+        let client = self.publisher();
         let answer = self
             .run(async move {
                 let mut msgs = msgs.into_iter();
@@ -511,6 +514,15 @@ impl JetStreamLog {
         Ok((head, failed))
     }
 
+    /// The next of the node's publishing connections.
+    fn publisher(&self) -> async_nats::Client {
+        let i = self
+            .inner
+            .next_publisher
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.publishers[i % self.inner.publishers.len()].clone()
+    }
+
     /// The NATS subjects a conditional append names (each taken in turn on this node).
     pub(super) fn condition_subjects(&self, condition: &Condition) -> Vec<String> {
         condition
@@ -552,7 +564,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_window_refuses_past_its_bound_and_subjects_take_turns() {
-        let p = Pipeline::new();
+        let p = Pipeline::new(PUBLISH_WINDOW);
         let slots: Vec<_> = (0..PUBLISH_WINDOW)
             .map(|_| p.publish_slot().ok().expect("a slot"))
             .collect();

@@ -31,7 +31,7 @@
 //!   by `Nats-Expected-Last-Sequence` = the replica's head (nothing appended since the check).
 //!   Conditional appends naming one subject take turns on a node; the rest flow.
 
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -62,6 +62,9 @@ pub const MIN_SERVER: (u64, u64, u64) = (2, 12, 3);
 /// acknowledging only what a quorum synced: older ones work, slower (a warning at open).
 pub const ONE_SYNC_PER_APPEND: (u64, u64, u64) = (2, 15, 0);
 
+/// Connections a node publishes on (besides them, one for its follower and its requests).
+pub const PUBLISH_CONNECTIONS: usize = 4;
+
 /// How to reach the stream, and where the local replica lives.
 #[derive(Debug, Clone)]
 pub struct JetStreamConfig {
@@ -80,6 +83,9 @@ pub struct JetStreamConfig {
     pub lease_ttl: Duration,
     /// This node's id among the cluster's nodes (unique per process).
     pub node: String,
+    /// Publishes this node keeps in flight at once; an append beyond them is refused with
+    /// `Overloaded` (a 429) rather than queued without bound.
+    pub publish_window: usize,
 }
 
 impl JetStreamConfig {
@@ -95,6 +101,7 @@ impl JetStreamConfig {
             timeout: Duration::from_secs(5),
             lease_ttl: Duration::from_secs(6),
             node: crate::lease::node_id(),
+            publish_window: PUBLISH_WINDOW,
         }
     }
 }
@@ -106,7 +113,9 @@ pub struct JetStreamLog {
 }
 
 struct Inner {
-    client: async_nats::Client,
+    /// The connections appends publish on, taken in turn ([`PUBLISH_CONNECTIONS`]).
+    publishers: Vec<async_nats::Client>,
+    next_publisher: AtomicUsize,
     js: jetstream::Context,
     stream: String,
     prefix: String,
@@ -221,11 +230,11 @@ impl JetStreamLog {
             }
         };
         let opened = handle.block_on(async {
-            let (client, js, stream, window) = Self::connect(cfg).await?;
+            let (client, publishers, js, stream, window) = Self::connect(cfg).await?;
             let bucket = Self::lease_bucket(&js, cfg).await?;
-            Ok::<_, OpenError>((client, js, stream, window, bucket))
+            Ok::<_, OpenError>((client, publishers, js, stream, window, bucket))
         });
-        let (client, js, stream, window, bucket) = match opened {
+        let (client, publishers, js, stream, window, bucket) = match opened {
             Ok(c) => c,
             Err(e) => {
                 if let Some(own) = own {
@@ -245,7 +254,8 @@ impl JetStreamLog {
         let (replica, _) = Log::open(&cfg.replica)?;
         let feed = Arc::new(feed::Feed::new(replica.clone()));
         let inner = Arc::new(Inner {
-            client: client.clone(),
+            publishers,
+            next_publisher: AtomicUsize::new(0),
             js,
             stream: cfg.stream.clone(),
             prefix: subject_prefix(&cfg.stream),
@@ -253,7 +263,7 @@ impl JetStreamLog {
             timeout: cfg.timeout,
             caught_up: Mutex::new(None),
             catch_up_every: (window / 10).min(Duration::from_secs(10)),
-            pipeline: Pipeline::new(),
+            pipeline: Pipeline::new(cfg.publish_window),
             feed: feed.clone(),
             last_at: AtomicI64::new(0),
             handle: handle.clone(),
@@ -288,6 +298,7 @@ impl JetStreamLog {
     ) -> Result<
         (
             async_nats::Client,
+            Vec<async_nats::Client>,
             jetstream::Context,
             stream::Stream,
             Duration,
@@ -301,11 +312,14 @@ impl JetStreamLog {
             .map(|s| s.parse())
             .collect::<Result<_, _>>()
             .map_err(|e| open("a server address", &e))?;
-        let client = async_nats::ConnectOptions::new()
-            .connection_timeout(cfg.timeout)
-            .request_timeout(Some(cfg.timeout))
-            .retry_on_initial_connect()
-            .connect(addrs)
+        let options = || {
+            async_nats::ConnectOptions::new()
+                .connection_timeout(cfg.timeout)
+                .request_timeout(Some(cfg.timeout))
+                .retry_on_initial_connect()
+        };
+        let client = options()
+            .connect(addrs.clone())
             .await
             .map_err(|e| open("connecting", &e))?;
         // The server's version is known once connected.
@@ -413,7 +427,18 @@ impl JetStreamLog {
             )));
         }
         let window = stream.cached_info().config.duplicate_window;
-        Ok((client, js, stream, window))
+        // Publishes spread over connections of their own: a server reads each connection's
+        // messages in one loop, so one connection would serialise every append of the node.
+        let mut publishers = vec![client.clone()];
+        for _ in 1..PUBLISH_CONNECTIONS {
+            publishers.push(
+                options()
+                    .connect(addrs.clone())
+                    .await
+                    .map_err(|e| open("connecting", &e))?,
+            );
+        }
+        Ok((client, publishers, js, stream, window))
     }
 
     /// The leases bucket of the stream (`<stream>_leases`, entries expiring after the lease
