@@ -741,7 +741,7 @@ async fn retention_runs_once_and_purges_on_every_node() {
 /// One request of [`kill_between_ack_and_answer`]'s clients: a single event or a batch of
 /// three, with ids that say which.
 fn request_body(client: usize, k: usize) -> Value {
-    if client % 2 == 0 {
+    if client.is_multiple_of(2) {
         json!({"event_id": format!("pa-{client}-{k}"), "stream": "pa",
                "subject": format!("c{client}"), "type": "pa.t", "payload": {"k": k}})
     } else {
