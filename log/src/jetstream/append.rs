@@ -435,7 +435,7 @@ impl JetStreamLog {
         } else {
             None
         };
-        let client = self.publisher();
+        let client = self.inner.client.clone();
         let answer = self
             .run(async move {
                 let mut msgs = msgs.into_iter();
@@ -512,15 +512,6 @@ impl JetStreamLog {
                 .map_err(AppendError::Storage)
         })?;
         Ok((head, failed))
-    }
-
-    /// The next of the node's publishing connections.
-    fn publisher(&self) -> async_nats::Client {
-        let i = self
-            .inner
-            .next_publisher
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner.publishers[i % self.inner.publishers.len()].clone()
     }
 
     /// The NATS subjects a conditional append names (each taken in turn on this node).
