@@ -1618,6 +1618,12 @@ mod jetstream_only {
             all
         });
         assert!(!expected.is_empty(), "some conditional append was stored");
+        // What b stored last reaches a's replica through its follower.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while a.head() < b.head() {
+            assert!(std::time::Instant::now() < deadline, "a did not follow b");
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let events = read_all(&a, ReadQuery::default(), 1000);
         let mut last_r = 0;
         let mut seen = 0;
