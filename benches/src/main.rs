@@ -26,7 +26,7 @@ use serde_json::json;
 
 use report::{Report, Skipped};
 use targets::{StartOpts, System, Target};
-use workloads::{CellPlan, Rig};
+use workloads::{CellPlan, ClosedLoop, Driver, Rig, Windowed};
 
 #[derive(Parser)]
 #[command(
@@ -83,7 +83,8 @@ enum Workload {
 
 #[derive(clap::Args, serde::Serialize)]
 struct Opts {
-    /// Systems to run.
+    /// Systems to run. `nats-window` and `nats-cluster-window` are `nats` and `nats-cluster`
+    /// with --nats-window publishes in flight per client (append cells only).
     #[arg(
         long,
         value_delimiter = ',',
@@ -109,6 +110,11 @@ struct Opts {
     /// Events read back from the start [full: 1000000; quick: 20000].
     #[arg(long)]
     readback_events: Option<u64>,
+    /// Publishes each client of a windowed NATS cell (nats-window, nats-cluster-window) keeps
+    /// sent and unacknowledged; for batches > 1, at most 50 atomic batches are open per stream
+    /// across all clients (the server's limit) [256].
+    #[arg(long, default_value_t = 256)]
+    nats_window: usize,
     /// Growth target of tidemark and PostgreSQL [10000000].
     #[arg(long, default_value_t = 10_000_000)]
     growth_events: u64,
@@ -286,11 +292,14 @@ impl Run<'_> {
             System::Redis => AnyTarget::Redis(targets::redis::Redis::start(o).await?),
             System::Postgres => AnyTarget::Postgres(targets::postgres::Postgres::start(o).await?),
             System::Sqlite => AnyTarget::Sqlite(targets::sqlite::Sqlite::start(o).await?),
-            System::Nats => AnyTarget::Nats(targets::nats::Nats::start(o).await?),
+            // A windowed system drives the same target.
+            System::Nats | System::NatsWindow => {
+                AnyTarget::Nats(targets::nats::Nats::start(o).await?)
+            }
             System::TidemarkJetstream => {
                 AnyTarget::TidemarkJetstream(targets::cluster::TidemarkJetStream::start(o).await?)
             }
-            System::NatsCluster => {
+            System::NatsCluster | System::NatsClusterWindow => {
                 AnyTarget::NatsCluster(targets::cluster::NatsOnCluster::start(o).await?)
             }
         })
@@ -298,9 +307,23 @@ impl Run<'_> {
 
     /// Every workload of one system, each on a freshly started server.
     async fn system(&mut self, system: System, seed: u64) {
+        if system.windowed() {
+            // The windowed cells are append cells of the plain system's target; its other
+            // workloads would measure nothing new.
+            if self.wants(Workload::Append) {
+                let w = Windowed(self.opts.nats_window);
+                match self.start(system).await {
+                    Ok(AnyTarget::Nats(x)) => self.append_cells(x, seed, &w).await,
+                    Ok(AnyTarget::NatsCluster(x)) => self.append_cells(x, seed, &w).await,
+                    Ok(other) => dispatch!(other, |x| x.stop().await),
+                    Err(e) => self.fail(system, "append", e),
+                }
+            }
+            return;
+        }
         if self.wants(Workload::Append) {
             match self.start(system).await {
-                Ok(t) => dispatch!(t, |x| self.append_cells(x, seed).await),
+                Ok(t) => dispatch!(t, |x| self.append_cells(x, seed, &ClosedLoop).await),
                 Err(e) => self.fail(system, "append", e),
             }
         }
@@ -343,7 +366,7 @@ impl Run<'_> {
         self.save();
     }
 
-    async fn append_cells<T: Target>(&mut self, t: T, seed: u64) {
+    async fn append_cells<T: Target, D: Driver<T>>(&mut self, t: T, seed: u64, driver: &D) {
         let mut rig = Rig::new(t, seed);
         for &clients in &self.plan.clients.clone() {
             for &batch in &self.plan.batches.clone() {
@@ -355,9 +378,9 @@ impl Run<'_> {
                     count_fsyncs: !self.opts.no_fsync_count,
                     layers: self.opts.layers,
                 };
-                let c = workloads::append_cell(&mut rig, &plan).await;
+                let c = workloads::append_cell(&mut rig, &plan, driver).await;
                 eprintln!(
-                    "  {:<16} clients {:>4} batch {:>4}  {:>8} events {:>10} events/s  p50 {:>7} µs  \
+                    "  {:<19} clients {:>4} batch {:>4}  {:>8} events {:>10} events/s  p50 {:>7} µs  \
                      p99 {:>7} µs  pause {:>7} µs  cpu {:>6} µs/ev  ctxsw {:>6}/ev  wchar {:>6} B/ev  \
                      page cache {:>6} B/ev  device {:>6} B/ev  fsync/ev {}{}",
                     c.system,
@@ -450,6 +473,13 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
     if plan.clients.contains(&0) {
         return Err("--clients: at least 1".into());
     }
+    if !(1..=targets::nats::MAX_WINDOW).contains(&opts.nats_window) {
+        return Err(format!(
+            "--nats-window {}: from 1 to {}",
+            opts.nats_window,
+            targets::nats::MAX_WINDOW
+        ));
+    }
     let work = machine::work_dir(opts.work_dir.as_ref())?;
     let machine = machine::machine(&work);
     if machine.work_fs_type == "tmpfs" {
@@ -484,6 +514,7 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
                 "events_per_cell": plan.events,
                 "cell_seconds": plan.cell_seconds,
                 "readback_events": plan.readback_events,
+                "nats_window": opts.nats_window,
                 "growth_events": opts.growth_events,
                 "growth_peer_events": opts.growth_peer_events,
                 "growth_step": opts.growth_step,

@@ -58,7 +58,8 @@ pub enum Proc {
 }
 
 impl Proc {
-    fn roots(self) -> Vec<u32> {
+    /// The processes whose trees are counted.
+    pub fn roots(self) -> Vec<u32> {
         match self {
             Proc::Tree(pid) => vec![pid],
             Proc::Trees(pids) => pids.into_iter().filter(|p| *p != 0).collect(),

@@ -198,8 +198,25 @@ impl Report {
                  page cache write_bytes: bytes dirtied in the page cache (/proc/<pid>/io); \
                  device: sectors written × 512 by the block device under the data directory \
                  (/sys/dev/block/<major>:<minor>/stat), the whole device's, other writers on it \
-                 included; n/a when the data is on no block device.\n",
+                 included; n/a when the data is on no block device. fsyncs/event: sync calls \
+                 (fsync, fdatasync, sync_file_range, msync, syncfs) per event, counted by \
+                 `strace -f` over every thread of the cell's server processes during a separate, \
+                 shorter pass of the same shape; for a cluster (nats-cluster, \
+                 nats-cluster-window, tidemark-jetstream) that is all three NATS servers' calls \
+                 (and the tidemark node's), so a three-replica stream that syncs once per \
+                 publish on each server shows 3. CPU and context switches sum the same \
+                 processes.\n",
             );
+            if let Some(w) = self.append.iter().find_map(|c| c.window) {
+                let _ = writeln!(
+                    s,
+                    "-window: each client keeps up to {w} publishes sent and unacknowledged \
+                     (asynchronous publish); latency is from a publish's send to its PubAck and \
+                     only acknowledged events count; a batch > 1 is one atomic batch, at most 50 \
+                     open per stream across all clients (the server's limit), so with batches of \
+                     100 that bound, not the window, is what holds."
+                );
+            }
             if self.append.iter().any(|c| c.in_process) {
                 s.push_str(
                     "† in process: CPU and context switches are the benchmark process's, its \

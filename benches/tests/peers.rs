@@ -70,7 +70,13 @@ fn skipped(doc: &Value, system: &str) -> Option<String> {
 }
 
 fn check_system(system: &str) {
-    let doc = tiny_run(system, &[]);
+    check_cells(system, &[]);
+}
+
+/// The append cells of `system` (and its read-back, unless it is a windowed system, which has
+/// none).
+fn check_cells(system: &str, extra: &[&str]) {
+    let doc = tiny_run(system, extra);
     assert_eq!(doc["complete"], true);
     if let Some(reason) = skipped(&doc, system) {
         assert!(
@@ -113,6 +119,17 @@ fn check_system(system: &str) {
             let f = c["fsyncs_per_event"].as_f64().unwrap_or(-1.0);
             assert!(f > 0.0 && f < 10.0, "sync calls per event: {c}");
         }
+        if system.ends_with("-window") {
+            assert_eq!(c["window"], 4, "{c}");
+        } else {
+            assert!(c["window"].is_null(), "{c}");
+        }
+        let processes = if system.contains("cluster") || system == "tidemark-jetstream" {
+            3 + u64::from(system == "tidemark-jetstream")
+        } else {
+            1
+        };
+        assert_eq!(c["processes"], processes, "{c}");
         if system == "postgres" {
             assert!(
                 c["wal_bytes_per_event"].as_f64().unwrap() > 0.0,
@@ -121,6 +138,13 @@ fn check_system(system: &str) {
         }
     }
     let rb = doc["readback"].as_array().expect("readback");
+    if system.ends_with("-window") {
+        assert!(
+            rb.is_empty(),
+            "a windowed system has append cells only: {rb:?}"
+        );
+        return;
+    }
     assert_eq!(rb.len(), 1);
     assert!(rb[0]["error"].is_null(), "readback failed: {}", rb[0]);
     assert_eq!(
@@ -171,6 +195,19 @@ fn tidemark_jetstream_appends_and_reads_back() {
 #[test]
 fn nats_cluster_appends_and_reads_back() {
     check_system("nats-cluster");
+}
+
+/// NATS with a window of asynchronous publishes in flight per client (spec section 11: each
+/// peer measured the way its users run it at its best).
+#[test]
+fn nats_window_appends() {
+    check_cells("nats-window", &["--nats-window", "4"]);
+}
+
+/// The same on the three-replica stream: atomic batches within the server's 50 open ones.
+#[test]
+fn nats_cluster_window_appends() {
+    check_cells("nats-cluster-window", &["--nats-window", "4"]);
 }
 
 /// `tidemark bench` (the CLI) runs the benchmark binary and the ratio table compares tidemark
@@ -238,4 +275,10 @@ fn bad_options_are_refused() {
         .output()
         .unwrap();
     assert!(!out.status.success());
+    let out = Command::new(BENCH)
+        .args(["--nats-window", "0", "--systems", "nats-window"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--nats-window 0"));
 }

@@ -10,7 +10,7 @@ use nix::sys::signal::Signal;
 
 use super::nats::Nats;
 use super::tidemark::{TidemarkHttp, temp_dir_in};
-use super::{Page, StartOpts, Target};
+use super::{Page, Pipelined, StartOpts, Target};
 use crate::events::BenchEvent;
 use crate::measure::Proc;
 use crate::peers::{ChildServer, free_port, wait_until};
@@ -207,5 +207,17 @@ impl Target for NatsOnCluster {
 
     async fn stop(mut self) {
         self.cluster.stop();
+    }
+}
+
+impl Pipelined for NatsOnCluster {
+    type Ack = <Nats as Pipelined>::Ack;
+
+    async fn send(&self, c: &mut Self::Conn, b: Self::Batch) -> Result<Self::Ack, String> {
+        self.nats.send(c, b).await
+    }
+
+    fn open_limit(&self, batch: usize) -> Option<std::sync::Arc<tokio::sync::Semaphore>> {
+        self.nats.open_limit(batch)
     }
 }
