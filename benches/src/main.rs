@@ -8,7 +8,7 @@
 //!
 //! Layout: [`events`] (what every system appends), [`targets`] (one [`targets::Target`] per
 //! system), [`peers`] (starting and stopping servers), [`workloads`] (append cells, read-back,
-//! growth), [`sse`], [`reopen`], [`measure`] (percentiles, /proc counters, strace), [`machine`]
+//! growth), [`cluster_reads`], [`sse`], [`reopen`], [`measure`] (percentiles, /proc counters, strace), [`machine`]
 //! (the machine and its fsync latency), [`report`] (tables and ratios).
 
 /// mimalloc instead of glibc malloc: the folds and the writer allocate many small, short-lived
@@ -16,7 +16,9 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use tidemark_benches::{events, machine, measure, peers, reopen, report, sse, targets, workloads};
+use tidemark_benches::{
+    cluster_reads, events, machine, measure, peers, reopen, report, sse, targets, workloads,
+};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -79,6 +81,10 @@ enum Workload {
     Sse,
     /// tidemark: reopen after kill -9 at --reopen-events.
     Reopen,
+    /// tidemark-jetstream: fill the log with --readback-events, then read it from one node and
+    /// from two nodes at once, as pages and as SSE streams (runs with the tidemark-jetstream
+    /// system).
+    ClusterReads,
 }
 
 #[derive(clap::Args, serde::Serialize)]
@@ -115,6 +121,16 @@ struct Opts {
     /// across all clients (the server's limit) [256].
     #[arg(long, default_value_t = 256)]
     nats_window: usize,
+    /// cluster-reads: page readers per node (pages of 1000 over HTTP) [4].
+    #[arg(long, default_value_t = 4)]
+    reads_clients: usize,
+    /// cluster-reads: SSE streams per node, each receiving the whole log from the start [2].
+    #[arg(long, default_value_t = 2)]
+    reads_sse_clients: usize,
+    /// cluster-reads: the length of each of its four phases (pages and SSE, one node and two),
+    /// seconds, the readers going round the log as often as it allows [full: 10; quick: 3].
+    #[arg(long)]
+    reads_seconds: Option<f64>,
     /// Growth target of tidemark and PostgreSQL [10000000].
     #[arg(long, default_value_t = 10_000_000)]
     growth_events: u64,
@@ -171,6 +187,7 @@ struct Plan {
     readback_events: u64,
     fsync_count: usize,
     sse_events: u64,
+    reads_seconds: f64,
 }
 
 impl Opts {
@@ -182,7 +199,7 @@ impl Opts {
                 if q {
                     vec![Fsync, Append, Readback, Sse]
                 } else {
-                    vec![Fsync, Append, Growth, Readback, Sse]
+                    vec![Fsync, Append, Growth, Readback, Sse, ClusterReads]
                 }
             }),
             clients: self
@@ -197,6 +214,7 @@ impl Opts {
                 .unwrap_or(if q { 20_000 } else { 1_000_000 }),
             fsync_count: self.fsync_count.unwrap_or(if q { 200 } else { 1000 }),
             sse_events: self.sse_events.unwrap_or(if q { 200 } else { 2000 }),
+            reads_seconds: self.reads_seconds.unwrap_or(if q { 3.0 } else { 10.0 }),
         }
     }
 }
@@ -327,6 +345,21 @@ impl Run<'_> {
                 Err(e) => self.fail(system, "append", e),
             }
         }
+        if system == System::TidemarkJetstream && self.wants(Workload::ClusterReads) {
+            match targets::cluster::TidemarkJetStream::start(&self.start).await {
+                Ok(t) => {
+                    let plan = cluster_reads::ReadsPlan {
+                        events: self.plan.readback_events,
+                        clients: self.opts.reads_clients,
+                        sse_clients: self.opts.reads_sse_clients,
+                        seconds: self.plan.reads_seconds,
+                    };
+                    self.report.cluster_reads = Some(cluster_reads::cluster_reads(t, &plan).await);
+                }
+                Err(e) => self.fail(system, "cluster-reads", e),
+            }
+            self.save();
+        }
         let grow = self.wants(Workload::Growth);
         if grow || self.wants(Workload::Readback) {
             match self.start(system).await {
@@ -368,12 +401,15 @@ impl Run<'_> {
 
     async fn append_cells<T: Target, D: Driver<T>>(&mut self, t: T, seed: u64, driver: &D) {
         let mut rig = Rig::new(t, seed);
+        let window = driver.window().unwrap_or(1);
         for &clients in &self.plan.clients.clone() {
             for &batch in &self.plan.batches.clone() {
                 let plan = CellPlan {
                     clients,
                     batch,
-                    events: self.plan.events.max((clients * batch * 5) as u64),
+                    // At least five requests per client (five windows of them), so a cell
+                    // is mostly its steady state; --cell-seconds ends it sooner.
+                    events: self.plan.events.max((clients * batch * 5 * window) as u64),
                     seconds: self.plan.cell_seconds,
                     count_fsyncs: !self.opts.no_fsync_count,
                     layers: self.opts.layers,
@@ -515,6 +551,9 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
                 "cell_seconds": plan.cell_seconds,
                 "readback_events": plan.readback_events,
                 "nats_window": opts.nats_window,
+                "reads_clients": opts.reads_clients,
+                "reads_sse_clients": opts.reads_sse_clients,
+                "reads_seconds": plan.reads_seconds,
                 "growth_events": opts.growth_events,
                 "growth_peer_events": opts.growth_peer_events,
                 "growth_step": opts.growth_step,

@@ -210,6 +210,77 @@ fn nats_cluster_window_appends() {
     check_cells("nats-cluster-window", &["--nats-window", "4"]);
 }
 
+/// Reads from one tidemark node on the cluster, then from two at once, as pages and as SSE.
+#[test]
+fn cluster_reads_from_one_and_two_nodes() {
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("work dir");
+    let json = work.path().join("result.json");
+    let out = Command::new(BENCH)
+        .args([
+            "--systems",
+            "tidemark-jetstream",
+            "--workloads",
+            "cluster-reads",
+        ])
+        .args(["--readback-events", "3000", "--reads-clients", "2"])
+        .args(["--reads-sse-clients", "2", "--reads-seconds", "2"])
+        .arg("--work-dir")
+        .arg(work.path())
+        .arg("--tidemark-bin")
+        .arg(tidemark_bin())
+        .arg("--json-out")
+        .arg(&json)
+        .output()
+        .expect("run tidemark-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "tidemark-bench failed: {stderr}");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    if let Some(reason) = skipped(&doc, "tidemark-jetstream") {
+        assert!(!require_peers(), "skipped: {reason}");
+        println!("SKIPPED tidemark-jetstream: {reason}");
+        return;
+    }
+    let r = &doc["cluster_reads"];
+    assert!(r["error"].is_null(), "{r}");
+    assert_eq!(r["events"], 3000);
+    assert!(
+        r["second_node_catch_up_seconds"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
+    for kind in ["pages", "sse"] {
+        let phases = r[kind].as_array().unwrap();
+        assert_eq!(phases.len(), 2, "one node, then two: {r}");
+        for (i, p) in phases.iter().enumerate() {
+            let nodes = i as u64 + 1;
+            assert_eq!(p["nodes"], nodes);
+            assert!(p["error"].is_null(), "{p}");
+            let per_node = p["per_node"].as_array().unwrap();
+            assert_eq!(per_node.len() as u64, nodes);
+            let mut sum = 0;
+            for n in per_node {
+                let events = n["events"].as_u64().unwrap();
+                // Two seconds are time enough to go round a log of 3000 events.
+                assert!(events >= 3000, "{kind}: {p}");
+                if kind == "pages" {
+                    assert_eq!(events % 1000, 0, "whole pages: {p}");
+                }
+                assert!(n["cores"].as_f64().unwrap() > 0.0, "a node worked: {p}");
+                sum += events;
+            }
+            assert_eq!(p["events"], sum, "{p}");
+            assert!(p["busy_cores"].as_f64().unwrap() > 0.0);
+        }
+        assert!(
+            r[format!("{kind}_two_over_one")].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
+    }
+    assert!(
+        stderr.contains("### Reads from one and two tidemark nodes"),
+        "{stderr}"
+    );
+}
+
 /// `tidemark bench` (the CLI) runs the benchmark binary and the ratio table compares tidemark
 /// with a peer of the same run.
 #[test]
