@@ -1,10 +1,12 @@
 //! The side-by-side benchmark behind `tidemark bench` (the binary `tidemark-bench`, `main.rs`)
 //! and what tidemark's own benchmarks in `benches/benches/` share with it: [`events`] (what every
 //! system appends), [`targets`] (one [`targets::Target`] per system), [`peers`] (starting and
-//! stopping servers), [`workloads`] (append cells, read-back, growth), [`sse`], [`reopen`],
+//! stopping servers), [`workloads`] (append cells, closed-loop or windowed, read-back, growth),
+//! [`cluster_reads`] (reads from one and two nodes on a cluster), [`sse`], [`reopen`],
 //! [`measure`] (percentiles, /proc counters, strace), [`layers`] (the server's CPU by layer), [`machine`] (the machine and its fsync
 //! latency), [`report`] (tables and ratios).
 
+pub mod cluster_reads;
 pub mod events;
 pub mod layers;
 pub mod machine;

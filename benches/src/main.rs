@@ -8,7 +8,7 @@
 //!
 //! Layout: [`events`] (what every system appends), [`targets`] (one [`targets::Target`] per
 //! system), [`peers`] (starting and stopping servers), [`workloads`] (append cells, read-back,
-//! growth), [`sse`], [`reopen`], [`measure`] (percentiles, /proc counters, strace), [`machine`]
+//! growth), [`cluster_reads`], [`sse`], [`reopen`], [`measure`] (percentiles, /proc counters, strace), [`machine`]
 //! (the machine and its fsync latency), [`report`] (tables and ratios).
 
 /// mimalloc instead of glibc malloc: the folds and the writer allocate many small, short-lived
@@ -16,7 +16,9 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use tidemark_benches::{events, machine, measure, peers, reopen, report, sse, targets, workloads};
+use tidemark_benches::{
+    cluster_reads, events, machine, measure, peers, reopen, report, sse, targets, workloads,
+};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,7 +28,7 @@ use serde_json::json;
 
 use report::{Report, Skipped};
 use targets::{StartOpts, System, Target};
-use workloads::{CellPlan, Rig};
+use workloads::{CellPlan, ClosedLoop, Driver, Rig, Windowed};
 
 #[derive(Parser)]
 #[command(
@@ -79,11 +81,16 @@ enum Workload {
     Sse,
     /// tidemark: reopen after kill -9 at --reopen-events.
     Reopen,
+    /// tidemark-jetstream: fill the log with --readback-events, then read it from one node and
+    /// from two nodes at once, as pages and as SSE streams (runs with the tidemark-jetstream
+    /// system).
+    ClusterReads,
 }
 
 #[derive(clap::Args, serde::Serialize)]
 struct Opts {
-    /// Systems to run.
+    /// Systems to run. `nats-window` and `nats-cluster-window` are `nats` and `nats-cluster`
+    /// with --nats-window publishes in flight per client (append cells only).
     #[arg(
         long,
         value_delimiter = ',',
@@ -109,6 +116,21 @@ struct Opts {
     /// Events read back from the start [full: 1000000; quick: 20000].
     #[arg(long)]
     readback_events: Option<u64>,
+    /// Publishes each client of a windowed NATS cell (nats-window, nats-cluster-window) keeps
+    /// sent and unacknowledged; for batches > 1, at most 50 atomic batches are open per stream
+    /// across all clients (the server's limit) [256].
+    #[arg(long, default_value_t = 256)]
+    nats_window: usize,
+    /// cluster-reads: page readers per node (pages of 1000 over HTTP) [4].
+    #[arg(long, default_value_t = 4)]
+    reads_clients: usize,
+    /// cluster-reads: SSE streams per node, each receiving the whole log from the start [2].
+    #[arg(long, default_value_t = 2)]
+    reads_sse_clients: usize,
+    /// cluster-reads: the length of each of its four phases (pages and SSE, one node and two),
+    /// seconds, the readers going round the log as often as it allows [full: 10; quick: 3].
+    #[arg(long)]
+    reads_seconds: Option<f64>,
     /// Growth target of tidemark and PostgreSQL [10000000].
     #[arg(long, default_value_t = 10_000_000)]
     growth_events: u64,
@@ -165,6 +187,7 @@ struct Plan {
     readback_events: u64,
     fsync_count: usize,
     sse_events: u64,
+    reads_seconds: f64,
 }
 
 impl Opts {
@@ -176,7 +199,7 @@ impl Opts {
                 if q {
                     vec![Fsync, Append, Readback, Sse]
                 } else {
-                    vec![Fsync, Append, Growth, Readback, Sse]
+                    vec![Fsync, Append, Growth, Readback, Sse, ClusterReads]
                 }
             }),
             clients: self
@@ -191,6 +214,7 @@ impl Opts {
                 .unwrap_or(if q { 20_000 } else { 1_000_000 }),
             fsync_count: self.fsync_count.unwrap_or(if q { 200 } else { 1000 }),
             sse_events: self.sse_events.unwrap_or(if q { 200 } else { 2000 }),
+            reads_seconds: self.reads_seconds.unwrap_or(if q { 3.0 } else { 10.0 }),
         }
     }
 }
@@ -286,11 +310,14 @@ impl Run<'_> {
             System::Redis => AnyTarget::Redis(targets::redis::Redis::start(o).await?),
             System::Postgres => AnyTarget::Postgres(targets::postgres::Postgres::start(o).await?),
             System::Sqlite => AnyTarget::Sqlite(targets::sqlite::Sqlite::start(o).await?),
-            System::Nats => AnyTarget::Nats(targets::nats::Nats::start(o).await?),
+            // A windowed system drives the same target.
+            System::Nats | System::NatsWindow => {
+                AnyTarget::Nats(targets::nats::Nats::start(o).await?)
+            }
             System::TidemarkJetstream => {
                 AnyTarget::TidemarkJetstream(targets::cluster::TidemarkJetStream::start(o).await?)
             }
-            System::NatsCluster => {
+            System::NatsCluster | System::NatsClusterWindow => {
                 AnyTarget::NatsCluster(targets::cluster::NatsOnCluster::start(o).await?)
             }
         })
@@ -298,11 +325,40 @@ impl Run<'_> {
 
     /// Every workload of one system, each on a freshly started server.
     async fn system(&mut self, system: System, seed: u64) {
+        if system.windowed() {
+            // The windowed cells are append cells of the plain system's target; its other
+            // workloads would measure nothing new.
+            if self.wants(Workload::Append) {
+                let w = Windowed(self.opts.nats_window);
+                match self.start(system).await {
+                    Ok(AnyTarget::Nats(x)) => self.append_cells(x, seed, &w).await,
+                    Ok(AnyTarget::NatsCluster(x)) => self.append_cells(x, seed, &w).await,
+                    Ok(other) => dispatch!(other, |x| x.stop().await),
+                    Err(e) => self.fail(system, "append", e),
+                }
+            }
+            return;
+        }
         if self.wants(Workload::Append) {
             match self.start(system).await {
-                Ok(t) => dispatch!(t, |x| self.append_cells(x, seed).await),
+                Ok(t) => dispatch!(t, |x| self.append_cells(x, seed, &ClosedLoop).await),
                 Err(e) => self.fail(system, "append", e),
             }
+        }
+        if system == System::TidemarkJetstream && self.wants(Workload::ClusterReads) {
+            match targets::cluster::TidemarkJetStream::start(&self.start).await {
+                Ok(t) => {
+                    let plan = cluster_reads::ReadsPlan {
+                        events: self.plan.readback_events,
+                        clients: self.opts.reads_clients,
+                        sse_clients: self.opts.reads_sse_clients,
+                        seconds: self.plan.reads_seconds,
+                    };
+                    self.report.cluster_reads = Some(cluster_reads::cluster_reads(t, &plan).await);
+                }
+                Err(e) => self.fail(system, "cluster-reads", e),
+            }
+            self.save();
         }
         let grow = self.wants(Workload::Growth);
         if grow || self.wants(Workload::Readback) {
@@ -343,21 +399,24 @@ impl Run<'_> {
         self.save();
     }
 
-    async fn append_cells<T: Target>(&mut self, t: T, seed: u64) {
+    async fn append_cells<T: Target, D: Driver<T>>(&mut self, t: T, seed: u64, driver: &D) {
         let mut rig = Rig::new(t, seed);
+        let window = driver.window().unwrap_or(1);
         for &clients in &self.plan.clients.clone() {
             for &batch in &self.plan.batches.clone() {
                 let plan = CellPlan {
                     clients,
                     batch,
-                    events: self.plan.events.max((clients * batch * 5) as u64),
+                    // At least five requests per client (five windows of them), so a cell
+                    // is mostly its steady state; --cell-seconds ends it sooner.
+                    events: self.plan.events.max((clients * batch * 5 * window) as u64),
                     seconds: self.plan.cell_seconds,
                     count_fsyncs: !self.opts.no_fsync_count,
                     layers: self.opts.layers,
                 };
-                let c = workloads::append_cell(&mut rig, &plan).await;
+                let c = workloads::append_cell(&mut rig, &plan, driver).await;
                 eprintln!(
-                    "  {:<16} clients {:>4} batch {:>4}  {:>8} events {:>10} events/s  p50 {:>7} µs  \
+                    "  {:<19} clients {:>4} batch {:>4}  {:>8} events {:>10} events/s  p50 {:>7} µs  \
                      p99 {:>7} µs  pause {:>7} µs  cpu {:>6} µs/ev  ctxsw {:>6}/ev  wchar {:>6} B/ev  \
                      page cache {:>6} B/ev  device {:>6} B/ev  fsync/ev {}{}",
                     c.system,
@@ -450,6 +509,13 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
     if plan.clients.contains(&0) {
         return Err("--clients: at least 1".into());
     }
+    if !(1..=targets::nats::MAX_WINDOW).contains(&opts.nats_window) {
+        return Err(format!(
+            "--nats-window {}: from 1 to {}",
+            opts.nats_window,
+            targets::nats::MAX_WINDOW
+        ));
+    }
     let work = machine::work_dir(opts.work_dir.as_ref())?;
     let machine = machine::machine(&work);
     if machine.work_fs_type == "tmpfs" {
@@ -484,6 +550,10 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
                 "events_per_cell": plan.events,
                 "cell_seconds": plan.cell_seconds,
                 "readback_events": plan.readback_events,
+                "nats_window": opts.nats_window,
+                "reads_clients": opts.reads_clients,
+                "reads_sse_clients": opts.reads_sse_clients,
+                "reads_seconds": plan.reads_seconds,
                 "growth_events": opts.growth_events,
                 "growth_peer_events": opts.growth_peer_events,
                 "growth_step": opts.growth_step,

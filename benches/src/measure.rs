@@ -54,11 +54,14 @@ pub enum Proc {
     Tree(u32),
     /// Several servers' trees (a tidemark node and its NATS cluster); 0 = unused.
     Trees([u32; 4]),
+    /// This process alone: not its children, which are the servers it started (and, while it
+    /// traces, strace).
     This,
 }
 
 impl Proc {
-    fn roots(self) -> Vec<u32> {
+    /// The processes whose trees are counted.
+    pub fn roots(self) -> Vec<u32> {
         match self {
             Proc::Tree(pid) => vec![pid],
             Proc::Trees(pids) => pids.into_iter().filter(|p| *p != 0).collect(),
@@ -66,9 +69,13 @@ impl Proc {
         }
     }
 
-    /// Every pid of the trees rooted at the roots (the roots themselves first).
+    /// Every pid of the trees rooted at the roots (the roots themselves first); this process
+    /// alone for [`Proc::This`].
     pub fn pids(self) -> Vec<u32> {
         let roots = self.roots();
+        if matches!(self, Proc::This) {
+            return roots;
+        }
         let mut parent: HashMap<u32, u32> = HashMap::new();
         if let Ok(dir) = std::fs::read_dir("/proc") {
             for e in dir.flatten() {

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::cluster_reads::{ClusterReads, ReadPhase};
 use crate::machine::{FsyncResult, Machine};
 use crate::sse::SseResult;
 use crate::workloads::{AppendCell, GrowthResult, ReadbackResult};
@@ -71,6 +72,7 @@ pub struct Report {
     pub readback: Vec<ReadbackResult>,
     pub growth: Vec<GrowthResult>,
     pub sse: Option<SseResult>,
+    pub cluster_reads: Option<ClusterReads>,
     pub reopen: Option<serde_json::Value>,
     pub skipped: Vec<Skipped>,
     pub ratios: Vec<Ratio>,
@@ -198,8 +200,25 @@ impl Report {
                  page cache write_bytes: bytes dirtied in the page cache (/proc/<pid>/io); \
                  device: sectors written × 512 by the block device under the data directory \
                  (/sys/dev/block/<major>:<minor>/stat), the whole device's, other writers on it \
-                 included; n/a when the data is on no block device.\n",
+                 included; n/a when the data is on no block device. fsyncs/event: sync calls \
+                 (fsync, fdatasync, sync_file_range, msync, syncfs) per event, counted by \
+                 `strace -f` over every thread of the cell's server processes during a separate, \
+                 shorter pass of the same shape; for a cluster (nats-cluster, \
+                 nats-cluster-window, tidemark-jetstream) that is all three NATS servers' calls \
+                 (and the tidemark node's), so a three-replica stream that syncs once per \
+                 publish on each server shows 3. CPU and context switches sum the same \
+                 processes.\n",
             );
+            if let Some(w) = self.append.iter().find_map(|c| c.window) {
+                let _ = writeln!(
+                    s,
+                    "-window: each client keeps up to {w} publishes sent and unacknowledged \
+                     (asynchronous publish); latency is from a publish's send to its PubAck and \
+                     only acknowledged events count; a batch > 1 is one atomic batch, at most 50 \
+                     open per stream across all clients (the server's limit), so with batches of \
+                     100 that bound, not the window, is what holds."
+                );
+            }
             if self.append.iter().any(|c| c.in_process) {
                 s.push_str(
                     "† in process: CPU and context switches are the benchmark process's, its \
@@ -324,6 +343,9 @@ impl Report {
                 let _ = writeln!(s, "error: {}\n", short(e));
             }
         }
+        if let Some(r) = &self.cluster_reads {
+            cluster_reads_markdown(&mut s, r);
+        }
         for sk in &self.skipped {
             let _ = writeln!(s, "skipped {}: {}", sk.system, sk.reason);
         }
@@ -337,5 +359,72 @@ fn short(e: &str) -> String {
         format!("{}…", one.chars().take(120).collect::<String>())
     } else {
         one
+    }
+}
+
+/// The reads-grow-with-nodes table.
+fn cluster_reads_markdown(s: &mut String, r: &ClusterReads) {
+    let _ = writeln!(
+        s,
+        "### Reads from one and two tidemark nodes on the cluster ({} events)\n\n\
+         Filled through one node at {} events/s (8 clients × batches of 1000); a second node \
+         started then rebuilt its replica from the stream in {} s ({} events/s).\n\n\
+         | reads | nodes | clients/node | events | events/s | per node events/s | per node \
+         CPU cores | per node CPU µs/event | NATS cores | readers' cores | busy cores | \
+         p50 µs | p99 µs | error |\n\
+         |---|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---|",
+        r.events,
+        r.fill_events_per_sec,
+        r.second_node_catch_up_seconds,
+        r.second_node_catch_up_events_per_sec
+    );
+    for p in r.pages.iter().chain(&r.sse) {
+        let each = |f: &dyn Fn(&crate::cluster_reads::NodeUse) -> String| {
+            p.per_node.iter().map(f).collect::<Vec<_>>().join(" / ")
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            p.kind,
+            p.nodes,
+            p.clients_per_node,
+            p.events,
+            p.events_per_sec,
+            each(&|n| n.events_per_sec.to_string()),
+            each(&|n| n.cores.to_string()),
+            each(&|n| n.cpu_us_per_event.to_string()),
+            p.nats_cores,
+            p.client_cores,
+            p.busy_cores,
+            p.latency_us.p50,
+            p.latency_us.p99,
+            p.error.as_deref().map(short).unwrap_or_default()
+        );
+    }
+    let ratio = |x: Option<f64>| x.map_or("n/a".to_owned(), |v| format!("{v}×"));
+    let _ = writeln!(
+        s,
+        "\ntwo nodes ÷ one: pages {}, SSE {}. each phase lasts --reads-seconds. pages: a node's \
+         readers take its pages of 1000 in turn, round the log (latency per page); sse: each \
+         stream receives the whole log from after_sequence=0, then another opens (latency per \
+         1000 events received). Cores: CPU seconds over the phase's seconds; busy = nodes + \
+         NATS + readers (this process alone), all on one machine: near its core count, the \
+         machine, not a node, is the limit.{}\n",
+        ratio(r.pages_two_over_one),
+        ratio(r.sse_two_over_one),
+        phase_error(r)
+    );
+}
+
+fn phase_error(r: &ClusterReads) -> String {
+    match (
+        &r.error,
+        r.pages
+            .iter()
+            .chain(&r.sse)
+            .any(|p: &ReadPhase| p.error.is_some()),
+    ) {
+        (Some(e), false) => format!(" error: {}", short(e)),
+        _ => String::new(),
     }
 }

@@ -1,9 +1,15 @@
 //! The workloads, each generic over [`Target`]: durable appends at N clients × batches of B,
 //! read-back from the start, append rate as the log grows, and (tidemark only)
 //! append-to-SSE-receipt latency.
+//!
+//! An append cell's clients are driven one of two ways ([`Driver`]): [`ClosedLoop`], each client
+//! awaiting one request's durable reply before it sends the next (every system), or
+//! [`Windowed`], each client keeping up to a window of requests in flight (systems that can
+//! pipeline, [`Pipelined`]: NATS's asynchronous publish).
 
+use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -13,7 +19,7 @@ use crate::measure::{
     BlockDevice, Counters, Pauses, Percentiles, Proc, SyscallCount, clock_ticks, micros,
     new_histogram, round1, round3,
 };
-use crate::targets::Target;
+use crate::targets::{Pipelined, Target};
 
 /// A target with its open connections and the next unused event index (ids never repeat on
 /// one target, so every append is new work).
@@ -140,6 +146,226 @@ impl<T: Target> Rig<T> {
     }
 }
 
+impl<T: Pipelined> Rig<T> {
+    /// `clients` concurrent clients, each keeping up to `window` batches of `batch` sent and
+    /// unacknowledged, until `events` events are sent or `deadline` passes; then every batch in
+    /// flight is awaited. A batch's latency runs from its send to its acknowledgement, and only
+    /// acknowledged events count. The target's [`Pipelined::open_limit`], if any, bounds the
+    /// requests open across all clients: a permit is taken before each send and given back at
+    /// its acknowledgement. Each acknowledgement is awaited by a task of its own, which gives
+    /// both permits back the moment it resolves, so a client waiting for a permit never waits
+    /// on itself.
+    pub async fn run_windowed(
+        &mut self,
+        clients: usize,
+        batch: usize,
+        events: u64,
+        deadline: Option<Instant>,
+        window: usize,
+    ) -> Driven {
+        if let Err(e) = self.ensure_conns(clients).await {
+            return Driven::failed(e);
+        }
+        let open = self.target.open_limit(batch.max(1));
+        let batch = batch.max(1) as u64;
+        let batches = events.div_ceil(batch);
+        let base = self.next_event;
+        self.next_event += batches * batch;
+        let next = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let pauses = Arc::new(Pauses::default());
+        let mut tasks = tokio::task::JoinSet::new();
+        let conns: Vec<T::Conn> = self.conns.drain(..clients).collect();
+        let started = Instant::now();
+        for mut conn in conns {
+            let (target, next, stop, evgen) =
+                (self.target.clone(), next.clone(), stop.clone(), self.evgen);
+            let (pauses, open) = (pauses.clone(), open.clone());
+            let slots = Arc::new(tokio::sync::Semaphore::new(window.max(1)));
+            tasks.spawn(async move {
+                let mut acks = tokio::task::JoinSet::new();
+                let mut tally = Tally::default();
+                loop {
+                    if deadline.is_some_and(|d| Instant::now() >= d) || stop.load(Ordering::Relaxed)
+                    {
+                        break;
+                    }
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    if k >= batches {
+                        break;
+                    }
+                    let lo = base + k * batch;
+                    let b = target.prepare(&evgen.batch(lo..lo + batch));
+                    let Ok(slot) = slots.clone().acquire_owned().await else {
+                        break;
+                    };
+                    let shared = match &open {
+                        Some(sem) => match sem.clone().acquire_owned().await {
+                            Ok(p) => Some(p),
+                            Err(_) => break,
+                        },
+                        None => None,
+                    };
+                    // The wait for a slot may have outlasted the cell.
+                    if deadline.is_some_and(|d| Instant::now() >= d) || stop.load(Ordering::Relaxed)
+                    {
+                        break;
+                    }
+                    pauses.sent();
+                    let t0 = Instant::now();
+                    match target.send(&mut conn, b).await {
+                        Ok(ack) => {
+                            let pauses = pauses.clone();
+                            acks.spawn(async move {
+                                let r = ack.await;
+                                let took = t0.elapsed();
+                                pauses.done(r.is_ok());
+                                drop((slot, shared));
+                                (took, r)
+                            });
+                        }
+                        Err(e) => {
+                            pauses.done(false);
+                            tally.fail(e, &stop);
+                            break;
+                        }
+                    }
+                    while let Some(j) = acks.try_join_next() {
+                        tally.ack(j, batch, &stop);
+                    }
+                }
+                while let Some(j) = acks.join_next().await {
+                    tally.ack(j, batch, &stop);
+                }
+                (conn, tally.hist, tally.done, tally.err)
+            });
+        }
+        let mut out = Driven {
+            hist: new_histogram(),
+            events: 0,
+            seconds: 0.0,
+            longest_pause: Duration::ZERO,
+            error: None,
+        };
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok((conn, h, done, err)) => {
+                    self.conns.push(conn);
+                    let _ = out.hist.add(&h);
+                    out.events += done;
+                    if out.error.is_none() {
+                        out.error = err;
+                    }
+                }
+                Err(e) => out.error = Some(format!("client task failed: {e}")),
+            }
+        }
+        out.seconds = started.elapsed().as_secs_f64();
+        out.longest_pause = pauses.longest();
+        self.appended += out.events;
+        out
+    }
+}
+
+/// One windowed client's acknowledgements so far.
+struct Tally {
+    hist: hdrhistogram::Histogram<u64>,
+    /// Events acknowledged.
+    done: u64,
+    /// The first failure; it stops every client of the cell.
+    err: Option<String>,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Tally {
+            hist: new_histogram(),
+            done: 0,
+            err: None,
+        }
+    }
+}
+
+impl Tally {
+    fn fail(&mut self, e: String, stop: &AtomicBool) {
+        stop.store(true, Ordering::Relaxed);
+        self.err.get_or_insert(e);
+    }
+
+    fn ack(
+        &mut self,
+        joined: Result<(Duration, Result<(), String>), tokio::task::JoinError>,
+        batch: u64,
+        stop: &AtomicBool,
+    ) {
+        match joined {
+            Ok((took, Ok(()))) => {
+                self.hist.saturating_record(micros(took));
+                self.done += batch;
+            }
+            Ok((_, Err(e))) => self.fail(e, stop),
+            Err(e) => self.fail(format!("acknowledgement task failed: {e}"), stop),
+        }
+    }
+}
+
+/// How an append cell's clients send: [`ClosedLoop`] or [`Windowed`].
+pub trait Driver<T: Target> {
+    /// Requests each client keeps in flight, when more than one at a time.
+    fn window(&self) -> Option<usize>;
+
+    /// `clients` clients appending batches of `batch` until `events` or `deadline`.
+    fn drive(
+        &self,
+        rig: &mut Rig<T>,
+        clients: usize,
+        batch: usize,
+        events: u64,
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = Driven>;
+}
+
+/// Each client sends one request and awaits its durable reply before the next ([`Rig::run`]).
+pub struct ClosedLoop;
+
+impl<T: Target> Driver<T> for ClosedLoop {
+    fn window(&self) -> Option<usize> {
+        None
+    }
+
+    async fn drive(
+        &self,
+        rig: &mut Rig<T>,
+        clients: usize,
+        batch: usize,
+        events: u64,
+        deadline: Option<Instant>,
+    ) -> Driven {
+        rig.run(clients, batch, events, deadline).await
+    }
+}
+
+/// Each client keeps up to this many requests in flight ([`Rig::run_windowed`]).
+pub struct Windowed(pub usize);
+
+impl<T: Pipelined> Driver<T> for Windowed {
+    fn window(&self) -> Option<usize> {
+        Some(self.0)
+    }
+
+    async fn drive(
+        &self,
+        rig: &mut Rig<T>,
+        clients: usize,
+        batch: usize,
+        events: u64,
+        deadline: Option<Instant>,
+    ) -> Driven {
+        rig.run_windowed(clients, batch, events, deadline, self.0)
+            .await
+    }
+}
+
 /// What [`Rig::run`] did.
 pub struct Driven {
     pub hist: hdrhistogram::Histogram<u64>,
@@ -166,13 +392,22 @@ impl Driven {
 /// One cell of the append workload.
 #[derive(Serialize, Clone, serde::Deserialize)]
 pub struct AppendCell {
+    /// The system's name; a windowed cell's ends in `-window`.
     pub system: String,
     pub clients: usize,
     pub batch: usize,
+    /// Requests each client kept in flight (windowed cells: NATS's asynchronous publish); None:
+    /// one at a time, each awaited before the next.
+    #[serde(default)]
+    pub window: Option<usize>,
+    /// Server processes whose CPU, context switches and sync calls the cell sums: 1 for one
+    /// server, 3 for a NATS cluster, 4 for a tidemark node on one.
+    #[serde(default)]
+    pub processes: usize,
     pub events: u64,
     pub seconds: f64,
     pub events_per_sec: f64,
-    /// Per request (one batch), from send to durable reply.
+    /// Per request (one batch), from send to durable reply (windowed: to its acknowledgement).
     pub latency_us: Percentiles,
     /// Server CPU (user + system, whole process tree) per event; in-process targets: this
     /// process's, clients included.
@@ -212,7 +447,8 @@ pub struct AppendCell {
     /// PostgreSQL: WAL bytes per event (`pg_current_wal_lsn()`).
     pub wal_bytes_per_event: Option<f64>,
     /// Sync calls (fsync, fdatasync, …) per event, from a separate pass of the same shape
-    /// under `strace -f -c` (never during the timed cell).
+    /// under `strace -f -c` (never during the timed cell), summed over every process of
+    /// `processes`: a three-replica NATS stream's cell counts all three servers' calls.
     pub fsyncs_per_event: Option<f64>,
     /// The sync calls and events of that pass.
     pub fsync_calls: u64,
@@ -246,13 +482,23 @@ pub struct CellPlan {
 }
 
 /// One append cell: a warm-up batch per client, the timed run, then (optionally) the traced
-/// pass that counts sync calls.
-pub async fn append_cell<T: Target>(rig: &mut Rig<T>, p: &CellPlan) -> AppendCell {
-    let name = rig.target.name().to_owned();
+/// pass that counts sync calls, each driven by `driver`.
+pub async fn append_cell<T: Target, D: Driver<T>>(
+    rig: &mut Rig<T>,
+    p: &CellPlan,
+    driver: &D,
+) -> AppendCell {
+    let window = driver.window();
+    let name = match window {
+        Some(_) => format!("{}-window", rig.target.name()),
+        None => rig.target.name().to_owned(),
+    };
     let mut cell = AppendCell {
         system: name,
         clients: p.clients,
         batch: p.batch,
+        window,
+        processes: 0,
         events: 0,
         seconds: 0.0,
         events_per_sec: 0.0,
@@ -274,8 +520,8 @@ pub async fn append_cell<T: Target>(rig: &mut Rig<T>, p: &CellPlan) -> AppendCel
         layers: Vec::new(),
     };
     // Warm-up: connections open, every client's first request served.
-    let warm = rig
-        .run(p.clients, p.batch, (p.clients * p.batch) as u64, None)
+    let warm = driver
+        .drive(rig, p.clients, p.batch, (p.clients * p.batch) as u64, None)
         .await;
     if let Some(e) = warm.error {
         cell.error = Some(format!("warm-up: {e}"));
@@ -283,6 +529,7 @@ pub async fn append_cell<T: Target>(rig: &mut Rig<T>, p: &CellPlan) -> AppendCel
     }
     let proc = rig.target.proc();
     cell.in_process = matches!(proc, Proc::This);
+    cell.processes = proc.roots().len();
     let device = match rig.target.data_dir() {
         Some(dir) => BlockDevice::of(dir),
         None => Err("no data directory".to_owned()),
@@ -295,7 +542,9 @@ pub async fn append_cell<T: Target>(rig: &mut Rig<T>, p: &CellPlan) -> AppendCel
     let dev_before = device.as_ref().ok().and_then(BlockDevice::written_bytes);
     let wal_before = rig.target.extra_written().await;
     let deadline = Instant::now() + Duration::from_secs_f64(p.seconds);
-    let d = rig.run(p.clients, p.batch, p.events, Some(deadline)).await;
+    let d = driver
+        .drive(rig, p.clients, p.batch, p.events, Some(deadline))
+        .await;
     let after = proc.counters();
     let dev_after = device.as_ref().ok().and_then(BlockDevice::written_bytes);
     let wal_after = rig.target.extra_written().await;
@@ -330,18 +579,18 @@ pub async fn append_cell<T: Target>(rig: &mut Rig<T>, p: &CellPlan) -> AppendCel
         && p.layers
         && matches!(cell.system.as_str(), "tidemark-http" | "tidemark-jetstream")
     {
-        profile_layers(rig, p, proc, &mut cell).await;
+        profile_layers(rig, p, driver, proc, &mut cell).await;
     }
     if cell.error.is_some() || !p.count_fsyncs {
         return cell;
     }
-    // The traced pass: a few requests per client, the same shape.
-    let pass_events = ((p.clients * p.batch * 4) as u64).max(200);
+    // The traced pass: a few requests per client (a few windows of them), the same shape.
+    let pass_events = trace_pass_events(p.clients, p.batch, window);
     match SyscallCount::attach(proc) {
         Ok(trace) => {
             let deadline = Instant::now() + Duration::from_secs(10);
-            let d = rig
-                .run(p.clients, p.batch, pass_events, Some(deadline))
+            let d = driver
+                .drive(rig, p.clients, p.batch, pass_events, Some(deadline))
                 .await;
             match (trace.finish(), d.error) {
                 (Ok(calls), None) if d.events > 0 && calls > 0 => {
@@ -364,17 +613,27 @@ pub async fn append_cell<T: Target>(rig: &mut Rig<T>, p: &CellPlan) -> AppendCel
     cell
 }
 
+/// Events of the traced pass: four requests per client, or four windows of them, at least 200
+/// and at most 200,000 (its 10 s deadline stops it sooner on a slow system).
+fn trace_pass_events(clients: usize, batch: usize, window: Option<usize>) -> u64 {
+    let requests = clients * 4 * window.unwrap_or(1);
+    ((requests * batch) as u64).clamp(200, 200_000)
+}
+
 /// A pass of the cell's shape under `perf record`, shared out by layer.
-async fn profile_layers<T: Target>(
+async fn profile_layers<T: Target, D: Driver<T>>(
     rig: &mut Rig<T>,
     p: &CellPlan,
+    driver: &D,
     proc: Proc,
     cell: &mut AppendCell,
 ) {
     match crate::layers::Profile::attach(proc) {
         Ok(profile) => {
             let deadline = Instant::now() + crate::layers::Profile::pass();
-            let d = rig.run(p.clients, p.batch, p.events, Some(deadline)).await;
+            let d = driver
+                .drive(rig, p.clients, p.batch, p.events, Some(deadline))
+                .await;
             match (profile.finish(cell.cpu_us_per_event), d.error) {
                 (Ok(layers), None) => {
                     for l in &layers {
@@ -523,4 +782,228 @@ pub async fn growth<T: Target>(rig: &mut Rig<T>, total: u64, step: u64) -> Growt
         g.last_over_first = round3(b.events_per_sec / a.events_per_sec.max(1e-9));
     }
     g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::BenchEvent;
+    use crate::targets::Page;
+    use futures::FutureExt;
+    use futures::future::BoxFuture;
+    use std::sync::Mutex;
+    use std::sync::atomic::AtomicUsize;
+    use tokio::sync::Semaphore;
+
+    /// Requests in flight now and at most.
+    #[derive(Default)]
+    struct Gauge {
+        now: AtomicUsize,
+        max: AtomicUsize,
+    }
+
+    impl Gauge {
+        fn up(&self) {
+            let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max.fetch_max(n, Ordering::SeqCst);
+        }
+        fn down(&self) {
+            self.now.fetch_sub(1, Ordering::SeqCst);
+        }
+        fn max(&self) -> usize {
+            self.max.load(Ordering::SeqCst)
+        }
+    }
+
+    /// A system that acknowledges each send `delay` later and counts what is in flight, per
+    /// client and across them; the `fail_at`-th send's acknowledgement is a refusal.
+    struct Fake {
+        delay: Duration,
+        open: Option<Arc<Semaphore>>,
+        all: Arc<Gauge>,
+        clients: Mutex<Vec<Arc<Gauge>>>,
+        sends: AtomicU64,
+        fail_at: Option<u64>,
+    }
+
+    impl Fake {
+        fn new(delay_ms: u64, open: Option<usize>, fail_at: Option<u64>) -> Fake {
+            Fake {
+                delay: Duration::from_millis(delay_ms),
+                open: open.map(|n| Arc::new(Semaphore::new(n))),
+                all: Arc::default(),
+                clients: Mutex::default(),
+                sends: AtomicU64::new(0),
+                fail_at,
+            }
+        }
+
+        fn max_per_client(&self) -> usize {
+            let clients = self.clients.lock().unwrap();
+            clients.iter().map(|g| g.max()).max().unwrap_or(0)
+        }
+    }
+
+    impl Target for Fake {
+        type Conn = Arc<Gauge>;
+        type Batch = usize;
+        type Pos = u64;
+
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        fn proc(&self) -> Proc {
+            Proc::This
+        }
+        fn data_dir(&self) -> Option<&std::path::Path> {
+            None
+        }
+        async fn connect(&self) -> Result<Arc<Gauge>, String> {
+            let g = Arc::new(Gauge::default());
+            self.clients.lock().unwrap().push(g.clone());
+            Ok(g)
+        }
+        fn prepare(&self, events: &[BenchEvent]) -> usize {
+            events.len()
+        }
+        async fn append(&self, c: &mut Arc<Gauge>, b: usize) -> Result<(), String> {
+            self.send(c, b).await?.await
+        }
+        async fn read_from(
+            &self,
+            _: &mut Arc<Gauge>,
+            _: &u64,
+            _: usize,
+        ) -> Result<Page<u64>, String> {
+            Err("the fake keeps nothing".into())
+        }
+        async fn stop(self) {}
+    }
+
+    impl Pipelined for Fake {
+        type Ack = BoxFuture<'static, Result<(), String>>;
+
+        async fn send(&self, c: &mut Arc<Gauge>, _: usize) -> Result<Self::Ack, String> {
+            let n = self.sends.fetch_add(1, Ordering::SeqCst) + 1;
+            let (client, all, delay) = (c.clone(), self.all.clone(), self.delay);
+            client.up();
+            all.up();
+            let refuse = self.fail_at == Some(n);
+            Ok(async move {
+                tokio::time::sleep(delay).await;
+                client.down();
+                all.down();
+                if refuse {
+                    Err("refused".to_owned())
+                } else {
+                    Ok(())
+                }
+            }
+            .boxed())
+        }
+
+        fn open_limit(&self, batch: usize) -> Option<Arc<Semaphore>> {
+            self.open.clone().filter(|_| batch > 1)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_window_fills_and_never_overflows() {
+        let mut rig = Rig::new(Fake::new(5, None, None), 1);
+        let d = rig.run_windowed(1, 1, 200, None, 8).await;
+        assert!(d.error.is_none(), "{:?}", d.error);
+        assert_eq!(d.events, 200, "every acknowledged event counted");
+        assert_eq!(d.hist.len(), 200, "one latency per publish");
+        assert_eq!(
+            rig.target.max_per_client(),
+            8,
+            "the window is used, and no more"
+        );
+        assert_eq!(rig.target.all.now.load(Ordering::SeqCst), 0, "all awaited");
+        // Each publish waited about the fake's 5 ms, not 8 × 5 ms: they overlapped.
+        assert!(
+            d.hist.value_at_quantile(0.5) < 20_000,
+            "{}",
+            d.hist.value_at_quantile(0.5)
+        );
+        assert!(
+            d.seconds < 200.0 * 0.005 / 2.0,
+            "{} s: not pipelined",
+            d.seconds
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn open_batches_are_bounded_across_clients() {
+        // Six clients with windows of 32 batches could open 192 at once; the system's bound
+        // (NATS: 50 atomic batches per stream) holds them to 50, and is reached.
+        let mut rig = Rig::new(Fake::new(3, Some(50), None), 2);
+        let events = 6 * 32 * 10 * 3;
+        let d = rig.run_windowed(6, 10, events, None, 32).await;
+        assert!(d.error.is_none(), "{:?}", d.error);
+        assert_eq!(d.events, events);
+        assert_eq!(rig.target.all.max(), 50, "at most 50 open, and 50 used");
+        assert!(rig.target.max_per_client() <= 32);
+        // Single publishes are not batches: the bound does not apply.
+        let d = rig.run_windowed(6, 1, 6 * 32 * 3, None, 32).await;
+        assert!(d.error.is_none(), "{:?}", d.error);
+        assert!(rig.target.all.max() > 50, "{}", rig.target.all.max());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_publish_fails_the_cell_and_stops_every_client() {
+        let mut rig = Rig::new(Fake::new(2, None, Some(20)), 3);
+        let d = rig.run_windowed(4, 1, 100_000, None, 16).await;
+        assert_eq!(d.error.as_deref(), Some("refused"));
+        assert!(d.events < 1_000, "{} events: the clients went on", d.events);
+        assert_eq!(
+            rig.target.all.now.load(Ordering::SeqCst),
+            0,
+            "in flight awaited"
+        );
+        assert_eq!(rig.conns.len(), 4, "connections come back");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deadline_stops_sending_and_counts_what_was_acknowledged() {
+        let mut rig = Rig::new(Fake::new(2, None, None), 4);
+        let deadline = Instant::now() + Duration::from_millis(50);
+        let d = rig.run_windowed(2, 5, 10_000_000, Some(deadline), 4).await;
+        assert!(d.error.is_none());
+        assert!(d.events > 0 && d.events % 5 == 0, "{}", d.events);
+        assert_eq!(d.events, d.hist.len() * 5);
+        assert!(d.seconds < 1.0, "{}", d.seconds);
+        assert_eq!(rig.appended, d.events);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn drivers_name_their_cells() {
+        let mut rig = Rig::new(Fake::new(1, None, None), 5);
+        let p = CellPlan {
+            clients: 2,
+            batch: 1,
+            events: 100,
+            seconds: 5.0,
+            count_fsyncs: false,
+            layers: false,
+        };
+        let closed = append_cell(&mut rig, &p, &ClosedLoop).await;
+        assert_eq!((closed.system.as_str(), closed.window), ("fake", None));
+        assert_eq!(rig.target.max_per_client(), 1, "closed loop: one at a time");
+        let windowed = append_cell(&mut rig, &p, &Windowed(4)).await;
+        assert_eq!(
+            (windowed.system.as_str(), windowed.window),
+            ("fake-window", Some(4))
+        );
+        assert_eq!(windowed.events, 100);
+        assert_eq!(windowed.processes, 1);
+    }
+
+    #[test]
+    fn the_traced_pass_has_the_cells_shape() {
+        assert_eq!(trace_pass_events(1, 1, None), 200);
+        assert_eq!(trace_pass_events(16, 100, None), 6_400);
+        assert_eq!(trace_pass_events(1, 1, Some(256)), 1_024, "four windows");
+        assert_eq!(trace_pass_events(256, 100, Some(256)), 200_000, "capped");
+    }
 }

@@ -70,7 +70,13 @@ fn skipped(doc: &Value, system: &str) -> Option<String> {
 }
 
 fn check_system(system: &str) {
-    let doc = tiny_run(system, &[]);
+    check_cells(system, &[]);
+}
+
+/// The append cells of `system` (and its read-back, unless it is a windowed system, which has
+/// none).
+fn check_cells(system: &str, extra: &[&str]) {
+    let doc = tiny_run(system, extra);
     assert_eq!(doc["complete"], true);
     if let Some(reason) = skipped(&doc, system) {
         assert!(
@@ -113,6 +119,17 @@ fn check_system(system: &str) {
             let f = c["fsyncs_per_event"].as_f64().unwrap_or(-1.0);
             assert!(f > 0.0 && f < 10.0, "sync calls per event: {c}");
         }
+        if system.ends_with("-window") {
+            assert_eq!(c["window"], 4, "{c}");
+        } else {
+            assert!(c["window"].is_null(), "{c}");
+        }
+        let processes = if system.contains("cluster") || system == "tidemark-jetstream" {
+            3 + u64::from(system == "tidemark-jetstream")
+        } else {
+            1
+        };
+        assert_eq!(c["processes"], processes, "{c}");
         if system == "postgres" {
             assert!(
                 c["wal_bytes_per_event"].as_f64().unwrap() > 0.0,
@@ -121,6 +138,13 @@ fn check_system(system: &str) {
         }
     }
     let rb = doc["readback"].as_array().expect("readback");
+    if system.ends_with("-window") {
+        assert!(
+            rb.is_empty(),
+            "a windowed system has append cells only: {rb:?}"
+        );
+        return;
+    }
     assert_eq!(rb.len(), 1);
     assert!(rb[0]["error"].is_null(), "readback failed: {}", rb[0]);
     assert_eq!(
@@ -171,6 +195,90 @@ fn tidemark_jetstream_appends_and_reads_back() {
 #[test]
 fn nats_cluster_appends_and_reads_back() {
     check_system("nats-cluster");
+}
+
+/// NATS with a window of asynchronous publishes in flight per client (spec section 11: each
+/// peer measured the way its users run it at its best).
+#[test]
+fn nats_window_appends() {
+    check_cells("nats-window", &["--nats-window", "4"]);
+}
+
+/// The same on the three-replica stream: atomic batches within the server's 50 open ones.
+#[test]
+fn nats_cluster_window_appends() {
+    check_cells("nats-cluster-window", &["--nats-window", "4"]);
+}
+
+/// Reads from one tidemark node on the cluster, then from two at once, as pages and as SSE.
+#[test]
+fn cluster_reads_from_one_and_two_nodes() {
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("work dir");
+    let json = work.path().join("result.json");
+    let out = Command::new(BENCH)
+        .args([
+            "--systems",
+            "tidemark-jetstream",
+            "--workloads",
+            "cluster-reads",
+        ])
+        .args(["--readback-events", "3000", "--reads-clients", "2"])
+        .args(["--reads-sse-clients", "2", "--reads-seconds", "2"])
+        .arg("--work-dir")
+        .arg(work.path())
+        .arg("--tidemark-bin")
+        .arg(tidemark_bin())
+        .arg("--json-out")
+        .arg(&json)
+        .output()
+        .expect("run tidemark-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "tidemark-bench failed: {stderr}");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    if let Some(reason) = skipped(&doc, "tidemark-jetstream") {
+        assert!(!require_peers(), "skipped: {reason}");
+        println!("SKIPPED tidemark-jetstream: {reason}");
+        return;
+    }
+    let r = &doc["cluster_reads"];
+    assert!(r["error"].is_null(), "{r}");
+    assert_eq!(r["events"], 3000);
+    assert!(
+        r["second_node_catch_up_seconds"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
+    for kind in ["pages", "sse"] {
+        let phases = r[kind].as_array().unwrap();
+        assert_eq!(phases.len(), 2, "one node, then two: {r}");
+        for (i, p) in phases.iter().enumerate() {
+            let nodes = i as u64 + 1;
+            assert_eq!(p["nodes"], nodes);
+            assert!(p["error"].is_null(), "{p}");
+            let per_node = p["per_node"].as_array().unwrap();
+            assert_eq!(per_node.len() as u64, nodes);
+            let mut sum = 0;
+            for n in per_node {
+                let events = n["events"].as_u64().unwrap();
+                // Two seconds are time enough to go round a log of 3000 events.
+                assert!(events >= 3000, "{kind}: {p}");
+                if kind == "pages" {
+                    assert_eq!(events % 1000, 0, "whole pages: {p}");
+                }
+                assert!(n["cores"].as_f64().unwrap() > 0.0, "a node worked: {p}");
+                sum += events;
+            }
+            assert_eq!(p["events"], sum, "{p}");
+            assert!(p["busy_cores"].as_f64().unwrap() > 0.0);
+        }
+        assert!(
+            r[format!("{kind}_two_over_one")].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
+    }
+    assert!(
+        stderr.contains("### Reads from one and two tidemark nodes"),
+        "{stderr}"
+    );
 }
 
 /// `tidemark bench` (the CLI) runs the benchmark binary and the ratio table compares tidemark
@@ -238,4 +346,10 @@ fn bad_options_are_refused() {
         .output()
         .unwrap();
     assert!(!out.status.success());
+    let out = Command::new(BENCH)
+        .args(["--nats-window", "0", "--systems", "nats-window"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--nats-window 0"));
 }

@@ -10,7 +10,7 @@ use nix::sys::signal::Signal;
 
 use super::nats::Nats;
 use super::tidemark::{TidemarkHttp, temp_dir_in};
-use super::{Page, StartOpts, Target};
+use super::{Page, Pipelined, StartOpts, Target};
 use crate::events::BenchEvent;
 use crate::measure::Proc;
 use crate::peers::{ChildServer, free_port, wait_until};
@@ -95,6 +95,9 @@ impl NatsCluster {
 pub struct TidemarkJetStream {
     http: TidemarkHttp,
     cluster: NatsCluster,
+    /// The node's configuration file, which another node on the same stream shares.
+    config: String,
+    start: StartOpts,
 }
 
 impl TidemarkJetStream {
@@ -105,8 +108,35 @@ impl TidemarkJetStream {
             "[log]\nbackend = \"jetstream\"\nservers = [{}]\nstream = \"BENCH\"\nreplicas = 3\n",
             servers.join(", ")
         );
-        let http = TidemarkHttp::start_with(o, "tidemark-jetstream", Some(config)).await?;
-        Ok(TidemarkJetStream { http, cluster })
+        let http = TidemarkHttp::start_with(o, "tidemark-jetstream", Some(config.clone())).await?;
+        Ok(TidemarkJetStream {
+            http,
+            cluster,
+            config,
+            start: o.clone(),
+        })
+    }
+
+    /// The first node, started with the target.
+    pub fn node(&self) -> &TidemarkHttp {
+        &self.http
+    }
+
+    /// Another `tidemark serve` on the same cluster and stream, with a data directory of its
+    /// own: its replica is built from the stream. The caller stops it.
+    pub async fn another_node(&self) -> Result<TidemarkHttp, String> {
+        TidemarkHttp::start_with(
+            &self.start,
+            "tidemark-jetstream-node",
+            Some(self.config.clone()),
+        )
+        .await
+    }
+
+    /// The three NATS servers' counters.
+    pub fn nats_proc(&self) -> Proc {
+        let [a, b, c] = self.cluster.pids();
+        Proc::Trees([a, b, c, 0])
     }
 }
 
@@ -207,5 +237,17 @@ impl Target for NatsOnCluster {
 
     async fn stop(mut self) {
         self.cluster.stop();
+    }
+}
+
+impl Pipelined for NatsOnCluster {
+    type Ack = <Nats as Pipelined>::Ack;
+
+    async fn send(&self, c: &mut Self::Conn, b: Self::Batch) -> Result<Self::Ack, String> {
+        self.nats.send(c, b).await
+    }
+
+    fn open_limit(&self, batch: usize) -> Option<std::sync::Arc<tokio::sync::Semaphore>> {
+        self.nats.open_limit(batch)
     }
 }

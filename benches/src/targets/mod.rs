@@ -1,9 +1,14 @@
 //! One system under test as every workload sees it: `prepare` a batch (the client's own work,
 //! not timed), `append` it durably (resolves once the system has fsynced it), `read_from` a
 //! position. One implementation per system; each is started and stopped by the benchmark.
+//! A system whose clients can keep several requests in flight on one connection (NATS's
+//! asynchronous publish) also implements [`Pipelined`], which the windowed cells drive.
 
 use std::future::Future;
 use std::path::Path;
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
 
 use crate::events::BenchEvent;
 use crate::measure::Proc;
@@ -65,6 +70,31 @@ pub trait Target: Send + Sync + 'static {
     fn stop(self) -> impl Future<Output = ()> + Send;
 }
 
+/// A target whose client can send a request before the previous one is acknowledged: `send`
+/// returns once the batch is on its way, with its acknowledgement to await later. The windowed
+/// driver ([`crate::workloads::Windowed`]) keeps a window of these in flight per client.
+pub trait Pipelined: Target {
+    /// A sent batch's acknowledgement: resolves once the whole batch is durable, or with what
+    /// the system refused (a duplicate counts as an error, as it does for `append`).
+    type Ack: Future<Output = Result<(), String>> + Send + 'static;
+
+    /// Send `batch` without waiting for its acknowledgement.
+    fn send(
+        &self,
+        conn: &mut Self::Conn,
+        batch: Self::Batch,
+    ) -> impl Future<Output = Result<Self::Ack, String>> + Send;
+
+    /// A bound the system puts on requests of `batch` events open at once across every
+    /// client, as a semaphore the driver takes a permit of before each send and gives back at
+    /// its acknowledgement; None when there is none (NATS: at most 50 atomic batches open per
+    /// stream, and no bound on single publishes).
+    fn open_limit(&self, batch: usize) -> Option<Arc<Semaphore>> {
+        let _ = batch;
+        None
+    }
+}
+
 /// Read models behind the log when a cell ends.
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct FollowLag {
@@ -90,6 +120,10 @@ pub enum System {
     TidemarkJetstream,
     /// NATS's own publish to a three-replica stream on the same kind of cluster.
     NatsCluster,
+    /// `nats` with a window of asynchronous publishes in flight per client (`--nats-window`).
+    NatsWindow,
+    /// `nats-cluster` with a window of asynchronous publishes in flight per client.
+    NatsClusterWindow,
 }
 
 impl System {
@@ -103,7 +137,15 @@ impl System {
             System::Nats => "nats",
             System::TidemarkJetstream => "tidemark-jetstream",
             System::NatsCluster => "nats-cluster",
+            System::NatsWindow => "nats-window",
+            System::NatsClusterWindow => "nats-cluster-window",
         }
+    }
+
+    /// A windowed system: the target of its closed-loop namesake (`nats-window`: `nats`),
+    /// driven with a window of publishes in flight per client.
+    pub fn windowed(self) -> bool {
+        matches!(self, System::NatsWindow | System::NatsClusterWindow)
     }
 
     pub fn is_tidemark(self) -> bool {
@@ -124,7 +166,9 @@ impl System {
             System::TidemarkJetstream => System::TidemarkHttp
                 .missing(tidemark_bin)
                 .or_else(|| crate::peers::missing("nats")),
-            System::NatsCluster => crate::peers::missing("nats"),
+            System::NatsCluster | System::NatsWindow | System::NatsClusterWindow => {
+                crate::peers::missing("nats")
+            }
             System::TidemarkInproc | System::Sqlite => None,
             other => crate::peers::missing(other.name()),
         }

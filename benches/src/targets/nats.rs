@@ -4,30 +4,51 @@
 //! one atomic batch publish (ADR-50, server 2.12+): intermediate messages carry the batch id and
 //! sequence, the last one `Nats-Batch-Commit`, and its acknowledgement covers the batch.
 //! Reading back uses an ordered consumer.
+//!
+//! The server keeps at most [`MAX_OPEN_BATCHES`] atomic batches open per stream and refuses more
+//! ("atomic publish batch is incomplete"), so every client of one target shares one semaphore of
+//! that many permits, held from a batch's first message to its acknowledgement. A client either
+//! awaits each publish's acknowledgement before the next ([`Target::append`], the closed loop) or
+//! keeps a window of them in flight ([`Pipelined::send`], as NATS users publish asynchronously).
 
 use std::process::Command;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
+use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use nix::sys::signal::Signal;
+use tokio::sync::Semaphore;
 
 use super::tidemark::temp_dir_in;
-use super::{Page, StartOpts, Target};
+use super::{Page, Pipelined, StartOpts, Target};
 use crate::events::{BenchEvent, EVENT_TYPE, STREAM};
 use crate::measure::Proc;
 use crate::peers::{ChildServer, free_port, wait_until};
 
 const STREAM_NAME: &str = "TIDEMARK";
 
+/// Atomic batches the server keeps open per stream (`max_batch_inflight_per_stream`, 50 by
+/// default); one more is refused, and the batch with it.
+pub const MAX_OPEN_BATCHES: usize = 50;
+
+/// The largest window of publishes in flight per client (`--nats-window`): the JetStream
+/// context of each connection is built to hold this many acknowledgements pending, so its own
+/// bound never throttles the window.
+pub const MAX_WINDOW: usize = 4096;
+
 pub struct Nats {
     /// The server this target started (none on a cluster started by the caller).
     server: Option<ChildServer>,
     url: String,
     batch_ids: AtomicU64,
+    /// Permits for atomic batches open at once, shared by every client ([`MAX_OPEN_BATCHES`]).
+    open_batches: Arc<Semaphore>,
 }
 
 pub struct NatsConn {
@@ -99,6 +120,7 @@ impl Nats {
             server: None,
             url,
             batch_ids: AtomicU64::new(0),
+            open_batches: Arc::new(Semaphore::new(MAX_OPEN_BATCHES)),
         })
     }
 }
@@ -106,6 +128,34 @@ impl Nats {
 pub struct NatsBatch {
     /// (subject, headers, payload) per event.
     msgs: Vec<(String, HeaderMap, Bytes)>,
+}
+
+impl Nats {
+    /// Publish a batch and return its acknowledgement unawaited. Intermediate messages of an
+    /// atomic batch go without a reply subject; the commit message's acknowledgement says
+    /// whether the whole batch was stored.
+    async fn publish(&self, c: &mut NatsConn, b: NatsBatch) -> Result<PublishAckFuture, String> {
+        let mut msgs = b.msgs;
+        let (subject, headers, payload) = msgs.pop().ok_or("an empty batch")?;
+        for (s, h, p) in msgs {
+            c.client
+                .publish_with_headers(s, h, p)
+                .await
+                .map_err(|e| format!("publish: {e}"))?;
+        }
+        c.js.publish_with_headers(subject, headers, payload)
+            .await
+            .map_err(|e| format!("publish: {e}"))
+    }
+}
+
+/// A publish's acknowledgement, a duplicate refused as an error.
+async fn acknowledged(ack: PublishAckFuture) -> Result<(), String> {
+    let ack = ack.await.map_err(|e| format!("publish ack: {e}"))?;
+    if ack.duplicate {
+        return Err("JetStream reported a duplicate Nats-Msg-Id".into());
+    }
+    Ok(())
 }
 
 impl Target for Nats {
@@ -136,6 +186,7 @@ impl Target for Nats {
             // 120 s), so the cell measures instead of erroring.
             js: jetstream::ContextBuilder::new()
                 .timeout(Duration::from_secs(120))
+                .max_ack_inflight(MAX_WINDOW)
                 .build(client.clone()),
             client,
             reader: None,
@@ -175,28 +226,18 @@ impl Target for Nats {
     }
 
     async fn append(&self, c: &mut NatsConn, b: NatsBatch) -> Result<(), String> {
-        let mut msgs = b.msgs;
-        let Some((subject, headers, payload)) = msgs.pop() else {
-            return Ok(());
+        // One client holds at most one permit, so waiting for one never blocks its own.
+        let _open = match b.msgs.len() {
+            0 => return Ok(()),
+            1 => None,
+            _ => Some(
+                self.open_batches
+                    .acquire()
+                    .await
+                    .map_err(|e| format!("open batches: {e}"))?,
+            ),
         };
-        // Intermediate messages of an atomic batch go without a reply subject; the commit
-        // message's acknowledgement says whether the whole batch was stored.
-        for (s, h, p) in msgs {
-            c.client
-                .publish_with_headers(s, h, p)
-                .await
-                .map_err(|e| format!("publish: {e}"))?;
-        }
-        let ack =
-            c.js.publish_with_headers(subject, headers, payload)
-                .await
-                .map_err(|e| format!("publish: {e}"))?
-                .await
-                .map_err(|e| format!("publish ack: {e}"))?;
-        if ack.duplicate {
-            return Err("JetStream reported a duplicate Nats-Msg-Id".into());
-        }
-        Ok(())
+        acknowledged(self.publish(c, b).await?).await
     }
 
     async fn read_from(
@@ -256,5 +297,18 @@ impl Target for Nats {
         if let Some(s) = &mut self.server {
             s.stop();
         }
+    }
+}
+
+impl Pipelined for Nats {
+    type Ack = BoxFuture<'static, Result<(), String>>;
+
+    async fn send(&self, c: &mut NatsConn, b: NatsBatch) -> Result<Self::Ack, String> {
+        let ack = self.publish(c, b).await?;
+        Ok(Box::pin(acknowledged(ack)))
+    }
+
+    fn open_limit(&self, batch: usize) -> Option<Arc<Semaphore>> {
+        (batch > 1).then(|| self.open_batches.clone())
     }
 }
