@@ -1548,6 +1548,29 @@ mod jetstream_only {
         rt.block_on(b.close());
     }
 
+    /// A node that joins a stream longer than it can follow within one request's timeout
+    /// opens all the same, as long as its replica keeps advancing (it used to be refused
+    /// after the timeout: a new node could not join a long log).
+    #[test]
+    fn a_node_joins_a_stream_it_takes_longer_than_the_timeout_to_follow() {
+        let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
+        let a = tidemark_log::JetStreamLog::open(&config(&dir.path().join("a"), "JOIN")).unwrap();
+        for b in 0..60 {
+            let batch = (0..1000)
+                .map(|i| ev(&format!("j-{b}-{i}"), "s", "x", "t", json!({"i": i})))
+                .collect();
+            rt.block_on(a.append(batch)).unwrap();
+        }
+        let mut cb = config(&dir.path().join("b"), "JOIN");
+        cb.timeout = Duration::from_millis(100);
+        let started = std::time::Instant::now();
+        let b = tidemark_log::JetStreamLog::open(&cb).expect("the second node opens");
+        assert_eq!(b.head(), 60_000);
+        eprintln!("joined 60,000 events in {:?}", started.elapsed());
+        rt.block_on(a.close());
+        rt.block_on(b.close());
+    }
+
     /// The seq of the last event of `stream` with `subject` on `log` (0: none).
     fn last_of(log: &impl EventLog, stream: &str, subject: &str) -> u64 {
         let q = ReadQuery {

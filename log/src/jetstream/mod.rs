@@ -527,15 +527,34 @@ impl JetStreamLog {
 
     /// Wait until the replica holds `seq`.
     async fn replica_at(&self, seq: u64) -> Result<(), AppendError> {
+        self.replica_reaches(seq, false).await
+    }
+
+    /// Wait until the replica holds `seq`: within the timeout, or while `progressing`, for as
+    /// long as each timeout sees it advance (a node that joins a long stream follows it for
+    /// minutes; one that stops advancing is an error).
+    async fn replica_reaches(&self, seq: u64, progressing: bool) -> Result<(), AppendError> {
         let mut rx = self.inner.replica.subscribe();
-        let wait = rx.wait_for(|h| *h >= seq);
-        match tokio::time::timeout(self.inner.timeout, wait).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(_)) => Err(AppendError::Closed),
-            Err(_) => Err(AppendError::Storage(cluster_err(
-                "the local replica",
-                format!("did not reach seq {seq} in {:?}", self.inner.timeout),
-            ))),
+        loop {
+            let before = *rx.borrow();
+            let waited = tokio::time::timeout(self.inner.timeout, rx.wait_for(|h| *h >= seq))
+                .await
+                .map(|r| r.is_ok());
+            match waited {
+                Ok(true) => return Ok(()),
+                Ok(false) => return Err(AppendError::Closed),
+                Err(_) if progressing && *rx.borrow() > before => continue,
+                Err(_) => {
+                    return Err(AppendError::Storage(cluster_err(
+                        "the local replica",
+                        format!(
+                            "did not reach seq {seq} in {:?} (it holds {})",
+                            self.inner.timeout,
+                            *rx.borrow()
+                        ),
+                    )));
+                }
+            }
         }
     }
 
@@ -553,7 +572,11 @@ impl JetStreamLog {
         }
         let started = std::time::Instant::now();
         let last = self.stream_last().await?;
-        self.replica_at(last).await?;
+        let behind = last.saturating_sub(self.inner.replica.head());
+        if behind > 100_000 {
+            tracing::info!(behind, stream_head = last, "the replica follows the stream");
+        }
+        self.replica_reaches(last, true).await?;
         *self
             .inner
             .caught_up
