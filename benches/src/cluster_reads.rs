@@ -1,12 +1,15 @@
 //! Reads grow with nodes (spec section 16: "tidemark nodes add read capacity"): the log filled
 //! through one `tidemark serve` on the three-node cluster, then read back from that node alone
 //! and from it and a second node at once (same `[log] backend = "jetstream"` configuration, its
-//! own data directory, its replica built from the stream), two ways, each phase for
-//! `--reads-seconds`:
+//! own data directory, started before the fill and following the stream), two ways, each phase
+//! for `--reads-seconds`:
 //! - **pages**: `--reads-clients` readers per node take the node's pages of 1000 in turn
 //!   (`GET /v1/events?after_sequence=…&limit=1000`), round the log again and again;
 //! - **SSE**: `--reads-sse-clients` streams per node, each receiving the whole log from
 //!   `after_sequence=0` (`GET /v1/events/stream`) up to the head, then opening another.
+//!
+//! Then a third node joins cold, its replica built from the whole stream, and its time to
+//! ready (or why it could not start) is recorded beside the reads.
 //!
 //! A phase is timed, not sized, so a fast one still lasts long enough for /proc's CPU ticks
 //! (10 ms) to measure it. Each reports events/s in total and per node, and the CPU of each
@@ -48,10 +51,16 @@ pub struct ClusterReads {
     pub events: u64,
     /// Filling it through the first node: 8 clients × batches of 1000 over HTTP.
     pub fill_events_per_sec: f64,
-    /// From the second node's start until its replica held the whole log (rebuilt from the
-    /// stream), and at what rate.
-    pub second_node_catch_up_seconds: f64,
-    pub second_node_catch_up_events_per_sec: f64,
+    /// From the fill's end until the second node, started before the fill and following the
+    /// stream since, held the whole log in its replica.
+    pub second_node_behind_seconds: f64,
+    /// A third node started after the fill, its replica built from the whole stream: from its
+    /// start until it answered ready holding the head, and at what rate, or why it did not
+    /// (`tidemark serve` opens only once its replica holds the stream's head, within the log's
+    /// timeout). Not an error of the reads: they ran on the first two nodes.
+    pub cold_join_seconds: Option<f64>,
+    pub cold_join_events_per_sec: Option<f64>,
+    pub cold_join_error: Option<String>,
     /// Pages, one node then two.
     pub pages: Vec<ReadPhase>,
     /// SSE, one node then two.
@@ -102,23 +111,9 @@ pub async fn cluster_reads(t: TidemarkJetStream, plan: &ReadsPlan) -> ClusterRea
         ..ClusterReads::default()
     };
     let mut rig = Rig::new(t, 0x7ead);
-    eprintln!(
-        "  cluster-reads: filling {} events through one node",
-        plan.events
-    );
-    let d = rig.run(8, 1000, plan.events, None).await;
-    r.fill_events_per_sec = (d.events as f64 / d.seconds.max(1e-9)).round();
-    eprintln!("  filled at {} events/s", r.fill_events_per_sec);
-    if let Some(e) = d.error {
-        r.error = Some(format!("fill: {e}"));
-        rig.stop().await;
-        return r;
-    }
-    // Whole batches: the log may hold a little more than asked.
-    let head = rig.appended;
-    r.events = head;
     let target = rig.target.clone();
-    let started = Instant::now();
+    // Started before the fill, as a node of a deployment runs: it follows the stream as the
+    // log grows.
     let second = match target.another_node().await {
         Ok(n) => n,
         Err(e) => {
@@ -128,14 +123,27 @@ pub async fn cluster_reads(t: TidemarkJetStream, plan: &ReadsPlan) -> ClusterRea
             return r;
         }
     };
-    match caught_up(&second, head, Duration::from_secs(900)).await {
+    eprintln!(
+        "  cluster-reads: filling {} events through one node (a second node following)",
+        plan.events
+    );
+    let d = rig.run(8, 1000, plan.events, None).await;
+    r.fill_events_per_sec = (d.events as f64 / d.seconds.max(1e-9)).round();
+    eprintln!("  filled at {} events/s", r.fill_events_per_sec);
+    // Whole batches: the log may hold a little more than asked.
+    let head = rig.appended;
+    r.events = head;
+    let filled = Instant::now();
+    let ready = match d.error {
+        Some(e) => Err(format!("fill: {e}")),
+        None => caught_up(&second, head, Duration::from_secs(300)).await,
+    };
+    match ready {
         Ok(()) => {
-            let s = started.elapsed().as_secs_f64();
-            r.second_node_catch_up_seconds = round3(s);
-            r.second_node_catch_up_events_per_sec = (head as f64 / s).round();
+            r.second_node_behind_seconds = round3(filled.elapsed().as_secs_f64());
             eprintln!(
-                "  second node caught up with {head} events in {:.1} s ({} events/s)",
-                s, r.second_node_catch_up_events_per_sec
+                "  the second node held all {head} events {} s after the fill",
+                r.second_node_behind_seconds
             );
             let nodes = [target.node(), &second];
             let nats = target.nats_proc();
@@ -155,6 +163,7 @@ pub async fn cluster_reads(t: TidemarkJetStream, plan: &ReadsPlan) -> ClusterRea
             }
             r.pages_two_over_one = two_over_one(&r.pages);
             r.sse_two_over_one = two_over_one(&r.sse);
+            cold_join(&target, head, &mut r).await;
         }
         Err(e) => r.error = Some(e),
     }
@@ -162,6 +171,31 @@ pub async fn cluster_reads(t: TidemarkJetStream, plan: &ReadsPlan) -> ClusterRea
     drop(target);
     rig.stop().await;
     r
+}
+
+/// Start a third node on the full stream and time it until it holds the head.
+async fn cold_join(target: &TidemarkJetStream, head: u64, r: &mut ClusterReads) {
+    let started = Instant::now();
+    let joined = match target.another_node().await {
+        Ok(node) => {
+            let held = caught_up(&node, head, Duration::from_secs(900)).await;
+            node.stop().await;
+            held
+        }
+        Err(e) => Err(e),
+    };
+    match joined {
+        Ok(()) => {
+            let s = started.elapsed().as_secs_f64();
+            r.cold_join_seconds = Some(round3(s));
+            r.cold_join_events_per_sec = Some((head as f64 / s).round());
+            eprintln!("  a new node joined holding {head} events in {s:.1} s");
+        }
+        Err(e) => {
+            eprintln!("  a new node could not join: {e}");
+            r.cold_join_error = Some(e);
+        }
+    }
 }
 
 fn two_over_one(phases: &[ReadPhase]) -> Option<f64> {

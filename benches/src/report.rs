@@ -157,8 +157,8 @@ impl Report {
             s.push_str(
                 "### Durable appends\n\n| system | clients | batch | events | events/s | p50 µs | p99 µs \
                  | p99.9 µs | longest pause µs | CPU µs/event | ctx switches/event | wchar B/event \
-                 | page cache write_bytes B/event | device B/event | WAL B/event | fsyncs/event \
-                 | error |\n",
+                 | page cache write_bytes B/event | device B/event | WAL B/event \
+                 | fsyncs/event (every server) | error |\n",
             );
             s.push_str(
                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
@@ -367,16 +367,25 @@ fn cluster_reads_markdown(s: &mut String, r: &ClusterReads) {
     let _ = writeln!(
         s,
         "### Reads from one and two tidemark nodes on the cluster ({} events)\n\n\
-         Filled through one node at {} events/s (8 clients × batches of 1000); a second node \
-         started then rebuilt its replica from the stream in {} s ({} events/s).\n\n\
+         Filled through one node at {} events/s (8 clients × batches of 1000) while a second \
+         node followed the stream; it held the whole log {} s after the fill. A third node \
+         joining cold afterwards (its replica built from the whole stream): {}.\n\n\
          | reads | nodes | clients/node | events | events/s | per node events/s | per node \
          CPU cores | per node CPU µs/event | NATS cores | readers' cores | busy cores | \
          p50 µs | p99 µs | error |\n\
          |---|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---|",
         r.events,
         r.fill_events_per_sec,
-        r.second_node_catch_up_seconds,
-        r.second_node_catch_up_events_per_sec
+        r.second_node_behind_seconds,
+        match (
+            &r.cold_join_error,
+            r.cold_join_seconds,
+            r.cold_join_events_per_sec
+        ) {
+            (Some(e), _, _) => format!("could not start: {}", short(e)),
+            (None, Some(s), Some(eps)) => format!("ready in {s} s ({eps} events/s)"),
+            _ => "not tried".to_owned(),
+        }
     );
     for p in r.pages.iter().chain(&r.sse) {
         let each = |f: &dyn Fn(&crate::cluster_reads::NodeUse) -> String| {
