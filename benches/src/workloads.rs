@@ -33,7 +33,44 @@ pub struct Rig<T: Target> {
     pub appended: u64,
 }
 
+/// What one client task ends with: its connection, its latencies, the events it appended and
+/// its first error.
+type ClientDone<C> = (C, hdrhistogram::Histogram<u64>, u64, Option<String>);
+
 impl<T: Target> Rig<T> {
+    /// The clients' connections back, and what they did: their latencies, events and first
+    /// error, over the time since `started`.
+    async fn collect(
+        &mut self,
+        mut tasks: tokio::task::JoinSet<ClientDone<T::Conn>>,
+        started: Instant,
+        pauses: &Pauses,
+    ) -> Driven {
+        let mut out = Driven {
+            hist: new_histogram(),
+            events: 0,
+            seconds: 0.0,
+            longest_pause: Duration::ZERO,
+            error: None,
+        };
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok((conn, h, done, err)) => {
+                    self.conns.push(conn);
+                    let _ = out.hist.add(&h);
+                    out.events += done;
+                    if out.error.is_none() {
+                        out.error = err;
+                    }
+                }
+                Err(e) => out.error = Some(format!("client task failed: {e}")),
+            }
+        }
+        out.seconds = started.elapsed().as_secs_f64();
+        out.longest_pause = pauses.longest();
+        self.appended += out.events;
+        out
+    }
     pub fn new(target: T, seed: u64) -> Self {
         Rig {
             target: Arc::new(target),
@@ -119,30 +156,7 @@ impl<T: Target> Rig<T> {
                 (conn, h, done, err)
             });
         }
-        let mut out = Driven {
-            hist: new_histogram(),
-            events: 0,
-            seconds: 0.0,
-            longest_pause: Duration::ZERO,
-            error: None,
-        };
-        while let Some(joined) = tasks.join_next().await {
-            match joined {
-                Ok((conn, h, done, err)) => {
-                    self.conns.push(conn);
-                    let _ = out.hist.add(&h);
-                    out.events += done;
-                    if out.error.is_none() {
-                        out.error = err;
-                    }
-                }
-                Err(e) => out.error = Some(format!("client task failed: {e}")),
-            }
-        }
-        out.seconds = started.elapsed().as_secs_f64();
-        out.longest_pause = pauses.longest();
-        self.appended += out.events;
-        out
+        self.collect(tasks, started, &pauses).await
     }
 }
 
@@ -240,30 +254,7 @@ impl<T: Pipelined> Rig<T> {
                 (conn, tally.hist, tally.done, tally.err)
             });
         }
-        let mut out = Driven {
-            hist: new_histogram(),
-            events: 0,
-            seconds: 0.0,
-            longest_pause: Duration::ZERO,
-            error: None,
-        };
-        while let Some(joined) = tasks.join_next().await {
-            match joined {
-                Ok((conn, h, done, err)) => {
-                    self.conns.push(conn);
-                    let _ = out.hist.add(&h);
-                    out.events += done;
-                    if out.error.is_none() {
-                        out.error = err;
-                    }
-                }
-                Err(e) => out.error = Some(format!("client task failed: {e}")),
-            }
-        }
-        out.seconds = started.elapsed().as_secs_f64();
-        out.longest_pause = pauses.longest();
-        self.appended += out.events;
-        out
+        self.collect(tasks, started, &pauses).await
     }
 }
 
