@@ -114,7 +114,7 @@ pub async fn cluster_reads(t: TidemarkJetStream, plan: &ReadsPlan) -> ClusterRea
     let target = rig.target.clone();
     // Started before the fill, as a node of a deployment runs: it follows the stream as the
     // log grows.
-    let second = match target.another_node().await {
+    let second = match target.another_node(Duration::from_secs(60)).await {
         Ok(n) => n,
         Err(e) => {
             r.error = Some(format!("second node: {e}"));
@@ -176,7 +176,9 @@ pub async fn cluster_reads(t: TidemarkJetStream, plan: &ReadsPlan) -> ClusterRea
 /// Start a third node on the full stream and time it until it holds the head.
 async fn cold_join(target: &TidemarkJetStream, head: u64, r: &mut ClusterReads) {
     let started = Instant::now();
-    let joined = match target.another_node().await {
+    // A replica rebuilds at tens of thousands of events a second: 15 minutes is 10 M events
+    // at 11,000/s.
+    let joined = match target.another_node(Duration::from_secs(900)).await {
         Ok(node) => {
             let held = caught_up(&node, head, Duration::from_secs(900)).await;
             node.stop().await;

@@ -123,12 +123,14 @@ impl TidemarkJetStream {
     }
 
     /// Another `tidemark serve` on the same cluster and stream, with a data directory of its
-    /// own: its replica is built from the stream. The caller stops it.
-    pub async fn another_node(&self) -> Result<TidemarkHttp, String> {
-        TidemarkHttp::start_with(
+    /// own: its replica is built from the stream, and it answers ready once that holds the
+    /// head, which it is given `ready_within` to do. The caller stops it.
+    pub async fn another_node(&self, ready_within: Duration) -> Result<TidemarkHttp, String> {
+        TidemarkHttp::start_within(
             &self.start,
             "tidemark-jetstream-node",
             Some(self.config.clone()),
+            ready_within,
         )
         .await
     }

@@ -38,6 +38,17 @@ impl TidemarkHttp {
         name: &'static str,
         config: Option<String>,
     ) -> Result<Self, String> {
+        Self::start_within(o, name, config, Duration::from_secs(60)).await
+    }
+
+    /// [`TidemarkHttp::start_with`], waiting up to `ready_within` for `/readyz` (a node
+    /// joining a long stream opens once its replica holds the head).
+    pub async fn start_within(
+        o: &StartOpts,
+        name: &'static str,
+        config: Option<String>,
+        ready_within: Duration,
+    ) -> Result<Self, String> {
         let bin = o
             .tidemark_bin
             .clone()
@@ -65,7 +76,7 @@ impl TidemarkHttp {
         let client = http_client()?;
         let base = format!("http://127.0.0.1:{port}");
         let ready = format!("{base}/readyz");
-        wait_until(&mut server, Duration::from_secs(60), || {
+        wait_until(&mut server, ready_within, || {
             let (c, u) = (client.clone(), ready.clone());
             async move {
                 match c.get(&u).send().await {
