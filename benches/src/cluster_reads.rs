@@ -29,7 +29,7 @@ use crate::measure::{
 };
 use crate::targets::Target;
 use crate::targets::cluster::TidemarkJetStream;
-use crate::targets::tidemark::TidemarkHttp;
+use crate::targets::tidemark::{TidemarkHttp, get_ok};
 use crate::workloads::Rig;
 
 /// What the workload does (`--readback-events`, `--reads-clients`, `--reads-sse-clients`,
@@ -391,14 +391,7 @@ async fn read_pages(
         let limit = (head - after).min(1000);
         let url = format!("{base}/v1/events?after_sequence={after}&limit={limit}");
         let t = Instant::now();
-        let resp = client
-            .get(&url)
-            .send()
-            .await
-            .map_err(|e| format!("GET {url}: {e}"))?;
-        if !resp.status().is_success() {
-            return Err(format!("GET {url}: {}", resp.status()));
-        }
+        let resp = get_ok(&client, &url).await?;
         let body = resp.bytes().await.map_err(|e| e.to_string())?;
         r.hist.saturating_record(micros(t.elapsed()));
         // A whole page ends where asked; found from the end of the body, so the readers do
@@ -458,14 +451,7 @@ async fn stream_once(
 ) -> Result<u64, String> {
     let url = format!("{base}/v1/events/stream?after_sequence=0");
     let mut t = Instant::now();
-    let resp = client
-        .get(&url)
-        .send()
-        .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
-    if !resp.status().is_success() {
-        return Err(format!("GET {url}: {}", resp.status()));
-    }
+    let resp = get_ok(client, &url).await?;
     let mut body = resp.bytes_stream();
     let mut frames = SseFrames::default();
     let mut mark = 0;

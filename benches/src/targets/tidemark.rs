@@ -217,15 +217,7 @@ impl Target for TidemarkHttp {
 
     async fn read_from(&self, _: &mut (), pos: &u64, limit: usize) -> Result<Page<u64>, String> {
         let url = format!("{}/v1/events?after_sequence={pos}&limit={limit}", self.base);
-        let resp = self
-            .client
-            .get(&url)
-            .send()
-            .await
-            .map_err(|e| format!("GET {url}: {e}"))?;
-        if !resp.status().is_success() {
-            return Err(format!("GET {url}: {}", resp.status()));
-        }
+        let resp = get_ok(&self.client, &url).await?;
         let body = resp.bytes().await.map_err(|e| e.to_string())?;
         let page: EventsPage = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
         Ok(Page {
@@ -361,4 +353,20 @@ impl Target for TidemarkInproc {
     async fn stop(self) {
         self.engine.close().await;
     }
+}
+
+/// `GET url`, its answer when it is a success; an error naming the URL otherwise.
+pub(crate) async fn get_ok(
+    client: &reqwest::Client,
+    url: &str,
+) -> Result<reqwest::Response, String> {
+    let resp = client
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    if !resp.status().is_success() {
+        return Err(format!("GET {url}: {}", resp.status()));
+    }
+    Ok(resp)
 }

@@ -137,6 +137,9 @@ struct Inner {
     handle: tokio::runtime::Handle,
     /// That runtime of its own, if any: what stops it, and its thread.
     own: Mutex<Option<OwnRuntime>>,
+    /// Whether the log runs one of its own (a request then runs there, where the connection
+    /// lives); fixed at open.
+    runs_own: bool,
     /// The follower's task (stopped at close).
     follower: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// This node's leases on once-per-cluster work, and what stops their keeper.
@@ -264,6 +267,7 @@ impl JetStreamLog {
             feed: feed.clone(),
             last_at: AtomicI64::new(0),
             handle: handle.clone(),
+            runs_own: own.is_some(),
             own: Mutex::new(own),
             follower: Mutex::new(None),
             leases,
@@ -497,13 +501,7 @@ impl JetStreamLog {
         f: impl std::future::Future<Output = T> + Send + 'static,
     ) -> Result<T, AppendError> {
         let timeout = self.inner.timeout;
-        let own = self
-            .inner
-            .own
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some();
-        let answer = if own {
+        let answer = if self.inner.runs_own {
             // The connection lives on the log's own runtime: the request runs there.
             match self
                 .inner
