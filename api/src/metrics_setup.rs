@@ -331,6 +331,16 @@ pub fn describe() {
             "Duration of the durable sync of one group commit, seconds",
         ),
         (
+            "tidemark_log_lag_wait_seconds",
+            "Time an appender waited for the indexer because memory held its bound of \
+             groups redb did not have yet, seconds",
+        ),
+        (
+            "tidemark_log_index_commit_seconds",
+            "Duration of one commit of the log's indexer into redb, by kind (events: \
+             not durable; checkpoint: durable; merge: the index tail merged, durable), seconds",
+        ),
+        (
             "tidemark_log_commit_items",
             "Requests (appends and commands) in one group commit",
         ),

@@ -4,10 +4,11 @@
 //! stopping servers), [`workloads`] (append cells, closed-loop or windowed, read-back, growth),
 //! [`cluster_reads`] (reads from one and two nodes on a cluster), [`sse`], [`reopen`],
 //! [`measure`] (percentiles, /proc counters, strace), [`layers`] (the server's CPU by layer), [`machine`] (the machine and its fsync
-//! latency), [`report`] (tables and ratios).
+//! latency), [`journal_write`] (the ways a journal record can be made durable), [`report`] (tables and ratios).
 
 pub mod cluster_reads;
 pub mod events;
+pub mod journal_write;
 pub mod layers;
 pub mod machine;
 pub mod measure;

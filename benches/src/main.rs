@@ -576,6 +576,33 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
             );
             run.report.fsync.push(f);
         }
+        for mode in tidemark_benches::journal_write::MODES {
+            let j = match tidemark_benches::journal_write::bench(
+                dir.path(),
+                run.plan.fsync_count,
+                mode,
+            ) {
+                Ok(j) => j,
+                // io_uring may be refused (a container's seccomp profile), O_DIRECT on tmpfs.
+                Err(e) => {
+                    eprintln!("journal record {mode:<12}  skipped: {e}");
+                    continue;
+                }
+            };
+            eprintln!(
+                "journal record {:<12}  {} x {} B  p50 {} µs  p99 {} µs  cpu {:.1} µs  ctx {:.2}  device {} B",
+                j.mode,
+                j.latency_us.count,
+                j.record_bytes,
+                j.latency_us.p50,
+                j.latency_us.p99,
+                j.cpu_us_per_record,
+                j.ctx_switches_per_record,
+                j.device_bytes_per_record
+                    .map_or("n/a".into(), |b| format!("{b:.0}"))
+            );
+            run.report.journal_write.push(j);
+        }
         run.save();
     }
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -68,6 +68,7 @@ pub struct Report {
     pub machine: Option<Machine>,
     pub options: serde_json::Value,
     pub fsync: Vec<FsyncResult>,
+    pub journal_write: Vec<crate::journal_write::JournalWriteResult>,
     pub append: Vec<AppendCell>,
     pub readback: Vec<ReadbackResult>,
     pub growth: Vec<GrowthResult>,
@@ -149,6 +150,29 @@ impl Report {
                     s,
                     "| {} | {} | {} | {} | {} | {} |",
                     f.mode, l.count, l.p50, l.p99, l.p999, l.max
+                );
+            }
+            s.push('\n');
+        }
+        if !self.journal_write.is_empty() {
+            s.push_str(
+                "| journal record made durable | bytes | count | p50 µs | p99 µs | CPU µs | ctx switches | device B |\n",
+            );
+            s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+            for j in &self.journal_write {
+                let l = j.latency_us;
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {:.1} | {:.2} | {} |",
+                    j.mode,
+                    j.record_bytes,
+                    l.count,
+                    l.p50,
+                    l.p99,
+                    j.cpu_us_per_record,
+                    j.ctx_switches_per_record,
+                    j.device_bytes_per_record
+                        .map_or("n/a".into(), |b| format!("{b:.0}"))
                 );
             }
             s.push('\n');

@@ -343,10 +343,13 @@ fn case(seed: u64) -> Result<(u64, usize), String> {
     // A journal that grows, or one written full of zeros first and then overwritten round
     // after round (whose older records must never come back).
     let prealloc = if rng.random_bool(0.5) { 0 } else { 16 << 10 };
+    // The indexer's commits end between groups, or inside them (after about one event).
+    let commit_bytes = if rng.random_bool(0.5) { 8 << 20 } else { 1 };
     let cfg = |d: &Disk| {
         let mut c = config(d, merge);
         c.checkpoint_groups = checkpoint;
         c.journal_prealloc = prealloc;
+        c.index_commit_bytes = commit_bytes;
         c
     };
     let (engine, _) = open_on(&cfg(&store), &store).map_err(|e| e.to_string())?;

@@ -61,6 +61,9 @@ impl Disk {
         let mut c = LogConfig::new("/fault-store/log.redb");
         c.cache_bytes = 1 << 20;
         c.merge_threshold = merge_threshold;
+        // Every ordinary commit of the indexer ends after one event, so redb's head, and a
+        // checkpoint's, fall inside groups (the journal holds the rest of each).
+        c.index_commit_bytes = 1;
         c.checkpoint_groups = checkpoint_groups;
         c.journal_prealloc = prealloc;
         c.storage = Storage::Stores {

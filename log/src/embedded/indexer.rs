@@ -88,6 +88,10 @@ pub(crate) struct Indexer {
     pub shared: Arc<Shared>,
     pub db: Arc<Database>,
     pub merge_threshold: usize,
+    /// An ordinary commit writes about this many bytes of events at most
+    /// ([`super::LogConfig::index_commit_bytes`]): an appender that waits for the indexer
+    /// waits for one commit of this size, not for everything behind it (issue 39).
+    pub index_commit_bytes: usize,
     pub quick_repair: bool,
     /// How the log was opened and on what, for an in-process reopen after a full disk.
     pub cfg: super::LogConfig,
@@ -123,7 +127,7 @@ impl Indexer {
                     }
                     Job::Flush(reply) => {
                         let r = if self.healthy() {
-                            self.work(true).map_err(|e| self.refusal(e))
+                            self.work(true, usize::MAX).map_err(|e| self.refusal(e))
                         } else {
                             Err(self.unhealthy())
                         };
@@ -141,7 +145,7 @@ impl Indexer {
             }
             if self.healthy()
                 && !self.shared.paused.load(Ordering::SeqCst)
-                && let Err(e) = self.work(false)
+                && let Err(e) = self.work(false, self.index_commit_bytes)
             {
                 self.shared.stop(e);
             }
@@ -172,7 +176,7 @@ impl Indexer {
     /// A clean stop leaves redb holding everything, durably: nothing to replay at open.
     fn finish(&mut self) {
         if self.healthy()
-            && let Err(e) = self.apply(true, false)
+            && let Err(e) = self.apply(true, false, usize::MAX)
         {
             tracing::error!(error = %e, "the closing checkpoint failed; the journal will be replayed at open");
         }
@@ -255,8 +259,9 @@ impl Indexer {
     }
 
     /// Index what was published, merge the tail when it is due, and checkpoint when the
-    /// journal wants one, it is time, or `durable` asks for one.
-    fn work(&mut self, durable: bool) -> Result<(), StorageError> {
+    /// journal wants one, it is time, or `durable` asks for one; at most about `stage_bytes`
+    /// of events unless the tail is merged (a merge takes everything published).
+    fn work(&mut self, durable: bool, stage_bytes: usize) -> Result<(), StorageError> {
         if !self.healthy() {
             return Err(self
                 .shared
@@ -272,7 +277,7 @@ impl Indexer {
             || s.wanted.load(Ordering::SeqCst) > s.checkpointed.load(Ordering::SeqCst)
             || (s.indexed.load(Ordering::SeqCst) > s.checkpointed.load(Ordering::SeqCst)
                 && self.last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL);
-        self.apply(checkpoint, true)
+        self.apply(checkpoint, true, stage_bytes)
     }
 
     fn compaction_owed(&self) -> bool {
@@ -322,8 +327,9 @@ impl Indexer {
         Ok(txn)
     }
 
-    /// Insert the published groups redb does not have into `txn`; the seq it then holds.
-    fn stage_events(&self, txn: &WriteTransaction) -> Result<u64, StorageError> {
+    /// Insert the published groups redb does not have into `txn`, stopping once about
+    /// `max_bytes` are in; the seq it then holds.
+    fn stage_events(&self, txn: &WriteTransaction, max_bytes: usize) -> Result<u64, StorageError> {
         let s = &self.shared;
         let indexed = s.indexed.load(Ordering::SeqCst);
         let published = s.published.load(Ordering::SeqCst);
@@ -337,9 +343,15 @@ impl Indexer {
         };
         let mut t = txn.open_table(EVENTS).map_err(storage)?;
         let mut last = indexed;
+        let mut bytes = 0;
         for (seq, record) in since.records(published) {
             t.insert(seq, record).map_err(storage)?;
             last = seq;
+            bytes += record.len();
+            if bytes >= max_bytes {
+                // The rest in the next commit, which follows at once.
+                return Ok(last);
+            }
         }
         if last != published {
             return Err(StorageError::msg(format!(
@@ -347,6 +359,18 @@ impl Indexer {
             )));
         }
         Ok(published)
+    }
+
+    /// Back to the ordinary lag bound once what arrived during a merge has reached redb. The
+    /// merge's bound holds until then: had it dropped at the merge's end, the appenders would
+    /// find tens of MB waiting and stop until commits had written all of them (issue 39: the
+    /// 0.1-0.25 s pauses after each merge).
+    fn settle_bound(&self) {
+        let s = &self.shared;
+        if s.merging.load(Ordering::SeqCst) && s.unindexed_bytes() <= super::MAX_LAG_BYTES {
+            s.merging.store(false, Ordering::SeqCst);
+            s.indexer_caught_up();
+        }
     }
 
     /// What a commit that made redb hold everything up to `through` (durably or not) lets go:
@@ -366,8 +390,14 @@ impl Indexer {
     }
 
     /// Index what was published in one commit (durable: a checkpoint), with a step of the id
-    /// index's compaction when one is owed and `compact` allows it.
-    fn apply(&mut self, durable: bool, compact: bool) -> Result<(), StorageError> {
+    /// index's compaction when one is owed and `compact` allows it; at most about
+    /// `stage_bytes` of events.
+    fn apply(
+        &mut self,
+        durable: bool,
+        compact: bool,
+        stage_bytes: usize,
+    ) -> Result<(), StorageError> {
         let compact = compact && self.compaction_owed();
         let s = self.shared.clone();
         if !durable
@@ -376,8 +406,9 @@ impl Indexer {
         {
             return Ok(());
         }
+        let started = Instant::now();
         let txn = self.begin(durable)?;
-        let through = self.stage_events(&txn)?;
+        let through = self.stage_events(&txn, stage_bytes)?;
         let runs = if compact {
             self.compaction_step(&txn)
                 .inspect_err(|_| self.compacting = true)?
@@ -392,6 +423,10 @@ impl Indexer {
             *s.ids.write().unwrap_or_else(|p| p.into_inner()) = runs;
         }
         self.indexed(through, durable);
+        self.settle_bound();
+        let kind = if durable { "checkpoint" } else { "events" };
+        metrics::histogram!("tidemark_log_index_commit_seconds", "kind" => kind)
+            .record(started.elapsed().as_secs_f64());
         Ok(())
     }
 
@@ -401,7 +436,7 @@ impl Indexer {
         let s = self.shared.clone();
         s.merging.store(true, Ordering::SeqCst);
         let r = self.merge_tail();
-        s.merging.store(false, Ordering::SeqCst);
+        self.settle_bound();
         r
     }
 
@@ -419,7 +454,7 @@ impl Indexer {
             std::thread::yield_now();
         }
         let txn = self.begin(true)?;
-        let through = self.stage_events(&txn)?;
+        let through = self.stage_events(&txn, usize::MAX)?;
         let next_runs = {
             let mut ids: Vec<(&str, u64)> =
                 part.ids.iter().map(|(k, v)| (k.as_str(), *v)).collect();
@@ -441,6 +476,8 @@ impl Indexer {
             tail.merged();
         }
         self.indexed(through, true);
+        metrics::histogram!("tidemark_log_index_commit_seconds", "kind" => "merge")
+            .record(started.elapsed().as_secs_f64());
         tracing::debug!(
             events = part.len(),
             through = part.last,
@@ -467,7 +504,7 @@ impl Indexer {
         }
         let run = |w: &mut Self| -> Result<crate::Compacted, StorageError> {
             let txn = w.begin(true)?;
-            let indexed = w.stage_events(&txn)?;
+            let indexed = w.stage_events(&txn, usize::MAX)?;
             let c = super::compact::compact_in(&txn, through)?;
             txn.commit().map_err(storage)?;
             // Readers below the cut go to redb, which answers `Compacted`.

@@ -71,6 +71,10 @@ pub struct LogConfig {
     pub queue_capacity: usize,
     /// Events kept in the in-memory index tail before it is merged into redb.
     pub merge_threshold: usize,
+    /// Bytes of events one ordinary commit of the indexer writes at most (about: it stops
+    /// after the event that reaches it, inside a group if need be; the next commit follows at
+    /// once). An appender that waits for the indexer waits for one such commit.
+    pub index_commit_bytes: usize,
     /// Record the allocator state in every commit, for fast reopen after a crash.
     pub quick_repair: bool,
     /// Where the bytes go: the file at `path`, or another store (tests).
@@ -106,6 +110,7 @@ impl LogConfig {
             max_group_events: 20_000,
             queue_capacity: 65_536,
             merge_threshold: 100_000,
+            index_commit_bytes: 8 << 20,
             quick_repair: true,
             storage: storage::Storage::File,
             min_free: 64 << 20,
@@ -313,7 +318,8 @@ pub(crate) struct Shared {
     pub paused: AtomicBool,
     /// The indexer thread has ended (stopped, or panicked).
     pub indexer_stopped: AtomicBool,
-    /// The indexer is merging the tail (appenders may run further ahead of it).
+    /// The indexer is merging the tail, or writing what arrived meanwhile (appenders may run
+    /// up to [`MERGE_LAG_BYTES`] ahead of it).
     pub merging: AtomicBool,
     pub inbox: Mutex<indexer::Inbox>,
     pub inbox_cv: Condvar,
@@ -414,12 +420,7 @@ impl Shared {
                 MAX_LAG_BYTES
             };
             self.published.load(Ordering::SeqCst) > self.indexed.load(Ordering::SeqCst)
-                && self
-                    .recent
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .bytes()
-                    > bound
+                && self.unindexed_bytes() > bound
                 && self.poisoned().is_none()
                 && !self.full.load(Ordering::SeqCst)
                 && !self.paused.load(Ordering::SeqCst)
@@ -439,6 +440,17 @@ impl Shared {
                 .0;
         }
         *waiting -= 1;
+        metrics::histogram!("tidemark_log_lag_wait_seconds")
+            .record(started.elapsed().as_secs_f64());
+    }
+
+    /// Bytes of the groups memory holds (every group redb does not have yet, and the newest
+    /// few it has, kept for readers at the head: at most `recent::MAX_BYTES` of those).
+    pub(crate) fn unindexed_bytes(&self) -> usize {
+        self.recent
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .bytes()
     }
 
     /// The indexer moved on: wake appenders waiting for it, if any.
@@ -576,6 +588,7 @@ impl Log {
             shared: shared.clone(),
             db,
             merge_threshold: cfg.merge_threshold.max(1),
+            index_commit_bytes: cfg.index_commit_bytes.max(1),
             quick_repair: cfg.quick_repair,
             cfg: cfg.clone(),
             stores,
