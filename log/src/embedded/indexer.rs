@@ -291,29 +291,26 @@ impl Indexer {
                 .is_some()
     }
 
-    /// One step of the id index's compaction in `txn`, if one is owed: the runs to install
-    /// once `txn` commits.
+    /// One step of the id index's upkeep in `txn` (a compaction's, or dropping a run one
+    /// replaced), if one is owed: the runs to install once `txn` commits.
     fn compaction_step(
         &mut self,
         txn: &WriteTransaction,
     ) -> Result<Option<super::ids::Runs>, StorageError> {
+        use super::ids::Upkeep;
         let mut runs = self
             .shared
             .ids
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let Some(mut c) = runs.compaction(txn)? else {
-            self.compacting = false;
-            return Ok(None);
-        };
-        let done = c.step(txn, COMPACTION_STEP)?;
-        self.compacting = !done;
-        if done {
-            tracing::debug!(run = ?c.output(), "compacted the id index");
-            return Ok(Some(c.finish(txn, &runs)?));
-        }
-        Ok(Some(runs))
+        let upkeep = runs.upkeep(txn, COMPACTION_STEP)?;
+        self.compacting = !matches!(upkeep, Upkeep::Idle);
+        Ok(match upkeep {
+            Upkeep::Stepped(Some(next)) => Some(next),
+            Upkeep::Stepped(None) => Some(runs),
+            Upkeep::Idle | Upkeep::Dropped => None,
+        })
     }
 
     fn begin(&self, durable: bool) -> Result<WriteTransaction, StorageError> {
