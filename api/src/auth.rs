@@ -209,7 +209,7 @@ impl Auth {
             tracing::info!(
                 token = %token.name,
                 scope = scope.name(),
-                request_id = %crate::server::request_id(),
+                request_id = %crate::request_id::current(),
                 "request refused: missing scope"
             );
             Err(ApiError::new(

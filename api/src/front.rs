@@ -148,7 +148,7 @@ impl<S> Layer<S> for RequestId {
 }
 
 /// `X-Request-ID` (section 8): the client's when it sent one of 1–128 printable characters,
-/// else a new UUID v7; on the request, in the task-local [`crate::server::request_id`] reads
+/// else a new UUID v7; on the request, in the task-local [`crate::request_id::current`] reads
 /// (while the services beneath decide and while they answer), and on every answer.
 #[derive(Clone)]
 pub struct RequestIdService<S> {
@@ -171,8 +171,8 @@ where
     fn call(&mut self, mut req: Request) -> Answer {
         let id = request_id_of(&req);
         req.headers_mut().insert(REQUEST_ID_HEADER, id.clone());
-        let fut = crate::server::with_request_id_sync(id.clone(), || self.inner.call(req));
-        Box::pin(crate::server::with_request_id(id.clone(), async move {
+        let fut = crate::request_id::scope_sync(id.clone(), || self.inner.call(req));
+        Box::pin(crate::request_id::scope(id.clone(), async move {
             let Ok(mut resp) = fut.await;
             resp.headers_mut().insert(REQUEST_ID_HEADER, id);
             Ok(resp)
@@ -291,7 +291,7 @@ impl Labels {
             .as_ref()
             .and_then(|l| l.cause.as_deref())
             .unwrap_or("");
-        let request_id = crate::server::request_id();
+        let request_id = crate::request_id::current();
         let method = &self.method;
         let probe = is_probe(route);
         let probe_news = probe && probe_changed(route, status, code);

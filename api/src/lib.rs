@@ -21,6 +21,7 @@ mod metrics_setup;
 mod openapi;
 mod params;
 pub mod request;
+pub mod request_id;
 pub mod routes;
 pub mod server;
 pub mod state;

@@ -252,32 +252,6 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Run `fut` as the request with this `X-Request-ID` ([`crate::front::Front`] gives each
-/// request one): the header value itself (a reference-counted clone), made text only when a
-/// line is logged ([`request_id`]).
-pub(crate) fn with_request_id<F: Future>(
-    id: axum::http::HeaderValue,
-    fut: F,
-) -> impl Future<Output = F::Output> {
-    REQUEST_ID.scope(id, fut)
-}
-
-/// [`with_request_id`] for synchronous work (the front's checks, which may log a refusal).
-pub(crate) fn with_request_id_sync<R>(id: axum::http::HeaderValue, f: impl FnOnce() -> R) -> R {
-    REQUEST_ID.sync_scope(id, f)
-}
-
-tokio::task_local! {
-    static REQUEST_ID: axum::http::HeaderValue;
-}
-
-/// The id of the request being served (empty outside one): the request's log lines carry it.
-pub fn request_id() -> String {
-    REQUEST_ID
-        .try_with(|v| v.to_str().unwrap_or_default().to_owned())
-        .unwrap_or_default()
-}
-
 /// Browsers on the listed origins may call the API (section 8): preflight answered, the
 /// headers a client sends allowed, the ones it reads exposed. No origins: no CORS headers, so
 /// a browser on another origin is refused (and `OPTIONS` is 405).
@@ -405,7 +379,7 @@ fn request_span(req: &axum::http::Request<axum::body::Body>) -> tracing::Span {
         .unwrap_or("");
     // At debug, so that it costs nothing when off (an info span per request cost ~10 % of
     // the CPU per event at 256 × 1); the request's own info/warn/error lines name the request
-    // id themselves ([`request_id`]).
+    // id themselves ([`crate::request_id::current`]).
     tracing::debug_span!("request", method = %req.method(), route, request_id)
 }
 

@@ -269,7 +269,7 @@ pub async fn reset(
     tracing::info!(
         consumer = %c.consumer_id,
         to = c.last_sequence,
-        request_id = %crate::server::request_id(),
+        request_id = %crate::request_id::current(),
         "cursor reset"
     );
     metrics::counter!("tidemark_cursor_resets_total").increment(1);

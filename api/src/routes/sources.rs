@@ -316,7 +316,7 @@ pub async fn reset(
             by: caller(&st, &headers),
         })
         .await?;
-    tracing::info!(source = %name, request_id = %crate::server::request_id(), "source watermark reset");
+    tracing::info!(source = %name, request_id = %crate::request_id::current(), "source watermark reset");
     st.sources.wake(&name);
     metrics::counter!("tidemark_source_operator_total", "action" => "reset").increment(1);
     answer(&st, &name, 0).await
