@@ -168,6 +168,20 @@ impl ApiError {
         .caused_by(cause)
     }
 
+    /// A read of the read models met a failure of their store (spec I10: a fault domain of
+    /// its own): `503 models_unavailable`, never `log_unavailable`, which would send an
+    /// operator to the wrong store.
+    pub fn models_read(context: &str, err: &tidemark_log::StorageError) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "models_unavailable",
+            "the read models' store failed and is being reopened (or, if its writer panicked, \
+             until tidemark is restarted); the log is not affected; retry",
+        )
+        .retry_after(1)
+        .caused_by(format!("{context}: {err}"))
+    }
+
     /// The decider panicked (spec I10): `503 models_unavailable` with what is known of the
     /// command, until a restart.
     pub fn models_poisoned(detail: impl Into<String>) -> Self {
@@ -197,7 +211,8 @@ impl ApiError {
             tidemark_engine::QueryError::Lagging { want, at } => {
                 Self::projection_lagging(*want, *at)
             }
-            tidemark_engine::QueryError::Storage(e) => Self::storage(context, e),
+            tidemark_engine::QueryError::Log(e) => Self::storage(context, e),
+            tidemark_engine::QueryError::Models(e) => Self::models_read(context, e),
             tidemark_engine::QueryError::Compacted { first } => Self::new(
                 StatusCode::GONE,
                 "compacted",
@@ -369,5 +384,31 @@ impl From<tidemark_engine::CommandError> for ApiError {
             #[allow(unreachable_patterns)]
             other => ApiError::internal("command failed", other),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read that meets a failed models store names that store; one that meets the log's
+    /// storage names the log (spec I10: two fault domains, two answers).
+    #[test]
+    fn a_failed_query_names_the_store_that_failed() {
+        let e = tidemark_log::StorageError::msg("injected");
+        let models = ApiError::query(
+            "listing tasks",
+            &tidemark_engine::QueryError::Models(e.clone()),
+        );
+        assert_eq!(models.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(models.problem.code, "models_unavailable");
+        assert_eq!(models.retry_after_secs, Some(1));
+        assert!(
+            !models.problem.detail.contains("injected"),
+            "the cause is never answered"
+        );
+        let log = ApiError::query("reading events", &tidemark_engine::QueryError::Log(e));
+        assert_eq!(log.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(log.problem.code, "log_unavailable");
     }
 }

@@ -30,29 +30,31 @@ pub const READ_WAIT: Duration = Duration::from_secs(5);
 /// Why a query has no answer.
 #[derive(Debug, Clone)]
 pub enum QueryError {
-    Storage(StorageError),
+    /// The log's storage failed (I10).
+    Log(StorageError),
+    /// The read models' store failed: a fault domain of its own (I10), the log is not
+    /// affected.
+    Models(StorageError),
     /// The read models had not folded the log up to `want` after [`READ_WAIT`]; they were at
     /// `at`.
-    Lagging {
-        want: u64,
-        at: u64,
-    },
+    Lagging { want: u64, at: u64 },
     /// The read position is before the first event the log holds (spec section 13).
-    Compacted {
-        first: u64,
-    },
+    Compacted { first: u64 },
 }
 
+/// A query reads the read models: a storage failure met by `?` is theirs. The few reads of
+/// the log here say [`QueryError::Log`] themselves.
 impl From<StorageError> for QueryError {
     fn from(e: StorageError) -> Self {
-        QueryError::Storage(e)
+        QueryError::Models(e)
     }
 }
 
 impl std::fmt::Display for QueryError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            QueryError::Storage(e) => e.fmt(f),
+            QueryError::Log(e) => write!(f, "the log: {e}"),
+            QueryError::Models(e) => write!(f, "the read models' store: {e}"),
             QueryError::Lagging { want, at } => write!(
                 f,
                 "the read models are at seq {at}, behind the {want} this read waits for"
@@ -70,7 +72,7 @@ impl std::error::Error for QueryError {}
 impl From<QueryError> for StorageError {
     fn from(e: QueryError) -> Self {
         match e {
-            QueryError::Storage(e) => e,
+            QueryError::Log(e) | QueryError::Models(e) => e,
             lagging @ QueryError::Lagging { .. } => {
                 StorageError::new("the read models lag behind the log", lagging)
             }
@@ -216,7 +218,7 @@ impl<L: EventLog + Clone> Queries<L> {
     pub fn events(&self, q: &ReadQuery) -> R<ReadPage> {
         let mut page = self.log.read(q).map_err(|e| match e {
             tidemark_log::ReadError::Compacted { first } => QueryError::Compacted { first },
-            e => QueryError::Storage(StorageError::of(e)),
+            e => QueryError::Log(StorageError::of(e)),
         })?;
         for ev in &mut page.events {
             tidemark_projections::bridges::redact_secret(ev);
@@ -461,7 +463,7 @@ impl<L: EventLog + Clone> Queries<L> {
     /// judged at `now_us`.
     pub fn lags(&self, now_us: i64, stuck_after_ms: u64) -> R<Vec<Lag>> {
         let db = self.models.db();
-        let first = self.log.first_seq()?;
+        let first = self.log.first_seq().map_err(QueryError::Log)?;
         let mut all = read::cursors(&db, None, 100_000)?;
         let known: std::collections::HashSet<(String, String, String)> = all
             .iter()

@@ -914,3 +914,64 @@ fn a_rebuild_runs_at_a_lower_priority() {
     drop(seen);
     rt.block_on(engine.close());
 }
+
+/// I10 on a read: a query that meets a failure of the models store is that store's failure
+/// (`QueryError::Models`: `503 models_unavailable` over HTTP), never the log's; appends go on,
+/// and the query answers again once the store can be read.
+#[test]
+fn a_query_on_a_failing_models_store_is_the_models_failure() {
+    use tidemark_engine::QueryError;
+    use tidemark_projections::read::TaskFilter;
+    let rt = rt();
+    let disk = Disk::default();
+    let (engine, _) = open(&disk, 1000);
+    // More tasks than the models store's 1 MiB page cache holds, so a listing of all of
+    // them reads pages from the store.
+    let title = "t".repeat(300);
+    for b in 0..40 {
+        let batch = (0..100)
+            .map(|i| {
+                NewEvent::new(
+                    Some(format!("tc-{b}-{i}")),
+                    "task_events",
+                    format!("t-{b}-{i}"),
+                    "task.created",
+                    &json!({ "title": title }),
+                )
+                .unwrap()
+            })
+            .collect();
+        rt.block_on(engine.log().append(batch)).unwrap();
+    }
+    let all = |e: &Engine| {
+        e.read().tasks(&TaskFilter {
+            limit: 10_000,
+            ..TaskFilter::default()
+        })
+    };
+    assert_eq!(all(&engine).unwrap().0.len(), 4000);
+    disk.models.fail_reads(Some(std::io::ErrorKind::Other));
+    match all(&engine) {
+        Err(QueryError::Models(_)) => {}
+        other => panic!("a listing on a store that fails its reads: {other:?}"),
+    }
+    assert!(
+        !engine.is_poisoned(),
+        "the log was poisoned by the models' failure"
+    );
+    rt.block_on(engine.log().append(vec![one("after", 0)]))
+        .expect("appends go on");
+    disk.models.fail_reads(None);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match all(&engine) {
+            Ok((tasks, _)) if tasks.len() == 4000 => break,
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "the listing never answered again: {other:?}"
+            ),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    rt.block_on(engine.close());
+}

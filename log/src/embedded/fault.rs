@@ -49,6 +49,8 @@ struct State {
     available: Option<u64>,
     /// Every write, resize and sync fails with this until cleared ([`FaultStore::fail_writes`]).
     failing: Option<io::ErrorKind>,
+    /// Every read fails with this until cleared ([`FaultStore::fail_reads`]).
+    failing_reads: Option<io::ErrorKind>,
     /// The next operation of this kind panics (a bug in the code below the writer, stood in
     /// for: [`FaultStore::panic_on`]).
     panic: Option<Op>,
@@ -126,6 +128,12 @@ impl FaultStore {
     /// disk that stays broken (or full) for a while.
     pub fn fail_writes(&self, kind: Option<io::ErrorKind>) {
         self.st().failing = kind;
+    }
+
+    /// Every read fails with `kind` from now on, until called with `None`: a disk that
+    /// returns errors where the data is.
+    pub fn fail_reads(&self, kind: Option<io::ErrorKind>) {
+        self.st().failing_reads = kind;
     }
 
     /// The next operation of kind `op` panics, once: what a writer does when code under it
@@ -284,6 +292,9 @@ impl Store for FaultStore {
 
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
         let s = self.enter(Op::Read)?;
+        if let Some(kind) = s.failing_reads {
+            return Err(io::Error::new(kind, "injected fault: a failing read"));
+        }
         let end = offset as usize + out.len();
         if end > s.written.len() {
             return Err(io::Error::new(
