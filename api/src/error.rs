@@ -158,9 +158,7 @@ impl ApiError {
             .retry_after(5)
             .caused_by(cause);
         }
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "models_unavailable",
+        Self::models_failed(
             "the read models' store failed and is being reopened (or, if its writer panicked, \
              until tidemark is restarted); nothing was appended, the log is not affected; retry",
         )
@@ -172,9 +170,7 @@ impl ApiError {
     /// its own): `503 models_unavailable`, never `log_unavailable`, which would send an
     /// operator to the wrong store.
     pub fn models_read(context: &str, err: &tidemark_log::StorageError) -> Self {
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "models_unavailable",
+        Self::models_failed(
             "the read models' store failed and is being reopened (or, if its writer panicked, \
              until tidemark is restarted); the log is not affected; retry",
         )
@@ -185,6 +181,11 @@ impl ApiError {
     /// The decider panicked (spec I10): `503 models_unavailable` with what is known of the
     /// command, until a restart.
     pub fn models_poisoned(detail: impl Into<String>) -> Self {
+        Self::models_failed(detail)
+    }
+
+    /// `503 models_unavailable`: the one answer of every failure of the models store.
+    fn models_failed(detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "models_unavailable",

@@ -357,14 +357,15 @@ type StoredProgress = (u64, u8, Option<(u64, &'static str)>);
 const RETIRED: TableDefinition<u64, ()> = TableDefinition::new("event_ids.retired");
 
 /// What one step of the index's upkeep ([`Runs::upkeep`]) did in its transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Upkeep {
     /// Nothing was owed.
     Idle,
     /// A replaced run's table was dropped.
     Dropped,
-    /// A step of a compaction: install the runs `upkeep` was called on once the transaction
-    /// commits (a new compaction took a run number), or these when it finished one.
-    Stepped(Option<Runs>),
+    /// A step of a compaction: install the runs `upkeep` changed once the transaction
+    /// commits (a new compaction took a run number, or a finished one replaced its inputs).
+    Stepped,
 }
 
 impl Runs {
@@ -381,11 +382,11 @@ impl Runs {
         let Some(mut c) = self.compaction(txn)? else {
             return Ok(Upkeep::Idle);
         };
-        if !c.step(txn, rows)? {
-            return Ok(Upkeep::Stepped(None));
+        if c.step(txn, rows)? {
+            tracing::debug!(run = ?c.output(), "compacted the id index");
+            *self = c.finish(txn, self)?;
         }
-        tracing::debug!(run = ?c.output(), "compacted the id index");
-        Ok(Upkeep::Stepped(Some(c.finish(txn, self)?)))
+        Ok(Upkeep::Stepped)
     }
 }
 
@@ -782,15 +783,12 @@ mod tests {
     fn compact(db: &redb::Database, runs: &mut Runs, rows: usize, steps: usize) {
         for _ in 0..steps {
             let txn = db.begin_write().unwrap();
-            let next = match runs.upkeep(&txn, rows).unwrap() {
-                Upkeep::Idle => return,
-                Upkeep::Dropped | Upkeep::Stepped(None) => None,
-                Upkeep::Stepped(Some(next)) => Some(next),
-            };
-            txn.commit().unwrap();
-            if let Some(next) = next {
-                *runs = next;
+            let mut next = runs.clone();
+            if next.upkeep(&txn, rows).unwrap() == Upkeep::Idle {
+                return;
             }
+            txn.commit().unwrap();
+            *runs = next;
         }
     }
 

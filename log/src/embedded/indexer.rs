@@ -88,10 +88,6 @@ pub(crate) struct Indexer {
     pub shared: Arc<Shared>,
     pub db: Arc<Database>,
     pub merge_threshold: usize,
-    /// An ordinary commit writes about this many bytes of events at most
-    /// ([`super::LogConfig::index_commit_bytes`]): an appender that waits for the indexer
-    /// waits for one commit of this size, not for everything behind it (issue 39).
-    pub index_commit_bytes: usize,
     pub quick_repair: bool,
     /// How the log was opened and on what, for an in-process reopen after a full disk.
     pub cfg: super::LogConfig,
@@ -145,7 +141,7 @@ impl Indexer {
             }
             if self.healthy()
                 && !self.shared.paused.load(Ordering::SeqCst)
-                && let Err(e) = self.work(false, self.index_commit_bytes)
+                && let Err(e) = self.work(false, self.cfg.index_commit_bytes)
             {
                 self.shared.stop(e);
             }
@@ -305,12 +301,8 @@ impl Indexer {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         let upkeep = runs.upkeep(txn, COMPACTION_STEP)?;
-        self.compacting = !matches!(upkeep, Upkeep::Idle);
-        Ok(match upkeep {
-            Upkeep::Stepped(Some(next)) => Some(next),
-            Upkeep::Stepped(None) => Some(runs),
-            Upkeep::Idle | Upkeep::Dropped => None,
-        })
+        self.compacting = upkeep != Upkeep::Idle;
+        Ok((upkeep == Upkeep::Stepped).then_some(runs))
     }
 
     fn begin(&self, durable: bool) -> Result<WriteTransaction, StorageError> {
@@ -364,7 +356,7 @@ impl Indexer {
     /// 0.1-0.25 s pauses after each merge).
     fn settle_bound(&self) {
         let s = &self.shared;
-        if s.merging.load(Ordering::SeqCst) && s.unindexed_bytes() <= super::MAX_LAG_BYTES {
+        if s.merging.load(Ordering::SeqCst) && s.recent_bytes() <= super::MAX_LAG_BYTES {
             s.merging.store(false, Ordering::SeqCst);
             s.indexer_caught_up();
         }

@@ -420,7 +420,7 @@ impl Shared {
                 MAX_LAG_BYTES
             };
             self.published.load(Ordering::SeqCst) > self.indexed.load(Ordering::SeqCst)
-                && self.unindexed_bytes() > bound
+                && self.recent_bytes() > bound
                 && self.poisoned().is_none()
                 && !self.full.load(Ordering::SeqCst)
                 && !self.paused.load(Ordering::SeqCst)
@@ -446,7 +446,7 @@ impl Shared {
 
     /// Bytes of the groups memory holds (every group redb does not have yet, and the newest
     /// few it has, kept for readers at the head: at most `recent::MAX_BYTES` of those).
-    pub(crate) fn unindexed_bytes(&self) -> usize {
+    pub(crate) fn recent_bytes(&self) -> usize {
         self.recent
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -588,7 +588,6 @@ impl Log {
             shared: shared.clone(),
             db,
             merge_threshold: cfg.merge_threshold.max(1),
-            index_commit_bytes: cfg.index_commit_bytes.max(1),
             quick_repair: cfg.quick_repair,
             cfg: cfg.clone(),
             stores,
