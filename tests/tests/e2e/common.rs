@@ -609,9 +609,10 @@ pub async fn run_script(mut cmd: tokio::process::Command, what: &str) -> String 
         .unwrap_or_else(|e| panic!("{what}: wait: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // Its error output first: what went wrong, ahead of the log of what went right.
     assert!(
         out.status.success(),
-        "{what} failed ({}):\n{stdout}\n{stderr}",
+        "{what} failed ({}):\n{stderr}\n---- its output ----\n{stdout}",
         out.status
     );
     stdout

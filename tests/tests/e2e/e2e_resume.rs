@@ -341,11 +341,15 @@ async fn last_event_id_wins_over_after_sequence_even_when_zero() {
 }
 
 /// I9: a reader that does not read must not make the server buffer its backlog. With a 16 MiB
-/// page cache, ~60 MB appended past a stalled SSE client must not show up in the server's
-/// resident memory; afterwards the client reads everything, in order, from the log.
+/// page cache, ~120 MB appended past a stalled SSE client must not show up in the server's
+/// resident memory; afterwards the client reads everything, in order, from the log. What the
+/// server's resident memory gains is bounded whatever the backlog (the page cache, the ring of
+/// groups redb does not have yet, the allocator's slack: 33-38 MiB measured with a backlog of
+/// 61 MB and of 122 MB alike), so the bound is half the backlog: a server that buffered it would
+/// grow by all of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_reader_is_served_from_the_log_not_buffered() {
-    const BATCHES: u64 = 150;
+    const BATCHES: u64 = 300;
     const PER_BATCH: u64 = 50;
     const PAD: usize = 8 * 1024;
     let s = Server::start(ServerOpts::default().config("[log]\ncache_mb = 16\n")).await;
@@ -392,13 +396,14 @@ async fn a_stalled_reader_is_served_from_the_log_not_buffered() {
     );
     let growth_mb = rss_max.saturating_sub(rss_before) / 1024;
     let peak_growth_mb = peak.saturating_sub(rss_before) / 1024;
+    let bound_mb = backlog_mb / 2;
     assert!(
-        growth_mb < 40,
+        growth_mb < bound_mb,
         "server RSS grew by {growth_mb} MiB while a stalled SSE client fell ~{backlog_mb} MB \
          behind: the backlog is being buffered (I9)"
     );
     assert!(
-        peak_growth_mb < 40,
+        peak_growth_mb < bound_mb,
         "server peak RSS (VmHWM) reached {peak_growth_mb} MiB above the baseline while a \
          stalled SSE client fell ~{backlog_mb} MB behind (I9)"
     );
