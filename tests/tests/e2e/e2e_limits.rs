@@ -69,6 +69,9 @@ async fn idle_slow_and_half_open_clients_leave_memory_flat_and_others_served() {
     .await;
     let api = s.api();
     let addr = s.addr();
+    // A stream is open once its answer's head has arrived: connecting alone is not enough
+    // (under load, a connection the kernel completed may wait in, or fall out of, the
+    // server's accept queue, and then holds no stream slot).
     let open = |path: String| async move {
         let mut c = TcpStream::connect(addr).await.expect("connect");
         c.write_all(
@@ -77,6 +80,19 @@ async fn idle_slow_and_half_open_clients_leave_memory_flat_and_others_served() {
         )
         .await
         .expect("send the request");
+        let mut head = Vec::new();
+        let mut b = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            match tokio::time::timeout(Duration::from_secs(150), c.read(&mut b)).await {
+                Ok(Ok(1)) => head.push(b[0]),
+                other => panic!("the stream {path} did not answer: {other:?}"),
+            }
+        }
+        assert!(
+            head.starts_with(b"HTTP/1.1 200"),
+            "{path}: {}",
+            String::from_utf8_lossy(&head)
+        );
         c
     };
     let append_batch = |from: usize, n: usize| {
