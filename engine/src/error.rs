@@ -47,6 +47,14 @@ pub enum CommandError {
     Misconfigured(String),
 }
 
+/// A read model's view failed: the models store's failure (a command reads nothing else
+/// through a view).
+impl From<StorageError> for CommandError {
+    fn from(e: StorageError) -> Self {
+        CommandError::Models(e)
+    }
+}
+
 impl CommandError {
     /// The event a command would record is not valid (a field too long, say): the input is
     /// refused, and the log is not touched. Never a storage failure, which would stop the log.

@@ -118,7 +118,7 @@ pub(crate) fn admit(
     max_pending: u64,
 ) -> Result<Admission, CommandError> {
     let now_us = round.now_us;
-    let mut state = super::outbox::State::new(txn)?;
+    let mut state = tidemark_projections::deliveries::View::new(txn)?;
     let mut recipients: HashMap<&str, Recipient> = HashMap::new();
     let mut blocked = Vec::new();
     let mut notices: Vec<(String, Option<String>)> = Vec::new();
@@ -180,7 +180,7 @@ pub(crate) fn admit(
 /// pending, and an accepted batch adds its own to it.
 pub(crate) fn over_bound(
     txn: &WriteTransaction,
-    state: &mut super::outbox::State<'_>,
+    state: &mut tidemark_projections::deliveries::View<'_>,
     notices: &[(&str, Option<&str>)],
     round: &mut Round<'_>,
     max_pending: u64,
@@ -204,7 +204,7 @@ pub(crate) fn over_bound(
     let per = |priority: &str| per(&untyped, priority, None);
     let st = CommandError::Models;
     let routed = state.routed()?;
-    let pending = tidemark_projections::deliveries::pending_in(txn).map_err(st)?
+    let pending = state.pending()?
         + notifications::weighted_after(txn, routed, per).map_err(st)?
         + round.pending_added;
     if pending + adding <= max_pending {
@@ -214,7 +214,7 @@ pub(crate) fn over_bound(
     metrics::counter!("tidemark_outbox_refused_total").increment(1);
     let over = pending + adding - max_pending;
     let since = now_us.saturating_sub(DRAIN_WINDOW_S as i64 * 1_000_000);
-    let drained = tidemark_projections::deliveries::sent_since_in(txn, since).map_err(st)?;
+    let drained = state.sent_since(since)?;
     Ok(Admission::Full {
         pending,
         adding,

@@ -17,7 +17,7 @@ use tidemark_projections::tasks::{self, Task};
 
 use super::sealed::Sealed;
 use super::{Command, Decided, Round};
-use crate::commands::cursors::{Advance, advance_from, get_in};
+use crate::commands::cursors::{Advance, get_in};
 use crate::store::WriteTransaction;
 pub use tidemark_projections::ids::{SubscriptionId, TaskId};
 
@@ -62,13 +62,49 @@ impl Command for Subscribe {
         "bridge.subscribe"
     }
 
+    /// Create (or re-create) a subscription. Answers the row and whether it is new: an active
+    /// subscription with the same target is answered as it is (`false`); another target is a
+    /// conflict.
     fn decide(
         &self,
         txn: &WriteTransaction,
         round: &mut Round<'_>,
     ) -> Result<Decided<Subscribed>, CommandError> {
-        let ((row, created), ev) = subscribe(txn, round.now_us, self.id.as_str(), &self.target)?;
-        Ok(Decided::new(Subscribed { row, created }, ev))
+        let (now_us, id, target) = (round.now_us, self.id.as_str(), &self.target);
+        if let Some(cur) = row_in(txn, id)?
+            && cur.active
+        {
+            if cur.target == *target {
+                return Ok(Decided::new(
+                    Subscribed {
+                        row: cur,
+                        created: false,
+                    },
+                    Vec::new(),
+                ));
+            }
+            return Err(CommandError::rejected(
+                RejectKind::Conflict,
+                "subscription_conflict",
+                format!("subscription {id:?} exists with another target"),
+            ));
+        }
+        let created = row_in(txn, id)?.map(|o| o.created_at_us).unwrap_or(now_us);
+        let b = BridgeEvent {
+            target: Some(target.clone()),
+            at_us: now_us,
+        };
+        let row = Subscription {
+            subscription_id: SubscriptionId::new(id),
+            target: target.clone(),
+            active: true,
+            created_at_us: created,
+            updated_at_us: now_us,
+        };
+        Ok(Decided::new(
+            Subscribed { row, created: true },
+            vec![bridge_event("subscribed", id, &b)?],
+        ))
     }
 }
 
@@ -80,13 +116,32 @@ impl Command for Unsubscribe {
         "bridge.unsubscribe"
     }
 
+    /// Delete an active subscription of `task_id` (its cursor stays).
     fn decide(
         &self,
         txn: &WriteTransaction,
         round: &mut Round<'_>,
     ) -> Result<Decided<Subscription>, CommandError> {
-        let (row, ev) = unsubscribe(txn, round.now_us, self.task_id.as_str(), self.id.as_str())?;
-        Ok(Decided::new(row, ev))
+        let (now_us, task_id, id) = (round.now_us, self.task_id.as_str(), self.id.as_str());
+        let mut row = row_in(txn, id)?
+            .filter(|r| r.active && r.target.task_id == task_id)
+            .ok_or_else(|| {
+                CommandError::rejected(
+                    RejectKind::NotFound,
+                    "subscription_not_found",
+                    format!("no subscription {id:?} on task {task_id:?}"),
+                )
+            })?;
+        row.active = false;
+        row.updated_at_us = now_us;
+        let b = BridgeEvent {
+            target: None,
+            at_us: now_us,
+        };
+        Ok(Decided::new(
+            row,
+            vec![bridge_event("unsubscribed", id, &b)?],
+        ))
     }
 }
 
@@ -162,67 +217,6 @@ fn row_in(txn: &WriteTransaction, id: &str) -> Result<Option<Subscription>, Comm
     t.get_val(ROWS, id.as_bytes()).map_err(CommandError::Models)
 }
 
-/// Create (or re-create) a subscription. Answers the row and whether it is new: an active
-/// subscription with the same target is answered as it is (`false`); another target is a
-/// conflict.
-fn subscribe(
-    txn: &WriteTransaction,
-    now_us: i64,
-    id: &str,
-    target: &Target,
-) -> Result<((Subscription, bool), Vec<NewEvent>), CommandError> {
-    if let Some(cur) = row_in(txn, id)?
-        && cur.active
-    {
-        if cur.target == *target {
-            return Ok(((cur, false), Vec::new()));
-        }
-        return Err(CommandError::rejected(
-            RejectKind::Conflict,
-            "subscription_conflict",
-            format!("subscription {id:?} exists with another target"),
-        ));
-    }
-    let created = row_in(txn, id)?.map(|o| o.created_at_us).unwrap_or(now_us);
-    let b = BridgeEvent {
-        target: Some(target.clone()),
-        at_us: now_us,
-    };
-    let row = Subscription {
-        subscription_id: SubscriptionId::new(id),
-        target: target.clone(),
-        active: true,
-        created_at_us: created,
-        updated_at_us: now_us,
-    };
-    Ok(((row, true), vec![bridge_event("subscribed", id, &b)?]))
-}
-
-/// Delete an active subscription of `task_id` (its cursor stays).
-fn unsubscribe(
-    txn: &WriteTransaction,
-    now_us: i64,
-    task_id: &str,
-    id: &str,
-) -> Result<(Subscription, Vec<NewEvent>), CommandError> {
-    let mut row = row_in(txn, id)?
-        .filter(|r| r.active && r.target.task_id == task_id)
-        .ok_or_else(|| {
-            CommandError::rejected(
-                RejectKind::NotFound,
-                "subscription_not_found",
-                format!("no subscription {id:?} on task {task_id:?}"),
-            )
-        })?;
-    row.active = false;
-    row.updated_at_us = now_us;
-    let b = BridgeEvent {
-        target: None,
-        at_us: now_us,
-    };
-    Ok((row, vec![bridge_event("unsubscribed", id, &b)?]))
-}
-
 /// One confirmation: the subscription (id, task), the delivery's seq, and the cursor the
 /// caller saw (compare-and-swap), if any.
 #[derive(Debug, Clone)]
@@ -283,18 +277,15 @@ fn confirm_in(
             format!("{delivery_id} is behind the cursor ({})", cur.last_sequence),
         ));
     }
-    let (next, events) = advance_from(
-        &cur,
-        now_us,
-        &Advance {
-            consumer_id: consumer.clone(),
-            stream_name: Stream::TaskEvents.into(),
-            subject_id: task_id.to_owned(),
-            last_sequence: c.seq,
-            delivery_id,
-            expected_sequence: c.expected,
-        },
-    )?;
+    let (next, events) = Advance {
+        consumer_id: consumer.clone(),
+        stream_name: Stream::TaskEvents.into(),
+        subject_id: task_id.to_owned(),
+        last_sequence: c.seq,
+        delivery_id,
+        expected_sequence: c.expected,
+    }
+    .from_row(&cur, now_us)?;
     moved.insert(consumer, next.clone());
     Ok((next, events))
 }

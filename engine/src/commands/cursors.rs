@@ -12,17 +12,16 @@ use super::sealed::Sealed;
 use super::{Command, Decided, Round};
 use crate::store::WriteTransaction;
 
-/// Set a cursor to `to` (up or down), recorded with its `reason`: the only way down. Answers
-/// the cursor after it.
+/// Advance a cursor: forward, or the same seq with the same delivery id (which appends
+/// nothing), optionally compare-and-swap on `expected_sequence`. Answers the cursor after it.
 #[derive(Debug, Clone)]
-pub struct Reset {
+pub struct Advance {
     pub consumer_id: String,
     pub stream_name: String,
     pub subject_id: String,
-    pub to: u64,
-    pub reason: String,
-    /// The token that asked for it (`None` in open mode), recorded on `cursor.reset`.
-    pub by: Option<String>,
+    pub last_sequence: u64,
+    pub delivery_id: String,
+    pub expected_sequence: Option<u64>,
 }
 
 impl Sealed for Advance {}
@@ -38,9 +37,73 @@ impl Command for Advance {
         txn: &WriteTransaction,
         round: &mut Round<'_>,
     ) -> Result<Decided<Cursor>, CommandError> {
-        let (cursor, events) = advance(txn, round.now_us, self)?;
+        let cur = get_in(txn, &self.consumer_id, &self.stream_name, &self.subject_id)?;
+        let (cursor, events) = self.from_row(&cur, round.now_us)?;
         Ok(Decided::new(cursor, events))
     }
+}
+
+impl Advance {
+    /// The decision given the cursor's current row (a bridge's confirmation has read it):
+    /// forward, or an idempotent replay of the same (seq, delivery_id), which appends nothing.
+    pub(crate) fn from_row(
+        &self,
+        cur: &Cursor,
+        now_us: i64,
+    ) -> Result<(Cursor, Vec<NewEvent>), CommandError> {
+        if let Some(exp) = self.expected_sequence
+            && exp != cur.last_sequence
+        {
+            return Err(CommandError::rejected(
+                RejectKind::Conflict,
+                "cursor_conflict",
+                format!(
+                    "expected_sequence {exp} but the cursor is at {}",
+                    cur.last_sequence
+                ),
+            ));
+        }
+        if self.last_sequence == cur.last_sequence
+            && cur.last_delivery_id.as_deref() == Some(self.delivery_id.as_str())
+        {
+            return Ok((cur.clone(), Vec::new()));
+        }
+        if self.last_sequence <= cur.last_sequence {
+            return Err(CommandError::rejected(
+                RejectKind::Conflict,
+                "non_monotonic_cursor",
+                format!(
+                    "last_sequence {} is not past the cursor's {} (a cursor only moves down by reset)",
+                    self.last_sequence, cur.last_sequence
+                ),
+            ));
+        }
+        let c = CursorEvent {
+            stream_name: self.stream_name.clone(),
+            subject_id: self.subject_id.clone(),
+            last_sequence: Some(self.last_sequence),
+            delivery_id: Some(self.delivery_id.clone()),
+            at_us: now_us,
+            ..CursorEvent::default()
+        };
+        let ev = event("advanced", &self.consumer_id, &c)?;
+        let mut next = cur.clone();
+        tidemark_projections::cursors::apply(&mut next, EventType::CursorAdvanced, c);
+        Ok((next, vec![ev]))
+    }
+}
+
+/// Set a cursor to `to` (up or down), recorded with its `reason`: the only way down. Answers
+/// the cursor after it.
+#[derive(Debug, Clone)]
+pub struct Reset {
+    pub consumer_id: String,
+    pub stream_name: String,
+    pub subject_id: String,
+    pub to: u64,
+    pub reason: String,
+    /// The token that asked for it (`None` in open mode), recorded on `cursor.reset`.
+    pub by: Option<String>,
 }
 
 impl Sealed for Reset {}
@@ -51,13 +114,36 @@ impl Command for Reset {
         "cursor.reset"
     }
 
+    /// Set the cursor to `to` (up or down), recorded with its reason.
     fn decide(
         &self,
         txn: &WriteTransaction,
         round: &mut Round<'_>,
     ) -> Result<Decided<Cursor>, CommandError> {
-        let (cursor, events) = reset(txn, round.now_us, self)?;
-        Ok(Decided::new(cursor, events))
+        let (consumer_id, stream_name, subject_id) =
+            (&self.consumer_id, &self.stream_name, &self.subject_id);
+        if self.reason.trim().is_empty() {
+            return Err(CommandError::rejected(
+                RejectKind::Invalid,
+                "reason_required",
+                "a cursor reset needs a non-empty reason",
+            ));
+        }
+        let cur = get_in(txn, consumer_id, stream_name, subject_id)?;
+        let c = CursorEvent {
+            stream_name: stream_name.clone(),
+            subject_id: subject_id.clone(),
+            from: Some(cur.last_sequence),
+            to: Some(self.to),
+            reason: Some(self.reason.clone()),
+            by: self.by.clone(),
+            at_us: round.now_us,
+            ..CursorEvent::default()
+        };
+        let ev = event("reset", consumer_id, &c)?;
+        let mut next = cur;
+        tidemark_projections::cursors::apply(&mut next, EventType::CursorReset, c);
+        Ok(Decided::new(next, vec![ev]))
     }
 }
 
@@ -94,107 +180,6 @@ fn event(kind: &str, consumer_id: &str, c: &CursorEvent) -> Result<NewEvent, Com
         &v,
     )
     .map_err(CommandError::invalid_event)
-}
-
-/// Advance a cursor: forward, or the same seq with the same delivery id (which appends
-/// nothing), optionally compare-and-swap on `expected_sequence`. Answers the cursor after it.
-#[derive(Debug, Clone)]
-pub struct Advance {
-    pub consumer_id: String,
-    pub stream_name: String,
-    pub subject_id: String,
-    pub last_sequence: u64,
-    pub delivery_id: String,
-    pub expected_sequence: Option<u64>,
-}
-
-/// Advance a cursor: forward, or an idempotent replay of the same (seq, delivery_id) which
-/// appends nothing. Answers the cursor after it.
-fn advance(
-    txn: &WriteTransaction,
-    now_us: i64,
-    a: &Advance,
-) -> Result<(Cursor, Vec<NewEvent>), CommandError> {
-    let cur = get_in(txn, &a.consumer_id, &a.stream_name, &a.subject_id)?;
-    advance_from(&cur, now_us, a)
-}
-
-/// [`advance`] given the current row (for callers that already read it).
-pub(crate) fn advance_from(
-    cur: &Cursor,
-    now_us: i64,
-    a: &Advance,
-) -> Result<(Cursor, Vec<NewEvent>), CommandError> {
-    if let Some(exp) = a.expected_sequence
-        && exp != cur.last_sequence
-    {
-        return Err(CommandError::rejected(
-            RejectKind::Conflict,
-            "cursor_conflict",
-            format!(
-                "expected_sequence {exp} but the cursor is at {}",
-                cur.last_sequence
-            ),
-        ));
-    }
-    if a.last_sequence == cur.last_sequence
-        && cur.last_delivery_id.as_deref() == Some(a.delivery_id.as_str())
-    {
-        return Ok((cur.clone(), Vec::new()));
-    }
-    if a.last_sequence <= cur.last_sequence {
-        return Err(CommandError::rejected(
-            RejectKind::Conflict,
-            "non_monotonic_cursor",
-            format!(
-                "last_sequence {} is not past the cursor's {} (a cursor only moves down by reset)",
-                a.last_sequence, cur.last_sequence
-            ),
-        ));
-    }
-    let c = CursorEvent {
-        stream_name: a.stream_name.clone(),
-        subject_id: a.subject_id.clone(),
-        last_sequence: Some(a.last_sequence),
-        delivery_id: Some(a.delivery_id.clone()),
-        at_us: now_us,
-        ..CursorEvent::default()
-    };
-    let ev = event("advanced", &a.consumer_id, &c)?;
-    let mut next = cur.clone();
-    tidemark_projections::cursors::apply(&mut next, EventType::CursorAdvanced, c);
-    Ok((next, vec![ev]))
-}
-
-/// Set a cursor to `to` (up or down), recorded with its reason.
-fn reset(
-    txn: &WriteTransaction,
-    now_us: i64,
-    r: &Reset,
-) -> Result<(Cursor, Vec<NewEvent>), CommandError> {
-    let (consumer_id, stream_name, subject_id) = (&r.consumer_id, &r.stream_name, &r.subject_id);
-    if r.reason.trim().is_empty() {
-        return Err(CommandError::rejected(
-            RejectKind::Invalid,
-            "reason_required",
-            "a cursor reset needs a non-empty reason",
-        ));
-    }
-    let cur = get_in(txn, consumer_id, stream_name, subject_id)?;
-    let c = CursorEvent {
-        stream_name: stream_name.clone(),
-        subject_id: subject_id.clone(),
-        from: Some(cur.last_sequence),
-        to: Some(r.to),
-        reason: Some(r.reason.clone()),
-        by: r.by.clone(),
-        at_us: now_us,
-        ..CursorEvent::default()
-    };
-    let ev = event("reset", consumer_id, &c)?;
-    let mut next = cur;
-    tidemark_projections::cursors::apply(&mut next, EventType::CursorReset, c);
-    Ok((next, vec![ev]))
 }
 
 /// Record a delivery failure as the cursor's `last_error` (bounded).

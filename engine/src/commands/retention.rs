@@ -20,7 +20,6 @@ use tidemark_projections::{bridges, cursors};
 
 use super::sealed::Sealed;
 use super::{Command, Decided, Round};
-use crate::privacy::Privacy;
 use crate::store::{ReadableTable, WriteTransaction};
 
 /// Purge what left the window by now (at most `max` ids in one command: run it again while
@@ -47,7 +46,146 @@ impl Command for Purge {
         txn: &WriteTransaction,
         round: &mut Round<'_>,
     ) -> Result<Decided<RetentionReport>, CommandError> {
-        let (rep, events) = run(txn, round.now_us, round.head, self, round.privacy)?;
+        let (now_us, head, privacy) = (round.now_us, round.head, round.privacy);
+        let before = now_us.saturating_sub((self.window_ms as i64).saturating_mul(1_000));
+        let mut rep = RetentionReport {
+            before_us: before,
+            through_seq: head,
+            ..RetentionReport::default()
+        };
+        let mut dl: BTreeSet<String> = BTreeSet::new();
+        let mut nl: Vec<String> = Vec::new();
+        let mut tl: Vec<String> = Vec::new();
+        let done = |d: &Delivery| !d.is_pending() && d.updated_at_us < before && d.last_seq <= head;
+
+        // Notifications, oldest first: event times never go back along seq.
+        let mut nt = TxnTables::new(txn, n::NAME).map_err(st)?;
+        let mut dt = d::View::new(txn)?;
+        let rows: Vec<Notification> = {
+            let mut rows = Vec::new();
+            for row in nt
+                .table(n::BY_SEQ)
+                .map_err(st)?
+                .range(..=head.to_be_bytes().as_slice())
+                .map_err(se)?
+            {
+                let (_, v) = row.map_err(se)?;
+                let note: Notification = postcard::from_bytes(v.value()).map_err(se)?;
+                if note.time_us >= before || rows.len() >= self.max {
+                    break;
+                }
+                rows.push(note);
+            }
+            rows
+        };
+        for note in rows {
+            if dl.len() + nl.len() >= self.max {
+                rep.more = true;
+                break;
+            }
+            let mut ids = dt.of_notification(&note.notification_id)?;
+            if let Some(p) = privacy {
+                ids.extend(dt.of_notification(&p.intent_key(&note.notification_id))?);
+            }
+            let mut all_done = true;
+            for id in &ids {
+                match dt.row(id)? {
+                    Some(row) if !done(&row) => {
+                        all_done = false;
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            if all_done {
+                nl.push(note.notification_id.clone());
+                dl.extend(ids);
+            }
+        }
+
+        // Terminal tasks nobody follows.
+        let mut ct = TxnTables::new(txn, cursors::NAME).map_err(st)?;
+        let mut followers: Vec<cursors::Cursor> = Vec::new();
+        for row in ct.table(cursors::ROWS).map_err(st)?.iter().map_err(se)? {
+            let (_, v) = row.map_err(se)?;
+            let c: cursors::Cursor = postcard::from_bytes(v.value()).map_err(se)?;
+            // A cursor with no progress for the window pins nothing (section 13).
+            if c.stream_name == Stream::TaskEvents.as_str()
+                && c.updated_at_us.is_some_and(|u| u >= before)
+            {
+                followers.push(c);
+            }
+        }
+        let mut tt = TxnTables::new(txn, tasks::NAME).map_err(st)?;
+        let mut bt = TxnTables::new(txn, bridges::NAME).map_err(st)?;
+        'status: for status in [
+            TaskStatus::Completed,
+            TaskStatus::Failed,
+            TaskStatus::Canceled,
+        ] {
+            for id in suffixes(&mut tt, tasks::BY_STATUS, status.as_str())? {
+                if dl.len() + nl.len() + tl.len() >= self.max {
+                    rep.more = true;
+                    break 'status;
+                }
+                let Some(task) = tt.get_val::<Task>(tasks::ROWS, id.as_bytes()).map_err(st)? else {
+                    continue;
+                };
+                if task.updated_at_us >= before || task.latest_event_seq > head {
+                    continue;
+                }
+                if !suffixes(&mut bt, bridges::BY_TASK, &id)?.is_empty() {
+                    continue;
+                }
+                let pinned = followers.iter().any(|c| {
+                    (c.subject_id.is_empty() || c.subject_id == id)
+                        && c.last_sequence < task.latest_event_seq
+                });
+                if !pinned {
+                    tl.push(id);
+                }
+            }
+        }
+
+        rep.deliveries = dl.len();
+        rep.notifications = nl.len();
+        rep.tasks = tl.len();
+        let before_text = tidemark_log::time::format_micros(before);
+        let mut events = Vec::new();
+        let mut dl = dl.into_iter();
+        let (mut nl, mut tl) = (nl.into_iter(), tl.into_iter());
+        loop {
+            let mut p = Purged {
+                before: before_text.clone(),
+                through_seq: head,
+                by: self.by.clone(),
+                ..Purged::default()
+            };
+            let mut room = IDS_PER_EVENT;
+            for (list, src) in [
+                (
+                    &mut p.deliveries,
+                    &mut dl as &mut dyn Iterator<Item = String>,
+                ),
+                (&mut p.notifications, &mut nl),
+                (&mut p.tasks, &mut tl),
+            ] {
+                while room > 0 {
+                    let Some(id) = src.next() else { break };
+                    list.push(id);
+                    room -= 1;
+                }
+            }
+            if room == IDS_PER_EVENT {
+                break;
+            }
+            let v = serde_json::to_value(&p).map_err(se)?;
+            events.push(
+                NewEvent::new(None, Stream::Retention, "", EventType::RetentionPurged, &v)
+                    .map_err(se)?,
+            );
+        }
+        rep.events = events.len();
         Ok(Decided::new(rep, events))
     }
 }
@@ -100,159 +238,6 @@ fn suffixes(
     Ok(out)
 }
 
-fn run(
-    txn: &WriteTransaction,
-    now_us: i64,
-    head: u64,
-    cmd: &Purge,
-    privacy: Option<&Privacy>,
-) -> Result<(RetentionReport, Vec<NewEvent>), CommandError> {
-    let before = now_us.saturating_sub((cmd.window_ms as i64).saturating_mul(1_000));
-    let mut rep = RetentionReport {
-        before_us: before,
-        through_seq: head,
-        ..RetentionReport::default()
-    };
-    let mut dl: BTreeSet<String> = BTreeSet::new();
-    let mut nl: Vec<String> = Vec::new();
-    let mut tl: Vec<String> = Vec::new();
-    let done = |d: &Delivery| !d.is_pending() && d.updated_at_us < before && d.last_seq <= head;
-
-    // Notifications, oldest first: event times never go back along seq.
-    let mut nt = TxnTables::new(txn, n::NAME).map_err(st)?;
-    let mut dt = TxnTables::new(txn, d::NAME).map_err(st)?;
-    let rows: Vec<Notification> = {
-        let mut rows = Vec::new();
-        for row in nt
-            .table(n::BY_SEQ)
-            .map_err(st)?
-            .range(..=head.to_be_bytes().as_slice())
-            .map_err(se)?
-        {
-            let (_, v) = row.map_err(se)?;
-            let note: Notification = postcard::from_bytes(v.value()).map_err(se)?;
-            if note.time_us >= before || rows.len() >= cmd.max {
-                break;
-            }
-            rows.push(note);
-        }
-        rows
-    };
-    for note in rows {
-        if dl.len() + nl.len() >= cmd.max {
-            rep.more = true;
-            break;
-        }
-        let mut ids = suffixes(&mut dt, d::BY_NOTIFICATION, &note.notification_id)?;
-        if let Some(p) = privacy {
-            ids.extend(suffixes(
-                &mut dt,
-                d::BY_NOTIFICATION,
-                &p.intent_key(&note.notification_id),
-            )?);
-        }
-        let mut all_done = true;
-        for id in &ids {
-            match dt.get_val::<Delivery>(d::ROWS, id.as_bytes()).map_err(st)? {
-                Some(row) if !done(&row) => {
-                    all_done = false;
-                    break;
-                }
-                _ => {}
-            }
-        }
-        if all_done {
-            nl.push(note.notification_id.clone());
-            dl.extend(ids);
-        }
-    }
-
-    // Terminal tasks nobody follows.
-    let mut ct = TxnTables::new(txn, cursors::NAME).map_err(st)?;
-    let mut followers: Vec<cursors::Cursor> = Vec::new();
-    for row in ct.table(cursors::ROWS).map_err(st)?.iter().map_err(se)? {
-        let (_, v) = row.map_err(se)?;
-        let c: cursors::Cursor = postcard::from_bytes(v.value()).map_err(se)?;
-        // A cursor with no progress for the window pins nothing (section 13).
-        if c.stream_name == Stream::TaskEvents.as_str()
-            && c.updated_at_us.is_some_and(|u| u >= before)
-        {
-            followers.push(c);
-        }
-    }
-    let mut tt = TxnTables::new(txn, tasks::NAME).map_err(st)?;
-    let mut bt = TxnTables::new(txn, bridges::NAME).map_err(st)?;
-    'status: for status in [
-        TaskStatus::Completed,
-        TaskStatus::Failed,
-        TaskStatus::Canceled,
-    ] {
-        for id in suffixes(&mut tt, tasks::BY_STATUS, status.as_str())? {
-            if dl.len() + nl.len() + tl.len() >= cmd.max {
-                rep.more = true;
-                break 'status;
-            }
-            let Some(task) = tt.get_val::<Task>(tasks::ROWS, id.as_bytes()).map_err(st)? else {
-                continue;
-            };
-            if task.updated_at_us >= before || task.latest_event_seq > head {
-                continue;
-            }
-            if !suffixes(&mut bt, bridges::BY_TASK, &id)?.is_empty() {
-                continue;
-            }
-            let pinned = followers.iter().any(|c| {
-                (c.subject_id.is_empty() || c.subject_id == id)
-                    && c.last_sequence < task.latest_event_seq
-            });
-            if !pinned {
-                tl.push(id);
-            }
-        }
-    }
-
-    rep.deliveries = dl.len();
-    rep.notifications = nl.len();
-    rep.tasks = tl.len();
-    let before_text = tidemark_log::time::format_micros(before);
-    let mut events = Vec::new();
-    let mut dl = dl.into_iter();
-    let (mut nl, mut tl) = (nl.into_iter(), tl.into_iter());
-    loop {
-        let mut p = Purged {
-            before: before_text.clone(),
-            through_seq: head,
-            by: cmd.by.clone(),
-            ..Purged::default()
-        };
-        let mut room = IDS_PER_EVENT;
-        for (list, src) in [
-            (
-                &mut p.deliveries,
-                &mut dl as &mut dyn Iterator<Item = String>,
-            ),
-            (&mut p.notifications, &mut nl),
-            (&mut p.tasks, &mut tl),
-        ] {
-            while room > 0 {
-                let Some(id) = src.next() else { break };
-                list.push(id);
-                room -= 1;
-            }
-        }
-        if room == IDS_PER_EVENT {
-            break;
-        }
-        let v = serde_json::to_value(&p).map_err(se)?;
-        events.push(
-            NewEvent::new(None, Stream::Retention, "", EventType::RetentionPurged, &v)
-                .map_err(se)?,
-        );
-    }
-    rep.events = events.len();
-    Ok((rep, events))
-}
-
 /// Drop the log's events older than the window (spec section 13, `compact_log`): every
 /// projection first stores a snapshot at the head, and no event a live cursor still needs
 /// goes. At most [`tidemark_log::COMPACT_MAX`] events per command: run it again while
@@ -272,12 +257,35 @@ impl Command for Compact {
         "retention.compact"
     }
 
+    /// Decide a compaction: the cut, and — when there is something to drop — every projection's
+    /// snapshot at the head, written in `txn` (the decider commits it, durably, before it asks
+    /// the log to drop the events: [`crate::decider`]). The report's `removed`, `first_seq` and
+    /// `more` are filled in from the log's answer.
     fn decide(
         &self,
         txn: &WriteTransaction,
         round: &mut Round<'_>,
     ) -> Result<Decided<CompactReport>, CommandError> {
-        compact(txn, round, self).map(|rep| Decided::new(rep, Vec::new()))
+        let before = round
+            .now_us
+            .saturating_sub((self.window_ms as i64).saturating_mul(1_000));
+        let window_cut = round.log.last_before(before).map_err(log_st)?;
+        let cut = pinned_cut(txn, round.log, before, window_cut)?;
+        let first = round.log.first_seq().map_err(log_st)?;
+        let rep = CompactReport {
+            window_cut,
+            cut,
+            first_seq: first,
+            ..CompactReport::default()
+        };
+        if cut < first {
+            return Ok(Decided::new(rep, Vec::new()));
+        }
+        // Every projection is at the head here: their snapshots are at or above any cut.
+        for p in tidemark_projections::all() {
+            tidemark_projections::framework::snapshot(txn, p).map_err(st)?;
+        }
+        Ok(Decided::new(rep, Vec::new()))
     }
 }
 
@@ -341,35 +349,4 @@ fn pinned_cut(
         }
     }
     Ok(cut)
-}
-
-/// Decide a compaction: the cut, and — when there is something to drop — every projection's
-/// snapshot at the head, written in `txn` (the decider commits it, durably, before it asks
-/// the log to drop the events: [`crate::decider`]). The report's `removed`, `first_seq` and
-/// `more` are filled in from the log's answer.
-fn compact(
-    txn: &WriteTransaction,
-    round: &Round<'_>,
-    cmd: &Compact,
-) -> Result<CompactReport, CommandError> {
-    let before = round
-        .now_us
-        .saturating_sub((cmd.window_ms as i64).saturating_mul(1_000));
-    let window_cut = round.log.last_before(before).map_err(log_st)?;
-    let cut = pinned_cut(txn, round.log, before, window_cut)?;
-    let first = round.log.first_seq().map_err(log_st)?;
-    let rep = CompactReport {
-        window_cut,
-        cut,
-        first_seq: first,
-        ..CompactReport::default()
-    };
-    if cut < first {
-        return Ok(rep);
-    }
-    // Every projection is at the head here: their snapshots are at or above any cut.
-    for p in tidemark_projections::all() {
-        tidemark_projections::framework::snapshot(txn, p).map_err(st)?;
-    }
-    Ok(rep)
 }

@@ -248,7 +248,7 @@ impl Command for Page {
             && let Some(r) = &n.recipient
             // Suppressed at the head (the crisis block, section 14): the page's
             // notification is left out and the items go in without it.
-            && crate::commands::outbox::State::new(txn)?
+            && tidemark_projections::deliveries::View::new(txn)?
                 .recipient(Some(r))?
                 .suppressed_at(now_us)
         {
@@ -256,7 +256,7 @@ impl Command for Page {
         }
         if let (Some(n), Some(first), false) = (notify, &first, notify_blocked) {
             // The same bound as a client's append (section 5): never exceeded.
-            let mut state = crate::commands::outbox::State::new(txn)?;
+            let mut state = tidemark_projections::deliveries::View::new(txn)?;
             let before = round.pending_added;
             if let crate::commands::admission::Admission::Full {
                 pending,

@@ -13,8 +13,10 @@ use serde::{Deserialize, Serialize};
 use crate::names::{DeliveryStatus, DeliveryTransition};
 
 mod fold;
+mod view;
 
 pub use fold::{Deliveries, cat, created_key, group_key, timed_key, us_key};
+pub use view::{DueAfter, View};
 
 pub const NAME: &str = "deliveries";
 pub const ROWS: &str = "rows";
@@ -730,44 +732,4 @@ pub(crate) fn count_pending(
         }
     }
     Ok(n)
-}
-
-/// Deliveries sent at or after `since_us` over all sinks, as the writer's transaction sees
-/// them (the outbox's drain rate, for the `Retry-After` of a refusal).
-pub fn sent_since_in(
-    txn: &redb::WriteTransaction,
-    since_us: i64,
-) -> Result<u64, tidemark_log::StorageError> {
-    use redb::ReadableTable;
-    use tidemark_log::StorageError;
-    let mut t = crate::framework::TxnTables::new(txn, NAME)?;
-    let mut sinks: Vec<Vec<u8>> = Vec::new();
-    for row in t.table(COUNTS)?.iter().map_err(StorageError::of)? {
-        let (k, _) = row.map_err(StorageError::of)?;
-        let k = k.value();
-        if let Some(split) = k.iter().position(|b| *b == 0)
-            && sinks.last().is_none_or(|s| s.as_slice() != &k[..split])
-        {
-            sinks.push(k[..split].to_vec());
-        }
-    }
-    let sent = t.table(SENT)?;
-    let mut n = 0;
-    for sink in sinks {
-        let sink = String::from_utf8_lossy(&sink);
-        let lo = timed_key(&sink, since_us, "");
-        let hi = timed_key(&sink, i64::MAX, "");
-        n += sent
-            .range(lo.as_slice()..hi.as_slice())
-            .map_err(StorageError::of)?
-            .count() as u64;
-    }
-    Ok(n)
-}
-
-/// Pending deliveries as the writer's transaction sees them (a command's check, at the head
-/// once the models are caught up).
-pub fn pending_in(txn: &redb::WriteTransaction) -> Result<u64, tidemark_log::StorageError> {
-    let mut t = crate::framework::TxnTables::new(txn, NAME)?;
-    count_pending(t.table(COUNTS)?)
 }

@@ -5,13 +5,17 @@ use std::collections::HashMap;
 use tidemark_log::NewEvent;
 use tidemark_projections::deliveries::{self as d, Change, Delivery, transition};
 use tidemark_projections::ids::DeliveryId;
-use tidemark_projections::names::{DeliveryStatus as S, DeliveryTransition as T, Stream};
+use tidemark_projections::names::{
+    DeliveryStatus as S, DeliveryTransition, DeliveryTransition as T, Stream,
+};
 use tidemark_projections::routing::backoff_ms;
 
 use tidemark_projections::routing::RoutingSettings;
 
 use super::route::quiet_end;
-use super::{OperatorAction, State, draw, event};
+use super::{draw, event, recipient_of};
+use crate::commands::sealed::Sealed;
+use crate::commands::{Command, Decided, Round};
 use crate::privacy::Privacy;
 use crate::store::WriteTransaction;
 
@@ -21,7 +25,7 @@ use crate::store::WriteTransaction;
 /// moves to the window's end (`delivery.deferred`, reason `quiet_hours`). True when the row
 /// is no longer claimable now.
 fn hold(
-    st: &mut State<'_>,
+    st: &mut d::View<'_>,
     row: &mut Delivery,
     now_us: i64,
     settings: &RoutingSettings,
@@ -49,7 +53,7 @@ fn hold(
     else {
         return Ok(false);
     };
-    let recipient = st.recipient_of(row, privacy)?;
+    let recipient = recipient_of(st, row, privacy)?;
     let Some(end) = quiet_end(policy, &row.priority, &recipient, due.max(now_us)) else {
         return Ok(false);
     };
@@ -116,79 +120,11 @@ fn owned_lease(
     Ok(row)
 }
 
-/// Claim due deliveries of `sink`, the most pressing priority first (urgent, action, warning,
-/// info), oldest due first within one: queued, retry_wait past its next attempt, leased past
-/// its lease (released first). Suppression is re-checked: a delivery to a recipient
-/// suppressed now is skipped instead. Answers the leased rows.
-pub(super) fn claim(
-    txn: &WriteTransaction,
-    round: &crate::decider::Round<'_>,
-    sink: &str,
-    owner: &str,
-    limit: usize,
-    lease_ms: u64,
-    share: tidemark_log::Share,
-) -> Result<(Vec<Delivery>, Vec<NewEvent>), CommandError> {
-    let now_us = round.now_us;
-    let privacy = round.privacy;
-    let mut st = State::new(txn)?;
-    let settings = st.settings_at(u64::MAX)?;
-    let mut leased = Vec::new();
-    let mut events = Vec::new();
-    for rank in 0..d::PRIORITY_RANKS {
-        let mut from = sink.as_bytes().to_vec();
-        from.push(0);
-        from.push(rank);
-        let mut to = from.clone();
-        to.extend_from_slice(&d::us_key(now_us.saturating_add(1)));
-        let mut after = from.clone();
-        while leased.len() < limit {
-            // Among the next due deliveries, this node's share first (spec section 16):
-            // claimers on several nodes of a cluster take different deliveries in a storm
-            // instead of racing for the same ones; another share's are taken when this
-            // one's run short.
-            let keys = st.keys(
-                d::DUE_BY_PRIORITY,
-                &after,
-                &to,
-                (limit - leased.len()) * share.of.max(1),
-            )?;
-            if keys.is_empty() {
-                break;
-            }
-            let id_of = |k: &[u8]| String::from_utf8_lossy(&k[from.len() + 8..]).into_owned();
-            let (own, others): (Vec<&Vec<u8>>, Vec<&Vec<u8>>) =
-                keys.iter().partition(|k| share.owns(&id_of(k)));
-            for k in own.into_iter().chain(others) {
-                if leased.len() >= limit {
-                    break;
-                }
-                if let Some(row) = take(
-                    &mut st,
-                    round,
-                    &id_of(k),
-                    now_us,
-                    &settings,
-                    privacy,
-                    owner,
-                    lease_ms,
-                    &mut events,
-                )? {
-                    leased.push(row);
-                }
-            }
-            after = keys.last().expect("not empty").clone();
-            after.push(0);
-        }
-    }
-    Ok((leased, events))
-}
-
 /// Lease due delivery `id` to `owner`, or record why it is not leased (its expired lease
 /// parked it, a hold moved it, its recipient is suppressed now); `None` when it is not.
 #[allow(clippy::too_many_arguments)]
 fn take(
-    st: &mut State<'_>,
+    st: &mut d::View<'_>,
     round: &crate::decider::Round<'_>,
     id: &str,
     now_us: i64,
@@ -218,7 +154,7 @@ fn take(
     if hold(st, &mut row, now_us, settings, privacy, events)? {
         return Ok(None);
     }
-    if st.recipient_of(&row, privacy)?.suppressed_at(now_us) {
+    if recipient_of(st, &row, privacy)?.suppressed_at(now_us) {
         let c = Change {
             at_us: now_us,
             reason: Some("suppressed".into()),
@@ -251,41 +187,6 @@ fn expiry(row: &Delivery, now_us: i64) -> Change {
         reason: parked.then(|| "max_attempts".into()),
         ..Change::default()
     }
-}
-
-/// Release leases that expired by `now_us` (at most `max`): the periodic tick and the one at
-/// start-up. Answers how many.
-pub(super) fn expire_leases(
-    txn: &WriteTransaction,
-    now_us: i64,
-    max: usize,
-    privacy: Option<&Privacy>,
-) -> Result<(usize, Vec<NewEvent>), CommandError> {
-    let mut st = State::new(txn)?;
-    let mut settings = None;
-    let mut released = 0;
-    let to = d::us_key(now_us.saturating_add(1));
-    let keys = st.keys(d::LEASES, &[], &to, max)?;
-    let mut events = Vec::new();
-    for k in &keys {
-        let id = String::from_utf8_lossy(&k[8..]).into_owned();
-        let Some(mut row) = st.row(&id)? else {
-            continue;
-        };
-        if row.status != S::Leased {
-            continue;
-        }
-        let c = expiry(&row, now_us);
-        transition(&mut row, T::LeaseExpired, &c, 0);
-        events.push(event(T::LeaseExpired, &id, &c)?);
-        released += 1;
-        let settings = match &settings {
-            Some(s) => s,
-            None => settings.insert(st.settings_at(u64::MAX)?),
-        };
-        hold(&mut st, &mut row, now_us, settings, privacy, &mut events)?;
-    }
-    Ok((released, events))
 }
 
 /// One item of a batch completion: the row it left, or why it was refused.
@@ -321,63 +222,6 @@ impl Completed {
     }
 }
 
-/// Complete many deliveries leased by `owner` in one command (one transaction, one fold of
-/// the read models): each item is checked on its own, and refused items change
-/// nothing while the others are recorded.
-pub(super) fn complete_many(
-    txn: &WriteTransaction,
-    now_us: i64,
-    owner: &str,
-    items: &[(DeliveryId, Option<String>)],
-) -> Result<(Vec<Completed>, Vec<NewEvent>), CommandError> {
-    let mut st = State::new(txn)?;
-    let mut out = Vec::with_capacity(items.len());
-    let mut events = Vec::new();
-    let mut done = HashMap::new();
-    for (id, external_id) in items {
-        out.push(complete_item(
-            &mut st,
-            now_us,
-            owner,
-            id.as_str(),
-            SentWith {
-                external_id: external_id.as_deref(),
-                resolved_targets: &[],
-            },
-            &mut done,
-            &mut events,
-        )?);
-    }
-    Ok((out, events))
-}
-
-/// Complete one delivery leased by `owner` ([`complete_many`] of one item).
-pub(super) fn complete_one(
-    txn: &WriteTransaction,
-    now_us: i64,
-    owner: &str,
-    id: &DeliveryId,
-    external_id: Option<&str>,
-    resolved_targets: &[String],
-) -> Result<(Completed, Vec<NewEvent>), CommandError> {
-    let id = id.as_str();
-    let mut st = State::new(txn)?;
-    let mut events = Vec::new();
-    let done = complete_item(
-        &mut st,
-        now_us,
-        owner,
-        id,
-        SentWith {
-            external_id,
-            resolved_targets,
-        },
-        &mut HashMap::new(),
-        &mut events,
-    )?;
-    Ok((done, events))
-}
-
 /// What a completion records besides the transition: the owner's external id, and whom
 /// tidemark's dispatcher reached.
 #[derive(Clone, Copy)]
@@ -389,7 +233,7 @@ struct SentWith<'b> {
 /// One item of a completion: `done` holds the rows completed earlier in the same command (the
 /// models do not show them yet), and the item's event joins `events`.
 fn complete_item<'a>(
-    st: &mut State<'_>,
+    st: &mut d::View<'_>,
     now_us: i64,
     owner: &str,
     id: &'a str,
@@ -453,117 +297,427 @@ pub struct Failure {
     pub retry_after_ms: Option<u64>,
 }
 
-/// The lease owner reports a failed attempt: retry_wait with backoff, or parked when it is
-/// permanent or the last attempt.
-pub(super) fn fail(
-    txn: &WriteTransaction,
-    now_us: i64,
-    id: &DeliveryId,
-    owner: &str,
-    f: Failure,
-    privacy: Option<&Privacy>,
-) -> Result<(Delivery, Vec<NewEvent>), CommandError> {
-    let id = id.as_str();
-    let mut st = State::new(txn)?;
-    let mut row = owned_lease(st.row(id)?, now_us, id, owner, "fail")?;
-    let settings = st.settings_at(u64::MAX)?;
-    let parked = !f.retryable || row.attempts >= row.max_attempts;
-    let next = if parked {
-        None
-    } else {
-        let retry = settings.retry_for(&row.route);
-        // The jitter is a draw from the delivery and its attempt: replaying the decision
-        // draws the same.
-        let u = draw(&[id.as_bytes(), &row.attempts.to_le_bytes(), b"retry"]);
-        let ms = backoff_ms(retry, row.attempts.max(1), u, f.retry_after_ms);
-        Some(now_us.saturating_add(ms as i64 * 1_000))
-    };
-    let c = Change {
-        at_us: now_us,
-        owner: Some(owner.to_owned()),
-        attempt: Some(row.attempts),
-        next_attempt_at_us: next,
-        error_code: Some(f.error_code),
-        error: Some(f.error),
-        retryable: Some(f.retryable),
-        retry_after_ms: f.retry_after_ms,
-        parked: Some(parked),
-        reason: parked.then(|| {
-            if f.retryable {
-                "max_attempts"
-            } else {
-                "permanent_failure"
+/// Lease up to `limit` due deliveries of `sink` to `owner` for `lease_ms`; answers the rows
+/// now leased.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub sink: String,
+    pub owner: String,
+    pub limit: usize,
+    pub lease_ms: u64,
+    /// This node's share of the due deliveries, taken first ([`tidemark_log::Share::ALL`] on a
+    /// single node).
+    pub share: tidemark_log::Share,
+}
+
+impl Sealed for Claim {}
+impl Command for Claim {
+    type Answer = Vec<Delivery>;
+
+    fn name(&self) -> &'static str {
+        "outbox.claim"
+    }
+
+    /// Claim due deliveries of `sink`, the most pressing priority first (urgent, action, warning,
+    /// info), oldest due first within one: queued, retry_wait past its next attempt, leased past
+    /// its lease (released first). Suppression is re-checked: a delivery to a recipient
+    /// suppressed now is skipped instead. Answers the leased rows.
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Vec<Delivery>>, CommandError> {
+        let (sink, owner, limit, lease_ms, share) = (
+            self.sink.as_str(),
+            self.owner.as_str(),
+            self.limit,
+            self.lease_ms,
+            self.share,
+        );
+        let now_us = round.now_us;
+        let privacy = round.privacy;
+        let mut st = d::View::new(txn)?;
+        let settings = st.settings_at(u64::MAX)?;
+        let mut leased = Vec::new();
+        let mut events = Vec::new();
+        for rank in 0..d::PRIORITY_RANKS {
+            let mut after = None;
+            while leased.len() < limit {
+                // Among the next due deliveries, this node's share first (spec section 16):
+                // claimers on several nodes of a cluster take different deliveries in a storm
+                // instead of racing for the same ones; another share's are taken when this
+                // one's run short.
+                let (ids, end) = st.due(
+                    sink,
+                    rank,
+                    now_us,
+                    after.as_ref(),
+                    (limit - leased.len()) * share.of.max(1),
+                )?;
+                if ids.is_empty() {
+                    break;
+                }
+                let (own, others): (Vec<&String>, Vec<&String>) =
+                    ids.iter().partition(|id| share.owns(id));
+                for id in own.into_iter().chain(others) {
+                    if leased.len() >= limit {
+                        break;
+                    }
+                    if let Some(row) = take(
+                        &mut st,
+                        round,
+                        id,
+                        now_us,
+                        &settings,
+                        privacy,
+                        owner,
+                        lease_ms,
+                        &mut events,
+                    )? {
+                        leased.push(row);
+                    }
+                }
+                after = end;
             }
-            .into()
-        }),
-        ..Change::default()
-    };
-    transition(&mut row, T::AttemptFailed, &c, 0);
-    let mut events = vec![event(T::AttemptFailed, id, &c)?];
-    hold(&mut st, &mut row, now_us, &settings, privacy, &mut events)?;
-    Ok((row, events))
-}
-
-/// The lease owner extends its lease (heartbeat); an expired lease cannot be extended.
-pub(super) fn extend(
-    txn: &WriteTransaction,
-    now_us: i64,
-    id: &DeliveryId,
-    owner: &str,
-    lease_ms: u64,
-) -> Result<(Delivery, Vec<NewEvent>), CommandError> {
-    let id = id.as_str();
-    let mut st = State::new(txn)?;
-    if let Some(row) = st.row(id)?
-        && row.status != S::Leased
-        && row.last_error_code.as_deref() == Some("lease_expired")
-    {
-        // Released by the expiry tick before this heartbeat arrived.
-        return Err(CommandError::rejected(
-            RejectKind::Conflict,
-            "lease_expired",
-            format!("the lease on {id:?} has expired; claim it again"),
-        ));
+        }
+        Ok(Decided::new(leased, events))
     }
-    let mut row = owned_lease(st.row(id)?, now_us, id, owner, "extend")?;
-    let c = Change {
-        at_us: now_us,
-        owner: Some(owner.to_owned()),
-        attempt: Some(row.attempts),
-        lease_expires_at_us: Some(now_us.saturating_add(lease_ms as i64 * 1_000)),
-        ..Change::default()
-    };
-    transition(&mut row, T::LeaseExtended, &c, 0);
-    Ok((row, vec![event(T::LeaseExtended, id, &c)?]))
 }
 
-/// Operator action on a parked delivery: `retried` (back to queued with attempts 0) or
-/// `discarded`.
-pub(super) fn operator(
-    txn: &WriteTransaction,
-    now_us: i64,
-    id: &DeliveryId,
-    action: OperatorAction,
-    by: Option<&str>,
-    reason: Option<String>,
-) -> Result<(Delivery, Vec<NewEvent>), CommandError> {
-    let id = id.as_str();
-    let mut st = State::new(txn)?;
-    let mut row = st.row(id)?.ok_or_else(|| not_found(id))?;
-    let kind = action.transition();
-    if !row.allows(kind) {
-        let verb = match action {
-            OperatorAction::Retry => "retry",
-            OperatorAction::Discard => "discard",
+/// Release at most `max` leases expired by now; answers how many.
+#[derive(Debug, Clone)]
+pub struct ExpireLeases {
+    pub max: usize,
+}
+
+impl Sealed for ExpireLeases {}
+impl Command for ExpireLeases {
+    type Answer = usize;
+
+    fn name(&self) -> &'static str {
+        "outbox.expire_leases"
+    }
+
+    /// Release leases that expired by `now_us` (at most `max`): the periodic tick and the one at
+    /// start-up. Answers how many.
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<usize>, CommandError> {
+        let (now_us, max, privacy) = (round.now_us, self.max, round.privacy);
+        let mut st = d::View::new(txn)?;
+        let mut settings = None;
+        let mut released = 0;
+        let mut events = Vec::new();
+        for id in st.leases_expired(now_us, max)? {
+            let Some(mut row) = st.row(&id)? else {
+                continue;
+            };
+            if row.status != S::Leased {
+                continue;
+            }
+            let c = expiry(&row, now_us);
+            transition(&mut row, T::LeaseExpired, &c, 0);
+            events.push(event(T::LeaseExpired, &id, &c)?);
+            released += 1;
+            let settings = match &settings {
+                Some(s) => s,
+                None => settings.insert(st.settings_at(u64::MAX)?),
+            };
+            hold(&mut st, &mut row, now_us, settings, privacy, &mut events)?;
+        }
+        Ok(Decided::new(released, events))
+    }
+}
+
+/// The lease owner reports these deliveries (id, external id) sent; answers each on its own,
+/// in order.
+#[derive(Debug, Clone)]
+pub struct Complete {
+    pub owner: String,
+    pub items: Vec<(DeliveryId, Option<String>)>,
+}
+
+impl Sealed for Complete {}
+impl Command for Complete {
+    type Answer = Vec<Completed>;
+
+    fn name(&self) -> &'static str {
+        "outbox.complete"
+    }
+
+    /// Complete many deliveries leased by `owner` in one command (one transaction, one fold of
+    /// the read models): each item is checked on its own, and refused items change
+    /// nothing while the others are recorded.
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Vec<Completed>>, CommandError> {
+        let (now_us, owner, items) = (round.now_us, self.owner.as_str(), &self.items);
+        let mut st = d::View::new(txn)?;
+        let mut out = Vec::with_capacity(items.len());
+        let mut events = Vec::new();
+        let mut done = HashMap::new();
+        for (id, external_id) in items {
+            out.push(complete_item(
+                &mut st,
+                now_us,
+                owner,
+                id.as_str(),
+                SentWith {
+                    external_id: external_id.as_deref(),
+                    resolved_targets: &[],
+                },
+                &mut done,
+                &mut events,
+            )?);
+        }
+        Ok(Decided::new(out, events))
+    }
+}
+
+/// The lease owner reports one delivery sent ([`Complete`] of one item); answers it.
+#[derive(Debug, Clone)]
+pub struct CompleteOne {
+    pub id: DeliveryId,
+    pub owner: String,
+    pub external_id: Option<String>,
+    /// Whom it reached (tidemark's dispatcher; empty for an app's completion).
+    pub resolved_targets: Vec<String>,
+}
+
+impl Sealed for CompleteOne {}
+impl Command for CompleteOne {
+    type Answer = Completed;
+
+    fn name(&self) -> &'static str {
+        "outbox.complete"
+    }
+
+    /// Complete one delivery leased by `owner` ([`complete_many`] of one item).
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Completed>, CommandError> {
+        let (now_us, owner, external_id, resolved_targets) = (
+            round.now_us,
+            self.owner.as_str(),
+            self.external_id.as_deref(),
+            self.resolved_targets.as_slice(),
+        );
+        let id = self.id.as_str();
+        let mut st = d::View::new(txn)?;
+        let mut events = Vec::new();
+        let done = complete_item(
+            &mut st,
+            now_us,
+            owner,
+            id,
+            SentWith {
+                external_id,
+                resolved_targets,
+            },
+            &mut HashMap::new(),
+            &mut events,
+        )?;
+        Ok(Decided::new(done, events))
+    }
+}
+
+/// The lease owner reports a failed attempt; answers the row after it.
+#[derive(Debug, Clone)]
+pub struct Fail {
+    pub id: DeliveryId,
+    pub owner: String,
+    pub failure: Failure,
+}
+
+impl Sealed for Fail {}
+impl Command for Fail {
+    type Answer = Delivery;
+
+    fn name(&self) -> &'static str {
+        "outbox.fail"
+    }
+
+    /// The lease owner reports a failed attempt: retry_wait with backoff, or parked when it is
+    /// permanent or the last attempt.
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Delivery>, CommandError> {
+        let (now_us, owner, f, privacy) = (
+            round.now_us,
+            self.owner.as_str(),
+            self.failure.clone(),
+            round.privacy,
+        );
+        let id = self.id.as_str();
+        let mut st = d::View::new(txn)?;
+        let mut row = owned_lease(st.row(id)?, now_us, id, owner, "fail")?;
+        let settings = st.settings_at(u64::MAX)?;
+        let parked = !f.retryable || row.attempts >= row.max_attempts;
+        let next = if parked {
+            None
+        } else {
+            let retry = settings.retry_for(&row.route);
+            // The jitter is a draw from the delivery and its attempt: replaying the decision
+            // draws the same.
+            let u = draw(&[id.as_bytes(), &row.attempts.to_le_bytes(), b"retry"]);
+            let ms = backoff_ms(retry, row.attempts.max(1), u, f.retry_after_ms);
+            Some(now_us.saturating_add(ms as i64 * 1_000))
         };
-        return Err(illegal(&row, verb));
+        let c = Change {
+            at_us: now_us,
+            owner: Some(owner.to_owned()),
+            attempt: Some(row.attempts),
+            next_attempt_at_us: next,
+            error_code: Some(f.error_code),
+            error: Some(f.error),
+            retryable: Some(f.retryable),
+            retry_after_ms: f.retry_after_ms,
+            parked: Some(parked),
+            reason: parked.then(|| {
+                if f.retryable {
+                    "max_attempts"
+                } else {
+                    "permanent_failure"
+                }
+                .into()
+            }),
+            ..Change::default()
+        };
+        transition(&mut row, T::AttemptFailed, &c, 0);
+        let mut events = vec![event(T::AttemptFailed, id, &c)?];
+        hold(&mut st, &mut row, now_us, &settings, privacy, &mut events)?;
+        Ok(Decided::new(row, events))
     }
-    let c = Change {
-        at_us: now_us,
-        by: Some(by.map(str::to_owned)),
-        reason,
-        ..Change::default()
-    };
-    transition(&mut row, kind, &c, 0);
-    Ok((row, vec![event(kind, id, &c)?]))
+}
+
+/// The lease owner extends its lease to `lease_ms` from now; answers the row after it.
+#[derive(Debug, Clone)]
+pub struct Extend {
+    pub id: DeliveryId,
+    pub owner: String,
+    pub lease_ms: u64,
+}
+
+impl Sealed for Extend {}
+impl Command for Extend {
+    type Answer = Delivery;
+
+    fn name(&self) -> &'static str {
+        "outbox.extend"
+    }
+
+    /// The lease owner extends its lease (heartbeat); an expired lease cannot be extended.
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Delivery>, CommandError> {
+        let (now_us, owner, lease_ms) = (round.now_us, self.owner.as_str(), self.lease_ms);
+        let id = self.id.as_str();
+        let mut st = d::View::new(txn)?;
+        if let Some(row) = st.row(id)?
+            && row.status != S::Leased
+            && row.last_error_code.as_deref() == Some("lease_expired")
+        {
+            // Released by the expiry tick before this heartbeat arrived.
+            return Err(CommandError::rejected(
+                RejectKind::Conflict,
+                "lease_expired",
+                format!("the lease on {id:?} has expired; claim it again"),
+            ));
+        }
+        let mut row = owned_lease(st.row(id)?, now_us, id, owner, "extend")?;
+        let c = Change {
+            at_us: now_us,
+            owner: Some(owner.to_owned()),
+            attempt: Some(row.attempts),
+            lease_expires_at_us: Some(now_us.saturating_add(lease_ms as i64 * 1_000)),
+            ..Change::default()
+        };
+        transition(&mut row, T::LeaseExtended, &c, 0);
+        Ok(Decided::new(row, vec![event(T::LeaseExtended, id, &c)?]))
+    }
+}
+
+/// An operator retries or discards a parked delivery; answers the row after it.
+#[derive(Debug, Clone)]
+pub struct Operator {
+    pub id: DeliveryId,
+    pub action: OperatorAction,
+    /// The token's name; `None` in open mode.
+    pub by: Option<String>,
+    pub reason: Option<String>,
+}
+
+impl Sealed for Operator {}
+impl Command for Operator {
+    type Answer = Delivery;
+
+    fn name(&self) -> &'static str {
+        "outbox.operator"
+    }
+
+    /// Operator action on a parked delivery: `retried` (back to queued with attempts 0) or
+    /// `discarded`.
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Delivery>, CommandError> {
+        let (now_us, action, by, reason) = (
+            round.now_us,
+            self.action,
+            self.by.as_deref(),
+            self.reason.clone(),
+        );
+        let id = self.id.as_str();
+        let mut st = d::View::new(txn)?;
+        let mut row = st.row(id)?.ok_or_else(|| not_found(id))?;
+        let kind = action.transition();
+        if !row.allows(kind) {
+            let verb = match action {
+                OperatorAction::Retry => "retry",
+                OperatorAction::Discard => "discard",
+            };
+            return Err(illegal(&row, verb));
+        }
+        let c = Change {
+            at_us: now_us,
+            by: Some(by.map(str::to_owned)),
+            reason,
+            ..Change::default()
+        };
+        transition(&mut row, kind, &c, 0);
+        Ok(Decided::new(row, vec![event(kind, id, &c)?]))
+    }
+}
+
+/// What an operator does to a parked delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperatorAction {
+    Retry,
+    Discard,
+}
+
+impl OperatorAction {
+    /// The transition it records (`delivery.retried` / `delivery.discarded`).
+    pub fn transition(self) -> DeliveryTransition {
+        match self {
+            OperatorAction::Retry => DeliveryTransition::Retried,
+            OperatorAction::Discard => DeliveryTransition::Discarded,
+        }
+    }
+
+    /// The name of its transition (`retried` / `discarded`), for metrics.
+    pub fn kind(self) -> &'static str {
+        self.transition().as_str()
+    }
 }

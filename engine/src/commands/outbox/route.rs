@@ -14,7 +14,9 @@ use tidemark_projections::names::{
 };
 use tidemark_projections::routing::{RouteOutcome, RoutePolicy, resolve_routes};
 
-use super::{State, draw, event, storage};
+use super::{draw, event};
+use crate::commands::sealed::Sealed;
+use crate::commands::{Command, Decided, Round};
 use crate::privacy::Privacy;
 use crate::store::WriteTransaction;
 
@@ -105,59 +107,77 @@ fn notice(ev: &Event) -> Option<Notice> {
 #[derive(Default)]
 struct Overlay {
     rows: std::collections::HashMap<String, Delivery>,
-    groups: std::collections::HashMap<Vec<u8>, Group>,
+    /// Digests opened, by route, recipient and group.
+    groups: std::collections::HashMap<(String, String, String), Group>,
 }
 
 impl Overlay {
-    fn row(&self, st: &mut State<'_>, id: &str) -> Result<Option<Delivery>, CommandError> {
+    fn row(&self, st: &mut d::View<'_>, id: &str) -> Result<Option<Delivery>, CommandError> {
         match self.rows.get(id) {
             Some(r) => Ok(Some(r.clone())),
-            None => st.row(id),
+            None => Ok(st.row(id)?),
         }
     }
 }
 
-/// Route notifications and apply task cancellations, for the events of `source` (in seq
-/// order) past the routing checkpoint. The checkpoint advances in the same transaction as the
-/// events, so every notification is routed exactly once, across crashes.
-pub(super) fn route(
-    txn: &WriteTransaction,
-    source: &[Event],
-    privacy: Option<&Privacy>,
-) -> Result<Vec<NewEvent>, CommandError> {
-    let mut st = State::new(txn)?;
-    let routed = st.routed()?;
-    let mut out = Vec::new();
-    let mut ov = Overlay::default();
-    for ev in source.iter().filter(|e| e.seq > routed) {
-        match (Stream::parse(&ev.stream), EventType::parse(&ev.event_type)) {
-            (Some(Stream::Notifications), Some(EventType::NotificationCanceled)) => {
-                cancel_notification(
-                    &mut st,
-                    &mut ov,
-                    &ev.subject,
-                    ev.seq,
-                    ev.time_us,
-                    privacy,
-                    &mut out,
-                )?
-            }
-            (Some(Stream::Notifications), _) => {
-                if let Some(n) = notice(ev) {
-                    route_one(&mut st, &mut ov, &n, privacy, &mut out)?;
-                }
-            }
-            (Some(Stream::TaskEvents), Some(EventType::TaskCanceled)) => {
-                cancel_task(&mut st, &mut ov, &ev.subject, ev.seq, ev.time_us, &mut out)?
-            }
-            _ => {}
-        }
+/// Route the notifications and task cancellations among `source` past the routing
+/// checkpoint (the scheduler's command); answers how many events it appended.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub source: Vec<Event>,
+}
+
+impl Sealed for Route {}
+impl Command for Route {
+    type Answer = usize;
+
+    fn name(&self) -> &'static str {
+        "outbox.route"
     }
-    Ok(out)
+
+    /// Route notifications and apply task cancellations, for the events of `source` (in seq
+    /// order) past the routing checkpoint. The checkpoint advances in the same transaction as the
+    /// events, so every notification is routed exactly once, across crashes.
+    fn decide(
+        &self,
+        txn: &WriteTransaction,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<usize>, CommandError> {
+        let (source, privacy) = (self.source.as_slice(), round.privacy);
+        let mut st = d::View::new(txn)?;
+        let routed = st.routed()?;
+        let mut out = Vec::new();
+        let mut ov = Overlay::default();
+        for ev in source.iter().filter(|e| e.seq > routed) {
+            match (Stream::parse(&ev.stream), EventType::parse(&ev.event_type)) {
+                (Some(Stream::Notifications), Some(EventType::NotificationCanceled)) => {
+                    cancel_notification(
+                        &mut st,
+                        &mut ov,
+                        &ev.subject,
+                        ev.seq,
+                        ev.time_us,
+                        privacy,
+                        &mut out,
+                    )?
+                }
+                (Some(Stream::Notifications), _) => {
+                    if let Some(n) = notice(ev) {
+                        route_one(&mut st, &mut ov, &n, privacy, &mut out)?;
+                    }
+                }
+                (Some(Stream::TaskEvents), Some(EventType::TaskCanceled)) => {
+                    cancel_task(&mut st, &mut ov, &ev.subject, ev.seq, ev.time_us, &mut out)?
+                }
+                _ => {}
+            }
+        }
+        Ok(Decided::new(out.len(), out))
+    }
 }
 
 fn route_one(
-    st: &mut State<'_>,
+    st: &mut d::View<'_>,
     ov: &mut Overlay,
     n: &Notice,
     privacy: Option<&Privacy>,
@@ -237,7 +257,7 @@ fn route_one(
             count: (n.count > 1).then_some(n.count),
         };
         let canceled_at = match &n.task_id {
-            Some(t) => st.u64_at(d::CANCELED, t.as_bytes())?,
+            Some(t) => st.task_canceled_at(t)?,
             None => None,
         };
         let rcpt = st.recipient(n.recipient.as_deref())?;
@@ -257,10 +277,14 @@ fn route_one(
             // Digest: join the open delivery of this recipient and group, if any, however
             // many items it has (section 4: a digest is never split).
             if let (Some(dg), Some(g)) = (&policy.digest, &group) {
-                let key = d::group_key(&route, recipient.as_deref().unwrap_or(""), g);
+                let key = (
+                    route.clone(),
+                    recipient.clone().unwrap_or_default(),
+                    g.clone(),
+                );
                 let open = match ov.groups.get(&key) {
                     Some(g) => Some(g.clone()),
-                    None => st.t.get_val::<Group>(d::GROUPS, &key).map_err(storage)?,
+                    None => st.open_group(&key.0, &key.1, &key.2)?,
                 };
                 if let Some(grp) = open
                     && at < grp.until_us
@@ -386,7 +410,7 @@ pub fn quiet_hours_end_in(due_us: i64, tz: chrono_tz::Tz, from: u32, to: u32) ->
 /// leaves, and the title is recomputed. Its deliveries on redacting routes are found by the
 /// intent key.
 fn cancel_notification(
-    st: &mut State<'_>,
+    st: &mut d::View<'_>,
     ov: &mut Overlay,
     nid: &str,
     cancel_seq: u64,
@@ -400,11 +424,7 @@ fn cancel_notification(
     }
     let mut ids = Vec::new();
     for k in &keys {
-        let from = [k.as_bytes(), &[0u8]].concat();
-        let to = [k.as_bytes(), &[1u8]].concat();
-        for key in st.keys(d::BY_NOTIFICATION, &from, &to, usize::MAX)? {
-            ids.push(String::from_utf8_lossy(&key[from.len()..]).into_owned());
-        }
+        ids.extend(st.of_notification(k)?);
     }
     for r in ov.rows.values() {
         if r.all_items().any(|i| keys.contains(&i.notification_id))
@@ -471,22 +491,14 @@ fn cancel_notification(
 }
 
 fn cancel_task(
-    st: &mut State<'_>,
+    st: &mut d::View<'_>,
     ov: &mut Overlay,
     task: &str,
     cancel_seq: u64,
     at_us: i64,
     out: &mut Vec<NewEvent>,
 ) -> Result<(), CommandError> {
-    let mut from = task.as_bytes().to_vec();
-    from.push(0);
-    let mut to = task.as_bytes().to_vec();
-    to.push(1);
-    let mut ids: Vec<String> = st
-        .keys(d::BY_TASK, &from, &to, usize::MAX)?
-        .into_iter()
-        .map(|k| String::from_utf8_lossy(&k[from.len()..]).into_owned())
-        .collect();
+    let mut ids = st.of_task(task)?;
     for r in ov.rows.values() {
         if r.task_id.as_deref() == Some(task) && !ids.iter().any(|i| *i == r.id) {
             ids.push(r.id.to_string());

@@ -1,0 +1,235 @@
+//! The deliveries model seen from inside a models transaction: what the commands decide from
+//! (claim, expiry, completion, routing, admission, retention), asked for by what it means — a
+//! row, the due deliveries of a sink at a priority, the leases expired by a time, the
+//! deliveries of a notification or a task, a recipient, the settings in force. The keys are
+//! this folder's: the fold writes them and this view reads them; no caller builds or parses
+//! one.
+
+use redb::{ReadableTable, WriteTransaction};
+use tidemark_log::StorageError;
+
+use super::{
+    BY_NOTIFICATION, BY_TASK, CANCELED, COUNTS, DUE_BY_PRIORITY, Delivery, GROUPS, Group, LEASES,
+    NAME, NOTIFICATIONS_CANCELED, RECIPIENTS, ROUTED_KEY, ROWS, Recipient, SENT, SETTINGS, STATE,
+    count_pending, group_key, timed_key, us_key,
+};
+use crate::framework::{TxnTables, be_u64};
+use crate::routing::RoutingSettings;
+
+/// The deliveries model inside one models transaction (each table opened once).
+pub struct View<'t> {
+    t: TxnTables<'t>,
+}
+
+/// Where a page of [`View::due`] ended: the next page starts after it.
+#[derive(Debug, Clone)]
+pub struct DueAfter(Vec<u8>);
+
+fn of(e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
+    StorageError::of(e)
+}
+
+impl<'t> View<'t> {
+    pub fn new(txn: &'t WriteTransaction) -> Result<Self, StorageError> {
+        Ok(View {
+            t: TxnTables::new(txn, NAME)?,
+        })
+    }
+
+    /// Delivery `id`'s row.
+    pub fn row(&mut self, id: &str) -> Result<Option<Delivery>, StorageError> {
+        self.t.get_val(ROWS, id.as_bytes())
+    }
+
+    /// The ids of the claimable deliveries of `sink` at priority `rank`
+    /// ([`super::priority_rank`]) due by `now_us` — queued and retry_wait rows by their next
+    /// attempt, leased rows by their lease's expiry — oldest due first, after `after` (the
+    /// previous page's end), at most `max`; and where this page ended (`None` when it is
+    /// empty).
+    pub fn due(
+        &mut self,
+        sink: &str,
+        rank: u8,
+        now_us: i64,
+        after: Option<&DueAfter>,
+        max: usize,
+    ) -> Result<(Vec<String>, Option<DueAfter>), StorageError> {
+        let mut prefix = sink.as_bytes().to_vec();
+        prefix.push(0);
+        prefix.push(rank);
+        let mut to = prefix.clone();
+        to.extend_from_slice(&us_key(now_us.saturating_add(1)));
+        let from = match after {
+            Some(DueAfter(k)) => [k.as_slice(), &[0]].concat(),
+            None => prefix.clone(),
+        };
+        // `prefix ‖ due_us (8) ‖ id`.
+        let id_at = prefix.len() + 8;
+        let mut ids = Vec::new();
+        let mut last = None;
+        if from < to && max > 0 {
+            for row in self
+                .t
+                .table(DUE_BY_PRIORITY)?
+                .range(from.as_slice()..to.as_slice())
+                .map_err(of)?
+            {
+                let (k, _) = row.map_err(of)?;
+                let k = k.value();
+                ids.push(String::from_utf8_lossy(&k[id_at..]).into_owned());
+                if ids.len() >= max {
+                    last = Some(k.to_vec());
+                    break;
+                }
+                last = Some(k.to_vec());
+            }
+        }
+        Ok((ids, last.map(DueAfter)))
+    }
+
+    /// The ids of leased deliveries whose lease expired by `now_us`, the earliest first, at
+    /// most `max`.
+    pub fn leases_expired(&mut self, now_us: i64, max: usize) -> Result<Vec<String>, StorageError> {
+        // `lease_expires_us (8) ‖ id`.
+        let to = us_key(now_us.saturating_add(1));
+        let mut ids = Vec::new();
+        for row in self.t.table(LEASES)?.range(..to.as_slice()).map_err(of)? {
+            if ids.len() >= max {
+                break;
+            }
+            let (k, _) = row.map_err(of)?;
+            ids.push(String::from_utf8_lossy(&k.value()[8..]).into_owned());
+        }
+        Ok(ids)
+    }
+
+    /// The ids of the deliveries carrying notification `nid` (a digest carries several).
+    pub fn of_notification(&mut self, nid: &str) -> Result<Vec<String>, StorageError> {
+        self.suffixes(BY_NOTIFICATION, nid)
+    }
+
+    /// The ids of the deliveries of task `task`.
+    pub fn of_task(&mut self, task: &str) -> Result<Vec<String>, StorageError> {
+        self.suffixes(BY_TASK, task)
+    }
+
+    /// What follows `prefix ‖ 0` in the keys of `table` that start with it.
+    fn suffixes(&mut self, table: &'static str, prefix: &str) -> Result<Vec<String>, StorageError> {
+        let lo = [prefix.as_bytes(), &[0u8]].concat();
+        let hi = [prefix.as_bytes(), &[1u8]].concat();
+        let mut out = Vec::new();
+        for row in self
+            .t
+            .table(table)?
+            .range(lo.as_slice()..hi.as_slice())
+            .map_err(of)?
+        {
+            let (k, _) = row.map_err(of)?;
+            out.push(String::from_utf8_lossy(&k.value()[lo.len()..]).into_owned());
+        }
+        Ok(out)
+    }
+
+    /// Recipient `r`'s state (the defaults for none, or one without state).
+    pub fn recipient(&mut self, r: Option<&str>) -> Result<Recipient, StorageError> {
+        let Some(r) = r else {
+            return Ok(Recipient::default());
+        };
+        Ok(self
+            .t
+            .get_val(RECIPIENTS, r.as_bytes())?
+            .unwrap_or_default())
+    }
+
+    /// The state of the first recipient whose name `matches` (one pass over the recipients
+    /// with state: a redacted row names its recipient by a keyed hash only).
+    pub fn find_recipient(
+        &mut self,
+        matches: impl Fn(&str) -> bool,
+    ) -> Result<Option<Recipient>, StorageError> {
+        for entry in self.t.table(RECIPIENTS)?.iter().map_err(of)? {
+            let (k, v) = entry.map_err(of)?;
+            if matches(&String::from_utf8_lossy(k.value())) {
+                return postcard::from_bytes(v.value()).map(Some).map_err(of);
+            }
+        }
+        Ok(None)
+    }
+
+    /// A `notification.canceled` for `id` has been folded.
+    pub fn notification_canceled(&mut self, id: &str) -> Result<bool, StorageError> {
+        Ok(self.t.get(NOTIFICATIONS_CANCELED, id.as_bytes())?.is_some())
+    }
+
+    /// The seq of task `task`'s first `task.canceled`, if it was canceled.
+    pub fn task_canceled_at(&mut self, task: &str) -> Result<Option<u64>, StorageError> {
+        Ok(self
+            .t
+            .get(CANCELED, task.as_bytes())?
+            .and_then(|b| be_u64(&b)))
+    }
+
+    /// The open digest of `route`, `recipient` and `group`, if any.
+    pub fn open_group(
+        &mut self,
+        route: &str,
+        recipient: &str,
+        group: &str,
+    ) -> Result<Option<Group>, StorageError> {
+        self.t.get_val(GROUPS, &group_key(route, recipient, group))
+    }
+
+    /// The seq of the last notification or cancellation routing has handled.
+    pub fn routed(&mut self) -> Result<u64, StorageError> {
+        Ok(self
+            .t
+            .get(STATE, ROUTED_KEY)?
+            .and_then(|b| be_u64(&b))
+            .unwrap_or(0))
+    }
+
+    /// The settings in force at `seq` (the last `settings.updated` at or before it).
+    pub fn settings_at(&mut self, seq: u64) -> Result<RoutingSettings, StorageError> {
+        let t = self.t.table(SETTINGS)?;
+        let mut range = t.range(..=seq.to_be_bytes().as_slice()).map_err(of)?;
+        let Some(row) = range.next_back() else {
+            return Ok(RoutingSettings::default());
+        };
+        let (_, v) = row.map_err(of)?;
+        let json: serde_json::Value = serde_json::from_slice(v.value()).map_err(of)?;
+        // The server validated the settings before recording them.
+        Ok(RoutingSettings::from_json(&json).unwrap_or_default())
+    }
+
+    /// Pending deliveries (queued, leased, retry_wait) over all sinks.
+    pub fn pending(&mut self) -> Result<u64, StorageError> {
+        count_pending(self.t.table(COUNTS)?)
+    }
+
+    /// Deliveries sent at or after `since_us` over all sinks (the outbox's drain rate).
+    pub fn sent_since(&mut self, since_us: i64) -> Result<u64, StorageError> {
+        // The sinks are the first part of the counts' keys, `sink ‖ 0 ‖ status`.
+        let mut sinks: Vec<Vec<u8>> = Vec::new();
+        for row in self.t.table(COUNTS)?.iter().map_err(of)? {
+            let (k, _) = row.map_err(of)?;
+            let k = k.value();
+            if let Some(split) = k.iter().position(|b| *b == 0)
+                && sinks.last().is_none_or(|s| s.as_slice() != &k[..split])
+            {
+                sinks.push(k[..split].to_vec());
+            }
+        }
+        let sent = self.t.table(SENT)?;
+        let mut n = 0;
+        for sink in sinks {
+            let sink = String::from_utf8_lossy(&sink);
+            let lo = timed_key(&sink, since_us, "");
+            let hi = timed_key(&sink, i64::MAX, "");
+            n += sent
+                .range(lo.as_slice()..hi.as_slice())
+                .map_err(of)?
+                .count() as u64;
+        }
+        Ok(n)
+    }
+}
