@@ -285,7 +285,7 @@ fn confirm_in(
         delivery_id,
         expected_sequence: c.expected,
     }
-    .from_row(&cur, now_us)?;
+    .decide_on(&cur, now_us)?;
     moved.insert(consumer, next.clone());
     Ok((next, events))
 }

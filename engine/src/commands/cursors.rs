@@ -38,7 +38,7 @@ impl Command for Advance {
         round: &mut Round<'_>,
     ) -> Result<Decided<Cursor>, CommandError> {
         let cur = get_in(txn, &self.consumer_id, &self.stream_name, &self.subject_id)?;
-        let (cursor, events) = self.from_row(&cur, round.now_us)?;
+        let (cursor, events) = self.decide_on(&cur, round.now_us)?;
         Ok(Decided::new(cursor, events))
     }
 }
@@ -46,7 +46,7 @@ impl Command for Advance {
 impl Advance {
     /// The decision given the cursor's current row (a bridge's confirmation has read it):
     /// forward, or an idempotent replay of the same (seq, delivery_id), which appends nothing.
-    pub(crate) fn from_row(
+    pub(crate) fn decide_on(
         &self,
         cur: &Cursor,
         now_us: i64,
