@@ -24,6 +24,28 @@ struct Plan {
     taken: usize,
 }
 
+impl Plan {
+    /// Judge an ack of `seq`, the batch's acks of this subscription taken in order: `None`
+    /// when it is not the next pending delivery (refused); else the confirmation's
+    /// compare-and-swap, `Some(Some(cursor))` on the position it moves the cursor from, or
+    /// `Some(None)` for a replay of the ack that put the cursor where it is (confirmed again,
+    /// which moves nothing).
+    fn take(&mut self, seq: u64) -> Option<Option<u64>> {
+        if seq > 0 && seq == self.cursor && self.taken == 0 {
+            return Some(None);
+        }
+        if self.deliverable.get(self.taken) != Some(&seq) {
+            return None;
+        }
+        let from = match self.taken {
+            0 => self.cursor,
+            n => self.deliverable[n - 1],
+        };
+        self.taken += 1;
+        Some(Some(from))
+    }
+}
+
 fn refused(kind: RejectKind, code: &'static str, detail: String) -> CommandError {
     CommandError::rejected(kind, code, detail)
 }
@@ -82,27 +104,19 @@ pub fn plan_acks(
             plans.insert(sub_id.clone(), plan);
         }
         let plan = plans.get_mut(&sub_id).expect("inserted above");
-        let replay = seq > 0 && seq == plan.cursor && plan.taken == 0;
-        let expected = match plan.taken {
-            0 => plan.cursor,
-            n => plan.deliverable[n - 1],
-        };
-        if !replay && plan.deliverable.get(plan.taken) != Some(&seq) {
+        let Some(expected) = plan.take(seq) else {
             let why = format!(
                 "{id:?} is not the subscription's next pending delivery (cursor at {})",
                 plan.cursor
             );
             out.push(Err(refused(RejectKind::Conflict, "not_pending", why)));
             continue;
-        }
-        if !replay {
-            plan.taken += 1;
-        }
+        };
         out.push(Ok(Confirmation {
             subscription_id: sub_id,
             task_id: sub.target.task_id.clone(),
             seq,
-            expected: (!replay).then_some(expected),
+            expected,
         }));
     }
     Ok(out)
@@ -125,4 +139,48 @@ pub fn pending_for_bridge(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Plan;
+
+    fn plan(cursor: u64, deliverable: &[u64]) -> Plan {
+        Plan {
+            cursor,
+            deliverable: deliverable.to_vec(),
+            taken: 0,
+        }
+    }
+
+    #[test]
+    fn acks_are_taken_in_the_subscriptions_order_and_a_replay_moves_nothing() {
+        // In order: each moves the cursor from where the one before left it.
+        let mut p = plan(5, &[7, 9, 12]);
+        assert_eq!(p.take(7), Some(Some(5)));
+        assert_eq!(p.take(9), Some(Some(7)));
+        assert_eq!(p.take(12), Some(Some(9)));
+        // Past the deliverable ones, or the same twice: not pending.
+        assert_eq!(p.take(13), None);
+        assert_eq!(p.take(12), None);
+
+        // Out of order, or skipping one: refused, and it takes nothing.
+        let mut p = plan(5, &[7, 9]);
+        assert_eq!(p.take(9), None);
+        assert_eq!(p.take(6), None);
+        assert_eq!(p.take(7), Some(Some(5)));
+
+        // The ack that put the cursor where it is, first in the batch: a replay.
+        let mut p = plan(5, &[7]);
+        assert_eq!(p.take(5), Some(None));
+        assert_eq!(p.take(5), Some(None));
+        assert_eq!(p.take(7), Some(Some(5)));
+        // Once the batch has moved on, the old position is no replay.
+        assert_eq!(p.take(5), None);
+
+        // A cursor at zero has nothing to replay; nothing deliverable, nothing pending.
+        let mut p = plan(0, &[]);
+        assert_eq!(p.take(0), None);
+        assert_eq!(p.take(1), None);
+    }
 }

@@ -194,16 +194,10 @@ impl Notifier {
             }) => {
                 metrics::counter!("tidemark_bridge_webhook_failures_total").increment(1);
                 let r = self.retries.entry(sub_id.clone()).or_default();
-                if r.seq != seq {
-                    *r = Retry {
-                        seq,
-                        ..Retry::default()
-                    };
-                }
-                r.attempts += 1;
+                let attempts = r.failed(seq);
                 let u = rand::random::<f64>();
                 // A receiver's Retry-After (429/503, capped at an hour) replaces the backoff.
-                let ms = backoff_ms(&self.settings.retry, r.attempts, u, retry_after_ms);
+                let ms = backoff_ms(&self.settings.retry, attempts, u, retry_after_ms);
                 r.next = Some(Instant::now() + Duration::from_millis(ms));
                 tracing::info!(subscription = %sub_id, seq, attempt = r.attempts, retry_in_ms = ms, "webhook delivery failed");
                 let _ = record_failure(&self.engine, &sub, &err).await;
@@ -408,19 +402,21 @@ impl Notifier {
             } else {
                 self.deferred.remove(&id);
             }
-            // What this node does for the subscription beyond the pull cache: while it holds
-            // the subscription's lease.
-            if !self.leases.holds(&lease_name(id.as_str())) {
-                return Ok(());
-            }
-            if let Some((ev, reason)) = &scan.mismatch {
+            let act = act_on(
+                self.leases.holds(&lease_name(id.as_str())),
+                sub.target.sink.kind == "webhook",
+                scan.deliver.as_ref(),
+                scan.mismatch.as_ref(),
+            );
+            if let Act::Mismatch((ev, reason)) = act {
                 self.stopped.insert(id.clone());
                 record_mismatch(&self.engine, &sub, ev, reason).await;
                 return Ok(());
             }
-            self.stopped.remove(&id);
-            // A pull sink's envelope waits for the bridge's ack; a webhook's is POSTed.
-            if let (Some(ev), "webhook") = (&scan.deliver, sub.target.sink.kind.as_str()) {
+            if !matches!(act, Act::Leave) {
+                self.stopped.remove(&id);
+            }
+            if let Act::Post(ev) = act {
                 {
                     let envelope = bridges::envelope(&sub, ev);
                     let webhook_id = envelope["delivery_id"]
@@ -476,6 +472,51 @@ impl Notifier {
     }
 }
 
+/// What a node does for a subscription after its scan, beyond the pull cache every node
+/// keeps (the notifier's decision table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Act<D, M> {
+    /// Nothing: another node holds the subscription's lease.
+    Leave,
+    /// Record the mismatch the subscription is stopped at and send nothing (I5).
+    Mismatch(M),
+    /// POST the next event to the webhook.
+    Post(D),
+    /// Nothing to send: caught up, deferred, or a pull sink (its bridge acks what it takes).
+    Wait,
+}
+
+/// [`Act`] for a subscription whose lease this node holds or not, on a webhook sink or not,
+/// with the scan's event to deliver and its mismatch (a mismatch comes first: nothing is sent
+/// past one).
+fn act_on<D, M>(
+    holds_lease: bool,
+    webhook: bool,
+    deliver: Option<D>,
+    mismatch: Option<M>,
+) -> Act<D, M> {
+    match (holds_lease, mismatch, deliver) {
+        (false, _, _) => Act::Leave,
+        (true, Some(m), _) => Act::Mismatch(m),
+        (true, None, Some(d)) if webhook => Act::Post(d),
+        (true, None, _) => Act::Wait,
+    }
+}
+
+impl Retry {
+    /// Count a failed attempt at `seq` (a new seq starts the count over): the attempts made.
+    fn failed(&mut self, seq: u64) -> u32 {
+        if self.seq != seq {
+            *self = Retry {
+                seq,
+                ..Retry::default()
+            };
+        }
+        self.attempts += 1;
+        self.attempts
+    }
+}
+
 /// Why a webhook POST failed, and the wait its receiver asked for.
 #[derive(Debug)]
 struct Failed {
@@ -504,4 +545,47 @@ pub(crate) fn concerns(ev: &tidemark_log::Event) -> bool {
         Stream::parse(&ev.stream),
         Some(Stream::TaskEvents | Stream::Bridges | Stream::Cursors)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Act, Retry, act_on};
+
+    #[test]
+    fn the_notifiers_decision_table() {
+        type A = Act<&'static str, &'static str>;
+        type Row = (bool, bool, Option<&'static str>, Option<&'static str>, A);
+        let (ev, mm) = (Some("ev"), Some("mismatch"));
+        // (holds the lease, webhook, deliver, mismatch) → what the node does.
+        let table: [Row; 10] = [
+            (false, true, ev, None, Act::Leave),
+            (false, true, None, mm, Act::Leave),
+            (false, false, ev, None, Act::Leave),
+            (true, true, ev, None, Act::Post("ev")),
+            (true, true, None, None, Act::Wait),
+            (true, true, None, mm, Act::Mismatch("mismatch")),
+            (true, true, ev, mm, Act::Mismatch("mismatch")),
+            (true, false, ev, None, Act::Wait),
+            (true, false, None, mm, Act::Mismatch("mismatch")),
+            (true, false, None, None, Act::Wait),
+        ];
+        for (holds, webhook, deliver, mismatch, want) in table {
+            assert_eq!(
+                act_on(holds, webhook, deliver, mismatch),
+                want,
+                "holds {holds}, webhook {webhook}, deliver {deliver:?}, mismatch {mismatch:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn retries_count_per_seq() {
+        let mut r = Retry::default();
+        assert_eq!(r.failed(7), 1);
+        assert_eq!(r.failed(7), 2);
+        assert_eq!(r.failed(7), 3);
+        // The next seq starts over; so does a return to an earlier one.
+        assert_eq!(r.failed(9), 1);
+        assert_eq!(r.failed(7), 1);
+    }
 }

@@ -489,3 +489,52 @@ pub(crate) fn pool(
     }
     Ok((Duration::from_millis(ms), concurrency))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Health, Outcome, SinkHealth};
+
+    #[test]
+    fn a_sinks_health_follows_its_attempts() {
+        let h = Health::default();
+        h.0.lock().unwrap().push(SinkHealth {
+            sink: "email",
+            concurrency: 2,
+            ..SinkHealth::default()
+        });
+        let state = || h.snapshot()[0].state();
+        assert_eq!(state(), "idle");
+        h.update("email", |s| s.in_flight += 1);
+        assert_eq!(state(), "sending", "a hanging server is not idle");
+        let transient = Outcome::Transient {
+            code: "smtp_451".into(),
+            error: "try later".into(),
+            retry_after_ms: None,
+        };
+        h.outcome("email", &transient);
+        assert_eq!(state(), "failing");
+        h.outcome(
+            "email",
+            &Outcome::Permanent {
+                code: "smtp_550".into(),
+                error: "no such user".into(),
+            },
+        );
+        let s = &h.snapshot()[0];
+        assert_eq!((s.transient, s.permanent, s.sent), (1, 1, 0));
+        assert_eq!(s.consecutive_failures, 2);
+        assert_eq!(s.last_error_code.as_deref(), Some("smtp_550"));
+        assert_eq!(
+            s.in_flight, 0,
+            "an outcome ends its attempt, never below zero"
+        );
+        h.outcome("email", &Outcome::Sent(vec!["a@example.org".into()]));
+        let s = &h.snapshot()[0];
+        assert_eq!(s.state(), "ok");
+        assert_eq!((s.sent, s.consecutive_failures), (1, 0));
+        assert!(s.last_success_at_us >= s.last_failure_at_us);
+        // A sink not configured on this node is not counted.
+        h.outcome("webhook", &transient);
+        assert_eq!(h.snapshot().len(), 1);
+    }
+}

@@ -173,27 +173,13 @@ impl Adapter for Webhook {
                     .header("tidemark-signature", sig.legacy);
             }
             match rb.body(payload).send().await {
-                Ok(r) if r.status().is_success() => Outcome::Sent(vec![target.shown()]),
-                Ok(r) => {
-                    let status = r.status().as_u16();
-                    let retry_after = receiver_retry_after_ms(
-                        status,
-                        r.headers()
-                            .get(reqwest::header::RETRY_AFTER)
-                            .and_then(|v| v.to_str().ok()),
-                    );
-                    let code = format!("http_{status}");
-                    let error = format!("the endpoint answered {status}");
-                    if status == 408 || status == 429 || status >= 500 {
-                        Outcome::Transient {
-                            code,
-                            error,
-                            retry_after_ms: retry_after,
-                        }
-                    } else {
-                        Outcome::Permanent { code, error }
-                    }
-                }
+                Ok(r) => answered(
+                    r.status().as_u16(),
+                    r.headers()
+                        .get(reqwest::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok()),
+                    || target.shown(),
+                ),
                 Err(e) if e.is_timeout() => Outcome::Transient {
                     code: "http_timeout".into(),
                     error: "the endpoint did not answer in time".into(),
@@ -206,5 +192,77 @@ impl Adapter for Webhook {
                 },
             }
         })
+    }
+}
+
+/// What an endpoint's answer makes of an attempt: 2xx sent (to the endpoint `shown` names);
+/// 408, 429 and 5xx transient, after the wait a 429 or 503 asks for in `Retry-After`; any
+/// other status (a redirect, which is not followed, or a 4xx) permanent.
+fn answered(status: u16, retry_after: Option<&str>, shown: impl FnOnce() -> String) -> Outcome {
+    if (200..300).contains(&status) {
+        return Outcome::Sent(vec![shown()]);
+    }
+    let code = format!("http_{status}");
+    let error = format!("the endpoint answered {status}");
+    if status == 408 || status == 429 || status >= 500 {
+        Outcome::Transient {
+            code,
+            error,
+            retry_after_ms: receiver_retry_after_ms(status, retry_after),
+        }
+    } else {
+        Outcome::Permanent { code, error }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_answer_of_an_endpoint_maps_to_its_outcome() {
+        let shown = || "https://hooks.example:443".to_owned();
+        for status in [200, 201, 202, 204, 299] {
+            assert_eq!(
+                answered(status, Some("60"), shown),
+                Outcome::Sent(vec![shown()]),
+                "{status}"
+            );
+        }
+        // Try again: a timeout, too many requests, and every server error.
+        for (status, retry_after, wait) in [
+            (408, None, None),
+            (408, Some("60"), None),
+            (429, None, None),
+            (429, Some("7"), Some(7_000)),
+            (429, Some("99999"), Some(3_600_000)),
+            (500, Some("7"), None),
+            (502, None, None),
+            (503, Some("2"), Some(2_000)),
+            (503, Some("soon"), None),
+            (504, None, None),
+            (599, None, None),
+        ] {
+            assert_eq!(
+                answered(status, retry_after, shown),
+                Outcome::Transient {
+                    code: format!("http_{status}"),
+                    error: format!("the endpoint answered {status}"),
+                    retry_after_ms: wait,
+                },
+                "{status} {retry_after:?}"
+            );
+        }
+        // Park it: what asking again would not change (a redirect is not followed).
+        for status in [100, 301, 302, 400, 401, 403, 404, 410, 413, 422] {
+            assert_eq!(
+                answered(status, Some("7"), shown),
+                Outcome::Permanent {
+                    code: format!("http_{status}"),
+                    error: format!("the endpoint answered {status}"),
+                },
+                "{status}"
+            );
+        }
     }
 }

@@ -406,14 +406,23 @@ fn over_limit(
     failures: &mut std::collections::HashMap<&'static str, u32>,
     class: &'static str,
 ) -> bool {
-    // In a row: a failure of another class ends the run of this one.
-    failures.retain(|c, _| *c == class);
-    let n = failures.entry(class).or_insert(0);
-    *n += 1;
+    let n = in_a_row(failures, class);
     slot.source
         .limits
         .get(class)
-        .is_some_and(|limit| *n >= *limit)
+        .is_some_and(|limit| n >= *limit)
+}
+
+/// Count a failure of `class`: how many of that class in a row, now (a failure of another
+/// class ends the run of this one).
+fn in_a_row(
+    failures: &mut std::collections::HashMap<&'static str, u32>,
+    class: &'static str,
+) -> u32 {
+    failures.retain(|c, _| *c == class);
+    let n = failures.entry(class).or_insert(0);
+    *n += 1;
+    *n
 }
 
 async fn park(engine: &Engine, name: &str, error: String) {
@@ -579,5 +588,23 @@ fn command_error(e: CommandError) -> PollError {
             ..
         } => PollError::Park(e.to_string()),
         _ => PollError::Transient(None, e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_a_row;
+
+    #[test]
+    fn failures_count_in_a_row_per_class() {
+        let mut f = std::collections::HashMap::new();
+        assert_eq!(in_a_row(&mut f, "http_5xx"), 1);
+        assert_eq!(in_a_row(&mut f, "http_5xx"), 2);
+        assert_eq!(in_a_row(&mut f, "http_5xx"), 3);
+        // Another class ends the run: each starts over after the other.
+        assert_eq!(in_a_row(&mut f, "timeout"), 1);
+        assert_eq!(in_a_row(&mut f, "http_5xx"), 1);
+        assert_eq!(in_a_row(&mut f, "http_5xx"), 2);
+        assert_eq!(f.len(), 1, "only the current run is kept");
     }
 }
