@@ -28,7 +28,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use tidemark_log::{
-    AppendError, AppendReceipt, Condition, EventChunk, EventLog, NewEvent, StorageError,
+    AppendError, AppendReceipt, Condition, EventChunk, EventLog, NewEvent, Poison, StorageError,
 };
 use tidemark_projections::Models;
 use tidemark_projections::subjects;
@@ -309,7 +309,7 @@ pub(crate) struct Decider {
     redecided: Arc<std::sync::atomic::AtomicU64>,
     /// Why the decider panicked, once it has (spec I10: a panicking writer poisons what it
     /// was writing, the models store; the log goes on).
-    poisoned: Arc<std::sync::OnceLock<String>>,
+    poisoned: Arc<Poison>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -363,7 +363,7 @@ impl Decider {
             failure: None,
             pages,
         };
-        let poisoned = Arc::new(std::sync::OnceLock::new());
+        let poisoned = Arc::new(Poison::default());
         let poison = poisoned.clone();
         let thread = std::thread::Builder::new()
             .name("tidemark-decider".into())
@@ -381,13 +381,9 @@ impl Decider {
                 let ran =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| st.run(&mut rx)));
                 if let Err(panic) = ran {
-                    let why = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "a panic".to_owned());
+                    let why = Poison::panicked("the decider", panic.as_ref());
                     tracing::error!(
-                        panic = %why,
+                        error = %why,
                         "the decider panicked: commands are refused until tidemark is restarted \
                          (the log is not affected; the models rebuild from it if they must)"
                     );
@@ -414,8 +410,8 @@ impl Decider {
     }
 
     /// Why the decider panicked, if it has.
-    pub fn poisoned(&self) -> Option<&str> {
-        self.poisoned.get().map(String::as_str)
+    pub fn poisoned(&self) -> Option<&StorageError> {
+        self.poisoned.get()
     }
 
     /// Decide `cmd` and append what it decided; the answer and the log's receipt.
@@ -450,7 +446,7 @@ impl Decider {
 
     /// Why the queue is closed to a command: the decider panicked, or it stopped.
     fn closed(&self) -> CommandError {
-        if self.poisoned.get().is_some() {
+        if self.poisoned.is_set() {
             poisoned_error(&self.poisoned)
         } else {
             CommandError::Append(AppendError::Closed)
@@ -488,11 +484,12 @@ fn knob(name: &str, cell: &'static std::sync::OnceLock<Option<u64>>) -> Option<u
 static PANIC_KNOB: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
 static FOLD_DELAY_KNOB: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
 
-fn poisoned_error(why: &std::sync::OnceLock<String>) -> CommandError {
+fn poisoned_error(why: &Poison) -> CommandError {
     CommandError::Poisoned(format!(
-        "the decider panicked ({}); nothing of this command was appended; commands are refused \
-         until tidemark is restarted",
-        why.get().map(String::as_str).unwrap_or("a panic")
+        "{}; nothing of this command was appended; commands are refused until tidemark is \
+         restarted",
+        why.get()
+            .map_or_else(|| "the decider panicked".to_owned(), ToString::to_string)
     ))
 }
 

@@ -475,7 +475,7 @@ impl<L: EventLog + Clone> Engine<L> {
 
     /// Why the decider, the models store's writer, panicked, if it has: commands are refused
     /// (`CommandError::Models`) until a restart; appends and the log are not affected.
-    pub fn models_poisoned(&self) -> Option<&str> {
+    pub fn models_poisoned(&self) -> Option<&StorageError> {
         self.decider.poisoned()
     }
 

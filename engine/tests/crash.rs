@@ -865,7 +865,7 @@ fn a_panicking_decider_poisons_the_models_not_the_log() {
     assert!(
         engine
             .models_poisoned()
-            .is_some_and(|why| why.contains("injected")),
+            .is_some_and(|why| why.to_string().contains("injected")),
         "{:?}",
         engine.models_poisoned()
     );

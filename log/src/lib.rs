@@ -52,6 +52,7 @@ pub mod envelope;
 pub mod error;
 pub mod jetstream;
 pub mod lease;
+pub mod poison;
 pub mod time;
 pub mod transfer;
 
@@ -66,6 +67,7 @@ pub use envelope::{Event, EventRef, FieldError, InvalidKind, NewEvent, limits};
 pub use error::{AppendError, Error, OpenError, ReadError, StorageError};
 pub use jetstream::{JetStreamConfig, JetStreamLog};
 pub use lease::{Leases, Share};
+pub use poison::Poison;
 
 /// A read of the log: up to `limit` events with `seq > after` that match every filter given.
 /// Each filter is served by its index (combined filters by a join of them), so a page holds

@@ -69,7 +69,7 @@ fn storage_ok(st: &AppState) -> Result<(), ApiError> {
     }
     if let Some(why) = st.engine.models_poisoned() {
         return Err(ApiError::models_poisoned(format!(
-            "the decider panicked ({why}): commands are refused until tidemark is restarted"
+            "{why}: commands are refused until tidemark is restarted"
         )));
     }
     if let Err(e) = st.engine.check_space() {

@@ -284,8 +284,7 @@ pub(crate) struct Shared {
     /// Published head: every event with seq <= head is durable, in the tail and in `recent`
     /// or redb.
     pub head: watch::Sender<u64>,
-    pub poisoned: Mutex<Option<StorageError>>,
-    pub poisoned_flag: AtomicBool,
+    pub poisoned: crate::Poison,
     /// The open redb database. Replaced when the indexer reopens it in process: a full disk
     /// failed a redb write, and redb refuses every call after an I/O error (I10).
     pub db: RwLock<Arc<Database>>,
@@ -329,20 +328,13 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn poison(&self, why: StorageError) {
-        self.poisoned_flag.store(true, Ordering::SeqCst);
-        *self.poisoned.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        self.poisoned.set(why);
         // Nobody waits for the indexer on a poisoned log.
         self.indexer_caught_up();
     }
 
     pub(crate) fn poisoned(&self) -> Option<StorageError> {
-        if !self.poisoned_flag.load(Ordering::SeqCst) {
-            return None;
-        }
-        self.poisoned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.poisoned.get().cloned()
     }
 
     /// A failed redb or journal call stops appends: one that met a full disk (ENOSPC) only
@@ -490,12 +482,7 @@ impl Shared {
 
 /// The storage error that a panic of `who` poisons the log with (logged once here).
 fn panicked(who: &str, p: &(dyn std::any::Any + Send)) -> StorageError {
-    let what = p
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic".into());
-    let why = StorageError::msg(format!("{who} panicked: {what}"));
+    let why = crate::Poison::panicked(who, p);
     tracing::error!(error = %why, "log poisoned; appends are refused until restart");
     why
 }
@@ -557,8 +544,7 @@ impl Log {
             tail: RwLock::new(opened.tail),
             ids: RwLock::new(opened.runs),
             head: head_tx,
-            poisoned: Mutex::new(None),
-            poisoned_flag: AtomicBool::new(false),
+            poisoned: crate::Poison::default(),
             db: RwLock::new(db.clone()),
             full: AtomicBool::new(short_of_space),
             recent: RwLock::default(),
@@ -813,7 +799,7 @@ impl Log {
 
     /// Whether a storage failure has stopped appends.
     pub fn is_poisoned(&self) -> bool {
-        self.shared.poisoned_flag.load(Ordering::SeqCst)
+        self.shared.poisoned.is_set()
     }
 
     /// Bounded read of committed events (blocking; call from a blocking context in async
