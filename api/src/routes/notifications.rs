@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use serde::{Deserialize, Serialize};
 use tidemark_log::time::Micros;
 use tidemark_projections::names::Priority;
@@ -262,11 +262,10 @@ impl NotificationStatusOut {
 #[tracing::instrument(skip_all)]
 pub async fn get(
     State(st): State<AppState>,
-    Path(id): Path<String>,
+    crate::request::PathId(key): crate::request::PathId<crate::request::NotificationId>,
     q: Result<Query<crate::routes::ReadAt>, QueryRejection>,
 ) -> Result<Json<NotificationStatusOut>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    let key: crate::request::NotificationId = crate::request::path_id(id.clone())?;
     let (found, as_of_seq) = crate::routes::read_model(&st.engine, q.seq()?, move |r| {
         let Some(s) = r.notification_status(&key)? else {
             return Ok(None);

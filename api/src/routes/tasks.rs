@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -227,17 +227,17 @@ pub async fn list(
 #[tracing::instrument(skip_all, fields(task_id = %id))]
 pub async fn get(
     State(st): State<AppState>,
-    Path(id): Path<String>,
+    crate::request::PathId(id): crate::request::PathId<crate::request::TaskId>,
     q: Result<Query<crate::routes::ReadAt>, QueryRejection>,
 ) -> Result<Json<TaskAnswer>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    let key = crate::request::TaskId::new(id.as_str());
+    let key = id.clone();
     match crate::routes::read_model(&st.engine, q.seq()?, move |r| r.task(&key)).await? {
         (Some(t), as_of_seq) => Ok(Json(TaskAnswer {
             task: t.into(),
             as_of_seq,
         })),
-        (None, _) => Err(ApiError::not_found(format!("no task {id:?}"))),
+        (None, _) => Err(ApiError::not_found(format!("no task {:?}", id.as_str()))),
     }
 }
 
@@ -268,7 +268,7 @@ pub struct TaskStreamQuery {
 #[tracing::instrument(skip_all, fields(task_id = %id))]
 pub async fn stream(
     State(st): State<AppState>,
-    Path(id): Path<String>,
+    crate::request::PathId(id): crate::request::PathId<crate::request::TaskId>,
     headers: HeaderMap,
     q: Result<Query<TaskStreamQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -279,7 +279,7 @@ pub async fn stream(
     let rq = ReadQuery {
         after: resume_point(&headers, after)?,
         limit: 256,
-        subject: Some(id),
+        subject: Some(id.to_string()),
         ..ReadQuery::default()
     };
     crate::routes::events::readable_from(&st, &rq).await?;

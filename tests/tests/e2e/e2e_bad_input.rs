@@ -741,3 +741,32 @@ async fn reserved_event_ids_are_refused() {
     );
     assert_eq!(s.head().await, h + n);
 }
+
+/// Every id a read's path names is checked as one before anything else (issue 42: `PathId` in
+/// every handler): too long, or holding a control character, it is `400 invalid_path`, even
+/// where the query is bad too and where the id would otherwise just not be found.
+#[tokio::test]
+async fn an_id_in_a_path_is_checked_before_anything_else() {
+    let s = Server::start(ServerOpts::default()).await;
+    let long = "x".repeat(129);
+    for id in [long.as_str(), "a%01b"] {
+        for path in [
+            format!("/v1/deliveries/{id}"),
+            format!("/v1/deliveries/{id}?min_seq=bogus"),
+            format!("/v1/notifications/{id}"),
+            format!("/v1/tasks/{id}"),
+            format!("/v1/tasks/{id}?min_seq=bogus"),
+            format!("/v1/tasks/{id}/stream"),
+            format!("/v1/tasks/{id}/notifications/bridges"),
+            format!("/v1/bridges/{id}/deliveries"),
+            format!("/v1/bridges/{id}/deliveries?wait_ms=bogus"),
+        ] {
+            let r = s.get(&path).await;
+            check(&r, 400, "invalid_path", &path);
+        }
+    }
+    // A good id that names nothing is still not found.
+    let r = s.get("/v1/tasks/no-such-task").await;
+    check(&r, 404, "not_found", "a task nobody created");
+    assert_eq!(r.json["detail"], "no task \"no-such-task\"", "{}", r.text);
+}

@@ -345,10 +345,9 @@ pub async fn create(
 #[tracing::instrument(skip_all, fields(task = %task_id))]
 pub async fn list(
     State(st): State<AppState>,
-    Path(task_id): Path<String>,
+    PathId(task_id): PathId<TaskId>,
     q: ReadAtQuery,
 ) -> Result<Json<SubscriptionsPage>, ApiError> {
-    let task_id: TaskId = path_id(task_id)?;
     let as_of_seq = as_of(&st, q).await?;
     let engine = st.engine.clone();
     let subs = blocking(move || engine.read().task_subscriptions(&[task_id.as_str()])).await?;

@@ -51,11 +51,10 @@ pub struct PullPage {
 #[tracing::instrument(skip_all, fields(bridge = %bridge_id))]
 pub async fn pull(
     State(st): State<AppState>,
-    Path(bridge_id): Path<String>,
+    PathId(bridge_id): PathId<BridgeId>,
     q: Result<Query<PullQuery>, QueryRejection>,
 ) -> Result<Json<PullPage>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    let bridge_id: BridgeId = path_id(bridge_id)?;
     let max = st.config.server.max_wait_ms;
     let wait_ms =
         match q.wait_ms.as_deref() {

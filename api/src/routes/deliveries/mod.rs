@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use serde::{Deserialize, Serialize};
 use tidemark_log::time::{Micros, now_micros};
 use tidemark_projections::deliveries::{Delivery, Step};
@@ -501,11 +501,11 @@ pub async fn list(
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn get(
     State(st): State<AppState>,
-    Path(id): Path<String>,
+    crate::request::PathId(id): crate::request::PathId<DeliveryId>,
     q: Result<Query<crate::routes::ReadAt>, QueryRejection>,
 ) -> Result<Json<DeliveryAnswer>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    let key: DeliveryId = crate::request::path_id(id.clone())?;
+    let key = id.clone();
     let cut = stuck_cut(now_micros(), settings(&st).stuck_after_ms);
     let (found, as_of_seq) = crate::routes::read_model(&st.engine, q.seq()?, move |r| {
         Ok(match r.delivery(&key)? {
@@ -518,7 +518,7 @@ pub async fn get(
         ApiError::new(
             axum::http::StatusCode::NOT_FOUND,
             "delivery_not_found",
-            format!("no delivery {id:?}"),
+            format!("no delivery {:?}", id.as_str()),
         )
     })?;
     out.timeline = Some(steps.into_iter().map(StepOut::from).collect());
