@@ -382,7 +382,6 @@ impl From<tidemark_engine::CommandError> for ApiError {
                 "the server's configuration cannot carry this out; nothing was appended",
             )
             .caused_by(why),
-            #[allow(unreachable_patterns)]
             other => ApiError::internal("command failed", other),
         }
     }

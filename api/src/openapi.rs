@@ -458,7 +458,7 @@ fn closed_bodies(doc: &mut OpenApi) {
             RefOr::T(Schema::Object(o)) => o.properties.values().for_each(|p| refs_in(p, out)),
             RefOr::T(Schema::Array(a)) => {
                 if let ArrayItems::RefOrSchema(i) = &a.items {
-                    refs_in(i, out)
+                    refs_in(i, out);
                 }
             }
             RefOr::T(Schema::OneOf(o)) => o.items.iter().for_each(|i| refs_in(i, out)),
@@ -523,7 +523,7 @@ fn common_answers(doc: &mut OpenApi) {
             )
             .build()
     };
-    for (path, item) in doc.paths.paths.iter_mut() {
+    for (path, item) in &mut doc.paths.paths {
         for op in [
             &mut item.get,
             &mut item.put,

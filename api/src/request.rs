@@ -201,7 +201,7 @@ fn text_field<T: DeserializeOwned>(body: &[u8]) -> Option<ApiError> {
         .next()?
         .to_owned();
     let mut field = String::new();
-    for seg in e.path().iter() {
+    for seg in e.path() {
         if let serde_path_to_error::Segment::Map { key } = seg {
             if !field.is_empty() {
                 field.push('.');
@@ -405,18 +405,18 @@ mod tests {
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Item {
-        #[allow(dead_code)]
+        #[expect(dead_code, reason = "read by the deserializer only")]
         id: Text<4>,
     }
 
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Body {
-        #[allow(dead_code)]
+        #[expect(dead_code, reason = "read by the deserializer only")]
         owner: Text<8>,
-        #[allow(dead_code)]
+        #[expect(dead_code, reason = "read by the deserializer only")]
         items: Vec<Item>,
-        #[allow(dead_code)]
+        #[expect(dead_code, reason = "read by the deserializer only")]
         n: Option<u32>,
     }
 

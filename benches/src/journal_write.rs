@@ -13,6 +13,10 @@
 //!   `io_uring_enter`.
 //!
 //! Every mode overwrites a file preallocated and synced beforehand, as the journal does.
+#![expect(
+    unsafe_code,
+    reason = "an aligned buffer for O_DIRECT, getrusage, and io_uring's submission: no safe API"
+)]
 
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};

@@ -294,7 +294,7 @@ struct Queued {
 
 impl Queued {
     fn answer(self, r: Result<AppendReceipt, CommandError>) {
-        self.job.answer(r)
+        self.job.answer(r);
     }
 }
 

@@ -81,7 +81,10 @@ pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
 /// Lower the calling thread's CPU priority (nice 10): for work that must not compete with the
 /// request path (a rebuild). Linux keeps the nice value per thread; elsewhere, or when refused,
 /// the thread runs at the normal priority.
-#[allow(unsafe_code)]
+#[expect(
+    unsafe_code,
+    reason = "setpriority and gettid: libc has no safe wrapper (the SAFETY note below)"
+)]
 fn yield_cpu() {
     #[cfg(target_os = "linux")]
     {
@@ -483,6 +486,6 @@ impl<L: EventLog + Clone> Engine<L> {
     /// queued, and wait for both.
     pub async fn close(&self) {
         self.decider.stop().await;
-        self.log.close().await
+        self.log.close().await;
     }
 }

@@ -795,7 +795,7 @@ fn a_failing_models_store_never_poisons_the_log() {
         // never as the log's.
         match rt.block_on(engine.execute(advance_to(1))) {
             Err(tidemark_engine::CommandError::Models(e)) => {
-                assert_eq!(e.is_storage_full(), fault == "full", "{fault}: {e}")
+                assert_eq!(e.is_storage_full(), fault == "full", "{fault}: {e}");
             }
             other => panic!("{fault}: a command on a failing models store: {other:?}"),
         }

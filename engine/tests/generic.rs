@@ -52,7 +52,7 @@ impl EventLog for Other {
         self.0.subscribe()
     }
     async fn close(&self) {
-        self.0.close().await
+        self.0.close().await;
     }
     fn first_seq(&self) -> Result<u64, StorageError> {
         self.0.first_seq()

@@ -646,13 +646,13 @@ impl Harness {
                         sink: "app".into(),
                         owner: o.into(),
                         limit: limit as usize,
-                        lease_ms: lease_s as u64 * 1000,
+                        lease_ms: u64::from(lease_s) * 1000,
                         share: tidemark_log::Share::ALL,
                     })
                     .map_err(|c| format!("claim refused: {c}"))?;
                 let want = self
                     .model
-                    .claim(o, limit as usize, lease_s as u64 * 1000, now);
+                    .claim(o, limit as usize, u64::from(lease_s) * 1000, now);
                 let ids: Vec<String> = got.iter().map(|d| d.id.to_string()).collect();
                 if ids != want {
                     return Err(format!("claim leased {ids:?}, the model {want:?}"));
@@ -733,7 +733,7 @@ impl Harness {
                 self.compare_one(&id, want, got)?;
             }
             Op::Tick { secs } => {
-                self.advance(secs as i64 * SEC);
+                self.advance(i64::from(secs) * SEC);
                 let now = self.now();
                 let got = self
                     .exec(ExpireLeases { max: 1000 })
@@ -743,7 +743,7 @@ impl Harness {
                     return Err(format!("expiry released {got}, the model {want}"));
                 }
             }
-            Op::Wait { secs } => self.advance(secs as i64 * SEC),
+            Op::Wait { secs } => self.advance(i64::from(secs) * SEC),
             Op::Retry { pick } | Op::Discard { pick } => {
                 let Some(id) = self.pick(pick) else {
                     return Ok(());

@@ -110,7 +110,7 @@ impl EventLog for AnyLog {
         each!(self, l => EventLog::is_poisoned(l))
     }
     async fn close(&self) {
-        each!(self, l => EventLog::close(l).await)
+        each!(self, l => EventLog::close(l).await);
     }
     fn first_seq(&self) -> Result<u64, StorageError> {
         each!(self, l => EventLog::first_seq(l))

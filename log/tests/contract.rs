@@ -321,7 +321,7 @@ fn idempotent_appends_and_conflicts<B: Backend>() {
     ] {
         match rt.block_on(log.append(vec![other])) {
             Err(AppendError::Conflict { event_id, seq }) => {
-                assert_eq!((event_id.as_str(), seq), ("a", 1))
+                assert_eq!((event_id.as_str(), seq), ("a", 1));
             }
             r => panic!("expected a conflict, got {r:?}"),
         }
@@ -426,7 +426,7 @@ fn conditional_appends<B: Backend>() {
             expected,
             actual,
         }) => {
-            assert_eq!((on, expected, actual), (ConditionOn::Head, 0, 1))
+            assert_eq!((on, expected, actual), (ConditionOn::Head, 0, 1));
         }
         r => panic!("expected ExpectationFailed, got {r:?}"),
     }

@@ -11,7 +11,7 @@ async fn a_second_open_of_the_same_file_is_refused_while_the_first_is_open() {
     let (log, _) = Log::open(&cfg).unwrap();
     match Log::open(&cfg) {
         Err(e @ OpenError::Locked { .. }) => {
-            assert!(e.to_string().contains("another tidemark process"), "{e}")
+            assert!(e.to_string().contains("another tidemark process"), "{e}");
         }
         Err(e) => panic!("refused for another reason: {e}"),
         Ok(_) => panic!("a second open of a locked file succeeded"),

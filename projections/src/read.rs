@@ -916,7 +916,7 @@ pub fn kpis(
     let sent = r.table(deliveries::NAME, deliveries::SENT)?;
     let stuck_before = now_us.saturating_sub(stuck_after_ms as i64 * 1_000);
     let sent_since = now_us.saturating_sub(interval_ms as i64 * 1_000);
-    for (sink, k) in by_sink.iter_mut() {
+    for (sink, k) in &mut by_sink {
         timed_kpis(
             k,
             sink,
@@ -1022,7 +1022,7 @@ pub fn kpis_by_site(
     let sent = r.table(deliveries::NAME, deliveries::SITE_SENT)?;
     let stuck_before = now_us.saturating_sub(stuck_after_ms as i64 * 1_000);
     let sent_since = now_us.saturating_sub(interval_ms as i64 * 1_000);
-    for (site, k) in out.iter_mut() {
+    for (site, k) in &mut out {
         timed_kpis(
             k,
             site,

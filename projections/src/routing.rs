@@ -360,7 +360,7 @@ impl RoutingSettings {
                         None => max_items,
                         Some(x) => x
                             .as_u64()
-                            .filter(|n| *n >= 1 && *n <= u32::MAX as u64)
+                            .filter(|n| *n >= 1 && *n <= u64::from(u32::MAX))
                             .ok_or_else(|| bad(&k("digest.summary_after")))?
                             as u32,
                     };
@@ -649,7 +649,7 @@ pub fn backoff_ms(r: &RetrySettings, attempt: u32, u: f64, retry_after_ms: Optio
     let n = attempt.max(1);
     let raw = match r.strategy {
         Strategy::Exponential => r.base_delay_ms.saturating_mul(1u64 << (n - 1).min(62)),
-        Strategy::Linear => r.base_delay_ms.saturating_mul(n as u64),
+        Strategy::Linear => r.base_delay_ms.saturating_mul(u64::from(n)),
         Strategy::Fixed => r.base_delay_ms,
     }
     .min(r.max_delay_ms);

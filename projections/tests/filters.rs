@@ -1021,7 +1021,12 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
         assert_eq!(a.digest, b.digest, "digest of {}", a.name);
         assert_eq!(a.checkpoint, b.checkpoint, "checkpoint of {}", a.name);
         let rebuilt = ["deliveries", "notifications", "tasks"].contains(&a.name.as_str());
-        assert_eq!(a.generation, b.generation + rebuilt as u32, "{}", a.name);
+        assert_eq!(
+            a.generation,
+            b.generation + u32::from(rebuilt),
+            "{}",
+            a.name
+        );
     }
     let db = log.db();
     let (page, _) = read::deliveries(

@@ -318,13 +318,13 @@ fn to_event(i: usize, op: &Op) -> Option<NewEvent> {
             };
             let ty = match kind {
                 0 => {
-                    e.last_sequence = Some(*seq as u64);
+                    e.last_sequence = Some(u64::from(*seq));
                     e.delivery_id = Some(format!("d{seq}"));
                     "cursor.advanced"
                 }
                 1 => {
                     e.from = Some(0);
-                    e.to = Some(*seq as u64);
+                    e.to = Some(u64::from(*seq));
                     e.reason = Some("replay".into());
                     "cursor.reset"
                 }
@@ -381,7 +381,7 @@ fn to_event(i: usize, op: &Op) -> Option<NewEvent> {
                 "retention.purged",
                 &json!({
                     "before": "2026-01-01T00:00:00Z",
-                    "through_seq": (i as u64).saturating_sub(*through as u64 % 8),
+                    "through_seq": (i as u64).saturating_sub(u64::from(*through) % 8),
                     "deliveries": pick(3, 0, &|k| format!("dlv:n{k}:desktop")),
                     "notifications": pick(5, 3, &|k| format!("n{k}")),
                     "tasks": pick(4, 8, &|k| format!("task-{k}")),

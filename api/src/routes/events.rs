@@ -62,7 +62,6 @@ pub enum AppendBody {
 // The schema of one entry of the log's `AppendReceipt`, which the append answer serialises as
 // it is (no copy into these types: they only document it; a test holds the two shapes equal).
 // Plain comments: a doc comment would become the schema's description.
-#[allow(dead_code)]
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AppendedOut {
     pub event_id: String,
@@ -72,7 +71,6 @@ pub struct AppendedOut {
 }
 
 // The schema of the log's `AppendReceipt` (see `AppendedOut`).
-#[allow(dead_code)]
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AppendResponse {
     /// One entry per event sent, in order.

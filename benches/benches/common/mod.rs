@@ -4,7 +4,11 @@
 //! `claim.rs`, `bridges.rs` and `sources.rs` with `mod common;`; the release server as a child
 //! process ([`Server`]).
 
-#![allow(dead_code, unused_imports)]
+#![allow(
+    dead_code,
+    unused_imports,
+    reason = "each bench binary uses its part of the shared helpers"
+)]
 
 pub(crate) use tidemark_benches::machine::{target_dir, work_dir};
 pub(crate) use tidemark_benches::measure::{Percentiles, clock_ticks, micros, new_histogram};
@@ -198,14 +202,11 @@ impl Server {
             addr: String::new(),
             stderr_path,
         };
-        let first = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(Some(Ok(line))) => line,
-            _ => {
-                return Err(format!(
-                    "the server did not say where it listens; its stderr:\n{}",
-                    server.stderr_tail(20)
-                ));
-            }
+        let Ok(Some(Ok(first))) = rx.recv_timeout(Duration::from_secs(60)) else {
+            return Err(format!(
+                "the server did not say where it listens; its stderr:\n{}",
+                server.stderr_tail(20)
+            ));
         };
         server.addr = first
             .strip_prefix("listening on http://")

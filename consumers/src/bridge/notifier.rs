@@ -184,7 +184,7 @@ impl Notifier {
                 match confirm(&self.engine, &sub, seq, Some(expected)).await {
                     Ok(_) => {}
                     Err(e) => {
-                        tracing::warn!(subscription = %sub_id, seq, error = %e, "webhook delivery confirmed but the cursor did not advance")
+                        tracing::warn!(subscription = %sub_id, seq, error = %e, "webhook delivery confirmed but the cursor did not advance");
                     }
                 }
             }

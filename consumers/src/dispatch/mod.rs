@@ -66,15 +66,12 @@ pub async fn targets(engine: &Engine, d: &Delivery) -> Result<Vec<Target>, Outco
     };
     let e = engine.clone();
     let n = name.clone();
-    let row = match tokio::task::spawn_blocking(move || e.read().list(&n)).await {
-        Ok(Ok(row)) => row,
-        _ => {
-            return Err(Outcome::Transient {
-                code: "list_unreadable".into(),
-                error: "the lists model could not be read".into(),
-                retry_after_ms: None,
-            });
-        }
+    let Ok(Ok(row)) = tokio::task::spawn_blocking(move || e.read().list(&n)).await else {
+        return Err(Outcome::Transient {
+            code: "list_unreadable".into(),
+            error: "the lists model could not be read".into(),
+            retry_after_ms: None,
+        });
     };
     match row {
         None => Err(Outcome::Permanent {
@@ -440,7 +437,7 @@ async fn report(
         Ok(None) => {}
         Ok(Some(code)) => tracing::info!(sink, delivery = %id, %code, "dispatcher: report refused"),
         Err(e) => {
-            tracing::warn!(sink, delivery = %id, error = %e, "dispatcher: report failed; the lease will expire")
+            tracing::warn!(sink, delivery = %id, error = %e, "dispatcher: report failed; the lease will expire");
         }
     }
 }

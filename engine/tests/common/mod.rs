@@ -16,7 +16,7 @@ pub fn rt() -> tokio::runtime::Runtime {
 }
 
 /// An engine on a fresh log in `dir` whose commands read the time from the returned clock.
-#[allow(dead_code)] // not every test binary uses it
+#[allow(dead_code, reason = "not every test binary uses it")]
 pub fn engine_with_clock(dir: &std::path::Path, start_us: i64) -> (Engine, Arc<AtomicI64>) {
     let mut cfg = LogConfig::in_dir(dir);
     cfg.cache_bytes = 4 << 20;
@@ -30,7 +30,7 @@ pub fn engine_with_clock(dir: &std::path::Path, start_us: i64) -> (Engine, Arc<A
 }
 
 /// Every committed event after `after`, in order.
-#[allow(dead_code)] // not every test binary uses it
+#[allow(dead_code, reason = "not every test binary uses it")]
 pub fn events_after(engine: &Engine, after: u64) -> Vec<Event> {
     events_after_on(engine.log(), after)
 }

@@ -162,7 +162,7 @@ fn lead(shared: &Arc<Shared>, mut own: Option<Request>) -> Option<Outcome> {
             }
         }
         commit_group(shared, &mut group);
-        for m in group.iter_mut() {
+        for m in &mut group {
             let outcome = m.outcome.take().unwrap_or_else(|| Err(shared.gone()));
             match m.req.reply.take() {
                 Some(reply) => drop(reply.send(Answer::Done(outcome))),
@@ -207,7 +207,7 @@ fn commit_group(shared: &Arc<Shared>, group: &mut [Member]) {
             shared,
             core: &mut core,
         }
-        .commit(group)
+        .commit(group);
     });
     if let Err(p) = std::panic::catch_unwind(run) {
         let why = super::panicked("a group commit", &*p);
@@ -376,7 +376,6 @@ impl Committer<'_> {
     /// Check every member in order and stage the accepted ones. Refused members get their
     /// outcome at once; accepted ones are returned with their results, to be answered after
     /// the sync. An `Err` is a storage failure: the whole group fails.
-    #[allow(clippy::type_complexity)]
     fn stage(
         &mut self,
         group: &mut [Member],

@@ -75,7 +75,7 @@ fn hashes(id: &str) -> Hash {
 /// The block of a key in a filter of `blocks` blocks: monotonic in the hash, so keys in hash
 /// order fill the filter front to back.
 fn block_of(h: Hash, blocks: u64) -> u64 {
-    ((h.0 as u128 * blocks as u128) >> 64) as u64
+    ((u128::from(h.0) * u128::from(blocks)) >> 64) as u64
 }
 
 fn probes(h: Hash) -> impl Iterator<Item = usize> {

@@ -181,7 +181,7 @@ impl EventLog for Log {
         Log::is_poisoned(self)
     }
     async fn close(&self) {
-        Log::close(self).await
+        Log::close(self).await;
     }
 }
 

@@ -672,7 +672,7 @@ pub fn join(d: &mut Delivery, j: &Joined, seq: u64) {
     };
     match j.max_items {
         Some(max) if d.items.len() >= max as usize => {
-            d.ext.more_items.push(Item { body: None, ..item })
+            d.ext.more_items.push(Item { body: None, ..item });
         }
         _ => d.items.push(item),
     }

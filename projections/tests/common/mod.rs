@@ -1,7 +1,10 @@
 //! A log with its models store, for the fold tests: reads fold the models up to the head
 //! first (the engine's decider does this in a server).
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test binary uses its part of the shared helpers"
+)]
 
 use tidemark_log::{Log, LogConfig, OpenReport};
 use tidemark_projections::{Models, ModelsConfig};

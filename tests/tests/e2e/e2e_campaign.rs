@@ -104,7 +104,7 @@ async fn appender(api: Api, cycle: u64, who: u64, seed: u64, stop: Arc<AtomicBoo
         match api.try_append(&json!({ "events": batch })).await {
             Ok((StatusCode::CREATED, body)) => record(&l, &batch, &body),
             Ok((StatusCode::TOO_MANY_REQUESTS, _)) => {
-                tokio::time::sleep(Duration::from_millis(20)).await
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Ok((st, body)) => {
                 lock(&l)

@@ -16,7 +16,10 @@ use tidemark_tests::{Server, ServerOpts};
 use crate::common::{append_ok, ev, task_ev, wait_for};
 
 /// A tmpfs mounted for the test, unmounted when dropped (before its temp dir goes).
-pub(crate) struct Mount(PathBuf, #[allow(dead_code)] tempfile::TempDir);
+pub(crate) struct Mount(
+    PathBuf,
+    #[expect(dead_code, reason = "held to keep the mount's directory")] tempfile::TempDir,
+);
 
 impl Mount {
     pub(crate) fn tmpfs(size: &str) -> Mount {

@@ -18,9 +18,8 @@ async fn sse_streams_are_bounded_and_released() {
         .task_sse("t-1", "after_sequence=0", None)
         .await
         .expect("second stream");
-    let refused = match api.sse("after_sequence=0", None).await {
-        Ok(_) => panic!("a third stream must be refused"),
-        Err(r) => r,
+    let Err(refused) = api.sse("after_sequence=0", None).await else {
+        panic!("a third stream must be refused")
     };
     assert_problem(&refused, 429, "too_many_streams");
     assert!(

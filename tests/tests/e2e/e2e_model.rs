@@ -648,7 +648,7 @@ proptest! {
         rt.block_on(async {
             let s = model_server().await;
             let mut m = Model::default();
-            let case = rand::random::<u32>() as u64;
+            let case = u64::from(rand::random::<u32>());
             for op in &ops {
                 step(&s, &mut m, op, case).await;
             }

@@ -44,7 +44,7 @@ impl Checker {
             let at = i64_of("at_us").unwrap_or(0);
             let mut bad = |why: String| {
                 self.violations
-                    .push(format!("seq {seq} {ty} {subject}: {why}"))
+                    .push(format!("seq {seq} {ty} {subject}: {why}"));
             };
             let Some(d) = self.deliveries.get(&subject).cloned() else {
                 if kind == "created" {
@@ -90,7 +90,7 @@ impl Checker {
                     n.lease_expires_at_us = i64_of("lease_expires_at_us").unwrap_or(0);
                 }
                 "lease_extended" => {
-                    n.lease_expires_at_us = i64_of("lease_expires_at_us").unwrap_or(0)
+                    n.lease_expires_at_us = i64_of("lease_expires_at_us").unwrap_or(0);
                 }
                 "sent" | "skipped" | "cancelled" | "discarded" => n.status = kind.into(),
                 "attempt_failed" | "lease_expired" => {

@@ -135,7 +135,7 @@ async fn every_route_is_tried_with_every_scope() {
                         assert!(
                             status != 401 && status != 403,
                             "{method} {concrete} with {who}: {status} {code:?}"
-                        )
+                        );
                     }
                     Some(_) => assert_eq!(
                         (status, code.as_deref()),

@@ -67,7 +67,7 @@ impl Up {
                 let item = json!({"id": id, "plan": {"name": format!("plan {i}")}});
                 u.items.push((id, item));
             }
-        })
+        });
     }
     fn requests(&self) -> usize {
         self.with(|u| u.requests.len())
@@ -1178,7 +1178,7 @@ async fn a_source_waits_at_its_backpressure_threshold_before_the_outbox_is_full(
                 let k = s.get("/v1/outbox/kpis").await.json;
                 (k["queue_depth"] == n).then_some(())
             })
-            .await
+            .await;
         }
     };
     // 7 pending: the poll's notification makes 8, at the threshold: it goes in.
@@ -1295,7 +1295,7 @@ async fn a_class_of_transient_errors_parks_the_source_at_its_limit() {
             Fault::Status(429, Some(1)),
             Fault::Status(502, None),
             Fault::Status(502, None),
-        ])
+        ]);
     });
     let s = start(cfg.clone()).await;
     wait_source(&s, "flaky", "the item after the failures", |v| {

@@ -122,7 +122,10 @@ fn owned_lease(
 
 /// Lease due delivery `id` to `owner`, or record why it is not leased (its expired lease
 /// parked it, a hold moved it, its recipient is suppressed now); `None` when it is not.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one lease's decision: the claim's inputs, passed on from its loop"
+)]
 fn take(
     st: &mut d::View<'_>,
     round: &crate::decider::Round<'_>,

@@ -29,16 +29,16 @@ pub fn quiet_hours_end(due_us: i64, tz_offset_minutes: i32, from: u32, to: u32) 
     if from == to {
         return None;
     }
-    let local = due_us + tz_offset_minutes as i64 * MINUTE_US;
+    let local = due_us + i64::from(tz_offset_minutes) * MINUTE_US;
     if !in_window((local.rem_euclid(DAY_US) / MINUTE_US) as u32, from, to) {
         return None;
     }
     let midnight = local - local.rem_euclid(DAY_US);
-    let mut end = midnight + to as i64 * MINUTE_US;
+    let mut end = midnight + i64::from(to) * MINUTE_US;
     if end <= local {
         end += DAY_US;
     }
-    Some(end - tz_offset_minutes as i64 * MINUTE_US)
+    Some(end - i64::from(tz_offset_minutes) * MINUTE_US)
 }
 
 /// What the notification fields of a notification event say.
@@ -159,7 +159,7 @@ impl Command for Route {
                         ev.time_us,
                         privacy,
                         &mut out,
-                    )?
+                    )?;
                 }
                 (Some(Stream::Notifications), _) => {
                     if let Some(n) = notice(ev) {
@@ -167,7 +167,7 @@ impl Command for Route {
                     }
                 }
                 (Some(Stream::TaskEvents), Some(EventType::TaskCanceled)) => {
-                    cancel_task(&mut st, &mut ov, &ev.subject, ev.seq, ev.time_us, &mut out)?
+                    cancel_task(&mut st, &mut ov, &ev.subject, ev.seq, ev.time_us, &mut out)?;
                 }
                 _ => {}
             }
