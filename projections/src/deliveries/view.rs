@@ -66,7 +66,8 @@ impl<'t> View<'t> {
         // `prefix ‖ due_us (8) ‖ id`.
         let id_at = prefix.len() + 8;
         let mut ids = Vec::new();
-        let mut last = None;
+        // The page's last key, rewritten in place (one buffer for the page, not one per key).
+        let mut last = Vec::new();
         if from < to && max > 0 {
             for row in self
                 .t
@@ -77,14 +78,14 @@ impl<'t> View<'t> {
                 let (k, _) = row.map_err(of)?;
                 let k = k.value();
                 ids.push(String::from_utf8_lossy(&k[id_at..]).into_owned());
+                last.clear();
+                last.extend_from_slice(k);
                 if ids.len() >= max {
-                    last = Some(k.to_vec());
                     break;
                 }
-                last = Some(k.to_vec());
             }
         }
-        Ok((ids, last.map(DueAfter)))
+        Ok((ids, (!last.is_empty()).then_some(DueAfter(last))))
     }
 
     /// The ids of leased deliveries whose lease expired by `now_us`, the earliest first, at

@@ -458,16 +458,15 @@ impl Command for Complete {
         txn: &WriteTransaction,
         round: &mut Round<'_>,
     ) -> Result<Decided<Vec<Completed>>, CommandError> {
-        let (now_us, owner, items) = (round.now_us, self.owner.as_str(), &self.items);
         let mut st = d::View::new(txn)?;
-        let mut out = Vec::with_capacity(items.len());
+        let mut out = Vec::with_capacity(self.items.len());
         let mut events = Vec::new();
         let mut done = HashMap::new();
-        for (id, external_id) in items {
+        for (id, external_id) in &self.items {
             out.push(complete_item(
                 &mut st,
-                now_us,
-                owner,
+                round.now_us,
+                &self.owner,
                 id.as_str(),
                 SentWith {
                     external_id: external_id.as_deref(),
@@ -499,29 +498,22 @@ impl Command for CompleteOne {
         "outbox.complete"
     }
 
-    /// Complete one delivery leased by `owner` ([`complete_many`] of one item).
+    /// Complete one delivery leased by `owner` ([`Complete`] of one item).
     fn decide(
         &self,
         txn: &WriteTransaction,
         round: &mut Round<'_>,
     ) -> Result<Decided<Completed>, CommandError> {
-        let (now_us, owner, external_id, resolved_targets) = (
-            round.now_us,
-            self.owner.as_str(),
-            self.external_id.as_deref(),
-            self.resolved_targets.as_slice(),
-        );
-        let id = self.id.as_str();
         let mut st = d::View::new(txn)?;
         let mut events = Vec::new();
         let done = complete_item(
             &mut st,
-            now_us,
-            owner,
-            id,
+            round.now_us,
+            &self.owner,
+            self.id.as_str(),
             SentWith {
-                external_id,
-                resolved_targets,
+                external_id: self.external_id.as_deref(),
+                resolved_targets: &self.resolved_targets,
             },
             &mut HashMap::new(),
             &mut events,
