@@ -39,7 +39,7 @@ use crate::commands::{Command, CompactReport, Decided};
 use crate::error::{CommandError, RejectKind};
 use crate::pages::Pages;
 use crate::privacy::Privacy;
-use crate::store::WriteTransaction;
+use tidemark_projections::ModelsTxn;
 
 /// Events one fold transaction takes at most (a rebuild's chunk waits for it, and it for a
 /// rebuild's chunk).
@@ -201,7 +201,7 @@ trait Job: Send {
     /// append to; the answer is kept for [`Job::answer`].
     fn decide(
         &mut self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<()>, CommandError>;
 
@@ -247,7 +247,7 @@ impl<C: Command> Drop for Typed<C> {
 impl<C: Command> Job for Typed<C> {
     fn decide(
         &mut self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<()>, CommandError> {
         self.answer = None;
@@ -715,7 +715,7 @@ impl<L: EventLog + Clone> State<L> {
             let started = Instant::now();
             let txn = self.models.begin()?;
             let at = Models::fold(&txn, &self.log, upto, FOLLOW_BATCH, &mut self.chunk)?;
-            txn.commit().map_err(StorageError::of)?;
+            txn.commit()?;
             self.dirty.get_or_insert_with(Instant::now);
             self.progress.advance(at);
             metrics::histogram!("tidemark_projection_batch_seconds")
@@ -805,7 +805,7 @@ impl<L: EventLog + Clone> State<L> {
             let mut condition = Condition::none();
             let mut failed = None;
             for (stream, subject) in &on {
-                match subjects::last(&txn, stream, subject, first_seq) {
+                match txn.last_of(stream, subject, first_seq) {
                     Ok(last) => condition = condition.and_subject(stream, subject, last),
                     Err(e) => {
                         failed = Some(e);
@@ -886,8 +886,7 @@ impl<L: EventLog + Clone> State<L> {
             shared_outbox: knobs.shared_outbox,
         };
         job.decide(&txn, &mut round)?;
-        txn.commit()
-            .map_err(|e| CommandError::Models(StorageError::of(e)))?;
+        txn.commit().map_err(CommandError::Models)?;
         self.models.persist().map_err(CommandError::Models)?;
         let Some(rep) = job.compaction_report() else {
             return Err(CommandError::Models(StorageError::msg(

@@ -46,11 +46,6 @@ pub const OVERLOADED_RETRY_AFTER: std::time::Duration = std::time::Duration::fro
 pub use decider::FOLLOW_BATCH;
 pub use queries::{LAG_CAP, Lag, Queries, QueryError, READ_WAIT, Stopped};
 
-/// The redb items the commands read the models store with; nothing of it is public.
-mod store {
-    pub(crate) use redb::{ReadableTable, WriteTransaction};
-}
-
 /// Why a client's append was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientAppendError {

@@ -59,6 +59,30 @@ pub struct Subscription {
     pub updated_at_us: i64,
 }
 
+/// The bridge subscriptions model inside a models transaction (commands decide on it at the
+/// head).
+pub struct View<'t> {
+    t: crate::framework::TxnTables<'t>,
+}
+
+impl<'t> View<'t> {
+    pub fn new(txn: &'t crate::models::ModelsTxn) -> Result<Self, StorageError> {
+        Ok(View {
+            t: crate::framework::TxnTables::new(txn.raw(), NAME)?,
+        })
+    }
+
+    /// Subscription `id`.
+    pub fn row(&mut self, id: &str) -> Result<Option<Subscription>, StorageError> {
+        self.t.get_val(ROWS, id.as_bytes())
+    }
+
+    /// Whether an active subscription follows task `task_id`.
+    pub fn follows_task(&mut self, task_id: &str) -> Result<bool, StorageError> {
+        Ok(!self.t.suffixes(BY_TASK, task_id)?.is_empty())
+    }
+}
+
 /// Payload of `bridge.subscribed` / `bridge.unsubscribed`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BridgeEvent {

@@ -78,6 +78,37 @@ pub fn bound_error(e: &str) -> String {
     e.chars().take(MAX_ERROR).collect()
 }
 
+/// The cursors model inside a models transaction (commands decide on it at the head).
+pub struct View<'t> {
+    t: crate::framework::TxnTables<'t>,
+}
+
+impl<'t> View<'t> {
+    pub fn new(txn: &'t crate::models::ModelsTxn) -> Result<Self, StorageError> {
+        Ok(View {
+            t: crate::framework::TxnTables::new(txn.raw(), NAME)?,
+        })
+    }
+
+    /// The cursor of `(consumer_id, stream_name, subject_id)`, or its zero state.
+    pub fn get(
+        &mut self,
+        consumer_id: &str,
+        stream_name: &str,
+        subject_id: &str,
+    ) -> Result<Cursor, StorageError> {
+        Ok(self
+            .t
+            .get_val(ROWS, &key(consumer_id, stream_name, subject_id))?
+            .unwrap_or_else(|| Cursor::zero(consumer_id, stream_name, subject_id)))
+    }
+
+    /// Every cursor.
+    pub fn all(&mut self) -> Result<Vec<Cursor>, StorageError> {
+        self.t.values(ROWS)
+    }
+}
+
 /// Payload of `cursor.advanced`, `cursor.reset` and `cursor.failed`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CursorEvent {

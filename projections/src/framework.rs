@@ -720,7 +720,7 @@ impl Reader {
 /// A projection's tables inside the writer's transaction, each opened once: the fold writes
 /// through them (`Store`), and commands that decide from state (claim, complete, ...) read
 /// them, seeing every event committed or staged before them.
-pub struct TxnTables<'t> {
+pub(crate) struct TxnTables<'t> {
     txn: &'t WriteTransaction,
     proj: &'static str,
     generation: u32,
@@ -783,6 +783,40 @@ impl<'t> TxnTables<'t> {
     ) -> Result<Option<T>, StorageError> {
         decode(self.get(table, key)?)
     }
+
+    /// The keys of `table` that start with `prefix ‖ 0`, each the rest after it (an index's
+    /// ids under one value: `prefix ‖ 0 ‖ id`).
+    pub(crate) fn suffixes(
+        &mut self,
+        table: &'static str,
+        prefix: &str,
+    ) -> Result<Vec<String>, StorageError> {
+        let lo = [prefix.as_bytes(), &[0u8]].concat();
+        let hi = [prefix.as_bytes(), &[1u8]].concat();
+        let mut out = Vec::new();
+        for row in self
+            .table(table)?
+            .range(lo.as_slice()..hi.as_slice())
+            .map_err(StorageError::of)?
+        {
+            let (k, _) = row.map_err(StorageError::of)?;
+            out.push(String::from_utf8_lossy(&k.value()[lo.len()..]).into_owned());
+        }
+        Ok(out)
+    }
+
+    /// Every row of `table`, decoded, in key order.
+    pub(crate) fn values<T: for<'de> Deserialize<'de>>(
+        &mut self,
+        table: &'static str,
+    ) -> Result<Vec<T>, StorageError> {
+        let mut out = Vec::new();
+        for row in self.table(table)?.iter().map_err(StorageError::of)? {
+            let (_, v) = row.map_err(StorageError::of)?;
+            out.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
+        }
+        Ok(out)
+    }
 }
 
 /// A stored row decoded with postcard.
@@ -835,7 +869,7 @@ where
 }
 
 /// Copy `p`'s live tables and digest chain as its snapshot; answers the snapshot's meta.
-pub fn snapshot(txn: &WriteTransaction, p: &dyn Projection) -> Result<Meta, StorageError> {
+pub(crate) fn snapshot(txn: &WriteTransaction, p: &dyn Projection) -> Result<Meta, StorageError> {
     let name = p.name();
     let live = read_meta(txn, name)?;
     for t in p.tables() {

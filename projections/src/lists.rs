@@ -73,9 +73,22 @@ pub fn list(db: &redb::Database, name: &str) -> Result<Option<ListRow>, StorageE
     crate::framework::Reader::new(db)?.get_val(NAME, ROWS, name.as_bytes())
 }
 
-/// A list by name inside the writer's transaction (a command decides on it at the head).
-pub fn in_txn(txn: &redb::WriteTransaction, name: &str) -> Result<Option<ListRow>, StorageError> {
-    crate::framework::TxnTables::new(txn, NAME)?.get_val(ROWS, name.as_bytes())
+/// The lists model inside a models transaction (a command decides on it at the head).
+pub struct View<'t> {
+    t: crate::framework::TxnTables<'t>,
+}
+
+impl<'t> View<'t> {
+    pub fn new(txn: &'t crate::models::ModelsTxn) -> Result<Self, StorageError> {
+        Ok(View {
+            t: crate::framework::TxnTables::new(txn.raw(), NAME)?,
+        })
+    }
+
+    /// List `name`.
+    pub fn row(&mut self, name: &str) -> Result<Option<ListRow>, StorageError> {
+        self.t.get_val(ROWS, name.as_bytes())
+    }
 }
 
 /// Every list, by name.

@@ -111,8 +111,8 @@ impl Models {
 
     fn prepare(&self) -> Result<(), StorageError> {
         let txn = self.begin()?;
-        framework::prepare(&txn, &crate::all())?;
-        txn.commit().map_err(StorageError::of)
+        framework::prepare(txn.raw(), &crate::all())?;
+        txn.commit()
     }
 
     /// The database, for one request's reads (held only that long: [`Models::reopen`]
@@ -121,18 +121,18 @@ impl Models {
         self.db.0.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// A write transaction that commits without a sync.
-    pub fn begin(&self) -> Result<WriteTransaction, StorageError> {
+    /// A transaction that commits without a sync.
+    pub fn begin(&self) -> Result<ModelsTxn, StorageError> {
         let mut txn = self.db().begin_write().map_err(StorageError::of)?;
         txn.set_durability(Durability::None)
             .map_err(StorageError::of)?;
-        Ok(txn)
+        Ok(ModelsTxn(txn))
     }
 
     /// A write transaction whose commit is synced: a rebuild's (its chunks are few and large,
     /// and a generation half built before a crash is then found and dropped at the next
     /// start rather than silently lost with the unsynced commits).
-    pub fn begin_synced(&self) -> Result<WriteTransaction, StorageError> {
+    pub(crate) fn begin_synced(&self) -> Result<WriteTransaction, StorageError> {
         self.db().begin_write().map_err(StorageError::of)
     }
 
@@ -162,13 +162,13 @@ impl Models {
     /// `max` of them, in one transaction of `txn` (committed by the caller); the lowest
     /// checkpoint after. `chunk` is read only where it does not already hold those events.
     pub fn fold(
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         log: &impl EventLog,
         upto: u64,
         max: u64,
         chunk: &mut EventChunk,
     ) -> Result<u64, StorageError> {
-        framework::catch_up(txn, &crate::all(), log, upto, max, chunk)
+        framework::catch_up(txn.raw(), &crate::all(), log, upto, max, chunk)
     }
 
     /// Fold up to the head of `log`, in transactions of at most `batch` events (tests, tools
@@ -178,11 +178,83 @@ impl Models {
         loop {
             let txn = self.begin()?;
             let at = Models::fold(&txn, log, log.head(), batch, &mut chunk)?;
-            txn.commit().map_err(StorageError::of)?;
+            txn.commit()?;
             if at >= log.head() {
                 return Ok(at);
             }
         }
+    }
+}
+
+/// One transaction of the models store: the decider folds committed events in it and decides
+/// commands on it (which only read it). Outside this crate it is read through the models'
+/// views alone ([`ModelsTxn::deliveries`], [`ModelsTxn::cursors`], …), each of which owns its
+/// model's key layout; no storage type leaves the crate.
+pub struct ModelsTxn(WriteTransaction);
+
+impl ModelsTxn {
+    pub(crate) fn raw(&self) -> &WriteTransaction {
+        &self.0
+    }
+
+    /// Commit (without a sync: [`Models::persist`] makes it durable).
+    pub fn commit(self) -> Result<(), StorageError> {
+        self.0.commit().map_err(StorageError::of)
+    }
+
+    /// The deliveries model.
+    pub fn deliveries(&self) -> Result<crate::deliveries::View<'_>, StorageError> {
+        crate::deliveries::View::new(self)
+    }
+
+    /// The cursors model.
+    pub fn cursors(&self) -> Result<crate::cursors::View<'_>, StorageError> {
+        crate::cursors::View::new(self)
+    }
+
+    /// The bridge subscriptions model.
+    pub fn bridges(&self) -> Result<crate::bridges::View<'_>, StorageError> {
+        crate::bridges::View::new(self)
+    }
+
+    /// The tasks model.
+    pub fn tasks(&self) -> Result<crate::tasks::View<'_>, StorageError> {
+        crate::tasks::View::new(self)
+    }
+
+    /// The notifications model.
+    pub fn notifications(&self) -> Result<crate::notifications::View<'_>, StorageError> {
+        crate::notifications::View::new(self)
+    }
+
+    /// The sources model.
+    pub fn sources(&self) -> Result<crate::sources::View<'_>, StorageError> {
+        crate::sources::View::new(self)
+    }
+
+    /// The notification lists model.
+    pub fn lists(&self) -> Result<crate::lists::View<'_>, StorageError> {
+        crate::lists::View::new(self)
+    }
+
+    /// The seq of the last event of `(stream, subject)` as the models have it (0: none, or
+    /// every one of them is before `first_seq`, compacted): [`crate::subjects`].
+    pub fn last_of(
+        &self,
+        stream: &str,
+        subject: &str,
+        first_seq: u64,
+    ) -> Result<u64, StorageError> {
+        crate::subjects::last(&self.0, stream, subject, first_seq)
+    }
+
+    /// Every projection's snapshot at what it has folded, written in this transaction (a
+    /// compaction's first half: [`crate::framework::snapshot`]).
+    pub fn snapshot_all(&self) -> Result<(), StorageError> {
+        for p in crate::all() {
+            framework::snapshot(&self.0, p)?;
+        }
+        Ok(())
     }
 }
 

@@ -271,33 +271,72 @@ pub(crate) fn index_key(value: &str, seq: u64) -> Vec<u8> {
     k
 }
 
-/// Σ `weight(priority)` over the notifications at seqs after `after`, as the writer's
-/// transaction sees them: with `after` the routing checkpoint and the deliveries each priority
-/// makes as the weight, the deliveries the router has yet to make (the outbox bound, spec
-/// section 5). Priorities of weight 0 are not read.
-pub fn weighted_after(
-    txn: &redb::WriteTransaction,
-    after: u64,
-    weight: impl Fn(&str) -> u64,
-) -> Result<u64, StorageError> {
-    use redb::ReadableTable;
-    let mut t = crate::framework::TxnTables::new(txn, NAME)?;
-    let index = t.table(BY_PRIORITY)?;
-    let mut sum = 0;
-    for p in Priority::ALL {
-        let w = weight(p.as_str());
-        if w == 0 {
-            continue;
-        }
-        let lo = index_key(p.as_str(), after.saturating_add(1));
-        let hi = index_key(p.as_str(), u64::MAX);
-        let n = index
-            .range(lo.as_slice()..=hi.as_slice())
-            .map_err(StorageError::of)?
-            .count() as u64;
-        sum += w * n;
+/// The notifications model inside a models transaction (commands decide on it at the head).
+pub struct View<'t> {
+    t: crate::framework::TxnTables<'t>,
+}
+
+impl<'t> View<'t> {
+    pub fn new(txn: &'t crate::models::ModelsTxn) -> Result<Self, StorageError> {
+        Ok(View {
+            t: crate::framework::TxnTables::new(txn.raw(), NAME)?,
+        })
     }
-    Ok(sum)
+
+    /// Σ `weight(priority)` over the notifications at seqs after `after`: with `after` the
+    /// routing checkpoint and the deliveries each priority makes as the weight, the
+    /// deliveries the router has yet to make (the outbox bound, spec section 5). Priorities of
+    /// weight 0 are not read.
+    pub fn weighted_after(
+        &mut self,
+        after: u64,
+        weight: impl Fn(&str) -> u64,
+    ) -> Result<u64, StorageError> {
+        use redb::ReadableTable;
+        let index = self.t.table(BY_PRIORITY)?;
+        let mut sum = 0;
+        for p in Priority::ALL {
+            let w = weight(p.as_str());
+            if w == 0 {
+                continue;
+            }
+            let lo = index_key(p.as_str(), after.saturating_add(1));
+            let hi = index_key(p.as_str(), u64::MAX);
+            let n = index
+                .range(lo.as_slice()..=hi.as_slice())
+                .map_err(StorageError::of)?
+                .count() as u64;
+            sum += w * n;
+        }
+        Ok(sum)
+    }
+
+    /// The notifications at seqs up to `through_seq` whose time is before `before_us`, oldest
+    /// first, at most `max` (event times never go back along seq: the first one at or past
+    /// `before_us` ends the list).
+    pub fn older_than(
+        &mut self,
+        through_seq: u64,
+        before_us: i64,
+        max: usize,
+    ) -> Result<Vec<Notification>, StorageError> {
+        use redb::ReadableTable;
+        let mut rows = Vec::new();
+        for row in self
+            .t
+            .table(BY_SEQ)?
+            .range(..=through_seq.to_be_bytes().as_slice())
+            .map_err(StorageError::of)?
+        {
+            let (_, v) = row.map_err(StorageError::of)?;
+            let note: Notification = postcard::from_bytes(v.value()).map_err(StorageError::of)?;
+            if note.time_us >= before_us || rows.len() >= max {
+                break;
+            }
+            rows.push(note);
+        }
+        Ok(rows)
+    }
 }
 
 pub struct Notifications;

@@ -171,14 +171,14 @@ pub fn source(db: &redb::Database, name: &str) -> Result<Option<SourceRow>, Stor
 
 /// The sources model inside the writer's transaction (commands decide on it at the head),
 /// its tables opened once for every lookup of a command.
-pub struct InTxn<'t> {
+pub struct View<'t> {
     t: crate::framework::TxnTables<'t>,
 }
 
-impl<'t> InTxn<'t> {
-    pub fn new(txn: &'t redb::WriteTransaction) -> Result<Self, StorageError> {
-        Ok(InTxn {
-            t: crate::framework::TxnTables::new(txn, NAME)?,
+impl<'t> View<'t> {
+    pub fn new(txn: &'t crate::models::ModelsTxn) -> Result<Self, StorageError> {
+        Ok(View {
+            t: crate::framework::TxnTables::new(txn.raw(), NAME)?,
         })
     }
 

@@ -80,7 +80,7 @@ pub fn record(
 
 /// The seq of the last event of `(stream, subject)` as the models store has it (0: none, or
 /// every one of them is before `first_seq`, compacted).
-pub fn last(
+pub(crate) fn last(
     txn: &WriteTransaction,
     stream: &str,
     subject: &str,

@@ -334,6 +334,29 @@ pub(crate) fn index_key(a: &str, task_id: &str) -> Vec<u8> {
     k
 }
 
+/// The tasks model inside a models transaction (commands decide on it at the head).
+pub struct View<'t> {
+    t: crate::framework::TxnTables<'t>,
+}
+
+impl<'t> View<'t> {
+    pub fn new(txn: &'t crate::models::ModelsTxn) -> Result<Self, StorageError> {
+        Ok(View {
+            t: crate::framework::TxnTables::new(txn.raw(), NAME)?,
+        })
+    }
+
+    /// Task `id`.
+    pub fn row(&mut self, id: &str) -> Result<Option<Task>, StorageError> {
+        self.t.get_val(ROWS, id.as_bytes())
+    }
+
+    /// The ids of the tasks in `status`, in id order.
+    pub fn with_status(&mut self, status: TaskStatus) -> Result<Vec<String>, StorageError> {
+        self.t.suffixes(BY_STATUS, status.as_str())
+    }
+}
+
 pub struct Tasks;
 
 impl Projection for Tasks {

@@ -19,12 +19,11 @@ use std::collections::HashMap;
 use tidemark_log::NewEvent;
 use tidemark_projections::deliveries::Recipient;
 use tidemark_projections::names::{EventType, Stream};
-use tidemark_projections::notifications;
 use tidemark_projections::routing::{RouteOutcome, RoutingSettings, resolve_routes};
 
 use super::sealed::Sealed;
 use super::{Command, Decided, Round};
-use crate::store::WriteTransaction;
+use tidemark_projections::ModelsTxn;
 
 /// What the checks decided about a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,7 +67,7 @@ impl Command for Admit {
     /// meanwhile is not missed).
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Admission>, CommandError> {
         let before = round.pending_added;
@@ -111,14 +110,14 @@ const DRAIN_WINDOW_S: u64 = 60;
 /// Judge `events` at the head (`txn` has the read models caught up). `known[i]` says that event
 /// `i` is already in the log with the same content (the log will answer it as a duplicate).
 pub(crate) fn admit(
-    txn: &WriteTransaction,
+    txn: &ModelsTxn,
     events: &[NewEvent],
     known: &[bool],
     round: &mut Round<'_>,
     max_pending: u64,
 ) -> Result<Admission, CommandError> {
     let now_us = round.now_us;
-    let mut state = tidemark_projections::deliveries::View::new(txn)?;
+    let mut state = txn.deliveries()?;
     let mut recipients: HashMap<&str, Recipient> = HashMap::new();
     let mut blocked = Vec::new();
     let mut notices: Vec<(String, Option<String>)> = Vec::new();
@@ -179,7 +178,7 @@ pub(crate) fn admit(
 /// pages. What the round's earlier accepted batches add (not in the models yet) counts as
 /// pending, and an accepted batch adds its own to it.
 pub(crate) fn over_bound(
-    txn: &WriteTransaction,
+    txn: &ModelsTxn,
     state: &mut tidemark_projections::deliveries::View<'_>,
     notices: &[(&str, Option<&str>)],
     round: &mut Round<'_>,
@@ -205,7 +204,10 @@ pub(crate) fn over_bound(
     let st = CommandError::Models;
     let routed = state.routed()?;
     let pending = state.pending()?
-        + notifications::weighted_after(txn, routed, per).map_err(st)?
+        + txn
+            .notifications()?
+            .weighted_after(routed, per)
+            .map_err(st)?
         + round.pending_added;
     if pending + adding <= max_pending {
         round.pending_added += adding;

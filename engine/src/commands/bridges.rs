@@ -7,18 +7,15 @@ use crate::error::{CommandError, RejectKind};
 use std::collections::HashMap;
 
 use tidemark_log::{NewEvent, StorageError};
-use tidemark_projections::bridges::{
-    self, BridgeEvent, Decision, NAME, ROWS, Subscription, Target,
-};
+use tidemark_projections::bridges::{self, BridgeEvent, Decision, Subscription, Target};
 use tidemark_projections::cursors::Cursor;
-use tidemark_projections::framework::TxnTables;
 use tidemark_projections::names::{Stream, ids};
-use tidemark_projections::tasks::{self, Task};
+use tidemark_projections::tasks::Task;
 
 use super::sealed::Sealed;
 use super::{Command, Decided, Round};
 use crate::commands::cursors::{Advance, get_in};
-use crate::store::WriteTransaction;
+use tidemark_projections::ModelsTxn;
 pub use tidemark_projections::ids::{SubscriptionId, TaskId};
 
 /// Create (or re-create) subscription `id`; answers the row and whether it is new.
@@ -67,7 +64,7 @@ impl Command for Subscribe {
     /// conflict.
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Subscribed>, CommandError> {
         let (now_us, id, target) = (round.now_us, self.id.as_str(), &self.target);
@@ -119,7 +116,7 @@ impl Command for Unsubscribe {
     /// Delete an active subscription of `task_id` (its cursor stays).
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Subscription>, CommandError> {
         let (now_us, task_id, id) = (round.now_us, self.task_id.as_str(), self.id.as_str());
@@ -155,7 +152,7 @@ impl Command for Confirm {
 
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Self::Answer>, CommandError> {
         let mut moved = HashMap::new();
@@ -178,7 +175,7 @@ impl Command for ConfirmOne {
 
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Self::Answer>, CommandError> {
         let mut events = Vec::new();
@@ -190,7 +187,7 @@ impl Command for ConfirmOne {
 /// One item of a confirmation: its refusal is its answer, and what it records joins
 /// `events`.
 fn confirm_item(
-    txn: &WriteTransaction,
+    txn: &ModelsTxn,
     round: &Round<'_>,
     c: &Confirmation,
     moved: &mut HashMap<String, Cursor>,
@@ -212,9 +209,8 @@ fn bridge_event(kind: &str, id: &str, b: &BridgeEvent) -> Result<NewEvent, Comma
         .map_err(CommandError::invalid_event)
 }
 
-fn row_in(txn: &WriteTransaction, id: &str) -> Result<Option<Subscription>, CommandError> {
-    let mut t = TxnTables::new(txn, NAME).map_err(CommandError::Models)?;
-    t.get_val(ROWS, id.as_bytes()).map_err(CommandError::Models)
+fn row_in(txn: &ModelsTxn, id: &str) -> Result<Option<Subscription>, CommandError> {
+    Ok(txn.bridges()?.row(id)?)
 }
 
 /// One confirmation: the subscription (id, task), the delivery's seq, and the cursor the
@@ -230,7 +226,7 @@ pub struct Confirmation {
 /// Check and record one confirmation inside the writer. `cursors` holds the cursors moved
 /// earlier in the same command (they are not in the tables until the command's events fold).
 fn confirm_in(
-    txn: &WriteTransaction,
+    txn: &ModelsTxn,
     round: &Round<'_>,
     c: &Confirmation,
     moved: &mut HashMap<String, Cursor>,
@@ -258,10 +254,7 @@ fn confirm_in(
                 format!("{delivery_id} names no event of task {task_id:?}"),
             )
         })?;
-    let mut t = TxnTables::new(txn, tasks::NAME).map_err(CommandError::Models)?;
-    let task: Option<Task> = t
-        .get_val("rows", task_id.as_bytes())
-        .map_err(CommandError::Models)?;
+    let task: Option<Task> = txn.tasks()?.row(task_id)?;
     let (decision, reason) = bridges::decide(task.as_ref(), &ev);
     if decision != Decision::Deliver {
         return Err(CommandError::rejected(

@@ -4,13 +4,12 @@
 
 use crate::error::{CommandError, RejectKind};
 use tidemark_log::{NewEvent, StorageError};
-use tidemark_projections::cursors::{Cursor, CursorEvent, NAME, ROWS, bound_error, key};
-use tidemark_projections::framework::TxnTables;
+use tidemark_projections::cursors::{Cursor, CursorEvent, bound_error};
 use tidemark_projections::names::{EventType, Stream};
 
 use super::sealed::Sealed;
 use super::{Command, Decided, Round};
-use crate::store::WriteTransaction;
+use tidemark_projections::ModelsTxn;
 
 /// Advance a cursor: forward, or the same seq with the same delivery id (which appends
 /// nothing), optionally compare-and-swap on `expected_sequence`. Answers the cursor after it.
@@ -34,7 +33,7 @@ impl Command for Advance {
 
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Cursor>, CommandError> {
         let cur = get_in(txn, &self.consumer_id, &self.stream_name, &self.subject_id)?;
@@ -117,7 +116,7 @@ impl Command for Reset {
     /// Set the cursor to `to` (up or down), recorded with its reason.
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Cursor>, CommandError> {
         let (consumer_id, stream_name, subject_id) =
@@ -149,15 +148,12 @@ impl Command for Reset {
 
 /// The cursor as stored, or its zero state.
 pub(crate) fn get_in(
-    txn: &WriteTransaction,
+    txn: &ModelsTxn,
     consumer_id: &str,
     stream_name: &str,
     subject_id: &str,
 ) -> Result<Cursor, CommandError> {
-    let mut t = TxnTables::new(txn, NAME).map_err(CommandError::Models)?;
-    Ok(t.get_val(ROWS, &key(consumer_id, stream_name, subject_id))
-        .map_err(CommandError::Models)?
-        .unwrap_or_else(|| Cursor::zero(consumer_id, stream_name, subject_id)))
+    Ok(txn.cursors()?.get(consumer_id, stream_name, subject_id)?)
 }
 
 fn event(kind: &str, consumer_id: &str, c: &CursorEvent) -> Result<NewEvent, CommandError> {

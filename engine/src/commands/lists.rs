@@ -9,7 +9,7 @@ use tidemark_projections::names::{EventType, Stream};
 use super::sealed::Sealed;
 use super::{Command, Decided, Round};
 use crate::error::{CommandError, RejectKind};
-use crate::store::WriteTransaction;
+use tidemark_projections::ModelsTxn;
 
 /// Set a list's members (`Some`) or delete it (`None`, refused `list_not_found` for a list
 /// that does not exist); answers the list after it (deleted: without members).
@@ -31,14 +31,10 @@ impl Command for SetList {
 
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<ListRow>, CommandError> {
-        if self.members.is_none()
-            && tidemark_projections::lists::in_txn(txn, &self.name)
-                .map_err(CommandError::Models)?
-                .is_none()
-        {
+        if self.members.is_none() && txn.lists()?.row(&self.name)?.is_none() {
             return Err(CommandError::rejected(
                 RejectKind::NotFound,
                 "list_not_found",

@@ -32,7 +32,7 @@ pub use retention::{CompactReport, RetentionReport};
 pub use sources::{NotifyPlan, PageOutcome, SourceItem};
 
 use crate::decider::Round;
-use crate::store::WriteTransaction;
+use tidemark_projections::ModelsTxn;
 
 /// A command the engine executes ([`crate::Engine::execute`]): one type per command, each
 /// with its own answer. Implemented by the command types of the families above only.
@@ -56,7 +56,7 @@ pub trait Command: sealed::Sealed + Send + 'static {
     /// depends on the command and the models only.
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Self::Answer>, CommandError>;
 }

@@ -10,17 +10,14 @@ use crate::error::CommandError;
 use std::collections::BTreeSet;
 
 use tidemark_log::{NewEvent, StorageError};
-use tidemark_projections::deliveries::{self as d, Delivery};
-use tidemark_projections::framework::TxnTables;
+use tidemark_projections::cursors::Cursor;
+use tidemark_projections::deliveries::Delivery;
 use tidemark_projections::names::{EventType, Stream, TaskStatus};
-use tidemark_projections::notifications::{self as n, Notification};
 use tidemark_projections::retention::{IDS_PER_EVENT, Purged};
-use tidemark_projections::tasks::{self, Task};
-use tidemark_projections::{bridges, cursors};
 
 use super::sealed::Sealed;
 use super::{Command, Decided, Round};
-use crate::store::{ReadableTable, WriteTransaction};
+use tidemark_projections::ModelsTxn;
 
 /// Purge what left the window by now (at most `max` ids in one command: run it again while
 /// it reports `more`); answers what it purged.
@@ -43,7 +40,7 @@ impl Command for Purge {
 
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<RetentionReport>, CommandError> {
         let (now_us, head, privacy) = (round.now_us, round.head, round.privacy);
@@ -59,26 +56,8 @@ impl Command for Purge {
         let done = |d: &Delivery| !d.is_pending() && d.updated_at_us < before && d.last_seq <= head;
 
         // Notifications, oldest first: event times never go back along seq.
-        let mut nt = TxnTables::new(txn, n::NAME).map_err(st)?;
-        let mut dt = d::View::new(txn)?;
-        let rows: Vec<Notification> = {
-            let mut rows = Vec::new();
-            for row in nt
-                .table(n::BY_SEQ)
-                .map_err(st)?
-                .range(..=head.to_be_bytes().as_slice())
-                .map_err(se)?
-            {
-                let (_, v) = row.map_err(se)?;
-                let note: Notification = postcard::from_bytes(v.value()).map_err(se)?;
-                if note.time_us >= before || rows.len() >= self.max {
-                    break;
-                }
-                rows.push(note);
-            }
-            rows
-        };
-        for note in rows {
+        let mut dt = txn.deliveries()?;
+        for note in txn.notifications()?.older_than(head, before, self.max)? {
             if dl.len() + nl.len() >= self.max {
                 rep.more = true;
                 break;
@@ -104,37 +83,35 @@ impl Command for Purge {
         }
 
         // Terminal tasks nobody follows.
-        let mut ct = TxnTables::new(txn, cursors::NAME).map_err(st)?;
-        let mut followers: Vec<cursors::Cursor> = Vec::new();
-        for row in ct.table(cursors::ROWS).map_err(st)?.iter().map_err(se)? {
-            let (_, v) = row.map_err(se)?;
-            let c: cursors::Cursor = postcard::from_bytes(v.value()).map_err(se)?;
-            // A cursor with no progress for the window pins nothing (section 13).
-            if c.stream_name == Stream::TaskEvents.as_str()
-                && c.updated_at_us.is_some_and(|u| u >= before)
-            {
-                followers.push(c);
-            }
-        }
-        let mut tt = TxnTables::new(txn, tasks::NAME).map_err(st)?;
-        let mut bt = TxnTables::new(txn, bridges::NAME).map_err(st)?;
+        // A cursor with no progress for the window pins nothing (section 13).
+        let followers: Vec<Cursor> = txn
+            .cursors()?
+            .all()?
+            .into_iter()
+            .filter(|c| {
+                c.stream_name == Stream::TaskEvents.as_str()
+                    && c.updated_at_us.is_some_and(|u| u >= before)
+            })
+            .collect();
+        let mut tt = txn.tasks()?;
+        let mut bt = txn.bridges()?;
         'status: for status in [
             TaskStatus::Completed,
             TaskStatus::Failed,
             TaskStatus::Canceled,
         ] {
-            for id in suffixes(&mut tt, tasks::BY_STATUS, status.as_str())? {
+            for id in tt.with_status(status)? {
                 if dl.len() + nl.len() + tl.len() >= self.max {
                     rep.more = true;
                     break 'status;
                 }
-                let Some(task) = tt.get_val::<Task>(tasks::ROWS, id.as_bytes()).map_err(st)? else {
+                let Some(task) = tt.row(&id)? else {
                     continue;
                 };
                 if task.updated_at_us >= before || task.latest_event_seq > head {
                     continue;
                 }
-                if !suffixes(&mut bt, bridges::BY_TASK, &id)?.is_empty() {
+                if bt.follows_task(&id)? {
                     continue;
                 }
                 let pinned = followers.iter().any(|c| {
@@ -204,10 +181,6 @@ pub struct RetentionReport {
     pub more: bool,
 }
 
-fn st(e: StorageError) -> CommandError {
-    CommandError::Models(e)
-}
-
 /// A read of the log (not the models) failed.
 fn log_st(e: StorageError) -> CommandError {
     CommandError::Storage(e)
@@ -215,27 +188,6 @@ fn log_st(e: StorageError) -> CommandError {
 
 fn se(e: impl std::error::Error + Send + Sync + 'static) -> CommandError {
     CommandError::Models(StorageError::of(e))
-}
-
-/// Keys of `table` starting with `prefix ‖ 0`, the rest after it.
-fn suffixes(
-    t: &mut TxnTables<'_>,
-    table: &'static str,
-    prefix: &str,
-) -> Result<Vec<String>, CommandError> {
-    let lo = [prefix.as_bytes(), &[0u8]].concat();
-    let hi = [prefix.as_bytes(), &[1u8]].concat();
-    let mut out = Vec::new();
-    for row in t
-        .table(table)
-        .map_err(st)?
-        .range(lo.as_slice()..hi.as_slice())
-        .map_err(se)?
-    {
-        let (k, _) = row.map_err(se)?;
-        out.push(String::from_utf8_lossy(&k.value()[lo.len()..]).into_owned());
-    }
-    Ok(out)
 }
 
 /// Drop the log's events older than the window (spec section 13, `compact_log`): every
@@ -263,7 +215,7 @@ impl Command for Compact {
     /// `more` are filled in from the log's answer.
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<CompactReport>, CommandError> {
         let before = round
@@ -282,9 +234,7 @@ impl Command for Compact {
             return Ok(Decided::new(rep, Vec::new()));
         }
         // Every projection is at the head here: their snapshots are at or above any cut.
-        for p in tidemark_projections::all() {
-            tidemark_projections::framework::snapshot(txn, p).map_err(st)?;
-        }
+        txn.snapshot_all()?;
         Ok(Decided::new(rep, Vec::new()))
     }
 }
@@ -310,27 +260,21 @@ pub struct CompactReport {
 /// A cursor pins the events it follows (its stream, and its subject when not empty) after its
 /// position, unless it made no progress for the window or belongs to a deleted subscription.
 fn pinned_cut(
-    txn: &WriteTransaction,
+    txn: &ModelsTxn,
     log: &dyn crate::decider::LogReads,
     before: i64,
     mut cut: u64,
 ) -> Result<u64, CommandError> {
-    let mut ct = TxnTables::new(txn, cursors::NAME).map_err(st)?;
-    let mut bt = TxnTables::new(txn, bridges::NAME).map_err(st)?;
-    let mut live: Vec<cursors::Cursor> = Vec::new();
-    for row in ct.table(cursors::ROWS).map_err(st)?.iter().map_err(se)? {
-        let (_, v) = row.map_err(se)?;
-        let c: cursors::Cursor = postcard::from_bytes(v.value()).map_err(se)?;
+    let mut bt = txn.bridges()?;
+    let mut live: Vec<Cursor> = Vec::new();
+    for c in txn.cursors()?.all()? {
         if c.updated_at_us.is_none_or(|u| u < before) {
             continue;
         }
         if let Some(sub) =
             tidemark_projections::names::ids::subscription_of_consumer(&c.consumer_id)
         {
-            let active = bt
-                .get_val::<bridges::Subscription>(bridges::ROWS, sub.as_bytes())
-                .map_err(st)?
-                .is_some_and(|s| s.active);
+            let active = bt.row(sub)?.is_some_and(|s| s.active);
             if !active {
                 continue;
             }

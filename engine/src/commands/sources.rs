@@ -7,11 +7,11 @@ use crate::error::{CommandError, RejectKind};
 use serde_json::{Value, json};
 use tidemark_log::NewEvent;
 use tidemark_projections::names::{EventType, Stream, ids};
-use tidemark_projections::sources::{InTxn, SourceRow};
+use tidemark_projections::sources::SourceRow;
 
 use super::sealed::Sealed;
 use super::{Command, Decided, Round};
-use crate::store::WriteTransaction;
+use tidemark_projections::ModelsTxn;
 
 /// One item of a polled page: its upstream id and the item as the source returned it.
 #[derive(Debug, Clone)]
@@ -182,7 +182,7 @@ impl Command for Page {
 
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<PageOutcome>, CommandError> {
         let Page {
@@ -196,7 +196,7 @@ impl Command for Page {
         let max_pending = *max_pending;
         let now_us = round.now_us;
         let st = CommandError::Models;
-        let mut model = InTxn::new(txn).map_err(st)?;
+        let mut model = txn.sources().map_err(st)?;
         let row = model.row(name).map_err(st)?;
         if let Some(e) = not_active(&row) {
             return Err(e);
@@ -248,7 +248,7 @@ impl Command for Page {
             && let Some(r) = &n.recipient
             // Suppressed at the head (the crisis block, section 14): the page's
             // notification is left out and the items go in without it.
-            && tidemark_projections::deliveries::View::new(txn)?
+            && txn.deliveries()?
                 .recipient(Some(r))?
                 .suppressed_at(now_us)
         {
@@ -256,7 +256,7 @@ impl Command for Page {
         }
         if let (Some(n), Some(first), false) = (notify, &first, notify_blocked) {
             // The same bound as a client's append (section 5): never exceeded.
-            let mut state = tidemark_projections::deliveries::View::new(txn)?;
+            let mut state = txn.deliveries()?;
             let before = round.pending_added;
             if let crate::commands::admission::Admission::Full {
                 pending,
@@ -350,7 +350,7 @@ impl Command for Advance {
 
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         _: &mut Round<'_>,
     ) -> Result<Decided<SourceRow>, CommandError> {
         let Advance { name, from, to } = self;
@@ -399,7 +399,7 @@ impl Command for Pause {
 
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         _: &mut Round<'_>,
     ) -> Result<Decided<SourceRow>, CommandError> {
         let Pause { name, by, reason } = self;
@@ -428,7 +428,7 @@ impl Command for Resume {
 
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         _: &mut Round<'_>,
     ) -> Result<Decided<SourceRow>, CommandError> {
         let Resume { name, by } = self;
@@ -454,7 +454,7 @@ impl Command for Park {
 
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         _: &mut Round<'_>,
     ) -> Result<Decided<SourceRow>, CommandError> {
         let Park { name, error } = self;
@@ -481,7 +481,7 @@ impl Command for Reset {
 
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         _: &mut Round<'_>,
     ) -> Result<Decided<SourceRow>, CommandError> {
         let Reset {
@@ -510,10 +510,8 @@ impl Command for Reset {
 }
 
 /// Source `name` as the models have it.
-fn model_row(txn: &WriteTransaction, name: &str) -> Result<SourceRow, CommandError> {
-    InTxn::new(txn)
-        .and_then(|mut m| m.row(name))
-        .map_err(CommandError::Models)
+fn model_row(txn: &ModelsTxn, name: &str) -> Result<SourceRow, CommandError> {
+    Ok(txn.sources()?.row(name)?)
 }
 
 #[cfg(test)]

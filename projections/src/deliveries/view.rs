@@ -5,7 +5,7 @@
 //! this folder's: the fold writes them and this view reads them; no caller builds or parses
 //! one.
 
-use redb::{ReadableTable, WriteTransaction};
+use redb::ReadableTable;
 use tidemark_log::StorageError;
 
 use super::{
@@ -14,6 +14,7 @@ use super::{
     count_pending, group_key, timed_key, us_key,
 };
 use crate::framework::{TxnTables, be_u64};
+use crate::models::ModelsTxn;
 use crate::routing::RoutingSettings;
 
 /// The deliveries model inside one models transaction (each table opened once).
@@ -30,9 +31,9 @@ fn of(e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
 }
 
 impl<'t> View<'t> {
-    pub fn new(txn: &'t WriteTransaction) -> Result<Self, StorageError> {
+    pub fn new(txn: &'t ModelsTxn) -> Result<Self, StorageError> {
         Ok(View {
-            t: TxnTables::new(txn, NAME)?,
+            t: TxnTables::new(txn.raw(), NAME)?,
         })
     }
 

@@ -17,7 +17,7 @@ use super::{draw, event, recipient_of};
 use crate::commands::sealed::Sealed;
 use crate::commands::{Command, Decided, Round};
 use crate::privacy::Privacy;
-use crate::store::WriteTransaction;
+use tidemark_projections::ModelsTxn;
 
 /// What follows a lease's end (expiry, failure) or precedes a claim, recorded as events so a
 /// replay is exact (section 4): a delivery whose notification was canceled while leased is
@@ -327,7 +327,7 @@ impl Command for Claim {
     /// suppressed now is skipped instead. Answers the leased rows.
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Vec<Delivery>>, CommandError> {
         let (sink, owner, limit, lease_ms, share) = (
@@ -339,7 +339,7 @@ impl Command for Claim {
         );
         let now_us = round.now_us;
         let privacy = round.privacy;
-        let mut st = d::View::new(txn)?;
+        let mut st = txn.deliveries()?;
         let settings = st.settings_at(u64::MAX)?;
         let mut leased = Vec::new();
         let mut events = Vec::new();
@@ -405,11 +405,11 @@ impl Command for ExpireLeases {
     /// start-up. Answers how many.
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<usize>, CommandError> {
         let (now_us, max, privacy) = (round.now_us, self.max, round.privacy);
-        let mut st = d::View::new(txn)?;
+        let mut st = txn.deliveries()?;
         let mut settings = None;
         let mut released = 0;
         let mut events = Vec::new();
@@ -455,10 +455,10 @@ impl Command for Complete {
     /// nothing while the others are recorded.
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Vec<Completed>>, CommandError> {
-        let mut st = d::View::new(txn)?;
+        let mut st = txn.deliveries()?;
         let mut out = Vec::with_capacity(self.items.len());
         let mut events = Vec::new();
         let mut done = HashMap::new();
@@ -501,10 +501,10 @@ impl Command for CompleteOne {
     /// Complete one delivery leased by `owner` ([`Complete`] of one item).
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Completed>, CommandError> {
-        let mut st = d::View::new(txn)?;
+        let mut st = txn.deliveries()?;
         let mut events = Vec::new();
         let done = complete_item(
             &mut st,
@@ -542,7 +542,7 @@ impl Command for Fail {
     /// permanent or the last attempt.
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Delivery>, CommandError> {
         let (now_us, owner, f, privacy) = (
@@ -552,7 +552,7 @@ impl Command for Fail {
             round.privacy,
         );
         let id = self.id.as_str();
-        let mut st = d::View::new(txn)?;
+        let mut st = txn.deliveries()?;
         let mut row = owned_lease(st.row(id)?, now_us, id, owner, "fail")?;
         let settings = st.settings_at(u64::MAX)?;
         let parked = !f.retryable || row.attempts >= row.max_attempts;
@@ -612,12 +612,12 @@ impl Command for Extend {
     /// The lease owner extends its lease (heartbeat); an expired lease cannot be extended.
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Delivery>, CommandError> {
         let (now_us, owner, lease_ms) = (round.now_us, self.owner.as_str(), self.lease_ms);
         let id = self.id.as_str();
-        let mut st = d::View::new(txn)?;
+        let mut st = txn.deliveries()?;
         if let Some(row) = st.row(id)?
             && row.status != S::Leased
             && row.last_error_code.as_deref() == Some("lease_expired")
@@ -664,7 +664,7 @@ impl Command for Operator {
     /// `discarded`.
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Delivery>, CommandError> {
         let (now_us, action, by, reason) = (
@@ -674,7 +674,7 @@ impl Command for Operator {
             self.reason.clone(),
         );
         let id = self.id.as_str();
-        let mut st = d::View::new(txn)?;
+        let mut st = txn.deliveries()?;
         let mut row = st.row(id)?.ok_or_else(|| not_found(id))?;
         let kind = action.transition();
         if !row.allows(kind) {

@@ -18,7 +18,7 @@ use super::{draw, event};
 use crate::commands::sealed::Sealed;
 use crate::commands::{Command, Decided, Round};
 use crate::privacy::Privacy;
-use crate::store::WriteTransaction;
+use tidemark_projections::ModelsTxn;
 
 const MINUTE_US: i64 = 60_000_000;
 const DAY_US: i64 = 1_440 * MINUTE_US;
@@ -140,11 +140,11 @@ impl Command for Route {
     /// events, so every notification is routed exactly once, across crashes.
     fn decide(
         &self,
-        txn: &WriteTransaction,
+        txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<usize>, CommandError> {
         let (source, privacy) = (self.source.as_slice(), round.privacy);
-        let mut st = d::View::new(txn)?;
+        let mut st = txn.deliveries()?;
         let routed = st.routed()?;
         let mut out = Vec::new();
         let mut ov = Overlay::default();
