@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::names::{DeliveryStatus, DeliveryTransition};
 
 mod fold;
+pub(crate) mod read;
 mod view;
 
 pub use fold::{Deliveries, cat, created_key, group_key, timed_key, us_key};

@@ -1,0 +1,94 @@
+//! The projection framework: pure folds over the log, kept in redb tables of the log's file,
+//! each with a checkpoint written in the same transaction as its state and a running digest.
+//! The engine's follower folds committed events in batches ([`catch_up`]); a command catches
+//! the models up to the head before it decides; readers wait until the models reach the head
+//! of their request's arrival (`tidemark_engine::Queries`). Fold tests use [`Projector::new`],
+//! which folds every commit's events inside that commit.
+//!
+//! Tables of a projection are named `p.<projection>.<table>.g<generation>`. A rebuild folds the
+//! log into generation `g+1` in chunks, and in the transaction that catches it up with the
+//! head it switches the projection's meta row to `g+1` and drops generation `g`: readers see the
+//! old model or the new one, never a half-built one.
+//!
+//! # Digest
+//! Every write of a projection (table, key, value or deletion) while folding event `seq` is
+//! hashed; when an event changed anything, the running digest becomes
+//! `blake3(previous digest ‖ seq ‖ hash of the writes)`. The running digest is recorded in the
+//! projection's `digests` table at fixed seq boundaries, every [`DIGEST_EVERY`] events (the
+//! digest after folding every event up to and including the boundary), the same live and in a
+//! rebuild (spec section 10). Two folds of the same log give the same rows; comparing two
+//! generations finds the first boundary where they differ, and the rebuild names the first
+//! event of that range which changed the model. (Data directories written before the
+//! boundaries kept a row at every changing event; the digest at a boundary is read as the last
+//! row at or before it, which is the same value in both layouts.)
+//!
+//! The parts: [`Store`] (a fold's writes, coalesced and hashed), the runtime that folds and
+//! prepares the store (`runtime`), the read and write access to a projection's tables
+//! ([`Reader`], `TxnTables`) and snapshots.
+
+mod runtime;
+mod snapshots;
+mod store;
+mod tables;
+
+pub use runtime::{catch_up, checkpoint, prepare};
+pub(crate) use runtime::{drop_other_generations, fold_events, read_meta, write_meta};
+pub use snapshots::snapshot_meta;
+pub(crate) use snapshots::{restore_snapshot, snapshot};
+pub use store::{DIGEST_EVERY, Store};
+pub use tables::Reader;
+pub(crate) use tables::TxnTables;
+
+use redb::TableDefinition;
+use serde::{Deserialize, Serialize};
+use tidemark_log::{EventRef, StorageError};
+
+/// A row of a `by_created` index (the newest-first lists of tasks and deliveries):
+/// `key (8 bytes, big-endian) ‖ id`, so rows order by creation key, then id.
+pub(crate) fn created_row(key: u64, id: &str) -> Vec<u8> {
+    [&key.to_be_bytes()[..], id.as_bytes()].concat()
+}
+
+/// A u64 stored big-endian (counters, checkpoints), or `None` when the bytes are not one.
+pub fn be_u64(b: &[u8]) -> Option<u64> {
+    b.try_into().ok().map(u64::from_be_bytes)
+}
+
+/// The table of a projection's digests at seq boundaries (u64-keyed).
+pub(crate) const DIGESTS: &str = "digests";
+
+/// Per-projection bookkeeping, one row of the `projections` table.
+pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("projections");
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Meta {
+    pub generation: u32,
+    /// Last seq folded.
+    pub checkpoint: u64,
+    pub digest: [u8; 32],
+    /// Number of events that changed this projection.
+    pub changes: u64,
+    /// [`Projection::version`] of the code that built these tables.
+    pub version: u32,
+}
+
+/// A projection: a pure fold of events into its tables. `apply` must depend only on the
+/// event and the projection's own state: no clock, randomness or configuration (I3).
+pub trait Projection: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    /// Names of its tables (besides `digests`).
+    fn tables(&self) -> &'static [&'static str];
+    /// Fold one event, borrowed from the log: copy only what the model keeps.
+    fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError>;
+    /// Bump when the stored rows or the fold change: at the next start the projection is
+    /// rebuilt from the log instead of folding new events onto rows of another shape.
+    fn version(&self) -> u32 {
+        1
+    }
+}
+
+pub(crate) fn table_name(proj: &str, table: &str, generation: u32) -> String {
+    format!("p.{proj}.{table}.g{generation}")
+}
+
+pub(crate) type Bytes = &'static [u8];

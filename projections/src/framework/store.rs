@@ -1,0 +1,436 @@
+//! A fold's write access to one projection's tables: writes coalesced until a flush, rows kept
+//! decoded between events, every write hashed into the running digest.
+
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+use tidemark_log::{EventRef, StorageError};
+
+use redb::{ReadableTable, TableDefinition, WriteTransaction};
+
+use super::tables::decode;
+use super::{DIGESTS, Meta, Projection, TxnTables, table_name};
+
+/// Write access to one projection's tables at one generation, recording the digest.
+pub struct Store<'t> {
+    tables: TxnTables<'t>,
+    /// Writes not yet in the tables: a fold of many events touches the same rows again and
+    /// again (a task gets ~8 events), so they are coalesced here and written once, sorted by
+    /// key, by `flush`. The digest does not see this: it hashes every write as it is made.
+    pending: FxHashMap<&'static str, FxHashMap<Vec<u8>, Option<Vec<u8>>>>,
+    pending_len: usize,
+    /// Rows kept decoded between events ([`Store::take_row`] / [`Store::put_row`]): a row a
+    /// fold rewrites at every event (a task) is decoded once and encoded once per flush, not
+    /// at each event. Encoded into `pending` by `flush` (or when read as bytes).
+    rows: FxHashMap<&'static str, FxHashMap<Vec<u8>, Decoded>>,
+    /// Reused buffer that the digest hashes an encoded row from.
+    scratch: Vec<u8>,
+    /// Digests at the boundaries passed, not yet written.
+    boundaries: Vec<(u64, [u8; 32])>,
+    /// Seqs of the events that changed the model, when the caller asked for them (a rebuild
+    /// locating a divergence).
+    pub(super) changed_at: Option<Vec<u64>>,
+    change: blake3::Hasher,
+    changed: bool,
+}
+
+/// The running digest is recorded at every seq that is a multiple of this (spec section 10).
+pub const DIGEST_EVERY: u64 = 1000;
+
+/// A row kept decoded by [`Store::put_row`], with the function that encodes it.
+struct Decoded {
+    /// `None` while a fold has it taken out.
+    row: Option<Box<dyn std::any::Any + Send>>,
+    encode: fn(&(dyn std::any::Any + Send), &mut Vec<u8>) -> Result<(), StorageError>,
+}
+
+impl Decoded {
+    fn row(&self, table: &str) -> Result<&(dyn std::any::Any + Send), StorageError> {
+        self.row.as_deref().ok_or_else(|| taken(table))
+    }
+}
+
+fn taken(table: &str) -> StorageError {
+    StorageError::new(
+        format!("a row of {table} was taken by a fold and not put back"),
+        std::io::Error::other("row taken"),
+    )
+}
+
+fn encode_as<T: Serialize + 'static>(
+    row: &(dyn std::any::Any + Send),
+    out: &mut Vec<u8>,
+) -> Result<(), StorageError> {
+    let row = row
+        .downcast_ref::<T>()
+        .expect("encode_as is stored with a row of its type");
+    let buf = postcard::to_extend(row, std::mem::take(out)).map_err(StorageError::of)?;
+    *out = buf;
+    Ok(())
+}
+
+/// Coalesced writes are flushed after this many events even inside one transaction.
+const FLUSH_EVERY: usize = 50_000;
+
+impl<'t> Store<'t> {
+    pub(super) fn new(txn: &'t WriteTransaction, proj: &'static str, generation: u32) -> Self {
+        Store {
+            tables: TxnTables::at(txn, proj, generation),
+            pending: FxHashMap::default(),
+            pending_len: 0,
+            rows: FxHashMap::default(),
+            scratch: Vec::new(),
+            boundaries: Vec::new(),
+            changed_at: None,
+            change: blake3::Hasher::new(),
+            changed: false,
+        }
+    }
+
+    pub fn get(
+        &mut self,
+        table: &'static str,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>, StorageError> {
+        if let Some(d) = self.rows.get(table).and_then(|t| t.get(key)) {
+            let mut out = Vec::new();
+            (d.encode)(d.row(table)?, &mut out)?;
+            return Ok(Some(out));
+        }
+        if let Some(v) = self.pending.get(table).and_then(|t| t.get(key)) {
+            return Ok(v.clone());
+        }
+        self.tables.get(table, key)
+    }
+
+    /// Whether `key` has a row (a row kept decoded is not encoded to answer).
+    pub fn contains(&mut self, table: &'static str, key: &[u8]) -> Result<bool, StorageError> {
+        if let Some(d) = self.rows.get(table).and_then(|t| t.get(key)) {
+            d.row(table)?;
+            return Ok(true);
+        }
+        if let Some(v) = self.pending.get(table).and_then(|t| t.get(key)) {
+            return Ok(v.is_some());
+        }
+        Ok(self
+            .tables
+            .table(table)?
+            .get(key)
+            .map_err(StorageError::of)?
+            .is_some())
+    }
+
+    /// Take a row out to fold it, decoded: from the rows kept decoded when it is there
+    /// (nothing is decoded or copied), else from the staged writes or the table. A row taken
+    /// from the decoded ones must be put back with [`Store::put_row`] (or overwritten or
+    /// deleted) before the next flush, which otherwise fails the transaction rather than lose
+    /// the row's staged state.
+    pub fn take_row<T>(
+        &mut self,
+        table: &'static str,
+        key: &[u8],
+    ) -> Result<Option<T>, StorageError>
+    where
+        T: Serialize + for<'de> Deserialize<'de> + Send + 'static,
+    {
+        if let Some(d) = self.rows.get_mut(table).and_then(|t| t.get_mut(key)) {
+            let row = d.row.take().ok_or_else(|| taken(table))?;
+            return match row.downcast::<T>() {
+                Ok(row) => Ok(Some(*row)),
+                Err(_) => Err(StorageError::new(
+                    format!("a row of {table} taken as another type"),
+                    std::io::Error::other("type mismatch"),
+                )),
+            };
+        }
+        if let Some(v) = self.pending.get(table).and_then(|t| t.get(key)) {
+            return match v {
+                Some(b) => postcard::from_bytes(b).map(Some).map_err(StorageError::of),
+                None => Ok(None),
+            };
+        }
+        self.tables.get_val(table, key)
+    }
+
+    /// Write a row taken with [`Store::take_row`] (or a new one): hashed into the digest as
+    /// its encoding (in a reused buffer), kept decoded for the next event, encoded into the
+    /// table at the flush.
+    pub fn put_row<T>(
+        &mut self,
+        table: &'static str,
+        key: &[u8],
+        row: T,
+    ) -> Result<(), StorageError>
+    where
+        T: Serialize + Send + 'static,
+    {
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
+        let buf = postcard::to_extend(&row, buf).map_err(StorageError::of)?;
+        self.note(table, key, Some(&buf));
+        self.scratch = buf;
+        // The bytes staged earlier (if any) are superseded by the decoded row.
+        if let Some(t) = self.pending.get_mut(table)
+            && t.remove(key).is_some()
+        {
+            self.pending_len -= 1;
+        }
+        let t = self.rows.entry(table).or_default();
+        let d = Decoded {
+            row: Some(Box::new(row)),
+            encode: encode_as::<T>,
+        };
+        match t.get_mut(key) {
+            Some(slot) => *slot = d,
+            None => {
+                t.insert(key.to_vec(), d);
+                self.pending_len += 1;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn put(
+        &mut self,
+        table: &'static str,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), StorageError> {
+        self.note(table, key, Some(value));
+        if self.rows.get(table).is_none_or(|t| !t.contains_key(key))
+            && let Some(Some(staged)) = self.pending.get_mut(table).and_then(|t| t.get_mut(key))
+        {
+            // Written again (a counter, an index row): reuse the staged buffer.
+            staged.clear();
+            staged.extend_from_slice(value);
+            return Ok(());
+        }
+        self.stage(table, key, Some(value.to_vec()));
+        Ok(())
+    }
+
+    pub fn delete(&mut self, table: &'static str, key: &[u8]) -> Result<(), StorageError> {
+        self.note(table, key, None);
+        self.stage(table, key, None);
+        Ok(())
+    }
+
+    /// Write a row of a secondary index: a pure function of rows this projection writes
+    /// through [`Store::put`], so it is left out of the digest (the rows it derives from are
+    /// in it). Indexes added after the golden release are written this way, so that adding
+    /// one rebuilds the projection at the next open without changing its digest.
+    pub fn put_index(&mut self, table: &'static str, key: &[u8]) {
+        self.stage(table, key, Some(Vec::new()));
+    }
+
+    /// Keys of `table` that start with `prefix`, as the table stands with every write of the
+    /// fold so far (they are flushed first: call it while no row is taken out).
+    pub fn prefix_keys(
+        &mut self,
+        table: &'static str,
+        prefix: &[u8],
+    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        self.flush()?;
+        let mut out = Vec::new();
+        for row in self
+            .tables
+            .table(table)?
+            .range(prefix..)
+            .map_err(StorageError::of)?
+        {
+            let (k, _) = row.map_err(StorageError::of)?;
+            if !k.value().starts_with(prefix) {
+                break;
+            }
+            out.push(k.value().to_vec());
+        }
+        Ok(out)
+    }
+
+    /// Delete a row of a secondary index (see [`Store::put_index`]).
+    pub fn delete_index(&mut self, table: &'static str, key: &[u8]) {
+        self.stage(table, key, None);
+    }
+
+    fn stage(&mut self, table: &'static str, key: &[u8], value: Option<Vec<u8>>) {
+        if let Some(t) = self.rows.get_mut(table)
+            && t.remove(key).is_some()
+        {
+            self.pending_len -= 1;
+        }
+        let t = self.pending.entry(table).or_default();
+        match t.get_mut(key) {
+            Some(slot) => *slot = value,
+            None => {
+                t.insert(key.to_vec(), value);
+                self.pending_len += 1;
+            }
+        }
+    }
+
+    pub fn get_val<T: for<'de> Deserialize<'de>>(
+        &mut self,
+        table: &'static str,
+        key: &[u8],
+    ) -> Result<Option<T>, StorageError> {
+        decode(self.get(table, key)?)
+    }
+
+    pub fn put_val<T: Serialize>(
+        &mut self,
+        table: &'static str,
+        key: &[u8],
+        v: &T,
+    ) -> Result<(), StorageError> {
+        let bytes = postcard::to_stdvec(v).map_err(StorageError::of)?;
+        self.put(table, key, &bytes)
+    }
+
+    fn note(&mut self, table: &str, key: &[u8], value: Option<&[u8]>) {
+        self.changed = true;
+        let h = &mut self.change;
+        h.update(&(table.len() as u32).to_le_bytes());
+        h.update(table.as_bytes());
+        h.update(&(key.len() as u32).to_le_bytes());
+        h.update(key);
+        match value {
+            Some(v) => {
+                h.update(&[1]);
+                h.update(&(v.len() as u32).to_le_bytes());
+                h.update(v);
+            }
+            None => {
+                h.update(&[0]);
+            }
+        }
+    }
+
+    /// Fold one event, extending `meta`'s digest chain when it changed anything.
+    pub(super) fn fold(
+        &mut self,
+        p: &dyn Projection,
+        ev: &EventRef<'_>,
+        meta: &mut Meta,
+    ) -> Result<(), StorageError> {
+        // A boundary between the last event folded and this one (seqs are dense, so only when
+        // the model was moved past events it did not fold) still records the digest there.
+        let passed = (ev.seq - 1) / DIGEST_EVERY * DIGEST_EVERY;
+        if passed > meta.checkpoint {
+            self.boundaries.push((passed, meta.digest));
+        }
+        self.change.reset();
+        self.changed = false;
+        p.apply(self, ev)?;
+        if self.changed {
+            let mut h = blake3::Hasher::new();
+            h.update(&meta.digest);
+            h.update(&ev.seq.to_le_bytes());
+            h.update(self.change.finalize().as_bytes());
+            meta.digest = *h.finalize().as_bytes();
+            meta.changes += 1;
+            if let Some(c) = &mut self.changed_at {
+                c.push(ev.seq);
+            }
+        }
+        meta.checkpoint = ev.seq;
+        if ev.seq.is_multiple_of(DIGEST_EVERY) {
+            self.boundaries.push((ev.seq, meta.digest));
+        }
+        if self.pending_len >= FLUSH_EVERY {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Write the coalesced changes into the tables. Must be called before the store is dropped.
+    pub(super) fn flush(&mut self) -> Result<(), StorageError> {
+        for (table, rows) in std::mem::take(&mut self.rows) {
+            let t = self.pending.entry(table).or_default();
+            for (key, d) in rows {
+                let mut out = Vec::new();
+                (d.encode)(d.row(table)?, &mut out)?;
+                t.insert(key, Some(out));
+            }
+        }
+        let mut pending: Vec<_> = std::mem::take(&mut self.pending).into_iter().collect();
+        pending.sort_unstable_by_key(|(t, _)| *t);
+        self.pending_len = 0;
+        for (table, rows) in pending {
+            let t = self.tables.table_mut(table)?;
+            let mut rows: Vec<_> = rows.into_iter().collect();
+            rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            for (key, value) in rows {
+                match value {
+                    Some(v) => t.insert(key.as_slice(), v.as_slice()).map(drop),
+                    None => t.remove(key.as_slice()).map(drop),
+                }
+                .map_err(StorageError::of)?;
+            }
+        }
+        if !self.boundaries.is_empty() {
+            let name = table_name(self.tables.proj, DIGESTS, self.tables.generation);
+            let def: TableDefinition<u64, &[u8]> = TableDefinition::new(&name);
+            let mut t = self.tables.txn.open_table(def).map_err(StorageError::of)?;
+            for (seq, d) in self.boundaries.drain(..) {
+                t.insert(seq, d.as_slice()).map_err(StorageError::of)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_store(f: impl FnOnce(&mut Store<'_>)) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("t.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        let mut st = Store::new(&txn, "x", 0);
+        f(&mut st);
+    }
+
+    /// A decoded row reads back the same as its bytes would, through every path, and is
+    /// hashed as its encoding (the same digest as `put_val`).
+    #[test]
+    fn decoded_rows_read_and_hash_like_bytes() {
+        let row = (String::from("a"), 7u64, vec![1u32, 2]);
+        let mut by_val = blake3::Hash::from([0; 32]);
+        with_store(|st| {
+            st.put_val("rows", b"k", &row).unwrap();
+            by_val = st.change.finalize();
+        });
+        with_store(|st| {
+            st.put_row("rows", b"k", row.clone()).unwrap();
+            assert_eq!(st.change.finalize(), by_val);
+            assert_eq!(
+                st.get_val::<(String, u64, Vec<u32>)>("rows", b"k").unwrap(),
+                Some(row.clone())
+            );
+            let mut r: (String, u64, Vec<u32>) = st.take_row("rows", b"k").unwrap().unwrap();
+            r.1 += 1;
+            st.put_row("rows", b"k", r).unwrap();
+            st.flush().unwrap();
+            let back: Option<(String, u64, Vec<u32>)> = st.take_row("rows", b"k").unwrap();
+            assert_eq!(back.map(|b| b.1), Some(8));
+        });
+    }
+
+    /// A row a fold took and never put back fails the flush instead of losing its staged state.
+    #[test]
+    fn a_row_taken_and_not_put_back_fails_the_flush() {
+        with_store(|st| {
+            st.put_row("rows", b"k", 1u64).unwrap();
+            let _: Option<u64> = st.take_row("rows", b"k").unwrap();
+            assert!(st.take_row::<u64>("rows", b"k").is_err(), "taken twice");
+            assert!(st.flush().is_err());
+        });
+        with_store(|st| {
+            st.put_row("rows", b"k", 1u64).unwrap();
+            let _: Option<u64> = st.take_row("rows", b"k").unwrap();
+            st.delete("rows", b"k").unwrap();
+            st.flush().unwrap();
+            assert_eq!(st.get("rows", b"k").unwrap(), None);
+        });
+    }
+}

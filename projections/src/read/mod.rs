@@ -1,0 +1,89 @@
+//! Queries of the read models, for the API: one file per model, each query answering from
+//! one read transaction of the models store. [`paged`] is the paged index-join the task,
+//! notification and delivery lists share.
+
+mod notifications;
+pub(crate) mod paged;
+mod subscriptions;
+mod tasks;
+
+pub use crate::deliveries::read::*;
+pub use notifications::*;
+pub use paged::{ListOrder, Page, Position};
+pub use subscriptions::*;
+pub use tasks::*;
+
+use serde::Serialize;
+use tidemark_log::StorageError;
+
+use crate::framework::{Reader, be_u64};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProjectionInfo {
+    pub name: String,
+    pub generation: u32,
+    pub checkpoint: u64,
+    pub lag: u64,
+    pub digest: String,
+    pub changes: u64,
+}
+
+pub fn projections(db: &redb::Database, head: u64) -> Result<Vec<ProjectionInfo>, StorageError> {
+    let r = Reader::new(db)?;
+    crate::all()
+        .iter()
+        .map(|p| {
+            let m = r.meta(p.name())?;
+            Ok(ProjectionInfo {
+                name: p.name().to_owned(),
+                generation: m.generation,
+                checkpoint: m.checkpoint,
+                lag: head.saturating_sub(m.checkpoint),
+                digest: hex::encode(m.digest),
+                changes: m.changes,
+            })
+        })
+        .collect()
+}
+
+/// A big-endian u64 a projection keeps under `key` (a checkpoint), 0 when absent.
+pub(crate) fn stored_u64(
+    db: &redb::Database,
+    proj: &str,
+    table: &str,
+    key: &[u8],
+) -> Result<u64, StorageError> {
+    let r = Reader::new(db)?;
+    let Some(t) = r.table(proj, table)? else {
+        return Ok(0);
+    };
+    Ok(t.get(key)
+        .map_err(StorageError::of)?
+        .and_then(|v| be_u64(v.value()))
+        .unwrap_or(0))
+}
+
+/// The notification settings in force (payload of the last `settings.updated`).
+pub fn current_settings(db: &redb::Database) -> Result<Option<serde_json::Value>, StorageError> {
+    let r = Reader::new(db)?;
+    let Some(t) = r.table(crate::settings::NAME, crate::settings::CURRENT)? else {
+        return Ok(None);
+    };
+    match t.get(crate::settings::KEY).map_err(StorageError::of)? {
+        Some(v) => serde_json::from_slice(v.value())
+            .map(Some)
+            .map_err(StorageError::of),
+        None => Ok(None),
+    }
+}
+
+/// The keys `prefix ‖ 0 ‖ …` of an index or timeline lie in `prefix ‖ 0 .. prefix ‖ 1`.
+pub(crate) fn under(prefix: &str) -> (Vec<u8>, Vec<u8>) {
+    let bound = |b: u8| {
+        let mut k = Vec::with_capacity(prefix.len() + 1);
+        k.extend_from_slice(prefix.as_bytes());
+        k.push(b);
+        k
+    };
+    (bound(0), bound(1))
+}

@@ -1,0 +1,212 @@
+//! The notifications model's queries: the dashboard's list and a notification's status.
+
+use serde::Serialize;
+use tidemark_log::StorageError;
+
+use super::paged::{Order, Walk, paged};
+use super::stored_u64;
+use crate::deliveries::Delivery;
+use crate::framework::{Reader, be_u64};
+use crate::ids::NotificationId;
+use crate::notifications::{self, Notification};
+use crate::tasks::{self, Task};
+
+#[derive(Debug, Clone, Default)]
+pub struct NotificationFilter {
+    pub priority: Option<String>,
+    pub recipient: Option<String>,
+    pub before_seq: Option<u64>,
+    pub limit: usize,
+}
+
+/// Notifications newest first; the second value is the `before_seq` of the next page, if any.
+pub fn notifications(
+    db: &redb::Database,
+    f: &NotificationFilter,
+) -> Result<(Vec<Notification>, Option<u64>), StorageError> {
+    notifications_in(&Reader::new(db)?, f)
+}
+
+/// A page of notifications, each with its task's `latest_event_seq`, and the `before_seq` of
+/// the next page.
+pub type NotificationsWithTaskSeq = (Vec<(Notification, u64)>, Option<u64>);
+
+/// [`notifications`], each with the `latest_event_seq` of its task (0 when it names no task
+/// or its task has no events), read in the same transaction: the seed a dashboard opens the
+/// task's stream after (`/v1/tasks/{id}/stream?after_sequence=…`, seed 002), so no event
+/// between the read and the stream's start is missed.
+pub fn notifications_with_task_seq(
+    db: &redb::Database,
+    f: &NotificationFilter,
+) -> Result<NotificationsWithTaskSeq, StorageError> {
+    let r = Reader::new(db)?;
+    let (rows, next) = notifications_in(&r, f)?;
+    let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    let mut out = Vec::with_capacity(rows.len());
+    for n in rows {
+        let seq = match &n.task_id {
+            None => 0,
+            Some(t) => match seen.get(t) {
+                Some(s) => *s,
+                None => {
+                    let s = r
+                        .get_val::<Task>(tasks::NAME, tasks::ROWS, t.as_bytes())?
+                        .map_or(0, |t| t.latest_event_seq);
+                    seen.insert(t.clone(), s);
+                    s
+                }
+            },
+        };
+        out.push((n, seq));
+    }
+    Ok((out, next))
+}
+
+fn notifications_in(
+    r: &Reader,
+    f: &NotificationFilter,
+) -> Result<(Vec<Notification>, Option<u64>), StorageError> {
+    let Some(rows) = r.table(notifications::NAME, notifications::BY_SEQ)? else {
+        return Ok((Vec::new(), None));
+    };
+    let keep = |n: &Notification| {
+        f.priority.as_deref().is_none_or(|p| p == n.priority)
+            && f.recipient
+                .as_deref()
+                .is_none_or(|r| n.recipient.as_deref() == Some(r))
+    };
+    let before = f.before_seq.map(u64::to_be_bytes);
+    let walk = Walk::ByKey {
+        filters: vec![
+            (notifications::BY_PRIORITY, f.priority.as_deref()),
+            (notifications::BY_RECIPIENT, f.recipient.as_deref()),
+        ],
+        from: before.as_ref().map(<[u8; 8]>::as_slice),
+        order: Order::Desc,
+    };
+    let (out, next) = paged(r, notifications::NAME, &rows, walk, f.limit.max(1), keep)?;
+    Ok((out, next.map(|p| p.key)))
+}
+
+/// Highest source seq the router has produced a notification for.
+pub fn router_checkpoint(db: &redb::Database) -> Result<u64, StorageError> {
+    stored_u64(
+        db,
+        notifications::NAME,
+        notifications::ROUTER,
+        notifications::ROUTER_KEY,
+    )
+}
+
+/// What became of one notification (spec section 14), derived from its deliveries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NotificationStatus {
+    pub notification: Notification,
+    /// dashboard_only, pending, parked, delivered, discarded, cancelled or skipped.
+    pub status: &'static str,
+    /// Attempts of all its deliveries.
+    pub attempts: u32,
+    /// The error of the delivery that failed most recently.
+    pub last_error: Option<String>,
+    /// When it was enqueued: its `source.enqueued_at`, else the event time.
+    pub enqueued_at_us: i64,
+    pub created_at_us: i64,
+    /// The latest delivery time of its deliveries.
+    pub delivered_at_us: Option<i64>,
+    /// Its deliveries (a digest it joined counts as its own), by id.
+    pub deliveries: Vec<Delivery>,
+}
+
+/// The provenance of the notification at `seq` (section 2), if there is one there.
+pub fn provenance_at(
+    db: &redb::Database,
+    seq: u64,
+) -> Result<Option<notifications::Provenance>, StorageError> {
+    Ok(Reader::new(db)?
+        .get_val::<Notification>(
+            notifications::NAME,
+            notifications::BY_SEQ,
+            &seq.to_be_bytes(),
+        )?
+        .map(|n| n.ext))
+}
+
+/// The status of a notification with these deliveries: none → `dashboard_only`; any queued,
+/// leased or retry_wait → `pending`; else any parked → `parked`; else any sent → `delivered`;
+/// else any discarded → `discarded`; else any cancelled → `cancelled`; else `skipped`.
+pub fn notification_status_of(deliveries: &[Delivery]) -> &'static str {
+    let any = |s: &[&str]| deliveries.iter().any(|d| s.contains(&d.status.as_str()));
+    if deliveries.is_empty() {
+        "dashboard_only"
+    } else if any(&["queued", "leased", "retry_wait"]) {
+        "pending"
+    } else if any(&["parked"]) {
+        "parked"
+    } else if any(&["sent"]) {
+        "delivered"
+    } else if any(&["discarded"]) {
+        "discarded"
+    } else if any(&["cancelled"]) {
+        "cancelled"
+    } else {
+        "skipped"
+    }
+}
+
+/// Deliveries a status record lists at most (one per route; a notification has a handful).
+const STATUS_DELIVERIES_MAX: usize = 1000;
+
+/// The status record of notification `id`, or `None` when no notification has that id.
+pub fn notification_status(
+    db: &redb::Database,
+    id: &NotificationId,
+    intent_key: Option<&str>,
+) -> Result<Option<NotificationStatus>, StorageError> {
+    let id = id.as_str();
+    let r = Reader::new(db)?;
+    let Some(ids) = r.table(notifications::NAME, notifications::IDS)? else {
+        return Ok(None);
+    };
+    let Some(seq) = ids
+        .get(id.as_bytes())
+        .map_err(StorageError::of)?
+        .and_then(|v| be_u64(v.value()))
+    else {
+        return Ok(None);
+    };
+    let Some(notification) = r.get_val::<Notification>(
+        notifications::NAME,
+        notifications::BY_SEQ,
+        &seq.to_be_bytes(),
+    )?
+    else {
+        return Ok(None);
+    };
+    // Its deliveries on redacting routes carry the intent key in place of its id.
+    let keys: Vec<&str> = std::iter::once(id).chain(intent_key).collect();
+    let (found, canceled) =
+        crate::deliveries::read::of_notification(&r, &keys, id, STATUS_DELIVERIES_MAX)?;
+    // A canceled notification whose digest let it go has no delivery left: cancelled.
+    let status = match notification_status_of(&found) {
+        "dashboard_only" if canceled => "cancelled",
+        s => s,
+    };
+    let last_error = found
+        .iter()
+        .filter(|d| d.last_error.is_some())
+        .max_by_key(|d| (d.updated_at_us, d.last_seq))
+        .and_then(|d| d.last_error.clone());
+    Ok(Some(NotificationStatus {
+        status,
+        attempts: found.iter().map(|d| d.attempts).sum(),
+        last_error,
+        enqueued_at_us: notification
+            .ext
+            .enqueued_at_us()
+            .unwrap_or(notification.time_us),
+        created_at_us: notification.time_us,
+        delivered_at_us: found.iter().filter_map(|d| d.delivered_at_us).max(),
+        deliveries: found,
+        notification,
+    }))
+}
