@@ -115,8 +115,8 @@ pub fn router(state: AppState) -> Router {
     );
     let read = scoped(
         OpenApiRouter::new()
-            .routes(routes!(events::list))
-            .routes(routes!(events::stream)),
+            .routes(routes!(events::read::list))
+            .routes(routes!(events::stream::stream)),
         Scope::Read,
     );
     let read = read.merge(scoped(

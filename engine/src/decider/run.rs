@@ -1,0 +1,453 @@
+//! The decider thread's loop: fold to the head, decide the queued commands in rounds, send
+//! their decisions to the log at once, persist the models store on its cadence, reopen it
+//! after a failure, and compact.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tidemark_log::{
+    AppendError, AppendReceipt, Condition, EventChunk, EventLog, NewEvent, StorageError,
+};
+use tidemark_projections::{Models, subjects};
+use tokio::sync::{mpsc, oneshot};
+
+use super::round::{Job, Queued, key};
+use super::{
+    COALESCE, FOLD_DELAY_KNOB, FOLLOW_BATCH, Knobs, MAX_ATTEMPTS, Msg, PANIC_KNOB, PERSIST_EVERY,
+    Progress, ROUND_MAX, Round, knob,
+};
+use crate::commands::Decided;
+use crate::error::{CommandError, RejectKind};
+use crate::pages::Pages;
+
+pub(super) struct State<L> {
+    pub(super) log: L,
+    pub(super) models: Models,
+    pub(super) progress: Arc<Progress>,
+    pub(super) knobs: Arc<std::sync::RwLock<Knobs>>,
+    pub(super) redecided: Arc<std::sync::atomic::AtomicU64>,
+    pub(super) chunk: EventChunk,
+    /// Commands to decide (again) before those still in the channel.
+    pub(super) queue: VecDeque<Queued>,
+    /// Folded since the last synced commit.
+    pub(super) dirty: Option<Instant>,
+    /// The models store's last failure with its cause (redb answers "previous I/O error"
+    /// after one until the store is reopened: commands are told the cause, a full disk say).
+    pub(super) failure: Option<StorageError>,
+    /// Where what the decider reads is handed on to the reactors' follower.
+    pub(super) pages: Arc<Pages>,
+}
+
+impl<L: EventLog + Clone> State<L> {
+    pub(super) fn run(mut self, rx: &mut mpsc::Receiver<Msg>) {
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                tracing::error!(error = %e, "the decider cannot start");
+                return;
+            }
+        };
+        let mut heads = self.log.subscribe();
+        let mut backoff = Duration::from_millis(10);
+        let mut stop: Option<oneshot::Sender<()>> = None;
+        loop {
+            // Fold to the head.
+            match self.fold_to_head() {
+                Ok(()) => {
+                    self.pages.set_keeping_up(true);
+                    backoff = Duration::from_millis(10);
+                    // Recovered: a later "previous I/O error" has a cause of its own.
+                    self.failure = None;
+                }
+                Err(e) => {
+                    let e = self.models_failed(e, &mut backoff);
+                    // The commands that came meanwhile are answered with the failure too (not
+                    // left waiting for the store to come back).
+                    while let Ok(m) = rx.try_recv() {
+                        match m {
+                            Msg::Job(j) => j.answer(Err(CommandError::Models(e.clone()))),
+                            Msg::Stop(tx) => {
+                                stop = Some(tx);
+                                break;
+                            }
+                        }
+                    }
+                    if stop.is_some() {
+                        break;
+                    }
+                    continue;
+                }
+            }
+            if stop.is_some() {
+                break;
+            }
+            // Take what is queued; with nothing to do, wait for a command, a commit, or the
+            // time to sync what was folded.
+            while self.queue.len() < ROUND_MAX {
+                match rx.try_recv() {
+                    Ok(Msg::Job(j)) => self.queue.push_back(j),
+                    Ok(Msg::Stop(tx)) => {
+                        stop = Some(tx);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            if self.queue.is_empty() && stop.is_none() {
+                let persist_in = self
+                    .dirty
+                    .map(|since| PERSIST_EVERY.saturating_sub(since.elapsed()));
+                // Wait for a head beyond what was folded, not beyond the head read now: a
+                // commit landing between the fold and this read would otherwise be waited
+                // past (and its readers left waiting until the next commit).
+                let head = self.progress.get();
+                let woke = rt.block_on(async {
+                    tokio::select! {
+                        m = rx.recv() => Some(m),
+                        _ = heads.wait_for(|h| *h > head) => None,
+                        _ = async {
+                            match persist_in {
+                                Some(d) => tokio::time::sleep(d).await,
+                                None => std::future::pending().await,
+                            }
+                        } => None,
+                    }
+                });
+                if woke.is_none() && self.log.head() > head {
+                    // The commit read now and handed on to the reactors, folded below or
+                    // after a few more have gathered. A failed read is the fold's to meet.
+                    let _ = self.stage();
+                }
+                if woke.is_none() && self.log.head() > head && self.progress.waiting() == 0 {
+                    // Only commits, and no reader waits for them: let a few more gather
+                    // before folding (one models transaction per window, not per commit),
+                    // unless a command comes first.
+                    let more = rt.block_on(async {
+                        tokio::select! {
+                            m = rx.recv() => Some(m),
+                            _ = tokio::time::sleep(COALESCE) => None,
+                        }
+                    });
+                    match more {
+                        Some(Some(Msg::Job(j))) => self.queue.push_back(j),
+                        Some(Some(Msg::Stop(tx))) => stop = Some(tx),
+                        Some(None) => break,
+                        None => {}
+                    }
+                }
+                match woke {
+                    Some(Some(Msg::Job(j))) => self.queue.push_back(j),
+                    Some(Some(Msg::Stop(tx))) => stop = Some(tx),
+                    Some(None) => break,
+                    None => {}
+                }
+                if self.dirty.is_some_and(|d| d.elapsed() >= PERSIST_EVERY) {
+                    self.persist();
+                }
+                continue;
+            }
+            if !self.queue.is_empty() {
+                rt.block_on(self.round());
+            }
+        }
+        // Answer what is left, and sync the models.
+        self.refuse_queued(&CommandError::Append(AppendError::Closed));
+        rx.close();
+        while let Ok(m) = rx.try_recv() {
+            match m {
+                Msg::Job(j) => j.answer(Err(CommandError::Append(AppendError::Closed))),
+                Msg::Stop(tx) => drop(tx.send(())),
+            }
+        }
+        if self.dirty.is_some() {
+            self.persist();
+        }
+        tracing::info!("decider stopped");
+        if let Some(tx) = stop {
+            let _ = tx.send(());
+        }
+    }
+
+    fn persist(&mut self) {
+        match self.models.persist() {
+            Ok(()) => self.dirty = None,
+            Err(e) => {
+                self.models_failed(e, &mut Duration::from_millis(100));
+            }
+        }
+    }
+
+    /// `e` as the models store's failure: its cause when redb only says a previous I/O error
+    /// occurred.
+    fn failure(&mut self, e: StorageError) -> StorageError {
+        let previous = e.is_previous_io();
+        match (&self.failure, previous) {
+            (Some(cause), true) => cause.clone(),
+            _ => {
+                self.failure = Some(e.clone());
+                e
+            }
+        }
+    }
+
+    /// Answer every queued command with `e`.
+    fn refuse_queued(&mut self, e: &CommandError) {
+        for j in self.queue.drain(..) {
+            j.answer(Err(e.clone()));
+        }
+    }
+
+    /// A failure of the models store: the waiting commands are answered with it (the log is
+    /// untouched), and the store is reopened after a pause; answers the failure's cause.
+    fn models_failed(&mut self, e: StorageError, backoff: &mut Duration) -> StorageError {
+        let e = self.failure(e);
+        self.pages.set_keeping_up(false);
+        tracing::warn!(error = %e, "the models store failed; reopening it (the log is not affected)");
+        self.refuse_queued(&CommandError::Models(e.clone()));
+        std::thread::sleep(*backoff);
+        *backoff = (*backoff * 2).min(Duration::from_secs(1));
+        // Reopened, the store is at its last synced commit: the models' progress goes back
+        // to it (readers wait for the refold rather than read older state as current).
+        match self.models.reopen().and_then(|()| self.models.checkpoint()) {
+            Ok(at) => {
+                self.progress.reset(at);
+                self.dirty = None;
+            }
+            Err(e) => tracing::warn!(error = %e, "the models store cannot be reopened yet"),
+        }
+        e
+    }
+
+    /// Read the commits past what the chunk holds (at most [`FOLLOW_BATCH`] past the models'
+    /// checkpoint) and hand them on to the reactors' follower: each commit is read once, as it
+    /// lands, whenever the models fold it. The end of what the chunk holds.
+    fn stage(&mut self) -> Result<u64, StorageError> {
+        let at = self.progress.get();
+        let (after, upto) = self.chunk.range();
+        let from = if after == at && upto >= at { upto } else { at };
+        let end = self.log.head().min(at.saturating_add(FOLLOW_BATCH));
+        if end <= from {
+            return Ok(from);
+        }
+        let mut next = EventChunk::default();
+        next.read(&self.log, from, end).map_err(StorageError::of)?;
+        if from == at {
+            // A new fold: the chunk starts here (its buffers kept).
+            self.chunk.reset(at);
+        }
+        self.chunk.extend(&next);
+        if self.pages.wanted() {
+            self.pages.publish(Arc::new(next));
+        }
+        Ok(self.chunk.range().1)
+    }
+
+    /// Fold the committed events up to the head, in transactions of [`FOLLOW_BATCH`].
+    fn fold_to_head(&mut self) -> Result<(), StorageError> {
+        loop {
+            let head = self.log.head();
+            if self.progress.get() >= head {
+                return Ok(());
+            }
+            let upto = self.stage()?;
+            if let Some(ms) = knob("TIDEMARK_FAULT_FOLD_DELAY_MS", &FOLD_DELAY_KNOB) {
+                // A test knob (the alert rules' test): the models fold late, and lag.
+                std::thread::sleep(Duration::from_millis(ms));
+            }
+            let started = Instant::now();
+            let txn = self.models.begin()?;
+            let at = Models::fold(&txn, &self.log, upto, FOLLOW_BATCH, &mut self.chunk)?;
+            txn.commit()?;
+            self.dirty.get_or_insert_with(Instant::now);
+            self.progress.advance(at);
+            metrics::histogram!("tidemark_projection_batch_seconds")
+                .record(started.elapsed().as_secs_f64());
+            metrics::gauge!("tidemark_projection_follower_lag_events")
+                .set(self.log.head().saturating_sub(at) as f64);
+            if at >= head {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Decide the queued commands and append their decisions.
+    async fn round(&mut self) {
+        if knob("TIDEMARK_FAULT_DECIDER_PANIC", &PANIC_KNOB).is_some() {
+            // A test knob (the alert rules' test): the decider panics at its first command.
+            panic!("an injected panic (TIDEMARK_FAULT_DECIDER_PANIC)");
+        }
+        let knobs = self.knobs.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let now_us = (knobs.clock)();
+        let head = self.progress.get();
+        let first_seq = match self.log.first_seq() {
+            Ok(f) => f,
+            Err(e) => {
+                self.refuse_queued(&CommandError::Storage(e));
+                return;
+            }
+        };
+        let mut round = Round {
+            now_us,
+            head,
+            privacy: knobs.privacy.as_deref(),
+            log: &self.log,
+            touched: HashSet::new(),
+            pending_added: 0,
+            shared_outbox: knobs.shared_outbox,
+        };
+        let mut later: VecDeque<Queued> = VecDeque::new();
+        let mut sends: Vec<(Queued, Vec<NewEvent>, Condition)> = Vec::new();
+        let txn = match self.models.begin() {
+            Ok(t) => t,
+            Err(e) => {
+                let e = CommandError::Models(self.failure(e));
+                self.refuse_queued(&e);
+                return;
+            }
+        };
+        let mut compact = None;
+        while let Some(mut q) = self.queue.pop_front() {
+            if q.job.is_compaction() {
+                // A compaction writes snapshots and drops events: alone, after the round.
+                if compact.is_none() && sends.is_empty() {
+                    compact = Some(q);
+                } else {
+                    later.push_back(q);
+                }
+                continue;
+            }
+            let Decided { events, reads, .. } = match q.job.decide(&txn, &mut round) {
+                Ok(d) => d,
+                Err(e) => {
+                    q.answer(Err(e));
+                    continue;
+                }
+            };
+            if events.is_empty() {
+                q.answer(Ok(AppendReceipt {
+                    events: Vec::new(),
+                    last_seq: head,
+                }));
+                continue;
+            }
+            // The subjects the decision rests on: those of the followed streams it appends
+            // to, and those it read.
+            let mut on: Vec<(String, String)> = events
+                .iter()
+                .filter(|e| subjects::followed(&e.stream))
+                .map(|e| (e.stream.clone(), e.subject.clone()))
+                .chain(reads)
+                .collect();
+            on.sort_unstable();
+            on.dedup();
+            if on.iter().any(|(s, j)| round.touches(s, j)) {
+                later.push_back(q);
+                continue;
+            }
+            let mut condition = Condition::none();
+            let mut failed = None;
+            for (stream, subject) in &on {
+                match txn.last_of(stream, subject, first_seq) {
+                    Ok(last) => condition = condition.and_subject(stream, subject, last),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+                round.touched.insert(key(stream, subject));
+            }
+            if let Some(e) = failed {
+                q.answer(Err(CommandError::Models(e)));
+                continue;
+            }
+            sends.push((q, events, condition));
+        }
+        if let Some(q) = compact {
+            drop(txn);
+            self.compact(q).await;
+        } else {
+            drop(txn);
+        }
+        // Every decision to the log at once: one group commit.
+        let log = &self.log;
+        let answers = futures::future::join_all(
+            sends
+                .iter_mut()
+                .map(|(_, events, cond)| log.append_if(std::mem::take(events), cond.clone())),
+        )
+        .await;
+        // Answered as soon as the log has: the models fold what the round appended on their own
+        // cadence (the main loop folds to the head before the next round), never on a
+        // command's acknowledgement path. Clients read their writes all the same: a read
+        // waits for the models to reach the head as of the request (section 3).
+        for ((mut q, _, _), answer) in sends.into_iter().zip(answers) {
+            match answer {
+                Ok(receipt) => q.answer(Ok(receipt)),
+                Err(AppendError::ExpectationFailed { .. }) => {
+                    q.attempts += 1;
+                    self.redecided
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    metrics::counter!("tidemark_commands_redecided_total").increment(1);
+                    if q.attempts >= MAX_ATTEMPTS {
+                        q.answer(Err(CommandError::rejected(
+                            RejectKind::Conflict,
+                            "contended",
+                            format!(
+                                "what this command acts on kept changing while it was decided \
+                                 ({MAX_ATTEMPTS} attempts); try again"
+                            ),
+                        )));
+                    } else {
+                        later.push_front(q);
+                    }
+                }
+                Err(e) => q.answer(Err(CommandError::Append(e))),
+            }
+        }
+        self.queue = later;
+    }
+
+    /// A compaction: snapshots at the head committed (and synced) in the models store first,
+    /// then the log drops the events up to the cut, and the report is completed from the
+    /// log's answer.
+    async fn compact(&mut self, mut q: Queued) {
+        let r = self.compaction(q.job.as_mut()).await;
+        q.answer(r);
+    }
+
+    async fn compaction(&mut self, job: &mut dyn Job) -> Result<AppendReceipt, CommandError> {
+        let knobs = self.knobs.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let txn = self.models.begin().map_err(CommandError::Models)?;
+        let mut round = Round {
+            now_us: (knobs.clock)(),
+            head: self.progress.get(),
+            privacy: knobs.privacy.as_deref(),
+            log: &self.log,
+            touched: HashSet::new(),
+            pending_added: 0,
+            shared_outbox: knobs.shared_outbox,
+        };
+        job.decide(&txn, &mut round)?;
+        txn.commit().map_err(CommandError::Models)?;
+        self.models.persist().map_err(CommandError::Models)?;
+        let Some(rep) = job.compaction_report() else {
+            return Err(CommandError::Models(StorageError::msg(
+                "a compaction answered no report",
+            )));
+        };
+        if rep.cut >= rep.first_seq {
+            let c = self.log.compact(rep.cut).await?;
+            rep.removed = c.removed;
+            rep.first_seq = c.first_seq;
+            rep.more = c.more;
+        }
+        Ok(AppendReceipt {
+            events: Vec::new(),
+            last_seq: self.log.head(),
+        })
+    }
+}
