@@ -42,6 +42,10 @@ macro_rules! names {
             fn eq(&self, other: &str) -> bool { self.as_str() == other }
         }
 
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool { self.as_str() == *other }
+        }
+
         impl PartialEq<$name> for str {
             fn eq(&self, other: &$name) -> bool { self == other.as_str() }
         }
@@ -56,6 +60,26 @@ macro_rules! names {
 
         impl From<$name> for String {
             fn from(n: $name) -> String { n.as_str().to_owned() }
+        }
+
+        /// Stored and served as its name: the same bytes as the string it replaced (postcard
+        /// and JSON alike), so rows written before it read back.
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<$name, D::Error> {
+                let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+                $name::parse(&s).ok_or_else(|| {
+                    serde::de::Error::custom(format!(
+                        "{s:?} is not one of {}",
+                        $name::joined()
+                    ))
+                })
+            }
         }
     };
 }

@@ -112,7 +112,8 @@ fn created(id: &str, sink: &str, route: &str, recipient: Option<&str>, status: &
         sound: false,
         task_id: None,
         group_key: None,
-        status: status.into(),
+        status: tidemark_projections::names::DeliveryStatus::parse(status)
+            .expect("a delivery status"),
         reason: None,
         max_attempts: 3,
         created_at_us: at,

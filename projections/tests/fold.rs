@@ -161,7 +161,7 @@ fn delivery_payload(d: u8, kind: &str, i: usize) -> serde_json::Value {
             sound: true,
             task_id: Some(format!("task-{d}")),
             group_key: None,
-            status: "queued".into(),
+            status: tidemark_projections::names::DeliveryStatus::Queued,
             reason: None,
             max_attempts: 2,
             created_at_us: at,

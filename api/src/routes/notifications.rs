@@ -237,7 +237,7 @@ impl NotificationStatusOut {
                     id: d.id,
                     route: d.route,
                     sink: d.sink,
-                    status: d.status,
+                    status: d.status.into(),
                     attempts: d.attempts,
                     resolved_targets: d.ext.more.resolved_targets,
                 })

@@ -55,8 +55,14 @@ pub fn group_key(route: &str, recipient: &str, group: &str) -> Vec<u8> {
 
 fn index_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
     let mut out = vec![
-        (BY_STATUS, cat(&[d.status.as_bytes(), d.id.as_bytes()])),
-        (COUNTS, cat(&[d.sink.as_bytes(), d.status.as_bytes()])),
+        (
+            BY_STATUS,
+            cat(&[d.status.as_str().as_bytes(), d.id.as_bytes()]),
+        ),
+        (
+            COUNTS,
+            cat(&[d.sink.as_bytes(), d.status.as_str().as_bytes()]),
+        ),
     ];
     if let Some(t) = &d.task_id {
         out.push((BY_TASK, cat(&[t.as_bytes(), d.id.as_bytes()])));
@@ -117,7 +123,11 @@ fn filter_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
         out.push((BY_SITE, cat(&[site.as_bytes(), d.id.as_bytes()])));
         out.push((
             SITE_STATUS,
-            cat(&[site.as_bytes(), d.status.as_bytes(), d.id.as_bytes()]),
+            cat(&[
+                site.as_bytes(),
+                d.status.as_str().as_bytes(),
+                d.id.as_bytes(),
+            ]),
         ));
         if d.is_pending() {
             out.push((SITE_PENDING, timed_key(site, d.created_at_us, &d.id)));

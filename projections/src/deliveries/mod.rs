@@ -126,8 +126,7 @@ pub struct Delivery {
     pub sound: bool,
     pub task_id: Option<String>,
     pub group_key: Option<String>,
-    /// One of [`DeliveryStatus`].
-    pub status: String,
+    pub status: DeliveryStatus,
     /// Why it was skipped, cancelled or parked.
     pub reason: Option<String>,
     /// Leases taken (attempts started) since creation or the last operator retry.
@@ -224,25 +223,19 @@ impl Delivery {
         self.items.iter().chain(&self.ext.more_items)
     }
 
-    /// Its status (`None` only for a row whose stored status is not one of
-    /// [`DeliveryStatus`], which no event writes).
-    pub fn status(&self) -> Option<DeliveryStatus> {
-        DeliveryStatus::parse(&self.status)
-    }
-
     pub fn is_pending(&self) -> bool {
-        self.status().is_some_and(DeliveryStatus::is_pending)
+        self.status.is_pending()
     }
 
     /// Transition `t` may be applied to it now ([`allowed`] from its status).
     pub fn allows(&self, t: DeliveryTransition) -> bool {
-        self.status().is_some_and(|s| allowed(s, t))
+        allowed(self.status, t)
     }
 
     /// When it can next be claimed, if it can be claimed at all.
     pub fn due_us(&self) -> Option<i64> {
         use DeliveryStatus as S;
-        match self.status()? {
+        match self.status {
             S::Queued | S::RetryWait => Some(self.next_attempt_at_us.unwrap_or(self.created_at_us)),
             S::Leased => self.lease_expires_at_us,
             S::Sent | S::Parked | S::Discarded | S::Skipped | S::Cancelled => None,
@@ -372,7 +365,7 @@ pub struct Created {
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub group_key: Option<String>,
     /// queued, skipped or cancelled.
-    pub status: String,
+    pub status: DeliveryStatus,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub reason: Option<String>,
     pub max_attempts: u32,
@@ -507,7 +500,7 @@ pub fn transition(d: &mut Delivery, t: DeliveryTransition, c: &Change, seq: u64)
     let parked = c.parked.unwrap_or(false);
     match t {
         T::Leased => {
-            d.status = S::Leased.into();
+            d.status = S::Leased;
             d.lease_owner = c.owner.clone();
             d.lease_expires_at_us = c.lease_expires_at_us;
             d.attempts = c.attempt.unwrap_or(d.attempts + 1);
@@ -529,7 +522,7 @@ pub fn transition(d: &mut Delivery, t: DeliveryTransition, c: &Change, seq: u64)
             }
         }
         T::Sent => {
-            d.status = S::Sent.into();
+            d.status = S::Sent;
             d.delivered_at_us = Some(c.at_us);
             d.lease_expires_at_us = None;
             d.external_id = c.external_id.clone();
@@ -552,7 +545,7 @@ pub fn transition(d: &mut Delivery, t: DeliveryTransition, c: &Change, seq: u64)
         T::Cancelled => end(d, S::Cancelled, c),
         T::Discarded => end(d, S::Discarded, c),
         T::Retried => {
-            d.status = S::Queued.into();
+            d.status = S::Queued;
             d.attempts = 0;
             d.reason = None;
             d.next_attempt_at_us = Some(c.at_us);
@@ -566,11 +559,11 @@ fn release(d: &mut Delivery, c: &Change, parked: bool, again: DeliveryStatus) {
     d.lease_owner = None;
     d.lease_expires_at_us = None;
     if parked {
-        d.status = DeliveryStatus::Parked.into();
+        d.status = DeliveryStatus::Parked;
         d.reason = c.reason.clone();
         d.next_attempt_at_us = None;
     } else {
-        d.status = again.into();
+        d.status = again;
         d.next_attempt_at_us = Some(c.next_attempt_at_us.unwrap_or(c.at_us));
     }
 }
@@ -579,7 +572,7 @@ fn release(d: &mut Delivery, c: &Change, parked: bool, again: DeliveryStatus) {
 /// reason.
 fn end(d: &mut Delivery, status: DeliveryStatus, c: &Change) {
     d.ext.cancel_pending = false;
-    d.status = status.into();
+    d.status = status;
     d.reason = c.reason.clone();
     d.lease_owner = None;
     d.lease_expires_at_us = None;
@@ -617,7 +610,7 @@ impl Created {
             sound: self.sound,
             task_id: self.task_id.clone(),
             group_key: self.group_key.clone(),
-            status: self.status.clone(),
+            status: self.status,
             reason: self.reason.clone(),
             attempts: 0,
             max_attempts: self.max_attempts,

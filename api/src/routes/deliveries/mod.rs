@@ -230,7 +230,7 @@ impl From<Delivery> for DeliveryOut {
             redacted,
             more,
             provenance: Default::default(),
-            status: d.status,
+            status: d.status.into(),
             reason: d.reason,
             priority: d.priority,
             title: d.title,

@@ -237,7 +237,7 @@ fn route_one(
             sound: s.sound_priorities.contains(&n.priority),
             task_id: n.task_id.clone(),
             group_key: group.clone(),
-            status: S::Queued.into(),
+            status: S::Queued,
             reason: None,
             max_attempts: s.retry_for(&route).max_attempts,
             created_at_us: n.time_us,
@@ -262,16 +262,16 @@ fn route_one(
         };
         let rcpt = st.recipient(n.recipient.as_deref())?;
         if let Some(reason) = skip {
-            c.status = S::Skipped.into();
+            c.status = S::Skipped;
             c.reason = Some(reason.into());
         } else if canceled_at.is_some_and(|cs| n.source_seq < cs) {
-            c.status = S::Cancelled.into();
+            c.status = S::Cancelled;
             c.reason = Some("task_canceled".into());
         } else if st.notification_canceled(&n.id)? {
-            c.status = S::Cancelled.into();
+            c.status = S::Cancelled;
             c.reason = Some("notification_canceled".into());
         } else if rcpt.suppressed_at(n.time_us) {
-            c.status = S::Skipped.into();
+            c.status = S::Skipped;
             c.reason = Some("suppressed".into());
         } else {
             // Digest: join the open delivery of this recipient and group, if any, however
