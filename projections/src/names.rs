@@ -42,6 +42,10 @@ macro_rules! names {
             fn eq(&self, other: &str) -> bool { self.as_str() == other }
         }
 
+        impl PartialEq<String> for $name {
+            fn eq(&self, other: &String) -> bool { self.as_str() == other.as_str() }
+        }
+
         impl PartialEq<&str> for $name {
             fn eq(&self, other: &&str) -> bool { self.as_str() == *other }
         }

@@ -68,7 +68,7 @@ pub struct Task {
     pub project_id: Option<String>,
     pub title: Option<String>,
     /// open, running, awaiting_review, completed, failed, canceled.
-    pub status: String,
+    pub status: TaskStatus,
     pub current_run_id: Option<String>,
     pub review_required: bool,
     /// Set by `task.canceled` only.
@@ -101,7 +101,7 @@ impl Task {
             task_id: task_id.to_owned(),
             project_id: None,
             title: None,
-            status: TaskStatus::Open.into(),
+            status: TaskStatus::Open,
             current_run_id: None,
             review_required: false,
             canceled: false,
@@ -171,7 +171,7 @@ impl Task {
 
     fn set_status(&mut self, s: TaskStatus) {
         if !self.canceled {
-            self.status = s.into();
+            self.status = s;
         }
     }
 }
@@ -388,7 +388,7 @@ impl Projection for Tasks {
                 }
                 st.delete(ROWS, id.as_bytes())?;
                 st.delete_index(BY_CREATED, &created_row(&task));
-                st.delete(BY_STATUS, &index_key(&task.status, id))?;
+                st.delete(BY_STATUS, &index_key(task.status.as_str(), id))?;
                 if let Some(project) = &task.project_id {
                     st.delete(BY_PROJECT, &index_key(project, id))?;
                 }
@@ -412,8 +412,8 @@ impl Projection for Tasks {
             (None, false) => return Ok(()),
         };
         // Only `task.created` moves a task to another project: the project is copied for the
-        // index update then only; the status is compared as its (copyable) name.
-        let before_status = TaskStatus::parse(&task.status);
+        // index update then only.
+        let before_status = task.status;
         let before_created = (!is_new).then(|| created_key(&task));
         let before_project =
             (ev.event_type == EventType::TaskCreated || is_new).then(|| task.project_id.clone());
@@ -422,11 +422,15 @@ impl Projection for Tasks {
         } else {
             task.latest_event_seq = task.latest_event_seq.max(ev.seq);
         }
-        if is_new || before_status != TaskStatus::parse(&task.status) {
-            if !is_new && let Some(old) = before_status {
-                st.delete(BY_STATUS, &index_key(old.as_str(), &task.task_id))?;
+        if is_new || before_status != task.status {
+            if !is_new {
+                st.delete(BY_STATUS, &index_key(before_status.as_str(), &task.task_id))?;
             }
-            st.put(BY_STATUS, &index_key(&task.status, &task.task_id), &[])?;
+            st.put(
+                BY_STATUS,
+                &index_key(task.status.as_str(), &task.task_id),
+                &[],
+            )?;
         }
         if let Some(before_project) = before_project
             && before_project != task.project_id

@@ -109,7 +109,7 @@ impl From<Task> for TaskOut {
             task_id: t.task_id,
             project_id: t.project_id,
             title: t.title,
-            status: t.status,
+            status: t.status.into(),
             current_run_id: t.current_run_id,
             review_required: t.review_required,
             canceled: t.canceled,
