@@ -357,20 +357,13 @@ impl From<tidemark_engine::ClientAppendError> for ApiError {
 impl From<tidemark_engine::CommandError> for ApiError {
     fn from(e: tidemark_engine::CommandError) -> Self {
         match e {
-            CommandError::Rejected { kind, code, detail } => {
-                let status = match kind {
+            CommandError::Rejected { code, detail } => {
+                let status = match code.kind() {
                     RejectKind::NotFound => StatusCode::NOT_FOUND,
-                    RejectKind::Conflict => StatusCode::CONFLICT,
                     RejectKind::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
-                    RejectKind::Overloaded => StatusCode::TOO_MANY_REQUESTS,
                     _ => StatusCode::CONFLICT,
                 };
-                let err = ApiError::new(status, code, detail);
-                if status == StatusCode::TOO_MANY_REQUESTS {
-                    err.retry_after(tidemark_engine::OVERLOADED_RETRY_AFTER.as_secs())
-                } else {
-                    err
-                }
+                ApiError::new(status, code.code(), detail)
             }
             CommandError::Append(e) => e.into(),
             CommandError::Storage(e) => ApiError::storage("command failed", &e),

@@ -13,8 +13,80 @@ pub enum RejectKind {
     Conflict,
     /// The request is well-formed but not acceptable.
     Invalid,
-    /// Too much pending work (I8).
-    Overloaded,
+}
+
+/// The refusals' stable codes, each with its kind.
+macro_rules! rejections {
+    ($($(#[$m:meta])* $v:ident = $code:literal: $kind:ident,)*) => {
+        /// Why a command refused, as the stable code its caller reads (a problem document's
+        /// `code`); each has one [`RejectKind`], which picks the HTTP status.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum Rejection { $($(#[$m])* $v,)* }
+
+        impl Rejection {
+            /// Every refusal, in declaration order.
+            pub const ALL: &'static [Rejection] = &[$(Rejection::$v,)*];
+
+            /// The code as clients read it.
+            pub const fn code(self) -> &'static str {
+                match self { $(Rejection::$v => $code,)* }
+            }
+
+            pub const fn kind(self) -> RejectKind {
+                match self { $(Rejection::$v => RejectKind::$kind,)* }
+            }
+        }
+    };
+}
+
+rejections! {
+    /// no such delivery.
+    DeliveryNotFound = "delivery_not_found": NotFound,
+    /// no such notification list.
+    ListNotFound = "list_not_found": NotFound,
+    /// no such bridge subscription.
+    SubscriptionNotFound = "subscription_not_found": NotFound,
+    /// what the command acts on kept changing while it was decided.
+    Contended = "contended": Conflict,
+    /// the cursor is not where the caller saw it.
+    CursorConflict = "cursor_conflict": Conflict,
+    /// the delivery's status does not allow it.
+    IllegalTransition = "illegal_transition": Conflict,
+    /// the lease ended before the report.
+    LeaseExpired = "lease_expired": Conflict,
+    /// a cursor moves forward only.
+    NonMonotonicCursor = "non_monotonic_cursor": Conflict,
+    /// the task's state no longer allows the delivery.
+    NotDeliverable = "not_deliverable": Conflict,
+    /// another worker holds the lease.
+    NotLeaseOwner = "not_lease_owner": Conflict,
+    /// the source is paused or parked.
+    SourceNotActive = "source_not_active": Conflict,
+    /// the subscription exists with another target.
+    SubscriptionConflict = "subscription_conflict": Conflict,
+    /// the source's watermark moved since it was read.
+    WatermarkConflict = "watermark_conflict": Conflict,
+    /// the delivery belongs to another bridge.
+    ForeignDelivery = "foreign_delivery": Conflict,
+    /// the delivery is not pending (out of order).
+    NotPending = "not_pending": Conflict,
+    /// the event this would record is not valid.
+    InvalidField = "invalid_field": Invalid,
+    /// a source item is not valid.
+    InvalidItem = "invalid_item": Invalid,
+    /// the list is not valid.
+    InvalidList = "invalid_list": Invalid,
+    /// an operator action needs a reason.
+    ReasonRequired = "reason_required": Invalid,
+    /// a source's watermark moves forward only.
+    WatermarkBackwards = "watermark_backwards": Invalid,
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.code())
+    }
 }
 
 /// Why a command did not act. Nothing of it is in the log when this is returned.
@@ -22,11 +94,7 @@ pub enum RejectKind {
 #[non_exhaustive]
 pub enum CommandError {
     #[error("{detail}")]
-    Rejected {
-        kind: RejectKind,
-        code: &'static str,
-        detail: String,
-    },
+    Rejected { code: Rejection, detail: String },
     #[error(transparent)]
     Append(#[from] AppendError),
     /// The log's storage failed under a command's read of it.
@@ -60,17 +128,44 @@ impl CommandError {
     /// refused, and the log is not touched. Never a storage failure, which would stop the log.
     pub fn invalid_event(e: impl std::fmt::Display) -> Self {
         CommandError::rejected(
-            RejectKind::Invalid,
-            "invalid_field",
+            Rejection::InvalidField,
             format!("the event this would record is not valid: {e}"),
         )
     }
 
-    pub fn rejected(kind: RejectKind, code: &'static str, detail: impl Into<String>) -> Self {
+    pub fn rejected(code: Rejection, detail: impl Into<String>) -> Self {
         CommandError::Rejected {
-            kind,
             code,
             detail: detail.into(),
+        }
+    }
+
+    /// The refusal's code, when it is one.
+    pub fn rejection(&self) -> Option<Rejection> {
+        match self {
+            CommandError::Rejected { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Rejection;
+
+    /// A code is what clients match on: each is unique and in the shape of every problem
+    /// code (lower snake case).
+    #[test]
+    fn every_refusal_has_its_own_stable_code() {
+        let mut seen = std::collections::HashSet::new();
+        for r in Rejection::ALL {
+            let c = r.code();
+            assert!(seen.insert(c), "{c} twice");
+            assert!(
+                !c.is_empty() && c.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{c}"
+            );
+            assert_eq!(r.to_string(), c);
         }
     }
 }

@@ -37,9 +37,9 @@ use tidemark_projections::{Models, ModelsConfig};
 
 pub use commands::admission::{Admission, Admit};
 pub use commands::{Command, Decided};
-pub use error::{CommandError, RejectKind};
+pub use error::{CommandError, RejectKind, Rejection};
 
-/// How long a command refused for pending work (`RejectKind::Overloaded`, e.g. `outbox_full`)
+/// How long a request refused for pending work (`outbox_full`, a source held back)
 /// asks its caller to wait before trying again: pending work drains over seconds. The HTTP
 /// answer's `Retry-After` and a source poll's backoff both use it.
 pub const OVERLOADED_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);

@@ -143,7 +143,7 @@ impl Harness {
         self.clock.store(now_us, Ordering::SeqCst);
         match self.rt.block_on(self.engine.execute(cmd)) {
             Ok((c, _)) => Ok(c),
-            Err(CommandError::Rejected { code, .. }) => Err(code),
+            Err(CommandError::Rejected { code, .. }) => Err(code.code()),
             Err(e) => panic!("a cursor command failed: {e}"),
         }
     }

@@ -523,7 +523,7 @@ impl Harness {
                     head,
                     "refused command ({code}) appended events"
                 );
-                Err(code)
+                Err(code.code())
             }
             Err(e) => panic!("command failed: {e}"),
         }
@@ -681,14 +681,8 @@ impl Harness {
                     let want = self.model.complete(id, o, now);
                     match (want, r) {
                         (Ok(()), Completed::Sent(row)) => self.model.agree(id, &row)?,
-                        (
-                            Err(code),
-                            Completed::Refused {
-                                code: got,
-                                not_found,
-                                ..
-                            },
-                        ) if code == got && not_found == (code == "delivery_not_found") => {}
+                        (Err(code), Completed::Refused { code: got, .. }) if code == got.code() => {
+                        }
                         (want, got) => {
                             return Err(format!("complete {id}: model {want:?}, product {got:?}"));
                         }
@@ -856,7 +850,7 @@ fn expired_lease_is_released_and_reclaimed() {
         matches!(
             &r[0],
             Completed::Refused {
-                code: "not_lease_owner",
+                code: tidemark_engine::Rejection::NotLeaseOwner,
                 ..
             }
         ),

@@ -3,7 +3,7 @@
 //! bridge's pending envelopes computed from the log.
 
 use std::collections::HashMap;
-use tidemark_engine::{CommandError, RejectKind};
+use tidemark_engine::{CommandError, Rejection};
 use tidemark_projections::ids::{BridgeId, SubscriptionId};
 
 use serde_json::Value;
@@ -46,8 +46,8 @@ impl Plan {
     }
 }
 
-fn refused(kind: RejectKind, code: &'static str, detail: String) -> CommandError {
-    CommandError::rejected(kind, code, detail)
+fn refused(code: Rejection, detail: String) -> CommandError {
+    CommandError::rejected(code, detail)
 }
 
 /// Judge each delivery id acked to `bridge_id` against its subscription's pending deliveries
@@ -60,13 +60,7 @@ pub fn plan_acks(
     bridge_id: &BridgeId,
     ids: &[String],
 ) -> Result<Vec<Result<Confirmation, CommandError>>, StorageError> {
-    let not_found = |id: &str| {
-        refused(
-            RejectKind::NotFound,
-            "delivery_not_found",
-            format!("no delivery {id:?}"),
-        )
-    };
+    let not_found = |id: &str| refused(Rejection::DeliveryNotFound, format!("no delivery {id:?}"));
     let mut plans: HashMap<SubscriptionId, Plan> = HashMap::new();
     let mut out = Vec::with_capacity(ids.len());
     for id in ids {
@@ -81,7 +75,7 @@ pub fn plan_acks(
         };
         if sub.target.bridge_id != *bridge_id {
             let why = format!("{id:?} belongs to another bridge");
-            out.push(Err(refused(RejectKind::Conflict, "foreign_delivery", why)));
+            out.push(Err(refused(Rejection::ForeignDelivery, why)));
             continue;
         }
         if !plans.contains_key(&sub_id) {
@@ -109,7 +103,7 @@ pub fn plan_acks(
                 "{id:?} is not the subscription's next pending delivery (cursor at {})",
                 plan.cursor
             );
-            out.push(Err(refused(RejectKind::Conflict, "not_pending", why)));
+            out.push(Err(refused(Rejection::NotPending, why)));
             continue;
         };
         out.push(Ok(Confirmation {

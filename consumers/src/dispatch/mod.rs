@@ -421,7 +421,7 @@ async fn report(
             })
             .await
             .map(|(c, _)| match c {
-                Completed::Refused { code, .. } => Some(code.to_owned()),
+                Completed::Refused { code, .. } => Some(code.code().to_owned()),
                 _ => None,
             }),
         Outcome::Transient {

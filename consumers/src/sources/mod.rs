@@ -21,7 +21,7 @@ pub use upstream::{MAX_ITEM_BYTES, MAX_ITEMS, MAX_RESPONSE_BYTES};
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tidemark_engine::{CommandError, RejectKind};
+use tidemark_engine::{CommandError, RejectKind, Rejection};
 
 use chrono::Utc;
 use serde::Serialize;
@@ -564,29 +564,12 @@ async fn advance(
 }
 
 fn command_error(e: CommandError) -> PollError {
-    match &e {
-        CommandError::Rejected { code, .. } if *code == "source_not_active" => PollError::NotActive,
-        CommandError::Rejected {
-            kind: RejectKind::Overloaded,
-            ..
-        } => PollError::RetryAfter(
-            tidemark_engine::OVERLOADED_RETRY_AFTER,
-            None,
-            format!("outbox full: {e}"),
-        ),
+    match e.rejection() {
+        Some(Rejection::SourceNotActive) => PollError::NotActive,
         // Someone else moved the watermark (a reset): the next poll starts from it.
-        CommandError::Rejected { code, .. } if *code == "watermark_conflict" => {
-            PollError::Transient(None, e.to_string())
-        }
-        CommandError::Rejected {
-            kind: RejectKind::Invalid,
-            code,
-            ..
-        } if *code == "watermark_backwards" => PollError::Park(format!("pointer {}: {e}", "next")),
-        CommandError::Rejected {
-            kind: RejectKind::Invalid,
-            ..
-        } => PollError::Park(e.to_string()),
+        Some(Rejection::WatermarkConflict) => PollError::Transient(None, e.to_string()),
+        Some(Rejection::WatermarkBackwards) => PollError::Park(format!("pointer next: {e}")),
+        Some(r) if r.kind() == RejectKind::Invalid => PollError::Park(e.to_string()),
         _ => PollError::Transient(None, e.to_string()),
     }
 }

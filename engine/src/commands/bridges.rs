@@ -3,7 +3,7 @@
 //! decision to still be deliver and the cursor to be where the caller saw it (or already there
 //! with this delivery id), and advances the subscription's cursor.
 
-use crate::error::{CommandError, RejectKind};
+use crate::error::{CommandError, Rejection};
 use std::collections::HashMap;
 
 use tidemark_log::{NewEvent, StorageError};
@@ -81,8 +81,7 @@ impl Command for Subscribe {
                 ));
             }
             return Err(CommandError::rejected(
-                RejectKind::Conflict,
-                "subscription_conflict",
+                Rejection::SubscriptionConflict,
                 format!("subscription {id:?} exists with another target"),
             ));
         }
@@ -124,8 +123,7 @@ impl Command for Unsubscribe {
             .filter(|r| r.active && r.target.task_id == task_id)
             .ok_or_else(|| {
                 CommandError::rejected(
-                    RejectKind::NotFound,
-                    "subscription_not_found",
+                    Rejection::SubscriptionNotFound,
                     format!("no subscription {id:?} on task {task_id:?}"),
                 )
             })?;
@@ -249,8 +247,7 @@ fn confirm_in(
         .filter(|e| e.stream == Stream::TaskEvents && e.subject == *task_id)
         .ok_or_else(|| {
             CommandError::rejected(
-                RejectKind::NotFound,
-                "delivery_not_found",
+                Rejection::DeliveryNotFound,
                 format!("{delivery_id} names no event of task {task_id:?}"),
             )
         })?;
@@ -258,15 +255,13 @@ fn confirm_in(
     let (decision, reason) = bridges::decide(task.as_ref(), &ev);
     if decision != Decision::Deliver {
         return Err(CommandError::rejected(
-            RejectKind::Conflict,
-            "not_deliverable",
+            Rejection::NotDeliverable,
             format!("{delivery_id} is no longer deliverable: {reason}"),
         ));
     }
     if c.seq <= cur.last_sequence {
         return Err(CommandError::rejected(
-            RejectKind::Conflict,
-            "non_monotonic_cursor",
+            Rejection::NonMonotonicCursor,
             format!("{delivery_id} is behind the cursor ({})", cur.last_sequence),
         ));
     }

@@ -2,7 +2,7 @@
 //! delivery id, optionally compare-and-swap on the position the caller saw) and reset (the only
 //! way down, with a reason), checked inside the writer against the `cursors` model.
 
-use crate::error::{CommandError, RejectKind};
+use crate::error::{CommandError, Rejection};
 use tidemark_log::{NewEvent, StorageError};
 use tidemark_projections::cursors::{Cursor, CursorEvent, bound_error};
 use tidemark_projections::names::{EventType, Stream};
@@ -54,8 +54,7 @@ impl Advance {
             && exp != cur.last_sequence
         {
             return Err(CommandError::rejected(
-                RejectKind::Conflict,
-                "cursor_conflict",
+                Rejection::CursorConflict,
                 format!(
                     "expected_sequence {exp} but the cursor is at {}",
                     cur.last_sequence
@@ -69,8 +68,7 @@ impl Advance {
         }
         if self.last_sequence <= cur.last_sequence {
             return Err(CommandError::rejected(
-                RejectKind::Conflict,
-                "non_monotonic_cursor",
+                Rejection::NonMonotonicCursor,
                 format!(
                     "last_sequence {} is not past the cursor's {} (a cursor only moves down by reset)",
                     self.last_sequence, cur.last_sequence
@@ -123,8 +121,7 @@ impl Command for Reset {
             (&self.consumer_id, &self.stream_name, &self.subject_id);
         if self.reason.trim().is_empty() {
             return Err(CommandError::rejected(
-                RejectKind::Invalid,
-                "reason_required",
+                Rejection::ReasonRequired,
                 "a cursor reset needs a non-empty reason",
             ));
         }

@@ -8,7 +8,7 @@ use tidemark_projections::names::{EventType, Stream};
 
 use super::sealed::Sealed;
 use super::{Command, Decided, Round};
-use crate::error::{CommandError, RejectKind};
+use crate::error::{CommandError, Rejection};
 use tidemark_projections::ModelsTxn;
 
 /// Set a list's members (`Some`) or delete it (`None`, refused `list_not_found` for a list
@@ -36,8 +36,7 @@ impl Command for SetList {
     ) -> Result<Decided<ListRow>, CommandError> {
         if self.members.is_none() && txn.lists()?.row(&self.name)?.is_none() {
             return Err(CommandError::rejected(
-                RejectKind::NotFound,
-                "list_not_found",
+                Rejection::ListNotFound,
                 format!("no list {:?}", self.name),
             ));
         }
@@ -51,10 +50,8 @@ impl Command for SetList {
                 json!({"reason": self.reason, "by": self.by}),
             ),
         };
-        let ev =
-            NewEvent::new(None, Stream::Lists, &self.name, ty.as_str(), &payload).map_err(|e| {
-                CommandError::rejected(RejectKind::Invalid, "invalid_list", e.to_string())
-            })?;
+        let ev = NewEvent::new(None, Stream::Lists, &self.name, ty.as_str(), &payload)
+            .map_err(|e| CommandError::rejected(Rejection::InvalidList, e.to_string()))?;
         let row = ListRow {
             name: self.name.clone(),
             members: self.members.clone().unwrap_or_default(),

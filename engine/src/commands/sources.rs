@@ -3,7 +3,7 @@
 //! notification is about the new ones only), the watermark's compare-and-swap, and the operator
 //! and poller state changes (pause, resume, park, reset).
 
-use crate::error::{CommandError, RejectKind};
+use crate::error::{CommandError, Rejection};
 use serde_json::{Value, json};
 use tidemark_log::NewEvent;
 use tidemark_projections::names::{EventType, Stream, ids};
@@ -123,14 +123,13 @@ fn source_event(
     payload: &Value,
 ) -> Result<NewEvent, CommandError> {
     NewEvent::new(event_id, Stream::Sources, name, ty.as_str(), payload)
-        .map_err(|e| CommandError::rejected(RejectKind::Invalid, "invalid_item", e.to_string()))
+        .map_err(|e| CommandError::rejected(Rejection::InvalidItem, e.to_string()))
 }
 
 fn not_active(row: &SourceRow) -> Option<CommandError> {
     (row.paused || row.parked).then(|| {
         CommandError::rejected(
-            RejectKind::Conflict,
-            "source_not_active",
+            Rejection::SourceNotActive,
             format!(
                 "source {:?} is {}",
                 row.name,
@@ -357,8 +356,7 @@ impl Command for Advance {
         let row = model_row(txn, name)?;
         if row.watermark != *from {
             return Err(CommandError::rejected(
-                RejectKind::Conflict,
-                "watermark_conflict",
+                Rejection::WatermarkConflict,
                 format!(
                     "the watermark of {name:?} is {:?}, not {from:?}",
                     row.watermark
@@ -372,8 +370,7 @@ impl Command for Advance {
             && to.as_str() < f.as_str()
         {
             return Err(CommandError::rejected(
-                RejectKind::Invalid,
-                "watermark_backwards",
+                Rejection::WatermarkBackwards,
                 format!("next {to:?} is before the watermark {f:?}"),
             ));
         }
@@ -492,8 +489,7 @@ impl Command for Reset {
         } = self;
         if reason.trim().is_empty() {
             return Err(CommandError::rejected(
-                RejectKind::Invalid,
-                "reason_required",
+                Rejection::ReasonRequired,
                 "a reset needs a reason",
             ));
         }

@@ -18,7 +18,7 @@ use super::{
     Progress, ROUND_MAX, Round, knob,
 };
 use crate::commands::Decided;
-use crate::error::{CommandError, RejectKind};
+use crate::error::{CommandError, Rejection};
 use crate::pages::Pages;
 
 pub(super) struct State<L> {
@@ -394,8 +394,7 @@ impl<L: EventLog + Clone> State<L> {
                     metrics::counter!("tidemark_commands_redecided_total").increment(1);
                     if q.attempts >= MAX_ATTEMPTS {
                         q.answer(Err(CommandError::rejected(
-                            RejectKind::Conflict,
-                            "contended",
+                            Rejection::Contended,
                             format!(
                                 "what this command acts on kept changing while it was decided \
                                  ({MAX_ATTEMPTS} attempts); try again"

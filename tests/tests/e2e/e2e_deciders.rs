@@ -52,10 +52,19 @@ fn as_json(e: &tidemark_log::Event) -> Value {
 /// A refusal one of the racers may meet: the documented ones of section 5 and 6, or
 /// `contended` after too many re-decisions. Anything else fails the test.
 fn refused_as_documented(e: &CommandError) -> bool {
-    matches!(e, CommandError::Rejected { code, .. } if [
-        "not_lease_owner", "illegal_transition", "lease_expired", "contended",
-        "cursor_conflict", "non_monotonic_cursor", "watermark_conflict",
-    ].contains(code))
+    use tidemark_engine::Rejection as R;
+    e.rejection().is_some_and(|r| {
+        [
+            R::NotLeaseOwner,
+            R::IllegalTransition,
+            R::LeaseExpired,
+            R::Contended,
+            R::CursorConflict,
+            R::NonMonotonicCursor,
+            R::WatermarkConflict,
+        ]
+        .contains(&r)
+    })
 }
 
 /// The task a bridge follows, with [`RUNS`] runs started and completed, and a pull

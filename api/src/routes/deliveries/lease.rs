@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
+use tidemark_engine::RejectKind;
 use tidemark_engine::commands::outbox::{
     Claim, Complete, CompleteOne, Completed, Extend, Fail, Failure,
 };
@@ -216,15 +217,15 @@ pub async fn complete_many(
                     detail: None,
                 }
             }
-            Completed::Refused {
-                code,
-                detail,
-                not_found,
-            } => CompleteResult {
+            Completed::Refused { code, detail } => CompleteResult {
                 id,
-                status: if not_found { 404 } else { 409 },
+                status: if code.kind() == RejectKind::NotFound {
+                    404
+                } else {
+                    409
+                },
                 delivery: None,
-                code: Some(code.to_owned()),
+                code: Some(code.code().to_owned()),
                 detail: Some(detail),
             },
         });

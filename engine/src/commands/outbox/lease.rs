@@ -1,6 +1,6 @@
 //! Leases and their ends: claim, expiry, complete, fail, extend, operator retry / discard.
 
-use crate::error::{CommandError, RejectKind};
+use crate::error::{CommandError, Rejection};
 use std::collections::HashMap;
 use tidemark_log::NewEvent;
 use tidemark_projections::deliveries::{self as d, Change, Delivery, transition};
@@ -70,17 +70,12 @@ fn hold(
 }
 
 fn not_found(id: &str) -> CommandError {
-    CommandError::rejected(
-        RejectKind::NotFound,
-        "delivery_not_found",
-        format!("no delivery {id:?}"),
-    )
+    CommandError::rejected(Rejection::DeliveryNotFound, format!("no delivery {id:?}"))
 }
 
 fn illegal(row: &Delivery, action: &str) -> CommandError {
     CommandError::rejected(
-        RejectKind::Conflict,
-        "illegal_transition",
+        Rejection::IllegalTransition,
         format!(
             "delivery {:?} is {}: {action} is not allowed from that state",
             row.id, row.status
@@ -105,15 +100,13 @@ fn owned_lease(
     }
     if row.lease_owner.as_deref() != Some(owner) {
         return Err(CommandError::rejected(
-            RejectKind::Conflict,
-            "not_lease_owner",
+            Rejection::NotLeaseOwner,
             format!("delivery {id:?} is leased by another owner"),
         ));
     }
     if row.lease_expires_at_us.is_some_and(|e| e <= now_us) {
         return Err(CommandError::rejected(
-            RejectKind::Conflict,
-            "lease_expired",
+            Rejection::LeaseExpired,
             format!("the lease on {id:?} has expired; claim it again"),
         ));
     }
@@ -196,11 +189,7 @@ fn expiry(row: &Delivery, now_us: i64) -> Change {
 #[derive(Debug, Clone)]
 pub enum Completed {
     Sent(Box<Delivery>),
-    Refused {
-        code: &'static str,
-        detail: String,
-        not_found: bool,
-    },
+    Refused { code: Rejection, detail: String },
 }
 
 impl Completed {
@@ -208,19 +197,7 @@ impl Completed {
     pub fn into_result(self) -> Result<Delivery, CommandError> {
         match self {
             Completed::Sent(row) => Ok(*row),
-            Completed::Refused {
-                code,
-                detail,
-                not_found,
-            } => Err(CommandError::rejected(
-                if not_found {
-                    RejectKind::NotFound
-                } else {
-                    RejectKind::Conflict
-                },
-                code,
-                detail,
-            )),
+            Completed::Refused { code, detail } => Err(CommandError::rejected(code, detail)),
         }
     }
 }
@@ -256,8 +233,7 @@ fn complete_item<'a>(
         row => match owned_lease(row, now_us, id, owner, "complete") {
             Err(e) => Err(e),
             Ok(row) if row.ext.cancel_pending => Err(CommandError::rejected(
-                RejectKind::Conflict,
-                "illegal_transition",
+                Rejection::IllegalTransition,
                 format!(
                     "the notification of delivery {id:?} was canceled: it is cancelled \
                      when this lease ends, and cannot be completed"
@@ -282,11 +258,7 @@ fn complete_item<'a>(
     };
     match result {
         Ok(row) => Ok(Completed::Sent(Box::new(row))),
-        Err(CommandError::Rejected { kind, code, detail }) => Ok(Completed::Refused {
-            code,
-            detail,
-            not_found: kind == RejectKind::NotFound,
-        }),
+        Err(CommandError::Rejected { code, detail }) => Ok(Completed::Refused { code, detail }),
         Err(e) => Err(e),
     }
 }
@@ -624,8 +596,7 @@ impl Command for Extend {
         {
             // Released by the expiry tick before this heartbeat arrived.
             return Err(CommandError::rejected(
-                RejectKind::Conflict,
-                "lease_expired",
+                Rejection::LeaseExpired,
                 format!("the lease on {id:?} has expired; claim it again"),
             ));
         }
