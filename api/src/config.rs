@@ -384,11 +384,10 @@ impl Config {
                 self.log.id_filter_cache
             ));
         }
-        check_notification_keys(&self.notifications).map_err(ConfigError::Invalid)?;
-        let routing = tidemark_projections::routing::RoutingSettings::from_json(
-            &self.notification_settings(),
-        )
-        .map_err(ConfigError::Invalid)?;
+        let routing = self
+            .notifications_config()?
+            .settings()
+            .map_err(ConfigError::Invalid)?;
         tidemark_consumers::sources::from_config(&self.sources).map_err(ConfigError::Invalid)?;
         let dur = |k: &str, v: &str| {
             tidemark_projections::routing::parse_duration_ms(v)
@@ -444,20 +443,26 @@ impl Config {
         }
     }
 
-    /// The notification settings as the JSON payload of `settings.updated`.
-    /// A webhook route's `url` and `secret` (section 17) stay out of it: they are this node's
-    /// configuration (and may be secrets), read by the dispatcher ([`Config::dispatch_sinks`]).
+    /// `[notifications]`, read once into its types (unknown keys refused, each error naming
+    /// its key).
+    pub fn notifications_config(
+        &self,
+    ) -> Result<tidemark_projections::routing::NotificationsConfig, ConfigError> {
+        let v = serde_json::to_value(&self.notifications)
+            .map_err(|e| ConfigError::Invalid(format!("notifications: {e}")))?;
+        tidemark_projections::routing::NotificationsConfig::from_json(&v)
+            .map_err(ConfigError::Invalid)
+    }
+
+    /// The notification settings as the JSON payload of `settings.updated`, written from
+    /// [`Config::notifications_config`]'s types. A webhook route's `url` and `secret`
+    /// (section 17) stay out of it: they are this node's configuration (and may be secrets),
+    /// read by the dispatcher ([`Config::dispatch_sinks`]). Validated at start; an invalid
+    /// section gives no settings.
     pub fn notification_settings(&self) -> serde_json::Value {
-        let mut v = serde_json::to_value(&self.notifications).unwrap_or_default();
-        if let Some(routes) = v.get_mut("routes").and_then(|r| r.as_object_mut()) {
-            for p in routes.values_mut() {
-                if let Some(p) = p.as_object_mut() {
-                    p.remove("url");
-                    p.remove("secret");
-                }
-            }
-        }
-        v
+        self.notifications_config()
+            .map(|c| c.event_payload())
+            .unwrap_or_default()
     }
 
     /// The sinks the dispatcher delivers to (spec section 17), secrets resolved from the
@@ -465,32 +470,27 @@ impl Config {
     /// Errors name the key.
     pub fn dispatch_sinks(&self) -> Result<tidemark_consumers::dispatch::Sinks, ConfigError> {
         use tidemark_consumers::dispatch::{self, email, webhook};
+        use tidemark_projections::routing::Sink;
         let bad = |m: String| ConfigError::Invalid(m);
         let mut sinks = dispatch::Sinks::default();
-        let routes = self
-            .notifications
-            .get("routes")
-            .and_then(|r| r.as_table())
-            .cloned()
-            .unwrap_or_default();
+        let routes = self.notifications_config()?.routes.unwrap_or_default();
         let mut hooks = std::collections::HashMap::new();
         let mut email_routes = Vec::new();
         for (name, p) in &routes {
-            let s = |k: &str| p.get(k).and_then(|v| v.as_str());
-            match s("sink") {
-                Some("webhook") => {
-                    let url = s("url").ok_or_else(|| {
+            match p.sink {
+                Some(Sink::Webhook) => {
+                    let url = p.url.as_deref().ok_or_else(|| {
                         bad(format!(
                             "notifications.routes.{name}: sink = \"webhook\" needs url"
                         ))
                     })?;
                     hooks.insert(
                         name.clone(),
-                        webhook::Target::new(name, url, s("secret")).map_err(bad)?,
+                        webhook::Target::new(name, url, p.secret.as_deref()).map_err(bad)?,
                     );
                 }
-                Some("email") => {
-                    if p.get("redact").and_then(|v| v.as_bool()) == Some(true) {
+                Some(Sink::Email) => {
+                    if p.redact == Some(true) {
                         return Err(bad(format!(
                             "notifications.routes.{name}: a redacting route cannot use the \
                              email sink (it needs the recipient's address)"
@@ -499,7 +499,7 @@ impl Config {
                     email_routes.push(name.clone());
                 }
                 _ => {
-                    if s("url").is_some() || s("secret").is_some() {
+                    if p.url.is_some() || p.secret.is_some() {
                         return Err(bad(format!(
                             "notifications.routes.{name}: url and secret are for sink = \"webhook\""
                         )));
@@ -612,110 +612,6 @@ fn is_origin(o: &str) -> bool {
         && u.path() == "/"
         && !o.ends_with('/')
         && axum::http::HeaderValue::from_str(o).is_ok()
-}
-
-/// Refuse a key `[notifications]` does not know, at any depth, naming it (section 8): a
-/// misspelt key must not start as if it were absent. Tables whose keys are names (routes,
-/// priorities, locales) take any name; what is inside them is checked.
-fn check_notification_keys(n: &toml::Table) -> Result<(), String> {
-    const RETRY: &[&str] = &[
-        "strategy",
-        "max_attempts",
-        "base_delay",
-        "max_delay",
-        "jitter",
-        "lease_ttl",
-        "batch_size",
-    ];
-    const TEMPLATES: &[&str] = &["many", "summary"];
-    const ROUTE: &[&str] = &[
-        "sink",
-        "types",
-        "list",
-        "url",
-        "secret",
-        "delay",
-        "quiet_hours",
-        "quiet_hours_bypass",
-        "digest",
-        "templates",
-        "retry",
-        "redact",
-        "generic_title",
-    ];
-    fn only(t: &toml::Table, known: &[&str], at: &str) -> Result<(), String> {
-        match t.keys().find(|k| !known.contains(&k.as_str())) {
-            Some(k) => Err(format!(
-                "{at}.{k} is not a known key (known: {})",
-                known.join(", ")
-            )),
-            None => Ok(()),
-        }
-    }
-    fn table<'a>(v: &'a toml::Value, at: &str) -> Result<&'a toml::Table, String> {
-        v.as_table().ok_or_else(|| format!("{at} must be a table"))
-    }
-    let top = "notifications";
-    only(
-        n,
-        &[
-            "enabled",
-            "dashboard",
-            "desktop",
-            "routing",
-            "retry",
-            "outbox",
-            "routes",
-            "templates",
-        ],
-        top,
-    )?;
-    for (k, v) in n {
-        let at = format!("{top}.{k}");
-        match k.as_str() {
-            "dashboard" => only(table(v, &at)?, &["enabled", "limit"], &at)?,
-            "desktop" => only(
-                table(v, &at)?,
-                &["enabled", "priorities", "sound_priorities"],
-                &at,
-            )?,
-            "outbox" => only(table(v, &at)?, &["max_pending", "stuck_after"], &at)?,
-            "retry" => only(table(v, &at)?, RETRY, &at)?,
-            "templates" => {
-                for (locale, t) in table(v, &at)? {
-                    let at = format!("{at}.{locale}");
-                    let t = table(t, &at)?;
-                    only(t, &["many", "summary", "sources"], &at)?;
-                    if let Some(srcs) = t.get("sources") {
-                        let at = format!("{at}.sources");
-                        for (name, titles) in table(srcs, &at)? {
-                            let at = format!("{at}.{name}");
-                            only(table(titles, &at)?, &["title_one", "title_many"], &at)?;
-                        }
-                    }
-                }
-            }
-            "routes" => {
-                for (name, r) in table(v, &at)? {
-                    let at = format!("{at}.{name}");
-                    let r = table(r, &at)?;
-                    only(r, ROUTE, &at)?;
-                    for (k, known) in [
-                        ("digest", &["window", "max_items", "summary_after"][..]),
-                        ("retry", RETRY),
-                        ("templates", TEMPLATES),
-                    ] {
-                        if let Some(x) = r.get(k) {
-                            let at = format!("{at}.{k}");
-                            only(table(x, &at)?, known, &at)?;
-                        }
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,9 +1,21 @@
 //! Notification routing rules (spec section 4) and delivery backoff (section 5), as pure
 //! functions of the settings recorded in the log: the delivery reactor decides with these, and
-//! writes its decisions (and any random draw) into the events it appends.
+//! writes its decisions (and any random draw) into the events it appends. The settings' types
+//! and their defaults are here; reading them from the configuration or an event is
+//! [`config`]'s, resolving a notification's routes and a retry's delay [`resolve`]'s.
+
+mod config;
+mod resolve;
+
+pub use config::{
+    DashboardConfig, DesktopConfig, DigestConfig, LocaleTemplates, NotificationsConfig,
+    OutboxConfig, RetryConfig, RouteConfig, RouteTemplates, Sink, SourceTitles,
+};
+pub use resolve::{RouteOutcome, backoff_ms, resolve_routes};
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// A duration like `"1s"`, `"5m"`, `"250ms"`, `"1h"`, in milliseconds.
@@ -53,7 +65,7 @@ fn malformed(key: &str) -> String {
         _ if parent == "routing" => "a list of route names (e.g. [\"email\", \"app\"])".to_owned(),
         "generic_title" => "a text of 1 to 256 bytes".to_owned(),
         "list" => "a list name of 1 to 128 bytes".to_owned(),
-        "sink" => format!("one of {}", SINKS.join(", ")),
+        "sink" => format!("one of {}", Sink::ALL.map(Sink::as_str).join(", ")),
         "title_one" | "title_many" | "many" | "summary" => "a text of 1 to 512 bytes".to_owned(),
         _ => "a table".to_owned(),
     };
@@ -68,7 +80,8 @@ pub fn parse_clock(s: &str) -> Option<u32> {
 }
 
 /// How the delay grows with the attempts (section 5; sources use it too, section 12).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Strategy {
     /// `base · 2^(attempt−1)`.
     #[default]
@@ -125,46 +138,6 @@ pub struct Templates {
 impl Templates {
     pub const DEFAULT_MANY: &'static str = "{count} new updates";
     pub const DEFAULT_SUMMARY: &'static str = "You have {count} new updates";
-
-    fn parse(v: &Value, key: &str) -> Result<Templates, String> {
-        let bad = || malformed(&format!("notifications.{key}"));
-        let m = v.as_object().ok_or_else(bad)?;
-        let mut t = Templates::default();
-        for (k, x) in m {
-            if k == "sources" {
-                let srcs = x.as_object().ok_or_else(bad)?;
-                for (name, titles) in srcs {
-                    let at = format!("notifications.{key}.sources.{name}");
-                    let titles = titles.as_object().ok_or_else(|| malformed(&at))?;
-                    let mut pair = (None, None);
-                    for (tk, tv) in titles {
-                        let tv = tv
-                            .as_str()
-                            .filter(|x| !x.is_empty() && x.len() <= 512)
-                            .ok_or_else(|| malformed(&format!("{at}.{tk}")))?
-                            .to_owned();
-                        match tk.as_str() {
-                            "title_one" => pair.0 = Some(tv),
-                            "title_many" => pair.1 = Some(tv),
-                            _ => return Err(format!("{at}.{tk} is not a title name")),
-                        }
-                    }
-                    t.sources.insert(name.clone(), pair);
-                }
-                continue;
-            }
-            let x = x
-                .as_str()
-                .filter(|x| !x.is_empty() && x.len() <= 512)
-                .ok_or_else(bad)?;
-            match k.as_str() {
-                "many" => t.many = Some(x.to_owned()),
-                "summary" => t.summary = Some(x.to_owned()),
-                _ => return Err(format!("notifications.{key}.{k} is not a template name")),
-            }
-        }
-        Ok(t)
-    }
 }
 
 /// `{count}`, `{title}` (the newest item's) and `{first_title}` (the opening item's) filled in.
@@ -195,7 +168,7 @@ pub struct RoutePolicy {
     pub retry: Option<RetrySettings>,
     /// The sink a route other than `desktop` delivers to (section 17): `app` (claimed by an
     /// app), `email` or `webhook` (tidemark's dispatcher). `None`: `unknown_route`.
-    pub sink: Option<String>,
+    pub sink: Option<Sink>,
     /// The list a notification that names no recipient or list is delivered to.
     pub list: Option<String>,
 }
@@ -264,210 +237,13 @@ impl Default for RoutingSettings {
     }
 }
 
-fn strings(v: &Value) -> Option<Vec<String>> {
-    v.as_array()?
-        .iter()
-        .map(|s| s.as_str().map(str::to_owned))
-        .collect()
-}
-
 impl RoutingSettings {
-    /// Read the payload of a `settings.updated` event; keys it lacks keep their defaults.
-    /// Errors name the first key that is present but malformed.
+    /// Read the payload of a `settings.updated` event (or the configuration's section as
+    /// JSON); keys it lacks keep their defaults. Errors name the first key that is unknown or
+    /// malformed ([`NotificationsConfig`]).
     pub fn from_json(v: &Value) -> Result<RoutingSettings, String> {
-        let mut s = RoutingSettings::default();
-        let bad = |k: &str| malformed(&format!("notifications.{k}"));
-        let b = |v: &Value, k: &str| v.as_bool().ok_or_else(|| bad(k));
-        let dur = |v: &Value, k: &str| v.as_str().and_then(parse_duration_ms).ok_or_else(|| bad(k));
-        if let Some(x) = v.get("enabled") {
-            s.enabled = b(x, "enabled")?;
-        }
-        if let Some(x) = v.pointer("/dashboard/enabled") {
-            s.dashboard_enabled = b(x, "dashboard.enabled")?;
-        }
-        if let Some(x) = v.pointer("/dashboard/limit") {
-            s.dashboard_limit = x
-                .as_u64()
-                .filter(|n| (1..=500).contains(n))
-                .ok_or_else(|| bad("dashboard.limit"))? as u32;
-        }
-        if let Some(x) = v.pointer("/desktop/enabled") {
-            s.desktop_enabled = b(x, "desktop.enabled")?;
-        }
-        if let Some(x) = v.pointer("/desktop/priorities") {
-            s.desktop_priorities = strings(x).ok_or_else(|| bad("desktop.priorities"))?;
-        }
-        if let Some(x) = v.pointer("/desktop/sound_priorities") {
-            s.sound_priorities = strings(x).ok_or_else(|| bad("desktop.sound_priorities"))?;
-        }
-        if let Some(m) = v.get("routing") {
-            let m = m.as_object().ok_or_else(|| bad("routing"))?;
-            for (prio, routes) in m {
-                let list = strings(routes).ok_or_else(|| bad(&format!("routing.{prio}")))?;
-                s.routing.insert(prio.clone(), list);
-            }
-        }
-        if let Some(r) = v.get("retry") {
-            s.retry = parse_retry(&s.retry, r, "retry")?;
-        }
-        if let Some(x) = v.pointer("/outbox/max_pending") {
-            s.max_pending = x.as_u64().ok_or_else(|| bad("outbox.max_pending"))?;
-        }
-        if let Some(x) = v.pointer("/outbox/stuck_after") {
-            s.stuck_after_ms = dur(x, "outbox.stuck_after")?;
-        }
-        if let Some(routes) = v.get("routes") {
-            let routes = routes.as_object().ok_or_else(|| bad("routes"))?;
-            for (name, p) in routes {
-                let k = |f: &str| format!("routes.{name}.{f}");
-                let mut policy = RoutePolicy::default();
-                if let Some(d) = p.get("delay") {
-                    let w = strings(d)
-                        .filter(|w| w.len() == 2)
-                        .ok_or_else(|| bad(&k("delay")))?;
-                    let lo = parse_duration_ms(&w[0]).ok_or_else(|| bad(&k("delay")))?;
-                    let hi = parse_duration_ms(&w[1]).ok_or_else(|| bad(&k("delay")))?;
-                    if lo > hi {
-                        return Err(bad(&k("delay")));
-                    }
-                    policy.delay_ms = Some((lo, hi));
-                }
-                if let Some(q) = p.get("quiet_hours") {
-                    let w = strings(q)
-                        .filter(|w| w.len() == 2)
-                        .ok_or_else(|| bad(&k("quiet_hours")))?;
-                    let from = parse_clock(&w[0]).ok_or_else(|| bad(&k("quiet_hours")))?;
-                    let to = parse_clock(&w[1]).ok_or_else(|| bad(&k("quiet_hours")))?;
-                    policy.quiet_hours = Some((from, to));
-                }
-                if let Some(b) = p.get("quiet_hours_bypass") {
-                    policy.quiet_hours_bypass =
-                        strings(b).ok_or_else(|| bad(&k("quiet_hours_bypass")))?;
-                }
-                if let Some(d) = p.get("digest") {
-                    let window_ms = d
-                        .get("window")
-                        .and_then(Value::as_str)
-                        .and_then(parse_duration_ms)
-                        .ok_or_else(|| bad(&k("digest.window")))?;
-                    let max_items = d
-                        .get("max_items")
-                        .and_then(Value::as_u64)
-                        .filter(|n| *n >= 1)
-                        .ok_or_else(|| bad(&k("digest.max_items")))?
-                        as u32;
-                    let summary_after = match d.get("summary_after") {
-                        None => max_items,
-                        Some(x) => x
-                            .as_u64()
-                            .filter(|n| *n >= 1 && *n <= u64::from(u32::MAX))
-                            .ok_or_else(|| bad(&k("digest.summary_after")))?
-                            as u32,
-                    };
-                    policy.digest = Some(DigestPolicy {
-                        window_ms,
-                        max_items,
-                        summary_after,
-                    });
-                }
-                if let Some(t) = p.get("templates") {
-                    policy.templates = Templates::parse(t, &k("templates"))?;
-                }
-                if let Some(t) = p.get("types") {
-                    policy.types = Some(strings(t).ok_or_else(|| bad(&k("types")))?);
-                }
-                if let Some(x) = p.get("redact") {
-                    policy.redact = x.as_bool().ok_or_else(|| bad(&k("redact")))?;
-                }
-                if let Some(x) = p.get("generic_title") {
-                    policy.generic_title = Some(
-                        x.as_str()
-                            .filter(|t| !t.is_empty() && t.len() <= 256)
-                            .ok_or_else(|| bad(&k("generic_title")))?
-                            .to_owned(),
-                    );
-                }
-                if let Some(r) = p.get("retry") {
-                    policy.retry = Some(parse_retry(&s.retry, r, &k("retry"))?);
-                }
-                if let Some(x) = p.get("list") {
-                    policy.list = Some(
-                        x.as_str()
-                            .filter(|t| !t.is_empty() && t.len() <= 128)
-                            .ok_or_else(|| bad(&k("list")))?
-                            .to_owned(),
-                    );
-                }
-                if let Some(x) = p.get("sink") {
-                    policy.sink = Some(
-                        x.as_str()
-                            .filter(|t| SINKS.contains(t))
-                            .ok_or_else(|| bad(&k("sink")))?
-                            .to_owned(),
-                    );
-                }
-                s.routes.insert(name.clone(), policy);
-            }
-        }
-        if let Some(t) = v.get("templates") {
-            let t = t.as_object().ok_or_else(|| bad("templates"))?;
-            for (locale, x) in t {
-                s.templates.insert(
-                    locale.to_ascii_lowercase(),
-                    Templates::parse(x, &format!("templates.{locale}"))?,
-                );
-            }
-        }
-        Ok(s)
+        NotificationsConfig::from_json(v)?.settings()
     }
-}
-
-/// A `retry` table over `base` (the global one, or a route's over the global); `key` names it
-/// in errors.
-fn parse_retry(base: &RetrySettings, r: &Value, key: &str) -> Result<RetrySettings, String> {
-    let bad = |k: &str| malformed(&format!("notifications.{k}"));
-    let dur = |v: &Value, k: &str| v.as_str().and_then(parse_duration_ms).ok_or_else(|| bad(k));
-    let mut out = base.clone();
-    if let Some(x) = r.get("strategy") {
-        out.strategy = x
-            .as_str()
-            .and_then(Strategy::parse)
-            .ok_or_else(|| bad(&format!("{key}.strategy")))?;
-    }
-    if let Some(x) = r.get("max_attempts") {
-        out.max_attempts = x
-            .as_u64()
-            .filter(|n| (1..=1000).contains(n))
-            .ok_or_else(|| bad(&format!("{key}.max_attempts")))? as u32;
-    }
-    if let Some(x) = r.get("base_delay") {
-        out.base_delay_ms = dur(x, &format!("{key}.base_delay"))?;
-    }
-    if let Some(x) = r.get("max_delay") {
-        out.max_delay_ms = dur(x, &format!("{key}.max_delay"))?;
-    }
-    if let Some(x) = r.get("jitter") {
-        out.jitter = x
-            .as_f64()
-            .filter(|j| (0.0..=1.0).contains(j))
-            .ok_or_else(|| bad(&format!("{key}.jitter")))?;
-    }
-    if let Some(x) = r.get("lease_ttl") {
-        out.lease_ttl_ms = dur(x, &format!("{key}.lease_ttl"))?;
-    }
-    if let Some(x) = r.get("batch_size") {
-        out.batch_size = x
-            .as_u64()
-            .filter(|n| (1..=1000).contains(n))
-            .ok_or_else(|| bad(&format!("{key}.batch_size")))? as u32;
-    }
-
-    if out.base_delay_ms > out.max_delay_ms {
-        return Err(format!(
-            "notifications.{key}.base_delay is larger than max_delay"
-        ));
-    }
-    Ok(out)
 }
 
 impl RoutingSettings {
@@ -572,91 +348,6 @@ impl RoutingSettings {
     }
 }
 
-/// The sinks a route may name (section 17): claimed by an app, or delivered by tidemark.
-pub const SINKS: [&str; 3] = ["app", "email", "webhook"];
-
-/// What a route does for one notification.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RouteOutcome {
-    /// A delivery row with this sink.
-    Deliver { route: String, sink: String },
-    /// A delivery row that is never delivered, with its reason code.
-    Skipped { route: String, reason: &'static str },
-}
-
-/// Routes a notification of `priority` and `ntype` (its `type`, if any) takes under `s` (spec
-/// sections 2 and 4). The dashboard is the notification row itself and yields nothing here; a
-/// route restricted to `types` is not taken by a notification of another type or of none.
-pub fn resolve_routes(
-    s: &RoutingSettings,
-    priority: &str,
-    ntype: Option<&str>,
-) -> Vec<RouteOutcome> {
-    if !s.enabled {
-        return Vec::new();
-    }
-    let Some(routes) = s.routing.get(priority) else {
-        return Vec::new();
-    };
-    let mut out: Vec<RouteOutcome> = Vec::new();
-    for route in routes {
-        if out.iter().any(|o| match o {
-            RouteOutcome::Deliver { route: r, .. } | RouteOutcome::Skipped { route: r, .. } => {
-                r == route
-            }
-        }) {
-            continue;
-        }
-        if let Some(types) = s.routes.get(route).and_then(|p| p.types.as_ref())
-            && !ntype.is_some_and(|t| types.iter().any(|x| x == t))
-        {
-            continue;
-        }
-        match route.as_str() {
-            "dashboard" => {}
-            "desktop" => {
-                if s.desktop_enabled && s.desktop_priorities.iter().any(|p| p == priority) {
-                    out.push(RouteOutcome::Deliver {
-                        route: route.clone(),
-                        sink: "app".into(),
-                    });
-                }
-            }
-            _ => match s.routes.get(route).and_then(|p| p.sink.as_ref()) {
-                Some(sink) => out.push(RouteOutcome::Deliver {
-                    route: route.clone(),
-                    sink: sink.clone(),
-                }),
-                None => out.push(RouteOutcome::Skipped {
-                    route: route.clone(),
-                    reason: "unknown_route",
-                }),
-            },
-        }
-    }
-    out
-}
-
-/// Delay before attempt `attempt + 1` after `attempt` failures (attempt ≥ 1): by the strategy
-/// `base · 2^(attempt−1)` (exponential), `base · attempt` (linear) or `base` (fixed), at most
-/// `max`, then jitter within ±`jitter` given a draw `u` in [0, 1), capped at `max`. A
-/// `retry_after_ms` from the failure report replaces it (capped at 1 h). The one backoff of
-/// tidemark: deliveries (section 5) and source polls (section 12) use it.
-pub fn backoff_ms(r: &RetrySettings, attempt: u32, u: f64, retry_after_ms: Option<u64>) -> u64 {
-    if let Some(ms) = retry_after_ms {
-        return ms.min(3_600_000);
-    }
-    let n = attempt.max(1);
-    let raw = match r.strategy {
-        Strategy::Exponential => r.base_delay_ms.saturating_mul(1u64 << (n - 1).min(62)),
-        Strategy::Linear => r.base_delay_ms.saturating_mul(u64::from(n)),
-        Strategy::Fixed => r.base_delay_ms,
-    }
-    .min(r.max_delay_ms);
-    let factor = 1.0 + r.jitter * (2.0 * u.clamp(0.0, 1.0) - 1.0);
-    ((raw as f64 * factor).round() as u64).min(r.max_delay_ms)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -727,7 +418,7 @@ mod tests {
     fn desktop() -> RouteOutcome {
         RouteOutcome::Deliver {
             route: "desktop".into(),
-            sink: "app".into(),
+            sink: Sink::App,
         }
     }
 
