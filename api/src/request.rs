@@ -359,7 +359,7 @@ pub use tidemark_projections::ids::{
 /// whatever the body holds.
 pub struct PathId<K>(pub K);
 
-impl<S: Send + Sync, K: IdKind + From<String>> FromRequestParts<S> for PathId<K> {
+impl<S: Send + Sync, K: IdKind + ParseId> FromRequestParts<S> for PathId<K> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
@@ -377,10 +377,25 @@ impl<K: std::fmt::Display> std::fmt::Display for PathId<K> {
     }
 }
 
+/// An id type that checks the ids it is made from outside with.
+pub trait ParseId: Sized {
+    fn parse_id(id: String) -> Result<Self, tidemark_projections::ids::IdError>;
+}
+
+macro_rules! parse_id {
+    ($($t:ty),*) => {$(
+        impl ParseId for $t {
+            fn parse_id(id: String) -> Result<Self, tidemark_projections::ids::IdError> {
+                <$t>::parse(id)
+            }
+        }
+    )*};
+}
+parse_id!(BridgeId, DeliveryId, NotificationId, SubscriptionId, TaskId);
+
 /// One segment of a path with several ids, checked as [`PathId`] checks its one and typed.
-pub(crate) fn path_id<K: IdKind + From<String>>(id: String) -> Result<K, ApiError> {
-    check_path_id(K::WHAT, &id)?;
-    Ok(K::from(id))
+pub(crate) fn path_id<K: IdKind + ParseId>(id: String) -> Result<K, ApiError> {
+    K::parse_id(id).map_err(|e| ApiError::bad_request("invalid_path", e.to_string()))
 }
 
 fn invalid_path(what: &str) -> ApiError {
@@ -388,14 +403,6 @@ fn invalid_path(what: &str) -> ApiError {
         "invalid_path",
         format!("a {what} id is 1–128 printable characters"),
     )
-}
-
-/// A resource id in a path: 1–128 printable characters, else `400 invalid_path` naming `what`.
-pub(crate) fn check_path_id(what: &str, id: &str) -> Result<(), ApiError> {
-    if id.is_empty() || id.chars().count() > 128 || id.chars().any(char::is_control) {
-        return Err(invalid_path(what));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -658,7 +658,7 @@ impl Harness {
                     return Err(format!("claim leased {ids:?}, the model {want:?}"));
                 }
                 for d in &got {
-                    self.model.agree(&d.id, d)?;
+                    self.model.agree(d.id.as_str(), d)?;
                 }
             }
             Op::Complete { owner, picks } => {
@@ -898,17 +898,25 @@ fn claims_take_their_share_first() {
     let a = h.exec(claim("a", 0, 5)).unwrap();
     let b = h.exec(claim("b", 1, 5)).unwrap();
     assert_eq!((a.len(), b.len()), (5, 5));
-    assert!(a.iter().all(|d| share(0).owns(&d.id)), "a took its share");
-    assert!(b.iter().all(|d| share(1).owns(&d.id)), "b took its share");
+    assert!(
+        a.iter().all(|d| share(0).owns(d.id.as_str())),
+        "a took its share"
+    );
+    assert!(
+        b.iter().all(|d| share(1).owns(d.id.as_str())),
+        "b took its share"
+    );
     // Everything else: a's share first, then b's.
     let rest = h.exec(claim("a", 0, 1000)).unwrap();
     assert_eq!(rest.len(), 30);
     let first_other = rest
         .iter()
-        .position(|d| !share(0).owns(&d.id))
+        .position(|d| !share(0).owns(d.id.as_str()))
         .unwrap_or(rest.len());
     assert!(
-        rest[first_other..].iter().all(|d| !share(0).owns(&d.id)),
+        rest[first_other..]
+            .iter()
+            .all(|d| !share(0).owns(d.id.as_str())),
         "a's own share came before b's"
     );
     assert!(

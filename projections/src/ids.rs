@@ -4,8 +4,10 @@
 //!
 //! Each id is its text and nothing else: serde sees it as a string (`#[serde(transparent)]`),
 //! so the stored rows' bytes, their digests and the JSON served are the same as when the fields
-//! were `String`. Constructing one checks nothing; the API checks an id where it enters
-//! (`PathId`, the bodies' bounded texts) and the folds take the ids their events carry.
+//! were `String`. An id from outside is made by `parse`, which checks it (1–128 printable
+//! characters: the API's `PathId`); `new` takes one tidemark derived or read from its own log.
+//! An id is not a `&str`: it is read as text only by asking (`as_str`), so it cannot be passed
+//! where another kind of id, or any string, is wanted.
 
 use std::fmt;
 
@@ -16,6 +18,17 @@ pub trait Kind {
     const WHAT: &'static str;
 }
 
+/// The most characters an id from outside may have.
+pub const MAX_CHARS: usize = 128;
+
+/// An id from outside that is not one: empty, longer than [`MAX_CHARS`], or with a control
+/// character.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a {what} id is 1–128 printable characters")]
+pub struct IdError {
+    pub what: &'static str,
+}
+
 macro_rules! ids {
     ($($(#[$doc:meta])* $name:ident = $what:literal;)*) => {$(
         $(#[$doc])*
@@ -24,8 +37,21 @@ macro_rules! ids {
         pub struct $name(String);
 
         impl $name {
+            /// An id tidemark derived, or read from its own log (checked when it entered).
             pub fn new(id: impl Into<String>) -> Self {
                 Self(id.into())
+            }
+
+            /// An id from outside, checked: 1–[`MAX_CHARS`] characters, none a control one.
+            pub fn parse(id: impl Into<String>) -> Result<Self, IdError> {
+                let id = id.into();
+                if id.is_empty()
+                    || id.chars().count() > MAX_CHARS
+                    || id.chars().any(char::is_control)
+                {
+                    return Err(IdError { what: $what });
+                }
+                Ok(Self(id))
             }
 
             pub fn as_str(&self) -> &str {
@@ -67,15 +93,6 @@ macro_rules! ids {
 
         impl AsRef<str> for $name {
             fn as_ref(&self) -> &str {
-                &self.0
-            }
-        }
-
-        // Read as text anywhere (a key, a message); made only by an explicit conversion
-        // (`new`, `from`, `into`): a `&str` or another kind's id is never taken for one.
-        impl std::ops::Deref for $name {
-            type Target = str;
-            fn deref(&self) -> &str {
                 &self.0
             }
         }
@@ -140,5 +157,31 @@ mod tests {
         let back: DeliveryId = serde_json::from_str(r#""d-1""#).unwrap();
         assert_eq!(back, id);
         assert_eq!(format!("{id} {id:?}"), r#"d-1 "d-1""#);
+    }
+
+    #[test]
+    fn an_id_from_outside_is_checked_when_made() {
+        assert_eq!(TaskId::parse("t-1").unwrap().as_str(), "t-1");
+        assert_eq!(
+            TaskId::parse("é".repeat(128))
+                .unwrap()
+                .as_str()
+                .chars()
+                .count(),
+            128
+        );
+        for bad in [
+            String::new(),
+            "x".repeat(129),
+            "a\nb".to_owned(),
+            "a\u{7f}".to_owned(),
+        ] {
+            let e = DeliveryId::parse(bad.clone()).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "a delivery id is 1–128 printable characters",
+                "{bad:?}"
+            );
+        }
     }
 }

@@ -298,19 +298,33 @@ fn delivery_matches(all: &[Delivery], f: &DeliveryFilter) -> Vec<String> {
         .filter(|d| {
             f.source_site
                 .as_deref()
-                .is_none_or(|s| site_of(&d.id) == Some(s))
+                .is_none_or(|s| site_of(d.id.as_str()) == Some(s))
         })
-        .filter(|d| f.ntype.as_deref().is_none_or(|t| type_of(&d.id) == Some(t)))
-        .filter(|d| f.list.as_deref().is_none_or(|l| list_of(&d.id) == Some(l)))
-        .filter(|d| f.created_after_us.is_none_or(|t| created_at(&d.id) >= t))
-        .filter(|d| f.created_before_us.is_none_or(|t| created_at(&d.id) < t))
+        .filter(|d| {
+            f.ntype
+                .as_deref()
+                .is_none_or(|t| type_of(d.id.as_str()) == Some(t))
+        })
+        .filter(|d| {
+            f.list
+                .as_deref()
+                .is_none_or(|l| list_of(d.id.as_str()) == Some(l))
+        })
+        .filter(|d| {
+            f.created_after_us
+                .is_none_or(|t| created_at(d.id.as_str()) >= t)
+        })
+        .filter(|d| {
+            f.created_before_us
+                .is_none_or(|t| created_at(d.id.as_str()) < t)
+        })
         .filter(|d| {
             f.stuck.is_none_or(|s| {
                 // Stuck: due since before the cut (a queued or retry_wait row at its next
                 // attempt, a leased one at its lease expiry); terminal rows never are.
                 let due = match d.status.as_str() {
                     "queued" | "retry_wait" => {
-                        Some(d.next_attempt_at_us.unwrap_or(created_at(&d.id)))
+                        Some(d.next_attempt_at_us.unwrap_or(created_at(d.id.as_str())))
                     }
                     "leased" => d.lease_expires_at_us,
                     _ => None,
@@ -319,9 +333,11 @@ fn delivery_matches(all: &[Delivery], f: &DeliveryFilter) -> Vec<String> {
             })
         })
         .filter(|d| {
-            f.title_contains
-                .as_deref()
-                .is_none_or(|q| title_of(&d.id).to_lowercase().contains(&q.to_lowercase()))
+            f.title_contains.as_deref().is_none_or(|q| {
+                title_of(d.id.as_str())
+                    .to_lowercase()
+                    .contains(&q.to_lowercase())
+            })
         })
         .map(|d| d.id.to_string())
         .collect()
@@ -519,18 +535,18 @@ proptest! {
 
         // The filter indexes hold exactly one row per row and value.
         let key = |v: &str, suffix: &[u8]| [v.as_bytes(), &[0], suffix].concat();
-        let want: Vec<Vec<u8>> = rows.iter().map(|d| key(&d.sink, d.id.as_bytes())).collect();
+        let want: Vec<Vec<u8>> = rows.iter().map(|d| key(&d.sink, d.id.as_str().as_bytes())).collect();
         prop_assert_eq!(index_keys(&db, "deliveries", "by_sink"), sorted(want));
-        let want: Vec<Vec<u8>> = rows.iter().map(|d| key(&d.route, d.id.as_bytes())).collect();
+        let want: Vec<Vec<u8>> = rows.iter().map(|d| key(&d.route, d.id.as_str().as_bytes())).collect();
         prop_assert_eq!(index_keys(&db, "deliveries", "by_route"), sorted(want));
         let want: Vec<Vec<u8>> = rows
             .iter()
-            .filter_map(|d| Some(key(d.recipient.as_deref()?, d.id.as_bytes())))
+            .filter_map(|d| Some(key(d.recipient.as_deref()?, d.id.as_str().as_bytes())))
             .collect();
         prop_assert_eq!(index_keys(&db, "deliveries", "by_recipient"), sorted(want));
         let want: Vec<Vec<u8>> = rows
             .iter()
-            .flat_map(|d| d.items.iter().map(|i| key(&i.notification_id, d.id.as_bytes())))
+            .flat_map(|d| d.items.iter().map(|i| key(&i.notification_id, d.id.as_str().as_bytes())))
             .collect();
         prop_assert_eq!(index_keys(&db, "deliveries", "by_notification"), sorted(want));
 

@@ -273,7 +273,7 @@ pub async fn stream(
     q: Result<Query<TaskStreamQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    tidemark_log::envelope::check_subject(&id)
+    tidemark_log::envelope::check_subject(id.as_str())
         .map_err(|e| ApiError::invalid_query(format!("task id: {e}")))?;
     let after = parse_u64("after_sequence", q.after_sequence.as_deref())?.unwrap_or(0);
     let rq = ReadQuery {

@@ -198,7 +198,7 @@ impl Adapter for Email {
                 let id = if t.from_list {
                     message_id(&format!("{}/{}", d.id, address))
                 } else {
-                    message_id(&d.id)
+                    message_id(d.id.as_str())
                 };
                 let msg = match self.message(&d, to, id) {
                     Ok(m) => m,

@@ -167,7 +167,7 @@ impl Adapter for Webhook {
                 .header("webhook-id", d.id.as_str())
                 .header("webhook-timestamp", timestamp.to_string());
             if let Some(secret) = &target.secret {
-                let sig = Signatures::new(secret, &d.id, timestamp, &payload);
+                let sig = Signatures::new(secret, d.id.as_str(), timestamp, &payload);
                 rb = rb
                     .header("webhook-signature", sig.standard)
                     .header("tidemark-signature", sig.legacy);

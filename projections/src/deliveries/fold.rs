@@ -35,12 +35,12 @@ pub fn timed_key(sink: &str, us: i64, id: &str) -> Vec<u8> {
 
 /// `sink ‖ 0 ‖ rank ‖ due ‖ id` ([`DUE_BY_PRIORITY`]).
 pub fn due_priority_key(d: &Delivery, due_us: i64) -> Vec<u8> {
-    let mut k = Vec::with_capacity(d.sink.len() + 10 + d.id.len());
+    let mut k = Vec::with_capacity(d.sink.len() + 10 + d.id.as_str().len());
     k.extend_from_slice(d.sink.as_bytes());
     k.push(0);
     k.push(priority_rank(&d.priority));
     k.extend_from_slice(&us_key(due_us));
-    k.extend_from_slice(d.id.as_bytes());
+    k.extend_from_slice(d.id.as_str().as_bytes());
     k
 }
 
@@ -57,7 +57,7 @@ fn index_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
     let mut out = vec![
         (
             BY_STATUS,
-            cat(&[d.status.as_str().as_bytes(), d.id.as_bytes()]),
+            cat(&[d.status.as_str().as_bytes(), d.id.as_str().as_bytes()]),
         ),
         (
             COUNTS,
@@ -65,25 +65,25 @@ fn index_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
         ),
     ];
     if let Some(t) = &d.task_id {
-        out.push((BY_TASK, cat(&[t.as_bytes(), d.id.as_bytes()])));
+        out.push((BY_TASK, cat(&[t.as_bytes(), d.id.as_str().as_bytes()])));
     }
     if let Some(due) = d.due_us() {
-        out.push((DUE, timed_key(&d.sink, due, &d.id)));
+        out.push((DUE, timed_key(&d.sink, due, d.id.as_str())));
     }
     if d.status == DeliveryStatus::Leased
         && let Some(exp) = d.lease_expires_at_us
     {
         let mut k = us_key(exp).to_vec();
-        k.extend_from_slice(d.id.as_bytes());
+        k.extend_from_slice(d.id.as_str().as_bytes());
         out.push((LEASES, k));
     }
     if d.is_pending() {
-        out.push((PENDING, timed_key(&d.sink, d.created_at_us, &d.id)));
+        out.push((PENDING, timed_key(&d.sink, d.created_at_us, d.id.as_str())));
     }
     if d.status == DeliveryStatus::Sent {
         out.push((
             SENT,
-            timed_key(&d.sink, d.delivered_at_us.unwrap_or(0), &d.id),
+            timed_key(&d.sink, d.delivered_at_us.unwrap_or(0), d.id.as_str()),
         ));
     }
     out
@@ -94,51 +94,57 @@ fn index_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
 /// after the golden release, whose digests must stay as recorded.
 fn filter_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
     let mut out = vec![
-        (BY_SINK, cat(&[d.sink.as_bytes(), d.id.as_bytes()])),
-        (BY_ROUTE, cat(&[d.route.as_bytes(), d.id.as_bytes()])),
+        (BY_SINK, cat(&[d.sink.as_bytes(), d.id.as_str().as_bytes()])),
+        (
+            BY_ROUTE,
+            cat(&[d.route.as_bytes(), d.id.as_str().as_bytes()]),
+        ),
         (
             BY_CREATED,
-            crate::framework::created_row(created_key(d), &d.id),
+            crate::framework::created_row(created_key(d), d.id.as_str()),
         ),
     ];
     if let Some(r) = &d.recipient {
-        out.push((BY_RECIPIENT, cat(&[r.as_bytes(), d.id.as_bytes()])));
+        out.push((BY_RECIPIENT, cat(&[r.as_bytes(), d.id.as_str().as_bytes()])));
     }
     if let Some(due) = d.due_us() {
         out.push((DUE_BY_PRIORITY, due_priority_key(d, due)));
     }
     if let Some(t) = &d.ext.more.later.ntype {
-        out.push((BY_TYPE, cat(&[t.as_bytes(), d.id.as_bytes()])));
+        out.push((BY_TYPE, cat(&[t.as_bytes(), d.id.as_str().as_bytes()])));
     }
     if let Some(l) = &d.ext.more.list {
-        out.push((BY_LIST, cat(&[l.as_bytes(), d.id.as_bytes()])));
+        out.push((BY_LIST, cat(&[l.as_bytes(), d.id.as_str().as_bytes()])));
     }
     for item in d.all_items() {
         out.push((
             BY_NOTIFICATION,
-            cat(&[item.notification_id.as_bytes(), d.id.as_bytes()]),
+            cat(&[item.notification_id.as_bytes(), d.id.as_str().as_bytes()]),
         ));
     }
     if let Some(site) = &d.ext.source_site {
-        out.push((BY_SITE, cat(&[site.as_bytes(), d.id.as_bytes()])));
+        out.push((BY_SITE, cat(&[site.as_bytes(), d.id.as_str().as_bytes()])));
         out.push((
             SITE_STATUS,
             cat(&[
                 site.as_bytes(),
                 d.status.as_str().as_bytes(),
-                d.id.as_bytes(),
+                d.id.as_str().as_bytes(),
             ]),
         ));
         if d.is_pending() {
-            out.push((SITE_PENDING, timed_key(site, d.created_at_us, &d.id)));
+            out.push((
+                SITE_PENDING,
+                timed_key(site, d.created_at_us, d.id.as_str()),
+            ));
         }
         if let Some(due) = d.due_us() {
-            out.push((SITE_DUE, timed_key(site, due, &d.id)));
+            out.push((SITE_DUE, timed_key(site, due, d.id.as_str())));
         }
         if d.status == DeliveryStatus::Sent {
             out.push((
                 SITE_SENT,
-                timed_key(site, d.delivered_at_us.unwrap_or(0), &d.id),
+                timed_key(site, d.delivered_at_us.unwrap_or(0), d.id.as_str()),
             ));
         }
     }
@@ -213,8 +219,8 @@ fn store_row(
             st.put_index(t, k);
         }
     }
-    let mut tk = Vec::with_capacity(new.id.len() + 9);
-    tk.extend_from_slice(new.id.as_bytes());
+    let mut tk = Vec::with_capacity(new.id.as_str().len() + 9);
+    tk.extend_from_slice(new.id.as_str().as_bytes());
     tk.push(0);
     tk.extend_from_slice(&step.seq.to_be_bytes());
     st.put_row(ROWS, id, new)?;

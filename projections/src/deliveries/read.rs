@@ -134,7 +134,7 @@ pub fn deliveries(db: &redb::Database, f: &DeliveryFilter) -> Result<Page<Delive
             && f.after.as_deref().is_none_or(|a| d.id.as_str() > a)
             && f.before
                 .as_ref()
-                .is_none_or(|b| b.follows(deliveries::created_key(d), &d.id))
+                .is_none_or(|b| b.follows(deliveries::created_key(d), d.id.as_str()))
     };
     let walk = if f.order == ListOrder::Newest {
         // The time range bounds the walk (the index is by creation time).

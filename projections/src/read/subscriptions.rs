@@ -69,7 +69,7 @@ pub fn subscription(
     id: &SubscriptionId,
 ) -> Result<Option<crate::bridges::Subscription>, StorageError> {
     use crate::bridges;
-    Reader::new(db)?.get_val(bridges::NAME, bridges::ROWS, id.as_bytes())
+    Reader::new(db)?.get_val(bridges::NAME, bridges::ROWS, id.as_str().as_bytes())
 }
 
 /// Active subscriptions whose index key starts with `prefix ‖ 0` in `index` (`by_task`,

@@ -8,7 +8,7 @@ use crate::ids::TaskId;
 use crate::tasks::{self, Task};
 
 pub fn task(db: &redb::Database, task_id: &TaskId) -> Result<Option<Task>, StorageError> {
-    Reader::new(db)?.get_val(tasks::NAME, tasks::ROWS, task_id.as_bytes())
+    Reader::new(db)?.get_val(tasks::NAME, tasks::ROWS, task_id.as_str().as_bytes())
 }
 
 #[derive(Debug, Clone, Default)]

@@ -39,7 +39,7 @@ fn hold(
             ..Change::default()
         };
         transition(row, T::Cancelled, &c, 0);
-        events.push(event(T::Cancelled, &row.id, &c)?);
+        events.push(event(T::Cancelled, row.id.as_str(), &c)?);
         return Ok(true);
     }
     let Some(due) = row.next_attempt_at_us.filter(|_| row.allows(T::Deferred)) else {
@@ -65,7 +65,7 @@ fn hold(
         ..Change::default()
     };
     transition(row, T::Deferred, &c, 0);
-    events.push(event(T::Deferred, &row.id, &c)?);
+    events.push(event(T::Deferred, row.id.as_str(), &c)?);
     Ok(true)
 }
 

@@ -314,7 +314,7 @@ fn route_one(
                         count: (n.count > 1).then_some(n.count),
                     };
                     d::join(&mut target, &j, 0);
-                    out.push(event(EventType::DeliveryJoined, &target.id, &j)?);
+                    out.push(event(EventType::DeliveryJoined, target.id.as_str(), &j)?);
                     ov.rows.insert(target.id.to_string(), target);
                     continue;
                 }
