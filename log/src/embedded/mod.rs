@@ -30,10 +30,12 @@
 //! At open, the journal's events past redb's durable head are put back. A read at the head is
 //! served the same stored bytes from memory until redb holds them.
 
+mod chunk;
 mod codec;
 mod commit;
 pub mod compact;
 mod condition;
+mod config;
 pub mod fault;
 mod ids;
 mod indexer;
@@ -41,11 +43,15 @@ mod journal;
 mod postings;
 mod recent;
 mod reopen;
+mod space;
 pub mod storage;
+
 pub(crate) mod store;
 mod tail;
 
-use std::path::PathBuf;
+pub use config::LogConfig;
+pub(crate) use space::Space;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
@@ -54,216 +60,9 @@ use tokio::sync::{oneshot, watch};
 
 use crate::Compacted;
 use crate::{
-    AppendError, AppendReceipt, Condition, Event, EventChunk, EventLog, NewEvent, OpenError,
-    ReadError, ReadPage, ReadQuery, StorageError,
+    AppendError, AppendReceipt, Condition, Event, NewEvent, OpenError, ReadError, ReadPage,
+    ReadQuery, StorageError,
 };
-
-/// How to open a log.
-#[derive(Debug, Clone)]
-pub struct LogConfig {
-    /// The redb file.
-    pub path: PathBuf,
-    /// redb page cache size.
-    pub cache_bytes: usize,
-    /// Largest number of events one group commit takes.
-    pub max_group_events: usize,
-    /// Appends waiting for a group beyond this are refused with `Overloaded` (I8).
-    pub queue_capacity: usize,
-    /// Events kept in the in-memory index tail before it is merged into redb.
-    pub merge_threshold: usize,
-    /// Bytes of events one ordinary commit of the indexer writes at most (about: it stops
-    /// after the event that reaches it, inside a group if need be; the next commit follows at
-    /// once). An appender that waits for the indexer waits for one such commit.
-    pub index_commit_bytes: usize,
-    /// Record the allocator state in every commit, for fast reopen after a crash.
-    pub quick_repair: bool,
-    /// Where the bytes go: the file at `path`, or another store (tests).
-    pub storage: storage::Storage,
-    /// Appends and commands are refused (`InsufficientStorage`) while less than this is free
-    /// where the log is kept (I10), so the disk never fills inside a commit.
-    pub min_free: u64,
-    /// Group commits a journal segment takes before the journal moves to the other one (as
-    /// it does at 8 MiB), which needs a checkpoint (a durable redb commit) covering that one.
-    /// By size by default; tests set it low to turn segments often. Bounds the replay at open.
-    pub checkpoint_groups: u64,
-    /// The journal is written full of zeros to this size once (half of it in each segment), so
-    /// group commits only overwrite it (a cheaper sync than growing a file).
-    pub journal_prealloc: u64,
-    /// Memory for the `event_id` index's filter pages (the filters themselves are on disk).
-    pub id_filter_cache: usize,
-    /// Sync each group's journal record before answering (true). Off only for a log that is a
-    /// disposable copy of another — the JetStream backend's replica, whose source is the
-    /// stream: after a crash it is back at its last checkpoint and follows the stream again.
-    pub sync: bool,
-}
-
-impl LogConfig {
-    /// The log of the data directory `dir` (its file is the backend's business).
-    pub fn in_dir(dir: &std::path::Path) -> Self {
-        LogConfig::new(dir.join("log.redb"))
-    }
-
-    pub fn new(path: impl Into<PathBuf>) -> Self {
-        LogConfig {
-            path: path.into(),
-            cache_bytes: 256 * 1024 * 1024,
-            max_group_events: 20_000,
-            queue_capacity: 65_536,
-            merge_threshold: 100_000,
-            index_commit_bytes: 8 << 20,
-            quick_repair: true,
-            storage: storage::Storage::File,
-            min_free: 64 << 20,
-            checkpoint_groups: u64::MAX,
-            journal_prealloc: 16 << 20,
-            id_filter_cache: ids::DEFAULT_CACHE_BYTES,
-            sync: true,
-        }
-    }
-}
-
-impl EventLog for Log {
-    async fn append(&self, events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
-        Log::append(self, events).await
-    }
-    async fn append_if(
-        &self,
-        events: Vec<NewEvent>,
-        condition: Condition,
-    ) -> Result<AppendReceipt, AppendError> {
-        Log::append_if(self, events, condition).await
-    }
-    fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
-        Log::read(self, q)
-    }
-    fn get(&self, seq: u64) -> Result<Option<Event>, ReadError> {
-        Log::get(self, seq)
-    }
-    fn get_by_id(&self, event_id: &str) -> Result<Option<Event>, ReadError> {
-        Log::get_by_id(self, event_id)
-    }
-    fn head(&self) -> u64 {
-        Log::head(self)
-    }
-    fn subscribe(&self) -> watch::Receiver<u64> {
-        Log::subscribe(self)
-    }
-    fn read_chunk(&self, after: u64, upto: u64, out: &mut EventChunk) -> Result<(), ReadError> {
-        out.read_stored(self, after, upto)
-    }
-    fn first_seq(&self) -> Result<u64, StorageError> {
-        Log::first_seq(self)
-    }
-    fn last_before(&self, before_us: i64) -> Result<u64, StorageError> {
-        Log::last_before(self, before_us)
-    }
-    fn next_of(
-        &self,
-        stream: &str,
-        subject: &str,
-        after: u64,
-    ) -> Result<Option<u64>, StorageError> {
-        Log::next_of(self, stream, subject, after)
-    }
-    async fn compact(&self, through: u64) -> Result<Compacted, AppendError> {
-        Log::compact(self, through).await
-    }
-    fn queued(&self) -> usize {
-        Log::queued(self)
-    }
-    fn check_space(&self) -> Result<(), AppendError> {
-        Log::check_space(self)
-    }
-    fn free_bytes(&self) -> Option<u64> {
-        self.shared.space.storage.available(&self.shared.space.path)
-    }
-    fn is_poisoned(&self) -> bool {
-        Log::is_poisoned(self)
-    }
-    async fn close(&self) {
-        Log::close(self).await;
-    }
-}
-
-impl EventChunk {
-    /// The redb backend's chunk read: the stored records copied in one buffer, from redb as
-    /// far as it holds them and from memory after that.
-    fn read_stored(&mut self, log: &Log, after: u64, upto: u64) -> Result<(), ReadError> {
-        use redb::ReadableDatabase;
-        self.bytes.clear();
-        self.ends.clear();
-        self.owned.clear();
-        let upto = upto.min(log.head());
-        let mut after = after;
-        let mut first_round = true;
-        while after < upto {
-            if let Some(recent) = log.shared.recent_since(after) {
-                for (seq, record) in recent.records(upto) {
-                    self.bytes.extend_from_slice(record);
-                    self.ends.push((seq, self.bytes.len()));
-                }
-                return Ok(());
-            }
-            let db = log.shared.db();
-            let txn = db
-                .begin_read()
-                .map_err(|e| ReadError::Storage(StorageError::of(e)))?;
-            if first_round {
-                let first = compact::first_seq_of(&txn).map_err(ReadError::Storage)?;
-                if after + 1 < first {
-                    return Err(ReadError::Compacted { first });
-                }
-                first_round = false;
-            }
-            let t = txn
-                .open_table(store::EVENTS)
-                .map_err(|e| ReadError::Storage(StorageError::of(e)))?;
-            let before = after;
-            for row in t
-                .range(after + 1..=upto)
-                .map_err(|e| ReadError::Storage(StorageError::of(e)))?
-            {
-                let (k, v) = row.map_err(|e| ReadError::Storage(StorageError::of(e)))?;
-                self.bytes.extend_from_slice(v.value());
-                self.ends.push((k.value(), self.bytes.len()));
-                after = k.value();
-            }
-            if after == before && log.shared.recent_since(after).is_none() {
-                return Err(ReadError::Storage(StorageError::msg(format!(
-                    "event {} is neither in redb nor in memory",
-                    after + 1
-                ))));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Where the log checks its free space.
-#[derive(Debug, Clone)]
-pub(crate) struct Space {
-    pub storage: storage::Storage,
-    pub path: PathBuf,
-    pub min_free: u64,
-}
-
-impl Space {
-    /// `Err((available, min_free))` when less than `min_free` is free.
-    pub fn check(&self) -> Result<(), (u64, u64)> {
-        match self.storage.available(&self.path) {
-            Some(a) if a < self.min_free => Err((a, self.min_free)),
-            _ => Ok(()),
-        }
-    }
-
-    /// The refusal of a write while the disk is full.
-    pub fn refusal(&self) -> AppendError {
-        AppendError::InsufficientStorage {
-            available: self.storage.available(&self.path).unwrap_or(0),
-            min_free: self.min_free,
-        }
-    }
-}
 
 /// Memory holds at most about this many bytes of groups redb does not have yet; an appender
 /// waits for the indexer beyond it (I9).

@@ -26,11 +26,13 @@
 //! prepares the store (`runtime`), the read and write access to a projection's tables
 //! ([`Reader`], `TxnTables`) and snapshots.
 
+mod cached;
 mod runtime;
 mod snapshots;
 mod store;
 mod tables;
 
+pub use cached::{Cached, CachedRow};
 pub use runtime::{catch_up, checkpoint, prepare};
 pub(crate) use runtime::{drop_other_generations, fold_events, read_meta, write_meta};
 pub use snapshots::snapshot_meta;

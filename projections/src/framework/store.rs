@@ -7,6 +7,7 @@ use tidemark_log::{EventRef, StorageError};
 
 use redb::{ReadableTable, TableDefinition, WriteTransaction};
 
+use super::cached::{Cached, CachedRow};
 use super::tables::decode;
 use super::{DIGESTS, Meta, Projection, TxnTables, table_name};
 
@@ -36,16 +37,15 @@ pub struct Store<'t> {
 /// The running digest is recorded at every seq that is a multiple of this (spec section 10).
 pub const DIGEST_EVERY: u64 = 1000;
 
-/// A row kept decoded by [`Store::put_row`], with the function that encodes it.
+/// A row kept decoded by [`Store::put_row`].
 struct Decoded {
     /// `None` while a fold has it taken out.
-    row: Option<Box<dyn std::any::Any + Send>>,
-    encode: fn(&(dyn std::any::Any + Send), &mut Vec<u8>) -> Result<(), StorageError>,
+    row: Option<CachedRow>,
 }
 
 impl Decoded {
-    fn row(&self, table: &str) -> Result<&(dyn std::any::Any + Send), StorageError> {
-        self.row.as_deref().ok_or_else(|| taken(table))
+    fn row(&self, table: &str) -> Result<&CachedRow, StorageError> {
+        self.row.as_ref().ok_or_else(|| taken(table))
     }
 }
 
@@ -54,18 +54,6 @@ fn taken(table: &str) -> StorageError {
         format!("a row of {table} was taken by a fold and not put back"),
         std::io::Error::other("row taken"),
     )
-}
-
-fn encode_as<T: Serialize + 'static>(
-    row: &(dyn std::any::Any + Send),
-    out: &mut Vec<u8>,
-) -> Result<(), StorageError> {
-    let row = row
-        .downcast_ref::<T>()
-        .expect("encode_as is stored with a row of its type");
-    let buf = postcard::to_extend(row, std::mem::take(out)).map_err(StorageError::of)?;
-    *out = buf;
-    Ok(())
 }
 
 /// Coalesced writes are flushed after this many events even inside one transaction.
@@ -93,7 +81,7 @@ impl<'t> Store<'t> {
     ) -> Result<Option<Vec<u8>>, StorageError> {
         if let Some(d) = self.rows.get(table).and_then(|t| t.get(key)) {
             let mut out = Vec::new();
-            (d.encode)(d.row(table)?, &mut out)?;
+            d.row(table)?.encode(&mut out)?;
             return Ok(Some(out));
         }
         if let Some(v) = self.pending.get(table).and_then(|t| t.get(key)) {
@@ -124,22 +112,22 @@ impl<'t> Store<'t> {
     /// from the decoded ones must be put back with [`Store::put_row`] (or overwritten or
     /// deleted) before the next flush, which otherwise fails the transaction rather than lose
     /// the row's staged state.
-    pub fn take_row<T>(
+    pub fn take_row<T: Cached>(
         &mut self,
         table: &'static str,
         key: &[u8],
-    ) -> Result<Option<T>, StorageError>
-    where
-        T: Serialize + for<'de> Deserialize<'de> + Send + 'static,
-    {
+    ) -> Result<Option<T>, StorageError> {
         if let Some(d) = self.rows.get_mut(table).and_then(|t| t.get_mut(key)) {
             let row = d.row.take().ok_or_else(|| taken(table))?;
-            return match row.downcast::<T>() {
-                Ok(row) => Ok(Some(*row)),
-                Err(_) => Err(StorageError::new(
-                    format!("a row of {table} taken as another type"),
-                    std::io::Error::other("type mismatch"),
-                )),
+            return match T::from_cached(row) {
+                Ok(row) => Ok(Some(row)),
+                Err(row) => {
+                    d.row = Some(row);
+                    Err(StorageError::new(
+                        format!("a row of {table} taken as another type"),
+                        std::io::Error::other("type mismatch"),
+                    ))
+                }
             };
         }
         if let Some(v) = self.pending.get(table).and_then(|t| t.get(key)) {
@@ -154,15 +142,12 @@ impl<'t> Store<'t> {
     /// Write a row taken with [`Store::take_row`] (or a new one): hashed into the digest as
     /// its encoding (in a reused buffer), kept decoded for the next event, encoded into the
     /// table at the flush.
-    pub fn put_row<T>(
+    pub fn put_row<T: Cached>(
         &mut self,
         table: &'static str,
         key: &[u8],
         row: T,
-    ) -> Result<(), StorageError>
-    where
-        T: Serialize + Send + 'static,
-    {
+    ) -> Result<(), StorageError> {
         let mut buf = std::mem::take(&mut self.scratch);
         buf.clear();
         let buf = postcard::to_extend(&row, buf).map_err(StorageError::of)?;
@@ -176,8 +161,7 @@ impl<'t> Store<'t> {
         }
         let t = self.rows.entry(table).or_default();
         let d = Decoded {
-            row: Some(Box::new(row)),
-            encode: encode_as::<T>,
+            row: Some(row.into_cached()),
         };
         match t.get_mut(key) {
             Some(slot) => *slot = d,
@@ -347,7 +331,7 @@ impl<'t> Store<'t> {
             let t = self.pending.entry(table).or_default();
             for (key, d) in rows {
                 let mut out = Vec::new();
-                (d.encode)(d.row(table)?, &mut out)?;
+                d.row(table)?.encode(&mut out)?;
                 t.insert(key, Some(out));
             }
         }
@@ -381,6 +365,8 @@ impl<'t> Store<'t> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cursors::Cursor;
+    use crate::tasks::Task;
 
     fn with_store(f: impl FnOnce(&mut Store<'_>)) {
         let dir = tempfile::tempdir().unwrap();
@@ -394,7 +380,8 @@ mod tests {
     /// hashed as its encoding (the same digest as `put_val`).
     #[test]
     fn decoded_rows_read_and_hash_like_bytes() {
-        let row = (String::from("a"), 7u64, vec![1u32, 2]);
+        let mut row = Cursor::zero("c", "task_events", "t-1");
+        row.last_sequence = 7;
         let mut by_val = blake3::Hash::from([0; 32]);
         with_store(|st| {
             st.put_val("rows", b"k", &row).unwrap();
@@ -404,30 +391,43 @@ mod tests {
             st.put_row("rows", b"k", row.clone()).unwrap();
             assert_eq!(st.change.finalize(), by_val);
             assert_eq!(
-                st.get_val::<(String, u64, Vec<u32>)>("rows", b"k").unwrap(),
+                st.get_val::<Cursor>("rows", b"k").unwrap(),
                 Some(row.clone())
             );
-            let mut r: (String, u64, Vec<u32>) = st.take_row("rows", b"k").unwrap().unwrap();
-            r.1 += 1;
+            let mut r: Cursor = st.take_row("rows", b"k").unwrap().unwrap();
+            r.last_sequence += 1;
             st.put_row("rows", b"k", r).unwrap();
             st.flush().unwrap();
-            let back: Option<(String, u64, Vec<u32>)> = st.take_row("rows", b"k").unwrap();
-            assert_eq!(back.map(|b| b.1), Some(8));
+            let back: Option<Cursor> = st.take_row("rows", b"k").unwrap();
+            assert_eq!(back.map(|b| b.last_sequence), Some(8));
+        });
+    }
+
+    /// A row is taken back only as the type it was put as; the refusal leaves it in place.
+    #[test]
+    fn a_row_is_taken_back_as_its_own_type_only() {
+        with_store(|st| {
+            st.put_row("rows", b"k", Cursor::zero("c", "s", ""))
+                .unwrap();
+            assert!(st.take_row::<Task>("rows", b"k").is_err());
+            let back: Option<Cursor> = st.take_row("rows", b"k").unwrap();
+            assert_eq!(back.map(|c| c.consumer_id), Some("c".to_owned()));
         });
     }
 
     /// A row a fold took and never put back fails the flush instead of losing its staged state.
     #[test]
     fn a_row_taken_and_not_put_back_fails_the_flush() {
+        let row = || Cursor::zero("c", "s", "");
         with_store(|st| {
-            st.put_row("rows", b"k", 1u64).unwrap();
-            let _: Option<u64> = st.take_row("rows", b"k").unwrap();
-            assert!(st.take_row::<u64>("rows", b"k").is_err(), "taken twice");
+            st.put_row("rows", b"k", row()).unwrap();
+            let _: Option<Cursor> = st.take_row("rows", b"k").unwrap();
+            assert!(st.take_row::<Cursor>("rows", b"k").is_err(), "taken twice");
             assert!(st.flush().is_err());
         });
         with_store(|st| {
-            st.put_row("rows", b"k", 1u64).unwrap();
-            let _: Option<u64> = st.take_row("rows", b"k").unwrap();
+            st.put_row("rows", b"k", row()).unwrap();
+            let _: Option<Cursor> = st.take_row("rows", b"k").unwrap();
             st.delete("rows", b"k").unwrap();
             st.flush().unwrap();
             assert_eq!(st.get("rows", b"k").unwrap(), None);

@@ -1,0 +1,59 @@
+//! The rows a fold keeps decoded between events ([`super::Store::take_row`] /
+//! [`super::Store::put_row`]): the models' rows a fold rewrites at almost every event (a task,
+//! a delivery, a cursor), decoded once and encoded once per flush. A closed set of types, so
+//! the cache holds them as one enum: nothing is downcast, and a row cannot be taken back as
+//! another type than it was put as.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tidemark_log::StorageError;
+
+use crate::cursors::Cursor;
+use crate::deliveries::Delivery;
+use crate::tasks::Task;
+
+/// A row kept decoded.
+pub enum CachedRow {
+    Task(Box<Task>),
+    Delivery(Box<Delivery>),
+    Cursor(Box<Cursor>),
+}
+
+impl CachedRow {
+    /// Its stored bytes, appended to `out`.
+    pub(super) fn encode(&self, out: &mut Vec<u8>) -> Result<(), StorageError> {
+        let buf = std::mem::take(out);
+        *out = match self {
+            CachedRow::Task(r) => postcard::to_extend(r.as_ref(), buf),
+            CachedRow::Delivery(r) => postcard::to_extend(r.as_ref(), buf),
+            CachedRow::Cursor(r) => postcard::to_extend(r.as_ref(), buf),
+        }
+        .map_err(StorageError::of)?;
+        Ok(())
+    }
+}
+
+/// A row type a fold may keep decoded.
+pub trait Cached: Serialize + DeserializeOwned + Send + Sized + 'static {
+    fn into_cached(self) -> CachedRow;
+    /// The row, or the cached row back when it is of another type.
+    fn from_cached(row: CachedRow) -> Result<Self, CachedRow>;
+}
+
+macro_rules! cached {
+    ($($t:ident),*) => {$(
+        impl Cached for $t {
+            fn into_cached(self) -> CachedRow {
+                CachedRow::$t(Box::new(self))
+            }
+
+            fn from_cached(row: CachedRow) -> Result<Self, CachedRow> {
+                match row {
+                    CachedRow::$t(r) => Ok(*r),
+                    other => Err(other),
+                }
+            }
+        }
+    )*};
+}
+cached!(Task, Delivery, Cursor);
