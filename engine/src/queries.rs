@@ -201,7 +201,7 @@ impl<L: EventLog + Clone> Queries<L> {
         let models = tidemark_projections::all();
         loop {
             // The models' own checkpoints (a rebuild's chunk may have folded them).
-            let at = tidemark_projections::framework::checkpoint(&self.models.db(), &models)?;
+            let at = tidemark_projections::framework::checkpoint(&self.models.read(), &models)?;
             if at >= want {
                 self.progress.advance(at);
                 return Ok(at);
@@ -228,7 +228,7 @@ impl<L: EventLog + Clone> Queries<L> {
 
     /// Every projection with its checkpoint, lag behind the head and digest (never waits).
     pub fn projections(&self) -> R<Vec<ProjectionInfo>> {
-        Ok(read::projections(&self.models.db(), self.log.head())?)
+        Ok(read::projections(&self.models.read(), self.log.head())?)
     }
 
     /// Outbox KPIs as the deliveries model stands now, without waiting (for `/metrics`).
@@ -239,7 +239,7 @@ impl<L: EventLog + Clone> Queries<L> {
         interval_ms: u64,
     ) -> R<(Kpis, BTreeMap<String, Kpis>)> {
         Ok(read::kpis(
-            &self.models.db(),
+            &self.models.read(),
             now_us,
             stuck_after_ms,
             interval_ms,
@@ -248,19 +248,19 @@ impl<L: EventLog + Clone> Queries<L> {
 
     pub fn task(&self, task_id: &TaskId) -> R<Option<Task>> {
         self.floor(0)?;
-        Ok(read::task(&self.models.db(), task_id)?)
+        Ok(read::task(&self.models.read(), task_id)?)
     }
 
     /// A page of tasks and the position of its last row when more may follow.
     pub fn tasks(&self, f: &TaskFilter) -> R<Page<Task>> {
         self.floor(0)?;
-        Ok(read::tasks(&self.models.db(), f)?)
+        Ok(read::tasks(&self.models.read(), f)?)
     }
 
     /// Notifications newest first and the `before_seq` of the next page.
     pub fn notifications(&self, f: &NotificationFilter) -> R<(Vec<Notification>, Option<u64>)> {
         self.floor(0)?;
-        Ok(read::notifications(&self.models.db(), f)?)
+        Ok(read::notifications(&self.models.read(), f)?)
     }
 
     /// [`Queries::notifications`], each with its task's `latest_event_seq` (0 without one).
@@ -269,7 +269,7 @@ impl<L: EventLog + Clone> Queries<L> {
         f: &NotificationFilter,
     ) -> R<read::NotificationsWithTaskSeq> {
         self.floor(0)?;
-        Ok(read::notifications_with_task_seq(&self.models.db(), f)?)
+        Ok(read::notifications_with_task_seq(&self.models.read(), f)?)
     }
 
     /// The status record of one notification (`None`: no notification has that id).
@@ -277,7 +277,7 @@ impl<L: EventLog + Clone> Queries<L> {
         self.floor(0)?;
         let intent = self.privacy.as_ref().map(|p| p.intent_key(id.as_str()));
         Ok(read::notification_status(
-            &self.models.db(),
+            &self.models.read(),
             id,
             intent.as_deref(),
         )?)
@@ -288,31 +288,31 @@ impl<L: EventLog + Clone> Queries<L> {
         &self,
         seq: u64,
     ) -> R<Option<tidemark_projections::notifications::Provenance>> {
-        Ok(read::provenance_at(&self.models.db(), seq)?)
+        Ok(read::provenance_at(&self.models.read(), seq)?)
     }
 
     /// The highest source seq the notification router has derived from.
     pub fn router_checkpoint(&self) -> R<u64> {
         self.floor(0)?;
-        Ok(read::router_checkpoint(&self.models.db())?)
+        Ok(read::router_checkpoint(&self.models.read())?)
     }
 
     /// The notification settings last recorded in the log.
     pub fn current_settings(&self) -> R<Option<serde_json::Value>> {
         self.floor(0)?;
-        Ok(read::current_settings(&self.models.db())?)
+        Ok(read::current_settings(&self.models.read())?)
     }
 
     /// One delivery and its timeline.
     pub fn delivery(&self, id: &DeliveryId) -> R<Option<(Delivery, Vec<Step>)>> {
         self.floor(0)?;
-        Ok(read::delivery(&self.models.db(), id)?)
+        Ok(read::delivery(&self.models.read(), id)?)
     }
 
     /// A page of deliveries and the position of its last row when more may follow.
     pub fn deliveries(&self, f: &DeliveryFilter) -> R<Page<Delivery>> {
         self.floor(0)?;
-        let db = self.models.db();
+        let db = self.models.read();
         let clear = read::deliveries(&db, f)?;
         // Redacted deliveries carry the keyed hashes of the recipient and the notification id
         // (section 14): a filter by either also finds them, merged in the list's order.
@@ -367,7 +367,7 @@ impl<L: EventLog + Clone> Queries<L> {
     ) -> R<BTreeMap<String, Kpis>> {
         self.floor(0)?;
         Ok(read::kpis_by_site(
-            &self.models.db(),
+            &self.models.read(),
             now_us,
             stuck_after_ms,
             interval_ms,
@@ -377,32 +377,32 @@ impl<L: EventLog + Clone> Queries<L> {
     /// Deliveries not yet sent, skipped, cancelled or discarded.
     pub fn pending_deliveries(&self) -> R<u64> {
         self.floor(0)?;
-        Ok(read::pending_deliveries(&self.models.db())?)
+        Ok(read::pending_deliveries(&self.models.read())?)
     }
 
     /// When the first held lease expires (µs since the epoch), as the models show it now (not
     /// waiting for them); `None` when nothing is leased.
     pub fn earliest_lease_expiry(&self) -> R<Option<i64>> {
-        Ok(read::earliest_lease_expiry(&self.models.db())?)
+        Ok(read::earliest_lease_expiry(&self.models.read())?)
     }
 
     /// When the first delivery of `sink` falls due (µs since the epoch), as the models show it
     /// now (not waiting for them); `None` when none waits.
     pub fn earliest_due(&self, sink: &str) -> R<Option<i64>> {
-        Ok(read::earliest_due(&self.models.db(), sink)?)
+        Ok(read::earliest_due(&self.models.read(), sink)?)
     }
 
     /// The seq of the last notification or cancellation routing has handled.
     pub fn routing_checkpoint(&self) -> R<u64> {
         self.floor(0)?;
-        Ok(read::routing_checkpoint(&self.models.db())?)
+        Ok(read::routing_checkpoint(&self.models.read())?)
     }
 
     /// What the log says about source `name` (`None`: nothing yet).
     pub fn source(&self, name: &str) -> R<Option<tidemark_projections::sources::SourceRow>> {
         self.floor(0)?;
         Ok(tidemark_projections::sources::source(
-            &self.models.db(),
+            &self.models.read(),
             name,
         )?)
     }
@@ -410,20 +410,23 @@ impl<L: EventLog + Clone> Queries<L> {
     /// A notification list (section 17).
     pub fn list(&self, name: &str) -> R<Option<tidemark_projections::lists::ListRow>> {
         self.floor(0)?;
-        Ok(tidemark_projections::lists::list(&self.models.db(), name)?)
+        Ok(tidemark_projections::lists::list(
+            &self.models.read(),
+            name,
+        )?)
     }
 
     /// Every notification list, by name.
     pub fn lists(&self) -> R<Vec<tidemark_projections::lists::ListRow>> {
         self.floor(0)?;
-        Ok(tidemark_projections::lists::all(&self.models.db())?)
+        Ok(tidemark_projections::lists::all(&self.models.read())?)
     }
 
     /// A cursor, or its zero state.
     pub fn cursor(&self, consumer_id: &str, stream_name: &str, subject_id: &str) -> R<Cursor> {
         self.floor(0)?;
         Ok(read::cursor(
-            &self.models.db(),
+            &self.models.read(),
             consumer_id,
             stream_name,
             subject_id,
@@ -433,36 +436,36 @@ impl<L: EventLog + Clone> Queries<L> {
     /// Cursors (of one consumer), at most `limit`.
     pub fn cursors(&self, consumer_id: Option<&str>, limit: usize) -> R<Vec<Cursor>> {
         self.floor(0)?;
-        Ok(read::cursors(&self.models.db(), consumer_id, limit)?)
+        Ok(read::cursors(&self.models.read(), consumer_id, limit)?)
     }
 
     pub fn subscription(&self, id: &SubscriptionId) -> R<Option<Subscription>> {
         self.floor(0)?;
-        Ok(read::subscription(&self.models.db(), id)?)
+        Ok(read::subscription(&self.models.read(), id)?)
     }
 
     /// Active subscriptions of these tasks (one read for all).
     pub fn task_subscriptions(&self, task_ids: &[&str]) -> R<Vec<Subscription>> {
         self.floor(0)?;
-        Ok(read::task_subscriptions(&self.models.db(), task_ids)?)
+        Ok(read::task_subscriptions(&self.models.read(), task_ids)?)
     }
 
     /// Active subscriptions of a bridge.
     pub fn bridge_subscriptions(&self, bridge_id: &BridgeId) -> R<Vec<Subscription>> {
         self.floor(0)?;
-        Ok(read::bridge_subscriptions(&self.models.db(), bridge_id)?)
+        Ok(read::bridge_subscriptions(&self.models.read(), bridge_id)?)
     }
 
     /// Every active subscription.
     pub fn all_active_subscriptions(&self) -> R<Vec<Subscription>> {
         self.floor(0)?;
-        Ok(read::all_active_subscriptions(&self.models.db())?)
+        Ok(read::all_active_subscriptions(&self.models.read())?)
     }
 
     /// Every cursor, and every active bridge subscription's cursor (zero or not), with its lag
     /// judged at `now_us`.
     pub fn lags(&self, now_us: i64, stuck_after_ms: u64) -> R<Vec<Lag>> {
-        let db = self.models.db();
+        let db = self.models.read();
         let first = self.log.first_seq().map_err(QueryError::Log)?;
         let mut all = read::cursors(&db, None, 100_000)?;
         let known: std::collections::HashSet<(String, String, String)> = all

@@ -47,7 +47,7 @@ pub mod tasks;
 pub mod trailing;
 
 pub use framework::{Meta, Projection, Reader};
-pub use models::{Models, ModelsConfig, ModelsTxn};
+pub use models::{Models, ModelsConfig, ModelsRead, ModelsTxn};
 
 static TASKS: tasks::Tasks = tasks::Tasks;
 static NOTIFICATIONS: notifications::Notifications = notifications::Notifications;

@@ -69,7 +69,7 @@ impl Projection for Lists {
 }
 
 /// A list by name.
-pub fn list(db: &redb::Database, name: &str) -> Result<Option<ListRow>, StorageError> {
+pub fn list(db: &crate::models::ModelsRead, name: &str) -> Result<Option<ListRow>, StorageError> {
     crate::framework::Reader::new(db)?.get_val(NAME, ROWS, name.as_bytes())
 }
 
@@ -92,7 +92,7 @@ impl<'t> View<'t> {
 }
 
 /// Every list, by name.
-pub fn all(db: &redb::Database) -> Result<Vec<ListRow>, StorageError> {
+pub fn all(db: &crate::models::ModelsRead) -> Result<Vec<ListRow>, StorageError> {
     use redb::ReadableTable;
     let r = crate::framework::Reader::new(db)?;
     let Some(t) = r.table(NAME, ROWS)? else {

@@ -115,10 +115,14 @@ impl Models {
         txn.commit()
     }
 
-    /// The database, for one request's reads (held only that long: [`Models::reopen`]
-    /// replaces it).
-    pub fn db(&self) -> Arc<Database> {
+    fn db(&self) -> Arc<Database> {
         self.db.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The store for one request's reads (held only that long: [`Models::reopen`] replaces
+    /// the file under it). The queries of [`crate::read`] take it.
+    pub fn read(&self) -> ModelsRead {
+        ModelsRead(self.db())
     }
 
     /// A transaction that commits without a sync.
@@ -155,7 +159,7 @@ impl Models {
 
     /// The lowest checkpoint of the read models.
     pub fn checkpoint(&self) -> Result<u64, StorageError> {
-        framework::checkpoint(&self.db(), &crate::all())
+        framework::checkpoint(&self.read(), &crate::all())
     }
 
     /// Fold the committed events of `log` past the models' checkpoint up to `upto`, at most
@@ -183,6 +187,17 @@ impl Models {
                 return Ok(at);
             }
         }
+    }
+}
+
+/// The models store as one request reads it ([`Models::read`]); the queries open their read
+/// transaction on it.
+#[derive(Clone)]
+pub struct ModelsRead(Arc<Database>);
+
+impl ModelsRead {
+    pub(crate) fn db(&self) -> &Database {
+        &self.0
     }
 }
 

@@ -165,7 +165,10 @@ fn covered(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
 }
 
 /// One source as of the read transaction (`None`: nothing recorded about it yet).
-pub fn source(db: &redb::Database, name: &str) -> Result<Option<SourceRow>, StorageError> {
+pub fn source(
+    db: &crate::models::ModelsRead,
+    name: &str,
+) -> Result<Option<SourceRow>, StorageError> {
     crate::framework::Reader::new(db)?.get_val(NAME, ROWS, name.as_bytes())
 }
 

@@ -15,6 +15,7 @@ use proptest::prelude::*;
 use redb::ReadableTable;
 use serde_json::json;
 use tidemark_log::{Log, LogConfig, NewEvent};
+use tidemark_projections::ModelsRead;
 use tidemark_projections::deliveries::{Change, Created, Delivery};
 use tidemark_projections::framework::Projection;
 use tidemark_projections::notifications::Notification;
@@ -185,7 +186,7 @@ fn append(rt: &tokio::runtime::Runtime, log: &Log, events: Vec<NewEvent>) -> Vec
 
 /// Every page of `f` from its cursor on in its order, checking that a page with a next cursor
 /// is full and that the cursor is the position of its last row.
-fn delivery_pages(db: &redb::Database, f: &DeliveryFilter) -> Vec<Vec<Delivery>> {
+fn delivery_pages(db: &ModelsRead, f: &DeliveryFilter) -> Vec<Vec<Delivery>> {
     let mut f = f.clone();
     let mut pages = Vec::new();
     loop {
@@ -215,7 +216,7 @@ fn delivery_pages(db: &redb::Database, f: &DeliveryFilter) -> Vec<Vec<Delivery>>
 }
 
 /// The same for tasks.
-fn task_pages(db: &redb::Database, f: &TaskFilter) -> Vec<Vec<Task>> {
+fn task_pages(db: &ModelsRead, f: &TaskFilter) -> Vec<Vec<Task>> {
     let mut f = f.clone();
     let mut pages = Vec::new();
     loop {
@@ -244,7 +245,7 @@ fn task_pages(db: &redb::Database, f: &TaskFilter) -> Vec<Vec<Task>> {
     }
 }
 
-fn notification_pages(db: &redb::Database, f: &NotificationFilter) -> Vec<Vec<Notification>> {
+fn notification_pages(db: &ModelsRead, f: &NotificationFilter) -> Vec<Vec<Notification>> {
     let mut f = f.clone();
     let mut pages = Vec::new();
     loop {
@@ -799,7 +800,7 @@ fn sorted(mut v: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
 }
 
 /// Every key of a projection's table, in order.
-fn index_keys(db: &redb::Database, proj: &str, table: &str) -> Vec<Vec<u8>> {
+fn index_keys(db: &ModelsRead, proj: &str, table: &str) -> Vec<Vec<u8>> {
     let r = tidemark_projections::Reader::new(db).unwrap();
     let Some(t) = r.table(proj, table).unwrap() else {
         return Vec::new();

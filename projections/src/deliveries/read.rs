@@ -15,7 +15,7 @@ use crate::read::{stored_u64, under};
 
 /// A delivery and its attempt timeline, oldest step first.
 pub fn delivery(
-    db: &redb::Database,
+    db: &crate::models::ModelsRead,
     id: &DeliveryId,
 ) -> Result<Option<(Delivery, Vec<deliveries::Step>)>, StorageError> {
     let id = id.as_str();
@@ -105,7 +105,10 @@ impl DeliveryFilter {
 }
 
 /// Deliveries ordered by id or newest first, filtered.
-pub fn deliveries(db: &redb::Database, f: &DeliveryFilter) -> Result<Page<Delivery>, StorageError> {
+pub fn deliveries(
+    db: &crate::models::ModelsRead,
+    f: &DeliveryFilter,
+) -> Result<Page<Delivery>, StorageError> {
     let r = Reader::new(db)?;
     let limit = f.limit.max(1);
     let Some(rows) = r.table(deliveries::NAME, deliveries::ROWS)? else {
@@ -201,7 +204,7 @@ impl Kpis {
 
 /// Per sink and overall; times are judged at `now_us` (reads may use the clock; folds never).
 pub fn kpis(
-    db: &redb::Database,
+    db: &crate::models::ModelsRead,
     now_us: i64,
     stuck_after_ms: u64,
     interval_ms: u64,
@@ -307,7 +310,7 @@ fn timed_kpis(
 /// KPIs per source site (`by_source_site`, section 5), from the per-site indexes; times are
 /// judged at `now_us`. Deliveries of notifications without a site are not in it.
 pub fn kpis_by_site(
-    db: &redb::Database,
+    db: &crate::models::ModelsRead,
     now_us: i64,
     stuck_after_ms: u64,
     interval_ms: u64,
@@ -350,7 +353,7 @@ pub fn kpis_by_site(
 }
 
 /// Pending deliveries (queued + leased + retry_wait) over all sinks: the backpressure gauge.
-pub fn pending_deliveries(db: &redb::Database) -> Result<u64, StorageError> {
+pub fn pending_deliveries(db: &crate::models::ModelsRead) -> Result<u64, StorageError> {
     let r = Reader::new(db)?;
     match r.table(deliveries::NAME, deliveries::COUNTS)? {
         Some(t) => deliveries::count_pending(&t),
@@ -360,7 +363,7 @@ pub fn pending_deliveries(db: &redb::Database) -> Result<u64, StorageError> {
 
 /// When the first of the held leases expires (µs since the epoch); `None` when no delivery is
 /// leased.
-pub fn earliest_lease_expiry(db: &redb::Database) -> Result<Option<i64>, StorageError> {
+pub fn earliest_lease_expiry(db: &crate::models::ModelsRead) -> Result<Option<i64>, StorageError> {
     let r = Reader::new(db)?;
     let Some(t) = r.table(deliveries::NAME, deliveries::LEASES)? else {
         return Ok(None);
@@ -371,7 +374,10 @@ pub fn earliest_lease_expiry(db: &redb::Database) -> Result<Option<i64>, Storage
 
 /// When the first delivery of `sink` falls due (µs since the epoch; in the past when one is
 /// due now); `None` when none waits.
-pub fn earliest_due(db: &redb::Database, sink: &str) -> Result<Option<i64>, StorageError> {
+pub fn earliest_due(
+    db: &crate::models::ModelsRead,
+    sink: &str,
+) -> Result<Option<i64>, StorageError> {
     let r = Reader::new(db)?;
     match r.table(deliveries::NAME, deliveries::DUE)? {
         Some(t) => deliveries::first_due(&t, sink),
@@ -380,7 +386,7 @@ pub fn earliest_due(db: &redb::Database, sink: &str) -> Result<Option<i64>, Stor
 }
 
 /// Highest source seq the delivery routing has handled.
-pub fn routing_checkpoint(db: &redb::Database) -> Result<u64, StorageError> {
+pub fn routing_checkpoint(db: &crate::models::ModelsRead) -> Result<u64, StorageError> {
     stored_u64(
         db,
         deliveries::NAME,

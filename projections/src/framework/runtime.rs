@@ -160,7 +160,7 @@ pub fn catch_up(
 /// The lowest checkpoint of `projections` in one read transaction: every read model reflects
 /// the log at least up to it.
 pub fn checkpoint(
-    db: &redb::Database,
+    db: &crate::models::ModelsRead,
     projections: &[&'static dyn Projection],
 ) -> Result<u64, StorageError> {
     let r = Reader::new(db)?;

@@ -16,9 +16,9 @@ pub struct Reader {
 }
 
 impl Reader {
-    pub fn new(db: &redb::Database) -> Result<Reader, StorageError> {
+    pub fn new(db: &crate::models::ModelsRead) -> Result<Reader, StorageError> {
         Ok(Reader {
-            txn: db.begin_read().map_err(StorageError::of)?,
+            txn: db.db().begin_read().map_err(StorageError::of)?,
         })
     }
 

@@ -28,7 +28,10 @@ pub struct ProjectionInfo {
     pub changes: u64,
 }
 
-pub fn projections(db: &redb::Database, head: u64) -> Result<Vec<ProjectionInfo>, StorageError> {
+pub fn projections(
+    db: &crate::models::ModelsRead,
+    head: u64,
+) -> Result<Vec<ProjectionInfo>, StorageError> {
     let r = Reader::new(db)?;
     crate::all()
         .iter()
@@ -48,7 +51,7 @@ pub fn projections(db: &redb::Database, head: u64) -> Result<Vec<ProjectionInfo>
 
 /// A big-endian u64 a projection keeps under `key` (a checkpoint), 0 when absent.
 pub(crate) fn stored_u64(
-    db: &redb::Database,
+    db: &crate::models::ModelsRead,
     proj: &str,
     table: &str,
     key: &[u8],
@@ -64,7 +67,9 @@ pub(crate) fn stored_u64(
 }
 
 /// The notification settings in force (payload of the last `settings.updated`).
-pub fn current_settings(db: &redb::Database) -> Result<Option<serde_json::Value>, StorageError> {
+pub fn current_settings(
+    db: &crate::models::ModelsRead,
+) -> Result<Option<serde_json::Value>, StorageError> {
     let r = Reader::new(db)?;
     let Some(t) = r.table(crate::settings::NAME, crate::settings::CURRENT)? else {
         return Ok(None);

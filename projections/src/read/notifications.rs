@@ -21,7 +21,7 @@ pub struct NotificationFilter {
 
 /// Notifications newest first; the second value is the `before_seq` of the next page, if any.
 pub fn notifications(
-    db: &redb::Database,
+    db: &crate::models::ModelsRead,
     f: &NotificationFilter,
 ) -> Result<(Vec<Notification>, Option<u64>), StorageError> {
     notifications_in(&Reader::new(db)?, f)
@@ -36,7 +36,7 @@ pub type NotificationsWithTaskSeq = (Vec<(Notification, u64)>, Option<u64>);
 /// task's stream after (`/v1/tasks/{id}/stream?after_sequence=…`, seed 002), so no event
 /// between the read and the stream's start is missed.
 pub fn notifications_with_task_seq(
-    db: &redb::Database,
+    db: &crate::models::ModelsRead,
     f: &NotificationFilter,
 ) -> Result<NotificationsWithTaskSeq, StorageError> {
     let r = Reader::new(db)?;
@@ -89,7 +89,7 @@ fn notifications_in(
 }
 
 /// Highest source seq the router has produced a notification for.
-pub fn router_checkpoint(db: &redb::Database) -> Result<u64, StorageError> {
+pub fn router_checkpoint(db: &crate::models::ModelsRead) -> Result<u64, StorageError> {
     stored_u64(
         db,
         notifications::NAME,
@@ -119,7 +119,7 @@ pub struct NotificationStatus {
 
 /// The provenance of the notification at `seq` (section 2), if there is one there.
 pub fn provenance_at(
-    db: &redb::Database,
+    db: &crate::models::ModelsRead,
     seq: u64,
 ) -> Result<Option<notifications::Provenance>, StorageError> {
     Ok(Reader::new(db)?
@@ -158,7 +158,7 @@ const STATUS_DELIVERIES_MAX: usize = 1000;
 
 /// The status record of notification `id`, or `None` when no notification has that id.
 pub fn notification_status(
-    db: &redb::Database,
+    db: &crate::models::ModelsRead,
     id: &NotificationId,
     intent_key: Option<&str>,
 ) -> Result<Option<NotificationStatus>, StorageError> {

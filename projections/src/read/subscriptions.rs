@@ -10,7 +10,7 @@ use crate::ids::{BridgeId, SubscriptionId};
 
 /// One cursor, or its zero state.
 pub fn cursor(
-    db: &redb::Database,
+    db: &crate::models::ModelsRead,
     consumer_id: &str,
     stream_name: &str,
     subject_id: &str,
@@ -28,7 +28,7 @@ pub fn cursor(
 /// Cursors whose key starts with `consumer_id` (all of that consumer's), or every cursor
 /// when `None`; at most `limit`, after the key `after` (paging).
 pub fn cursors(
-    db: &redb::Database,
+    db: &crate::models::ModelsRead,
     consumer_id: Option<&str>,
     limit: usize,
 ) -> Result<Vec<crate::cursors::Cursor>, StorageError> {
@@ -65,7 +65,7 @@ pub fn cursors(
 
 /// A subscription (active or deleted).
 pub fn subscription(
-    db: &redb::Database,
+    db: &crate::models::ModelsRead,
     id: &SubscriptionId,
 ) -> Result<Option<crate::bridges::Subscription>, StorageError> {
     use crate::bridges;
@@ -76,7 +76,7 @@ pub fn subscription(
 /// `by_bridge`) for any of `prefixes`, or every active one when `prefixes` is `None`; one read
 /// transaction for all of them (the bridge notifier asks for every task of a commit at once).
 fn active_subscriptions(
-    db: &redb::Database,
+    db: &crate::models::ModelsRead,
     index: &'static str,
     prefixes: Option<&[&str]>,
 ) -> Result<Vec<crate::bridges::Subscription>, StorageError> {
@@ -123,21 +123,21 @@ fn active_subscriptions(
 
 /// The active subscriptions of these tasks.
 pub fn task_subscriptions(
-    db: &redb::Database,
+    db: &crate::models::ModelsRead,
     task_ids: &[&str],
 ) -> Result<Vec<crate::bridges::Subscription>, StorageError> {
     active_subscriptions(db, crate::bridges::BY_TASK, Some(task_ids))
 }
 
 pub fn bridge_subscriptions(
-    db: &redb::Database,
+    db: &crate::models::ModelsRead,
     bridge_id: &BridgeId,
 ) -> Result<Vec<crate::bridges::Subscription>, StorageError> {
     active_subscriptions(db, crate::bridges::BY_BRIDGE, Some(&[bridge_id.as_str()]))
 }
 
 pub fn all_active_subscriptions(
-    db: &redb::Database,
+    db: &crate::models::ModelsRead,
 ) -> Result<Vec<crate::bridges::Subscription>, StorageError> {
     active_subscriptions(db, crate::bridges::ACTIVE, None)
 }

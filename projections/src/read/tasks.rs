@@ -7,7 +7,10 @@ use crate::framework::Reader;
 use crate::ids::TaskId;
 use crate::tasks::{self, Task};
 
-pub fn task(db: &redb::Database, task_id: &TaskId) -> Result<Option<Task>, StorageError> {
+pub fn task(
+    db: &crate::models::ModelsRead,
+    task_id: &TaskId,
+) -> Result<Option<Task>, StorageError> {
     Reader::new(db)?.get_val(tasks::NAME, tasks::ROWS, task_id.as_str().as_bytes())
 }
 
@@ -24,7 +27,7 @@ pub struct TaskFilter {
 }
 
 /// Tasks ordered by id or newest first, filtered.
-pub fn tasks(db: &redb::Database, f: &TaskFilter) -> Result<Page<Task>, StorageError> {
+pub fn tasks(db: &crate::models::ModelsRead, f: &TaskFilter) -> Result<Page<Task>, StorageError> {
     let r = Reader::new(db)?;
     let limit = f.limit.max(1);
     let Some(rows) = r.table(tasks::NAME, tasks::ROWS)? else {

@@ -31,9 +31,9 @@ impl Folded {
         (Folded { log, models }, rep)
     }
 
-    /// The models store's database, folded up to the head.
-    pub fn db(&self) -> std::sync::Arc<redb::Database> {
+    /// The models store, folded up to the head, for reads.
+    pub fn db(&self) -> tidemark_projections::ModelsRead {
         self.models.follow(&self.log, 4_096).unwrap();
-        self.models.db()
+        self.models.read()
     }
 }
