@@ -203,7 +203,7 @@ impl ModelsRead {
 
 /// One transaction of the models store: the decider folds committed events in it and decides
 /// commands on it (which only read it). Outside this crate it is read through the models'
-/// views alone ([`ModelsTxn::deliveries`], [`ModelsTxn::cursors`], …), each of which owns its
+/// views alone (`deliveries::View::new(&txn)`, `cursors::View`, …), each of which owns its
 /// model's key layout; no storage type leaves the crate.
 pub struct ModelsTxn(WriteTransaction);
 
@@ -215,41 +215,6 @@ impl ModelsTxn {
     /// Commit (without a sync: [`Models::persist`] makes it durable).
     pub fn commit(self) -> Result<(), StorageError> {
         self.0.commit().map_err(StorageError::of)
-    }
-
-    /// The deliveries model.
-    pub fn deliveries(&self) -> Result<crate::deliveries::View<'_>, StorageError> {
-        crate::deliveries::View::new(self)
-    }
-
-    /// The cursors model.
-    pub fn cursors(&self) -> Result<crate::cursors::View<'_>, StorageError> {
-        crate::cursors::View::new(self)
-    }
-
-    /// The bridge subscriptions model.
-    pub fn bridges(&self) -> Result<crate::bridges::View<'_>, StorageError> {
-        crate::bridges::View::new(self)
-    }
-
-    /// The tasks model.
-    pub fn tasks(&self) -> Result<crate::tasks::View<'_>, StorageError> {
-        crate::tasks::View::new(self)
-    }
-
-    /// The notifications model.
-    pub fn notifications(&self) -> Result<crate::notifications::View<'_>, StorageError> {
-        crate::notifications::View::new(self)
-    }
-
-    /// The sources model.
-    pub fn sources(&self) -> Result<crate::sources::View<'_>, StorageError> {
-        crate::sources::View::new(self)
-    }
-
-    /// The notification lists model.
-    pub fn lists(&self) -> Result<crate::lists::View<'_>, StorageError> {
-        crate::lists::View::new(self)
     }
 
     /// The seq of the last event of `(stream, subject)` as the models have it (0: none, or

@@ -17,8 +17,10 @@ use crate::error::CommandError;
 use std::collections::HashMap;
 
 use tidemark_log::NewEvent;
+use tidemark_projections::deliveries;
 use tidemark_projections::deliveries::Recipient;
 use tidemark_projections::names::{EventType, Stream};
+use tidemark_projections::notifications;
 use tidemark_projections::routing::{RouteOutcome, RoutingSettings, resolve_routes};
 
 use super::sealed::Sealed;
@@ -117,7 +119,7 @@ pub(crate) fn admit(
     max_pending: u64,
 ) -> Result<Admission, CommandError> {
     let now_us = round.now_us;
-    let mut state = txn.deliveries()?;
+    let mut state = deliveries::View::new(txn)?;
     let mut recipients: HashMap<&str, Recipient> = HashMap::new();
     let mut blocked = Vec::new();
     let mut notices: Vec<(String, Option<String>)> = Vec::new();
@@ -204,8 +206,7 @@ pub(crate) fn over_bound(
     let st = CommandError::Models;
     let routed = state.routed()?;
     let pending = state.pending()?
-        + txn
-            .notifications()?
+        + notifications::View::new(txn)?
             .weighted_after(routed, per)
             .map_err(st)?
         + round.pending_added;

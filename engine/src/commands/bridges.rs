@@ -10,6 +10,7 @@ use tidemark_log::{NewEvent, StorageError};
 use tidemark_projections::bridges::{self, BridgeEvent, Decision, Subscription, Target};
 use tidemark_projections::cursors::Cursor;
 use tidemark_projections::names::{Stream, ids};
+use tidemark_projections::tasks;
 use tidemark_projections::tasks::Task;
 
 use super::sealed::Sealed;
@@ -208,7 +209,7 @@ fn bridge_event(kind: &str, id: &str, b: &BridgeEvent) -> Result<NewEvent, Comma
 }
 
 fn row_in(txn: &ModelsTxn, id: &str) -> Result<Option<Subscription>, CommandError> {
-    Ok(txn.bridges()?.row(id)?)
+    Ok(bridges::View::new(txn)?.row(id)?)
 }
 
 /// One confirmation: the subscription (id, task), the delivery's seq, and the cursor the
@@ -251,7 +252,7 @@ fn confirm_in(
                 format!("{delivery_id} names no event of task {task_id:?}"),
             )
         })?;
-    let task: Option<Task> = txn.tasks()?.row(task_id)?;
+    let task: Option<Task> = tasks::View::new(txn)?.row(task_id)?;
     let (decision, reason) = bridges::decide(task.as_ref(), &ev);
     if decision != Decision::Deliver {
         return Err(CommandError::rejected(

@@ -4,6 +4,7 @@
 
 use crate::error::{CommandError, Rejection};
 use tidemark_log::{NewEvent, StorageError};
+use tidemark_projections::cursors;
 use tidemark_projections::cursors::{Cursor, CursorEvent, bound_error};
 use tidemark_projections::names::{EventType, Stream};
 
@@ -150,7 +151,7 @@ pub(crate) fn get_in(
     stream_name: &str,
     subject_id: &str,
 ) -> Result<Cursor, CommandError> {
-    Ok(txn.cursors()?.get(consumer_id, stream_name, subject_id)?)
+    Ok(cursors::View::new(txn)?.get(consumer_id, stream_name, subject_id)?)
 }
 
 fn event(kind: &str, consumer_id: &str, c: &CursorEvent) -> Result<NewEvent, CommandError> {

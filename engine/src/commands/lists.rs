@@ -3,6 +3,7 @@
 
 use serde_json::json;
 use tidemark_log::NewEvent;
+use tidemark_projections::lists;
 use tidemark_projections::lists::ListRow;
 use tidemark_projections::names::{EventType, Stream};
 
@@ -34,7 +35,7 @@ impl Command for SetList {
         txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<ListRow>, CommandError> {
-        if self.members.is_none() && txn.lists()?.row(&self.name)?.is_none() {
+        if self.members.is_none() && lists::View::new(txn)?.row(&self.name)?.is_none() {
             return Err(CommandError::rejected(
                 Rejection::ListNotFound,
                 format!("no list {:?}", self.name),

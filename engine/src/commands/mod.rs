@@ -20,6 +20,7 @@ pub mod cursors;
 pub mod lists;
 pub mod outbox;
 pub mod retention;
+mod round;
 pub mod sources;
 
 use crate::error::CommandError;
@@ -31,7 +32,8 @@ pub use outbox::{Completed, Failure, OperatorAction};
 pub use retention::{CompactReport, RetentionReport};
 pub use sources::{NotifyPlan, PageOutcome, SourceItem};
 
-use crate::decider::Round;
+pub(crate) use round::key;
+pub use round::{LogReads, Round};
 use tidemark_projections::ModelsTxn;
 
 /// A command the engine executes ([`crate::Engine::execute`]): one type per command, each

@@ -10,10 +10,15 @@ use crate::error::CommandError;
 use std::collections::BTreeSet;
 
 use tidemark_log::{NewEvent, StorageError};
+use tidemark_projections::bridges;
+use tidemark_projections::cursors;
 use tidemark_projections::cursors::Cursor;
+use tidemark_projections::deliveries;
 use tidemark_projections::deliveries::Delivery;
 use tidemark_projections::names::{EventType, Stream, TaskStatus};
+use tidemark_projections::notifications;
 use tidemark_projections::retention::{IDS_PER_EVENT, Purged};
+use tidemark_projections::tasks;
 
 use super::sealed::Sealed;
 use super::{Command, Decided, Round};
@@ -56,8 +61,8 @@ impl Command for Purge {
         let done = |d: &Delivery| !d.is_pending() && d.updated_at_us < before && d.last_seq <= head;
 
         // Notifications, oldest first: event times never go back along seq.
-        let mut dt = txn.deliveries()?;
-        for note in txn.notifications()?.older_than(head, before, self.max)? {
+        let mut dt = deliveries::View::new(txn)?;
+        for note in notifications::View::new(txn)?.older_than(head, before, self.max)? {
             if dl.len() + nl.len() >= self.max {
                 rep.more = true;
                 break;
@@ -84,8 +89,7 @@ impl Command for Purge {
 
         // Terminal tasks nobody follows.
         // A cursor with no progress for the window pins nothing (section 13).
-        let followers: Vec<Cursor> = txn
-            .cursors()?
+        let followers: Vec<Cursor> = cursors::View::new(txn)?
             .all()?
             .into_iter()
             .filter(|c| {
@@ -93,8 +97,8 @@ impl Command for Purge {
                     && c.updated_at_us.is_some_and(|u| u >= before)
             })
             .collect();
-        let mut tt = txn.tasks()?;
-        let mut bt = txn.bridges()?;
+        let mut tt = tasks::View::new(txn)?;
+        let mut bt = bridges::View::new(txn)?;
         'status: for status in [
             TaskStatus::Completed,
             TaskStatus::Failed,
@@ -261,13 +265,13 @@ pub struct CompactReport {
 /// position, unless it made no progress for the window or belongs to a deleted subscription.
 fn pinned_cut(
     txn: &ModelsTxn,
-    log: &dyn crate::decider::LogReads,
+    log: &dyn super::LogReads,
     before: i64,
     mut cut: u64,
 ) -> Result<u64, CommandError> {
-    let mut bt = txn.bridges()?;
+    let mut bt = bridges::View::new(txn)?;
     let mut live: Vec<Cursor> = Vec::new();
-    for c in txn.cursors()?.all()? {
+    for c in cursors::View::new(txn)?.all()? {
         if c.updated_at_us.is_none_or(|u| u < before) {
             continue;
         }

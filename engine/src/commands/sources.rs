@@ -6,7 +6,9 @@
 use crate::error::{CommandError, Rejection};
 use serde_json::{Value, json};
 use tidemark_log::NewEvent;
+use tidemark_projections::deliveries;
 use tidemark_projections::names::{EventType, Stream, ids};
+use tidemark_projections::sources;
 use tidemark_projections::sources::SourceRow;
 
 use super::sealed::Sealed;
@@ -195,7 +197,7 @@ impl Command for Page {
         let max_pending = *max_pending;
         let now_us = round.now_us;
         let st = CommandError::Models;
-        let mut model = txn.sources().map_err(st)?;
+        let mut model = sources::View::new(txn).map_err(st)?;
         let row = model.row(name).map_err(st)?;
         if let Some(e) = not_active(&row) {
             return Err(e);
@@ -247,7 +249,7 @@ impl Command for Page {
             && let Some(r) = &n.recipient
             // Suppressed at the head (the crisis block, section 14): the page's
             // notification is left out and the items go in without it.
-            && txn.deliveries()?
+            && deliveries::View::new(txn)?
                 .recipient(Some(r))?
                 .suppressed_at(now_us)
         {
@@ -255,7 +257,7 @@ impl Command for Page {
         }
         if let (Some(n), Some(first), false) = (notify, &first, notify_blocked) {
             // The same bound as a client's append (section 5): never exceeded.
-            let mut state = txn.deliveries()?;
+            let mut state = deliveries::View::new(txn)?;
             let before = round.pending_added;
             if let crate::commands::admission::Admission::Full {
                 pending,
@@ -507,7 +509,7 @@ impl Command for Reset {
 
 /// Source `name` as the models have it.
 fn model_row(txn: &ModelsTxn, name: &str) -> Result<SourceRow, CommandError> {
-    Ok(txn.sources()?.row(name)?)
+    Ok(sources::View::new(txn)?.row(name)?)
 }
 
 #[cfg(test)]

@@ -65,7 +65,6 @@ mod round;
 mod run;
 
 pub use progress::Progress;
-pub use round::{LogReads, Round};
 
 enum Msg {
     Job(Queued),

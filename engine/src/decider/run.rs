@@ -12,12 +12,12 @@ use tidemark_log::{
 use tidemark_projections::{Models, subjects};
 use tokio::sync::{mpsc, oneshot};
 
-use super::round::{Job, Queued, key};
+use super::round::{Job, Queued};
 use super::{
     COALESCE, FOLD_DELAY_KNOB, FOLLOW_BATCH, Knobs, MAX_ATTEMPTS, Msg, PANIC_KNOB, PERSIST_EVERY,
-    Progress, ROUND_MAX, Round, knob,
+    Progress, ROUND_MAX, knob,
 };
-use crate::commands::Decided;
+use crate::commands::{Decided, Round, key};
 use crate::error::{CommandError, Rejection};
 use crate::pages::Pages;
 

@@ -121,7 +121,7 @@ fn owned_lease(
 )]
 fn take(
     st: &mut d::View<'_>,
-    round: &crate::decider::Round<'_>,
+    round: &crate::commands::Round<'_>,
     id: &str,
     now_us: i64,
     settings: &RoutingSettings,
@@ -311,7 +311,7 @@ impl Command for Claim {
         );
         let now_us = round.now_us;
         let privacy = round.privacy;
-        let mut st = txn.deliveries()?;
+        let mut st = d::View::new(txn)?;
         let settings = st.settings_at(u64::MAX)?;
         let mut leased = Vec::new();
         let mut events = Vec::new();
@@ -381,7 +381,7 @@ impl Command for ExpireLeases {
         round: &mut Round<'_>,
     ) -> Result<Decided<usize>, CommandError> {
         let (now_us, max, privacy) = (round.now_us, self.max, round.privacy);
-        let mut st = txn.deliveries()?;
+        let mut st = d::View::new(txn)?;
         let mut settings = None;
         let mut released = 0;
         let mut events = Vec::new();
@@ -430,7 +430,7 @@ impl Command for Complete {
         txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Vec<Completed>>, CommandError> {
-        let mut st = txn.deliveries()?;
+        let mut st = d::View::new(txn)?;
         let mut out = Vec::with_capacity(self.items.len());
         let mut events = Vec::new();
         let mut done = HashMap::new();
@@ -476,7 +476,7 @@ impl Command for CompleteOne {
         txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Completed>, CommandError> {
-        let mut st = txn.deliveries()?;
+        let mut st = d::View::new(txn)?;
         let mut events = Vec::new();
         let done = complete_item(
             &mut st,
@@ -524,7 +524,7 @@ impl Command for Fail {
             round.privacy,
         );
         let id = self.id.as_str();
-        let mut st = txn.deliveries()?;
+        let mut st = d::View::new(txn)?;
         let mut row = owned_lease(st.row(id)?, now_us, id, owner, "fail")?;
         let settings = st.settings_at(u64::MAX)?;
         let parked = !f.retryable || row.attempts >= row.max_attempts;
@@ -589,7 +589,7 @@ impl Command for Extend {
     ) -> Result<Decided<Delivery>, CommandError> {
         let (now_us, owner, lease_ms) = (round.now_us, self.owner.as_str(), self.lease_ms);
         let id = self.id.as_str();
-        let mut st = txn.deliveries()?;
+        let mut st = d::View::new(txn)?;
         if let Some(row) = st.row(id)?
             && row.status != S::Leased
             && row.last_error_code.as_deref() == Some("lease_expired")
@@ -645,7 +645,7 @@ impl Command for Operator {
             self.reason.clone(),
         );
         let id = self.id.as_str();
-        let mut st = txn.deliveries()?;
+        let mut st = d::View::new(txn)?;
         let mut row = st.row(id)?.ok_or_else(|| not_found(id))?;
         let kind = action.transition();
         if !row.allows(kind) {

@@ -144,7 +144,7 @@ impl Command for Route {
         round: &mut Round<'_>,
     ) -> Result<Decided<usize>, CommandError> {
         let (source, privacy) = (self.source.as_slice(), round.privacy);
-        let mut st = txn.deliveries()?;
+        let mut st = d::View::new(txn)?;
         let routed = st.routed()?;
         let mut out = Vec::new();
         let mut ov = Overlay::default();
