@@ -311,8 +311,8 @@ fn title(t: Option<&str>, key: &str) -> Result<Option<String>, String> {
     .transpose()
 }
 
-/// The keys a table takes, from serde's "unknown field `x`, expected one of `a`, `b`" (or
-/// "there are no fields").
+/// The keys a table takes, from serde's "unknown field `x`, expected one of `a`, `b`, `c`"
+/// (two: "expected `a` or `b`"; one: "expected `a`"), as `a, b, c`.
 fn unknown_field(why: &str) -> Option<String> {
     let rest = why.strip_prefix("unknown field `")?;
     let (_, expected) = rest.split_once("`, ")?;
@@ -320,7 +320,7 @@ fn unknown_field(why: &str) -> Option<String> {
         .strip_prefix("expected one of ")
         .or_else(|| expected.strip_prefix("expected "))
         .unwrap_or(expected);
-    Some(list.replace('`', ""))
+    Some(list.replace("` or `", "`, `").replace('`', ""))
 }
 
 impl RetryConfig {
@@ -478,6 +478,11 @@ mod tests {
         assert_eq!(
             e,
             "notifications.routes.hook.sink must be one of app, email, webhook"
+        );
+        let e = err(json!({"dashboard": {"limt": 5}}));
+        assert_eq!(
+            e,
+            "notifications.dashboard.limt is not a known key (known: enabled, limit)"
         );
         let e = err(json!({"enabled": "yes"}));
         assert_eq!(e, "notifications.enabled must be true or false");
