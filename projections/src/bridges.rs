@@ -4,6 +4,8 @@
 //! `(bridge_task_subscription:<subscription_id>, task_events, <task_id>)`. Deleting one keeps
 //! the cursor; creating the same id again resumes from it.
 
+pub(crate) mod read;
+
 use crate::ids::{BridgeId, SubscriptionId, TaskId};
 use serde::{Deserialize, Serialize};
 use tidemark_log::StorageError;

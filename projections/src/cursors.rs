@@ -3,6 +3,8 @@
 //! same seq with the same delivery id) and `cursor.reset` (the only way down, with a reason).
 //! The commands that check those rules are the engine's (`tidemark_engine::commands::cursors`).
 
+pub(crate) mod read;
+
 use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};

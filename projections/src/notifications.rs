@@ -3,6 +3,8 @@
 //! A notification comes from a client's `notification.requested` (its event_id is the
 //! notification id) or from the router's `notification.created` (id `ntf:<source_seq>`).
 
+pub(crate) mod read;
+
 use crate::names::{EventType, Priority, Stream};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -8,6 +8,8 @@
 //! those runs only; events that arrive out of order (a completion for a run never started) are
 //! recorded, never refused: the log is the truth.
 
+pub(crate) mod read;
+
 use crate::names::{EventType, LIFECYCLE_PREFIX, Stream, TaskStatus};
 use std::borrow::Cow;
 use tidemark_log::StorageError;

@@ -1,17 +1,17 @@
-//! Queries of the read models, for the API: one file per model, each query answering from
-//! one read transaction of the models store. [`paged`] is the paged index-join the task,
-//! notification and delivery lists share.
+//! Queries of the read models, for the API, each answering from one read transaction of the
+//! models store ([`crate::ModelsRead`]). Each model's queries live with the model, which owns
+//! its keys (`tasks/read.rs`, `notifications/read.rs`, `deliveries/read.rs`, `cursors/read.rs`,
+//! `bridges/read.rs`) and are served from here; here too are the paged index-join the task,
+//! notification and delivery lists share ([`paged`]) and the projections' own metas.
 
-mod notifications;
 pub(crate) mod paged;
-mod subscriptions;
-mod tasks;
 
+pub use crate::bridges::read::*;
+pub use crate::cursors::read::*;
 pub use crate::deliveries::read::*;
-pub use notifications::*;
+pub use crate::notifications::read::*;
+pub use crate::tasks::read::*;
 pub use paged::{ListOrder, Page, Position};
-pub use subscriptions::*;
-pub use tasks::*;
 
 use serde::Serialize;
 use tidemark_log::StorageError;

@@ -1,14 +1,15 @@
-//! The notifications model's queries: the dashboard's list and a notification's status.
+//! The notifications model's queries (served from [`crate::read`]): the dashboard's list and a
+//! notification's status.
 
 use serde::Serialize;
 use tidemark_log::StorageError;
 
-use super::paged::{Order, Walk, paged};
-use super::stored_u64;
 use crate::deliveries::Delivery;
 use crate::framework::{Reader, be_u64};
 use crate::ids::NotificationId;
 use crate::notifications::{self, Notification};
+use crate::read::paged::{Order, Walk, paged};
+use crate::read::stored_u64;
 use crate::tasks::{self, Task};
 
 #[derive(Debug, Clone, Default)]

@@ -1,10 +1,10 @@
-//! The tasks model's queries.
+//! The tasks model's queries (served from [`crate::read`]).
 
 use tidemark_log::StorageError;
 
-use super::paged::{ListOrder, Order, Page, Position, Walk, paged};
 use crate::framework::Reader;
 use crate::ids::TaskId;
+use crate::read::paged::{ListOrder, Order, Page, Position, Walk, paged};
 use crate::tasks::{self, Task};
 
 pub fn task(
