@@ -348,8 +348,10 @@ async fn a_server_with_sinks_at_rest_is_not_woken() {
         .filter(|(_, n)| *n > 0)
         .collect();
     let woken: u64 = by_thread.iter().map(|(_, n)| n).sum();
+    // At rest it measures 2–13 (13 once, under the whole suite on 2 cores: the runtime's own
+    // timers); the polling dispatcher made about 120 in 6 s. 30 keeps 4× below that.
     assert!(
-        woken <= 12,
+        woken <= 30,
         "{woken} context switches in 6 s at rest: {by_thread:?}"
     );
     // Still delivered at once: the follower's page nudges the sinks.
