@@ -12,7 +12,7 @@ use tidemark_log::StorageError;
 use tidemark_log::{Event, EventRef};
 
 use crate::framework::{Projection, Store};
-use crate::names::{EventType, Stream, TaskStatus, ids};
+use crate::names::{EventType, ReviewState, Stream, TaskStatus, ids};
 use crate::tasks::Task;
 
 pub const NAME: &str = "bridges";
@@ -247,14 +247,14 @@ pub fn decide(task: Option<&Task>, ev: &Event) -> (Decision, String) {
             }
         }
         EventType::TaskRunReviewApproved => match run {
-            Some(r) if r.review.state == "approved" => {
+            Some(r) if r.review.state == ReviewState::Approved => {
                 (Deliver, format!("the review of run {run_id} is approved"))
             }
             Some(r) => (
                 Mismatch,
                 format!(
                     "approval of run {run_id} but its review is {}",
-                    if r.review.state == "none" {
+                    if r.review.state == ReviewState::None {
                         "not requested"
                     } else {
                         r.review.state.as_str()

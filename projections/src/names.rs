@@ -398,6 +398,33 @@ names! {
     }
 }
 
+names! {
+    /// The review state of a task's run (spec section 2).
+    #[derive(Default)]
+    ReviewState {
+        #[default]
+        None = "none",
+        Pending = "pending",
+        Approved = "approved",
+        Rejected = "rejected",
+    }
+}
+
+names! {
+    /// What a source's poller is doing on this node (spec section 12): paused and parked come
+    /// from the log; standby while another node of a cluster holds the poller's lease.
+    #[derive(Default)]
+    SourceState {
+        #[default]
+        Idle = "idle",
+        Polling = "polling",
+        BackingOff = "backing_off",
+        Paused = "paused",
+        Parked = "parked",
+        Standby = "standby",
+    }
+}
+
 impl DeliveryStatus {
     /// Not yet sent, skipped, cancelled or discarded, and not parked: the outbox still owes it.
     pub const PENDING: [DeliveryStatus; 3] = [

@@ -10,7 +10,7 @@
 
 pub(crate) mod read;
 
-use crate::names::{EventType, LIFECYCLE_PREFIX, Stream, TaskStatus};
+use crate::names::{EventType, LIFECYCLE_PREFIX, ReviewState, Stream, TaskStatus};
 use std::borrow::Cow;
 use tidemark_log::StorageError;
 
@@ -36,8 +36,7 @@ pub struct ReviewGate {
     pub required: bool,
     /// A `task.run_review_requested` was seen for the run.
     pub requested: bool,
-    /// none, pending, approved, rejected.
-    pub state: String,
+    pub state: ReviewState,
     pub reviewer: Option<String>,
     pub reason: Option<String>,
     /// A rejection that continues the run is in force.
@@ -155,7 +154,7 @@ impl Task {
             error: None,
             review: ReviewGate {
                 required,
-                state: "none".into(),
+                state: ReviewState::None,
                 ..ReviewGate::default()
             },
             started_seq: seq,
@@ -254,7 +253,7 @@ pub fn fold_task(task: &mut Task, ev: &EventRef<'_>) {
             }
             let awaiting = outcome == TaskStatus::Completed
                 && run.review.gated(requires)
-                && run.review.state != "approved";
+                && run.review.state != ReviewState::Approved;
             if task.is_current(run_id) {
                 task.set_status(if awaiting {
                     TaskStatus::AwaitingReview
@@ -266,7 +265,7 @@ pub fn fold_task(task: &mut Task, ev: &EventRef<'_>) {
         T::TaskRunReviewRequested if !run_id.is_empty() => {
             let run = task.run_mut(run_id, seq, false);
             run.review.requested = true;
-            run.review.state = "pending".into();
+            run.review.state = ReviewState::Pending;
             run.review.decided_seq = seq;
             if task.is_current(run_id) {
                 task.set_status(TaskStatus::AwaitingReview);
@@ -274,7 +273,7 @@ pub fn fold_task(task: &mut Task, ev: &EventRef<'_>) {
         }
         T::TaskRunReviewApproved if !run_id.is_empty() => {
             let run = task.run_mut(run_id, seq, false);
-            run.review.state = "approved".into();
+            run.review.state = ReviewState::Approved;
             run.review.reviewer = owned(&p.reviewer);
             run.review.continuation = false;
             run.review.decided_seq = seq;
@@ -289,7 +288,7 @@ pub fn fold_task(task: &mut Task, ev: &EventRef<'_>) {
                 .and_then(Value::as_bool)
                 .unwrap_or(false);
             let run = task.run_mut(run_id, seq, false);
-            run.review.state = "rejected".into();
+            run.review.state = ReviewState::Rejected;
             run.review.reviewer = owned(&p.reviewer);
             run.review.reason = owned(&p.reason);
             run.review.continuation = continuation;

@@ -10,6 +10,7 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use tidemark_engine::commands::sources::{Pause, Reset, Resume};
 use tidemark_log::time::Micros;
+use tidemark_projections::names::SourceState;
 use tidemark_projections::sources::SourceRow;
 use utoipa::ToSchema;
 
@@ -59,14 +60,14 @@ fn out(st: &AppState, name: &str, row: Option<SourceRow>) -> SourceOut {
     let row = row.unwrap_or_default();
     let rt = st.sources.runtime(name).unwrap_or_default();
     let state = if row.parked {
-        "parked".to_owned()
+        SourceState::Parked.into()
     } else if row.paused {
-        "paused".to_owned()
-    } else if rt.state == "paused" || rt.state == "parked" || rt.state.is_empty() {
+        SourceState::Paused.into()
+    } else if matches!(rt.state, SourceState::Paused | SourceState::Parked) {
         // The poller has not seen the resume yet.
-        "idle".to_owned()
+        SourceState::Idle.into()
     } else {
-        rt.state.clone()
+        rt.state.into()
     };
     let active = !row.parked && !row.paused;
     SourceOut {

@@ -94,7 +94,7 @@ impl From<Task> for TaskOut {
                         gated: r.review.gated(requires),
                         required: r.review.required,
                         requested: r.review.requested,
-                        state: r.review.state,
+                        state: r.review.state.into(),
                         reviewer: r.review.reviewer,
                         reason: r.review.reason,
                         continuation: r.review.continuation,

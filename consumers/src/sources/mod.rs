@@ -28,6 +28,7 @@ use serde::Serialize;
 use tidemark_engine::Engine;
 use tidemark_engine::commands::sources::{Advance, Page, Park, SourceItem};
 
+use tidemark_projections::names::SourceState;
 use tidemark_projections::routing::backoff_ms;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -39,7 +40,7 @@ use upstream::{parse_page, request, send_ack};
 pub struct Runtime {
     /// idle, polling, backing_off; standby while another node of a cluster holds the
     /// source's poller lease (paused and parked come from the log).
-    pub state: String,
+    pub state: SourceState,
     pub last_poll_at_us: Option<i64>,
     pub last_success_at_us: Option<i64>,
     pub next_poll_at_us: Option<i64>,
@@ -81,7 +82,7 @@ impl Sources {
                         Arc::new(Slot {
                             source,
                             runtime: Mutex::new(Runtime {
-                                state: "idle".into(),
+                                state: SourceState::Idle,
                                 ..Runtime::default()
                             }),
                             wake: Notify::new(),
@@ -115,7 +116,7 @@ impl Sources {
         let interval = s.source.schedule.interval(Utc::now()).as_micros() as i64;
         let since = r.last_success_at_us.unwrap_or(0).max(s.started_us);
         // A node on standby (another node polls) is not the one to say the source is stale.
-        r.stale = r.state != "standby" && now_us() - since > interval.saturating_mul(3);
+        r.stale = r.state != SourceState::Standby && now_us() - since > interval.saturating_mul(3);
         r.seconds_since_success = (now_us() - since).max(0) as f64 / 1e6;
         Some(r)
     }
@@ -225,7 +226,7 @@ async fn run(
     loop {
         if !leases.holds(&lease) {
             set(&slot, |r| {
-                r.state = "standby".into();
+                r.state = SourceState::Standby;
                 r.next_poll_at_us = None;
             });
             // Until this node takes the lease (then it polls at once: its holder is gone).
@@ -268,7 +269,11 @@ async fn run(
         };
         if row.paused || row.parked {
             set(&slot, |r| {
-                r.state = if row.parked { "parked" } else { "paused" }.into();
+                r.state = if row.parked {
+                    SourceState::Parked
+                } else {
+                    SourceState::Paused
+                };
                 r.next_poll_at_us = None;
             });
             // Until a resume (or a poll request, answered 409 by the API) wakes it.
@@ -280,7 +285,7 @@ async fn run(
             continue;
         }
         set(&slot, |r| {
-            r.state = "polling".into();
+            r.state = SourceState::Polling;
             r.last_poll_at_us = Some(now_us());
         });
         let started = Instant::now();
@@ -316,7 +321,7 @@ async fn run(
                 metrics::gauge!("tidemark_source_last_success_timestamp_seconds", "source" => name.clone())
                     .set(now_us() as f64 / 1e6);
                 set(&slot, |r| {
-                    r.state = "idle".into();
+                    r.state = SourceState::Idle;
                     r.last_success_at_us = Some(now_us());
                     r.consecutive_failures = 0;
                     r.last_error = None;
@@ -368,7 +373,7 @@ async fn run(
                 let wait = wait.min(slot.source.retry_after_max);
                 tracing::info!(source = %name, wait_ms = wait.as_millis() as u64, "source backing off (Retry-After)");
                 set(&slot, |r| {
-                    r.state = "backing_off".into();
+                    r.state = SourceState::BackingOff;
                     r.consecutive_failures += 1;
                     r.last_error = Some(error);
                 });
@@ -382,7 +387,7 @@ async fn run(
                 let delay = backoff_ms(&slot.source.retry, attempt, rand::random::<f64>(), None);
                 tracing::info!(source = %name, attempt, delay_ms = delay, %error, "source poll failed; backing off");
                 set(&slot, |r| {
-                    r.state = "backing_off".into();
+                    r.state = SourceState::BackingOff;
                     r.consecutive_failures = attempt;
                     r.last_error = Some(error);
                 });
