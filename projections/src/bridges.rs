@@ -61,19 +61,13 @@ pub struct Subscription {
     pub updated_at_us: i64,
 }
 
-/// The bridge subscriptions model inside a models transaction (commands decide on it at the
-/// head).
-pub struct View<'t> {
-    t: crate::framework::TxnTables<'t>,
+txn_view! {
+    /// The bridge subscriptions model inside a models transaction (commands decide on it at the
+    /// head).
+    NAME
 }
 
-impl<'t> View<'t> {
-    pub fn new(txn: &'t crate::models::ModelsTxn) -> Result<Self, StorageError> {
-        Ok(View {
-            t: crate::framework::TxnTables::new(txn.raw(), NAME)?,
-        })
-    }
-
+impl View<'_> {
     /// Subscription `id`.
     pub fn row(&mut self, id: &str) -> Result<Option<Subscription>, StorageError> {
         self.t.get_val(ROWS, id.as_bytes())

@@ -80,18 +80,12 @@ pub fn bound_error(e: &str) -> String {
     e.chars().take(MAX_ERROR).collect()
 }
 
-/// The cursors model inside a models transaction (commands decide on it at the head).
-pub struct View<'t> {
-    t: crate::framework::TxnTables<'t>,
+txn_view! {
+    /// The cursors model inside a models transaction (commands decide on it at the head).
+    NAME
 }
 
-impl<'t> View<'t> {
-    pub fn new(txn: &'t crate::models::ModelsTxn) -> Result<Self, StorageError> {
-        Ok(View {
-            t: crate::framework::TxnTables::new(txn.raw(), NAME)?,
-        })
-    }
-
+impl View<'_> {
     /// The cursor of `(consumer_id, stream_name, subject_id)`, or its zero state.
     pub fn get(
         &mut self,

@@ -25,6 +25,26 @@
 
 #![forbid(unsafe_code)]
 
+/// A model's view inside a models transaction (commands decide on it at the head): the
+/// struct `View` over the model's tables (`$name`), each opened once, made by `View::new`.
+/// The model's file adds what the view answers.
+macro_rules! txn_view {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        pub struct View<'t> {
+            t: crate::framework::TxnTables<'t>,
+        }
+
+        impl<'t> View<'t> {
+            pub fn new(txn: &'t crate::models::ModelsTxn) -> Result<Self, StorageError> {
+                Ok(View {
+                    t: crate::framework::TxnTables::new(txn.raw(), $name)?,
+                })
+            }
+        }
+    };
+}
+
 pub mod bridges;
 pub mod by;
 pub mod cursors;

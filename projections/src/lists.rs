@@ -73,18 +73,12 @@ pub fn list(db: &crate::models::ModelsRead, name: &str) -> Result<Option<ListRow
     crate::framework::Reader::new(db)?.get_val(NAME, ROWS, name.as_bytes())
 }
 
-/// The lists model inside a models transaction (a command decides on it at the head).
-pub struct View<'t> {
-    t: crate::framework::TxnTables<'t>,
+txn_view! {
+    /// The lists model inside a models transaction (a command decides on it at the head).
+    NAME
 }
 
-impl<'t> View<'t> {
-    pub fn new(txn: &'t crate::models::ModelsTxn) -> Result<Self, StorageError> {
-        Ok(View {
-            t: crate::framework::TxnTables::new(txn.raw(), NAME)?,
-        })
-    }
-
+impl View<'_> {
     /// List `name`.
     pub fn row(&mut self, name: &str) -> Result<Option<ListRow>, StorageError> {
         self.t.get_val(ROWS, name.as_bytes())

@@ -273,18 +273,12 @@ pub(crate) fn index_key(value: &str, seq: u64) -> Vec<u8> {
     k
 }
 
-/// The notifications model inside a models transaction (commands decide on it at the head).
-pub struct View<'t> {
-    t: crate::framework::TxnTables<'t>,
+txn_view! {
+    /// The notifications model inside a models transaction (commands decide on it at the head).
+    NAME
 }
 
-impl<'t> View<'t> {
-    pub fn new(txn: &'t crate::models::ModelsTxn) -> Result<Self, StorageError> {
-        Ok(View {
-            t: crate::framework::TxnTables::new(txn.raw(), NAME)?,
-        })
-    }
-
+impl View<'_> {
     /// Σ `weight(priority)` over the notifications at seqs after `after`: with `after` the
     /// routing checkpoint and the deliveries each priority makes as the weight, the
     /// deliveries the router has yet to make (the outbox bound, spec section 5). Priorities of

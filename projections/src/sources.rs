@@ -172,19 +172,13 @@ pub fn source(
     crate::framework::Reader::new(db)?.get_val(NAME, ROWS, name.as_bytes())
 }
 
-/// The sources model inside the writer's transaction (commands decide on it at the head),
-/// its tables opened once for every lookup of a command.
-pub struct View<'t> {
-    t: crate::framework::TxnTables<'t>,
+txn_view! {
+    /// The sources model inside the writer's transaction (commands decide on it at the head),
+    /// its tables opened once for every lookup of a command.
+    NAME
 }
 
-impl<'t> View<'t> {
-    pub fn new(txn: &'t crate::models::ModelsTxn) -> Result<Self, StorageError> {
-        Ok(View {
-            t: crate::framework::TxnTables::new(txn.raw(), NAME)?,
-        })
-    }
-
+impl View<'_> {
     /// The source's row, or its state before anything was recorded about it.
     pub fn row(&mut self, name: &str) -> Result<SourceRow, StorageError> {
         Ok(self

@@ -335,18 +335,12 @@ pub(crate) fn index_key(a: &str, task_id: &str) -> Vec<u8> {
     k
 }
 
-/// The tasks model inside a models transaction (commands decide on it at the head).
-pub struct View<'t> {
-    t: crate::framework::TxnTables<'t>,
+txn_view! {
+    /// The tasks model inside a models transaction (commands decide on it at the head).
+    NAME
 }
 
-impl<'t> View<'t> {
-    pub fn new(txn: &'t crate::models::ModelsTxn) -> Result<Self, StorageError> {
-        Ok(View {
-            t: crate::framework::TxnTables::new(txn.raw(), NAME)?,
-        })
-    }
-
+impl View<'_> {
     /// Task `id`.
     pub fn row(&mut self, id: &str) -> Result<Option<Task>, StorageError> {
         self.t.get_val(ROWS, id.as_bytes())

@@ -10,19 +10,15 @@ use crate::error::CommandError;
 use std::collections::BTreeSet;
 
 use tidemark_log::{NewEvent, StorageError};
-use tidemark_projections::bridges;
-use tidemark_projections::cursors;
-use tidemark_projections::cursors::Cursor;
-use tidemark_projections::deliveries;
-use tidemark_projections::deliveries::Delivery;
+use tidemark_projections::ModelsTxn;
+use tidemark_projections::cursors::{self, Cursor};
+use tidemark_projections::deliveries::{self, Delivery};
 use tidemark_projections::names::{EventType, Stream, TaskStatus};
-use tidemark_projections::notifications;
 use tidemark_projections::retention::{IDS_PER_EVENT, Purged};
-use tidemark_projections::tasks;
+use tidemark_projections::{bridges, notifications, tasks};
 
 use super::sealed::Sealed;
 use super::{Command, Decided, Round};
-use tidemark_projections::ModelsTxn;
 
 /// Purge what left the window by now (at most `max` ids in one command: run it again while
 /// it reports `more`); answers what it purged.

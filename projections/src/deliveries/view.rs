@@ -13,13 +13,12 @@ use super::{
     NAME, NOTIFICATIONS_CANCELED, RECIPIENTS, ROUTED_KEY, ROWS, Recipient, SENT, SETTINGS, STATE,
     count_pending, group_key, timed_key, us_key,
 };
-use crate::framework::{TxnTables, be_u64};
-use crate::models::ModelsTxn;
+use crate::framework::be_u64;
 use crate::routing::RoutingSettings;
 
-/// The deliveries model inside one models transaction (each table opened once).
-pub struct View<'t> {
-    t: TxnTables<'t>,
+txn_view! {
+    /// The deliveries model inside one models transaction (each table opened once).
+    NAME
 }
 
 /// Where a page of [`View::due`] ended: the next page starts after it.
@@ -30,13 +29,7 @@ fn of(e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
     StorageError::of(e)
 }
 
-impl<'t> View<'t> {
-    pub fn new(txn: &'t ModelsTxn) -> Result<Self, StorageError> {
-        Ok(View {
-            t: TxnTables::new(txn.raw(), NAME)?,
-        })
-    }
-
+impl View<'_> {
     /// Delivery `id`'s row.
     pub fn row(&mut self, id: &str) -> Result<Option<Delivery>, StorageError> {
         self.t.get_val(ROWS, id.as_bytes())

@@ -35,7 +35,6 @@ mod tables;
 pub use cached::{Cached, CachedRow};
 pub use runtime::{catch_up, checkpoint, prepare};
 pub(crate) use runtime::{drop_other_generations, fold_events, read_meta, write_meta};
-pub use snapshots::snapshot_meta;
 pub(crate) use snapshots::{restore_snapshot, snapshot};
 pub use store::{DIGEST_EVERY, Store};
 pub use tables::Reader;

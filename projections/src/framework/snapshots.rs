@@ -70,7 +70,10 @@ pub(crate) fn snapshot(txn: &WriteTransaction, p: &dyn Projection) -> Result<Met
 }
 
 /// The meta of `name`'s snapshot, if it has one.
-pub fn snapshot_meta(txn: &WriteTransaction, name: &str) -> Result<Option<Meta>, StorageError> {
+pub(crate) fn snapshot_meta(
+    txn: &WriteTransaction,
+    name: &str,
+) -> Result<Option<Meta>, StorageError> {
     meta_in(txn, SNAPSHOTS, name)
 }
 

@@ -35,10 +35,6 @@ impl Sink {
             Sink::Webhook => "webhook",
         }
     }
-
-    pub fn parse(s: &str) -> Option<Sink> {
-        Sink::ALL.into_iter().find(|k| k.as_str() == s)
-    }
 }
 
 impl std::fmt::Display for Sink {
