@@ -200,9 +200,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(ops::metrics))
         .routes(routes!(ops::openapi))
         .routes(routes!(ops::index))
-        .routes(routes!(ops::console_script))
-        .routes(routes!(ops::console_style))
-        .routes(routes!(ops::console_icon))
+        .routes(routes!(ops::console_asset))
         .routes(routes!(ops::favicon));
     let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(append)

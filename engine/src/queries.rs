@@ -14,7 +14,7 @@ use tidemark_log::{AnyLog, EventLog, ReadPage, ReadQuery, StorageError};
 use tidemark_projections::bridges::Subscription;
 use tidemark_projections::cursors::Cursor;
 use tidemark_projections::deliveries::{Delivery, Step};
-use tidemark_projections::names::Stream;
+use tidemark_projections::names::{Sink, Stream};
 use tidemark_projections::notifications::Notification;
 use tidemark_projections::read::{
     self, DeliveryFilter, Kpis, ListOrder, NotificationFilter, NotificationStatus, Page, Position,
@@ -388,7 +388,7 @@ impl<L: EventLog + Clone> Queries<L> {
 
     /// When the first delivery of `sink` falls due (µs since the epoch), as the models show it
     /// now (not waiting for them); `None` when none waits.
-    pub fn earliest_due(&self, sink: &str) -> R<Option<i64>> {
+    pub fn earliest_due(&self, sink: Sink) -> R<Option<i64>> {
         Ok(read::earliest_due(&self.models.read(), sink)?)
     }
 

@@ -102,7 +102,7 @@ fn the_engine_runs_on_another_event_log() {
         engine.execute(Route { source }).await.unwrap();
         let (leased, _) = engine
             .execute(Claim {
-                sink: "app".into(),
+                sink: tidemark_projections::names::Sink::App,
                 owner: "o".into(),
                 limit: 100,
                 lease_ms: 60_000,

@@ -643,7 +643,7 @@ impl Harness {
                 let o = OWNERS[owner as usize];
                 let got = self
                     .exec(Claim {
-                        sink: "app".into(),
+                        sink: tidemark_projections::names::Sink::App,
                         owner: o.into(),
                         limit: limit as usize,
                         lease_ms: u64::from(lease_s) * 1000,
@@ -823,7 +823,7 @@ fn expired_lease_is_released_and_reclaimed() {
         .unwrap(),
     );
     let claim = |owner: &str| Claim {
-        sink: "app".into(),
+        sink: tidemark_projections::names::Sink::App,
         owner: owner.into(),
         limit: 10,
         lease_ms: 1_000,
@@ -889,7 +889,7 @@ fn claims_take_their_share_first() {
     }
     let share = |index| tidemark_log::Share { index, of: 2 };
     let claim = |owner: &str, index, limit| Claim {
-        sink: "app".into(),
+        sink: tidemark_projections::names::Sink::App,
         owner: owner.into(),
         limit,
         lease_ms: 60_000,

@@ -385,6 +385,55 @@ names! {
 }
 
 names! {
+    /// Where a route's deliveries go (spec sections 4 and 17): claimed by an app, or delivered
+    /// by tidemark's dispatcher by email or webhook. A delivery row holds `Option<Sink>`: a
+    /// skipped delivery (an unknown route, a route with no sink) is taken by no sink and is
+    /// stored and served as `"none"` ([`sink_or_none`]).
+    Sink {
+        App = "app",
+        Email = "email",
+        Webhook = "webhook",
+    }
+}
+
+/// A delivery's sink as stored and served: the sink's name, or `"none"` for a delivery no sink
+/// takes (the bytes the string field held before it was typed). For `#[serde(with)]`.
+pub mod sink_or_none {
+    use super::Sink;
+
+    /// What a delivery with no sink is stored and served as.
+    pub const NONE: &str = "none";
+
+    /// The name of `sink`, or [`NONE`].
+    pub const fn name(sink: Option<Sink>) -> &'static str {
+        match sink {
+            Some(s) => s.as_str(),
+            None => NONE,
+        }
+    }
+
+    /// `s` as a row's sink: a sink's name, or [`NONE`].
+    pub fn parse(s: &str) -> Option<Option<Sink>> {
+        if s == NONE {
+            Some(None)
+        } else {
+            Sink::parse(s).map(Some)
+        }
+    }
+
+    pub fn serialize<S: serde::Serializer>(sink: &Option<Sink>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(name(*sink))
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Sink>, D::Error> {
+        let s = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
+        parse(&s).ok_or_else(|| {
+            serde::de::Error::custom(format!("{s:?} is not one of {}, {NONE}", Sink::joined()))
+        })
+    }
+}
+
+names! {
     /// The statuses of a delivery (spec section 5).
     DeliveryStatus {
         Queued = "queued",
@@ -536,6 +585,41 @@ pub mod ids {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A delivery's sink is stored and served as the string it was before it was typed: the
+    /// same postcard and JSON bytes, `"none"` for no sink; an unknown name is refused.
+    #[test]
+    fn a_rows_sink_keeps_the_strings_bytes() {
+        #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+        struct Typed {
+            #[serde(with = "sink_or_none")]
+            sink: Option<Sink>,
+        }
+        #[derive(serde::Serialize)]
+        struct Text {
+            sink: &'static str,
+        }
+        for (typed, text) in [
+            (Some(Sink::App), "app"),
+            (Some(Sink::Email), "email"),
+            (Some(Sink::Webhook), "webhook"),
+            (None, "none"),
+        ] {
+            let t = Typed { sink: typed };
+            let bytes = postcard::to_allocvec(&t).unwrap();
+            assert_eq!(bytes, postcard::to_allocvec(&Text { sink: text }).unwrap());
+            assert_eq!(postcard::from_bytes::<Typed>(&bytes).unwrap(), t);
+            let json = serde_json::to_string(&t).unwrap();
+            assert_eq!(json, format!("{{\"sink\":\"{text}\"}}"));
+            assert_eq!(serde_json::from_str::<Typed>(&json).unwrap(), t);
+        }
+        let e = serde_json::from_str::<Typed>(r#"{"sink":"pager"}"#).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("\"pager\" is not one of app, email, webhook, none"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn names_round_trip_and_are_unique() {

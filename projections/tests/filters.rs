@@ -18,13 +18,14 @@ use tidemark_log::{Log, LogConfig, NewEvent};
 use tidemark_projections::ModelsRead;
 use tidemark_projections::deliveries::{Change, Created, Delivery};
 use tidemark_projections::framework::Projection;
+use tidemark_projections::names::{Sink, sink_or_none};
 use tidemark_projections::notifications::Notification;
 use tidemark_projections::read::{
     self, DeliveryFilter, ListOrder, NotificationFilter, Position, StuckFilter, TaskFilter,
 };
 use tidemark_projections::tasks::Task;
 
-const SINKS: [&str; 3] = ["app", "none", "mail"];
+const SINKS: [&str; 3] = ["app", "none", "email"];
 const ROUTES: [&str; 3] = ["desktop", "pager", "sms"];
 const RECIPIENTS: [&str; 3] = ["r0", "r1", "r2"];
 const PRIORITIES: [&str; 4] = ["urgent", "action", "warning", "info"];
@@ -105,7 +106,7 @@ fn created(id: &str, sink: &str, route: &str, recipient: Option<&str>, status: &
         notification_seq: 1,
         source_seq: 1,
         route: route.into(),
-        sink: sink.into(),
+        sink: sink_or_none::parse(sink).expect("a sink or none"),
         recipient: recipient.map(str::to_owned),
         priority: "urgent".into(),
         title: title_of(id),
@@ -284,7 +285,7 @@ fn delivery_matches(all: &[Delivery], f: &DeliveryFilter) -> Vec<String> {
     all.iter()
         .filter(|d| f.after.as_deref().is_none_or(|a| d.id.as_str() > a))
         .filter(|d| f.status.as_deref().is_none_or(|s| s == d.status))
-        .filter(|d| f.sink.as_deref().is_none_or(|s| s == d.sink))
+        .filter(|d| f.sink.is_none_or(|s| s == d.sink))
         .filter(|d| f.route.as_deref().is_none_or(|s| s == d.route))
         .filter(|d| {
             f.recipient
@@ -373,6 +374,14 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 /// A filter value: one of the domain, or one no row has.
+/// A sink filter: one of [`SINKS`] (a typed filter names no unknown sink), or none.
+fn sink_value() -> impl Strategy<Value = Option<Option<Sink>>> {
+    proptest::option::weighted(
+        0.5,
+        (0..SINKS.len()).prop_map(|i| sink_or_none::parse(SINKS[i]).expect("a sink or none")),
+    )
+}
+
 fn value(domain: &'static [&'static str]) -> impl Strategy<Value = Option<String>> {
     proptest::option::weighted(
         0.5,
@@ -408,7 +417,7 @@ fn delivery_filter() -> impl Strategy<Value = DeliveryFilter> {
     (
         (
             value(&["queued", "leased", "sent", "skipped", "parked"]),
-            value(&SINKS),
+            sink_value(),
             value(&ROUTES),
             value(&RECIPIENTS),
             proptest::option::of(0..1000usize),
@@ -536,7 +545,7 @@ proptest! {
 
         // The filter indexes hold exactly one row per row and value.
         let key = |v: &str, suffix: &[u8]| [v.as_bytes(), &[0], suffix].concat();
-        let want: Vec<Vec<u8>> = rows.iter().map(|d| key(&d.sink, d.id.as_str().as_bytes())).collect();
+        let want: Vec<Vec<u8>> = rows.iter().map(|d| key(d.sink_name(), d.id.as_str().as_bytes())).collect();
         prop_assert_eq!(index_keys(&db, "deliveries", "by_sink"), sorted(want));
         let want: Vec<Vec<u8>> = rows.iter().map(|d| key(&d.route, d.id.as_str().as_bytes())).collect();
         prop_assert_eq!(index_keys(&db, "deliveries", "by_route"), sorted(want));
@@ -911,7 +920,7 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
     assert_eq!(next, Some(page[4].seq));
 
     let f = DeliveryFilter {
-        sink: Some("app".into()),
+        sink: Some(Some(Sink::App)),
         recipient: Some("rare".into()),
         limit: 10,
         ..DeliveryFilter::default()
@@ -1050,7 +1059,7 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
     let (page, _) = read::deliveries(
         &db,
         &DeliveryFilter {
-            sink: Some("app".into()),
+            sink: Some(Some(Sink::App)),
             recipient: Some("a".into()),
             limit: 100,
             ..DeliveryFilter::default()

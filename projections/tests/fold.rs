@@ -153,7 +153,7 @@ fn delivery_payload(d: u8, kind: &str, i: usize) -> serde_json::Value {
             notification_seq: i as u64,
             source_seq: i as u64,
             route: "desktop".into(),
-            sink: "app".into(),
+            sink: Some(tidemark_projections::names::Sink::App),
             recipient: Some(format!("r{}", d % 2)),
             priority: "urgent".into(),
             title: "t".into(),

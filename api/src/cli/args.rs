@@ -448,8 +448,8 @@ pub enum DeliveriesAction {
         /// queued, leased, retry_wait, sent, parked, discarded, skipped, cancelled.
         #[arg(long)]
         status: Option<String>,
-        /// Only deliveries to this sink (`app`, `email`, `webhook`, ...).
-        #[arg(long)]
+        /// Only deliveries to this sink (`none`: the skipped ones no sink takes).
+        #[arg(long, value_parser = ["app", "email", "webhook", "none"])]
         sink: Option<String>,
         /// Only deliveries of this route (a `[notifications.routes.<name>]`).
         #[arg(long)]

@@ -5,7 +5,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use serde::{Deserialize, Serialize};
 use tidemark_log::time::Micros;
-use tidemark_projections::names::Priority;
+use tidemark_projections::names::{Priority, sink_or_none};
 use tidemark_projections::notifications::Notification;
 use tidemark_projections::read::{NotificationFilter, NotificationStatus};
 use utoipa::{IntoParams, ToSchema};
@@ -236,7 +236,7 @@ impl NotificationStatusOut {
                 .map(|d| StatusDeliveryOut {
                     id: d.id,
                     route: d.route,
-                    sink: d.sink,
+                    sink: sink_or_none::name(d.sink).to_owned(),
                     status: d.status.into(),
                     attempts: d.attempts,
                     resolved_targets: d.ext.more.resolved_targets,

@@ -1,13 +1,13 @@
 //! Operational endpoints outside `/v1`: health, readiness, metrics, the OpenAPI document and
 //! the operator page.
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Problem};
 use crate::routes::blocking;
 use crate::state::AppState;
 
@@ -208,11 +208,39 @@ pub async fn openapi(State(st): State<AppState>) -> Response {
         .into_response()
 }
 
-/// The console's files, embedded in the binary (spec section 15): it fetches nothing else.
+/// The console's page, embedded in the binary (spec section 15): it fetches nothing but the
+/// [`CONSOLE_FILES`] below and the API.
 const CONSOLE_HTML: &str = include_str!("../../console/index.html");
-const CONSOLE_JS: &str = include_str!("../../console/app.js");
-const CONSOLE_CSS: &str = include_str!("../../console/app.css");
 const CONSOLE_ICON: &str = include_str!("../../console/favicon.svg");
+const JS: &str = "text/javascript; charset=utf-8";
+
+/// The files the page loads, by name under `/console/`: its scripts (in the order the page
+/// loads them, one part of the console each; `app.js`, last, wires them), its style sheet and
+/// its icon.
+const CONSOLE_FILES: &[(&str, &str, &str)] = &[
+    ("core.js", JS, include_str!("../../console/core.js")),
+    ("outbox.js", JS, include_str!("../../console/outbox.js")),
+    (
+        "notifications.js",
+        JS,
+        include_str!("../../console/notifications.js"),
+    ),
+    ("tasks.js", JS, include_str!("../../console/tasks.js")),
+    (
+        "operations.js",
+        JS,
+        include_str!("../../console/operations.js"),
+    ),
+    ("tail.js", JS, include_str!("../../console/tail.js")),
+    ("events.js", JS, include_str!("../../console/events.js")),
+    ("app.js", JS, include_str!("../../console/app.js")),
+    (
+        "app.css",
+        "text/css; charset=utf-8",
+        include_str!("../../console/app.css"),
+    ),
+    ("favicon.svg", "image/svg+xml", CONSOLE_ICON),
+];
 
 /// The console's pages load only the server's own files and talk only to the server.
 const CONSOLE_CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
@@ -240,28 +268,22 @@ pub async fn index() -> Response {
     console_file("text/html; charset=utf-8", CONSOLE_HTML)
 }
 
-/// The console's script.
-#[utoipa::path(get, path = "/console/app.js", operation_id = "getConsoleScript", tag = "ops", responses(
-    (status = 200, description = "JavaScript", content_type = "text/javascript", body = String)
-))]
-pub async fn console_script() -> Response {
-    console_file("text/javascript; charset=utf-8", CONSOLE_JS)
-}
-
-/// The console's style sheet.
-#[utoipa::path(get, path = "/console/app.css", operation_id = "getConsoleStyle", tag = "ops", responses(
-    (status = 200, description = "CSS", content_type = "text/css", body = String)
-))]
-pub async fn console_style() -> Response {
-    console_file("text/css; charset=utf-8", CONSOLE_CSS)
-}
-
-/// The console's icon, linked from its page.
-#[utoipa::path(get, path = "/console/favicon.svg", operation_id = "getConsoleIcon", tag = "ops", responses(
-    (status = 200, description = "SVG", content_type = "image/svg+xml", body = String)
-))]
-pub async fn console_icon() -> Response {
-    console_file("image/svg+xml", CONSOLE_ICON)
+/// One of the console's files: a script (`core.js`, `outbox.js`, `notifications.js`,
+/// `tasks.js`, `operations.js`, `tail.js`, `events.js`, `app.js`), its style sheet
+/// (`app.css`) or its icon (`favicon.svg`).
+#[utoipa::path(get, path = "/console/{file}", operation_id = "getConsoleFile", tag = "ops",
+    params(("file" = String, Path, description = "The file's name, e.g. `app.js`")),
+    responses(
+        (status = 200, description = "JavaScript, CSS or SVG", body = String),
+        (status = 404, description = "No such file", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn console_asset(Path(file): Path<String>) -> Result<Response, ApiError> {
+    CONSOLE_FILES
+        .iter()
+        .find(|(name, _, _)| *name == file)
+        .map(|(_, ty, body)| console_file(ty, body))
+        .ok_or_else(|| ApiError::not_found("no such console file"))
 }
 
 /// The same icon where browsers look for one without a link (every page load used to log a

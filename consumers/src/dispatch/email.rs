@@ -12,6 +12,7 @@ use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::{Tls, TlsParameters};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use tidemark_projections::deliveries::Delivery;
+use tidemark_projections::names::Sink;
 
 use super::{Adapter, Outcome, resolve};
 
@@ -163,8 +164,8 @@ fn escape(s: &str) -> String {
 }
 
 impl Adapter for Email {
-    fn sink(&self) -> &'static str {
-        "email"
+    fn sink(&self) -> Sink {
+        Sink::Email
     }
 
     fn concurrency(&self) -> usize {

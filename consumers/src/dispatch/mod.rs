@@ -22,6 +22,7 @@ use tidemark_engine::Engine;
 use tidemark_engine::commands::Completed;
 use tidemark_engine::commands::outbox::{Claim, CompleteOne, Fail, Failure};
 use tidemark_projections::deliveries::Delivery;
+use tidemark_projections::names::Sink;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -96,7 +97,7 @@ pub async fn targets(engine: &Engine, d: &Delivery) -> Result<Vec<Target>, Outco
 /// A sink tidemark delivers itself.
 pub trait Adapter: Send + Sync + 'static {
     /// The sink's name on routes (`email`, `webhook`).
-    fn sink(&self) -> &'static str;
+    fn sink(&self) -> Sink;
     /// Deliveries in flight at most.
     fn concurrency(&self) -> usize;
     /// Whether it sends to the delivery's recipient or list members (email), rather than to
@@ -173,9 +174,9 @@ const LONGEST_SLEEP: Duration = Duration::from_secs(60);
 pub struct Health(Arc<std::sync::Mutex<Vec<SinkHealth>>>);
 
 /// One sink's attempts since the start on this node.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SinkHealth {
-    pub sink: &'static str,
+    pub sink: Sink,
     pub concurrency: usize,
     pub in_flight: usize,
     pub sent: u64,
@@ -191,6 +192,23 @@ pub struct SinkHealth {
 }
 
 impl SinkHealth {
+    /// A sink with no attempt yet.
+    pub fn new(sink: Sink, concurrency: usize) -> SinkHealth {
+        SinkHealth {
+            sink,
+            concurrency,
+            in_flight: 0,
+            sent: 0,
+            transient: 0,
+            permanent: 0,
+            consecutive_failures: 0,
+            last_attempt_at_us: None,
+            last_success_at_us: None,
+            last_failure_at_us: None,
+            last_error_code: None,
+        }
+    }
+
     /// `idle` (no attempt yet, none in flight), `sending` (the first attempts are in flight,
     /// none has finished: a hanging server is not idle), `ok` (the last attempt succeeded),
     /// `failing` (it failed, and every one since the last success).
@@ -210,14 +228,14 @@ impl Health {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn update(&self, sink: &str, f: impl FnOnce(&mut SinkHealth)) {
+    fn update(&self, sink: Sink, f: impl FnOnce(&mut SinkHealth)) {
         let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(h) = all.iter_mut().find(|h| h.sink == sink) {
             f(h);
         }
     }
 
-    fn outcome(&self, sink: &str, o: &Outcome) {
+    fn outcome(&self, sink: Sink, o: &Outcome) {
         let now = tidemark_log::time::now_micros();
         self.update(sink, |h| {
             h.in_flight = h.in_flight.saturating_sub(1);
@@ -254,11 +272,7 @@ pub fn spawn(
     *sinks.health.0.lock().unwrap_or_else(|p| p.into_inner()) = sinks
         .adapters
         .iter()
-        .map(|a| SinkHealth {
-            sink: a.sink(),
-            concurrency: a.concurrency(),
-            ..SinkHealth::default()
-        })
+        .map(|a| SinkHealth::new(a.sink(), a.concurrency()))
         .collect();
     let tasks: Vec<_> = sinks
         .adapters
@@ -301,7 +315,7 @@ async fn run(
         let free = adapter.concurrency().saturating_sub(inflight.len());
         if free > 0 {
             let claim = Claim {
-                sink: sink.to_owned(),
+                sink,
                 owner: owner.clone(),
                 limit: free,
                 lease_ms,
@@ -312,7 +326,8 @@ async fn run(
                     for d in rows {
                         let a = adapter.clone();
                         let e = engine.clone();
-                        metrics::gauge!("tidemark_sink_in_flight", "sink" => sink).increment(1.0);
+                        metrics::gauge!("tidemark_sink_in_flight", "sink" => sink.as_str())
+                            .increment(1.0);
                         health.update(sink, |h| h.in_flight += 1);
                         inflight.spawn(async move {
                             let id = d.id.clone();
@@ -331,7 +346,7 @@ async fn run(
                     }
                 }
                 Err(_) if shutdown.is_cancelled() => return,
-                Err(e) => tracing::warn!(sink, error = %e, "dispatcher: claim failed; retrying"),
+                Err(e) => tracing::warn!(%sink, error = %e, "dispatcher: claim failed; retrying"),
             }
         }
         let full = inflight.len() >= adapter.concurrency();
@@ -358,14 +373,14 @@ async fn run(
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(sink, error = %e, "dispatcher: reading due deliveries failed; retrying");
+                    tracing::warn!(%sink, error = %e, "dispatcher: reading due deliveries failed; retrying");
                     Some(RECHECK_MAX)
                 }
             }
         };
         tokio::select! {
             Some(done) = inflight.join_next(), if !inflight.is_empty() => {
-                metrics::gauge!("tidemark_sink_in_flight", "sink" => sink).decrement(1.0);
+                metrics::gauge!("tidemark_sink_in_flight", "sink" => sink.as_str()).decrement(1.0);
                 match done {
                     Ok((id, outcome, took)) => {
                         health.outcome(sink, &outcome);
@@ -397,7 +412,7 @@ async fn run(
 /// Record an attempt's outcome through the complete or fail command.
 async fn report(
     engine: &Engine,
-    sink: &'static str,
+    sink: Sink,
     owner: &str,
     id: &DeliveryId,
     o: Outcome,
@@ -408,9 +423,10 @@ async fn report(
         Outcome::Transient { .. } => "transient",
         Outcome::Permanent { .. } => "permanent",
     };
-    metrics::counter!("tidemark_sink_attempts_total", "sink" => sink, "outcome" => kind)
+    metrics::counter!("tidemark_sink_attempts_total", "sink" => sink.as_str(), "outcome" => kind)
         .increment(1);
-    metrics::histogram!("tidemark_sink_attempt_seconds", "sink" => sink).record(took.as_secs_f64());
+    metrics::histogram!("tidemark_sink_attempt_seconds", "sink" => sink.as_str())
+        .record(took.as_secs_f64());
     let r = match o {
         Outcome::Sent(targets) => engine
             .execute(CompleteOne {
@@ -435,9 +451,11 @@ async fn report(
     };
     match r {
         Ok(None) => {}
-        Ok(Some(code)) => tracing::info!(sink, delivery = %id, %code, "dispatcher: report refused"),
+        Ok(Some(code)) => {
+            tracing::info!(%sink, delivery = %id, %code, "dispatcher: report refused");
+        }
         Err(e) => {
-            tracing::warn!(sink, delivery = %id, error = %e, "dispatcher: report failed; the lease will expire");
+            tracing::warn!(%sink, delivery = %id, error = %e, "dispatcher: report failed; the lease will expire");
         }
     }
 }
@@ -489,29 +507,25 @@ pub(crate) fn pool(
 
 #[cfg(test)]
 mod tests {
-    use super::{Health, Outcome, SinkHealth};
+    use super::{Health, Outcome, Sink, SinkHealth};
 
     #[test]
     fn a_sinks_health_follows_its_attempts() {
         let h = Health::default();
-        h.0.lock().unwrap().push(SinkHealth {
-            sink: "email",
-            concurrency: 2,
-            ..SinkHealth::default()
-        });
+        h.0.lock().unwrap().push(SinkHealth::new(Sink::Email, 2));
         let state = || h.snapshot()[0].state();
         assert_eq!(state(), "idle");
-        h.update("email", |s| s.in_flight += 1);
+        h.update(Sink::Email, |s| s.in_flight += 1);
         assert_eq!(state(), "sending", "a hanging server is not idle");
         let transient = Outcome::Transient {
             code: "smtp_451".into(),
             error: "try later".into(),
             retry_after_ms: None,
         };
-        h.outcome("email", &transient);
+        h.outcome(Sink::Email, &transient);
         assert_eq!(state(), "failing");
         h.outcome(
-            "email",
+            Sink::Email,
             &Outcome::Permanent {
                 code: "smtp_550".into(),
                 error: "no such user".into(),
@@ -525,13 +539,13 @@ mod tests {
             s.in_flight, 0,
             "an outcome ends its attempt, never below zero"
         );
-        h.outcome("email", &Outcome::Sent(vec!["a@example.org".into()]));
+        h.outcome(Sink::Email, &Outcome::Sent(vec!["a@example.org".into()]));
         let s = &h.snapshot()[0];
         assert_eq!(s.state(), "ok");
         assert_eq!((s.sent, s.consecutive_failures), (1, 0));
         assert!(s.last_success_at_us >= s.last_failure_at_us);
         // A sink not configured on this node is not counted.
-        h.outcome("webhook", &transient);
+        h.outcome(Sink::Webhook, &transient);
         assert_eq!(h.snapshot().len(), 1);
     }
 }

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 
 use serde_json::json;
 use tidemark_projections::deliveries::Delivery;
+use tidemark_projections::names::Sink;
 
 use super::{Adapter, Outcome, resolve};
 use crate::bridge::{Signatures, receiver_retry_after_ms};
@@ -123,8 +124,8 @@ pub fn body(d: &Delivery) -> serde_json::Value {
 }
 
 impl Adapter for Webhook {
-    fn sink(&self) -> &'static str {
-        "webhook"
+    fn sink(&self) -> Sink {
+        Sink::Webhook
     }
 
     fn concurrency(&self) -> usize {

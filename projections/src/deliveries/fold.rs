@@ -35,8 +35,8 @@ pub fn timed_key(sink: &str, us: i64, id: &str) -> Vec<u8> {
 
 /// `sink ‖ 0 ‖ rank ‖ due ‖ id` ([`DUE_BY_PRIORITY`]).
 pub fn due_priority_key(d: &Delivery, due_us: i64) -> Vec<u8> {
-    let mut k = Vec::with_capacity(d.sink.len() + 10 + d.id.as_str().len());
-    k.extend_from_slice(d.sink.as_bytes());
+    let mut k = Vec::with_capacity(d.sink_name().len() + 10 + d.id.as_str().len());
+    k.extend_from_slice(d.sink_name().as_bytes());
     k.push(0);
     k.push(priority_rank(&d.priority));
     k.extend_from_slice(&us_key(due_us));
@@ -61,14 +61,14 @@ fn index_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             COUNTS,
-            cat(&[d.sink.as_bytes(), d.status.as_str().as_bytes()]),
+            cat(&[d.sink_name().as_bytes(), d.status.as_str().as_bytes()]),
         ),
     ];
     if let Some(t) = &d.task_id {
         out.push((BY_TASK, cat(&[t.as_bytes(), d.id.as_str().as_bytes()])));
     }
     if let Some(due) = d.due_us() {
-        out.push((DUE, timed_key(&d.sink, due, d.id.as_str())));
+        out.push((DUE, timed_key(d.sink_name(), due, d.id.as_str())));
     }
     if d.status == DeliveryStatus::Leased
         && let Some(exp) = d.lease_expires_at_us
@@ -78,12 +78,15 @@ fn index_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
         out.push((LEASES, k));
     }
     if d.is_pending() {
-        out.push((PENDING, timed_key(&d.sink, d.created_at_us, d.id.as_str())));
+        out.push((
+            PENDING,
+            timed_key(d.sink_name(), d.created_at_us, d.id.as_str()),
+        ));
     }
     if d.status == DeliveryStatus::Sent {
         out.push((
             SENT,
-            timed_key(&d.sink, d.delivered_at_us.unwrap_or(0), d.id.as_str()),
+            timed_key(d.sink_name(), d.delivered_at_us.unwrap_or(0), d.id.as_str()),
         ));
     }
     out
@@ -94,7 +97,10 @@ fn index_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
 /// after the golden release, whose digests must stay as recorded.
 fn filter_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
     let mut out = vec![
-        (BY_SINK, cat(&[d.sink.as_bytes(), d.id.as_str().as_bytes()])),
+        (
+            BY_SINK,
+            cat(&[d.sink_name().as_bytes(), d.id.as_str().as_bytes()]),
+        ),
         (
             BY_ROUTE,
             cat(&[d.route.as_bytes(), d.id.as_str().as_bytes()]),

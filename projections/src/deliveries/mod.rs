@@ -10,7 +10,7 @@
 use crate::ids::DeliveryId;
 use serde::{Deserialize, Serialize};
 
-use crate::names::{DeliveryStatus, DeliveryTransition};
+use crate::names::{DeliveryStatus, DeliveryTransition, Sink};
 
 mod fold;
 pub(crate) mod read;
@@ -117,7 +117,9 @@ pub struct Delivery {
     /// comes from, else the notification itself. A task cancellation at a later seq cancels it.
     pub source_seq: u64,
     pub route: String,
-    pub sink: String,
+    /// The sink that takes it; none for a skipped delivery.
+    #[serde(with = "crate::names::sink_or_none")]
+    pub sink: Option<Sink>,
     pub recipient: Option<String>,
     pub priority: String,
     pub title: String,
@@ -194,6 +196,11 @@ pub struct DeliveryExt3 {
 }
 
 impl Delivery {
+    /// Its sink's name as stored in its keys and served: `"none"` when no sink takes it.
+    pub const fn sink_name(&self) -> &'static str {
+        crate::names::sink_or_none::name(self.sink)
+    }
+
     /// Notifications it carries: the listed items and those counted in `more`.
     pub fn item_count(&self) -> usize {
         self.items.len() + self.ext.more_items.len()
@@ -352,7 +359,9 @@ pub struct Created {
     /// for routed notifications, else the notification itself).
     pub source_seq: u64,
     pub route: String,
-    pub sink: String,
+    /// The sink that takes it; none (`"none"`) for a skipped delivery.
+    #[serde(with = "crate::names::sink_or_none")]
+    pub sink: Option<Sink>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub recipient: Option<String>,
     pub priority: String,
@@ -602,7 +611,7 @@ impl Created {
             notification_seq: self.notification_seq,
             source_seq: self.source_seq,
             route: self.route.clone(),
-            sink: self.sink.clone(),
+            sink: self.sink,
             recipient: self.recipient.clone(),
             priority: self.priority.clone(),
             title: self.title.clone(),
@@ -688,11 +697,11 @@ pub fn join(d: &mut Delivery, j: &Joined, seq: u64) {
 /// retry, or leased until its lease expires), from a [`DUE`] table; `None` when none waits.
 pub(crate) fn first_due(
     t: &impl redb::ReadableTable<&'static [u8], &'static [u8]>,
-    sink: &str,
+    sink: Sink,
 ) -> Result<Option<i64>, tidemark_log::StorageError> {
     use tidemark_log::StorageError;
-    let from = fold::timed_key(sink, 0, "");
-    let mut to = sink.as_bytes().to_vec();
+    let from = fold::timed_key(sink.as_str(), 0, "");
+    let mut to = sink.as_str().as_bytes().to_vec();
     to.push(1);
     let mut rows = t
         .range(from.as_slice()..to.as_slice())
@@ -701,7 +710,7 @@ pub(crate) fn first_due(
         return Ok(None);
     };
     let (k, _) = row.map_err(StorageError::of)?;
-    let at = sink.len() + 1;
+    let at = sink.as_str().len() + 1;
     Ok(k.value()
         .get(at..at + 8)
         .and_then(crate::framework::be_u64)

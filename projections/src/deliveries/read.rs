@@ -10,6 +10,7 @@ use redb::ReadableTable;
 use crate::deliveries::{self, Delivery};
 use crate::framework::{Reader, be_u64};
 use crate::ids::DeliveryId;
+use crate::names::{Sink, sink_or_none};
 use crate::read::paged::{ListOrder, Order, Page, Position, Table, Walk, paged};
 use crate::read::{stored_u64, under};
 
@@ -41,7 +42,8 @@ pub fn delivery(
 #[derive(Debug, Clone, Default)]
 pub struct DeliveryFilter {
     pub status: Option<String>,
-    pub sink: Option<String>,
+    /// `Some(None)`: the deliveries no sink takes (skipped).
+    pub sink: Option<Option<Sink>>,
     pub route: Option<String>,
     pub recipient: Option<String>,
     /// Deliveries carrying this notification (a digest carries the ones that joined it).
@@ -115,7 +117,7 @@ pub fn deliveries(
         return Ok((Vec::new(), None));
     };
     let keep = |d: &Delivery| {
-        f.sink.as_deref().is_none_or(|s| s == d.sink)
+        f.sink.is_none_or(|s| s == d.sink)
             && f.route.as_deref().is_none_or(|s| s == d.route)
             && f.status.as_deref().is_none_or(|s| s == d.status)
             && f.recipient
@@ -157,7 +159,7 @@ pub fn deliveries(
         Walk::ByKey {
             filters: vec![
                 (deliveries::BY_STATUS, f.status.as_deref()),
-                (deliveries::BY_SINK, f.sink.as_deref()),
+                (deliveries::BY_SINK, f.sink.map(sink_or_none::name)),
                 (deliveries::BY_ROUTE, f.route.as_deref()),
                 (deliveries::BY_RECIPIENT, f.recipient.as_deref()),
                 (deliveries::BY_NOTIFICATION, f.notification_id.as_deref()),
@@ -376,7 +378,7 @@ pub fn earliest_lease_expiry(db: &crate::models::ModelsRead) -> Result<Option<i6
 /// due now); `None` when none waits.
 pub fn earliest_due(
     db: &crate::models::ModelsRead,
-    sink: &str,
+    sink: Sink,
 ) -> Result<Option<i64>, StorageError> {
     let r = Reader::new(db)?;
     match r.table(deliveries::NAME, deliveries::DUE)? {

@@ -14,6 +14,7 @@ use super::{
     count_pending, group_key, timed_key, us_key,
 };
 use crate::framework::be_u64;
+use crate::names::Sink;
 use crate::routing::RoutingSettings;
 
 txn_view! {
@@ -42,13 +43,13 @@ impl View<'_> {
     /// empty).
     pub fn due(
         &mut self,
-        sink: &str,
+        sink: Sink,
         rank: u8,
         now_us: i64,
         after: Option<&DueAfter>,
         max: usize,
     ) -> Result<(Vec<String>, Option<DueAfter>), StorageError> {
-        let mut prefix = sink.as_bytes().to_vec();
+        let mut prefix = sink.as_str().as_bytes().to_vec();
         prefix.push(0);
         prefix.push(rank);
         let mut to = prefix.clone();

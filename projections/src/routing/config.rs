@@ -10,38 +10,12 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use crate::names::Sink;
+
 use super::{
     DigestPolicy, RetrySettings, RoutePolicy, RoutingSettings, Strategy, Templates, malformed,
     parse_clock, parse_duration_ms,
 };
-
-/// Where a route's deliveries go (section 17): claimed by an app, or delivered by tidemark's
-/// dispatcher by email or webhook. Stored on a delivery row as its name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Sink {
-    App,
-    Email,
-    Webhook,
-}
-
-impl Sink {
-    pub const ALL: [Sink; 3] = [Sink::App, Sink::Email, Sink::Webhook];
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Sink::App => "app",
-            Sink::Email => "email",
-            Sink::Webhook => "webhook",
-        }
-    }
-}
-
-impl std::fmt::Display for Sink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// `[notifications]`. Absent keys keep the defaults of section 4 ([`RoutingSettings::default`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

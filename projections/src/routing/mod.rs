@@ -65,7 +65,7 @@ fn malformed(key: &str) -> String {
         _ if parent == "routing" => "a list of route names (e.g. [\"email\", \"app\"])".to_owned(),
         "generic_title" => "a text of 1 to 256 bytes".to_owned(),
         "list" => "a list name of 1 to 128 bytes".to_owned(),
-        "sink" => format!("one of {}", Sink::ALL.map(Sink::as_str).join(", ")),
+        "sink" => format!("one of {}", Sink::joined()),
         "title_one" | "title_many" | "many" | "summary" => "a text of 1 to 512 bytes".to_owned(),
         _ => "a table".to_owned(),
     };

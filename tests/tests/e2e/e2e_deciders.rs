@@ -181,7 +181,7 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
                 while idle < 3 {
                     let claim = engine
                         .execute(Claim {
-                            sink: "app".into(),
+                            sink: tidemark_projections::names::Sink::App,
                             owner: owner.clone(),
                             limit: 5,
                             lease_ms: 600_000,

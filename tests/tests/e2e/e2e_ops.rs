@@ -423,16 +423,41 @@ async fn unauthorized_answers_carry_www_authenticate() {
     );
 }
 
-/// The console is three embedded files under a policy that allows only the server itself; the
-/// page talks to the public API only (its script names no other origin and no private path).
+/// The console is embedded files under a policy that allows only the server itself; the page
+/// talks to the public API only (its scripts name no other origin and no private path).
 #[tokio::test]
 async fn the_console_is_served_from_the_binary_under_a_strict_policy() {
     let s = Server::start(ServerOpts::default()).await;
-    for (path, ty, needle) in [
-        ("/", "text/html", "/console/app.js"),
-        ("/console/app.js", "text/javascript", "/v1/whoami"),
-        ("/console/app.css", "text/css", ".tile"),
-    ] {
+    // The scripts the page loads, in its order.
+    let page = s.get("/").await.text;
+    let scripts: Vec<String> = page
+        .split("<script src=\"")
+        .skip(1)
+        .map(|t| t.split('"').next().unwrap_or_default().to_owned())
+        .collect();
+    assert!(
+        scripts.len() > 1
+            && scripts
+                .iter()
+                .all(|p| p.starts_with("/console/") && p.ends_with(".js")),
+        "{scripts:?}"
+    );
+    assert_eq!(
+        scripts.last().map(String::as_str),
+        Some("/console/app.js"),
+        "app.js wires the rest: last"
+    );
+    let mut files = vec![
+        ("/".to_owned(), "text/html", "/console/app.js"),
+        ("/console/app.css".to_owned(), "text/css", ".tile"),
+    ];
+    files.extend(
+        scripts
+            .iter()
+            .map(|p| (p.clone(), "text/javascript", "'use strict';")),
+    );
+    for (path, ty, needle) in files {
+        let path = path.as_str();
         let r = s.get(path).await;
         assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text);
         let h = |n: &str| {
@@ -475,8 +500,15 @@ async fn the_console_is_served_from_the_binary_under_a_strict_policy() {
             .contains(r#"rel="icon" href="/console/favicon.svg""#),
         "the page links its icon"
     );
-    // Every path the script calls is a documented operation under /v1.
-    let js = s.get("/console/app.js").await.text;
+    // An unknown file is a 404 problem, not the page.
+    let r = s.get("/console/nope.js").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
+    assert_eq!(r.json["code"], "not_found", "{}", r.text);
+    // Every path the scripts call is a documented operation under /v1.
+    let mut js = String::new();
+    for p in &scripts {
+        js.push_str(&s.get(p).await.text);
+    }
     let doc = s.get("/openapi.json").await.json;
     let paths: Vec<&String> = doc["paths"].as_object().expect("paths").keys().collect();
     for used in [

@@ -11,7 +11,7 @@ use tidemark_log::time::now_micros;
 use utoipa::ToSchema;
 
 use super::{
-    DeliveriesPage, DeliveryId, DeliveryOut, check_sink, invalid, lease_ms, settings, stuck_cut,
+    DeliveriesPage, DeliveryId, DeliveryOut, claim_sink, invalid, lease_ms, settings, stuck_cut,
     with_provenance,
 };
 use crate::error::{ApiError, Problem};
@@ -21,8 +21,8 @@ use crate::state::AppState;
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClaimBody {
-    /// The sink to claim for (`app` for desktop deliveries).
-    #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9_.-]+$")]
+    /// The sink to claim for: `app` (desktop deliveries), `email` or `webhook`.
+    #[schema(pattern = "^(app|email|webhook)$")]
     pub sink: String,
     /// Who holds the leases; only this owner may complete, fail or extend them.
     #[schema(inline)]
@@ -58,8 +58,9 @@ pub async fn claim(
         return Err(invalid("limit", "limit must be from 1 to 1000"));
     }
     let lease = lease_ms(b.lease_ms, s)?;
-    tracing::Span::current().record("sink", b.sink.as_str());
-    let (sink, owner) = (b.sink.clone(), b.owner.into_string());
+    let sink = claim_sink(&b.sink)?;
+    tracing::Span::current().record("sink", sink.as_str());
+    let owner = b.owner.into_string();
     let (rows, receipt) = st
         .engine
         .execute(Claim {
@@ -71,7 +72,7 @@ pub async fn claim(
         })
         .await?;
     tracing::Span::current().record("claimed", rows.len());
-    metrics::counter!("tidemark_deliveries_leased_total", "sink" => b.sink)
+    metrics::counter!("tidemark_deliveries_leased_total", "sink" => sink.as_str())
         .increment(rows.len() as u64);
     // A worker delivers from the claim alone: each row with its notification's `type_data` and
     // `source` (section 2). The decider folded the models to the head before it decided the
@@ -128,7 +129,7 @@ pub async fn complete(
         .await?
         .0
         .into_result()?;
-    metrics::counter!("tidemark_deliveries_sent_total", "sink" => row.sink.clone()).increment(1);
+    metrics::counter!("tidemark_deliveries_sent_total", "sink" => row.sink_name()).increment(1);
     Ok(Json(row.into()))
 }
 
@@ -207,7 +208,7 @@ pub async fn complete_many(
     for (id, r) in ids.into_iter().zip(results) {
         out.push(match r {
             Completed::Sent(row) => {
-                metrics::counter!("tidemark_deliveries_sent_total", "sink" => row.sink.clone())
+                metrics::counter!("tidemark_deliveries_sent_total", "sink" => row.sink_name())
                     .increment(1);
                 CompleteResult {
                     id,
@@ -254,7 +255,7 @@ pub struct FailBody {
 
 impl Validate for ClaimBody {
     fn validate(&self) -> Result<(), ApiError> {
-        check_sink(&self.sink)
+        claim_sink(&self.sink).map(drop)
     }
 }
 
@@ -331,7 +332,7 @@ pub async fn fail(
             failure: f,
         })
         .await?;
-    metrics::counter!("tidemark_deliveries_failed_total", "sink" => row.sink.clone(), "parked" => (row.status == "parked").to_string()).increment(1);
+    metrics::counter!("tidemark_deliveries_failed_total", "sink" => row.sink_name(), "parked" => (row.status == "parked").to_string()).increment(1);
     Ok(Json(row.into()))
 }
 

@@ -11,7 +11,7 @@ use axum::extract::{Query, State};
 use serde::{Deserialize, Serialize};
 use tidemark_log::time::{Micros, now_micros};
 use tidemark_projections::deliveries::{Delivery, Step};
-use tidemark_projections::names::DeliveryStatus;
+use tidemark_projections::names::{DeliveryStatus, Sink, sink_or_none};
 use tidemark_projections::read::{DeliveryFilter, Kpis, StuckFilter};
 use tidemark_projections::routing::RoutingSettings;
 use utoipa::{IntoParams, ToSchema};
@@ -222,7 +222,7 @@ impl From<Delivery> for DeliveryOut {
             intent_key: redacted.then(|| d.notification_id.clone()),
             notification_id: d.notification_id,
             route: d.route,
-            sink: d.sink,
+            sink: sink_or_none::name(d.sink).to_owned(),
             ntype: d.ext.more.later.ntype.take(),
             list: d.ext.more.list.take(),
             recipient,
@@ -292,16 +292,9 @@ pub struct DeliveryAnswer {
 
 pub(crate) use crate::request::check_text;
 
-fn check_sink(v: &str) -> Result<(), ApiError> {
-    if v.is_empty()
-        || v.len() > 64
-        || !v
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b))
-    {
-        return Err(invalid("sink", "sink must be 1–64 of a-z0-9_.-"));
-    }
-    Ok(())
+/// The sink a claim names: one of the sinks deliveries are made for.
+fn claim_sink(v: &str) -> Result<Sink, ApiError> {
+    Sink::parse(v).ok_or_else(|| invalid("sink", format!("sink must be one of {}", Sink::joined())))
 }
 
 pub(crate) use crate::request::DeliveryId;
@@ -406,8 +399,20 @@ pub async fn list(
             DeliveryStatus::joined()
         )));
     }
+    let sink = q
+        .sink
+        .as_deref()
+        .map(|v| {
+            sink_or_none::parse(v).ok_or_else(|| {
+                ApiError::invalid_query(format!(
+                    "sink must be one of {}, {}",
+                    Sink::joined(),
+                    sink_or_none::NONE
+                ))
+            })
+        })
+        .transpose()?;
     for (name, v) in [
-        ("sink", &q.sink),
         ("route", &q.route),
         ("recipient", &q.recipient),
         ("notification_id", &q.notification_id),
@@ -461,7 +466,7 @@ pub async fn list(
         stuck,
         title_contains: q.q,
         status: q.status,
-        sink: q.sink,
+        sink,
         route: q.route,
         recipient: q.recipient,
         notification_id: q.notification_id,

@@ -60,7 +60,7 @@ pub async fn sinks(State(st): State<AppState>) -> Json<SinksOut> {
             .snapshot()
             .into_iter()
             .map(|h| SinkHealthOut {
-                sink: h.sink.to_owned(),
+                sink: h.sink.as_str().to_owned(),
                 state: h.state().to_owned(),
                 in_flight: h.in_flight,
                 concurrency: h.concurrency,

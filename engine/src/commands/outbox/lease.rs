@@ -6,7 +6,7 @@ use tidemark_log::NewEvent;
 use tidemark_projections::deliveries::{self as d, Change, Delivery, transition};
 use tidemark_projections::ids::DeliveryId;
 use tidemark_projections::names::{
-    DeliveryStatus as S, DeliveryTransition, DeliveryTransition as T, Stream,
+    DeliveryStatus as S, DeliveryTransition, DeliveryTransition as T, Sink, Stream,
 };
 use tidemark_projections::routing::backoff_ms;
 
@@ -276,7 +276,7 @@ pub struct Failure {
 /// now leased.
 #[derive(Debug, Clone)]
 pub struct Claim {
-    pub sink: String,
+    pub sink: Sink,
     pub owner: String,
     pub limit: usize,
     pub lease_ms: u64,
@@ -303,7 +303,7 @@ impl Command for Claim {
         round: &mut Round<'_>,
     ) -> Result<Decided<Vec<Delivery>>, CommandError> {
         let (sink, owner, limit, lease_ms, share) = (
-            self.sink.as_str(),
+            self.sink,
             self.owner.as_str(),
             self.limit,
             self.lease_ms,

@@ -186,8 +186,8 @@ fn route_one(
     let s = st.settings_at(n.seq)?;
     for outcome in resolve_routes(&s, &n.priority, n.ntype.as_deref()) {
         let (route, sink, skip) = match outcome {
-            RouteOutcome::Deliver { route, sink } => (route, sink.as_str().to_owned(), None),
-            RouteOutcome::Skipped { route, reason } => (route, "none".to_owned(), Some(reason)),
+            RouteOutcome::Deliver { route, sink } => (route, Some(sink), None),
+            RouteOutcome::Skipped { route, reason } => (route, None, Some(reason)),
         };
         let policy = s.policy(&route);
         // A redacting route writes keyed hashes in place of the ids, the recipient and the

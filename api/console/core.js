@@ -1,0 +1,252 @@
+// tidemark operator console (spec section 15). Plain JavaScript, no dependencies, served by the
+// binary itself; it talks only to the public HTTP API under /v1, like any other client. The
+// page loads its scripts in order (index.html), classic scripts sharing one global scope: this
+// one holds the state, the DOM helpers, the API client and the token; app.js, last, wires them.
+'use strict';
+
+const ALL_SCOPES = ['read', 'append', 'bridge', 'operator', 'admin'];
+const TOKEN_KEY = 'tidemark.token';
+const TAIL_MAX = 200;
+const KPI_EVERY_MS = 5000;
+
+const state = {
+  token: sessionStorage.getItem(TOKEN_KEY),
+  who: null, // {name, scopes, open}
+  view: null,
+  kpiTimer: null,
+  dNext: null, // the next page of the deliveries list: {after} or {before}
+  tNext: null, // the same of the tasks list
+  nNext: null, // next_before_seq of the notifications list
+  evNext: null, // the events browser's next page: a before_sequence (newest first) or after_sequence
+  task: null, // the task shown
+  tail: { ctrl: null, lastId: null, attempt: 0, filters: {}, timer: null },
+};
+
+// ---------------------------------------------------------------------------------------------
+// Small DOM helpers: elements are built with textContent only (no HTML from the server).
+
+const $ = (sel) => document.querySelector(sel);
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === 'class') e.className = v;
+    else if (k === 'text') e.textContent = v;
+    else if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
+    else if (k === 'dataset') Object.assign(e.dataset, v);
+    else e.setAttribute(k, v === true ? '' : v);
+  }
+  for (const c of children.flat(Infinity)) {
+    if (c === undefined || c === null || c === false) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+function table(node, headers, rows) {
+  node.replaceChildren(
+    el('thead', {}, el('tr', {}, headers.map((h) => el('th', { text: h })))),
+    el('tbody', {}, rows),
+  );
+  if (!rows.length) {
+    node.querySelector('tbody').append(
+      el('tr', {}, el('td', { colspan: headers.length, class: 'muted', text: 'nothing here' })),
+    );
+  }
+}
+
+/// Replace `node`'s children, skipping absent ones (null, undefined, false).
+function fill(node, ...children) {
+  node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+}
+
+function show(node, on) {
+  node.hidden = !on;
+}
+
+function flash(msg, kind) {
+  const f = $('#flash');
+  f.textContent = msg;
+  f.className = kind || 'info';
+  f.hidden = false;
+  clearTimeout(flash.timer);
+  flash.timer = setTimeout(() => { f.hidden = true; }, 6000);
+}
+
+function fmtTime(s) {
+  return s ? s.replace('T', ' ').replace(/\.\d+Z$/, 'Z') : '–';
+}
+
+/// How far ahead a time is: " (in 5m)", or " (now)" once it has passed.
+function fmtIn(t) {
+  const s = (Date.parse(t) - Date.now()) / 1000;
+  return s > 0 ? ` (in ${fmtAge(s)})` : ' (now)';
+}
+
+/// Bring a panel just opened into view and give it the focus: the panels open below lists of
+/// up to 50 rows, where a deep link (`#tasks/<id>`) or a click used to leave them out of view.
+function reveal(node) {
+  if (!node.hasAttribute('tabindex')) node.setAttribute('tabindex', '-1');
+  node.scrollIntoView({ block: 'start' });
+  node.focus({ preventScroll: true });
+}
+
+/// Field names whose values the console never shows, whatever the event: the server redacts
+/// webhook secrets itself (`"[redacted]"`); this masks anything else named like a secret.
+const SECRET_KEY = /^(secret|client_secret|password|passwd|token|api_key|apikey|authorization|hmac_key|private_key)$/i;
+
+function masked(v) {
+  if (Array.isArray(v)) return v.map(masked);
+  if (v && typeof v === 'object') {
+    const o = {};
+    for (const [k, x] of Object.entries(v)) {
+      o[k] = SECRET_KEY.test(k) && x !== null && x !== undefined ? '[redacted]' : masked(x);
+    }
+    return o;
+  }
+  return v;
+}
+
+/// A payload on one line, cut to `max` characters (the whole of it is a click away).
+function payloadPreview(payload, max = 80) {
+  const t = JSON.stringify(masked(payload ?? {}));
+  return t.length > max ? `${t.slice(0, max - 1)}…` : t;
+}
+
+function fmtAge(seconds) {
+  if (!seconds) return '0s';
+  const s = Math.round(seconds);
+  if (s < 120) return `${s}s`;
+  if (s < 7200) return `${Math.round(s / 60)}m`;
+  return `${Math.round(s / 3600)}h`;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The API: every call carries the tab's token; a 401 asks for one again.
+
+class ApiError extends Error {
+  constructor(status, problem) {
+    super((problem && (problem.detail || problem.title)) || `HTTP ${status}`);
+    this.status = status;
+    this.code = problem && problem.code;
+  }
+}
+
+function authHeaders() {
+  return state.token ? { Authorization: `Bearer ${state.token}` } : {};
+}
+
+async function api(method, path, body) {
+  const headers = { Accept: 'application/json', ...authHeaders() };
+  const init = { method, headers };
+  if (body !== undefined) {
+    headers['Content-Type'] = 'application/json';
+    init.body = JSON.stringify(body);
+  }
+  const r = await fetch(path, init);
+  const text = await r.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch (_) { data = null; }
+  if (r.status === 401) {
+    askToken('The token was refused; paste another.');
+    throw new ApiError(401, data);
+  }
+  if (!r.ok) throw new ApiError(r.status, data);
+  return data;
+}
+
+function qs(params) {
+  const u = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) {
+    if (v !== undefined && v !== null && v !== '') u.set(k, v);
+  }
+  const s = u.toString();
+  return s ? `?${s}` : '';
+}
+
+function can(scope) {
+  const w = state.who;
+  if (!w) return false;
+  return w.open || w.scopes.includes('admin') || w.scopes.includes(scope);
+}
+
+/// A button for an action that needs `scope`: disabled, with the reason, when the token lacks it.
+/// With `confirm` ({title, text}), nothing is sent until the operator confirms in a dialog;
+/// cancelling sends nothing.
+function actionButton(label, scope, onclick, testid, confirm) {
+  const allowed = can(scope);
+  return el('button', {
+    type: 'button',
+    text: label,
+    class: confirm ? 'danger' : null,
+    disabled: !allowed,
+    title: allowed ? null : `needs the ${scope} scope`,
+    'data-testid': testid,
+    onclick: async (ev) => {
+      ev.stopPropagation();
+      const b = ev.currentTarget;
+      b.disabled = true;
+      try {
+        if (confirm && !(await confirmAction(confirm.title, confirm.text, label))) {
+          flash(`${label} cancelled: nothing was sent`, 'info');
+          return;
+        }
+        await onclick();
+      } catch (e) { flash(`${label}: ${e.message}`, 'error'); }
+      finally { b.disabled = !can(scope); }
+    },
+  });
+}
+
+/// Ask the operator to confirm an action in a modal dialog: true when confirmed; Cancel, Escape
+/// or a second request while one is open answer false.
+function confirmAction(title, text, okLabel) {
+  const d = $('#confirm');
+  if (d.open) return Promise.resolve(false);
+  $('#confirm-title').textContent = title;
+  $('#confirm-text').textContent = text;
+  $('#confirm-ok').textContent = okLabel;
+  d.returnValue = '';
+  return new Promise((resolve) => {
+    d.addEventListener('close', () => resolve(d.returnValue === 'ok'), { once: true });
+    d.showModal();
+    $('#confirm-cancel').focus();
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Token and identity.
+
+function askToken(why) {
+  state.who = null;
+  stopTail();
+  show($('#app'), false);
+  show($('#login'), true);
+  show($('#logout'), false);
+  $('#who').textContent = '';
+  $('#login-error').textContent = why || '';
+  $('#token').focus();
+}
+
+async function identify() {
+  const r = await fetch('/v1/whoami', { headers: { Accept: 'application/json', ...authHeaders() } });
+  if (r.status === 401) {
+    const had = !!state.token;
+    if (had) sessionStorage.removeItem(TOKEN_KEY);
+    state.token = null;
+    askToken(had ? 'That token was refused.' : '');
+    return false;
+  }
+  if (!r.ok) throw new ApiError(r.status, await r.json().catch(() => null));
+  state.who = await r.json();
+  const w = state.who;
+  $('#who').textContent = w.open
+    ? 'open mode (no tokens configured): every scope'
+    : `${w.name}: ${w.scopes.join(', ')}`;
+  $('#who').dataset.scopes = (w.open ? ALL_SCOPES : w.scopes).join(' ');
+  show($('#logout'), !w.open);
+  show($('#login'), false);
+  show($('#app'), true);
+  return true;
+}
