@@ -319,7 +319,8 @@ pub struct DeliveriesQuery {
     /// queued, leased, retry_wait, sent, parked, discarded, skipped, cancelled.
     #[param(pattern = "^(queued|leased|retry_wait|sent|parked|discarded|skipped|cancelled)$")]
     pub status: Option<String>,
-    #[param(max_length = 256, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
+    /// app, email, webhook, or none (the skipped deliveries no sink takes).
+    #[param(pattern = "^(app|email|webhook|none)$")]
     pub sink: Option<String>,
     #[param(max_length = 256, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$")]
     pub route: Option<String>,
