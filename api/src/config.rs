@@ -518,12 +518,11 @@ impl Config {
             }
             (None, None) => {}
         }
-        if !hooks.is_empty() {
-            let cfg = self.sinks.webhook.clone().unwrap_or_default();
-            sinks.adapters.push(std::sync::Arc::new(
-                webhook::Webhook::new(&cfg, hooks).map_err(bad)?,
-            ));
-        }
+        // Always: a webhook route may be added through the API at any time (section 4).
+        let cfg = self.sinks.webhook.clone().unwrap_or_default();
+        sinks.adapters.push(std::sync::Arc::new(
+            webhook::Webhook::new(&cfg, hooks).map_err(bad)?,
+        ));
         Ok(sinks)
     }
 

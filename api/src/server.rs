@@ -25,7 +25,7 @@ use crate::auth::{Auth, Scope};
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::routes::{
-    admin, bridges, cursors, deliveries, events, lists, notifications, ops, sources, tasks,
+    admin, bridges, cursors, deliveries, events, lists, notifications, ops, routing, sources, tasks,
 };
 use crate::state::{AppState, Shared};
 
@@ -41,6 +41,8 @@ use crate::state::{AppState, Shared};
         (name = "bridges", description = "Bridge subscriptions and terminal notifications"),
         (name = "cursors", description = "Monotonic consumer cursors and their lag"),
         (name = "sources", description = "Pollers that turn upstream HTTP APIs into events"),
+        (name = "lists", description = "Notification lists, resolved when a delivery is attempted"),
+        (name = "routes", description = "Notification routes: the configuration file's, and those managed at runtime"),
         (name = "admin", description = "Projection rebuild and verify"),
         (name = "ops", description = "Operations"),
     )
@@ -124,6 +126,8 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(tasks::list))
             .routes(routes!(lists::list))
             .routes(routes!(lists::show))
+            .routes(routes!(routing::list))
+            .routes(routes!(routing::show))
             .routes(routes!(tasks::get))
             .routes(routes!(tasks::stream))
             .routes(routes!(notifications::list))
@@ -184,6 +188,7 @@ pub fn router(state: AppState) -> Router {
         OpenApiRouter::new()
             .routes(routes!(cursors::reset))
             .routes(routes!(lists::put, lists::delete))
+            .routes(routes!(routing::put, routing::delete))
             .routes(routes!(sources::reset))
             .routes(routes!(admin::run_retention))
             .routes(routes!(admin::backup))
@@ -400,6 +405,38 @@ fn warn_unknown_routes(config: &Config) {
     }
 }
 
+/// A route is the file's or the API's, never both (section 4): a file naming a route the log
+/// holds from `PUT /v1/routes/{name}` refuses the start, naming it.
+async fn refuse_file_routes_held_by_the_api(
+    engine: &Engine,
+    config: &Config,
+) -> Result<(), RunError> {
+    let file: Vec<String> = config
+        .notifications_config()
+        .map_err(std::io::Error::other)?
+        .routes
+        .map(|r| r.into_keys().collect())
+        .unwrap_or_default();
+    if file.is_empty() {
+        return Ok(());
+    }
+    let e = engine.clone();
+    let held = tokio::task::spawn_blocking(move || e.read().routes())
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?
+        .map_err(std::io::Error::other)?;
+    if let Some(r) = held.iter().find(|r| file.contains(&r.name)) {
+        return Err(RunError::Io(std::io::Error::other(format!(
+            "notifications.routes.{name}: the route {name:?} is managed through the API \
+             (route.updated at seq {seq}); remove it from the configuration file, or delete it \
+             with DELETE /v1/routes/{name} (tidemark routes delete) before the file names it",
+            name = r.name,
+            seq = r.updated_seq
+        ))));
+    }
+    Ok(())
+}
+
 /// Record the configured notification settings in the log when they differ from the last
 /// recorded ones (I3: projections and reactors read settings from the log, never the file).
 async fn record_settings(
@@ -527,6 +564,7 @@ pub async fn run(
     tracing::info!(head = report.head, repaired = report.repaired, "log ready");
     let token = CancellationToken::new();
     warn_unknown_routes(&config);
+    refuse_file_routes_held_by_the_api(&engine, &config).await?;
     record_settings(&engine, config.notification_settings(), token.clone()).await?;
     let metrics = crate::metrics_setup::handle();
     crate::metrics_setup::describe();

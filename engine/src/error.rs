@@ -45,6 +45,8 @@ rejections! {
     DeliveryNotFound = "delivery_not_found": NotFound,
     /// no such notification list.
     ListNotFound = "list_not_found": NotFound,
+    /// no such route managed through the API.
+    RouteNotFound = "route_not_found": NotFound,
     /// no such bridge subscription.
     SubscriptionNotFound = "subscription_not_found": NotFound,
     /// what the command acts on kept changing while it was decided.
@@ -71,12 +73,16 @@ rejections! {
     ForeignDelivery = "foreign_delivery": Conflict,
     /// the delivery is not pending (out of order).
     NotPending = "not_pending": Conflict,
+    /// the route is the configuration file's: it is changed there.
+    RouteFromConfig = "route_from_config": Conflict,
     /// the event this would record is not valid.
     InvalidField = "invalid_field": Invalid,
     /// a source item is not valid.
     InvalidItem = "invalid_item": Invalid,
     /// the list is not valid.
     InvalidList = "invalid_list": Invalid,
+    /// the route is not valid.
+    InvalidRoute = "invalid_route": Invalid,
     /// an operator action needs a reason.
     ReasonRequired = "reason_required": Invalid,
     /// a source's watermark moves forward only.

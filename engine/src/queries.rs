@@ -221,7 +221,7 @@ impl<L: EventLog + Clone> Queries<L> {
             e => QueryError::Log(StorageError::of(e)),
         })?;
         for ev in &mut page.events {
-            tidemark_projections::bridges::redact_secret(ev);
+            tidemark_projections::secrets::redact(ev);
         }
         Ok(page)
     }
@@ -414,6 +414,21 @@ impl<L: EventLog + Clone> Queries<L> {
             &self.models.read(),
             name,
         )?)
+    }
+
+    /// A route managed through the API.
+    pub fn route(&self, name: &str) -> R<Option<tidemark_projections::routes::RouteRow>> {
+        self.floor(0)?;
+        Ok(tidemark_projections::routes::route(
+            &self.models.read(),
+            name,
+        )?)
+    }
+
+    /// Every route managed through the API, by name.
+    pub fn routes(&self) -> R<Vec<tidemark_projections::routes::RouteRow>> {
+        self.floor(0)?;
+        Ok(tidemark_projections::routes::all(&self.models.read())?)
     }
 
     /// Every notification list, by name.

@@ -149,27 +149,6 @@ impl Projection for Bridges {
     }
 }
 
-/// Hide a webhook sink's secret in a served `bridge.subscribed` event: the log keeps it (the
-/// notifier signs with it), nothing serves it.
-pub fn redact_secret(ev: &mut Event) {
-    if ev.event_type != EventType::BridgeSubscribed || !ev.payload.get().contains("\"secret\"") {
-        return;
-    }
-    let mut v = ev.payload_value();
-    if let Some(sink) = v.pointer_mut("/target/sink")
-        && let Some(obj) = sink.as_object_mut()
-        && obj.contains_key("secret")
-    {
-        obj.insert(
-            "secret".into(),
-            serde_json::Value::String("[redacted]".into()),
-        );
-        if let Ok(raw) = serde_json::value::to_raw_value(&v) {
-            ev.payload = raw;
-        }
-    }
-}
-
 /// The decision for one event past a subscription's cursor (spec section 6).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -58,8 +58,10 @@ pub mod notifications;
 pub mod read;
 pub mod rebuild;
 pub mod retention;
+pub mod routes;
 pub mod routing;
 pub mod schema;
+pub mod secrets;
 pub mod settings;
 pub mod sources;
 pub mod subjects;
@@ -77,6 +79,7 @@ static CURSORS: cursors::Cursors = cursors::Cursors;
 static BRIDGES: bridges::Bridges = bridges::Bridges;
 static SOURCES: sources::Sources = sources::Sources;
 static LISTS: lists::Lists = lists::Lists;
+static ROUTES: routes::Routes = routes::Routes;
 
 /// Every projection, in the order they are applied.
 pub fn all() -> Vec<&'static dyn Projection> {
@@ -89,6 +92,7 @@ pub fn all() -> Vec<&'static dyn Projection> {
         &BRIDGES,
         &SOURCES,
         &LISTS,
+        &ROUTES,
     ]
 }
 

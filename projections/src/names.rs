@@ -105,6 +105,8 @@ names! {
         Outbox = "outbox",
         /// Notification lists (section 17), subject the list's name.
         Lists = "lists",
+        /// Routes managed at runtime (section 4), subject the route's name.
+        Routes = "routes",
     }
 }
 
@@ -156,11 +158,13 @@ names! {
         OutboxAdmitted = "outbox.admitted",
         ListUpdated = "list.updated",
         ListDeleted = "list.deleted",
+        RouteUpdated = "route.updated",
+        RouteDeleted = "route.deleted",
     }
 }
 
 /// Prefixes whose types tidemark defines.
-pub const RESERVED_PREFIXES: [&str; 11] = [
+pub const RESERVED_PREFIXES: [&str; 12] = [
     "task.",
     "notification.",
     "recipient.",
@@ -172,6 +176,7 @@ pub const RESERVED_PREFIXES: [&str; 11] = [
     "retention.",
     "outbox.",
     "list.",
+    "route.",
 ];
 
 /// What every task lifecycle event type starts with.
@@ -221,6 +226,7 @@ impl EventType {
             RetentionPurged => Stream::Retention,
             OutboxAdmitted => Stream::Outbox,
             ListUpdated | ListDeleted => Stream::Lists,
+            RouteUpdated | RouteDeleted => Stream::Routes,
         }
     }
 
@@ -289,7 +295,9 @@ impl EventType {
             | RetentionPurged
             | OutboxAdmitted
             | ListUpdated
-            | ListDeleted => return None,
+            | ListDeleted
+            | RouteUpdated
+            | RouteDeleted => return None,
         })
     }
 }

@@ -28,3 +28,23 @@ impl Projection for Settings {
         Ok(())
     }
 }
+
+txn_view! {
+    /// The settings model inside a models transaction (a command decides on it at the head).
+    NAME
+}
+
+impl View<'_> {
+    /// The names of the routes the configuration file configures, as the last
+    /// `settings.updated` recorded them (none before the first).
+    pub fn file_routes(&mut self) -> Result<Vec<String>, StorageError> {
+        let Some(bytes) = self.t.get(CURRENT, KEY)? else {
+            return Ok(Vec::new());
+        };
+        let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(StorageError::of)?;
+        Ok(v.get("routes")
+            .and_then(serde_json::Value::as_object)
+            .map(|o| o.keys().cloned().collect())
+            .unwrap_or_default())
+    }
+}

@@ -52,6 +52,9 @@ pub enum Command {
     Notifications(NotificationsArgs),
     /// Notification lists (section 17): list, show, set the members (admin), delete (admin).
     Lists(ListsArgs),
+    /// Notification routes (section 4): list, show, set (admin), delete (admin). A route set
+    /// here is recorded in the log and used by every node from the next event on.
+    Routes(RoutesArgs),
     /// The effective configuration (built-in settings, the file, TIDEMARK_* variables), with
     /// secrets masked.
     Config(ConfigArgs),
@@ -271,6 +274,67 @@ pub enum NotificationsAction {
     Status {
         /// The notification id (a client's `event_id`, or `ntf:<seq>` for a routed one).
         id: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct RoutesArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(subcommand)]
+    pub action: RoutesAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RoutesAction {
+    /// Every route: the configuration file's and those managed through the API.
+    List,
+    /// One route.
+    Show {
+        /// The route's name.
+        name: String,
+    },
+    /// Create a route or replace it (recorded as `route.updated` with the reason); every node
+    /// routes with it from the next event on. The flags set its keys; --json gives any others
+    /// (delay, quiet_hours, digest, templates, retry, redact, …) as an object.
+    Set {
+        /// The route's name (a-z, 0-9, _ and -).
+        name: String,
+        /// app, email or webhook.
+        #[arg(long, value_parser = ["app", "email", "webhook"])]
+        sink: Option<String>,
+        /// A webhook's endpoint (http:// or https://), or env:NAME to read it from each node's
+        /// environment.
+        #[arg(long = "webhook-url")]
+        webhook_url: Option<String>,
+        /// A webhook's signing secret: env:NAME (each node reads it from its environment; a
+        /// secret on a command line is visible to other users of the machine).
+        #[arg(long = "webhook-secret")]
+        webhook_secret: Option<String>,
+        /// The list a notification naming no recipient or list is delivered to.
+        #[arg(long)]
+        list: Option<String>,
+        /// Only notifications of this type take the route (repeatable).
+        #[arg(long = "type")]
+        types: Vec<String>,
+        /// A priority whose routing includes the route (repeatable): urgent, action, warning,
+        /// info.
+        #[arg(long = "priority", value_parser = ["urgent", "action", "warning", "info"])]
+        priorities: Vec<String>,
+        /// Other keys of the route, as a JSON object (the flags win over it).
+        #[arg(long)]
+        json: Option<String>,
+        /// Why, recorded on the event.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Delete a route managed through the API (recorded as `route.deleted` with the reason).
+    Delete {
+        /// The route's name.
+        name: String,
+        /// Why, recorded on the event.
+        #[arg(long)]
+        reason: String,
     },
 }
 

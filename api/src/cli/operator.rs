@@ -9,7 +9,8 @@ use super::error::CliError;
 use super::output::Records;
 use super::{
     CliResult, CursorsAction, CursorsArgs, DeliveriesAction, DeliveriesArgs, ListOrder,
-    ListsAction, ListsArgs, ProjectionsAction, ProjectionsArgs, SourcesAction, SourcesArgs,
+    ListsAction, ListsArgs, ProjectionsAction, ProjectionsArgs, RoutesAction, RoutesArgs,
+    SourcesAction, SourcesArgs,
 };
 
 const REPORT_COLUMNS: &[&str] = &[
@@ -336,6 +337,83 @@ pub(crate) async fn lists(a: ListsArgs) -> CliResult {
         ListsAction::Delete { name, reason } => {
             let body = json!({ "reason": reason });
             // 204: nothing to read back; say what was done.
+            c.send_text(c.http.delete(c.url(&path(&name))).json(&body))
+                .await?;
+            json!({ "name": name, "deleted": true })
+        }
+    };
+    out.one(&v)
+}
+
+pub(crate) async fn routes(a: RoutesArgs) -> CliResult {
+    let c = Client::new(&a.client)?;
+    let out = a.client.output();
+    let path = |name: &str| format!("/v1/routes/{}", enc(name));
+    let v = match a.action {
+        RoutesAction::List => {
+            let v = c.get_json("/v1/routes").await?;
+            let rows: Vec<Value> = items(&v, "routes")
+                .into_iter()
+                .map(|mut r| {
+                    r["sink"] = r["route"]["sink"].clone();
+                    r["priorities"] = r["route"]["priorities"].clone();
+                    r
+                })
+                .collect();
+            return out.list(
+                &rows,
+                &[
+                    "name",
+                    "origin",
+                    "sink",
+                    "priorities",
+                    "updated_at",
+                    "by",
+                    "reason",
+                ],
+            );
+        }
+        RoutesAction::Show { name } => c.get_json(&path(&name)).await?,
+        RoutesAction::Set {
+            name,
+            sink,
+            webhook_url,
+            webhook_secret,
+            list,
+            types,
+            priorities,
+            json,
+            reason,
+        } => {
+            let mut route = match json {
+                Some(j) => serde_json::from_str::<Value>(&j)
+                    .ok()
+                    .filter(Value::is_object)
+                    .ok_or_else(|| CliError::from("--json must be a JSON object"))?,
+                None => json!({}),
+            };
+            for (k, v) in [
+                ("sink", sink),
+                ("url", webhook_url),
+                ("secret", webhook_secret),
+                ("list", list),
+            ] {
+                if let Some(v) = v {
+                    route[k] = json!(v);
+                }
+            }
+            if !types.is_empty() {
+                route["types"] = json!(types);
+            }
+            if !priorities.is_empty() {
+                route["priorities"] = json!(priorities);
+            }
+            let body = json!({ "route": route, "reason": reason });
+            c.send_json(c.http.put(c.url(&path(&name))).json(&body))
+                .await?
+        }
+        RoutesAction::Delete { name, reason } => {
+            let body = json!({ "reason": reason });
             c.send_text(c.http.delete(c.url(&path(&name))).json(&body))
                 .await?;
             json!({ "name": name, "deleted": true })

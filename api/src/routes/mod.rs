@@ -9,6 +9,7 @@ pub mod lists;
 pub mod notifications;
 pub mod ops;
 pub(crate) mod order;
+pub mod routing;
 pub mod sources;
 pub mod tasks;
 

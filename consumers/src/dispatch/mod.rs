@@ -103,6 +103,9 @@ pub trait Adapter: Send + Sync + 'static {
     /// Whether it sends to the delivery's recipient or list members (email), rather than to
     /// an endpoint of its route (webhook).
     fn to_people(&self) -> bool;
+    /// Called once when the dispatcher starts, with the engine it dispatches for (an adapter
+    /// that reads the models at each attempt keeps it).
+    fn start(&self, _engine: &Engine) {}
     /// One attempt of one delivery to `targets` (the list's members or the recipient, when
     /// [`Adapter::to_people`]; empty otherwise).
     fn deliver(
@@ -269,6 +272,9 @@ pub fn spawn(
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let owner = format!("dispatcher:{}", engine.leases().node());
+    for a in &sinks.adapters {
+        a.start(&engine);
+    }
     *sinks.health.0.lock().unwrap_or_else(|p| p.into_inner()) = sinks
         .adapters
         .iter()

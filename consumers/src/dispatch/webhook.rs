@@ -14,6 +14,7 @@ use tidemark_projections::names::Sink;
 
 use super::{Adapter, Outcome, resolve};
 use crate::bridge::{Signatures, receiver_retry_after_ms};
+use tidemark_engine::Engine;
 
 /// `[sinks.webhook]`.
 #[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
@@ -80,11 +81,14 @@ impl std::fmt::Debug for Target {
     }
 }
 
-/// The webhook sink: every webhook route's target.
+/// The webhook sink: every webhook route's target, the configuration file's (read at start)
+/// and those managed at runtime (read from the routes model at each attempt, so a changed
+/// route is used from the next attempt on).
 pub struct Webhook {
     http: reqwest::Client,
     routes: HashMap<String, Target>,
     concurrency: usize,
+    engine: std::sync::OnceLock<Engine>,
 }
 
 impl Webhook {
@@ -100,6 +104,41 @@ impl Webhook {
             http,
             routes,
             concurrency,
+            engine: std::sync::OnceLock::new(),
+        })
+    }
+}
+
+impl Webhook {
+    /// Where a delivery of `route` goes: the file's route, else the route managed at runtime
+    /// as the models hold it now (its `env:` references read from this node's environment).
+    async fn target(&self, route: &str) -> Result<Target, Outcome> {
+        if let Some(t) = self.routes.get(route) {
+            return Ok(t.clone());
+        }
+        let no_endpoint = || Outcome::Permanent {
+            code: "no_endpoint".into(),
+            error: format!("route {route:?} has no webhook url"),
+        };
+        let Some(engine) = self.engine.get().cloned() else {
+            return Err(no_endpoint());
+        };
+        let name = route.to_owned();
+        let row = tokio::task::spawn_blocking(move || engine.read().route(&name))
+            .await
+            .map_err(|_| no_endpoint())?
+            .map_err(|e| Outcome::Transient {
+                code: "models_unavailable".into(),
+                error: e.to_string(),
+                retry_after_ms: None,
+            })?;
+        let spec = row.and_then(|r| r.spec()).ok_or_else(no_endpoint)?;
+        let url = spec.config.url.as_deref().ok_or_else(no_endpoint)?;
+        // An `env:` reference this node cannot read: another node may; retried.
+        Target::new(route, url, spec.config.secret.as_deref()).map_err(|error| Outcome::Transient {
+            code: "endpoint_unresolved".into(),
+            error,
+            retry_after_ms: None,
         })
     }
 }
@@ -136,18 +175,21 @@ impl Adapter for Webhook {
         false
     }
 
+    fn start(&self, engine: &Engine) {
+        let _ = self.engine.set(engine.clone());
+    }
+
     fn deliver(
         &self,
         d: Delivery,
         _: Vec<super::Target>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send + '_>> {
         Box::pin(async move {
-            let Some(target) = self.routes.get(&d.route) else {
-                return Outcome::Permanent {
-                    code: "no_endpoint".into(),
-                    error: format!("route {:?} has no url on this node", d.route),
-                };
+            let target = match self.target(&d.route).await {
+                Ok(t) => t,
+                Err(o) => return o,
             };
+            let target = &target;
             let payload = match serde_json::to_vec(&body(&d)) {
                 Ok(b) => b,
                 Err(e) => {

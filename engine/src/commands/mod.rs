@@ -21,6 +21,7 @@ pub mod lists;
 pub mod outbox;
 pub mod retention;
 mod round;
+pub mod routes;
 pub mod sources;
 
 use crate::error::CommandError;

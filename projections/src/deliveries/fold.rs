@@ -7,6 +7,7 @@ use tidemark_log::{EventRef, StorageError};
 use super::*;
 use crate::framework::{Projection, Store, be_u64};
 use crate::names::{DeliveryEvent, DeliveryStatus, DeliveryTransition, EventType};
+use crate::routing::{ApiRoute, NotificationsConfig};
 
 pub fn us_key(us: i64) -> [u8; 8] {
     (us.max(0) as u64).to_be_bytes()
@@ -292,6 +293,7 @@ impl Projection for Deliveries {
             BY_NOTIFICATION,
             GROUPS,
             SETTINGS,
+            ROUTING_INPUTS,
             RECIPIENTS,
             CANCELED,
             STATE,
@@ -311,10 +313,11 @@ impl Projection for Deliveries {
     /// newest-first list (both outside the digest); 7: `by_type` and `by_list` (section 17's
     /// filters, outside the digest); 8: `due_by_priority` (claims by priority, outside the
     /// digest); 9: a row's trailing fields regrouped (`DeliveryExt3`: type, change counts);
-    /// 10: a recipient's trailing fields regrouped (`RecipientExt`: locale, IANA time zone).
+    /// 10: a recipient's trailing fields regrouped (`RecipientExt`: locale, IANA time zone);
+    /// 11: routes managed at runtime in the settings rows (`routing_inputs`).
     /// An older model is rebuilt from the log at the next open, which fills them.
     fn version(&self) -> u32 {
-        10
+        11
     }
 
     /// The event type is parsed once, here. A type tidemark does not define (a client's
@@ -327,7 +330,16 @@ impl Projection for Deliveries {
         };
         use EventType as T;
         match ty {
-            T::SettingsUpdated => st.put(SETTINGS, &ev.seq.to_be_bytes(), ev.payload.as_bytes()),
+            T::SettingsUpdated => routing_changed(st, ev.seq, RoutingChange::File(ev.payload)),
+            T::RouteUpdated => {
+                let p: serde_json::Value = serde_json::from_str(ev.payload).unwrap_or_default();
+                let route = p
+                    .get("route")
+                    .and_then(|r| ApiRoute::from_json(r).ok())
+                    .map(Box::new);
+                routing_changed(st, ev.seq, RoutingChange::Route(ev.subject, route))
+            }
+            T::RouteDeleted => routing_changed(st, ev.seq, RoutingChange::Route(ev.subject, None)),
             T::RecipientUpdated | T::RecipientSuppressed | T::RecipientUnsuppressed => {
                 fold_recipient(st, ty, ev)
             }
@@ -504,4 +516,58 @@ fn fold_delivery(
             store_row(st, Some(before), id, row, &step(ev.seq, t, &c))
         }
     }
+}
+
+/// What changed the routing settings at one seq.
+enum RoutingChange<'a> {
+    /// `settings.updated`: the configuration file's settings (its payload).
+    File(&'a str),
+    /// `route.updated` (the route, `None` when it cannot be read) or `route.deleted`.
+    Route(&'a str, Option<Box<ApiRoute>>),
+}
+
+/// Record the settings in force from `seq` on ([`SETTINGS`]): the file's, with the routes
+/// managed at runtime as of `seq`. With none, the row is the file's payload as recorded.
+fn routing_changed(
+    st: &mut Store<'_>,
+    seq: u64,
+    change: RoutingChange<'_>,
+) -> Result<(), StorageError> {
+    const BASE: &[u8] = b"base";
+    const ROUTES: &[u8] = b"routes";
+    let mut routes: serde_json::Map<String, serde_json::Value> = st
+        .get(ROUTING_INPUTS, ROUTES)?
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let file: Vec<u8> = match change {
+        RoutingChange::File(payload) => {
+            st.put_input(ROUTING_INPUTS, BASE, payload.as_bytes());
+            payload.as_bytes().to_vec()
+        }
+        RoutingChange::Route(name, route) => {
+            match route {
+                Some(r) => routes.insert(name.to_owned(), r.public()),
+                None => routes.remove(name),
+            };
+            let bytes = serde_json::to_vec(&routes).map_err(StorageError::of)?;
+            st.put_input(ROUTING_INPUTS, ROUTES, &bytes);
+            st.get(ROUTING_INPUTS, BASE)?
+                .unwrap_or_else(|| b"{}".to_vec())
+        }
+    };
+    if routes.is_empty() {
+        return st.put(SETTINGS, &seq.to_be_bytes(), &file);
+    }
+    // The server checked both before recording them.
+    let file = serde_json::from_slice(&file)
+        .ok()
+        .and_then(|v| NotificationsConfig::from_json(&v).ok())
+        .unwrap_or_default();
+    let api: std::collections::BTreeMap<String, ApiRoute> = routes
+        .iter()
+        .filter_map(|(n, v)| ApiRoute::from_json(v).ok().map(|r| (n.clone(), r)))
+        .collect();
+    let composed =
+        serde_json::to_vec(&file.with_routes(&api).event_payload()).map_err(StorageError::of)?;
+    st.put(SETTINGS, &seq.to_be_bytes(), &composed)
 }

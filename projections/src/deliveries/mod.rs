@@ -73,8 +73,15 @@ pub const SITE_DUE: &str = "site_due";
 pub const BY_CREATED: &str = "by_created";
 /// `route ‖ 0 ‖ recipient ‖ 0 ‖ group_key` → the open digest [`Group`].
 pub const GROUPS: &str = "groups";
-/// seq (BE) → payload of the `settings.updated` at that seq.
+/// seq (BE) → the notification settings in force from that seq on: the payload of the
+/// `settings.updated` at that seq, or, once routes are managed at runtime, those settings with
+/// the routes ([`crate::routing::NotificationsConfig::with_routes`]) as of that seq.
 pub const SETTINGS: &str = "settings";
+/// What the [`SETTINGS`] rows are made of: `base` → the payload of the last
+/// `settings.updated`; `routes` → the routes managed at runtime (`route.updated`), a JSON
+/// object of name → route without its `url` and `secret`. Outside the digest: every settings
+/// row they make is in it.
+pub const ROUTING_INPUTS: &str = "routing_inputs";
 /// recipient → [`Recipient`].
 pub const RECIPIENTS: &str = "recipients";
 /// notification id → seq of its first `notification.canceled` (BE): routing cancels what it

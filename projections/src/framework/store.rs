@@ -206,6 +206,13 @@ impl<'t> Store<'t> {
         self.stage(table, key, Some(Vec::new()));
     }
 
+    /// Write a value the fold keeps to compute rows from (the inputs of a row it writes again
+    /// at each change), left out of the digest like an index: the rows it makes are in it, so
+    /// a difference in it shows there.
+    pub fn put_input(&mut self, table: &'static str, key: &[u8], value: &[u8]) {
+        self.stage(table, key, Some(value.to_vec()));
+    }
+
     /// Keys of `table` that start with `prefix`, as the table stands with every write of the
     /// fold so far (they are flushed first: call it while no row is taken out).
     pub fn prefix_keys(

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::names::Priority;
 pub use crate::names::Sink;
 
 use super::{
@@ -424,10 +425,234 @@ impl RouteConfig {
     }
 }
 
+/// A route managed at runtime (spec section 4, `PUT /v1/routes/{name}`): the keys of
+/// `[notifications.routes.<name>]`, read as the file's are, and `priorities`, the priorities
+/// whose routing includes it (after the routes the file gives that priority).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ApiRoute {
+    pub config: RouteConfig,
+    pub priorities: Vec<Priority>,
+}
+
+impl ApiRoute {
+    /// Read a route object (the body of `PUT /v1/routes/{name}`, or one recorded in
+    /// `route.updated`). A key it does not know is refused, naming it (`route.sinc is not a
+    /// known key (known: …)`); a value of the wrong shape names its key and what it must be.
+    pub fn from_json(v: &Value) -> Result<ApiRoute, String> {
+        let mut obj = v
+            .as_object()
+            .cloned()
+            .ok_or_else(|| "route must be an object of the keys of [notifications.routes.<name>] and priorities".to_owned())?;
+        let priorities = match obj.remove("priorities") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(p) => {
+                let bad = || {
+                    format!(
+                        "route.priorities must be a list of priorities ({})",
+                        Priority::joined()
+                    )
+                };
+                let names: Vec<String> = serde_json::from_value(p).map_err(|_| bad())?;
+                let mut out = Vec::new();
+                for n in &names {
+                    let p = Priority::parse(n).ok_or_else(bad)?;
+                    if !out.contains(&p) {
+                        out.push(p);
+                    }
+                }
+                out
+            }
+        };
+        // Read as the file's table is: the same keys, the same errors, under `route.`.
+        let wrapped = serde_json::json!({ "routes": { "_": Value::Object(obj) } });
+        let mut cfg = NotificationsConfig::from_json(&wrapped).map_err(|e| {
+            e.replacen("notifications.routes._", "route", 1).replacen(
+                "(known: ",
+                "(known: priorities, ",
+                1,
+            )
+        })?;
+        let config = cfg
+            .routes
+            .as_mut()
+            .and_then(|r| r.remove("_"))
+            .unwrap_or_default();
+        Ok(ApiRoute { config, priorities })
+    }
+
+    /// Check its values as the file's are checked, and what a route needs to deliver: a sink;
+    /// a webhook's `url` (`http://`, `https://` or `env:NAME`); `url` and `secret` on a webhook
+    /// only; no email sink on a redacting route. Errors name the key under `route.`.
+    pub fn check(&self, name: &str) -> Result<(), String> {
+        let wrapped = NotificationsConfig {
+            routes: Some(BTreeMap::from([(name.to_owned(), self.config.clone())])),
+            ..NotificationsConfig::default()
+        };
+        wrapped
+            .settings()
+            .map_err(|e| e.replacen(&format!("notifications.routes.{name}"), "route", 1))?;
+        let c = &self.config;
+        match c.sink {
+            None => return Err(format!("route.sink is required: one of {}", Sink::joined())),
+            Some(Sink::Webhook) => {
+                let url = c
+                    .url
+                    .as_deref()
+                    .ok_or_else(|| "route.url is required for sink = \"webhook\"".to_owned())?;
+                let ok = url.starts_with("env:") && url.len() > 4
+                    || (url.starts_with("http://") || url.starts_with("https://"))
+                        && url.len() <= 2048
+                        && !url.chars().any(|c| c.is_control() || c.is_whitespace());
+                if !ok {
+                    return Err(
+                        "route.url must be an http:// or https:// URL, or env:NAME".to_owned()
+                    );
+                }
+                if let Some(s) = &c.secret
+                    && (s.is_empty() || s.len() > 1024)
+                {
+                    return Err("route.secret must be 1 to 1024 bytes, or env:NAME".to_owned());
+                }
+            }
+            Some(sink) => {
+                if c.url.is_some() || c.secret.is_some() {
+                    return Err(format!(
+                        "route.url and route.secret are for sink = \"webhook\", not \"{sink}\""
+                    ));
+                }
+                if sink == Sink::Email && c.redact == Some(true) {
+                    return Err(
+                        "route.redact: a redacting route cannot use the email sink (it \
+                                needs the recipient's address)"
+                            .to_owned(),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The route object as `route.updated` records it: every key, the webhook's `url` and
+    /// `secret` (or their `env:` references) included, and `priorities`.
+    pub fn recorded(&self) -> Value {
+        let mut v = self.public();
+        if let Some(o) = v.as_object_mut() {
+            if let Some(u) = &self.config.url {
+                o.insert("url".into(), Value::String(u.clone()));
+            }
+            if let Some(s) = &self.config.secret {
+                o.insert("secret".into(), Value::String(s.clone()));
+            }
+        }
+        v
+    }
+
+    /// The route object without its `url` and `secret`: what the routing settings hold.
+    pub fn public(&self) -> Value {
+        let mut v = serde_json::to_value(&self.config)
+            .unwrap_or_else(|_| Value::Object(Default::default()));
+        if let Some(o) = v.as_object_mut() {
+            o.insert(
+                "priorities".into(),
+                Value::Array(
+                    self.priorities
+                        .iter()
+                        .map(|p| Value::String(p.as_str().to_owned()))
+                        .collect(),
+                ),
+            );
+        }
+        v
+    }
+}
+
+impl NotificationsConfig {
+    /// These settings with the routes managed at runtime: each under its name, and after the
+    /// routes the file gives (or the defaults give) each of its priorities. A route the file
+    /// configures stays the file's.
+    pub fn with_routes<'a>(
+        &self,
+        api: impl IntoIterator<Item = (&'a String, &'a ApiRoute)>,
+    ) -> NotificationsConfig {
+        let mut out = self.clone();
+        let defaults = super::RoutingSettings::default().routing;
+        for (name, r) in api {
+            let routes = out.routes.get_or_insert_with(BTreeMap::new);
+            if routes.contains_key(name) {
+                continue;
+            }
+            routes.insert(name.clone(), r.config.clone());
+            let routing = out.routing.get_or_insert_with(BTreeMap::new);
+            for p in &r.priorities {
+                let list = routing
+                    .entry(p.as_str().to_owned())
+                    .or_insert_with(|| defaults.get(p.as_str()).cloned().unwrap_or_default());
+                if !list.contains(name) {
+                    list.push(name.clone());
+                }
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A route managed at runtime is read as the file's route is, under `route.`, with its
+    /// priorities; it joins the routing of each after the file's (or the default) routes; a
+    /// route the file configures stays the file's; its url and secret are recorded, not
+    /// composed into the settings.
+    #[test]
+    fn a_route_from_the_api_joins_the_settings() {
+        let e = ApiRoute::from_json(&json!({"sinc": "app"})).unwrap_err();
+        assert!(
+            e.starts_with("route.sinc is not a known key (known: priorities, sink, "),
+            "{e}"
+        );
+        let e = ApiRoute::from_json(&json!({"sink": "app", "priorities": ["loud"]})).unwrap_err();
+        assert!(e.starts_with("route.priorities must be"), "{e}");
+        let e = ApiRoute::from_json(&json!({"sink": "app", "delay": "5m"}))
+            .and_then(|r| r.check("x"))
+            .unwrap_err();
+        assert!(e.starts_with("route.delay must be"), "{e}");
+        let e = ApiRoute::from_json(&json!({"types": ["a"]}))
+            .and_then(|r| r.check("x"))
+            .unwrap_err();
+        assert!(e.starts_with("route.sink is required"), "{e}");
+        let e = ApiRoute::from_json(&json!({"sink": "app", "secret": "s"}))
+            .and_then(|r| r.check("x"))
+            .unwrap_err();
+        assert!(e.contains("are for sink = \"webhook\""), "{e}");
+        let hook = ApiRoute::from_json(&json!({"sink": "webhook", "url": "https://h.example/x",
+            "secret": "env:S", "priorities": ["warning", "urgent", "urgent"]}))
+        .unwrap();
+        hook.check("hook").unwrap();
+        assert_eq!(hook.priorities, [Priority::Warning, Priority::Urgent]);
+        assert_eq!(hook.recorded()["secret"], "env:S");
+        assert!(hook.public().get("secret").is_none() && hook.public().get("url").is_none());
+        assert_eq!(ApiRoute::from_json(&hook.recorded()).unwrap(), hook);
+
+        let file = NotificationsConfig::from_json(&json!({
+            "routing": {"urgent": ["dashboard"]},
+            "routes": {"pager": {"sink": "app"}},
+        }))
+        .unwrap();
+        let pager = ApiRoute::from_json(&json!({"sink": "email", "priorities": ["info"]})).unwrap();
+        let api = BTreeMap::from([("hook".to_owned(), hook), ("pager".to_owned(), pager)]);
+        let s = file.with_routes(&api).settings().unwrap();
+        assert_eq!(s.routing["urgent"], ["dashboard", "hook"]);
+        // `warning` was not in the file: the default routes, then the API's.
+        assert_eq!(s.routing["warning"], ["dashboard", "hook"]);
+        assert_eq!(s.routes["hook"].sink, Some(Sink::Webhook));
+        // The file's `pager` stays the file's.
+        assert_eq!(s.routes["pager"].sink, Some(Sink::App));
+        assert_eq!(s.routing["info"], ["dashboard"]);
+        let payload = file.with_routes(&api).event_payload();
+        assert!(payload["routes"]["hook"].get("secret").is_none(), "{payload}");
+    }
 
     /// A misspelt key anywhere is refused with its full key and the keys its table takes;
     /// a value of the wrong shape names its key and what it must be.

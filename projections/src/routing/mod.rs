@@ -8,7 +8,7 @@ mod config;
 mod resolve;
 
 pub use config::{
-    DashboardConfig, DesktopConfig, DigestConfig, LocaleTemplates, NotificationsConfig,
+    ApiRoute, DashboardConfig, DesktopConfig, DigestConfig, LocaleTemplates, NotificationsConfig,
     OutboxConfig, RetryConfig, RouteConfig, RouteTemplates, Sink, SourceTitles,
 };
 pub use resolve::{RouteOutcome, backoff_ms, resolve_routes};

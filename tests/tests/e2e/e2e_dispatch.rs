@@ -84,7 +84,7 @@ impl Drop for Smtp {
 }
 
 /// An HTTP receiver recording each POST's headers and body; answers 200.
-async fn receiver() -> (Arc<Mutex<Vec<(axum::http::HeaderMap, Value)>>>, u16) {
+pub(crate) async fn receiver() -> (Arc<Mutex<Vec<(axum::http::HeaderMap, Value)>>>, u16) {
     let hits: Arc<Mutex<Vec<(axum::http::HeaderMap, Value)>>> = Arc::default();
     let h = hits.clone();
     let app = axum::Router::new().route(
@@ -160,7 +160,7 @@ fn urgent(id: &str, recipient: &str) -> Value {
 }
 
 /// `GET /v1/deliveries/{id}` (null while the router has not made it yet).
-async fn delivery(s: &Server, id: &str) -> Value {
+pub(crate) async fn delivery(s: &Server, id: &str) -> Value {
     let r = s.get(&format!("/v1/deliveries/{}", encode_path(id))).await;
     if r.status == StatusCode::NOT_FOUND {
         return Value::Null;

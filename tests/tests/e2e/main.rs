@@ -53,6 +53,7 @@ mod e2e_rebuild_crash;
 mod e2e_resume;
 mod e2e_retention;
 mod e2e_router_crash;
+mod e2e_routes;
 mod e2e_scopes;
 mod e2e_settings;
 mod e2e_shutdown;

@@ -146,7 +146,7 @@ pub(crate) fn sse_response(
                     tidemark_consumers::streams::Next::Events { mut events, upto } => {
                         for ev in &mut events {
                             // As a read of the log redacts it (`Queries::events`).
-                            tidemark_projections::bridges::redact_secret(ev);
+                            tidemark_projections::secrets::redact(ev);
                             yield Ok(sse_event(ev));
                         }
                         q.after = upto;

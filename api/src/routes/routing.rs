@@ -1,0 +1,347 @@
+//! Routes managed at runtime (spec section 4): `GET /v1/routes`, `GET /v1/routes/{name}`
+//! (read), and `PUT` / `DELETE /v1/routes/{name}` (admin), recorded as `route.updated` /
+//! `route.deleted` with the reason and who did it. Every node's router and dispatcher use a
+//! changed route from the next event on. A secret is never served: a set one reads `"***"`.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tidemark_engine::commands::routes::SetRoute;
+use tidemark_log::time::Micros;
+use tidemark_projections::routes::RouteRow;
+use tidemark_projections::routing::{ApiRoute, NotificationsConfig};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::error::{ApiError, Problem};
+use crate::request::{Reason, Validate, ValidatedJson};
+use crate::routes::{caller, read_model};
+use crate::state::AppState;
+
+/// Where a route comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Origin {
+    /// `[notifications.routes.<name>]` of the configuration file: changed there.
+    Config,
+    /// `PUT /v1/routes/{name}`.
+    Api,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RouteOut {
+    pub name: String,
+    pub origin: Origin,
+    /// The route's keys (those of `[notifications.routes.<name>]`) and `priorities`. A webhook's
+    /// `url` is shown by scheme, host and port (or as its `env:` reference); a set `secret`
+    /// reads `"***"`. A route from the file shows neither (they are each node's).
+    #[schema(value_type = Object)]
+    pub route: Value,
+    /// Why it last changed, and who changed it (routes managed through the API).
+    pub reason: Option<String>,
+    pub by: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub updated_at: Option<Micros>,
+    pub updated_seq: Option<u64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RoutesPage {
+    pub routes: Vec<RouteOut>,
+    /// The answer reflects the log at least up to this seq.
+    pub as_of_seq: u64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RouteAnswer {
+    #[serde(flatten)]
+    pub route: RouteOut,
+    pub as_of_seq: u64,
+}
+
+/// A route's name in a path.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct RouteName {
+    /// The route's name: 1 to 64 of a-z, 0-9, `_` and `-`.
+    #[param(min_length = 1, max_length = 64, pattern = "^[a-z0-9_-]{1,64}$")]
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RouteBody {
+    /// The keys of `[notifications.routes.<name>]` (`sink` required; `url` for a webhook;
+    /// `secret` and `url` may be `env:NAME`) and `priorities`, the priorities whose routing
+    /// includes the route. Replaces the whole route.
+    #[schema(value_type = Object)]
+    pub route: Value,
+    /// Why; required, recorded in the event.
+    #[schema(inline)]
+    pub reason: Reason,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RouteDeleteBody {
+    /// Why; required, recorded in the event.
+    #[schema(inline)]
+    pub reason: Reason,
+}
+
+/// A route's name read from the path and checked before any body: `422 invalid_route`.
+pub struct RoutePath(String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for RoutePath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        let Path(RouteName { name }) = Path::<RouteName>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| check_name("").unwrap_err())?;
+        check_name(&name)?;
+        Ok(RoutePath(name))
+    }
+}
+
+fn invalid_route(detail: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_route", detail)
+}
+
+fn check_name(name: &str) -> Result<(), ApiError> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+    {
+        return Err(invalid_route(
+            "a route name is 1 to 64 of a-z, 0-9, _ and -",
+        ));
+    }
+    Ok(())
+}
+
+impl Validate for RouteBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        self.reason.check("a route change")
+    }
+}
+
+impl Validate for RouteDeleteBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        self.reason.check("a route change")
+    }
+}
+
+fn not_found(name: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "route_not_found",
+        format!("no route {name:?}"),
+    )
+}
+
+/// A webhook URL as served: its `env:` reference, or scheme, host and port (a URL can itself
+/// be a secret).
+fn shown_url(url: &str) -> String {
+    if url.starts_with("env:") {
+        return url.to_owned();
+    }
+    match reqwest::Url::parse(url) {
+        Ok(u) => format!(
+            "{}://{}:{}",
+            u.scheme(),
+            u.host_str().unwrap_or_default(),
+            u.port_or_known_default().unwrap_or(0)
+        ),
+        Err(_) => "***".to_owned(),
+    }
+}
+
+/// A route managed through the API, as served.
+fn api_out(row: RouteRow) -> RouteOut {
+    let mut route = row
+        .spec()
+        .map(|r| {
+            let mut v = r.public();
+            if let Some(o) = v.as_object_mut() {
+                if let Some(u) = &r.config.url {
+                    o.insert("url".into(), Value::String(shown_url(u)));
+                }
+                if r.config.secret.is_some() {
+                    o.insert("secret".into(), Value::String("***".into()));
+                }
+            }
+            v
+        })
+        .unwrap_or(Value::Null);
+    if route.is_null() {
+        route = Value::Object(Default::default());
+    }
+    RouteOut {
+        name: row.name,
+        origin: Origin::Api,
+        route,
+        reason: Some(row.reason),
+        by: row.by,
+        updated_at: Some(Micros(row.updated_at_us)),
+        updated_seq: Some(row.updated_seq),
+    }
+}
+
+/// The file's routes as the log records them (the last `settings.updated`), with the
+/// priorities whose routing includes each.
+fn file_out(file: &NotificationsConfig) -> Vec<RouteOut> {
+    let routing = file.settings().map(|s| s.routing).unwrap_or_default();
+    file.routes
+        .iter()
+        .flatten()
+        .map(|(name, cfg)| {
+            let mut v = ApiRoute {
+                config: cfg.clone(),
+                priorities: Vec::new(),
+            }
+            .public();
+            let priorities: Vec<Value> = routing
+                .iter()
+                .filter(|(_, routes)| routes.contains(name))
+                .map(|(p, _)| Value::String(p.clone()))
+                .collect();
+            if let Some(o) = v.as_object_mut() {
+                o.insert("priorities".into(), Value::Array(priorities));
+            }
+            RouteOut {
+                name: name.clone(),
+                origin: Origin::Config,
+                route: v,
+                reason: None,
+                by: None,
+                updated_at: None,
+                updated_seq: None,
+            }
+        })
+        .collect()
+}
+
+/// Every route: the file's and those managed through the API, by name.
+async fn all_routes(st: &AppState, min_seq: u64) -> Result<(Vec<RouteOut>, u64), ApiError> {
+    let ((file, rows), as_of_seq) = read_model(&st.engine, min_seq, |q| {
+        Ok((q.current_settings()?, q.routes()?))
+    })
+    .await?;
+    let file = file
+        .and_then(|v| NotificationsConfig::from_json(&v).ok())
+        .unwrap_or_default();
+    let mut out = file_out(&file);
+    out.extend(rows.into_iter().map(api_out));
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok((out, as_of_seq))
+}
+
+/// Every route: those of the configuration file and those managed through the API.
+#[utoipa::path(get, path = "/v1/routes", tag = "routes", operation_id = "listRoutes",
+    responses((status = 200, body = RoutesPage)),
+    security(("bearer" = ["read"])))]
+pub async fn list(State(st): State<AppState>) -> Result<Json<RoutesPage>, ApiError> {
+    let (routes, as_of_seq) = all_routes(&st, 0).await?;
+    Ok(Json(RoutesPage { routes, as_of_seq }))
+}
+
+/// One route.
+#[utoipa::path(get, path = "/v1/routes/{name}", tag = "routes", operation_id = "getRoute",
+    params(RouteName),
+    responses(
+        (status = 200, body = RouteAnswer),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["read"])))]
+pub async fn show(
+    State(st): State<AppState>,
+    RoutePath(name): RoutePath,
+) -> Result<Json<RouteAnswer>, ApiError> {
+    one(&st, &name, 0).await.map(Json)
+}
+
+async fn one(st: &AppState, name: &str, min_seq: u64) -> Result<RouteAnswer, ApiError> {
+    let (routes, as_of_seq) = all_routes(st, min_seq).await?;
+    let route = routes
+        .into_iter()
+        .find(|r| r.name == name)
+        .ok_or_else(|| not_found(name))?;
+    Ok(RouteAnswer { route, as_of_seq })
+}
+
+/// Admin: create or replace a route, with a reason. Every node routes with it from the next
+/// event on; deliveries already made keep the route they were made with.
+#[utoipa::path(put, path = "/v1/routes/{name}", tag = "routes", operation_id = "putRoute",
+    params(RouteName),
+    request_body(content = RouteBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = RouteAnswer),
+        (status = 409, description = "route_from_config: the configuration file's route", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "reason_required, invalid_route or a malformed body", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["admin"])))]
+#[tracing::instrument(skip_all, fields(route = %name))]
+pub async fn put(
+    State(st): State<AppState>,
+    RoutePath(name): RoutePath,
+    headers: HeaderMap,
+    ValidatedJson(b): ValidatedJson<RouteBody>,
+) -> Result<Json<RouteAnswer>, ApiError> {
+    let route = ApiRoute::from_json(&b.route).map_err(invalid_route)?;
+    route.check(&name).map_err(invalid_route)?;
+    if route.config.sink == Some(tidemark_projections::names::Sink::Email)
+        && st.config.sinks.email.is_none()
+    {
+        return Err(invalid_route(
+            "route.sink = \"email\" needs [sinks.email] in this node's configuration",
+        ));
+    }
+    let (_, receipt) = st
+        .engine
+        .execute(SetRoute {
+            name: name.clone(),
+            route: Some(route),
+            reason: b.reason.into_string(),
+            by: caller(&st, &headers),
+        })
+        .await?;
+    one(&st, &name, receipt.last_seq).await.map(Json)
+}
+
+/// Admin: delete a route managed through the API, with a reason. Its deliveries not yet sent
+/// are skipped by a sink that no longer knows the route.
+#[utoipa::path(delete, path = "/v1/routes/{name}", tag = "routes", operation_id = "deleteRoute",
+    params(RouteName),
+    request_body(content = RouteDeleteBody, content_type = "application/json"),
+    responses(
+        (status = 204, description = "deleted"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "route_from_config", body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["admin"])))]
+#[tracing::instrument(skip_all, fields(route = %name))]
+pub async fn delete(
+    State(st): State<AppState>,
+    RoutePath(name): RoutePath,
+    headers: HeaderMap,
+    ValidatedJson(b): ValidatedJson<RouteDeleteBody>,
+) -> Result<StatusCode, ApiError> {
+    st.engine
+        .execute(SetRoute {
+            name,
+            route: None,
+            reason: b.reason.into_string(),
+            by: caller(&st, &headers),
+        })
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,111 @@
+//! The routes model (spec section 4, "Routes managed at runtime"): the routes created and
+//! changed through `PUT /v1/routes/{name}` as of their last `route.updated` (stream `routes`,
+//! subject the route's name); `route.deleted` removes one. A row keeps the route object as it
+//! was recorded, its webhook `url` and `secret` (or their `env:` references) among it: the
+//! dispatcher of every node reads them here; nothing serves them.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tidemark_log::{EventRef, StorageError};
+
+use crate::framework::{Projection, Store};
+use crate::names::{EventType, Stream};
+use crate::routing::ApiRoute;
+
+pub const NAME: &str = "routes";
+pub(crate) const ROWS: &str = "rows";
+
+/// One route managed through the API.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteRow {
+    pub name: String,
+    /// The route object as recorded (JSON): the keys of `[notifications.routes.<name>]`, its
+    /// `url` and `secret` among them, and `priorities`.
+    pub route: String,
+    /// Why it last changed, and who changed it.
+    pub reason: String,
+    pub by: Option<String>,
+    pub updated_at_us: i64,
+    pub updated_seq: u64,
+}
+
+impl RouteRow {
+    /// The route it records (`None` only for a row no version of the server wrote).
+    pub fn spec(&self) -> Option<ApiRoute> {
+        let v: Value = serde_json::from_str(&self.route).ok()?;
+        ApiRoute::from_json(&v).ok()
+    }
+}
+
+/// The payload of `route.updated`: the route object, the reason and who.
+pub fn updated_payload(route: &ApiRoute, reason: &str, by: Option<&str>) -> Value {
+    serde_json::json!({"route": route.recorded(), "reason": reason, "by": by})
+}
+
+pub struct Routes;
+
+impl Projection for Routes {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        &[ROWS]
+    }
+
+    fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
+        if ev.stream != Stream::Routes {
+            return Ok(());
+        }
+        let key = ev.subject.as_bytes();
+        match EventType::parse(ev.event_type) {
+            Some(EventType::RouteUpdated) => {
+                let p: Value = serde_json::from_str(ev.payload).unwrap_or(Value::Null);
+                let text = |f: &str| p.get(f).and_then(Value::as_str).map(str::to_owned);
+                let row = RouteRow {
+                    name: ev.subject.to_owned(),
+                    route: p.get("route").map(Value::to_string).unwrap_or_default(),
+                    reason: text("reason").unwrap_or_default(),
+                    by: text("by"),
+                    updated_at_us: ev.time_us,
+                    updated_seq: ev.seq,
+                };
+                st.put_val(ROWS, key, &row)
+            }
+            Some(EventType::RouteDeleted) => st.delete(ROWS, key),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A route by name.
+pub fn route(db: &crate::models::ModelsRead, name: &str) -> Result<Option<RouteRow>, StorageError> {
+    crate::framework::Reader::new(db)?.get_val(NAME, ROWS, name.as_bytes())
+}
+
+txn_view! {
+    /// The routes model inside a models transaction (a command decides on it at the head).
+    NAME
+}
+
+impl View<'_> {
+    /// Route `name`.
+    pub fn row(&mut self, name: &str) -> Result<Option<RouteRow>, StorageError> {
+        self.t.get_val(ROWS, name.as_bytes())
+    }
+}
+
+/// Every route managed through the API, by name.
+pub fn all(db: &crate::models::ModelsRead) -> Result<Vec<RouteRow>, StorageError> {
+    use redb::ReadableTable;
+    let r = crate::framework::Reader::new(db)?;
+    let Some(t) = r.table(NAME, ROWS)? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for row in t.iter().map_err(StorageError::of)? {
+        let (_, v) = row.map_err(StorageError::of)?;
+        out.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
+    }
+    Ok(out)
+}
