@@ -11,6 +11,7 @@ const LOADERS = {
   consumers: loadLag,
   sources: loadSources,
   lists: loadLists,
+  routes: loadRoutes,
   projections: loadProjections,
   tail: async () => {},
   events: () => loadEvents(false),
@@ -124,6 +125,7 @@ function wire() {
   $('#nfilter').addEventListener('reset', () => setTimeout(() => loadNotifications(false).catch(() => {}), 0));
   $('#nmore').addEventListener('click', () => loadNotifications(true).catch((e) => flash(e.message, 'error')));
   $('#list-form').addEventListener('submit', (ev) => saveList(ev).catch((e) => flash(e.message, 'error')));
+  $('#route-form').addEventListener('submit', (ev) => saveRoute(ev).catch((e) => flash(e.message, 'error')));
   $('#efilter').addEventListener('submit', (ev) => {
     ev.preventDefault();
     show($('#event'), false);

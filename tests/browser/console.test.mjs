@@ -9,6 +9,7 @@
 import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
 import net from 'node:net';
 import path from 'node:path';
 import assert from 'node:assert/strict';
@@ -818,6 +819,51 @@ id = "/id"
   // Nothing pending on the sink: its oldest pending age is "–", not "0s".
   assert.equal((await page.locator('#kpi-sinks tr[data-key=email] td[data-field=oldest_pending_age_s]').textContent()).trim(), '–');
   await snap(page, 'sink-health');
+
+  // Routes (section 4): the file's email route is listed as the file's; a webhook route made
+  // in the Routes view delivers the next urgent notification with no restart, its secret never
+  // shown; deleted from the view (after a confirmation), the next one no longer takes it.
+  const posts = [];
+  const receiver = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => { body += c; });
+    req.on('end', () => { posts.push({ headers: req.headers, body: JSON.parse(body || 'null') }); res.end('ok'); });
+  });
+  await new Promise((r) => receiver.listen(0, '127.0.0.1', r));
+  const hookUrl = `http://127.0.0.1:${receiver.address().port}/hook`;
+  const hookSecret = `whsec-console-${randomBytes(8).toString('hex')}`;
+  await view(page, 'routes');
+  await page.waitForSelector('#routes tr[data-name=email][data-origin=config]', { timeout: WAIT });
+  await page.fill('[data-testid=route-name]', 'console-hook');
+  await page.selectOption('[data-testid=route-sink]', 'webhook');
+  await page.fill('[data-testid=route-url]', hookUrl);
+  await page.fill('[data-testid=route-secret]', hookSecret);
+  await page.check('[data-testid=route-p-urgent]');
+  await page.fill('[data-testid=route-reason]', 'the console adds a webhook');
+  await page.click('[data-testid=route-save]');
+  const hookRow = page.locator('#routes tr[data-name=console-hook][data-origin=api]');
+  await hookRow.waitFor({ timeout: WAIT });
+  const rowText = await hookRow.textContent();
+  assert.ok(rowText.includes('***') && !rowText.includes(hookSecret), rowText);
+  assert.ok(rowText.includes('urgent') && rowText.includes('the console adds a webhook'), rowText);
+  const rt = await s.ok('GET', '/v1/routes/console-hook');
+  assert.equal(rt.route.secret, '***');
+  assert.deepEqual(rt.route.priorities, ['urgent']);
+  await s.append([notif('p-3', 'Webhook through a route made in the console', { type: 'email' })]);
+  await waitStatus(s, 'dlv:p-3:console-hook', 'sent');
+  await until('the POST to the console route', async () => posts.some((p) => p.headers['webhook-id'] === 'dlv:p-3:console-hook'));
+  step('the Routes view made a webhook route; the next urgent notification was POSTed to it');
+  await snap(page, 'routes');
+  const confirmDelete = await cancelThenConfirm(page, hookRow.locator('[data-testid=route-delete]'), /Delete the route console-hook\?/, 'confirm-route-delete');
+  assert.equal((await s.req('GET', '/v1/routes/console-hook')).status, 200, 'a cancelled delete deleted the route');
+  await confirmDelete();
+  await until('the route deleted', async () => (await s.req('GET', '/v1/routes/console-hook')).status === 404);
+  await s.append([notif('p-4', 'After the route is gone', { type: 'email' })]);
+  await until('p-4 routed', async () => (await s.req('GET', `/v1/deliveries/${encodeURIComponent('dlv:p-4:email')}`)).status === 200);
+  assert.equal((await s.req('GET', `/v1/deliveries/${encodeURIComponent('dlv:p-4:console-hook')}`)).status, 404);
+  step('deleted from the Routes view: the next urgent notification no longer takes it');
+  receiver.close();
+  assert.ok(!s.log.includes(hookSecret), 'the route secret in the server log');
 
   // The status record shows whom the notification reached.
   await view(page, 'notifications');

@@ -231,6 +231,7 @@ const CONSOLE_FILES: &[(&str, &str, &str)] = &[
         JS,
         include_str!("../../console/operations.js"),
     ),
+    ("routes.js", JS, include_str!("../../console/routes.js")),
     ("tail.js", JS, include_str!("../../console/tail.js")),
     ("events.js", JS, include_str!("../../console/events.js")),
     ("app.js", JS, include_str!("../../console/app.js")),
@@ -269,7 +270,7 @@ pub async fn index() -> Response {
 }
 
 /// One of the console's files: a script (`core.js`, `outbox.js`, `notifications.js`,
-/// `tasks.js`, `operations.js`, `tail.js`, `events.js`, `app.js`), its style sheet
+/// `tasks.js`, `operations.js`, `routes.js`, `tail.js`, `events.js`, `app.js`), its style sheet
 /// (`app.css`) or its icon (`favicon.svg`).
 #[utoipa::path(get, path = "/console/{file}", operation_id = "getConsoleFile", tag = "ops",
     params(("file" = String, Path, description = "The file's name, e.g. `app.js`")),

@@ -4,7 +4,8 @@
 //! changed route from the next event on. A secret is never served: a set one reads `"***"`.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -16,7 +17,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
 use crate::request::{Reason, Validate, ValidatedJson};
-use crate::routes::{caller, read_model};
+use crate::routes::{ReadAt, caller, read_model};
 use crate::state::AppState;
 
 /// Where a route comes from.
@@ -245,18 +246,27 @@ async fn all_routes(st: &AppState, min_seq: u64) -> Result<(Vec<RouteOut>, u64),
 
 /// Every route: those of the configuration file and those managed through the API.
 #[utoipa::path(get, path = "/v1/routes", tag = "routes", operation_id = "listRoutes",
-    responses((status = 200, body = RoutesPage)),
+    params(ReadAt),
+    responses(
+        (status = 200, body = RoutesPage),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+    ),
     security(("bearer" = ["read"])))]
-pub async fn list(State(st): State<AppState>) -> Result<Json<RoutesPage>, ApiError> {
-    let (routes, as_of_seq) = all_routes(&st, 0).await?;
+pub async fn list(
+    State(st): State<AppState>,
+    q: Result<Query<ReadAt>, QueryRejection>,
+) -> Result<Json<RoutesPage>, ApiError> {
+    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
+    let (routes, as_of_seq) = all_routes(&st, q.seq()?).await?;
     Ok(Json(RoutesPage { routes, as_of_seq }))
 }
 
 /// One route.
 #[utoipa::path(get, path = "/v1/routes/{name}", tag = "routes", operation_id = "getRoute",
-    params(RouteName),
+    params(RouteName, ReadAt),
     responses(
         (status = 200, body = RouteAnswer),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
         (status = 404, body = Problem, content_type = "application/problem+json"),
         (status = 422, body = Problem, content_type = "application/problem+json"),
     ),
@@ -264,8 +274,10 @@ pub async fn list(State(st): State<AppState>) -> Result<Json<RoutesPage>, ApiErr
 pub async fn show(
     State(st): State<AppState>,
     RoutePath(name): RoutePath,
+    q: Result<Query<ReadAt>, QueryRejection>,
 ) -> Result<Json<RouteAnswer>, ApiError> {
-    one(&st, &name, 0).await.map(Json)
+    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
+    one(&st, &name, q.seq()?).await.map(Json)
 }
 
 async fn one(st: &AppState, name: &str, min_seq: u64) -> Result<RouteAnswer, ApiError> {

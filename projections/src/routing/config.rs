@@ -651,7 +651,10 @@ mod tests {
         assert_eq!(s.routes["pager"].sink, Some(Sink::App));
         assert_eq!(s.routing["info"], ["dashboard"]);
         let payload = file.with_routes(&api).event_payload();
-        assert!(payload["routes"]["hook"].get("secret").is_none(), "{payload}");
+        assert!(
+            payload["routes"]["hook"].get("secret").is_none(),
+            "{payload}"
+        );
     }
 
     /// A misspelt key anywhere is refused with its full key and the keys its table takes;

@@ -913,3 +913,81 @@ async fn a_full_publish_window_answers_429_and_stores_nothing() {
     eprintln!("publish window: {refused} appends answered 429 of {sent}");
     drop(cluster);
 }
+
+/// A route changed through one node is every node's (spec section 4): added through A, it is
+/// listed by B and, with A stopped, B routes a notification appended through it to the route
+/// and its dispatcher POSTs it, signed; deleted through B, A (restarted) no longer routes to it.
+/// No node's file names the route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_added_on_one_node_delivers_from_another() {
+    use crate::common::{append_ok, notif_ev, wait_for};
+    use crate::e2e_deliveries::wait_status;
+    let cluster = Cluster::start();
+    let (hits, hook) = webhook_receiver().await;
+    let cfg = cluster.node_config("ROUTES");
+    let mut a = Server::start(ServerOpts::default().config(cfg.clone())).await;
+    let b = Server::start(ServerOpts::default().config(cfg)).await;
+
+    let secret = tidemark_tests::secret("whsec-cluster-route-91c3d7");
+    let r = a
+        .send(
+            a.request(reqwest::Method::PUT, "/v1/routes/ops-hook")
+                .json(&json!({
+                "route": {"sink": "webhook", "url": format!("http://{hook}/hook"),
+                          "secret": secret, "priorities": ["urgent"]},
+                "reason": "one node adds it for all"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let seq = r.json["updated_seq"].as_u64().expect("updated_seq");
+    let r = b.get(&format!("/v1/routes/ops-hook?min_seq={seq}")).await;
+    assert_eq!(r.status, StatusCode::OK, "B lists A's route: {}", r.text);
+    assert_eq!(r.json["origin"], "api", "{}", r.text);
+    assert_eq!(r.json["route"]["secret"], "***", "{}", r.text);
+
+    // A stops: only B can route and send.
+    a.sigterm();
+    a.wait_exit(Duration::from_secs(30)).await;
+    let n = notif_ev(
+        "cr-1",
+        json!({"priority": "urgent", "title": "disk full", "recipient": "ops@example.org"}),
+    );
+    append_ok(&b, &n).await;
+    let d = wait_status(&b, "dlv:cr-1:ops-hook", "sent").await;
+    assert_eq!(d["sink"], "webhook", "{d}");
+    assert!(
+        d["lease_owner"]
+            .as_str()
+            .is_none_or(|o| o.starts_with("dispatcher:")),
+        "{d}"
+    );
+    wait_for(Duration::from_secs(30), "B's POST", || async {
+        hits.lock()
+            .unwrap()
+            .iter()
+            .any(|id| id == "dlv:cr-1:ops-hook")
+            .then_some(())
+    })
+    .await;
+
+    // Deleted through B: A, started again, follows the event and no longer routes to it.
+    let r = b
+        .send(
+            b.request(reqwest::Method::DELETE, "/v1/routes/ops-hook")
+                .json(&json!({"reason": "done"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text);
+    a.restart().await;
+    let head = b.head().await;
+    let r = a.get(&format!("/v1/routes/ops-hook?min_seq={head}")).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
+    let n = notif_ev(
+        "cr-2",
+        json!({"priority": "urgent", "title": "disk full again", "recipient": "ops@example.org"}),
+    );
+    append_ok(&a, &n).await;
+    wait_status(&a, "dlv:cr-2:desktop", "queued").await;
+    let r = a.get("/v1/deliveries/dlv%3Acr-2%3Aops-hook").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
+}
