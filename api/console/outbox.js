@@ -2,7 +2,7 @@
 'use strict';
 
 // ---------------------------------------------------------------------------------------------
-// Outbox: KPI tiles (refreshed), deliveries with filters, timelines, Retry and Discard.
+// Outbox: KPI tiles (refreshed), deliveries with filters, timelines, Retry, Discard, Resend.
 
 const TILES = [
   ['queue_depth', 'Queue depth'],
@@ -119,6 +119,11 @@ function deliveryRow(d) {
       title: `Discard ${d.id}?`,
       text: 'It will never be sent, and a discarded delivery cannot be retried.',
     }),
+  ] : d.status === 'sent' ? [
+    actionButton('Resend', 'operator', () => operate(d.id, 'resend'), 'resend', {
+      title: `Send ${d.id} again?`,
+      text: 'A new attempt with the same id: a receiver that keeps ids drops it as a repeat.',
+    }),
   ] : null));
   return tr;
 }
@@ -164,7 +169,8 @@ async function loadDeliveries(append) {
 async function operate(id, action) {
   await api('POST', `/v1/deliveries/${encodeURIComponent(id)}/${action}`,
     { reason: `${action} from the console` });
-  flash(`${action === 'retry' ? 'Retried' : 'Discarded'} ${id}`, 'ok');
+  const done = { retry: 'Retried', discard: 'Discarded', resend: 'Resent' }[action];
+  flash(`${done} ${id}`, 'ok');
   await Promise.all([loadDeliveries(false), loadKpis(), openTimeline(id, true)]);
 }
 

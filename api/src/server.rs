@@ -178,6 +178,8 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(admin::cluster))
             .routes(routes!(deliveries::retry))
             .routes(routes!(deliveries::discard))
+            .routes(routes!(deliveries::resend))
+            .routes(routes!(deliveries::recover))
             .routes(routes!(sources::poll))
             .routes(routes!(sources::pause))
             .routes(routes!(sources::resume)),

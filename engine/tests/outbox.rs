@@ -87,6 +87,10 @@ enum Op {
     Discard {
         pick: u8,
     },
+    /// An operator sends a sent delivery again.
+    Resend {
+        pick: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -102,6 +106,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0u8..6).prop_map(|secs| Op::Wait { secs }),
         1 => any::<u8>().prop_map(|pick| Op::Retry { pick }),
         1 => any::<u8>().prop_map(|pick| Op::Discard { pick }),
+        1 => any::<u8>().prop_map(|pick| Op::Resend { pick }),
     ]
 }
 
@@ -323,11 +328,16 @@ impl Model {
 
     fn operator(&mut self, id: &str, action: OperatorAction, now: i64) -> Result<(), Refusal> {
         let r = self.row(id)?;
-        if r.status != Status::Parked {
+        let from = if action == OperatorAction::Resend {
+            Status::Sent
+        } else {
+            Status::Parked
+        };
+        if r.status != from {
             return Err("illegal_transition");
         }
         match action {
-            OperatorAction::Retry => {
+            OperatorAction::Retry | OperatorAction::Resend => {
                 r.status = Status::Queued;
                 r.attempts = 0;
                 r.due = Some(now);
@@ -420,7 +430,7 @@ fn check_transition(m: &mut Replayed, ev: &Event) -> Result<(), String> {
                 "queued"
             }
         }
-        ("parked", "retried") => {
+        ("parked", "retried") | ("sent", "resent") => {
             m.attempts = 0;
             "queued"
         }
@@ -738,14 +748,14 @@ impl Harness {
                 }
             }
             Op::Wait { secs } => self.advance(i64::from(secs) * SEC),
-            Op::Retry { pick } | Op::Discard { pick } => {
+            Op::Retry { pick } | Op::Discard { pick } | Op::Resend { pick } => {
                 let Some(id) = self.pick(pick) else {
                     return Ok(());
                 };
-                let action = if matches!(op, Op::Retry { .. }) {
-                    OperatorAction::Retry
-                } else {
-                    OperatorAction::Discard
+                let action = match op {
+                    Op::Retry { .. } => OperatorAction::Retry,
+                    Op::Discard { .. } => OperatorAction::Discard,
+                    _ => OperatorAction::Resend,
                 };
                 let got = self.exec(Operator {
                     id: id.as_str().into(),

@@ -87,15 +87,5 @@ impl View<'_> {
 
 /// Every list, by name.
 pub fn all(db: &crate::models::ModelsRead) -> Result<Vec<ListRow>, StorageError> {
-    use redb::ReadableTable;
-    let r = crate::framework::Reader::new(db)?;
-    let Some(t) = r.table(NAME, ROWS)? else {
-        return Ok(Vec::new());
-    };
-    let mut out = Vec::new();
-    for row in t.iter().map_err(StorageError::of)? {
-        let (_, v) = row.map_err(StorageError::of)?;
-        out.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
-    }
-    Ok(out)
+    crate::framework::Reader::new(db)?.values(NAME, ROWS)
 }

@@ -138,6 +138,7 @@ names! {
         DeliverySkipped = "delivery.skipped",
         DeliveryCancelled = "delivery.cancelled",
         DeliveryRetried = "delivery.retried",
+        DeliveryResent = "delivery.resent",
         DeliveryDiscarded = "delivery.discarded",
         DeliveryLeaseExtended = "delivery.lease_extended",
         DeliveryJoined = "delivery.joined",
@@ -210,6 +211,7 @@ impl EventType {
             | DeliverySkipped
             | DeliveryCancelled
             | DeliveryRetried
+            | DeliveryResent
             | DeliveryDiscarded
             | DeliveryLeaseExtended
             | DeliveryJoined
@@ -261,6 +263,7 @@ impl EventType {
             DeliverySkipped => DeliveryEvent::Transition(D::Skipped),
             DeliveryCancelled => DeliveryEvent::Transition(D::Cancelled),
             DeliveryRetried => DeliveryEvent::Transition(D::Retried),
+            DeliveryResent => DeliveryEvent::Transition(D::Resent),
             DeliveryDiscarded => DeliveryEvent::Transition(D::Discarded),
             DeliveryLeaseExtended => DeliveryEvent::Transition(D::LeaseExtended),
             DeliveryDeferred => DeliveryEvent::Transition(D::Deferred),
@@ -317,6 +320,8 @@ names! {
         Skipped = "skipped",
         Cancelled = "cancelled",
         Retried = "retried",
+        /// An operator sends a sent delivery again (section 17): back to queued.
+        Resent = "resent",
         Discarded = "discarded",
         LeaseExtended = "lease_extended",
         Deferred = "deferred",
@@ -335,6 +340,7 @@ impl DeliveryTransition {
             D::Skipped => EventType::DeliverySkipped,
             D::Cancelled => EventType::DeliveryCancelled,
             D::Retried => EventType::DeliveryRetried,
+            D::Resent => EventType::DeliveryResent,
             D::Discarded => EventType::DeliveryDiscarded,
             D::LeaseExtended => EventType::DeliveryLeaseExtended,
             D::Deferred => EventType::DeliveryDeferred,
@@ -679,7 +685,7 @@ mod tests {
                 "recipient.unsuppressed",
             ]
         );
-        assert_eq!(EventType::ALL.len() - client.len(), 30);
+        assert_eq!(EventType::ALL.len() - client.len(), 33);
     }
 
     /// Every `delivery.*` type (and no other) says what it does to a delivery row, by the

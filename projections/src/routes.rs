@@ -27,9 +27,21 @@ pub struct RouteRow {
     pub by: Option<String>,
     pub updated_at_us: i64,
     pub updated_seq: u64,
+    /// The secret the route had before its last change (as recorded: the secret or its
+    /// `env:` reference), which keeps signing beside the new one until `previous_until_us`
+    /// (the change's time plus the route's `rotation_overlap`).
+    pub previous_secret: Option<String>,
+    pub previous_until_us: Option<i64>,
 }
 
 impl RouteRow {
+    /// The previous secret while it still signs at `now_us`.
+    pub fn previous_secret_at(&self, now_us: i64) -> Option<&str> {
+        self.previous_until_us
+            .filter(|until| now_us < *until)
+            .and(self.previous_secret.as_deref())
+    }
+
     /// The route it records (`None` only for a row no version of the server wrote).
     pub fn spec(&self) -> Option<ApiRoute> {
         let v: Value = serde_json::from_str(&self.route).ok()?;
@@ -62,14 +74,39 @@ impl Projection for Routes {
             Some(EventType::RouteUpdated) => {
                 let p: Value = serde_json::from_str(ev.payload).unwrap_or(Value::Null);
                 let text = |f: &str| p.get(f).and_then(Value::as_str).map(str::to_owned);
-                let row = RouteRow {
+                let mut row = RouteRow {
                     name: ev.subject.to_owned(),
                     route: p.get("route").map(Value::to_string).unwrap_or_default(),
                     reason: text("reason").unwrap_or_default(),
                     by: text("by"),
                     updated_at_us: ev.time_us,
                     updated_seq: ev.seq,
+                    previous_secret: None,
+                    previous_until_us: None,
                 };
+                // A changed secret: the old one keeps signing for the overlap (from the
+                // change's time, so a replay keeps the same window); an unchanged one keeps
+                // the window of the change before.
+                let before: Option<RouteRow> = st.get_val(ROWS, key)?;
+                let old = before.as_ref().and_then(RouteRow::spec);
+                let new = row.spec();
+                let (old_secret, new_secret) = (
+                    old.as_ref().and_then(|r| r.config.secret.clone()),
+                    new.as_ref().and_then(|r| r.config.secret.clone()),
+                );
+                if old_secret.is_some() && old_secret != new_secret {
+                    let overlap = new.as_ref().map_or(
+                        ApiRoute::DEFAULT_ROTATION_OVERLAP_MS,
+                        ApiRoute::rotation_overlap_ms,
+                    );
+                    row.previous_secret = old_secret;
+                    row.previous_until_us = Some(ev.time_us.saturating_add(
+                        i64::try_from(overlap.saturating_mul(1_000)).unwrap_or(i64::MAX),
+                    ));
+                } else if let Some(b) = before.filter(|_| old_secret == new_secret) {
+                    row.previous_secret = b.previous_secret;
+                    row.previous_until_us = b.previous_until_us;
+                }
                 st.put_val(ROWS, key, &row)
             }
             Some(EventType::RouteDeleted) => st.delete(ROWS, key),
@@ -97,15 +134,5 @@ impl View<'_> {
 
 /// Every route managed through the API, by name.
 pub fn all(db: &crate::models::ModelsRead) -> Result<Vec<RouteRow>, StorageError> {
-    use redb::ReadableTable;
-    let r = crate::framework::Reader::new(db)?;
-    let Some(t) = r.table(NAME, ROWS)? else {
-        return Ok(Vec::new());
-    };
-    let mut out = Vec::new();
-    for row in t.iter().map_err(StorageError::of)? {
-        let (_, v) = row.map_err(StorageError::of)?;
-        out.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
-    }
-    Ok(out)
+    crate::framework::Reader::new(db)?.values(NAME, ROWS)
 }

@@ -571,6 +571,26 @@ pub enum DeliveriesAction {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Send a sent delivery again: a new attempt with the same id (`delivery.resent`).
+    Resend {
+        /// The delivery id (`dlv:<notification_id>:<route>`).
+        id: String,
+        /// Why, recorded on the `delivery.resent` event.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Retry every parked delivery of a route made since a time (at most 10,000 per call).
+    Recover {
+        /// The route.
+        #[arg(long)]
+        route: String,
+        /// Deliveries made at or after this time (RFC 3339, e.g. 2026-11-28T09:00:00Z).
+        #[arg(long)]
+        since: String,
+        /// Why, recorded on each `delivery.retried` event.
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 /// The order of a listing.

@@ -185,6 +185,24 @@ pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
         DeliveriesAction::Discard { id, reason } => {
             out.one(&operator_action(&c, &id, "discard", reason).await?)
         }
+        DeliveriesAction::Resend { id, reason } => out.one(
+            &c.post_json(
+                &format!("/v1/deliveries/{}/resend", enc(&id)),
+                &json!({ "reason": reason }),
+            )
+            .await?,
+        ),
+        DeliveriesAction::Recover {
+            route,
+            since,
+            reason,
+        } => out.one(
+            &c.post_json(
+                "/v1/deliveries/recover",
+                &json!({ "route": route, "since": since, "reason": reason }),
+            )
+            .await?,
+        ),
     }
 }
 

@@ -45,6 +45,11 @@ pub struct RouteOut {
     #[schema(value_type = Option<String>)]
     pub updated_at: Option<Micros>,
     pub updated_seq: Option<u64>,
+    /// Until when the route's previous secret signs beside the new one (after a change of
+    /// `secret`, for its `rotation_overlap`); absent when it no longer does.
+    #[schema(value_type = Option<String>)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous_secret_until: Option<Micros>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -65,8 +70,8 @@ pub struct RouteAnswer {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct RouteName {
-    /// The route's name: 1 to 64 of a-z, 0-9, `_` and `-`.
-    #[param(min_length = 1, max_length = 64, pattern = "^[a-z0-9_-]{1,64}$")]
+    /// The route's name: 1 to 128 printable characters.
+    #[param(min_length = 1, max_length = 128)]
     pub name: String,
 }
 
@@ -114,14 +119,9 @@ fn invalid_route(detail: impl Into<String>) -> ApiError {
 }
 
 fn check_name(name: &str) -> Result<(), ApiError> {
-    if name.is_empty()
-        || name.len() > 64
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
-    {
+    if name.is_empty() || name.chars().count() > 128 || name.chars().any(char::is_control) {
         return Err(invalid_route(
-            "a route name is 1 to 64 of a-z, 0-9, _ and -",
+            "a route name is 1 to 128 printable characters",
         ));
     }
     Ok(())
@@ -184,6 +184,10 @@ fn api_out(row: RouteRow) -> RouteOut {
     if route.is_null() {
         route = Value::Object(Default::default());
     }
+    let previous_secret_until = row
+        .previous_secret_at(tidemark_log::time::now_micros())
+        .and(row.previous_until_us)
+        .map(Micros);
     RouteOut {
         name: row.name,
         origin: Origin::Api,
@@ -192,6 +196,7 @@ fn api_out(row: RouteRow) -> RouteOut {
         by: row.by,
         updated_at: Some(Micros(row.updated_at_us)),
         updated_seq: Some(row.updated_seq),
+        previous_secret_until,
     }
 }
 
@@ -224,6 +229,7 @@ fn file_out(file: &NotificationsConfig) -> Vec<RouteOut> {
                 by: None,
                 updated_at: None,
                 updated_seq: None,
+                previous_secret_until: None,
             }
         })
         .collect()

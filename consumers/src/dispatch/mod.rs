@@ -158,6 +158,7 @@ pub fn makes_due(ev: &tidemark_log::Event) -> bool {
                 | T::DeliveryAttemptFailed
                 | T::DeliveryLeaseExpired
                 | T::DeliveryRetried
+                | T::DeliveryResent
                 | T::DeliveryDeferred
                 | T::DeliveryJoined
         )

@@ -48,6 +48,9 @@ fn default_concurrency() -> usize {
 pub struct Target {
     pub url: reqwest::Url,
     pub secret: Option<String>,
+    /// The secret before a rotation, while it still signs beside `secret` (section 4: both
+    /// signatures are sent, so a receiver with either key accepts the message).
+    pub previous: Option<String>,
 }
 
 impl Target {
@@ -60,7 +63,11 @@ impl Target {
             .filter(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
             .ok_or_else(|| format!("{} must be an http:// or https:// URL", k("url")))?;
         let secret = secret.map(|s| resolve(s, &k("secret"))).transpose()?;
-        Ok(Target { url, secret })
+        Ok(Target {
+            url,
+            secret,
+            previous: None,
+        })
     }
 
     /// What `resolved_targets` says of it: scheme, host and port.
@@ -132,14 +139,23 @@ impl Webhook {
                 error: e.to_string(),
                 retry_after_ms: None,
             })?;
-        let spec = row.and_then(|r| r.spec()).ok_or_else(no_endpoint)?;
+        let row = row.ok_or_else(no_endpoint)?;
+        let spec = row.spec().ok_or_else(no_endpoint)?;
         let url = spec.config.url.as_deref().ok_or_else(no_endpoint)?;
         // An `env:` reference this node cannot read: another node may; retried.
-        Target::new(route, url, spec.config.secret.as_deref()).map_err(|error| Outcome::Transient {
+        let unresolved = |error| Outcome::Transient {
             code: "endpoint_unresolved".into(),
             error,
             retry_after_ms: None,
-        })
+        };
+        let mut t = Target::new(route, url, spec.config.secret.as_deref()).map_err(unresolved)?;
+        let now_us = tidemark_log::time::now_micros();
+        if let Some(p) = row.previous_secret_at(now_us) {
+            t.previous = Some(
+                resolve(p, &format!("the previous secret of route {route}")).map_err(unresolved)?,
+            );
+        }
+        Ok(t)
     }
 }
 
@@ -211,8 +227,18 @@ impl Adapter for Webhook {
                 .header("webhook-timestamp", timestamp.to_string());
             if let Some(secret) = &target.secret {
                 let sig = Signatures::new(secret, d.id.as_str(), timestamp, &payload);
+                // During a rotation's overlap, the old key's signature beside the new one's
+                // (`v1,<new> v1,<old>`, as Standard Webhooks lists several).
+                let standard = match &target.previous {
+                    Some(old) => format!(
+                        "{} {}",
+                        sig.standard,
+                        Signatures::new(old, d.id.as_str(), timestamp, &payload).standard
+                    ),
+                    None => sig.standard,
+                };
                 rb = rb
-                    .header("webhook-signature", sig.standard)
+                    .header("webhook-signature", standard)
                     .header("tidemark-signature", sig.legacy);
             }
             match rb.body(payload).send().await {

@@ -72,6 +72,8 @@ impl Command for SetRoute {
                     by: self.by.clone(),
                     updated_at_us: round.now_us,
                     updated_seq: 0,
+                    previous_secret: None,
+                    previous_until_us: None,
                 };
                 (
                     EventType::RouteUpdated,

@@ -502,6 +502,7 @@ pub fn allowed(status: DeliveryStatus, t: DeliveryTransition) -> bool {
         T::Cancelled => matches!(status, S::Queued | S::RetryWait | S::Parked),
         T::LeaseExtended | T::Sent | T::AttemptFailed | T::LeaseExpired => status == S::Leased,
         T::Retried | T::Discarded => status == S::Parked,
+        T::Resent => status == S::Sent,
     }
 }
 
@@ -560,7 +561,9 @@ pub fn transition(d: &mut Delivery, t: DeliveryTransition, c: &Change, seq: u64)
         T::Skipped => end(d, S::Skipped, c),
         T::Cancelled => end(d, S::Cancelled, c),
         T::Discarded => end(d, S::Discarded, c),
-        T::Retried => {
+        // Sent again: a new attempt with the same id (the receivers' idempotency key); the
+        // earlier delivery's time and targets stay until it is sent again.
+        T::Retried | T::Resent => {
             d.status = S::Queued;
             d.attempts = 0;
             d.reason = None;

@@ -109,6 +109,32 @@ impl View<'_> {
         self.suffixes(BY_TASK, task)
     }
 
+    /// The parked deliveries of `route` made at or after `since_us`, at most `max` (by id;
+    /// read from the parked ones, which an operator keeps few).
+    pub fn parked_of_route(
+        &mut self,
+        route: &str,
+        since_us: i64,
+        max: usize,
+    ) -> Result<Vec<Delivery>, StorageError> {
+        let mut out = Vec::new();
+        for id in self.suffixes(
+            super::BY_STATUS,
+            crate::names::DeliveryStatus::Parked.as_str(),
+        )? {
+            if out.len() >= max {
+                break;
+            }
+            if let Some(d) = self.row(&id)?
+                && d.route == route
+                && d.created_at_us >= since_us
+            {
+                out.push(d);
+            }
+        }
+        Ok(out)
+    }
+
     /// What follows `prefix ‖ 0` in the keys of `table` that start with it.
     fn suffixes(&mut self, table: &'static str, prefix: &str) -> Result<Vec<String>, StorageError> {
         let lo = [prefix.as_bytes(), &[0u8]].concat();

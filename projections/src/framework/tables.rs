@@ -66,6 +66,24 @@ impl Reader {
             None => Ok(None),
         }
     }
+
+    /// Every row of a table, decoded, in key order (none while it has no rows).
+    pub fn values<T: for<'de> Deserialize<'de>>(
+        &self,
+        proj: &str,
+        table: &str,
+    ) -> Result<Vec<T>, StorageError> {
+        use redb::ReadableTable;
+        let Some(t) = self.table(proj, table)? else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for row in t.iter().map_err(StorageError::of)? {
+            let (_, v) = row.map_err(StorageError::of)?;
+            out.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
+        }
+        Ok(out)
+    }
 }
 
 /// A projection's tables inside the writer's transaction, each opened once: the fold writes

@@ -109,6 +109,10 @@ pub struct RouteConfig {
     /// event, served or logged.
     #[serde(default, skip_serializing)]
     pub secret: Option<String>,
+    /// How long the previous secret keeps signing beside a new one after a webhook route's
+    /// secret changes through the API (default `"24h"`; section 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotation_overlap: Option<String>,
     /// `["min", "max"]`: a random delay in this window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay: Option<Vec<String>>,
@@ -351,6 +355,9 @@ impl RouteConfig {
             }
         };
         let mut p = RoutePolicy::default();
+        if let Some(o) = &self.rotation_overlap {
+            parse_duration_ms(o).ok_or_else(|| bad("rotation_overlap"))?;
+        }
         if let Some((lo, hi)) = pair(&self.delay, "delay")? {
             let lo = parse_duration_ms(&lo).ok_or_else(|| bad("delay"))?;
             let hi = parse_duration_ms(&hi).ok_or_else(|| bad("delay"))?;
@@ -531,6 +538,18 @@ impl ApiRoute {
         }
         Ok(())
     }
+
+    /// How long the previous secret keeps signing beside a new one, in milliseconds.
+    pub fn rotation_overlap_ms(&self) -> u64 {
+        self.config
+            .rotation_overlap
+            .as_deref()
+            .and_then(parse_duration_ms)
+            .unwrap_or(Self::DEFAULT_ROTATION_OVERLAP_MS)
+    }
+
+    /// `rotation_overlap` when the route does not say: a day.
+    pub const DEFAULT_ROTATION_OVERLAP_MS: u64 = 24 * 3_600_000;
 
     /// The route object as `route.updated` records it: every key, the webhook's `url` and
     /// `secret` (or their `env:` references) included, and `priorities`.

@@ -42,7 +42,8 @@ fn malformed(key: &str) -> String {
     let parent = key.rsplit('.').nth(1).unwrap_or("");
     let want = match last {
         "enabled" | "redact" => "true or false".to_owned(),
-        "stuck_after" | "base_delay" | "max_delay" | "lease_ttl" | "window" => {
+        "stuck_after" | "base_delay" | "max_delay" | "lease_ttl" | "window"
+        | "rotation_overlap" => {
             "a duration: a whole number and a unit, ms, s, m, h or d (e.g. \"30s\", \"5m\", \"1h\")"
                 .to_owned()
         }

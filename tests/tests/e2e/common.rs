@@ -293,7 +293,7 @@ pub async fn projections(api: &Api) -> HashMap<String, Value> {
     map
 }
 
-pub const PROJECTIONS: [&str; 8] = [
+pub const PROJECTIONS: [&str; 9] = [
     "tasks",
     "notifications",
     "settings",
@@ -302,6 +302,7 @@ pub const PROJECTIONS: [&str; 8] = [
     "bridges",
     "sources",
     "lists",
+    "routes",
 ];
 
 /// `POST /v1/admin/projections/{name}/{action}` (rebuild or verify); panics unless 200.

@@ -150,7 +150,8 @@ async fn a_route_added_through_the_api_delivers_from_the_next_event_on() {
     assert!(!all.contains(&secret), "the secret is served in the events");
 
     // Bad input changes nothing: an unknown key, a missing sink, a bad URL, a bad priority, no
-    // reason, a built-in name, a bad name, the file's route.
+    // reason, a built-in name, a name too long, the file's route.
+    let long_name = "n".repeat(129);
     let bad: [(&str, Value, StatusCode, &str, &str); 8] = [
         (
             "teams",
@@ -195,7 +196,7 @@ async fn a_route_added_through_the_api_delivers_from_the_next_event_on() {
             "built-in",
         ),
         (
-            "Bad%20Name",
+            &long_name,
             json!({"route": {"sink": "app"}, "reason": "x"}),
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_route",
@@ -336,4 +337,303 @@ async fn a_file_naming_a_route_the_api_holds_refuses_the_start() {
         err.contains("notifications.routes.ops") && err.contains("managed through the API"),
         "{err}"
     );
+}
+
+/// Rotate a webhook route's secret with no gap (spec section 4): after the change the POST
+/// carries both signatures (`webhook-signature: v1,<new> v1,<old>`) for the route's
+/// `rotation_overlap`, and the stock Standard Webhooks verifier accepts the message with either
+/// key; with an overlap of `0s` only the new key signs, and the old one is refused.
+#[tokio::test]
+async fn a_secret_rotates_with_both_signatures_during_the_overlap() {
+    use base64::Engine as _;
+    let (hits, port) = receiver().await;
+    let s = Server::start(ServerOpts::default().config(CONFIG)).await;
+    let key = || {
+        tidemark_tests::secret(format!(
+            "whsec_{}",
+            base64::engine::general_purpose::STANDARD.encode(tidemark_tests::random_token(32))
+        ))
+    };
+    let (old, new, newest) = (key(), key(), key());
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let route = |secret: &str, overlap: &str| {
+        json!({"route": {"sink": "webhook", "url": url, "secret": secret,
+                         "rotation_overlap": overlap, "priorities": ["urgent"]},
+               "reason": "rotate the signing key"})
+    };
+    let r = put_route(&s, "rot", &route(&old, "1h")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(r.json.get("previous_secret_until").is_none(), "{}", r.text);
+    let r = put_route(&s, "rot", &route(&new, "1h")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(r.json["previous_secret_until"].is_string(), "{}", r.text);
+    assert!(
+        !r.text.contains(&old) && !r.text.contains(&new),
+        "{}",
+        r.text
+    );
+
+    let posted = |id: &'static str| {
+        let hits = hits.clone();
+        async move {
+            wait_for(Duration::from_secs(30), "the POST", || async {
+                hits.lock()
+                    .unwrap()
+                    .iter()
+                    .find(|(_, b)| b["delivery_id"] == id)
+                    .cloned()
+            })
+            .await
+        }
+    };
+    append_ok(&s, &notification("rot-1", "urgent")).await;
+    let (headers, body) = posted("dlv:rot-1:rot").await;
+    let sig = headers["webhook-signature"].to_str().unwrap().to_owned();
+    assert_eq!(sig.split(' ').count(), 2, "both signatures: {sig}");
+    assert!(sig.split(' ').all(|p| p.starts_with("v1,")), "{sig}");
+
+    // With no overlap the old key stops signing at once.
+    let r = put_route(&s, "rot", &route(&newest, "0s")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(r.json.get("previous_secret_until").is_none(), "{}", r.text);
+    append_ok(&s, &notification("rot-2", "urgent")).await;
+    let (headers2, body2) = posted("dlv:rot-2:rot").await;
+    let sig2 = headers2["webhook-signature"].to_str().unwrap().to_owned();
+    assert_eq!(sig2.split(' ').count(), 1, "one signature: {sig2}");
+
+    // The stock verifier, on the exact headers and body each POST carried.
+    let h = |m: &axum::http::HeaderMap| {
+        json!({
+            "webhook-id": m["webhook-id"].to_str().unwrap(),
+            "webhook-timestamp": m["webhook-timestamp"].to_str().unwrap(),
+            "webhook-signature": m["webhook-signature"].to_str().unwrap(),
+        })
+    };
+    let cases = json!([
+        {"key": old, "body": body.to_string(), "headers": h(&headers), "want": true},
+        {"key": new, "body": body.to_string(), "headers": h(&headers), "want": true},
+        {"key": newest, "body": body.to_string(), "headers": h(&headers), "want": false},
+        {"key": newest, "body": body2.to_string(), "headers": h(&headers2), "want": true},
+        {"key": new, "body": body2.to_string(), "headers": h(&headers2), "want": false},
+    ]);
+    let script = r#"
+import json, sys
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+out = []
+for c in json.load(sys.stdin):
+    try:
+        Webhook(c["key"]).verify(c["body"], c["headers"])
+        out.append(True)
+    except WebhookVerificationError:
+        out.append(False)
+print(json.dumps(out))
+"#;
+    let mut child = tokio::process::Command::new("python3")
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin
+            .write_all(cases.to_string().as_bytes())
+            .await
+            .expect("write the cases");
+    }
+    let out = child.wait_with_output().await.expect("python3 ends");
+    assert!(
+        out.status.success(),
+        "the Standard Webhooks verifier failed (tests/webhooks/requirements.txt): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Value = serde_json::from_slice(&out.stdout).expect("verifier output");
+    let want: Vec<Value> = cases
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["want"].clone())
+        .collect();
+    assert_eq!(
+        got,
+        Value::Array(want),
+        "verified with old, new, newest; then newest, new"
+    );
+}
+
+/// A receiver answering each POST with the status `answer` holds, recording each `webhook-id`.
+async fn scripted_receiver(
+    answer: std::sync::Arc<std::sync::atomic::AtomicU16>,
+) -> (std::sync::Arc<std::sync::Mutex<Vec<String>>>, u16) {
+    use std::sync::{Arc, Mutex};
+    let ids: Arc<Mutex<Vec<String>>> = Arc::default();
+    let i = ids.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |headers: axum::http::HeaderMap| {
+            let (i, answer) = (i.clone(), answer.clone());
+            async move {
+                let id = headers
+                    .get("webhook-id")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                i.lock().unwrap().push(id);
+                StatusCode::from_u16(answer.load(std::sync::atomic::Ordering::SeqCst))
+                    .unwrap_or(StatusCode::OK)
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (ids, port)
+}
+
+/// Resend and recover (spec section 17): an operator resends a sent delivery, which is POSTed
+/// again as a new attempt on its timeline with the same `webhook-id`; and retries, in one
+/// call, every parked delivery of a route made since a time, answered with the count. Both
+/// need a reason; a resend of a delivery that is not sent is `409`.
+#[tokio::test]
+async fn an_operator_resends_a_delivery_and_recovers_a_routes_parked_ones() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU16, Ordering};
+    let answer = Arc::new(AtomicU16::new(200));
+    let (ids, port) = scripted_receiver(answer.clone()).await;
+    let s = Server::start(ServerOpts::default().config(CONFIG)).await;
+    let r = put_route(
+        &s,
+        "rec",
+        &json!({"route": {"sink": "webhook", "url": format!("http://127.0.0.1:{port}/hook"),
+                          "priorities": ["urgent"]}, "reason": "recover test"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let post = |path: &str, body: Value| {
+        let rb = s.request(reqwest::Method::POST, path).json(&body);
+        s.send(rb)
+    };
+
+    // Resend a sent delivery: the same webhook-id again, a new attempt on its timeline.
+    append_ok(&s, &notification("rs-1", "urgent")).await;
+    wait_status(&s, "dlv:rs-1:rec", "sent").await;
+    let r = post("/v1/deliveries/dlv:rs-1:rec/resend", json!({"reason": " "})).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    assert_eq!(r.json["code"], "reason_required", "{}", r.text);
+    let r = post(
+        "/v1/deliveries/dlv:rs-1:rec/resend",
+        json!({"reason": "the receiver lost it"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json["status"], "queued", "{}", r.text);
+    wait_for(Duration::from_secs(30), "the second POST", || async {
+        (ids.lock()
+            .unwrap()
+            .iter()
+            .filter(|i| *i == "dlv:rs-1:rec")
+            .count()
+            == 2)
+            .then_some(())
+    })
+    .await;
+    let d = wait_status(&s, "dlv:rs-1:rec", "sent").await;
+    let steps: Vec<&str> = d["timeline"]
+        .as_array()
+        .expect("timeline")
+        .iter()
+        .filter_map(|t| t["event"].as_str())
+        .collect();
+    assert_eq!(
+        steps,
+        ["created", "leased", "sent", "resent", "leased", "sent"],
+        "{d}"
+    );
+    let resent = s.read_all("stream=deliveries&type=delivery.resent").await;
+    assert_eq!(resent.len(), 1, "{resent:?}");
+    assert_eq!(resent[0]["payload"]["reason"], "the receiver lost it");
+
+    // A resend of a delivery that is not sent changes nothing.
+    answer.store(404, Ordering::SeqCst);
+    let since = tidemark_log::time::format_micros(tidemark_log::time::now_micros());
+    for id in ["rp-1", "rp-2"] {
+        append_ok(&s, &notification(id, "urgent")).await;
+    }
+    for id in ["dlv:rp-1:rec", "dlv:rp-2:rec"] {
+        let d = wait_status(&s, id, "parked").await;
+        assert_eq!(d["last_error_code"], "http_404", "{d}");
+    }
+    let r = post(
+        "/v1/deliveries/dlv:rp-1:rec/resend",
+        json!({"reason": "not sent yet"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
+    assert_eq!(r.json["code"], "illegal_transition", "{}", r.text);
+
+    // Recover: every parked delivery of the route since `since`, in one call.
+    answer.store(200, Ordering::SeqCst);
+    let r = post(
+        "/v1/deliveries/recover",
+        json!({"route": "rec", "since": "2999-01-01T00:00:00Z", "reason": "too late"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json, json!({"retried": 0, "more": false}));
+    let r = post(
+        "/v1/deliveries/recover",
+        json!({"route": "rec", "since": since, "reason": "the endpoint is fixed"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json, json!({"retried": 2, "more": false}));
+    for id in ["dlv:rp-1:rec", "dlv:rp-2:rec"] {
+        wait_status(&s, id, "sent").await;
+    }
+    let retried = s.read_all("stream=deliveries&type=delivery.retried").await;
+    assert_eq!(retried.len(), 2, "{retried:?}");
+    assert!(
+        retried
+            .iter()
+            .all(|e| e["payload"]["reason"] == "the endpoint is fixed"),
+        "{retried:?}"
+    );
+    let r = post(
+        "/v1/deliveries/recover",
+        json!({"route": "rec", "since": "yesterday", "reason": "x"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    // The CLI: nothing is parked any more.
+    let base = s.base().to_owned();
+    let out = tidemark_tests::run_cli(
+        &[
+            "deliveries",
+            "recover",
+            "--route",
+            "rec",
+            "--since",
+            &since,
+            "--reason",
+            "again",
+            "--url",
+            &base,
+            "-o",
+            "json",
+        ],
+        "",
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v, json!({"retried": 0, "more": false}));
 }

@@ -23,9 +23,13 @@ fn spec_scope(method: &str, path: &str) -> &'static str {
         | ("post", "/v1/admin/backup")
         // The same backup streamed to the caller (issue 40): the whole log, as the backup.
         | ("get", "/v1/admin/backup/stream")
-        | ("put" | "delete", "/v1/lists/{name}") => "admin",
+        | ("put" | "delete", "/v1/lists/{name}")
+        | ("put" | "delete", "/v1/routes/{name}") => "admin",
         (_, p) if p.starts_with("/v1/admin/") => "operator",
-        ("post", p) if p.ends_with("/retry") || p.ends_with("/discard") => "operator",
+        ("post", p) if p.ends_with("/retry") || p.ends_with("/discard") || p.ends_with("/resend") => {
+            "operator"
+        }
+        ("post", "/v1/deliveries/recover") => "operator",
         ("post", p)
             if p.starts_with("/v1/sources/")
                 && (p.ends_with("/poll") || p.ends_with("/pause") || p.ends_with("/resume")) =>

@@ -4,12 +4,12 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use serde::Deserialize;
-use tidemark_engine::commands::outbox::{Operator, OperatorAction};
+use tidemark_engine::commands::outbox::{Operator, OperatorAction, RECOVER_MAX, Recover};
 use utoipa::ToSchema;
 
 use super::{DeliveryId, DeliveryOut};
 use crate::error::{ApiError, Problem};
-use crate::request::{OptionalJson, PathId, Text, Validate};
+use crate::request::{OptionalJson, PathId, Reason, Text, Validate, ValidatedJson};
 use crate::state::AppState;
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -29,7 +29,7 @@ async fn operator_action(
     st: AppState,
     id: PathId<DeliveryId>,
     headers: HeaderMap,
-    b: OperatorBody,
+    reason: Option<String>,
     action: OperatorAction,
 ) -> Result<Json<DeliveryOut>, ApiError> {
     // The action records the token that made it (section 8), `null` in open mode; a `by`
@@ -41,7 +41,7 @@ async fn operator_action(
             id: id.0,
             action,
             by,
-            reason: b.reason.map(Text::into_string),
+            reason,
         })
         .await?;
     metrics::counter!("tidemark_deliveries_operator_total", "action" => action.kind()).increment(1);
@@ -67,7 +67,14 @@ pub async fn retry(
     headers: HeaderMap,
     OptionalJson(body): OptionalJson<OperatorBody>,
 ) -> Result<Json<DeliveryOut>, ApiError> {
-    operator_action(st, id, headers, body, OperatorAction::Retry).await
+    operator_action(
+        st,
+        id,
+        headers,
+        body.reason.map(Text::into_string),
+        OperatorAction::Retry,
+    )
+    .await
 }
 
 /// Operator: give up on a parked delivery.
@@ -89,5 +96,140 @@ pub async fn discard(
     headers: HeaderMap,
     OptionalJson(body): OptionalJson<OperatorBody>,
 ) -> Result<Json<DeliveryOut>, ApiError> {
-    operator_action(st, id, headers, body, OperatorAction::Discard).await
+    operator_action(
+        st,
+        id,
+        headers,
+        body.reason.map(Text::into_string),
+        OperatorAction::Discard,
+    )
+    .await
+}
+
+/// `POST /v1/deliveries/{id}/resend`: why (required).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResendBody {
+    /// Why; required, recorded in the event.
+    #[schema(inline)]
+    pub reason: Reason,
+}
+
+impl Validate for ResendBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        self.reason.check("a resend")
+    }
+}
+
+/// Operator: send a sent delivery again (section 17): back in the queue as a new attempt on
+/// its timeline (`delivery.resent`), with the same id, so a receiver sees the same
+/// `webhook-id` / `Message-ID` and can drop it as a repeat.
+#[utoipa::path(
+    post, path = "/v1/deliveries/{id}/resend", operation_id = "resendDelivery", tag = "deliveries",
+    params(("id" = String, Path, description = "Delivery id")),
+    request_body(content = ResendBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = DeliveryOut),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not sent", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "reason_required", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["operator"]))
+)]
+#[tracing::instrument(skip_all, fields(id = %id))]
+pub async fn resend(
+    State(st): State<AppState>,
+    id: PathId<DeliveryId>,
+    headers: HeaderMap,
+    ValidatedJson(b): ValidatedJson<ResendBody>,
+) -> Result<Json<DeliveryOut>, ApiError> {
+    operator_action(
+        st,
+        id,
+        headers,
+        Some(b.reason.into_string()),
+        OperatorAction::Resend,
+    )
+    .await
+}
+
+/// `POST /v1/deliveries/recover`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecoverBody {
+    /// The route whose parked deliveries are retried.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
+    pub route: String,
+    /// Only deliveries made at or after this time (RFC 3339).
+    #[schema(format = DateTime)]
+    pub since: String,
+    /// Why; required, recorded on each `delivery.retried`.
+    #[schema(inline)]
+    pub reason: Reason,
+}
+
+impl Validate for RecoverBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        self.reason.check("a recover")?;
+        if self.route.is_empty()
+            || self.route.chars().count() > 128
+            || self.route.chars().any(char::is_control)
+        {
+            return Err(super::invalid(
+                "route",
+                "route must be 1 to 128 printable characters",
+            ));
+        }
+        if tidemark_log::time::parse_rfc3339_micros(&self.since).is_none() {
+            return Err(super::invalid("since", "since must be an RFC 3339 time"));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, serde::Serialize, ToSchema)]
+pub struct Recovered {
+    /// Parked deliveries put back in the queue (at most 10,000 per call).
+    pub retried: usize,
+    /// True when the bound was reached: call again for the rest.
+    pub more: bool,
+}
+
+/// Operator: retry every parked delivery of a route made since a time (section 17), at most
+/// 10,000 per call, each recorded as `delivery.retried` with the reason and `by`.
+#[utoipa::path(
+    post, path = "/v1/deliveries/recover", operation_id = "recoverDeliveries", tag = "deliveries",
+    request_body(content = RecoverBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = Recovered),
+        (status = 422, description = "reason_required or invalid_field", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["operator"]))
+)]
+#[tracing::instrument(skip_all, fields(route = %b.route))]
+pub async fn recover(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    ValidatedJson(b): ValidatedJson<RecoverBody>,
+) -> Result<Json<Recovered>, ApiError> {
+    let since_us = tidemark_log::time::parse_rfc3339_micros(&b.since).unwrap_or(i64::MAX);
+    let (retried, _) = st
+        .engine
+        .execute(Recover {
+            route: b.route,
+            since_us,
+            reason: b.reason.into_string(),
+            by: crate::routes::caller(&st, &headers),
+        })
+        .await?;
+    metrics::counter!("tidemark_deliveries_operator_total", "action" => "recovered")
+        .increment(retried as u64);
+    Ok(Json(Recovered {
+        retried,
+        more: retried >= RECOVER_MAX,
+    }))
 }

@@ -613,7 +613,8 @@ impl Command for Extend {
     }
 }
 
-/// An operator retries or discards a parked delivery; answers the row after it.
+/// An operator retries or discards a parked delivery, or resends a sent one; answers the row
+/// after it.
 #[derive(Debug, Clone)]
 pub struct Operator {
     pub id: DeliveryId,
@@ -652,6 +653,7 @@ impl Command for Operator {
             let verb = match action {
                 OperatorAction::Retry => "retry",
                 OperatorAction::Discard => "discard",
+                OperatorAction::Resend => "resend",
             };
             return Err(illegal(&row, verb));
         }
@@ -666,11 +668,54 @@ impl Command for Operator {
     }
 }
 
-/// What an operator does to a parked delivery.
+/// At most this many parked deliveries are retried by one [`Recover`] (section 17).
+pub const RECOVER_MAX: usize = 10_000;
+
+/// An operator retries every parked delivery of `route` made since `since_us` (at most
+/// [`RECOVER_MAX`]), each a `delivery.retried` with the reason and `by`; answers how many.
+#[derive(Debug, Clone)]
+pub struct Recover {
+    pub route: String,
+    pub since_us: i64,
+    pub reason: String,
+    pub by: Option<String>,
+}
+
+impl Sealed for Recover {}
+impl Command for Recover {
+    type Answer = usize;
+
+    fn name(&self) -> &'static str {
+        "outbox.recover"
+    }
+
+    fn decide(
+        &self,
+        txn: &ModelsTxn,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<usize>, CommandError> {
+        let mut st = d::View::new(txn)?;
+        let rows = st.parked_of_route(&self.route, self.since_us, RECOVER_MAX)?;
+        let c = Change {
+            at_us: round.now_us,
+            by: Some(self.by.clone()),
+            reason: Some(self.reason.clone()),
+            ..Change::default()
+        };
+        let mut events = Vec::with_capacity(rows.len());
+        for row in &rows {
+            events.push(event(T::Retried, row.id.as_str(), &c)?);
+        }
+        Ok(Decided::new(rows.len(), events))
+    }
+}
+
+/// What an operator does to a delivery: retry or discard a parked one, resend a sent one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OperatorAction {
     Retry,
     Discard,
+    Resend,
 }
 
 impl OperatorAction {
@@ -679,6 +724,7 @@ impl OperatorAction {
         match self {
             OperatorAction::Retry => DeliveryTransition::Retried,
             OperatorAction::Discard => DeliveryTransition::Discarded,
+            OperatorAction::Resend => DeliveryTransition::Resent,
         }
     }
 

@@ -25,7 +25,7 @@ use crate::privacy::Privacy;
 
 pub use lease::{
     Claim, Complete, CompleteOne, Completed, ExpireLeases, Extend, Fail, Failure, Operator,
-    OperatorAction,
+    OperatorAction, RECOVER_MAX, Recover,
 };
 pub use route::{Route, quiet_hours_end};
 pub use tidemark_projections::ids::DeliveryId;
