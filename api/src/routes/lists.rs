@@ -12,7 +12,7 @@ use tidemark_projections::lists::ListRow;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
-use crate::request::{Reason, Validate, ValidatedJson, check_text};
+use crate::request::{Reason, Text, Validate, ValidatedJson, check_text};
 use crate::routes::{caller, read_model};
 use crate::state::AppState;
 
@@ -110,7 +110,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ListPath {
 }
 
 fn check_name(name: &str) -> Result<(), ApiError> {
-    if name.is_empty() || name.chars().count() > 128 || name.chars().any(char::is_control) {
+    if !Text::<128>::fits(name) {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_list",

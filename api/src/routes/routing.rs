@@ -9,6 +9,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tidemark_consumers::dispatch::webhook;
 use tidemark_engine::commands::routes::SetRoute;
 use tidemark_log::time::Micros;
 use tidemark_projections::routes::RouteRow;
@@ -16,7 +17,7 @@ use tidemark_projections::routing::{ApiRoute, NotificationsConfig};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
-use crate::request::{Reason, Validate, ValidatedJson};
+use crate::request::{Reason, Text, Validate, ValidatedJson};
 use crate::routes::{ReadAt, caller, read_model};
 use crate::state::AppState;
 
@@ -119,7 +120,7 @@ fn invalid_route(detail: impl Into<String>) -> ApiError {
 }
 
 fn check_name(name: &str) -> Result<(), ApiError> {
-    if name.is_empty() || name.chars().count() > 128 || name.chars().any(char::is_control) {
+    if !Text::<128>::fits(name) {
         return Err(invalid_route(
             "a route name is 1 to 128 printable characters",
         ));
@@ -147,21 +148,13 @@ fn not_found(name: &str) -> ApiError {
     )
 }
 
-/// A webhook URL as served: its `env:` reference, or scheme, host and port (a URL can itself
-/// be a secret).
+/// A webhook URL as served: its `env:` reference, or scheme, host and port, as
+/// `resolved_targets` names an endpoint (a URL can itself be a secret).
 fn shown_url(url: &str) -> String {
     if url.starts_with("env:") {
         return url.to_owned();
     }
-    match reqwest::Url::parse(url) {
-        Ok(u) => format!(
-            "{}://{}:{}",
-            u.scheme(),
-            u.host_str().unwrap_or_default(),
-            u.port_or_known_default().unwrap_or(0)
-        ),
-        Err(_) => "***".to_owned(),
-    }
+    reqwest::Url::parse(url).map_or_else(|_| "***".to_owned(), |u| webhook::endpoint(&u))
 }
 
 /// A route managed through the API, as served.
@@ -313,8 +306,8 @@ pub async fn put(
     headers: HeaderMap,
     ValidatedJson(b): ValidatedJson<RouteBody>,
 ) -> Result<Json<RouteAnswer>, ApiError> {
+    // Checked by the command (`ApiRoute::check`), which refuses `invalid_route`.
     let route = ApiRoute::from_json(&b.route).map_err(invalid_route)?;
-    route.check(&name).map_err(invalid_route)?;
     if route.config.sink == Some(tidemark_projections::names::Sink::Email)
         && st.config.sinks.email.is_none()
     {

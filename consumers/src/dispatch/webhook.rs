@@ -72,14 +72,19 @@ impl Target {
 
     /// What `resolved_targets` says of it: scheme, host and port.
     pub fn shown(&self) -> String {
-        let u = &self.url;
-        format!(
-            "{}://{}:{}",
-            u.scheme(),
-            u.host_str().unwrap_or_default(),
-            u.port_or_known_default().unwrap_or(0)
-        )
+        endpoint(&self.url)
     }
+}
+
+/// An endpoint as tidemark names it where the URL itself could be a secret: scheme, host and
+/// port (`resolved_targets`, `GET /v1/routes`).
+pub fn endpoint(u: &reqwest::Url) -> String {
+    format!(
+        "{}://{}:{}",
+        u.scheme(),
+        u.host_str().unwrap_or_default(),
+        u.port_or_known_default().unwrap_or(0)
+    )
 }
 
 impl std::fmt::Debug for Target {

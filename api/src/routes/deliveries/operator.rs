@@ -158,12 +158,8 @@ pub async fn resend(
 #[serde(deny_unknown_fields)]
 pub struct RecoverBody {
     /// The route whose parked deliveries are retried.
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
-    )]
-    pub route: String,
+    #[schema(inline)]
+    pub route: Text<128>,
     /// Only deliveries made at or after this time (RFC 3339).
     #[schema(format = DateTime)]
     pub since: String,
@@ -175,15 +171,6 @@ pub struct RecoverBody {
 impl Validate for RecoverBody {
     fn validate(&self) -> Result<(), ApiError> {
         self.reason.check("a recover")?;
-        if self.route.is_empty()
-            || self.route.chars().count() > 128
-            || self.route.chars().any(char::is_control)
-        {
-            return Err(super::invalid(
-                "route",
-                "route must be 1 to 128 printable characters",
-            ));
-        }
         if tidemark_log::time::parse_rfc3339_micros(&self.since).is_none() {
             return Err(super::invalid("since", "since must be an RFC 3339 time"));
         }
@@ -210,7 +197,7 @@ pub struct Recovered {
     ),
     security(("bearer" = ["operator"]))
 )]
-#[tracing::instrument(skip_all, fields(route = %b.route))]
+#[tracing::instrument(skip_all, fields(route = %b.route.as_str()))]
 pub async fn recover(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -220,7 +207,7 @@ pub async fn recover(
     let (retried, _) = st
         .engine
         .execute(Recover {
-            route: b.route,
+            route: b.route.into_string(),
             since_us,
             reason: b.reason.into_string(),
             by: crate::routes::caller(&st, &headers),
