@@ -42,6 +42,7 @@ async function loadKpis() {
   table($('#kpi-sites'), head, kpiRows(k.by_source_site));
   setHead(k.as_of_seq);
   await loadSinkHealth(k.by_sink || {});
+  await loadEndpoints();
 }
 
 /// The dispatcher's sinks on this node (`GET /v1/outbox/sinks`), beside each one's queue.
@@ -69,6 +70,54 @@ async function loadSinkHealth(bySink) {
     $('#sink-health tbody').append(el('tr', {}, el('td', {
       colspan: 10, class: 'muted',
       text: 'No email or webhook route is configured: every route is claimed by an app.',
+    })));
+  }
+}
+
+/// Each delivering route's endpoint (`GET /v1/outbox/endpoints`, section 17): its health and
+/// circuit as the log has them, and the operator's disable / enable.
+async function loadEndpoints() {
+  const p = await api('GET', '/v1/outbox/endpoints');
+  const reason = () => $('#endpoint-reason').value.trim();
+  const circuit = (x) => {
+    if (x.open) {
+      const probe = x.open.probe_delivery_id ? ` · probing ${x.open.probe_delivery_id}` : '';
+      return `open since ${fmtTime(x.open.opened_at)} · next probe ${fmtTime(x.open.probe_at)}${probe}`;
+    }
+    if (x.disabled) return `disabled ${fmtTime(x.disabled.at)} by ${x.disabled.by || '–'}: ${x.disabled.reason}`;
+    return `opens after ${x.circuit_failures} failures in a row · cool-down ${x.circuit_cool_down_ms / 1000}s`;
+  };
+  const switchButton = (x) => {
+    const enable = x.state === 'open' || x.state === 'disabled';
+    const label = enable ? 'Enable' : 'Disable';
+    return actionButton(label, 'operator', async () => {
+      const why = reason();
+      if (!why) throw new Error('a reason is required: type it above the table');
+      await api('POST', `/v1/outbox/endpoints/${encodeURIComponent(x.route)}/${label.toLowerCase()}`,
+        { reason: why });
+      flash(`${label}d the endpoint of ${x.route}`, 'ok');
+      await loadEndpoints();
+    }, enable ? 'endpoint-enable' : 'endpoint-disable', enable ? null : {
+      title: `Disable the endpoint of ${x.route}?`,
+      text: 'Its deliveries wait, spending no attempt, until it is enabled.',
+    });
+  };
+  const rows = p.endpoints.map((x) => el('tr', { 'data-route': x.route, 'data-state': x.state },
+    el('td', { class: 'mono', text: x.route }),
+    el('td', { class: 'mono', text: x.sink || '–' }),
+    el('td', {}, el('span', { class: `pill h-${x.state}`, text: x.state, 'data-testid': 'endpoint-state' })),
+    el('td', { 'data-field': 'attempts', text: x.attempts }),
+    el('td', { 'data-field': 'successes', text: x.successes }),
+    el('td', { 'data-field': 'consecutive_failures', text: x.consecutive_failures }),
+    el('td', {}, x.last_failure_at ? `${fmtTime(x.last_failure_at)} ` : '–',
+      x.last_failure_code ? el('span', { class: 'err', text: x.last_failure_code }) : null),
+    el('td', { class: 'small', 'data-field': 'circuit', text: circuit(x) }),
+    el('td', {}, switchButton(x))));
+  table($('#endpoints'), ['route', 'sink', 'state', 'attempts', 'sent', 'failures in a row',
+    'last failure', 'circuit', ''], rows);
+  if (!rows.length) {
+    $('#endpoints tbody').append(el('tr', {}, el('td', {
+      colspan: 9, class: 'muted', text: 'No email or webhook route.',
     })));
   }
 }

@@ -306,6 +306,16 @@ pub fn describe() {
             "tidemark_projection_follower_lag_events",
             "Events the projection follower had yet to fold after its last batch",
         ),
+        (
+            "tidemark_endpoint_state",
+            "Each delivering route's endpoint: 1 for the state it is in (ok, failing, open, \
+             disabled), 0 for the others",
+        ),
+        (
+            "tidemark_endpoint_consecutive_failures",
+            "Failed attempts in a row of each delivering route's endpoint (its circuit opens at \
+             circuit.failures)",
+        ),
     ] {
         metrics::describe_gauge!(name, help);
     }
@@ -375,6 +385,10 @@ pub fn describe() {
     metrics::describe_gauge!(
         "tidemark_source_backpressure",
         "1 while the source waits for the outbox to drain below its backpressure_threshold"
+    );
+    metrics::describe_counter!(
+        "tidemark_endpoint_switches_total",
+        "Endpoints disabled or enabled by an operator, by action"
     );
     metrics::describe_counter!(
         "tidemark_events_appended_total",

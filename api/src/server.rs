@@ -136,6 +136,7 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(deliveries::get))
             .routes(routes!(deliveries::kpis))
             .routes(routes!(deliveries::sinks))
+            .routes(routes!(deliveries::endpoints))
             .routes(routes!(cursors::get))
             .routes(routes!(cursors::lag))
             .routes(routes!(bridges::explain))
@@ -180,6 +181,8 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(deliveries::discard))
             .routes(routes!(deliveries::resend))
             .routes(routes!(deliveries::recover))
+            .routes(routes!(deliveries::disable_endpoint))
+            .routes(routes!(deliveries::enable_endpoint))
             .routes(routes!(sources::poll))
             .routes(routes!(sources::pause))
             .routes(routes!(sources::resume)),

@@ -47,6 +47,8 @@ rejections! {
     ListNotFound = "list_not_found": NotFound,
     /// no such route managed through the API.
     RouteNotFound = "route_not_found": NotFound,
+    /// no delivering route (email or webhook) of that name.
+    EndpointNotFound = "endpoint_not_found": NotFound,
     /// no such bridge subscription.
     SubscriptionNotFound = "subscription_not_found": NotFound,
     /// what the command acts on kept changing while it was decided.

@@ -431,6 +431,20 @@ impl<L: EventLog + Clone> Queries<L> {
         Ok(tidemark_projections::routes::all(&self.models.read())?)
     }
 
+    /// Every delivering route's endpoint: its health, circuit and the circuit's policy, by
+    /// route (section 17).
+    pub fn endpoints(
+        &self,
+    ) -> R<
+        Vec<(
+            tidemark_projections::deliveries::Endpoint,
+            tidemark_projections::routing::CircuitPolicy,
+        )>,
+    > {
+        self.floor(0)?;
+        Ok(read::endpoints_in_force(&self.models.read())?)
+    }
+
     /// Every notification list, by name.
     pub fn lists(&self) -> R<Vec<tidemark_projections::lists::ListRow>> {
         self.floor(0)?;

@@ -107,6 +107,9 @@ names! {
         Lists = "lists",
         /// Routes managed at runtime (section 4), subject the route's name.
         Routes = "routes",
+        /// The health and circuit of each delivering route (section 17), subject the route's
+        /// name.
+        Endpoints = "endpoints",
     }
 }
 
@@ -161,11 +164,16 @@ names! {
         ListDeleted = "list.deleted",
         RouteUpdated = "route.updated",
         RouteDeleted = "route.deleted",
+        EndpointDisabled = "endpoint.disabled",
+        EndpointEnabled = "endpoint.enabled",
+        EndpointCircuitOpened = "endpoint.circuit_opened",
+        EndpointCircuitProbed = "endpoint.circuit_probed",
+        EndpointCircuitClosed = "endpoint.circuit_closed",
     }
 }
 
 /// Prefixes whose types tidemark defines.
-pub const RESERVED_PREFIXES: [&str; 12] = [
+pub const RESERVED_PREFIXES: [&str; 13] = [
     "task.",
     "notification.",
     "recipient.",
@@ -178,6 +186,7 @@ pub const RESERVED_PREFIXES: [&str; 12] = [
     "outbox.",
     "list.",
     "route.",
+    "endpoint.",
 ];
 
 /// What every task lifecycle event type starts with.
@@ -229,6 +238,11 @@ impl EventType {
             OutboxAdmitted => Stream::Outbox,
             ListUpdated | ListDeleted => Stream::Lists,
             RouteUpdated | RouteDeleted => Stream::Routes,
+            EndpointDisabled
+            | EndpointEnabled
+            | EndpointCircuitOpened
+            | EndpointCircuitProbed
+            | EndpointCircuitClosed => Stream::Endpoints,
         }
     }
 
@@ -300,7 +314,12 @@ impl EventType {
             | ListUpdated
             | ListDeleted
             | RouteUpdated
-            | RouteDeleted => return None,
+            | RouteDeleted
+            | EndpointDisabled
+            | EndpointEnabled
+            | EndpointCircuitOpened
+            | EndpointCircuitProbed
+            | EndpointCircuitClosed => return None,
         })
     }
 }
@@ -685,7 +704,7 @@ mod tests {
                 "recipient.unsuppressed",
             ]
         );
-        assert_eq!(EventType::ALL.len() - client.len(), 33);
+        assert_eq!(EventType::ALL.len() - client.len(), 38);
     }
 
     /// Every `delivery.*` type (and no other) says what it does to a delivery row, by the

@@ -1,6 +1,6 @@
 //! The seq of the last event of every subject of the streams commands put conditions on
 //! (spec section 3): the deliveries, cursors, bridge subscriptions, sources, recipients and
-//! the outbox's admissions on a cluster. A
+//! the outbox's admissions on a cluster, and the endpoints' circuits. A
 //! command that decided on a subject appends on the condition that this is still its last
 //! event, so a decision on stale state is refused by the log, whoever appended in between.
 //!
@@ -15,13 +15,14 @@ use tidemark_log::{EventLog, EventRef, StorageError};
 use crate::names::Stream;
 
 /// The streams whose subjects are followed.
-pub const STREAMS: [Stream; 6] = [
+pub const STREAMS: [Stream; 7] = [
     Stream::Deliveries,
     Stream::Cursors,
     Stream::Bridges,
     Stream::Sources,
     Stream::Recipients,
     Stream::Outbox,
+    Stream::Endpoints,
 ];
 
 /// `stream ‖ 0 ‖ subject` → seq of its last event.

@@ -865,6 +865,61 @@ id = "/id"
   receiver.close();
   assert.ok(!s.log.includes(hookSecret), 'the route secret in the server log');
 
+  // An endpoint's circuit (section 17): a webhook route whose receiver answers 503 opens after
+  // two failures in a row; the Outbox view shows it open with its last failure; the receiver
+  // recovers, a probe closes it and the row reads ok; the operator disables it from the view
+  // (a reason, a confirmation) and enables it again.
+  let failing = true;
+  const cbPosts = [];
+  const cb = http.createServer((req, res) => {
+    req.resume();
+    req.on('end', () => { cbPosts.push(req.headers['webhook-id']); res.statusCode = failing ? 503 : 200; res.end(); });
+  });
+  await new Promise((r) => cb.listen(0, '127.0.0.1', r));
+  await s.ok('PUT', '/v1/routes/console-cb', {
+    route: {
+      sink: 'webhook', url: `http://127.0.0.1:${cb.address().port}/hook`, priorities: ['urgent'],
+      retry: { max_attempts: 100, base_delay: '100ms', max_delay: '200ms' },
+      circuit: { failures: 2, cool_down: '1s' },
+    },
+    reason: 'a circuit for the console',
+  });
+  await s.append([notif('cb-1', 'Circuit one', { type: 'email' }), notif('cb-2', 'Circuit two', { type: 'email' })]);
+  await view(page, 'outbox');
+  const cbRow = page.locator('#endpoints tr[data-route=console-cb]');
+  await until('the circuit open in the Outbox view', async () => {
+    await page.evaluate(() => loadEndpoints());
+    return (await cbRow.getAttribute('data-state').catch(() => null)) === 'open';
+  });
+  const openText = await cbRow.textContent();
+  assert.ok(openText.includes('http_503') && openText.includes('next probe'), openText);
+  step(`the Outbox view shows the endpoint open: ${openText.replace(/\s+/g, ' ').trim()}`);
+  await snap(page, 'endpoint-open');
+  failing = false;
+  await until('the probe closes the circuit', async () => {
+    await page.evaluate(() => loadEndpoints());
+    return (await cbRow.getAttribute('data-state')) === 'ok';
+  });
+  await waitStatus(s, 'dlv:cb-1:console-cb', 'sent');
+  await waitStatus(s, 'dlv:cb-2:console-cb', 'sent');
+  const closed = await s.ok('GET', '/v1/events?stream=endpoints&type=endpoint.circuit_closed');
+  assert.equal(closed.events.length, 1);
+  step('the receiver recovered: a probe closed the circuit and both deliveries went');
+  await page.fill('[data-testid=endpoint-reason]', 'the receiver moves tonight');
+  const confirmDisable = await cancelThenConfirm(page, cbRow.locator('[data-testid=endpoint-disable]'), /Disable the endpoint of console-cb\?/, 'confirm-endpoint-disable');
+  assert.equal((await s.ok('GET', '/v1/events?stream=endpoints&type=endpoint.disabled')).events.length, 0, 'a cancelled disable disabled it');
+  await confirmDisable();
+  await until('the endpoint disabled', async () => (await cbRow.getAttribute('data-state')) === 'disabled');
+  const disabled = (await s.ok('GET', '/v1/events?stream=endpoints&type=endpoint.disabled')).events;
+  assert.equal(disabled.length, 1);
+  assert.equal(disabled[0].payload.reason, 'the receiver moves tonight');
+  await snap(page, 'endpoint-disabled');
+  await cbRow.locator('[data-testid=endpoint-enable]').click();
+  await until('the endpoint enabled', async () => (await cbRow.getAttribute('data-state')) === 'ok');
+  assert.equal((await s.ok('GET', '/v1/events?stream=endpoints&type=endpoint.enabled')).events.length, 1);
+  step('the Outbox view disabled the endpoint (after a confirmation) and enabled it again');
+  cb.close();
+
   // The status record shows whom the notification reached.
   await view(page, 'notifications');
   await page.click('#notifications tr[data-id="p-1"]');

@@ -55,6 +55,9 @@ pub enum Command {
     /// Notification routes (section 4): list, show, set (admin), delete (admin). A route set
     /// here is recorded in the log and used by every node from the next event on.
     Routes(RoutesArgs),
+    /// The endpoints of the email and webhook routes (section 17): each one's health and
+    /// circuit; disable and enable one (operator).
+    Endpoints(EndpointsArgs),
     /// The effective configuration (built-in settings, the file, TIDEMARK_* variables), with
     /// secrets masked.
     Config(ConfigArgs),
@@ -332,6 +335,39 @@ pub enum RoutesAction {
     Delete {
         /// The route's name.
         name: String,
+        /// Why, recorded on the event.
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct EndpointsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(subcommand)]
+    pub action: EndpointsAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EndpointsAction {
+    /// Every delivering route's endpoint: state (ok, failing, open, disabled), attempts,
+    /// failures in a row, the last failure's code.
+    List,
+    /// Disable an endpoint (recorded as `endpoint.disabled` with the reason): its deliveries
+    /// wait, spending no attempt, until it is enabled.
+    Disable {
+        /// The route.
+        route: String,
+        /// Why, recorded on the event.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Enable an endpoint (recorded as `endpoint.enabled` with the reason): its deliveries go
+    /// again, and an open circuit closes.
+    Enable {
+        /// The route.
+        route: String,
         /// Why, recorded on the event.
         #[arg(long)]
         reason: String,

@@ -20,7 +20,7 @@ pub use args::*;
 use error::CliError;
 use events::{append, tail};
 use more::{completions, config_show, notifications, tasks};
-use operator::{cursors, deliveries, lists, projections, routes, sources};
+use operator::{cursors, deliveries, endpoints, lists, projections, routes, sources};
 pub use output::Output;
 
 pub fn main() -> ExitCode {
@@ -53,6 +53,7 @@ pub fn main() -> ExitCode {
             Command::Notifications(a) => notifications(a).await,
             Command::Lists(a) => lists(a).await,
             Command::Routes(a) => routes(a).await,
+            Command::Endpoints(a) => endpoints(a).await,
             Command::Config(a) => config_show(a),
             Command::Backup(a) => backup::backup(a).await,
             Command::Restore(a) => backup::restore(a).await,
@@ -92,6 +93,7 @@ impl Command {
             Command::Notifications(a) => a.client.output,
             Command::Lists(a) => a.client.output,
             Command::Routes(a) => a.client.output,
+            Command::Endpoints(a) => a.client.output,
             Command::Config(ConfigArgs {
                 action: ConfigAction::Show { output, .. },
             }) => *output,

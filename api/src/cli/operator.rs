@@ -8,9 +8,9 @@ use super::client::{Client, enc};
 use super::error::CliError;
 use super::output::Records;
 use super::{
-    CliResult, CursorsAction, CursorsArgs, DeliveriesAction, DeliveriesArgs, ListOrder,
-    ListsAction, ListsArgs, ProjectionsAction, ProjectionsArgs, RoutesAction, RoutesArgs,
-    SourcesAction, SourcesArgs,
+    CliResult, CursorsAction, CursorsArgs, DeliveriesAction, DeliveriesArgs, EndpointsAction,
+    EndpointsArgs, ListOrder, ListsAction, ListsArgs, ProjectionsAction, ProjectionsArgs,
+    RoutesAction, RoutesArgs, SourcesAction, SourcesArgs,
 };
 
 const REPORT_COLUMNS: &[&str] = &[
@@ -438,6 +438,37 @@ pub(crate) async fn routes(a: RoutesArgs) -> CliResult {
         }
     };
     out.one(&v)
+}
+
+pub(crate) async fn endpoints(a: EndpointsArgs) -> CliResult {
+    let c = Client::new(&a.client)?;
+    let out = a.client.output();
+    let (route, enable, reason) = match a.action {
+        EndpointsAction::List => {
+            let v = c.get_json("/v1/outbox/endpoints").await?;
+            return out.list(
+                &items(&v, "endpoints"),
+                &[
+                    "route",
+                    "sink",
+                    "state",
+                    "attempts",
+                    "successes",
+                    "consecutive_failures",
+                    "last_failure_code",
+                    "last_failure_at",
+                ],
+            );
+        }
+        EndpointsAction::Disable { route, reason } => (route, false, reason),
+        EndpointsAction::Enable { route, reason } => (route, true, reason),
+    };
+    let action = if enable { "enable" } else { "disable" };
+    let path = format!("/v1/outbox/endpoints/{}/{action}", enc(&route));
+    let v = c
+        .send_json(c.http.post(c.url(&path)).json(&json!({ "reason": reason })))
+        .await?;
+    out.one(&v["endpoint"])
 }
 
 /// The records under a list's plural key (section 7: `{"deliveries": [...], ...}`).

@@ -171,6 +171,20 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
             set(sink, k);
         }
     }
+    // Each delivering route's endpoint (section 17): one series per state, 1 for the one it
+    // is in, and its failures in a row, as the models have them (never waiting for the head).
+    let engine = st.engine.clone();
+    if let Ok(endpoints) = blocking(move || engine.read().unwaited().endpoints()).await {
+        for (e, _) in endpoints {
+            let state = e.state();
+            for s in ["ok", "failing", "open", "disabled"] {
+                metrics::gauge!("tidemark_endpoint_state", "route" => e.route.clone(), "state" => s)
+                    .set(f64::from(u8::from(s == state)));
+            }
+            metrics::gauge!("tidemark_endpoint_consecutive_failures", "route" => e.route)
+                .set(e.consecutive_failures as f64);
+        }
+    }
     // Consumer lag (spec section 10: stuck work is visible): totals, worst cursor, stalled.
     if let Ok(lag) = crate::routes::cursors::compute_lag(&st).await {
         let stalled = lag.iter().filter(|c| c.stalled).count();

@@ -161,6 +161,13 @@ pub fn makes_due(ev: &tidemark_log::Event) -> bool {
                 | T::DeliveryResent
                 | T::DeliveryDeferred
                 | T::DeliveryJoined
+                // A circuit that opens, probes, closes or is switched moves when its route's
+                // deliveries are due.
+                | T::EndpointCircuitOpened
+                | T::EndpointCircuitProbed
+                | T::EndpointCircuitClosed
+                | T::EndpointDisabled
+                | T::EndpointEnabled
         )
     )
 }

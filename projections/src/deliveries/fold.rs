@@ -54,7 +54,9 @@ pub fn group_key(route: &str, recipient: &str, group: &str) -> Vec<u8> {
     cat(&[route.as_bytes(), recipient.as_bytes(), group.as_bytes()])
 }
 
-fn index_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
+/// The digested index rows of `d`; a `held` row (its endpoint's circuit open, or disabled)
+/// is not due to a claim.
+fn index_entries(d: &Delivery, held: bool) -> Vec<(&'static str, Vec<u8>)> {
     let mut out = vec![
         (
             BY_STATUS,
@@ -68,7 +70,7 @@ fn index_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
     if let Some(t) = &d.task_id {
         out.push((BY_TASK, cat(&[t.as_bytes(), d.id.as_str().as_bytes()])));
     }
-    if let Some(due) = d.due_us() {
+    if let Some(due) = d.due_us().filter(|_| !held) {
         out.push((DUE, timed_key(d.sink_name(), due, d.id.as_str())));
     }
     if d.status == DeliveryStatus::Leased
@@ -96,7 +98,7 @@ fn index_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
 /// Rows of the list-filter indexes (`by_sink`, `by_route`, `by_recipient`). They are written
 /// with `put_index` / `delete_index`: derived from the row, which the digest hashes, and added
 /// after the golden release, whose digests must stay as recorded.
-fn filter_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
+fn filter_entries(d: &Delivery, held: bool) -> Vec<(&'static str, Vec<u8>)> {
     let mut out = vec![
         (
             BY_SINK,
@@ -115,7 +117,12 @@ fn filter_entries(d: &Delivery) -> Vec<(&'static str, Vec<u8>)> {
         out.push((BY_RECIPIENT, cat(&[r.as_bytes(), d.id.as_str().as_bytes()])));
     }
     if let Some(due) = d.due_us() {
-        out.push((DUE_BY_PRIORITY, due_priority_key(d, due)));
+        if !held {
+            out.push((DUE_BY_PRIORITY, due_priority_key(d, due)));
+        }
+        if endpoints::delivering(d.sink) {
+            out.push((ROUTE_DUE, timed_key(&d.route, due, d.id.as_str())));
+        }
     }
     if let Some(t) = &d.ext.more.later.ntype {
         out.push((BY_TYPE, cat(&[t.as_bytes(), d.id.as_str().as_bytes()])));
@@ -175,12 +182,90 @@ struct Entries {
 }
 
 impl Entries {
-    fn of(d: &Delivery) -> Self {
+    /// `d`'s index rows, its endpoint held or not ([`held`]).
+    fn of(d: &Delivery, held: bool) -> Self {
         Entries {
-            digested: index_entries(d),
-            filters: filter_entries(d),
+            digested: index_entries(d, held),
+            filters: filter_entries(d, held),
         }
     }
+
+    /// `d`'s index rows as its endpoint stands now.
+    fn now(st: &mut Store<'_>, d: &Delivery) -> Result<Self, StorageError> {
+        Ok(Entries::of(d, held(st, d)?))
+    }
+}
+
+/// Whether `d`'s endpoint holds it (a delivering route whose circuit is open, or disabled):
+/// it waits, out of the claim's indexes.
+fn held(st: &mut Store<'_>, d: &Delivery) -> Result<bool, StorageError> {
+    if !endpoints::delivering(d.sink) {
+        return Ok(false);
+    }
+    Ok(st
+        .get_val::<Endpoint>(ENDPOINTS, d.route.as_bytes())?
+        .is_some_and(|e| e.held()))
+}
+
+/// An `endpoint.*` event: the route's record changes; when it starts or stops holding its
+/// deliveries, their rows leave or rejoin the claim's indexes.
+fn fold_endpoint(st: &mut Store<'_>, ty: EventType, ev: &EventRef<'_>) -> Result<(), StorageError> {
+    let c: EndpointChange = parse(ev)?;
+    let key = ev.subject.as_bytes();
+    let mut e = st
+        .get_val::<Endpoint>(ENDPOINTS, key)?
+        .unwrap_or_else(|| Endpoint::new(ev.subject, c.sink));
+    let was = e.held();
+    if !e.apply(ty, &c) {
+        return Ok(());
+    }
+    st.put_val(ENDPOINTS, key, &e)?;
+    if e.held() == was {
+        return Ok(());
+    }
+    let mut prefix = ev.subject.as_bytes().to_vec();
+    prefix.push(0);
+    for k in st.prefix_keys(ROUTE_DUE, &prefix)? {
+        let id = &k[prefix.len() + 8..];
+        let Some(row) = st.get_val::<Delivery>(ROWS, id)? else {
+            continue;
+        };
+        let Some(due) = row.due_us() else {
+            continue;
+        };
+        let (dk, pk) = (
+            timed_key(row.sink_name(), due, row.id.as_str()),
+            due_priority_key(&row, due),
+        );
+        if e.held() {
+            st.delete(DUE, &dk)?;
+            st.delete_index(DUE_BY_PRIORITY, &pk);
+        } else {
+            st.put(DUE, &dk, &[])?;
+            st.put_index(DUE_BY_PRIORITY, &pk);
+        }
+    }
+    Ok(())
+}
+
+/// A delivering route's attempt came to an outcome (`delivery.sent`, or
+/// `delivery.attempt_failed` with its code): its endpoint counts it.
+fn count_attempt(st: &mut Store<'_>, row: &Delivery, c: &Change) -> Result<(), StorageError> {
+    let Some(sink) = row.sink.filter(|s| endpoints::delivering(Some(*s))) else {
+        return Ok(());
+    };
+    let key = row.route.as_bytes();
+    let mut e = st
+        .get_val::<Endpoint>(ENDPOINTS, key)?
+        .unwrap_or_else(|| Endpoint::new(&row.route, Some(sink)));
+    e.attempted(
+        sink,
+        c.at_us,
+        c.error_code
+            .as_deref()
+            .or(c.error.as_ref().map(|_| "failed")),
+    );
+    st.put_val(ENDPOINTS, key, &e)
 }
 
 /// Store `new` (under `id`, kept decoded for the next event) in place of the row whose index
@@ -197,7 +282,7 @@ fn store_row(
         digested: Vec::new(),
         filters: Vec::new(),
     });
-    let after = Entries::of(&new);
+    let after = Entries::now(st, &new)?;
     for (t, k) in &before.digested {
         if !after.digested.iter().any(|(u, l)| u == t && l == k) {
             if *t == COUNTS {
@@ -304,6 +389,8 @@ impl Projection for Deliveries {
             SITE_SENT,
             SITE_DUE,
             BY_CREATED,
+            ENDPOINTS,
+            ROUTE_DUE,
         ]
     }
 
@@ -314,10 +401,11 @@ impl Projection for Deliveries {
     /// filters, outside the digest); 8: `due_by_priority` (claims by priority, outside the
     /// digest); 9: a row's trailing fields regrouped (`DeliveryExt3`: type, change counts);
     /// 10: a recipient's trailing fields regrouped (`RecipientExt`: locale, IANA time zone);
-    /// 11: routes managed at runtime in the settings rows (`routing_inputs`).
+    /// 11: routes managed at runtime in the settings rows (`routing_inputs`); 12: the
+    /// endpoints of the delivering routes (`endpoints`, `route_due`, section 17).
     /// An older model is rebuilt from the log at the next open, which fills them.
     fn version(&self) -> u32 {
-        11
+        12
     }
 
     /// The event type is parsed once, here. A type tidemark does not define (a client's
@@ -340,6 +428,11 @@ impl Projection for Deliveries {
                 routing_changed(st, ev.seq, RoutingChange::Route(ev.subject, route))
             }
             T::RouteDeleted => routing_changed(st, ev.seq, RoutingChange::Route(ev.subject, None)),
+            T::EndpointDisabled
+            | T::EndpointEnabled
+            | T::EndpointCircuitOpened
+            | T::EndpointCircuitProbed
+            | T::EndpointCircuitClosed => fold_endpoint(st, ty, ev),
             T::RecipientUpdated | T::RecipientSuppressed | T::RecipientUnsuppressed => {
                 fold_recipient(st, ty, ev)
             }
@@ -385,7 +478,7 @@ fn purge(st: &mut Store<'_>, p: &crate::retention::Purged) -> Result<(), Storage
             st.put_row(ROWS, id.as_bytes(), row)?;
             continue;
         }
-        let e = Entries::of(&row);
+        let e = Entries::now(st, &row)?;
         for (t, k) in &e.digested {
             if *t == COUNTS {
                 add_count(st, k, -1)?;
@@ -486,7 +579,7 @@ fn fold_delivery(
             let Some(mut row) = st.take_row::<Delivery>(ROWS, id)? else {
                 return Ok(());
             };
-            let before = Entries::of(&row);
+            let before = Entries::now(st, &row)?;
             join(&mut row, &j, ev.seq);
             let s = Step {
                 seq: ev.seq,
@@ -511,8 +604,13 @@ fn fold_delivery(
             let Some(mut row) = st.take_row::<Delivery>(ROWS, id)? else {
                 return Ok(());
             };
-            let before = Entries::of(&row);
+            let before = Entries::now(st, &row)?;
             transition(&mut row, t, &c, ev.seq);
+            match t {
+                DeliveryTransition::Sent => count_attempt(st, &row, &c)?,
+                DeliveryTransition::AttemptFailed => count_attempt(st, &row, &c)?,
+                _ => {}
+            }
             store_row(st, Some(before), id, row, &step(ev.seq, t, &c))
         }
     }

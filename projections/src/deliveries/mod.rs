@@ -12,10 +12,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::names::{DeliveryStatus, DeliveryTransition, Sink};
 
+pub mod endpoints;
 mod fold;
 pub(crate) mod read;
 mod view;
 
+pub use endpoints::{Endpoint, EndpointChange};
 pub use fold::{Deliveries, cat, created_key, group_key, timed_key, us_key};
 pub use view::{DueAfter, View};
 
@@ -23,7 +25,7 @@ pub const NAME: &str = "deliveries";
 pub const ROWS: &str = "rows";
 pub const TIMELINE: &str = "timeline";
 /// `sink ‖ 0 ‖ due_us ‖ id` for claimable rows: queued and retry_wait by their next attempt,
-/// leased by their lease expiry.
+/// leased by their lease expiry; not the rows of a held endpoint ([`ROUTE_DUE`]).
 pub const DUE: &str = "due";
 /// `sink ‖ 0 ‖ rank ‖ due_us ‖ id` for the same rows as [`DUE`], `rank` the place of the
 /// delivery's priority ([`priority_rank`]): claims take urgent first, then action, warning and
@@ -93,6 +95,12 @@ pub const CANCELED: &str = "canceled";
 /// handled (BE): routing resumes after it.
 pub const STATE: &str = "state";
 pub const ROUTED_KEY: &[u8] = b"routed";
+/// route → [`Endpoint`], the health and circuit of each delivering route (section 17).
+pub const ENDPOINTS: &str = "endpoints";
+/// `route ‖ 0 ‖ due_us ‖ id` for the claimable rows of the delivering sinks (`email`,
+/// `webhook`), held or not: a held route's rows leave [`DUE`] and [`DUE_BY_PRIORITY`] (they
+/// wait) and are found here for a probe and to return when it closes. Outside the digest.
+pub const ROUTE_DUE: &str = "route_due";
 
 /// The place of `priority` in claim order: urgent 0, action 1, warning 2, info 3; anything
 /// else (a row from before priorities were checked) [`PRIORITY_RANKS`] − 1, last.
@@ -703,15 +711,17 @@ pub fn join(d: &mut Delivery, j: &Joined, seq: u64) {
 
 // ---- keys ----
 
-/// When the first delivery of `sink` falls due (µs since the epoch: queued or waiting for a
-/// retry, or leased until its lease expires), from a [`DUE`] table; `None` when none waits.
+/// When the first delivery under `prefix` falls due (µs since the epoch: queued or waiting
+/// for a retry, or leased until its lease expires), from a [`DUE`] table (`prefix` a sink) or
+/// [`ROUTE_DUE`] (a route); `None` when none waits.
 pub(crate) fn first_due(
     t: &impl redb::ReadableTable<&'static [u8], &'static [u8]>,
-    sink: Sink,
+    prefix: impl AsRef<str>,
 ) -> Result<Option<i64>, tidemark_log::StorageError> {
     use tidemark_log::StorageError;
-    let from = fold::timed_key(sink.as_str(), 0, "");
-    let mut to = sink.as_str().as_bytes().to_vec();
+    let prefix = prefix.as_ref();
+    let from = fold::timed_key(prefix, 0, "");
+    let mut to = prefix.as_bytes().to_vec();
     to.push(1);
     let mut rows = t
         .range(from.as_slice()..to.as_slice())
@@ -720,7 +730,7 @@ pub(crate) fn first_due(
         return Ok(None);
     };
     let (k, _) = row.map_err(StorageError::of)?;
-    let at = sink.as_str().len() + 1;
+    let at = prefix.len() + 1;
     Ok(k.value()
         .get(at..at + 8)
         .and_then(crate::framework::be_u64)

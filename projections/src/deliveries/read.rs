@@ -381,10 +381,90 @@ pub fn earliest_due(
     sink: Sink,
 ) -> Result<Option<i64>, StorageError> {
     let r = Reader::new(db)?;
-    match r.table(deliveries::NAME, deliveries::DUE)? {
-        Some(t) => deliveries::first_due(&t, sink),
-        None => Ok(None),
+    let mut first = match r.table(deliveries::NAME, deliveries::DUE)? {
+        Some(t) => deliveries::first_due(&t, sink.as_str())?,
+        None => None,
+    };
+    // A held route's deliveries are not in `due`: an open circuit's next probe is due at its
+    // probe time, when one of them waits.
+    let (Some(eps), Some(route_due)) = (
+        r.table(deliveries::NAME, deliveries::ENDPOINTS)?,
+        r.table(deliveries::NAME, deliveries::ROUTE_DUE)?,
+    ) else {
+        return Ok(first);
+    };
+    for e in endpoints_in(&eps)? {
+        let Some(probe_at) = e.probe_at().filter(|_| e.sink == Some(sink)) else {
+            continue;
+        };
+        if let Some(due) = deliveries::first_due(&route_due, &e.route)? {
+            let at = probe_at.max(due);
+            first = Some(first.map_or(at, |f| f.min(at)));
+        }
     }
+    Ok(first)
+}
+
+/// Every delivering route's health and circuit that has one (an attempt or a switch), by
+/// route.
+pub fn endpoints(
+    db: &crate::models::ModelsRead,
+) -> Result<Vec<deliveries::Endpoint>, StorageError> {
+    let r = Reader::new(db)?;
+    match r.table(deliveries::NAME, deliveries::ENDPOINTS)? {
+        Some(t) => endpoints_in(&t),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// Every endpoint as it stands: each delivering route of the settings in force (a record
+/// with no attempt for one that has none) with its circuit's policy, then the records of
+/// routes no longer configured (their deliveries are still tried), by route.
+pub fn endpoints_in_force(
+    db: &crate::models::ModelsRead,
+) -> Result<Vec<(deliveries::Endpoint, crate::routing::CircuitPolicy)>, StorageError> {
+    let r = Reader::new(db)?;
+    let settings = match r.table(deliveries::NAME, deliveries::SETTINGS)? {
+        Some(t) => match t.last().map_err(StorageError::of)? {
+            Some((_, v)) => serde_json::from_slice::<serde_json::Value>(v.value())
+                .ok()
+                .and_then(|j| crate::routing::RoutingSettings::from_json(&j).ok())
+                .unwrap_or_default(),
+            None => Default::default(),
+        },
+        None => Default::default(),
+    };
+    let mut held: std::collections::BTreeMap<String, deliveries::Endpoint> = endpoints(db)?
+        .into_iter()
+        .map(|e| (e.route.clone(), e))
+        .collect();
+    for (name, p) in &settings.routes {
+        if deliveries::endpoints::delivering(p.sink) && !held.contains_key(name) {
+            held.insert(name.clone(), deliveries::Endpoint::new(name, p.sink));
+        }
+    }
+    Ok(held
+        .into_values()
+        .map(|e| {
+            let policy = settings
+                .routes
+                .get(&e.route)
+                .map(|p| p.circuit)
+                .unwrap_or_default();
+            (e, policy)
+        })
+        .collect())
+}
+
+fn endpoints_in(
+    t: &impl ReadableTable<&'static [u8], &'static [u8]>,
+) -> Result<Vec<deliveries::Endpoint>, StorageError> {
+    let mut out = Vec::new();
+    for row in t.iter().map_err(StorageError::of)? {
+        let (_, v) = row.map_err(StorageError::of)?;
+        out.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
+    }
+    Ok(out)
 }
 
 /// Highest source seq the delivery routing has handled.

@@ -9,9 +9,9 @@ use redb::ReadableTable;
 use tidemark_log::StorageError;
 
 use super::{
-    BY_NOTIFICATION, BY_TASK, CANCELED, COUNTS, DUE_BY_PRIORITY, Delivery, GROUPS, Group, LEASES,
-    NAME, NOTIFICATIONS_CANCELED, RECIPIENTS, ROUTED_KEY, ROWS, Recipient, SENT, SETTINGS, STATE,
-    count_pending, group_key, timed_key, us_key,
+    BY_NOTIFICATION, BY_TASK, CANCELED, COUNTS, DUE_BY_PRIORITY, Delivery, ENDPOINTS, Endpoint,
+    GROUPS, Group, LEASES, NAME, NOTIFICATIONS_CANCELED, RECIPIENTS, ROUTE_DUE, ROUTED_KEY, ROWS,
+    Recipient, SENT, SETTINGS, STATE, count_pending, group_key, timed_key, us_key,
 };
 use crate::framework::be_u64;
 use crate::names::Sink;
@@ -133,6 +133,47 @@ impl View<'_> {
             }
         }
         Ok(out)
+    }
+
+    /// The health and circuit of delivering route `route` (`None`: no attempt or switch yet).
+    pub fn endpoint(&mut self, route: &str) -> Result<Option<Endpoint>, StorageError> {
+        self.t.get_val(ENDPOINTS, route.as_bytes())
+    }
+
+    /// The open circuits of `sink`'s routes whose next probe may go out by `now_us` (none
+    /// is disabled).
+    pub fn probes_due(&mut self, sink: Sink, now_us: i64) -> Result<Vec<Endpoint>, StorageError> {
+        let mut out = Vec::new();
+        for row in self.t.table(ENDPOINTS)?.iter().map_err(of)? {
+            let (_, v) = row.map_err(of)?;
+            let e: Endpoint = postcard::from_bytes(v.value()).map_err(of)?;
+            if e.sink == Some(sink) && e.probe_at().is_some_and(|at| at <= now_us) {
+                out.push(e);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The id of the delivery of `route` due first, if it is due by `now_us` (held or not).
+    pub fn first_due_of_route(
+        &mut self,
+        route: &str,
+        now_us: i64,
+    ) -> Result<Option<String>, StorageError> {
+        let from = timed_key(route, 0, "");
+        let to = timed_key(route, now_us.saturating_add(1), "");
+        let mut rows = self
+            .t
+            .table(ROUTE_DUE)?
+            .range(from.as_slice()..to.as_slice())
+            .map_err(of)?;
+        Ok(match rows.next() {
+            Some(row) => {
+                let (k, _) = row.map_err(of)?;
+                Some(String::from_utf8_lossy(&k.value()[from.len()..]).into_owned())
+            }
+            None => None,
+        })
     }
 
     /// What follows `prefix ‖ 0` in the keys of `table` that start with it.

@@ -131,6 +131,21 @@ pub struct RouteConfig {
     pub redact: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generic_title: Option<String>,
+    /// The endpoint's circuit (section 17): a webhook or email route opens it after
+    /// `failures` consecutive failed attempts and probes after `cool_down`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit: Option<CircuitConfig>,
+}
+
+/// `circuit` of a route: `failures` (default 20, 1 to 10,000) and `cool_down` (default `"1m"`,
+/// 1 s to 24 h).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CircuitConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failures: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cool_down: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -426,6 +441,19 @@ impl RouteConfig {
                     .ok_or_else(|| bad("list"))?
                     .clone(),
             );
+        }
+        if let Some(c) = &self.circuit {
+            if let Some(n) = c.failures {
+                p.circuit.failures = u32::try_from(n)
+                    .ok()
+                    .filter(|n| (1..=10_000).contains(n))
+                    .ok_or_else(|| bad("circuit.failures"))?;
+            }
+            if let Some(d) = &c.cool_down {
+                p.circuit.cool_down_ms = parse_duration_ms(d)
+                    .filter(|ms| (1_000..=86_400_000).contains(ms))
+                    .ok_or_else(|| bad("circuit.cool_down"))?;
+            }
         }
         p.sink = self.sink;
         Ok(p)

@@ -8,8 +8,9 @@ mod config;
 mod resolve;
 
 pub use config::{
-    ApiRoute, DashboardConfig, DesktopConfig, DigestConfig, LocaleTemplates, NotificationsConfig,
-    OutboxConfig, RetryConfig, RouteConfig, RouteTemplates, Sink, SourceTitles,
+    ApiRoute, CircuitConfig, DashboardConfig, DesktopConfig, DigestConfig, LocaleTemplates,
+    NotificationsConfig, OutboxConfig, RetryConfig, RouteConfig, RouteTemplates, Sink,
+    SourceTitles,
 };
 pub use resolve::{RouteOutcome, backoff_ms, resolve_routes};
 
@@ -54,6 +55,8 @@ fn malformed(key: &str) -> String {
             "two clock times [\"HH:MM\", \"HH:MM\"] (e.g. [\"22:00\", \"07:00\"])".to_owned()
         }
         "limit" => "a whole number from 1 to 500".to_owned(),
+        "failures" => "a whole number from 1 to 10000".to_owned(),
+        "cool_down" => "a duration from 1s to 24h (e.g. \"1m\")".to_owned(),
         "max_attempts" | "batch_size" => "a whole number from 1 to 1000".to_owned(),
         "max_items" | "summary_after" => "a whole number, at least 1".to_owned(),
         "max_pending" => "a whole number".to_owned(),
@@ -172,6 +175,25 @@ pub struct RoutePolicy {
     pub sink: Option<Sink>,
     /// The list a notification that names no recipient or list is delivered to.
     pub list: Option<String>,
+    /// When the endpoint's circuit opens and probes (section 17).
+    pub circuit: CircuitPolicy,
+}
+
+/// A delivering route's circuit (section 17): it opens after `failures` consecutive failed
+/// attempts; its deliveries then wait, and one probe goes out after `cool_down_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CircuitPolicy {
+    pub failures: u32,
+    pub cool_down_ms: u64,
+}
+
+impl Default for CircuitPolicy {
+    fn default() -> Self {
+        CircuitPolicy {
+            failures: 20,
+            cool_down_ms: 60_000,
+        }
+    }
 }
 
 impl RoutePolicy {

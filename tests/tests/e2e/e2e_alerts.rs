@@ -1,6 +1,7 @@
 //! Alert rules and the dashboard (spec section 18): `deploy/prometheus/tidemark-alerts.yml`
 //! passes `promtool check rules`, and a real Prometheus (Debian's `prometheus`, which `.ci/run`
-//! installs) scraping two real servers — one driven into stuck and parked deliveries, a stopped
+//! installs) scraping two real servers — one driven into stuck and parked deliveries, an open
+//! endpoint circuit, a stopped
 //! and a stalled subscription, a stale source and server errors, the other started with its
 //! disk "full" and its last backup two days old, and a target where nothing listens — evaluates
 //! each of those rules' expressions true for the server in that state (the alert pending or
@@ -169,6 +170,19 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
     )))
     .await;
 
+    // An endpoint whose receiver refuses every connection: its circuit opens at the first
+    // failure (and its delivery waits a day for the probe).
+    let r = a
+        .send(
+            a.request(reqwest::Method::PUT, "/v1/routes/al-hook")
+                .json(&json!({
+                "route": {"sink": "webhook", "url": "http://127.0.0.1:9/hook",
+                          "priorities": ["urgent"],
+                          "circuit": {"failures": 1, "cool_down": "24h"}},
+                "reason": "an endpoint that never answers"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     // Stuck (two urgent notifications nobody claims) and parked (one failed for good).
     for i in 0..3 {
         append_ok(
@@ -339,6 +353,11 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
     let expected: Vec<Expected> = vec![
         ("TidemarkDeliveriesStuck", &ia, Some(("sink", "app"))),
         ("TidemarkDeliveriesParked", &ia, Some(("sink", "app"))),
+        (
+            "TidemarkEndpointCircuitOpen",
+            &ia,
+            Some(("route", "al-hook")),
+        ),
         ("TidemarkConsumersStopped", &ia, None),
         ("TidemarkConsumersStalled", &ia, None),
         (

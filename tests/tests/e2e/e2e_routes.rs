@@ -464,7 +464,7 @@ print(json.dumps(out))
 }
 
 /// A receiver answering each POST with the status `answer` holds, recording each `webhook-id`.
-async fn scripted_receiver(
+pub(crate) async fn scripted_receiver(
     answer: std::sync::Arc<std::sync::atomic::AtomicU16>,
 ) -> (std::sync::Arc<std::sync::Mutex<Vec<String>>>, u16) {
     use std::sync::{Arc, Mutex};

@@ -29,7 +29,9 @@ fn spec_scope(method: &str, path: &str) -> &'static str {
         ("post", p) if p.ends_with("/retry") || p.ends_with("/discard") || p.ends_with("/resend") => {
             "operator"
         }
-        ("post", "/v1/deliveries/recover") => "operator",
+        ("post", "/v1/deliveries/recover")
+        | ("post", "/v1/outbox/endpoints/{route}/disable")
+        | ("post", "/v1/outbox/endpoints/{route}/enable") => "operator",
         ("post", p)
             if p.starts_with("/v1/sources/")
                 && (p.ends_with("/poll") || p.ends_with("/pause") || p.ends_with("/resume")) =>

@@ -36,6 +36,7 @@ mod e2e_deliveries;
 mod e2e_delivery_routing;
 mod e2e_disk_full;
 mod e2e_dispatch;
+mod e2e_endpoints;
 mod e2e_golden;
 mod e2e_limits;
 mod e2e_list_order;

@@ -23,10 +23,12 @@ use crate::routes::events::parse_limit;
 use crate::routes::order::{next_cursors, parse_before, parse_order};
 use crate::state::AppState;
 
+mod endpoints;
 mod lease;
 mod operator;
 mod sinks;
 
+pub use endpoints::*;
 pub use lease::*;
 pub use operator::*;
 pub use sinks::*;

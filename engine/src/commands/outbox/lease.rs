@@ -13,10 +13,11 @@ use tidemark_projections::routing::backoff_ms;
 use tidemark_projections::routing::RoutingSettings;
 
 use super::route::quiet_end;
-use super::{draw, event, recipient_of};
+use super::{circuit, draw, event, recipient_of};
 use crate::commands::sealed::Sealed;
 use crate::commands::{Command, Decided, Round};
 use crate::privacy::Privacy;
+use std::collections::HashSet;
 use tidemark_projections::ModelsTxn;
 
 /// What follows a lease's end (expiry, failure) or precedes a claim, recorded as events so a
@@ -210,18 +211,25 @@ struct SentWith<'b> {
     resolved_targets: &'b [String],
 }
 
-/// One item of a completion: `done` holds the rows completed earlier in the same command (the
-/// models do not show them yet), and the item's event joins `events`.
+/// What the items of one completion command did before the next (the models do not show it
+/// yet): the rows they completed, and the routes whose circuit they closed.
+#[derive(Default)]
+struct Earlier<'a> {
+    done: HashMap<&'a str, Delivery>,
+    closed: HashSet<String>,
+}
+
+/// One item of a completion, after the command's `earlier` items; its events join `events`.
 fn complete_item<'a>(
     st: &mut d::View<'_>,
     now_us: i64,
     owner: &str,
     id: &'a str,
     sent: SentWith<'_>,
-    done: &mut HashMap<&'a str, Delivery>,
+    earlier: &mut Earlier<'a>,
     events: &mut Vec<NewEvent>,
 ) -> Result<Completed, CommandError> {
-    let current = match done.get(id) {
+    let current = match earlier.done.get(id) {
         Some(r) => Some(r.clone()),
         None => st.row(id)?,
     };
@@ -251,7 +259,8 @@ fn complete_item<'a>(
                 };
                 transition(&mut row, T::Sent, &c, 0);
                 events.push(event(T::Sent, id, &c)?);
-                done.insert(id, row.clone());
+                circuit::after_success(st, &row, now_us, &mut earlier.closed, events)?;
+                earlier.done.insert(id, row.clone());
                 Ok(row)
             }
         },
@@ -315,6 +324,31 @@ impl Command for Claim {
         let settings = st.settings_at(u64::MAX)?;
         let mut leased = Vec::new();
         let mut events = Vec::new();
+        // An open circuit's probe first: one delivery of the route, once its cool-down (or
+        // the previous probe's lease) has passed; the route's others keep waiting.
+        for (route, id) in circuit::probes(&mut st, sink, now_us)? {
+            if leased.len() >= limit || round.touches(Stream::Endpoints.as_str(), &route) {
+                continue;
+            }
+            if let Some(row) = take(
+                &mut st,
+                round,
+                &id,
+                now_us,
+                &settings,
+                privacy,
+                owner,
+                lease_ms,
+                &mut events,
+            )? {
+                events.push(circuit::probed(
+                    &row,
+                    now_us,
+                    row.lease_expires_at_us.unwrap_or(now_us),
+                )?);
+                leased.push(row);
+            }
+        }
         for rank in 0..d::PRIORITY_RANKS {
             let mut after = None;
             while leased.len() < limit {
@@ -433,7 +467,7 @@ impl Command for Complete {
         let mut st = d::View::new(txn)?;
         let mut out = Vec::with_capacity(self.items.len());
         let mut events = Vec::new();
-        let mut done = HashMap::new();
+        let mut earlier = Earlier::default();
         for (id, external_id) in &self.items {
             out.push(complete_item(
                 &mut st,
@@ -444,7 +478,7 @@ impl Command for Complete {
                     external_id: external_id.as_deref(),
                     resolved_targets: &[],
                 },
-                &mut done,
+                &mut earlier,
                 &mut events,
             )?);
         }
@@ -487,7 +521,7 @@ impl Command for CompleteOne {
                 external_id: self.external_id.as_deref(),
                 resolved_targets: &self.resolved_targets,
             },
-            &mut HashMap::new(),
+            &mut Earlier::default(),
             &mut events,
         )?;
         Ok(Decided::new(done, events))
@@ -560,6 +594,7 @@ impl Command for Fail {
         };
         transition(&mut row, T::AttemptFailed, &c, 0);
         let mut events = vec![event(T::AttemptFailed, id, &c)?];
+        circuit::after_failure(&mut st, &row, &c, &settings, &mut events)?;
         hold(&mut st, &mut row, now_us, &settings, privacy, &mut events)?;
         Ok(Decided::new(row, events))
     }

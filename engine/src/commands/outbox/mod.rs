@@ -13,6 +13,7 @@
 //!   `cancelled`, quiet hours, digests.
 //! - `lease`: claim, expiry, complete, fail, extend, operator retry / discard.
 
+mod circuit;
 mod lease;
 mod route;
 
@@ -23,6 +24,7 @@ use tidemark_projections::names::{EventType, Stream};
 
 use crate::privacy::Privacy;
 
+pub use circuit::SwitchEndpoint;
 pub use lease::{
     Claim, Complete, CompleteOne, Completed, ExpireLeases, Extend, Fail, Failure, Operator,
     OperatorAction, RECOVER_MAX, Recover,

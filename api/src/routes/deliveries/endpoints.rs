@@ -1,0 +1,240 @@
+//! `GET /v1/outbox/endpoints` and `POST /v1/outbox/endpoints/{route}/disable|enable` (spec
+//! section 17): the health and circuit of each delivering route, as every node folds them
+//! from the log, and the operator's switch.
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde::{Deserialize, Serialize};
+use tidemark_engine::commands::outbox::SwitchEndpoint;
+use tidemark_log::time::format_micros;
+use tidemark_projections::deliveries::Endpoint;
+use tidemark_projections::routing::CircuitPolicy;
+use utoipa::{IntoParams, ToSchema};
+
+use crate::error::{ApiError, Problem};
+use crate::request::{Reason, Text, Validate, ValidatedJson};
+use crate::routes::{ReadAt, caller, read_model};
+use crate::state::AppState;
+
+/// An operator's disable or enable.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SwitchOut {
+    pub at: String,
+    pub reason: String,
+    /// The token that did it (`null` in open mode).
+    pub by: Option<String>,
+}
+
+/// An open circuit.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenOut {
+    pub opened_at: String,
+    /// When the next probe may go out (the cool-down's end, or the probe in flight's lease
+    /// end).
+    pub probe_at: String,
+    /// The delivery out as the probe, if one is.
+    pub probe_delivery_id: Option<String>,
+}
+
+/// One delivering route's endpoint.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EndpointOut {
+    pub route: String,
+    /// `email` or `webhook`.
+    pub sink: Option<String>,
+    /// `ok`, `failing` (the last attempt failed), `open` (its deliveries wait; one probe
+    /// after the cool-down) or `disabled` (an operator's; its deliveries wait).
+    #[schema(pattern = "^(ok|failing|open|disabled)$")]
+    pub state: String,
+    /// Attempts that came to an outcome, on every node.
+    pub attempts: u64,
+    pub successes: u64,
+    pub consecutive_failures: u64,
+    pub last_success_at: Option<String>,
+    pub last_failure_at: Option<String>,
+    /// The adapter's code of the last failure (`http_503`, `smtp_451`, …).
+    pub last_failure_code: Option<String>,
+    /// The failures in a row that open the circuit (`circuit.failures`).
+    pub circuit_failures: u32,
+    /// How long an open circuit waits before its probe (`circuit.cool_down`, ms).
+    pub circuit_cool_down_ms: u64,
+    pub open: Option<OpenOut>,
+    pub disabled: Option<SwitchOut>,
+    /// The last operator's enable.
+    pub enabled: Option<SwitchOut>,
+}
+
+impl EndpointOut {
+    fn new(e: Endpoint, policy: CircuitPolicy) -> Self {
+        let at = |t: Option<i64>| t.map(format_micros);
+        let switch = |s: tidemark_projections::deliveries::endpoints::Switched| SwitchOut {
+            at: format_micros(s.at_us),
+            reason: s.reason,
+            by: s.by,
+        };
+        EndpointOut {
+            state: e.state().to_owned(),
+            sink: e.sink.map(|s| s.as_str().to_owned()),
+            attempts: e.attempts,
+            successes: e.successes,
+            consecutive_failures: e.consecutive_failures,
+            last_success_at: at(e.last_success_at_us),
+            last_failure_at: at(e.last_failure_at_us),
+            last_failure_code: e.last_failure_code,
+            circuit_failures: policy.failures,
+            circuit_cool_down_ms: policy.cool_down_ms,
+            open: e.open.map(|o| OpenOut {
+                opened_at: format_micros(o.opened_at_us),
+                probe_at: format_micros(o.probe_at_us),
+                probe_delivery_id: o.probe,
+            }),
+            disabled: e.disabled.map(switch),
+            enabled: e.enabled.map(switch),
+            route: e.route,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EndpointsPage {
+    pub endpoints: Vec<EndpointOut>,
+    pub as_of_seq: u64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EndpointAnswer {
+    pub endpoint: EndpointOut,
+}
+
+/// Every delivering route's endpoint (the email and webhook routes in force, and any route
+/// no longer configured that has a record), by route.
+#[utoipa::path(
+    get, path = "/v1/outbox/endpoints", operation_id = "listEndpoints", tag = "deliveries",
+    params(ReadAt),
+    responses(
+        (status = 200, body = EndpointsPage),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["read"]))
+)]
+#[tracing::instrument(skip_all)]
+pub async fn endpoints(
+    State(st): State<AppState>,
+    q: Result<Query<ReadAt>, QueryRejection>,
+) -> Result<Json<EndpointsPage>, ApiError> {
+    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
+    let (rows, as_of_seq) = read_model(&st.engine, q.seq()?, |q| q.endpoints()).await?;
+    Ok(Json(EndpointsPage {
+        endpoints: rows
+            .into_iter()
+            .map(|(e, p)| EndpointOut::new(e, p))
+            .collect(),
+        as_of_seq,
+    }))
+}
+
+/// `{route}` of the endpoint paths.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct EndpointRoute {
+    /// The route's name (1 to 128 printable characters).
+    pub route: String,
+}
+
+/// `POST /v1/outbox/endpoints/{route}/disable|enable`: why (required).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchBody {
+    /// Why; required, recorded in the event.
+    #[schema(inline)]
+    pub reason: Reason,
+}
+
+impl Validate for SwitchBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        self.reason.check("a switch of an endpoint")
+    }
+}
+
+async fn switch(
+    st: AppState,
+    route: String,
+    headers: HeaderMap,
+    body: SwitchBody,
+    enable: bool,
+) -> Result<Json<EndpointAnswer>, ApiError> {
+    if !Text::<128>::fits(&route) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_field",
+            "a route name is 1 to 128 printable characters",
+        ));
+    }
+    let (e, _) = st
+        .engine
+        .execute(SwitchEndpoint {
+            route: route.clone(),
+            enable,
+            reason: body.reason.into_string(),
+            by: caller(&st, &headers),
+        })
+        .await?;
+    let action = if enable { "enabled" } else { "disabled" };
+    metrics::counter!("tidemark_endpoint_switches_total", "action" => action).increment(1);
+    tracing::info!(route = %route, action, "endpoint switched by an operator");
+    let (rows, _) = read_model(&st.engine, 0, |q| q.endpoints()).await?;
+    let endpoint = rows
+        .into_iter()
+        .find(|(r, _)| r.route == e.route)
+        .map(|(e, p)| EndpointOut::new(e, p))
+        .unwrap_or_else(|| EndpointOut::new(e, CircuitPolicy::default()));
+    Ok(Json(EndpointAnswer { endpoint }))
+}
+
+/// Operator: disable a delivering route's endpoint (`endpoint.disabled`, with the reason and
+/// `by`): its deliveries wait, spending no attempt, until it is enabled.
+#[utoipa::path(
+    post, path = "/v1/outbox/endpoints/{route}/disable", operation_id = "disableEndpoint", tag = "deliveries",
+    params(EndpointRoute),
+    request_body(content = SwitchBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = EndpointAnswer),
+        (status = 404, description = "endpoint_not_found", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "reason_required or invalid_field", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["operator"]))
+)]
+#[tracing::instrument(skip_all)]
+pub async fn disable_endpoint(
+    State(st): State<AppState>,
+    Path(EndpointRoute { route }): Path<EndpointRoute>,
+    headers: HeaderMap,
+    ValidatedJson(b): ValidatedJson<SwitchBody>,
+) -> Result<Json<EndpointAnswer>, ApiError> {
+    switch(st, route, headers, b, false).await
+}
+
+/// Operator: enable a delivering route's endpoint (`endpoint.enabled`, with the reason and
+/// `by`): its deliveries go again, and an open circuit closes.
+#[utoipa::path(
+    post, path = "/v1/outbox/endpoints/{route}/enable", operation_id = "enableEndpoint", tag = "deliveries",
+    params(EndpointRoute),
+    request_body(content = SwitchBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = EndpointAnswer),
+        (status = 404, description = "endpoint_not_found", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "reason_required or invalid_field", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["operator"]))
+)]
+#[tracing::instrument(skip_all)]
+pub async fn enable_endpoint(
+    State(st): State<AppState>,
+    Path(EndpointRoute { route }): Path<EndpointRoute>,
+    headers: HeaderMap,
+    ValidatedJson(b): ValidatedJson<SwitchBody>,
+) -> Result<Json<EndpointAnswer>, ApiError> {
+    switch(st, route, headers, b, true).await
+}

@@ -1,0 +1,245 @@
+//! The endpoints of the delivering routes (spec section 17): one health record per route whose
+//! sink tidemark delivers itself (`email`, `webhook`), kept by the deliveries model beside the
+//! rows it counts. The counts are folded from the deliveries' own `delivery.sent` and
+//! `delivery.attempt_failed`; the circuit and the operator's switch from the `endpoints`
+//! stream (`endpoint.circuit_opened` / `circuit_probed` / `circuit_closed`, decided by the
+//! outbox commands; `endpoint.disabled` / `enabled`, an operator's). While a route is held
+//! (its circuit open, or disabled) its due deliveries leave the claim's indexes (they wait,
+//! spending no attempt) and stay in [`super::ROUTE_DUE`], where a probe is taken from and
+//! from where they return when it closes.
+
+use serde::{Deserialize, Serialize};
+
+use crate::names::{EventType, Sink};
+
+/// One delivering route's health and circuit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub route: String,
+    /// The sink its deliveries go to (`None` until an attempt or an endpoint event names it).
+    pub sink: Option<Sink>,
+    /// Attempts that came to an outcome (sent or failed).
+    pub attempts: u64,
+    pub successes: u64,
+    /// Failed attempts since the last success.
+    pub consecutive_failures: u64,
+    pub last_success_at_us: Option<i64>,
+    pub last_failure_at_us: Option<i64>,
+    /// The adapter's code of the last failure (`http_503`, `smtp_451`, …).
+    pub last_failure_code: Option<String>,
+    /// `Some` while the circuit is open.
+    pub open: Option<Open>,
+    /// `Some` while an operator has it disabled.
+    pub disabled: Option<Switched>,
+    /// The last operator's enable (kept for the record).
+    pub enabled: Option<Switched>,
+}
+
+/// An open circuit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Open {
+    pub opened_at_us: i64,
+    /// No probe is taken before this: the cool-down's end, or the lease's end of the probe in
+    /// flight.
+    pub probe_at_us: i64,
+    /// The delivery out as the probe, if one is.
+    pub probe: Option<String>,
+}
+
+/// An operator's disable or enable.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Switched {
+    pub at_us: i64,
+    pub reason: String,
+    pub by: Option<String>,
+}
+
+/// The payload of every `endpoint.*` event (each uses the fields it needs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EndpointChange {
+    pub sink: Option<Sink>,
+    pub at_us: i64,
+    /// `circuit_opened`: the consecutive failures that opened it; `circuit_probed` /
+    /// `circuit_closed`: the probe's (or closing) delivery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failures: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery_id: Option<String>,
+    /// `circuit_opened`: the cool-down's end; `circuit_probed`: the probe's lease end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_at_us: Option<i64>,
+    /// `disabled` / `enabled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// `disabled` / `enabled`: the operator's token (`null` in open mode); `null` on the
+    /// circuit's events, which tidemark decides.
+    #[serde(default)]
+    pub by: Option<String>,
+}
+
+impl Endpoint {
+    /// A route with no attempt yet.
+    pub fn new(route: &str, sink: Option<Sink>) -> Self {
+        Endpoint {
+            route: route.to_owned(),
+            sink,
+            ..Endpoint::default()
+        }
+    }
+
+    /// `disabled` (an operator's), `open` (its circuit), `failing` (the last attempt failed,
+    /// and every one since the last success), else `ok`.
+    pub fn state(&self) -> &'static str {
+        if self.disabled.is_some() {
+            "disabled"
+        } else if self.open.is_some() {
+            "open"
+        } else if self.consecutive_failures > 0 {
+            "failing"
+        } else {
+            "ok"
+        }
+    }
+
+    /// Its deliveries wait: the circuit is open or an operator disabled it.
+    pub fn held(&self) -> bool {
+        self.disabled.is_some() || self.open.is_some()
+    }
+
+    /// When its next probe may go out: an open circuit's, never while it is disabled.
+    pub fn probe_at(&self) -> Option<i64> {
+        match (&self.disabled, &self.open) {
+            (None, Some(o)) => Some(o.probe_at_us),
+            _ => None,
+        }
+    }
+
+    /// An attempt's outcome, folded from its delivery's event.
+    pub fn attempted(&mut self, sink: Sink, at_us: i64, failure: Option<&str>) {
+        self.sink = Some(sink);
+        self.attempts += 1;
+        match failure {
+            None => {
+                self.successes += 1;
+                self.consecutive_failures = 0;
+                self.last_success_at_us = Some(at_us);
+            }
+            Some(code) => {
+                self.consecutive_failures += 1;
+                self.last_failure_at_us = Some(at_us);
+                self.last_failure_code = Some(code.to_owned());
+            }
+        }
+    }
+
+    /// Fold an `endpoint.*` event; false for a type that is not one.
+    pub fn apply(&mut self, ty: EventType, c: &EndpointChange) -> bool {
+        if c.sink.is_some() {
+            self.sink = c.sink;
+        }
+        match ty {
+            EventType::EndpointCircuitOpened => {
+                let opened_at_us = self.open.as_ref().map_or(c.at_us, |o| o.opened_at_us);
+                self.open = Some(Open {
+                    opened_at_us,
+                    probe_at_us: c.probe_at_us.unwrap_or(c.at_us),
+                    probe: None,
+                });
+            }
+            EventType::EndpointCircuitProbed => {
+                if let Some(o) = &mut self.open {
+                    o.probe_at_us = c.probe_at_us.unwrap_or(c.at_us);
+                    o.probe.clone_from(&c.delivery_id);
+                }
+            }
+            EventType::EndpointCircuitClosed => self.open = None,
+            EventType::EndpointDisabled => {
+                self.disabled = Some(Switched {
+                    at_us: c.at_us,
+                    reason: c.reason.clone().unwrap_or_default(),
+                    by: c.by.clone(),
+                });
+            }
+            // An operator's enable says the endpoint works again: it closes the circuit too.
+            EventType::EndpointEnabled => {
+                self.disabled = None;
+                self.open = None;
+                self.enabled = Some(Switched {
+                    at_us: c.at_us,
+                    reason: c.reason.clone().unwrap_or_default(),
+                    by: c.by.clone(),
+                });
+            }
+            _ => return false,
+        }
+        true
+    }
+}
+
+/// Whether tidemark delivers `sink` itself (its routes have endpoints).
+pub fn delivering(sink: Option<Sink>) -> bool {
+    matches!(sink, Some(Sink::Email | Sink::Webhook))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_endpoints_state_follows_its_attempts_and_switches() {
+        let mut e = Endpoint::new("hook", Some(Sink::Webhook));
+        assert_eq!((e.state(), e.held()), ("ok", false));
+        e.attempted(Sink::Webhook, 10, Some("http_503"));
+        assert_eq!(e.state(), "failing");
+        assert_eq!(e.consecutive_failures, 1);
+        let opened = EndpointChange {
+            at_us: 20,
+            probe_at_us: Some(80),
+            failures: Some(1),
+            ..EndpointChange::default()
+        };
+        e.apply(EventType::EndpointCircuitOpened, &opened);
+        assert_eq!(
+            (e.state(), e.held(), e.probe_at()),
+            ("open", true, Some(80))
+        );
+        let probed = EndpointChange {
+            at_us: 80,
+            probe_at_us: Some(110),
+            delivery_id: Some("d1".into()),
+            ..EndpointChange::default()
+        };
+        e.apply(EventType::EndpointCircuitProbed, &probed);
+        assert_eq!(e.probe_at(), Some(110));
+        // A failed probe opens it again: the first opening's time is kept.
+        e.apply(
+            EventType::EndpointCircuitOpened,
+            &EndpointChange {
+                at_us: 90,
+                probe_at_us: Some(150),
+                ..EndpointChange::default()
+            },
+        );
+        let o = e.open.clone().unwrap();
+        assert_eq!((o.opened_at_us, o.probe_at_us, o.probe), (20, 150, None));
+        let switch = EndpointChange {
+            at_us: 100,
+            reason: Some("receiver down".into()),
+            by: Some("ops".into()),
+            ..EndpointChange::default()
+        };
+        e.apply(EventType::EndpointDisabled, &switch);
+        assert_eq!((e.state(), e.probe_at()), ("disabled", None));
+        e.apply(EventType::EndpointEnabled, &switch);
+        assert_eq!(
+            (e.state(), e.held()),
+            ("failing", false),
+            "enabling closes it"
+        );
+        e.attempted(Sink::Webhook, 200, None);
+        assert_eq!((e.state(), e.attempts, e.successes), ("ok", 2, 1));
+        assert!(!e.apply(EventType::DeliverySent, &switch));
+    }
+}
