@@ -409,6 +409,16 @@ impl Config {
                  \"env:NAME\" and the variable NAME"
             ));
         }
+        if let Some(route) = routing
+            .routes
+            .keys()
+            .find(|r| r.starts_with(tidemark_projections::bridges::ENDPOINT_PREFIX))
+        {
+            return bad(format!(
+                "notifications.routes.{route}: a route name may not start with \"bridge:\" (it \
+                 names a bridge webhook's endpoint)"
+            ));
+        }
         self.dispatch_sinks()?;
         Ok(())
     }

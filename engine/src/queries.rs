@@ -431,8 +431,8 @@ impl<L: EventLog + Clone> Queries<L> {
         Ok(tidemark_projections::routes::all(&self.models.read())?)
     }
 
-    /// Every delivering route's endpoint: its health, circuit and the circuit's policy, by
-    /// route (section 17).
+    /// Every endpoint (each delivering route's, each bridge webhook subscription's): its
+    /// health, circuit and the circuit's policy (section 17).
     pub fn endpoints(
         &self,
     ) -> R<
@@ -443,6 +443,15 @@ impl<L: EventLog + Clone> Queries<L> {
     > {
         self.floor(0)?;
         Ok(read::endpoints_in_force(&self.models.read())?)
+    }
+
+    /// The health and circuit of bridge webhook subscription `id` (section 17).
+    pub fn bridge_endpoint(
+        &self,
+        id: &SubscriptionId,
+    ) -> R<Option<tidemark_projections::deliveries::Endpoint>> {
+        self.floor(0)?;
+        Ok(read::bridge_endpoint(&self.models.read(), id)?)
     }
 
     /// Every notification list, by name.

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use tidemark_log::StorageError;
 use tidemark_log::{Event, EventRef};
 
+use crate::deliveries::{Endpoint, EndpointChange};
 use crate::framework::{Projection, Store};
 use crate::names::{EventType, ReviewState, Stream, TaskStatus, ids};
 use crate::tasks::Task;
@@ -23,6 +24,20 @@ pub const BY_TASK: &str = "by_task";
 pub const BY_BRIDGE: &str = "by_bridge";
 /// `subscription_id` of active subscriptions (the notifier's work list).
 pub const ACTIVE: &str = "active";
+/// `subscription_id` → the [`Endpoint`] of a webhook subscription (section 17): its POSTs'
+/// outcomes, folded from its cursor's `cursor.advanced` (a confirmed POST) and `cursor.failed`
+/// (a failed one), and its circuit and switch from the `endpoints` stream (subject
+/// [`endpoint_name`]).
+pub const ENDPOINTS: &str = "endpoints";
+
+/// The endpoint name of a bridge webhook subscription (the subject of its `endpoint.*`
+/// events, and its `route` in `GET /v1/outbox/endpoints`).
+pub fn endpoint_name(subscription_id: &str) -> String {
+    format!("{ENDPOINT_PREFIX}{subscription_id}")
+}
+
+/// What starts the endpoint name of a bridge webhook subscription (no route may be named so).
+pub const ENDPOINT_PREFIX: &str = "bridge:";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sink {
@@ -73,6 +88,11 @@ impl View<'_> {
         self.t.get_val(ROWS, id.as_bytes())
     }
 
+    /// The health and circuit of webhook subscription `id` (`None`: no POST or switch yet).
+    pub fn endpoint(&mut self, id: &str) -> Result<Option<Endpoint>, StorageError> {
+        self.t.get_val(ENDPOINTS, id.as_bytes())
+    }
+
     /// Whether an active subscription follows task `task_id`.
     pub fn follows_task(&mut self, task_id: &str) -> Result<bool, StorageError> {
         Ok(!self.t.suffixes(BY_TASK, task_id)?.is_empty())
@@ -102,10 +122,21 @@ impl Projection for Bridges {
     }
 
     fn tables(&self) -> &'static [&'static str] {
-        &[ROWS, BY_TASK, BY_BRIDGE, ACTIVE]
+        &[ROWS, BY_TASK, BY_BRIDGE, ACTIVE, ENDPOINTS]
+    }
+
+    /// 2: the endpoints of the webhook subscriptions (`endpoints`, section 17).
+    fn version(&self) -> u32 {
+        2
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
+        if ev.stream == Stream::Cursors {
+            return fold_attempt(st, ev);
+        }
+        if ev.stream == Stream::Endpoints {
+            return fold_endpoint(st, ev);
+        }
         if ev.stream != Stream::Bridges {
             return Ok(());
         }
@@ -147,6 +178,66 @@ impl Projection for Bridges {
         }
         st.put_val(ROWS, id.as_bytes(), &row)
     }
+}
+
+/// A webhook subscription's POST came to an outcome: its cursor advanced (confirmed) or
+/// failed (`cursor.failed`, written by the notifier for a failed POST). Other cursors' events
+/// are passed over without parsing them.
+fn fold_attempt(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
+    let failed = match EventType::parse(ev.event_type) {
+        Some(EventType::CursorAdvanced) => false,
+        Some(EventType::CursorFailed) => true,
+        _ => return Ok(()),
+    };
+    let consumer = if ids::subscription_of_consumer(ev.subject).is_some() {
+        std::borrow::Cow::Borrowed(ev.subject)
+    } else if ev.payload.contains("\"consumer_id\"") {
+        match serde_json::from_str::<crate::cursors::CursorEvent>(ev.payload) {
+            Ok(c) => match c.consumer_id {
+                Some(id) => std::borrow::Cow::Owned(id),
+                None => return Ok(()),
+            },
+            Err(_) => return Ok(()),
+        }
+    } else {
+        return Ok(());
+    };
+    let Some(id) = ids::subscription_of_consumer(&consumer) else {
+        return Ok(());
+    };
+    let Some(sub) = st.get_val::<Subscription>(ROWS, id.as_bytes())? else {
+        return Ok(());
+    };
+    if sub.target.sink.kind != "webhook" {
+        return Ok(());
+    }
+    let c: crate::cursors::CursorEvent = serde_json::from_str(ev.payload)
+        .map_err(|e| StorageError::new(format!("{} at seq {}", ev.event_type, ev.seq), e))?;
+    let mut e = st
+        .get_val::<Endpoint>(ENDPOINTS, id.as_bytes())?
+        .unwrap_or_else(|| Endpoint::new(&endpoint_name(id), Some(crate::names::Sink::Webhook)));
+    let code = c.error_code.or_else(|| failed.then(|| "failed".to_owned()));
+    e.attempted(crate::names::Sink::Webhook, c.at_us, code.as_deref());
+    st.put_val(ENDPOINTS, id.as_bytes(), &e)
+}
+
+/// An `endpoint.*` event of a webhook subscription (subject [`endpoint_name`]).
+fn fold_endpoint(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
+    let (Some(ty), Some(id)) = (
+        EventType::parse(ev.event_type),
+        ev.subject.strip_prefix(ENDPOINT_PREFIX),
+    ) else {
+        return Ok(());
+    };
+    let c: EndpointChange = serde_json::from_str(ev.payload)
+        .map_err(|e| StorageError::new(format!("{} at seq {}", ev.event_type, ev.seq), e))?;
+    let mut e = st
+        .get_val::<Endpoint>(ENDPOINTS, id.as_bytes())?
+        .unwrap_or_else(|| Endpoint::new(ev.subject, c.sink));
+    if e.apply(ty, &c) {
+        st.put_val(ENDPOINTS, id.as_bytes(), &e)?;
+    }
+    Ok(())
 }
 
 /// The decision for one event past a subscription's cursor (spec section 6).

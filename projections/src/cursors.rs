@@ -128,6 +128,10 @@ pub struct CursorEvent {
     /// Failed: the error, bounded.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub error: Option<String>,
+    /// Failed: a webhook POST's code (`http_503`, `http_connect`, …), when the notifier wrote
+    /// it (the subscription's endpoint health, section 17).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub error_code: Option<String>,
     /// Reset: the token that asked for it (`null` in open mode: the reset command writes it;
     /// resets of older releases have none).
     #[serde(skip_serializing_if = "Option::is_none", default)]

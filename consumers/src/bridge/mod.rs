@@ -240,12 +240,14 @@ pub async fn record_failure(
     engine: &Engine,
     sub: &Subscription,
     error: &str,
+    code: Option<&str>,
 ) -> Result<(), CommandError> {
     let ev = tidemark_engine::commands::cursors::failed_event(
         &ids::bridge_consumer(sub.subscription_id.as_str()),
         Stream::TaskEvents.as_str(),
         sub.target.task_id.as_str(),
         error,
+        code,
         engine.now_us(),
     )?;
     engine.log().append(vec![ev]).await?;

@@ -2,7 +2,7 @@
 //! for each (pull cache, webhook POST with retries, mismatch record), and confirming webhook
 //! deliveries.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidemark_log::StorageError;
@@ -84,6 +84,7 @@ pub fn spawn(
             deferred: Default::default(),
             hub,
             busy: HashMap::new(),
+            probing: HashSet::new(),
         };
         n.run(feed, shutdown).await;
     })
@@ -107,6 +108,8 @@ struct Notifier {
     hub: PullHub,
     /// Subscriptions with a webhook POST in flight.
     busy: HashMap<SubscriptionId, u64>,
+    /// Subscriptions whose POST in flight is their open circuit's probe.
+    probing: HashSet<SubscriptionId>,
 }
 
 impl Notifier {
@@ -182,7 +185,10 @@ impl Notifier {
                 self.retries.remove(&sub_id);
                 // Compare-and-swap on the cursor the scan saw: a reset meanwhile wins.
                 match confirm(&self.engine, &sub, seq, Some(expected)).await {
-                    Ok(_) => {}
+                    Ok(_) => {
+                        let probe = self.probing.remove(&sub_id);
+                        circuit_after(&self.engine, &sub, true, probe, self.settings.circuit).await;
+                    }
                     Err(e) => {
                         tracing::warn!(subscription = %sub_id, seq, error = %e, "webhook delivery confirmed but the cursor did not advance");
                     }
@@ -190,6 +196,7 @@ impl Notifier {
             }
             Err(Failed {
                 error: err,
+                code,
                 retry_after_ms,
             }) => {
                 metrics::counter!("tidemark_bridge_webhook_failures_total").increment(1);
@@ -200,7 +207,13 @@ impl Notifier {
                 let ms = backoff_ms(&self.settings.retry, attempts, u, retry_after_ms);
                 r.next = Some(Instant::now() + Duration::from_millis(ms));
                 tracing::info!(subscription = %sub_id, seq, attempt = r.attempts, retry_in_ms = ms, "webhook delivery failed");
-                let _ = record_failure(&self.engine, &sub, &err).await;
+                if record_failure(&self.engine, &sub, &err, Some(&code))
+                    .await
+                    .is_ok()
+                {
+                    let probe = self.probing.remove(&sub_id);
+                    circuit_after(&self.engine, &sub, false, probe, self.settings.circuit).await;
+                }
             }
         }
     }
@@ -244,6 +257,14 @@ impl Notifier {
                         }
                         Some(Stream::Bridges) => {
                             ids.insert(SubscriptionId::new(ev.subject.as_str()));
+                        }
+                        Some(Stream::Endpoints) => {
+                            if let Some(sub) = ev
+                                .subject
+                                .strip_prefix(tidemark_projections::bridges::ENDPOINT_PREFIX)
+                            {
+                                ids.insert(SubscriptionId::new(sub));
+                            }
                         }
                         Some(Stream::Cursors) => {
                             if let Some(sub) = ids::subscription_of_consumer(&ev.subject) {
@@ -417,6 +438,9 @@ impl Notifier {
                 self.stopped.remove(&id);
             }
             if let Act::Post(ev) = act {
+                if self.held(&sub).await? {
+                    return Ok(());
+                }
                 {
                     let envelope = bridges::envelope(&sub, ev);
                     let webhook_id = envelope["delivery_id"]
@@ -451,6 +475,7 @@ impl Notifier {
                             Ok(resp) if resp.status().is_success() => Ok(()),
                             Ok(resp) => Err(Failed {
                                 error: format!("webhook answered {}", resp.status()),
+                                code: format!("http_{}", resp.status().as_u16()),
                                 retry_after_ms: receiver_retry_after_ms(
                                     resp.status().as_u16(),
                                     resp.headers()
@@ -460,6 +485,12 @@ impl Notifier {
                             }),
                             Err(e) => Err(Failed {
                                 error: format!("webhook unreachable: {}", without_url(&e)),
+                                code: if e.is_timeout() {
+                                    "http_timeout"
+                                } else {
+                                    "http_connection"
+                                }
+                                .to_owned(),
                                 retry_after_ms: None,
                             }),
                         };
@@ -469,6 +500,72 @@ impl Notifier {
             }
         }
         Ok(())
+    }
+}
+
+impl Notifier {
+    /// Whether webhook subscription `sub`'s endpoint holds its POSTs now (section 17): an
+    /// operator disabled it (its enable brings the subscription back), or its circuit is open
+    /// and the probe's time has not come (a retry is set for it). Past that time the POST goes
+    /// out as the probe.
+    async fn held(&mut self, sub: &Subscription) -> Result<bool, StorageError> {
+        let e = self.engine.clone();
+        let id = sub.subscription_id.clone();
+        let endpoint = tokio::task::spawn_blocking(move || {
+            e.read()
+                .unwaited()
+                .bridge_endpoint(&id)
+                .map_err(StorageError::from)
+        })
+        .await
+        .map_err(StorageError::of)??;
+        let Some(endpoint) = endpoint.filter(|e| e.held()) else {
+            return Ok(false);
+        };
+        let Some(probe_at) = endpoint.probe_at() else {
+            return Ok(true);
+        };
+        let wait_us = probe_at.saturating_sub(self.engine.now_us());
+        if wait_us > 0 {
+            let r = self.retries.entry(sub.subscription_id.clone()).or_default();
+            r.next = Some(Instant::now() + Duration::from_micros(wait_us as u64));
+            return Ok(true);
+        }
+        self.probing.insert(sub.subscription_id.clone());
+        Ok(false)
+    }
+}
+
+/// After a POST of `sub` that its endpoint counts (the read waits for the models to fold its
+/// `cursor.advanced` or `cursor.failed`): the circuit's event, if it calls for one
+/// ([`tidemark_projections::deliveries::Endpoint::after_attempt`] under `[notifications.circuit]`).
+async fn circuit_after(
+    engine: &Engine,
+    sub: &Subscription,
+    ok: bool,
+    was_probe: bool,
+    policy: tidemark_projections::routing::CircuitPolicy,
+) {
+    let e = engine.clone();
+    let id = sub.subscription_id.clone();
+    let Ok(Ok(Some(endpoint))) =
+        tokio::task::spawn_blocking(move || e.read().bridge_endpoint(&id)).await
+    else {
+        return;
+    };
+    let Some((ty, change)) = endpoint.after_attempt(ok, was_probe, policy, engine.now_us()) else {
+        return;
+    };
+    let name = tidemark_projections::bridges::endpoint_name(sub.subscription_id.as_str());
+    match tidemark_engine::commands::outbox::endpoint_event(ty, &name, &change) {
+        Ok(ev) => {
+            if let Err(e) = tidemark_log::EventLog::append(engine.log(), vec![ev]).await {
+                tracing::warn!(subscription = %sub.subscription_id, error = %e, "recording the webhook's circuit failed");
+            } else {
+                tracing::info!(subscription = %sub.subscription_id, event = ty.as_str(), "webhook subscription's circuit");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "webhook circuit event"),
     }
 }
 
@@ -521,6 +618,8 @@ impl Retry {
 #[derive(Debug)]
 struct Failed {
     error: String,
+    /// `http_<status>`, `http_timeout` or `http_connection`, as the webhook sink's.
+    code: String,
     retry_after_ms: Option<u64>,
 }
 
@@ -541,10 +640,14 @@ fn without_url(e: &reqwest::Error) -> String {
 /// Whether `ev` may change what a bridge subscription has to do (a task, subscription or
 /// cursor event): the pages the follower hands the notifier.
 pub(crate) fn concerns(ev: &tidemark_log::Event) -> bool {
-    matches!(
-        Stream::parse(&ev.stream),
-        Some(Stream::TaskEvents | Stream::Bridges | Stream::Cursors)
-    )
+    match Stream::parse(&ev.stream) {
+        Some(Stream::TaskEvents | Stream::Bridges | Stream::Cursors) => true,
+        // A webhook subscription's endpoint switched or its circuit moved.
+        Some(Stream::Endpoints) => ev
+            .subject
+            .starts_with(tidemark_projections::bridges::ENDPOINT_PREFIX),
+        _ => false,
+    }
 }
 
 #[cfg(test)]

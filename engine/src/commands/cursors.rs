@@ -182,12 +182,14 @@ pub fn failed_event(
     stream_name: &str,
     subject_id: &str,
     error: &str,
+    error_code: Option<&str>,
     now_us: i64,
 ) -> Result<NewEvent, CommandError> {
     let c = CursorEvent {
         stream_name: stream_name.to_owned(),
         subject_id: subject_id.to_owned(),
         error: Some(bound_error(error)),
+        error_code: error_code.map(str::to_owned),
         at_us: now_us,
         ..CursorEvent::default()
     };

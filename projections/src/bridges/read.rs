@@ -86,3 +86,34 @@ pub fn all_active_subscriptions(
 ) -> Result<Vec<crate::bridges::Subscription>, StorageError> {
     active_subscriptions(db, crate::bridges::ACTIVE, None)
 }
+
+/// The health and circuit of webhook subscription `id` (`None`: no POST or switch yet).
+pub fn bridge_endpoint(
+    db: &crate::models::ModelsRead,
+    id: &SubscriptionId,
+) -> Result<Option<crate::deliveries::Endpoint>, StorageError> {
+    use crate::bridges;
+    Reader::new(db)?.get_val(bridges::NAME, bridges::ENDPOINTS, id.as_str().as_bytes())
+}
+
+/// Every active webhook subscription's endpoint (a record with no POST for one without), by
+/// subscription id.
+pub fn bridge_endpoints(
+    db: &crate::models::ModelsRead,
+) -> Result<Vec<crate::deliveries::Endpoint>, StorageError> {
+    let mut out = Vec::new();
+    for s in all_active_subscriptions(db)? {
+        if s.target.sink.kind != "webhook" {
+            continue;
+        }
+        let e = bridge_endpoint(db, &s.subscription_id)?.unwrap_or_else(|| {
+            crate::deliveries::Endpoint::new(
+                &crate::bridges::endpoint_name(s.subscription_id.as_str()),
+                Some(crate::names::Sink::Webhook),
+            )
+        });
+        out.push(e);
+    }
+    out.sort_by(|a, b| a.route.cmp(&b.route));
+    Ok(out)
+}

@@ -178,6 +178,47 @@ impl Endpoint {
     }
 }
 
+impl Endpoint {
+    /// The circuit's event after an attempt this record already counts (`ok` or not;
+    /// `was_probe`: it was the open circuit's probe), at `now_us`: a success of an open
+    /// circuit closes it; a failure that makes `policy.failures` in a row opens a closed one,
+    /// and the probe's failure opens it again for another cool-down. Nothing while an operator
+    /// has it disabled.
+    pub fn after_attempt(
+        &self,
+        ok: bool,
+        was_probe: bool,
+        policy: crate::routing::CircuitPolicy,
+        now_us: i64,
+    ) -> Option<(EventType, EndpointChange)> {
+        if self.disabled.is_some() {
+            return None;
+        }
+        let change = EndpointChange {
+            sink: self.sink,
+            at_us: now_us,
+            ..EndpointChange::default()
+        };
+        let opens = match (&self.open, ok) {
+            (Some(_), true) => return Some((EventType::EndpointCircuitClosed, change)),
+            (None, true) => return None,
+            (Some(_), false) => was_probe,
+            (None, false) => self.consecutive_failures >= u64::from(policy.failures),
+        };
+        opens.then(|| {
+            (
+                EventType::EndpointCircuitOpened,
+                EndpointChange {
+                    failures: Some(self.consecutive_failures),
+                    error_code: self.last_failure_code.clone(),
+                    probe_at_us: Some(now_us.saturating_add(policy.cool_down_ms as i64 * 1_000)),
+                    ..change
+                },
+            )
+        })
+    }
+}
+
 /// Whether tidemark delivers `sink` itself (its routes have endpoints).
 pub fn delivering(sink: Option<Sink>) -> bool {
     matches!(sink, Some(Sink::Email | Sink::Webhook))

@@ -210,6 +210,10 @@ fn held(st: &mut Store<'_>, d: &Delivery) -> Result<bool, StorageError> {
 /// An `endpoint.*` event: the route's record changes; when it starts or stops holding its
 /// deliveries, their rows leave or rejoin the claim's indexes.
 fn fold_endpoint(st: &mut Store<'_>, ty: EventType, ev: &EventRef<'_>) -> Result<(), StorageError> {
+    // A bridge webhook subscription's endpoint is the bridges model's.
+    if ev.subject.starts_with(crate::bridges::ENDPOINT_PREFIX) {
+        return Ok(());
+    }
     let c: EndpointChange = parse(ev)?;
     let key = ev.subject.as_bytes();
     let mut e = st

@@ -417,9 +417,10 @@ pub fn endpoints(
     }
 }
 
-/// Every endpoint as it stands: each delivering route of the settings in force (a record
-/// with no attempt for one that has none) with its circuit's policy, then the records of
-/// routes no longer configured (their deliveries are still tried), by route.
+/// Every endpoint as it stands, with its circuit's policy: each delivering route of the
+/// settings in force (a record with no attempt for one that has none) and the records of
+/// routes no longer configured (their deliveries are still tried), by route; then each active
+/// bridge webhook subscription's (`bridge:<id>`).
 pub fn endpoints_in_force(
     db: &crate::models::ModelsRead,
 ) -> Result<Vec<(deliveries::Endpoint, crate::routing::CircuitPolicy)>, StorageError> {
@@ -443,17 +444,23 @@ pub fn endpoints_in_force(
             held.insert(name.clone(), deliveries::Endpoint::new(name, p.sink));
         }
     }
-    Ok(held
+    let mut out: Vec<_> = held
         .into_values()
         .map(|e| {
             let policy = settings
                 .routes
                 .get(&e.route)
-                .map(|p| p.circuit)
-                .unwrap_or_default();
+                .map_or(settings.circuit, |p| p.circuit);
             (e, policy)
         })
-        .collect())
+        .collect();
+    // The bridge webhook subscriptions' endpoints, under `[notifications.circuit]`.
+    out.extend(
+        crate::bridges::read::bridge_endpoints(db)?
+            .into_iter()
+            .map(|e| (e, settings.circuit)),
+    );
+    Ok(out)
 }
 
 fn endpoints_in(

@@ -14,8 +14,8 @@ use crate::names::Priority;
 pub use crate::names::Sink;
 
 use super::{
-    DigestPolicy, RetrySettings, RoutePolicy, RoutingSettings, Strategy, Templates, malformed,
-    parse_clock, parse_duration_ms,
+    CircuitPolicy, DigestPolicy, RetrySettings, RoutePolicy, RoutingSettings, Strategy, Templates,
+    malformed, parse_clock, parse_duration_ms,
 };
 
 /// `[notifications]`. Absent keys keep the defaults of section 4 ([`RoutingSettings::default`]).
@@ -35,6 +35,10 @@ pub struct NotificationsConfig {
     pub retry: Option<RetryConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outbox: Option<OutboxConfig>,
+    /// Every endpoint's circuit (section 17): the email and webhook routes' (each route's
+    /// `circuit` over it) and the bridge webhook subscriptions'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit: Option<CircuitConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routes: Option<BTreeMap<String, RouteConfig>>,
     /// locale → digest titles.
@@ -137,8 +141,8 @@ pub struct RouteConfig {
     pub circuit: Option<CircuitConfig>,
 }
 
-/// `circuit` of a route: `failures` (default 20, 1 to 10,000) and `cool_down` (default `"1m"`,
-/// 1 s to 24 h).
+/// `circuit` (global, or a route's over the global): `failures` (default 20, 1 to 10,000) and
+/// `cool_down` (default `"1m"`, 1 s to 24 h).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CircuitConfig {
@@ -146,6 +150,25 @@ pub struct CircuitConfig {
     pub failures: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cool_down: Option<String>,
+}
+
+impl CircuitConfig {
+    /// These keys over `base`; `key` names the table in errors.
+    fn over(&self, base: CircuitPolicy, key: &str) -> Result<CircuitPolicy, String> {
+        let mut p = base;
+        if let Some(n) = self.failures {
+            p.failures = u32::try_from(n)
+                .ok()
+                .filter(|n| (1..=10_000).contains(n))
+                .ok_or_else(|| malformed(&format!("{key}.failures")))?;
+        }
+        if let Some(d) = &self.cool_down {
+            p.cool_down_ms = parse_duration_ms(d)
+                .filter(|ms| (1_000..=86_400_000).contains(ms))
+                .ok_or_else(|| malformed(&format!("{key}.cool_down")))?;
+        }
+        Ok(p)
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -265,8 +288,12 @@ impl NotificationsConfig {
                 s.stuck_after_ms = dur(x, "outbox.stuck_after")?;
             }
         }
+        if let Some(c) = &self.circuit {
+            s.circuit = c.over(s.circuit, "notifications.circuit")?;
+        }
         for (name, r) in self.routes.iter().flatten() {
-            s.routes.insert(name.clone(), r.policy(name, &s.retry)?);
+            s.routes
+                .insert(name.clone(), r.policy(name, &s.retry, s.circuit)?);
         }
         for (locale, t) in self.templates.iter().flatten() {
             let at = format!("templates.{locale}");
@@ -359,7 +386,12 @@ impl RetryConfig {
 
 impl RouteConfig {
     /// The scheduling policy of route `name`, its retry over `retry` (the global one).
-    fn policy(&self, name: &str, retry: &RetrySettings) -> Result<RoutePolicy, String> {
+    fn policy(
+        &self,
+        name: &str,
+        retry: &RetrySettings,
+        circuit: CircuitPolicy,
+    ) -> Result<RoutePolicy, String> {
         let key = |f: &str| format!("notifications.routes.{name}.{f}");
         let bad = |f: &str| malformed(&key(f));
         let pair = |w: &Option<Vec<String>>, f: &str| -> Result<Option<(String, String)>, String> {
@@ -442,19 +474,10 @@ impl RouteConfig {
                     .clone(),
             );
         }
-        if let Some(c) = &self.circuit {
-            if let Some(n) = c.failures {
-                p.circuit.failures = u32::try_from(n)
-                    .ok()
-                    .filter(|n| (1..=10_000).contains(n))
-                    .ok_or_else(|| bad("circuit.failures"))?;
-            }
-            if let Some(d) = &c.cool_down {
-                p.circuit.cool_down_ms = parse_duration_ms(d)
-                    .filter(|ms| (1_000..=86_400_000).contains(ms))
-                    .ok_or_else(|| bad("circuit.cool_down"))?;
-            }
-        }
+        p.circuit = match &self.circuit {
+            Some(c) => c.over(circuit, &key("circuit"))?,
+            None => circuit,
+        };
         p.sink = self.sink;
         Ok(p)
     }
@@ -526,7 +549,19 @@ impl ApiRoute {
         wrapped
             .settings()
             .map_err(|e| e.replacen(&format!("notifications.routes.{name}"), "route", 1))?;
+        if name.starts_with(crate::bridges::ENDPOINT_PREFIX) {
+            return Err(format!(
+                "a route name may not start with {:?}: it names a bridge webhook's endpoint",
+                crate::bridges::ENDPOINT_PREFIX
+            ));
+        }
         let c = &self.config;
+        if c.circuit.is_some() && !crate::deliveries::endpoints::delivering(c.sink) {
+            return Err(
+                "route.circuit is for the email and webhook sinks, which tidemark delivers itself"
+                    .to_owned(),
+            );
+        }
         match c.sink {
             None => return Err(format!("route.sink is required: one of {}", Sink::joined())),
             Some(Sink::Webhook) => {

@@ -221,6 +221,8 @@ pub struct RoutingSettings {
     pub retry: RetrySettings,
     pub max_pending: u64,
     pub stuck_after_ms: u64,
+    /// `[notifications.circuit]`: every endpoint's circuit, a route's `circuit` over it.
+    pub circuit: CircuitPolicy,
     pub routes: BTreeMap<String, RoutePolicy>,
     /// `[notifications.templates.<locale>]`: digest titles per recipient locale.
     pub templates: BTreeMap<String, Templates>,
@@ -254,6 +256,7 @@ impl Default for RoutingSettings {
             },
             max_pending: 100_000,
             stuck_after_ms: 600_000,
+            circuit: CircuitPolicy::default(),
             routes: BTreeMap::new(),
             templates: BTreeMap::new(),
         }

@@ -1289,3 +1289,149 @@ print(json.dumps(out))
         json!([{"verified": true, "tampered_refused": 3}, {"verified": true, "tampered_refused": 3}])
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// A webhook subscription's endpoint (spec section 17): health, a circuit, disable and enable.
+
+/// The endpoint `bridge:<sub>` of `GET /v1/outbox/endpoints` (`Null` when it is not listed).
+async fn bridge_endpoint(api: &Api, sub: &str) -> Value {
+    let r = api.get("/v1/outbox/endpoints").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    r.json["endpoints"]
+        .as_array()
+        .and_then(|a| a.iter().find(|e| e["route"] == format!("bridge:{sub}")))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_webhook_subscription_opens_its_circuit_and_an_operator_switches_it() {
+    let status = Arc::new(std::sync::atomic::AtomicU16::new(503));
+    let answer = status.clone();
+    let hook = Receiver::start(Arc::new(AtomicU64::new(0)), move |_| {
+        Answer::Status(answer.load(Ordering::SeqCst))
+    })
+    .await;
+    let s = Server::start(ServerOpts::default().config(format!(
+        "{RETRY_CONFIG}[notifications.circuit]\nfailures = 2\ncool_down = \"1s\"\n"
+    )))
+    .await;
+    let (task, sub) = ("cb-task", "cb-sub");
+    task_with_run(&s, task, false).await;
+    subscribe(
+        &s,
+        task,
+        &webhook_body(sub, "b-cb", &hook.url("/cb"), "cb-secret"),
+    )
+    .await;
+    // A pull subscription has no endpoint; the webhook one is listed before its first POST.
+    let e = bridge_endpoint(&s, sub).await;
+    assert_eq!(
+        (e["kind"].as_str(), e["state"].as_str()),
+        (Some("bridge"), Some("ok")),
+        "{e}"
+    );
+    assert_eq!(e["circuit_failures"], 2, "{e}");
+    let seq = append_one(
+        &s,
+        &task_ev(task, "task.run_completed", json!({"run_id": "r1"})),
+    )
+    .await;
+
+    // Two failed POSTs open the circuit; the probe's failure opens it again. Between two
+    // openings the log holds one failed POST, the probe's.
+    let opened = wait_for(WAIT, "the circuit opened twice", || async {
+        let evs = s
+            .read_all(&format!(
+                "stream=endpoints&type=endpoint.circuit_opened&subject=bridge:{sub}"
+            ))
+            .await;
+        (evs.len() >= 3).then_some(evs)
+    })
+    .await;
+    assert_eq!(opened[0]["payload"]["error_code"], "http_503", "{opened:?}");
+    let failed = s.read_all("stream=cursors&type=cursor.failed").await;
+    let (from, to) = (opened[1]["seq"].as_u64(), opened[2]["seq"].as_u64());
+    let between = failed
+        .iter()
+        .filter(|e| e["seq"].as_u64() > from && e["seq"].as_u64() < to)
+        .count();
+    assert_eq!(between, 1, "one probe per cool-down: {failed:?}");
+    let e = bridge_endpoint(&s, sub).await;
+    assert_eq!(e["state"], "open", "{e}");
+    assert_eq!(e["last_failure_code"], "http_503", "{e}");
+    assert!(
+        e["consecutive_failures"].as_u64().is_some_and(|n| n >= 3),
+        "{e}"
+    );
+
+    // The receiver recovers: the next probe succeeds, the circuit closes, the cursor moves.
+    status.store(200, Ordering::SeqCst);
+    wait_cursor_at(&s, sub, task, seq).await;
+    let closed = s
+        .read_all(&format!(
+            "stream=endpoints&type=endpoint.circuit_closed&subject=bridge:{sub}"
+        ))
+        .await;
+    assert_eq!(closed.len(), 1, "{closed:?}");
+    let e = wait_for(WAIT, "the endpoint ok", || async {
+        let e = bridge_endpoint(&s, sub).await;
+        (e["state"] == "ok").then_some(e)
+    })
+    .await;
+    assert_eq!(
+        (e["successes"].as_u64(), e["consecutive_failures"].as_u64()),
+        (Some(1), Some(0)),
+        "{e}"
+    );
+
+    // Disabled, a second subscription's terminal notification waits; enabled, it goes.
+    let (task2, sub2) = ("cb-task-2", "cb-sub-2");
+    task_with_run(&s, task2, false).await;
+    subscribe(
+        &s,
+        task2,
+        &webhook_body(sub2, "b-cb", &hook.url("/cb2"), "cb-secret"),
+    )
+    .await;
+    let path = |a: &str| format!("/v1/outbox/endpoints/bridge:{sub2}/{a}");
+    let r = s
+        .send(
+            s.request(reqwest::Method::POST, &path("disable"))
+                .json(&json!({"reason": "the receiver moves"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json["endpoint"]["state"], "disabled", "{}", r.text);
+    let r = s
+        .send(
+            s.request(
+                reqwest::Method::POST,
+                "/v1/outbox/endpoints/bridge:nobody/disable",
+            )
+            .json(&json!({"reason": "x"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
+    let posts = hook.count();
+    let seq2 = append_one(
+        &s,
+        &task_ev(task2, "task.run_completed", json!({"run_id": "r1"})),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(hook.count(), posts, "a disabled endpoint's POST waits");
+    assert_eq!(sub_cursor(&s, sub2, task2).await["last_sequence"], 0);
+    let r = s
+        .send(
+            s.request(reqwest::Method::POST, &path("enable"))
+                .json(&json!({"reason": "moved"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    wait_cursor_at(&s, sub2, task2, seq2).await;
+    assert_eq!(hook.count(), posts + 1);
+    let switched = s.read_all("stream=endpoints&type=endpoint.disabled").await;
+    assert_eq!(switched.len(), 1, "{switched:?}");
+    assert_eq!(switched[0]["subject"], format!("bridge:{sub2}"));
+}

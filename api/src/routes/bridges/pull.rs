@@ -345,7 +345,7 @@ pub async fn nack(
             format!("{delivery_id:?} is not the subscription's pending delivery"),
         ));
     }
-    bridge::record_failure(&st.engine, &sub, &body.error).await?;
+    bridge::record_failure(&st.engine, &sub, &body.error, None).await?;
     metrics::counter!("tidemark_bridge_nacks_total").increment(1);
     let engine = st.engine.clone();
     let (consumer, task) = (

@@ -41,7 +41,11 @@ pub struct OpenOut {
 /// One delivering route's endpoint.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EndpointOut {
+    /// The route's name, or `bridge:<subscription_id>` for a bridge webhook subscription.
     pub route: String,
+    /// `route` (an email or webhook route) or `bridge` (a bridge webhook subscription).
+    #[schema(pattern = "^(route|bridge)$")]
+    pub kind: String,
     /// `email` or `webhook`.
     pub sink: Option<String>,
     /// `ok`, `failing` (the last attempt failed), `open` (its deliveries wait; one probe
@@ -74,7 +78,11 @@ impl EndpointOut {
             reason: s.reason,
             by: s.by,
         };
+        let bridge = e
+            .route
+            .starts_with(tidemark_projections::bridges::ENDPOINT_PREFIX);
         EndpointOut {
+            kind: if bridge { "bridge" } else { "route" }.to_owned(),
             state: e.state().to_owned(),
             sink: e.sink.map(|s| s.as_str().to_owned()),
             attempts: e.attempts,
@@ -108,8 +116,8 @@ pub struct EndpointAnswer {
     pub endpoint: EndpointOut,
 }
 
-/// Every delivering route's endpoint (the email and webhook routes in force, and any route
-/// no longer configured that has a record), by route.
+/// Every endpoint: the email and webhook routes in force (and any route no longer configured
+/// that has a record), then each active bridge webhook subscription (`bridge:<id>`).
 #[utoipa::path(
     get, path = "/v1/outbox/endpoints", operation_id = "listEndpoints", tag = "deliveries",
     params(ReadAt),
@@ -193,8 +201,9 @@ async fn switch(
     Ok(Json(EndpointAnswer { endpoint }))
 }
 
-/// Operator: disable a delivering route's endpoint (`endpoint.disabled`, with the reason and
-/// `by`): its deliveries wait, spending no attempt, until it is enabled.
+/// Operator: disable an endpoint (a route's, or `bridge:<subscription_id>`; recorded as
+/// `endpoint.disabled` with the reason and `by`): its deliveries wait, spending no attempt,
+/// until it is enabled.
 #[utoipa::path(
     post, path = "/v1/outbox/endpoints/{route}/disable", operation_id = "disableEndpoint", tag = "deliveries",
     params(EndpointRoute),

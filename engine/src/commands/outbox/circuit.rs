@@ -11,6 +11,7 @@ use std::collections::HashSet;
 
 use tidemark_log::NewEvent;
 use tidemark_projections::ModelsTxn;
+use tidemark_projections::bridges;
 use tidemark_projections::deliveries::endpoints::delivering;
 use tidemark_projections::deliveries::{self as d, Change, Delivery, Endpoint, EndpointChange};
 use tidemark_projections::names::{EventType, Sink, Stream};
@@ -21,8 +22,9 @@ use crate::commands::{Command, Decided, Round};
 use crate::error::{CommandError, Rejection};
 use tidemark_log::StorageError;
 
-/// The `endpoint.*` event of type `ty` on route `route`.
-pub(crate) fn endpoint_event(
+/// The `endpoint.*` event of type `ty` on endpoint `route` (a route's name, or a bridge
+/// webhook subscription's `bridge:<id>`).
+pub fn endpoint_event(
     ty: EventType,
     route: &str,
     c: &EndpointChange,
@@ -41,39 +43,8 @@ pub(crate) fn after_failure(
     settings: &RoutingSettings,
     events: &mut Vec<NewEvent>,
 ) -> Result<(), CommandError> {
-    if !delivering(row.sink) {
-        return Ok(());
-    }
-    let e = st.endpoint(&row.route)?.unwrap_or_default();
-    if e.disabled.is_some() {
-        return Ok(());
-    }
-    let policy = settings
-        .routes
-        .get(&row.route)
-        .map(|p| p.circuit)
-        .unwrap_or_default();
-    let failures = e.consecutive_failures + 1;
-    let opens = match &e.open {
-        Some(o) => o.probe.as_deref() == Some(row.id.as_str()),
-        None => failures >= u64::from(policy.failures),
-    };
-    if opens {
-        let change = EndpointChange {
-            sink: row.sink,
-            at_us: c.at_us,
-            failures: Some(failures),
-            error_code: c.error_code.clone(),
-            probe_at_us: Some(c.at_us.saturating_add(policy.cool_down_ms as i64 * 1_000)),
-            ..EndpointChange::default()
-        };
-        events.push(endpoint_event(
-            EventType::EndpointCircuitOpened,
-            &row.route,
-            &change,
-        )?);
-    }
-    Ok(())
+    let code = c.error_code.as_deref().unwrap_or("failed");
+    after_attempt(st, row, c.at_us, Some(code), settings, events)
 }
 
 /// After `row` was sent at `at_us`: an open circuit of its route closes (once per command:
@@ -88,19 +59,57 @@ pub(crate) fn after_success(
     if !delivering(row.sink) || closed.contains(&row.route) {
         return Ok(());
     }
-    if st.endpoint(&row.route)?.is_some_and(|e| e.open.is_some()) {
-        let change = EndpointChange {
-            sink: row.sink,
-            at_us,
-            delivery_id: Some(row.id.to_string()),
-            ..EndpointChange::default()
-        };
-        events.push(endpoint_event(
-            EventType::EndpointCircuitClosed,
-            &row.route,
-            &change,
-        )?);
+    let before = events.len();
+    // A success closes whatever the policy: the default serves.
+    after_attempt(st, row, at_us, None, &RoutingSettings::default(), events)?;
+    if events.len() > before {
         closed.insert(row.route.clone());
+    }
+    Ok(())
+}
+
+/// The circuit's event after `row`'s attempt (`failure`: its code), decided on its route's
+/// endpoint with this attempt counted ([`Endpoint::after_attempt`]).
+fn after_attempt(
+    st: &mut d::View<'_>,
+    row: &Delivery,
+    at_us: i64,
+    failure: Option<&str>,
+    settings: &RoutingSettings,
+    events: &mut Vec<NewEvent>,
+) -> Result<(), CommandError> {
+    let Some(sink) = row.sink.filter(|s| delivering(Some(*s))) else {
+        return Ok(());
+    };
+    let mut e = st
+        .endpoint(&row.route)?
+        .unwrap_or_else(|| Endpoint::new(&row.route, Some(sink)));
+    let was_probe = e
+        .open
+        .as_ref()
+        .is_some_and(|o| o.probe.as_deref() == Some(row.id.as_str()));
+    e.attempted(sink, at_us, failure);
+    push(&e, row, failure, was_probe, settings, at_us, events)
+}
+
+fn push(
+    e: &Endpoint,
+    row: &Delivery,
+    failure: Option<&str>,
+    was_probe: bool,
+    settings: &RoutingSettings,
+    at_us: i64,
+    events: &mut Vec<NewEvent>,
+) -> Result<(), CommandError> {
+    let policy = settings
+        .routes
+        .get(&row.route)
+        .map_or(settings.circuit, |p| p.circuit);
+    if let Some((ty, mut change)) = e.after_attempt(failure.is_none(), was_probe, policy, at_us) {
+        if ty == EventType::EndpointCircuitClosed {
+            change.delivery_id = Some(row.id.to_string());
+        }
+        events.push(endpoint_event(ty, &row.route, &change)?);
     }
     Ok(())
 }
@@ -169,26 +178,42 @@ impl Command for SwitchEndpoint {
         txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Endpoint>, CommandError> {
-        let mut st = d::View::new(txn)?;
         let route = self.route.as_str();
-        let sink = st
-            .settings_at(u64::MAX)?
-            .routes
-            .get(route)
-            .and_then(|p| p.sink)
-            .filter(|s| delivering(Some(*s)));
-        let mut e = match (st.endpoint(route)?, sink) {
+        let not_found = || {
+            CommandError::rejected(
+                Rejection::EndpointNotFound,
+                format!(
+                    "no endpoint {route:?}: endpoints are the routes of the email and webhook \
+                     sinks, and bridge:<subscription_id> for a webhook subscription"
+                ),
+            )
+        };
+        let (sink, held) = match route.strip_prefix(bridges::ENDPOINT_PREFIX) {
+            // A bridge webhook subscription's endpoint (an active one).
+            Some(id) => {
+                let mut b = bridges::View::new(txn)?;
+                match b.row(id)? {
+                    Some(s) if s.active && s.target.sink.kind == "webhook" => {
+                        (Some(Sink::Webhook), b.endpoint(id)?)
+                    }
+                    _ => return Err(not_found()),
+                }
+            }
+            None => {
+                let mut st = d::View::new(txn)?;
+                let sink = st
+                    .settings_at(u64::MAX)?
+                    .routes
+                    .get(route)
+                    .and_then(|p| p.sink)
+                    .filter(|s| delivering(Some(*s)));
+                (sink, st.endpoint(route)?)
+            }
+        };
+        let mut e = match (held, sink) {
             (Some(e), _) => e,
             (None, Some(sink)) => Endpoint::new(route, Some(sink)),
-            (None, None) => {
-                return Err(CommandError::rejected(
-                    Rejection::EndpointNotFound,
-                    format!(
-                        "no delivering route {route:?}: endpoints are the routes of the email \
-                         and webhook sinks"
-                    ),
-                ));
-            }
+            (None, None) => return Err(not_found()),
         };
         let (ty, changes) = if self.enable {
             (EventType::EndpointEnabled, e.held())
