@@ -175,6 +175,23 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
     // is in, and its failures in a row, as the models have them (never waiting for the head).
     let engine = st.engine.clone();
     if let Ok(endpoints) = blocking(move || engine.read().unwaited().endpoints()).await {
+        // An endpoint no longer listed (a bridge subscription deleted) leaves its series at
+        // 0, not at the state it was last seen in.
+        static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+        let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+        for gone in seen
+            .iter()
+            .filter(|r| !endpoints.iter().any(|(e, _)| &e.route == *r))
+        {
+            for s in ["ok", "failing", "open", "disabled"] {
+                metrics::gauge!("tidemark_endpoint_state", "route" => gone.clone(), "state" => s)
+                    .set(0.0);
+            }
+            metrics::gauge!("tidemark_endpoint_consecutive_failures", "route" => gone.clone())
+                .set(0.0);
+        }
+        *seen = endpoints.iter().map(|(e, _)| e.route.clone()).collect();
+        drop(seen);
         for (e, _) in endpoints {
             let state = e.state();
             for s in ["ok", "failing", "open", "disabled"] {

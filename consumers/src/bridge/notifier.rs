@@ -187,7 +187,7 @@ impl Notifier {
                 match confirm(&self.engine, &sub, seq, Some(expected)).await {
                     Ok(_) => {
                         let probe = self.probing.remove(&sub_id);
-                        circuit_after(&self.engine, &sub, true, probe, self.settings.circuit).await;
+                        circuit_after(&self.engine, &sub, true, probe).await;
                     }
                     Err(e) => {
                         tracing::warn!(subscription = %sub_id, seq, error = %e, "webhook delivery confirmed but the cursor did not advance");
@@ -212,7 +212,7 @@ impl Notifier {
                     .is_ok()
                 {
                     let probe = self.probing.remove(&sub_id);
-                    circuit_after(&self.engine, &sub, false, probe, self.settings.circuit).await;
+                    circuit_after(&self.engine, &sub, false, probe).await;
                 }
             }
         }
@@ -223,6 +223,18 @@ impl Notifier {
     async fn dirty(&mut self, page: Option<Arc<Page>>) -> Result<Vec<Subscription>, StorageError> {
         let e = self.engine.clone();
         let since = self.scanned_to;
+        // An endpoint enabled or closed lets its POST go now, not after the backoff it had.
+        for ev in page.iter().flat_map(|p| p.events.iter()) {
+            if ev.seq > since.unwrap_or(0)
+                && (ev.event_type == EventType::EndpointEnabled
+                    || ev.event_type == EventType::EndpointCircuitClosed)
+                && let Some(sub) = ev
+                    .subject
+                    .strip_prefix(tidemark_projections::bridges::ENDPOINT_PREFIX)
+            {
+                self.retries.remove(&SubscriptionId::new(sub));
+            }
+        }
         // A page with nothing for the bridges (no task, subscription or cursor event) is seen
         // without a read: no blocking task, no read transaction.
         let quiet = match (since, page.as_deref()) {
@@ -523,6 +535,11 @@ impl Notifier {
             return Ok(false);
         };
         let Some(probe_at) = endpoint.probe_at() else {
+            // Disabled: no retry until its `endpoint.enabled` brings the subscription back
+            // (a retry due now would look at it again at once, and again).
+            if let Some(r) = self.retries.get_mut(&sub.subscription_id) {
+                r.next = None;
+            }
             return Ok(true);
         };
         let wait_us = probe_at.saturating_sub(self.engine.now_us());
@@ -536,36 +553,25 @@ impl Notifier {
     }
 }
 
-/// After a POST of `sub` that its endpoint counts (the read waits for the models to fold its
-/// `cursor.advanced` or `cursor.failed`): the circuit's event, if it calls for one
-/// ([`tidemark_projections::deliveries::Endpoint::after_attempt`] under `[notifications.circuit]`).
-async fn circuit_after(
-    engine: &Engine,
-    sub: &Subscription,
-    ok: bool,
-    was_probe: bool,
-    policy: tidemark_projections::routing::CircuitPolicy,
-) {
-    let e = engine.clone();
-    let id = sub.subscription_id.clone();
-    let Ok(Ok(Some(endpoint))) =
-        tokio::task::spawn_blocking(move || e.read().bridge_endpoint(&id)).await
-    else {
-        return;
-    };
-    let Some((ty, change)) = endpoint.after_attempt(ok, was_probe, policy, engine.now_us()) else {
-        return;
-    };
-    let name = tidemark_projections::bridges::endpoint_name(sub.subscription_id.as_str());
-    match tidemark_engine::commands::outbox::endpoint_event(ty, &name, &change) {
-        Ok(ev) => {
-            if let Err(e) = tidemark_log::EventLog::append(engine.log(), vec![ev]).await {
-                tracing::warn!(subscription = %sub.subscription_id, error = %e, "recording the webhook's circuit failed");
-            } else {
-                tracing::info!(subscription = %sub.subscription_id, event = ty.as_str(), "webhook subscription's circuit");
-            }
+/// After a POST of `sub` whose outcome is in the log: the circuit's event, if it calls for one,
+/// decided by the engine on the endpoint as the models have it
+/// ([`tidemark_engine::commands::outbox::BridgeAttempted`]).
+async fn circuit_after(engine: &Engine, sub: &Subscription, ok: bool, was_probe: bool) {
+    let r = engine
+        .execute(tidemark_engine::commands::outbox::BridgeAttempted {
+            subscription_id: sub.subscription_id.to_string(),
+            ok,
+            was_probe,
+        })
+        .await;
+    match r {
+        Ok((Some(ty), _)) => {
+            tracing::info!(subscription = %sub.subscription_id, event = ty.as_str(), "webhook subscription's circuit");
         }
-        Err(e) => tracing::warn!(error = %e, "webhook circuit event"),
+        Ok((None, _)) => {}
+        Err(e) => {
+            tracing::warn!(subscription = %sub.subscription_id, error = %e, "recording the webhook's circuit failed");
+        }
     }
 }
 

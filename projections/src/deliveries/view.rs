@@ -154,26 +154,34 @@ impl View<'_> {
         Ok(out)
     }
 
-    /// The id of the delivery of `route` due first, if it is due by `now_us` (held or not).
+    /// The id of the delivery of `route` to `sink` due first, if one is due by `now_us` (held
+    /// or not; a route whose sink changed may have rows of the other sink, passed over).
     pub fn first_due_of_route(
         &mut self,
         route: &str,
+        sink: Sink,
         now_us: i64,
     ) -> Result<Option<String>, StorageError> {
         let from = timed_key(route, 0, "");
         let to = timed_key(route, now_us.saturating_add(1), "");
-        let mut rows = self
+        let ids: Vec<String> = self
             .t
             .table(ROUTE_DUE)?
             .range(from.as_slice()..to.as_slice())
-            .map_err(of)?;
-        Ok(match rows.next() {
-            Some(row) => {
-                let (k, _) = row.map_err(of)?;
-                Some(String::from_utf8_lossy(&k.value()[from.len()..]).into_owned())
+            .map_err(of)?
+            // A route changes sink rarely: the first rows are this sink's, or few are not.
+            .take(64)
+            .map(|row| {
+                row.map(|(k, _)| String::from_utf8_lossy(&k.value()[from.len()..]).into_owned())
+                    .map_err(of)
+            })
+            .collect::<Result<_, _>>()?;
+        for id in ids {
+            if self.row(&id)?.is_some_and(|r| r.sink == Some(sink)) {
+                return Ok(Some(id));
             }
-            None => None,
-        })
+        }
+        Ok(None)
     }
 
     /// What follows `prefix ‖ 0` in the keys of `table` that start with it.

@@ -517,3 +517,149 @@ async fn max_pending_holds_across_two_deciders() {
     a.close().await;
     b.close().await;
 }
+
+/// An endpoint's circuit with two deciders over one log (spec section 17): claimers on both
+/// lease and fail the deliveries of one webhook route at once. The circuit opens once — the
+/// decider that loses the race for the endpoint's subject decides again and sees it open — and
+/// from that event on neither decider leases another delivery of the route (its cool-down is
+/// an hour: no probe), while the deliveries left wait with the attempts they had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_deciders_open_an_endpoints_circuit_once() {
+    // Each race is short: several make a lost one likely to show.
+    for _ in 0..8 {
+        circuit_race().await;
+    }
+}
+
+async fn circuit_race() {
+    use tidemark_engine::commands::outbox::{Fail, Failure};
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = Log::open(&LogConfig::in_dir(dir.path())).unwrap();
+    let a = Engine::on_log(log.clone(), &ModelsConfig::in_dir(&dir.path().join("a"))).unwrap();
+    let b = Engine::on_log(log.clone(), &ModelsConfig::in_dir(&dir.path().join("b"))).unwrap();
+    let settings = json!({
+        "routing": {"urgent": ["hook"]},
+        "routes": {"hook": {"sink": "webhook", "circuit": {"failures": 4, "cool_down": "1h"}}},
+    });
+    let mut events =
+        vec![NewEvent::new(None, "settings", "", "settings.updated", &settings).unwrap()];
+    events.extend((0..60).map(|i| {
+        let id = format!("cb-{i}");
+        NewEvent::new(
+            Some(id.clone()),
+            "notifications",
+            id,
+            "notification.requested",
+            &json!({"priority": "urgent", "title": "t", "recipient": "r"}),
+        )
+        .unwrap()
+    }));
+    log.append(events).await.unwrap();
+    let source = all_events(&log);
+    let (ra, rb) = tokio::join!(
+        a.execute(Route {
+            source: source.clone()
+        }),
+        b.execute(Route { source })
+    );
+    ra.unwrap();
+    rb.unwrap();
+
+    let mut racers = Vec::new();
+    for (name, engine) in [("a", a.clone()), ("b", b.clone())] {
+        for k in 0..3 {
+            let engine = engine.clone();
+            let owner = format!("dispatcher:{name}-{k}");
+            racers.push(tokio::spawn(async move {
+                let mut idle = 0;
+                while idle < 20 {
+                    let claim = engine
+                        .execute(Claim {
+                            sink: tidemark_projections::names::Sink::Webhook,
+                            owner: owner.clone(),
+                            limit: 2,
+                            lease_ms: 600_000,
+                            share: tidemark_log::Share::ALL,
+                        })
+                        .await;
+                    let rows = match claim {
+                        Ok((rows, _)) => rows,
+                        Err(e) if refused_as_documented(&e) => Vec::new(),
+                        Err(e) => panic!("claim by {owner}: {e:?}"),
+                    };
+                    if rows.is_empty() {
+                        idle += 1;
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    idle = 0;
+                    for r in rows {
+                        let failed = engine
+                            .execute(Fail {
+                                id: r.id.clone(),
+                                owner: owner.clone(),
+                                failure: Failure {
+                                    error_code: "http_503".into(),
+                                    error: "unavailable".into(),
+                                    retryable: true,
+                                    retry_after_ms: Some(0),
+                                },
+                            })
+                            .await;
+                        match failed {
+                            Ok(_) => {}
+                            Err(e) if refused_as_documented(&e) => {}
+                            Err(e) => panic!("fail by {owner}: {e:?}"),
+                        }
+                    }
+                }
+            }));
+        }
+    }
+    for r in racers {
+        r.await.unwrap();
+    }
+    let all = all_events(&log);
+    let opened: Vec<&tidemark_log::Event> = all
+        .iter()
+        .filter(|e| e.event_type == "endpoint.circuit_opened")
+        .collect();
+    assert_eq!(opened.len(), 1, "the circuit opened once: {opened:?}");
+    assert_eq!(opened[0].subject, "hook");
+    let at = opened[0].seq;
+    let late: Vec<String> = all
+        .iter()
+        .filter(|e| e.seq > at && e.event_type == "delivery.leased")
+        .map(|e| e.subject.clone())
+        .collect();
+    assert!(late.is_empty(), "leased after the circuit opened: {late:?}");
+    assert!(
+        !all.iter()
+            .any(|e| e.event_type == "endpoint.circuit_probed"),
+        "no probe within the hour's cool-down"
+    );
+    // The deliveries left wait: none was parked, most were never tried.
+    let failed = all
+        .iter()
+        .filter(|e| e.event_type == "delivery.attempt_failed")
+        .count();
+    assert!(failed >= 4, "{failed} failures");
+    assert!(
+        !all.iter().any(|e| e.event_type == "delivery.parked"
+            || (e.event_type == "delivery.attempt_failed"
+                && as_json(e)["payload"]["parked"] == true)),
+        "a delivery was parked"
+    );
+    assert!(
+        failed < 60,
+        "every delivery was tried: the circuit held none"
+    );
+    // Both deciders' models agree on the endpoint.
+    for engine in [&a, &b] {
+        let eps = engine.read().endpoints().unwrap();
+        let (e, policy) = eps.iter().find(|(e, _)| e.route == "hook").expect("listed");
+        assert_eq!(e.state(), "open", "{e:?}");
+        assert_eq!(policy.failures, 4);
+        assert_eq!(e.attempts, failed as u64, "{e:?}");
+    }
+}

@@ -223,6 +223,21 @@ async fn an_operator_disables_and_enables_an_endpoint() {
         assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
         assert_eq!(r.json["code"], "endpoint_not_found", "{}", r.text);
     }
+    let long = "x".repeat(129);
+    for path in ["%FF", "%09tab", long.as_str()] {
+        let r = post(
+            &format!("/v1/outbox/endpoints/{path}/disable"),
+            json!({"reason": "x"}),
+        )
+        .await;
+        assert_eq!(
+            r.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{path}: {}",
+            r.text
+        );
+        assert_eq!(r.json["code"], "invalid_route", "{}", r.text);
+    }
     assert!(events(&s, "endpoint.disabled").await.is_empty());
 
     // Disabled: a new delivery waits, spending no attempt.

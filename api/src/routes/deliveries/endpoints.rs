@@ -147,8 +147,40 @@ pub async fn endpoints(
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct EndpointRoute {
-    /// The route's name (1 to 128 printable characters).
+    /// The route's name (1 to 128 printable characters), or `bridge:<subscription_id>`.
     pub route: String,
+}
+
+/// An endpoint's name read from the path and checked before any body: a route's name, or
+/// `bridge:` and a subscription id, each 1 to 128 printable characters (`422 invalid_route`).
+pub struct EndpointPath(String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for EndpointPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        let bad = || {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_route",
+                "an endpoint is a route's name or bridge:<subscription_id>, each 1 to 128 \
+                 printable characters",
+            )
+        };
+        let Path(EndpointRoute { route }) = Path::<EndpointRoute>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| bad())?;
+        let name = route
+            .strip_prefix(tidemark_projections::bridges::ENDPOINT_PREFIX)
+            .unwrap_or(&route);
+        if !Text::<128>::fits(name) {
+            return Err(bad());
+        }
+        Ok(EndpointPath(route))
+    }
 }
 
 /// `POST /v1/outbox/endpoints/{route}/disable|enable`: why (required).
@@ -173,13 +205,6 @@ async fn switch(
     body: SwitchBody,
     enable: bool,
 ) -> Result<Json<EndpointAnswer>, ApiError> {
-    if !Text::<128>::fits(&route) {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_field",
-            "a route name is 1 to 128 printable characters",
-        ));
-    }
     let (e, _) = st
         .engine
         .execute(SwitchEndpoint {
@@ -211,14 +236,14 @@ async fn switch(
     responses(
         (status = 200, body = EndpointAnswer),
         (status = 404, description = "endpoint_not_found", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "reason_required or invalid_field", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "reason_required or invalid_route", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = ["operator"]))
 )]
 #[tracing::instrument(skip_all)]
 pub async fn disable_endpoint(
     State(st): State<AppState>,
-    Path(EndpointRoute { route }): Path<EndpointRoute>,
+    EndpointPath(route): EndpointPath,
     headers: HeaderMap,
     ValidatedJson(b): ValidatedJson<SwitchBody>,
 ) -> Result<Json<EndpointAnswer>, ApiError> {
@@ -234,14 +259,14 @@ pub async fn disable_endpoint(
     responses(
         (status = 200, body = EndpointAnswer),
         (status = 404, description = "endpoint_not_found", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "reason_required or invalid_field", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "reason_required or invalid_route", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = ["operator"]))
 )]
 #[tracing::instrument(skip_all)]
 pub async fn enable_endpoint(
     State(st): State<AppState>,
-    Path(EndpointRoute { route }): Path<EndpointRoute>,
+    EndpointPath(route): EndpointPath,
     headers: HeaderMap,
     ValidatedJson(b): ValidatedJson<SwitchBody>,
 ) -> Result<Json<EndpointAnswer>, ApiError> {

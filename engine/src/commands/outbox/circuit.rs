@@ -24,7 +24,7 @@ use tidemark_log::StorageError;
 
 /// The `endpoint.*` event of type `ty` on endpoint `route` (a route's name, or a bridge
 /// webhook subscription's `bridge:<id>`).
-pub fn endpoint_event(
+pub(crate) fn endpoint_event(
     ty: EventType,
     route: &str,
     c: &EndpointChange,
@@ -115,7 +115,8 @@ fn push(
 }
 
 /// The open circuits of `sink` whose probe may go out by `now_us`: for each, the id of its
-/// delivery due first (the probe to take), if one is due.
+/// delivery of `sink` due first (the probe to take), if one is due. A circuit whose last probe
+/// is still leased (its lease extended past the probe time) has no other probe.
 pub(crate) fn probes(
     st: &mut d::View<'_>,
     sink: Sink,
@@ -126,7 +127,17 @@ pub(crate) fn probes(
     }
     let mut out = Vec::new();
     for e in st.probes_due(sink, now_us)? {
-        if let Some(id) = st.first_due_of_route(&e.route, now_us)? {
+        let out_now = match e.open.as_ref().and_then(|o| o.probe.as_deref()) {
+            Some(probe) => st.row(probe)?.is_some_and(|r| {
+                r.status == tidemark_projections::names::DeliveryStatus::Leased
+                    && r.lease_expires_at_us.is_some_and(|x| x > now_us)
+            }),
+            None => false,
+        };
+        if out_now {
+            continue;
+        }
+        if let Some(id) = st.first_due_of_route(&e.route, sink, now_us)? {
             out.push((e.route, id));
         }
     }
@@ -151,6 +162,46 @@ pub(crate) fn probed(
             ..EndpointChange::default()
         },
     )
+}
+
+/// A bridge webhook subscription's POST came to an outcome the models have folded (its
+/// `cursor.advanced` or `cursor.failed` is in the log before this is decided): the circuit's
+/// event, if it calls for one ([`Endpoint::after_attempt`] under `[notifications.circuit]`
+/// as the log has it), appended on the condition that the endpoint has no newer event (an
+/// operator's switch meanwhile wins). `was_probe`: the POST was the open circuit's probe.
+/// Answers the event's type, if one was recorded.
+#[derive(Debug, Clone)]
+pub struct BridgeAttempted {
+    pub subscription_id: String,
+    pub ok: bool,
+    pub was_probe: bool,
+}
+
+impl Sealed for BridgeAttempted {}
+impl Command for BridgeAttempted {
+    type Answer = Option<EventType>;
+
+    fn name(&self) -> &'static str {
+        "bridges.attempted"
+    }
+
+    fn decide(
+        &self,
+        txn: &ModelsTxn,
+        round: &mut Round<'_>,
+    ) -> Result<Decided<Option<EventType>>, CommandError> {
+        let Some(e) = bridges::View::new(txn)?.endpoint(&self.subscription_id)? else {
+            return Ok(Decided::new(None, Vec::new()));
+        };
+        let policy = d::View::new(txn)?.settings_at(u64::MAX)?.circuit;
+        let Some((ty, change)) = e.after_attempt(self.ok, self.was_probe, policy, round.now_us)
+        else {
+            return Ok(Decided::new(None, Vec::new()));
+        };
+        let name = bridges::endpoint_name(&self.subscription_id);
+        let ev = endpoint_event(ty, &name, &change)?;
+        Ok(Decided::new(Some(ty), vec![ev]))
+    }
 }
 
 /// An operator disables (`enable: false`) or enables a delivering route's endpoint

@@ -19,6 +19,7 @@ use crate::commands::{Command, Decided, Round};
 use crate::privacy::Privacy;
 use std::collections::HashSet;
 use tidemark_projections::ModelsTxn;
+use tidemark_projections::deliveries::endpoints::delivering;
 
 /// What follows a lease's end (expiry, failure) or precedes a claim, recorded as events so a
 /// replay is exact (section 4): a delivery whose notification was canceled while leased is
@@ -389,7 +390,20 @@ impl Command for Claim {
                 after = end;
             }
         }
-        Ok(Decided::new(leased, events))
+        // A delivering sink's lease rests on its route's endpoint not holding it: appended on
+        // the condition that no endpoint event of those routes came in since (a circuit that
+        // opened on another decider refuses this claim, which is decided again).
+        let mut d = Decided::new(leased, events);
+        if delivering(Some(sink)) {
+            let mut routes: Vec<&str> = d.answer.iter().map(|r| r.route.as_str()).collect();
+            routes.sort_unstable();
+            routes.dedup();
+            d.reads = routes
+                .into_iter()
+                .map(|r| (Stream::Endpoints.as_str().to_owned(), r.to_owned()))
+                .collect();
+        }
+        Ok(d)
     }
 }
 

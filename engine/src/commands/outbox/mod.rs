@@ -24,7 +24,7 @@ use tidemark_projections::names::{EventType, Stream};
 
 use crate::privacy::Privacy;
 
-pub use circuit::{SwitchEndpoint, endpoint_event};
+pub use circuit::{BridgeAttempted, SwitchEndpoint};
 pub use lease::{
     Claim, Complete, CompleteOne, Completed, ExpireLeases, Extend, Fail, Failure, Operator,
     OperatorAction, RECOVER_MAX, Recover,
