@@ -945,7 +945,31 @@ async fn a_route_added_on_one_node_delivers_from_another() {
     assert_eq!(r.json["origin"], "api", "{}", r.text);
     assert_eq!(r.json["route"]["secret"], "***", "{}", r.text);
 
-    // A stops: only B can route and send.
+    // Its endpoint disabled through A is disabled on B (section 17: an event every node
+    // follows).
+    let r = a
+        .send(
+            a.request(
+                reqwest::Method::POST,
+                "/v1/outbox/endpoints/ops-hook/disable",
+            )
+            .json(&json!({"reason": "the receiver moves"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let head = a.head().await;
+    let r = b.get(&format!("/v1/outbox/endpoints?min_seq={head}")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let ep = r.json["endpoints"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["route"] == "ops-hook"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(ep["state"], "disabled", "{ep}");
+    assert_eq!(ep["disabled"]["reason"], "the receiver moves", "{ep}");
+
+    // A stops: only B can route and send; the disabled endpoint's delivery waits until B
+    // enables it.
     a.sigterm();
     a.wait_exit(Duration::from_secs(30)).await;
     let n = notif_ev(
@@ -953,6 +977,24 @@ async fn a_route_added_on_one_node_delivers_from_another() {
         json!({"priority": "urgent", "title": "disk full", "recipient": "ops@example.org"}),
     );
     append_ok(&b, &n).await;
+    wait_status(&b, "dlv:cr-1:ops-hook", "queued").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let d = crate::e2e_dispatch::delivery(&b, "dlv:cr-1:ops-hook").await;
+    assert_eq!(
+        (d["status"].as_str(), d["attempts"].as_u64()),
+        (Some("queued"), Some(0)),
+        "{d}"
+    );
+    let r = b
+        .send(
+            b.request(
+                reqwest::Method::POST,
+                "/v1/outbox/endpoints/ops-hook/enable",
+            )
+            .json(&json!({"reason": "moved"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     let d = wait_status(&b, "dlv:cr-1:ops-hook", "sent").await;
     assert_eq!(d["sink"], "webhook", "{d}");
     assert!(
