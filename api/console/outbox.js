@@ -245,6 +245,11 @@ async function openTimeline(id, stay) {
       d.type ? ` · type ${d.type}` : '', d.list ? ` · list ${d.list}` : '',
       d.reason ? ` · reason ${d.reason}` : '', d.source ? ` · site ${d.source.site_id || '–'}` : ''),
     dueLine(d),
+    d.held_by ? el('div', { class: 'failure', 'data-testid': 'timeline-held' },
+      el('b', { text: 'waiting: ' }),
+      el('span', { text: d.held_by === 'endpoint_disabled'
+        ? `the endpoint of route ${d.route} is disabled; it goes when an operator enables it (Endpoints, above)`
+        : `the circuit of route ${d.route} is open; it goes when a probe succeeds (Endpoints, above)` })) : null,
     currentError(d) ? el('div', { class: 'failure', 'data-testid': 'timeline-error' },
       el('b', { text: 'last error: ' }), el('span', { text: currentError(d) })) : null,
     d.status === 'sent' && d.last_error ? el('p', { class: 'muted small', 'data-testid': 'timeline-earlier' },

@@ -445,6 +445,13 @@ impl<L: EventLog + Clone> Queries<L> {
         Ok(read::endpoints_in_force(&self.models.read())?)
     }
 
+    /// The health and circuit of delivering route `route` (`None`: no attempt or switch yet;
+    /// a bridge webhook subscription's is [`Queries::bridge_endpoint`]).
+    pub fn endpoint(&self, route: &str) -> R<Option<tidemark_projections::deliveries::Endpoint>> {
+        self.floor(0)?;
+        Ok(read::endpoint(&self.models.read(), route)?)
+    }
+
     /// The health and circuit of bridge webhook subscription `id` (section 17).
     pub fn bridge_endpoint(
         &self,

@@ -893,6 +893,14 @@ id = "/id"
   });
   const openText = await cbRow.textContent();
   assert.ok(openText.includes('http_503') && openText.includes('next probe'), openText);
+  // A waiting delivery's timeline says why it waits.
+  const waiting = (await s.ok('GET', '/v1/deliveries?route=console-cb&limit=10')).deliveries
+    .find((d) => d.status === 'queued' || d.status === 'retry_wait');
+  if (waiting) {
+    await page.evaluate((id) => openTimeline(id), waiting.id);
+    const held = await text(page, '#timeline [data-testid=timeline-held]');
+    assert.ok(held.includes('circuit of route console-cb is open'), held);
+  }
   step(`the Outbox view shows the endpoint open: ${openText.replace(/\s+/g, ' ').trim()}`);
   await snap(page, 'endpoint-open');
   failing = false;

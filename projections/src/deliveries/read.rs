@@ -463,6 +463,14 @@ pub fn endpoints_in_force(
     Ok(out)
 }
 
+/// Delivering route `route`'s health and circuit (`None`: no attempt or switch yet).
+pub fn endpoint(
+    db: &crate::models::ModelsRead,
+    route: &str,
+) -> Result<Option<deliveries::Endpoint>, StorageError> {
+    Reader::new(db)?.get_val(deliveries::NAME, deliveries::ENDPOINTS, route.as_bytes())
+}
+
 fn endpoints_in(
     t: &impl ReadableTable<&'static [u8], &'static [u8]>,
 ) -> Result<Vec<deliveries::Endpoint>, StorageError> {

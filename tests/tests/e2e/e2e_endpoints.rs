@@ -151,13 +151,16 @@ async fn a_failing_endpoint_opens_its_circuit_probes_once_per_cool_down_and_clos
         assert_eq!(inside(&leases), probe, "one lease, the probe's");
         assert_eq!(inside(&failed), probe, "one failed attempt, the probe's");
     }
-    // The others wait, queued or waiting for a retry, never parked.
+    // The others wait, queued or waiting for a retry, never parked, and say why.
     for i in 0..4 {
         let d = crate::e2e_dispatch::delivery(&s, &format!("dlv:cb-{i}:cb")).await;
         assert!(
             ["queued", "retry_wait", "leased"].contains(&d["status"].as_str().unwrap_or("")),
             "{d}"
         );
+        if d["status"] != "leased" {
+            assert_eq!(d["held_by"], "circuit_open", "{d}");
+        }
     }
 
     // The receiver recovers: the next probe succeeds and closes the circuit; every waiting
@@ -274,6 +277,7 @@ async fn an_operator_disables_and_enables_an_endpoint() {
     let d = crate::e2e_dispatch::delivery(&s, "dlv:dis-1:hook").await;
     assert_eq!(d["status"], "queued", "{d}");
     assert_eq!(d["attempts"], 0, "{d}");
+    assert_eq!(d["held_by"], "endpoint_disabled", "{d}");
     assert_eq!(ids.lock().unwrap().len(), posts, "nothing is POSTed");
     assert_eq!(endpoint(&s, "hook").await["state"], "disabled");
 

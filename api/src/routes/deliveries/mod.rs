@@ -158,6 +158,12 @@ pub struct DeliveryOut {
     /// Pending (queued, leased or retry_wait) for longer than `outbox.stuck_after`, judged
     /// when the answer was made.
     pub stuck: bool,
+    /// Only on `GET /v1/deliveries/{id}` of a pending delivery whose endpoint holds it
+    /// (section 17): `circuit_open` (it waits for the circuit's probe to succeed) or
+    /// `endpoint_disabled` (for an operator to enable it). It spends no attempt meanwhile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^(circuit_open|endpoint_disabled)$")]
+    pub held_by: Option<String>,
     /// Only on `GET /v1/deliveries/{id}`: every step with its time, owner, code and error.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<StepOut>>,
@@ -263,6 +269,7 @@ impl From<Delivery> for DeliveryOut {
                     body: i.body,
                 })
                 .collect(),
+            held_by: None,
             timeline: None,
         }
     }
@@ -517,12 +524,20 @@ pub async fn get(
     let cut = stuck_cut(now_micros(), settings(&st).stuck_after_ms);
     let (found, as_of_seq) = crate::routes::read_model(&st.engine, q.seq()?, move |r| {
         Ok(match r.delivery(&key)? {
-            Some((row, steps)) => Some((with_provenance(r, vec![row], cut)?.remove(0), steps)),
+            Some((row, steps)) => {
+                let held = if row.is_pending() {
+                    r.endpoint(&row.route)?.filter(|e| e.held())
+                } else {
+                    None
+                };
+                let out = with_provenance(r, vec![row], cut)?.remove(0);
+                Some((out, steps, held))
+            }
             None => None,
         })
     })
     .await?;
-    let (mut out, steps) = found.ok_or_else(|| {
+    let (mut out, steps, held) = found.ok_or_else(|| {
         ApiError::new(
             axum::http::StatusCode::NOT_FOUND,
             "delivery_not_found",
@@ -530,6 +545,14 @@ pub async fn get(
         )
     })?;
     out.timeline = Some(steps.into_iter().map(StepOut::from).collect());
+    out.held_by = held.map(|e| {
+        if e.disabled.is_some() {
+            "endpoint_disabled"
+        } else {
+            "circuit_open"
+        }
+        .to_owned()
+    });
     Ok(Json(DeliveryAnswer {
         delivery: out,
         as_of_seq,
