@@ -267,6 +267,42 @@ async fn email_and_webhook_routes_are_delivered_by_tidemark() {
             "a webhook delivery POSTed twice: {ids:?}"
         );
     }
+    // Each route's endpoint (section 17) counts its attempts from the log: the email route
+    // five (one retried), two sent; the webhook four, all sent. Neither circuit opened.
+    let eps = wait_for(Duration::from_secs(30), "the endpoints counted", || async {
+        let r = s.get("/v1/outbox/endpoints").await;
+        let eps = r.json["endpoints"].as_array().cloned().unwrap_or_default();
+        let of = |route: &str| eps.iter().find(|e| e["route"] == route).cloned();
+        match (of("email"), of("hook")) {
+            (Some(e), Some(h)) if e["attempts"] == 5 && h["attempts"] == 4 => Some((e, h)),
+            _ => None,
+        }
+    })
+    .await;
+    let (email, hook_ep) = eps;
+    assert_eq!(
+        (email["sink"].as_str(), email["successes"].as_u64()),
+        (Some("email"), Some(2)),
+        "{email}"
+    );
+    assert!(
+        ["smtp_451", "smtp_550", "invalid_recipient"]
+            .contains(&email["last_failure_code"].as_str().unwrap_or("")),
+        "{email}"
+    );
+    assert!(
+        ["ok", "failing"].contains(&email["state"].as_str().unwrap_or("")),
+        "{email}"
+    );
+    assert_eq!(
+        (hook_ep["state"].as_str(), hook_ep["successes"].as_u64()),
+        (Some("ok"), Some(4)),
+        "{hook_ep}"
+    );
+    assert!(
+        s.read_all("stream=endpoints").await.is_empty(),
+        "no circuit moved"
+    );
     // The app sink is untouched: its desktop deliveries wait for an app.
     let rows = claim(&s, "app-1", 10, 60_000).await;
     assert_eq!(rows.len(), 4, "the desktop deliveries are the app's");
