@@ -1434,4 +1434,7 @@ async fn a_failing_webhook_subscription_opens_its_circuit_and_an_operator_switch
     let switched = s.read_all("stream=endpoints&type=endpoint.disabled").await;
     assert_eq!(switched.len(), 1, "{switched:?}");
     assert_eq!(switched[0]["subject"], format!("bridge:{sub2}"));
+    for model in ["bridges", "deliveries"] {
+        crate::e2e_endpoints::verified(&s, model).await;
+    }
 }
