@@ -152,7 +152,8 @@ fn filter_entries(d: &Delivery, held: bool) -> Vec<(&'static str, Vec<u8>)> {
                 timed_key(site, d.created_at_us, d.id.as_str()),
             ));
         }
-        if let Some(due) = d.due_us() {
+        // A held row waits by design: not stuck, per site as per sink.
+        if let Some(due) = d.due_us().filter(|_| !held) {
             out.push((SITE_DUE, timed_key(site, due, d.id.as_str())));
         }
         if d.status == DeliveryStatus::Sent {
@@ -241,12 +242,23 @@ fn fold_endpoint(st: &mut Store<'_>, ty: EventType, ev: &EventRef<'_>) -> Result
             timed_key(row.sink_name(), due, row.id.as_str()),
             due_priority_key(&row, due),
         );
+        let sk = row
+            .ext
+            .source_site
+            .as_deref()
+            .map(|site| timed_key(site, due, row.id.as_str()));
         if e.held() {
             st.delete(DUE, &dk)?;
             st.delete_index(DUE_BY_PRIORITY, &pk);
+            if let Some(sk) = &sk {
+                st.delete_index(SITE_DUE, sk);
+            }
         } else {
             st.put(DUE, &dk, &[])?;
             st.put_index(DUE_BY_PRIORITY, &pk);
+            if let Some(sk) = &sk {
+                st.put_index(SITE_DUE, sk);
+            }
         }
     }
     Ok(())

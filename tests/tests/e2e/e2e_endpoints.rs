@@ -29,7 +29,8 @@ types = ["page"]
 fn notification(id: &str) -> Value {
     notif_ev(
         id,
-        json!({"priority": "urgent", "title": format!("title of {id}"), "recipient": "ops@example.org"}),
+        json!({"priority": "urgent", "title": format!("title of {id}"), "recipient": "ops@example.org",
+               "source": {"site_id": "site-1"}}),
     )
 }
 
@@ -81,7 +82,10 @@ pub(crate) async fn verified(s: &Server, name: &str) {
 async fn a_failing_endpoint_opens_its_circuit_probes_once_per_cool_down_and_closes() {
     let answer = Arc::new(AtomicU16::new(503));
     let (_posts, port) = scripted_receiver(answer.clone()).await;
-    let s = Server::start(ServerOpts::default().config(CONFIG)).await;
+    let s = Server::start(ServerOpts::default().config(format!(
+        "{CONFIG}\n[notifications.outbox]\nstuck_after = \"1s\"\n"
+    )))
+    .await;
     let route = json!({"route": {
         "sink": "webhook", "url": format!("http://127.0.0.1:{port}/hook"),
         "priorities": ["urgent"],
@@ -169,6 +173,31 @@ async fn a_failing_endpoint_opens_its_circuit_probes_once_per_cool_down_and_clos
             assert_eq!(d["held_by"], "circuit_open", "{d}");
         }
     }
+
+    // Held deliveries wait by design: pending, never stuck (per sink or per site), however
+    // long the circuit stays open (stuck_after is 1 s here; the three openings took longer).
+    let k = s.get("/v1/outbox/kpis").await;
+    assert_eq!(k.status, StatusCode::OK, "{}", k.text);
+    let (sink, site) = (
+        &k.json["by_sink"]["webhook"],
+        &k.json["by_source_site"]["site-1"],
+    );
+    assert!(
+        sink["queue_depth"].as_u64().is_some_and(|n| n >= 3),
+        "{sink}"
+    );
+    let leased = sink["leased"].as_u64().unwrap_or(0);
+    assert!(
+        sink["stuck"].as_u64().is_some_and(|n| n <= leased),
+        "{sink}"
+    );
+    // The site's other four are the desktop route's, which no app claims here: stuck.
+    assert!(
+        site["stuck"]
+            .as_u64()
+            .is_some_and(|n| (4..=4 + leased).contains(&n)),
+        "{site}"
+    );
 
     // The receiver recovers: the next probe succeeds and closes the circuit; every waiting
     // delivery goes.
