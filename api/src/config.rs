@@ -412,7 +412,7 @@ impl Config {
         if let Some(route) = routing
             .routes
             .keys()
-            .find(|r| r.starts_with(tidemark_projections::bridges::ENDPOINT_PREFIX))
+            .find(|r| tidemark_projections::names::ids::subscription_of_endpoint(r).is_some())
         {
             return bad(format!(
                 "notifications.routes.{route}: a route name may not start with \"bridge:\" (it \

@@ -437,7 +437,7 @@ impl<L: EventLog + Clone> Queries<L> {
         &self,
     ) -> R<
         Vec<(
-            tidemark_projections::deliveries::Endpoint,
+            tidemark_projections::endpoints::Endpoint,
             tidemark_projections::routing::CircuitPolicy,
         )>,
     > {
@@ -447,7 +447,7 @@ impl<L: EventLog + Clone> Queries<L> {
 
     /// The health and circuit of delivering route `route` (`None`: no attempt or switch yet;
     /// a bridge webhook subscription's is [`Queries::bridge_endpoint`]).
-    pub fn endpoint(&self, route: &str) -> R<Option<tidemark_projections::deliveries::Endpoint>> {
+    pub fn endpoint(&self, route: &str) -> R<Option<tidemark_projections::endpoints::Endpoint>> {
         self.floor(0)?;
         Ok(read::endpoint(&self.models.read(), route)?)
     }
@@ -456,7 +456,7 @@ impl<L: EventLog + Clone> Queries<L> {
     pub fn bridge_endpoint(
         &self,
         id: &SubscriptionId,
-    ) -> R<Option<tidemark_projections::deliveries::Endpoint>> {
+    ) -> R<Option<tidemark_projections::endpoints::Endpoint>> {
         self.floor(0)?;
         Ok(read::bridge_endpoint(&self.models.read(), id)?)
     }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use tidemark_log::StorageError;
 use tidemark_log::{Event, EventRef};
 
-use crate::deliveries::{Endpoint, EndpointChange};
+use crate::endpoints::{Endpoint, EndpointChange};
 use crate::framework::{Projection, Store};
 use crate::names::{EventType, ReviewState, Stream, TaskStatus, ids};
 use crate::tasks::Task;
@@ -27,17 +27,8 @@ pub const ACTIVE: &str = "active";
 /// `subscription_id` → the [`Endpoint`] of a webhook subscription (section 17): its POSTs'
 /// outcomes, folded from its cursor's `cursor.advanced` (a confirmed POST) and `cursor.failed`
 /// (a failed one), and its circuit and switch from the `endpoints` stream (subject
-/// [`endpoint_name`]).
+/// [`ids::bridge_endpoint`]).
 pub const ENDPOINTS: &str = "endpoints";
-
-/// The endpoint name of a bridge webhook subscription (the subject of its `endpoint.*`
-/// events, and its `route` in `GET /v1/outbox/endpoints`).
-pub fn endpoint_name(subscription_id: &str) -> String {
-    format!("{ENDPOINT_PREFIX}{subscription_id}")
-}
-
-/// What starts the endpoint name of a bridge webhook subscription (no route may be named so).
-pub const ENDPOINT_PREFIX: &str = "bridge:";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sink {
@@ -215,17 +206,19 @@ fn fold_attempt(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageErro
         .map_err(|e| StorageError::new(format!("{} at seq {}", ev.event_type, ev.seq), e))?;
     let mut e = st
         .get_val::<Endpoint>(ENDPOINTS, id.as_bytes())?
-        .unwrap_or_else(|| Endpoint::new(&endpoint_name(id), Some(crate::names::Sink::Webhook)));
+        .unwrap_or_else(|| {
+            Endpoint::new(&ids::bridge_endpoint(id), Some(crate::names::Sink::Webhook))
+        });
     let code = c.error_code.or_else(|| failed.then(|| "failed".to_owned()));
     e.attempted(crate::names::Sink::Webhook, c.at_us, code.as_deref());
     st.put_val(ENDPOINTS, id.as_bytes(), &e)
 }
 
-/// An `endpoint.*` event of a webhook subscription (subject [`endpoint_name`]).
+/// An `endpoint.*` event of a webhook subscription (subject [`ids::bridge_endpoint`]).
 fn fold_endpoint(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
     let (Some(ty), Some(id)) = (
         EventType::parse(ev.event_type),
-        ev.subject.strip_prefix(ENDPOINT_PREFIX),
+        ids::subscription_of_endpoint(ev.subject),
     ) else {
         return Ok(());
     };

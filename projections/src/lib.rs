@@ -49,6 +49,7 @@ pub mod bridges;
 pub mod by;
 pub mod cursors;
 pub mod deliveries;
+pub mod endpoints;
 pub mod framework;
 pub mod ids;
 pub mod lists;

@@ -587,6 +587,21 @@ pub mod ids {
         format!("{BRIDGE_CONSUMER}{subscription_id}")
     }
 
+    /// What starts the endpoint name of a bridge webhook subscription (no route may be named
+    /// so).
+    pub const BRIDGE_ENDPOINT: &str = "bridge:";
+
+    /// The endpoint name of bridge webhook subscription `subscription_id` (the subject of its
+    /// `endpoint.*` events, and its `route` in `GET /v1/outbox/endpoints`, section 17).
+    pub fn bridge_endpoint(subscription_id: &str) -> String {
+        format!("{BRIDGE_ENDPOINT}{subscription_id}")
+    }
+
+    /// The subscription whose endpoint `name` is, if it is one.
+    pub fn subscription_of_endpoint(name: &str) -> Option<&str> {
+        name.strip_prefix(BRIDGE_ENDPOINT)
+    }
+
     /// The subscription whose cursor `consumer_id` is, if it is one.
     pub fn subscription_of_consumer(consumer_id: &str) -> Option<&str> {
         consumer_id.strip_prefix(BRIDGE_CONSUMER)
@@ -612,6 +627,14 @@ pub mod ids {
     /// The one record of a subscription stopping at a mismatch: `mismatch:<sub>:<seq>`.
     pub fn mismatch(subscription_id: &str, seq: u64) -> String {
         format!("mismatch:{subscription_id}:{seq}")
+    }
+}
+
+impl Sink {
+    /// Whether tidemark delivers this sink itself (`email`, `webhook`): its routes have
+    /// endpoints, with a health record and a circuit (section 17).
+    pub const fn delivered_by_tidemark(self) -> bool {
+        matches!(self, Sink::Email | Sink::Webhook)
     }
 }
 

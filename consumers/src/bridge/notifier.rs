@@ -228,9 +228,7 @@ impl Notifier {
             if ev.seq > since.unwrap_or(0)
                 && (ev.event_type == EventType::EndpointEnabled
                     || ev.event_type == EventType::EndpointCircuitClosed)
-                && let Some(sub) = ev
-                    .subject
-                    .strip_prefix(tidemark_projections::bridges::ENDPOINT_PREFIX)
+                && let Some(sub) = ids::subscription_of_endpoint(&ev.subject)
             {
                 self.retries.remove(&SubscriptionId::new(sub));
             }
@@ -271,10 +269,7 @@ impl Notifier {
                             ids.insert(SubscriptionId::new(ev.subject.as_str()));
                         }
                         Some(Stream::Endpoints) => {
-                            if let Some(sub) = ev
-                                .subject
-                                .strip_prefix(tidemark_projections::bridges::ENDPOINT_PREFIX)
-                            {
+                            if let Some(sub) = ids::subscription_of_endpoint(&ev.subject) {
                                 ids.insert(SubscriptionId::new(sub));
                             }
                         }
@@ -649,9 +644,7 @@ pub(crate) fn concerns(ev: &tidemark_log::Event) -> bool {
     match Stream::parse(&ev.stream) {
         Some(Stream::TaskEvents | Stream::Bridges | Stream::Cursors) => true,
         // A webhook subscription's endpoint switched or its circuit moved.
-        Some(Stream::Endpoints) => ev
-            .subject
-            .starts_with(tidemark_projections::bridges::ENDPOINT_PREFIX),
+        Some(Stream::Endpoints) => ids::subscription_of_endpoint(&ev.subject).is_some(),
         _ => false,
     }
 }

@@ -91,7 +91,7 @@ pub fn all_active_subscriptions(
 pub fn bridge_endpoint(
     db: &crate::models::ModelsRead,
     id: &SubscriptionId,
-) -> Result<Option<crate::deliveries::Endpoint>, StorageError> {
+) -> Result<Option<crate::endpoints::Endpoint>, StorageError> {
     use crate::bridges;
     Reader::new(db)?.get_val(bridges::NAME, bridges::ENDPOINTS, id.as_str().as_bytes())
 }
@@ -100,15 +100,15 @@ pub fn bridge_endpoint(
 /// subscription id.
 pub fn bridge_endpoints(
     db: &crate::models::ModelsRead,
-) -> Result<Vec<crate::deliveries::Endpoint>, StorageError> {
+) -> Result<Vec<crate::endpoints::Endpoint>, StorageError> {
     let mut out = Vec::new();
     for s in all_active_subscriptions(db)? {
         if s.target.sink.kind != "webhook" {
             continue;
         }
         let e = bridge_endpoint(db, &s.subscription_id)?.unwrap_or_else(|| {
-            crate::deliveries::Endpoint::new(
-                &crate::bridges::endpoint_name(s.subscription_id.as_str()),
+            crate::endpoints::Endpoint::new(
+                &crate::names::ids::bridge_endpoint(s.subscription_id.as_str()),
                 Some(crate::names::Sink::Webhook),
             )
         });

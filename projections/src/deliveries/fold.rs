@@ -5,6 +5,7 @@ use serde::Deserialize;
 use tidemark_log::{EventRef, StorageError};
 
 use super::*;
+use crate::endpoints::{Endpoint, EndpointChange};
 use crate::framework::{Projection, Store, be_u64};
 use crate::names::{DeliveryEvent, DeliveryStatus, DeliveryTransition, EventType};
 use crate::routing::{ApiRoute, NotificationsConfig};
@@ -120,7 +121,7 @@ fn filter_entries(d: &Delivery, held: bool) -> Vec<(&'static str, Vec<u8>)> {
         if !held {
             out.push((DUE_BY_PRIORITY, due_priority_key(d, due)));
         }
-        if endpoints::delivering(d.sink) {
+        if crate::endpoints::delivering(d.sink) {
             out.push((ROUTE_DUE, timed_key(&d.route, due, d.id.as_str())));
         }
     }
@@ -200,7 +201,7 @@ impl Entries {
 /// Whether `d`'s endpoint holds it (a delivering route whose circuit is open, or disabled):
 /// it waits, out of the claim's indexes.
 fn held(st: &mut Store<'_>, d: &Delivery) -> Result<bool, StorageError> {
-    if !endpoints::delivering(d.sink) {
+    if !crate::endpoints::delivering(d.sink) {
         return Ok(false);
     }
     Ok(st
@@ -212,7 +213,7 @@ fn held(st: &mut Store<'_>, d: &Delivery) -> Result<bool, StorageError> {
 /// deliveries, their rows leave or rejoin the claim's indexes.
 fn fold_endpoint(st: &mut Store<'_>, ty: EventType, ev: &EventRef<'_>) -> Result<(), StorageError> {
     // A bridge webhook subscription's endpoint is the bridges model's.
-    if ev.subject.starts_with(crate::bridges::ENDPOINT_PREFIX) {
+    if crate::names::ids::subscription_of_endpoint(ev.subject).is_some() {
         return Ok(());
     }
     let c: EndpointChange = parse(ev)?;
@@ -267,7 +268,7 @@ fn fold_endpoint(st: &mut Store<'_>, ty: EventType, ev: &EventRef<'_>) -> Result
 /// A delivering route's attempt came to an outcome (`delivery.sent`, or
 /// `delivery.attempt_failed` with its code): its endpoint counts it.
 fn count_attempt(st: &mut Store<'_>, row: &Delivery, c: &Change) -> Result<(), StorageError> {
-    let Some(sink) = row.sink.filter(|s| endpoints::delivering(Some(*s))) else {
+    let Some(sink) = row.sink.filter(|s| crate::endpoints::delivering(Some(*s))) else {
         return Ok(());
     };
     let key = row.route.as_bytes();

@@ -12,12 +12,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::names::{DeliveryStatus, DeliveryTransition, Sink};
 
-pub mod endpoints;
 mod fold;
 pub(crate) mod read;
 mod view;
 
-pub use endpoints::{Endpoint, EndpointChange};
 pub use fold::{Deliveries, cat, created_key, group_key, timed_key, us_key};
 pub use view::{DueAfter, View};
 

@@ -409,7 +409,7 @@ pub fn earliest_due(
 /// route.
 pub fn endpoints(
     db: &crate::models::ModelsRead,
-) -> Result<Vec<deliveries::Endpoint>, StorageError> {
+) -> Result<Vec<crate::endpoints::Endpoint>, StorageError> {
     let r = Reader::new(db)?;
     match r.table(deliveries::NAME, deliveries::ENDPOINTS)? {
         Some(t) => endpoints_in(&t),
@@ -423,7 +423,7 @@ pub fn endpoints(
 /// bridge webhook subscription's (`bridge:<id>`).
 pub fn endpoints_in_force(
     db: &crate::models::ModelsRead,
-) -> Result<Vec<(deliveries::Endpoint, crate::routing::CircuitPolicy)>, StorageError> {
+) -> Result<Vec<(crate::endpoints::Endpoint, crate::routing::CircuitPolicy)>, StorageError> {
     let r = Reader::new(db)?;
     let settings = match r.table(deliveries::NAME, deliveries::SETTINGS)? {
         Some(t) => match t.last().map_err(StorageError::of)? {
@@ -435,13 +435,13 @@ pub fn endpoints_in_force(
         },
         None => Default::default(),
     };
-    let mut held: std::collections::BTreeMap<String, deliveries::Endpoint> = endpoints(db)?
+    let mut held: std::collections::BTreeMap<String, crate::endpoints::Endpoint> = endpoints(db)?
         .into_iter()
         .map(|e| (e.route.clone(), e))
         .collect();
     for (name, p) in &settings.routes {
-        if deliveries::endpoints::delivering(p.sink) && !held.contains_key(name) {
-            held.insert(name.clone(), deliveries::Endpoint::new(name, p.sink));
+        if crate::endpoints::delivering(p.sink) && !held.contains_key(name) {
+            held.insert(name.clone(), crate::endpoints::Endpoint::new(name, p.sink));
         }
     }
     let mut out: Vec<_> = held
@@ -467,13 +467,13 @@ pub fn endpoints_in_force(
 pub fn endpoint(
     db: &crate::models::ModelsRead,
     route: &str,
-) -> Result<Option<deliveries::Endpoint>, StorageError> {
+) -> Result<Option<crate::endpoints::Endpoint>, StorageError> {
     Reader::new(db)?.get_val(deliveries::NAME, deliveries::ENDPOINTS, route.as_bytes())
 }
 
 fn endpoints_in(
     t: &impl ReadableTable<&'static [u8], &'static [u8]>,
-) -> Result<Vec<deliveries::Endpoint>, StorageError> {
+) -> Result<Vec<crate::endpoints::Endpoint>, StorageError> {
     let mut out = Vec::new();
     for row in t.iter().map_err(StorageError::of)? {
         let (_, v) = row.map_err(StorageError::of)?;

@@ -9,10 +9,11 @@ use redb::ReadableTable;
 use tidemark_log::StorageError;
 
 use super::{
-    BY_NOTIFICATION, BY_TASK, CANCELED, COUNTS, DUE_BY_PRIORITY, Delivery, ENDPOINTS, Endpoint,
-    GROUPS, Group, LEASES, NAME, NOTIFICATIONS_CANCELED, RECIPIENTS, ROUTE_DUE, ROUTED_KEY, ROWS,
+    BY_NOTIFICATION, BY_TASK, CANCELED, COUNTS, DUE_BY_PRIORITY, Delivery, ENDPOINTS, GROUPS,
+    Group, LEASES, NAME, NOTIFICATIONS_CANCELED, RECIPIENTS, ROUTE_DUE, ROUTED_KEY, ROWS,
     Recipient, SENT, SETTINGS, STATE, count_pending, group_key, timed_key, us_key,
 };
+use crate::endpoints::Endpoint;
 use crate::framework::be_u64;
 use crate::names::Sink;
 use crate::routing::RoutingSettings;

@@ -549,14 +549,14 @@ impl ApiRoute {
         wrapped
             .settings()
             .map_err(|e| e.replacen(&format!("notifications.routes.{name}"), "route", 1))?;
-        if name.starts_with(crate::bridges::ENDPOINT_PREFIX) {
+        if crate::names::ids::subscription_of_endpoint(name).is_some() {
             return Err(format!(
                 "a route name may not start with {:?}: it names a bridge webhook's endpoint",
-                crate::bridges::ENDPOINT_PREFIX
+                crate::names::ids::BRIDGE_ENDPOINT
             ));
         }
         let c = &self.config;
-        if c.circuit.is_some() && !crate::deliveries::endpoints::delivering(c.sink) {
+        if c.circuit.is_some() && !c.sink.is_some_and(Sink::delivered_by_tidemark) {
             return Err(
                 "route.circuit is for the email and webhook sinks, which tidemark delivers itself"
                     .to_owned(),

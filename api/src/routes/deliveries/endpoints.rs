@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use tidemark_engine::commands::outbox::SwitchEndpoint;
 use tidemark_log::time::format_micros;
-use tidemark_projections::deliveries::Endpoint;
+use tidemark_projections::endpoints::Endpoint;
 use tidemark_projections::routing::CircuitPolicy;
 use utoipa::{IntoParams, ToSchema};
 
@@ -73,14 +73,12 @@ pub struct EndpointOut {
 impl EndpointOut {
     fn new(e: Endpoint, policy: CircuitPolicy) -> Self {
         let at = |t: Option<i64>| t.map(format_micros);
-        let switch = |s: tidemark_projections::deliveries::endpoints::Switched| SwitchOut {
+        let switch = |s: tidemark_projections::endpoints::Switched| SwitchOut {
             at: format_micros(s.at_us),
             reason: s.reason,
             by: s.by,
         };
-        let bridge = e
-            .route
-            .starts_with(tidemark_projections::bridges::ENDPOINT_PREFIX);
+        let bridge = tidemark_projections::names::ids::subscription_of_endpoint(&e.route).is_some();
         EndpointOut {
             kind: if bridge { "bridge" } else { "route" }.to_owned(),
             state: e.state().to_owned(),
@@ -173,9 +171,8 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for EndpointPath {
         let Path(EndpointRoute { route }) = Path::<EndpointRoute>::from_request_parts(parts, state)
             .await
             .map_err(|_| bad())?;
-        let name = route
-            .strip_prefix(tidemark_projections::bridges::ENDPOINT_PREFIX)
-            .unwrap_or(&route);
+        let name =
+            tidemark_projections::names::ids::subscription_of_endpoint(&route).unwrap_or(&route);
         if !Text::<128>::fits(name) {
             return Err(bad());
         }

@@ -12,9 +12,9 @@ use std::collections::HashSet;
 use tidemark_log::NewEvent;
 use tidemark_projections::ModelsTxn;
 use tidemark_projections::bridges;
-use tidemark_projections::deliveries::endpoints::delivering;
-use tidemark_projections::deliveries::{self as d, Change, Delivery, Endpoint, EndpointChange};
-use tidemark_projections::names::{EventType, Sink, Stream};
+use tidemark_projections::deliveries::{self as d, Change, Delivery};
+use tidemark_projections::endpoints::{Endpoint, EndpointChange, delivering};
+use tidemark_projections::names::{EventType, Sink, Stream, ids};
 use tidemark_projections::routing::RoutingSettings;
 
 use crate::commands::sealed::Sealed;
@@ -198,7 +198,7 @@ impl Command for BridgeAttempted {
         else {
             return Ok(Decided::new(None, Vec::new()));
         };
-        let name = bridges::endpoint_name(&self.subscription_id);
+        let name = ids::bridge_endpoint(&self.subscription_id);
         let ev = endpoint_event(ty, &name, &change)?;
         Ok(Decided::new(Some(ty), vec![ev]))
     }
@@ -239,7 +239,7 @@ impl Command for SwitchEndpoint {
                 ),
             )
         };
-        let (sink, held) = match route.strip_prefix(bridges::ENDPOINT_PREFIX) {
+        let (sink, held) = match ids::subscription_of_endpoint(route) {
             // A bridge webhook subscription's endpoint (an active one).
             Some(id) => {
                 let mut b = bridges::View::new(txn)?;

@@ -19,7 +19,7 @@ use crate::commands::{Command, Decided, Round};
 use crate::privacy::Privacy;
 use std::collections::HashSet;
 use tidemark_projections::ModelsTxn;
-use tidemark_projections::deliveries::endpoints::delivering;
+use tidemark_projections::endpoints::delivering;
 
 /// What follows a lease's end (expiry, failure) or precedes a claim, recorded as events so a
 /// replay is exact (section 4): a delivery whose notification was canceled while leased is

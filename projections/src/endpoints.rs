@@ -1,6 +1,6 @@
-//! The endpoints of the delivering routes (spec section 17): one health record per route whose
-//! sink tidemark delivers itself (`email`, `webhook`), kept by the deliveries model beside the
-//! rows it counts. The counts are folded from the deliveries' own `delivery.sent` and
+//! The endpoints (spec section 17): one health record per route whose sink tidemark delivers
+//! itself (`email`, `webhook`), kept by the deliveries model beside the rows it counts, and
+//! one per bridge webhook subscription (`bridge:<id>`), kept by the bridges model. The counts are folded from the deliveries' own `delivery.sent` and
 //! `delivery.attempt_failed`; the circuit and the operator's switch from the `endpoints`
 //! stream (`endpoint.circuit_opened` / `circuit_probed` / `circuit_closed`, decided by the
 //! outbox commands; `endpoint.disabled` / `enabled`, an operator's). While a route is held
@@ -221,7 +221,7 @@ impl Endpoint {
 
 /// Whether tidemark delivers `sink` itself (its routes have endpoints).
 pub fn delivering(sink: Option<Sink>) -> bool {
-    matches!(sink, Some(Sink::Email | Sink::Webhook))
+    sink.is_some_and(Sink::delivered_by_tidemark)
 }
 
 #[cfg(test)]
