@@ -103,6 +103,9 @@ pub struct Lag {
     pub lag_seconds: f64,
     /// Deliverable work and no progress for `stuck_after_ms` (section 10).
     pub stalled: bool,
+    /// A bridge webhook subscription whose endpoint holds its POSTs (section 17):
+    /// `circuit_open` or `endpoint_disabled`. It waits by design: not stalled.
+    pub held_by: Option<&'static str>,
     /// A bridge subscription stopped at a terminal-state mismatch (section 6): flagged at
     /// once, with the mismatch's reason and seq.
     pub stopped: Option<Stopped>,
@@ -578,6 +581,7 @@ impl<L: EventLog + Clone> Queries<L> {
             lag_capped: capped,
             lag_seconds: 0.0,
             stalled: false,
+            held_by: None,
             stopped: None,
             updated_at_us: c.updated_at_us,
             progress_at_us: c.progress_at_us(),

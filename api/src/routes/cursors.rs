@@ -292,8 +292,15 @@ pub struct LagOut {
     /// reset).
     pub lag_seconds: f64,
     /// Deliverable work and no progress for `outbox.stuck_after` (section 10). A bridge
-    /// subscription waiting on a running or review-gated task is not stalled.
+    /// subscription waiting on a running or review-gated task is not stalled, nor one whose
+    /// endpoint holds it (`held_by`).
     pub stalled: bool,
+    /// A bridge webhook subscription whose endpoint holds its POSTs (section 17):
+    /// `circuit_open` (it goes when a probe succeeds) or `endpoint_disabled` (when an operator
+    /// enables it, `tidemark endpoints enable bridge:<id>`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^(circuit_open|endpoint_disabled)$")]
+    pub held_by: Option<String>,
     /// A bridge subscription stopped at a terminal-state mismatch: flagged at once; it
     /// resumes when the task's state is repaired or an operator resets its cursor.
     pub stopped: bool,
@@ -320,6 +327,7 @@ impl From<Lag> for LagOut {
             lag_capped: l.lag_capped,
             lag_seconds: l.lag_seconds,
             stalled: l.stalled,
+            held_by: l.held_by.map(str::to_owned),
             stopped: l.stopped.is_some(),
             stopped_seq: l.stopped.as_ref().map(|s| s.seq),
             stopped_reason: l.stopped.map(|s| s.reason),

@@ -158,9 +158,11 @@ pub fn lags(
     let q = engine.read().unwaited();
     let mut lags = q.lags(now_us, stuck_after_ms)?;
     for lag in &mut lags {
-        let Some(sub_id) = ids::subscription_of_consumer(&lag.consumer_id) else {
+        let Some(sub_id) = ids::subscription_of_consumer(&lag.consumer_id).map(str::to_owned)
+        else {
             continue;
         };
+        let sub_id = sub_id.as_str();
         let judged = q
             .subscription(&SubscriptionId::new(sub_id))
             .and_then(
@@ -191,6 +193,19 @@ pub fn lags(
                     now_us,
                     stuck_after_ms,
                 );
+                // Its endpoint holds it (section 17): it waits by design, and the endpoint's
+                // own state and alert say so; the lag says why instead of "stalled".
+                if scan.deliver.is_some()
+                    && let Ok(Some(e)) = q.bridge_endpoint(&SubscriptionId::new(sub_id))
+                    && e.held()
+                {
+                    lag.stalled = false;
+                    lag.held_by = Some(if e.disabled.is_some() {
+                        "endpoint_disabled"
+                    } else {
+                        "circuit_open"
+                    });
+                }
             }
             Ok(None) => lag.judge(None, None, now_us, stuck_after_ms),
             Err(e) => {

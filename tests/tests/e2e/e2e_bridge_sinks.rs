@@ -1313,7 +1313,7 @@ async fn a_failing_webhook_subscription_opens_its_circuit_and_an_operator_switch
     })
     .await;
     let s = Server::start(ServerOpts::default().config(format!(
-        "{RETRY_CONFIG}[notifications.circuit]\nfailures = 2\ncool_down = \"1s\"\n"
+        "{RETRY_CONFIG}[notifications.circuit]\nfailures = 2\ncool_down = \"1s\"\n[notifications.outbox]\nstuck_after = \"1s\"\n"
     )))
     .await;
     let (task, sub) = ("cb-task", "cb-sub");
@@ -1422,6 +1422,15 @@ async fn a_failing_webhook_subscription_opens_its_circuit_and_an_operator_switch
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(hook.count(), posts, "a disabled endpoint's POST waits");
     assert_eq!(sub_cursor(&s, sub2, task2).await["last_sequence"], 0);
+    // Past stuck_after, the lag view says why it waits instead of flagging it stalled.
+    let lag = s.get("/v1/consumers/lag").await;
+    let held = lag.json["consumers"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["consumer_id"] == consumer(sub2)))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(held["held_by"], "endpoint_disabled", "{held}");
+    assert_eq!(held["stalled"], false, "{held}");
     let r = s
         .send(
             s.request(reqwest::Method::POST, &path("enable"))
