@@ -191,11 +191,6 @@ impl Entries {
             filters: filter_entries(d, held),
         }
     }
-
-    /// `d`'s index rows as its endpoint stands now.
-    fn now(st: &mut Store<'_>, d: &Delivery) -> Result<Self, StorageError> {
-        Ok(Entries::of(d, held(st, d)?))
-    }
 }
 
 /// Whether `d`'s endpoint holds it (a delivering route whose circuit is open, or disabled):
@@ -286,11 +281,13 @@ fn count_attempt(st: &mut Store<'_>, row: &Delivery, c: &Change) -> Result<(), S
 }
 
 /// Store `new` (under `id`, kept decoded for the next event) in place of the row whose index
-/// rows were `before`, keeping every index and counter in step, then its timeline step. The
+/// rows were `before`, keeping every index and counter in step, then its timeline step; `held`:
+/// its endpoint holds it ([`held`], looked up once by the caller for both states). The
 /// writes are made in the order the digest has always seen them: indexes, row, step.
 fn store_row(
     st: &mut Store<'_>,
     before: Option<Entries>,
+    held: bool,
     id: &[u8],
     new: Delivery,
     step: &Step,
@@ -299,7 +296,7 @@ fn store_row(
         digested: Vec::new(),
         filters: Vec::new(),
     });
-    let after = Entries::now(st, &new)?;
+    let after = Entries::of(&new, held);
     for (t, k) in &before.digested {
         if !after.digested.iter().any(|(u, l)| u == t && l == k) {
             if *t == COUNTS {
@@ -495,7 +492,7 @@ fn purge(st: &mut Store<'_>, p: &crate::retention::Purged) -> Result<(), Storage
             st.put_row(ROWS, id.as_bytes(), row)?;
             continue;
         }
-        let e = Entries::now(st, &row)?;
+        let e = Entries::of(&row, held(st, &row)?);
         for (t, k) in &e.digested {
             if *t == COUNTS {
                 add_count(st, k, -1)?;
@@ -588,7 +585,8 @@ fn fold_delivery(
                 lease_expires_at_us: None,
                 by: None,
             };
-            store_row(st, None, id, row, &s)
+            let held = held(st, &row)?;
+            store_row(st, None, held, id, row, &s)
         }
         DeliveryEvent::Joined => {
             let j: Joined = parse(ev)?;
@@ -596,7 +594,8 @@ fn fold_delivery(
             let Some(mut row) = st.take_row::<Delivery>(ROWS, id)? else {
                 return Ok(());
             };
-            let before = Entries::now(st, &row)?;
+            let held = held(st, &row)?;
+            let before = Entries::of(&row, held);
             join(&mut row, &j, ev.seq);
             let s = Step {
                 seq: ev.seq,
@@ -611,7 +610,7 @@ fn fold_delivery(
                 lease_expires_at_us: None,
                 by: None,
             };
-            store_row(st, Some(before), id, row, &s)
+            store_row(st, Some(before), held, id, row, &s)
         }
         DeliveryEvent::Transition(t) => {
             let c: Change = parse(ev)?;
@@ -621,14 +620,18 @@ fn fold_delivery(
             let Some(mut row) = st.take_row::<Delivery>(ROWS, id)? else {
                 return Ok(());
             };
-            let before = Entries::now(st, &row)?;
+            // One look at the endpoint for both states: a transition never moves a row to
+            // another route, and only an `endpoint.*` event holds or releases one.
+            let held = held(st, &row)?;
+            let before = Entries::of(&row, held);
             transition(&mut row, t, &c, ev.seq);
-            match t {
-                DeliveryTransition::Sent => count_attempt(st, &row, &c)?,
-                DeliveryTransition::AttemptFailed => count_attempt(st, &row, &c)?,
-                _ => {}
+            if matches!(
+                t,
+                DeliveryTransition::Sent | DeliveryTransition::AttemptFailed
+            ) {
+                count_attempt(st, &row, &c)?;
             }
-            store_row(st, Some(before), id, row, &step(ev.seq, t, &c))
+            store_row(st, Some(before), held, id, row, &step(ev.seq, t, &c))
         }
     }
 }
