@@ -202,7 +202,7 @@ async fn switch(
     body: SwitchBody,
     enable: bool,
 ) -> Result<Json<EndpointAnswer>, ApiError> {
-    let (e, _) = st
+    let ((e, policy), _) = st
         .engine
         .execute(SwitchEndpoint {
             route: route.clone(),
@@ -214,13 +214,9 @@ async fn switch(
     let action = if enable { "enabled" } else { "disabled" };
     metrics::counter!("tidemark_endpoint_switches_total", "action" => action).increment(1);
     tracing::info!(route = %route, action, "endpoint switched by an operator");
-    let (rows, _) = read_model(&st.engine, 0, |q| q.endpoints()).await?;
-    let endpoint = rows
-        .into_iter()
-        .find(|(r, _)| r.route == e.route)
-        .map(|(e, p)| EndpointOut::new(e, p))
-        .unwrap_or_else(|| EndpointOut::new(e, CircuitPolicy::default()));
-    Ok(Json(EndpointAnswer { endpoint }))
+    Ok(Json(EndpointAnswer {
+        endpoint: EndpointOut::new(e, policy),
+    }))
 }
 
 /// Operator: disable an endpoint (a route's, or `bridge:<subscription_id>`; recorded as

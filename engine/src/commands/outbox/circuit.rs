@@ -15,7 +15,7 @@ use tidemark_projections::bridges;
 use tidemark_projections::deliveries::{self as d, Change, Delivery};
 use tidemark_projections::endpoints::{Endpoint, EndpointChange, delivering};
 use tidemark_projections::names::{EventType, Sink, Stream, ids};
-use tidemark_projections::routing::RoutingSettings;
+use tidemark_projections::routing::{CircuitPolicy, RoutingSettings};
 
 use crate::commands::sealed::Sealed;
 use crate::commands::{Command, Decided, Round};
@@ -207,7 +207,8 @@ impl Command for BridgeAttempted {
 /// An operator disables (`enable: false`) or enables a delivering route's endpoint
 /// (`endpoint.disabled` / `endpoint.enabled`, with the reason and who): a disabled endpoint's
 /// deliveries wait; enabling it lets them go and closes its circuit (the operator says it
-/// works). Switching it to the state it is in records nothing. Answers the endpoint after.
+/// works). Switching it to the state it is in records nothing. Answers the endpoint after, with
+/// its circuit's policy.
 #[derive(Debug, Clone)]
 pub struct SwitchEndpoint {
     pub route: String,
@@ -218,7 +219,7 @@ pub struct SwitchEndpoint {
 
 impl Sealed for SwitchEndpoint {}
 impl Command for SwitchEndpoint {
-    type Answer = Endpoint;
+    type Answer = (Endpoint, CircuitPolicy);
 
     fn name(&self) -> &'static str {
         "outbox.switch_endpoint"
@@ -228,7 +229,7 @@ impl Command for SwitchEndpoint {
         &self,
         txn: &ModelsTxn,
         round: &mut Round<'_>,
-    ) -> Result<Decided<Endpoint>, CommandError> {
+    ) -> Result<Decided<(Endpoint, CircuitPolicy)>, CommandError> {
         let route = self.route.as_str();
         let not_found = || {
             CommandError::rejected(
@@ -239,6 +240,12 @@ impl Command for SwitchEndpoint {
                 ),
             )
         };
+        let mut st = d::View::new(txn)?;
+        let settings = st.settings_at(u64::MAX)?;
+        let policy = settings
+            .routes
+            .get(route)
+            .map_or(settings.circuit, |p| p.circuit);
         let (sink, held) = match ids::subscription_of_endpoint(route) {
             // A bridge webhook subscription's endpoint (an active one).
             Some(id) => {
@@ -251,9 +258,7 @@ impl Command for SwitchEndpoint {
                 }
             }
             None => {
-                let mut st = d::View::new(txn)?;
-                let sink = st
-                    .settings_at(u64::MAX)?
+                let sink = settings
                     .routes
                     .get(route)
                     .and_then(|p| p.sink)
@@ -272,7 +277,7 @@ impl Command for SwitchEndpoint {
             (EventType::EndpointDisabled, e.disabled.is_none())
         };
         if !changes {
-            return Ok(Decided::new(e, Vec::new()));
+            return Ok(Decided::new((e, policy), Vec::new()));
         }
         let change = EndpointChange {
             sink: sink.or(e.sink),
@@ -283,6 +288,6 @@ impl Command for SwitchEndpoint {
         };
         e.apply(ty, &change);
         let ev = endpoint_event(ty, route, &change)?;
-        Ok(Decided::new(e, vec![ev]))
+        Ok(Decided::new((e, policy), vec![ev]))
     }
 }
