@@ -23,6 +23,10 @@ use crate::framework::{
 /// keep that wait to tens of milliseconds.
 pub const CHUNK: u64 = 10_000;
 
+/// Chunks in a row after which the head had moved further away than before them: the rebuild
+/// then folds the rest up to the head in one transaction, so it ends under any load.
+const OUTPACED: u32 = 3;
+
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct RebuildReport {
     pub name: String,
@@ -162,13 +166,34 @@ pub fn rebuild_many(
     // was a tenth of a rebuild, in the kernel zeroing pages), and one for the live models'.
     let mut events = EventChunk::default();
     let mut live = EventChunk::default();
+    // The events a transaction folds: one chunk while the rebuild gains on the head; doubled
+    // each time the head got further away during the last one (appends outpacing the fold),
+    // and after [`OUTPACED`] such chunks in a row, the rest up to the head at once. With fixed
+    // chunks a rebuild under appends faster than its fold chased the head for ever; doubling
+    // alone still does when they are more than twice as fast. Only the transactions that must
+    // be longer are.
+    let mut step = CHUNK;
+    let mut last_gap = u64::MAX;
+    let mut outpaced = 0;
     while !states.iter().all(|s| s.done) {
         let txn = models.begin_synced()?;
         // The live models follow the log: bring them to the head first, so the live digests
         // this chunk is compared with are complete.
         let head = log.head();
         crate::framework::catch_up(&txn, &crate::all(), log, head, u64::MAX, &mut live)?;
-        let upto = head.min(from + CHUNK);
+        let gap = head.saturating_sub(from);
+        if gap >= last_gap {
+            outpaced += 1;
+            step = if outpaced >= OUTPACED {
+                u64::MAX
+            } else {
+                step.saturating_mul(2)
+            };
+        } else {
+            outpaced = 0;
+        }
+        last_gap = gap;
+        let upto = head.min(from.saturating_add(step));
         events.read(log, from, upto).map_err(StorageError::of)?;
         {
             let batch = events.events()?;

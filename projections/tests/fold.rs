@@ -805,14 +805,25 @@ fn rebuild_under_concurrent_appends_misses_nothing() {
     let cfg = LogConfig::new(dir.path().join("log.redb"));
     let (log, _) = common::Folded::open(&cfg);
     rt.block_on(async {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        // Appends each rebuild round allows (and more per chunk it folds): the appenders race
+        // every round, unpaced, while the log stays small enough to rebuild twelve times (a
+        // rebuild outpaced by appends is the next test's).
+        let budget = std::sync::Arc::new(AtomicI64::new(0));
         let mut appenders = Vec::new();
         for a in 0..8 {
             let log = log.clone();
             let stop = stop.clone();
+            let budget = budget.clone();
             appenders.push(tokio::spawn(async move {
                 let mut n = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                while !stop.load(Ordering::Relaxed) {
+                    if budget.fetch_sub(1, Ordering::Relaxed) <= 0 {
+                        budget.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                        continue;
+                    }
                     let e = NewEvent::new(
                         None,
                         "task_events",
@@ -830,8 +841,16 @@ fn rebuild_under_concurrent_appends_misses_nothing() {
         let p = tidemark_projections::by_name("tasks").unwrap();
         for i in 0..12 {
             let (m, l) = (log.models.clone(), log.log.clone());
+            budget.fetch_add(2_500, Ordering::Relaxed);
+            // The round starts while the appenders are at work.
+            while budget.load(Ordering::Relaxed) > 1_500 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            let budget = budget.clone();
             let r = tokio::task::spawn_blocking(move || {
-                rebuild::rebuild(&m, &l, p, i % 2 == 0, |_, _| {})
+                rebuild::rebuild(&m, &l, p, i % 2 == 0, |_, _| {
+                    budget.fetch_add(250, Ordering::Relaxed);
+                })
             })
             .await
             .unwrap()
@@ -842,7 +861,7 @@ fn rebuild_under_concurrent_appends_misses_nothing() {
                 r.first_divergent_seq
             );
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        stop.store(true, Ordering::Relaxed);
         let mut total = 0;
         for a in appenders {
             total += a.await.unwrap();
@@ -850,7 +869,7 @@ fn rebuild_under_concurrent_appends_misses_nothing() {
         let (tasks, _) = read::tasks(
             &log.db(),
             &read::TaskFilter {
-                limit: 100_000,
+                limit: 1_000_000,
                 ..Default::default()
             },
         )
@@ -864,6 +883,71 @@ fn rebuild_under_concurrent_appends_misses_nothing() {
         assert!(info.iter().all(|i| i.lag == 0));
         log.close().await;
     });
+}
+
+/// A rebuild reaches the head even when the log grows faster than it folds: each chunk here is
+/// followed by more than a chunk's worth of appends (made from its progress callback, so the
+/// race is the same on every machine). With a fixed chunk the rebuild chased the head for ever
+/// (a hang seen under load); it must end within a few chunks and be identical.
+#[test]
+fn a_rebuild_outpaced_by_appends_still_reaches_the_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = rt();
+    let cfg = LogConfig::new(dir.path().join("log.redb"));
+    let (log, _) = common::Folded::open(&cfg);
+    let batch = |from: u64, n: u64| -> Vec<NewEvent> {
+        (from..from + n)
+            .map(|i| {
+                NewEvent::new(
+                    None,
+                    "task_events",
+                    format!("t{i}"),
+                    "task.created",
+                    &json!({"project_id": "p"}),
+                )
+                .unwrap()
+            })
+            .collect()
+    };
+    let append = |from: u64, n: u64| {
+        for start in (from..from + n).step_by(1_000) {
+            let len = 1_000.min(from + n - start);
+            rt.block_on(log.append(batch(start, len))).unwrap();
+        }
+    };
+    let initial = rebuild::CHUNK + rebuild::CHUNK / 2;
+    append(0, initial);
+    let p = tidemark_projections::by_name("tasks").unwrap();
+    let calls = std::cell::Cell::new(0u64);
+    let appended = std::cell::Cell::new(initial);
+    // More than a chunk after each of the first 12 chunks; then the appends stop, so the old
+    // code ends too (after 13 or more chunks) and the count below tells them apart.
+    let r = rebuild::rebuild(&log.models, &log.log, p, true, |upto, head| {
+        calls.set(calls.get() + 1);
+        if calls.get() <= 12 && upto < head {
+            let n = rebuild::CHUNK + 1_000;
+            append(appended.get(), n);
+            appended.set(appended.get() + n);
+        }
+    })
+    .unwrap();
+    assert!(r.identical, "diverged at {:?}", r.first_divergent_seq);
+    assert!(
+        calls.get() <= 4,
+        "the rebuild took {} chunks to reach a head that grew by more than a chunk per chunk",
+        calls.get()
+    );
+    assert_eq!(r.events_replayed, log.head());
+    let (tasks, _) = read::tasks(
+        &log.db(),
+        &read::TaskFilter {
+            limit: 1_000_000,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(tasks.len() as u64, appended.get());
+    rt.block_on(log.close());
 }
 
 /// A projection whose stored format is older than the code (its `version` differs) is rebuilt
