@@ -201,8 +201,10 @@ async function openPage(s) {
 
 const pages = [];
 
-/// On a failure: a screenshot of every open page, to see what the page showed.
-async function failureShot(name) {
+/// On a failure: what failed first (the test harness shows the first lines of the error
+/// output), then a screenshot of every open page, to see what the page showed.
+async function failureShot(name, e) {
+  console.error(`[console] FAILED in ${name}: ${e && e.stack ? e.stack : e}`);
   for (const [i, p] of pages.entries()) {
     await p.screenshot({ path: path.join(SHOTS, `failed-${name}-${i}.png`), fullPage: true }).catch(() => {});
     console.error(`[console] page errors: ${JSON.stringify(p.errors)}`);
@@ -1362,10 +1364,10 @@ browser = await chromium.launch({
     '--disable-component-update', '--disable-sync', '--disable-quic'],
 });
 try {
-  await openMode().catch(async (e) => { await failureShot('open-mode'); throw e; });
-  await withTokens().catch(async (e) => { await failureShot('tokens'); throw e; });
-  await pushDelivery().catch(async (e) => { await failureShot('push'); throw e; });
-  await fixFromTheConsole().catch(async (e) => { await failureShot('fix'); throw e; });
+  await openMode().catch(async (e) => { await failureShot('open-mode', e); throw e; });
+  await withTokens().catch(async (e) => { await failureShot('tokens', e); throw e; });
+  await pushDelivery().catch(async (e) => { await failureShot('push', e); throw e; });
+  await fixFromTheConsole().catch(async (e) => { await failureShot('fix', e); throw e; });
   step('all console checks passed');
 } finally {
   await browser.close();
