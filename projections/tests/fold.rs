@@ -793,6 +793,27 @@ fn divergence_after_the_last_boundary_is_located() {
     rt.block_on(log.close());
 }
 
+/// A `task.created` of task `subject`.
+fn task_created(subject: String) -> NewEvent {
+    NewEvent::new(
+        None,
+        "task_events",
+        subject,
+        "task.created",
+        &json!({"project_id": "p"}),
+    )
+    .unwrap()
+}
+
+/// How many tasks the tasks model holds, folded up to the head.
+fn tasks_in(log: &common::Folded) -> u64 {
+    let filter = read::TaskFilter {
+        limit: 1_000_000,
+        ..Default::default()
+    };
+    read::tasks(&log.db(), &filter).unwrap().0.len() as u64
+}
+
 /// The story: a rebuild chunk used to read the log through its own read transaction, while
 /// the writer had grouped it with appends that were staged but not committed. Those events
 /// were skipped, the checkpoint still moved past them, and after the swap the model lacked
@@ -824,15 +845,9 @@ fn rebuild_under_concurrent_appends_misses_nothing() {
                         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
                         continue;
                     }
-                    let e = NewEvent::new(
-                        None,
-                        "task_events",
-                        format!("t{a}-{n}"),
-                        "task.created",
-                        &json!({"project_id": "p"}),
-                    )
-                    .unwrap();
-                    log.append(vec![e]).await.unwrap();
+                    log.append(vec![task_created(format!("t{a}-{n}"))])
+                        .await
+                        .unwrap();
                     n += 1;
                 }
                 n
@@ -866,16 +881,8 @@ fn rebuild_under_concurrent_appends_misses_nothing() {
         for a in appenders {
             total += a.await.unwrap();
         }
-        let (tasks, _) = read::tasks(
-            &log.db(),
-            &read::TaskFilter {
-                limit: 1_000_000,
-                ..Default::default()
-            },
-        )
-        .unwrap();
         assert_eq!(
-            tasks.len() as u64,
+            tasks_in(&log),
             total,
             "every acknowledged task.created is in the model"
         );
@@ -897,16 +904,7 @@ fn a_rebuild_outpaced_by_appends_still_reaches_the_head() {
     let (log, _) = common::Folded::open(&cfg);
     let batch = |from: u64, n: u64| -> Vec<NewEvent> {
         (from..from + n)
-            .map(|i| {
-                NewEvent::new(
-                    None,
-                    "task_events",
-                    format!("t{i}"),
-                    "task.created",
-                    &json!({"project_id": "p"}),
-                )
-                .unwrap()
-            })
+            .map(|i| task_created(format!("t{i}")))
             .collect()
     };
     let append = |from: u64, n: u64| {
@@ -938,15 +936,7 @@ fn a_rebuild_outpaced_by_appends_still_reaches_the_head() {
         calls.get()
     );
     assert_eq!(r.events_replayed, log.head());
-    let (tasks, _) = read::tasks(
-        &log.db(),
-        &read::TaskFilter {
-            limit: 1_000_000,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    assert_eq!(tasks.len() as u64, appended.get());
+    assert_eq!(tasks_in(&log), appended.get());
     rt.block_on(log.close());
 }
 
