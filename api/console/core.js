@@ -138,6 +138,7 @@ function authHeaders() {
 }
 
 async function api(method, path, body) {
+  const sentWith = state.token;
   const headers = { Accept: 'application/json', ...authHeaders() };
   const init = { method, headers };
   if (body !== undefined) {
@@ -149,7 +150,9 @@ async function api(method, path, body) {
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch (_) { data = null; }
   if (r.status === 401) {
-    askToken('The token was refused; paste another.');
+    // Only a refusal of the token in use asks for another: an answer to a request sent before
+    // the operator forgot or changed the token does not end the new session.
+    if (state.token === sentWith) askToken('The token was refused; paste another.');
     throw new ApiError(401, data);
   }
   if (!r.ok) throw new ApiError(r.status, data);
@@ -219,6 +222,8 @@ function confirmAction(title, text, okLabel) {
 // Token and identity.
 
 function askToken(why) {
+  // Not ready until the next token's session has booted (`body[data-ready]`, set by boot).
+  delete document.body.dataset.ready;
   state.who = null;
   stopTail();
   show($('#app'), false);

@@ -4,8 +4,15 @@
 // ---------------------------------------------------------------------------------------------
 // Consumers, sources, projections.
 
-async function loadLag() {
-  const p = await api('GET', '/v1/consumers/lag');
+/// With `until` (a test of the answer), reads again while it fails, for up to 5 s: the lag view
+/// never waits for the read models (section 7), so right after an action the first answer may
+/// not show it yet.
+async function loadLag(until) {
+  let p = await api('GET', '/v1/consumers/lag');
+  for (let i = 0; until && !until(p) && i < 25; i += 1) {
+    await new Promise((r) => { setTimeout(r, 200); });
+    p = await api('GET', '/v1/consumers/lag');
+  }
   // `consumers` is the list's key (section 7).
   const list = p.consumers ?? [];
   const stopped = p.stopped ?? list.filter((c) => c.stopped).length;
@@ -109,7 +116,10 @@ function openReset(c) {
       });
       flash(`Reset ${c.consumer_id} to seq ${r.last_sequence}`, 'ok');
       show(panel, false);
-      await loadLag();
+      // Shown once the lag view has folded the reset (its row at the new position).
+      await loadLag((l) => (l.consumers ?? []).some((x) => x.consumer_id === c.consumer_id
+        && x.stream_name === c.stream_name && x.subject_id === c.subject_id
+        && x.last_sequence === r.last_sequence));
     } catch (e) { flash(`Reset: ${e.message}`, 'error'); } finally { ready(); }
   });
   fill(panel,
