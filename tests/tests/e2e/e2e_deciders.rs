@@ -67,6 +67,19 @@ fn refused_as_documented(e: &CommandError) -> bool {
     })
 }
 
+/// `claim` decided by `engine`: its rows, none when refused as documented (a race lost).
+async fn claimed(
+    engine: &Engine<Log>,
+    claim: Claim,
+) -> Vec<tidemark_projections::deliveries::Delivery> {
+    let owner = claim.owner.clone();
+    match engine.execute(claim).await {
+        Ok((rows, _)) => rows,
+        Err(e) if refused_as_documented(&e) => Vec::new(),
+        Err(e) => panic!("claim by {owner}: {e:?}"),
+    }
+}
+
 /// The task a bridge follows, with [`RUNS`] runs started and completed, and a pull
 /// subscription on it; the seqs of the terminal (deliverable) events, in order.
 async fn bridged_task(log: &Log, engine: &Engine<Log>) -> Vec<u64> {
@@ -179,20 +192,14 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
             racers.push(tokio::spawn(async move {
                 let mut idle = 0;
                 while idle < 3 {
-                    let claim = engine
-                        .execute(Claim {
-                            sink: tidemark_projections::names::Sink::App,
-                            owner: owner.clone(),
-                            limit: 5,
-                            lease_ms: 600_000,
-                            share,
-                        })
-                        .await;
-                    let rows = match claim {
-                        Ok((rows, _)) => rows,
-                        Err(e) if refused_as_documented(&e) => Vec::new(),
-                        Err(e) => panic!("claim by {owner}: {e:?}"),
+                    let claim = Claim {
+                        sink: tidemark_projections::names::Sink::App,
+                        owner: owner.clone(),
+                        limit: 5,
+                        lease_ms: 600_000,
+                        share,
                     };
+                    let rows = claimed(&engine, claim).await;
                     if rows.is_empty() {
                         idle += 1;
                         tokio::task::yield_now().await;
@@ -573,20 +580,14 @@ async fn circuit_race() {
             racers.push(tokio::spawn(async move {
                 let mut idle = 0;
                 while idle < 20 {
-                    let claim = engine
-                        .execute(Claim {
-                            sink: tidemark_projections::names::Sink::Webhook,
-                            owner: owner.clone(),
-                            limit: 2,
-                            lease_ms: 600_000,
-                            share: tidemark_log::Share::ALL,
-                        })
-                        .await;
-                    let rows = match claim {
-                        Ok((rows, _)) => rows,
-                        Err(e) if refused_as_documented(&e) => Vec::new(),
-                        Err(e) => panic!("claim by {owner}: {e:?}"),
+                    let claim = Claim {
+                        sink: tidemark_projections::names::Sink::Webhook,
+                        owner: owner.clone(),
+                        limit: 2,
+                        lease_ms: 600_000,
+                        share: tidemark_log::Share::ALL,
                     };
+                    let rows = claimed(&engine, claim).await;
                     if rows.is_empty() {
                         idle += 1;
                         tokio::task::yield_now().await;
