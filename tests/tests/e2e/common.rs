@@ -255,6 +255,12 @@ pub async fn post_empty(api: &Api, path: &str) -> Reply {
     api.send(api.request(reqwest::Method::POST, path)).await
 }
 
+/// `POST` to `path` with the JSON `body`.
+pub async fn post_json(api: &Api, path: &str, body: &Value) -> Reply {
+    api.send(api.request(reqwest::Method::POST, path).json(body))
+        .await
+}
+
 /// `GET /v1/admin/projections` as name → row; panics unless 200 with every projection.
 /// Wait (as any client read does) until the read models have folded the log up to the head as
 /// of now: a read of a read model answers only then (spec section 7). The admin listing never

@@ -26,7 +26,7 @@ use sha2::Sha256;
 use tidemark_tests::{Api, Server, ServerOpts, encode_path, random_token};
 use tokio::sync::watch;
 
-use crate::common::{append_ok, task_ev, wait_for};
+use crate::common::{append_ok, post_json, task_ev, wait_for};
 
 /// Small retry delays, so that a failing webhook is retried within the test's time.
 const RETRY_CONFIG: &str =
@@ -1395,23 +1395,20 @@ async fn a_failing_webhook_subscription_opens_its_circuit_and_an_operator_switch
     )
     .await;
     let path = |a: &str| format!("/v1/outbox/endpoints/bridge:{sub2}/{a}");
-    let r = s
-        .send(
-            s.request(reqwest::Method::POST, &path("disable"))
-                .json(&json!({"reason": "the receiver moves"})),
-        )
-        .await;
+    let r = post_json(
+        &s,
+        &path("disable"),
+        &json!({"reason": "the receiver moves"}),
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.json["endpoint"]["state"], "disabled", "{}", r.text);
-    let r = s
-        .send(
-            s.request(
-                reqwest::Method::POST,
-                "/v1/outbox/endpoints/bridge:nobody/disable",
-            )
-            .json(&json!({"reason": "x"})),
-        )
-        .await;
+    let r = post_json(
+        &s,
+        "/v1/outbox/endpoints/bridge:nobody/disable",
+        &json!({"reason": "x"}),
+    )
+    .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
     let posts = hook.count();
     let seq2 = append_one(
@@ -1431,12 +1428,7 @@ async fn a_failing_webhook_subscription_opens_its_circuit_and_an_operator_switch
         .unwrap_or_default();
     assert_eq!(held["held_by"], "endpoint_disabled", "{held}");
     assert_eq!(held["stalled"], false, "{held}");
-    let r = s
-        .send(
-            s.request(reqwest::Method::POST, &path("enable"))
-                .json(&json!({"reason": "moved"})),
-        )
-        .await;
+    let r = post_json(&s, &path("enable"), &json!({"reason": "moved"})).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     wait_cursor_at(&s, sub2, task2, seq2).await;
     assert_eq!(hook.count(), posts + 1);

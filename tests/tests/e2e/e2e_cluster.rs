@@ -947,15 +947,12 @@ async fn a_route_added_on_one_node_delivers_from_another() {
 
     // Its endpoint disabled through A is disabled on B (section 17: an event every node
     // follows).
-    let r = a
-        .send(
-            a.request(
-                reqwest::Method::POST,
-                "/v1/outbox/endpoints/ops-hook/disable",
-            )
-            .json(&json!({"reason": "the receiver moves"})),
-        )
-        .await;
+    let r = crate::common::post_json(
+        &a,
+        "/v1/outbox/endpoints/ops-hook/disable",
+        &json!({"reason": "the receiver moves"}),
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     let head = a.head().await;
     let r = b.get(&format!("/v1/outbox/endpoints?min_seq={head}")).await;
@@ -985,15 +982,12 @@ async fn a_route_added_on_one_node_delivers_from_another() {
         (Some("queued"), Some(0)),
         "{d}"
     );
-    let r = b
-        .send(
-            b.request(
-                reqwest::Method::POST,
-                "/v1/outbox/endpoints/ops-hook/enable",
-            )
-            .json(&json!({"reason": "moved"})),
-        )
-        .await;
+    let r = crate::common::post_json(
+        &b,
+        "/v1/outbox/endpoints/ops-hook/enable",
+        &json!({"reason": "moved"}),
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     let d = wait_status(&b, "dlv:cr-1:ops-hook", "sent").await;
     assert_eq!(d["sink"], "webhook", "{d}");

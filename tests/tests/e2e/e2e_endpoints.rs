@@ -16,7 +16,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tidemark_tests::{Server, ServerOpts};
 
-use crate::common::{append_ok, notif_ev, wait_for};
+use crate::common::{append_ok, notif_ev, post_json, wait_for};
 use crate::e2e_deliveries::wait_status;
 use crate::e2e_routes::scripted_receiver;
 
@@ -246,21 +246,23 @@ async fn an_operator_disables_and_enables_an_endpoint() {
         )),
     )
     .await;
-    let post = |path: &str, body: Value| {
-        let rb = s.request(reqwest::Method::POST, path).json(&body);
-        s.send(rb)
-    };
     append_ok(&s, &notification("dis-0")).await;
     wait_status(&s, "dlv:dis-0:hook", "sent").await;
 
     // Bad input changes nothing.
-    let r = post("/v1/outbox/endpoints/hook/disable", json!({"reason": " "})).await;
+    let r = post_json(
+        &s,
+        "/v1/outbox/endpoints/hook/disable",
+        &json!({"reason": " "}),
+    )
+    .await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
     assert_eq!(r.json["code"], "reason_required", "{}", r.text);
     for route in ["nope", "pager"] {
-        let r = post(
+        let r = post_json(
+            &s,
             &format!("/v1/outbox/endpoints/{route}/disable"),
-            json!({"reason": "x"}),
+            &json!({"reason": "x"}),
         )
         .await;
         assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
@@ -268,9 +270,10 @@ async fn an_operator_disables_and_enables_an_endpoint() {
     }
     let long = "x".repeat(129);
     for path in ["%FF", "%09tab", long.as_str()] {
-        let r = post(
+        let r = post_json(
+            &s,
             &format!("/v1/outbox/endpoints/{path}/disable"),
-            json!({"reason": "x"}),
+            &json!({"reason": "x"}),
         )
         .await;
         assert_eq!(
@@ -284,9 +287,10 @@ async fn an_operator_disables_and_enables_an_endpoint() {
     assert!(events(&s, "endpoint.disabled").await.is_empty());
 
     // Disabled: a new delivery waits, spending no attempt.
-    let r = post(
+    let r = post_json(
+        &s,
         "/v1/outbox/endpoints/hook/disable",
-        json!({"reason": "the receiver is being moved"}),
+        &json!({"reason": "the receiver is being moved"}),
     )
     .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
@@ -297,9 +301,10 @@ async fn an_operator_disables_and_enables_an_endpoint() {
         r.text
     );
     // Disabling it again records nothing more.
-    let r = post(
+    let r = post_json(
+        &s,
         "/v1/outbox/endpoints/hook/disable",
-        json!({"reason": "again"}),
+        &json!({"reason": "again"}),
     )
     .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
