@@ -184,10 +184,10 @@ impl Notifier {
             Ok(()) => {
                 self.retries.remove(&sub_id);
                 // Compare-and-swap on the cursor the scan saw: a reset meanwhile wins.
+                // The confirmation also closes the endpoint's circuit if it is open.
                 match confirm(&self.engine, &sub, seq, Some(expected)).await {
                     Ok(_) => {
-                        let probe = self.probing.remove(&sub_id);
-                        circuit_after(&self.engine, &sub, true, probe).await;
+                        self.probing.remove(&sub_id);
                     }
                     Err(e) => {
                         tracing::warn!(subscription = %sub_id, seq, error = %e, "webhook delivery confirmed but the cursor did not advance");
@@ -212,7 +212,7 @@ impl Notifier {
                     .is_ok()
                 {
                     let probe = self.probing.remove(&sub_id);
-                    circuit_after(&self.engine, &sub, false, probe).await;
+                    circuit_after_failure(&self.engine, &sub, probe).await;
                 }
             }
         }
@@ -548,14 +548,13 @@ impl Notifier {
     }
 }
 
-/// After a POST of `sub` whose outcome is in the log: the circuit's event, if it calls for one,
-/// decided by the engine on the endpoint as the models have it
-/// ([`tidemark_engine::commands::outbox::BridgeAttempted`]).
-async fn circuit_after(engine: &Engine, sub: &Subscription, ok: bool, was_probe: bool) {
+/// After a failed POST of `sub` whose `cursor.failed` is in the log: the circuit's event, if
+/// it calls for one, decided by the engine on the endpoint as the models have it
+/// ([`tidemark_engine::commands::outbox::BridgeFailed`]).
+async fn circuit_after_failure(engine: &Engine, sub: &Subscription, was_probe: bool) {
     let r = engine
-        .execute(tidemark_engine::commands::outbox::BridgeAttempted {
+        .execute(tidemark_engine::commands::outbox::BridgeFailed {
             subscription_id: sub.subscription_id.to_string(),
-            ok,
             was_probe,
         })
         .await;

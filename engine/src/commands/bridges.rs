@@ -16,6 +16,7 @@ use tidemark_projections::tasks::Task;
 use super::sealed::Sealed;
 use super::{Command, Decided, Round};
 use crate::commands::cursors::{Advance, get_in};
+use crate::commands::outbox::bridge_confirmed;
 use tidemark_projections::ModelsTxn;
 pub use tidemark_projections::ids::{SubscriptionId, TaskId};
 
@@ -275,6 +276,13 @@ fn confirm_in(
         expected_sequence: c.expected,
     }
     .decide_on(&cur, now_us)?;
-    moved.insert(consumer, next.clone());
+    // A confirmed webhook POST closes its endpoint's open circuit (once per subscription in a
+    // command: a later item of the same one finds it moved already).
+    let mut events = events;
+    if moved.insert(consumer, next.clone()).is_none()
+        && let Some(ev) = bridge_confirmed(txn, c.subscription_id.as_str(), now_us)?
+    {
+        events.push(ev);
+    }
     Ok((next, events))
 }

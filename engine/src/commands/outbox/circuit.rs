@@ -164,25 +164,24 @@ pub(crate) fn probed(
     )
 }
 
-/// A bridge webhook subscription's POST came to an outcome the models have folded (its
-/// `cursor.advanced` or `cursor.failed` is in the log before this is decided): the circuit's
-/// event, if it calls for one ([`Endpoint::after_attempt`] under `[notifications.circuit]`
-/// as the log has it), appended on the condition that the endpoint has no newer event (an
-/// operator's switch meanwhile wins). `was_probe`: the POST was the open circuit's probe.
-/// Answers the event's type, if one was recorded.
+/// A bridge webhook subscription's POST failed, and the models have folded its
+/// `cursor.failed`: the circuit's event, if it calls for one ([`Endpoint::after_attempt`] under
+/// `[notifications.circuit]` as the log has it), appended on the condition that the endpoint
+/// has no newer event (an operator's switch meanwhile wins). `was_probe`: the POST was the open
+/// circuit's probe. Answers the event's type, if one was recorded. (A confirmed POST closes an
+/// open circuit in its own confirmation: [`bridge_confirmed`].)
 #[derive(Debug, Clone)]
-pub struct BridgeAttempted {
+pub struct BridgeFailed {
     pub subscription_id: String,
-    pub ok: bool,
     pub was_probe: bool,
 }
 
-impl Sealed for BridgeAttempted {}
-impl Command for BridgeAttempted {
+impl Sealed for BridgeFailed {}
+impl Command for BridgeFailed {
     type Answer = Option<EventType>;
 
     fn name(&self) -> &'static str {
-        "bridges.attempted"
+        "bridges.failed"
     }
 
     fn decide(
@@ -194,7 +193,7 @@ impl Command for BridgeAttempted {
             return Ok(Decided::new(None, Vec::new()));
         };
         let policy = d::View::new(txn)?.settings_at(u64::MAX)?.circuit;
-        let Some((ty, change)) = e.after_attempt(self.ok, self.was_probe, policy, round.now_us)
+        let Some((ty, change)) = e.after_attempt(false, self.was_probe, policy, round.now_us)
         else {
             return Ok(Decided::new(None, Vec::new()));
         };
@@ -202,6 +201,23 @@ impl Command for BridgeAttempted {
         let ev = endpoint_event(ty, &name, &change)?;
         Ok(Decided::new(Some(ty), vec![ev]))
     }
+}
+
+/// A bridge webhook subscription's POST confirmed (its cursor advanced in the same command): the
+/// event that closes its endpoint's open circuit, if open (the rule the outbox's completions
+/// use, which needs no policy). Decided in the confirmation itself, so a confirmed POST costs
+/// no second command.
+pub(crate) fn bridge_confirmed(
+    txn: &ModelsTxn,
+    subscription_id: &str,
+    now_us: i64,
+) -> Result<Option<NewEvent>, CommandError> {
+    let Some(e) = bridges::View::new(txn)?.endpoint(subscription_id)? else {
+        return Ok(None);
+    };
+    e.after_attempt(true, false, CircuitPolicy::default(), now_us)
+        .map(|(ty, change)| endpoint_event(ty, &ids::bridge_endpoint(subscription_id), &change))
+        .transpose()
 }
 
 /// An operator disables (`enable: false`) or enables a delivering route's endpoint

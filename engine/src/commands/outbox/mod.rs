@@ -24,7 +24,8 @@ use tidemark_projections::names::{EventType, Stream};
 
 use crate::privacy::Privacy;
 
-pub use circuit::{BridgeAttempted, SwitchEndpoint};
+pub(crate) use circuit::bridge_confirmed;
+pub use circuit::{BridgeFailed, SwitchEndpoint};
 pub use lease::{
     Claim, Complete, CompleteOne, Completed, ExpireLeases, Extend, Fail, Failure, Operator,
     OperatorAction, RECOVER_MAX, Recover,
