@@ -108,6 +108,16 @@ impl Endpoint {
         self.disabled.is_some() || self.open.is_some()
     }
 
+    /// Why its deliveries wait, as the API says it (`held_by`): `endpoint_disabled` (an
+    /// operator's switch wins) or `circuit_open`; `None` when they do not.
+    pub fn held_by(&self) -> Option<&'static str> {
+        if self.disabled.is_some() {
+            Some("endpoint_disabled")
+        } else {
+            self.open.as_ref().map(|_| "circuit_open")
+        }
+    }
+
     /// When its next probe may go out: an open circuit's, never while it is disabled.
     pub fn probe_at(&self) -> Option<i64> {
         match (&self.disabled, &self.open) {

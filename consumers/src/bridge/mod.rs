@@ -197,14 +197,10 @@ pub fn lags(
                 // own state and alert say so; the lag says why instead of "stalled".
                 if scan.deliver.is_some()
                     && let Ok(Some(e)) = q.bridge_endpoint(&SubscriptionId::new(sub_id))
-                    && e.held()
+                    && let Some(why) = e.held_by()
                 {
                     lag.stalled = false;
-                    lag.held_by = Some(if e.disabled.is_some() {
-                        "endpoint_disabled"
-                    } else {
-                        "circuit_open"
-                    });
+                    lag.held_by = Some(why);
                 }
             }
             Ok(None) => lag.judge(None, None, now_us, stuck_after_ms),

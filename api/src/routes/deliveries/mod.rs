@@ -526,7 +526,7 @@ pub async fn get(
         Ok(match r.delivery(&key)? {
             Some((row, steps)) => {
                 let held = if row.is_pending() {
-                    r.endpoint(&row.route)?.filter(|e| e.held())
+                    r.endpoint(&row.route)?.and_then(|e| e.held_by())
                 } else {
                     None
                 };
@@ -545,14 +545,7 @@ pub async fn get(
         )
     })?;
     out.timeline = Some(steps.into_iter().map(StepOut::from).collect());
-    out.held_by = held.map(|e| {
-        if e.disabled.is_some() {
-            "endpoint_disabled"
-        } else {
-            "circuit_open"
-        }
-        .to_owned()
-    });
+    out.held_by = held.map(str::to_owned);
     Ok(Json(DeliveryAnswer {
         delivery: out,
         as_of_seq,
