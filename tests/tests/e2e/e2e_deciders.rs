@@ -67,6 +67,19 @@ fn refused_as_documented(e: &CommandError) -> bool {
     })
 }
 
+/// Both deciders route every event of `log` at once (racing for the same deliveries).
+async fn route_on_both(a: &Engine<Log>, b: &Engine<Log>, log: &Log) {
+    let source = all_events(log);
+    let (ra, rb) = tokio::join!(
+        a.execute(Route {
+            source: source.clone()
+        }),
+        b.execute(Route { source })
+    );
+    ra.unwrap();
+    rb.unwrap();
+}
+
 /// `claim` decided by `engine`: its rows, none when refused as documented (a race lost).
 async fn claimed(
     engine: &Engine<Log>,
@@ -152,15 +165,7 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
         log.append(chunk.to_vec()).await.unwrap();
     }
     let terminal = bridged_task(&log, &a).await;
-    let source = all_events(&log);
-    let (ra, rb) = tokio::join!(
-        a.execute(Route {
-            source: source.clone()
-        }),
-        b.execute(Route { source })
-    );
-    ra.unwrap();
-    rb.unwrap();
+    route_on_both(&a, &b, &log).await;
     let created: Vec<(String, Value)> = all_events(&log)
         .iter()
         .filter(|e| e.event_type == "delivery.created")
@@ -562,15 +567,7 @@ async fn circuit_race() {
         .unwrap()
     }));
     log.append(events).await.unwrap();
-    let source = all_events(&log);
-    let (ra, rb) = tokio::join!(
-        a.execute(Route {
-            source: source.clone()
-        }),
-        b.execute(Route { source })
-    );
-    ra.unwrap();
-    rb.unwrap();
+    route_on_both(&a, &b, &log).await;
 
     let mut racers = Vec::new();
     for (name, engine) in [("a", a.clone()), ("b", b.clone())] {
