@@ -177,6 +177,9 @@ function can(scope) {
 /// A button for an action that needs `scope`: disabled, with the reason, when the token lacks it.
 /// With `confirm` ({title, text}), nothing is sent until the operator confirms in a dialog;
 /// cancelling sends nothing.
+/// A button that runs `onclick` when the token has `scope`. With `confirm` ({title, text,
+/// precheck?}) the operator confirms first; `confirm.precheck` runs before the dialog, so what
+/// is missing (a reason) is said before anything is asked.
 function actionButton(label, scope, onclick, testid, confirm) {
   const allowed = can(scope);
   return el('button', {
@@ -191,6 +194,7 @@ function actionButton(label, scope, onclick, testid, confirm) {
       const b = ev.currentTarget;
       b.disabled = true;
       try {
+        if (confirm && confirm.precheck) confirm.precheck();
         if (confirm && !(await confirmAction(confirm.title, confirm.text, label))) {
           flash(`${label} cancelled: nothing was sent`, 'info');
           return;

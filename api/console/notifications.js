@@ -65,7 +65,10 @@ async function openNotification(id) {
       part
         ? [el('span', { class: 'pill n-partial', text: `${part.sent} of ${part.total} delivered`, 'data-testid': 'ntf-status', 'data-status': r.status }),
           part.others.map(([st, k]) => el('span', { class: `pill s-${st}`, text: `${k} ${st}`, 'data-testid': `ntf-count-${st}` }))]
-        : el('span', { class: `pill n-${r.status}`, text: r.status, 'data-testid': 'ntf-status', 'data-status': r.status }),
+        : [el('span', { class: `pill n-${r.status}`, text: r.status, 'data-testid': 'ntf-status', 'data-status': r.status }),
+          // Deliveries of several statuses ("pending" beside a parked one): each counted, so
+          // a parked delivery is not hidden behind the notification's status.
+          mixedStatuses(r).map(([st, k]) => el('span', { class: `pill s-${st}`, text: `${k} ${st}`, 'data-testid': `ntf-count-${st}` }))],
       el('span', { class: `pill p-${n.priority}`, text: n.priority })),
     el('p', { class: 'muted', 'data-testid': 'ntf-meaning', text: NOTIFICATION_STATUS[r.status] || '' }),
     el('p', {}, el('b', { text: n.title }), n.body ? ` — ${n.body}` : ''),
@@ -109,6 +112,14 @@ function partlyDelivered(r) {
   if (!sent || sent === total) return null;
   delete counts.sent;
   return { sent, total, others: Object.entries(counts) };
+}
+
+/// The deliveries' statuses with their counts when they are not all the same ([] otherwise).
+function mixedStatuses(r) {
+  const counts = {};
+  for (const d of r.deliveries) counts[d.status] = (counts[d.status] || 0) + 1;
+  const all = Object.entries(counts);
+  return all.length > 1 ? all : [];
 }
 
 /// Clear the outbox's filters by hand (a form reset would reload the list once more).

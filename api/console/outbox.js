@@ -90,16 +90,19 @@ async function loadEndpoints() {
   const switchButton = (x) => {
     const enable = x.state === 'open' || x.state === 'disabled';
     const label = enable ? 'Enable' : 'Disable';
+    const needReason = () => {
+      if (!reason()) throw new Error('a reason is required: type it above the table');
+    };
     return actionButton(label, 'operator', async () => {
-      const why = reason();
-      if (!why) throw new Error('a reason is required: type it above the table');
+      needReason();
       await api('POST', `/v1/outbox/endpoints/${encodeURIComponent(x.route)}/${label.toLowerCase()}`,
-        { reason: why });
+        { reason: reason() });
       flash(`${label}d the endpoint of ${x.route}`, 'ok');
       await loadEndpoints();
     }, enable ? 'endpoint-enable' : 'endpoint-disable', enable ? null : {
       title: `Disable the endpoint of ${x.route}?`,
       text: 'Its deliveries wait, spending no attempt, until it is enabled.',
+      precheck: needReason,
     });
   };
   const rows = p.endpoints.map((x) => el('tr', { 'data-route': x.route, 'data-state': x.state },

@@ -4,15 +4,13 @@
 
 const PRIORITIES = ['urgent', 'action', 'warning', 'info'];
 
-/// A route's keys in one line: its sink's target, types and list (secrets read "***").
+/// A route's keys in one line: every key but its sink and priorities (the url by scheme, host
+/// and port, a set secret as "***"), the circuit and rotation overlap among them.
 function routeSummary(r) {
   const parts = [];
-  if (r.url) parts.push(`url ${r.url}`);
-  if (r.secret) parts.push(`secret ${r.secret}`);
-  if (r.list) parts.push(`list ${r.list}`);
-  if (r.types) parts.push(`types ${r.types.join(', ')}`);
-  for (const k of ['delay', 'quiet_hours', 'digest', 'retry', 'redact']) {
-    if (r[k] !== undefined) parts.push(`${k} ${JSON.stringify(r[k])}`);
+  for (const [k, v] of Object.entries(r)) {
+    if (k === 'sink' || k === 'priorities' || v === null || v === undefined) continue;
+    parts.push(`${k} ${typeof v === 'string' ? v : JSON.stringify(v)}`);
   }
   return parts.join(' · ') || '–';
 }
@@ -32,7 +30,7 @@ async function loadRoutes() {
       el('td', { class: 'mono', 'data-field': 'keys', text: routeSummary(r.route) }),
       el('td', { text: r.updated_at ? fmtTime(r.updated_at) : '–' }),
       el('td', { text: r.by || '–' }),
-      el('td', { text: r.reason || (r.origin === 'config' ? 'the configuration file' : '–') }),
+      el('td', { text: r.reason || (r.built_in ? 'built-in' : r.origin === 'config' ? 'the configuration file' : '–') }),
       el('td', {}, r.origin === 'api' ? [
         el('button', {
           type: 'button', text: 'Edit', 'data-testid': 'route-edit', disabled: !admin,
@@ -47,22 +45,36 @@ async function loadRoutes() {
           title: `Delete the route ${r.name}?`,
           text: 'Notifications from the next event on no longer take it; its deliveries already made keep it.',
         }),
-      ] : el('span', { class: 'muted', text: 'change it in the file' })))));
+      ] : el('span', { class: 'muted', text: r.built_in ? 'built-in: configure it in the file' : 'change it in the file' })))));
 }
 
-/// A route in the form, ready to change: its secret is not served, so it is sent again only
-/// when typed (an empty secret field keeps none).
+/// The route the form edits (null: a new one), to send only what changed: a key of its
+/// other keys that the operator removed is sent as null (removed), one left out of the form
+/// (its url, which is not served whole, and its secret) is kept.
+let editing = null;
+
+/// A route in the form, ready to change: its url and secret are not served, so each is sent
+/// only when typed; the route keeps them otherwise ("remove signing" removes the secret).
 function editRoute(r) {
   const f = $('#route-form');
+  editing = r;
   f.elements.name.value = r.name;
   f.elements.sink.value = r.route.sink || 'app';
   f.elements.url.value = r.route.url && r.route.url.startsWith('env:') ? r.route.url : '';
+  f.elements.url.placeholder = r.route.url ? `kept: ${r.route.url}` : 'an http(s) URL or env:NAME';
   f.elements.secret.value = '';
+  f.elements.secret.placeholder = r.route.secret ? 'kept unless typed' : 'env:NAME or the secret';
+  f.elements['no-signing'].checked = false;
   for (const p of PRIORITIES) f.elements[`p-${p}`].checked = (r.route.priorities || []).includes(p);
-  const extra = { ...r.route };
-  for (const k of ['sink', 'url', 'secret', 'priorities']) delete extra[k];
-  f.elements.extra.value = Object.keys(extra).length ? JSON.stringify(extra) : '';
+  f.elements.extra.value = Object.keys(extraKeys(r.route)).length ? JSON.stringify(extraKeys(r.route)) : '';
   f.elements.reason.focus();
+}
+
+/// A route's keys besides those the form has fields for.
+function extraKeys(route) {
+  const extra = { ...route };
+  for (const k of ['sink', 'url', 'secret', 'priorities']) delete extra[k];
+  return extra;
 }
 
 async function saveRoute(ev) {
@@ -73,13 +85,22 @@ async function saveRoute(ev) {
   if (f.extra.value.trim()) {
     try { route = JSON.parse(f.extra.value); } catch (_) { throw new Error('other keys: not a JSON object'); }
   }
+  const before = editing && editing.name === name ? editing : null;
+  if (before) {
+    for (const k of Object.keys(extraKeys(before.route))) if (!(k in route)) route[k] = null;
+  }
   route.sink = f.sink.value;
   if (f.url.value.trim()) route.url = f.url.value.trim();
-  if (f.secret.value) route.secret = f.secret.value;
+  if (f['no-signing'].checked) route.secret = null;
+  else if (f.secret.value) route.secret = f.secret.value;
   route.priorities = PRIORITIES.filter((p) => f[`p-${p}`].checked);
   const reason = f.reason.value.trim();
   const r = await api('PUT', `/v1/routes/${encodeURIComponent(name)}`, { route, reason });
-  flash(`Saved route ${name} (seq ${r.updated_seq})`, 'ok');
+  const warned = (r.warnings || []).join('; ');
+  flash(`Saved route ${name} (seq ${r.updated_seq})${warned ? `: ${warned}` : ''}`, warned ? 'error' : 'ok');
   ev.target.reset();
+  editing = null;
+  f.url.placeholder = 'an http(s) URL or env:NAME';
+  f.secret.placeholder = 'env:NAME or the secret';
   await loadRoutes();
 }

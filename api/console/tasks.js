@@ -100,7 +100,7 @@ async function openTask(id, stay) {
     el('td', { class: 'mono', text: r.run_id }),
     // A run that ended without having started: what its end said, and that it is a mismatch.
     el('td', { 'data-testid': 'run-outcome', 'data-run': r.run_id,
-      text: r.mismatch ? `${r.outcome || '–'} without a start (mismatch: ${r.mismatch})` : (r.outcome || '–') }),
+      text: r.mismatch ? `no outcome: reported ${r.reported_outcome || '–'} without a start (mismatch: ${r.mismatch})` : (r.outcome || '–') }),
     el('td', { text: r.review && r.review.state !== 'none' ? `${r.review.state}${r.review.gated ? ' (gated)' : ''}` : '–' })));
   const rt = el('table', { class: 'list' });
   table(rt, ['run', 'outcome', 'review'], runs);

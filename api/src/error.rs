@@ -299,9 +299,16 @@ impl IntoResponse for ApiError {
         self.problem.status = self.status.as_u16();
         let body = serde_json::to_vec(&*self.problem).unwrap_or_default();
         let mut resp = (self.status, body).into_response();
+        // A 5xx's access line says why: the server-side cause when one was kept, else what
+        // the answer says (a 507's free-space reserve, a 503's lagging models).
+        let cause = self.cause.take().or_else(|| {
+            self.status
+                .is_server_error()
+                .then(|| self.problem.detail.as_str().into())
+        });
         resp.extensions_mut().insert(Logged {
             code: std::mem::take(&mut self.problem.code),
-            cause: self.cause.take(),
+            cause,
         });
         let h = resp.headers_mut();
         h.insert(

@@ -309,7 +309,7 @@ pub fn describe() {
         (
             "tidemark_endpoint_state",
             "Each delivering route's endpoint: 1 for the state it is in (ok, failing, open, \
-             disabled), 0 for the others",
+             disabled, unresolved), 0 for the others",
         ),
         (
             "tidemark_endpoint_consecutive_failures",

@@ -5,9 +5,10 @@
 //! A body type declares its bounds in its field types; whatever a type cannot say (a range
 //! across fields, a pattern of its own) it says in [`Validate`]. The answers are the ones the
 //! handlers gave when each checked its own body by hand: a body that is not JSON, or not the
-//! declared shape, is `400 malformed_json`; a text field out of its bounds is `422
-//! invalid_field` naming the field (`deliveries.id` for an item's) — the malformed answer wins
-//! when a body has both, as it did.
+//! declared shape, is `400 malformed_json`; a well-formed body without a required field is
+//! `422 field_required` naming it (`422 reason_required` for a missing `reason`, as for a blank
+//! one); a text field out of its bounds is `422 invalid_field` naming the field
+//! (`deliveries.id` for an item's) — the malformed answer wins when a body has both, as it did.
 
 use std::cell::Cell;
 
@@ -177,11 +178,61 @@ fn read_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if first.to_string().starts_with(TEXT_REFUSED) {
         return Err(malformed(first));
     }
+    if first.to_string().starts_with(MISSING_FIELD)
+        && let Some(e) = missing_field::<T>(body)
+    {
+        return Err(e);
+    }
     let mut v: serde_json::Value = serde_json::from_slice(body).map_err(malformed)?;
     if !integral_floats_as_integers(&mut v) {
         return Err(malformed(first));
     }
     serde_json::from_value(v).map_err(malformed)
+}
+
+/// How serde says a required field is absent.
+const MISSING_FIELD: &str = "missing field `";
+
+/// The answer for a well-formed body that lacks a required field: one code for one mistake,
+/// whatever the endpoint — `422 reason_required` for a `reason` (as a blank one is), else `422
+/// field_required` naming the field by its path (`route.sink`).
+fn missing_field<T: DeserializeOwned>(body: &[u8]) -> Option<ApiError> {
+    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    integral_floats_as_integers(&mut v);
+    let e = serde_path_to_error::deserialize::<_, T>(&v).err()?;
+    let name = e
+        .inner()
+        .to_string()
+        .strip_prefix(MISSING_FIELD)?
+        .split('`')
+        .next()?
+        .to_owned();
+    let mut field = String::new();
+    for seg in e.path() {
+        if let serde_path_to_error::Segment::Map { key } = seg {
+            field.push_str(key);
+            field.push('.');
+        }
+    }
+    field.push_str(&name);
+    if field == "reason" {
+        return Some(
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "reason_required",
+                "this action needs a non-empty reason (\"reason\"), recorded with it",
+            )
+            .at(0, Some("reason")),
+        );
+    }
+    Some(
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "field_required",
+            format!("{field} is required"),
+        )
+        .at(0, Some(&field)),
+    )
 }
 
 fn refused_text(e: &ApiError) -> bool {
@@ -453,10 +504,14 @@ mod tests {
 
     #[test]
     fn a_malformed_body_is_malformed_even_with_a_bad_text_before_the_fault() {
+        // A missing field is its own mistake (`422 field_required`), named whatever else the
+        // body holds.
+        let e = read(r#"{"owner":"123456789"}"#).unwrap_err();
+        assert_eq!((e.0, e.1.as_str()), (422, "field_required"), "{e:?}");
+        assert_eq!(e.2, "items is required");
         for body in [
             r#"{"owner":"123456789","items":[],"n":"x"}"#,
             r#"{"owner":"123456789","items":[],"extra":1}"#,
-            r#"{"owner":"123456789"}"#,
             r#"{"owner":"123456789","items":[],"n":1.5}"#,
         ] {
             let e = read(body).unwrap_err();

@@ -210,6 +210,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(ops::metrics))
         .routes(routes!(ops::openapi))
         .routes(routes!(ops::index))
+        .routes(routes!(ops::console_alias))
         .routes(routes!(ops::console_asset))
         .routes(routes!(ops::favicon));
     let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
@@ -618,6 +619,9 @@ pub async fn run(
         state.routing.max_pending,
         token.clone(),
     );
+    // The webhook routes of the API whose `env:` this node lacks wait, listed `unresolved`
+    // (section 17), instead of spending their deliveries' attempts.
+    tidemark_consumers::dispatch::webhook::check_api_routes(&engine, None).await;
     // Each sink on its own bounded pool.
     let dispatcher = tidemark_consumers::dispatch::spawn(
         engine.clone(),

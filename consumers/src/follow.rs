@@ -45,7 +45,12 @@ pub struct Follower {
     from: Option<u64>,
     feeds: Vec<(mpsc::Sender<Arc<Page>>, Wants)>,
     nudges: Vec<(Wants, Nudge)>,
+    observers: Vec<Observer>,
 }
+
+/// What reads each page in passing, on the follower's own task (cheap work only: the server
+/// log's account of a page, [`crate::oplog`]).
+pub type Observer = Box<dyn Fn(&Page) + Send + Sync>;
 
 /// What a page a reactor wants calls, instead of queueing the page for it: for a reactor that
 /// only needs to know that something happened (it reads the models itself), so that it never
@@ -65,12 +70,18 @@ impl Follower {
             from: None,
             feeds: Vec::new(),
             nudges: Vec::new(),
+            observers: Vec::new(),
         }
     }
 
     /// Call `nudge` for each page from now on that `wants` (a page is not queued for it).
     pub fn nudge_if(&mut self, wants: Wants, nudge: Nudge) {
         self.nudges.push((wants, nudge));
+    }
+
+    /// Call `observe` with each page from now on.
+    pub fn observe(&mut self, observe: Observer) {
+        self.observers.push(observe);
     }
 
     /// A feed of every page after `after`.
@@ -172,6 +183,9 @@ impl Follower {
                 if wants(&p) {
                     nudge();
                 }
+            }
+            for observe in &self.observers {
+                observe(&p);
             }
             self.feeds.retain(|(f, _)| !f.is_closed());
             for (f, wants) in &self.feeds {

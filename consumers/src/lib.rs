@@ -11,6 +11,9 @@
 //! - [`bridge`]: the bridge terminal notifier (deliver / defer / mismatch per subscription),
 //!   its webhook sink, the pull cache, the ack planner and the confirmation that advances a
 //!   subscription's cursor.
+//! - [`dispatch`]: tidemark's own sinks (email, webhook): claim, attempt, report.
+//! - [`sources`]: the pollers that turn an upstream API into events (section 12).
+//! - [`oplog`]: the server log's account of parks, circuits and switches, read from the log.
 //! - [`retention`]: the periodic purge of what left the retention window.
 //! - [`retry_after`]: the wait a server asks for (`Retry-After`, or a JSON body's
 //!   `retryAfter`), read one way by the webhook sinks and the source poller.
@@ -28,6 +31,7 @@
 pub mod bridge;
 pub mod dispatch;
 pub mod follow;
+pub mod oplog;
 pub mod retention;
 pub mod retry_after;
 pub mod router;
@@ -161,6 +165,12 @@ pub async fn spawn(
         Box::new(|p| p.events.iter().any(dispatch::makes_due)),
         Box::new(move || dispatch.nudge()),
     );
+    // The server log's account of parks and circuits: what is committed from now on.
+    follower.observe(Box::new(move |p| {
+        if p.upto > head && p.events.iter().any(oplog::concerns) {
+            oplog::observe(p, head);
+        }
+    }));
     let tasks = [
         tokio::spawn(router::run(
             engine.clone(),

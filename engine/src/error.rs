@@ -85,6 +85,8 @@ rejections! {
     InvalidList = "invalid_list": Invalid,
     /// the route is not valid.
     InvalidRoute = "invalid_route": Invalid,
+    /// an `env:` reference names a variable the answering node does not have.
+    EnvUnset = "env_unset": Invalid,
     /// an operator action needs a reason.
     ReasonRequired = "reason_required": Invalid,
     /// a source's watermark moves forward only.

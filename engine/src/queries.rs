@@ -286,11 +286,17 @@ impl<L: EventLog + Clone> Queries<L> {
         )?)
     }
 
-    /// The provenance of the notification at `seq` (what a delivery of it serves).
+    /// The project and provenance of the notification at `seq` (what a delivery of it
+    /// serves).
     pub fn provenance_at(
         &self,
         seq: u64,
-    ) -> R<Option<tidemark_projections::notifications::Provenance>> {
+    ) -> R<
+        Option<(
+            Option<String>,
+            tidemark_projections::notifications::Provenance,
+        )>,
+    > {
         Ok(read::provenance_at(&self.models.read(), seq)?)
     }
 

@@ -116,9 +116,10 @@ impl Projection for Bridges {
         &[ROWS, BY_TASK, BY_BRIDGE, ACTIVE, ENDPOINTS]
     }
 
-    /// 2: the endpoints of the webhook subscriptions (`endpoints`, section 17).
+    /// 2: the endpoints of the webhook subscriptions (`endpoints`, section 17); 3: an
+    /// endpoint's `unresolved` field (always empty for a subscription, whose URL is given).
     fn version(&self) -> u32 {
-        2
+        3
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {

@@ -33,6 +33,11 @@ pub struct Endpoint {
     pub disabled: Option<Switched>,
     /// The last operator's enable (kept for the record).
     pub enabled: Option<Switched>,
+    /// `Some` while a node reported that it cannot resolve the route's `env:` url or secret
+    /// (`reason` names the variables, `by` the node): its deliveries wait, spending no
+    /// attempt, until a node that can resolve them says so (at its start, or a `PUT` of the
+    /// route through it).
+    pub unresolved: Option<Switched>,
 }
 
 /// An open circuit.
@@ -70,11 +75,12 @@ pub struct EndpointChange {
     /// `circuit_opened`: the cool-down's end; `circuit_probed`: the probe's lease end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_at_us: Option<i64>,
-    /// `disabled` / `enabled`.
+    /// `disabled` / `enabled`; `unresolved`: the `env:` references the node lacks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// `disabled` / `enabled`: the operator's token (`null` in open mode); `null` on the
-    /// circuit's events, which tidemark decides.
+    /// `disabled` / `enabled`: the operator's token (`null` in open mode); `unresolved` /
+    /// `resolved`: the node that found it so; `null` on the circuit's events, which tidemark
+    /// decides.
     #[serde(default)]
     pub by: Option<String>,
 }
@@ -89,11 +95,14 @@ impl Endpoint {
         }
     }
 
-    /// `disabled` (an operator's), `open` (its circuit), `failing` (the last attempt failed,
-    /// and every one since the last success), else `ok`.
+    /// `disabled` (an operator's), `unresolved` (an `env:` a node lacks), `open` (its
+    /// circuit), `failing` (the last attempt failed, and every one since the last success),
+    /// else `ok`.
     pub fn state(&self) -> &'static str {
         if self.disabled.is_some() {
             "disabled"
+        } else if self.unresolved.is_some() {
+            "unresolved"
         } else if self.open.is_some() {
             "open"
         } else if self.consecutive_failures > 0 {
@@ -103,25 +112,30 @@ impl Endpoint {
         }
     }
 
-    /// Its deliveries wait: the circuit is open or an operator disabled it.
+    /// Its deliveries wait: the circuit is open, an operator disabled it, or its `env:` is
+    /// unresolved.
     pub fn held(&self) -> bool {
-        self.disabled.is_some() || self.open.is_some()
+        self.disabled.is_some() || self.open.is_some() || self.unresolved.is_some()
     }
 
     /// Why its deliveries wait, as the API says it (`held_by`): `endpoint_disabled` (an
-    /// operator's switch wins) or `circuit_open`; `None` when they do not.
+    /// operator's switch wins), `endpoint_unresolved` or `circuit_open`; `None` when they do
+    /// not.
     pub fn held_by(&self) -> Option<&'static str> {
         if self.disabled.is_some() {
             Some("endpoint_disabled")
+        } else if self.unresolved.is_some() {
+            Some("endpoint_unresolved")
         } else {
             self.open.as_ref().map(|_| "circuit_open")
         }
     }
 
-    /// When its next probe may go out: an open circuit's, never while it is disabled.
+    /// When its next probe may go out: an open circuit's, never while it is disabled or
+    /// unresolved.
     pub fn probe_at(&self) -> Option<i64> {
-        match (&self.disabled, &self.open) {
-            (None, Some(o)) => Some(o.probe_at_us),
+        match (&self.disabled, &self.unresolved, &self.open) {
+            (None, None, Some(o)) => Some(o.probe_at_us),
             _ => None,
         }
     }
@@ -182,6 +196,14 @@ impl Endpoint {
                     by: c.by.clone(),
                 });
             }
+            EventType::EndpointUnresolved => {
+                self.unresolved = Some(Switched {
+                    at_us: c.at_us,
+                    reason: c.reason.clone().unwrap_or_default(),
+                    by: c.by.clone(),
+                });
+            }
+            EventType::EndpointResolved => self.unresolved = None,
             _ => return false,
         }
         true
@@ -201,7 +223,7 @@ impl Endpoint {
         policy: crate::routing::CircuitPolicy,
         now_us: i64,
     ) -> Option<(EventType, EndpointChange)> {
-        if self.disabled.is_some() {
+        if self.disabled.is_some() || self.unresolved.is_some() {
             return None;
         }
         let change = EndpointChange {

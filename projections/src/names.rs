@@ -158,6 +158,7 @@ names! {
         SourceResumed = "source.resumed",
         SourceReset = "source.reset",
         SourceParked = "source.parked",
+        SourceItemSkipped = "source.item_skipped",
         RetentionPurged = "retention.purged",
         OutboxAdmitted = "outbox.admitted",
         ListUpdated = "list.updated",
@@ -169,6 +170,8 @@ names! {
         EndpointCircuitOpened = "endpoint.circuit_opened",
         EndpointCircuitProbed = "endpoint.circuit_probed",
         EndpointCircuitClosed = "endpoint.circuit_closed",
+        EndpointUnresolved = "endpoint.unresolved",
+        EndpointResolved = "endpoint.resolved",
     }
 }
 
@@ -233,7 +236,8 @@ impl EventType {
             | SourcePaused
             | SourceResumed
             | SourceReset
-            | SourceParked => Stream::Sources,
+            | SourceParked
+            | SourceItemSkipped => Stream::Sources,
             RetentionPurged => Stream::Retention,
             OutboxAdmitted => Stream::Outbox,
             ListUpdated | ListDeleted => Stream::Lists,
@@ -242,7 +246,9 @@ impl EventType {
             | EndpointEnabled
             | EndpointCircuitOpened
             | EndpointCircuitProbed
-            | EndpointCircuitClosed => Stream::Endpoints,
+            | EndpointCircuitClosed
+            | EndpointUnresolved
+            | EndpointResolved => Stream::Endpoints,
         }
     }
 
@@ -309,6 +315,7 @@ impl EventType {
             | SourceResumed
             | SourceReset
             | SourceParked
+            | SourceItemSkipped
             | RetentionPurged
             | OutboxAdmitted
             | ListUpdated
@@ -319,7 +326,9 @@ impl EventType {
             | EndpointEnabled
             | EndpointCircuitOpened
             | EndpointCircuitProbed
-            | EndpointCircuitClosed => return None,
+            | EndpointCircuitClosed
+            | EndpointUnresolved
+            | EndpointResolved => return None,
         })
     }
 }
@@ -727,7 +736,9 @@ mod tests {
                 "recipient.unsuppressed",
             ]
         );
-        assert_eq!(EventType::ALL.len() - client.len(), 38);
+        // 41 server-only types: `endpoint.unresolved`, `endpoint.resolved` and
+        // `source.item_skipped` came with issue 53.
+        assert_eq!(EventType::ALL.len() - client.len(), 41);
     }
 
     /// Every `delivery.*` type (and no other) says what it does to a delivery row, by the

@@ -53,16 +53,35 @@ pub struct Provenance {
     pub ntype: Option<String>,
     pub type_data: Option<String>,
     pub source: Option<String>,
+    /// What later releases added (trailing: a notification without them keeps its bytes).
+    #[serde(default, with = "crate::trailing")]
+    pub more: ProvenanceMore,
+}
+
+/// The fields of seed 000's delivery rows that come from the notification: the session it
+/// belongs to, a key telling apart the destinations of one notification and route, and the
+/// request the sink is to send (an object, kept as the client's JSON text).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProvenanceMore {
+    pub session_id: Option<String>,
+    pub destination_key: Option<String>,
+    pub request_json: Option<String>,
 }
 
 impl Provenance {
     /// Read from a payload (the fields the schema admitted).
     pub fn of(p: &Value) -> Provenance {
         let obj = |k: &str| p.get(k).filter(|v| v.is_object()).map(Value::to_string);
+        let text = |k: &str| p.get(k).and_then(Value::as_str).map(str::to_owned);
         Provenance {
-            ntype: p.get("type").and_then(Value::as_str).map(str::to_owned),
+            ntype: text("type"),
             type_data: obj("type_data"),
             source: obj("source"),
+            more: ProvenanceMore {
+                session_id: text("session_id"),
+                destination_key: text("destination_key"),
+                request_json: obj("request_json"),
+            },
         }
     }
 
@@ -347,10 +366,11 @@ impl Projection for Notifications {
     }
 
     /// 2: the list-filter indexes `by_priority`, `by_recipient` (outside the digest); 3: a
-    /// row's provenance (`ext`, absent on rows without any). An older model is rebuilt from
-    /// the log at the next open, which fills them.
+    /// row's provenance (`ext`, absent on rows without any); 4: seed 000's `session_id`,
+    /// `destination_key` and `request_json` (`ext.more`). An older model is rebuilt from the
+    /// log at the next open, which fills them.
     fn version(&self) -> u32 {
-        3
+        4
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
@@ -411,7 +431,12 @@ impl Projection for Notifications {
             source_seq: f.source_seq.0,
             time_us: ev.time_us,
             // Only a payload that names them is read as a tree (most carry none).
-            ext: if ev.payload.contains("\"type") || ev.payload.contains("\"source\"") {
+            ext: if ev.payload.contains("\"type")
+                || ev.payload.contains("\"source\"")
+                || ev.payload.contains("\"session_id\"")
+                || ev.payload.contains("\"destination_key\"")
+                || ev.payload.contains("\"request_json\"")
+            {
                 Provenance::of(&ev.payload_value())
             } else {
                 Provenance::default()

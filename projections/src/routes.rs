@@ -65,6 +65,11 @@ impl Projection for Routes {
         &[ROWS]
     }
 
+    /// 2: a removed secret keeps no previous one signing.
+    fn version(&self) -> u32 {
+        2
+    }
+
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
         if ev.stream != Stream::Routes {
             return Ok(());
@@ -86,7 +91,8 @@ impl Projection for Routes {
                 };
                 // A changed secret: the old one keeps signing for the overlap (from the
                 // change's time, so a replay keeps the same window); an unchanged one keeps
-                // the window of the change before.
+                // the window of the change before; a removed one (`"secret": null`) signs no
+                // more: removing signing is not a rotation.
                 let before: Option<RouteRow> = st.get_val(ROWS, key)?;
                 let old = before.as_ref().and_then(RouteRow::spec);
                 let new = row.spec();
@@ -94,7 +100,7 @@ impl Projection for Routes {
                     old.as_ref().and_then(|r| r.config.secret.clone()),
                     new.as_ref().and_then(|r| r.config.secret.clone()),
                 );
-                if old_secret.is_some() && old_secret != new_secret {
+                if old_secret.is_some() && new_secret.is_some() && old_secret != new_secret {
                     let overlap = new.as_ref().map_or(
                         ApiRoute::DEFAULT_ROTATION_OVERLAP_MS,
                         ApiRoute::rotation_overlap_ms,

@@ -130,6 +130,11 @@ pub fn check_client_event(
                 return Err(invalid("payload.type must be 1-64 of A-Za-z0-9._-"));
             }
             f.object("type_data")?;
+            // Seed 000's delivery fields: the session, a destination key and the request the
+            // sink is to send, served on the notification and each of its deliveries.
+            f.string("session_id", false, 128)?;
+            f.string("destination_key", false, 256)?;
+            f.object("request_json")?;
             if let Some(src) = f.object("source")? {
                 let g = Fields(src);
                 for k in ["site_id", "node", "instance_id", "script"] {

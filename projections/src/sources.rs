@@ -20,6 +20,9 @@ pub(crate) const ITEMS: &str = "items";
 /// also after a crash between pages (section 12). Outside the digest (`put_index`): it is
 /// derived from the items, the source's notifications and its watermark moves.
 pub(crate) const PENDING: &str = "pending";
+/// `name ‖ 0 ‖ item id` of each item `[sources.items] schema` refused (`source.item_skipped`),
+/// so a replayed poll records it once.
+pub(crate) const SKIPPED: &str = "skipped";
 
 /// What the log says about one source.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +37,17 @@ pub struct SourceRow {
     pub items_total: u64,
     /// Seq of the last event about this source.
     pub updated_seq: u64,
+    /// What later releases added, at its default for a row that does not use it (so such a
+    /// row keeps the bytes, and the digest, it had before: [`crate::trailing`]).
+    #[serde(default, with = "crate::trailing")]
+    pub ext: SourceExt,
+}
+
+/// The fields a source row gained after the golden release (see [`SourceRow::ext`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceExt {
+    /// Items its `[sources.items] schema` refused (`source.item_skipped`), each counted once.
+    pub items_skipped: u64,
 }
 
 /// `name ‖ 0 ‖ item id`.
@@ -57,13 +71,13 @@ impl Projection for Sources {
     }
 
     fn tables(&self) -> &'static [&'static str] {
-        &[ROWS, ITEMS, PENDING]
+        &[ROWS, ITEMS, PENDING, SKIPPED]
     }
 
-    /// 2: `pending` (the items a cycle's notification is still to cover). An older model is
-    /// rebuilt at the next open, which fills it.
+    /// 2: `pending` (the items a cycle's notification is still to cover); 3: `skipped` and a
+    /// row's `items_skipped`. An older model is rebuilt at the next open, which fills them.
     fn version(&self) -> u32 {
-        2
+        3
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
@@ -95,6 +109,18 @@ impl Projection for Sources {
                 st.put(ITEMS, &key, &ev.seq.to_be_bytes())?;
                 st.put_index(PENDING, &pending_key(name, ev.seq, id));
                 row.items_total += 1;
+            }
+            EventType::SourceItemSkipped => {
+                let p = ev.payload_value();
+                let Some(id) = p.get("id").and_then(Value::as_str) else {
+                    return Ok(());
+                };
+                let key = item_key(name, id);
+                if st.get(SKIPPED, &key)?.is_some() {
+                    return Ok(());
+                }
+                st.put(SKIPPED, &key, &ev.seq.to_be_bytes())?;
+                row.ext.items_skipped += 1;
             }
             _ => {
                 let p = ev.payload_value();
@@ -228,5 +254,10 @@ impl View<'_> {
     /// Whether the source has appended item `id`.
     pub fn has_item(&mut self, name: &str, id: &str) -> Result<bool, StorageError> {
         Ok(self.t.get(ITEMS, &item_key(name, id))?.is_some())
+    }
+
+    /// Whether item `id` of source `name` was skipped (its schema refused it) already.
+    pub fn has_skipped(&mut self, name: &str, id: &str) -> Result<bool, StorageError> {
+        Ok(self.t.get(SKIPPED, &item_key(name, id))?.is_some())
     }
 }

@@ -6,7 +6,9 @@
 //! review reopens the task (`open`), or keeps it `running` when the rejection continues the
 //! run. `task.canceled` makes the task `canceled` for good. Events about other runs update
 //! those runs only; events that arrive out of order (a completion for a run never started) are
-//! recorded, never refused: the log is the truth.
+//! recorded, never refused: the log is the truth. A run that ends (or is approved) without
+//! having started is a mismatch (spec section 6): its end is recorded on the run, and the
+//! task's status does not follow it.
 
 pub(crate) mod read;
 
@@ -244,6 +246,9 @@ pub fn fold_task(task: &mut Task, ev: &EventRef<'_>) {
                 _ => TaskStatus::Canceled,
             };
             let requires = task.review_required;
+            // A run that never started did not end either (spec section 6: a mismatch, with
+            // no outcome): its end is recorded on the run, the task's status stays.
+            let started = task.run_started_seq(run_id).is_some();
             let run = task.run_mut(run_id, seq, false);
             run.outcome = outcome.into();
             run.ended_seq = seq;
@@ -254,7 +259,7 @@ pub fn fold_task(task: &mut Task, ev: &EventRef<'_>) {
             let awaiting = outcome == TaskStatus::Completed
                 && run.review.gated(requires)
                 && run.review.state != ReviewState::Approved;
-            if task.is_current(run_id) {
+            if started && task.is_current(run_id) {
                 task.set_status(if awaiting {
                     TaskStatus::AwaitingReview
                 } else {
@@ -272,12 +277,13 @@ pub fn fold_task(task: &mut Task, ev: &EventRef<'_>) {
             }
         }
         T::TaskRunReviewApproved if !run_id.is_empty() => {
+            let started = task.run_started_seq(run_id).is_some();
             let run = task.run_mut(run_id, seq, false);
             run.review.state = ReviewState::Approved;
             run.review.reviewer = owned(&p.reviewer);
             run.review.continuation = false;
             run.review.decided_seq = seq;
-            if task.is_current(run_id) {
+            if started && task.is_current(run_id) {
                 task.set_status(TaskStatus::Completed);
             }
         }
@@ -364,10 +370,11 @@ impl Projection for Tasks {
     }
 
     /// 2: [`TaskExt::late_starts`] (the bridge decision's `run_not_started`); 3: the
-    /// `by_created` index (outside the digest). An older model is rebuilt from the log at the
-    /// next open, which fills them.
+    /// `by_created` index (outside the digest); 4: a run that ended without having started
+    /// leaves the task's status as it was. An older model is rebuilt from the log at the next
+    /// open, which fills them.
     fn version(&self) -> u32 {
-        3
+        4
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {

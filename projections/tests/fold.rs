@@ -434,6 +434,9 @@ struct RefTask {
     review_required: bool,
     canceled: bool,
     runs: HashMap<String, (String, String, bool, bool)>, // outcome, review state, requested, required
+    /// Runs with a `task.run_started` seen: an end or approval of another is a mismatch
+    /// (spec section 6) and leaves the task's status as it was.
+    started: std::collections::HashSet<String>,
     latest: u64,
 }
 
@@ -489,11 +492,13 @@ fn reference(events: &[(u64, NewEvent)]) -> HashMap<String, RefTask> {
             "task.created" => t.review_required = p["review_required"].as_bool().unwrap_or(false),
             "task.run_started" => {
                 ensure(t);
+                t.started.insert(run.clone());
                 t.current = Some(run.clone());
                 set(t, "running");
             }
             ty @ ("task.run_completed" | "task.run_failed" | "task.run_canceled") => {
                 ensure(t);
+                let started = t.started.contains(&run);
                 let outcome = match ty {
                     "task.run_completed" => "completed",
                     "task.run_failed" => "failed",
@@ -503,7 +508,7 @@ fn reference(events: &[(u64, NewEvent)]) -> HashMap<String, RefTask> {
                 r.0 = outcome.into();
                 let gated = t.review_required || r.3 || r.2;
                 let awaiting = outcome == "completed" && gated && r.1 != "approved";
-                if t.current.as_deref() == Some(&run) {
+                if started && t.current.as_deref() == Some(&run) {
                     set(t, if awaiting { "awaiting_review" } else { outcome });
                 }
             }
@@ -519,7 +524,7 @@ fn reference(events: &[(u64, NewEvent)]) -> HashMap<String, RefTask> {
             "task.run_review_approved" => {
                 ensure(t);
                 t.runs.get_mut(&run).unwrap().1 = "approved".into();
-                if t.current.as_deref() == Some(&run) {
+                if t.started.contains(&run) && t.current.as_deref() == Some(&run) {
                     set(t, "completed");
                 }
             }

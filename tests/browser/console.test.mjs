@@ -7,7 +7,7 @@
 //   CHROMIUM       the browser (default /usr/bin/chromium)
 // Every wait is a bound against hanging, never a speed assertion.
 import { spawn } from 'node:child_process';
-import { createHash, randomBytes } from 'node:crypto';
+import { createHash, createHmac, randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
@@ -830,7 +830,7 @@ id = "/id"
   const receiver = http.createServer((req, res) => {
     let body = '';
     req.on('data', (c) => { body += c; });
-    req.on('end', () => { posts.push({ headers: req.headers, body: JSON.parse(body || 'null') }); res.end('ok'); });
+    req.on('end', () => { posts.push({ headers: req.headers, raw: body, body: JSON.parse(body || 'null') }); res.end('ok'); });
   });
   await new Promise((r) => receiver.listen(0, '127.0.0.1', r));
   const hookUrl = `http://127.0.0.1:${receiver.address().port}/hook`;
@@ -857,6 +857,48 @@ id = "/id"
   await until('the POST to the console route', async () => posts.some((p) => p.headers['webhook-id'] === 'dlv:p-3:console-hook'));
   step('the Routes view made a webhook route; the next urgent notification was POSTed to it');
   await snap(page, 'routes');
+  // The receiver verifies every signature: an Edit → Save that types no secret keeps it
+  // (spec section 4); "remove signing" removes it, and the console says so.
+  const signedBy = (id, key) => {
+    const p = posts.find((x) => x.headers['webhook-id'] === id);
+    const mac = createHmac('sha256', key)
+      .update(`${p.headers['webhook-id']}.${p.headers['webhook-timestamp']}.${p.raw}`).digest('base64');
+    return (p.headers['webhook-signature'] || '').split(' ').includes(`v1,${mac}`);
+  };
+  assert.ok(signedBy('dlv:p-3:console-hook', hookSecret), 'the first POST verifies');
+  await hookRow.locator('[data-testid=route-edit]').click();
+  assert.equal(await page.inputValue('[data-testid=route-secret]'), '', 'a secret is never shown');
+  await page.check('[data-testid=route-p-action]');
+  await page.fill('[data-testid=route-extra]', '{"rotation_overlap": "2h", "circuit": {"failures": 7}}');
+  await page.fill('[data-testid=route-reason]', 'also action, from the console');
+  await page.click('[data-testid=route-save]');
+  await until('the edit saved', async () => (await s.ok('GET', '/v1/routes/console-hook')).route.priorities.includes('action'));
+  const edited = await s.ok('GET', '/v1/routes/console-hook');
+  assert.equal(edited.route.secret, '***', 'the edit kept the secret');
+  assert.equal(edited.previous_secret_until, undefined, 'no secret changed');
+  await until('the keys shown', async () => {
+    const keys = await hookRow.locator('[data-field=keys]').textContent();
+    return keys.includes('rotation_overlap 2h') && keys.includes('circuit');
+  });
+  await s.append([notif('p-3b', 'After an edit from the console', { type: 'email' })]);
+  await until('the POST after the edit', async () => posts.some((p) => p.headers['webhook-id'] === 'dlv:p-3b:console-hook'));
+  assert.ok(signedBy('dlv:p-3b:console-hook', hookSecret), 'an Edit → Save turned signing off');
+  await hookRow.locator('[data-testid=route-edit]').click();
+  await page.check('[data-testid=route-no-signing]');
+  await page.fill('[data-testid=route-reason]', 'the receiver stops verifying');
+  await page.click('[data-testid=route-save]');
+  await page.waitForSelector('#flash:has-text("no longer signs")', { timeout: WAIT });
+  await until('signing removed', async () => (await s.ok('GET', '/v1/routes/console-hook')).route.secret === undefined);
+  await s.append([notif('p-3c', 'After signing is removed', { type: 'email' })]);
+  await until('the unsigned POST', async () => posts.some((p) => p.headers['webhook-id'] === 'dlv:p-3c:console-hook'));
+  assert.equal(posts.find((p) => p.headers['webhook-id'] === 'dlv:p-3c:console-hook').headers['webhook-signature'], undefined);
+  step('Edit → Save kept the secret (the receiver verified); "remove signing" removed it, with a warning');
+  // The built-in routes are listed with the others.
+  for (const b of ['dashboard', 'desktop']) {
+    const row = page.locator(`#routes tr[data-name=${b}][data-origin=config]`);
+    await row.waitFor({ timeout: WAIT });
+    assert.ok((await row.textContent()).includes('built-in'), await row.textContent());
+  }
   const confirmDelete = await cancelThenConfirm(page, hookRow.locator('[data-testid=route-delete]'), /Delete the route console-hook\?/, 'confirm-route-delete');
   assert.equal((await s.req('GET', '/v1/routes/console-hook')).status, 200, 'a cancelled delete deleted the route');
   await confirmDelete();
@@ -916,6 +958,11 @@ id = "/id"
   const closed = await s.ok('GET', '/v1/events?stream=endpoints&type=endpoint.circuit_closed');
   assert.equal(closed.events.length, 1);
   step('the receiver recovered: a probe closed the circuit and both deliveries went');
+  // Without a reason, Disable says so before it asks for a confirmation.
+  await page.fill('[data-testid=endpoint-reason]', '');
+  await cbRow.locator('[data-testid=endpoint-disable]').click();
+  await page.waitForSelector('#flash:has-text("a reason is required")', { timeout: WAIT });
+  assert.equal(await page.evaluate(() => document.querySelector('#confirm').open), false, 'asked to confirm before saying the reason is missing');
   await page.fill('[data-testid=endpoint-reason]', 'the receiver moves tonight');
   const confirmDisable = await cancelThenConfirm(page, cbRow.locator('[data-testid=endpoint-disable]'), /Disable the endpoint of console-cb\?/, 'confirm-endpoint-disable');
   assert.equal((await s.ok('GET', '/v1/events?stream=endpoints&type=endpoint.disabled')).events.length, 0, 'a cancelled disable disabled it');
@@ -1054,10 +1101,12 @@ id = "/id"
   // Deliveries: one notification sent on one route and parked on the other; one sent after a
   // failed attempt; one waiting an hour to retry; one scheduled an hour or two ahead.
   await s.append([notif('mix-1', 'Half delivered'),
+    notif('mix-2', 'Parked on one route, in flight on the other'),
     notif('retry-1', 'Sent on the second attempt', { priority: 'action' }),
     notif('slow-1', 'Retries in an hour', { priority: 'warning' }),
     notif('later-1', 'Scheduled for later', { priority: 'info' })]);
-  const due = ['dlv:mix-1:desktop', 'dlv:mix-1:pager', 'dlv:retry-1:desktop', 'dlv:slow-1:slow'];
+  const due = ['dlv:mix-1:desktop', 'dlv:mix-1:pager', 'dlv:mix-2:desktop', 'dlv:mix-2:pager',
+    'dlv:retry-1:desktop', 'dlv:slow-1:slow'];
   for (const id of due) await waitStatus(s, id, 'queued');
   await waitStatus(s, 'dlv:later-1:later', 'queued');
   const lease = { owner: 'fix-test', lease_ms: 60_000 };
@@ -1066,6 +1115,9 @@ id = "/id"
   const act = (id, verb, body) => s.ok('POST', `/v1/deliveries/${encodeURIComponent(id)}/${verb}`, { owner: 'fix-test', ...body });
   await act('dlv:mix-1:desktop', 'complete', {});
   await act('dlv:mix-1:pager', 'fail', { error_code: 'rejected', error: 'the pager said no', retryable: false });
+  // mix-2: parked on the pager while its desktop delivery stays leased (an hour).
+  await act('dlv:mix-2:pager', 'fail', { error_code: 'rejected', error: 'the pager said no', retryable: false });
+  await act('dlv:mix-2:desktop', 'extend', { lease_ms: 3_600_000 });
   await act('dlv:retry-1:desktop', 'fail', { error_code: 'unavailable', error: 'connection reset by peer', retryable: true });
   await act('dlv:slow-1:slow', 'fail', { error_code: 'unavailable', error: 'try later', retryable: true });
   await waitStatus(s, 'dlv:mix-1:pager', 'parked');
@@ -1120,6 +1172,9 @@ id = "/id"
   await view(page, 'sources');
   const srcRow = page.locator('#sources tr[data-name=broken]');
   await srcRow.locator('.pill:text-is("parked")').waitFor({ timeout: WAIT });
+  // Parked is an error's colour, not the grey of a paused source.
+  const parkedBg = await srcRow.locator('.pill:text-is("parked")').evaluate((e) => getComputedStyle(e).backgroundColor);
+  assert.equal(parkedBg, 'rgb(251, 224, 222)', 'a parked source reads red');
   assert.ok(await srcRow.locator('[data-testid=resume]').isEnabled(), 'an operator resumes a parked source');
   assert.ok(await srcRow.locator('[data-testid=poll]').isDisabled(), 'Poll now waits for the resume');
   assert.equal(await srcRow.locator('[data-testid=poll]').getAttribute('title'), 'parked: resume it first');
@@ -1203,7 +1258,7 @@ id = "/id"
   await openLink('#tasks/never-started');
   const outcome = linked.locator('[data-testid=run-outcome][data-run=r7]');
   await outcome.waitFor({ timeout: WAIT });
-  assert.equal((await outcome.textContent()).trim(), 'completed without a start (mismatch: run_not_started)');
+  assert.equal((await outcome.textContent()).trim(), 'no outcome: reported completed without a start (mismatch: run_not_started)');
   step('a completion of a run that never started reads as a mismatch in the task view');
   assert.deepEqual(linked.errors, []);
   assert.deepEqual(linked.missing, []);
@@ -1264,6 +1319,13 @@ id = "/id"
   await page.waitForSelector('[data-testid=ntf-status]:text-is("delivered")', { timeout: WAIT });
   assert.equal(await page.locator('#notification [data-testid=ntf-error]').count(), 0, 'a delivered notification shows no error as its state');
   step('mix-1 reads "1 of 2 delivered · 1 parked"; retry-1 delivered without a red error');
+  // Pending beside a parked delivery: the status is "pending" (spec section 14), and the
+  // parked one is counted beside it, not hidden.
+  await page.evaluate(() => { location.hash = '#notifications/mix-2'; });
+  await page.waitForSelector('[data-testid=ntf-status]:text-is("pending")', { timeout: WAIT });
+  assert.equal(await text(page, '[data-testid=ntf-count-parked]'), '1 parked');
+  assert.equal(await text(page, '[data-testid=ntf-count-leased]'), '1 leased');
+  step('mix-2 reads "pending · 1 parked · 1 leased"');
 
   // The event browser: a stream newest first, paged down; a seq range either way; a payload on
   // click with the webhook secret redacted.
@@ -1307,7 +1369,10 @@ id = "/id"
   await page.waitForSelector('#event:not([hidden]) [data-testid=payload]', { timeout: WAIT });
   const payloadText = await text(page, '#event [data-testid=payload]');
   assert.match(payloadText, /"secret": "\[redacted\]"/);
-  assert.match(payloadText, /127\.0\.0\.1:9\/hook/);
+  // A webhook URL is a credential (its path, for chat webhooks): shown by scheme, host and
+  // port only, to every scope (spec section 17).
+  assert.match(payloadText, /"url": "http:\/\/127\.0\.0\.1:9"/);
+  assert.ok(!payloadText.includes('/hook'), payloadText);
   const seqOfHook = await hookRow.getAttribute('data-seq');
   await until('the event link', async () => page.url().endsWith(`#events/${seqOfHook}`));
   await until('the event panel in view', () => inViewAndFocused(page, '#event'));

@@ -685,7 +685,11 @@ impl Reply {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let text = resp.text().await?;
-        let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let json = match strict_json(&text) {
+            Ok(v) => v,
+            Err(e) if e.contains(DUPLICATE_KEY) => panic!("{e}: {}", tail(&text, 500)),
+            Err(_) => Value::Null,
+        };
         Ok(Reply {
             status,
             content_type,
@@ -699,6 +703,78 @@ impl Reply {
     pub fn code(&self) -> Option<&str> {
         self.json.get("code").and_then(Value::as_str)
     }
+}
+
+const DUPLICATE_KEY: &str = "duplicate key";
+
+/// JSON as a strict reader takes it: an object that names a key twice is refused (serde_json,
+/// like most lenient readers, keeps the last; a Rust struct with `deny_unknown_fields`,
+/// Python's `object_pairs_hook` check or Go's strict decoder refuse the whole answer). Every
+/// answer and SSE event the suite reads goes through it, so no duplicate key can come back.
+pub fn strict_json(text: &str) -> Result<Value, String> {
+    use serde::de::{DeserializeSeed, Deserializer, Error, MapAccess, SeqAccess, Visitor};
+
+    struct Strict;
+    impl<'de> DeserializeSeed<'de> for Strict {
+        type Value = Value;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Strict {
+        type Value = Value;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+            Ok(Value::Bool(v))
+        }
+        fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+            Ok(v.into())
+        }
+        fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+            Ok(v.into())
+        }
+        fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+            Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+            Ok(Value::String(v.to_owned()))
+        }
+        fn visit_string<E>(self, v: String) -> Result<Value, E> {
+            Ok(Value::String(v))
+        }
+        fn visit_unit<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_none<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+            d.deserialize_any(Strict)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(v) = a.next_element_seed(Strict)? {
+                out.push(v);
+            }
+            Ok(Value::Array(out))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Value, A::Error> {
+            let mut out = serde_json::Map::new();
+            while let Some(k) = a.next_key::<String>()? {
+                let v = a.next_value_seed(Strict)?;
+                if out.insert(k.clone(), v).is_some() {
+                    return Err(A::Error::custom(format!("{DUPLICATE_KEY} {k:?}")));
+                }
+            }
+            Ok(Value::Object(out))
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    let v = Strict.deserialize(&mut de).map_err(|e| e.to_string())?;
+    de.end().map_err(|e| e.to_string())?;
+    Ok(v)
 }
 
 /// Cloneable HTTP handle of one server process.
@@ -1006,7 +1082,7 @@ impl SseStream {
             Ok(None) => SseNext::End,
             Ok(Some(Err(e))) => SseNext::Error(e.to_string()),
             Ok(Some(Ok(ev))) => {
-                let data = serde_json::from_str(&ev.data).unwrap_or_else(|e| {
+                let data = strict_json(&ev.data).unwrap_or_else(|e| {
                     panic!("SSE data is not JSON ({e}): {:?}", tail(&ev.data, 500))
                 });
                 SseNext::Event(SseEvent {

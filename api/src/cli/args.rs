@@ -61,10 +61,11 @@ pub enum Command {
     /// The effective configuration (built-in settings, the file, TIDEMARK_* variables), with
     /// secrets masked.
     Config(ConfigArgs),
-    /// Take a backup of the log: through a running server (admin token; the directory is on
-    /// the server's machine, under its `[server] backup_dir`), or of a stopped server's data
-    /// directory with --data. Prints what it wrote, with `through_seq`: the backup is the log
-    /// as of that seq.
+    /// Take a backup of the log into --to DIR on this machine: a running server streams it
+    /// (admin token), or --data reads a stopped server's data directory; --on-server NAME has
+    /// the running server write it on its own machine instead, under its `[server]
+    /// backup_dir`. Prints what it wrote, with `through_seq`: the backup is the log as of that
+    /// seq.
     Backup(BackupArgs),
     /// Make a new data directory from a full backup and its increments, applied in order (a
     /// gap is refused); its read models rebuild from the log at the first start.
@@ -297,9 +298,10 @@ pub enum RoutesAction {
         /// The route's name.
         name: String,
     },
-    /// Create a route or replace it (recorded as `route.updated` with the reason); every node
-    /// routes with it from the next event on. The flags set its keys; --json gives any others
-    /// (delay, quiet_hours, digest, templates, retry, redact, …) as an object.
+    /// Create a route or change it (recorded as `route.updated` with the reason); every node
+    /// routes with it from the next event on. The flags set the keys they name and the route
+    /// keeps the others (its secret among them); --json gives any others (delay, quiet_hours,
+    /// digest, templates, retry, redact, …) as an object, where `null` removes a key.
     Set {
         /// The route's name (a-z, 0-9, _ and -).
         name: String,
@@ -312,8 +314,12 @@ pub enum RoutesAction {
         webhook_url: Option<String>,
         /// A webhook's signing secret: env:NAME (each node reads it from its environment; a
         /// secret on a command line is visible to other users of the machine).
-        #[arg(long = "webhook-secret")]
+        #[arg(long = "webhook-secret", conflicts_with = "no_signing")]
         webhook_secret: Option<String>,
+        /// Stop signing the webhook's requests (removes its secret; a receiver that verifies
+        /// signatures will refuse them).
+        #[arg(long = "no-signing")]
+        no_signing: bool,
         /// The list a notification naming no recipient or list is delivered to.
         #[arg(long)]
         list: Option<String>,
@@ -509,10 +515,14 @@ pub enum SourcesAction {
         #[arg(long)]
         reason: Option<String>,
     },
-    /// Resume a paused or parked source (it polls at once, from the same watermark).
+    /// Resume a paused or parked source, from the same watermark: a cron source polls at its
+    /// schedule's next time, an every source at once; --now polls at once.
     Resume {
         /// The source's name.
         name: String,
+        /// Poll at once instead of at the schedule's next time.
+        #[arg(long)]
+        now: bool,
     },
     /// Set the watermark (also back; omit --watermark to start from the beginning), with a
     /// reason recorded as a `source.reset` event.

@@ -314,7 +314,10 @@ pub(crate) async fn sources(a: SourcesArgs) -> CliResult {
             c.post_json(&path(&name, "pause"), &json!({ "reason": reason }))
                 .await?
         }
-        SourcesAction::Resume { name } => c.post_json(&path(&name, "resume"), &json!({})).await?,
+        SourcesAction::Resume { name, now } => {
+            c.post_json(&path(&name, "resume"), &json!({ "now": now }))
+                .await?
+        }
         SourcesAction::Reset {
             name,
             watermark,
@@ -397,6 +400,7 @@ pub(crate) async fn routes(a: RoutesArgs) -> CliResult {
             sink,
             webhook_url,
             webhook_secret,
+            no_signing,
             list,
             types,
             priorities,
@@ -420,6 +424,9 @@ pub(crate) async fn routes(a: RoutesArgs) -> CliResult {
                     route[k] = json!(v);
                 }
             }
+            if no_signing {
+                route["secret"] = Value::Null;
+            }
             if !types.is_empty() {
                 route["types"] = json!(types);
             }
@@ -427,8 +434,13 @@ pub(crate) async fn routes(a: RoutesArgs) -> CliResult {
                 route["priorities"] = json!(priorities);
             }
             let body = json!({ "route": route, "reason": reason });
-            c.send_json(c.http.put(c.url(&path(&name))).json(&body))
-                .await?
+            let v = c
+                .send_json(c.http.put(c.url(&path(&name))).json(&body))
+                .await?;
+            for w in v["warnings"].as_array().into_iter().flatten() {
+                eprintln!("warning: {}", w.as_str().unwrap_or_default());
+            }
+            v
         }
         RoutesAction::Delete { name, reason } => {
             let body = json!({ "reason": reason });

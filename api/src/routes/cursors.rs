@@ -299,7 +299,7 @@ pub struct LagOut {
     /// `circuit_open` (it goes when a probe succeeds) or `endpoint_disabled` (when an operator
     /// enables it, `tidemark endpoints enable bridge:<id>`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(pattern = "^(circuit_open|endpoint_disabled)$")]
+    #[schema(pattern = "^(circuit_open|endpoint_disabled|endpoint_unresolved)$")]
     pub held_by: Option<String>,
     /// A bridge subscription stopped at a terminal-state mismatch: flagged at once; it
     /// resumes when the task's state is repaired or an operator resets its cursor.

@@ -50,6 +50,16 @@ pub struct ProvenanceOut {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub source: Option<serde_json::Value>,
+    /// The session the notification belongs to (seed 000), as given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// What tells apart the destinations of one notification and route (seed 000), as given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub destination_key: Option<String>,
+    /// The request the sink is to send (seed 000), as given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub request_json: Option<serde_json::Value>,
 }
 
 impl From<tidemark_projections::notifications::Provenance> for ProvenanceOut {
@@ -59,6 +69,9 @@ impl From<tidemark_projections::notifications::Provenance> for ProvenanceOut {
             ntype: p.ntype,
             type_data: obj(p.type_data),
             source: obj(p.source),
+            session_id: p.more.session_id,
+            destination_key: p.more.destination_key,
+            request_json: obj(p.more.request_json),
         }
     }
 }

@@ -183,7 +183,7 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
             .iter()
             .filter(|r| !endpoints.iter().any(|(e, _)| &e.route == *r))
         {
-            for s in ["ok", "failing", "open", "disabled"] {
+            for s in ["ok", "failing", "open", "disabled", "unresolved"] {
                 metrics::gauge!("tidemark_endpoint_state", "route" => gone.clone(), "state" => s)
                     .set(0.0);
             }
@@ -194,7 +194,7 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
         drop(seen);
         for (e, _) in endpoints {
             let state = e.state();
-            for s in ["ok", "failing", "open", "disabled"] {
+            for s in ["ok", "failing", "open", "disabled", "unresolved"] {
                 metrics::gauge!("tidemark_endpoint_state", "route" => e.route.clone(), "state" => s)
                     .set(f64::from(u8::from(s == state)));
             }
@@ -297,6 +297,14 @@ fn console_file(content_type: &'static str, body: &'static str) -> Response {
     (status = 200, description = "The console's HTML page", content_type = "text/html", body = String)
 ))]
 pub async fn index() -> Response {
+    console_file("text/html; charset=utf-8", CONSOLE_HTML)
+}
+
+/// The console where an operator may look for it first: the same page as `/`.
+#[utoipa::path(get, path = "/console", operation_id = "getConsoleAlias", tag = "ops", responses(
+    (status = 200, description = "The console's HTML page (as at `/`)", content_type = "text/html", body = String)
+))]
+pub async fn console_alias() -> Response {
     console_file("text/html; charset=utf-8", CONSOLE_HTML)
 }
 

@@ -9,11 +9,11 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tidemark_consumers::dispatch::webhook;
-use tidemark_engine::commands::routes::SetRoute;
+use tidemark_engine::commands::routes::{BUILT_IN, NodeCheck, SetRoute};
 use tidemark_log::time::Micros;
 use tidemark_projections::routes::RouteRow;
-use tidemark_projections::routing::{ApiRoute, NotificationsConfig};
+use tidemark_projections::routing::{ApiRoute, NotificationsConfig, RouteConfig};
+use tidemark_projections::secrets;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
@@ -51,6 +51,11 @@ pub struct RouteOut {
     #[schema(value_type = Option<String>)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub previous_secret_until: Option<Micros>,
+    /// `dashboard` (the notification row itself) and `desktop` (the `app` sink's deliveries):
+    /// tidemark's own routes, configured in `[notifications.dashboard]`,
+    /// `[notifications.desktop]` and `[notifications.routing]`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub built_in: bool,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -64,6 +69,9 @@ pub struct RoutesPage {
 pub struct RouteAnswer {
     #[serde(flatten)]
     pub route: RouteOut,
+    /// On `PUT`: what the change warns of (a route that no longer signs its requests).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     pub as_of_seq: u64,
 }
 
@@ -80,8 +88,10 @@ pub struct RouteName {
 #[serde(deny_unknown_fields)]
 pub struct RouteBody {
     /// The keys of `[notifications.routes.<name>]` (`sink` required; `url` for a webhook;
-    /// `secret` and `url` may be `env:NAME`) and `priorities`, the priorities whose routing
-    /// includes the route. Replaces the whole route.
+    /// `secret` and `url` may be `env:NAME`, set on the answering node) and `priorities`, the
+    /// priorities whose routing includes the route. Replaces the keys it names and keeps those
+    /// it omits (a change without `secret` keeps the secret and its rotation); a key given as
+    /// `null` is removed (`"secret": null` stops signing, answered with a warning).
     #[schema(value_type = Object)]
     pub route: Value,
     /// Why; required, recorded in the event.
@@ -148,15 +158,6 @@ fn not_found(name: &str) -> ApiError {
     )
 }
 
-/// A webhook URL as served: its `env:` reference, or scheme, host and port, as
-/// `resolved_targets` names an endpoint (a URL can itself be a secret).
-fn shown_url(url: &str) -> String {
-    if url.starts_with("env:") {
-        return url.to_owned();
-    }
-    reqwest::Url::parse(url).map_or_else(|_| "***".to_owned(), |u| webhook::endpoint(&u))
-}
-
 /// A route managed through the API, as served.
 fn api_out(row: RouteRow) -> RouteOut {
     let mut route = row
@@ -165,7 +166,7 @@ fn api_out(row: RouteRow) -> RouteOut {
             let mut v = r.public();
             if let Some(o) = v.as_object_mut() {
                 if let Some(u) = &r.config.url {
-                    o.insert("url".into(), Value::String(shown_url(u)));
+                    o.insert("url".into(), Value::String(secrets::shown_url(u)));
                 }
                 if r.config.secret.is_some() {
                     o.insert("secret".into(), Value::String("***".into()));
@@ -190,32 +191,48 @@ fn api_out(row: RouteRow) -> RouteOut {
         updated_at: Some(Micros(row.updated_at_us)),
         updated_seq: Some(row.updated_seq),
         previous_secret_until,
+        built_in: false,
     }
 }
 
 /// The file's routes as the log records them (the last `settings.updated`), with the
-/// priorities whose routing includes each.
+/// priorities whose routing includes each, and the built-in `dashboard` and `desktop` whether
+/// or not the file gives them policies.
 fn file_out(file: &NotificationsConfig) -> Vec<RouteOut> {
     let routing = file.settings().map(|s| s.routing).unwrap_or_default();
-    file.routes
+    let mut configs: Vec<(String, RouteConfig)> = file
+        .routes
         .iter()
         .flatten()
-        .map(|(name, cfg)| {
+        .map(|(n, c)| (n.clone(), c.clone()))
+        .collect();
+    for name in BUILT_IN {
+        if !configs.iter().any(|(n, _)| n == name) {
+            configs.push((name.to_owned(), RouteConfig::default()));
+        }
+    }
+    configs
+        .into_iter()
+        .map(|(name, mut cfg)| {
+            let built_in = BUILT_IN.contains(&name.as_str());
+            if name == "desktop" && cfg.sink.is_none() {
+                cfg.sink = Some(tidemark_projections::names::Sink::App);
+            }
             let mut v = ApiRoute {
-                config: cfg.clone(),
+                config: cfg,
                 priorities: Vec::new(),
             }
             .public();
             let priorities: Vec<Value> = routing
                 .iter()
-                .filter(|(_, routes)| routes.contains(name))
+                .filter(|(_, routes)| routes.contains(&name))
                 .map(|(p, _)| Value::String(p.clone()))
                 .collect();
             if let Some(o) = v.as_object_mut() {
                 o.insert("priorities".into(), Value::Array(priorities));
             }
             RouteOut {
-                name: name.clone(),
+                name,
                 origin: Origin::Config,
                 route: v,
                 reason: None,
@@ -223,6 +240,7 @@ fn file_out(file: &NotificationsConfig) -> Vec<RouteOut> {
                 updated_at: None,
                 updated_seq: None,
                 previous_secret_until: None,
+                built_in,
             }
         })
         .collect()
@@ -285,7 +303,11 @@ async fn one(st: &AppState, name: &str, min_seq: u64) -> Result<RouteAnswer, Api
         .into_iter()
         .find(|r| r.name == name)
         .ok_or_else(|| not_found(name))?;
-    Ok(RouteAnswer { route, as_of_seq })
+    Ok(RouteAnswer {
+        route,
+        warnings: Vec::new(),
+        as_of_seq,
+    })
 }
 
 /// Admin: create or replace a route, with a reason. Every node routes with it from the next
@@ -296,7 +318,7 @@ async fn one(st: &AppState, name: &str, min_seq: u64) -> Result<RouteAnswer, Api
     responses(
         (status = 200, body = RouteAnswer),
         (status = 409, description = "route_from_config: the configuration file's route", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "reason_required, invalid_route or a malformed body", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "reason_required, invalid_route, env_unset (an `env:` variable this node lacks) or a malformed body", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = ["admin"])))]
 #[tracing::instrument(skip_all, fields(route = %name))]
@@ -306,25 +328,29 @@ pub async fn put(
     headers: HeaderMap,
     ValidatedJson(b): ValidatedJson<RouteBody>,
 ) -> Result<Json<RouteAnswer>, ApiError> {
-    // Checked by the command (`ApiRoute::check`), which refuses `invalid_route`.
-    let route = ApiRoute::from_json(&b.route).map_err(invalid_route)?;
-    if route.config.sink == Some(tidemark_projections::names::Sink::Email)
-        && st.config.sinks.email.is_none()
-    {
+    // Merged over the route held and checked by the command (`ApiRoute::check`, and what
+    // this node can deliver), which refuses `invalid_route` or `env_unset`.
+    let Value::Object(patch) = b.route else {
         return Err(invalid_route(
-            "route.sink = \"email\" needs [sinks.email] in this node's configuration",
+            "route must be an object of the keys of [notifications.routes.<name>] and priorities",
         ));
-    }
-    let (_, receipt) = st
+    };
+    let (set, receipt) = st
         .engine
         .execute(SetRoute {
             name: name.clone(),
-            route: Some(route),
+            route: Some(patch),
             reason: b.reason.into_string(),
             by: caller(&st, &headers),
+            node: NodeCheck::here(st.config.sinks.email.is_some()),
         })
         .await?;
-    one(&st, &name, receipt.last_seq).await.map(Json)
+    for w in &set.warnings {
+        tracing::warn!(route = %name, "{w}");
+    }
+    let mut answer = one(&st, &name, receipt.last_seq).await?;
+    answer.warnings = set.warnings;
+    Ok(Json(answer))
 }
 
 /// Admin: delete a route managed through the API, with a reason. Its deliveries not yet sent
@@ -352,6 +378,7 @@ pub async fn delete(
             route: None,
             reason: b.reason.into_string(),
             by: caller(&st, &headers),
+            node: NodeCheck::here(st.config.sinks.email.is_some()),
         })
         .await?;
     Ok(StatusCode::NO_CONTENT)

@@ -38,6 +38,9 @@ pub struct SourceOut {
     /// failed validation); never a header value.
     pub last_error: Option<String>,
     pub items_total: u64,
+    /// Items its `[sources.items] schema` refused, skipped (`source.item_skipped` events say
+    /// why), each counted once.
+    pub items_skipped: u64,
     /// No success for three intervals (counted from the process start at the earliest).
     pub stale: bool,
 }
@@ -84,6 +87,7 @@ fn out(st: &AppState, name: &str, row: Option<SourceRow>) -> SourceOut {
             rt.last_error
         },
         items_total: row.items_total,
+        items_skipped: row.ext.items_skipped,
         stale: rt.stale && active,
     }
 }
@@ -246,10 +250,23 @@ pub async fn pause(
     answer(&st, &name, 0).await
 }
 
-/// Resume a paused or parked source: it polls at once, from the same watermark.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeBody {
+    /// Poll at once instead of at the schedule's next time.
+    #[serde(default)]
+    pub now: bool,
+}
+
+impl Validate for ResumeBody {}
+
+/// Resume a paused or parked source, from the same watermark: a `cron` source polls at its
+/// schedule's next time, an `every` source at once (as at start, unless its `poll_at_start`
+/// is false); `{"now": true}` polls at once.
 #[utoipa::path(
     post, path = "/v1/sources/{name}/resume", tag = "sources", operation_id = "resumeSource",
     params(("name" = String, Path, description = "Source name")),
+    request_body(content = Option<ResumeBody>, content_type = "application/json"),
     responses(
         (status = 200, body = SourceAnswer),
         (status = 404, body = Problem, content_type = "application/problem+json"),
@@ -261,6 +278,7 @@ pub async fn resume(
     State(st): State<AppState>,
     SourcePath(name): SourcePath,
     headers: HeaderMap,
+    OptionalJson(b): OptionalJson<ResumeBody>,
 ) -> Result<Json<SourceAnswer>, ApiError> {
     st.engine
         .execute(Resume {
@@ -268,7 +286,7 @@ pub async fn resume(
             by: caller(&st, &headers),
         })
         .await?;
-    st.sources.wake(&name);
+    st.sources.resumed(&name, b.now);
     metrics::counter!("tidemark_source_operator_total", "action" => "resume").increment(1);
     answer(&st, &name, 0).await
 }

@@ -39,15 +39,20 @@ pub struct ReviewOut {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RunOut {
     pub run_id: String,
-    /// running, completed, failed, canceled.
-    pub outcome: String,
+    /// running, completed, failed, canceled; null for a run that ended without having
+    /// started (`mismatch`: it did not complete, spec section 6).
+    pub outcome: Option<String>,
+    /// On a `run_not_started` run only: what its ending event said (`completed`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reported_outcome: Option<String>,
     pub error: Option<String>,
     pub review: ReviewOut,
     pub started_seq: u64,
     pub ended_seq: Option<u64>,
     /// Set when the run ended without a `task.run_started` before its end: `run_not_started`
     /// (spec section 6: a mismatch; bridge subscriptions stop at it, and the router makes no
-    /// "completed" notification of it). The outcome is what the ending event said.
+    /// "completed" notification of it); its `outcome` is null and the task's status does not
+    /// follow it.
     pub mismatch: Option<String>,
 }
 
@@ -100,7 +105,8 @@ impl From<Task> for TaskOut {
                         continuation: r.review.continuation,
                     },
                     run_id: r.run_id,
-                    outcome: r.outcome,
+                    outcome: (!not_started).then(|| r.outcome.clone()),
+                    reported_outcome: not_started.then_some(r.outcome),
                     error: r.error,
                     started_seq: r.started_seq,
                     ended_seq: (r.ended_seq > 0).then_some(r.ended_seq),

@@ -206,7 +206,9 @@ impl Notifier {
                 // A receiver's Retry-After (429/503, capped at an hour) replaces the backoff.
                 let ms = backoff_ms(&self.settings.retry, attempts, u, retry_after_ms);
                 r.next = Some(Instant::now() + Duration::from_millis(ms));
-                tracing::info!(subscription = %sub_id, seq, attempt = r.attempts, retry_in_ms = ms, "webhook delivery failed");
+                tracing::warn!(target: "tidemark::endpoints", subscription = %sub_id, seq,
+                    attempt = r.attempts, code = %code, cause = %err, retry_in_ms = ms,
+                    "bridge webhook delivery failed");
                 if record_failure(&self.engine, &sub, &err, Some(&code))
                     .await
                     .is_ok()

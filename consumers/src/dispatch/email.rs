@@ -58,6 +58,8 @@ pub struct Email {
     /// The whole attempt's bound (the transport's own timeout covers each read; a server
     /// that trickles or never answers DATA is bounded here).
     timeout: Duration,
+    /// The SMTP server by scheme, host and port (the server log's name for it).
+    endpoint: String,
 }
 
 impl Email {
@@ -81,6 +83,7 @@ impl Email {
         let from: Mailbox = cfg.from.parse().map_err(
             |_| "sinks.email.from is not an address (e.g. \"tidemark <noreply@example.org>\")",
         )?;
+        let endpoint = format!("{}://{host}:{port}", url.scheme());
         let mut b = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host)
             .port(port)
             .tls(tls)
@@ -100,12 +103,18 @@ impl Email {
             from,
             concurrency,
             timeout,
+            endpoint,
         })
     }
 
     /// The message of `d` to `to`.
     fn message(&self, d: &Delivery, to: Mailbox, id: String) -> Result<Message, String> {
-        let mut text = String::new();
+        // The plain-text part says what the HTML part says: the title, then the body or the
+        // digest's items (a notification without a body is not an empty message).
+        let mut text = format!("{}\n", d.title);
+        if d.body.is_some() || d.items.len() > 1 || d.item_count() > 1 {
+            text.push('\n');
+        }
         let mut html = String::new();
         if d.items.len() > 1 || d.item_count() > 1 {
             for it in &d.items {
@@ -174,6 +183,13 @@ impl Adapter for Email {
 
     fn to_people(&self) -> bool {
         true
+    }
+
+    fn endpoint<'a>(
+        &'a self,
+        _route: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<String>> + Send + 'a>> {
+        Box::pin(std::future::ready(Some(self.endpoint.clone())))
     }
 
     /// One message per target, in turn (each member of a list gets its own, with a

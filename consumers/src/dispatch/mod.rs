@@ -106,6 +106,12 @@ pub trait Adapter: Send + Sync + 'static {
     /// Called once when the dispatcher starts, with the engine it dispatches for (an adapter
     /// that reads the models at each attempt keeps it).
     fn start(&self, _engine: &Engine) {}
+    /// Where a delivery of `route` goes, by scheme, host and port (the server log's name for
+    /// an endpoint; never a URL's path, which can be a credential).
+    fn endpoint<'a>(
+        &'a self,
+        route: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<String>> + Send + 'a>>;
     /// One attempt of one delivery to `targets` (the list's members or the recipient, when
     /// [`Adapter::to_people`]; empty otherwise).
     fn deliver(
@@ -168,6 +174,8 @@ pub fn makes_due(ev: &tidemark_log::Event) -> bool {
                 | T::EndpointCircuitClosed
                 | T::EndpointDisabled
                 | T::EndpointEnabled
+                | T::EndpointUnresolved
+                | T::EndpointResolved
         )
     )
 }
@@ -323,8 +331,9 @@ async fn run(
     shutdown: CancellationToken,
 ) {
     let sink = adapter.sink();
-    let mut inflight: JoinSet<(DeliveryId, Outcome, Duration)> = JoinSet::new();
+    let mut inflight: JoinSet<(DeliveryId, String, Outcome, Duration)> = JoinSet::new();
     let mut recheck = RECHECK_MIN;
+    let mut failures = FailureLog::default();
     loop {
         let free = adapter.concurrency().saturating_sub(inflight.len());
         if free > 0 {
@@ -345,6 +354,7 @@ async fn run(
                         health.update(sink, |h| h.in_flight += 1);
                         inflight.spawn(async move {
                             let id = d.id.clone();
+                            let route = d.route.clone();
                             let started = Instant::now();
                             let to = if a.to_people() {
                                 targets(&e, &d).await
@@ -355,7 +365,7 @@ async fn run(
                                 Ok(to) => a.deliver(d, to).await,
                                 Err(o) => o,
                             };
-                            (id, outcome, started.elapsed())
+                            (id, route, outcome, started.elapsed())
                         });
                     }
                 }
@@ -396,9 +406,17 @@ async fn run(
             Some(done) = inflight.join_next(), if !inflight.is_empty() => {
                 metrics::gauge!("tidemark_sink_in_flight", "sink" => sink.as_str()).decrement(1.0);
                 match done {
-                    Ok((id, outcome, took)) => {
+                    Ok((id, route, outcome, took)) => {
                         health.outcome(sink, &outcome);
+                        failures.attempted(&*adapter, &route, &id, &outcome).await;
+                        let unresolved = matches!(&outcome,
+                            Outcome::Transient { code, .. } if code == webhook::UNRESOLVED);
                         report(&engine, sink, &owner, &id, outcome, took).await;
+                        // A route changed through a node with another environment: recorded,
+                        // so its other deliveries wait instead of spending attempts.
+                        if unresolved {
+                            webhook::check_api_routes(&engine, Some(&route)).await;
+                        }
                     }
                     // A panicked attempt: its lease expires and it is tried again.
                     Err(_) => health.update(sink, |h| h.in_flight = h.in_flight.saturating_sub(1)),
@@ -412,6 +430,13 @@ async fn run(
                 }
             }, if !full => {}
             _ = nudged.notified(), if !full => recheck = RECHECK_MIN,
+            // A period of an endpoint's failures ends: its count is logged.
+            _ = async {
+                match failures.next_flush() {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            } => failures.flush(&*adapter).await,
             _ = shutdown.cancelled() => {
                 // Attempts in flight are abandoned: their leases expire and they are tried
                 // again (at least once, as a crash would).
@@ -419,6 +444,114 @@ async fn run(
                 health.update(sink, |h| h.in_flight = 0);
                 return;
             }
+        }
+    }
+}
+
+/// How often the failures of one endpoint are logged one by one: the first of each period;
+/// the others are counted and summed up when the period ends (or when the endpoint answers
+/// again).
+const FAILURE_LOG_PERIOD: Duration = Duration::from_secs(60);
+
+/// The server log's WARN lines for failed attempts (spec section 17): the first failure of an
+/// endpoint (its route) in a period in full — route, endpoint, code and cause — and the others
+/// of the period counted into one line, when it ends or when the endpoint answers again, so an
+/// endpoint that fails thousands of times (or flaps) does not drown the log.
+#[derive(Default)]
+struct FailureLog(std::collections::HashMap<String, FailureWindow>);
+
+struct FailureWindow {
+    since: Instant,
+    unlogged: u64,
+    last_code: String,
+}
+
+impl FailureLog {
+    async fn attempted(&mut self, a: &dyn Adapter, route: &str, id: &DeliveryId, o: &Outcome) {
+        let (code, error, kind) = match o {
+            Outcome::Sent(_) => {
+                if let Some(w) = self.0.get_mut(route)
+                    && w.unlogged > 0
+                {
+                    let (n, last) = (w.unlogged, w.last_code.clone());
+                    w.unlogged = 0;
+                    let endpoint = a.endpoint(route).await.unwrap_or_default();
+                    tracing::warn!(
+                        target: "tidemark::endpoints",
+                        sink = %a.sink(), route = %route, endpoint = %endpoint, failures = n,
+                        last_code = %last,
+                        "{n} more failed attempts before this endpoint answered again"
+                    );
+                }
+                return;
+            }
+            Outcome::Transient { code, error, .. } => (code, error, "transient"),
+            Outcome::Permanent { code, error } => (code, error, "permanent"),
+        };
+        let now = Instant::now();
+        if let Some(w) = self.0.get_mut(route)
+            && now.duration_since(w.since) < FAILURE_LOG_PERIOD
+        {
+            w.unlogged += 1;
+            w.last_code.clone_from(code);
+            return;
+        }
+        self.close(a, route).await;
+        let endpoint = a.endpoint(route).await.unwrap_or_default();
+        tracing::warn!(
+            target: "tidemark::endpoints",
+            sink = %a.sink(), route = %route, endpoint = %endpoint, delivery = %id, code = %code, kind,
+            cause = %error,
+            "delivery attempt failed"
+        );
+        self.0.insert(
+            route.to_owned(),
+            FailureWindow {
+                since: now,
+                unlogged: 0,
+                last_code: code.clone(),
+            },
+        );
+    }
+
+    /// When the first period with failures not yet logged ends.
+    fn next_flush(&self) -> Option<Instant> {
+        self.0
+            .values()
+            .filter(|w| w.unlogged > 0)
+            .map(|w| w.since + FAILURE_LOG_PERIOD)
+            .min()
+    }
+
+    /// Sum up and forget the periods that ended.
+    async fn flush(&mut self, a: &dyn Adapter) {
+        let now = Instant::now();
+        let ended: Vec<String> = self
+            .0
+            .iter()
+            .filter(|(_, w)| now.duration_since(w.since) >= FAILURE_LOG_PERIOD)
+            .map(|(r, _)| r.clone())
+            .collect();
+        for route in ended {
+            self.close(a, &route).await;
+        }
+    }
+
+    /// End `route`'s period: its failures not logged, summed up in one line.
+    async fn close(&mut self, a: &dyn Adapter, route: &str) {
+        let Some(w) = self.0.remove(route) else {
+            return;
+        };
+        if w.unlogged > 0 {
+            let endpoint = a.endpoint(route).await.unwrap_or_default();
+            tracing::warn!(
+                target: "tidemark::endpoints",
+                sink = %a.sink(), route = %route, endpoint = %endpoint, failures = w.unlogged,
+                last_code = %w.last_code,
+                "{} more failed attempts in the last {}s",
+                w.unlogged,
+                FAILURE_LOG_PERIOD.as_secs()
+            );
         }
     }
 }

@@ -15,6 +15,10 @@ use tidemark_projections::names::Sink;
 use super::{Adapter, Outcome, resolve};
 use crate::bridge::{Signatures, receiver_retry_after_ms};
 use tidemark_engine::Engine;
+use tidemark_engine::commands::routes::{NodeCheck, unset_env};
+
+/// The code of an attempt whose route names an `env:` this node lacks.
+pub const UNRESOLVED: &str = "endpoint_unresolved";
 
 /// `[sinks.webhook]`.
 #[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
@@ -79,12 +83,13 @@ impl Target {
 /// An endpoint as tidemark names it where the URL itself could be a secret: scheme, host and
 /// port (`resolved_targets`, `GET /v1/routes`).
 pub fn endpoint(u: &reqwest::Url) -> String {
-    format!(
-        "{}://{}:{}",
-        u.scheme(),
-        u.host_str().unwrap_or_default(),
-        u.port_or_known_default().unwrap_or(0)
-    )
+    tidemark_projections::secrets::shown(u).unwrap_or_else(|| {
+        format!(
+            "{}://:{}",
+            u.scheme(),
+            u.port_or_known_default().unwrap_or(0)
+        )
+    })
 }
 
 impl std::fmt::Debug for Target {
@@ -149,7 +154,7 @@ impl Webhook {
         let url = spec.config.url.as_deref().ok_or_else(no_endpoint)?;
         // An `env:` reference this node cannot read: another node may; retried.
         let unresolved = |error| Outcome::Transient {
-            code: "endpoint_unresolved".into(),
+            code: UNRESOLVED.into(),
             error,
             retry_after_ms: None,
         };
@@ -161,6 +166,53 @@ impl Webhook {
             );
         }
         Ok(t)
+    }
+}
+
+/// Look at the webhook routes managed through the API (all of them, or `only`) with this
+/// node's environment and record which it cannot resolve (`endpoint.unresolved`: their
+/// deliveries wait without spending attempts, listed `unresolved` in
+/// `GET /v1/outbox/endpoints`) and which it resolves again (spec section 17). Run at start,
+/// and after an attempt found a route unresolved (changed through another node).
+pub async fn check_api_routes(engine: &Engine, only: Option<&str>) {
+    let e = engine.clone();
+    let rows = match tokio::task::spawn_blocking(move || e.read().routes()).await {
+        Ok(Ok(rows)) => rows,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "reading the routes to resolve their env: failed");
+            return;
+        }
+        Err(_) => return,
+    };
+    let found: Vec<(String, Vec<String>)> = rows
+        .iter()
+        .filter(|r| only.is_none_or(|o| o == r.name))
+        .filter_map(|r| {
+            let spec = r.spec()?;
+            (spec.config.sink == Some(Sink::Webhook))
+                .then(|| (r.name.clone(), unset_env(&spec, NodeCheck::here(true))))
+        })
+        .collect();
+    for (route, unset) in &found {
+        if !unset.is_empty() {
+            tracing::error!(
+                target: "tidemark::endpoints",
+                route = %route,
+                unset = %unset.join(", "),
+                "webhook route unresolved on this node: its deliveries wait until the \
+                 variable is set (and the server restarted) or the route is set again"
+            );
+        }
+    }
+    if found.is_empty() {
+        return;
+    }
+    let cmd = tidemark_engine::commands::outbox::ResolveEndpoints {
+        found,
+        node: engine.leases().node().to_owned(),
+    };
+    if let Err(e) = engine.execute(cmd).await {
+        tracing::warn!(error = %e, "recording the routes' env: resolution failed");
     }
 }
 
@@ -198,6 +250,13 @@ impl Adapter for Webhook {
 
     fn start(&self, engine: &Engine) {
         let _ = self.engine.set(engine.clone());
+    }
+
+    fn endpoint<'a>(
+        &'a self,
+        route: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<String>> + Send + 'a>> {
+        Box::pin(async move { self.target(route).await.ok().map(|t| t.shown()) })
     }
 
     fn deliver(

@@ -53,6 +53,61 @@ pub struct SourceConfig {
     pub ack: Option<AckConfig>,
     #[serde(default)]
     pub retry: SourceRetryConfig,
+    /// An upstream token obtained and refreshed by OAuth 2 client credentials (seed 004):
+    /// sent as `Authorization: Bearer <token>` on every list and ack request.
+    #[serde(default)]
+    pub auth: Option<AuthConfig>,
+}
+
+/// `[sources.auth]`: the OAuth 2 client-credentials grant (RFC 6749 section 4.4). The token is
+/// asked for at the first request, refreshed `refresh_before` its expiry, and once more when
+/// the upstream answers `401` (a token revoked early); it is a secret, never logged or served.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// `oauth2_client_credentials`, the one kind.
+    #[serde(default = "default_auth_kind")]
+    pub kind: String,
+    /// The token endpoint (`http://` or `https://`).
+    pub token_url: String,
+    /// `env:NAME` or the text.
+    pub client_id: String,
+    /// `env:NAME` (or the text, shown masked).
+    #[serde(serialize_with = "masked_secret")]
+    pub client_secret: String,
+    /// Sent as `scope` when set.
+    #[serde(default)]
+    pub scope: Option<String>,
+    /// Sent as `audience` when set (some providers want it).
+    #[serde(default)]
+    pub audience: Option<String>,
+    /// How long before its expiry a token is renewed.
+    #[serde(default = "default_refresh_before")]
+    pub refresh_before: String,
+}
+
+fn default_auth_kind() -> String {
+    "oauth2_client_credentials".into()
+}
+
+fn default_refresh_before() -> String {
+    "60s".into()
+}
+
+fn masked_secret<S: serde::Serializer>(v: &str, s: S) -> Result<S::Ok, S::Error> {
+    if v.starts_with("env:") {
+        s.serialize_str(v)
+    } else {
+        s.serialize_str("<masked>")
+    }
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("token_url", &self.token_url)
+            .finish_non_exhaustive()
+    }
 }
 
 fn masked<S: serde::Serializer>(h: &BTreeMap<String, String>, s: S) -> Result<S::Ok, S::Error> {
@@ -109,6 +164,11 @@ fn default_bootstrap() -> String {
 pub struct ItemsConfig {
     pub path: String,
     pub id: String,
+    /// A JSON Schema (draft 2020-12 unless it says `$schema`) each item must satisfy (seed
+    /// 004's response schema): an item that does not is skipped with the reason, recorded as
+    /// `source.item_skipped` and counted, never turned into an event or a notification.
+    #[serde(default)]
+    pub schema: Option<Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -116,6 +176,9 @@ pub struct ItemsConfig {
 pub struct AckConfig {
     pub url: String,
     pub field: String,
+    /// More fields of the acknowledgement's body, as given (seed 004's `clientVersion`).
+    #[serde(default)]
+    pub extra: BTreeMap<String, Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -131,15 +194,42 @@ pub struct SourceRetryConfig {
     pub jitter: f64,
     #[serde(default = "default_retry_after_max")]
     pub retry_after_max: String,
-    /// Park after this many consecutive failures of a class: `server_error` (5xx, 408, 429
-    /// without `Retry-After`), `timeout`, `connection`, `rate_limited` (429/503 with
-    /// `Retry-After`). A class not named retries without end, with the capped backoff.
+    /// Park after this many consecutive failures of a class: `server_error` (5xx, 408),
+    /// `timeout`, `network` (a connection refused or cut; `connection` is the same),
+    /// `rate_limited` (429, or 503 with `Retry-After`), `auth` (401, and a token endpoint
+    /// that fails). A class not named retries without end, with its backoff; `auth` is
+    /// retried once unless it is named.
     #[serde(default)]
     pub limits: BTreeMap<String, u32>,
+    /// A backoff of its own per class (seed 004's retry matrix): each key falls back to the
+    /// source's (`strategy`, `base_delay`, `max_delay`, `jitter`).
+    #[serde(default)]
+    pub classes: BTreeMap<String, ClassRetryConfig>,
 }
 
-/// The classes of transient upstream failure `[sources.retry] limits` may bound.
-pub const FAILURE_CLASSES: &[&str] = &["server_error", "timeout", "connection", "rate_limited"];
+/// `[sources.retry.classes.<class>]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassRetryConfig {
+    pub strategy: Option<String>,
+    pub base_delay: Option<String>,
+    pub max_delay: Option<String>,
+    pub jitter: Option<f64>,
+}
+
+/// The classes of upstream failure `[sources.retry] limits` and `classes` name.
+pub const FAILURE_CLASSES: &[&str] =
+    &["server_error", "timeout", "network", "rate_limited", "auth"];
+
+/// A class by its configured name (`connection` is `network`, its earlier name).
+fn failure_class(name: &str) -> Option<&'static str> {
+    let name = if name == "connection" {
+        "network"
+    } else {
+        name
+    };
+    FAILURE_CLASSES.iter().copied().find(|c| *c == name)
+}
 fn default_strategy() -> String {
     "exponential".into()
 }
@@ -164,9 +254,15 @@ impl Default for SourceRetryConfig {
             jitter: default_jitter(),
             retry_after_max: default_retry_after_max(),
             limits: BTreeMap::new(),
+            classes: BTreeMap::new(),
         }
     }
 }
+
+/// What a `cron` value must be, said with every refusal of one.
+const CRON_FORM: &str = "must be 5 fields, \"minute hour day-of-month month day-of-week\" \
+    (e.g. \"0 9,17 * * *\": at 09:00 and 17:00; \"*/15 * * * *\": every 15 minutes), with \
+    tz = \"UTC\", \"+02:00\" or an IANA name";
 
 /// When a source polls.
 #[derive(Debug, Clone)]
@@ -233,6 +329,21 @@ pub struct Source {
     pub(super) retry_after_max: Duration,
     /// `[sources.retry] limits`, checked.
     pub(super) limits: HashMap<&'static str, u32>,
+    /// `[sources.retry.classes]`: each class's backoff (the source's for a class not named).
+    pub(super) class_retry: HashMap<&'static str, RetrySettings>,
+    /// `[sources.items] schema`, compiled.
+    pub(super) schema: Option<std::sync::Arc<jsonschema::Validator>>,
+    /// `[sources.auth]`, resolved, with its token.
+    pub(super) auth: Option<std::sync::Arc<super::oauth::ClientCredentials>>,
+}
+
+impl Source {
+    /// The backoff of a failure of `class` (the source's when the class has none of its own).
+    pub(super) fn retry_for(&self, class: Option<&str>) -> &RetrySettings {
+        class
+            .and_then(|c| self.class_retry.get(c))
+            .unwrap_or(&self.retry)
+    }
 }
 
 impl std::fmt::Debug for Source {
@@ -242,7 +353,7 @@ impl std::fmt::Debug for Source {
     }
 }
 
-fn key_err(name: &str, key: &str, why: impl std::fmt::Display) -> String {
+pub(super) fn key_err(name: &str, key: &str, why: impl std::fmt::Display) -> String {
     format!("sources.{name}.{key}: {why}")
 }
 
@@ -310,10 +421,11 @@ impl Source {
             )),
             (None, Some(c)) => {
                 if c.split_whitespace().count() != 5 {
-                    return Err(key_err(&n, "cron", "must have 5 fields"));
+                    return Err(key_err(&n, "cron", CRON_FORM));
                 }
                 use std::str::FromStr as _;
-                let cron = croner::Cron::from_str(c).map_err(|e| key_err(&n, "cron", e))?;
+                let cron = croner::Cron::from_str(c)
+                    .map_err(|e| key_err(&n, "cron", format!("{e}: {CRON_FORM}")))?;
                 let tz = match &cfg.tz {
                     None => Zone::Fixed(FixedOffset::east_opt(0).expect("zero offset")),
                     Some(t) => Zone::parse(t).ok_or_else(|| {
@@ -381,22 +493,84 @@ impl Source {
             if a.field.is_empty() {
                 return Err(key_err(&n, "ack.field", "must not be empty"));
             }
+            if let Some(k) = a
+                .extra
+                .keys()
+                .find(|k| *k == &a.field || k.as_str() == "acknowledgedAt")
+            {
+                return Err(key_err(
+                    &n,
+                    &format!("ack.extra.{k}"),
+                    "is a field tidemark writes (ack.field, acknowledgedAt)",
+                ));
+            }
         }
+        let schema = match &cfg.items.schema {
+            None => None,
+            Some(v) => Some(std::sync::Arc::new(jsonschema::validator_for(v).map_err(
+                |e| key_err(&n, "items.schema", format!("is not a JSON Schema: {e}")),
+            )?)),
+        };
         let r = &cfg.retry;
-        let retry = RetrySettings {
-            strategy: Strategy::parse(&r.strategy).ok_or_else(|| {
-                key_err(&n, "retry.strategy", "must be exponential, linear or fixed")
-            })?,
-            max_attempts: u32::MAX,
-            base_delay_ms: parse_duration_ms(&r.base_delay)
-                .ok_or_else(|| key_err(&n, "retry.base_delay", "is not a duration"))?,
-            max_delay_ms: parse_duration_ms(&r.max_delay)
-                .ok_or_else(|| key_err(&n, "retry.max_delay", "is not a duration"))?,
-            jitter: Some(r.jitter)
-                .filter(|j| (0.0..=1.0).contains(j))
-                .ok_or_else(|| key_err(&n, "retry.jitter", "must be between 0 and 1"))?,
-            lease_ttl_ms: 0,
-            batch_size: 1,
+        let shape = |key: &str,
+                     strategy: &str,
+                     base: &str,
+                     max: &str,
+                     jitter: f64|
+         -> Result<RetrySettings, String> {
+            Ok(RetrySettings {
+                strategy: Strategy::parse(strategy).ok_or_else(|| {
+                    key_err(
+                        &n,
+                        &format!("{key}.strategy"),
+                        "must be exponential, linear or fixed",
+                    )
+                })?,
+                max_attempts: u32::MAX,
+                base_delay_ms: parse_duration_ms(base).ok_or_else(|| {
+                    key_err(&n, &format!("{key}.base_delay"), "is not a duration")
+                })?,
+                max_delay_ms: parse_duration_ms(max)
+                    .ok_or_else(|| key_err(&n, &format!("{key}.max_delay"), "is not a duration"))?,
+                jitter: Some(jitter)
+                    .filter(|j| (0.0..=1.0).contains(j))
+                    .ok_or_else(|| {
+                        key_err(&n, &format!("{key}.jitter"), "must be between 0 and 1")
+                    })?,
+                lease_ttl_ms: 0,
+                batch_size: 1,
+            })
+        };
+        let retry = shape("retry", &r.strategy, &r.base_delay, &r.max_delay, r.jitter)?;
+        let mut class_retry = HashMap::new();
+        for (class, c) in &r.classes {
+            let key = format!("retry.classes.{class}");
+            let Some(known) = failure_class(class) else {
+                return Err(key_err(
+                    &n,
+                    &key,
+                    format!(
+                        "is not a failure class (known: {})",
+                        FAILURE_CLASSES.join(", ")
+                    ),
+                ));
+            };
+            class_retry.insert(
+                known,
+                shape(
+                    &key,
+                    c.strategy.as_deref().unwrap_or(&r.strategy),
+                    c.base_delay.as_deref().unwrap_or(&r.base_delay),
+                    c.max_delay.as_deref().unwrap_or(&r.max_delay),
+                    c.jitter.unwrap_or(r.jitter),
+                )?,
+            );
+        }
+        let auth = match &cfg.auth {
+            None => None,
+            Some(a) => Some(std::sync::Arc::new(super::oauth::ClientCredentials::new(
+                &n, a,
+            )?)),
         };
         let retry_after_max = Duration::from_millis(
             parse_duration_ms(&r.retry_after_max)
@@ -404,7 +578,7 @@ impl Source {
         );
         let mut limits = HashMap::new();
         for (class, limit) in &r.limits {
-            let Some(c) = FAILURE_CLASSES.iter().find(|c| **c == class) else {
+            let Some(c) = failure_class(class) else {
                 return Err(key_err(
                     &n,
                     &format!("retry.limits.{class}"),
@@ -421,7 +595,7 @@ impl Source {
                     "must be at least 1",
                 ));
             }
-            limits.insert(*c, *limit);
+            limits.insert(c, *limit);
         }
         let mut headers = reqwest::header::HeaderMap::new();
         for (k, v) in &cfg.headers {
@@ -443,6 +617,9 @@ impl Source {
             retry,
             retry_after_max,
             limits,
+            class_retry,
+            schema,
+            auth,
         })
     }
 }

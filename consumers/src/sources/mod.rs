@@ -12,6 +12,7 @@
 //! served or put into an error.
 
 mod config;
+mod oauth;
 mod upstream;
 
 pub use config::{
@@ -58,7 +59,18 @@ struct Slot {
     source: Source,
     runtime: Mutex<Runtime>,
     wake: Notify,
+    /// What the last wake-up asks for: a poll now (an operator's poll, a resume with `now`),
+    /// or only a look at the state (a resume: the source goes back to its schedule).
+    poll_now: std::sync::atomic::AtomicBool,
     started_us: i64,
+}
+
+impl Slot {
+    /// Whether the wake-up just received asks for a poll now.
+    fn take_poll_now(&self) -> bool {
+        self.poll_now
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 /// The configured sources and their pollers' state; cheap to clone.
@@ -86,6 +98,7 @@ impl Sources {
                                 ..Runtime::default()
                             }),
                             wake: Notify::new(),
+                            poll_now: Default::default(),
                             started_us,
                         })
                     })
@@ -121,11 +134,25 @@ impl Sources {
         Some(r)
     }
 
-    /// Poll `name` now (or as soon as its current poll ends); also wakes a paused or parked
-    /// source's task after a resume.
+    /// Poll `name` now (or as soon as its current poll ends).
     pub fn wake(&self, name: &str) -> bool {
+        self.notify(name, true)
+    }
+
+    /// Wake a paused or parked source's task after a resume: with `now` it polls at once,
+    /// else at its schedule's next time (a `cron` source never polls outside its schedule; an
+    /// `every` source, whose interval counts from a poll, polls at once as at start, unless
+    /// its `poll_at_start` says otherwise).
+    pub fn resumed(&self, name: &str, now: bool) -> bool {
+        let now = now || self.slot(name).is_some_and(|s| s.source.polls_at_start());
+        self.notify(name, now)
+    }
+
+    fn notify(&self, name: &str, poll_now: bool) -> bool {
         match self.slot(name) {
             Some(s) => {
+                s.poll_now
+                    .store(poll_now, std::sync::atomic::Ordering::SeqCst);
                 s.wake.notify_one();
                 true
             }
@@ -207,7 +234,6 @@ async fn run(
     // An `every` source polls once at start (its interval counts from a poll); a `cron` one
     // waits for its schedule's first time, unless `poll_at_start` says otherwise.
     let mut due_now = slot.source.polls_at_start();
-    let mut unauthorized_once = false;
     // The poll's idempotency series: the same for the retries of a poll that failed, a new one
     // after a success (so a later poll of the same watermark is a new request upstream).
     let mut series = uuid::Uuid::now_v7().to_string();
@@ -244,7 +270,13 @@ async fn run(
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
-                _ = slot.wake.notified() => {}
+                _ = slot.wake.notified() => {
+                    // A resume that arrived before the poller saw the pause: back to waiting
+                    // for the schedule.
+                    if !slot.take_poll_now() {
+                        continue;
+                    }
+                }
                 // The lease handed over while waiting: go on standby now, not at the next
                 // poll time (the node would show `idle` for a source another node polls).
                 _ = changes.changed() => {
@@ -276,12 +308,16 @@ async fn run(
                 };
                 r.next_poll_at_us = None;
             });
-            // Until a resume (or a poll request, answered 409 by the API) wakes it.
+            // Until a resume (or a poll request, answered 409 by the API) wakes it; then at
+            // once when the resume asks for it, else at the schedule's next time.
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = slot.wake.notified() => {}
             }
-            due_now = true;
+            due_now = slot.take_poll_now();
+            if !due_now {
+                next = slot.source.schedule.next_after(Utc::now());
+            }
             continue;
         }
         set(&slot, |r| {
@@ -313,7 +349,6 @@ async fn run(
             .unwrap_or(0);
         match result {
             Ok(items) => {
-                unauthorized_once = false;
                 class_failures.clear();
                 series = uuid::Uuid::now_v7().to_string();
                 metrics::counter!("tidemark_source_items_total", "source" => name.clone())
@@ -335,22 +370,37 @@ async fn run(
             Err(PollError::Park(error)) => {
                 tracing::warn!(source = %name, %error, "source parked");
                 count_failure(&slot, &error);
-                park(&engine, &name, error).await;
+                park(&engine, &slot, &name, error).await;
             }
-            Err(PollError::Unauthorized(error)) if unauthorized_once => {
-                tracing::warn!(source = %name, %error, "source parked after a second 401");
+            Err(PollError::Unauthorized(error))
+                if in_a_row(&mut class_failures, "auth")
+                    >= slot.source.limits.get("auth").copied().unwrap_or(2) =>
+            {
+                tracing::warn!(source = %name, %error, "source parked after a 401 retried");
                 count_failure(&slot, &error);
-                park(&engine, &name, error).await;
-                unauthorized_once = false;
+                park(&engine, &slot, &name, error).await;
+                class_failures.clear();
             }
             Err(PollError::Unauthorized(error)) => {
-                // Retried once, at once (a token may just have been rotated upstream).
-                unauthorized_once = true;
+                // Retried (once, unless `retry.limits.auth` says more) with a new token (a
+                // token may have been revoked or rotated upstream): at once, or after the
+                // `auth` class's backoff when it has one.
+                if let Some(auth) = &slot.source.auth {
+                    auth.forget().await;
+                }
                 set(&slot, |r| {
                     r.consecutive_failures += 1;
                     r.last_error = Some(error);
                 });
-                due_now = true;
+                match slot.source.class_retry.get("auth") {
+                    Some(shape) => {
+                        let n = class_failures.get("auth").copied().unwrap_or(1);
+                        let delay = backoff_ms(shape, n, rand::random::<f64>(), None);
+                        set(&slot, |r| r.state = SourceState::BackingOff);
+                        next = Utc::now() + chrono::Duration::milliseconds(delay as i64);
+                    }
+                    None => due_now = true,
+                }
             }
             Err(
                 PollError::RetryAfter(_, Some(class), ref error)
@@ -362,7 +412,7 @@ async fn run(
                 );
                 tracing::warn!(source = %name, %error, "source parked");
                 count_failure(&slot, &error);
-                park(&engine, &name, error).await;
+                park(&engine, &slot, &name, error).await;
                 class_failures.clear();
             }
             Err(PollError::RetryAfter(wait, class, error)) => {
@@ -384,7 +434,16 @@ async fn run(
                     class_failures.clear();
                 }
                 let attempt = failures + 1;
-                let delay = backoff_ms(&slot.source.retry, attempt, rand::random::<f64>(), None);
+                // The class's own backoff (`[sources.retry.classes]`), counted by its
+                // failures in a row; the source's, counted by every failure, otherwise.
+                let (shape, n) = match class.filter(|c| slot.source.class_retry.contains_key(c)) {
+                    Some(c) => (
+                        slot.source.retry_for(Some(c)),
+                        class_failures.get(c).copied().unwrap_or(1),
+                    ),
+                    None => (&slot.source.retry, attempt),
+                };
+                let delay = backoff_ms(shape, n, rand::random::<f64>(), None);
                 tracing::info!(source = %name, attempt, delay_ms = delay, %error, "source poll failed; backing off");
                 set(&slot, |r| {
                     r.state = SourceState::BackingOff;
@@ -430,15 +489,20 @@ fn in_a_row(
     *n
 }
 
-async fn park(engine: &Engine, name: &str, error: String) {
+/// Park the source (recorded as `source.parked`); the poller shows it parked until a resume.
+async fn park(engine: &Engine, slot: &Slot, name: &str, error: String) {
     let r = engine
         .execute(Park {
             name: name.to_owned(),
             error,
         })
         .await;
-    if let Err(e) = r {
-        tracing::warn!(source = %name, error = %e, "could not record the parking");
+    match r {
+        Ok(_) => set(slot, |r| {
+            r.state = SourceState::Parked;
+            r.next_poll_at_us = None;
+        }),
+        Err(e) => tracing::warn!(source = %name, error = %e, "could not record the parking"),
     }
 }
 
@@ -458,9 +522,15 @@ async fn poll(
     if fresh && cfg.watermark.bootstrap == "latest" {
         // The newest item's id becomes the watermark; nothing is appended.
         let body = request(client, src, None, 1, series).await?;
-        let page = parse_page(cfg, &body)?;
-        if let Some(first) = page.items.first() {
-            advance(engine, name, None, first.id.clone()).await?;
+        let page = parse_page(cfg, src.schema.as_deref(), &body)?;
+        // The newest item's id, whether or not its schema takes it (nothing is appended).
+        let newest = page
+            .items
+            .first()
+            .map(|i| i.id.clone())
+            .or_else(|| page.rejected.first().map(|(id, _)| id.clone()));
+        if let Some(first) = newest {
+            advance(engine, name, None, first).await?;
         }
         return Ok(0);
     }
@@ -476,10 +546,13 @@ async fn poll(
     let mut first_of_cycle: Option<SourceItem> = None;
     for n in 0..cfg.max_pages_per_poll {
         let body = request(client, src, cursor.as_deref(), cfg.page_size, series).await?;
-        let page = parse_page(cfg, &body)?;
+        let page = parse_page(cfg, src.schema.as_deref(), &body)?;
         let last = !page.has_more || n + 1 == cfg.max_pages_per_poll;
-        if !page.items.is_empty() || last {
-            ids.extend(page.items.iter().map(|i| i.id.clone()));
+        if !page.items.is_empty() || !page.rejected.is_empty() || last {
+            // Acknowledged upstream: the items appended, and those the schema refused (received
+            // and recorded as skipped; an upstream that resends what is not acknowledged would
+            // send them for ever).
+            ids.extend(page.ids.iter().cloned());
             // The page's items stay here too until the command says which one, if any, is
             // the first its cycle's notification covers (the title's placeholders read it).
             let items = if first_of_cycle.is_none() {
@@ -495,6 +568,7 @@ async fn poll(
                 max_pending: (max_pending as f64 * cfg.backpressure_threshold).floor() as u64,
                 last,
                 first_of_cycle: first_of_cycle.clone(),
+                rejected: page.rejected,
             };
             let (out, _) = engine.execute(cmd).await.map_err(command_error)?;
             if let (None, Some(id), Some(items)) = (&first_of_cycle, &out.first_covered, items) {
@@ -516,6 +590,12 @@ async fn poll(
             }
             metrics::gauge!("tidemark_source_backpressure", "source" => name.clone()).set(0.0);
             appended += out.appended;
+            if out.rejected > 0 {
+                metrics::counter!("tidemark_source_items_skipped_total", "source" => name.clone())
+                    .increment(out.rejected as u64);
+                tracing::warn!(target: "tidemark::sources", source = %name, skipped = out.rejected,
+                    "items refused by the source's schema were skipped (source.item_skipped says why)");
+            }
             if out.notified {
                 metrics::counter!("tidemark_source_notifications_generated_total", "source" => name.clone())
                     .increment(1);

@@ -58,7 +58,7 @@ pub(super) async fn request(
     // series (the same when a failed poll is retried, a new one after a success).
     let request_id = uuid::Uuid::now_v7().to_string();
     req = req
-        .headers(src.headers.clone())
+        .headers(headers(client, src).await?)
         .header("X-Request-ID", &request_id)
         .timeout(src.timeout);
     if let Some(h) = &cfg.idempotency_header {
@@ -74,16 +74,31 @@ pub(super) async fn request(
     read_bounded(resp).await
 }
 
+/// The source's headers, with its OAuth token as `Authorization` in place of a configured one.
+async fn headers(
+    client: &reqwest::Client,
+    src: &Source,
+) -> Result<reqwest::header::HeaderMap, PollError> {
+    let mut h = src.headers.clone();
+    if let Some(auth) = &src.auth {
+        h.insert(
+            reqwest::header::AUTHORIZATION,
+            auth.bearer(client, src.timeout).await?,
+        );
+    }
+    Ok(h)
+}
+
 /// An error of the HTTP client, without anything of the request (headers, URL query).
 pub(super) fn transport(e: &reqwest::Error) -> PollError {
     let (class, what) = if e.is_timeout() {
         ("timeout", "timeout")
     } else if e.is_connect() {
-        ("connection", "connection failed")
+        ("network", "connection failed")
     } else if e.is_body() || e.is_decode() {
-        ("connection", "reading the body failed")
+        ("network", "reading the body failed")
     } else {
-        ("connection", "request failed")
+        ("network", "request failed")
     };
     PollError::Transient(Some(class), what.into())
 }
@@ -128,7 +143,8 @@ pub(super) fn status_error(
             PollError::RetryAfter(d, Some("rate_limited"), format!("status {code}"))
         }
         (401, _) => PollError::Unauthorized(format!("status {code}")),
-        (500..=599, _) | (429, _) | (408, _) => {
+        (429, None) => PollError::Transient(Some("rate_limited"), format!("status {code}")),
+        (500..=599, _) | (408, _) => {
             PollError::Transient(Some("server_error"), format!("status {code}"))
         }
         _ => PollError::Park(format!("status {code}")),
@@ -160,6 +176,10 @@ pub(super) async fn read_bounded(mut resp: reqwest::Response) -> Result<Vec<u8>,
 #[derive(Debug)]
 pub(super) struct Page {
     pub(super) items: Vec<SourceItem>,
+    /// The items `[sources.items] schema` refused: `(id, why)`, in page order.
+    pub(super) rejected: Vec<(String, String)>,
+    /// Every item's id, in page order (what the ack names).
+    pub(super) ids: Vec<String>,
     pub(super) next: Option<String>,
     pub(super) has_more: bool,
 }
@@ -168,7 +188,23 @@ fn invalid(pointer: &str, why: &str) -> PollError {
     PollError::Park(format!("invalid response at {pointer}: {why}"))
 }
 
-pub(super) fn parse_page(cfg: &SourceConfig, body: &[u8]) -> Result<Page, PollError> {
+/// Why `item` does not satisfy `schema`: its first error and where (`/plan/name: 7 is not of
+/// type "string"`), at most 512 characters.
+fn schema_error(schema: &jsonschema::Validator, item: &Value) -> Option<String> {
+    let e = schema.validate(item).err()?;
+    let at = e.instance_path().to_string();
+    let why = format!("{}: {e}", if at.is_empty() { "/" } else { &at });
+    Some(match why.char_indices().nth(512) {
+        Some((i, _)) => format!("{}…", &why[..i]),
+        None => why,
+    })
+}
+
+pub(super) fn parse_page(
+    cfg: &SourceConfig,
+    schema: Option<&jsonschema::Validator>,
+    body: &[u8],
+) -> Result<Page, PollError> {
     let v: Value = serde_json::from_slice(body).map_err(|_| invalid("", "not JSON"))?;
     let path = &cfg.items.path;
     let list = if path.is_empty() {
@@ -183,6 +219,8 @@ pub(super) fn parse_page(cfg: &SourceConfig, body: &[u8]) -> Result<Page, PollEr
         return Err(invalid(path, &format!("more than {MAX_ITEMS} items")));
     }
     let mut items = Vec::with_capacity(list.len());
+    let mut rejected = Vec::new();
+    let mut ids = Vec::with_capacity(list.len());
     for (i, item) in list.iter().enumerate() {
         let at = format!("{path}/{i}");
         if !item.is_object() {
@@ -205,6 +243,12 @@ pub(super) fn parse_page(cfg: &SourceConfig, body: &[u8]) -> Result<Page, PollEr
         if event_id.chars().count() > 128 || id.chars().any(char::is_control) {
             return Err(invalid(&id_at, "does not make a valid event_id"));
         }
+        ids.push(id.to_owned());
+        // An item the configured schema refuses is skipped (recorded with why), not the page.
+        if let Some(why) = schema.and_then(|s| schema_error(s, item)) {
+            rejected.push((id.to_owned(), why));
+            continue;
+        }
         items.push(SourceItem {
             id: id.to_owned(),
             item: item.clone(),
@@ -219,11 +263,13 @@ pub(super) fn parse_page(cfg: &SourceConfig, body: &[u8]) -> Result<Page, PollEr
         Some(Value::Bool(b)) => *b,
         _ => return Err(invalid(&cfg.watermark.has_more, "not a boolean")),
     };
-    if !items.is_empty() && next.is_none() {
+    if (!items.is_empty() || !rejected.is_empty()) && next.is_none() {
         return Err(invalid(&cfg.watermark.next, "null on a page with items"));
     }
     Ok(Page {
         items,
+        rejected,
+        ids,
         next,
         has_more,
     })
@@ -237,7 +283,11 @@ pub(super) async fn send_ack(
     from: &str,
     to: &str,
 ) -> Result<(), PollError> {
-    let mut body = serde_json::Map::new();
+    let mut body: serde_json::Map<String, Value> = ack
+        .extra
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     body.insert(ack.field.clone(), Value::from(ids.to_vec()));
     // When tidemark acknowledged them (seed 004: `"acknowledgedAt": "2025-01-01T12:00:00Z"`,
     // UTC to the second): the time of this request, so a repeat after a crash says when it
@@ -248,7 +298,7 @@ pub(super) async fn send_ack(
     );
     let resp = client
         .post(&ack.url)
-        .headers(src.headers.clone())
+        .headers(headers(client, src).await?)
         .header(
             "X-Idempotency-Key",
             format!("ack:{}:{from}:{to}", src.cfg.name),
@@ -274,7 +324,7 @@ mod tests {
         let c = cfg();
         let ok =
             br#"{"data":[{"id":"a"},{"id":"b"}],"pagination":{"nextAfterId":"b","hasMore":false}}"#;
-        let p = parse_page(&c, ok).unwrap();
+        let p = parse_page(&c, None, ok).unwrap();
         assert_eq!(p.items.len(), 2);
         assert_eq!(p.next.as_deref(), Some("b"));
         let cases: [(&[u8], &str); 5] = [
@@ -311,7 +361,7 @@ mod tests {
             ])
             .collect();
         for (body, want) in cases {
-            match parse_page(&c, body) {
+            match parse_page(&c, None, body) {
                 Err(PollError::Park(e)) => assert!(e.contains(want), "{e} should name {want}"),
                 other => panic!("{want}: {other:?}"),
             }
@@ -359,9 +409,10 @@ mod tests {
             )),
             Some(Duration::from_secs(60))
         );
+        // A 429 without a wait is still rate limiting (its class's backoff, seed 004).
         assert!(matches!(
             status_error(S::TOO_MANY_REQUESTS, &none, b"{}"),
-            PollError::Transient(Some("server_error"), _)
+            PollError::Transient(Some("rate_limited"), _)
         ));
         assert!(matches!(
             status_error(S::UNAUTHORIZED, &none, b""),

@@ -4,11 +4,16 @@
 
 use tidemark_log::NewEvent;
 use tidemark_projections::ModelsTxn;
-use tidemark_projections::names::{EventType, Stream};
+use tidemark_projections::names::{EventType, Sink, Stream};
 use tidemark_projections::routes::{self, RouteRow};
 use tidemark_projections::routing::ApiRoute;
+use tidemark_projections::secrets;
 use tidemark_projections::settings;
 
+use tidemark_projections::deliveries;
+use tidemark_projections::endpoints::EndpointChange;
+
+use super::outbox::endpoint_event;
 use super::sealed::Sealed;
 use super::{Command, Decided, Round};
 use crate::error::{CommandError, Rejection};
@@ -16,19 +21,109 @@ use crate::error::{CommandError, Rejection};
 /// The routes tidemark itself defines (section 4): neither is managed through the API.
 pub const BUILT_IN: [&str; 2] = ["dashboard", "desktop"];
 
-/// Set a route (`Some`: create or replace it) or delete it (`None`, refused `route_not_found`
-/// for a route the API does not hold); answers the route after it (deleted: as it was).
+/// What a `PUT /v1/routes/{name}` names (spec section 4: it replaces what it names and keeps
+/// what it omits): each key given replaces the route's, a key given as `null` is removed, a
+/// key left out keeps its value (a route changed without `secret` keeps its secret and its
+/// rotation). For a route the API does not hold yet, the object is the route.
+pub type RoutePatch = serde_json::Map<String, serde_json::Value>;
+
+/// What the answering node can deliver: a route it could not is refused when it is set, not
+/// when its deliveries come due.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeCheck {
+    /// `[sinks.email]` is configured here.
+    pub email_sink: bool,
+    /// Whether an environment variable is set here (`env:NAME` values).
+    pub env_set: fn(&str) -> bool,
+}
+
+impl NodeCheck {
+    /// Every variable is set, every sink configured (tests of the decision alone).
+    pub const ANY: NodeCheck = NodeCheck {
+        email_sink: true,
+        env_set: |_| true,
+    };
+
+    /// This process: its configuration's email sink and its environment.
+    pub fn here(email_sink: bool) -> NodeCheck {
+        NodeCheck {
+            email_sink,
+            // As the sinks read it (`env_value`): set, and text.
+            env_set: |var| std::env::var(var).is_ok(),
+        }
+    }
+}
+
+/// Set a route (`Some`: create it or change the keys the patch names) or delete it (`None`,
+/// refused `route_not_found` for a route the API does not hold); answers the route after it
+/// (deleted: as it was).
 #[derive(Debug, Clone)]
 pub struct SetRoute {
     pub name: String,
-    pub route: Option<ApiRoute>,
+    pub route: Option<RoutePatch>,
     pub reason: String,
     pub by: Option<String>,
+    pub node: NodeCheck,
+}
+
+/// A route as set, and what the change warns of (signing removed).
+#[derive(Debug, Clone)]
+pub struct RouteSet {
+    pub row: RouteRow,
+    pub warnings: Vec<String>,
+}
+
+/// `patch` over the route object `held` records: named keys replace, `null` removes. A
+/// `secret` or `url` given as the route shows it (`"***"`, scheme, host and port), as a client
+/// that reads the route, edits it and sends it back does, keeps the held one: a secret and a
+/// URL's path are never served, so what was served cannot stand for them.
+pub fn merged(held: Option<&RouteRow>, patch: &RoutePatch) -> serde_json::Value {
+    let mut obj = held
+        .and_then(|r| serde_json::from_str::<serde_json::Value>(&r.route).ok())
+        .and_then(|v| match v {
+            serde_json::Value::Object(o) => Some(o),
+            _ => None,
+        })
+        .unwrap_or_default();
+    for (k, v) in patch {
+        let shown = match (k.as_str(), v.as_str(), obj.get(k).and_then(|h| h.as_str())) {
+            ("secret", Some(s), Some(_)) => s == SHOWN_SECRET || s == secrets::REDACTED,
+            ("url", Some(u), Some(h)) => u != h && u == secrets::shown_url(h),
+            _ => false,
+        };
+        if shown {
+            continue;
+        }
+        if v.is_null() {
+            obj.remove(k);
+        } else {
+            obj.insert(k.clone(), v.clone());
+        }
+    }
+    serde_json::Value::Object(obj)
+}
+
+/// What `GET /v1/routes` shows in place of a set secret.
+pub const SHOWN_SECRET: &str = "***";
+
+/// Every `env:NAME` reference of a route's `url` and `secret` that `node` lacks
+/// (`route.url = env:X`).
+pub fn unset_env(r: &ApiRoute, node: NodeCheck) -> Vec<String> {
+    [
+        ("url", r.config.url.as_deref()),
+        ("secret", r.config.secret.as_deref()),
+    ]
+    .into_iter()
+    .filter_map(|(key, v)| {
+        let var = v?.strip_prefix("env:")?;
+        (!(node.env_set)(var)).then(|| format!("route.{key} = env:{var}"))
+    })
+    .collect()
 }
 
 impl Sealed for SetRoute {}
 impl Command for SetRoute {
-    type Answer = RouteRow;
+    type Answer = RouteSet;
 
     fn name(&self) -> &'static str {
         "route.set"
@@ -38,7 +133,7 @@ impl Command for SetRoute {
         &self,
         txn: &ModelsTxn,
         round: &mut Round<'_>,
-    ) -> Result<Decided<RouteRow>, CommandError> {
+    ) -> Result<Decided<RouteSet>, CommandError> {
         let name = self.name.as_str();
         if BUILT_IN.contains(&name) {
             return Err(CommandError::rejected(
@@ -61,10 +156,50 @@ impl Command for SetRoute {
             ));
         }
         let held = routes::View::new(txn)?.row(name)?;
+        let mut warnings = Vec::new();
         let (ty, payload, row) = match &self.route {
-            Some(r) => {
-                r.check(name)
-                    .map_err(|e| CommandError::rejected(Rejection::InvalidRoute, e))?;
+            Some(patch) => {
+                let invalid = |e| CommandError::rejected(Rejection::InvalidRoute, e);
+                let r = ApiRoute::from_json(&merged(held.as_ref(), patch)).map_err(invalid)?;
+                if r.config
+                    .secret
+                    .as_deref()
+                    .is_some_and(|s| s == SHOWN_SECRET || s == secrets::REDACTED)
+                {
+                    return Err(invalid(format!(
+                        "route.secret {:?} is how a secret is shown, not a secret: send the \
+                         secret (or env:NAME), or leave it out to keep the route's",
+                        r.config.secret.as_deref().unwrap_or_default()
+                    )));
+                }
+                r.check(name).map_err(invalid)?;
+                if r.config.sink == Some(Sink::Email) && !self.node.email_sink {
+                    return Err(invalid(
+                        "route.sink = \"email\" needs [sinks.email] in this node's configuration"
+                            .to_owned(),
+                    ));
+                }
+                let unset = unset_env(&r, self.node);
+                if !unset.is_empty() {
+                    return Err(CommandError::rejected(
+                        Rejection::EnvUnset,
+                        format!(
+                            "{} names an environment variable this node does not have: set it \
+                             (on every node that delivers) before the route",
+                            unset.join(" and ")
+                        ),
+                    ));
+                }
+                let held_secret = held
+                    .as_ref()
+                    .and_then(RouteRow::spec)
+                    .and_then(|h| h.config.secret);
+                if held_secret.is_some() && r.config.secret.is_none() {
+                    warnings.push(format!(
+                        "route {name:?} no longer signs its requests (\"secret\": null): a \
+                         receiver that verifies signatures will refuse them"
+                    ));
+                }
                 let row = RouteRow {
                     name: self.name.clone(),
                     route: r.recorded().to_string(),
@@ -77,7 +212,7 @@ impl Command for SetRoute {
                 };
                 (
                     EventType::RouteUpdated,
-                    routes::updated_payload(r, &self.reason, self.by.as_deref()),
+                    routes::updated_payload(&r, &self.reason, self.by.as_deref()),
                     row,
                 )
             }
@@ -97,6 +232,29 @@ impl Command for SetRoute {
         };
         let ev = NewEvent::new(None, Stream::Routes, name, ty.as_str(), &payload)
             .map_err(|e| CommandError::rejected(Rejection::InvalidRoute, e.to_string()))?;
-        Ok(Decided::new(row, vec![ev]))
+        let mut events = vec![ev];
+        // A route set through a node that resolves every `env:` of it (checked above) is not
+        // unresolved any more: its deliveries that waited for it go; a deleted route has no
+        // variables to lack.
+        if deliveries::View::new(txn)?
+            .endpoint(name)?
+            .is_some_and(|e| e.unresolved.is_some())
+        {
+            let change = EndpointChange {
+                sink: Some(Sink::Webhook),
+                at_us: round.now_us,
+                reason: Some(
+                    if self.route.is_some() {
+                        "set through a node that resolves it"
+                    } else {
+                        "the route was deleted"
+                    }
+                    .into(),
+                ),
+                ..EndpointChange::default()
+            };
+            events.push(endpoint_event(EventType::EndpointResolved, name, &change)?);
+        }
+        Ok(Decided::new(RouteSet { row, warnings }, events))
     }
 }

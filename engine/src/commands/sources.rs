@@ -55,6 +55,9 @@ pub struct Page {
     /// The cycle's first item, when it was on an earlier page: the title's placeholders read
     /// it.
     pub first_of_cycle: Option<SourceItem>,
+    /// The page's items its `[sources.items] schema` refused, `(id, why)`: each recorded once
+    /// as `source.item_skipped` (counted), never appended as an item nor notified.
+    pub rejected: Vec<(String, String)>,
 }
 
 /// Move the watermark from `from` (compare-and-swap) to `to`; answers the source after it.
@@ -102,6 +105,8 @@ pub struct PageOutcome {
     pub appended: usize,
     /// Items already in the log, left out.
     pub skipped: usize,
+    /// Items the schema refused that this page recorded (`source.item_skipped`).
+    pub rejected: usize,
     pub notified: bool,
     /// The notification was left out: its recipient is suppressed (the items went in).
     pub notify_blocked: bool,
@@ -193,6 +198,7 @@ impl Command for Page {
             max_pending,
             last,
             first_of_cycle,
+            rejected,
         } = self;
         let max_pending = *max_pending;
         let now_us = round.now_us;
@@ -227,6 +233,24 @@ impl Command for Page {
                 &it.item,
             )?);
             new_items.push(it);
+        }
+        // An item the schema refused: recorded once, with why (a replayed poll finds it).
+        let mut rejected_now = 0;
+        for (id, why) in rejected {
+            // Already in the log (whatever its content now) or already skipped: left out.
+            if !seen.insert(id.as_str())
+                || model.has_item(name, id).map_err(st)?
+                || model.has_skipped(name, id).map_err(st)?
+            {
+                continue;
+            }
+            events.push(source_event(
+                name,
+                EventType::SourceItemSkipped,
+                None,
+                &json!({"id": id, "reason": why}),
+            )?);
+            rejected_now += 1;
         }
         // What the cycle's notification covers: the items earlier pages of the cycle
         // appended (still pending), then this page's new ones.
@@ -273,6 +297,7 @@ impl Command for Page {
                 let held = PageOutcome {
                     appended: 0,
                     skipped: 0,
+                    rejected: 0,
                     notified: false,
                     notify_blocked: false,
                     held_back: Some((pending, retry_after_s)),
@@ -332,6 +357,7 @@ impl Command for Page {
         let page = PageOutcome {
             appended: new_items.len(),
             skipped,
+            rejected: rejected_now,
             notified,
             notify_blocked,
             held_back: None,

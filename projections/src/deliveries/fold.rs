@@ -416,10 +416,12 @@ impl Projection for Deliveries {
     /// digest); 9: a row's trailing fields regrouped (`DeliveryExt3`: type, change counts);
     /// 10: a recipient's trailing fields regrouped (`RecipientExt`: locale, IANA time zone);
     /// 11: routes managed at runtime in the settings rows (`routing_inputs`); 12: the
-    /// endpoints of the delivering routes (`endpoints`, `route_due`, section 17).
+    /// endpoints of the delivering routes (`endpoints`, `route_due`, section 17); 13: an
+    /// endpoint's `unresolved` (an `env:` a node lacks); a resent or retried row keeps no
+    /// lease owner and no delivery time.
     /// An older model is rebuilt from the log at the next open, which fills them.
     fn version(&self) -> u32 {
-        12
+        13
     }
 
     /// The event type is parsed once, here. A type tidemark does not define (a client's
@@ -446,7 +448,9 @@ impl Projection for Deliveries {
             | T::EndpointEnabled
             | T::EndpointCircuitOpened
             | T::EndpointCircuitProbed
-            | T::EndpointCircuitClosed => fold_endpoint(st, ty, ev),
+            | T::EndpointCircuitClosed
+            | T::EndpointUnresolved
+            | T::EndpointResolved => fold_endpoint(st, ty, ev),
             T::RecipientUpdated | T::RecipientSuppressed | T::RecipientUnsuppressed => {
                 fold_recipient(st, ty, ev)
             }

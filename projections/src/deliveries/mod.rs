@@ -567,13 +567,17 @@ pub fn transition(d: &mut Delivery, t: DeliveryTransition, c: &Change, seq: u64)
         T::Skipped => end(d, S::Skipped, c),
         T::Cancelled => end(d, S::Cancelled, c),
         T::Discarded => end(d, S::Discarded, c),
-        // Sent again: a new attempt with the same id (the receivers' idempotency key); the
-        // earlier delivery's time and targets stay until it is sent again.
+        // Sent again: a new attempt with the same id (the receivers' idempotency key). A
+        // queued row has no lease and is not delivered: the earlier send's owner and time are
+        // on its timeline (its targets stay, for the record, until it is sent again).
         T::Retried | T::Resent => {
             d.status = S::Queued;
             d.attempts = 0;
             d.reason = None;
             d.next_attempt_at_us = Some(c.at_us);
+            d.lease_owner = None;
+            d.lease_expires_at_us = None;
+            d.delivered_at_us = None;
         }
     }
 }

@@ -122,14 +122,14 @@ pub struct NotificationStatus {
 pub fn provenance_at(
     db: &crate::models::ModelsRead,
     seq: u64,
-) -> Result<Option<notifications::Provenance>, StorageError> {
+) -> Result<Option<(Option<String>, notifications::Provenance)>, StorageError> {
     Ok(Reader::new(db)?
         .get_val::<Notification>(
             notifications::NAME,
             notifications::BY_SEQ,
             &seq.to_be_bytes(),
         )?
-        .map(|n| n.ext))
+        .map(|n| (n.project_id, n.ext)))
 }
 
 /// The status of a notification with these deliveries: none → `dashboard_only`; any queued,

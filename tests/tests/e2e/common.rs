@@ -356,6 +356,9 @@ pub struct TaskOracle {
     pub review_required: bool,
     /// run_id → (review required at start, review requested, approved)
     runs: HashMap<String, (bool, bool, bool)>,
+    /// Runs with a `task.run_started` seen: the end or approval of another is a mismatch
+    /// (spec section 6) and leaves the task's status as it was.
+    started: std::collections::HashSet<String>,
 }
 
 impl TaskOracle {
@@ -390,13 +393,14 @@ impl TaskOracle {
                 self.review_required = p["review_required"].as_bool().unwrap_or(false);
             }
             "task.run_started" => {
+                self.started.insert(run.clone());
                 self.current = Some(run);
                 self.set("running");
             }
             "task.run_completed" => {
                 let (req, requested, approved) = self.runs[&run];
                 let gated = self.review_required || req || requested;
-                if is_current {
+                if is_current && self.started.contains(&run) {
                     self.set(if gated && !approved {
                         "awaiting_review"
                     } else {
@@ -404,8 +408,10 @@ impl TaskOracle {
                     });
                 }
             }
-            "task.run_failed" if is_current => self.set("failed"),
-            "task.run_canceled" if is_current => self.set("canceled"),
+            "task.run_failed" if is_current && self.started.contains(&run) => self.set("failed"),
+            "task.run_canceled" if is_current && self.started.contains(&run) => {
+                self.set("canceled");
+            }
             "task.run_review_requested" => {
                 let r = self.runs.get_mut(&run).expect("run");
                 r.1 = true;
@@ -416,7 +422,7 @@ impl TaskOracle {
             }
             "task.run_review_approved" => {
                 self.runs.get_mut(&run).expect("run").2 = true;
-                if is_current {
+                if is_current && self.started.contains(&run) {
                     self.set("completed");
                 }
             }

@@ -136,15 +136,31 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
         "127.0.0.1:9".parse().expect("addr"),
         "every = \"1s\"",
     );
-    let a = Server::start(
+    let mut a = Server::start(
         ServerOpts::default()
             .env("TEST_SOURCE_TOKEN", "unused")
+            .env("AL_HOOK_URL", "http://127.0.0.1:9/unresolved")
             .config(format!(
                 "[server]\nbackup_dir = {:?}\n[notifications.outbox]\nstuck_after = \"1s\"\n{dead_source}",
                 backups.display().to_string()
             )),
     )
     .await;
+    // A webhook route whose URL is an `env:` variable, which A no longer has after a
+    // restart: unresolved (its deliveries wait).
+    let r = a
+        .send(
+            a.request(reqwest::Method::PUT, "/v1/routes/al-env")
+                .json(&json!({
+                "route": {"sink": "webhook", "url": "env:AL_HOOK_URL", "priorities": ["urgent"]},
+                "reason": "a URL from the environment"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    a.set_env("AL_HOOK_URL", None);
+    a.sigterm();
+    a.wait_exit(Duration::from_secs(30)).await;
+    a.restart().await;
     // Server B: its disk short of the space it keeps in reserve, and its last backup two days
     // old (read from the newest manifest under its backup_dir at start).
     let b_backups = dir.path().join("b-backups");
@@ -358,6 +374,7 @@ async fn each_alert_is_true_for_a_server_in_its_state() {
             &ia,
             Some(("route", "al-hook")),
         ),
+        ("TidemarkEndpointUnresolved", &ia, Some(("route", "al-env"))),
         ("TidemarkConsumersStopped", &ia, None),
         ("TidemarkConsumersStalled", &ia, None),
         (

@@ -2080,7 +2080,9 @@ async fn batch_complete_settles_each_item_on_its_own() {
     for (body, code) in [
         (json!({"owner": "owner-a", "deliveries": []}), 422),
         (json!({"owner": "", "deliveries": [{"id": "x"}]}), 422),
-        (json!({"owner": "owner-a"}), 400),
+        // A missing field is `422 field_required` (issue 53: one error for one mistake; it
+        // was `400 malformed_json`).
+        (json!({"owner": "owner-a"}), 422),
         (
             json!({"owner": "owner-a", "deliveries": [{"id": "x", "extra": 1}]}),
             400,

@@ -204,6 +204,17 @@ async fn email_and_webhook_routes_are_delivered_by_tidemark() {
         "{data}"
     );
     assert!(data.contains("the body"), "{data}");
+    // The plain-text part says what the HTML part says: the title first (a notification
+    // without a body is not an empty message), then the body.
+    let plain = data
+        .split("text/plain")
+        .nth(1)
+        .and_then(|p| p.split("text/html").next())
+        .unwrap_or_default();
+    assert!(
+        plain.contains("title of d-ok") && plain.contains("the body"),
+        "the plain-text part: {plain}"
+    );
     // A 451 first: retried, then sent (two attempts), the message as the first would be.
     let d = wait_status(&s, "dlv:d-temp:email", "sent").await;
     assert_eq!(d["attempts"], 2, "{d}");

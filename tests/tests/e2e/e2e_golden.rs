@@ -238,6 +238,38 @@ fn migrate(expected: &mut Value) {
         }
     }
     runs(&mut expected["answers"]);
+    // Issue 53 (seed 000): a delivery serves its notification's `project_id` (not on a
+    // redacted one), read at query time as its type and source are.
+    let project: std::collections::HashMap<String, Value> =
+        expected["answers"]["/v1/notifications?limit=500"]["notifications"]
+            .as_array()
+            .expect("the golden notifications")
+            .iter()
+            .filter(|n| !n["project_id"].is_null())
+            .map(|n| {
+                (
+                    n["notification_id"].as_str().unwrap().to_owned(),
+                    n["project_id"].clone(),
+                )
+            })
+            .collect();
+    fn with_project(d: &mut Value, project: &std::collections::HashMap<String, Value>) {
+        if d["redacted"] == true {
+            return;
+        }
+        if let Some(p) = d["notification_id"].as_str().and_then(|n| project.get(n)) {
+            d["project_id"] = p.clone();
+        }
+    }
+    for (path, answer) in expected["answers"].as_object_mut().unwrap() {
+        if path.starts_with("/v1/deliveries/") {
+            with_project(answer, &project);
+        } else if path.starts_with("/v1/deliveries?") {
+            for d in answer["deliveries"].as_array_mut().into_iter().flatten() {
+                with_project(d, &project);
+            }
+        }
+    }
 }
 
 /// The golden cursors model's digest once a reset forgets the old delivery id.

@@ -841,3 +841,106 @@ async fn a_damaged_log_file_is_the_one_refusal_that_advises_a_restore() {
     assert!(err.contains("damaged"), "{err}");
     assert!(err.contains("restore it from a backup"), "{err}");
 }
+
+/// `docs/http-contract.md` says what the binary serves (issue 53): its "Every operation" table
+/// lists each operation of `/openapi.json` with its operationId, scope and statuses, no more
+/// and no less; and every refusal code of the engine is in one of its errors tables.
+#[tokio::test]
+async fn the_http_contract_lists_every_operation_and_code() {
+    let s = Server::start(ServerOpts::default()).await;
+    let doc = s.get("/openapi.json").await.json;
+    let mut want = std::collections::BTreeSet::new();
+    for (path, ops) in doc["paths"].as_object().expect("paths") {
+        for (method, op) in ops.as_object().expect("operations") {
+            let scope = match op["security"].as_array() {
+                None => "open".to_owned(),
+                Some(reqs) if reqs.is_empty() => "open".to_owned(),
+                Some(reqs) => {
+                    let scopes: Vec<&str> = reqs
+                        .iter()
+                        .filter_map(|r| r.as_object())
+                        .flat_map(|r| r.values())
+                        .flat_map(|v| v.as_array().into_iter().flatten())
+                        .filter_map(|v| v.as_str())
+                        .collect();
+                    if scopes.is_empty() {
+                        "any token".to_owned()
+                    } else {
+                        scopes.join(", ")
+                    }
+                }
+            };
+            let mut statuses: Vec<&String> = op["responses"]
+                .as_object()
+                .expect("responses")
+                .keys()
+                .collect();
+            statuses.sort();
+            want.insert(format!(
+                "| {} | `{path}` | `{}` | {scope} | {} |",
+                method.to_uppercase(),
+                op["operationId"].as_str().expect("operationId"),
+                statuses
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/http-contract.md"),
+    )
+    .expect("docs/http-contract.md");
+    let table = text
+        .split("## Every operation")
+        .nth(1)
+        .expect("an \"Every operation\" section");
+    let have: std::collections::BTreeSet<String> = table
+        .lines()
+        .filter(|l| l.starts_with("| ") && l.contains("| `/"))
+        .map(str::to_owned)
+        .collect();
+    let missing: Vec<&String> = want.difference(&have).collect();
+    let stale: Vec<&String> = have.difference(&want).collect();
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "docs/http-contract.md's operations differ from /openapi.json.\nmissing or changed:\n{}\n\
+         not served:\n{}\nthe table as served:\n| method | path | operationId | scope | statuses |\n|---|---|---|---|---|\n{}",
+        missing
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        stale
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        want.iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // The codes of the errors tables: `| <status> | code / code |`.
+    let codes: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter_map(|l| {
+            let mut cells = l.split('|').map(str::trim).skip(1);
+            let status = cells.next()?;
+            (status.len() == 3 && status.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| cells.next())
+                .flatten()
+        })
+        .flat_map(|c| c.split(['/', ',']).map(str::trim))
+        .collect();
+    let undocumented: Vec<&str> = tidemark_engine::Rejection::ALL
+        .iter()
+        .map(|r| r.code())
+        .filter(|c| !codes.contains(c))
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "refusal codes missing from the errors tables of docs/http-contract.md: {undocumented:?}"
+    );
+}

@@ -149,10 +149,11 @@ async fn a_route_added_through_the_api_delivers_from_the_next_event_on() {
     let all = s.get("/v1/events?limit=1000").await.text;
     assert!(!all.contains(&secret), "the secret is served in the events");
 
-    // Bad input changes nothing: an unknown key, a missing sink, a bad URL, a bad priority, no
-    // reason, a built-in name, a name too long, the file's route.
+    // Bad input changes nothing: an unknown key, a missing sink (a new route's, a removed
+    // one), a bad URL, a bad priority, no reason, a built-in name, a name too long, the file's
+    // route.
     let long_name = "n".repeat(129);
-    let bad: [(&str, Value, StatusCode, &str, &str); 8] = [
+    let bad: [(&str, Value, StatusCode, &str, &str); 9] = [
         (
             "teams",
             json!({"route": {"sink": "webhook", "url": url, "sinc": 1}, "reason": "x"}),
@@ -160,9 +161,18 @@ async fn a_route_added_through_the_api_delivers_from_the_next_event_on() {
             "invalid_route",
             "route.sinc is not a known key",
         ),
+        // A new route needs a sink (a change of a held one keeps the sink it omits, spec
+        // section 4; removing it with null is the same mistake).
+        (
+            "fresh",
+            json!({"route": {"types": ["a"]}, "reason": "x"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_route",
+            "route.sink is required",
+        ),
         (
             "teams",
-            json!({"route": {"types": ["a"]}, "reason": "x"}),
+            json!({"route": {"sink": null}, "reason": "x"}),
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_route",
             "route.sink is required",

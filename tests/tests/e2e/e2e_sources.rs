@@ -51,6 +51,17 @@ struct Upstream {
     request_ids: Vec<(Option<String>, Option<String>, Option<String>)>,
     /// Delay before answering an ack.
     ack_delay: Duration,
+    /// With OAuth (seed 004): the bearer tokens the list answers (any other gets 401);
+    /// `None`: no check.
+    valid_tokens: Option<std::collections::HashSet<String>>,
+    /// Tokens the token endpoint gave, in order, and how many it gave.
+    issued: u32,
+    /// Every token request's grant, scope and basic client id.
+    token_requests: Vec<(String, Option<String>, String)>,
+    /// Seconds each token lives (`expires_in`).
+    token_life_s: u64,
+    /// List requests answered 401 for want of a valid token.
+    refused_401: u32,
 }
 
 #[derive(Clone)]
@@ -97,6 +108,14 @@ async fn list(State(up): State<Up>, headers: HeaderMap, Query(q): Query<ListQuer
         header("idempotency-key"),
         header("user-agent"),
     );
+    let refused = up.with(|u| {
+        u.valid_tokens.as_ref().is_some_and(|valid| {
+            !auth
+                .as_deref()
+                .and_then(|a| a.strip_prefix("Bearer "))
+                .is_some_and(|t| valid.contains(t))
+        })
+    });
     let (fault, page) = up.with(|u| {
         u.requests
             .push((Instant::now(), q.after_id.clone(), q.limit, auth));
@@ -120,6 +139,10 @@ async fn list(State(up): State<Up>, headers: HeaderMap, Query(q): Query<ListQuer
         };
         (fault, (page, more))
     });
+    if refused {
+        up.with(|u| u.refused_401 += 1);
+        return (StatusCode::UNAUTHORIZED, "{\"error\": \"unauthorized\"}").into_response();
+    }
     match fault {
         Some(Fault::Status(code, retry_after)) => {
             let mut r = (
@@ -200,11 +223,59 @@ async fn ack(State(up): State<Up>, headers: HeaderMap, body: axum::Json<Value>) 
     StatusCode::OK
 }
 
+/// The upstream's OAuth 2 token endpoint (client credentials): it checks the client's basic
+/// credentials and gives a new token each time, valid for `token_life_s`.
+async fn token(
+    State(up): State<Up>,
+    headers: HeaderMap,
+    axum::Form(form): axum::Form<std::collections::HashMap<String, String>>,
+) -> Response {
+    use base64::Engine as _;
+    let basic = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Basic "))
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+        .and_then(|b| String::from_utf8(b).ok())
+        .unwrap_or_default();
+    let (id, secret) = basic.split_once(':').unwrap_or(("", ""));
+    let ok = id == "poller" && secret == OAUTH_SECRET;
+    up.with(|u| {
+        u.token_requests.push((
+            form.get("grant_type").cloned().unwrap_or_default(),
+            form.get("scope").cloned(),
+            id.to_owned(),
+        ));
+        if !ok {
+            return (
+                StatusCode::UNAUTHORIZED,
+                axum::Json(json!({"error": "invalid_client"})),
+            )
+                .into_response();
+        }
+        u.issued += 1;
+        let t = tidemark_tests::secret(format!(
+            "tok-{}-{}",
+            u.issued,
+            tidemark_tests::random_token(16)
+        ));
+        u.valid_tokens
+            .get_or_insert_with(Default::default)
+            .insert(t.clone());
+        axum::Json(json!({"access_token": t, "token_type": "bearer", "expires_in": u.token_life_s}))
+            .into_response()
+    })
+}
+
+/// The client secret the test's token endpoint takes.
+const OAUTH_SECRET: &str = "oauth-client-secret-9c2e7f1b";
+
 pub(crate) async fn start_upstream() -> (Up, SocketAddr) {
     let up = Up(Arc::new(Mutex::new(Upstream::default())));
     let app = axum::Router::new()
         .route("/items", get(list))
         .route("/ack", post_route(ack))
+        .route("/token", post_route(token))
         .with_state(up.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -1437,4 +1508,315 @@ async fn a_cron_source_first_polls_at_its_schedule_unless_told_to_poll_at_start(
     post(&s, "/v1/sources/quiet/poll", json!({})).await;
     wait_source(&s, "quiet", "the poll asked for", |v| v["items_total"] == 1).await;
     assert!(quiet_up.requests() >= 1);
+}
+
+/// Seed 004's item schema: an item its `[sources.items] schema` refuses is skipped with the
+/// reason (`source.item_skipped`, counted in `items_skipped`), never turned into an event or
+/// notified; the watermark still moves past it; a replayed poll records it once; a schema that
+/// is not one refuses the start. The acknowledgement carries `[sources.ack] extra`.
+#[tokio::test]
+async fn items_an_upstream_schema_refuses_are_skipped_and_counted() {
+    let (up, addr) = start_upstream().await;
+    up.add_items(0, 3);
+    up.with(|u| {
+        // Item 1 breaks the schema: its plan's name is a number.
+        u.items[1].1["plan"]["name"] = json!(7);
+    });
+    let extra = format!(
+        "every = \"1h\"\n[sources.notify]\npriority = \"info\"\ntitle_one = \"one\"\ntitle_many = \"{{count}} new\"\n\
+         [sources.ack]\nurl = \"http://{addr}/ack\"\nfield = \"ids\"\n\
+         extra = {{ clientVersion = \"TimeSafari-DailyNotificationPlugin/1.0.0\" }}\n"
+    );
+    let schema = "schema = { type = \"object\", required = [\"id\", \"plan\"], properties = { plan = { type = \"object\", required = [\"name\"], properties = { name = { type = \"string\" } } } } }";
+    let cfg = source_toml("typed", addr, &extra)
+        .replace("id = \"/id\"", &format!("id = \"/id\"\n{schema}"));
+    let s = start(cfg.clone()).await;
+    let st = wait_source(&s, "typed", "the page", |v| v["watermark"] == "000002").await;
+    assert_eq!(st["items_total"], 2, "{st}");
+    assert_eq!(st["items_skipped"], 1, "{st}");
+    let items: Vec<String> = item_events(&s)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(items, ["src:typed:000000", "src:typed:000002"]);
+    let skipped = s.read_all("&type=source.item_skipped").await;
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert_eq!(skipped[0]["payload"]["id"], "000001");
+    let reason = skipped[0]["payload"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("/plan/name") && reason.contains("string"),
+        "{reason}"
+    );
+    let notes = s.read_all("&type=notification.requested").await;
+    assert_eq!(notes.len(), 1);
+    assert_eq!(
+        notes[0]["payload"]["count"], 2,
+        "the skipped item is not notified"
+    );
+    // The ack names the items appended, with the extra field.
+    let acks = up.with(|u| u.ack_bodies.clone());
+    assert_eq!(acks.len(), 1, "{acks:?}");
+    // The skipped item is acknowledged with the others: it was received and recorded (an
+    // upstream that resends what is not acknowledged would send it for ever).
+    assert_eq!(
+        acks[0]["ids"],
+        json!(["000000", "000001", "000002"]),
+        "{acks:?}"
+    );
+    assert_eq!(
+        acks[0]["clientVersion"],
+        "TimeSafari-DailyNotificationPlugin/1.0.0"
+    );
+    // A reset replays the page: the skipped item is recorded once.
+    let r = post(
+        &s,
+        "/v1/sources/typed/reset",
+        json!({"watermark": null, "reason": "replay"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    post(&s, "/v1/sources/typed/poll", json!({})).await;
+    wait_source(&s, "typed", "the replay", |v| v["watermark"] == "000002").await;
+    assert_eq!(s.read_all("&type=source.item_skipped").await.len(), 1);
+    assert_eq!(source(&s, "typed").await["items_skipped"], 1);
+    crate::common::assert_projections_sound(&s, "after a skipped item").await;
+    // A schema that is not one refuses the start, naming the key.
+    let bad = cfg.replace("type = \"string\"", "type = \"text\"");
+    refused_naming(&bad, "sources.typed.items.schema");
+    let bad = cfg.replace("clientVersion", "ids");
+    refused_naming(&bad, "sources.typed.ack.extra.ids");
+}
+
+/// Seed 004's retry matrix: each class of failure waits its own backoff
+/// (`[sources.retry.classes]`), counted by its failures in a row: 5xx on a fixed 1.5 s, a 429
+/// without `Retry-After` on a fixed 1 s, where the source's own backoff is 200 ms; an unknown
+/// class refuses the start.
+#[tokio::test]
+async fn each_class_of_failure_waits_its_own_backoff() {
+    let (up, addr) = start_upstream().await;
+    up.add_items(0, 1);
+    let cfg = source_toml("matrix", addr, "every = \"1h\"").replace(
+        "retry_after_max = \"10s\"",
+        "retry_after_max = \"10s\"\n\
+         [sources.retry.classes.server_error]\nstrategy = \"fixed\"\nbase_delay = \"1500ms\"\nmax_delay = \"2s\"\n\
+         [sources.retry.classes.rate_limited]\nstrategy = \"fixed\"\nbase_delay = \"1s\"\nmax_delay = \"1s\"\n",
+    );
+    up.with(|u| {
+        u.faults.extend([
+            Fault::Status(500, None),
+            Fault::Status(502, None),
+            Fault::Status(429, None),
+        ]);
+    });
+    let s = start(cfg.clone()).await;
+    wait_source(&s, "matrix", "the item after the failures", |v| {
+        v["items_total"] == 1 && v["state"] == "idle"
+    })
+    .await;
+    let times: Vec<Instant> = up.with(|u| u.requests.iter().map(|r| r.0).collect());
+    assert!(times.len() >= 4, "{} requests", times.len());
+    let gap = |i: usize| times[i + 1] - times[i];
+    // Lower bounds only (the machine may be slow; it cannot be early).
+    assert!(
+        gap(0) >= Duration::from_millis(1400),
+        "after a 500: {:?}",
+        gap(0)
+    );
+    assert!(
+        gap(1) >= Duration::from_millis(1400),
+        "after a 502: {:?}",
+        gap(1)
+    );
+    assert!(
+        gap(2) >= Duration::from_millis(900),
+        "after a 429: {:?}",
+        gap(2)
+    );
+    let bad = cfg.replace("classes.rate_limited", "classes.slow");
+    refused_naming(&bad, "sources.matrix.retry.classes.slow");
+}
+
+/// Seed 004's authenticated polling by the OAuth 2 client-credentials flow: the token is
+/// asked for with the client's credentials from the environment (basic auth, the scope
+/// given), sent as the bearer of every list and ack request in place of the configured
+/// header, renewed before it expires (no request is refused meanwhile), and asked for again
+/// once when the upstream answers 401 (revoked early), after which the poll succeeds; the
+/// secret and the tokens are in no answer or log line; credentials the endpoint refuses park
+/// the source.
+#[tokio::test]
+async fn an_upstream_token_comes_from_client_credentials_and_is_renewed() {
+    let (up, addr) = start_upstream().await;
+    up.add_items(0, 2);
+    up.with(|u| {
+        u.valid_tokens = Some(Default::default());
+        u.token_life_s = 4;
+    });
+    let auth = format!(
+        "every = \"1s\"\n[sources.ack]\nurl = \"http://{addr}/ack\"\nfield = \"ids\"\n\
+         [sources.auth]\ntoken_url = \"http://{addr}/token\"\nclient_id = \"env:TEST_OAUTH_ID\"\n\
+         client_secret = \"env:TEST_OAUTH_SECRET\"\nscope = \"plans:read\"\nrefresh_before = \"2s\"\n"
+    );
+    let cfg = source_toml("oauth", addr, &auth);
+    let s = Server::start(
+        ServerOpts::default()
+            .config(cfg.clone())
+            .env("TEST_SOURCE_TOKEN", tidemark_tests::secret(SECRET))
+            .env("TEST_OAUTH_ID", "poller")
+            .env("TEST_OAUTH_SECRET", tidemark_tests::secret(OAUTH_SECRET)),
+    )
+    .await;
+    wait_source(&s, "oauth", "the first items", |v| v["items_total"] == 2).await;
+    // Polls every second for a while: the 4 s token is renewed 2 s before its end.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let (requests, tokens, refused) = up.with(|u| {
+        let refused = u
+            .requests
+            .iter()
+            .filter(|r| {
+                !r.3.as_deref()
+                    .and_then(|a| a.strip_prefix("Bearer "))
+                    .is_some_and(|t| t.starts_with("tok-"))
+            })
+            .count();
+        (u.requests.len(), u.token_requests.clone(), refused)
+    });
+    assert!(requests >= 4, "{requests} polls");
+    assert_eq!(
+        refused, 0,
+        "every request carried a token, never the configured header"
+    );
+    assert!(tokens.len() >= 2, "renewed before it expired: {tokens:?}");
+    assert!(
+        tokens
+            .iter()
+            .all(|(grant, scope, id)| grant == "client_credentials"
+                && scope.as_deref() == Some("plans:read")
+                && id == "poller"),
+        "{tokens:?}"
+    );
+    assert_eq!(
+        up.with(|u| u.refused_401),
+        0,
+        "no 401 while the tokens were renewed"
+    );
+    // Tokens that live an hour from now on: once one is held, nothing renews it on its own.
+    up.with(|u| u.token_life_s = 3600);
+    let issued = up.with(|u| u.token_requests.len());
+    wait_for(Duration::from_secs(30), "a token of an hour", || async {
+        (up.with(|u| u.token_requests.len()) > issued).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Revoked early: the next poll is refused once, one new token is asked for, and it goes
+    // on.
+    let before = up.with(|u| {
+        u.valid_tokens = Some(Default::default());
+        u.token_requests.len()
+    });
+    up.add_items(2, 3);
+    wait_source(&s, "oauth", "the item after the revocation", |v| {
+        v["items_total"] == 3
+    })
+    .await;
+    let (after, refused) = up.with(|u| (u.token_requests.len(), u.refused_401));
+    assert_eq!(refused, 1, "the revoked token was refused once");
+    assert_eq!(after, before + 1, "one new token after the 401");
+    let st = source(&s, "oauth").await;
+    assert_eq!(st["state"], "idle", "{st}");
+    assert_eq!(st["consecutive_failures"], 0, "{st}");
+    let acks = up.with(|u| u.acks.len());
+    assert!(acks >= 2, "the acks went with the token too");
+    // Refused credentials park the source, saying so (and nothing of the secret).
+    drop(s);
+    let bad = Server::start(
+        ServerOpts::default()
+            .config(cfg.replace("\"oauth\"", "\"oauthbad\""))
+            .env("TEST_SOURCE_TOKEN", tidemark_tests::secret(SECRET))
+            .env("TEST_OAUTH_ID", "poller")
+            .env(
+                "TEST_OAUTH_SECRET",
+                tidemark_tests::secret("not-the-secret-0000"),
+            ),
+    )
+    .await;
+    let st = wait_source(&bad, "oauthbad", "parked", |v| v["state"] == "parked").await;
+    assert!(
+        st["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("token endpoint answered 401"),
+        "{st}"
+    );
+}
+
+/// A resumed `cron` source polls at its schedule's next time, not at once (issue 53: with
+/// `bootstrap = "all"` a resume could pull an upstream's whole history outside its window);
+/// `{"now": true}` (`tidemark sources resume --now`) polls at once.
+#[tokio::test]
+async fn a_resumed_cron_source_waits_for_its_schedule() {
+    let (up, addr) = start_upstream().await;
+    up.add_items(0, 2);
+    // Once a year (1 January, 00:00 UTC): never during this test.
+    let s = start(source_toml(
+        "yearly",
+        addr,
+        "cron = \"0 0 1 1 *\"\ntz = \"UTC\"",
+    ))
+    .await;
+    let st = wait_source(&s, "yearly", "waiting for its schedule", |v| {
+        v["next_poll_at"].is_string()
+    })
+    .await;
+    let scheduled = st["next_poll_at"].clone();
+    assert!(
+        scheduled.as_str().unwrap().contains("-01-01T00:00:00"),
+        "{st}"
+    );
+    let r = post(&s, "/v1/sources/yearly/pause", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = post(&s, "/v1/sources/yearly/resume", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    // Back to its schedule: the poll time it shows is the schedule's, and nothing was asked.
+    let st = wait_source(&s, "yearly", "resumed", |v| {
+        v["state"] == "idle" && v["next_poll_at"].is_string()
+    })
+    .await;
+    assert_eq!(st["next_poll_at"], scheduled, "{st}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(up.requests(), 0, "a resume polled outside the schedule");
+    assert_eq!(source(&s, "yearly").await["items_total"], 0);
+    // Paused and resumed with `now`: it polls at once, through the CLI.
+    post(&s, "/v1/sources/yearly/pause", json!({})).await;
+    let out = tidemark_tests::run_cli(
+        &["sources", "resume", "yearly", "--now", "--url", s.base()],
+        "",
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_source(&s, "yearly", "the poll at once", |v| v["items_total"] == 2).await;
+    assert_eq!(up.requests(), 1);
+    // Parked (a 400 on an operator's poll), then resumed: it waits for its schedule again.
+    up.add_items(2, 3);
+    up.with(|u| u.faults.push_back(Fault::Status(400, None)));
+    post(&s, "/v1/sources/yearly/poll", json!({})).await;
+    wait_source(&s, "yearly", "parked", |v| v["state"] == "parked").await;
+    let polled = up.requests();
+    post(&s, "/v1/sources/yearly/resume", json!({})).await;
+    let st = wait_source(&s, "yearly", "resumed after the park", |v| {
+        v["state"] == "idle" && v["next_poll_at"].is_string()
+    })
+    .await;
+    assert_eq!(st["next_poll_at"], scheduled, "{st}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        up.requests(),
+        polled,
+        "a resume after a park polled outside the schedule"
+    );
 }

@@ -13,6 +13,7 @@ use tidemark_log::time::Micros;
 use tidemark_projections::bridges::{Sink, Subscription, Target};
 use tidemark_projections::names::Stream;
 use tidemark_projections::names::ids;
+use tidemark_projections::secrets;
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, Problem};
@@ -32,6 +33,8 @@ pub use pull::*;
 pub struct SinkOut {
     /// pull or webhook.
     pub kind: String,
+    /// A webhook's endpoint by scheme, host and port (its path can be a credential, spec
+    /// section 17).
     pub url: Option<String>,
     /// Whether a webhook secret is set (the secret itself is never returned).
     pub secret_set: bool,
@@ -72,7 +75,7 @@ fn out(s: Subscription, cursor: tidemark_projections::cursors::Cursor) -> Subscr
         mode: s.target.mode,
         sink: SinkOut {
             kind: s.target.sink.kind,
-            url: s.target.sink.url,
+            url: s.target.sink.url.as_deref().map(secrets::shown_url),
             secret_set: s.target.sink.secret.is_some(),
         },
         active: s.active,

@@ -49,8 +49,10 @@ pub struct EndpointOut {
     /// `email` or `webhook`.
     pub sink: Option<String>,
     /// `ok`, `failing` (the last attempt failed), `open` (its deliveries wait; one probe
-    /// after the cool-down) or `disabled` (an operator's; its deliveries wait).
-    #[schema(pattern = "^(ok|failing|open|disabled)$")]
+    /// after the cool-down), `disabled` (an operator's; its deliveries wait) or `unresolved`
+    /// (a node lacks an `env:` variable of its url or secret; its deliveries wait until a
+    /// node that has it starts or the route is set again).
+    #[schema(pattern = "^(ok|failing|open|disabled|unresolved)$")]
     pub state: String,
     /// Attempts that came to an outcome, on every node.
     pub attempts: u64,
@@ -68,6 +70,9 @@ pub struct EndpointOut {
     pub disabled: Option<SwitchOut>,
     /// The last operator's enable.
     pub enabled: Option<SwitchOut>,
+    /// While unresolved: when, which variables (`reason`), and the node (`by`) that lacks
+    /// them.
+    pub unresolved: Option<SwitchOut>,
 }
 
 impl EndpointOut {
@@ -98,6 +103,7 @@ impl EndpointOut {
             }),
             disabled: e.disabled.map(switch),
             enabled: e.enabled.map(switch),
+            unresolved: e.unresolved.map(switch),
             route: e.route,
         }
     }

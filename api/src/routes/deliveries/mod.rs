@@ -151,8 +151,12 @@ pub struct DeliveryOut {
     /// deliveries and status record are found by (section 14).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub intent_key: Option<String>,
-    /// The notification's provenance (section 2), when it has one; never on a redacted
+    /// The project of its notification (seed 000), when it has one; never on a redacted
     /// delivery.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub project_id: Option<String>,
+    /// The notification's provenance (section 2) and seed 000's `session_id`,
+    /// `destination_key` and `request_json`, when it has them; never on a redacted delivery.
     #[serde(flatten)]
     pub provenance: crate::routes::notifications::ProvenanceOut,
     /// Pending (queued, leased or retry_wait) for longer than `outbox.stuck_after`, judged
@@ -162,7 +166,7 @@ pub struct DeliveryOut {
     /// (section 17): `circuit_open` (it waits for the circuit's probe to succeed) or
     /// `endpoint_disabled` (for an operator to enable it). It spends no attempt meanwhile.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(pattern = "^(circuit_open|endpoint_disabled)$")]
+    #[schema(pattern = "^(circuit_open|endpoint_disabled|endpoint_unresolved)$")]
     pub held_by: Option<String>,
     /// Only on `GET /v1/deliveries/{id}`: every step with its time, owner, code and error.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -182,10 +186,18 @@ impl DeliveryOut {
     /// With the provenance of its notification (none for a redacted delivery).
     pub(crate) fn with_provenance(
         mut self,
-        p: Option<tidemark_projections::notifications::Provenance>,
+        p: Option<(
+            Option<String>,
+            tidemark_projections::notifications::Provenance,
+        )>,
     ) -> Self {
-        if let (false, Some(p)) = (self.redacted, p) {
+        if let (false, Some((project_id, p))) = (self.redacted, p) {
+            self.project_id = project_id;
             self.provenance = p.into();
+            // The notification's `type` is the row's own `type` field: served once (a
+            // second "type" key is refused by strict JSON readers).
+            let ntype = self.provenance.ntype.take();
+            self.ntype = self.ntype.take().or(ntype);
         }
         self
     }
@@ -237,6 +249,7 @@ impl From<Delivery> for DeliveryOut {
             recipient_hash,
             redacted,
             more,
+            project_id: None,
             provenance: Default::default(),
             status: d.status.into(),
             reason: d.reason,

@@ -25,7 +25,8 @@ use tidemark_projections::names::{EventType, Stream};
 use crate::privacy::Privacy;
 
 pub(crate) use circuit::bridge_confirmed;
-pub use circuit::{BridgeFailed, SwitchEndpoint};
+pub(crate) use circuit::endpoint_event;
+pub use circuit::{BridgeFailed, ResolveEndpoints, SwitchEndpoint};
 pub use lease::{
     Claim, Complete, CompleteOne, Completed, ExpireLeases, Extend, Fail, Failure, Operator,
     OperatorAction, RECOVER_MAX, Recover,
