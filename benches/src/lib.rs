@@ -13,6 +13,7 @@ pub mod layers;
 pub mod machine;
 pub mod measure;
 pub mod peers;
+pub mod queue;
 pub mod reopen;
 pub mod report;
 pub mod sse;

@@ -17,7 +17,7 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use tidemark_benches::{
-    cluster_reads, events, machine, measure, peers, reopen, report, sse, targets, workloads,
+    cluster_reads, events, machine, measure, peers, queue, reopen, report, sse, targets, workloads,
 };
 
 use std::path::PathBuf;
@@ -85,6 +85,16 @@ enum Workload {
     /// from two nodes at once, as pages and as SSE streams (runs with the tidemark-jetstream
     /// system).
     ClusterReads,
+    /// The delivery path beside the work queues users build (spec section 11): --queue-items
+    /// enqueued, then --queue-workers × --queue-batches workers claim with a lease and report
+    /// done, every step durable (tidemark-http, redis, postgres, nats).
+    Queue,
+    /// tidemark: notifications appended by 16 clients in batches of 100 until a webhook
+    /// receiver on loopback got each (--deliver-notifications).
+    Deliver,
+    /// tidemark: how fast `notification.requested` events become queued deliveries
+    /// (--queue-items of them).
+    Route,
 }
 
 #[derive(clap::Args, serde::Serialize)]
@@ -175,6 +185,21 @@ struct Opts {
     /// Write the JSON document here too (rewritten as the run goes).
     #[arg(long)]
     json_out: Option<PathBuf>,
+    /// queue: workers of its cells [1,16,64].
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    queue_workers: Vec<usize>,
+    /// queue: items each worker claims at most per claim [1,50].
+    #[arg(long, value_delimiter = ',', default_value = "1,50")]
+    queue_batches: Vec<usize>,
+    /// queue: items enqueued and done per cell; route: notifications routed [20000].
+    #[arg(long, default_value_t = 20_000)]
+    queue_items: u64,
+    /// queue: longest timed part of one cell, seconds [60].
+    #[arg(long, default_value_t = 60.0)]
+    queue_seconds: f64,
+    /// deliver: notifications appended and received [20000].
+    #[arg(long, default_value_t = 20_000)]
+    deliver_notifications: u64,
 }
 
 /// The options with the preset applied.
@@ -367,6 +392,7 @@ impl Run<'_> {
                 Err(e) => self.fail(system, "growth/readback", e),
             }
         }
+        self.queue_workloads(system).await;
         if system == System::TidemarkHttp && self.wants(Workload::Sse) {
             match targets::tidemark::TidemarkHttp::start(&self.start).await {
                 Ok(t) => {
@@ -386,6 +412,133 @@ impl Run<'_> {
                 }
                 Err(e) => self.fail(system, "sse", e),
             }
+            self.save();
+        }
+    }
+
+    /// The `queue` cells of one system, on one server (each cell a fresh queue of its own).
+    async fn queue_cells<Q: queue::Queue>(&mut self, q: Q) {
+        let q = std::sync::Arc::new(q);
+        let mut cell = 0;
+        for &workers in &self.opts.queue_workers {
+            for &batch in &self.opts.queue_batches {
+                cell += 1;
+                let c = queue::queue_cell(
+                    &q,
+                    cell,
+                    workers,
+                    batch,
+                    self.opts.queue_items,
+                    self.opts.queue_seconds,
+                )
+                .await;
+                eprintln!(
+                    "  queue {:<14} workers {:>3} batch {:>3}  {:>6} items {:>8} items/s  p50 {:>7} µs  \
+                     p99 {:>7} µs  cpu {:>7} µs/item  ctxsw {:>6}/item  device {:>6} B/item  \
+                     (enqueued in {:.3} s){}",
+                    c.system,
+                    c.workers,
+                    c.batch,
+                    c.items,
+                    c.items_per_sec,
+                    c.latency_us.p50,
+                    c.latency_us.p99,
+                    c.cpu_us_per_item,
+                    c.ctx_switches_per_item,
+                    c.device_bytes_per_item
+                        .map_or("n/a".into(), |v| format!("{v:.0}")),
+                    c.enqueue_seconds,
+                    c.error
+                        .as_deref()
+                        .map(|e| format!("  ERROR {e}"))
+                        .unwrap_or_default()
+                );
+                self.report.queue.push(c);
+                self.save();
+            }
+        }
+        match std::sync::Arc::try_unwrap(q) {
+            Ok(q) => q.stop().await,
+            Err(_) => eprintln!("  (a queue's server outlived its cells)"),
+        }
+    }
+
+    /// The `queue`, `deliver` and `route` workloads of one system.
+    async fn queue_workloads(&mut self, system: System) {
+        if self.wants(Workload::Queue) {
+            let o = self.start.clone();
+            let r: Result<(), String> = match system {
+                System::TidemarkHttp => match queue::TidemarkQueue::start(&o).await {
+                    Ok(q) => {
+                        self.queue_cells(q).await;
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                },
+                System::Redis => match queue::RedisQueue::start(&o).await {
+                    Ok(q) => {
+                        self.queue_cells(q).await;
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                },
+                System::Postgres => match queue::PostgresQueue::start(&o).await {
+                    Ok(q) => {
+                        self.queue_cells(q).await;
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                },
+                System::Nats => match queue::NatsQueue::start(&o).await {
+                    Ok(q) => {
+                        self.queue_cells(q).await;
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                },
+                _ => Ok(()),
+            };
+            if let Err(e) = r {
+                self.fail(system, "queue", e);
+            }
+        }
+        if system != System::TidemarkHttp {
+            return;
+        }
+        if self.wants(Workload::Route) {
+            let r = queue::route(&self.start, self.opts.queue_items).await;
+            eprintln!(
+                "  route: {} notifications → queued deliveries in {:.3} s: {} /s, cpu {} µs each{}",
+                r.notifications,
+                r.seconds,
+                r.notifications_per_sec,
+                r.cpu_us_per_notification,
+                r.error
+                    .as_deref()
+                    .map(|e| format!("  ERROR {e}"))
+                    .unwrap_or_default()
+            );
+            self.report.route = Some(r);
+            self.save();
+        }
+        if self.wants(Workload::Deliver) {
+            let d = queue::deliver(&self.start, 16, 100, self.opts.deliver_notifications).await;
+            eprintln!(
+                "  deliver: {} of {} received in {:.3} s: {} /s, append → receipt p50 {} µs p99 {} µs, \
+                 cpu {} µs each{}",
+                d.received,
+                d.notifications,
+                d.seconds,
+                d.notifications_per_sec,
+                d.latency_us.p50,
+                d.latency_us.p99,
+                d.cpu_us_per_notification,
+                d.error
+                    .as_deref()
+                    .map(|e| format!("  ERROR {e}"))
+                    .unwrap_or_default()
+            );
+            self.report.deliver = Some(d);
             self.save();
         }
     }
@@ -561,6 +714,11 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
                 "subjects": events::SUBJECTS,
                 "quick": opts.quick,
                 "tidemark_bin": tidemark_bin,
+                "queue_workers": opts.queue_workers,
+                "queue_batches": opts.queue_batches,
+                "queue_items": opts.queue_items,
+                "queue_seconds": opts.queue_seconds,
+                "deliver_notifications": opts.deliver_notifications,
             }),
             ..Report::default()
         },

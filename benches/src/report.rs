@@ -75,6 +75,14 @@ pub struct Report {
     pub sse: Option<SseResult>,
     pub cluster_reads: Option<ClusterReads>,
     pub reopen: Option<serde_json::Value>,
+    /// The delivery path beside the work queues (`queue`), and tidemark's `deliver` and
+    /// `route`.
+    #[serde(default)]
+    pub queue: Vec<crate::queue::QueueCell>,
+    #[serde(default)]
+    pub deliver: Option<crate::queue::DeliverResult>,
+    #[serde(default)]
+    pub route: Option<crate::queue::RouteResult>,
     pub skipped: Vec<Skipped>,
     pub ratios: Vec<Ratio>,
     pub uptime_after: Option<String>,
@@ -141,6 +149,7 @@ impl Report {
                 m.uptime
             );
         }
+        self.queue_markdown(&mut s);
         if !self.fsync.is_empty() {
             s.push_str("| fsync (4 KiB write + fdatasync) | count | p50 µs | p99 µs | p99.9 µs | max µs |\n");
             s.push_str("|---|---:|---:|---:|---:|---:|\n");
@@ -459,5 +468,114 @@ fn phase_error(r: &ClusterReads) -> String {
     ) {
         (Some(e), false) => format!(" error: {}", short(e)),
         _ => String::new(),
+    }
+}
+
+impl Report {
+    /// The `queue` cells side by side (workers × batch: each system's items/s, CPU per item,
+    /// p99), then `deliver` and `route`.
+    fn queue_markdown(&self, s: &mut String) {
+        if !self.queue.is_empty() {
+            let mut systems: Vec<&str> = Vec::new();
+            for c in &self.queue {
+                if !systems.contains(&c.system.as_str()) {
+                    systems.push(&c.system);
+                }
+            }
+            let mut shapes: Vec<(usize, usize)> = Vec::new();
+            for c in &self.queue {
+                if !shapes.contains(&(c.workers, c.batch)) {
+                    shapes.push((c.workers, c.batch));
+                }
+            }
+            let _ = writeln!(
+                s,
+                "| queue: workers × batch | system | items/s | p50 ms | p99 ms | CPU µs/item | \
+                 ctx switches/item | device B/item | ÷ tidemark items/s |"
+            );
+            s.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+            for (w, b) in shapes {
+                let tm = self
+                    .queue
+                    .iter()
+                    .find(|c| c.system.starts_with("tidemark") && c.workers == w && c.batch == b);
+                for sys in &systems {
+                    let Some(c) = self
+                        .queue
+                        .iter()
+                        .find(|c| c.system == *sys && c.workers == w && c.batch == b)
+                    else {
+                        continue;
+                    };
+                    let ratio = tm
+                        .filter(|t| c.items_per_sec > 0.0 && t.items_per_sec > 0.0)
+                        .map_or("–".to_owned(), |t| {
+                            format!("{:.2}", t.items_per_sec / c.items_per_sec)
+                        });
+                    let _ = writeln!(
+                        s,
+                        "| {w} × {b} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {ratio} |{}",
+                        c.system,
+                        c.items_per_sec,
+                        c.latency_us.p50 as f64 / 1000.0,
+                        c.latency_us.p99 as f64 / 1000.0,
+                        c.cpu_us_per_item,
+                        c.ctx_switches_per_item,
+                        c.device_bytes_per_item
+                            .map_or("n/a".to_owned(), |v| format!("{v:.0}")),
+                        c.error
+                            .as_deref()
+                            .map(|e| format!(" ERROR {e}"))
+                            .unwrap_or_default()
+                    );
+                }
+            }
+            s.push('\n');
+            for c in self.queue.iter().filter(|c| c.workers == 1 && c.batch == 1) {
+                let _ = writeln!(
+                    s,
+                    "enqueue of {} items: {} {:.3} s",
+                    c.enqueued, c.system, c.enqueue_seconds
+                );
+            }
+            s.push('\n');
+        }
+        if let Some(d) = &self.deliver {
+            let _ = writeln!(
+                s,
+                "deliver: {} notifications ({} clients × batches of {}) to a webhook receiver: \
+                 {} received in {:.3} s, {} notifications/s, append → receipt p50 {:.1} ms p99 \
+                 {:.1} ms, server CPU {} µs/notification{}\n",
+                d.notifications,
+                d.clients,
+                d.batch,
+                d.received,
+                d.seconds,
+                d.notifications_per_sec,
+                d.latency_us.p50 as f64 / 1000.0,
+                d.latency_us.p99 as f64 / 1000.0,
+                d.cpu_us_per_notification,
+                d.error
+                    .as_deref()
+                    .map(|e| format!(" ERROR {e}"))
+                    .unwrap_or_default()
+            );
+        }
+        if let Some(r) = &self.route {
+            let _ = writeln!(
+                s,
+                "route: {} notification.requested → queued deliveries in {:.3} s (appended in \
+                 {:.3} s): {} notifications/s, server CPU {} µs/notification{}\n",
+                r.notifications,
+                r.seconds,
+                r.append_seconds,
+                r.notifications_per_sec,
+                r.cpu_us_per_notification,
+                r.error
+                    .as_deref()
+                    .map(|e| format!(" ERROR {e}"))
+                    .unwrap_or_default()
+            );
+        }
     }
 }

@@ -131,6 +131,11 @@ pub struct NatsBatch {
 }
 
 impl Nats {
+    /// The server's URL (the queue workload opens its own connections).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     /// Publish a batch and return its acknowledgement unawaited. Intermediate messages of an
     /// atomic batch go without a reply subject; the commit message's acknowledgement says
     /// whether the whole batch was stored.

@@ -78,6 +78,16 @@ fn searchable_by_others(dir: &Path) -> bool {
 }
 
 impl Postgres {
+    /// The server's connection string (the queue workload opens its own connections).
+    pub fn conninfo(&self) -> &str {
+        &self.conninfo
+    }
+
+    /// A new connection to the server.
+    pub async fn client(&self) -> Result<Client, String> {
+        connect(&self.conninfo).await
+    }
+
     pub async fn start(o: &StartOpts) -> Result<Self, String> {
         let bin = postgres_bin_dir().ok_or("PostgreSQL is not installed")?;
         let ids = run_as()?;

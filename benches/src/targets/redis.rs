@@ -21,6 +21,11 @@ pub struct Redis {
 }
 
 impl Redis {
+    /// A client of the server (the queue workload's own commands).
+    pub fn client(&self) -> &redis::Client {
+        &self.client
+    }
+
     pub async fn start(o: &StartOpts) -> Result<Self, String> {
         let dir = temp_dir_in(&o.work, "redis-")?;
         let port = free_port()?;

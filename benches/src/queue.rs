@@ -1,0 +1,1068 @@
+//! The delivery path beside the work queues users build (spec section 11, the `queue`
+//! workload): N items enqueued (not timed), then W workers each claiming up to B items with a
+//! lease and reporting them done, every claim and every completion durable before its answer,
+//! until the N are done:
+//!
+//! - tidemark over HTTP: `notification.requested` (urgent: one `app` delivery each), then
+//!   `POST /v1/deliveries/claim` and `POST /v1/deliveries/{id}/complete` (B = 1) or the batch
+//!   `POST /v1/deliveries/complete`;
+//! - Redis Streams consumer groups: `XADD`, then `XREADGROUP … COUNT B` and one `XACK` of the
+//!   batch (AOF `appendfsync always`);
+//! - PostgreSQL 15: `UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED) RETURNING`, then
+//!   one done `UPDATE` of the batch (`synchronous_commit = on`);
+//! - NATS JetStream: a work-queue stream, a durable pull consumer with explicit acks, a fetch
+//!   of B and an acknowledged ack (`double_ack`) of each, all in flight at once (sync always:
+//!   the fetch itself is not synced, only the ack).
+//!
+//! Per cell: items/s, per item the time from its claim's start to its completion's answer
+//! (p50/p99), the server's CPU, the block device's bytes and the context switches of the
+//! server's threads per item. Beside it, tidemark alone: `deliver` (notifications appended by
+//! 16 clients in batches of 100 until a webhook receiver on loopback got each: notifications/s
+//! and p50/p99 from the append's send to the receipt) and `route` (how fast
+//! `notification.requested` events become queued deliveries).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer, stream};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::measure::{
+    BlockDevice, Counters, Percentiles, Proc, clock_ticks, new_histogram, round1, round3,
+};
+use crate::targets::StartOpts;
+use crate::targets::nats::Nats;
+use crate::targets::postgres::Postgres;
+use crate::targets::redis::Redis;
+use crate::targets::tidemark::{TidemarkHttp, http_client};
+
+/// The configuration the tidemark server of the queue cells runs with: the outbox bound above
+/// any cell, leases longer than a cell.
+const TIDEMARK_CONFIG: &str = "[notifications.outbox]\nmax_pending = 10000000\n\
+    [notifications.retry]\nlease_ttl = \"10m\"\n";
+
+/// How long a claim's lease lasts in every system (longer than a cell).
+const LEASE: Duration = Duration::from_secs(600);
+
+/// One cell of the queue workload.
+#[derive(Serialize, Clone, serde::Deserialize, Debug)]
+pub struct QueueCell {
+    pub system: String,
+    pub workers: usize,
+    pub batch: usize,
+    /// Items enqueued before the cell, and how long the enqueue took (not timed in the cell).
+    pub enqueued: u64,
+    pub enqueue_seconds: f64,
+    /// Items claimed and completed in the timed run.
+    pub items: u64,
+    pub seconds: f64,
+    pub items_per_sec: f64,
+    /// Per item: its claim's start to its completion's answer.
+    pub latency_us: Percentiles,
+    pub cpu_us_per_item: f64,
+    pub device_bytes_per_item: Option<f64>,
+    pub device: String,
+    pub ctx_switches_per_item: f64,
+    pub error: Option<String>,
+}
+
+/// One system's queue, as the workers use it.
+pub trait Queue: Send + Sync + 'static {
+    type Conn: Send + 'static;
+    type Item: Send + 'static;
+
+    fn name(&self) -> &'static str;
+    fn proc(&self) -> Proc;
+    fn data_dir(&self) -> Option<&Path>;
+    fn connect(&self) -> impl Future<Output = Result<Self::Conn, String>> + Send;
+    /// A fresh queue of `n` items for cell `cell`, each claimable when this returns.
+    fn enqueue(&self, cell: usize, n: u64) -> impl Future<Output = Result<(), String>> + Send;
+    /// Lease up to `max` items of cell `cell` to `worker`, durably; empty when none is left.
+    fn claim(
+        &self,
+        c: &mut Self::Conn,
+        cell: usize,
+        worker: &str,
+        max: usize,
+    ) -> impl Future<Output = Result<Vec<Self::Item>, String>> + Send;
+    /// Report the items done, durably.
+    fn complete(
+        &self,
+        c: &mut Self::Conn,
+        cell: usize,
+        worker: &str,
+        items: Vec<Self::Item>,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+    fn stop(self) -> impl Future<Output = ()> + Send;
+}
+
+/// One queue cell: enqueue `items`, then `workers` workers claim batches of `batch` until every
+/// item is done or `seconds` pass.
+pub async fn queue_cell<Q: Queue>(
+    q: &Arc<Q>,
+    cell: usize,
+    workers: usize,
+    batch: usize,
+    items: u64,
+    seconds: f64,
+) -> QueueCell {
+    let mut out = QueueCell {
+        system: q.name().to_owned(),
+        workers,
+        batch,
+        enqueued: items,
+        enqueue_seconds: 0.0,
+        items: 0,
+        seconds: 0.0,
+        items_per_sec: 0.0,
+        latency_us: Percentiles::default(),
+        cpu_us_per_item: 0.0,
+        device_bytes_per_item: None,
+        device: String::new(),
+        ctx_switches_per_item: 0.0,
+        error: None,
+    };
+    let started = Instant::now();
+    if let Err(e) = q.enqueue(cell, items).await {
+        out.error = Some(format!("enqueue: {e}"));
+        return out;
+    }
+    out.enqueue_seconds = round3(started.elapsed().as_secs_f64());
+    let mut conns = Vec::with_capacity(workers);
+    for _ in 0..workers {
+        match q.connect().await {
+            Ok(c) => conns.push(c),
+            Err(e) => {
+                out.error = Some(format!("connect: {e}"));
+                return out;
+            }
+        }
+    }
+    let proc = q.proc();
+    let device = match q.data_dir() {
+        Some(dir) => BlockDevice::of(dir),
+        None => Err("no data directory".to_owned()),
+    };
+    out.device = match &device {
+        Ok(d) => d.name.clone(),
+        Err(why) => format!("n/a: {why}"),
+    };
+    let done = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let before: Counters = proc.counters();
+    let dev_before = device.as_ref().ok().and_then(BlockDevice::written_bytes);
+    let t0 = Instant::now();
+    let mut tasks = Vec::with_capacity(workers);
+    for (w, mut conn) in conns.into_iter().enumerate() {
+        let (q, done) = (q.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let worker = format!("w{w}");
+            let mut hist = new_histogram();
+            loop {
+                if Instant::now() >= deadline || done.load(Ordering::Relaxed) >= items {
+                    return Ok::<_, String>(hist);
+                }
+                let sent = Instant::now();
+                let claimed = q.claim(&mut conn, cell, &worker, batch).await?;
+                if claimed.is_empty() {
+                    return Ok(hist);
+                }
+                let n = claimed.len() as u64;
+                q.complete(&mut conn, cell, &worker, claimed).await?;
+                let took = crate::measure::micros(sent.elapsed());
+                for _ in 0..n {
+                    let _ = hist.record(took.max(1));
+                }
+                done.fetch_add(n, Ordering::Relaxed);
+            }
+        }));
+    }
+    let mut hist: Histogram<u64> = new_histogram();
+    for t in tasks {
+        match t.await {
+            Ok(Ok(h)) => {
+                let _ = hist.add(h);
+            }
+            Ok(Err(e)) => out.error = Some(e),
+            Err(e) => out.error = Some(format!("worker: {e}")),
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let used = proc.counters().since(before);
+    let dev_after = device.as_ref().ok().and_then(BlockDevice::written_bytes);
+    let n = done.load(Ordering::Relaxed);
+    let per = n.max(1) as f64;
+    out.items = n;
+    out.seconds = round3(secs);
+    out.items_per_sec = (n as f64 / secs.max(1e-9)).round();
+    out.latency_us = Percentiles::from(&hist);
+    out.cpu_us_per_item = round1(used.cpu_ticks as f64 / clock_ticks() * 1e6 / per);
+    if let (Some(a), Some(b)) = (dev_before, dev_after) {
+        out.device_bytes_per_item = Some((b.saturating_sub(a) as f64 / per).round());
+    }
+    out.ctx_switches_per_item = round3(used.ctx_switches as f64 / per);
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// tidemark
+
+/// tidemark's outbox over HTTP.
+pub struct TidemarkQueue {
+    server: TidemarkHttp,
+}
+
+impl TidemarkQueue {
+    pub async fn start(o: &StartOpts) -> Result<Self, String> {
+        Ok(TidemarkQueue {
+            server: TidemarkHttp::start_with(o, "tidemark-http", Some(TIDEMARK_CONFIG.into()))
+                .await?,
+        })
+    }
+}
+
+/// `n` urgent notifications of cell `cell` (`q<cell>-<i>`), appended by 4 clients in batches
+/// of 1000; returns once the server answered every append.
+async fn append_notifications(
+    base: &str,
+    client: &reqwest::Client,
+    prefix: &str,
+    n: u64,
+    payload: impl Fn(u64) -> Value + Send + Sync + 'static,
+) -> Result<(), String> {
+    let payload = Arc::new(payload);
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (next, client, url, prefix, payload) = (
+            next.clone(),
+            client.clone(),
+            format!("{base}/v1/events"),
+            prefix.to_owned(),
+            payload.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let from = next.fetch_add(1000, Ordering::Relaxed);
+                if from >= n {
+                    return Ok::<(), String>(());
+                }
+                let events: Vec<Value> = (from..(from + 1000).min(n))
+                    .map(|i| {
+                        let id = format!("{prefix}-{i}");
+                        json!({"event_id": id, "stream": "notifications", "subject": id,
+                               "type": "notification.requested", "payload": payload(i)})
+                    })
+                    .collect();
+                let r = client
+                    .post(&url)
+                    .json(&json!({ "events": events }))
+                    .send()
+                    .await
+                    .map_err(|e| format!("append: {e}"))?;
+                if !r.status().is_success() {
+                    return Err(format!("append: {}", r.text().await.unwrap_or_default()));
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    Ok(())
+}
+
+/// Waits (at most `limit`) until the `app` sink has at least `n` queued deliveries.
+async fn wait_queued(
+    base: &str,
+    client: &reqwest::Client,
+    n: u64,
+    limit: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let v: Value = client
+            .get(format!("{base}/v1/outbox/kpis"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        let queued = v["by_sink"]["app"]["queued"].as_u64().unwrap_or(0);
+        if queued >= n {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("{queued} of {n} deliveries queued after {limit:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+impl Queue for TidemarkQueue {
+    type Conn = reqwest::Client;
+    type Item = String;
+
+    fn name(&self) -> &'static str {
+        "tidemark-http"
+    }
+
+    fn proc(&self) -> Proc {
+        Proc::Tree(self.server.pid())
+    }
+
+    fn data_dir(&self) -> Option<&Path> {
+        crate::targets::Target::data_dir(&self.server)
+    }
+
+    async fn connect(&self) -> Result<reqwest::Client, String> {
+        http_client()
+    }
+
+    async fn enqueue(&self, cell: usize, n: u64) -> Result<(), String> {
+        let (base, client) = (self.server.base(), self.server.client());
+        append_notifications(
+            base,
+            client,
+            &format!("q{cell}"),
+            n,
+            |i| json!({"priority": "urgent", "title": format!("item {i}")}),
+        )
+        .await?;
+        wait_queued(base, client, n, Duration::from_secs(300)).await
+    }
+
+    async fn claim(
+        &self,
+        c: &mut reqwest::Client,
+        _cell: usize,
+        worker: &str,
+        max: usize,
+    ) -> Result<Vec<String>, String> {
+        let r = c
+            .post(format!("{}/v1/deliveries/claim", self.server.base()))
+            .json(&json!({"sink": "app", "owner": worker, "limit": max,
+                          "lease_ms": LEASE.as_millis() as u64}))
+            .send()
+            .await
+            .map_err(|e| format!("claim: {e}"))?;
+        let status = r.status();
+        let v: Value = r.json().await.map_err(|e| format!("claim: {e}"))?;
+        if !status.is_success() {
+            return Err(format!("claim: {status} {v}"));
+        }
+        Ok(v["deliveries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d["id"].as_str().map(str::to_owned))
+            .collect())
+    }
+
+    async fn complete(
+        &self,
+        c: &mut reqwest::Client,
+        _cell: usize,
+        worker: &str,
+        items: Vec<String>,
+    ) -> Result<(), String> {
+        let base = self.server.base();
+        let r = if let [one] = items.as_slice() {
+            c.post(format!(
+                "{base}/v1/deliveries/{}/complete",
+                one.replace(':', "%3A")
+            ))
+            .json(&json!({ "owner": worker }))
+            .send()
+            .await
+        } else {
+            let ds: Vec<Value> = items.iter().map(|id| json!({ "id": id })).collect();
+            c.post(format!("{base}/v1/deliveries/complete"))
+                .json(&json!({ "owner": worker, "deliveries": ds }))
+                .send()
+                .await
+        }
+        .map_err(|e| format!("complete: {e}"))?;
+        if !r.status().is_success() {
+            return Err(format!("complete: {}", r.text().await.unwrap_or_default()));
+        }
+        Ok(())
+    }
+
+    async fn stop(self) {
+        crate::targets::Target::stop(self.server).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redis Streams consumer groups
+
+pub struct RedisQueue {
+    redis: Redis,
+}
+
+impl RedisQueue {
+    pub async fn start(o: &StartOpts) -> Result<Self, String> {
+        Ok(RedisQueue {
+            redis: Redis::start(o).await?,
+        })
+    }
+}
+
+fn redis_key(cell: usize) -> String {
+    format!("queue{cell}")
+}
+
+impl Queue for RedisQueue {
+    type Conn = redis::aio::MultiplexedConnection;
+    type Item = String;
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn proc(&self) -> Proc {
+        crate::targets::Target::proc(&self.redis)
+    }
+
+    fn data_dir(&self) -> Option<&Path> {
+        crate::targets::Target::data_dir(&self.redis)
+    }
+
+    async fn connect(&self) -> Result<Self::Conn, String> {
+        crate::targets::Target::connect(&self.redis).await
+    }
+
+    async fn enqueue(&self, cell: usize, n: u64) -> Result<(), String> {
+        let mut con = self.connect().await?;
+        let key = redis_key(cell);
+        let mut i = 0;
+        while i < n {
+            let mut p = redis::pipe();
+            for j in i..(i + 1000).min(n) {
+                p.cmd("XADD")
+                    .arg(&key)
+                    .arg("*")
+                    .arg("body")
+                    .arg(format!("item {j}"))
+                    .ignore();
+            }
+            p.query_async::<()>(&mut con)
+                .await
+                .map_err(|e| format!("XADD: {e}"))?;
+            i += 1000;
+        }
+        redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&key)
+            .arg("workers")
+            .arg("0")
+            .query_async::<String>(&mut con)
+            .await
+            .map_err(|e| format!("XGROUP CREATE: {e}"))?;
+        Ok(())
+    }
+
+    async fn claim(
+        &self,
+        c: &mut Self::Conn,
+        cell: usize,
+        worker: &str,
+        max: usize,
+    ) -> Result<Vec<String>, String> {
+        let v: redis::Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg("workers")
+            .arg(worker)
+            .arg("COUNT")
+            .arg(max)
+            .arg("STREAMS")
+            .arg(redis_key(cell))
+            .arg(">")
+            .query_async(c)
+            .await
+            .map_err(|e| format!("XREADGROUP: {e}"))?;
+        // [[key, [[id, [field, value]] …]]] (RESP2), or nil when nothing is left.
+        let mut ids = Vec::new();
+        if let redis::Value::Array(streams) = v {
+            for s in streams {
+                let redis::Value::Array(kv) = s else { continue };
+                let Some(redis::Value::Array(entries)) = kv.into_iter().nth(1) else {
+                    continue;
+                };
+                for e in entries {
+                    let redis::Value::Array(parts) = e else {
+                        continue;
+                    };
+                    if let Some(redis::Value::BulkString(id)) = parts.into_iter().next() {
+                        ids.push(String::from_utf8_lossy(&id).into_owned());
+                    }
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    async fn complete(
+        &self,
+        c: &mut Self::Conn,
+        cell: usize,
+        _worker: &str,
+        items: Vec<String>,
+    ) -> Result<(), String> {
+        let mut cmd = redis::cmd("XACK");
+        cmd.arg(redis_key(cell)).arg("workers");
+        for id in &items {
+            cmd.arg(id);
+        }
+        let acked: u64 = cmd.query_async(c).await.map_err(|e| format!("XACK: {e}"))?;
+        if acked != items.len() as u64 {
+            return Err(format!("XACK acknowledged {acked} of {}", items.len()));
+        }
+        Ok(())
+    }
+
+    async fn stop(self) {
+        crate::targets::Target::stop(self.redis).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL: SKIP LOCKED
+
+pub struct PostgresQueue {
+    pg: Postgres,
+}
+
+impl PostgresQueue {
+    pub async fn start(o: &StartOpts) -> Result<Self, String> {
+        let pg = Postgres::start(o).await?;
+        pg.client()
+            .await?
+            .batch_execute(
+                "CREATE TABLE queue (id bigserial PRIMARY KEY, cell int NOT NULL, body text NOT NULL,
+                   status smallint NOT NULL DEFAULT 0, owner text, lease_until timestamptz);
+                 CREATE INDEX queue_ready ON queue (cell, id) WHERE status = 0;",
+            )
+            .await
+            .map_err(|e| format!("queue schema: {e}"))?;
+        Ok(PostgresQueue { pg })
+    }
+}
+
+/// A worker's connection with its two statements prepared.
+pub struct PgWorker {
+    client: tokio_postgres::Client,
+    claim: tokio_postgres::Statement,
+    done: tokio_postgres::Statement,
+}
+
+impl Queue for PostgresQueue {
+    type Conn = PgWorker;
+    type Item = i64;
+
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn proc(&self) -> Proc {
+        crate::targets::Target::proc(&self.pg)
+    }
+
+    fn data_dir(&self) -> Option<&Path> {
+        crate::targets::Target::data_dir(&self.pg)
+    }
+
+    async fn connect(&self) -> Result<PgWorker, String> {
+        let client = self.pg.client().await?;
+        let claim = client
+            .prepare(
+                "UPDATE queue SET status = 1, owner = $1,
+                   lease_until = now() + interval '600 seconds'
+                 WHERE id IN (SELECT id FROM queue WHERE cell = $2 AND status = 0 ORDER BY id
+                              LIMIT $3 FOR UPDATE SKIP LOCKED)
+                 RETURNING id",
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let done = client
+            .prepare("UPDATE queue SET status = 2 WHERE id = ANY($1) AND owner = $2")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(PgWorker {
+            client,
+            claim,
+            done,
+        })
+    }
+
+    async fn enqueue(&self, cell: usize, n: u64) -> Result<(), String> {
+        let c = self.pg.client().await?;
+        c.execute(
+            "INSERT INTO queue (cell, body) SELECT $1, 'item ' || g FROM generate_series(1, $2) g",
+            &[&(cell as i32), &(n as i64)],
+        )
+        .await
+        .map_err(|e| format!("enqueue: {e}"))?;
+        c.batch_execute("ANALYZE queue")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    async fn claim(
+        &self,
+        c: &mut PgWorker,
+        cell: usize,
+        worker: &str,
+        max: usize,
+    ) -> Result<Vec<i64>, String> {
+        let rows = c
+            .client
+            .query(&c.claim, &[&worker, &(cell as i32), &(max as i64)])
+            .await
+            .map_err(|e| format!("claim: {e}"))?;
+        Ok(rows.iter().map(|r| r.get::<_, i64>(0)).collect())
+    }
+
+    async fn complete(
+        &self,
+        c: &mut PgWorker,
+        _cell: usize,
+        worker: &str,
+        items: Vec<i64>,
+    ) -> Result<(), String> {
+        let n = c
+            .client
+            .execute(&c.done, &[&items, &worker])
+            .await
+            .map_err(|e| format!("done: {e}"))?;
+        if n != items.len() as u64 {
+            return Err(format!("done updated {n} of {}", items.len()));
+        }
+        Ok(())
+    }
+
+    async fn stop(self) {
+        crate::targets::Target::stop(self.pg).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// NATS JetStream: a work-queue stream and a durable pull consumer
+
+pub struct NatsQueue {
+    nats: Nats,
+}
+
+impl NatsQueue {
+    pub async fn start(o: &StartOpts) -> Result<Self, String> {
+        Ok(NatsQueue {
+            nats: Nats::start(o).await?,
+        })
+    }
+}
+
+/// A worker's connection and the cell's consumer.
+pub struct NatsWorker {
+    js: jetstream::Context,
+    consumer: Option<(usize, consumer::Consumer<consumer::pull::Config>)>,
+}
+
+fn nats_stream(cell: usize) -> String {
+    format!("QUEUE{cell}")
+}
+
+impl Queue for NatsQueue {
+    type Conn = NatsWorker;
+    type Item = jetstream::Message;
+
+    fn name(&self) -> &'static str {
+        "nats"
+    }
+
+    fn proc(&self) -> Proc {
+        crate::targets::Target::proc(&self.nats)
+    }
+
+    fn data_dir(&self) -> Option<&Path> {
+        crate::targets::Target::data_dir(&self.nats)
+    }
+
+    async fn connect(&self) -> Result<NatsWorker, String> {
+        let client = async_nats::connect(self.nats.url())
+            .await
+            .map_err(|e| format!("nats connect: {e}"))?;
+        Ok(NatsWorker {
+            js: jetstream::ContextBuilder::new()
+                .timeout(Duration::from_secs(120))
+                .build(client),
+            consumer: None,
+        })
+    }
+
+    async fn enqueue(&self, cell: usize, n: u64) -> Result<(), String> {
+        let w = self.connect().await?;
+        let name = nats_stream(cell);
+        let subject = format!("queue.{cell}");
+        w.js.create_stream(stream::Config {
+            name: name.clone(),
+            subjects: vec![subject.clone()],
+            storage: stream::StorageType::File,
+            retention: stream::RetentionPolicy::WorkQueue,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("create stream: {e}"))?;
+        let mut acks = Vec::new();
+        for i in 0..n {
+            acks.push(
+                w.js.publish(subject.clone(), format!("item {i}").into())
+                    .await
+                    .map_err(|e| format!("publish: {e}"))?,
+            );
+            if acks.len() >= 1000 {
+                for a in acks.drain(..) {
+                    a.await.map_err(|e| format!("publish ack: {e}"))?;
+                }
+            }
+        }
+        for a in acks {
+            a.await.map_err(|e| format!("publish ack: {e}"))?;
+        }
+        let s =
+            w.js.get_stream(&name)
+                .await
+                .map_err(|e| format!("get stream: {e}"))?;
+        s.create_consumer(consumer::pull::Config {
+            durable_name: Some("workers".into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: LEASE,
+            max_ack_pending: 1_000_000,
+            max_batch: 1000,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("create consumer: {e}"))?;
+        Ok(())
+    }
+
+    async fn claim(
+        &self,
+        c: &mut NatsWorker,
+        cell: usize,
+        _worker: &str,
+        max: usize,
+    ) -> Result<Vec<jetstream::Message>, String> {
+        use futures::StreamExt as _;
+        if c.consumer.as_ref().is_none_or(|(at, _)| *at != cell) {
+            let s =
+                c.js.get_stream(nats_stream(cell))
+                    .await
+                    .map_err(|e| format!("get stream: {e}"))?;
+            let consumer = s
+                .get_consumer("workers")
+                .await
+                .map_err(|e| format!("get consumer: {e}"))?;
+            c.consumer = Some((cell, consumer));
+        }
+        let (_, consumer) = c.consumer.as_ref().expect("set above");
+        let mut batch = consumer
+            .fetch()
+            .max_messages(max)
+            .messages()
+            .await
+            .map_err(|e| format!("fetch: {e}"))?;
+        let mut out = Vec::with_capacity(max);
+        while let Some(m) = batch.next().await {
+            out.push(m.map_err(|e| format!("fetch: {e}"))?);
+        }
+        Ok(out)
+    }
+
+    async fn complete(
+        &self,
+        _c: &mut NatsWorker,
+        _cell: usize,
+        _worker: &str,
+        items: Vec<jetstream::Message>,
+    ) -> Result<(), String> {
+        let acks = items.iter().map(|m| m.double_ack());
+        for r in futures::future::join_all(acks).await {
+            r.map_err(|e| format!("ack: {e}"))?;
+        }
+        Ok(())
+    }
+
+    async fn stop(self) {
+        crate::targets::Target::stop(self.nats).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// tidemark alone: routing, and delivery to a webhook receiver
+
+/// `route`: how fast `notification.requested` events become queued deliveries.
+#[derive(Serialize, Clone, serde::Deserialize, Debug)]
+pub struct RouteResult {
+    pub notifications: u64,
+    /// From the first append's send until the last append's answer.
+    pub append_seconds: f64,
+    /// From the first append's send until every delivery was queued.
+    pub seconds: f64,
+    pub notifications_per_sec: f64,
+    pub cpu_us_per_notification: f64,
+    pub error: Option<String>,
+}
+
+/// `n` urgent notifications appended by 4 clients in batches of 1000; timed until the `app`
+/// sink has them all queued.
+pub async fn route(o: &StartOpts, n: u64) -> RouteResult {
+    let mut out = RouteResult {
+        notifications: n,
+        append_seconds: 0.0,
+        seconds: 0.0,
+        notifications_per_sec: 0.0,
+        cpu_us_per_notification: 0.0,
+        error: None,
+    };
+    let server =
+        match TidemarkHttp::start_with(o, "tidemark-http", Some(TIDEMARK_CONFIG.into())).await {
+            Ok(s) => s,
+            Err(e) => {
+                out.error = Some(e);
+                return out;
+            }
+        };
+    let proc = Proc::Tree(server.pid());
+    let before = proc.counters();
+    let t0 = Instant::now();
+    let r = append_notifications(
+        server.base(),
+        server.client(),
+        "r",
+        n,
+        |i| json!({"priority": "urgent", "title": format!("item {i}")}),
+    )
+    .await;
+    out.append_seconds = round3(t0.elapsed().as_secs_f64());
+    match r {
+        Err(e) => out.error = Some(e),
+        Ok(()) => {
+            match wait_queued(server.base(), server.client(), n, Duration::from_secs(600)).await {
+                Err(e) => out.error = Some(e),
+                Ok(()) => {
+                    let secs = t0.elapsed().as_secs_f64();
+                    let used = proc.counters().since(before);
+                    out.seconds = round3(secs);
+                    out.notifications_per_sec = (n as f64 / secs).round();
+                    out.cpu_us_per_notification =
+                        round1(used.cpu_ticks as f64 / clock_ticks() * 1e6 / n as f64);
+                }
+            }
+        }
+    }
+    crate::targets::Target::stop(server).await;
+    out
+}
+
+/// `deliver`: notifications appended until a webhook receiver got each.
+#[derive(Serialize, Clone, serde::Deserialize, Debug)]
+pub struct DeliverResult {
+    pub clients: usize,
+    pub batch: usize,
+    pub notifications: u64,
+    pub received: u64,
+    /// From the first append's send until the last notification was received.
+    pub seconds: f64,
+    pub notifications_per_sec: f64,
+    /// Per notification, from its append's send to its receipt.
+    pub latency_us: Percentiles,
+    pub cpu_us_per_notification: f64,
+    pub error: Option<String>,
+}
+
+/// The receiver: each POST's `notification_id` with the time it came.
+async fn receiver(
+    sent: Arc<dashmap_lite::Times>,
+    hist: Arc<std::sync::Mutex<Histogram<u64>>>,
+    got: Arc<AtomicU64>,
+) -> Result<u16, String> {
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let (sent, hist, got) = (sent.clone(), hist.clone(), got.clone());
+            async move {
+                let now = Instant::now();
+                let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                if let Some(at) = v["notification_id"]
+                    .as_str()
+                    .and_then(|id| id.strip_prefix("d-"))
+                    .and_then(|i| i.parse::<u64>().ok())
+                    .and_then(|i| sent.get(i))
+                {
+                    let _ = hist
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .record(crate::measure::micros(now.saturating_duration_since(at)).max(1));
+                    got.fetch_add(1, Ordering::Relaxed);
+                }
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(port)
+}
+
+/// A fixed table of send times, one slot per notification (written once, read by the
+/// receiver).
+mod dashmap_lite {
+    use std::sync::Mutex;
+    use std::time::Instant;
+
+    pub struct Times(Mutex<Vec<Option<Instant>>>);
+
+    impl Times {
+        pub fn new(n: usize) -> Times {
+            Times(Mutex::new(vec![None; n]))
+        }
+        pub fn set(&self, from: u64, to: u64, at: Instant) {
+            let mut v = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for i in from..to {
+                if let Some(slot) = v.get_mut(i as usize) {
+                    *slot = Some(at);
+                }
+            }
+        }
+        pub fn get(&self, i: u64) -> Option<Instant> {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(i as usize)
+                .copied()
+                .flatten()
+        }
+    }
+}
+
+/// `n` notifications appended by `clients` clients in batches of `batch` to a server whose
+/// urgent notifications go to a webhook route on a receiver in this process (the sink's
+/// `concurrency` at its bound, 256); timed until the receiver got every one.
+pub async fn deliver(o: &StartOpts, clients: usize, batch: usize, n: u64) -> DeliverResult {
+    let mut out = DeliverResult {
+        clients,
+        batch,
+        notifications: n,
+        received: 0,
+        seconds: 0.0,
+        notifications_per_sec: 0.0,
+        latency_us: Percentiles::default(),
+        cpu_us_per_notification: 0.0,
+        error: None,
+    };
+    let sent = Arc::new(dashmap_lite::Times::new(n as usize));
+    let hist = Arc::new(std::sync::Mutex::new(new_histogram()));
+    let got = Arc::new(AtomicU64::new(0));
+    let port = match receiver(sent.clone(), hist.clone(), got.clone()).await {
+        Ok(p) => p,
+        Err(e) => {
+            out.error = Some(e);
+            return out;
+        }
+    };
+    let config = format!(
+        "{TIDEMARK_CONFIG}[notifications.routing]\nurgent = [\"dashboard\", \"hook\"]\n\
+         [notifications.routes.hook]\nsink = \"webhook\"\nurl = \"http://127.0.0.1:{port}/hook\"\n\
+         [sinks.webhook]\nconcurrency = 256\ntimeout = \"30s\"\n"
+    );
+    let server = match TidemarkHttp::start_with(o, "tidemark-http", Some(config)).await {
+        Ok(s) => s,
+        Err(e) => {
+            out.error = Some(e);
+            return out;
+        }
+    };
+    let proc = Proc::Tree(server.pid());
+    let before = proc.counters();
+    let next = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (next, client, url, sent) = (
+            next.clone(),
+            server.client().clone(),
+            format!("{}/v1/events", server.base()),
+            sent.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let from = next.fetch_add(batch as u64, Ordering::Relaxed);
+                if from >= n {
+                    return Ok::<(), String>(());
+                }
+                let to = (from + batch as u64).min(n);
+                let events: Vec<Value> = (from..to)
+                    .map(|i| {
+                        let id = format!("d-{i}");
+                        json!({"event_id": id, "stream": "notifications", "subject": id,
+                               "type": "notification.requested",
+                               "payload": {"priority": "urgent", "title": format!("item {i}")}})
+                    })
+                    .collect();
+                sent.set(from, to, Instant::now());
+                let r = client
+                    .post(&url)
+                    .json(&json!({ "events": events }))
+                    .send()
+                    .await
+                    .map_err(|e| format!("append: {e}"))?;
+                if !r.status().is_success() {
+                    return Err(format!("append: {}", r.text().await.unwrap_or_default()));
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        match t.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => out.error = Some(e),
+            Err(e) => out.error = Some(e.to_string()),
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while got.load(Ordering::Relaxed) < n && Instant::now() < deadline && out.error.is_none() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let used = proc.counters().since(before);
+    out.received = got.load(Ordering::Relaxed);
+    if out.received < n && out.error.is_none() {
+        out.error = Some(format!("{} of {n} received after 600 s", out.received));
+    }
+    out.seconds = round3(secs);
+    out.notifications_per_sec = (out.received as f64 / secs.max(1e-9)).round();
+    out.latency_us = Percentiles::from(
+        &*hist
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    out.cpu_us_per_notification =
+        round1(used.cpu_ticks as f64 / clock_ticks() * 1e6 / out.received.max(1) as f64);
+    crate::targets::Target::stop(server).await;
+    out
+}
