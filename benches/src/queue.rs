@@ -605,7 +605,7 @@ impl Queue for PostgresQueue {
         let c = self.pg.client().await?;
         c.execute(
             "INSERT INTO queue (cell, body) SELECT $1, 'item ' || g FROM generate_series(1, $2) g",
-            &[&(cell as i32), &(n as i64)],
+            &[&(cell as i32), &(n as i32)],
         )
         .await
         .map_err(|e| format!("enqueue: {e}"))?;
