@@ -154,10 +154,13 @@ pub async fn spawn(
     // Live streams wait for what is committed from now on.
     let watched = streams.clone();
     let streams_feed = follower.subscribe_if(head, Box::new(move |_| watched.is_watched()));
-    // Lease expiry wakes at the earliest expiry, or for a page that takes a lease.
+    // Lease expiry wakes at the earliest expiry, or for a page that takes a lease expiring
+    // before then.
+    let lease_clock = scheduler::LeaseClock::default();
+    let clock = lease_clock.clone();
     let leases_feed = follower.subscribe_if(
         head,
-        Box::new(|p| p.events.iter().any(scheduler::takes_lease)),
+        Box::new(move |p| p.events.iter().any(scheduler::takes_lease) && clock.wants(p)),
     );
     // The sinks' dispatchers sleep until a delivery is due: a page that may make one due
     // sooner nudges them.
@@ -187,6 +190,7 @@ pub async fn spawn(
         tokio::spawn(scheduler::expiry_loop(
             engine.clone(),
             leases_feed,
+            lease_clock,
             shutdown.clone(),
         )),
         tokio::spawn(retention::run_loop(

@@ -114,7 +114,12 @@ pub async fn expire_now(engine: &Engine) -> Result<usize, CommandError> {
 /// `shutdown`, when the first held lease expires: the loop sleeps until the earliest expiry the
 /// models hold (or that a page of the follower just brought, before the models fold it), and
 /// not at all while no lease is held. A server at rest is not woken (spec section 3).
-pub(crate) async fn expiry_loop(engine: Engine, mut feed: Feed, shutdown: CancellationToken) {
+pub(crate) async fn expiry_loop(
+    engine: Engine,
+    mut feed: Feed,
+    wakes_at: LeaseClock,
+    shutdown: CancellationToken,
+) {
     let mut first = true;
     // The earliest expiry of the leases the follower's pages showed (the models may not hold
     // them yet).
@@ -150,6 +155,10 @@ pub(crate) async fn expiry_loop(engine: Engine, mut feed: Feed, shutdown: Cancel
             Some(at) => Some(Duration::from_micros((at - now) as u64).max(RECHECK_MIN)),
             None => None,
         };
+        // The follower hands this loop a page only when a lease of it expires before then.
+        wakes_at.set(wait.map_or(i64::MAX, |d| {
+            now.saturating_add(i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+        }));
         tokio::select! {
             _ = async {
                 match wait {
@@ -167,6 +176,36 @@ pub(crate) async fn expiry_loop(engine: Engine, mut feed: Feed, shutdown: Cancel
             },
             _ = shutdown.cancelled() => return,
         }
+    }
+}
+
+/// When the lease-expiry loop will look at the leases next (µs; `i64::MAX`: not before a
+/// lease is taken): a page whose leases all expire later has nothing for it, and does not
+/// wake it (a claim under load would otherwise wake it at every commit).
+#[derive(Clone)]
+pub(crate) struct LeaseClock(std::sync::Arc<std::sync::atomic::AtomicI64>);
+
+impl Default for LeaseClock {
+    fn default() -> Self {
+        // Until the loop has looked once: every lease is news.
+        LeaseClock(std::sync::Arc::new(std::sync::atomic::AtomicI64::new(
+            i64::MIN,
+        )))
+    }
+}
+
+impl LeaseClock {
+    fn set(&self, at: i64) {
+        self.0.store(at, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether a page has a lease that expires before the loop looks next.
+    pub(crate) fn wants(&self, p: &crate::follow::Page) -> bool {
+        let at = self.0.load(std::sync::atomic::Ordering::SeqCst);
+        p.events
+            .iter()
+            .filter_map(lease_taken)
+            .any(|expires| at == i64::MIN || expires < at)
     }
 }
 

@@ -116,6 +116,7 @@ fn the_engine_runs_on_another_event_log() {
             .execute(Complete {
                 owner: "o".into(),
                 items,
+                resolved_targets: Vec::new(),
             })
             .await
             .unwrap();

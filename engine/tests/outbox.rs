@@ -682,6 +682,7 @@ impl Harness {
                     .exec(Complete {
                         owner: o.into(),
                         items,
+                        resolved_targets: Vec::new(),
                     })
                     .map_err(|c| format!("batch complete refused as a whole: {c}"))?;
                 if got.len() != ids.len() {
@@ -854,6 +855,7 @@ fn expired_lease_is_released_and_reclaimed() {
         .exec(Complete {
             owner: "a".into(),
             items: vec![("dlv:x:desktop".into(), None)],
+            resolved_targets: Vec::new(),
         })
         .unwrap();
     assert!(

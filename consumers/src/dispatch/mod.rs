@@ -20,7 +20,7 @@ use tidemark_projections::ids::DeliveryId;
 
 use tidemark_engine::Engine;
 use tidemark_engine::commands::Completed;
-use tidemark_engine::commands::outbox::{Claim, CompleteOne, Fail, Failure};
+use tidemark_engine::commands::outbox::{Claim, Complete, Fail, Failure};
 use tidemark_projections::deliveries::Delivery;
 use tidemark_projections::names::Sink;
 use tokio::task::JoinSet;
@@ -331,12 +331,16 @@ async fn run(
     shutdown: CancellationToken,
 ) {
     let sink = adapter.sink();
-    let mut inflight: JoinSet<(DeliveryId, String, Outcome, Duration)> = JoinSet::new();
+    let mut inflight: JoinSet<Attempt> = JoinSet::new();
+    // Claims are made for a quarter of the pool at least (one command leases many), unless
+    // nothing is in flight: a trickle is still claimed one by one at once.
+    let batch = (adapter.concurrency() / 4).max(1);
     let mut recheck = RECHECK_MIN;
     let mut failures = FailureLog::default();
     loop {
         let free = adapter.concurrency().saturating_sub(inflight.len());
-        if free > 0 {
+        let claims = free > 0 && (inflight.is_empty() || free >= batch);
+        if claims {
             let claim = Claim {
                 sink,
                 owner: owner.clone(),
@@ -365,7 +369,12 @@ async fn run(
                                 Ok(to) => a.deliver(d, to).await,
                                 Err(o) => o,
                             };
-                            (id, route, outcome, started.elapsed())
+                            Attempt {
+                                id,
+                                route,
+                                outcome,
+                                took: started.elapsed(),
+                            }
                         });
                     }
                 }
@@ -373,12 +382,13 @@ async fn run(
                 Err(e) => tracing::warn!(%sink, error = %e, "dispatcher: claim failed; retrying"),
             }
         }
-        let full = inflight.len() >= adapter.concurrency();
-        // With a slot free, nothing more is due now: sleep until the first delivery is.
+        let full = !(inflight.is_empty() || adapter.concurrency() - inflight.len() >= batch);
+        // With slots to claim for, nothing more is due now: sleep until the first delivery
+        // is.
         let wait = if full {
             None
         } else {
-            match engine.read().earliest_due(sink) {
+            match earliest_due(&engine, sink).await {
                 Ok(None) => {
                     recheck = RECHECK_MIN;
                     None
@@ -389,8 +399,8 @@ async fn run(
                         recheck = RECHECK_MIN;
                         Some(Duration::from_micros((at - now) as u64).min(LONGEST_SLEEP))
                     } else {
-                        // Due, yet not taken: the models had not folded this claim's leases
-                        // (or a hold moved it); look again soon, then less often.
+                        // Due, yet not taken (a hold moved it, or a claim of another node
+                        // races for it): look again soon, then less often.
                         let r = recheck;
                         recheck = (recheck * 2).min(RECHECK_MAX);
                         Some(r)
@@ -403,23 +413,37 @@ async fn run(
             }
         };
         tokio::select! {
-            Some(done) = inflight.join_next(), if !inflight.is_empty() => {
-                metrics::gauge!("tidemark_sink_in_flight", "sink" => sink.as_str()).decrement(1.0);
-                match done {
-                    Ok((id, route, outcome, took)) => {
-                        health.outcome(sink, &outcome);
-                        failures.attempted(&*adapter, &route, &id, &outcome).await;
-                        let unresolved = matches!(&outcome,
-                            Outcome::Transient { code, .. } if code == webhook::UNRESOLVED);
-                        report(&engine, sink, &owner, &id, outcome, took).await;
-                        // A route changed through a node with another environment: recorded,
-                        // so its other deliveries wait instead of spending attempts.
-                        if unresolved {
-                            webhook::check_api_routes(&engine, Some(&route)).await;
+            Some(first) = inflight.join_next(), if !inflight.is_empty() => {
+                // Every attempt that has ended by now is reported with it: the sent ones in
+                // one completion command.
+                let mut ended = vec![first];
+                while let Some(more) = inflight.try_join_next() {
+                    ended.push(more);
+                }
+                let mut done = Vec::with_capacity(ended.len());
+                for r in ended {
+                    metrics::gauge!("tidemark_sink_in_flight", "sink" => sink.as_str()).decrement(1.0);
+                    match r {
+                        Ok(a) => {
+                            health.outcome(sink, &a.outcome);
+                            failures.attempted(&*adapter, &a.route, &a.id, &a.outcome).await;
+                            done.push(a);
                         }
+                        // A panicked attempt: its lease expires and it is tried again.
+                        Err(_) => health.update(sink, |h| h.in_flight = h.in_flight.saturating_sub(1)),
                     }
-                    // A panicked attempt: its lease expires and it is tried again.
-                    Err(_) => health.update(sink, |h| h.in_flight = h.in_flight.saturating_sub(1)),
+                }
+                let unresolved: Vec<String> = done
+                    .iter()
+                    .filter(|a| matches!(&a.outcome,
+                        Outcome::Transient { code, .. } if code == webhook::UNRESOLVED))
+                    .map(|a| a.route.clone())
+                    .collect();
+                report(&engine, sink, &owner, done).await;
+                // A route changed through a node with another environment: recorded, so its
+                // other deliveries wait instead of spending attempts.
+                for route in unresolved {
+                    webhook::check_api_routes(&engine, Some(&route)).await;
                 }
             }
             // The first delivery falls due (or a recheck).
@@ -556,53 +580,87 @@ impl FailureLog {
     }
 }
 
-/// Record an attempt's outcome through the complete or fail command.
-async fn report(
-    engine: &Engine,
-    sink: Sink,
-    owner: &str,
-    id: &DeliveryId,
-    o: Outcome,
+/// One attempt that ended.
+struct Attempt {
+    id: DeliveryId,
+    route: String,
+    outcome: Outcome,
     took: Duration,
-) {
-    let kind = match &o {
-        Outcome::Sent(_) => "sent",
-        Outcome::Transient { .. } => "transient",
-        Outcome::Permanent { .. } => "permanent",
-    };
-    metrics::counter!("tidemark_sink_attempts_total", "sink" => sink.as_str(), "outcome" => kind)
-        .increment(1);
-    metrics::histogram!("tidemark_sink_attempt_seconds", "sink" => sink.as_str())
-        .record(took.as_secs_f64());
-    let r = match o {
-        Outcome::Sent(targets) => engine
-            .execute(CompleteOne {
-                id: id.clone(),
-                owner: owner.to_owned(),
-                external_id: None,
-                resolved_targets: targets,
-            })
-            .await
-            .map(|(c, _)| match c {
-                Completed::Refused { code, .. } => Some(code.code().to_owned()),
-                _ => None,
-            }),
-        Outcome::Transient {
-            code,
-            error,
-            retry_after_ms,
-        } => fail(engine, id, owner, code, error, true, retry_after_ms).await,
-        Outcome::Permanent { code, error } => {
-            fail(engine, id, owner, code, error, false, None).await
+}
+
+/// Record the attempts' outcomes: the sent ones through one completion command, each failure
+/// through the fail command.
+/// When the first delivery of `sink` falls due, read once the models have folded (and
+/// committed) the log up to the head: the claim just decided saw all of it, and the decider
+/// commits what it folds only after its replies, batched; a read of the store as it stood
+/// would still show the leases this sink's last completion ended, due at their expiry. The
+/// wait (a reader waiting has the decider commit at once) is off the async workers.
+async fn earliest_due(engine: &Engine, sink: Sink) -> Result<Option<i64>, String> {
+    let q = engine.read().clone();
+    tokio::task::spawn_blocking(move || {
+        q.floor(0).map_err(|e| e.to_string())?;
+        q.earliest_due(sink).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+async fn report(engine: &Engine, sink: Sink, owner: &str, attempts: Vec<Attempt>) {
+    let mut sent: Vec<(DeliveryId, Option<String>)> = Vec::new();
+    let mut reached: Vec<Vec<String>> = Vec::new();
+    for a in attempts {
+        let kind = match &a.outcome {
+            Outcome::Sent(_) => "sent",
+            Outcome::Transient { .. } => "transient",
+            Outcome::Permanent { .. } => "permanent",
+        };
+        metrics::counter!("tidemark_sink_attempts_total", "sink" => sink.as_str(), "outcome" => kind)
+            .increment(1);
+        metrics::histogram!("tidemark_sink_attempt_seconds", "sink" => sink.as_str())
+            .record(a.took.as_secs_f64());
+        let id = a.id;
+        let r = match a.outcome {
+            Outcome::Sent(targets) => {
+                sent.push((id, None));
+                reached.push(targets);
+                continue;
+            }
+            Outcome::Transient {
+                code,
+                error,
+                retry_after_ms,
+            } => fail(engine, &id, owner, code, error, true, retry_after_ms).await,
+            Outcome::Permanent { code, error } => {
+                fail(engine, &id, owner, code, error, false, None).await
+            }
+        };
+        if let Err(e) = r {
+            tracing::warn!(%sink, delivery = %id, error = %e, "dispatcher: report failed; the lease will expire");
         }
-    };
-    match r {
-        Ok(None) => {}
-        Ok(Some(code)) => {
-            tracing::info!(%sink, delivery = %id, %code, "dispatcher: report refused");
+    }
+    if sent.is_empty() {
+        return;
+    }
+    let ids: Vec<DeliveryId> = sent.iter().map(|(id, _)| id.clone()).collect();
+    match engine
+        .execute(Complete {
+            owner: owner.to_owned(),
+            items: sent,
+            resolved_targets: reached,
+        })
+        .await
+    {
+        Ok((results, _)) => {
+            for (id, r) in ids.iter().zip(results) {
+                if let Completed::Refused { code, .. } = r {
+                    let code = code.code();
+                    tracing::info!(%sink, delivery = %id, %code, "dispatcher: report refused");
+                }
+            }
         }
         Err(e) => {
-            tracing::warn!(%sink, delivery = %id, error = %e, "dispatcher: report failed; the lease will expire");
+            tracing::warn!(%sink, error = %e, deliveries = ids.len(),
+                "dispatcher: reporting sent deliveries failed; their leases will expire");
         }
     }
 }

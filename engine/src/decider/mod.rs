@@ -18,8 +18,10 @@
 //! the next round against the newer models, at most [`MAX_ATTEMPTS`] times, then refused as
 //! `contended`. The log refuses a stale decision; luck does not (I7).
 //!
-//! The commands of a round wait for one fsync between them; the models store is synced every
-//! [`PERSIST_EVERY`] and at close, never on an acknowledgement path. A failure of the models
+//! The commands of a round wait for one fsync between them; the models store's transaction
+//! stays open across rounds and is committed after the replies, batched ([`COMMIT_EVERY`], or
+//! at once for a reader waiting for it: see `run`), and synced every [`PERSIST_EVERY`] and at
+//! close, never on an acknowledgement path. A failure of the models
 //! store never touches the log: the decider answers the waiting commands with it, reopens the
 //! store and folds again.
 
@@ -53,6 +55,10 @@ pub const MAX_ATTEMPTS: u32 = 16;
 /// How long the decider lets commits gather before it folds them when no command and no
 /// reader waits (a reader or a command is served at once).
 pub const COALESCE: Duration = Duration::from_millis(5);
+
+/// How long what the decider folded may wait for a commit of the models store while rounds
+/// go on (a reader that waits for it has it committed at once).
+pub const COMMIT_EVERY: Duration = Duration::from_millis(20);
 
 /// How long the models store may go without a synced commit while it changes.
 pub const PERSIST_EVERY: Duration = Duration::from_secs(1);
@@ -101,6 +107,8 @@ impl Decider {
     ) -> std::io::Result<Decider> {
         let (tx, rx) = mpsc::channel(QUEUE);
         let redecided = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        // The models' checkpoint: what is committed is what is folded at the start.
+        let folded = progress.get();
         let st = State {
             log,
             models,
@@ -112,6 +120,8 @@ impl Decider {
             dirty: None,
             failure: None,
             pages,
+            open: None,
+            folded,
         };
         let poisoned = Arc::new(Poison::default());
         let poison = poisoned.clone();

@@ -10,6 +10,8 @@ pub struct Progress {
     cv: Condvar,
     /// Readers waiting in [`Progress::wait`].
     waiting: std::sync::atomic::AtomicUsize,
+    /// Told when a reader starts to wait: the decider commits what it has folded for it.
+    readers: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl Progress {
@@ -38,9 +40,17 @@ impl Progress {
         self.waiting.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// What the decider waits on besides its work: a reader that waits for the models.
+    pub fn readers(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        self.readers.clone()
+    }
+
     pub fn wait(&self, want: u64, until: Instant, recheck: Duration) -> u64 {
         self.waiting
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.get() < want {
+            self.readers.notify_one();
+        }
         let _done = Waiting(&self.waiting);
         let mut g = self.seq.lock().unwrap_or_else(|p| p.into_inner());
         let start = Instant::now();

@@ -1,6 +1,17 @@
 //! The decider thread's loop: fold to the head, decide the queued commands in rounds, send
 //! their decisions to the log at once, persist the models store on its cadence, reopen it
 //! after a failure, and compact.
+//!
+//! The models store follows the reply (spec section 3): one transaction of the store stays
+//! open across rounds. The decider folds the commits into it and decides the next round on
+//! it (the rows a round reads are its dirty pages, in memory), and commits it after the
+//! replies, batched: when a reader waits for the models ([`Progress::wait`] wakes the decider
+//! for it), when the decider has nothing left to do for [`COMMIT_EVERY`], after
+//! [`COMMIT_EVERY`] of rounds, or after [`FOLLOW_BATCH`] events. Readers see the store as of
+//! its last commit (`Progress`); a command is decided on everything folded. A page of the
+//! store is copied once per commit rather than once per round: with one transaction per
+//! round, copying the pages each round wrote (every index a lease and a completion touch)
+//! was most of a claim's cost.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -9,13 +20,13 @@ use std::time::{Duration, Instant};
 use tidemark_log::{
     AppendError, AppendReceipt, Condition, EventChunk, EventLog, NewEvent, StorageError,
 };
-use tidemark_projections::{Models, subjects};
+use tidemark_projections::{Models, ModelsTxn, subjects};
 use tokio::sync::{mpsc, oneshot};
 
 use super::round::{Job, Queued};
 use super::{
-    COALESCE, FOLD_DELAY_KNOB, FOLLOW_BATCH, Knobs, MAX_ATTEMPTS, Msg, PANIC_KNOB, PERSIST_EVERY,
-    Progress, ROUND_MAX, knob,
+    COALESCE, COMMIT_EVERY, FOLD_DELAY_KNOB, FOLLOW_BATCH, Knobs, MAX_ATTEMPTS, Msg, PANIC_KNOB,
+    PERSIST_EVERY, Progress, ROUND_MAX, knob,
 };
 use crate::commands::{Decided, Round, key};
 use crate::error::{CommandError, Rejection};
@@ -37,6 +48,20 @@ pub(super) struct State<L> {
     pub(super) failure: Option<StorageError>,
     /// Where what the decider reads is handed on to the reactors' follower.
     pub(super) pages: Arc<Pages>,
+    /// The transaction of the models store the decider folds into and decides on, open
+    /// across rounds until [`State::commit`].
+    pub(super) open: Option<Open>,
+    /// What the models have folded, committed or in `open` (readers see [`Progress`], what
+    /// is committed).
+    pub(super) folded: u64,
+}
+
+/// The open transaction of the models store, and what it holds that readers do not see yet.
+pub(super) struct Open {
+    txn: ModelsTxn,
+    since: Instant,
+    /// Events folded into it.
+    events: u64,
 }
 
 impl<L: EventLog + Clone> State<L> {
@@ -54,9 +79,14 @@ impl<L: EventLog + Clone> State<L> {
         let mut heads = self.log.subscribe();
         let mut backoff = Duration::from_millis(10);
         let mut stop: Option<oneshot::Sender<()>> = None;
+        let readers = self.progress.readers();
         loop {
-            // Fold to the head.
-            match self.fold_to_head() {
+            // Fold to the head, and commit it when a reader waits for it or it has been open
+            // long enough.
+            match self
+                .fold_to_head()
+                .and_then(|()| self.commit_if_due(Instant::now()))
+            {
                 Ok(()) => {
                     self.pages.set_keeping_up(true);
                     backoff = Duration::from_millis(10);
@@ -101,14 +131,25 @@ impl<L: EventLog + Clone> State<L> {
                 let persist_in = self
                     .dirty
                     .map(|since| PERSIST_EVERY.saturating_sub(since.elapsed()));
+                // What is folded is committed once the decider has had nothing to do for
+                // `COMMIT_EVERY` (a command coming meanwhile is decided on it first), or at
+                // once when a reader comes to wait for it.
+                let commit_in = self.open.as_ref().map(|_| COMMIT_EVERY);
                 // Wait for a head beyond what was folded, not beyond the head read now: a
                 // commit landing between the fold and this read would otherwise be waited
                 // past (and its readers left waiting until the next commit).
-                let head = self.progress.get();
+                let head = self.folded;
                 let woke = rt.block_on(async {
                     tokio::select! {
                         m = rx.recv() => Some(m),
                         _ = heads.wait_for(|h| *h > head) => None,
+                        _ = readers.notified(), if self.open.is_some() => None,
+                        _ = async {
+                            match commit_in {
+                                Some(d) => tokio::time::sleep(d).await,
+                                None => std::future::pending().await,
+                            }
+                        } => None,
                         _ = async {
                             match persist_in {
                                 Some(d) => tokio::time::sleep(d).await,
@@ -117,6 +158,12 @@ impl<L: EventLog + Clone> State<L> {
                         } => None,
                     }
                 });
+                if woke.is_none() && self.log.head() <= head && self.open.is_some() {
+                    // Idle, or a reader waits: what is folded is committed.
+                    if let Err(e) = self.commit() {
+                        self.models_failed(e, &mut backoff);
+                    }
+                }
                 if woke.is_none() && self.log.head() > head {
                     // The commit read now and handed on to the reactors, folded below or
                     // after a few more have gathered. A failed read is the fold's to meet.
@@ -145,7 +192,7 @@ impl<L: EventLog + Clone> State<L> {
                     Some(None) => break,
                     None => {}
                 }
-                if self.dirty.is_some_and(|d| d.elapsed() >= PERSIST_EVERY) {
+                if self.dirty.is_some_and(|d| d.elapsed() >= PERSIST_EVERY) && self.open.is_none() {
                     self.persist();
                 }
                 continue;
@@ -163,6 +210,9 @@ impl<L: EventLog + Clone> State<L> {
                 Msg::Stop(tx) => drop(tx.send(())),
             }
         }
+        if let Err(e) = self.commit() {
+            tracing::warn!(error = %e, "the models' last fold could not be committed");
+        }
         if self.dirty.is_some() {
             self.persist();
         }
@@ -172,7 +222,48 @@ impl<L: EventLog + Clone> State<L> {
         }
     }
 
+    /// Commit what the open transaction folded: readers see it from now on.
+    fn commit(&mut self) -> Result<(), StorageError> {
+        let Some(open) = self.open.take() else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        open.txn.commit()?;
+        self.dirty.get_or_insert_with(Instant::now);
+        self.progress.advance(self.folded);
+        metrics::histogram!("tidemark_projection_batch_seconds")
+            .record(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Commit when a reader waits for what is folded, or the transaction has been open for
+    /// [`COMMIT_EVERY`] or holds [`FOLLOW_BATCH`] events.
+    fn commit_if_due(&mut self, now: Instant) -> Result<(), StorageError> {
+        let due = self.open.as_ref().is_some_and(|o| {
+            self.progress.waiting() > 0
+                || now.duration_since(o.since) >= COMMIT_EVERY
+                || o.events >= FOLLOW_BATCH
+        });
+        if due { self.commit() } else { Ok(()) }
+    }
+
+    /// The open transaction, begun if none is.
+    fn txn(&mut self) -> Result<&ModelsTxn, StorageError> {
+        if self.open.is_none() {
+            self.open = Some(Open {
+                txn: self.models.begin()?,
+                since: Instant::now(),
+                events: 0,
+            });
+        }
+        Ok(&self.open.as_ref().expect("set above").txn)
+    }
+
     fn persist(&mut self) {
+        if let Err(e) = self.commit() {
+            self.models_failed(e, &mut Duration::from_millis(100));
+            return;
+        }
         match self.models.persist() {
             Ok(()) => self.dirty = None,
             Err(e) => {
@@ -204,6 +295,8 @@ impl<L: EventLog + Clone> State<L> {
     /// A failure of the models store: the waiting commands are answered with it (the log is
     /// untouched), and the store is reopened after a pause; answers the failure's cause.
     fn models_failed(&mut self, e: StorageError, backoff: &mut Duration) -> StorageError {
+        // What the open transaction folded is dropped with it: it is folded again.
+        self.open = None;
         let e = self.failure(e);
         self.pages.set_keeping_up(false);
         tracing::warn!(error = %e, "the models store failed; reopening it (the log is not affected)");
@@ -215,6 +308,7 @@ impl<L: EventLog + Clone> State<L> {
         match self.models.reopen().and_then(|()| self.models.checkpoint()) {
             Ok(at) => {
                 self.progress.reset(at);
+                self.folded = at;
                 self.dirty = None;
             }
             Err(e) => tracing::warn!(error = %e, "the models store cannot be reopened yet"),
@@ -226,7 +320,7 @@ impl<L: EventLog + Clone> State<L> {
     /// checkpoint) and hand them on to the reactors' follower: each commit is read once, as it
     /// lands, whenever the models fold it. The end of what the chunk holds.
     fn stage(&mut self) -> Result<u64, StorageError> {
-        let at = self.progress.get();
+        let at = self.folded;
         let (after, upto) = self.chunk.range();
         let from = if after == at && upto >= at { upto } else { at };
         let end = self.log.head().min(at.saturating_add(FOLLOW_BATCH));
@@ -246,11 +340,12 @@ impl<L: EventLog + Clone> State<L> {
         Ok(self.chunk.range().1)
     }
 
-    /// Fold the committed events up to the head, in transactions of [`FOLLOW_BATCH`].
+    /// Fold the committed events up to the head into the open transaction, committed every
+    /// [`FOLLOW_BATCH`] events.
     fn fold_to_head(&mut self) -> Result<(), StorageError> {
         loop {
             let head = self.log.head();
-            if self.progress.get() >= head {
+            if self.folded >= head {
                 return Ok(());
             }
             let upto = self.stage()?;
@@ -258,16 +353,17 @@ impl<L: EventLog + Clone> State<L> {
                 // A test knob (the alert rules' test): the models fold late, and lag.
                 std::thread::sleep(Duration::from_millis(ms));
             }
-            let started = Instant::now();
-            let txn = self.models.begin()?;
-            let at = Models::fold(&txn, &self.log, upto, FOLLOW_BATCH, &mut self.chunk)?;
-            txn.commit()?;
-            self.dirty.get_or_insert_with(Instant::now);
-            self.progress.advance(at);
-            metrics::histogram!("tidemark_projection_batch_seconds")
-                .record(started.elapsed().as_secs_f64());
+            let from = self.folded;
+            self.txn()?;
+            let open = self.open.as_mut().expect("begun above");
+            let at = Models::fold(&open.txn, &self.log, upto, FOLLOW_BATCH, &mut self.chunk)?;
+            open.events += at.saturating_sub(from);
+            self.folded = at;
             metrics::gauge!("tidemark_projection_follower_lag_events")
                 .set(self.log.head().saturating_sub(at) as f64);
+            if open.events >= FOLLOW_BATCH {
+                self.commit()?;
+            }
             if at >= head {
                 return Ok(());
             }
@@ -282,7 +378,7 @@ impl<L: EventLog + Clone> State<L> {
         }
         let knobs = self.knobs.read().unwrap_or_else(|p| p.into_inner()).clone();
         let now_us = (knobs.clock)();
-        let head = self.progress.get();
+        let head = self.folded;
         let first_seq = match self.log.first_seq() {
             Ok(f) => f,
             Err(e) => {
@@ -290,6 +386,16 @@ impl<L: EventLog + Clone> State<L> {
                 return;
             }
         };
+        // Decided on the open transaction (what is folded, committed or not); it only reads it.
+        if let Err(e) = self.txn() {
+            let e = CommandError::Models(self.failure(e));
+            self.refuse_queued(&e);
+            return;
+        }
+        let Some(open) = self.open.take() else {
+            return;
+        };
+        let txn = &open.txn;
         let mut round = Round {
             now_us,
             head,
@@ -301,14 +407,7 @@ impl<L: EventLog + Clone> State<L> {
         };
         let mut later: VecDeque<Queued> = VecDeque::new();
         let mut sends: Vec<(Queued, Vec<NewEvent>, Condition)> = Vec::new();
-        let txn = match self.models.begin() {
-            Ok(t) => t,
-            Err(e) => {
-                let e = CommandError::Models(self.failure(e));
-                self.refuse_queued(&e);
-                return;
-            }
-        };
+
         let mut compact = None;
         while let Some(mut q) = self.queue.pop_front() {
             if q.job.is_compaction() {
@@ -320,7 +419,7 @@ impl<L: EventLog + Clone> State<L> {
                 }
                 continue;
             }
-            let Decided { events, reads, .. } = match q.job.decide(&txn, &mut round) {
+            let Decided { events, reads, .. } = match q.job.decide(txn, &mut round) {
                 Ok(d) => d,
                 Err(e) => {
                     q.answer(Err(e));
@@ -366,11 +465,14 @@ impl<L: EventLog + Clone> State<L> {
             }
             sends.push((q, events, condition));
         }
+        drop(round);
+        self.open = Some(open);
         if let Some(q) = compact {
-            drop(txn);
-            self.compact(q).await;
-        } else {
-            drop(txn);
+            // A compaction commits snapshots of its own: what is folded goes first.
+            match self.commit() {
+                Ok(()) => self.compact(q).await,
+                Err(e) => q.answer(Err(CommandError::Models(e))),
+            }
         }
         // Every decision to the log at once: one group commit.
         let log = &self.log;
@@ -420,10 +522,11 @@ impl<L: EventLog + Clone> State<L> {
 
     async fn compaction(&mut self, job: &mut dyn Job) -> Result<AppendReceipt, CommandError> {
         let knobs = self.knobs.read().unwrap_or_else(|p| p.into_inner()).clone();
+        self.commit().map_err(CommandError::Models)?;
         let txn = self.models.begin().map_err(CommandError::Models)?;
         let mut round = Round {
             now_us: (knobs.clock)(),
-            head: self.progress.get(),
+            head: self.folded,
             privacy: knobs.privacy.as_deref(),
             log: &self.log,
             touched: HashSet::new(),

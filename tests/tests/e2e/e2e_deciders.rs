@@ -227,6 +227,7 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
                         .execute(Complete {
                             owner: owner.clone(),
                             items,
+                            resolved_targets: Vec::new(),
                         })
                         .await
                         .unwrap();

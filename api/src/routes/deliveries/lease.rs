@@ -203,7 +203,14 @@ pub async fn complete_many(
         .collect();
     let ids: Vec<DeliveryId> = items.iter().map(|(id, _)| id.clone()).collect();
     let owner = b.owner.into_string();
-    let (results, _) = st.engine.execute(Complete { owner, items }).await?;
+    let (results, _) = st
+        .engine
+        .execute(Complete {
+            owner,
+            items,
+            resolved_targets: Vec::new(),
+        })
+        .await?;
     let mut out = Vec::with_capacity(results.len());
     for (id, r) in ids.into_iter().zip(results) {
         out.push(match r {

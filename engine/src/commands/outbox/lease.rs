@@ -460,6 +460,9 @@ impl Command for ExpireLeases {
 pub struct Complete {
     pub owner: String,
     pub items: Vec<(DeliveryId, Option<String>)>,
+    /// Whom each item reached, by its index (tidemark's dispatcher, which completes a batch of
+    /// attempts in one command); empty for an app's completions.
+    pub resolved_targets: Vec<Vec<String>>,
 }
 
 impl Sealed for Complete {}
@@ -482,7 +485,7 @@ impl Command for Complete {
         let mut out = Vec::with_capacity(self.items.len());
         let mut events = Vec::new();
         let mut earlier = Earlier::default();
-        for (id, external_id) in &self.items {
+        for (i, (id, external_id)) in self.items.iter().enumerate() {
             out.push(complete_item(
                 &mut st,
                 round.now_us,
@@ -490,7 +493,7 @@ impl Command for Complete {
                 id.as_str(),
                 SentWith {
                     external_id: external_id.as_deref(),
-                    resolved_targets: &[],
+                    resolved_targets: self.resolved_targets.get(i).map_or(&[], Vec::as_slice),
                 },
                 &mut earlier,
                 &mut events,
