@@ -192,7 +192,13 @@ impl<L: EventLog + Clone> Queries<L> {
     /// higher (a seq the caller saw elsewhere), at most [`READ_WAIT`]; the seq every answer
     /// read afterwards reflects at least (`as_of_seq`).
     pub fn floor(&self, min_seq: u64) -> R<u64> {
-        let want = self.log.head().max(min_seq);
+        self.folded_to(self.log.head().max(min_seq))
+    }
+
+    /// Wait until every read model has folded the log up to `want` (not the head: a reader
+    /// that needs only what it was told of, such as the notifications of the rows a claim
+    /// leased), at most [`READ_WAIT`]; the seq the models stand at.
+    pub fn folded_to(&self, want: u64) -> R<u64> {
         let known = self.progress.get();
         if !self.wait {
             return Ok(known);

@@ -79,6 +79,12 @@ impl EventLog for AnyLog {
     ) -> Result<AppendReceipt, AppendError> {
         each!(self, l => EventLog::append_if(l, events, condition).await)
     }
+    async fn append_all(
+        &self,
+        batches: Vec<(Vec<NewEvent>, Condition)>,
+    ) -> Vec<Result<AppendReceipt, AppendError>> {
+        each!(self, l => EventLog::append_all(l, batches).await)
+    }
     fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
         each!(self, l => EventLog::read(l, q))
     }

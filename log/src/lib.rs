@@ -115,6 +115,20 @@ pub trait EventLog: Send + Sync + 'static {
         events: Vec<NewEvent>,
         condition: Condition,
     ) -> impl std::future::Future<Output = Result<AppendReceipt, AppendError>> + Send;
+    /// Several batches, each appended atomically on its own condition as by
+    /// [`EventLog::append_if`], in order, and answered each on its own: a decider's round.
+    /// A backend commits them together where it can (the embedded log: one group, one sync);
+    /// the default sends them all at once.
+    fn append_all(
+        &self,
+        batches: Vec<(Vec<NewEvent>, Condition)>,
+    ) -> impl std::future::Future<Output = Vec<Result<AppendReceipt, AppendError>>> + Send {
+        futures::future::join_all(
+            batches
+                .into_iter()
+                .map(|(events, condition)| self.append_if(events, condition)),
+        )
+    }
     /// A bounded page of committed events with `seq > q.after`, in order.
     fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError>;
     fn get(&self, seq: u64) -> Result<Option<Event>, ReadError>;

@@ -558,6 +558,70 @@ fn seqs_of(r: &AppendReceipt) -> Vec<(u64, bool)> {
     r.events.iter().map(|e| (e.seq, e.duplicate)).collect()
 }
 
+/// Several batches at once (a decider's round): each is atomic and judged on its own
+/// condition against the log as it stands just before it (the batches before it in the call
+/// included), answered on its own, in order; a refused or invalid one changes nothing and
+/// does not hold back the others. `one_group`: the backend commits them together (the
+/// embedded log: one journal record, one sync, so one commit time).
+fn several_batches_at_once<B: Backend>(one_group: bool) {
+    let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
+    let log = B::open(dir.path());
+    rt.block_on(log.append(vec![ev("p1", "s", "x", "t", json!({}))]))
+        .unwrap();
+    let answers = rt.block_on(log.append_all(vec![
+        (
+            vec![
+                ev("a1", "s", "x", "t", json!({})),
+                ev("a2", "s", "y", "t", json!({})),
+            ],
+            Condition::subject("s", "x", 1),
+        ),
+        // Stale: a1 came before it.
+        (
+            vec![ev("b1", "s", "x", "t", json!({}))],
+            Condition::subject("s", "x", 1),
+        ),
+        // Judged after a1 and a2.
+        (
+            vec![ev("c1", "s", "x", "t", json!({}))],
+            Condition::subject("s", "x", 2),
+        ),
+        (Vec::new(), Condition::none()),
+        // A resend of p1.
+        (vec![ev("p1", "s", "x", "t", json!({}))], Condition::none()),
+    ]));
+    assert_eq!(answers.len(), 5);
+    let ok = |i: usize| answers[i].as_ref().map(seqs_of).unwrap();
+    assert_eq!(ok(0), vec![(2, false), (3, false)]);
+    assert_eq!(ok(2), vec![(4, false)]);
+    assert!(
+        matches!(answers[3], Err(AppendError::Invalid { .. })),
+        "{:?}",
+        answers[3]
+    );
+    assert_eq!(ok(4), vec![(1, true)]);
+    let mut answers = answers;
+    let refused = std::mem::replace(&mut answers[1], Err(AppendError::Closed));
+    assert_refused(&log, refused, "b1", on_subject("s", "x"), 1, 2);
+    assert_eq!(log.head(), 4);
+    if one_group {
+        let times: Vec<i64> = (2..=4)
+            .map(|seq| log.get(seq).unwrap().unwrap().time_us)
+            .collect();
+        assert!(
+            times.iter().all(|t| *t == times[0]),
+            "one group, one commit time: {times:?}"
+        );
+    }
+    // Nothing at all is an empty answer, and leaves the log as it was: appends go on.
+    assert!(rt.block_on(log.append_all(Vec::new())).is_empty());
+    let r = rt
+        .block_on(log.append(vec![ev("d1", "s", "x", "t", json!({}))]))
+        .unwrap();
+    assert_eq!(seqs_of(&r), vec![(5, false)]);
+    B::close(log, &rt);
+}
+
 /// A condition on several subjects holds only when every one does; each is checked, and the
 /// refusal names the one that failed. Only the events of that stream with that subject count;
 /// 0 means "no event yet"; the head and subjects combine.
@@ -1348,6 +1412,10 @@ macro_rules! contract {
         #[test]
         fn conditional_appends() {
             super::conditional_appends::<$backend>();
+        }
+        #[test]
+        fn several_batches_at_once() {
+            super::several_batches_at_once::<$backend>($module == "redb_backend");
         }
         #[test]
         fn multi_subject_conditions() {

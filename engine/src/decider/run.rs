@@ -475,13 +475,15 @@ impl<L: EventLog + Clone> State<L> {
             }
         }
         // Every decision to the log at once: one group commit.
-        let log = &self.log;
-        let answers = futures::future::join_all(
-            sends
-                .iter_mut()
-                .map(|(_, events, cond)| log.append_if(std::mem::take(events), cond.clone())),
-        )
-        .await;
+        let answers = self
+            .log
+            .append_all(
+                sends
+                    .iter_mut()
+                    .map(|(_, events, cond)| (std::mem::take(events), cond.clone()))
+                    .collect(),
+            )
+            .await;
         // Answered as soon as the log has: the models fold what the round appended on their own
         // cadence (the main loop folds to the head before the next round), never on a
         // command's acknowledgement path. Clients read their writes all the same: a read

@@ -20,6 +20,12 @@ impl EventLog for Log {
     ) -> Result<AppendReceipt, AppendError> {
         Log::append_if(self, events, condition).await
     }
+    async fn append_all(
+        &self,
+        batches: Vec<(Vec<NewEvent>, Condition)>,
+    ) -> Vec<Result<AppendReceipt, AppendError>> {
+        Log::append_all(self, batches).await
+    }
     fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
         Log::read(self, q)
     }

@@ -127,6 +127,59 @@ pub(crate) async fn submit(shared: &Arc<Shared>, mut req: Request) -> Outcome {
     }
 }
 
+/// Queue several requests for one group, in order, leading it at once when the log is idle
+/// (the group then takes the others: one sync for all, where submitting them one by one led
+/// each alone); the answers in order. Each request stays atomic and is judged on its own
+/// condition.
+pub(crate) async fn submit_all(shared: &Arc<Shared>, reqs: Vec<Request>) -> Vec<Outcome> {
+    let n = reqs.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut own = None;
+    let mut waits: Vec<Result<oneshot::Receiver<Answer>, AppendError>> = Vec::with_capacity(n);
+    {
+        let mut q = shared.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.closed {
+            return (0..n).map(|_| Err(shared.gone())).collect();
+        }
+        let mut reqs = reqs.into_iter();
+        if !q.leading {
+            q.leading = true;
+            own = reqs.next();
+        }
+        for mut req in reqs {
+            if q.waiting.len() >= shared.queue_capacity {
+                waits.push(Err(AppendError::Overloaded {
+                    queued: shared.queue_capacity,
+                }));
+                continue;
+            }
+            let (tx, rx) = oneshot::channel();
+            req.reply = Some(tx);
+            q.waiting.push_back(req);
+            waits.push(Ok(rx));
+        }
+    }
+    let mut out = Vec::with_capacity(n);
+    if let Some(req) = own {
+        out.push(lead(shared, Some(req)).unwrap_or_else(|| Err(shared.gone())));
+    }
+    // In order: a lead is handed to the first request still waiting, so the one awaited here
+    // is answered (or handed the lead) before any later one.
+    for w in waits {
+        out.push(match w {
+            Err(e) => Err(e),
+            Ok(rx) => match rx.await {
+                Ok(Answer::Done(r)) => r,
+                Ok(Answer::Lead(lead)) => lead.run(),
+                Err(_) => Err(shared.gone()),
+            },
+        });
+    }
+    out
+}
+
 /// One member of a group being committed.
 struct Member {
     req: Request,

@@ -431,6 +431,36 @@ impl Log {
         self.send(events, condition, None).await
     }
 
+    /// Several batches, each atomic on its own condition ([`Log::append_if`]), committed
+    /// together as one group when the log is idle (one sync): the decider's round. Answered
+    /// each on its own, in order.
+    pub async fn append_all(
+        &self,
+        batches: Vec<(Vec<NewEvent>, Condition)>,
+    ) -> Vec<Result<AppendReceipt, AppendError>> {
+        let n = batches.len();
+        let mut out: Vec<Option<Result<AppendReceipt, AppendError>>> = Vec::with_capacity(n);
+        let mut reqs = Vec::with_capacity(n);
+        for (mut events, condition) in batches {
+            match crate::envelope::prepare_batch(&mut events) {
+                Ok(()) => {
+                    out.push(None);
+                    reqs.push(commit::Request {
+                        events,
+                        condition,
+                        at_us: None,
+                        reply: None,
+                    });
+                }
+                Err(e) => out.push(Some(Err(e))),
+            }
+        }
+        let mut sent = commit::submit_all(&self.shared, reqs).await.into_iter();
+        out.into_iter()
+            .map(|o| o.unwrap_or_else(|| sent.next().unwrap_or_else(|| Err(self.shared.gone()))))
+            .collect()
+    }
+
     /// Keep this log as a replica of another one (the JetStream backend's local copy of its
     /// stream): append `events` (each with its `event_id`) at exactly `first_seq..`, recorded
     /// at `at_us`, the source's time. Anything else — a gap, an id already here — is an error:

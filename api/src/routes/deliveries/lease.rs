@@ -75,12 +75,17 @@ pub async fn claim(
     metrics::counter!("tidemark_deliveries_leased_total", "sink" => sink.as_str())
         .increment(rows.len() as u64);
     // A worker delivers from the claim alone: each row with its notification's `type_data` and
-    // `source` (section 2). The decider folded the models to the head before it decided the
-    // claim, so the notification of every claimed row is there to read.
+    // `source` (section 2). The decider folded the notification of every claimed row before
+    // it decided the claim; readers see it once the models store has committed it (at once
+    // when a reader waits, and nearly always long before).
     let cut = stuck_cut(now_micros(), s.stuck_after_ms);
     let engine = st.engine.clone();
-    let deliveries =
-        crate::routes::blocking(move || with_provenance(engine.read(), rows, cut)).await?;
+    let seen = rows.iter().map(|d| d.notification_seq).max().unwrap_or(0);
+    let deliveries = crate::routes::blocking(move || {
+        engine.read().folded_to(seen)?;
+        with_provenance(engine.read(), rows, cut)
+    })
+    .await?;
     Ok(Json(DeliveriesPage {
         deliveries,
         next_after: None,
