@@ -629,7 +629,8 @@ fn wait_bounded(child: &mut Child, limit: Duration) -> ExitStatus {
     }
 }
 
-fn signal(pid: u32, sig: nix::sys::signal::Signal) {
+/// Send `sig` to `pid` (a child the test started).
+pub fn signal(pid: u32, sig: nix::sys::signal::Signal) {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid fits in i32"));
     // ESRCH (already gone) is fine: the caller reaps the child anyway.
     let _ = nix::sys::signal::kill(pid, sig);

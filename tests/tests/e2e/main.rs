@@ -28,6 +28,7 @@ mod e2e_bridge_sinks;
 mod e2e_bridges;
 mod e2e_campaign;
 mod e2e_cli;
+mod e2e_client;
 mod e2e_cluster;
 mod e2e_console;
 mod e2e_crash;
