@@ -93,10 +93,10 @@ async fn stream_backup(c: &Client, to: &Path, after: u64) -> Result<transfer::Ma
     // exclusively when the stream arrives).
     transfer::refuse_taken(to).map_err(transfer_error)?;
     let resp = c
-        .send(
-            c.http
-                .get(c.url(&format!("/v1/admin/backup/stream?after={after}"))),
-        )
+        .send(c.request(
+            tidemark_client::Method::GET,
+            &format!("/v1/admin/backup/stream?after={after}"),
+        ))
         .await?;
     let status = resp.status();
     if !status.is_success() {

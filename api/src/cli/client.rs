@@ -1,14 +1,16 @@
-//! The CLI's HTTP client: the server's base URL (`--url`, also without a scheme), the bearer
-//! token, and answers turned into records or a [`CliError`].
+//! The CLI's client of the API: the `tidemark-client` crate (`clients/rust`), which holds the
+//! base URL (`--url`, also without a scheme), the bearer token and the transport; this module
+//! turns its answers into records or a [`CliError`].
 
 use serde_json::Value;
+use tidemark_client::Method;
 
 use super::ClientArgs;
 use super::error::CliError;
 
 /// A client of one server.
 pub(crate) struct Client {
-    pub http: reqwest::Client,
+    api: tidemark_client::Client,
     /// The server's base URL without a trailing slash, e.g. `http://127.0.0.1:7700`.
     pub base: String,
 }
@@ -16,33 +18,28 @@ pub(crate) struct Client {
 impl Client {
     pub(crate) fn new(args: &ClientArgs) -> Result<Client, CliError> {
         let base = base_url(&args.url)?;
-        let mut headers = reqwest::header::HeaderMap::new();
-        if let Some(t) = &args.token {
-            let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}"))
-                .map_err(|_| "the token contains characters not allowed in a header")?;
-            v.set_sensitive(true);
-            headers.insert(reqwest::header::AUTHORIZATION, v);
-        }
-        let http = reqwest::Client::builder()
-            .default_headers(headers)
-            .build()
-            .map_err(|e| format!("cannot set up the HTTP client: {e}"))?;
-        Ok(Client { http, base })
+        let api = tidemark_client::Client::new(base.clone(), args.token.clone()).map_err(|e| {
+            CliError::Other(match e {
+                tidemark_client::Error::Config(why) => why,
+                e => e.to_string(),
+            })
+        })?;
+        Ok(Client { api, base })
     }
 
-    /// `base` + `path` (which starts with `/`).
-    pub(crate) fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
+    /// A request to `path` (which starts with `/`) with the token.
+    pub(crate) fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        self.api.request(method, path)
     }
 
     /// GET `path` and read the JSON answer.
     pub(crate) async fn get_json(&self, path: &str) -> Result<Value, CliError> {
-        self.send_json(self.http.get(self.url(path))).await
+        self.send_json(self.request(Method::GET, path)).await
     }
 
     /// POST `body` to `path` and read the JSON answer.
     pub(crate) async fn post_json(&self, path: &str, body: &Value) -> Result<Value, CliError> {
-        self.send_json(self.http.post(self.url(path)).json(body))
+        self.send_json(self.request(Method::POST, path).json(body))
             .await
     }
 
@@ -73,7 +70,10 @@ impl Client {
         &self,
         rb: reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, CliError> {
-        rb.send().await.map_err(|e| self.unreachable(&e))
+        self.api.send(rb).await.map_err(|e| match e {
+            tidemark_client::Error::Transport(e) => self.unreachable(&e),
+            e => CliError::Other(e.to_string()),
+        })
     }
 
     /// Why no answer came from the server, in words.

@@ -206,11 +206,9 @@ async fn post_batch(
         body.push_str(text);
     }
     body.push_str("]}");
-    let url = c.url("/v1/events");
     loop {
         let rb = c
-            .http
-            .post(&url)
+            .request(tidemark_client::Method::POST, "/v1/events")
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body.clone());
         let resp = c.send(rb).await?;
@@ -319,20 +317,14 @@ pub(crate) async fn tail(a: TailArgs) -> CliResult {
                 .into(),
         );
     }
-    let mut url = reqwest::Url::parse(&c.url("/v1/events/stream"))
-        .map_err(|e| CliError::Other(format!("bad --url: {e}")))?;
-    {
-        let mut q = url.query_pairs_mut();
-        if let Some(s) = &a.stream {
-            q.append_pair("stream", s);
-        }
-        if let Some(s) = &a.subject {
-            q.append_pair("subject", s);
-        }
-        if let Some(s) = &a.event_type {
-            q.append_pair("type", s);
-        }
-    }
+    let query: Vec<(&str, &String)> = [
+        ("stream", &a.stream),
+        ("subject", &a.subject),
+        ("type", &a.event_type),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
+    .collect();
     let mut records = Records::new(out, EVENT_COLUMNS);
     if follows {
         records = records.streaming_table(&[6, 27, 12, 16, 24]);
@@ -346,8 +338,8 @@ pub(crate) async fn tail(a: TailArgs) -> CliResult {
     let mut connected = false;
     loop {
         let rb = c
-            .http
-            .get(url.clone())
+            .request(tidemark_client::Method::GET, "/v1/events/stream")
+            .query(&query)
             .header("Last-Event-ID", last.to_string());
         let resp = tokio::select! {
             r = c.send(rb) => r,

@@ -80,7 +80,10 @@ pub(crate) async fn tasks(a: TasksArgs) -> CliResult {
             subscription_id,
         } => {
             let path = format!("{}/{}", subs(&task), enc(&subscription_id));
-            out.one(&c.send_json(c.http.delete(c.url(&path))).await?)
+            out.one(
+                &c.send_json(c.request(tidemark_client::Method::DELETE, &path))
+                    .await?,
+            )
         }
     }
 }

@@ -47,9 +47,10 @@ pub(crate) async fn projections(a: ProjectionsArgs) -> CliResult {
     };
     let mut reports = Vec::new();
     for name in names {
-        let rb = c
-            .http
-            .post(c.url(&format!("{base}/{}/{action}", enc(&name))));
+        let rb = c.request(
+            tidemark_client::Method::POST,
+            &format!("{base}/{}/{action}", enc(&name)),
+        );
         let req = c.send_json(rb);
         tokio::pin!(req);
         // Show progress while the server works (on a terminal: it is a line redrawn in place).
@@ -352,14 +353,20 @@ pub(crate) async fn lists(a: ListsArgs) -> CliResult {
             reason,
         } => {
             let body = json!({ "members": members, "reason": reason });
-            c.send_json(c.http.put(c.url(&path(&name))).json(&body))
-                .await?
+            c.send_json(
+                c.request(tidemark_client::Method::PUT, &path(&name))
+                    .json(&body),
+            )
+            .await?
         }
         ListsAction::Delete { name, reason } => {
             let body = json!({ "reason": reason });
             // 204: nothing to read back; say what was done.
-            c.send_text(c.http.delete(c.url(&path(&name))).json(&body))
-                .await?;
+            c.send_text(
+                c.request(tidemark_client::Method::DELETE, &path(&name))
+                    .json(&body),
+            )
+            .await?;
             json!({ "name": name, "deleted": true })
         }
     };
@@ -435,7 +442,10 @@ pub(crate) async fn routes(a: RoutesArgs) -> CliResult {
             }
             let body = json!({ "route": route, "reason": reason });
             let v = c
-                .send_json(c.http.put(c.url(&path(&name))).json(&body))
+                .send_json(
+                    c.request(tidemark_client::Method::PUT, &path(&name))
+                        .json(&body),
+                )
                 .await?;
             for w in v["warnings"].as_array().into_iter().flatten() {
                 eprintln!("warning: {}", w.as_str().unwrap_or_default());
@@ -444,8 +454,11 @@ pub(crate) async fn routes(a: RoutesArgs) -> CliResult {
         }
         RoutesAction::Delete { name, reason } => {
             let body = json!({ "reason": reason });
-            c.send_text(c.http.delete(c.url(&path(&name))).json(&body))
-                .await?;
+            c.send_text(
+                c.request(tidemark_client::Method::DELETE, &path(&name))
+                    .json(&body),
+            )
+            .await?;
             json!({ "name": name, "deleted": true })
         }
     };
@@ -478,7 +491,10 @@ pub(crate) async fn endpoints(a: EndpointsArgs) -> CliResult {
     let action = if enable { "enable" } else { "disable" };
     let path = format!("/v1/outbox/endpoints/{}/{action}", enc(&route));
     let v = c
-        .send_json(c.http.post(c.url(&path)).json(&json!({ "reason": reason })))
+        .send_json(
+            c.request(tidemark_client::Method::POST, &path)
+                .json(&json!({ "reason": reason })),
+        )
         .await?;
     out.one(&v["endpoint"])
 }

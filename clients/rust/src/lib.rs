@@ -32,12 +32,13 @@ mod worker;
 
 use std::time::Duration;
 
-use reqwest::{Method, RequestBuilder, StatusCode};
+use reqwest::RequestBuilder;
 use serde::de::DeserializeOwned;
 
 pub use append::Retry;
 pub use consumer::{Consumer, ConsumerOptions};
 pub use error::{Error, Problem};
+pub use reqwest::{Method, StatusCode};
 pub use stream::{EventStream, StreamOptions};
 pub use types::{
     AppendReceipt, Appended, CompleteResult, Cursor, Delivery, Event, EventsPage, NewEvent,
@@ -64,6 +65,13 @@ impl Client {
                 "the base URL must start with http:// or https:// (got {base:?})"
             )));
         }
+        if token.as_deref().is_some_and(|t| {
+            reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")).is_err()
+        }) {
+            return Err(Error::Config(
+                "the token contains characters not allowed in a header".into(),
+            ));
+        }
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
@@ -88,12 +96,21 @@ impl Client {
         &self.base
     }
 
-    pub(crate) fn request(&self, method: Method, path: &str) -> RequestBuilder {
+    /// A request to `path` (which starts with `/`) with the client's token: for a call the
+    /// typed methods do not cover (the CLI's raw commands, a new endpoint), sent with
+    /// [`Client::send`].
+    pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
         let rb = self.http.request(method, format!("{}{path}", self.base));
         match &self.token {
             Some(t) => rb.bearer_auth(t),
             None => rb,
         }
+    }
+
+    /// Send a request made with [`Client::request`]: the answer whatever its status, or
+    /// [`Error::Transport`] when none came.
+    pub async fn send(&self, rb: RequestBuilder) -> Result<reqwest::Response, Error> {
+        rb.send().await.map_err(Error::Transport)
     }
 
     /// Send, and read a JSON answer or the problem.
