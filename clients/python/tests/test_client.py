@@ -311,3 +311,23 @@ def test_tidemarks_webhook_posts_verify_under_both_keys_during_a_rotation(server
     verify_webhook(old, h, body)
     verify_webhook([secrets.token_hex(8), new], h, body)
     hook.shutdown()
+
+
+def test_every_operation_is_a_call_with_typed_problems(server):
+    c = Client(server.base)
+    assert c.ops.get_whoami()["open"] is True
+    put = c.ops.put_route("py-ops", {"route": {"sink": "app", "priorities": ["urgent"]},
+                                     "reason": "the generated calls"})
+    assert put["name"] == "py-ops"
+    assert c.ops.get_route("py-ops")["route"]["sink"] == "app"
+    with pytest.raises(ApiError) as missing:
+        c.ops.get_delivery("dlv:none:desktop")
+    assert missing.value.status == 404 and missing.value.code
+    with pytest.raises(TypeError):
+        c.ops.list_routes(no_such=1)
+
+    async def main():
+        async with AsyncClient(server.base) as a:
+            return (await a.ops.get_route("py-ops"))["route"]["sink"]
+
+    assert asyncio.run(main()) == "app"

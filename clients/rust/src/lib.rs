@@ -25,6 +25,7 @@
 mod append;
 mod consumer;
 mod error;
+mod operations;
 mod stream;
 mod types;
 pub mod webhooks;
@@ -38,7 +39,9 @@ use serde::de::DeserializeOwned;
 pub use append::Retry;
 pub use consumer::{Consumer, ConsumerOptions};
 pub use error::{Error, Problem};
-pub use reqwest::{Method, StatusCode};
+pub use operations::Ops;
+pub use reqwest::Method;
+pub use reqwest::StatusCode;
 pub use stream::{EventStream, StreamOptions};
 pub use types::{
     AppendReceipt, Appended, CompleteResult, Cursor, Delivery, Event, EventsPage, NewEvent,
@@ -273,6 +276,44 @@ impl Client {
             .await
     }
 
+    /// Every JSON operation of the API, one call each (generated from the checked-in OpenAPI
+    /// document by `clients/codegen.py`): `client.ops().put_route("rot", &body)`.
+    pub fn ops(&self) -> Ops<'_> {
+        Ops { client: self }
+    }
+
+    /// One operation: `query` checked against the names the document gives it, the answer's
+    /// JSON (`null` for an empty answer) or its problem.
+    pub(crate) async fn operation(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        allowed: &[&str],
+        body: Option<&serde_json::Value>,
+    ) -> Result<serde_json::Value, Error> {
+        if let Some((k, _)) = query.iter().find(|(k, _)| !allowed.contains(k)) {
+            return Err(Error::Config(format!(
+                "{method} {path} takes no query parameter {k:?} (it takes {allowed:?})"
+            )));
+        }
+        let mut rb = self.request(method, path).query(query);
+        if let Some(b) = body {
+            rb = rb.json(b);
+        }
+        let resp = rb.send().await.map_err(Error::Transport)?;
+        let status = resp.status();
+        if status.is_success() {
+            let bytes = resp.bytes().await.map_err(Error::Transport)?;
+            if bytes.iter().all(u8::is_ascii_whitespace) {
+                return Ok(serde_json::Value::Null);
+            }
+            return serde_json::from_slice(&bytes)
+                .map_err(|e| Error::Decode(format!("an answer of status {status}: {e}")));
+        }
+        read(resp).await
+    }
+
     /// A live stream of the log after `opts.after_sequence` (see [`EventStream`]).
     pub fn stream(&self, opts: StreamOptions) -> EventStream {
         EventStream::start(self.clone(), opts)
@@ -294,7 +335,7 @@ fn lease_ms(d: Duration) -> u64 {
 }
 
 /// A path segment with the characters a delivery id may hold (`:`) kept and the rest escaped.
-fn path_segment(s: &str) -> String {
+pub(crate) fn path_segment(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         match b {

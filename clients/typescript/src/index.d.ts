@@ -1,5 +1,8 @@
 // Types of @tidemark/client (src/index.js).
 
+import type { Operations } from "./operations.js";
+export type { Operations };
+
 export interface NewEvent {
   event_id?: string;
   stream: string;
@@ -94,6 +97,8 @@ export function uuid7(): string;
 export class Client {
   constructor(baseUrl: string, token?: string, options?: { attempts?: number; maxRetryAfterMs?: number });
   readonly baseUrl: string;
+  /** Every JSON operation of the API, one call each (generated from the OpenAPI document). */
+  readonly ops: Operations;
   append(events: NewEvent[]): Promise<AppendReceipt>;
   events(afterSequence?: number, options?: { stream?: string; subject?: string; limit?: number }): Promise<EventsPage>;
   stream(

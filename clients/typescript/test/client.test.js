@@ -214,3 +214,16 @@ test("tidemark's webhook POSTs verify under both keys during a rotation", async 
     await verifyWebhook(["whsec_AAAA", newKey], headers, body);
   } finally { await s.stop(); hook.close(); }
 });
+
+test("every operation is a call with typed problems", async () => {
+  const s = await Server.start();
+  try {
+    const c = new Client(s.base);
+    assert.equal((await c.ops.getWhoami()).open, true);
+    const put = await c.ops.putRoute("ts-ops", { route: { sink: "app", priorities: ["urgent"] }, reason: "the generated calls" });
+    assert.equal(put.name, "ts-ops");
+    assert.equal((await c.ops.getRoute("ts-ops")).route.sink, "app");
+    await assert.rejects(c.ops.getDelivery("dlv:none:desktop"), (e) => e instanceof ApiError && e.status === 404 && e.code.length > 0);
+    assert.throws(() => c.ops.listRoutes({ no_such: 1 }), TypeError);
+  } finally { await s.stop(); }
+});

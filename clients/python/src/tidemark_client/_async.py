@@ -10,7 +10,8 @@ import httpx
 
 from ._common import Done, Failed, SseParser, answer, backoff, path, stream_params, with_ids
 from ._errors import ApiError, TidemarkError, TransportError
-from ._sync import FATAL_STREAM
+from ._operations import Ops
+from ._sync import FATAL_STREAM, _query
 
 
 class AsyncClient:
@@ -25,6 +26,15 @@ class AsyncClient:
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout)
         self.attempts = max(1, attempts)
         self.max_retry_after = max_retry_after
+        #: Every JSON operation of the API, one coroutine each (generated): ``await
+        #: client.ops.put_route("rot", {...})``.
+        self.ops = Ops(self._op)
+
+    async def _op(self, method: str, url: str, query: dict, allowed: tuple, body: Any) -> Any:
+        kw: dict[str, Any] = {"params": _query(method, url, query, allowed)}
+        if body is not None:
+            kw["json"] = body
+        return await self._call(method, url, **kw)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -11,6 +11,7 @@ import httpx
 
 from ._common import Done, Failed, SseParser, answer, backoff, path, stream_params, with_ids
 from ._errors import ApiError, TidemarkError, TransportError
+from ._operations import Ops
 
 FATAL_STREAM = {400, 401, 403, 410}
 
@@ -28,6 +29,15 @@ class Client:
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
         self.attempts = max(1, attempts)
         self.max_retry_after = max_retry_after
+        #: Every JSON operation of the API, one call each (generated from the checked-in
+        #: OpenAPI document by clients/codegen.py): ``client.ops.put_route("rot", {...})``.
+        self.ops = Ops(self._op)
+
+    def _op(self, method: str, url: str, query: dict, allowed: tuple, body: Any) -> Any:
+        kw: dict[str, Any] = {"params": _query(method, url, query, allowed)}
+        if body is not None:
+            kw["json"] = body
+        return self._call(method, url, **kw)
 
     def close(self) -> None:
         self._http.close()
@@ -178,6 +188,19 @@ class Client:
     def worker(self, sink: str, owner: str, *, limit: int = 10, lease_ms: int = 30_000,
                idle: float = 0.25) -> "Worker":
         return Worker(self, sink, owner, limit, lease_ms, idle)
+
+
+def _query(method: str, url: str, query: dict, allowed: tuple) -> dict:
+    """The query of an operation: only the names the document gives it, ``None`` left out,
+    booleans as ``true``/``false``."""
+    out = {}
+    for k, v in query.items():
+        if k not in allowed:
+            raise TypeError(f"{method} {url} takes no query parameter {k!r} (it takes {allowed})")
+        if v is None:
+            continue
+        out[k] = ("true" if v else "false") if isinstance(v, bool) else v
+    return out
 
 
 class Consumer:
