@@ -331,3 +331,38 @@ def test_every_operation_is_a_call_with_typed_problems(server):
             return (await a.ops.get_route("py-ops"))["route"]["sink"]
 
     assert asyncio.run(main()) == "app"
+
+
+def test_a_worker_survives_a_kill_9_of_the_server_and_every_delivery_is_sent(server):
+    c = Client(server.base)
+    ids = [f"pk-{i}" for i in range(20)]
+    c.append([urgent(i) for i in ids])
+    for i in ids:
+        wait_delivery(c, f"dlv:{i}:desktop")
+    handled: list[str] = []
+    stop = threading.Event()
+
+    def handler(d: dict):
+        time.sleep(0.03)
+        handled.append(d["notification_id"])
+        return Done()
+
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(
+        c.worker("app", "py-kill", limit=5, lease_ms=2000).run(handler, stop)), daemon=True)
+    t.start()
+    deadline = time.time() + 60
+    while len(handled) < 6 and time.time() < deadline:
+        time.sleep(0.01)
+    server.kill9()
+    server.restart()
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if all(c.delivery(f"dlv:{i}:desktop")["status"] == "sent" for i in ids):
+            break
+        time.sleep(0.1)
+    stop.set()
+    t.join(30)
+    assert set(handled) == set(ids), handled
+    assert len(handled) - len(set(handled)) <= 5, handled
+    assert result["completed"] + result["refused"] == len(handled), result

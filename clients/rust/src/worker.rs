@@ -172,7 +172,7 @@ impl Worker {
                 match handler(d).await {
                     Outcome::Done => done.push(id),
                     Outcome::Failed(f) => {
-                        match self.client.fail(&id, &o.owner, &f).await {
+                        match retried(|| self.client.fail(&id, &o.owner, &f)).await {
                             Ok(_) => report.failed += 1,
                             Err(_) => report.refused += 1,
                         }
@@ -191,7 +191,7 @@ impl Worker {
                     retryable: true,
                     retry_after: Some(Duration::ZERO),
                 };
-                match self.client.fail(&d.id, &o.owner, &f).await {
+                match retried(|| self.client.fail(&d.id, &o.owner, &f)).await {
                     Ok(_) => report.released += 1,
                     Err(_) => report.refused += 1,
                 }
@@ -199,7 +199,9 @@ impl Worker {
             }
             if !done.is_empty() {
                 let ids: Vec<&str> = done.iter().map(String::as_str).collect();
-                let results = self.client.complete(&o.owner, &ids).await;
+                // The server may be restarting: a completion is safe to repeat (a sent row
+                // answers the same), so it is sent until it is answered.
+                let results = retried(|| self.client.complete(&o.owner, &ids)).await;
                 match results {
                     Ok(rs) => {
                         for r in rs {
@@ -223,6 +225,34 @@ impl Worker {
         Ok(report)
     }
 }
+
+/// `call` again while it fails with what a retry may fix (a lost connection, a 5xx, a 429),
+/// with a jittered backoff, at most [`REPORT_ATTEMPTS`] times.
+async fn retried<T, F, Fut>(mut call: F) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, Error>>,
+{
+    let mut attempt = 0;
+    loop {
+        match call().await {
+            Err(e) if e.is_retryable() && attempt + 1 < REPORT_ATTEMPTS => {
+                let wait =
+                    crate::backoff(attempt, Duration::from_millis(100), Duration::from_secs(5));
+                let wait = match &e {
+                    Error::Api(p) => p.retry_after.map_or(wait, |a| a.max(wait)),
+                    _ => wait,
+                };
+                tokio::time::sleep(wait).await;
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
+/// How many times a report (complete, fail) is sent before the worker gives up on it.
+const REPORT_ATTEMPTS: u32 = 12;
 
 fn drop_held(held: &Mutex<Vec<String>>, id: &str) {
     held.lock()

@@ -342,7 +342,7 @@ export class Worker {
           const d = rest.shift();
           const out = await handler(d);
           if (out && out.failed) {
-            try { await this.client.fail(d.id, this.owner, out); report.failed++; } catch { report.refused++; }
+            try { await retried(() => this.client.fail(d.id, this.owner, out)); report.failed++; } catch { report.refused++; }
             held.delete(d.id);
           } else {
             done.push(d.id);
@@ -351,16 +351,17 @@ export class Worker {
         }
         for (const d of rest) {
           try {
-            await this.client.fail(d.id, this.owner, {
+            await retried(() => this.client.fail(d.id, this.owner, {
               code: "worker_stopped", message: "the worker stopped before it started this delivery",
               retryable: true, retryAfterMs: 0,
-            });
+            }));
             report.released++;
           } catch { report.refused++; }
           held.delete(d.id);
         }
         if (done.length) {
-          for (const r of await this.client.complete(this.owner, done)) {
+          // The server may be restarting: a completion is safe to repeat.
+          for (const r of await retried(() => this.client.complete(this.owner, done))) {
             if (r.status === 200) report.completed++; else report.refused++;
           }
         }
@@ -369,6 +370,20 @@ export class Worker {
       }
     }
     return report;
+  }
+}
+
+/** `call()` again while it fails with what a retry may fix, with a jittered backoff. */
+async function retried(call, attempts = 12) {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await call();
+    } catch (e) {
+      if (!e.retryable || attempt + 1 >= attempts) throw e;
+      let wait = backoff(attempt, 100, 5000);
+      if (e instanceof ApiError && e.retryAfterMs !== undefined) wait = Math.max(wait, e.retryAfterMs);
+      await sleep(wait);
+    }
   }
 }
 

@@ -227,3 +227,33 @@ test("every operation is a call with typed problems", async () => {
     assert.throws(() => c.ops.listRoutes({ no_such: 1 }), TypeError);
   } finally { await s.stop(); }
 });
+
+test("a worker survives a kill -9 of the server and every delivery is sent", async () => {
+  const s = await Server.start();
+  try {
+    const c = new Client(s.base);
+    const ids = Array.from({ length: 20 }, (_, i) => `tk-${i}`);
+    await c.append(ids.map(urgent));
+    for (const i of ids) await waitDelivery(c, `dlv:${i}:desktop`);
+    const handled = [];
+    const ac = new AbortController();
+    const running = c.worker("app", "ts-kill", { limit: 5, leaseMs: 2000 }).run(async (d) => {
+      await sleep(30);
+      handled.push(d.notification_id);
+      return done();
+    }, { signal: ac.signal });
+    for (let i = 0; i < 6000 && handled.length < 6; i++) await sleep(10);
+    await s.kill9();
+    await s.restart();
+    for (let i = 0; i < 1200; i++) {
+      const all = await Promise.all(ids.map((id) => c.delivery(`dlv:${id}:desktop`).then((d) => d.status === "sent")));
+      if (all.every(Boolean)) break;
+      await sleep(100);
+    }
+    ac.abort();
+    const report = await running;
+    assert.deepEqual(new Set(handled), new Set(ids));
+    assert.ok(handled.length - new Set(handled).size <= 5, `${handled}`);
+    assert.equal(report.completed + report.refused, handled.length);
+  } finally { await s.stop(); }
+});

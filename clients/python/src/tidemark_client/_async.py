@@ -270,7 +270,7 @@ class AsyncWorker:
                     out = await handler(d)
                     if isinstance(out, Failed):
                         try:
-                            await self.client.fail(d["id"], self.owner, out)
+                            await _retried(lambda: self.client.fail(d["id"], self.owner, out))
                             report["failed"] += 1
                         except TidemarkError:
                             report["refused"] += 1
@@ -281,16 +281,31 @@ class AsyncWorker:
                         break
                 for d in rest:
                     try:
-                        await self.client.fail(d["id"], self.owner, Failed(
+                        await _retried(lambda: self.client.fail(d["id"], self.owner, Failed(
                             "worker_stopped",
-                            "the worker stopped before it started this delivery", True, 0))
+                            "the worker stopped before it started this delivery", True, 0)))
                         report["released"] += 1
                     except TidemarkError:
                         report["refused"] += 1
                     held.discard(d["id"])
                 if done:
-                    for r in await self.client.complete(self.owner, done):
+                    # The server may be restarting: a completion is safe to repeat.
+                    for r in await _retried(lambda: self.client.complete(self.owner, done)):
                         report["completed" if r["status"] == 200 else "refused"] += 1
             finally:
                 beating.cancel()
         return report
+
+
+async def _retried(call: Callable[[], Awaitable[Any]], attempts: int = 12) -> Any:
+    """``await call()`` again while it fails with what a retry may fix, with a backoff."""
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except TidemarkError as e:
+            if not e.retryable or attempt + 1 >= attempts:
+                raise
+            wait = backoff(attempt, 0.1, 5.0)
+            if isinstance(e, ApiError) and e.retry_after is not None:
+                wait = max(wait, e.retry_after)
+            await asyncio.sleep(wait)

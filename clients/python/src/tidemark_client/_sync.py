@@ -310,7 +310,7 @@ class Worker:
                     rest.pop(0)
                     if isinstance(out, Failed):
                         try:
-                            self.client.fail(d["id"], self.owner, out)
+                            _retried(lambda: self.client.fail(d["id"], self.owner, out))
                             report["failed"] += 1
                         except TidemarkError:
                             report["refused"] += 1
@@ -327,9 +327,11 @@ class Worker:
             # short is sent again (both calls are safe to repeat), a second Ctrl-C is raised.
             for d in rest:
                 try:
-                    _shielded(lambda d=d: self.client.fail(d["id"], self.owner, Failed(
-                        "worker_stopped", "the worker stopped before it started this delivery",
-                        True, 0)), report)
+                    _shielded(lambda d=d: _retried(lambda: self.client.fail(
+                        d["id"], self.owner, Failed(
+                            "worker_stopped",
+                            "the worker stopped before it started this delivery", True, 0))),
+                        report)
                     report["released"] += 1
                 except TidemarkError:
                     report["refused"] += 1
@@ -337,7 +339,10 @@ class Worker:
                     held.discard(d["id"])
             try:
                 if done:
-                    for r in _shielded(lambda: self.client.complete(self.owner, done), report):
+                    # The server may be restarting: a completion is safe to repeat.
+                    for r in _shielded(
+                            lambda: _retried(lambda: self.client.complete(self.owner, done)),
+                            report):
                         report["completed" if r["status"] == 200 else "refused"] += 1
             finally:
                 beat_stop.set()
@@ -356,3 +361,17 @@ def _shielded(call: Callable[[], Any], report: dict) -> Any:
     except KeyboardInterrupt as e:
         report["_interrupted"] = e
         return call()
+
+
+def _retried(call: Callable[[], Any], attempts: int = 12) -> Any:
+    """``call()`` again while it fails with what a retry may fix, with a jittered backoff."""
+    for attempt in range(attempts):
+        try:
+            return call()
+        except TidemarkError as e:
+            if not e.retryable or attempt + 1 >= attempts:
+                raise
+            wait = backoff(attempt, 0.1, 5.0)
+            if isinstance(e, ApiError) and e.retry_after is not None:
+                wait = max(wait, e.retry_after)
+            time.sleep(wait)
