@@ -893,3 +893,24 @@ async fn a_worker_survives_a_kill_9_of_the_server_and_every_delivery_is_sent() {
         "{report:?}"
     );
 }
+
+/// The libraries are versioned with the server (spec section 19).
+#[test]
+fn the_client_libraries_carry_the_servers_version() {
+    let version = env!("CARGO_PKG_VERSION");
+    let py = std::fs::read_to_string(root().join("clients/python/pyproject.toml")).unwrap();
+    assert!(
+        py.contains(&format!("version = \"{version}\"")),
+        "clients/python/pyproject.toml is not at {version}"
+    );
+    let ts: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("clients/typescript/package.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(ts["version"], version, "clients/typescript/package.json");
+    let rs = std::fs::read_to_string(root().join("clients/rust/Cargo.toml")).unwrap();
+    assert!(
+        rs.contains("version.workspace = true"),
+        "clients/rust/Cargo.toml"
+    );
+}
