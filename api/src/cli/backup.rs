@@ -70,7 +70,7 @@ pub(crate) async fn backup(a: BackupArgs) -> CliResult {
         (_, None, Some(name)) => {
             let c = Client::new(&a.client)?;
             return out.one(
-                &c.post_json("/v1/admin/backup", &json!({"to": name, "after": a.after}))
+                &c.op(c.ops().take_backup(&json!({"to": name, "after": a.after})))
                     .await?,
             );
         }

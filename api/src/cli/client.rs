@@ -32,37 +32,22 @@ impl Client {
         self.api.request(method, path)
     }
 
-    /// GET `path` and read the JSON answer.
-    pub(crate) async fn get_json(&self, path: &str) -> Result<Value, CliError> {
-        self.send_json(self.request(Method::GET, path)).await
+    /// The API's operations (the crate's generated calls), each answered through
+    /// [`Client::op`].
+    pub(crate) fn ops(&self) -> tidemark_client::Ops<'_> {
+        self.api.ops()
     }
 
-    /// POST `body` to `path` and read the JSON answer.
-    pub(crate) async fn post_json(&self, path: &str, body: &Value) -> Result<Value, CliError> {
-        self.send_json(self.request(Method::POST, path).json(body))
-            .await
-    }
-
-    /// Send `rb` and read its answer as JSON when it is a success.
-    pub(crate) async fn send_json(&self, rb: reqwest::RequestBuilder) -> Result<Value, CliError> {
-        let text = self.send_text(rb).await?;
-        if text.trim().is_empty() {
-            return Ok(Value::Null);
-        }
-        serde_json::from_str(&text)
-            .map_err(|e| CliError::Other(format!("the server's answer is not JSON: {e}")))
-    }
-
-    /// Send `rb` and read its answer: the body when it is a success, else the refusal.
-    pub(crate) async fn send_text(&self, rb: reqwest::RequestBuilder) -> Result<String, CliError> {
-        let resp = self.send(rb).await?;
-        let status = resp.status();
-        let text = resp.text().await.map_err(|e| self.unreachable(&e))?;
-        if status.is_success() {
-            Ok(text)
-        } else {
-            Err(CliError::refused(status, text))
-        }
+    /// An operation's answer, or its refusal as the CLI reports it.
+    pub(crate) async fn op(
+        &self,
+        call: impl std::future::Future<Output = Result<Value, tidemark_client::Error>>,
+    ) -> Result<Value, CliError> {
+        call.await.map_err(|e| match e {
+            tidemark_client::Error::Api(p) => CliError::refused(p.status, p.body.to_string()),
+            tidemark_client::Error::Transport(e) => self.unreachable(&e),
+            e => CliError::Other(e.to_string()),
+        })
     }
 
     /// Send `rb`; a failure to get an answer names the server's URL.
@@ -135,19 +120,6 @@ pub(crate) fn base_url(given: &str) -> Result<String, String> {
         return Err(bad("pass credentials with --token, not in the URL"));
     }
     Ok(url.as_str().trim_end_matches('/').to_owned())
-}
-
-/// Percent-encode a query or path value.
-pub(crate) fn enc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~:".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use clap::CommandFactory;
 use serde_json::{Value, json};
 
-use super::client::{Client, enc};
+use super::client::Client;
 use super::operator::items;
 use super::output::write_out;
 use super::{
@@ -16,7 +16,6 @@ use crate::config::Config;
 pub(crate) async fn tasks(a: TasksArgs) -> CliResult {
     let c = Client::new(&a.client)?;
     let out = a.client.output();
-    let subs = |task: &str| format!("/v1/tasks/{}/notifications/bridges", enc(task));
     let TasksAction::Notifications { action } = a.action;
     match action {
         SubscriptionAction::Subscribe {
@@ -52,10 +51,13 @@ pub(crate) async fn tasks(a: TasksArgs) -> CliResult {
                     body[k] = json!(v);
                 }
             }
-            out.one(&c.post_json(&subs(&task), &body).await?)
+            out.one(
+                &c.op(c.ops().create_bridge_subscription(&task, &body))
+                    .await?,
+            )
         }
         SubscriptionAction::List { task } => {
-            let v = c.get_json(&subs(&task)).await?;
+            let v = c.op(c.ops().list_bridge_subscriptions(&task, &[])).await?;
             out.list(
                 &items(&v, "subscriptions"),
                 &[
@@ -71,20 +73,19 @@ pub(crate) async fn tasks(a: TasksArgs) -> CliResult {
         SubscriptionAction::Show {
             task,
             subscription_id,
-        } => {
-            let path = format!("{}/{}", subs(&task), enc(&subscription_id));
-            out.one(&c.get_json(&path).await?)
-        }
+        } => out.one(
+            &c.op(c
+                .ops()
+                .get_bridge_subscription(&task, &subscription_id, &[]))
+                .await?,
+        ),
         SubscriptionAction::Delete {
             task,
             subscription_id,
-        } => {
-            let path = format!("{}/{}", subs(&task), enc(&subscription_id));
-            out.one(
-                &c.send_json(c.request(tidemark_client::Method::DELETE, &path))
-                    .await?,
-            )
-        }
+        } => out.one(
+            &c.op(c.ops().delete_bridge_subscription(&task, &subscription_id))
+                .await?,
+        ),
     }
 }
 
@@ -92,9 +93,7 @@ pub(crate) async fn notifications(a: NotificationsArgs) -> CliResult {
     let c = Client::new(&a.client)?;
     let out = a.client.output();
     let NotificationsAction::Status { id } = a.action;
-    let v = c
-        .get_json(&format!("/v1/notifications/{}", enc(&id)))
-        .await?;
+    let v = c.op(c.ops().get_notification_status(&id, &[])).await?;
     match out {
         Output::Table => {
             let mut head = json!({"notification_id": v["notification"]["notification_id"],

@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 
 use serde_json::{Value, json};
 
-use super::client::{Client, enc};
+use super::client::Client;
 use super::error::CliError;
 use super::output::Records;
 use super::{
@@ -24,11 +24,10 @@ const REPORT_COLUMNS: &[&str] = &[
 
 pub(crate) async fn projections(a: ProjectionsArgs) -> CliResult {
     let c = Client::new(&a.client)?;
-    let base = "/v1/admin/projections";
     let out = a.client.output();
     let (names, action, many): (Vec<String>, &str, bool) = match &a.action {
         ProjectionsAction::List => {
-            let v = c.get_json(base).await?;
+            let v = c.op(c.ops().list_projections()).await?;
             return out.list(
                 &items(&v, "projections"),
                 &["name", "checkpoint", "lag", "digest"],
@@ -37,7 +36,7 @@ pub(crate) async fn projections(a: ProjectionsArgs) -> CliResult {
         ProjectionsAction::Rebuild { name } => (vec![name.clone()], "rebuild", false),
         ProjectionsAction::Verify { name: Some(name) } => (vec![name.clone()], "verify", false),
         ProjectionsAction::Verify { name: None } => {
-            let v = c.get_json(base).await?;
+            let v = c.op(c.ops().list_projections()).await?;
             let names = items(&v, "projections")
                 .iter()
                 .filter_map(|p| p["name"].as_str().map(str::to_owned))
@@ -47,11 +46,14 @@ pub(crate) async fn projections(a: ProjectionsArgs) -> CliResult {
     };
     let mut reports = Vec::new();
     for name in names {
-        let rb = c.request(
-            tidemark_client::Method::POST,
-            &format!("{base}/{}/{action}", enc(&name)),
-        );
-        let req = c.send_json(rb);
+        let ops = c.ops();
+        let req = c.op(async {
+            if action == "rebuild" {
+                ops.rebuild_projection(&name).await
+            } else {
+                ops.verify_projection(&name).await
+            }
+        });
         tokio::pin!(req);
         // Show progress while the server works (on a terminal: it is a line redrawn in place).
         let mut shown = false;
@@ -60,7 +62,7 @@ pub(crate) async fn projections(a: ProjectionsArgs) -> CliResult {
                 r = &mut req => break r?,
                 () = tokio::time::sleep(std::time::Duration::from_millis(500)) => {
                     if std::io::stderr().is_terminal()
-                        && let Ok(v) = c.get_json(base).await
+                        && let Ok(v) = c.op(c.ops().list_projections()).await
                         && let Some(p) = items(&v, "projections").iter().find(|p| p["name"] == name.as_str())
                         && let Some(r) = p.get("rebuild").filter(|r| !r.is_null())
                     {
@@ -118,7 +120,8 @@ pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
         } => {
             let stuck = stuck.map(|b| b.to_string());
             let newest = order == ListOrder::Newest;
-            let mut filters = format!("&order={}", if newest { "newest" } else { "id" });
+            let mut filters: Vec<(&str, String)> =
+                vec![("order", (if newest { "newest" } else { "id" }).to_owned())];
             for (k, v) in [
                 ("status", &status),
                 ("sink", &sink),
@@ -134,7 +137,7 @@ pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
                 ("stuck", &stuck),
             ] {
                 if let Some(v) = v {
-                    filters.push_str(&format!("&{k}={}", enc(v)));
+                    filters.push((k, v.clone()));
                 }
             }
             // Newest first pages backwards with `before` / `next_before`; id order forwards with
@@ -161,11 +164,12 @@ pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
                 ],
             );
             'pages: loop {
-                let mut path = format!("/v1/deliveries?limit=1000{filters}");
+                let mut query: Vec<(&str, &str)> = vec![("limit", "1000")];
+                query.extend(filters.iter().map(|(k, v)| (*k, v.as_str())));
                 if let Some(a) = &after {
-                    path.push_str(&format!("&{cursor_param}={}", enc(a)));
+                    query.push((cursor_param, a));
                 }
-                let v = c.get_json(&path).await?;
+                let v = c.op(c.ops().list_deliveries(&query)).await?;
                 for d in items(&v, "deliveries") {
                     if limit.is_some_and(|l| printed >= l) {
                         break 'pages;
@@ -187,22 +191,18 @@ pub(crate) async fn deliveries(a: DeliveriesArgs) -> CliResult {
             out.one(&operator_action(&c, &id, "discard", reason).await?)
         }
         DeliveriesAction::Resend { id, reason } => out.one(
-            &c.post_json(
-                &format!("/v1/deliveries/{}/resend", enc(&id)),
-                &json!({ "reason": reason }),
-            )
-            .await?,
+            &c.op(c.ops().resend_delivery(&id, &json!({ "reason": reason })))
+                .await?,
         ),
         DeliveriesAction::Recover {
             route,
             since,
             reason,
         } => out.one(
-            &c.post_json(
-                "/v1/deliveries/recover",
-                &json!({ "route": route, "since": since, "reason": reason }),
-            )
-            .await?,
+            &c.op(c
+                .ops()
+                .recover_deliveries(&json!({ "route": route, "since": since, "reason": reason })))
+                .await?,
         ),
     }
 }
@@ -217,8 +217,11 @@ async fn operator_action(
     if let Some(r) = reason {
         body["reason"] = Value::String(r);
     }
-    c.post_json(&format!("/v1/deliveries/{}/{action}", enc(id)), &body)
-        .await
+    if action == "retry" {
+        c.op(c.ops().retry_delivery(id, &body)).await
+    } else {
+        c.op(c.ops().discard_delivery(id, &body)).await
+    }
 }
 
 pub(crate) async fn cursors(a: CursorsArgs) -> CliResult {
@@ -226,7 +229,7 @@ pub(crate) async fn cursors(a: CursorsArgs) -> CliResult {
     let out = a.client.output();
     match a.action {
         CursorsAction::Show { lag: true, .. } => {
-            let v = c.get_json("/v1/consumers/lag").await?;
+            let v = c.op(c.ops().get_consumer_lag()).await?;
             // `consumers` is the list key of section 7.
             let rows = items(&v, "consumers");
             out.list(
@@ -252,15 +255,12 @@ pub(crate) async fn cursors(a: CursorsArgs) -> CliResult {
             lag: false,
         } => {
             let consumer = consumer.ok_or("give --consumer (or --lag for every cursor)")?;
-            let mut path = format!("/v1/cursors?consumer_id={}", enc(&consumer));
+            let mut query = vec![("consumer_id", consumer.as_str())];
             if let Some(s) = &stream {
-                path.push_str(&format!(
-                    "&stream_name={}&subject_id={}",
-                    enc(s),
-                    enc(&subject)
-                ));
+                query.push(("stream_name", s));
+                query.push(("subject_id", &subject));
             }
-            let v = c.get_json(&path).await?;
+            let v = c.op(c.ops().get_cursors(&query)).await?;
             out.list(
                 &items(&v, "cursors"),
                 &[
@@ -285,7 +285,7 @@ pub(crate) async fn cursors(a: CursorsArgs) -> CliResult {
                 "consumer_id": consumer, "stream_name": stream, "subject_id": subject,
                 "last_sequence": to, "reason": reason,
             });
-            out.one(&c.post_json("/v1/cursors/reset", &body).await?)
+            out.one(&c.op(c.ops().reset_cursor(&body)).await?)
         }
     }
 }
@@ -293,11 +293,10 @@ pub(crate) async fn cursors(a: CursorsArgs) -> CliResult {
 pub(crate) async fn sources(a: SourcesArgs) -> CliResult {
     let c = Client::new(&a.client)?;
     let out = a.client.output();
-    let base = "/v1/sources";
-    let path = |name: &str, action: &str| format!("{base}/{}/{action}", enc(name));
+    let ops = c.ops();
     let v = match a.action {
         SourcesAction::List => {
-            let v = c.get_json(base).await?;
+            let v = c.op(ops.list_sources(&[])).await?;
             return out.list(
                 &items(&v, "sources"),
                 &[
@@ -309,14 +308,14 @@ pub(crate) async fn sources(a: SourcesArgs) -> CliResult {
                 ],
             );
         }
-        SourcesAction::Show { name } => c.get_json(&format!("{base}/{}", enc(&name))).await?,
-        SourcesAction::Poll { name } => c.post_json(&path(&name, "poll"), &json!({})).await?,
+        SourcesAction::Show { name } => c.op(ops.get_source(&name, &[])).await?,
+        SourcesAction::Poll { name } => c.op(ops.poll_source(&name)).await?,
         SourcesAction::Pause { name, reason } => {
-            c.post_json(&path(&name, "pause"), &json!({ "reason": reason }))
+            c.op(ops.pause_source(&name, &json!({ "reason": reason })))
                 .await?
         }
         SourcesAction::Resume { name, now } => {
-            c.post_json(&path(&name, "resume"), &json!({ "now": now }))
+            c.op(ops.resume_source(&name, &json!({ "now": now })))
                 .await?
         }
         SourcesAction::Reset {
@@ -324,11 +323,8 @@ pub(crate) async fn sources(a: SourcesArgs) -> CliResult {
             watermark,
             reason,
         } => {
-            c.post_json(
-                &path(&name, "reset"),
-                &json!({ "watermark": watermark, "reason": reason }),
-            )
-            .await?
+            c.op(ops.reset_source(&name, &json!({ "watermark": watermark, "reason": reason })))
+                .await?
         }
     };
     out.one(&v)
@@ -337,36 +333,28 @@ pub(crate) async fn sources(a: SourcesArgs) -> CliResult {
 pub(crate) async fn lists(a: ListsArgs) -> CliResult {
     let c = Client::new(&a.client)?;
     let out = a.client.output();
-    let path = |name: &str| format!("/v1/lists/{}", enc(name));
+    let ops = c.ops();
     let v = match a.action {
         ListsAction::List => {
-            let v = c.get_json("/v1/lists").await?;
+            let v = c.op(ops.list_lists()).await?;
             return out.list(
                 &items(&v, "lists"),
                 &["name", "members", "updated_at", "by", "reason"],
             );
         }
-        ListsAction::Show { name } => c.get_json(&path(&name)).await?,
+        ListsAction::Show { name } => c.op(ops.get_list(&name)).await?,
         ListsAction::Set {
             name,
             members,
             reason,
         } => {
             let body = json!({ "members": members, "reason": reason });
-            c.send_json(
-                c.request(tidemark_client::Method::PUT, &path(&name))
-                    .json(&body),
-            )
-            .await?
+            c.op(ops.put_list(&name, &body)).await?
         }
         ListsAction::Delete { name, reason } => {
             let body = json!({ "reason": reason });
             // 204: nothing to read back; say what was done.
-            c.send_text(
-                c.request(tidemark_client::Method::DELETE, &path(&name))
-                    .json(&body),
-            )
-            .await?;
+            c.op(ops.delete_list(&name, &body)).await?;
             json!({ "name": name, "deleted": true })
         }
     };
@@ -376,10 +364,10 @@ pub(crate) async fn lists(a: ListsArgs) -> CliResult {
 pub(crate) async fn routes(a: RoutesArgs) -> CliResult {
     let c = Client::new(&a.client)?;
     let out = a.client.output();
-    let path = |name: &str| format!("/v1/routes/{}", enc(name));
+    let ops = c.ops();
     let v = match a.action {
         RoutesAction::List => {
-            let v = c.get_json("/v1/routes").await?;
+            let v = c.op(ops.list_routes(&[])).await?;
             let rows: Vec<Value> = items(&v, "routes")
                 .into_iter()
                 .map(|mut r| {
@@ -401,7 +389,7 @@ pub(crate) async fn routes(a: RoutesArgs) -> CliResult {
                 ],
             );
         }
-        RoutesAction::Show { name } => c.get_json(&path(&name)).await?,
+        RoutesAction::Show { name } => c.op(ops.get_route(&name, &[])).await?,
         RoutesAction::Set {
             name,
             sink,
@@ -441,12 +429,7 @@ pub(crate) async fn routes(a: RoutesArgs) -> CliResult {
                 route["priorities"] = json!(priorities);
             }
             let body = json!({ "route": route, "reason": reason });
-            let v = c
-                .send_json(
-                    c.request(tidemark_client::Method::PUT, &path(&name))
-                        .json(&body),
-                )
-                .await?;
+            let v = c.op(ops.put_route(&name, &body)).await?;
             for w in v["warnings"].as_array().into_iter().flatten() {
                 eprintln!("warning: {}", w.as_str().unwrap_or_default());
             }
@@ -454,11 +437,7 @@ pub(crate) async fn routes(a: RoutesArgs) -> CliResult {
         }
         RoutesAction::Delete { name, reason } => {
             let body = json!({ "reason": reason });
-            c.send_text(
-                c.request(tidemark_client::Method::DELETE, &path(&name))
-                    .json(&body),
-            )
-            .await?;
+            c.op(ops.delete_route(&name, &body)).await?;
             json!({ "name": name, "deleted": true })
         }
     };
@@ -470,7 +449,7 @@ pub(crate) async fn endpoints(a: EndpointsArgs) -> CliResult {
     let out = a.client.output();
     let (route, enable, reason) = match a.action {
         EndpointsAction::List => {
-            let v = c.get_json("/v1/outbox/endpoints").await?;
+            let v = c.op(c.ops().list_endpoints(&[])).await?;
             return out.list(
                 &items(&v, "endpoints"),
                 &[
@@ -488,14 +467,12 @@ pub(crate) async fn endpoints(a: EndpointsArgs) -> CliResult {
         EndpointsAction::Disable { route, reason } => (route, false, reason),
         EndpointsAction::Enable { route, reason } => (route, true, reason),
     };
-    let action = if enable { "enable" } else { "disable" };
-    let path = format!("/v1/outbox/endpoints/{}/{action}", enc(&route));
-    let v = c
-        .send_json(
-            c.request(tidemark_client::Method::POST, &path)
-                .json(&json!({ "reason": reason })),
-        )
-        .await?;
+    let body = json!({ "reason": reason });
+    let v = if enable {
+        c.op(c.ops().enable_endpoint(&route, &body)).await?
+    } else {
+        c.op(c.ops().disable_endpoint(&route, &body)).await?
+    };
     out.one(&v["endpoint"])
 }
 
