@@ -729,17 +729,22 @@ async fn stop_example(child: tokio::process::Child, what: &str) {
 }
 
 /// Each client's README opens with the designs' own uses (a bridge on its cursor, a resumed
-/// dashboard stream, a desktop claimer); each example is in the README verbatim, and runs as
-/// written against a server with notifications in it: the bridge posts them, the dashboard
-/// shows them, the desktop claimer shows its deliveries and they are sent.
+/// dashboard stream, a desktop claimer); each example (Rust `examples/*.rs`, Python,
+/// JavaScript) is in the README verbatim, and runs as written against a server with
+/// notifications in it: the bridge posts them, the dashboard shows them, the desktop claimer
+/// shows its deliveries and they are sent.
 #[tokio::test]
 async fn the_client_readme_examples_run_as_written() {
     let s = Server::start(ServerOpts::default()).await;
     let client = Client::new(s.base(), None).unwrap();
-    for lang in ["python", "typescript"] {
+    for lang in ["rust", "python", "typescript"] {
         let dir = root().join("clients").join(lang);
         let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
-        let ext = if lang == "python" { "py" } else { "js" };
+        let ext = match lang {
+            "rust" => "rs",
+            "python" => "py",
+            _ => "js",
+        };
         let ids: Vec<String> = (0..3).map(|i| format!("ex-{lang}-{i}")).collect();
         for id in &ids {
             append_ok(&s, &urgent(id)).await;
@@ -762,14 +767,33 @@ async fn the_client_readme_examples_run_as_written() {
                 readme.contains(&text),
                 "clients/{lang}/README.md does not show examples/{name}.{ext} as it is"
             );
-            let mut cmd = if lang == "python" {
-                let mut c = command("python3", &dir);
-                c.arg(&file).env("PYTHONPATH", dir.join("src"));
-                c
-            } else {
-                let mut c = command("node", &dir);
-                c.arg(&file);
-                c
+            let mut cmd = match lang {
+                "rust" => {
+                    // Built by `cargo test --workspace` (the README's test command builds every
+                    // member's examples) next to the server's binary.
+                    let bin = tidemark_tests::binary()
+                        .parent()
+                        .unwrap()
+                        .join("examples")
+                        .join(name);
+                    assert!(
+                        bin.exists(),
+                        "{} is not built: run the README's test command, or `cargo build -p \
+                         tidemark-client --examples`",
+                        bin.display()
+                    );
+                    command(bin.to_str().unwrap(), &dir)
+                }
+                "python" => {
+                    let mut c = command("python3", &dir);
+                    c.arg(&file).env("PYTHONPATH", dir.join("src"));
+                    c
+                }
+                _ => {
+                    let mut c = command("node", &dir);
+                    c.arg(&file);
+                    c
+                }
             };
             cmd.env("TIDEMARK_URL", s.base());
             let what = format!("{lang} {name}");
