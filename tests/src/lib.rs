@@ -126,7 +126,19 @@ impl std::fmt::Display for StartError {
 /// The `tidemark` binary of this workspace: `target/debug/tidemark`, found by walking up from
 /// the test executable (`target/debug/deps/e2e-<hash>`). Refuses a binary older than any source
 /// file of the crates it is built from, so a test never passes against a stale build.
+/// `TIDEMARK_E2E_BINARY` names another build (`.ci/run` runs the client libraries' tests
+/// against the release binary with it), refused the same way when stale.
 pub fn binary() -> PathBuf {
+    if let Some(bin) = std::env::var_os("TIDEMARK_E2E_BINARY") {
+        let bin = PathBuf::from(bin);
+        assert!(
+            bin.is_file(),
+            "TIDEMARK_E2E_BINARY={} is no file",
+            bin.display()
+        );
+        assert_current(&bin);
+        return bin;
+    }
     let exe = std::env::current_exe().expect("current_exe");
     for dir in exe.ancestors().skip(1) {
         let candidate = dir.join("tidemark");
@@ -166,10 +178,19 @@ pub fn newest_source() -> Option<(PathBuf, std::time::SystemTime)> {
         .parent()?
         .to_path_buf();
     let mut newest: Option<(PathBuf, std::time::SystemTime)> = None;
-    let mut stack: Vec<PathBuf> = ["api", "log", "projections", "engine", "consumers"]
-        .iter()
-        .map(|c| ws.join(c))
-        .collect();
+    let mut stack: Vec<PathBuf> = [
+        "api",
+        "log",
+        "projections",
+        "engine",
+        "consumers",
+        // The CLI's client (its examples are not built into the binary).
+        "clients/rust/src",
+        "clients/rust/Cargo.toml",
+    ]
+    .iter()
+    .map(|c| ws.join(c))
+    .collect();
     stack.push(ws.join("Cargo.lock"));
     while let Some(p) = stack.pop() {
         let Ok(meta) = std::fs::metadata(&p) else {

@@ -770,8 +770,11 @@ async fn the_client_readme_examples_run_as_written() {
             let mut cmd = match lang {
                 "rust" => {
                     // Built by `cargo test --workspace` (the README's test command builds every
-                    // member's examples) next to the server's binary.
-                    let bin = tidemark_tests::binary()
+                    // member's examples) beside this test's own executable (`…/deps/e2e-*`).
+                    let exe = std::env::current_exe().unwrap();
+                    let bin = exe
+                        .parent()
+                        .unwrap()
                         .parent()
                         .unwrap()
                         .join("examples")
