@@ -611,12 +611,21 @@ async fn the_python_client_is_packaged_and_passes_its_tests_against_the_server()
     assert!(out.contains("9 passed"), "{out}");
 }
 
-/// `clients/typescript`: packed as npm wants it, and its `node --test` suite run against the
-/// real server (each test its own server, `kill -9`s included).
+/// `clients/typescript`: its declarations checked by `tsc`, packed as npm wants it, and its
+/// `node --test` suite run against the real server (each test its own server, `kill -9`s
+/// included).
 #[tokio::test]
 async fn the_typescript_client_is_packed_and_passes_its_tests_against_the_server() {
     let src = root().join("clients/typescript");
     let tmp = tempfile::tempdir().unwrap();
+    // The declarations are checked by the TypeScript compiler (a dev dependency, pinned by
+    // the lock file): a program written against them compiles.
+    let mut ci = command("npm", &src);
+    ci.args(["ci", "--no-audit", "--no-fund", "--loglevel=error"]);
+    crate::common::run_script(ci, "npm ci clients/typescript").await;
+    let mut tsc = command("npx", &src);
+    tsc.args(["tsc", "-p", "."]);
+    crate::common::run_script(tsc, "tsc on the client's declarations").await;
     let mut pack = command("npm", &src);
     pack.args(["pack", "--silent", "--pack-destination"])
         .arg(tmp.path());
