@@ -33,6 +33,36 @@ impl Default for Retry {
 }
 
 impl Retry {
+    /// `call` again while it fails with what a retry may fix (a lost connection, a 5xx, a 408,
+    /// a 429), after the server's `Retry-After` or a jittered backoff, at most `attempts`
+    /// times; a `Retry-After` beyond `max_retry_after` ends the retries with the problem.
+    pub async fn run<T, F, Fut>(&self, mut call: F) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, Error>>,
+    {
+        let mut attempt = 0;
+        loop {
+            let err = match call().await {
+                Ok(r) => return Ok(r),
+                Err(e) => e,
+            };
+            attempt += 1;
+            if !err.is_retryable() || attempt >= self.attempts.max(1) {
+                return Err(err);
+            }
+            let wait = match &err {
+                Error::Api(p) => match p.retry_after {
+                    Some(w) if w > self.max_retry_after => return Err(err),
+                    Some(w) => w,
+                    None => crate::backoff(attempt - 1, self.base, self.max),
+                },
+                _ => crate::backoff(attempt - 1, self.base, self.max),
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+
     /// No retries.
     pub fn none() -> Retry {
         Retry {
@@ -62,34 +92,17 @@ impl Client {
             .collect();
         let body = serde_json::to_vec(&serde_json::json!({ "events": events }))
             .map_err(|e| Error::Decode(format!("the events do not encode: {e}")))?;
-        let mut attempt = 0;
-        loop {
-            let sent = self
-                .request(Method::POST, "/v1/events")
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body.clone())
-                .send()
-                .await;
-            let err = match sent {
-                Ok(resp) => match crate::read::<AppendReceipt>(resp).await {
-                    Ok(r) => return Ok(r),
-                    Err(e) => e,
-                },
-                Err(e) => Error::Transport(e),
-            };
-            attempt += 1;
-            if !err.is_retryable() || attempt >= self.retry.attempts.max(1) {
-                return Err(err);
-            }
-            let wait = match &err {
-                Error::Api(p) => match p.retry_after {
-                    Some(w) if w > self.retry.max_retry_after => return Err(err),
-                    Some(w) => w,
-                    None => crate::backoff(attempt - 1, self.retry.base, self.retry.max),
-                },
-                _ => crate::backoff(attempt - 1, self.retry.base, self.retry.max),
-            };
-            tokio::time::sleep(wait).await;
-        }
+        self.retry
+            .run(|| async {
+                let sent = self
+                    .request(Method::POST, "/v1/events")
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone())
+                    .send()
+                    .await
+                    .map_err(Error::Transport)?;
+                crate::read::<AppendReceipt>(sent).await
+            })
+            .await
     }
 }

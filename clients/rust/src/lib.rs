@@ -301,17 +301,7 @@ impl Client {
         if let Some(b) = body {
             rb = rb.json(b);
         }
-        let resp = rb.send().await.map_err(Error::Transport)?;
-        let status = resp.status();
-        if status.is_success() {
-            let bytes = resp.bytes().await.map_err(Error::Transport)?;
-            if bytes.iter().all(u8::is_ascii_whitespace) {
-                return Ok(serde_json::Value::Null);
-            }
-            return serde_json::from_slice(&bytes)
-                .map_err(|e| Error::Decode(format!("an answer of status {status}: {e}")));
-        }
-        read(resp).await
+        self.call(rb).await
     }
 
     /// A live stream of the log after `opts.after_sequence` (see [`EventStream`]).
@@ -354,7 +344,13 @@ pub(crate) async fn read<T: DeserializeOwned>(resp: reqwest::Response) -> Result
     let retry_after = retry_after(&resp);
     let bytes = resp.bytes().await.map_err(Error::Transport)?;
     if status.is_success() {
-        return serde_json::from_slice(&bytes)
+        // An empty answer (a 204) reads as `null`.
+        let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"null"
+        } else {
+            &bytes
+        };
+        return serde_json::from_slice(bytes)
             .map_err(|e| Error::Decode(format!("an answer of status {status}: {e}")));
     }
     Err(Error::Api(Box::new(Problem::of(

@@ -226,33 +226,21 @@ impl Worker {
     }
 }
 
-/// `call` again while it fails with what a retry may fix (a lost connection, a 5xx, a 429),
-/// with a jittered backoff, at most [`REPORT_ATTEMPTS`] times.
-async fn retried<T, F, Fut>(mut call: F) -> Result<T, Error>
+/// `call`, retried as a report may be: it is safe to repeat, and the server may be
+/// restarting (any `Retry-After` is waited out).
+async fn retried<T, F, Fut>(call: F) -> Result<T, Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, Error>>,
 {
-    let mut attempt = 0;
-    loop {
-        match call().await {
-            Err(e) if e.is_retryable() && attempt + 1 < REPORT_ATTEMPTS => {
-                let wait =
-                    crate::backoff(attempt, Duration::from_millis(100), Duration::from_secs(5));
-                let wait = match &e {
-                    Error::Api(p) => p.retry_after.map_or(wait, |a| a.max(wait)),
-                    _ => wait,
-                };
-                tokio::time::sleep(wait).await;
-                attempt += 1;
-            }
-            r => return r,
-        }
+    crate::Retry {
+        attempts: 12,
+        max_retry_after: Duration::MAX,
+        ..crate::Retry::default()
     }
+    .run(call)
+    .await
 }
-
-/// How many times a report (complete, fail) is sent before the worker gives up on it.
-const REPORT_ATTEMPTS: u32 = 12;
 
 fn drop_held(held: &Mutex<Vec<String>>, id: &str) {
     held.lock()

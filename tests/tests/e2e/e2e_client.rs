@@ -441,29 +441,36 @@ async fn tidemarks_webhook_posts_verify_under_both_keys_during_a_rotation() {
                          "secret": secret, "rotation_overlap": "1h", "priorities": ["urgent"]},
                "reason": "the client's verification test"})
     };
-    let posted = |id: &'static str| {
+    let posted = |id: String| {
         let hits = hits.clone();
         async move {
             wait_for(Duration::from_secs(30), "the POST", || async {
                 hits.lock()
                     .unwrap()
                     .iter()
-                    .find(|(h, _)| h.get("webhook-id").is_some_and(|v| v == id))
+                    .find(|(h, _)| h.get("webhook-id").is_some_and(|v| v == id.as_str()))
                     .cloned()
             })
             .await
         }
     };
-    let r = s
-        .send(
-            s.request(reqwest::Method::PUT, "/v1/routes/hook")
-                .json(&put(&old)),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
-    append_ok(&s, &urgent("v-1")).await;
-    let (headers, body) = posted("dlv:v-1:hook").await;
-    let h = convert(&headers);
+    // The route signed with `secret`, a notification, and the POST tidemark made of it.
+    let signed_post = |secret: String, id: &'static str| {
+        let (s, put, posted) = (&s, &put, &posted);
+        async move {
+            let r = s
+                .send(
+                    s.request(reqwest::Method::PUT, "/v1/routes/hook")
+                        .json(&put(&secret)),
+                )
+                .await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+            append_ok(s, &urgent(id)).await;
+            let (headers, body) = posted(format!("dlv:{id}:hook")).await;
+            (convert(&headers), body)
+        }
+    };
+    let (h, body) = signed_post(old.clone(), "v-1").await;
     assert_eq!(webhooks::verify(&[&old], &h, &body), Ok(()));
     assert_eq!(
         webhooks::verify(&[&new], &h, &body),
@@ -483,16 +490,7 @@ async fn tidemarks_webhook_posts_verify_under_both_keys_during_a_rotation() {
     );
 
     // Rotated: both keys sign for the overlap.
-    let r = s
-        .send(
-            s.request(reqwest::Method::PUT, "/v1/routes/hook")
-                .json(&put(&new)),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
-    append_ok(&s, &urgent("v-2")).await;
-    let (headers, body) = posted("dlv:v-2:hook").await;
-    let h = convert(&headers);
+    let (h, body) = signed_post(new.clone(), "v-2").await;
     assert_eq!(webhooks::verify(&[&new], &h, &body), Ok(()));
     assert_eq!(webhooks::verify(&[&old], &h, &body), Ok(()));
     assert_eq!(
