@@ -7,6 +7,7 @@
 //! latency), [`journal_write`] (the ways a journal record can be made durable), [`report`] (tables and ratios).
 
 pub mod cluster_reads;
+pub mod deliver;
 pub mod events;
 pub mod journal_write;
 pub mod layers;

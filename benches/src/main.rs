@@ -17,7 +17,8 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use tidemark_benches::{
-    cluster_reads, events, machine, measure, peers, queue, reopen, report, sse, targets, workloads,
+    cluster_reads, deliver, events, machine, measure, peers, queue, reopen, report, sse, targets,
+    workloads,
 };
 
 use std::path::PathBuf;
@@ -506,7 +507,7 @@ impl Run<'_> {
             return;
         }
         if self.wants(Workload::Route) {
-            let r = queue::route(&self.start, self.opts.queue_items).await;
+            let r = deliver::route(&self.start, self.opts.queue_items).await;
             eprintln!(
                 "  route: {} notifications → queued deliveries in {:.3} s: {} /s, cpu {} µs each{}",
                 r.notifications,
@@ -522,7 +523,7 @@ impl Run<'_> {
             self.save();
         }
         if self.wants(Workload::Deliver) {
-            let d = queue::deliver(&self.start, 16, 100, self.opts.deliver_notifications).await;
+            let d = deliver::deliver(&self.start, 16, 100, self.opts.deliver_notifications).await;
             eprintln!(
                 "  deliver: {} of {} received in {:.3} s: {} /s, append → receipt p50 {} µs p99 {} µs, \
                  cpu {} µs each{}",

@@ -80,9 +80,9 @@ pub struct Report {
     #[serde(default)]
     pub queue: Vec<crate::queue::QueueCell>,
     #[serde(default)]
-    pub deliver: Option<crate::queue::DeliverResult>,
+    pub deliver: Option<crate::deliver::DeliverResult>,
     #[serde(default)]
-    pub route: Option<crate::queue::RouteResult>,
+    pub route: Option<crate::deliver::RouteResult>,
     pub skipped: Vec<Skipped>,
     pub ratios: Vec<Ratio>,
     pub uptime_after: Option<String>,
