@@ -198,6 +198,13 @@ impl<L: EventLog + Clone> State<L> {
                 continue;
             }
             if !self.queue.is_empty() {
+                // A command is decided at the head as of its arrival: one taken above may have
+                // been sent after a commit the fold at the top of the loop had not seen (an
+                // append its caller saw acknowledged, then this command).
+                if let Err(e) = self.fold_to_head() {
+                    self.models_failed(e, &mut backoff);
+                    continue;
+                }
                 rt.block_on(self.round());
             }
         }

@@ -346,6 +346,54 @@ async fn quiet_hours_hold_after_a_retry_and_after_a_lease_expiry() {
     }
 }
 
+/// A command decides on everything acknowledged before it was sent, even when it reaches the
+/// decider while the models fold an older commit (the fault knob makes every fold take 300
+/// ms): the recipient's move into the quiet window, acknowledged before the `fail`, defers
+/// the retry. (CI once saw this `fail` decided on the recipient as it was before.)
+#[tokio::test]
+async fn a_command_sent_during_a_slow_fold_decides_on_the_writes_before_it() {
+    let now_min = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 60) as i64;
+    let (from, to) = (now_min + 300 - 60, now_min + 300 + 60);
+    let cfg = format!(
+        "[notifications.routes.desktop]\nquiet_hours = [\"{}\", \"{}\"]\n\
+         [notifications.retry]\nbase_delay = \"100ms\"\njitter = 0.0\n",
+        clock(from),
+        clock(to)
+    );
+    let s = Server::start(
+        ServerOpts::default()
+            .config(cfg)
+            .env("TIDEMARK_FAULT_FOLD_DELAY_MS", "300"),
+    )
+    .await;
+    append_ok(&s, &recipient("quinn", json!({"tz_offset_minutes": 0}))).await;
+    append_ok(&s, &note("q-slow", "quinn", None, json!({}))).await;
+    let first = claim_some(&s, "w").await;
+    assert_eq!(first[0]["id"], dlv("q-slow"));
+    // Any commit starts a fold; once it is under way (past its 5 ms gathering), the
+    // recipient moves and the failure is sent, both well inside the fold's 300 ms.
+    append_ok(&s, &recipient("someone-else", json!({"locale": "de"}))).await;
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    append_ok(&s, &recipient("quinn", json!({"tz_offset_minutes": 300}))).await;
+    let r = act(
+        &s,
+        &dlv("q-slow"),
+        "fail",
+        &json!({"owner": "w", "error_code": "x"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let d = get_dlv(&s, &dlv("q-slow")).await;
+    let tl = timeline(&d);
+    let last = &tl[tl.len() - 1];
+    assert_eq!(last["event"], "deferred", "{d}");
+    assert_eq!(last["reason"], "quiet_hours", "{d}");
+}
+
 const SOURCE_A: &str = "plant-a";
 
 fn sourced(id: &str, site: Option<&str>, ty: Option<&str>) -> Value {
