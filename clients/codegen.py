@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""The client libraries' generated part: one call per JSON operation of the checked-in OpenAPI
-document (`clients/openapi.json`), in Rust, Python and TypeScript, under `ops` beside the
-hand-written loops. Each call takes the operation's path parameters by name, its query
-parameters (only those the document names) and its JSON body, and answers the JSON the server
-sent or raises/returns the problem typed by its `code`.
+"""The client libraries' generated part, from the checked-in OpenAPI document
+(`clients/openapi.json`), in Rust, Python and TypeScript: one model per schema of the document
+(Rust structs, Python TypedDicts, TypeScript interfaces) and one call per JSON operation under
+`ops` beside the hand-written loops. Each call takes the operation's path parameters by name,
+its query parameters (only those the document names) and its body (the operation's model, or
+any JSON of that shape), and answers the operation's model or raises/returns the problem typed
+by its `code`. (Rust's `ops_json()` answers the JSON the server sent instead.)
 
     python3 clients/codegen.py          # write the generated files
     python3 clients/codegen.py --check  # exit 1, naming the stale files, when they differ
@@ -39,8 +41,11 @@ def first_sentence(text: str) -> str:
     return text if cut < 0 else text[: cut + 1]
 
 
-def operations() -> list[dict]:
-    doc = json.loads((HERE / "openapi.json").read_text())
+def document() -> dict:
+    return json.loads((HERE / "openapi.json").read_text())
+
+
+def operations(doc: dict) -> list[dict]:
     ops = []
     for path, item in sorted(doc["paths"].items()):
         for method in ("get", "put", "post", "delete"):
@@ -48,6 +53,7 @@ def operations() -> list[dict]:
             if op is None or op["operationId"] in SKIP:
                 continue
             params = op.get("parameters", [])
+            body, body_nullable = body_of(op)
             ops.append({
                 "id": op["operationId"],
                 "method": method.upper(),
@@ -56,39 +62,255 @@ def operations() -> list[dict]:
                 "query": [p["name"] for p in params if p["in"] == "query"],
                 "body": "requestBody" in op,
                 "body_required": op.get("requestBody", {}).get("required", False),
+                "body_model": body,
+                "body_nullable": body_nullable,
+                "answer": answer_of(op),
                 "summary": first_sentence(op.get("summary") or ""),
             })
     return sorted(ops, key=lambda o: o["id"])
 
 
+# ---- the API's JSON, typed: one model per component schema ------------------------------------
+
+REF = "#/components/schemas/"
+
+
+def camel(name: str) -> str:
+    return "".join(p[:1].upper() + p[1:] for p in re.split(r"[_\W]+", name) if p)
+
+
+def doc_of(schema: dict) -> str:
+    return first_sentence(schema.get("description") or "")
+
+
+class Models:
+    """The component schemas as models: each a record of fields (its `allOf` bases' fields
+    first) or, for a `oneOf` of shapes, an alias of any JSON value. A field's type is one of
+    `("str",)`, `("int", unsigned)`, `("float",)`, `("bool",)`, `("any",)`, `("object",)`
+    (free-form), `("list", t)`, `("ref", name)`, and `("opt", t)` for `null` besides."""
+
+    def __init__(self, doc: dict):
+        self.schemas = doc["components"]["schemas"]
+        self.records: dict[str, dict] = {}
+        self.aliases: dict[str, str] = {}
+        for name in sorted(self.schemas):
+            self.model(name, self.schemas[name])
+
+    def model(self, name: str, schema: dict) -> None:
+        if "oneOf" in schema or "anyOf" in schema:
+            self.aliases[name] = (doc_of(schema), ("any",))
+            return
+        if "allOf" not in schema and not schema.get("properties") and schema.get("type") != "object":
+            self.aliases[name] = (doc_of(schema), self.type_of(name, "", schema))
+            return
+        fields: list[dict] = []
+        bases: list[str] = []
+        for part in schema.get("allOf", [schema]):
+            if "$ref" in part:
+                base = part["$ref"].removeprefix(REF)
+                bases.append(base)
+                fields += self.fields(base, self.schemas[base])
+            else:
+                fields += self.fields(name, part)
+        # A field the document names in a base and again in the record is one field (the
+        # base's).
+        seen: set[str] = set()
+        fields = [f for f in fields if not (f["name"] in seen or seen.add(f["name"]))]
+        self.records[name] = {"doc": doc_of(schema), "fields": fields, "bases": bases,
+                              "own": [f for f in fields if f["of"] == name]}
+
+    def fields(self, owner: str, schema: dict) -> list[dict]:
+        if "allOf" in schema:
+            out = []
+            for part in schema["allOf"]:
+                base = part["$ref"].removeprefix(REF) if "$ref" in part else None
+                out += self.fields(base or owner, self.schemas[base] if base else part)
+            return out
+        required = set(schema.get("required", []))
+        return [{"name": k, "type": self.type_of(owner, k, v), "required": k in required,
+                 "doc": doc_of(v), "of": owner}
+                for k, v in (schema.get("properties") or {}).items()]
+
+    def type_of(self, owner: str, field: str, s: dict) -> tuple:
+        if "$ref" in s:
+            return ("ref", s["$ref"].removeprefix(REF))
+        for key in ("oneOf", "anyOf"):
+            if key in s:
+                shapes = [x for x in s[key] if x.get("type") != "null"]
+                if len(shapes) == 1 and len(shapes) < len(s[key]):
+                    return ("opt", self.type_of(owner, field, shapes[0]))
+                return ("any",)
+        if "allOf" in s and len(s["allOf"]) == 1:
+            return self.type_of(owner, field, s["allOf"][0])
+        ty = s.get("type")
+        if isinstance(ty, list):
+            rest = [t for t in ty if t != "null"]
+            if len(rest) == 1:
+                return ("opt", self.type_of(owner, field, {**s, "type": rest[0]}))
+            return ("any",)
+        if ty == "string":
+            return ("str",)
+        if ty == "integer":
+            return ("int", (s.get("minimum") or 0) >= 0 and "minimum" in s)
+        if ty == "number":
+            return ("float",)
+        if ty == "boolean":
+            return ("bool",)
+        if ty == "array":
+            return ("list", self.type_of(owner, field, s.get("items") or {}))
+        if ty == "object":
+            if s.get("properties"):
+                inner = owner + camel(field)
+                self.model(inner, s)
+                return ("ref", inner)
+            return ("object",)
+        return ("any",)
+
+
+def answer_of(op: dict) -> str | None:
+    for code, r in sorted(op.get("responses", {}).items()):
+        if code.startswith("2"):
+            schema = (r.get("content") or {}).get("application/json", {}).get("schema") or {}
+            if "$ref" in schema:
+                return schema["$ref"].removeprefix(REF)
+    return None
+
+
+def body_of(op: dict) -> tuple[str | None, bool]:
+    """The request body's model and whether `null` is a body too."""
+    schema = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema") or {}
+    if "$ref" in schema:
+        return schema["$ref"].removeprefix(REF), False
+    shapes = [x for x in schema.get("oneOf", []) if x.get("type") != "null"]
+    if len(shapes) == 1 and "$ref" in shapes[0]:
+        return shapes[0]["$ref"].removeprefix(REF), True
+    return None, False
+
+
+# ---- Rust ------------------------------------------------------------------------------------
+
+RUST_KEYWORDS = {"type", "ref", "move", "match", "fn", "loop", "use", "mod", "in", "self", "as",
+                 "box", "crate", "enum", "impl", "let", "mut", "pub", "return", "static",
+                 "struct", "super", "trait", "where", "while", "async", "await", "dyn", "gen"}
+
+
+def rust_doc(text: str, indent: str = "") -> list[str]:
+    # Brackets would read as intra-doc links.
+    text = text.replace("[", "\\[").replace("]", "\\]")
+    return [f"{indent}/// {text}"] if text else []
+
+
+def rust_type(t: tuple) -> str:
+    kind = t[0]
+    if kind == "str":
+        return "String"
+    if kind == "int":
+        return "u64" if t[1] else "i64"
+    if kind == "float":
+        return "f64"
+    if kind == "bool":
+        return "bool"
+    if kind == "object":
+        return "Map<String, Value>"
+    if kind == "list":
+        return f"Vec<{rust_type(t[1])}>"
+    if kind == "ref":
+        return t[1]
+    if kind == "opt":
+        return f"Option<{rust_type(t[1])}>"
+    return "Value"
+
+
+def rust_models(m: Models) -> str:
+    out = [f"//! {HEADER}", "//!",
+           "//! The API's JSON as types, one per schema of the document: what the calls of",
+           "//! [`crate::Ops`] answer, and the bodies they take (any `Serialize` value is taken as",
+           "//! well, `serde_json::json!` included). A field the server may leave out or send as",
+           "//! `null` is an `Option`; fields a newer server adds are ignored (read them with",
+           "//! [`crate::Client::ops_json`]).", "",
+           "use serde::{Deserialize, Serialize};", "use serde_json::{Map, Value};", ""]
+    for name in sorted(m.aliases):
+        doc, ty = m.aliases[name]
+        out += rust_doc(doc or "Any JSON value: the document gives several shapes.")
+        out.append(f"pub type {name} = {rust_type(ty)};")
+        out.append("")
+    for name in sorted(m.records):
+        r = m.records[name]
+        out += rust_doc(r["doc"])
+        if r["bases"]:
+            if r["doc"]:
+                out.append("///")
+            out.append(f"/// The fields of {', '.join(f'[`{b}`]' for b in r['bases'])} and its own.")
+        out.append("#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]")
+        out.append(f"pub struct {name} {{")
+        for f in r["fields"]:
+            out += rust_doc(f["doc"], "    ")
+            ty = f["type"]
+            optional = ty[0] == "opt" or not f["required"]
+            if optional and ty[0] != "opt":
+                ty = ("opt", ty)
+            if optional:
+                out.append('    #[serde(default, skip_serializing_if = "Option::is_none")]')
+            ident = f"r#{f['name']}" if f["name"] in RUST_KEYWORDS else f["name"]
+            out.append(f"    pub {ident}: {rust_type(ty)},")
+        out.append("}")
+        out.append("")
+    return "\n".join(out)
+
+
 def rust(ops: list[dict]) -> str:
-    out = [f"//! {HEADER}", "//!", "//! One call per JSON operation of the API: `client.ops().<operation>(…)`.", "",
-           "use serde_json::Value;", "", "use crate::{Client, Error, Method};", "",
+    out = [f"//! {HEADER}", "//!",
+           "//! One call per JSON operation of the API: `client.ops().<operation>(…)` answers the",
+           "//! operation's type from [`crate::models`]; `client.ops_json().<operation>(…)` the JSON",
+           "//! the server sent.", "",
+           "use std::marker::PhantomData;", "",
+           "use serde::Serialize;", "use serde::de::DeserializeOwned;", "use serde_json::Value;", "",
+           "use crate::models::*;", "use crate::{Client, Error, Method};", "",
+           "/// How the calls of [`Ops`] answer: [`Typed`] or [`AsJson`].",
+           "pub trait Answers {",
+           "    /// The answer of an operation whose document type is `T`.",
+           "    type Out<T: DeserializeOwned>: DeserializeOwned;",
+           "}", "",
+           "/// Answers typed by the document ([`Client::ops`]).",
+           "#[derive(Debug, Clone, Copy)]",
+           "pub struct Typed;", "",
+           "impl Answers for Typed {", "    type Out<T: DeserializeOwned> = T;", "}", "",
+           "/// Answers as the JSON the server sent ([`Client::ops_json`]).",
+           "#[derive(Debug, Clone, Copy)]",
+           "pub struct AsJson;", "",
+           "impl Answers for AsJson {", "    type Out<T: DeserializeOwned> = Value;", "}", "",
            "/// The API's operations, one call each (see [`Client::ops`]).",
-           "pub struct Ops<'a> {", "    pub(crate) client: &'a Client,", "}", "",
-           "impl Ops<'_> {"]
+           "pub struct Ops<'a, A: Answers = Typed> {", "    pub(crate) client: &'a Client,",
+           "    pub(crate) answers: PhantomData<A>,", "}", "",
+           "impl<A: Answers> Ops<'_, A> {"]
     for o in ops:
         args = [f"{snake(p)}: &str" for p in o["path_params"]]
         if o["query"]:
             args.append("query: &[(&str, &str)]")
         if o["body"]:
-            args.append("body: &Value")
+            args.append("body: &(impl Serialize + ?Sized)")
         fmt_path = re.sub(r"\{([a-z_]+)\}", "{}", o["path"])
         path_args = ", ".join(f"crate::path_segment({snake(p)})" for p in o["path_params"])
         path_expr = f'&format!("{fmt_path}", {path_args})' if o["path_params"] else f'"{o["path"]}"'
         names = ", ".join(f'"{q}"' for q in o["query"])
+        answer = o["answer"] or "()"
         out.append(f"    /// `{o['method']} {o['path']}` ({o['id']}): {o['summary']}")
+        if o["query"] or o["body_model"]:
+            out.append("    ///")
         if o["query"]:
-            out.append(f"    ///")
             out.append(f"    /// Query parameters: {', '.join('`' + q + '`' for q in o['query'])}.")
-        out.append(f"    pub async fn {snake(o['id'])}(&self{''.join(', ' + a for a in args)}) -> Result<Value, Error> {{")
+        if o["body_model"]:
+            null = " (or `null`)" if o["body_nullable"] else ""
+            out.append(f"    /// Body: [`{o['body_model']}`]{null}.")
+        out.append(f"    pub async fn {snake(o['id'])}(&self{''.join(', ' + a for a in args)}) "
+                   f"-> Result<A::Out<{answer}>, Error> {{")
         out.append("        self.client")
         out.append("            .operation(")
         out.append(f"                Method::{o['method']},")
         out.append(f"                {path_expr},")
         out.append(f"                {'query' if o['query'] else '&[]'},")
         out.append(f"                &[{names}],")
-        out.append(f"                {'Some(body)' if o['body'] else 'None'},")
+        out.append(f"                {'Some(body)' if o['body'] else 'None::<&()>'},")
         out.append("            )")
         out.append("            .await")
         out.append("    }")
@@ -97,38 +319,176 @@ def rust(ops: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
-def python(ops: list[dict]) -> str:
-    out = [f'"""{HEADER}', "", "One call per JSON operation of the API: ``client.ops.<operation>(...)``;",
-           "``AsyncClient.ops`` has the same calls as coroutines.", '"""', "",
-           "from __future__ import annotations", "", "from typing import Any", "",
-           "from ._common import path", "", "",
-           "class Ops:", '    """The API\'s operations, one call each."""', "",
-           "    def __init__(self, call):", "        self._call = call"]
-    for o in ops:
-        params = [snake(p) for p in o["path_params"]]
-        sig = ["self", *(f"{p}: str" for p in params)]
-        if o["body"]:
-            sig.append("body: Any" if o["body_required"] else "body: Any = None")
-        if o["query"]:
-            sig.append("**query: Any")
-        fmt_path = o["path"]
-        for p in o["path_params"]:
-            fmt_path = fmt_path.replace("{" + p + "}", "{path(" + snake(p) + ")}")
+# ---- Python ----------------------------------------------------------------------------------
+
+def py_type(t: tuple) -> str:
+    kind = t[0]
+    if kind == "str":
+        return "str"
+    if kind == "int":
+        return "int"
+    if kind == "float":
+        return "float"
+    if kind == "bool":
+        return "bool"
+    if kind == "object":
+        return "Dict[str, Any]"
+    if kind == "list":
+        return f"List[{py_type(t[1])}]"
+    if kind == "ref":
+        return t[1]
+    if kind == "opt":
+        return f"Optional[{py_type(t[1])}]"
+    return "Any"
+
+
+def ordered(m: Models) -> list[str]:
+    """Records with their bases first."""
+    done: list[str] = []
+
+    def visit(n: str) -> None:
+        if n in done:
+            return
+        for b in m.records[n]["bases"]:
+            visit(b)
+        done.append(n)
+
+    for n in sorted(m.records):
+        visit(n)
+    return done
+
+
+def python_models(m: Models) -> str:
+    out = [f'"""{HEADER}', "",
+           "The API's JSON as typed dictionaries, one per schema of the document: what the calls",
+           "of ``client.ops`` answer and the bodies they take. A key the server may leave out is",
+           "not required; a value it may send as ``null`` is ``Optional``.", '"""', "",
+           "from __future__ import annotations", "",
+           "from typing import Any, Dict, List, Optional", "",
+           "from typing import TypedDict",
+           "", ""]
+    for name in sorted(m.aliases):
+        doc, ty = m.aliases[name]
+        out.append(f"{name} = {py_type(ty)}")
+        out.append(f'"""{doc or "Any JSON value: the document gives several shapes."}"""')
         out.append("")
-        out.append(f"    def {snake(o['id'])}({', '.join(sig)}):")
-        out.append(f'        """``{o["method"]} {o["path"]}`` ({o["id"]}): {o["summary"]}"""')
-        q = "query" if o["query"] else "{}"
-        names = ", ".join(repr(n) for n in o["query"])
-        out.append(f'        return self._call("{o["method"]}", f"{fmt_path}", {q}, ({names}{"," if len(o["query"]) == 1 else ""}), '
-                   f'{"body" if o["body"] else "None"})')
-    return "\n".join(out) + "\n"
+        out.append("")
+    for name in ordered(m):
+        r = m.records[name]
+        own = r["own"]
+        required = [f for f in own if f["required"]]
+        optional = [f for f in own if not f["required"]]
+        bases = list(r["bases"])
+        if optional:
+            out.append(f"class _{name}Optional(TypedDict, total=False):")
+            for f in optional:
+                out.append(f"    {f['name']}: {py_type(f['type'])}")
+            out.append("")
+            out.append("")
+            bases.append(f"_{name}Optional")
+        out.append(f"class {name}({', '.join(bases) or 'TypedDict'}):")
+        doc = r["doc"] or f"``{name}`` of the API document."
+        out.append(f'    """{doc}"""')
+        if required:
+            out.append("")
+        for f in required:
+            out.append(f"    {f['name']}: {py_type(f['type'])}")
+        out.append("")
+        out.append("")
+    return "\n".join(out[:-2]) + "\n"
+
+
+def python(ops: list[dict]) -> str:
+    out = [f'"""{HEADER}', "",
+           "One call per JSON operation of the API: ``client.ops.<operation>(...)``, answering the",
+           "operation's type from :mod:`tidemark_client.models`; ``AsyncClient.ops`` has the same",
+           "calls as coroutines.", '"""', "",
+           "from __future__ import annotations", "", "from typing import Any, Optional", "",
+           "from . import models", "from ._common import path", ""]
+    for cls, is_async in (("Ops", False), ("AsyncOps", True)):
+        out += ["", f"class {cls}:",
+                f'    """The API\'s operations, one {"coroutine" if is_async else "call"} each."""',
+                "", "    def __init__(self, call):", "        self._call = call"]
+        for o in ops:
+            params = [snake(p) for p in o["path_params"]]
+            sig = ["self", *(f"{p}: str" for p in params)]
+            if o["body"]:
+                bt = f"models.{o['body_model']}" if o["body_model"] else "Any"
+                if o["body_required"]:
+                    sig.append(f"body: {bt}")
+                else:
+                    sig.append(f"body: Optional[{bt}] = None")
+            if o["query"]:
+                sig.append("**query: Any")
+            fmt_path = o["path"]
+            for p in o["path_params"]:
+                fmt_path = fmt_path.replace("{" + p + "}", "{path(" + snake(p) + ")}")
+            answer = f"models.{o['answer']}" if o["answer"] else "None"
+            q = "query" if o["query"] else "{}"
+            names = ", ".join(repr(n) for n in o["query"])
+            call = (f'self._call("{o["method"]}", f"{fmt_path}", {q}, ({names}'
+                    f'{"," if len(o["query"]) == 1 else ""}), {"body" if o["body"] else "None"})')
+            out.append("")
+            out.append(f"    {'async ' if is_async else ''}def {snake(o['id'])}({', '.join(sig)}) -> {answer}:")
+            out.append(f'        """``{o["method"]} {o["path"]}`` ({o["id"]}): {o["summary"]}"""')
+            out.append(f"        return {'await ' if is_async else ''}{call}")
+        out.append("")
+    return "\n".join(out)
+
+
+# ---- TypeScript ------------------------------------------------------------------------------
+
+def ts_type(t: tuple) -> str:
+    kind = t[0]
+    if kind == "str":
+        return "string"
+    if kind in ("int", "float"):
+        return "number"
+    if kind == "bool":
+        return "boolean"
+    if kind == "object":
+        return "Record<string, unknown>"
+    if kind == "list":
+        inner = ts_type(t[1])
+        return f"({inner})[]" if " " in inner else f"{inner}[]"
+    if kind == "ref":
+        return t[1]
+    if kind == "opt":
+        return f"{ts_type(t[1])} | null"
+    return "unknown"
+
+
+def ts_models(m: Models) -> str:
+    out = [f"// {HEADER}", "//",
+           "// The API's JSON as types, one per schema of the document: what the calls of",
+           "// `client.ops` answer and the bodies they take.", ""]
+    for name in sorted(m.aliases):
+        doc, ty = m.aliases[name]
+        out.append(f"/** {doc or 'Any JSON value: the document gives several shapes.'} */")
+        ts = "Record<string, unknown>" if ty == ("any",) else ts_type(ty)
+        out.append(f"export type {name} = {ts};")
+        out.append("")
+    for name in sorted(m.records):
+        r = m.records[name]
+        if r["doc"]:
+            out.append(f"/** {r['doc']} */")
+        ext = f" extends {', '.join(r['bases'])}" if r["bases"] else ""
+        out.append(f"export interface {name}{ext} {{")
+        for f in r["own"]:
+            if f["doc"]:
+                out.append(f"  /** {f['doc']} */")
+            out.append(f"  {f['name']}{'' if f['required'] else '?'}: {ts_type(f['type'])};")
+        out.append("}")
+        out.append("")
+    return "\n".join(out)
 
 
 def typescript(ops: list[dict]) -> tuple[str, str]:
     js = [f"// {HEADER}", "// One call per JSON operation of the API: `client.ops.<operation>(…)`.", "",
           "const seg = (id) => encodeURIComponent(id).replace(/%3A/gi, \":\");", "",
           "export function operations(call) {", "  return {"]
-    dts = [f"// {HEADER}", "", "export interface Operations {"]
+    dts = [f"// {HEADER}", "", 'import type * as m from "./models.js";', "",
+           "export interface Operations {"]
     for o in ops:
         params = [p for p in o["path_params"]]
         args = [*params]
@@ -145,12 +505,16 @@ def typescript(ops: list[dict]) -> tuple[str, str]:
                   f"{'query' if o['query'] else '{}'}, [{names}], {'body' if o['body'] else 'undefined'}),")
         targs = [f"{p}: string" for p in params]
         if o["body"]:
-            targs.append("body: Record<string, unknown>" if o["body_required"] else "body?: Record<string, unknown>")
+            bt = f"m.{o['body_model']}" if o["body_model"] else "Record<string, unknown>"
+            if o["body_nullable"]:
+                bt += " | null"
+            targs.append(f"body: {bt}" if o["body_required"] else f"body?: {bt}")
         if o["query"]:
             qt = "; ".join(f"{n}?: string | number | boolean" for n in o["query"])
             targs.append(f"query?: {{ {qt} }}")
+        answer = f"m.{o['answer']}" if o["answer"] else "null"
         dts.append(f"  /** `{o['method']} {o['path']}`: {o['summary']} */")
-        dts.append(f"  {o['id']}({', '.join(targs)}): Promise<any>;")
+        dts.append(f"  {o['id']}({', '.join(targs)}): Promise<{answer}>;")
     js += ["  };", "}"]
     dts.append("}")
     return "\n".join(js) + "\n", "\n".join(dts) + "\n"
@@ -165,13 +529,18 @@ def rustfmt(text: str) -> str:
 
 
 def main() -> int:
-    ops = operations()
+    doc = document()
+    ops = operations(doc)
+    models = Models(doc)
     js, dts = typescript(ops)
     files = {
         HERE / "rust" / "src" / "operations.rs": rustfmt(rust(ops)),
+        HERE / "rust" / "src" / "models.rs": rustfmt(rust_models(models)),
         HERE / "python" / "src" / "tidemark_client" / "_operations.py": python(ops),
+        HERE / "python" / "src" / "tidemark_client" / "models.py": python_models(models),
         HERE / "typescript" / "src" / "operations.js": js,
         HERE / "typescript" / "src" / "operations.d.ts": dts,
+        HERE / "typescript" / "src" / "models.d.ts": ts_models(models),
     }
     if "--check" in sys.argv[1:]:
         stale = [str(p.relative_to(HERE.parent)) for p, text in files.items()
@@ -179,11 +548,12 @@ def main() -> int:
         if stale:
             print("stale (run python3 clients/codegen.py): " + ", ".join(stale))
             return 1
-        print(f"{len(ops)} operations, generated parts up to date")
+        print(f"{len(ops)} operations and {len(models.records) + len(models.aliases)} models, "
+              "generated parts up to date")
         return 0
     for p, text in files.items():
         p.write_text(text)
-    print(f"{len(ops)} operations written")
+    print(f"{len(ops)} operations and {len(models.records) + len(models.aliases)} models written")
     return 0
 
 

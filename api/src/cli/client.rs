@@ -32,10 +32,11 @@ impl Client {
         self.api.request(method, path)
     }
 
-    /// The API's operations (the crate's generated calls), each answered through
+    /// The API's operations (the crate's generated calls) answering the server's JSON as sent,
+    /// each through
     /// [`Client::op`].
-    pub(crate) fn ops(&self) -> tidemark_client::Ops<'_> {
-        self.api.ops()
+    pub(crate) fn ops(&self) -> tidemark_client::Ops<'_, tidemark_client::AsJson> {
+        self.api.ops_json()
     }
 
     /// An operation's answer, or its refusal as the CLI reports it.

@@ -13,9 +13,13 @@ import socket
 import threading
 import time
 
+import typing
+
 import httpx
 import pytest
 
+from tidemark_client import models
+from tidemark_client._operations import AsyncOps, Ops
 from tidemark_client import (
     ApiError,
     AsyncClient,
@@ -331,6 +335,94 @@ def test_every_operation_is_a_call_with_typed_problems(server):
             return (await a.ops.get_route("py-ops"))["route"]["sink"]
 
     assert asyncio.run(main()) == "app"
+
+
+def conforms(value, tp, where="answer"):
+    """Whether ``value`` is of type ``tp`` (a model of :mod:`tidemark_client.models`, or the
+    ``typing`` forms they use): a TypedDict's required keys are there and every key it names
+    holds its type."""
+    origin = typing.get_origin(tp)
+    if tp is typing.Any:
+        return
+    if origin is typing.Union:
+        args = typing.get_args(tp)
+        if value is None:
+            assert type(None) in args, f"{where}: null"
+            return
+        return conforms(value, next(a for a in args if a is not type(None)), where)
+    if origin in (list, typing.List):
+        assert isinstance(value, list), f"{where}: {value!r} is not a list"
+        for i, v in enumerate(value):
+            conforms(v, typing.get_args(tp)[0], f"{where}[{i}]")
+        return
+    if origin in (dict, typing.Dict):
+        assert isinstance(value, dict), f"{where}: {value!r} is not an object"
+        return
+    if isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__required_keys__"):
+        assert isinstance(value, dict), f"{where}: {value!r} is not an object"
+        missing = tp.__required_keys__ - value.keys()
+        assert not missing, f"{where}: {tp.__name__} lacks {sorted(missing)}"
+        hints = typing.get_type_hints(tp)
+        for k, v in value.items():
+            if k in hints:
+                conforms(v, hints[k], f"{where}.{k}")
+        return
+    if tp is float:
+        assert isinstance(value, (int, float)) and not isinstance(value, bool), f"{where}: {value!r}"
+        return
+    assert isinstance(value, tp) and not (tp is int and isinstance(value, bool)), \
+        f"{where}: {value!r} is not {tp.__name__}"
+
+
+def test_the_calls_answer_the_documents_models(server):
+    # Every call's annotations resolve to the generated models, in both classes.
+    for cls in (Ops, AsyncOps):
+        for name, fn in vars(cls).items():
+            if not name.startswith("_"):
+                typing.get_type_hints(fn)
+    c = Client(server.base)
+    task = "py-typed"
+    c.append([
+        {"stream": "task_events", "subject": task, "type": "task.created",
+         "payload": {"project_id": "py"}},
+        {"event_id": "py-typed-n", "stream": "notifications", "subject": "py-typed-n",
+         "type": "notification.requested",
+         "payload": {"priority": "urgent", "title": "typed", "task_id": task,
+                     "type": "build.done", "type_data": {"n": 1}}},
+    ])
+    dlv = "dlv:py-typed-n:desktop"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            c.ops.get_delivery(dlv)
+            break
+        except ApiError:
+            assert time.monotonic() < deadline, "no delivery"
+            time.sleep(0.05)
+    claimed = c.ops.claim_deliveries({"sink": "app", "owner": "py", "limit": 5})
+    conforms(claimed, models.DeliveriesPage, "claim")
+    conforms(c.ops.complete_delivery(dlv, {"owner": "py"}), models.DeliveryOut, "complete")
+    for call, tp in [
+        (lambda: c.ops.get_delivery(dlv), models.DeliveryAnswer),
+        (lambda: c.ops.list_deliveries(sink="app"), models.DeliveriesPage),
+        (lambda: c.ops.get_task(task), models.TaskAnswer),
+        (lambda: c.ops.list_tasks(), models.TasksPage),
+        (lambda: c.ops.get_notification_status("py-typed-n"), models.NotificationStatusOut),
+        (lambda: c.ops.list_notifications(), models.NotificationsPage),
+        (lambda: c.ops.list_events(), models.EventsPage),
+        (lambda: c.ops.list_routes(), models.RoutesPage),
+        (lambda: c.ops.list_projections(), models.ProjectionsPage),
+        (lambda: c.ops.get_outbox_kpis(), models.KpisOut),
+        (lambda: c.ops.get_sink_health(), models.SinksOut),
+        (lambda: c.ops.get_whoami(), models.Identity),
+        (lambda: c.ops.get_health(), models.Health),
+    ]:
+        conforms(call(), tp, tp.__name__)
+    # The checker itself refuses what does not conform.
+    with pytest.raises(AssertionError):
+        conforms({"open": "yes"}, models.Identity)
+    with pytest.raises(AssertionError):
+        conforms({}, models.DeliveryOut)
 
 
 def test_a_worker_survives_a_kill_9_of_the_server_and_every_delivery_is_sent(server):

@@ -25,6 +25,7 @@
 mod append;
 mod consumer;
 mod error;
+pub mod models;
 mod operations;
 mod stream;
 mod types;
@@ -39,7 +40,7 @@ use serde::de::DeserializeOwned;
 pub use append::Retry;
 pub use consumer::{Consumer, ConsumerOptions};
 pub use error::{Error, Problem};
-pub use operations::Ops;
+pub use operations::{Answers, AsJson, Ops, Typed};
 pub use reqwest::Method;
 pub use reqwest::StatusCode;
 pub use stream::{EventStream, StreamOptions};
@@ -277,21 +278,34 @@ impl Client {
     }
 
     /// Every JSON operation of the API, one call each (generated from the checked-in OpenAPI
-    /// document by `clients/codegen.py`): `client.ops().put_route("rot", &body)`.
+    /// document by `clients/codegen.py`), answering the operation's type from [`models`]:
+    /// `client.ops().put_route("rot", &body).await?.as_of_seq`.
     pub fn ops(&self) -> Ops<'_> {
-        Ops { client: self }
+        Ops {
+            client: self,
+            answers: std::marker::PhantomData,
+        }
     }
 
-    /// One operation: `query` checked against the names the document gives it, the answer's
-    /// JSON (`null` for an empty answer) or its problem.
-    pub(crate) async fn operation(
+    /// The same calls as [`Client::ops`], answering the JSON the server sent (every field,
+    /// those a newer server adds included).
+    pub fn ops_json(&self) -> Ops<'_, AsJson> {
+        Ops {
+            client: self,
+            answers: std::marker::PhantomData,
+        }
+    }
+
+    /// One operation: `query` checked against the names the document gives it, the answer
+    /// read as `T` (`null` for an empty answer) or its problem.
+    pub(crate) async fn operation<T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
         query: &[(&str, &str)],
         allowed: &[&str],
-        body: Option<&serde_json::Value>,
-    ) -> Result<serde_json::Value, Error> {
+        body: Option<&(impl serde::Serialize + ?Sized)>,
+    ) -> Result<T, Error> {
         if let Some((k, _)) = query.iter().find(|(k, _)| !allowed.contains(k)) {
             return Err(Error::Config(format!(
                 "{method} {path} takes no query parameter {k:?} (it takes {allowed:?})"

@@ -2,6 +2,8 @@
 
 import type { Operations } from "./operations.js";
 export type { Operations };
+/** The API's JSON as types, one per schema of the document (generated: `models.d.ts`). */
+export type * as models from "./models.js";
 
 export interface NewEvent {
   event_id?: string;

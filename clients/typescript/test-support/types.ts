@@ -9,6 +9,7 @@ import {
   type Delivery,
   type Event,
   type Outcome,
+  type models,
 } from "@tidemark/client";
 
 export async function uses(): Promise<number> {
@@ -25,14 +26,24 @@ export async function uses(): Promise<number> {
   }, { signal: stop.signal });
   const report = await client.worker("app", "ana-laptop", { limit: 5 }).run(async (d: Delivery): Promise<Outcome> =>
     d.notification_id ? done() : failed("desktop_busy", "locked", { retryable: true }), { signal: stop.signal });
-  const who = await client.ops.getWhoami();
-  await client.ops.putRoute("r", { route: { sink: "app" }, reason: "x" });
-  await client.ops.listDeliveries({ status: "parked", limit: 10 });
+  const who: models.Identity = await client.ops.getWhoami();
+  const open: boolean = who.open;
+  // @ts-expect-error: the answer is typed, `open` is no string.
+  const wrong: string = who.open;
+  const put: models.RouteAnswer = await client.ops.putRoute("r", { route: { sink: "app" }, reason: "x" });
+  const seq: number = put.as_of_seq;
+  const page = await client.ops.listDeliveries({ status: "parked", limit: 10 });
+  const claimed: models.DeliveriesPage = await client.ops.claimDeliveries({ sink: "app", owner: "w", limit: 5 });
+  const kind: string | null | undefined = claimed.deliveries[0].type;
+  // @ts-expect-error: a claim names its owner.
+  await client.ops.claimDeliveries({ sink: "app" });
+  const d: models.DeliveryAnswer = await client.ops.getDelivery(page.deliveries[0].id);
+  const attempts: number = d.attempts + seq + (open ? 0 : 1) + wrong.length + (kind ? 1 : 0);
   await verifyWebhook(["k1", "k2"], new Headers(), new Uint8Array());
   try {
     await client.delivery("dlv:x:desktop");
   } catch (e) {
-    if (e instanceof ApiError) return e.status + report.completed + (who ? 0 : 1);
+    if (e instanceof ApiError) return e.status + report.completed + attempts;
   }
   return first;
 }

@@ -606,7 +606,7 @@ async fn the_python_client_is_packaged_and_passes_its_tests_against_the_server()
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
         .env("PYTHONPATH", &site);
     let out = crate::common::run_script(pytest, "the Python client's tests").await;
-    assert!(out.contains("9 passed"), "{out}");
+    assert!(out.contains("10 passed"), "{out}");
 }
 
 /// `clients/typescript`: its declarations checked by `tsc`, packed as npm wants it, and its
@@ -841,12 +841,12 @@ async fn every_operation_is_a_generated_call_and_the_generated_parts_are_current
     let s = Server::start(ServerOpts::default()).await;
     let c = Client::new(s.base(), None).unwrap();
     let who = c.ops().get_whoami().await.unwrap();
-    assert_eq!(who["open"], true, "{who}");
+    assert!(who.open, "{who:?}");
     let body = json!({"route": {"sink": "app", "priorities": ["urgent"]},
                       "reason": "the client's generated calls"});
     let put = c.ops().put_route("ops-route", &body).await.unwrap();
-    assert_eq!(put["name"], "ops-route", "{put}");
-    let got = c.ops().get_route("ops-route", &[]).await.unwrap();
+    assert_eq!(put.name, "ops-route", "{put:?}");
+    let got = c.ops_json().get_route("ops-route", &[]).await.unwrap();
     assert_eq!(got["route"]["sink"], "app", "{got}");
     let missing = c
         .ops()
@@ -947,4 +947,374 @@ fn the_client_libraries_carry_the_servers_version() {
         rs.contains("version.workspace = true"),
         "clients/rust/Cargo.toml"
     );
+}
+
+/// A typed answer, or the server's refusal; never an answer the document's type cannot read
+/// (`Error::Decode`), which would mean the document and the server disagree.
+fn typed<T>(what: &str, r: Result<T, Error>) -> Option<T> {
+    match r {
+        Ok(t) => Some(t),
+        Err(Error::Api(p)) => {
+            eprintln!("{what}: refused: {} {}", p.status, p.code);
+            None
+        }
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
+/// A typed answer that must come.
+fn ok<T>(what: &str, r: Result<T, Error>) -> T {
+    r.unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// The JSON without its `null` members (a typed answer written back leaves them out).
+fn without_nulls(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), without_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(without_nulls).collect()),
+        v => v.clone(),
+    }
+}
+
+/// The type holds everything the server sent: the JSON answer read as `T` (the type of the
+/// typed call's answer, `_typed`) and written back is the same JSON (both less their
+/// `null`s), so the document names every field of it with the type it has.
+fn same<T: serde::Serialize + serde::de::DeserializeOwned>(what: &str, _typed: &T, json: &Value) {
+    let read: T = serde_json::from_value(json.clone())
+        .unwrap_or_else(|e| panic!("{what}: the JSON answer does not read as its type: {e}"));
+    let back = serde_json::to_value(&read).unwrap();
+    assert_eq!(
+        without_nulls(&back),
+        without_nulls(json),
+        "{what}: the typed answer differs from the JSON"
+    );
+}
+
+/// Every generated call answers the type the document gives it, read from what the server
+/// really sends: each operation is called on a server with tasks, notifications, deliveries
+/// in every state, a webhook route and its endpoint, a list, cursors and a bridge
+/// subscription, and the typed answers of the reads are compared with their JSON, field by
+/// field. Bodies go typed too (the generated body structs leave out what is `None`).
+#[tokio::test]
+async fn every_operation_answers_the_type_the_document_gives_it() {
+    use tidemark_client::models::*;
+    let s = Server::start(ServerOpts::default()).await;
+    let c = Client::new(s.base(), None).unwrap();
+    let (o, j) = (c.ops(), c.ops_json());
+
+    ok("health", o.get_health().await);
+    ok("liveness", o.get_liveness().await);
+    ok("readiness", o.get_readiness().await);
+    assert!(ok("whoami", o.get_whoami().await).open);
+
+    // A task, four notifications of it, and their app deliveries.
+    let task = "ops-task";
+    let mut events = vec![
+        crate::common::task_ev(task, "task.created", json!({"project_id": "ops"})),
+        crate::common::task_ev(task, "task.run_started", json!({"run_id": "r1"})),
+    ];
+    for i in 0..4 {
+        events.push(notif_ev(
+            &format!("ops-n{i}"),
+            json!({"priority": "urgent", "title": format!("n{i}"), "task_id": task,
+                   "type": "build.done", "type_data": {"n": i}}),
+        ));
+    }
+    let appended = ok(
+        "append",
+        o.append_events(&json!({ "events": events })).await,
+    );
+    assert_eq!(appended.events.len(), 6);
+    let ids: Vec<String> = (0..4).map(|i| format!("dlv:ops-n{i}:desktop")).collect();
+    for id in &ids {
+        wait_for(Duration::from_secs(30), "a delivery", || async {
+            typed("getDelivery", o.get_delivery(id, &[]).await)
+        })
+        .await;
+    }
+    let claimed = ok(
+        "claim",
+        o.claim_deliveries(&ClaimBody {
+            sink: "app".into(),
+            owner: "w".into(),
+            limit: Some(4),
+            lease_ms: Some(60_000),
+        })
+        .await,
+    );
+    assert_eq!(claimed.deliveries.len(), 4, "{claimed:?}");
+    assert_eq!(claimed.deliveries[0].r#type.as_deref(), Some("build.done"));
+    let owner = |id: &str| CompleteBody {
+        owner: "w".into(),
+        external_id: Some(format!("x-{id}")),
+    };
+    let done = ok(
+        "complete",
+        o.complete_delivery(&ids[0], &owner(&ids[0])).await,
+    );
+    assert_eq!(done.status, "sent", "{done:?}");
+    let failed = FailBody {
+        owner: "w".into(),
+        error_code: "ops_refused".into(),
+        retryable: Some(false),
+        ..FailBody::default()
+    };
+    let parked = ok("fail", o.fail_delivery(&ids[1], &failed).await);
+    assert_eq!(parked.status, "parked", "{parked:?}");
+    let extend = ExtendBody {
+        owner: "w".into(),
+        lease_ms: Some(120_000),
+    };
+    ok("extend", o.extend_delivery_lease(&ids[2], &extend).await);
+    let many = ok(
+        "complete many",
+        o.complete_deliveries(&CompleteManyBody {
+            owner: "w".into(),
+            deliveries: vec![CompleteItem {
+                id: ids[3].clone(),
+                external_id: None,
+            }],
+        })
+        .await,
+    );
+    assert_eq!(many.results[0].status, 200, "{many:?}");
+    let by = OperatorBody {
+        by: Some("ops".into()),
+        reason: Some("the typed calls".into()),
+    };
+    let discarded = ok("discard", o.discard_delivery(&ids[1], &by).await);
+    assert_eq!(discarded.status, "discarded", "{discarded:?}");
+    let parked = ok("fail", o.fail_delivery(&ids[2], &failed).await);
+    assert_eq!(parked.status, "parked", "{parked:?}");
+    let retried = ok("retry", o.retry_delivery(&ids[2], &by).await);
+    assert_eq!(retried.status, "queued", "{retried:?}");
+    let resend = ResendBody {
+        reason: "again".into(),
+    };
+    ok("resend", o.resend_delivery(&ids[0], &resend).await);
+    for id in &ids {
+        let t = ok("getDelivery", o.get_delivery(id, &[]).await);
+        same(
+            "getDelivery",
+            &t,
+            &ok("getDelivery", j.get_delivery(id, &[]).await),
+        );
+    }
+    let q = [("sink", "app")];
+    same(
+        "listDeliveries",
+        &ok("listDeliveries", o.list_deliveries(&q).await),
+        &ok("listDeliveries", j.list_deliveries(&q).await),
+    );
+    let recover = RecoverBody {
+        route: "desktop".into(),
+        since: "2020-01-01T00:00:00Z".into(),
+        reason: "the typed calls".into(),
+    };
+    typed("recover", o.recover_deliveries(&recover).await);
+
+    // Notifications, tasks, events.
+    let n = "ops-n0";
+    same(
+        "getNotificationStatus",
+        &ok("status", o.get_notification_status(n, &[]).await),
+        &ok("status", j.get_notification_status(n, &[]).await),
+    );
+    same(
+        "listNotifications",
+        &ok("notifications", o.list_notifications(&[]).await),
+        &ok("notifications", j.list_notifications(&[]).await),
+    );
+    same(
+        "getTask",
+        &ok("task", o.get_task(task, &[]).await),
+        &ok("task", j.get_task(task, &[]).await),
+    );
+    same(
+        "listTasks",
+        &ok("tasks", o.list_tasks(&[]).await),
+        &ok("tasks", j.list_tasks(&[]).await),
+    );
+    same(
+        "listEvents",
+        &ok("events", o.list_events(&[]).await),
+        &ok("events", j.list_events(&[]).await),
+    );
+
+    // Cursors.
+    let advance = AdvanceBody {
+        consumer_id: "ops-consumer".into(),
+        stream_name: "notifications".into(),
+        last_sequence: 3,
+        delivery_id: "ops-d3".into(),
+        ..AdvanceBody::default()
+    };
+    ok("advance", o.advance_cursor(&advance).await);
+    let reset = ResetBody {
+        consumer_id: "ops-consumer".into(),
+        stream_name: "notifications".into(),
+        last_sequence: 1,
+        reason: "the typed calls".into(),
+        subject_id: None,
+    };
+    ok("reset", o.reset_cursor(&reset).await);
+    let q = [("consumer_id", "ops-consumer")];
+    same(
+        "getCursors",
+        &ok("cursors", o.get_cursors(&q).await),
+        &ok("cursors", j.get_cursors(&q).await),
+    );
+
+    // A webhook route, its endpoint, a list.
+    let mut route = serde_json::Map::new();
+    route.insert("sink".into(), json!("webhook"));
+    route.insert("url".into(), json!("http://127.0.0.1:9/hook"));
+    route.insert("priorities".into(), json!(["urgent"]));
+    let put = RouteBody {
+        route,
+        reason: "the typed calls".into(),
+    };
+    ok("putRoute", o.put_route("ops-hook", &put).await);
+    same(
+        "getRoute",
+        &ok("getRoute", o.get_route("ops-hook", &[]).await),
+        &ok("getRoute", j.get_route("ops-hook", &[]).await),
+    );
+    same(
+        "listRoutes",
+        &ok("listRoutes", o.list_routes(&[]).await),
+        &ok("listRoutes", j.list_routes(&[]).await),
+    );
+    let switch = SwitchBody {
+        reason: "the typed calls".into(),
+    };
+    ok("disable", o.disable_endpoint("ops-hook", &switch).await);
+    ok("enable", o.enable_endpoint("ops-hook", &switch).await);
+    same(
+        "listEndpoints",
+        &ok("listEndpoints", o.list_endpoints(&[]).await),
+        &ok("listEndpoints", j.list_endpoints(&[]).await),
+    );
+    let gone = RouteDeleteBody {
+        reason: "the typed calls".into(),
+    };
+    ok("deleteRoute", o.delete_route("ops-hook", &gone).await);
+    let list = ListBody {
+        members: vec!["a@example.com".into(), "b@example.com".into()],
+        reason: "the typed calls".into(),
+    };
+    ok("putList", o.put_list("ops-list", &list).await);
+    same(
+        "getList",
+        &ok("getList", o.get_list("ops-list").await),
+        &ok("getList", j.get_list("ops-list").await),
+    );
+    same(
+        "listLists",
+        &ok("listLists", o.list_lists().await),
+        &ok("listLists", j.list_lists().await),
+    );
+    let gone = ListDeleteBody {
+        reason: "the typed calls".into(),
+    };
+    ok("deleteList", o.delete_list("ops-list", &gone).await);
+
+    // A bridge subscription on the task: its pull page, an ack and a nack.
+    let sub = SubscribeBody {
+        subscription_id: "ops-sub".into(),
+        bridge_id: "ops-bridge".into(),
+        sink: json!({"kind": "pull"}),
+        ..SubscribeBody::default()
+    };
+    ok("subscribe", o.create_bridge_subscription(task, &sub).await);
+    append_ok(
+        &s,
+        &crate::common::task_ev(task, "task.run_completed", json!({"run_id": "r1"})),
+    )
+    .await;
+    let pulled = wait_for(Duration::from_secs(30), "a bridge delivery", || async {
+        let p = typed("pull", o.pull_bridge_deliveries("ops-bridge", &[]).await)?;
+        (!p.deliveries.is_empty()).then_some(p)
+    })
+    .await;
+    let pulled_json = ok("pull", j.pull_bridge_deliveries("ops-bridge", &[]).await);
+    same("pullBridgeDeliveries", &pulled, &pulled_json);
+    let first = pulled.deliveries[0]["delivery_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let nack = NackBody {
+        error: "not yet".into(),
+    };
+    typed(
+        "nack",
+        o.nack_bridge_delivery("ops-bridge", &first, &nack).await,
+    );
+    typed("ack", o.ack_bridge_delivery("ops-bridge", &first).await);
+    let ack_many = AckManyBody {
+        delivery_ids: vec![first.clone()],
+    };
+    typed(
+        "ackMany",
+        o.ack_bridge_deliveries("ops-bridge", &ack_many).await,
+    );
+    same(
+        "getBridgeSubscription",
+        &ok("sub", o.get_bridge_subscription(task, "ops-sub", &[]).await),
+        &ok("sub", j.get_bridge_subscription(task, "ops-sub", &[]).await),
+    );
+    same(
+        "listBridgeSubscriptions",
+        &ok("subs", o.list_bridge_subscriptions(task, &[]).await),
+        &ok("subs", j.list_bridge_subscriptions(task, &[]).await),
+    );
+    same(
+        "explainBridgeSubscription",
+        &ok(
+            "explain",
+            o.explain_bridge_subscription(task, "ops-sub", &[]).await,
+        ),
+        &ok(
+            "explain",
+            j.explain_bridge_subscription(task, "ops-sub", &[]).await,
+        ),
+    );
+    ok(
+        "unsubscribe",
+        o.delete_bridge_subscription(task, "ops-sub").await,
+    );
+
+    // The operator's views.
+    same(
+        "getOutboxKpis",
+        &ok("kpis", o.get_outbox_kpis(&[]).await),
+        &ok("kpis", j.get_outbox_kpis(&[]).await),
+    );
+    same(
+        "getSinkHealth",
+        &ok("sinks", o.get_sink_health().await),
+        &ok("sinks", j.get_sink_health().await),
+    );
+    same(
+        "getConsumerLag",
+        &ok("lag", o.get_consumer_lag().await),
+        &ok("lag", j.get_consumer_lag().await),
+    );
+    let projections = ok("projections", o.list_projections().await);
+    let name = projections.projections[0].name.clone();
+    ok("verify", o.verify_projection(&name).await);
+    same(
+        "listSources",
+        &ok("sources", o.list_sources(&[]).await),
+        &ok("sources", j.list_sources(&[]).await),
+    );
+    let missing = o.get_source("no-such-source", &[]).await.unwrap_err();
+    assert_eq!(missing.status(), Some(StatusCode::NOT_FOUND), "{missing}");
+    typed("cluster", o.get_cluster().await);
+    typed("retention", o.run_retention().await);
 }

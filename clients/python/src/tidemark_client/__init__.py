@@ -7,6 +7,7 @@ that talks to tidemark otherwise writes by hand.
 ...     print(ev["seq"], ev["type"])
 """
 
+from . import models
 from ._errors import ApiError, TidemarkError, TransportError
 from ._sync import Client, Consumer, Worker
 from ._async import AsyncClient, AsyncConsumer, AsyncWorker
@@ -26,5 +27,6 @@ __all__ = [
     "TransportError",
     "WebhookVerificationError",
     "Worker",
+    "models",
     "verify_webhook",
 ]

@@ -10,7 +10,7 @@ import httpx
 
 from ._common import Done, Failed, SseParser, answer, backoff, path, stream_params, with_ids
 from ._errors import ApiError, TidemarkError, TransportError
-from ._operations import Ops
+from ._operations import AsyncOps
 from ._sync import FATAL_STREAM, _query
 
 
@@ -28,7 +28,7 @@ class AsyncClient:
         self.max_retry_after = max_retry_after
         #: Every JSON operation of the API, one coroutine each (generated): ``await
         #: client.ops.put_route("rot", {...})``.
-        self.ops = Ops(self._op)
+        self.ops = AsyncOps(self._op)
 
     async def _op(self, method: str, url: str, query: dict, allowed: tuple, body: Any) -> Any:
         kw: dict[str, Any] = {"params": _query(method, url, query, allowed)}
