@@ -92,25 +92,8 @@ async fn stream_backup(c: &Client, to: &Path, after: u64) -> Result<transfer::Ma
     // Refused here before the server reads its log for nothing (the directory is still claimed
     // exclusively when the stream arrives).
     transfer::refuse_taken(to).map_err(transfer_error)?;
-    let resp = c
-        .send(c.request(
-            tidemark_client::Method::GET,
-            &format!("/v1/admin/backup/stream?after={after}"),
-        ))
-        .await?;
-    let status = resp.status();
-    if !status.is_success() {
-        let text = resp.text().await.map_err(|e| c.unreachable(&e))?;
-        return Err(CliError::refused(status, text));
-    }
-    let seq = |name: &str| {
-        resp.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            .ok_or_else(|| CliError::Other(format!("the server's stream has no {name} header")))
-    };
-    let (from, through) = (seq("tidemark-after-seq")?, seq("tidemark-through-seq")?);
+    let mut stream = c.op(c.backup_stream(after)).await?;
+    let (from, through) = (stream.after_seq, stream.through_seq);
     if from != after {
         return Err(CliError::Other(format!(
             "asked for the events after seq {after}, the server sent those after {from}"
@@ -122,10 +105,8 @@ async fn stream_backup(c: &Client, to: &Path, after: u64) -> Result<transfer::Ma
         let input = std::io::BufReader::with_capacity(1 << 20, Chunks { rx, at: None });
         transfer::backup_from(input, &dir, after, through)
     });
-    let mut resp = resp;
     loop {
-        let next = resp.chunk().await;
-        let item = match next {
+        let item = match stream.chunk().await {
             Ok(Some(bytes)) => Ok(bytes),
             Ok(None) => break,
             Err(e) => Err(std::io::Error::other(format!(

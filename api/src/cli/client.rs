@@ -2,9 +2,6 @@
 //! base URL (`--url`, also without a scheme), the bearer token and the transport; this module
 //! turns its answers into records or a [`CliError`].
 
-use serde_json::Value;
-use tidemark_client::Method;
-
 use super::ClientArgs;
 use super::error::CliError;
 
@@ -27,39 +24,46 @@ impl Client {
         Ok(Client { api, base })
     }
 
-    /// A request to `path` (which starts with `/`) with the token.
-    pub(crate) fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
-        self.api.request(method, path)
-    }
-
     /// The API's operations (the crate's generated calls) answering the server's JSON as sent,
-    /// each through
-    /// [`Client::op`].
+    /// each through [`Client::op`].
     pub(crate) fn ops(&self) -> tidemark_client::Ops<'_, tidemark_client::AsJson> {
         self.api.ops_json()
     }
 
-    /// An operation's answer, or its refusal as the CLI reports it.
-    pub(crate) async fn op(
+    /// A live stream of the log (the crate's, which resumes across restarts of the server).
+    pub(crate) fn stream(
         &self,
-        call: impl std::future::Future<Output = Result<Value, tidemark_client::Error>>,
-    ) -> Result<Value, CliError> {
-        call.await.map_err(|e| match e {
+        opts: tidemark_client::StreamOptions,
+    ) -> tidemark_client::EventStream {
+        self.api.stream(opts)
+    }
+
+    /// A running server's backup stream.
+    pub(crate) fn backup_stream(
+        &self,
+        after: u64,
+    ) -> impl std::future::Future<
+        Output = Result<tidemark_client::BackupStream, tidemark_client::Error>,
+    > + '_ {
+        self.api.backup_stream(after)
+    }
+
+    /// A call's answer, or its failure as the CLI reports it.
+    pub(crate) async fn op<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, tidemark_client::Error>>,
+    ) -> Result<T, CliError> {
+        call.await.map_err(|e| self.failed(e))
+    }
+
+    /// A failure of the client as the CLI reports it: the server's problem, or the server
+    /// not reached (named by its URL).
+    pub(crate) fn failed(&self, e: tidemark_client::Error) -> CliError {
+        match e {
             tidemark_client::Error::Api(p) => CliError::refused(p.status, p.body.to_string()),
             tidemark_client::Error::Transport(e) => self.unreachable(&e),
             e => CliError::Other(e.to_string()),
-        })
-    }
-
-    /// Send `rb`; a failure to get an answer names the server's URL.
-    pub(crate) async fn send(
-        &self,
-        rb: reqwest::RequestBuilder,
-    ) -> Result<reqwest::Response, CliError> {
-        self.api.send(rb).await.map_err(|e| match e {
-            tidemark_client::Error::Transport(e) => self.unreachable(&e),
-            e => CliError::Other(e.to_string()),
-        })
+        }
     }
 
     /// Why no answer came from the server, in words.

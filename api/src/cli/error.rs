@@ -3,8 +3,8 @@
 
 use std::fmt::Write as _;
 
-use reqwest::StatusCode;
 use serde_json::Value;
+use tidemark_client::StatusCode;
 
 /// Why a command failed.
 #[derive(Debug)]

@@ -206,35 +206,26 @@ async fn post_batch(
         body.push_str(text);
     }
     body.push_str("]}");
+    // Sent as the input's exact bytes (a re-encoded `Value` would reorder keys and round
+    // numbers past `f64`).
+    let body = serde_json::value::RawValue::from_string(body)
+        .map_err(|e| CliError::Other(format!("the batch is not JSON: {e}")))?;
     loop {
-        let rb = c
-            .request(tidemark_client::Method::POST, "/v1/events")
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body.clone());
-        let resp = c.send(rb).await?;
-        let status = resp.status();
-        if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
-            let secs = resp
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(1u64);
-            eprintln!("the server is busy (429); retrying in {secs} s");
-            tokio::time::sleep(Duration::from_secs(secs)).await;
-            continue;
-        }
-        let text = resp.text().await.map_err(|e| c.unreachable(&e))?;
-        if !status.is_success() {
-            return Err(refused_at(
-                CliError::refused(status, text),
-                batch,
-                name,
-                sent,
-            ));
-        }
-        let v: Value = serde_json::from_str(&text)
-            .map_err(|e| CliError::Other(format!("the server's answer is not JSON: {e}")))?;
+        let v = match c.ops().append_events(&body).await {
+            Ok(v) => v,
+            Err(tidemark_client::Error::Api(p))
+                if p.status == tidemark_client::StatusCode::TOO_MANY_REQUESTS =>
+            {
+                let secs = p.retry_after.map_or(1, |d| d.as_secs().max(1));
+                eprintln!("the server is busy (429); retrying in {secs} s");
+                tokio::time::sleep(Duration::from_secs(secs)).await;
+                continue;
+            }
+            Err(e @ tidemark_client::Error::Api(_)) => {
+                return Err(refused_at(c.failed(e), batch, name, sent));
+            }
+            Err(e) => return Err(c.failed(e)),
+        };
         let mut n = 0;
         for r in v["events"].as_array().into_iter().flatten() {
             receipts.push(r.clone())?;
@@ -317,14 +308,10 @@ pub(crate) async fn tail(a: TailArgs) -> CliResult {
                 .into(),
         );
     }
-    let query: Vec<(&str, &String)> = [
-        ("stream", &a.stream),
-        ("subject", &a.subject),
-        ("type", &a.event_type),
-    ]
-    .into_iter()
-    .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
-    .collect();
+    let mut opts = tidemark_client::StreamOptions::after(a.after).give_up_after(5);
+    opts.stream.clone_from(&a.stream);
+    opts.subject.clone_from(&a.subject);
+    opts.event_type.clone_from(&a.event_type);
     let mut records = Records::new(out, EVENT_COLUMNS);
     if follows {
         records = records.streaming_table(&[6, 27, 12, 16, 24]);
@@ -332,62 +319,26 @@ pub(crate) async fn tail(a: TailArgs) -> CliResult {
     // Once nobody reads stdout (`| head -1`), stop waiting for events nobody will see.
     let closed = stdout_closed();
     tokio::pin!(closed);
-    let mut last = a.after;
     let mut printed = 0u64;
-    let mut failures = 0u32;
-    let mut connected = false;
+    // The client's stream resumes after the last event it yielded across restarts of the
+    // server, and gives up when the server was never there or does not come back.
+    let mut events = c.stream(opts);
     loop {
-        let rb = c
-            .request(tidemark_client::Method::GET, "/v1/events/stream")
-            .query(&query)
-            .header("Last-Event-ID", last.to_string());
-        let resp = tokio::select! {
-            r = c.send(rb) => r,
+        let ev = tokio::select! {
+            ev = events.next() => ev,
             () = &mut closed => return Ok(()),
         };
-        let resp = match resp {
-            Ok(r) if r.status().is_success() => {
-                connected = true;
-                failures = 0;
-                r
-            }
-            Ok(r) => {
-                let status = r.status();
-                let text = r.text().await.unwrap_or_default();
-                return Err(CliError::refused(status, text));
-            }
-            // Never reached: the server is not there.
-            Err(e) if !connected => return Err(e),
-            // It was there: it may be restarting; try again a few times.
-            Err(e) => {
-                failures += 1;
-                if failures > 5 {
-                    return Err(e);
-                }
-                tokio::time::sleep(Duration::from_millis(500 * u64::from(failures))).await;
-                continue;
-            }
+        let ev = match ev {
+            Some(Ok(ev)) => ev,
+            Some(Err(e)) => return Err(c.failed(e)),
+            None => return records.finish(),
         };
-        let mut events = eventsource_stream::Eventsource::eventsource(resp.bytes_stream());
-        loop {
-            let ev = tokio::select! {
-                ev = events.next() => ev,
-                () = &mut closed => return Ok(()),
-            };
-            let Some(Ok(ev)) = ev else { break };
-            if let Ok(seq) = ev.id.parse::<u64>() {
-                last = seq;
-            }
-            let v: Value = serde_json::from_str(&ev.data).map_err(|e| {
-                CliError::Other(format!("event {} from the server is not JSON: {e}", ev.id))
-            })?;
-            records.push(v)?;
-            printed += 1;
-            if a.count.is_some_and(|c| printed >= c) {
-                return records.finish();
-            }
+        let v = serde_json::to_value(&ev)
+            .map_err(|e| CliError::Other(format!("event {}: {e}", ev.seq)))?;
+        records.push(v)?;
+        printed += 1;
+        if a.count.is_some_and(|c| printed >= c) {
+            return records.finish();
         }
-        // The stream ended (server restart or shutdown): resume after the last event seen.
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

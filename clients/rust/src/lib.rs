@@ -318,6 +318,35 @@ impl Client {
         self.call(rb).await
     }
 
+    /// A running server's backup as it streams it (`GET /v1/admin/backup/stream`): the events
+    /// after `after` as JSON lines, read a chunk at a time (the `backup` scope).
+    pub async fn backup_stream(&self, after: u64) -> Result<BackupStream, Error> {
+        let resp = self
+            .send(
+                self.request(Method::GET, "/v1/admin/backup/stream")
+                    .query(&[("after", after)]),
+            )
+            .await?;
+        let status = resp.status();
+        if !status.is_success() {
+            let asked = retry_after(&resp);
+            let bytes = resp.bytes().await.map_err(Error::Transport)?;
+            return Err(Error::Api(Box::new(Problem::of(status, &bytes, asked))));
+        }
+        let seq = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| Error::Decode(format!("the backup stream has no {name} header")))
+        };
+        Ok(BackupStream {
+            after_seq: seq("tidemark-after-seq")?,
+            through_seq: seq("tidemark-through-seq")?,
+            resp,
+        })
+    }
+
     /// A live stream of the log after `opts.after_sequence` (see [`EventStream`]).
     pub fn stream(&self, opts: StreamOptions) -> EventStream {
         EventStream::start(self.clone(), opts)
@@ -408,3 +437,19 @@ pub(crate) fn backoff(attempt: u32, base: Duration, max: Duration) -> Duration {
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeExamples;
+
+/// The answer of [`Client::backup_stream`]: the seqs it spans, and its JSON lines in chunks.
+pub struct BackupStream {
+    /// The stream holds the events after this seq...
+    pub after_seq: u64,
+    /// ...through this one, each once, in order.
+    pub through_seq: u64,
+    resp: reqwest::Response,
+}
+
+impl BackupStream {
+    /// The next chunk of the stream (`None` at its end); a transport error when it broke.
+    pub async fn chunk(&mut self) -> Result<Option<bytes::Bytes>, Error> {
+        self.resp.chunk().await.map_err(Error::Transport)
+    }
+}

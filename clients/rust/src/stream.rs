@@ -23,6 +23,11 @@ pub struct StreamOptions {
     pub stream: Option<String>,
     pub subject: Option<String>,
     pub event_type: Option<String>,
+    /// `None` (the default): reconnect for as long as the stream lives. `Some(n)`: end with
+    /// the failure (yielded as the last item) when the very first connection fails (a server
+    /// that is not there), or when `n` reconnects in a row fail after one had succeeded (a
+    /// server that went away and does not come back): what a command-line tool wants.
+    pub give_up_after: Option<u32>,
 }
 
 impl StreamOptions {
@@ -45,6 +50,20 @@ impl StreamOptions {
     #[must_use]
     pub fn subject(mut self, subject: impl Into<String>) -> StreamOptions {
         self.subject = Some(subject.into());
+        self
+    }
+
+    /// Only the events of type `event_type`.
+    #[must_use]
+    pub fn event_type(mut self, event_type: impl Into<String>) -> StreamOptions {
+        self.event_type = Some(event_type.into());
+        self
+    }
+
+    /// Give up as [`StreamOptions::give_up_after`] says.
+    #[must_use]
+    pub fn give_up_after(mut self, failures: u32) -> StreamOptions {
+        self.give_up_after = Some(failures);
         self
     }
 }
@@ -98,8 +117,9 @@ impl Stream for EventStream {
 enum Ended {
     /// The caller went away.
     Stopped,
-    /// Reconnect (after a wait of at least this).
-    Again(Option<Duration>),
+    /// Reconnect (after a wait of at least this); with the failure when no connection was
+    /// made.
+    Again(Option<Duration>, Option<Error>),
     /// A problem no retry fixes: yielded, then the end.
     Fatal(Error),
 }
@@ -114,6 +134,9 @@ async fn follow(
     let mut last = opts.after_sequence;
     let mut failures = 0u32;
     let mut first = true;
+    // Connections made, and connection attempts failed in a row (for `give_up_after`).
+    let mut connected = false;
+    let mut refused = 0u32;
     loop {
         let before = last;
         let ended = tokio::select! {
@@ -121,13 +144,22 @@ async fn follow(
             () = stop.cancelled() => Ended::Stopped,
         };
         first = false;
+        let ended = match (ended, opts.give_up_after) {
+            (Ended::Again(_, Some(e)), Some(n)) if !connected || refused >= n => Ended::Fatal(e),
+            (Ended::Again(wait, e), _) => {
+                connected |= e.is_none();
+                refused = if e.is_some() { refused + 1 } else { 0 };
+                Ended::Again(wait, None)
+            }
+            (ended, _) => ended,
+        };
         let wait = match ended {
             Ended::Stopped => return,
             Ended::Fatal(e) => {
                 let _ = tx.send(Err(e)).await;
                 return;
             }
-            Ended::Again(asked) => {
+            Ended::Again(asked, _) => {
                 // A connection that yielded something was healthy: start the backoff over.
                 if last > before {
                     failures = 0;
@@ -175,8 +207,9 @@ async fn connect(
         // On a reconnect `Last-Event-ID` wins over the query (spec section 7).
         rb = rb.header("last-event-id", last.to_string());
     }
-    let Ok(resp) = rb.send().await else {
-        return Ended::Again(None);
+    let resp = match rb.send().await {
+        Ok(r) => r,
+        Err(e) => return Ended::Again(None, Some(Error::Transport(e))),
     };
     let status = resp.status();
     if !status.is_success() {
@@ -184,7 +217,7 @@ async fn connect(
         let bytes = resp.bytes().await.unwrap_or_default();
         let err = Error::Api(Box::new(crate::Problem::of(status, &bytes, asked)));
         return if err.is_retryable() || status == reqwest::StatusCode::NOT_FOUND {
-            Ended::Again(asked)
+            Ended::Again(asked, Some(err))
         } else {
             Ended::Fatal(err)
         };
@@ -194,7 +227,7 @@ async fn connect(
     let mut data = String::new();
     loop {
         let Some(Ok(chunk)) = body.next().await else {
-            return Ended::Again(None);
+            return Ended::Again(None, None);
         };
         buf.extend_from_slice(&chunk);
         while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
