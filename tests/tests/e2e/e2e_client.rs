@@ -1318,3 +1318,33 @@ async fn every_operation_answers_the_type_the_document_gives_it() {
     typed("cluster", o.get_cluster().await);
     typed("retention", o.run_retention().await);
 }
+
+/// A stream told to give up (`give_up_after`, as the CLI's `tail` is) ends with the failure
+/// as its last item: at once when the server was never there, and after that many failed
+/// reconnects when it went away (`kill -9`) and does not come back; before that, every event.
+#[tokio::test]
+async fn a_stream_that_gives_up_ends_with_the_failure() {
+    let nowhere = Client::new(format!("http://127.0.0.1:{}", free_port()), None).unwrap();
+    let mut st = nowhere.stream(StreamOptions::after(0).give_up_after(3));
+    let first = st.next().await;
+    assert!(matches!(first, Some(Err(Error::Transport(_)))), "{first:?}");
+    assert!(st.next().await.is_none(), "the failure is the last item");
+
+    let mut s = Server::start(ServerOpts::default()).await;
+    let c = Client::new(s.base(), None).unwrap();
+    c.append(vec![ev("give-up", "a", 1), ev("give-up", "a", 2)])
+        .await
+        .unwrap();
+    let mut st = c.stream(StreamOptions::after(0).stream("give-up").give_up_after(2));
+    for _ in 0..2 {
+        let e = st.next().await.unwrap().unwrap();
+        assert_eq!(e.stream, "give-up");
+    }
+    s.kill9();
+    let last = tokio::time::timeout(Duration::from_secs(60), st.next())
+        .await
+        .expect("gave up within a minute");
+    assert!(matches!(last, Some(Err(Error::Transport(_)))), "{last:?}");
+    assert!(st.next().await.is_none());
+    assert!(st.reconnects() >= 2, "{}", st.reconnects());
+}
