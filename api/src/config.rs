@@ -105,6 +105,10 @@ pub struct ServerConfig {
     pub tls_cert: PathBuf,
     #[serde(default)]
     pub tls_key: PathBuf,
+    /// Where users reach this server (`https://tidemark.example.org`): the base of the console
+    /// links webhook bodies carry. Empty: its listen address.
+    #[serde(default)]
+    pub public_url: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -489,15 +493,12 @@ impl Config {
         for (name, p) in &routes {
             match p.sink {
                 Some(Sink::Webhook) => {
-                    let url = p.url.as_deref().ok_or_else(|| {
-                        bad(format!(
+                    if p.url.is_none() {
+                        return Err(bad(format!(
                             "notifications.routes.{name}: sink = \"webhook\" needs url"
-                        ))
-                    })?;
-                    hooks.insert(
-                        name.clone(),
-                        webhook::Target::new(name, url, p.secret.as_deref()).map_err(bad)?,
-                    );
+                        )));
+                    }
+                    hooks.insert(name.clone(), webhook::Target::of(name, p).map_err(bad)?);
                 }
                 Some(Sink::Email) => {
                     if p.redact == Some(true) {
@@ -509,9 +510,14 @@ impl Config {
                     email_routes.push(name.clone());
                 }
                 _ => {
-                    if p.url.is_some() || p.secret.is_some() {
+                    if p.url.is_some()
+                        || p.secret.is_some()
+                        || p.body.is_some()
+                        || p.headers.is_some()
+                    {
                         return Err(bad(format!(
-                            "notifications.routes.{name}: url and secret are for sink = \"webhook\""
+                            "notifications.routes.{name}: url, secret, body and headers are for \
+                             sink = \"webhook\""
                         )));
                     }
                 }
@@ -531,9 +537,26 @@ impl Config {
         // Always: a webhook route may be added through the API at any time (section 4).
         let cfg = self.sinks.webhook.clone().unwrap_or_default();
         sinks.adapters.push(std::sync::Arc::new(
-            webhook::Webhook::new(&cfg, hooks).map_err(bad)?,
+            webhook::Webhook::new(&cfg, hooks)
+                .map_err(bad)?
+                .with_console(Some(self.public_url())),
         ));
         Ok(sinks)
+    }
+
+    /// Where users reach this server (`server.public_url`, else its listen address): the
+    /// base of the console links in webhook bodies.
+    pub fn public_url(&self) -> String {
+        let s = &self.server;
+        if !s.public_url.is_empty() {
+            return s.public_url.trim_end_matches('/').to_owned();
+        }
+        let scheme = if self.tls().is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", s.listen)
     }
 
     /// The certificate and key files when HTTPS is configured.

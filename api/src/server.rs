@@ -194,6 +194,7 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(cursors::reset))
             .routes(routes!(lists::put, lists::delete))
             .routes(routes!(routing::put, routing::delete))
+            .routes(routes!(routing::preview))
             .routes(routes!(sources::reset))
             .routes(routes!(admin::run_retention))
             .routes(routes!(admin::backup))

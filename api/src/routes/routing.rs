@@ -158,6 +158,22 @@ fn not_found(name: &str) -> ApiError {
     )
 }
 
+/// Headers as served: an `env:` reference as given, a value as `"***"` (it may be a
+/// credential; sent back as `"***"` in a `PUT` it keeps the value held).
+fn shown_headers(h: &std::collections::BTreeMap<String, String>) -> Value {
+    h.iter()
+        .map(|(k, v)| {
+            let shown = if v.starts_with("env:") {
+                v.clone()
+            } else {
+                "***".to_owned()
+            };
+            (k.clone(), Value::String(shown))
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
 /// A route managed through the API, as served.
 fn api_out(row: RouteRow) -> RouteOut {
     let mut route = row
@@ -170,6 +186,9 @@ fn api_out(row: RouteRow) -> RouteOut {
                 }
                 if r.config.secret.is_some() {
                     o.insert("secret".into(), Value::String("***".into()));
+                }
+                if let Some(h) = &r.config.headers {
+                    o.insert("headers".into(), shown_headers(h));
                 }
             }
             v
@@ -382,4 +401,119 @@ pub async fn delete(
         })
         .await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewBody {
+    /// Render this delivery (its notification, task and items) instead of the sample.
+    #[serde(default)]
+    pub delivery_id: Option<String>,
+}
+
+impl Validate for PreviewBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        match &self.delivery_id {
+            Some(id) if tidemark_projections::ids::DeliveryId::parse(id.clone()).is_err() => {
+                Err(ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_delivery_id",
+                    "delivery_id must be dlv:<notification_id>:<route>",
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// What `POST /v1/routes/{name}/preview` answers: the request the route's receiver would get.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PreviewOut {
+    pub route: String,
+    /// The `content-type` of the body.
+    pub content_type: String,
+    /// The body as it would be sent (and signed), as text.
+    pub body: String,
+    /// The route's own headers, shown as `GET /v1/routes` shows them.
+    #[schema(value_type = Object)]
+    pub headers: Value,
+    /// The delivery rendered (absent: the sample notification).
+    pub delivery_id: Option<String>,
+}
+
+/// Admin: render what a webhook route would send (its `body`, preset or template, and its
+/// `headers`) for a sample notification or a given delivery, without sending anything.
+#[utoipa::path(post, path = "/v1/routes/{name}/preview", tag = "routes", operation_id = "previewRoute",
+    params(RouteName),
+    request_body(content = PreviewBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = PreviewOut),
+        (status = 404, description = "route_not_found or delivery_not_found", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "not_a_webhook_route, invalid_delivery_id or a malformed body", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["admin"])))]
+#[tracing::instrument(skip_all, fields(route = %name))]
+pub async fn preview(
+    State(st): State<AppState>,
+    RoutePath(name): RoutePath,
+    ValidatedJson(b): ValidatedJson<PreviewBody>,
+) -> Result<Json<PreviewOut>, ApiError> {
+    use tidemark_projections::routing::body;
+    let key = name.clone();
+    let wanted = b
+        .delivery_id
+        .clone()
+        .and_then(|id| tidemark_projections::ids::DeliveryId::parse(id).ok());
+    let ((row, delivery), _) = read_model(&st.engine, 0, move |q| {
+        let row = q.routes()?.into_iter().find(|r| r.name == key);
+        let d = match &wanted {
+            Some(id) => q.delivery(id)?.map(|(d, _)| d),
+            None => None,
+        };
+        Ok((row, d))
+    })
+    .await?;
+    let file = st
+        .config
+        .notifications_config()
+        .ok()
+        .and_then(|c| c.routes)
+        .and_then(|mut r| r.remove(&name));
+    let cfg = match (file, row.and_then(|r| r.spec())) {
+        (Some(c), _) => c,
+        (None, Some(spec)) => spec.config,
+        (None, None) if BUILT_IN.contains(&name.as_str()) => RouteConfig::default(),
+        (None, None) => return Err(not_found(&name)),
+    };
+    if cfg.sink != Some(tidemark_projections::names::Sink::Webhook) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "not_a_webhook_route",
+            format!("route {name:?} is not a webhook route: only those have a body to preview"),
+        ));
+    }
+    let console = st.config.public_url();
+    let ctx = match (&b.delivery_id, delivery) {
+        (Some(_), Some(d)) => body::context(&d, Some(&console)),
+        (Some(id), None) => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "delivery_not_found",
+                format!("no delivery {id:?}"),
+            ));
+        }
+        (None, _) => body::sample(),
+    };
+    let rendered = body::render(cfg.body.as_ref(), &ctx)
+        .map_err(|e| invalid_route(format!("route.body: {e}")))?;
+    Ok(Json(PreviewOut {
+        route: name,
+        content_type: rendered.content_type,
+        body: String::from_utf8_lossy(&rendered.bytes).into_owned(),
+        headers: cfg
+            .headers
+            .as_ref()
+            .map_or(Value::Object(Default::default()), shown_headers),
+        delivery_id: b.delivery_id,
+    }))
 }

@@ -799,6 +799,28 @@ pub struct PauseBody {
     pub reason: Option<String>,
 }
 
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PreviewBody {
+    /// Render this delivery (its notification, task and items) instead of the sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery_id: Option<String>,
+}
+
+/// What `POST /v1/routes/{name}/preview` answers: the request the route's receiver would get.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PreviewOut {
+    /// The body as it would be sent (and signed), as text.
+    pub body: String,
+    /// The `content-type` of the body.
+    pub content_type: String,
+    /// The delivery rendered (absent: the sample notification).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery_id: Option<String>,
+    /// The route's own headers, shown as `GET /v1/routes` shows them.
+    pub headers: Map<String, Value>,
+    pub route: String,
+}
+
 /// RFC 9457 problem details.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Problem {

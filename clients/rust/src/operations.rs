@@ -800,6 +800,25 @@ impl<A: Answers> Ops<'_, A> {
             .await
     }
 
+    /// `POST /v1/routes/{name}/preview` (previewRoute): Admin: render what a webhook route would send (its `body`, preset or template, and its `headers`) for a sample notification or a given delivery, without sending anything.
+    ///
+    /// Body: [`PreviewBody`].
+    pub async fn preview_route(
+        &self,
+        name: &str,
+        body: &(impl Serialize + ?Sized),
+    ) -> Result<A::Out<PreviewOut>, Error> {
+        self.client
+            .operation(
+                Method::POST,
+                &format!("/v1/routes/{}/preview", crate::path_segment(name)),
+                &[],
+                &[],
+                Some(body),
+            )
+            .await
+    }
+
     /// `GET /v1/bridges/{bridge_id}/deliveries` (pullBridgeDeliveries): Pending envelopes of the bridge's pull subscriptions; with `wait_ms`, waits for one.
     ///
     /// Query parameters: `wait_ms`.

@@ -532,6 +532,24 @@ export interface PauseBody {
   reason?: string | null;
 }
 
+export interface PreviewBody {
+  /** Render this delivery (its notification, task and items) instead of the sample. */
+  delivery_id?: string | null;
+}
+
+/** What `POST /v1/routes/{name}/preview` answers: the request the route's receiver would get. */
+export interface PreviewOut {
+  /** The body as it would be sent (and signed), as text. */
+  body: string;
+  /** The `content-type` of the body. */
+  content_type: string;
+  /** The delivery rendered (absent: the sample notification). */
+  delivery_id?: string | null;
+  /** The route's own headers, shown as `GET /v1/routes` shows them. */
+  headers: Record<string, unknown>;
+  route: string;
+}
+
 /** RFC 9457 problem details. */
 export interface Problem {
   /** For `recipient_blocked`: the 0-based indexes of the blocked events of the batch. */

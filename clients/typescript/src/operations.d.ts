@@ -95,6 +95,8 @@ export interface Operations {
   pauseSource(name: string, body?: m.PauseBody | null): Promise<m.SourceAnswer>;
   /** `POST /v1/sources/{name}/poll`: Poll now (the next poll starts at once, or right after the one running). */
   pollSource(name: string): Promise<m.SourceAnswer>;
+  /** `POST /v1/routes/{name}/preview`: Admin: render what a webhook route would send (its `body`, preset or template, and its `headers`) for a sample notification or a given delivery, without sending anything. */
+  previewRoute(name: string, body: m.PreviewBody): Promise<m.PreviewOut>;
   /** `GET /v1/bridges/{bridge_id}/deliveries`: Pending envelopes of the bridge's pull subscriptions; with `wait_ms`, waits for one. */
   pullBridgeDeliveries(bridge_id: string, query?: { wait_ms?: string | number | boolean }): Promise<m.PullPage>;
   /** `PUT /v1/lists/{name}`: Admin: set a list's members (creating it), with a reason. */

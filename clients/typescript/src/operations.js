@@ -97,6 +97,8 @@ export function operations(call) {
     pauseSource: (name, body) => call("POST", `/v1/sources/${seg(name)}/pause`, {}, [], body),
     /** `POST /v1/sources/{name}/poll`: Poll now (the next poll starts at once, or right after the one running). */
     pollSource: (name) => call("POST", `/v1/sources/${seg(name)}/poll`, {}, [], undefined),
+    /** `POST /v1/routes/{name}/preview`: Admin: render what a webhook route would send (its `body`, preset or template, and its `headers`) for a sample notification or a given delivery, without sending anything. */
+    previewRoute: (name, body) => call("POST", `/v1/routes/${seg(name)}/preview`, {}, [], body),
     /** `GET /v1/bridges/{bridge_id}/deliveries`: Pending envelopes of the bridge's pull subscriptions; with `wait_ms`, waits for one. */
     pullBridgeDeliveries: (bridge_id, query = {}) => call("GET", `/v1/bridges/${seg(bridge_id)}/deliveries`, query, ["wait_ms"], undefined),
     /** `PUT /v1/lists/{name}`: Admin: set a list's members (creating it), with a reason. */

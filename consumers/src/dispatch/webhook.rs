@@ -8,9 +8,10 @@
 
 use std::collections::HashMap;
 
-use serde_json::json;
 use tidemark_projections::deliveries::Delivery;
 use tidemark_projections::names::Sink;
+use tidemark_projections::routing::RouteConfig;
+use tidemark_projections::routing::body::{self, BodyConfig, Rendered};
 
 use super::{Adapter, Outcome, resolve};
 use crate::bridge::{Signatures, receiver_retry_after_ms};
@@ -55,9 +56,29 @@ pub struct Target {
     /// The secret before a rotation, while it still signs beside `secret` (section 4: both
     /// signatures are sent, so a receiver with either key accepts the message).
     pub previous: Option<String>,
+    /// What the receiver is sent (`None`: tidemark's body).
+    pub body: Option<BodyConfig>,
+    /// The route's own headers, their `env:` references read.
+    pub headers: Vec<(String, String)>,
 }
 
 impl Target {
+    /// `url`, `secret`, `body` and `headers` of `[notifications.routes.<route>]` (the url,
+    /// the secret and each header's value may be `env:NAME`).
+    pub fn of(route: &str, cfg: &RouteConfig) -> Result<Target, String> {
+        let url = cfg
+            .url
+            .as_deref()
+            .ok_or_else(|| format!("route {route:?} has no webhook url"))?;
+        let mut t = Target::new(route, url, cfg.secret.as_deref())?;
+        t.body.clone_from(&cfg.body);
+        for (name, v) in cfg.headers.iter().flatten() {
+            let v = resolve(v, &format!("notifications.routes.{route}.headers.{name}"))?;
+            t.headers.push((name.clone(), v));
+        }
+        Ok(t)
+    }
+
     /// `url` and `secret` of `[notifications.routes.<route>]` (each may be `env:NAME`).
     pub fn new(route: &str, url: &str, secret: Option<&str>) -> Result<Target, String> {
         let k = |f: &str| format!("notifications.routes.{route}.{f}");
@@ -71,6 +92,8 @@ impl Target {
             url,
             secret,
             previous: None,
+            body: None,
+            headers: Vec::new(),
         })
     }
 
@@ -106,6 +129,8 @@ pub struct Webhook {
     routes: HashMap<String, Target>,
     concurrency: usize,
     engine: std::sync::OnceLock<Engine>,
+    /// The server's public address, for the console links of the bodies.
+    console: Option<String>,
 }
 
 impl Webhook {
@@ -122,7 +147,15 @@ impl Webhook {
             routes,
             concurrency,
             engine: std::sync::OnceLock::new(),
+            console: None,
         })
+    }
+
+    /// Link deliveries to the console at `base` (`https://tidemark.example.org`).
+    #[must_use]
+    pub fn with_console(mut self, base: Option<String>) -> Webhook {
+        self.console = base;
+        self
     }
 }
 
@@ -151,14 +184,16 @@ impl Webhook {
             })?;
         let row = row.ok_or_else(no_endpoint)?;
         let spec = row.spec().ok_or_else(no_endpoint)?;
-        let url = spec.config.url.as_deref().ok_or_else(no_endpoint)?;
+        if spec.config.url.is_none() {
+            return Err(no_endpoint());
+        }
         // An `env:` reference this node cannot read: another node may; retried.
         let unresolved = |error| Outcome::Transient {
             code: UNRESOLVED.into(),
             error,
             retry_after_ms: None,
         };
-        let mut t = Target::new(route, url, spec.config.secret.as_deref()).map_err(unresolved)?;
+        let mut t = Target::of(route, &spec.config).map_err(unresolved)?;
         let now_us = tidemark_log::time::now_micros();
         if let Some(p) = row.previous_secret_at(now_us) {
             t.previous = Some(
@@ -216,23 +251,9 @@ pub async fn check_api_routes(engine: &Engine, only: Option<&str>) {
     }
 }
 
-/// The JSON a webhook receives for a delivery.
-pub fn body(d: &Delivery) -> serde_json::Value {
-    json!({
-        "type": "delivery",
-        "delivery_id": d.id,
-        "notification_id": d.notification_id,
-        "route": d.route,
-        "priority": d.priority,
-        "title": d.title,
-        "body": d.body,
-        "recipient": d.recipient,
-        "task_id": d.task_id,
-        "items": d.items.iter().map(|i| json!({
-            "notification_id": i.notification_id, "title": i.title, "body": i.body,
-        })).collect::<Vec<_>>(),
-        "more": d.item_count() - d.items.len(),
-    })
+/// What the receiver of `target` is sent for `d`, linked to the console at `console`.
+pub fn render(target: &Target, d: &Delivery, console: Option<&str>) -> Result<Rendered, String> {
+    body::render(target.body.as_ref(), &body::context(d, console))
 }
 
 impl Adapter for Webhook {
@@ -270,12 +291,17 @@ impl Adapter for Webhook {
                 Err(o) => return o,
             };
             let target = &target;
-            let payload = match serde_json::to_vec(&body(&d)) {
-                Ok(b) => b,
+            // Checked when the route was set: a failure here is a template the sample
+            // rendered and this delivery does not (a value past the size bound, say).
+            let Rendered {
+                content_type,
+                bytes: payload,
+            } = match render(target, &d, self.console.as_deref()) {
+                Ok(r) => r,
                 Err(e) => {
                     return Outcome::Permanent {
                         code: "invalid_message".into(),
-                        error: e.to_string(),
+                        error: e,
                     };
                 }
             };
@@ -286,9 +312,13 @@ impl Adapter for Webhook {
             let mut rb = self
                 .http
                 .post(target.url.clone())
-                .header("content-type", "application/json")
+                .header("content-type", content_type)
                 .header("webhook-id", d.id.as_str())
                 .header("webhook-timestamp", timestamp.to_string());
+            for (name, value) in &target.headers {
+                rb = rb.header(name.as_str(), value.as_str());
+            }
+            // The signatures cover the bytes sent, whatever their shape.
             if let Some(secret) = &target.secret {
                 let sig = Signatures::new(secret, d.id.as_str(), timestamp, &payload);
                 // During a rotation's overlap, the old key's signature beside the new one's

@@ -94,6 +94,23 @@ pub fn merged(held: Option<&RouteRow>, patch: &RoutePatch) -> serde_json::Value 
         if shown {
             continue;
         }
+        // Headers as served: a value shown as `"***"` keeps the held one.
+        if let (Some(serde_json::Value::Object(given)), "headers") = (Some(v), k.as_str()) {
+            let held = obj
+                .get(k)
+                .and_then(|h| h.as_object())
+                .cloned()
+                .unwrap_or_default();
+            let mut out = serde_json::Map::new();
+            for (name, value) in given {
+                match (value.as_str(), held.get(name)) {
+                    (Some(SHOWN_SECRET), Some(h)) => out.insert(name.clone(), h.clone()),
+                    _ => out.insert(name.clone(), value.clone()),
+                };
+            }
+            obj.insert(k.clone(), serde_json::Value::Object(out));
+            continue;
+        }
         if v.is_null() {
             obj.remove(k);
         } else {
@@ -106,14 +123,16 @@ pub fn merged(held: Option<&RouteRow>, patch: &RoutePatch) -> serde_json::Value 
 /// What `GET /v1/routes` shows in place of a set secret.
 pub const SHOWN_SECRET: &str = "***";
 
-/// Every `env:NAME` reference of a route's `url` and `secret` that `node` lacks
+/// Every `env:NAME` reference of a route's `url`, `secret` and `headers` that `node` lacks
 /// (`route.url = env:X`).
 pub fn unset_env(r: &ApiRoute, node: NodeCheck) -> Vec<String> {
+    let headers = r.config.headers.iter().flatten();
     [
-        ("url", r.config.url.as_deref()),
-        ("secret", r.config.secret.as_deref()),
+        ("url".to_owned(), r.config.url.as_deref()),
+        ("secret".to_owned(), r.config.secret.as_deref()),
     ]
     .into_iter()
+    .chain(headers.map(|(n, v)| (format!("headers.{n}"), Some(v.as_str()))))
     .filter_map(|(key, v)| {
         let var = v?.strip_prefix("env:")?;
         (!(node.env_set)(var)).then(|| format!("route.{key} = env:{var}"))

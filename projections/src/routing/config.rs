@@ -113,6 +113,14 @@ pub struct RouteConfig {
     /// event, served or logged.
     #[serde(default, skip_serializing)]
     pub secret: Option<String>,
+    /// What a webhook route's receiver is sent (section 4): `"tidemark"` (the default),
+    /// `"slack"`, `"teams"`, `"discord"`, or `{ template = "…", content_type = "…" }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<super::body::BodyConfig>,
+    /// Headers a webhook route's POSTs carry (values may be `env:NAME`): like `secret`, never
+    /// written into an event of the settings, served or logged (they may be credentials).
+    #[serde(default, skip_serializing)]
+    pub headers: Option<BTreeMap<String, String>>,
     /// How long the previous secret keeps signing beside a new one after a webhook route's
     /// secret changes through the API (default `"24h"`; section 4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -402,6 +410,12 @@ impl RouteConfig {
             }
         };
         let mut p = RoutePolicy::default();
+        if let Some(b) = &self.body {
+            b.check(&key("body"))?;
+        }
+        if let Some(h) = &self.headers {
+            check_headers(h, &key("headers"))?;
+        }
         if let Some(o) = &self.rotation_overlap {
             parse_duration_ms(o).ok_or_else(|| bad("rotation_overlap"))?;
         }
@@ -590,6 +604,11 @@ impl ApiRoute {
                         "route.url and route.secret are for sink = \"webhook\", not \"{sink}\""
                     ));
                 }
+                if c.body.is_some() || c.headers.is_some() {
+                    return Err(format!(
+                        "route.body and route.headers are for sink = \"webhook\", not \"{sink}\""
+                    ));
+                }
                 if sink == Sink::Email && c.redact == Some(true) {
                     return Err(
                         "route.redact: a redacting route cannot use the email sink (it \
@@ -624,6 +643,12 @@ impl ApiRoute {
             }
             if let Some(s) = &self.config.secret {
                 o.insert("secret".into(), Value::String(s.clone()));
+            }
+            if let Some(h) = &self.config.headers {
+                o.insert(
+                    "headers".into(),
+                    serde_json::to_value(h).unwrap_or(Value::Null),
+                );
             }
         }
         v
@@ -676,6 +701,53 @@ impl NotificationsConfig {
         }
         out
     }
+}
+
+/// Headers a webhook route may set: at most 32, each a token name that is not one tidemark
+/// sets itself, its value `env:NAME` or 1 to 4096 visible characters.
+fn check_headers(h: &BTreeMap<String, String>, key: &str) -> Result<(), String> {
+    const OWN: [&str; 5] = [
+        "content-type",
+        "content-length",
+        "host",
+        "user-agent",
+        "transfer-encoding",
+    ];
+    if h.len() > 32 {
+        return Err(format!("{key} may name at most 32 headers"));
+    }
+    for (name, value) in h {
+        let lower = name.to_ascii_lowercase();
+        let token = !name.is_empty()
+            && name.len() <= 128
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !token {
+            return Err(format!("{key}: {name:?} is not a header name"));
+        }
+        if OWN.contains(&lower.as_str())
+            || lower.starts_with("webhook-")
+            || lower.starts_with("tidemark-")
+        {
+            return Err(format!(
+                "{key}.{name} is set by tidemark itself (content-type comes from body, \
+                 webhook-* and tidemark-* are the signature's)"
+            ));
+        }
+        let ok = value.starts_with("env:") && value.len() > 4
+            || (!value.is_empty()
+                && value.len() <= 4096
+                && value
+                    .chars()
+                    .all(|c| c == ' ' || c == '\t' || !c.is_control()));
+        if !ok {
+            return Err(format!(
+                "{key}.{name} must be env:NAME or 1 to 4096 visible characters"
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

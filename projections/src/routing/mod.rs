@@ -4,6 +4,7 @@
 //! and their defaults are here; reading them from the configuration or an event is
 //! [`config`]'s, resolving a notification's routes and a retry's delay [`resolve`]'s.
 
+pub mod body;
 mod config;
 mod resolve;
 
@@ -70,6 +71,13 @@ fn malformed(key: &str) -> String {
         "generic_title" => "a text of 1 to 256 bytes".to_owned(),
         "list" => "a list name of 1 to 128 bytes".to_owned(),
         "sink" => format!("one of {}", Sink::joined()),
+        "body" => "one of \"tidemark\", \"slack\", \"teams\", \"discord\", or a table \
+                   { template = \"…\", content_type = \"application/json\" }"
+            .to_owned(),
+        "headers" => {
+            "a table of header names to values (e.g. { Authorization = \"env:HOOK_TOKEN\" })"
+                .to_owned()
+        }
         "title_one" | "title_many" | "many" | "summary" => "a text of 1 to 512 bytes".to_owned(),
         _ => "a table".to_owned(),
     };

@@ -53,6 +53,7 @@ mod e2e_races;
 mod e2e_read_models;
 mod e2e_readme;
 mod e2e_rebuild_crash;
+mod e2e_receivers;
 mod e2e_resume;
 mod e2e_retention;
 mod e2e_router_crash;

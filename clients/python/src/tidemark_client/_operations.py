@@ -203,6 +203,10 @@ class Ops:
         """``POST /v1/sources/{name}/poll`` (pollSource): Poll now (the next poll starts at once, or right after the one running)."""
         return self._call("POST", f"/v1/sources/{path(name)}/poll", {}, (), None)
 
+    def preview_route(self, name: str, body: models.PreviewBody) -> models.PreviewOut:
+        """``POST /v1/routes/{name}/preview`` (previewRoute): Admin: render what a webhook route would send (its `body`, preset or template, and its `headers`) for a sample notification or a given delivery, without sending anything."""
+        return self._call("POST", f"/v1/routes/{path(name)}/preview", {}, (), body)
+
     def pull_bridge_deliveries(self, bridge_id: str, **query: Any) -> models.PullPage:
         """``GET /v1/bridges/{bridge_id}/deliveries`` (pullBridgeDeliveries): Pending envelopes of the bridge's pull subscriptions; with `wait_ms`, waits for one."""
         return self._call("GET", f"/v1/bridges/{path(bridge_id)}/deliveries", query, ('wait_ms',), None)
@@ -445,6 +449,10 @@ class AsyncOps:
     async def poll_source(self, name: str) -> models.SourceAnswer:
         """``POST /v1/sources/{name}/poll`` (pollSource): Poll now (the next poll starts at once, or right after the one running)."""
         return await self._call("POST", f"/v1/sources/{path(name)}/poll", {}, (), None)
+
+    async def preview_route(self, name: str, body: models.PreviewBody) -> models.PreviewOut:
+        """``POST /v1/routes/{name}/preview`` (previewRoute): Admin: render what a webhook route would send (its `body`, preset or template, and its `headers`) for a sample notification or a given delivery, without sending anything."""
+        return await self._call("POST", f"/v1/routes/{path(name)}/preview", {}, (), body)
 
     async def pull_bridge_deliveries(self, bridge_id: str, **query: Any) -> models.PullPage:
         """``GET /v1/bridges/{bridge_id}/deliveries`` (pullBridgeDeliveries): Pending envelopes of the bridge's pull subscriptions; with `wait_ms`, waits for one."""

@@ -601,6 +601,27 @@ class PauseBody(_PauseBodyOptional):
     """``PauseBody`` of the API document."""
 
 
+class _PreviewBodyOptional(TypedDict, total=False):
+    delivery_id: Optional[str]
+
+
+class PreviewBody(_PreviewBodyOptional):
+    """``PreviewBody`` of the API document."""
+
+
+class _PreviewOutOptional(TypedDict, total=False):
+    delivery_id: Optional[str]
+
+
+class PreviewOut(_PreviewOutOptional):
+    """What `POST /v1/routes/{name}/preview` answers: the request the route's receiver would get."""
+
+    body: str
+    content_type: str
+    headers: Dict[str, Any]
+    route: str
+
+
 class _ProblemOptional(TypedDict, total=False):
     blocked: Optional[List[int]]
     field: Optional[str]
