@@ -408,19 +408,36 @@ pub async fn delete(
 pub struct PreviewBody {
     /// Render this delivery (its notification, task and items) instead of the sample.
     #[serde(default)]
+    #[schema(
+        pattern = "^dlv:[^:\\x00-\\x1F\\x7F-\\x9F]+:[^\\x00-\\x1F\\x7F-\\x9F]+$",
+        max_length = 512
+    )]
     pub delivery_id: Option<String>,
+}
+
+/// `dlv:<notification_id>:<route>`, at most 512 characters, none a control one: the schema's
+/// pattern, checked the same way.
+fn delivery_id_shape(id: &str) -> bool {
+    let Some(rest) = id.strip_prefix("dlv:") else {
+        return false;
+    };
+    let Some((n, route)) = rest.split_once(':') else {
+        return false;
+    };
+    id.chars().count() <= 512
+        && !n.is_empty()
+        && !route.is_empty()
+        && !id.chars().any(char::is_control)
 }
 
 impl Validate for PreviewBody {
     fn validate(&self) -> Result<(), ApiError> {
         match &self.delivery_id {
-            Some(id) if tidemark_projections::ids::DeliveryId::parse(id.clone()).is_err() => {
-                Err(ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "invalid_delivery_id",
-                    "delivery_id must be dlv:<notification_id>:<route>",
-                ))
-            }
+            Some(id) if !delivery_id_shape(id) => Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_delivery_id",
+                "delivery_id must be dlv:<notification_id>:<route>",
+            )),
             _ => Ok(()),
         }
     }
@@ -449,7 +466,8 @@ pub struct PreviewOut {
     responses(
         (status = 200, body = PreviewOut),
         (status = 404, description = "route_not_found or delivery_not_found", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "not_a_webhook_route, invalid_delivery_id or a malformed body", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "not_a_webhook_route: the route's sink has no body to preview", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "invalid_delivery_id or a malformed body", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = ["admin"])))]
 #[tracing::instrument(skip_all, fields(route = %name))]
@@ -463,7 +481,7 @@ pub async fn preview(
     let wanted = b
         .delivery_id
         .clone()
-        .and_then(|id| tidemark_projections::ids::DeliveryId::parse(id).ok());
+        .map(tidemark_projections::ids::DeliveryId::new);
     let ((row, delivery), _) = read_model(&st.engine, 0, move |q| {
         let row = q.routes()?.into_iter().find(|r| r.name == key);
         let d = match &wanted {
@@ -487,7 +505,7 @@ pub async fn preview(
     };
     if cfg.sink != Some(tidemark_projections::names::Sink::Webhook) {
         return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
+            StatusCode::CONFLICT,
             "not_a_webhook_route",
             format!("route {name:?} is not a webhook route: only those have a body to preview"),
         ));

@@ -257,7 +257,7 @@ body = "teams"
     .await;
     assert_problem(&p, 404, "delivery_not_found");
     let p = post_json(&s, "/v1/routes/desktop/preview", &json!({})).await;
-    assert_problem(&p, 422, "not_a_webhook_route");
+    assert_problem(&p, 409, "not_a_webhook_route");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         hits.lock().unwrap().len(),

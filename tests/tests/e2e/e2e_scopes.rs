@@ -24,7 +24,10 @@ fn spec_scope(method: &str, path: &str) -> &'static str {
         // The same backup streamed to the caller (issue 40): the whole log, as the backup.
         | ("get", "/v1/admin/backup/stream")
         | ("put" | "delete", "/v1/lists/{name}")
-        | ("put" | "delete", "/v1/routes/{name}") => "admin",
+        | ("put" | "delete", "/v1/routes/{name}")
+        // Route writes are admin (section 8); the preview shows what a route sends, with its
+        // headers (masked), so it is admin too.
+        | ("post", "/v1/routes/{name}/preview") => "admin",
         (_, p) if p.starts_with("/v1/admin/") => "operator",
         ("post", p) if p.ends_with("/retry") || p.ends_with("/discard") || p.ends_with("/resend") => {
             "operator"
