@@ -278,25 +278,30 @@ pub(crate) fn clock(min: i64) -> String {
     format!("{:02}:{:02}", m / 60, m % 60)
 }
 
+/// The desktop route with a two-hour quiet window around now in UTC+5 (UTC now is four to
+/// six hours before it), and retries 100 ms apart without jitter.
+fn quiet_in_utc5() -> String {
+    let now_min = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 60) as i64;
+    let (from, to) = (now_min + 300 - 60, now_min + 300 + 60);
+    format!(
+        "[notifications.routes.desktop]\nquiet_hours = [\"{}\", \"{}\"]\n\
+         [notifications.retry]\nbase_delay = \"100ms\"\njitter = 0.0\n",
+        clock(from),
+        clock(to)
+    )
+}
+
 /// Quiet hours hold after a retry and after a lease expiry (section 4), judged with the
 /// recipient's time zone as it is then: routed under UTC (outside the window), the recipient
 /// moves to UTC+5 (inside it), and both due times move to the window's end with a
 /// `delivery.deferred` (reason `quiet_hours`).
 #[tokio::test]
 async fn quiet_hours_hold_after_a_retry_and_after_a_lease_expiry() {
-    let now_min = (std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        / 60) as i64;
-    // A two-hour window around now in UTC+5; UTC now is four to six hours before it.
-    let (from, to) = (now_min + 300 - 60, now_min + 300 + 60);
-    let cfg = format!(
-        "[notifications.routes.desktop]\nquiet_hours = [\"{}\", \"{}\"]\n\
-         [notifications.retry]\nbase_delay = \"100ms\"\njitter = 0.0\n",
-        clock(from),
-        clock(to)
-    );
+    let cfg = quiet_in_utc5();
     let s = Server::start(ServerOpts::default().config(cfg)).await;
     append_ok(&s, &recipient("quinn", json!({"tz_offset_minutes": 0}))).await;
     append_ok(&s, &note("q-retry", "quinn", None, json!({}))).await;
@@ -352,18 +357,7 @@ async fn quiet_hours_hold_after_a_retry_and_after_a_lease_expiry() {
 /// the retry. (CI once saw this `fail` decided on the recipient as it was before.)
 #[tokio::test]
 async fn a_command_sent_during_a_slow_fold_decides_on_the_writes_before_it() {
-    let now_min = (std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        / 60) as i64;
-    let (from, to) = (now_min + 300 - 60, now_min + 300 + 60);
-    let cfg = format!(
-        "[notifications.routes.desktop]\nquiet_hours = [\"{}\", \"{}\"]\n\
-         [notifications.retry]\nbase_delay = \"100ms\"\njitter = 0.0\n",
-        clock(from),
-        clock(to)
-    );
+    let cfg = quiet_in_utc5();
     let s = Server::start(
         ServerOpts::default()
             .config(cfg)
