@@ -126,6 +126,7 @@ function wire() {
   $('#nmore').addEventListener('click', () => loadNotifications(true).catch((e) => flash(e.message, 'error')));
   $('#list-form').addEventListener('submit', (ev) => saveList(ev).catch((e) => flash(e.message, 'error')));
   $('#route-form').addEventListener('submit', (ev) => saveRoute(ev).catch((e) => flash(e.message, 'error')));
+  $('#route-preview-btn').addEventListener('click', () => previewRoute().catch((e) => flash(e.message, 'error')));
   $('#efilter').addEventListener('submit', (ev) => {
     ev.preventDefault();
     show($('#event'), false);

@@ -250,9 +250,7 @@ async function openTimeline(id, stay) {
     dueLine(d),
     d.held_by ? el('div', { class: 'failure', 'data-testid': 'timeline-held' },
       el('b', { text: 'waiting: ' }),
-      el('span', { text: d.held_by === 'endpoint_disabled'
-        ? `the endpoint of route ${d.route} is disabled; it goes when an operator enables it (Endpoints, above)`
-        : `the circuit of route ${d.route} is open; it goes when a probe succeeds (Endpoints, above)` })) : null,
+      el('span', { text: heldText(d) })) : null,
     currentError(d) ? el('div', { class: 'failure', 'data-testid': 'timeline-error' },
       el('b', { text: 'last error: ' }), el('span', { text: currentError(d) })) : null,
     d.status === 'sent' && d.last_error ? el('p', { class: 'muted small', 'data-testid': 'timeline-earlier' },
@@ -274,4 +272,18 @@ function reached(targets) {
   return el('div', { class: 'reached', 'data-testid': 'resolved-targets' },
     el('b', { text: `Reached (${targets.length}): ` }),
     targets.map((t, i) => [i ? ', ' : '', el('span', { class: 'mono', text: t })]));
+}
+
+/// Why a delivery waits, in words (`held_by`, sections 4 and 17).
+function heldText(d) {
+  switch (d.held_by) {
+    case 'ordering':
+      return `route ${d.route} keeps its deliveries in order: it goes once ${d.waits_for} (the one before it, same key) is sent`;
+    case 'endpoint_disabled':
+      return `the endpoint of route ${d.route} is disabled; it goes when an operator enables it (Endpoints, above)`;
+    case 'endpoint_unresolved':
+      return `route ${d.route} names an env: variable this node lacks; it goes once the variable is set`;
+    default:
+      return `the circuit of route ${d.route} is open; it goes when a probe succeeds (Endpoints, above)`;
+  }
 }

@@ -65,15 +65,20 @@ function editRoute(r) {
   f.elements.secret.value = '';
   f.elements.secret.placeholder = r.route.secret ? 'kept unless typed' : 'env:NAME or the secret';
   f.elements['no-signing'].checked = false;
+  f.elements.body.value = typeof r.route.body === 'string' ? r.route.body : '';
+  f.elements['order-key'].value = (r.route.ordering && r.route.ordering.key) || '';
+  f.elements['order-park'].value = (r.route.ordering && r.route.ordering.on_park) || 'hold';
   for (const p of PRIORITIES) f.elements[`p-${p}`].checked = (r.route.priorities || []).includes(p);
   f.elements.extra.value = Object.keys(extraKeys(r.route)).length ? JSON.stringify(extraKeys(r.route)) : '';
   f.elements.reason.focus();
 }
 
-/// A route's keys besides those the form has fields for.
+/// A route's keys besides those the form has fields for (a preset body and the order have
+/// theirs; a template body is edited among the other keys).
 function extraKeys(route) {
   const extra = { ...route };
-  for (const k of ['sink', 'url', 'secret', 'priorities']) delete extra[k];
+  for (const k of ['sink', 'url', 'secret', 'priorities', 'ordering']) delete extra[k];
+  if (typeof extra.body === 'string') delete extra.body;
   return extra;
 }
 
@@ -94,6 +99,11 @@ async function saveRoute(ev) {
   if (f['no-signing'].checked) route.secret = null;
   else if (f.secret.value) route.secret = f.secret.value;
   route.priorities = PRIORITIES.filter((p) => f[`p-${p}`].checked);
+  // The fields for the body preset and the order: an emptied one removes what it had.
+  if (f.body.value) route.body = f.body.value;
+  else if (before && typeof before.route.body === 'string' && !('body' in route)) route.body = null;
+  if (f['order-key'].value) route.ordering = { key: f['order-key'].value, on_park: f['order-park'].value };
+  else if (before && before.route.ordering) route.ordering = null;
   const reason = f.reason.value.trim();
   const r = await api('PUT', `/v1/routes/${encodeURIComponent(name)}`, { route, reason });
   const warned = (r.warnings || []).join('; ');
@@ -103,4 +113,18 @@ async function saveRoute(ev) {
   f.url.placeholder = 'an http(s) URL or env:NAME';
   f.secret.placeholder = 'env:NAME or the secret';
   await loadRoutes();
+}
+
+/// What the webhook route named in the form sends, rendered by the server for a sample
+/// notification (nothing is sent).
+async function previewRoute() {
+  const name = $('#route-form').elements.name.value.trim();
+  if (!name) throw new Error('name the route to preview');
+  const p = await api('POST', `/v1/routes/${encodeURIComponent(name)}/preview`, {});
+  fill($('#route-preview'),
+    el('h3', { text: `What route ${name} sends (${p.content_type})` }),
+    el('pre', { class: 'mono', 'data-testid': 'route-preview-body', text: p.body }),
+    Object.keys(p.headers || {}).length
+      ? el('p', { class: 'muted small', text: `headers: ${JSON.stringify(p.headers)}` }) : null);
+  show($('#route-preview'), true);
 }

@@ -324,6 +324,17 @@ impl<L: EventLog + Clone> Queries<L> {
         Ok(read::delivery(&self.models.read(), id)?)
     }
 
+    /// The delivery `d` waits for in its route's order (section 4): the first of its key,
+    /// when `d` holds a key and is not that first one.
+    pub fn order_waits_for(&self, d: &Delivery) -> R<Option<String>> {
+        let Some(key) = d.holds_order_key() else {
+            return Ok(None);
+        };
+        self.floor(0)?;
+        Ok(read::order_first(&self.models.read(), &d.route, key)?
+            .filter(|first| first != d.id.as_str()))
+    }
+
     /// A page of deliveries and the position of its last row when more may follow.
     pub fn deliveries(&self, f: &DeliveryFilter) -> R<Page<Delivery>> {
         self.floor(0)?;

@@ -129,6 +129,8 @@ fn created(id: &str, sink: &str, route: &str, recipient: Option<&str>, status: &
         list: list_of(id).map(str::to_owned),
         ntype: type_of(id).map(str::to_owned),
         count: None,
+        order_key: None,
+        order_skips_parked: false,
     };
     NewEvent::new(
         None,

@@ -175,6 +175,9 @@ fn delivery_payload(d: u8, kind: &str, i: usize) -> serde_json::Value {
             list: None,
             ntype: None,
             count: None,
+            // Some ordered (section 4): their key's order is folded too.
+            order_key: d.is_multiple_of(3).then(|| "endpoint".into()),
+            order_skips_parked: d.is_multiple_of(2),
         })
         .unwrap(),
         // Joins past `max_items` are counted (`ext.more_items`), the title is the command's.

@@ -893,6 +893,31 @@ id = "/id"
   await until('the unsigned POST', async () => posts.some((p) => p.headers['webhook-id'] === 'dlv:p-3c:console-hook'));
   assert.equal(posts.find((p) => p.headers['webhook-id'] === 'dlv:p-3c:console-hook').headers['webhook-signature'], undefined);
   step('Edit → Save kept the secret (the receiver verified); "remove signing" removed it, with a warning');
+  // A body a receiver accepts and an order per key (section 4), from the form's own fields;
+  // Preview renders what the route sends without sending it.
+  await hookRow.locator('[data-testid=route-edit]').click();
+  await page.selectOption('[data-testid=route-body]', 'slack');
+  await page.selectOption('[data-testid=route-order-key]', 'task');
+  await page.fill('[data-testid=route-reason]', 'slack-shaped, in order per task');
+  await page.click('[data-testid=route-save]');
+  await until('body and order saved', async () => (await s.ok('GET', '/v1/routes/console-hook')).route.body === 'slack');
+  const ordered = await s.ok('GET', '/v1/routes/console-hook');
+  assert.deepEqual(ordered.route.ordering, { key: 'task', on_park: 'hold' });
+  assert.deepEqual(ordered.route.priorities, ['urgent', 'action'], 'the edit kept the priorities');
+  await page.fill('[data-testid=route-name]', 'console-hook');
+  await page.click('[data-testid=route-preview]');
+  await page.waitForSelector('[data-testid=route-preview-body]', { timeout: WAIT });
+  const rendered = JSON.parse(await page.textContent('[data-testid=route-preview-body]'));
+  assert.ok(typeof rendered.text === 'string' && rendered.text.length > 0, `a Slack body: ${JSON.stringify(rendered)}`);
+  await hookRow.locator('[data-testid=route-edit]').click();
+  assert.equal(await page.inputValue('[data-testid=route-body]'), 'slack');
+  assert.equal(await page.inputValue('[data-testid=route-order-key]'), 'task');
+  await page.selectOption('[data-testid=route-order-key]', '');
+  await page.fill('[data-testid=route-reason]', 'no order after all');
+  await page.click('[data-testid=route-save]');
+  await until('order removed', async () => (await s.ok('GET', '/v1/routes/console-hook')).route.ordering === undefined);
+  assert.equal((await s.ok('GET', '/v1/routes/console-hook')).route.body, 'slack', 'removing the order kept the body');
+  step('the route form set a Slack body and an order per task, previewed it, and removed the order');
   // The built-in routes are listed with the others.
   for (const b of ['dashboard', 'desktop']) {
     const row = page.locator(`#routes tr[data-name=${b}][data-origin=config]`);

@@ -260,7 +260,7 @@ pub struct DeliveryAnswer {
     pub external_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group_key: Option<String>,
-    /// Only on `GET /v1/deliveries/{id}` of a pending delivery whose endpoint holds it (section 17): `circuit_open` (it waits for the circuit's probe to succeed) or `endpoint_disabled` (for an operator to enable it).
+    /// Only on `GET /v1/deliveries/{id}` of a pending delivery that waits (sections 4 and 17): `ordering` (its route's order: it waits for `waits_for` to be sent), `circuit_open` (it waits for the circuit's probe to succeed), `endpoint_disabled` (for an operator to enable it) or `endpoint_unresolved`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_by: Option<String>,
     /// `dlv:<notification_id>:<route>`.
@@ -323,6 +323,9 @@ pub struct DeliveryAnswer {
     /// The notification's title, or "N new updates" for a digest.
     pub title: String,
     pub updated_at: String,
+    /// With `held_by: "ordering"`: the delivery of the same key before it, which goes first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waits_for: Option<String>,
     /// The answer reflects the log at least up to this seq.
     pub as_of_seq: u64,
 }
@@ -355,7 +358,7 @@ pub struct DeliveryOut {
     pub external_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group_key: Option<String>,
-    /// Only on `GET /v1/deliveries/{id}` of a pending delivery whose endpoint holds it (section 17): `circuit_open` (it waits for the circuit's probe to succeed) or `endpoint_disabled` (for an operator to enable it).
+    /// Only on `GET /v1/deliveries/{id}` of a pending delivery that waits (sections 4 and 17): `ordering` (its route's order: it waits for `waits_for` to be sent), `circuit_open` (it waits for the circuit's probe to succeed), `endpoint_disabled` (for an operator to enable it) or `endpoint_unresolved`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_by: Option<String>,
     /// `dlv:<notification_id>:<route>`.
@@ -418,6 +421,9 @@ pub struct DeliveryOut {
     /// The notification's title, or "N new updates" for a digest.
     pub title: String,
     pub updated_at: String,
+    /// With `held_by: "ordering"`: the delivery of the same key before it, which goes first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waits_for: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -198,7 +198,7 @@ export interface DeliveryOut extends ProvenanceOut {
   delivered_at?: string | null;
   external_id?: string | null;
   group_key?: string | null;
-  /** Only on `GET /v1/deliveries/{id}` of a pending delivery whose endpoint holds it (section 17): `circuit_open` (it waits for the circuit's probe to succeed) or `endpoint_disabled` (for an operator to enable it). */
+  /** Only on `GET /v1/deliveries/{id}` of a pending delivery that waits (sections 4 and 17): `ordering` (its route's order: it waits for `waits_for` to be sent), `circuit_open` (it waits for the circuit's probe to succeed), `endpoint_disabled` (for an operator to enable it) or `endpoint_unresolved`. */
   held_by?: string | null;
   /** `dlv:<notification_id>:<route>`. */
   id: string;
@@ -244,6 +244,8 @@ export interface DeliveryOut extends ProvenanceOut {
   /** The notification's title, or "N new updates" for a digest. */
   title: string;
   updated_at: string;
+  /** With `held_by: "ordering"`: the delivery of the same key before it, which goes first. */
+  waits_for?: string | null;
 }
 
 export interface EndpointAnswer {

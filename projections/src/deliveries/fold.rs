@@ -195,7 +195,7 @@ impl Entries {
 
 /// Whether `d`'s endpoint holds it (a delivering route whose circuit is open, or disabled):
 /// it waits, out of the claim's indexes.
-fn held(st: &mut Store<'_>, d: &Delivery) -> Result<bool, StorageError> {
+fn endpoint_held(st: &mut Store<'_>, d: &Delivery) -> Result<bool, StorageError> {
     if !crate::endpoints::delivering(d.sink) {
         return Ok(false);
     }
@@ -204,8 +204,91 @@ fn held(st: &mut Store<'_>, d: &Delivery) -> Result<bool, StorageError> {
         .is_some_and(|e| e.held()))
 }
 
+/// Whether `d` waits, out of the claim's indexes: its endpoint holds it, or it waits behind
+/// another delivery of its key ([`order_waits`]).
+fn held(st: &mut Store<'_>, d: &Delivery) -> Result<bool, StorageError> {
+    Ok(endpoint_held(st, d)? || order_waits(st, d)?.is_some())
+}
+
+/// The delivery `d` waits for in its route's order (section 4): the first of its key, when
+/// that is not `d` itself.
+fn order_waits(st: &mut Store<'_>, d: &Delivery) -> Result<Option<String>, StorageError> {
+    let Some(key) = d.holds_order_key() else {
+        return Ok(None);
+    };
+    let prefix = order_prefix(&d.route, key);
+    Ok(head_of(st, &prefix)?.filter(|h| h != d.id.as_str()))
+}
+
+/// The first delivery of a key in [`ORDER`] (`prefix`: [`order_prefix`]).
+fn head_of(st: &mut Store<'_>, prefix: &[u8]) -> Result<Option<String>, StorageError> {
+    Ok(st
+        .first_key(ORDER, prefix)?
+        .map(|k| String::from_utf8_lossy(&k[prefix.len() + 8..]).into_owned()))
+}
+
+/// Put `row` into the claim's indexes (`on`) or take it out, at its due time.
+fn set_due(st: &mut Store<'_>, row: &Delivery, on: bool) -> Result<(), StorageError> {
+    let Some(due) = row.due_us() else {
+        return Ok(());
+    };
+    let (dk, pk) = (
+        timed_key(row.sink_name(), due, row.id.as_str()),
+        due_priority_key(row, due),
+    );
+    let sk = row
+        .ext
+        .source_site
+        .as_deref()
+        .map(|site| timed_key(site, due, row.id.as_str()));
+    if on {
+        st.put(DUE, &dk, &[])?;
+        st.put_index(DUE_BY_PRIORITY, &pk);
+        if let Some(sk) = &sk {
+            st.put_index(SITE_DUE, sk);
+        }
+    } else {
+        st.delete(DUE, &dk)?;
+        st.delete_index(DUE_BY_PRIORITY, &pk);
+        if let Some(sk) = &sk {
+            st.delete_index(SITE_DUE, sk);
+        }
+    }
+    Ok(())
+}
+
+/// The key of a row's order changed its first delivery from `before` (a delivery left the
+/// key, or one came before the others): the old first, when it still waits in the key, leaves
+/// the claim's indexes, and the new first joins them (unless their endpoint holds them).
+/// `this` is the row the event changed, whose indexes the caller keeps.
+fn rehead(
+    st: &mut Store<'_>,
+    prefix: &[u8],
+    before: Option<String>,
+    this: &str,
+    endpoint_held: bool,
+) -> Result<(), StorageError> {
+    let after = head_of(st, prefix)?;
+    if after == before || endpoint_held {
+        return Ok(());
+    }
+    if let Some(old) = before.filter(|h| h != this)
+        && let Some(row) = st.get_val::<Delivery>(ROWS, old.as_bytes())?
+        && row.holds_order_key().is_some()
+    {
+        set_due(st, &row, false)?;
+    }
+    if let Some(new) = after.filter(|h| h != this)
+        && let Some(row) = st.get_val::<Delivery>(ROWS, new.as_bytes())?
+    {
+        set_due(st, &row, true)?;
+    }
+    Ok(())
+}
+
 /// An `endpoint.*` event: the route's record changes; when it starts or stops holding its
-/// deliveries, their rows leave or rejoin the claim's indexes.
+/// deliveries, their rows leave or rejoin the claim's indexes (those waiting in their key's
+/// order stay out).
 fn fold_endpoint(st: &mut Store<'_>, ty: EventType, ev: &EventRef<'_>) -> Result<(), StorageError> {
     // A bridge webhook subscription's endpoint is the bridges model's.
     if crate::names::ids::subscription_of_endpoint(ev.subject).is_some() {
@@ -231,31 +314,10 @@ fn fold_endpoint(st: &mut Store<'_>, ty: EventType, ev: &EventRef<'_>) -> Result
         let Some(row) = st.get_val::<Delivery>(ROWS, id)? else {
             continue;
         };
-        let Some(due) = row.due_us() else {
+        if order_waits(st, &row)?.is_some() {
             continue;
-        };
-        let (dk, pk) = (
-            timed_key(row.sink_name(), due, row.id.as_str()),
-            due_priority_key(&row, due),
-        );
-        let sk = row
-            .ext
-            .source_site
-            .as_deref()
-            .map(|site| timed_key(site, due, row.id.as_str()));
-        if e.held() {
-            st.delete(DUE, &dk)?;
-            st.delete_index(DUE_BY_PRIORITY, &pk);
-            if let Some(sk) = &sk {
-                st.delete_index(SITE_DUE, sk);
-            }
-        } else {
-            st.put(DUE, &dk, &[])?;
-            st.put_index(DUE_BY_PRIORITY, &pk);
-            if let Some(sk) = &sk {
-                st.put_index(SITE_DUE, sk);
-            }
         }
+        set_due(st, &row, !e.held())?;
     }
     Ok(())
 }
@@ -405,6 +467,7 @@ impl Projection for Deliveries {
             BY_CREATED,
             ENDPOINTS,
             ROUTE_DUE,
+            ORDER,
         ]
     }
 
@@ -418,10 +481,10 @@ impl Projection for Deliveries {
     /// 11: routes managed at runtime in the settings rows (`routing_inputs`); 12: the
     /// endpoints of the delivering routes (`endpoints`, `route_due`, section 17); 13: an
     /// endpoint's `unresolved` (an `env:` a node lacks); a resent or retried row keeps no
-    /// lease owner and no delivery time.
+    /// lease owner and no delivery time; 14: the ordered routes' keys (`order`, section 4).
     /// An older model is rebuilt from the log at the next open, which fills them.
     fn version(&self) -> u32 {
-        13
+        14
     }
 
     /// The event type is parsed once, here. A type tidemark does not define (a client's
@@ -520,6 +583,14 @@ fn purge(st: &mut Store<'_>, p: &crate::retention::Purged) -> Result<(), Storage
         for k in steps {
             st.delete(TIMELINE, &k)?;
         }
+        // A parked delivery that held its key leaves it: the next goes on.
+        if let (Some(entry), Some(key)) = (row.order_entry(), row.holds_order_key()) {
+            let prefix = order_prefix(&row.route, key);
+            let first = head_of(st, &prefix)?;
+            st.delete_index(ORDER, &entry);
+            let eh = endpoint_held(st, &row)?;
+            rehead(st, &prefix, first, row.id.as_str(), eh)?;
+        }
     }
     for id in &p.notifications {
         st.delete(NOTIFICATIONS_CANCELED, id.as_bytes())?;
@@ -589,8 +660,24 @@ fn fold_delivery(
                 lease_expires_at_us: None,
                 by: None,
             };
-            let held = held(st, &row)?;
-            store_row(st, None, held, id, row, &s)
+            // Ordered (section 4): it joins its key, behind the deliveries already there.
+            let eh = endpoint_held(st, &row)?;
+            let order = match (row.order_entry(), row.holds_order_key()) {
+                (Some(entry), Some(key)) => {
+                    let prefix = order_prefix(&row.route, key);
+                    let first = head_of(st, &prefix)?;
+                    st.put_index(ORDER, &entry);
+                    Some((prefix, first))
+                }
+                _ => None,
+            };
+            let held = eh || order_waits(st, &row)?.is_some();
+            let rid = row.id.to_string();
+            store_row(st, None, held, id, row, &s)?;
+            if let Some((prefix, first)) = order {
+                rehead(st, &prefix, first, &rid, eh)?;
+            }
+            Ok(())
         }
         DeliveryEvent::Joined => {
             let j: Joined = parse(ev)?;
@@ -626,8 +713,10 @@ fn fold_delivery(
             };
             // One look at the endpoint for both states: a transition never moves a row to
             // another route, and only an `endpoint.*` event holds or releases one.
-            let held = held(st, &row)?;
+            let eh = endpoint_held(st, &row)?;
+            let mut held = eh || order_waits(st, &row)?.is_some();
             let before = Entries::of(&row, held);
+            let entry_before = row.order_entry();
             transition(&mut row, t, &c, ev.seq);
             if matches!(
                 t,
@@ -635,7 +724,31 @@ fn fold_delivery(
             ) {
                 count_attempt(st, &row, &c)?;
             }
-            store_row(st, Some(before), held, id, row, &step(ev.seq, t, &c))
+            // Ordered (section 4): a delivery that is sent (or parked, where parked ones do
+            // not hold) leaves its key and the next of the key becomes claimable; one retried
+            // or resent comes back to it.
+            let entry_after = row.order_entry();
+            let mut order = None;
+            if entry_before != entry_after
+                && let Some(key) = &row.ext.more.later.later.order_key
+            {
+                let prefix = order_prefix(&row.route, key);
+                let first = head_of(st, &prefix)?;
+                if let Some(e) = &entry_before {
+                    st.delete_index(ORDER, e);
+                }
+                if let Some(e) = &entry_after {
+                    st.put_index(ORDER, e);
+                }
+                held = eh || order_waits(st, &row)?.is_some();
+                order = Some((prefix, first));
+            }
+            let rid = row.id.to_string();
+            store_row(st, Some(before), held, id, row, &step(ev.seq, t, &c))?;
+            if let Some((prefix, first)) = order {
+                rehead(st, &prefix, first, &rid, eh)?;
+            }
+            Ok(())
         }
     }
 }

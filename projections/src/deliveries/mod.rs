@@ -99,6 +99,21 @@ pub const ENDPOINTS: &str = "endpoints";
 /// `webhook`), held or not: a held route's rows leave [`DUE`] and [`DUE_BY_PRIORITY`] (they
 /// wait) and are found here for a probe and to return when it closes. Outside the digest.
 pub const ROUTE_DUE: &str = "route_due";
+/// `route ‖ 0 ‖ order_key ‖ 0 ‖ notification_seq (8) ‖ id` for each delivery that holds its
+/// key of an ordered route (section 4: pending, or parked on a route whose parked deliveries
+/// hold): the first of a key is the one that may be in flight; the others wait, out of
+/// [`DUE`] and [`DUE_BY_PRIORITY`]. Outside the digest (a function of the rows).
+pub const ORDER: &str = "order";
+
+/// The prefix of the entries of `route`'s key `order_key` in [`ORDER`].
+pub fn order_prefix(route: &str, order_key: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(route.len() + order_key.len() + 2);
+    k.extend_from_slice(route.as_bytes());
+    k.push(0);
+    k.extend_from_slice(order_key.as_bytes());
+    k.push(0);
+    k
+}
 
 /// The place of `priority` in claim order: urgent 0, action 1, warning 2, info 3; anything
 /// else (a row from before priorities were checked) [`PRIORITY_RANKS`] − 1, last.
@@ -206,6 +221,18 @@ pub struct DeliveryExt3 {
     /// Items that stand for more than one change (a source poll's notification carries its
     /// `count`, section 12): notification id → count. A digest counts changes.
     pub counts: Vec<(String, u64)>,
+    #[serde(default, with = "crate::trailing")]
+    pub later: DeliveryExt4,
+}
+
+/// Fields added after [`DeliveryExt3`] (its trailing field).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryExt4 {
+    /// The key its route's `ordering` keeps it in (section 4): at most one delivery of a
+    /// key is in flight, the next waits until the one before is sent (`None`: not ordered).
+    pub order_key: Option<String>,
+    /// Parked, it no longer holds its key (`on_park = "skip"`).
+    pub order_skips_parked: bool,
 }
 
 impl Delivery {
@@ -245,6 +272,25 @@ impl Delivery {
 
     pub fn is_pending(&self) -> bool {
         self.status.is_pending()
+    }
+
+    /// The key of its route's `ordering` it holds now (section 4): pending, or parked on a
+    /// route whose parked deliveries hold their key. `None`: it holds none.
+    pub fn holds_order_key(&self) -> Option<&str> {
+        let o = &self.ext.more.later.later;
+        let key = o.order_key.as_deref()?;
+        let holds = self.status.is_pending()
+            || (self.status == DeliveryStatus::Parked && !o.order_skips_parked);
+        holds.then_some(key)
+    }
+
+    /// Its entry in [`ORDER`], while it holds its key.
+    pub fn order_entry(&self) -> Option<Vec<u8>> {
+        let key = self.holds_order_key()?;
+        let mut k = order_prefix(&self.route, key);
+        k.extend_from_slice(&self.notification_seq.to_be_bytes());
+        k.extend_from_slice(self.id.as_str().as_bytes());
+        Some(k)
     }
 
     /// Transition `t` may be applied to it now ([`allowed`] from its status).
@@ -417,6 +463,12 @@ pub struct Created {
     /// The notification's `count` when it stands for more than one change (section 12).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub count: Option<u64>,
+    /// The key its route's `ordering` keeps it in (section 4).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub order_key: Option<String>,
+    /// Parked, it no longer holds its key (`on_park = "skip"`).
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub order_skips_parked: bool,
 }
 
 /// Payload of `delivery.joined` (subject: the digest delivery joined).
@@ -674,6 +726,10 @@ impl Created {
                             .map(|c| (self.notification_id.clone(), c))
                             .into_iter()
                             .collect(),
+                        later: DeliveryExt4 {
+                            order_key: self.order_key.clone(),
+                            order_skips_parked: self.order_skips_parked,
+                        },
                     },
                     ..DeliveryExt2::default()
                 },

@@ -463,6 +463,28 @@ pub fn endpoints_in_force(
     Ok(out)
 }
 
+/// The first delivery of `route`'s key `key` in its order (section 4): the one that may be
+/// in flight; the others of the key wait for it.
+pub fn order_first(
+    db: &crate::models::ModelsRead,
+    route: &str,
+    key: &str,
+) -> Result<Option<String>, StorageError> {
+    let r = Reader::new(db)?;
+    let Some(t) = r.table(deliveries::NAME, deliveries::ORDER)? else {
+        return Ok(None);
+    };
+    let prefix = deliveries::order_prefix(route, key);
+    let mut range = t.range(prefix.as_slice()..).map_err(StorageError::of)?;
+    let Some(row) = range.next() else {
+        return Ok(None);
+    };
+    let (k, _) = row.map_err(StorageError::of)?;
+    let k = k.value();
+    Ok(k.starts_with(&prefix)
+        .then(|| String::from_utf8_lossy(&k[prefix.len() + 8..]).into_owned()))
+}
+
 /// Delivering route `route`'s health and circuit (`None`: no attempt or switch yet).
 pub fn endpoint(
     db: &crate::models::ModelsRead,

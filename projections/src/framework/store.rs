@@ -237,6 +237,39 @@ impl<'t> Store<'t> {
         Ok(out)
     }
 
+    /// The first key of `table` that starts with `prefix`, as the table stands with every
+    /// write of the fold so far. Only this table's staged writes are written first (an index
+    /// the fold asks this of at most events, such as [`crate::deliveries::ORDER`]; its rows
+    /// are never kept decoded).
+    pub fn first_key(
+        &mut self,
+        table: &'static str,
+        prefix: &[u8],
+    ) -> Result<Option<Vec<u8>>, StorageError> {
+        if let Some(rows) = self.pending.remove(table) {
+            self.pending_len -= rows.len();
+            let t = self.tables.table_mut(table)?;
+            let mut rows: Vec<_> = rows.into_iter().collect();
+            rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            for (key, value) in rows {
+                match value {
+                    Some(v) => t.insert(key.as_slice(), v.as_slice()).map(drop),
+                    None => t.remove(key.as_slice()).map(drop),
+                }
+                .map_err(StorageError::of)?;
+            }
+        }
+        let t = self.tables.table(table)?;
+        let mut range = t.range(prefix..).map_err(StorageError::of)?;
+        match range.next() {
+            Some(row) => {
+                let (k, _) = row.map_err(StorageError::of)?;
+                Ok(k.value().starts_with(prefix).then(|| k.value().to_vec()))
+            }
+            None => Ok(None),
+        }
+    }
+
     /// Delete a row of a secondary index (see [`Store::put_index`]).
     pub fn delete_index(&mut self, table: &'static str, key: &[u8]) {
         self.stage(table, key, None);

@@ -147,6 +147,43 @@ pub struct RouteConfig {
     /// `failures` consecutive failed attempts and probes after `cool_down`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub circuit: Option<CircuitConfig>,
+    /// At most one delivery per key in flight (section 4): `{ key = "endpoint" | "task" |
+    /// "recipient", on_park = "hold" | "skip" }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering: Option<OrderingConfig>,
+}
+
+/// `ordering` of a route: `key` (required: `endpoint`, `task` or `recipient`) and `on_park`
+/// (`hold`, the default: a parked delivery holds its key until an operator retries or
+/// discards it; `skip`: the next goes on).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrderingConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_park: Option<String>,
+}
+
+impl OrderingConfig {
+    fn policy(&self, key: &str) -> Result<super::Ordering, String> {
+        let by = match self.key.as_deref() {
+            Some("endpoint") => super::OrderKey::Endpoint,
+            Some("task") => super::OrderKey::Task,
+            Some("recipient") => super::OrderKey::Recipient,
+            _ => {
+                return Err(format!(
+                    "{key}.key must be one of \"endpoint\", \"task\", \"recipient\""
+                ));
+            }
+        };
+        let hold_on_park = match self.on_park.as_deref() {
+            None | Some("hold") => true,
+            Some("skip") => false,
+            Some(_) => return Err(format!("{key}.on_park must be \"hold\" or \"skip\"")),
+        };
+        Ok(super::Ordering { by, hold_on_park })
+    }
 }
 
 /// `circuit` (global, or a route's over the global): `failures` (default 20, 1 to 10,000) and
@@ -492,6 +529,9 @@ impl RouteConfig {
             Some(c) => c.over(circuit, &key("circuit"))?,
             None => circuit,
         };
+        if let Some(o) = &self.ordering {
+            p.ordering = Some(o.policy(&key("ordering"))?);
+        }
         p.sink = self.sink;
         Ok(p)
     }

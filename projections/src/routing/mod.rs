@@ -10,8 +10,8 @@ mod resolve;
 
 pub use config::{
     ApiRoute, CircuitConfig, DashboardConfig, DesktopConfig, DigestConfig, LocaleTemplates,
-    NotificationsConfig, OutboxConfig, RetryConfig, RouteConfig, RouteTemplates, Sink,
-    SourceTitles,
+    NotificationsConfig, OrderingConfig, OutboxConfig, RetryConfig, RouteConfig, RouteTemplates,
+    Sink, SourceTitles,
 };
 pub use resolve::{RouteOutcome, backoff_ms, resolve_routes};
 
@@ -185,6 +185,39 @@ pub struct RoutePolicy {
     pub list: Option<String>,
     /// When the endpoint's circuit opens and probes (section 17).
     pub circuit: CircuitPolicy,
+    /// At most one delivery per key in flight (section 4).
+    pub ordering: Option<Ordering>,
+}
+
+/// A route's order (section 4): its deliveries of one key go one at a time, in the order of
+/// their notifications.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ordering {
+    pub by: OrderKey,
+    /// A parked delivery holds its key (until an operator retries or discards it).
+    pub hold_on_park: bool,
+}
+
+/// What a route's deliveries are ordered by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderKey {
+    /// All of the route's deliveries: its endpoint takes one at a time.
+    Endpoint,
+    /// The notification's task (one without a task is not ordered).
+    Task,
+    /// The recipient (a notification to a list only is not ordered).
+    Recipient,
+}
+
+impl Ordering {
+    /// The key a delivery with this task and recipient waits in (`None`: not ordered).
+    pub fn key_of(&self, task: Option<&str>, recipient: Option<&str>) -> Option<String> {
+        match self.by {
+            OrderKey::Endpoint => Some("endpoint".to_owned()),
+            OrderKey::Task => task.map(|t| format!("task:{t}")),
+            OrderKey::Recipient => recipient.map(|r| format!("recipient:{r}")),
+        }
+    }
 }
 
 /// A delivering route's circuit (section 17): it opens after `failures` consecutive failed

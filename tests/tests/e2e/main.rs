@@ -47,6 +47,7 @@ mod e2e_notification_status;
 mod e2e_notifications;
 mod e2e_operator;
 mod e2e_ops;
+mod e2e_ordering;
 mod e2e_outbox_policies;
 mod e2e_projections;
 mod e2e_races;

@@ -162,12 +162,16 @@ pub struct DeliveryOut {
     /// Pending (queued, leased or retry_wait) for longer than `outbox.stuck_after`, judged
     /// when the answer was made.
     pub stuck: bool,
-    /// Only on `GET /v1/deliveries/{id}` of a pending delivery whose endpoint holds it
-    /// (section 17): `circuit_open` (it waits for the circuit's probe to succeed) or
-    /// `endpoint_disabled` (for an operator to enable it). It spends no attempt meanwhile.
+    /// Only on `GET /v1/deliveries/{id}` of a pending delivery that waits (sections 4 and
+    /// 17): `ordering` (its route's order: it waits for `waits_for` to be sent),
+    /// `circuit_open` (it waits for the circuit's probe to succeed), `endpoint_disabled` (for
+    /// an operator to enable it) or `endpoint_unresolved`. It spends no attempt meanwhile.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(pattern = "^(circuit_open|endpoint_disabled|endpoint_unresolved)$")]
+    #[schema(pattern = "^(ordering|circuit_open|endpoint_disabled|endpoint_unresolved)$")]
     pub held_by: Option<String>,
+    /// With `held_by: "ordering"`: the delivery of the same key before it, which goes first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waits_for: Option<String>,
     /// Only on `GET /v1/deliveries/{id}`: every step with its time, owner, code and error.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<StepOut>>,
@@ -283,6 +287,7 @@ impl From<Delivery> for DeliveryOut {
                 })
                 .collect(),
             held_by: None,
+            waits_for: None,
             timeline: None,
         }
     }
@@ -538,19 +543,26 @@ pub async fn get(
     let (found, as_of_seq) = crate::routes::read_model(&st.engine, q.seq()?, move |r| {
         Ok(match r.delivery(&key)? {
             Some((row, steps)) => {
-                let held = if row.is_pending() {
-                    r.endpoint(&row.route)?.and_then(|e| e.held_by())
+                // The order first (it decides which of a key may go at all), then the
+                // endpoint (which holds whichever may).
+                let waits_for = if row.is_pending() {
+                    r.order_waits_for(&row)?
                 } else {
                     None
                 };
+                let held = match &waits_for {
+                    Some(_) => Some("ordering"),
+                    None if row.is_pending() => r.endpoint(&row.route)?.and_then(|e| e.held_by()),
+                    None => None,
+                };
                 let out = with_provenance(r, vec![row], cut)?.remove(0);
-                Some((out, steps, held))
+                Some((out, steps, held, waits_for))
             }
             None => None,
         })
     })
     .await?;
-    let (mut out, steps, held) = found.ok_or_else(|| {
+    let (mut out, steps, held, waits_for) = found.ok_or_else(|| {
         ApiError::new(
             axum::http::StatusCode::NOT_FOUND,
             "delivery_not_found",
@@ -559,6 +571,7 @@ pub async fn get(
     })?;
     out.timeline = Some(steps.into_iter().map(StepOut::from).collect());
     out.held_by = held.map(str::to_owned);
+    out.waits_for = waits_for;
     Ok(Json(DeliveryAnswer {
         delivery: out,
         as_of_seq,

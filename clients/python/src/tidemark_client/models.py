@@ -260,6 +260,7 @@ class _DeliveryOutOptional(TypedDict, total=False):
     resolved_targets: List[str]
     task_id: Optional[str]
     timeline: Optional[List[StepOut]]
+    waits_for: Optional[str]
 
 
 class DeliveryOut(ProvenanceOut, _DeliveryOutOptional):

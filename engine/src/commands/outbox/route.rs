@@ -255,6 +255,10 @@ fn route_one(
                 .or_else(|| n.recipient.is_none().then(|| policy.list.clone()).flatten()),
             ntype: n.ntype.clone(),
             count: (n.count > 1).then_some(n.count),
+            order_key: policy
+                .ordering
+                .and_then(|o| o.key_of(n.task_id.as_deref(), recipient.as_deref())),
+            order_skips_parked: policy.ordering.is_some_and(|o| !o.hold_on_park),
         };
         let canceled_at = match &n.task_id {
             Some(t) => st.task_canceled_at(t)?,
