@@ -253,6 +253,9 @@ fn typed_with(ev: &Value, ty: &str) -> Value {
 /// incoming webhooks the path is the token. Every answer, event read and stream shows a
 /// route's or a bridge subscription's URL by scheme, host and port, for a read-only token and
 /// for an admin alike, and no log line carries the path (registered with the log scanner).
+/// A route's header values (an API key, a bearer token) are credentials as well: `GET
+/// /v1/routes` shows them as `"***"`, and so does every event read and stream of its
+/// `route.updated` (they once served them as given).
 #[tokio::test]
 async fn a_webhook_urls_path_reaches_no_reader() {
     let (_hits, port) = receiver(ok_receiver()).await;
@@ -263,19 +266,27 @@ async fn a_webhook_urls_path_reaches_no_reader() {
         sha256_hex(&admin),
         sha256_hex(&viewer)
     );
-    let mut s = Server::start(ServerOpts::default().config(config)).await;
+    let mut s = Server::start(
+        ServerOpts::default()
+            .config(config)
+            .env("TM_HDR_TEAM", "team-a"),
+    )
+    .await;
     s.set_token(Some(&admin));
     let route_path = tidemark_tests::secret(format!("/services/T000/B000/{}", random_token(24)));
     let sub_path = tidemark_tests::secret(format!("/bridge/{}", random_token(24)));
     let route_url = format!("http://127.0.0.1:{port}{route_path}");
+    let header_value = tidemark_tests::secret(format!("Bearer hdr-{}", random_token(24)));
     let r = put(
         &s,
         "chat",
-        &json!({"route": {"sink": "webhook", "url": route_url, "priorities": ["urgent"]},
+        &json!({"route": {"sink": "webhook", "url": route_url, "priorities": ["urgent"],
+                          "headers": {"Authorization": header_value, "X-Team": "env:TM_HDR_TEAM"}},
                 "reason": "a chat channel"}),
     )
     .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(!r.text.contains(header_value.as_str()), "the PUT's answer");
     append_ok(
         &s,
         &json!({"stream": "task_events", "subject": "u-task", "type": "task.created",
@@ -325,6 +336,10 @@ async fn a_webhook_urls_path_reaches_no_reader() {
             assert!(!seen.contains(secret.as_str()), "a URL's path was served");
         }
         assert!(
+            !seen.contains(header_value.as_str()),
+            "a route's header value was served"
+        );
+        assert!(
             seen.contains(&shown),
             "the endpoint is shown by host and port"
         );
@@ -332,6 +347,13 @@ async fn a_webhook_urls_path_reaches_no_reader() {
     let routes = s.read_all("stream=routes").await;
     assert_eq!(
         routes[0]["payload"]["route"]["url"], shown,
+        "{:?}",
+        routes[0]
+    );
+    // Every value masked, an `env:` reference too: the event shows which headers are set.
+    assert_eq!(
+        routes[0]["payload"]["route"]["headers"],
+        json!({"Authorization": "***", "X-Team": "***"}),
         "{:?}",
         routes[0]
     );
