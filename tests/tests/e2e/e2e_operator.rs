@@ -508,6 +508,87 @@ async fn endpoint_trouble_reaches_the_servers_log() {
     assert!(line.contains("free"), "{line}");
 }
 
+/// An endpoint that keeps failing and never answers again still has its failures counted in
+/// the log: the first in full, the others of the period in one WARN line when the period ends
+/// (a minute; `TIDEMARK_FAULT_FAILURE_LOG_PERIOD_MS` shortens it for this test), with the
+/// route, endpoint, count and last code. Every failed attempt is in exactly one line.
+#[tokio::test]
+async fn failures_of_an_endpoint_that_never_recovers_are_summed_up_per_period() {
+    let answer = Arc::new(std::sync::atomic::AtomicU16::new(503));
+    let (hits, port) = receiver(answer).await;
+    let s = Server::start(
+        ServerOpts::default()
+            .config(
+                "[notifications.retry]\nbase_delay = \"50ms\"\nmax_delay = \"50ms\"\n\
+                 max_attempts = 5\n",
+            )
+            .env("TIDEMARK_FAULT_FAILURE_LOG_PERIOD_MS", "3000"),
+    )
+    .await;
+    let r = put(
+        &s,
+        "down",
+        &json!({"route": {"sink": "webhook", "url": format!("http://127.0.0.1:{port}/hook"),
+                          "priorities": ["urgent"]},
+                "reason": "an endpoint that is down"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    append_ok(&s, &urgent("pd-1")).await;
+    wait_status(&s, "dlv:pd-1:down", "parked").await;
+    let attempts = hits.lock().unwrap().len() as u64;
+    assert!(attempts >= 2, "{attempts} attempts");
+    // Parked: nothing fails any more, so the last period's count comes when it ends.
+    wait_for(
+        Duration::from_secs(30),
+        "the summary at the period's end",
+        || async {
+            s.stderr()
+                .contains("more failed attempts in the last")
+                .then_some(())
+        },
+    )
+    .await;
+    // Give a second summary (had the attempts spanned two periods) the time to show.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let log = s.stderr();
+    let full: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("delivery attempt failed") && l.contains("route=down"))
+        .collect();
+    let summaries: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("more failed attempts in the last"))
+        .collect();
+    assert!(!full.is_empty() && !summaries.is_empty(), "{log}");
+    for l in &summaries {
+        for part in [
+            "WARN",
+            "route=down",
+            &format!("endpoint=http://127.0.0.1:{port}"),
+            "last_code=http_503",
+            "in the last 3s",
+        ] {
+            assert!(l.contains(part), "{part:?} missing: {l}");
+        }
+    }
+    let counted: u64 = summaries
+        .iter()
+        .map(|l| {
+            l.split("failures=")
+                .nth(1)
+                .and_then(|f| f.split(' ').next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no failures= count: {l}"))
+        })
+        .sum();
+    assert_eq!(
+        full.len() as u64 + counted,
+        attempts,
+        "each attempt in one line: {full:#?} {summaries:#?}"
+    );
+}
+
 /// An `env:` reference is said where it is set (spec section 4): a `PUT` naming a variable
 /// the answering node lacks is `422 env_unset`, naming it; a route stored while it was set
 /// and unset at the next start is listed `unresolved` (metric, endpoint view), its deliveries
