@@ -243,6 +243,104 @@ async fn an_edited_route_keeps_signing_until_signing_is_removed() {
     );
 }
 
+/// An edit made while a rotation overlaps keeps the rotation (spec section 4): both secrets
+/// still sign every POST, and the edit's answer names the same `previous_secret_until` as the
+/// rotation's (an edit restarts no overlap); the CLI's `--no-signing` removes signing, warns
+/// of it on stderr, and ends the rotation too (removing signing is not a rotation).
+#[tokio::test]
+async fn an_edit_during_a_rotation_keeps_it_and_no_signing_removes_it_with_a_warning() {
+    let (hits, port) = receiver(ok_receiver()).await;
+    let s = Server::start(ServerOpts::default()).await;
+    let (old, new) = (
+        tidemark_tests::secret(random_token(32)),
+        tidemark_tests::secret(random_token(32)),
+    );
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let r = put(
+        &s,
+        "rot3",
+        &json!({"route": {"sink": "webhook", "url": url, "secret": old, "priorities": ["urgent"]},
+                "reason": "a signed endpoint"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = put(
+        &s,
+        "rot3",
+        &json!({"route": {"secret": new}, "reason": "rotate the secret"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let until = r.json["previous_secret_until"].clone();
+    assert!(until.is_string(), "a rotation names its end: {}", r.text);
+    append_ok(&s, &urgent("rt-1")).await;
+    let hit = posted(&hits, "dlv:rt-1:rot3").await;
+    assert!(verifies(&hit, &old) && verifies(&hit, &new), "{:?}", hit.0);
+
+    // An edit during the overlap, without a secret: the rotation goes on, as it was.
+    let r = put(
+        &s,
+        "rot3",
+        &json!({"route": {"priorities": ["urgent", "action"]}, "reason": "also action"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json["route"]["priorities"], json!(["urgent", "action"]));
+    assert_eq!(
+        r.json["previous_secret_until"], until,
+        "an edit restarted or ended the overlap: {}",
+        r.text
+    );
+    assert!(r.json.get("warnings").is_none(), "{}", r.text);
+    append_ok(&s, &urgent("rt-2")).await;
+    let hit = posted(&hits, "dlv:rt-2:rot3").await;
+    assert!(
+        verifies(&hit, &old) && verifies(&hit, &new),
+        "an edit during the overlap dropped a signature: {:?}",
+        hit.0
+    );
+    let shown = s.get("/v1/routes/rot3").await;
+    assert_eq!(shown.json["previous_secret_until"], until, "{}", shown.text);
+
+    // The CLI removes signing only when told to, and warns of it.
+    let out = run_cli(
+        &[
+            "routes",
+            "set",
+            "rot3",
+            "--url",
+            s.base(),
+            "--no-signing",
+            "--reason",
+            "the receiver no longer verifies",
+            "-o",
+            "json",
+        ],
+        "",
+        Duration::from_secs(30),
+    )
+    .await;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning:") && stderr.contains("no longer signs"),
+        "{stderr}"
+    );
+    let answer = tidemark_tests::strict_json(stdout.trim()).expect("the route as JSON");
+    assert!(answer["route"].get("secret").is_none(), "{answer}");
+    assert!(answer.get("previous_secret_until").is_none(), "{answer}");
+    assert_eq!(answer["route"]["priorities"], json!(["urgent", "action"]));
+    append_ok(&s, &urgent("rt-3")).await;
+    let (h, _) = posted(&hits, "dlv:rt-3:rot3").await;
+    assert!(
+        h.get("webhook-signature").is_none() && h.get("tidemark-signature").is_none(),
+        "{h:?}"
+    );
+}
+
 fn typed_with(ev: &Value, ty: &str) -> Value {
     let mut ev = ev.clone();
     ev["payload"]["type"] = json!(ty);
