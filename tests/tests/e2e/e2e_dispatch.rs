@@ -407,6 +407,39 @@ async fn a_failed_email_attempt_is_logged_with_its_cause() {
     );
 }
 
+/// A notification without a body is not an empty email (issue 53): the plain-text part says
+/// its title, as the HTML part does.
+#[tokio::test]
+async fn an_email_without_a_body_has_its_title_as_text() {
+    let smtp = Smtp::start();
+    let (_hits, hook) = receiver().await;
+    let s = start(&smtp, hook).await;
+    append_ok(
+        &s,
+        &notif_ev(
+            "nb-1",
+            json!({"priority": "urgent", "title": "title of nb-1", "recipient": "nb@example.org"}),
+        ),
+    )
+    .await;
+    wait_status(&s, "dlv:nb-1:email", "sent").await;
+    let m = smtp.to("nb@example.org");
+    assert_eq!(m.len(), 1, "{m:?}");
+    let data = m[0]["data"].as_str().unwrap();
+    // The text/plain part's content: after its headers, up to the next boundary.
+    let plain = data
+        .split("text/plain")
+        .nth(1)
+        .and_then(|p| p.split_once("\r\n\r\n"))
+        .map(|(_, body)| body.split("\r\n--").next().unwrap_or_default().trim())
+        .unwrap_or_else(|| panic!("no text/plain part: {data}"));
+    assert!(!plain.is_empty(), "an empty plain-text part: {data}");
+    assert!(
+        plain.contains("title of nb-1"),
+        "the plain-text part: {plain:?}"
+    );
+}
+
 /// Context switches (voluntary and not) of each thread of process `pid` so far, by thread id
 /// and name.
 fn switches(pid: u32) -> std::collections::BTreeMap<(String, String), u64> {
