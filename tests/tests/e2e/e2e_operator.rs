@@ -949,8 +949,9 @@ async fn a_resent_delivery_keeps_no_stale_lease_or_delivery_time() {
 
 /// Seed 000's delivery row: each delivery carries its notification's `project_id`,
 /// `session_id`, `destination_key` and `request_json`, in the claim a desktop app makes and on
-/// `GET /v1/deliveries/{id}`, as the status record does; never on a redacted delivery; a
-/// `request_json` that is not an object is refused.
+/// `GET /v1/deliveries/{id}`, as the status record does; never on a redacted delivery (its
+/// claim, read and list row carry none of them); a `request_json` that is not an object is
+/// refused.
 #[tokio::test]
 async fn a_delivery_carries_its_notifications_project_session_and_request() {
     let s = Server::start(ServerOpts::default()).await;
@@ -1006,6 +1007,51 @@ async fn a_delivery_carries_its_notifications_project_session_and_request() {
         body["detail"].as_str().unwrap().contains("request_json"),
         "{body}"
     );
+
+    // A redacted route's delivery carries none of them (spec section 14: no content of the
+    // notification), in the claim, the delivery read or the list.
+    let key = tidemark_tests::secret(format!("privacy-{}", random_token(16)));
+    let r = Server::start(
+        ServerOpts::default()
+            .config(
+                "[notifications.routes.desktop]\nredact = true\n\
+                 generic_title = \"You have a message\"\n\
+                 [privacy]\nhmac_key = \"env:TM_TEST_PRIVACY_KEY\"\n",
+            )
+            .env("TM_TEST_PRIVACY_KEY", key),
+    )
+    .await;
+    append_ok(&r, &ev).await;
+    let rows = wait_for(Duration::from_secs(30), "the redacted claim", || async {
+        let c = post_json(
+            &r,
+            "/v1/deliveries/claim",
+            &json!({"sink": "app", "owner": "desk", "limit": 1, "lease_ms": 60000}),
+        )
+        .await;
+        c.json["deliveries"]
+            .as_array()
+            .filter(|a| !a.is_empty())
+            .cloned()
+    })
+    .await;
+    let id = rows[0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(rows[0]["redacted"], true, "{}", rows[0]);
+    let list = r.get("/v1/deliveries?limit=100").await.json["deliveries"].clone();
+    for d in [rows[0].clone(), delivery(&r, &id).await, list[0].clone()] {
+        for k in [
+            "project_id",
+            "session_id",
+            "destination_key",
+            "request_json",
+        ] {
+            assert!(d.get(k).is_none(), "a redacted delivery carries {k}: {d}");
+        }
+        let text = d.to_string();
+        for v in ["proj-7", "sess-42", "desk:ana-laptop", "chime"] {
+            assert!(!text.contains(v), "{v} on a redacted delivery: {d}");
+        }
+    }
 }
 
 /// What the help and the reference say is what the binary does (issue 53): `tidemark backup`
