@@ -2,8 +2,10 @@
 //! secret and URL in `bridge.subscribed` (the notifier signs and POSTs with them after a
 //! restart) and a webhook route's in `route.updated` (every node's dispatcher uses them). A
 //! webhook URL is a credential too: for Slack-, Teams- and Discord-style incoming webhooks the
-//! path is the token. Event pages and streams show `"secret": "[redacted]"` and the URL by
-//! scheme, host and port (an `env:NAME` reference as written), for every scope.
+//! path is the token. Event pages and streams show `"secret": "[redacted]"`, the URL by
+//! scheme, host and port (an `env:NAME` reference as written) and each of a webhook route's
+//! `headers` by its name with `"***"` for its value (an API key, a bearer token), for every
+//! scope.
 
 use tidemark_log::Event;
 
@@ -11,6 +13,10 @@ use crate::names::EventType;
 
 /// What a served event shows in place of a secret.
 pub const REDACTED: &str = "[redacted]";
+
+/// What a served event shows in place of each header value of a webhook route (as
+/// `GET /v1/routes` shows a literal one).
+pub const SHOWN_HEADER: &str = "***";
 
 /// A webhook URL as tidemark shows it anywhere (answers, events, streams, the console, logs):
 /// its `env:` reference as written, else scheme, host and port (`https://hooks.example:443`);
@@ -35,7 +41,7 @@ pub fn shown(u: &url::Url) -> Option<String> {
     ))
 }
 
-/// Hide the secret and the URL's path of a served event that carries them.
+/// Hide the secret, the URL's path and the header values of a served event that carries them.
 pub fn redact(ev: &mut Event) {
     let at = match EventType::parse(&ev.event_type) {
         Some(EventType::BridgeSubscribed) => "/target/sink",
@@ -43,7 +49,10 @@ pub fn redact(ev: &mut Event) {
         _ => return,
     };
     let raw = ev.payload.get();
-    if !raw.contains("\"secret\"") && !raw.contains("\"url\"") {
+    if !["\"secret\"", "\"url\"", "\"headers\""]
+        .iter()
+        .any(|k| raw.contains(k))
+    {
         return;
     }
     let mut v = ev.payload_value();
@@ -58,6 +67,12 @@ pub fn redact(ev: &mut Event) {
     if let Some(serde_json::Value::String(u)) = obj.get("url") {
         let shown = shown_url(u);
         obj.insert("url".into(), serde_json::Value::String(shown));
+        changed = true;
+    }
+    if let Some(serde_json::Value::Object(h)) = obj.get_mut("headers") {
+        for v in h.values_mut() {
+            *v = serde_json::Value::String(SHOWN_HEADER.into());
+        }
         changed = true;
     }
     if changed && let Ok(raw) = serde_json::value::to_raw_value(&v) {

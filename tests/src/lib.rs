@@ -1253,3 +1253,35 @@ pub fn assert_problem_for(r: &Reply, status: u16, code: &str, what: &str) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::strict_json;
+    use serde_json::json;
+
+    /// The harness's reader refuses an object that names a key twice, at any depth (the claim
+    /// row of issue 53 had `"type"` twice), and reads everything else as serde_json does.
+    #[test]
+    fn strict_json_refuses_a_duplicate_key_at_any_depth() {
+        for text in [
+            r#"{"type":"email","type":"email"}"#,
+            r#"{"deliveries":[{"id":"d","type":"a","sink":"app","type":"b"}]}"#,
+            r#"[1,{"a":{"b":1,"b":1}}]"#,
+        ] {
+            let err = strict_json(text).expect_err(text);
+            assert!(err.contains("duplicate key"), "{text}: {err}");
+        }
+        let err = strict_json(r#"{"a":{"type":1,"type":2}}"#).unwrap_err();
+        assert!(err.contains("\"type\""), "names the key: {err}");
+        // The same key in sibling objects, or nested under itself, is no duplicate.
+        let text = r#"{"a":{"a":1},"b":[{"a":1},{"a":2.5}],"c":null,"d":true,"e":"x"}"#;
+        assert_eq!(
+            strict_json(text).unwrap(),
+            serde_json::from_str::<serde_json::Value>(text).unwrap()
+        );
+        assert_eq!(strict_json(" [] ").unwrap(), json!([]));
+        // Not JSON, or JSON followed by more, is refused as serde_json refuses it.
+        assert!(strict_json("{} {}").is_err());
+        assert!(strict_json("{\"a\":").is_err());
+    }
+}

@@ -474,8 +474,17 @@ async fn run(
 
 /// How often the failures of one endpoint are logged one by one: the first of each period;
 /// the others are counted and summed up when the period ends (or when the endpoint answers
-/// again).
-const FAILURE_LOG_PERIOD: Duration = Duration::from_secs(60);
+/// again). A minute; `TIDEMARK_FAULT_FAILURE_LOG_PERIOD_MS=N`, a test knob read once, makes it
+/// N ms so that a test sees a period end without waiting a minute.
+fn failure_log_period() -> Duration {
+    static PERIOD: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *PERIOD.get_or_init(|| {
+        std::env::var("TIDEMARK_FAULT_FAILURE_LOG_PERIOD_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(Duration::from_secs(60), Duration::from_millis)
+    })
+}
 
 /// The server log's WARN lines for failed attempts (spec section 17): the first failure of an
 /// endpoint (its route) in a period in full — route, endpoint, code and cause — and the others
@@ -514,7 +523,7 @@ impl FailureLog {
         };
         let now = Instant::now();
         if let Some(w) = self.0.get_mut(route)
-            && now.duration_since(w.since) < FAILURE_LOG_PERIOD
+            && now.duration_since(w.since) < failure_log_period()
         {
             w.unlogged += 1;
             w.last_code.clone_from(code);
@@ -543,7 +552,7 @@ impl FailureLog {
         self.0
             .values()
             .filter(|w| w.unlogged > 0)
-            .map(|w| w.since + FAILURE_LOG_PERIOD)
+            .map(|w| w.since + failure_log_period())
             .min()
     }
 
@@ -553,7 +562,7 @@ impl FailureLog {
         let ended: Vec<String> = self
             .0
             .iter()
-            .filter(|(_, w)| now.duration_since(w.since) >= FAILURE_LOG_PERIOD)
+            .filter(|(_, w)| now.duration_since(w.since) >= failure_log_period())
             .map(|(r, _)| r.clone())
             .collect();
         for route in ended {
@@ -572,9 +581,9 @@ impl FailureLog {
                 target: "tidemark::endpoints",
                 sink = %a.sink(), route = %route, endpoint = %endpoint, failures = w.unlogged,
                 last_code = %w.last_code,
-                "{} more failed attempts in the last {}s",
+                "{} more failed attempts in the last {:?}",
                 w.unlogged,
-                FAILURE_LOG_PERIOD.as_secs()
+                failure_log_period()
             );
         }
     }

@@ -796,6 +796,40 @@ async fn a_failing_webhook_does_not_block_other_subscriptions() {
     assert_eq!(ex.status, StatusCode::OK, "explain: {}", ex.text);
     assert_eq!(ex.json["next"], "deliver", "explain: {}", ex.text);
     assert_eq!(ex.json["next_seq"], seq_u, "explain: {}", ex.text);
+
+    // Each failure reaches the server's log with its code and its cause (issue 53: the
+    // bridge's failure line had none): the receiver's answer, or why it was not reached
+    // (without the URL).
+    let log = s.stderr();
+    let line = |sub: &str| {
+        log.lines()
+            .find(|l| {
+                l.contains("bridge webhook delivery failed")
+                    && l.contains(&format!("subscription={sub}"))
+            })
+            .unwrap_or_else(|| panic!("no failure line for {sub}"))
+            .to_owned()
+    };
+    let a = line("sub-a");
+    for part in [
+        "WARN",
+        "code=http_500",
+        "cause=webhook answered 500 Internal Server Error",
+    ] {
+        assert!(a.contains(part), "{part:?} missing: {a}");
+    }
+    let u = line("sub-u");
+    for part in [
+        "WARN",
+        "code=http_connection",
+        "cause=webhook unreachable: ",
+    ] {
+        assert!(u.contains(part), "{part:?} missing: {u}");
+    }
+    assert!(
+        !u.contains(&closed.to_string()),
+        "the line names the URL: {u}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

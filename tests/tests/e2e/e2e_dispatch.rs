@@ -336,6 +336,110 @@ async fn email_and_webhook_routes_are_delivered_by_tidemark() {
     );
 }
 
+/// The lines of the server's log that contain `what`.
+fn log_lines(s: &Server, what: &str) -> Vec<String> {
+    s.stderr()
+        .lines()
+        .filter(|l| l.contains(what))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A failed email attempt reaches the server's log as a failed webhook's does (spec section
+/// 17, issue 53): the first of the SMTP server's a WARN with its route, endpoint (scheme,
+/// host and port), delivery, code and the server's own words; the next within the minute
+/// counted into one line when it answers again; a 5xx an ERROR `delivery parked`.
+#[tokio::test]
+async fn a_failed_email_attempt_is_logged_with_its_cause() {
+    let smtp = Smtp::start();
+    let (_hits, hook) = receiver().await;
+    let s = start(&smtp, hook).await;
+    append_ok(&s, &urgent("ew-1", "tempfail2-ew@example.org")).await;
+    let d = wait_status(&s, "dlv:ew-1:email", "sent").await;
+    assert_eq!(d["attempts"], 3, "two 451s, then sent: {d}");
+    append_ok(&s, &urgent("ew-2", "permfail-ew@example.org")).await;
+    wait_status(&s, "dlv:ew-2:email", "parked").await;
+    let parked = wait_for(Duration::from_secs(10), "the park's line", || async {
+        let l = log_lines(&s, "delivery parked");
+        (!l.is_empty()).then_some(l)
+    })
+    .await;
+    let failed: Vec<String> = log_lines(&s, "delivery attempt failed")
+        .into_iter()
+        .filter(|l| l.contains("sink=email"))
+        .collect();
+    let first = failed
+        .iter()
+        .find(|l| l.contains("dlv:ew-1:email"))
+        .unwrap_or_else(|| panic!("no WARN for the first 451: {failed:#?}"));
+    for part in [
+        "WARN",
+        "route=email",
+        &format!("endpoint=smtp://127.0.0.1:{}", smtp.port),
+        "delivery=dlv:ew-1:email",
+        "code=smtp_451",
+        "kind=\"transient\"",
+        "try again later (scripted)",
+    ] {
+        assert!(first.contains(part), "{part:?} missing: {first}");
+    }
+    assert_eq!(
+        failed.iter().filter(|l| l.contains("dlv:ew-1")).count(),
+        1,
+        "the second 451 is counted, not logged: {failed:#?}"
+    );
+    let summary = log_lines(
+        &s,
+        "more failed attempts before this endpoint answered again",
+    );
+    assert!(
+        summary
+            .iter()
+            .any(|l| l.contains("route=email") && l.contains("failures=1")),
+        "{summary:#?}"
+    );
+    assert!(
+        parked.iter().any(|l| l.contains("ERROR")
+            && l.contains("dlv:ew-2:email")
+            && l.contains("smtp_550")
+            && l.contains("no such user (scripted)")),
+        "{parked:#?}"
+    );
+}
+
+/// A notification without a body is not an empty email (issue 53): the plain-text part says
+/// its title, as the HTML part does.
+#[tokio::test]
+async fn an_email_without_a_body_has_its_title_as_text() {
+    let smtp = Smtp::start();
+    let (_hits, hook) = receiver().await;
+    let s = start(&smtp, hook).await;
+    append_ok(
+        &s,
+        &notif_ev(
+            "nb-1",
+            json!({"priority": "urgent", "title": "title of nb-1", "recipient": "nb@example.org"}),
+        ),
+    )
+    .await;
+    wait_status(&s, "dlv:nb-1:email", "sent").await;
+    let m = smtp.to("nb@example.org");
+    assert_eq!(m.len(), 1, "{m:?}");
+    let data = m[0]["data"].as_str().unwrap();
+    // The text/plain part's content: after its headers, up to the next boundary.
+    let plain = data
+        .split("text/plain")
+        .nth(1)
+        .and_then(|p| p.split_once("\r\n\r\n"))
+        .map(|(_, body)| body.split("\r\n--").next().unwrap_or_default().trim())
+        .unwrap_or_else(|| panic!("no text/plain part: {data}"));
+    assert!(!plain.is_empty(), "an empty plain-text part: {data}");
+    assert!(
+        plain.contains("title of nb-1"),
+        "the plain-text part: {plain:?}"
+    );
+}
+
 /// Context switches (voluntary and not) of each thread of process `pid` so far, by thread id
 /// and name.
 fn switches(pid: u32) -> std::collections::BTreeMap<(String, String), u64> {

@@ -408,7 +408,9 @@ async fn a_notification_carries_its_tasks_latest_event_seq() {
 
 /// A `task.run_completed` of a run that never started is a mismatch (section 6,
 /// `run_not_started`): the router makes no "Run … completed" notification of it, and the task
-/// view marks the run with the mismatch; a completion after its start is routed as before.
+/// view marks the run with the mismatch, with no outcome (it did not complete: `outcome` is
+/// null, what its ending event said is `reported_outcome`); a completion after its start is
+/// routed and read as before.
 #[tokio::test]
 async fn a_completion_of_a_run_that_never_started_is_a_mismatch_not_news() {
     let s = Server::start(ServerOpts::default()).await;
@@ -449,4 +451,14 @@ async fn a_completion_of_a_run_that_never_started_is_a_mismatch_not_news() {
     };
     assert_eq!(run("r7")["mismatch"], "run_not_started", "{}", task.text);
     assert!(run("r8")["mismatch"].is_null(), "{}", task.text);
+    // The run that never started has no outcome (a null, not a missing key) and says what
+    // its ending event reported; the run that did has its outcome and nothing reported.
+    let r7 = run("r7");
+    assert_eq!(r7.get("outcome"), Some(&Value::Null), "{r7}");
+    assert_eq!(r7["reported_outcome"], "completed", "{r7}");
+    let r8 = run("r8");
+    assert_eq!(r8["outcome"], "completed", "{r8}");
+    assert!(r8.get("reported_outcome").is_none(), "{r8}");
+    // The task follows the run that did complete, not the mismatch.
+    assert_eq!(task.json["status"], "completed", "{}", task.text);
 }

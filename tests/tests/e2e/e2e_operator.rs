@@ -243,6 +243,104 @@ async fn an_edited_route_keeps_signing_until_signing_is_removed() {
     );
 }
 
+/// An edit made while a rotation overlaps keeps the rotation (spec section 4): both secrets
+/// still sign every POST, and the edit's answer names the same `previous_secret_until` as the
+/// rotation's (an edit restarts no overlap); the CLI's `--no-signing` removes signing, warns
+/// of it on stderr, and ends the rotation too (removing signing is not a rotation).
+#[tokio::test]
+async fn an_edit_during_a_rotation_keeps_it_and_no_signing_removes_it_with_a_warning() {
+    let (hits, port) = receiver(ok_receiver()).await;
+    let s = Server::start(ServerOpts::default()).await;
+    let (old, new) = (
+        tidemark_tests::secret(random_token(32)),
+        tidemark_tests::secret(random_token(32)),
+    );
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let r = put(
+        &s,
+        "rot3",
+        &json!({"route": {"sink": "webhook", "url": url, "secret": old, "priorities": ["urgent"]},
+                "reason": "a signed endpoint"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = put(
+        &s,
+        "rot3",
+        &json!({"route": {"secret": new}, "reason": "rotate the secret"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let until = r.json["previous_secret_until"].clone();
+    assert!(until.is_string(), "a rotation names its end: {}", r.text);
+    append_ok(&s, &urgent("rt-1")).await;
+    let hit = posted(&hits, "dlv:rt-1:rot3").await;
+    assert!(verifies(&hit, &old) && verifies(&hit, &new), "{:?}", hit.0);
+
+    // An edit during the overlap, without a secret: the rotation goes on, as it was.
+    let r = put(
+        &s,
+        "rot3",
+        &json!({"route": {"priorities": ["urgent", "action"]}, "reason": "also action"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json["route"]["priorities"], json!(["urgent", "action"]));
+    assert_eq!(
+        r.json["previous_secret_until"], until,
+        "an edit restarted or ended the overlap: {}",
+        r.text
+    );
+    assert!(r.json.get("warnings").is_none(), "{}", r.text);
+    append_ok(&s, &urgent("rt-2")).await;
+    let hit = posted(&hits, "dlv:rt-2:rot3").await;
+    assert!(
+        verifies(&hit, &old) && verifies(&hit, &new),
+        "an edit during the overlap dropped a signature: {:?}",
+        hit.0
+    );
+    let shown = s.get("/v1/routes/rot3").await;
+    assert_eq!(shown.json["previous_secret_until"], until, "{}", shown.text);
+
+    // The CLI removes signing only when told to, and warns of it.
+    let out = run_cli(
+        &[
+            "routes",
+            "set",
+            "rot3",
+            "--url",
+            s.base(),
+            "--no-signing",
+            "--reason",
+            "the receiver no longer verifies",
+            "-o",
+            "json",
+        ],
+        "",
+        Duration::from_secs(30),
+    )
+    .await;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning:") && stderr.contains("no longer signs"),
+        "{stderr}"
+    );
+    let answer = tidemark_tests::strict_json(stdout.trim()).expect("the route as JSON");
+    assert!(answer["route"].get("secret").is_none(), "{answer}");
+    assert!(answer.get("previous_secret_until").is_none(), "{answer}");
+    assert_eq!(answer["route"]["priorities"], json!(["urgent", "action"]));
+    append_ok(&s, &urgent("rt-3")).await;
+    let (h, _) = posted(&hits, "dlv:rt-3:rot3").await;
+    assert!(
+        h.get("webhook-signature").is_none() && h.get("tidemark-signature").is_none(),
+        "{h:?}"
+    );
+}
+
 fn typed_with(ev: &Value, ty: &str) -> Value {
     let mut ev = ev.clone();
     ev["payload"]["type"] = json!(ty);
@@ -253,6 +351,9 @@ fn typed_with(ev: &Value, ty: &str) -> Value {
 /// incoming webhooks the path is the token. Every answer, event read and stream shows a
 /// route's or a bridge subscription's URL by scheme, host and port, for a read-only token and
 /// for an admin alike, and no log line carries the path (registered with the log scanner).
+/// A route's header values (an API key, a bearer token) are credentials as well: `GET
+/// /v1/routes` shows them as `"***"`, and so does every event read and stream of its
+/// `route.updated` (they once served them as given).
 #[tokio::test]
 async fn a_webhook_urls_path_reaches_no_reader() {
     let (_hits, port) = receiver(ok_receiver()).await;
@@ -263,19 +364,27 @@ async fn a_webhook_urls_path_reaches_no_reader() {
         sha256_hex(&admin),
         sha256_hex(&viewer)
     );
-    let mut s = Server::start(ServerOpts::default().config(config)).await;
+    let mut s = Server::start(
+        ServerOpts::default()
+            .config(config)
+            .env("TM_HDR_TEAM", "team-a"),
+    )
+    .await;
     s.set_token(Some(&admin));
     let route_path = tidemark_tests::secret(format!("/services/T000/B000/{}", random_token(24)));
     let sub_path = tidemark_tests::secret(format!("/bridge/{}", random_token(24)));
     let route_url = format!("http://127.0.0.1:{port}{route_path}");
+    let header_value = tidemark_tests::secret(format!("Bearer hdr-{}", random_token(24)));
     let r = put(
         &s,
         "chat",
-        &json!({"route": {"sink": "webhook", "url": route_url, "priorities": ["urgent"]},
+        &json!({"route": {"sink": "webhook", "url": route_url, "priorities": ["urgent"],
+                          "headers": {"Authorization": header_value, "X-Team": "env:TM_HDR_TEAM"}},
                 "reason": "a chat channel"}),
     )
     .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(!r.text.contains(header_value.as_str()), "the PUT's answer");
     append_ok(
         &s,
         &json!({"stream": "task_events", "subject": "u-task", "type": "task.created",
@@ -325,6 +434,10 @@ async fn a_webhook_urls_path_reaches_no_reader() {
             assert!(!seen.contains(secret.as_str()), "a URL's path was served");
         }
         assert!(
+            !seen.contains(header_value.as_str()),
+            "a route's header value was served"
+        );
+        assert!(
             seen.contains(&shown),
             "the endpoint is shown by host and port"
         );
@@ -332,6 +445,13 @@ async fn a_webhook_urls_path_reaches_no_reader() {
     let routes = s.read_all("stream=routes").await;
     assert_eq!(
         routes[0]["payload"]["route"]["url"], shown,
+        "{:?}",
+        routes[0]
+    );
+    // Every value masked, an `env:` reference too: the event shows which headers are set.
+    assert_eq!(
+        routes[0]["payload"]["route"]["headers"],
+        json!({"Authorization": "***", "X-Team": "***"}),
         "{:?}",
         routes[0]
     );
@@ -484,6 +604,87 @@ async fn endpoint_trouble_reaches_the_servers_log() {
     .await;
     assert!(!line.contains("error=\"\""), "{line}");
     assert!(line.contains("free"), "{line}");
+}
+
+/// An endpoint that keeps failing and never answers again still has its failures counted in
+/// the log: the first in full, the others of the period in one WARN line when the period ends
+/// (a minute; `TIDEMARK_FAULT_FAILURE_LOG_PERIOD_MS` shortens it for this test), with the
+/// route, endpoint, count and last code. Every failed attempt is in exactly one line.
+#[tokio::test]
+async fn failures_of_an_endpoint_that_never_recovers_are_summed_up_per_period() {
+    let answer = Arc::new(std::sync::atomic::AtomicU16::new(503));
+    let (hits, port) = receiver(answer).await;
+    let s = Server::start(
+        ServerOpts::default()
+            .config(
+                "[notifications.retry]\nbase_delay = \"50ms\"\nmax_delay = \"50ms\"\n\
+                 max_attempts = 5\n",
+            )
+            .env("TIDEMARK_FAULT_FAILURE_LOG_PERIOD_MS", "3000"),
+    )
+    .await;
+    let r = put(
+        &s,
+        "down",
+        &json!({"route": {"sink": "webhook", "url": format!("http://127.0.0.1:{port}/hook"),
+                          "priorities": ["urgent"]},
+                "reason": "an endpoint that is down"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    append_ok(&s, &urgent("pd-1")).await;
+    wait_status(&s, "dlv:pd-1:down", "parked").await;
+    let attempts = hits.lock().unwrap().len() as u64;
+    assert!(attempts >= 2, "{attempts} attempts");
+    // Parked: nothing fails any more, so the last period's count comes when it ends.
+    wait_for(
+        Duration::from_secs(30),
+        "the summary at the period's end",
+        || async {
+            s.stderr()
+                .contains("more failed attempts in the last")
+                .then_some(())
+        },
+    )
+    .await;
+    // Give a second summary (had the attempts spanned two periods) the time to show.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let log = s.stderr();
+    let full: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("delivery attempt failed") && l.contains("route=down"))
+        .collect();
+    let summaries: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("more failed attempts in the last"))
+        .collect();
+    assert!(!full.is_empty() && !summaries.is_empty(), "{log}");
+    for l in &summaries {
+        for part in [
+            "WARN",
+            "route=down",
+            &format!("endpoint=http://127.0.0.1:{port}"),
+            "last_code=http_503",
+            "in the last 3s",
+        ] {
+            assert!(l.contains(part), "{part:?} missing: {l}");
+        }
+    }
+    let counted: u64 = summaries
+        .iter()
+        .map(|l| {
+            l.split("failures=")
+                .nth(1)
+                .and_then(|f| f.split(' ').next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no failures= count: {l}"))
+        })
+        .sum();
+    assert_eq!(
+        full.len() as u64 + counted,
+        attempts,
+        "each attempt in one line: {full:#?} {summaries:#?}"
+    );
 }
 
 /// An `env:` reference is said where it is set (spec section 4): a `PUT` naming a variable
@@ -748,8 +949,9 @@ async fn a_resent_delivery_keeps_no_stale_lease_or_delivery_time() {
 
 /// Seed 000's delivery row: each delivery carries its notification's `project_id`,
 /// `session_id`, `destination_key` and `request_json`, in the claim a desktop app makes and on
-/// `GET /v1/deliveries/{id}`, as the status record does; never on a redacted delivery; a
-/// `request_json` that is not an object is refused.
+/// `GET /v1/deliveries/{id}`, as the status record does; never on a redacted delivery (its
+/// claim, read and list row carry none of them); a `request_json` that is not an object is
+/// refused.
 #[tokio::test]
 async fn a_delivery_carries_its_notifications_project_session_and_request() {
     let s = Server::start(ServerOpts::default()).await;
@@ -805,6 +1007,51 @@ async fn a_delivery_carries_its_notifications_project_session_and_request() {
         body["detail"].as_str().unwrap().contains("request_json"),
         "{body}"
     );
+
+    // A redacted route's delivery carries none of them (spec section 14: no content of the
+    // notification), in the claim, the delivery read or the list.
+    let key = tidemark_tests::secret(format!("privacy-{}", random_token(16)));
+    let r = Server::start(
+        ServerOpts::default()
+            .config(
+                "[notifications.routes.desktop]\nredact = true\n\
+                 generic_title = \"You have a message\"\n\
+                 [privacy]\nhmac_key = \"env:TM_TEST_PRIVACY_KEY\"\n",
+            )
+            .env("TM_TEST_PRIVACY_KEY", key),
+    )
+    .await;
+    append_ok(&r, &ev).await;
+    let rows = wait_for(Duration::from_secs(30), "the redacted claim", || async {
+        let c = post_json(
+            &r,
+            "/v1/deliveries/claim",
+            &json!({"sink": "app", "owner": "desk", "limit": 1, "lease_ms": 60000}),
+        )
+        .await;
+        c.json["deliveries"]
+            .as_array()
+            .filter(|a| !a.is_empty())
+            .cloned()
+    })
+    .await;
+    let id = rows[0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(rows[0]["redacted"], true, "{}", rows[0]);
+    let list = r.get("/v1/deliveries?limit=100").await.json["deliveries"].clone();
+    for d in [rows[0].clone(), delivery(&r, &id).await, list[0].clone()] {
+        for k in [
+            "project_id",
+            "session_id",
+            "destination_key",
+            "request_json",
+        ] {
+            assert!(d.get(k).is_none(), "a redacted delivery carries {k}: {d}");
+        }
+        let text = d.to_string();
+        for v in ["proj-7", "sess-42", "desk:ana-laptop", "chime"] {
+            assert!(!text.contains(v), "{v} on a redacted delivery: {d}");
+        }
+    }
 }
 
 /// What the help and the reference say is what the binary does (issue 53): `tidemark backup`

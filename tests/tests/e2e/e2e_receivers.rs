@@ -203,7 +203,7 @@ body = "teams"
         );
     }
     let by = |p: &str| all.iter().find(|h| h.0 == p).unwrap().clone();
-    let teams: Value = serde_json::from_slice(&by("/teams").2).unwrap();
+    let teams = strict_body(&by("/teams").2);
     let card = &teams["attachments"][0]["content"];
     assert_eq!(card["body"][0]["text"], "Build \"1042\" failed");
     let link = card["actions"][0]["url"].as_str().unwrap();
@@ -213,7 +213,7 @@ body = "teams"
         "{link}"
     );
     let (_, headers, body, _) = by("/custom");
-    let v: Value = serde_json::from_slice(&body).unwrap();
+    let v = strict_body(&body);
     assert_eq!(v["msg"], "Build \"1042\" failed");
     assert_eq!(v["who"], "ana@example.org");
     assert_eq!(v["task"], "t-rcv");
@@ -229,7 +229,7 @@ body = "teams"
     let before = hits.lock().unwrap().len();
     let p = post_json(&s, "/v1/routes/custom/preview", &json!({})).await;
     assert_eq!(p.status, StatusCode::OK, "{}", p.text);
-    let sample: Value = serde_json::from_str(p.json["body"].as_str().unwrap()).unwrap();
+    let sample = tidemark_tests::strict_json(p.json["body"].as_str().unwrap()).unwrap();
     assert_eq!(sample["msg"], "Build 1042 failed on main");
     assert_eq!(p.json["headers"]["X-Team"], "***");
     let p = post_json(
@@ -332,4 +332,10 @@ body = "teams"
     .await;
     assert_eq!(headers["x-team"], "ops", "kept");
     assert_eq!(headers["x-new"], "1");
+}
+
+/// A body tidemark sent, read as a strict receiver reads it (a key named twice is refused).
+fn strict_body(body: &[u8]) -> Value {
+    tidemark_tests::strict_json(std::str::from_utf8(body).expect("UTF-8"))
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(body)))
 }

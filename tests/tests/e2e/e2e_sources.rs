@@ -32,6 +32,8 @@ enum Fault {
     Malformed,
     Oversize,
     Hang,
+    /// The headers and the start of a page, then the connection ends (a network failure).
+    Cut,
     /// An item whose id is not a string.
     BadItem,
 }
@@ -181,6 +183,13 @@ async fn list(State(up): State<Up>, headers: HeaderMap, Query(q): Query<ListQuer
         }
         Some(Fault::Hang) => {
             tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+        Some(Fault::Cut) => {
+            let body = axum::body::Body::from_stream(futures::stream::iter([
+                Ok(axum::body::Bytes::from_static(b"{\"data\": [")),
+                Err(std::io::Error::other("cut (scripted)")),
+            ]));
+            return (StatusCode::OK, body).into_response();
         }
         Some(Fault::Pass) => {}
         Some(Fault::BadItem) => {
@@ -1511,9 +1520,11 @@ async fn a_cron_source_first_polls_at_its_schedule_unless_told_to_poll_at_start(
 }
 
 /// Seed 004's item schema: an item its `[sources.items] schema` refuses is skipped with the
-/// reason (`source.item_skipped`, counted in `items_skipped`), never turned into an event or
-/// notified; the watermark still moves past it; a replayed poll records it once; a schema that
-/// is not one refuses the start. The acknowledgement carries `[sources.ack] extra`.
+/// reason (`source.item_skipped`, counted in `items_skipped` and
+/// `tidemark_source_items_skipped_total`), never turned into an event or notified, but
+/// acknowledged; the watermark still moves past it; a replayed poll records and counts it
+/// once; a schema that is not one refuses the start. The acknowledgement carries
+/// `[sources.ack] extra`.
 #[tokio::test]
 async fn items_an_upstream_schema_refuses_are_skipped_and_counted() {
     let (up, addr) = start_upstream().await;
@@ -1534,6 +1545,11 @@ async fn items_an_upstream_schema_refuses_are_skipped_and_counted() {
     let st = wait_source(&s, "typed", "the page", |v| v["watermark"] == "000002").await;
     assert_eq!(st["items_total"], 2, "{st}");
     assert_eq!(st["items_skipped"], 1, "{st}");
+    assert_eq!(
+        skipped_metric(&s).await,
+        Some(1.0),
+        "the skipped item is counted"
+    );
     let items: Vec<String> = item_events(&s)
         .await
         .into_iter()
@@ -1580,6 +1596,11 @@ async fn items_an_upstream_schema_refuses_are_skipped_and_counted() {
     wait_source(&s, "typed", "the replay", |v| v["watermark"] == "000002").await;
     assert_eq!(s.read_all("&type=source.item_skipped").await.len(), 1);
     assert_eq!(source(&s, "typed").await["items_skipped"], 1);
+    assert_eq!(
+        skipped_metric(&s).await,
+        Some(1.0),
+        "a replayed skip is not counted again"
+    );
     crate::common::assert_projections_sound(&s, "after a skipped item").await;
     // A schema that is not one refuses the start, naming the key.
     let bad = cfg.replace("type = \"string\"", "type = \"text\"");
@@ -1588,51 +1609,86 @@ async fn items_an_upstream_schema_refuses_are_skipped_and_counted() {
     refused_naming(&bad, "sources.typed.ack.extra.ids");
 }
 
+/// `tidemark_source_items_skipped_total` of the source `typed`.
+async fn skipped_metric(s: &Server) -> Option<f64> {
+    let metrics = s.get("/metrics").await.text;
+    crate::common::metric_sum(
+        &metrics,
+        "tidemark_source_items_skipped_total{source=\"typed\"}",
+    )
+}
+
 /// Seed 004's retry matrix: each class of failure waits its own backoff
 /// (`[sources.retry.classes]`), counted by its failures in a row: 5xx on a fixed 1.5 s, a 429
-/// without `Retry-After` on a fixed 1 s, where the source's own backoff is 200 ms; an unknown
-/// class refuses the start.
+/// without `Retry-After` on a fixed 1 s, a timeout (the request's 2 s) on a fixed 1.8 s, a
+/// connection cut mid-answer (`network`) on a fixed 1.4 s and a 401 (`auth`, retried once) on
+/// a fixed 1.2 s, where the source's own backoff is 200 ms to 1 s (and a 401 without a class
+/// of its own is retried at once); an unknown class refuses the start.
 #[tokio::test]
 async fn each_class_of_failure_waits_its_own_backoff() {
     let (up, addr) = start_upstream().await;
     up.add_items(0, 1);
+    let class = |name: &str, ms: u64| {
+        format!(
+            "[sources.retry.classes.{name}]\nstrategy = \"fixed\"\nbase_delay = \"{ms}ms\"\n\
+             max_delay = \"{ms}ms\"\n"
+        )
+    };
     let cfg = source_toml("matrix", addr, "every = \"1h\"").replace(
         "retry_after_max = \"10s\"",
-        "retry_after_max = \"10s\"\n\
-         [sources.retry.classes.server_error]\nstrategy = \"fixed\"\nbase_delay = \"1500ms\"\nmax_delay = \"2s\"\n\
-         [sources.retry.classes.rate_limited]\nstrategy = \"fixed\"\nbase_delay = \"1s\"\nmax_delay = \"1s\"\n",
+        &format!(
+            "retry_after_max = \"10s\"\n{}{}{}{}{}",
+            class("server_error", 1500),
+            class("rate_limited", 1000),
+            class("timeout", 1800),
+            class("network", 1400),
+            class("auth", 1200),
+        ),
     );
     up.with(|u| {
         u.faults.extend([
             Fault::Status(500, None),
             Fault::Status(502, None),
             Fault::Status(429, None),
+            Fault::Hang,
+            Fault::Cut,
+            Fault::Status(401, None),
         ]);
     });
     let s = start(cfg.clone()).await;
-    wait_source(&s, "matrix", "the item after the failures", |v| {
-        v["items_total"] == 1 && v["state"] == "idle"
-    })
+    // About 11 s of waits in all; the bound is ten times that.
+    wait_for(
+        Duration::from_secs(120),
+        "the item after the failures",
+        || async {
+            let v = source(&s, "matrix").await;
+            (v["items_total"] == 1 && v["state"] == "idle").then_some(())
+        },
+    )
     .await;
     let times: Vec<Instant> = up.with(|u| u.requests.iter().map(|r| r.0).collect());
-    assert!(times.len() >= 4, "{} requests", times.len());
+    assert_eq!(times.len(), 7, "six failures, then the page");
     let gap = |i: usize| times[i + 1] - times[i];
-    // Lower bounds only (the machine may be slow; it cannot be early).
-    assert!(
-        gap(0) >= Duration::from_millis(1400),
-        "after a 500: {:?}",
-        gap(0)
-    );
-    assert!(
-        gap(1) >= Duration::from_millis(1400),
-        "after a 502: {:?}",
-        gap(1)
-    );
-    assert!(
-        gap(2) >= Duration::from_millis(900),
-        "after a 429: {:?}",
-        gap(2)
-    );
+    // Lower bounds only (the machine may be slow; it cannot be early), each above what the
+    // source's own backoff (at most 1 s) would wait.
+    for (i, what, at_least_ms) in [
+        (0, "a 500 (server_error)", 1400),
+        (1, "a 502 (server_error)", 1400),
+        (2, "a 429 (rate_limited)", 900),
+        (
+            3,
+            "a timeout: the request's 2 s, then its class's 1.8 s",
+            3650,
+        ),
+        (4, "a cut connection (network)", 1300),
+        (5, "a 401 (auth)", 1100),
+    ] {
+        assert!(
+            gap(i) >= Duration::from_millis(at_least_ms),
+            "after {what}: {:?}",
+            gap(i)
+        );
+    }
     let bad = cfg.replace("classes.rate_limited", "classes.slow");
     refused_naming(&bad, "sources.matrix.retry.classes.slow");
 }
