@@ -115,12 +115,14 @@ async function loadEndpoints() {
     el('td', {}, x.last_failure_at ? `${fmtTime(x.last_failure_at)} ` : '–',
       x.last_failure_code ? el('span', { class: 'err', text: x.last_failure_code }) : null),
     el('td', { class: 'small', 'data-field': 'circuit', text: circuit(x) }),
+    el('td', { class: 'small', 'data-field': 'rate',
+      text: x.rate ? `${x.rate}${x.paced_until ? ` · waiting until ${fmtTime(x.paced_until)}` : ''}` : '–' }),
     el('td', {}, switchButton(x))));
   table($('#endpoints'), ['route', 'sink', 'state', 'attempts', 'sent', 'failures in a row',
-    'last failure', 'circuit', ''], rows);
+    'last failure', 'circuit', 'pace', ''], rows);
   if (!rows.length) {
     $('#endpoints tbody').append(el('tr', {}, el('td', {
-      colspan: 9, class: 'muted', text: 'No email or webhook route.',
+      colspan: 10, class: 'muted', text: 'No email or webhook route.',
     })));
   }
 }
@@ -279,6 +281,8 @@ function heldText(d) {
   switch (d.held_by) {
     case 'ordering':
       return `route ${d.route} keeps its deliveries in order: it goes once ${d.waits_for} (the one before it, same key) is sent`;
+    case 'rate_limited':
+      return `route ${d.route} is at its pace; it goes when the pace allows, spending no attempt (Endpoints, above)`;
     case 'endpoint_disabled':
       return `the endpoint of route ${d.route} is disabled; it goes when an operator enables it (Endpoints, above)`;
     case 'endpoint_unresolved':

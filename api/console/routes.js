@@ -68,6 +68,7 @@ function editRoute(r) {
   f.elements.body.value = typeof r.route.body === 'string' ? r.route.body : '';
   f.elements['order-key'].value = (r.route.ordering && r.route.ordering.key) || '';
   f.elements['order-park'].value = (r.route.ordering && r.route.ordering.on_park) || 'hold';
+  f.elements.rate.value = r.route.rate || '';
   for (const p of PRIORITIES) f.elements[`p-${p}`].checked = (r.route.priorities || []).includes(p);
   f.elements.extra.value = Object.keys(extraKeys(r.route)).length ? JSON.stringify(extraKeys(r.route)) : '';
   f.elements.reason.focus();
@@ -77,7 +78,7 @@ function editRoute(r) {
 /// theirs; a template body is edited among the other keys).
 function extraKeys(route) {
   const extra = { ...route };
-  for (const k of ['sink', 'url', 'secret', 'priorities', 'ordering']) delete extra[k];
+  for (const k of ['sink', 'url', 'secret', 'priorities', 'ordering', 'rate']) delete extra[k];
   if (typeof extra.body === 'string') delete extra.body;
   return extra;
 }
@@ -104,6 +105,8 @@ async function saveRoute(ev) {
   else if (before && typeof before.route.body === 'string' && !('body' in route)) route.body = null;
   if (f['order-key'].value) route.ordering = { key: f['order-key'].value, on_park: f['order-park'].value };
   else if (before && before.route.ordering) route.ordering = null;
+  if (f.rate.value.trim()) route.rate = f.rate.value.trim();
+  else if (before && before.route.rate) route.rate = null;
   const reason = f.reason.value.trim();
   const r = await api('PUT', `/v1/routes/${encodeURIComponent(name)}`, { route, reason });
   const warned = (r.warnings || []).join('; ');

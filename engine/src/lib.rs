@@ -192,6 +192,7 @@ impl<L: EventLog + Clone> Engine<L> {
             clock: clock.clone(),
             privacy: None,
             shared_outbox: false,
+            pacer: Arc::default(),
         }));
         let pages = Arc::new(pages::Pages::default());
         let decider = decider::Decider::spawn(
@@ -299,6 +300,15 @@ impl<L: EventLog + Clone> Engine<L> {
     /// The read models.
     pub fn read(&self) -> &Queries<L> {
         &self.queries
+    }
+
+    /// The routes' paces this node's decider keeps (section 4).
+    pub fn pacer(&self) -> Arc<commands::outbox::Pacer> {
+        self.knobs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .pacer
+            .clone()
     }
 
     /// The engine's clock now.

@@ -312,6 +312,12 @@ impl<L: EventLog + Clone> Queries<L> {
         Ok(read::router_checkpoint(&self.models.read())?)
     }
 
+    /// The routing settings in force: the file's, with the routes managed at runtime.
+    pub fn settings_in_force(&self) -> R<tidemark_projections::routing::RoutingSettings> {
+        self.floor(0)?;
+        Ok(read::settings_in_force(&self.models.read())?)
+    }
+
     /// The notification settings last recorded in the log.
     pub fn current_settings(&self) -> R<Option<serde_json::Value>> {
         self.floor(0)?;

@@ -898,11 +898,13 @@ id = "/id"
   await hookRow.locator('[data-testid=route-edit]').click();
   await page.selectOption('[data-testid=route-body]', 'slack');
   await page.selectOption('[data-testid=route-order-key]', 'task');
+  await page.fill('[data-testid=route-rate]', '5/s');
   await page.fill('[data-testid=route-reason]', 'slack-shaped, in order per task');
   await page.click('[data-testid=route-save]');
   await until('body and order saved', async () => (await s.ok('GET', '/v1/routes/console-hook')).route.body === 'slack');
   const ordered = await s.ok('GET', '/v1/routes/console-hook');
   assert.deepEqual(ordered.route.ordering, { key: 'task', on_park: 'hold' });
+  assert.equal(ordered.route.rate, '5/s');
   assert.deepEqual(ordered.route.priorities, ['urgent', 'action'], 'the edit kept the priorities');
   await page.fill('[data-testid=route-name]', 'console-hook');
   await page.click('[data-testid=route-preview]');
@@ -912,6 +914,7 @@ id = "/id"
   await hookRow.locator('[data-testid=route-edit]').click();
   assert.equal(await page.inputValue('[data-testid=route-body]'), 'slack');
   assert.equal(await page.inputValue('[data-testid=route-order-key]'), 'task');
+  assert.equal(await page.inputValue('[data-testid=route-rate]'), '5/s');
   await page.selectOption('[data-testid=route-order-key]', '');
   await page.fill('[data-testid=route-reason]', 'no order after all');
   await page.click('[data-testid=route-save]');

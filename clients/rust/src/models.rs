@@ -260,7 +260,7 @@ pub struct DeliveryAnswer {
     pub external_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group_key: Option<String>,
-    /// Only on `GET /v1/deliveries/{id}` of a pending delivery that waits (sections 4 and 17): `ordering` (its route's order: it waits for `waits_for` to be sent), `circuit_open` (it waits for the circuit's probe to succeed), `endpoint_disabled` (for an operator to enable it) or `endpoint_unresolved`.
+    /// Only on `GET /v1/deliveries/{id}` of a pending delivery that waits (sections 4 and 17): `ordering` (its route's order: it waits for `waits_for` to be sent), `rate_limited` (due, but its route is at its `rate` on this node), `circuit_open` (it waits for the circuit's probe to succeed), `endpoint_disabled` (for an operator to enable it) or `endpoint_unresolved`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_by: Option<String>,
     /// `dlv:<notification_id>:<route>`.
@@ -358,7 +358,7 @@ pub struct DeliveryOut {
     pub external_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group_key: Option<String>,
-    /// Only on `GET /v1/deliveries/{id}` of a pending delivery that waits (sections 4 and 17): `ordering` (its route's order: it waits for `waits_for` to be sent), `circuit_open` (it waits for the circuit's probe to succeed), `endpoint_disabled` (for an operator to enable it) or `endpoint_unresolved`.
+    /// Only on `GET /v1/deliveries/{id}` of a pending delivery that waits (sections 4 and 17): `ordering` (its route's order: it waits for `waits_for` to be sent), `rate_limited` (due, but its route is at its `rate` on this node), `circuit_open` (it waits for the circuit's probe to succeed), `endpoint_disabled` (for an operator to enable it) or `endpoint_unresolved`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_by: Option<String>,
     /// `dlv:<notification_id>:<route>`.
@@ -456,6 +456,12 @@ pub struct EndpointOut {
     pub last_success_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open: Option<OpenOut>,
+    /// While this node's decider holds its due deliveries at the pace: when the next may go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paced_until: Option<String>,
+    /// Its pace (section 4): `"<n>/<s|m|h>"`, the route's `rate` or `\[notifications.rate\]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
     /// The route's name, or `bridge:<subscription_id>` for a bridge webhook subscription.
     pub route: String,
     /// `email` or `webhook`.

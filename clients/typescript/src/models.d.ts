@@ -198,7 +198,7 @@ export interface DeliveryOut extends ProvenanceOut {
   delivered_at?: string | null;
   external_id?: string | null;
   group_key?: string | null;
-  /** Only on `GET /v1/deliveries/{id}` of a pending delivery that waits (sections 4 and 17): `ordering` (its route's order: it waits for `waits_for` to be sent), `circuit_open` (it waits for the circuit's probe to succeed), `endpoint_disabled` (for an operator to enable it) or `endpoint_unresolved`. */
+  /** Only on `GET /v1/deliveries/{id}` of a pending delivery that waits (sections 4 and 17): `ordering` (its route's order: it waits for `waits_for` to be sent), `rate_limited` (due, but its route is at its `rate` on this node), `circuit_open` (it waits for the circuit's probe to succeed), `endpoint_disabled` (for an operator to enable it) or `endpoint_unresolved`. */
   held_by?: string | null;
   /** `dlv:<notification_id>:<route>`. */
   id: string;
@@ -270,6 +270,10 @@ export interface EndpointOut {
   last_failure_code?: string | null;
   last_success_at?: string | null;
   open?: OpenOut | null;
+  /** While this node's decider holds its due deliveries at the pace: when the next may go. */
+  paced_until?: string | null;
+  /** Its pace (section 4): `"<n>/<s|m|h>"`, the route's `rate` or `[notifications.rate]`. */
+  rate?: string | null;
   /** The route's name, or `bridge:<subscription_id>` for a bridge webhook subscription. */
   route: string;
   /** `email` or `webhook`. */

@@ -398,6 +398,15 @@ async fn run(
                     if at > now {
                         recheck = RECHECK_MIN;
                         Some(Duration::from_micros((at - now) as u64).min(LONGEST_SLEEP))
+                    } else if let Some(free) = engine
+                        .pacer()
+                        .sink_paced_until(sink, now)
+                        .filter(|f| *f > now)
+                    {
+                        // Due, but its route is at its pace (section 4): until a lease leaves
+                        // the route's window.
+                        recheck = RECHECK_MIN;
+                        Some(Duration::from_micros((free - now) as u64).min(LONGEST_SLEEP))
                     } else {
                         // Due, yet not taken (a hold moved it, or a claim of another node
                         // races for it): look again soon, then less often.

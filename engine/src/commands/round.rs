@@ -58,6 +58,8 @@ pub struct Round<'a> {
     /// write, so it is appended only if no other admission came in since the models it was
     /// judged on (`max_pending` is never exceeded across nodes).
     pub(crate) shared_outbox: bool,
+    /// The routes' paces (section 4).
+    pub(crate) pacer: &'a crate::commands::outbox::Pacer,
 }
 
 pub(crate) fn key(stream: &str, subject: &str) -> Vec<u8> {

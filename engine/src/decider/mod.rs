@@ -95,6 +95,8 @@ pub(crate) struct Knobs {
     pub privacy: Option<Arc<Privacy>>,
     /// Several nodes share the outbox bound (a cluster): see [`Round::shared_outbox`].
     pub shared_outbox: bool,
+    /// The routes' paces (section 4), kept across rounds.
+    pub pacer: Arc<crate::commands::outbox::Pacer>,
 }
 
 impl Decider {

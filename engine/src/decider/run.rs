@@ -411,6 +411,7 @@ impl<L: EventLog + Clone> State<L> {
             touched: HashSet::new(),
             pending_added: 0,
             shared_outbox: knobs.shared_outbox,
+            pacer: &knobs.pacer,
         };
         let mut later: VecDeque<Queued> = VecDeque::new();
         let mut sends: Vec<(Queued, Vec<NewEvent>, Condition)> = Vec::new();
@@ -541,6 +542,7 @@ impl<L: EventLog + Clone> State<L> {
             touched: HashSet::new(),
             pending_added: 0,
             shared_outbox: knobs.shared_outbox,
+            pacer: &knobs.pacer,
         };
         job.decide(&txn, &mut round)?;
         txn.commit().map_err(CommandError::Models)?;

@@ -417,15 +417,12 @@ pub fn endpoints(
     }
 }
 
-/// Every endpoint as it stands, with its circuit's policy: each delivering route of the
-/// settings in force (a record with no attempt for one that has none) and the records of
-/// routes no longer configured (their deliveries are still tried), by route; then each active
-/// bridge webhook subscription's (`bridge:<id>`).
-pub fn endpoints_in_force(
+/// The routing settings in force at the head: the file's, with the routes managed at runtime.
+pub fn settings_in_force(
     db: &crate::models::ModelsRead,
-) -> Result<Vec<(crate::endpoints::Endpoint, crate::routing::CircuitPolicy)>, StorageError> {
+) -> Result<crate::routing::RoutingSettings, StorageError> {
     let r = Reader::new(db)?;
-    let settings = match r.table(deliveries::NAME, deliveries::SETTINGS)? {
+    Ok(match r.table(deliveries::NAME, deliveries::SETTINGS)? {
         Some(t) => match t.last().map_err(StorageError::of)? {
             Some((_, v)) => serde_json::from_slice::<serde_json::Value>(v.value())
                 .ok()
@@ -434,7 +431,17 @@ pub fn endpoints_in_force(
             None => Default::default(),
         },
         None => Default::default(),
-    };
+    })
+}
+
+/// Every endpoint as it stands, with its circuit's policy: each delivering route of the
+/// settings in force (a record with no attempt for one that has none) and the records of
+/// routes no longer configured (their deliveries are still tried), by route; then each active
+/// bridge webhook subscription's (`bridge:<id>`).
+pub fn endpoints_in_force(
+    db: &crate::models::ModelsRead,
+) -> Result<Vec<(crate::endpoints::Endpoint, crate::routing::CircuitPolicy)>, StorageError> {
+    let settings = settings_in_force(db)?;
     let mut held: std::collections::BTreeMap<String, crate::endpoints::Endpoint> = endpoints(db)?
         .into_iter()
         .map(|e| (e.route.clone(), e))

@@ -39,6 +39,9 @@ pub struct NotificationsConfig {
     /// `circuit` over it) and the bridge webhook subscriptions'.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub circuit: Option<CircuitConfig>,
+    /// The pace of every email and webhook route that sets none (section 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RateConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routes: Option<BTreeMap<String, RouteConfig>>,
     /// locale → digest titles.
@@ -151,6 +154,25 @@ pub struct RouteConfig {
     /// "recipient", on_park = "hold" | "skip" }`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordering: Option<OrderingConfig>,
+    /// At most this many attempts per period: `"<n>/<s|m|h>"` (section 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+}
+
+/// `[notifications.rate]`: `default = "<n>/<s|m|h>"`, the pace of every email and webhook
+/// route that sets no `rate` of its own.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<String>,
+}
+
+/// `"<n>/<s|m|h>"` read as a [`super::Rate`], or the error naming `key`.
+fn rate(v: &str, key: &str) -> Result<super::Rate, String> {
+    super::Rate::parse(v).ok_or_else(|| {
+        format!("{key} must be \"<n>/<s|m|h>\" with n from 1 to 100000 (\"10/s\", \"600/m\")")
+    })
 }
 
 /// `ordering` of a route: `key` (required: `endpoint`, `task` or `recipient`) and `on_park`
@@ -332,6 +354,9 @@ impl NotificationsConfig {
             if let Some(x) = &o.stuck_after {
                 s.stuck_after_ms = dur(x, "outbox.stuck_after")?;
             }
+        }
+        if let Some(r) = self.rate.as_ref().and_then(|r| r.default.as_deref()) {
+            s.rate = Some(rate(r, "notifications.rate.default")?);
         }
         if let Some(c) = &self.circuit {
             s.circuit = c.over(s.circuit, "notifications.circuit")?;
@@ -531,6 +556,9 @@ impl RouteConfig {
         };
         if let Some(o) = &self.ordering {
             p.ordering = Some(o.policy(&key("ordering"))?);
+        }
+        if let Some(r) = &self.rate {
+            p.rate = Some(rate(r, &key("rate"))?);
         }
         p.sink = self.sink;
         Ok(p)

@@ -10,8 +10,8 @@ mod resolve;
 
 pub use config::{
     ApiRoute, CircuitConfig, DashboardConfig, DesktopConfig, DigestConfig, LocaleTemplates,
-    NotificationsConfig, OrderingConfig, OutboxConfig, RetryConfig, RouteConfig, RouteTemplates,
-    Sink, SourceTitles,
+    NotificationsConfig, OrderingConfig, OutboxConfig, RateConfig, RetryConfig, RouteConfig,
+    RouteTemplates, Sink, SourceTitles,
 };
 pub use resolve::{RouteOutcome, backoff_ms, resolve_routes};
 
@@ -187,6 +187,44 @@ pub struct RoutePolicy {
     pub circuit: CircuitPolicy,
     /// At most one delivery per key in flight (section 4).
     pub ordering: Option<Ordering>,
+    /// At most this many attempts per period (section 4); over `[notifications.rate]`.
+    pub rate: Option<Rate>,
+}
+
+/// A pace (section 4): at most `n` attempts in any `per_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub n: u32,
+    pub per_ms: u64,
+}
+
+impl Rate {
+    /// `"<n>/<s|m|h>"`, `n` 1 to 100,000.
+    pub fn parse(v: &str) -> Option<Rate> {
+        let (n, unit) = v.split_once('/')?;
+        let n: u32 = n
+            .trim()
+            .parse()
+            .ok()
+            .filter(|n| (1..=100_000).contains(n))?;
+        let per_ms = match unit.trim() {
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            _ => return None,
+        };
+        Some(Rate { n, per_ms })
+    }
+
+    /// As it is written: `"10/s"`.
+    pub fn text(&self) -> String {
+        let unit = match self.per_ms {
+            1_000 => "s",
+            60_000 => "m",
+            _ => "h",
+        };
+        format!("{}/{unit}", self.n)
+    }
 }
 
 /// A route's order (section 4): its deliveries of one key go one at a time, in the order of
@@ -264,6 +302,9 @@ pub struct RoutingSettings {
     pub stuck_after_ms: u64,
     /// `[notifications.circuit]`: every endpoint's circuit, a route's `circuit` over it.
     pub circuit: CircuitPolicy,
+    /// `[notifications.rate] default`: the pace of every email and webhook route that sets
+    /// none of its own.
+    pub rate: Option<Rate>,
     pub routes: BTreeMap<String, RoutePolicy>,
     /// `[notifications.templates.<locale>]`: digest titles per recipient locale.
     pub templates: BTreeMap<String, Templates>,
@@ -298,6 +339,7 @@ impl Default for RoutingSettings {
             max_pending: 100_000,
             stuck_after_ms: 600_000,
             circuit: CircuitPolicy::default(),
+            rate: None,
             routes: BTreeMap::new(),
             templates: BTreeMap::new(),
         }
@@ -305,6 +347,14 @@ impl Default for RoutingSettings {
 }
 
 impl RoutingSettings {
+    /// The pace of route `route` (section 4): its own `rate`, else the default for a route
+    /// tidemark delivers (email, webhook).
+    pub fn rate_of(&self, route: &str) -> Option<Rate> {
+        let p = self.routes.get(route)?;
+        p.rate
+            .or_else(|| self.rate.filter(|_| crate::endpoints::delivering(p.sink)))
+    }
+
     /// Read the payload of a `settings.updated` event (or the configuration's section as
     /// JSON); keys it lacks keep their defaults. Errors name the first key that is unknown or
     /// malformed ([`NotificationsConfig`]).

@@ -49,6 +49,7 @@ mod e2e_operator;
 mod e2e_ops;
 mod e2e_ordering;
 mod e2e_outbox_policies;
+mod e2e_pace;
 mod e2e_projections;
 mod e2e_races;
 mod e2e_read_models;

@@ -73,6 +73,10 @@ pub struct EndpointOut {
     /// While unresolved: when, which variables (`reason`), and the node (`by`) that lacks
     /// them.
     pub unresolved: Option<SwitchOut>,
+    /// Its pace (section 4): `"<n>/<s|m|h>"`, the route's `rate` or `[notifications.rate]`.
+    pub rate: Option<String>,
+    /// While this node's decider holds its due deliveries at the pace: when the next may go.
+    pub paced_until: Option<String>,
 }
 
 impl EndpointOut {
@@ -104,6 +108,8 @@ impl EndpointOut {
             disabled: e.disabled.map(switch),
             enabled: e.enabled.map(switch),
             unresolved: e.unresolved.map(switch),
+            rate: None,
+            paced_until: None,
             route: e.route,
         }
     }
@@ -137,11 +143,22 @@ pub async fn endpoints(
     q: Result<Query<ReadAt>, QueryRejection>,
 ) -> Result<Json<EndpointsPage>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    let (rows, as_of_seq) = read_model(&st.engine, q.seq()?, |q| q.endpoints()).await?;
+    let ((rows, settings), as_of_seq) = read_model(&st.engine, q.seq()?, |q| {
+        Ok((q.endpoints()?, q.settings_in_force()?))
+    })
+    .await?;
+    let (pacer, now) = (st.engine.pacer(), st.engine.now_us());
     Ok(Json(EndpointsPage {
         endpoints: rows
             .into_iter()
-            .map(|(e, p)| EndpointOut::new(e, p))
+            .map(|(e, p)| {
+                let mut out = EndpointOut::new(e, p);
+                out.rate = settings.rate_of(&out.route).map(|r| r.text());
+                if out.rate.is_some() {
+                    out.paced_until = pacer.paced_until(&out.route, now).map(format_micros);
+                }
+                out
+            })
             .collect(),
         as_of_seq,
     }))

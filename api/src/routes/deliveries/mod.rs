@@ -164,10 +164,13 @@ pub struct DeliveryOut {
     pub stuck: bool,
     /// Only on `GET /v1/deliveries/{id}` of a pending delivery that waits (sections 4 and
     /// 17): `ordering` (its route's order: it waits for `waits_for` to be sent),
+    /// `rate_limited` (due, but its route is at its `rate` on this node),
     /// `circuit_open` (it waits for the circuit's probe to succeed), `endpoint_disabled` (for
     /// an operator to enable it) or `endpoint_unresolved`. It spends no attempt meanwhile.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(pattern = "^(ordering|circuit_open|endpoint_disabled|endpoint_unresolved)$")]
+    #[schema(
+        pattern = "^(ordering|rate_limited|circuit_open|endpoint_disabled|endpoint_unresolved)$"
+    )]
     pub held_by: Option<String>,
     /// With `held_by: "ordering"`: the delivery of the same key before it, which goes first.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -540,6 +543,7 @@ pub async fn get(
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     let key = id.clone();
     let cut = stuck_cut(now_micros(), settings(&st).stuck_after_ms);
+    let (pacer, now) = (st.engine.pacer(), st.engine.now_us());
     let (found, as_of_seq) = crate::routes::read_model(&st.engine, q.seq()?, move |r| {
         Ok(match r.delivery(&key)? {
             Some((row, steps)) => {
@@ -554,7 +558,13 @@ pub async fn get(
                     Some(_) => Some("ordering"),
                     None if row.is_pending() => r.endpoint(&row.route)?.and_then(|e| e.held_by()),
                     None => None,
-                };
+                }
+                .or_else(|| {
+                    // Due, but its route is at its pace (section 4).
+                    let due = row.status != tidemark_projections::names::DeliveryStatus::Leased
+                        && row.due_us().is_some_and(|d| d <= now);
+                    (due && pacer.paced_until(&row.route, now).is_some()).then_some("rate_limited")
+                });
                 let out = with_provenance(r, vec![row], cut)?.remove(0);
                 Some((out, steps, held, waits_for))
             }

@@ -301,6 +301,8 @@ class _EndpointOutOptional(TypedDict, total=False):
     last_failure_code: Optional[str]
     last_success_at: Optional[str]
     open: Optional[OpenOut]
+    paced_until: Optional[str]
+    rate: Optional[str]
     sink: Optional[str]
     unresolved: Optional[SwitchOut]
 

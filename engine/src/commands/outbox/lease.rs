@@ -130,6 +130,7 @@ fn take(
     privacy: Option<&Privacy>,
     owner: &str,
     lease_ms: u64,
+    share: tidemark_log::Share,
     events: &mut Vec<NewEvent>,
 ) -> Result<Option<Delivery>, CommandError> {
     // A claim earlier in the same round took it (or another command of the round records
@@ -159,6 +160,12 @@ fn take(
             ..Change::default()
         };
         events.push(event(T::Skipped, id, &c)?);
+        return Ok(None);
+    }
+    // Its route's pace (section 4): beyond it, it stays due and spends no attempt.
+    if let Some(rate) = settings.rate_of(&row.route)
+        && !round.pacer.admit(&row.route, row.sink, rate, share, now_us)
+    {
         return Ok(None);
     }
     let c = Change {
@@ -340,6 +347,7 @@ impl Command for Claim {
                 privacy,
                 owner,
                 lease_ms,
+                share,
                 &mut events,
             )? {
                 events.push(circuit::probed(
@@ -382,6 +390,7 @@ impl Command for Claim {
                         privacy,
                         owner,
                         lease_ms,
+                        share,
                         &mut events,
                     )? {
                         leased.push(row);

@@ -15,6 +15,7 @@
 
 mod circuit;
 mod lease;
+mod pace;
 mod route;
 
 use crate::error::CommandError;
@@ -31,6 +32,7 @@ pub use lease::{
     Claim, Complete, CompleteOne, Completed, ExpireLeases, Extend, Fail, Failure, Operator,
     OperatorAction, RECOVER_MAX, Recover,
 };
+pub use pace::Pacer;
 pub use route::{Route, quiet_hours_end};
 pub use tidemark_projections::ids::DeliveryId;
 
