@@ -23,7 +23,8 @@ async function loadRoutes() {
   $('#route-form').title = admin ? '' : 'needs the admin scope';
   table($('#routes'), ['route', 'origin', 'sink', 'priorities', 'keys', 'updated', 'by', 'reason', ''],
     p.routes.map((r) => el('tr', { 'data-name': r.name, 'data-origin': r.origin },
-      el('td', { class: 'mono', text: r.name }),
+      el('td', { class: 'mono' }, r.name, r.operational
+        ? el('span', { class: 'pill', text: 'operational', title: 'operators are told through it', 'data-testid': 'route-operational' }) : null),
       el('td', {}, el('span', { class: `pill origin-${r.origin}`, text: r.origin, 'data-testid': 'route-origin' })),
       el('td', { class: 'mono', text: r.route.sink || '–' }),
       el('td', { 'data-field': 'priorities', text: (r.route.priorities || []).join(', ') || '–' }),

@@ -31,6 +31,7 @@
 pub mod bridge;
 pub mod dispatch;
 pub mod follow;
+pub mod operational;
 pub mod oplog;
 pub mod retention;
 pub mod retry_after;
@@ -168,6 +169,12 @@ pub async fn spawn(
         Box::new(|p| p.events.iter().any(dispatch::makes_due)),
         Box::new(move || dispatch.nudge()),
     );
+    // Operators told through the operational route (section 17): what is committed from now
+    // on.
+    let operational_feed = follower.subscribe_if(
+        head,
+        Box::new(|p| p.events.iter().any(operational::concerns)),
+    );
     // The server log's account of parks and circuits: what is committed from now on.
     follower.observe(Box::new(move |p| {
         if p.upto > head && p.events.iter().any(oplog::concerns) {
@@ -191,6 +198,11 @@ pub async fn spawn(
             engine.clone(),
             leases_feed,
             lease_clock,
+            shutdown.clone(),
+        )),
+        tokio::spawn(operational::run(
+            engine.clone(),
+            operational_feed,
             shutdown.clone(),
         )),
         tokio::spawn(retention::run_loop(

@@ -290,6 +290,10 @@ pub struct RoutesArgs {
 }
 
 #[derive(Debug, Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a command line's arguments, parsed once per run"
+)]
 pub enum RoutesAction {
     /// Every route: the configuration file's and those managed through the API.
     List,
@@ -330,12 +334,35 @@ pub enum RoutesAction {
         /// info.
         #[arg(long = "priority", value_parser = ["urgent", "action", "warning", "info"])]
         priorities: Vec<String>,
+        /// What a webhook's receiver is sent: tidemark, slack, teams or discord (a template
+        /// goes in --json as {"body": {"template": …}}).
+        #[arg(long, value_parser = ["tidemark", "slack", "teams", "discord"])]
+        body: Option<String>,
+        /// At most one delivery per key in flight, in seq order: endpoint, task or recipient.
+        #[arg(long = "order-by", value_parser = ["endpoint", "task", "recipient"])]
+        order_by: Option<String>,
+        /// With --order-by: whether a parked delivery holds its key (hold, the default) or
+        /// lets the next go (skip).
+        #[arg(long = "on-park", value_parser = ["hold", "skip"], requires = "order_by")]
+        on_park: Option<String>,
+        /// At most this many attempts per second, minute or hour: <n>/<s|m|h> (10/s).
+        #[arg(long)]
+        rate: Option<String>,
         /// Other keys of the route, as a JSON object (the flags win over it).
         #[arg(long)]
         json: Option<String>,
         /// Why, recorded on the event.
         #[arg(long)]
         reason: String,
+    },
+    /// What a webhook route sends (its body and headers) for a sample notification, or for
+    /// a delivery, rendered by the server without sending.
+    Preview {
+        /// The route's name.
+        name: String,
+        /// Render this delivery (dlv:<notification id>:<route>) instead of the sample.
+        #[arg(long)]
+        delivery: Option<String>,
     },
     /// Delete a route managed through the API (recorded as `route.deleted` with the reason).
     Delete {

@@ -390,6 +390,13 @@ pub(crate) async fn routes(a: RoutesArgs) -> CliResult {
             );
         }
         RoutesAction::Show { name } => c.op(ops.get_route(&name, &[])).await?,
+        RoutesAction::Preview { name, delivery } => {
+            let body = match delivery {
+                Some(id) => json!({ "delivery_id": id }),
+                None => json!({}),
+            };
+            c.op(ops.preview_route(&name, &body)).await?
+        }
         RoutesAction::Set {
             name,
             sink,
@@ -399,6 +406,10 @@ pub(crate) async fn routes(a: RoutesArgs) -> CliResult {
             list,
             types,
             priorities,
+            body,
+            order_by,
+            on_park,
+            rate,
             json,
             reason,
         } => {
@@ -414,6 +425,8 @@ pub(crate) async fn routes(a: RoutesArgs) -> CliResult {
                 ("url", webhook_url),
                 ("secret", webhook_secret),
                 ("list", list),
+                ("body", body),
+                ("rate", rate),
             ] {
                 if let Some(v) = v {
                     route[k] = json!(v);
@@ -421,6 +434,10 @@ pub(crate) async fn routes(a: RoutesArgs) -> CliResult {
             }
             if no_signing {
                 route["secret"] = Value::Null;
+            }
+            if let Some(key) = order_by {
+                route["ordering"] =
+                    json!({"key": key, "on_park": on_park.unwrap_or_else(|| "hold".into())});
             }
             if !types.is_empty() {
                 route["types"] = json!(types);

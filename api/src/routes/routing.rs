@@ -56,6 +56,10 @@ pub struct RouteOut {
     /// `[notifications.desktop]` and `[notifications.routing]`.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub built_in: bool,
+    /// The route of `[notifications.operational]`: operators are told through it (section
+    /// 17).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub operational: bool,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -211,6 +215,7 @@ fn api_out(row: RouteRow) -> RouteOut {
         updated_seq: Some(row.updated_seq),
         previous_secret_until,
         built_in: false,
+        operational: false,
     }
 }
 
@@ -260,6 +265,7 @@ fn file_out(file: &NotificationsConfig) -> Vec<RouteOut> {
                 updated_seq: None,
                 previous_secret_until: None,
                 built_in,
+                operational: false,
             }
         })
         .collect()
@@ -274,8 +280,16 @@ async fn all_routes(st: &AppState, min_seq: u64) -> Result<(Vec<RouteOut>, u64),
     let file = file
         .and_then(|v| NotificationsConfig::from_json(&v).ok())
         .unwrap_or_default();
+    let operational = file
+        .operational
+        .as_ref()
+        .and_then(|o| o.route.clone())
+        .unwrap_or_default();
     let mut out = file_out(&file);
     out.extend(rows.into_iter().map(api_out));
+    for r in &mut out {
+        r.operational = r.name == operational;
+    }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok((out, as_of_seq))
 }

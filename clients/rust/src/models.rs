@@ -1025,6 +1025,9 @@ pub struct RouteAnswer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
     pub name: String,
+    /// The route of `\[notifications.operational\]`: operators are told through it (section 17).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operational: Option<bool>,
     pub origin: Origin,
     /// Until when the route's previous secret signs beside the new one (after a change of `secret`, for its `rotation_overlap`); absent when it no longer does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1066,6 +1069,9 @@ pub struct RouteOut {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
     pub name: String,
+    /// The route of `\[notifications.operational\]`: operators are told through it (section 17).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operational: Option<bool>,
     pub origin: Origin,
     /// Until when the route's previous secret signs beside the new one (after a change of `secret`, for its `rotation_overlap`); absent when it no longer does.
     #[serde(default, skip_serializing_if = "Option::is_none")]

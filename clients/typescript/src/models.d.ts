@@ -728,6 +728,8 @@ export interface RouteOut {
   built_in?: boolean;
   by?: string | null;
   name: string;
+  /** The route of `[notifications.operational]`: operators are told through it (section 17). */
+  operational?: boolean;
   origin: Origin;
   /** Until when the route's previous secret signs beside the new one (after a change of `secret`, for its `rotation_overlap`); absent when it no longer does. */
   previous_secret_until?: string | null;

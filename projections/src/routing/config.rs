@@ -42,6 +42,9 @@ pub struct NotificationsConfig {
     /// The pace of every email and webhook route that sets none (section 4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<RateConfig>,
+    /// Where operators are told what they must know (section 17).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operational: Option<OperationalConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routes: Option<BTreeMap<String, RouteConfig>>,
     /// locale → digest titles.
@@ -157,6 +160,18 @@ pub struct RouteConfig {
     /// At most this many attempts per period: `"<n>/<s|m|h>"` (section 4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<String>,
+}
+
+/// `[notifications.operational]`: `route` (required: the route operational notifications
+/// take, any sink) and `every` (default `"5m"`, 1 s to 24 h: more of one cause and endpoint
+/// within it is told as one summary).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperationalConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<String>,
 }
 
 /// `[notifications.rate]`: `default = "<n>/<s|m|h>"`, the pace of every email and webhook
@@ -354,6 +369,24 @@ impl NotificationsConfig {
             if let Some(x) = &o.stuck_after {
                 s.stuck_after_ms = dur(x, "outbox.stuck_after")?;
             }
+        }
+        if let Some(o) = &self.operational {
+            let route = o
+                .route
+                .clone()
+                .filter(|r| !r.is_empty() && r.len() <= 128)
+                .ok_or_else(|| {
+                    "notifications.operational.route is required: the name of the route \
+                     operators are told through"
+                        .to_owned()
+                })?;
+            let every_ms = match &o.every {
+                None => 300_000,
+                Some(v) => parse_duration_ms(v)
+                    .filter(|ms| (1_000..=86_400_000).contains(ms))
+                    .ok_or_else(|| bad("operational.every"))?,
+            };
+            s.operational = Some(super::Operational { route, every_ms });
         }
         if let Some(r) = self.rate.as_ref().and_then(|r| r.default.as_deref()) {
             s.rate = Some(rate(r, "notifications.rate.default")?);

@@ -10,8 +10,8 @@ mod resolve;
 
 pub use config::{
     ApiRoute, CircuitConfig, DashboardConfig, DesktopConfig, DigestConfig, LocaleTemplates,
-    NotificationsConfig, OrderingConfig, OutboxConfig, RateConfig, RetryConfig, RouteConfig,
-    RouteTemplates, Sink, SourceTitles,
+    NotificationsConfig, OperationalConfig, OrderingConfig, OutboxConfig, RateConfig, RetryConfig,
+    RouteConfig, RouteTemplates, Sink, SourceTitles,
 };
 pub use resolve::{RouteOutcome, backoff_ms, resolve_routes};
 
@@ -191,6 +191,18 @@ pub struct RoutePolicy {
     pub rate: Option<Rate>,
 }
 
+/// The `type` of the notifications tidemark makes for operators (section 17): only the route
+/// of `[notifications.operational]` takes them.
+pub const OPERATIONAL_TYPE: &str = "tidemark.operational";
+
+/// `[notifications.operational]` (section 17): the route operators are told through, and the
+/// window within which more of one cause and endpoint is summed up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operational {
+    pub route: String,
+    pub every_ms: u64,
+}
+
 /// A pace (section 4): at most `n` attempts in any `per_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rate {
@@ -305,6 +317,8 @@ pub struct RoutingSettings {
     /// `[notifications.rate] default`: the pace of every email and webhook route that sets
     /// none of its own.
     pub rate: Option<Rate>,
+    /// `[notifications.operational]`: the route operational notifications take.
+    pub operational: Option<Operational>,
     pub routes: BTreeMap<String, RoutePolicy>,
     /// `[notifications.templates.<locale>]`: digest titles per recipient locale.
     pub templates: BTreeMap<String, Templates>,
@@ -340,6 +354,7 @@ impl Default for RoutingSettings {
             stuck_after_ms: 600_000,
             circuit: CircuitPolicy::default(),
             rate: None,
+            operational: None,
             routes: BTreeMap::new(),
             templates: BTreeMap::new(),
         }

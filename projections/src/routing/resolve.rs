@@ -23,6 +23,27 @@ pub fn resolve_routes(
     if !s.enabled {
         return Vec::new();
     }
+    // What tidemark tells operators takes the operational route, and only it (section 17).
+    if ntype == Some(super::OPERATIONAL_TYPE) {
+        let Some(op) = &s.operational else {
+            return Vec::new();
+        };
+        let route = op.route.clone();
+        return match route.as_str() {
+            "dashboard" => Vec::new(),
+            "desktop" if s.desktop_enabled => vec![RouteOutcome::Deliver {
+                route,
+                sink: Sink::App,
+            }],
+            _ => match s.routes.get(&route).and_then(|p| p.sink) {
+                Some(sink) => vec![RouteOutcome::Deliver { route, sink }],
+                None => vec![RouteOutcome::Skipped {
+                    route,
+                    reason: "unknown_route",
+                }],
+            },
+        };
+    }
     let Some(routes) = s.routing.get(priority) else {
         return Vec::new();
     };

@@ -1027,3 +1027,114 @@ async fn a_route_added_on_one_node_delivers_from_another() {
     let r = a.get("/v1/deliveries/dlv%3Acr-2%3Aops-hook").await;
     assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
 }
+
+/// A route's pace and order on a cluster (spec section 4): two nodes deliver one ordered,
+/// paced route; the receiver gets each task's deliveries in seq order, and both nodes
+/// together no faster than the rate (each node's decider keeps its share of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_share_a_routes_pace_and_keep_its_order() {
+    use crate::common::{append_ok, notif_ev, wait_for};
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+    const RATE: usize = 10;
+    const KEYS: usize = 5;
+    const PER_KEY: usize = 40;
+    let cluster = Cluster::start();
+    let got: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
+    let g = got.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |headers: axum::http::HeaderMap| {
+            let g = g.clone();
+            async move {
+                let id = headers
+                    .get("webhook-id")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                g.lock().unwrap().push((Instant::now(), id));
+                StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let cfg = cluster.node_config("PACE");
+    let a = Server::start(ServerOpts::default().config(cfg.clone())).await;
+    let b = Server::start(ServerOpts::default().config(cfg)).await;
+    let r = a
+        .send(
+            a.request(reqwest::Method::PUT, "/v1/routes/paced")
+                .json(&json!({
+                "route": {"sink": "webhook", "url": format!("http://{hook}/hook"),
+                          "rate": format!("{RATE}/s"), "ordering": {"key": "task"},
+                          "priorities": ["urgent"]},
+                "reason": "a receiver that takes ten a second, in order"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    // Both nodes are members before the work comes (each keeps its share from then on).
+    wait_for(Duration::from_secs(30), "two members", || async {
+        let (_, members) = cluster_view(&a).await;
+        (members.len() >= 2).then_some(())
+    })
+    .await;
+    let events: Vec<Value> = (0..PER_KEY)
+        .flat_map(|n| (0..KEYS).map(move |k| (k, n)))
+        .map(|(k, n)| {
+            notif_ev(
+                &format!("pc-{k}-{n}"),
+                json!({"priority": "urgent", "title": format!("{k}/{n}"), "task_id": format!("pt-{k}")}),
+            )
+        })
+        .collect();
+    for chunk in events.chunks(50) {
+        append_ok(&a, &json!({"events": chunk})).await;
+    }
+    let total = KEYS * PER_KEY;
+    let got = wait_for(Duration::from_secs(240), "every delivery", || async {
+        let g = got.lock().unwrap().clone();
+        let distinct: std::collections::BTreeSet<&String> = g.iter().map(|(_, id)| id).collect();
+        (distinct.len() >= total).then_some(g)
+    })
+    .await;
+    let mut per_key: HashMap<usize, Vec<usize>> = HashMap::new();
+    for (_, id) in &got {
+        let nid = id
+            .strip_prefix("dlv:pc-")
+            .and_then(|r| r.strip_suffix(":paced"))
+            .unwrap_or_else(|| panic!("webhook-id {id:?}"));
+        let (k, n) = nid.split_once('-').unwrap();
+        let (k, n): (usize, usize) = (k.parse().unwrap(), n.parse().unwrap());
+        let seen = per_key.entry(k).or_default();
+        if seen.last() != Some(&n) {
+            seen.push(n);
+        }
+    }
+    for (k, seen) in &per_key {
+        assert_eq!(
+            seen,
+            &(0..PER_KEY).collect::<Vec<_>>(),
+            "task {k} out of order"
+        );
+    }
+    // Both nodes together: in any w seconds at most w seconds' worth, and a second's slack.
+    let times: Vec<Instant> = got.iter().map(|(t, _)| *t).collect();
+    for w in [1u64, 5, 10] {
+        let most = (0..times.len())
+            .map(|i| {
+                times[i..]
+                    .iter()
+                    .take_while(|u| u.duration_since(times[i]) < Duration::from_secs(w))
+                    .count()
+            })
+            .max()
+            .unwrap_or(0);
+        assert!(
+            most <= RATE * (w as usize + 1),
+            "{most} received within {w} s from two nodes at {RATE}/s"
+        );
+    }
+    drop(b);
+}

@@ -647,3 +647,108 @@ async fn an_operator_resends_a_delivery_and_recovers_a_routes_parked_ones() {
     let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v, json!({"retried": 0, "more": false}));
 }
+
+/// Run the CLI against `base`; its stdout, once it succeeded.
+async fn cli_ok(base: &str, args: &[&str]) -> String {
+    let mut all = args.to_vec();
+    all.extend(["--url", base]);
+    let out = tidemark_tests::run_cli(&all, "", Duration::from_secs(30)).await;
+    assert!(
+        out.status.success(),
+        "{all:?}: {} {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The CLI sets a route's body, order and pace with flags of their own (and keeps them across
+/// an edit that names none), and previews what the route sends.
+#[tokio::test]
+async fn the_cli_sets_a_body_an_order_and_a_pace_and_previews_the_route() {
+    let s = Server::start(ServerOpts::default().config(CONFIG)).await;
+    let base = s.base().to_owned();
+    cli_ok(
+        &base,
+        &[
+            "routes",
+            "set",
+            "chat",
+            "--sink",
+            "webhook",
+            "--webhook-url",
+            "https://chat.example.org/hooks/T000/B000/secret-path",
+            "--body",
+            "slack",
+            "--order-by",
+            "task",
+            "--on-park",
+            "skip",
+            "--rate",
+            "5/s",
+            "--priority",
+            "urgent",
+            "--reason",
+            "the team's chat",
+        ],
+    )
+    .await;
+    let r = s.get("/v1/routes/chat").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json["route"]["body"], "slack", "{}", r.text);
+    assert_eq!(
+        r.json["route"]["ordering"],
+        json!({"key": "task", "on_park": "skip"}),
+        "{}",
+        r.text
+    );
+    assert_eq!(r.json["route"]["rate"], "5/s", "{}", r.text);
+    // An edit that names none of them keeps them.
+    cli_ok(
+        &base,
+        &[
+            "routes",
+            "set",
+            "chat",
+            "--priority",
+            "action",
+            "--reason",
+            "and action",
+        ],
+    )
+    .await;
+    let r = s.get("/v1/routes/chat").await;
+    assert_eq!(
+        (
+            r.json["route"]["body"].as_str(),
+            r.json["route"]["rate"].as_str()
+        ),
+        (Some("slack"), Some("5/s")),
+        "{}",
+        r.text
+    );
+    // The preview: Slack's `text`, nothing sent, the URL's path nowhere.
+    let out = cli_ok(&base, &["routes", "preview", "chat"]).await;
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let body: Value = serde_json::from_str(v["body"].as_str().unwrap_or_default()).unwrap();
+    assert!(
+        body["text"].as_str().is_some_and(|t| !t.is_empty()),
+        "{out}"
+    );
+    assert!(!out.contains("secret-path"), "{out}");
+    // A rate that is not one is refused, naming the form.
+    let bad = tidemark_tests::run_cli(
+        &[
+            "routes", "set", "chat", "--rate", "fast", "--reason", "r", "--url", &base,
+        ],
+        "",
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("<n>/<s|m|h>"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}

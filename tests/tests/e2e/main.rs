@@ -45,6 +45,7 @@ mod e2e_logs;
 mod e2e_model;
 mod e2e_notification_status;
 mod e2e_notifications;
+mod e2e_operational;
 mod e2e_operator;
 mod e2e_ops;
 mod e2e_ordering;

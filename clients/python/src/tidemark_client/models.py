@@ -773,6 +773,7 @@ class ReviewOut(_ReviewOutOptional):
 class _RouteOutOptional(TypedDict, total=False):
     built_in: bool
     by: Optional[str]
+    operational: bool
     previous_secret_until: Optional[str]
     reason: Optional[str]
     updated_at: Optional[str]

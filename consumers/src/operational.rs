@@ -1,0 +1,518 @@
+//! Operational notifications (spec section 17, "Operators told where they already look"): with
+//! `[notifications.operational] route = "<name>"`, what an operator must know becomes a
+//! notification of type `tidemark.operational` that only that route takes (any sink, any body
+//! preset): an endpoint's circuit opened or closed, an endpoint disabled, enabled or
+//! unresolved, a delivery parked, a source parked. Each is made from one of the log's own
+//! events, with the id `op:<seq>` of that event, so every node that follows the event derives
+//! the same notification and the log keeps one.
+//!
+//! De-duplicated per endpoint and cause: a circuit that opens again while it is open (its probe
+//! failed) says nothing more; it is told open once and closed once. Paced: a park, an
+//! unresolved endpoint or a parked source is told at once, and what follows of the same cause
+//! and endpoint within `every` (default 5 minutes) is told as one summary at the window's end
+//! (`op:<first seq>:more`). Nothing about the operational route itself is told through it.
+//!
+//! Each node follows what is committed from its start on (as the server log's account does):
+//! events committed while no node ran are not told, and the circuits open at the start are
+//! taken from the models.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::json;
+use tidemark_engine::Engine;
+use tidemark_log::{AppendError, Event, EventLog, NewEvent};
+use tidemark_projections::endpoints::EndpointChange;
+use tidemark_projections::names::{EventType, Stream};
+use tidemark_projections::routing::{OPERATIONAL_TYPE, Operational};
+use tokio_util::sync::CancellationToken;
+
+use crate::follow::Feed;
+
+/// Whether `ev` may tell an operator something (read by type only).
+pub(crate) fn concerns(ev: &Event) -> bool {
+    matches!(
+        EventType::parse(&ev.event_type),
+        Some(
+            EventType::DeliveryAttemptFailed
+                | EventType::DeliveryLeaseExpired
+                | EventType::EndpointCircuitOpened
+                | EventType::EndpointCircuitClosed
+                | EventType::EndpointDisabled
+                | EventType::EndpointEnabled
+                | EventType::EndpointUnresolved
+                | EventType::SourceParked
+        )
+    )
+}
+
+#[derive(Deserialize, Default)]
+struct Transition {
+    #[serde(default)]
+    parked: Option<bool>,
+    #[serde(default)]
+    error_code: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// One cause of one endpoint (or source) being told in a window.
+#[derive(Debug, Clone)]
+struct Window {
+    /// Event time the window ends (the first event's time + `every`).
+    until_us: i64,
+    first_seq: u64,
+    /// What came after the first, untold yet.
+    more: u64,
+    what: &'static str,
+    key: String,
+}
+
+/// What the reactor keeps between events.
+#[derive(Default)]
+pub(crate) struct Told {
+    /// Endpoints whose circuit was told open and not told closed.
+    open: HashSet<String>,
+    windows: HashMap<(&'static str, String), Window>,
+}
+
+/// A notification of `tidemark.operational`.
+fn note(id: String, priority: &str, title: String, body: String) -> Option<NewEvent> {
+    let title: String = title.chars().take(200).collect();
+    let body: String = body.chars().take(2000).collect();
+    NewEvent::new(
+        Some(id.clone()),
+        Stream::Notifications,
+        id,
+        EventType::NotificationRequested,
+        &json!({"priority": priority, "title": title, "body": body, "type": OPERATIONAL_TYPE}),
+    )
+    .ok()
+}
+
+fn short(s: Option<&str>) -> String {
+    let s = s.unwrap_or("");
+    match s.char_indices().nth(300) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+impl Told {
+    /// Start from the circuits the models show open.
+    pub(crate) fn with_open(open: impl IntoIterator<Item = String>) -> Told {
+        Told {
+            open: open.into_iter().collect(),
+            windows: HashMap::new(),
+        }
+    }
+
+    /// Told at once when it is the first of its cause and key in a window; counted into the
+    /// window's summary otherwise.
+    fn paced(
+        &mut self,
+        ev: &Event,
+        what: &'static str,
+        key: &str,
+        every_ms: u64,
+        first: impl FnOnce() -> Option<NewEvent>,
+    ) -> Option<NewEvent> {
+        let slot = (what, key.to_owned());
+        match self.windows.get_mut(&slot) {
+            Some(w) if ev.time_us < w.until_us => {
+                w.more += 1;
+                None
+            }
+            _ => {
+                self.windows.insert(
+                    slot,
+                    Window {
+                        until_us: ev.time_us.saturating_add(every_ms as i64 * 1_000),
+                        first_seq: ev.seq,
+                        more: 0,
+                        what,
+                        key: key.to_owned(),
+                    },
+                );
+                first()
+            }
+        }
+    }
+
+    /// The summaries of the windows ended by `now_us` (event time), each once.
+    pub(crate) fn ended(&mut self, now_us: i64, every_ms: u64) -> Vec<NewEvent> {
+        let done: Vec<(&'static str, String)> = self
+            .windows
+            .iter()
+            .filter(|(_, w)| w.until_us <= now_us)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut out = Vec::new();
+        for k in done {
+            let Some(w) = self.windows.remove(&k) else {
+                continue;
+            };
+            if w.more == 0 {
+                continue;
+            }
+            let mins = every_ms / 60_000;
+            let span = if mins >= 1 {
+                format!("{mins} min")
+            } else {
+                format!("{} s", every_ms / 1_000)
+            };
+            out.extend(note(
+                format!("op:{}:more", w.first_seq),
+                "warning",
+                format!("{} more: {} {}", w.more, w.what, w.key),
+                format!(
+                    "{} more of the same ({} {}) in the {span} after the one told at seq {}",
+                    w.more, w.what, w.key, w.first_seq
+                ),
+            ));
+        }
+        out
+    }
+
+    /// When the earliest window ends (event time).
+    pub(crate) fn next_end(&self) -> Option<i64> {
+        self.windows.values().map(|w| w.until_us).min()
+    }
+
+    /// The notification `ev` makes under `op`, if any.
+    pub(crate) fn derive(&mut self, ev: &Event, op: &Operational) -> Option<NewEvent> {
+        let ty = EventType::parse(&ev.event_type)?;
+        let id = format!("op:{}", ev.seq);
+        match ty {
+            EventType::DeliveryAttemptFailed | EventType::DeliveryLeaseExpired => {
+                let t: Transition = serde_json::from_str(ev.payload.get()).unwrap_or_default();
+                if t.parked != Some(true) {
+                    return None;
+                }
+                // `dlv:<notification id>:<route>`.
+                let route = ev.subject.rsplit_once(':').map(|(_, r)| r)?;
+                if route == op.route {
+                    return None;
+                }
+                let code = t.error_code.clone().unwrap_or_else(|| {
+                    if ty == EventType::DeliveryLeaseExpired {
+                        "lease_expired".into()
+                    } else {
+                        "failed".into()
+                    }
+                });
+                let subject = ev.subject.clone();
+                self.paced(ev, "deliveries parked on route", route, op.every_ms, || {
+                    note(
+                        id,
+                        "warning",
+                        format!("Delivery parked on route {route}: {code}"),
+                        format!(
+                            "{subject} parked ({}): {}. It waits for an operator's retry or \
+                             discard.",
+                            t.reason.as_deref().unwrap_or(&code),
+                            short(t.error.as_deref())
+                        ),
+                    )
+                })
+            }
+            EventType::SourceParked => {
+                let source = ev.subject.as_str();
+                let error = ev.payload_value()["error"].as_str().map(str::to_owned);
+                self.paced(ev, "parks of source", source, op.every_ms, || {
+                    note(
+                        id,
+                        "warning",
+                        format!("Source {source} parked"),
+                        format!(
+                            "It polls no more until it is resumed: {}",
+                            short(error.as_deref())
+                        ),
+                    )
+                })
+            }
+            EventType::EndpointCircuitOpened
+            | EventType::EndpointCircuitClosed
+            | EventType::EndpointDisabled
+            | EventType::EndpointEnabled
+            | EventType::EndpointUnresolved => {
+                let endpoint = ev.subject.as_str();
+                if endpoint == op.route {
+                    return None;
+                }
+                let c: EndpointChange = serde_json::from_str(ev.payload.get()).unwrap_or_default();
+                match ty {
+                    EventType::EndpointCircuitOpened => {
+                        // Opened again while open (its probe failed): told already.
+                        if !self.open.insert(endpoint.to_owned()) {
+                            return None;
+                        }
+                        note(
+                            id,
+                            "warning",
+                            format!("Endpoint {endpoint}: circuit opened"),
+                            format!(
+                                "After {} failed attempts in a row (last: {}) its deliveries \
+                                 wait, spending no attempt; a probe goes after the cool-down.",
+                                c.failures.unwrap_or(0),
+                                c.error_code.as_deref().unwrap_or("failed")
+                            ),
+                        )
+                    }
+                    EventType::EndpointCircuitClosed => {
+                        if !self.open.remove(endpoint) {
+                            return None;
+                        }
+                        note(
+                            id,
+                            "info",
+                            format!("Endpoint {endpoint}: circuit closed"),
+                            "A probe succeeded: its deliveries go again.".to_owned(),
+                        )
+                    }
+                    EventType::EndpointDisabled => note(
+                        id,
+                        "warning",
+                        format!("Endpoint {endpoint} disabled"),
+                        format!(
+                            "By {}: {}. Its deliveries wait until it is enabled.",
+                            c.by.as_deref().unwrap_or("an operator"),
+                            short(c.reason.as_deref())
+                        ),
+                    ),
+                    EventType::EndpointEnabled => {
+                        // An enable closes an open circuit.
+                        self.open.remove(endpoint);
+                        note(
+                            id,
+                            "info",
+                            format!("Endpoint {endpoint} enabled"),
+                            format!(
+                                "By {}: {}. Its deliveries go again.",
+                                c.by.as_deref().unwrap_or("an operator"),
+                                short(c.reason.as_deref())
+                            ),
+                        )
+                    }
+                    _ => self.paced(ev, "unresolved endpoint", endpoint, op.every_ms, || {
+                        note(
+                            id,
+                            "warning",
+                            format!("Endpoint {endpoint} unresolved"),
+                            format!(
+                                "Node {} lacks {}; its deliveries wait until a node that has \
+                                 them sends them or the route is set again.",
+                                c.by.as_deref().unwrap_or("?"),
+                                short(c.reason.as_deref())
+                            ),
+                        )
+                    }),
+                }
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Tell what each page says, from `feed`, until `shutdown`.
+pub(crate) async fn run(engine: Engine, mut feed: Feed, shutdown: CancellationToken) {
+    let e = engine.clone();
+    let open = tokio::task::spawn_blocking(move || {
+        e.read()
+            .unwaited()
+            .endpoints()
+            .map(|eps| {
+                eps.into_iter()
+                    .filter(|(ep, _)| ep.state() == "open")
+                    .map(|(ep, _)| ep.route)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    })
+    .await
+    .unwrap_or_default();
+    let mut told = Told::with_open(open);
+    let mut op: Option<Operational> = None;
+    loop {
+        let wait = told
+            .next_end()
+            .map(|end| Duration::from_micros((end - engine.now_us()).max(0) as u64));
+        let page = tokio::select! {
+            p = feed.recv() => match p { Some(p) => Some(p), None => return },
+            _ = async {
+                match wait {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
+            } => None,
+            _ = shutdown.cancelled() => return,
+        };
+        let mut out = Vec::new();
+        if let Some(page) = page {
+            // The route in force as the page lands (the settings are events too).
+            let e = engine.clone();
+            op = tokio::task::spawn_blocking(move || {
+                e.read()
+                    .unwaited()
+                    .settings_in_force()
+                    .ok()
+                    .and_then(|s| s.operational)
+            })
+            .await
+            .unwrap_or(None);
+            for ev in page.events.iter().filter(|e| concerns(e)) {
+                match &op {
+                    Some(op) => out.extend(told.derive(ev, op)),
+                    // Nothing is told without a route, but circuits are followed.
+                    None => {
+                        let off = Operational {
+                            route: String::new(),
+                            every_ms: 0,
+                        };
+                        let _ = told.derive(ev, &off);
+                    }
+                }
+            }
+        }
+        if let Some(op) = &op {
+            out.extend(told.ended(engine.now_us(), op.every_ms));
+        }
+        for ev in out {
+            append(&engine, ev, &shutdown).await;
+        }
+    }
+}
+
+/// Append one notification until it is in the log (another node's same one is a duplicate).
+async fn append(engine: &Engine, ev: NewEvent, shutdown: &CancellationToken) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match engine.log().append(vec![ev.clone()]).await {
+            Ok(_) => {
+                metrics::counter!("tidemark_operational_notifications_total").increment(1);
+                return;
+            }
+            // The same id with other content: another node told it (its own count).
+            Err(AppendError::Conflict { .. }) | Err(AppendError::Closed) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "an operational notification could not be appended; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {},
+                    _ = shutdown.cancelled() => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(seq: u64, time_s: i64, ty: &str, subject: &str, payload: serde_json::Value) -> Event {
+        Event {
+            seq,
+            event_id: format!("e{seq}"),
+            stream: "s".into(),
+            subject: subject.into(),
+            event_type: ty.into(),
+            time_us: time_s * 1_000_000,
+            payload: serde_json::value::to_raw_value(&payload).unwrap(),
+        }
+    }
+
+    fn titles(out: &[NewEvent]) -> Vec<String> {
+        out.iter()
+            .map(|e| {
+                let v: serde_json::Value = serde_json::from_str(e.payload_raw().get()).unwrap();
+                v["title"].as_str().unwrap().to_owned()
+            })
+            .collect()
+    }
+
+    /// A circuit is told open once and closed once however often it opens again; parks are
+    /// told at once, then summed up when the window ends; the operational route's own
+    /// trouble is not told through it.
+    #[test]
+    fn told_once_per_open_circuit_and_paced_per_cause() {
+        let op = Operational {
+            route: "ops".into(),
+            every_ms: 10_000,
+        };
+        let mut t = Told::default();
+        let mut out = Vec::new();
+        let opened = |seq| {
+            ev(
+                seq,
+                seq as i64,
+                "endpoint.circuit_opened",
+                "hook",
+                json!({"at_us": 0, "failures": 20}),
+            )
+        };
+        out.extend(t.derive(&opened(1), &op));
+        out.extend(t.derive(&opened(2), &op));
+        out.extend(t.derive(&opened(3), &op));
+        out.extend(t.derive(
+            &ev(4, 4, "endpoint.circuit_closed", "hook", json!({"at_us": 0})),
+            &op,
+        ));
+        out.extend(t.derive(
+            &ev(5, 5, "endpoint.circuit_closed", "hook", json!({"at_us": 0})),
+            &op,
+        ));
+        out.extend(t.derive(
+            &ev(6, 6, "endpoint.circuit_opened", "ops", json!({"at_us": 0})),
+            &op,
+        ));
+        let parked = |seq, s| {
+            ev(
+                seq,
+                s,
+                "delivery.attempt_failed",
+                &format!("dlv:n{seq}:hook"),
+                json!({"parked": true, "error_code": "http_404"}),
+            )
+        };
+        for (seq, s) in [(7, 7), (8, 8), (9, 9)] {
+            out.extend(t.derive(&parked(seq, s), &op));
+        }
+        out.extend(t.derive(
+            &ev(
+                10,
+                10,
+                "delivery.attempt_failed",
+                "dlv:n10:ops",
+                json!({"parked": true}),
+            ),
+            &op,
+        ));
+        assert_eq!(
+            titles(&out),
+            [
+                "Endpoint hook: circuit opened",
+                "Endpoint hook: circuit closed",
+                "Delivery parked on route hook: http_404"
+            ]
+        );
+        assert_eq!(out[0].event_id.as_deref(), Some("op:1"));
+        assert!(
+            t.ended(16 * 1_000_000, op.every_ms).is_empty(),
+            "the window is open"
+        );
+        let summary = t.ended(17 * 1_000_000, op.every_ms);
+        assert_eq!(
+            titles(&summary),
+            ["2 more: deliveries parked on route hook"]
+        );
+        assert_eq!(summary[0].event_id.as_deref(), Some("op:7:more"));
+        assert!(
+            t.ended(100 * 1_000_000, op.every_ms).is_empty(),
+            "told once"
+        );
+    }
+}
