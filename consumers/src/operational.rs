@@ -177,6 +177,19 @@ impl Told {
         out
     }
 
+    /// Follow what `ev` does to the circuits, telling nothing (no route is configured).
+    fn follow(&mut self, ev: &Event) {
+        match EventType::parse(&ev.event_type) {
+            Some(EventType::EndpointCircuitOpened) => {
+                self.open.insert(ev.subject.clone());
+            }
+            Some(EventType::EndpointCircuitClosed | EventType::EndpointEnabled) => {
+                self.open.remove(&ev.subject);
+            }
+            _ => {}
+        }
+    }
+
     /// When the earliest window ends (event time).
     pub(crate) fn next_end(&self) -> Option<i64> {
         self.windows.values().map(|w| w.until_us).min()
@@ -367,14 +380,11 @@ pub(crate) async fn run(engine: Engine, mut feed: Feed, shutdown: CancellationTo
                 match &op {
                     Some(op) => out.extend(told.derive(ev, op)),
                     // Nothing is told without a route, but circuits are followed.
-                    None => {
-                        let off = Operational {
-                            route: String::new(),
-                            every_ms: 0,
-                        };
-                        let _ = told.derive(ev, &off);
-                    }
+                    None => told.follow(ev),
                 }
+            }
+            if op.is_none() {
+                told.windows.clear();
             }
         }
         if let Some(op) = &op {
@@ -397,6 +407,11 @@ async fn append(engine: &Engine, ev: NewEvent, shutdown: &CancellationToken) {
             }
             // The same id with other content: another node told it (its own count).
             Err(AppendError::Conflict { .. }) | Err(AppendError::Closed) => return,
+            // Refused as it is: retrying would hold every reactor behind it.
+            Err(e @ (AppendError::Invalid { .. } | AppendError::Poisoned(_))) => {
+                tracing::warn!(error = %e, "an operational notification was refused; it is not told");
+                return;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "an operational notification could not be appended; retrying");
                 tokio::select! {

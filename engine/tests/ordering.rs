@@ -81,6 +81,10 @@ struct Harness {
     hold: bool,
     /// Per key, the notification numbers in the order they were sent.
     sent: BTreeMap<u8, Vec<usize>>,
+    /// Each notification's place in its key: when it was made, or when it came back to the
+    /// key (a retry after a park that did not hold it): behind those already there.
+    place: Vec<u64>,
+    next_place: u64,
 }
 
 impl Harness {
@@ -95,6 +99,8 @@ impl Harness {
             keys: Vec::new(),
             hold,
             sent: BTreeMap::new(),
+            place: Vec::new(),
+            next_place: 0,
         };
         let on_park = if hold { "hold" } else { "skip" };
         let s = json!({
@@ -146,9 +152,11 @@ impl Harness {
         d.status.is_pending() || (d.status == S::Parked && self.hold)
     }
 
-    /// The first notification of `key` that holds it.
+    /// The first notification of `key` that holds it (by its place).
     fn first_of(&self, rows: &[Delivery], key: u8) -> Option<usize> {
-        (0..rows.len()).find(|i| self.keys[*i] == Some(key) && self.holds(&rows[*i]))
+        (0..rows.len())
+            .filter(|i| self.keys[*i] == Some(key) && self.holds(&rows[*i]))
+            .min_by_key(|i| self.place[*i])
     }
 
     fn picked(&self, rows: &[Delivery], pick: u8, status: S) -> Option<usize> {
@@ -212,6 +220,8 @@ impl Harness {
                     p["recipient"] = Value::from(format!("r{k}"));
                 }
                 self.keys.push(key);
+                self.place.push(self.next_place);
+                self.next_place += 1;
                 let id = format!("n{i}");
                 self.append(
                     NewEvent::new(
@@ -265,6 +275,14 @@ impl Harness {
                         reason: Some("test".into()),
                     });
                 }
+            }
+        }
+        // A delivery back in its key goes behind those there.
+        let after = self.rows();
+        for (i, (b, a)) in rows.iter().zip(&after).enumerate() {
+            if !self.holds(b) && self.holds(a) {
+                self.place[i] = self.next_place;
+                self.next_place += 1;
             }
         }
         self.check()

@@ -167,6 +167,10 @@ pub fn makes_due(ev: &tidemark_log::Event) -> bool {
                 | T::DeliveryResent
                 | T::DeliveryDeferred
                 | T::DeliveryJoined
+                // A delivery that leaves its key in a route's order lets the next go.
+                | T::DeliveryDiscarded
+                | T::DeliveryCancelled
+                | T::DeliverySkipped
                 // A circuit that opens, probes, closes or is switched moves when its route's
                 // deliveries are due.
                 | T::EndpointCircuitOpened

@@ -56,6 +56,10 @@ pub(super) struct State<L> {
     pub(super) folded: u64,
 }
 
+/// A decision on its way to the log: the command, its events, the condition they rest on, and
+/// the leases the pace admitted for it (given back unless it is appended).
+type Send = (Queued, Vec<NewEvent>, Condition, Vec<(String, i64)>);
+
 /// The open transaction of the models store, and what it holds that readers do not see yet.
 pub(super) struct Open {
     txn: ModelsTxn,
@@ -414,7 +418,8 @@ impl<L: EventLog + Clone> State<L> {
             pacer: &knobs.pacer,
         };
         let mut later: VecDeque<Queued> = VecDeque::new();
-        let mut sends: Vec<(Queued, Vec<NewEvent>, Condition)> = Vec::new();
+        let mut sends: Vec<Send> = Vec::new();
+        let pacer = knobs.pacer.clone();
 
         let mut compact = None;
         while let Some(mut q) = self.queue.pop_front() {
@@ -427,14 +432,19 @@ impl<L: EventLog + Clone> State<L> {
                 }
                 continue;
             }
-            let Decided { events, reads, .. } = match q.job.decide(txn, &mut round) {
+            let decided = q.job.decide(txn, &mut round);
+            // The leases the pace admitted for this decision: given back unless appended.
+            let paced = pacer.admitted();
+            let Decided { events, reads, .. } = match decided {
                 Ok(d) => d,
                 Err(e) => {
+                    pacer.release(&paced);
                     q.answer(Err(e));
                     continue;
                 }
             };
             if events.is_empty() {
+                pacer.release(&paced);
                 q.answer(Ok(AppendReceipt {
                     events: Vec::new(),
                     last_seq: head,
@@ -452,6 +462,7 @@ impl<L: EventLog + Clone> State<L> {
             on.sort_unstable();
             on.dedup();
             if on.iter().any(|(s, j)| round.touches(s, j)) {
+                pacer.release(&paced);
                 later.push_back(q);
                 continue;
             }
@@ -468,10 +479,11 @@ impl<L: EventLog + Clone> State<L> {
                 round.touched.insert(key(stream, subject));
             }
             if let Some(e) = failed {
+                pacer.release(&paced);
                 q.answer(Err(CommandError::Models(e)));
                 continue;
             }
-            sends.push((q, events, condition));
+            sends.push((q, events, condition, paced));
         }
         drop(round);
         self.open = Some(open);
@@ -488,7 +500,7 @@ impl<L: EventLog + Clone> State<L> {
             .append_all(
                 sends
                     .iter_mut()
-                    .map(|(_, events, cond)| (std::mem::take(events), cond.clone()))
+                    .map(|(_, events, cond, _)| (std::mem::take(events), cond.clone()))
                     .collect(),
             )
             .await;
@@ -496,7 +508,10 @@ impl<L: EventLog + Clone> State<L> {
         // cadence (the main loop folds to the head before the next round), never on a
         // command's acknowledgement path. Clients read their writes all the same: a read
         // waits for the models to reach the head as of the request (section 3).
-        for ((mut q, _, _), answer) in sends.into_iter().zip(answers) {
+        for ((mut q, _, _, paced), answer) in sends.into_iter().zip(answers) {
+            if answer.is_err() {
+                pacer.release(&paced);
+            }
             match answer {
                 Ok(receipt) => q.answer(Ok(receipt)),
                 Err(AppendError::ExpectationFailed { .. }) => {

@@ -718,6 +718,11 @@ fn fold_delivery(
             let before = Entries::of(&row, held);
             let entry_before = row.order_entry();
             transition(&mut row, t, &c, ev.seq);
+            if entry_before.is_none() && row.holds_order_key().is_some() {
+                // Back in its key (a retry after a park that did not hold it, a resend):
+                // behind those already there.
+                row.ext.more.later.later.order_seq = ev.seq;
+            }
             if matches!(
                 t,
                 DeliveryTransition::Sent | DeliveryTransition::AttemptFailed

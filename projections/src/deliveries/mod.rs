@@ -99,7 +99,7 @@ pub const ENDPOINTS: &str = "endpoints";
 /// `webhook`), held or not: a held route's rows leave [`DUE`] and [`DUE_BY_PRIORITY`] (they
 /// wait) and are found here for a probe and to return when it closes. Outside the digest.
 pub const ROUTE_DUE: &str = "route_due";
-/// `route ‖ 0 ‖ order_key ‖ 0 ‖ notification_seq (8) ‖ id` for each delivery that holds its
+/// `route ‖ 0 ‖ order_key ‖ 0 ‖ order_seq (8) ‖ id` for each delivery that holds its
 /// key of an ordered route (section 4: pending, or parked on a route whose parked deliveries
 /// hold): the first of a key is the one that may be in flight; the others wait, out of
 /// [`DUE`] and [`DUE_BY_PRIORITY`]. Outside the digest (a function of the rows).
@@ -233,6 +233,10 @@ pub struct DeliveryExt4 {
     pub order_key: Option<String>,
     /// Parked, it no longer holds its key (`on_park = "skip"`).
     pub order_skips_parked: bool,
+    /// Its place in its key: the seq of its creation, or of the retry or resend that brought
+    /// it back to the key (behind those already there: the first of a key changes only by
+    /// leaving it).
+    pub order_seq: u64,
 }
 
 impl Delivery {
@@ -288,7 +292,7 @@ impl Delivery {
     pub fn order_entry(&self) -> Option<Vec<u8>> {
         let key = self.holds_order_key()?;
         let mut k = order_prefix(&self.route, key);
-        k.extend_from_slice(&self.notification_seq.to_be_bytes());
+        k.extend_from_slice(&self.ext.more.later.later.order_seq.to_be_bytes());
         k.extend_from_slice(self.id.as_str().as_bytes());
         Some(k)
     }
@@ -729,6 +733,7 @@ impl Created {
                         later: DeliveryExt4 {
                             order_key: self.order_key.clone(),
                             order_skips_parked: self.order_skips_parked,
+                            order_seq: if self.order_key.is_some() { seq } else { 0 },
                         },
                     },
                     ..DeliveryExt2::default()

@@ -178,11 +178,35 @@ impl View<'_> {
             })
             .collect::<Result<_, _>>()?;
         for id in ids {
-            if self.row(&id)?.is_some_and(|r| r.sink == Some(sink)) {
+            if let Some(r) = self.row(&id)?
+                && r.sink == Some(sink)
+                && self.order_waits(&r)?.is_none()
+            {
                 return Ok(Some(id));
             }
         }
         Ok(None)
+    }
+
+    /// The delivery `d` waits for in its route's order (section 4): the first of its key,
+    /// when that is not `d`.
+    pub fn order_waits(&mut self, d: &Delivery) -> Result<Option<String>, StorageError> {
+        let Some(key) = d.holds_order_key() else {
+            return Ok(None);
+        };
+        let prefix = super::order_prefix(&d.route, key);
+        let t = self.t.table(super::ORDER)?;
+        let mut range = t.range(prefix.as_slice()..).map_err(of)?;
+        let Some(row) = range.next() else {
+            return Ok(None);
+        };
+        let (k, _) = row.map_err(of)?;
+        let k = k.value();
+        if !k.starts_with(&prefix) {
+            return Ok(None);
+        }
+        let first = String::from_utf8_lossy(&k[prefix.len() + 8..]).into_owned();
+        Ok((first != d.id.as_str()).then_some(first))
     }
 
     /// What follows `prefix ‖ 0` in the keys of `table` that start with it.

@@ -141,6 +141,11 @@ fn take(
     let Some(mut row) = st.row(id)? else {
         return Ok(None);
     };
+    // Not the first of its key in its route's order (section 4): it waits (the claim's
+    // indexes leave it out; a probe's does not).
+    if st.order_waits(&row)?.is_some() {
+        return Ok(None);
+    }
     if row.status == S::Leased {
         let c = expiry(&row, now_us);
         transition(&mut row, T::LeaseExpired, &c, 0);

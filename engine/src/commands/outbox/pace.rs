@@ -15,6 +15,9 @@ use tidemark_projections::routing::Rate;
 #[derive(Default)]
 pub struct Pacer {
     routes: Mutex<HashMap<String, Window>>,
+    /// The leases admitted by the command being decided, until the decider knows whether
+    /// they were appended ([`Pacer::decided`]).
+    tentative: Mutex<Vec<(String, i64)>>,
 }
 
 struct Window {
@@ -79,7 +82,32 @@ impl Pacer {
             return false;
         }
         w.leased.push_back(now_us);
+        self.tentative
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((route.to_owned(), now_us));
         true
+    }
+
+    /// The leases admitted since the last call: those of the command just decided.
+    pub(crate) fn admitted(&self) -> Vec<(String, i64)> {
+        std::mem::take(&mut *self.tentative.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Give back `leases` (admitted for a decision that was not appended: refused by the log,
+    /// left to the next round, or failed): they never went out.
+    pub(crate) fn release(&self, leases: &[(String, i64)]) {
+        if leases.is_empty() {
+            return;
+        }
+        let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        for (route, at) in leases {
+            if let Some(w) = routes.get_mut(route)
+                && let Some(i) = w.leased.iter().rposition(|t| t == at)
+            {
+                w.leased.remove(i);
+            }
+        }
     }
 
     /// When route `route` may lease again, if its window is full at `now_us`.
@@ -99,7 +127,8 @@ impl Pacer {
             .filter(|w| w.sink == Some(sink))
             .filter_map(|w| {
                 w.slide(now_us);
-                w.free_at()
+                // A route this node has no share of is another node's to send.
+                w.free_at().filter(|at| *at != i64::MAX)
             })
             .min()
     }
@@ -127,6 +156,13 @@ mod tests {
         assert!(at(S), "a second after the first");
         assert_eq!(p.sink_paced_until(Sink::Webhook, S + 2), Some(S + S / 10));
         assert_eq!(p.sink_paced_until(Sink::Email, S + 2), None);
+        // A decision that was not appended gives its leases back.
+        let _ = p.admitted();
+        assert!(!at(S + 3));
+        assert!(p.admitted().is_empty(), "a refusal admits nothing");
+        p.release(&[("r".to_owned(), S)]);
+        assert!(at(S + 4), "the slot given back is taken again");
+        assert_eq!(p.admitted(), [("r".to_owned(), S + 4)]);
         for n in [1, 2, 7, 10, 100] {
             for of in 1..5 {
                 let sum: u32 = (0..of)
