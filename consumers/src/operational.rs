@@ -19,7 +19,6 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use serde::Deserialize;
 use serde_json::json;
 use tidemark_engine::Engine;
 use tidemark_log::{AppendError, Event, EventLog, NewEvent};
@@ -29,6 +28,7 @@ use tidemark_projections::routing::{OPERATIONAL_TYPE, Operational};
 use tokio_util::sync::CancellationToken;
 
 use crate::follow::Feed;
+use crate::oplog::{Transition, cause};
 
 /// Whether `ev` may tell an operator something (read by type only).
 pub(crate) fn concerns(ev: &Event) -> bool {
@@ -45,18 +45,6 @@ pub(crate) fn concerns(ev: &Event) -> bool {
                 | EventType::SourceParked
         )
     )
-}
-
-#[derive(Deserialize, Default)]
-struct Transition {
-    #[serde(default)]
-    parked: Option<bool>,
-    #[serde(default)]
-    error_code: Option<String>,
-    #[serde(default)]
-    error: Option<String>,
-    #[serde(default)]
-    reason: Option<String>,
 }
 
 /// One cause of one endpoint (or source) being told in a window.
@@ -91,14 +79,6 @@ fn note(id: String, priority: &str, title: String, body: String) -> Option<NewEv
         &json!({"priority": priority, "title": title, "body": body, "type": OPERATIONAL_TYPE}),
     )
     .ok()
-}
-
-fn short(s: Option<&str>) -> String {
-    let s = s.unwrap_or("");
-    match s.char_indices().nth(300) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s.to_owned(),
-    }
 }
 
 impl Told {
@@ -227,7 +207,7 @@ impl Told {
                             "{subject} parked ({}): {}. It waits for an operator's retry or \
                              discard.",
                             t.reason.as_deref().unwrap_or(&code),
-                            short(t.error.as_deref())
+                            cause(t.error.as_deref())
                         ),
                     )
                 })
@@ -242,7 +222,7 @@ impl Told {
                         format!("Source {source} parked"),
                         format!(
                             "It polls no more until it is resumed: {}",
-                            short(error.as_deref())
+                            cause(error.as_deref())
                         ),
                     )
                 })
@@ -293,7 +273,7 @@ impl Told {
                         format!(
                             "By {}: {}. Its deliveries wait until it is enabled.",
                             c.by.as_deref().unwrap_or("an operator"),
-                            short(c.reason.as_deref())
+                            cause(c.reason.as_deref())
                         ),
                     ),
                     EventType::EndpointEnabled => {
@@ -306,7 +286,7 @@ impl Told {
                             format!(
                                 "By {}: {}. Its deliveries go again.",
                                 c.by.as_deref().unwrap_or("an operator"),
-                                short(c.reason.as_deref())
+                                cause(c.reason.as_deref())
                             ),
                         )
                     }
@@ -319,7 +299,7 @@ impl Told {
                                 "Node {} lacks {}; its deliveries wait until a node that has \
                                  them sends them or the route is set again.",
                                 c.by.as_deref().unwrap_or("?"),
-                                short(c.reason.as_deref())
+                                cause(c.reason.as_deref())
                             ),
                         )
                     }),

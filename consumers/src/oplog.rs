@@ -20,22 +20,23 @@ use crate::follow::Page;
 /// A cause as logged: at most this many characters of the text a sink or a claimer reported.
 const CAUSE_CHARS: usize = 300;
 
-/// The fields of a delivery transition this log reads.
+/// The fields of a delivery transition this log (and the operational notifications) read.
 #[derive(Deserialize, Default)]
-struct Transition {
+pub(crate) struct Transition {
     #[serde(default)]
-    parked: Option<bool>,
+    pub(crate) parked: Option<bool>,
     #[serde(default)]
-    error_code: Option<String>,
+    pub(crate) error_code: Option<String>,
     #[serde(default)]
-    error: Option<String>,
+    pub(crate) error: Option<String>,
     #[serde(default)]
-    reason: Option<String>,
+    pub(crate) reason: Option<String>,
     #[serde(default)]
-    attempt: Option<u32>,
+    pub(crate) attempt: Option<u32>,
 }
 
-fn cause(s: Option<&str>) -> String {
+/// `s` cut to [`CAUSE_CHARS`] characters, as logged and told.
+pub(crate) fn cause(s: Option<&str>) -> String {
     let s = s.unwrap_or("");
     match s.char_indices().nth(CAUSE_CHARS) {
         Some((i, _)) => format!("{}…", &s[..i]),

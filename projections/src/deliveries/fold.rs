@@ -224,7 +224,7 @@ fn order_waits(st: &mut Store<'_>, d: &Delivery) -> Result<Option<String>, Stora
 fn head_of(st: &mut Store<'_>, prefix: &[u8]) -> Result<Option<String>, StorageError> {
     Ok(st
         .first_key(ORDER, prefix)?
-        .map(|k| String::from_utf8_lossy(&k[prefix.len() + 8..]).into_owned()))
+        .and_then(|k| order_entry_id(prefix, &k)))
 }
 
 /// Put `row` into the claim's indexes (`on`) or take it out, at its due time.

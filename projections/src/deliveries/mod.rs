@@ -105,6 +105,14 @@ pub const ROUTE_DUE: &str = "route_due";
 /// [`DUE`] and [`DUE_BY_PRIORITY`]. Outside the digest (a function of the rows).
 pub const ORDER: &str = "order";
 
+/// The delivery an entry of [`ORDER`] names, when `entry` is one of `prefix`'s key.
+pub(crate) fn order_entry_id(prefix: &[u8], entry: &[u8]) -> Option<String> {
+    entry
+        .strip_prefix(prefix)
+        .and_then(|rest| rest.get(8..))
+        .map(|id| String::from_utf8_lossy(id).into_owned())
+}
+
 /// The prefix of the entries of `route`'s key `order_key` in [`ORDER`].
 pub fn order_prefix(route: &str, order_key: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(route.len() + order_key.len() + 2);

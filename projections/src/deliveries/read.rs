@@ -487,9 +487,7 @@ pub fn order_first(
         return Ok(None);
     };
     let (k, _) = row.map_err(StorageError::of)?;
-    let k = k.value();
-    Ok(k.starts_with(&prefix)
-        .then(|| String::from_utf8_lossy(&k[prefix.len() + 8..]).into_owned()))
+    Ok(deliveries::order_entry_id(&prefix, k.value()))
 }
 
 /// Delivering route `route`'s health and circuit (`None`: no attempt or switch yet).

@@ -201,12 +201,7 @@ impl View<'_> {
             return Ok(None);
         };
         let (k, _) = row.map_err(of)?;
-        let k = k.value();
-        if !k.starts_with(&prefix) {
-            return Ok(None);
-        }
-        let first = String::from_utf8_lossy(&k[prefix.len() + 8..]).into_owned();
-        Ok((first != d.id.as_str()).then_some(first))
+        Ok(super::order_entry_id(&prefix, k.value()).filter(|first| first != d.id.as_str()))
     }
 
     /// What follows `prefix ‖ 0` in the keys of `table` that start with it.

@@ -248,16 +248,7 @@ impl<'t> Store<'t> {
     ) -> Result<Option<Vec<u8>>, StorageError> {
         if let Some(rows) = self.pending.remove(table) {
             self.pending_len -= rows.len();
-            let t = self.tables.table_mut(table)?;
-            let mut rows: Vec<_> = rows.into_iter().collect();
-            rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-            for (key, value) in rows {
-                match value {
-                    Some(v) => t.insert(key.as_slice(), v.as_slice()).map(drop),
-                    None => t.remove(key.as_slice()).map(drop),
-                }
-                .map_err(StorageError::of)?;
-            }
+            self.write_staged(table, rows)?;
         }
         let t = self.tables.table(table)?;
         let mut range = t.range(prefix..).map_err(StorageError::of)?;
@@ -365,6 +356,25 @@ impl<'t> Store<'t> {
         Ok(())
     }
 
+    /// Write `table`'s staged rows (a `None` removes), sorted by key.
+    fn write_staged(
+        &mut self,
+        table: &'static str,
+        rows: FxHashMap<Vec<u8>, Option<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let t = self.tables.table_mut(table)?;
+        let mut rows: Vec<_> = rows.into_iter().collect();
+        rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (key, value) in rows {
+            match value {
+                Some(v) => t.insert(key.as_slice(), v.as_slice()).map(drop),
+                None => t.remove(key.as_slice()).map(drop),
+            }
+            .map_err(StorageError::of)?;
+        }
+        Ok(())
+    }
+
     /// Write the coalesced changes into the tables. Must be called before the store is dropped.
     pub(super) fn flush(&mut self) -> Result<(), StorageError> {
         for (table, rows) in std::mem::take(&mut self.rows) {
@@ -379,16 +389,7 @@ impl<'t> Store<'t> {
         pending.sort_unstable_by_key(|(t, _)| *t);
         self.pending_len = 0;
         for (table, rows) in pending {
-            let t = self.tables.table_mut(table)?;
-            let mut rows: Vec<_> = rows.into_iter().collect();
-            rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-            for (key, value) in rows {
-                match value {
-                    Some(v) => t.insert(key.as_slice(), v.as_slice()).map(drop),
-                    None => t.remove(key.as_slice()).map(drop),
-                }
-                .map_err(StorageError::of)?;
-            }
+            self.write_staged(table, rows)?;
         }
         if !self.boundaries.is_empty() {
             let name = table_name(self.tables.proj, DIGESTS, self.tables.generation);
