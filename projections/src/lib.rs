@@ -38,7 +38,7 @@ macro_rules! txn_view {
         impl<'t> View<'t> {
             pub fn new(txn: &'t crate::models::ModelsTxn) -> Result<Self, StorageError> {
                 Ok(View {
-                    t: crate::framework::TxnTables::new(txn.raw(), $name)?,
+                    t: crate::framework::TxnTables::new(txn.src(), $name)?,
                 })
             }
         }

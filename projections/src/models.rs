@@ -11,11 +11,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use redb::{Database, Durability, WriteTransaction};
+use redb::{Database, Durability, ReadableDatabase, WriteTransaction};
 use tidemark_log::storage::{FileStore, Store, redb_backend};
 use tidemark_log::{EventChunk, EventLog, StorageError};
 
-use crate::framework;
+use crate::framework::{self, Applied, Layer, Overlay, Src, TxMut};
 
 /// How to open the models store.
 #[derive(Clone)]
@@ -111,7 +111,7 @@ impl Models {
 
     fn prepare(&self) -> Result<(), StorageError> {
         let txn = self.begin()?;
-        framework::prepare(txn.raw(), &crate::all())?;
+        framework::prepare(txn.raw()?, &crate::all())?;
         txn.commit()
     }
 
@@ -130,7 +130,7 @@ impl Models {
         let mut txn = self.db().begin_write().map_err(StorageError::of)?;
         txn.set_durability(Durability::None)
             .map_err(StorageError::of)?;
-        Ok(ModelsTxn(txn))
+        Ok(ModelsTxn(Inner::Redb(txn)))
     }
 
     /// A write transaction whose commit is synced: a rebuild's (its chunks are few and large,
@@ -163,16 +163,64 @@ impl Models {
     }
 
     /// Fold the committed events of `log` past the models' checkpoint up to `upto`, at most
-    /// `max` of them, in one transaction of `txn` (committed by the caller); the lowest
-    /// checkpoint after. `chunk` is read only where it does not already hold those events.
+    /// `max` of them, into `txn` (a redb transaction committed by the caller, or the
+    /// decider's overlay); the lowest checkpoint after. `chunk` is read only where it does not
+    /// already hold those events.
     pub fn fold(
-        txn: &ModelsTxn,
+        txn: &mut ModelsTxn,
         log: &impl EventLog,
         upto: u64,
         max: u64,
         chunk: &mut EventChunk,
     ) -> Result<u64, StorageError> {
-        framework::catch_up(txn.raw(), &crate::all(), log, upto, max, chunk)
+        match &mut txn.0 {
+            Inner::Redb(t) => {
+                framework::catch_up(TxMut::Redb(t), &crate::all(), log, upto, max, chunk)
+            }
+            Inner::Mem(m) => {
+                let at = framework::catch_up(TxMut::Mem(m), &crate::all(), log, upto, max, chunk)?;
+                m.folded(at);
+                Ok(at)
+            }
+        }
+    }
+
+    /// The models as the decider folds and decides on them: in memory over the file as it
+    /// stands now ([`Overlay`]), written into it by [`Models::write`].
+    pub fn overlay(&self) -> Result<ModelsTxn, StorageError> {
+        let mut o = Overlay::new(self.db().begin_read().map_err(StorageError::of)?);
+        let mut at = u64::MAX;
+        for p in crate::all() {
+            at = at.min(Src::Mem(&o).meta(p.name())?.unwrap_or_default().checkpoint);
+        }
+        o.start_at(if at == u64::MAX { 0 } else { at });
+        Ok(ModelsTxn(Inner::Mem(o)))
+    }
+
+    /// Write a frozen layer of the overlay into the file, in a transaction that commits
+    /// without a sync (the decider's writer thread); nothing when it is stale.
+    pub fn write(&self, layer: &Layer) -> Result<Applied, StorageError> {
+        let txn = self.begin()?;
+        let Inner::Redb(t) = &txn.0 else {
+            unreachable!("begin answers a redb transaction")
+        };
+        match layer.apply(t)? {
+            Applied::Written => {
+                txn.commit()?;
+                Ok(Applied::Written)
+            }
+            // Dropped uncommitted: nothing of it is written.
+            Applied::Stale => Ok(Applied::Stale),
+        }
+    }
+
+    /// The overlay `txn` learns that the writer wrote its oldest `n` frozen layers: it reads
+    /// them from the file from now on.
+    pub fn written(&self, txn: &mut ModelsTxn, n: usize) -> Result<(), StorageError> {
+        if let Inner::Mem(m) = &mut txn.0 {
+            m.written(n, self.db().begin_read().map_err(StorageError::of)?);
+        }
+        Ok(())
     }
 
     /// Fold up to the head of `log`, in transactions of at most `batch` events (tests, tools
@@ -180,8 +228,8 @@ impl Models {
     pub fn follow(&self, log: &impl EventLog, batch: u64) -> Result<u64, StorageError> {
         let mut chunk = EventChunk::default();
         loop {
-            let txn = self.begin()?;
-            let at = Models::fold(&txn, log, log.head(), batch, &mut chunk)?;
+            let mut txn = self.begin()?;
+            let at = Models::fold(&mut txn, log, log.head(), batch, &mut chunk)?;
             txn.commit()?;
             if at >= log.head() {
                 return Ok(at);
@@ -201,20 +249,56 @@ impl ModelsRead {
     }
 }
 
-/// One transaction of the models store: the decider folds committed events in it and decides
-/// commands on it (which only read it). Outside this crate it is read through the models'
-/// views alone (`deliveries::View::new(&txn)`, `cursors::View`, …), each of which owns its
-/// model's key layout; no storage type leaves the crate.
-pub struct ModelsTxn(WriteTransaction);
+/// The models store as the decider folds and decides on it: a write transaction (the start,
+/// tools, tests, a compaction) or the overlay ([`Models::overlay`]). Outside this crate it is
+/// read through the models' views alone (`deliveries::View::new(&txn)`, `cursors::View`, …),
+/// each of which owns its model's key layout; no storage type leaves the crate.
+pub struct ModelsTxn(Inner);
+
+/// One per decider (or per tool's transaction): its size does not matter.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a temporary, one at a time: boxing would cost an allocation per use"
+)]
+enum Inner {
+    Redb(WriteTransaction),
+    Mem(Overlay),
+}
 
 impl ModelsTxn {
-    pub(crate) fn raw(&self) -> &WriteTransaction {
-        &self.0
+    /// The store as a command reads it.
+    pub(crate) fn src(&self) -> Src<'_> {
+        match &self.0 {
+            Inner::Redb(t) => Src::Redb(t),
+            Inner::Mem(m) => Src::Mem(m),
+        }
     }
 
-    /// Commit (without a sync: [`Models::persist`] makes it durable).
+    /// The redb transaction (not the overlay's: its writes go through [`Models::write`]).
+    pub(crate) fn raw(&self) -> Result<&WriteTransaction, StorageError> {
+        match &self.0 {
+            Inner::Redb(t) => Ok(t),
+            Inner::Mem(_) => Err(StorageError::msg(
+                "the decider's overlay has no transaction of the file to write in",
+            )),
+        }
+    }
+
+    /// The overlay, when this is one.
+    pub fn overlay(&mut self) -> Option<&mut Overlay> {
+        match &mut self.0 {
+            Inner::Redb(_) => None,
+            Inner::Mem(m) => Some(m),
+        }
+    }
+
+    /// Commit (without a sync: [`Models::persist`] makes it durable). An overlay is written
+    /// by [`Models::write`], layer by layer, not committed.
     pub fn commit(self) -> Result<(), StorageError> {
-        self.0.commit().map_err(StorageError::of)
+        match self.0 {
+            Inner::Redb(t) => t.commit().map_err(StorageError::of),
+            Inner::Mem(_) => Err(StorageError::msg("an overlay is written, not committed")),
+        }
     }
 
     /// The seq of the last event of `(stream, subject)` as the models have it (0: none, or
@@ -225,14 +309,15 @@ impl ModelsTxn {
         subject: &str,
         first_seq: u64,
     ) -> Result<u64, StorageError> {
-        crate::subjects::last(&self.0, stream, subject, first_seq)
+        crate::subjects::last(self.src(), stream, subject, first_seq)
     }
 
     /// Every projection's snapshot at what it has folded, written in this transaction (a
     /// compaction's first half: [`crate::framework::snapshot`]).
     pub fn snapshot_all(&self) -> Result<(), StorageError> {
+        let txn = self.raw()?;
         for p in crate::all() {
-            framework::snapshot(&self.0, p)?;
+            framework::snapshot(txn, p)?;
         }
         Ok(())
     }

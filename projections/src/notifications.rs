@@ -307,7 +307,6 @@ impl View<'_> {
         after: u64,
         weight: impl Fn(&str) -> u64,
     ) -> Result<u64, StorageError> {
-        use redb::ReadableTable;
         let index = self.t.table(BY_PRIORITY)?;
         let mut sum = 0;
         for p in Priority::ALL {
@@ -317,10 +316,7 @@ impl View<'_> {
             }
             let lo = index_key(p.as_str(), after.saturating_add(1));
             let hi = index_key(p.as_str(), u64::MAX);
-            let n = index
-                .range(lo.as_slice()..=hi.as_slice())
-                .map_err(StorageError::of)?
-                .count() as u64;
+            let n = index.range(lo.as_slice()..=hi.as_slice())?.count() as u64;
             sum += w * n;
         }
         Ok(sum)
@@ -335,13 +331,11 @@ impl View<'_> {
         before_us: i64,
         max: usize,
     ) -> Result<Vec<Notification>, StorageError> {
-        use redb::ReadableTable;
         let mut rows = Vec::new();
         for row in self
             .t
             .table(BY_SEQ)?
-            .range(..=through_seq.to_be_bytes().as_slice())
-            .map_err(StorageError::of)?
+            .range(..=through_seq.to_be_bytes().as_slice())?
         {
             let (_, v) = row.map_err(StorageError::of)?;
             let note: Notification = postcard::from_bytes(v.value()).map_err(StorageError::of)?;

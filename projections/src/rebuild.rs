@@ -180,7 +180,14 @@ pub fn rebuild_many(
         // The live models follow the log: bring them to the head first, so the live digests
         // this chunk is compared with are complete.
         let head = log.head();
-        crate::framework::catch_up(&txn, &crate::all(), log, head, u64::MAX, &mut live)?;
+        crate::framework::catch_up(
+            crate::framework::TxMut::Redb(&txn),
+            &crate::all(),
+            log,
+            head,
+            u64::MAX,
+            &mut live,
+        )?;
         let gap = head.saturating_sub(from);
         if gap >= last_gap {
             outpaced += 1;

@@ -4,7 +4,6 @@
 //! already in the log. The poller's transient state (polling, backing off, last poll times)
 //! is kept in memory by the poller, not here: it is not in the log.
 
-use redb::ReadableTable;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidemark_log::{EventRef, StorageError};
@@ -222,12 +221,7 @@ impl View<'_> {
         let mut prefix = name.as_bytes().to_vec();
         prefix.push(0);
         let mut out = Vec::new();
-        for row in self
-            .t
-            .table(PENDING)?
-            .range(prefix.as_slice()..)
-            .map_err(StorageError::of)?
-        {
+        for row in self.t.table(PENDING)?.range(prefix.as_slice()..)? {
             let (k, _) = row.map_err(StorageError::of)?;
             let k = k.value();
             if !k.starts_with(&prefix) {

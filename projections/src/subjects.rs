@@ -9,9 +9,10 @@
 //! A subject whose every event was compacted away has no last event in the log any more; its
 //! row, older than the log's first seq, reads as 0 ([`last`]).
 
-use redb::{ReadableTable, TableDefinition, WriteTransaction};
+use redb::TableDefinition;
 use tidemark_log::{EventLog, EventRef, StorageError};
 
+use crate::framework::{Src, TxMut};
 use crate::names::Stream;
 
 /// The streams whose subjects are followed.
@@ -25,10 +26,14 @@ pub const STREAMS: [Stream; 7] = [
     Stream::Endpoints,
 ];
 
+/// The name of the table of the subjects' last seqs.
+pub(crate) const LAST_TABLE: &str = "subject_last";
+/// The name of the models store's own bookkeeping table.
+pub(crate) const META_TABLE: &str = "models_meta";
 /// `stream ‖ 0 ‖ subject` → seq of its last event.
-const LAST: TableDefinition<&[u8], u64> = TableDefinition::new("subject_last");
+const LAST: TableDefinition<&[u8], u64> = TableDefinition::new(LAST_TABLE);
 /// Bookkeeping of the models store: `subjects` → the seq the table reflects.
-const META: TableDefinition<&str, u64> = TableDefinition::new("models_meta");
+const META: TableDefinition<&str, u64> = TableDefinition::new(META_TABLE);
 const CHECKPOINT: &str = "subjects";
 
 fn key(stream: &str, subject: &str) -> Vec<u8> {
@@ -46,13 +51,8 @@ pub fn followed(stream: &str) -> bool {
 
 /// The seq the table reflects. A new table on a compacted log cannot be read from the start:
 /// it goes on from the first seq the log holds (what was dropped is not a last event any more).
-pub fn checkpoint(txn: &WriteTransaction, log: &impl EventLog) -> Result<u64, StorageError> {
-    let t = txn.open_table(META).map_err(StorageError::of)?;
-    let at = t
-        .get(CHECKPOINT)
-        .map_err(StorageError::of)?
-        .map(|v| v.value())
-        .unwrap_or(0);
+pub fn checkpoint(src: Src<'_>, log: &impl EventLog) -> Result<u64, StorageError> {
+    let at = src.get_str_u64(META, CHECKPOINT)?.unwrap_or(0);
     // Only a store that never followed (new, or migrated) can be behind a compaction: a
     // compaction syncs the models at the head before the log drops anything. The log is asked
     // then only, not at every fold.
@@ -64,34 +64,33 @@ pub fn checkpoint(txn: &WriteTransaction, log: &impl EventLog) -> Result<u64, St
 
 /// Record the last seq of the followed subjects among `events` (in seq order), and that the
 /// table reflects the log through `upto`.
-pub fn record(
-    txn: &WriteTransaction,
-    events: &[EventRef<'_>],
-    upto: u64,
-) -> Result<(), StorageError> {
-    let mut t = txn.open_table(LAST).map_err(StorageError::of)?;
-    for e in events.iter().filter(|e| followed(e.stream)) {
-        t.insert(key(e.stream, e.subject).as_slice(), e.seq)
-            .map_err(StorageError::of)?;
+pub fn record(mut tx: TxMut<'_>, events: &[EventRef<'_>], upto: u64) -> Result<(), StorageError> {
+    match &mut tx {
+        // One table opened for every event (a rebuild's or the start's long folds).
+        TxMut::Redb(txn) => {
+            let mut t = txn.open_table(LAST).map_err(StorageError::of)?;
+            for e in events.iter().filter(|e| followed(e.stream)) {
+                t.insert(key(e.stream, e.subject).as_slice(), e.seq)
+                    .map_err(StorageError::of)?;
+            }
+        }
+        TxMut::Mem(_) => {
+            for e in events.iter().filter(|e| followed(e.stream)) {
+                tx.put_u64(LAST, &key(e.stream, e.subject), e.seq)?;
+            }
+        }
     }
-    let mut m = txn.open_table(META).map_err(StorageError::of)?;
-    m.insert(CHECKPOINT, upto).map_err(StorageError::of)?;
-    Ok(())
+    tx.put_str_u64(META, CHECKPOINT, upto)
 }
 
 /// The seq of the last event of `(stream, subject)` as the models store has it (0: none, or
 /// every one of them is before `first_seq`, compacted).
 pub(crate) fn last(
-    txn: &WriteTransaction,
+    src: Src<'_>,
     stream: &str,
     subject: &str,
     first_seq: u64,
 ) -> Result<u64, StorageError> {
-    let t = txn.open_table(LAST).map_err(StorageError::of)?;
-    let seq = t
-        .get(key(stream, subject).as_slice())
-        .map_err(StorageError::of)?
-        .map(|v| v.value())
-        .unwrap_or(0);
+    let seq = src.get_u64(LAST, &key(stream, subject))?.unwrap_or(0);
     Ok(if seq < first_seq { 0 } else { seq })
 }

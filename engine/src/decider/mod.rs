@@ -69,6 +69,7 @@ const QUEUE: usize = 65_536;
 mod progress;
 mod round;
 mod run;
+mod writer;
 
 pub use progress::Progress;
 
@@ -113,17 +114,19 @@ impl Decider {
         let folded = progress.get();
         let st = State {
             log,
-            models,
-            progress,
+            models: models.clone(),
+            progress: progress.clone(),
             knobs,
             redecided: redecided.clone(),
             chunk: EventChunk::default(),
             queue: VecDeque::new(),
-            dirty: None,
             failure: None,
             pages,
-            open: None,
+            txn: None,
+            since: None,
             folded,
+            writer: writer::Writer::spawn(models.clone(), progress.clone())?,
+            epoch: 0,
         };
         let poisoned = Arc::new(Poison::default());
         let poison = poisoned.clone();

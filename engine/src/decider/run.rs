@@ -1,17 +1,16 @@
 //! The decider thread's loop: fold to the head, decide the queued commands in rounds, send
-//! their decisions to the log at once, persist the models store on its cadence, reopen it
-//! after a failure, and compact.
+//! their decisions to the log at once, hand what it folded to the models' writer, reopen the
+//! store after a failure, and compact.
 //!
-//! The models store follows the reply (spec section 3): one transaction of the store stays
-//! open across rounds. The decider folds the commits into it and decides the next round on
-//! it (the rows a round reads are its dirty pages, in memory), and commits it after the
-//! replies, batched: when a reader waits for the models ([`Progress::wait`] wakes the decider
-//! for it), when the decider has nothing left to do for [`COMMIT_EVERY`], after
-//! [`COMMIT_EVERY`] of rounds, or after [`FOLLOW_BATCH`] events. Readers see the store as of
-//! its last commit (`Progress`); a command is decided on everything folded. A page of the
-//! store is copied once per commit rather than once per round: with one transaction per
-//! round, copying the pages each round wrote (every index a lease and a completion touch)
-//! was most of a claim's cost.
+//! The models store follows the reply (spec section 3). The decider folds the commits into
+//! its overlay (`tidemark_projections::framework::Overlay`: layers of rows in memory over a
+//! read transaction of the file) and decides the next round on it; it freezes the layer and
+//! hands it to the writer thread (`writer`), which writes it into the file after the replies,
+//! batched: when a reader waits for the models ([`Progress::wait`] wakes the decider for it),
+//! when the decider has nothing left to do for [`COMMIT_EVERY`], after [`COMMIT_EVERY`] of
+//! rounds, or after [`FOLLOW_BATCH`] events. Readers see the store as of the writer's last
+//! commit (`Progress`); a command is decided on everything folded. No B-tree of the file is
+//! written on the thread every claim waits on.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -24,9 +23,10 @@ use tidemark_projections::{Models, ModelsTxn, subjects};
 use tokio::sync::{mpsc, oneshot};
 
 use super::round::{Job, Queued};
+use super::writer::{Ack, Writer};
 use super::{
     COALESCE, COMMIT_EVERY, FOLD_DELAY_KNOB, FOLLOW_BATCH, Knobs, MAX_ATTEMPTS, Msg, PANIC_KNOB,
-    PERSIST_EVERY, Progress, ROUND_MAX, knob,
+    Progress, ROUND_MAX, knob,
 };
 use crate::commands::{Decided, Round, key};
 use crate::error::{CommandError, Rejection};
@@ -41,32 +41,30 @@ pub(super) struct State<L> {
     pub(super) chunk: EventChunk,
     /// Commands to decide (again) before those still in the channel.
     pub(super) queue: VecDeque<Queued>,
-    /// Folded since the last synced commit.
-    pub(super) dirty: Option<Instant>,
     /// The models store's last failure with its cause (redb answers "previous I/O error"
     /// after one until the store is reopened: commands are told the cause, a full disk say).
     pub(super) failure: Option<StorageError>,
     /// Where what the decider reads is handed on to the reactors' follower.
     pub(super) pages: Arc<Pages>,
-    /// The transaction of the models store the decider folds into and decides on, open
-    /// across rounds until [`State::commit`].
-    pub(super) open: Option<Open>,
-    /// What the models have folded, committed or in `open` (readers see [`Progress`], what
-    /// is committed).
+    /// The overlay the decider folds into and decides on (begun over the file when first
+    /// needed, and again after a failure or a compaction).
+    pub(super) txn: Option<ModelsTxn>,
+    /// Since when the overlay's active layer holds what the file does not.
+    pub(super) since: Option<Instant>,
+    /// What the models have folded, in the file or in the overlay (readers see [`Progress`],
+    /// what the writer committed).
     pub(super) folded: u64,
+    pub(super) writer: Writer,
+    /// The writer's epoch: bumped each time the overlay is dropped and folded again.
+    pub(super) epoch: u64,
 }
+
+/// Layers the writer may hold before the decider waits for it.
+const MAX_FROZEN: usize = 2;
 
 /// A decision on its way to the log: the command, its events, the condition they rest on, and
 /// the leases the pace admitted for it (given back unless it is appended).
 type Send = (Queued, Vec<NewEvent>, Condition, Vec<(String, i64)>);
-
-/// The open transaction of the models store, and what it holds that readers do not see yet.
-pub(super) struct Open {
-    txn: ModelsTxn,
-    since: Instant,
-    /// Events folded into it.
-    events: u64,
-}
 
 impl<L: EventLog + Clone> State<L> {
     pub(super) fn run(mut self, rx: &mut mpsc::Receiver<Msg>) {
@@ -132,13 +130,11 @@ impl<L: EventLog + Clone> State<L> {
                 }
             }
             if self.queue.is_empty() && stop.is_none() {
-                let persist_in = self
-                    .dirty
-                    .map(|since| PERSIST_EVERY.saturating_sub(since.elapsed()));
-                // What is folded is committed once the decider has had nothing to do for
-                // `COMMIT_EVERY` (a command coming meanwhile is decided on it first), or at
-                // once when a reader comes to wait for it.
-                let commit_in = self.open.as_ref().map(|_| COMMIT_EVERY);
+                // What is folded goes to the writer once the decider has had nothing to do
+                // for `COMMIT_EVERY` (a command coming meanwhile is decided on it first), or
+                // at once when a reader comes to wait for it.
+                let unwritten = self.since.is_some();
+                let commit_in = unwritten.then_some(COMMIT_EVERY);
                 // Wait for a head beyond what was folded, not beyond the head read now: a
                 // commit landing between the fold and this read would otherwise be waited
                 // past (and its readers left waiting until the next commit).
@@ -147,22 +143,16 @@ impl<L: EventLog + Clone> State<L> {
                     tokio::select! {
                         m = rx.recv() => Some(m),
                         _ = heads.wait_for(|h| *h > head) => None,
-                        _ = readers.notified(), if self.open.is_some() => None,
+                        _ = readers.notified(), if unwritten => None,
                         _ = async {
                             match commit_in {
                                 Some(d) => tokio::time::sleep(d).await,
                                 None => std::future::pending().await,
                             }
                         } => None,
-                        _ = async {
-                            match persist_in {
-                                Some(d) => tokio::time::sleep(d).await,
-                                None => std::future::pending().await,
-                            }
-                        } => None,
                     }
                 });
-                if woke.is_none() && self.log.head() <= head && self.open.is_some() {
+                if woke.is_none() && self.log.head() <= head && self.since.is_some() {
                     // Idle, or a reader waits: what is folded is committed.
                     if let Err(e) = self.commit() {
                         self.models_failed(e, &mut backoff);
@@ -196,9 +186,6 @@ impl<L: EventLog + Clone> State<L> {
                     Some(None) => break,
                     None => {}
                 }
-                if self.dirty.is_some_and(|d| d.elapsed() >= PERSIST_EVERY) && self.open.is_none() {
-                    self.persist();
-                }
                 continue;
             }
             if !self.queue.is_empty() {
@@ -221,66 +208,125 @@ impl<L: EventLog + Clone> State<L> {
                 Msg::Stop(tx) => drop(tx.send(())),
             }
         }
-        if let Err(e) = self.commit() {
+        if let Err(e) = self.drain() {
             tracing::warn!(error = %e, "the models' last fold could not be committed");
         }
-        if self.dirty.is_some() {
-            self.persist();
-        }
+        self.writer.stop();
         tracing::info!("decider stopped");
         if let Some(tx) = stop {
             let _ = tx.send(());
         }
     }
 
-    /// Commit what the open transaction folded: readers see it from now on.
+    /// Hand what the overlay folded to the writer (readers see it once the writer has
+    /// committed it), waiting for the writer first when it holds [`MAX_FROZEN`] layers.
     fn commit(&mut self) -> Result<(), StorageError> {
-        let Some(open) = self.open.take() else {
+        self.reap(false)?;
+        while self.writer.outstanding >= MAX_FROZEN {
+            self.reap(true)?;
+        }
+        let Some(layer) = self
+            .txn
+            .as_mut()
+            .and_then(ModelsTxn::overlay)
+            .and_then(|o| o.freeze())
+        else {
             return Ok(());
         };
-        let started = Instant::now();
-        open.txn.commit()?;
-        self.dirty.get_or_insert_with(Instant::now);
-        self.progress.advance(self.folded);
-        metrics::histogram!("tidemark_projection_batch_seconds")
-            .record(started.elapsed().as_secs_f64());
+        self.since = None;
+        self.writer.send(layer, self.epoch);
         Ok(())
     }
 
-    /// Commit when a reader waits for what is folded, or the transaction has been open for
-    /// [`COMMIT_EVERY`] or holds [`FOLLOW_BATCH`] events.
-    fn commit_if_due(&mut self, now: Instant) -> Result<(), StorageError> {
-        let due = self.open.as_ref().is_some_and(|o| {
-            self.progress.waiting() > 0
-                || now.duration_since(o.since) >= COMMIT_EVERY
-                || o.events >= FOLLOW_BATCH
-        });
-        if due { self.commit() } else { Ok(()) }
+    /// Commit, and wait until the writer has written everything: the file has all that is
+    /// folded (before a compaction, and at the stop).
+    fn drain(&mut self) -> Result<(), StorageError> {
+        self.commit()?;
+        while self.writer.outstanding > 0 {
+            self.reap(true)?;
+        }
+        Ok(())
     }
 
-    /// The open transaction, begun if none is.
-    fn txn(&mut self) -> Result<&ModelsTxn, StorageError> {
-        if self.open.is_none() {
-            self.open = Some(Open {
-                txn: self.models.begin()?,
-                since: Instant::now(),
-                events: 0,
-            });
-        }
-        Ok(&self.open.as_ref().expect("set above").txn)
-    }
-
-    fn persist(&mut self) {
-        if let Err(e) = self.commit() {
-            self.models_failed(e, &mut Duration::from_millis(100));
-            return;
-        }
-        match self.models.persist() {
-            Ok(()) => self.dirty = None,
-            Err(e) => {
-                self.models_failed(e, &mut Duration::from_millis(100));
+    /// Take in the writer's answers (`wait`: at least one, waiting for it): the layers it
+    /// wrote are read from the file from now on; a failed or stale one is the caller's to
+    /// meet (the overlay is folded again from the file).
+    fn reap(&mut self, wait: bool) -> Result<(), StorageError> {
+        let mut written = 0;
+        let mut stale = false;
+        let mut failed = None;
+        let mut first = wait;
+        while let Some(a) = self.writer.ack(first) {
+            first = false;
+            match a {
+                Ack::Written => written += 1,
+                Ack::Skipped => {}
+                Ack::Stale => stale = true,
+                Ack::Failed(e) => {
+                    failed.get_or_insert(e);
+                }
             }
         }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if stale {
+            return self.refold();
+        }
+        if written > 0
+            && let Some(txn) = self.txn.as_mut()
+        {
+            self.models.written(txn, written)?;
+        }
+        Ok(())
+    }
+
+    /// The file changed under the overlay (a rebuild folded the live models, or swapped a
+    /// generation, in a transaction of its own): the overlay is dropped, once the writer holds
+    /// none of it, and the models fold again from the file, in the next epoch. Commands go on
+    /// (they are decided on the models at the head, folded again before the next round).
+    fn refold(&mut self) -> Result<(), StorageError> {
+        self.txn = None;
+        self.since = None;
+        while self.writer.outstanding > 0 {
+            let _ = self.writer.ack(true);
+        }
+        self.epoch += 1;
+        let at = self.models.checkpoint()?;
+        self.progress.reset(at);
+        self.folded = at;
+        Ok(())
+    }
+
+    /// Commit when a reader waits for what is folded, or the overlay has held it for
+    /// [`COMMIT_EVERY`] or holds [`FOLLOW_BATCH`] events (without waiting for a busy writer
+    /// unless it holds more than that).
+    fn commit_if_due(&mut self, now: Instant) -> Result<(), StorageError> {
+        self.reap(false)?;
+        let Some(since) = self.since else {
+            return Ok(());
+        };
+        let events = self
+            .txn
+            .as_mut()
+            .and_then(ModelsTxn::overlay)
+            .map_or(0, |o| o.events());
+        let due = self.progress.waiting() > 0
+            || now.duration_since(since) >= COMMIT_EVERY
+            || events >= FOLLOW_BATCH;
+        if due && (self.writer.outstanding < MAX_FROZEN || events >= 4 * FOLLOW_BATCH) {
+            self.commit()
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The overlay, begun over the file if none is.
+    fn txn(&mut self) -> Result<&mut ModelsTxn, StorageError> {
+        if self.txn.is_none() {
+            self.txn = Some(self.models.overlay()?);
+        }
+        Ok(self.txn.as_mut().expect("set above"))
     }
 
     /// `e` as the models store's failure: its cause when redb only says a previous I/O error
@@ -306,8 +352,14 @@ impl<L: EventLog + Clone> State<L> {
     /// A failure of the models store: the waiting commands are answered with it (the log is
     /// untouched), and the store is reopened after a pause; answers the failure's cause.
     fn models_failed(&mut self, e: StorageError, backoff: &mut Duration) -> StorageError {
-        // What the open transaction folded is dropped with it: it is folded again.
-        self.open = None;
+        // What the overlay folded is dropped with it, once the writer holds none of it: it is
+        // folded again from the file, in the next epoch.
+        self.txn = None;
+        self.since = None;
+        while self.writer.outstanding > 0 {
+            let _ = self.writer.ack(true);
+        }
+        self.epoch += 1;
         let e = self.failure(e);
         self.pages.set_keeping_up(false);
         tracing::warn!(error = %e, "the models store failed; reopening it (the log is not affected)");
@@ -316,11 +368,14 @@ impl<L: EventLog + Clone> State<L> {
         *backoff = (*backoff * 2).min(Duration::from_secs(1));
         // Reopened, the store is at its last synced commit: the models' progress goes back
         // to it (readers wait for the refold rather than read older state as current).
-        match self.models.reopen().and_then(|()| self.models.checkpoint()) {
+        let reopened = {
+            let _file = self.writer.file.lock().unwrap_or_else(|p| p.into_inner());
+            self.models.reopen()
+        };
+        match reopened.and_then(|()| self.models.checkpoint()) {
             Ok(at) => {
                 self.progress.reset(at);
                 self.folded = at;
-                self.dirty = None;
             }
             Err(e) => tracing::warn!(error = %e, "the models store cannot be reopened yet"),
         }
@@ -366,13 +421,16 @@ impl<L: EventLog + Clone> State<L> {
             }
             let from = self.folded;
             self.txn()?;
-            let open = self.open.as_mut().expect("begun above");
-            let at = Models::fold(&open.txn, &self.log, upto, FOLLOW_BATCH, &mut self.chunk)?;
-            open.events += at.saturating_sub(from);
+            let txn = self.txn.as_mut().expect("begun above");
+            let at = Models::fold(txn, &self.log, upto, FOLLOW_BATCH, &mut self.chunk)?;
+            let events = txn.overlay().map_or(0, |o| o.events());
+            if at > from {
+                self.since.get_or_insert_with(Instant::now);
+            }
             self.folded = at;
             metrics::gauge!("tidemark_projection_follower_lag_events")
                 .set(self.log.head().saturating_sub(at) as f64);
-            if open.events >= FOLLOW_BATCH {
+            if events >= FOLLOW_BATCH {
                 self.commit()?;
             }
             if at >= head {
@@ -403,10 +461,10 @@ impl<L: EventLog + Clone> State<L> {
             self.refuse_queued(&e);
             return;
         }
-        let Some(open) = self.open.take() else {
+        let Some(owned) = self.txn.take() else {
             return;
         };
-        let txn = &open.txn;
+        let txn = &owned;
         let mut round = Round {
             now_us,
             head,
@@ -486,10 +544,10 @@ impl<L: EventLog + Clone> State<L> {
             sends.push((q, events, condition, paced));
         }
         drop(round);
-        self.open = Some(open);
+        self.txn = Some(owned);
         if let Some(q) = compact {
             // A compaction commits snapshots of its own: what is folded goes first.
-            match self.commit() {
+            match self.drain() {
                 Ok(()) => self.compact(q).await,
                 Err(e) => q.answer(Err(CommandError::Models(e))),
             }
@@ -547,7 +605,9 @@ impl<L: EventLog + Clone> State<L> {
 
     async fn compaction(&mut self, job: &mut dyn Job) -> Result<AppendReceipt, CommandError> {
         let knobs = self.knobs.read().unwrap_or_else(|p| p.into_inner()).clone();
-        self.commit().map_err(CommandError::Models)?;
+        self.drain().map_err(CommandError::Models)?;
+        // The overlay is begun again over the file the compaction writes.
+        self.txn = None;
         let txn = self.models.begin().map_err(CommandError::Models)?;
         let mut round = Round {
             now_us: (knobs.clock)(),

@@ -810,19 +810,24 @@ pub(crate) fn first_due(
 
 /// Pending deliveries (queued + leased + retry_wait) over all sinks, summed from a `counts`
 /// table: the backpressure gauge.
-pub(crate) fn count_pending(
-    t: &impl redb::ReadableTable<&'static [u8], &'static [u8]>,
-) -> Result<u64, tidemark_log::StorageError> {
+pub(crate) fn count_pending<K, V, E>(
+    rows: impl Iterator<Item = Result<(K, V), E>>,
+) -> Result<u64, tidemark_log::StorageError>
+where
+    K: crate::framework::RowBytes,
+    V: crate::framework::RowBytes,
+    E: std::error::Error + Send + Sync + 'static,
+{
     use tidemark_log::StorageError;
     let mut n = 0;
-    for row in t.iter().map_err(StorageError::of)? {
+    for row in rows {
         let (k, v) = row.map_err(StorageError::of)?;
-        let k = k.value();
+        let k = k.bytes();
         if DeliveryStatus::PENDING.iter().any(|s| {
             let s = s.as_str();
             k.ends_with(s.as_bytes()) && k.len() > s.len() && k[k.len() - s.len() - 1] == 0
         }) {
-            n += crate::framework::be_u64(v.value()).unwrap_or(0);
+            n += crate::framework::be_u64(v.bytes()).unwrap_or(0);
         }
     }
     Ok(n)

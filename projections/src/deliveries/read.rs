@@ -358,7 +358,7 @@ pub fn kpis_by_site(
 pub fn pending_deliveries(db: &crate::models::ModelsRead) -> Result<u64, StorageError> {
     let r = Reader::new(db)?;
     match r.table(deliveries::NAME, deliveries::COUNTS)? {
-        Some(t) => deliveries::count_pending(&t),
+        Some(t) => deliveries::count_pending(t.iter().map_err(StorageError::of)?),
         None => Ok(0),
     }
 }

@@ -5,7 +5,6 @@
 //! this folder's: the fold writes them and this view reads them; no caller builds or parses
 //! one.
 
-use redb::ReadableTable;
 use tidemark_log::StorageError;
 
 use super::{
@@ -68,8 +67,7 @@ impl View<'_> {
             for row in self
                 .t
                 .table(DUE_BY_PRIORITY)?
-                .range(from.as_slice()..to.as_slice())
-                .map_err(of)?
+                .range(from.as_slice()..to.as_slice())?
             {
                 let (k, _) = row.map_err(of)?;
                 let k = k.value();
@@ -90,7 +88,7 @@ impl View<'_> {
         // `lease_expires_us (8) ‖ id`.
         let to = us_key(now_us.saturating_add(1));
         let mut ids = Vec::new();
-        for row in self.t.table(LEASES)?.range(..to.as_slice()).map_err(of)? {
+        for row in self.t.table(LEASES)?.range(..to.as_slice())? {
             if ids.len() >= max {
                 break;
             }
@@ -145,7 +143,7 @@ impl View<'_> {
     /// is disabled).
     pub fn probes_due(&mut self, sink: Sink, now_us: i64) -> Result<Vec<Endpoint>, StorageError> {
         let mut out = Vec::new();
-        for row in self.t.table(ENDPOINTS)?.iter().map_err(of)? {
+        for row in self.t.table(ENDPOINTS)?.iter()? {
             let (_, v) = row.map_err(of)?;
             let e: Endpoint = postcard::from_bytes(v.value()).map_err(of)?;
             if e.sink == Some(sink) && e.probe_at().is_some_and(|at| at <= now_us) {
@@ -168,8 +166,7 @@ impl View<'_> {
         let ids: Vec<String> = self
             .t
             .table(ROUTE_DUE)?
-            .range(from.as_slice()..to.as_slice())
-            .map_err(of)?
+            .range(from.as_slice()..to.as_slice())?
             // A route changes sink rarely: the first rows are this sink's, or few are not.
             .take(64)
             .map(|row| {
@@ -196,7 +193,7 @@ impl View<'_> {
         };
         let prefix = super::order_prefix(&d.route, key);
         let t = self.t.table(super::ORDER)?;
-        let mut range = t.range(prefix.as_slice()..).map_err(of)?;
+        let mut range = t.range(prefix.as_slice()..)?;
         let Some(row) = range.next() else {
             return Ok(None);
         };
@@ -209,12 +206,7 @@ impl View<'_> {
         let lo = [prefix.as_bytes(), &[0u8]].concat();
         let hi = [prefix.as_bytes(), &[1u8]].concat();
         let mut out = Vec::new();
-        for row in self
-            .t
-            .table(table)?
-            .range(lo.as_slice()..hi.as_slice())
-            .map_err(of)?
-        {
+        for row in self.t.table(table)?.range(lo.as_slice()..hi.as_slice())? {
             let (k, _) = row.map_err(of)?;
             out.push(String::from_utf8_lossy(&k.value()[lo.len()..]).into_owned());
         }
@@ -238,7 +230,7 @@ impl View<'_> {
         &mut self,
         matches: impl Fn(&str) -> bool,
     ) -> Result<Option<Recipient>, StorageError> {
-        for entry in self.t.table(RECIPIENTS)?.iter().map_err(of)? {
+        for entry in self.t.table(RECIPIENTS)?.iter()? {
             let (k, v) = entry.map_err(of)?;
             if matches(&String::from_utf8_lossy(k.value())) {
                 return postcard::from_bytes(v.value()).map(Some).map_err(of);
@@ -282,7 +274,7 @@ impl View<'_> {
     /// The settings in force at `seq` (the last `settings.updated` at or before it).
     pub fn settings_at(&mut self, seq: u64) -> Result<RoutingSettings, StorageError> {
         let t = self.t.table(SETTINGS)?;
-        let mut range = t.range(..=seq.to_be_bytes().as_slice()).map_err(of)?;
+        let mut range = t.range(..=seq.to_be_bytes().as_slice())?;
         let Some(row) = range.next_back() else {
             return Ok(RoutingSettings::default());
         };
@@ -294,14 +286,14 @@ impl View<'_> {
 
     /// Pending deliveries (queued, leased, retry_wait) over all sinks.
     pub fn pending(&mut self) -> Result<u64, StorageError> {
-        count_pending(self.t.table(COUNTS)?)
+        count_pending(self.t.table(COUNTS)?.iter()?)
     }
 
     /// Deliveries sent at or after `since_us` over all sinks (the outbox's drain rate).
     pub fn sent_since(&mut self, since_us: i64) -> Result<u64, StorageError> {
         // The sinks are the first part of the counts' keys, `sink ‖ 0 ‖ status`.
         let mut sinks: Vec<Vec<u8>> = Vec::new();
-        for row in self.t.table(COUNTS)?.iter().map_err(of)? {
+        for row in self.t.table(COUNTS)?.iter()? {
             let (k, _) = row.map_err(of)?;
             let k = k.value();
             if let Some(split) = k.iter().position(|b| *b == 0)
@@ -316,10 +308,7 @@ impl View<'_> {
             let sink = String::from_utf8_lossy(&sink);
             let lo = timed_key(&sink, since_us, "");
             let hi = timed_key(&sink, i64::MAX, "");
-            n += sent
-                .range(lo.as_slice()..hi.as_slice())
-                .map_err(of)?
-                .count() as u64;
+            n += sent.range(lo.as_slice()..hi.as_slice())?.count() as u64;
         }
         Ok(n)
     }

@@ -26,13 +26,17 @@
 //! prepares the store (`runtime`), the read and write access to a projection's tables
 //! ([`Reader`], `TxnTables`) and snapshots.
 
+mod access;
 mod cached;
+pub(crate) mod overlay;
 mod runtime;
 mod snapshots;
 mod store;
 mod tables;
 
+pub use access::{Src, TxMut};
 pub use cached::{Cached, CachedRow};
+pub use overlay::{Applied, Layer, Overlay};
 pub use runtime::{catch_up, checkpoint, prepare};
 pub(crate) use runtime::{drop_other_generations, fold_events, read_meta, write_meta};
 pub(crate) use snapshots::{restore_snapshot, snapshot};
@@ -53,6 +57,23 @@ pub(crate) fn created_row(key: u64, id: &str) -> Vec<u8> {
 /// A u64 stored big-endian (counters, checkpoints), or `None` when the bytes are not one.
 pub fn be_u64(b: &[u8]) -> Option<u64> {
     b.try_into().ok().map(u64::from_be_bytes)
+}
+
+/// A key or value read from a table, as its bytes (the file's, or the overlay's).
+pub trait RowBytes {
+    fn bytes(&self) -> &[u8];
+}
+
+impl RowBytes for redb::AccessGuard<'_, Bytes> {
+    fn bytes(&self) -> &[u8] {
+        self.value()
+    }
+}
+
+impl RowBytes for overlay::Val<'_> {
+    fn bytes(&self) -> &[u8] {
+        self.value()
+    }
 }
 
 /// The table of a projection's digests at seq boundaries (u64-keyed).

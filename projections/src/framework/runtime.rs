@@ -4,6 +4,7 @@
 use redb::{ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 use tidemark_log::{EventChunk, EventLog, EventRef, StorageError};
 
+use super::access::TxMut;
 use super::{Bytes, META, Meta, Projection, Reader, Store};
 
 pub(crate) fn read_meta_opt(
@@ -42,16 +43,17 @@ pub(crate) fn write_meta(txn: &WriteTransaction, name: &str, m: &Meta) -> Result
 
 /// Fold `events` into projection `p` at `generation`, advancing `meta`.
 pub(crate) fn fold_all(
-    txn: &WriteTransaction,
+    tx: TxMut<'_>,
     p: &dyn Projection,
     generation: u32,
     events: &[EventRef<'_>],
     meta: &mut Meta,
 ) -> Result<(), StorageError> {
-    fold_events(txn, p, generation, events, meta, false).map(drop)
+    fold_into(tx, p, generation, events, meta, false).map(drop)
 }
 
-/// [`fold_all`], answering (when `note_changes`) the seqs of the events that changed the model.
+/// [`fold_all`] in a redb transaction, answering (when `note_changes`) the seqs of the events
+/// that changed the model.
 pub(crate) fn fold_events(
     txn: &WriteTransaction,
     p: &dyn Projection,
@@ -60,7 +62,18 @@ pub(crate) fn fold_events(
     meta: &mut Meta,
     note_changes: bool,
 ) -> Result<Vec<u64>, StorageError> {
-    let mut st = Store::new(txn, p.name(), generation);
+    fold_into(TxMut::Redb(txn), p, generation, events, meta, note_changes)
+}
+
+fn fold_into(
+    tx: TxMut<'_>,
+    p: &dyn Projection,
+    generation: u32,
+    events: &[EventRef<'_>],
+    meta: &mut Meta,
+    note_changes: bool,
+) -> Result<Vec<u64>, StorageError> {
+    let mut st = Store::new(tx, p.name(), generation);
     if note_changes {
         st.changed_at = Some(Vec::new());
     }
@@ -102,7 +115,7 @@ pub(crate) fn drop_other_generations(
 /// them, into `chunk` (a buffer reused from one call to the next). The subjects' last seqs
 /// ([`crate::subjects`]) follow too. Returns the lowest checkpoint after.
 pub fn catch_up(
-    txn: &WriteTransaction,
+    mut tx: TxMut<'_>,
     projections: &[&'static dyn Projection],
     log: &impl EventLog,
     upto: u64,
@@ -111,18 +124,15 @@ pub fn catch_up(
 ) -> Result<u64, StorageError> {
     let mut metas = Vec::with_capacity(projections.len());
     {
-        let t = txn.open_table(META).map_err(StorageError::of)?;
+        let src = tx.src();
         for p in projections {
-            metas.push(match t.get(p.name()).map_err(StorageError::of)? {
-                Some(b) => postcard::from_bytes::<Meta>(b.value()).map_err(StorageError::of)?,
-                None => Meta {
-                    version: p.version(),
-                    ..Meta::default()
-                },
-            });
+            metas.push(src.meta(p.name())?.unwrap_or_else(|| Meta {
+                version: p.version(),
+                ..Meta::default()
+            }));
         }
     }
-    let subjects_at = crate::subjects::checkpoint(txn, log)?;
+    let subjects_at = crate::subjects::checkpoint(tx.src(), log)?;
     let from = metas
         .iter()
         .map(|m| m.checkpoint)
@@ -135,24 +145,18 @@ pub fn catch_up(
     let end = upto.min(from.saturating_add(max.max(1)));
     chunk.read(log, from, end).map_err(StorageError::of)?;
     let events = chunk.events()?;
-    let mut t = None;
     for (p, meta) in projections.iter().zip(metas.iter_mut()) {
         if meta.checkpoint >= end {
             continue;
         }
         let start = events.partition_point(|e| e.seq <= meta.checkpoint);
-        fold_all(txn, *p, meta.generation, &events[start..], meta)?;
+        fold_all(tx.reborrow(), *p, meta.generation, &events[start..], meta)?;
         meta.checkpoint = end;
-        let t = match &mut t {
-            Some(t) => t,
-            None => t.insert(txn.open_table(META).map_err(StorageError::of)?),
-        };
-        let b = postcard::to_stdvec(&*meta).map_err(StorageError::of)?;
-        t.insert(p.name(), b.as_slice()).map_err(StorageError::of)?;
+        tx.put_meta(p.name(), meta)?;
     }
     if subjects_at < end {
         let start = events.partition_point(|e| e.seq <= subjects_at);
-        crate::subjects::record(txn, &events[start..], end)?;
+        crate::subjects::record(tx.reborrow(), &events[start..], end)?;
     }
     Ok(metas.iter().map(|m| m.checkpoint).min().unwrap_or(end))
 }

@@ -5,15 +5,18 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use tidemark_log::{EventRef, StorageError};
 
-use redb::{ReadableTable, TableDefinition, WriteTransaction};
+use redb::TableDefinition;
 
+use super::access::{Src, TxMut};
 use super::cached::{Cached, CachedRow};
+use super::overlay::Overlay;
+use super::tables::TableRef;
 use super::tables::decode;
 use super::{DIGESTS, Meta, Projection, TxnTables, table_name};
 
 /// Write access to one projection's tables at one generation, recording the digest.
 pub struct Store<'t> {
-    tables: TxnTables<'t>,
+    tables: Dst<'t>,
     /// Writes not yet in the tables: a fold of many events touches the same rows again and
     /// again (a task gets ~8 events), so they are coalesced here and written once, sorted by
     /// key, by `flush`. The digest does not see this: it hashes every write as it is made.
@@ -32,6 +35,60 @@ pub struct Store<'t> {
     pub(super) changed_at: Option<Vec<u64>>,
     change: blake3::Hasher,
     changed: bool,
+}
+
+/// Where a [`Store`] writes: a redb transaction's tables, or the decider's overlay.
+enum Dst<'t> {
+    Redb(TxnTables<'t>),
+    Mem {
+        mem: &'t mut Overlay,
+        proj: &'static str,
+        generation: u32,
+        /// The tables' full names.
+        names: FxHashMap<&'static str, String>,
+    },
+}
+
+impl Dst<'_> {
+    /// The projection and generation written.
+    fn at(&self) -> (&'static str, u32) {
+        match self {
+            Dst::Redb(t) => (t.proj, t.generation),
+            Dst::Mem {
+                proj, generation, ..
+            } => (proj, *generation),
+        }
+    }
+
+    /// `table`'s full name.
+    fn name(&mut self, table: &'static str) -> String {
+        let (proj, generation) = self.at();
+        match self {
+            Dst::Redb(_) => table_name(proj, table, generation),
+            Dst::Mem { names, .. } => names
+                .entry(table)
+                .or_insert_with(|| table_name(proj, table, generation))
+                .clone(),
+        }
+    }
+
+    /// `table` as it stands with what was written to it.
+    fn table(&mut self, table: &'static str) -> Result<TableRef<'_>, StorageError> {
+        match self {
+            Dst::Redb(t) => t.table(table),
+            Dst::Mem {
+                mem,
+                proj,
+                generation,
+                names,
+            } => {
+                let name = names
+                    .entry(table)
+                    .or_insert_with(|| table_name(proj, table, *generation));
+                Ok(TableRef::Mem(mem, name.as_str()))
+            }
+        }
+    }
 }
 
 /// The running digest is recorded at every seq that is a multiple of this (spec section 10).
@@ -60,9 +117,17 @@ fn taken(table: &str) -> StorageError {
 const FLUSH_EVERY: usize = 50_000;
 
 impl<'t> Store<'t> {
-    pub(super) fn new(txn: &'t WriteTransaction, proj: &'static str, generation: u32) -> Self {
+    pub(super) fn new(tx: TxMut<'t>, proj: &'static str, generation: u32) -> Self {
         Store {
-            tables: TxnTables::at(txn, proj, generation),
+            tables: match tx {
+                TxMut::Redb(txn) => Dst::Redb(TxnTables::at(Src::Redb(txn), proj, generation)),
+                TxMut::Mem(mem) => Dst::Mem {
+                    mem,
+                    proj,
+                    generation,
+                    names: FxHashMap::default(),
+                },
+            },
             pending: FxHashMap::default(),
             pending_len: 0,
             rows: FxHashMap::default(),
@@ -87,7 +152,11 @@ impl<'t> Store<'t> {
         if let Some(v) = self.pending.get(table).and_then(|t| t.get(key)) {
             return Ok(v.clone());
         }
-        self.tables.get(table, key)
+        Ok(self
+            .tables
+            .table(table)?
+            .get(key)?
+            .map(|v| v.value().to_vec()))
     }
 
     /// Whether `key` has a row (a row kept decoded is not encoded to answer).
@@ -99,12 +168,7 @@ impl<'t> Store<'t> {
         if let Some(v) = self.pending.get(table).and_then(|t| t.get(key)) {
             return Ok(v.is_some());
         }
-        Ok(self
-            .tables
-            .table(table)?
-            .get(key)
-            .map_err(StorageError::of)?
-            .is_some())
+        Ok(self.tables.table(table)?.get(key)?.is_some())
     }
 
     /// Take a row out to fold it, decoded: from the rows kept decoded when it is there
@@ -136,7 +200,12 @@ impl<'t> Store<'t> {
                 None => Ok(None),
             };
         }
-        self.tables.get_val(table, key)
+        match self.tables.table(table)?.get(key)? {
+            Some(v) => postcard::from_bytes(v.value())
+                .map(Some)
+                .map_err(StorageError::of),
+            None => Ok(None),
+        }
     }
 
     /// Write a row taken with [`Store::take_row`] (or a new one): hashed into the digest as
@@ -222,12 +291,7 @@ impl<'t> Store<'t> {
     ) -> Result<Vec<Vec<u8>>, StorageError> {
         self.flush()?;
         let mut out = Vec::new();
-        for row in self
-            .tables
-            .table(table)?
-            .range(prefix..)
-            .map_err(StorageError::of)?
-        {
+        for row in self.tables.table(table)?.range(prefix..)? {
             let (k, _) = row.map_err(StorageError::of)?;
             if !k.value().starts_with(prefix) {
                 break;
@@ -250,8 +314,7 @@ impl<'t> Store<'t> {
             self.pending_len -= rows.len();
             self.write_staged(table, rows)?;
         }
-        let t = self.tables.table(table)?;
-        let mut range = t.range(prefix..).map_err(StorageError::of)?;
+        let mut range = self.tables.table(table)?.range(prefix..)?;
         match range.next() {
             Some(row) => {
                 let (k, _) = row.map_err(StorageError::of)?;
@@ -362,15 +425,22 @@ impl<'t> Store<'t> {
         table: &'static str,
         rows: FxHashMap<Vec<u8>, Option<Vec<u8>>>,
     ) -> Result<(), StorageError> {
-        let t = self.tables.table_mut(table)?;
-        let mut rows: Vec<_> = rows.into_iter().collect();
-        rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        for (key, value) in rows {
-            match value {
-                Some(v) => t.insert(key.as_slice(), v.as_slice()).map(drop),
-                None => t.remove(key.as_slice()).map(drop),
+        if let Dst::Redb(tables) = &mut self.tables {
+            let t = tables.table_mut(table)?;
+            let mut rows: Vec<_> = rows.into_iter().collect();
+            rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            for (key, value) in rows {
+                match value {
+                    Some(v) => t.insert(key.as_slice(), v.as_slice()).map(drop),
+                    None => t.remove(key.as_slice()).map(drop),
+                }
+                .map_err(StorageError::of)?;
             }
-            .map_err(StorageError::of)?;
+            return Ok(());
+        }
+        let name = self.tables.name(table);
+        if let Dst::Mem { mem, .. } = &mut self.tables {
+            mem.active().put_all(&name, rows);
         }
         Ok(())
     }
@@ -392,11 +462,24 @@ impl<'t> Store<'t> {
             self.write_staged(table, rows)?;
         }
         if !self.boundaries.is_empty() {
-            let name = table_name(self.tables.proj, DIGESTS, self.tables.generation);
-            let def: TableDefinition<u64, &[u8]> = TableDefinition::new(&name);
-            let mut t = self.tables.txn.open_table(def).map_err(StorageError::of)?;
-            for (seq, d) in self.boundaries.drain(..) {
-                t.insert(seq, d.as_slice()).map_err(StorageError::of)?;
+            let (proj, generation) = self.tables.at();
+            let name = table_name(proj, DIGESTS, generation);
+            match &mut self.tables {
+                Dst::Redb(tables) => {
+                    let Src::Redb(txn) = tables.src else {
+                        unreachable!("a redb destination reads its own transaction")
+                    };
+                    let def: TableDefinition<u64, &[u8]> = TableDefinition::new(&name);
+                    let mut t = txn.open_table(def).map_err(StorageError::of)?;
+                    for (seq, d) in self.boundaries.drain(..) {
+                        t.insert(seq, d.as_slice()).map_err(StorageError::of)?;
+                    }
+                }
+                Dst::Mem { mem, .. } => {
+                    for (seq, d) in self.boundaries.drain(..) {
+                        mem.active().put(&name, &seq.to_be_bytes(), Some(&d));
+                    }
+                }
             }
         }
         Ok(())
@@ -413,7 +496,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = redb::Database::create(dir.path().join("t.redb")).unwrap();
         let txn = db.begin_write().unwrap();
-        let mut st = Store::new(&txn, "x", 0);
+        let mut st = Store::new(TxMut::Redb(&txn), "x", 0);
         f(&mut st);
     }
 

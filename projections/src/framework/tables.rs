@@ -3,11 +3,15 @@
 
 use std::collections::HashMap;
 
-use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use serde::Deserialize;
 use tidemark_log::StorageError;
 
-use super::{Bytes, META, Meta, read_meta, table_name};
+use std::ops::RangeBounds;
+
+use super::access::Src;
+use super::overlay::{Merge, Overlay, Val};
+use super::{Bytes, META, Meta, table_name};
 
 /// Read access to projections for the API: one read transaction, so everything read through
 /// one `Reader` is one consistent state of the log.
@@ -86,48 +90,65 @@ impl Reader {
     }
 }
 
-/// A projection's tables inside the writer's transaction, each opened once: the fold writes
-/// through them (`Store`), and commands that decide from state (claim, complete, ...) read
-/// them, seeing every event committed or staged before them.
+/// A projection's tables inside the writer's transaction or the decider's overlay, each
+/// opened once: the fold writes through them (`Store`, in a redb transaction), and commands
+/// that decide from state (claim, complete, ...) read them, seeing every event folded before
+/// them.
 pub(crate) struct TxnTables<'t> {
-    pub(super) txn: &'t WriteTransaction,
+    pub(super) src: Src<'t>,
     pub(super) proj: &'static str,
     pub(super) generation: u32,
     tables: HashMap<&'static str, redb::Table<'t, Bytes, Bytes>>,
+    /// The full names of the tables read through the overlay.
+    names: HashMap<&'static str, String>,
 }
 
 impl<'t> TxnTables<'t> {
     /// The projection's tables at its current generation.
-    pub fn new(txn: &'t WriteTransaction, proj: &'static str) -> Result<Self, StorageError> {
-        let generation = read_meta(txn, proj)?.generation;
-        Ok(Self::at(txn, proj, generation))
+    pub fn new(src: Src<'t>, proj: &'static str) -> Result<Self, StorageError> {
+        let generation = src.meta(proj)?.unwrap_or_default().generation;
+        Ok(Self::at(src, proj, generation))
     }
 
-    pub(super) fn at(txn: &'t WriteTransaction, proj: &'static str, generation: u32) -> Self {
+    pub(super) fn at(src: Src<'t>, proj: &'static str, generation: u32) -> Self {
         TxnTables {
-            txn,
+            src,
             proj,
             generation,
             tables: HashMap::new(),
+            names: HashMap::new(),
         }
     }
 
     /// The table (created empty when the projection has not written it yet).
-    pub fn table(
-        &mut self,
-        table: &'static str,
-    ) -> Result<&redb::Table<'t, Bytes, Bytes>, StorageError> {
-        self.table_mut(table).map(|t| &*t)
+    pub fn table(&mut self, table: &'static str) -> Result<TableRef<'_>, StorageError> {
+        match self.src {
+            Src::Redb(_) => Ok(TableRef::Redb(&*self.table_mut(table)?)),
+            Src::Mem(m) => {
+                let (proj, generation) = (self.proj, self.generation);
+                let name = self
+                    .names
+                    .entry(table)
+                    .or_insert_with(|| table_name(proj, table, generation));
+                Ok(TableRef::Mem(m, name.as_str()))
+            }
+        }
     }
 
+    /// The table in the redb transaction (the fold's writes there).
     pub(super) fn table_mut(
         &mut self,
         table: &'static str,
     ) -> Result<&mut redb::Table<'t, Bytes, Bytes>, StorageError> {
+        let Src::Redb(txn) = self.src else {
+            return Err(StorageError::msg(
+                "a table of the overlay opened for writing",
+            ));
+        };
         if !self.tables.contains_key(table) {
             let name = table_name(self.proj, table, self.generation);
             let def: TableDefinition<Bytes, Bytes> = TableDefinition::new(&name);
-            let t = self.txn.open_table(def).map_err(StorageError::of)?;
+            let t = txn.open_table(def).map_err(StorageError::of)?;
             self.tables.insert(table, t);
         }
         Ok(self.tables.get_mut(table).expect("inserted above"))
@@ -138,11 +159,7 @@ impl<'t> TxnTables<'t> {
         table: &'static str,
         key: &[u8],
     ) -> Result<Option<Vec<u8>>, StorageError> {
-        Ok(self
-            .table(table)?
-            .get(key)
-            .map_err(StorageError::of)?
-            .map(|v| v.value().to_vec()))
+        Ok(self.table(table)?.get(key)?.map(|v| v.value().to_vec()))
     }
 
     pub fn get_val<T: for<'de> Deserialize<'de>>(
@@ -150,7 +167,12 @@ impl<'t> TxnTables<'t> {
         table: &'static str,
         key: &[u8],
     ) -> Result<Option<T>, StorageError> {
-        decode(self.get(table, key)?)
+        match self.table(table)?.get(key)? {
+            Some(v) => postcard::from_bytes(v.value())
+                .map(Some)
+                .map_err(StorageError::of),
+            None => Ok(None),
+        }
     }
 
     /// The keys of `table` that start with `prefix ‖ 0`, each the rest after it (an index's
@@ -163,11 +185,7 @@ impl<'t> TxnTables<'t> {
         let lo = [prefix.as_bytes(), &[0u8]].concat();
         let hi = [prefix.as_bytes(), &[1u8]].concat();
         let mut out = Vec::new();
-        for row in self
-            .table(table)?
-            .range(lo.as_slice()..hi.as_slice())
-            .map_err(StorageError::of)?
-        {
+        for row in self.table(table)?.range(lo.as_slice()..hi.as_slice())? {
             let (k, _) = row.map_err(StorageError::of)?;
             out.push(String::from_utf8_lossy(&k.value()[lo.len()..]).into_owned());
         }
@@ -180,11 +198,79 @@ impl<'t> TxnTables<'t> {
         table: &'static str,
     ) -> Result<Vec<T>, StorageError> {
         let mut out = Vec::new();
-        for row in self.table(table)?.iter().map_err(StorageError::of)? {
+        for row in self.table(table)?.iter()? {
             let (_, v) = row.map_err(StorageError::of)?;
             out.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
         }
         Ok(out)
+    }
+}
+
+/// One table of a [`TxnTables`]: in the redb transaction, or through the overlay.
+#[derive(Clone, Copy)]
+pub(crate) enum TableRef<'a> {
+    Redb(&'a redb::Table<'a, Bytes, Bytes>),
+    Mem(&'a Overlay, &'a str),
+}
+
+impl<'a> TableRef<'a> {
+    pub fn get(self, key: &[u8]) -> Result<Option<Val<'a>>, StorageError> {
+        match self {
+            TableRef::Redb(t) => Ok(t.get(key).map_err(StorageError::of)?.map(Val::Guard)),
+            TableRef::Mem(m, name) => m.get(name, key),
+        }
+    }
+
+    /// The rows within `range`, in key order (read from one end only).
+    pub fn range<'k>(self, range: impl RangeBounds<&'k [u8]>) -> Result<Rows<'a>, StorageError> {
+        let bounds = (range.start_bound().cloned(), range.end_bound().cloned());
+        match self {
+            TableRef::Redb(t) => Ok(Rows::Redb(
+                t.range::<&[u8]>(bounds).map_err(StorageError::of)?,
+            )),
+            TableRef::Mem(m, name) => Ok(Rows::Mem(m.range(name, bounds)?)),
+        }
+    }
+
+    /// Every row, in key order.
+    pub fn iter(self) -> Result<Rows<'a>, StorageError> {
+        self.range::<'static>(..)
+    }
+}
+
+/// The rows of a [`TableRef::range`] (a temporary of one scan: its size does not matter).
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a temporary, one at a time: boxing would cost an allocation per use"
+)]
+pub(crate) enum Rows<'a> {
+    Redb(redb::Range<'a, Bytes, Bytes>),
+    Mem(Merge<'a>),
+}
+
+type Row<'a> = Result<(Val<'a>, Val<'a>), redb::StorageError>;
+
+impl<'a> Iterator for Rows<'a> {
+    type Item = Row<'a>;
+
+    fn next(&mut self) -> Option<Row<'a>> {
+        match self {
+            Rows::Redb(r) => r
+                .next()
+                .map(|r| r.map(|(k, v)| (Val::Guard(k), Val::Guard(v)))),
+            Rows::Mem(m) => m.next(),
+        }
+    }
+}
+
+impl<'a> DoubleEndedIterator for Rows<'a> {
+    fn next_back(&mut self) -> Option<Row<'a>> {
+        match self {
+            Rows::Redb(r) => r
+                .next_back()
+                .map(|r| r.map(|(k, v)| (Val::Guard(k), Val::Guard(v)))),
+            Rows::Mem(m) => m.next_back(),
+        }
     }
 }
 
