@@ -82,6 +82,7 @@ impl<L: EventLog + Clone> State<L> {
         let mut backoff = Duration::from_millis(10);
         let mut stop: Option<oneshot::Sender<()>> = None;
         let readers = self.progress.readers();
+        let broke = self.writer.broke.clone();
         loop {
             // Fold to the head, and commit it when a reader waits for it or it has been open
             // long enough.
@@ -144,6 +145,8 @@ impl<L: EventLog + Clone> State<L> {
                         m = rx.recv() => Some(m),
                         _ = heads.wait_for(|h| *h > head) => None,
                         _ = readers.notified(), if unwritten => None,
+                        // A layer the writer could not write: folded again at the top.
+                        _ = broke.notified() => None,
                         _ = async {
                             match commit_in {
                                 Some(d) => tokio::time::sleep(d).await,

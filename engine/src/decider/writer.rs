@@ -42,6 +42,8 @@ pub(super) struct Writer {
     /// Held by the writer while it writes or syncs, and by the decider while it reopens the
     /// file: the two never meet on the file.
     pub(super) file: Arc<Mutex<()>>,
+    /// Told when a layer failed or was stale: the decider, idle, wakes to fold again.
+    pub(super) broke: Arc<tokio::sync::Notify>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -50,15 +52,17 @@ impl Writer {
         let (tx, rx) = std::sync::mpsc::channel();
         let (ack_tx, acks) = std::sync::mpsc::channel();
         let file = Arc::new(Mutex::new(()));
-        let held = file.clone();
+        let broke = Arc::new(tokio::sync::Notify::new());
+        let (held, tell) = (file.clone(), broke.clone());
         let thread = std::thread::Builder::new()
             .name("tidemark-models-writer".into())
-            .spawn(move || run(&models, &progress, &held, &rx, &ack_tx))?;
+            .spawn(move || run(&models, &progress, &held, &tell, &rx, &ack_tx))?;
         Ok(Writer {
             tx,
             acks,
             outstanding: 0,
             file,
+            broke,
             thread: Some(thread),
         })
     }
@@ -98,6 +102,7 @@ fn run(
     models: &Models,
     progress: &Progress,
     file: &Mutex<()>,
+    broke: &tokio::sync::Notify,
     rx: &Receiver<Msg>,
     acks: &Sender<Ack>,
 ) {
@@ -172,9 +177,13 @@ fn run(
             }
         };
         drop(layer);
+        let tell = matches!(ack, Ack::Stale | Ack::Failed(_));
         if acks.send(ack).is_err() {
             sync(&mut dirty, &mut cause);
             return;
+        }
+        if tell {
+            broke.notify_one();
         }
         if dirty.is_some_and(|d| d.elapsed() >= PERSIST_EVERY) {
             sync(&mut dirty, &mut cause);
