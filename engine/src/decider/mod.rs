@@ -127,6 +127,7 @@ impl Decider {
             folded,
             writer: writer::Writer::spawn(models.clone(), progress.clone())?,
             epoch: 0,
+            unhealthy: false,
         };
         let poisoned = Arc::new(Poison::default());
         let poison = poisoned.clone();

@@ -55,6 +55,10 @@ pub(super) struct State<L> {
     /// what the writer committed).
     pub(super) folded: u64,
     pub(super) writer: Writer,
+    /// The models' file failed and has not been written since: commands are refused with the
+    /// failure until a write of it succeeds (decided from memory they could be, but the store
+    /// they rest on is a fault domain that is down, I10).
+    pub(super) unhealthy: bool,
     /// The writer's epoch: bumped each time the overlay is dropped and folded again.
     pub(super) epoch: u64,
 }
@@ -93,8 +97,11 @@ impl<L: EventLog + Clone> State<L> {
                 Ok(()) => {
                     self.pages.set_keeping_up(true);
                     backoff = Duration::from_millis(10);
-                    // Recovered: a later "previous I/O error" has a cause of its own.
-                    self.failure = None;
+                    // Recovered (the file written again since its failure): a later "previous
+                    // I/O error" has a cause of its own.
+                    if !self.unhealthy {
+                        self.failure = None;
+                    }
                 }
                 Err(e) => {
                     let e = self.models_failed(e, &mut backoff);
@@ -257,12 +264,20 @@ impl<L: EventLog + Clone> State<L> {
     fn reap(&mut self, wait: bool) -> Result<(), StorageError> {
         let mut written = 0;
         let mut stale = false;
-        let mut failed = None;
+        let mut failed = self
+            .writer
+            .sync_failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         let mut first = wait;
         while let Some(a) = self.writer.ack(first) {
             first = false;
             match a {
-                Ack::Written => written += 1,
+                Ack::Written => {
+                    written += 1;
+                    self.unhealthy = false;
+                }
                 Ack::Skipped => {}
                 Ack::Stale => stale = true,
                 Ack::Failed(e) => {
@@ -363,6 +378,7 @@ impl<L: EventLog + Clone> State<L> {
             let _ = self.writer.ack(true);
         }
         self.epoch += 1;
+        self.unhealthy = true;
         let e = self.failure(e);
         self.pages.set_keeping_up(false);
         tracing::warn!(error = %e, "the models store failed; reopening it (the log is not affected)");
@@ -447,6 +463,21 @@ impl<L: EventLog + Clone> State<L> {
         if knob("TIDEMARK_FAULT_DECIDER_PANIC", &PANIC_KNOB).is_some() {
             // A test knob (the alert rules' test): the decider panics at its first command.
             panic!("an injected panic (TIDEMARK_FAULT_DECIDER_PANIC)");
+        }
+        if self.unhealthy {
+            // Has the file come back? One synced write says (only while it is down).
+            let probe = {
+                let _file = self.writer.file.lock().unwrap_or_else(|p| p.into_inner());
+                self.models.persist()
+            };
+            match probe {
+                Ok(()) => self.unhealthy = false,
+                Err(e) => {
+                    let e = CommandError::Models(self.failure(e));
+                    self.refuse_queued(&e);
+                    return;
+                }
+            }
         }
         let knobs = self.knobs.read().unwrap_or_else(|p| p.into_inner()).clone();
         let now_us = (knobs.clock)();

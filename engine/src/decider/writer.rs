@@ -44,6 +44,8 @@ pub(super) struct Writer {
     pub(super) file: Arc<Mutex<()>>,
     /// Told when a layer failed or was stale: the decider, idle, wakes to fold again.
     pub(super) broke: Arc<tokio::sync::Notify>,
+    /// A sync of the file that failed (no layer answers it): the decider reopens the file.
+    pub(super) sync_failed: Arc<Mutex<Option<StorageError>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -53,16 +55,22 @@ impl Writer {
         let (ack_tx, acks) = std::sync::mpsc::channel();
         let file = Arc::new(Mutex::new(()));
         let broke = Arc::new(tokio::sync::Notify::new());
-        let (held, tell) = (file.clone(), broke.clone());
+        let sync_failed = Arc::new(Mutex::new(None));
+        let parts = Parts {
+            file: file.clone(),
+            broke: broke.clone(),
+            sync_failed: sync_failed.clone(),
+        };
         let thread = std::thread::Builder::new()
             .name("tidemark-models-writer".into())
-            .spawn(move || run(&models, &progress, &held, &tell, &rx, &ack_tx))?;
+            .spawn(move || run(&models, &progress, &parts, &rx, &ack_tx))?;
         Ok(Writer {
             tx,
             acks,
             outstanding: 0,
             file,
             broke,
+            sync_failed,
             thread: Some(thread),
         })
     }
@@ -98,14 +106,21 @@ impl Writer {
     }
 }
 
+/// What the writer shares with the decider besides its channels.
+struct Parts {
+    file: Arc<Mutex<()>>,
+    broke: Arc<tokio::sync::Notify>,
+    sync_failed: Arc<Mutex<Option<StorageError>>>,
+}
+
 fn run(
     models: &Models,
     progress: &Progress,
-    file: &Mutex<()>,
-    broke: &tokio::sync::Notify,
+    parts: &Parts,
     rx: &Receiver<Msg>,
     acks: &Sender<Ack>,
 ) {
+    let (file, broke) = (&parts.file, &parts.broke);
     // Written since the last sync.
     let mut dirty: Option<Instant> = None;
     // The newest epoch with a failed or stale layer: its later layers are skipped.
@@ -121,9 +136,13 @@ fn run(
                 // The next write meets the failure too; the decider is told then.
                 Err(e) => {
                     tracing::warn!(error = %e, "the models store cannot be synced");
-                    if !e.is_previous_io() || cause.is_none() {
-                        *cause = Some(e);
-                    }
+                    let e = match cause.take() {
+                        Some(c) if e.is_previous_io() => c,
+                        _ => e,
+                    };
+                    *cause = Some(e.clone());
+                    *parts.sync_failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    broke.notify_one();
                 }
             }
         }
