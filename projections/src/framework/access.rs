@@ -119,10 +119,7 @@ impl Src<'_> {
                 let t = txn.open_table(table).map_err(StorageError::of)?;
                 Ok(t.get(key).map_err(StorageError::of)?.map(|v| v.value()))
             }
-            Src::Mem(m) => m
-                .get_typed(table.name(), key)?
-                .map(|b| super::be_u64(&b).ok_or_else(|| StorageError::msg("not a u64")))
-                .transpose(),
+            Src::Mem(m) => mem_u64(m, table.name(), key),
         }
     }
 
@@ -137,10 +134,14 @@ impl Src<'_> {
                 let t = txn.open_table(table).map_err(StorageError::of)?;
                 Ok(t.get(key).map_err(StorageError::of)?.map(|v| v.value()))
             }
-            Src::Mem(m) => m
-                .get_typed(table.name(), key.as_bytes())?
-                .map(|b| super::be_u64(&b).ok_or_else(|| StorageError::msg("not a u64")))
-                .transpose(),
+            Src::Mem(m) => mem_u64(m, table.name(), key.as_bytes()),
         }
     }
+}
+
+/// The u64 at `key` of table `name` through the overlay.
+fn mem_u64(m: &Overlay, name: &str, key: &[u8]) -> Result<Option<u64>, StorageError> {
+    m.get_typed(name, key)?
+        .map(|b| super::overlay::u64_of(&b))
+        .transpose()
 }

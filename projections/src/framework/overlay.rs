@@ -47,7 +47,7 @@ fn kind(name: &str) -> Kind {
     }
 }
 
-fn u64_of(b: &[u8]) -> Result<u64, StorageError> {
+pub(super) fn u64_of(b: &[u8]) -> Result<u64, StorageError> {
     super::be_u64(b).ok_or_else(|| StorageError::msg("a u64 of the overlay is not 8 bytes"))
 }
 
@@ -263,19 +263,9 @@ impl Overlay {
         &mut self.active
     }
 
-    /// Whether nothing is folded into the active layer.
-    pub fn is_clean(&self) -> bool {
-        self.active.is_empty()
-    }
-
     /// Events folded into the active layer.
     pub fn events(&self) -> u64 {
         self.active.events
-    }
-
-    /// Layers handed to the writer and not yet known written.
-    pub fn frozen(&self) -> usize {
-        self.frozen.len()
     }
 
     /// The seq the file reflects as this overlay is begun over it.
