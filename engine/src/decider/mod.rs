@@ -248,6 +248,7 @@ fn knob(name: &str, cell: &'static std::sync::OnceLock<Option<u64>>) -> Option<u
     *cell.get_or_init(|| std::env::var(name).ok().and_then(|v| v.parse().ok()))
 }
 static PANIC_KNOB: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+static WRITER_PANIC_KNOB: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
 static FOLD_DELAY_KNOB: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
 
 fn poisoned_error(why: &Poison) -> CommandError {

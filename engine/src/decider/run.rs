@@ -262,6 +262,11 @@ impl<L: EventLog + Clone> State<L> {
     /// wrote are read from the file from now on; a failed or stale one is the caller's to
     /// meet (the overlay is folded again from the file).
     fn reap(&mut self, wait: bool) -> Result<(), StorageError> {
+        if let Some(why) = self.writer.panicked() {
+            // What the writer held is lost and nothing more would be written: the decider is
+            // poisoned with it (caught and reported where it runs).
+            std::panic::panic_any(why.to_string());
+        }
         let mut written = 0;
         let mut stale = false;
         let mut failed = self

@@ -7,6 +7,10 @@
 //! Every layer is answered, in order. After a failed or stale layer every later one of the
 //! same epoch is skipped (each was folded on top of it); the decider drains what it handed
 //! over, folds again from the file, and goes on in the next epoch.
+//!
+//! A panic on the writer poisons the decider (spec I10): the layers it held are lost as at a
+//! crash (the log has them; the file is at its last commit), and commands are refused until
+//! a restart, as after a panic of the decider itself.
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -16,7 +20,7 @@ use tidemark_log::StorageError;
 use tidemark_projections::Models;
 use tidemark_projections::framework::{Applied, Layer};
 
-use super::{PERSIST_EVERY, Progress};
+use super::{PERSIST_EVERY, Progress, WRITER_PANIC_KNOB, knob};
 
 enum Msg {
     Layer(Arc<Layer>, u64),
@@ -46,6 +50,8 @@ pub(super) struct Writer {
     pub(super) broke: Arc<tokio::sync::Notify>,
     /// A sync of the file that failed (no layer answers it): the decider reopens the file.
     pub(super) sync_failed: Arc<Mutex<Option<StorageError>>>,
+    /// Why the writer panicked, once it has.
+    panicked: Arc<Mutex<Option<StorageError>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -56,14 +62,27 @@ impl Writer {
         let file = Arc::new(Mutex::new(()));
         let broke = Arc::new(tokio::sync::Notify::new());
         let sync_failed = Arc::new(Mutex::new(None));
+        let panicked = Arc::new(Mutex::new(None));
         let parts = Parts {
             file: file.clone(),
             broke: broke.clone(),
             sync_failed: sync_failed.clone(),
         };
+        let why = panicked.clone();
         let thread = std::thread::Builder::new()
             .name("tidemark-models-writer".into())
-            .spawn(move || run(&models, &progress, &parts, &rx, &ack_tx))?;
+            .spawn(move || {
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run(&models, &progress, &parts, &rx, &ack_tx);
+                }));
+                if let Err(panic) = ran {
+                    let e = tidemark_log::Poison::panicked("the models writer", panic.as_ref());
+                    tracing::error!(error = %e, "the models writer panicked");
+                    *why.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    // The decider, idle or not, meets it next.
+                    parts.broke.notify_one();
+                }
+            })?;
         Ok(Writer {
             tx,
             acks,
@@ -71,8 +90,17 @@ impl Writer {
             file,
             broke,
             sync_failed,
+            panicked,
             thread: Some(thread),
         })
+    }
+
+    /// Why the writer panicked, if it has (the decider then panics too: it is poisoned).
+    pub(super) fn panicked(&self) -> Option<StorageError> {
+        self.panicked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Hand a frozen layer of `epoch` over.
@@ -112,6 +140,9 @@ struct Parts {
     broke: Arc<tokio::sync::Notify>,
     sync_failed: Arc<Mutex<Option<StorageError>>>,
 }
+
+/// The writer panicked for the test knob already (a restart in the same process writes).
+static WRITER_PANICKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn run(
     models: &Models,
@@ -170,6 +201,12 @@ fn run(
             Ack::Skipped
         } else {
             let started = Instant::now();
+            if knob("TIDEMARK_FAULT_WRITER_PANIC", &WRITER_PANIC_KNOB).is_some()
+                && !WRITER_PANICKED.swap(true, std::sync::atomic::Ordering::SeqCst)
+            {
+                // A test knob: the writer panics at its first layer, once per process.
+                panic!("an injected panic (TIDEMARK_FAULT_WRITER_PANIC)");
+            }
             let _file = file.lock().unwrap_or_else(|p| p.into_inner());
             match models.write(&layer) {
                 Ok(Applied::Written) => {
