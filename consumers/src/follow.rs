@@ -5,7 +5,9 @@
 //! notifier's is the head it last looked at) and skip what a page holds at or before theirs;
 //! the follower starts at the lowest of them. A chunk handed on wakes it (a commit too, while
 //! the decider does not keep up), but the wake-up is only a nudge: it takes its page from a
-//! chunk that holds it, or reads the log.
+//! chunk that holds it, or reads the log. A commit with nothing for any reactor wakes no one
+//! ([`tidemark_engine::pages::Pages::set_interest`]); the follower passes over it as an empty
+//! page when a later one wakes it.
 //! Each reactor has a small bounded queue, so a slow one holds the follower back instead of
 //! letting pages pile up.
 
@@ -34,6 +36,13 @@ pub struct Page {
     pub after: u64,
     /// ... through this seq.
     pub upto: u64,
+}
+
+impl Page {
+    /// Whether any event of the page is one `f` looks for.
+    pub fn any(&self, f: impl Fn(&tidemark_log::EventRef<'_>) -> bool) -> bool {
+        self.events.iter().any(|e| f(&e.as_ref()))
+    }
 }
 
 /// A reactor's end of the follower.
@@ -204,9 +213,17 @@ impl Follower {
         }
     }
 
-    /// The page after `after` from what the decider read, if it holds it.
+    /// The page after `after` from what the decider read, if it holds it: an empty page
+    /// through the end of a quiet range the decider passed over (nothing in it for anyone).
     fn shared(&self, after: u64) -> Option<Page> {
-        let chunk = self.engine.pages().covering(after)?;
+        let Some(chunk) = self.engine.pages().covering(after) else {
+            let upto = self.engine.pages().quiet(after)?;
+            return Some(Page {
+                events: Vec::new(),
+                after,
+                upto,
+            });
+        };
         match chunk.events_after(after, PAGE) {
             Ok(events) => {
                 metrics::counter!("tidemark_follower_events_shared_total")

@@ -128,26 +128,42 @@ pub async fn spawn(
     .await
     .map_err(StorageError::of)??;
     let mut follower = follow::Follower::new(engine.clone());
+    let lease_clock = scheduler::LeaseClock::default();
+    // A commit with nothing for any reactor (a claim's lease expiring after the next look, a
+    // completion) does not wake the follower at all: the decider asks this as it hands the
+    // commit on, and passes over what no one wants (spec section 3: a round wakes only who has
+    // work). Every page a feed, a nudge or an observer below wants is one of these.
+    let watched = streams.clone();
+    let clock = lease_clock.clone();
+    engine.pages().set_interest(Box::new(move |events| {
+        watched.is_watched()
+            || events.iter().any(|e| {
+                router::derives_from(e)
+                    || scheduler::relevant(e)
+                    || bridge::concerns(e)
+                    || clock.wants(e)
+                    || dispatch::makes_due(e)
+                    || operational::concerns(e)
+                    || oplog::concerns(e)
+            })
+    }));
     // A commit with nothing for a reactor does not wake it: the router takes lifecycle events,
     // routing notifications and cancellations, the live streams' hub only has work while a
     // stream waits.
-    let router_feed = follower.subscribe_if(
-        router_after,
-        Box::new(|p| p.events.iter().any(router::derives_from)),
-    );
-    let routing_feed = follower.subscribe_if(
-        routing_after,
-        Box::new(|p| p.events.iter().any(scheduler::relevant)),
-    );
+    let router_feed =
+        follower.subscribe_if(router_after, Box::new(|p| p.any(router::derives_from)));
+    let routing_feed =
+        follower.subscribe_if(routing_after, Box::new(|p| p.any(scheduler::relevant)));
     // The notifier looks at every subscription at the head first, then follows from there,
     // handed only the pages with a task, subscription or cursor event; the others are passed
     // over in the pull hub, which pull long-polls wait on (for the notifier to have looked at
     // the head).
+    hub.attach(&engine);
     let offered = hub.clone();
     let notifier_feed = follower.subscribe_if(
         head,
         Box::new(move |p| {
-            let wanted = p.events.iter().any(bridge::concerns);
+            let wanted = p.any(bridge::concerns);
             offered.offered(p.upto, wanted);
             wanted
         }),
@@ -157,27 +173,20 @@ pub async fn spawn(
     let streams_feed = follower.subscribe_if(head, Box::new(move |_| watched.is_watched()));
     // Lease expiry wakes at the earliest expiry, or for a page that takes a lease expiring
     // before then.
-    let lease_clock = scheduler::LeaseClock::default();
     let clock = lease_clock.clone();
-    let leases_feed = follower.subscribe_if(
-        head,
-        Box::new(move |p| p.events.iter().any(scheduler::takes_lease) && clock.wants(p)),
-    );
+    let leases_feed = follower.subscribe_if(head, Box::new(move |p| p.any(|e| clock.wants(e))));
     // The sinks' dispatchers sleep until a delivery is due: a page that may make one due
     // sooner nudges them.
     follower.nudge_if(
-        Box::new(|p| p.events.iter().any(dispatch::makes_due)),
+        Box::new(|p| p.any(dispatch::makes_due)),
         Box::new(move || dispatch.nudge()),
     );
     // Operators told through the operational route (section 17): what is committed from now
     // on.
-    let operational_feed = follower.subscribe_if(
-        head,
-        Box::new(|p| p.events.iter().any(operational::concerns)),
-    );
+    let operational_feed = follower.subscribe_if(head, Box::new(|p| p.any(operational::concerns)));
     // The server log's account of parks and circuits: what is committed from now on.
     follower.observe(Box::new(move |p| {
-        if p.upto > head && p.events.iter().any(oplog::concerns) {
+        if p.upto > head && p.any(oplog::concerns) {
             oplog::observe(p, head);
         }
     }));

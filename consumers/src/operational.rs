@@ -31,9 +31,9 @@ use crate::follow::Feed;
 use crate::oplog::{Transition, cause};
 
 /// Whether `ev` may tell an operator something (read by type only).
-pub(crate) fn concerns(ev: &Event) -> bool {
+pub(crate) fn concerns(ev: &tidemark_log::EventRef<'_>) -> bool {
     matches!(
-        EventType::parse(&ev.event_type),
+        EventType::parse(ev.event_type),
         Some(
             EventType::DeliveryAttemptFailed
                 | EventType::DeliveryLeaseExpired
@@ -356,7 +356,7 @@ pub(crate) async fn run(engine: Engine, mut feed: Feed, shutdown: CancellationTo
             })
             .await
             .unwrap_or(None);
-            for ev in page.events.iter().filter(|e| concerns(e)) {
+            for ev in page.events.iter().filter(|e| concerns(&e.as_ref())) {
                 match &op {
                     Some(op) => out.extend(told.derive(ev, op)),
                     // Nothing is told without a route, but circuits are followed.

@@ -163,9 +163,9 @@ fn log_event(ev: &Event) {
 }
 
 /// Whether any event of a page is one [`observe`] logs (read by type only).
-pub fn concerns(ev: &Event) -> bool {
+pub fn concerns(ev: &tidemark_log::EventRef<'_>) -> bool {
     matches!(
-        EventType::parse(&ev.event_type),
+        EventType::parse(ev.event_type),
         Some(
             EventType::DeliveryAttemptFailed
                 | EventType::DeliveryLeaseExpired

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tidemark_projections::ids::TaskId;
 
 use tidemark_engine::Engine;
-use tidemark_log::{AppendError, Event, EventLog, NewEvent, StorageError, limits};
+use tidemark_log::{AppendError, Event, EventLog, EventRef, NewEvent, StorageError, limits};
 use tidemark_projections::names::{EventType, Stream, ids};
 use tidemark_projections::notifications::{lifecycle_priority, routed_payload};
 use tokio_util::sync::CancellationToken;
@@ -33,8 +33,8 @@ pub(crate) fn checkpoint(engine: &Engine) -> Result<u64, StorageError> {
 }
 
 /// Whether `ev` is a lifecycle event the router may derive a notification from.
-pub(crate) fn derives_from(ev: &Event) -> bool {
-    ev.stream == Stream::TaskEvents && lifecycle_priority(&ev.event_type).is_some()
+pub(crate) fn derives_from(ev: &EventRef<'_>) -> bool {
+    ev.stream == Stream::TaskEvents && lifecycle_priority(ev.event_type).is_some()
 }
 
 /// The notification of lifecycle event `ev` ([`derives_from`]), if its payload routes one.
@@ -91,7 +91,7 @@ pub(crate) async fn run(
                 for ev in p
                     .events
                     .iter()
-                    .filter(|ev| ev.seq > after && derives_from(ev))
+                    .filter(|ev| ev.seq > after && derives_from(&ev.as_ref()))
                 {
                     if let Some(n) = derive(&e, ev)? {
                         derived.push(n);

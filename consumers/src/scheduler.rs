@@ -12,7 +12,7 @@ use tidemark_engine::CommandError;
 
 use tidemark_engine::Engine;
 use tidemark_engine::commands::outbox::{ExpireLeases, Route};
-use tidemark_log::{Event, StorageError};
+use tidemark_log::{Event, EventRef, StorageError};
 use tidemark_projections::names::EventType;
 use tokio_util::sync::CancellationToken;
 
@@ -32,9 +32,9 @@ pub(crate) fn checkpoint(engine: &Engine) -> Result<u64, StorageError> {
 }
 
 /// What routing takes from a page: notifications to route and task cancellations.
-pub(crate) fn relevant(ev: &Event) -> bool {
+pub(crate) fn relevant(ev: &EventRef<'_>) -> bool {
     use EventType as T;
-    match EventType::parse(&ev.event_type) {
+    match EventType::parse(ev.event_type) {
         Some(
             t @ (T::NotificationRequested
             | T::NotificationCreated
@@ -57,7 +57,7 @@ pub(crate) async fn run(engine: Engine, after: u64, mut feed: Feed, shutdown: Ca
         let source: Vec<Event> = page
             .events
             .iter()
-            .filter(|e| e.seq > after && relevant(e))
+            .filter(|e| e.seq > after && relevant(&e.as_ref()))
             .cloned()
             .collect();
         if !source.is_empty() && !run_route(&engine, source, &shutdown).await {
@@ -168,7 +168,7 @@ pub(crate) async fn expiry_loop(
             } => {},
             page = feed.recv() => match page {
                 Some(p) => {
-                    for at in p.events.iter().filter_map(lease_taken) {
+                    for at in p.events.iter().filter_map(|e| lease_taken(&e.as_ref())) {
                         seen = Some(seen.map_or(at, |s| s.min(at)));
                     }
                 }
@@ -199,26 +199,23 @@ impl LeaseClock {
         self.0.store(at, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Whether a page has a lease that expires before the loop looks next.
-    pub(crate) fn wants(&self, p: &crate::follow::Page) -> bool {
+    /// Whether `ev` takes a lease that expires before the loop looks next.
+    pub(crate) fn wants(&self, ev: &EventRef<'_>) -> bool {
         let at = self.0.load(std::sync::atomic::Ordering::SeqCst);
-        p.events
-            .iter()
-            .filter_map(lease_taken)
-            .any(|expires| at == i64::MIN || expires < at)
+        lease_taken(ev).is_some_and(|expires| at == i64::MIN || expires < at)
     }
 }
 
 /// Whether `ev` takes or extends a lease (the page is for lease expiry; read by type only).
-pub(crate) fn takes_lease(ev: &Event) -> bool {
+fn takes_lease(ev: &EventRef<'_>) -> bool {
     matches!(
-        EventType::parse(&ev.event_type),
+        EventType::parse(ev.event_type),
         Some(EventType::DeliveryLeased | EventType::DeliveryLeaseExtended)
     )
 }
 
 /// When a lease that `ev` takes or extends expires.
-fn lease_taken(ev: &Event) -> Option<i64> {
+fn lease_taken(ev: &EventRef<'_>) -> Option<i64> {
     takes_lease(ev)
         .then(|| ev.payload_value().get("lease_expires_at_us")?.as_i64())
         .flatten()

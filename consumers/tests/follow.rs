@@ -149,3 +149,64 @@ async fn a_stopped_reactor_does_not_stop_the_others() {
     follower.await.unwrap();
     engine.close().await;
 }
+
+/// A commit with nothing for any reactor wakes no one (spec section 3: a round wakes only who
+/// has work): the decider passes it over as it hands it on, and the follower, woken later by
+/// a commit some reactor wants, passes over the quiet range as one empty page without reading
+/// the log. A hold (a pull long-poll waiting for the notifier's look) wakes it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_no_one_wants_wakes_no_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (engine, _) = Engine::open(&LogConfig::new(dir.path().join("log.redb"))).unwrap();
+    let flagged = |e: &tidemark_log::EventRef<'_>| e.event_type == "comment.flagged";
+    engine
+        .pages()
+        .set_interest(Box::new(move |evs| evs.iter().any(flagged)));
+    let mut f = Follower::new(engine.clone());
+    let mut feed = f.subscribe_if(0, Box::new(move |p| p.any(flagged)));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<(u64, u64, usize)>::new()));
+    let s = seen.clone();
+    f.observe(Box::new(move |p| {
+        s.lock().unwrap().push((p.after, p.upto, p.events.len()));
+    }));
+    let stop = CancellationToken::new();
+    let follower = tokio::spawn(f.run(stop.clone()));
+
+    for i in 0..5 {
+        append(&engine, 1, &format!("quiet{i}")).await;
+    }
+    // Nothing to wait for: give a wrong wake-up every chance to happen.
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![],
+        "the follower was woken for commits no reactor wants"
+    );
+
+    let flag = NewEvent::new(None, "comments", "x", "comment.flagged", &json!({})).unwrap();
+    engine.log().append(vec![flag]).await.unwrap();
+    let pages = take_until(&mut feed, 6).await;
+    assert_eq!(pages.len(), 1);
+    assert_eq!((pages[0].after, pages[0].events.len()), (5, 1));
+    // The five quiet commits were passed over as one empty page, from the decider's record.
+    assert_eq!(*seen.lock().unwrap(), vec![(0, 5, 0), (5, 6, 1)]);
+
+    // Held, the follower looks at what was quiet at once.
+    append(&engine, 1, "quiet-again").await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(seen.lock().unwrap().len(), 2);
+    let held = engine.pages().hold();
+    let t0 = std::time::Instant::now();
+    while seen.lock().unwrap().len() < 3 {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(30),
+            "a hold did not wake the follower"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(seen.lock().unwrap()[2], (6, 7, 0));
+    drop(held);
+    stop.cancel();
+    follower.await.unwrap();
+    engine.close().await;
+}

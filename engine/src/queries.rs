@@ -195,6 +195,12 @@ impl<L: EventLog + Clone> Queries<L> {
         self.folded_to(self.log.head().max(min_seq))
     }
 
+    /// Whether a read now sees the models folded through `want`, without waiting (a handler
+    /// that finds it so reads on its own task instead of the blocking pool).
+    pub fn folded_now(&self, want: u64) -> bool {
+        !self.wait || self.progress.get() >= want
+    }
+
     /// Wait until every read model has folded the log up to `want` (not the head: a reader
     /// that needs only what it was told of, such as the notifications of the rows a claim
     /// leased), at most [`READ_WAIT`]; the seq the models stand at.

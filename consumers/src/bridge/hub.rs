@@ -16,6 +16,10 @@ pub struct PullHub(
     std::sync::Arc<std::sync::Mutex<Hub>>,
     /// How far the notifier has looked at the log.
     tokio::sync::watch::Sender<Looked>,
+    /// The engine whose follower feeds the notifier (set when the reactors start): a wait
+    /// for the notifier holds its pages, so commits with nothing for the bridges are looked
+    /// at too.
+    std::sync::Arc<std::sync::OnceLock<tidemark_engine::Engine>>,
 );
 
 impl Default for PullHub {
@@ -23,6 +27,7 @@ impl Default for PullHub {
         PullHub(
             Default::default(),
             tokio::sync::watch::channel(Looked::default()).0,
+            Default::default(),
         )
     }
 }
@@ -81,6 +86,13 @@ impl PullHub {
     /// when it has not by then.
     pub async fn caught_up(&self, head: u64, limit: std::time::Duration) -> bool {
         let mut rx = self.1.subscribe();
+        if rx.borrow().upto() >= head {
+            return true;
+        }
+        // The follower passes over a commit with nothing for anyone without waking: held, it
+        // looks at every commit (and now at those passed over), so the notifier's mark moves.
+        let engine = self.2.get().cloned();
+        let _held = engine.as_ref().map(|e| e.pages().hold());
         tokio::time::timeout(limit, rx.wait_for(|l| l.upto() >= head))
             .await
             .is_ok_and(|r| r.is_ok())
@@ -135,6 +147,11 @@ impl PullHub {
         if reset {
             h.floor.remove(subscription_id);
         }
+    }
+
+    /// The engine whose follower feeds the notifier.
+    pub(crate) fn attach(&self, engine: &tidemark_engine::Engine) {
+        let _ = self.2.set(engine.clone());
     }
 
     pub(super) fn set_ready(&self) {

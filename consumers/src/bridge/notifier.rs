@@ -238,7 +238,10 @@ impl Notifier {
         // A page with nothing for the bridges (no task, subscription or cursor event) is seen
         // without a read: no blocking task, no read transaction.
         let quiet = match (since, page.as_deref()) {
-            (Some(since), Some(p)) => !p.events.iter().any(|ev| ev.seq > since && concerns(ev)),
+            (Some(since), Some(p)) => !p
+                .events
+                .iter()
+                .any(|ev| ev.seq > since && concerns(&ev.as_ref())),
             _ => false,
         };
         let (subs, seen, forget) = if let (true, Some(since)) = (quiet, since) {
@@ -641,11 +644,11 @@ fn without_url(e: &reqwest::Error) -> String {
 
 /// Whether `ev` may change what a bridge subscription has to do (a task, subscription or
 /// cursor event): the pages the follower hands the notifier.
-pub(crate) fn concerns(ev: &tidemark_log::Event) -> bool {
-    match Stream::parse(&ev.stream) {
+pub(crate) fn concerns(ev: &tidemark_log::EventRef<'_>) -> bool {
+    match Stream::parse(ev.stream) {
         Some(Stream::TaskEvents | Stream::Bridges | Stream::Cursors) => true,
         // A webhook subscription's endpoint switched or its circuit moved.
-        Some(Stream::Endpoints) => ids::subscription_of_endpoint(&ev.subject).is_some(),
+        Some(Stream::Endpoints) => ids::subscription_of_endpoint(ev.subject).is_some(),
         _ => false,
     }
 }

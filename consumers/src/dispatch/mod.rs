@@ -155,10 +155,10 @@ impl Wake {
 }
 
 /// Whether `ev` may make a delivery due sooner than the models showed (read by type only).
-pub fn makes_due(ev: &tidemark_log::Event) -> bool {
+pub fn makes_due(ev: &tidemark_log::EventRef<'_>) -> bool {
     use tidemark_projections::names::EventType as T;
     matches!(
-        T::parse(&ev.event_type),
+        T::parse(ev.event_type),
         Some(
             T::DeliveryCreated
                 | T::DeliveryAttemptFailed
