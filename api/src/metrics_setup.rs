@@ -105,6 +105,10 @@ pub fn describe() {
             "Events the reactors' follower took from the decider's read of them",
         ),
         (
+            "tidemark_follower_commits_passed_over_total",
+            "Commits handed on with nothing for any reactor: the follower was not woken",
+        ),
+        (
             "tidemark_notification_status_reads_total",
             "Notification status records served",
         ),
