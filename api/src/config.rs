@@ -309,6 +309,14 @@ impl Config {
                 ));
             }
         }
+        if !self.server.public_url.is_empty() && !is_base_url(&self.server.public_url) {
+            // The value is not repeated: one with credentials in it must not reach the log.
+            return bad(
+                "server.public_url is not a base URL: http(s)://host[:port][/path], with \
+                 no credentials, query or fragment (e.g. \"https://tidemark.example.org\")"
+                    .into(),
+            );
+        }
         if self.server.keepalive_secs == 0 || self.server.keepalive_secs > 15 {
             return bad("server.keepalive_secs must be between 1 and 15".into());
         }
@@ -646,9 +654,49 @@ fn is_origin(o: &str) -> bool {
         && axum::http::HeaderValue::from_str(o).is_ok()
 }
 
+/// A base the console's links are made on (`server.public_url`): an absolute http(s) URL with
+/// a host, and no credentials, query or fragment (the links append a path to it).
+fn is_base_url(s: &str) -> bool {
+    let Ok(u) = reqwest::Url::parse(s) else {
+        return false;
+    };
+    matches!(u.scheme(), "http" | "https")
+        && u.host_str().is_some()
+        && u.username().is_empty()
+        && u.password().is_none()
+        && u.query().is_none()
+        && u.fragment().is_none()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn public_url_is_a_base_url_or_refused_without_repeating_it() {
+        let mut c = Config::defaults();
+        for ok in [
+            "",
+            "https://tidemark.example.org",
+            "http://10.0.0.5:8080/tm/",
+        ] {
+            c.server.public_url = ok.into();
+            c.validate().unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+        }
+        for bad in [
+            "ops.internal",
+            "/console",
+            "ftp://ops.internal",
+            "https://ops:s3cret@ops.internal",
+            "https://ops.internal/?token=s3cret",
+            "https://ops.internal/#s3cret",
+        ] {
+            c.server.public_url = bad.into();
+            let e = c.validate().expect_err(bad).to_string();
+            assert!(e.contains("server.public_url"), "{e}");
+            assert!(!e.contains("s3cret") && !e.contains(bad), "{e}");
+        }
+    }
 
     #[test]
     fn defaults_load_and_validate() {
