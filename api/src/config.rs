@@ -640,16 +640,8 @@ pub fn parse_size(s: &str) -> Option<u64> {
 
 /// `http(s)://host[:port]` and nothing more: what a browser sends as `Origin`.
 fn is_origin(o: &str) -> bool {
-    let Ok(u) = reqwest::Url::parse(o) else {
-        return false;
-    };
-    matches!(u.scheme(), "http" | "https")
-        && u.host_str().is_some()
-        && u.username().is_empty()
-        && u.password().is_none()
-        && u.query().is_none()
-        && u.fragment().is_none()
-        && u.path() == "/"
+    is_base_url(o)
+        && reqwest::Url::parse(o).is_ok_and(|u| u.path() == "/")
         && !o.ends_with('/')
         && axum::http::HeaderValue::from_str(o).is_ok()
 }
