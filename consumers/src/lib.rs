@@ -214,6 +214,7 @@ pub async fn spawn(
             operational_feed,
             shutdown.clone(),
         )),
+        tokio::spawn(operational::watch_node(engine.clone(), shutdown.clone())),
         tokio::spawn(retention::run_loop(
             engine.clone(),
             retention,

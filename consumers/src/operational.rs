@@ -2,9 +2,18 @@
 //! `[notifications.operational] route = "<name>"`, what an operator must know becomes a
 //! notification of type `tidemark.operational` that only that route takes (any sink, any body
 //! preset): an endpoint's circuit opened or closed, an endpoint disabled, enabled or
-//! unresolved, a delivery parked, a source parked. Each is made from one of the log's own
-//! events, with the id `op:<seq>` of that event, so every node that follows the event derives
-//! the same notification and the log keeps one.
+//! unresolved, a delivery parked, a source parked, a bridge subscription stopped at a
+//! mismatch, a node's free space near or at its reserve, a node's models poisoned. Each is
+//! made from one of the log's own events, with the id `op:<seq>` of that event, so every node
+//! that follows the event derives the same notification and the log keeps one.
+//!
+//! What only one node meets (its disk, its models) no other event says: [`watch_node`]
+//! records it as a `node.*` event first. Free space is told as it comes within twice the
+//! reserve (`node.space_low`, while appends are still taken), and once appends are taken again
+//! after the reserve was reached (`node.space_reserve_reached`, with when and for how long:
+//! while the log refuses appends, nothing can be told through it); poisoned models are told at
+//! once, and delivered by a node whose decider works (on a single node, after its restart:
+//! the notification is in the log, routed when the models take commands again).
 //!
 //! De-duplicated per endpoint and cause: a circuit that opens again while it is open (its probe
 //! failed) says nothing more; it is told open once and closed once. Paced: a park, an
@@ -21,7 +30,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use tidemark_engine::Engine;
-use tidemark_log::{AppendError, Event, EventLog, NewEvent};
+use tidemark_log::{AppendError, Event, EventLog, NewEvent, SpaceLevel, SpaceState};
 use tidemark_projections::endpoints::EndpointChange;
 use tidemark_projections::names::{EventType, Stream};
 use tidemark_projections::routing::{OPERATIONAL_TYPE, Operational};
@@ -43,6 +52,11 @@ pub(crate) fn concerns(ev: &tidemark_log::EventRef<'_>) -> bool {
                 | EventType::EndpointEnabled
                 | EventType::EndpointUnresolved
                 | EventType::SourceParked
+                | EventType::NotificationTerminalStateMismatch
+                | EventType::NodeSpaceLow
+                | EventType::NodeSpaceReserveReached
+                | EventType::NodeSpaceRecovered
+                | EventType::NodeModelsPoisoned
         )
     )
 }
@@ -64,6 +78,8 @@ struct Window {
 pub(crate) struct Told {
     /// Endpoints whose circuit was told open and not told closed.
     open: HashSet<String>,
+    /// Nodes told low on space and not told recovered.
+    low: HashSet<String>,
     windows: HashMap<(&'static str, String), Window>,
 }
 
@@ -86,7 +102,7 @@ impl Told {
     pub(crate) fn with_open(open: impl IntoIterator<Item = String>) -> Told {
         Told {
             open: open.into_iter().collect(),
-            windows: HashMap::new(),
+            ..Told::default()
         }
     }
 
@@ -166,6 +182,12 @@ impl Told {
             Some(EventType::EndpointCircuitClosed | EventType::EndpointEnabled) => {
                 self.open.remove(&ev.subject);
             }
+            Some(EventType::NodeSpaceLow) => {
+                self.low.insert(ev.subject.clone());
+            }
+            Some(EventType::NodeSpaceRecovered) => {
+                self.low.remove(&ev.subject);
+            }
             _ => {}
         }
     }
@@ -226,6 +248,92 @@ impl Told {
                         ),
                     )
                 })
+            }
+            EventType::NotificationTerminalStateMismatch => {
+                let p = ev.payload_value();
+                let sub = p["subscription_id"].as_str()?.to_owned();
+                let at = p["seq"].as_u64().unwrap_or(0);
+                let detail = p["detail"].as_str().map(str::to_owned);
+                self.paced(
+                    ev,
+                    "stops of bridge subscription",
+                    &sub,
+                    op.every_ms,
+                    || {
+                        note(
+                            id,
+                            "warning",
+                            format!("Bridge subscription {sub} stopped at seq {at}"),
+                            format!(
+                                "{}. It sends nothing past that event until its cursor is reset.",
+                                cause(detail.as_deref())
+                            ),
+                        )
+                    },
+                )
+            }
+            EventType::NodeSpaceLow
+            | EventType::NodeSpaceReserveReached
+            | EventType::NodeSpaceRecovered
+            | EventType::NodeModelsPoisoned => {
+                let node = ev.subject.as_str();
+                let p = ev.payload_value();
+                let mib = |f: &str| p[f].as_u64().unwrap_or(0) / (1 << 20);
+                let (free, reserve) = (mib("available"), mib("min_free"));
+                match ty {
+                    EventType::NodeSpaceLow => {
+                        if !self.low.insert(node.to_owned()) {
+                            return None;
+                        }
+                        note(
+                            id,
+                            "warning",
+                            format!("Node {node}: free space low ({free} MiB)"),
+                            format!(
+                                "{free} MiB is free where the log is kept; under {reserve} MiB \
+                                 (its reserve, [log] min_free) it refuses appends. Free space \
+                                 or grow the disk."
+                            ),
+                        )
+                    }
+                    EventType::NodeSpaceRecovered => {
+                        if !self.low.remove(node) {
+                            return None;
+                        }
+                        note(
+                            id,
+                            "info",
+                            format!("Node {node}: free space recovered ({free} MiB)"),
+                            format!("{free} MiB is free where the log is kept."),
+                        )
+                    }
+                    EventType::NodeSpaceReserveReached => {
+                        let secs = p["refused_ms"].as_u64().unwrap_or(0) / 1_000;
+                        self.paced(ev, "reserve reached on node", node, op.every_ms, || {
+                            note(
+                                id,
+                                "urgent",
+                                format!("Node {node} reached its free-space reserve"),
+                                format!(
+                                    "Less than {reserve} MiB was free where the log is kept: \
+                                     appends were refused for {secs} s. They are taken again \
+                                     ({free} MiB free now); free more space before it \
+                                     happens again."
+                                ),
+                            )
+                        })
+                    }
+                    _ => note(
+                        id,
+                        "urgent",
+                        format!("Node {node}: models poisoned"),
+                        format!(
+                            "{}. Commands are refused on this node until tidemark is \
+                             restarted; the log is not affected.",
+                            cause(p["error"].as_str())
+                        ),
+                    ),
+                }
             }
             EventType::EndpointCircuitOpened
             | EventType::EndpointCircuitClosed
@@ -346,16 +454,19 @@ pub(crate) async fn run(engine: Engine, mut feed: Feed, shutdown: CancellationTo
         let mut out = Vec::new();
         if let Some(page) = page {
             // The route in force as the page lands (the settings are events too).
+            // Kept when the models cannot say (poisoned, their store failing): what must be
+            // told then is told through the route last in force.
             let e = engine.clone();
-            op = tokio::task::spawn_blocking(move || {
+            let now = tokio::task::spawn_blocking(move || {
                 e.read()
                     .unwaited()
                     .settings_in_force()
-                    .ok()
-                    .and_then(|s| s.operational)
+                    .map(|s| s.operational)
             })
-            .await
-            .unwrap_or(None);
+            .await;
+            if let Ok(Ok(now)) = now {
+                op = now;
+            }
             for ev in page.events.iter().filter(|e| concerns(&e.as_ref())) {
                 match &op {
                     Some(op) => out.extend(told.derive(ev, op)),
@@ -371,32 +482,138 @@ pub(crate) async fn run(engine: Engine, mut feed: Feed, shutdown: CancellationTo
             out.extend(told.ended(engine.now_us(), op.every_ms));
         }
         for ev in out {
-            append(&engine, ev, &shutdown).await;
+            if append(&engine, ev, &shutdown).await {
+                metrics::counter!("tidemark_operational_notifications_total").increment(1);
+            }
         }
     }
 }
 
+/// Record what this node meets that an operator must know and no event says (see the module
+/// notes): its free space crossing into and out of twice the reserve and the reserve, its
+/// models poisoned. Sleeps until one happens; looks at the free space every 5 s only while
+/// the log refuses appends for it (nothing else would look).
+pub(crate) async fn watch_node(engine: Engine, shutdown: CancellationToken) {
+    let node = engine.leases().node().to_owned();
+    let space = engine.log().space();
+    tokio::join!(watch_space(&engine, &node, space, &shutdown), async {
+        let why = tokio::select! {
+            why = engine.models_poisoned_wait() => why,
+            _ = shutdown.cancelled() => return,
+        };
+        let payload = json!({"error": why.to_string()});
+        record(
+            &engine,
+            &node,
+            EventType::NodeModelsPoisoned,
+            payload,
+            &shutdown,
+        )
+        .await;
+    });
+}
+
+async fn watch_space(
+    engine: &Engine,
+    node: &str,
+    space: Option<tokio::sync::watch::Receiver<SpaceState>>,
+    shutdown: &CancellationToken,
+) {
+    let Some(mut space) = space else {
+        return;
+    };
+    let mut was = SpaceLevel::Ok;
+    // When the reserve was met (event time), while it holds.
+    let mut reached: Option<i64> = None;
+    loop {
+        let now = *space.borrow_and_update();
+        let sizes = json!({"available": now.available, "min_free": now.min_free});
+        match (was, now.level) {
+            (a, b) if a == b => {}
+            (_, SpaceLevel::Reserve) => {
+                tracing::error!(
+                    available = now.available,
+                    min_free = now.min_free,
+                    "free space is under the log's reserve: appends are refused until space returns"
+                );
+                reached = Some(engine.now_us());
+            }
+            (SpaceLevel::Reserve, level) => {
+                let at = reached.take().unwrap_or_else(|| engine.now_us());
+                let refused_ms = (engine.now_us() - at).max(0) / 1_000;
+                let mut p = sizes.clone();
+                p["reached_at_us"] = json!(at);
+                p["refused_ms"] = json!(refused_ms);
+                record(
+                    engine,
+                    node,
+                    EventType::NodeSpaceReserveReached,
+                    p,
+                    shutdown,
+                )
+                .await;
+                if level == SpaceLevel::Ok {
+                    record(engine, node, EventType::NodeSpaceRecovered, sizes, shutdown).await;
+                }
+            }
+            (SpaceLevel::Ok, _) => {
+                tracing::warn!(
+                    available = now.available,
+                    min_free = now.min_free,
+                    "free space is under twice the log's reserve"
+                );
+                record(engine, node, EventType::NodeSpaceLow, sizes, shutdown).await;
+            }
+            (SpaceLevel::Low, _) => {
+                record(engine, node, EventType::NodeSpaceRecovered, sizes, shutdown).await;
+            }
+        }
+        was = now.level;
+        let look_again = was == SpaceLevel::Reserve;
+        tokio::select! {
+            changed = space.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(Duration::from_secs(5)), if look_again => {
+                // Records the level it finds.
+                let _ = engine.check_space();
+            }
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Append the `node.*` event `ty` of this node (id `node:<node>:<type>:<time>`) until it is in
+/// the log.
+async fn record(
+    engine: &Engine,
+    node: &str,
+    ty: EventType,
+    payload: serde_json::Value,
+    shutdown: &CancellationToken,
+) {
+    let id = format!("node:{node}:{}:{}", ty.as_str(), engine.now_us());
+    if let Ok(ev) = NewEvent::new(Some(id), Stream::Nodes, node, ty, &payload) {
+        append(engine, ev, shutdown).await;
+    }
+}
+
 /// Append one notification until it is in the log (another node's same one is a duplicate).
-async fn append(engine: &Engine, ev: NewEvent, shutdown: &CancellationToken) {
+async fn append(engine: &Engine, ev: NewEvent, shutdown: &CancellationToken) -> bool {
     let mut backoff = Duration::from_millis(50);
     loop {
         match engine.log().append(vec![ev.clone()]).await {
-            Ok(_) => {
-                metrics::counter!("tidemark_operational_notifications_total").increment(1);
-                return;
-            }
+            Ok(_) => return true,
             // The same id with other content: another node told it (its own count).
-            Err(AppendError::Conflict { .. }) | Err(AppendError::Closed) => return,
+            Err(AppendError::Conflict { .. }) | Err(AppendError::Closed) => return false,
             // Refused as it is: retrying would hold every reactor behind it.
             Err(e @ (AppendError::Invalid { .. } | AppendError::Poisoned(_))) => {
                 tracing::warn!(error = %e, "an operational notification was refused; it is not told");
-                return;
+                return false;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "an operational notification could not be appended; retrying");
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {},
-                    _ = shutdown.cancelled() => return,
+                    _ = shutdown.cancelled() => return false,
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
@@ -508,6 +725,72 @@ mod tests {
         assert!(
             t.ended(100 * 1_000_000, op.every_ms).is_empty(),
             "told once"
+        );
+    }
+
+    /// A node told low once until told recovered (a second low in between says nothing), a
+    /// recovery with no low told says nothing, a reserve reached and poisoned models are
+    /// urgent; a bridge subscription's stops are paced per subscription.
+    #[test]
+    fn nodes_and_bridge_stops_are_told_once_per_cause() {
+        let op = Operational {
+            route: "ops".into(),
+            every_ms: 10_000,
+        };
+        let mut t = Told::default();
+        let mib = |n: u64| n << 20;
+        let space = |seq, ty| {
+            ev(
+                seq,
+                seq as i64,
+                ty,
+                "n1",
+                json!({"available": mib(20), "min_free": mib(16), "refused_ms": 4_000}),
+            )
+        };
+        let mut out = Vec::new();
+        out.extend(t.derive(&space(1, "node.space_recovered"), &op));
+        out.extend(t.derive(&space(2, "node.space_low"), &op));
+        out.extend(t.derive(&space(3, "node.space_low"), &op));
+        out.extend(t.derive(&space(4, "node.space_reserve_reached"), &op));
+        out.extend(t.derive(&space(5, "node.space_recovered"), &op));
+        out.extend(t.derive(&space(6, "node.space_recovered"), &op));
+        out.extend(t.derive(
+            &ev(7, 7, "node.models_poisoned", "n1", json!({"error": "boom"})),
+            &op,
+        ));
+        let stop = |seq: u64, sub: &str| {
+            ev(
+                seq,
+                seq as i64,
+                "notification.terminal_state_mismatch",
+                "task-1",
+                json!({"subscription_id": sub, "seq": seq - 1, "detail": "d"}),
+            )
+        };
+        out.extend(t.derive(&stop(8, "s1"), &op));
+        out.extend(t.derive(&stop(9, "s1"), &op));
+        out.extend(t.derive(&stop(10, "s2"), &op));
+        assert_eq!(
+            titles(&out),
+            [
+                "Node n1: free space low (20 MiB)",
+                "Node n1 reached its free-space reserve",
+                "Node n1: free space recovered (20 MiB)",
+                "Node n1: models poisoned",
+                "Bridge subscription s1 stopped at seq 7",
+                "Bridge subscription s2 stopped at seq 9",
+            ]
+        );
+        let priority = |e: &NewEvent| {
+            let v: serde_json::Value = serde_json::from_str(e.payload_raw().get()).unwrap();
+            v["priority"].as_str().unwrap().to_owned()
+        };
+        assert_eq!(priority(&out[1]), "urgent");
+        assert_eq!(priority(&out[3]), "urgent");
+        assert_eq!(
+            titles(&t.ended(100 * 1_000_000, op.every_ms)),
+            ["1 more: stops of bridge subscription s1"]
         );
     }
 }

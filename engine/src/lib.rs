@@ -487,6 +487,12 @@ impl<L: EventLog + Clone> Engine<L> {
         self.decider.poisoned()
     }
 
+    /// Why the models are poisoned, once they are: waits until then (for ever on a healthy
+    /// node).
+    pub async fn models_poisoned_wait(&self) -> StorageError {
+        self.decider.poisoned_wait().await
+    }
+
     /// Stop the decider (the models synced), then the log's writer after the requests already
     /// queued, and wait for both.
     pub async fn close(&self) {

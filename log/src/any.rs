@@ -112,6 +112,9 @@ impl EventLog for AnyLog {
     fn free_bytes(&self) -> Option<u64> {
         each!(self, l => EventLog::free_bytes(l))
     }
+    fn space(&self) -> Option<tokio::sync::watch::Receiver<crate::SpaceState>> {
+        each!(self, l => EventLog::space(l))
+    }
     fn is_poisoned(&self) -> bool {
         each!(self, l => EventLog::is_poisoned(l))
     }

@@ -62,7 +62,7 @@ use tokio::sync::watch;
 pub use any::AnyLog;
 pub use condition::{Condition, ConditionOn, SubjectSeq};
 pub use embedded::compact::COMPACT_MAX;
-pub use embedded::{Log, LogConfig, OpenReport, compact, fault, storage};
+pub use embedded::{Log, LogConfig, OpenReport, SpaceLevel, SpaceState, compact, fault, storage};
 pub use envelope::{Event, EventRef, FieldError, InvalidKind, NewEvent, limits};
 pub use error::{AppendError, Error, OpenError, ReadError, StorageError};
 pub use jetstream::{JetStreamConfig, JetStreamLog};
@@ -170,6 +170,11 @@ pub trait EventLog: Send + Sync + 'static {
     }
     /// Bytes free where this node keeps the log (or its replica); `None` when not known.
     fn free_bytes(&self) -> Option<u64> {
+        None
+    }
+    /// How near this node's log (or replica) is to its free-space reserve, changed only when
+    /// the level changes (as appends meet it); `None` when the backend does not keep one.
+    fn space(&self) -> Option<tokio::sync::watch::Receiver<SpaceState>> {
         None
     }
     /// Whether a failure has stopped appends until a restart.

@@ -110,6 +110,9 @@ names! {
         /// The health and circuit of each delivering route (section 17), subject the route's
         /// name.
         Endpoints = "endpoints",
+        /// What one node met that an operator must know (section 17: free space near and at
+        /// its reserve, poisoned models), subject the node's id.
+        Nodes = "nodes",
     }
 }
 
@@ -172,11 +175,15 @@ names! {
         EndpointCircuitClosed = "endpoint.circuit_closed",
         EndpointUnresolved = "endpoint.unresolved",
         EndpointResolved = "endpoint.resolved",
+        NodeSpaceLow = "node.space_low",
+        NodeSpaceReserveReached = "node.space_reserve_reached",
+        NodeSpaceRecovered = "node.space_recovered",
+        NodeModelsPoisoned = "node.models_poisoned",
     }
 }
 
 /// Prefixes whose types tidemark defines.
-pub const RESERVED_PREFIXES: [&str; 13] = [
+pub const RESERVED_PREFIXES: [&str; 14] = [
     "task.",
     "notification.",
     "recipient.",
@@ -190,6 +197,7 @@ pub const RESERVED_PREFIXES: [&str; 13] = [
     "list.",
     "route.",
     "endpoint.",
+    "node.",
 ];
 
 /// What every task lifecycle event type starts with.
@@ -249,6 +257,9 @@ impl EventType {
             | EndpointCircuitClosed
             | EndpointUnresolved
             | EndpointResolved => Stream::Endpoints,
+            NodeSpaceLow | NodeSpaceReserveReached | NodeSpaceRecovered | NodeModelsPoisoned => {
+                Stream::Nodes
+            }
         }
     }
 
@@ -328,7 +339,11 @@ impl EventType {
             | EndpointCircuitProbed
             | EndpointCircuitClosed
             | EndpointUnresolved
-            | EndpointResolved => return None,
+            | EndpointResolved
+            | NodeSpaceLow
+            | NodeSpaceReserveReached
+            | NodeSpaceRecovered
+            | NodeModelsPoisoned => return None,
         })
     }
 }
@@ -534,7 +549,7 @@ impl DeliveryStatus {
 pub mod ids {
     /// Prefixes of the ids tidemark gives the events it derives: a client event under one of
     /// them could block a derivation forever, so clients may not use them.
-    pub const RESERVED_PREFIXES: [&str; 7] = [
+    pub const RESERVED_PREFIXES: [&str; 9] = [
         "ntf:",
         "dlv:",
         "notif:",
@@ -542,6 +557,9 @@ pub mod ids {
         "cursor:",
         "settings:",
         "src:",
+        // Operational notifications (`op:<seq>`) and what a node records (`node:<node>:…`).
+        "op:",
+        "node:",
     ];
 
     /// An item of source `name` (spec section 12): `src:<name>:<id>`.
@@ -736,9 +754,9 @@ mod tests {
                 "recipient.unsuppressed",
             ]
         );
-        // 41 server-only types: `endpoint.unresolved`, `endpoint.resolved` and
-        // `source.item_skipped` came with issue 53.
-        assert_eq!(EventType::ALL.len() - client.len(), 41);
+        // 45 server-only types: `endpoint.unresolved`, `endpoint.resolved` and
+        // `source.item_skipped` came with issue 53, the four `node.*` with issue 56.
+        assert_eq!(EventType::ALL.len() - client.len(), 45);
     }
 
     /// Every `delivery.*` type (and no other) says what it does to a delivery row, by the

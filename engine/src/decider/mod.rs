@@ -85,6 +85,8 @@ pub(crate) struct Decider {
     /// Why the decider panicked, once it has (spec I10: a panicking writer poisons what it
     /// was writing, the models store; the log goes on).
     poisoned: Arc<Poison>,
+    /// Woken once, when the decider is poisoned.
+    poisoned_now: Arc<tokio::sync::Notify>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -131,6 +133,8 @@ impl Decider {
         };
         let poisoned = Arc::new(Poison::default());
         let poison = poisoned.clone();
+        let poisoned_now = Arc::new(tokio::sync::Notify::new());
+        let tell = poisoned_now.clone();
         let thread = std::thread::Builder::new()
             .name("tidemark-decider".into())
             .spawn(move || {
@@ -154,6 +158,10 @@ impl Decider {
                          (the log is not affected; the models rebuild from it if they must)"
                     );
                     let _ = poison.set(why);
+                    // The follower reads the log itself from now on, not only once the
+                    // thread ends (a poisoned node keeps serving; its reactors go on).
+                    drop(_stopped);
+                    tell.notify_waiters();
                     // The commands that were in its hands were dropped with it (their callers
                     // see the poison); those still coming are answered with it.
                     while let Some(m) = rx.blocking_recv() {
@@ -171,6 +179,7 @@ impl Decider {
             tx,
             redecided,
             poisoned,
+            poisoned_now,
             thread: Mutex::new(Some(thread)),
         })
     }
@@ -178,6 +187,18 @@ impl Decider {
     /// Why the decider panicked, if it has.
     pub fn poisoned(&self) -> Option<&StorageError> {
         self.poisoned.get()
+    }
+
+    /// Why the decider panicked, once it has (at once if it has already).
+    pub async fn poisoned_wait(&self) -> StorageError {
+        loop {
+            // Created before the look, so a poisoning between the two still wakes it.
+            let woken = self.poisoned_now.notified();
+            if let Some(why) = self.poisoned.get() {
+                return why.clone();
+            }
+            woken.await;
+        }
     }
 
     /// Decide `cmd` and append what it decided; the answer and the log's receipt.
@@ -248,6 +269,18 @@ fn knob(name: &str, cell: &'static std::sync::OnceLock<Option<u64>>) -> Option<u
     *cell.get_or_init(|| std::env::var(name).ok().and_then(|v| v.parse().ok()))
 }
 static PANIC_KNOB: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+/// `TIDEMARK_FAULT_DECIDER_PANIC_WHEN=<path>`: the decider panics at its first round after a
+/// file is at `path` (the operational notifications' test poisons a node that has run).
+static PANIC_WHEN_KNOB: std::sync::OnceLock<Option<std::path::PathBuf>> =
+    std::sync::OnceLock::new();
+
+/// Whether the file `TIDEMARK_FAULT_DECIDER_PANIC_WHEN` names is there (never when unset).
+fn panic_when() -> bool {
+    PANIC_WHEN_KNOB
+        .get_or_init(|| std::env::var_os("TIDEMARK_FAULT_DECIDER_PANIC_WHEN").map(Into::into))
+        .as_ref()
+        .is_some_and(|p| p.exists())
+}
 static WRITER_PANIC_KNOB: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
 static FOLD_DELAY_KNOB: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
 

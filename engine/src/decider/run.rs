@@ -469,6 +469,9 @@ impl<L: EventLog + Clone> State<L> {
             // A test knob (the alert rules' test): the decider panics at its first command.
             panic!("an injected panic (TIDEMARK_FAULT_DECIDER_PANIC)");
         }
+        if super::panic_when() {
+            panic!("an injected panic (TIDEMARK_FAULT_DECIDER_PANIC_WHEN)");
+        }
         if self.unhealthy {
             // Has the file come back? One synced write says (only while it is down).
             let probe = {

@@ -70,6 +70,9 @@ impl EventLog for Log {
     fn free_bytes(&self) -> Option<u64> {
         self.shared.space.storage.available(&self.shared.space.path)
     }
+    fn space(&self) -> Option<tokio::sync::watch::Receiver<crate::SpaceState>> {
+        Some(self.shared.space.watch())
+    }
     fn is_poisoned(&self) -> bool {
         Log::is_poisoned(self)
     }

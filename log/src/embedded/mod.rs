@@ -51,6 +51,7 @@ mod tail;
 
 pub use config::LogConfig;
 pub(crate) use space::Space;
+pub use space::{SpaceLevel, SpaceState};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
@@ -146,6 +147,10 @@ impl Shared {
             if !self.full.swap(true, Ordering::SeqCst) {
                 tracing::error!(error = %why, "the disk is full; appends are refused until space returns");
             }
+            self.space.record(
+                SpaceLevel::Reserve,
+                self.space.storage.available(&self.space.path).unwrap_or(0),
+            );
             self.wake_indexer();
         } else {
             tracing::error!(error = %why, "log poisoned; appends are refused until restart");
@@ -334,11 +339,10 @@ impl Log {
         // with `InsufficientStorage`) and the indexer reopens it once space returns (I10).
         let short_of_space = opened.journal.short_of_space();
         let (head_tx, _) = watch::channel(opened.head);
-        let space = Space {
-            storage: cfg.storage.clone(),
-            path: cfg.path.clone(),
-            min_free: cfg.min_free,
-        };
+        let space = Space::new(cfg.storage.clone(), cfg.path.clone(), cfg.min_free);
+        if short_of_space {
+            space.record(SpaceLevel::Reserve, 0);
+        }
         let shared = Arc::new(Shared {
             tail: RwLock::new(opened.tail),
             ids: RwLock::new(opened.runs),
@@ -616,7 +620,11 @@ impl Log {
     /// returns).
     pub fn check_space(&self) -> Result<(), AppendError> {
         if self.shared.full.load(Ordering::SeqCst) {
-            return Err(self.shared.space.refusal());
+            let refusal = self.shared.space.refusal();
+            if let AppendError::InsufficientStorage { available, .. } = refusal {
+                self.shared.space.record(SpaceLevel::Reserve, available);
+            }
+            return Err(refusal);
         }
         self.shared.space.check().map_err(|(available, min_free)| {
             AppendError::InsufficientStorage {

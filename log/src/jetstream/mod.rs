@@ -719,6 +719,10 @@ impl EventLog for JetStreamLog {
         EventLog::free_bytes(&self.inner.replica)
     }
 
+    fn space(&self) -> Option<tokio::sync::watch::Receiver<crate::SpaceState>> {
+        EventLog::space(&self.inner.replica)
+    }
+
     fn is_poisoned(&self) -> bool {
         EventLog::is_poisoned(&self.inner.replica)
     }

@@ -46,7 +46,7 @@ impl Mount {
         &self.0
     }
 
-    fn available(&self) -> u64 {
+    pub(crate) fn available(&self) -> u64 {
         let s = nix::sys::statvfs::statvfs(&self.0).expect("statvfs");
         s.blocks_available() * s.fragment_size()
     }

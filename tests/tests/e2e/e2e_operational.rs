@@ -11,7 +11,7 @@ use axum::http::StatusCode as AxStatus;
 use serde_json::{Value, json};
 use tidemark_tests::{Server, ServerOpts};
 
-use crate::common::{append_ok, notif_ev, wait_for};
+use crate::common::{append_ok, notif_ev, task_ev, wait_for};
 
 type Posts = Arc<Mutex<Vec<(String, String)>>>;
 
@@ -190,4 +190,253 @@ max_attempts = 1
             "an operational notification outside ops: {d:?}"
         );
     }
+}
+
+/// The operational route alone, as a Slack-shaped webhook to `/ops`, told at once.
+fn ops_only(port: u16) -> String {
+    format!(
+        r#"
+[notifications.desktop]
+enabled = false
+[notifications.operational]
+route = "ops"
+every = "2s"
+[notifications.routes.ops]
+sink = "webhook"
+url = "http://127.0.0.1:{port}/ops"
+body = "slack"
+"#
+    )
+}
+
+/// The `node.*` events the log holds, by type.
+async fn node_events(s: &tidemark_tests::Api) -> Vec<Value> {
+    s.read_all("stream=nodes").await
+}
+
+/// A bridge subscription stopped at a mismatch (its task's completed run failed after) is told
+/// once, with the seq it stopped at, through the operational route.
+#[tokio::test]
+async fn a_bridge_subscription_stopped_at_a_mismatch_is_told() {
+    let (posts, port) = receivers().await;
+    let s = Server::start(ServerOpts::default().config(ops_only(port))).await;
+    let task = "t-op-stop";
+    let step = |ty: &'static str, payload: Value| {
+        let s = s.api();
+        async move { append_ok(&s, &task_ev(task, ty, payload)).await[0].1 }
+    };
+    step("task.created", json!({"project_id": "p", "title": task})).await;
+    let r = s
+        .api()
+        .send(
+            s.request(
+                reqwest::Method::POST,
+                &format!("/v1/tasks/{task}/notifications/bridges"),
+            )
+            .json(&json!({"subscription_id": "s-op", "bridge_id": "b-op",
+                              "thread_id": "th-op", "sink": {"kind": "pull"}})),
+        )
+        .await;
+    assert_eq!(r.status.as_u16(), 201, "{}", r.text);
+    step("task.run_started", json!({"run_id": "r1"})).await;
+    let done = step("task.run_completed", json!({"run_id": "r1"})).await;
+    step("task.run_failed", json!({"run_id": "r1", "error": "late"})).await;
+    let title = format!("Bridge subscription s-op stopped at seq {done}");
+    wait_for(Duration::from_secs(60), "the stop told", || async {
+        (!told(&posts, &title).is_empty()).then_some(())
+    })
+    .await;
+    // Time for a second one to come, if one would (the notifier looks again at each page).
+    step("task.run_started", json!({"run_id": "r2"})).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        told(&posts, "s-op stopped").len(),
+        1,
+        "{:?}",
+        posts.lock().unwrap()
+    );
+}
+
+/// Models poisoned (the decider panics, by a test knob, on a node that has run) are recorded
+/// as `node.models_poisoned` and told as an urgent operational notification at once; the node
+/// itself cannot route it (its decider is gone), so it reaches the receiver after the restart,
+/// exactly once.
+#[tokio::test]
+async fn poisoned_models_are_recorded_at_once_and_told_once_a_decider_works() {
+    let (posts, port) = receivers().await;
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("poison-now");
+    let mut s = Server::start(
+        ServerOpts::default()
+            .config(ops_only(port))
+            .env("TIDEMARK_FAULT_DECIDER_PANIC_WHEN", flag.to_str().unwrap()),
+    )
+    .await;
+    append_ok(
+        &s,
+        &notif_ev("before", json!({"priority": "info", "title": "b"})),
+    )
+    .await;
+    std::fs::write(&flag, b"").unwrap();
+    // A notification is admitted by a command: the decider's next round panics with it.
+    let (st, body) = s
+        .append(&notif_ev(
+            "after",
+            json!({"priority": "info", "title": "a"}),
+        ))
+        .await;
+    assert_eq!(body["code"], "models_unavailable", "{st}: {body}");
+    let poisoned = wait_for(Duration::from_secs(60), "node.models_poisoned", || async {
+        node_events(&s.api())
+            .await
+            .into_iter()
+            .find(|e| e["type"] == "node.models_poisoned")
+    })
+    .await;
+    assert!(
+        poisoned["payload"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("TIDEMARK_FAULT_DECIDER_PANIC_WHEN")),
+        "{poisoned}"
+    );
+    let id = format!("op:{}", poisoned["seq"]);
+    let op = wait_for(Duration::from_secs(60), "its notification", || async {
+        s.read_all("stream=notifications&type=notification.requested")
+            .await
+            .into_iter()
+            .find(|e| e["event_id"] == id.as_str())
+    })
+    .await;
+    assert_eq!(op["payload"]["priority"], "urgent", "{op}");
+    std::fs::remove_file(&flag).unwrap();
+    s.kill9();
+    s.restart().await;
+    wait_for(Duration::from_secs(60), "the poisoning told", || async {
+        (!told(&posts, "models poisoned").is_empty()).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        told(&posts, "models poisoned").len(),
+        1,
+        "{:?}",
+        posts.lock().unwrap()
+    );
+    assert_eq!(
+        node_events(&s.api()).await.len(),
+        1,
+        "the restarted node is not poisoned"
+    );
+}
+
+/// Free space where the log is kept (a tmpfs the test mounts; the suite runs as root, as for
+/// the full-disk tests): told low as it falls under twice the reserve, while appends are still
+/// taken; once the reserve is reached appends are refused, and when space returns the node
+/// tells that it was reached, for how long, and that space recovered: each once.
+#[tokio::test]
+async fn free_space_near_and_at_the_reserve_is_told() {
+    let (posts, port) = receivers().await;
+    let fs = crate::e2e_disk_full::Mount::tmpfs("128m");
+    let s = Server::try_start(ServerOpts {
+        data_dir: Some(fs.path().join("data")),
+        config: Some(format!(
+            "[log]\ncache_mb = 8\nmin_free = \"16MiB\"\n{}",
+            ops_only(port)
+        )),
+        ..ServerOpts::default()
+    })
+    .await
+    .expect("a server on the small filesystem");
+    let api = s.api();
+    append_ok(
+        &api,
+        &task_ev("sp-0", "task.created", json!({"project_id": "p"})),
+    )
+    .await;
+    assert!(
+        node_events(&api).await.is_empty(),
+        "plenty of space at first"
+    );
+
+    // Under twice the reserve (24 of 32 MiB): appends are taken, and it is told.
+    let low = fs.path().join("low");
+    std::fs::write(
+        &low,
+        vec![0u8; fs.available().saturating_sub(24 << 20) as usize],
+    )
+    .unwrap();
+    append_ok(
+        &api,
+        &task_ev("sp-1", "task.created", json!({"project_id": "p"})),
+    )
+    .await;
+    wait_for(Duration::from_secs(60), "free space told low", || async {
+        (!told(&posts, "free space low").is_empty()).then_some(())
+    })
+    .await;
+
+    // Under the reserve: refused.
+    let full = fs.path().join("full");
+    std::fs::write(
+        &full,
+        vec![0u8; fs.available().saturating_sub(8 << 20) as usize],
+    )
+    .unwrap();
+    let (st, body) = api
+        .append(&task_ev("sp-2", "task.created", json!({"project_id": "p"})))
+        .await;
+    assert_eq!(st.as_u16(), 507, "{body}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    std::fs::remove_file(&full).unwrap();
+    std::fs::remove_file(&low).unwrap();
+    wait_for(
+        Duration::from_secs(60),
+        "the reserve told reached",
+        || async {
+            (!told(&posts, "reached its free-space reserve").is_empty()
+                && !told(&posts, "free space recovered").is_empty())
+            .then_some(())
+        },
+    )
+    .await;
+    append_ok(
+        &api,
+        &task_ev("sp-3", "task.created", json!({"project_id": "p"})),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for what in [
+        "free space low",
+        "reached its free-space reserve",
+        "free space recovered",
+    ] {
+        assert_eq!(
+            told(&posts, what).len(),
+            1,
+            "{what}: {:?}",
+            posts.lock().unwrap()
+        );
+    }
+    let types: Vec<Value> = node_events(&api)
+        .await
+        .iter()
+        .map(|e| e["type"].clone())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "node.space_low",
+            "node.space_reserve_reached",
+            "node.space_recovered"
+        ],
+        "in the order they happened"
+    );
+    let reached = &node_events(&api).await[1];
+    assert!(
+        reached["payload"]["refused_ms"]
+            .as_u64()
+            .is_some_and(|ms| ms >= 500),
+        "refused for at least the second the test waited: {reached}"
+    );
+    assert_eq!(reached["payload"]["min_free"], 16 << 20, "{reached}");
 }
