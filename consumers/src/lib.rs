@@ -13,6 +13,8 @@
 //!   subscription's cursor.
 //! - [`dispatch`]: tidemark's own sinks (email, webhook): claim, attempt, report.
 //! - [`sources`]: the pollers that turn an upstream API into events (section 12).
+//! - [`operational`]: operational notifications through `[notifications.operational]`, and
+//!   the `node.*` events only one node can record (its free space, its models poisoned).
 //! - [`oplog`]: the server log's account of parks, circuits and switches, read from the log.
 //! - [`retention`]: the periodic purge of what left the retention window.
 //! - [`retry_after`]: the wait a server asks for (`Retry-After`, or a JSON body's
@@ -22,7 +24,7 @@
 
 //!
 //! # Public surface
-//! [`spawn`] (the follower and the three reactors); [`follow::Follower`]; from [`bridge`]:
+//! [`spawn`] (the follower and every reactor); [`follow::Follower`]; from [`bridge`]:
 //! `scan`, `confirm` / `confirm_many`, `record_failure`, `plan_acks`, `pending_for_bridge`,
 //! `Signatures`, `PullHub`; [`scheduler::expire_now`].
 

@@ -1,6 +1,6 @@
 //! The one reader of the read models: every query of the API and the reactors. Each method
 //! answers from one read transaction (blocking: call it from a blocking context in async
-//! code). The models follow the log (`follow.rs`), so a query of a read model first waits —
+//! code). The models follow the log (the decider folds each commit), so a query of a read model first waits —
 //! at most [`READ_WAIT`] — until every model has folded the log up to the head as of the call
 //! (spec section 7: a client reads its own writes), or answers [`QueryError::Lagging`]. The
 //! admin listing, the lags and the non-waiting KPIs (for `/metrics`) never wait.

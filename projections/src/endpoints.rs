@@ -5,7 +5,7 @@
 //! stream (`endpoint.circuit_opened` / `circuit_probed` / `circuit_closed`, decided by the
 //! outbox commands; `endpoint.disabled` / `enabled`, an operator's). While a route is held
 //! (its circuit open, or disabled) its due deliveries leave the claim's indexes (they wait,
-//! spending no attempt) and stay in [`super::ROUTE_DUE`], where a probe is taken from and
+//! spending no attempt) and stay in [`crate::deliveries::ROUTE_DUE`], where a probe is taken from and
 //! from where they return when it closes.
 
 use serde::{Deserialize, Serialize};

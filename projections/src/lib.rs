@@ -6,22 +6,27 @@
 //!   named once.
 //! - [`schema`]: the event types tidemark reserves, who may write them, and the payload rules
 //!   of the client-written ones (spec section 2). The API checks every append against it.
-//! - [`framework`]: the [`Projection`] trait, the [`Projector`] hook that keeps every
-//!   projection current inside the log's write transactions, checkpoints and digest chains.
-//! - [`tasks`], [`notifications`], [`settings`], [`deliveries`]: the read models.
-//! - [`cursors`], [`bridges`]: consumer cursors, bridge subscriptions and the terminal
-//!   decision table.
+//! - [`models`]: the models store (`models.redb`): [`Models`], its read and write transactions
+//!   ([`ModelsRead`], [`ModelsTxn`]).
+//! - [`framework`]: the [`Projection`] trait, the fold runtime ([`framework::catch_up`]),
+//!   the in-memory layers the decider folds into ([`framework::Overlay`]), checkpoints, digest
+//!   chains and snapshots; [`Reader`] and `TxnTables`, a model's tables in either transaction.
+//! - The read models, each a folder or a file with its fold, its view (what commands read at
+//!   the head) and its queries: [`tasks`], [`notifications`], [`settings`], [`deliveries`],
+//!   [`cursors`], [`bridges`], [`sources`], [`lists`], [`routes`], [`endpoints`]; and
+//!   [`subjects`], the last seq of each conditioned subject.
 //! - [`routing`]: the delivery runtime's settings and rules (routes, backoff); the commands
 //!   that apply them are the engine's (`tidemark_engine::commands`).
+//! - [`by`], [`retention`], [`secrets`], [`trailing`]: payloads and encodings more than one
+//!   model shares.
 //! - [`rebuild`]: rebuild and verify from the log.
-//! - [`read`]: queries for the API, each in one read transaction.
-
+//! - [`read`]: the queries that span models (the API's pages), each in one read transaction.
 //!
 //! # Public surface
-//! [`Projection`] and [`Projector`] (with [`all`], [`by_name`], [`projector`]); each model's
-//! row types and table names; [`names`]; [`schema::check_client_event`]; the queries in
-//! [`read`]; [`rebuild::rebuild`]. The API and the reactors reach the queries and rebuilds
-//! through `tidemark_engine`, never with a database handle.
+//! [`Projection`] (with [`all`] and [`by_name`]); the models store; each model's row types,
+//! views and queries; [`names`]; [`schema::check_client_event`]; [`rebuild::rebuild`]. The API
+//! and the reactors reach the queries and rebuilds through `tidemark_engine`, never with a
+//! database handle.
 
 #![forbid(unsafe_code)]
 

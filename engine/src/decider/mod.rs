@@ -6,7 +6,7 @@
 //! 1. fold to the head (commands decide at the head, never on a lagging model);
 //! 2. decide every queued command, in order, in one transaction of the models store that is
 //!    only read and then dropped: each command's events, and the condition that the subjects
-//!    it decided on (those of the followed streams it appends to, [`subjects`], and those it
+//!    it decided on (those of the followed streams it appends to, `tidemark_projections::subjects`, and those it
 //!    names as read) still have the last seq the models have;
 //! 3. send every decision to the log as a conditional append, all at once so the log's writer
 //!    takes them into one group commit, and answer each caller with the log's answer.
@@ -96,7 +96,7 @@ pub(crate) struct Decider {
 pub(crate) struct Knobs {
     pub clock: Clock,
     pub privacy: Option<Arc<Privacy>>,
-    /// Several nodes share the outbox bound (a cluster): see [`Round::shared_outbox`].
+    /// Several nodes share the outbox bound (a cluster): see [`crate::commands::Round`]`::shared_outbox`.
     pub shared_outbox: bool,
     /// The routes' paces (section 4), kept across rounds.
     pub pacer: Arc<crate::commands::outbox::Pacer>,

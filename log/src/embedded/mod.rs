@@ -425,7 +425,7 @@ impl Log {
     /// Append a batch atomically if `condition` holds when its group is staged; otherwise
     /// `ExpectationFailed` and nothing is appended. A batch whose events are all already in
     /// the log is answered as duplicates whatever the condition (a retried conditional append
-    /// that had succeeded is told so, not refused). See [`EventLog::append_if`].
+    /// that had succeeded is told so, not refused). See [`crate::EventLog::append_if`].
     pub async fn append_if(
         &self,
         mut events: Vec<NewEvent>,

@@ -93,7 +93,7 @@ pub const CANCELED: &str = "canceled";
 /// handled (BE): routing resumes after it.
 pub const STATE: &str = "state";
 pub const ROUTED_KEY: &[u8] = b"routed";
-/// route → [`Endpoint`], the health and circuit of each delivering route (section 17).
+/// route → [`crate::endpoints::Endpoint`], the health and circuit of each delivering route (section 17).
 pub const ENDPOINTS: &str = "endpoints";
 /// `route ‖ 0 ‖ due_us ‖ id` for the claimable rows of the delivering sinks (`email`,
 /// `webhook`), held or not: a held route's rows leave [`DUE`] and [`DUE_BY_PRIORITY`] (they

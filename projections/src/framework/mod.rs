@@ -2,8 +2,8 @@
 //! each with a checkpoint written in the same transaction as its state and a running digest.
 //! The engine's follower folds committed events in batches ([`catch_up`]); a command catches
 //! the models up to the head before it decides; readers wait until the models reach the head
-//! of their request's arrival (`tidemark_engine::Queries`). Fold tests use [`Projector::new`],
-//! which folds every commit's events inside that commit.
+//! of their request's arrival (`tidemark_engine::Queries`). The decider folds into in-memory
+//! layers ([`Overlay`]) that the models store's writer commits after the reply.
 //!
 //! Tables of a projection are named `p.<projection>.<table>.g<generation>`. A rebuild folds the
 //! log into generation `g+1` in chunks, and in the transaction that catches it up with the

@@ -55,7 +55,7 @@ pub(crate) fn recipient_of(
         .unwrap_or_default())
 }
 
-/// The `delivery.*` event of type `ty` (a [`DeliveryTransition`] or `created` / `joined`) on
+/// The `delivery.*` event of type `ty` (a [`tidemark_projections::names::DeliveryTransition`] or `created` / `joined`) on
 /// delivery `id`.
 fn event(
     ty: impl Into<EventType>,

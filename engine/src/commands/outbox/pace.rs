@@ -16,7 +16,7 @@ use tidemark_projections::routing::Rate;
 pub struct Pacer {
     routes: Mutex<HashMap<String, Window>>,
     /// The leases admitted by the command being decided, until the decider knows whether
-    /// they were appended ([`Pacer::decided`]).
+    /// they were appended ([`Pacer::admitted`], [`Pacer::release`]).
     tentative: Mutex<Vec<(String, i64)>>,
 }
 
