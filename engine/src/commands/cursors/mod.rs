@@ -1,6 +1,14 @@
 //! The cursor family (spec section 6, I4): advance (forward, or the same seq with the same
 //! delivery id, optionally compare-and-swap on the position the caller saw) and reset (the only
 //! way down, with a reason), checked inside the writer against the `cursors` model.
+//!
+//! One command per file; the cursor reads and events both share are here.
+
+mod advance;
+mod reset;
+
+pub use advance::Advance;
+pub use reset::Reset;
 
 use crate::error::{CommandError, Rejection};
 use tidemark_log::{NewEvent, StorageError};
@@ -11,37 +19,6 @@ use tidemark_projections::names::{EventType, Stream};
 use super::sealed::Sealed;
 use super::{Command, Decided, Round};
 use tidemark_projections::ModelsTxn;
-
-/// Advance a cursor: forward, or the same seq with the same delivery id (which appends
-/// nothing), optionally compare-and-swap on `expected_sequence`. Answers the cursor after it.
-#[derive(Debug, Clone)]
-pub struct Advance {
-    pub consumer_id: String,
-    pub stream_name: String,
-    pub subject_id: String,
-    pub last_sequence: u64,
-    pub delivery_id: String,
-    pub expected_sequence: Option<u64>,
-}
-
-impl Sealed for Advance {}
-impl Command for Advance {
-    type Answer = Cursor;
-
-    fn name(&self) -> &'static str {
-        "cursor.advance"
-    }
-
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Cursor>, CommandError> {
-        let cur = get_in(txn, &self.consumer_id, &self.stream_name, &self.subject_id)?;
-        let (cursor, events) = self.decide_on(&cur, round.now_us)?;
-        Ok(Decided::new(cursor, events))
-    }
-}
 
 impl Advance {
     /// The decision given the cursor's current row (a bridge's confirmation has read it):
@@ -88,59 +65,6 @@ impl Advance {
         let mut next = cur.clone();
         tidemark_projections::cursors::apply(&mut next, EventType::CursorAdvanced, c);
         Ok((next, vec![ev]))
-    }
-}
-
-/// Set a cursor to `to` (up or down), recorded with its `reason`: the only way down. Answers
-/// the cursor after it.
-#[derive(Debug, Clone)]
-pub struct Reset {
-    pub consumer_id: String,
-    pub stream_name: String,
-    pub subject_id: String,
-    pub to: u64,
-    pub reason: String,
-    /// The token that asked for it (`None` in open mode), recorded on `cursor.reset`.
-    pub by: Option<String>,
-}
-
-impl Sealed for Reset {}
-impl Command for Reset {
-    type Answer = Cursor;
-
-    fn name(&self) -> &'static str {
-        "cursor.reset"
-    }
-
-    /// Set the cursor to `to` (up or down), recorded with its reason.
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Cursor>, CommandError> {
-        let (consumer_id, stream_name, subject_id) =
-            (&self.consumer_id, &self.stream_name, &self.subject_id);
-        if self.reason.trim().is_empty() {
-            return Err(CommandError::rejected(
-                Rejection::ReasonRequired,
-                "a cursor reset needs a non-empty reason",
-            ));
-        }
-        let cur = get_in(txn, consumer_id, stream_name, subject_id)?;
-        let c = CursorEvent {
-            stream_name: stream_name.clone(),
-            subject_id: subject_id.clone(),
-            from: Some(cur.last_sequence),
-            to: Some(self.to),
-            reason: Some(self.reason.clone()),
-            by: self.by.clone(),
-            at_us: round.now_us,
-            ..CursorEvent::default()
-        };
-        let ev = event("reset", consumer_id, &c)?;
-        let mut next = cur;
-        tidemark_projections::cursors::apply(&mut next, EventType::CursorReset, c);
-        Ok(Decided::new(next, vec![ev]))
     }
 }
 

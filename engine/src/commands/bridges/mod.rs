@@ -2,6 +2,18 @@
 //! deliveries — inside the writer each confirmation re-reads its event and task, requires the
 //! decision to still be deliver and the cursor to be where the caller saw it (or already there
 //! with this delivery id), and advances the subscription's cursor.
+//!
+//! One command per file; what several share (a confirmation, the events, the row) is here.
+
+mod confirm;
+mod confirm_one;
+mod subscribe;
+mod unsubscribe;
+
+pub use confirm::Confirm;
+pub use confirm_one::ConfirmOne;
+pub use subscribe::Subscribe;
+pub use unsubscribe::Unsubscribe;
 
 use crate::error::{CommandError, Rejection};
 use std::collections::HashMap;
@@ -20,168 +32,12 @@ use crate::commands::outbox::bridge_confirmed;
 use tidemark_projections::ModelsTxn;
 pub use tidemark_projections::ids::{SubscriptionId, TaskId};
 
-/// Create (or re-create) subscription `id`; answers the row and whether it is new.
-#[derive(Debug, Clone)]
-pub struct Subscribe {
-    pub id: SubscriptionId,
-    pub target: Target,
-}
-
 /// What [`Subscribe`] answers.
 #[derive(Debug, Clone)]
 pub struct Subscribed {
     pub row: Subscription,
     /// It is new (an active subscription with the same target is answered as it is).
     pub created: bool,
-}
-
-/// Delete the active subscription `id` of `task_id` (its cursor stays); answers the row
-/// after it.
-#[derive(Debug, Clone)]
-pub struct Unsubscribe {
-    pub task_id: TaskId,
-    pub id: SubscriptionId,
-}
-
-/// Confirm deliveries; answers each on its own, in order: the cursor after it, or why it was
-/// refused.
-#[derive(Debug, Clone)]
-pub struct Confirm(pub Vec<Confirmation>);
-
-/// Confirm one delivery ([`Confirm`] of one); answers the cursor after it, or why it was
-/// refused.
-#[derive(Debug, Clone)]
-pub struct ConfirmOne(pub Confirmation);
-
-impl Sealed for Subscribe {}
-impl Command for Subscribe {
-    type Answer = Subscribed;
-
-    fn name(&self) -> &'static str {
-        "bridge.subscribe"
-    }
-
-    /// Create (or re-create) a subscription. Answers the row and whether it is new: an active
-    /// subscription with the same target is answered as it is (`false`); another target is a
-    /// conflict.
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Subscribed>, CommandError> {
-        let (now_us, id, target) = (round.now_us, self.id.as_str(), &self.target);
-        if let Some(cur) = row_in(txn, id)?
-            && cur.active
-        {
-            if cur.target == *target {
-                return Ok(Decided::new(
-                    Subscribed {
-                        row: cur,
-                        created: false,
-                    },
-                    Vec::new(),
-                ));
-            }
-            return Err(CommandError::rejected(
-                Rejection::SubscriptionConflict,
-                format!("subscription {id:?} exists with another target"),
-            ));
-        }
-        let created = row_in(txn, id)?.map(|o| o.created_at_us).unwrap_or(now_us);
-        let b = BridgeEvent {
-            target: Some(target.clone()),
-            at_us: now_us,
-        };
-        let row = Subscription {
-            subscription_id: SubscriptionId::new(id),
-            target: target.clone(),
-            active: true,
-            created_at_us: created,
-            updated_at_us: now_us,
-        };
-        Ok(Decided::new(
-            Subscribed { row, created: true },
-            vec![bridge_event("subscribed", id, &b)?],
-        ))
-    }
-}
-
-impl Sealed for Unsubscribe {}
-impl Command for Unsubscribe {
-    type Answer = Subscription;
-
-    fn name(&self) -> &'static str {
-        "bridge.unsubscribe"
-    }
-
-    /// Delete an active subscription of `task_id` (its cursor stays).
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Subscription>, CommandError> {
-        let (now_us, task_id, id) = (round.now_us, self.task_id.as_str(), self.id.as_str());
-        let mut row = row_in(txn, id)?
-            .filter(|r| r.active && r.target.task_id == task_id)
-            .ok_or_else(|| {
-                CommandError::rejected(
-                    Rejection::SubscriptionNotFound,
-                    format!("no subscription {id:?} on task {task_id:?}"),
-                )
-            })?;
-        row.active = false;
-        row.updated_at_us = now_us;
-        let b = BridgeEvent {
-            target: None,
-            at_us: now_us,
-        };
-        Ok(Decided::new(
-            row,
-            vec![bridge_event("unsubscribed", id, &b)?],
-        ))
-    }
-}
-
-impl Sealed for Confirm {}
-impl Command for Confirm {
-    type Answer = Vec<Result<Cursor, CommandError>>;
-
-    fn name(&self) -> &'static str {
-        "bridge.confirm"
-    }
-
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Self::Answer>, CommandError> {
-        let mut moved = HashMap::new();
-        let mut events = Vec::new();
-        let mut out = Vec::with_capacity(self.0.len());
-        for c in &self.0 {
-            out.push(confirm_item(txn, round, c, &mut moved, &mut events)?);
-        }
-        Ok(Decided::new(out, events))
-    }
-}
-
-impl Sealed for ConfirmOne {}
-impl Command for ConfirmOne {
-    type Answer = Result<Cursor, CommandError>;
-
-    fn name(&self) -> &'static str {
-        "bridge.confirm"
-    }
-
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Self::Answer>, CommandError> {
-        let mut events = Vec::new();
-        let out = confirm_item(txn, round, &self.0, &mut HashMap::new(), &mut events)?;
-        Ok(Decided::new(out, events))
-    }
 }
 
 /// One item of a confirmation: its refusal is its answer, and what it records joins
