@@ -34,7 +34,8 @@ pub(crate) fn checkpoint(engine: &Engine) -> Result<u64, StorageError> {
 
 /// Whether `ev` is a lifecycle event the router may derive a notification from.
 pub(crate) fn derives_from(ev: &EventRef<'_>) -> bool {
-    ev.stream == Stream::TaskEvents && lifecycle_priority(ev.event_type).is_some()
+    Stream::parse(ev.stream) == Some(Stream::TaskEvents)
+        && lifecycle_priority(ev.event_type).is_some()
 }
 
 /// The notification of lifecycle event `ev` ([`derives_from`]), if its payload routes one.

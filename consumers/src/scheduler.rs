@@ -13,7 +13,7 @@ use tidemark_engine::CommandError;
 use tidemark_engine::Engine;
 use tidemark_engine::commands::outbox::{ExpireLeases, Route};
 use tidemark_log::{Event, EventRef, StorageError};
-use tidemark_projections::names::EventType;
+use tidemark_projections::names::{EventType, Stream};
 use tokio_util::sync::CancellationToken;
 
 use crate::follow::Feed;
@@ -40,7 +40,7 @@ pub(crate) fn relevant(ev: &EventRef<'_>) -> bool {
             | T::NotificationCreated
             | T::NotificationCanceled
             | T::TaskCanceled),
-        ) => ev.stream == t.stream(),
+        ) => Stream::parse(ev.stream) == Some(t.stream()),
         _ => false,
     }
 }

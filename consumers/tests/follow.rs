@@ -171,6 +171,17 @@ async fn a_commit_no_one_wants_wakes_no_one() {
     }));
     let stop = CancellationToken::new();
     let follower = tokio::spawn(f.run(stop.clone()));
+    // The steady state: until the decider's first look at the head (a moment after the
+    // engine opens, longer on a loaded machine) the follower waits on the log itself.
+    let t0 = std::time::Instant::now();
+    while !engine.pages().keeping_up() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(30),
+            "the decider never kept up"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
 
     for i in 0..5 {
         append(&engine, 1, &format!("quiet{i}")).await;

@@ -352,7 +352,7 @@ impl<L: EventLog + Clone> Engine<L> {
     ) -> Result<AppendReceipt, ClientAppendError> {
         if !events
             .iter()
-            .any(|e| e.event_type == EventType::NotificationRequested)
+            .any(|e| EventType::parse(&e.event_type) == Some(EventType::NotificationRequested))
         {
             return Ok(self.log.append(events).await.map_err(CommandError::from)?);
         }

@@ -123,7 +123,7 @@ fn the_engine_runs_on_another_event_log() {
         assert_eq!(done.len(), 30);
         for d in &leased {
             let (row, _) = engine.read().delivery(&d.id).unwrap().unwrap();
-            assert_eq!(row.status, "sent", "{}", d.id);
+            assert_eq!(row.status.as_str(), "sent", "{}", d.id);
         }
         for p in tidemark_projections::all() {
             let v = engine

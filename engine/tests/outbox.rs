@@ -357,7 +357,7 @@ impl Model {
             .get_mut(id)
             .ok_or_else(|| format!("{id}: not in the model"))?;
         let ctx = || format!("{id}: model {r:?}, product {got:?}");
-        if got.status != r.status.name() || got.attempts != r.attempts {
+        if got.status.as_str() != r.status.name() || got.attempts != r.attempts {
             return Err(ctx());
         }
         if r.status == Status::Leased

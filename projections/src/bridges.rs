@@ -123,13 +123,13 @@ impl Projection for Bridges {
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
-        if ev.stream == Stream::Cursors {
+        if Stream::parse(ev.stream) == Some(Stream::Cursors) {
             return fold_attempt(st, ev);
         }
-        if ev.stream == Stream::Endpoints {
+        if Stream::parse(ev.stream) == Some(Stream::Endpoints) {
             return fold_endpoint(st, ev);
         }
-        if ev.stream != Stream::Bridges {
+        if Stream::parse(ev.stream) != Some(Stream::Bridges) {
             return Ok(());
         }
         let ty = EventType::parse(ev.event_type);
@@ -262,9 +262,9 @@ pub const RUN_NOT_STARTED: &str = "run_not_started";
 /// with the reason in words.
 pub fn decide(task: Option<&Task>, ev: &Event) -> (Decision, String) {
     use Decision::*;
-    let Some(ty) = EventType::parse(&ev.event_type)
-        .filter(|t| ev.stream == Stream::TaskEvents && TERMINAL_TYPES.contains(t))
-    else {
+    let Some(ty) = EventType::parse(&ev.event_type).filter(|t| {
+        Stream::parse(&ev.stream) == Some(Stream::TaskEvents) && TERMINAL_TYPES.contains(t)
+    }) else {
         return (Skip, format!("{} is not a terminal event", ev.event_type));
     };
     let Some(task) = task else {
@@ -336,7 +336,7 @@ pub fn decide(task: Option<&Task>, ev: &Event) -> (Decision, String) {
                     format!("run {run_id} is review-gated: its approval is the final event"),
                 );
             }
-            if r.outcome == outcome {
+            if TaskStatus::parse(&r.outcome) == Some(outcome) {
                 (Deliver, format!("run {run_id} is {outcome}"))
             } else {
                 (Mismatch, format!("{ty} but run {run_id} is {}", r.outcome))
@@ -560,7 +560,7 @@ mod decision_table {
             false,
             &[("task.run_started", r1()), ("task.run_completed", r9())],
         );
-        assert_eq!(t.status, "running");
+        assert_eq!(t.status, crate::names::TaskStatus::Running);
         let (d, reason) = decide(Some(&t), &event(3, "task.run_completed", r9()));
         assert_eq!(d, Decision::Mismatch);
         assert!(reason.starts_with(RUN_NOT_STARTED), "{reason}");

@@ -183,7 +183,9 @@ impl Projection for Cursors {
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
-        let Some(ty) = EventType::parse(ev.event_type).filter(|t| ev.stream == t.stream()) else {
+        let Some(ty) = EventType::parse(ev.event_type)
+            .filter(|t| Stream::parse(ev.stream) == Some(t.stream()))
+        else {
             return Ok(());
         };
         use EventType as T;

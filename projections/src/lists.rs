@@ -36,7 +36,7 @@ impl Projection for Lists {
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
-        if ev.stream != Stream::Lists {
+        if Stream::parse(ev.stream) != Some(Stream::Lists) {
             return Ok(());
         }
         let key = ev.subject.as_bytes();

@@ -5,7 +5,8 @@
 
 use std::fmt;
 
-/// An enum of names with `as_str`, `parse` and `ALL`, and comparisons with strings.
+/// An enum of names with `as_str`, `parse` and `ALL`. It is never equal to a string: text
+/// from outside is parsed first (`parse`), so a misspelt name cannot compile as a comparison.
 macro_rules! names {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $s:literal,)* }) => {
         $(#[$m])*
@@ -36,30 +37,6 @@ macro_rules! names {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(self.as_str())
             }
-        }
-
-        impl PartialEq<str> for $name {
-            fn eq(&self, other: &str) -> bool { self.as_str() == other }
-        }
-
-        impl PartialEq<String> for $name {
-            fn eq(&self, other: &String) -> bool { self.as_str() == other.as_str() }
-        }
-
-        impl PartialEq<&str> for $name {
-            fn eq(&self, other: &&str) -> bool { self.as_str() == *other }
-        }
-
-        impl PartialEq<$name> for str {
-            fn eq(&self, other: &$name) -> bool { self == other.as_str() }
-        }
-
-        impl PartialEq<$name> for String {
-            fn eq(&self, other: &$name) -> bool { self.as_str() == other.as_str() }
-        }
-
-        impl PartialEq<$name> for &str {
-            fn eq(&self, other: &$name) -> bool { *self == other.as_str() }
         }
 
         impl From<$name> for String {

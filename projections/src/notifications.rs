@@ -368,7 +368,9 @@ impl Projection for Notifications {
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
-        if ev.stream == Stream::Retention && ev.event_type == EventType::RetentionPurged {
+        if Stream::parse(ev.stream) == Some(Stream::Retention)
+            && EventType::parse(ev.event_type) == Some(EventType::RetentionPurged)
+        {
             let p = crate::retention::Purged::parse(ev.payload);
             for id in &p.notifications {
                 let Some(seq) = st.get(IDS, id.as_bytes())?.and_then(|b| be_u64(&b)) else {
@@ -389,7 +391,7 @@ impl Projection for Notifications {
             }
             return Ok(());
         }
-        if ev.stream != Stream::Notifications {
+        if Stream::parse(ev.stream) != Some(Stream::Notifications) {
             return Ok(());
         }
         let id = match EventType::parse(ev.event_type) {

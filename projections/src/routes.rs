@@ -71,7 +71,7 @@ impl Projection for Routes {
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
-        if ev.stream != Stream::Routes {
+        if Stream::parse(ev.stream) != Some(Stream::Routes) {
             return Ok(());
         }
         let key = ev.subject.as_bytes();

@@ -22,7 +22,9 @@ impl Projection for Settings {
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
-        if ev.stream == Stream::Settings && ev.event_type == EventType::SettingsUpdated {
+        if Stream::parse(ev.stream) == Some(Stream::Settings)
+            && EventType::parse(ev.event_type) == Some(EventType::SettingsUpdated)
+        {
             st.put(CURRENT, KEY, ev.payload.as_bytes())?;
         }
         Ok(())

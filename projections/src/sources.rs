@@ -80,10 +80,10 @@ impl Projection for Sources {
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
-        if ev.stream == Stream::Notifications {
+        if Stream::parse(ev.stream) == Some(Stream::Notifications) {
             return covered(st, ev);
         }
-        if ev.stream != Stream::Sources {
+        if Stream::parse(ev.stream) != Some(Stream::Sources) {
             return Ok(());
         }
         let Some(ty) = EventType::parse(ev.event_type) else {

@@ -378,7 +378,9 @@ impl Projection for Tasks {
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
-        if ev.stream == Stream::Retention && ev.event_type == EventType::RetentionPurged {
+        if Stream::parse(ev.stream) == Some(Stream::Retention)
+            && EventType::parse(ev.event_type) == Some(EventType::RetentionPurged)
+        {
             let p = crate::retention::Purged::parse(ev.payload);
             for id in &p.tasks {
                 let Some(task) = st.take_row::<Task>(ROWS, id.as_bytes())? else {
@@ -399,12 +401,14 @@ impl Projection for Tasks {
         }
         // The delivery runtime's own streams name deliveries and consumers, never tasks: no
         // lookup for them (they are most of the writes of a busy outbox).
-        if ev.subject.is_empty() || ev.stream == Stream::Deliveries || ev.stream == Stream::Cursors
+        if ev.subject.is_empty()
+            || Stream::parse(ev.stream) == Some(Stream::Deliveries)
+            || Stream::parse(ev.stream) == Some(Stream::Cursors)
         {
             return Ok(());
         }
-        let lifecycle =
-            ev.stream == Stream::TaskEvents && ev.event_type.starts_with(LIFECYCLE_PREFIX);
+        let lifecycle = Stream::parse(ev.stream) == Some(Stream::TaskEvents)
+            && ev.event_type.starts_with(LIFECYCLE_PREFIX);
         let existing: Option<Task> = st.take_row(ROWS, ev.subject.as_bytes())?;
         let is_new = existing.is_none();
         let mut task = match (existing, lifecycle) {
@@ -417,8 +421,9 @@ impl Projection for Tasks {
         // index update then only.
         let before_status = task.status;
         let before_created = (!is_new).then(|| created_key(&task));
-        let before_project =
-            (ev.event_type == EventType::TaskCreated || is_new).then(|| task.project_id.clone());
+        let before_project = (EventType::parse(ev.event_type) == Some(EventType::TaskCreated)
+            || is_new)
+            .then(|| task.project_id.clone());
         if lifecycle {
             fold_task(&mut task, ev);
         } else {

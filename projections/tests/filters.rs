@@ -18,7 +18,7 @@ use tidemark_log::{Log, LogConfig, NewEvent};
 use tidemark_projections::ModelsRead;
 use tidemark_projections::deliveries::{Change, Created, Delivery};
 use tidemark_projections::framework::Projection;
-use tidemark_projections::names::{Sink, sink_or_none};
+use tidemark_projections::names::{DeliveryStatus, Sink, TaskStatus, sink_or_none};
 use tidemark_projections::notifications::Notification;
 use tidemark_projections::read::{
     self, DeliveryFilter, ListOrder, NotificationFilter, Position, StuckFilter, TaskFilter,
@@ -286,7 +286,7 @@ fn seqs(pages: &[Vec<Notification>]) -> Vec<u64> {
 fn delivery_matches(all: &[Delivery], f: &DeliveryFilter) -> Vec<String> {
     all.iter()
         .filter(|d| f.after.as_deref().is_none_or(|a| d.id.as_str() > a))
-        .filter(|d| f.status.as_deref().is_none_or(|s| s == d.status))
+        .filter(|d| f.status.is_none_or(|s| s == d.status))
         .filter(|d| f.sink.is_none_or(|s| s == d.sink))
         .filter(|d| f.route.as_deref().is_none_or(|s| s == d.route))
         .filter(|d| {
@@ -448,7 +448,7 @@ fn delivery_filter() -> impl Strategy<Value = DeliveryFilter> {
                 ),
                 (created_after_us, created_before_us, stuck, title_contains),
             )| DeliveryFilter {
-                status,
+                status: status.and_then(|s| DeliveryStatus::parse(&s)),
                 sink,
                 route,
                 recipient,
@@ -681,7 +681,7 @@ fn task_filter() -> impl Strategy<Value = TaskFilter> {
     )
         .prop_map(
             |(status, project_id, after, before, order, limit)| TaskFilter {
-                status,
+                status: status.and_then(|s| TaskStatus::parse(&s)),
                 project_id,
                 after,
                 before: before.map(|(key, id)| Position { key, id }),
@@ -787,7 +787,7 @@ proptest! {
         for f in &tfs {
             let picked: Vec<Position> = rows
                 .iter()
-                .filter(|t| f.status.as_deref().is_none_or(|s| s == t.status))
+                .filter(|t| f.status.is_none_or(|s| s == t.status))
                 .filter(|t| f.project_id.as_deref().is_none_or(|p| t.project_id.as_deref() == Some(p)))
                 .filter(|t| f.after.as_deref().is_none_or(|a| t.task_id.as_str() > a))
                 .map(|t| Position { key: key(&tasks[&t.task_id]), id: t.task_id.clone() })
@@ -945,7 +945,7 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
         &db,
         &DeliveryFilter {
             route: Some("desktop".into()),
-            status: Some("queued".into()),
+            status: Some(DeliveryStatus::Queued),
             after: Some("dlv-a99999".into()),
             ..f.clone()
         },
@@ -956,7 +956,7 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
         &db,
         &DeliveryFilter {
             sink: None,
-            status: Some("queued".into()),
+            status: Some(DeliveryStatus::Queued),
             ..f.clone()
         },
     )

@@ -191,17 +191,18 @@ pub async fn list(
     q: Result<Query<TasksQuery>, QueryRejection>,
 ) -> Result<Json<TasksPage>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    if let Some(s) = &q.status
-        && TaskStatus::parse(s).is_none()
-    {
-        return Err(ApiError::invalid_query(format!(
-            "status must be one of {}",
-            TaskStatus::joined()
-        )));
-    }
+    let status = q
+        .status
+        .as_deref()
+        .map(|s| {
+            TaskStatus::parse(s).ok_or_else(|| {
+                ApiError::invalid_query(format!("status must be one of {}", TaskStatus::joined()))
+            })
+        })
+        .transpose()?;
     let order = parse_order(q.order.as_deref())?;
     let f = TaskFilter {
-        status: q.status,
+        status,
         project_id: q.project_id,
         after: q.after,
         before: parse_before(q.before.as_deref(), "creation seq")?,

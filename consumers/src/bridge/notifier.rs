@@ -228,8 +228,8 @@ impl Notifier {
         // An endpoint enabled or closed lets its POST go now, not after the backoff it had.
         for ev in page.iter().flat_map(|p| p.events.iter()) {
             if ev.seq > since.unwrap_or(0)
-                && (ev.event_type == EventType::EndpointEnabled
-                    || ev.event_type == EventType::EndpointCircuitClosed)
+                && (EventType::parse(&ev.event_type) == Some(EventType::EndpointEnabled)
+                    || EventType::parse(&ev.event_type) == Some(EventType::EndpointCircuitClosed))
                 && let Some(sub) = ids::subscription_of_endpoint(&ev.subject)
             {
                 self.retries.remove(&SubscriptionId::new(sub));
@@ -281,7 +281,8 @@ impl Notifier {
                         Some(Stream::Cursors) => {
                             if let Some(sub) = ids::subscription_of_consumer(&ev.subject) {
                                 ids.insert(SubscriptionId::new(sub));
-                                if ev.event_type == EventType::CursorReset {
+                                if EventType::parse(&ev.event_type) == Some(EventType::CursorReset)
+                                {
                                     forget.push((SubscriptionId::new(sub), true));
                                 }
                             }

@@ -87,8 +87,8 @@ impl Command for Admit {
             if self.known.get(i).copied().unwrap_or(false) {
                 continue;
             }
-            if e.event_type == EventType::NotificationRequested
-                && e.stream == Stream::Notifications
+            if EventType::parse(&e.event_type) == Some(EventType::NotificationRequested)
+                && Stream::parse(&e.stream) == Some(Stream::Notifications)
                 && let Some(who) = payload(e).get("recipient").and_then(|v| v.as_str())
             {
                 reads.push((Stream::Recipients.as_str().to_owned(), who.to_owned()));
@@ -134,7 +134,7 @@ pub(crate) fn admit(
             EventType::RecipientUpdated
             | EventType::RecipientSuppressed
             | EventType::RecipientUnsuppressed
-                if e.stream == Stream::Recipients =>
+                if Stream::parse(&e.stream) == Some(Stream::Recipients) =>
             {
                 let r = match recipients.entry(e.subject.as_str()) {
                     std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
@@ -144,7 +144,9 @@ pub(crate) fn admit(
                 };
                 r.apply(ty, &payload(e));
             }
-            EventType::NotificationRequested if e.stream == Stream::Notifications => {
+            EventType::NotificationRequested
+                if Stream::parse(&e.stream) == Some(Stream::Notifications) =>
+            {
                 let p = payload(e);
                 let s = |k: &str| p.get(k).and_then(|v| v.as_str()).map(str::to_owned);
                 notices.push((s("priority").unwrap_or_else(|| "info".into()), s("type")));

@@ -7,7 +7,7 @@ use tidemark_log::{EventRef, StorageError};
 use super::*;
 use crate::endpoints::{Endpoint, EndpointChange};
 use crate::framework::{Projection, Store, be_u64};
-use crate::names::{DeliveryEvent, DeliveryStatus, DeliveryTransition, EventType};
+use crate::names::{DeliveryEvent, DeliveryStatus, DeliveryTransition, EventType, Stream};
 use crate::routing::{ApiRoute, NotificationsConfig};
 
 pub fn us_key(us: i64) -> [u8; 8] {
@@ -492,7 +492,9 @@ impl Projection for Deliveries {
     /// version does not know among them), or one on another stream than its own, changes
     /// nothing in this model, deliberately.
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
-        let Some(ty) = EventType::parse(ev.event_type).filter(|t| ev.stream == t.stream()) else {
+        let Some(ty) = EventType::parse(ev.event_type)
+            .filter(|t| Stream::parse(ev.stream) == Some(t.stream()))
+        else {
             return Ok(());
         };
         use EventType as T;

@@ -10,7 +10,7 @@ use redb::ReadableTable;
 use crate::deliveries::{self, Delivery};
 use crate::framework::{Reader, be_u64};
 use crate::ids::DeliveryId;
-use crate::names::{Sink, sink_or_none};
+use crate::names::{DeliveryStatus, Sink, sink_or_none};
 use crate::read::paged::{ListOrder, Order, Page, Position, Table, Walk, paged};
 use crate::read::{stored_u64, under};
 
@@ -41,7 +41,7 @@ pub fn delivery(
 
 #[derive(Debug, Clone, Default)]
 pub struct DeliveryFilter {
-    pub status: Option<String>,
+    pub status: Option<DeliveryStatus>,
     /// `Some(None)`: the deliveries no sink takes (skipped).
     pub sink: Option<Option<Sink>>,
     pub route: Option<String>,
@@ -119,7 +119,7 @@ pub fn deliveries(
     let keep = |d: &Delivery| {
         f.sink.is_none_or(|s| s == d.sink)
             && f.route.as_deref().is_none_or(|s| s == d.route)
-            && f.status.as_deref().is_none_or(|s| s == d.status)
+            && f.status.is_none_or(|s| s == d.status)
             && f.recipient
                 .as_deref()
                 .is_none_or(|s| d.recipient.as_deref() == Some(s))
@@ -158,7 +158,7 @@ pub fn deliveries(
     } else {
         Walk::ByKey {
             filters: vec![
-                (deliveries::BY_STATUS, f.status.as_deref()),
+                (deliveries::BY_STATUS, f.status.map(DeliveryStatus::as_str)),
                 (deliveries::BY_SINK, f.sink.map(sink_or_none::name)),
                 (deliveries::BY_ROUTE, f.route.as_deref()),
                 (deliveries::BY_RECIPIENT, f.recipient.as_deref()),

@@ -4,6 +4,7 @@ use tidemark_log::StorageError;
 
 use crate::framework::Reader;
 use crate::ids::TaskId;
+use crate::names::TaskStatus;
 use crate::read::paged::{ListOrder, Order, Page, Position, Walk, paged};
 use crate::tasks::{self, Task};
 
@@ -16,7 +17,7 @@ pub fn task(
 
 #[derive(Debug, Clone, Default)]
 pub struct TaskFilter {
-    pub status: Option<String>,
+    pub status: Option<TaskStatus>,
     pub project_id: Option<String>,
     /// Only tasks whose id sorts after this one (bytewise): the cursor of `ListOrder::Id`.
     pub after: Option<String>,
@@ -34,7 +35,7 @@ pub fn tasks(db: &crate::models::ModelsRead, f: &TaskFilter) -> Result<Page<Task
         return Ok((Vec::new(), None));
     };
     let keep = |t: &Task| {
-        f.status.as_deref().is_none_or(|s| s == t.status)
+        f.status.is_none_or(|s| s == t.status)
             && f.project_id
                 .as_deref()
                 .is_none_or(|p| t.project_id.as_deref() == Some(p))
@@ -53,7 +54,7 @@ pub fn tasks(db: &crate::models::ModelsRead, f: &TaskFilter) -> Result<Page<Task
         Walk::ByKey {
             filters: vec![
                 (tasks::BY_PROJECT, f.project_id.as_deref()),
-                (tasks::BY_STATUS, f.status.as_deref()),
+                (tasks::BY_STATUS, f.status.map(TaskStatus::as_str)),
             ],
             from: f.after.as_deref().map(str::as_bytes),
             order: Order::Asc,

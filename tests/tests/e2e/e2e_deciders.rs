@@ -425,7 +425,7 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
                 .delivery(&id.as_str().into())
                 .unwrap()
                 .expect("row");
-            assert_eq!(row.status, "sent", "{id} in {name}'s models");
+            assert_eq!(row.status.as_str(), "sent", "{id} in {name}'s models");
         }
     }
     eprintln!(

@@ -352,7 +352,7 @@ pub async fn fail(
             failure: f,
         })
         .await?;
-    metrics::counter!("tidemark_deliveries_failed_total", "sink" => row.sink_name(), "parked" => (row.status == "parked").to_string()).increment(1);
+    metrics::counter!("tidemark_deliveries_failed_total", "sink" => row.sink_name(), "parked" => (row.status == tidemark_projections::names::DeliveryStatus::Parked).to_string()).increment(1);
     Ok(Json(row.into()))
 }
 

@@ -422,14 +422,18 @@ pub async fn list(
     q: Result<Query<DeliveriesQuery>, QueryRejection>,
 ) -> Result<Json<DeliveriesPage>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    if let Some(s) = &q.status
-        && DeliveryStatus::parse(s).is_none()
-    {
-        return Err(ApiError::invalid_query(format!(
-            "status must be one of {}",
-            DeliveryStatus::joined()
-        )));
-    }
+    let status = q
+        .status
+        .as_deref()
+        .map(|s| {
+            DeliveryStatus::parse(s).ok_or_else(|| {
+                ApiError::invalid_query(format!(
+                    "status must be one of {}",
+                    DeliveryStatus::joined()
+                ))
+            })
+        })
+        .transpose()?;
     let sink = q
         .sink
         .as_deref()
@@ -496,7 +500,7 @@ pub async fn list(
         created_before_us,
         stuck,
         title_contains: q.q,
-        status: q.status,
+        status,
         sink,
         route: q.route,
         recipient: q.recipient,

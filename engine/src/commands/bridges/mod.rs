@@ -102,7 +102,7 @@ fn confirm_in(
         .log
         .get(c.seq)
         .map_err(|e| CommandError::Storage(StorageError::of(e)))?
-        .filter(|e| e.stream == Stream::TaskEvents && e.subject == *task_id)
+        .filter(|e| Stream::parse(&e.stream) == Some(Stream::TaskEvents) && e.subject == *task_id)
         .ok_or_else(|| {
             CommandError::rejected(
                 Rejection::DeliveryNotFound,
