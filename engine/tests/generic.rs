@@ -18,9 +18,13 @@ use common::rt;
 
 /// Another backend, as far as the engine can tell; its `head()` may be slow to answer (a
 /// pause, then the value read), which widens every window between reading the head and acting
-/// on it.
+/// on it; its reads fail while the flag is set (a log whose storage fails under a read).
 #[derive(Clone)]
-struct Other(Log, std::time::Duration);
+struct Other(
+    Log,
+    std::time::Duration,
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+);
 
 impl EventLog for Other {
     async fn append(&self, events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
@@ -34,6 +38,11 @@ impl EventLog for Other {
         self.0.append_if(events, condition).await
     }
     fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
+        if self.2.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ReadError::Storage(StorageError::msg(
+                "an injected read failure",
+            )));
+        }
         self.0.read(q)
     }
     fn get(&self, seq: u64) -> Result<Option<Event>, ReadError> {
@@ -79,7 +88,7 @@ fn the_engine_runs_on_another_event_log() {
     let rt = rt();
     let (log, _) = Log::open(&LogConfig::in_dir(dir.path())).unwrap();
     let engine: Engine<Other> = Engine::on_log(
-        Other(log, Default::default()),
+        Other(log, Default::default(), Default::default()),
         &ModelsConfig::in_dir(dir.path()),
     )
     .unwrap();
@@ -150,8 +159,11 @@ fn a_commit_between_the_fold_and_the_wait_is_folded() {
         for i in 0..40u64 {
             let dir = tempfile::tempdir().unwrap();
             let (log, _) = Log::open(&LogConfig::in_dir(dir.path())).unwrap();
-            let engine: Engine<Other> =
-                Engine::on_log(Other(log, slow), &ModelsConfig::in_dir(dir.path())).unwrap();
+            let engine: Engine<Other> = Engine::on_log(
+                Other(log, slow, Default::default()),
+                &ModelsConfig::in_dir(dir.path()),
+            )
+            .unwrap();
             let id = format!("w-{i}");
             let ev = NewEvent::new(
                 Some(id.clone()),
@@ -173,5 +185,67 @@ fn a_commit_between_the_fold_and_the_wait_is_folded() {
             }
             engine.close().await;
         }
+    });
+}
+
+/// A log read that fails under the decider is the log's failure, not the models': commands
+/// are refused with it (`CommandError::Storage`, "storage failure", never "the models store
+/// failed"), and once the log reads again they are decided as before, on the same models.
+#[test]
+fn a_failing_log_read_is_the_logs_failure_not_the_models() {
+    use tidemark_engine::CommandError;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = rt();
+    let (log, _) = Log::open(&LogConfig::in_dir(dir.path())).unwrap();
+    let fail = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let engine: Engine<Other> = Engine::on_log(
+        Other(log, Default::default(), fail.clone()),
+        &ModelsConfig::in_dir(dir.path()),
+    )
+    .unwrap();
+    let note = |id: &str| {
+        NewEvent::new(
+            Some(id.to_owned()),
+            "notifications",
+            id,
+            "notification.requested",
+            &serde_json::json!({"priority": "urgent", "title": "t", "recipient": "r"}),
+        )
+        .unwrap()
+    };
+    rt.block_on(async {
+        engine.log().append(vec![note("a")]).await.unwrap();
+        let source = common::events_after_on(engine.log(), 0);
+        engine.execute(Route { source }).await.unwrap();
+        fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        engine.log().append(vec![note("b")]).await.unwrap();
+        let claim = || Claim {
+            sink: tidemark_projections::names::Sink::App,
+            owner: "o".into(),
+            limit: 100,
+            lease_ms: 60_000,
+            share: tidemark_log::Share::ALL,
+        };
+        let e = engine.execute(claim()).await.unwrap_err();
+        assert!(matches!(e, CommandError::Storage(_)), "{e:?}");
+        assert!(!e.to_string().contains("models"), "{e}");
+        assert!(engine.models_poisoned().is_none());
+        fail.store(false, std::sync::atomic::Ordering::SeqCst);
+        let t0 = std::time::Instant::now();
+        let leased = loop {
+            match engine.execute(claim()).await {
+                Ok((rows, _)) => break rows,
+                Err(CommandError::Storage(_)) if t0.elapsed().as_secs() < 30 => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("after the log reads again: {e:?}"),
+            }
+        };
+        assert_eq!(
+            leased.len(),
+            1,
+            "the delivery routed before the failure is claimed"
+        );
+        engine.close().await;
     });
 }

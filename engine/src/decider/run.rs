@@ -90,10 +90,10 @@ impl<L: EventLog + Clone> State<L> {
         loop {
             // Fold to the head, and commit it when a reader waits for it or it has been open
             // long enough.
-            match self
-                .fold_to_head()
-                .and_then(|()| self.commit_if_due(Instant::now()))
-            {
+            match self.fold_to_head().and_then(|()| {
+                self.commit_if_due(Instant::now())
+                    .map_err(FoldFailed::Models)
+            }) {
                 Ok(()) => {
                     self.pages.set_keeping_up(true);
                     backoff = Duration::from_millis(10);
@@ -103,7 +103,29 @@ impl<L: EventLog + Clone> State<L> {
                         self.failure = None;
                     }
                 }
-                Err(e) => {
+                Err(FoldFailed::Log(e)) => {
+                    // The log's read failed, not the models: they are left as they are, and
+                    // the commands are refused with the log's failure until it reads again.
+                    let e = CommandError::Storage(e);
+                    tracing::warn!(error = %e, "reading the log's new commits failed; commands are refused until it reads again (the models are not affected)");
+                    self.refuse_queued(&e);
+                    while let Ok(m) = rx.try_recv() {
+                        match m {
+                            Msg::Job(j) => j.answer(Err(e.clone())),
+                            Msg::Stop(tx) => {
+                                stop = Some(tx);
+                                break;
+                            }
+                        }
+                    }
+                    if stop.is_some() {
+                        break;
+                    }
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+                Err(FoldFailed::Models(e)) => {
                     let e = self.models_failed(e, &mut backoff);
                     // The commands that came meanwhile are answered with the failure too (not
                     // left waiting for the store to come back).
@@ -202,9 +224,16 @@ impl<L: EventLog + Clone> State<L> {
                 // A command is decided at the head as of its arrival: one taken above may have
                 // been sent after a commit the fold at the top of the loop had not seen (an
                 // append its caller saw acknowledged, then this command).
-                if let Err(e) = self.fold_to_head() {
-                    self.models_failed(e, &mut backoff);
-                    continue;
+                match self.fold_to_head() {
+                    Ok(()) => {}
+                    Err(FoldFailed::Log(e)) => {
+                        self.refuse_queued(&CommandError::Storage(e));
+                        continue;
+                    }
+                    Err(FoldFailed::Models(e)) => {
+                        self.models_failed(e, &mut backoff);
+                        continue;
+                    }
                 }
                 rt.block_on(self.round());
             }
@@ -409,7 +438,7 @@ impl<L: EventLog + Clone> State<L> {
     /// Read the commits past what the chunk holds (at most [`FOLLOW_BATCH`] past the models'
     /// checkpoint) and hand them on to the reactors' follower: each commit is read once, as it
     /// lands, whenever the models fold it. The end of what the chunk holds.
-    fn stage(&mut self) -> Result<u64, StorageError> {
+    fn stage(&mut self) -> Result<u64, FoldFailed> {
         let at = self.folded;
         let (after, upto) = self.chunk.range();
         let from = if after == at && upto >= at { upto } else { at };
@@ -418,7 +447,8 @@ impl<L: EventLog + Clone> State<L> {
             return Ok(from);
         }
         let mut next = EventChunk::default();
-        next.read(&self.log, from, end).map_err(StorageError::of)?;
+        next.read(&self.log, from, end)
+            .map_err(|e| FoldFailed::Log(StorageError::of(e)))?;
         if from == at {
             // A new fold: the chunk starts here (its buffers kept).
             self.chunk.reset(at);
@@ -432,7 +462,7 @@ impl<L: EventLog + Clone> State<L> {
 
     /// Fold the committed events up to the head into the open transaction, committed every
     /// [`FOLLOW_BATCH`] events.
-    fn fold_to_head(&mut self) -> Result<(), StorageError> {
+    fn fold_to_head(&mut self) -> Result<(), FoldFailed> {
         loop {
             let head = self.log.head();
             if self.folded >= head {
@@ -679,5 +709,19 @@ impl<L: EventLog + Clone> State<L> {
             events: Vec::new(),
             last_seq: self.log.head(),
         })
+    }
+}
+
+/// Where a fold's failure came from: the log's read of the new commits, or the models store
+/// (two fault domains, spec I10: a failing log read is not the models' failure, and does not
+/// reopen their store).
+pub(crate) enum FoldFailed {
+    Log(StorageError),
+    Models(StorageError),
+}
+
+impl From<StorageError> for FoldFailed {
+    fn from(e: StorageError) -> Self {
+        FoldFailed::Models(e)
     }
 }
