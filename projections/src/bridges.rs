@@ -13,7 +13,7 @@ use tidemark_log::{Event, EventRef};
 
 use crate::endpoints::{Endpoint, EndpointChange};
 use crate::framework::{Projection, Store};
-use crate::names::{EventType, ReviewState, Stream, TaskStatus, ids};
+use crate::names::{BridgeMode, EventType, ReviewState, Stream, TaskStatus, ids};
 use crate::tasks::Task;
 
 pub const NAME: &str = "bridges";
@@ -30,15 +30,85 @@ pub const ACTIVE: &str = "active";
 /// [`ids::bridge_endpoint`]).
 pub const ENDPOINTS: &str = "endpoints";
 
+/// Where a subscription's events go: pulled by its bridge, or POSTed to a webhook with the
+/// HMAC `secret` (never served: read models and event pages redact it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Sink {
-    /// pull or webhook.
-    pub kind: String,
+#[serde(try_from = "StoredSink", into = "StoredSink")]
+pub enum BridgeSink {
+    Pull,
+    Webhook { url: String, secret: Option<String> },
+}
+
+impl BridgeSink {
+    /// `pull` or `webhook`, as recorded.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BridgeSink::Pull => "pull",
+            BridgeSink::Webhook { .. } => "webhook",
+        }
+    }
+
+    pub fn is_webhook(&self) -> bool {
+        matches!(self, BridgeSink::Webhook { .. })
+    }
+
+    pub fn url(&self) -> Option<&str> {
+        match self {
+            BridgeSink::Webhook { url, .. } => Some(url),
+            BridgeSink::Pull => None,
+        }
+    }
+
+    pub fn secret(&self) -> Option<&str> {
+        match self {
+            BridgeSink::Webhook { secret, .. } => secret.as_deref(),
+            BridgeSink::Pull => None,
+        }
+    }
+}
+
+/// A [`BridgeSink`] as `bridge.subscribed` records it and the row stores it (postcard is not
+/// self-describing: the same three fields in the same order, so the bytes do not change).
+#[derive(Clone, Serialize, Deserialize)]
+struct StoredSink {
+    kind: String,
     #[serde(default)]
-    pub url: Option<String>,
-    /// HMAC key of a webhook sink. Never served: read models and event pages redact it.
+    url: Option<String>,
     #[serde(default)]
-    pub secret: Option<String>,
+    secret: Option<String>,
+}
+
+impl TryFrom<StoredSink> for BridgeSink {
+    type Error = String;
+
+    fn try_from(s: StoredSink) -> Result<Self, String> {
+        match (s.kind.as_str(), s.url) {
+            ("pull", _) => Ok(BridgeSink::Pull),
+            ("webhook", Some(url)) => Ok(BridgeSink::Webhook {
+                url,
+                secret: s.secret,
+            }),
+            ("webhook", None) => Err("a webhook sink without a url".into()),
+            (other, _) => Err(format!("{other:?} is not a bridge sink (pull, webhook)")),
+        }
+    }
+}
+
+impl From<BridgeSink> for StoredSink {
+    fn from(s: BridgeSink) -> StoredSink {
+        match s {
+            BridgeSink::Pull => StoredSink {
+                kind: "pull".into(),
+                url: None,
+                secret: None,
+            },
+            BridgeSink::Webhook { url, secret } => StoredSink {
+                kind: "webhook".into(),
+                url: Some(url),
+                secret,
+            },
+        }
+    }
 }
 
 /// What a subscription targets (what `bridge.subscribed` records). Stored with postcard,
@@ -53,9 +123,8 @@ pub struct Target {
     pub workspace_id: Option<String>,
     #[serde(default)]
     pub thread_id: Option<String>,
-    /// reply or post.
-    pub mode: String,
-    pub sink: Sink,
+    pub mode: BridgeMode,
+    pub sink: BridgeSink,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -200,7 +269,7 @@ fn fold_attempt(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageErro
     let Some(sub) = st.get_val::<Subscription>(ROWS, id.as_bytes())? else {
         return Ok(());
     };
-    if sub.target.sink.kind != "webhook" {
+    if !sub.target.sink.is_webhook() {
         return Ok(());
     }
     let c: crate::cursors::CursorEvent = serde_json::from_str(ev.payload)
@@ -604,5 +673,67 @@ mod decision_table {
         let normal = task(false, &[("task.run_started", r1())]);
         assert!(normal.ext.late_starts.is_empty());
         assert_eq!(normal.run_started_seq("r1"), Some(2));
+    }
+}
+
+#[cfg(test)]
+mod stored_sink {
+    use serde::{Deserialize, Serialize};
+
+    use super::BridgeSink;
+
+    /// The struct `BridgeSink` replaced, field for field.
+    #[derive(Serialize, Deserialize, PartialEq, Debug)]
+    struct Before {
+        kind: String,
+        #[serde(default)]
+        url: Option<String>,
+        #[serde(default)]
+        secret: Option<String>,
+    }
+
+    fn before(kind: &str, url: Option<&str>, secret: Option<&str>) -> Before {
+        Before {
+            kind: kind.into(),
+            url: url.map(Into::into),
+            secret: secret.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn the_stored_bytes_do_not_change() {
+        let cases = [
+            (before("pull", None, None), BridgeSink::Pull),
+            (
+                before("webhook", Some("https://h/p"), Some("s")),
+                BridgeSink::Webhook {
+                    url: "https://h/p".into(),
+                    secret: Some("s".into()),
+                },
+            ),
+            (
+                before("webhook", Some("https://h/p"), None),
+                BridgeSink::Webhook {
+                    url: "https://h/p".into(),
+                    secret: None,
+                },
+            ),
+        ];
+        for (old, new) in cases {
+            let bytes = postcard::to_allocvec(&old).unwrap();
+            assert_eq!(postcard::to_allocvec(&new).unwrap(), bytes);
+            assert_eq!(postcard::from_bytes::<BridgeSink>(&bytes).unwrap(), new);
+            let json = serde_json::to_value(&old).unwrap();
+            assert_eq!(serde_json::to_value(&new).unwrap(), json);
+            assert_eq!(serde_json::from_value::<BridgeSink>(json).unwrap(), new);
+        }
+    }
+
+    #[test]
+    fn a_sink_that_is_neither_is_an_error_not_a_default() {
+        for bad in [before("webhook", None, None), before("email", None, None)] {
+            let bytes = postcard::to_allocvec(&bad).unwrap();
+            assert!(postcard::from_bytes::<BridgeSink>(&bytes).is_err());
+        }
     }
 }

@@ -482,6 +482,15 @@ names! {
 }
 
 names! {
+    /// How a bridge posts a subscription's events (spec section 6): in the thread, or as a
+    /// new post. Stored and recorded as its name.
+    BridgeMode {
+        Reply = "reply",
+        Post = "post",
+    }
+}
+
+names! {
     /// The review state of a task's run (spec section 2).
     #[derive(Default)]
     ReviewState {

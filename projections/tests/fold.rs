@@ -13,9 +13,10 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 use serde_json::json;
 use tidemark_log::{LogConfig, NewEvent};
-use tidemark_projections::bridges::{BridgeEvent, Sink, Target};
+use tidemark_projections::bridges::{BridgeEvent, BridgeSink, Target};
 use tidemark_projections::cursors::CursorEvent;
 use tidemark_projections::deliveries::{Change, Created, Joined};
+use tidemark_projections::names::BridgeMode;
 use tidemark_projections::{read, rebuild};
 
 #[derive(Debug, Clone)]
@@ -345,12 +346,8 @@ fn to_event(i: usize, op: &Op) -> Option<NewEvent> {
                 scope: None,
                 workspace_id: None,
                 thread_id: None,
-                mode: "reply".into(),
-                sink: Sink {
-                    kind: "pull".into(),
-                    url: None,
-                    secret: None,
-                },
+                mode: BridgeMode::Reply,
+                sink: BridgeSink::Pull,
             };
             let b = BridgeEvent {
                 target: on.then_some(target),

@@ -10,7 +10,7 @@ use serde_json::Value;
 use tidemark_engine::Engine;
 use tidemark_engine::commands::Confirmation;
 use tidemark_log::StorageError;
-use tidemark_projections::bridges::{self, Decision};
+use tidemark_projections::bridges::{self, BridgeSink, Decision};
 use tidemark_projections::names::ids;
 
 use super::scan;
@@ -124,7 +124,7 @@ pub fn pending_for_bridge(
 ) -> Result<Vec<Value>, StorageError> {
     let mut out = Vec::new();
     for s in engine.read().bridge_subscriptions(bridge_id)? {
-        if s.target.sink.kind != "pull" {
+        if s.target.sink != BridgeSink::Pull {
             continue;
         }
         let scan = scan(engine, &s, false)?;

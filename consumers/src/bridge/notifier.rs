@@ -9,7 +9,7 @@ use tidemark_log::StorageError;
 use tidemark_projections::ids::SubscriptionId;
 
 use tidemark_engine::Engine;
-use tidemark_projections::bridges::{self, Decision, Subscription};
+use tidemark_projections::bridges::{self, BridgeSink, Decision, Subscription};
 use tidemark_projections::names::{EventType, Stream, ids};
 use tidemark_projections::routing::{RoutingSettings, backoff_ms};
 use tokio::task::JoinSet;
@@ -354,7 +354,7 @@ impl Notifier {
             .record(subs.len() as f64);
         let mut bridges_touched = std::collections::BTreeSet::new();
         for s in &subs {
-            if s.target.sink.kind == "pull" {
+            if s.target.sink == BridgeSink::Pull {
                 bridges_touched.insert(s.target.bridge_id.clone());
             }
         }
@@ -419,7 +419,7 @@ impl Notifier {
     async fn act(&mut self, sub: Subscription, scan: Scan) -> Result<(), StorageError> {
         let id = sub.subscription_id.clone();
         {
-            if sub.target.sink.kind == "pull" {
+            if sub.target.sink == BridgeSink::Pull {
                 let entry = scan
                     .deliver
                     .as_ref()
@@ -438,7 +438,7 @@ impl Notifier {
             }
             let act = act_on(
                 self.leases.holds(&lease_name(id.as_str())),
-                sub.target.sink.kind == "webhook",
+                sub.target.sink.is_webhook(),
                 scan.deliver.as_ref(),
                 scan.mismatch.as_ref(),
             );
@@ -461,8 +461,8 @@ impl Notifier {
                         .unwrap_or_default()
                         .to_owned();
                     let body = serde_json::to_vec(&envelope).map_err(StorageError::of)?;
-                    let url = sub.target.sink.url.clone().unwrap_or_default();
-                    let secret = sub.target.sink.secret.clone();
+                    let url = sub.target.sink.url().unwrap_or_default().to_owned();
+                    let secret = sub.target.sink.secret().map(str::to_owned);
                     let http = self.http.clone();
                     let seq = ev.seq;
                     let expected = scan.cursor.last_sequence;

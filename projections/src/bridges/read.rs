@@ -103,7 +103,7 @@ pub fn bridge_endpoints(
 ) -> Result<Vec<crate::endpoints::Endpoint>, StorageError> {
     let mut out = Vec::new();
     for s in all_active_subscriptions(db)? {
-        if s.target.sink.kind != "webhook" {
+        if !s.target.sink.is_webhook() {
             continue;
         }
         let e = bridge_endpoint(db, &s.subscription_id)?.unwrap_or_else(|| {

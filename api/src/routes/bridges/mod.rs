@@ -10,9 +10,9 @@ use tidemark_consumers::bridge::{self, Candidate};
 
 use tidemark_engine::commands::bridges::{Subscribe, Subscribed, Unsubscribe};
 use tidemark_log::time::Micros;
-use tidemark_projections::bridges::{Sink, Subscription, Target};
-use tidemark_projections::names::Stream;
+use tidemark_projections::bridges::{BridgeSink, Subscription, Target};
 use tidemark_projections::names::ids;
+use tidemark_projections::names::{BridgeMode, Stream};
 use tidemark_projections::secrets;
 use utoipa::ToSchema;
 
@@ -52,7 +52,8 @@ pub struct SubscriptionOut {
     pub workspace_id: Option<String>,
     pub thread_id: Option<String>,
     /// reply or post.
-    pub mode: String,
+    #[schema(value_type = String)]
+    pub mode: BridgeMode,
     pub sink: SinkOut,
     pub active: bool,
     #[schema(value_type = String)]
@@ -74,9 +75,9 @@ fn out(s: Subscription, cursor: tidemark_projections::cursors::Cursor) -> Subscr
         thread_id: s.target.thread_id,
         mode: s.target.mode,
         sink: SinkOut {
-            kind: s.target.sink.kind,
-            url: s.target.sink.url.as_deref().map(secrets::shown_url),
-            secret_set: s.target.sink.secret.is_some(),
+            kind: s.target.sink.kind().to_owned(),
+            url: s.target.sink.url().map(secrets::shown_url),
+            secret_set: s.target.sink.secret().is_some(),
         },
         active: s.active,
         created_at: Micros(s.created_at_us),
@@ -252,20 +253,18 @@ impl Validate for SubscribeBody {}
 fn target(task_id: &TaskId, body: SubscribeBody) -> Result<(SubscriptionId, Target), ApiError> {
     check_id("subscription_id", &body.subscription_id)?;
     check_id("bridge_id", &body.bridge_id)?;
-    let mode = body.mode.unwrap_or_else(|| "reply".into());
-    if mode != "reply" && mode != "post" {
-        return Err(invalid("mode", "mode must be reply or post"));
-    }
+    let mode = match body.mode.as_deref() {
+        None => BridgeMode::Reply,
+        Some(m) => {
+            BridgeMode::parse(m).ok_or_else(|| invalid("mode", "mode must be reply or post"))?
+        }
+    };
     let sink = match body.sink.kind.as_str() {
         "pull" => {
             if body.sink.url.is_some() || body.sink.secret.is_some() {
                 return Err(invalid("sink", "a pull sink takes no url or secret"));
             }
-            Sink {
-                kind: "pull".into(),
-                url: None,
-                secret: None,
-            }
+            BridgeSink::Pull
         }
         "webhook" => {
             let url = body
@@ -283,9 +282,8 @@ fn target(task_id: &TaskId, body: SubscribeBody) -> Result<(SubscriptionId, Targ
             if let Some(s) = &body.sink.secret {
                 check_text("sink.secret", s, 512)?;
             }
-            Sink {
-                kind: "webhook".into(),
-                url: Some(url),
+            BridgeSink::Webhook {
+                url,
                 secret: body.sink.secret,
             }
         }

@@ -49,7 +49,7 @@ impl Command for SwitchEndpoint {
             Some(id) => {
                 let mut b = bridges::View::new(txn)?;
                 match b.row(id)? {
-                    Some(s) if s.active && s.target.sink.kind == "webhook" => {
+                    Some(s) if s.active && s.target.sink.is_webhook() => {
                         (Some(Sink::Webhook), b.endpoint(id)?)
                     }
                     _ => return Err(not_found()),
