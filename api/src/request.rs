@@ -10,8 +10,6 @@
 //! one); a text field out of its bounds is `422 invalid_field` naming the field
 //! (`deliveries.id` for an item's) — the malformed answer wins when a body has both, as it did.
 
-use std::cell::Cell;
-
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Request};
@@ -55,40 +53,29 @@ impl<const MAX: usize> From<Text<MAX>> for String {
     }
 }
 
-/// What a refused [`Text`] tells [`ValidatedJson`] (through serde's error text): its bound.
-const TEXT_REFUSED: &str = "\u{1}text-out-of-bounds:";
-
-thread_local! {
-    /// Set while a body is read only to see whether it is well-formed apart from its texts.
-    static LENIENT: Cell<bool> = const { Cell::new(false) };
-}
-
-/// [`LENIENT`] while it lives (also when a panic unwinds through the read).
-struct Lenient;
-
-impl Lenient {
-    fn on() -> Lenient {
-        LENIENT.with(|l| l.set(true));
-        Lenient
-    }
-}
-
-impl Drop for Lenient {
-    fn drop(&mut self) {
-        LENIENT.with(|l| l.set(false));
-    }
-}
-
+/// Any string: the bounds are checked after the body's shape ([`Bounded::check_at`], called
+/// from the body's [`Validate`]), so a body malformed besides is answered as malformed.
 impl<'de, const MAX: usize> Deserialize<'de> for Text<MAX> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        if Self::fits(&s) || LENIENT.with(Cell::get) {
-            Ok(Text(s))
-        } else {
-            Err(serde::de::Error::custom(format_args!(
-                "{TEXT_REFUSED}{MAX}"
-            )))
-        }
+        String::deserialize(d).map(Text)
+    }
+}
+
+/// A text field whose bounds its type declares: `422 invalid_field` naming `field` (by its
+/// path without positions: `deliveries.id`) and the bound when it is out of them.
+pub trait Bounded {
+    fn check_at(&self, field: &str) -> Result<(), ApiError>;
+}
+
+impl<const MAX: usize> Bounded for Text<MAX> {
+    fn check_at(&self, field: &str) -> Result<(), ApiError> {
+        check_text(field, &self.0, MAX)
+    }
+}
+
+impl<const MAX: usize> Bounded for Option<Text<MAX>> {
+    fn check_at(&self, field: &str) -> Result<(), ApiError> {
+        self.as_ref().map_or(Ok(()), |t| t.check_at(field))
     }
 }
 
@@ -100,7 +87,8 @@ impl<const MAX: usize> utoipa::PartialSchema for Text<MAX> {
 
 impl<const MAX: usize> utoipa::ToSchema for Text<MAX> {}
 
-/// Checks of a body beyond its field types (ranges, patterns of its own, rules across fields).
+/// Checks of a body beyond its shape: the bounds of its [`Text`]s first ([`Bounded`], in the
+/// order of its fields), then ranges, patterns of its own, rules across fields.
 pub trait Validate {
     fn validate(&self) -> Result<(), ApiError> {
         Ok(())
@@ -108,7 +96,7 @@ pub trait Validate {
 }
 
 /// A JSON body of `T`, read once and checked: `Content-Type` JSON, within the body limit, the
-/// declared shape, every [`Text`] within its bounds, then [`Validate`].
+/// declared shape, then [`Validate`] (every [`Text`] within its bounds, then the rest).
 pub struct ValidatedJson<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned + Validate> FromRequest<S> for ValidatedJson<T> {
@@ -150,21 +138,7 @@ pub(crate) fn json_body<T: DeserializeOwned>(
 ) -> Result<T, ApiError> {
     let body = body.map_err(body_rejection)?;
     require_json(headers)?;
-    match read_body(&body) {
-        Ok(t) => Ok(t),
-        Err(e) if !refused_text(&e) => Err(e),
-        Err(e) => {
-            // A text is out of bounds: unless the body is malformed besides, name the field.
-            let lenient = {
-                let _lenient = Lenient::on();
-                read_body::<T>(&body)
-            };
-            match lenient {
-                Err(malformed) => Err(malformed),
-                Ok(_) => Err(text_field::<T>(&body).unwrap_or(e)),
-            }
-        }
-    }
+    read_body(&body)
 }
 
 fn read_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
@@ -175,9 +149,6 @@ fn read_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
         Ok(t) => return Ok(t),
         Err(e) => e,
     };
-    if first.to_string().starts_with(TEXT_REFUSED) {
-        return Err(malformed(first));
-    }
     if first.to_string().starts_with(MISSING_FIELD)
         && let Some(e) = missing_field::<T>(body)
     {
@@ -233,37 +204,6 @@ fn missing_field<T: DeserializeOwned>(body: &[u8]) -> Option<ApiError> {
         )
         .at(0, Some(&field)),
     )
-}
-
-fn refused_text(e: &ApiError) -> bool {
-    e.problem.detail.starts_with(TEXT_REFUSED)
-}
-
-/// The answer for the first text out of bounds in a body that is otherwise well-formed: the
-/// field by its path without positions (`deliveries.id`) and the bound its type declares.
-fn text_field<T: DeserializeOwned>(body: &[u8]) -> Option<ApiError> {
-    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    integral_floats_as_integers(&mut v);
-    let e = serde_path_to_error::deserialize::<_, T>(&v).err()?;
-    let max = e.inner().to_string();
-    let max = max
-        .strip_prefix(TEXT_REFUSED)?
-        .split(' ')
-        .next()?
-        .to_owned();
-    let mut field = String::new();
-    for seg in e.path() {
-        if let serde_path_to_error::Segment::Map { key } = seg {
-            if !field.is_empty() {
-                field.push('.');
-            }
-            field.push_str(key);
-        }
-    }
-    Some(invalid(
-        &field,
-        format!("{field} must be 1–{max} printable characters"),
-    ))
 }
 
 /// JSON does not tell `1.0` from `1` (JSON Schema calls both integers), so a command body's
@@ -463,31 +403,39 @@ mod tests {
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Item {
-        #[expect(dead_code, reason = "read by the deserializer only")]
         id: Text<4>,
     }
 
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Body {
-        #[expect(dead_code, reason = "read by the deserializer only")]
         owner: Text<8>,
-        #[expect(dead_code, reason = "read by the deserializer only")]
         items: Vec<Item>,
         #[expect(dead_code, reason = "read by the deserializer only")]
         n: Option<u32>,
     }
 
+    impl Validate for Body {
+        fn validate(&self) -> Result<(), ApiError> {
+            self.owner.check_at("owner")?;
+            self.items
+                .iter()
+                .try_for_each(|i| i.id.check_at("items.id"))
+        }
+    }
+
     fn read(body: &str) -> Result<Body, (u16, String, String)> {
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
-        json_body::<Body>(&h, Ok(Bytes::from(body.to_owned()))).map_err(|e| {
-            (
-                e.status.as_u16(),
-                e.problem.kind.rsplit('/').next().unwrap().to_owned(),
-                e.problem.detail.clone(),
-            )
-        })
+        json_body::<Body>(&h, Ok(Bytes::from(body.to_owned())))
+            .and_then(|b| b.validate().map(|()| b))
+            .map_err(|e| {
+                (
+                    e.status.as_u16(),
+                    e.problem.kind.rsplit('/').next().unwrap().to_owned(),
+                    e.problem.detail.clone(),
+                )
+            })
     }
 
     #[test]
@@ -520,7 +468,7 @@ mod tests {
                 (400, "malformed_json"),
                 "{body}: {e:?}"
             );
-            assert!(!e.2.contains(TEXT_REFUSED), "{}", e.2);
+            assert!(!e.2.contains("printable"), "{}", e.2);
         }
     }
 }

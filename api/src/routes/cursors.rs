@@ -1,6 +1,7 @@
 //! `GET /v1/cursors`, `POST /v1/cursors/advance`, `POST /v1/cursors/reset` and
 //! `GET /v1/consumers/lag` (spec sections 6, 7 and 10, I4).
 
+use crate::request::Bounded;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -166,6 +167,8 @@ pub struct AdvanceBody {
 
 impl Validate for AdvanceBody {
     fn validate(&self) -> Result<(), ApiError> {
+        self.consumer_id.check_at("consumer_id")?;
+        self.delivery_id.check_at("delivery_id")?;
         check_stream_subject(&self.stream_name, &self.subject_id)
     }
 }
@@ -228,6 +231,7 @@ pub struct ResetBody {
 
 impl Validate for ResetBody {
     fn validate(&self) -> Result<(), ApiError> {
+        self.consumer_id.check_at("consumer_id")?;
         check_stream_subject(&self.stream_name, &self.subject_id)?;
         self.reason.check("a cursor reset")
     }

@@ -3,6 +3,7 @@
 //! parked and why, items appended) comes from the sources read model; the poller's part (state,
 //! poll times, failures) from the poller, in memory.
 
+use crate::request::Bounded;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
@@ -216,7 +217,11 @@ pub struct PauseBody {
     pub reason: Option<Text<4096>>,
 }
 
-impl Validate for PauseBody {}
+impl Validate for PauseBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        self.reason.check_at("reason")
+    }
+}
 
 use crate::routes::caller;
 
@@ -304,6 +309,7 @@ pub struct SourceResetBody {
 
 impl Validate for SourceResetBody {
     fn validate(&self) -> Result<(), ApiError> {
+        self.watermark.check_at("watermark")?;
         self.reason.check("a source reset")
     }
 }

@@ -1,6 +1,7 @@
 //! Bridge subscriptions of a task, their explain view, and pull-sink delivery (spec sections 6
 //! and 7, I5).
 
+use crate::request::Bounded;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -248,7 +249,13 @@ fn check_id(field: &str, v: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-impl Validate for SubscribeBody {}
+impl Validate for SubscribeBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        self.scope.check_at("scope")?;
+        self.workspace_id.check_at("workspace_id")?;
+        self.thread_id.check_at("thread_id")
+    }
+}
 
 fn target(task_id: &TaskId, body: SubscribeBody) -> Result<(SubscriptionId, Target), ApiError> {
     check_id("subscription_id", &body.subscription_id)?;

@@ -1,5 +1,6 @@
 //! A bridge's delivery endpoints: pull (with long-poll), ack (one or many), nack.
 
+use crate::request::Bounded;
 use std::time::Duration;
 use tidemark_engine::CommandError;
 
@@ -313,7 +314,11 @@ pub struct NackBody {
     pub error: Text<4096>,
 }
 
-impl Validate for NackBody {}
+impl Validate for NackBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        self.error.check_at("error")
+    }
+}
 
 /// Report a delivery the bridge could not make: recorded as the cursor's `last_error`; the
 /// cursor does not move and the delivery stays pending.

@@ -1,5 +1,6 @@
 //! The lease holder's endpoints: claim, complete (one or many), fail, extend.
 
+use crate::request::Bounded;
 use axum::Json;
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
@@ -275,20 +276,33 @@ pub struct FailBody {
 
 impl Validate for ClaimBody {
     fn validate(&self) -> Result<(), ApiError> {
+        self.owner.check_at("owner")?;
         claim_sink(&self.sink).map(drop)
     }
 }
 
-impl Validate for CompleteBody {}
+impl Validate for CompleteBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        self.owner.check_at("owner")?;
+        self.external_id.check_at("external_id")
+    }
+}
 
 impl Validate for CompleteManyBody {
     fn validate(&self) -> Result<(), ApiError> {
+        self.owner.check_at("owner")?;
+        for d in &self.deliveries {
+            d.id.check_at("deliveries.id")?;
+            d.external_id.check_at("deliveries.external_id")?;
+        }
         check_count("deliveries", self.deliveries.len(), "items")
     }
 }
 
 impl Validate for FailBody {
     fn validate(&self) -> Result<(), ApiError> {
+        self.owner.check_at("owner")?;
+        self.error_code.check_at("error_code")?;
         if self
             .error
             .as_ref()
@@ -300,7 +314,11 @@ impl Validate for FailBody {
     }
 }
 
-impl Validate for ExtendBody {}
+impl Validate for ExtendBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        self.owner.check_at("owner")
+    }
+}
 
 /// `retry_after_ms` as milliseconds, capped at an hour: a non-negative integer (beyond 2^53,
 /// where a float cannot tell, any value).

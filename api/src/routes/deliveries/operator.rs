@@ -1,5 +1,6 @@
 //! The operator's endpoints on parked deliveries: retry, discard.
 
+use crate::request::Bounded;
 use axum::Json;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -23,7 +24,12 @@ pub struct OperatorBody {
     pub reason: Option<Text<4096>>,
 }
 
-impl Validate for OperatorBody {}
+impl Validate for OperatorBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        self.by.check_at("by")?;
+        self.reason.check_at("reason")
+    }
+}
 
 async fn operator_action(
     st: AppState,
@@ -170,6 +176,7 @@ pub struct RecoverBody {
 
 impl Validate for RecoverBody {
     fn validate(&self) -> Result<(), ApiError> {
+        self.route.check_at("route")?;
         self.reason.check("a recover")?;
         if tidemark_log::time::parse_rfc3339_micros(&self.since).is_none() {
             return Err(super::invalid("since", "since must be an RFC 3339 time"));
