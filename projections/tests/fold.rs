@@ -181,7 +181,7 @@ fn delivery_payload(d: u8, kind: &str, i: usize) -> serde_json::Value {
             order_skips_parked: d.is_multiple_of(2),
         })
         .unwrap(),
-        // Joins past `max_items` are counted (`ext.more_items`), the title is the command's.
+        // Joins past `max_items` are counted (`more_items`), the title is the command's.
         "joined" => serde_json::to_value(Joined {
             notification_id: format!("j{i}"),
             notification_seq: i as u64,

@@ -225,11 +225,7 @@ pub struct NotificationStatusOut {
 impl NotificationStatusOut {
     fn new(s: NotificationStatus, task_seq: u64, as_of_seq: u64) -> Self {
         let mut resolved_targets: Vec<String> = Vec::new();
-        for t in s
-            .deliveries
-            .iter()
-            .flat_map(|d| &d.ext.more.resolved_targets)
-        {
+        for t in s.deliveries.iter().flat_map(|d| &d.resolved_targets) {
             if !resolved_targets.contains(t) {
                 resolved_targets.push(t.clone());
             }
@@ -252,7 +248,7 @@ impl NotificationStatusOut {
                     sink: sink_or_none::name(d.sink).to_owned(),
                     status: d.status.into(),
                     attempts: d.attempts,
-                    resolved_targets: d.ext.more.resolved_targets,
+                    resolved_targets: d.resolved_targets,
                 })
                 .collect(),
             as_of_seq,

@@ -53,7 +53,7 @@ pub struct Target {
 /// change since routing counts): its list's members, else its recipient. An unknown list, an
 /// empty one, or no recipient at all is a permanent outcome.
 pub async fn targets(engine: &Engine, d: &Delivery) -> Result<Vec<Target>, Outcome> {
-    let Some(name) = d.ext.more.list.clone() else {
+    let Some(name) = d.list.clone() else {
         return match &d.recipient {
             Some(r) => Ok(vec![Target {
                 address: r.clone(),

@@ -125,10 +125,10 @@ fn filter_entries(d: &Delivery, held: bool) -> Vec<(&'static str, Vec<u8>)> {
             out.push((ROUTE_DUE, timed_key(&d.route, due, d.id.as_str())));
         }
     }
-    if let Some(t) = &d.ext.more.later.ntype {
+    if let Some(t) = &d.ntype {
         out.push((BY_TYPE, cat(&[t.as_bytes(), d.id.as_str().as_bytes()])));
     }
-    if let Some(l) = &d.ext.more.list {
+    if let Some(l) = &d.list {
         out.push((BY_LIST, cat(&[l.as_bytes(), d.id.as_str().as_bytes()])));
     }
     for item in d.all_items() {
@@ -137,7 +137,7 @@ fn filter_entries(d: &Delivery, held: bool) -> Vec<(&'static str, Vec<u8>)> {
             cat(&[item.notification_id.as_bytes(), d.id.as_str().as_bytes()]),
         ));
     }
-    if let Some(site) = &d.ext.source_site {
+    if let Some(site) = &d.source_site {
         out.push((BY_SITE, cat(&[site.as_bytes(), d.id.as_str().as_bytes()])));
         out.push((
             SITE_STATUS,
@@ -237,7 +237,6 @@ fn set_due(st: &mut Store<'_>, row: &Delivery, on: bool) -> Result<(), StorageEr
         due_priority_key(row, due),
     );
     let sk = row
-        .ext
         .source_site
         .as_deref()
         .map(|site| timed_key(site, due, row.id.as_str()));
@@ -273,13 +272,13 @@ fn rehead(
         return Ok(());
     }
     if let Some(old) = before.filter(|h| h != this)
-        && let Some(row) = st.get_val::<Delivery>(ROWS, old.as_bytes())?
+        && let Some(row) = st.get_row::<Delivery>(ROWS, old.as_bytes())?
         && row.holds_order_key().is_some()
     {
         set_due(st, &row, false)?;
     }
     if let Some(new) = after.filter(|h| h != this)
-        && let Some(row) = st.get_val::<Delivery>(ROWS, new.as_bytes())?
+        && let Some(row) = st.get_row::<Delivery>(ROWS, new.as_bytes())?
     {
         set_due(st, &row, true)?;
     }
@@ -311,7 +310,7 @@ fn fold_endpoint(st: &mut Store<'_>, ty: EventType, ev: &EventRef<'_>) -> Result
     prefix.push(0);
     for k in st.prefix_keys(ROUTE_DUE, &prefix)? {
         let id = &k[prefix.len() + 8..];
-        let Some(row) = st.get_val::<Delivery>(ROWS, id)? else {
+        let Some(row) = st.get_row::<Delivery>(ROWS, id)? else {
             continue;
         };
         if order_waits(st, &row)?.is_some() {
@@ -476,7 +475,7 @@ impl Projection for Deliveries {
     /// outside the digest); 5: `site_due` (the per-site stuck count); 6: `by_created`, the
     /// newest-first list (both outside the digest); 7: `by_type` and `by_list` (section 17's
     /// filters, outside the digest); 8: `due_by_priority` (claims by priority, outside the
-    /// digest); 9: a row's trailing fields regrouped (`DeliveryExt3`: type, change counts);
+    /// digest); 9: a row's trailing fields regrouped (the level of type and change counts, `deliveries/row.rs`);
     /// 10: a recipient's trailing fields regrouped (`RecipientExt`: locale, IANA time zone);
     /// 11: routes managed at runtime in the settings rows (`routing_inputs`); 12: the
     /// endpoints of the delivering routes (`endpoints`, `route_due`, section 17); 13: an
@@ -723,7 +722,7 @@ fn fold_delivery(
             if entry_before.is_none() && row.holds_order_key().is_some() {
                 // Back in its key (a retry after a park that did not hold it, a resend):
                 // behind those already there.
-                row.ext.more.later.later.order_seq = ev.seq;
+                row.order_seq = ev.seq;
             }
             if matches!(
                 t,
@@ -737,7 +736,7 @@ fn fold_delivery(
             let entry_after = row.order_entry();
             let mut order = None;
             if entry_before != entry_after
-                && let Some(key) = &row.ext.more.later.later.order_key
+                && let Some(key) = &row.order_key
             {
                 let prefix = order_prefix(&row.route, key);
                 let first = head_of(st, &prefix)?;

@@ -14,9 +14,11 @@ use crate::names::{DeliveryStatus, DeliveryTransition, Sink};
 
 mod fold;
 pub(crate) mod read;
+mod row;
 mod view;
 
 pub use fold::{Deliveries, cat, created_key, group_key, timed_key, us_key};
+pub use row::{Delivery, Item};
 pub use view::{DueAfter, View};
 
 pub const NAME: &str = "deliveries";
@@ -134,192 +136,6 @@ pub fn priority_rank(priority: &str) -> u8 {
 
 /// How many ranks [`priority_rank`] gives.
 pub const PRIORITY_RANKS: u8 = crate::names::Priority::ALL.len() as u8 + 1;
-
-/// One notification inside a (digest) delivery.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Item {
-    pub notification_id: String,
-    pub notification_seq: u64,
-    pub title: String,
-    pub body: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Delivery {
-    pub id: DeliveryId,
-    pub notification_id: String,
-    pub notification_seq: u64,
-    /// The log position the delivery stands for: the lifecycle event a routed notification
-    /// comes from, else the notification itself. A task cancellation at a later seq cancels it.
-    pub source_seq: u64,
-    pub route: String,
-    /// The sink that takes it; none for a skipped delivery.
-    #[serde(with = "crate::names::sink_or_none")]
-    pub sink: Option<Sink>,
-    pub recipient: Option<String>,
-    pub priority: String,
-    pub title: String,
-    pub body: Option<String>,
-    /// The sink should play a sound (priority in `desktop.sound_priorities`).
-    pub sound: bool,
-    pub task_id: Option<String>,
-    pub group_key: Option<String>,
-    pub status: DeliveryStatus,
-    /// Why it was skipped, cancelled or parked.
-    pub reason: Option<String>,
-    /// Leases taken (attempts started) since creation or the last operator retry.
-    pub attempts: u32,
-    pub max_attempts: u32,
-    pub next_attempt_at_us: Option<i64>,
-    pub lease_owner: Option<String>,
-    pub lease_expires_at_us: Option<i64>,
-    pub last_error_code: Option<String>,
-    pub last_error: Option<String>,
-    pub external_id: Option<String>,
-    pub created_at_us: i64,
-    pub updated_at_us: i64,
-    pub delivered_at_us: Option<i64>,
-    /// The notifications it carries: one, or several for a digest.
-    pub items: Vec<Item>,
-    /// Notifications of the same recipient and group may join until then (digest policy).
-    pub digest_until_us: Option<i64>,
-    /// Seq of the last event that changed it.
-    pub last_seq: u64,
-    /// What later releases added, at its default for a row that does not use it (so such a
-    /// row keeps the bytes, and the digest, it had before: [`crate::trailing`]).
-    #[serde(default, with = "crate::trailing")]
-    pub ext: DeliveryExt,
-}
-
-/// The fields a delivery row gained after the golden release (see [`Delivery::ext`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeliveryExt {
-    /// Digest items past `max_items`, without their body: counted as `more` (section 4), kept
-    /// so that the status record of each finds the digest and a cancel can promote one.
-    pub more_items: Vec<Item>,
-    /// The notification's `source.site_id` (section 2): the per-site KPIs and filter.
-    pub source_site: Option<String>,
-    /// A zero-PII delivery (section 14): `recipient` holds the recipient's HMAC and
-    /// `notification_id` (and each item's) the intent key.
-    pub redacted: bool,
-    /// Its notification was canceled while it was leased: cancelled when the lease ends.
-    pub cancel_pending: bool,
-    #[serde(default, with = "crate::trailing")]
-    pub more: DeliveryExt2,
-}
-
-/// Fields added after [`DeliveryExt`] (a trailing field of it: a row without them keeps its
-/// bytes).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeliveryExt2 {
-    /// Whom a delivery by tidemark's dispatcher reached (section 17): the addresses, or the
-    /// endpoint's scheme, host and port; snapshotted by `delivery.sent` for audit.
-    pub resolved_targets: Vec<String>,
-    /// The notification list its targets are (section 17).
-    pub list: Option<String>,
-    #[serde(default, with = "crate::trailing")]
-    pub later: DeliveryExt3,
-}
-
-/// Fields added after [`DeliveryExt2`] (its trailing field).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeliveryExt3 {
-    /// The notification's `type` (section 2): `?type=` and the claim's answer.
-    pub ntype: Option<String>,
-    /// Items that stand for more than one change (a source poll's notification carries its
-    /// `count`, section 12): notification id → count. A digest counts changes.
-    pub counts: Vec<(String, u64)>,
-    #[serde(default, with = "crate::trailing")]
-    pub later: DeliveryExt4,
-}
-
-/// Fields added after [`DeliveryExt3`] (its trailing field).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeliveryExt4 {
-    /// The key its route's `ordering` keeps it in (section 4): at most one delivery of a
-    /// key is in flight, the next waits until the one before is sent (`None`: not ordered).
-    pub order_key: Option<String>,
-    /// Parked, it no longer holds its key (`on_park = "skip"`).
-    pub order_skips_parked: bool,
-    /// Its place in its key: the seq of its creation, or of the retry or resend that brought
-    /// it back to the key (behind those already there: the first of a key changes only by
-    /// leaving it).
-    pub order_seq: u64,
-}
-
-impl Delivery {
-    /// Its sink's name as stored in its keys and served: `"none"` when no sink takes it.
-    pub const fn sink_name(&self) -> &'static str {
-        crate::names::sink_or_none::name(self.sink)
-    }
-
-    /// Notifications it carries: the listed items and those counted in `more`.
-    pub fn item_count(&self) -> usize {
-        self.items.len() + self.ext.more_items.len()
-    }
-
-    /// The changes it carries: each notification counts its `count` (1 unless a source poll
-    /// gathered several). The `{count}` of a digest's title.
-    pub fn change_count(&self) -> usize {
-        self.all_items()
-            .map(|i| self.count_of(&i.notification_id) as usize)
-            .fold(0, usize::saturating_add)
-    }
-
-    /// The `count` of notification `nid` (1 unless it stands for more changes).
-    pub fn count_of(&self, nid: &str) -> u64 {
-        self.ext
-            .more
-            .later
-            .counts
-            .iter()
-            .find(|(n, _)| n == nid)
-            .map_or(1, |(_, c)| *c)
-    }
-
-    /// Every notification it carries, listed or counted.
-    pub fn all_items(&self) -> impl Iterator<Item = &Item> {
-        self.items.iter().chain(&self.ext.more_items)
-    }
-
-    pub fn is_pending(&self) -> bool {
-        self.status.is_pending()
-    }
-
-    /// The key of its route's `ordering` it holds now (section 4): pending, or parked on a
-    /// route whose parked deliveries hold their key. `None`: it holds none.
-    pub fn holds_order_key(&self) -> Option<&str> {
-        let o = &self.ext.more.later.later;
-        let key = o.order_key.as_deref()?;
-        let holds = self.status.is_pending()
-            || (self.status == DeliveryStatus::Parked && !o.order_skips_parked);
-        holds.then_some(key)
-    }
-
-    /// Its entry in [`ORDER`], while it holds its key.
-    pub fn order_entry(&self) -> Option<Vec<u8>> {
-        let key = self.holds_order_key()?;
-        let mut k = order_prefix(&self.route, key);
-        k.extend_from_slice(&self.ext.more.later.later.order_seq.to_be_bytes());
-        k.extend_from_slice(self.id.as_str().as_bytes());
-        Some(k)
-    }
-
-    /// Transition `t` may be applied to it now ([`allowed`] from its status).
-    pub fn allows(&self, t: DeliveryTransition) -> bool {
-        allowed(self.status, t)
-    }
-
-    /// When it can next be claimed, if it can be claimed at all.
-    pub fn due_us(&self) -> Option<i64> {
-        use DeliveryStatus as S;
-        match self.status {
-            S::Queued | S::RetryWait => Some(self.next_attempt_at_us.unwrap_or(self.created_at_us)),
-            S::Leased => self.lease_expires_at_us,
-            S::Sent | S::Parked | S::Discarded | S::Skipped | S::Cancelled => None,
-        }
-    }
-}
 
 /// One entry of a delivery's attempt timeline.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -596,7 +412,7 @@ pub fn transition(d: &mut Delivery, t: DeliveryTransition, c: &Change, seq: u64)
         T::Deferred => d.next_attempt_at_us = c.next_attempt_at_us.or(d.next_attempt_at_us),
         // A leased delivery is cancelled when its lease ends.
         T::Cancelled if c.at_lease_end == Some(true) && d.status == S::Leased => {
-            d.ext.cancel_pending = true;
+            d.cancel_pending = true;
         }
         // A digest that carries others loses only this notification's item.
         T::Cancelled
@@ -613,7 +429,7 @@ pub fn transition(d: &mut Delivery, t: DeliveryTransition, c: &Change, seq: u64)
             d.delivered_at_us = Some(c.at_us);
             d.lease_expires_at_us = None;
             d.external_id = c.external_id.clone();
-            d.ext.more.resolved_targets = c.resolved_targets.clone().unwrap_or_default();
+            d.resolved_targets = c.resolved_targets.clone().unwrap_or_default();
         }
         T::AttemptFailed => {
             d.last_error_code = c.error_code.clone();
@@ -664,7 +480,7 @@ fn release(d: &mut Delivery, c: &Change, parked: bool, again: DeliveryStatus) {
 /// A final status without a delivery (skipped, cancelled, discarded), with the change's
 /// reason.
 fn end(d: &mut Delivery, status: DeliveryStatus, c: &Change) {
-    d.ext.cancel_pending = false;
+    d.cancel_pending = false;
     d.status = status;
     d.reason = c.reason.clone();
     d.lease_owner = None;
@@ -677,14 +493,14 @@ fn end(d: &mut Delivery, status: DeliveryStatus, c: &Change) {
 pub fn remove_item(d: &mut Delivery, nid: &str) {
     if let Some(i) = d.items.iter().position(|x| x.notification_id == nid) {
         d.items.remove(i);
-        if !d.ext.more_items.is_empty() {
-            let promoted = d.ext.more_items.remove(0);
+        if !d.more_items.is_empty() {
+            let promoted = d.more_items.remove(0);
             d.items.push(promoted);
         }
     } else {
-        d.ext.more_items.retain(|x| x.notification_id != nid);
+        d.more_items.retain(|x| x.notification_id != nid);
     }
-    d.ext.more.later.counts.retain(|(n, _)| n != nid);
+    d.counts.retain(|(n, _)| n != nid);
 }
 
 impl Created {
@@ -725,29 +541,22 @@ impl Created {
             }],
             digest_until_us: self.digest_until_us,
             last_seq: seq,
-            ext: DeliveryExt {
-                source_site: self.source_site.clone(),
-                redacted: self.redacted,
-                more: DeliveryExt2 {
-                    list: self.list.clone(),
-                    later: DeliveryExt3 {
-                        ntype: self.ntype.clone(),
-                        counts: self
-                            .count
-                            .filter(|c| *c > 1)
-                            .map(|c| (self.notification_id.clone(), c))
-                            .into_iter()
-                            .collect(),
-                        later: DeliveryExt4 {
-                            order_key: self.order_key.clone(),
-                            order_skips_parked: self.order_skips_parked,
-                            order_seq: if self.order_key.is_some() { seq } else { 0 },
-                        },
-                    },
-                    ..DeliveryExt2::default()
-                },
-                ..DeliveryExt::default()
-            },
+            more_items: Vec::new(),
+            source_site: self.source_site.clone(),
+            redacted: self.redacted,
+            cancel_pending: false,
+            resolved_targets: Vec::new(),
+            list: self.list.clone(),
+            ntype: self.ntype.clone(),
+            counts: self
+                .count
+                .filter(|c| *c > 1)
+                .map(|c| (self.notification_id.clone(), c))
+                .into_iter()
+                .collect(),
+            order_key: self.order_key.clone(),
+            order_skips_parked: self.order_skips_parked,
+            order_seq: if self.order_key.is_some() { seq } else { 0 },
         }
     }
 }
@@ -764,12 +573,12 @@ pub fn join(d: &mut Delivery, j: &Joined, seq: u64) {
     };
     match j.max_items {
         Some(max) if d.items.len() >= max as usize => {
-            d.ext.more_items.push(Item { body: None, ..item });
+            d.more_items.push(Item { body: None, ..item });
         }
         _ => d.items.push(item),
     }
     if let Some(c) = j.count.filter(|c| *c > 1) {
-        d.ext.more.later.counts.push((j.notification_id.clone(), c));
+        d.counts.push((j.notification_id.clone(), c));
     }
     d.title = j
         .digest_title

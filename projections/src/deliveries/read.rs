@@ -8,7 +8,7 @@ use tidemark_log::StorageError;
 use redb::ReadableTable;
 
 use crate::deliveries::{self, Delivery};
-use crate::framework::{Reader, be_u64};
+use crate::framework::{Reader, Row, be_u64};
 use crate::ids::DeliveryId;
 use crate::names::{DeliveryStatus, Sink, sink_or_none};
 use crate::read::paged::{ListOrder, Order, Page, Position, Table, Walk, paged};
@@ -21,7 +21,7 @@ pub fn delivery(
 ) -> Result<Option<(Delivery, Vec<deliveries::Step>)>, StorageError> {
     let id = id.as_str();
     let r = Reader::new(db)?;
-    let Some(row) = r.get_val::<Delivery>(deliveries::NAME, deliveries::ROWS, id.as_bytes())?
+    let Some(row) = r.get_row::<Delivery>(deliveries::NAME, deliveries::ROWS, id.as_bytes())?
     else {
         return Ok(None);
     };
@@ -128,13 +128,13 @@ pub fn deliveries(
                 .is_none_or(|n| d.all_items().any(|i| i.notification_id == n))
             && f.source_site
                 .as_deref()
-                .is_none_or(|s| d.ext.source_site.as_deref() == Some(s))
+                .is_none_or(|s| d.source_site.as_deref() == Some(s))
             && f.ntype
                 .as_deref()
-                .is_none_or(|t| d.ext.more.later.ntype.as_deref() == Some(t))
+                .is_none_or(|t| d.ntype.as_deref() == Some(t))
             && f.list
                 .as_deref()
-                .is_none_or(|l| d.ext.more.list.as_deref() == Some(l))
+                .is_none_or(|l| d.list.as_deref() == Some(l))
             && f.keeps_unindexed(d)
             && f.after.as_deref().is_none_or(|a| d.id.as_str() > a)
             && f.before
@@ -542,9 +542,7 @@ pub(crate) fn of_notification(
                 let (k, _) = row.map_err(StorageError::of)?;
                 let delivery_id = &k.value()[from.len()..];
                 if let Some(v) = rows.get(delivery_id).map_err(StorageError::of)? {
-                    found.push(
-                        postcard::from_bytes::<Delivery>(v.value()).map_err(StorageError::of)?,
-                    );
+                    found.push(Delivery::decode(v.value())?);
                 }
                 if found.len() >= max {
                     break;

@@ -33,7 +33,7 @@ fn of(e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
 impl View<'_> {
     /// Delivery `id`'s row.
     pub fn row(&mut self, id: &str) -> Result<Option<Delivery>, StorageError> {
-        self.t.get_val(ROWS, id.as_bytes())
+        self.t.get_row(ROWS, id.as_bytes())
     }
 
     /// The ids of the claimable deliveries of `sink` at priority `rank`

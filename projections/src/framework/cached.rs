@@ -4,8 +4,6 @@
 //! the cache holds them as one enum: nothing is downcast, and a row cannot be taken back as
 //! another type than it was put as.
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tidemark_log::StorageError;
 
 use crate::cursors::Cursor;
@@ -24,17 +22,40 @@ impl CachedRow {
     pub(super) fn encode(&self, out: &mut Vec<u8>) -> Result<(), StorageError> {
         let buf = std::mem::take(out);
         *out = match self {
-            CachedRow::Task(r) => postcard::to_extend(r.as_ref(), buf),
-            CachedRow::Delivery(r) => postcard::to_extend(r.as_ref(), buf),
-            CachedRow::Cursor(r) => postcard::to_extend(r.as_ref(), buf),
-        }
-        .map_err(StorageError::of)?;
+            CachedRow::Task(r) => r.encode(buf),
+            CachedRow::Delivery(r) => r.encode(buf),
+            CachedRow::Cursor(r) => r.encode(buf),
+        }?;
         Ok(())
     }
 }
 
+/// A row of a table with its encoding: postcard ([`postcard_row!`]), or its own when its
+/// stored form keeps a release history ([`crate::deliveries::Delivery`]).
+pub trait Row: Sized {
+    /// Its stored bytes, appended to `buf`.
+    fn encode(&self, buf: Vec<u8>) -> Result<Vec<u8>, StorageError>;
+    fn decode(bytes: &[u8]) -> Result<Self, StorageError>;
+}
+
+/// [`Row`] as postcard encodes the type.
+macro_rules! postcard_row {
+    ($($t:ty),*) => {$(
+        impl Row for $t {
+            fn encode(&self, buf: Vec<u8>) -> Result<Vec<u8>, StorageError> {
+                postcard::to_extend(self, buf).map_err(StorageError::of)
+            }
+
+            fn decode(bytes: &[u8]) -> Result<Self, StorageError> {
+                postcard::from_bytes(bytes).map_err(StorageError::of)
+            }
+        }
+    )*};
+}
+postcard_row!(Task, Cursor, crate::notifications::Notification);
+
 /// A row type a fold may keep decoded.
-pub trait Cached: Serialize + DeserializeOwned + Send + Sized + 'static {
+pub trait Cached: Row + Send + 'static {
     fn into_cached(self) -> CachedRow;
     /// The row, or the cached row back when it is of another type.
     fn from_cached(row: CachedRow) -> Result<Self, CachedRow>;

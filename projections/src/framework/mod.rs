@@ -35,7 +35,7 @@ mod store;
 mod tables;
 
 pub use access::{Src, TxMut};
-pub use cached::{Cached, CachedRow};
+pub use cached::{Cached, CachedRow, Row};
 pub use overlay::{Applied, Layer, Overlay};
 pub use runtime::{catch_up, checkpoint, prepare};
 pub(crate) use runtime::{drop_other_generations, fold_events, read_meta, write_meta};

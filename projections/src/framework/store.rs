@@ -8,7 +8,7 @@ use tidemark_log::{EventRef, StorageError};
 use redb::TableDefinition;
 
 use super::access::{Src, TxMut};
-use super::cached::{Cached, CachedRow};
+use super::cached::{Cached, CachedRow, Row};
 use super::overlay::Overlay;
 use super::tables::TableRef;
 use super::tables::decode;
@@ -195,17 +195,13 @@ impl<'t> Store<'t> {
             };
         }
         if let Some(v) = self.pending.get(table).and_then(|t| t.get(key)) {
-            return match v {
-                Some(b) => postcard::from_bytes(b).map(Some).map_err(StorageError::of),
-                None => Ok(None),
-            };
+            return v.as_deref().map(T::decode).transpose();
         }
-        match self.tables.table(table)?.get(key)? {
-            Some(v) => postcard::from_bytes(v.value())
-                .map(Some)
-                .map_err(StorageError::of),
-            None => Ok(None),
-        }
+        self.tables
+            .table(table)?
+            .get(key)?
+            .map(|v| T::decode(v.value()))
+            .transpose()
     }
 
     /// Write a row taken with [`Store::take_row`] (or a new one): hashed into the digest as
@@ -219,7 +215,7 @@ impl<'t> Store<'t> {
     ) -> Result<(), StorageError> {
         let mut buf = std::mem::take(&mut self.scratch);
         buf.clear();
-        let buf = postcard::to_extend(&row, buf).map_err(StorageError::of)?;
+        let buf = row.encode(buf)?;
         self.note(table, key, Some(&buf));
         self.scratch = buf;
         // The bytes staged earlier (if any) are superseded by the decoded row.
@@ -351,6 +347,15 @@ impl<'t> Store<'t> {
         key: &[u8],
     ) -> Result<Option<T>, StorageError> {
         decode(self.get(table, key)?)
+    }
+
+    /// A row in its own encoding ([`Row`]), also one kept decoded (without taking it).
+    pub fn get_row<T: Row>(
+        &mut self,
+        table: &'static str,
+        key: &[u8],
+    ) -> Result<Option<T>, StorageError> {
+        self.get(table, key)?.map(|b| T::decode(&b)).transpose()
     }
 
     pub fn put_val<T: Serialize>(

@@ -10,6 +10,7 @@ use tidemark_log::StorageError;
 use std::ops::RangeBounds;
 
 use super::access::Src;
+use super::cached::Row;
 use super::overlay::{Merge, Overlay, Val};
 use super::{Bytes, META, Meta, table_name};
 
@@ -69,6 +70,22 @@ impl Reader {
                 .map_err(StorageError::of),
             None => Ok(None),
         }
+    }
+
+    /// A row in its own encoding ([`Row`]).
+    pub fn get_row<T: Row>(
+        &self,
+        proj: &str,
+        table: &str,
+        key: &[u8],
+    ) -> Result<Option<T>, StorageError> {
+        let Some(t) = self.table(proj, table)? else {
+            return Ok(None);
+        };
+        t.get(key)
+            .map_err(StorageError::of)?
+            .map(|v| T::decode(v.value()))
+            .transpose()
     }
 
     /// Every row of a table, decoded, in key order (none while it has no rows).
@@ -175,6 +192,18 @@ impl<'t> TxnTables<'t> {
         }
     }
 
+    /// A row in its own encoding ([`Row`]).
+    pub fn get_row<T: Row>(
+        &mut self,
+        table: &'static str,
+        key: &[u8],
+    ) -> Result<Option<T>, StorageError> {
+        self.table(table)?
+            .get(key)?
+            .map(|v| T::decode(v.value()))
+            .transpose()
+    }
+
     /// The keys of `table` that start with `prefix ‖ 0`, each the rest after it (an index's
     /// ids under one value: `prefix ‖ 0 ‖ id`).
     pub(crate) fn suffixes(
@@ -248,12 +277,12 @@ pub(crate) enum Rows<'a> {
     Mem(Merge<'a>),
 }
 
-type Row<'a> = Result<(Val<'a>, Val<'a>), redb::StorageError>;
+type Entry<'a> = Result<(Val<'a>, Val<'a>), redb::StorageError>;
 
 impl<'a> Iterator for Rows<'a> {
-    type Item = Row<'a>;
+    type Item = Entry<'a>;
 
-    fn next(&mut self) -> Option<Row<'a>> {
+    fn next(&mut self) -> Option<Entry<'a>> {
         match self {
             Rows::Redb(r) => r
                 .next()
@@ -264,7 +293,7 @@ impl<'a> Iterator for Rows<'a> {
 }
 
 impl<'a> DoubleEndedIterator for Rows<'a> {
-    fn next_back(&mut self) -> Option<Row<'a>> {
+    fn next_back(&mut self) -> Option<Entry<'a>> {
         match self {
             Rows::Redb(r) => r
                 .next_back()

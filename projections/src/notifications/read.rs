@@ -1,7 +1,6 @@
 //! The notifications model's queries (served from [`crate::read`]): the dashboard's list and a
 //! notification's status.
 
-use serde::Serialize;
 use tidemark_log::StorageError;
 
 use crate::deliveries::Delivery;
@@ -100,7 +99,7 @@ pub fn router_checkpoint(db: &crate::models::ModelsRead) -> Result<u64, StorageE
 }
 
 /// What became of one notification (spec section 14), derived from its deliveries.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NotificationStatus {
     pub notification: Notification,
     /// dashboard_only, pending, parked, delivered, discarded, cancelled or skipped.

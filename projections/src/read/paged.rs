@@ -137,13 +137,13 @@ pub(crate) fn paged<T>(
     keep: impl Fn(&T) -> bool,
 ) -> Result<Page<T>, StorageError>
 where
-    T: serde::de::DeserializeOwned,
+    T: crate::framework::Row,
     for<'a> Position: From<&'a T>,
 {
     let mut out: Vec<T> = Vec::new();
     // Decode a stored row; keep it when it passes the filters.
     let take = |v: &[u8]| -> Result<bool, StorageError> {
-        let row: T = postcard::from_bytes(v).map_err(StorageError::of)?;
+        let row = T::decode(v)?;
         let kept = keep(&row);
         if kept {
             out.push(row);

@@ -220,7 +220,7 @@ pub(crate) fn with_provenance(
 ) -> Result<Vec<DeliveryOut>, tidemark_engine::QueryError> {
     rows.into_iter()
         .map(|d| {
-            let p = if d.ext.redacted || d.notification_seq == 0 {
+            let p = if d.redacted || d.notification_seq == 0 {
                 None
             } else {
                 r.provenance_at(d.notification_seq)?
@@ -238,8 +238,8 @@ impl From<Delivery> for DeliveryOut {
     /// The row's fields moved into their API shape (nothing copied but a redacted row's
     /// intent key, which it serves twice).
     fn from(mut d: Delivery) -> Self {
-        let redacted = d.ext.redacted;
-        let more = d.ext.more_items.len();
+        let redacted = d.redacted;
+        let more = d.more_items.len();
         let (recipient, recipient_hash) = match redacted {
             true => (None, d.recipient.take()),
             false => (d.recipient.take(), None),
@@ -250,8 +250,8 @@ impl From<Delivery> for DeliveryOut {
             notification_id: d.notification_id,
             route: d.route,
             sink: sink_or_none::name(d.sink).to_owned(),
-            ntype: d.ext.more.later.ntype.take(),
-            list: d.ext.more.list.take(),
+            ntype: d.ntype.take(),
+            list: d.list.take(),
             recipient,
             recipient_hash,
             redacted,
@@ -274,7 +274,7 @@ impl From<Delivery> for DeliveryOut {
             last_error_code: d.last_error_code,
             last_error: d.last_error,
             external_id: d.external_id,
-            resolved_targets: std::mem::take(&mut d.ext.more.resolved_targets),
+            resolved_targets: std::mem::take(&mut d.resolved_targets),
             created_at: Micros(d.created_at_us),
             stuck: false,
             updated_at: Micros(d.updated_at_us),

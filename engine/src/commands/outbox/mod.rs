@@ -44,7 +44,7 @@ pub(crate) fn recipient_of(
     row: &Delivery,
     privacy: Option<&Privacy>,
 ) -> Result<Recipient, CommandError> {
-    if !row.ext.redacted {
+    if !row.redacted {
         return Ok(view.recipient(row.recipient.as_deref())?);
     }
     let (Some(hash), Some(p)) = (&row.recipient, privacy) else {

@@ -459,7 +459,7 @@ fn cancel_notification(
             ..Change::default()
         };
         if row.status == S::Leased {
-            if row.ext.cancel_pending {
+            if row.cancel_pending {
                 continue;
             }
             c.at_lease_end = Some(true);
@@ -474,7 +474,7 @@ fn cancel_notification(
                 all.first().map(|i| i.title.clone()),
                 all.last().map(|i| i.title.clone()),
             );
-            c.digest_title = Some(if row.ext.redacted {
+            c.digest_title = Some(if row.redacted {
                 row.title.clone()
             } else {
                 let locale = st.recipient(row.recipient.as_deref())?.ext.locale;

@@ -55,7 +55,7 @@ fn hold(
     privacy: Option<&Privacy>,
     events: &mut Vec<NewEvent>,
 ) -> Result<bool, CommandError> {
-    if row.ext.cancel_pending && row.allows(T::Cancelled) {
+    if row.cancel_pending && row.allows(T::Cancelled) {
         let c = Change {
             at_us: now_us,
             reason: Some("notification_canceled".into()),
@@ -274,7 +274,7 @@ fn complete_item<'a>(
         }
         row => match owned_lease(row, now_us, id, owner, "complete") {
             Err(e) => Err(e),
-            Ok(row) if row.ext.cancel_pending => Err(CommandError::rejected(
+            Ok(row) if row.cancel_pending => Err(CommandError::rejected(
                 Rejection::IllegalTransition,
                 format!(
                     "the notification of delivery {id:?} was canceled: it is cancelled \
