@@ -13,11 +13,13 @@ use serde::{Deserialize, Serialize};
 use crate::names::{DeliveryStatus, DeliveryTransition, Sink};
 
 mod fold;
+mod keys;
 pub(crate) mod read;
 mod row;
 mod view;
 
-pub use fold::{Deliveries, cat, created_key, group_key, timed_key, us_key};
+pub use fold::Deliveries;
+pub use keys::{cat, created_key, group_key, timed_key, us_key};
 pub use row::{Delivery, Item};
 pub use view::{DueAfter, View};
 
@@ -600,7 +602,7 @@ pub(crate) fn first_due(
 ) -> Result<Option<i64>, tidemark_log::StorageError> {
     use tidemark_log::StorageError;
     let prefix = prefix.as_ref();
-    let from = fold::timed_key(prefix, 0, "");
+    let from = keys::timed_key(prefix, 0, "");
     let mut to = prefix.as_bytes().to_vec();
     to.push(1);
     let mut rows = t

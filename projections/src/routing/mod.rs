@@ -4,12 +4,14 @@
 //! and their defaults are here; reading them from the configuration or an event is
 //! [`config`]'s, resolving a notification's routes and a retry's delay [`resolve`]'s.
 
+mod api_route;
 pub mod body;
 mod config;
 mod resolve;
 
+pub use api_route::ApiRoute;
 pub use config::{
-    ApiRoute, CircuitConfig, DashboardConfig, DesktopConfig, DigestConfig, LocaleTemplates,
+    CircuitConfig, DashboardConfig, DesktopConfig, DigestConfig, LocaleTemplates,
     NotificationsConfig, OperationalConfig, OrderingConfig, OutboxConfig, RateConfig, RetryConfig,
     RouteConfig, RouteTemplates, Sink, SourceTitles,
 };
