@@ -34,6 +34,40 @@ pub(crate) fn printable_string(min: usize, max: usize) -> utoipa::openapi::schem
         .build()
 }
 
+/// The schemas of the [`crate::request::OneOf`]s: a string, one of the enum's names. A field
+/// names its own (`#[schema(inline, value_type = openapi::SinkName)]`), so its description is
+/// the field's. (An optional one that may be `null` says its names as a pattern with
+/// `value_type = Option<String>`: utoipa would wrap an inline nullable enum in a `oneOf` the
+/// client generators read as any value.)
+macro_rules! name_schemas {
+    ($($schema:ident = $n:ident),* $(,)?) => {$(
+        #[doc = concat!("The names of [`", stringify!($n), "`].")]
+        pub(crate) struct $schema;
+
+        impl utoipa::PartialSchema for $schema {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                use utoipa::openapi::schema::{ObjectBuilder, Type};
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some(
+                        tidemark_projections::names::$n::ALL.iter().map(|n| n.as_str()),
+                    ))
+                    .into()
+            }
+        }
+
+        impl utoipa::ToSchema for $schema {}
+    )*};
+}
+
+name_schemas!(
+    SinkName = Sink,
+    BridgeModeName = BridgeMode,
+    DeliveryStatusName = DeliveryStatus,
+    TaskStatusName = TaskStatus,
+    SourceStateName = SourceState,
+);
+
 pub(crate) const PRINTABLE: &str = "^[^\\x00-\\x1F\\x7F-\\x9F]+$";
 const PRINTABLE_OR_EMPTY: &str = "^[^\\x00-\\x1F\\x7F-\\x9F]*$";
 

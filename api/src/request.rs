@@ -18,6 +18,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 
+use tidemark_projections::names::Name;
+
 use crate::error::ApiError;
 
 /// Text of 1 to `MAX` printable characters (no control characters): the schema says so, and a
@@ -86,6 +88,65 @@ impl<const MAX: usize> utoipa::PartialSchema for Text<MAX> {
 }
 
 impl<const MAX: usize> utoipa::ToSchema for Text<MAX> {}
+
+/// One of the names of `N` (a sink, a mode, a status): its schema is the enum of `N`'s names
+/// (`#[schema(inline, value_type = openapi::SinkName)]`, [`crate::openapi`]), so the OpenAPI
+/// document and the clients follow the type. In a body it reads as any string
+/// and its body's [`Validate`] checks it ([`Bounded::check_at`]: `422 invalid_field` naming
+/// the field and the names), so a body malformed besides is answered as malformed; in an
+/// answer it is served as its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OneOf<N>(Result<N, String>);
+
+impl<N: Name> OneOf<N> {
+    /// The name, once the body's [`Validate`] has checked it.
+    pub fn get(&self) -> N {
+        match &self.0 {
+            Ok(n) => *n,
+            Err(v) => unreachable!("{v:?} was not checked by its body's Validate"),
+        }
+    }
+}
+
+impl<N: Name> From<N> for OneOf<N> {
+    fn from(n: N) -> Self {
+        OneOf(Ok(n))
+    }
+}
+
+impl<N: Name> Bounded for OneOf<N> {
+    fn check_at(&self, field: &str) -> Result<(), ApiError> {
+        match &self.0 {
+            Ok(_) => Ok(()),
+            Err(_) => Err(invalid(
+                field,
+                format!("{field} must be one of {}", N::joined()),
+            )),
+        }
+    }
+}
+
+impl<N: Name> Bounded for Option<OneOf<N>> {
+    fn check_at(&self, field: &str) -> Result<(), ApiError> {
+        self.as_ref().map_or(Ok(()), |n| n.check_at(field))
+    }
+}
+
+impl<'de, N: Name> Deserialize<'de> for OneOf<N> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Ok(OneOf(N::parse(&s).ok_or(s)))
+    }
+}
+
+impl<N: Name> serde::Serialize for OneOf<N> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match &self.0 {
+            Ok(n) => s.serialize_str(n.as_str()),
+            Err(v) => s.serialize_str(v),
+        }
+    }
+}
 
 /// Checks of a body beyond its shape: the bounds of its [`Text`]s first ([`Bounded`], in the
 /// order of its fields), then ranges, patterns of its own, rules across fields.

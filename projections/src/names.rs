@@ -7,6 +7,26 @@ use std::fmt;
 
 /// An enum of names with `as_str`, `parse` and `ALL`. It is never equal to a string: text
 /// from outside is parsed first (`parse`), so a misspelt name cannot compile as a comparison.
+/// What every enum of names is: a closed set of names, each stored and served as itself.
+/// Code generic over it (a request body's field, an OpenAPI enum) reads them here.
+pub trait Name: Copy + Eq + fmt::Debug + Send + Sync + 'static {
+    /// Every name, in declaration order.
+    const ALL: &'static [Self];
+    /// The name as it appears in events and on the wire.
+    fn as_str(self) -> &'static str;
+    /// The name for `s`, if `s` is one.
+    fn parse(s: &str) -> Option<Self>;
+
+    /// Every name, comma-separated (for error messages).
+    fn joined() -> String {
+        Self::ALL
+            .iter()
+            .map(|n| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 macro_rules! names {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $s:literal,)* }) => {
         $(#[$m])*
@@ -41,6 +61,18 @@ macro_rules! names {
 
         impl From<$name> for String {
             fn from(n: $name) -> String { n.as_str().to_owned() }
+        }
+
+        impl Name for $name {
+            const ALL: &'static [$name] = $name::ALL;
+
+            fn as_str(self) -> &'static str {
+                $name::as_str(self)
+            }
+
+            fn parse(s: &str) -> Option<$name> {
+                $name::parse(s)
+            }
         }
 
         /// Stored and served as its name: the same bytes as the string it replaced (postcard

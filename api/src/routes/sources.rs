@@ -4,6 +4,7 @@
 //! poll times, failures) from the poller, in memory.
 
 use crate::request::Bounded;
+use crate::request::OneOf;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
@@ -25,7 +26,8 @@ pub struct SourceOut {
     pub name: String,
     /// idle, polling, backing_off, paused or parked; standby on a node of a cluster while
     /// another node holds the source's poller lease.
-    pub state: String,
+    #[schema(inline, value_type = crate::openapi::SourceStateName)]
+    pub state: OneOf<SourceState>,
     /// The upstream's `next` of the last page appended and acknowledged; null before any.
     pub watermark: Option<String>,
     #[schema(value_type = Option<String>)]
@@ -198,11 +200,17 @@ pub async fn poll(
     SourcePath(name): SourcePath,
 ) -> Result<(StatusCode, Json<SourceAnswer>), ApiError> {
     let a = answer(&st, &name, 0).await?;
-    if a.source.state == "paused" || a.source.state == "parked" {
+    if matches!(
+        a.source.state.get(),
+        SourceState::Paused | SourceState::Parked
+    ) {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "source_not_active",
-            format!("source {name:?} is {}; resume it first", a.source.state),
+            format!(
+                "source {name:?} is {}; resume it first",
+                a.source.state.get()
+            ),
         ));
     }
     st.sources.wake(&name);

@@ -1,5 +1,6 @@
 //! `GET /v1/tasks`, `GET /v1/tasks/{id}`, `GET /v1/tasks/{id}/stream`.
 
+use crate::request::OneOf;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -62,7 +63,8 @@ pub struct TaskOut {
     pub project_id: Option<String>,
     pub title: Option<String>,
     /// open, running, awaiting_review, completed, failed, canceled.
-    pub status: String,
+    #[schema(inline, value_type = crate::openapi::TaskStatusName)]
+    pub status: OneOf<TaskStatus>,
     pub current_run_id: Option<String>,
     pub review_required: bool,
     pub canceled: bool,

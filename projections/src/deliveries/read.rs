@@ -192,14 +192,16 @@ pub struct Kpis {
 }
 
 impl Kpis {
-    /// Count `n` deliveries in `status`.
+    /// Count `n` deliveries in `status` (as a key stores it).
     fn count(&mut self, status: &[u8], n: u64) {
+        use DeliveryStatus as S;
+        let status = std::str::from_utf8(status).ok().and_then(S::parse);
         match status {
-            b"queued" => self.queued += n,
-            b"leased" => self.leased += n,
-            b"retry_wait" => self.retry_wait += n,
-            b"parked" => self.parked += n,
-            _ => {}
+            Some(S::Queued) => self.queued += n,
+            Some(S::Leased) => self.leased += n,
+            Some(S::RetryWait) => self.retry_wait += n,
+            Some(S::Parked) => self.parked += n,
+            Some(S::Sent | S::Discarded | S::Skipped | S::Cancelled) | None => {}
         }
     }
 }

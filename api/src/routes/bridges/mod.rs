@@ -2,6 +2,7 @@
 //! and 7, I5).
 
 use crate::request::Bounded;
+use crate::request::OneOf;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -53,8 +54,8 @@ pub struct SubscriptionOut {
     pub workspace_id: Option<String>,
     pub thread_id: Option<String>,
     /// reply or post.
-    #[schema(value_type = String)]
-    pub mode: BridgeMode,
+    #[schema(inline, value_type = crate::openapi::BridgeModeName)]
+    pub mode: OneOf<BridgeMode>,
     pub sink: SinkOut,
     pub active: bool,
     #[schema(value_type = String)]
@@ -74,7 +75,7 @@ fn out(s: Subscription, cursor: tidemark_projections::cursors::Cursor) -> Subscr
         scope: s.target.scope,
         workspace_id: s.target.workspace_id,
         thread_id: s.target.thread_id,
-        mode: s.target.mode,
+        mode: s.target.mode.into(),
         sink: SinkOut {
             kind: s.target.sink.kind().to_owned(),
             url: s.target.sink.url().map(secrets::shown_url),
@@ -158,8 +159,8 @@ pub struct SubscribeBody {
     #[schema(inline)]
     pub thread_id: Option<Text<256>>,
     /// reply (default) or post.
-    #[schema(pattern = "^(reply|post)$")]
-    pub mode: Option<String>,
+    #[schema(value_type = Option<String>, pattern = "^(reply|post)$")]
+    pub mode: Option<OneOf<BridgeMode>>,
     #[schema(schema_with = sink_in_schema)]
     pub sink: SinkIn,
 }
@@ -253,19 +254,15 @@ impl Validate for SubscribeBody {
     fn validate(&self) -> Result<(), ApiError> {
         self.scope.check_at("scope")?;
         self.workspace_id.check_at("workspace_id")?;
-        self.thread_id.check_at("thread_id")
+        self.thread_id.check_at("thread_id")?;
+        self.mode.check_at("mode")
     }
 }
 
 fn target(task_id: &TaskId, body: SubscribeBody) -> Result<(SubscriptionId, Target), ApiError> {
     check_id("subscription_id", &body.subscription_id)?;
     check_id("bridge_id", &body.bridge_id)?;
-    let mode = match body.mode.as_deref() {
-        None => BridgeMode::Reply,
-        Some(m) => {
-            BridgeMode::parse(m).ok_or_else(|| invalid("mode", "mode must be reply or post"))?
-        }
-    };
+    let mode = body.mode.map_or(BridgeMode::Reply, |m| m.get());
     let sink = match body.sink.kind.as_str() {
         "pull" => {
             if body.sink.url.is_some() || body.sink.secret.is_some() {

@@ -1,6 +1,7 @@
 //! The lease holder's endpoints: claim, complete (one or many), fail, extend.
 
 use crate::request::Bounded;
+use crate::request::OneOf;
 use axum::Json;
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
@@ -9,10 +10,11 @@ use tidemark_engine::commands::outbox::{
     Claim, Complete, CompleteOne, Completed, Extend, Fail, Failure,
 };
 use tidemark_log::time::now_micros;
+use tidemark_projections::names::Sink;
 use utoipa::ToSchema;
 
 use super::{
-    DeliveriesPage, DeliveryId, DeliveryOut, claim_sink, invalid, lease_ms, settings, stuck_cut,
+    DeliveriesPage, DeliveryId, DeliveryOut, invalid, lease_ms, settings, stuck_cut,
     with_provenance,
 };
 use crate::error::{ApiError, Problem};
@@ -23,8 +25,8 @@ use crate::state::AppState;
 #[serde(deny_unknown_fields)]
 pub struct ClaimBody {
     /// The sink to claim for: `app` (desktop deliveries), `email` or `webhook`.
-    #[schema(pattern = "^(app|email|webhook)$")]
-    pub sink: String,
+    #[schema(inline, value_type = crate::openapi::SinkName)]
+    pub sink: OneOf<Sink>,
     /// Who holds the leases; only this owner may complete, fail or extend them.
     #[schema(inline)]
     pub owner: Text<128>,
@@ -59,7 +61,7 @@ pub async fn claim(
         return Err(invalid("limit", "limit must be from 1 to 1000"));
     }
     let lease = lease_ms(b.lease_ms, s)?;
-    let sink = claim_sink(&b.sink)?;
+    let sink = b.sink.get();
     tracing::Span::current().record("sink", sink.as_str());
     let owner = b.owner.into_string();
     let (rows, receipt) = st
@@ -277,7 +279,7 @@ pub struct FailBody {
 impl Validate for ClaimBody {
     fn validate(&self) -> Result<(), ApiError> {
         self.owner.check_at("owner")?;
-        claim_sink(&self.sink).map(drop)
+        self.sink.check_at("sink")
     }
 }
 

@@ -3,6 +3,7 @@
 //! KPIs. Every state change is a command run inside the log's writer, so it is checked and
 //! recorded in one transaction and answered after its commit.
 
+use crate::request::OneOf;
 use std::collections::BTreeMap;
 
 use axum::Json;
@@ -101,7 +102,8 @@ pub struct DeliveryOut {
     pub list: Option<String>,
     pub recipient: Option<String>,
     /// queued, leased, retry_wait, sent, parked, discarded, skipped, cancelled.
-    pub status: String,
+    #[schema(inline, value_type = crate::openapi::DeliveryStatusName)]
+    pub status: OneOf<DeliveryStatus>,
     /// Why it was skipped, cancelled or parked (`unknown_route`, `suppressed`,
     /// `task_canceled`, `max_attempts`, `permanent_failure`).
     pub reason: Option<String>,
@@ -321,11 +323,6 @@ pub struct DeliveryAnswer {
 }
 
 pub(crate) use crate::request::check_text;
-
-/// The sink a claim names: one of the sinks deliveries are made for.
-fn claim_sink(v: &str) -> Result<Sink, ApiError> {
-    Sink::parse(v).ok_or_else(|| invalid("sink", format!("sink must be one of {}", Sink::joined())))
-}
 
 pub(crate) use crate::request::DeliveryId;
 
