@@ -13,7 +13,7 @@ use tidemark_projections::ids::{BridgeId, DeliveryId, NotificationId, Subscripti
 use tidemark_log::{AnyLog, EventLog, ReadPage, ReadQuery, StorageError};
 use tidemark_projections::bridges::Subscription;
 use tidemark_projections::cursors::Cursor;
-use tidemark_projections::deliveries::{Delivery, Step};
+use tidemark_projections::deliveries::{self, Delivery, Step};
 use tidemark_projections::names::{Sink, Stream};
 use tidemark_projections::notifications::Notification;
 use tidemark_projections::read::{
@@ -246,6 +246,15 @@ impl<L: EventLog + Clone> Queries<L> {
         Ok(read::projections(&self.models.read(), self.log.head())?)
     }
 
+    /// `f` asked of the deliveries model's view, over one read transaction of the models.
+    fn on_deliveries<T>(
+        &self,
+        f: impl FnOnce(&mut deliveries::View<'_>) -> Result<T, StorageError>,
+    ) -> R<T> {
+        let txn = self.models.read().snapshot()?;
+        Ok(f(&mut txn.deliveries()?)?)
+    }
+
     /// Outbox KPIs as the deliveries model stands now, without waiting (for `/metrics`).
     pub fn kpis_now(
         &self,
@@ -253,12 +262,7 @@ impl<L: EventLog + Clone> Queries<L> {
         stuck_after_ms: u64,
         interval_ms: u64,
     ) -> R<(Kpis, BTreeMap<String, Kpis>)> {
-        Ok(read::kpis(
-            &self.models.read(),
-            now_us,
-            stuck_after_ms,
-            interval_ms,
-        )?)
+        self.on_deliveries(|d| d.kpis(now_us, stuck_after_ms, interval_ms))
     }
 
     pub fn task(&self, task_id: &TaskId) -> R<Option<Task>> {
@@ -321,19 +325,25 @@ impl<L: EventLog + Clone> Queries<L> {
     /// The routing settings in force: the file's, with the routes managed at runtime.
     pub fn settings_in_force(&self) -> R<tidemark_projections::routing::RoutingSettings> {
         self.floor(0)?;
-        Ok(read::settings_in_force(&self.models.read())?)
+        self.on_deliveries(|d| d.settings_in_force())
     }
 
     /// The notification settings last recorded in the log.
     pub fn current_settings(&self) -> R<Option<serde_json::Value>> {
         self.floor(0)?;
-        Ok(read::current_settings(&self.models.read())?)
+        let txn = self.models.read().snapshot()?;
+        Ok(tidemark_projections::settings::View::new(&txn)?.current()?)
     }
 
     /// One delivery and its timeline.
     pub fn delivery(&self, id: &DeliveryId) -> R<Option<(Delivery, Vec<Step>)>> {
         self.floor(0)?;
-        Ok(read::delivery(&self.models.read(), id)?)
+        self.on_deliveries(|d| {
+            let Some(row) = d.row(id.as_str())? else {
+                return Ok(None);
+            };
+            Ok(Some((row, d.timeline(id.as_str())?)))
+        })
     }
 
     /// The delivery `d` waits for in its route's order (section 4): the first of its key,
@@ -343,7 +353,8 @@ impl<L: EventLog + Clone> Queries<L> {
             return Ok(None);
         };
         self.floor(0)?;
-        Ok(read::order_first(&self.models.read(), &d.route, key)?
+        Ok(self
+            .on_deliveries(|v| v.order_first(&d.route, key))?
             .filter(|first| first != d.id.as_str()))
     }
 
@@ -404,36 +415,31 @@ impl<L: EventLog + Clone> Queries<L> {
         interval_ms: u64,
     ) -> R<BTreeMap<String, Kpis>> {
         self.floor(0)?;
-        Ok(read::kpis_by_site(
-            &self.models.read(),
-            now_us,
-            stuck_after_ms,
-            interval_ms,
-        )?)
+        self.on_deliveries(|d| d.kpis_by_site(now_us, stuck_after_ms, interval_ms))
     }
 
     /// Deliveries not yet sent, skipped, cancelled or discarded.
     pub fn pending_deliveries(&self) -> R<u64> {
         self.floor(0)?;
-        Ok(read::pending_deliveries(&self.models.read())?)
+        self.on_deliveries(|d| d.pending())
     }
 
     /// When the first held lease expires (µs since the epoch), as the models show it now (not
     /// waiting for them); `None` when nothing is leased.
     pub fn earliest_lease_expiry(&self) -> R<Option<i64>> {
-        Ok(read::earliest_lease_expiry(&self.models.read())?)
+        self.on_deliveries(|d| d.first_lease_expiry())
     }
 
     /// When the first delivery of `sink` falls due (µs since the epoch), as the models show it
     /// now (not waiting for them); `None` when none waits.
     pub fn earliest_due(&self, sink: Sink) -> R<Option<i64>> {
-        Ok(read::earliest_due(&self.models.read(), sink)?)
+        self.on_deliveries(|d| d.earliest_due(sink))
     }
 
     /// The seq of the last notification or cancellation routing has handled.
     pub fn routing_checkpoint(&self) -> R<u64> {
         self.floor(0)?;
-        Ok(read::routing_checkpoint(&self.models.read())?)
+        self.on_deliveries(|d| d.routed())
     }
 
     /// What the log says about source `name` (`None`: nothing yet).
@@ -487,7 +493,7 @@ impl<L: EventLog + Clone> Queries<L> {
     /// a bridge webhook subscription's is [`Queries::bridge_endpoint`]).
     pub fn endpoint(&self, route: &str) -> R<Option<tidemark_projections::endpoints::Endpoint>> {
         self.floor(0)?;
-        Ok(read::endpoint(&self.models.read(), route)?)
+        self.on_deliveries(|d| d.endpoint(route))
     }
 
     /// The health and circuit of bridge webhook subscription `id` (section 17).

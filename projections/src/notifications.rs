@@ -298,6 +298,18 @@ txn_view! {
 }
 
 impl View<'_> {
+    /// The notification whose id is `id`.
+    pub fn by_id(&mut self, id: &str) -> Result<Option<Notification>, StorageError> {
+        let Some(seq) = self
+            .t
+            .get(IDS, id.as_bytes())?
+            .and_then(|v| crate::framework::be_u64(&v))
+        else {
+            return Ok(None);
+        };
+        self.t.get_row(BY_SEQ, &seq.to_be_bytes())
+    }
+
     /// Σ `weight(priority)` over the notifications at seqs after `after`: with `after` the
     /// routing checkpoint and the deliveries each priority makes as the weight, the
     /// deliveries the router has yet to make (the outbox bound, spec section 5). Priorities of

@@ -37,13 +37,20 @@ txn_view! {
 }
 
 impl View<'_> {
+    /// The notification settings in force (the payload of the last `settings.updated`).
+    pub fn current(&mut self) -> Result<Option<serde_json::Value>, StorageError> {
+        self.t
+            .get(CURRENT, KEY)?
+            .map(|b| serde_json::from_slice(&b).map_err(StorageError::of))
+            .transpose()
+    }
+
     /// The names of the routes the configuration file configures, as the last
     /// `settings.updated` recorded them (none before the first).
     pub fn file_routes(&mut self) -> Result<Vec<String>, StorageError> {
-        let Some(bytes) = self.t.get(CURRENT, KEY)? else {
+        let Some(v) = self.current()? else {
             return Ok(Vec::new());
         };
-        let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(StorageError::of)?;
         Ok(v.get("routes")
             .and_then(serde_json::Value::as_object)
             .map(|o| o.keys().cloned().collect())

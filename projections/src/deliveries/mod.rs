@@ -593,32 +593,6 @@ pub fn join(d: &mut Delivery, j: &Joined, seq: u64) {
 
 // ---- keys ----
 
-/// When the first delivery under `prefix` falls due (µs since the epoch: queued or waiting
-/// for a retry, or leased until its lease expires), from a [`DUE`] table (`prefix` a sink) or
-/// [`ROUTE_DUE`] (a route); `None` when none waits.
-pub(crate) fn first_due(
-    t: &impl redb::ReadableTable<&'static [u8], &'static [u8]>,
-    prefix: impl AsRef<str>,
-) -> Result<Option<i64>, tidemark_log::StorageError> {
-    use tidemark_log::StorageError;
-    let prefix = prefix.as_ref();
-    let from = keys::timed_key(prefix, 0, "");
-    let mut to = prefix.as_bytes().to_vec();
-    to.push(1);
-    let mut rows = t
-        .range(from.as_slice()..to.as_slice())
-        .map_err(StorageError::of)?;
-    let Some(row) = rows.next() else {
-        return Ok(None);
-    };
-    let (k, _) = row.map_err(StorageError::of)?;
-    let at = prefix.len() + 1;
-    Ok(k.value()
-        .get(at..at + 8)
-        .and_then(crate::framework::be_u64)
-        .map(|us| us as i64))
-}
-
 /// Pending deliveries (queued + leased + retry_wait) over all sinks, summed from a `counts`
 /// table: the backpressure gauge.
 pub(crate) fn count_pending<K, V, E>(

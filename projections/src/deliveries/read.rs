@@ -5,39 +5,10 @@
 use serde::Serialize;
 use tidemark_log::StorageError;
 
-use redb::ReadableTable;
-
 use crate::deliveries::{self, Delivery};
-use crate::framework::{Reader, Row, be_u64};
-use crate::ids::DeliveryId;
+use crate::framework::Reader;
 use crate::names::{DeliveryStatus, Sink, sink_or_none};
-use crate::read::paged::{ListOrder, Order, Page, Position, Table, Walk, paged};
-use crate::read::{stored_u64, under};
-
-/// A delivery and its attempt timeline, oldest step first.
-pub fn delivery(
-    db: &crate::models::ModelsRead,
-    id: &DeliveryId,
-) -> Result<Option<(Delivery, Vec<deliveries::Step>)>, StorageError> {
-    let id = id.as_str();
-    let r = Reader::new(db)?;
-    let Some(row) = r.get_row::<Delivery>(deliveries::NAME, deliveries::ROWS, id.as_bytes())?
-    else {
-        return Ok(None);
-    };
-    let mut steps = Vec::new();
-    if let Some(t) = r.table(deliveries::NAME, deliveries::TIMELINE)? {
-        let (from, to) = under(id);
-        for row in t
-            .range(from.as_slice()..to.as_slice())
-            .map_err(StorageError::of)?
-        {
-            let (_, v) = row.map_err(StorageError::of)?;
-            steps.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
-        }
-    }
-    Ok(Some((row, steps)))
-}
+use crate::read::paged::{ListOrder, Order, Page, Position, Walk, paged};
 
 #[derive(Debug, Clone, Default)]
 pub struct DeliveryFilter {
@@ -193,7 +164,7 @@ pub struct Kpis {
 
 impl Kpis {
     /// Count `n` deliveries in `status` (as a key stores it).
-    fn count(&mut self, status: &[u8], n: u64) {
+    pub(super) fn count(&mut self, status: &[u8], n: u64) {
         use DeliveryStatus as S;
         let status = std::str::from_utf8(status).ok().and_then(S::parse);
         match status {
@@ -204,236 +175,18 @@ impl Kpis {
             Some(S::Sent | S::Discarded | S::Skipped | S::Cancelled) | None => {}
         }
     }
-}
 
-/// Per sink and overall; times are judged at `now_us` (reads may use the clock; folds never).
-pub fn kpis(
-    db: &crate::models::ModelsRead,
-    now_us: i64,
-    stuck_after_ms: u64,
-    interval_ms: u64,
-) -> Result<(Kpis, std::collections::BTreeMap<String, Kpis>), StorageError> {
-    let r = Reader::new(db)?;
-    let mut by_sink: std::collections::BTreeMap<String, Kpis> = Default::default();
-    if let Some(t) = r.table(deliveries::NAME, deliveries::COUNTS)? {
-        for row in t.iter().map_err(StorageError::of)? {
-            let (k, v) = row.map_err(StorageError::of)?;
-            let k = k.value();
-            let Some(split) = k.iter().position(|b| *b == 0) else {
-                continue;
-            };
-            let sink = String::from_utf8_lossy(&k[..split]).into_owned();
-            let status = &k[split + 1..];
-            let n = be_u64(v.value()).unwrap_or(0);
-            by_sink.entry(sink).or_default().count(status, n);
-        }
+    /// Add `k`'s counts (the oldest pending age is the older of the two).
+    pub(super) fn add(&mut self, k: &Kpis) {
+        self.queue_depth += k.queue_depth;
+        self.queued += k.queued;
+        self.leased += k.leased;
+        self.retry_wait += k.retry_wait;
+        self.stuck += k.stuck;
+        self.parked += k.parked;
+        self.sent_last_interval += k.sent_last_interval;
+        self.oldest_pending_age_s = self.oldest_pending_age_s.max(k.oldest_pending_age_s);
     }
-    let pending = r.table(deliveries::NAME, deliveries::PENDING)?;
-    let due = r.table(deliveries::NAME, deliveries::DUE)?;
-    let sent = r.table(deliveries::NAME, deliveries::SENT)?;
-    let stuck_before = now_us.saturating_sub(stuck_after_ms as i64 * 1_000);
-    let sent_since = now_us.saturating_sub(interval_ms as i64 * 1_000);
-    for (sink, k) in &mut by_sink {
-        timed_kpis(
-            k,
-            sink,
-            Timed {
-                pending: pending.as_ref(),
-                due: due.as_ref(),
-                sent: sent.as_ref(),
-            },
-            stuck_before,
-            sent_since,
-            now_us,
-        )?;
-    }
-    let mut all = Kpis::default();
-    for k in by_sink.values() {
-        all.queue_depth += k.queue_depth;
-        all.queued += k.queued;
-        all.leased += k.leased;
-        all.retry_wait += k.retry_wait;
-        all.stuck += k.stuck;
-        all.parked += k.parked;
-        all.sent_last_interval += k.sent_last_interval;
-        all.oldest_pending_age_s = all.oldest_pending_age_s.max(k.oldest_pending_age_s);
-    }
-    Ok((all, by_sink))
-}
-
-/// The `dim ‖ 0 ‖ time ‖ id` indexes of one dimension (sink or site): pending rows by
-/// creation, claimable rows by due time, sent rows by delivery.
-struct Timed<'a> {
-    pending: Option<&'a Table>,
-    due: Option<&'a Table>,
-    sent: Option<&'a Table>,
-}
-
-/// The KPIs of one sink or site `dim` read from its [`Timed`] indexes: queue depth, stuck
-/// (due since before `stuck_before`), oldest pending age, sent in the interval.
-fn timed_kpis(
-    k: &mut Kpis,
-    dim: &str,
-    t: Timed<'_>,
-    stuck_before: i64,
-    sent_since: i64,
-    now_us: i64,
-) -> Result<(), StorageError> {
-    k.queue_depth = k.queued + k.leased + k.retry_wait;
-    let lo = deliveries::timed_key(dim, 0, "");
-    let hi = deliveries::timed_key(dim, i64::MAX, "");
-    if let Some(d) = t.due {
-        let cut = deliveries::timed_key(dim, stuck_before, "");
-        k.stuck = d
-            .range(lo.as_slice()..cut.as_slice())
-            .map_err(StorageError::of)?
-            .count() as u64;
-    }
-    if let Some(p) = t.pending
-        && let Some(first) = p
-            .range(lo.as_slice()..hi.as_slice())
-            .map_err(StorageError::of)?
-            .next()
-    {
-        let (key, _) = first.map_err(StorageError::of)?;
-        let key = key.value();
-        let at = &key[dim.len() + 1..dim.len() + 9];
-        let created = u64::from_be_bytes(at.try_into().expect("8 bytes")) as i64;
-        k.oldest_pending_age_s = (now_us - created).max(0) as f64 / 1e6;
-    }
-    if let Some(s) = t.sent {
-        let cut = deliveries::timed_key(dim, sent_since, "");
-        k.sent_last_interval = s
-            .range(cut.as_slice()..hi.as_slice())
-            .map_err(StorageError::of)?
-            .count() as u64;
-    }
-    Ok(())
-}
-
-/// KPIs per source site (`by_source_site`, section 5), from the per-site indexes; times are
-/// judged at `now_us`. Deliveries of notifications without a site are not in it.
-pub fn kpis_by_site(
-    db: &crate::models::ModelsRead,
-    now_us: i64,
-    stuck_after_ms: u64,
-    interval_ms: u64,
-) -> Result<std::collections::BTreeMap<String, Kpis>, StorageError> {
-    let r = Reader::new(db)?;
-    let mut out: std::collections::BTreeMap<String, Kpis> = Default::default();
-    let Some(status) = r.table(deliveries::NAME, deliveries::SITE_STATUS)? else {
-        return Ok(out);
-    };
-    for row in status.iter().map_err(StorageError::of)? {
-        let (k, _) = row.map_err(StorageError::of)?;
-        let mut parts = k.value().splitn(3, |b| *b == 0);
-        let (Some(site), Some(st)) = (parts.next(), parts.next()) else {
-            continue;
-        };
-        out.entry(String::from_utf8_lossy(site).into_owned())
-            .or_default()
-            .count(st, 1);
-    }
-    let pending = r.table(deliveries::NAME, deliveries::SITE_PENDING)?;
-    let due = r.table(deliveries::NAME, deliveries::SITE_DUE)?;
-    let sent = r.table(deliveries::NAME, deliveries::SITE_SENT)?;
-    let stuck_before = now_us.saturating_sub(stuck_after_ms as i64 * 1_000);
-    let sent_since = now_us.saturating_sub(interval_ms as i64 * 1_000);
-    for (site, k) in &mut out {
-        timed_kpis(
-            k,
-            site,
-            Timed {
-                pending: pending.as_ref(),
-                due: due.as_ref(),
-                sent: sent.as_ref(),
-            },
-            stuck_before,
-            sent_since,
-            now_us,
-        )?;
-    }
-    Ok(out)
-}
-
-/// Pending deliveries (queued + leased + retry_wait) over all sinks: the backpressure gauge.
-pub fn pending_deliveries(db: &crate::models::ModelsRead) -> Result<u64, StorageError> {
-    let r = Reader::new(db)?;
-    match r.table(deliveries::NAME, deliveries::COUNTS)? {
-        Some(t) => deliveries::count_pending(t.iter().map_err(StorageError::of)?),
-        None => Ok(0),
-    }
-}
-
-/// When the first of the held leases expires (µs since the epoch); `None` when no delivery is
-/// leased.
-pub fn earliest_lease_expiry(db: &crate::models::ModelsRead) -> Result<Option<i64>, StorageError> {
-    let r = Reader::new(db)?;
-    let Some(t) = r.table(deliveries::NAME, deliveries::LEASES)? else {
-        return Ok(None);
-    };
-    let first = t.first().map_err(StorageError::of)?;
-    Ok(first.and_then(|(k, _)| be_u64(k.value().get(..8)?).map(|us| us as i64)))
-}
-
-/// When the first delivery of `sink` falls due (µs since the epoch; in the past when one is
-/// due now); `None` when none waits.
-pub fn earliest_due(
-    db: &crate::models::ModelsRead,
-    sink: Sink,
-) -> Result<Option<i64>, StorageError> {
-    let r = Reader::new(db)?;
-    let mut first = match r.table(deliveries::NAME, deliveries::DUE)? {
-        Some(t) => deliveries::first_due(&t, sink.as_str())?,
-        None => None,
-    };
-    // A held route's deliveries are not in `due`: an open circuit's next probe is due at its
-    // probe time, when one of them waits.
-    let (Some(eps), Some(route_due)) = (
-        r.table(deliveries::NAME, deliveries::ENDPOINTS)?,
-        r.table(deliveries::NAME, deliveries::ROUTE_DUE)?,
-    ) else {
-        return Ok(first);
-    };
-    for e in endpoints_in(&eps)? {
-        let Some(probe_at) = e.probe_at().filter(|_| e.sink == Some(sink)) else {
-            continue;
-        };
-        if let Some(due) = deliveries::first_due(&route_due, &e.route)? {
-            let at = probe_at.max(due);
-            first = Some(first.map_or(at, |f| f.min(at)));
-        }
-    }
-    Ok(first)
-}
-
-/// Every delivering route's health and circuit that has one (an attempt or a switch), by
-/// route.
-pub fn endpoints(
-    db: &crate::models::ModelsRead,
-) -> Result<Vec<crate::endpoints::Endpoint>, StorageError> {
-    let r = Reader::new(db)?;
-    match r.table(deliveries::NAME, deliveries::ENDPOINTS)? {
-        Some(t) => endpoints_in(&t),
-        None => Ok(Vec::new()),
-    }
-}
-
-/// The routing settings in force at the head: the file's, with the routes managed at runtime.
-pub fn settings_in_force(
-    db: &crate::models::ModelsRead,
-) -> Result<crate::routing::RoutingSettings, StorageError> {
-    let r = Reader::new(db)?;
-    Ok(match r.table(deliveries::NAME, deliveries::SETTINGS)? {
-        Some(t) => match t.last().map_err(StorageError::of)? {
-            Some((_, v)) => serde_json::from_slice::<serde_json::Value>(v.value())
-                .ok()
-                .and_then(|j| crate::routing::RoutingSettings::from_json(&j).ok())
-                .unwrap_or_default(),
-            None => Default::default(),
-        },
-        None => Default::default(),
-    })
 }
 
 /// Every endpoint as it stands, with its circuit's policy: each delivering route of the
@@ -443,8 +196,11 @@ pub fn settings_in_force(
 pub fn endpoints_in_force(
     db: &crate::models::ModelsRead,
 ) -> Result<Vec<(crate::endpoints::Endpoint, crate::routing::CircuitPolicy)>, StorageError> {
-    let settings = settings_in_force(db)?;
-    let mut held: std::collections::BTreeMap<String, crate::endpoints::Endpoint> = endpoints(db)?
+    let txn = db.snapshot()?;
+    let mut view = txn.deliveries()?;
+    let settings = view.settings_in_force()?;
+    let mut held: std::collections::BTreeMap<String, crate::endpoints::Endpoint> = view
+        .endpoints()?
         .into_iter()
         .map(|e| (e.route.clone(), e))
         .collect();
@@ -472,92 +228,11 @@ pub fn endpoints_in_force(
     Ok(out)
 }
 
-/// The first delivery of `route`'s key `key` in its order (section 4): the one that may be
-/// in flight; the others of the key wait for it.
-pub fn order_first(
-    db: &crate::models::ModelsRead,
-    route: &str,
-    key: &str,
-) -> Result<Option<String>, StorageError> {
-    let r = Reader::new(db)?;
-    let Some(t) = r.table(deliveries::NAME, deliveries::ORDER)? else {
-        return Ok(None);
-    };
-    let prefix = deliveries::order_prefix(route, key);
-    let mut range = t.range(prefix.as_slice()..).map_err(StorageError::of)?;
-    let Some(row) = range.next() else {
-        return Ok(None);
-    };
-    let (k, _) = row.map_err(StorageError::of)?;
-    Ok(deliveries::order_entry_id(&prefix, k.value()))
-}
-
-/// Delivering route `route`'s health and circuit (`None`: no attempt or switch yet).
-pub fn endpoint(
-    db: &crate::models::ModelsRead,
-    route: &str,
-) -> Result<Option<crate::endpoints::Endpoint>, StorageError> {
-    Reader::new(db)?.get_val(deliveries::NAME, deliveries::ENDPOINTS, route.as_bytes())
-}
-
-fn endpoints_in(
-    t: &impl ReadableTable<&'static [u8], &'static [u8]>,
-) -> Result<Vec<crate::endpoints::Endpoint>, StorageError> {
-    let mut out = Vec::new();
-    for row in t.iter().map_err(StorageError::of)? {
-        let (_, v) = row.map_err(StorageError::of)?;
-        out.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
-    }
-    Ok(out)
-}
-
-/// Highest source seq the delivery routing has handled.
-pub fn routing_checkpoint(db: &crate::models::ModelsRead) -> Result<u64, StorageError> {
-    stored_u64(
-        db,
-        deliveries::NAME,
-        deliveries::STATE,
-        deliveries::ROUTED_KEY,
-    )
-}
-
-/// The deliveries of the notification whose id (or intent key, on redacting routes) is each
-/// of `keys`, by id, at most `max` per key; and whether the notification `id` was canceled.
-/// Read in `r`, the caller's read transaction.
-pub(crate) fn of_notification(
-    r: &Reader,
-    keys: &[&str],
-    id: &str,
-    max: usize,
-) -> Result<(Vec<Delivery>, bool), StorageError> {
-    let mut found = Vec::new();
-    if let (Some(index), Some(rows)) = (
-        r.table(deliveries::NAME, deliveries::BY_NOTIFICATION)?,
-        r.table(deliveries::NAME, deliveries::ROWS)?,
-    ) {
-        for key in keys {
-            let (from, to) = under(key);
-            for row in index
-                .range(from.as_slice()..to.as_slice())
-                .map_err(StorageError::of)?
-            {
-                let (k, _) = row.map_err(StorageError::of)?;
-                let delivery_id = &k.value()[from.len()..];
-                if let Some(v) = rows.get(delivery_id).map_err(StorageError::of)? {
-                    found.push(Delivery::decode(v.value())?);
-                }
-                if found.len() >= max {
-                    break;
-                }
-            }
+impl From<&Delivery> for Position {
+    fn from(d: &Delivery) -> Self {
+        Position {
+            key: deliveries::created_key(d),
+            id: d.id.to_string(),
         }
-        found.sort_by(|a, b| a.id.cmp(&b.id));
     }
-    let canceled = r
-        .table(deliveries::NAME, deliveries::NOTIFICATIONS_CANCELED)?
-        .map(|t| t.get(id.as_bytes()).map(|v| v.is_some()))
-        .transpose()
-        .map_err(StorageError::of)?
-        .unwrap_or(false);
-    Ok((found, canceled))
 }

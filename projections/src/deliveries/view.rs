@@ -1,16 +1,20 @@
 //! The deliveries model seen from inside a models transaction: what the commands decide from
-//! (claim, expiry, completion, routing, admission, retention), asked for by what it means — a
-//! row, the due deliveries of a sink at a priority, the leases expired by a time, the
-//! deliveries of a notification or a task, a recipient, the settings in force. The keys are
-//! this folder's: the fold writes them and this view reads them; no caller builds or parses
-//! one.
+//! (claim, expiry, completion, routing, admission, retention) and what the queries answer
+//! (over [`crate::models::ModelsRead::snapshot`]), asked for by what it means — a row and its
+//! timeline, the due deliveries of a sink at a priority, the leases expired by a time, the
+//! deliveries of a notification or a task, a recipient, the settings in force, the outbox's
+//! KPIs. The keys are this folder's: the fold writes them and this view reads them; no caller
+//! builds or parses one. (The paged list, [`super::read::deliveries`], is the one query left
+//! outside it.)
 
 use tidemark_log::StorageError;
 
+use super::read::Kpis;
 use super::{
-    BY_NOTIFICATION, BY_TASK, CANCELED, COUNTS, DUE_BY_PRIORITY, Delivery, ENDPOINTS, GROUPS,
-    Group, LEASES, NAME, NOTIFICATIONS_CANCELED, RECIPIENTS, ROUTE_DUE, ROUTED_KEY, ROWS,
-    Recipient, SENT, SETTINGS, STATE, count_pending, group_key, timed_key, us_key,
+    BY_NOTIFICATION, BY_TASK, CANCELED, COUNTS, DUE, DUE_BY_PRIORITY, Delivery, ENDPOINTS, GROUPS,
+    Group, LEASES, NAME, NOTIFICATIONS_CANCELED, PENDING, RECIPIENTS, ROUTE_DUE, ROUTED_KEY, ROWS,
+    Recipient, SENT, SETTINGS, SITE_DUE, SITE_PENDING, SITE_SENT, SITE_STATUS, STATE, Step,
+    TIMELINE, count_pending, group_key, timed_key, us_key,
 };
 use crate::endpoints::Endpoint;
 use crate::framework::be_u64;
@@ -139,18 +143,188 @@ impl View<'_> {
         self.t.get_val(ENDPOINTS, route.as_bytes())
     }
 
+    /// Every delivering route's health and circuit that has one (an attempt or a switch), by
+    /// route.
+    pub fn endpoints(&mut self) -> Result<Vec<Endpoint>, StorageError> {
+        self.t.values(ENDPOINTS)
+    }
+
     /// The open circuits of `sink`'s routes whose next probe may go out by `now_us` (none
     /// is disabled).
     pub fn probes_due(&mut self, sink: Sink, now_us: i64) -> Result<Vec<Endpoint>, StorageError> {
-        let mut out = Vec::new();
-        for row in self.t.table(ENDPOINTS)?.iter()? {
+        let mut out = self.endpoints()?;
+        out.retain(|e| e.sink == Some(sink) && e.probe_at().is_some_and(|at| at <= now_us));
+        Ok(out)
+    }
+
+    /// Delivery `id`'s attempt timeline, oldest step first.
+    pub fn timeline(&mut self, id: &str) -> Result<Vec<Step>, StorageError> {
+        let (lo, hi) = under(id);
+        let mut steps = Vec::new();
+        for row in self
+            .t
+            .table(TIMELINE)?
+            .range(lo.as_slice()..hi.as_slice())?
+        {
             let (_, v) = row.map_err(of)?;
-            let e: Endpoint = postcard::from_bytes(v.value()).map_err(of)?;
-            if e.sink == Some(sink) && e.probe_at().is_some_and(|at| at <= now_us) {
-                out.push(e);
+            steps.push(postcard::from_bytes(v.value()).map_err(of)?);
+        }
+        Ok(steps)
+    }
+
+    /// The deliveries of the notification whose id (or intent key, on redacting routes) is
+    /// each of `keys`, by id, at most `max` per key.
+    pub fn rows_of_notification(
+        &mut self,
+        keys: &[&str],
+        max: usize,
+    ) -> Result<Vec<Delivery>, StorageError> {
+        let mut found = Vec::new();
+        for key in keys {
+            for id in self.of_notification(key)?.into_iter().take(max) {
+                found.extend(self.row(&id)?);
             }
         }
+        found.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(found)
+    }
+
+    /// When the first of the held leases expires (µs since the epoch); `None` when no
+    /// delivery is leased.
+    pub fn first_lease_expiry(&mut self) -> Result<Option<i64>, StorageError> {
+        let Some(row) = self.t.table(LEASES)?.iter()?.next() else {
+            return Ok(None);
+        };
+        let (k, _) = row.map_err(of)?;
+        Ok(be_u64(k.value().get(..8).unwrap_or_default()).map(|us| us as i64))
+    }
+
+    /// When the first delivery of `sink` falls due (µs since the epoch; in the past when one
+    /// is due now); `None` when none waits. A held route's deliveries are not in [`DUE`]: an
+    /// open circuit's next probe is due at its probe time, when one of them waits.
+    pub fn earliest_due(&mut self, sink: Sink) -> Result<Option<i64>, StorageError> {
+        let mut first = self.first_timed(DUE, sink.as_str())?;
+        for e in self.endpoints()? {
+            let Some(probe_at) = e.probe_at().filter(|_| e.sink == Some(sink)) else {
+                continue;
+            };
+            if let Some(due) = self.first_timed(ROUTE_DUE, &e.route)? {
+                let at = probe_at.max(due);
+                first = Some(first.map_or(at, |f| f.min(at)));
+            }
+        }
+        Ok(first)
+    }
+
+    /// The time of the first entry of `prefix` in a `prefix ‖ 0 ‖ time ‖ id` index.
+    fn first_timed(
+        &mut self,
+        table: &'static str,
+        prefix: &str,
+    ) -> Result<Option<i64>, StorageError> {
+        let from = timed_key(prefix, 0, "");
+        let to = [prefix.as_bytes(), &[1u8]].concat();
+        let Some(row) = self
+            .t
+            .table(table)?
+            .range(from.as_slice()..to.as_slice())?
+            .next()
+        else {
+            return Ok(None);
+        };
+        let (k, _) = row.map_err(of)?;
+        let at = prefix.len() + 1;
+        Ok(k.value()
+            .get(at..at + 8)
+            .and_then(be_u64)
+            .map(|us| us as i64))
+    }
+
+    /// The outbox's KPIs over all sinks and per sink (spec section 5); times are judged at
+    /// `now_us` (a query may read the clock; folds never).
+    pub fn kpis(
+        &mut self,
+        now_us: i64,
+        stuck_after_ms: u64,
+        interval_ms: u64,
+    ) -> Result<(Kpis, std::collections::BTreeMap<String, Kpis>), StorageError> {
+        let mut by_sink: std::collections::BTreeMap<String, Kpis> = Default::default();
+        for row in self.t.table(COUNTS)?.iter()? {
+            let (k, v) = row.map_err(of)?;
+            let k = k.value();
+            let Some(split) = k.iter().position(|b| *b == 0) else {
+                continue;
+            };
+            let sink = String::from_utf8_lossy(&k[..split]).into_owned();
+            let n = be_u64(v.value()).unwrap_or(0);
+            by_sink.entry(sink).or_default().count(&k[split + 1..], n);
+        }
+        let when = Judged::at(now_us, stuck_after_ms, interval_ms);
+        for (sink, k) in &mut by_sink {
+            self.timed_kpis(k, sink, [PENDING, DUE, SENT], when)?;
+        }
+        let mut all = Kpis::default();
+        for k in by_sink.values() {
+            all.add(k);
+        }
+        Ok((all, by_sink))
+    }
+
+    /// KPIs per source site (`by_source_site`, section 5), from the per-site indexes.
+    /// Deliveries of notifications without a site are not in it.
+    pub fn kpis_by_site(
+        &mut self,
+        now_us: i64,
+        stuck_after_ms: u64,
+        interval_ms: u64,
+    ) -> Result<std::collections::BTreeMap<String, Kpis>, StorageError> {
+        let mut out: std::collections::BTreeMap<String, Kpis> = Default::default();
+        for row in self.t.table(SITE_STATUS)?.iter()? {
+            let (k, _) = row.map_err(of)?;
+            let mut parts = k.value().splitn(3, |b| *b == 0);
+            let (Some(site), Some(st)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            out.entry(String::from_utf8_lossy(site).into_owned())
+                .or_default()
+                .count(st, 1);
+        }
+        let when = Judged::at(now_us, stuck_after_ms, interval_ms);
+        for (site, k) in &mut out {
+            self.timed_kpis(k, site, [SITE_PENDING, SITE_DUE, SITE_SENT], when)?;
+        }
         Ok(out)
+    }
+
+    /// The KPIs of one sink or site `dim` read from its `dim ‖ 0 ‖ time ‖ id` indexes
+    /// (`[pending by creation, claimable by due time, sent by delivery]`): queue depth,
+    /// stuck, oldest pending age, sent in the interval.
+    fn timed_kpis(
+        &mut self,
+        k: &mut Kpis,
+        dim: &str,
+        [pending, due, sent]: [&'static str; 3],
+        when: Judged,
+    ) -> Result<(), StorageError> {
+        k.queue_depth = k.queued + k.leased + k.retry_wait;
+        let lo = timed_key(dim, 0, "");
+        let hi = timed_key(dim, i64::MAX, "");
+        let cut = timed_key(dim, when.stuck_before, "");
+        k.stuck = self
+            .t
+            .table(due)?
+            .range(lo.as_slice()..cut.as_slice())?
+            .count() as u64;
+        if let Some(created) = self.first_timed(pending, dim)? {
+            k.oldest_pending_age_s = (when.now_us - created).max(0) as f64 / 1e6;
+        }
+        let cut = timed_key(dim, when.sent_since, "");
+        k.sent_last_interval = self
+            .t
+            .table(sent)?
+            .range(cut.as_slice()..hi.as_slice())?
+            .count() as u64;
+        Ok(())
     }
 
     /// The id of the delivery of `route` to `sink` due first, if one is due by `now_us` (held
@@ -191,26 +365,27 @@ impl View<'_> {
         let Some(key) = d.holds_order_key() else {
             return Ok(None);
         };
-        let prefix = super::order_prefix(&d.route, key);
+        Ok(self
+            .order_first(&d.route, key)?
+            .filter(|first| first != d.id.as_str()))
+    }
+
+    /// The first delivery of `route`'s key `key` in its order (section 4): the one that may
+    /// be in flight; the others of the key wait for it.
+    pub fn order_first(&mut self, route: &str, key: &str) -> Result<Option<String>, StorageError> {
+        let prefix = super::order_prefix(route, key);
         let t = self.t.table(super::ORDER)?;
         let mut range = t.range(prefix.as_slice()..)?;
         let Some(row) = range.next() else {
             return Ok(None);
         };
         let (k, _) = row.map_err(of)?;
-        Ok(super::order_entry_id(&prefix, k.value()).filter(|first| first != d.id.as_str()))
+        Ok(super::order_entry_id(&prefix, k.value()))
     }
 
     /// What follows `prefix ‖ 0` in the keys of `table` that start with it.
     fn suffixes(&mut self, table: &'static str, prefix: &str) -> Result<Vec<String>, StorageError> {
-        let lo = [prefix.as_bytes(), &[0u8]].concat();
-        let hi = [prefix.as_bytes(), &[1u8]].concat();
-        let mut out = Vec::new();
-        for row in self.t.table(table)?.range(lo.as_slice()..hi.as_slice())? {
-            let (k, _) = row.map_err(of)?;
-            out.push(String::from_utf8_lossy(&k.value()[lo.len()..]).into_owned());
-        }
-        Ok(out)
+        self.t.suffixes(table, prefix)
     }
 
     /// Recipient `r`'s state (the defaults for none, or one without state).
@@ -271,6 +446,12 @@ impl View<'_> {
             .unwrap_or(0))
     }
 
+    /// The routing settings in force at the head: the file's, with the routes managed at
+    /// runtime.
+    pub fn settings_in_force(&mut self) -> Result<RoutingSettings, StorageError> {
+        self.settings_at(u64::MAX)
+    }
+
     /// The settings in force at `seq` (the last `settings.updated` at or before it).
     pub fn settings_at(&mut self, seq: u64) -> Result<RoutingSettings, StorageError> {
         let t = self.t.table(SETTINGS)?;
@@ -312,4 +493,30 @@ impl View<'_> {
         }
         Ok(n)
     }
+}
+
+/// When a KPI query judges: now, and the cuts `stuck_after` and the interval make.
+#[derive(Clone, Copy)]
+struct Judged {
+    now_us: i64,
+    stuck_before: i64,
+    sent_since: i64,
+}
+
+impl Judged {
+    fn at(now_us: i64, stuck_after_ms: u64, interval_ms: u64) -> Judged {
+        Judged {
+            now_us,
+            stuck_before: now_us.saturating_sub(stuck_after_ms as i64 * 1_000),
+            sent_since: now_us.saturating_sub(interval_ms as i64 * 1_000),
+        }
+    }
+}
+
+/// The keys `prefix ‖ 0 ‖ …` of an index or timeline lie in `prefix ‖ 0 .. prefix ‖ 1`.
+fn under(prefix: &str) -> (Vec<u8>, Vec<u8>) {
+    (
+        [prefix.as_bytes(), &[0u8]].concat(),
+        [prefix.as_bytes(), &[1u8]].concat(),
+    )
 }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableTable, TableDefinition};
 use serde::Deserialize;
 use tidemark_log::StorageError;
 
@@ -14,21 +14,31 @@ use super::cached::Row;
 use super::overlay::{Merge, Overlay, Val};
 use super::{Bytes, META, Meta, table_name};
 
-/// Read access to projections for the API: one read transaction, so everything read through
-/// one `Reader` is one consistent state of the log.
+/// Read access to projections for the API's paged lists: one read transaction (a
+/// [`crate::models::ModelsRead::snapshot`]), so everything read through one `Reader`, and
+/// through the models' views over [`Reader::models`], is one consistent state of the log.
 pub struct Reader {
-    txn: redb::ReadTransaction,
+    models: crate::models::ModelsTxn,
 }
 
 impl Reader {
     pub fn new(db: &crate::models::ModelsRead) -> Result<Reader, StorageError> {
         Ok(Reader {
-            txn: db.db().begin_read().map_err(StorageError::of)?,
+            models: db.snapshot()?,
         })
     }
 
+    /// The same transaction, for the models' views.
+    pub fn models(&self) -> &crate::models::ModelsTxn {
+        &self.models
+    }
+
+    fn txn(&self) -> &redb::ReadTransaction {
+        self.models.snap()
+    }
+
     pub fn meta(&self, name: &str) -> Result<Meta, StorageError> {
-        let t = match self.txn.open_table(META) {
+        let t = match self.txn().open_table(META) {
             Ok(t) => t,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Meta::default()),
             Err(e) => return Err(StorageError::of(e)),
@@ -48,7 +58,7 @@ impl Reader {
         let generation = self.meta(proj)?.generation;
         let name = table_name(proj, table, generation);
         let def: TableDefinition<Bytes, Bytes> = TableDefinition::new(&name);
-        match self.txn.open_table(def) {
+        match self.txn().open_table(def) {
             Ok(t) => Ok(Some(t)),
             Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
             Err(e) => Err(StorageError::of(e)),

@@ -4,12 +4,12 @@
 use tidemark_log::StorageError;
 
 use crate::deliveries::Delivery;
-use crate::framework::{Reader, be_u64};
+use crate::framework::Reader;
 use crate::ids::NotificationId;
 use crate::notifications::{self, Notification};
 use crate::read::paged::{Order, Walk, paged};
 use crate::read::stored_u64;
-use crate::tasks::{self, Task};
+use crate::tasks;
 
 #[derive(Debug, Clone, Default)]
 pub struct NotificationFilter {
@@ -41,6 +41,7 @@ pub fn notifications_with_task_seq(
 ) -> Result<NotificationsWithTaskSeq, StorageError> {
     let r = Reader::new(db)?;
     let (rows, next) = notifications_in(&r, f)?;
+    let mut tasks = tasks::View::new(r.models())?;
     let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     let mut out = Vec::with_capacity(rows.len());
     for n in rows {
@@ -49,9 +50,7 @@ pub fn notifications_with_task_seq(
             Some(t) => match seen.get(t) {
                 Some(s) => *s,
                 None => {
-                    let s = r
-                        .get_val::<Task>(tasks::NAME, tasks::ROWS, t.as_bytes())?
-                        .map_or(0, |t| t.latest_event_seq);
+                    let s = tasks.row(t)?.map_or(0, |t| t.latest_event_seq);
                     seen.insert(t.clone(), s);
                     s
                 }
@@ -163,29 +162,15 @@ pub fn notification_status(
     intent_key: Option<&str>,
 ) -> Result<Option<NotificationStatus>, StorageError> {
     let id = id.as_str();
-    let r = Reader::new(db)?;
-    let Some(ids) = r.table(notifications::NAME, notifications::IDS)? else {
-        return Ok(None);
-    };
-    let Some(seq) = ids
-        .get(id.as_bytes())
-        .map_err(StorageError::of)?
-        .and_then(|v| be_u64(v.value()))
-    else {
-        return Ok(None);
-    };
-    let Some(notification) = r.get_val::<Notification>(
-        notifications::NAME,
-        notifications::BY_SEQ,
-        &seq.to_be_bytes(),
-    )?
-    else {
+    let txn = db.snapshot()?;
+    let Some(notification) = notifications::View::new(&txn)?.by_id(id)? else {
         return Ok(None);
     };
     // Its deliveries on redacting routes carry the intent key in place of its id.
     let keys: Vec<&str> = std::iter::once(id).chain(intent_key).collect();
-    let (found, canceled) =
-        crate::deliveries::read::of_notification(&r, &keys, id, STATUS_DELIVERIES_MAX)?;
+    let mut deliveries = txn.deliveries()?;
+    let found = deliveries.rows_of_notification(&keys, STATUS_DELIVERIES_MAX)?;
+    let canceled = deliveries.notification_canceled(id)?;
     // A canceled notification whose digest let it go has no delivery left: cancelled.
     let status = match notification_status_of(&found) {
         "dashboard_only" if canceled => "cancelled",

@@ -66,22 +66,6 @@ pub(crate) fn stored_u64(
         .unwrap_or(0))
 }
 
-/// The notification settings in force (payload of the last `settings.updated`).
-pub fn current_settings(
-    db: &crate::models::ModelsRead,
-) -> Result<Option<serde_json::Value>, StorageError> {
-    let r = Reader::new(db)?;
-    let Some(t) = r.table(crate::settings::NAME, crate::settings::CURRENT)? else {
-        return Ok(None);
-    };
-    match t.get(crate::settings::KEY).map_err(StorageError::of)? {
-        Some(v) => serde_json::from_slice(v.value())
-            .map(Some)
-            .map_err(StorageError::of),
-        None => Ok(None),
-    }
-}
-
 /// The keys `prefix ‖ 0 ‖ …` of an index or timeline lie in `prefix ‖ 0 .. prefix ‖ 1`.
 pub(crate) fn under(prefix: &str) -> (Vec<u8>, Vec<u8>) {
     let bound = |b: u8| {

@@ -4,10 +4,8 @@
 
 use tidemark_log::StorageError;
 
-use crate::deliveries::{self, Delivery};
 use crate::framework::Reader;
 use crate::notifications::Notification;
-use crate::tasks::{self, Task};
 
 /// The order a list (`GET /v1/tasks`, `GET /v1/deliveries`) is paged in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -41,30 +39,12 @@ impl Position {
     }
 }
 
-impl From<&Task> for Position {
-    fn from(t: &Task) -> Self {
-        Position {
-            key: tasks::created_key(t),
-            id: t.task_id.clone(),
-        }
-    }
-}
-
 /// A notification's place: its seq (the key of its row).
 impl From<&Notification> for Position {
     fn from(n: &Notification) -> Self {
         Position {
             key: n.seq,
             id: String::new(),
-        }
-    }
-}
-
-impl From<&Delivery> for Position {
-    fn from(d: &Delivery) -> Self {
-        Position {
-            key: deliveries::created_key(d),
-            id: d.id.to_string(),
         }
     }
 }

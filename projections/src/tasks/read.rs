@@ -62,3 +62,12 @@ pub fn tasks(db: &crate::models::ModelsRead, f: &TaskFilter) -> Result<Page<Task
     };
     paged(&r, tasks::NAME, &rows, walk, limit, keep)
 }
+
+impl From<&Task> for Position {
+    fn from(t: &Task) -> Self {
+        Position {
+            key: tasks::created_key(t),
+            id: t.task_id.clone(),
+        }
+    }
+}
