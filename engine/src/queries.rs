@@ -13,14 +13,17 @@ use tidemark_projections::ids::{BridgeId, DeliveryId, NotificationId, Subscripti
 use tidemark_log::{AnyLog, EventLog, ReadPage, ReadQuery, StorageError};
 use tidemark_projections::bridges::Subscription;
 use tidemark_projections::cursors::Cursor;
+use tidemark_projections::deliveries::read::{DeliveryFilter, Kpis};
 use tidemark_projections::deliveries::{self, Delivery, Step};
 use tidemark_projections::names::{Sink, Stream};
 use tidemark_projections::notifications::Notification;
-use tidemark_projections::read::{
-    self, DeliveryFilter, Kpis, ListOrder, NotificationFilter, NotificationStatus, Page, Position,
-    ProjectionInfo, TaskFilter,
+use tidemark_projections::notifications::read::{
+    NotificationFilter, NotificationStatus, NotificationsWithTaskSeq,
 };
+use tidemark_projections::read::{self, ListOrder, Page, Position, ProjectionInfo};
 use tidemark_projections::tasks::Task;
+use tidemark_projections::tasks::read::TaskFilter;
+use tidemark_projections::{bridges, cursors, notifications, tasks};
 
 type R<T> = Result<T, QueryError>;
 
@@ -252,7 +255,7 @@ impl<L: EventLog + Clone> Queries<L> {
         f: impl FnOnce(&mut deliveries::View<'_>) -> Result<T, StorageError>,
     ) -> R<T> {
         let txn = self.models.read().snapshot()?;
-        Ok(f(&mut txn.deliveries()?)?)
+        Ok(f(&mut deliveries::View::new(&txn)?)?)
     }
 
     /// Outbox KPIs as the deliveries model stands now, without waiting (for `/metrics`).
@@ -267,35 +270,38 @@ impl<L: EventLog + Clone> Queries<L> {
 
     pub fn task(&self, task_id: &TaskId) -> R<Option<Task>> {
         self.floor(0)?;
-        Ok(read::task(&self.models.read(), task_id)?)
+        Ok(tasks::read::task(&self.models.read(), task_id)?)
     }
 
     /// A page of tasks and the position of its last row when more may follow.
     pub fn tasks(&self, f: &TaskFilter) -> R<Page<Task>> {
         self.floor(0)?;
-        Ok(read::tasks(&self.models.read(), f)?)
+        Ok(tasks::read::tasks(&self.models.read(), f)?)
     }
 
     /// Notifications newest first and the `before_seq` of the next page.
     pub fn notifications(&self, f: &NotificationFilter) -> R<(Vec<Notification>, Option<u64>)> {
         self.floor(0)?;
-        Ok(read::notifications(&self.models.read(), f)?)
+        Ok(notifications::read::notifications(&self.models.read(), f)?)
     }
 
     /// [`Queries::notifications`], each with its task's `latest_event_seq` (0 without one).
     pub fn notifications_with_task_seq(
         &self,
         f: &NotificationFilter,
-    ) -> R<read::NotificationsWithTaskSeq> {
+    ) -> R<NotificationsWithTaskSeq> {
         self.floor(0)?;
-        Ok(read::notifications_with_task_seq(&self.models.read(), f)?)
+        Ok(notifications::read::notifications_with_task_seq(
+            &self.models.read(),
+            f,
+        )?)
     }
 
     /// The status record of one notification (`None`: no notification has that id).
     pub fn notification_status(&self, id: &NotificationId) -> R<Option<NotificationStatus>> {
         self.floor(0)?;
         let intent = self.privacy.as_ref().map(|p| p.intent_key(id.as_str()));
-        Ok(read::notification_status(
+        Ok(notifications::read::notification_status(
             &self.models.read(),
             id,
             intent.as_deref(),
@@ -313,13 +319,16 @@ impl<L: EventLog + Clone> Queries<L> {
             tidemark_projections::notifications::Provenance,
         )>,
     > {
-        Ok(read::provenance_at(&self.models.read(), seq)?)
+        Ok(notifications::read::provenance_at(
+            &self.models.read(),
+            seq,
+        )?)
     }
 
     /// The highest source seq the notification router has derived from.
     pub fn router_checkpoint(&self) -> R<u64> {
         self.floor(0)?;
-        Ok(read::router_checkpoint(&self.models.read())?)
+        Ok(notifications::read::router_checkpoint(&self.models.read())?)
     }
 
     /// The routing settings in force: the file's, with the routes managed at runtime.
@@ -362,7 +371,7 @@ impl<L: EventLog + Clone> Queries<L> {
     pub fn deliveries(&self, f: &DeliveryFilter) -> R<Page<Delivery>> {
         self.floor(0)?;
         let db = self.models.read();
-        let clear = read::deliveries(&db, f)?;
+        let clear = deliveries::read::deliveries(&db, f)?;
         // Redacted deliveries carry the keyed hashes of the recipient and the notification id
         // (section 14): a filter by either also finds them, merged in the list's order.
         let Some(p) = self
@@ -377,7 +386,7 @@ impl<L: EventLog + Clone> Queries<L> {
             notification_id: f.notification_id.as_deref().map(|n| p.intent_key(n)),
             ..f.clone()
         };
-        let other = read::deliveries(&db, &hashed)?;
+        let other = deliveries::read::deliveries(&db, &hashed)?;
         let more = clear.1.is_some() || other.1.is_some();
         let mut all: Vec<Delivery> = clear.0.into_iter().chain(other.0).collect();
         match f.order {
@@ -486,7 +495,7 @@ impl<L: EventLog + Clone> Queries<L> {
         )>,
     > {
         self.floor(0)?;
-        Ok(read::endpoints_in_force(&self.models.read())?)
+        Ok(deliveries::read::endpoints_in_force(&self.models.read())?)
     }
 
     /// The health and circuit of delivering route `route` (`None`: no attempt or switch yet;
@@ -502,7 +511,7 @@ impl<L: EventLog + Clone> Queries<L> {
         id: &SubscriptionId,
     ) -> R<Option<tidemark_projections::endpoints::Endpoint>> {
         self.floor(0)?;
-        Ok(read::bridge_endpoint(&self.models.read(), id)?)
+        Ok(bridges::read::bridge_endpoint(&self.models.read(), id)?)
     }
 
     /// Every notification list, by name.
@@ -514,7 +523,7 @@ impl<L: EventLog + Clone> Queries<L> {
     /// A cursor, or its zero state.
     pub fn cursor(&self, consumer_id: &str, stream_name: &str, subject_id: &str) -> R<Cursor> {
         self.floor(0)?;
-        Ok(read::cursor(
+        Ok(cursors::read::cursor(
             &self.models.read(),
             consumer_id,
             stream_name,
@@ -525,30 +534,42 @@ impl<L: EventLog + Clone> Queries<L> {
     /// Cursors (of one consumer), at most `limit`.
     pub fn cursors(&self, consumer_id: Option<&str>, limit: usize) -> R<Vec<Cursor>> {
         self.floor(0)?;
-        Ok(read::cursors(&self.models.read(), consumer_id, limit)?)
+        Ok(cursors::read::cursors(
+            &self.models.read(),
+            consumer_id,
+            limit,
+        )?)
     }
 
     pub fn subscription(&self, id: &SubscriptionId) -> R<Option<Subscription>> {
         self.floor(0)?;
-        Ok(read::subscription(&self.models.read(), id)?)
+        Ok(bridges::read::subscription(&self.models.read(), id)?)
     }
 
     /// Active subscriptions of these tasks (one read for all).
     pub fn task_subscriptions(&self, task_ids: &[&str]) -> R<Vec<Subscription>> {
         self.floor(0)?;
-        Ok(read::task_subscriptions(&self.models.read(), task_ids)?)
+        Ok(bridges::read::task_subscriptions(
+            &self.models.read(),
+            task_ids,
+        )?)
     }
 
     /// Active subscriptions of a bridge.
     pub fn bridge_subscriptions(&self, bridge_id: &BridgeId) -> R<Vec<Subscription>> {
         self.floor(0)?;
-        Ok(read::bridge_subscriptions(&self.models.read(), bridge_id)?)
+        Ok(bridges::read::bridge_subscriptions(
+            &self.models.read(),
+            bridge_id,
+        )?)
     }
 
     /// Every active subscription.
     pub fn all_active_subscriptions(&self) -> R<Vec<Subscription>> {
         self.floor(0)?;
-        Ok(read::all_active_subscriptions(&self.models.read())?)
+        Ok(bridges::read::all_active_subscriptions(
+            &self.models.read(),
+        )?)
     }
 
     /// Every cursor, and every active bridge subscription's cursor (zero or not), with its lag
@@ -556,7 +577,7 @@ impl<L: EventLog + Clone> Queries<L> {
     pub fn lags(&self, now_us: i64, stuck_after_ms: u64) -> R<Vec<Lag>> {
         let db = self.models.read();
         let first = self.log.first_seq().map_err(QueryError::Log)?;
-        let mut all = read::cursors(&db, None, 100_000)?;
+        let mut all = cursors::read::cursors(&db, None, 100_000)?;
         let known: std::collections::HashSet<(String, String, String)> = all
             .iter()
             .map(|c| {
@@ -567,7 +588,7 @@ impl<L: EventLog + Clone> Queries<L> {
                 )
             })
             .collect();
-        for sub in read::all_active_subscriptions(&db)? {
+        for sub in bridges::read::all_active_subscriptions(&db)? {
             let consumer =
                 tidemark_projections::names::ids::bridge_consumer(sub.subscription_id.as_str());
             let key = (

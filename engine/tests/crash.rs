@@ -921,7 +921,7 @@ fn a_rebuild_runs_at_a_lower_priority() {
 #[test]
 fn a_query_on_a_failing_models_store_is_the_models_failure() {
     use tidemark_engine::QueryError;
-    use tidemark_projections::read::TaskFilter;
+    use tidemark_projections::tasks::read::TaskFilter;
     let rt = rt();
     let disk = Disk::default();
     let (engine, _) = open(&disk, 1000);

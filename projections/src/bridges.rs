@@ -4,7 +4,7 @@
 //! `(bridge_task_subscription:<subscription_id>, task_events, <task_id>)`. Deleting one keeps
 //! the cursor; creating the same id again resumes from it.
 
-pub(crate) mod read;
+pub mod read;
 
 use crate::ids::{BridgeId, SubscriptionId, TaskId};
 use serde::{Deserialize, Serialize};

@@ -3,7 +3,7 @@
 //! same seq with the same delivery id) and `cursor.reset` (the only way down, with a reason).
 //! The commands that check those rules are the engine's (`tidemark_engine::commands::cursors`).
 
-pub(crate) mod read;
+pub mod read;
 
 use std::borrow::Cow;
 
@@ -37,6 +37,8 @@ pub struct Cursor {
     #[serde(default, with = "crate::trailing")]
     pub ext: CursorExt,
 }
+
+crate::postcard_row!(Cursor);
 
 /// The fields a cursor row gained after the golden release (see [`Cursor::ext`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -42,8 +42,13 @@ macro_rules! txn_view {
 
         impl<'t> View<'t> {
             pub fn new(txn: &'t crate::models::ModelsTxn) -> Result<Self, StorageError> {
+                Self::over(txn.src())
+            }
+
+            /// The view over `src` (a [`crate::framework::Reader`]'s transaction).
+            pub(crate) fn over(src: crate::framework::Src<'t>) -> Result<Self, StorageError> {
                 Ok(View {
-                    t: crate::framework::TxnTables::new(txn.src(), $name)?,
+                    t: crate::framework::TxnTables::new(src, $name)?,
                 })
             }
         }

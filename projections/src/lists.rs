@@ -70,7 +70,7 @@ impl Projection for Lists {
 
 /// A list by name.
 pub fn list(db: &crate::models::ModelsRead, name: &str) -> Result<Option<ListRow>, StorageError> {
-    crate::framework::Reader::new(db)?.get_val(NAME, ROWS, name.as_bytes())
+    db.reader()?.get_val(NAME, ROWS, name.as_bytes())
 }
 
 txn_view! {
@@ -87,5 +87,5 @@ impl View<'_> {
 
 /// Every list, by name.
 pub fn all(db: &crate::models::ModelsRead) -> Result<Vec<ListRow>, StorageError> {
-    crate::framework::Reader::new(db)?.values(NAME, ROWS)
+    db.reader()?.values(NAME, ROWS)
 }

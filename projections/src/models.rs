@@ -246,10 +246,17 @@ pub struct ModelsRead(Arc<Database>);
 impl ModelsRead {
     /// One read transaction of the store, read through the same views as the commands'
     /// (an overlay with no layers over it): a query asks the model's view what a command
-    /// would (`models.snapshot()?.deliveries()?.pending()`).
+    /// would (`deliveries::View::new(&models.snapshot()?)?.pending()`).
     pub fn snapshot(&self) -> Result<ModelsTxn, StorageError> {
         let snap = self.0.begin_read().map_err(StorageError::of)?;
         Ok(ModelsTxn(Inner::Mem(Overlay::new(snap))))
+    }
+
+    /// One read transaction for the paged lists' raw reads ([`framework::Reader`]).
+    pub fn reader(&self) -> Result<framework::Reader, StorageError> {
+        Ok(framework::Reader::new(
+            self.0.begin_read().map_err(StorageError::of)?,
+        ))
     }
 }
 
@@ -276,20 +283,6 @@ impl ModelsTxn {
             Inner::Redb(t) => Src::Redb(t),
             Inner::Mem(m) => Src::Mem(m),
         }
-    }
-
-    /// The read transaction under it: a snapshot's ([`ModelsRead::snapshot`]) or an
-    /// overlay's.
-    pub(crate) fn snap(&self) -> &redb::ReadTransaction {
-        match &self.0 {
-            Inner::Mem(m) => m.snap(),
-            Inner::Redb(_) => unreachable!("a Reader is made over a snapshot"),
-        }
-    }
-
-    /// The deliveries model's view ([`crate::deliveries::View`]).
-    pub fn deliveries(&self) -> Result<crate::deliveries::View<'_>, StorageError> {
-        crate::deliveries::View::new(self)
     }
 
     /// The redb transaction (not the overlay's: its writes go through [`Models::write`]).

@@ -3,7 +3,7 @@
 //! A notification comes from a client's `notification.requested` (its event_id is the
 //! notification id) or from the router's `notification.created` (id `ntf:<source_seq>`).
 
-pub(crate) mod read;
+pub mod read;
 
 use crate::names::{EventType, Priority, Stream};
 use serde::{Deserialize, Serialize};
@@ -45,6 +45,8 @@ pub struct Notification {
     #[serde(default, with = "crate::trailing")]
     pub ext: Provenance,
 }
+
+crate::postcard_row!(Notification);
 
 /// A notification's `type`, `type_data` and `source` (section 2); the objects are kept as the
 /// client's JSON text.

@@ -123,7 +123,7 @@ impl Projection for Routes {
 
 /// A route by name.
 pub fn route(db: &crate::models::ModelsRead, name: &str) -> Result<Option<RouteRow>, StorageError> {
-    crate::framework::Reader::new(db)?.get_val(NAME, ROWS, name.as_bytes())
+    db.reader()?.get_val(NAME, ROWS, name.as_bytes())
 }
 
 txn_view! {
@@ -140,5 +140,5 @@ impl View<'_> {
 
 /// Every route managed through the API, by name.
 pub fn all(db: &crate::models::ModelsRead) -> Result<Vec<RouteRow>, StorageError> {
-    crate::framework::Reader::new(db)?.values(NAME, ROWS)
+    db.reader()?.values(NAME, ROWS)
 }

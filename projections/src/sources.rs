@@ -194,7 +194,7 @@ pub fn source(
     db: &crate::models::ModelsRead,
     name: &str,
 ) -> Result<Option<SourceRow>, StorageError> {
-    crate::framework::Reader::new(db)?.get_val(NAME, ROWS, name.as_bytes())
+    db.reader()?.get_val(NAME, ROWS, name.as_bytes())
 }
 
 txn_view! {

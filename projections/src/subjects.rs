@@ -9,6 +9,7 @@
 //! A subject whose every event was compacted away has no last event in the log any more; its
 //! row, older than the log's first seq, reads as 0 ([`last`]).
 
+use crate::framework::overlay::{MODELS_META_TABLE, SUBJECT_LAST_TABLE};
 use redb::TableDefinition;
 use tidemark_log::{EventLog, EventRef, StorageError};
 
@@ -26,14 +27,10 @@ pub const STREAMS: [Stream; 7] = [
     Stream::Endpoints,
 ];
 
-/// The name of the table of the subjects' last seqs.
-pub(crate) const LAST_TABLE: &str = "subject_last";
-/// The name of the models store's own bookkeeping table.
-pub(crate) const META_TABLE: &str = "models_meta";
 /// `stream ‖ 0 ‖ subject` → seq of its last event.
-const LAST: TableDefinition<&[u8], u64> = TableDefinition::new(LAST_TABLE);
+const LAST: TableDefinition<&[u8], u64> = TableDefinition::new(SUBJECT_LAST_TABLE);
 /// Bookkeeping of the models store: `subjects` → the seq the table reflects.
-const META: TableDefinition<&str, u64> = TableDefinition::new(META_TABLE);
+const META: TableDefinition<&str, u64> = TableDefinition::new(MODELS_META_TABLE);
 const CHECKPOINT: &str = "subjects";
 
 fn key(stream: &str, subject: &str) -> Vec<u8> {

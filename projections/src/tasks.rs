@@ -10,7 +10,7 @@
 //! having started is a mismatch (spec section 6): its end is recorded on the run, and the
 //! task's status does not follow it.
 
-pub(crate) mod read;
+pub mod read;
 
 use crate::names::{EventType, LIFECYCLE_PREFIX, ReviewState, Stream, TaskStatus};
 use std::borrow::Cow;
@@ -88,6 +88,8 @@ pub struct Task {
     #[serde(default, with = "crate::trailing")]
     pub ext: TaskExt,
 }
+
+crate::postcard_row!(Task);
 
 /// The fields a task row gained after the golden release (see [`Task::ext`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,14 +16,16 @@ use redb::ReadableTable;
 use serde_json::json;
 use tidemark_log::{Log, LogConfig, NewEvent};
 use tidemark_projections::ModelsRead;
+use tidemark_projections::deliveries::read::{DeliveryFilter, StuckFilter};
 use tidemark_projections::deliveries::{Change, Created, Delivery};
 use tidemark_projections::framework::Projection;
 use tidemark_projections::names::{DeliveryStatus, Sink, TaskStatus, sink_or_none};
 use tidemark_projections::notifications::Notification;
-use tidemark_projections::read::{
-    self, DeliveryFilter, ListOrder, NotificationFilter, Position, StuckFilter, TaskFilter,
-};
+use tidemark_projections::notifications::read::NotificationFilter;
+use tidemark_projections::read::{self, ListOrder, Position};
 use tidemark_projections::tasks::Task;
+use tidemark_projections::tasks::read::TaskFilter;
+use tidemark_projections::{deliveries, notifications, tasks};
 
 const SINKS: [&str; 3] = ["app", "none", "email"];
 const ROUTES: [&str; 3] = ["desktop", "pager", "sms"];
@@ -193,7 +195,7 @@ fn delivery_pages(db: &ModelsRead, f: &DeliveryFilter) -> Vec<Vec<Delivery>> {
     let mut f = f.clone();
     let mut pages = Vec::new();
     loop {
-        let (page, next) = read::deliveries(db, &f).unwrap();
+        let (page, next) = deliveries::read::deliveries(db, &f).unwrap();
         assert!(page.len() <= f.limit, "a page over limit: {f:?}");
         match next {
             Some(n) => {
@@ -223,7 +225,7 @@ fn task_pages(db: &ModelsRead, f: &TaskFilter) -> Vec<Vec<Task>> {
     let mut f = f.clone();
     let mut pages = Vec::new();
     loop {
-        let (page, next) = read::tasks(db, &f).unwrap();
+        let (page, next) = tasks::read::tasks(db, &f).unwrap();
         assert!(page.len() <= f.limit, "a page over limit: {f:?}");
         match next {
             Some(n) => {
@@ -252,7 +254,7 @@ fn notification_pages(db: &ModelsRead, f: &NotificationFilter) -> Vec<Vec<Notifi
     let mut f = f.clone();
     let mut pages = Vec::new();
     loop {
-        let (page, next) = read::notifications(db, &f).unwrap();
+        let (page, next) = notifications::read::notifications(db, &f).unwrap();
         assert!(page.len() <= f.limit, "a page over limit: {f:?}");
         match next {
             Some(n) => {
@@ -538,7 +540,7 @@ proptest! {
         let mut want_all = created_ids.clone();
         want_all.sort();
         prop_assert_eq!(&all, &want_all);
-        let (rows, _) = read::deliveries(&db, &DeliveryFilter { limit: 1000, ..Default::default() }).unwrap();
+        let (rows, _) = deliveries::read::deliveries(&db, &DeliveryFilter { limit: 1000, ..Default::default() }).unwrap();
         for f in &dfs {
             let want = delivery_matches(&rows, f);
             let got = delivery_ids(&delivery_pages(&db, f));
@@ -762,7 +764,7 @@ proptest! {
         let db = log.db();
 
         // Deliveries: the model's picks in the filter's order (creation time from the id).
-        let (rows, _) = read::deliveries(&db, &DeliveryFilter { limit: 1000, ..Default::default() }).unwrap();
+        let (rows, _) = deliveries::read::deliveries(&db, &DeliveryFilter { limit: 1000, ..Default::default() }).unwrap();
         let position = |id: &str| Position { key: created_at(id) as u64, id: id.to_owned() };
         let all = delivery_ids(&delivery_pages(&db, &DeliveryFilter {
             order: ListOrder::Newest, limit: 1000, ..Default::default()
@@ -782,7 +784,7 @@ proptest! {
 
         // Tasks: created at their `task.created`, else at their first run event, else 0.
         let key = |t: &(Option<usize>, Option<usize>)| t.0.or(t.1).map_or(0, |i| seqs_of[i]);
-        let (rows, _) = read::tasks(&db, &TaskFilter { limit: 1000, ..Default::default() }).unwrap();
+        let (rows, _) = tasks::read::tasks(&db, &TaskFilter { limit: 1000, ..Default::default() }).unwrap();
         prop_assert_eq!(rows.iter().map(|t| t.task_id.clone()).collect::<Vec<_>>(), tasks.keys().cloned().collect::<Vec<_>>());
         for f in &tfs {
             let picked: Vec<Position> = rows
@@ -812,7 +814,7 @@ fn sorted(mut v: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
 
 /// Every key of a projection's table, in order.
 fn index_keys(db: &ModelsRead, proj: &str, table: &str) -> Vec<Vec<u8>> {
-    let r = tidemark_projections::Reader::new(db).unwrap();
+    let r = db.reader().unwrap();
     let Some(t) = r.table(proj, table).unwrap() else {
         return Vec::new();
     };
@@ -885,7 +887,7 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
         before_seq: None,
         limit: 10,
     };
-    let (page, next) = read::notifications(&db, &f).unwrap();
+    let (page, next) = notifications::read::notifications(&db, &f).unwrap();
     let got: Vec<&str> = page.iter().map(|n| n.notification_id.as_str()).collect();
     assert_eq!(got, ["rare-3", "rare-2", "rare-1"]);
     assert_eq!(next, None);
@@ -899,7 +901,7 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
     assert_eq!(crate::seqs(&pages), [seqs[2], seqs[1], seqs[0]]);
     assert_eq!(pages.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1]);
     // Either filter alone.
-    let (page, _) = read::notifications(
+    let (page, _) = notifications::read::notifications(
         &db,
         &NotificationFilter {
             priority: None,
@@ -909,7 +911,7 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
     )
     .unwrap();
     assert_eq!(page.len(), 53);
-    let (page, next) = read::notifications(
+    let (page, next) = notifications::read::notifications(
         &db,
         &NotificationFilter {
             recipient: None,
@@ -927,7 +929,7 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
         limit: 10,
         ..DeliveryFilter::default()
     };
-    let (page, next) = read::deliveries(&db, &f).unwrap();
+    let (page, next) = deliveries::read::deliveries(&db, &f).unwrap();
     let got: Vec<&str> = page.iter().map(|d| d.id.as_str()).collect();
     assert_eq!(got, ["dlv-z0", "dlv-z1", "dlv-z2"]);
     assert_eq!(next, None);
@@ -941,7 +943,7 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
     assert_eq!(delivery_ids(&pages), ["dlv-z0", "dlv-z1", "dlv-z2"]);
     assert_eq!(pages.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1]);
     // Three filters, and a status that only the rare ones have past the bulk.
-    let (page, _) = read::deliveries(
+    let (page, _) = deliveries::read::deliveries(
         &db,
         &DeliveryFilter {
             route: Some("desktop".into()),
@@ -952,7 +954,7 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
     )
     .unwrap();
     assert_eq!(page.len(), 3);
-    let (page, next) = read::deliveries(
+    let (page, next) = deliveries::read::deliveries(
         &db,
         &DeliveryFilter {
             sink: None,
@@ -1058,7 +1060,7 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
         );
     }
     let db = log.db();
-    let (page, _) = read::deliveries(
+    let (page, _) = deliveries::read::deliveries(
         &db,
         &DeliveryFilter {
             sink: Some(Some(Sink::App)),
@@ -1071,7 +1073,7 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
     // i ≡ 0 (mod 3) and i even: 0, 6, ..., 36.
     let got: Vec<&str> = page.iter().map(|d| d.id.as_str()).collect();
     assert_eq!(got, ["d00", "d06", "d12", "d18", "d24", "d30", "d36"]);
-    let (page, _) = read::deliveries(
+    let (page, _) = deliveries::read::deliveries(
         &db,
         &DeliveryFilter {
             notification_id: Some("n-d07".into()),
@@ -1086,7 +1088,7 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
         ["d07"],
         "the notification index is filled by the rebuild"
     );
-    let (page, _) = read::notifications(
+    let (page, _) = notifications::read::notifications(
         &db,
         &NotificationFilter {
             priority: Some("action".into()),
@@ -1103,7 +1105,7 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
             "n37", "n33", "n29", "n25", "n21", "n17", "n13", "n09", "n05", "n01"
         ]
     );
-    let (page, _) = read::deliveries(
+    let (page, _) = deliveries::read::deliveries(
         &db,
         &DeliveryFilter {
             order: ListOrder::Newest,
@@ -1114,7 +1116,7 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
     .unwrap();
     let got: Vec<&str> = page.iter().map(|d| d.id.as_str()).collect();
     assert_eq!(got, ["d39", "d38", "d37"], "the by_created index is filled");
-    let (page, _) = read::tasks(
+    let (page, _) = tasks::read::tasks(
         &db,
         &TaskFilter {
             order: ListOrder::Newest,

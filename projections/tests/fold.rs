@@ -17,7 +17,7 @@ use tidemark_projections::bridges::{BridgeEvent, BridgeSink, Target};
 use tidemark_projections::cursors::CursorEvent;
 use tidemark_projections::deliveries::{Change, Created, Joined};
 use tidemark_projections::names::BridgeMode;
-use tidemark_projections::{read, rebuild};
+use tidemark_projections::{cursors, read, rebuild, tasks};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -607,7 +607,7 @@ proptest! {
         // The tasks model against the reference.
         let want = reference(&stored);
         for (id, rt_) in &want {
-            let got = read::task(&log.db(), &id.as_str().into()).unwrap().expect("task row");
+            let got = tasks::read::task(&log.db(), &id.as_str().into()).unwrap().expect("task row");
             prop_assert_eq!(got.status.as_str(), rt_.status.as_str(), "status of {}", id);
             prop_assert_eq!(&got.current_run_id, &rt_.current);
             prop_assert_eq!(got.latest_event_seq, rt_.latest);
@@ -620,7 +620,7 @@ proptest! {
         }
         // The cursors model against its reference.
         for ((c, st, subject), want) in cursor_reference(&stored) {
-            let got = read::cursor(&log.db(), &c, &st, &subject).unwrap();
+            let got = cursors::read::cursor(&log.db(), &c, &st, &subject).unwrap();
             prop_assert_eq!(got.last_sequence, want, "cursor {} {} {}", c, st, subject);
         }
         // Every projection that was sent an event that must change it recorded changes.
@@ -673,7 +673,7 @@ proptest! {
         }
         // After the swap the read model still answers the same.
         for (id, rt_) in &want {
-            let got = read::task(&log.db(), &id.as_str().into()).unwrap().expect("task row after rebuild");
+            let got = tasks::read::task(&log.db(), &id.as_str().into()).unwrap().expect("task row after rebuild");
             prop_assert_eq!(got.status.as_str(), rt_.status.as_str());
         }
         rt.block_on(log.close());
@@ -812,11 +812,11 @@ fn task_created(subject: String) -> NewEvent {
 
 /// How many tasks the tasks model holds, folded up to the head.
 fn tasks_in(log: &common::Folded) -> u64 {
-    let filter = read::TaskFilter {
+    let filter = tasks::read::TaskFilter {
         limit: 1_000_000,
         ..Default::default()
     };
-    read::tasks(&log.db(), &filter).unwrap().0.len() as u64
+    tasks::read::tasks(&log.db(), &filter).unwrap().0.len() as u64
 }
 
 /// The story: a rebuild chunk used to read the log through its own read transaction, while
@@ -999,7 +999,7 @@ fn an_old_projection_format_is_rebuilt_at_open() {
     assert_eq!(a.digest, b.digest, "the same log folds to the same model");
     assert_eq!(a.lag, 0);
     assert_eq!(
-        read::task(&log.db(), &"t19".into())
+        tasks::read::task(&log.db(), &"t19".into())
             .unwrap()
             .unwrap()
             .project_id

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use tidemark_log::time::Micros;
 use tidemark_projections::names::{Priority, sink_or_none};
 use tidemark_projections::notifications::Notification;
-use tidemark_projections::read::{NotificationFilter, NotificationStatus};
+use tidemark_projections::notifications::read::{NotificationFilter, NotificationStatus};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};

@@ -154,7 +154,7 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
     }
     // Outbox KPIs are computed at scrape time from the deliveries model.
     if let Ok((all, by_sink, _)) = crate::routes::deliveries::compute_kpis(&st, 60, None).await {
-        let set = |sink: &str, k: &tidemark_projections::read::Kpis| {
+        let set = |sink: &str, k: &tidemark_projections::deliveries::read::Kpis| {
             let s = sink.to_owned();
             metrics::gauge!("tidemark_outbox_queue_depth", "sink" => s.clone())
                 .set(k.queue_depth as f64);

@@ -9,8 +9,8 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tidemark_log::ReadQuery;
 use tidemark_log::time::Micros;
-use tidemark_projections::read::TaskFilter;
 use tidemark_projections::tasks::Task;
+use tidemark_projections::tasks::read::TaskFilter;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};

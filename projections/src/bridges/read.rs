@@ -4,7 +4,6 @@ use tidemark_log::StorageError;
 
 use redb::ReadableTable;
 
-use crate::framework::Reader;
 use crate::ids::{BridgeId, SubscriptionId};
 use crate::read::under;
 
@@ -14,7 +13,8 @@ pub fn subscription(
     id: &SubscriptionId,
 ) -> Result<Option<crate::bridges::Subscription>, StorageError> {
     use crate::bridges;
-    Reader::new(db)?.get_val(bridges::NAME, bridges::ROWS, id.as_str().as_bytes())
+    db.reader()?
+        .get_val(bridges::NAME, bridges::ROWS, id.as_str().as_bytes())
 }
 
 /// Active subscriptions whose index key starts with `prefix ‖ 0` in `index` (`by_task`,
@@ -26,7 +26,7 @@ fn active_subscriptions(
     prefixes: Option<&[&str]>,
 ) -> Result<Vec<crate::bridges::Subscription>, StorageError> {
     use crate::bridges;
-    let r = Reader::new(db)?;
+    let r = db.reader()?;
     let (Some(idx), Some(rows)) = (
         r.table(bridges::NAME, index)?,
         r.table(bridges::NAME, bridges::ROWS)?,
@@ -93,7 +93,8 @@ pub fn bridge_endpoint(
     id: &SubscriptionId,
 ) -> Result<Option<crate::endpoints::Endpoint>, StorageError> {
     use crate::bridges;
-    Reader::new(db)?.get_val(bridges::NAME, bridges::ENDPOINTS, id.as_str().as_bytes())
+    db.reader()?
+        .get_val(bridges::NAME, bridges::ENDPOINTS, id.as_str().as_bytes())
 }
 
 /// Every active webhook subscription's endpoint (a record with no POST for one without), by

@@ -2,8 +2,6 @@
 
 use tidemark_log::StorageError;
 
-use crate::framework::Reader;
-
 /// One cursor, or its zero state.
 pub fn cursor(
     db: &crate::models::ModelsRead,
@@ -12,7 +10,8 @@ pub fn cursor(
     subject_id: &str,
 ) -> Result<crate::cursors::Cursor, StorageError> {
     use crate::cursors;
-    Ok(Reader::new(db)?
+    Ok(db
+        .reader()?
         .get_val(
             cursors::NAME,
             cursors::ROWS,
@@ -29,7 +28,7 @@ pub fn cursors(
     limit: usize,
 ) -> Result<Vec<crate::cursors::Cursor>, StorageError> {
     use crate::cursors;
-    let r = Reader::new(db)?;
+    let r = db.reader()?;
     let Some(t) = r.table(cursors::NAME, cursors::ROWS)? else {
         return Ok(Vec::new());
     };

@@ -14,7 +14,7 @@ use crate::names::{DeliveryStatus, DeliveryTransition, Sink};
 
 mod fold;
 mod keys;
-pub(crate) mod read;
+pub mod read;
 mod row;
 mod view;
 

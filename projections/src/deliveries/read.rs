@@ -6,7 +6,6 @@ use serde::Serialize;
 use tidemark_log::StorageError;
 
 use crate::deliveries::{self, Delivery};
-use crate::framework::Reader;
 use crate::names::{DeliveryStatus, Sink, sink_or_none};
 use crate::read::paged::{ListOrder, Order, Page, Position, Walk, paged};
 
@@ -82,7 +81,7 @@ pub fn deliveries(
     db: &crate::models::ModelsRead,
     f: &DeliveryFilter,
 ) -> Result<Page<Delivery>, StorageError> {
-    let r = Reader::new(db)?;
+    let r = db.reader()?;
     let limit = f.limit.max(1);
     let Some(rows) = r.table(deliveries::NAME, deliveries::ROWS)? else {
         return Ok((Vec::new(), None));
@@ -197,7 +196,7 @@ pub fn endpoints_in_force(
     db: &crate::models::ModelsRead,
 ) -> Result<Vec<(crate::endpoints::Endpoint, crate::routing::CircuitPolicy)>, StorageError> {
     let txn = db.snapshot()?;
-    let mut view = txn.deliveries()?;
+    let mut view = crate::deliveries::View::new(&txn)?;
     let settings = view.settings_in_force()?;
     let mut held: std::collections::BTreeMap<String, crate::endpoints::Endpoint> = view
         .endpoints()?

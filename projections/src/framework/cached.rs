@@ -38,21 +38,21 @@ pub trait Row: Sized {
     fn decode(bytes: &[u8]) -> Result<Self, StorageError>;
 }
 
-/// [`Row`] as postcard encodes the type.
+/// [`Row`] as postcard encodes the type (each model says it of its rows).
+#[macro_export]
 macro_rules! postcard_row {
     ($($t:ty),*) => {$(
-        impl Row for $t {
-            fn encode(&self, buf: Vec<u8>) -> Result<Vec<u8>, StorageError> {
-                postcard::to_extend(self, buf).map_err(StorageError::of)
+        impl $crate::framework::Row for $t {
+            fn encode(&self, buf: Vec<u8>) -> Result<Vec<u8>, tidemark_log::StorageError> {
+                postcard::to_extend(self, buf).map_err(tidemark_log::StorageError::of)
             }
 
-            fn decode(bytes: &[u8]) -> Result<Self, StorageError> {
-                postcard::from_bytes(bytes).map_err(StorageError::of)
+            fn decode(bytes: &[u8]) -> Result<Self, tidemark_log::StorageError> {
+                postcard::from_bytes(bytes).map_err(tidemark_log::StorageError::of)
             }
         }
     )*};
 }
-postcard_row!(Task, Cursor, crate::notifications::Notification);
 
 /// A row type a fold may keep decoded.
 pub trait Cached: Row + Send + 'static {

@@ -37,11 +37,17 @@ enum Kind {
     U64Bytes,
 }
 
+/// The name of the table of the subjects' last seqs ([`crate::subjects`]; named here, where
+/// every table's types are).
+pub(crate) const SUBJECT_LAST_TABLE: &str = "subject_last";
+/// The name of the models store's own bookkeeping table ([`crate::subjects`]).
+pub(crate) const MODELS_META_TABLE: &str = "models_meta";
+
 fn kind(name: &str) -> Kind {
     match name {
         "projections" | "projection_snapshots" => Kind::StrBytes,
-        crate::subjects::META_TABLE => Kind::StrU64,
-        crate::subjects::LAST_TABLE => Kind::BytesU64,
+        MODELS_META_TABLE => Kind::StrU64,
+        SUBJECT_LAST_TABLE => Kind::BytesU64,
         n if n.starts_with("p.") && n.contains(".digests.g") => Kind::U64Bytes,
         _ => Kind::Bytes,
     }

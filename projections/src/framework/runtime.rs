@@ -5,7 +5,7 @@ use redb::{ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 use tidemark_log::{EventChunk, EventLog, EventRef, StorageError};
 
 use super::access::TxMut;
-use super::{Bytes, META, Meta, Projection, Reader, Store};
+use super::{Bytes, META, Meta, Projection, Store};
 
 pub(crate) fn read_meta_opt(
     txn: &WriteTransaction,
@@ -167,7 +167,7 @@ pub fn checkpoint(
     db: &crate::models::ModelsRead,
     projections: &[&'static dyn Projection],
 ) -> Result<u64, StorageError> {
-    let r = Reader::new(db)?;
+    let r = db.reader()?;
     let mut low = u64::MAX;
     for p in projections {
         low = low.min(r.meta(p.name())?.checkpoint);

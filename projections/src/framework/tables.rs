@@ -14,27 +14,27 @@ use super::cached::Row;
 use super::overlay::{Merge, Overlay, Val};
 use super::{Bytes, META, Meta, table_name};
 
-/// Read access to projections for the API's paged lists: one read transaction (a
-/// [`crate::models::ModelsRead::snapshot`]), so everything read through one `Reader`, and
-/// through the models' views over [`Reader::models`], is one consistent state of the log.
+/// Read access to projections for the API's paged lists: one read transaction (made by
+/// `ModelsRead::reader`), so everything read through one `Reader`, and through the models'
+/// views over [`Reader::src`] (`View::over`), is one consistent state of the log.
 pub struct Reader {
-    models: crate::models::ModelsTxn,
+    snap: Overlay,
 }
 
 impl Reader {
-    pub fn new(db: &crate::models::ModelsRead) -> Result<Reader, StorageError> {
-        Ok(Reader {
-            models: db.snapshot()?,
-        })
+    pub(crate) fn new(snap: redb::ReadTransaction) -> Reader {
+        Reader {
+            snap: Overlay::new(snap),
+        }
     }
 
-    /// The same transaction, for the models' views.
-    pub fn models(&self) -> &crate::models::ModelsTxn {
-        &self.models
+    /// The same transaction, for the models' views (an overlay with no layers).
+    pub fn src(&self) -> Src<'_> {
+        Src::Mem(&self.snap)
     }
 
     fn txn(&self) -> &redb::ReadTransaction {
-        self.models.snap()
+        self.snap.snap()
     }
 
     pub fn meta(&self, name: &str) -> Result<Meta, StorageError> {

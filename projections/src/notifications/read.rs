@@ -7,7 +7,7 @@ use crate::deliveries::Delivery;
 use crate::framework::Reader;
 use crate::ids::NotificationId;
 use crate::notifications::{self, Notification};
-use crate::read::paged::{Order, Walk, paged};
+use crate::read::paged::{Order, Position, Walk, paged};
 use crate::read::stored_u64;
 use crate::tasks;
 
@@ -24,7 +24,7 @@ pub fn notifications(
     db: &crate::models::ModelsRead,
     f: &NotificationFilter,
 ) -> Result<(Vec<Notification>, Option<u64>), StorageError> {
-    notifications_in(&Reader::new(db)?, f)
+    notifications_in(&db.reader()?, f)
 }
 
 /// A page of notifications, each with its task's `latest_event_seq`, and the `before_seq` of
@@ -39,9 +39,9 @@ pub fn notifications_with_task_seq(
     db: &crate::models::ModelsRead,
     f: &NotificationFilter,
 ) -> Result<NotificationsWithTaskSeq, StorageError> {
-    let r = Reader::new(db)?;
+    let r = db.reader()?;
     let (rows, next) = notifications_in(&r, f)?;
-    let mut tasks = tasks::View::new(r.models())?;
+    let mut tasks = tasks::View::over(r.src())?;
     let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     let mut out = Vec::with_capacity(rows.len());
     for n in rows {
@@ -121,7 +121,8 @@ pub fn provenance_at(
     db: &crate::models::ModelsRead,
     seq: u64,
 ) -> Result<Option<(Option<String>, notifications::Provenance)>, StorageError> {
-    Ok(Reader::new(db)?
+    Ok(db
+        .reader()?
         .get_val::<Notification>(
             notifications::NAME,
             notifications::BY_SEQ,
@@ -168,7 +169,7 @@ pub fn notification_status(
     };
     // Its deliveries on redacting routes carry the intent key in place of its id.
     let keys: Vec<&str> = std::iter::once(id).chain(intent_key).collect();
-    let mut deliveries = txn.deliveries()?;
+    let mut deliveries = crate::deliveries::View::new(&txn)?;
     let found = deliveries.rows_of_notification(&keys, STATUS_DELIVERIES_MAX)?;
     let canceled = deliveries.notification_canceled(id)?;
     // A canceled notification whose digest let it go has no delivery left: cancelled.
@@ -194,4 +195,14 @@ pub fn notification_status(
         deliveries: found,
         notification,
     }))
+}
+
+/// A notification's place: its seq (the key of its row).
+impl From<&Notification> for Position {
+    fn from(n: &Notification) -> Self {
+        Position {
+            key: n.seq,
+            id: String::new(),
+        }
+    }
 }

@@ -1,22 +1,16 @@
-//! Queries of the read models, for the API, each answering from one read transaction of the
-//! models store ([`crate::ModelsRead`]). Each model's queries live with the model, which owns
-//! its keys (`tasks/read.rs`, `notifications/read.rs`, `deliveries/read.rs`, `cursors/read.rs`,
-//! `bridges/read.rs`) and are served from here; here too are the paged index-join the task,
-//! notification and delivery lists share ([`paged`]) and the projections' own metas.
+//! What the models' queries share: the paged index-join the task, notification and delivery
+//! lists walk ([`paged`]), and the projections' own metas. Each model's queries live with the
+//! model, which owns its keys (`tasks::read`, `notifications::read`, `deliveries::read`,
+//! `cursors::read`, `bridges::read`, and its view).
 
 pub(crate) mod paged;
 
-pub use crate::bridges::read::*;
-pub use crate::cursors::read::*;
-pub use crate::deliveries::read::*;
-pub use crate::notifications::read::*;
-pub use crate::tasks::read::*;
 pub use paged::{ListOrder, Page, Position};
 
 use serde::Serialize;
 use tidemark_log::StorageError;
 
-use crate::framework::{Reader, be_u64};
+use crate::framework::be_u64;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ProjectionInfo {
@@ -32,7 +26,7 @@ pub fn projections(
     db: &crate::models::ModelsRead,
     head: u64,
 ) -> Result<Vec<ProjectionInfo>, StorageError> {
-    let r = Reader::new(db)?;
+    let r = db.reader()?;
     crate::all()
         .iter()
         .map(|p| {
@@ -56,7 +50,7 @@ pub(crate) fn stored_u64(
     table: &str,
     key: &[u8],
 ) -> Result<u64, StorageError> {
-    let r = Reader::new(db)?;
+    let r = db.reader()?;
     let Some(t) = r.table(proj, table)? else {
         return Ok(0);
     };

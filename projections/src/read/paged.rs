@@ -5,7 +5,6 @@
 use tidemark_log::StorageError;
 
 use crate::framework::Reader;
-use crate::notifications::Notification;
 
 /// The order a list (`GET /v1/tasks`, `GET /v1/deliveries`) is paged in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -36,16 +35,6 @@ impl Position {
     /// Its row in a `by_created` index.
     pub(crate) fn index_key(&self) -> Vec<u8> {
         crate::framework::created_row(self.key, &self.id)
-    }
-}
-
-/// A notification's place: its seq (the key of its row).
-impl From<&Notification> for Position {
-    fn from(n: &Notification) -> Self {
-        Position {
-            key: n.seq,
-            id: String::new(),
-        }
     }
 }
 

@@ -2,7 +2,6 @@
 
 use tidemark_log::StorageError;
 
-use crate::framework::Reader;
 use crate::ids::TaskId;
 use crate::names::TaskStatus;
 use crate::read::paged::{ListOrder, Order, Page, Position, Walk, paged};
@@ -12,7 +11,8 @@ pub fn task(
     db: &crate::models::ModelsRead,
     task_id: &TaskId,
 ) -> Result<Option<Task>, StorageError> {
-    Reader::new(db)?.get_val(tasks::NAME, tasks::ROWS, task_id.as_str().as_bytes())
+    db.reader()?
+        .get_val(tasks::NAME, tasks::ROWS, task_id.as_str().as_bytes())
 }
 
 #[derive(Debug, Clone, Default)]
@@ -29,7 +29,7 @@ pub struct TaskFilter {
 
 /// Tasks ordered by id or newest first, filtered.
 pub fn tasks(db: &crate::models::ModelsRead, f: &TaskFilter) -> Result<Page<Task>, StorageError> {
-    let r = Reader::new(db)?;
+    let r = db.reader()?;
     let limit = f.limit.max(1);
     let Some(rows) = r.table(tasks::NAME, tasks::ROWS)? else {
         return Ok((Vec::new(), None));

@@ -11,9 +11,9 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use serde::{Deserialize, Serialize};
 use tidemark_log::time::{Micros, now_micros};
+use tidemark_projections::deliveries::read::{DeliveryFilter, Kpis, StuckFilter};
 use tidemark_projections::deliveries::{Delivery, Step};
 use tidemark_projections::names::{DeliveryStatus, Sink, sink_or_none};
-use tidemark_projections::read::{DeliveryFilter, Kpis, StuckFilter};
 use tidemark_projections::routing::RoutingSettings;
 use utoipa::{IntoParams, ToSchema};
 
