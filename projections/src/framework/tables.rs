@@ -82,22 +82,6 @@ impl Reader {
         }
     }
 
-    /// A row in its own encoding ([`Row`]).
-    pub fn get_row<T: Row>(
-        &self,
-        proj: &str,
-        table: &str,
-        key: &[u8],
-    ) -> Result<Option<T>, StorageError> {
-        let Some(t) = self.table(proj, table)? else {
-            return Ok(None);
-        };
-        t.get(key)
-            .map_err(StorageError::of)?
-            .map(|v| T::decode(v.value()))
-            .transpose()
-    }
-
     /// Every row of a table, decoded, in key order (none while it has no rows).
     pub fn values<T: for<'de> Deserialize<'de>>(
         &self,
