@@ -523,22 +523,15 @@ impl<L: EventLog + Clone> Queries<L> {
     /// A cursor, or its zero state.
     pub fn cursor(&self, consumer_id: &str, stream_name: &str, subject_id: &str) -> R<Cursor> {
         self.floor(0)?;
-        Ok(cursors::read::cursor(
-            &self.models.read(),
-            consumer_id,
-            stream_name,
-            subject_id,
-        )?)
+        let txn = self.models.read().snapshot()?;
+        Ok(cursors::View::new(&txn)?.get(consumer_id, stream_name, subject_id)?)
     }
 
     /// Cursors (of one consumer), at most `limit`.
     pub fn cursors(&self, consumer_id: Option<&str>, limit: usize) -> R<Vec<Cursor>> {
         self.floor(0)?;
-        Ok(cursors::read::cursors(
-            &self.models.read(),
-            consumer_id,
-            limit,
-        )?)
+        let txn = self.models.read().snapshot()?;
+        Ok(cursors::View::new(&txn)?.page(consumer_id, limit)?)
     }
 
     pub fn subscription(&self, id: &SubscriptionId) -> R<Option<Subscription>> {
@@ -577,7 +570,7 @@ impl<L: EventLog + Clone> Queries<L> {
     pub fn lags(&self, now_us: i64, stuck_after_ms: u64) -> R<Vec<Lag>> {
         let db = self.models.read();
         let first = self.log.first_seq().map_err(QueryError::Log)?;
-        let mut all = cursors::read::cursors(&db, None, 100_000)?;
+        let mut all = cursors::View::new(&db.snapshot()?)?.page(None, 100_000)?;
         let known: std::collections::HashSet<(String, String, String)> = all
             .iter()
             .map(|c| {

@@ -3,8 +3,6 @@
 //! same seq with the same delivery id) and `cursor.reset` (the only way down, with a reason).
 //! The commands that check those rules are the engine's (`tidemark_engine::commands::cursors`).
 
-pub mod read;
-
 use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
@@ -104,6 +102,32 @@ impl View<'_> {
     /// Every cursor.
     pub fn all(&mut self) -> Result<Vec<Cursor>, StorageError> {
         self.t.values(ROWS)
+    }
+
+    /// The cursors of `consumer_id` (every cursor when `None`), in key order, at most
+    /// `limit`.
+    pub fn page(
+        &mut self,
+        consumer_id: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Cursor>, StorageError> {
+        let t = self.t.table(ROWS)?;
+        let range = match consumer_id {
+            Some(c) => {
+                let (from, to) = (
+                    [c.as_bytes(), &[0u8]].concat(),
+                    [c.as_bytes(), &[1u8]].concat(),
+                );
+                t.range(from.as_slice()..to.as_slice())?
+            }
+            None => t.iter()?,
+        };
+        let mut out = Vec::new();
+        for row in range.take(limit) {
+            let (_, v) = row.map_err(StorageError::of)?;
+            out.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
+        }
+        Ok(out)
     }
 }
 

@@ -1,7 +1,7 @@
 //! What the models' queries share: the paged index-join the task, notification and delivery
 //! lists walk ([`paged`]), and the projections' own metas. Each model's queries live with the
 //! model, which owns its keys (`tasks::read`, `notifications::read`, `deliveries::read`,
-//! `cursors::read`, `bridges::read`, and its view).
+//! `bridges::read`, and its view; the cursors model answers through its view alone).
 
 pub(crate) mod paged;
 
