@@ -258,6 +258,15 @@ impl<L: EventLog + Clone> Queries<L> {
         Ok(f(&mut deliveries::View::new(&txn)?)?)
     }
 
+    /// `f` asked of the bridges model's view, over one read transaction of the models.
+    fn on_bridges<T>(
+        &self,
+        f: impl FnOnce(&mut bridges::View<'_>) -> Result<T, StorageError>,
+    ) -> R<T> {
+        let txn = self.models.read().snapshot()?;
+        Ok(f(&mut bridges::View::new(&txn)?)?)
+    }
+
     /// Outbox KPIs as the deliveries model stands now, without waiting (for `/metrics`).
     pub fn kpis_now(
         &self,
@@ -511,7 +520,7 @@ impl<L: EventLog + Clone> Queries<L> {
         id: &SubscriptionId,
     ) -> R<Option<tidemark_projections::endpoints::Endpoint>> {
         self.floor(0)?;
-        Ok(bridges::read::bridge_endpoint(&self.models.read(), id)?)
+        self.on_bridges(|b| b.endpoint(id.as_str()))
     }
 
     /// Every notification list, by name.
@@ -536,33 +545,25 @@ impl<L: EventLog + Clone> Queries<L> {
 
     pub fn subscription(&self, id: &SubscriptionId) -> R<Option<Subscription>> {
         self.floor(0)?;
-        Ok(bridges::read::subscription(&self.models.read(), id)?)
+        self.on_bridges(|b| b.row(id.as_str()))
     }
 
     /// Active subscriptions of these tasks (one read for all).
     pub fn task_subscriptions(&self, task_ids: &[&str]) -> R<Vec<Subscription>> {
         self.floor(0)?;
-        Ok(bridges::read::task_subscriptions(
-            &self.models.read(),
-            task_ids,
-        )?)
+        self.on_bridges(|b| b.of_tasks(task_ids))
     }
 
     /// Active subscriptions of a bridge.
     pub fn bridge_subscriptions(&self, bridge_id: &BridgeId) -> R<Vec<Subscription>> {
         self.floor(0)?;
-        Ok(bridges::read::bridge_subscriptions(
-            &self.models.read(),
-            bridge_id,
-        )?)
+        self.on_bridges(|b| b.of_bridge(bridge_id.as_str()))
     }
 
     /// Every active subscription.
     pub fn all_active_subscriptions(&self) -> R<Vec<Subscription>> {
         self.floor(0)?;
-        Ok(bridges::read::all_active_subscriptions(
-            &self.models.read(),
-        )?)
+        self.on_bridges(|b| b.active())
     }
 
     /// Every cursor, and every active bridge subscription's cursor (zero or not), with its lag
@@ -581,7 +582,7 @@ impl<L: EventLog + Clone> Queries<L> {
                 )
             })
             .collect();
-        for sub in bridges::read::all_active_subscriptions(&db)? {
+        for sub in bridges::View::new(&db.snapshot()?)?.active()? {
             let consumer =
                 tidemark_projections::names::ids::bridge_consumer(sub.subscription_id.as_str());
             let key = (

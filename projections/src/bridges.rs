@@ -4,8 +4,6 @@
 //! `(bridge_task_subscription:<subscription_id>, task_events, <task_id>)`. Deleting one keeps
 //! the cursor; creating the same id again resumes from it.
 
-pub mod read;
-
 use crate::ids::{BridgeId, SubscriptionId, TaskId};
 use serde::{Deserialize, Serialize};
 use tidemark_log::StorageError;
@@ -156,6 +154,57 @@ impl View<'_> {
     /// Whether an active subscription follows task `task_id`.
     pub fn follows_task(&mut self, task_id: &str) -> Result<bool, StorageError> {
         Ok(!self.t.suffixes(BY_TASK, task_id)?.is_empty())
+    }
+
+    /// The active subscriptions of these tasks (the bridge notifier asks for every task of a
+    /// commit at once).
+    pub fn of_tasks(&mut self, task_ids: &[&str]) -> Result<Vec<Subscription>, StorageError> {
+        let mut ids = Vec::new();
+        for t in task_ids {
+            ids.extend(self.t.suffixes(BY_TASK, t)?);
+        }
+        self.rows(ids)
+    }
+
+    /// The active subscriptions of bridge `bridge_id`.
+    pub fn of_bridge(&mut self, bridge_id: &str) -> Result<Vec<Subscription>, StorageError> {
+        let ids = self.t.suffixes(BY_BRIDGE, bridge_id)?;
+        self.rows(ids)
+    }
+
+    /// Every active subscription, by id.
+    pub fn active(&mut self) -> Result<Vec<Subscription>, StorageError> {
+        let mut ids = Vec::new();
+        for row in self.t.table(ACTIVE)?.iter()? {
+            let (k, _) = row.map_err(StorageError::of)?;
+            ids.push(String::from_utf8_lossy(k.value()).into_owned());
+        }
+        self.rows(ids)
+    }
+
+    /// Every active webhook subscription's endpoint (a record with no POST for one without),
+    /// by subscription id.
+    pub fn endpoints(&mut self) -> Result<Vec<Endpoint>, StorageError> {
+        let mut out = Vec::new();
+        for s in self.active()? {
+            if !s.target.sink.is_webhook() {
+                continue;
+            }
+            let id = s.subscription_id.as_str();
+            out.push(self.endpoint(id)?.unwrap_or_else(|| {
+                Endpoint::new(&ids::bridge_endpoint(id), Some(crate::names::Sink::Webhook))
+            }));
+        }
+        out.sort_by(|a, b| a.route.cmp(&b.route));
+        Ok(out)
+    }
+
+    fn rows(&mut self, ids: Vec<String>) -> Result<Vec<Subscription>, StorageError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            out.extend(self.row(&id)?);
+        }
+        Ok(out)
     }
 }
 

@@ -220,7 +220,8 @@ pub fn endpoints_in_force(
         .collect();
     // The bridge webhook subscriptions' endpoints, under `[notifications.circuit]`.
     out.extend(
-        crate::bridges::read::bridge_endpoints(db)?
+        crate::bridges::View::new(&txn)?
+            .endpoints()?
             .into_iter()
             .map(|e| (e, settings.circuit)),
     );

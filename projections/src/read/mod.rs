@@ -1,7 +1,7 @@
 //! What the models' queries share: the paged index-join the task, notification and delivery
 //! lists walk ([`paged`]), and the projections' own metas. Each model's queries live with the
 //! model, which owns its keys (`tasks::read`, `notifications::read`, `deliveries::read`,
-//! `bridges::read`, and its view; the cursors model answers through its view alone).
+//! and its view; the cursors and bridges models answer through their views alone).
 
 pub(crate) mod paged;
 
@@ -58,15 +58,4 @@ pub(crate) fn stored_u64(
         .map_err(StorageError::of)?
         .and_then(|v| be_u64(v.value()))
         .unwrap_or(0))
-}
-
-/// The keys `prefix ‖ 0 ‖ …` of an index or timeline lie in `prefix ‖ 0 .. prefix ‖ 1`.
-pub(crate) fn under(prefix: &str) -> (Vec<u8>, Vec<u8>) {
-    let bound = |b: u8| {
-        let mut k = Vec::with_capacity(prefix.len() + 1);
-        k.extend_from_slice(prefix.as_bytes());
-        k.push(b);
-        k
-    };
-    (bound(0), bound(1))
 }
