@@ -317,21 +317,10 @@ impl<L: EventLog + Clone> Queries<L> {
         )?)
     }
 
-    /// The project and provenance of the notification at `seq` (what a delivery of it
-    /// serves).
-    pub fn provenance_at(
-        &self,
-        seq: u64,
-    ) -> R<
-        Option<(
-            Option<String>,
-            tidemark_projections::notifications::Provenance,
-        )>,
-    > {
-        Ok(notifications::read::provenance_at(
-            &self.models.read(),
-            seq,
-        )?)
+    /// The project and provenance of the notification at each of `seqs` (what a delivery of
+    /// it serves), in one read.
+    pub fn provenances(&self, seqs: &[u64]) -> R<Vec<Option<notifications::read::Origin>>> {
+        Ok(notifications::read::provenances(&self.models.read(), seqs)?)
     }
 
     /// The highest source seq the notification router has derived from.

@@ -116,19 +116,28 @@ pub struct NotificationStatus {
     pub deliveries: Vec<Delivery>,
 }
 
-/// The provenance of the notification at `seq` (section 2), if there is one there.
-pub fn provenance_at(
+/// A notification's project and provenance (section 2): what a delivery of it serves.
+pub type Origin = (Option<String>, notifications::Provenance);
+
+/// The [`Origin`] of the notification at each of `seqs` (`None` where none is there), read in
+/// one transaction: a claim asks for all its rows at once.
+pub fn provenances(
     db: &crate::models::ModelsRead,
-    seq: u64,
-) -> Result<Option<(Option<String>, notifications::Provenance)>, StorageError> {
-    Ok(db
-        .reader()?
-        .get_val::<Notification>(
-            notifications::NAME,
-            notifications::BY_SEQ,
-            &seq.to_be_bytes(),
-        )?
-        .map(|n| (n.project_id, n.ext)))
+    seqs: &[u64],
+) -> Result<Vec<Option<Origin>>, StorageError> {
+    let r = db.reader()?;
+    let Some(rows) = r.table(notifications::NAME, notifications::BY_SEQ)? else {
+        return Ok(vec![None; seqs.len()]);
+    };
+    seqs.iter()
+        .map(|seq| {
+            rows.get(seq.to_be_bytes().as_slice())
+                .map_err(StorageError::of)?
+                .map(|v| postcard::from_bytes::<Notification>(v.value()).map_err(StorageError::of))
+                .transpose()
+                .map(|n| n.map(|n| (n.project_id, n.ext)))
+        })
+        .collect()
 }
 
 /// The status of a notification with these deliveries: none → `dashboard_only`; any queued,

@@ -195,10 +195,7 @@ impl DeliveryOut {
     /// With the provenance of its notification (none for a redacted delivery).
     pub(crate) fn with_provenance(
         mut self,
-        p: Option<(
-            Option<String>,
-            tidemark_projections::notifications::Provenance,
-        )>,
+        p: Option<tidemark_projections::notifications::read::Origin>,
     ) -> Self {
         if let (false, Some((project_id, p))) = (self.redacted, p) {
             self.project_id = project_id;
@@ -220,20 +217,23 @@ pub(crate) fn with_provenance(
     rows: Vec<Delivery>,
     stuck_cut_us: i64,
 ) -> Result<Vec<DeliveryOut>, tidemark_engine::QueryError> {
-    rows.into_iter()
-        .map(|d| {
-            let p = if d.redacted || d.notification_seq == 0 {
-                None
-            } else {
-                r.provenance_at(d.notification_seq)?
-            };
+    // One read for every row's notification (a redacted row serves none; seq 0 is none).
+    let seqs: Vec<u64> = rows
+        .iter()
+        .map(|d| if d.redacted { 0 } else { d.notification_seq })
+        .collect();
+    let provenances = r.provenances(&seqs)?;
+    Ok(rows
+        .into_iter()
+        .zip(provenances)
+        .map(|(d, p)| {
             let stuck = StuckFilter::is_stuck(stuck_cut_us, &d);
-            Ok(DeliveryOut {
+            DeliveryOut {
                 stuck,
                 ..DeliveryOut::from(d).with_provenance(p)
-            })
+            }
         })
-        .collect()
+        .collect())
 }
 
 impl From<Delivery> for DeliveryOut {
