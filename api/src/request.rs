@@ -75,7 +75,8 @@ impl<const MAX: usize> Bounded for Text<MAX> {
     }
 }
 
-impl<const MAX: usize> Bounded for Option<Text<MAX>> {
+/// An optional field is within bounds when absent.
+impl<T: Bounded> Bounded for Option<T> {
     fn check_at(&self, field: &str) -> Result<(), ApiError> {
         self.as_ref().map_or(Ok(()), |t| t.check_at(field))
     }
@@ -126,12 +127,6 @@ impl<N: Name> Bounded for OneOf<N> {
     }
 }
 
-impl<N: Name> Bounded for Option<OneOf<N>> {
-    fn check_at(&self, field: &str) -> Result<(), ApiError> {
-        self.as_ref().map_or(Ok(()), |n| n.check_at(field))
-    }
-}
-
 impl<'de, N: Name> Deserialize<'de> for OneOf<N> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
@@ -146,6 +141,17 @@ impl<N: Name> serde::Serialize for OneOf<N> {
             Err(v) => s.serialize_str(v),
         }
     }
+}
+
+/// A query parameter that names one of `N` (`?status=queued`): `400 invalid_query` naming
+/// the parameter and the names when it names none.
+pub(crate) fn query_name<N: Name>(param: &str, v: Option<&str>) -> Result<Option<N>, ApiError> {
+    v.map(|s| {
+        N::parse(s).ok_or_else(|| {
+            ApiError::invalid_query(format!("{param} must be one of {}", N::joined()))
+        })
+    })
+    .transpose()
 }
 
 /// Checks of a body beyond its shape: the bounds of its [`Text`]s first ([`Bounded`], in the

@@ -44,7 +44,7 @@ macro_rules! names {
 
             /// Every name, comma-separated (for error messages).
             pub fn joined() -> String {
-                $name::ALL.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
+                <$name as Name>::joined()
             }
 
             /// The name for `s`, if `s` is one.

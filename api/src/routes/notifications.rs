@@ -1,5 +1,6 @@
 //! `GET /v1/notifications`: the dashboard.
 
+use crate::request::query_name;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -143,14 +144,7 @@ pub async fn list(
     q: Result<Query<NotificationsQuery>, QueryRejection>,
 ) -> Result<Json<NotificationsPage>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    if let Some(p) = &q.priority
-        && Priority::parse(p).is_none()
-    {
-        return Err(ApiError::invalid_query(format!(
-            "priority must be one of {}",
-            Priority::joined()
-        )));
-    }
+    query_name::<Priority>("priority", q.priority.as_deref())?;
     let f = NotificationFilter {
         priority: q.priority,
         recipient: q.recipient,

@@ -1,6 +1,6 @@
 //! `GET /v1/tasks`, `GET /v1/tasks/{id}`, `GET /v1/tasks/{id}/stream`.
 
-use crate::request::OneOf;
+use crate::request::{OneOf, query_name};
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -193,15 +193,7 @@ pub async fn list(
     q: Result<Query<TasksQuery>, QueryRejection>,
 ) -> Result<Json<TasksPage>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    let status = q
-        .status
-        .as_deref()
-        .map(|s| {
-            TaskStatus::parse(s).ok_or_else(|| {
-                ApiError::invalid_query(format!("status must be one of {}", TaskStatus::joined()))
-            })
-        })
-        .transpose()?;
+    let status = query_name::<TaskStatus>("status", q.status.as_deref())?;
     let order = parse_order(q.order.as_deref())?;
     let f = TaskFilter {
         status,

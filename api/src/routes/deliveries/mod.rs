@@ -3,7 +3,7 @@
 //! KPIs. Every state change is a command run inside the log's writer, so it is checked and
 //! recorded in one transaction and answered after its commit.
 
-use crate::request::OneOf;
+use crate::request::{OneOf, query_name};
 use std::collections::BTreeMap;
 
 use axum::Json;
@@ -419,18 +419,7 @@ pub async fn list(
     q: Result<Query<DeliveriesQuery>, QueryRejection>,
 ) -> Result<Json<DeliveriesPage>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    let status = q
-        .status
-        .as_deref()
-        .map(|s| {
-            DeliveryStatus::parse(s).ok_or_else(|| {
-                ApiError::invalid_query(format!(
-                    "status must be one of {}",
-                    DeliveryStatus::joined()
-                ))
-            })
-        })
-        .transpose()?;
+    let status = query_name::<DeliveryStatus>("status", q.status.as_deref())?;
     let sink = q
         .sink
         .as_deref()
