@@ -114,10 +114,7 @@ impl View<'_> {
         let t = self.t.table(ROWS)?;
         let range = match consumer_id {
             Some(c) => {
-                let (from, to) = (
-                    [c.as_bytes(), &[0u8]].concat(),
-                    [c.as_bytes(), &[1u8]].concat(),
-                );
+                let (from, to) = crate::framework::under(c);
                 t.range(from.as_slice()..to.as_slice())?
             }
             None => t.iter()?,

@@ -17,7 +17,7 @@ use super::{
     TIMELINE, count_pending, group_key, timed_key, us_key,
 };
 use crate::endpoints::Endpoint;
-use crate::framework::be_u64;
+use crate::framework::{be_u64, under};
 use crate::names::Sink;
 use crate::routing::RoutingSettings;
 
@@ -104,12 +104,12 @@ impl View<'_> {
 
     /// The ids of the deliveries carrying notification `nid` (a digest carries several).
     pub fn of_notification(&mut self, nid: &str) -> Result<Vec<String>, StorageError> {
-        self.suffixes(BY_NOTIFICATION, nid)
+        self.t.suffixes(BY_NOTIFICATION, nid)
     }
 
     /// The ids of the deliveries of task `task`.
     pub fn of_task(&mut self, task: &str) -> Result<Vec<String>, StorageError> {
-        self.suffixes(BY_TASK, task)
+        self.t.suffixes(BY_TASK, task)
     }
 
     /// The parked deliveries of `route` made at or after `since_us`, at most `max` (by id;
@@ -121,7 +121,7 @@ impl View<'_> {
         max: usize,
     ) -> Result<Vec<Delivery>, StorageError> {
         let mut out = Vec::new();
-        for id in self.suffixes(
+        for id in self.t.suffixes(
             super::BY_STATUS,
             crate::names::DeliveryStatus::Parked.as_str(),
         )? {
@@ -223,7 +223,7 @@ impl View<'_> {
         prefix: &str,
     ) -> Result<Option<i64>, StorageError> {
         let from = timed_key(prefix, 0, "");
-        let to = [prefix.as_bytes(), &[1u8]].concat();
+        let (_, to) = under(prefix);
         let Some(row) = self
             .t
             .table(table)?
@@ -383,11 +383,6 @@ impl View<'_> {
         Ok(super::order_entry_id(&prefix, k.value()))
     }
 
-    /// What follows `prefix ‖ 0` in the keys of `table` that start with it.
-    fn suffixes(&mut self, table: &'static str, prefix: &str) -> Result<Vec<String>, StorageError> {
-        self.t.suffixes(table, prefix)
-    }
-
     /// Recipient `r`'s state (the defaults for none, or one without state).
     pub fn recipient(&mut self, r: Option<&str>) -> Result<Recipient, StorageError> {
         let Some(r) = r else {
@@ -511,12 +506,4 @@ impl Judged {
             sent_since: now_us.saturating_sub(interval_ms as i64 * 1_000),
         }
     }
-}
-
-/// The keys `prefix ‖ 0 ‖ …` of an index or timeline lie in `prefix ‖ 0 .. prefix ‖ 1`.
-fn under(prefix: &str) -> (Vec<u8>, Vec<u8>) {
-    (
-        [prefix.as_bytes(), &[0u8]].concat(),
-        [prefix.as_bytes(), &[1u8]].concat(),
-    )
 }

@@ -43,6 +43,7 @@ pub(crate) use snapshots::{restore_snapshot, snapshot};
 pub use store::{DIGEST_EVERY, Store};
 pub use tables::Reader;
 pub(crate) use tables::TxnTables;
+pub(crate) use tables::under;
 
 use redb::TableDefinition;
 use serde::{Deserialize, Serialize};

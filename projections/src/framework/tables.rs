@@ -205,8 +205,7 @@ impl<'t> TxnTables<'t> {
         table: &'static str,
         prefix: &str,
     ) -> Result<Vec<String>, StorageError> {
-        let lo = [prefix.as_bytes(), &[0u8]].concat();
-        let hi = [prefix.as_bytes(), &[1u8]].concat();
+        let (lo, hi) = under(prefix);
         let mut out = Vec::new();
         for row in self.table(table)?.range(lo.as_slice()..hi.as_slice())? {
             let (k, _) = row.map_err(StorageError::of)?;
@@ -227,6 +226,14 @@ impl<'t> TxnTables<'t> {
         }
         Ok(out)
     }
+}
+
+/// The keys `prefix ‖ 0 ‖ …` of an index or timeline lie in `prefix ‖ 0 .. prefix ‖ 1`.
+pub(crate) fn under(prefix: &str) -> (Vec<u8>, Vec<u8>) {
+    (
+        [prefix.as_bytes(), &[0u8]].concat(),
+        [prefix.as_bytes(), &[1u8]].concat(),
+    )
 }
 
 /// One table of a [`TxnTables`]: in the redb transaction, or through the overlay.
