@@ -134,7 +134,7 @@ pub struct Subscription {
     pub updated_at_us: i64,
 }
 
-txn_view! {
+crate::framework::txn_view! {
     /// The bridge subscriptions model inside a models transaction (commands decide on it at the
     /// head).
     NAME

@@ -36,7 +36,7 @@ pub struct Cursor {
     pub ext: CursorExt,
 }
 
-crate::postcard_row!(Cursor);
+crate::framework::postcard_row!(Cursor);
 
 /// The fields a cursor row gained after the golden release (see [`Cursor::ext`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,7 +80,7 @@ pub fn bound_error(e: &str) -> String {
     e.chars().take(MAX_ERROR).collect()
 }
 
-txn_view! {
+crate::framework::txn_view! {
     /// The cursors model inside a models transaction (commands decide on it at the head).
     NAME
 }

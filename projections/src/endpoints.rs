@@ -220,7 +220,7 @@ impl Endpoint {
         &self,
         ok: bool,
         was_probe: bool,
-        policy: crate::routing::CircuitPolicy,
+        policy: CircuitPolicy,
         now_us: i64,
     ) -> Option<(EventType, EndpointChange)> {
         if self.disabled.is_some() || self.unresolved.is_some() {
@@ -254,6 +254,23 @@ impl Endpoint {
 /// Whether tidemark delivers `sink` itself (its routes have endpoints).
 pub fn delivering(sink: Option<Sink>) -> bool {
     sink.is_some_and(Sink::delivered_by_tidemark)
+}
+
+/// A delivering route's circuit (section 17): it opens after `failures` consecutive failed
+/// attempts; its deliveries then wait, and one probe goes out after `cool_down_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CircuitPolicy {
+    pub failures: u32,
+    pub cool_down_ms: u64,
+}
+
+impl Default for CircuitPolicy {
+    fn default() -> Self {
+        CircuitPolicy {
+            failures: 20,
+            cool_down_ms: 60_000,
+        }
+    }
 }
 
 #[cfg(test)]

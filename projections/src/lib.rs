@@ -6,21 +6,23 @@
 //!   named once.
 //! - [`schema`]: the event types tidemark reserves, who may write them, and the payload rules
 //!   of the client-written ones (spec section 2). The API checks every append against it.
-//! - [`models`]: the models store (`models.redb`): [`Models`], its read and write transactions
-//!   ([`ModelsRead`], [`ModelsTxn`]).
 //! - [`framework`]: the [`Projection`] trait, the fold runtime ([`framework::catch_up`]),
 //!   the in-memory layers the decider folds into ([`framework::Overlay`]), checkpoints, digest
-//!   chains and snapshots; [`Reader`] and `TxnTables`, a model's tables in either transaction.
+//!   chains and snapshots; the store's transactions ([`ModelsRead`], [`ModelsTxn`]); [`Reader`]
+//!   and `TxnTables`, a model's tables in either; the lists' paged join
+//!   ([`framework::paged`]); [`subjects`], the last seq of each conditioned subject. It names
+//!   no model.
 //! - The read models, each a folder or a file with its fold, its view (what commands read at
 //!   the head) and its queries: [`tasks`], [`notifications`], [`settings`], [`deliveries`],
-//!   [`cursors`], [`bridges`], [`sources`], [`lists`], [`routes`], [`endpoints`]; and
-//!   [`subjects`], the last seq of each conditioned subject.
+//!   [`cursors`], [`bridges`], [`sources`], [`lists`], [`routes`], [`endpoints`].
+//! - [`models`]: the models store (`models.redb`), which knows every model: [`Models`], and
+//!   [`all`] the projections in the order they are applied.
 //! - [`routing`]: the delivery runtime's settings and rules (routes, backoff); the commands
 //!   that apply them are the engine's (`tidemark_engine::commands`).
 //! - [`by`], [`retention`], [`secrets`], [`trailing`]: payloads and encodings more than one
 //!   model shares.
 //! - [`rebuild`]: rebuild and verify from the log.
-//! - [`read`]: the queries that span models (the API's pages), each in one read transaction.
+//! - [`read`]: the projections' own metas, as operators read them.
 //!
 //! # Public surface
 //! [`Projection`] (with [`all`] and [`by_name`]); the models store; each model's row types,
@@ -29,31 +31,6 @@
 //! database handle.
 
 #![forbid(unsafe_code)]
-
-/// A model's view inside a models transaction (commands decide on it at the head): the
-/// struct `View` over the model's tables (`$name`), each opened once, made by `View::new`.
-/// The model's file adds what the view answers.
-macro_rules! txn_view {
-    ($(#[$doc:meta])* $name:ident) => {
-        $(#[$doc])*
-        pub struct View<'t> {
-            t: crate::framework::TxnTables<'t>,
-        }
-
-        impl<'t> View<'t> {
-            pub fn new(txn: &'t crate::models::ModelsTxn) -> Result<Self, StorageError> {
-                Self::over(txn.src())
-            }
-
-            /// The view over `src` (a [`crate::framework::Reader`]'s transaction).
-            pub(crate) fn over(src: crate::framework::Src<'t>) -> Result<Self, StorageError> {
-                Ok(View {
-                    t: crate::framework::TxnTables::new(src, $name)?,
-                })
-            }
-        }
-    };
-}
 
 pub mod bridges;
 pub mod by;
@@ -75,39 +52,8 @@ pub mod schema;
 pub mod secrets;
 pub mod settings;
 pub mod sources;
-pub mod subjects;
 pub mod tasks;
 pub mod trailing;
 
-pub use framework::{Meta, Projection, Reader};
-pub use models::{Models, ModelsConfig, ModelsRead, ModelsTxn};
-
-static TASKS: tasks::Tasks = tasks::Tasks;
-static NOTIFICATIONS: notifications::Notifications = notifications::Notifications;
-static SETTINGS: settings::Settings = settings::Settings;
-static DELIVERIES: deliveries::Deliveries = deliveries::Deliveries;
-static CURSORS: cursors::Cursors = cursors::Cursors;
-static BRIDGES: bridges::Bridges = bridges::Bridges;
-static SOURCES: sources::Sources = sources::Sources;
-static LISTS: lists::Lists = lists::Lists;
-static ROUTES: routes::Routes = routes::Routes;
-
-/// Every projection, in the order they are applied.
-pub fn all() -> Vec<&'static dyn Projection> {
-    vec![
-        &TASKS,
-        &NOTIFICATIONS,
-        &SETTINGS,
-        &DELIVERIES,
-        &CURSORS,
-        &BRIDGES,
-        &SOURCES,
-        &LISTS,
-        &ROUTES,
-    ]
-}
-
-/// A projection by name.
-pub fn by_name(name: &str) -> Option<&'static dyn Projection> {
-    all().into_iter().find(|p| p.name() == name)
-}
+pub use framework::{Meta, ModelsRead, ModelsTxn, Projection, Reader, subjects};
+pub use models::{Models, ModelsConfig, all, by_name};

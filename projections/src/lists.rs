@@ -69,11 +69,14 @@ impl Projection for Lists {
 }
 
 /// A list by name.
-pub fn list(db: &crate::models::ModelsRead, name: &str) -> Result<Option<ListRow>, StorageError> {
+pub fn list(
+    db: &crate::framework::ModelsRead,
+    name: &str,
+) -> Result<Option<ListRow>, StorageError> {
     db.reader()?.get_val(NAME, ROWS, name.as_bytes())
 }
 
-txn_view! {
+crate::framework::txn_view! {
     /// The lists model inside a models transaction (a command decides on it at the head).
     NAME
 }
@@ -86,6 +89,6 @@ impl View<'_> {
 }
 
 /// Every list, by name.
-pub fn all(db: &crate::models::ModelsRead) -> Result<Vec<ListRow>, StorageError> {
+pub fn all(db: &crate::framework::ModelsRead) -> Result<Vec<ListRow>, StorageError> {
     db.reader()?.values(NAME, ROWS)
 }

@@ -1,5 +1,5 @@
 //! The models store (spec section 3): every read model's tables, their metas, digest chains
-//! and snapshots, and the subjects' last seqs ([`crate::subjects`]), in a redb file of their
+//! and snapshots, and the subjects' last seqs ([`crate::framework::subjects`]), in a redb file of their
 //! own beside the log (`models.redb`), written by one thread of the engine (its decider),
 //! never by the log's writer. It follows the log: [`Models::follow`] folds committed events,
 //! read through the log's interface, in bounded transactions that commit without a sync; a
@@ -15,7 +15,10 @@ use redb::{Database, Durability, ReadableDatabase, WriteTransaction};
 use tidemark_log::storage::{FileStore, Store, redb_backend};
 use tidemark_log::{EventChunk, EventLog, StorageError};
 
-use crate::framework::{self, Applied, Layer, Overlay, Src, TxMut};
+use crate::framework::{
+    self, Applied, Inner, Layer, ModelsRead, ModelsTxn, Overlay, Projection, Src, TxMut,
+};
+use crate::{bridges, cursors, deliveries, lists, notifications, routes, settings, sources, tasks};
 
 /// How to open the models store.
 #[derive(Clone)]
@@ -111,7 +114,7 @@ impl Models {
 
     fn prepare(&self) -> Result<(), StorageError> {
         let txn = self.begin()?;
-        framework::prepare(txn.raw()?, &crate::all())?;
+        framework::prepare(txn.raw()?, &all())?;
         txn.commit()
     }
 
@@ -159,7 +162,7 @@ impl Models {
 
     /// The lowest checkpoint of the read models.
     pub fn checkpoint(&self) -> Result<u64, StorageError> {
-        framework::checkpoint(&self.read(), &crate::all())
+        framework::checkpoint(&self.read(), &all())
     }
 
     /// Fold the committed events of `log` past the models' checkpoint up to `upto`, at most
@@ -174,11 +177,9 @@ impl Models {
         chunk: &mut EventChunk,
     ) -> Result<u64, StorageError> {
         match &mut txn.0 {
-            Inner::Redb(t) => {
-                framework::catch_up(TxMut::Redb(t), &crate::all(), log, upto, max, chunk)
-            }
+            Inner::Redb(t) => framework::catch_up(TxMut::Redb(t), &all(), log, upto, max, chunk),
             Inner::Mem(m) => {
-                let at = framework::catch_up(TxMut::Mem(m), &crate::all(), log, upto, max, chunk)?;
+                let at = framework::catch_up(TxMut::Mem(m), &all(), log, upto, max, chunk)?;
                 m.folded(at);
                 Ok(at)
             }
@@ -190,7 +191,7 @@ impl Models {
     pub fn overlay(&self) -> Result<ModelsTxn, StorageError> {
         let mut o = Overlay::new(self.db().begin_read().map_err(StorageError::of)?);
         let mut at = u64::MAX;
-        for p in crate::all() {
+        for p in all() {
             at = at.min(Src::Mem(&o).meta(p.name())?.unwrap_or_default().checkpoint);
         }
         o.start_at(if at == u64::MAX { 0 } else { at });
@@ -223,6 +224,16 @@ impl Models {
         Ok(())
     }
 
+    /// Every projection's snapshot at what it has folded, written in `txn` (a compaction's
+    /// first half: [`crate::framework::snapshot`]).
+    pub fn snapshot_all(txn: &ModelsTxn) -> Result<(), StorageError> {
+        let txn = txn.raw()?;
+        for p in all() {
+            framework::snapshot(txn, p)?;
+        }
+        Ok(())
+    }
+
     /// Fold up to the head of `log`, in transactions of at most `batch` events (tests, tools
     /// and the start); the checkpoint reached.
     pub fn follow(&self, log: &impl EventLog, batch: u64) -> Result<u64, StorageError> {
@@ -238,100 +249,34 @@ impl Models {
     }
 }
 
-/// The models store as one request reads it ([`Models::read`]); the queries open their read
-/// transaction on it.
-#[derive(Clone)]
-pub struct ModelsRead(Arc<Database>);
+static TASKS: tasks::Tasks = tasks::Tasks;
+static NOTIFICATIONS: notifications::Notifications = notifications::Notifications;
+static SETTINGS: settings::Settings = settings::Settings;
+static DELIVERIES: deliveries::Deliveries = deliveries::Deliveries;
+static CURSORS: cursors::Cursors = cursors::Cursors;
+static BRIDGES: bridges::Bridges = bridges::Bridges;
+static SOURCES: sources::Sources = sources::Sources;
+static LISTS: lists::Lists = lists::Lists;
+static ROUTES: routes::Routes = routes::Routes;
 
-impl ModelsRead {
-    /// One read transaction of the store, read through the same views as the commands'
-    /// (an overlay with no layers over it): a query asks the model's view what a command
-    /// would (`deliveries::View::new(&models.snapshot()?)?.pending()`).
-    pub fn snapshot(&self) -> Result<ModelsTxn, StorageError> {
-        let snap = self.0.begin_read().map_err(StorageError::of)?;
-        Ok(ModelsTxn(Inner::Mem(Overlay::new(snap))))
-    }
-
-    /// One read transaction for the paged lists' raw reads ([`framework::Reader`]).
-    pub fn reader(&self) -> Result<framework::Reader, StorageError> {
-        Ok(framework::Reader::new(
-            self.0.begin_read().map_err(StorageError::of)?,
-        ))
-    }
+/// Every projection, in the order they are applied.
+pub fn all() -> Vec<&'static dyn Projection> {
+    vec![
+        &TASKS,
+        &NOTIFICATIONS,
+        &SETTINGS,
+        &DELIVERIES,
+        &CURSORS,
+        &BRIDGES,
+        &SOURCES,
+        &LISTS,
+        &ROUTES,
+    ]
 }
 
-/// The models store as the decider folds and decides on it: a write transaction (the start,
-/// tools, tests, a compaction) or the overlay ([`Models::overlay`]). Outside this crate it is
-/// read through the models' views alone (`deliveries::View::new(&txn)`, `cursors::View`, …),
-/// each of which owns its model's key layout; no storage type leaves the crate.
-pub struct ModelsTxn(Inner);
-
-/// One per decider (or per tool's transaction): its size does not matter.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "a temporary, one at a time: boxing would cost an allocation per use"
-)]
-enum Inner {
-    Redb(WriteTransaction),
-    Mem(Overlay),
-}
-
-impl ModelsTxn {
-    /// The store as a command reads it.
-    pub(crate) fn src(&self) -> Src<'_> {
-        match &self.0 {
-            Inner::Redb(t) => Src::Redb(t),
-            Inner::Mem(m) => Src::Mem(m),
-        }
-    }
-
-    /// The redb transaction (not the overlay's: its writes go through [`Models::write`]).
-    pub(crate) fn raw(&self) -> Result<&WriteTransaction, StorageError> {
-        match &self.0 {
-            Inner::Redb(t) => Ok(t),
-            Inner::Mem(_) => Err(StorageError::msg(
-                "the decider's overlay has no transaction of the file to write in",
-            )),
-        }
-    }
-
-    /// The overlay, when this is one.
-    pub fn overlay(&mut self) -> Option<&mut Overlay> {
-        match &mut self.0 {
-            Inner::Redb(_) => None,
-            Inner::Mem(m) => Some(m),
-        }
-    }
-
-    /// Commit (without a sync: [`Models::persist`] makes it durable). An overlay is written
-    /// by [`Models::write`], layer by layer, not committed.
-    pub fn commit(self) -> Result<(), StorageError> {
-        match self.0 {
-            Inner::Redb(t) => t.commit().map_err(StorageError::of),
-            Inner::Mem(_) => Err(StorageError::msg("an overlay is written, not committed")),
-        }
-    }
-
-    /// The seq of the last event of `(stream, subject)` as the models have it (0: none, or
-    /// every one of them is before `first_seq`, compacted): [`crate::subjects`].
-    pub fn last_of(
-        &self,
-        stream: &str,
-        subject: &str,
-        first_seq: u64,
-    ) -> Result<u64, StorageError> {
-        crate::subjects::last(self.src(), stream, subject, first_seq)
-    }
-
-    /// Every projection's snapshot at what it has folded, written in this transaction (a
-    /// compaction's first half: [`crate::framework::snapshot`]).
-    pub fn snapshot_all(&self) -> Result<(), StorageError> {
-        let txn = self.raw()?;
-        for p in crate::all() {
-            framework::snapshot(txn, p)?;
-        }
-        Ok(())
-    }
+/// A projection by name.
+pub fn by_name(name: &str) -> Option<&'static dyn Projection> {
+    all().into_iter().find(|p| p.name() == name)
 }
 
 /// Whether table `name` of a log file is a read model's (the layout before the models store

@@ -46,7 +46,7 @@ pub struct Notification {
     pub ext: Provenance,
 }
 
-crate::postcard_row!(Notification);
+crate::framework::postcard_row!(Notification);
 
 /// A notification's `type`, `type_data` and `source` (section 2); the objects are kept as the
 /// client's JSON text.
@@ -294,7 +294,7 @@ pub(crate) fn index_key(value: &str, seq: u64) -> Vec<u8> {
     k
 }
 
-txn_view! {
+crate::framework::txn_view! {
     /// The notifications model inside a models transaction (commands decide on it at the head).
     NAME
 }

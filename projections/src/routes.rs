@@ -122,11 +122,14 @@ impl Projection for Routes {
 }
 
 /// A route by name.
-pub fn route(db: &crate::models::ModelsRead, name: &str) -> Result<Option<RouteRow>, StorageError> {
+pub fn route(
+    db: &crate::framework::ModelsRead,
+    name: &str,
+) -> Result<Option<RouteRow>, StorageError> {
     db.reader()?.get_val(NAME, ROWS, name.as_bytes())
 }
 
-txn_view! {
+crate::framework::txn_view! {
     /// The routes model inside a models transaction (a command decides on it at the head).
     NAME
 }
@@ -139,6 +142,6 @@ impl View<'_> {
 }
 
 /// Every route managed through the API, by name.
-pub fn all(db: &crate::models::ModelsRead) -> Result<Vec<RouteRow>, StorageError> {
+pub fn all(db: &crate::framework::ModelsRead) -> Result<Vec<RouteRow>, StorageError> {
     db.reader()?.values(NAME, ROWS)
 }

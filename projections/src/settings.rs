@@ -31,7 +31,7 @@ impl Projection for Settings {
     }
 }
 
-txn_view! {
+crate::framework::txn_view! {
     /// The settings model inside a models transaction (a command decides on it at the head).
     NAME
 }

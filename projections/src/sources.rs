@@ -191,13 +191,13 @@ fn covered(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
 
 /// One source as of the read transaction (`None`: nothing recorded about it yet).
 pub fn source(
-    db: &crate::models::ModelsRead,
+    db: &crate::framework::ModelsRead,
     name: &str,
 ) -> Result<Option<SourceRow>, StorageError> {
     db.reader()?.get_val(NAME, ROWS, name.as_bytes())
 }
 
-txn_view! {
+crate::framework::txn_view! {
     /// The sources model inside the writer's transaction (commands decide on it at the head),
     /// its tables opened once for every lookup of a command.
     NAME

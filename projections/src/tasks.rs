@@ -89,7 +89,7 @@ pub struct Task {
     pub ext: TaskExt,
 }
 
-crate::postcard_row!(Task);
+crate::framework::postcard_row!(Task);
 
 /// The fields a task row gained after the golden release (see [`Task::ext`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -343,7 +343,7 @@ pub(crate) fn index_key(a: &str, task_id: &str) -> Vec<u8> {
     k
 }
 
-txn_view! {
+crate::framework::txn_view! {
     /// The tasks model inside a models transaction (commands decide on it at the head).
     NAME
 }

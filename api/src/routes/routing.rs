@@ -526,7 +526,7 @@ pub async fn preview(
     }
     let console = st.config.public_url();
     let ctx = match (&b.delivery_id, delivery) {
-        (Some(_), Some(d)) => body::context(&d, Some(&console)),
+        (Some(_), Some(d)) => d.template_context(Some(&console)),
         (Some(id), None) => {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,

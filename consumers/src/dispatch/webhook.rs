@@ -253,7 +253,7 @@ pub async fn check_api_routes(engine: &Engine, only: Option<&str>) {
 
 /// What the receiver of `target` is sent for `d`, linked to the console at `console`.
 pub fn render(target: &Target, d: &Delivery, console: Option<&str>) -> Result<Rendered, String> {
-    body::render(target.body.as_ref(), &body::context(d, console))
+    body::render(target.body.as_ref(), &d.template_context(console))
 }
 
 impl Adapter for Webhook {

@@ -6,8 +6,8 @@ use serde::Serialize;
 use tidemark_log::StorageError;
 
 use crate::deliveries::{self, Delivery};
+use crate::framework::paged::{ListOrder, Order, Page, Position, Walk, paged};
 use crate::names::{DeliveryStatus, Sink, sink_or_none};
-use crate::read::paged::{ListOrder, Order, Page, Position, Walk, paged};
 
 #[derive(Debug, Clone, Default)]
 pub struct DeliveryFilter {
@@ -78,7 +78,7 @@ impl DeliveryFilter {
 
 /// Deliveries ordered by id or newest first, filtered.
 pub fn deliveries(
-    db: &crate::models::ModelsRead,
+    db: &crate::framework::ModelsRead,
     f: &DeliveryFilter,
 ) -> Result<Page<Delivery>, StorageError> {
     let r = db.reader()?;
@@ -193,7 +193,7 @@ impl Kpis {
 /// routes no longer configured (their deliveries are still tried), by route; then each active
 /// bridge webhook subscription's (`bridge:<id>`).
 pub fn endpoints_in_force(
-    db: &crate::models::ModelsRead,
+    db: &crate::framework::ModelsRead,
 ) -> Result<Vec<(crate::endpoints::Endpoint, crate::routing::CircuitPolicy)>, StorageError> {
     let txn = db.snapshot()?;
     let mut view = crate::deliveries::View::new(&txn)?;

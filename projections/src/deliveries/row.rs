@@ -11,6 +11,7 @@
 //! encoding stays at the storage boundary, the type everyone uses is the current one.
 
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 use tidemark_log::StorageError;
 
 use crate::framework::Row;
@@ -102,6 +103,39 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// What a template sees: `notification`, `delivery`, `task` (null when the notification
+    /// names none) and `console_url` (the delivery in the console, null when the server does not
+    /// know its public address).
+    pub fn template_context(&self, console: Option<&str>) -> Value {
+        let d = self;
+        let items: Vec<Value> = d
+            .items
+            .iter()
+            .map(
+                |i| json!({"notification_id": i.notification_id, "title": i.title, "body": i.body}),
+            )
+            .collect();
+        json!({
+            "notification": {
+                "id": d.notification_id,
+                "title": d.title,
+                "body": d.body,
+                "priority": d.priority,
+                "recipient": d.recipient,
+                "group_key": d.group_key,
+            },
+            "delivery": {
+                "id": d.id.as_str(),
+                "route": d.route,
+                "attempt": d.attempts.max(1),
+                "items": items,
+                "more": d.item_count() - d.items.len(),
+            },
+            "task": d.task_id.as_ref().map(|t| json!({"id": t})),
+            "console_url": console.map(|base| crate::routing::body::console_link(base, d.id.as_str())),
+        })
+    }
+
     /// Its sink's name as stored in its keys and served: `"none"` when no sink takes it.
     pub const fn sink_name(&self) -> &'static str {
         crate::names::sink_or_none::name(self.sink)

@@ -1,6 +1,6 @@
 //! The deliveries model seen from inside a models transaction: what the commands decide from
 //! (claim, expiry, completion, routing, admission, retention) and what the queries answer
-//! (over [`crate::models::ModelsRead::snapshot`]), asked for by what it means — a row and its
+//! (over [`crate::framework::ModelsRead::snapshot`]), asked for by what it means — a row and its
 //! timeline, the due deliveries of a sink at a priority, the leases expired by a time, the
 //! deliveries of a notification or a task, a recipient, the settings in force, the outbox's
 //! KPIs. The keys are this folder's: the fold writes them and this view reads them; no caller
@@ -21,7 +21,7 @@ use crate::framework::{be_u64, under};
 use crate::names::Sink;
 use crate::routing::RoutingSettings;
 
-txn_view! {
+crate::framework::txn_view! {
     /// The deliveries model inside one models transaction (each table opened once).
     NAME
 }

@@ -29,12 +29,16 @@
 mod access;
 mod cached;
 pub(crate) mod overlay;
+pub mod paged;
 mod runtime;
 mod snapshots;
 mod store;
+pub mod subjects;
 mod tables;
+mod txn;
 
 pub use access::{Src, TxMut};
+pub(crate) use cached::postcard_row;
 pub use cached::{Cached, CachedRow, Row};
 pub use overlay::{Applied, Layer, Overlay};
 pub use runtime::{catch_up, checkpoint, prepare};
@@ -44,6 +48,35 @@ pub use store::{DIGEST_EVERY, Store};
 pub use tables::Reader;
 pub(crate) use tables::TxnTables;
 pub(crate) use tables::under;
+pub(crate) use txn::Inner;
+pub use txn::{ModelsRead, ModelsTxn};
+
+/// A model's view inside a models transaction (commands decide on it at the head): the
+/// struct `View` over the model's tables (`$name`), each opened once, made by `View::new`.
+/// The model's file adds what the view answers.
+macro_rules! txn_view {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        pub struct View<'t> {
+            t: crate::framework::TxnTables<'t>,
+        }
+
+        impl<'t> View<'t> {
+            pub fn new(txn: &'t crate::framework::ModelsTxn) -> Result<Self, StorageError> {
+                Self::over(txn.src())
+            }
+
+            /// The view over `src` (a [`crate::framework::Reader`]'s transaction).
+            pub(crate) fn over(src: crate::framework::Src<'t>) -> Result<Self, StorageError> {
+                Ok(View {
+                    t: crate::framework::TxnTables::new(src, $name)?,
+                })
+            }
+        }
+    };
+}
+
+pub(crate) use txn_view;
 
 use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
@@ -115,3 +148,20 @@ pub(crate) fn table_name(proj: &str, table: &str, generation: u32) -> String {
 }
 
 pub(crate) type Bytes = &'static [u8];
+
+/// A big-endian u64 a projection keeps under `key` (a checkpoint), 0 when absent.
+pub(crate) fn stored_u64(
+    db: &ModelsRead,
+    proj: &str,
+    table: &str,
+    key: &[u8],
+) -> Result<u64, StorageError> {
+    let r = db.reader()?;
+    let Some(t) = r.table(proj, table)? else {
+        return Ok(0);
+    };
+    Ok(t.get(key)
+        .map_err(StorageError::of)?
+        .and_then(|v| be_u64(v.value()))
+        .unwrap_or(0))
+}

@@ -37,10 +37,10 @@ enum Kind {
     U64Bytes,
 }
 
-/// The name of the table of the subjects' last seqs ([`crate::subjects`]; named here, where
+/// The name of the table of the subjects' last seqs ([`crate::framework::subjects`]; named here, where
 /// every table's types are).
 pub(crate) const SUBJECT_LAST_TABLE: &str = "subject_last";
-/// The name of the models store's own bookkeeping table ([`crate::subjects`]).
+/// The name of the models store's own bookkeeping table ([`crate::framework::subjects`]).
 pub(crate) const MODELS_META_TABLE: &str = "models_meta";
 
 fn kind(name: &str) -> Kind {

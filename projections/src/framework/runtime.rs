@@ -113,7 +113,7 @@ pub(crate) fn drop_other_generations(
 /// most `max` events past the lowest checkpoint — in `txn` (a transaction of the models
 /// store), with the fold code a rebuild uses; the events are read from `log` once for all of
 /// them, into `chunk` (a buffer reused from one call to the next). The subjects' last seqs
-/// ([`crate::subjects`]) follow too. Returns the lowest checkpoint after.
+/// ([`crate::framework::subjects`]) follow too. Returns the lowest checkpoint after.
 pub fn catch_up(
     mut tx: TxMut<'_>,
     projections: &[&'static dyn Projection],
@@ -132,7 +132,7 @@ pub fn catch_up(
             }));
         }
     }
-    let subjects_at = crate::subjects::checkpoint(tx.src(), log)?;
+    let subjects_at = crate::framework::subjects::checkpoint(tx.src(), log)?;
     let from = metas
         .iter()
         .map(|m| m.checkpoint)
@@ -156,7 +156,7 @@ pub fn catch_up(
     }
     if subjects_at < end {
         let start = events.partition_point(|e| e.seq <= subjects_at);
-        crate::subjects::record(tx.reborrow(), &events[start..], end)?;
+        crate::framework::subjects::record(tx.reborrow(), &events[start..], end)?;
     }
     Ok(metas.iter().map(|m| m.checkpoint).min().unwrap_or(end))
 }
@@ -164,7 +164,7 @@ pub fn catch_up(
 /// The lowest checkpoint of `projections` in one read transaction: every read model reflects
 /// the log at least up to it.
 pub fn checkpoint(
-    db: &crate::models::ModelsRead,
+    db: &crate::framework::ModelsRead,
     projections: &[&'static dyn Projection],
 ) -> Result<u64, StorageError> {
     let r = db.reader()?;

@@ -5,10 +5,10 @@ use tidemark_log::StorageError;
 
 use crate::deliveries::Delivery;
 use crate::framework::Reader;
+use crate::framework::paged::{Order, Position, Walk, paged};
+use crate::framework::stored_u64;
 use crate::ids::NotificationId;
 use crate::notifications::{self, Notification};
-use crate::read::paged::{Order, Position, Walk, paged};
-use crate::read::stored_u64;
 use crate::tasks;
 
 #[derive(Debug, Clone, Default)]
@@ -21,7 +21,7 @@ pub struct NotificationFilter {
 
 /// Notifications newest first; the second value is the `before_seq` of the next page, if any.
 pub fn notifications(
-    db: &crate::models::ModelsRead,
+    db: &crate::framework::ModelsRead,
     f: &NotificationFilter,
 ) -> Result<(Vec<Notification>, Option<u64>), StorageError> {
     notifications_in(&db.reader()?, f)
@@ -36,7 +36,7 @@ pub type NotificationsWithTaskSeq = (Vec<(Notification, u64)>, Option<u64>);
 /// task's stream after (`/v1/tasks/{id}/stream?after_sequence=…`, seed 002), so no event
 /// between the read and the stream's start is missed.
 pub fn notifications_with_task_seq(
-    db: &crate::models::ModelsRead,
+    db: &crate::framework::ModelsRead,
     f: &NotificationFilter,
 ) -> Result<NotificationsWithTaskSeq, StorageError> {
     let r = db.reader()?;
@@ -88,7 +88,7 @@ fn notifications_in(
 }
 
 /// Highest source seq the router has produced a notification for.
-pub fn router_checkpoint(db: &crate::models::ModelsRead) -> Result<u64, StorageError> {
+pub fn router_checkpoint(db: &crate::framework::ModelsRead) -> Result<u64, StorageError> {
     stored_u64(
         db,
         notifications::NAME,
@@ -122,7 +122,7 @@ pub type Origin = (Option<String>, notifications::Provenance);
 /// The [`Origin`] of the notification at each of `seqs` (`None` where none is there), read in
 /// one transaction: a claim asks for all its rows at once.
 pub fn provenances(
-    db: &crate::models::ModelsRead,
+    db: &crate::framework::ModelsRead,
     seqs: &[u64],
 ) -> Result<Vec<Option<Origin>>, StorageError> {
     let r = db.reader()?;
@@ -167,7 +167,7 @@ const STATUS_DELIVERIES_MAX: usize = 1000;
 
 /// The status record of notification `id`, or `None` when no notification has that id.
 pub fn notification_status(
-    db: &crate::models::ModelsRead,
+    db: &crate::framework::ModelsRead,
     id: &NotificationId,
     intent_key: Option<&str>,
 ) -> Result<Option<NotificationStatus>, StorageError> {

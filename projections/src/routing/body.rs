@@ -10,8 +10,6 @@ use minijinja::{AutoEscape, Environment, UndefinedBehavior};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::deliveries::Delivery;
-
 /// A webhook route's `body`: a preset's name, or a template.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -88,36 +86,6 @@ impl BodyConfig {
             }
         }
     }
-}
-
-/// What a template sees: `notification`, `delivery`, `task` (null when the notification
-/// names none) and `console_url` (the delivery in the console, null when the server does not
-/// know its public address).
-pub fn context(d: &Delivery, console: Option<&str>) -> Value {
-    let items: Vec<Value> = d
-        .items
-        .iter()
-        .map(|i| json!({"notification_id": i.notification_id, "title": i.title, "body": i.body}))
-        .collect();
-    json!({
-        "notification": {
-            "id": d.notification_id,
-            "title": d.title,
-            "body": d.body,
-            "priority": d.priority,
-            "recipient": d.recipient,
-            "group_key": d.group_key,
-        },
-        "delivery": {
-            "id": d.id.as_str(),
-            "route": d.route,
-            "attempt": d.attempts.max(1),
-            "items": items,
-            "more": d.item_count() - d.items.len(),
-        },
-        "task": d.task_id.as_ref().map(|t| json!({"id": t})),
-        "console_url": console.map(|base| console_link(base, d.id.as_str())),
-    })
 }
 
 /// The console's page of delivery `id` under `base` (`https://tidemark.example.org`).

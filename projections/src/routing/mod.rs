@@ -9,6 +9,7 @@ pub mod body;
 mod config;
 mod resolve;
 
+pub use crate::endpoints::CircuitPolicy;
 pub use api_route::ApiRoute;
 pub use config::{
     CircuitConfig, DashboardConfig, DesktopConfig, DigestConfig, LocaleTemplates,
@@ -268,23 +269,6 @@ impl Ordering {
             OrderKey::Endpoint => Some("endpoint".to_owned()),
             OrderKey::Task => task.map(|t| format!("task:{t}")),
             OrderKey::Recipient => recipient.map(|r| format!("recipient:{r}")),
-        }
-    }
-}
-
-/// A delivering route's circuit (section 17): it opens after `failures` consecutive failed
-/// attempts; its deliveries then wait, and one probe goes out after `cool_down_ms`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CircuitPolicy {
-    pub failures: u32,
-    pub cool_down_ms: u64,
-}
-
-impl Default for CircuitPolicy {
-    fn default() -> Self {
-        CircuitPolicy {
-            failures: 20,
-            cool_down_ms: 60_000,
         }
     }
 }

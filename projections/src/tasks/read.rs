@@ -2,13 +2,13 @@
 
 use tidemark_log::StorageError;
 
+use crate::framework::paged::{ListOrder, Order, Page, Position, Walk, paged};
 use crate::ids::TaskId;
 use crate::names::TaskStatus;
-use crate::read::paged::{ListOrder, Order, Page, Position, Walk, paged};
 use crate::tasks::{self, Task};
 
 pub fn task(
-    db: &crate::models::ModelsRead,
+    db: &crate::framework::ModelsRead,
     task_id: &TaskId,
 ) -> Result<Option<Task>, StorageError> {
     db.reader()?
@@ -28,7 +28,10 @@ pub struct TaskFilter {
 }
 
 /// Tasks ordered by id or newest first, filtered.
-pub fn tasks(db: &crate::models::ModelsRead, f: &TaskFilter) -> Result<Page<Task>, StorageError> {
+pub fn tasks(
+    db: &crate::framework::ModelsRead,
+    f: &TaskFilter,
+) -> Result<Page<Task>, StorageError> {
     let r = db.reader()?;
     let limit = f.limit.max(1);
     let Some(rows) = r.table(tasks::NAME, tasks::ROWS)? else {

@@ -46,7 +46,7 @@ impl Command for Compact {
             return Ok(Decided::new(rep, Vec::new()));
         }
         // Every projection is at the head here: their snapshots are at or above any cut.
-        txn.snapshot_all()?;
+        tidemark_projections::Models::snapshot_all(txn)?;
         Ok(Decided::new(rep, Vec::new()))
     }
 }

@@ -16,7 +16,7 @@ pub enum ListOrder {
     Newest,
 }
 
-/// A row's place in creation order: its creation key (a task's [`tasks::created_key`], a
+/// A row's place in creation order: its creation key (a task's `tasks::created_key`, a
 /// delivery's `created_at_us`) and its id, which breaks ties. Ordered by key, then id, as the
 /// `by_created` indexes hold them (`key (8 bytes, big-endian) ‖ id`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

@@ -1,0 +1,97 @@
+//! The models store's transactions as the models read them: [`ModelsRead`], the store as
+//! one request reads it, and [`ModelsTxn`], the store as the decider folds and decides on it
+//! (a redb write transaction, or the overlay). The store itself, which knows every model,
+//! opens them (`crate::models::Models`).
+
+use std::sync::Arc;
+
+use redb::{Database, ReadableDatabase, WriteTransaction};
+use tidemark_log::StorageError;
+
+use super::{Overlay, Src};
+
+/// The models store as one request reads it (`Models::read`); the queries open their read
+/// transaction on it.
+#[derive(Clone)]
+pub struct ModelsRead(pub(crate) Arc<Database>);
+
+impl ModelsRead {
+    /// One read transaction of the store, read through the same views as the commands'
+    /// (an overlay with no layers over it): a query asks the model's view what a command
+    /// would (`deliveries::View::new(&models.snapshot()?)?.pending()`).
+    pub fn snapshot(&self) -> Result<ModelsTxn, StorageError> {
+        let snap = self.0.begin_read().map_err(StorageError::of)?;
+        Ok(ModelsTxn(Inner::Mem(Overlay::new(snap))))
+    }
+
+    /// One read transaction for the paged lists' raw reads ([`super::Reader`]).
+    pub fn reader(&self) -> Result<super::Reader, StorageError> {
+        Ok(super::Reader::new(
+            self.0.begin_read().map_err(StorageError::of)?,
+        ))
+    }
+}
+
+/// The models store as the decider folds and decides on it: a write transaction (the start,
+/// tools, tests, a compaction) or the overlay (`Models::overlay`). Outside this crate it is
+/// read through the models' views alone (`deliveries::View::new(&txn)`, `cursors::View`, …),
+/// each of which owns its model's key layout; no storage type leaves the crate.
+pub struct ModelsTxn(pub(crate) Inner);
+
+/// One per decider (or per tool's transaction): its size does not matter.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a temporary, one at a time: boxing would cost an allocation per use"
+)]
+pub(crate) enum Inner {
+    Redb(WriteTransaction),
+    Mem(Overlay),
+}
+
+impl ModelsTxn {
+    /// The store as a command reads it.
+    pub(crate) fn src(&self) -> Src<'_> {
+        match &self.0 {
+            Inner::Redb(t) => Src::Redb(t),
+            Inner::Mem(m) => Src::Mem(m),
+        }
+    }
+
+    /// The redb transaction (not the overlay's: its writes go through `Models::write`).
+    pub(crate) fn raw(&self) -> Result<&WriteTransaction, StorageError> {
+        match &self.0 {
+            Inner::Redb(t) => Ok(t),
+            Inner::Mem(_) => Err(StorageError::msg(
+                "the decider's overlay has no transaction of the file to write in",
+            )),
+        }
+    }
+
+    /// The overlay, when this is one.
+    pub fn overlay(&mut self) -> Option<&mut Overlay> {
+        match &mut self.0 {
+            Inner::Redb(_) => None,
+            Inner::Mem(m) => Some(m),
+        }
+    }
+
+    /// Commit (without a sync: `Models::persist` makes it durable). An overlay is written
+    /// by `Models::write`, layer by layer, not committed.
+    pub fn commit(self) -> Result<(), StorageError> {
+        match self.0 {
+            Inner::Redb(t) => t.commit().map_err(StorageError::of),
+            Inner::Mem(_) => Err(StorageError::msg("an overlay is written, not committed")),
+        }
+    }
+
+    /// The seq of the last event of `(stream, subject)` as the models have it (0: none, or
+    /// every one of them is before `first_seq`, compacted): [`super::subjects`].
+    pub fn last_of(
+        &self,
+        stream: &str,
+        subject: &str,
+        first_seq: u64,
+    ) -> Result<u64, StorageError> {
+        super::subjects::last(self.src(), stream, subject, first_seq)
+    }
+}
