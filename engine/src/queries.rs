@@ -23,7 +23,7 @@ use tidemark_projections::notifications::read::{
 use tidemark_projections::read::{self, ListOrder, Page, Position, ProjectionInfo};
 use tidemark_projections::tasks::Task;
 use tidemark_projections::tasks::read::TaskFilter;
-use tidemark_projections::{bridges, cursors, notifications, tasks};
+use tidemark_projections::{ModelsTxn, bridges, cursors, notifications, tasks};
 
 type R<T> = Result<T, QueryError>;
 
@@ -249,22 +249,22 @@ impl<L: EventLog + Clone> Queries<L> {
         Ok(read::projections(&self.models.read(), self.log.head())?)
     }
 
+    /// `f` asked of one read transaction of the models (through their views).
+    fn on_models<T>(&self, f: impl FnOnce(&ModelsTxn) -> Result<T, StorageError>) -> R<T> {
+        Ok(f(&self.models.read().snapshot()?)?)
+    }
+
     /// `f` asked of the deliveries model's view, over one read transaction of the models.
     fn on_deliveries<T>(
         &self,
-        f: impl FnOnce(&mut deliveries::View<'_>) -> Result<T, StorageError>,
+        f: impl FnOnce(&deliveries::View<'_>) -> Result<T, StorageError>,
     ) -> R<T> {
-        let txn = self.models.read().snapshot()?;
-        Ok(f(&mut deliveries::View::new(&txn)?)?)
+        self.on_models(|m| f(&deliveries::View::new(m)?))
     }
 
     /// `f` asked of the bridges model's view, over one read transaction of the models.
-    fn on_bridges<T>(
-        &self,
-        f: impl FnOnce(&mut bridges::View<'_>) -> Result<T, StorageError>,
-    ) -> R<T> {
-        let txn = self.models.read().snapshot()?;
-        Ok(f(&mut bridges::View::new(&txn)?)?)
+    fn on_bridges<T>(&self, f: impl FnOnce(&bridges::View<'_>) -> Result<T, StorageError>) -> R<T> {
+        self.on_models(|m| f(&bridges::View::new(m)?))
     }
 
     /// Outbox KPIs as the deliveries model stands now, without waiting (for `/metrics`).
@@ -279,19 +279,19 @@ impl<L: EventLog + Clone> Queries<L> {
 
     pub fn task(&self, task_id: &TaskId) -> R<Option<Task>> {
         self.floor(0)?;
-        Ok(tasks::read::task(&self.models.read(), task_id)?)
+        self.on_models(|m| tasks::View::new(m)?.row(task_id.as_str()))
     }
 
     /// A page of tasks and the position of its last row when more may follow.
     pub fn tasks(&self, f: &TaskFilter) -> R<Page<Task>> {
         self.floor(0)?;
-        Ok(tasks::read::tasks(&self.models.read(), f)?)
+        self.on_models(|m| tasks::View::new(m)?.page(f))
     }
 
     /// Notifications newest first and the `before_seq` of the next page.
     pub fn notifications(&self, f: &NotificationFilter) -> R<(Vec<Notification>, Option<u64>)> {
         self.floor(0)?;
-        Ok(notifications::read::notifications(&self.models.read(), f)?)
+        self.on_models(|m| notifications::View::new(m)?.page(f))
     }
 
     /// [`Queries::notifications`], each with its task's `latest_event_seq` (0 without one).
@@ -300,33 +300,26 @@ impl<L: EventLog + Clone> Queries<L> {
         f: &NotificationFilter,
     ) -> R<NotificationsWithTaskSeq> {
         self.floor(0)?;
-        Ok(notifications::read::notifications_with_task_seq(
-            &self.models.read(),
-            f,
-        )?)
+        self.on_models(|m| notifications::View::new(m)?.page_with_task_seq(f))
     }
 
     /// The status record of one notification (`None`: no notification has that id).
     pub fn notification_status(&self, id: &NotificationId) -> R<Option<NotificationStatus>> {
         self.floor(0)?;
         let intent = self.privacy.as_ref().map(|p| p.intent_key(id.as_str()));
-        Ok(notifications::read::notification_status(
-            &self.models.read(),
-            id,
-            intent.as_deref(),
-        )?)
+        self.on_models(|m| notifications::View::new(m)?.status(id, intent.as_deref()))
     }
 
     /// The project and provenance of the notification at each of `seqs` (what a delivery of
     /// it serves), in one read.
     pub fn provenances(&self, seqs: &[u64]) -> R<Vec<Option<notifications::read::Origin>>> {
-        Ok(notifications::read::provenances(&self.models.read(), seqs)?)
+        self.on_models(|m| notifications::View::new(m)?.provenances(seqs))
     }
 
     /// The highest source seq the notification router has derived from.
     pub fn router_checkpoint(&self) -> R<u64> {
         self.floor(0)?;
-        Ok(notifications::read::router_checkpoint(&self.models.read())?)
+        self.on_models(|m| notifications::View::new(m)?.router_checkpoint())
     }
 
     /// The routing settings in force: the file's, with the routes managed at runtime.
@@ -368,8 +361,9 @@ impl<L: EventLog + Clone> Queries<L> {
     /// A page of deliveries and the position of its last row when more may follow.
     pub fn deliveries(&self, f: &DeliveryFilter) -> R<Page<Delivery>> {
         self.floor(0)?;
-        let db = self.models.read();
-        let clear = deliveries::read::deliveries(&db, f)?;
+        let txn = self.models.read().snapshot()?;
+        let view = deliveries::View::new(&txn)?;
+        let clear = view.page(f)?;
         // Redacted deliveries carry the keyed hashes of the recipient and the notification id
         // (section 14): a filter by either also finds them, merged in the list's order.
         let Some(p) = self
@@ -384,7 +378,7 @@ impl<L: EventLog + Clone> Queries<L> {
             notification_id: f.notification_id.as_deref().map(|n| p.intent_key(n)),
             ..f.clone()
         };
-        let other = deliveries::read::deliveries(&db, &hashed)?;
+        let other = view.page(&hashed)?;
         let more = clear.1.is_some() || other.1.is_some();
         let mut all: Vec<Delivery> = clear.0.into_iter().chain(other.0).collect();
         match f.order {
@@ -452,34 +446,25 @@ impl<L: EventLog + Clone> Queries<L> {
     /// What the log says about source `name` (`None`: nothing yet).
     pub fn source(&self, name: &str) -> R<Option<tidemark_projections::sources::SourceRow>> {
         self.floor(0)?;
-        Ok(tidemark_projections::sources::source(
-            &self.models.read(),
-            name,
-        )?)
+        self.on_models(|m| tidemark_projections::sources::View::new(m)?.recorded(name))
     }
 
     /// A notification list (section 17).
     pub fn list(&self, name: &str) -> R<Option<tidemark_projections::lists::ListRow>> {
         self.floor(0)?;
-        Ok(tidemark_projections::lists::list(
-            &self.models.read(),
-            name,
-        )?)
+        self.on_models(|m| tidemark_projections::lists::View::new(m)?.row(name))
     }
 
     /// A route managed through the API.
     pub fn route(&self, name: &str) -> R<Option<tidemark_projections::routes::RouteRow>> {
         self.floor(0)?;
-        Ok(tidemark_projections::routes::route(
-            &self.models.read(),
-            name,
-        )?)
+        self.on_models(|m| tidemark_projections::routes::View::new(m)?.row(name))
     }
 
     /// Every route managed through the API, by name.
     pub fn routes(&self) -> R<Vec<tidemark_projections::routes::RouteRow>> {
         self.floor(0)?;
-        Ok(tidemark_projections::routes::all(&self.models.read())?)
+        self.on_models(|m| tidemark_projections::routes::View::new(m)?.all())
     }
 
     /// Every endpoint (each delivering route's, each bridge webhook subscription's): its
@@ -493,7 +478,7 @@ impl<L: EventLog + Clone> Queries<L> {
         )>,
     > {
         self.floor(0)?;
-        Ok(deliveries::read::endpoints_in_force(&self.models.read())?)
+        self.on_deliveries(|d| d.endpoints_in_force())
     }
 
     /// The health and circuit of delivering route `route` (`None`: no attempt or switch yet;
@@ -515,7 +500,7 @@ impl<L: EventLog + Clone> Queries<L> {
     /// Every notification list, by name.
     pub fn lists(&self) -> R<Vec<tidemark_projections::lists::ListRow>> {
         self.floor(0)?;
-        Ok(tidemark_projections::lists::all(&self.models.read())?)
+        self.on_models(|m| tidemark_projections::lists::View::new(m)?.all())
     }
 
     /// A cursor, or its zero state.

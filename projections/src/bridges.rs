@@ -142,23 +142,23 @@ crate::framework::txn_view! {
 
 impl View<'_> {
     /// Subscription `id`.
-    pub fn row(&mut self, id: &str) -> Result<Option<Subscription>, StorageError> {
+    pub fn row(&self, id: &str) -> Result<Option<Subscription>, StorageError> {
         self.t.get_val(ROWS, id.as_bytes())
     }
 
     /// The health and circuit of webhook subscription `id` (`None`: no POST or switch yet).
-    pub fn endpoint(&mut self, id: &str) -> Result<Option<Endpoint>, StorageError> {
+    pub fn endpoint(&self, id: &str) -> Result<Option<Endpoint>, StorageError> {
         self.t.get_val(ENDPOINTS, id.as_bytes())
     }
 
     /// Whether an active subscription follows task `task_id`.
-    pub fn follows_task(&mut self, task_id: &str) -> Result<bool, StorageError> {
+    pub fn follows_task(&self, task_id: &str) -> Result<bool, StorageError> {
         Ok(!self.t.suffixes(BY_TASK, task_id)?.is_empty())
     }
 
     /// The active subscriptions of these tasks (the bridge notifier asks for every task of a
     /// commit at once).
-    pub fn of_tasks(&mut self, task_ids: &[&str]) -> Result<Vec<Subscription>, StorageError> {
+    pub fn of_tasks(&self, task_ids: &[&str]) -> Result<Vec<Subscription>, StorageError> {
         let mut ids = Vec::new();
         for t in task_ids {
             ids.extend(self.t.suffixes(BY_TASK, t)?);
@@ -167,13 +167,13 @@ impl View<'_> {
     }
 
     /// The active subscriptions of bridge `bridge_id`.
-    pub fn of_bridge(&mut self, bridge_id: &str) -> Result<Vec<Subscription>, StorageError> {
+    pub fn of_bridge(&self, bridge_id: &str) -> Result<Vec<Subscription>, StorageError> {
         let ids = self.t.suffixes(BY_BRIDGE, bridge_id)?;
         self.rows(ids)
     }
 
     /// Every active subscription, by id.
-    pub fn active(&mut self) -> Result<Vec<Subscription>, StorageError> {
+    pub fn active(&self) -> Result<Vec<Subscription>, StorageError> {
         let mut ids = Vec::new();
         for row in self.t.table(ACTIVE)?.iter()? {
             let (k, _) = row.map_err(StorageError::of)?;
@@ -184,7 +184,7 @@ impl View<'_> {
 
     /// Every active webhook subscription's endpoint (a record with no POST for one without),
     /// by subscription id.
-    pub fn endpoints(&mut self) -> Result<Vec<Endpoint>, StorageError> {
+    pub fn endpoints(&self) -> Result<Vec<Endpoint>, StorageError> {
         let mut out = Vec::new();
         for s in self.active()? {
             if !s.target.sink.is_webhook() {
@@ -199,7 +199,7 @@ impl View<'_> {
         Ok(out)
     }
 
-    fn rows(&mut self, ids: Vec<String>) -> Result<Vec<Subscription>, StorageError> {
+    fn rows(&self, ids: Vec<String>) -> Result<Vec<Subscription>, StorageError> {
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             out.extend(self.row(&id)?);

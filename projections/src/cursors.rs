@@ -88,7 +88,7 @@ crate::framework::txn_view! {
 impl View<'_> {
     /// The cursor of `(consumer_id, stream_name, subject_id)`, or its zero state.
     pub fn get(
-        &mut self,
+        &self,
         consumer_id: &str,
         stream_name: &str,
         subject_id: &str,
@@ -100,14 +100,14 @@ impl View<'_> {
     }
 
     /// Every cursor.
-    pub fn all(&mut self) -> Result<Vec<Cursor>, StorageError> {
+    pub fn all(&self) -> Result<Vec<Cursor>, StorageError> {
         self.t.values(ROWS)
     }
 
     /// The cursors of `consumer_id` (every cursor when `None`), in key order, at most
     /// `limit`.
     pub fn page(
-        &mut self,
+        &self,
         consumer_id: Option<&str>,
         limit: usize,
     ) -> Result<Vec<Cursor>, StorageError> {

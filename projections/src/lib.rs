@@ -8,8 +8,8 @@
 //!   of the client-written ones (spec section 2). The API checks every append against it.
 //! - [`framework`]: the [`Projection`] trait, the fold runtime ([`framework::catch_up`]),
 //!   the in-memory layers the decider folds into ([`framework::Overlay`]), checkpoints, digest
-//!   chains and snapshots; the store's transactions ([`ModelsRead`], [`ModelsTxn`]); [`Reader`]
-//!   and `TxnTables`, a model's tables in either; the lists' paged join
+//!   chains and snapshots; the store's transactions ([`ModelsRead`], [`ModelsTxn`]); `Tables`, a
+//!   model's tables in any of them; the lists' paged join
 //!   ([`framework::paged`]); [`subjects`], the last seq of each conditioned subject. It names
 //!   no model.
 //! - The read models, each a folder or a file with its fold, its view (what commands read at
@@ -55,5 +55,5 @@ pub mod sources;
 pub mod tasks;
 pub mod trailing;
 
-pub use framework::{Meta, ModelsRead, ModelsTxn, Projection, Reader, subjects};
+pub use framework::{Meta, ModelsRead, ModelsTxn, Projection, subjects};
 pub use models::{Models, ModelsConfig, all, by_name};

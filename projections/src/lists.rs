@@ -68,14 +68,6 @@ impl Projection for Lists {
     }
 }
 
-/// A list by name.
-pub fn list(
-    db: &crate::framework::ModelsRead,
-    name: &str,
-) -> Result<Option<ListRow>, StorageError> {
-    db.reader()?.get_val(NAME, ROWS, name.as_bytes())
-}
-
 crate::framework::txn_view! {
     /// The lists model inside a models transaction (a command decides on it at the head).
     NAME
@@ -83,12 +75,12 @@ crate::framework::txn_view! {
 
 impl View<'_> {
     /// List `name`.
-    pub fn row(&mut self, name: &str) -> Result<Option<ListRow>, StorageError> {
+    pub fn row(&self, name: &str) -> Result<Option<ListRow>, StorageError> {
         self.t.get_val(ROWS, name.as_bytes())
     }
-}
 
-/// Every list, by name.
-pub fn all(db: &crate::framework::ModelsRead) -> Result<Vec<ListRow>, StorageError> {
-    db.reader()?.values(NAME, ROWS)
+    /// Every list, by name.
+    pub fn all(&self) -> Result<Vec<ListRow>, StorageError> {
+        self.t.values(ROWS)
+    }
 }

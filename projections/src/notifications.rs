@@ -301,7 +301,7 @@ crate::framework::txn_view! {
 
 impl View<'_> {
     /// The notification whose id is `id`.
-    pub fn by_id(&mut self, id: &str) -> Result<Option<Notification>, StorageError> {
+    pub fn by_id(&self, id: &str) -> Result<Option<Notification>, StorageError> {
         let Some(seq) = self
             .t
             .get(IDS, id.as_bytes())?
@@ -317,7 +317,7 @@ impl View<'_> {
     /// deliveries the router has yet to make (the outbox bound, spec section 5). Priorities of
     /// weight 0 are not read.
     pub fn weighted_after(
-        &mut self,
+        &self,
         after: u64,
         weight: impl Fn(&str) -> u64,
     ) -> Result<u64, StorageError> {
@@ -340,7 +340,7 @@ impl View<'_> {
     /// first, at most `max` (event times never go back along seq: the first one at or past
     /// `before_us` ends the list).
     pub fn older_than(
-        &mut self,
+        &self,
         through_seq: u64,
         before_us: i64,
         max: usize,

@@ -121,14 +121,6 @@ impl Projection for Routes {
     }
 }
 
-/// A route by name.
-pub fn route(
-    db: &crate::framework::ModelsRead,
-    name: &str,
-) -> Result<Option<RouteRow>, StorageError> {
-    db.reader()?.get_val(NAME, ROWS, name.as_bytes())
-}
-
 crate::framework::txn_view! {
     /// The routes model inside a models transaction (a command decides on it at the head).
     NAME
@@ -136,12 +128,12 @@ crate::framework::txn_view! {
 
 impl View<'_> {
     /// Route `name`.
-    pub fn row(&mut self, name: &str) -> Result<Option<RouteRow>, StorageError> {
+    pub fn row(&self, name: &str) -> Result<Option<RouteRow>, StorageError> {
         self.t.get_val(ROWS, name.as_bytes())
     }
-}
 
-/// Every route managed through the API, by name.
-pub fn all(db: &crate::framework::ModelsRead) -> Result<Vec<RouteRow>, StorageError> {
-    db.reader()?.values(NAME, ROWS)
+    /// Every route managed through the API, by name.
+    pub fn all(&self) -> Result<Vec<RouteRow>, StorageError> {
+        self.t.values(ROWS)
+    }
 }

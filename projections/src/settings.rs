@@ -38,7 +38,7 @@ crate::framework::txn_view! {
 
 impl View<'_> {
     /// The notification settings in force (the payload of the last `settings.updated`).
-    pub fn current(&mut self) -> Result<Option<serde_json::Value>, StorageError> {
+    pub fn current(&self) -> Result<Option<serde_json::Value>, StorageError> {
         self.t
             .get(CURRENT, KEY)?
             .map(|b| serde_json::from_slice(&b).map_err(StorageError::of))
@@ -47,7 +47,7 @@ impl View<'_> {
 
     /// The names of the routes the configuration file configures, as the last
     /// `settings.updated` recorded them (none before the first).
-    pub fn file_routes(&mut self) -> Result<Vec<String>, StorageError> {
+    pub fn file_routes(&self) -> Result<Vec<String>, StorageError> {
         let Some(v) = self.current()? else {
             return Ok(Vec::new());
         };

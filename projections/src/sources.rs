@@ -189,14 +189,6 @@ fn covered(st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
     Ok(())
 }
 
-/// One source as of the read transaction (`None`: nothing recorded about it yet).
-pub fn source(
-    db: &crate::framework::ModelsRead,
-    name: &str,
-) -> Result<Option<SourceRow>, StorageError> {
-    db.reader()?.get_val(NAME, ROWS, name.as_bytes())
-}
-
 crate::framework::txn_view! {
     /// The sources model inside the writer's transaction (commands decide on it at the head),
     /// its tables opened once for every lookup of a command.
@@ -204,8 +196,13 @@ crate::framework::txn_view! {
 }
 
 impl View<'_> {
+    /// The source's row as recorded (`None`: nothing recorded about it yet).
+    pub fn recorded(&self, name: &str) -> Result<Option<SourceRow>, StorageError> {
+        self.t.get_val(ROWS, name.as_bytes())
+    }
+
     /// The source's row, or its state before anything was recorded about it.
-    pub fn row(&mut self, name: &str) -> Result<SourceRow, StorageError> {
+    pub fn row(&self, name: &str) -> Result<SourceRow, StorageError> {
         Ok(self
             .t
             .get_val(ROWS, name.as_bytes())?
@@ -217,7 +214,7 @@ impl View<'_> {
 
     /// The items appended since the watermark last moved that no notification covers yet,
     /// in the order they were appended.
-    pub fn pending(&mut self, name: &str) -> Result<Vec<String>, StorageError> {
+    pub fn pending(&self, name: &str) -> Result<Vec<String>, StorageError> {
         let mut prefix = name.as_bytes().to_vec();
         prefix.push(0);
         let mut out = Vec::new();
@@ -234,7 +231,7 @@ impl View<'_> {
 
     /// Whether item `id` of the source is pending (appended since the watermark last moved,
     /// not covered by a notification yet).
-    pub fn is_pending(&mut self, name: &str, id: &str) -> Result<bool, StorageError> {
+    pub fn is_pending(&self, name: &str, id: &str) -> Result<bool, StorageError> {
         let Some(seq) = self
             .t
             .get(ITEMS, &item_key(name, id))?
@@ -246,12 +243,12 @@ impl View<'_> {
     }
 
     /// Whether the source has appended item `id`.
-    pub fn has_item(&mut self, name: &str, id: &str) -> Result<bool, StorageError> {
+    pub fn has_item(&self, name: &str, id: &str) -> Result<bool, StorageError> {
         Ok(self.t.get(ITEMS, &item_key(name, id))?.is_some())
     }
 
     /// Whether item `id` of source `name` was skipped (its schema refused it) already.
-    pub fn has_skipped(&mut self, name: &str, id: &str) -> Result<bool, StorageError> {
+    pub fn has_skipped(&self, name: &str, id: &str) -> Result<bool, StorageError> {
         Ok(self.t.get(SKIPPED, &item_key(name, id))?.is_some())
     }
 }

@@ -350,12 +350,12 @@ crate::framework::txn_view! {
 
 impl View<'_> {
     /// Task `id`.
-    pub fn row(&mut self, id: &str) -> Result<Option<Task>, StorageError> {
+    pub fn row(&self, id: &str) -> Result<Option<Task>, StorageError> {
         self.t.get_val(ROWS, id.as_bytes())
     }
 
     /// The ids of the tasks in `status`, in id order.
-    pub fn with_status(&mut self, status: TaskStatus) -> Result<Vec<String>, StorageError> {
+    pub fn with_status(&self, status: TaskStatus) -> Result<Vec<String>, StorageError> {
         self.t.suffixes(BY_STATUS, status.as_str())
     }
 }

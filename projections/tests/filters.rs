@@ -195,7 +195,10 @@ fn delivery_pages(db: &ModelsRead, f: &DeliveryFilter) -> Vec<Vec<Delivery>> {
     let mut f = f.clone();
     let mut pages = Vec::new();
     loop {
-        let (page, next) = deliveries::read::deliveries(db, &f).unwrap();
+        let (page, next) = deliveries::View::new(&db.snapshot().unwrap())
+            .unwrap()
+            .page(&f)
+            .unwrap();
         assert!(page.len() <= f.limit, "a page over limit: {f:?}");
         match next {
             Some(n) => {
@@ -225,7 +228,10 @@ fn task_pages(db: &ModelsRead, f: &TaskFilter) -> Vec<Vec<Task>> {
     let mut f = f.clone();
     let mut pages = Vec::new();
     loop {
-        let (page, next) = tasks::read::tasks(db, &f).unwrap();
+        let (page, next) = tasks::View::new(&db.snapshot().unwrap())
+            .unwrap()
+            .page(&f)
+            .unwrap();
         assert!(page.len() <= f.limit, "a page over limit: {f:?}");
         match next {
             Some(n) => {
@@ -254,7 +260,10 @@ fn notification_pages(db: &ModelsRead, f: &NotificationFilter) -> Vec<Vec<Notifi
     let mut f = f.clone();
     let mut pages = Vec::new();
     loop {
-        let (page, next) = notifications::read::notifications(db, &f).unwrap();
+        let (page, next) = notifications::View::new(&db.snapshot().unwrap())
+            .unwrap()
+            .page(&f)
+            .unwrap();
         assert!(page.len() <= f.limit, "a page over limit: {f:?}");
         match next {
             Some(n) => {
@@ -540,7 +549,7 @@ proptest! {
         let mut want_all = created_ids.clone();
         want_all.sort();
         prop_assert_eq!(&all, &want_all);
-        let (rows, _) = deliveries::read::deliveries(&db, &DeliveryFilter { limit: 1000, ..Default::default() }).unwrap();
+        let (rows, _) = deliveries::View::new(&db.snapshot().unwrap()).unwrap().page(&DeliveryFilter { limit: 1000, ..Default::default() }).unwrap();
         for f in &dfs {
             let want = delivery_matches(&rows, f);
             let got = delivery_ids(&delivery_pages(&db, f));
@@ -764,7 +773,7 @@ proptest! {
         let db = log.db();
 
         // Deliveries: the model's picks in the filter's order (creation time from the id).
-        let (rows, _) = deliveries::read::deliveries(&db, &DeliveryFilter { limit: 1000, ..Default::default() }).unwrap();
+        let (rows, _) = deliveries::View::new(&db.snapshot().unwrap()).unwrap().page(&DeliveryFilter { limit: 1000, ..Default::default() }).unwrap();
         let position = |id: &str| Position { key: created_at(id) as u64, id: id.to_owned() };
         let all = delivery_ids(&delivery_pages(&db, &DeliveryFilter {
             order: ListOrder::Newest, limit: 1000, ..Default::default()
@@ -784,7 +793,7 @@ proptest! {
 
         // Tasks: created at their `task.created`, else at their first run event, else 0.
         let key = |t: &(Option<usize>, Option<usize>)| t.0.or(t.1).map_or(0, |i| seqs_of[i]);
-        let (rows, _) = tasks::read::tasks(&db, &TaskFilter { limit: 1000, ..Default::default() }).unwrap();
+        let (rows, _) = tasks::View::new(&db.snapshot().unwrap()).unwrap().page(&TaskFilter { limit: 1000, ..Default::default() }).unwrap();
         prop_assert_eq!(rows.iter().map(|t| t.task_id.clone()).collect::<Vec<_>>(), tasks.keys().cloned().collect::<Vec<_>>());
         for f in &tfs {
             let picked: Vec<Position> = rows
@@ -813,15 +822,8 @@ fn sorted(mut v: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
 }
 
 /// Every key of a projection's table, in order.
-fn index_keys(db: &ModelsRead, proj: &str, table: &str) -> Vec<Vec<u8>> {
-    let r = db.reader().unwrap();
-    let Some(t) = r.table(proj, table).unwrap() else {
-        return Vec::new();
-    };
-    t.iter()
-        .unwrap()
-        .map(|row| row.unwrap().0.value().to_vec())
-        .collect()
+fn index_keys(db: &ModelsRead, proj: &'static str, table: &'static str) -> Vec<Vec<u8>> {
+    db.keys(proj, table).unwrap()
 }
 
 /// More rows than the old scan budget (20,000 rows examined per call) between the cursor and
@@ -887,7 +889,10 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
         before_seq: None,
         limit: 10,
     };
-    let (page, next) = notifications::read::notifications(&db, &f).unwrap();
+    let (page, next) = notifications::View::new(&db.snapshot().unwrap())
+        .unwrap()
+        .page(&f)
+        .unwrap();
     let got: Vec<&str> = page.iter().map(|n| n.notification_id.as_str()).collect();
     assert_eq!(got, ["rare-3", "rare-2", "rare-1"]);
     assert_eq!(next, None);
@@ -901,25 +906,23 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
     assert_eq!(crate::seqs(&pages), [seqs[2], seqs[1], seqs[0]]);
     assert_eq!(pages.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1]);
     // Either filter alone.
-    let (page, _) = notifications::read::notifications(
-        &db,
-        &NotificationFilter {
+    let (page, _) = notifications::View::new(&db.snapshot().unwrap())
+        .unwrap()
+        .page(&NotificationFilter {
             priority: None,
             limit: 60,
             ..f.clone()
-        },
-    )
-    .unwrap();
+        })
+        .unwrap();
     assert_eq!(page.len(), 53);
-    let (page, next) = notifications::read::notifications(
-        &db,
-        &NotificationFilter {
+    let (page, next) = notifications::View::new(&db.snapshot().unwrap())
+        .unwrap()
+        .page(&NotificationFilter {
             recipient: None,
             limit: 5,
             ..f.clone()
-        },
-    )
-    .unwrap();
+        })
+        .unwrap();
     assert_eq!(page.len(), 5);
     assert_eq!(next, Some(page[4].seq));
 
@@ -929,7 +932,10 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
         limit: 10,
         ..DeliveryFilter::default()
     };
-    let (page, next) = deliveries::read::deliveries(&db, &f).unwrap();
+    let (page, next) = deliveries::View::new(&db.snapshot().unwrap())
+        .unwrap()
+        .page(&f)
+        .unwrap();
     let got: Vec<&str> = page.iter().map(|d| d.id.as_str()).collect();
     assert_eq!(got, ["dlv-z0", "dlv-z1", "dlv-z2"]);
     assert_eq!(next, None);
@@ -943,26 +949,24 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
     assert_eq!(delivery_ids(&pages), ["dlv-z0", "dlv-z1", "dlv-z2"]);
     assert_eq!(pages.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1]);
     // Three filters, and a status that only the rare ones have past the bulk.
-    let (page, _) = deliveries::read::deliveries(
-        &db,
-        &DeliveryFilter {
+    let (page, _) = deliveries::View::new(&db.snapshot().unwrap())
+        .unwrap()
+        .page(&DeliveryFilter {
             route: Some("desktop".into()),
             status: Some(DeliveryStatus::Queued),
             after: Some("dlv-a99999".into()),
             ..f.clone()
-        },
-    )
-    .unwrap();
+        })
+        .unwrap();
     assert_eq!(page.len(), 3);
-    let (page, next) = deliveries::read::deliveries(
-        &db,
-        &DeliveryFilter {
+    let (page, next) = deliveries::View::new(&db.snapshot().unwrap())
+        .unwrap()
+        .page(&DeliveryFilter {
             sink: None,
             status: Some(DeliveryStatus::Queued),
             ..f.clone()
-        },
-    )
-    .unwrap();
+        })
+        .unwrap();
     assert_eq!(page.len(), 3);
     assert_eq!(next, None);
     rt.block_on(log.close());
@@ -1060,44 +1064,41 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
         );
     }
     let db = log.db();
-    let (page, _) = deliveries::read::deliveries(
-        &db,
-        &DeliveryFilter {
+    let (page, _) = deliveries::View::new(&db.snapshot().unwrap())
+        .unwrap()
+        .page(&DeliveryFilter {
             sink: Some(Some(Sink::App)),
             recipient: Some("a".into()),
             limit: 100,
             ..DeliveryFilter::default()
-        },
-    )
-    .unwrap();
+        })
+        .unwrap();
     // i ≡ 0 (mod 3) and i even: 0, 6, ..., 36.
     let got: Vec<&str> = page.iter().map(|d| d.id.as_str()).collect();
     assert_eq!(got, ["d00", "d06", "d12", "d18", "d24", "d30", "d36"]);
-    let (page, _) = deliveries::read::deliveries(
-        &db,
-        &DeliveryFilter {
+    let (page, _) = deliveries::View::new(&db.snapshot().unwrap())
+        .unwrap()
+        .page(&DeliveryFilter {
             notification_id: Some("n-d07".into()),
             limit: 100,
             ..DeliveryFilter::default()
-        },
-    )
-    .unwrap();
+        })
+        .unwrap();
     let got: Vec<&str> = page.iter().map(|d| d.id.as_str()).collect();
     assert_eq!(
         got,
         ["d07"],
         "the notification index is filled by the rebuild"
     );
-    let (page, _) = notifications::read::notifications(
-        &db,
-        &NotificationFilter {
+    let (page, _) = notifications::View::new(&db.snapshot().unwrap())
+        .unwrap()
+        .page(&NotificationFilter {
             priority: Some("action".into()),
             recipient: Some("b".into()),
             before_seq: None,
             limit: 100,
-        },
-    )
-    .unwrap();
+        })
+        .unwrap();
     let got: Vec<&str> = page.iter().map(|n| n.notification_id.as_str()).collect();
     assert_eq!(
         got,
@@ -1105,26 +1106,24 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
             "n37", "n33", "n29", "n25", "n21", "n17", "n13", "n09", "n05", "n01"
         ]
     );
-    let (page, _) = deliveries::read::deliveries(
-        &db,
-        &DeliveryFilter {
+    let (page, _) = deliveries::View::new(&db.snapshot().unwrap())
+        .unwrap()
+        .page(&DeliveryFilter {
             order: ListOrder::Newest,
             limit: 3,
             ..DeliveryFilter::default()
-        },
-    )
-    .unwrap();
+        })
+        .unwrap();
     let got: Vec<&str> = page.iter().map(|d| d.id.as_str()).collect();
     assert_eq!(got, ["d39", "d38", "d37"], "the by_created index is filled");
-    let (page, _) = tasks::read::tasks(
-        &db,
-        &TaskFilter {
+    let (page, _) = tasks::View::new(&db.snapshot().unwrap())
+        .unwrap()
+        .page(&TaskFilter {
             order: ListOrder::Newest,
             limit: 10,
             ..TaskFilter::default()
-        },
-    )
-    .unwrap();
+        })
+        .unwrap();
     let got: Vec<&str> = page.iter().map(|t| t.task_id.as_str()).collect();
     assert_eq!(
         got,

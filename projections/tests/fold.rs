@@ -607,7 +607,7 @@ proptest! {
         // The tasks model against the reference.
         let want = reference(&stored);
         for (id, rt_) in &want {
-            let got = tasks::read::task(&log.db(), &id.as_str().into()).unwrap().expect("task row");
+            let got = tasks::View::new(&log.db().snapshot().unwrap()).unwrap().row(id.as_str()).unwrap().expect("task row");
             prop_assert_eq!(got.status.as_str(), rt_.status.as_str(), "status of {}", id);
             prop_assert_eq!(&got.current_run_id, &rt_.current);
             prop_assert_eq!(got.latest_event_seq, rt_.latest);
@@ -674,7 +674,7 @@ proptest! {
         }
         // After the swap the read model still answers the same.
         for (id, rt_) in &want {
-            let got = tasks::read::task(&log.db(), &id.as_str().into()).unwrap().expect("task row after rebuild");
+            let got = tasks::View::new(&log.db().snapshot().unwrap()).unwrap().row(id.as_str()).unwrap().expect("task row after rebuild");
             prop_assert_eq!(got.status.as_str(), rt_.status.as_str());
         }
         rt.block_on(log.close());
@@ -817,7 +817,12 @@ fn tasks_in(log: &common::Folded) -> u64 {
         limit: 1_000_000,
         ..Default::default()
     };
-    tasks::read::tasks(&log.db(), &filter).unwrap().0.len() as u64
+    tasks::View::new(&log.db().snapshot().unwrap())
+        .unwrap()
+        .page(&filter)
+        .unwrap()
+        .0
+        .len() as u64
 }
 
 /// The story: a rebuild chunk used to read the log through its own read transaction, while
@@ -1000,7 +1005,9 @@ fn an_old_projection_format_is_rebuilt_at_open() {
     assert_eq!(a.digest, b.digest, "the same log folds to the same model");
     assert_eq!(a.lag, 0);
     assert_eq!(
-        tasks::read::task(&log.db(), &"t19".into())
+        tasks::View::new(&log.db().snapshot().unwrap())
+            .unwrap()
+            .row("t19")
             .unwrap()
             .unwrap()
             .project_id

@@ -5,7 +5,7 @@
 use serde::Serialize;
 use tidemark_log::StorageError;
 
-use crate::deliveries::{self, Delivery};
+use crate::deliveries::{self, Delivery, View};
 use crate::framework::paged::{ListOrder, Order, Page, Position, Walk, paged};
 use crate::names::{DeliveryStatus, Sink, sink_or_none};
 
@@ -76,72 +76,67 @@ impl DeliveryFilter {
     }
 }
 
-/// Deliveries ordered by id or newest first, filtered.
-pub fn deliveries(
-    db: &crate::framework::ModelsRead,
-    f: &DeliveryFilter,
-) -> Result<Page<Delivery>, StorageError> {
-    let r = db.reader()?;
-    let limit = f.limit.max(1);
-    let Some(rows) = r.table(deliveries::NAME, deliveries::ROWS)? else {
-        return Ok((Vec::new(), None));
-    };
-    let keep = |d: &Delivery| {
-        f.sink.is_none_or(|s| s == d.sink)
-            && f.route.as_deref().is_none_or(|s| s == d.route)
-            && f.status.is_none_or(|s| s == d.status)
-            && f.recipient
-                .as_deref()
-                .is_none_or(|s| d.recipient.as_deref() == Some(s))
-            && f.notification_id
-                .as_deref()
-                .is_none_or(|n| d.all_items().any(|i| i.notification_id == n))
-            && f.source_site
-                .as_deref()
-                .is_none_or(|s| d.source_site.as_deref() == Some(s))
-            && f.ntype
-                .as_deref()
-                .is_none_or(|t| d.ntype.as_deref() == Some(t))
-            && f.list
-                .as_deref()
-                .is_none_or(|l| d.list.as_deref() == Some(l))
-            && f.keeps_unindexed(d)
-            && f.after.as_deref().is_none_or(|a| d.id.as_str() > a)
-            && f.before
-                .as_ref()
-                .is_none_or(|b| b.follows(deliveries::created_key(d), d.id.as_str()))
-    };
-    let walk = if f.order == ListOrder::Newest {
-        // The time range bounds the walk (the index is by creation time).
-        Walk::Newest {
-            index: deliveries::BY_CREATED,
-            lower: deliveries::us_key(f.created_after_us.unwrap_or(0)).to_vec(),
-            upper: [
-                f.before.as_ref().map(Position::index_key),
-                f.created_before_us
-                    .map(|t| deliveries::us_key(t.max(1)).to_vec()),
-            ]
-            .into_iter()
-            .flatten()
-            .min(),
-        }
-    } else {
-        Walk::ByKey {
-            filters: vec![
-                (deliveries::BY_STATUS, f.status.map(DeliveryStatus::as_str)),
-                (deliveries::BY_SINK, f.sink.map(sink_or_none::name)),
-                (deliveries::BY_ROUTE, f.route.as_deref()),
-                (deliveries::BY_RECIPIENT, f.recipient.as_deref()),
-                (deliveries::BY_NOTIFICATION, f.notification_id.as_deref()),
-                (deliveries::BY_SITE, f.source_site.as_deref()),
-                (deliveries::BY_TYPE, f.ntype.as_deref()),
-                (deliveries::BY_LIST, f.list.as_deref()),
-            ],
-            from: f.after.as_deref().map(str::as_bytes),
-            order: Order::Asc,
-        }
-    };
-    paged(&r, deliveries::NAME, &rows, walk, limit, keep)
+impl View<'_> {
+    /// Deliveries ordered by id or newest first, filtered.
+    pub fn page(&self, f: &DeliveryFilter) -> Result<Page<Delivery>, StorageError> {
+        let limit = f.limit.max(1);
+        let keep = |d: &Delivery| {
+            f.sink.is_none_or(|s| s == d.sink)
+                && f.route.as_deref().is_none_or(|s| s == d.route)
+                && f.status.is_none_or(|s| s == d.status)
+                && f.recipient
+                    .as_deref()
+                    .is_none_or(|s| d.recipient.as_deref() == Some(s))
+                && f.notification_id
+                    .as_deref()
+                    .is_none_or(|n| d.all_items().any(|i| i.notification_id == n))
+                && f.source_site
+                    .as_deref()
+                    .is_none_or(|s| d.source_site.as_deref() == Some(s))
+                && f.ntype
+                    .as_deref()
+                    .is_none_or(|t| d.ntype.as_deref() == Some(t))
+                && f.list
+                    .as_deref()
+                    .is_none_or(|l| d.list.as_deref() == Some(l))
+                && f.keeps_unindexed(d)
+                && f.after.as_deref().is_none_or(|a| d.id.as_str() > a)
+                && f.before
+                    .as_ref()
+                    .is_none_or(|b| b.follows(deliveries::created_key(d), d.id.as_str()))
+        };
+        let walk = if f.order == ListOrder::Newest {
+            // The time range bounds the walk (the index is by creation time).
+            Walk::Newest {
+                index: deliveries::BY_CREATED,
+                lower: deliveries::us_key(f.created_after_us.unwrap_or(0)).to_vec(),
+                upper: [
+                    f.before.as_ref().map(Position::index_key),
+                    f.created_before_us
+                        .map(|t| deliveries::us_key(t.max(1)).to_vec()),
+                ]
+                .into_iter()
+                .flatten()
+                .min(),
+            }
+        } else {
+            Walk::ByKey {
+                filters: vec![
+                    (deliveries::BY_STATUS, f.status.map(DeliveryStatus::as_str)),
+                    (deliveries::BY_SINK, f.sink.map(sink_or_none::name)),
+                    (deliveries::BY_ROUTE, f.route.as_deref()),
+                    (deliveries::BY_RECIPIENT, f.recipient.as_deref()),
+                    (deliveries::BY_NOTIFICATION, f.notification_id.as_deref()),
+                    (deliveries::BY_SITE, f.source_site.as_deref()),
+                    (deliveries::BY_TYPE, f.ntype.as_deref()),
+                    (deliveries::BY_LIST, f.list.as_deref()),
+                ],
+                from: f.after.as_deref().map(str::as_bytes),
+                order: Order::Asc,
+            }
+        };
+        paged(&self.t, deliveries::ROWS, walk, limit, keep)
+    }
 }
 
 /// Outbox KPIs of one sink or of all (spec section 5).
@@ -188,44 +183,45 @@ impl Kpis {
     }
 }
 
-/// Every endpoint as it stands, with its circuit's policy: each delivering route of the
-/// settings in force (a record with no attempt for one that has none) and the records of
-/// routes no longer configured (their deliveries are still tried), by route; then each active
-/// bridge webhook subscription's (`bridge:<id>`).
-pub fn endpoints_in_force(
-    db: &crate::framework::ModelsRead,
-) -> Result<Vec<(crate::endpoints::Endpoint, crate::routing::CircuitPolicy)>, StorageError> {
-    let txn = db.snapshot()?;
-    let mut view = crate::deliveries::View::new(&txn)?;
-    let settings = view.settings_in_force()?;
-    let mut held: std::collections::BTreeMap<String, crate::endpoints::Endpoint> = view
-        .endpoints()?
-        .into_iter()
-        .map(|e| (e.route.clone(), e))
-        .collect();
-    for (name, p) in &settings.routes {
-        if crate::endpoints::delivering(p.sink) && !held.contains_key(name) {
-            held.insert(name.clone(), crate::endpoints::Endpoint::new(name, p.sink));
-        }
-    }
-    let mut out: Vec<_> = held
-        .into_values()
-        .map(|e| {
-            let policy = settings
-                .routes
-                .get(&e.route)
-                .map_or(settings.circuit, |p| p.circuit);
-            (e, policy)
-        })
-        .collect();
-    // The bridge webhook subscriptions' endpoints, under `[notifications.circuit]`.
-    out.extend(
-        crate::bridges::View::new(&txn)?
+impl View<'_> {
+    /// Every endpoint as it stands, with its circuit's policy: each delivering route of the
+    /// settings in force (a record with no attempt for one that has none) and the records of
+    /// routes no longer configured (their deliveries are still tried), by route; then each active
+    /// bridge webhook subscription's (`bridge:<id>`).
+    pub fn endpoints_in_force(
+        &self,
+    ) -> Result<Vec<(crate::endpoints::Endpoint, crate::endpoints::CircuitPolicy)>, StorageError>
+    {
+        let settings = self.settings_in_force()?;
+        let mut held: std::collections::BTreeMap<String, crate::endpoints::Endpoint> = self
             .endpoints()?
             .into_iter()
-            .map(|e| (e, settings.circuit)),
-    );
-    Ok(out)
+            .map(|e| (e.route.clone(), e))
+            .collect();
+        for (name, p) in &settings.routes {
+            if crate::endpoints::delivering(p.sink) && !held.contains_key(name) {
+                held.insert(name.clone(), crate::endpoints::Endpoint::new(name, p.sink));
+            }
+        }
+        let mut out: Vec<_> = held
+            .into_values()
+            .map(|e| {
+                let policy = settings
+                    .routes
+                    .get(&e.route)
+                    .map_or(settings.circuit, |p| p.circuit);
+                (e, policy)
+            })
+            .collect();
+        // The bridge webhook subscriptions' endpoints, under `[notifications.circuit]`.
+        out.extend(
+            crate::bridges::View::over(self.t.src())?
+                .endpoints()?
+                .into_iter()
+                .map(|e| (e, settings.circuit)),
+        );
+        Ok(out)
+    }
 }
 
 impl From<&Delivery> for Position {

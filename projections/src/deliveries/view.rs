@@ -4,8 +4,8 @@
 //! timeline, the due deliveries of a sink at a priority, the leases expired by a time, the
 //! deliveries of a notification or a task, a recipient, the settings in force, the outbox's
 //! KPIs. The keys are this folder's: the fold writes them and this view reads them; no caller
-//! builds or parses one. (The paged list, [`super::read::deliveries`], is the one query left
-//! outside it.)
+//! builds or parses one. The paged list and the endpoints in force are its methods too, in
+//! `read.rs` beside the filters they take.
 
 use tidemark_log::StorageError;
 
@@ -36,7 +36,7 @@ fn of(e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
 
 impl View<'_> {
     /// Delivery `id`'s row.
-    pub fn row(&mut self, id: &str) -> Result<Option<Delivery>, StorageError> {
+    pub fn row(&self, id: &str) -> Result<Option<Delivery>, StorageError> {
         self.t.get_row(ROWS, id.as_bytes())
     }
 
@@ -46,7 +46,7 @@ impl View<'_> {
     /// previous page's end), at most `max`; and where this page ended (`None` when it is
     /// empty).
     pub fn due(
-        &mut self,
+        &self,
         sink: Sink,
         rank: u8,
         now_us: i64,
@@ -88,7 +88,7 @@ impl View<'_> {
 
     /// The ids of leased deliveries whose lease expired by `now_us`, the earliest first, at
     /// most `max`.
-    pub fn leases_expired(&mut self, now_us: i64, max: usize) -> Result<Vec<String>, StorageError> {
+    pub fn leases_expired(&self, now_us: i64, max: usize) -> Result<Vec<String>, StorageError> {
         // `lease_expires_us (8) ‖ id`.
         let to = us_key(now_us.saturating_add(1));
         let mut ids = Vec::new();
@@ -103,19 +103,19 @@ impl View<'_> {
     }
 
     /// The ids of the deliveries carrying notification `nid` (a digest carries several).
-    pub fn of_notification(&mut self, nid: &str) -> Result<Vec<String>, StorageError> {
+    pub fn of_notification(&self, nid: &str) -> Result<Vec<String>, StorageError> {
         self.t.suffixes(BY_NOTIFICATION, nid)
     }
 
     /// The ids of the deliveries of task `task`.
-    pub fn of_task(&mut self, task: &str) -> Result<Vec<String>, StorageError> {
+    pub fn of_task(&self, task: &str) -> Result<Vec<String>, StorageError> {
         self.t.suffixes(BY_TASK, task)
     }
 
     /// The parked deliveries of `route` made at or after `since_us`, at most `max` (by id;
     /// read from the parked ones, which an operator keeps few).
     pub fn parked_of_route(
-        &mut self,
+        &self,
         route: &str,
         since_us: i64,
         max: usize,
@@ -139,26 +139,26 @@ impl View<'_> {
     }
 
     /// The health and circuit of delivering route `route` (`None`: no attempt or switch yet).
-    pub fn endpoint(&mut self, route: &str) -> Result<Option<Endpoint>, StorageError> {
+    pub fn endpoint(&self, route: &str) -> Result<Option<Endpoint>, StorageError> {
         self.t.get_val(ENDPOINTS, route.as_bytes())
     }
 
     /// Every delivering route's health and circuit that has one (an attempt or a switch), by
     /// route.
-    pub fn endpoints(&mut self) -> Result<Vec<Endpoint>, StorageError> {
+    pub fn endpoints(&self) -> Result<Vec<Endpoint>, StorageError> {
         self.t.values(ENDPOINTS)
     }
 
     /// The open circuits of `sink`'s routes whose next probe may go out by `now_us` (none
     /// is disabled).
-    pub fn probes_due(&mut self, sink: Sink, now_us: i64) -> Result<Vec<Endpoint>, StorageError> {
+    pub fn probes_due(&self, sink: Sink, now_us: i64) -> Result<Vec<Endpoint>, StorageError> {
         let mut out = self.endpoints()?;
         out.retain(|e| e.sink == Some(sink) && e.probe_at().is_some_and(|at| at <= now_us));
         Ok(out)
     }
 
     /// Delivery `id`'s attempt timeline, oldest step first.
-    pub fn timeline(&mut self, id: &str) -> Result<Vec<Step>, StorageError> {
+    pub fn timeline(&self, id: &str) -> Result<Vec<Step>, StorageError> {
         let (lo, hi) = under(id);
         let mut steps = Vec::new();
         for row in self
@@ -175,7 +175,7 @@ impl View<'_> {
     /// The deliveries of the notification whose id (or intent key, on redacting routes) is
     /// each of `keys`, by id, at most `max` per key.
     pub fn rows_of_notification(
-        &mut self,
+        &self,
         keys: &[&str],
         max: usize,
     ) -> Result<Vec<Delivery>, StorageError> {
@@ -191,7 +191,7 @@ impl View<'_> {
 
     /// When the first of the held leases expires (µs since the epoch); `None` when no
     /// delivery is leased.
-    pub fn first_lease_expiry(&mut self) -> Result<Option<i64>, StorageError> {
+    pub fn first_lease_expiry(&self) -> Result<Option<i64>, StorageError> {
         let Some(row) = self.t.table(LEASES)?.iter()?.next() else {
             return Ok(None);
         };
@@ -202,7 +202,7 @@ impl View<'_> {
     /// When the first delivery of `sink` falls due (µs since the epoch; in the past when one
     /// is due now); `None` when none waits. A held route's deliveries are not in [`DUE`]: an
     /// open circuit's next probe is due at its probe time, when one of them waits.
-    pub fn earliest_due(&mut self, sink: Sink) -> Result<Option<i64>, StorageError> {
+    pub fn earliest_due(&self, sink: Sink) -> Result<Option<i64>, StorageError> {
         let mut first = self.first_timed(DUE, sink.as_str())?;
         for e in self.endpoints()? {
             let Some(probe_at) = e.probe_at().filter(|_| e.sink == Some(sink)) else {
@@ -217,11 +217,7 @@ impl View<'_> {
     }
 
     /// The time of the first entry of `prefix` in a `prefix ‖ 0 ‖ time ‖ id` index.
-    fn first_timed(
-        &mut self,
-        table: &'static str,
-        prefix: &str,
-    ) -> Result<Option<i64>, StorageError> {
+    fn first_timed(&self, table: &'static str, prefix: &str) -> Result<Option<i64>, StorageError> {
         let from = timed_key(prefix, 0, "");
         let (_, to) = under(prefix);
         let Some(row) = self
@@ -243,7 +239,7 @@ impl View<'_> {
     /// The outbox's KPIs over all sinks and per sink (spec section 5); times are judged at
     /// `now_us` (a query may read the clock; folds never).
     pub fn kpis(
-        &mut self,
+        &self,
         now_us: i64,
         stuck_after_ms: u64,
         interval_ms: u64,
@@ -273,7 +269,7 @@ impl View<'_> {
     /// KPIs per source site (`by_source_site`, section 5), from the per-site indexes.
     /// Deliveries of notifications without a site are not in it.
     pub fn kpis_by_site(
-        &mut self,
+        &self,
         now_us: i64,
         stuck_after_ms: u64,
         interval_ms: u64,
@@ -300,7 +296,7 @@ impl View<'_> {
     /// (`[pending by creation, claimable by due time, sent by delivery]`): queue depth,
     /// stuck, oldest pending age, sent in the interval.
     fn timed_kpis(
-        &mut self,
+        &self,
         k: &mut Kpis,
         dim: &str,
         [pending, due, sent]: [&'static str; 3],
@@ -330,7 +326,7 @@ impl View<'_> {
     /// The id of the delivery of `route` to `sink` due first, if one is due by `now_us` (held
     /// or not; a route whose sink changed may have rows of the other sink, passed over).
     pub fn first_due_of_route(
-        &mut self,
+        &self,
         route: &str,
         sink: Sink,
         now_us: i64,
@@ -361,7 +357,7 @@ impl View<'_> {
 
     /// The delivery `d` waits for in its route's order (section 4): the first of its key,
     /// when that is not `d`.
-    pub fn order_waits(&mut self, d: &Delivery) -> Result<Option<String>, StorageError> {
+    pub fn order_waits(&self, d: &Delivery) -> Result<Option<String>, StorageError> {
         let Some(key) = d.holds_order_key() else {
             return Ok(None);
         };
@@ -372,7 +368,7 @@ impl View<'_> {
 
     /// The first delivery of `route`'s key `key` in its order (section 4): the one that may
     /// be in flight; the others of the key wait for it.
-    pub fn order_first(&mut self, route: &str, key: &str) -> Result<Option<String>, StorageError> {
+    pub fn order_first(&self, route: &str, key: &str) -> Result<Option<String>, StorageError> {
         let prefix = super::order_prefix(route, key);
         let t = self.t.table(super::ORDER)?;
         let mut range = t.range(prefix.as_slice()..)?;
@@ -384,7 +380,7 @@ impl View<'_> {
     }
 
     /// Recipient `r`'s state (the defaults for none, or one without state).
-    pub fn recipient(&mut self, r: Option<&str>) -> Result<Recipient, StorageError> {
+    pub fn recipient(&self, r: Option<&str>) -> Result<Recipient, StorageError> {
         let Some(r) = r else {
             return Ok(Recipient::default());
         };
@@ -397,7 +393,7 @@ impl View<'_> {
     /// The state of the first recipient whose name `matches` (one pass over the recipients
     /// with state: a redacted row names its recipient by a keyed hash only).
     pub fn find_recipient(
-        &mut self,
+        &self,
         matches: impl Fn(&str) -> bool,
     ) -> Result<Option<Recipient>, StorageError> {
         for entry in self.t.table(RECIPIENTS)?.iter()? {
@@ -410,12 +406,12 @@ impl View<'_> {
     }
 
     /// A `notification.canceled` for `id` has been folded.
-    pub fn notification_canceled(&mut self, id: &str) -> Result<bool, StorageError> {
+    pub fn notification_canceled(&self, id: &str) -> Result<bool, StorageError> {
         Ok(self.t.get(NOTIFICATIONS_CANCELED, id.as_bytes())?.is_some())
     }
 
     /// The seq of task `task`'s first `task.canceled`, if it was canceled.
-    pub fn task_canceled_at(&mut self, task: &str) -> Result<Option<u64>, StorageError> {
+    pub fn task_canceled_at(&self, task: &str) -> Result<Option<u64>, StorageError> {
         Ok(self
             .t
             .get(CANCELED, task.as_bytes())?
@@ -424,7 +420,7 @@ impl View<'_> {
 
     /// The open digest of `route`, `recipient` and `group`, if any.
     pub fn open_group(
-        &mut self,
+        &self,
         route: &str,
         recipient: &str,
         group: &str,
@@ -433,7 +429,7 @@ impl View<'_> {
     }
 
     /// The seq of the last notification or cancellation routing has handled.
-    pub fn routed(&mut self) -> Result<u64, StorageError> {
+    pub fn routed(&self) -> Result<u64, StorageError> {
         Ok(self
             .t
             .get(STATE, ROUTED_KEY)?
@@ -443,12 +439,12 @@ impl View<'_> {
 
     /// The routing settings in force at the head: the file's, with the routes managed at
     /// runtime.
-    pub fn settings_in_force(&mut self) -> Result<RoutingSettings, StorageError> {
+    pub fn settings_in_force(&self) -> Result<RoutingSettings, StorageError> {
         self.settings_at(u64::MAX)
     }
 
     /// The settings in force at `seq` (the last `settings.updated` at or before it).
-    pub fn settings_at(&mut self, seq: u64) -> Result<RoutingSettings, StorageError> {
+    pub fn settings_at(&self, seq: u64) -> Result<RoutingSettings, StorageError> {
         let t = self.t.table(SETTINGS)?;
         let mut range = t.range(..=seq.to_be_bytes().as_slice())?;
         let Some(row) = range.next_back() else {
@@ -461,12 +457,12 @@ impl View<'_> {
     }
 
     /// Pending deliveries (queued, leased, retry_wait) over all sinks.
-    pub fn pending(&mut self) -> Result<u64, StorageError> {
+    pub fn pending(&self) -> Result<u64, StorageError> {
         count_pending(self.t.table(COUNTS)?.iter()?)
     }
 
     /// Deliveries sent at or after `since_us` over all sinks (the outbox's drain rate).
-    pub fn sent_since(&mut self, since_us: i64) -> Result<u64, StorageError> {
+    pub fn sent_since(&self, since_us: i64) -> Result<u64, StorageError> {
         // The sinks are the first part of the counts' keys, `sink ‖ 0 ‖ status`.
         let mut sinks: Vec<Vec<u8>> = Vec::new();
         for row in self.t.table(COUNTS)?.iter()? {

@@ -24,7 +24,7 @@
 //!
 //! The parts: [`Store`] (a fold's writes, coalesced and hashed), the runtime that folds and
 //! prepares the store (`runtime`), the read and write access to a projection's tables
-//! ([`Reader`], `TxnTables`) and snapshots.
+//! (`Tables`, one type for every transaction) and snapshots.
 
 mod access;
 mod cached;
@@ -45,8 +45,7 @@ pub use runtime::{catch_up, checkpoint, prepare};
 pub(crate) use runtime::{drop_other_generations, fold_events, read_meta, write_meta};
 pub(crate) use snapshots::{restore_snapshot, snapshot};
 pub use store::{DIGEST_EVERY, Store};
-pub use tables::Reader;
-pub(crate) use tables::TxnTables;
+pub(crate) use tables::Tables;
 pub(crate) use tables::under;
 pub(crate) use txn::Inner;
 pub use txn::{ModelsRead, ModelsTxn};
@@ -58,7 +57,8 @@ macro_rules! txn_view {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
         pub struct View<'t> {
-            t: crate::framework::TxnTables<'t>,
+            /// The model's tables (named by its own file alone: `tests/model_keys.rs`).
+            pub(crate) t: crate::framework::Tables<'t>,
         }
 
         impl<'t> View<'t> {
@@ -66,10 +66,10 @@ macro_rules! txn_view {
                 Self::over(txn.src())
             }
 
-            /// The view over `src` (a [`crate::framework::Reader`]'s transaction).
+            /// The view over `src` (another model's view's transaction).
             pub(crate) fn over(src: crate::framework::Src<'t>) -> Result<Self, StorageError> {
                 Ok(View {
-                    t: crate::framework::TxnTables::new(src, $name)?,
+                    t: crate::framework::Tables::new(src, $name)?,
                 })
             }
         }
@@ -148,20 +148,3 @@ pub(crate) fn table_name(proj: &str, table: &str, generation: u32) -> String {
 }
 
 pub(crate) type Bytes = &'static [u8];
-
-/// A big-endian u64 a projection keeps under `key` (a checkpoint), 0 when absent.
-pub(crate) fn stored_u64(
-    db: &ModelsRead,
-    proj: &str,
-    table: &str,
-    key: &[u8],
-) -> Result<u64, StorageError> {
-    let r = db.reader()?;
-    let Some(t) = r.table(proj, table)? else {
-        return Ok(0);
-    };
-    Ok(t.get(key)
-        .map_err(StorageError::of)?
-        .and_then(|v| be_u64(v.value()))
-        .unwrap_or(0))
-}

@@ -259,11 +259,6 @@ impl Overlay {
         }
     }
 
-    /// The read transaction of the file under the layers.
-    pub(crate) fn snap(&self) -> &ReadTransaction {
-        &self.snap
-    }
-
     /// The layers, newest first.
     fn layers(&self) -> impl Iterator<Item = &Layer> {
         std::iter::once(&self.active).chain(self.frozen.iter().rev().map(|l| &**l))

@@ -4,7 +4,7 @@
 
 use tidemark_log::StorageError;
 
-use crate::framework::Reader;
+use super::tables::{TableRef, Tables};
 
 /// The order a list (`GET /v1/tasks`, `GET /v1/deliveries`) is paged in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -49,7 +49,7 @@ pub type Page<T> = (Vec<T>, Option<Position>);
 /// follow) rather than at the end of the index. It scans: every row between two matches is
 /// read, so a page holds up to `limit` matches whenever they exist.
 pub(crate) fn walk_newest(
-    idx: &Table,
+    idx: TableRef<'_>,
     lower: &[u8],
     upper: Option<&[u8]>,
     limit: usize,
@@ -59,9 +59,7 @@ pub(crate) fn walk_newest(
     if upper.is_some_and(|u| u <= lower) {
         return Ok(false);
     }
-    let range = idx
-        .range::<&[u8]>((Included(lower), upper.map_or(Unbounded, Excluded)))
-        .map_err(StorageError::of)?;
+    let range = idx.range((Included(lower), upper.map_or(Unbounded, Excluded)))?;
     let mut counted = 0;
     for row in range.rev() {
         let (k, _) = row.map_err(StorageError::of)?;
@@ -94,13 +92,13 @@ pub(crate) enum Walk<'f> {
     },
 }
 
-/// One page of the rows of `model` (`rows`, its stored rows by id) that `keep` keeps, walked
-/// as `walk` says: up to `limit` of them, and the position to go on from when there may be
-/// more. The one paged index-join of the task, notification and delivery lists.
+/// One page of the rows of a model (`rows`, its table of stored rows by id, among its
+/// `tables`) that `keep` keeps, walked as `walk` says: up to `limit` of them, and the position
+/// to go on from when there may be more. The one paged index-join of the task, notification
+/// and delivery lists.
 pub(crate) fn paged<T>(
-    r: &Reader,
-    model: &str,
-    rows: &Table,
+    tables: &Tables<'_>,
+    rows: &'static str,
     walk: Walk<'_>,
     limit: usize,
     keep: impl Fn(&T) -> bool,
@@ -119,20 +117,24 @@ where
         }
         Ok(kept)
     };
+    let rows = tables.table(rows)?;
     let more = match walk {
         Walk::Newest {
             index,
             lower,
             upper,
-        } => match r.table(model, index)? {
-            Some(idx) => walk_newest(&idx, &lower, upper.as_deref(), limit, by_id(rows, take))?,
-            None => false,
-        },
+        } => walk_newest(
+            tables.table(index)?,
+            &lower,
+            upper.as_deref(),
+            limit,
+            by_id(rows, take),
+        )?,
         Walk::ByKey {
             filters,
             from,
             order,
-        } => match Postings::of_filters(r, model, &filters)? {
+        } => match Postings::of_filters(tables, &filters)? {
             Some(lists) => intersect(&lists, order, from, limit, by_id(rows, take))?.is_some(),
             None => scan_rows(rows, from, order, limit, take)?,
         },
@@ -141,15 +143,12 @@ where
     Ok((out, next))
 }
 
-/// A model table (or index) opened for reading.
-pub(crate) type Table = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
-
 /// `take` given the stored row of each id (a missing row does not count).
 fn by_id<'a>(
-    rows: &'a Table,
+    rows: TableRef<'a>,
     mut take: impl FnMut(&[u8]) -> Result<bool, StorageError> + 'a,
 ) -> impl FnMut(&[u8]) -> Result<bool, StorageError> + 'a {
-    move |id| match rows.get(id).map_err(StorageError::of)? {
+    move |id| match rows.get(id)? {
         Some(v) => take(v.value()),
         None => Ok(false),
     }
@@ -158,7 +157,7 @@ fn by_id<'a>(
 /// Walk the rows of `rows` in id order past `after` (from the first when `None`), giving
 /// `take` each stored row; answers whether it stopped after `limit` counted rows.
 fn scan_rows(
-    rows: &Table,
+    rows: TableRef<'_>,
     from: Option<&[u8]>,
     order: Order,
     limit: usize,
@@ -167,15 +166,8 @@ fn scan_rows(
     use std::ops::Bound::{Excluded, Unbounded};
     let from = from.map_or(Unbounded, Excluded);
     let range: Box<dyn Iterator<Item = _>> = match order {
-        Order::Asc => Box::new(
-            rows.range::<&[u8]>((from, Unbounded))
-                .map_err(StorageError::of)?,
-        ),
-        Order::Desc => Box::new(
-            rows.range::<&[u8]>((Unbounded, from))
-                .map_err(StorageError::of)?
-                .rev(),
-        ),
+        Order::Asc => Box::new(rows.range((from, Unbounded))?),
+        Order::Desc => Box::new(rows.range((Unbounded, from))?.rev()),
     };
     let mut counted = 0;
     for row in range {
@@ -199,23 +191,21 @@ pub(crate) enum Order {
 
 /// The rows of one value in a secondary index whose keys are `value ‖ 0 ‖ suffix` (the suffix
 /// is a row id, or a big-endian seq): the suffixes, ordered bytewise.
-struct Postings {
-    idx: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+struct Postings<'a> {
+    idx: TableRef<'a>,
     /// `value ‖ 0`.
     prefix: Vec<u8>,
     /// `value ‖ 1`: the first key past the value's rows.
     end: Vec<u8>,
 }
 
-impl Postings {
+impl<'a> Postings<'a> {
     /// The index of one list filter for each filter given (`(table, Some(value))`), or `None`
-    /// when no filter is given. An index table the projection has not written yet holds no
-    /// rows: the answer is then empty, so it is given as an empty list.
+    /// when no filter is given.
     fn of_filters(
-        r: &Reader,
-        proj: &str,
-        filters: &[(&str, Option<&str>)],
-    ) -> Result<Option<Vec<Postings>>, StorageError> {
+        tables: &'a Tables<'_>,
+        filters: &[(&'static str, Option<&str>)],
+    ) -> Result<Option<Vec<Postings<'a>>>, StorageError> {
         let mut lists = Vec::new();
         for (table, value) in filters {
             let Some(value) = value else { continue };
@@ -223,10 +213,8 @@ impl Postings {
             prefix.push(0);
             let mut end = value.as_bytes().to_vec();
             end.push(1);
-            match r.table(proj, table)? {
-                Some(idx) => lists.push(Postings { idx, prefix, end }),
-                None => return Ok(Some(Vec::new())),
-            }
+            let idx = tables.table(table)?;
+            lists.push(Postings { idx, prefix, end });
         }
         Ok((!lists.is_empty()).then_some(lists))
     }
@@ -257,10 +245,7 @@ impl Postings {
         if matches!((lo, hi), (Included(l), Excluded(h)) if l >= h) {
             return Ok(None);
         }
-        let mut range = self
-            .idx
-            .range::<&[u8]>((lo, hi))
-            .map_err(StorageError::of)?;
+        let mut range = self.idx.range((lo, hi))?;
         let row = match order {
             Order::Asc => range.next(),
             Order::Desc => range.next_back(),
@@ -287,7 +272,7 @@ impl Postings {
 /// does not pass the caller's check does not). The walk ends after `limit` counted matches,
 /// answering the last as the cursor of the next page, or at the end of a list with `None`.
 fn intersect(
-    lists: &[Postings],
+    lists: &[Postings<'_>],
     order: Order,
     after: Option<&[u8]>,
     limit: usize,

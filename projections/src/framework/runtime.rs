@@ -167,10 +167,10 @@ pub fn checkpoint(
     db: &crate::framework::ModelsRead,
     projections: &[&'static dyn Projection],
 ) -> Result<u64, StorageError> {
-    let r = db.reader()?;
+    let snap = db.snapshot()?;
     let mut low = u64::MAX;
     for p in projections {
-        low = low.min(r.meta(p.name())?.checkpoint);
+        low = low.min(snap.src().meta(p.name())?.unwrap_or_default().checkpoint);
     }
     Ok(if low == u64::MAX { 0 } else { low })
 }

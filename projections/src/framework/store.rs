@@ -12,7 +12,7 @@ use super::cached::{Cached, CachedRow, Row};
 use super::overlay::Overlay;
 use super::tables::TableRef;
 use super::tables::decode;
-use super::{DIGESTS, Meta, Projection, TxnTables, table_name};
+use super::{DIGESTS, Meta, Projection, Tables, table_name};
 
 /// Write access to one projection's tables at one generation, recording the digest.
 pub struct Store<'t> {
@@ -39,7 +39,7 @@ pub struct Store<'t> {
 
 /// Where a [`Store`] writes: a redb transaction's tables, or the decider's overlay.
 enum Dst<'t> {
-    Redb(TxnTables<'t>),
+    Redb(Box<Tables<'t>>),
     Mem {
         mem: &'t mut Overlay,
         proj: &'static str,
@@ -120,7 +120,9 @@ impl<'t> Store<'t> {
     pub(super) fn new(tx: TxMut<'t>, proj: &'static str, generation: u32) -> Self {
         Store {
             tables: match tx {
-                TxMut::Redb(txn) => Dst::Redb(TxnTables::at(Src::Redb(txn), proj, generation)),
+                TxMut::Redb(txn) => {
+                    Dst::Redb(Box::new(Tables::at(Src::Redb(txn), proj, generation)))
+                }
                 TxMut::Mem(mem) => Dst::Mem {
                     mem,
                     proj,

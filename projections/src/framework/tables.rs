@@ -1,120 +1,42 @@
-//! Access to a projection's tables: [`Reader`] for the queries (one read transaction) and
-//! `TxnTables` inside the writer's transaction (the fold and the commands' views).
+//! A projection's tables in one transaction of the models store, for every reader of them:
+//! its fold (through `Store`, in a redb write transaction), the commands' views at the head
+//! (over the decider's overlay) and the queries (over a read transaction, an overlay with no
+//! layers: `ModelsRead::snapshot`). One type, as redb's `ReadableTable` serves its read-only
+//! and writable tables alike.
 
-use std::collections::HashMap;
+use std::cell::OnceCell;
+use std::ops::RangeBounds;
 
 use redb::{ReadableTable, TableDefinition};
 use serde::Deserialize;
 use tidemark_log::StorageError;
 
-use std::ops::RangeBounds;
-
 use super::access::Src;
 use super::cached::Row;
 use super::overlay::{Merge, Overlay, Val};
-use super::{Bytes, META, Meta, table_name};
+use super::{Bytes, table_name};
 
-/// Read access to projections for the API's paged lists: one read transaction (made by
-/// `ModelsRead::reader`), so everything read through one `Reader`, and through the models'
-/// views over [`Reader::src`] (`View::over`), is one consistent state of the log.
-pub struct Reader {
-    snap: Overlay,
-}
+/// The most tables one projection opens in one transaction (the deliveries model has 29).
+const SLOTS: usize = 40;
 
-impl Reader {
-    pub(crate) fn new(snap: redb::ReadTransaction) -> Reader {
-        Reader {
-            snap: Overlay::new(snap),
-        }
-    }
-
-    /// The same transaction, for the models' views (an overlay with no layers).
-    pub fn src(&self) -> Src<'_> {
-        Src::Mem(&self.snap)
-    }
-
-    fn txn(&self) -> &redb::ReadTransaction {
-        self.snap.snap()
-    }
-
-    pub fn meta(&self, name: &str) -> Result<Meta, StorageError> {
-        let t = match self.txn().open_table(META) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Meta::default()),
-            Err(e) => return Err(StorageError::of(e)),
-        };
-        match t.get(name).map_err(StorageError::of)? {
-            Some(b) => postcard::from_bytes(b.value()).map_err(StorageError::of),
-            None => Ok(Meta::default()),
-        }
-    }
-
-    /// A projection table at its current generation, or `None` while it has no rows.
-    pub fn table(
-        &self,
-        proj: &str,
-        table: &str,
-    ) -> Result<Option<redb::ReadOnlyTable<Bytes, Bytes>>, StorageError> {
-        let generation = self.meta(proj)?.generation;
-        let name = table_name(proj, table, generation);
-        let def: TableDefinition<Bytes, Bytes> = TableDefinition::new(&name);
-        match self.txn().open_table(def) {
-            Ok(t) => Ok(Some(t)),
-            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
-            Err(e) => Err(StorageError::of(e)),
-        }
-    }
-
-    pub fn get_val<T: for<'de> Deserialize<'de>>(
-        &self,
-        proj: &str,
-        table: &str,
-        key: &[u8],
-    ) -> Result<Option<T>, StorageError> {
-        let Some(t) = self.table(proj, table)? else {
-            return Ok(None);
-        };
-        match t.get(key).map_err(StorageError::of)? {
-            Some(v) => postcard::from_bytes(v.value())
-                .map(Some)
-                .map_err(StorageError::of),
-            None => Ok(None),
-        }
-    }
-
-    /// Every row of a table, decoded, in key order (none while it has no rows).
-    pub fn values<T: for<'de> Deserialize<'de>>(
-        &self,
-        proj: &str,
-        table: &str,
-    ) -> Result<Vec<T>, StorageError> {
-        use redb::ReadableTable;
-        let Some(t) = self.table(proj, table)? else {
-            return Ok(Vec::new());
-        };
-        let mut out = Vec::new();
-        for row in t.iter().map_err(StorageError::of)? {
-            let (_, v) = row.map_err(StorageError::of)?;
-            out.push(postcard::from_bytes(v.value()).map_err(StorageError::of)?);
-        }
-        Ok(out)
-    }
-}
-
-/// A projection's tables inside the writer's transaction or the decider's overlay, each
-/// opened once: the fold writes through them (`Store`, in a redb transaction), and commands
-/// that decide from state (claim, complete, ...) read them, seeing every event folded before
-/// them.
-pub(crate) struct TxnTables<'t> {
+/// A projection's tables in one transaction, each opened once and held while it lasts, so
+/// that several are read at once (the lists' paged join) through a shared borrow.
+pub(crate) struct Tables<'t> {
     pub(super) src: Src<'t>,
     pub(super) proj: &'static str,
     pub(super) generation: u32,
-    tables: HashMap<&'static str, redb::Table<'t, Bytes, Bytes>>,
-    /// The full names of the tables read through the overlay.
-    names: HashMap<&'static str, String>,
+    open: [OnceCell<Open<'t>>; SLOTS],
 }
 
-impl<'t> TxnTables<'t> {
+/// One table of a [`Tables`]: its full name, and the redb table when the transaction is one.
+struct Open<'t> {
+    table: &'static str,
+    name: String,
+    /// Boxed: a view over the overlay (each command's) opens none, and its slots stay small.
+    redb: Option<Box<redb::Table<'t, Bytes, Bytes>>>,
+}
+
+impl<'t> Tables<'t> {
     /// The projection's tables at its current generation.
     pub fn new(src: Src<'t>, proj: &'static str) -> Result<Self, StorageError> {
         let generation = src.meta(proj)?.unwrap_or_default().generation;
@@ -122,28 +44,53 @@ impl<'t> TxnTables<'t> {
     }
 
     pub(super) fn at(src: Src<'t>, proj: &'static str, generation: u32) -> Self {
-        TxnTables {
+        Tables {
             src,
             proj,
             generation,
-            tables: HashMap::new(),
-            names: HashMap::new(),
+            open: [const { OnceCell::new() }; SLOTS],
         }
     }
 
-    /// The table (created empty when the projection has not written it yet).
-    pub fn table(&mut self, table: &'static str) -> Result<TableRef<'_>, StorageError> {
-        match self.src {
-            Src::Redb(_) => Ok(TableRef::Redb(&*self.table_mut(table)?)),
-            Src::Mem(m) => {
-                let (proj, generation) = (self.proj, self.generation);
-                let name = self
-                    .names
-                    .entry(table)
-                    .or_insert_with(|| table_name(proj, table, generation));
-                Ok(TableRef::Mem(m, name.as_str()))
+    /// The transaction (for another model's view over it: `View::over`).
+    pub(crate) fn src(&self) -> Src<'t> {
+        self.src
+    }
+
+    /// `table`, opened at its first use (created empty, in a write transaction, when the
+    /// projection has not written it yet).
+    fn slot(&self, table: &'static str) -> Result<&Open<'t>, StorageError> {
+        for cell in &self.open {
+            match cell.get() {
+                Some(o) if o.table == table => return Ok(o),
+                Some(_) => continue,
+                None => {
+                    let name = table_name(self.proj, table, self.generation);
+                    let redb = match self.src {
+                        Src::Redb(txn) => {
+                            let def: TableDefinition<Bytes, Bytes> = TableDefinition::new(&name);
+                            Some(Box::new(txn.open_table(def).map_err(StorageError::of)?))
+                        }
+                        Src::Mem(_) => None,
+                    };
+                    return Ok(cell.get_or_init(|| Open { table, name, redb }));
+                }
             }
         }
+        Err(StorageError::msg(format!(
+            "projection {} opened more than {SLOTS} tables",
+            self.proj
+        )))
+    }
+
+    /// The table.
+    pub fn table(&self, table: &'static str) -> Result<TableRef<'_>, StorageError> {
+        let o = self.slot(table)?;
+        Ok(match (&o.redb, self.src) {
+            (Some(t), _) => TableRef::Redb(t),
+            (None, Src::Mem(m)) => TableRef::Mem(m, o.name.as_str()),
+            (None, Src::Redb(_)) => unreachable!("a redb transaction's tables are opened in it"),
+        })
     }
 
     /// The table in the redb transaction (the fold's writes there).
@@ -151,30 +98,26 @@ impl<'t> TxnTables<'t> {
         &mut self,
         table: &'static str,
     ) -> Result<&mut redb::Table<'t, Bytes, Bytes>, StorageError> {
-        let Src::Redb(txn) = self.src else {
+        if !matches!(self.src, Src::Redb(_)) {
             return Err(StorageError::msg(
                 "a table of the overlay opened for writing",
             ));
-        };
-        if !self.tables.contains_key(table) {
-            let name = table_name(self.proj, table, self.generation);
-            let def: TableDefinition<Bytes, Bytes> = TableDefinition::new(&name);
-            let t = txn.open_table(def).map_err(StorageError::of)?;
-            self.tables.insert(table, t);
         }
-        Ok(self.tables.get_mut(table).expect("inserted above"))
+        self.slot(table)?;
+        self.open
+            .iter_mut()
+            .filter_map(OnceCell::get_mut)
+            .find(|o| o.table == table)
+            .and_then(|o| o.redb.as_deref_mut())
+            .ok_or_else(|| StorageError::msg("a table opened above is gone"))
     }
 
-    pub fn get(
-        &mut self,
-        table: &'static str,
-        key: &[u8],
-    ) -> Result<Option<Vec<u8>>, StorageError> {
+    pub fn get(&self, table: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
         Ok(self.table(table)?.get(key)?.map(|v| v.value().to_vec()))
     }
 
     pub fn get_val<T: for<'de> Deserialize<'de>>(
-        &mut self,
+        &self,
         table: &'static str,
         key: &[u8],
     ) -> Result<Option<T>, StorageError> {
@@ -188,7 +131,7 @@ impl<'t> TxnTables<'t> {
 
     /// A row in its own encoding ([`Row`]).
     pub fn get_row<T: Row>(
-        &mut self,
+        &self,
         table: &'static str,
         key: &[u8],
     ) -> Result<Option<T>, StorageError> {
@@ -201,7 +144,7 @@ impl<'t> TxnTables<'t> {
     /// The keys of `table` that start with `prefix ‖ 0`, each the rest after it (an index's
     /// ids under one value: `prefix ‖ 0 ‖ id`).
     pub(crate) fn suffixes(
-        &mut self,
+        &self,
         table: &'static str,
         prefix: &str,
     ) -> Result<Vec<String>, StorageError> {
@@ -216,7 +159,7 @@ impl<'t> TxnTables<'t> {
 
     /// Every row of `table`, decoded, in key order.
     pub(crate) fn values<T: for<'de> Deserialize<'de>>(
-        &mut self,
+        &self,
         table: &'static str,
     ) -> Result<Vec<T>, StorageError> {
         let mut out = Vec::new();
@@ -236,7 +179,7 @@ pub(crate) fn under(prefix: &str) -> (Vec<u8>, Vec<u8>) {
     )
 }
 
-/// One table of a [`TxnTables`]: in the redb transaction, or through the overlay.
+/// One table of a [`Tables`]: in the redb transaction, or through the overlay.
 #[derive(Clone, Copy)]
 pub(crate) enum TableRef<'a> {
     Redb(&'a redb::Table<'a, Bytes, Bytes>),

@@ -24,11 +24,20 @@ impl ModelsRead {
         Ok(ModelsTxn(Inner::Mem(Overlay::new(snap))))
     }
 
-    /// One read transaction for the paged lists' raw reads ([`super::Reader`]).
-    pub fn reader(&self) -> Result<super::Reader, StorageError> {
-        Ok(super::Reader::new(
-            self.0.begin_read().map_err(StorageError::of)?,
-        ))
+    /// Every key of table `table` of projection `proj`, in order (inspection, for tests and
+    /// tools: what a model keeps is otherwise read through its view alone).
+    pub fn keys(
+        &self,
+        proj: &'static str,
+        table: &'static str,
+    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        let snap = self.snapshot()?;
+        let tables = super::Tables::new(snap.src(), proj)?;
+        let mut out = Vec::new();
+        for row in tables.table(table)?.iter()? {
+            out.push(row.map_err(StorageError::of)?.0.value().to_vec());
+        }
+        Ok(out)
     }
 }
 

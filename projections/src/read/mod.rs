@@ -22,11 +22,11 @@ pub fn projections(
     db: &crate::framework::ModelsRead,
     head: u64,
 ) -> Result<Vec<ProjectionInfo>, StorageError> {
-    let r = db.reader()?;
+    let snap = db.snapshot()?;
     crate::models::all()
         .iter()
         .map(|p| {
-            let m = r.meta(p.name())?;
+            let m = snap.src().meta(p.name())?.unwrap_or_default();
             Ok(ProjectionInfo {
                 name: p.name().to_owned(),
                 generation: m.generation,

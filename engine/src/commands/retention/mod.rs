@@ -77,7 +77,7 @@ fn pinned_cut(
     before: i64,
     mut cut: u64,
 ) -> Result<u64, CommandError> {
-    let mut bt = bridges::View::new(txn)?;
+    let bt = bridges::View::new(txn)?;
     let mut live: Vec<Cursor> = Vec::new();
     for c in cursors::View::new(txn)?.all()? {
         if c.updated_at_us.is_none_or(|u| u < before) {

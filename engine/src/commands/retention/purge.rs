@@ -39,7 +39,7 @@ impl Command for Purge {
         let done = |d: &Delivery| !d.is_pending() && d.updated_at_us < before && d.last_seq <= head;
 
         // Notifications, oldest first: event times never go back along seq.
-        let mut dt = deliveries::View::new(txn)?;
+        let dt = deliveries::View::new(txn)?;
         for note in notifications::View::new(txn)?.older_than(head, before, self.max)? {
             if dl.len() + nl.len() >= self.max {
                 rep.more = true;
@@ -75,8 +75,8 @@ impl Command for Purge {
                     && c.updated_at_us.is_some_and(|u| u >= before)
             })
             .collect();
-        let mut tt = tasks::View::new(txn)?;
-        let mut bt = bridges::View::new(txn)?;
+        let tt = tasks::View::new(txn)?;
+        let bt = bridges::View::new(txn)?;
         'status: for status in [
             TaskStatus::Completed,
             TaskStatus::Failed,

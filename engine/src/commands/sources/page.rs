@@ -50,7 +50,7 @@ impl Command for Page {
         let max_pending = *max_pending;
         let now_us = round.now_us;
         let st = CommandError::Models;
-        let mut model = sources::View::new(txn).map_err(st)?;
+        let model = sources::View::new(txn).map_err(st)?;
         let row = model.row(name).map_err(st)?;
         if let Some(e) = not_active(&row) {
             return Err(e);

@@ -29,7 +29,7 @@ impl Command for ResolveEndpoints {
         txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<Vec<(String, EventType)>>, CommandError> {
-        let mut st = d::View::new(txn)?;
+        let st = d::View::new(txn)?;
         let mut changed = Vec::new();
         let mut events = Vec::new();
         for (route, unset) in &self.found {

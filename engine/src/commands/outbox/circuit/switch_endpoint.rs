@@ -38,7 +38,7 @@ impl Command for SwitchEndpoint {
                 ),
             )
         };
-        let mut st = d::View::new(txn)?;
+        let st = d::View::new(txn)?;
         let settings = st.settings_at(u64::MAX)?;
         let policy = settings
             .routes
@@ -47,7 +47,7 @@ impl Command for SwitchEndpoint {
         let (sink, held) = match ids::subscription_of_endpoint(route) {
             // A bridge webhook subscription's endpoint (an active one).
             Some(id) => {
-                let mut b = bridges::View::new(txn)?;
+                let b = bridges::View::new(txn)?;
                 match b.row(id)? {
                     Some(s) if s.active && s.target.sink.is_webhook() => {
                         (Some(Sink::Webhook), b.endpoint(id)?)

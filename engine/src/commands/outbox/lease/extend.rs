@@ -26,7 +26,7 @@ impl Command for Extend {
     ) -> Result<Decided<Delivery>, CommandError> {
         let (now_us, owner, lease_ms) = (round.now_us, self.owner.as_str(), self.lease_ms);
         let id = self.id.as_str();
-        let mut st = d::View::new(txn)?;
+        let st = d::View::new(txn)?;
         if let Some(row) = st.row(id)?
             && row.status != S::Leased
             && row.last_error_code.as_deref() == Some("lease_expired")

@@ -35,7 +35,7 @@ impl Command for Operator {
             self.reason.clone(),
         );
         let id = self.id.as_str();
-        let mut st = d::View::new(txn)?;
+        let st = d::View::new(txn)?;
         let mut row = st.row(id)?.ok_or_else(|| not_found(id))?;
         let kind = action.transition();
         if !row.allows(kind) {

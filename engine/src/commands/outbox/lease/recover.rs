@@ -28,7 +28,7 @@ impl Command for Recover {
         txn: &ModelsTxn,
         round: &mut Round<'_>,
     ) -> Result<Decided<usize>, CommandError> {
-        let mut st = d::View::new(txn)?;
+        let st = d::View::new(txn)?;
         let rows = st.parked_of_route(&self.route, self.since_us, RECOVER_MAX)?;
         let c = Change {
             at_us: round.now_us,
