@@ -249,3 +249,38 @@ fn a_failing_log_read_is_the_logs_failure_not_the_models() {
         engine.close().await;
     });
 }
+
+/// A fold that reads the log itself (its chunk does not hold the events yet) and fails there
+/// names the log, not the models store (`FoldError::Log`); the same fold goes on once the log
+/// reads again.
+#[test]
+fn a_folds_own_log_read_is_the_logs_failure() {
+    use tidemark_log::EventChunk;
+    use tidemark_projections::Models;
+    use tidemark_projections::framework::FoldError;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = rt();
+    let (log, _) = Log::open(&LogConfig::in_dir(dir.path())).unwrap();
+    let ev = NewEvent::new(
+        Some("n".to_owned()),
+        "notifications",
+        "n",
+        "notification.requested",
+        &serde_json::json!({"priority": "urgent", "title": "t", "recipient": "r"}),
+    )
+    .unwrap();
+    rt.block_on(log.append(vec![ev])).unwrap();
+    let fail = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let other = Other(log, Default::default(), fail.clone());
+    let models = Models::open(&ModelsConfig::in_dir(dir.path())).unwrap();
+    let mut txn = models.begin().unwrap();
+    let mut chunk = EventChunk::default();
+    let e = Models::fold(&mut txn, &other, other.head(), 100, &mut chunk).unwrap_err();
+    assert!(matches!(e, FoldError::Log(_)), "{e:?}");
+    assert!(e.to_string().contains("reading the log"), "{e}");
+    fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    let at = Models::fold(&mut txn, &other, other.head(), 100, &mut chunk).unwrap();
+    assert_eq!(at, other.head());
+    txn.commit().unwrap();
+    rt.block_on(other.close());
+}

@@ -175,7 +175,7 @@ impl Models {
         upto: u64,
         max: u64,
         chunk: &mut EventChunk,
-    ) -> Result<u64, StorageError> {
+    ) -> Result<u64, framework::FoldError> {
         match &mut txn.0 {
             Inner::Redb(t) => framework::catch_up(TxMut::Redb(t), &all(), log, upto, max, chunk),
             Inner::Mem(m) => {

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use tidemark_log::{
     AppendError, AppendReceipt, Condition, EventChunk, EventLog, NewEvent, StorageError,
 };
+use tidemark_projections::framework::FoldError;
 use tidemark_projections::{Models, ModelsTxn, subjects};
 use tokio::sync::{mpsc, oneshot};
 
@@ -723,5 +724,14 @@ pub(crate) enum FoldFailed {
 impl From<StorageError> for FoldFailed {
     fn from(e: StorageError) -> Self {
         FoldFailed::Models(e)
+    }
+}
+
+impl From<FoldError> for FoldFailed {
+    fn from(e: FoldError) -> Self {
+        match e {
+            FoldError::Log(e) => FoldFailed::Log(e),
+            FoldError::Models(e) => FoldFailed::Models(e),
+        }
     }
 }

@@ -41,7 +41,7 @@ pub use access::{Src, TxMut};
 pub(crate) use cached::postcard_row;
 pub use cached::{Cached, CachedRow, Row};
 pub use overlay::{Applied, Layer, Overlay};
-pub use runtime::{catch_up, checkpoint, prepare};
+pub use runtime::{FoldError, catch_up, checkpoint, prepare};
 pub(crate) use runtime::{drop_other_generations, fold_events, read_meta, write_meta};
 pub(crate) use snapshots::{restore_snapshot, snapshot};
 pub use store::{DIGEST_EVERY, Store};

@@ -109,6 +109,27 @@ pub(crate) fn drop_other_generations(
     Ok(stale.len())
 }
 
+/// Where a fold failed: reading the log's events (the log's fault domain: the models are
+/// as they were), or the models store's tables.
+#[derive(Debug, thiserror::Error)]
+pub enum FoldError {
+    #[error("reading the log: {0}")]
+    Log(StorageError),
+    #[error(transparent)]
+    Models(#[from] StorageError),
+}
+
+impl From<FoldError> for StorageError {
+    /// For a caller with one fault domain (a rebuild, the start, tools): the log's failure
+    /// keeps its context.
+    fn from(e: FoldError) -> Self {
+        match e {
+            FoldError::Log(e) => e.context("reading the log"),
+            FoldError::Models(e) => e,
+        }
+    }
+}
+
 /// Fold every projection of `projections` forward from its checkpoint towards `upto` — at
 /// most `max` events past the lowest checkpoint — in `txn` (a transaction of the models
 /// store), with the fold code a rebuild uses; the events are read from `log` once for all of
@@ -121,7 +142,7 @@ pub fn catch_up(
     upto: u64,
     max: u64,
     chunk: &mut EventChunk,
-) -> Result<u64, StorageError> {
+) -> Result<u64, FoldError> {
     let mut metas = Vec::with_capacity(projections.len());
     {
         let src = tx.src();
@@ -143,8 +164,10 @@ pub fn catch_up(
         return Ok(from);
     }
     let end = upto.min(from.saturating_add(max.max(1)));
-    chunk.read(log, from, end).map_err(StorageError::of)?;
-    let events = chunk.events()?;
+    chunk
+        .read(log, from, end)
+        .map_err(|e| FoldError::Log(StorageError::of(e)))?;
+    let events = chunk.events().map_err(FoldError::Log)?;
     for (p, meta) in projections.iter().zip(metas.iter_mut()) {
         if meta.checkpoint >= end {
             continue;

@@ -48,7 +48,7 @@ pub fn followed(stream: &str) -> bool {
 
 /// The seq the table reflects. A new table on a compacted log cannot be read from the start:
 /// it goes on from the first seq the log holds (what was dropped is not a last event any more).
-pub fn checkpoint(src: Src<'_>, log: &impl EventLog) -> Result<u64, StorageError> {
+pub fn checkpoint(src: Src<'_>, log: &impl EventLog) -> Result<u64, super::FoldError> {
     let at = src.get_str_u64(META, CHECKPOINT)?.unwrap_or(0);
     // Only a store that never followed (new, or migrated) can be behind a compaction: a
     // compaction syncs the models at the head before the log drops anything. The log is asked
@@ -56,7 +56,10 @@ pub fn checkpoint(src: Src<'_>, log: &impl EventLog) -> Result<u64, StorageError
     if at > 0 {
         return Ok(at);
     }
-    Ok(log.first_seq()?.saturating_sub(1))
+    Ok(log
+        .first_seq()
+        .map_err(super::FoldError::Log)?
+        .saturating_sub(1))
 }
 
 /// Record the last seq of the followed subjects among `events` (in seq order), and that the
