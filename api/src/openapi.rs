@@ -66,6 +66,7 @@ name_schemas!(
     DeliveryStatusName = DeliveryStatus,
     TaskStatusName = TaskStatus,
     SourceStateName = SourceState,
+    PriorityName = Priority,
 );
 
 pub(crate) const PRINTABLE: &str = "^[^\\x00-\\x1F\\x7F-\\x9F]+$";

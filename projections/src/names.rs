@@ -462,6 +462,27 @@ names! {
     }
 }
 
+/// A priority as an event payload carries it: one of [`Priority`], or [`Priority::Info`] for
+/// any other value (an event the schema did not check: the folds never fail on an event; a
+/// missing priority is `info` too). Rows store a checked `Priority`.
+pub mod priority_or_info {
+    use super::Priority;
+
+    /// `s` as a priority, `info` when it is none.
+    pub fn parse(s: &str) -> Priority {
+        Priority::parse(s).unwrap_or(Priority::Info)
+    }
+
+    pub fn serialize<S: serde::Serializer>(p: &Priority, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(p.as_str())
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Priority, D::Error> {
+        let s = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
+        Ok(parse(&s))
+    }
+}
+
 /// A delivery's sink as stored and served: the sink's name, or `"none"` for a delivery no sink
 /// takes (the bytes the string field held before it was typed). For `#[serde(with)]`.
 pub mod sink_or_none {

@@ -28,7 +28,7 @@ pub(crate) const ROUTER_KEY: &[u8] = b"source_seq";
 pub struct Notification {
     pub notification_id: String,
     pub seq: u64,
-    pub priority: String,
+    pub priority: Priority,
     pub title: String,
     pub body: Option<String>,
     pub recipient: Option<String>,
@@ -375,10 +375,11 @@ impl Projection for Notifications {
 
     /// 2: the list-filter indexes `by_priority`, `by_recipient` (outside the digest); 3: a
     /// row's provenance (`ext`, absent on rows without any); 4: seed 000's `session_id`,
-    /// `destination_key` and `request_json` (`ext.more`). An older model is rebuilt from the
-    /// log at the next open, which fills them.
+    /// `destination_key` and `request_json` (`ext.more`); 5: the priority a `Priority` (an
+    /// unchecked event's other value read as `info`: the same bytes for every checked one).
+    /// An older model is rebuilt from the log at the next open, which fills them.
     fn version(&self) -> u32 {
-        4
+        5
     }
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
@@ -398,7 +399,7 @@ impl Projection for Notifications {
                 }
                 st.delete(BY_SEQ, &seq.to_be_bytes())?;
                 st.delete(IDS, id.as_bytes())?;
-                st.delete_index(BY_PRIORITY, &index_key(&n.priority, seq));
+                st.delete_index(BY_PRIORITY, &index_key(n.priority.as_str(), seq));
                 if let Some(r) = &n.recipient {
                     st.delete_index(BY_RECIPIENT, &index_key(r, seq));
                 }
@@ -430,7 +431,9 @@ impl Projection for Notifications {
         let n = Notification {
             notification_id: id.to_owned(),
             seq: ev.seq,
-            priority: f.priority.owned().unwrap_or_else(|| "info".into()),
+            priority: f.priority.owned().map_or(Priority::Info, |p| {
+                crate::names::priority_or_info::parse(&p)
+            }),
             title: f.title.owned().unwrap_or_default(),
             body: f.body.owned(),
             recipient: f.recipient.owned(),
@@ -456,7 +459,7 @@ impl Projection for Notifications {
         st.put_val(BY_SEQ, &ev.seq.to_be_bytes(), &n)?;
         // A notification is written once and never changes or goes (see above), so its index
         // rows are only ever added.
-        st.put_index(BY_PRIORITY, &index_key(&n.priority, ev.seq));
+        st.put_index(BY_PRIORITY, &index_key(n.priority.as_str(), ev.seq));
         if let Some(r) = &n.recipient {
             st.put_index(BY_RECIPIENT, &index_key(r, ev.seq));
         }

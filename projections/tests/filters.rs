@@ -19,7 +19,7 @@ use tidemark_projections::ModelsRead;
 use tidemark_projections::deliveries::read::{DeliveryFilter, StuckFilter};
 use tidemark_projections::deliveries::{Change, Created, Delivery};
 use tidemark_projections::framework::Projection;
-use tidemark_projections::names::{DeliveryStatus, Sink, TaskStatus, sink_or_none};
+use tidemark_projections::names::{DeliveryStatus, Priority, Sink, TaskStatus, sink_or_none};
 use tidemark_projections::notifications::Notification;
 use tidemark_projections::notifications::read::NotificationFilter;
 use tidemark_projections::read::{self, ListOrder, Position};
@@ -110,7 +110,7 @@ fn created(id: &str, sink: &str, route: &str, recipient: Option<&str>, status: &
         route: route.into(),
         sink: sink_or_none::parse(sink).expect("a sink or none"),
         recipient: recipient.map(str::to_owned),
-        priority: "urgent".into(),
+        priority: Priority::Urgent,
         title: title_of(id),
         body: None,
         sound: false,
@@ -488,7 +488,7 @@ fn notification_filter() -> impl Strategy<Value = NotificationFilter> {
     )
         .prop_map(
             |(priority, recipient, before_seq, limit)| NotificationFilter {
-                priority,
+                priority: priority.map(|p| Priority::parse(&p).expect("a priority")),
                 recipient,
                 before_seq,
                 limit,
@@ -585,7 +585,7 @@ proptest! {
                 .iter()
                 .rev()
                 .filter(|(s, _)| f.before_seq.is_none_or(|b| **s < b))
-                .filter(|(_, (p, _))| f.priority.as_deref().is_none_or(|x| x == *p))
+                .filter(|(_, (p, _))| f.priority.is_none_or(|x| x.as_str() == *p))
                 .filter(|(_, (_, r))| f.recipient.as_deref().is_none_or(|x| Some(x) == *r))
                 .map(|(s, _)| *s)
                 .collect();
@@ -884,7 +884,7 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
     let db = log.db();
 
     let f = NotificationFilter {
-        priority: Some("urgent".into()),
+        priority: Some(Priority::Urgent),
         recipient: Some("rare".into()),
         before_seq: None,
         limit: 10,
@@ -1093,7 +1093,7 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
     let (page, _) = notifications::View::new(&db.snapshot().unwrap())
         .unwrap()
         .page(&NotificationFilter {
-            priority: Some("action".into()),
+            priority: Some(Priority::Action),
             recipient: Some("b".into()),
             before_seq: None,
             limit: 100,

@@ -156,7 +156,7 @@ fn delivery_payload(d: u8, kind: &str, i: usize) -> serde_json::Value {
             route: "desktop".into(),
             sink: Some(tidemark_projections::names::Sink::App),
             recipient: Some(format!("r{}", d % 2)),
-            priority: "urgent".into(),
+            priority: tidemark_projections::names::Priority::Urgent,
             title: "t".into(),
             body: None,
             sound: true,

@@ -1,6 +1,6 @@
 //! `GET /v1/notifications`: the dashboard.
 
-use crate::request::query_name;
+use crate::request::{OneOf, query_name};
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -20,7 +20,8 @@ pub struct NotificationOut {
     pub notification_id: String,
     pub seq: u64,
     /// urgent, action, warning, info.
-    pub priority: String,
+    #[schema(inline, value_type = crate::openapi::PriorityName)]
+    pub priority: OneOf<Priority>,
     pub title: String,
     pub body: Option<String>,
     pub recipient: Option<String>,
@@ -86,7 +87,7 @@ impl NotificationOut {
             time: Micros(n.time_us),
             notification_id: n.notification_id,
             seq: n.seq,
-            priority: n.priority,
+            priority: n.priority.into(),
             title: n.title,
             body: n.body,
             recipient: n.recipient,
@@ -144,9 +145,8 @@ pub async fn list(
     q: Result<Query<NotificationsQuery>, QueryRejection>,
 ) -> Result<Json<NotificationsPage>, ApiError> {
     let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
-    query_name::<Priority>("priority", q.priority.as_deref())?;
     let f = NotificationFilter {
-        priority: q.priority,
+        priority: query_name::<Priority>("priority", q.priority.as_deref())?,
         recipient: q.recipient,
         before_seq: parse_u64("before_seq", q.before_seq.as_deref())?,
         limit: parse_limit(q.limit.as_deref(), st.routing.dashboard_limit as usize, 500)?,

@@ -289,6 +289,7 @@ pub struct DeliveryAnswer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt_at: Option<String>,
     pub notification_id: String,
+    /// urgent, action, warning, info.
     pub priority: String,
     /// The project of its notification (seed 000), when it has one; never on a redacted delivery.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -387,6 +388,7 @@ pub struct DeliveryOut {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt_at: Option<String>,
     pub notification_id: String,
+    /// urgent, action, warning, info.
     pub priority: String,
     /// The project of its notification (seed 000), when it has one; never on a redacted delivery.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -218,6 +218,7 @@ export interface DeliveryOut extends ProvenanceOut {
   /** When it is due: a `queued` delivery (scheduled later by a route's delay, quiet hours or a digest window, or due at once) or one in `retry_wait` can be claimed from this time. */
   next_attempt_at?: string | null;
   notification_id: string;
+  /** urgent, action, warning, info. */
   priority: string;
   /** The project of its notification (seed 000), when it has one; never on a redacted delivery. */
   project_id?: string | null;

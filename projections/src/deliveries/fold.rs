@@ -324,10 +324,11 @@ impl Projection for Deliveries {
     /// 11: routes managed at runtime in the settings rows (`routing_inputs`); 12: the
     /// endpoints of the delivering routes (`endpoints`, `route_due`, section 17); 13: an
     /// endpoint's `unresolved` (an `env:` a node lacks); a resent or retried row keeps no
-    /// lease owner and no delivery time; 14: the ordered routes' keys (`order`, section 4).
+    /// lease owner and no delivery time; 14: the ordered routes' keys (`order`, section 4);
+    /// 15: the priority a `Priority` (no rank past `info` in `due_by_priority` any more).
     /// An older model is rebuilt from the log at the next open, which fills them.
     fn version(&self) -> u32 {
-        14
+        15
     }
 
     /// The event type is parsed once, here. A type tidemark does not define (a client's

@@ -33,7 +33,7 @@ pub fn due_priority_key(d: &Delivery, due_us: i64) -> Vec<u8> {
     let mut k = Vec::with_capacity(d.sink_name().len() + 10 + d.id.as_str().len());
     k.extend_from_slice(d.sink_name().as_bytes());
     k.push(0);
-    k.push(priority_rank(&d.priority));
+    k.push(priority_rank(d.priority));
     k.extend_from_slice(&us_key(due_us));
     k.extend_from_slice(d.id.as_str().as_bytes());
     k

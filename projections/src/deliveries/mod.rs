@@ -10,7 +10,7 @@
 use crate::ids::DeliveryId;
 use serde::{Deserialize, Serialize};
 
-use crate::names::{DeliveryStatus, DeliveryTransition, Sink};
+use crate::names::{DeliveryStatus, DeliveryTransition, Priority, Sink};
 
 mod fold;
 mod keys;
@@ -127,17 +127,16 @@ pub fn order_prefix(route: &str, order_key: &str) -> Vec<u8> {
     k
 }
 
-/// The place of `priority` in claim order: urgent 0, action 1, warning 2, info 3; anything
-/// else (a row from before priorities were checked) [`PRIORITY_RANKS`] − 1, last.
-pub fn priority_rank(priority: &str) -> u8 {
-    crate::names::Priority::ALL
+/// The place of `priority` in claim order: urgent 0, action 1, warning 2, info 3.
+pub fn priority_rank(priority: Priority) -> u8 {
+    Priority::ALL
         .iter()
-        .position(|p| p.as_str() == priority)
+        .position(|p| *p == priority)
         .map_or(PRIORITY_RANKS - 1, |i| i as u8)
 }
 
 /// How many ranks [`priority_rank`] gives.
-pub const PRIORITY_RANKS: u8 = crate::names::Priority::ALL.len() as u8 + 1;
+pub const PRIORITY_RANKS: u8 = Priority::ALL.len() as u8;
 
 /// One entry of a delivery's attempt timeline.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -253,7 +252,8 @@ pub struct Created {
     pub sink: Option<Sink>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub recipient: Option<String>,
-    pub priority: String,
+    #[serde(with = "crate::names::priority_or_info")]
+    pub priority: Priority,
     pub title: String,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub body: Option<String>,
@@ -515,7 +515,7 @@ impl Created {
             route: self.route.clone(),
             sink: self.sink,
             recipient: self.recipient.clone(),
-            priority: self.priority.clone(),
+            priority: self.priority,
             title: self.title.clone(),
             body: self.body.clone(),
             sound: self.sound,

@@ -16,7 +16,7 @@ use tidemark_log::StorageError;
 
 use crate::framework::Row;
 use crate::ids::DeliveryId;
-use crate::names::{DeliveryStatus, DeliveryTransition, Sink};
+use crate::names::{DeliveryStatus, DeliveryTransition, Priority, Sink};
 
 use super::{allowed, order_prefix};
 
@@ -43,7 +43,7 @@ pub struct Delivery {
     /// The sink that takes it; none for a skipped delivery.
     pub sink: Option<Sink>,
     pub recipient: Option<String>,
-    pub priority: String,
+    pub priority: Priority,
     pub title: String,
     pub body: Option<String>,
     /// The sink should play a sound (priority in `desktop.sound_priorities`).
@@ -385,7 +385,7 @@ mod the_stored_bytes {
             route: d.route.clone(),
             sink: d.sink,
             recipient: d.recipient.clone(),
-            priority: d.priority.clone(),
+            priority: d.priority.as_str().to_owned(),
             title: d.title.clone(),
             body: d.body.clone(),
             sound: d.sound,
@@ -465,7 +465,7 @@ mod the_stored_bytes {
                 route: "r".into(),
                 sink: [None, Some(Sink::Webhook), Some(Sink::Email), Some(Sink::App)][status],
                 recipient: reason.clone(),
-                priority: "info".into(),
+                priority: crate::names::Priority::Info,
                 title: "t".into(),
                 body: None,
                 sound,

@@ -7,12 +7,13 @@ use crate::deliveries::Delivery;
 use crate::framework::be_u64;
 use crate::framework::paged::{Order, Position, Walk, paged};
 use crate::ids::NotificationId;
+use crate::names::Priority;
 use crate::notifications::{self, Notification, View};
 use crate::tasks;
 
 #[derive(Debug, Clone, Default)]
 pub struct NotificationFilter {
-    pub priority: Option<String>,
+    pub priority: Option<Priority>,
     pub recipient: Option<String>,
     pub before_seq: Option<u64>,
     pub limit: usize,
@@ -29,7 +30,7 @@ impl View<'_> {
         f: &NotificationFilter,
     ) -> Result<(Vec<Notification>, Option<u64>), StorageError> {
         let keep = |n: &Notification| {
-            f.priority.as_deref().is_none_or(|p| p == n.priority)
+            f.priority.is_none_or(|p| p == n.priority)
                 && f.recipient
                     .as_deref()
                     .is_none_or(|r| n.recipient.as_deref() == Some(r))
@@ -37,7 +38,7 @@ impl View<'_> {
         let before = f.before_seq.map(u64::to_be_bytes);
         let walk = Walk::ByKey {
             filters: vec![
-                (notifications::BY_PRIORITY, f.priority.as_deref()),
+                (notifications::BY_PRIORITY, f.priority.map(Priority::as_str)),
                 (notifications::BY_RECIPIENT, f.recipient.as_deref()),
             ],
             from: before.as_ref().map(<[u8; 8]>::as_slice),

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use tidemark_log::time::{Micros, now_micros};
 use tidemark_projections::deliveries::read::{DeliveryFilter, Kpis, StuckFilter};
 use tidemark_projections::deliveries::{Delivery, Step};
-use tidemark_projections::names::{DeliveryStatus, Sink, sink_or_none};
+use tidemark_projections::names::{DeliveryStatus, Priority, Sink, sink_or_none};
 use tidemark_projections::routing::RoutingSettings;
 use utoipa::{IntoParams, ToSchema};
 
@@ -107,7 +107,9 @@ pub struct DeliveryOut {
     /// Why it was skipped, cancelled or parked (`unknown_route`, `suppressed`,
     /// `task_canceled`, `max_attempts`, `permanent_failure`).
     pub reason: Option<String>,
-    pub priority: String,
+    /// urgent, action, warning, info.
+    #[schema(inline, value_type = crate::openapi::PriorityName)]
+    pub priority: OneOf<Priority>,
     /// The notification's title, or "N new updates" for a digest.
     pub title: String,
     pub body: Option<String>,
@@ -262,7 +264,7 @@ impl From<Delivery> for DeliveryOut {
             provenance: Default::default(),
             status: d.status.into(),
             reason: d.reason,
-            priority: d.priority,
+            priority: d.priority.into(),
             title: d.title,
             body: d.body,
             sound: d.sound,

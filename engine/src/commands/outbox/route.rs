@@ -10,7 +10,8 @@ use tidemark_projections::deliveries::{
     self as d, Change, Created, Delivery, Group, Joined, transition,
 };
 use tidemark_projections::names::{
-    DeliveryStatus as S, DeliveryTransition as T, EventType, Stream, ids,
+    DeliveryStatus as S, DeliveryTransition as T, EventType, Priority, Stream, ids,
+    priority_or_info,
 };
 use tidemark_projections::routing::{RouteOutcome, RoutePolicy, resolve_routes};
 
@@ -47,7 +48,7 @@ struct Notice {
     seq: u64,
     source_seq: u64,
     time_us: i64,
-    priority: String,
+    priority: Priority,
     title: String,
     body: Option<String>,
     recipient: Option<String>,
@@ -80,7 +81,7 @@ fn notice(ev: &Event) -> Option<Notice> {
             .and_then(Value::as_u64)
             .unwrap_or(ev.seq),
         time_us: ev.time_us,
-        priority: s("priority").unwrap_or_else(|| "info".into()),
+        priority: s("priority").map_or(Priority::Info, |p| priority_or_info::parse(&p)),
         title: s("title").unwrap_or_default(),
         body: s("body"),
         recipient: s("recipient"),
@@ -184,7 +185,7 @@ fn route_one(
     out: &mut Vec<NewEvent>,
 ) -> Result<(), CommandError> {
     let s = st.settings_at(n.seq)?;
-    for outcome in resolve_routes(&s, &n.priority, n.ntype.as_deref()) {
+    for outcome in resolve_routes(&s, n.priority.as_str(), n.ntype.as_deref()) {
         let (route, sink, skip) = match outcome {
             RouteOutcome::Deliver { route, sink } => (route, Some(sink), None),
             RouteOutcome::Skipped { route, reason } => (route, None, Some(reason)),
@@ -231,10 +232,10 @@ fn route_one(
             route: route.clone(),
             sink,
             recipient: recipient.clone(),
-            priority: n.priority.clone(),
+            priority: n.priority,
             title: title.clone(),
             body: body.clone(),
-            sound: s.sound_priorities.contains(&n.priority),
+            sound: s.sound_priorities.iter().any(|p| p == n.priority.as_str()),
             task_id: n.task_id.clone(),
             group_key: group.clone(),
             status: S::Queued,
@@ -344,7 +345,7 @@ fn route_one(
             if let Some(until) = c.digest_until_us {
                 due = due.max(until);
             }
-            if let Some(end) = quiet_end(&policy, &n.priority, &rcpt, due) {
+            if let Some(end) = quiet_end(&policy, n.priority.as_str(), &rcpt, due) {
                 c.quiet_hours_until_us = Some(end);
                 due = end;
             }

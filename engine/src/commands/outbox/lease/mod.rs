@@ -77,7 +77,7 @@ fn hold(
         return Ok(false);
     };
     let recipient = recipient_of(st, row, privacy)?;
-    let Some(end) = quiet_end(policy, &row.priority, &recipient, due.max(now_us)) else {
+    let Some(end) = quiet_end(policy, row.priority.as_str(), &recipient, due.max(now_us)) else {
         return Ok(false);
     };
     let c = Change {
