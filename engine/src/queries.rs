@@ -15,12 +15,13 @@ use tidemark_projections::bridges::Subscription;
 use tidemark_projections::cursors::Cursor;
 use tidemark_projections::deliveries::read::{DeliveryFilter, Kpis};
 use tidemark_projections::deliveries::{self, Delivery, Step};
+use tidemark_projections::framework::paged::{ListOrder, Page, Position};
+use tidemark_projections::models::{self, ProjectionInfo};
 use tidemark_projections::names::{Sink, Stream};
 use tidemark_projections::notifications::Notification;
 use tidemark_projections::notifications::read::{
     NotificationFilter, NotificationStatus, NotificationsWithTaskSeq,
 };
-use tidemark_projections::read::{self, ListOrder, Page, Position, ProjectionInfo};
 use tidemark_projections::tasks::Task;
 use tidemark_projections::tasks::read::TaskFilter;
 use tidemark_projections::{ModelsTxn, bridges, cursors, notifications, tasks};
@@ -246,7 +247,7 @@ impl<L: EventLog + Clone> Queries<L> {
 
     /// Every projection with its checkpoint, lag behind the head and digest (never waits).
     pub fn projections(&self) -> R<Vec<ProjectionInfo>> {
-        Ok(read::projections(&self.models.read(), self.log.head())?)
+        Ok(models::projections(&self.models.read(), self.log.head())?)
     }
 
     /// `f` asked of one read transaction of the models (through their views).

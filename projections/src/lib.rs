@@ -16,13 +16,13 @@
 //!   the head) and its queries: [`tasks`], [`notifications`], [`settings`], [`deliveries`],
 //!   [`cursors`], [`bridges`], [`sources`], [`lists`], [`routes`], [`endpoints`].
 //! - [`models`]: the models store (`models.redb`), which knows every model: [`Models`], and
-//!   [`all`] the projections in the order they are applied.
+//!   [`all`] the projections in the order they are applied, and their metas as operators
+//!   read them ([`models::projections`]).
 //! - [`routing`]: the delivery runtime's settings and rules (routes, backoff); the commands
 //!   that apply them are the engine's (`tidemark_engine::commands`).
 //! - [`by`], [`retention`], [`secrets`], [`trailing`]: payloads and encodings more than one
 //!   model shares.
 //! - [`rebuild`]: rebuild and verify from the log.
-//! - [`read`]: the projections' own metas, as operators read them.
 //!
 //! # Public surface
 //! [`Projection`] (with [`all`] and [`by_name`]); the models store; each model's row types,
@@ -43,7 +43,6 @@ pub mod lists;
 pub mod models;
 pub mod names;
 pub mod notifications;
-pub mod read;
 pub mod rebuild;
 pub mod retention;
 pub mod routes;

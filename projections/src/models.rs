@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use redb::{Database, Durability, ReadableDatabase, WriteTransaction};
+use serde::Serialize;
 use tidemark_log::storage::{FileStore, Store, redb_backend};
 use tidemark_log::{EventChunk, EventLog, StorageError};
 
@@ -123,7 +124,7 @@ impl Models {
     }
 
     /// The store for one request's reads (held only that long: [`Models::reopen`] replaces
-    /// the file under it). The queries of [`crate::read`] take it.
+    /// the file under it). The models' views read it through [`ModelsRead::snapshot`].
     pub fn read(&self) -> ModelsRead {
         ModelsRead(self.db())
     }
@@ -277,6 +278,37 @@ pub fn all() -> Vec<&'static dyn Projection> {
 /// A projection by name.
 pub fn by_name(name: &str) -> Option<&'static dyn Projection> {
     all().into_iter().find(|p| p.name() == name)
+}
+
+#[derive(Debug, Clone, Serialize)]
+/// A projection as operators see it: its generation, checkpoint, lag behind the head,
+/// digest and count of changes.
+pub struct ProjectionInfo {
+    pub name: String,
+    pub generation: u32,
+    pub checkpoint: u64,
+    pub lag: u64,
+    pub digest: String,
+    pub changes: u64,
+}
+
+/// Every projection's [`ProjectionInfo`], read in one transaction, with its lag behind `head`.
+pub fn projections(db: &ModelsRead, head: u64) -> Result<Vec<ProjectionInfo>, StorageError> {
+    let snap = db.snapshot()?;
+    all()
+        .iter()
+        .map(|p| {
+            let m = snap.src().meta(p.name())?.unwrap_or_default();
+            Ok(ProjectionInfo {
+                name: p.name().to_owned(),
+                generation: m.generation,
+                checkpoint: m.checkpoint,
+                lag: head.saturating_sub(m.checkpoint),
+                digest: hex::encode(m.digest),
+                changes: m.changes,
+            })
+        })
+        .collect()
 }
 
 /// Whether table `name` of a log file is a read model's (the layout before the models store

@@ -17,7 +17,7 @@ use tidemark_projections::bridges::{BridgeEvent, BridgeSink, Target};
 use tidemark_projections::cursors::CursorEvent;
 use tidemark_projections::deliveries::{Change, Created, Joined};
 use tidemark_projections::names::BridgeMode;
-use tidemark_projections::{cursors, read, rebuild, tasks};
+use tidemark_projections::{cursors, models, rebuild, tasks};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -626,7 +626,7 @@ proptest! {
         }
         // Every projection that was sent an event that must change it recorded changes.
         let sent = |ty: &str| stored.iter().any(|(_, e)| e.event_type == ty);
-        let infos = read::projections(&log.db(), log.head()).unwrap();
+        let infos = models::projections(&log.db(), log.head()).unwrap();
         for (proj, ty) in [
             ("deliveries", "delivery.created"),
             ("deliveries", "recipient.suppressed"),
@@ -643,7 +643,7 @@ proptest! {
         // Every projection: verify (no swap) and rebuild (swap) are identical to live.
         let head = log.head();
         for p in tidemark_projections::all() {
-            let before = read::projections(&log.db(), head).unwrap().into_iter().find(|i| i.name == p.name()).unwrap();
+            let before = models::projections(&log.db(), head).unwrap().into_iter().find(|i| i.name == p.name()).unwrap();
             prop_assert_eq!(before.checkpoint, head);
             let v = (rebuild::rebuild(&log.models, &log.log, p, false, |_, _| {})).unwrap();
             prop_assert!(v.identical, "verify of {} diverged at {:?}", p.name(), v.first_divergent_seq);
@@ -651,12 +651,12 @@ proptest! {
             let r = (rebuild::rebuild(&log.models, &log.log, p, true, |_, _| {})).unwrap();
             prop_assert!(r.identical);
             prop_assert_eq!(r.events_replayed, head);
-            let after = read::projections(&log.db(), head).unwrap().into_iter().find(|i| i.name == p.name()).unwrap();
+            let after = models::projections(&log.db(), head).unwrap().into_iter().find(|i| i.name == p.name()).unwrap();
             prop_assert_eq!(&after.digest, &before.digest);
             prop_assert_eq!(after.generation, before.generation + 1);
         }
         // All of them in one pass over the log: the same digests, verify and rebuild.
-        let before = read::projections(&log.db(), head).unwrap();
+        let before = models::projections(&log.db(), head).unwrap();
         for swap in [false, true] {
             let reports = (rebuild::rebuild_many(&log.models, &log.log, tidemark_projections::all(), swap, |_, _| {})).unwrap();
             prop_assert_eq!(reports.len(), before.len());
@@ -667,7 +667,7 @@ proptest! {
                 prop_assert_eq!(r.events_replayed, head);
             }
         }
-        let after = read::projections(&log.db(), head).unwrap();
+        let after = models::projections(&log.db(), head).unwrap();
         for (a, b) in after.iter().zip(&before) {
             prop_assert_eq!(&a.digest, &b.digest);
             prop_assert_eq!(a.generation, b.generation + 1);
@@ -897,7 +897,7 @@ fn rebuild_under_concurrent_appends_misses_nothing() {
             total,
             "every acknowledged task.created is in the model"
         );
-        let info = read::projections(&log.db(), log.head()).unwrap();
+        let info = models::projections(&log.db(), log.head()).unwrap();
         assert!(info.iter().all(|i| i.lag == 0));
         log.close().await;
     });
@@ -971,7 +971,7 @@ fn an_old_projection_format_is_rebuilt_at_open() {
         .unwrap();
         rt.block_on(log.append(vec![e])).unwrap();
     }
-    let before = read::projections(&log.db(), log.head()).unwrap();
+    let before = models::projections(&log.db(), log.head()).unwrap();
     rt.block_on(log.close());
     drop(log);
     {
@@ -994,7 +994,7 @@ fn an_old_projection_format_is_rebuilt_at_open() {
         txn.commit().unwrap();
     }
     let (log, _) = common::Folded::open(&cfg);
-    let after = read::projections(&log.db(), log.head()).unwrap();
+    let after = models::projections(&log.db(), log.head()).unwrap();
     let (b, a) = (&before[0], &after[0]);
     assert_eq!(a.name, "tasks");
     assert_eq!(

@@ -7,7 +7,7 @@
 //! that holds in either order (`after`: ids after it; `before`: rows created before it), so
 //! every combination of the parameters is an answer, never a conflict.
 
-use tidemark_projections::read::{ListOrder, Position};
+use tidemark_projections::framework::paged::{ListOrder, Position};
 
 use crate::error::ApiError;
 

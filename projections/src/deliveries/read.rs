@@ -1,6 +1,6 @@
-//! The deliveries model's queries (served from [`crate::read`]): a delivery with its
-//! timeline, the list, the deliveries of a notification, the outbox's KPIs and the
-//! dispatcher's wake-up times. The keys they read are this folder's.
+//! The deliveries model's queries that take a filter or span the settings: the paged list
+//! ([`View::page`]), the endpoints in force, and the types they answer with (the KPIs). The
+//! keys they read are this folder's; the rest of the view is `view.rs`.
 
 use serde::Serialize;
 use tidemark_log::StorageError;
