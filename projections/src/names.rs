@@ -468,9 +468,9 @@ names! {
 pub mod priority_or_info {
     use super::Priority;
 
-    /// `s` as a priority, `info` when it is none.
-    pub fn parse(s: &str) -> Priority {
-        Priority::parse(s).unwrap_or(Priority::Info)
+    /// A payload's priority, `info` when it is missing or none of them.
+    pub fn parse(s: Option<&str>) -> Priority {
+        s.and_then(Priority::parse).unwrap_or(Priority::Info)
     }
 
     pub fn serialize<S: serde::Serializer>(p: &Priority, s: S) -> Result<S::Ok, S::Error> {
@@ -479,7 +479,7 @@ pub mod priority_or_info {
 
     pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Priority, D::Error> {
         let s = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
-        Ok(parse(&s))
+        Ok(parse(Some(&s)))
     }
 }
 

@@ -431,9 +431,7 @@ impl Projection for Notifications {
         let n = Notification {
             notification_id: id.to_owned(),
             seq: ev.seq,
-            priority: f.priority.owned().map_or(Priority::Info, |p| {
-                crate::names::priority_or_info::parse(&p)
-            }),
+            priority: crate::names::priority_or_info::parse(f.priority.0.as_deref()),
             title: f.title.owned().unwrap_or_default(),
             body: f.body.owned(),
             recipient: f.recipient.owned(),

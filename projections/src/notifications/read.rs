@@ -7,7 +7,7 @@ use crate::deliveries::Delivery;
 use crate::framework::be_u64;
 use crate::framework::paged::{Order, Position, Walk, paged};
 use crate::ids::NotificationId;
-use crate::names::Priority;
+use crate::names::{DeliveryStatus, Priority};
 use crate::notifications::{self, Notification, View};
 use crate::tasks;
 
@@ -131,18 +131,19 @@ impl View<'_> {
 /// leased or retry_wait → `pending`; else any parked → `parked`; else any sent → `delivered`;
 /// else any discarded → `discarded`; else any cancelled → `cancelled`; else `skipped`.
 pub fn notification_status_of(deliveries: &[Delivery]) -> &'static str {
-    let any = |s: &[&str]| deliveries.iter().any(|d| s.contains(&d.status.as_str()));
+    use DeliveryStatus as S;
+    let any = |s: &[S]| deliveries.iter().any(|d| s.contains(&d.status));
     if deliveries.is_empty() {
         "dashboard_only"
-    } else if any(&["queued", "leased", "retry_wait"]) {
+    } else if any(&[S::Queued, S::Leased, S::RetryWait]) {
         "pending"
-    } else if any(&["parked"]) {
+    } else if any(&[S::Parked]) {
         "parked"
-    } else if any(&["sent"]) {
+    } else if any(&[S::Sent]) {
         "delivered"
-    } else if any(&["discarded"]) {
+    } else if any(&[S::Discarded]) {
         "discarded"
-    } else if any(&["cancelled"]) {
+    } else if any(&[S::Cancelled]) {
         "cancelled"
     } else {
         "skipped"

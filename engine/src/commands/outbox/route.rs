@@ -81,7 +81,7 @@ fn notice(ev: &Event) -> Option<Notice> {
             .and_then(Value::as_u64)
             .unwrap_or(ev.seq),
         time_us: ev.time_us,
-        priority: s("priority").map_or(Priority::Info, |p| priority_or_info::parse(&p)),
+        priority: priority_or_info::parse(p.get("priority").and_then(Value::as_str)),
         title: s("title").unwrap_or_default(),
         body: s("body"),
         recipient: s("recipient"),
