@@ -178,6 +178,22 @@ impl<S: Send + Sync, T: DeserializeOwned + Validate> FromRequest<S> for Validate
     }
 }
 
+/// A handler's query parameters: one that fails to parse is `invalid_query`, naming it.
+pub struct Params<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(q)| Params(q))
+            .map_err(|r: axum::extract::rejection::QueryRejection| {
+                ApiError::invalid_query(r.body_text())
+            })
+    }
+}
+
 /// An optional JSON body: none (or an empty one) is `T::default()`.
 pub struct OptionalJson<T>(pub T);
 

@@ -324,7 +324,7 @@ impl<L: EventLog + Clone> Engine<L> {
         &self,
         cmd: C,
     ) -> Result<(C::Answer, AppendReceipt), CommandError> {
-        let name = cmd.name();
+        let name = C::NAME;
         let r = self.decider.execute(cmd).await;
         let result = match &r {
             Ok(_) => "ok",

@@ -6,7 +6,7 @@ use tokio::sync::watch;
 
 use crate::{
     AppendError, AppendReceipt, Compacted, Condition, Event, EventChunk, EventLog, JetStreamLog,
-    Log, NewEvent, ReadError, ReadPage, ReadQuery, StorageError,
+    Log, NewEvent, ReadError, ReadPage, ReadQuery,
 };
 
 /// The log of a node: embedded, or on a JetStream cluster.
@@ -68,6 +68,14 @@ macro_rules! each {
     };
 }
 
+impl AnyLog {
+    fn lookups(&self) -> &dyn crate::Lookups {
+        each!(self, l => l as &dyn crate::Lookups)
+    }
+}
+
+crate::lookups_through!(AnyLog, |any| any.lookups());
+
 impl EventLog for AnyLog {
     async fn append(&self, events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
         each!(self, l => EventLog::append(l, events).await)
@@ -87,9 +95,6 @@ impl EventLog for AnyLog {
     }
     fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
         each!(self, l => EventLog::read(l, q))
-    }
-    fn get(&self, seq: u64) -> Result<Option<Event>, ReadError> {
-        each!(self, l => EventLog::get(l, seq))
     }
     fn get_by_id(&self, event_id: &str) -> Result<Option<Event>, ReadError> {
         each!(self, l => EventLog::get_by_id(l, event_id))
@@ -120,20 +125,6 @@ impl EventLog for AnyLog {
     }
     async fn close(&self) {
         each!(self, l => EventLog::close(l).await);
-    }
-    fn first_seq(&self) -> Result<u64, StorageError> {
-        each!(self, l => EventLog::first_seq(l))
-    }
-    fn last_before(&self, before_us: i64) -> Result<u64, StorageError> {
-        each!(self, l => EventLog::last_before(l, before_us))
-    }
-    fn next_of(
-        &self,
-        stream: &str,
-        subject: &str,
-        after: u64,
-    ) -> Result<Option<u64>, StorageError> {
-        each!(self, l => EventLog::next_of(l, stream, subject, after))
     }
     async fn compact(&self, through: u64) -> Result<Compacted, AppendError> {
         each!(self, l => EventLog::compact(l, through).await)

@@ -90,12 +90,58 @@ pub struct ReadPage {
     pub head: u64,
 }
 
+/// A log's lookups: an event by seq, and the retention operations of section 13. Every
+/// [`EventLog`] has them; unlike it, this trait is an object, so a command reads the log
+/// through `&dyn Lookups` whichever backend the engine runs on.
+pub trait Lookups: Send + Sync {
+    fn get(&self, seq: u64) -> Result<Option<Event>, ReadError>;
+    /// The first seq the log holds: 1, or the first after a compacted prefix.
+    fn first_seq(&self) -> Result<u64, StorageError>;
+    /// The last seq whose event time is before `before_us` (0 when none).
+    fn last_before(&self, before_us: i64) -> Result<u64, StorageError>;
+    /// The first seq after `after` of `stream` (and of `subject` when not empty): what a
+    /// cursor at `after` still needs.
+    fn next_of(&self, stream: &str, subject: &str, after: u64)
+    -> Result<Option<u64>, StorageError>;
+}
+
+/// [`Lookups`] for a log whose lookups are another's: `lookups_through!(Wrapper, |w| &w.inner)`
+/// (a replica's, a wrapper's, one backend's of several).
+#[macro_export]
+macro_rules! lookups_through {
+    ($ty:ty, |$s:ident| $to:expr) => {
+        impl $crate::Lookups for $ty {
+            fn get(&self, seq: u64) -> Result<Option<$crate::Event>, $crate::ReadError> {
+                let $s = self;
+                $crate::Lookups::get($to, seq)
+            }
+            fn first_seq(&self) -> Result<u64, $crate::StorageError> {
+                let $s = self;
+                $crate::Lookups::first_seq($to)
+            }
+            fn last_before(&self, before_us: i64) -> Result<u64, $crate::StorageError> {
+                let $s = self;
+                $crate::Lookups::last_before($to, before_us)
+            }
+            fn next_of(
+                &self,
+                stream: &str,
+                subject: &str,
+                after: u64,
+            ) -> Result<Option<u64>, $crate::StorageError> {
+                let $s = self;
+                $crate::Lookups::next_of($to, stream, subject, after)
+            }
+        }
+    };
+}
+
 /// The narrow interface of the log (spec section 3): it speaks only of events. Append a batch
 /// (atomic, idempotent by `event_id`), read by range and filters, get by seq or `event_id`, the
 /// head and a commit notifier. No storage type crosses it, so another backend (spec section
 /// 16, NATS JetStream) can implement it and pass the same contract suite
 /// (`log/tests/contract.rs`).
-pub trait EventLog: Send + Sync + 'static {
+pub trait EventLog: Lookups + 'static {
     /// Append a batch atomically: every event, or none. An `event_id` already in the log with
     /// the same content is answered with its original seq and `duplicate: true`; with other
     /// content the whole batch is refused with `Conflict`.
@@ -131,7 +177,6 @@ pub trait EventLog: Send + Sync + 'static {
     }
     /// A bounded page of committed events with `seq > q.after`, in order.
     fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError>;
-    fn get(&self, seq: u64) -> Result<Option<Event>, ReadError>;
     fn get_by_id(&self, event_id: &str) -> Result<Option<Event>, ReadError>;
     /// The highest acknowledged seq (0 for an empty log).
     fn head(&self) -> u64;
@@ -183,15 +228,6 @@ pub trait EventLog: Send + Sync + 'static {
     }
     /// Stop after the requests already taken, and wait for it.
     fn close(&self) -> impl std::future::Future<Output = ()> + Send;
-    // The retention operations of section 13.
-    /// The first seq the log holds: 1, or the first after a compacted prefix.
-    fn first_seq(&self) -> Result<u64, StorageError>;
-    /// The last seq whose event time is before `before_us` (0 when none).
-    fn last_before(&self, before_us: i64) -> Result<u64, StorageError>;
-    /// The first seq after `after` of `stream` (and of `subject` when not empty): what a
-    /// cursor at `after` still needs.
-    fn next_of(&self, stream: &str, subject: &str, after: u64)
-    -> Result<Option<u64>, StorageError>;
     /// Drop the events with seq `<= through` (bounded per call; never the head).
     fn compact(
         &self,

@@ -16,6 +16,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
+use tidemark_log::Lookups;
 
 use serde_json::json;
 use tidemark_log::{

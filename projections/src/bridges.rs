@@ -10,7 +10,7 @@ use tidemark_log::StorageError;
 use tidemark_log::{Event, EventRef};
 
 use crate::endpoints::{Endpoint, EndpointChange};
-use crate::framework::{Projection, Store};
+use crate::framework::{Fold, Store};
 use crate::names::{BridgeMode, EventType, ReviewState, Stream, TaskStatus, ids};
 use crate::tasks::Task;
 
@@ -225,20 +225,12 @@ fn cat(a: &str, b: &str) -> Vec<u8> {
 
 pub struct Bridges;
 
-impl Projection for Bridges {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn tables(&self) -> &'static [&'static str] {
-        &[ROWS, BY_TASK, BY_BRIDGE, ACTIVE, ENDPOINTS]
-    }
-
+impl Fold for Bridges {
+    const NAME: &'static str = NAME;
+    const TABLES: &'static [&'static str] = &[ROWS, BY_TASK, BY_BRIDGE, ACTIVE, ENDPOINTS];
     /// 2: the endpoints of the webhook subscriptions (`endpoints`, section 17); 3: an
     /// endpoint's `unresolved` field (always empty for a subscription, whose URL is given).
-    fn version(&self) -> u32 {
-        3
-    }
+    const VERSION: u32 = 3;
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
         if Stream::parse(ev.stream) == Some(Stream::Cursors) {

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tidemark_log::EventRef;
 use tidemark_log::StorageError;
 
-use crate::framework::{Projection, Store};
+use crate::framework::{Fold, Store};
 use crate::names::{EventType, Stream};
 
 pub const NAME: &str = "cursors";
@@ -190,25 +190,15 @@ pub fn apply(row: &mut Cursor, ty: EventType, c: CursorEvent) {
 
 pub struct Cursors;
 
-impl Projection for Cursors {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn tables(&self) -> &'static [&'static str] {
-        &[ROWS]
-    }
-
+impl Fold for Cursors {
+    const NAME: &'static str = NAME;
+    const TABLES: &'static [&'static str] = &[ROWS];
     /// 2: a reset clears `last_delivery_id` and `last_delivered_at` and records
     /// [`CursorExt::reset_at_us`]; an older model is rebuilt from the log at the next open.
-    fn version(&self) -> u32 {
-        2
-    }
+    const VERSION: u32 = 2;
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
-        let Some(ty) = EventType::parse(ev.event_type)
-            .filter(|t| Stream::parse(ev.stream) == Some(t.stream()))
-        else {
+        let Some(ty) = EventType::of(ev) else {
             return Ok(());
         };
         use EventType as T;

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidemark_log::{EventRef, StorageError};
 
-use crate::framework::{Projection, Store};
+use crate::framework::{Fold, Store};
 use crate::names::{EventType, Stream};
 
 pub const NAME: &str = "lists";
@@ -26,14 +26,9 @@ pub struct ListRow {
 
 pub struct Lists;
 
-impl Projection for Lists {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn tables(&self) -> &'static [&'static str] {
-        &[ROWS]
-    }
+impl Fold for Lists {
+    const NAME: &'static str = NAME;
+    const TABLES: &'static [&'static str] = &[ROWS];
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
         if Stream::parse(ev.stream) != Some(Stream::Lists) {

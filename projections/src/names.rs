@@ -213,6 +213,13 @@ pub const RESERVED_PREFIXES: [&str; 14] = [
 pub const LIFECYCLE_PREFIX: &str = "task.";
 
 impl EventType {
+    /// An event's type when tidemark defines it and the event is on that type's own stream;
+    /// `None` for a client's free-form type, a reserved one only a newer version writes, or
+    /// one on another stream.
+    pub fn of(ev: &tidemark_log::EventRef<'_>) -> Option<EventType> {
+        EventType::parse(ev.event_type).filter(|t| Stream::parse(ev.stream) == Some(t.stream()))
+    }
+
     /// The stream every event of this type is on (`notification.terminal_state_mismatch` is
     /// recorded in the task's `task_events`, where the bridge replays it).
     pub const fn stream(self) -> Stream {

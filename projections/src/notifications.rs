@@ -11,7 +11,7 @@ use serde_json::Value;
 use tidemark_log::StorageError;
 use tidemark_log::{Event, EventRef};
 
-use crate::framework::{Projection, Store, be_u64};
+use crate::framework::{Fold, Store, be_u64};
 
 pub const NAME: &str = "notifications";
 pub const BY_SEQ: &str = "by_seq";
@@ -364,23 +364,15 @@ impl View<'_> {
 
 pub struct Notifications;
 
-impl Projection for Notifications {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn tables(&self) -> &'static [&'static str] {
-        &[BY_SEQ, IDS, ROUTER, BY_PRIORITY, BY_RECIPIENT]
-    }
-
+impl Fold for Notifications {
+    const NAME: &'static str = NAME;
+    const TABLES: &'static [&'static str] = &[BY_SEQ, IDS, ROUTER, BY_PRIORITY, BY_RECIPIENT];
     /// 2: the list-filter indexes `by_priority`, `by_recipient` (outside the digest); 3: a
     /// row's provenance (`ext`, absent on rows without any); 4: seed 000's `session_id`,
     /// `destination_key` and `request_json` (`ext.more`); 5: the priority a `Priority` (an
     /// unchecked event's other value read as `info`: the same bytes for every checked one).
     /// An older model is rebuilt from the log at the next open, which fills them.
-    fn version(&self) -> u32 {
-        5
-    }
+    const VERSION: u32 = 5;
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
         if Stream::parse(ev.stream) == Some(Stream::Retention)

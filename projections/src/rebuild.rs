@@ -14,7 +14,7 @@ use tidemark_log::{EventChunk, EventLog, EventRef};
 use crate::models::Models;
 
 use crate::framework::{
-    DIGEST_EVERY, DIGESTS, Meta, Projection, drop_other_generations, fold_events, read_meta,
+    DIGEST_EVERY, DIGESTS, Meta, Projection, TxMut, drop_other_generations, fold_events, read_meta,
     restore_snapshot, table_name, write_meta,
 };
 
@@ -251,7 +251,14 @@ fn chunk(
     swap: bool,
 ) -> Result<(), StorageError> {
     let name = p.name();
-    let changed = fold_events(txn, p, s.new.generation, batch, &mut s.new, true)?;
+    let changed = fold_events(
+        TxMut::Redb(txn),
+        p,
+        s.new.generation,
+        batch,
+        &mut s.new,
+        true,
+    )?;
     s.new.checkpoint = upto;
     if s.first_divergent.is_none() {
         let at_end = if upto == head {

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidemark_log::{EventRef, StorageError};
 
-use crate::framework::{Projection, Store};
+use crate::framework::{Fold, Store};
 use crate::names::{EventType, Stream};
 use crate::routing::ApiRoute;
 
@@ -56,19 +56,11 @@ pub fn updated_payload(route: &ApiRoute, reason: &str, by: Option<&str>) -> Valu
 
 pub struct Routes;
 
-impl Projection for Routes {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn tables(&self) -> &'static [&'static str] {
-        &[ROWS]
-    }
-
+impl Fold for Routes {
+    const NAME: &'static str = NAME;
+    const TABLES: &'static [&'static str] = &[ROWS];
     /// 2: a removed secret keeps no previous one signing.
-    fn version(&self) -> u32 {
-        2
-    }
+    const VERSION: u32 = 2;
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
         if Stream::parse(ev.stream) != Some(Stream::Routes) {

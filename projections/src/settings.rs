@@ -4,7 +4,7 @@ use crate::names::{EventType, Stream};
 use tidemark_log::EventRef;
 use tidemark_log::StorageError;
 
-use crate::framework::{Projection, Store};
+use crate::framework::{Fold, Store};
 
 pub const NAME: &str = "settings";
 pub(crate) const CURRENT: &str = "current";
@@ -12,14 +12,9 @@ pub(crate) const KEY: &[u8] = b"notifications";
 
 pub struct Settings;
 
-impl Projection for Settings {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn tables(&self) -> &'static [&'static str] {
-        &[CURRENT]
-    }
+impl Fold for Settings {
+    const NAME: &'static str = NAME;
+    const TABLES: &'static [&'static str] = &[CURRENT];
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
         if Stream::parse(ev.stream) == Some(Stream::Settings)

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidemark_log::{EventRef, StorageError};
 
-use crate::framework::{Projection, Store};
+use crate::framework::{Fold, Store};
 use crate::names::{EventType, Stream, ids};
 
 pub const NAME: &str = "sources";
@@ -64,20 +64,12 @@ fn text(p: &Value, field: &str) -> Option<String> {
     p.get(field).and_then(Value::as_str).map(str::to_owned)
 }
 
-impl Projection for Sources {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn tables(&self) -> &'static [&'static str] {
-        &[ROWS, ITEMS, PENDING, SKIPPED]
-    }
-
+impl Fold for Sources {
+    const NAME: &'static str = NAME;
+    const TABLES: &'static [&'static str] = &[ROWS, ITEMS, PENDING, SKIPPED];
     /// 2: `pending` (the items a cycle's notification is still to cover); 3: `skipped` and a
     /// row's `items_skipped`. An older model is rebuilt at the next open, which fills them.
-    fn version(&self) -> u32 {
-        3
-    }
+    const VERSION: u32 = 3;
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
         if Stream::parse(ev.stream) == Some(Stream::Notifications) {

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidemark_log::EventRef;
 
-use crate::framework::{Projection, Store};
+use crate::framework::{Fold, Store};
 
 pub const NAME: &str = "tasks";
 pub const ROWS: &str = "rows";
@@ -362,22 +362,14 @@ impl View<'_> {
 
 pub struct Tasks;
 
-impl Projection for Tasks {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn tables(&self) -> &'static [&'static str] {
-        &[ROWS, BY_STATUS, BY_PROJECT, BY_CREATED]
-    }
-
+impl Fold for Tasks {
+    const NAME: &'static str = NAME;
+    const TABLES: &'static [&'static str] = &[ROWS, BY_STATUS, BY_PROJECT, BY_CREATED];
     /// 2: [`TaskExt::late_starts`] (the bridge decision's `run_not_started`); 3: the
     /// `by_created` index (outside the digest); 4: a run that ended without having started
     /// leaves the task's status as it was. An older model is rebuilt from the log at the next
     /// open, which fills them.
-    fn version(&self) -> u32 {
-        4
-    }
+    const VERSION: u32 = 4;
 
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
         if Stream::parse(ev.stream) == Some(Stream::Retention)

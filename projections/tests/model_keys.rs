@@ -1,6 +1,6 @@
 //! A model's keys are written by its fold and read by its view, nowhere else (issue 57): no
 //! file outside a model's own (`projections/src/<model>.rs` and `projections/src/<model>/`)
-//! names one of its tables (the names its `fn tables` lists) or one of its key builders (its
+//! names one of its tables (the names its `Fold::TABLES` lists) or one of its key builders (its
 //! `fn …_key` and `fn …_prefix`), in projections, the engine, the reactors or the API.
 
 use std::collections::BTreeMap;
@@ -30,7 +30,7 @@ fn words(text: &str) -> impl Iterator<Item = &str> {
         .filter(|w| !w.is_empty())
 }
 
-/// Each model's home files and the names of its keys: the tables its `fn tables` lists and
+/// Each model's home files and the names of its keys: the tables its `Fold::TABLES` lists and
 /// the key builders it defines.
 fn models(src: &Path) -> BTreeMap<String, (Vec<PathBuf>, Vec<String>)> {
     let mut out = BTreeMap::new();
@@ -52,14 +52,11 @@ fn models(src: &Path) -> BTreeMap<String, (Vec<PathBuf>, Vec<String>)> {
     for (home, keys) in out.values_mut() {
         for f in home.iter() {
             let text = code(&std::fs::read_to_string(f).unwrap());
-            if let Some(at) = text.find("fn tables(&self)") {
-                let sig = &text[at..];
-                let open = sig.find(['{', ';']).unwrap();
-                if sig[open..].starts_with('{') {
-                    // `{ &[ROWS, …] }`, or a `const` of them.
-                    let body = &sig[open..open + sig[open..].find('}').unwrap()];
-                    keys.extend(words(body).map(str::to_owned));
-                }
+            let decl = "const TABLES: &'static [&'static str]";
+            if let Some(at) = text.find(decl) {
+                // `= &[ROWS, …];`, or `;` in the trait.
+                let rest = &text[at + decl.len()..];
+                keys.extend(words(&rest[..rest.find(';').unwrap()]).map(str::to_owned));
             }
             for line in text.lines() {
                 let line = line.trim_start();

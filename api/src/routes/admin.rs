@@ -10,6 +10,7 @@ use tidemark_projections::rebuild::RebuildReport;
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, Problem};
+use crate::request::Params;
 use crate::request::{Validate, ValidatedJson, invalid};
 use crate::routes::blocking;
 use crate::state::AppState;
@@ -545,10 +546,9 @@ impl std::io::Write for ToBody {
 #[tracing::instrument(skip_all)]
 pub async fn backup_stream(
     State(st): State<AppState>,
-    q: Result<axum::extract::Query<BackupStreamQuery>, axum::extract::rejection::QueryRejection>,
+    Params(q): Params<BackupStreamQuery>,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    let axum::extract::Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     let through = st.engine.head();
     let refused = |e: tidemark_log::transfer::TransferError| {
         metrics::counter!("tidemark_backups_total", "outcome" => "refused").increment(1);

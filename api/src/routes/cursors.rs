@@ -3,8 +3,7 @@
 
 use crate::request::Bounded;
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -15,6 +14,7 @@ use tidemark_projections::cursors::Cursor;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
+use crate::request::Params;
 use crate::request::{Reason, Text, Validate, ValidatedJson, invalid};
 use crate::routes::blocking;
 use crate::routes::deliveries::check_text;
@@ -104,9 +104,8 @@ fn check_stream_subject(stream_name: &str, subject_id: &str) -> Result<(), ApiEr
 #[tracing::instrument(skip_all)]
 pub async fn get(
     State(st): State<AppState>,
-    q: Result<Query<CursorsQuery>, QueryRejection>,
+    Params(q): Params<CursorsQuery>,
 ) -> Result<Json<CursorsPage>, ApiError> {
-    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     let min_seq = crate::routes::ReadAt {
         min_seq: q.min_seq.clone(),
     }

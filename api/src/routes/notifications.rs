@@ -2,8 +2,7 @@
 
 use crate::request::{OneOf, query_name};
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use tidemark_log::time::Micros;
 use tidemark_projections::names::{Priority, sink_or_none};
@@ -12,6 +11,7 @@ use tidemark_projections::notifications::read::{NotificationFilter, Notification
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
+use crate::request::Params;
 use crate::routes::events::{parse_limit, parse_u64};
 use crate::state::AppState;
 
@@ -142,9 +142,8 @@ pub struct NotificationsQuery {
 #[tracing::instrument(skip_all)]
 pub async fn list(
     State(st): State<AppState>,
-    q: Result<Query<NotificationsQuery>, QueryRejection>,
+    Params(q): Params<NotificationsQuery>,
 ) -> Result<Json<NotificationsPage>, ApiError> {
-    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     let f = NotificationFilter {
         priority: query_name::<Priority>("priority", q.priority.as_deref())?,
         recipient: q.recipient,
@@ -266,9 +265,8 @@ impl NotificationStatusOut {
 pub async fn get(
     State(st): State<AppState>,
     crate::request::PathId(key): crate::request::PathId<crate::request::NotificationId>,
-    q: Result<Query<crate::routes::ReadAt>, QueryRejection>,
+    Params(q): Params<crate::routes::ReadAt>,
 ) -> Result<Json<NotificationStatusOut>, ApiError> {
-    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     let (found, as_of_seq) = crate::routes::read_model(&st.engine, q.seq()?, move |r| {
         let Some(s) = r.notification_status(&key)? else {
             return Ok(None);

@@ -4,8 +4,7 @@
 //! changed route from the next event on. A secret is never served: a set one reads `"***"`.
 
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -17,6 +16,7 @@ use tidemark_projections::secrets;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
+use crate::request::Params;
 use crate::request::{Reason, Text, Validate, ValidatedJson};
 use crate::routes::{ReadAt, caller, read_model};
 use crate::state::AppState;
@@ -304,9 +304,8 @@ async fn all_routes(st: &AppState, min_seq: u64) -> Result<(Vec<RouteOut>, u64),
     security(("bearer" = ["read"])))]
 pub async fn list(
     State(st): State<AppState>,
-    q: Result<Query<ReadAt>, QueryRejection>,
+    Params(q): Params<ReadAt>,
 ) -> Result<Json<RoutesPage>, ApiError> {
-    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     let (routes, as_of_seq) = all_routes(&st, q.seq()?).await?;
     Ok(Json(RoutesPage { routes, as_of_seq }))
 }
@@ -324,9 +323,8 @@ pub async fn list(
 pub async fn show(
     State(st): State<AppState>,
     RoutePath(name): RoutePath,
-    q: Result<Query<ReadAt>, QueryRejection>,
+    Params(q): Params<ReadAt>,
 ) -> Result<Json<RouteAnswer>, ApiError> {
-    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     one(&st, &name, q.seq()?).await.map(Json)
 }
 

@@ -6,8 +6,7 @@
 use crate::request::Bounded;
 use crate::request::OneOf;
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use tidemark_engine::commands::sources::{Pause, Reset, Resume};
@@ -133,9 +132,8 @@ impl axum::extract::FromRequestParts<AppState> for SourcePath {
 #[tracing::instrument(skip_all)]
 pub async fn list(
     State(st): State<AppState>,
-    q: Result<Query<ReadAt>, QueryRejection>,
+    Params(q): Params<ReadAt>,
 ) -> Result<Json<SourcesPage>, ApiError> {
-    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     let names = st.sources.names();
     let n = names.clone();
     let (rows, as_of_seq) = read_model(&st.engine, q.seq()?, move |r| {
@@ -167,9 +165,8 @@ pub async fn list(
 pub async fn get(
     State(st): State<AppState>,
     SourcePath(name): SourcePath,
-    q: Result<Query<ReadAt>, QueryRejection>,
+    Params(q): Params<ReadAt>,
 ) -> Result<Json<SourceAnswer>, ApiError> {
-    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     answer(&st, &name, q.seq()?).await
 }
 
@@ -231,6 +228,7 @@ impl Validate for PauseBody {
     }
 }
 
+use crate::request::Params;
 use crate::routes::caller;
 
 /// Pause: no polls until resumed (recorded as `source.paused` with the token's name).

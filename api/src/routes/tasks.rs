@@ -2,8 +2,7 @@
 
 use crate::request::{OneOf, query_name};
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -16,6 +15,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::error::{ApiError, Problem};
 use tidemark_projections::names::TaskStatus;
 
+use crate::request::Params;
 use crate::routes::events::{parse_limit, parse_u64, resume_point, sse_response};
 use crate::routes::order::{next_cursors, parse_before, parse_order};
 use crate::state::AppState;
@@ -190,9 +190,8 @@ pub struct TasksQuery {
 #[tracing::instrument(skip_all)]
 pub async fn list(
     State(st): State<AppState>,
-    q: Result<Query<TasksQuery>, QueryRejection>,
+    Params(q): Params<TasksQuery>,
 ) -> Result<Json<TasksPage>, ApiError> {
-    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     let status = query_name::<TaskStatus>("status", q.status.as_deref())?;
     let order = parse_order(q.order.as_deref())?;
     let f = TaskFilter {
@@ -229,9 +228,8 @@ pub async fn list(
 pub async fn get(
     State(st): State<AppState>,
     crate::request::PathId(id): crate::request::PathId<crate::request::TaskId>,
-    q: Result<Query<crate::routes::ReadAt>, QueryRejection>,
+    Params(q): Params<crate::routes::ReadAt>,
 ) -> Result<Json<TaskAnswer>, ApiError> {
-    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     let key = id.clone();
     match crate::routes::read_model(&st.engine, q.seq()?, move |r| r.task(&key)).await? {
         (Some(t), as_of_seq) => Ok(Json(TaskAnswer {
@@ -271,9 +269,8 @@ pub async fn stream(
     State(st): State<AppState>,
     crate::request::PathId(id): crate::request::PathId<crate::request::TaskId>,
     headers: HeaderMap,
-    q: Result<Query<TaskStreamQuery>, QueryRejection>,
+    Params(q): Params<TaskStreamQuery>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     tidemark_log::envelope::check_subject(id.as_str())
         .map_err(|e| ApiError::invalid_query(format!("task id: {e}")))?;
     let after = parse_u64("after_sequence", q.after_sequence.as_deref())?.unwrap_or(0);

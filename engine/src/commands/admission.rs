@@ -23,8 +23,7 @@ use tidemark_projections::names::{EventType, Stream};
 use tidemark_projections::notifications;
 use tidemark_projections::routing::{RouteOutcome, RoutingSettings, resolve_routes};
 
-use super::sealed::Sealed;
-use super::{Command, Decided, Round};
+use super::{Command, DecideResult, Decided, Round};
 use tidemark_projections::ModelsTxn;
 
 /// What the checks decided about a batch.
@@ -56,22 +55,15 @@ pub struct Admit {
     pub max_pending: u64,
 }
 
-impl Sealed for Admit {}
 impl Command for Admit {
     type Answer = Admission;
 
-    fn name(&self) -> &'static str {
-        "append.admit"
-    }
+    const NAME: &'static str = "append.admit";
 
     /// Judge the batch; accepted, its events are the decision, on the condition that the
     /// recipients it was judged against have not changed since (a suppression appended
     /// meanwhile is not missed).
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Admission>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let before = round.pending_added;
         let admission = admit(txn, &self.events, &self.known, round, self.max_pending)?;
         let marker = match (&admission, self.events.first()) {

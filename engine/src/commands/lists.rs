@@ -7,8 +7,7 @@ use tidemark_projections::lists;
 use tidemark_projections::lists::ListRow;
 use tidemark_projections::names::{EventType, Stream};
 
-use super::sealed::Sealed;
-use super::{Command, Decided, Round};
+use super::{Command, DecideResult, Decided, Round};
 use crate::error::{CommandError, Rejection};
 use tidemark_projections::ModelsTxn;
 
@@ -22,19 +21,12 @@ pub struct SetList {
     pub by: Option<String>,
 }
 
-impl Sealed for SetList {}
 impl Command for SetList {
     type Answer = ListRow;
 
-    fn name(&self) -> &'static str {
-        "list.set"
-    }
+    const NAME: &'static str = "list.set";
 
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<ListRow>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         if self.members.is_none() && lists::View::new(txn)?.row(&self.name)?.is_none() {
             return Err(CommandError::rejected(
                 Rejection::ListNotFound,

@@ -33,8 +33,8 @@ pub use outbox::{Completed, Failure, OperatorAction};
 pub use retention::{CompactReport, RetentionReport};
 pub use sources::{NotifyPlan, PageOutcome, SourceItem};
 
+pub use round::Round;
 pub(crate) use round::key;
-pub use round::{LogReads, Round};
 use tidemark_projections::ModelsTxn;
 
 /// A command the engine executes ([`crate::Engine::execute`]): one type per command, each
@@ -51,23 +51,42 @@ pub trait Command: sealed::Sealed + Send + 'static {
     const COMPACTION: Option<fn(&mut Self::Answer) -> &mut CompactReport> = None;
 
     /// A short name for spans and metrics (`tidemark_commands_total{command}`).
-    fn name(&self) -> &'static str;
+    const NAME: &'static str;
 
     /// Decide against the models caught up to the head (`txn`, which it only reads) at
     /// `round.now_us`. When the log refuses the decision because what it rests on changed,
     /// the command is decided again from scratch against the newer models: a decision
     /// depends on the command and the models only.
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Self::Answer>, CommandError>;
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer>;
 }
 
-/// Only the command types of the families implement [`Command`].
+/// Only the command types of the families implement [`Command`]: these.
 mod sealed {
     pub trait Sealed {}
+
+    macro_rules! sealed {
+        ($($family:ident::{$($command:ident),+ $(,)?}),+ $(,)?) => {
+            $($(impl Sealed for super::$family::$command {})+)+
+        };
+    }
+
+    sealed! {
+        admission::{Admit},
+        bridges::{Subscribe, Unsubscribe, Confirm, ConfirmOne},
+        cursors::{Advance, Reset},
+        lists::{SetList},
+        outbox::{
+            Claim, Complete, CompleteOne, Extend, Fail, Operator, Recover, ExpireLeases,
+            SwitchEndpoint, BridgeFailed, ResolveEndpoints, Route,
+        },
+        retention::{Purge, Compact},
+        routes::{SetRoute},
+        sources::{Page, Advance, Pause, Resume, Park, Reset},
+    }
 }
+
+/// What [`Command::decide`] answers.
+pub type DecideResult<A> = Result<Decided<A>, CommandError>;
 
 /// What a command decided: its answer, the events that record it, and the subjects it read
 /// besides those it appends to (each with the seq of its last event as the models have it),

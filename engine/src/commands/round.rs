@@ -1,43 +1,11 @@
 //! What a command decides against: the round it is decided in ([`Round`]) and what it may
-//! read of the log besides the models ([`LogReads`]).
+//! read of the log besides the models ([`Lookups`]).
 
 use std::collections::HashSet;
 
-use tidemark_log::{EventLog, StorageError};
+use tidemark_log::Lookups;
 
 use crate::privacy::Privacy;
-
-/// What a command may read of the log besides the models: an event by seq (a confirmation's),
-/// and the retention operations a compaction decides with. Every [`EventLog`] is one; a
-/// command sees it as this object, so the commands are the same whichever backend the engine
-/// runs on.
-pub trait LogReads: Send + Sync {
-    fn get(&self, seq: u64) -> Result<Option<tidemark_log::Event>, tidemark_log::ReadError>;
-    fn first_seq(&self) -> Result<u64, StorageError>;
-    fn last_before(&self, before_us: i64) -> Result<u64, StorageError>;
-    fn next_of(&self, stream: &str, subject: &str, after: u64)
-    -> Result<Option<u64>, StorageError>;
-}
-
-impl<L: EventLog> LogReads for L {
-    fn get(&self, seq: u64) -> Result<Option<tidemark_log::Event>, tidemark_log::ReadError> {
-        EventLog::get(self, seq)
-    }
-    fn first_seq(&self) -> Result<u64, StorageError> {
-        EventLog::first_seq(self)
-    }
-    fn last_before(&self, before_us: i64) -> Result<u64, StorageError> {
-        EventLog::last_before(self, before_us)
-    }
-    fn next_of(
-        &self,
-        stream: &str,
-        subject: &str,
-        after: u64,
-    ) -> Result<Option<u64>, StorageError> {
-        EventLog::next_of(self, stream, subject, after)
-    }
-}
 
 /// What one command decides against: the round's time and head, and what the round's earlier
 /// commands did that the models do not show yet. Only the decider ([`crate::decider`]) makes
@@ -47,7 +15,7 @@ pub struct Round<'a> {
     /// The head the models were folded to.
     pub(crate) head: u64,
     pub(crate) privacy: Option<&'a Privacy>,
-    pub(crate) log: &'a dyn LogReads,
+    pub(crate) log: &'a dyn Lookups,
     /// `stream ‖ 0 ‖ subject` of every subject an earlier command of the round appends to or
     /// read.
     pub(crate) touched: HashSet<Vec<u8>>,
@@ -70,7 +38,26 @@ pub(crate) fn key(stream: &str, subject: &str) -> Vec<u8> {
     k
 }
 
-impl Round<'_> {
+impl<'a> Round<'a> {
+    /// A round at `now_us` over the models folded to `head`, with the decider's knobs.
+    pub(crate) fn new(
+        now_us: i64,
+        head: u64,
+        log: &'a dyn Lookups,
+        knobs: &'a crate::decider::Knobs,
+    ) -> Self {
+        Round {
+            now_us,
+            head,
+            privacy: knobs.privacy.as_deref(),
+            log,
+            touched: HashSet::new(),
+            pending_added: 0,
+            shared_outbox: knobs.shared_outbox,
+            pacer: &knobs.pacer,
+        }
+    }
+
     /// Whether an earlier command of the round appends to (or read) this subject.
     pub(crate) fn touches(&self, stream: &str, subject: &str) -> bool {
         self.touched.contains(&key(stream, subject))

@@ -14,8 +14,7 @@ use tidemark_projections::deliveries;
 use tidemark_projections::endpoints::EndpointChange;
 
 use super::outbox::endpoint_event;
-use super::sealed::Sealed;
-use super::{Command, Decided, Round};
+use super::{Command, DecideResult, Decided, Round};
 use crate::error::{CommandError, Rejection};
 
 /// The routes tidemark itself defines (section 4): neither is managed through the API.
@@ -140,19 +139,12 @@ pub fn unset_env(r: &ApiRoute, node: NodeCheck) -> Vec<String> {
     .collect()
 }
 
-impl Sealed for SetRoute {}
 impl Command for SetRoute {
     type Answer = RouteSet;
 
-    fn name(&self) -> &'static str {
-        "route.set"
-    }
+    const NAME: &'static str = "route.set";
 
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<RouteSet>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let name = self.name.as_str();
         if BUILT_IN.contains(&name) {
             return Err(CommandError::rejected(

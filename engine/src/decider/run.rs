@@ -12,7 +12,7 @@
 //! commit (`Progress`); a command is decided on everything folded. No B-tree of the file is
 //! written on the thread every claim waits on.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -538,16 +538,7 @@ impl<L: EventLog + Clone> State<L> {
             return;
         };
         let txn = &owned;
-        let mut round = Round {
-            now_us,
-            head,
-            privacy: knobs.privacy.as_deref(),
-            log: &self.log,
-            touched: HashSet::new(),
-            pending_added: 0,
-            shared_outbox: knobs.shared_outbox,
-            pacer: &knobs.pacer,
-        };
+        let mut round = Round::new(now_us, head, &self.log, &knobs);
         let mut later: VecDeque<Queued> = VecDeque::new();
         let mut sends: Vec<Send> = Vec::new();
         let pacer = knobs.pacer.clone();
@@ -682,16 +673,7 @@ impl<L: EventLog + Clone> State<L> {
         // The overlay is begun again over the file the compaction writes.
         self.txn = None;
         let txn = self.models.begin().map_err(CommandError::Models)?;
-        let mut round = Round {
-            now_us: (knobs.clock)(),
-            head: self.folded,
-            privacy: knobs.privacy.as_deref(),
-            log: &self.log,
-            touched: HashSet::new(),
-            pending_added: 0,
-            shared_outbox: knobs.shared_outbox,
-            pacer: &knobs.pacer,
-        };
+        let mut round = Round::new((knobs.clock)(), self.folded, &self.log, &knobs);
         job.decide(&txn, &mut round)?;
         txn.commit().map_err(CommandError::Models)?;
         self.models.persist().map_err(CommandError::Models)?;

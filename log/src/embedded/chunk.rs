@@ -29,9 +29,6 @@ impl EventLog for Log {
     fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
         Log::read(self, q)
     }
-    fn get(&self, seq: u64) -> Result<Option<Event>, ReadError> {
-        Log::get(self, seq)
-    }
     fn get_by_id(&self, event_id: &str) -> Result<Option<Event>, ReadError> {
         Log::get_by_id(self, event_id)
     }
@@ -43,20 +40,6 @@ impl EventLog for Log {
     }
     fn read_chunk(&self, after: u64, upto: u64, out: &mut EventChunk) -> Result<(), ReadError> {
         out.read_stored(self, after, upto)
-    }
-    fn first_seq(&self) -> Result<u64, StorageError> {
-        Log::first_seq(self)
-    }
-    fn last_before(&self, before_us: i64) -> Result<u64, StorageError> {
-        Log::last_before(self, before_us)
-    }
-    fn next_of(
-        &self,
-        stream: &str,
-        subject: &str,
-        after: u64,
-    ) -> Result<Option<u64>, StorageError> {
-        Log::next_of(self, stream, subject, after)
     }
     async fn compact(&self, through: u64) -> Result<Compacted, AppendError> {
         Log::compact(self, through).await

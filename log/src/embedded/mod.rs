@@ -59,11 +59,11 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use redb::Database;
 use tokio::sync::{oneshot, watch};
 
-use crate::Compacted;
 use crate::{
     AppendError, AppendReceipt, Condition, Event, NewEvent, OpenError, ReadError, ReadPage,
     ReadQuery, StorageError,
 };
+use crate::{Compacted, Lookups};
 
 /// Memory holds at most about this many bytes of groups redb does not have yet; an appender
 /// waits for the indexer beyond it (I9).
@@ -559,26 +559,6 @@ impl Log {
         self.shared.indexed.load(Ordering::SeqCst)
     }
 
-    /// The last seq whose event time is before `before_us` (0 when none; blocking).
-    pub fn last_before(&self, before_us: i64) -> Result<u64, StorageError> {
-        use redb::ReadableDatabase;
-        let txn = self.db().begin_read().map_err(StorageError::of)?;
-        compact::last_before_in(&txn, before_us)
-    }
-
-    /// The first seq after `after` of `stream` (and of `subject` when it is not empty) among
-    /// the events the index tables cover (blocking): what a cursor at `after` still needs.
-    pub fn next_of(
-        &self,
-        stream: &str,
-        subject: &str,
-        after: u64,
-    ) -> Result<Option<u64>, StorageError> {
-        use redb::ReadableDatabase;
-        let txn = self.db().begin_read().map_err(StorageError::of)?;
-        compact::next_in_index(&txn, stream, subject, after)
-    }
-
     /// The seq of the last event of `stream` with `subject` at or before `upto` (0: none): the
     /// in-memory tail first, then the merged subject index. Bounded by a head read before, the
     /// answer is that of one point of the log even while a commit lands between the reads.
@@ -601,11 +581,6 @@ impl Log {
     /// The highest committed seq (0 for an empty log).
     pub fn head(&self) -> u64 {
         *self.shared.head.borrow()
-    }
-
-    /// The first seq the log holds: 1, or the first after a compacted prefix (blocking).
-    pub fn first_seq(&self) -> Result<u64, StorageError> {
-        compact::first_seq(&self.db())
     }
 
     /// A receiver that changes on every commit; its value is the new head. A change is only a
@@ -705,19 +680,6 @@ impl Log {
         }
     }
 
-    /// One event by seq.
-    pub fn get(&self, seq: u64) -> Result<Option<Event>, ReadError> {
-        if seq == 0 || seq > self.head() {
-            return Ok(None);
-        }
-        if let Some(recent) = self.shared.recent_since(seq - 1)
-            && let Some(e) = recent.get(seq)?
-        {
-            return Ok(Some(e));
-        }
-        store::get(&self.shared.db(), seq)
-    }
-
     /// Stop taking appends, let the group being committed (and those queued) finish, have the
     /// indexer write and checkpoint everything, and wait for it. Appends made after this
     /// return `Closed`. The file is closed cleanly when the last handle is dropped.
@@ -757,5 +719,45 @@ impl Log {
         if let Some(h) = handle {
             let _ = tokio::task::spawn_blocking(move || h.join()).await;
         }
+    }
+}
+
+impl Lookups for Log {
+    /// One event by seq.
+    fn get(&self, seq: u64) -> Result<Option<Event>, ReadError> {
+        if seq == 0 || seq > self.head() {
+            return Ok(None);
+        }
+        if let Some(recent) = self.shared.recent_since(seq - 1)
+            && let Some(e) = recent.get(seq)?
+        {
+            return Ok(Some(e));
+        }
+        store::get(&self.shared.db(), seq)
+    }
+
+    /// The first seq the log holds: 1, or the first after a compacted prefix (blocking).
+    fn first_seq(&self) -> Result<u64, StorageError> {
+        compact::first_seq(&self.db())
+    }
+
+    /// The last seq whose event time is before `before_us` (0 when none; blocking).
+    fn last_before(&self, before_us: i64) -> Result<u64, StorageError> {
+        use redb::ReadableDatabase;
+        let txn = self.db().begin_read().map_err(StorageError::of)?;
+        compact::last_before_in(&txn, before_us)
+    }
+
+    /// The first seq after `after` of `stream` (and of `subject` when it is not empty) among
+    /// the events the index tables cover (blocking): what a cursor at `after` still needs.
+    fn next_of(
+        &self,
+        stream: &str,
+        subject: &str,
+        after: u64,
+    ) -> Result<Option<u64>, StorageError> {
+        use redb::ReadableDatabase;
+        let txn = self.db().begin_read().map_err(StorageError::of)?;
+        compact::next_in_index(&txn, stream, subject, after)
     }
 }

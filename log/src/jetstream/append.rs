@@ -18,6 +18,7 @@ use tokio::sync::{OwnedMutexGuard, OwnedSemaphorePermit};
 
 use super::feed::Run;
 use super::{Body, JetStreamLog, cluster_err, nats_subject};
+use crate::Lookups;
 use crate::condition::Condition;
 use crate::envelope::NewEvent;
 use crate::error::{AppendError, ReadError, StorageError};

@@ -657,6 +657,8 @@ impl crate::transfer::ImportTarget for JetStreamLog {
     }
 }
 
+crate::lookups_through!(JetStreamLog, |j| &j.inner.replica);
+
 impl EventLog for JetStreamLog {
     async fn append(&self, events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
         self.append_if(events, Condition::none()).await
@@ -674,10 +676,6 @@ impl EventLog for JetStreamLog {
         self.inner.replica.read(q)
     }
 
-    fn get(&self, seq: u64) -> Result<Option<Event>, ReadError> {
-        self.inner.replica.get(seq)
-    }
-
     fn get_by_id(&self, event_id: &str) -> Result<Option<Event>, ReadError> {
         self.inner.replica.get_by_id(event_id)
     }
@@ -692,23 +690,6 @@ impl EventLog for JetStreamLog {
 
     fn read_chunk(&self, after: u64, upto: u64, out: &mut EventChunk) -> Result<(), ReadError> {
         EventLog::read_chunk(&self.inner.replica, after, upto, out)
-    }
-
-    fn first_seq(&self) -> Result<u64, StorageError> {
-        self.inner.replica.first_seq()
-    }
-
-    fn last_before(&self, before_us: i64) -> Result<u64, StorageError> {
-        self.inner.replica.last_before(before_us)
-    }
-
-    fn next_of(
-        &self,
-        stream: &str,
-        subject: &str,
-        after: u64,
-    ) -> Result<Option<u64>, StorageError> {
-        self.inner.replica.next_of(stream, subject, after)
     }
 
     fn check_space(&self) -> Result<(), AppendError> {

@@ -7,8 +7,8 @@ use tidemark_log::{EventRef, StorageError};
 use super::keys::{due_priority_key, filter_entries, index_entries};
 use super::*;
 use crate::endpoints::{Endpoint, EndpointChange};
-use crate::framework::{Projection, Store, be_u64};
-use crate::names::{DeliveryEvent, DeliveryTransition, EventType, Stream};
+use crate::framework::{Fold, Store, be_u64};
+use crate::names::{DeliveryEvent, DeliveryTransition, EventType};
 use crate::routing::{ApiRoute, NotificationsConfig};
 
 fn add_count(st: &mut Store<'_>, key: &[u8], delta: i64) -> Result<(), StorageError> {
@@ -272,48 +272,42 @@ fn parse<'a, T: Deserialize<'a>>(ev: &EventRef<'a>) -> Result<T, StorageError> {
 
 pub struct Deliveries;
 
-impl Projection for Deliveries {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn tables(&self) -> &'static [&'static str] {
-        &[
-            ROWS,
-            TIMELINE,
-            DUE,
-            DUE_BY_PRIORITY,
-            LEASES,
-            PENDING,
-            SENT,
-            COUNTS,
-            BY_STATUS,
-            BY_TASK,
-            BY_SINK,
-            BY_ROUTE,
-            BY_RECIPIENT,
-            BY_TYPE,
-            BY_LIST,
-            BY_NOTIFICATION,
-            GROUPS,
-            SETTINGS,
-            ROUTING_INPUTS,
-            RECIPIENTS,
-            CANCELED,
-            STATE,
-            NOTIFICATIONS_CANCELED,
-            BY_SITE,
-            SITE_STATUS,
-            SITE_PENDING,
-            SITE_SENT,
-            SITE_DUE,
-            BY_CREATED,
-            ENDPOINTS,
-            ROUTE_DUE,
-            ORDER,
-        ]
-    }
-
+impl Fold for Deliveries {
+    const NAME: &'static str = NAME;
+    const TABLES: &'static [&'static str] = &[
+        ROWS,
+        TIMELINE,
+        DUE,
+        DUE_BY_PRIORITY,
+        LEASES,
+        PENDING,
+        SENT,
+        COUNTS,
+        BY_STATUS,
+        BY_TASK,
+        BY_SINK,
+        BY_ROUTE,
+        BY_RECIPIENT,
+        BY_TYPE,
+        BY_LIST,
+        BY_NOTIFICATION,
+        GROUPS,
+        SETTINGS,
+        ROUTING_INPUTS,
+        RECIPIENTS,
+        CANCELED,
+        STATE,
+        NOTIFICATIONS_CANCELED,
+        BY_SITE,
+        SITE_STATUS,
+        SITE_PENDING,
+        SITE_SENT,
+        SITE_DUE,
+        BY_CREATED,
+        ENDPOINTS,
+        ROUTE_DUE,
+        ORDER,
+    ];
     /// 2: the list-filter indexes `by_sink`, `by_route`, `by_recipient`; 3: `by_notification`;
     /// 4: the per-site indexes `by_site`, `site_status`, `site_pending`, `site_sent` (all
     /// outside the digest); 5: `site_due` (the per-site stuck count); 6: `by_created`, the
@@ -327,18 +321,14 @@ impl Projection for Deliveries {
     /// lease owner and no delivery time; 14: the ordered routes' keys (`order`, section 4);
     /// 15: the priority a `Priority` (no rank past `info` in `due_by_priority` any more).
     /// An older model is rebuilt from the log at the next open, which fills them.
-    fn version(&self) -> u32 {
-        15
-    }
+    const VERSION: u32 = 15;
 
     /// The event type is parsed once, here. A type tidemark does not define (a client's
     /// free-form type, or a reserved one only a newer version writes: a `delivery.*` type this
     /// version does not know among them), or one on another stream than its own, changes
     /// nothing in this model, deliberately.
     fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
-        let Some(ty) = EventType::parse(ev.event_type)
-            .filter(|t| Stream::parse(ev.stream) == Some(t.stream()))
-        else {
+        let Some(ty) = EventType::of(ev) else {
             return Ok(());
         };
         use EventType as T;

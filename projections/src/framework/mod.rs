@@ -124,22 +124,43 @@ pub struct Meta {
     pub digest: [u8; 32],
     /// Number of events that changed this projection.
     pub changes: u64,
-    /// [`Projection::version`] of the code that built these tables.
+    /// [`Fold::VERSION`] of the code that built these tables.
     pub version: u32,
 }
 
 /// A projection: a pure fold of events into its tables. `apply` must depend only on the
 /// event and the projection's own state: no clock, randomness or configuration (I3).
-pub trait Projection: Send + Sync + 'static {
-    fn name(&self) -> &'static str;
+pub trait Fold: Send + Sync + 'static {
+    const NAME: &'static str;
     /// Names of its tables (besides `digests`).
-    fn tables(&self) -> &'static [&'static str];
-    /// Fold one event, borrowed from the log: copy only what the model keeps.
-    fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError>;
+    const TABLES: &'static [&'static str];
     /// Bump when the stored rows or the fold change: at the next start the projection is
     /// rebuilt from the log instead of folding new events onto rows of another shape.
+    const VERSION: u32 = 1;
+    /// Fold one event, borrowed from the log: copy only what the model keeps.
+    fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError>;
+}
+
+/// A [`Fold`] as an object: what the fold runtime, the rebuilds and the snapshots hold.
+pub trait Projection: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    fn tables(&self) -> &'static [&'static str];
+    fn version(&self) -> u32;
+    fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError>;
+}
+
+impl<F: Fold> Projection for F {
+    fn name(&self) -> &'static str {
+        F::NAME
+    }
+    fn tables(&self) -> &'static [&'static str] {
+        F::TABLES
+    }
     fn version(&self) -> u32 {
-        1
+        F::VERSION
+    }
+    fn apply(&self, st: &mut Store<'_>, ev: &EventRef<'_>) -> Result<(), StorageError> {
+        Fold::apply(self, st, ev)
     }
 }
 

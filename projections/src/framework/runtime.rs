@@ -41,31 +41,9 @@ pub(crate) fn write_meta(txn: &WriteTransaction, name: &str, m: &Meta) -> Result
     Ok(())
 }
 
-/// Fold `events` into projection `p` at `generation`, advancing `meta`.
-pub(crate) fn fold_all(
-    tx: TxMut<'_>,
-    p: &dyn Projection,
-    generation: u32,
-    events: &[EventRef<'_>],
-    meta: &mut Meta,
-) -> Result<(), StorageError> {
-    fold_into(tx, p, generation, events, meta, false).map(drop)
-}
-
-/// [`fold_all`] in a redb transaction, answering (when `note_changes`) the seqs of the events
-/// that changed the model.
+/// Fold `events` into projection `p` at `generation`, advancing `meta`; answers (when
+/// `note_changes`) the seqs of the events that changed the model.
 pub(crate) fn fold_events(
-    txn: &WriteTransaction,
-    p: &dyn Projection,
-    generation: u32,
-    events: &[EventRef<'_>],
-    meta: &mut Meta,
-    note_changes: bool,
-) -> Result<Vec<u64>, StorageError> {
-    fold_into(TxMut::Redb(txn), p, generation, events, meta, note_changes)
-}
-
-fn fold_into(
     tx: TxMut<'_>,
     p: &dyn Projection,
     generation: u32,
@@ -173,7 +151,14 @@ pub fn catch_up(
             continue;
         }
         let start = events.partition_point(|e| e.seq <= meta.checkpoint);
-        fold_all(tx.reborrow(), *p, meta.generation, &events[start..], meta)?;
+        fold_events(
+            tx.reborrow(),
+            *p,
+            meta.generation,
+            &events[start..],
+            meta,
+            false,
+        )?;
         meta.checkpoint = end;
         tx.put_meta(p.name(), meta)?;
     }

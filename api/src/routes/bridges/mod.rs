@@ -19,6 +19,7 @@ use tidemark_projections::secrets;
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, Problem};
+use crate::request::Params;
 use crate::request::{
     BridgeId, PathId, SubscriptionId, TaskId, Text, Validate, ValidatedJson, invalid, path_id,
 };
@@ -120,12 +121,8 @@ pub struct SubscriptionAnswer {
     pub as_of_seq: u64,
 }
 
-type ReadAtQuery =
-    Result<axum::extract::Query<crate::routes::ReadAt>, axum::extract::rejection::QueryRejection>;
-
 /// Wait for the read models (the head at arrival, or `min_seq`): the `as_of_seq`.
-async fn as_of(st: &AppState, q: ReadAtQuery) -> Result<u64, ApiError> {
-    let axum::extract::Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
+async fn as_of(st: &AppState, q: crate::routes::ReadAt) -> Result<u64, ApiError> {
     Ok(crate::routes::read_model(&st.engine, q.seq()?, |_| Ok(()))
         .await?
         .1)
@@ -351,7 +348,7 @@ pub async fn create(
 pub async fn list(
     State(st): State<AppState>,
     PathId(task_id): PathId<TaskId>,
-    q: ReadAtQuery,
+    Params(q): Params<crate::routes::ReadAt>,
 ) -> Result<Json<SubscriptionsPage>, ApiError> {
     let as_of_seq = as_of(&st, q).await?;
     let engine = st.engine.clone();
@@ -401,7 +398,7 @@ async fn active_of_task(
 pub async fn show(
     State(st): State<AppState>,
     Path((task_id, sub_id)): Path<(String, String)>,
-    q: ReadAtQuery,
+    Params(q): Params<crate::routes::ReadAt>,
 ) -> Result<Json<SubscriptionAnswer>, ApiError> {
     let as_of_seq = as_of(&st, q).await?;
     let s = active_of_task(&st, task_id.clone(), sub_id.clone()).await?;
@@ -487,7 +484,7 @@ pub struct ExplainOut {
 pub async fn explain(
     State(st): State<AppState>,
     Path((task_id, sub_id)): Path<(String, String)>,
-    q: ReadAtQuery,
+    Params(q): Params<crate::routes::ReadAt>,
 ) -> Result<Json<ExplainOut>, ApiError> {
     let as_of_seq = as_of(&st, q).await?;
     let s = active_of_task(&st, task_id.clone(), sub_id.clone()).await?;

@@ -5,8 +5,7 @@ use std::time::Duration;
 use tidemark_engine::CommandError;
 
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -17,6 +16,7 @@ use tidemark_projections::names::{Stream, ids};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
+use crate::request::Params;
 use crate::request::{
     BridgeId, PathId, Text, Validate, ValidatedJson, check_count, check_text, path_id,
 };
@@ -53,9 +53,8 @@ pub struct PullPage {
 pub async fn pull(
     State(st): State<AppState>,
     PathId(bridge_id): PathId<BridgeId>,
-    q: Result<Query<PullQuery>, QueryRejection>,
+    Params(q): Params<PullQuery>,
 ) -> Result<Json<PullPage>, ApiError> {
-    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     let max = st.config.server.max_wait_ms;
     let wait_ms =
         match q.wait_ms.as_deref() {

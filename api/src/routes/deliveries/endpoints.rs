@@ -3,8 +3,7 @@
 //! from the log, and the operator's switch.
 
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use tidemark_engine::commands::outbox::SwitchEndpoint;
@@ -14,6 +13,7 @@ use tidemark_projections::routing::CircuitPolicy;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
+use crate::request::Params;
 use crate::request::{Reason, Text, Validate, ValidatedJson};
 use crate::routes::{ReadAt, caller, read_model};
 use crate::state::AppState;
@@ -140,9 +140,8 @@ pub struct EndpointAnswer {
 #[tracing::instrument(skip_all)]
 pub async fn endpoints(
     State(st): State<AppState>,
-    q: Result<Query<ReadAt>, QueryRejection>,
+    Params(q): Params<ReadAt>,
 ) -> Result<Json<EndpointsPage>, ApiError> {
-    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     let ((rows, settings), as_of_seq) = read_model(&st.engine, q.seq()?, |q| {
         Ok((q.endpoints()?, q.settings_in_force()?))
     })

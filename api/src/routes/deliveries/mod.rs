@@ -7,8 +7,7 @@ use crate::request::{OneOf, query_name};
 use std::collections::BTreeMap;
 
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use tidemark_log::time::{Micros, now_micros};
 use tidemark_projections::deliveries::read::{DeliveryFilter, Kpis, StuckFilter};
@@ -18,6 +17,7 @@ use tidemark_projections::routing::RoutingSettings;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
+use crate::request::Params;
 pub(crate) use crate::request::invalid;
 use crate::routes::blocking;
 use crate::routes::events::parse_limit;
@@ -418,9 +418,8 @@ pub struct DeliveriesQuery {
 #[tracing::instrument(skip_all)]
 pub async fn list(
     State(st): State<AppState>,
-    q: Result<Query<DeliveriesQuery>, QueryRejection>,
+    Params(q): Params<DeliveriesQuery>,
 ) -> Result<Json<DeliveriesPage>, ApiError> {
-    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     let status = query_name::<DeliveryStatus>("status", q.status.as_deref())?;
     let sink = q
         .sink
@@ -530,9 +529,8 @@ pub async fn list(
 pub async fn get(
     State(st): State<AppState>,
     crate::request::PathId(id): crate::request::PathId<DeliveryId>,
-    q: Result<Query<crate::routes::ReadAt>, QueryRejection>,
+    Params(q): Params<crate::routes::ReadAt>,
 ) -> Result<Json<DeliveryAnswer>, ApiError> {
-    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     let key = id.clone();
     let cut = stuck_cut(now_micros(), settings(&st).stuck_after_ms);
     let (pacer, now) = (st.engine.pacer(), st.engine.now_us());
@@ -657,9 +655,8 @@ pub(crate) async fn compute_kpis(
 #[tracing::instrument(skip_all)]
 pub async fn kpis(
     State(st): State<AppState>,
-    q: Result<Query<KpisQuery>, QueryRejection>,
+    Params(q): Params<KpisQuery>,
 ) -> Result<Json<KpisOut>, ApiError> {
-    let Query(q) = q.map_err(|r| ApiError::invalid_query(r.body_text()))?;
     let interval_s = match q.interval_s.as_deref() {
         None => 60,
         Some(v) => v

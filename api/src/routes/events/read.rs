@@ -1,8 +1,7 @@
 //! `GET /v1/events`: a page of the log after a seq, filtered, or newest first.
 
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use serde::Deserialize;
 use tidemark_engine::Engine;
 use tidemark_log::{Event, ReadPage, ReadQuery};
@@ -10,6 +9,7 @@ use utoipa::IntoParams;
 
 use super::EventsPage;
 use crate::error::{ApiError, Problem};
+use crate::request::Params;
 use crate::state::AppState;
 
 /// Filters shared by `GET /v1/events` and the SSE stream. Numbers are parsed by hand so that a
@@ -162,10 +162,6 @@ impl EventsQuery {
     }
 }
 
-pub(super) fn query_rejection(r: QueryRejection) -> ApiError {
-    ApiError::invalid_query(r.body_text())
-}
-
 pub(crate) async fn read_page(engine: &Engine, q: ReadQuery) -> Result<ReadPage, ApiError> {
     let engine = engine.clone();
     crate::routes::blocking(move || engine.read().events(&q)).await
@@ -188,9 +184,8 @@ pub(crate) async fn read_page(engine: &Engine, q: ReadQuery) -> Result<ReadPage,
 #[tracing::instrument(skip_all)]
 pub async fn list(
     State(st): State<AppState>,
-    q: Result<Query<EventsQuery>, QueryRejection>,
+    Params(q): Params<EventsQuery>,
 ) -> Result<Json<EventsPage>, ApiError> {
-    let Query(q) = q.map_err(query_rejection)?;
     let order = q.order()?;
     let rq = q.to_read(100)?;
     let before = match order {

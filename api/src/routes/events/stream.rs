@@ -4,16 +4,16 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use tidemark_log::ReadQuery;
 
-use super::read::{EventsQuery, StreamQuery, query_rejection, read_page};
+use super::read::{EventsQuery, StreamQuery, read_page};
 use crate::error::{ApiError, Problem};
+use crate::request::Params;
 use crate::state::AppState;
 
 /// The resume point of a stream: `Last-Event-ID` wins over `after_sequence`, including `0`.
@@ -53,9 +53,8 @@ pub(crate) fn resume_point(headers: &HeaderMap, query_after: u64) -> Result<u64,
 pub async fn stream(
     State(st): State<AppState>,
     headers: HeaderMap,
-    q: Result<Query<EventsQuery>, QueryRejection>,
+    Params(q): Params<EventsQuery>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = q.map_err(query_rejection)?;
     // Not documented for the stream, so the front refuses them first (`unknown_parameter`).
     if q.order.is_some() || q.before_sequence.is_some() {
         return Err(ApiError::invalid_query(

@@ -7,19 +7,12 @@ use super::*;
 #[derive(Debug, Clone)]
 pub struct Confirm(pub Vec<Confirmation>);
 
-impl Sealed for Confirm {}
 impl Command for Confirm {
     type Answer = Vec<Result<Cursor, CommandError>>;
 
-    fn name(&self) -> &'static str {
-        "bridge.confirm"
-    }
+    const NAME: &'static str = "bridge.confirm";
 
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Self::Answer>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let mut moved = HashMap::new();
         let mut events = Vec::new();
         let mut out = Vec::with_capacity(self.0.len());

@@ -7,19 +7,12 @@ use super::*;
 #[derive(Debug, Clone)]
 pub struct ConfirmOne(pub Confirmation);
 
-impl Sealed for ConfirmOne {}
 impl Command for ConfirmOne {
     type Answer = Result<Cursor, CommandError>;
 
-    fn name(&self) -> &'static str {
-        "bridge.confirm"
-    }
+    const NAME: &'static str = "bridge.confirm";
 
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Self::Answer>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let mut events = Vec::new();
         let out = confirm_item(txn, round, &self.0, &mut HashMap::new(), &mut events)?;
         Ok(Decided::new(out, events))

@@ -25,8 +25,7 @@ use tidemark_projections::names::{Stream, ids};
 use tidemark_projections::tasks;
 use tidemark_projections::tasks::Task;
 
-use super::sealed::Sealed;
-use super::{Command, Decided, Round};
+use super::{Command, DecideResult, Decided, Round};
 use crate::commands::cursors::{Advance, get_in};
 use crate::commands::outbox::bridge_confirmed;
 use tidemark_projections::ModelsTxn;

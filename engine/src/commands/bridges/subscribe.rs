@@ -9,22 +9,15 @@ pub struct Subscribe {
     pub target: Target,
 }
 
-impl Sealed for Subscribe {}
 impl Command for Subscribe {
     type Answer = Subscribed;
 
-    fn name(&self) -> &'static str {
-        "bridge.subscribe"
-    }
+    const NAME: &'static str = "bridge.subscribe";
 
     /// Create (or re-create) a subscription. Answers the row and whether it is new: an active
     /// subscription with the same target is answered as it is (`false`); another target is a
     /// conflict.
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Subscribed>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let (now_us, id, target) = (round.now_us, self.id.as_str(), &self.target);
         if let Some(cur) = row_in(txn, id)?
             && cur.active

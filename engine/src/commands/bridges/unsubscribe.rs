@@ -10,20 +10,13 @@ pub struct Unsubscribe {
     pub id: SubscriptionId,
 }
 
-impl Sealed for Unsubscribe {}
 impl Command for Unsubscribe {
     type Answer = Subscription;
 
-    fn name(&self) -> &'static str {
-        "bridge.unsubscribe"
-    }
+    const NAME: &'static str = "bridge.unsubscribe";
 
     /// Delete an active subscription of `task_id` (its cursor stays).
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Subscription>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let (now_us, task_id, id) = (round.now_us, self.task_id.as_str(), self.id.as_str());
         let mut row = row_in(txn, id)?
             .filter(|r| r.active && r.target.task_id == task_id)

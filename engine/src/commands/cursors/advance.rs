@@ -14,19 +14,12 @@ pub struct Advance {
     pub expected_sequence: Option<u64>,
 }
 
-impl Sealed for Advance {}
 impl Command for Advance {
     type Answer = Cursor;
 
-    fn name(&self) -> &'static str {
-        "cursor.advance"
-    }
+    const NAME: &'static str = "cursor.advance";
 
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Cursor>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let cur = get_in(txn, &self.consumer_id, &self.stream_name, &self.subject_id)?;
         let (cursor, events) = self.decide_on(&cur, round.now_us)?;
         Ok(Decided::new(cursor, events))

@@ -16,8 +16,7 @@ use tidemark_projections::cursors;
 use tidemark_projections::cursors::{Cursor, CursorEvent, bound_error};
 use tidemark_projections::names::{EventType, Stream};
 
-use super::sealed::Sealed;
-use super::{Command, Decided, Round};
+use super::{Command, DecideResult, Decided, Round};
 use tidemark_projections::ModelsTxn;
 
 impl Advance {

@@ -15,20 +15,13 @@ pub struct Reset {
     pub by: Option<String>,
 }
 
-impl Sealed for Reset {}
 impl Command for Reset {
     type Answer = Cursor;
 
-    fn name(&self) -> &'static str {
-        "cursor.reset"
-    }
+    const NAME: &'static str = "cursor.reset";
 
     /// Set the cursor to `to` (up or down), recorded with its reason.
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Cursor>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let (consumer_id, stream_name, subject_id) =
             (&self.consumer_id, &self.stream_name, &self.subject_id);
         if self.reason.trim().is_empty() {

@@ -16,8 +16,7 @@ use tidemark_projections::names::{
 use tidemark_projections::routing::{RouteOutcome, RoutePolicy, resolve_routes};
 
 use super::{draw, event};
-use crate::commands::sealed::Sealed;
-use crate::commands::{Command, Decided, Round};
+use crate::commands::{Command, DecideResult, Decided, Round};
 use crate::privacy::Privacy;
 use tidemark_projections::ModelsTxn;
 
@@ -128,22 +127,15 @@ pub struct Route {
     pub source: Vec<Event>,
 }
 
-impl Sealed for Route {}
 impl Command for Route {
     type Answer = usize;
 
-    fn name(&self) -> &'static str {
-        "outbox.route"
-    }
+    const NAME: &'static str = "outbox.route";
 
     /// Route notifications and apply task cancellations, for the events of `source` (in seq
     /// order) past the routing checkpoint. The checkpoint advances in the same transaction as the
     /// events, so every notification is routed exactly once, across crashes.
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<usize>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let (source, privacy) = (self.source.as_slice(), round.privacy);
         let mut st = d::View::new(txn)?;
         let routed = st.routed()?;

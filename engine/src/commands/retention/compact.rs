@@ -11,25 +11,18 @@ pub struct Compact {
     pub window_ms: u64,
 }
 
-impl Sealed for Compact {}
 impl Command for Compact {
     type Answer = CompactReport;
 
     const COMPACTION: Option<fn(&mut CompactReport) -> &mut CompactReport> = Some(the_report);
 
-    fn name(&self) -> &'static str {
-        "retention.compact"
-    }
+    const NAME: &'static str = "retention.compact";
 
     /// Decide a compaction: the cut, and — when there is something to drop — every projection's
     /// snapshot at the head, written in `txn` (the decider commits it, durably, before it asks
     /// the log to drop the events: [`crate::decider`]). The report's `removed`, `first_seq` and
     /// `more` are filled in from the log's answer.
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<CompactReport>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let before = round
             .now_us
             .saturating_sub((self.window_ms as i64).saturating_mul(1_000));

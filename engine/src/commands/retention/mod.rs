@@ -25,8 +25,7 @@ use tidemark_projections::names::{EventType, Stream, TaskStatus};
 use tidemark_projections::retention::{IDS_PER_EVENT, Purged};
 use tidemark_projections::{bridges, notifications, tasks};
 
-use super::sealed::Sealed;
-use super::{Command, Decided, Round};
+use super::{Command, DecideResult, Decided, Round};
 
 /// What one run purged.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -73,7 +72,7 @@ pub struct CompactReport {
 /// position, unless it made no progress for the window or belongs to a deleted subscription.
 fn pinned_cut(
     txn: &ModelsTxn,
-    log: &dyn super::LogReads,
+    log: &dyn tidemark_log::Lookups,
     before: i64,
     mut cut: u64,
 ) -> Result<u64, CommandError> {

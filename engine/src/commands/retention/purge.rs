@@ -13,19 +13,12 @@ pub struct Purge {
     pub by: Option<Option<String>>,
 }
 
-impl Sealed for Purge {}
 impl Command for Purge {
     type Answer = RetentionReport;
 
-    fn name(&self) -> &'static str {
-        "retention.run"
-    }
+    const NAME: &'static str = "retention.run";
 
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<RetentionReport>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let (now_us, head, privacy) = (round.now_us, round.head, round.privacy);
         let before = now_us.saturating_sub((self.window_ms as i64).saturating_mul(1_000));
         let mut rep = RetentionReport {

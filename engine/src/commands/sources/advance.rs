@@ -10,19 +10,12 @@ pub struct Advance {
     pub to: String,
 }
 
-impl Sealed for Advance {}
 impl Command for Advance {
     type Answer = SourceRow;
 
-    fn name(&self) -> &'static str {
-        "source.advance"
-    }
+    const NAME: &'static str = "source.advance";
 
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        _: &mut Round<'_>,
-    ) -> Result<Decided<SourceRow>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, _: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let Advance { name, from, to } = self;
         let row = model_row(txn, name)?;
         if row.watermark != *from {

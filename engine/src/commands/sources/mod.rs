@@ -28,8 +28,7 @@ use tidemark_projections::names::{EventType, Stream, ids};
 use tidemark_projections::sources;
 use tidemark_projections::sources::SourceRow;
 
-use super::sealed::Sealed;
-use super::{Command, Decided, Round};
+use super::{Command, DecideResult, Decided, Round};
 use tidemark_projections::ModelsTxn;
 
 /// One item of a polled page: its upstream id and the item as the source returned it.

@@ -25,19 +25,12 @@ pub struct Page {
     pub rejected: Vec<(String, String)>,
 }
 
-impl Sealed for Page {}
 impl Command for Page {
     type Answer = PageOutcome;
 
-    fn name(&self) -> &'static str {
-        "source.page"
-    }
+    const NAME: &'static str = "source.page";
 
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<PageOutcome>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let Page {
             name,
             items,

@@ -9,19 +9,12 @@ pub struct Park {
     pub error: String,
 }
 
-impl Sealed for Park {}
 impl Command for Park {
     type Answer = SourceRow;
 
-    fn name(&self) -> &'static str {
-        "source.park"
-    }
+    const NAME: &'static str = "source.park";
 
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        _: &mut Round<'_>,
-    ) -> Result<Decided<SourceRow>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, _: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let Park { name, error } = self;
         let mut row = model_row(txn, name)?;
         let ev = source_event(

@@ -10,19 +10,12 @@ pub struct Pause {
     pub reason: Option<String>,
 }
 
-impl Sealed for Pause {}
 impl Command for Pause {
     type Answer = SourceRow;
 
-    fn name(&self) -> &'static str {
-        "source.pause"
-    }
+    const NAME: &'static str = "source.pause";
 
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        _: &mut Round<'_>,
-    ) -> Result<Decided<SourceRow>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, _: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let Pause { name, by, reason } = self;
         let mut row = model_row(txn, name)?;
         if row.paused {

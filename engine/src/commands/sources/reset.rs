@@ -11,19 +11,12 @@ pub struct Reset {
     pub by: Option<String>,
 }
 
-impl Sealed for Reset {}
 impl Command for Reset {
     type Answer = SourceRow;
 
-    fn name(&self) -> &'static str {
-        "source.reset"
-    }
+    const NAME: &'static str = "source.reset";
 
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        _: &mut Round<'_>,
-    ) -> Result<Decided<SourceRow>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, _: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let Reset {
             name,
             to,

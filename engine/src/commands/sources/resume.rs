@@ -9,19 +9,12 @@ pub struct Resume {
     pub by: Option<String>,
 }
 
-impl Sealed for Resume {}
 impl Command for Resume {
     type Answer = SourceRow;
 
-    fn name(&self) -> &'static str {
-        "source.resume"
-    }
+    const NAME: &'static str = "source.resume";
 
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        _: &mut Round<'_>,
-    ) -> Result<Decided<SourceRow>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, _: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let Resume { name, by } = self;
         let mut row = model_row(txn, name)?;
         if !row.paused && !row.parked {

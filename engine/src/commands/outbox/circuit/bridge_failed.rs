@@ -14,19 +14,12 @@ pub struct BridgeFailed {
     pub was_probe: bool,
 }
 
-impl Sealed for BridgeFailed {}
 impl Command for BridgeFailed {
     type Answer = Option<EventType>;
 
-    fn name(&self) -> &'static str {
-        "bridges.failed"
-    }
+    const NAME: &'static str = "bridges.failed";
 
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Option<EventType>>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let Some(e) = bridges::View::new(txn)?.endpoint(&self.subscription_id)? else {
             return Ok(Decided::new(None, Vec::new()));
         };

@@ -27,8 +27,7 @@ use tidemark_projections::endpoints::{Endpoint, EndpointChange, delivering};
 use tidemark_projections::names::{EventType, Sink, Stream, ids};
 use tidemark_projections::routing::{CircuitPolicy, RoutingSettings};
 
-use crate::commands::sealed::Sealed;
-use crate::commands::{Command, Decided, Round};
+use crate::commands::{Command, DecideResult, Decided, Round};
 use crate::error::{CommandError, Rejection};
 use tidemark_log::StorageError;
 

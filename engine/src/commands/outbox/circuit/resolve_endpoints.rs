@@ -16,19 +16,12 @@ pub struct ResolveEndpoints {
     pub node: String,
 }
 
-impl Sealed for ResolveEndpoints {}
 impl Command for ResolveEndpoints {
     type Answer = Vec<(String, EventType)>;
 
-    fn name(&self) -> &'static str {
-        "outbox.resolve_endpoints"
-    }
+    const NAME: &'static str = "outbox.resolve_endpoints";
 
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Vec<(String, EventType)>>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let st = d::View::new(txn)?;
         let mut changed = Vec::new();
         let mut events = Vec::new();

@@ -15,19 +15,12 @@ pub struct SwitchEndpoint {
     pub by: Option<String>,
 }
 
-impl Sealed for SwitchEndpoint {}
 impl Command for SwitchEndpoint {
     type Answer = (Endpoint, CircuitPolicy);
 
-    fn name(&self) -> &'static str {
-        "outbox.switch_endpoint"
-    }
+    const NAME: &'static str = "outbox.switch_endpoint";
 
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<(Endpoint, CircuitPolicy)>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let route = self.route.as_str();
         let not_found = || {
             CommandError::rejected(

@@ -13,22 +13,15 @@ pub struct Complete {
     pub resolved_targets: Vec<Vec<String>>,
 }
 
-impl Sealed for Complete {}
 impl Command for Complete {
     type Answer = Vec<Completed>;
 
-    fn name(&self) -> &'static str {
-        "outbox.complete"
-    }
+    const NAME: &'static str = "outbox.complete";
 
     /// Complete many deliveries leased by `owner` in one command (one transaction, one fold of
     /// the read models): each item is checked on its own, and refused items change
     /// nothing while the others are recorded.
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Vec<Completed>>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let mut st = d::View::new(txn)?;
         let mut out = Vec::with_capacity(self.items.len());
         let mut events = Vec::new();

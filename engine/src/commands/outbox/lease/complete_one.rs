@@ -12,20 +12,13 @@ pub struct CompleteOne {
     pub resolved_targets: Vec<String>,
 }
 
-impl Sealed for CompleteOne {}
 impl Command for CompleteOne {
     type Answer = Completed;
 
-    fn name(&self) -> &'static str {
-        "outbox.complete"
-    }
+    const NAME: &'static str = "outbox.complete";
 
     /// Complete one delivery leased by `owner` ([`Complete`] of one item).
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Completed>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let mut st = d::View::new(txn)?;
         let mut events = Vec::new();
         let done = complete_item(

@@ -8,21 +8,14 @@ pub struct ExpireLeases {
     pub max: usize,
 }
 
-impl Sealed for ExpireLeases {}
 impl Command for ExpireLeases {
     type Answer = usize;
 
-    fn name(&self) -> &'static str {
-        "outbox.expire_leases"
-    }
+    const NAME: &'static str = "outbox.expire_leases";
 
     /// Release leases that expired by `now_us` (at most `max`): the periodic tick and the one at
     /// start-up. Answers how many.
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<usize>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let (now_us, max, privacy) = (round.now_us, self.max, round.privacy);
         let mut st = d::View::new(txn)?;
         let mut settings = None;

@@ -10,20 +10,13 @@ pub struct Extend {
     pub lease_ms: u64,
 }
 
-impl Sealed for Extend {}
 impl Command for Extend {
     type Answer = Delivery;
 
-    fn name(&self) -> &'static str {
-        "outbox.extend"
-    }
+    const NAME: &'static str = "outbox.extend";
 
     /// The lease owner extends its lease (heartbeat); an expired lease cannot be extended.
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Delivery>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let (now_us, owner, lease_ms) = (round.now_us, self.owner.as_str(), self.lease_ms);
         let id = self.id.as_str();
         let st = d::View::new(txn)?;

@@ -10,21 +10,14 @@ pub struct Fail {
     pub failure: Failure,
 }
 
-impl Sealed for Fail {}
 impl Command for Fail {
     type Answer = Delivery;
 
-    fn name(&self) -> &'static str {
-        "outbox.fail"
-    }
+    const NAME: &'static str = "outbox.fail";
 
     /// The lease owner reports a failed attempt: retry_wait with backoff, or parked when it is
     /// permanent or the last attempt.
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Delivery>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let (now_us, owner, f, privacy) = (
             round.now_us,
             self.owner.as_str(),

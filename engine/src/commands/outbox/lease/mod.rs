@@ -35,8 +35,7 @@ use tidemark_projections::routing::RoutingSettings;
 
 use super::route::quiet_end;
 use super::{circuit, draw, event, recipient_of};
-use crate::commands::sealed::Sealed;
-use crate::commands::{Command, Decided, Round};
+use crate::commands::{Command, DecideResult, Decided, Round};
 use crate::privacy::Privacy;
 use std::collections::HashSet;
 use tidemark_projections::ModelsTxn;
@@ -136,74 +135,89 @@ fn owned_lease(
     Ok(row)
 }
 
-/// Lease due delivery `id` to `owner`, or record why it is not leased (its expired lease
-/// parked it, a hold moved it, its recipient is suppressed now); `None` when it is not.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one lease's decision: the claim's inputs, passed on from its loop"
-)]
-fn take(
-    st: &mut d::View<'_>,
-    round: &crate::commands::Round<'_>,
-    id: &str,
+/// One claim's inputs, and what it has leased and recorded so far.
+struct Lease<'a> {
     now_us: i64,
-    settings: &RoutingSettings,
-    privacy: Option<&Privacy>,
-    owner: &str,
+    settings: RoutingSettings,
+    privacy: Option<&'a Privacy>,
+    owner: &'a str,
     lease_ms: u64,
     share: tidemark_log::Share,
-    events: &mut Vec<NewEvent>,
-) -> Result<Option<Delivery>, CommandError> {
-    // A claim earlier in the same round took it (or another command of the round records
-    // something of it): left to the next round.
-    if round.touches(Stream::Deliveries.as_str(), id) {
-        return Ok(None);
-    }
-    let Some(mut row) = st.row(id)? else {
-        return Ok(None);
-    };
-    // Not the first of its key in its route's order (section 4): it waits (the claim's
-    // indexes leave it out; a probe's does not).
-    if st.order_waits(&row)?.is_some() {
-        return Ok(None);
-    }
-    if row.status == S::Leased {
-        let c = expiry(&row, now_us);
-        transition(&mut row, T::LeaseExpired, &c, 0);
-        events.push(event(T::LeaseExpired, id, &c)?);
-        if row.status == S::Parked {
-            hold(st, &mut row, now_us, settings, privacy, events)?;
+    leased: Vec<Delivery>,
+    events: Vec<NewEvent>,
+}
+
+impl Lease<'_> {
+    /// Lease due delivery `id` to the owner, or record why it is not leased (its expired
+    /// lease parked it, a hold moved it, its recipient is suppressed now); `None` when it is
+    /// not.
+    fn take(
+        &mut self,
+        st: &mut d::View<'_>,
+        round: &crate::commands::Round<'_>,
+        id: &str,
+    ) -> Result<Option<Delivery>, CommandError> {
+        let Lease {
+            now_us,
+            ref settings,
+            privacy,
+            owner,
+            lease_ms,
+            share,
+            ref mut events,
+            ..
+        } = *self;
+        // A claim earlier in the same round took it (or another command of the round records
+        // something of it): left to the next round.
+        if round.touches(Stream::Deliveries.as_str(), id) {
             return Ok(None);
         }
-    }
-    if hold(st, &mut row, now_us, settings, privacy, events)? {
-        return Ok(None);
-    }
-    if recipient_of(st, &row, privacy)?.suppressed_at(now_us) {
+        let Some(mut row) = st.row(id)? else {
+            return Ok(None);
+        };
+        // Not the first of its key in its route's order (section 4): it waits (the claim's
+        // indexes leave it out; a probe's does not).
+        if st.order_waits(&row)?.is_some() {
+            return Ok(None);
+        }
+        if row.status == S::Leased {
+            let c = expiry(&row, now_us);
+            transition(&mut row, T::LeaseExpired, &c, 0);
+            events.push(event(T::LeaseExpired, id, &c)?);
+            if row.status == S::Parked {
+                hold(st, &mut row, now_us, settings, privacy, events)?;
+                return Ok(None);
+            }
+        }
+        if hold(st, &mut row, now_us, settings, privacy, events)? {
+            return Ok(None);
+        }
+        if recipient_of(st, &row, privacy)?.suppressed_at(now_us) {
+            let c = Change {
+                at_us: now_us,
+                reason: Some("suppressed".into()),
+                ..Change::default()
+            };
+            events.push(event(T::Skipped, id, &c)?);
+            return Ok(None);
+        }
+        // Its route's pace (section 4): beyond it, it stays due and spends no attempt.
+        if let Some(rate) = settings.rate_of(&row.route)
+            && !round.pacer.admit(&row.route, row.sink, rate, share, now_us)
+        {
+            return Ok(None);
+        }
         let c = Change {
             at_us: now_us,
-            reason: Some("suppressed".into()),
+            owner: Some(owner.to_owned()),
+            attempt: Some(row.attempts + 1),
+            lease_expires_at_us: Some(now_us.saturating_add(lease_ms as i64 * 1_000)),
             ..Change::default()
         };
-        events.push(event(T::Skipped, id, &c)?);
-        return Ok(None);
+        transition(&mut row, T::Leased, &c, 0);
+        events.push(event(T::Leased, id, &c)?);
+        Ok(Some(row))
     }
-    // Its route's pace (section 4): beyond it, it stays due and spends no attempt.
-    if let Some(rate) = settings.rate_of(&row.route)
-        && !round.pacer.admit(&row.route, row.sink, rate, share, now_us)
-    {
-        return Ok(None);
-    }
-    let c = Change {
-        at_us: now_us,
-        owner: Some(owner.to_owned()),
-        attempt: Some(row.attempts + 1),
-        lease_expires_at_us: Some(now_us.saturating_add(lease_ms as i64 * 1_000)),
-        ..Change::default()
-    };
-    transition(&mut row, T::Leased, &c, 0);
-    events.push(event(T::Leased, id, &c)?);
-    Ok(Some(row))
 }
 
 /// A lease's expiry: back to queued, or parked when it used the last attempt.

@@ -13,21 +13,14 @@ pub struct Operator {
     pub reason: Option<String>,
 }
 
-impl Sealed for Operator {}
 impl Command for Operator {
     type Answer = Delivery;
 
-    fn name(&self) -> &'static str {
-        "outbox.operator"
-    }
+    const NAME: &'static str = "outbox.operator";
 
     /// Operator action on a parked delivery: `retried` (back to queued with attempts 0) or
     /// `discarded`.
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<Delivery>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let (now_us, action, by, reason) = (
             round.now_us,
             self.action,

@@ -15,19 +15,12 @@ pub struct Recover {
     pub by: Option<String>,
 }
 
-impl Sealed for Recover {}
 impl Command for Recover {
     type Answer = usize;
 
-    fn name(&self) -> &'static str {
-        "outbox.recover"
-    }
+    const NAME: &'static str = "outbox.recover";
 
-    fn decide(
-        &self,
-        txn: &ModelsTxn,
-        round: &mut Round<'_>,
-    ) -> Result<Decided<usize>, CommandError> {
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let st = d::View::new(txn)?;
         let rows = st.parked_of_route(&self.route, self.since_us, RECOVER_MAX)?;
         let c = Change {
