@@ -76,35 +76,38 @@ const PRINTABLE_OR_EMPTY: &str = "^[^\\x00-\\x1F\\x7F-\\x9F]*$";
 /// characters (`request::PathId`, `request::path_id`; anything else is `400 invalid_path`).
 fn path_parameters(doc: &mut OpenApi) {
     use utoipa::openapi::path::ParameterIn;
-    for item in doc.paths.paths.values_mut() {
-        for op in [
-            &mut item.get,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.put,
-            &mut item.patch,
-        ]
-        .into_iter()
-        .flatten()
-        {
-            for p in op.parameters.iter_mut().flatten() {
-                if matches!(p.parameter_in, ParameterIn::Path) {
-                    p.schema = Some(printable_string(1, 128).into());
-                }
+    for (_, op) in operations(doc) {
+        for p in op.parameters.iter_mut().flatten() {
+            if matches!(p.parameter_in, ParameterIn::Path) {
+                p.schema = Some(printable_string(1, 128).into());
             }
         }
     }
 }
 
+/// Every operation of `doc`, with its path.
+pub(crate) fn operations(
+    doc: &mut OpenApi,
+) -> impl Iterator<Item = (&str, &mut utoipa::openapi::path::Operation)> {
+    doc.paths.paths.iter_mut().flat_map(|(path, i)| {
+        [
+            &mut i.get,
+            &mut i.put,
+            &mut i.post,
+            &mut i.delete,
+            &mut i.patch,
+        ]
+        .into_iter()
+        .flatten()
+        .map(move |op| (path.as_str(), op))
+    })
+}
+
 /// `wait_ms` is bounded by `server.max_wait_ms` of this server's configuration.
 fn wait_bound(doc: &mut OpenApi, max_wait_ms: u64) {
     use utoipa::openapi::schema::{ObjectBuilder, Type};
-    for item in doc.paths.paths.values_mut() {
-        for p in item
-            .get
-            .iter_mut()
-            .flat_map(|op| op.parameters.iter_mut().flatten())
-        {
+    for (_, op) in operations(doc) {
+        for p in op.parameters.iter_mut().flatten() {
             if p.name == "wait_ms" {
                 p.schema = Some(
                     ObjectBuilder::new()
@@ -118,249 +121,36 @@ fn wait_bound(doc: &mut OpenApi, max_wait_ms: u64) {
     }
 }
 
-/// One link: from an operation's answer to the next operation.
-struct LinkSpec {
-    from: &'static str,
-    status: &'static str,
-    name: &'static str,
-    to: &'static str,
-    params: &'static [(&'static str, &'static str)],
-    body: Option<&'static str>,
-}
-
-const fn link(
-    (from, status, name, to): (&'static str, &'static str, &'static str, &'static str),
-    params: &'static [(&'static str, &'static str)],
-    body: Option<&'static str>,
-) -> LinkSpec {
-    LinkSpec {
-        from,
-        status,
-        name,
-        to,
-        params,
-        body,
-    }
-}
-
 /// The create→get/act chains of the API as OpenAPI `links`: what a client (or a stateful
-/// fuzzer) does next with an answer. Parameters and bodies are runtime expressions over the answer and request.
-const LINKS: &[LinkSpec] = &[
-    link(
-        (
-            "createBridgeSubscription",
-            "201",
-            "GetSubscription",
-            "getBridgeSubscription",
-        ),
-        &[
-            ("id", "$request.path.id"),
-            ("subscription_id", "$response.body#/subscription_id"),
-        ],
-        None,
-    ),
-    link(
-        (
-            "createBridgeSubscription",
-            "201",
-            "ExplainSubscription",
-            "explainBridgeSubscription",
-        ),
-        &[
-            ("id", "$request.path.id"),
-            ("subscription_id", "$response.body#/subscription_id"),
-        ],
-        None,
-    ),
-    link(
-        (
-            "createBridgeSubscription",
-            "201",
-            "DeleteSubscription",
-            "deleteBridgeSubscription",
-        ),
-        &[
-            ("id", "$request.path.id"),
-            ("subscription_id", "$response.body#/subscription_id"),
-        ],
-        None,
-    ),
-    link(
-        (
-            "createBridgeSubscription",
-            "201",
-            "PullDeliveries",
-            "pullBridgeDeliveries",
-        ),
-        &[("bridge_id", "$response.body#/bridge_id")],
-        None,
-    ),
-    link(
-        (
-            "createBridgeSubscription",
-            "200",
-            "GetSubscription",
-            "getBridgeSubscription",
-        ),
-        &[
-            ("id", "$request.path.id"),
-            ("subscription_id", "$response.body#/subscription_id"),
-        ],
-        None,
-    ),
-    link(
-        (
-            "listBridgeSubscriptions",
-            "200",
-            "GetSubscription",
-            "getBridgeSubscription",
-        ),
-        &[
-            ("id", "$request.path.id"),
-            (
-                "subscription_id",
-                "$response.body#/subscriptions/0/subscription_id",
-            ),
-        ],
-        None,
-    ),
-    link(
-        (
-            "pullBridgeDeliveries",
-            "200",
-            "AckDelivery",
-            "ackBridgeDelivery",
-        ),
-        &[
-            ("bridge_id", "$request.path.bridge_id"),
-            ("delivery_id", "$response.body#/deliveries/0/delivery_id"),
-        ],
-        None,
-    ),
-    link(
-        (
-            "pullBridgeDeliveries",
-            "200",
-            "NackDelivery",
-            "nackBridgeDelivery",
-        ),
-        &[
-            ("bridge_id", "$request.path.bridge_id"),
-            ("delivery_id", "$response.body#/deliveries/0/delivery_id"),
-        ],
-        None,
-    ),
-    link(
-        (
-            "claimDeliveries",
-            "200",
-            "CompleteDelivery",
-            "completeDelivery",
-        ),
-        &[("id", "$response.body#/deliveries/0/id")],
-        Some(r#"{"owner": "$request.body#/owner"}"#),
-    ),
-    link(
-        ("claimDeliveries", "200", "FailDelivery", "failDelivery"),
-        &[("id", "$response.body#/deliveries/0/id")],
-        Some(r#"{"owner": "$request.body#/owner", "error_code": "fuzz", "retryable": false}"#),
-    ),
-    link(
-        (
-            "claimDeliveries",
-            "200",
-            "ExtendDeliveryLease",
-            "extendDeliveryLease",
-        ),
-        &[("id", "$response.body#/deliveries/0/id")],
-        Some(r#"{"owner": "$request.body#/owner"}"#),
-    ),
-    link(
-        ("claimDeliveries", "200", "GetDelivery", "getDelivery"),
-        &[("id", "$response.body#/deliveries/0/id")],
-        None,
-    ),
-    link(
-        ("listDeliveries", "200", "GetDelivery", "getDelivery"),
-        &[("id", "$response.body#/deliveries/0/id")],
-        None,
-    ),
-    link(
-        ("listDeliveries", "200", "RetryDelivery", "retryDelivery"),
-        &[("id", "$response.body#/deliveries/0/id")],
-        None,
-    ),
-    link(
-        (
-            "listDeliveries",
-            "200",
-            "DiscardDelivery",
-            "discardDelivery",
-        ),
-        &[("id", "$response.body#/deliveries/0/id")],
-        None,
-    ),
-    link(
-        ("failDelivery", "200", "RetryDelivery", "retryDelivery"),
-        &[("id", "$request.path.id")],
-        None,
-    ),
-    link(
-        ("listTasks", "200", "GetTask", "getTask"),
-        &[("id", "$response.body#/tasks/0/task_id")],
-        None,
-    ),
-    link(
-        (
-            "listTasks",
-            "200",
-            "ListSubscriptions",
-            "listBridgeSubscriptions",
-        ),
-        &[("id", "$response.body#/tasks/0/task_id")],
-        None,
-    ),
-    link(
-        (
-            "listNotifications",
-            "200",
-            "GetNotificationStatus",
-            "getNotificationStatus",
-        ),
-        &[("id", "$response.body#/notifications/0/notification_id")],
-        None,
-    ),
-    link(
-        ("listSources", "200", "GetSource", "getSource"),
-        &[("name", "$response.body#/sources/0/name")],
-        None,
-    ),
-    link(
-        ("listSources", "200", "PollSource", "pollSource"),
-        &[("name", "$response.body#/sources/0/name")],
-        None,
-    ),
-    link(
-        (
-            "listProjections",
-            "200",
-            "VerifyProjection",
-            "verifyProjection",
-        ),
-        &[("name", "$response.body#/projections/0/name")],
-        None,
-    ),
-    link(
-        (
-            "listProjections",
-            "200",
-            "RebuildProjection",
-            "rebuildProjection",
-        ),
-        &[("name", "$response.body#/projections/0/name")],
-        None,
-    ),
-];
+/// fuzzer) does next with an answer. One link a line: the operation and status it is on, its
+/// name, the operation it leads to, then `parameter=expression` pairs and, last, `body=` and
+/// the next call's body as JSON; expressions are runtime expressions over the answer and the
+/// request.
+const LINKS: &str = r##"
+createBridgeSubscription 201 GetSubscription getBridgeSubscription id=$request.path.id subscription_id=$response.body#/subscription_id
+createBridgeSubscription 201 ExplainSubscription explainBridgeSubscription id=$request.path.id subscription_id=$response.body#/subscription_id
+createBridgeSubscription 201 DeleteSubscription deleteBridgeSubscription id=$request.path.id subscription_id=$response.body#/subscription_id
+createBridgeSubscription 201 PullDeliveries pullBridgeDeliveries bridge_id=$response.body#/bridge_id
+createBridgeSubscription 200 GetSubscription getBridgeSubscription id=$request.path.id subscription_id=$response.body#/subscription_id
+listBridgeSubscriptions 200 GetSubscription getBridgeSubscription id=$request.path.id subscription_id=$response.body#/subscriptions/0/subscription_id
+pullBridgeDeliveries 200 AckDelivery ackBridgeDelivery bridge_id=$request.path.bridge_id delivery_id=$response.body#/deliveries/0/delivery_id
+pullBridgeDeliveries 200 NackDelivery nackBridgeDelivery bridge_id=$request.path.bridge_id delivery_id=$response.body#/deliveries/0/delivery_id
+claimDeliveries 200 CompleteDelivery completeDelivery id=$response.body#/deliveries/0/id body={"owner": "$request.body#/owner"}
+claimDeliveries 200 FailDelivery failDelivery id=$response.body#/deliveries/0/id body={"owner": "$request.body#/owner", "error_code": "fuzz", "retryable": false}
+claimDeliveries 200 ExtendDeliveryLease extendDeliveryLease id=$response.body#/deliveries/0/id body={"owner": "$request.body#/owner"}
+claimDeliveries 200 GetDelivery getDelivery id=$response.body#/deliveries/0/id
+listDeliveries 200 GetDelivery getDelivery id=$response.body#/deliveries/0/id
+listDeliveries 200 RetryDelivery retryDelivery id=$response.body#/deliveries/0/id
+listDeliveries 200 DiscardDelivery discardDelivery id=$response.body#/deliveries/0/id
+failDelivery 200 RetryDelivery retryDelivery id=$request.path.id
+listTasks 200 GetTask getTask id=$response.body#/tasks/0/task_id
+listTasks 200 ListSubscriptions listBridgeSubscriptions id=$response.body#/tasks/0/task_id
+listNotifications 200 GetNotificationStatus getNotificationStatus id=$response.body#/notifications/0/notification_id
+listSources 200 GetSource getSource name=$response.body#/sources/0/name
+listSources 200 PollSource pollSource name=$response.body#/sources/0/name
+listProjections 200 VerifyProjection verifyProjection name=$response.body#/projections/0/name
+listProjections 200 RebuildProjection rebuildProjection name=$response.body#/projections/0/name
+"##;
 
 /// utoipa 5.5 writes a link's `operationId` and `requestBody` as `operation_id` and
 /// `request_body`, which OpenAPI readers do not know: rename them in the served document.
@@ -440,41 +230,33 @@ fn plain_inline_schemas(v: &mut serde_json::Value) {
 fn links(doc: &mut OpenApi) {
     use utoipa::openapi::RefOr;
     use utoipa::openapi::link::LinkBuilder;
-    for LinkSpec {
-        from,
-        status,
-        name,
-        to,
-        params,
-        body,
-    } in LINKS
-    {
-        let mut link = LinkBuilder::new().operation_id(*to);
-        for (p, expr) in *params {
-            link = link.parameter(*p, *expr);
+    for line in LINKS.lines().filter(|l| !l.is_empty()) {
+        let (line, body) = line
+            .split_once(" body=")
+            .map_or((line, None), |(l, b)| (l, Some(b)));
+        let mut words = line.split(' ');
+        let mut next = || {
+            words
+                .next()
+                .expect("a link names from, status, name and to")
+        };
+        let (from, status, name, to) = (next(), next(), next(), next());
+        let mut link = LinkBuilder::new().operation_id(to);
+        for (p, expr) in words.filter_map(|w| w.split_once('=')) {
+            link = link.parameter(p, expr);
         }
         if let Some(b) = body {
             let v: serde_json::Value = serde_json::from_str(b).expect("a link body is JSON");
             link = link.request_body(Some(v));
         }
-        let op = doc
-            .paths
-            .paths
-            .values_mut()
-            .flat_map(|i| {
-                [&mut i.get, &mut i.post, &mut i.delete]
-                    .into_iter()
-                    .flatten()
-            })
-            .find(|op| op.operation_id.as_deref() == Some(*from));
-        let Some(op) = op else {
+        let op = operations(doc).find(|(_, op)| op.operation_id.as_deref() == Some(from));
+        let Some((_, op)) = op else {
             panic!("link {name}: no operation {from}");
         };
-        let Some(RefOr::T(resp)) = op.responses.responses.get_mut(*status) else {
+        let Some(RefOr::T(resp)) = op.responses.responses.get_mut(status) else {
             panic!("link {name}: {from} documents no {status}");
         };
-        resp.links
-            .insert((*name).to_owned(), RefOr::T(link.build()));
+        resp.links.insert(name.to_owned(), RefOr::T(link.build()));
     }
 }
 
@@ -558,51 +340,40 @@ fn common_answers(doc: &mut OpenApi) {
             )
             .build()
     };
-    for (path, item) in &mut doc.paths.paths {
-        for op in [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.patch,
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let mut codes: Vec<(&str, &str)> = vec![
+    for (path, op) in operations(doc) {
+        let mut codes: Vec<(&str, &str)> = vec![
+            (
+                "400",
+                "Malformed request: a bad or unknown query parameter or header",
+            ),
+            ("503", "Shutting down, or the storage is unavailable"),
+        ];
+        if op.request_body.is_some() {
+            codes.extend([
+                ("413", "The body is larger than server.max_body_bytes"),
+                ("415", "The body is not Content-Type: application/json"),
+                ("422", "A field of the body is invalid"),
+            ]);
+        }
+        let secured = op.security.as_ref().is_some_and(|s| !s.is_empty());
+        if secured {
+            codes.extend([
                 (
-                    "400",
-                    "Malformed request: a bad or unknown query parameter or header",
+                    "401",
+                    "No token, or not a valid one (WWW-Authenticate: Bearer)",
                 ),
-                ("503", "Shutting down, or the storage is unavailable"),
-            ];
-            if op.request_body.is_some() {
-                codes.extend([
-                    ("413", "The body is larger than server.max_body_bytes"),
-                    ("415", "The body is not Content-Type: application/json"),
-                    ("422", "A field of the body is invalid"),
-                ]);
-            }
-            let secured = op.security.as_ref().is_some_and(|s| !s.is_empty());
-            if secured {
-                codes.extend([
-                    (
-                        "401",
-                        "No token, or not a valid one (WWW-Authenticate: Bearer)",
-                    ),
-                    ("403", "The token lacks the scope this operation needs"),
-                    ("429", "The token's rate limit is spent (Retry-After)"),
-                ]);
-            }
-            if path.contains('{') {
-                codes.push(("404", "No such resource"));
-            }
-            for (code, what) in codes {
-                op.responses
-                    .responses
-                    .entry(code.to_owned())
-                    .or_insert_with(|| problem(what).into());
-            }
+                ("403", "The token lacks the scope this operation needs"),
+                ("429", "The token's rate limit is spent (Retry-After)"),
+            ]);
+        }
+        if path.contains('{') {
+            codes.push(("404", "No such resource"));
+        }
+        for (code, what) in codes {
+            op.responses
+                .responses
+                .entry(code.to_owned())
+                .or_insert_with(|| problem(what).into());
         }
     }
 }

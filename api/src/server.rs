@@ -90,22 +90,11 @@ fn scoped(mut router: OpenApiRouter<AppState>, scope: Scope) -> OpenApiRouter<Ap
 
 /// Set every operation's `security` to the bearer scheme with `scopes` (none: any token).
 fn require_in_doc(doc: &mut utoipa::openapi::OpenApi, scopes: &[&str]) {
-    for item in doc.paths.paths.values_mut() {
-        for op in [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.patch,
-        ]
-        .into_iter()
-        .flatten()
-        {
-            op.security = Some(vec![SecurityRequirement::new(
-                "bearer",
-                scopes.iter().copied(),
-            )]);
-        }
+    for (_, op) in crate::openapi::operations(doc) {
+        op.security = Some(vec![SecurityRequirement::new(
+            "bearer",
+            scopes.iter().copied(),
+        )]);
     }
 }
 

@@ -130,22 +130,21 @@ fn log_event(ev: &Event) {
                     seq,
                     "endpoint resolved: its deliveries flow again"
                 ),
-                EventType::EndpointDisabled => tracing::info!(
-                    target: "tidemark::endpoints",
-                    endpoint,
-                    by = c.by.as_deref().unwrap_or(""),
-                    reason = %cause(c.reason.as_deref()),
-                    seq,
-                    "endpoint disabled by an operator: its deliveries wait"
-                ),
-                _ => tracing::info!(
-                    target: "tidemark::endpoints",
-                    endpoint,
-                    by = c.by.as_deref().unwrap_or(""),
-                    reason = %cause(c.reason.as_deref()),
-                    seq,
-                    "endpoint enabled by an operator"
-                ),
+                _ => {
+                    let what = if ty == EventType::EndpointDisabled {
+                        "endpoint disabled by an operator: its deliveries wait"
+                    } else {
+                        "endpoint enabled by an operator"
+                    };
+                    tracing::info!(
+                        target: "tidemark::endpoints",
+                        endpoint,
+                        by = c.by.as_deref().unwrap_or(""),
+                        reason = %cause(c.reason.as_deref()),
+                        seq,
+                        "{what}"
+                    );
+                }
             }
         }
         EventType::SourceParked => {

@@ -137,43 +137,39 @@ async fn run(st: AppState, name: String, swap: bool) -> Result<Json<RebuildOut>,
     Ok(Json(report.into()))
 }
 
-/// Rebuild a projection from the log and switch to it once caught up.
-#[utoipa::path(
-    post, path = "/v1/admin/projections/{name}/rebuild", operation_id = "rebuildProjection", tag = "admin",
-    params(("name" = String, Path, description = "tasks, notifications or settings")),
-    responses(
-        (status = 200, body = RebuildOut),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Already rebuilding", body = Problem, content_type = "application/problem+json"),
-    ),
-    security(("bearer" = ["operator"]))
-)]
-#[tracing::instrument(skip_all, fields(projection = %name))]
-pub async fn rebuild_one(
-    State(st): State<AppState>,
-    Path(name): Path<String>,
-) -> Result<Json<RebuildOut>, ApiError> {
-    run(st, name, true).await
+/// `POST /v1/admin/projections/{name}/rebuild` and `…/verify`: one path parameter, one
+/// answer; `swap` tells them apart.
+macro_rules! rebuild_handler {
+    ($(#[doc = $doc:literal])* $name:ident, $path:literal, $operation:literal, swap: $swap:literal) => {
+        $(#[doc = $doc])*
+        #[utoipa::path(
+            post, path = $path, operation_id = $operation, tag = "admin",
+            params(("name" = String, Path, description = "tasks, notifications or settings")),
+            responses(
+                (status = 200, body = RebuildOut),
+                (status = 404, body = Problem, content_type = "application/problem+json"),
+                (status = 409, description = "Already rebuilding", body = Problem, content_type = "application/problem+json"),
+            ),
+            security(("bearer" = ["operator"]))
+        )]
+        #[tracing::instrument(skip_all, fields(projection = %name))]
+        pub async fn $name(
+            State(st): State<AppState>,
+            Path(name): Path<String>,
+        ) -> Result<Json<RebuildOut>, ApiError> {
+            run(st, name, $swap).await
+        }
+    };
 }
 
-/// Rebuild a projection into scratch tables and compare with the live model, without switching.
-#[utoipa::path(
-    post, path = "/v1/admin/projections/{name}/verify", operation_id = "verifyProjection", tag = "admin",
-    params(("name" = String, Path, description = "tasks, notifications or settings")),
-    responses(
-        (status = 200, body = RebuildOut),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Already rebuilding", body = Problem, content_type = "application/problem+json"),
-    ),
-    security(("bearer" = ["operator"]))
-)]
-#[tracing::instrument(skip_all, fields(projection = %name))]
-pub async fn verify_one(
-    State(st): State<AppState>,
-    Path(name): Path<String>,
-) -> Result<Json<RebuildOut>, ApiError> {
-    run(st, name, false).await
-}
+rebuild_handler!(
+    /// Rebuild a projection from the log and switch to it once caught up.
+    rebuild_one, "/v1/admin/projections/{name}/rebuild", "rebuildProjection", swap: true
+);
+rebuild_handler!(
+    /// Rebuild a projection into scratch tables and compare with the live model, without switching.
+    verify_one, "/v1/admin/projections/{name}/verify", "verifyProjection", swap: false
+);
 
 /// What a retention run purged (spec section 13).
 #[derive(Debug, Serialize, ToSchema)]

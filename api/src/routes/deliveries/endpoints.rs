@@ -241,49 +241,41 @@ async fn switch(
     }))
 }
 
-/// Operator: disable an endpoint (a route's, or `bridge:<subscription_id>`; recorded as
-/// `endpoint.disabled` with the reason and `by`): its deliveries wait, spending no attempt,
-/// until it is enabled.
-#[utoipa::path(
-    post, path = "/v1/outbox/endpoints/{route}/disable", operation_id = "disableEndpoint", tag = "deliveries",
-    params(EndpointRoute),
-    request_body(content = SwitchBody, content_type = "application/json"),
-    responses(
-        (status = 200, body = EndpointAnswer),
-        (status = 404, description = "endpoint_not_found", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "reason_required or invalid_route", body = Problem, content_type = "application/problem+json"),
-    ),
-    security(("bearer" = ["operator"]))
-)]
-#[tracing::instrument(skip_all)]
-pub async fn disable_endpoint(
-    State(st): State<AppState>,
-    EndpointPath(route): EndpointPath,
-    headers: HeaderMap,
-    ValidatedJson(b): ValidatedJson<SwitchBody>,
-) -> Result<Json<EndpointAnswer>, ApiError> {
-    switch(st, route, headers, b, false).await
+/// `POST /v1/outbox/endpoints/{route}/disable` and `…/enable`: a route, a body with the reason.
+macro_rules! switch_handler {
+    ($(#[doc = $doc:literal])* $name:ident, $path:literal, $operation:literal, enable: $enable:literal) => {
+        $(#[doc = $doc])*
+        #[utoipa::path(
+            post, path = $path, operation_id = $operation, tag = "deliveries",
+            params(EndpointRoute),
+            request_body(content = SwitchBody, content_type = "application/json"),
+            responses(
+                (status = 200, body = EndpointAnswer),
+                (status = 404, description = "endpoint_not_found", body = Problem, content_type = "application/problem+json"),
+                (status = 422, description = "reason_required or invalid_route", body = Problem, content_type = "application/problem+json"),
+            ),
+            security(("bearer" = ["operator"]))
+        )]
+        #[tracing::instrument(skip_all)]
+        pub async fn $name(
+            State(st): State<AppState>,
+            EndpointPath(route): EndpointPath,
+            headers: HeaderMap,
+            ValidatedJson(b): ValidatedJson<SwitchBody>,
+        ) -> Result<Json<EndpointAnswer>, ApiError> {
+            switch(st, route, headers, b, $enable).await
+        }
+    };
 }
 
-/// Operator: enable a delivering route's endpoint (`endpoint.enabled`, with the reason and
-/// `by`): its deliveries go again, and an open circuit closes.
-#[utoipa::path(
-    post, path = "/v1/outbox/endpoints/{route}/enable", operation_id = "enableEndpoint", tag = "deliveries",
-    params(EndpointRoute),
-    request_body(content = SwitchBody, content_type = "application/json"),
-    responses(
-        (status = 200, body = EndpointAnswer),
-        (status = 404, description = "endpoint_not_found", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "reason_required or invalid_route", body = Problem, content_type = "application/problem+json"),
-    ),
-    security(("bearer" = ["operator"]))
-)]
-#[tracing::instrument(skip_all)]
-pub async fn enable_endpoint(
-    State(st): State<AppState>,
-    EndpointPath(route): EndpointPath,
-    headers: HeaderMap,
-    ValidatedJson(b): ValidatedJson<SwitchBody>,
-) -> Result<Json<EndpointAnswer>, ApiError> {
-    switch(st, route, headers, b, true).await
-}
+switch_handler!(
+    /// Operator: disable an endpoint (a route's, or `bridge:<subscription_id>`; recorded as
+    /// `endpoint.disabled` with the reason and `by`): its deliveries wait, spending no attempt,
+    /// until it is enabled.
+    disable_endpoint, "/v1/outbox/endpoints/{route}/disable", "disableEndpoint", enable: false
+);
+switch_handler!(
+    /// Operator: enable a delivering route's endpoint (`endpoint.enabled`, with the reason and
+    /// `by`): its deliveries go again, and an open circuit closes.
+    enable_endpoint, "/v1/outbox/endpoints/{route}/enable", "enableEndpoint", enable: true
+);

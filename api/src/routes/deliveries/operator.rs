@@ -54,63 +54,42 @@ async fn operator_action(
     Ok(Json(row.into()))
 }
 
-/// Operator: put a parked delivery back in the queue with its attempts reset.
-#[utoipa::path(
-    post, path = "/v1/deliveries/{id}/retry", operation_id = "retryDelivery", tag = "deliveries",
-    params(("id" = String, Path, description = "Delivery id")),
-    request_body(content = Option<OperatorBody>, content_type = "application/json"),
-    responses(
-        (status = 200, body = DeliveryOut),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Not parked", body = Problem, content_type = "application/problem+json"),
-    ),
-    security(("bearer" = ["operator"]))
-)]
-#[tracing::instrument(skip_all, fields(id = %id))]
-pub async fn retry(
-    State(st): State<AppState>,
-    id: PathId<DeliveryId>,
-    headers: HeaderMap,
-    OptionalJson(body): OptionalJson<OperatorBody>,
-) -> Result<Json<DeliveryOut>, ApiError> {
-    operator_action(
-        st,
-        id,
-        headers,
-        body.reason.map(Text::into_string),
-        OperatorAction::Retry,
-    )
-    .await
+/// `POST /v1/deliveries/{id}/retry` and `…/discard`: a parked delivery, an optional reason.
+macro_rules! parked_handler {
+    ($(#[doc = $doc:literal])* $name:ident, $path:literal, $operation:literal, $action:expr) => {
+        $(#[doc = $doc])*
+        #[utoipa::path(
+            post, path = $path, operation_id = $operation, tag = "deliveries",
+            params(("id" = String, Path, description = "Delivery id")),
+            request_body(content = Option<OperatorBody>, content_type = "application/json"),
+            responses(
+                (status = 200, body = DeliveryOut),
+                (status = 404, body = Problem, content_type = "application/problem+json"),
+                (status = 409, description = "Not parked", body = Problem, content_type = "application/problem+json"),
+            ),
+            security(("bearer" = ["operator"]))
+        )]
+        #[tracing::instrument(skip_all, fields(id = %id))]
+        pub async fn $name(
+            State(st): State<AppState>,
+            id: PathId<DeliveryId>,
+            headers: HeaderMap,
+            OptionalJson(body): OptionalJson<OperatorBody>,
+        ) -> Result<Json<DeliveryOut>, ApiError> {
+            let reason = body.reason.map(Text::into_string);
+            operator_action(st, id, headers, reason, $action).await
+        }
+    };
 }
 
-/// Operator: give up on a parked delivery.
-#[utoipa::path(
-    post, path = "/v1/deliveries/{id}/discard", operation_id = "discardDelivery", tag = "deliveries",
-    params(("id" = String, Path, description = "Delivery id")),
-    request_body(content = Option<OperatorBody>, content_type = "application/json"),
-    responses(
-        (status = 200, body = DeliveryOut),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Not parked", body = Problem, content_type = "application/problem+json"),
-    ),
-    security(("bearer" = ["operator"]))
-)]
-#[tracing::instrument(skip_all, fields(id = %id))]
-pub async fn discard(
-    State(st): State<AppState>,
-    id: PathId<DeliveryId>,
-    headers: HeaderMap,
-    OptionalJson(body): OptionalJson<OperatorBody>,
-) -> Result<Json<DeliveryOut>, ApiError> {
-    operator_action(
-        st,
-        id,
-        headers,
-        body.reason.map(Text::into_string),
-        OperatorAction::Discard,
-    )
-    .await
-}
+parked_handler!(
+    /// Operator: put a parked delivery back in the queue with its attempts reset.
+    retry, "/v1/deliveries/{id}/retry", "retryDelivery", OperatorAction::Retry
+);
+parked_handler!(
+    /// Operator: give up on a parked delivery.
+    discard, "/v1/deliveries/{id}/discard", "discardDelivery", OperatorAction::Discard
+);
 
 /// `POST /v1/deliveries/{id}/resend`: why (required).
 #[derive(Debug, Deserialize, ToSchema)]
@@ -149,14 +128,8 @@ pub async fn resend(
     headers: HeaderMap,
     ValidatedJson(b): ValidatedJson<ResendBody>,
 ) -> Result<Json<DeliveryOut>, ApiError> {
-    operator_action(
-        st,
-        id,
-        headers,
-        Some(b.reason.into_string()),
-        OperatorAction::Resend,
-    )
-    .await
+    let reason = Some(b.reason.into_string());
+    operator_action(st, id, headers, reason, OperatorAction::Resend).await
 }
 
 /// `POST /v1/deliveries/recover`.
