@@ -42,7 +42,7 @@ mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -60,8 +60,6 @@ const TARGET_PER_SEC: f64 = 10_000.0;
 /// Target of the latency round: p99 commit-to-receipt, µs, at `TARGET_RATE` deliveries/s.
 const TARGET_P99_US: u64 = 10_000;
 const TARGET_RATE: f64 = 1_000.0;
-/// Error answers kept verbatim per round (the rest are only counted).
-const ERROR_SAMPLES: usize = 5;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -107,30 +105,12 @@ struct Opts {
     /// Bound of each round after its last append, seconds (then it reports what is missing).
     #[arg(long, default_value_t = 300)]
     round_timeout_secs: u64,
-    /// The server binary (default: `<target dir>/release/tidemark`; build it with
-    /// `cargo build --release -p tidemark-api`).
-    #[arg(long)]
-    server_bin: Option<PathBuf>,
-    /// Where the data directory goes (default: `<target dir>/bench-data`). Not tmpfs.
-    #[arg(long)]
-    work_dir: Option<PathBuf>,
-    /// Also write the JSON document here.
-    #[arg(long)]
-    json_out: Option<PathBuf>,
-    /// Passed by `cargo bench`; ignored.
-    #[arg(long, hide = true)]
-    bench: bool,
+    #[command(flatten)]
+    args: BenchArgs,
 }
 
 fn main() -> ExitCode {
-    let opts = Opts::parse();
-    match bench_main(&opts) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("bridges bench: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    run_main("bridges", bench_main)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -307,37 +287,7 @@ async fn subscribe_all(
 // ---------------------------------------------------------------------------------------------
 // Bridge workers
 
-/// Errors of a round: counts per kind, a few verbatim.
-#[derive(Serialize, Default, Clone)]
-struct Errors {
-    count: u64,
-    by_kind: std::collections::BTreeMap<String, u64>,
-    samples: Vec<String>,
-}
-
-impl Errors {
-    fn add(&mut self, kind: String, detail: String) {
-        self.count += 1;
-        *self.by_kind.entry(kind).or_default() += 1;
-        if self.samples.len() < ERROR_SAMPLES {
-            self.samples.push(detail);
-        }
-    }
-
-    fn merge(&mut self, o: Errors) {
-        self.count += o.count;
-        for (k, v) in o.by_kind {
-            *self.by_kind.entry(k).or_default() += v;
-        }
-        for s in o.samples {
-            if self.samples.len() < ERROR_SAMPLES {
-                self.samples.push(s);
-            }
-        }
-    }
-}
-
-/// What one bridge worker measured.
+/// What one bridge worker measured, or all of a round's together.
 struct WorkerOut {
     /// Whole `GET …/deliveries` requests (long-polls included).
     pull: Histogram<u64>,
@@ -372,9 +322,9 @@ struct Worker {
     confirmed_total: Arc<AtomicU64>,
 }
 
-impl Worker {
-    async fn run(self) -> WorkerOut {
-        let mut out = WorkerOut {
+impl WorkerOut {
+    fn new() -> WorkerOut {
+        WorkerOut {
             pull: new_histogram(),
             ack: new_histogram(),
             pulls: 0,
@@ -386,7 +336,33 @@ impl Worker {
             wrong: 0,
             errors: Errors::default(),
             last_confirm: None,
-        };
+        }
+    }
+
+    /// Every worker's measurements together (each bridge's deliveries are its own, so the
+    /// confirmed sets do not overlap).
+    fn gather(outs: Vec<WorkerOut>) -> WorkerOut {
+        let mut w = WorkerOut::new();
+        for o in outs {
+            w.pull.add(&o.pull).ok();
+            w.ack.add(&o.ack).ok();
+            w.pulls += o.pulls;
+            w.empty_pulls += o.empty_pulls;
+            w.envelopes += o.envelopes;
+            w.received.extend(o.received);
+            w.confirmed.extend(o.confirmed);
+            w.again_after_ack += o.again_after_ack;
+            w.wrong += o.wrong;
+            w.errors.merge(o.errors);
+            w.last_confirm = w.last_confirm.max(o.last_confirm);
+        }
+        w
+    }
+}
+
+impl Worker {
+    async fn run(self) -> WorkerOut {
+        let mut out = WorkerOut::new();
         let pull_url = format!(
             "{}/v1/bridges/{}/deliveries?wait_ms={}",
             self.base, self.bridge, self.wait_ms
@@ -529,92 +505,75 @@ impl Worker {
     }
 }
 
-/// Every worker's measurements together.
-struct Workers {
-    pull: Histogram<u64>,
-    ack: Histogram<u64>,
-    pulls: u64,
-    empty_pulls: u64,
-    envelopes: u64,
-    received: HashMap<String, Instant>,
-    confirmed: usize,
-    again_after_ack: u64,
-    wrong: u64,
-    errors: Errors,
-    last_confirm: Option<Instant>,
-}
-
-impl Workers {
-    fn gather(outs: Vec<WorkerOut>) -> Workers {
-        let mut w = Workers {
-            pull: new_histogram(),
-            ack: new_histogram(),
-            pulls: 0,
-            empty_pulls: 0,
-            envelopes: 0,
-            received: HashMap::new(),
-            confirmed: 0,
-            again_after_ack: 0,
-            wrong: 0,
-            errors: Errors::default(),
-            last_confirm: None,
-        };
-        for o in outs {
-            w.pull.add(&o.pull).ok();
-            w.ack.add(&o.ack).ok();
-            w.pulls += o.pulls;
-            w.empty_pulls += o.empty_pulls;
-            w.envelopes += o.envelopes;
-            w.received.extend(o.received);
-            w.confirmed += o.confirmed.len();
-            w.again_after_ack += o.again_after_ack;
-            w.wrong += o.wrong;
-            w.errors.merge(o.errors);
-            w.last_confirm = w.last_confirm.max(o.last_confirm);
-        }
-        w
-    }
-}
-
-/// Common worker settings of a round.
-struct Crew<'a> {
-    client: &'a reqwest::Client,
-    base: &'a str,
+/// What every round is run with: the options, the client, the server and its clock ticks.
+struct Bench<'a> {
     opts: &'a Opts,
+    client: &'a reqwest::Client,
+    server: &'a Server,
+    base: String,
+    hz: f64,
 }
 
-impl Crew<'_> {
+/// What a round's workers share while they run: the flag that stops them, and the count of
+/// confirmations over all of them.
+#[derive(Default)]
+struct Shared {
+    stop: Arc<AtomicBool>,
+    confirmed: Arc<AtomicU64>,
+}
+
+impl Bench<'_> {
+    /// One worker per bridge, each expecting its `per_bridge` confirmations of run `run`.
     fn spawn(
         &self,
         run: &'static str,
         per_bridge: &[usize],
-        stop: &Arc<AtomicBool>,
         deadline: Instant,
-        confirmed: &Arc<AtomicU64>,
+        shared: &Shared,
     ) -> tokio::task::JoinSet<WorkerOut> {
         let mut set = tokio::task::JoinSet::new();
         for (b, expect) in per_bridge.iter().enumerate() {
             let w = Worker {
                 client: self.client.clone(),
-                base: self.base.to_owned(),
+                base: self.base.clone(),
                 bridge: bridge_id(b),
                 wait_ms: self.opts.wait_ms,
                 ack_concurrency: self.opts.ack_concurrency,
                 batch_ack: self.opts.batch_ack,
                 run,
                 expect: *expect,
-                stop: stop.clone(),
+                stop: shared.stop.clone(),
                 deadline,
-                confirmed_total: confirmed.clone(),
+                confirmed_total: shared.confirmed.clone(),
             };
             set.spawn(w.run());
         }
         set
     }
+
+    /// `ty` of run `run` for every task.
+    fn every_task(&self, ty: &str, run: &str) -> Vec<Value> {
+        (0..self.opts.subscriptions)
+            .map(|i| lifecycle(&task_id(i), ty, json!({ "run_id": run })))
+            .collect()
+    }
+
+    /// Append `events` in batches of `--append-batch`, 4 requests at a time.
+    async fn append(&self, events: Vec<Value>) -> Result<(), String> {
+        append_all(self.client, &self.base, events, self.opts.append_batch, 4).await?;
+        Ok(())
+    }
+
+    /// Round `round` begins: every task starts run `run` (set-up, not measured).
+    async fn start_run(&self, round: &str, run: &str) -> Result<(), String> {
+        let n = self.opts.subscriptions;
+        eprintln!("{round}: starting run {run} of {n} tasks");
+        self.append(self.every_task("task.run_started", run)).await
+    }
 }
 
-async fn join_workers(set: tokio::task::JoinSet<WorkerOut>) -> Workers {
-    Workers::gather(set.join_all().await)
+async fn join_workers(set: tokio::task::JoinSet<WorkerOut>) -> WorkerOut {
+    WorkerOut::gather(set.join_all().await)
 }
 
 /// How many subscriptions each bridge has (`i mod bridges`).
@@ -622,6 +581,34 @@ fn per_bridge(n: usize, bridges: usize) -> Vec<usize> {
     (0..bridges)
         .map(|b| (0..n).filter(|i| i % bridges == b).count())
         .collect()
+}
+
+/// What every round reports of its workers and of the server.
+#[derive(Serialize, Default)]
+struct WorkersResult {
+    wrong_envelopes: u64,
+    again_after_ack: u64,
+    pull_us: Percentiles,
+    ack_us: Percentiles,
+    errors: Errors,
+    cpu: Cpu,
+    server_peak_rss_kb: u64,
+}
+
+impl WorkersResult {
+    /// What `w` measured, the server's and this process's `cpu` over the round, and the
+    /// server's peak RSS so far.
+    fn of(w: WorkerOut, cpu: Cpu, server: &Server) -> WorkersResult {
+        WorkersResult {
+            wrong_envelopes: w.wrong,
+            again_after_ack: w.again_after_ack,
+            pull_us: (&w.pull).into(),
+            ack_us: (&w.ack).into(),
+            errors: w.errors,
+            cpu,
+            server_peak_rss_kb: status_kb(server.pid(), "VmHWM"),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -635,94 +622,63 @@ struct ThroughputResult {
     seconds: f64,
     confirmed: usize,
     confirmed_per_sec: f64,
-    pull_us: Percentiles,
-    ack_us: Percentiles,
     pulls: u64,
     empty_pulls: u64,
     envelopes: u64,
-    again_after_ack: u64,
-    wrong_envelopes: u64,
-    errors: Errors,
-    cpu: Cpu,
-    server_peak_rss_kb: u64,
+    #[serde(flatten)]
+    workers: WorkersResult,
 }
 
-async fn throughput_round(
-    opts: &Opts,
-    client: &reqwest::Client,
-    server: &Server,
-    hz: f64,
-) -> Result<ThroughputResult, String> {
-    let base = server.base();
-    let n = opts.subscriptions;
-    eprintln!("throughput: starting run tp of {n} tasks");
-    let started: Vec<Value> = (0..n)
-        .map(|i| lifecycle(&task_id(i), "task.run_started", json!({"run_id": "tp"})))
-        .collect();
-    append_all(client, &base, started, opts.append_batch, 4).await?;
-    let completed: Vec<Value> = (0..n)
-        .map(|i| lifecycle(&task_id(i), "task.run_completed", json!({"run_id": "tp"})))
-        .collect();
-    let t_append = Instant::now();
-    append_all(client, &base, completed, opts.append_batch, 4).await?;
-    let append_s = t_append.elapsed().as_secs_f64();
-    eprintln!(
-        "throughput: {n} completions appended in {append_s:.2} s; {} workers pull and ack",
-        opts.bridges
-    );
+impl Bench<'_> {
+    async fn throughput_round(&self) -> Result<ThroughputResult, String> {
+        let (opts, server) = (self.opts, self.server);
+        let n = opts.subscriptions;
+        self.start_run("throughput", "tp").await?;
+        let completed = self.every_task("task.run_completed", "tp");
+        let t_append = Instant::now();
+        self.append(completed).await?;
+        let append_s = t_append.elapsed().as_secs_f64();
+        eprintln!(
+            "throughput: {n} completions appended in {append_s:.2} s; {} workers pull and ack",
+            opts.bridges
+        );
 
-    let cpu0 = CpuMark::now(server.pid());
-    let stop = Arc::new(AtomicBool::new(false));
-    let confirmed = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let deadline = start + Duration::from_secs(opts.round_timeout_secs);
-    let crew = Crew {
-        client,
-        base: &base,
-        opts,
-    };
-    let set = crew.spawn(
-        "tp",
-        &per_bridge(n, opts.bridges),
-        &stop,
-        deadline,
-        &confirmed,
-    );
-    let progress = tokio::spawn({
-        let confirmed = confirmed.clone();
-        async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                eprintln!(
-                    "  {:>6.1} s: {} confirmed",
-                    start.elapsed().as_secs_f64(),
-                    confirmed.load(Ordering::Relaxed)
-                );
+        let cpu0 = CpuMark::now(server.pid());
+        let shared = Shared::default();
+        let start = Instant::now();
+        let deadline = start + Duration::from_secs(opts.round_timeout_secs);
+        let set = self.spawn("tp", &per_bridge(n, opts.bridges), deadline, &shared);
+        let progress = tokio::spawn({
+            let confirmed = shared.confirmed.clone();
+            async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    eprintln!(
+                        "  {:>6.1} s: {} confirmed",
+                        start.elapsed().as_secs_f64(),
+                        confirmed.load(Ordering::Relaxed)
+                    );
+                }
             }
-        }
-    });
-    let w = join_workers(set).await;
-    progress.abort();
-    let cpu = cpu0.since(server.pid(), hz);
-    let end = w.last_confirm.unwrap_or_else(Instant::now);
-    let seconds = end.saturating_duration_since(start).as_secs_f64();
-    Ok(ThroughputResult {
-        deliveries: n,
-        append_s: (append_s * 1000.0).round() / 1000.0,
-        seconds: (seconds * 1000.0).round() / 1000.0,
-        confirmed: w.confirmed,
-        confirmed_per_sec: (w.confirmed as f64 / seconds.max(1e-9)).round(),
-        pull_us: (&w.pull).into(),
-        ack_us: (&w.ack).into(),
-        pulls: w.pulls,
-        empty_pulls: w.empty_pulls,
-        envelopes: w.envelopes,
-        again_after_ack: w.again_after_ack,
-        wrong_envelopes: w.wrong,
-        errors: w.errors,
-        cpu,
-        server_peak_rss_kb: status_kb(server.pid(), "VmHWM"),
-    })
+        });
+        let w = join_workers(set).await;
+        progress.abort();
+        let cpu = cpu0.since(server.pid(), self.hz);
+        let end = w.last_confirm.unwrap_or_else(Instant::now);
+        let seconds = end.saturating_duration_since(start).as_secs_f64();
+        let confirmed = w.confirmed.len();
+        Ok(ThroughputResult {
+            deliveries: n,
+            append_s: (append_s * 1000.0).round() / 1000.0,
+            seconds: (seconds * 1000.0).round() / 1000.0,
+            confirmed,
+            confirmed_per_sec: (confirmed as f64 / seconds.max(1e-9)).round(),
+            pulls: w.pulls,
+            empty_pulls: w.empty_pulls,
+            envelopes: w.envelopes,
+            workers: WorkersResult::of(w, cpu, server),
+        })
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -744,155 +700,129 @@ struct LatencyResult {
     missing: usize,
     /// Received deliveries that name another seq than the append's receipt.
     wrong_seq: u64,
-    wrong_envelopes: u64,
-    again_after_ack: u64,
-    pull_us: Percentiles,
-    ack_us: Percentiles,
     append_errors: Errors,
-    errors: Errors,
-    cpu: Cpu,
-    server_peak_rss_kb: u64,
+    #[serde(flatten)]
+    workers: WorkersResult,
 }
 
 /// Per append of the latency round: when its 201 arrived, and its seq.
 type Commits = Arc<Mutex<Vec<Option<(Instant, u64)>>>>;
 
-async fn latency_round(
-    opts: &Opts,
-    client: &reqwest::Client,
-    server: &Server,
-    hz: f64,
-) -> Result<LatencyResult, String> {
-    let base = server.base();
-    let n = opts.subscriptions;
-    let rate = opts.rate.max(1.0);
-    let k = ((rate * opts.latency_seconds).round() as usize).clamp(1, n);
-    eprintln!("latency: starting run lat of {n} tasks");
-    let started: Vec<Value> = (0..n)
-        .map(|i| lifecycle(&task_id(i), "task.run_started", json!({"run_id": "lat"})))
-        .collect();
-    append_all(client, &base, started, opts.append_batch, 4).await?;
-    // Steady state is what the target is about: let the notifier finish looking at the
-    // setup's 10,000 run starts (a burst it takes a while to digest) before measuring.
-    settle(client, &base).await;
-    eprintln!(
-        "latency: {} workers long-poll; {k} completions at {rate} /s",
-        opts.bridges
-    );
+impl Bench<'_> {
+    async fn latency_round(&self) -> Result<LatencyResult, String> {
+        let (opts, client, server, base) = (self.opts, self.client, self.server, &self.base);
+        let n = opts.subscriptions;
+        let rate = opts.rate.max(1.0);
+        let k = ((rate * opts.latency_seconds).round() as usize).clamp(1, n);
+        self.start_run("latency", "lat").await?;
+        // Steady state is what the target is about: let the notifier finish looking at the
+        // setup's 10,000 run starts (a burst it takes a while to digest) before measuring.
+        settle(client, base).await;
+        eprintln!(
+            "latency: {} workers long-poll; {k} completions at {rate} /s",
+            opts.bridges
+        );
 
-    let cpu0 = CpuMark::now(server.pid());
-    let stop = Arc::new(AtomicBool::new(false));
-    let confirmed = Arc::new(AtomicU64::new(0));
-    let crew = Crew {
-        client,
-        base: &base,
-        opts,
-    };
-    let far = Instant::now() + Duration::from_secs(opts.round_timeout_secs * 4);
-    let set = crew.spawn(
-        "lat",
-        &vec![usize::MAX; opts.bridges],
-        &stop,
-        far,
-        &confirmed,
-    );
-    // Let the workers park their first long-poll.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+        let cpu0 = CpuMark::now(server.pid());
+        let shared = Shared::default();
+        let far = Instant::now() + Duration::from_secs(opts.round_timeout_secs * 4);
+        let set = self.spawn("lat", &vec![usize::MAX; opts.bridges], far, &shared);
+        // Let the workers park their first long-poll.
+        tokio::time::sleep(Duration::from_millis(500)).await;
 
-    // The producer: the i-th append is sent at start + i / rate, whether or not the earlier
-    // ones have been answered.
-    let url = format!("{base}/v1/events");
-    let commits: Commits = Arc::new(Mutex::new(vec![None; k]));
-    let append_hist = Arc::new(Mutex::new(new_histogram()));
-    let append_errors = Arc::new(Mutex::new(Errors::default()));
-    let mut producers = tokio::task::JoinSet::new();
-    let start = tokio::time::Instant::now() + Duration::from_millis(10);
-    for i in 0..k {
-        tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
-        let (client, url) = (client.clone(), url.clone());
-        let (commits, hist, errs) = (commits.clone(), append_hist.clone(), append_errors.clone());
-        producers.spawn(async move {
-            let body = lifecycle(&task_id(i), "task.run_completed", json!({"run_id": "lat"}));
-            let t0 = Instant::now();
-            match post_json(&client, &url, Some(&body)).await {
-                Ok((st, v, at, raw)) if st == reqwest::StatusCode::CREATED => {
-                    hist.lock().expect("lock").record(micros(at - t0)).ok();
-                    let seq = v["events"][0]["seq"].as_u64().unwrap_or(0);
-                    commits.lock().expect("lock")[i] = Some((at, seq));
-                    let _ = raw;
+        // The producer: the i-th append is sent at start + i / rate, whether or not the
+        // earlier ones have been answered.
+        let url = format!("{base}/v1/events");
+        let commits: Commits = Arc::new(Mutex::new(vec![None; k]));
+        let append_hist = Arc::new(Mutex::new(new_histogram()));
+        let append_errors = Arc::new(Mutex::new(Errors::default()));
+        let mut producers = tokio::task::JoinSet::new();
+        let start = tokio::time::Instant::now() + Duration::from_millis(10);
+        for i in 0..k {
+            tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
+            let (client, url) = (client.clone(), url.clone());
+            let (commits, hist, errs) =
+                (commits.clone(), append_hist.clone(), append_errors.clone());
+            producers.spawn(async move {
+                let body = lifecycle(&task_id(i), "task.run_completed", json!({"run_id": "lat"}));
+                let t0 = Instant::now();
+                match post_json(&client, &url, Some(&body)).await {
+                    Ok((st, v, at, raw)) if st == reqwest::StatusCode::CREATED => {
+                        hist.lock().expect("lock").record(micros(at - t0)).ok();
+                        let seq = v["events"][0]["seq"].as_u64().unwrap_or(0);
+                        commits.lock().expect("lock")[i] = Some((at, seq));
+                        let _ = raw;
+                    }
+                    Ok((st, _, _, raw)) => errs.lock().expect("lock").add(
+                        problem_key("append", st, &raw),
+                        String::from_utf8_lossy(&raw).into_owned(),
+                    ),
+                    Err(e) => errs.lock().expect("lock").add("append transport".into(), e),
                 }
-                Ok((st, _, _, raw)) => errs.lock().expect("lock").add(
-                    problem_key("append", st, &raw),
-                    String::from_utf8_lossy(&raw).into_owned(),
-                ),
-                Err(e) => errs.lock().expect("lock").add("append transport".into(), e),
-            }
-        });
-    }
-    producers.join_all().await;
-    let produced_at = Instant::now();
-    let sent_s = (start.elapsed().as_secs_f64()).max(1e-9);
-    let committed = commits.lock().expect("lock").iter().flatten().count();
-    eprintln!(
-        "latency: {committed} of {k} appends committed in {sent_s:.2} s; waiting for the bridges"
-    );
-    let deadline = produced_at + Duration::from_secs(opts.round_timeout_secs);
-    while (confirmed.load(Ordering::Relaxed) as usize) < committed && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    stop.store(true, Ordering::Relaxed);
-    let w = join_workers(set).await;
-    let cpu = cpu0.since(server.pid(), hz);
+            });
+        }
+        producers.join_all().await;
+        let produced_at = Instant::now();
+        let sent_s = (start.elapsed().as_secs_f64()).max(1e-9);
+        let committed = commits.lock().expect("lock").iter().flatten().count();
+        eprintln!(
+            "latency: {committed} of {k} appends committed in {sent_s:.2} s; waiting for the \
+             bridges"
+        );
+        let deadline = produced_at + Duration::from_secs(opts.round_timeout_secs);
+        while (shared.confirmed.load(Ordering::Relaxed) as usize) < committed
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        shared.stop.store(true, Ordering::Relaxed);
+        let w = join_workers(set).await;
+        let cpu = cpu0.since(server.pid(), self.hz);
 
-    let commits = commits.lock().expect("lock").clone();
-    let mut hist = new_histogram();
-    let mut early = 0;
-    let mut wrong_seq = 0;
-    let mut missing = 0;
-    for (i, c) in commits.iter().enumerate() {
-        let Some((at, seq)) = c else {
-            continue;
-        };
-        let id = format!("notif:{}:{seq}", sub_id(i));
-        match w.received.get(&id) {
-            Some(recv) => {
-                if *recv < *at {
-                    early += 1;
+        let commits = commits.lock().expect("lock").clone();
+        let mut hist = new_histogram();
+        let mut early = 0;
+        let mut wrong_seq = 0;
+        let mut missing = 0;
+        for (i, c) in commits.iter().enumerate() {
+            let Some((at, seq)) = c else {
+                continue;
+            };
+            let id = format!("notif:{}:{seq}", sub_id(i));
+            match w.received.get(&id) {
+                Some(recv) => {
+                    if *recv < *at {
+                        early += 1;
+                    }
+                    hist.record(micros(recv.saturating_duration_since(*at)))
+                        .ok();
                 }
-                hist.record(micros(recv.saturating_duration_since(*at)))
-                    .ok();
+                None => missing += 1,
             }
-            None => missing += 1,
         }
-    }
-    for id in w.received.keys() {
-        match parse_delivery(id) {
-            Some((i, seq)) if i < k && commits[i].is_some_and(|(_, s)| s == seq) => {}
-            _ => wrong_seq += 1,
+        for id in w.received.keys() {
+            match parse_delivery(id) {
+                Some((i, seq)) if i < k && commits[i].is_some_and(|(_, s)| s == seq) => {}
+                _ => wrong_seq += 1,
+            }
         }
+        let append_hist = append_hist.lock().expect("lock").clone();
+        let append_errors = append_errors.lock().expect("lock").clone();
+        Ok(LatencyResult {
+            rate_wanted: rate,
+            appends: k,
+            rate_achieved: (committed as f64 / sent_s).round(),
+            append_us: (&append_hist).into(),
+            commit_to_receipt_us: (&hist).into(),
+            received_before_201: early,
+            received: w.received.len(),
+            confirmed: w.confirmed.len(),
+            missing,
+            wrong_seq,
+            append_errors,
+            workers: WorkersResult::of(w, cpu, server),
+        })
     }
-    let append_hist = append_hist.lock().expect("lock").clone();
-    let append_errors = append_errors.lock().expect("lock").clone();
-    Ok(LatencyResult {
-        rate_wanted: rate,
-        appends: k,
-        rate_achieved: (committed as f64 / sent_s).round(),
-        append_us: (&append_hist).into(),
-        commit_to_receipt_us: (&hist).into(),
-        received_before_201: early,
-        received: w.received.len(),
-        confirmed: w.confirmed,
-        missing,
-        wrong_seq,
-        wrong_envelopes: w.wrong,
-        again_after_ack: w.again_after_ack,
-        pull_us: (&w.pull).into(),
-        ack_us: (&w.ack).into(),
-        append_errors,
-        errors: w.errors,
-        cpu,
-        server_peak_rss_kb: status_kb(server.pid(), "VmHWM"),
-    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -912,14 +842,6 @@ struct Setup {
     subscriptions_per_sec: f64,
 }
 
-#[derive(Serialize)]
-struct TargetCheck {
-    name: &'static str,
-    target: String,
-    measured: String,
-    met: bool,
-}
-
 fn checks(opts: &Opts, r: &Results) -> Vec<TargetCheck> {
     let mut out = Vec::new();
     let shape = format!(
@@ -927,9 +849,9 @@ fn checks(opts: &Opts, r: &Results) -> Vec<TargetCheck> {
         opts.subscriptions, opts.bridges
     );
     if let Some(t) = &r.throughput {
-        let complete = t.confirmed == t.deliveries && t.errors.count == 0;
+        let complete = t.confirmed == t.deliveries && t.workers.errors.count == 0;
         out.push(TargetCheck {
-            name: "confirmed deliveries/s (pull)",
+            name: "confirmed deliveries/s (pull)".into(),
             target: format!(">= {TARGET_PER_SEC} /s at 10000 subscriptions / 100 bridges"),
             measured: format!(
                 "{} /s ({} of {} confirmed, {shape})",
@@ -942,7 +864,7 @@ fn checks(opts: &Opts, r: &Results) -> Vec<TargetCheck> {
         let p99 = l.commit_to_receipt_us.p99;
         let complete = l.missing == 0 && l.wrong_seq == 0 && l.append_errors.count == 0;
         out.push(TargetCheck {
-            name: "p99 commit-to-receipt",
+            name: "p99 commit-to-receipt".into(),
             target: format!("<= {} ms at {TARGET_RATE} deliveries/s", ms(TARGET_P99_US)),
             measured: format!(
                 "{} ms at {} /s achieved ({} missing, {shape})",
@@ -969,61 +891,46 @@ fn markdown(r: &Results, checks: &[TargetCheck]) -> String {
     );
     s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     if let Some(t) = &r.throughput {
-        let l = t.ack_us;
+        let (w, l) = (&t.workers, &t.workers.ack_us);
         let _ = writeln!(
             s,
-            "| throughput (ack latency) | {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} |",
+            "| throughput (ack latency) | {} | {} | {:.2} | {} | {} | {} | {} |",
             t.deliveries,
             t.confirmed,
             t.seconds,
             t.confirmed_per_sec,
-            ms(l.p50),
-            ms(l.p99),
-            ms(l.p999),
-            ms(l.max),
-            t.cpu.server_s,
-            t.errors.count
+            ms_cells(l),
+            w.cpu.server_s,
+            w.errors.count
         );
     }
     if let Some(x) = &r.latency {
-        let l = x.commit_to_receipt_us;
+        let (w, rate) = (&x.workers, x.rate_achieved);
+        let seconds = x.appends as f64 / rate.max(1e-9);
+        let errors = w.errors.count + x.append_errors.count;
         let _ = writeln!(
             s,
-            "| latency (commit → receipt) at {} /s | {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} |",
-            x.rate_achieved,
+            "| latency (commit → receipt) at {rate} /s | {} | {} | {seconds:.2} | {rate} | {} | {} \
+             | {errors} |",
             x.appends,
             x.confirmed,
-            x.appends as f64 / x.rate_achieved.max(1e-9),
-            x.rate_achieved,
-            ms(l.p50),
-            ms(l.p99),
-            ms(l.p999),
-            ms(l.max),
-            x.cpu.server_s,
-            x.errors.count + x.append_errors.count
+            ms_cells(&x.commit_to_receipt_us),
+            w.cpu.server_s,
         );
     }
     s.push('\n');
     s.push_str("| requests | count | p50 ms | p99 ms | p99.9 ms | max ms |\n|---|---:|---:|---:|---:|---:|\n");
-    let mut row = |name: &str, p: Percentiles| {
-        let _ = writeln!(
-            s,
-            "| {name} | {} | {} | {} | {} | {} |",
-            p.count,
-            ms(p.p50),
-            ms(p.p99),
-            ms(p.p999),
-            ms(p.max)
-        );
+    let mut row = |name: &str, p: &Percentiles| {
+        let _ = writeln!(s, "| {name} | {} | {} |", p.count, ms_cells(p));
     };
     if let Some(t) = &r.throughput {
-        row("throughput: GET deliveries", t.pull_us);
-        row("throughput: POST ack", t.ack_us);
+        row("throughput: GET deliveries", &t.workers.pull_us);
+        row("throughput: POST ack", &t.workers.ack_us);
     }
     if let Some(x) = &r.latency {
-        row("latency: POST /v1/events (1 event)", x.append_us);
-        row("latency: GET deliveries (long-poll)", x.pull_us);
-        row("latency: POST ack", x.ack_us);
+        row("latency: POST /v1/events (1 event)", &x.append_us);
+        row("latency: GET deliveries (long-poll)", &x.workers.pull_us);
+        row("latency: POST ack", &x.workers.ack_us);
     }
     if let Some(x) = &r.latency {
         let _ = writeln!(
@@ -1036,14 +943,8 @@ fn markdown(r: &Results, checks: &[TargetCheck]) -> String {
     if !checks.is_empty() {
         s.push_str("\n| target | wanted | measured | met |\n|---|---|---|---|\n");
         for c in checks {
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} |",
-                c.name,
-                c.target,
-                c.measured,
-                if c.met { "yes" } else { "**no**" }
-            );
+            let (name, target, measured, met) = c.said("yes", "**no**");
+            let _ = writeln!(s, "| {name} | {target} | {measured} | {met} |");
         }
     }
     s
@@ -1059,24 +960,7 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
     if opts.wait_ms > 30_000 {
         return Err("--wait-ms must be at most 30000".into());
     }
-    let bin = server_bin(opts.server_bin.as_ref())?;
-    warn_if_stale(&bin);
-    let work = work_dir(opts.work_dir.as_ref())?;
-    let machine = machine(&work, &bin);
-    eprintln!(
-        "bridges bench: {} cpus, {} MiB, kernel {}, data in {} ({} on {}), source {}, server {}",
-        machine.cpus,
-        machine.mem_total_kb / 1024,
-        machine.kernel,
-        machine.work_dir,
-        machine.work_fs_type,
-        machine.work_fs_device,
-        machine.source,
-        machine.server_bin
-    );
-    if machine.work_fs_type == "tmpfs" {
-        eprintln!("WARNING: the data directory is on tmpfs: fsync is free there; use --work-dir");
-    }
+    let (bin, work, machine) = setup("bridges", &opts.args)?;
     let dir = tempfile::Builder::new()
         .prefix("bridges-")
         .tempdir_in(&work)
@@ -1095,7 +979,13 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
             .build()
             .map_err(|e| format!("http client: {e}"))?;
         server.wait_ready(&client).await?;
-        let base = server.base();
+        let bench = Bench {
+            opts,
+            client: &client,
+            server: &server,
+            base: server.base(),
+            hz,
+        };
         let n = opts.subscriptions;
         let mut results = Results::default();
 
@@ -1103,10 +993,17 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
         let created: Vec<Value> = (0..n)
             .map(|i| lifecycle(&task_id(i), "task.created", json!({"project_id": "bench"})))
             .collect();
-        append_all(&client, &base, created, opts.append_batch, 4).await?;
+        bench.append(created).await?;
         results.setup.tasks_s = (t0.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
         let t0 = Instant::now();
-        subscribe_all(&client, &base, n, opts.bridges, opts.setup_concurrency).await?;
+        subscribe_all(
+            &client,
+            &bench.base,
+            n,
+            opts.bridges,
+            opts.setup_concurrency,
+        )
+        .await?;
         let subs_s = t0.elapsed().as_secs_f64();
         results.setup.subscriptions_s = (subs_s * 1000.0).round() / 1000.0;
         results.setup.subscriptions_per_sec = (n as f64 / subs_s.max(1e-9)).round();
@@ -1116,30 +1013,27 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
         );
 
         if opts.only.contains(&Round::Throughput) {
-            let t = throughput_round(opts, &client, &server, hz).await?;
+            let t = bench.throughput_round().await?;
             eprintln!(
-                "throughput: {} of {} confirmed in {:.2} s = {} /s; ack p50 {} ms p99 {} ms; \
-                 {} errors",
+                "throughput: {} of {} confirmed in {:.2} s = {} /s; ack {}; {} errors",
                 t.confirmed,
                 t.deliveries,
                 t.seconds,
                 t.confirmed_per_sec,
-                ms(t.ack_us.p50),
-                ms(t.ack_us.p99),
-                t.errors.count
+                p50_p99(&t.workers.ack_us),
+                t.workers.errors.count
             );
             results.throughput = Some(t);
         }
         if opts.only.contains(&Round::Latency) {
-            let l = latency_round(opts, &client, &server, hz).await?;
+            let l = bench.latency_round().await?;
+            let p = &l.commit_to_receipt_us;
             eprintln!(
-                "latency: {} appends at {} /s; commit → receipt p50 {} ms p99 {} ms p99.9 {} ms; \
-                 {} missing",
+                "latency: {} appends at {} /s; commit → receipt {} p99.9 {} ms; {} missing",
                 l.appends,
                 l.rate_achieved,
-                ms(l.commit_to_receipt_us.p50),
-                ms(l.commit_to_receipt_us.p99),
-                ms(l.commit_to_receipt_us.p999),
+                p50_p99(p),
+                ms(p.p999),
                 l.missing
             );
             results.latency = Some(l);
@@ -1181,13 +1075,7 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
         "server_warnings": warnings.len(),
         "targets": checks,
     });
-    let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
-    println!("{text}");
-    if let Some(path) = &opts.json_out {
-        std::fs::write(path, format!("{text}\n"))
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    }
-    Ok(())
+    emit_json(&doc, &opts.args)
 }
 
 /// Wait until the bridge notifier is idle: its pass count stops moving for 500 ms (bounded).

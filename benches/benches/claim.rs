@@ -37,7 +37,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -46,6 +46,7 @@ use common::*;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use serde_json::{Value, json};
+use tidemark_benches::http::{get_ok_json, notification_requested, post_json_body};
 
 /// The sink of desktop deliveries.
 const SINK: &str = "app";
@@ -53,8 +54,6 @@ const SINK: &str = "app";
 const TARGET_PER_SEC: f64 = 20_000.0;
 const TARGET_CLAIMERS: usize = 32;
 const TARGET_BATCH: usize = 50;
-/// Error responses kept verbatim per run (the rest are only counted).
-const ERROR_SAMPLES: usize = 5;
 
 #[derive(Parser)]
 #[command(name = "claim", about = "tidemark delivery claim → complete benchmark")]
@@ -81,30 +80,12 @@ struct Opts {
     /// Events per `POST /v1/events` of the preload (at most 1000).
     #[arg(long, default_value_t = 1000)]
     preload_batch: u64,
-    /// The server binary (default: `<target dir>/release/tidemark`; build it with
-    /// `cargo build --release -p tidemark-api`).
-    #[arg(long)]
-    server_bin: Option<PathBuf>,
-    /// Where the data directories go (default: `<target dir>/bench-data`). Not tmpfs.
-    #[arg(long)]
-    work_dir: Option<PathBuf>,
-    /// Also write the JSON document here.
-    #[arg(long)]
-    json_out: Option<PathBuf>,
-    /// Passed by `cargo bench`; ignored.
-    #[arg(long, hide = true)]
-    bench: bool,
+    #[command(flatten)]
+    args: BenchArgs,
 }
 
 fn main() -> ExitCode {
-    let opts = Opts::parse();
-    match bench_main(&opts) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("claim bench: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    run_main("claim", bench_main)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -180,26 +161,9 @@ fn encode_segment(s: &str) -> String {
     out
 }
 
-async fn get_json(client: &reqwest::Client, url: &str) -> Result<Value, String> {
-    let r = client
-        .get(url)
-        .send()
-        .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
-    let status = r.status();
-    let body = r.bytes().await.map_err(|e| format!("GET {url}: {e}"))?;
-    if !status.is_success() {
-        return Err(format!(
-            "GET {url} answered {status}: {}",
-            String::from_utf8_lossy(&body)
-        ));
-    }
-    serde_json::from_slice(&body).map_err(|e| format!("GET {url}: {e}"))
-}
-
 /// The `app` sink's KPIs (zeros when the sink has no deliveries yet).
 async fn app_kpis(client: &reqwest::Client, server: &Server) -> Result<Value, String> {
-    let v = get_json(client, &server.url("/v1/outbox/kpis?interval_s=86400")).await?;
+    let v = get_ok_json(client, &server.url("/v1/outbox/kpis?interval_s=86400")).await?;
     Ok(v["by_sink"][SINK].clone())
 }
 
@@ -230,27 +194,14 @@ async fn preload(
                 let lo = k * batch;
                 let events: Vec<Value> = (lo..(lo + batch).min(n))
                     .map(|i| {
-                        let id = format!("{prefix}-{i}");
-                        json!({
-                            "event_id": id,
-                            "stream": "notifications",
-                            "subject": id,
-                            "type": "notification.requested",
-                            "payload": {"priority": "urgent", "title": format!("bench delivery {i}")},
-                        })
+                        let title = format!("bench delivery {i}");
+                        let payload = json!({"priority": "urgent", "title": title});
+                        notification_requested(&format!("{prefix}-{i}"), payload)
                     })
                     .collect();
-                let body = serde_json::to_vec(&json!({ "events": events }))
-                    .map_err(|e| e.to_string())?;
-                let r = client
-                    .post(&url)
-                    .header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(body)
-                    .send()
-                    .await
-                    .map_err(|e| format!("POST {url}: {e}"))?;
-                let status = r.status();
-                let body = r.bytes().await.map_err(|e| format!("POST {url}: {e}"))?;
+                let body =
+                    serde_json::to_vec(&json!({ "events": events })).map_err(|e| e.to_string())?;
+                let (status, body) = post_json_body(&client, &url, body).await?;
                 if status != reqwest::StatusCode::CREATED {
                     return Err(format!(
                         "preload: POST {url} answered {status}: {}",
@@ -326,16 +277,17 @@ struct ClaimerOut {
     claims: u64,
     empty_claims: u64,
     drained: bool,
-    errors: BTreeMap<String, u64>,
-    samples: Vec<String>,
+    errors: Errors,
 }
 
 impl ClaimerOut {
-    fn error(&mut self, key: String, detail: String) {
-        *self.errors.entry(key).or_default() += 1;
-        if self.samples.len() < ERROR_SAMPLES {
-            self.samples.push(detail);
-        }
+    /// A non-2xx answer of the server to `POST url` of `what`: counted by its problem, kept
+    /// verbatim.
+    fn refused(&mut self, what: &str, url: &str, status: reqwest::StatusCode, body: &[u8]) {
+        self.errors.add(
+            problem_key(what, status, body),
+            format!("POST {url} → {status}: {}", String::from_utf8_lossy(body)),
+        );
     }
 }
 
@@ -359,6 +311,16 @@ struct CompleteManyItem {
     code: Option<String>,
 }
 
+/// How a completion request went.
+enum Completion {
+    /// Answered with a success at this time, with this body.
+    Done(Instant, bytes::Bytes),
+    /// Refused (counted in the errors): claim again.
+    Refused,
+    /// The transport failed: the server is gone, the claimer stops.
+    Gone,
+}
+
 impl Claimer {
     async fn run(self, deadline: Instant) -> ClaimerOut {
         let mut out = ClaimerOut {
@@ -369,8 +331,7 @@ impl Claimer {
             claims: 0,
             empty_claims: 0,
             drained: false,
-            errors: BTreeMap::new(),
-            samples: Vec::new(),
+            errors: Errors::default(),
         };
         let claim_url = format!("{}/v1/deliveries/claim", self.base);
         let claim_body = serde_json::to_vec(&json!({
@@ -384,37 +345,17 @@ impl Claimer {
             serde_json::to_vec(&json!({ "owner": self.owner })).expect("JSON encodes");
         while Instant::now() < deadline {
             let t0 = Instant::now();
-            let r = match self
-                .client
-                .post(&claim_url)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(claim_body.clone())
-                .send()
-                .await
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    // Loopback transport errors mean the server is gone: stop this claimer.
-                    out.error("claim transport".into(), format!("POST {claim_url}: {e}"));
-                    break;
-                }
-            };
-            let status = r.status();
-            let body = match r.bytes().await {
-                Ok(b) => b,
-                Err(e) => {
-                    out.error("claim transport".into(), format!("POST {claim_url}: {e}"));
-                    break;
-                }
-            };
+            let (status, body) =
+                match post_json_body(&self.client, &claim_url, claim_body.clone()).await {
+                    Ok(answer) => answer,
+                    Err(e) => {
+                        // Loopback transport errors mean the server is gone: stop this claimer.
+                        out.errors.add("claim transport".into(), e);
+                        break;
+                    }
+                };
             if !status.is_success() {
-                out.error(
-                    problem_key("claim", status, &body),
-                    format!(
-                        "POST {claim_url} → {status}: {}",
-                        String::from_utf8_lossy(&body)
-                    ),
-                );
+                out.refused("claim", &claim_url, status, &body);
                 // Overload (429) or a transient failure: back off a little and claim again.
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
@@ -422,7 +363,8 @@ impl Claimer {
             let reply: ClaimReply = match serde_json::from_slice(&body) {
                 Ok(v) => v,
                 Err(e) => {
-                    out.error("claim bad_reply".into(), format!("claim reply: {e}"));
+                    out.errors
+                        .add("claim bad_reply".into(), format!("claim reply: {e}"));
                     continue;
                 }
             };
@@ -443,32 +385,11 @@ impl Claimer {
                     .collect();
                 let body = serde_json::to_vec(&json!({"owner": self.owner, "deliveries": ids}))
                     .expect("JSON encodes");
-                let t1 = Instant::now();
-                let r = self
-                    .client
-                    .post(&url)
-                    .header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(body)
-                    .send()
-                    .await;
-                let r = match r {
-                    Ok(r) => r,
-                    Err(e) => {
-                        out.error("complete transport".into(), format!("POST {url}: {e}"));
-                        return out;
-                    }
+                let (done, body) = match self.complete(&mut out, &url, body).await {
+                    Completion::Done(done, body) => (done, body),
+                    Completion::Refused => continue,
+                    Completion::Gone => return out,
                 };
-                let status = r.status();
-                let body = r.bytes().await.unwrap_or_default();
-                let done = Instant::now();
-                out.complete.saturating_record(micros(done - t1));
-                if !status.is_success() {
-                    out.error(
-                        problem_key("complete", status, &body),
-                        format!("POST {url} → {status}: {}", String::from_utf8_lossy(&body)),
-                    );
-                    continue;
-                }
                 match serde_json::from_slice::<CompleteManyReply>(&body) {
                     Ok(reply) => {
                         for item in reply.results {
@@ -476,20 +397,22 @@ impl Claimer {
                                 out.completed += 1;
                                 out.round_trip.saturating_record(micros(done - t0));
                             } else {
-                                out.error(
+                                out.errors.add(
                                     format!("complete item {}", item.code.unwrap_or_default()),
                                     "batch item refused".into(),
                                 );
                             }
                         }
                     }
-                    Err(e) => out.error("complete bad_reply".into(), format!("reply: {e}")),
+                    Err(e) => out
+                        .errors
+                        .add("complete bad_reply".into(), format!("reply: {e}")),
                 }
                 continue;
             }
             for row in reply.deliveries {
                 if row.status != "leased" || row.lease_owner.as_deref() != Some(&self.owner) {
-                    out.error(
+                    out.errors.add(
                         "claim not_leased_to_me".into(),
                         format!(
                             "claimed {} is {} by {:?}",
@@ -502,52 +425,48 @@ impl Claimer {
                     self.base,
                     encode_segment(&row.id)
                 );
-                let t1 = Instant::now();
-                let r = match self
-                    .client
-                    .post(&url)
-                    .header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(complete_body.clone())
-                    .send()
-                    .await
+                let (done, body) = match self.complete(&mut out, &url, complete_body.clone()).await
                 {
-                    Ok(r) => r,
-                    Err(e) => {
-                        out.error("complete transport".into(), format!("POST {url}: {e}"));
-                        return out;
-                    }
+                    Completion::Done(done, body) => (done, body),
+                    Completion::Refused => continue,
+                    Completion::Gone => return out,
                 };
-                let status = r.status();
-                let body = match r.bytes().await {
-                    Ok(b) => b,
-                    Err(e) => {
-                        out.error("complete transport".into(), format!("POST {url}: {e}"));
-                        return out;
-                    }
-                };
-                let done = Instant::now();
-                out.complete.saturating_record(micros(done - t1));
-                if !status.is_success() {
-                    out.error(
-                        problem_key("complete", status, &body),
-                        format!("POST {url} → {status}: {}", String::from_utf8_lossy(&body)),
-                    );
-                    continue;
-                }
                 match serde_json::from_slice::<CompleteReply>(&body) {
                     Ok(c) if c.status == "sent" => {
                         out.completed += 1;
                         out.round_trip.saturating_record(micros(done - t0));
                     }
-                    Ok(c) => out.error(
+                    Ok(c) => out.errors.add(
                         "complete not_sent".into(),
                         format!("completed {} is {}", row.id, c.status),
                     ),
-                    Err(e) => out.error("complete bad_reply".into(), format!("reply: {e}")),
+                    Err(e) => out
+                        .errors
+                        .add("complete bad_reply".into(), format!("reply: {e}")),
                 }
             }
         }
         out
+    }
+
+    /// `POST url` with `body`, a completion: its time goes to the `complete` histogram, a
+    /// refusal or a failed transport to the errors.
+    async fn complete(&self, out: &mut ClaimerOut, url: &str, body: Vec<u8>) -> Completion {
+        let t1 = Instant::now();
+        let (status, body) = match post_json_body(&self.client, url, body).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                out.errors.add("complete transport".into(), e);
+                return Completion::Gone;
+            }
+        };
+        let done = Instant::now();
+        out.complete.saturating_record(micros(done - t1));
+        if !status.is_success() {
+            out.refused("complete", url, status, &body);
+            return Completion::Refused;
+        }
+        Completion::Done(done, body)
     }
 }
 
@@ -692,8 +611,7 @@ async fn measure(
     let mut claim = new_histogram();
     let mut complete = new_histogram();
     let (mut completed, mut claims, mut empty_claims, mut drained) = (0, 0, 0, true);
-    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
-    let mut samples = Vec::new();
+    let mut errors = Errors::default();
     while let Some(j) = tasks.join_next().await {
         let o = j.map_err(|e| format!("claimer task failed: {e}"))?;
         let add =
@@ -705,14 +623,7 @@ async fn measure(
         claims += o.claims;
         empty_claims += o.empty_claims;
         drained &= o.drained;
-        for (key, v) in o.errors {
-            *errors.entry(key).or_default() += v;
-        }
-        for s in o.samples {
-            if samples.len() < ERROR_SAMPLES {
-                samples.push(s);
-            }
-        }
+        errors.merge(o.errors);
     }
     let seconds = started.elapsed().as_secs_f64();
     let cpu1 = thread_ticks(pid);
@@ -757,8 +668,8 @@ async fn measure(
         round_trip_us: Percentiles::from(&round_trip),
         claim_us: Percentiles::from(&claim),
         complete_us: Percentiles::from(&complete),
-        errors,
-        error_samples: samples,
+        errors: errors.by_kind,
+        error_samples: errors.samples,
         after,
         server: server_usage,
         server_warnings: Vec::new(),
@@ -768,20 +679,16 @@ async fn measure(
 fn print_run(r: &Run) {
     eprintln!(
         "claimers {:>3}  batch {:>3}  {:>7} completed in {:>6.2} s ({})  {:>7} deliveries/s  \
-         round trip p50 {} ms p99 {} ms  claim p50 {} ms p99 {} ms  complete p50 {} ms p99 {} ms  \
-         server CPU {:.1} µs/delivery  errors {}",
+         round trip {}  claim {}  complete {}  server CPU {:.1} µs/delivery  errors {}",
         r.claimers,
         r.batch,
         r.completed,
         r.seconds,
         r.ended,
         r.deliveries_per_sec,
-        ms(r.round_trip_us.p50),
-        ms(r.round_trip_us.p99),
-        ms(r.claim_us.p50),
-        ms(r.claim_us.p99),
-        ms(r.complete_us.p50),
-        ms(r.complete_us.p99),
+        p50_p99(&r.round_trip_us),
+        p50_p99(&r.claim_us),
+        p50_p99(&r.complete_us),
         r.server.cpu_us_per_delivery,
         r.errors.values().sum::<u64>(),
     );
@@ -804,14 +711,6 @@ fn print_run(r: &Run) {
 
 // ---------------------------------------------------------------------------------------------
 // The report
-
-#[derive(Serialize)]
-struct TargetCheck {
-    name: String,
-    target: String,
-    measured: String,
-    met: bool,
-}
 
 fn check(runs: &[Run]) -> Option<TargetCheck> {
     let r = runs
@@ -884,13 +783,10 @@ fn markdown(runs: &[Run], check: Option<&TargetCheck>) -> String {
     s.push('\n');
     match check {
         Some(c) => {
+            let (name, target, measured, met) = c.said("MET", "MISSED");
             let _ = writeln!(
                 s,
-                "Target: {}: wanted {}, measured {}: {}",
-                c.name,
-                c.target,
-                c.measured,
-                if c.met { "MET" } else { "MISSED" }
+                "Target: {name}: wanted {target}, measured {measured}: {met}"
             );
         }
         None => {
@@ -920,24 +816,7 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
     if !(100..=3_600_000).contains(&opts.lease_ms) {
         return Err("--lease-ms must be from 100 to 3600000".into());
     }
-    let bin = server_bin(opts.server_bin.as_ref())?;
-    warn_if_stale(&bin);
-    let work = work_dir(opts.work_dir.as_ref())?;
-    let machine = machine(&work, &bin);
-    eprintln!(
-        "claim bench: {} cpus, {} MiB, kernel {}, data in {} ({} on {}), source {}, server {}",
-        machine.cpus,
-        machine.mem_total_kb / 1024,
-        machine.kernel,
-        machine.work_dir,
-        machine.work_fs_type,
-        machine.work_fs_device,
-        machine.source,
-        machine.server_bin,
-    );
-    if machine.work_fs_type == "tmpfs" {
-        eprintln!("WARNING: the data directory is on tmpfs: fsync is free there; use --work-dir");
-    }
+    let (bin, work, machine) = setup("claim", &opts.args)?;
     eprintln!(
         "one server per configuration (fresh data directory, {} urgent deliveries preloaded), \
          budget {} s each",
@@ -976,11 +855,5 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
         "results": runs,
         "targets": check.into_iter().collect::<Vec<_>>(),
     });
-    let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
-    println!("{text}");
-    if let Some(path) = &opts.json_out {
-        std::fs::write(path, format!("{text}\n"))
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    }
-    Ok(())
+    emit_json(&doc, &opts.args)
 }

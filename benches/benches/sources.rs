@@ -75,14 +75,7 @@ async fn ack() -> &'static str {
 }
 
 fn main() -> std::process::ExitCode {
-    let opts = Opts::parse();
-    match run(&opts) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("sources bench: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    run_main("sources", run)
 }
 
 fn run(opts: &Opts) -> Result<(), String> {
@@ -141,14 +134,7 @@ fn run(opts: &Opts) -> Result<(), String> {
         server.wait_ready(&client).await?;
         let url = server.url("/v1/sources/bench");
         loop {
-            let v: serde_json::Value = client
-                .get(&url)
-                .send()
-                .await
-                .map_err(|e| e.to_string())?
-                .json()
-                .await
-                .map_err(|e| e.to_string())?;
+            let v = tidemark_benches::http::get_json(&client, &url).await?;
             if v["items_total"].as_u64() == Some(opts.items as u64) {
                 return Ok::<_, String>((Instant::now(), v));
             }

@@ -229,10 +229,7 @@ fn report_phase(p: &ReadPhase) {
         p.nats_cores,
         p.client_cores,
         p.busy_cores,
-        p.error
-            .as_deref()
-            .map(|e| format!("  ERROR {e}"))
-            .unwrap_or_default()
+        crate::report::error_note(p.error.as_deref(), "  ")
     );
 }
 
@@ -242,15 +239,7 @@ async fn caught_up(node: &TidemarkHttp, head: u64, limit: Duration) -> Result<()
     let url = format!("{}/v1/events?after_sequence=0&limit=1", node.base());
     loop {
         let latest = async {
-            let v: serde_json::Value = node
-                .client()
-                .get(&url)
-                .send()
-                .await
-                .map_err(|e| e.to_string())?
-                .json()
-                .await
-                .map_err(|e| e.to_string())?;
+            let v = crate::http::get_json(node.client(), &url).await?;
             v["latest_event_seq"]
                 .as_u64()
                 .ok_or_else(|| format!("no latest_event_seq in {v}"))

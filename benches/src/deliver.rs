@@ -11,7 +11,8 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::measure::{Percentiles, Proc, clock_ticks, new_histogram, round1, round3};
+use crate::http::{notification_requested, post_ok};
+use crate::measure::{Counters, Percentiles, Proc, clock_ticks, new_histogram, round1, round3};
 use crate::queue::{TIDEMARK_CONFIG, append_notifications, wait_queued};
 use crate::targets::StartOpts;
 use crate::targets::tidemark::TidemarkHttp;
@@ -40,16 +41,10 @@ pub async fn route(o: &StartOpts, n: u64) -> RouteResult {
         cpu_us_per_notification: 0.0,
         error: None,
     };
-    let server =
-        match TidemarkHttp::start_with(o, "tidemark-http", Some(TIDEMARK_CONFIG.into())).await {
-            Ok(s) => s,
-            Err(e) => {
-                out.error = Some(e);
-                return out;
-            }
-        };
-    let proc = Proc::Tree(server.pid());
-    let before = proc.counters();
+    let Some((server, proc, before)) = start(o, TIDEMARK_CONFIG.into(), &mut out.error).await
+    else {
+        return out;
+    };
     let t0 = Instant::now();
     let r = append_notifications(
         server.base(),
@@ -78,6 +73,26 @@ pub async fn route(o: &StartOpts, n: u64) -> RouteResult {
     }
     crate::targets::Target::stop(server).await;
     out
+}
+
+/// `tidemark serve` with `config`, and the counters of its process tree before any work; a
+/// failure to start goes to `error`.
+async fn start(
+    o: &StartOpts,
+    config: String,
+    error: &mut Option<String>,
+) -> Option<(TidemarkHttp, Proc, Counters)> {
+    match TidemarkHttp::start_with(o, "tidemark-http", Some(config)).await {
+        Ok(server) => {
+            let proc = Proc::Tree(server.pid());
+            let before = proc.counters();
+            Some((server, proc, before))
+        }
+        Err(e) => {
+            *error = Some(e);
+            None
+        }
+    }
 }
 
 /// `deliver`: notifications appended until a webhook receiver got each.
@@ -199,15 +214,9 @@ pub async fn deliver(o: &StartOpts, clients: usize, batch: usize, n: u64) -> Del
          [notifications.routes.hook]\nsink = \"webhook\"\nurl = \"http://127.0.0.1:{port}/hook\"\n\
          [sinks.webhook]\nconcurrency = 256\ntimeout = \"30s\"\n"
     );
-    let server = match TidemarkHttp::start_with(o, "tidemark-http", Some(config)).await {
-        Ok(s) => s,
-        Err(e) => {
-            out.error = Some(e);
-            return out;
-        }
+    let Some((server, proc, before)) = start(o, config, &mut out.error).await else {
+        return out;
     };
-    let proc = Proc::Tree(server.pid());
-    let before = proc.counters();
     let next = Arc::new(AtomicU64::new(0));
     let t0 = Instant::now();
     let mut tasks = Vec::new();
@@ -227,22 +236,12 @@ pub async fn deliver(o: &StartOpts, clients: usize, batch: usize, n: u64) -> Del
                 let to = (from + batch as u64).min(n);
                 let events: Vec<Value> = (from..to)
                     .map(|i| {
-                        let id = format!("d-{i}");
-                        json!({"event_id": id, "stream": "notifications", "subject": id,
-                               "type": "notification.requested",
-                               "payload": {"priority": "urgent", "title": format!("item {i}")}})
+                        let payload = json!({"priority": "urgent", "title": format!("item {i}")});
+                        notification_requested(&format!("d-{i}"), payload)
                     })
                     .collect();
                 sent.set(from, to, Instant::now());
-                let r = client
-                    .post(&url)
-                    .json(&json!({ "events": events }))
-                    .send()
-                    .await
-                    .map_err(|e| format!("append: {e}"))?;
-                if !r.status().is_success() {
-                    return Err(format!("append: {}", r.text().await.unwrap_or_default()));
-                }
+                post_ok(&client, &url, &json!({ "events": events }), "append").await?;
             }
         }));
     }

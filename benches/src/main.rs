@@ -27,7 +27,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
 
-use report::{Report, Skipped};
+use report::{Report, Skipped, error_note};
 use targets::{StartOpts, System, Target};
 use workloads::{CellPlan, ClosedLoop, Driver, Rig, Windowed};
 
@@ -449,10 +449,7 @@ impl Run<'_> {
                     c.device_bytes_per_item
                         .map_or("n/a".into(), |v| format!("{v:.0}")),
                     c.enqueue_seconds,
-                    c.error
-                        .as_deref()
-                        .map(|e| format!("  ERROR {e}"))
-                        .unwrap_or_default()
+                    error_note(c.error.as_deref(), "  ")
                 );
                 self.report.queue.push(c);
                 self.save();
@@ -514,10 +511,7 @@ impl Run<'_> {
                 r.seconds,
                 r.notifications_per_sec,
                 r.cpu_us_per_notification,
-                r.error
-                    .as_deref()
-                    .map(|e| format!("  ERROR {e}"))
-                    .unwrap_or_default()
+                error_note(r.error.as_deref(), "  ")
             );
             self.report.route = Some(r);
             self.save();
@@ -534,10 +528,7 @@ impl Run<'_> {
                 d.latency_us.p50,
                 d.latency_us.p99,
                 d.cpu_us_per_notification,
-                d.error
-                    .as_deref()
-                    .map(|e| format!("  ERROR {e}"))
-                    .unwrap_or_default()
+                error_note(d.error.as_deref(), "  ")
             );
             self.report.deliver = Some(d);
             self.save();
@@ -588,10 +579,7 @@ impl Run<'_> {
                     c.device_bytes_per_event
                         .map_or("n/a".into(), |v| v.to_string()),
                     c.fsyncs_per_event.map_or("-".into(), |v| v.to_string()),
-                    c.error
-                        .as_deref()
-                        .map(|e| format!("  ERROR {e}"))
-                        .unwrap_or_default()
+                    error_note(c.error.as_deref(), "  ")
                 );
                 self.report.append.push(c);
                 self.save();
@@ -642,10 +630,7 @@ impl Run<'_> {
                     r.events,
                     r.events_per_sec,
                     r.mb_per_sec,
-                    r.error
-                        .as_deref()
-                        .map(|e| format!("  ERROR {e}"))
-                        .unwrap_or_default()
+                    error_note(r.error.as_deref(), "  ")
                 );
                 self.report.readback.push(r);
                 self.save();

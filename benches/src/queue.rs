@@ -29,6 +29,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::http::{get_json, notification_requested, post_ok, send};
 use crate::measure::{
     BlockDevice, Counters, Percentiles, Proc, clock_ticks, new_histogram, round1, round3,
 };
@@ -250,21 +251,9 @@ pub(crate) async fn append_notifications(
                     return Ok::<(), String>(());
                 }
                 let events: Vec<Value> = (from..(from + 1000).min(n))
-                    .map(|i| {
-                        let id = format!("{prefix}-{i}");
-                        json!({"event_id": id, "stream": "notifications", "subject": id,
-                               "type": "notification.requested", "payload": payload(i)})
-                    })
+                    .map(|i| notification_requested(&format!("{prefix}-{i}"), payload(i)))
                     .collect();
-                let r = client
-                    .post(&url)
-                    .json(&json!({ "events": events }))
-                    .send()
-                    .await
-                    .map_err(|e| format!("append: {e}"))?;
-                if !r.status().is_success() {
-                    return Err(format!("append: {}", r.text().await.unwrap_or_default()));
-                }
+                post_ok(&client, &url, &json!({ "events": events }), "append").await?;
             }
         }));
     }
@@ -283,14 +272,7 @@ pub(crate) async fn wait_queued(
 ) -> Result<(), String> {
     let deadline = Instant::now() + limit;
     loop {
-        let v: Value = client
-            .get(format!("{base}/v1/outbox/kpis"))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .json()
-            .await
-            .map_err(|e| e.to_string())?;
+        let v = get_json(client, &format!("{base}/v1/outbox/kpis")).await?;
         let queued = v["by_sink"]["app"]["queued"].as_u64().unwrap_or(0);
         if queued >= n {
             return Ok(());
@@ -342,13 +324,10 @@ impl Queue for TidemarkQueue {
         worker: &str,
         max: usize,
     ) -> Result<Vec<String>, String> {
-        let r = c
-            .post(format!("{}/v1/deliveries/claim", self.server.base()))
-            .json(&json!({"sink": "app", "owner": worker, "limit": max,
-                          "lease_ms": LEASE.as_millis() as u64}))
-            .send()
-            .await
-            .map_err(|e| format!("claim: {e}"))?;
+        let url = format!("{}/v1/deliveries/claim", self.server.base());
+        let body = json!({"sink": "app", "owner": worker, "limit": max,
+                          "lease_ms": LEASE.as_millis() as u64});
+        let r = send(c.post(url).json(&body), "claim").await?;
         let status = r.status();
         let v: Value = r.json().await.map_err(|e| format!("claim: {e}"))?;
         if !status.is_success() {
@@ -370,26 +349,15 @@ impl Queue for TidemarkQueue {
         items: Vec<String>,
     ) -> Result<(), String> {
         let base = self.server.base();
-        let r = if let [one] = items.as_slice() {
-            c.post(format!(
-                "{base}/v1/deliveries/{}/complete",
-                one.replace(':', "%3A")
-            ))
-            .json(&json!({ "owner": worker }))
-            .send()
-            .await
+        let (url, body) = if let [one] = items.as_slice() {
+            let url = format!("{base}/v1/deliveries/{}/complete", one.replace(':', "%3A"));
+            (url, json!({ "owner": worker }))
         } else {
             let ds: Vec<Value> = items.iter().map(|id| json!({ "id": id })).collect();
-            c.post(format!("{base}/v1/deliveries/complete"))
-                .json(&json!({ "owner": worker, "deliveries": ds }))
-                .send()
-                .await
-        }
-        .map_err(|e| format!("complete: {e}"))?;
-        if !r.status().is_success() {
-            return Err(format!("complete: {}", r.text().await.unwrap_or_default()));
-        }
-        Ok(())
+            let url = format!("{base}/v1/deliveries/complete");
+            (url, json!({ "owner": worker, "deliveries": ds }))
+        };
+        post_ok(c, &url, &body, "complete").await
     }
 
     async fn stop(self) {

@@ -386,6 +386,11 @@ impl Report {
     }
 }
 
+/// `<gap>ERROR <error>` after a result's figures when it failed, else nothing.
+pub fn error_note(error: Option<&str>, gap: &str) -> String {
+    error.map(|e| format!("{gap}ERROR {e}")).unwrap_or_default()
+}
+
 fn short(e: &str) -> String {
     let one: String = e.replace('|', "/").replace('\n', " ");
     if one.chars().count() > 120 {
@@ -523,10 +528,7 @@ impl Report {
                         c.ctx_switches_per_item,
                         c.device_bytes_per_item
                             .map_or("n/a".to_owned(), |v| format!("{v:.0}")),
-                        c.error
-                            .as_deref()
-                            .map(|e| format!(" ERROR {e}"))
-                            .unwrap_or_default()
+                        error_note(c.error.as_deref(), " ")
                     );
                 }
             }
@@ -555,10 +557,7 @@ impl Report {
                 d.latency_us.p50 as f64 / 1000.0,
                 d.latency_us.p99 as f64 / 1000.0,
                 d.cpu_us_per_notification,
-                d.error
-                    .as_deref()
-                    .map(|e| format!(" ERROR {e}"))
-                    .unwrap_or_default()
+                error_note(d.error.as_deref(), " ")
             );
         }
         if let Some(r) = &self.route {
@@ -571,10 +570,7 @@ impl Report {
                 r.append_seconds,
                 r.notifications_per_sec,
                 r.cpu_us_per_notification,
-                r.error
-                    .as_deref()
-                    .map(|e| format!(" ERROR {e}"))
-                    .unwrap_or_default()
+                error_note(r.error.as_deref(), " ")
             );
         }
     }

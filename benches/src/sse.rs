@@ -41,14 +41,7 @@ pub async fn sse_latency(t: &TidemarkHttp, events: u64) -> SseResult {
 
 async fn run(t: &TidemarkHttp, events: u64, r: &mut SseResult) -> Result<(), String> {
     let client = t.client();
-    let head: serde_json::Value = client
-        .get(format!("{}/v1/events?limit=1", t.base()))
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .json()
-        .await
-        .map_err(|e| e.to_string())?;
+    let head = crate::http::get_json(client, &format!("{}/v1/events?limit=1", t.base())).await?;
     let after = head["latest_event_seq"].as_u64().unwrap_or(0);
     // No request timeout on the stream itself.
     let sse_client = reqwest::Client::builder()

@@ -89,6 +89,28 @@ impl<T: Target> Rig<T> {
         Ok(())
     }
 
+    /// A run of `events` events in batches of `batch` begins: its batches (of events no run
+    /// has appended), and `clients` connections (opened if need be), or why they could not be.
+    async fn begin(
+        &mut self,
+        clients: usize,
+        batch: usize,
+        events: u64,
+    ) -> Result<(Batches, Vec<T::Conn>), String> {
+        self.ensure_conns(clients).await?;
+        let batch = batch.max(1) as u64;
+        let count = events.div_ceil(batch);
+        let batches = Batches {
+            next: Arc::new(AtomicU64::new(0)),
+            count,
+            batch,
+            base: self.next_event,
+            evgen: self.evgen,
+        };
+        self.next_event += count * batch;
+        Ok((batches, self.conns.drain(..clients).collect()))
+    }
+
     /// Drop every connection, then stop the target.
     pub async fn stop(self) {
         let Rig { target, conns, .. } = self;
@@ -107,20 +129,16 @@ impl<T: Target> Rig<T> {
         events: u64,
         deadline: Option<Instant>,
     ) -> Driven {
-        if let Err(e) = self.ensure_conns(clients).await {
-            return Driven::failed(e);
-        }
-        let batch = batch.max(1) as u64;
-        let batches = events.div_ceil(batch);
-        let base = self.next_event;
-        self.next_event += batches * batch;
-        let next = Arc::new(AtomicU64::new(0));
+        let (batches, conns) = match self.begin(clients, batch, events).await {
+            Ok(begun) => begun,
+            Err(e) => return Driven::failed(e),
+        };
+        let batch = batches.batch;
         let pauses = Arc::new(Pauses::default());
         let mut tasks = tokio::task::JoinSet::new();
-        let conns: Vec<T::Conn> = self.conns.drain(..clients).collect();
         let started = Instant::now();
         for mut conn in conns {
-            let (target, next, evgen) = (self.target.clone(), next.clone(), self.evgen);
+            let (target, batches) = (self.target.clone(), batches.clone());
             let pauses = pauses.clone();
             tasks.spawn(async move {
                 let mut h = new_histogram();
@@ -130,12 +148,9 @@ impl<T: Target> Rig<T> {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         break;
                     }
-                    let k = next.fetch_add(1, Ordering::Relaxed);
-                    if k >= batches {
+                    let Some(b) = batches.take(&*target) else {
                         break;
-                    }
-                    let lo = base + k * batch;
-                    let b = target.prepare(&evgen.batch(lo..lo + batch));
+                    };
                     pauses.sent();
                     let t0 = Instant::now();
                     let r = target.append(&mut conn, b).await;
@@ -148,7 +163,7 @@ impl<T: Target> Rig<T> {
                         Err(e) => {
                             err = Some(e);
                             // Stop the other clients too: the cell has failed.
-                            next.store(u64::MAX / 2, Ordering::Relaxed);
+                            batches.end();
                             break;
                         }
                     }
@@ -177,23 +192,18 @@ impl<T: Pipelined> Rig<T> {
         deadline: Option<Instant>,
         window: usize,
     ) -> Driven {
-        if let Err(e) = self.ensure_conns(clients).await {
-            return Driven::failed(e);
-        }
+        let (batches, conns) = match self.begin(clients, batch, events).await {
+            Ok(begun) => begun,
+            Err(e) => return Driven::failed(e),
+        };
         let open = self.target.open_limit(batch.max(1));
-        let batch = batch.max(1) as u64;
-        let batches = events.div_ceil(batch);
-        let base = self.next_event;
-        self.next_event += batches * batch;
-        let next = Arc::new(AtomicU64::new(0));
+        let batch = batches.batch;
         let stop = Arc::new(AtomicBool::new(false));
         let pauses = Arc::new(Pauses::default());
         let mut tasks = tokio::task::JoinSet::new();
-        let conns: Vec<T::Conn> = self.conns.drain(..clients).collect();
         let started = Instant::now();
         for mut conn in conns {
-            let (target, next, stop, evgen) =
-                (self.target.clone(), next.clone(), stop.clone(), self.evgen);
+            let (target, batches, stop) = (self.target.clone(), batches.clone(), stop.clone());
             let (pauses, open) = (pauses.clone(), open.clone());
             let slots = Arc::new(tokio::sync::Semaphore::new(window.max(1)));
             tasks.spawn(async move {
@@ -204,12 +214,9 @@ impl<T: Pipelined> Rig<T> {
                     {
                         break;
                     }
-                    let k = next.fetch_add(1, Ordering::Relaxed);
-                    if k >= batches {
+                    let Some(b) = batches.take(&*target) else {
                         break;
-                    }
-                    let lo = base + k * batch;
-                    let b = target.prepare(&evgen.batch(lo..lo + batch));
+                    };
                     let Ok(slot) = slots.clone().acquire_owned().await else {
                         break;
                     };
@@ -255,6 +262,34 @@ impl<T: Pipelined> Rig<T> {
             });
         }
         self.collect(tasks, started, &pauses).await
+    }
+}
+
+/// The batches of a run, handed out to its clients in turn: the `k`-th of `count` holds
+/// events `base + k * batch` up to the next batch's.
+#[derive(Clone)]
+struct Batches {
+    next: Arc<AtomicU64>,
+    count: u64,
+    batch: u64,
+    base: u64,
+    evgen: EventGen,
+}
+
+impl Batches {
+    /// The next batch, prepared for `target`; `None` once every batch has been handed out.
+    fn take<T: Target>(&self, target: &T) -> Option<T::Batch> {
+        let k = self.next.fetch_add(1, Ordering::Relaxed);
+        if k >= self.count {
+            return None;
+        }
+        let lo = self.base + k * self.batch;
+        Some(target.prepare(&self.evgen.batch(lo..lo + self.batch)))
+    }
+
+    /// Hand out no more batches (the run has failed).
+    fn end(&self) {
+        self.next.store(u64::MAX / 2, Ordering::Relaxed);
     }
 }
 
@@ -305,15 +340,17 @@ pub trait Driver<T: Target> {
     /// Requests each client keeps in flight, when more than one at a time.
     fn window(&self) -> Option<usize>;
 
-    /// `clients` clients appending batches of `batch` until `events` or `deadline`.
-    fn drive(
-        &self,
-        rig: &mut Rig<T>,
-        clients: usize,
-        batch: usize,
-        events: u64,
-        deadline: Option<Instant>,
-    ) -> impl Future<Output = Driven>;
+    /// The cell's clients appending its batches until `pass` ends.
+    fn drive(&self, rig: &mut Rig<T>, pass: Pass) -> impl Future<Output = Driven>;
+}
+
+/// One pass of a cell: its `clients` appending batches of `batch` until `events` events or
+/// `deadline`.
+pub struct Pass {
+    pub clients: usize,
+    pub batch: usize,
+    pub events: u64,
+    pub deadline: Option<Instant>,
 }
 
 /// Each client sends one request and awaits its durable reply before the next ([`Rig::run`]).
@@ -324,15 +361,8 @@ impl<T: Target> Driver<T> for ClosedLoop {
         None
     }
 
-    async fn drive(
-        &self,
-        rig: &mut Rig<T>,
-        clients: usize,
-        batch: usize,
-        events: u64,
-        deadline: Option<Instant>,
-    ) -> Driven {
-        rig.run(clients, batch, events, deadline).await
+    async fn drive(&self, rig: &mut Rig<T>, p: Pass) -> Driven {
+        rig.run(p.clients, p.batch, p.events, p.deadline).await
     }
 }
 
@@ -344,15 +374,8 @@ impl<T: Pipelined> Driver<T> for Windowed {
         Some(self.0)
     }
 
-    async fn drive(
-        &self,
-        rig: &mut Rig<T>,
-        clients: usize,
-        batch: usize,
-        events: u64,
-        deadline: Option<Instant>,
-    ) -> Driven {
-        rig.run_windowed(clients, batch, events, deadline, self.0)
+    async fn drive(&self, rig: &mut Rig<T>, p: Pass) -> Driven {
+        rig.run_windowed(p.clients, p.batch, p.events, p.deadline, self.0)
             .await
     }
 }
@@ -472,6 +495,18 @@ pub struct CellPlan {
     pub layers: bool,
 }
 
+impl CellPlan {
+    /// A pass of this cell's shape: up to `events` events, until `deadline`.
+    fn pass(&self, events: u64, deadline: Option<Instant>) -> Pass {
+        Pass {
+            clients: self.clients,
+            batch: self.batch,
+            events,
+            deadline,
+        }
+    }
+}
+
 /// One append cell: a warm-up batch per client, the timed run, then (optionally) the traced
 /// pass that counts sync calls, each driven by `driver`.
 pub async fn append_cell<T: Target, D: Driver<T>>(
@@ -512,7 +547,7 @@ pub async fn append_cell<T: Target, D: Driver<T>>(
     };
     // Warm-up: connections open, every client's first request served.
     let warm = driver
-        .drive(rig, p.clients, p.batch, (p.clients * p.batch) as u64, None)
+        .drive(rig, p.pass((p.clients * p.batch) as u64, None))
         .await;
     if let Some(e) = warm.error {
         cell.error = Some(format!("warm-up: {e}"));
@@ -533,9 +568,7 @@ pub async fn append_cell<T: Target, D: Driver<T>>(
     let dev_before = device.as_ref().ok().and_then(BlockDevice::written_bytes);
     let wal_before = rig.target.extra_written().await;
     let deadline = Instant::now() + Duration::from_secs_f64(p.seconds);
-    let d = driver
-        .drive(rig, p.clients, p.batch, p.events, Some(deadline))
-        .await;
+    let d = driver.drive(rig, p.pass(p.events, Some(deadline))).await;
     let after = proc.counters();
     let dev_after = device.as_ref().ok().and_then(BlockDevice::written_bytes);
     let wal_after = rig.target.extra_written().await;
@@ -580,9 +613,7 @@ pub async fn append_cell<T: Target, D: Driver<T>>(
     match SyscallCount::attach(proc) {
         Ok(trace) => {
             let deadline = Instant::now() + Duration::from_secs(10);
-            let d = driver
-                .drive(rig, p.clients, p.batch, pass_events, Some(deadline))
-                .await;
+            let d = driver.drive(rig, p.pass(pass_events, Some(deadline))).await;
             match (trace.finish(), d.error) {
                 (Ok(calls), None) if d.events > 0 && calls > 0 => {
                     cell.fsyncs_per_event = Some(sig4(calls as f64 / d.events as f64));
@@ -622,9 +653,7 @@ async fn profile_layers<T: Target, D: Driver<T>>(
     match crate::layers::Profile::attach(proc) {
         Ok(profile) => {
             let deadline = Instant::now() + crate::layers::Profile::pass();
-            let d = driver
-                .drive(rig, p.clients, p.batch, p.events, Some(deadline))
-                .await;
+            let d = driver.drive(rig, p.pass(p.events, Some(deadline))).await;
             match (profile.finish(cell.cpu_us_per_event), d.error) {
                 (Ok(layers), None) => {
                     for l in &layers {

@@ -5,8 +5,9 @@
 //! Nothing here is timed: figures are checked for shape (present, positive, consistent), never
 //! against a speed.
 
+use std::ffi::OsStr;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Output};
 
 use serde_json::Value;
 
@@ -28,28 +29,53 @@ fn require_peers() -> bool {
     std::env::var("TIDEMARK_BENCH_REQUIRE_PEERS").is_ok_and(|v| v == "1")
 }
 
-/// Run the benchmark binary on a tiny plan; the JSON document it wrote.
-fn tiny_run(systems: &str, extra: &[&str]) -> Value {
+/// Run `program` (`name`) with `args`, then a fresh `--work-dir` and a `--json-out` in it; it
+/// must succeed. The JSON document it wrote, and its output.
+fn run_json(program: impl AsRef<OsStr>, name: &str, args: &[impl AsRef<OsStr>]) -> (Value, Output) {
     let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("work dir");
     let json = work.path().join("result.json");
-    let out = Command::new(BENCH)
-        .args(["--systems", systems])
-        .args(["--workloads", "append,readback"])
-        .args(["--clients", "1,3", "--batches", "1,10", "--events", "40"])
-        .args(["--cell-seconds", "30", "--readback-events", "250"])
+    let out = Command::new(program)
+        .args(args)
         .arg("--work-dir")
         .arg(work.path())
-        .arg("--tidemark-bin")
-        .arg(tidemark_bin())
         .arg("--json-out")
         .arg(&json)
-        .args(extra)
         .output()
-        .expect("run tidemark-bench");
+        .unwrap_or_else(|e| panic!("run {name}: {e}"));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "tidemark-bench failed: {stderr}");
+    assert!(out.status.success(), "{name} failed: {stderr}");
     let doc: Value = serde_json::from_slice(&std::fs::read(&json).expect("json written"))
         .expect("the JSON document parses");
+    (doc, out)
+}
+
+/// [`run_json`] of the benchmark binary with `args` and the tidemark binary.
+fn run_bench(args: &[&str]) -> (Value, Output) {
+    let mut args: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+    args.extend(["--tidemark-bin".into(), tidemark_bin().into()]);
+    run_json(BENCH, "tidemark-bench", &args)
+}
+
+/// The reason the benchmark gave for skipping `system`, if it did (said on stdout; a skip
+/// fails with `TIDEMARK_BENCH_REQUIRE_PEERS=1`).
+fn skip(doc: &Value, system: &str) -> Option<String> {
+    let reason = skipped(doc, system)?;
+    assert!(
+        !require_peers(),
+        "{system} was skipped but TIDEMARK_BENCH_REQUIRE_PEERS=1: {reason}"
+    );
+    println!("SKIPPED {system}: {reason}");
+    Some(reason)
+}
+
+/// Run the benchmark binary on a tiny plan; the JSON document it wrote.
+fn tiny_run(systems: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["--systems", systems, "--workloads", "append,readback"];
+    args.extend(["--clients", "1,3", "--batches", "1,10", "--events", "40"]);
+    args.extend(["--cell-seconds", "30", "--readback-events", "250"]);
+    args.extend(extra);
+    let (doc, out) = run_bench(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
     // stdout holds the same document.
     let printed: Value = serde_json::from_slice(&out.stdout).expect("stdout is the JSON document");
     assert_eq!(printed["append"], doc["append"]);
@@ -78,16 +104,11 @@ fn check_system(system: &str) {
 fn check_cells(system: &str, extra: &[&str]) {
     let doc = tiny_run(system, extra);
     assert_eq!(doc["complete"], true);
-    if let Some(reason) = skipped(&doc, system) {
-        assert!(
-            !require_peers(),
-            "{system} was skipped but TIDEMARK_BENCH_REQUIRE_PEERS=1: {reason}"
-        );
+    if let Some(reason) = skip(&doc, system) {
         assert!(
             reason.contains("not installed") || reason.contains("not on PATH"),
             "{system} skipped for another reason than a missing server: {reason}"
         );
-        println!("SKIPPED {system}: {reason}");
         return;
     }
     let traced = Command::new("strace").arg("-V").output().is_ok();
@@ -213,31 +234,22 @@ fn nats_cluster_window_appends() {
 /// Reads from one tidemark node on the cluster, then from two at once, as pages and as SSE.
 #[test]
 fn cluster_reads_from_one_and_two_nodes() {
-    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("work dir");
-    let json = work.path().join("result.json");
-    let out = Command::new(BENCH)
-        .args([
-            "--systems",
-            "tidemark-jetstream",
-            "--workloads",
-            "cluster-reads",
-        ])
-        .args(["--readback-events", "3000", "--reads-clients", "2"])
-        .args(["--reads-sse-clients", "2", "--reads-seconds", "2"])
-        .arg("--work-dir")
-        .arg(work.path())
-        .arg("--tidemark-bin")
-        .arg(tidemark_bin())
-        .arg("--json-out")
-        .arg(&json)
-        .output()
-        .expect("run tidemark-bench");
+    let (doc, out) = run_bench(&[
+        "--systems",
+        "tidemark-jetstream",
+        "--workloads",
+        "cluster-reads",
+        "--readback-events",
+        "3000",
+        "--reads-clients",
+        "2",
+        "--reads-sse-clients",
+        "2",
+        "--reads-seconds",
+        "2",
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "tidemark-bench failed: {stderr}");
-    let doc: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    if let Some(reason) = skipped(&doc, "tidemark-jetstream") {
-        assert!(!require_peers(), "skipped: {reason}");
-        println!("SKIPPED tidemark-jetstream: {reason}");
+    if skip(&doc, "tidemark-jetstream").is_some() {
         return;
     }
     let r = &doc["cluster_reads"];
@@ -288,17 +300,15 @@ fn cluster_reads_from_one_and_two_nodes() {
 /// with a peer of the same run.
 #[test]
 fn tidemark_bench_subcommand_reports_ratios() {
-    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("work dir");
-    let json = work.path().join("r.json");
-    let out = Command::new(tidemark_bin())
-        .args([
+    let (doc, out) = run_json(
+        tidemark_bin(),
+        "tidemark bench",
+        &[
             "bench",
             "--systems",
             "tidemark-inproc,sqlite",
             "--workloads",
             "fsync,append",
-        ])
-        .args([
             "--clients",
             "2",
             "--batches",
@@ -307,16 +317,10 @@ fn tidemark_bench_subcommand_reports_ratios() {
             "50",
             "--fsync-count",
             "5",
-        ])
-        .args(["--no-fsync-count", "--work-dir"])
-        .arg(work.path())
-        .arg("--json-out")
-        .arg(&json)
-        .output()
-        .expect("run tidemark bench");
+            "--no-fsync-count",
+        ],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "tidemark bench failed: {stderr}");
-    let doc: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let ratios = doc["ratios"].as_array().expect("ratios");
     assert_eq!(ratios.len(), 1, "{ratios:?}");
     assert_eq!(ratios[0]["tidemark"], "tidemark-inproc");
@@ -338,21 +342,15 @@ fn tidemark_bench_subcommand_reports_ratios() {
 /// Bad options are refused before anything starts.
 #[test]
 fn bad_options_are_refused() {
-    let out = Command::new(BENCH)
-        .args(["--batches", "1001", "--systems", "sqlite"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("1 to 1000"));
-    let out = Command::new(BENCH)
-        .args(["--systems", "oracle"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let out = Command::new(BENCH)
-        .args(["--nats-window", "0", "--systems", "nats-window"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--nats-window 0"));
+    // The benchmark with `args` fails; what it said on stderr.
+    let refused = |args: &[&str]| {
+        let out = Command::new(BENCH).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} accepted");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(refused(&["--batches", "1001", "--systems", "sqlite"]).contains("1 to 1000"));
+    refused(&["--systems", "oracle"]);
+    assert!(
+        refused(&["--nats-window", "0", "--systems", "nats-window"]).contains("--nats-window 0")
+    );
 }

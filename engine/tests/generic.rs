@@ -6,7 +6,7 @@
 mod common;
 
 use tidemark_engine::Engine;
-use tidemark_engine::commands::outbox::{Claim, Complete, Route};
+use tidemark_engine::commands::outbox::{Complete, Route};
 use tidemark_log::{
     AppendError, AppendReceipt, Compacted, Condition, Event, EventLog, Log, LogConfig, NewEvent,
     ReadError, ReadPage, ReadQuery, StorageError,
@@ -14,7 +14,7 @@ use tidemark_log::{
 use tidemark_projections::ModelsConfig;
 use tokio::sync::watch;
 
-use common::rt;
+use common::{app_claim, requested, rt};
 
 /// Another backend, as far as the engine can tell; its `head()` may be slow to answer (a
 /// pause, then the value read), which widens every window between reading the head and acting
@@ -25,6 +25,8 @@ struct Other(
     std::time::Duration,
     std::sync::Arc<std::sync::atomic::AtomicBool>,
 );
+
+tidemark_log::lookups_through!(Other, |o| &o.0);
 
 impl EventLog for Other {
     async fn append(&self, events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
@@ -45,9 +47,6 @@ impl EventLog for Other {
         }
         self.0.read(q)
     }
-    fn get(&self, seq: u64) -> Result<Option<Event>, ReadError> {
-        self.0.get(seq)
-    }
     fn get_by_id(&self, event_id: &str) -> Result<Option<Event>, ReadError> {
         self.0.get_by_id(event_id)
     }
@@ -63,60 +62,41 @@ impl EventLog for Other {
     async fn close(&self) {
         self.0.close().await;
     }
-    fn first_seq(&self) -> Result<u64, StorageError> {
-        self.0.first_seq()
-    }
-    fn last_before(&self, before_us: i64) -> Result<u64, StorageError> {
-        self.0.last_before(before_us)
-    }
-    fn next_of(
-        &self,
-        stream: &str,
-        subject: &str,
-        after: u64,
-    ) -> Result<Option<u64>, StorageError> {
-        self.0.next_of(stream, subject, after)
-    }
     async fn compact(&self, through: u64) -> Result<Compacted, AppendError> {
         self.0.compact(through).await
     }
+}
+
+/// An engine on [`Other`] (slow by `slow`, failing while `fail` is set) over a fresh log in
+/// `dir`.
+fn engine_on_other(
+    dir: &std::path::Path,
+    slow: std::time::Duration,
+    fail: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Engine<Other> {
+    let (log, _) = Log::open(&LogConfig::in_dir(dir)).unwrap();
+    Engine::on_log(Other(log, slow, fail), &ModelsConfig::in_dir(dir)).unwrap()
+}
+
+/// What the notifications here ask for: an urgent one to recipient `r`.
+fn urgent() -> serde_json::Value {
+    serde_json::json!({"priority": "urgent", "title": "t", "recipient": "r"})
 }
 
 #[test]
 fn the_engine_runs_on_another_event_log() {
     let dir = tempfile::tempdir().unwrap();
     let rt = rt();
-    let (log, _) = Log::open(&LogConfig::in_dir(dir.path())).unwrap();
-    let engine: Engine<Other> = Engine::on_log(
-        Other(log, Default::default(), Default::default()),
-        &ModelsConfig::in_dir(dir.path()),
-    )
-    .unwrap();
+    let engine = engine_on_other(dir.path(), Default::default(), Default::default());
     rt.block_on(async {
         let notes: Vec<NewEvent> = (0..30)
-            .map(|i| {
-                let id = format!("g-{i}");
-                NewEvent::new(
-                    Some(id.clone()),
-                    "notifications",
-                    id,
-                    "notification.requested",
-                    &serde_json::json!({"priority": "urgent", "title": "t", "recipient": "r"}),
-                )
-                .unwrap()
-            })
+            .map(|i| requested(&format!("g-{i}"), &urgent()))
             .collect();
         engine.log().append(notes).await.unwrap();
         let source = common::events_after_on(engine.log(), 0);
         engine.execute(Route { source }).await.unwrap();
         let (leased, _) = engine
-            .execute(Claim {
-                sink: tidemark_projections::names::Sink::App,
-                owner: "o".into(),
-                limit: 100,
-                lease_ms: 60_000,
-                share: tidemark_log::Share::ALL,
-            })
+            .execute(app_claim("o", 100, 60_000, tidemark_log::Share::ALL))
             .await
             .unwrap();
         assert_eq!(leased.len(), 30, "every app delivery is claimed");
@@ -158,21 +138,8 @@ fn a_commit_between_the_fold_and_the_wait_is_folded() {
         // The append lands at a different moment of the decider's start in each engine.
         for i in 0..40u64 {
             let dir = tempfile::tempdir().unwrap();
-            let (log, _) = Log::open(&LogConfig::in_dir(dir.path())).unwrap();
-            let engine: Engine<Other> = Engine::on_log(
-                Other(log, slow, Default::default()),
-                &ModelsConfig::in_dir(dir.path()),
-            )
-            .unwrap();
-            let id = format!("w-{i}");
-            let ev = NewEvent::new(
-                Some(id.clone()),
-                "notifications",
-                id,
-                "notification.requested",
-                &serde_json::json!({"priority": "urgent", "title": "t", "recipient": "r"}),
-            )
-            .unwrap();
+            let engine = engine_on_other(dir.path(), slow, Default::default());
+            let ev = requested(&format!("w-{i}"), &urgent());
             std::thread::sleep(std::time::Duration::from_micros(i * 250));
             let seq = engine.log().append(vec![ev]).await.unwrap().last_seq;
             let q = engine.read().clone();
@@ -196,36 +163,16 @@ fn a_failing_log_read_is_the_logs_failure_not_the_models() {
     use tidemark_engine::CommandError;
     let dir = tempfile::tempdir().unwrap();
     let rt = rt();
-    let (log, _) = Log::open(&LogConfig::in_dir(dir.path())).unwrap();
     let fail = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let engine: Engine<Other> = Engine::on_log(
-        Other(log, Default::default(), fail.clone()),
-        &ModelsConfig::in_dir(dir.path()),
-    )
-    .unwrap();
-    let note = |id: &str| {
-        NewEvent::new(
-            Some(id.to_owned()),
-            "notifications",
-            id,
-            "notification.requested",
-            &serde_json::json!({"priority": "urgent", "title": "t", "recipient": "r"}),
-        )
-        .unwrap()
-    };
+    let engine = engine_on_other(dir.path(), Default::default(), fail.clone());
+    let note = |id: &str| requested(id, &urgent());
     rt.block_on(async {
         engine.log().append(vec![note("a")]).await.unwrap();
         let source = common::events_after_on(engine.log(), 0);
         engine.execute(Route { source }).await.unwrap();
         fail.store(true, std::sync::atomic::Ordering::SeqCst);
         engine.log().append(vec![note("b")]).await.unwrap();
-        let claim = || Claim {
-            sink: tidemark_projections::names::Sink::App,
-            owner: "o".into(),
-            limit: 100,
-            lease_ms: 60_000,
-            share: tidemark_log::Share::ALL,
-        };
+        let claim = || app_claim("o", 100, 60_000, tidemark_log::Share::ALL);
         let e = engine.execute(claim()).await.unwrap_err();
         assert!(matches!(e, CommandError::Storage(_)), "{e:?}");
         assert!(!e.to_string().contains("models"), "{e}");
@@ -261,14 +208,7 @@ fn a_folds_own_log_read_is_the_logs_failure() {
     let dir = tempfile::tempdir().unwrap();
     let rt = rt();
     let (log, _) = Log::open(&LogConfig::in_dir(dir.path())).unwrap();
-    let ev = NewEvent::new(
-        Some("n".to_owned()),
-        "notifications",
-        "n",
-        "notification.requested",
-        &serde_json::json!({"priority": "urgent", "title": "t", "recipient": "r"}),
-    )
-    .unwrap();
+    let ev = requested("n", &urgent());
     rt.block_on(log.append(vec![ev])).unwrap();
     let fail = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let other = Other(log, Default::default(), fail.clone());

@@ -16,11 +16,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use common::{engine_with_clock, events_after, rt};
+use common::{
+    app_claim, deliveries_rebuild_identically, engine_a_day_ahead, events_after, requested, rt,
+};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use tidemark_engine::commands::OperatorAction;
-use tidemark_engine::commands::outbox::{Claim, Complete, ExpireLeases, Fail, Operator, Route};
+use tidemark_engine::commands::outbox::{Complete, ExpireLeases, Fail, Operator, Route};
 use tidemark_engine::commands::{Completed, Failure};
 use tidemark_engine::{Command, CommandError, Engine};
 use tidemark_log::{EventLog, NewEvent};
@@ -89,8 +91,7 @@ struct Harness {
 
 impl Harness {
     fn new(dir: &std::path::Path, hold: bool) -> Harness {
-        let (engine, clock) =
-            engine_with_clock(dir, tidemark_log::time::now_micros() + 86_400 * SEC);
+        let (engine, clock) = engine_a_day_ahead(dir);
         let mut h = Harness {
             rt: rt(),
             engine,
@@ -169,13 +170,7 @@ impl Harness {
     fn claim(&mut self, limit: usize) -> Result<usize, String> {
         let before = self.rows();
         let got = self
-            .exec(Claim {
-                sink: tidemark_projections::names::Sink::App,
-                owner: "a".into(),
-                limit,
-                lease_ms: 10_000,
-                share: tidemark_log::Share::ALL,
-            })
+            .exec(app_claim("a", limit, 10_000, tidemark_log::Share::ALL))
             .unwrap_or_default();
         for d in &got {
             let i = self.number(d);
@@ -222,17 +217,7 @@ impl Harness {
                 self.keys.push(key);
                 self.place.push(self.next_place);
                 self.next_place += 1;
-                let id = format!("n{i}");
-                self.append(
-                    NewEvent::new(
-                        Some(id.clone()),
-                        "notifications",
-                        id,
-                        "notification.requested",
-                        &p,
-                    )
-                    .unwrap(),
-                );
+                self.append(requested(&format!("n{i}"), &p));
             }
             Op::Claim { limit } => {
                 self.claim(limit as usize)?;
@@ -374,10 +359,7 @@ proptest! {
                 prop_assert!(sent.windows(2).all(|w| w[0] < w[1]), "key {} sent {:?}", k, sent);
             }
         }
-        let v = h.rt.block_on(h.engine.rebuild("deliveries", false, |_, _| {})).unwrap().unwrap();
-        prop_assert!(v.identical, "deliveries verify diverged at {:?}", v.first_divergent_seq);
-        let r = h.rt.block_on(h.engine.rebuild("deliveries", true, |_, _| {})).unwrap().unwrap();
-        prop_assert!(r.identical);
+        deliveries_rebuild_identically(&h.rt, &h.engine).map_err(TestCaseError::fail)?;
         h.check().map_err(TestCaseError::fail)?;
         h.rt.block_on(h.engine.close());
     }

@@ -20,15 +20,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use tidemark_engine::CommandError;
+use tidemark_log::Lookups;
 
-use common::{engine_with_clock, events_after, rt};
+use common::{
+    app_claim, deliveries_rebuild_identically, engine_a_day_ahead, events_after, requested, rt,
+};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use tidemark_engine::Command;
 use tidemark_engine::Engine;
-use tidemark_engine::commands::outbox::{
-    Claim, Complete, ExpireLeases, Extend, Fail, Operator, Route,
-};
+use tidemark_engine::commands::outbox::{Complete, ExpireLeases, Extend, Fail, Operator, Route};
 use tidemark_engine::commands::{Completed, Failure, OperatorAction};
 use tidemark_log::{Event, EventLog, NewEvent};
 use tidemark_projections::deliveries::Delivery;
@@ -476,10 +477,7 @@ struct Harness {
 
 impl Harness {
     fn new(dir: &std::path::Path, settings: Option<Value>) -> Harness {
-        // A day past the wall clock: events are stamped by the log with the wall clock, so
-        // every new delivery is due at once on the simulated clock.
-        let (engine, clock) =
-            engine_with_clock(dir, tidemark_log::time::now_micros() + 86_400 * SEC);
+        let (engine, clock) = engine_a_day_ahead(dir);
         let mut h = Harness {
             rt: rt(),
             engine,
@@ -616,16 +614,7 @@ impl Harness {
                 *n += 1;
                 let id = format!("n{n:03}");
                 let p = json!({"priority": "urgent", "title": "t", "recipient": format!("r{recipient}")});
-                let ev = self.append(
-                    NewEvent::new(
-                        Some(id.clone()),
-                        "notifications",
-                        id.clone(),
-                        "notification.requested",
-                        &p,
-                    )
-                    .unwrap(),
-                );
+                let ev = self.append(requested(&id, &p));
                 self.model
                     .notify(format!("dlv:{id}:desktop"), recipient, ev.time_us);
             }
@@ -652,13 +641,12 @@ impl Harness {
             } => {
                 let o = OWNERS[owner as usize];
                 let got = self
-                    .exec(Claim {
-                        sink: tidemark_projections::names::Sink::App,
-                        owner: o.into(),
-                        limit: limit as usize,
-                        lease_ms: u64::from(lease_s) * 1000,
-                        share: tidemark_log::Share::ALL,
-                    })
+                    .exec(app_claim(
+                        o,
+                        limit as usize,
+                        u64::from(lease_s) * 1000,
+                        tidemark_log::Share::ALL,
+                    ))
                     .map_err(|c| format!("claim refused: {c}"))?;
                 let want = self
                     .model
@@ -807,10 +795,7 @@ proptest! {
         }
         prop_assert_eq!(h.model.rows.len(), n, "every notification got exactly one delivery");
         // I3: the live model equals a rebuild.
-        let v = h.rt.block_on(h.engine.rebuild("deliveries", false, |_, _| {})).unwrap().unwrap();
-        prop_assert!(v.identical, "deliveries verify diverged at {:?}", v.first_divergent_seq);
-        let r = h.rt.block_on(h.engine.rebuild("deliveries", true, |_, _| {})).unwrap().unwrap();
-        prop_assert!(r.identical);
+        deliveries_rebuild_identically(&h.rt, &h.engine).map_err(TestCaseError::fail)?;
         h.check().map_err(TestCaseError::fail)?;
         h.rt.block_on(h.engine.close());
     }
@@ -822,24 +807,8 @@ proptest! {
 fn expired_lease_is_released_and_reclaimed() {
     let dir = tempfile::tempdir().unwrap();
     let mut h = Harness::new(dir.path(), None);
-    let p = json!({"priority": "action", "title": "t"});
-    h.append(
-        NewEvent::new(
-            Some("x".into()),
-            "notifications",
-            "x",
-            "notification.requested",
-            &p,
-        )
-        .unwrap(),
-    );
-    let claim = |owner: &str| Claim {
-        sink: tidemark_projections::names::Sink::App,
-        owner: owner.into(),
-        limit: 10,
-        lease_ms: 1_000,
-        share: tidemark_log::Share::ALL,
-    };
+    h.append(requested("x", &json!({"priority": "action", "title": "t"})));
+    let claim = |owner: &str| app_claim(owner, 10, 1_000, tidemark_log::Share::ALL);
     let got = h.exec(claim("a")).unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].id, "dlv:x:desktop");
@@ -887,26 +856,10 @@ fn claims_take_their_share_first() {
     let mut h = Harness::new(dir.path(), None);
     let p = json!({"priority": "action", "title": "t"});
     for i in 0..40 {
-        let id = format!("n{i}");
-        h.append(
-            NewEvent::new(
-                Some(id.clone()),
-                "notifications",
-                id,
-                "notification.requested",
-                &p,
-            )
-            .unwrap(),
-        );
+        h.append(requested(&format!("n{i}"), &p));
     }
     let share = |index| tidemark_log::Share { index, of: 2 };
-    let claim = |owner: &str, index, limit| Claim {
-        sink: tidemark_projections::names::Sink::App,
-        owner: owner.into(),
-        limit,
-        lease_ms: 60_000,
-        share: share(index),
-    };
+    let claim = |owner: &str, index, limit| app_claim(owner, limit, 60_000, share(index));
     let a = h.exec(claim("a", 0, 5)).unwrap();
     let b = h.exec(claim("b", 1, 5)).unwrap();
     assert_eq!((a.len(), b.len()), (5, 5));
@@ -946,18 +899,8 @@ fn routing_twice_changes_nothing() {
     let settings = json!({"routes": {"desktop": {"digest": {"window": "10m", "max_items": 5}}}});
     let mut h = Harness::new(dir.path(), Some(settings));
     for i in 0..3 {
-        let id = format!("d{i}");
         let p = json!({"priority": "action", "title": format!("t{i}"), "recipient": "r", "group_key": "g"});
-        h.append(
-            NewEvent::new(
-                Some(id.clone()),
-                "notifications",
-                id,
-                "notification.requested",
-                &p,
-            )
-            .unwrap(),
-        );
+        h.append(requested(&format!("d{i}"), &p));
     }
     let row = h.row("dlv:d0:desktop");
     assert_eq!(row.items.len(), 3);

@@ -12,7 +12,6 @@ mod common;
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use redb::ReadableTable;
 use serde_json::json;
 use tidemark_log::{Log, LogConfig, NewEvent};
 use tidemark_projections::ModelsRead;
@@ -53,6 +52,13 @@ fn rt() -> tokio::runtime::Runtime {
 fn open(dir: &std::path::Path) -> common::Folded {
     let cfg = LogConfig::new(dir.join("log.redb"));
     common::Folded::open(&cfg).0
+}
+
+/// A fresh log with its models store in a temporary directory, and the runtime that drives it.
+fn fresh() -> (tempfile::TempDir, tokio::runtime::Runtime, common::Folded) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path());
+    (dir, rt(), log)
 }
 
 /// Source sites of the notifications behind the deliveries (`None` for every fourth).
@@ -104,36 +110,16 @@ fn title_of(id: &str) -> String {
 fn created(id: &str, sink: &str, route: &str, recipient: Option<&str>, status: &str) -> NewEvent {
     let at = created_at(id);
     let c = Created {
-        delivery_id: id.into(),
-        notification_id: format!("n-{id}"),
-        notification_seq: 1,
-        source_seq: 1,
         route: route.into(),
         sink: sink_or_none::parse(sink).expect("a sink or none"),
         recipient: recipient.map(str::to_owned),
-        priority: Priority::Urgent,
         title: title_of(id),
-        body: None,
-        sound: false,
-        task_id: None,
-        group_key: None,
         status: tidemark_projections::names::DeliveryStatus::parse(status)
             .expect("a delivery status"),
-        reason: None,
-        max_attempts: 3,
-        created_at_us: at,
-        next_attempt_at_us: at,
-        delay_ms: None,
-        quiet_hours_until_us: None,
-        digest_until_us: None,
-        digest_max_items: None,
         source_site: site_of(id).map(str::to_owned),
-        redacted: false,
         list: list_of(id).map(str::to_owned),
         ntype: type_of(id).map(str::to_owned),
-        count: None,
-        order_key: None,
-        order_skips_parked: false,
+        ..common::created(id.into(), format!("n-{id}"), 1, at)
     };
     NewEvent::new(
         None,
@@ -180,6 +166,61 @@ fn notification(id: &str, priority: &str, recipient: Option<&str>) -> NewEvent {
     .unwrap()
 }
 
+/// The events a run of ops writes, and the deliveries they create (in creation order).
+#[derive(Default)]
+struct Written {
+    events: Vec<NewEvent>,
+    created_ids: Vec<String>,
+}
+
+impl Written {
+    /// The `delivery.created` of `id` with the picked sink, route, recipient and status
+    /// (indexes into [`SINKS`], [`ROUTES`], [`RECIPIENTS`] and [`CREATED_STATUS`]), unless `id`
+    /// was created already.
+    fn create(
+        &mut self,
+        id: String,
+        (sink, route, recipient, status): (usize, usize, Option<usize>, usize),
+    ) {
+        if self.created_ids.contains(&id) {
+            return;
+        }
+        self.events.push(created(
+            &id,
+            SINKS[sink],
+            ROUTES[route],
+            recipient.map(|r| RECIPIENTS[r]),
+            CREATED_STATUS[status],
+        ));
+        self.created_ids.push(id);
+    }
+
+    /// Transition `kind` (of [`KINDS`]) of the `d`-th delivery created so far (modulo their
+    /// number), when there is one.
+    fn change(&mut self, d: usize, kind: usize, parked: bool) {
+        if !self.created_ids.is_empty() {
+            let id = &self.created_ids[d % self.created_ids.len()];
+            self.events.push(change(id, KINDS[kind], parked));
+        }
+    }
+}
+
+/// A run's ops, and the filters of two lists it checks.
+type OpsAndFilters<O, F, G> = (Vec<O>, Vec<F>, Vec<G>);
+
+/// Up to 300 ops, and 12 filters of each of two lists.
+fn ops_and_filters<O: Strategy, F: Strategy, G: Strategy>(
+    op: O,
+    f: F,
+    g: G,
+) -> impl Strategy<Value = OpsAndFilters<O::Value, F::Value, G::Value>> {
+    (
+        proptest::collection::vec(op, 1..300),
+        proptest::collection::vec(f, 12),
+        proptest::collection::vec(g, 12),
+    )
+}
+
 /// Append `events` in batches; the seq of each.
 fn append(rt: &tokio::runtime::Runtime, log: &Log, events: Vec<NewEvent>) -> Vec<u64> {
     let mut seqs = Vec::with_capacity(events.len());
@@ -190,63 +231,56 @@ fn append(rt: &tokio::runtime::Runtime, log: &Log, events: Vec<NewEvent>) -> Vec
     seqs
 }
 
-/// Every page of `f` from its cursor on in its order, checking that a page with a next cursor
-/// is full and that the cursor is the position of its last row.
-fn delivery_pages(db: &ModelsRead, f: &DeliveryFilter) -> Vec<Vec<Delivery>> {
-    let mut f = f.clone();
-    let mut pages = Vec::new();
-    loop {
-        let (page, next) = deliveries::View::new(&db.snapshot().unwrap())
-            .unwrap()
-            .page(&f)
-            .unwrap();
-        assert!(page.len() <= f.limit, "a page over limit: {f:?}");
-        match next {
-            Some(n) => {
-                assert_eq!(
-                    page.len(),
-                    f.limit,
-                    "a page short of limit before the end: {f:?}"
-                );
-                assert_eq!(page.last().map(Position::from), Some(n.clone()));
-                pages.push(page);
-                match f.order {
-                    ListOrder::Id => f.after = Some(n.id),
-                    ListOrder::Newest => f.before = Some(n),
-                }
-            }
-            None => {
-                pages.push(page);
-                return pages;
-            }
-        }
-        assert!(pages.len() < 10_000, "paging does not end: {f:?}");
-    }
+/// One page of the deliveries `f` picks, and the cursor of the next.
+fn delivery_page(db: &ModelsRead, f: &DeliveryFilter) -> (Vec<Delivery>, Option<Position>) {
+    let snapshot = db.snapshot().unwrap();
+    deliveries::View::new(&snapshot).unwrap().page(f).unwrap()
 }
 
 /// The same for tasks.
-fn task_pages(db: &ModelsRead, f: &TaskFilter) -> Vec<Vec<Task>> {
+fn task_page(db: &ModelsRead, f: &TaskFilter) -> (Vec<Task>, Option<Position>) {
+    let snapshot = db.snapshot().unwrap();
+    tasks::View::new(&snapshot).unwrap().page(f).unwrap()
+}
+
+/// The same for notifications (the cursor is a seq).
+fn notification_page(db: &ModelsRead, f: &NotificationFilter) -> (Vec<Notification>, Option<u64>) {
+    let snapshot = db.snapshot().unwrap();
+    notifications::View::new(&snapshot)
+        .unwrap()
+        .page(f)
+        .unwrap()
+}
+
+/// Every page of `f` from its cursor on in its order (each read by `page`), checking that a
+/// page with a next cursor is full (`limit` rows) and that the cursor is `cursor` of its last
+/// row; `advance` moves the filter to the next cursor.
+fn pages<F, R, C>(
+    f: &F,
+    limit: usize,
+    page: impl Fn(&F) -> (Vec<R>, Option<C>),
+    cursor: impl Fn(&R) -> C,
+    advance: impl Fn(&mut F, C),
+) -> Vec<Vec<R>>
+where
+    F: Clone + std::fmt::Debug,
+    C: Clone + PartialEq + std::fmt::Debug,
+{
     let mut f = f.clone();
     let mut pages = Vec::new();
     loop {
-        let (page, next) = tasks::View::new(&db.snapshot().unwrap())
-            .unwrap()
-            .page(&f)
-            .unwrap();
-        assert!(page.len() <= f.limit, "a page over limit: {f:?}");
+        let (page, next) = page(&f);
+        assert!(page.len() <= limit, "a page over limit: {f:?}");
         match next {
             Some(n) => {
                 assert_eq!(
                     page.len(),
-                    f.limit,
+                    limit,
                     "a page short of limit before the end: {f:?}"
                 );
-                assert_eq!(page.last().map(Position::from), Some(n.clone()));
+                assert_eq!(page.last().map(&cursor), Some(n.clone()));
                 pages.push(page);
-                match f.order {
-                    ListOrder::Id => f.after = Some(n.id),
-                    ListOrder::Newest => f.before = Some(n),
-                }
+                advance(&mut f, n);
             }
             None => {
                 pages.push(page);
@@ -257,33 +291,34 @@ fn task_pages(db: &ModelsRead, f: &TaskFilter) -> Vec<Vec<Task>> {
     }
 }
 
-fn notification_pages(db: &ModelsRead, f: &NotificationFilter) -> Vec<Vec<Notification>> {
-    let mut f = f.clone();
-    let mut pages = Vec::new();
-    loop {
-        let (page, next) = notifications::View::new(&db.snapshot().unwrap())
-            .unwrap()
-            .page(&f)
-            .unwrap();
-        assert!(page.len() <= f.limit, "a page over limit: {f:?}");
-        match next {
-            Some(n) => {
-                assert_eq!(
-                    page.len(),
-                    f.limit,
-                    "a page short of limit before the end: {f:?}"
-                );
-                assert_eq!(page.last().map(|x| x.seq), Some(n));
-                pages.push(page);
-                f.before_seq = Some(n);
-            }
-            None => {
-                pages.push(page);
-                return pages;
-            }
-        }
-        assert!(pages.len() < 10_000, "paging does not end: {f:?}");
+/// Past cursor `n` of a list in `order`: after its id by id, before it newest first.
+fn past(order: ListOrder, after: &mut Option<String>, before: &mut Option<Position>, n: Position) {
+    match order {
+        ListOrder::Id => *after = Some(n.id),
+        ListOrder::Newest => *before = Some(n),
     }
+}
+
+fn delivery_pages(db: &ModelsRead, f: &DeliveryFilter) -> Vec<Vec<Delivery>> {
+    let page = |f: &DeliveryFilter| delivery_page(db, f);
+    let past = |f: &mut DeliveryFilter, n| past(f.order, &mut f.after, &mut f.before, n);
+    pages(f, f.limit, page, |r| Position::from(r), past)
+}
+
+fn task_pages(db: &ModelsRead, f: &TaskFilter) -> Vec<Vec<Task>> {
+    let page = |f: &TaskFilter| task_page(db, f);
+    let past = |f: &mut TaskFilter, n| past(f.order, &mut f.after, &mut f.before, n);
+    pages(f, f.limit, page, |r| Position::from(r), past)
+}
+
+fn notification_pages(db: &ModelsRead, f: &NotificationFilter) -> Vec<Vec<Notification>> {
+    pages(
+        f,
+        f.limit,
+        |f| notification_page(db, f),
+        |n| n.seq,
+        |f, n| f.before_seq = Some(n),
+    )
 }
 
 fn delivery_ids(pages: &[Vec<Delivery>]) -> Vec<String> {
@@ -497,113 +532,6 @@ fn notification_filter() -> impl Strategy<Value = NotificationFilter> {
         )
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
-
-    #[test]
-    fn paging_a_filter_walks_exactly_its_matches(
-        ops in proptest::collection::vec(op(), 1..300),
-        dfs in proptest::collection::vec(delivery_filter(), 12),
-        nfs in proptest::collection::vec(notification_filter(), 12),
-    ) {
-        let dir = tempfile::tempdir().unwrap();
-        let rt = rt();
-        let log = open(dir.path());
-        let mut events = Vec::new();
-        let mut created_ids: Vec<String> = Vec::new();
-        // (index in `events`, priority, recipient) of each notification.
-        let mut notes: Vec<(usize, &str, Option<&str>)> = Vec::new();
-        for (i, op) in ops.iter().enumerate() {
-            match op {
-                Op::Create { sink, route, recipient, status } => {
-                    // Ids are not in creation order: the index order is the id order.
-                    let id = format!("d{:03}", (i * 37) % 1000);
-                    if created_ids.contains(&id) {
-                        continue;
-                    }
-                    events.push(created(
-                        &id,
-                        SINKS[*sink],
-                        ROUTES[*route],
-                        recipient.map(|r| RECIPIENTS[r]),
-                        CREATED_STATUS[*status],
-                    ));
-                    created_ids.push(id);
-                }
-                Op::Move { d, kind, parked } if !created_ids.is_empty() => {
-                    events.push(change(&created_ids[d % created_ids.len()], KINDS[*kind], *parked));
-                }
-                Op::Move { .. } => {}
-                Op::Notify { priority, recipient } => {
-                    let id = format!("n{i}");
-                    let (p, r) = (PRIORITIES[*priority], recipient.map(|r| RECIPIENTS[r]));
-                    notes.push((events.len(), p, r));
-                    events.push(notification(&id, p, r));
-                }
-            }
-        }
-        let seqs_of = append(&rt, &log, events);
-        let db = log.db();
-
-        // Deliveries: the unfiltered list is every row, by id.
-        let all = delivery_ids(&delivery_pages(&db, &DeliveryFilter { limit: 1000, ..Default::default() }));
-        let mut want_all = created_ids.clone();
-        want_all.sort();
-        prop_assert_eq!(&all, &want_all);
-        let (rows, _) = deliveries::View::new(&db.snapshot().unwrap()).unwrap().page(&DeliveryFilter { limit: 1000, ..Default::default() }).unwrap();
-        for f in &dfs {
-            let want = delivery_matches(&rows, f);
-            let got = delivery_ids(&delivery_pages(&db, f));
-            prop_assert_eq!(got, want, "{:?}", f);
-        }
-
-        // The filter indexes hold exactly one row per row and value.
-        let key = |v: &str, suffix: &[u8]| [v.as_bytes(), &[0], suffix].concat();
-        let want: Vec<Vec<u8>> = rows.iter().map(|d| key(d.sink_name(), d.id.as_str().as_bytes())).collect();
-        prop_assert_eq!(index_keys(&db, "deliveries", "by_sink"), sorted(want));
-        let want: Vec<Vec<u8>> = rows.iter().map(|d| key(&d.route, d.id.as_str().as_bytes())).collect();
-        prop_assert_eq!(index_keys(&db, "deliveries", "by_route"), sorted(want));
-        let want: Vec<Vec<u8>> = rows
-            .iter()
-            .filter_map(|d| Some(key(d.recipient.as_deref()?, d.id.as_str().as_bytes())))
-            .collect();
-        prop_assert_eq!(index_keys(&db, "deliveries", "by_recipient"), sorted(want));
-        let want: Vec<Vec<u8>> = rows
-            .iter()
-            .flat_map(|d| d.items.iter().map(|i| key(&i.notification_id, d.id.as_str().as_bytes())))
-            .collect();
-        prop_assert_eq!(index_keys(&db, "deliveries", "by_notification"), sorted(want));
-
-        // Notifications: newest first, from what was appended.
-        let by_seq: BTreeMap<u64, (&str, Option<&str>)> = notes
-            .iter()
-            .map(|(i, p, r)| (seqs_of[*i], (*p, *r)))
-            .collect();
-        let all = seqs(&notification_pages(&db, &NotificationFilter { limit: 1000, ..Default::default() }));
-        prop_assert_eq!(all, by_seq.keys().rev().copied().collect::<Vec<_>>());
-        for f in &nfs {
-            let want: Vec<u64> = by_seq
-                .iter()
-                .rev()
-                .filter(|(s, _)| f.before_seq.is_none_or(|b| **s < b))
-                .filter(|(_, (p, _))| f.priority.is_none_or(|x| x.as_str() == *p))
-                .filter(|(_, (_, r))| f.recipient.as_deref().is_none_or(|x| Some(x) == *r))
-                .map(|(s, _)| *s)
-                .collect();
-            let got = seqs(&notification_pages(&db, f));
-            prop_assert_eq!(got, want, "{:?}", f);
-        }
-        let want: Vec<Vec<u8>> = by_seq.iter().map(|(s, (p, _))| key(p, &s.to_be_bytes())).collect();
-        prop_assert_eq!(index_keys(&db, "notifications", "by_priority"), sorted(want));
-        let want: Vec<Vec<u8>> = by_seq
-            .iter()
-            .filter_map(|(s, (_, r))| Some(key((*r)?, &s.to_be_bytes())))
-            .collect();
-        prop_assert_eq!(index_keys(&db, "notifications", "by_recipient"), sorted(want));
-        rt.block_on(log.close());
-    }
-}
-
 /// Newest first (`order=newest`, issue 26): deliveries whose ids do not sort as they were
 /// created (`a10` before `a7` by id, after it by time) and that tie on their creation time
 /// (`a7` and `b7`), tasks created by `task.created` or by a run's first event (or neither) in
@@ -721,60 +649,129 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
     #[test]
-    fn paging_newest_first_walks_exactly_its_matches(
-        ops in proptest::collection::vec(newest_op(), 1..300),
-        dfs in proptest::collection::vec(newest_delivery_filter(), 12),
-        tfs in proptest::collection::vec(task_filter(), 12),
+    fn paging_a_filter_walks_exactly_its_matches(
+        (ops, dfs, nfs) in ops_and_filters(op(), delivery_filter(), notification_filter()),
     ) {
-        let dir = tempfile::tempdir().unwrap();
-        let rt = rt();
-        let log = open(dir.path());
-        let mut events = Vec::new();
-        let mut created_ids: Vec<String> = Vec::new();
+        // (index in `events`, priority, recipient) of each notification.
+        let mut notes: Vec<(usize, &str, Option<&str>)> = Vec::new();
+        let mut w = Written::default();
+        for (i, op) in ops.iter().enumerate() {
+            match op {
+                Op::Create { sink, route, recipient, status } => {
+                    // Ids are not in creation order: the index order is the id order.
+                    let id = format!("d{:03}", (i * 37) % 1000);
+                    w.create(id, (*sink, *route, *recipient, *status));
+                }
+                Op::Move { d, kind, parked } => w.change(*d, *kind, *parked),
+                Op::Notify { priority, recipient } => {
+                    let id = format!("n{i}");
+                    let (p, r) = (PRIORITIES[*priority], recipient.map(|r| RECIPIENTS[r]));
+                    notes.push((w.events.len(), p, r));
+                    w.events.push(notification(&id, p, r));
+                }
+            }
+        }
+        let (_dir, rt, log) = fresh();
+        let Written { events, created_ids } = w;
+        let seqs_of = append(&rt, &log, events);
+        let db = log.db();
+
+        // Deliveries: the unfiltered list is every row, by id.
+        let all = delivery_ids(&delivery_pages(&db, &DeliveryFilter { limit: 1000, ..Default::default() }));
+        let mut want_all = created_ids.clone();
+        want_all.sort();
+        prop_assert_eq!(&all, &want_all);
+        let (rows, _) = delivery_page(&db, &DeliveryFilter { limit: 1000, ..Default::default() });
+        for f in &dfs {
+            let want = delivery_matches(&rows, f);
+            let got = delivery_ids(&delivery_pages(&db, f));
+            prop_assert_eq!(got, want, "{:?}", f);
+        }
+
+        // The filter indexes hold exactly one row per row and value.
+        let key = |v: &str, suffix: &[u8]| [v.as_bytes(), &[0], suffix].concat();
+        let want: Vec<Vec<u8>> = rows.iter().map(|d| key(d.sink_name(), d.id.as_str().as_bytes())).collect();
+        prop_assert_eq!(index_keys(&db, "deliveries", "by_sink"), sorted(want));
+        let want: Vec<Vec<u8>> = rows.iter().map(|d| key(&d.route, d.id.as_str().as_bytes())).collect();
+        prop_assert_eq!(index_keys(&db, "deliveries", "by_route"), sorted(want));
+        let want: Vec<Vec<u8>> = rows
+            .iter()
+            .filter_map(|d| Some(key(d.recipient.as_deref()?, d.id.as_str().as_bytes())))
+            .collect();
+        prop_assert_eq!(index_keys(&db, "deliveries", "by_recipient"), sorted(want));
+        let want: Vec<Vec<u8>> = rows
+            .iter()
+            .flat_map(|d| d.items.iter().map(|i| key(&i.notification_id, d.id.as_str().as_bytes())))
+            .collect();
+        prop_assert_eq!(index_keys(&db, "deliveries", "by_notification"), sorted(want));
+
+        // Notifications: newest first, from what was appended.
+        let by_seq: BTreeMap<u64, (&str, Option<&str>)> = notes
+            .iter()
+            .map(|(i, p, r)| (seqs_of[*i], (*p, *r)))
+            .collect();
+        let all = seqs(&notification_pages(&db, &NotificationFilter { limit: 1000, ..Default::default() }));
+        prop_assert_eq!(all, by_seq.keys().rev().copied().collect::<Vec<_>>());
+        for f in &nfs {
+            let want: Vec<u64> = by_seq
+                .iter()
+                .rev()
+                .filter(|(s, _)| f.before_seq.is_none_or(|b| **s < b))
+                .filter(|(_, (p, _))| f.priority.is_none_or(|x| x.as_str() == *p))
+                .filter(|(_, (_, r))| f.recipient.as_deref().is_none_or(|x| Some(x) == *r))
+                .map(|(s, _)| *s)
+                .collect();
+            let got = seqs(&notification_pages(&db, f));
+            prop_assert_eq!(got, want, "{:?}", f);
+        }
+        let want: Vec<Vec<u8>> = by_seq.iter().map(|(s, (p, _))| key(p, &s.to_be_bytes())).collect();
+        prop_assert_eq!(index_keys(&db, "notifications", "by_priority"), sorted(want));
+        let want: Vec<Vec<u8>> = by_seq
+            .iter()
+            .filter_map(|(s, (_, r))| Some(key((*r)?, &s.to_be_bytes())))
+            .collect();
+        prop_assert_eq!(index_keys(&db, "notifications", "by_recipient"), sorted(want));
+        rt.block_on(log.close());
+    }
+
+    #[test]
+    fn paging_newest_first_walks_exactly_its_matches(
+        (ops, dfs, tfs) in ops_and_filters(newest_op(), newest_delivery_filter(), task_filter()),
+    ) {
         // Per task: the index in `events` of its first `task.created` and of its first run
         // event.
         let mut tasks: BTreeMap<String, (Option<usize>, Option<usize>)> = BTreeMap::new();
+        let mut w = Written::default();
         for (i, op) in ops.iter().enumerate() {
             match op {
                 NewestOp::Create { n, prefix, sink, route, recipient, status } => {
                     let id = format!("{}{n}", PREFIXES[*prefix]);
-                    if created_ids.contains(&id) {
-                        continue;
-                    }
-                    events.push(created(
-                        &id,
-                        SINKS[*sink],
-                        ROUTES[*route],
-                        recipient.map(|r| RECIPIENTS[r]),
-                        CREATED_STATUS[*status],
-                    ));
-                    created_ids.push(id);
+                    w.create(id, (*sink, *route, *recipient, *status));
                 }
-                NewestOp::Move { d, kind, parked } if !created_ids.is_empty() => {
-                    events.push(change(&created_ids[d % created_ids.len()], KINDS[*kind], *parked));
-                }
-                NewestOp::Move { .. } => {}
+                NewestOp::Move { d, kind, parked } => w.change(*d, *kind, *parked),
                 NewestOp::Task { t, event, project } => {
                     let id = format!("bt-{t}");
                     let ty = TASK_EVENTS[*event];
                     let entry = tasks.entry(id.clone()).or_default();
                     match ty {
-                        "task.created" => { entry.0.get_or_insert(events.len()); }
+                        "task.created" => { entry.0.get_or_insert(w.events.len()); }
                         "task.canceled" => {}
-                        _ => { entry.1.get_or_insert(events.len()); }
+                        _ => { entry.1.get_or_insert(w.events.len()); }
                     }
                     let payload = json!({"project_id": format!("p{project}"), "run_id": "r1"});
-                    events.push(
+                    w.events.push(
                         NewEvent::new(Some(format!("e{i}")), "task_events", &id, ty, &payload).unwrap(),
                     );
                 }
             }
         }
+        let (_dir, rt, log) = fresh();
+        let Written { events, created_ids } = w;
         let seqs_of = append(&rt, &log, events);
         let db = log.db();
 
         // Deliveries: the model's picks in the filter's order (creation time from the id).
-        let (rows, _) = deliveries::View::new(&db.snapshot().unwrap()).unwrap().page(&DeliveryFilter { limit: 1000, ..Default::default() }).unwrap();
+        let (rows, _) = delivery_page(&db, &DeliveryFilter { limit: 1000, ..Default::default() });
         let position = |id: &str| Position { key: created_at(id) as u64, id: id.to_owned() };
         let all = delivery_ids(&delivery_pages(&db, &DeliveryFilter {
             order: ListOrder::Newest, limit: 1000, ..Default::default()
@@ -794,7 +791,7 @@ proptest! {
 
         // Tasks: created at their `task.created`, else at their first run event, else 0.
         let key = |t: &(Option<usize>, Option<usize>)| t.0.or(t.1).map_or(0, |i| seqs_of[i]);
-        let (rows, _) = tasks::View::new(&db.snapshot().unwrap()).unwrap().page(&TaskFilter { limit: 1000, ..Default::default() }).unwrap();
+        let (rows, _) = task_page(&db, &TaskFilter { limit: 1000, ..Default::default() });
         prop_assert_eq!(rows.iter().map(|t| t.task_id.clone()).collect::<Vec<_>>(), tasks.keys().cloned().collect::<Vec<_>>());
         for f in &tfs {
             let picked: Vec<Position> = rows
@@ -833,9 +830,7 @@ fn index_keys(db: &ModelsRead, proj: &'static str, table: &'static str) -> Vec<V
 #[test]
 fn a_rare_match_behind_many_rows_is_on_the_first_page() {
     const BULK: usize = 25_000;
-    let dir = tempfile::tempdir().unwrap();
-    let rt = rt();
-    let log = open(dir.path());
+    let (_dir, rt, log) = fresh();
     // Rare notifications first (the oldest: the far end of a newest-first list), then the bulk:
     // same priority other recipient, and the recipient's other priority.
     let mut events = vec![
@@ -890,40 +885,20 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
         before_seq: None,
         limit: 10,
     };
-    let (page, next) = notifications::View::new(&db.snapshot().unwrap())
-        .unwrap()
-        .page(&f)
-        .unwrap();
-    let got: Vec<&str> = page.iter().map(|n| n.notification_id.as_str()).collect();
-    assert_eq!(got, ["rare-3", "rare-2", "rare-1"]);
-    assert_eq!(next, None);
-    let pages = notification_pages(
-        &db,
-        &NotificationFilter {
-            limit: 2,
-            ..f.clone()
-        },
-    );
+    let limit = |limit| NotificationFilter { limit, ..f.clone() };
+    let pages = notification_pages(&db, &limit(2));
+    let rare = ["rare-3", "rare-2", "rare-1"];
+    let id = |n: &Notification| n.notification_id.clone();
+    the_rare_ones(notification_page(&db, &f), id, rare, &pages);
     assert_eq!(crate::seqs(&pages), [seqs[2], seqs[1], seqs[0]]);
-    assert_eq!(pages.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1]);
     // Either filter alone.
-    let (page, _) = notifications::View::new(&db.snapshot().unwrap())
-        .unwrap()
-        .page(&NotificationFilter {
-            priority: None,
-            limit: 60,
-            ..f.clone()
-        })
-        .unwrap();
+    let mut g = limit(60);
+    g.priority = None;
+    let (page, _) = notification_page(&db, &g);
     assert_eq!(page.len(), 53);
-    let (page, next) = notifications::View::new(&db.snapshot().unwrap())
-        .unwrap()
-        .page(&NotificationFilter {
-            recipient: None,
-            limit: 5,
-            ..f.clone()
-        })
-        .unwrap();
+    let mut g = limit(5);
+    g.recipient = None;
+    let (page, next) = notification_page(&db, &g);
     assert_eq!(page.len(), 5);
     assert_eq!(next, Some(page[4].seq));
 
@@ -933,13 +908,6 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
         limit: 10,
         ..DeliveryFilter::default()
     };
-    let (page, next) = deliveries::View::new(&db.snapshot().unwrap())
-        .unwrap()
-        .page(&f)
-        .unwrap();
-    let got: Vec<&str> = page.iter().map(|d| d.id.as_str()).collect();
-    assert_eq!(got, ["dlv-z0", "dlv-z1", "dlv-z2"]);
-    assert_eq!(next, None);
     let pages = delivery_pages(
         &db,
         &DeliveryFilter {
@@ -947,30 +915,45 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
             ..f.clone()
         },
     );
-    assert_eq!(delivery_ids(&pages), ["dlv-z0", "dlv-z1", "dlv-z2"]);
-    assert_eq!(pages.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1]);
+    let rare = ["dlv-z0", "dlv-z1", "dlv-z2"];
+    let id = |d: &Delivery| d.id.to_string();
+    the_rare_ones(delivery_page(&db, &f), id, rare, &pages);
+    assert_eq!(delivery_ids(&pages), rare);
     // Three filters, and a status that only the rare ones have past the bulk.
-    let (page, _) = deliveries::View::new(&db.snapshot().unwrap())
-        .unwrap()
-        .page(&DeliveryFilter {
+    let (page, _) = delivery_page(
+        &db,
+        &DeliveryFilter {
             route: Some("desktop".into()),
             status: Some(DeliveryStatus::Queued),
             after: Some("dlv-a99999".into()),
             ..f.clone()
-        })
-        .unwrap();
+        },
+    );
     assert_eq!(page.len(), 3);
-    let (page, next) = deliveries::View::new(&db.snapshot().unwrap())
-        .unwrap()
-        .page(&DeliveryFilter {
+    let (page, next) = delivery_page(
+        &db,
+        &DeliveryFilter {
             sink: None,
             status: Some(DeliveryStatus::Queued),
             ..f.clone()
-        })
-        .unwrap();
+        },
+    );
     assert_eq!(page.len(), 3);
     assert_eq!(next, None);
     rt.block_on(log.close());
+}
+
+/// The first page of a filter (`first`) is its last and holds the `rare` rows (by `id`), and
+/// the `pages` of the filter at a limit of 2 are a full page and a last one.
+fn the_rare_ones<R, C: PartialEq + std::fmt::Debug>(
+    (page, next): (Vec<R>, Option<C>),
+    id: impl Fn(&R) -> String,
+    rare: [&str; 3],
+    pages: &[Vec<R>],
+) {
+    assert_eq!(page.iter().map(id).collect::<Vec<_>>(), rare);
+    assert_eq!(next, None);
+    assert_eq!(pages.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1]);
 }
 
 /// A model of version 1 (no filter indexes) is rebuilt from the log at the next open: the
@@ -978,9 +961,7 @@ fn a_rare_match_behind_many_rows_is_on_the_first_page() {
 /// tasks model too, whose `by_created` index came later still.
 #[test]
 fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = rt();
-    let log = open(dir.path());
+    let (dir, rt, log) = fresh();
     let mut events = Vec::new();
     for i in 0..40 {
         let r = ["a", "b"][i % 2];
@@ -1016,25 +997,17 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
     rt.block_on(log.close());
     drop(log);
     // Make it what a build before the indexes left: version 1, no index tables.
-    {
-        let db = redb::Database::open(dir.path().join("models.redb")).unwrap();
-        let txn = db.begin_write().unwrap();
-        {
-            let def: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("projections");
-            let mut t = txn.open_table(def).unwrap();
-            for name in ["deliveries", "notifications", "tasks"] {
-                let mut m: tidemark_projections::Meta =
-                    postcard::from_bytes(t.get(name).unwrap().unwrap().value()).unwrap();
-                let current = match name {
-                    "deliveries" => tidemark_projections::deliveries::Deliveries.version(),
-                    "tasks" => tidemark_projections::tasks::Tasks.version(),
-                    _ => tidemark_projections::notifications::Notifications.version(),
-                };
+    common::edit_models(dir.path(), |txn| {
+        for name in ["deliveries", "notifications", "tasks"] {
+            let current = match name {
+                "deliveries" => tidemark_projections::deliveries::Deliveries.version(),
+                "tasks" => tidemark_projections::tasks::Tasks.version(),
+                _ => tidemark_projections::notifications::Notifications.version(),
+            };
+            common::edit_meta(txn, name, |m| {
                 assert_eq!(m.version, current, "{name}");
                 m.version = 1;
-                t.insert(name, postcard::to_stdvec(&m).unwrap().as_slice())
-                    .unwrap();
-            }
+            });
         }
         for table in [
             "p.deliveries.by_sink.g0",
@@ -1049,8 +1022,7 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
             let def: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new(table);
             assert!(txn.delete_table(def).unwrap(), "{table} was written");
         }
-        txn.commit().unwrap();
-    }
+    });
     let log = open(dir.path());
     let after = models::projections(&log.db(), head).unwrap();
     for (b, a) in before.iter().zip(&after) {
@@ -1065,41 +1037,37 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
         );
     }
     let db = log.db();
-    let (page, _) = deliveries::View::new(&db.snapshot().unwrap())
-        .unwrap()
-        .page(&DeliveryFilter {
-            sink: Some(Some(Sink::App)),
-            recipient: Some("a".into()),
-            limit: 100,
-            ..DeliveryFilter::default()
-        })
-        .unwrap();
+    // The ids on the first page of a filter.
+    let deliveries = |f: DeliveryFilter| delivery_ids(&[delivery_page(&db, &f).0]);
+    let limit = |limit| DeliveryFilter {
+        limit,
+        ..DeliveryFilter::default()
+    };
     // i ≡ 0 (mod 3) and i even: 0, 6, ..., 36.
-    let got: Vec<&str> = page.iter().map(|d| d.id.as_str()).collect();
+    let got = deliveries(DeliveryFilter {
+        sink: Some(Some(Sink::App)),
+        recipient: Some("a".into()),
+        ..limit(100)
+    });
     assert_eq!(got, ["d00", "d06", "d12", "d18", "d24", "d30", "d36"]);
-    let (page, _) = deliveries::View::new(&db.snapshot().unwrap())
-        .unwrap()
-        .page(&DeliveryFilter {
-            notification_id: Some("n-d07".into()),
-            limit: 100,
-            ..DeliveryFilter::default()
-        })
-        .unwrap();
-    let got: Vec<&str> = page.iter().map(|d| d.id.as_str()).collect();
+    let got = deliveries(DeliveryFilter {
+        notification_id: Some("n-d07".into()),
+        ..limit(100)
+    });
     assert_eq!(
         got,
         ["d07"],
         "the notification index is filled by the rebuild"
     );
-    let (page, _) = notifications::View::new(&db.snapshot().unwrap())
-        .unwrap()
-        .page(&NotificationFilter {
+    let (page, _) = notification_page(
+        &db,
+        &NotificationFilter {
             priority: Some(Priority::Action),
             recipient: Some("b".into()),
             before_seq: None,
             limit: 100,
-        })
-        .unwrap();
+        },
+    );
     let got: Vec<&str> = page.iter().map(|n| n.notification_id.as_str()).collect();
     assert_eq!(
         got,
@@ -1107,24 +1075,19 @@ fn a_model_without_the_indexes_is_rebuilt_with_them_and_the_same_digest() {
             "n37", "n33", "n29", "n25", "n21", "n17", "n13", "n09", "n05", "n01"
         ]
     );
-    let (page, _) = deliveries::View::new(&db.snapshot().unwrap())
-        .unwrap()
-        .page(&DeliveryFilter {
-            order: ListOrder::Newest,
-            limit: 3,
-            ..DeliveryFilter::default()
-        })
-        .unwrap();
-    let got: Vec<&str> = page.iter().map(|d| d.id.as_str()).collect();
+    let got = deliveries(DeliveryFilter {
+        order: ListOrder::Newest,
+        ..limit(3)
+    });
     assert_eq!(got, ["d39", "d38", "d37"], "the by_created index is filled");
-    let (page, _) = tasks::View::new(&db.snapshot().unwrap())
-        .unwrap()
-        .page(&TaskFilter {
+    let (page, _) = task_page(
+        &db,
+        &TaskFilter {
             order: ListOrder::Newest,
             limit: 10,
             ..TaskFilter::default()
-        })
-        .unwrap();
+        },
+    );
     let got: Vec<&str> = page.iter().map(|t| t.task_id.as_str()).collect();
     assert_eq!(
         got,

@@ -149,36 +149,16 @@ fn delivery_payload(d: u8, kind: &str, i: usize) -> serde_json::Value {
     let at = 1_700_000_000_000_000i64 + i as i64 * 1_000_000;
     match kind {
         "created" => serde_json::to_value(Created {
-            delivery_id: format!("dlv:n{d}:desktop"),
-            notification_id: format!("n{d}"),
-            notification_seq: i as u64,
-            source_seq: i as u64,
-            route: "desktop".into(),
-            sink: Some(tidemark_projections::names::Sink::App),
             recipient: Some(format!("r{}", d % 2)),
-            priority: tidemark_projections::names::Priority::Urgent,
-            title: "t".into(),
-            body: None,
             sound: true,
             task_id: Some(format!("task-{d}")),
-            group_key: None,
-            status: tidemark_projections::names::DeliveryStatus::Queued,
-            reason: None,
             max_attempts: 2,
-            created_at_us: at,
-            next_attempt_at_us: at,
-            delay_ms: None,
-            quiet_hours_until_us: None,
-            digest_until_us: None,
-            digest_max_items: None,
             source_site: (d % 2 == 1).then(|| format!("site-{}", d % 3)),
             redacted: d == 2,
-            list: None,
-            ntype: None,
-            count: None,
             // Some ordered (section 4): their key's order is folded too.
             order_key: d.is_multiple_of(3).then(|| "endpoint".into()),
             order_skips_parked: d.is_multiple_of(2),
+            ..common::created(format!("dlv:n{d}:desktop"), format!("n{d}"), i as u64, at)
         })
         .unwrap(),
         // Joins past `max_items` are counted (`more_items`), the title is the command's.
@@ -690,65 +670,39 @@ proptest! {
 fn divergence_is_located() {
     use redb::ReadableTable;
     use tidemark_projections::framework::DIGEST_EVERY;
-    let dir = tempfile::tempdir().unwrap();
-    let rt = rt();
-    let cfg = LogConfig::new(dir.path().join("log.redb"));
-    let (log, _) = common::Folded::open(&cfg);
+    let (dir, rt, cfg, log) = fresh();
     let n = 2 * DIGEST_EVERY + DIGEST_EVERY / 2;
     for chunk in 0..n / 100 {
         let batch = (0..100)
-            .map(|i| {
-                NewEvent::new(
-                    None,
-                    "task_events",
-                    format!("t{}", chunk * 100 + i),
-                    "task.created",
-                    &json!({"project_id": "p"}),
-                )
-                .unwrap()
-            })
+            .map(|i| task_created(format!("t{}", chunk * 100 + i)))
             .collect();
         rt.block_on(log.append(batch)).unwrap();
     }
-    let p = tidemark_projections::by_name("tasks").unwrap();
-    let v = rt
-        .block_on(async { rebuild::rebuild(&log.models, &log.log, p, false, |_, _| {}) })
-        .unwrap();
+    let v = rebuild_tasks(&rt, &log, false);
     assert!(v.identical, "untampered: {v:?}");
     rt.block_on(log.close());
     drop(log);
     // Tamper: rewrite the live digest recorded at the second boundary directly in the file.
-    {
-        let db = redb::Database::open(dir.path().join("models.redb")).unwrap();
-        let txn = db.begin_write().unwrap();
-        {
-            let def: redb::TableDefinition<u64, &[u8]> =
-                redb::TableDefinition::new("p.tasks.digests.g0");
-            let mut t = txn.open_table(def).unwrap();
-            let rows: Vec<u64> = t.iter().unwrap().map(|r| r.unwrap().0.value()).collect();
-            assert_eq!(
-                rows,
-                vec![DIGEST_EVERY, 2 * DIGEST_EVERY],
-                "a row at each boundary"
-            );
-            t.insert(2 * DIGEST_EVERY, [7u8; 32].as_slice()).unwrap();
-        }
-        txn.commit().unwrap();
-    }
+    common::edit_models(dir.path(), |txn| {
+        let def: redb::TableDefinition<u64, &[u8]> =
+            redb::TableDefinition::new("p.tasks.digests.g0");
+        let mut t = txn.open_table(def).unwrap();
+        let rows: Vec<u64> = t.iter().unwrap().map(|r| r.unwrap().0.value()).collect();
+        assert_eq!(
+            rows,
+            vec![DIGEST_EVERY, 2 * DIGEST_EVERY],
+            "a row at each boundary"
+        );
+        t.insert(2 * DIGEST_EVERY, [7u8; 32].as_slice()).unwrap();
+    });
     let (log, _) = common::Folded::open(&cfg);
-    let v = rt
-        .block_on(async { rebuild::rebuild(&log.models, &log.log, p, false, |_, _| {}) })
-        .unwrap();
+    let v = rebuild_tasks(&rt, &log, false);
     assert!(!v.identical);
     assert_eq!(v.first_divergent_seq, Some(DIGEST_EVERY + 1));
     // The swap replaces the tampered rows; the next verify is identical.
-    let r = rt
-        .block_on(async { rebuild::rebuild(&log.models, &log.log, p, true, |_, _| {}) })
-        .unwrap();
+    let r = rebuild_tasks(&rt, &log, true);
     assert_eq!(r.first_divergent_seq, Some(DIGEST_EVERY + 1));
-    let v = rt
-        .block_on(async { rebuild::rebuild(&log.models, &log.log, p, false, |_, _| {}) })
-        .unwrap();
+    let v = rebuild_tasks(&rt, &log, false);
     assert!(v.identical, "after the swap: {v:?}");
     rt.block_on(log.close());
 }
@@ -757,43 +711,15 @@ fn divergence_is_located() {
 /// in the range from that boundary to the head.
 #[test]
 fn divergence_after_the_last_boundary_is_located() {
-    use redb::ReadableTable;
-    let dir = tempfile::tempdir().unwrap();
-    let rt = rt();
-    let cfg = LogConfig::new(dir.path().join("log.redb"));
-    let (log, _) = common::Folded::open(&cfg);
-    for i in 0..5 {
-        let e = NewEvent::new(
-            None,
-            "task_events",
-            format!("t{i}"),
-            "task.created",
-            &json!({"project_id": "p"}),
-        )
-        .unwrap();
-        rt.block_on(log.append(vec![e])).unwrap();
-    }
+    let (dir, rt, cfg, log) = fresh();
+    append_one_by_one(&rt, &log, 5);
     rt.block_on(log.close());
     drop(log);
-    {
-        let db = redb::Database::open(dir.path().join("models.redb")).unwrap();
-        let txn = db.begin_write().unwrap();
-        {
-            let def: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("projections");
-            let mut t = txn.open_table(def).unwrap();
-            let mut meta: tidemark_projections::framework::Meta =
-                postcard::from_bytes(t.get("tasks").unwrap().unwrap().value()).unwrap();
-            meta.digest = [7; 32];
-            t.insert("tasks", postcard::to_stdvec(&meta).unwrap().as_slice())
-                .unwrap();
-        }
-        txn.commit().unwrap();
-    }
+    common::edit_models(dir.path(), |txn| {
+        common::edit_meta(txn, "tasks", |meta| meta.digest = [7; 32]);
+    });
     let (log, _) = common::Folded::open(&cfg);
-    let p = tidemark_projections::by_name("tasks").unwrap();
-    let v = rt
-        .block_on(async { rebuild::rebuild(&log.models, &log.log, p, false, |_, _| {}) })
-        .unwrap();
+    let v = rebuild_tasks(&rt, &log, false);
     assert!(!v.identical);
     assert_eq!(v.first_divergent_seq, Some(1));
     rt.block_on(log.close());
@@ -809,6 +735,39 @@ fn task_created(subject: String) -> NewEvent {
         &json!({"project_id": "p"}),
     )
     .unwrap()
+}
+
+/// A fresh log with its models store in a temporary directory, the runtime that drives it, and
+/// its config (to open it again).
+fn fresh() -> (
+    tempfile::TempDir,
+    tokio::runtime::Runtime,
+    LogConfig,
+    common::Folded,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LogConfig::new(dir.path().join("log.redb"));
+    let (log, _) = common::Folded::open(&cfg);
+    (dir, rt(), cfg, log)
+}
+
+/// `task.created` of tasks `t0` to `t<n - 1>`, one append each.
+fn append_one_by_one(rt: &tokio::runtime::Runtime, log: &common::Folded, n: usize) {
+    for i in 0..n {
+        rt.block_on(log.append(vec![task_created(format!("t{i}"))]))
+            .unwrap();
+    }
+}
+
+/// Verify (`swap` false) or rebuild the tasks model of `log`, from within the runtime.
+fn rebuild_tasks(
+    rt: &tokio::runtime::Runtime,
+    log: &common::Folded,
+    swap: bool,
+) -> rebuild::RebuildReport {
+    let p = tidemark_projections::by_name("tasks").unwrap();
+    rt.block_on(async { rebuild::rebuild(&log.models, &log.log, p, swap, |_, _| {}) })
+        .unwrap()
 }
 
 /// How many tasks the tasks model holds, folded up to the head.
@@ -832,10 +791,7 @@ fn tasks_in(log: &common::Folded) -> u64 {
 /// rebuilds and verifies while appenders keep the writer's groups full.
 #[test]
 fn rebuild_under_concurrent_appends_misses_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = rt();
-    let cfg = LogConfig::new(dir.path().join("log.redb"));
-    let (log, _) = common::Folded::open(&cfg);
+    let (_dir, rt, _cfg, log) = fresh();
     rt.block_on(async {
         use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
         let stop = std::sync::Arc::new(AtomicBool::new(false));
@@ -909,10 +865,7 @@ fn rebuild_under_concurrent_appends_misses_nothing() {
 /// (a hang seen under load); it must end within a few chunks and be identical.
 #[test]
 fn a_rebuild_outpaced_by_appends_still_reaches_the_head() {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = rt();
-    let cfg = LogConfig::new(dir.path().join("log.redb"));
-    let (log, _) = common::Folded::open(&cfg);
+    let (_dir, rt, _cfg, log) = fresh();
     let batch = |from: u64, n: u64| -> Vec<NewEvent> {
         (from..from + n)
             .map(|i| task_created(format!("t{i}")))
@@ -956,43 +909,14 @@ fn a_rebuild_outpaced_by_appends_still_reaches_the_head() {
 /// The stored version is rewritten in the file to stand in for a release that bumped it.
 #[test]
 fn an_old_projection_format_is_rebuilt_at_open() {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = rt();
-    let cfg = LogConfig::new(dir.path().join("log.redb"));
-    let (log, _) = common::Folded::open(&cfg);
-    for i in 0..20 {
-        let e = NewEvent::new(
-            None,
-            "task_events",
-            format!("t{i}"),
-            "task.created",
-            &json!({"project_id": "p"}),
-        )
-        .unwrap();
-        rt.block_on(log.append(vec![e])).unwrap();
-    }
+    let (dir, rt, cfg, log) = fresh();
+    append_one_by_one(&rt, &log, 20);
     let before = models::projections(&log.db(), log.head()).unwrap();
     rt.block_on(log.close());
     drop(log);
-    {
-        let db = redb::Database::open(dir.path().join("models.redb")).unwrap();
-        let txn = db.begin_write().unwrap();
-        {
-            let def: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("projections");
-            let mut t = txn.open_table(def).unwrap();
-            let mut m: tidemark_projections::Meta = postcard::from_bytes(
-                redb::ReadableTable::get(&t, "tasks")
-                    .unwrap()
-                    .unwrap()
-                    .value(),
-            )
-            .unwrap();
-            m.version = 0;
-            let bytes = postcard::to_stdvec(&m).unwrap();
-            t.insert("tasks", bytes.as_slice()).unwrap();
-        }
-        txn.commit().unwrap();
-    }
+    common::edit_models(dir.path(), |txn| {
+        common::edit_meta(txn, "tasks", |m| m.version = 0);
+    });
     let (log, _) = common::Folded::open(&cfg);
     let after = models::projections(&log.db(), log.head()).unwrap();
     let (b, a) = (&before[0], &after[0]);

@@ -16,7 +16,7 @@ pub(crate) use tidemark_benches::measure::{Percentiles, clock_ticks, micros, new
 use std::path::{Path, PathBuf};
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
@@ -24,6 +24,148 @@ use serde_json::Value;
 
 pub(crate) fn ms(us: u64) -> String {
     format!("{:.2}", us as f64 / 1000.0)
+}
+
+/// `p50 <ms> ms p99 <ms> ms`.
+pub(crate) fn p50_p99(p: &Percentiles) -> String {
+    format!("p50 {} ms p99 {} ms", ms(p.p50), ms(p.p99))
+}
+
+/// The p50, p99, p99.9 and max of `p` in ms, as four cells of a markdown table row.
+pub(crate) fn ms_cells(p: &Percentiles) -> String {
+    format!(
+        "{} | {} | {} | {}",
+        ms(p.p50),
+        ms(p.p99),
+        ms(p.p999),
+        ms(p.max)
+    )
+}
+
+/// The options of every benchmark here that drives the release server and reports a JSON
+/// document.
+#[derive(clap::Args)]
+pub(crate) struct BenchArgs {
+    /// The server binary (default: `<target dir>/release/tidemark`; build it with
+    /// `cargo build --release -p tidemark-api`).
+    #[arg(long)]
+    server_bin: Option<PathBuf>,
+    /// Where the data directories go (default: `<target dir>/bench-data`). Not tmpfs.
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Also write the JSON document here.
+    #[arg(long)]
+    json_out: Option<PathBuf>,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+/// The `main` of a benchmark: `run` with the options parsed; its error goes to stderr as
+/// `<name> bench: <error>`, with a failure exit code.
+pub(crate) fn run_main<O: clap::Parser>(
+    name: &str,
+    run: impl FnOnce(&O) -> Result<(), String>,
+) -> ExitCode {
+    let opts = O::parse();
+    match run(&opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name} bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The server binary (warned about when older than its sources), the work directory and the
+/// machine of a run of benchmark `name`, the machine said on stderr (and a warning when the
+/// work directory is on tmpfs).
+pub(crate) fn setup(name: &str, args: &BenchArgs) -> Result<(PathBuf, PathBuf, Machine), String> {
+    let bin = server_bin(args.server_bin.as_ref())?;
+    warn_if_stale(&bin);
+    let work = work_dir(args.work_dir.as_ref())?;
+    let machine = machine(&work, &bin);
+    eprintln!(
+        "{name} bench: {} cpus, {} MiB, kernel {}, data in {} ({} on {}), source {}, server {}",
+        machine.cpus,
+        machine.mem_total_kb / 1024,
+        machine.kernel,
+        machine.work_dir,
+        machine.work_fs_type,
+        machine.work_fs_device,
+        machine.source,
+        machine.server_bin
+    );
+    if machine.work_fs_type == "tmpfs" {
+        eprintln!("WARNING: the data directory is on tmpfs: fsync is free there; use --work-dir");
+    }
+    Ok((bin, work, machine))
+}
+
+/// The JSON document of a run: pretty on stdout, and in `args.json_out` too when given.
+pub(crate) fn emit_json(doc: &Value, args: &BenchArgs) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(doc).map_err(|e| e.to_string())?;
+    println!("{text}");
+    if let Some(path) = &args.json_out {
+        std::fs::write(path, format!("{text}\n"))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// A target of the issue or spec and what the run measured against it.
+#[derive(Serialize)]
+pub(crate) struct TargetCheck {
+    pub(crate) name: String,
+    pub(crate) target: String,
+    pub(crate) measured: String,
+    pub(crate) met: bool,
+}
+
+impl TargetCheck {
+    /// The name, the target, what was measured, and `yes` when the target was met, else
+    /// `no`: what a report says of it.
+    pub(crate) fn said<'a>(
+        &'a self,
+        yes: &'a str,
+        no: &'a str,
+    ) -> (&'a str, &'a str, &'a str, &'a str) {
+        let met = if self.met { yes } else { no };
+        (&self.name, &self.target, &self.measured, met)
+    }
+}
+
+/// Errors of a round: counts per kind, the first few verbatim.
+#[derive(Serialize, Default, Clone)]
+pub(crate) struct Errors {
+    pub(crate) count: u64,
+    pub(crate) by_kind: std::collections::BTreeMap<String, u64>,
+    pub(crate) samples: Vec<String>,
+}
+
+impl Errors {
+    /// Error answers kept verbatim (the rest are only counted).
+    const SAMPLES: usize = 5;
+
+    pub(crate) fn add(&mut self, kind: String, detail: String) {
+        self.count += 1;
+        *self.by_kind.entry(kind).or_default() += 1;
+        if self.samples.len() < Self::SAMPLES {
+            self.samples.push(detail);
+        }
+    }
+
+    pub(crate) fn merge(&mut self, o: Errors) {
+        self.count += o.count;
+        for (k, v) in o.by_kind {
+            *self.by_kind.entry(k).or_default() += v;
+        }
+        for s in o.samples {
+            if self.samples.len() < Self::SAMPLES {
+                self.samples.push(s);
+            }
+        }
+    }
 }
 
 /// utime + stime, in ticks, of a `/proc/.../stat` file.

@@ -188,19 +188,7 @@ impl Target for TidemarkHttp {
 
     async fn append(&self, _: &mut (), body: Vec<u8>) -> Result<(), String> {
         let url = format!("{}/v1/events", self.base);
-        let resp = self
-            .client
-            .post(&url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| format!("POST {url}: {e}"))?;
-        let status = resp.status();
-        let body = resp
-            .bytes()
-            .await
-            .map_err(|e| format!("reading the reply: {e}"))?;
+        let (status, body) = crate::http::post_json_body(&self.client, &url, body).await?;
         if status != reqwest::StatusCode::CREATED {
             return Err(format!(
                 "POST /v1/events answered {status}: {}",

@@ -5,15 +5,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use tidemark_engine::Engine;
-use tidemark_log::{Event, EventLog, LogConfig, ReadQuery};
+use tidemark_engine::commands::outbox::Claim;
+use tidemark_log::{Event, EventLog, LogConfig, NewEvent, ReadQuery, Share};
 
-pub fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+/// The log's test helpers: the engine's tests drive it from the same runtime.
+#[path = "../../../log/tests/common/mod.rs"]
+mod log_common;
+
+pub use log_common::rt;
 
 /// An engine on a fresh log in `dir` whose commands read the time from the returned clock.
 #[allow(dead_code, reason = "not every test binary uses it")]
@@ -27,6 +26,62 @@ pub fn engine_with_clock(dir: &std::path::Path, start_us: i64) -> (Engine, Arc<A
         engine.with_clock(Arc::new(move || c.load(Ordering::SeqCst))),
         clock,
     )
+}
+
+/// An engine as [`engine_with_clock`] makes, its clock a day past the wall clock: events are
+/// stamped by the log with the wall clock, so every new delivery is due at once on the
+/// simulated clock.
+#[allow(dead_code, reason = "not every test binary uses it")]
+pub fn engine_a_day_ahead(dir: &std::path::Path) -> (Engine, Arc<AtomicI64>) {
+    engine_with_clock(dir, tidemark_log::time::now_micros() + 86_400 * 1_000_000)
+}
+
+/// A `notification.requested` of `id` (its event id and subject) with `payload`.
+#[allow(dead_code, reason = "not every test binary uses it")]
+pub fn requested(id: &str, payload: &serde_json::Value) -> NewEvent {
+    NewEvent::new(
+        Some(id.to_owned()),
+        "notifications",
+        id,
+        "notification.requested",
+        payload,
+    )
+    .unwrap()
+}
+
+/// A claim of up to `limit` due `app` deliveries of `share` by `owner`, leased for `lease_ms`.
+#[allow(dead_code, reason = "not every test binary uses it")]
+pub fn app_claim(owner: &str, limit: usize, lease_ms: u64, share: Share) -> Claim {
+    Claim {
+        sink: tidemark_projections::names::Sink::App,
+        owner: owner.into(),
+        limit,
+        lease_ms,
+        share,
+    }
+}
+
+/// I3 for the deliveries model: a verify, then a rebuild with the swap, are identical to the
+/// live model; else what diverged.
+#[allow(dead_code, reason = "not every test binary uses it")]
+pub fn deliveries_rebuild_identically(
+    rt: &tokio::runtime::Runtime,
+    engine: &Engine,
+) -> Result<(), String> {
+    for swap in [false, true] {
+        let r = rt
+            .block_on(engine.rebuild("deliveries", swap, |_, _| {}))
+            .unwrap()
+            .unwrap();
+        if !r.identical {
+            let what = if swap { "rebuild" } else { "verify" };
+            return Err(format!(
+                "deliveries {what} diverged at {:?}",
+                r.first_divergent_seq
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Every committed event after `after`, in order.
