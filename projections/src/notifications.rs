@@ -162,23 +162,15 @@ pub fn routed_payload(ev: &Event, project_id: Option<&str>) -> Option<Value> {
 /// are borrowed from the event where they can be, and a field of another JSON type reads as
 /// absent (as `Value::as_str` / `as_u64` read it).
 #[derive(Default, Deserialize)]
-#[serde(default)]
+#[serde(default, bound(deserialize = "'de: 'a"))]
 struct Fields<'a> {
-    #[serde(borrow)]
     priority: LenientStr<'a>,
-    #[serde(borrow)]
     title: LenientStr<'a>,
-    #[serde(borrow)]
     body: LenientStr<'a>,
-    #[serde(borrow)]
     recipient: LenientStr<'a>,
-    #[serde(borrow)]
     group_key: LenientStr<'a>,
-    #[serde(borrow)]
     task_id: LenientStr<'a>,
-    #[serde(borrow)]
     project_id: LenientStr<'a>,
-    #[serde(borrow)]
     deliver_after: LenientStr<'a>,
     source_seq: LenientU64,
 }

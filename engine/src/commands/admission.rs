@@ -58,8 +58,6 @@ pub struct Admit {
 impl Command for Admit {
     type Answer = Admission;
 
-    const NAME: &'static str = "append.admit";
-
     /// Judge the batch; accepted, its events are the decision, on the condition that the
     /// recipients it was judged against have not changed since (a suppression appended
     /// meanwhile is not missed).

@@ -24,8 +24,6 @@ pub struct SetList {
 impl Command for SetList {
     type Answer = ListRow;
 
-    const NAME: &'static str = "list.set";
-
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         if self.members.is_none() && lists::View::new(txn)?.row(&self.name)?.is_none() {
             return Err(CommandError::rejected(

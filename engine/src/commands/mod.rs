@@ -50,9 +50,6 @@ pub trait Command: sealed::Sealed + Send + 'static {
     #[doc(hidden)]
     const COMPACTION: Option<fn(&mut Self::Answer) -> &mut CompactReport> = None;
 
-    /// A short name for spans and metrics (`tidemark_commands_total{command}`).
-    const NAME: &'static str;
-
     /// Decide against the models caught up to the head (`txn`, which it only reads) at
     /// `round.now_us`. When the log refuses the decision because what it rests on changed,
     /// the command is decided again from scratch against the newer models: a decision
@@ -60,28 +57,55 @@ pub trait Command: sealed::Sealed + Send + 'static {
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer>;
 }
 
-/// Only the command types of the families implement [`Command`]: these.
+/// Only the command types of the families implement [`Command`]: these, each with its name.
 mod sealed {
-    pub trait Sealed {}
+    pub trait Sealed {
+        /// A short name for spans and metrics (`tidemark_commands_total{command}`).
+        const NAME: &'static str;
+    }
 
     macro_rules! sealed {
-        ($($family:ident::{$($command:ident),+ $(,)?}),+ $(,)?) => {
-            $($(impl Sealed for super::$family::$command {})+)+
+        ($($family:ident::{$($command:ident = $name:literal),+ $(,)?}),+ $(,)?) => {
+            $($(impl Sealed for super::$family::$command {
+                const NAME: &'static str = $name;
+            })+)+
         };
     }
 
     sealed! {
-        admission::{Admit},
-        bridges::{Subscribe, Unsubscribe, Confirm, ConfirmOne},
-        cursors::{Advance, Reset},
-        lists::{SetList},
-        outbox::{
-            Claim, Complete, CompleteOne, Extend, Fail, Operator, Recover, ExpireLeases,
-            SwitchEndpoint, BridgeFailed, ResolveEndpoints, Route,
+        admission::{Admit = "append.admit"},
+        bridges::{
+            Subscribe = "bridge.subscribe",
+            Unsubscribe = "bridge.unsubscribe",
+            Confirm = "bridge.confirm",
+            ConfirmOne = "bridge.confirm",
         },
-        retention::{Purge, Compact},
-        routes::{SetRoute},
-        sources::{Page, Advance, Pause, Resume, Park, Reset},
+        cursors::{Advance = "cursor.advance", Reset = "cursor.reset"},
+        lists::{SetList = "list.set"},
+        outbox::{
+            Claim = "outbox.claim",
+            Complete = "outbox.complete",
+            CompleteOne = "outbox.complete",
+            Extend = "outbox.extend",
+            Fail = "outbox.fail",
+            Operator = "outbox.operator",
+            Recover = "outbox.recover",
+            ExpireLeases = "outbox.expire_leases",
+            SwitchEndpoint = "outbox.switch_endpoint",
+            BridgeFailed = "bridges.failed",
+            ResolveEndpoints = "outbox.resolve_endpoints",
+            Route = "outbox.route",
+        },
+        retention::{Purge = "retention.run", Compact = "retention.compact"},
+        routes::{SetRoute = "route.set"},
+        sources::{
+            Page = "source.page",
+            Advance = "source.advance",
+            Pause = "source.pause",
+            Resume = "source.resume",
+            Park = "source.park",
+            Reset = "source.reset",
+        },
     }
 }
 

@@ -142,8 +142,6 @@ pub fn unset_env(r: &ApiRoute, node: NodeCheck) -> Vec<String> {
 impl Command for SetRoute {
     type Answer = RouteSet;
 
-    const NAME: &'static str = "route.set";
-
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let name = self.name.as_str();
         if BUILT_IN.contains(&name) {

@@ -10,8 +10,6 @@ pub struct Confirm(pub Vec<Confirmation>);
 impl Command for Confirm {
     type Answer = Vec<Result<Cursor, CommandError>>;
 
-    const NAME: &'static str = "bridge.confirm";
-
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let mut moved = HashMap::new();
         let mut events = Vec::new();

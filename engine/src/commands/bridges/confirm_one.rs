@@ -10,8 +10,6 @@ pub struct ConfirmOne(pub Confirmation);
 impl Command for ConfirmOne {
     type Answer = Result<Cursor, CommandError>;
 
-    const NAME: &'static str = "bridge.confirm";
-
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let mut events = Vec::new();
         let out = confirm_item(txn, round, &self.0, &mut HashMap::new(), &mut events)?;

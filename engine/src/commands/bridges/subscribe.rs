@@ -12,8 +12,6 @@ pub struct Subscribe {
 impl Command for Subscribe {
     type Answer = Subscribed;
 
-    const NAME: &'static str = "bridge.subscribe";
-
     /// Create (or re-create) a subscription. Answers the row and whether it is new: an active
     /// subscription with the same target is answered as it is (`false`); another target is a
     /// conflict.

@@ -13,8 +13,6 @@ pub struct Unsubscribe {
 impl Command for Unsubscribe {
     type Answer = Subscription;
 
-    const NAME: &'static str = "bridge.unsubscribe";
-
     /// Delete an active subscription of `task_id` (its cursor stays).
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let (now_us, task_id, id) = (round.now_us, self.task_id.as_str(), self.id.as_str());

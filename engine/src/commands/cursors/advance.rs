@@ -17,8 +17,6 @@ pub struct Advance {
 impl Command for Advance {
     type Answer = Cursor;
 
-    const NAME: &'static str = "cursor.advance";
-
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let cur = get_in(txn, &self.consumer_id, &self.stream_name, &self.subject_id)?;
         let (cursor, events) = self.decide_on(&cur, round.now_us)?;

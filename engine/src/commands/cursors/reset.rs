@@ -18,8 +18,6 @@ pub struct Reset {
 impl Command for Reset {
     type Answer = Cursor;
 
-    const NAME: &'static str = "cursor.reset";
-
     /// Set the cursor to `to` (up or down), recorded with its reason.
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let (consumer_id, stream_name, subject_id) =

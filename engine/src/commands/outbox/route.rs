@@ -130,8 +130,6 @@ pub struct Route {
 impl Command for Route {
     type Answer = usize;
 
-    const NAME: &'static str = "outbox.route";
-
     /// Route notifications and apply task cancellations, for the events of `source` (in seq
     /// order) past the routing checkpoint. The checkpoint advances in the same transaction as the
     /// events, so every notification is routed exactly once, across crashes.

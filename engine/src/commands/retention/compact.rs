@@ -16,8 +16,6 @@ impl Command for Compact {
 
     const COMPACTION: Option<fn(&mut CompactReport) -> &mut CompactReport> = Some(the_report);
 
-    const NAME: &'static str = "retention.compact";
-
     /// Decide a compaction: the cut, and — when there is something to drop — every projection's
     /// snapshot at the head, written in `txn` (the decider commits it, durably, before it asks
     /// the log to drop the events: [`crate::decider`]). The report's `removed`, `first_seq` and

@@ -16,8 +16,6 @@ pub struct Purge {
 impl Command for Purge {
     type Answer = RetentionReport;
 
-    const NAME: &'static str = "retention.run";
-
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let (now_us, head, privacy) = (round.now_us, round.head, round.privacy);
         let before = now_us.saturating_sub((self.window_ms as i64).saturating_mul(1_000));

@@ -13,8 +13,6 @@ pub struct Advance {
 impl Command for Advance {
     type Answer = SourceRow;
 
-    const NAME: &'static str = "source.advance";
-
     fn decide(&self, txn: &ModelsTxn, _: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let Advance { name, from, to } = self;
         let row = model_row(txn, name)?;

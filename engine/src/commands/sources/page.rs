@@ -28,8 +28,6 @@ pub struct Page {
 impl Command for Page {
     type Answer = PageOutcome;
 
-    const NAME: &'static str = "source.page";
-
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let Page {
             name,

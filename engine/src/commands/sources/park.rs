@@ -12,8 +12,6 @@ pub struct Park {
 impl Command for Park {
     type Answer = SourceRow;
 
-    const NAME: &'static str = "source.park";
-
     fn decide(&self, txn: &ModelsTxn, _: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let Park { name, error } = self;
         let mut row = model_row(txn, name)?;

@@ -13,8 +13,6 @@ pub struct Pause {
 impl Command for Pause {
     type Answer = SourceRow;
 
-    const NAME: &'static str = "source.pause";
-
     fn decide(&self, txn: &ModelsTxn, _: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let Pause { name, by, reason } = self;
         let mut row = model_row(txn, name)?;

@@ -14,8 +14,6 @@ pub struct Reset {
 impl Command for Reset {
     type Answer = SourceRow;
 
-    const NAME: &'static str = "source.reset";
-
     fn decide(&self, txn: &ModelsTxn, _: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let Reset {
             name,

@@ -12,8 +12,6 @@ pub struct Resume {
 impl Command for Resume {
     type Answer = SourceRow;
 
-    const NAME: &'static str = "source.resume";
-
     fn decide(&self, txn: &ModelsTxn, _: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let Resume { name, by } = self;
         let mut row = model_row(txn, name)?;

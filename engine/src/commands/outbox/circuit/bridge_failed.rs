@@ -17,8 +17,6 @@ pub struct BridgeFailed {
 impl Command for BridgeFailed {
     type Answer = Option<EventType>;
 
-    const NAME: &'static str = "bridges.failed";
-
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let Some(e) = bridges::View::new(txn)?.endpoint(&self.subscription_id)? else {
             return Ok(Decided::new(None, Vec::new()));

@@ -19,8 +19,6 @@ pub struct ResolveEndpoints {
 impl Command for ResolveEndpoints {
     type Answer = Vec<(String, EventType)>;
 
-    const NAME: &'static str = "outbox.resolve_endpoints";
-
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let st = d::View::new(txn)?;
         let mut changed = Vec::new();

@@ -18,8 +18,6 @@ pub struct SwitchEndpoint {
 impl Command for SwitchEndpoint {
     type Answer = (Endpoint, CircuitPolicy);
 
-    const NAME: &'static str = "outbox.switch_endpoint";
-
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let route = self.route.as_str();
         let not_found = || {

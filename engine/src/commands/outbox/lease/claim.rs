@@ -18,8 +18,6 @@ pub struct Claim {
 impl Command for Claim {
     type Answer = Vec<Delivery>;
 
-    const NAME: &'static str = "outbox.claim";
-
     /// Claim due deliveries of `sink`, the most pressing priority first (urgent, action, warning,
     /// info), oldest due first within one: queued, retry_wait past its next attempt, leased past
     /// its lease (released first). Suppression is re-checked: a delivery to a recipient

@@ -16,8 +16,6 @@ pub struct Complete {
 impl Command for Complete {
     type Answer = Vec<Completed>;
 
-    const NAME: &'static str = "outbox.complete";
-
     /// Complete many deliveries leased by `owner` in one command (one transaction, one fold of
     /// the read models): each item is checked on its own, and refused items change
     /// nothing while the others are recorded.

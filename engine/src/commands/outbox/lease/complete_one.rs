@@ -15,8 +15,6 @@ pub struct CompleteOne {
 impl Command for CompleteOne {
     type Answer = Completed;
 
-    const NAME: &'static str = "outbox.complete";
-
     /// Complete one delivery leased by `owner` ([`Complete`] of one item).
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let mut st = d::View::new(txn)?;

@@ -11,8 +11,6 @@ pub struct ExpireLeases {
 impl Command for ExpireLeases {
     type Answer = usize;
 
-    const NAME: &'static str = "outbox.expire_leases";
-
     /// Release leases that expired by `now_us` (at most `max`): the periodic tick and the one at
     /// start-up. Answers how many.
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {

@@ -13,8 +13,6 @@ pub struct Extend {
 impl Command for Extend {
     type Answer = Delivery;
 
-    const NAME: &'static str = "outbox.extend";
-
     /// The lease owner extends its lease (heartbeat); an expired lease cannot be extended.
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let (now_us, owner, lease_ms) = (round.now_us, self.owner.as_str(), self.lease_ms);

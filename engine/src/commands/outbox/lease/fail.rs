@@ -13,8 +13,6 @@ pub struct Fail {
 impl Command for Fail {
     type Answer = Delivery;
 
-    const NAME: &'static str = "outbox.fail";
-
     /// The lease owner reports a failed attempt: retry_wait with backoff, or parked when it is
     /// permanent or the last attempt.
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {

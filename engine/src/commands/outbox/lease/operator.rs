@@ -16,8 +16,6 @@ pub struct Operator {
 impl Command for Operator {
     type Answer = Delivery;
 
-    const NAME: &'static str = "outbox.operator";
-
     /// Operator action on a parked delivery: `retried` (back to queued with attempts 0) or
     /// `discarded`.
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {

@@ -18,8 +18,6 @@ pub struct Recover {
 impl Command for Recover {
     type Answer = usize;
 
-    const NAME: &'static str = "outbox.recover";
-
     fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
         let st = d::View::new(txn)?;
         let rows = st.parked_of_route(&self.route, self.since_us, RECOVER_MAX)?;
