@@ -204,6 +204,43 @@ const pages = [];
 
 /// On a failure: what failed first (the test harness shows the first lines of the error
 /// output), then a screenshot of every open page, to see what the page showed.
+/// Open `hash` as a bookmark is: a fresh load of the console at that address.
+async function openLink(page, s, hash) {
+  await page.goto('about:blank');
+  await page.goto(`${s.base}/${hash}`);
+  await ready(page);
+}
+
+/// The `[[auth.tokens]]` entry of `token` (by its SHA-256), named `name`, with `scopes`.
+function tokenToml(name, token, scopes) {
+  const sha = createHash('sha256').update(token).digest('hex');
+  return `
+[[auth.tokens]]
+name = "${name}"
+sha256 = "${sha}"
+scopes = ${JSON.stringify(scopes)}
+`;
+}
+
+/// A `[[sources]]` entry polling `url`, with the watermark and items settings every test
+/// source has.
+function sourceToml(name, url, every, timeout) {
+  return `
+[[sources]]
+name = "${name}"
+url = "${url}"
+every = "${every}"
+timeout = "${timeout}"
+[sources.watermark]
+request_field = "afterId"
+next = "/next"
+has_more = "/more"
+[sources.items]
+path = "/data"
+id = "/id"
+`;
+}
+
 async function failureShot(name, e) {
   console.error(`[console] FAILED in ${name}: ${e && e.stack ? e.stack : e}`);
   for (const [i, p] of pages.entries()) {
@@ -543,16 +580,11 @@ async function openMode() {
   const linked = await openPage(s);
   await ready(linked);
   // Each link opened as a bookmark is: a fresh load of the page at that address.
-  const openLink = async (hash) => {
-    await linked.goto('about:blank');
-    await linked.goto(`${s.base}/${hash}`);
-    await ready(linked);
-  };
-  await openLink('#tasks/bt-3');
+  await openLink(linked, s, '#tasks/bt-3');
   await linked.waitForSelector('#task:not([hidden]) h3:has-text("bt-3")', { timeout: WAIT });
-  await openLink(`#deliveries/${encodeURIComponent('dlv:n-1:desktop')}`);
+  await openLink(linked, s, `#deliveries/${encodeURIComponent('dlv:n-1:desktop')}`);
   await linked.waitForSelector('#timeline:not([hidden]) h3:has-text("dlv:n-1:desktop")', { timeout: WAIT });
-  await openLink('#notifications/n-2');
+  await openLink(linked, s, '#notifications/n-2');
   await linked.waitForSelector('#notification:not([hidden]) h3:has-text("n-2")', { timeout: WAIT });
   await linked.click('#nav a[data-view=tasks]');
   await linked.click('#tasks tr[data-id="bt-5"]');
@@ -619,18 +651,10 @@ async function openMode() {
 async function withTokens() {
   const admin = randomBytes(16).toString('hex');
   const reader = randomBytes(16).toString('hex');
-  const sha = (t) => createHash('sha256').update(t).digest('hex');
-  const s = new Server('tokens', `
-[[auth.tokens]]
-name = "console-admin"
-sha256 = "${sha(admin)}"
-scopes = ["admin"]
-
-[[auth.tokens]]
-name = "console-reader"
-sha256 = "${sha(reader)}"
-scopes = ["read"]
-`);
+  const s = new Server(
+    'tokens',
+    tokenToml('console-admin', admin, ['admin']) + tokenToml('console-reader', reader, ['read']),
+  );
   s.token = admin;
   await s.start();
   step(`server with tokens on ${s.base}`);
@@ -734,29 +758,13 @@ async function pushDelivery() {
 urgent = ["dashboard", "email"]
 [notifications.routes.email]
 sink = "email"
-[notifications.routes.email.retry]
-strategy = "fixed"
-base_delay = "200ms"
-max_attempts = 1
-jitter = 0.0
+retry = { strategy = "fixed", base_delay = "200ms", max_attempts = 1, jitter = 0.0 }
 [sinks.email]
 url = "smtp://127.0.0.1:${smtp.port}"
 from = "tidemark <noreply@example.org>"
 timeout = "5s"
 concurrency = 2
-[[sources]]
-name = "dead"
-url = "http://127.0.0.1:9/items"
-every = "1s"
-timeout = "1s"
-[sources.watermark]
-request_field = "afterId"
-next = "/next"
-has_more = "/more"
-[sources.items]
-path = "/data"
-id = "/id"
-`);
+${sourceToml('dead', 'http://127.0.0.1:9/items', '1s', '1s')}`);
   await s.start();
   step(`push server on ${s.base}, SMTP on ${smtp.port}`);
   const page = await openPage(s);
@@ -1066,19 +1074,9 @@ id = "/id"
 async function fixFromTheConsole() {
   const admin = randomBytes(16).toString('hex');
   const operator = randomBytes(16).toString('hex');
-  const sha = (t) => createHash('sha256').update(t).digest('hex');
   const port = await freePort();
-  const s = new Server('fix', `
-[[auth.tokens]]
-name = "fix-admin"
-sha256 = "${sha(admin)}"
-scopes = ["admin"]
-
-[[auth.tokens]]
-name = "fix-operator"
-sha256 = "${sha(operator)}"
-scopes = ["read", "operator"]
-
+  const s = new Server('fix', `${tokenToml('fix-admin', admin, ['admin'])}
+${tokenToml('fix-operator', operator, ['read', 'operator'])}
 [notifications.routing]
 urgent = ["dashboard", "desktop", "pager"]
 action = ["dashboard", "desktop"]
@@ -1093,29 +1091,13 @@ jitter = 0.0
 sink = "app"
 [notifications.routes.slow]
 sink = "app"
-[notifications.routes.slow.retry]
-strategy = "fixed"
-base_delay = "1h"
-max_delay = "1h"
-jitter = 0.0
+retry = { strategy = "fixed", base_delay = "1h", max_delay = "1h", jitter = 0.0 }
 [notifications.routes.later]
 sink = "app"
 delay = ["1h", "2h"]
 
 # An upstream that answers 404 (this server's own unknown path): the source parks.
-[[sources]]
-name = "broken"
-url = "http://127.0.0.1:${port}/no-such-upstream"
-every = "1h"
-timeout = "5s"
-[sources.watermark]
-request_field = "afterId"
-next = "/next"
-has_more = "/more"
-[sources.items]
-path = "/data"
-id = "/id"
-`, {
+${sourceToml('broken', `http://127.0.0.1:${port}/no-such-upstream`, '1h', '5s')}`, {
     // The read models fold each commit 100 ms late (a test knob), as on a busy machine: the
     // lag view, which never waits for them, answers the console's read right after a reset
     // from before it; the console must read again until the row shows the reset.
@@ -1258,18 +1240,13 @@ id = "/id"
   // focused.
   const linked = await openPage(s);
   await login(linked, admin);
-  const openLink = async (hash) => {
-    await linked.goto('about:blank');
-    await linked.goto(`${s.base}/${hash}`);
-    await ready(linked);
-  };
-  await openLink('#tasks/bulk-3');
+  await openLink(linked, s, '#tasks/bulk-3');
   await linked.waitForSelector('#task:not([hidden]) h3:has-text("bulk-3")', { timeout: WAIT });
   assert.equal(await linked.locator('#tasks tbody tr[data-id]').count(), 50);
   assert.ok(await belowTheFold(linked, '#task'), 'the task panel is below the first screen');
   await until('the task panel in view and focused', () => inViewAndFocused(linked, '#task'));
   await snap(linked, 'deep-link-task');
-  await openLink(`#deliveries/${encodeURIComponent('dlv:bulk-n-1:desktop')}`);
+  await openLink(linked, s, `#deliveries/${encodeURIComponent('dlv:bulk-n-1:desktop')}`);
   await linked.waitForSelector('#timeline:not([hidden]) h3:has-text("dlv:bulk-n-1:desktop")', { timeout: WAIT });
   assert.ok(await belowTheFold(linked, '#timeline'), 'the timeline is below the first screen');
   await until('the timeline in view and focused', () => inViewAndFocused(linked, '#timeline'));
@@ -1283,7 +1260,7 @@ id = "/id"
   // A run that completed without having started: the task view says it is a mismatch.
   await s.append([taskEv('never-started', 'task.created', { project_id: 'p' }),
     taskEv('never-started', 'task.run_completed', { run_id: 'r7' })]);
-  await openLink('#tasks/never-started');
+  await openLink(linked, s, '#tasks/never-started');
   const outcome = linked.locator('[data-testid=run-outcome][data-run=r7]');
   await outcome.waitFor({ timeout: WAIT });
   assert.equal((await outcome.textContent()).trim(), 'no outcome: reported completed without a start (mismatch: run_not_started)');

@@ -99,6 +99,28 @@ pub fn check_time(t: &str) -> &str {
     stamp
 }
 
+/// Microseconds since the Unix epoch, now (the test's clock: the same machine's as the server).
+pub fn now_us() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970");
+    i64::try_from(d.as_micros()).expect("fits")
+}
+
+/// Microseconds since the Unix epoch of the UTC time `(year, month, day)`, `(hour, minute,
+/// second)` and `micros` (days from civil, proleptic Gregorian).
+pub fn civil_micros(date: (i64, i64, i64), clock: (i64, i64, i64), micros: i64) -> i64 {
+    let ((y, m, d), (h, mi, s)) = (date, clock);
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    (days * 86_400 + h * 3_600 + mi * 60 + s) * 1_000_000 + micros
+}
+
 /// A lifecycle event of `task` on stream `task_events` (server-made event_id).
 pub fn task_ev(task: &str, ty: &str, payload: Value) -> Value {
     json!({"stream": "task_events", "subject": task, "type": ty, "payload": payload})
@@ -147,9 +169,15 @@ pub async fn get_task(api: &Api, id: &str) -> Value {
 
 /// Every task of `GET /v1/tasks?<query>`, paging with `limit` via `after` / `next_after`.
 pub async fn list_tasks(api: &Api, query: &str, limit: u32) -> Vec<Value> {
+    list_after(api, "/v1/tasks", "tasks", query, limit).await
+}
+
+/// Every item (under `key`) of the list `GET {path}?<query>`, paging with `limit` via `after` /
+/// `next_after`: no page holds more than `limit` items and `next_after` only moves forward.
+pub async fn list_after(api: &Api, path: &str, key: &str, query: &str, limit: u32) -> Vec<Value> {
     let mut out: Vec<Value> = Vec::new();
     let mut after: Option<String> = None;
-    for _ in 0..10_000 {
+    for _ in 0..100_000 {
         let mut q = format!("limit={limit}");
         if !query.is_empty() {
             q = format!("{query}&{q}");
@@ -157,14 +185,14 @@ pub async fn list_tasks(api: &Api, query: &str, limit: u32) -> Vec<Value> {
         if let Some(a) = &after {
             q = format!("{q}&after={}", encode_path(a));
         }
-        let r = api.get(&format!("/v1/tasks?{q}")).await;
-        assert_eq!(r.status, StatusCode::OK, "GET /v1/tasks?{q}: {}", r.text);
-        let page = r.json["tasks"]
+        let r = api.get(&format!("{path}?{q}")).await;
+        assert_eq!(r.status, StatusCode::OK, "GET {path}?{q}: {}", r.text);
+        let page = r.json[key]
             .as_array()
-            .unwrap_or_else(|| panic!("GET /v1/tasks?{q}: no `tasks` array: {}", r.text));
+            .unwrap_or_else(|| panic!("GET {path}?{q}: no `{key}` array: {}", r.text));
         assert!(
             page.len() <= usize::try_from(limit).expect("small"),
-            "GET /v1/tasks?{q}: more than `limit` tasks"
+            "GET {path}?{q}: more than `limit` items"
         );
         out.extend(page.iter().cloned());
         match &r.json["next_after"] {
@@ -172,14 +200,14 @@ pub async fn list_tasks(api: &Api, query: &str, limit: u32) -> Vec<Value> {
             Value::String(next) => {
                 assert!(
                     after.as_deref().is_none_or(|a| next.as_str() > a),
-                    "GET /v1/tasks?{q}: next_after {next:?} does not move forward"
+                    "GET {path}?{q}: next_after {next:?} does not move forward"
                 );
                 after = Some(next.clone());
             }
-            other => panic!("GET /v1/tasks?{q}: next_after is {other}"),
+            other => panic!("GET {path}?{q}: next_after is {other}"),
         }
     }
-    panic!("GET /v1/tasks?{query}: paging did not end");
+    panic!("GET {path}?{query}: paging did not end");
 }
 
 /// Every notification of `GET /v1/notifications?<query>`, newest first, paging with `limit`
@@ -248,6 +276,72 @@ where
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The items under `key` of `GET path`; panics unless 200 with such an array.
+pub async fn get_list(api: &Api, path: &str, key: &str) -> Vec<Value> {
+    let r = api.get(path).await;
+    assert_eq!(r.status, StatusCode::OK, "GET {path}: {}", r.text);
+    r.json[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("GET {path}: no `{key}` array: {}", r.text))
+        .clone()
+}
+
+/// Serve `app` on a loopback port of its own, for the rest of the test; answers its address.
+pub async fn serve_local(app: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// The `webhook-id` header of a POST a test receiver got (`""` when it has none).
+pub fn webhook_id(headers: &axum::http::HeaderMap) -> String {
+    headers
+        .get("webhook-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Wait (bounded, 30 s) for the first of the `hits` a test receiver recorded that `pick`
+/// accepts; a copy of it.
+pub async fn wait_hit<T: Clone>(
+    hits: &std::sync::Mutex<Vec<T>>,
+    what: &str,
+    pick: impl Fn(&T) -> bool,
+) -> T {
+    wait_for(Duration::from_secs(30), what, || async {
+        hits.lock().unwrap().iter().find(|h| pick(h)).cloned()
+    })
+    .await
+}
+
+/// Run `python3 -c <script>` with `input` on its stdin; its stdout, one JSON document. Panics
+/// unless it exits 0, saying `what` failed with its stderr.
+pub async fn python_json(script: &str, input: &Value, what: &str) -> Value {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new("python3")
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin
+        .write_all(input.to_string().as_bytes())
+        .await
+        .expect("write the input");
+    drop(stdin);
+    let out = child.wait_with_output().await.expect("python3 ends");
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the script's output")
 }
 
 /// `POST` to `path` with an empty body.
@@ -647,6 +741,50 @@ pub fn refused_start(toml: &str, env: &[(&str, &str)]) -> String {
         .expect("run the binary");
     assert!(!out.status.success(), "started with {toml}");
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The bound of one CLI run, against a hang (never a speed check).
+pub const CLI_LIMIT: Duration = Duration::from_secs(60);
+
+/// `tidemark <cmd> --url <url>` with no input: `cmd` is split at white space (none of its words
+/// holds a space).
+pub async fn cli_at(url: &str, cmd: &str) -> std::process::Output {
+    cli_with(url, cmd, &[]).await
+}
+
+/// [`cli_at`] with the words `more` (which may hold spaces) after those of `cmd`.
+pub async fn cli_with(url: &str, cmd: &str, more: &[&str]) -> std::process::Output {
+    let mut args: Vec<&str> = cmd.split_whitespace().collect();
+    args.extend(more);
+    args.extend(["--url", url]);
+    tidemark_tests::run_cli(&args, "", CLI_LIMIT).await
+}
+
+/// The stdout of a CLI run that must have exited 0 (else a panic naming `what`, with its
+/// stderr).
+#[track_caller]
+pub fn cli_ok(out: &std::process::Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The records a CLI command printed: JSON lines, or one JSON array (`-o json`, the default
+/// off a terminal).
+pub fn cli_records(out: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(out)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}")))
+        .flat_map(|v: Value| match v {
+            Value::Array(a) => a,
+            v => vec![v],
+        })
+        .collect()
 }
 
 /// The sum of the samples of a metric (all label sets) in Prometheus text.

@@ -30,9 +30,10 @@ fn admin_config() -> String {
     )
 }
 
-/// `tidemark <args>`: its stdout as JSON; panics unless it succeeded.
+/// `tidemark <args> -o json`: its stdout as JSON; panics unless it succeeded.
 async fn cli_json(args: &[&str]) -> Value {
-    let out = run_cli(args, "", CLI).await;
+    let args = [args, &["-o", "json"]].concat();
+    let out = run_cli(&args, "", CLI).await;
     assert!(
         out.status.success(),
         "tidemark {} failed: {}",
@@ -92,6 +93,17 @@ fn path(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
 
+/// `restore --from <from>... --data <data>` followed by `more`.
+fn restore<'a>(from: &[&'a Path], data: &'a Path, more: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["restore"];
+    for f in from {
+        args.extend(["--from", path(f)]);
+    }
+    args.extend(["--data", path(data)]);
+    args.extend(more);
+    args
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_under_load_restores_a_prefix_whose_models_verify() {
     let mut s = Server::start(ServerOpts::default().config(admin_config())).await;
@@ -102,11 +114,8 @@ async fn a_backup_under_load_restores_a_prefix_whose_models_verify() {
     let mut events = Vec::new();
     for i in 0..20 {
         let t = format!("bk-{i:02}");
-        events.push(task_ev(
-            &t,
-            "task.created",
-            json!({"project_id": "p", "title": format!("T{i}")}),
-        ));
+        let created = json!({"project_id": "p", "title": format!("T{i}")});
+        events.push(task_ev(&t, "task.created", created));
         events.push(task_ev(&t, "task.run_started", json!({"run_id": "r1"})));
         if i % 2 == 0 {
             events.push(task_ev(
@@ -151,18 +160,8 @@ async fn a_backup_under_load_restores_a_prefix_whose_models_verify() {
     })
     .await;
     let before = s.head().await;
-    let full = cli_json(&[
-        "backup",
-        "--url",
-        &url,
-        "--token",
-        ADMIN,
-        "--on-server",
-        "full",
-        "-o",
-        "json",
-    ])
-    .await;
+    let backup = ["backup", "--url", &url, "--token", ADMIN];
+    let full = cli_json(&[&backup[..], &["--on-server", "full"]].concat()).await;
     let n1 = full["through_seq"].as_u64().expect("through_seq");
     assert!(
         n1 >= before,
@@ -181,20 +180,8 @@ async fn a_backup_under_load_restores_a_prefix_whose_models_verify() {
     // and manifest as one the server writes, restored below on top of the server's full one.
     let local = tempfile::tempdir().expect("tempdir");
     let inc_dir = local.path().join("inc");
-    let inc = cli_json(&[
-        "backup",
-        "--url",
-        &url,
-        "--token",
-        ADMIN,
-        "--to",
-        path(&inc_dir),
-        "--after",
-        &n1s,
-        "-o",
-        "json",
-    ])
-    .await;
+    let to_inc = [&backup[..], &["--to", path(&inc_dir), "--after", &n1s]].concat();
+    let inc = cli_json(&to_inc).await;
     assert_eq!(inc["dir"], path(&inc_dir), "{inc}");
     let n2 = inc["through_seq"].as_u64().expect("through_seq");
     assert_eq!(inc["after_seq"], n1, "{inc}");
@@ -202,38 +189,11 @@ async fn a_backup_under_load_restores_a_prefix_whose_models_verify() {
     assert_eq!(inc["events"], n2 - n1, "{inc}");
     // A streamed backup is refused as one on the server is: into a directory that holds one,
     // or after the head; and refused, it writes nothing.
-    let e = cli_refused(
-        &[
-            "backup",
-            "--url",
-            &url,
-            "--token",
-            ADMIN,
-            "--to",
-            path(&inc_dir),
-            "--after",
-            &n1s,
-        ],
-        "",
-    )
-    .await;
+    let e = cli_refused(&to_inc, "").await;
     assert!(e.contains("not empty"), "{e}");
     let later = local.path().join("later");
-    let e = cli_refused(
-        &[
-            "backup",
-            "--url",
-            &url,
-            "--token",
-            ADMIN,
-            "--to",
-            path(&later),
-            "--after",
-            "999999999",
-        ],
-        "",
-    )
-    .await;
+    let to_later = [&backup[..], &["--to", path(&later), "--after", "999999999"]].concat();
+    let e = cli_refused(&to_later, "").await;
     assert!(e.contains("past_head"), "{e}");
     assert!(!later.exists(), "a refused stream made {}", later.display());
     stop_flag.store(true, Ordering::Relaxed);
@@ -339,16 +299,7 @@ async fn a_backup_under_load_restores_a_prefix_whose_models_verify() {
 
     let tmp = tempfile::tempdir().expect("tempdir");
     let r1 = tmp.path().join("r1");
-    let done = cli_json(&[
-        "restore",
-        "--from",
-        path(&full_dir),
-        "--data",
-        path(&r1),
-        "-o",
-        "json",
-    ])
-    .await;
+    let done = cli_json(&restore(&[&full_dir], &r1, &[])).await;
     assert_eq!(done["through_seq"], n1, "{done}");
     assert_eq!(
         export(&r1).await,
@@ -356,18 +307,7 @@ async fn a_backup_under_load_restores_a_prefix_whose_models_verify() {
         "restored full backup = prefix at n1"
     );
     let r2 = tmp.path().join("r2");
-    let done = cli_json(&[
-        "restore",
-        "--from",
-        path(&full_dir),
-        "--from",
-        path(&inc_dir),
-        "--data",
-        path(&r2),
-        "-o",
-        "json",
-    ])
-    .await;
+    let done = cli_json(&restore(&[&full_dir, &inc_dir], &r2, &[])).await;
     assert_eq!(done["through_seq"], n2, "{done}");
     assert_eq!(
         export(&r2).await,
@@ -404,33 +344,11 @@ async fn a_backup_under_load_restores_a_prefix_whose_models_verify() {
     // can open it as the service would (here `log export`, as `nobody`).
     assert!(nix::unistd::getuid().is_root(), "the suite runs as root");
     let r4 = tmp.path().join("r4");
-    let e = cli_refused(
-        &[
-            "restore",
-            "--from",
-            path(&full_dir),
-            "--data",
-            path(&r4),
-            "--owner",
-            "no-such-user-x",
-        ],
-        "",
-    )
-    .await;
+    let no_user = restore(&[&full_dir], &r4, &["--owner", "no-such-user-x"]);
+    let e = cli_refused(&no_user, "").await;
     assert!(e.contains("no such user"), "{e}");
     assert!(!r4.exists(), "a refused restore made {}", r4.display());
-    let done = cli_json(&[
-        "restore",
-        "--from",
-        path(&full_dir),
-        "--data",
-        path(&r4),
-        "--owner",
-        "nobody",
-        "-o",
-        "json",
-    ])
-    .await;
+    let done = cli_json(&restore(&[&full_dir], &r4, &["--owner", "nobody"])).await;
     assert_eq!(done["owner"], "nobody", "{done}");
     for p in walk(&r4) {
         use std::os::unix::fs::MetadataExt;
@@ -465,27 +383,10 @@ async fn a_backup_under_load_restores_a_prefix_whose_models_verify() {
 
     // A gap, a repeat or a damaged backup is refused, and makes no data directory.
     let r3 = tmp.path().join("r3");
-    let e = cli_refused(
-        &["restore", "--from", path(&inc_dir), "--data", path(&r3)],
-        "",
-    )
-    .await;
+    let e = cli_refused(&restore(&[&inc_dir], &r3, &[]), "").await;
     assert!(e.contains("starts from a full backup"), "{e}");
-    let e = cli_refused(
-        &[
-            "restore",
-            "--from",
-            path(&full_dir),
-            "--from",
-            path(&inc_dir),
-            "--from",
-            path(&inc_dir),
-            "--data",
-            path(&r3),
-        ],
-        "",
-    )
-    .await;
+    let gap = restore(&[&full_dir, &inc_dir, &inc_dir], &r3, &[]);
+    let e = cli_refused(&gap, "").await;
     assert!(e.contains("gap"), "{e}");
     let damaged = tmp.path().join("damaged");
     std::fs::create_dir_all(&damaged).expect("mkdir");
@@ -495,19 +396,11 @@ async fn a_backup_under_load_restores_a_prefix_whose_models_verify() {
     let mut text = std::fs::read_to_string(damaged.join("events.jsonl")).expect("read");
     text = text.replacen("load.tick", "load.tock", 1);
     std::fs::write(damaged.join("events.jsonl"), text).expect("write");
-    let e = cli_refused(
-        &["restore", "--from", path(&damaged), "--data", path(&r3)],
-        "",
-    )
-    .await;
+    let e = cli_refused(&restore(&[&damaged], &r3, &[]), "").await;
     assert!(e.contains("damaged"), "{e}");
     assert!(!r3.exists(), "a refused restore made {}", r3.display());
     // Into a directory that is not empty: refused, left as it was.
-    let e = cli_refused(
-        &["restore", "--from", path(&full_dir), "--data", path(&r1)],
-        "",
-    )
-    .await;
+    let e = cli_refused(&restore(&[&full_dir], &r1, &[]), "").await;
     assert!(e.contains("not empty"), "{e}");
     assert_eq!(export(&r1).await, orig[..n1 as usize]);
 
@@ -567,16 +460,7 @@ async fn export_then_import_reproduces_seqs_ids_and_digests() {
     std::fs::write(&file, lines.join("\n") + "\n").expect("write");
 
     let new = tmp.path().join("new");
-    let done = cli_json(&[
-        "log",
-        "import",
-        "--data",
-        path(&new),
-        path(&file),
-        "-o",
-        "json",
-    ])
-    .await;
+    let done = cli_json(&["log", "import", "--data", path(&new), path(&file)]).await;
     assert_eq!(
         (done["events"].as_u64(), done["head"].as_u64()),
         (Some(head), Some(head)),

@@ -26,7 +26,7 @@ use sha2::Sha256;
 use tidemark_tests::{Api, Server, ServerOpts, encode_path, random_token};
 use tokio::sync::watch;
 
-use crate::common::{append_ok, post_json, task_ev, wait_for};
+use crate::common::{append_ok, post_json, python_json, task_ev, wait_for};
 
 /// Small retry delays, so that a failing webhook is retried within the test's time.
 const RETRY_CONFIG: &str =
@@ -1295,29 +1295,9 @@ for c in json.load(sys.stdin):
     out.append({"verified": True, "tampered_refused": refused})
 print(json.dumps(out))
 "#;
-    let mut child = tokio::process::Command::new("python3")
-        .args(["-c", script])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
-    {
-        use tokio::io::AsyncWriteExt;
-        let mut stdin = child.stdin.take().expect("stdin");
-        stdin
-            .write_all(Value::Array(checks).to_string().as_bytes())
-            .await
-            .expect("write the requests");
-    }
-    let out = child.wait_with_output().await.expect("python3 ends");
-    assert!(
-        out.status.success(),
-        "the Standard Webhooks verifier refused a request (is `standardwebhooks` installed? \
-         .ci/run installs tests/webhooks/requirements.txt): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: Value = serde_json::from_slice(&out.stdout).expect("verifier output");
+    let what = "the Standard Webhooks verifier refused a request (is `standardwebhooks` \
+                installed? .ci/run installs tests/webhooks/requirements.txt)";
+    let got = python_json(script, &Value::Array(checks), what).await;
     assert_eq!(
         got,
         json!([{"verified": true, "tampered_refused": 3}, {"verified": true, "tampered_refused": 3}])

@@ -24,9 +24,14 @@ const CLI_LIMIT: Duration = Duration::from_secs(60);
 /// No desktop deliveries: the router appends `notification.created` only.
 const QUIET: &str = "[notifications.desktop]\nenabled = false\n";
 
-/// A bad subscription body: what it is, the body, the status and code it must get (any 4xx
-/// problem when `None`).
-type BadBody = (&'static str, Value, Option<(u16, &'static str)>);
+/// A bad subscription body: what it is, the field of a good body it changes, the field's new
+/// value (left out when `None`), the status and code it must get (any 4xx problem when `None`).
+type BadBody = (
+    &'static str,
+    &'static str,
+    Option<Value>,
+    Option<(u16, &'static str)>,
+);
 /// A refused advance: what, last_sequence, delivery_id, expected_sequence, status, code.
 type Refusal = (
     &'static str,
@@ -209,6 +214,38 @@ async fn sub_cursor(api: &Api, task: &str, sub: &str) -> Value {
     cursor_of(api, &consumer(sub), "task_events", task).await
 }
 
+/// `tidemark cursors <args> --url <base>`.
+async fn cursors_cli(base: &str, args: &[&str]) -> std::process::Output {
+    let all = [&["cursors"], args, &["--url", base]].concat();
+    run_cli(&all, "", CLI_LIMIT).await
+}
+
+/// Append `n` `order.placed` events (stream `orders`, subjects `o-1`..); returns their seqs.
+async fn append_orders(api: &Api, n: usize) -> Vec<u64> {
+    let events: Vec<Value> = (1..=n)
+        .map(|i| json!({"stream": "orders", "subject": format!("o-{i}"), "type": "order.placed"}))
+        .collect();
+    let r = append_ok(api, &json!({"events": events})).await;
+    r.iter().map(|x| x.1).collect()
+}
+
+/// `POST /v1/cursors/advance` of `consumer_id` on stream `orders` to `last`; panics unless 200.
+async fn advance_orders(api: &Api, consumer_id: &str, last: u64, delivery_id: &str) {
+    let body = json!({"consumer_id": consumer_id, "stream_name": "orders", "last_sequence": last,
+                      "delivery_id": delivery_id});
+    let r = post_json(api, "/v1/cursors/advance", &body).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+}
+
+/// The one event on stream `cursors` after `head`: of type `ty`, subject `consumer_id`.
+async fn cursor_event(api: &Api, head: u64, ty: &str, consumer_id: &str) -> Value {
+    let ev = api.read_all_after(head, "stream=cursors", 10).await;
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0]["type"], ty, "{}", ev[0]);
+    assert_eq!(ev[0]["subject"], consumer_id, "{}", ev[0]);
+    ev[0].clone()
+}
+
 /// The zero state of a cursor that never moved.
 #[track_caller]
 fn assert_zero(c: &Value) {
@@ -345,6 +382,124 @@ fn run_of<'a>(t: &'a Value, run_id: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no run {run_id} in {t}"))
 }
 
+/// A pull subscription under test: `sub` of `bridge` on `task`.
+#[derive(Clone, Copy)]
+struct Pull<'a> {
+    api: &'a Api,
+    task: &'a str,
+    sub: &'a str,
+    bridge: &'a str,
+}
+
+impl<'a> Pull<'a> {
+    /// Create `task` (`review_required` as given) and the subscription, then start run `r1`.
+    async fn start(
+        api: &'a Api,
+        task: &'a str,
+        sub: &'a str,
+        bridge: &'a str,
+        review_required: bool,
+    ) -> Pull<'a> {
+        new_task(api, task, review_required).await;
+        subscribe(api, task, sub, bridge).await;
+        let p = Pull {
+            api,
+            task,
+            sub,
+            bridge,
+        };
+        p.run("task.run_started", "r1").await;
+        p
+    }
+
+    /// [`Pull::start`], then complete run `r1`; returns the completion's seq too.
+    async fn completed(
+        api: &'a Api,
+        task: &'a str,
+        sub: &'a str,
+        bridge: &'a str,
+        review_required: bool,
+    ) -> (Pull<'a>, u64) {
+        let p = Pull::start(api, task, sub, bridge, review_required).await;
+        let done = p.run("task.run_completed", "r1").await;
+        (p, done)
+    }
+
+    /// Append a lifecycle event of the task; returns its seq.
+    async fn step(&self, ty: &str, payload: Value) -> u64 {
+        step(self.api, self.task, ty, payload).await
+    }
+
+    /// Append `ty` of run `run` (a payload of just the run id); returns its seq.
+    async fn run(&self, ty: &str, run: &str) -> u64 {
+        self.step(ty, json!({"run_id": run})).await
+    }
+
+    /// `task.run_failed` of run r1 with `error`.
+    async fn fail(&self, error: &str) -> u64 {
+        let payload = json!({"run_id": "r1", "error": error});
+        self.step("task.run_failed", payload).await
+    }
+
+    /// `task.run_review_approved` of run r1 by `reviewer`.
+    async fn approve(&self, reviewer: &str) -> u64 {
+        let payload = json!({"run_id": "r1", "reviewer": reviewer});
+        self.step("task.run_review_approved", payload).await
+    }
+
+    /// `task.run_review_rejected` of run r1 by `reviewer` for `reason` (with `continuation`
+    /// when given).
+    async fn reject(&self, reviewer: &str, reason: &str, continuation: Option<bool>) -> u64 {
+        let mut payload = json!({"run_id": "r1", "reviewer": reviewer, "reason": reason});
+        if let Some(c) = continuation {
+            payload["continuation"] = json!(c);
+        }
+        self.step("task.run_review_rejected", payload).await
+    }
+
+    /// The explain view: its candidates must be `want` (`(seq, event_type, decision)`) and
+    /// its next step `next` at `next_seq`.
+    async fn explain_is(
+        &self,
+        want: &[(u64, &str, &str)],
+        next: &str,
+        next_seq: Option<u64>,
+    ) -> Value {
+        let x = explain(self.api, self.task, self.sub).await;
+        let want: Vec<_> = want.iter().map(|(seq, ty, d)| cand(*seq, ty, d)).collect();
+        assert_eq!(decisions(&x), want, "{}: {x}", self.sub);
+        check_next(&x, next, next_seq);
+        x
+    }
+
+    /// Wait for the mismatch event at `seq`: the cursor stays at 0 and carries its detail as
+    /// `last_error`. Returns the mismatch event.
+    async fn stopped_at(&self, seq: u64) -> Value {
+        let m = wait_mismatch(self.api, self.task, self.sub, seq).await;
+        let c = self.cursor().await;
+        assert_eq!(c["last_sequence"], 0, "a mismatch never advances: {c}");
+        assert_eq!(c["last_error"], m["payload"]["detail"], "{c} / {m}");
+        m
+    }
+
+    /// The pull shows exactly the delivery of `seq`.
+    async fn pending(&self, seq: u64, ty: &str) {
+        expect_pending(self.api, self.bridge, self.sub, self.task, seq, ty).await;
+    }
+
+    async fn nothing_pending(&self, what: &str) {
+        expect_nothing_pending(self.api, self.bridge, what).await;
+    }
+
+    async fn ack_ok(&self, seq: u64) -> Value {
+        ack_ok(self.api, self.bridge, self.sub, seq).await
+    }
+
+    async fn cursor(&self) -> Value {
+        sub_cursor(self.api, self.task, self.sub).await
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The decision table, one test per row.
 // ---------------------------------------------------------------------------------------------
@@ -362,16 +517,13 @@ async fn table_ungated_run_end_with_that_outcome_is_delivered() {
         ),
         ("t-stop", "task.run_canceled", json!({"run_id": "r1"})),
     ] {
-        let sub = format!("s-{task}");
-        let bridge = format!("b-{task}");
-        new_task(&s, task, false).await;
-        subscribe(&s, task, &sub, &bridge).await;
-        step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
-        let end = step(&s, task, ty, payload).await;
+        let (sub, bridge) = (format!("s-{task}"), format!("b-{task}"));
+        let p = Pull::start(&s, task, &sub, &bridge, false).await;
+        let end = p.step(ty, payload).await;
 
-        let x = explain(&s, task, &sub).await;
-        assert_eq!(decisions(&x), vec![cand(end, ty, "deliver")], "{task}: {x}");
-        check_next(&x, "deliver", Some(end));
+        let x = p
+            .explain_is(&[(end, ty, "deliver")], "deliver", Some(end))
+            .await;
         assert_zero(&x["cursor"]);
         let got = pull(&s, &bridge, 0).await;
         assert_eq!(got.len(), 1, "{task}: {got:?}");
@@ -379,12 +531,12 @@ async fn table_ungated_run_end_with_that_outcome_is_delivered() {
         assert_eq!(got[0]["metadata"]["run_id"], "r1", "{}", got[0]);
 
         // Only the confirmation moves the cursor.
-        assert_zero(&sub_cursor(&s, task, &sub).await);
-        ack_ok(&s, &bridge, &sub, end).await;
-        let c = sub_cursor(&s, task, &sub).await;
+        assert_zero(&p.cursor().await);
+        p.ack_ok(end).await;
+        let c = p.cursor().await;
         assert_eq!(c["last_sequence"], end, "{c}");
         check_time(c["last_delivered_at"].as_str().expect("last_delivered_at"));
-        expect_nothing_pending(&s, &bridge, task).await;
+        p.nothing_pending(task).await;
         check_next(&explain(&s, task, &sub).await, "idle", None);
     }
     for task in ["t-done", "t-fail", "t-stop"] {
@@ -401,65 +553,32 @@ async fn table_run_end_whose_run_has_another_outcome_is_a_mismatch() {
     let s = start().await;
 
     // (a) completed, then failed.
-    let (task, sub, bridge) = ("t-refail", "s-refail", "b-refail");
-    new_task(&s, task, false).await;
-    subscribe(&s, task, sub, bridge).await;
-    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
-    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
-    let failed = step(
-        &s,
-        task,
-        "task.run_failed",
-        json!({"run_id": "r1", "error": "late crash"}),
-    )
-    .await;
-    assert_eq!(run_of(&get_task(&s, task).await, "r1")["outcome"], "failed");
-    let x = explain(&s, task, sub).await;
+    let (p, done) = Pull::completed(&s, "t-refail", "s-refail", "b-refail", false).await;
+    let failed = p.fail("late crash").await;
     assert_eq!(
-        decisions(&x),
-        vec![
-            cand(done, "task.run_completed", "mismatch"),
-            cand(failed, "task.run_failed", "deliver"),
-        ],
-        "{x}"
+        run_of(&get_task(&s, p.task).await, "r1")["outcome"],
+        "failed"
     );
-    check_next(&x, "stopped", Some(done));
+    let want = [
+        (done, "task.run_completed", "mismatch"),
+        (failed, "task.run_failed", "deliver"),
+    ];
+    p.explain_is(&want, "stopped", Some(done)).await;
     // Stopped at the mismatch: the later deliverable event is not offered.
-    expect_nothing_pending(&s, bridge, "stopped at a mismatch").await;
-    let m = wait_mismatch(&s, task, sub, done).await;
-    let c = sub_cursor(&s, task, sub).await;
-    assert_eq!(c["last_sequence"], 0, "a mismatch never advances: {c}");
-    assert_eq!(c["last_error"], m["payload"]["detail"], "{c} / {m}");
+    p.nothing_pending("stopped at a mismatch").await;
+    p.stopped_at(done).await;
 
     // (b) completed, then a rejection that continues the run.
-    let (task, sub, bridge) = ("t-cont", "s-cont", "b-cont");
-    new_task(&s, task, false).await;
-    subscribe(&s, task, sub, bridge).await;
-    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
-    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
-    step(
-        &s,
-        task,
-        "task.run_review_rejected",
-        json!({"run_id": "r1", "reviewer": "eve", "reason": "redo", "continuation": true}),
-    )
-    .await;
-    let t = get_task(&s, task).await;
+    let (p, done) = Pull::completed(&s, "t-cont", "s-cont", "b-cont", false).await;
+    p.reject("eve", "redo", Some(true)).await;
+    let t = get_task(&s, p.task).await;
     let r1 = run_of(&t, "r1");
     assert_eq!(r1["outcome"], "running", "precondition: {t}");
     assert_eq!(r1["review"]["gated"], false, "precondition: {t}");
-    let x = explain(&s, task, sub).await;
-    assert_eq!(
-        decisions(&x),
-        vec![cand(done, "task.run_completed", "mismatch")],
-        "{x}"
-    );
-    check_next(&x, "stopped", Some(done));
-    expect_nothing_pending(&s, bridge, "completion of a running run").await;
-    let m = wait_mismatch(&s, task, sub, done).await;
-    let c = sub_cursor(&s, task, sub).await;
-    assert_eq!(c["last_sequence"], 0, "{c}");
-    assert_eq!(c["last_error"], m["payload"]["detail"], "{c} / {m}");
+    let want = [(done, "task.run_completed", "mismatch")];
+    p.explain_is(&want, "stopped", Some(done)).await;
+    p.nothing_pending("completion of a running run").await;
+    p.stopped_at(done).await;
 }
 
 /// Row 3: a run end of a review-gated run → defer, whatever the outcome: gated by the task's
@@ -480,89 +599,58 @@ async fn table_run_end_of_a_review_gated_run_is_deferred() {
         ("t-req-stop", true, &[], "task.run_canceled"),
     ];
     for (task, required, before, end_ty) in cases {
-        let sub = format!("s-{task}");
-        let bridge = format!("b-{task}");
-        new_task(&s, task, required).await;
-        subscribe(&s, task, &sub, &bridge).await;
-        step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+        let (sub, bridge) = (format!("s-{task}"), format!("b-{task}"));
+        let p = Pull::start(&s, task, &sub, &bridge, required).await;
         for ty in before {
-            step(&s, task, ty, json!({"run_id": "r1"})).await;
+            p.run(ty, "r1").await;
         }
-        let end = step(&s, task, end_ty, json!({"run_id": "r1"})).await;
-        let x = explain(&s, task, &sub).await;
-        assert_eq!(
-            decisions(&x),
-            vec![cand(end, end_ty, "defer")],
-            "{task}: {x}"
-        );
-        check_next(&x, "idle", None);
+        let end = p.run(end_ty, "r1").await;
+        let x = p.explain_is(&[(end, end_ty, "defer")], "idle", None).await;
         assert_zero(&x["cursor"]);
-        expect_nothing_pending(&s, &bridge, task).await;
+        p.nothing_pending(task).await;
     }
 
     // Completed while ungated (deliverable), then a review is requested: now deferred.
-    let (task, sub, bridge) = ("t-late-ask", "s-late-ask", "b-late-ask");
-    new_task(&s, task, false).await;
-    subscribe(&s, task, sub, bridge).await;
-    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
-    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
-    expect_pending(&s, bridge, sub, task, done, "task.run_completed").await;
-    step(
-        &s,
-        task,
-        "task.run_review_requested",
-        json!({"run_id": "r1"}),
-    )
-    .await;
-    let x = explain(&s, task, sub).await;
-    assert_eq!(
-        decisions(&x),
-        vec![cand(done, "task.run_completed", "defer")],
-        "{x}"
-    );
-    check_next(&x, "idle", None);
-    expect_nothing_pending(&s, bridge, "a review was requested after the completion").await;
+    let (p, done) = Pull::completed(&s, "t-late-ask", "s-late-ask", "b-late-ask", false).await;
+    p.pending(done, "task.run_completed").await;
+    p.run("task.run_review_requested", "r1").await;
+    let want = [(done, "task.run_completed", "defer")];
+    p.explain_is(&want, "idle", None).await;
+    p.nothing_pending("a review was requested after the completion")
+        .await;
     // The completion is no longer pending: acking it is refused.
-    let r = ack(&s, bridge, &delivery_id(sub, done)).await;
+    let r = ack(&s, p.bridge, &delivery_id(p.sub, done)).await;
     assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
-    assert_zero(&sub_cursor(&s, task, sub).await);
+    assert_zero(&p.cursor().await);
 
     settled_head(&s).await;
     for (task, ..) in cases {
         assert!(mismatches(&s, task).await.is_empty(), "{task}");
     }
-    assert!(mismatches(&s, task).await.is_empty());
+    assert!(mismatches(&s, p.task).await.is_empty());
 }
 
 /// Row 4: `run_review_approved` of R while R's review is approved → deliver.
 #[tokio::test]
 async fn table_approval_of_an_approved_review_is_delivered() {
     let s = start().await;
-    let (task, sub, bridge) = ("t-ok", "s-ok", "b-ok");
-    new_task(&s, task, true).await;
-    subscribe(&s, task, sub, bridge).await;
-    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
-    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
-    let ok = step(
-        &s,
-        task,
-        "task.run_review_approved",
-        json!({"run_id": "r1", "reviewer": "alice"}),
-    )
-    .await;
-    let x = explain(&s, task, sub).await;
-    assert_eq!(
-        decisions(&x),
-        vec![
-            cand(done, "task.run_completed", "defer"),
-            cand(ok, "task.run_review_approved", "deliver"),
-        ],
-        "{x}"
-    );
-    check_next(&x, "deliver", Some(ok));
-    let got = pull(&s, bridge, 0).await;
+    let (p, done) = Pull::completed(&s, "t-ok", "s-ok", "b-ok", true).await;
+    let ok = p.approve("alice").await;
+    let want = [
+        (done, "task.run_completed", "defer"),
+        (ok, "task.run_review_approved", "deliver"),
+    ];
+    p.explain_is(&want, "deliver", Some(ok)).await;
+    let got = pull(&s, p.bridge, 0).await;
     assert_eq!(got.len(), 1, "{got:?}");
-    check_envelope(&got[0], sub, task, bridge, ok, "task.run_review_approved");
+    check_envelope(
+        &got[0],
+        p.sub,
+        p.task,
+        p.bridge,
+        ok,
+        "task.run_review_approved",
+    );
     assert_eq!(got[0]["metadata"]["run_id"], "r1", "{}", got[0]);
 }
 
@@ -589,50 +677,24 @@ async fn table_approval_of_a_review_not_approved_is_a_mismatch() {
         ),
     ];
     for (task, required, after_ty, after_payload, state) in cases {
-        let sub = format!("s-{task}");
-        let bridge = format!("b-{task}");
-        new_task(&s, task, required).await;
-        subscribe(&s, task, &sub, &bridge).await;
-        step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+        let (sub, bridge) = (format!("s-{task}"), format!("b-{task}"));
+        let p = Pull::start(&s, task, &sub, &bridge, required).await;
         if !required {
-            step(
-                &s,
-                task,
-                "task.run_review_requested",
-                json!({"run_id": "r1"}),
-            )
-            .await;
+            p.run("task.run_review_requested", "r1").await;
         }
-        let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
-        let ok = step(
-            &s,
-            task,
-            "task.run_review_approved",
-            json!({"run_id": "r1"}),
-        )
-        .await;
-        step(&s, task, after_ty, after_payload).await;
+        let done = p.run("task.run_completed", "r1").await;
+        let ok = p.run("task.run_review_approved", "r1").await;
+        p.step(after_ty, after_payload).await;
         let t = get_task(&s, task).await;
-        assert_eq!(
-            run_of(&t, "r1")["review"]["state"],
-            state,
-            "precondition: {t}"
-        );
-        let x = explain(&s, task, &sub).await;
-        assert_eq!(
-            decisions(&x),
-            vec![
-                cand(done, "task.run_completed", "defer"),
-                cand(ok, "task.run_review_approved", "mismatch"),
-            ],
-            "{task}: {x}"
-        );
-        check_next(&x, "stopped", Some(ok));
-        expect_nothing_pending(&s, &bridge, task).await;
-        let m = wait_mismatch(&s, task, &sub, ok).await;
-        let c = sub_cursor(&s, task, &sub).await;
-        assert_eq!(c["last_sequence"], 0, "{task}: {c}");
-        assert_eq!(c["last_error"], m["payload"]["detail"], "{task}: {c}");
+        let review = &run_of(&t, "r1")["review"];
+        assert_eq!(review["state"], state, "precondition: {t}");
+        let want = [
+            (done, "task.run_completed", "defer"),
+            (ok, "task.run_review_approved", "mismatch"),
+        ];
+        p.explain_is(&want, "stopped", Some(ok)).await;
+        p.nothing_pending(task).await;
+        p.stopped_at(ok).await;
     }
 }
 
@@ -648,47 +710,33 @@ async fn table_approval_of_a_review_not_approved_is_a_mismatch() {
 #[tokio::test]
 async fn table_task_canceled_of_a_canceled_task_is_delivered() {
     let s = start().await;
-    let (task, sub, bridge) = ("t-cancel", "s-cancel", "b-cancel");
-    new_task(&s, task, false).await;
-    subscribe(&s, task, sub, bridge).await;
-    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
-    let cancel = step(&s, task, "task.canceled", json!({"reason": "not needed"})).await;
-    let x = explain(&s, task, sub).await;
-    assert_eq!(
-        decisions(&x),
-        vec![cand(cancel, "task.canceled", "deliver")],
-        "{x}"
-    );
-    check_next(&x, "deliver", Some(cancel));
-    expect_pending(&s, bridge, sub, task, cancel, "task.canceled").await;
-    ack_ok(&s, bridge, sub, cancel).await;
-    expect_nothing_pending(&s, bridge, "after the ack").await;
+    let p = Pull::start(&s, "t-cancel", "s-cancel", "b-cancel", false).await;
+    let cancel = p
+        .step("task.canceled", json!({"reason": "not needed"}))
+        .await;
+    let want = [(cancel, "task.canceled", "deliver")];
+    p.explain_is(&want, "deliver", Some(cancel)).await;
+    p.pending(cancel, "task.canceled").await;
+    p.ack_ok(cancel).await;
+    p.nothing_pending("after the ack").await;
 
-    let (task, sub, bridge) = ("t-done-cancel", "s-done-cancel", "b-done-cancel");
-    new_task(&s, task, false).await;
-    subscribe(&s, task, sub, bridge).await;
-    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
-    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
-    let cancel = step(&s, task, "task.canceled", json!({})).await;
-    let x = explain(&s, task, sub).await;
-    assert_eq!(
-        decisions(&x),
-        vec![
-            cand(done, "task.run_completed", "deliver"),
-            cand(cancel, "task.canceled", "deliver"),
-        ],
-        "{x}"
-    );
-    check_next(&x, "deliver", Some(done));
-    expect_pending(&s, bridge, sub, task, done, "task.run_completed").await;
+    let (p, done) =
+        Pull::completed(&s, "t-done-cancel", "s-done-cancel", "b-done-cancel", false).await;
+    let cancel = p.step("task.canceled", json!({})).await;
+    let want = [
+        (done, "task.run_completed", "deliver"),
+        (cancel, "task.canceled", "deliver"),
+    ];
+    p.explain_is(&want, "deliver", Some(done)).await;
+    p.pending(done, "task.run_completed").await;
     // The later one is not the pending one yet.
-    let r = ack(&s, bridge, &delivery_id(sub, cancel)).await;
+    let r = ack(&s, p.bridge, &delivery_id(p.sub, cancel)).await;
     assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
-    ack_ok(&s, bridge, sub, done).await;
-    expect_pending(&s, bridge, sub, task, cancel, "task.canceled").await;
-    ack_ok(&s, bridge, sub, cancel).await;
-    expect_nothing_pending(&s, bridge, "both delivered").await;
-    assert!(mismatches(&s, task).await.is_empty());
+    p.ack_ok(done).await;
+    p.pending(cancel, "task.canceled").await;
+    p.ack_ok(cancel).await;
+    p.nothing_pending("both delivered").await;
+    assert!(mismatches(&s, p.task).await.is_empty());
 }
 
 /// The batch ack: one request confirms the pending deliveries of several subscriptions, and
@@ -701,18 +749,12 @@ async fn batch_ack_confirms_in_order_and_judges_each_id() {
     let mut want = Vec::new();
     for i in 0..3 {
         let (task, sub) = (format!("t-batch-{i}"), format!("s-batch-{i}"));
-        new_task(&s, &task, false).await;
-        subscribe(&s, &task, &sub, bridge).await;
-        step(&s, &task, "task.run_started", json!({"run_id": "r1"})).await;
-        let seq = step(&s, &task, "task.run_completed", json!({"run_id": "r1"})).await;
+        let (_, seq) = Pull::completed(&s, &task, &sub, bridge, false).await;
         want.push((sub, seq));
     }
     // Subscription 0 also has a second deliverable event (the task is canceled after).
     let cancel = step(&s, "t-batch-0", "task.canceled", json!({})).await;
-    new_task(&s, "t-other", false).await;
-    subscribe(&s, "t-other", "s-other", "b-other").await;
-    step(&s, "t-other", "task.run_started", json!({"run_id": "r1"})).await;
-    let other = step(&s, "t-other", "task.run_completed", json!({"run_id": "r1"})).await;
+    let (_, other) = Pull::completed(&s, "t-other", "s-other", "b-other", false).await;
     let head = settled_head(&s).await;
 
     let path = format!("/v1/bridges/{bridge}/deliveries/ack");
@@ -727,18 +769,11 @@ async fn batch_ack_confirms_in_order_and_judges_each_id() {
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     let res = r.json["results"].as_array().unwrap().clone();
     assert_eq!(res.len(), 4, "{}", r.text);
-    assert_eq!(
-        (res[0]["status"].as_u64(), res[0]["code"].as_str()),
-        (Some(409), Some("not_pending")),
-        "{}",
-        r.text
-    );
-    assert_eq!(
-        (res[1]["status"].as_u64(), res[1]["code"].as_str()),
-        (Some(409), Some("foreign_delivery")),
-        "{}",
-        r.text
-    );
+    let refused = [(409, "not_pending"), (409, "foreign_delivery")];
+    for (x, (status, code)) in res.iter().zip(refused) {
+        let got = (x["status"].as_u64(), x["code"].as_str());
+        assert_eq!(got, (Some(status), Some(code)), "{}", r.text);
+    }
     assert_eq!(res[2]["status"], 404, "{}", r.text);
     assert_eq!(res[3]["status"], 404, "{}", r.text);
     assert_eq!(s.head().await, head, "refused ids change nothing");
@@ -758,13 +793,8 @@ async fn batch_ack_confirms_in_order_and_judges_each_id() {
     }
     assert_eq!(res[3]["cursor"]["last_sequence"], cancel, "{}", r.text);
     for (sub, seq) in &want[1..] {
-        let c = cursor_of(
-            &s,
-            &consumer(sub),
-            "task_events",
-            &format!("t-batch-{}", &sub["s-batch-".len()..]),
-        )
-        .await;
+        let task = format!("t-batch-{}", &sub["s-batch-".len()..]);
+        let c = cursor_of(&s, &consumer(sub), "task_events", &task).await;
         assert_eq!(c["last_sequence"], *seq, "{c}");
     }
     let c = cursor_of(&s, &consumer("s-batch-0"), "task_events", "t-batch-0").await;
@@ -773,12 +803,8 @@ async fn batch_ack_confirms_in_order_and_judges_each_id() {
     let after = s.head().await;
     assert_eq!(after - head, 4, "one cursor.advanced per confirmed id");
     // A repeat of the last confirmed ids is idempotent.
-    let r = post_json(
-        &s,
-        &path,
-        &json!({"delivery_ids": [delivery_id("s-batch-1", want[1].1)]}),
-    )
-    .await;
+    let repeat = json!({"delivery_ids": [delivery_id("s-batch-1", want[1].1)]});
+    let r = post_json(&s, &path, &repeat).await;
     assert_eq!(r.json["results"][0]["status"], 200, "{}", r.text);
     assert_eq!(s.head().await, after, "a repeat appends nothing");
     // Bad bodies are refused whole.
@@ -807,60 +833,46 @@ async fn review_gated_completion_is_deferred_then_the_approval_is_delivered_once
     new_task(&s, task, true).await;
     let created = subscribe(&s, task, sub, bridge).await;
     assert_zero(&created["cursor"]);
-    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
-    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
+    let p = Pull {
+        api: &s,
+        task,
+        sub,
+        bridge,
+    };
+    p.run("task.run_started", "r1").await;
+    let done = p.run("task.run_completed", "r1").await;
     assert_eq!(get_task(&s, task).await["status"], "awaiting_review");
 
-    expect_nothing_pending(&s, bridge, "a gated completion").await;
-    let x = explain(&s, task, sub).await;
-    assert_eq!(
-        decisions(&x),
-        vec![cand(done, "task.run_completed", "defer")],
-        "{x}"
-    );
-    check_next(&x, "idle", None);
+    p.nothing_pending("a gated completion").await;
+    let want = [(done, "task.run_completed", "defer")];
+    p.explain_is(&want, "idle", None).await;
     // A long-poll does not see it either.
     assert!(pull(&s, bridge, 300).await.is_empty());
 
-    let ok = step(
-        &s,
-        task,
-        "task.run_review_approved",
-        json!({"run_id": "r1", "reviewer": "alice"}),
-    )
-    .await;
-    expect_pending(&s, bridge, sub, task, ok, "task.run_review_approved").await;
+    let ok = p.approve("alice").await;
+    p.pending(ok, "task.run_review_approved").await;
     // Asking again shows the same single delivery.
-    expect_pending(&s, bridge, sub, task, ok, "task.run_review_approved").await;
-    assert_zero(&sub_cursor(&s, task, sub).await);
+    p.pending(ok, "task.run_review_approved").await;
+    assert_zero(&p.cursor().await);
 
     let head = settled_head(&s).await;
-    let cur = ack_ok(&s, bridge, sub, ok).await;
+    let cur = p.ack_ok(ok).await;
     assert_eq!(s.head().await, head + 1, "the ack records one cursor event");
-    let advanced = s
-        .read_all_after(
-            head,
-            &format!("stream=cursors&subject={}", consumer(sub)),
-            100,
-        )
-        .await;
+    let filter = format!("stream=cursors&subject={}", consumer(sub));
+    let advanced = s.read_all_after(head, &filter, 100).await;
     assert_eq!(advanced.len(), 1, "{advanced:?}");
     assert_eq!(advanced[0]["type"], "cursor.advanced", "{}", advanced[0]);
-    assert_eq!(advanced[0]["payload"]["last_sequence"], ok);
-    assert_eq!(
-        advanced[0]["payload"]["delivery_id"],
-        delivery_id(sub, ok).as_str()
-    );
+    let payload = &advanced[0]["payload"];
+    assert_eq!(payload["last_sequence"], ok);
+    assert_eq!(payload["delivery_id"], delivery_id(sub, ok).as_str());
 
-    let c = sub_cursor(&s, task, sub).await;
+    let c = p.cursor().await;
     assert_eq!(c["last_sequence"], ok, "{c}");
     assert_eq!(c["last_delivery_id"], delivery_id(sub, ok).as_str(), "{c}");
     assert_eq!(c["last_error"], Value::Null, "{c}");
     assert_eq!(c, cur, "the ack answers the stored cursor");
-    expect_nothing_pending(&s, bridge, "after the ack").await;
-    let x = explain(&s, task, sub).await;
-    assert!(decisions(&x).is_empty(), "{x}");
-    check_next(&x, "idle", None);
+    p.nothing_pending("after the ack").await;
+    p.explain_is(&[], "idle", None).await;
 
     // The same ack again: 200, the same cursor, nothing appended.
     let again = ack(&s, bridge, &delivery_id(sub, ok)).await;
@@ -886,111 +898,61 @@ async fn review_gated_completion_is_deferred_then_the_approval_is_delivered_once
 #[tokio::test]
 async fn contradicted_approval_is_a_mismatch_until_a_new_approval_repairs_it() {
     let s = start().await;
-    let (task, sub, bridge) = ("t-contra", "s-a", "b-contra");
-    new_task(&s, task, true).await;
-    subscribe(&s, task, sub, bridge).await;
-    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
-    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
-    let a1 = step(
-        &s,
-        task,
-        "task.run_review_approved",
-        json!({"run_id": "r1", "reviewer": "alice"}),
-    )
-    .await;
-    expect_pending(&s, bridge, sub, task, a1, "task.run_review_approved").await;
+    let (p, done) = Pull::completed(&s, "t-contra", "s-a", "b-contra", true).await;
+    let (task, sub, bridge) = (p.task, p.sub, p.bridge);
+    let a1 = p.approve("alice").await;
+    p.pending(a1, "task.run_review_approved").await;
 
-    step(
-        &s,
-        task,
-        "task.run_review_rejected",
-        json!({"run_id": "r1", "reviewer": "bob", "reason": "found a bug"}),
-    )
-    .await;
-    let m = wait_mismatch(&s, task, sub, a1).await;
-    let detail = m["payload"]["detail"].clone();
-    expect_nothing_pending(&s, bridge, "after the contradiction").await;
-    let x = explain(&s, task, sub).await;
-    check_next(&x, "stopped", Some(a1));
-    assert_eq!(
-        decisions(&x),
-        vec![
-            cand(done, "task.run_completed", "defer"),
-            cand(a1, "task.run_review_approved", "mismatch"),
-        ],
-        "{x}"
-    );
-    let c = sub_cursor(&s, task, sub).await;
-    assert_eq!(c["last_sequence"], 0, "no advance on a mismatch: {c}");
+    p.reject("bob", "found a bug", None).await;
+    let m = p.stopped_at(a1).await;
+    p.nothing_pending("after the contradiction").await;
+    let want = [
+        (done, "task.run_completed", "defer"),
+        (a1, "task.run_review_approved", "mismatch"),
+    ];
+    p.explain_is(&want, "stopped", Some(a1)).await;
+    let c = p.cursor().await;
     assert_eq!(c["last_delivery_id"], Value::Null, "{c}");
-    assert_eq!(c["last_error"], detail, "{c}");
+    assert_eq!(c["last_error"], m["payload"]["detail"], "{c}");
 
     // The bridge acks the delivery it saw before the rejection: refused, nothing changes.
     let head = settled_head(&s).await;
     let r = ack(&s, bridge, &delivery_id(sub, a1)).await;
-    assert_eq!(
-        r.status,
-        StatusCode::CONFLICT,
-        "ack of a contradicted approval: {}",
-        r.text
-    );
-    check_4xx(&r, Some(409), None, "ack of a contradicted approval");
+    let what = "ack of a contradicted approval";
+    assert_eq!(r.status, StatusCode::CONFLICT, "{what}: {}", r.text);
+    check_4xx(&r, Some(409), None, what);
     assert_eq!(s.head().await, head, "a refused ack appended events");
-    assert_eq!(
-        sub_cursor(&s, task, sub).await,
-        c,
-        "a refused ack moved the cursor"
-    );
+    assert_eq!(p.cursor().await, c, "a refused ack moved the cursor");
 
     // More task events that do not repair it, then a second subscription on the same task:
     // once the notifier recorded the second one's mismatch, it has looked at the first one
     // again after those events (one pass handles the task's subscriptions in id order). Still
     // exactly one mismatch event for the first.
-    step(
-        &s,
-        task,
-        "task.run_review_rejected",
-        json!({"run_id": "r1", "reviewer": "bob", "reason": "still broken"}),
-    )
-    .await;
+    p.reject("bob", "still broken", None).await;
     subscribe(&s, task, "s-b", "b-contra-2").await;
     wait_mismatch(&s, task, "s-b", a1).await;
     let mine = mismatches_of(&s, task, sub).await;
-    assert_eq!(
-        mine.len(),
-        1,
-        "exactly one mismatch event per (subscription, seq): {mine:?}"
-    );
+    let what = "exactly one mismatch event per (subscription, seq)";
+    assert_eq!(mine.len(), 1, "{what}: {mine:?}");
     assert_eq!(mine[0]["event_id"], format!("mismatch:{sub}:{a1}").as_str());
-    assert_eq!(sub_cursor(&s, task, sub).await["last_sequence"], 0);
+    assert_eq!(p.cursor().await["last_sequence"], 0);
 
-    // Repaired by a new approval.
-    let a2 = step(
-        &s,
-        task,
-        "task.run_review_approved",
-        json!({"run_id": "r1", "reviewer": "carol"}),
-    )
-    .await;
-    let x = explain(&s, task, sub).await;
-    assert_eq!(
-        decisions(&x),
-        vec![
-            cand(done, "task.run_completed", "defer"),
-            cand(a1, "task.run_review_approved", "deliver"),
-            cand(a2, "task.run_review_approved", "deliver"),
-        ],
-        "after the repair every approval of the run decides deliver: {x}"
-    );
-    check_next(&x, "deliver", Some(a1));
-    expect_pending(&s, bridge, sub, task, a1, "task.run_review_approved").await;
-    ack_ok(&s, bridge, sub, a1).await;
-    expect_pending(&s, bridge, sub, task, a2, "task.run_review_approved").await;
-    ack_ok(&s, bridge, sub, a2).await;
-    let c = sub_cursor(&s, task, sub).await;
+    // Repaired by a new approval: every approval of the run decides deliver.
+    let a2 = p.approve("carol").await;
+    let want = [
+        (done, "task.run_completed", "defer"),
+        (a1, "task.run_review_approved", "deliver"),
+        (a2, "task.run_review_approved", "deliver"),
+    ];
+    p.explain_is(&want, "deliver", Some(a1)).await;
+    p.pending(a1, "task.run_review_approved").await;
+    p.ack_ok(a1).await;
+    p.pending(a2, "task.run_review_approved").await;
+    p.ack_ok(a2).await;
+    let c = p.cursor().await;
     assert_eq!(c["last_sequence"], a2, "{c}");
     assert_eq!(c["last_error"], Value::Null, "{c}");
-    expect_nothing_pending(&s, bridge, "after the repair").await;
+    p.nothing_pending("after the repair").await;
     check_next(&explain(&s, task, sub).await, "idle", None);
     assert_eq!(mismatches_of(&s, task, sub).await.len(), 1);
 }
@@ -1000,20 +962,11 @@ async fn contradicted_approval_is_a_mismatch_until_a_new_approval_repairs_it() {
 #[tokio::test]
 async fn operator_reset_past_a_mismatch_resumes_after_it() {
     let s = start().await;
-    let (task, sub, bridge) = ("t-reset", "s-reset", "b-reset");
-    new_task(&s, task, false).await;
-    subscribe(&s, task, sub, bridge).await;
-    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
-    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
-    let failed = step(
-        &s,
-        task,
-        "task.run_failed",
-        json!({"run_id": "r1", "error": "crash"}),
-    )
-    .await;
+    let (p, done) = Pull::completed(&s, "t-reset", "s-reset", "b-reset", false).await;
+    let (task, sub) = (p.task, p.sub);
+    let failed = p.fail("crash").await;
     wait_mismatch(&s, task, sub, done).await;
-    expect_nothing_pending(&s, bridge, "stopped").await;
+    p.nothing_pending("stopped").await;
     check_next(&explain(&s, task, sub).await, "stopped", Some(done));
 
     let head = settled_head(&s).await;
@@ -1037,22 +990,17 @@ async fn operator_reset_past_a_mismatch_resumes_after_it() {
     assert_eq!(resets[0]["payload"]["to"], done, "{}", resets[0]);
     assert_eq!(resets[0]["payload"]["reason"], reason, "{}", resets[0]);
 
-    let x = explain(&s, task, sub).await;
-    assert_eq!(
-        decisions(&x),
-        vec![cand(failed, "task.run_failed", "deliver")],
-        "{x}"
-    );
-    check_next(&x, "deliver", Some(failed));
-    expect_pending(&s, bridge, sub, task, failed, "task.run_failed").await;
-    ack_ok(&s, bridge, sub, failed).await;
+    let want = [(failed, "task.run_failed", "deliver")];
+    p.explain_is(&want, "deliver", Some(failed)).await;
+    p.pending(failed, "task.run_failed").await;
+    p.ack_ok(failed).await;
 
     // And the next run's end after that.
-    step(&s, task, "task.run_started", json!({"run_id": "r2"})).await;
-    let done2 = step(&s, task, "task.run_completed", json!({"run_id": "r2"})).await;
-    expect_pending(&s, bridge, sub, task, done2, "task.run_completed").await;
-    ack_ok(&s, bridge, sub, done2).await;
-    expect_nothing_pending(&s, bridge, "all delivered").await;
+    p.run("task.run_started", "r2").await;
+    let done2 = p.run("task.run_completed", "r2").await;
+    p.pending(done2, "task.run_completed").await;
+    p.ack_ok(done2).await;
+    p.nothing_pending("all delivered").await;
     assert_eq!(
         mismatches_of(&s, task, sub).await.len(),
         1,
@@ -1065,13 +1013,10 @@ async fn operator_reset_past_a_mismatch_resumes_after_it() {
 #[tokio::test]
 async fn deleted_then_recreated_subscription_resumes_from_the_kept_cursor() {
     let s = start().await;
-    let (task, sub, bridge) = ("t-again", "s-again", "b-again");
-    new_task(&s, task, false).await;
-    subscribe(&s, task, sub, bridge).await;
-    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
-    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
-    expect_pending(&s, bridge, sub, task, done, "task.run_completed").await;
-    ack_ok(&s, bridge, sub, done).await;
+    let (p, done) = Pull::completed(&s, "t-again", "s-again", "b-again", false).await;
+    let (task, sub, bridge) = (p.task, p.sub, p.bridge);
+    p.pending(done, "task.run_completed").await;
+    p.ack_ok(done).await;
 
     let path = format!("{}/{sub}", bridges_path(task));
     let r = delete(&s, &path).await;
@@ -1079,22 +1024,17 @@ async fn deleted_then_recreated_subscription_resumes_from_the_kept_cursor() {
     assert_eq!(r.json["active"], false, "{}", r.text);
     assert_eq!(r.json["cursor"]["last_sequence"], done, "{}", r.text);
     // Gone from the API, its cursor kept.
-    check_4xx(
-        &s.get(&path).await,
-        Some(404),
-        Some("subscription_not_found"),
-        "show of a deleted subscription",
-    );
-    check_4xx(
-        &delete(&s, &path).await,
-        Some(404),
-        Some("subscription_not_found"),
-        "delete again",
-    );
+    let not_found = [
+        (s.get(&path).await, "show of a deleted subscription"),
+        (delete(&s, &path).await, "delete again"),
+    ];
+    for (r, what) in &not_found {
+        check_4xx(r, Some(404), Some("subscription_not_found"), what);
+    }
     let list = s.get(&bridges_path(task)).await;
     assert_eq!(list.status, StatusCode::OK, "{}", list.text);
     assert_eq!(list.json["subscriptions"], json!([]), "{}", list.text);
-    let kept = sub_cursor(&s, task, sub).await;
+    let kept = p.cursor().await;
     assert_eq!(kept["last_sequence"], done, "{kept}");
     let all = s
         .get(&format!(
@@ -1106,17 +1046,18 @@ async fn deleted_then_recreated_subscription_resumes_from_the_kept_cursor() {
     assert_eq!(all.json["cursors"], json!([kept]), "{}", all.text);
 
     // A terminal event while deleted: nobody is offered it.
-    step(&s, task, "task.run_started", json!({"run_id": "r2"})).await;
-    let done2 = step(&s, task, "task.run_completed", json!({"run_id": "r2"})).await;
-    expect_nothing_pending(&s, bridge, "while deleted").await;
+    p.run("task.run_started", "r2").await;
+    let done2 = p.run("task.run_completed", "r2").await;
+    p.nothing_pending("while deleted").await;
 
     let r = post_json(&s, &bridges_path(task), &sub_body(sub, bridge)).await;
     assert_eq!(r.status, StatusCode::CREATED, "re-create: {}", r.text);
     assert_eq!(r.json["active"], true, "{}", r.text);
     assert_eq!(r.json["cursor"]["last_sequence"], done, "{}", r.text);
-    expect_pending(&s, bridge, sub, task, done2, "task.run_completed").await;
-    ack_ok(&s, bridge, sub, done2).await;
-    expect_nothing_pending(&s, bridge, "after the re-created one was acked").await;
+    p.pending(done2, "task.run_completed").await;
+    p.ack_ok(done2).await;
+    p.nothing_pending("after the re-created one was acked")
+        .await;
     // Re-creating with the same body again is the 200 of an existing subscription.
     let r = post_json(&s, &bridges_path(task), &sub_body(sub, bridge)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
@@ -1127,10 +1068,8 @@ async fn deleted_then_recreated_subscription_resumes_from_the_kept_cursor() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pull_long_poll_returns_an_event_appended_while_it_waits() {
     let s = start().await;
-    let (task, sub, bridge) = ("t-poll", "s-poll", "b-poll");
-    new_task(&s, task, false).await;
-    subscribe(&s, task, sub, bridge).await;
-    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
+    let p = Pull::start(&s, "t-poll", "s-poll", "b-poll", false).await;
+    let (task, sub, bridge) = (p.task, p.sub, p.bridge);
 
     let api = s.api();
     let poll = tokio::spawn(async move { pull(&api, "b-poll", 10_000).await });
@@ -1139,14 +1078,14 @@ async fn pull_long_poll_returns_an_event_appended_while_it_waits() {
         !poll.is_finished(),
         "the long-poll answered before anything was pending"
     );
-    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
+    let done = p.run("task.run_completed", "r1").await;
     let got = tokio::time::timeout(WAIT, poll)
         .await
         .expect("the long-poll did not answer")
         .expect("poll task");
     assert_eq!(got.len(), 1, "{got:?}");
     check_envelope(&got[0], sub, task, bridge, done, "task.run_completed");
-    ack_ok(&s, bridge, sub, done).await;
+    p.ack_ok(done).await;
 
     // Nothing pending: the wait ends with an empty list.
     assert!(pull(&s, bridge, 300).await.is_empty());
@@ -1374,119 +1313,97 @@ async fn subscription_create_is_idempotent_and_validated() {
         .and_then(|v| v.as_u64());
     assert!(as_of.is_some_and(|a| a >= head), "{}", shown.text);
     assert_eq!(shown_row, row, "{}", shown.text);
+    for (path, what) in [
+        ("/sub-nope", "show of an unknown subscription"),
+        ("/sub-nope/explain", "explain of an unknown subscription"),
+    ] {
+        let r = s.get(&format!("{}{path}", bridges_path(task))).await;
+        check_4xx(&r, Some(404), Some("subscription_not_found"), what);
+    }
+    let r = s.get(&format!("{}/sub-1", bridges_path("t-subs-2"))).await;
     check_4xx(
-        &s.get(&format!("{}/sub-nope", bridges_path(task))).await,
-        Some(404),
-        Some("subscription_not_found"),
-        "show of an unknown subscription",
-    );
-    check_4xx(
-        &s.get(&format!("{}/sub-1", bridges_path("t-subs-2"))).await,
+        &r,
         Some(404),
         Some("subscription_not_found"),
         "show under another task",
     );
-    check_4xx(
-        &s.get(&format!("{}/sub-nope/explain", bridges_path(task)))
-            .await,
-        Some(404),
-        Some("subscription_not_found"),
-        "explain of an unknown subscription",
-    );
 
-    // Bad bodies: 4xx problems, nothing appended.
+    // Bad bodies: 4xx problems, nothing appended. Each is a good body with one field changed
+    // (or left out); `None` where any 4xx problem will do.
+    let good = json!({"subscription_id": "x1", "bridge_id": "b1", "sink": {"kind": "pull"}});
+    let ftp = json!({"kind": "webhook", "url": "ftp://example.invalid/x"});
+    let pull_url = json!({"kind": "pull", "url": "http://127.0.0.1:9/x"});
+    let invalid = Some((422, "invalid_field"));
     let bad: Vec<BadBody> = vec![
-        (
-            "missing sink",
-            json!({"subscription_id": "x1", "bridge_id": "b1"}),
-            None,
-        ),
-        (
-            "missing bridge_id",
-            json!({"subscription_id": "x1", "sink": {"kind": "pull"}}),
-            None,
-        ),
-        (
-            "missing subscription_id",
-            json!({"bridge_id": "b1", "sink": {"kind": "pull"}}),
-            None,
-        ),
+        ("missing sink", "sink", None, None),
+        ("missing bridge_id", "bridge_id", None, None),
+        ("missing subscription_id", "subscription_id", None, None),
         (
             "sink kind smtp",
-            json!({"subscription_id": "x1", "bridge_id": "b1", "sink": {"kind": "smtp"}}),
-            Some((422, "invalid_field")),
+            "sink",
+            Some(json!({"kind": "smtp"})),
+            invalid,
         ),
         (
             "webhook without url",
-            json!({"subscription_id": "x1", "bridge_id": "b1", "sink": {"kind": "webhook"}}),
-            Some((422, "invalid_field")),
+            "sink",
+            Some(json!({"kind": "webhook"})),
+            invalid,
         ),
-        (
-            "webhook with an ftp url",
-            json!({"subscription_id": "x1", "bridge_id": "b1",
-                   "sink": {"kind": "webhook", "url": "ftp://example.invalid/x"}}),
-            Some((422, "invalid_field")),
-        ),
-        (
-            "pull with a url",
-            json!({"subscription_id": "x1", "bridge_id": "b1",
-                   "sink": {"kind": "pull", "url": "http://127.0.0.1:9/x"}}),
-            Some((422, "invalid_field")),
-        ),
-        (
-            "mode shout",
-            json!({"subscription_id": "x1", "bridge_id": "b1", "mode": "shout",
-                   "sink": {"kind": "pull"}}),
-            Some((422, "invalid_field")),
-        ),
+        ("webhook with an ftp url", "sink", Some(ftp), invalid),
+        ("pull with a url", "sink", Some(pull_url), invalid),
+        ("mode shout", "mode", Some(json!("shout")), invalid),
         (
             "subscription_id with a space",
-            json!({"subscription_id": "bad id", "bridge_id": "b1", "sink": {"kind": "pull"}}),
-            Some((422, "invalid_field")),
+            "subscription_id",
+            Some(json!("bad id")),
+            invalid,
         ),
         (
             "subscription_id with a slash",
-            json!({"subscription_id": "a/b", "bridge_id": "b1", "sink": {"kind": "pull"}}),
-            Some((422, "invalid_field")),
+            "subscription_id",
+            Some(json!("a/b")),
+            invalid,
         ),
         (
             "empty subscription_id",
-            json!({"subscription_id": "", "bridge_id": "b1", "sink": {"kind": "pull"}}),
-            Some((422, "invalid_field")),
+            "subscription_id",
+            Some(json!("")),
+            invalid,
         ),
         (
             "subscription_id of 129 characters",
-            json!({"subscription_id": "x".repeat(129), "bridge_id": "b1",
-                   "sink": {"kind": "pull"}}),
-            Some((422, "invalid_field")),
+            "subscription_id",
+            Some(json!("x".repeat(129))),
+            invalid,
         ),
         (
             "bridge_id with a colon",
-            json!({"subscription_id": "x1", "bridge_id": "b:1", "sink": {"kind": "pull"}}),
-            Some((422, "invalid_field")),
+            "bridge_id",
+            Some(json!("b:1")),
+            invalid,
         ),
         (
             "subscription_id is a number",
-            json!({"subscription_id": 7, "bridge_id": "b1", "sink": {"kind": "pull"}}),
+            "subscription_id",
+            Some(json!(7)),
             None,
         ),
-        (
-            "sink is a string",
-            json!({"subscription_id": "x1", "bridge_id": "b1", "sink": "pull"}),
-            None,
-        ),
-        (
-            "unknown field",
-            json!({"subscription_id": "x1", "bridge_id": "b1", "sink": {"kind": "pull"},
-                   "colour": "red"}),
-            None,
-        ),
-        ("a JSON array", json!([1, 2]), None),
+        ("sink is a string", "sink", Some(json!("pull")), None),
+        ("unknown field", "colour", Some(json!("red")), None),
     ];
-    for (what, b, want) in &bad {
-        let r = post_json(&s, &bridges_path(task), b).await;
+    let bodies = bad.into_iter().map(|(what, field, value, want)| {
+        let mut b = good.clone();
+        match value {
+            Some(v) => b[field] = v,
+            None => drop(b.as_object_mut().and_then(|o| o.remove(field))),
+        }
+        (what, b, want)
+    });
+    for (what, b, want) in bodies.chain([("a JSON array", json!([1, 2]), None)]) {
+        let r = post_json(&s, &bridges_path(task), &b).await;
         match want {
-            Some((st, code)) => check_4xx(&r, Some(*st), Some(code), what),
+            Some((st, code)) => check_4xx(&r, Some(st), Some(code), what),
             None => check_4xx(&r, None, None, what),
         }
         assert_eq!(s.head().await, head, "{what}: the log changed");
@@ -1540,11 +1457,7 @@ async fn subscription_create_is_idempotent_and_validated() {
 async fn cursors_api_advance_replay_conflicts_and_reset() {
     let s = start().await;
     let base = s.start_head();
-    let events: Vec<Value> = (1..=6)
-        .map(|i| json!({"stream": "orders", "subject": format!("o-{i}"), "type": "order.placed"}))
-        .collect();
-    let r = append_ok(&s, &json!({"events": events})).await;
-    let seqs: Vec<u64> = r.iter().map(|x| x.1).collect();
+    let seqs = append_orders(&s, 6).await;
     assert_eq!(seqs[0], base + 1);
     let (c1, st, sub) = ("c-orders", "orders", "");
     let head = s.head().await;
@@ -1585,12 +1498,9 @@ async fn cursors_api_advance_replay_conflicts_and_reset() {
     check_time(c["last_delivered_at"].as_str().expect("last_delivered_at"));
     check_time(c["updated_at"].as_str().expect("updated_at"));
     assert_eq!(s.head().await, head + 1);
-    let ev = s.read_all_after(head, "stream=cursors", 10).await;
-    assert_eq!(ev.len(), 1, "{ev:?}");
-    assert_eq!(ev[0]["type"], "cursor.advanced", "{}", ev[0]);
-    assert_eq!(ev[0]["subject"], c1, "{}", ev[0]);
-    assert_eq!(ev[0]["payload"]["last_sequence"], seqs[2], "{}", ev[0]);
-    assert_eq!(ev[0]["payload"]["delivery_id"], "d3", "{}", ev[0]);
+    let e = cursor_event(&s, head, "cursor.advanced", c1).await;
+    assert_eq!(e["payload"]["last_sequence"], seqs[2], "{e}");
+    assert_eq!(e["payload"]["delivery_id"], "d3", "{e}");
     assert_eq!(cursor_of(&s, c1, st, sub).await, c);
     let head = head + 1;
 
@@ -1734,19 +1644,14 @@ async fn cursors_api_advance_replay_conflicts_and_reset() {
     assert_eq!(r.status, StatusCode::OK, "reset: {}", r.text);
     assert_eq!(r.json["last_sequence"], seqs[0], "{}", r.text);
     assert_eq!(s.head().await, head + 1);
-    let ev = s.read_all_after(head, "stream=cursors", 10).await;
-    assert_eq!(ev.len(), 1, "{ev:?}");
-    assert_eq!(ev[0]["type"], "cursor.reset", "{}", ev[0]);
-    assert_eq!(ev[0]["subject"], c1, "{}", ev[0]);
-    assert_eq!(ev[0]["payload"]["from"], seqs[4], "{}", ev[0]);
-    assert_eq!(ev[0]["payload"]["to"], seqs[0], "{}", ev[0]);
+    let e = cursor_event(&s, head, "cursor.reset", c1).await;
+    let payload = &e["payload"];
+    assert_eq!(payload["from"], seqs[4], "{e}");
+    assert_eq!(payload["to"], seqs[0], "{e}");
     // Who reset it: nobody named, in open mode, said as `null` (it was left out).
-    assert_eq!(ev[0]["payload"].get("by"), Some(&Value::Null), "{}", ev[0]);
-    assert_eq!(
-        ev[0]["payload"]["reason"], "replay the orders after a bad deploy",
-        "{}",
-        ev[0]
-    );
+    assert_eq!(payload.get("by"), Some(&Value::Null), "{e}");
+    let reason = "replay the orders after a bad deploy";
+    assert_eq!(payload["reason"], reason, "{e}");
     let head = head + 1;
     let now = cursor_of(&s, c1, st, sub).await;
     assert_eq!(now["last_sequence"], seqs[0], "{now}");
@@ -1812,27 +1717,13 @@ async fn cursors_api_advance_replay_conflicts_and_reset() {
 async fn consumers_lag_counts_events_and_flags_stalled_cursors() {
     let config = format!("{QUIET}\n[notifications.outbox]\nstuck_after = \"1s\"\n");
     let s = Server::start(ServerOpts::default().config(config)).await;
-    let events: Vec<Value> = (1..=10)
-        .map(|i| json!({"stream": "orders", "subject": format!("o-{i}"), "type": "order.placed"}))
-        .collect();
-    let seqs: Vec<u64> = append_ok(&s, &json!({"events": events}))
-        .await
-        .iter()
-        .map(|r| r.1)
-        .collect();
+    let seqs = append_orders(&s, 10).await;
     let (task, sub) = ("t-lag", "s-lag");
     new_task(&s, task, false).await;
     step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
     subscribe(&s, task, sub, "b-lag").await;
     for (c, last) in [("c-behind", seqs[6]), ("c-caught", seqs[9])] {
-        let r = post_json(
-            &s,
-            "/v1/cursors/advance",
-            &json!({"consumer_id": c, "stream_name": "orders", "last_sequence": last,
-                    "delivery_id": format!("{c}-1")}),
-        )
-        .await;
-        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        advance_orders(&s, c, last, &format!("{c}-1")).await;
     }
 
     // The lag view never waits for the models (section 7), and a command is answered before
@@ -1905,14 +1796,7 @@ async fn consumers_lag_counts_events_and_flags_stalled_cursors() {
     );
 
     // Progress clears it.
-    let r = post_json(
-        &s,
-        "/v1/cursors/advance",
-        &json!({"consumer_id": "c-behind", "stream_name": "orders", "last_sequence": seqs[9],
-                "delivery_id": "c-behind-2"}),
-    )
-    .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    advance_orders(&s, "c-behind", seqs[9], "c-behind-2").await;
     let v = lag().await;
     let behind = find(&v, "c-behind", "orders", "");
     assert_eq!(behind["lag_events"], 0, "{behind}");
@@ -1924,22 +1808,8 @@ async fn consumers_lag_counts_events_and_flags_stalled_cursors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_cursors_show_reset_and_lag() {
     let s = start().await;
-    let events: Vec<Value> = (1..=4)
-        .map(|i| json!({"stream": "orders", "subject": format!("o-{i}"), "type": "order.placed"}))
-        .collect();
-    let seqs: Vec<u64> = append_ok(&s, &json!({"events": events}))
-        .await
-        .iter()
-        .map(|r| r.1)
-        .collect();
-    let r = post_json(
-        &s,
-        "/v1/cursors/advance",
-        &json!({"consumer_id": "c-cli", "stream_name": "orders", "last_sequence": seqs[2],
-                "delivery_id": "d-3"}),
-    )
-    .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let seqs = append_orders(&s, 4).await;
+    advance_orders(&s, "c-cli", seqs[2], "d-3").await;
     let base = s.base().to_owned();
 
     let json_lines = |out: &std::process::Output, what: &str| -> Vec<Value> {
@@ -1964,21 +1834,8 @@ async fn cli_cursors_show_reset_and_lag() {
             .collect()
     };
 
-    let out = run_cli(
-        &[
-            "cursors",
-            "show",
-            "--consumer",
-            "c-cli",
-            "--stream",
-            "orders",
-            "--url",
-            &base,
-        ],
-        "",
-        CLI_LIMIT,
-    )
-    .await;
+    let show = ["show", "--consumer", "c-cli", "--stream", "orders"];
+    let out = cursors_cli(&base, &show).await;
     let shown = json_lines(&out, "cursors show --stream");
     assert_eq!(shown.len(), 1, "{shown:?}");
     assert_eq!(shown[0]["consumer_id"], "c-cli");
@@ -1987,93 +1844,48 @@ async fn cli_cursors_show_reset_and_lag() {
     assert_eq!(shown[0]["last_delivery_id"], "d-3", "{}", shown[0]);
 
     // A cursor that never moved shows its zero state.
-    let out = run_cli(
-        &[
-            "cursors",
-            "show",
-            "--consumer",
-            "c-none",
-            "--stream",
-            "orders",
-            "--url",
-            &base,
-        ],
-        "",
-        CLI_LIMIT,
+    let out = cursors_cli(
+        &base,
+        &["show", "--consumer", "c-none", "--stream", "orders"],
     )
     .await;
     let zero = json_lines(&out, "cursors show of a new cursor");
     assert_eq!(zero.len(), 1, "{zero:?}");
     assert_zero(&zero[0]);
 
-    let out = run_cli(
-        &["cursors", "show", "--consumer", "c-cli", "--url", &base],
-        "",
-        CLI_LIMIT,
-    )
-    .await;
+    let out = cursors_cli(&base, &show[..3]).await;
     let all = json_lines(&out, "cursors show (all of a consumer)");
     assert_eq!(all.len(), 1, "{all:?}");
     assert_eq!(all[0]["last_sequence"], seqs[2]);
 
     // Reset without a reason: refused, nothing changes.
     let head = s.head().await;
-    let out = run_cli(
-        &[
-            "cursors",
-            "reset",
-            "--consumer",
-            "c-cli",
-            "--stream",
-            "orders",
-            "--to",
-            &seqs[0].to_string(),
-            "--reason",
-            "",
-            "--url",
-            &base,
-        ],
-        "",
-        CLI_LIMIT,
-    )
-    .await;
+    let to = seqs[0].to_string();
+    let reset = [
+        "reset",
+        "--consumer",
+        "c-cli",
+        "--stream",
+        "orders",
+        "--to",
+        &to,
+    ];
+    let out = cursors_cli(&base, &[&reset[..], &["--reason", ""]].concat()).await;
     assert!(
         !out.status.success(),
         "a reset with an empty reason succeeded: {}",
         String::from_utf8_lossy(&out.stdout)
     );
     assert_eq!(s.head().await, head, "a refused CLI reset appended");
-    assert_eq!(
-        cursor_of(&s, "c-cli", "orders", "").await["last_sequence"],
-        seqs[2]
-    );
+    let cli_cursor = || cursor_of(&s, "c-cli", "orders", "");
+    assert_eq!(cli_cursor().await["last_sequence"], seqs[2]);
 
-    let out = run_cli(
-        &[
-            "cursors",
-            "reset",
-            "--consumer",
-            "c-cli",
-            "--stream",
-            "orders",
-            "--to",
-            &seqs[0].to_string(),
-            "--reason",
-            "replay from the CLI",
-            "--url",
-            &base,
-        ],
-        "",
-        CLI_LIMIT,
-    )
-    .await;
+    let reason = ["--reason", "replay from the CLI"];
+    let out = cursors_cli(&base, &[&reset[..], &reason].concat()).await;
     let reset = json_lines(&out, "cursors reset");
     assert_eq!(reset.len(), 1, "{reset:?}");
     assert_eq!(reset[0]["last_sequence"], seqs[0], "{}", reset[0]);
-    assert_eq!(
-        cursor_of(&s, "c-cli", "orders", "").await["last_sequence"],
-        seqs[0]
-    );
+    assert_eq!(cli_cursor().await["last_sequence"], seqs[0]);
     let ev = s.read_all_after(head, "stream=cursors", 10).await;
     assert_eq!(ev.len(), 1, "{ev:?}");
     assert_eq!(ev[0]["type"], "cursor.reset");
@@ -2081,7 +1893,7 @@ async fn cli_cursors_show_reset_and_lag() {
     assert_eq!(ev[0]["payload"]["from"], seqs[2]);
     assert_eq!(ev[0]["payload"]["to"], seqs[0]);
 
-    let out = run_cli(&["cursors", "show", "--lag", "--url", &base], "", CLI_LIMIT).await;
+    let out = cursors_cli(&base, &["show", "--lag"]).await;
     let lag = json_lines(&out, "cursors show --lag");
     let row = lag
         .iter()
@@ -2092,7 +1904,7 @@ async fn cli_cursors_show_reset_and_lag() {
     assert!(row["stalled"].is_boolean(), "{row}");
 
     // show without --consumer or --lag is a usage error.
-    let out = run_cli(&["cursors", "show", "--url", &base], "", CLI_LIMIT).await;
+    let out = cursors_cli(&base, &["show"]).await;
     assert!(!out.status.success(), "cursors show without a consumer");
 }
 
@@ -2107,10 +1919,7 @@ async fn long_consumer_ids_advance_and_never_stop_the_log() {
     let s = start().await;
     let (task, bridge) = ("t-long", "b-long");
     let sub = "s".repeat(128);
-    new_task(&s, task, false).await;
-    subscribe(&s, task, &sub, bridge).await;
-    step(&s, task, "task.run_started", json!({"run_id": "r1"})).await;
-    let done = step(&s, task, "task.run_completed", json!({"run_id": "r1"})).await;
+    let (_, done) = Pull::completed(&s, task, &sub, bridge, false).await;
     let got = pull(&s, bridge, 10_000).await;
     assert_eq!(got.len(), 1, "{got:?}");
     ack_ok(&s, bridge, &sub, done).await;

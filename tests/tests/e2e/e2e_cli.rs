@@ -7,24 +7,10 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tidemark_tests::{Server, ServerOpts, cli_command, random_token, run_cli, sha256_hex};
+use tidemark_tests::{Api, Server, ServerOpts, cli_command, random_token, run_cli, sha256_hex};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
-const LIMIT: Duration = Duration::from_secs(60);
-
-/// Records printed as JSON lines, or as one JSON array (`-o json`, the default off a
-/// terminal).
-fn lines(out: &[u8]) -> Vec<Value> {
-    String::from_utf8_lossy(out)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}")))
-        .flat_map(|v: Value| match v {
-            Value::Array(a) => a,
-            v => vec![v],
-        })
-        .collect()
-}
+use crate::common::{CLI_LIMIT as LIMIT, cli_at, cli_ok, cli_records};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn append_then_tail() {
@@ -38,13 +24,7 @@ async fn append_then_tail() {
     ];
     let stdin: String = input.iter().map(|v| format!("{v}\n")).collect();
     let out = run_cli(&["append", "--url", s.base()], &stdin, LIMIT).await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "tidemark append failed ({}): {stderr}",
-        out.status
-    );
-    let receipts = lines(&out.stdout);
+    let receipts = cli_records(cli_ok(&out, "tidemark append").as_bytes());
     assert_eq!(receipts.len(), 3, "one receipt per event: {receipts:?}");
     for (i, r) in receipts.iter().enumerate() {
         assert_eq!(r["event_id"], format!("cli-{}", i + 1).as_str(), "{r}");
@@ -53,27 +33,8 @@ async fn append_then_tail() {
     }
     assert_eq!(s.head().await, base + 3);
 
-    let out = run_cli(
-        &[
-            "tail",
-            "--after",
-            &after(0),
-            "--count",
-            "3",
-            "--url",
-            s.base(),
-        ],
-        "",
-        LIMIT,
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "tidemark tail failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let envelopes = lines(&out.stdout);
+    let out = cli_at(s.base(), &format!("tail --after {} --count 3", after(0))).await;
+    let envelopes = cli_records(cli_ok(&out, "tidemark tail").as_bytes());
     assert_eq!(envelopes.len(), 3, "three envelopes: {envelopes:?}");
     for (i, (e, sent)) in envelopes.iter().zip(&input).enumerate() {
         assert_eq!(e["seq"], base + i as u64 + 1, "{e}");
@@ -90,39 +51,15 @@ async fn append_then_tail() {
     }
 
     // Filters and a later start.
-    let out = run_cli(
-        &[
-            "tail",
-            "--after",
-            &after(1),
-            "--subject",
-            "a",
-            "--count",
-            "1",
-            "--url",
-            s.base(),
-        ],
-        "",
-        LIMIT,
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let envelopes = lines(&out.stdout);
+    let tail = format!("tail --after {} --subject a --count 1", after(1));
+    let out = cli_at(s.base(), &tail).await;
+    let envelopes = cli_records(cli_ok(&out, &tail).as_bytes());
     assert_eq!(envelopes.len(), 1);
     assert_eq!(envelopes[0]["event_id"], "cli-3");
 
     // Appending the same lines again: duplicates with the original seqs.
     let out = run_cli(&["append", "--url", s.base()], &stdin, LIMIT).await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let again = lines(&out.stdout);
+    let again = cli_records(cli_ok(&out, "tidemark append again").as_bytes());
     assert_eq!(again.len(), 3);
     for (i, r) in again.iter().enumerate() {
         assert_eq!(r["seq"], base + i as u64 + 1, "{r}");
@@ -211,80 +148,28 @@ async fn deliveries_list_retry_discard() {
         assert_eq!(r.status, 200, "{}", r.text);
         assert_eq!(r.json["status"], "parked", "{}", r.text);
     }
-    let out = run_cli(
-        &[
-            "deliveries",
-            "list",
-            "--status",
-            "parked",
-            "--url",
-            s.base(),
-        ],
-        "",
-        LIMIT,
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let parked = lines(&out.stdout);
+    let out = cli_at(s.base(), "deliveries list --status parked").await;
+    let parked = cli_records(cli_ok(&out, "deliveries list --status parked").as_bytes());
     let mut ids: Vec<&str> = parked.iter().map(|d| d["id"].as_str().unwrap()).collect();
     ids.sort();
     let mut want: Vec<&str> = claimed[..2].iter().map(String::as_str).collect();
     want.sort();
     assert_eq!(ids, want);
-    let all = lines(
-        &run_cli(&["deliveries", "list", "--url", s.base()], "", LIMIT)
-            .await
-            .stdout,
-    );
+    let all = cli_records(&cli_at(s.base(), "deliveries list").await.stdout);
     assert_eq!(all.len(), 3, "{all:?}");
 
-    let out = run_cli(
-        &[
-            "deliveries",
-            "retry",
-            &claimed[0],
-            "--reason",
-            "fixed",
-            "--url",
-            s.base(),
-        ],
-        "",
-        LIMIT,
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let row: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let retry = format!("deliveries retry {} --reason fixed", claimed[0]);
+    let out = cli_at(s.base(), &retry).await;
+    let row: Value = serde_json::from_str(&cli_ok(&out, &retry)).unwrap();
     assert_eq!(row["status"], "queued");
     assert_eq!(row["attempts"], 0);
-    let out = run_cli(
-        &["deliveries", "discard", &claimed[1], "--url", s.base()],
-        "",
-        LIMIT,
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let row: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let discard = format!("deliveries discard {}", claimed[1]);
+    let out = cli_at(s.base(), &discard).await;
+    let row: Value = serde_json::from_str(&cli_ok(&out, &discard)).unwrap();
     assert_eq!(row["status"], "discarded");
     // Retrying what is not parked fails with the server's reason, and changes nothing.
     let head = s.head().await;
-    let out = run_cli(
-        &["deliveries", "retry", &claimed[2], "--url", s.base()],
-        "",
-        LIMIT,
-    )
-    .await;
+    let out = cli_at(s.base(), &format!("deliveries retry {}", claimed[2])).await;
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("illegal_transition"),
@@ -294,60 +179,19 @@ async fn deliveries_list_retry_discard() {
     assert_eq!(s.head().await, head);
 }
 
-fn ok(out: &std::process::Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Section 9's other commands: a task's bridge subscriptions, a notification's status,
 /// `-o table|json|jsonl`, `config show` with secrets masked, and shell completions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_status_output_formats_config_and_completions() {
     let s = Server::start(ServerOpts::default()).await;
     let url = s.base().to_owned();
-    let (st, body) = s
-        .append(&json!({"events": [
-            {"stream": "task_events", "subject": "cli-task", "type": "task.created",
-             "payload": {"project_id": "p"}},
-            {"event_id": "cli-n1", "stream": "notifications", "subject": "cli-n1",
-             "type": "notification.requested", "payload": {"priority": "info", "title": "Hi"}},
-        ]}))
-        .await;
-    assert_eq!(st, reqwest::StatusCode::CREATED, "{body}");
+    task_and_notification(&s, "cli-task", "cli-n1", "info").await;
 
-    let out = run_cli(
-        &[
-            "tasks",
-            "notifications",
-            "subscribe",
-            "cli-task",
-            "--subscription-id",
-            "cli-sub",
-            "--bridge-id",
-            "cli-bridge",
-            "--scope",
-            "team-ops",
-            "--workspace",
-            "ws-1",
-            "--thread",
-            "th-9",
-            "--mode",
-            "post",
-            "-o",
-            "json",
-            "--url",
-            &url,
-        ],
-        "",
-        LIMIT,
-    )
-    .await;
-    let sub: Value = serde_json::from_str(&ok(&out, "subscribe")).unwrap();
+    let subscribe = "tasks notifications subscribe cli-task --subscription-id cli-sub \
+                     --bridge-id cli-bridge --scope team-ops --workspace ws-1 --thread th-9 \
+                     --mode post -o json";
+    let out = cli_at(&url, subscribe).await;
+    let sub: Value = serde_json::from_str(&cli_ok(&out, "subscribe")).unwrap();
     assert_eq!(sub["subscription_id"], "cli-sub", "{sub}");
     // The bridge's routing flags reach the subscription.
     assert_eq!(
@@ -365,113 +209,36 @@ async fn subscriptions_status_output_formats_config_and_completions() {
         ),
         "{sub}"
     );
-    let out = run_cli(
-        &[
-            "tasks",
-            "notifications",
-            "list",
-            "cli-task",
-            "-o",
-            "jsonl",
-            "--url",
-            &url,
-        ],
-        "",
-        LIMIT,
-    )
-    .await;
-    let subs = lines(ok(&out, "list").as_bytes());
+    let out = cli_at(&url, "tasks notifications list cli-task -o jsonl").await;
+    let subs = cli_records(cli_ok(&out, "list").as_bytes());
     assert_eq!(subs.len(), 1, "{subs:?}");
     assert_eq!(subs[0]["subscription_id"], "cli-sub");
-    let out = run_cli(
-        &[
-            "tasks",
-            "notifications",
-            "list",
-            "cli-task",
-            "-o",
-            "table",
-            "--url",
-            &url,
-        ],
-        "",
-        LIMIT,
-    )
-    .await;
-    let table = ok(&out, "list -o table");
+    let out = cli_at(&url, "tasks notifications list cli-task -o table").await;
+    let table = cli_ok(&out, "list -o table");
     let mut rows = table.lines();
     assert!(
         rows.next().unwrap_or("").starts_with("SUBSCRIPTION_ID"),
         "{table}"
     );
     assert!(rows.next().unwrap_or("").starts_with("cli-sub"), "{table}");
-    let out = run_cli(
-        &[
-            "tasks",
-            "notifications",
-            "show",
-            "cli-task",
-            "cli-sub",
-            "--url",
-            &url,
-        ],
-        "",
-        LIMIT,
-    )
-    .await;
-    let shown: Value = serde_json::from_str(&ok(&out, "show")).unwrap();
+    let out = cli_at(&url, "tasks notifications show cli-task cli-sub").await;
+    let shown: Value = serde_json::from_str(&cli_ok(&out, "show")).unwrap();
     assert_eq!(shown["subscription_id"], "cli-sub", "{shown}");
-    let out = run_cli(
-        &[
-            "tasks",
-            "notifications",
-            "delete",
-            "cli-task",
-            "cli-sub",
-            "--url",
-            &url,
-        ],
-        "",
-        LIMIT,
-    )
-    .await;
-    ok(&out, "delete");
+    let out = cli_at(&url, "tasks notifications delete cli-task cli-sub").await;
+    cli_ok(&out, "delete");
 
-    let out = run_cli(
-        &["notifications", "status", "cli-n1", "--url", &url],
-        "",
-        LIMIT,
-    )
-    .await;
-    let status: Value = serde_json::from_str(&ok(&out, "status")).unwrap();
+    let out = cli_at(&url, "notifications status cli-n1").await;
+    let status: Value = serde_json::from_str(&cli_ok(&out, "status")).unwrap();
     assert_eq!(status["status"], "dashboard_only", "{status}");
-    let out = run_cli(
-        &[
-            "notifications",
-            "status",
-            "cli-n1",
-            "-o",
-            "table",
-            "--url",
-            &url,
-        ],
-        "",
-        LIMIT,
-    )
-    .await;
-    let table = ok(&out, "status -o table");
+    let out = cli_at(&url, "notifications status cli-n1 -o table").await;
+    let table = cli_ok(&out, "status -o table");
     assert!(
         table
             .lines()
             .any(|l| l.starts_with("status") && l.ends_with("dashboard_only")),
         "{table}"
     );
-    let out = run_cli(
-        &["notifications", "status", "nope", "--url", &url],
-        "",
-        LIMIT,
-    )
-    .await;
+    let out = cli_at(&url, "notifications status nope").await;
     assert!(!out.status.success());
 
     // config show: the effective settings, the token hash and source secrets masked.
@@ -485,7 +252,7 @@ async fn subscriptions_status_output_formats_config_and_completions() {
     .unwrap();
     let cfg = cfg.to_string_lossy().into_owned();
     let out = run_cli(&["config", "show", "--config", &cfg], "", LIMIT).await;
-    let text = ok(&out, "config show");
+    let text = cli_ok(&out, "config show");
     assert!(
         text.contains("0.0.0.0:7701") && text.contains("[retention]"),
         "{text}"
@@ -500,7 +267,7 @@ async fn subscriptions_status_output_formats_config_and_completions() {
         LIMIT,
     )
     .await;
-    let v: Value = serde_json::from_str(&ok(&out, "config show -o json")).unwrap();
+    let v: Value = serde_json::from_str(&cli_ok(&out, "config show -o json")).unwrap();
     assert_eq!(v["auth"]["tokens"][0]["name"], "ops", "{v}");
     assert_eq!(v["auth"]["tokens"][0]["sha256"], "***", "{v}");
 
@@ -515,7 +282,7 @@ async fn subscriptions_status_output_formats_config_and_completions() {
     .unwrap();
     let with_env = with_env.to_string_lossy().into_owned();
     let out = run_cli(&["config", "show", "--config", &with_env], "", LIMIT).await;
-    let text = ok(&out, "config show with unset env secrets");
+    let text = cli_ok(&out, "config show with unset env secrets");
     assert!(text.contains("hmac_key = \"***\""), "{text}");
     let err = stderr(&out);
     assert!(
@@ -568,12 +335,25 @@ async fn subscriptions_status_output_formats_config_and_completions() {
 
     for shell in ["bash", "zsh", "fish"] {
         let out = run_cli(&["completions", shell], "", LIMIT).await;
-        let script = ok(&out, "completions");
+        let script = cli_ok(&out, "completions");
         assert!(
             script.contains("deliveries") && script.contains("notifications"),
             "{shell}"
         );
     }
+}
+
+/// Append task `task` (`task.created`) and the notification `nid` of `priority`, titled "Hi".
+async fn task_and_notification(api: &Api, task: &str, nid: &str, priority: &str) {
+    let (st, body) = api
+        .append(&json!({"events": [
+            {"stream": "task_events", "subject": task, "type": "task.created",
+             "payload": {"project_id": "p"}},
+            {"event_id": nid, "stream": "notifications", "subject": nid,
+             "type": "notification.requested", "payload": {"priority": priority, "title": "Hi"}},
+        ]}))
+        .await;
+    assert_eq!(st, reqwest::StatusCode::CREATED, "{body}");
 }
 
 fn stderr(out: &std::process::Output) -> String {
@@ -610,7 +390,7 @@ async fn check_formats(args: &[&str], stdin: &str, shape: Shape, url: &str) {
         let mut a: Vec<&str> = args.to_vec();
         a.extend(["-o", o, "--url", url]);
         let what = a.join(" ");
-        async move { (ok(&run_cli(&a, stdin, LIMIT).await, &what), what) }
+        async move { (cli_ok(&run_cli(&a, stdin, LIMIT).await, &what), what) }
     };
     let (json, what) = run("json").await;
     let doc: Value = serde_json::from_str(json.trim())
@@ -683,15 +463,7 @@ async fn every_command_that_prints_records_honours_o() {
     let s = Server::start(ServerOpts::default()).await;
     let url = s.base().to_owned();
     let base = s.start_head().to_string();
-    let (st, body) = s
-        .append(&json!({"events": [
-            {"stream": "task_events", "subject": "o-task", "type": "task.created",
-             "payload": {"project_id": "p"}},
-            {"event_id": "o-n1", "stream": "notifications", "subject": "o-n1",
-             "type": "notification.requested", "payload": {"priority": "urgent", "title": "Hi"}},
-        ]}))
-        .await;
-    assert_eq!(st, reqwest::StatusCode::CREATED, "{body}");
+    task_and_notification(&s, "o-task", "o-n1", "urgent").await;
     let r = s
         .send(
             s.request(
@@ -745,12 +517,12 @@ async fn every_command_that_prints_records_honours_o() {
 
     // Off a terminal, a list is one JSON document by default, receipts included.
     let out = run_cli(&["append", "--url", &url], events, LIMIT).await;
-    let receipts: Value = serde_json::from_str(ok(&out, "append").trim()).unwrap();
+    let receipts: Value = serde_json::from_str(cli_ok(&out, "append").trim()).unwrap();
     assert_eq!(receipts.as_array().map(Vec::len), Some(2), "{receipts}");
     assert_eq!(receipts[0]["event_id"], "o-1");
     assert_eq!(receipts[1]["duplicate"], true);
     let out = run_cli(&["projections", "verify", "--url", &url], "", LIMIT).await;
-    let reports: Value = serde_json::from_str(ok(&out, "projections verify").trim()).unwrap();
+    let reports: Value = serde_json::from_str(cli_ok(&out, "projections verify").trim()).unwrap();
     assert!(
         reports
             .as_array()
@@ -765,11 +537,11 @@ async fn every_command_that_prints_records_honours_o() {
             let a = [
                 "tail", "--after", &base, "--count", "3", "-o", o, "--url", &url,
             ];
-            ok(&run_cli(&a, "", LIMIT).await, "tail")
+            cli_ok(&run_cli(&a, "", LIMIT).await, "tail")
         }
     };
     let as_json: Vec<Value> = serde_json::from_str(tail("json").await.trim()).unwrap();
-    assert_eq!(lines(tail("jsonl").await.as_bytes()), as_json);
+    assert_eq!(cli_records(tail("jsonl").await.as_bytes()), as_json);
     let table = tail("table").await;
     for (row, e) in table.lines().skip(1).zip(&as_json) {
         let cols: Vec<&str> = row.split_whitespace().collect();
@@ -990,10 +762,8 @@ async fn errors_say_what_went_wrong_and_what_to_do() {
     assert!(!err.contains(&token), "the token is never printed: {err}");
 
     // An unknown id.
-    let err = refused(
-        &run(&["deliveries", "retry", "dlv:nope", "--token", &admin]).await,
-        "retry of an unknown delivery",
-    );
+    let unknown = ["deliveries", "retry", "dlv:nope", "--token", &admin];
+    let err = refused(&run(&unknown).await, "retry of an unknown delivery");
     assert!(
         err.starts_with("error: not found (404 delivery_not_found): "),
         "{err}"
@@ -1173,7 +943,7 @@ async fn a_url_without_a_scheme_is_http() {
     let port = s.addr().port();
     for url in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
         let out = run_cli(&["projections", "list", "--url", &url], "", LIMIT).await;
-        let list: Value = serde_json::from_str(ok(&out, &url).trim()).unwrap();
+        let list: Value = serde_json::from_str(cli_ok(&out, &url).trim()).unwrap();
         assert!(list.as_array().is_some_and(|a| !a.is_empty()), "{list}");
         let out = run_cli(
             &["tail", "--after", "0", "--count", "1", "--url", &url],
@@ -1181,13 +951,13 @@ async fn a_url_without_a_scheme_is_http() {
             LIMIT,
         )
         .await;
-        ok(&out, &url);
+        cli_ok(&out, &url);
     }
     if std::net::TcpListener::bind("[::1]:0").is_ok() {
         let s6 = Server::start(ServerOpts::default().listen("[::1]:0")).await;
         let url = format!("[::1]:{}", s6.addr().port());
         let out = run_cli(&["projections", "list", "--url", &url], "", LIMIT).await;
-        ok(&out, &url);
+        cli_ok(&out, &url);
     } else {
         eprintln!("no IPv6 loopback here: [::1]:PORT not tried");
     }
@@ -1212,7 +982,7 @@ async fn help_says_what_each_output_prints() {
     let help = |args: &'static [&'static str]| async move {
         let mut a = args.to_vec();
         a.push("--help");
-        ok(&run_cli(&a, "", LIMIT).await, &a.join(" "))
+        cli_ok(&run_cli(&a, "", LIMIT).await, &a.join(" "))
     };
     let text = help(&["deliveries", "list"]).await;
     for said in [
@@ -1267,7 +1037,7 @@ async fn deliveries_list_newest_first_by_default() {
             .collect()
     };
     let dl = |id: &str| format!("dlv:{id}:desktop");
-    let newest = ok(
+    let newest = cli_ok(
         &run_cli(
             &["deliveries", "list", "-o", "json", "--url", s.base()],
             "",
@@ -1277,7 +1047,7 @@ async fn deliveries_list_newest_first_by_default() {
         "deliveries list",
     );
     assert_eq!(ids(newest), vec![dl("ord-b"), dl("ord-c"), dl("ord-a")]);
-    let by_id = ok(
+    let by_id = cli_ok(
         &run_cli(
             &[
                 "deliveries",
@@ -1329,7 +1099,7 @@ async fn deliveries_list_takes_the_consoles_filters() {
             let mut a: Vec<&str> = vec!["deliveries", "list", "--order", "id", "-o", "json"];
             a.extend(args.iter().map(String::as_str));
             a.extend(["--url", s.base()]);
-            let out = ok(&run_cli(&a, "", LIMIT).await, &a.join(" "));
+            let out = cli_ok(&run_cli(&a, "", LIMIT).await, &a.join(" "));
             let v: Value = serde_json::from_str(&out).expect("one JSON document");
             v.as_array()
                 .expect("an array")

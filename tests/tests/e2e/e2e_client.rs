@@ -22,7 +22,7 @@ use tidemark_tests::{Server, ServerOpts, random_token, sha256_hex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{append_ok, notif_ev, wait_for};
+use crate::common::{append_ok, notif_ev, serve_local, wait_for, wait_hit, webhook_id};
 
 /// A port free now, for a server restarted on the same address.
 fn free_port() -> u16 {
@@ -172,12 +172,7 @@ async fn a_stream_resumes_across_a_kill_9_with_each_seq_once_in_order() {
     let mut stream = client.stream(StreamOptions::after(0).stream("cl-stream"));
     let mut seen: Vec<u64> = Vec::new();
     while seen.len() < 50 {
-        let e = tokio::time::timeout(Duration::from_secs(60), stream.next())
-            .await
-            .expect("an event within a minute")
-            .expect("the stream goes on")
-            .unwrap();
-        seen.push(e.seq);
+        seen.push(next_event(&mut stream).await.seq);
     }
     s.kill9();
     s.restart().await;
@@ -187,11 +182,7 @@ async fn a_stream_resumes_across_a_kill_9_with_each_seq_once_in_order() {
         after.append([ev("cl-stream", "a", i)]).await.unwrap();
     }
     while seen.len() < 80 {
-        let e = tokio::time::timeout(Duration::from_secs(60), stream.next())
-            .await
-            .expect("an event within a minute")
-            .expect("the stream goes on")
-            .unwrap();
+        let e = next_event(&mut stream).await;
         assert_eq!(e.payload["i"], seen.len() as u64, "{e:?}");
         seen.push(e.seq);
     }
@@ -306,6 +297,29 @@ fn urgent(id: &str) -> Value {
         id,
         json!({"priority": "urgent", "title": format!("title of {id}")}),
     )
+}
+
+/// Request the urgent notifications `ids` and wait until `client` sees each one's delivery.
+async fn urgent_deliveries(api: &tidemark_tests::Api, client: &Client, ids: &[String]) {
+    for id in ids {
+        append_ok(api, &urgent(id)).await;
+    }
+    for id in ids {
+        let d = format!("dlv:{id}:desktop");
+        wait_for(Duration::from_secs(30), "the delivery", || async {
+            client.delivery(&d).await.ok()
+        })
+        .await;
+    }
+}
+
+/// The next event of `stream`, within a minute (a bound against a hang).
+async fn next_event(stream: &mut tidemark_client::EventStream) -> tidemark_client::Event {
+    tokio::time::timeout(Duration::from_secs(60), stream.next())
+        .await
+        .expect("an event within a minute")
+        .expect("the stream goes on")
+        .unwrap()
 }
 
 /// A worker: a handler that runs past the lease keeps it (the heartbeat), a failure parks the
@@ -431,9 +445,7 @@ async fn tidemarks_webhook_posts_verify_under_both_keys_during_a_rotation() {
             },
         ),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hook = listener.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let hook = serve_local(app).await.port();
     let s = Server::start(ServerOpts::default()).await;
     let (old, new) = (random_token(32), random_token(32));
     let put = |secret: &str| {
@@ -443,16 +455,7 @@ async fn tidemarks_webhook_posts_verify_under_both_keys_during_a_rotation() {
     };
     let posted = |id: String| {
         let hits = hits.clone();
-        async move {
-            wait_for(Duration::from_secs(30), "the POST", || async {
-                hits.lock()
-                    .unwrap()
-                    .iter()
-                    .find(|(h, _)| h.get("webhook-id").is_some_and(|v| v == id.as_str()))
-                    .cloned()
-            })
-            .await
-        }
+        async move { wait_hit(&hits, "the POST", |(h, _)| webhook_id(h) == id).await }
     };
     // The route signed with `secret`, a notification, and the POST tidemark made of it.
     let signed_post = |secret: String, id: &'static str| {
@@ -753,16 +756,7 @@ async fn the_client_readme_examples_run_as_written() {
             _ => "js",
         };
         let ids: Vec<String> = (0..3).map(|i| format!("ex-{lang}-{i}")).collect();
-        for id in &ids {
-            append_ok(&s, &urgent(id)).await;
-        }
-        for id in &ids {
-            let d = format!("dlv:{id}:desktop");
-            wait_for(Duration::from_secs(30), "the delivery", || async {
-                client.delivery(&d).await.ok()
-            })
-            .await;
-        }
+        urgent_deliveries(&s, &client, &ids).await;
         for (name, prefix, want) in [
             ("bridge", "posted", ids.len()),
             ("dashboard", "shown", ids.len()),
@@ -867,16 +861,7 @@ async fn a_worker_survives_a_kill_9_of_the_server_and_every_delivery_is_sent() {
     let mut s = Server::start(ServerOpts::default().listen(format!("127.0.0.1:{port}"))).await;
     let client = Client::new(s.base(), None).unwrap();
     let ids: Vec<String> = (0..30).map(|i| format!("wk-{i}")).collect();
-    for id in &ids {
-        append_ok(&s, &urgent(id)).await;
-    }
-    for id in &ids {
-        let d = format!("dlv:{id}:desktop");
-        wait_for(Duration::from_secs(30), "the delivery", || async {
-            client.delivery(&d).await.ok()
-        })
-        .await;
-    }
+    urgent_deliveries(&s, &client, &ids).await;
     let handled: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
     let stop = CancellationToken::new();
     let mut opts = WorkerOptions::new("desk-kill");
@@ -1006,6 +991,14 @@ async fn every_operation_answers_the_type_the_document_gives_it() {
     let s = Server::start(ServerOpts::default()).await;
     let c = Client::new(s.base(), None).unwrap();
     let (o, j) = (c.ops(), c.ops_json());
+    // A read called both ways, typed (`o`) and as JSON (`j`): the answers agree (`same`).
+    macro_rules! both {
+        ($name:literal, $what:literal, $call:ident($($arg:expr),*)) => {{
+            let typed = ok($what, o.$call($($arg),*).await);
+            let json = ok($what, j.$call($($arg),*).await);
+            same($name, &typed, &json);
+        }};
+    }
 
     ok("health", o.get_health().await);
     ok("liveness", o.get_liveness().await);
@@ -1106,11 +1099,7 @@ async fn every_operation_answers_the_type_the_document_gives_it() {
         );
     }
     let q = [("sink", "app")];
-    same(
-        "listDeliveries",
-        &ok("listDeliveries", o.list_deliveries(&q).await),
-        &ok("listDeliveries", j.list_deliveries(&q).await),
-    );
+    both!("listDeliveries", "listDeliveries", list_deliveries(&q));
     let recover = RecoverBody {
         route: "desktop".into(),
         since: "2020-01-01T00:00:00Z".into(),
@@ -1120,31 +1109,19 @@ async fn every_operation_answers_the_type_the_document_gives_it() {
 
     // Notifications, tasks, events.
     let n = "ops-n0";
-    same(
+    both!(
         "getNotificationStatus",
-        &ok("status", o.get_notification_status(n, &[]).await),
-        &ok("status", j.get_notification_status(n, &[]).await),
+        "status",
+        get_notification_status(n, &[])
     );
-    same(
+    both!(
         "listNotifications",
-        &ok("notifications", o.list_notifications(&[]).await),
-        &ok("notifications", j.list_notifications(&[]).await),
+        "notifications",
+        list_notifications(&[])
     );
-    same(
-        "getTask",
-        &ok("task", o.get_task(task, &[]).await),
-        &ok("task", j.get_task(task, &[]).await),
-    );
-    same(
-        "listTasks",
-        &ok("tasks", o.list_tasks(&[]).await),
-        &ok("tasks", j.list_tasks(&[]).await),
-    );
-    same(
-        "listEvents",
-        &ok("events", o.list_events(&[]).await),
-        &ok("events", j.list_events(&[]).await),
-    );
+    both!("getTask", "task", get_task(task, &[]));
+    both!("listTasks", "tasks", list_tasks(&[]));
+    both!("listEvents", "events", list_events(&[]));
 
     // Cursors.
     let advance = AdvanceBody {
@@ -1164,11 +1141,7 @@ async fn every_operation_answers_the_type_the_document_gives_it() {
     };
     ok("reset", o.reset_cursor(&reset).await);
     let q = [("consumer_id", "ops-consumer")];
-    same(
-        "getCursors",
-        &ok("cursors", o.get_cursors(&q).await),
-        &ok("cursors", j.get_cursors(&q).await),
-    );
+    both!("getCursors", "cursors", get_cursors(&q));
 
     // A webhook route, its endpoint, a list.
     let mut route = serde_json::Map::new();
@@ -1180,26 +1153,14 @@ async fn every_operation_answers_the_type_the_document_gives_it() {
         reason: "the typed calls".into(),
     };
     ok("putRoute", o.put_route("ops-hook", &put).await);
-    same(
-        "getRoute",
-        &ok("getRoute", o.get_route("ops-hook", &[]).await),
-        &ok("getRoute", j.get_route("ops-hook", &[]).await),
-    );
-    same(
-        "listRoutes",
-        &ok("listRoutes", o.list_routes(&[]).await),
-        &ok("listRoutes", j.list_routes(&[]).await),
-    );
+    both!("getRoute", "getRoute", get_route("ops-hook", &[]));
+    both!("listRoutes", "listRoutes", list_routes(&[]));
     let switch = SwitchBody {
         reason: "the typed calls".into(),
     };
     ok("disable", o.disable_endpoint("ops-hook", &switch).await);
     ok("enable", o.enable_endpoint("ops-hook", &switch).await);
-    same(
-        "listEndpoints",
-        &ok("listEndpoints", o.list_endpoints(&[]).await),
-        &ok("listEndpoints", j.list_endpoints(&[]).await),
-    );
+    both!("listEndpoints", "listEndpoints", list_endpoints(&[]));
     let gone = RouteDeleteBody {
         reason: "the typed calls".into(),
     };
@@ -1209,16 +1170,8 @@ async fn every_operation_answers_the_type_the_document_gives_it() {
         reason: "the typed calls".into(),
     };
     ok("putList", o.put_list("ops-list", &list).await);
-    same(
-        "getList",
-        &ok("getList", o.get_list("ops-list").await),
-        &ok("getList", j.get_list("ops-list").await),
-    );
-    same(
-        "listLists",
-        &ok("listLists", o.list_lists().await),
-        &ok("listLists", j.list_lists().await),
-    );
+    both!("getList", "getList", get_list("ops-list"));
+    both!("listLists", "listLists", list_lists());
     let gone = ListDeleteBody {
         reason: "the typed calls".into(),
     };
@@ -1263,26 +1216,20 @@ async fn every_operation_answers_the_type_the_document_gives_it() {
         "ackMany",
         o.ack_bridge_deliveries("ops-bridge", &ack_many).await,
     );
-    same(
+    both!(
         "getBridgeSubscription",
-        &ok("sub", o.get_bridge_subscription(task, "ops-sub", &[]).await),
-        &ok("sub", j.get_bridge_subscription(task, "ops-sub", &[]).await),
+        "sub",
+        get_bridge_subscription(task, "ops-sub", &[])
     );
-    same(
+    both!(
         "listBridgeSubscriptions",
-        &ok("subs", o.list_bridge_subscriptions(task, &[]).await),
-        &ok("subs", j.list_bridge_subscriptions(task, &[]).await),
+        "subs",
+        list_bridge_subscriptions(task, &[])
     );
-    same(
+    both!(
         "explainBridgeSubscription",
-        &ok(
-            "explain",
-            o.explain_bridge_subscription(task, "ops-sub", &[]).await,
-        ),
-        &ok(
-            "explain",
-            j.explain_bridge_subscription(task, "ops-sub", &[]).await,
-        ),
+        "explain",
+        explain_bridge_subscription(task, "ops-sub", &[])
     );
     ok(
         "unsubscribe",
@@ -1290,29 +1237,13 @@ async fn every_operation_answers_the_type_the_document_gives_it() {
     );
 
     // The operator's views.
-    same(
-        "getOutboxKpis",
-        &ok("kpis", o.get_outbox_kpis(&[]).await),
-        &ok("kpis", j.get_outbox_kpis(&[]).await),
-    );
-    same(
-        "getSinkHealth",
-        &ok("sinks", o.get_sink_health().await),
-        &ok("sinks", j.get_sink_health().await),
-    );
-    same(
-        "getConsumerLag",
-        &ok("lag", o.get_consumer_lag().await),
-        &ok("lag", j.get_consumer_lag().await),
-    );
+    both!("getOutboxKpis", "kpis", get_outbox_kpis(&[]));
+    both!("getSinkHealth", "sinks", get_sink_health());
+    both!("getConsumerLag", "lag", get_consumer_lag());
     let projections = ok("projections", o.list_projections().await);
     let name = projections.projections[0].name.clone();
     ok("verify", o.verify_projection(&name).await);
-    same(
-        "listSources",
-        &ok("sources", o.list_sources(&[]).await),
-        &ok("sources", j.list_sources(&[]).await),
-    );
+    both!("listSources", "sources", list_sources(&[]));
     let missing = o.get_source("no-such-source", &[]).await.unwrap_err();
     assert_eq!(missing.status(), Some(StatusCode::NOT_FOUND), "{missing}");
     typed("cluster", o.get_cluster().await);

@@ -15,6 +15,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tidemark_tests::{Server, ServerOpts};
 
+use crate::common::{serve_local, webhook_id};
 use crate::e2e_deliveries::{claim, post};
 
 /// `tests/nats/cluster.sh`.
@@ -447,29 +448,31 @@ async fn webhook_receiver() -> (
     std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     std::net::SocketAddr,
 ) {
+    recording_receiver(|id| id).await
+}
+
+/// A webhook receiver on loopback (`/hook`) that answers 200 and records `record` of each
+/// POST's `webhook-id`.
+async fn recording_receiver<T: Send + 'static>(
+    record: fn(String) -> T,
+) -> (
+    std::sync::Arc<std::sync::Mutex<Vec<T>>>,
+    std::net::SocketAddr,
+) {
     use std::sync::{Arc, Mutex};
-    let hits: Arc<Mutex<Vec<String>>> = Arc::default();
+    let hits: Arc<Mutex<Vec<T>>> = Arc::new(Mutex::new(Vec::new()));
     let h = hits.clone();
     let app = axum::Router::new().route(
         "/hook",
         axum::routing::post(move |headers: axum::http::HeaderMap| {
             let h = h.clone();
             async move {
-                let id = headers
-                    .get("webhook-id")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_owned();
-                h.lock().unwrap().push(id);
+                h.lock().unwrap().push(record(webhook_id(&headers)));
                 StatusCode::OK
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
+    let addr = serve_local(app).await;
     (hits, addr)
 }
 
@@ -627,14 +630,9 @@ async fn once_per_cluster_work_is_held_once_and_handed_over() {
         .map(|(id, _)| id)
         .collect();
     assert_eq!(ids.len(), 8, "every item once");
-    append_ok(
-        other,
-        &json!({"events": [
-            task_ev(task, "task.run_started", json!({"run_id": "r2"})),
-            task_ev(task, "task.run_completed", json!({"run_id": "r2"})),
-        ]}),
-    )
-    .await;
+    let run = |ty| task_ev(task, ty, json!({"run_id": "r2"}));
+    let events = [run("task.run_started"), run("task.run_completed")];
+    append_ok(other, &json!({ "events": events })).await;
     wait_for(
         Duration::from_secs(30),
         "the survivor's webhook POST",
@@ -982,12 +980,8 @@ async fn a_route_added_on_one_node_delivers_from_another() {
         (Some("queued"), Some(0)),
         "{d}"
     );
-    let r = crate::common::post_json(
-        &b,
-        "/v1/outbox/endpoints/ops-hook/enable",
-        &json!({"reason": "moved"}),
-    )
-    .await;
+    let moved = json!({"reason": "moved"});
+    let r = crate::common::post_json(&b, "/v1/outbox/endpoints/ops-hook/enable", &moved).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     let d = wait_status(&b, "dlv:cr-1:ops-hook", "sent").await;
     assert_eq!(d["sink"], "webhook", "{d}");
@@ -1034,32 +1028,12 @@ async fn a_route_added_on_one_node_delivers_from_another() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_share_a_routes_pace_and_keep_its_order() {
     use crate::common::{append_ok, notif_ev, wait_for};
-    use std::sync::{Arc, Mutex};
     use std::time::Instant;
     const RATE: usize = 10;
     const KEYS: usize = 5;
     const PER_KEY: usize = 40;
     let cluster = Cluster::start();
-    let got: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
-    let g = got.clone();
-    let app = axum::Router::new().route(
-        "/hook",
-        axum::routing::post(move |headers: axum::http::HeaderMap| {
-            let g = g.clone();
-            async move {
-                let id = headers
-                    .get("webhook-id")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_owned();
-                g.lock().unwrap().push((Instant::now(), id));
-                StatusCode::OK
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hook = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let (got, hook) = recording_receiver(|id| (Instant::now(), id)).await;
     let cfg = cluster.node_config("PACE");
     let a = Server::start(ServerOpts::default().config(cfg.clone())).await;
     let b = Server::start(ServerOpts::default().config(cfg)).await;

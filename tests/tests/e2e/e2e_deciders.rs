@@ -16,7 +16,7 @@ use tidemark_engine::commands::outbox::{Claim, Complete, Route};
 use tidemark_engine::{CommandError, Engine};
 use tidemark_log::{Log, LogConfig, NewEvent, ReadQuery};
 use tidemark_projections::ModelsConfig;
-use tidemark_projections::names::ids;
+use tidemark_projections::names::{Sink, ids};
 
 use crate::e2e_races::Checker;
 
@@ -26,21 +26,65 @@ const DELIVERIES: usize = 240;
 const RUNS: usize = 40;
 
 fn all_events(log: &Log) -> Vec<tidemark_log::Event> {
-    let mut out = Vec::new();
-    let mut after = 0;
+    let mut out: Vec<tidemark_log::Event> = Vec::new();
     loop {
-        let page = log
-            .read(&ReadQuery {
-                after,
-                limit: 1000,
-                ..ReadQuery::default()
-            })
-            .unwrap();
-        if page.events.is_empty() {
+        let after = out.last().map_or(0, |e| e.seq);
+        let query = ReadQuery {
+            after,
+            limit: 1000,
+            ..ReadQuery::default()
+        };
+        let page = log.read(&query).unwrap().events;
+        if page.is_empty() {
             return out;
         }
-        after = page.events.last().unwrap().seq;
-        out.extend(page.events);
+        out.extend(page);
+    }
+}
+
+/// An urgent `notification.requested` of `id` (its event id and subject) for `recipient`.
+fn urgent(id: String, recipient: String) -> NewEvent {
+    let payload = json!({"priority": "urgent", "title": "t", "recipient": recipient});
+    let ty = "notification.requested";
+    NewEvent::new(Some(id.clone()), "notifications", id, ty, &payload).unwrap()
+}
+
+/// A claim of up to `limit` deliveries of `sink` by `owner`, leased for ten minutes (none
+/// expires during a test).
+fn long_claim(sink: Sink, owner: &str, limit: usize, share: tidemark_log::Share) -> Claim {
+    Claim {
+        sink,
+        owner: owner.to_owned(),
+        limit,
+        lease_ms: 600_000,
+        share,
+    }
+}
+
+/// Claim with `claim` by `engine`: its rows, or `None` when it leased nothing (one more idle
+/// round, after a yield).
+async fn claim_round(
+    engine: &Engine<Log>,
+    claim: Claim,
+    idle: &mut usize,
+) -> Option<Vec<tidemark_projections::deliveries::Delivery>> {
+    let rows = claimed(engine, claim).await;
+    if rows.is_empty() {
+        *idle += 1;
+        tokio::task::yield_now().await;
+        return None;
+    }
+    *idle = 0;
+    Some(rows)
+}
+
+/// A command's answer must be a success or a refusal documented for racers.
+#[track_caller]
+fn allowed<T>(r: Result<T, CommandError>, what: &str) {
+    match r {
+        Ok(_) => {}
+        Err(e) if refused_as_documented(&e) => {}
+        Err(e) => panic!("{what}: {e:?}"),
     }
 }
 
@@ -149,17 +193,7 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
 
     // Notifications, routed by both deciders at once (the same deterministic deliveries).
     let notes: Vec<NewEvent> = (0..DELIVERIES)
-        .map(|i| {
-            let id = format!("dd-{i}");
-            NewEvent::new(
-                Some(id.clone()),
-                "notifications",
-                id,
-                "notification.requested",
-                &json!({"priority": "urgent", "title": "t", "recipient": format!("r{}", i % 7)}),
-            )
-            .unwrap()
-        })
+        .map(|i| urgent(format!("dd-{i}"), format!("r{}", i % 7)))
         .collect();
     for chunk in notes.chunks(100) {
         log.append(chunk.to_vec()).await.unwrap();
@@ -197,20 +231,10 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
             racers.push(tokio::spawn(async move {
                 let mut idle = 0;
                 while idle < 3 {
-                    let claim = Claim {
-                        sink: tidemark_projections::names::Sink::App,
-                        owner: owner.clone(),
-                        limit: 5,
-                        lease_ms: 600_000,
-                        share,
-                    };
-                    let rows = claimed(&engine, claim).await;
-                    if rows.is_empty() {
-                        idle += 1;
-                        tokio::task::yield_now().await;
+                    let claim = long_claim(Sink::App, &owner, 5, share);
+                    let Some(rows) = claim_round(&engine, claim, &mut idle).await else {
                         continue;
-                    }
-                    idle = 0;
+                    };
                     {
                         let mut m = leased.lock().unwrap();
                         for r in &rows {
@@ -262,11 +286,7 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
                             to: format!("w{:06}", n + 1),
                         })
                         .await;
-                    match r {
-                        Ok(_) => {}
-                        Err(e) if refused_as_documented(&e) => {}
-                        Err(e) => panic!("watermark advance {k}: {e:?}"),
-                    }
+                    allowed(r, &format!("watermark advance {k}"));
                 }
             }));
         }
@@ -290,11 +310,7 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
                             expected_sequence: Some(at),
                         })
                         .await;
-                    match r {
-                        Ok(_) => {}
-                        Err(e) if refused_as_documented(&e) => {}
-                        Err(e) => panic!("advance by {tag}: {e:?}"),
-                    }
+                    allowed(r, &format!("advance by {tag}"));
                 }
             }));
         }
@@ -398,24 +414,14 @@ async fn two_deciders_over_one_log_keep_i7_by_the_logs_conditions() {
     assert_eq!(moved, terminal, "the bridge's cursor moves in the log");
     let violations = Checker::check_log(&events);
     assert!(violations.is_empty(), "{violations:#?}");
-    let by_a = events
-        .iter()
-        .filter(|e| {
-            e["type"] == "delivery.leased"
-                && e["payload"]["owner"]
-                    .as_str()
-                    .is_some_and(|o| o.starts_with("a-"))
-        })
-        .count();
-    let by_b = events
-        .iter()
-        .filter(|e| {
-            e["type"] == "delivery.leased"
-                && e["payload"]["owner"]
-                    .as_str()
-                    .is_some_and(|o| o.starts_with("b-"))
-        })
-        .count();
+    let leased_by = |decider: &str| {
+        let leased = |e: &&Value| {
+            let owner = e["payload"]["owner"].as_str().unwrap_or_default();
+            e["type"] == "delivery.leased" && owner.starts_with(&format!("{decider}-"))
+        };
+        events.iter().filter(leased).count()
+    };
+    let (by_a, by_b) = (leased_by("a"), leased_by("b"));
     // Both deciders followed the same log to the same models: every delivery leased (by
     // whichever) is sent in each one's read models.
     for id in leased.keys() {
@@ -556,17 +562,7 @@ async fn circuit_race() {
     });
     let mut events =
         vec![NewEvent::new(None, "settings", "", "settings.updated", &settings).unwrap()];
-    events.extend((0..60).map(|i| {
-        let id = format!("cb-{i}");
-        NewEvent::new(
-            Some(id.clone()),
-            "notifications",
-            id,
-            "notification.requested",
-            &json!({"priority": "urgent", "title": "t", "recipient": "r"}),
-        )
-        .unwrap()
-    }));
+    events.extend((0..60).map(|i| urgent(format!("cb-{i}"), "r".to_owned())));
     log.append(events).await.unwrap();
     route_on_both(&a, &b, &log).await;
 
@@ -578,20 +574,10 @@ async fn circuit_race() {
             racers.push(tokio::spawn(async move {
                 let mut idle = 0;
                 while idle < 20 {
-                    let claim = Claim {
-                        sink: tidemark_projections::names::Sink::Webhook,
-                        owner: owner.clone(),
-                        limit: 2,
-                        lease_ms: 600_000,
-                        share: tidemark_log::Share::ALL,
-                    };
-                    let rows = claimed(&engine, claim).await;
-                    if rows.is_empty() {
-                        idle += 1;
-                        tokio::task::yield_now().await;
+                    let claim = long_claim(Sink::Webhook, &owner, 2, tidemark_log::Share::ALL);
+                    let Some(rows) = claim_round(&engine, claim, &mut idle).await else {
                         continue;
-                    }
-                    idle = 0;
+                    };
                     for r in rows {
                         let failed = engine
                             .execute(Fail {
@@ -605,11 +591,7 @@ async fn circuit_race() {
                                 },
                             })
                             .await;
-                        match failed {
-                            Ok(_) => {}
-                            Err(e) if refused_as_documented(&e) => {}
-                            Err(e) => panic!("fail by {owner}: {e:?}"),
-                        }
+                        allowed(failed, &format!("fail by {owner}"));
                     }
                 }
             }));

@@ -10,7 +10,7 @@
 //! deliveries before it claims them. Waits are bounds against hanging, never speed assertions.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -18,7 +18,10 @@ use tidemark_tests::{
     Api, Reply, Server, ServerOpts, assert_problem_for, encode_path, random_token, sha256_hex, tail,
 };
 
-use crate::common::{append_ok, check_time, list_notifications, notif_ev, post_empty, wait_for};
+use crate::common::{
+    append_ok, check_time, civil_micros, list_after, list_notifications, notif_ev, now_us,
+    post_empty, wait_for,
+};
 
 const WAIT: Duration = Duration::from_secs(30);
 /// Slack between the test's clock reads and the server's (same machine, same clock), µs.
@@ -31,15 +34,9 @@ const SLACK_US: i64 = 5_000;
 #[tokio::test]
 async fn claim_then_complete_is_sent_once() {
     let s = Server::start(ServerOpts::default()).await;
-    append_ok(
-        &s,
-        &notif_ev(
-            "hp-1",
-            json!({"priority": "urgent", "title": "Build broke", "body": "details",
-                   "recipient": "alice", "task_id": "task-hp"}),
-        ),
-    )
-    .await;
+    let note = json!({"priority": "urgent", "title": "Build broke", "body": "details",
+                      "recipient": "alice", "task_id": "task-hp"});
+    append_ok(&s, &notif_ev("hp-1", note)).await;
     let id = dlv("hp-1");
     let row = wait_status(&s, &id, "queued").await;
     assert_eq!(row["id"], id.as_str(), "{row}");
@@ -82,13 +79,8 @@ async fn claim_then_complete_is_sent_once() {
     assert_eq!(g["attempts"], 1, "{g}");
     assert_eq!(g["lease_expires_at"], leased["lease_expires_at"], "{g}");
 
-    let r = act(
-        &s,
-        &id,
-        "complete",
-        &json!({"owner": "owner-a", "external_id": "ext-1"}),
-    )
-    .await;
+    let done = json!({"owner": "owner-a", "external_id": "ext-1"});
+    let r = act(&s, &id, "complete", &done).await;
     assert_eq!(r.status, StatusCode::OK, "complete: {}", r.text);
     let sent = r.json.clone();
     assert_eq!(sent["status"], "sent", "{sent}");
@@ -99,12 +91,7 @@ async fn claim_then_complete_is_sent_once() {
     let g = get_dlv(&s, &id).await;
     assert_eq!(g["status"], "sent", "{g}");
     assert_eq!(g["delivered_at"], sent["delivered_at"], "{g}");
-    let tl = timeline(&g);
-    assert_eq!(
-        step_names(&tl),
-        ["created", "leased", "sent"],
-        "timeline: {g}"
-    );
+    let tl = assert_steps(&g, &["created", "leased", "sent"]);
     assert_eq!(tl[1]["owner"], "owner-a", "{g}");
     assert_eq!(tl[1]["attempt"], 1, "{g}");
     assert_eq!(tl[2]["owner"], "owner-a", "{g}");
@@ -137,13 +124,7 @@ async fn claim_then_complete_is_sent_once() {
 
     // Completing again by the owner answers the same row and appends nothing.
     let head = s.head().await;
-    let r = act(
-        &s,
-        &id,
-        "complete",
-        &json!({"owner": "owner-a", "external_id": "ext-1"}),
-    )
-    .await;
+    let r = act(&s, &id, "complete", &done).await;
     assert_eq!(r.status, StatusCode::OK, "repeated complete: {}", r.text);
     assert_eq!(r.json, sent, "a repeated complete answers the same row");
     assert_eq!(s.head().await, head, "a repeated complete appends nothing");
@@ -300,19 +281,8 @@ async fn state_machine_backoff_parking_and_operator_actions() {
         }
     }
     let g = get_dlv(&s, &id_a).await;
-    assert_eq!(
-        step_names(&timeline(&g)),
-        [
-            "created",
-            "leased",
-            "attempt_failed",
-            "leased",
-            "attempt_failed",
-            "leased",
-            "attempt_failed"
-        ],
-        "{g}"
-    );
+    let failed = ["leased", "attempt_failed"];
+    assert_steps(&g, &[&["created"][..], &failed, &failed, &failed].concat());
     assert_timeline_ordered(&g);
     let head = s.head().await;
     assert!(
@@ -322,19 +292,10 @@ async fn state_machine_backoff_parking_and_operator_actions() {
     assert_eq!(s.head().await, head);
 
     // B: retry_after_ms replaces the backoff.
-    append_ok(&s, &urgent("sm-b")).await;
-    let id_b = dlv("sm-b");
-    wait_status(&s, &id_b, "queued").await;
-    let got = claim_some(&api, "w1").await;
-    assert_eq!(ids(&got), vec![id_b.clone()]);
+    let id_b = queued_claimed(&s, "sm-b", "w1").await;
+    let body = json!({"owner": "w1", "error_code": "rate_limited", "retry_after_ms": 60_000});
     let t0 = now_us();
-    let r = act(
-        &s,
-        &id_b,
-        "fail",
-        &json!({"owner": "w1", "error_code": "rate_limited", "retry_after_ms": 60_000}),
-    )
-    .await;
+    let r = act(&s, &id_b, "fail", &body).await;
     let t1 = now_us();
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.json["status"], "retry_wait", "{}", r.text);
@@ -364,18 +325,9 @@ async fn state_machine_backoff_parking_and_operator_actions() {
     assert_eq!(s.head().await, head);
 
     // C: retry_after_ms is capped at one hour.
-    append_ok(&s, &urgent("sm-c")).await;
-    let id_c = dlv("sm-c");
-    wait_status(&s, &id_c, "queued").await;
-    let got = claim_some(&api, "w1").await;
-    assert_eq!(ids(&got), vec![id_c.clone()]);
-    let r = act(
-        &s,
-        &id_c,
-        "fail",
-        &json!({"owner": "w1", "error_code": "rate_limited", "retry_after_ms": 36_000_000}),
-    )
-    .await;
+    let id_c = queued_claimed(&s, "sm-c", "w1").await;
+    let capped = json!({"owner": "w1", "error_code": "rate_limited", "retry_after_ms": 36_000_000});
+    let r = act(&s, &id_c, "fail", &capped).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     let g = get_dlv(&s, &id_c).await;
     let step = timeline(&g).last().cloned().expect("step");
@@ -386,30 +338,16 @@ async fn state_machine_backoff_parking_and_operator_actions() {
     );
 
     // P: a permanent failure parks at once; the operator retries it: queued, attempts 0.
-    append_ok(&s, &urgent("sm-p")).await;
-    let id_p = dlv("sm-p");
-    wait_status(&s, &id_p, "queued").await;
-    let got = claim_some(&api, "w1").await;
-    assert_eq!(ids(&got), vec![id_p.clone()]);
-    let r = act(
-        &s,
-        &id_p,
-        "fail",
-        &json!({"owner": "w1", "error_code": "bad_address", "error": "no such user",
-                "retryable": false}),
-    )
-    .await;
+    let id_p = queued_claimed(&s, "sm-p", "w1").await;
+    let permanent = json!({"owner": "w1", "error_code": "bad_address", "error": "no such user",
+                           "retryable": false});
+    let r = act(&s, &id_p, "fail", &permanent).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.json["status"], "parked", "{}", r.text);
     assert_eq!(r.json["reason"], "permanent_failure", "{}", r.text);
     assert_eq!(r.json["attempts"], 1, "{}", r.text);
-    let r = act(
-        &s,
-        &id_p,
-        "retry",
-        &json!({"by": "ops-1", "reason": "fixed the address"}),
-    )
-    .await;
+    let retry = json!({"by": "ops-1", "reason": "fixed the address"});
+    let r = act(&s, &id_p, "retry", &retry).await;
     assert_eq!(r.status, StatusCode::OK, "operator retry: {}", r.text);
     assert_eq!(r.json["status"], "queued", "{}", r.text);
     assert_eq!(r.json["attempts"], 0, "{}", r.text);
@@ -433,27 +371,14 @@ async fn state_machine_backoff_parking_and_operator_actions() {
     let r = act(&s, &id_p, "complete", &json!({"owner": "w2"})).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.json["status"], "sent", "{}", r.text);
-    assert_eq!(
-        step_names(&timeline(&get_dlv(&s, &id_p).await)),
-        [
-            "created",
-            "leased",
-            "attempt_failed",
-            "retried",
-            "leased",
-            "sent"
-        ]
-    );
+    let g = get_dlv(&s, &id_p).await;
+    let retried = ["attempt_failed", "retried", "leased", "sent"];
+    assert_steps(&g, &[&["created", "leased"][..], &retried].concat());
     let head = s.head().await;
-    let r = act(&s, &id_p, "discard", &json!({})).await;
-    assert_problem_for(&r, 409, "illegal_transition", "discard a sent row");
-    let r = act(&s, &id_p, "retry", &json!({})).await;
-    assert_problem_for(&r, 409, "illegal_transition", "retry a sent row");
-    assert_eq!(
-        s.head().await,
-        head,
-        "refused operator actions append nothing"
-    );
+    let operator = [("retry", json!({})), ("discard", json!({}))];
+    refused_all(&s, &id_p, &operator, ILLEGAL, "a sent row").await;
+    let what = "refused operator actions append nothing";
+    assert_eq!(s.head().await, head, "{what}");
 
     // Discard the parked A (no body), then nothing more is allowed on it.
     let r = post_empty(
@@ -471,10 +396,7 @@ async fn state_machine_backoff_parking_and_operator_actions() {
         "{g}"
     );
     let head = s.head().await;
-    let r = act(&s, &id_a, "discard", &json!({})).await;
-    assert_problem_for(&r, 409, "illegal_transition", "discard a discarded row");
-    let r = act(&s, &id_a, "retry", &json!({})).await;
-    assert_problem_for(&r, 409, "illegal_transition", "retry a discarded row");
+    refused_all(&s, &id_a, &operator, ILLEGAL, "a discarded row").await;
     assert_eq!(s.head().await, head);
 
     // Illegal transitions on queued and leased rows: 409 with stable codes, nothing appended.
@@ -483,23 +405,8 @@ async fn state_machine_backoff_parking_and_operator_actions() {
     wait_status(&s, &id_q, "queued").await;
     wait_status(&s, &id_r, "queued").await;
     let head = s.head().await;
-    let owner = json!({"owner": "w1"});
-    let failure = json!({"owner": "w1", "error_code": "x"});
-    for (verb, body) in [
-        ("complete", &owner),
-        ("fail", &failure),
-        ("extend", &owner),
-        ("retry", &json!({})),
-        ("discard", &json!({})),
-    ] {
-        let r = act(&s, &id_q, verb, body).await;
-        assert_problem_for(
-            &r,
-            409,
-            "illegal_transition",
-            &format!("{verb} a queued row"),
-        );
-    }
+    let every = [&owner_calls("w1")[..], &operator].concat();
+    refused_all(&s, &id_q, &every, ILLEGAL, "a queued row").await;
     assert_eq!(s.head().await, head, "refused transitions append nothing");
     assert_eq!(get_dlv(&s, &id_q).await["status"], "queued");
 
@@ -508,30 +415,8 @@ async fn state_machine_backoff_parking_and_operator_actions() {
     let x = got[0]["id"].as_str().expect("id").to_owned();
     assert!(x == id_q || x == id_r, "{x}");
     let head = s.head().await;
-    let other = json!({"owner": "w2"});
-    let other_fail = json!({"owner": "w2", "error_code": "x"});
-    for (verb, body) in [
-        ("complete", &other),
-        ("fail", &other_fail),
-        ("extend", &other),
-    ] {
-        let r = act(&s, &x, verb, body).await;
-        assert_problem_for(
-            &r,
-            409,
-            "not_lease_owner",
-            &format!("{verb} by a non-owner"),
-        );
-    }
-    for verb in ["retry", "discard"] {
-        let r = act(&s, &x, verb, &json!({})).await;
-        assert_problem_for(
-            &r,
-            409,
-            "illegal_transition",
-            &format!("{verb} a leased row"),
-        );
-    }
+    refused_all(&s, &x, &owner_calls("w2"), NOT_OWNER, "by a non-owner").await;
+    refused_all(&s, &x, &operator, ILLEGAL, "a leased row").await;
     assert_eq!(s.head().await, head, "refused transitions append nothing");
     let g = get_dlv(&s, &x).await;
     assert_eq!(g["status"], "leased", "{g}");
@@ -541,21 +426,7 @@ async fn state_machine_backoff_parking_and_operator_actions() {
 
     // Unknown ids.
     let nope = "dlv:nope:desktop";
-    for (verb, body) in [
-        ("complete", &owner),
-        ("fail", &failure),
-        ("extend", &owner),
-        ("retry", &json!({})),
-        ("discard", &json!({})),
-    ] {
-        let r = act(&s, nope, verb, body).await;
-        assert_problem_for(
-            &r,
-            404,
-            "delivery_not_found",
-            &format!("{verb} of an unknown id"),
-        );
-    }
+    refused_all(&s, nope, &every, NOT_FOUND, "of an unknown id").await;
     let r = s
         .get(&format!("/v1/deliveries/{}", encode_path(nope)))
         .await;
@@ -588,20 +459,11 @@ async fn state_machine_backoff_parking_and_operator_actions() {
 #[tokio::test]
 async fn extend_pushes_the_lease_and_an_expired_lease_cannot_be_extended() {
     let s = Server::start(ServerOpts::default()).await;
-    append_ok(&s, &urgent("ex-1")).await;
-    let id = dlv("ex-1");
-    wait_status(&s, &id, "queued").await;
-    let got = claim(&s, "A", 10, 60_000).await;
-    assert_eq!(ids(&got), vec![id.clone()]);
+    let (id, got) = claimed(&s, "ex-1", "A", 10, 60_000).await;
     let first = us(&got[0]["lease_expires_at"]);
+    let lease = |owner: &str, ms: u64| json!({"owner": owner, "lease_ms": ms});
     let t0 = now_us();
-    let r = act(
-        &s,
-        &id,
-        "extend",
-        &json!({"owner": "A", "lease_ms": 120_000}),
-    )
-    .await;
+    let r = act(&s, &id, "extend", &lease("A", 120_000)).await;
     let t1 = now_us();
     assert_eq!(r.status, StatusCode::OK, "extend: {}", r.text);
     let pushed = us(&r.json["lease_expires_at"]);
@@ -630,13 +492,7 @@ async fn extend_pushes_the_lease_and_an_expired_lease_cannot_be_extended() {
     assert_eq!(step["lease_expires_at"], r.json["lease_expires_at"], "{g}");
 
     let head = s.head().await;
-    let r = act(
-        &s,
-        &id,
-        "extend",
-        &json!({"owner": "B", "lease_ms": 120_000}),
-    )
-    .await;
+    let r = act(&s, &id, "extend", &lease("B", 120_000)).await;
     assert_problem_for(&r, 409, "not_lease_owner", "extend by another owner");
     assert_eq!(s.head().await, head);
     let r = act(&s, &id, "complete", &json!({"owner": "A"})).await;
@@ -651,23 +507,13 @@ async fn extend_pushes_the_lease_and_an_expired_lease_cannot_be_extended() {
     let mut saw = false;
     for attempt in 0..5 {
         let s = Server::start(ServerOpts::default()).await;
-        append_ok(&s, &urgent("ex-2")).await;
-        let id = dlv("ex-2");
-        wait_status(&s, &id, "queued").await;
-        let got = claim(&s, "A", 10, 300).await;
-        assert_eq!(ids(&got), vec![id.clone()]);
+        let (id, got) = claimed(&s, "ex-2", "A", 10, 300).await;
         let expires = us(&got[0]["lease_expires_at"]);
         while now_us() <= expires + 20_000 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let head = s.head().await;
-        let r = act(
-            &s,
-            &id,
-            "extend",
-            &json!({"owner": "A", "lease_ms": 60_000}),
-        )
-        .await;
+        let r = act(&s, &id, "extend", &lease("A", 60_000)).await;
         if r.code() == Some("lease_expired") {
             assert_problem_for(&r, 409, "lease_expired", "extend after the lease expired");
             assert_eq!(s.head().await, head, "a refused extend appends nothing");
@@ -870,24 +716,11 @@ async fn ten_thousand_deliveries_32_claimers_each_sent_once() {
 #[tokio::test]
 async fn an_expired_lease_goes_to_the_next_claimer() {
     let s = Server::start(ServerOpts::default()).await;
-    let batch: Vec<Value> = (0..20).map(|i| urgent(&format!("le-{i:02}"))).collect();
-    append_ok(&s, &json!({ "events": batch })).await;
-    let want: BTreeSet<String> = (0..20).map(|i| dlv(&format!("le-{i:02}"))).collect();
-    for id in &want {
-        wait_status(&s, id, "queued").await;
-    }
+    let want = queued_batch(&s, "le", 20).await;
     let got_a = claim(&s, "A", 20, 500).await;
     let a_ids: BTreeSet<String> = ids(&got_a).into_iter().collect();
     assert_eq!(a_ids, want, "A leases all 20");
-    let a_expiry: HashMap<String, i64> = got_a
-        .iter()
-        .map(|r| {
-            (
-                r["id"].as_str().expect("id").to_owned(),
-                us(&r["lease_expires_at"]),
-            )
-        })
-        .collect();
+    let a_expiry = lease_expiries(&got_a);
     // A dies. B polls until it has the same 20.
     let b_ids = collect_claims(&s.api(), "B", &want).await;
     assert_eq!(b_ids, want);
@@ -947,23 +780,10 @@ async fn an_expired_lease_goes_to_the_next_claimer() {
 #[tokio::test]
 async fn a_lease_held_across_kill9_is_released_after_restart() {
     let mut s = Server::start(ServerOpts::default()).await;
-    let batch: Vec<Value> = (0..10).map(|i| urgent(&format!("rs-{i:02}"))).collect();
-    append_ok(&s, &json!({ "events": batch })).await;
-    let want: BTreeSet<String> = (0..10).map(|i| dlv(&format!("rs-{i:02}"))).collect();
-    for id in &want {
-        wait_status(&s, id, "queued").await;
-    }
+    let want = queued_batch(&s, "rs", 10).await;
     let got_a = claim(&s, "A", 10, 1_500).await;
     assert_eq!(ids(&got_a).into_iter().collect::<BTreeSet<_>>(), want);
-    let a_expiry: HashMap<String, i64> = got_a
-        .iter()
-        .map(|r| {
-            (
-                r["id"].as_str().expect("id").to_owned(),
-                us(&r["lease_expires_at"]),
-            )
-        })
-        .collect();
+    let a_expiry = lease_expiries(&got_a);
     s.kill9();
     s.restart().await;
 
@@ -1006,14 +826,8 @@ async fn a_lease_held_across_kill9_is_released_after_restart() {
 
 #[tokio::test]
 async fn an_expired_last_attempt_is_parked() {
-    let s =
-        Server::start(ServerOpts::default().config("[notifications.retry]\nmax_attempts = 1\n"))
-            .await;
-    append_ok(&s, &urgent("lp-1")).await;
-    let id = dlv("lp-1");
-    wait_status(&s, &id, "queued").await;
-    let got = claim(&s, "A", 10, 100).await;
-    assert_eq!(ids(&got), vec![id.clone()]);
+    let s = start_with("[notifications.retry]\nmax_attempts = 1\n").await;
+    let (id, got) = claimed(&s, "lp-1", "A", 10, 100).await;
     let expires = us(&got[0]["lease_expires_at"]);
     // Released by the tick (or by a claim of B): either way the last attempt is used up.
     let api = s.api();
@@ -1066,9 +880,7 @@ async fn an_expired_last_attempt_is_parked() {
 /// with `max_pending = 5`). Only requests that create deliveries are refused.
 #[tokio::test]
 async fn a_full_outbox_refuses_notification_requests_only() {
-    let s =
-        Server::start(ServerOpts::default().config("[notifications.outbox]\nmax_pending = 6\n"))
-            .await;
+    let s = start_with("[notifications.outbox]\nmax_pending = 6\n").await;
     let batch: Vec<Value> = (0..6).map(|i| urgent(&format!("bp-{i}"))).collect();
     append_ok(&s, &json!({ "events": batch })).await;
     let api = s.api();
@@ -1402,318 +1214,47 @@ async fn kpis_count_a_known_mix() {
 #[tokio::test]
 async fn bad_input_to_delivery_endpoints_is_refused_and_changes_nothing() {
     let s = Server::start(ServerOpts::default()).await;
-    append_ok(&s, &urgent("bi-1")).await;
-    let id = dlv("bi-1");
-    wait_status(&s, &id, "queued").await;
-    let got = claim(&s, "A", 1, 60_000).await;
-    assert_eq!(ids(&got), vec![id.clone()]);
+    let (id, _) = claimed(&s, "bi-1", "A", 1, 60_000).await;
     let before = get_dlv(&s, &id).await;
     let head = s.head().await;
 
-    const JSON: &str = "application/json";
-    const TEXT: &str = "text/plain";
     let long_sink = "a".repeat(65);
     let long_owner = "o".repeat(129);
+    // Per endpoint: the spec of its bad bodies (see `bad_posts`).
+    let claim_spec = json!({"malformed": "{\"sink\":\"app\",\"owner\":",
+        "good": {"sink": "app", "owner": "A"}, "unknown": {"bogus": 1},
+        "invalid": [{"sink": null}, {"owner": null}, {"owner": ""}, {"owner": long_owner},
+                    {"owner": "a\u{1}b"}, {"sink": "APP!"}, {"sink": long_sink}, {"sink": ""},
+                    {"limit": 0}, {"limit": 1001}, {"limit": -1}, {"limit": "5"},
+                    {"lease_ms": 10}, {"lease_ms": 3_600_001}]});
+    let retry = json!({"malformed": "{\"by\":", "text": "by=me",
+        "good": {"by": "me"}, "unknown": {"bogus": 1}, "invalid": [{"by": ""}, {"by": 5}]});
+    let specs = json!({
+        "complete": {"malformed": "{\"owner\":", "good": {"owner": "A"},
+                     "unknown": {"bogus": true},
+                     "invalid": [{"owner": null}, {"owner": ""}, {"owner": 7},
+                                 {"external_id": ""}]},
+        "fail": {"malformed": "{", "good": {"owner": "A", "error_code": "x"},
+                 "unknown": {"bogus": 1},
+                 "invalid": [{"error_code": null}, {"owner": null}, {"owner": ""},
+                             {"error_code": ""}, {"retryable": "yes"}, {"retry_after_ms": -5},
+                             {"error": "e".repeat(5000)}]},
+        "extend": {"malformed": "{\"owner\"", "good": {"owner": "A"}, "unknown": {"bogus": 1},
+                   "invalid": [{"owner": null}, {"owner": ""}, {"lease_ms": 10},
+                               {"lease_ms": 3_600_001}]},
+        "retry": retry,
+        "discard": retry,
+    });
     // (path, content type, body, allowed statuses, code when it is fixed)
-    let mut cases: Vec<BadPost> = Vec::new();
-    let claim_p = "/v1/deliveries/claim".to_owned();
-    let invalid: &[u16] = &[400, 422];
-    let c = |body: Value| body.to_string();
-    cases.extend([
-        (
-            claim_p.clone(),
-            JSON,
-            r#"{"sink":"app","owner":"#.to_owned(),
-            &[400][..],
-            Some("malformed_json"),
-        ),
-        (claim_p.clone(), JSON, "[]".to_owned(), &[400][..], None),
-        (claim_p.clone(), JSON, String::new(), &[400][..], None),
-        (
-            claim_p.clone(),
-            TEXT,
-            c(json!({"sink": "app", "owner": "A"})),
-            &[415][..],
-            None,
-        ),
-        (
-            claim_p.clone(),
-            JSON,
-            c(json!({"sink": "app", "owner": "A", "bogus": 1})),
-            &[400][..],
-            None,
-        ),
-        (
-            claim_p.clone(),
-            JSON,
-            c(json!({"sink": "app"})),
-            invalid,
-            None,
-        ),
-        (
-            claim_p.clone(),
-            JSON,
-            c(json!({"owner": "A"})),
-            invalid,
-            None,
-        ),
-        (
-            claim_p.clone(),
-            JSON,
-            c(json!({"sink": "app", "owner": ""})),
-            invalid,
-            None,
-        ),
-        (
-            claim_p.clone(),
-            JSON,
-            c(json!({"sink": "app", "owner": long_owner})),
-            invalid,
-            None,
-        ),
-        (
-            claim_p.clone(),
-            JSON,
-            c(json!({"sink": "app", "owner": "a\u{1}b"})),
-            invalid,
-            None,
-        ),
-        (
-            claim_p.clone(),
-            JSON,
-            c(json!({"sink": "APP!", "owner": "A"})),
-            invalid,
-            None,
-        ),
-        (
-            claim_p.clone(),
-            JSON,
-            c(json!({"sink": long_sink, "owner": "A"})),
-            invalid,
-            None,
-        ),
-        (
-            claim_p.clone(),
-            JSON,
-            c(json!({"sink": "", "owner": "A"})),
-            invalid,
-            None,
-        ),
-        (
-            claim_p.clone(),
-            JSON,
-            c(json!({"sink": "app", "owner": "A", "limit": 0})),
-            invalid,
-            None,
-        ),
-        (
-            claim_p.clone(),
-            JSON,
-            c(json!({"sink": "app", "owner": "A", "limit": 1001})),
-            invalid,
-            None,
-        ),
-        (
-            claim_p.clone(),
-            JSON,
-            c(json!({"sink": "app", "owner": "A", "limit": -1})),
-            invalid,
-            None,
-        ),
-        (
-            claim_p.clone(),
-            JSON,
-            c(json!({"sink": "app", "owner": "A", "limit": "5"})),
-            invalid,
-            None,
-        ),
-        (
-            claim_p.clone(),
-            JSON,
-            c(json!({"sink": "app", "owner": "A", "lease_ms": 10})),
-            invalid,
-            None,
-        ),
-        (
-            claim_p.clone(),
-            JSON,
-            c(json!({"sink": "app", "owner": "A", "lease_ms": 3_600_001})),
-            invalid,
-            None,
-        ),
-    ]);
+    let claim_p = "/v1/deliveries/claim";
+    let mut cases: Vec<BadPost> = bad_posts(claim_p, &claim_spec);
+    for body in ["[]", ""] {
+        cases.push((claim_p.to_owned(), JSON, body.to_owned(), &[400], None));
+    }
     for target in [id.as_str(), "dlv:nope:desktop"] {
         let base = format!("/v1/deliveries/{}", encode_path(target));
-        let complete = format!("{base}/complete");
-        let fail = format!("{base}/fail");
-        let extend = format!("{base}/extend");
-        cases.extend([
-            (
-                complete.clone(),
-                JSON,
-                "{\"owner\":".to_owned(),
-                &[400][..],
-                Some("malformed_json"),
-            ),
-            (
-                complete.clone(),
-                TEXT,
-                c(json!({"owner": "A"})),
-                &[415][..],
-                None,
-            ),
-            (
-                complete.clone(),
-                JSON,
-                c(json!({"owner": "A", "bogus": true})),
-                &[400][..],
-                None,
-            ),
-            (complete.clone(), JSON, c(json!({})), invalid, None),
-            (
-                complete.clone(),
-                JSON,
-                c(json!({"owner": ""})),
-                invalid,
-                None,
-            ),
-            (
-                complete.clone(),
-                JSON,
-                c(json!({"owner": 7})),
-                invalid,
-                None,
-            ),
-            (
-                complete.clone(),
-                JSON,
-                c(json!({"owner": "A", "external_id": ""})),
-                invalid,
-                None,
-            ),
-            (
-                fail.clone(),
-                JSON,
-                "{".to_owned(),
-                &[400][..],
-                Some("malformed_json"),
-            ),
-            (
-                fail.clone(),
-                TEXT,
-                c(json!({"owner": "A", "error_code": "x"})),
-                &[415][..],
-                None,
-            ),
-            (
-                fail.clone(),
-                JSON,
-                c(json!({"owner": "A", "error_code": "x", "bogus": 1})),
-                &[400][..],
-                None,
-            ),
-            (fail.clone(), JSON, c(json!({"owner": "A"})), invalid, None),
-            (
-                fail.clone(),
-                JSON,
-                c(json!({"error_code": "x"})),
-                invalid,
-                None,
-            ),
-            (
-                fail.clone(),
-                JSON,
-                c(json!({"owner": "", "error_code": "x"})),
-                invalid,
-                None,
-            ),
-            (
-                fail.clone(),
-                JSON,
-                c(json!({"owner": "A", "error_code": ""})),
-                invalid,
-                None,
-            ),
-            (
-                fail.clone(),
-                JSON,
-                c(json!({"owner": "A", "error_code": "x", "retryable": "yes"})),
-                invalid,
-                None,
-            ),
-            (
-                fail.clone(),
-                JSON,
-                c(json!({"owner": "A", "error_code": "x", "retry_after_ms": -5})),
-                invalid,
-                None,
-            ),
-            (
-                fail.clone(),
-                JSON,
-                c(json!({"owner": "A", "error_code": "x", "error": "e".repeat(5000)})),
-                invalid,
-                None,
-            ),
-            (
-                extend.clone(),
-                JSON,
-                "{\"owner\"".to_owned(),
-                &[400][..],
-                Some("malformed_json"),
-            ),
-            (
-                extend.clone(),
-                TEXT,
-                c(json!({"owner": "A"})),
-                &[415][..],
-                None,
-            ),
-            (
-                extend.clone(),
-                JSON,
-                c(json!({"owner": "A", "bogus": 1})),
-                &[400][..],
-                None,
-            ),
-            (extend.clone(), JSON, c(json!({})), invalid, None),
-            (extend.clone(), JSON, c(json!({"owner": ""})), invalid, None),
-            (
-                extend.clone(),
-                JSON,
-                c(json!({"owner": "A", "lease_ms": 10})),
-                invalid,
-                None,
-            ),
-            (
-                extend.clone(),
-                JSON,
-                c(json!({"owner": "A", "lease_ms": 3_600_001})),
-                invalid,
-                None,
-            ),
-        ]);
-        for verb in ["retry", "discard"] {
-            let p = format!("{base}/{verb}");
-            cases.extend([
-                (
-                    p.clone(),
-                    JSON,
-                    "{\"by\":".to_owned(),
-                    &[400][..],
-                    Some("malformed_json"),
-                ),
-                (p.clone(), TEXT, "by=me".to_owned(), &[415][..], None),
-                (
-                    p.clone(),
-                    JSON,
-                    c(json!({"by": "me", "bogus": 1})),
-                    &[400][..],
-                    None,
-                ),
-                (p.clone(), JSON, c(json!({"by": ""})), invalid, None),
-                (p.clone(), JSON, c(json!({"by": 5})), invalid, None),
-            ]);
+        for verb in ["complete", "fail", "extend", "retry", "discard"] {
+            cases.extend(bad_posts(&format!("{base}/{verb}"), &specs[verb]));
         }
     }
     for (path, ct, body, statuses, code) in &cases {
@@ -1826,8 +1367,9 @@ async fn delivery_endpoints_enforce_scopes() {
     let extend_p = format!("{path}/extend");
     let retry_p = format!("{path}/retry");
     let discard_p = format!("{path}/discard");
+    let claim_p = "/v1/deliveries/claim";
     let bridge_calls: Vec<(&str, &Value)> = vec![
-        ("/v1/deliveries/claim", &claim_body),
+        (claim_p, &claim_body),
         (&complete_p, &owner),
         (&fail_p, &failure),
         (&extend_p, &owner),
@@ -1847,28 +1389,18 @@ async fn delivery_endpoints_enforce_scopes() {
             assert_problem_for(&r, 401, "unauthorized", &format!("GET {p} with {tok:?}"));
         }
     }
-    // Without the bridge scope: claim, complete, fail, extend are 403.
-    for tok in [&reader, &operator, &appender] {
-        for (p, b) in &bridge_calls {
-            let r = call(&s, Method::POST, p, Some(tok), Some(b)).await;
-            assert_problem_for(
-                &r,
-                403,
-                "forbidden_scope",
-                &format!("POST {p} without bridge"),
-            );
-        }
-    }
-    // Without the operator scope: retry and discard are 403.
-    for tok in [&reader, &bridge, &appender] {
-        for (p, b) in &operator_calls {
-            let r = call(&s, Method::POST, p, Some(tok), Some(b)).await;
-            assert_problem_for(
-                &r,
-                403,
-                "forbidden_scope",
-                &format!("POST {p} without operator"),
-            );
+    // Without the bridge scope: claim, complete, fail, extend are 403; without the operator
+    // scope: retry and discard are 403.
+    for (toks, calls, scope) in [
+        ([&reader, &operator, &appender], &bridge_calls, "bridge"),
+        ([&reader, &bridge, &appender], &operator_calls, "operator"),
+    ] {
+        for tok in toks {
+            for (p, b) in calls {
+                let r = call(&s, Method::POST, p, Some(tok), Some(b)).await;
+                let what = format!("POST {p} without {scope}");
+                assert_problem_for(&r, 403, "forbidden_scope", &what);
+            }
         }
     }
     // Without the read scope: the reads are 403.
@@ -1891,14 +1423,7 @@ async fn delivery_endpoints_enforce_scopes() {
         let r = call(&s, Method::GET, p, Some(&reader), None).await;
         assert_eq!(r.status, StatusCode::OK, "GET {p} with read: {}", r.text);
     }
-    let r = call(
-        &s,
-        Method::POST,
-        "/v1/deliveries/claim",
-        Some(&bridge),
-        Some(&claim_body),
-    )
-    .await;
+    let r = call(&s, Method::POST, claim_p, Some(&bridge), Some(&claim_body)).await;
     assert_eq!(r.status, StatusCode::OK, "claim with bridge: {}", r.text);
     assert_eq!(r.json["deliveries"][0]["id"], id.as_str(), "{}", r.text);
     let r = call(&s, Method::POST, &extend_p, Some(&bridge), Some(&owner)).await;
@@ -1916,14 +1441,7 @@ async fn delivery_endpoints_enforce_scopes() {
     assert_eq!(r.json["status"], "parked", "{}", r.text);
     let r = call(&s, Method::POST, &retry_p, Some(&operator), Some(&empty)).await;
     assert_eq!(r.status, StatusCode::OK, "retry with operator: {}", r.text);
-    let r = call(
-        &s,
-        Method::POST,
-        "/v1/deliveries/claim",
-        Some(&bridge),
-        Some(&claim_body),
-    )
-    .await;
+    let r = call(&s, Method::POST, claim_p, Some(&bridge), Some(&claim_body)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     let r = call(&s, Method::POST, &complete_p, Some(&bridge), Some(&owner)).await;
     assert_eq!(r.status, StatusCode::OK, "complete with bridge: {}", r.text);
@@ -2008,12 +1526,7 @@ async fn batch_complete_settles_each_item_on_its_own() {
     items.push(json!({"id": "dlv:nope:desktop"}));
     assert_eq!(queued.len(), 1, "one delivery left queued: {queued:?}");
     items.push(json!({"id": queued[0]}));
-    let r = post(
-        &api,
-        "/v1/deliveries/complete",
-        &json!({"owner": "owner-a", "deliveries": items}),
-    )
-    .await;
+    let r = complete_batch(&api, &items).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     let results = r.json["results"].as_array().expect("results").clone();
     assert_eq!(results.len(), items.len(), "{}", r.text);
@@ -2059,12 +1572,7 @@ async fn batch_complete_settles_each_item_on_its_own() {
     }
     // A repeat answers the same rows and appends nothing.
     let again: Vec<Value> = mine.iter().map(|id| json!({"id": id})).collect();
-    let r = post(
-        &api,
-        "/v1/deliveries/complete",
-        &json!({"owner": "owner-a", "deliveries": again}),
-    )
-    .await;
+    let r = complete_batch(&api, &again).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert!(
         r.json["results"]
@@ -2095,15 +1603,16 @@ async fn batch_complete_settles_each_item_on_its_own() {
     let too_many: Vec<Value> = (0..1001)
         .map(|i| json!({"id": format!("dlv:{i}:desktop")}))
         .collect();
-    let r = post(
-        &api,
-        "/v1/deliveries/complete",
-        &json!({"owner": "owner-a", "deliveries": too_many}),
-    )
-    .await;
+    let r = complete_batch(&api, &too_many).await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
     assert_eq!(s.head().await, after);
     assert_deliveries_verified(&api).await;
+}
+
+/// `POST /v1/deliveries/complete` of `items` (`{"id": ..}` each) by `owner-a`.
+async fn complete_batch(api: &Api, items: &[Value]) -> Reply {
+    let body = json!({"owner": "owner-a", "deliveries": items});
+    post(api, "/v1/deliveries/complete", &body).await
 }
 
 fn ids_of(rows: &[Value]) -> Vec<String> {
@@ -2257,44 +1766,7 @@ async fn kpis(api: &Api, query: &str) -> Value {
 
 /// Every delivery of `GET /v1/deliveries?<query>`, paging with `limit` via `after`/`next_after`.
 async fn list_deliveries(api: &Api, query: &str, limit: u32) -> Vec<Value> {
-    let mut out: Vec<Value> = Vec::new();
-    let mut after: Option<String> = None;
-    for _ in 0..100_000 {
-        let mut q = format!("limit={limit}");
-        if !query.is_empty() {
-            q = format!("{query}&{q}");
-        }
-        if let Some(a) = &after {
-            q = format!("{q}&after={}", encode_path(a));
-        }
-        let r = api.get(&format!("/v1/deliveries?{q}")).await;
-        assert_eq!(
-            r.status,
-            StatusCode::OK,
-            "GET /v1/deliveries?{q}: {}",
-            r.text
-        );
-        let page = r.json["deliveries"]
-            .as_array()
-            .unwrap_or_else(|| panic!("GET /v1/deliveries?{q}: no `deliveries`: {}", r.text));
-        assert!(
-            page.len() <= usize::try_from(limit).expect("small"),
-            "GET /v1/deliveries?{q}: more than limit"
-        );
-        out.extend(page.iter().cloned());
-        match &r.json["next_after"] {
-            Value::Null => return out,
-            Value::String(next) => {
-                assert!(
-                    after.as_deref().is_none_or(|a| next.as_str() > a),
-                    "GET /v1/deliveries?{q}: next_after {next:?} does not move forward"
-                );
-                after = Some(next.clone());
-            }
-            other => panic!("GET /v1/deliveries?{q}: next_after is {other}"),
-        }
-    }
-    panic!("GET /v1/deliveries?{query}: paging did not end");
+    list_after(api, "/v1/deliveries", "deliveries", query, limit).await
 }
 
 pub(crate) fn timeline(row: &Value) -> Vec<Value> {
@@ -2302,6 +1774,99 @@ pub(crate) fn timeline(row: &Value) -> Vec<Value> {
         .as_array()
         .unwrap_or_else(|| panic!("no `timeline` array: {row}"))
         .clone()
+}
+
+/// The timeline of `row`, whose steps must be `want`.
+#[track_caller]
+fn assert_steps(row: &Value, want: &[&str]) -> Vec<Value> {
+    let tl = timeline(row);
+    assert_eq!(step_names(&tl), want, "timeline: {row}");
+    tl
+}
+
+/// Request the urgent notification `nid` and wait for its delivery to be queued; answers the
+/// delivery id.
+async fn queued(api: &Api, nid: &str) -> String {
+    append_ok(api, &urgent(nid)).await;
+    let id = dlv(nid);
+    wait_status(api, &id, "queued").await;
+    id
+}
+
+/// Request the urgent notifications `{prefix}-00`.. (`n` of them) in one batch and wait until
+/// their deliveries are queued; answers the delivery ids.
+async fn queued_batch(api: &Api, prefix: &str, n: usize) -> BTreeSet<String> {
+    let nids: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:02}")).collect();
+    let batch: Vec<Value> = nids.iter().map(|nid| urgent(nid)).collect();
+    append_ok(api, &json!({ "events": batch })).await;
+    let want: BTreeSet<String> = nids.iter().map(|nid| dlv(nid)).collect();
+    for id in &want {
+        wait_status(api, id, "queued").await;
+    }
+    want
+}
+
+/// The `lease_expires_at` (µs) of each claimed row, by delivery id.
+fn lease_expiries(rows: &[Value]) -> HashMap<String, i64> {
+    let expiry = |r: &Value| us(&r["lease_expires_at"]);
+    ids(rows).into_iter().zip(rows.iter().map(expiry)).collect()
+}
+
+/// A server with `config`.
+async fn start_with(config: &str) -> Server {
+    Server::start(ServerOpts::default().config(config)).await
+}
+
+/// [`queued`], then claim it as `owner` with `limit` and `lease_ms` (the only delivery due);
+/// answers the delivery id and the claimed rows.
+async fn claimed(
+    api: &Api,
+    nid: &str,
+    owner: &str,
+    limit: u32,
+    lease_ms: u64,
+) -> (String, Vec<Value>) {
+    let id = queued(api, nid).await;
+    let got = claim(api, owner, limit, lease_ms).await;
+    assert_eq!(ids(&got), vec![id.clone()]);
+    (id, got)
+}
+
+/// [`queued`], then claim it as `owner` (the only delivery due); answers the delivery id.
+async fn queued_claimed(api: &Api, nid: &str, owner: &str) -> String {
+    let id = queued(api, nid).await;
+    let got = claim_some(api, owner).await;
+    assert_eq!(ids(&got), vec![id.clone()]);
+    id
+}
+
+/// The calls of a lease owner `owner` (complete, fail, extend), as `(verb, body)`.
+fn owner_calls(owner: &str) -> [(&'static str, Value); 3] {
+    [
+        ("complete", json!({"owner": owner})),
+        ("fail", json!({"owner": owner, "error_code": "x"})),
+        ("extend", json!({"owner": owner})),
+    ]
+}
+
+/// The problems (status and code) of refused delivery calls.
+const ILLEGAL: (u16, &str) = (409, "illegal_transition");
+const NOT_OWNER: (u16, &str) = (409, "not_lease_owner");
+const NOT_FOUND: (u16, &str) = (404, "delivery_not_found");
+
+/// Each `(verb, body)` of `calls` on delivery `id` is refused with `problem` (status, code).
+async fn refused_all(
+    api: &Api,
+    id: &str,
+    calls: &[(&str, Value)],
+    problem: (u16, &str),
+    what: &str,
+) {
+    let (status, code) = problem;
+    for (verb, body) in calls {
+        let r = act(api, id, verb, body).await;
+        assert_problem_for(&r, status, code, &format!("{verb} {what}"));
+    }
 }
 
 fn step_names(tl: &[Value]) -> Vec<String> {
@@ -2327,7 +1892,59 @@ fn assert_timeline_ordered(row: &Value) {
 }
 
 /// A bad `POST`: path, content type, body, the statuses allowed, the code when it is fixed.
-type BadPost<'a> = (String, &'a str, String, &'a [u16], Option<&'a str>);
+type BadPost = (
+    String,
+    &'static str,
+    String,
+    &'static [u16],
+    Option<&'static str>,
+);
+
+const JSON: &str = "application/json";
+const TEXT: &str = "text/plain";
+
+/// The bad `POST`s to `path` that its `spec` describes: the `malformed` body (400
+/// malformed_json); a body sent as `text/plain` (415: `text`, else the `good` body); the `good`
+/// body with the fields of `unknown` added (400); and the `good` body with each patch of
+/// `invalid` applied, a `null` leaving the field out (400 or 422).
+fn bad_posts(path: &str, spec: &Value) -> Vec<BadPost> {
+    let good = &spec["good"];
+    let patched = |patch: &Value| {
+        let mut b = good.clone();
+        for (k, v) in patch.as_object().expect("a patch is an object") {
+            match v {
+                Value::Null => drop(b.as_object_mut().and_then(|o| o.remove(k))),
+                v => b[k] = v.clone(),
+            }
+        }
+        b.to_string()
+    };
+    let text = spec["text"]
+        .as_str()
+        .map_or_else(|| good.to_string(), str::to_owned);
+    let malformed = spec["malformed"].as_str().expect("malformed").to_owned();
+    let mut out: Vec<BadPost> = vec![
+        (
+            path.to_owned(),
+            JSON,
+            malformed,
+            &[400],
+            Some("malformed_json"),
+        ),
+        (path.to_owned(), TEXT, text, &[415], None),
+        (
+            path.to_owned(),
+            JSON,
+            patched(&spec["unknown"]),
+            &[400],
+            None,
+        ),
+    ];
+    for patch in spec["invalid"].as_array().expect("invalid") {
+        out.push((path.to_owned(), JSON, patched(patch), &[400, 422], None));
+    }
+    out
+}
 
 /// `POST /v1/admin/projections/deliveries/verify`: a replay of the log gives the live model.
 async fn assert_deliveries_verified(api: &Api) {
@@ -2400,13 +2017,6 @@ fn gauge(text: &str, series: &str) -> Option<f64> {
     })
 }
 
-fn now_us() -> i64 {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970");
-    i64::try_from(d.as_micros()).expect("fits")
-}
-
 /// Microseconds since the epoch of an RFC 3339 UTC time with six fractional digits.
 #[track_caller]
 pub(crate) fn us(v: &Value) -> i64 {
@@ -2415,16 +2025,8 @@ pub(crate) fn us(v: &Value) -> i64 {
         .unwrap_or_else(|| panic!("expected an RFC 3339 time, got {v}"));
     let stamp = check_time(t);
     let n = |r: std::ops::Range<usize>| stamp[r].parse::<i64>().expect("digits");
-    let (y, m, d) = (n(0..4), n(5..7), n(8..10));
-    let yy = if m <= 2 { y - 1 } else { y };
-    let era = yy.div_euclid(400);
-    let yoe = yy - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + n(11..13) * 3_600 + n(14..16) * 60 + n(17..19);
-    secs * 1_000_000 + n(20..26)
+    let date = (n(0..4), n(5..7), n(8..10));
+    civil_micros(date, (n(11..13), n(14..16), n(17..19)), n(20..26))
 }
 
 /// The console's filters of section 7: a creation time range, stuck (judged at the read
@@ -2705,14 +2307,8 @@ async fn operator_actions_record_by_the_token_and_null_in_open_mode() {
     let r = call(&s, Method::POST, "/v1/admin/retention/run", Some(&op), None).await;
     assert_eq!(r.json["purged"]["deliveries"], 1, "{}", r.text);
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
-    let r = call(
-        &s,
-        Method::GET,
-        "/v1/events?stream=retention",
-        Some(&op),
-        None,
-    )
-    .await;
+    let retention = "/v1/events?stream=retention";
+    let r = call(&s, Method::GET, retention, Some(&op), None).await;
     let runs = r.json["events"].as_array().unwrap();
     assert!(
         !runs.is_empty() && runs.iter().all(|e| e["payload"]["by"] == "night-shift"),

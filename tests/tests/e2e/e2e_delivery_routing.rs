@@ -12,15 +12,15 @@
 //! the cancellation of a task whose never-due "barrier" delivery becomes `cancelled`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tidemark_tests::{Api, Server, ServerOpts, encode_path, tail};
 
 use crate::common::{
-    append_ok, check_time, list_notifications, notif_ev, rebuild_or_verify, receipts, task_ev,
-    wait_for, wait_routed,
+    append_ok, check_time, civil_micros, list_after, list_notifications, notif_ev, now_us,
+    rebuild_or_verify, receipts, task_ev, wait_for, wait_routed,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -1432,48 +1432,17 @@ async fn barrier(api: &Api, k: u32) {
     assert_eq!(d["reason"], "task_canceled", "{d}");
 }
 
-/// Every delivery of `GET /v1/deliveries?<query>`, paging with `after` / `next_after`.
+/// Every delivery of `GET /v1/deliveries?<query>`, paging with `after` / `next_after`; the
+/// list carries no timeline.
 async fn all_deliveries(api: &Api, query: &str) -> Vec<Value> {
-    let mut out = Vec::new();
-    let mut after: Option<String> = None;
-    for _ in 0..10_000 {
-        let mut q = "limit=1000".to_owned();
-        if !query.is_empty() {
-            q = format!("{query}&{q}");
-        }
-        if let Some(a) = &after {
-            q = format!("{q}&after={}", encode_path(a));
-        }
-        let r = api.get(&format!("/v1/deliveries?{q}")).await;
-        assert_eq!(
-            r.status,
-            StatusCode::OK,
-            "GET /v1/deliveries?{q}: {}",
-            r.text
+    let all = list_after(api, "/v1/deliveries", "deliveries", query, 1000).await;
+    for d in &all {
+        assert!(
+            d.get("timeline").is_none(),
+            "the list carries no timeline: {d}"
         );
-        let page = r.json["deliveries"]
-            .as_array()
-            .unwrap_or_else(|| panic!("GET /v1/deliveries?{q}: no `deliveries`: {}", r.text));
-        for d in page {
-            assert!(
-                d.get("timeline").is_none(),
-                "the list carries no timeline: {d}"
-            );
-        }
-        out.extend(page.iter().cloned());
-        match &r.json["next_after"] {
-            Value::Null => return out,
-            Value::String(n) => {
-                assert!(
-                    after.as_deref().is_none_or(|a| n.as_str() > a),
-                    "GET /v1/deliveries?{q}: next_after {n:?} does not move forward"
-                );
-                after = Some(n.clone());
-            }
-            other => panic!("GET /v1/deliveries?{q}: next_after is {other}"),
-        }
     }
-    panic!("GET /v1/deliveries?{query}: paging did not end");
+    all
 }
 
 async fn claim(api: &Api, sink: &str, owner: &str, limit: u32) -> Vec<Value> {
@@ -1590,17 +1559,6 @@ fn assert_same_rows(a: &BTreeMap<String, Value>, b: &BTreeMap<String, Value>, wh
     }
 }
 
-/// Microseconds since the Unix epoch, now (client clock; same machine as the server).
-fn now_us() -> i64 {
-    i64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_micros(),
-    )
-    .expect("fits")
-}
-
 /// `YYYY-MM-DDTHH:MM:SS[.f…]Z` in microseconds since the Unix epoch.
 #[track_caller]
 fn parse_us(t: &str) -> i64 {
@@ -1618,15 +1576,7 @@ fn parse_us(t: &str) -> i64 {
         let digits: String = frac.chars().chain(std::iter::repeat('0')).take(6).collect();
         micros = digits.parse().unwrap_or_else(|_| bad());
     }
-    // Days from civil (proleptic Gregorian).
-    let y = if mo <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (mo + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    ((days * 86_400 + h * 3_600 + mi * 60 + s) * 1_000_000) + micros
+    civil_micros((y, mo, d), (h, mi, s), micros)
 }
 
 /// The UTC calendar date `days` from today, `YYYY-MM-DD`.

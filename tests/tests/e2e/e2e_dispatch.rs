@@ -17,7 +17,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tidemark_tests::{Server, ServerOpts, encode_path};
 
-use crate::common::{append_ok, notif_ev, wait_for};
+use crate::common::{append_ok, notif_ev, serve_local, wait_for};
 use crate::e2e_deliveries::{claim, wait_status};
 
 /// The SMTP server of `tests/smtp/server.py` under a directory of its own; killed when
@@ -100,11 +100,7 @@ pub(crate) async fn receiver() -> (Arc<Mutex<Vec<(axum::http::HeaderMap, Value)>
             },
         ),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
+    let port = serve_local(app).await.port();
     (hits, port)
 }
 

@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tidemark_tests::{Server, ServerOpts};
+use tidemark_tests::{Api, Reply, Server, ServerOpts};
 
-use crate::common::{append_ok, notif_ev, post_json, wait_for};
+use crate::common::{append_ok, cli_at, cli_ok, get_list, notif_ev, post_json, wait_for};
 use crate::e2e_deliveries::wait_status;
 use crate::e2e_routes::scripted_receiver;
 
@@ -57,16 +57,17 @@ async fn wait_events(s: &Server, ty: &str, n: usize) -> Vec<Value> {
     .await
 }
 
+/// `POST /v1/outbox/endpoints/{route}/disable` for `reason`.
+async fn disable(api: &Api, route: &str, reason: &str) -> Reply {
+    let path = format!("/v1/outbox/endpoints/{route}/disable");
+    post_json(api, &path, &json!({"reason": reason})).await
+}
+
 /// The attempts of every delivery of `route`, summed.
 async fn attempts_of(s: &Server, route: &str) -> u64 {
-    let r = s
-        .get(&format!("/v1/deliveries?route={route}&limit=100"))
-        .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
-    r.json["deliveries"]
-        .as_array()
-        .expect("deliveries")
-        .iter()
+    let path = format!("/v1/deliveries?route={route}&limit=100");
+    let rows = get_list(s, &path, "deliveries").await;
+    rows.iter()
         .map(|d| d["attempts"].as_u64().unwrap_or(0))
         .sum()
 }
@@ -250,32 +251,17 @@ async fn an_operator_disables_and_enables_an_endpoint() {
     wait_status(&s, "dlv:dis-0:hook", "sent").await;
 
     // Bad input changes nothing.
-    let r = post_json(
-        &s,
-        "/v1/outbox/endpoints/hook/disable",
-        &json!({"reason": " "}),
-    )
-    .await;
+    let r = disable(&s, "hook", " ").await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
     assert_eq!(r.json["code"], "reason_required", "{}", r.text);
     for route in ["nope", "pager"] {
-        let r = post_json(
-            &s,
-            &format!("/v1/outbox/endpoints/{route}/disable"),
-            &json!({"reason": "x"}),
-        )
-        .await;
+        let r = disable(&s, route, "x").await;
         assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
         assert_eq!(r.json["code"], "endpoint_not_found", "{}", r.text);
     }
     let long = "x".repeat(129);
     for path in ["%FF", "%09tab", long.as_str()] {
-        let r = post_json(
-            &s,
-            &format!("/v1/outbox/endpoints/{path}/disable"),
-            &json!({"reason": "x"}),
-        )
-        .await;
+        let r = disable(&s, path, "x").await;
         assert_eq!(
             r.status,
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -287,12 +273,7 @@ async fn an_operator_disables_and_enables_an_endpoint() {
     assert!(events(&s, "endpoint.disabled").await.is_empty());
 
     // Disabled: a new delivery waits, spending no attempt.
-    let r = post_json(
-        &s,
-        "/v1/outbox/endpoints/hook/disable",
-        &json!({"reason": "the receiver is being moved"}),
-    )
-    .await;
+    let r = disable(&s, "hook", "the receiver is being moved").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.json["endpoint"]["state"], "disabled", "{}", r.text);
     assert_eq!(
@@ -301,12 +282,7 @@ async fn an_operator_disables_and_enables_an_endpoint() {
         r.text
     );
     // Disabling it again records nothing more.
-    let r = post_json(
-        &s,
-        "/v1/outbox/endpoints/hook/disable",
-        &json!({"reason": "again"}),
-    )
-    .await;
+    let r = disable(&s, "hook", "again").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     let disabled = events(&s, "endpoint.disabled").await;
     assert_eq!(disabled.len(), 1, "{disabled:?}");
@@ -328,43 +304,16 @@ async fn an_operator_disables_and_enables_an_endpoint() {
 
     // The CLI lists it and enables it: the delivery goes.
     let base = s.base().to_owned();
-    let out = tidemark_tests::run_cli(
-        &["endpoints", "list", "--url", &base, "-o", "json"],
-        "",
-        Duration::from_secs(30),
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let out = cli_at(&base, "endpoints list -o json").await;
+    let v: Value = serde_json::from_str(&cli_ok(&out, "endpoints list")).expect("JSON");
     assert!(
         v.as_array().is_some_and(|a| a
             .iter()
             .any(|e| e["route"] == "hook" && e["state"] == "disabled")),
         "{v}"
     );
-    let out = tidemark_tests::run_cli(
-        &[
-            "endpoints",
-            "enable",
-            "hook",
-            "--reason",
-            "moved",
-            "--url",
-            &base,
-        ],
-        "",
-        Duration::from_secs(30),
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = cli_at(&base, "endpoints enable hook --reason moved").await;
+    cli_ok(&out, "endpoints enable");
     wait_status(&s, "dlv:dis-1:hook", "sent").await;
     let enabled = events(&s, "endpoint.enabled").await;
     assert_eq!(enabled.len(), 1, "{enabled:?}");

@@ -11,7 +11,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tidemark_tests::{Api, Reply, Server, ServerOpts, assert_problem_for, encode_path};
 
-use crate::common::{append_ok, check_time, notif_ev, task_ev, wait_for};
+use crate::common::{append_ok, check_time, get_list, notif_ev, task_ev, wait_for};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -43,17 +43,10 @@ async fn wait_status(api: &Api, id: &str, want: &str) -> Value {
 }
 
 async fn deliveries_of(api: &Api, notification_id: &str) -> Vec<String> {
-    let r = api
-        .get(&format!(
-            "/v1/deliveries?notification_id={}&limit=10",
-            encode_path(notification_id)
-        ))
-        .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
-    r.json["deliveries"]
-        .as_array()
-        .expect("deliveries")
-        .iter()
+    let id = encode_path(notification_id);
+    let path = format!("/v1/deliveries?notification_id={id}&limit=10");
+    let rows = get_list(api, &path, "deliveries").await;
+    rows.iter()
         .map(|d| d["id"].as_str().expect("id").to_owned())
         .collect()
 }
@@ -85,48 +78,28 @@ async fn every_status_is_reached_through_the_api() {
         let st = wait_status(&s, id, "pending").await;
         assert_eq!(st["deliveries"][0]["status"], "queued", "{st}");
     }
-    let r = post(
-        &s,
-        "/v1/deliveries/claim",
-        &json!({"sink": "app", "owner": "w", "limit": 10, "lease_ms": 60_000}),
-    )
-    .await;
+    let claim = json!({"sink": "app", "owner": "w", "limit": 10, "lease_ms": 60_000});
+    let r = post(&s, "/v1/deliveries/claim", &claim).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
-    assert_eq!(
-        r.json["deliveries"].as_array().map(Vec::len),
-        Some(3),
-        "{}",
-        r.text
-    );
+    let claimed = r.json["deliveries"].as_array().map(Vec::len);
+    assert_eq!(claimed, Some(3), "{}", r.text);
     let leased = status(&s, "s-sent").await;
     assert_eq!(
         leased["status"], "pending",
         "a leased delivery is pending: {leased}"
     );
     assert_eq!(leased["attempts"], 1, "{leased}");
-    let r = post(
-        &s,
-        "/v1/deliveries/dlv:s-sent:desktop/complete",
-        &json!({"owner": "w"}),
-    )
-    .await;
+    let owner = json!({"owner": "w"});
+    let r = post(&s, "/v1/deliveries/dlv:s-sent:desktop/complete", &owner).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     for id in ["s-park", "s-disc"] {
-        let r = post(
-            &s,
-            &format!("/v1/deliveries/dlv:{id}:desktop/fail"),
-            &json!({"owner": "w", "error_code": "gone", "error": format!("receiver of {id} gone"),
-                    "retryable": false}),
-        )
-        .await;
+        let fail = json!({"owner": "w", "error_code": "gone",
+                          "error": format!("receiver of {id} gone"), "retryable": false});
+        let r = post(&s, &format!("/v1/deliveries/dlv:{id}:desktop/fail"), &fail).await;
         assert_eq!(r.json["status"], "parked", "{}", r.text);
     }
-    let r = post(
-        &s,
-        "/v1/deliveries/dlv:s-disc:desktop/discard",
-        &json!({"reason": "not needed"}),
-    )
-    .await;
+    let reason = json!({"reason": "not needed"});
+    let r = post(&s, "/v1/deliveries/dlv:s-disc:desktop/discard", &reason).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
 
     // A task's cancellation cancels its undelivered delivery; a warning is dashboard-only; an

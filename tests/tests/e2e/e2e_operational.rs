@@ -11,7 +11,7 @@ use axum::http::StatusCode as AxStatus;
 use serde_json::{Value, json};
 use tidemark_tests::{Server, ServerOpts};
 
-use crate::common::{append_ok, notif_ev, task_ev, wait_for};
+use crate::common::{append_ok, notif_ev, serve_local, task_ev, wait_for};
 
 type Posts = Arc<Mutex<Vec<(String, String)>>>;
 
@@ -39,9 +39,7 @@ async fn receivers() -> (Posts, u16) {
             }
         },
     ));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = l.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let port = serve_local(app).await.port();
     (posts, port)
 }
 

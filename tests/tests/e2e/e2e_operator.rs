@@ -22,7 +22,9 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 use tidemark_tests::{Server, ServerOpts, random_token, run_cli, sha256_hex};
 
-use crate::common::{append_ok, notif_ev, post_json, wait_for};
+use crate::common::{
+    append_ok, cli_ok, cli_with, notif_ev, post_json, serve_local, wait_for, wait_hit, webhook_id,
+};
 use crate::e2e_deliveries::wait_status;
 use crate::e2e_dispatch::delivery;
 
@@ -46,11 +48,7 @@ async fn receiver(answer: Arc<std::sync::atomic::AtomicU16>) -> (Arc<Mutex<Vec<H
             }
         },
     ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
+    let port = serve_local(app).await.port();
     (hits, port)
 }
 
@@ -74,21 +72,9 @@ fn verifies(hit: &Hit, secret: &str) -> bool {
 
 /// The POST of delivery `id`, waited for.
 async fn posted(hits: &Arc<Mutex<Vec<Hit>>>, id: &str) -> Hit {
-    wait_for(
-        Duration::from_secs(30),
-        &format!("the POST of {id}"),
-        || {
-            let hits = hits.clone();
-            let id = id.to_owned();
-            async move {
-                hits.lock()
-                    .unwrap()
-                    .iter()
-                    .find(|(h, _)| h.get("webhook-id").is_some_and(|v| v == id.as_str()))
-                    .cloned()
-            }
-        },
-    )
+    wait_hit(hits, &format!("the POST of {id}"), |(h, _)| {
+        webhook_id(h) == id
+    })
     .await
 }
 
@@ -153,31 +139,9 @@ async fn an_edited_route_keeps_signing_until_signing_is_removed() {
     );
 
     // The CLI sets the keys its flags name and keeps the others.
-    let out = run_cli(
-        &[
-            "routes",
-            "set",
-            "rot2",
-            "--url",
-            s.base(),
-            "--priority",
-            "urgent",
-            "--type",
-            "ops",
-            "--reason",
-            "only ops",
-            "-o",
-            "json",
-        ],
-        "",
-        Duration::from_secs(30),
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let set = "routes set rot2 --priority urgent --type ops -o json";
+    let out = cli_with(s.base(), set, &["--reason", "only ops"]).await;
+    cli_ok(&out, set);
     let mut typed = urgent("ed-3");
     typed["payload"]["type"] = json!("ops");
     append_ok(&s, &typed).await;
@@ -303,21 +267,11 @@ async fn an_edit_during_a_rotation_keeps_it_and_no_signing_removes_it_with_a_war
     assert_eq!(shown.json["previous_secret_until"], until, "{}", shown.text);
 
     // The CLI removes signing only when told to, and warns of it.
-    let out = run_cli(
-        &[
-            "routes",
-            "set",
-            "rot3",
-            "--url",
-            s.base(),
-            "--no-signing",
-            "--reason",
-            "the receiver no longer verifies",
-            "-o",
-            "json",
-        ],
-        "",
-        Duration::from_secs(30),
+    let why = "the receiver no longer verifies";
+    let out = cli_with(
+        s.base(),
+        "routes set rot3 --no-signing -o json",
+        &["--reason", why],
     )
     .await;
     let (stdout, stderr) = (

@@ -403,12 +403,7 @@ async fn every_metric_family_has_help_and_the_log_has_latency_histograms() {
 /// A 401 names the scheme (RFC 6750).
 #[tokio::test]
 async fn unauthorized_answers_carry_www_authenticate() {
-    let token = tidemark_tests::random_token(24);
-    let s = Server::start(ServerOpts::default().config(format!(
-        "[[auth.tokens]]\nname = \"r\"\nsha256 = \"{}\"\nscopes = [\"read\"]\n",
-        tidemark_tests::sha256_hex(&token)
-    )))
-    .await;
+    let (s, _) = with_a_read_token().await;
     let r = s
         .send(reqwest::Client::new().get(s.url("/v1/events")))
         .await;
@@ -534,12 +529,7 @@ async fn the_console_is_served_from_the_binary_under_a_strict_policy() {
 /// is on the request's log lines.
 #[tokio::test]
 async fn every_answer_carries_a_request_id_and_the_log_shows_it() {
-    let token = tidemark_tests::random_token(24);
-    let s = Server::start(ServerOpts::default().config(format!(
-        "[[auth.tokens]]\nname = \"r\"\nsha256 = \"{}\"\nscopes = [\"read\"]\n",
-        tidemark_tests::sha256_hex(&token)
-    )))
-    .await;
+    let (s, token) = with_a_read_token().await;
     let c = reqwest::Client::new();
     let id_of = |r: &tidemark_tests::Reply| {
         r.headers
@@ -730,6 +720,27 @@ fn unknown_configuration_keys_refuse_the_start_naming_the_key() {
 
 /// `tidemark serve` on `data`, run behind `prefix` (e.g. `setpriv …`), which must refuse to
 /// start (exit 1): its stderr.
+/// A server whose one token, `r`, has the read scope; and that token.
+async fn with_a_read_token() -> (Server, String) {
+    let token = tidemark_tests::random_token(24);
+    let config = format!(
+        "[[auth.tokens]]\nname = \"r\"\nsha256 = \"{}\"\nscopes = [\"read\"]\n",
+        tidemark_tests::sha256_hex(&token)
+    );
+    (
+        Server::start(ServerOpts::default().config(config)).await,
+        token,
+    )
+}
+
+/// A server started and stopped cleanly (its data directory kept).
+async fn stopped_server() -> Server {
+    let mut s = Server::start(ServerOpts::default()).await;
+    s.sigterm();
+    assert!(s.wait_exit(Duration::from_secs(60)).await.success());
+    s
+}
+
 async fn refused_serve(prefix: &[&str], data: &std::path::Path) -> String {
     let binary = tidemark_tests::binary();
     let mut cmd = match prefix.split_first() {
@@ -787,13 +798,7 @@ async fn a_data_directory_its_user_cannot_open_names_the_user_and_the_owner() {
         nix::unistd::getuid().is_root(),
         "this test runs as root (CI does) to start a server as another user"
     );
-    let mut s = tidemark_tests::Server::start(tidemark_tests::ServerOpts::default()).await;
-    s.sigterm();
-    assert!(
-        s.wait_exit(std::time::Duration::from_secs(60))
-            .await
-            .success()
-    );
+    let s = stopped_server().await;
     // The directories traversable by all, as /var/lib is: only the files are root's.
     for d in [s.data_dir(), s.data_dir().parent().unwrap()] {
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -824,13 +829,7 @@ async fn a_data_directory_its_user_cannot_open_names_the_user_and_the_owner() {
 #[tokio::test]
 async fn a_damaged_log_file_is_the_one_refusal_that_advises_a_restore() {
     use std::io::{Seek, Write};
-    let mut s = tidemark_tests::Server::start(tidemark_tests::ServerOpts::default()).await;
-    s.sigterm();
-    assert!(
-        s.wait_exit(std::time::Duration::from_secs(60))
-            .await
-            .success()
-    );
+    let s = stopped_server().await;
     let log = s.data_dir().join("log.redb");
     let mut f = std::fs::OpenOptions::new().write(true).open(&log).unwrap();
     f.seek(std::io::SeekFrom::Start(0)).unwrap();

@@ -13,7 +13,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tidemark_tests::{Server, ServerOpts};
 
-use crate::common::{append_ok, notif_ev, post_json, wait_for};
+use crate::common::{append_ok, notif_ev, post_json, serve_local, wait_for, webhook_id};
 
 const KEYS: usize = 20;
 const PER_KEY: usize = 100;
@@ -32,18 +32,12 @@ async fn flaky_receiver() -> (Arc<Mutex<Vec<String>>>, u16) {
             if n % 5 == 4 {
                 return AxStatus::SERVICE_UNAVAILABLE;
             }
-            let id = headers
-                .get("webhook-id")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_owned();
+            let id = webhook_id(&headers);
             g.lock().unwrap().push(id);
             AxStatus::OK
         }
     }));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = l.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let port = serve_local(app).await.port();
     (got, port)
 }
 

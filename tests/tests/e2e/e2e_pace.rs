@@ -11,7 +11,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tidemark_tests::{Server, ServerOpts};
 
-use crate::common::{append_ok, notif_ev, wait_for};
+use crate::common::{append_ok, notif_ev, serve_local, wait_for};
 
 const TOTAL: usize = 600;
 const RATE: usize = 10;
@@ -27,9 +27,7 @@ async fn a_paced_route_is_received_no_faster_than_its_rate() {
             AxStatus::OK
         }
     }));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = l.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let port = serve_local(app).await.port();
     let cfg = format!(
         r#"
 [notifications.routing]
@@ -63,20 +61,10 @@ rate = "{RATE}/s"
         },
     )
     .await;
-    assert_eq!(held.json["status"], "queued", "{}", held.text);
-    assert_eq!(
-        held.json["attempts"], 0,
-        "waiting spends no attempt: {}",
-        held.text
-    );
-    let ep = s.get("/v1/outbox/endpoints").await;
-    let paced = ep.json["endpoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["route"] == "paced")
-        .cloned()
-        .unwrap_or_else(|| panic!("no endpoint for the route: {}", ep.text));
+    let (status, attempts) = (&held.json["status"], &held.json["attempts"]);
+    assert_eq!(status, "queued", "{}", held.text);
+    assert_eq!(attempts, 0, "waiting spends no attempt: {}", held.text);
+    let paced = paced_endpoint(&s).await;
     assert_eq!(paced["rate"], "10/s", "{paced}");
     assert!(paced["paced_until"].is_string(), "the wait: {paced}");
 
@@ -110,18 +98,23 @@ rate = "{RATE}/s"
         "{TOTAL} at {RATE}/s took only {span:?}"
     );
     // None failed: every attempt was the first, and succeeded.
-    let ep = s.get("/v1/outbox/endpoints").await;
-    let paced = ep.json["endpoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["route"] == "paced")
-        .cloned()
-        .unwrap();
+    let paced = paced_endpoint(&s).await;
     assert_eq!(paced["attempts"], TOTAL, "{paced}");
     assert_eq!(paced["successes"], TOTAL, "{paced}");
     let d = s.get(&last).await;
     assert_eq!(d.json["status"], "sent", "{}", d.text);
     assert_eq!(d.json["attempts"], 1, "{}", d.text);
     assert!(d.json.get("held_by").is_none(), "{}", d.text);
+}
+
+/// The route `paced` of `GET /v1/outbox/endpoints`.
+async fn paced_endpoint(api: &tidemark_tests::Api) -> Value {
+    let ep = api.get("/v1/outbox/endpoints").await;
+    ep.json["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["route"] == "paced")
+        .cloned()
+        .unwrap_or_else(|| panic!("no endpoint for the route: {}", ep.text))
 }

@@ -12,18 +12,27 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tidemark_tests::{Api, Server, ServerOpts, assert_problem_for, run_cli};
+use tidemark_tests::{Api, Server, ServerOpts, assert_problem_for};
 
 use crate::common::{
     PROJECTIONS, TaskOracle, append_ok, assert_projections_sound, assert_routed_exactly_once,
-    get_task, list_notifications, list_tasks, notif_ev, post_empty, projections, rebuild_or_verify,
-    receipts, seq_of, settled, task_ev, wait_for, wait_quiet, wait_routed,
+    cli_at, cli_ok, cli_records, get_task, list_notifications, list_tasks, notif_ev, post_empty,
+    projections, rebuild_or_verify, receipts, seq_of, settled, task_ev, wait_for, wait_quiet,
+    wait_routed,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
 
 /// Tasks `{prefix}-NN` of project `project` in every status, client notifications, and their
 /// routed notifications (waited for).
+/// [`seed_tasks`], then the head and the projections once the models have folded it.
+async fn seeded(api: &Api, prefix: &str, project: &str, n: u32) -> (u64, HashMap<String, Value>) {
+    seed_tasks(api, prefix, project, n).await;
+    let head = api.head().await;
+    settled(api).await;
+    (head, projections(api).await)
+}
+
 async fn seed_tasks(api: &Api, prefix: &str, project: &str, n: u32) {
     let mut events = Vec::new();
     for i in 0..n {
@@ -107,10 +116,7 @@ fn check_report(r: &Value, name: &str, swapped: bool, at_least: u64) {
 #[tokio::test]
 async fn list_verify_and_rebuild_each_projection() {
     let s = Server::start(ServerOpts::default()).await;
-    seed_tasks(&s, "adm", "admin-proj", 14).await;
-    let head = s.head().await;
-    settled(&s).await;
-    let before = projections(&s).await;
+    let (head, before) = seeded(&s, "adm", "admin-proj", 14).await;
     for name in PROJECTIONS {
         let p = &before[name];
         assert_eq!(p["checkpoint"], head, "{p}");
@@ -128,17 +134,27 @@ async fn list_verify_and_rebuild_each_projection() {
     assert_eq!(tasks_before.len(), 14);
     assert!(notes_before.len() >= 14);
 
-    for name in PROJECTIONS {
-        let v = rebuild_or_verify(&s, name, "verify").await;
-        check_report(&v, name, false, head);
-        assert_eq!(v["events_replayed"], head, "{v}");
-        assert_eq!(
-            v["digest"], before[name]["digest"],
-            "verify of {name}: the replayed digest is the live digest"
-        );
-    }
-    settled(&s).await;
-    let after_verify = projections(&s).await;
+    // Verify (then rebuild) each: the replayed digest is the live digest.
+    let replay_all = |action: &'static str| {
+        let (s, before) = (&s, &before);
+        async move {
+            for name in PROJECTIONS {
+                let r = rebuild_or_verify(s, name, action).await;
+                check_report(&r, name, action == "rebuild", head);
+                if action == "verify" {
+                    assert_eq!(r["events_replayed"], head, "{r}");
+                }
+                let same = "the replayed digest is the live digest";
+                assert_eq!(
+                    r["digest"], before[name]["digest"],
+                    "{action} of {name}: {same}"
+                );
+            }
+            settled(s).await;
+            projections(s).await
+        }
+    };
+    let after_verify = replay_all("verify").await;
     for name in PROJECTIONS {
         assert_eq!(
             after_verify[name]["generation"], before[name]["generation"],
@@ -146,16 +162,7 @@ async fn list_verify_and_rebuild_each_projection() {
         );
         assert_eq!(after_verify[name]["digest"], before[name]["digest"]);
     }
-    for name in PROJECTIONS {
-        let r = rebuild_or_verify(&s, name, "rebuild").await;
-        check_report(&r, name, true, head);
-        assert_eq!(
-            r["digest"], before[name]["digest"],
-            "rebuild of {name}: same digest as the live model"
-        );
-    }
-    settled(&s).await;
-    let after = projections(&s).await;
+    let after = replay_all("rebuild").await;
     for name in PROJECTIONS {
         let (a, b) = (&after[name], &before[name]);
         assert_eq!(a["digest"], b["digest"], "{name}: {a} vs {b}");
@@ -549,42 +556,17 @@ async fn rebuilds_under_load_are_identical_and_change_no_answer() {
     }
 }
 
-/// The reports printed: one JSON document off a terminal (an array of reports when several).
-fn json_lines(out: &[u8]) -> Vec<Value> {
-    String::from_utf8_lossy(out)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}")))
-        .flat_map(|v: Value| match v {
-            Value::Array(a) => a,
-            v => vec![v],
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_projections_list_verify_and_rebuild() {
     let s = Server::start(ServerOpts::default()).await;
-    seed_tasks(&s, "cli", "cli-proj", 7).await;
-    let head = s.head().await;
-    settled(&s).await;
-    let live = projections(&s).await;
-    let limit = Duration::from_secs(60);
+    let (head, live) = seeded(&s, "cli", "cli-proj", 7).await;
     let url = s.base().to_owned();
+    // The reports printed: one JSON document off a terminal (an array of reports when several).
+    let reports_of =
+        |out: &std::process::Output, what: &str| cli_records(cli_ok(out, what).as_bytes());
 
-    let out = run_cli(
-        &["projections", "list", "-o", "table", "--url", &url],
-        "",
-        limit,
-    )
-    .await;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "`tidemark projections list --url URL` failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = cli_at(&url, "projections list -o table").await;
+    let stdout = cli_ok(&out, "`tidemark projections list --url URL`");
     for name in PROJECTIONS {
         let line = stdout
             .lines()
@@ -597,14 +579,8 @@ async fn cli_projections_list_verify_and_rebuild() {
         );
     }
 
-    let out = run_cli(&["projections", "verify", "--url", &url], "", limit).await;
-    assert!(
-        out.status.success(),
-        "`tidemark projections verify --url URL` failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let reports = json_lines(&out.stdout);
+    let out = cli_at(&url, "projections verify").await;
+    let reports = reports_of(&out, "`tidemark projections verify --url URL`");
     assert_eq!(
         reports
             .iter()
@@ -619,49 +595,25 @@ async fn cli_projections_list_verify_and_rebuild() {
         assert_eq!(r["digest"], live[name]["digest"], "{r}");
     }
 
-    let out = run_cli(
-        &["projections", "verify", "tasks", "--url", &url],
-        "",
-        limit,
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let reports = json_lines(&out.stdout);
-    assert_eq!(reports.len(), 1, "{reports:?}");
-    check_report(&reports[0], "tasks", false, head);
+    for (cmd, name, rebuilt) in [
+        ("projections verify tasks", "tasks", false),
+        ("projections rebuild notifications", "notifications", true),
+    ] {
+        let reports = reports_of(&cli_at(&url, cmd).await, cmd);
+        assert_eq!(reports.len(), 1, "{reports:?}");
+        check_report(&reports[0], name, rebuilt, head);
+        if rebuilt {
+            assert_eq!(reports[0]["digest"], live[name]["digest"]);
+        }
+    }
 
-    let out = run_cli(
-        &["projections", "rebuild", "notifications", "--url", &url],
-        "",
-        limit,
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let reports = json_lines(&out.stdout);
-    assert_eq!(reports.len(), 1, "{reports:?}");
-    check_report(&reports[0], "notifications", true, head);
-    assert_eq!(reports[0]["digest"], live["notifications"]["digest"]);
-
-    let out = run_cli(&["projections", "verify", "nope", "--url", &url], "", limit).await;
+    let out = cli_at(&url, "projections verify nope").await;
     assert!(
         !out.status.success(),
         "verify of an unknown projection must exit non-zero; stdout: {}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let out = run_cli(
-        &["projections", "rebuild", "nope", "--url", &url],
-        "",
-        limit,
-    )
-    .await;
+    let out = cli_at(&url, "projections rebuild nope").await;
     assert!(
         !out.status.success(),
         "rebuild of an unknown projection must exit non-zero"

@@ -13,7 +13,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tidemark_tests::{Server, ServerOpts, assert_problem};
 
-use crate::common::{append_ok, notif_ev, post_json, wait_for};
+use crate::common::{append_ok, notif_ev, post_json, serve_local, wait_for};
 
 type Hit = (String, HeaderMap, Vec<u8>, u16);
 
@@ -98,9 +98,7 @@ async fn receivers() -> (Arc<Mutex<Vec<Hit>>>, u16) {
             }
         },
     ));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = l.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let port = serve_local(app).await.port();
     (hits, port)
 }
 

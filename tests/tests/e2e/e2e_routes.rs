@@ -11,7 +11,10 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tidemark_tests::{Server, ServerOpts};
 
-use crate::common::{append_ok, notif_ev, wait_for};
+use crate::common::{
+    append_ok, cli_at, cli_ok, cli_with, notif_ev, python_json, serve_local, wait_for, wait_hit,
+    webhook_id,
+};
 use crate::e2e_deliveries::wait_status;
 use crate::e2e_dispatch::{delivery, receiver};
 
@@ -265,18 +268,7 @@ async fn a_route_added_through_the_api_delivers_from_the_next_event_on() {
 
     // The CLI lists and shows it, without the secret.
     let base = s.base().to_owned();
-    let out = tidemark_tests::run_cli(
-        &["routes", "list", "--url", &base, "-o", "json"],
-        "",
-        Duration::from_secs(30),
-    )
-    .await;
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = cli_ok(&cli_at(&base, "routes list -o json").await, "routes list");
     assert!(text.contains("teams") && text.contains("pager"), "{text}");
     assert!(!text.contains(&secret), "{text}");
 
@@ -305,28 +297,14 @@ async fn a_route_added_through_the_api_delivers_from_the_next_event_on() {
 async fn a_file_naming_a_route_the_api_holds_refuses_the_start() {
     let mut s = Server::start(ServerOpts::default().config(CONFIG)).await;
     let base = s.base().to_owned();
-    let args = [
-        "routes",
-        "set",
-        "ops",
-        "--sink",
-        "app",
-        "--priority",
-        "urgent",
+    let more = [
         "--json",
         r#"{"delay": ["0s", "1s"]}"#,
         "--reason",
         "ops app",
-        "--url",
-        &base,
     ];
-    let out = tidemark_tests::run_cli(&args, "", Duration::from_secs(30)).await;
-    assert!(
-        out.status.success(),
-        "{} {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let set = "routes set ops --sink app --priority urgent";
+    cli_ok(&cli_with(&base, set, &more).await, set);
     let r = s.get("/v1/routes/ops").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.json["route"]["delay"], json!(["0s", "1s"]), "{}", r.text);
@@ -385,16 +363,7 @@ async fn a_secret_rotates_with_both_signatures_during_the_overlap() {
 
     let posted = |id: &'static str| {
         let hits = hits.clone();
-        async move {
-            wait_for(Duration::from_secs(30), "the POST", || async {
-                hits.lock()
-                    .unwrap()
-                    .iter()
-                    .find(|(_, b)| b["delivery_id"] == id)
-                    .cloned()
-            })
-            .await
-        }
+        async move { wait_hit(&hits, "the POST", |(_, b)| b["delivery_id"] == id).await }
     };
     append_ok(&s, &notification("rot-1", "urgent")).await;
     let (headers, body) = posted("dlv:rot-1:rot").await;
@@ -438,28 +407,8 @@ for c in json.load(sys.stdin):
         out.append(False)
 print(json.dumps(out))
 "#;
-    let mut child = tokio::process::Command::new("python3")
-        .args(["-c", script])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
-    {
-        use tokio::io::AsyncWriteExt;
-        let mut stdin = child.stdin.take().expect("stdin");
-        stdin
-            .write_all(cases.to_string().as_bytes())
-            .await
-            .expect("write the cases");
-    }
-    let out = child.wait_with_output().await.expect("python3 ends");
-    assert!(
-        out.status.success(),
-        "the Standard Webhooks verifier failed (tests/webhooks/requirements.txt): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: Value = serde_json::from_slice(&out.stdout).expect("verifier output");
+    let what = "the Standard Webhooks verifier failed (tests/webhooks/requirements.txt)";
+    let got = python_json(script, &cases, what).await;
     let want: Vec<Value> = cases
         .as_array()
         .unwrap()
@@ -485,22 +434,14 @@ pub(crate) async fn scripted_receiver(
         axum::routing::post(move |headers: axum::http::HeaderMap| {
             let (i, answer) = (i.clone(), answer.clone());
             async move {
-                let id = headers
-                    .get("webhook-id")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_owned();
+                let id = webhook_id(&headers);
                 i.lock().unwrap().push(id);
                 StatusCode::from_u16(answer.load(std::sync::atomic::Ordering::SeqCst))
                     .unwrap_or(StatusCode::OK)
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
+    let port = serve_local(app).await.port();
     (ids, port)
 }
 
@@ -620,46 +561,15 @@ async fn an_operator_resends_a_delivery_and_recovers_a_routes_parked_ones() {
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
     // The CLI: nothing is parked any more.
     let base = s.base().to_owned();
-    let out = tidemark_tests::run_cli(
-        &[
-            "deliveries",
-            "recover",
-            "--route",
-            "rec",
-            "--since",
-            &since,
-            "--reason",
-            "again",
-            "--url",
-            &base,
-            "-o",
-            "json",
-        ],
-        "",
-        Duration::from_secs(30),
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let recover = format!("deliveries recover --route rec --since {since} --reason again -o json");
+    let out = cli_at(&base, &recover).await;
+    let v: Value = serde_json::from_str(&cli_ok(&out, &recover)).expect("JSON");
     assert_eq!(v, json!({"retried": 0, "more": false}));
 }
 
-/// Run the CLI against `base`; its stdout, once it succeeded.
-async fn cli_ok(base: &str, args: &[&str]) -> String {
-    let mut all = args.to_vec();
-    all.extend(["--url", base]);
-    let out = tidemark_tests::run_cli(&all, "", Duration::from_secs(30)).await;
-    assert!(
-        out.status.success(),
-        "{all:?}: {} {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+/// Run the CLI against `base` (`cmd`, then the words `more`); its stdout, once it succeeded.
+async fn cli_stdout(base: &str, cmd: &str, more: &[&str]) -> String {
+    cli_ok(&cli_with(base, cmd, more).await, cmd)
 }
 
 /// The CLI sets a route's body, order and pace with flags of their own (and keeps them across
@@ -668,31 +578,10 @@ async fn cli_ok(base: &str, args: &[&str]) -> String {
 async fn the_cli_sets_a_body_an_order_and_a_pace_and_previews_the_route() {
     let s = Server::start(ServerOpts::default().config(CONFIG)).await;
     let base = s.base().to_owned();
-    cli_ok(
-        &base,
-        &[
-            "routes",
-            "set",
-            "chat",
-            "--sink",
-            "webhook",
-            "--webhook-url",
-            "https://chat.example.org/hooks/T000/B000/secret-path",
-            "--body",
-            "slack",
-            "--order-by",
-            "task",
-            "--on-park",
-            "skip",
-            "--rate",
-            "5/s",
-            "--priority",
-            "urgent",
-            "--reason",
-            "the team's chat",
-        ],
-    )
-    .await;
+    let set = "routes set chat --sink webhook \
+               --webhook-url https://chat.example.org/hooks/T000/B000/secret-path \
+               --body slack --order-by task --on-park skip --rate 5/s --priority urgent";
+    cli_stdout(&base, set, &["--reason", "the team's chat"]).await;
     let r = s.get("/v1/routes/chat").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.json["route"]["body"], "slack", "{}", r.text);
@@ -704,19 +593,8 @@ async fn the_cli_sets_a_body_an_order_and_a_pace_and_previews_the_route() {
     );
     assert_eq!(r.json["route"]["rate"], "5/s", "{}", r.text);
     // An edit that names none of them keeps them.
-    cli_ok(
-        &base,
-        &[
-            "routes",
-            "set",
-            "chat",
-            "--priority",
-            "action",
-            "--reason",
-            "and action",
-        ],
-    )
-    .await;
+    let set = "routes set chat --priority action";
+    cli_stdout(&base, set, &["--reason", "and action"]).await;
     let r = s.get("/v1/routes/chat").await;
     assert_eq!(
         (
@@ -728,7 +606,7 @@ async fn the_cli_sets_a_body_an_order_and_a_pace_and_previews_the_route() {
         r.text
     );
     // The preview: Slack's `text`, nothing sent, the URL's path nowhere.
-    let out = cli_ok(&base, &["routes", "preview", "chat"]).await;
+    let out = cli_stdout(&base, "routes preview chat", &[]).await;
     let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     let body: Value = serde_json::from_str(v["body"].as_str().unwrap_or_default()).unwrap();
     assert!(
@@ -737,14 +615,7 @@ async fn the_cli_sets_a_body_an_order_and_a_pace_and_previews_the_route() {
     );
     assert!(!out.contains("secret-path"), "{out}");
     // A rate that is not one is refused, naming the form.
-    let bad = tidemark_tests::run_cli(
-        &[
-            "routes", "set", "chat", "--rate", "fast", "--reason", "r", "--url", &base,
-        ],
-        "",
-        Duration::from_secs(30),
-    )
-    .await;
+    let bad = cli_at(&base, "routes set chat --rate fast --reason r").await;
     assert!(!bad.status.success());
     assert!(
         String::from_utf8_lossy(&bad.stderr).contains("<n>/<s|m|h>"),

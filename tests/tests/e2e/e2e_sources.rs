@@ -17,7 +17,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use tidemark_tests::{Api, Server, ServerOpts};
 
-use crate::common::wait_for;
+use crate::common::{cli_at, cli_ok, serve_local, wait_for};
 
 /// What the upstream answers instead of a page (consumed one per list request).
 #[derive(Debug, Clone)]
@@ -84,6 +84,13 @@ impl Up {
     }
     fn requests(&self) -> usize {
         self.with(|u| u.requests.len())
+    }
+    /// Wait (bounded) until the upstream has had more than `n` list requests.
+    async fn wait_requests_past(&self, n: usize, what: &str) {
+        wait_for(Duration::from_secs(30), what, || async {
+            (self.requests() > n).then_some(())
+        })
+        .await;
     }
 }
 
@@ -279,6 +286,13 @@ async fn token(
 /// The client secret the test's token endpoint takes.
 const OAUTH_SECRET: &str = "oauth-client-secret-9c2e7f1b";
 
+/// [`start_upstream`] holding the items `000000`.. (`n` of them).
+async fn upstream_with(n: usize) -> (Up, SocketAddr) {
+    let (up, addr) = start_upstream().await;
+    up.add_items(0, n);
+    (up, addr)
+}
+
 pub(crate) async fn start_upstream() -> (Up, SocketAddr) {
     let up = Up(Arc::new(Mutex::new(Upstream::default())));
     let app = axum::Router::new()
@@ -286,11 +300,7 @@ pub(crate) async fn start_upstream() -> (Up, SocketAddr) {
         .route("/ack", post_route(ack))
         .route("/token", post_route(token))
         .with_state(up.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
+    let addr = serve_local(app).await;
     (up, addr)
 }
 
@@ -368,6 +378,20 @@ async fn post(api: &Api, path: &str, body: Value) -> tidemark_tests::Reply {
     api.send(api.request(Method::POST, path).json(&body)).await
 }
 
+/// `POST /v1/sources/{name}/reset` to `watermark` for `reason`.
+async fn reset(api: &Api, name: &str, watermark: Value, reason: &str) -> tidemark_tests::Reply {
+    let body = json!({"watermark": watermark, "reason": reason});
+    post(api, &format!("/v1/sources/{name}/reset"), body).await
+}
+
+/// Wait for source `name` to back off, for backpressure; its state.
+async fn wait_backpressure(api: &Api, name: &str, what: &str) -> Value {
+    let st = wait_source(api, name, what, |v| v["state"] == "backing_off").await;
+    let error = st["last_error"].as_str().unwrap_or("");
+    assert!(error.contains("backpressure"), "{st}");
+    st
+}
+
 /// A backlog of three pages is appended exactly once and in order, page by page, with one
 /// notification for the poll about all of its items (`count` 250), one ack of them with its
 /// idempotency key and its `acknowledgedAt`, and one watermark move; the watermark ends at the last `nextAfterId`; a second poll with nothing new appends nothing; the header
@@ -376,8 +400,7 @@ async fn post(api: &Api, path: &str, body: Value) -> tidemark_tests::Reply {
 #[tokio::test]
 async fn a_backlog_is_appended_once_in_order_and_acknowledged() {
     let test_start_us = tidemark_log::time::now_micros();
-    let (up, addr) = start_upstream().await;
-    up.add_items(0, 250);
+    let (up, addr) = upstream_with(250).await;
     let notify = r#"every = "1h"
 [sources.notify]
 priority = "info"
@@ -451,10 +474,7 @@ title_many = "You have {count} new updates"
     let before = up.requests();
     let r = post(&s, "/v1/sources/plans/poll", json!({})).await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
-    wait_for(Duration::from_secs(30), "the second poll", || async {
-        (up.requests() > before).then_some(())
-    })
-    .await;
+    up.wait_requests_past(before, "the second poll").await;
     wait_source(&s, "plans", "idle again", |v| v["state"] == "idle").await;
     let (_, after_id, _, _) = up.with(|u| u.requests.last().unwrap().clone());
     assert_eq!(
@@ -505,8 +525,7 @@ title_many = "You have {count} new updates"
 /// `"retryAfter": 60`, fell back to the 200 ms backoff and the poller came back at once.
 #[tokio::test]
 async fn retry_after_is_read_as_an_http_date_and_from_the_body() {
-    let (up, addr) = start_upstream().await;
-    up.add_items(0, 4);
+    let (up, addr) = upstream_with(4).await;
     up.with(|u| {
         // A date to the second, 3 s on: at least 2 s from when it is read.
         u.faults.push_back(Fault::RetryAt(503, 3));
@@ -539,8 +558,7 @@ async fn retry_after_is_read_as_an_http_date_and_from_the_body() {
 /// on a parked source is `409 source_not_active`.
 #[tokio::test]
 async fn failures_back_off_park_and_resume() {
-    let (up, addr) = start_upstream().await;
-    up.add_items(0, 10);
+    let (up, addr) = upstream_with(10).await;
     up.with(|u| u.faults.push_back(Fault::Status(429, Some(2))));
     let s = start(source_toml("flaky", addr, "every = \"1h\"")).await;
     let st = wait_source(&s, "flaky", "recovery after the 429", |v| {
@@ -640,12 +658,8 @@ async fn a_hanging_source_does_not_delay_another() {
         source_toml("fast", fast_addr, "every = \"1s\"")
     );
     let s = start(cfg).await;
-    wait_for(
-        Duration::from_secs(30),
-        "five polls of the fast source",
-        || async { (fast.requests() >= 5).then_some(()) },
-    )
-    .await;
+    fast.wait_requests_past(4, "five polls of the fast source")
+        .await;
     assert_eq!(
         slow.requests(),
         1,
@@ -672,8 +686,7 @@ async fn a_hanging_source_does_not_delay_another() {
 /// and appends only the items not yet in the log.
 #[tokio::test]
 async fn bootstrap_and_reset() {
-    let (up, addr) = start_upstream().await;
-    up.add_items(0, 30);
+    let (up, addr) = upstream_with(30).await;
     let latest = source_toml("news", addr, "every = \"1h\"").replace(
         "limit_field = \"limit\"",
         "limit_field = \"limit\"\nbootstrap = \"latest\"",
@@ -710,27 +723,12 @@ scopes = ["operator", "read"]
     );
     // Reset needs admin and a reason.
     s.set_token(Some("operator-token"));
-    let r = post(
-        &s,
-        "/v1/sources/news/reset",
-        json!({"watermark": "000019", "reason": "replay"}),
-    )
-    .await;
+    let r = reset(&s, "news", json!("000019"), "replay").await;
     assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text);
     s.set_token(Some("admin-token"));
-    let r = post(
-        &s,
-        "/v1/sources/news/reset",
-        json!({"watermark": "000019", "reason": " "}),
-    )
-    .await;
+    let r = reset(&s, "news", json!("000019"), " ").await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
-    let r = post(
-        &s,
-        "/v1/sources/news/reset",
-        json!({"watermark": "000019", "reason": "replay the last ten"}),
-    )
-    .await;
+    let r = reset(&s, "news", json!("000019"), "replay the last ten").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     let news = wait_source(&s, "news", "the replay", |v| {
         v["items_total"] == 10 && v["watermark"] == "000029"
@@ -748,17 +746,9 @@ scopes = ["operator", "read"]
     up.with(|u| u.items[5].1["plan"]["name"] = json!("renamed"));
     // Counted before the reset: the reset wakes the poller, whose request may come at once.
     let n = up.requests();
-    let r = post(
-        &s,
-        "/v1/sources/history/reset",
-        json!({"watermark": null, "reason": "audit"}),
-    )
-    .await;
+    let r = reset(&s, "history", json!(null), "audit").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
-    wait_for(Duration::from_secs(30), "the re-read", || async {
-        (up.requests() > n).then_some(())
-    })
-    .await;
+    up.wait_requests_past(n, "the re-read").await;
     let h = wait_source(&s, "history", "re-read done", |v| {
         v["watermark"] == "000029" && v["state"] == "idle"
     })
@@ -940,8 +930,7 @@ async fn a_bad_source_config_is_refused_at_start_naming_the_key() {
 /// `tidemark sources list|show|poll|pause|resume|reset` against a running server.
 #[tokio::test]
 async fn the_cli_lists_and_acts_on_sources() {
-    let (up, addr) = start_upstream().await;
-    up.add_items(0, 3);
+    let (up, addr) = upstream_with(3).await;
     let s = start(source_toml("cli", addr, "every = \"1h\"")).await;
     wait_source(&s, "cli", "the first poll", |v| {
         v["items_total"] == 3 && v["watermark"] == "000002"
@@ -1057,14 +1046,7 @@ async fn a_full_outbox_backs_the_source_off_until_it_drains() {
     .await;
     up.add_items(0, 3);
     post(&s, "/v1/sources/busy/poll", json!({})).await;
-    let st = wait_source(&s, "busy", "backing off", |v| v["state"] == "backing_off").await;
-    assert!(
-        st["last_error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("backpressure"),
-        "{st}"
-    );
+    let st = wait_backpressure(&s, "busy", "backing off").await;
     assert!(
         item_events(&s).await.is_empty(),
         "a refused page appends nothing"
@@ -1163,8 +1145,7 @@ async fn a_blocked_notify_recipient_gets_no_notification_and_the_items_go_in() {
 async fn one_notification_one_ack_one_move_per_poll_also_after_a_crash_between_pages() {
     let notify = "every = \"1h\"\n[sources.notify]\npriority = \"info\"\ntitle_one = \"one\"\ntitle_many = \"{count} new\"\n";
     for crash in [false, true] {
-        let (up, addr) = start_upstream().await;
-        up.add_items(0, 8);
+        let (up, addr) = upstream_with(8).await;
         if crash {
             up.with(|u| u.faults.extend([Fault::Pass, Fault::Hang]));
         }
@@ -1175,12 +1156,7 @@ async fn one_notification_one_ack_one_move_per_poll_also_after_a_crash_between_p
         if crash {
             // The first page is in, the second hangs: kill the server there.
             wait_source(&s, "eight", "the first page", |v| v["items_total"] == 3).await;
-            wait_for(
-                Duration::from_secs(30),
-                "the second page's request",
-                || async { (up.requests() >= 2).then_some(()) },
-            )
-            .await;
+            up.wait_requests_past(1, "the second page's request").await;
             assert!(
                 s.read_all("&type=notification.requested").await.is_empty(),
                 "no notification before the poll's last page"
@@ -1221,8 +1197,7 @@ async fn one_notification_one_ack_one_move_per_poll_also_after_a_crash_between_p
 /// make two notifications (`count` 3 and 5) that join one digest delivery titled with 8.
 #[tokio::test]
 async fn a_digest_of_poll_notifications_counts_their_changes() {
-    let (up, addr) = start_upstream().await;
-    up.add_items(0, 3);
+    let (up, addr) = upstream_with(3).await;
     let notify = "every = \"1h\"\n[sources.notify]\npriority = \"urgent\"\nrecipient = \"ana\"\n\
                   group_key = \"starred\"\ntitle_one = \"one\"\ntitle_many = \"{count} new\"\n";
     let cfg = format!(
@@ -1272,14 +1247,7 @@ async fn a_source_waits_at_its_backpressure_threshold_before_the_outbox_is_full(
     // 8 pending: the next poll waits, though the outbox (10) is not full.
     up.add_items(2, 4);
     post(&s, "/v1/sources/early/poll", json!({})).await;
-    let st = wait_source(&s, "early", "backpressure", |v| v["state"] == "backing_off").await;
-    assert!(
-        st["last_error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("backpressure"),
-        "{st}"
-    );
+    wait_backpressure(&s, "early", "backpressure").await;
     assert_eq!(
         source(&s, "early").await["items_total"],
         2,
@@ -1298,8 +1266,7 @@ async fn a_source_waits_at_its_backpressure_threshold_before_the_outbox_is_full(
 /// names tidemark and its release as its `User-Agent`.
 #[tokio::test]
 async fn poll_requests_carry_a_request_id_and_an_idempotency_key() {
-    let (up, addr) = start_upstream().await;
-    up.add_items(0, 5);
+    let (up, addr) = upstream_with(5).await;
     // The first request fails: the retry repeats its key.
     up.with(|u| u.faults.push_back(Fault::Status(502, None)));
     let cfg = source_toml(
@@ -1360,12 +1327,9 @@ async fn poll_requests_carry_a_request_id_and_an_idempotency_key() {
 /// an unknown class refuses the start.
 #[tokio::test]
 async fn a_class_of_transient_errors_parks_the_source_at_its_limit() {
-    let (up, addr) = start_upstream().await;
-    up.add_items(0, 1);
-    let cfg = source_toml("flaky", addr, "every = \"1h\"").replace(
-        "retry_after_max = \"10s\"",
-        "retry_after_max = \"10s\"\nlimits = { server_error = 3 }",
-    );
+    let (up, addr) = upstream_with(1).await;
+    // The retry table is the last of the block: the limits go at its end.
+    let cfg = source_toml("flaky", addr, "every = \"1h\"") + "limits = { server_error = 3 }\n";
     // 502, 502, a 429 with Retry-After (another class: the run of 5xx ends), 502, 502,
     // then a success: never three 5xx in a row, not parked.
     up.with(|u| {
@@ -1463,19 +1427,13 @@ async fn source_titles_follow_the_recipients_locale() {
 /// poll's first page is [000001 (old), 000002 (new)] and its second [000003 (new)].
 #[tokio::test]
 async fn the_title_reads_the_first_covered_item_across_pages() {
-    let (up, addr) = start_upstream().await;
-    up.add_items(0, 2);
+    let (up, addr) = upstream_with(2).await;
     let notify = "every = \"1h\"\n[sources.notify]\npriority = \"info\"\ntitle_one = \"one\"\n\
                   title_many = \"{count} new, from {/plan/name}\"\n";
     let cfg = source_toml("first", addr, notify).replace("page_size = 100", "page_size = 2");
     let s = start(cfg).await;
     wait_source(&s, "first", "the first poll", |v| v["items_total"] == 2).await;
-    let r = post(
-        &s,
-        "/v1/sources/first/reset",
-        json!({"watermark": "000000", "reason": "re-read"}),
-    )
-    .await;
+    let r = reset(&s, "first", json!("000000"), "re-read").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     up.add_items(2, 4);
     post(&s, "/v1/sources/first/poll", json!({})).await;
@@ -1527,8 +1485,7 @@ async fn a_cron_source_first_polls_at_its_schedule_unless_told_to_poll_at_start(
 /// `[sources.ack] extra`.
 #[tokio::test]
 async fn items_an_upstream_schema_refuses_are_skipped_and_counted() {
-    let (up, addr) = start_upstream().await;
-    up.add_items(0, 3);
+    let (up, addr) = upstream_with(3).await;
     up.with(|u| {
         // Item 1 breaks the schema: its plan's name is a number.
         u.items[1].1["plan"]["name"] = json!(7);
@@ -1585,12 +1542,7 @@ async fn items_an_upstream_schema_refuses_are_skipped_and_counted() {
         "TimeSafari-DailyNotificationPlugin/1.0.0"
     );
     // A reset replays the page: the skipped item is recorded once.
-    let r = post(
-        &s,
-        "/v1/sources/typed/reset",
-        json!({"watermark": null, "reason": "replay"}),
-    )
-    .await;
+    let r = reset(&s, "typed", json!(null), "replay").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     post(&s, "/v1/sources/typed/poll", json!({})).await;
     wait_source(&s, "typed", "the replay", |v| v["watermark"] == "000002").await;
@@ -1626,8 +1578,7 @@ async fn skipped_metric(s: &Server) -> Option<f64> {
 /// of its own is retried at once); an unknown class refuses the start.
 #[tokio::test]
 async fn each_class_of_failure_waits_its_own_backoff() {
-    let (up, addr) = start_upstream().await;
-    up.add_items(0, 1);
+    let (up, addr) = upstream_with(1).await;
     let class = |name: &str, ms: u64| {
         format!(
             "[sources.retry.classes.{name}]\nstrategy = \"fixed\"\nbase_delay = \"{ms}ms\"\n\
@@ -1702,8 +1653,7 @@ async fn each_class_of_failure_waits_its_own_backoff() {
 /// the source.
 #[tokio::test]
 async fn an_upstream_token_comes_from_client_credentials_and_is_renewed() {
-    let (up, addr) = start_upstream().await;
-    up.add_items(0, 2);
+    let (up, addr) = upstream_with(2).await;
     up.with(|u| {
         u.valid_tokens = Some(Default::default());
         u.token_life_s = 4;
@@ -1811,8 +1761,7 @@ async fn an_upstream_token_comes_from_client_credentials_and_is_renewed() {
 /// `{"now": true}` (`tidemark sources resume --now`) polls at once.
 #[tokio::test]
 async fn a_resumed_cron_source_waits_for_its_schedule() {
-    let (up, addr) = start_upstream().await;
-    up.add_items(0, 2);
+    let (up, addr) = upstream_with(2).await;
     // Once a year (1 January, 00:00 UTC): never during this test.
     let s = start(source_toml(
         "yearly",
@@ -1844,17 +1793,8 @@ async fn a_resumed_cron_source_waits_for_its_schedule() {
     assert_eq!(source(&s, "yearly").await["items_total"], 0);
     // Paused and resumed with `now`: it polls at once, through the CLI.
     post(&s, "/v1/sources/yearly/pause", json!({})).await;
-    let out = tidemark_tests::run_cli(
-        &["sources", "resume", "yearly", "--now", "--url", s.base()],
-        "",
-        Duration::from_secs(30),
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = cli_at(s.base(), "sources resume yearly --now").await;
+    cli_ok(&out, "sources resume");
     wait_source(&s, "yearly", "the poll at once", |v| v["items_total"] == 2).await;
     assert_eq!(up.requests(), 1);
     // Parked (a 400 on an operator's poll), then resumed: it waits for its schedule again.

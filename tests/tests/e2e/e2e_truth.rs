@@ -17,7 +17,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tidemark_tests::{Api, Server, ServerOpts, encode_path, sha256_hex};
 
-use crate::common::{append_ok, notif_ev, task_ev, wait_for};
+use crate::common::{append_ok, cli_at, cli_ok, notif_ev, now_us, task_ev, wait_for};
 use crate::e2e_deliveries::{act, claim, get_dlv, post, wait_status};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -32,13 +32,6 @@ fn urgent(id: &str, extra: Value) -> Value {
         p.extend(extra.clone());
     }
     notif_ev(id, p)
-}
-
-fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_micros() as i64
 }
 
 fn us_of(t: &Value) -> i64 {
@@ -136,23 +129,9 @@ async fn stuck_is_due_work_only() {
     want.sort();
     assert_eq!(not_stuck, want);
     // The CLI says the same: `deliveries list --stuck true`.
-    let out = tidemark_tests::run_cli(
-        &[
-            "deliveries",
-            "list",
-            "--stuck",
-            "true",
-            "-o",
-            "json",
-            "--url",
-            s.base(),
-        ],
-        "",
-        WAIT,
-    )
-    .await;
-    assert!(out.status.success(), "{out:?}");
-    let rows: Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    let list = "deliveries list --stuck true -o json";
+    let out = cli_ok(&cli_at(s.base(), list).await, list);
+    let rows: Value = serde_json::from_str(&out).expect("one JSON document");
     assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
     assert_eq!(rows[0]["id"], dlv("s-due").as_str(), "{rows}");
     assert_eq!(rows[0]["stuck"], true, "{rows}");
@@ -306,6 +285,24 @@ async fn steps(api: &Api, task: &str, steps: &[(&str, Value)]) -> Vec<u64> {
         .collect()
 }
 
+/// A server without desktop deliveries whose outbox calls work stuck after `stuck_after`.
+async fn no_desktop(stuck_after: &str) -> Server {
+    let config = format!(
+        "[notifications.desktop]\nenabled = false\n\
+         [notifications.outbox]\nstuck_after = \"{stuck_after}\"\n"
+    );
+    Server::start(ServerOpts::default().config(config)).await
+}
+
+/// A task created, its run `started` started and the run `completed` completed.
+fn lifecycle(started: &str, completed: &str) -> [(&'static str, Value); 3] {
+    [
+        ("task.created", json!({"project_id": "p"})),
+        ("task.run_started", json!({"run_id": started})),
+        ("task.run_completed", json!({"run_id": completed})),
+    ]
+}
+
 async fn lag(api: &Api) -> Value {
     // The lag view never waits (section 7); a waiting read first, so it shows this test's
     // writes (a command is answered before the models fold its events).
@@ -334,10 +331,7 @@ fn lag_row(v: &Value, consumer_id: &str) -> Value {
 /// The lag view's counts and the gauges agree.
 #[tokio::test]
 async fn stalled_is_deliverable_work_without_progress() {
-    let s = Server::start(ServerOpts::default().config(
-        "[notifications.desktop]\nenabled = false\n[notifications.outbox]\nstuck_after = \"1s\"\n",
-    ))
-    .await;
+    let s = no_desktop("1s").await;
     let created = |review: bool| {
         (
             "task.created",
@@ -346,26 +340,15 @@ async fn stalled_is_deliverable_work_without_progress() {
     };
     let r1 = || json!({"run_id": "r1"});
     steps(&s, "t-run", &[created(false), ("task.run_started", r1())]).await;
-    steps(
-        &s,
-        "t-rev",
-        &[
-            created(true),
+    let completed = |review| {
+        [
+            created(review),
             ("task.run_started", r1()),
             ("task.run_completed", r1()),
-        ],
-    )
-    .await;
-    let done = steps(
-        &s,
-        "t-done",
-        &[
-            created(false),
-            ("task.run_started", r1()),
-            ("task.run_completed", r1()),
-        ],
-    )
-    .await;
+        ]
+    };
+    steps(&s, "t-rev", &completed(true)).await;
+    let done = steps(&s, "t-done", &completed(false)).await;
     subscribe(&s, "t-run", "s-run", "b-run").await;
     subscribe(&s, "t-rev", "s-rev", "b-rev").await;
     subscribe(&s, "t-done", "s-done", "b-done").await;
@@ -434,20 +417,8 @@ async fn stalled_is_deliverable_work_without_progress() {
 /// an operator reset past it, after which it is neither.
 #[tokio::test]
 async fn a_mismatch_is_stopped_at_once_and_a_run_that_never_started_is_never_final() {
-    let s = Server::start(ServerOpts::default().config(
-        "[notifications.desktop]\nenabled = false\n[notifications.outbox]\nstuck_after = \"1h\"\n",
-    ))
-    .await;
-    let seqs = steps(
-        &s,
-        "t-mis",
-        &[
-            ("task.created", json!({"project_id": "p"})),
-            ("task.run_started", json!({"run_id": "r1"})),
-            ("task.run_completed", json!({"run_id": "r9"})),
-        ],
-    )
-    .await;
+    let s = no_desktop("1h").await;
+    let seqs = steps(&s, "t-mis", &lifecycle("r1", "r9")).await;
     let bad = seqs[2];
     subscribe(&s, "t-mis", "s-mis", "b-mis").await;
     let task = get_ok(&s, "/v1/tasks/t-mis").await;
@@ -536,13 +507,9 @@ async fn a_mismatch_is_stopped_at_once_and_a_run_that_never_started_is_never_fin
 async fn a_reset_cursor_forgets_its_old_delivery_id() {
     let s = Server::start(ServerOpts::default()).await;
     let head = s.head().await;
-    let r = post(
-        &s,
-        "/v1/cursors/advance",
-        &json!({"consumer_id": "c-1", "stream_name": "orders", "subject_id": "",
-                "last_sequence": head, "delivery_id": "d-7"}),
-    )
-    .await;
+    let advance = json!({"consumer_id": "c-1", "stream_name": "orders", "subject_id": "",
+                         "last_sequence": head, "delivery_id": "d-7"});
+    let r = post(&s, "/v1/cursors/advance", &advance).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.json["last_delivery_id"], "d-7", "{}", r.text);
     let r = post(
@@ -568,13 +535,7 @@ async fn a_reset_cursor_forgets_its_old_delivery_id() {
     }
     // An idempotent replay of the old advance is no longer "the same delivery": it is an
     // advance from 0 again, accepted.
-    let r = post(
-        &s,
-        "/v1/cursors/advance",
-        &json!({"consumer_id": "c-1", "stream_name": "orders", "subject_id": "",
-                "last_sequence": head, "delivery_id": "d-7"}),
-    )
-    .await;
+    let r = post(&s, "/v1/cursors/advance", &advance).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.json["last_delivery_id"], "d-7", "{}", r.text);
 }
@@ -704,20 +665,8 @@ async fn bearer_is_case_insensitive_and_every_answer_to_a_limited_token_says_wha
 /// far inside the 2 s), and is once it has, if nobody acks.
 #[tokio::test]
 async fn a_new_subscription_is_not_stalled_by_an_old_event() {
-    let s = Server::start(ServerOpts::default().config(
-        "[notifications.desktop]\nenabled = false\n[notifications.outbox]\nstuck_after = \"2s\"\n",
-    ))
-    .await;
-    steps(
-        &s,
-        "t-old",
-        &[
-            ("task.created", json!({"project_id": "p"})),
-            ("task.run_started", json!({"run_id": "r1"})),
-            ("task.run_completed", json!({"run_id": "r1"})),
-        ],
-    )
-    .await;
+    let s = no_desktop("2s").await;
+    steps(&s, "t-old", &lifecycle("r1", "r1")).await;
     // The completion is older than stuck_after when the subscription is made.
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     subscribe(&s, "t-old", "s-old", "b-old").await;
