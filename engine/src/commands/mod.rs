@@ -74,38 +74,20 @@ mod sealed {
 
     sealed! {
         admission::{Admit = "append.admit"},
-        bridges::{
-            Subscribe = "bridge.subscribe",
-            Unsubscribe = "bridge.unsubscribe",
-            Confirm = "bridge.confirm",
-            ConfirmOne = "bridge.confirm",
-        },
+        bridges::{Subscribe = "bridge.subscribe", Unsubscribe = "bridge.unsubscribe"},
+        bridges::{Confirm = "bridge.confirm", ConfirmOne = "bridge.confirm"},
         cursors::{Advance = "cursor.advance", Reset = "cursor.reset"},
         lists::{SetList = "list.set"},
-        outbox::{
-            Claim = "outbox.claim",
-            Complete = "outbox.complete",
-            CompleteOne = "outbox.complete",
-            Extend = "outbox.extend",
-            Fail = "outbox.fail",
-            Operator = "outbox.operator",
-            Recover = "outbox.recover",
-            ExpireLeases = "outbox.expire_leases",
-            SwitchEndpoint = "outbox.switch_endpoint",
-            BridgeFailed = "bridges.failed",
-            ResolveEndpoints = "outbox.resolve_endpoints",
-            Route = "outbox.route",
-        },
+        outbox::{Route = "outbox.route", Claim = "outbox.claim", Extend = "outbox.extend"},
+        outbox::{Complete = "outbox.complete", CompleteOne = "outbox.complete"},
+        outbox::{Fail = "outbox.fail", Operator = "outbox.operator", Recover = "outbox.recover"},
+        outbox::{ExpireLeases = "outbox.expire_leases", BridgeFailed = "bridges.failed"},
+        outbox::{SwitchEndpoint = "outbox.switch_endpoint"},
+        outbox::{ResolveEndpoints = "outbox.resolve_endpoints"},
         retention::{Purge = "retention.run", Compact = "retention.compact"},
         routes::{SetRoute = "route.set"},
-        sources::{
-            Page = "source.page",
-            Advance = "source.advance",
-            Pause = "source.pause",
-            Resume = "source.resume",
-            Park = "source.park",
-            Reset = "source.reset",
-        },
+        sources::{Page = "source.page", Advance = "source.advance", Reset = "source.reset"},
+        sources::{Pause = "source.pause", Resume = "source.resume", Park = "source.park"},
     }
 }
 
