@@ -202,8 +202,6 @@ async function openPage(s) {
 
 const pages = [];
 
-/// On a failure: what failed first (the test harness shows the first lines of the error
-/// output), then a screenshot of every open page, to see what the page showed.
 /// Open `hash` as a bookmark is: a fresh load of the console at that address.
 async function openLink(page, s, hash) {
   await page.goto('about:blank');
@@ -241,6 +239,8 @@ id = "/id"
 `;
 }
 
+/// On a failure: what failed first (the test harness shows the first lines of the error
+/// output), then a screenshot of every open page, to see what the page showed.
 async function failureShot(name, e) {
   console.error(`[console] FAILED in ${name}: ${e && e.stack ? e.stack : e}`);
   for (const [i, p] of pages.entries()) {

@@ -718,8 +718,6 @@ fn unknown_configuration_keys_refuse_the_start_naming_the_key() {
     }
 }
 
-/// `tidemark serve` on `data`, run behind `prefix` (e.g. `setpriv …`), which must refuse to
-/// start (exit 1): its stderr.
 /// A server whose one token, `r`, has the read scope; and that token.
 async fn with_a_read_token() -> (Server, String) {
     let token = tidemark_tests::random_token(24);
@@ -741,6 +739,8 @@ async fn stopped_server() -> Server {
     s
 }
 
+/// `tidemark serve` on `data`, run behind `prefix` (e.g. `setpriv …`), which must refuse to
+/// start (exit 1): its stderr.
 async fn refused_serve(prefix: &[&str], data: &std::path::Path) -> String {
     let binary = tidemark_tests::binary();
     let mut cmd = match prefix.split_first() {

@@ -23,8 +23,6 @@ use crate::common::{
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// Tasks `{prefix}-NN` of project `project` in every status, client notifications, and their
-/// routed notifications (waited for).
 /// [`seed_tasks`], then the head and the projections once the models have folded it.
 async fn seeded(api: &Api, prefix: &str, project: &str, n: u32) -> (u64, HashMap<String, Value>) {
     seed_tasks(api, prefix, project, n).await;
@@ -33,6 +31,8 @@ async fn seeded(api: &Api, prefix: &str, project: &str, n: u32) -> (u64, HashMap
     (head, projections(api).await)
 }
 
+/// Tasks `{prefix}-NN` of project `project` in every status, client notifications, and their
+/// routed notifications (waited for).
 async fn seed_tasks(api: &Api, prefix: &str, project: &str, n: u32) {
     let mut events = Vec::new();
     for i in 0..n {
