@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use tidemark_log::EventLog;
 
 use serde::Serialize;
 use serde_json::json;

@@ -4,6 +4,7 @@
 mod common;
 use common::rt;
 use std::collections::HashMap;
+use tidemark_log::EventLog;
 use tidemark_log::Lookups;
 
 use proptest::prelude::*;

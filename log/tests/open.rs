@@ -1,5 +1,6 @@
 //! Opening the log file: one process at a time.
 
+use tidemark_log::EventLog;
 use tidemark_log::{Log, LogConfig, OpenError};
 
 /// The log locks its file: a second open (another server on the same data directory) is

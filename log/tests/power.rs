@@ -20,6 +20,7 @@ mod common;
 use common::rt;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use tidemark_log::EventLog;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

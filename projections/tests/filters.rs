@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use serde_json::json;
-use tidemark_log::{Log, LogConfig, NewEvent};
+use tidemark_log::{EventLog, Log, LogConfig, NewEvent};
 use tidemark_projections::ModelsRead;
 use tidemark_projections::deliveries::read::{DeliveryFilter, StuckFilter};
 use tidemark_projections::deliveries::{Change, Created, Delivery};

@@ -9,6 +9,7 @@
 mod common;
 
 use std::collections::HashMap;
+use tidemark_log::EventLog;
 
 use proptest::prelude::*;
 use serde_json::json;

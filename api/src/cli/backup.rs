@@ -3,6 +3,7 @@
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
+use tidemark_log::EventLog;
 
 use serde_json::json;
 use tidemark_log::Log;
@@ -312,7 +313,7 @@ pub(crate) async fn log(a: LogArgs) -> CliResult {
                                 CliError::Other(format!("cannot open the JetStream log: {e}"))
                             })?;
                     let r = transfer::import_jetstream(&log, vec![(0, input)]).await;
-                    tidemark_log::EventLog::close(&log).await;
+                    log.close().await;
                     r.map_err(transfer_error)?
                 }
                 None => transfer::import(&data, &cfg.log_config(), vec![(0, input)])

@@ -63,7 +63,7 @@ use crate::{
     AppendError, AppendReceipt, Condition, Event, NewEvent, OpenError, ReadError, ReadPage,
     ReadQuery, StorageError,
 };
-use crate::{Compacted, Lookups};
+use crate::{Compacted, EventChunk, EventLog, Lookups};
 
 /// Memory holds at most about this many bytes of groups redb does not have yet; an appender
 /// waits for the indexer beyond it (I9).
@@ -417,54 +417,6 @@ impl Log {
         ))
     }
 
-    /// Append a batch atomically. Events without an `event_id` get a fresh one.
-    pub async fn append(&self, events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
-        self.append_if(events, Condition::none()).await
-    }
-
-    /// Append a batch atomically if `condition` holds when its group is staged; otherwise
-    /// `ExpectationFailed` and nothing is appended. A batch whose events are all already in
-    /// the log is answered as duplicates whatever the condition (a retried conditional append
-    /// that had succeeded is told so, not refused). See [`crate::EventLog::append_if`].
-    pub async fn append_if(
-        &self,
-        mut events: Vec<NewEvent>,
-        condition: Condition,
-    ) -> Result<AppendReceipt, AppendError> {
-        crate::envelope::prepare_batch(&mut events)?;
-        self.send(events, condition, None).await
-    }
-
-    /// Several batches, each atomic on its own condition ([`Log::append_if`]), committed
-    /// together as one group when the log is idle (one sync): the decider's round. Answered
-    /// each on its own, in order.
-    pub async fn append_all(
-        &self,
-        batches: Vec<(Vec<NewEvent>, Condition)>,
-    ) -> Vec<Result<AppendReceipt, AppendError>> {
-        let n = batches.len();
-        let mut out: Vec<Option<Result<AppendReceipt, AppendError>>> = Vec::with_capacity(n);
-        let mut reqs = Vec::with_capacity(n);
-        for (mut events, condition) in batches {
-            match crate::envelope::prepare_batch(&mut events) {
-                Ok(()) => {
-                    out.push(None);
-                    reqs.push(commit::Request {
-                        events,
-                        condition,
-                        at_us: None,
-                        reply: None,
-                    });
-                }
-                Err(e) => out.push(Some(Err(e))),
-            }
-        }
-        let mut sent = commit::submit_all(&self.shared, reqs).await.into_iter();
-        out.into_iter()
-            .map(|o| o.unwrap_or_else(|| sent.next().unwrap_or_else(|| Err(self.shared.gone()))))
-            .collect()
-    }
-
     /// Keep this log as a replica of another one (the JetStream backend's local copy of its
     /// stream): append `events` (each with its `event_id`) at exactly `first_seq..`, recorded
     /// at `at_us`, the source's time. Anything else — a gap, an id already here — is an error:
@@ -526,15 +478,6 @@ impl Log {
         rx.await.map_err(|_| self.shared.gone())?
     }
 
-    /// Drop the events with seq `<= through` (at most [`COMPACT_MAX`](compact::COMPACT_MAX) per
-    /// call, never past what the index tables cover nor the head; spec section 13) in a durable
-    /// commit of its own, made by the indexer beside the appends. The `event_id` index keeps
-    /// the ids of the dropped events.
-    pub async fn compact(&self, through: u64) -> Result<Compacted, AppendError> {
-        self.job(|reply| indexer::Job::Compact { through, reply })
-            .await
-    }
-
     /// Wait until redb holds every event acknowledged so far, durably (tests, and a caller
     /// about to read redb directly).
     #[doc(hidden)]
@@ -567,57 +510,61 @@ impl Log {
         let db = self.db();
         condition::last_of_subject(&ids::LazyRead::new(&db), &tail, stream, subject, upto)
     }
+}
 
-    /// Requests waiting for a group.
-    pub fn queued(&self) -> usize {
-        self.shared
-            .queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .waiting
-            .len()
+impl EventLog for Log {
+    /// Append a batch atomically. Events without an `event_id` get a fresh one.
+    async fn append(&self, events: Vec<NewEvent>) -> Result<AppendReceipt, AppendError> {
+        self.append_if(events, Condition::none()).await
     }
 
-    /// The highest committed seq (0 for an empty log).
-    pub fn head(&self) -> u64 {
-        *self.shared.head.borrow()
+    /// Append a batch atomically if `condition` holds when its group is staged; otherwise
+    /// `ExpectationFailed` and nothing is appended. A batch whose events are all already in
+    /// the log is answered as duplicates whatever the condition (a retried conditional append
+    /// that had succeeded is told so, not refused). See [`crate::EventLog::append_if`].
+    async fn append_if(
+        &self,
+        mut events: Vec<NewEvent>,
+        condition: Condition,
+    ) -> Result<AppendReceipt, AppendError> {
+        crate::envelope::prepare_batch(&mut events)?;
+        self.send(events, condition, None).await
     }
 
-    /// A receiver that changes on every commit; its value is the new head. A change is only a
-    /// nudge: readers read the log for the truth.
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.shared.head.subscribe()
-    }
-
-    /// `Err(InsufficientStorage)` while less than `min_free` is free where the log is kept
-    /// (checked now, so it clears as soon as space returns), or while a full disk that failed
-    /// a redb write has not been recovered from yet (the indexer reopens the log once space
-    /// returns).
-    pub fn check_space(&self) -> Result<(), AppendError> {
-        if self.shared.full.load(Ordering::SeqCst) {
-            let refusal = self.shared.space.refusal();
-            if let AppendError::InsufficientStorage { available, .. } = refusal {
-                self.shared.space.record(SpaceLevel::Reserve, available);
+    /// Several batches, each atomic on its own condition ([`Log::append_if`]), committed
+    /// together as one group when the log is idle (one sync): the decider's round. Answered
+    /// each on its own, in order.
+    async fn append_all(
+        &self,
+        batches: Vec<(Vec<NewEvent>, Condition)>,
+    ) -> Vec<Result<AppendReceipt, AppendError>> {
+        let n = batches.len();
+        let mut out: Vec<Option<Result<AppendReceipt, AppendError>>> = Vec::with_capacity(n);
+        let mut reqs = Vec::with_capacity(n);
+        for (mut events, condition) in batches {
+            match crate::envelope::prepare_batch(&mut events) {
+                Ok(()) => {
+                    out.push(None);
+                    reqs.push(commit::Request {
+                        events,
+                        condition,
+                        at_us: None,
+                        reply: None,
+                    });
+                }
+                Err(e) => out.push(Some(Err(e))),
             }
-            return Err(refusal);
         }
-        self.shared.space.check().map_err(|(available, min_free)| {
-            AppendError::InsufficientStorage {
-                available,
-                min_free,
-            }
-        })
-    }
-
-    /// Whether a storage failure has stopped appends.
-    pub fn is_poisoned(&self) -> bool {
-        self.shared.poisoned.is_set()
+        let mut sent = commit::submit_all(&self.shared, reqs).await.into_iter();
+        out.into_iter()
+            .map(|o| o.unwrap_or_else(|| sent.next().unwrap_or_else(|| Err(self.shared.gone()))))
+            .collect()
     }
 
     /// Bounded read of committed events (blocking; call from a blocking context in async
     /// code): from memory at the head, else from redb — and, where redb does not hold the
     /// newest events yet, on from memory.
-    pub fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
+    fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
         if let Some(recent) = self.shared.recent_since(q.after) {
             return recent.page(q);
         }
@@ -651,7 +598,7 @@ impl Log {
 
     /// One event by its `event_id` (exact idempotency keeps `event_id → seq` for as long as the
     /// event is kept).
-    pub fn get_by_id(&self, event_id: &str) -> Result<Option<Event>, ReadError> {
+    fn get_by_id(&self, event_id: &str) -> Result<Option<Event>, ReadError> {
         // The tail first: an id leaves it only after the merged index holding it committed, so
         // a miss there is found by a read transaction begun afterwards.
         let in_tail = self
@@ -680,10 +627,65 @@ impl Log {
         }
     }
 
+    /// The highest committed seq (0 for an empty log).
+    fn head(&self) -> u64 {
+        *self.shared.head.borrow()
+    }
+
+    /// A receiver that changes on every commit; its value is the new head. A change is only a
+    /// nudge: readers read the log for the truth.
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.shared.head.subscribe()
+    }
+
+    /// Drop the events with seq `<= through` (at most [`COMPACT_MAX`](compact::COMPACT_MAX) per
+    /// call, never past what the index tables cover nor the head; spec section 13) in a durable
+    /// commit of its own, made by the indexer beside the appends. The `event_id` index keeps
+    /// the ids of the dropped events.
+    async fn compact(&self, through: u64) -> Result<Compacted, AppendError> {
+        self.job(|reply| indexer::Job::Compact { through, reply })
+            .await
+    }
+
+    /// Requests waiting for a group.
+    fn queued(&self) -> usize {
+        self.shared
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .waiting
+            .len()
+    }
+
+    /// `Err(InsufficientStorage)` while less than `min_free` is free where the log is kept
+    /// (checked now, so it clears as soon as space returns), or while a full disk that failed
+    /// a redb write has not been recovered from yet (the indexer reopens the log once space
+    /// returns).
+    fn check_space(&self) -> Result<(), AppendError> {
+        if self.shared.full.load(Ordering::SeqCst) {
+            let refusal = self.shared.space.refusal();
+            if let AppendError::InsufficientStorage { available, .. } = refusal {
+                self.shared.space.record(SpaceLevel::Reserve, available);
+            }
+            return Err(refusal);
+        }
+        self.shared.space.check().map_err(|(available, min_free)| {
+            AppendError::InsufficientStorage {
+                available,
+                min_free,
+            }
+        })
+    }
+
+    /// Whether a storage failure has stopped appends.
+    fn is_poisoned(&self) -> bool {
+        self.shared.poisoned.is_set()
+    }
+
     /// Stop taking appends, let the group being committed (and those queued) finish, have the
     /// indexer write and checkpoint everything, and wait for it. Appends made after this
     /// return `Closed`. The file is closed cleanly when the last handle is dropped.
-    pub async fn close(&self) {
+    async fn close(&self) {
         self.shared
             .queue
             .lock()
@@ -719,6 +721,15 @@ impl Log {
         if let Some(h) = handle {
             let _ = tokio::task::spawn_blocking(move || h.join()).await;
         }
+    }
+    fn read_chunk(&self, after: u64, upto: u64, out: &mut EventChunk) -> Result<(), ReadError> {
+        out.read_stored(self, after, upto)
+    }
+    fn free_bytes(&self) -> Option<u64> {
+        self.shared.space.storage.available(&self.shared.space.path)
+    }
+    fn space(&self) -> Option<tokio::sync::watch::Receiver<crate::SpaceState>> {
+        Some(self.shared.space.watch())
     }
 }
 

@@ -196,6 +196,7 @@ impl Recent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::EventLog;
 
     fn group(from: u64, n: u64, size: usize) -> Vec<(u64, Vec<u8>)> {
         (from..from + n).map(|s| (s, vec![0u8; size])).collect()

@@ -18,11 +18,11 @@ use tokio::sync::{OwnedMutexGuard, OwnedSemaphorePermit};
 
 use super::feed::Run;
 use super::{Body, JetStreamLog, cluster_err, nats_subject};
-use crate::Lookups;
 use crate::condition::Condition;
 use crate::envelope::NewEvent;
 use crate::error::{AppendError, ReadError, StorageError};
 use crate::{AppendReceipt, Appended};
+use crate::{EventLog, Lookups};
 
 /// Publishes one node keeps in flight at once by default ([`super::JetStreamConfig`]'s
 /// `publish_window`); an append beyond them is refused with `Overloaded` (429) rather than

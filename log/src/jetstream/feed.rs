@@ -5,6 +5,7 @@
 //! it) to the replica on its own task, so an append whose batch is next is written by the
 //! appender itself, with no hop to another thread.
 
+use crate::EventLog;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 

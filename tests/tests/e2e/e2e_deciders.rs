@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
+use tidemark_log::EventLog;
 
 use serde_json::{Value, json};
 use tidemark_engine::commands::Completed;
