@@ -17,8 +17,8 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use tidemark_benches::{
-    cluster_reads, deliver, events, machine, measure, peers, queue, reopen, report, sse, targets,
-    workloads,
+    cluster_reads, deliver, events, filled, machine, measure, peers, queue, reopen, report, sse,
+    targets, workloads,
 };
 
 use std::path::PathBuf;
@@ -612,7 +612,7 @@ impl Run<'_> {
                     });
                 }
                 _ => {
-                    let g = workloads::growth(&mut rig, total, self.opts.growth_step).await;
+                    let g = filled::growth(&mut rig, total, self.opts.growth_step).await;
                     self.report.growth.push(g);
                     self.save();
                 }
@@ -620,10 +620,10 @@ impl Run<'_> {
         }
         if self.wants(Workload::Readback) {
             let n = self.plan.readback_events;
-            if let Err(e) = workloads::fill(&mut rig, n).await {
+            if let Err(e) = filled::fill(&mut rig, n).await {
                 self.fail(system, "readback fill", e);
             } else {
-                let r = workloads::readback(&mut rig, n).await;
+                let r = filled::readback(&mut rig, n).await;
                 eprintln!(
                     "  readback {:<16} {:>9} events {:>10} events/s {:>7} MB/s{}",
                     r.system,

@@ -7,9 +7,10 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::cluster_reads::{ClusterReads, ReadPhase};
+use crate::filled::{GrowthResult, ReadbackResult};
 use crate::machine::{FsyncResult, Machine};
 use crate::sse::SseResult;
-use crate::workloads::{AppendCell, GrowthResult, ReadbackResult};
+use crate::workloads::AppendCell;
 
 #[derive(Serialize, Clone)]
 pub struct Skipped {
