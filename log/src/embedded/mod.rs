@@ -531,7 +531,7 @@ impl EventLog for Log {
         self.send(events, condition, None).await
     }
 
-    /// Several batches, each atomic on its own condition ([`Log::append_if`]), committed
+    /// Several batches, each atomic on its own condition ([`EventLog::append_if`]), committed
     /// together as one group when the log is idle (one sync): the decider's round. Answered
     /// each on its own, in order.
     async fn append_all(

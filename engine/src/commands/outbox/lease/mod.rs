@@ -157,16 +157,8 @@ impl Lease<'_> {
         round: &crate::commands::Round<'_>,
         id: &str,
     ) -> Result<Option<Delivery>, CommandError> {
-        let Lease {
-            now_us,
-            ref settings,
-            privacy,
-            owner,
-            lease_ms,
-            share,
-            ref mut events,
-            ..
-        } = *self;
+        let (now_us, privacy, share) = (self.now_us, self.privacy, self.share);
+        let (settings, events) = (&self.settings, &mut self.events);
         // A claim earlier in the same round took it (or another command of the round records
         // something of it): left to the next round.
         if round.touches(Stream::Deliveries.as_str(), id) {
@@ -209,9 +201,9 @@ impl Lease<'_> {
         }
         let c = Change {
             at_us: now_us,
-            owner: Some(owner.to_owned()),
+            owner: Some(self.owner.to_owned()),
             attempt: Some(row.attempts + 1),
-            lease_expires_at_us: Some(now_us.saturating_add(lease_ms as i64 * 1_000)),
+            lease_expires_at_us: Some(now_us.saturating_add(self.lease_ms as i64 * 1_000)),
             ..Change::default()
         };
         transition(&mut row, T::Leased, &c, 0);
