@@ -628,6 +628,7 @@ mod tests {
     fn ev(seq: u64, time_s: i64, ty: &str, subject: &str, payload: serde_json::Value) -> Event {
         Event {
             seq,
+            tenant: None,
             event_id: format!("e{seq}"),
             stream: "s".into(),
             subject: subject.into(),

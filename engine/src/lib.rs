@@ -363,7 +363,7 @@ impl<L: EventLog + Clone> Engine<L> {
             let Some(id) = &e.event_id else { continue };
             let Some(prev) = self
                 .log
-                .get_by_id(id)
+                .get_by_id(e.tenant.as_deref(), id)
                 .map_err(|e| CommandError::Storage(StorageError::of(e)))?
             else {
                 continue;

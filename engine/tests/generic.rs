@@ -47,8 +47,8 @@ impl EventLog for Other {
         }
         self.0.read(q)
     }
-    fn get_by_id(&self, event_id: &str) -> Result<Option<Event>, ReadError> {
-        self.0.get_by_id(event_id)
+    fn get_by_id(&self, tenant: Option<&str>, event_id: &str) -> Result<Option<Event>, ReadError> {
+        self.0.get_by_id(tenant, event_id)
     }
     fn head(&self) -> u64 {
         if !self.1.is_zero() {

@@ -96,8 +96,8 @@ impl EventLog for AnyLog {
     fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError> {
         each!(self, l => EventLog::read(l, q))
     }
-    fn get_by_id(&self, event_id: &str) -> Result<Option<Event>, ReadError> {
-        each!(self, l => EventLog::get_by_id(l, event_id))
+    fn get_by_id(&self, tenant: Option<&str>, event_id: &str) -> Result<Option<Event>, ReadError> {
+        each!(self, l => EventLog::get_by_id(l, tenant, event_id))
     }
     fn head(&self) -> u64 {
         each!(self, l => EventLog::head(l))

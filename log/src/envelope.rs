@@ -15,12 +15,39 @@ pub mod limits {
     pub const TYPE_MAX: usize = 64;
     pub const PAYLOAD_MAX_BYTES: usize = 64 * 1024;
     pub const BATCH_MAX_EVENTS: usize = 1000;
+    pub const TENANT_MAX: usize = 32;
+}
+
+/// The tenant of a deployment with none configured, and of every event stored without one
+/// (spec section 20): its events are stored and served exactly as before tenants existed.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// The separator of a [`scoped`] key: a control character, which no tenant, stream, subject,
+/// type or `event_id` may hold, so two scoped keys are equal only when both parts are.
+const SCOPE_SEP: char = '\u{1f}';
+
+/// The key under which the log indexes `key` (a stream, subject, type or `event_id`) of an
+/// event of `tenant` (`None`: the default tenant): the key itself for the default tenant, so
+/// the indexes of a log written before tenants read as they are, else `tenant ␟ key`. Each
+/// tenant's streams, subjects, conditions and exact idempotency are its own (spec section 20).
+pub fn scoped<'a>(tenant: Option<&str>, key: &'a str) -> std::borrow::Cow<'a, str> {
+    match tenant {
+        None => std::borrow::Cow::Borrowed(key),
+        Some(t) => std::borrow::Cow::Owned(format!("{t}{SCOPE_SEP}{key}")),
+    }
+}
+
+/// `tenant` as events carry it: `None` for the default tenant.
+pub fn tenant_of(name: &str) -> Option<&str> {
+    (name != DEFAULT_TENANT).then_some(name)
 }
 
 /// An event to append. `payload` has been canonicalised: compact JSON of an object with its keys
 /// sorted, so two payloads that are equal as JSON values have equal bytes (I2 compares them so).
 #[derive(Debug, Clone)]
 pub struct NewEvent {
+    /// `None`: the default tenant ([`NewEvent::in_tenant`]).
+    pub tenant: Option<String>,
     pub event_id: Option<String>,
     pub stream: String,
     pub subject: String,
@@ -75,6 +102,7 @@ impl NewEvent {
         event_type: impl Into<String>,
     ) -> Result<NewEvent, FieldError> {
         let ev = NewEvent {
+            tenant: None,
             event_id,
             stream: stream.into(),
             subject: subject.into(),
@@ -113,6 +141,21 @@ impl NewEvent {
         })
     }
 
+    /// The event in `tenant` (the default tenant's name: in none).
+    pub fn in_tenant(mut self, tenant: &str) -> Result<NewEvent, FieldError> {
+        check_tenant(tenant)?;
+        self.tenant = tenant_of(tenant).map(str::to_owned);
+        Ok(self)
+    }
+
+    /// The `event_id` as the log's id index keys it: scoped to the tenant ([`scoped`]).
+    pub(crate) fn scoped_id(&self) -> std::borrow::Cow<'_, str> {
+        scoped(
+            self.tenant.as_deref(),
+            self.event_id.as_deref().unwrap_or_default(),
+        )
+    }
+
     /// The canonical payload bytes.
     pub fn payload_bytes(&self) -> &[u8] {
         self.payload.get().as_bytes()
@@ -124,14 +167,16 @@ impl NewEvent {
     }
 
     pub(crate) fn same_as(&self, other: &NewEvent) -> bool {
-        self.stream == other.stream
+        self.tenant == other.tenant
+            && self.stream == other.stream
             && self.subject == other.subject
             && self.event_type == other.event_type
             && self.payload.get() == other.payload.get()
     }
 
     pub(crate) fn same_content(&self, other: &Event) -> bool {
-        self.stream == other.stream
+        self.tenant == other.tenant
+            && self.stream == other.stream
             && self.subject == other.subject
             && self.event_type == other.event_type
             && self.payload.get() == other.payload.get()
@@ -212,6 +257,17 @@ pub fn check_event_id(id: &str) -> Result<(), FieldError> {
     })
 }
 
+/// A tenant's name: 1–32 of `a-z0-9_-`, starting with a letter.
+pub fn check_tenant(tenant: &str) -> Result<(), FieldError> {
+    check_pattern("tenant", tenant, 1, limits::TENANT_MAX, |c| {
+        c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-')
+    })?;
+    if !tenant.starts_with(|c: char| c.is_ascii_lowercase()) {
+        return Err(FieldError::new("tenant", "must start with a letter a-z"));
+    }
+    Ok(())
+}
+
 /// `stream`: 1–64 of `a-z0-9_.-`.
 pub fn check_stream(stream: &str) -> Result<(), FieldError> {
     check_pattern("stream", stream, 1, limits::STREAM_MAX, |c| {
@@ -237,6 +293,8 @@ pub fn check_subject(subject: &str) -> Result<(), FieldError> {
 #[derive(Debug, Clone)]
 pub struct Event {
     pub seq: u64,
+    /// `None`: the default tenant.
+    pub tenant: Option<String>,
     pub event_id: String,
     pub stream: String,
     pub subject: String,
@@ -251,6 +309,7 @@ impl Event {
     pub fn as_ref(&self) -> EventRef<'_> {
         EventRef {
             seq: self.seq,
+            tenant: self.tenant.as_deref(),
             event_id: &self.event_id,
             stream: &self.stream,
             subject: &self.subject,
@@ -258,6 +317,11 @@ impl Event {
             time_us: self.time_us,
             payload: self.payload.get(),
         }
+    }
+
+    /// The event's tenant by name.
+    pub fn tenant(&self) -> &str {
+        self.tenant.as_deref().unwrap_or(DEFAULT_TENANT)
     }
 
     /// The payload parsed as a JSON value.
@@ -277,6 +341,8 @@ impl Event {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EventRef<'a> {
     pub seq: u64,
+    /// `None`: the default tenant.
+    pub tenant: Option<&'a str>,
     pub event_id: &'a str,
     pub stream: &'a str,
     pub subject: &'a str,
@@ -287,6 +353,11 @@ pub struct EventRef<'a> {
 }
 
 impl EventRef<'_> {
+    /// The event's tenant by name.
+    pub fn tenant(&self) -> &str {
+        self.tenant.unwrap_or(DEFAULT_TENANT)
+    }
+
     /// The payload parsed as a JSON value (allocates a tree: folds read typed fields instead).
     pub fn payload_value(&self) -> serde_json::Value {
         serde_json::from_str(self.payload).unwrap_or(serde_json::Value::Null)
@@ -295,8 +366,11 @@ impl EventRef<'_> {
 
 impl Serialize for Event {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(7))?;
+        let mut m = s.serialize_map(Some(7 + usize::from(self.tenant.is_some())))?;
         m.serialize_entry("seq", &self.seq)?;
+        if let Some(t) = &self.tenant {
+            m.serialize_entry("tenant", t)?;
+        }
         m.serialize_entry("event_id", &self.event_id)?;
         m.serialize_entry("stream", &self.stream)?;
         m.serialize_entry("subject", &self.subject)?;
@@ -345,6 +419,15 @@ pub(crate) fn prepare_batch(events: &mut [NewEvent]) -> Result<(), AppendError> 
                 limits::BATCH_MAX_EVENTS
             ),
             kind: InvalidKind::BatchTooLarge,
+        });
+    }
+    // A batch is one tenant's: its condition and its atomicity are judged within it.
+    if let Some(i) = events.iter().position(|e| e.tenant != events[0].tenant) {
+        return Err(AppendError::Invalid {
+            index: i,
+            field: "tenant",
+            reason: "tenant differs from the batch's first event's: a batch is one tenant's".into(),
+            kind: InvalidKind::Field,
         });
     }
     for ev in events {

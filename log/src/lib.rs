@@ -63,7 +63,10 @@ pub use any::AnyLog;
 pub use condition::{Condition, ConditionOn, SubjectSeq};
 pub use embedded::compact::COMPACT_MAX;
 pub use embedded::{Log, LogConfig, OpenReport, SpaceLevel, SpaceState, compact, fault, storage};
-pub use envelope::{Event, EventRef, FieldError, InvalidKind, NewEvent, limits};
+pub use envelope::{
+    DEFAULT_TENANT, Event, EventRef, FieldError, InvalidKind, NewEvent, check_tenant, limits,
+    scoped, tenant_of,
+};
 pub use error::{AppendError, Error, OpenError, ReadError, StorageError};
 pub use jetstream::{JetStreamConfig, JetStreamLog};
 pub use lease::{Leases, Share};
@@ -74,6 +77,10 @@ pub use poison::Poison;
 /// `limit` matches whenever that many exist, and a shorter page is the end.
 #[derive(Debug, Clone, Default)]
 pub struct ReadQuery {
+    /// Only this tenant's events, by name ([`envelope::DEFAULT_TENANT`] included); `None`:
+    /// every tenant's (the folds, an operator's export), with a filter naming the default
+    /// tenant's keys.
+    pub tenant: Option<String>,
     pub after: u64,
     pub limit: usize,
     pub stream: Option<String>,
@@ -99,10 +106,15 @@ pub trait Lookups: Send + Sync {
     fn first_seq(&self) -> Result<u64, StorageError>;
     /// The last seq whose event time is before `before_us` (0 when none).
     fn last_before(&self, before_us: i64) -> Result<u64, StorageError>;
-    /// The first seq after `after` of `stream` (and of `subject` when not empty): what a
-    /// cursor at `after` still needs.
-    fn next_of(&self, stream: &str, subject: &str, after: u64)
-    -> Result<Option<u64>, StorageError>;
+    /// The first seq after `after` of `tenant`'s `stream` (and of `subject` when not empty):
+    /// what a cursor at `after` still needs.
+    fn next_of(
+        &self,
+        tenant: Option<&str>,
+        stream: &str,
+        subject: &str,
+        after: u64,
+    ) -> Result<Option<u64>, StorageError>;
 }
 
 /// [`Lookups`] for a log whose lookups are another's: `lookups_through!(Wrapper, |w| &w.inner)`
@@ -125,12 +137,13 @@ macro_rules! lookups_through {
             }
             fn next_of(
                 &self,
+                tenant: Option<&str>,
                 stream: &str,
                 subject: &str,
                 after: u64,
             ) -> Result<Option<u64>, $crate::StorageError> {
                 let $s = self;
-                $crate::Lookups::next_of($to, stream, subject, after)
+                $crate::Lookups::next_of($to, tenant, stream, subject, after)
             }
         }
     };
@@ -177,7 +190,8 @@ pub trait EventLog: Lookups + 'static {
     }
     /// A bounded page of committed events with `seq > q.after`, in order.
     fn read(&self, q: &ReadQuery) -> Result<ReadPage, ReadError>;
-    fn get_by_id(&self, event_id: &str) -> Result<Option<Event>, ReadError>;
+    /// `tenant`'s event (`None`: the default tenant's) of `event_id`.
+    fn get_by_id(&self, tenant: Option<&str>, event_id: &str) -> Result<Option<Event>, ReadError>;
     /// The highest acknowledged seq (0 for an empty log).
     fn head(&self) -> u64;
     /// Changes on every commit; the value is the new head (a nudge: read the log for the

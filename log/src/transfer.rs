@@ -484,6 +484,9 @@ pub fn open_backup(dir: &Path) -> Result<Manifest, TransferError> {
 #[serde(deny_unknown_fields)]
 struct Line {
     seq: u64,
+    /// Absent: the default tenant (an export written before tenants).
+    #[serde(default)]
+    tenant: Option<String>,
     event_id: String,
     stream: String,
     subject: String,
@@ -552,13 +555,17 @@ impl<R: BufRead> Reader<R> {
                 l.event_type,
                 &l.payload,
             )
+            .and_then(|ev| match &l.tenant {
+                Some(t) => ev.in_tenant(t),
+                None => Ok(ev),
+            })
             .map_err(|e| bad(format!("invalid event: {e}")))?;
             self.next += 1;
             return Ok(Some((l.seq, time, ev)));
         }
     }
 
-    /// The next batch: consecutive events of one time, at most [`PAGE`].
+    /// The next batch: consecutive events of one time and one tenant, at most [`PAGE`].
     fn batch(&mut self) -> Result<Option<(u64, i64, Vec<NewEvent>)>, TransferError> {
         let Some((seq, time, ev)) = (match self.held.take() {
             Some(h) => Some(h),
@@ -569,7 +576,7 @@ impl<R: BufRead> Reader<R> {
         let mut events = vec![ev];
         while events.len() < PAGE {
             match self.read_one()? {
-                Some((_, t, e)) if t == time => events.push(e),
+                Some((_, t, e)) if t == time && e.tenant == events[0].tenant => events.push(e),
                 Some(other) => {
                     self.held = Some(other);
                     break;
@@ -745,6 +752,7 @@ async fn write_inputs<L: ImportTarget, R: BufRead>(
         while let Some((first, time, batch)) = reader.batch()? {
             let n = batch.len() as u64;
             events += n;
+            let tenant = batch[0].tenant.clone();
             let ids: Vec<String> = batch.iter().filter_map(|e| e.event_id.clone()).collect();
             if let Err(e) = log.import_batch(batch, first, time).await {
                 // The log refuses an id it holds (or one twice in the batch): said as the
@@ -753,7 +761,7 @@ async fn write_inputs<L: ImportTarget, R: BufRead>(
                 let twice = ids.iter().any(|id| !seen.insert(id.as_str()))
                     || ids
                         .iter()
-                        .any(|id| matches!(log.get_by_id(id), Ok(Some(_))));
+                        .any(|id| matches!(log.get_by_id(tenant.as_deref(), id), Ok(Some(_))));
                 return Err(if twice {
                     TransferError::Duplicate {
                         first_seq: first,

@@ -212,9 +212,9 @@ fn dense_seqs_and_reads<B: Backend>() {
         ("c", "s2", "x")
     );
     assert_eq!(c.payload_value(), json!({"n": 3}));
-    assert_eq!(log.get_by_id("c").unwrap().map(|e| e.seq), Some(3));
+    assert_eq!(log.get_by_id(None, "c").unwrap().map(|e| e.seq), Some(3));
     assert!(log.get(5).unwrap().is_none() && log.get(0).unwrap().is_none());
-    assert!(log.get_by_id("nope").unwrap().is_none());
+    assert!(log.get_by_id(None, "nope").unwrap().is_none());
     // Times never go backwards along seq.
     let all = read_all(&log, ReadQuery::default(), 100);
     assert!(all.windows(2).all(|w| w[0].time_us <= w[1].time_us));
@@ -336,7 +336,7 @@ fn idempotent_appends_and_conflicts<B: Backend>() {
     ]));
     assert!(matches!(r, Err(AppendError::Conflict { .. })), "{r:?}");
     assert_eq!(log.head(), 1);
-    assert!(log.get_by_id("new-1").unwrap().is_none());
+    assert!(log.get_by_id(None, "new-1").unwrap().is_none());
     // A batch with a duplicate of an earlier event and new ones: the duplicate keeps its seq.
     let r = rt
         .block_on(log.append(vec![
@@ -399,7 +399,7 @@ fn everything_survives_a_reopen<B: Backend>() {
             (b.seq, &b.event_id, &b.subject, b.time_us, b.payload.get())
         );
     }
-    assert_eq!(log.get_by_id("e17").unwrap().map(|e| e.seq), Some(18));
+    assert_eq!(log.get_by_id(None, "e17").unwrap().map(|e| e.seq), Some(18));
     // Idempotency holds across the reopen.
     let r = rt
         .block_on(log.append(vec![ev("e3", "s", "sub0", "t", json!({"i": 3}))]))
@@ -433,7 +433,7 @@ fn conditional_appends<B: Backend>() {
     }
     assert_eq!(log.head(), 1);
     assert!(
-        log.get_by_id("h2").unwrap().is_none(),
+        log.get_by_id(None, "h2").unwrap().is_none(),
         "a failed condition appends nothing"
     );
     // A retried conditional append that had succeeded is answered as a duplicate.
@@ -544,7 +544,10 @@ fn assert_refused<L: EventLog>(
         ),
         r => panic!("expected ExpectationFailed, got {r:?}"),
     }
-    assert!(log.get_by_id(id).unwrap().is_none(), "{id} was appended");
+    assert!(
+        log.get_by_id(None, id).unwrap().is_none(),
+        "{id} was appended"
+    );
     assert_eq!(log.head(), head);
 }
 
@@ -1385,11 +1388,136 @@ fn all_or_nothing_across_kill<B: Backend>(child_test: &str) {
                 batches.contains_key(b.as_str()),
                 "cycle {cycle}: acknowledged batch {b} lost"
             );
-            let first = log.get_by_id(&format!("{b}-0")).unwrap().expect("by id");
+            let first = log
+                .get_by_id(None, &format!("{b}-0"))
+                .unwrap()
+                .expect("by id");
             assert_eq!(Some(&first.seq), batches[b.as_str()].first());
         }
         B::close(log, &rt);
     }
+}
+
+/// Tenants (spec section 20) share a log and nothing else: an `event_id`, a (stream, subject)
+/// and its condition, a read's filters and lookups are each tenant's own; the default
+/// tenant's events are served as before tenants; a batch is one tenant's; all of it survives
+/// a reopen and an index merge.
+fn tenants_share_the_log_and_nothing_else<B: Backend>() {
+    let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
+    let log = B::open(dir.path());
+    let of = |t: &str, id: &str, subject: &str, n: u64| {
+        ev(id, "orders", subject, "order.placed", json!({"n": n}))
+            .in_tenant(t)
+            .expect("valid tenant")
+    };
+    // The same id, stream and subject in three tenants: three events.
+    let mut seqs = Vec::new();
+    for (i, t) in ["default", "acme", "beta"].into_iter().enumerate() {
+        let r = rt
+            .block_on(log.append(vec![of(t, "o-1", "x", i as u64)]))
+            .unwrap();
+        assert!(!r.events[0].duplicate, "{t}'s o-1 is not another tenant's");
+        seqs.push(r.events[0].seq);
+    }
+    assert_eq!(seqs, [1, 2, 3], "one dense log across tenants");
+    // A resend is a duplicate of the tenant's own event; other content conflicts with it.
+    let r = rt
+        .block_on(log.append(vec![of("acme", "o-1", "x", 1)]))
+        .unwrap();
+    assert_eq!((r.events[0].seq, r.events[0].duplicate), (2, true));
+    let e = rt
+        .block_on(log.append(vec![of("acme", "o-1", "x", 0)]))
+        .unwrap_err();
+    assert!(matches!(e, AppendError::Conflict { seq: 2, .. }), "{e:?}");
+    // A batch of two tenants is refused whole.
+    let e = rt
+        .block_on(log.append(vec![of("acme", "m-1", "y", 9), of("beta", "m-2", "y", 9)]))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AppendError::Invalid {
+                index: 1,
+                field: "tenant",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(log.head(), 3, "nothing of it was appended");
+    // A condition names the tenant's own (stream, subject): beta's x is at 3, acme's at 2.
+    let cond = |last| Condition::none().and_subject("orders", "x", last);
+    let e = rt
+        .block_on(log.append_if(vec![of("beta", "o-2", "x", 5)], cond(2)))
+        .unwrap_err();
+    assert!(matches!(e, AppendError::ExpectationFailed { .. }), "{e:?}");
+    let r = rt
+        .block_on(log.append_if(vec![of("beta", "o-2", "x", 5)], cond(3)))
+        .unwrap();
+    assert_eq!(r.events[0].seq, 4);
+    let r = rt
+        .block_on(log.append_if(vec![of("gamma", "o-1", "x", 6)], cond(0)))
+        .unwrap();
+    assert_eq!(r.events[0].seq, 5, "gamma's first x");
+    let check = |log: &B::L| {
+        // Lookups by id are the tenant's.
+        let id_of = |t: Option<&str>, id: &str| log.get_by_id(t, id).unwrap().map(|e| e.seq);
+        assert_eq!(
+            [
+                id_of(None, "o-1"),
+                id_of(Some("acme"), "o-1"),
+                id_of(Some("beta"), "o-2")
+            ],
+            [Some(1), Some(2), Some(4)]
+        );
+        assert_eq!(id_of(Some("acme"), "o-2"), None);
+        // Reads: a tenant's events alone, with or without filters.
+        let seqs_of = |tenant: Option<&str>, subject: Option<&str>| {
+            let q = ReadQuery {
+                tenant: tenant.map(Into::into),
+                subject: subject.map(Into::into),
+                ..ReadQuery::default()
+            };
+            read_all(log, q, 1)
+                .iter()
+                .map(|e| e.seq)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(seqs_of(Some("beta"), None), [3, 4]);
+        assert_eq!(seqs_of(Some("beta"), Some("x")), [3, 4]);
+        assert_eq!(seqs_of(Some("default"), None), [1]);
+        assert_eq!(
+            seqs_of(None, Some("x")),
+            [1],
+            "a filter alone names the default's"
+        );
+        assert_eq!(
+            seqs_of(None, None)[..5],
+            [1, 2, 3, 4, 5],
+            "no tenant: every tenant's"
+        );
+        // The served event names its tenant; the default tenant's does not.
+        let e = log.get(2).unwrap().unwrap();
+        assert_eq!((e.tenant(), e.tenant.as_deref()), ("acme", Some("acme")));
+        let json = serde_json::to_value(&e).unwrap();
+        assert_eq!(json["tenant"], "acme");
+        let d = serde_json::to_value(log.get(1).unwrap().unwrap()).unwrap();
+        assert!(
+            d.get("tenant").is_none(),
+            "the default tenant's envelope is as before"
+        );
+    };
+    check(&log);
+    // Past an index merge (the redb backend merges every 16 events) and a reopen.
+    for i in 0..40 {
+        let t = ["acme", "zeta"][i % 2];
+        rt.block_on(log.append(vec![of(t, &format!("pad-{i}"), "pad", 0)]))
+            .unwrap();
+    }
+    B::close(log, &rt);
+    let log = B::open(dir.path());
+    check(&log);
+    B::close(log, &rt);
 }
 
 macro_rules! contract {
@@ -1413,6 +1541,10 @@ macro_rules! contract {
         #[test]
         fn conditional_appends() {
             super::conditional_appends::<$backend>();
+        }
+        #[test]
+        fn tenants_share_the_log_and_nothing_else() {
+            super::tenants_share_the_log_and_nothing_else::<$backend>();
         }
         #[test]
         fn several_batches_at_once() {

@@ -489,6 +489,7 @@ mod decision_table {
     fn event(seq: u64, ty: &str, payload: Value) -> Event {
         Event {
             seq,
+            tenant: None,
             event_id: format!("e-{seq}"),
             stream: "task_events".into(),
             subject: "t".into(),

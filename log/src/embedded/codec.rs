@@ -3,9 +3,10 @@
 //! Byte map of one value of the `events` table (the key is the `u64` seq):
 //!
 //! ```text
-//! offset 0     u8      format version (currently 1)
-//! offset 1..   postcard(StoredV1):
-//!                varint-prefixed UTF-8  event_id
+//! offset 0     u8      format version: 1 (an event of the default tenant), 2 (of another)
+//! offset 1..   postcard(StoredV1):                 postcard(StoredV2):
+//!                                                    varint-prefixed UTF-8  tenant
+//!                varint-prefixed UTF-8  event_id   the fields of StoredV1, in order
 //!                varint-prefixed UTF-8  stream
 //!                varint-prefixed UTF-8  subject
 //!                varint-prefixed UTF-8  type
@@ -14,15 +15,19 @@
 //! ```
 //!
 //! A new format gets a new version byte and a new decoder arm; old versions stay readable
-//! (`tests/fixtures/v1.bin` is read by a test).
+//! (`tests/fixtures/v1.bin` is read by a test). The default tenant's events are still written
+//! as version 1, byte for byte what a log written before tenants holds (spec section 20).
 
 use serde::{Deserialize, Serialize};
 
 pub const FORMAT_V1: u8 = 1;
+pub const FORMAT_V2: u8 = 2;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct StoredV1<'a> {
-    #[serde(borrow)]
+/// A stored event, decoded from either version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Stored<'a> {
+    /// `None`: the default tenant (version 1).
+    pub tenant: Option<&'a str>,
     pub event_id: &'a str,
     pub stream: &'a str,
     pub subject: &'a str,
@@ -31,28 +36,80 @@ pub(crate) struct StoredV1<'a> {
     pub payload: &'a [u8],
 }
 
-pub(crate) fn encode(rec: &StoredV1<'_>, out: &mut Vec<u8>) {
-    out.clear();
-    out.push(FORMAT_V1);
-    // Serialising borrowed strings and bytes into a Vec cannot fail.
-    let body = postcard::to_extend(rec, std::mem::take(out)).unwrap_or_default();
-    *out = body;
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct StoredV1<'a> {
+    #[serde(borrow)]
+    event_id: &'a str,
+    stream: &'a str,
+    subject: &'a str,
+    event_type: &'a str,
+    time_us: i64,
+    payload: &'a [u8],
 }
 
-pub(crate) fn decode(bytes: &[u8]) -> Result<StoredV1<'_>, String> {
-    match bytes.split_first() {
-        Some((&FORMAT_V1, rest)) => postcard::from_bytes(rest).map_err(|e| e.to_string()),
-        Some((v, _)) => Err(format!("format version {v} is not known to this build")),
-        None => Err("empty record".to_owned()),
-    }
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct StoredV2<'a> {
+    #[serde(borrow)]
+    tenant: &'a str,
+    #[serde(borrow)]
+    v1: StoredV1<'a>,
+}
+
+pub(crate) fn encode(rec: &Stored<'_>, out: &mut Vec<u8>) {
+    out.clear();
+    let v1 = StoredV1 {
+        event_id: rec.event_id,
+        stream: rec.stream,
+        subject: rec.subject,
+        event_type: rec.event_type,
+        time_us: rec.time_us,
+        payload: rec.payload,
+    };
+    // Serialising borrowed strings and bytes into a Vec cannot fail.
+    let body = match rec.tenant {
+        None => {
+            out.push(FORMAT_V1);
+            postcard::to_extend(&v1, std::mem::take(out))
+        }
+        Some(tenant) => {
+            out.push(FORMAT_V2);
+            postcard::to_extend(&StoredV2 { tenant, v1 }, std::mem::take(out))
+        }
+    };
+    *out = body.unwrap_or_default();
+}
+
+pub(crate) fn decode(bytes: &[u8]) -> Result<Stored<'_>, String> {
+    let (tenant, v1) = match bytes.split_first() {
+        Some((&FORMAT_V1, rest)) => (
+            None,
+            postcard::from_bytes::<StoredV1>(rest).map_err(|e| e.to_string())?,
+        ),
+        Some((&FORMAT_V2, rest)) => {
+            let v2: StoredV2 = postcard::from_bytes(rest).map_err(|e| e.to_string())?;
+            (Some(v2.tenant), v2.v1)
+        }
+        Some((v, _)) => return Err(format!("format version {v} is not known to this build")),
+        None => return Err("empty record".to_owned()),
+    };
+    Ok(Stored {
+        tenant,
+        event_id: v1.event_id,
+        stream: v1.stream,
+        subject: v1.subject,
+        event_type: v1.event_type,
+        time_us: v1.time_us,
+        payload: v1.payload,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn sample() -> StoredV1<'static> {
-        StoredV1 {
+    fn sample() -> Stored<'static> {
+        Stored {
+            tenant: None,
             event_id: "evt-7f3a",
             stream: "task_events",
             subject: "task-1",
@@ -68,6 +125,22 @@ mod tests {
         encode(&sample(), &mut buf);
         assert_eq!(buf[0], FORMAT_V1);
         assert_eq!(decode(&buf).unwrap(), sample());
+    }
+
+    /// Another tenant's event is version 2; the default tenant's stays version 1, the same
+    /// bytes as the fixture written before tenants.
+    #[test]
+    fn a_tenant_is_version_2_and_the_default_stays_version_1() {
+        let mut buf = Vec::new();
+        let t = Stored {
+            tenant: Some("acme"),
+            ..sample()
+        };
+        encode(&t, &mut buf);
+        assert_eq!(buf[0], FORMAT_V2);
+        assert_eq!(decode(&buf).unwrap(), t);
+        encode(&sample(), &mut buf);
+        assert_eq!(&buf[..], include_bytes!("../../tests/fixtures/v1.bin"));
     }
 
     #[test]

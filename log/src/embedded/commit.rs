@@ -26,7 +26,7 @@ use std::sync::atomic::Ordering;
 use tokio::sync::oneshot;
 
 use super::Shared;
-use super::codec::{self, StoredV1};
+use super::codec::{self, Stored};
 use super::condition::{self, GroupLast};
 use super::ids::LazyRead;
 use super::tail::Tail;
@@ -288,8 +288,9 @@ fn fault_poison_after() -> Option<u64> {
 }
 
 /// The stored form of an accepted event, stamped with its group's time.
-fn stored(ev: &NewEvent, time_us: i64) -> StoredV1<'_> {
-    StoredV1 {
+fn stored(ev: &NewEvent, time_us: i64) -> Stored<'_> {
+    Stored {
+        tenant: ev.tenant.as_deref(),
         event_id: ev.event_id.as_deref().unwrap_or_default(),
         stream: &ev.stream,
         subject: &ev.subject,
@@ -393,7 +394,8 @@ impl Committer<'_> {
             let mut tail = shared.tail.write().unwrap_or_else(|p| p.into_inner());
             for (seq, ev) in &staged {
                 let id = ev.event_id.as_deref().unwrap_or_default();
-                tail.insert(*seq, id, &ev.stream, &ev.subject, &ev.event_type);
+                let keys = [id, &ev.stream, &ev.subject, &ev.event_type];
+                tail.insert(*seq, ev.tenant.as_deref(), keys);
             }
         }
         let new_head = staged.last().map(|(s, _)| *s).unwrap_or(self.core.head);
@@ -460,6 +462,7 @@ impl Committer<'_> {
                 match self.stage_request(&reader, &runs, tail, events, staged, &mut staged_ids)? {
                     Ok(results) if staged.len() > base && !m.req.condition.is_none() => {
                         match condition::failed(
+                            staged[base].1.tenant.as_deref(),
                             &m.req.condition,
                             self.core.head,
                             &staged[..base],
@@ -484,7 +487,7 @@ impl Committer<'_> {
                 }
                 Err(refused) => {
                     for (_, undone) in staged.drain(base..) {
-                        staged_ids.remove(undone.event_id.as_deref().unwrap_or_default());
+                        staged_ids.remove(&*undone.scoped_id());
                     }
                     m.outcome = Some(Err(refused));
                 }
@@ -507,13 +510,16 @@ impl Committer<'_> {
         let mut results = Vec::with_capacity(events.len());
         for ev in events {
             let id = ev.event_id.clone().unwrap_or_default();
-            let found = match staged_ids.get(&id) {
+            // The tenant's own ids: another tenant's event of the same id is another event.
+            let key = ev.scoped_id();
+            let found = match staged_ids.get(&*key) {
                 Some(&i) => Some(Found::Group(i)),
-                None => match tail.id(&id) {
+                None => match tail.id(&key) {
                     Some(seq) => Some(Found::Log(seq)),
-                    None => runs.lookup(reader, id.as_str())?.map(Found::Log),
+                    None => runs.lookup(reader, &key)?.map(Found::Log),
                 },
             };
+            let key = key.into_owned();
             let dup_of = match found {
                 None => None,
                 Some(Found::Group(i)) => {
@@ -533,7 +539,7 @@ impl Committer<'_> {
                 }
                 None => {
                     let seq = self.core.head + 1 + staged.len() as u64;
-                    staged_ids.insert(id.clone(), staged.len());
+                    staged_ids.insert(key, staged.len());
                     staged.push((seq, ev));
                     results.push(Appended {
                         event_id: id,

@@ -90,8 +90,9 @@ pub(crate) fn compact_in(txn: &WriteTransaction, through: u64) -> Result<Compact
             let (k, v) = row.map_err(st)?;
             let e = decode_event_ref(k.value(), v.value()).map_err(StorageError::of)?;
             for (set, key) in keys.iter_mut().zip([e.subject, e.event_type, e.stream]) {
-                if !set.contains(key) {
-                    set.insert(key.to_owned());
+                let key = crate::envelope::scoped(e.tenant, key);
+                if !set.contains(&*key) {
+                    set.insert(key.into_owned());
                 }
             }
             removed += 1;

@@ -13,11 +13,11 @@ use super::ids::LazyRead;
 use super::postings::{self, SUBJECT_BLOCKS};
 use super::tail::Tail;
 use crate::condition::Condition;
-use crate::envelope::NewEvent;
+use crate::envelope::{NewEvent, scoped};
 use crate::error::{AppendError, StorageError, storage};
 
 /// The last seq of each (stream, subject) among a group's accepted events: subject → (stream,
-/// seq), a subject having few streams.
+/// seq), a subject having few streams; both keys scoped to the event's tenant.
 #[derive(Debug, Default)]
 pub(crate) struct GroupLast {
     /// How many of the group's staged events are indexed.
@@ -32,14 +32,16 @@ impl GroupLast {
     fn catch_up(&mut self, staged: &[(u64, NewEvent)]) {
         debug_assert!(self.indexed <= staged.len(), "indexed events were unstaged");
         for (seq, ev) in staged.iter().skip(self.indexed) {
-            match self.last.get_mut(ev.subject.as_str()) {
-                Some(streams) => match streams.iter_mut().find(|(s, _)| *s == ev.stream) {
+            let tenant = ev.tenant.as_deref();
+            let (subject, stream) = (scoped(tenant, &ev.subject), scoped(tenant, &ev.stream));
+            match self.last.get_mut(&*subject) {
+                Some(streams) => match streams.iter_mut().find(|(s, _)| *s == *stream) {
                     Some((_, last)) => *last = *seq,
-                    None => streams.push((ev.stream.clone(), *seq)),
+                    None => streams.push((stream.into_owned(), *seq)),
                 },
                 None => {
                     self.last
-                        .insert(ev.subject.clone(), vec![(ev.stream.clone(), *seq)]);
+                        .insert(subject.into_owned(), vec![(stream.into_owned(), *seq)]);
                 }
             }
         }
@@ -58,7 +60,9 @@ impl GroupLast {
 /// `Some(ExpectationFailed)` naming the first part of `cond` (the head first, then the
 /// subjects in the order given) that does not hold for the log as it stands before a batch:
 /// the committed log up to `head`, then `staged`, the events the group accepted before it.
+/// The batch is `tenant`'s, and its condition names that tenant's streams and subjects.
 pub(crate) fn failed(
+    tenant: Option<&str>,
     cond: &Condition,
     head: u64,
     staged: &[(u64, NewEvent)],
@@ -69,17 +73,17 @@ pub(crate) fn failed(
     if !cond.subjects.is_empty() {
         group.catch_up(staged);
     }
-    crate::condition::first_failed(
-        cond,
-        head + staged.len() as u64,
-        |stream, subject| match group.get(stream, subject) {
+    crate::condition::first_failed(cond, head + staged.len() as u64, |stream, subject| {
+        let (stream, subject) = (scoped(tenant, stream), scoped(tenant, subject));
+        match group.get(&stream, &subject) {
             Some(seq) => Ok(seq),
-            None => last_of_subject(txn, tail, stream, subject, u64::MAX),
-        },
-    )
+            None => last_of_subject(txn, tail, &stream, &subject, u64::MAX),
+        }
+    })
 }
 
-/// The last committed seq `<= upto` of `stream` with `subject` (0: none): the in-memory tail
+/// The last committed seq `<= upto` of `stream` with `subject` (0: none; both scoped to their
+/// tenant, `envelope::scoped`): the in-memory tail
 /// first (it holds the newest events), then the merged subject index.
 pub(crate) fn last_of_subject(
     txn: &LazyRead<'_>,
@@ -122,5 +126,10 @@ mod tests {
         staged.push((4, ev("s", "x")));
         g.catch_up(&staged);
         assert_eq!((g.get("s", "x"), g.get("o", "x")), (Some(4), Some(2)));
+        // Another tenant's (stream, subject) is its own.
+        staged.push((5, ev("s", "x").in_tenant("acme").unwrap()));
+        g.catch_up(&staged);
+        assert_eq!(g.get("s", "x"), Some(4));
+        assert_eq!(g.get("acme\u{1f}s", "acme\u{1f}x"), Some(5));
     }
 }

@@ -59,6 +59,7 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use redb::Database;
 use tokio::sync::{oneshot, watch};
 
+use crate::envelope::scoped;
 use crate::{
     AppendError, AppendReceipt, Condition, Event, NewEvent, OpenError, ReadError, ReadPage,
     ReadQuery, StorageError,
@@ -505,10 +506,17 @@ impl Log {
     /// The seq of the last event of `stream` with `subject` at or before `upto` (0: none): the
     /// in-memory tail first, then the merged subject index. Bounded by a head read before, the
     /// answer is that of one point of the log even while a commit lands between the reads.
-    pub fn last_of(&self, stream: &str, subject: &str, upto: u64) -> Result<u64, StorageError> {
+    pub fn last_of(
+        &self,
+        tenant: Option<&str>,
+        stream: &str,
+        subject: &str,
+        upto: u64,
+    ) -> Result<u64, StorageError> {
         let tail = self.shared.tail.read().unwrap_or_else(|p| p.into_inner());
         let db = self.db();
-        condition::last_of_subject(&ids::LazyRead::new(&db), &tail, stream, subject, upto)
+        let (stream, subject) = (scoped(tenant, stream), scoped(tenant, subject));
+        condition::last_of_subject(&ids::LazyRead::new(&db), &tail, &stream, &subject, upto)
     }
 }
 
@@ -598,7 +606,8 @@ impl EventLog for Log {
 
     /// One event by its `event_id` (exact idempotency keeps `event_id → seq` for as long as the
     /// event is kept).
-    fn get_by_id(&self, event_id: &str) -> Result<Option<Event>, ReadError> {
+    fn get_by_id(&self, tenant: Option<&str>, event_id: &str) -> Result<Option<Event>, ReadError> {
+        let event_id = &*scoped(tenant, event_id);
         // The tail first: an id leaves it only after the merged index holding it committed, so
         // a miss there is found by a read transaction begun afterwards.
         let in_tail = self
@@ -763,12 +772,18 @@ impl Lookups for Log {
     /// the events the index tables cover (blocking): what a cursor at `after` still needs.
     fn next_of(
         &self,
+        tenant: Option<&str>,
         stream: &str,
         subject: &str,
         after: u64,
     ) -> Result<Option<u64>, StorageError> {
         use redb::ReadableDatabase;
         let txn = self.db().begin_read().map_err(StorageError::of)?;
-        compact::next_in_index(&txn, stream, subject, after)
+        // An empty subject is "any subject" (not one of the tenant's subjects).
+        let subject = match subject {
+            "" => std::borrow::Cow::Borrowed(""),
+            s => scoped(tenant, s),
+        };
+        compact::next_in_index(&txn, &scoped(tenant, stream), &subject, after)
     }
 }

@@ -76,7 +76,10 @@ impl Since {
         let head = self.head();
         let mut events = Vec::new();
         let mut next_after = head.max(q.after);
-        let filtered = q.stream.is_some() || q.subject.is_some() || q.event_type.is_some();
+        let filtered = q.tenant.is_some()
+            || q.stream.is_some()
+            || q.subject.is_some()
+            || q.event_type.is_some();
         for (seq, bytes) in self.records(head) {
             if filtered {
                 let e = decode_event_ref(seq, bytes)?;
@@ -109,8 +112,16 @@ impl Since {
     }
 }
 
+/// Whether `e` matches `q` (a filter without a tenant names the default tenant's keys, as
+/// the indexes read it: `store::read`).
 fn matches(e: &EventRef<'_>, q: &ReadQuery) -> bool {
-    q.stream.as_deref().is_none_or(|s| s == e.stream)
+    let keyed = q.stream.is_some() || q.subject.is_some() || q.event_type.is_some();
+    let tenant = match q.tenant.as_deref() {
+        Some(t) => e.tenant() == t,
+        None => !keyed || e.tenant.is_none(),
+    };
+    tenant
+        && q.stream.as_deref().is_none_or(|s| s == e.stream)
         && q.subject.as_deref().is_none_or(|s| s == e.subject)
         && q.event_type.as_deref().is_none_or(|t| t == e.event_type)
 }
@@ -265,10 +276,17 @@ mod tests {
             cases: 24,
             ..Config::default()
         });
-        let groups =
-            prop::collection::vec(prop::collection::vec((0..3u8, 0..4u8, 0..3u8), 1..9), 1..25);
+        // Each group is one tenant's (0: the default tenant).
+        let groups = prop::collection::vec(
+            (
+                0..3u8,
+                prop::collection::vec((0..3u8, 0..4u8, 0..3u8), 1..9),
+            ),
+            1..25,
+        );
         let queries = prop::collection::vec(
             (
+                prop::option::of(0..3u8),
                 0..200u64,
                 1..12usize,
                 prop::option::of(0..3u8),
@@ -286,8 +304,11 @@ mod tests {
                 let (log, _) =
                     crate::embedded::Log::open(&crate::embedded::LogConfig::in_dir(dir.path()))
                         .unwrap();
-                for g in &groups {
-                    let evs = g
+                let tenant = |t: u8| ["default", "acme", "beta"][t as usize];
+                // Every event appended, as (seq, tenant, stream, subject, type).
+                let mut all = Vec::new();
+                for (t, g) in &groups {
+                    let evs: Vec<_> = g
                         .iter()
                         .map(|&(st, su, ty)| {
                             crate::NewEvent::new(
@@ -298,9 +319,14 @@ mod tests {
                                 &serde_json::json!({"st": st, "su": su}),
                             )
                             .unwrap()
+                            .in_tenant(tenant(*t))
+                            .unwrap()
                         })
                         .collect();
-                    rt.block_on(log.append(evs)).unwrap();
+                    let r = rt.block_on(log.append(evs)).unwrap();
+                    for (a, &(st, su, ty)) in r.events.iter().zip(g) {
+                        all.push((a.seq, *t, st, su, ty));
+                    }
                 }
                 let head = log.head();
                 let key = |p: &ReadPage| {
@@ -313,8 +339,9 @@ mod tests {
                         p.head,
                     )
                 };
-                for (after, limit, st, su, ty) in queries {
+                for (t, after, limit, st, su, ty) in queries {
                     let q = ReadQuery {
+                        tenant: t.map(|t| tenant(t).to_owned()),
                         after: after.min(head + 1),
                         limit,
                         stream: st.map(|v| format!("s{v}")),
@@ -327,6 +354,26 @@ mod tests {
                     let disk = crate::embedded::store::read(&log.shared.db(), &log.shared.tail, &q)
                         .unwrap();
                     prop_assert_eq!(key(&mem), key(&disk), "{:?}", q);
+                    // The page is the query's tenant's matches (a filter without a tenant
+                    // names the default tenant's keys), the first `limit` after `after`.
+                    let filtered = st.is_some() || su.is_some() || ty.is_some();
+                    let want: Vec<u64> = all
+                        .iter()
+                        .filter(|&&(seq, et, est, esu, ety)| {
+                            seq > q.after
+                                && t.map_or(!filtered || et == 0, |t| et == t)
+                                && st.is_none_or(|v| v == est)
+                                && su.is_none_or(|v| v == esu)
+                                && ty.is_none_or(|v| v == ety)
+                        })
+                        .map(|e| e.0)
+                        .take(limit)
+                        .collect();
+                    let got: Vec<u64> = mem.events.iter().map(|e| e.seq).collect();
+                    prop_assert_eq!(got, want, "{:?}", q);
+                    for e in &mem.events {
+                        prop_assert_eq!(e.tenant(), tenant(all[e.seq as usize - 1].1));
+                    }
                 }
                 let chunk = |log: &crate::embedded::Log| {
                     let mut c = crate::EventChunk::default();

@@ -37,6 +37,7 @@ pub(crate) fn decode_event_ref(seq: u64, bytes: &[u8]) -> Result<EventRef<'_>, R
     })?;
     Ok(EventRef {
         seq,
+        tenant: rec.tenant,
         event_id: rec.event_id,
         stream: rec.stream,
         subject: rec.subject,
@@ -59,6 +60,7 @@ pub(crate) fn decode_event(seq: u64, bytes: &[u8]) -> Result<Event, ReadError> {
         })?;
     Ok(Event {
         seq,
+        tenant: rec.tenant.map(str::to_owned),
         event_id: rec.event_id.to_owned(),
         stream: rec.stream.to_owned(),
         subject: rec.subject.to_owned(),
@@ -196,7 +198,8 @@ pub(crate) fn open(
         let (k, v) = row.map_err(|e| st(e.into()))?;
         let seq = k.value();
         let rec = codec::decode(v.value()).map_err(|detail| OpenError::Format { seq, detail })?;
-        tail.insert(seq, rec.event_id, rec.stream, rec.subject, rec.event_type);
+        let keys = [rec.event_id, rec.stream, rec.subject, rec.event_type];
+        tail.insert(seq, rec.tenant, keys);
     }
     drop(events);
     drop(meta);
@@ -228,10 +231,10 @@ fn head_of(events: &redb::ReadOnlyTable<u64, &[u8]>) -> Result<u64, ReadError> {
 /// not the published head: a read model read a moment earlier (also in its own transaction)
 /// never names a seq this read cannot reach. The writer puts a group's events into the index
 /// tail before it commits them, so every event a transaction sees is indexed.
-pub(crate) fn read(
+pub(crate) fn read<'q>(
     db: &Database,
     tail: &RwLock<Tail>,
-    q: &ReadQuery,
+    q: &'q ReadQuery,
 ) -> Result<ReadPage, ReadError> {
     let st = |e: redb::Error| ReadError::Storage(storage(e));
     let limit = q.limit.max(1);
@@ -243,16 +246,19 @@ pub(crate) fn read(
     // Each filter given (subject, type, stream) has an index: the matches are the seqs in
     // every one of their posting lists, found by a leapfrog join, so the page holds up to
     // `limit` matches whenever they exist however rare they are (spec section 7).
-    let mut postings: Vec<(&str, Posting)> = Vec::new();
-    if let Some(subject) = &q.subject {
-        postings.push((subject.as_str(), Posting::Subject));
-    }
-    if let Some(ty) = &q.event_type {
-        postings.push((ty.as_str(), Posting::Type));
-    }
-    if let Some(stream) = &q.stream {
-        postings.push((stream.as_str(), Posting::Stream));
-    }
+    // The keys are the query's tenant's (`envelope::scoped`): another tenant's events of the
+    // same stream, subject or type are under other keys.
+    let tenant = q.tenant.as_deref().and_then(crate::envelope::tenant_of);
+    let scoped = |k: Option<&'q str>| k.map(|k| crate::envelope::scoped(tenant, k));
+    let keys = [
+        (scoped(q.subject.as_deref()), Posting::Subject),
+        (scoped(q.event_type.as_deref()), Posting::Type),
+        (scoped(q.stream.as_deref()), Posting::Stream),
+    ];
+    let postings: Vec<(&str, Posting)> = keys
+        .iter()
+        .filter_map(|(k, p)| Some((k.as_deref()?, *p)))
+        .collect();
     if !postings.is_empty() {
         let mut head_seen = None;
         let mut matched: Vec<u64> = Vec::new();
@@ -338,6 +344,11 @@ pub(crate) fn read(
     for row in events.range(q.after + 1..=head).map_err(|e| st(e.into()))? {
         let (k, v) = row.map_err(|e| st(e.into()))?;
         let seq = k.value();
+        // Only the query's tenant's, when it names one: no index lists a tenant's events
+        // alone, so a tenant's page without filters is a scan of its shard's log.
+        if q.tenant.is_some() && !of_tenant(&decode_event_ref(seq, v.value())?, q) {
+            continue;
+        }
         out.push(decode_event(seq, v.value())?);
         if out.len() >= limit {
             next_after = seq;
@@ -349,6 +360,11 @@ pub(crate) fn read(
         next_after,
         head,
     })
+}
+
+/// Whether `e` is of the tenant `q` names (any, when it names none).
+pub(crate) fn of_tenant(e: &EventRef<'_>, q: &ReadQuery) -> bool {
+    q.tenant.as_deref().is_none_or(|t| e.tenant() == t)
 }
 
 /// Seeks a join makes under one hold of the tail's lock.
@@ -486,7 +502,8 @@ fn build_postings(txn: &redb::WriteTransaction) -> Result<(), StorageError> {
             let seq = k.value();
             let rec = codec::decode(v.value())
                 .map_err(|detail| StorageError::msg(format!("event {seq}: {detail}")))?;
-            part.insert_postings(seq, rec.stream, rec.subject, rec.event_type);
+            let keys = [rec.event_id, rec.stream, rec.subject, rec.event_type];
+            part.insert_postings(seq, rec.tenant, keys);
             indexed += 1;
             if indexed.is_multiple_of(REBUILD_RUN) {
                 write_part(txn, &std::mem::take(&mut part))?;

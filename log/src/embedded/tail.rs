@@ -18,6 +18,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::envelope::scoped;
+
 /// A posting list: (seq, stream) in seq order.
 pub(crate) type Postings = Vec<(u64, Arc<str>)>;
 
@@ -42,13 +44,23 @@ impl Part {
         self.ids.len()
     }
 
-    fn insert(&mut self, seq: u64, event_id: &str, stream: &str, subject: &str, event_type: &str) {
-        self.ids.insert(event_id.to_owned(), seq);
-        self.insert_postings(seq, stream, subject, event_type);
+    fn insert(&mut self, seq: u64, tenant: Option<&str>, keys: [&str; 4]) {
+        let [event_id, ..] = keys;
+        self.ids.insert(scoped(tenant, event_id).into_owned(), seq);
+        self.insert_postings(seq, tenant, keys);
     }
 
-    /// Add one event to the subject, type and stream posting lists (not to the ids).
-    pub fn insert_postings(&mut self, seq: u64, stream: &str, subject: &str, event_type: &str) {
+    /// Add one event of `tenant` to the subject, type and stream posting lists (not to the
+    /// ids), under its keys scoped to the tenant (`envelope::scoped`). `keys`: event_id,
+    /// stream, subject, type.
+    pub fn insert_postings(&mut self, seq: u64, tenant: Option<&str>, keys: [&str; 4]) {
+        let [_, stream, subject, event_type] = keys;
+        let (stream, subject, event_type) = (
+            scoped(tenant, stream),
+            scoped(tenant, subject),
+            scoped(tenant, event_type),
+        );
+        let (stream, subject, event_type) = (&*stream, &*subject, &*event_type);
         self.last = seq;
         let stream = match self.streams.get(stream) {
             Some(s) => s.clone(),
@@ -125,19 +137,13 @@ impl Tail {
         self.active.len() + self.frozen.as_ref().map_or(0, |f| f.len())
     }
 
-    pub fn insert(
-        &mut self,
-        seq: u64,
-        event_id: &str,
-        stream: &str,
-        subject: &str,
-        event_type: &str,
-    ) {
-        self.active
-            .insert(seq, event_id, stream, subject, event_type);
+    /// Index event `seq` of `tenant` by its keys: event_id, stream, subject, type (each scoped
+    /// to the tenant here; the lookups below take keys scoped so).
+    pub fn insert(&mut self, seq: u64, tenant: Option<&str>, keys: [&str; 4]) {
+        self.active.insert(seq, tenant, keys);
     }
 
-    /// The seq of `event_id`, if the tail holds it.
+    /// The seq of `event_id` (scoped), if the tail holds it.
     pub fn id(&self, event_id: &str) -> Option<u64> {
         self.active
             .ids
@@ -200,11 +206,11 @@ mod tests {
     #[test]
     fn lookups_span_the_frozen_and_active_parts() {
         let mut t = Tail::new(10);
-        t.insert(11, "a", "s", "x", "t.1");
-        t.insert(12, "b", "s", "y", "t.1");
+        t.insert(11, None, ["a", "s", "x", "t.1"]);
+        t.insert(12, None, ["b", "s", "y", "t.1"]);
         let frozen = t.freeze().unwrap();
         assert_eq!(frozen.last, 12);
-        t.insert(13, "c", "s", "x", "t.2");
+        t.insert(13, None, ["c", "s", "x", "t.2"]);
         assert_eq!(
             (t.id("a"), t.id("c"), t.id("z")),
             (Some(11), Some(13), None)
@@ -218,5 +224,11 @@ mod tests {
         t.merged();
         assert_eq!(t.indexed_through, 12);
         assert_eq!((t.id("a"), t.id("c")), (None, Some(13)));
+        // Another tenant's event of the same stream, subject and id is under its own keys.
+        t.insert(14, Some("acme"), ["c", "s", "x", "t.1"]);
+        assert_eq!((t.id("c"), t.id("acme\u{1f}c")), (Some(13), Some(14)));
+        assert_eq!(t.last_of("s", "x", 99), Some(13));
+        assert_eq!(t.last_of("acme\u{1f}s", "acme\u{1f}x", 99), Some(14));
+        assert_eq!(t.postings(Posting::Type, "t.1")[1].len(), 0);
     }
 }

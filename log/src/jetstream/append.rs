@@ -208,6 +208,8 @@ impl JetStreamLog {
         // exactly; anything published since is within the server's window.
         self.catch_up(force).await?;
         let replica = &self.inner.replica;
+        // A batch is one tenant's (`prepare_batch`).
+        let tenant = events.first().and_then(|e| e.tenant.as_deref());
         let mut results: Vec<Option<Appended>> = Vec::with_capacity(events.len());
         let mut fresh: Vec<&NewEvent> = Vec::new();
         let mut in_batch: HashMap<&str, usize> = HashMap::new();
@@ -223,7 +225,7 @@ impl JetStreamLog {
                 results.push(None);
                 continue;
             }
-            match replica.get_by_id(id).map_err(read_err)? {
+            match replica.get_by_id(tenant, id).map_err(read_err)? {
                 Some(orig) if ev.same_content(&orig) => results.push(Some(Appended {
                     event_id: id.to_owned(),
                     seq: orig.seq,
@@ -251,7 +253,7 @@ impl JetStreamLog {
         }
         // The condition judged on the caught-up replica, as the embedded log judges it (the
         // exact refusal); the headers below hold it against whatever lands meanwhile.
-        let (head, failed) = self.judge(condition)?;
+        let (head, failed) = self.judge(tenant, condition)?;
         if let Some(failed) = failed {
             // A replica caught up a while ago may be behind: judge again on a fresh one
             // before refusing.
@@ -262,11 +264,11 @@ impl JetStreamLog {
             });
         }
         let at = at_us.unwrap_or_else(|| self.batch_time());
-        let msgs = self.messages(&fresh, condition, head, at)?;
+        let msgs = self.messages(tenant, &fresh, condition, head, at)?;
         let n = fresh.len() as u64;
         let ack = self.publish(msgs).await?;
         if let Some(err) = ack.error {
-            return Err(self.refused(err, condition).await);
+            return Err(self.refused(tenant, err, condition).await);
         }
         let (first, last) = if ack.duplicate {
             // One event the stream holds already (published meanwhile by another node, or by
@@ -353,6 +355,7 @@ impl JetStreamLog {
     /// several; each with `Nats-Msg-Id` = its event id, and the condition as headers.
     fn messages(
         &self,
+        tenant: Option<&str>,
         fresh: &[&NewEvent],
         condition: &Condition,
         head: u64,
@@ -361,10 +364,10 @@ impl JetStreamLog {
         let prefix = &self.inner.prefix;
         let subject_of: Vec<String> = fresh
             .iter()
-            .map(|e| nats_subject(prefix, &e.stream, &e.subject))
+            .map(|e| nats_subject(prefix, tenant, &e.stream, &e.subject))
             .collect();
         let (checks, hold_head) = place_checks(&subject_of, condition, |c| {
-            nats_subject(prefix, &c.stream, &c.subject)
+            nats_subject(prefix, tenant, &c.stream, &c.subject)
         });
         let hold_head = hold_head.then_some(head).or(condition.head);
         let n = fresh.len();
@@ -379,7 +382,8 @@ impl JetStreamLog {
                     h.insert("Nats-Batch-Commit", "1");
                 }
             }
-            h.insert("Nats-Msg-Id", ev.event_id.as_deref().unwrap_or_default());
+            // The server's duplicate window is the tenant's: its ids are its own.
+            h.insert("Nats-Msg-Id", &*ev.scoped_id());
             if i == 0
                 && let Some(s) = hold_head
             {
@@ -405,6 +409,7 @@ impl JetStreamLog {
                 None => {}
             }
             let body = serde_json::to_vec(&Body {
+                tenant,
                 id: ev.event_id.as_deref().unwrap_or_default(),
                 stream: &ev.stream,
                 subject: &ev.subject,
@@ -475,7 +480,7 @@ impl JetStreamLog {
     /// What a publish the server refused means: a condition that no longer holds (judged
     /// again on the caught-up replica, for the exact answer), a duplicate being published
     /// elsewhere or a condition that holds again (decide again), or a fault.
-    async fn refused(&self, e: ApiError, condition: &Condition) -> Attempt {
+    async fn refused(&self, tenant: Option<&str>, e: ApiError, condition: &Condition) -> Attempt {
         let d = e.description.to_ascii_lowercase();
         // A duplicate being published (10158, 10201, or met in a batch), a subject's last
         // sequence not known this moment (10163), the stream's open atomic batches all taken
@@ -487,7 +492,7 @@ impl JetStreamLog {
             if let Err(e) = self.catch_up(true).await {
                 return Attempt::Final(e);
             }
-            return match self.judge(condition) {
+            return match self.judge(tenant, condition) {
                 Ok((_, Some(failed))) => Attempt::Final(failed),
                 Ok((_, None)) => Attempt::Again,
                 Err(e) => Attempt::Final(e),
@@ -502,25 +507,33 @@ impl JetStreamLog {
     /// The condition judged at one point of the replica: the head it was judged at, and the
     /// part that failed there, if any. The head is what the publish then holds (a batch the
     /// replica took in after the judgment must not pass as judged).
-    fn judge(&self, condition: &Condition) -> Result<(u64, Option<AppendError>), AppendError> {
+    fn judge(
+        &self,
+        tenant: Option<&str>,
+        condition: &Condition,
+    ) -> Result<(u64, Option<AppendError>), AppendError> {
         let replica = &self.inner.replica;
         // One point of the replica: the head, and each subject as of that head (a batch
         // replicated between the reads is not half seen).
         let head = replica.head();
         let failed = crate::condition::first_failed(condition, head, |stream, subject| {
             replica
-                .last_of(stream, subject, head)
+                .last_of(tenant, stream, subject, head)
                 .map_err(AppendError::Storage)
         })?;
         Ok((head, failed))
     }
 
     /// The NATS subjects a conditional append names (each taken in turn on this node).
-    pub(super) fn condition_subjects(&self, condition: &Condition) -> Vec<String> {
+    pub(super) fn condition_subjects(
+        &self,
+        tenant: Option<&str>,
+        condition: &Condition,
+    ) -> Vec<String> {
         condition
             .subjects
             .iter()
-            .map(|c| nats_subject(&self.inner.prefix, &c.stream, &c.subject))
+            .map(|c| nats_subject(&self.inner.prefix, tenant, &c.stream, &c.subject))
             .collect()
     }
 }

@@ -93,6 +93,10 @@ async fn follow_once(
             body.event_type,
             &value,
         )
+        .and_then(|ev| match body.tenant {
+            Some(t) => ev.in_tenant(t),
+            None => Ok(ev),
+        })
         .map_err(|e| cluster_err(&format!("message {seq}"), format!("{e:?}")))?;
         // A batch is replicated whole: its messages are contiguous in the stream, the last
         // one carrying the commit.

@@ -191,6 +191,9 @@ impl OwnRuntime {
 /// The body of a message: the event as appended.
 #[derive(Serialize, Deserialize)]
 struct Body<'a> {
+    /// Absent: the default tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tenant: Option<&'a str>,
     id: &'a str,
     stream: &'a str,
     subject: &'a str,
@@ -588,11 +591,15 @@ fn subject_prefix(stream: &str) -> String {
     format!("tidemark.{}", hex::encode(stream))
 }
 
-/// The NATS subject of an event: one per (stream, subject), so that the server's per-subject
-/// sequence is the condition's "last event of this stream with this subject".
-fn nats_subject(prefix: &str, stream: &str, subject: &str) -> String {
+/// The NATS subject of an event: one per (tenant, stream, subject), so that the server's
+/// per-subject sequence is the condition's "last event of this stream with this subject".
+/// The default tenant's have no tenant token (the subjects of a stream written before
+/// tenants).
+fn nats_subject(prefix: &str, tenant: Option<&str>, stream: &str, subject: &str) -> String {
+    let tenant = tenant.map(|t| format!(".t{}", hex::encode(t)));
     format!(
-        "{prefix}.s{}.j{}",
+        "{prefix}{}.s{}.j{}",
+        tenant.unwrap_or_default(),
         hex::encode(stream),
         hex::encode(subject)
     )
@@ -612,7 +619,8 @@ impl JetStreamLog {
         let _turn = if condition.subjects.is_empty() {
             None
         } else {
-            let subjects = self.condition_subjects(&condition);
+            let tenant = events.first().and_then(|e| e.tenant.as_deref());
+            let subjects = self.condition_subjects(tenant, &condition);
             Some(self.inner.pipeline.subjects_turn(subjects).await)
         };
         let deadline = tokio::time::Instant::now() + self.inner.timeout;
@@ -676,8 +684,8 @@ impl EventLog for JetStreamLog {
         self.inner.replica.read(q)
     }
 
-    fn get_by_id(&self, event_id: &str) -> Result<Option<Event>, ReadError> {
-        self.inner.replica.get_by_id(event_id)
+    fn get_by_id(&self, tenant: Option<&str>, event_id: &str) -> Result<Option<Event>, ReadError> {
+        self.inner.replica.get_by_id(tenant, event_id)
     }
 
     fn head(&self) -> u64 {
@@ -757,7 +765,14 @@ mod tests {
         assert!(parse_version("2.12.2").unwrap() < MIN_SERVER);
         assert!(parse_version("2.15.1").unwrap() >= MIN_SERVER);
         let p = subject_prefix("TIDEMARK");
-        assert_eq!(nats_subject(&p, "a", ""), format!("{p}.s61.j"));
-        assert_ne!(nats_subject(&p, "a.b", "c"), nats_subject(&p, "a", "b.c"));
+        assert_eq!(nats_subject(&p, None, "a", ""), format!("{p}.s61.j"));
+        assert_ne!(
+            nats_subject(&p, None, "a.b", "c"),
+            nats_subject(&p, None, "a", "b.c")
+        );
+        assert_eq!(
+            nats_subject(&p, Some("b"), "a", ""),
+            format!("{p}.t62.s61.j")
+        );
     }
 }

@@ -153,6 +153,7 @@ impl EventsQuery {
         filter(&self.event_type, check_type)?;
         filter(&self.subject, check_subject)?;
         Ok(ReadQuery {
+            tenant: None,
             after,
             limit,
             stream: self.stream.clone(),

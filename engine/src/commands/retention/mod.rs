@@ -97,7 +97,7 @@ fn pinned_cut(
             continue;
         }
         if let Some(next) = log
-            .next_of(&c.stream_name, &c.subject_id, c.last_sequence)
+            .next_of(None, &c.stream_name, &c.subject_id, c.last_sequence)
             .map_err(log_st)?
         {
             cut = cut.min(next - 1);
