@@ -114,6 +114,8 @@ pub struct Engine<L = AnyLog> {
     knobs: Arc<std::sync::RwLock<decider::Knobs>>,
     /// The key of the redacting routes (section 14), from the configuration only.
     privacy: Option<Arc<privacy::Privacy>>,
+    /// The tenant this handle acts for (`None`: the default tenant): [`Engine::in_tenant`].
+    tenant: Option<Arc<str>>,
 }
 
 /// The models store beside the log of `cfg` (its file in the same directory).
@@ -212,7 +214,27 @@ impl<L: EventLog + Clone> Engine<L> {
             pages,
             knobs,
             privacy: None,
+            tenant: None,
         })
+    }
+
+    /// The same engine acting for `tenant` (spec section 20): its commands decide on that
+    /// tenant's models and append that tenant's events, its queries read that tenant's rows
+    /// and events, and its clients' events are appended as the tenant's. The default
+    /// tenant's name gives the engine as it was.
+    pub fn in_tenant(&self, tenant: &str) -> Engine<L> {
+        let tenant: Option<Arc<str>> = tidemark_log::tenant_of(tenant).map(Arc::from);
+        let mut e = self.clone();
+        e.queries.set_tenant(tenant.clone());
+        e.tenant = tenant;
+        e
+    }
+
+    /// The tenant this handle acts for, by name.
+    pub fn tenant(&self) -> &str {
+        self.tenant
+            .as_deref()
+            .unwrap_or(tidemark_log::DEFAULT_TENANT)
     }
 
     /// The same engine reading time from `clock` (tests drive due times with it).
@@ -325,7 +347,7 @@ impl<L: EventLog + Clone> Engine<L> {
         cmd: C,
     ) -> Result<(C::Answer, AppendReceipt), CommandError> {
         let name = C::NAME;
-        let r = self.decider.execute(cmd).await;
+        let r = self.decider.execute(self.tenant.clone(), cmd).await;
         let result = match &r {
             Ok(_) => "ok",
             Err(CommandError::Rejected { .. }) => "refused",
@@ -347,9 +369,13 @@ impl<L: EventLog + Clone> Engine<L> {
     /// dashboard-only notifications are never refused for the bound.
     pub async fn append_from_client(
         &self,
-        events: Vec<NewEvent>,
+        mut events: Vec<NewEvent>,
         max_pending: u64,
     ) -> Result<AppendReceipt, ClientAppendError> {
+        // The handle's tenant's events, whatever the client named.
+        for e in &mut events {
+            e.tenant = self.tenant.as_deref().map(str::to_owned);
+        }
         if !events
             .iter()
             .any(|e| EventType::parse(&e.event_type) == Some(EventType::NotificationRequested))

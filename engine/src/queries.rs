@@ -156,6 +156,8 @@ pub struct Queries<L = AnyLog> {
     privacy: Option<Arc<crate::privacy::Privacy>>,
     /// Wait for the models to reach the head (false: [`Queries::unwaited`]).
     wait: bool,
+    /// The tenant whose rows and events are read (`None`: the default tenant).
+    tenant: Option<Arc<str>>,
 }
 
 impl<L: EventLog + Clone> Queries<L> {
@@ -170,7 +172,19 @@ impl<L: EventLog + Clone> Queries<L> {
             progress,
             privacy: None,
             wait: true,
+            tenant: None,
         }
+    }
+
+    pub(crate) fn set_tenant(&mut self, tenant: Option<Arc<str>>) {
+        self.tenant = tenant;
+    }
+
+    /// One read transaction of the models, reading the tenant's rows.
+    fn snapshot(&self) -> Result<ModelsTxn, StorageError> {
+        let mut txn = self.models.read().snapshot()?;
+        txn.enter(self.tenant.as_deref());
+        Ok(txn)
     }
 
     /// The same queries as of whatever the models have folded, never waiting for the head: for
@@ -235,7 +249,16 @@ impl<L: EventLog + Clone> Queries<L> {
 
     /// A page of events as clients see them: webhook secrets redacted.
     pub fn events(&self, q: &ReadQuery) -> R<ReadPage> {
-        let mut page = self.log.read(q).map_err(|e| match e {
+        // The tenant's events alone.
+        let tenant = self
+            .tenant
+            .as_deref()
+            .unwrap_or(tidemark_log::DEFAULT_TENANT);
+        let q = ReadQuery {
+            tenant: Some(tenant.to_owned()),
+            ..q.clone()
+        };
+        let mut page = self.log.read(&q).map_err(|e| match e {
             tidemark_log::ReadError::Compacted { first } => QueryError::Compacted { first },
             e => QueryError::Log(StorageError::of(e)),
         })?;
@@ -252,7 +275,7 @@ impl<L: EventLog + Clone> Queries<L> {
 
     /// `f` asked of one read transaction of the models (through their views).
     fn on_models<T>(&self, f: impl FnOnce(&ModelsTxn) -> Result<T, StorageError>) -> R<T> {
-        Ok(f(&self.models.read().snapshot()?)?)
+        Ok(f(&self.snapshot()?)?)
     }
 
     /// `f` asked of the deliveries model's view, over one read transaction of the models.
@@ -332,7 +355,7 @@ impl<L: EventLog + Clone> Queries<L> {
     /// The notification settings last recorded in the log.
     pub fn current_settings(&self) -> R<Option<serde_json::Value>> {
         self.floor(0)?;
-        let txn = self.models.read().snapshot()?;
+        let txn = self.snapshot()?;
         Ok(tidemark_projections::settings::View::new(&txn)?.current()?)
     }
 
@@ -362,7 +385,7 @@ impl<L: EventLog + Clone> Queries<L> {
     /// A page of deliveries and the position of its last row when more may follow.
     pub fn deliveries(&self, f: &DeliveryFilter) -> R<Page<Delivery>> {
         self.floor(0)?;
-        let txn = self.models.read().snapshot()?;
+        let txn = self.snapshot()?;
         let view = deliveries::View::new(&txn)?;
         let clear = view.page(f)?;
         // Redacted deliveries carry the keyed hashes of the recipient and the notification id
@@ -507,14 +530,14 @@ impl<L: EventLog + Clone> Queries<L> {
     /// A cursor, or its zero state.
     pub fn cursor(&self, consumer_id: &str, stream_name: &str, subject_id: &str) -> R<Cursor> {
         self.floor(0)?;
-        let txn = self.models.read().snapshot()?;
+        let txn = self.snapshot()?;
         Ok(cursors::View::new(&txn)?.get(consumer_id, stream_name, subject_id)?)
     }
 
     /// Cursors (of one consumer), at most `limit`.
     pub fn cursors(&self, consumer_id: Option<&str>, limit: usize) -> R<Vec<Cursor>> {
         self.floor(0)?;
-        let txn = self.models.read().snapshot()?;
+        let txn = self.snapshot()?;
         Ok(cursors::View::new(&txn)?.page(consumer_id, limit)?)
     }
 
@@ -544,9 +567,8 @@ impl<L: EventLog + Clone> Queries<L> {
     /// Every cursor, and every active bridge subscription's cursor (zero or not), with its lag
     /// judged at `now_us`.
     pub fn lags(&self, now_us: i64, stuck_after_ms: u64) -> R<Vec<Lag>> {
-        let db = self.models.read();
         let first = self.log.first_seq().map_err(QueryError::Log)?;
-        let mut all = cursors::View::new(&db.snapshot()?)?.page(None, 100_000)?;
+        let mut all = cursors::View::new(&self.snapshot()?)?.page(None, 100_000)?;
         let known: std::collections::HashSet<(String, String, String)> = all
             .iter()
             .map(|c| {
@@ -557,7 +579,7 @@ impl<L: EventLog + Clone> Queries<L> {
                 )
             })
             .collect();
-        for sub in bridges::View::new(&db.snapshot()?)?.active()? {
+        for sub in bridges::View::new(&self.snapshot()?)?.active()? {
             let consumer =
                 tidemark_projections::names::ids::bridge_consumer(sub.subscription_id.as_str());
             let key = (

@@ -134,7 +134,7 @@ impl Models {
         let mut txn = self.db().begin_write().map_err(StorageError::of)?;
         txn.set_durability(Durability::None)
             .map_err(StorageError::of)?;
-        Ok(ModelsTxn(Inner::Redb(txn)))
+        Ok(ModelsTxn::of(Inner::Redb(txn)))
     }
 
     /// A write transaction whose commit is synced: a rebuild's (its chunks are few and large,
@@ -177,7 +177,7 @@ impl Models {
         max: u64,
         chunk: &mut EventChunk,
     ) -> Result<u64, framework::FoldError> {
-        match &mut txn.0 {
+        match &mut txn.inner {
             Inner::Redb(t) => framework::catch_up(TxMut::Redb(t), &all(), log, upto, max, chunk),
             Inner::Mem(m) => {
                 let at = framework::catch_up(TxMut::Mem(m), &all(), log, upto, max, chunk)?;
@@ -196,14 +196,14 @@ impl Models {
             at = at.min(Src::Mem(&o).meta(p.name())?.unwrap_or_default().checkpoint);
         }
         o.start_at(if at == u64::MAX { 0 } else { at });
-        Ok(ModelsTxn(Inner::Mem(o)))
+        Ok(ModelsTxn::of(Inner::Mem(o)))
     }
 
     /// Write a frozen layer of the overlay into the file, in a transaction that commits
     /// without a sync (the decider's writer thread); nothing when it is stale.
     pub fn write(&self, layer: &Layer) -> Result<Applied, StorageError> {
         let txn = self.begin()?;
-        let Inner::Redb(t) = &txn.0 else {
+        let Inner::Redb(t) = &txn.inner else {
             unreachable!("begin answers a redb transaction")
         };
         match layer.apply(t)? {
@@ -219,7 +219,7 @@ impl Models {
     /// The overlay `txn` learns that the writer wrote its oldest `n` frozen layers: it reads
     /// them from the file from now on.
     pub fn written(&self, txn: &mut ModelsTxn, n: usize) -> Result<(), StorageError> {
-        if let Inner::Mem(m) = &mut txn.0 {
+        if let Inner::Mem(m) = &mut txn.inner {
             m.written(n, self.db().begin_read().map_err(StorageError::of)?);
         }
         Ok(())

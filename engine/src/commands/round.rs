@@ -28,9 +28,13 @@ pub struct Round<'a> {
     pub(crate) shared_outbox: bool,
     /// The routes' paces (section 4).
     pub(crate) pacer: &'a crate::commands::outbox::Pacer,
+    /// The tenant of the command deciding (`None`: the default tenant).
+    pub(crate) tenant: Option<std::sync::Arc<str>>,
 }
 
-pub(crate) fn key(stream: &str, subject: &str) -> Vec<u8> {
+/// `stream ‖ 0 ‖ subject` of `tenant`'s subject (the stream scoped to the tenant).
+pub(crate) fn key(tenant: Option<&str>, stream: &str, subject: &str) -> Vec<u8> {
+    let stream = tidemark_log::scoped(tenant, stream);
     let mut k = Vec::with_capacity(stream.len() + 1 + subject.len());
     k.extend_from_slice(stream.as_bytes());
     k.push(0);
@@ -55,11 +59,14 @@ impl<'a> Round<'a> {
             pending_added: 0,
             shared_outbox: knobs.shared_outbox,
             pacer: &knobs.pacer,
+            tenant: None,
         }
     }
 
-    /// Whether an earlier command of the round appends to (or read) this subject.
+    /// Whether an earlier command of the round appends to (or read) this subject of the
+    /// deciding command's tenant.
     pub(crate) fn touches(&self, stream: &str, subject: &str) -> bool {
-        self.touched.contains(&key(stream, subject))
+        self.touched
+            .contains(&key(self.tenant.as_deref(), stream, subject))
     }
 }

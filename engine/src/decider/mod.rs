@@ -201,9 +201,11 @@ impl Decider {
         }
     }
 
-    /// Decide `cmd` and append what it decided; the answer and the log's receipt.
+    /// Decide `cmd` for `tenant` (`None`: the default tenant) and append what it decided;
+    /// the answer and the log's receipt.
     pub async fn execute<C: Command>(
         &self,
+        tenant: Option<Arc<str>>,
         cmd: C,
     ) -> Result<(C::Answer, AppendReceipt), CommandError> {
         let (reply, rx) = oneshot::channel();
@@ -214,6 +216,7 @@ impl Decider {
                 reply: Some(reply),
             }),
             attempts: 0,
+            tenant,
         };
         match self.tx.try_send(Msg::Job(job)) {
             Ok(()) => {}

@@ -105,6 +105,9 @@ impl<C: Command> Job for Typed<C> {
 pub(super) struct Queued {
     pub(super) job: Box<dyn Job>,
     pub(super) attempts: u32,
+    /// The tenant it acts for (`None`: the default tenant): it decides on that tenant's
+    /// models and appends to its events (spec section 20).
+    pub(super) tenant: Option<std::sync::Arc<str>>,
 }
 
 impl Queued {

@@ -534,10 +534,9 @@ impl<L: EventLog + Clone> State<L> {
             self.refuse_queued(&e);
             return;
         }
-        let Some(owned) = self.txn.take() else {
+        let Some(mut owned) = self.txn.take() else {
             return;
         };
-        let txn = &owned;
         let mut round = Round::new(now_us, head, &self.log, &knobs);
         let mut later: VecDeque<Queued> = VecDeque::new();
         let mut sends: Vec<Send> = Vec::new();
@@ -554,10 +553,16 @@ impl<L: EventLog + Clone> State<L> {
                 }
                 continue;
             }
+            // The command's tenant's models, subjects and events.
+            owned.enter(q.tenant.as_deref());
+            round.tenant.clone_from(&q.tenant);
+            let txn = &owned;
             let decided = q.job.decide(txn, &mut round);
             // The leases the pace admitted for this decision: given back unless appended.
             let paced = pacer.admitted();
-            let Decided { events, reads, .. } = match decided {
+            let Decided {
+                mut events, reads, ..
+            } = match decided {
                 Ok(d) => d,
                 Err(e) => {
                     pacer.release(&paced);
@@ -572,6 +577,9 @@ impl<L: EventLog + Clone> State<L> {
                     last_seq: head,
                 }));
                 continue;
+            }
+            for e in &mut events {
+                e.tenant = q.tenant.as_deref().map(str::to_owned);
             }
             // The subjects the decision rests on: those of the followed streams it appends
             // to, and those it read.
@@ -598,7 +606,9 @@ impl<L: EventLog + Clone> State<L> {
                         break;
                     }
                 }
-                round.touched.insert(key(stream, subject));
+                round
+                    .touched
+                    .insert(key(q.tenant.as_deref(), stream, subject));
             }
             if let Some(e) = failed {
                 pacer.release(&paced);
@@ -608,6 +618,7 @@ impl<L: EventLog + Clone> State<L> {
             sends.push((q, events, condition, paced));
         }
         drop(round);
+        owned.enter(None);
         self.txn = Some(owned);
         if let Some(q) = compact {
             // A compaction commits snapshots of its own: what is folded goes first.

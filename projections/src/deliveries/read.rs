@@ -215,7 +215,7 @@ impl View<'_> {
             .collect();
         // The bridge webhook subscriptions' endpoints, under `[notifications.circuit]`.
         out.extend(
-            crate::bridges::View::over(self.t.src())?
+            crate::bridges::View::over(self.t.src(), self.t.tenant())?
                 .endpoints()?
                 .into_iter()
                 .map(|e| (e, settings.circuit)),

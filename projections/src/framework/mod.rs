@@ -5,7 +5,10 @@
 //! of their request's arrival (`tidemark_engine::Queries`). The decider folds into in-memory
 //! layers ([`Overlay`]) that the models store's writer commits after the reply.
 //!
-//! Tables of a projection are named `p.<projection>.<table>.g<generation>`. A rebuild folds the
+//! Tables of a projection are named `p.<projection>.<table>.g<generation>`, and another
+//! tenant's than the default's `p.<projection>@<tenant>.<table>.g<generation>` (spec section
+//! 20: each event is folded into its tenant's tables, and a view reads one tenant's; the
+//! digest chain is one per projection, across its tenants). A rebuild folds the
 //! log into generation `g+1` in chunks, and in the transaction that catches it up with the
 //! head it switches the projection's meta row to `g+1` and drops generation `g`: readers see the
 //! old model or the new one, never a half-built one.
@@ -62,14 +65,19 @@ macro_rules! txn_view {
         }
 
         impl<'t> View<'t> {
+            /// The view of the transaction's tenant's rows (`ModelsTxn::tenant`).
             pub fn new(txn: &'t crate::framework::ModelsTxn) -> Result<Self, StorageError> {
-                Self::over(txn.src())
+                Self::over(txn.src(), txn.tenant())
             }
 
-            /// The view over `src` (another model's view's transaction).
-            pub(crate) fn over(src: crate::framework::Src<'t>) -> Result<Self, StorageError> {
+            /// The view over `src` of `tenant`'s rows (another model's view's transaction
+            /// and tenant).
+            pub(crate) fn over(
+                src: crate::framework::Src<'t>,
+                tenant: Option<&str>,
+            ) -> Result<Self, StorageError> {
                 Ok(View {
-                    t: crate::framework::Tables::new(src, $name)?,
+                    t: crate::framework::Tables::new(src, tenant, $name)?,
                 })
             }
         }
@@ -166,6 +174,21 @@ impl<F: Fold> Projection for F {
 
 pub(crate) fn table_name(proj: &str, table: &str, generation: u32) -> String {
     format!("p.{proj}.{table}.g{generation}")
+}
+
+/// The table of `tenant`'s rows (spec section 20): the default tenant's is the table as it
+/// was before tenants ([`table_name`]), another's `p.<projection>@<tenant>.<table>.g<n>`. A
+/// tenant's tables are made at its first write: a tenant never used costs no table.
+pub(crate) fn tenant_table_name(
+    tenant: Option<&str>,
+    proj: &str,
+    table: &str,
+    generation: u32,
+) -> String {
+    match tenant {
+        None => table_name(proj, table, generation),
+        Some(t) => format!("p.{proj}@{t}.{table}.g{generation}"),
+    }
 }
 
 pub(crate) type Bytes = &'static [u8];

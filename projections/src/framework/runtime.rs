@@ -62,19 +62,21 @@ pub(crate) fn fold_events(
     Ok(st.changed_at.take().unwrap_or_default())
 }
 
-/// Drop every table of projection `name` whose generation is not `keep`.
+/// Drop every table of projection `name` (every tenant's) whose generation is not `keep`.
 pub(crate) fn drop_other_generations(
     txn: &WriteTransaction,
     name: &str,
     keep: u32,
 ) -> Result<usize, StorageError> {
-    let prefix = format!("p.{name}.");
+    let (prefix, of_tenant) = (format!("p.{name}."), format!("p.{name}@"));
     let keep_suffix = format!(".g{keep}");
     let stale: Vec<String> = txn
         .list_tables()
         .map_err(StorageError::of)?
         .map(|h| h.name().to_owned())
-        .filter(|n| n.starts_with(&prefix) && !n.ends_with(&keep_suffix))
+        .filter(|n| {
+            (n.starts_with(&prefix) || n.starts_with(&of_tenant)) && !n.ends_with(&keep_suffix)
+        })
         .collect();
     for n in &stale {
         // Table types differ (digests are u64-keyed); delete by untyped name.

@@ -1,6 +1,8 @@
 //! A fold's write access to one projection's tables: writes coalesced until a flush, rows kept
 //! decoded between events, every write hashed into the running digest.
 
+use std::sync::Arc;
+
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use tidemark_log::{EventRef, StorageError};
@@ -12,20 +14,31 @@ use super::cached::{Cached, CachedRow, Row};
 use super::overlay::Overlay;
 use super::tables::TableRef;
 use super::tables::decode;
-use super::{DIGESTS, Meta, Projection, Tables, table_name};
+use super::{DIGESTS, Meta, Projection, Tables, table_name, tenant_table_name};
 
-/// Write access to one projection's tables at one generation, recording the digest.
+/// A table of one tenant: the index of the tenant in [`Store::tenants`], and the table.
+type Slot = (u16, &'static str);
+
+/// Write access to one projection's tables at one generation, recording the digest. Each
+/// event is folded into its tenant's tables (spec section 20): the fold names a table, the
+/// store picks the event's tenant's.
 pub struct Store<'t> {
     tables: Dst<'t>,
+    proj: &'static str,
+    generation: u32,
+    /// The tenants folded so far; index 0 is the default tenant.
+    tenants: Vec<Option<Arc<str>>>,
+    /// The tenant of the event being folded (its index in `tenants`).
+    cur: u16,
     /// Writes not yet in the tables: a fold of many events touches the same rows again and
     /// again (a task gets ~8 events), so they are coalesced here and written once, sorted by
     /// key, by `flush`. The digest does not see this: it hashes every write as it is made.
-    pending: FxHashMap<&'static str, FxHashMap<Vec<u8>, Option<Vec<u8>>>>,
+    pending: FxHashMap<Slot, FxHashMap<Vec<u8>, Option<Vec<u8>>>>,
     pending_len: usize,
     /// Rows kept decoded between events ([`Store::take_row`] / [`Store::put_row`]): a row a
     /// fold rewrites at every event (a task) is decoded once and encoded once per flush, not
     /// at each event. Encoded into `pending` by `flush` (or when read as bytes).
-    rows: FxHashMap<&'static str, FxHashMap<Vec<u8>, Decoded>>,
+    rows: FxHashMap<Slot, FxHashMap<Vec<u8>, Decoded>>,
     /// Reused buffer that the digest hashes an encoded row from.
     scratch: Vec<u8>,
     /// Digests at the boundaries passed, not yet written.
@@ -37,57 +50,65 @@ pub struct Store<'t> {
     changed: bool,
 }
 
-/// Where a [`Store`] writes: a redb transaction's tables, or the decider's overlay.
+/// Where a [`Store`] writes: a redb transaction's tables (each tenant's opened at its first
+/// event), or the decider's overlay.
 enum Dst<'t> {
-    Redb(Box<Tables<'t>>),
+    Redb {
+        txn: &'t redb::WriteTransaction,
+        /// By tenant index.
+        tables: Vec<Option<Box<Tables<'t>>>>,
+    },
     Mem {
         mem: &'t mut Overlay,
-        proj: &'static str,
-        generation: u32,
         /// The tables' full names.
-        names: FxHashMap<&'static str, String>,
+        names: FxHashMap<Slot, String>,
     },
 }
 
-impl Dst<'_> {
-    /// The projection and generation written.
-    fn at(&self) -> (&'static str, u32) {
+impl<'t> Dst<'t> {
+    /// `table` of `tenant` (index `slot.0`) as it stands with what was written to it.
+    fn table(
+        &mut self,
+        slot: Slot,
+        tenant: Option<&Arc<str>>,
+        proj: &'static str,
+        generation: u32,
+    ) -> Result<TableRef<'_>, StorageError> {
         match self {
-            Dst::Redb(t) => (t.proj, t.generation),
-            Dst::Mem {
-                proj, generation, ..
-            } => (proj, *generation),
-        }
-    }
-
-    /// `table`'s full name.
-    fn name(&mut self, table: &'static str) -> String {
-        let (proj, generation) = self.at();
-        match self {
-            Dst::Redb(_) => table_name(proj, table, generation),
-            Dst::Mem { names, .. } => names
-                .entry(table)
-                .or_insert_with(|| table_name(proj, table, generation))
-                .clone(),
-        }
-    }
-
-    /// `table` as it stands with what was written to it.
-    fn table(&mut self, table: &'static str) -> Result<TableRef<'_>, StorageError> {
-        match self {
-            Dst::Redb(t) => t.table(table),
-            Dst::Mem {
-                mem,
-                proj,
-                generation,
-                names,
-            } => {
-                let name = names
-                    .entry(table)
-                    .or_insert_with(|| table_name(proj, table, *generation));
+            Dst::Redb { .. } => self.redb(slot.0, tenant, proj, generation)?.table(slot.1),
+            Dst::Mem { mem, names } => {
+                let name = names.entry(slot).or_insert_with(|| {
+                    tenant_table_name(tenant.map(|t| &**t), proj, slot.1, generation)
+                });
                 Ok(TableRef::Mem(mem, name.as_str()))
             }
         }
+    }
+
+    /// The redb tables of the tenant at `index`.
+    fn redb(
+        &mut self,
+        index: u16,
+        tenant: Option<&Arc<str>>,
+        proj: &'static str,
+        generation: u32,
+    ) -> Result<&mut Tables<'t>, StorageError> {
+        let Dst::Redb { txn, tables } = self else {
+            return Err(StorageError::msg("the overlay has no redb tables"));
+        };
+        let i = usize::from(index);
+        if tables.len() <= i {
+            tables.resize_with(i + 1, || None);
+        }
+        let txn: &'t redb::WriteTransaction = txn;
+        Ok(tables[i].get_or_insert_with(|| {
+            Box::new(Tables::at(
+                Src::Redb(txn),
+                tenant.cloned(),
+                proj,
+                generation,
+            ))
+        }))
     }
 }
 
@@ -120,16 +141,19 @@ impl<'t> Store<'t> {
     pub(super) fn new(tx: TxMut<'t>, proj: &'static str, generation: u32) -> Self {
         Store {
             tables: match tx {
-                TxMut::Redb(txn) => {
-                    Dst::Redb(Box::new(Tables::at(Src::Redb(txn), proj, generation)))
-                }
+                TxMut::Redb(txn) => Dst::Redb {
+                    txn,
+                    tables: Vec::new(),
+                },
                 TxMut::Mem(mem) => Dst::Mem {
                     mem,
-                    proj,
-                    generation,
                     names: FxHashMap::default(),
                 },
             },
+            proj,
+            generation,
+            tenants: vec![None],
+            cur: 0,
             pending: FxHashMap::default(),
             pending_len: 0,
             rows: FxHashMap::default(),
@@ -141,36 +165,63 @@ impl<'t> Store<'t> {
         }
     }
 
+    /// `table` of the tenant of the event being folded.
+    fn slot(&self, table: &'static str) -> Slot {
+        (self.cur, table)
+    }
+
+    /// `slot`'s table as it stands with what was written to it.
+    fn table(&mut self, slot: Slot) -> Result<TableRef<'_>, StorageError> {
+        let tenant = self.tenants[usize::from(slot.0)].as_ref();
+        self.tables.table(slot, tenant, self.proj, self.generation)
+    }
+
+    /// Fold into `tenant`'s tables from now on.
+    fn enter(&mut self, tenant: Option<&str>) -> Result<(), StorageError> {
+        let at = self
+            .tenants
+            .iter()
+            .position(|t| t.as_deref() == tenant)
+            .unwrap_or(self.tenants.len());
+        if at == self.tenants.len() {
+            let index = u16::try_from(at)
+                .map_err(|_| StorageError::msg("one fold met more than 65,535 tenants"))?;
+            self.tenants.push(tenant.map(Arc::from));
+            self.cur = index;
+        } else {
+            self.cur = at as u16;
+        }
+        Ok(())
+    }
+
     pub fn get(
         &mut self,
         table: &'static str,
         key: &[u8],
     ) -> Result<Option<Vec<u8>>, StorageError> {
-        if let Some(d) = self.rows.get(table).and_then(|t| t.get(key)) {
+        let table = self.slot(table);
+        if let Some(d) = self.rows.get(&table).and_then(|t| t.get(key)) {
             let mut out = Vec::new();
-            d.row(table)?.encode(&mut out)?;
+            d.row(table.1)?.encode(&mut out)?;
             return Ok(Some(out));
         }
-        if let Some(v) = self.pending.get(table).and_then(|t| t.get(key)) {
+        if let Some(v) = self.pending.get(&table).and_then(|t| t.get(key)) {
             return Ok(v.clone());
         }
-        Ok(self
-            .tables
-            .table(table)?
-            .get(key)?
-            .map(|v| v.value().to_vec()))
+        Ok(self.table(table)?.get(key)?.map(|v| v.value().to_vec()))
     }
 
     /// Whether `key` has a row (a row kept decoded is not encoded to answer).
     pub fn contains(&mut self, table: &'static str, key: &[u8]) -> Result<bool, StorageError> {
-        if let Some(d) = self.rows.get(table).and_then(|t| t.get(key)) {
-            d.row(table)?;
+        let table = self.slot(table);
+        if let Some(d) = self.rows.get(&table).and_then(|t| t.get(key)) {
+            d.row(table.1)?;
             return Ok(true);
         }
-        if let Some(v) = self.pending.get(table).and_then(|t| t.get(key)) {
+        if let Some(v) = self.pending.get(&table).and_then(|t| t.get(key)) {
             return Ok(v.is_some());
         }
-        Ok(self.tables.table(table)?.get(key)?.is_some())
+        Ok(self.table(table)?.get(key)?.is_some())
     }
 
     /// Take a row out to fold it, decoded: from the rows kept decoded when it is there
@@ -183,7 +234,8 @@ impl<'t> Store<'t> {
         table: &'static str,
         key: &[u8],
     ) -> Result<Option<T>, StorageError> {
-        if let Some(d) = self.rows.get_mut(table).and_then(|t| t.get_mut(key)) {
+        let slot = self.slot(table);
+        if let Some(d) = self.rows.get_mut(&slot).and_then(|t| t.get_mut(key)) {
             let row = d.row.take().ok_or_else(|| taken(table))?;
             return match T::from_cached(row) {
                 Ok(row) => Ok(Some(row)),
@@ -196,11 +248,10 @@ impl<'t> Store<'t> {
                 }
             };
         }
-        if let Some(v) = self.pending.get(table).and_then(|t| t.get(key)) {
+        if let Some(v) = self.pending.get(&slot).and_then(|t| t.get(key)) {
             return v.as_deref().map(T::decode).transpose();
         }
-        self.tables
-            .table(table)?
+        self.table(slot)?
             .get(key)?
             .map(|v| T::decode(v.value()))
             .transpose()
@@ -221,12 +272,13 @@ impl<'t> Store<'t> {
         self.note(table, key, Some(&buf));
         self.scratch = buf;
         // The bytes staged earlier (if any) are superseded by the decoded row.
-        if let Some(t) = self.pending.get_mut(table)
+        let slot = self.slot(table);
+        if let Some(t) = self.pending.get_mut(&slot)
             && t.remove(key).is_some()
         {
             self.pending_len -= 1;
         }
-        let t = self.rows.entry(table).or_default();
+        let t = self.rows.entry(slot).or_default();
         let d = Decoded {
             row: Some(row.into_cached()),
         };
@@ -247,8 +299,9 @@ impl<'t> Store<'t> {
         value: &[u8],
     ) -> Result<(), StorageError> {
         self.note(table, key, Some(value));
-        if self.rows.get(table).is_none_or(|t| !t.contains_key(key))
-            && let Some(Some(staged)) = self.pending.get_mut(table).and_then(|t| t.get_mut(key))
+        let slot = self.slot(table);
+        if self.rows.get(&slot).is_none_or(|t| !t.contains_key(key))
+            && let Some(Some(staged)) = self.pending.get_mut(&slot).and_then(|t| t.get_mut(key))
         {
             // Written again (a counter, an index row): reuse the staged buffer.
             staged.clear();
@@ -289,7 +342,7 @@ impl<'t> Store<'t> {
     ) -> Result<Vec<Vec<u8>>, StorageError> {
         self.flush()?;
         let mut out = Vec::new();
-        for row in self.tables.table(table)?.range(prefix..)? {
+        for row in self.table(self.slot(table))?.range(prefix..)? {
             let (k, _) = row.map_err(StorageError::of)?;
             if !k.value().starts_with(prefix) {
                 break;
@@ -308,11 +361,12 @@ impl<'t> Store<'t> {
         table: &'static str,
         prefix: &[u8],
     ) -> Result<Option<Vec<u8>>, StorageError> {
-        if let Some(rows) = self.pending.remove(table) {
+        let slot = self.slot(table);
+        if let Some(rows) = self.pending.remove(&slot) {
             self.pending_len -= rows.len();
-            self.write_staged(table, rows)?;
+            self.write_staged(slot, rows)?;
         }
-        let mut range = self.tables.table(table)?.range(prefix..)?;
+        let mut range = self.table(slot)?.range(prefix..)?;
         match range.next() {
             Some(row) => {
                 let (k, _) = row.map_err(StorageError::of)?;
@@ -328,12 +382,13 @@ impl<'t> Store<'t> {
     }
 
     fn stage(&mut self, table: &'static str, key: &[u8], value: Option<Vec<u8>>) {
-        if let Some(t) = self.rows.get_mut(table)
+        let slot = self.slot(table);
+        if let Some(t) = self.rows.get_mut(&slot)
             && t.remove(key).is_some()
         {
             self.pending_len -= 1;
         }
-        let t = self.pending.entry(table).or_default();
+        let t = self.pending.entry(slot).or_default();
         match t.get_mut(key) {
             Some(slot) => *slot = value,
             None => {
@@ -373,8 +428,20 @@ impl<'t> Store<'t> {
     fn note(&mut self, table: &str, key: &[u8], value: Option<&[u8]>) {
         self.changed = true;
         let h = &mut self.change;
-        h.update(&(table.len() as u32).to_le_bytes());
-        h.update(table.as_bytes());
+        // Another tenant's write hashes as `tenant ␟ table` (the default tenant's as the
+        // table alone, as before tenants: its digests are unchanged).
+        match &self.tenants[usize::from(self.cur)] {
+            None => {
+                h.update(&(table.len() as u32).to_le_bytes());
+                h.update(table.as_bytes());
+            }
+            Some(t) => {
+                h.update(&((t.len() + 1 + table.len()) as u32).to_le_bytes());
+                h.update(t.as_bytes());
+                h.update(&[0x1f]);
+                h.update(table.as_bytes());
+            }
+        }
         h.update(&(key.len() as u32).to_le_bytes());
         h.update(key);
         match value {
@@ -404,6 +471,7 @@ impl<'t> Store<'t> {
         }
         self.change.reset();
         self.changed = false;
+        self.enter(ev.tenant)?;
         p.apply(self, ev)?;
         if self.changed {
             let mut h = blake3::Hasher::new();
@@ -429,11 +497,15 @@ impl<'t> Store<'t> {
     /// Write `table`'s staged rows (a `None` removes), sorted by key.
     fn write_staged(
         &mut self,
-        table: &'static str,
+        slot: Slot,
         rows: FxHashMap<Vec<u8>, Option<Vec<u8>>>,
     ) -> Result<(), StorageError> {
-        if let Dst::Redb(tables) = &mut self.tables {
-            let t = tables.table_mut(table)?;
+        let tenant = self.tenants[usize::from(slot.0)].as_ref();
+        if let Dst::Redb { .. } = &self.tables {
+            let t = self
+                .tables
+                .redb(slot.0, tenant, self.proj, self.generation)?
+                .table_mut(slot.1)?;
             let mut rows: Vec<_> = rows.into_iter().collect();
             rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
             for (key, value) in rows {
@@ -445,20 +517,22 @@ impl<'t> Store<'t> {
             }
             return Ok(());
         }
-        let name = self.tables.name(table);
-        if let Dst::Mem { mem, .. } = &mut self.tables {
-            mem.active().put_all(&name, rows);
+        if let Dst::Mem { mem, names } = &mut self.tables {
+            let name = names.entry(slot).or_insert_with(|| {
+                tenant_table_name(tenant.map(|t| &**t), self.proj, slot.1, self.generation)
+            });
+            mem.active().put_all(name, rows);
         }
         Ok(())
     }
 
     /// Write the coalesced changes into the tables. Must be called before the store is dropped.
     pub(super) fn flush(&mut self) -> Result<(), StorageError> {
-        for (table, rows) in std::mem::take(&mut self.rows) {
-            let t = self.pending.entry(table).or_default();
+        for (slot, rows) in std::mem::take(&mut self.rows) {
+            let t = self.pending.entry(slot).or_default();
             for (key, d) in rows {
                 let mut out = Vec::new();
-                d.row(table)?.encode(&mut out)?;
+                d.row(slot.1)?.encode(&mut out)?;
                 t.insert(key, Some(out));
             }
         }
@@ -469,13 +543,10 @@ impl<'t> Store<'t> {
             self.write_staged(table, rows)?;
         }
         if !self.boundaries.is_empty() {
-            let (proj, generation) = self.tables.at();
-            let name = table_name(proj, DIGESTS, generation);
+            // One digest chain per projection, across its tenants.
+            let name = table_name(self.proj, DIGESTS, self.generation);
             match &mut self.tables {
-                Dst::Redb(tables) => {
-                    let Src::Redb(txn) = tables.src else {
-                        unreachable!("a redb destination reads its own transaction")
-                    };
+                Dst::Redb { txn, .. } => {
                     let def: TableDefinition<u64, &[u8]> = TableDefinition::new(&name);
                     let mut t = txn.open_table(def).map_err(StorageError::of)?;
                     for (seq, d) in self.boundaries.drain(..) {

@@ -27,13 +27,15 @@ pub const STREAMS: [Stream; 7] = [
     Stream::Endpoints,
 ];
 
-/// `stream ‖ 0 ‖ subject` → seq of its last event.
+/// `stream ‖ 0 ‖ subject` → seq of its last event, the stream scoped to its tenant
+/// (`tidemark_log::scoped`: as it was for the default tenant).
 const LAST: TableDefinition<&[u8], u64> = TableDefinition::new(SUBJECT_LAST_TABLE);
 /// Bookkeeping of the models store: `subjects` → the seq the table reflects.
 const META: TableDefinition<&str, u64> = TableDefinition::new(MODELS_META_TABLE);
 const CHECKPOINT: &str = "subjects";
 
-fn key(stream: &str, subject: &str) -> Vec<u8> {
+fn key(tenant: Option<&str>, stream: &str, subject: &str) -> Vec<u8> {
+    let stream = tidemark_log::scoped(tenant, stream);
     let mut k = Vec::with_capacity(stream.len() + 1 + subject.len());
     k.extend_from_slice(stream.as_bytes());
     k.push(0);
@@ -70,27 +72,30 @@ pub fn record(mut tx: TxMut<'_>, events: &[EventRef<'_>], upto: u64) -> Result<(
         TxMut::Redb(txn) => {
             let mut t = txn.open_table(LAST).map_err(StorageError::of)?;
             for e in events.iter().filter(|e| followed(e.stream)) {
-                t.insert(key(e.stream, e.subject).as_slice(), e.seq)
+                t.insert(key(e.tenant, e.stream, e.subject).as_slice(), e.seq)
                     .map_err(StorageError::of)?;
             }
         }
         TxMut::Mem(_) => {
             for e in events.iter().filter(|e| followed(e.stream)) {
-                tx.put_u64(LAST, &key(e.stream, e.subject), e.seq)?;
+                tx.put_u64(LAST, &key(e.tenant, e.stream, e.subject), e.seq)?;
             }
         }
     }
     tx.put_str_u64(META, CHECKPOINT, upto)
 }
 
-/// The seq of the last event of `(stream, subject)` as the models store has it (0: none, or
+/// The seq of the last event of `tenant`'s `(stream, subject)` as the models store has it (0: none, or
 /// every one of them is before `first_seq`, compacted).
 pub(crate) fn last(
     src: Src<'_>,
+    tenant: Option<&str>,
     stream: &str,
     subject: &str,
     first_seq: u64,
 ) -> Result<u64, StorageError> {
-    let seq = src.get_u64(LAST, &key(stream, subject))?.unwrap_or(0);
+    let seq = src
+        .get_u64(LAST, &key(tenant, stream, subject))?
+        .unwrap_or(0);
     Ok(if seq < first_seq { 0 } else { seq })
 }

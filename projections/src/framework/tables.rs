@@ -6,6 +6,7 @@
 
 use std::cell::OnceCell;
 use std::ops::RangeBounds;
+use std::sync::Arc;
 
 use redb::{ReadableTable, TableDefinition};
 use serde::Deserialize;
@@ -14,15 +15,18 @@ use tidemark_log::StorageError;
 use super::access::Src;
 use super::cached::Row;
 use super::overlay::{Merge, Overlay, Val};
-use super::{Bytes, table_name};
+use super::{Bytes, tenant_table_name};
 
 /// The most tables one projection opens in one transaction (the deliveries model has 29).
 const SLOTS: usize = 40;
 
-/// A projection's tables in one transaction, each opened once and held while it lasts, so
-/// that several are read at once (the lists' paged join) through a shared borrow.
+/// A projection's tables of one tenant in one transaction, each opened once and held while
+/// it lasts, so that several are read at once (the lists' paged join) through a shared
+/// borrow.
 pub(crate) struct Tables<'t> {
     pub(super) src: Src<'t>,
+    /// `None`: the default tenant.
+    tenant: Option<Arc<str>>,
     pub(super) proj: &'static str,
     pub(super) generation: u32,
     open: [OnceCell<Open<'t>>; SLOTS],
@@ -37,15 +41,25 @@ struct Open<'t> {
 }
 
 impl<'t> Tables<'t> {
-    /// The projection's tables at its current generation.
-    pub fn new(src: Src<'t>, proj: &'static str) -> Result<Self, StorageError> {
+    /// `tenant`'s tables of the projection at its current generation.
+    pub fn new(
+        src: Src<'t>,
+        tenant: Option<&str>,
+        proj: &'static str,
+    ) -> Result<Self, StorageError> {
         let generation = src.meta(proj)?.unwrap_or_default().generation;
-        Ok(Self::at(src, proj, generation))
+        Ok(Self::at(src, tenant.map(Arc::from), proj, generation))
     }
 
-    pub(super) fn at(src: Src<'t>, proj: &'static str, generation: u32) -> Self {
+    pub(super) fn at(
+        src: Src<'t>,
+        tenant: Option<Arc<str>>,
+        proj: &'static str,
+        generation: u32,
+    ) -> Self {
         Tables {
             src,
+            tenant,
             proj,
             generation,
             open: [const { OnceCell::new() }; SLOTS],
@@ -57,6 +71,11 @@ impl<'t> Tables<'t> {
         self.src
     }
 
+    /// The tenant whose tables these are (`None`: the default tenant).
+    pub(crate) fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
+    }
+
     /// `table`, opened at its first use (created empty, in a write transaction, when the
     /// projection has not written it yet).
     fn slot(&self, table: &'static str) -> Result<&Open<'t>, StorageError> {
@@ -65,7 +84,12 @@ impl<'t> Tables<'t> {
                 Some(o) if o.table == table => return Ok(o),
                 Some(_) => continue,
                 None => {
-                    let name = table_name(self.proj, table, self.generation);
+                    let name = tenant_table_name(
+                        self.tenant.as_deref(),
+                        self.proj,
+                        table,
+                        self.generation,
+                    );
                     let redb = match self.src {
                         Src::Redb(txn) => {
                             let def: TableDefinition<Bytes, Bytes> = TableDefinition::new(&name);

@@ -57,7 +57,7 @@ impl View<'_> {
         f: &NotificationFilter,
     ) -> Result<NotificationsWithTaskSeq, StorageError> {
         let (rows, next) = self.page(f)?;
-        let tasks = tasks::View::over(self.t.src())?;
+        let tasks = tasks::View::over(self.t.src(), self.t.tenant())?;
         let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
         let mut out = Vec::with_capacity(rows.len());
         for n in rows {
@@ -166,7 +166,7 @@ impl View<'_> {
         };
         // Its deliveries on redacting routes carry the intent key in place of its id.
         let keys: Vec<&str> = std::iter::once(id).chain(intent_key).collect();
-        let deliveries = crate::deliveries::View::over(self.t.src())?;
+        let deliveries = crate::deliveries::View::over(self.t.src(), self.t.tenant())?;
         let found = deliveries.rows_of_notification(&keys, STATUS_DELIVERIES_MAX)?;
         let canceled = deliveries.notification_canceled(id)?;
         // A canceled notification whose digest let it go has no delivery left: cancelled.
