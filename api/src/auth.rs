@@ -44,6 +44,8 @@ struct Token {
     name: String,
     hash: [u8; 32],
     scopes: Vec<String>,
+    /// The tenant it acts for; `None`: every tenant (`*`).
+    tenant: Option<Arc<str>>,
     /// Its `rate`, when it has one.
     bucket: Option<Mutex<Bucket>>,
 }
@@ -129,6 +131,7 @@ impl Auth {
                     name: t.name.clone(),
                     hash,
                     scopes: t.scopes.clone(),
+                    tenant: (t.tenant != "*").then(|| Arc::from(t.tenant.as_str())),
                     // Validated at config load.
                     bucket: t
                         .rate
@@ -154,6 +157,7 @@ impl Auth {
                 name: None,
                 scopes: Scope::ALL.iter().map(|s| s.name().to_owned()).collect(),
                 open: true,
+                tenant: "*".to_owned(),
             });
         }
         let token = self.token(authorization)?;
@@ -161,6 +165,7 @@ impl Auth {
             name: Some(token.name.clone()),
             scopes: token.scopes.clone(),
             open: false,
+            tenant: token.tenant.as_deref().unwrap_or("*").to_owned(),
         })
     }
 
@@ -242,6 +247,8 @@ pub struct Identity {
     pub scopes: Vec<String>,
     /// The server runs without tokens (loopback only).
     pub open: bool,
+    /// The tenant the token acts for, or `*`: every tenant (spec section 20).
+    pub tenant: String,
 }
 
 /// The token of an `Authorization: Bearer <token>` header; the scheme is case-insensitive
@@ -272,6 +279,15 @@ impl Auth {
     /// the requests remaining (every answer to it carries `RateLimit-Remaining`, a 403, a 404,
     /// a 400 included), or past the limit the `429` with `Retry-After` (none remain). Requests
     /// without a valid token are left to the scope check.
+    /// The tenant the request's token acts for; `None`: every tenant (a `*` token, or open
+    /// mode). The token was found by [`Auth::take_rate`].
+    pub(crate) fn tenant_of(&self, req: &Request) -> Option<Arc<str>> {
+        let Some(Caller(Some(i))) = req.extensions().get::<Caller>() else {
+            return None;
+        };
+        self.tokens[*i].tenant.clone()
+    }
+
     pub(crate) fn take_rate(&self, req: &mut Request) -> Result<Option<u64>, ApiError> {
         if self.is_open() {
             return Ok(None);
@@ -345,6 +361,7 @@ mod tests {
             sha256: hex::encode(Sha256::digest(text.as_bytes())),
             scopes: scopes.iter().map(|s| s.to_string()).collect(),
             rate: None,
+            tenant: "*".into(),
         }
     }
 

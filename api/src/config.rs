@@ -157,6 +157,15 @@ pub struct TokenConfig {
     /// requests refilled continuously over the period (spec section 8). None: no limit.
     #[serde(default)]
     pub rate: Option<String>,
+    /// The tenant the token acts for (spec section 20); `"*"` (the default): the deployment's
+    /// operators, who name a tenant by a path prefix (`/tenants/{tenant}/v1/…`) or act for the
+    /// default tenant.
+    #[serde(default = "any_tenant")]
+    pub tenant: String,
+}
+
+fn any_tenant() -> String {
+    "*".to_owned()
 }
 
 impl std::fmt::Debug for TokenConfig {
@@ -166,6 +175,7 @@ impl std::fmt::Debug for TokenConfig {
             .field("sha256", &"<redacted>")
             .field("scopes", &self.scopes)
             .field("rate", &self.rate)
+            .field("tenant", &self.tenant)
             .finish()
     }
 }
@@ -273,6 +283,14 @@ impl Config {
                     "auth token {:?}: rate {r:?} must be <count>/<s|m|h> with a count of 1 to \
                      1000000 (e.g. \"100/m\")",
                     t.name
+                ));
+            }
+            if t.tenant != "*"
+                && let Err(e) = tidemark_log::check_tenant(&t.tenant)
+            {
+                return bad(format!(
+                    "auth token {:?}: tenant {:?}: {e} (or \"*\" for every tenant)",
+                    t.name, t.tenant
                 ));
             }
             if let Some(s) = t.scopes.iter().find(|s| !SCOPES.contains(&s.as_str())) {

@@ -131,6 +131,8 @@ impl<S> FrontService<S> {
                     .check_scope(req, scope)
                     .map_err(refused)?;
             }
+            let path = path.clone();
+            crate::tenancy::resolve(&self.front.state, req, path.as_str()).map_err(refused)?;
         }
         Ok(remaining)
     }

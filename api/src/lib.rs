@@ -7,6 +7,8 @@
 //! - `front`: the checks before every handler (request id, shutdown, rate limit, unknown
 //!   parameters, scopes, request metrics); `auth`: bearer tokens and scopes; `error`:
 //!   problem+json.
+//! - `tenancy`: the tenant a request acts for (the `/tenants/{tenant}` prefix and the
+//!   token's tenant); `state::Api`, what handlers read, holds the engine acting for it.
 //! - [`cli`]: the `tidemark` command line.
 
 #![forbid(unsafe_code)]
@@ -25,6 +27,7 @@ pub mod request_id;
 pub mod routes;
 pub mod server;
 pub mod state;
+mod tenancy;
 pub mod tls;
 
 pub use server::{RunError, router, run};

@@ -25,7 +25,8 @@ use crate::auth::{Auth, Scope};
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::routes::{
-    admin, bridges, cursors, deliveries, events, lists, notifications, ops, routing, sources, tasks,
+    admin, bridges, cursors, deliveries, events, lists, notifications, ops, routing, sources,
+    tasks, tenants,
 };
 use crate::state::{AppState, Shared};
 
@@ -163,6 +164,8 @@ pub fn router(state: AppState) -> Router {
     let operator = scoped(
         OpenApiRouter::new()
             .routes(routes!(admin::list))
+            .routes(routes!(tenants::list))
+            .routes(routes!(tenants::show))
             .routes(routes!(admin::rebuild_one))
             .routes(routes!(admin::verify_one))
             .routes(routes!(admin::cluster))
@@ -187,7 +190,9 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(sources::reset))
             .routes(routes!(admin::run_retention))
             .routes(routes!(admin::backup))
-            .routes(routes!(admin::backup_stream)),
+            .routes(routes!(admin::backup_stream))
+            .routes(routes!(tenants::create))
+            .routes(routes!(tenants::delete)),
         Scope::Admin,
     );
     // Any valid token (the handler identifies the caller itself).
@@ -218,7 +223,7 @@ pub fn router(state: AppState) -> Router {
     crate::openapi::shape(&mut doc, state.config.server.max_wait_ms);
     let allowed = Arc::new(crate::params::Allowed::from_doc(&doc));
     let _ = state.openapi.set(crate::openapi::to_json(&doc));
-    router
+    let router = router
         .fallback(|| async { ApiError::not_found("no such resource") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -248,7 +253,10 @@ pub fn router(state: AppState) -> Router {
                 }))
                 .layer(DefaultBodyLimit::max(state.config.server.max_body_bytes)),
         )
-        .with_state(state)
+        .with_state(state);
+    // A tenant's paths (`/tenants/{tenant}/v1/…`) reach the same routes, the prefix taken off
+    // before routing (`tenancy`).
+    Router::new().fallback_service(crate::tenancy::TenantPrefix { inner: router })
 }
 
 /// Browsers on the listed origins may call the API (section 8): preflight answered, the

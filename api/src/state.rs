@@ -61,3 +61,81 @@ impl Shared {
         self.shutting_down.load(Ordering::SeqCst)
     }
 }
+
+/// The state as a handler reads it: the shared state, and the engine acting for the
+/// request's tenant (spec section 20, [`crate::tenancy`]): its commands, appends and reads
+/// are that tenant's alone. Built per request; a request of the default tenant clones nothing.
+#[derive(Clone)]
+pub struct Api {
+    shared: AppState,
+    /// The tenant's engine; `None`: the default tenant's, the shared one.
+    scoped: Option<Engine>,
+}
+
+impl Api {
+    /// The engine acting for the request's tenant.
+    pub fn engine(&self) -> &Engine {
+        self.scoped.as_ref().unwrap_or(&self.shared.engine)
+    }
+
+    /// The tenant the request acts for, by name.
+    pub fn tenant(&self) -> &str {
+        self.engine().tenant()
+    }
+
+    /// The shared state (what outlives the request: streams, hubs).
+    pub fn shared(&self) -> &AppState {
+        &self.shared
+    }
+}
+
+impl std::ops::Deref for Api {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
+}
+
+impl axum::extract::FromRequestParts<AppState> for Api {
+    type Rejection = crate::error::ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &AppState,
+    ) -> Result<Api, crate::error::ApiError> {
+        let acting = parts
+            .extensions
+            .get::<crate::tenancy::Acting>()
+            .and_then(|a| a.0.clone());
+        let Some(tenant) = acting else {
+            return Ok(Api {
+                shared: state.clone(),
+                scoped: None,
+            });
+        };
+        // In the directory, and not removed: read as of the head (a tenant created a moment
+        // ago is found), on the blocking pool only when the models lag it.
+        let (t, engine) = (tenant.clone(), state.engine.clone());
+        let live = move || -> Result<bool, tidemark_engine::QueryError> {
+            let q = engine.read();
+            q.floor(0)?;
+            Ok(q.tenant(&t)?.is_some_and(|r| r.is_live()))
+        };
+        let live = if state.engine.read().folded_now(state.engine.head()) {
+            live().map_err(|e| crate::error::ApiError::query("reading the tenants", &e))?
+        } else {
+            crate::routes::blocking(live).await?
+        };
+        if !live {
+            return Err(crate::error::ApiError::new(
+                axum::http::StatusCode::NOT_FOUND,
+                "tenant_not_found",
+                format!("no tenant {:?}", &*tenant),
+            ));
+        }
+        Ok(Api {
+            shared: state.clone(),
+            scoped: Some(state.engine.in_tenant(&tenant)),
+        })
+    }
+}

@@ -75,14 +75,32 @@ async fn compact(engine: &Engine, window_ms: u64) -> Result<CompactReport, Comma
     Ok(t)
 }
 
-/// Purge everything that left the window by now; the totals of every command it took (the
-/// first one's `before` and `through_seq`).
+/// Purge everything that left the window by now, in every tenant; the totals of every
+/// command it took (the first one's `before` and `through_seq`).
 async fn purge(
     engine: &Engine,
     window_ms: u64,
     by: Option<Option<String>>,
 ) -> Result<RetentionReport, CommandError> {
+    let e = engine.clone();
+    let tenants = tokio::task::spawn_blocking(move || e.every_tenant())
+        .await
+        .map_err(|e| CommandError::Storage(tidemark_log::StorageError::of(e)))?
+        .map_err(|e| CommandError::Storage(tidemark_log::StorageError::of(e)))?;
     let mut total: Option<RetentionReport> = None;
+    for (tenant, _) in &tenants {
+        purge_in(tenant, window_ms, by.clone(), &mut total).await?;
+    }
+    finish_purge(total)
+}
+
+/// Purge one tenant's, adding to `total`.
+async fn purge_in(
+    engine: &Engine,
+    window_ms: u64,
+    by: Option<Option<String>>,
+    total: &mut Option<RetentionReport>,
+) -> Result<(), CommandError> {
     loop {
         let (r, _) = engine
             .execute(Purge {
@@ -92,8 +110,8 @@ async fn purge(
             })
             .await?;
         let more = r.more;
-        match &mut total {
-            None => total = Some(r),
+        match total {
+            None => *total = Some(r),
             Some(t) => {
                 t.deliveries += r.deliveries;
                 t.notifications += r.notifications;
@@ -102,9 +120,13 @@ async fn purge(
             }
         }
         if !more {
-            break;
+            return Ok(());
         }
     }
+}
+
+/// The purge's totals counted and logged.
+fn finish_purge(total: Option<RetentionReport>) -> Result<RetentionReport, CommandError> {
     let mut t = total.unwrap_or_default();
     t.more = false;
     for (kind, n) in [

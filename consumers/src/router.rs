@@ -29,7 +29,7 @@ fn fault_delay() -> Option<Duration> {
 /// Where the router resumes: the highest source seq the notifications model has seen
 /// (blocking).
 pub(crate) fn checkpoint(engine: &Engine) -> Result<u64, StorageError> {
-    Ok(engine.read().router_checkpoint()?)
+    Ok(engine.least_checkpoint(|q| q.router_checkpoint())?)
 }
 
 /// Whether `ev` is a lifecycle event the router may derive a notification from.
@@ -40,6 +40,8 @@ pub(crate) fn derives_from(ev: &EventRef<'_>) -> bool {
 
 /// The notification of lifecycle event `ev` ([`derives_from`]), if its payload routes one.
 fn derive(engine: &Engine, ev: &Event) -> Result<Option<NewEvent>, StorageError> {
+    // The event's tenant's task, and a notification of that tenant (spec section 20).
+    let engine = &engine.in_tenant(ev.tenant());
     let task_id = TaskId::new(ev.subject.as_str());
     let task = engine.read().task(&task_id)?;
     // A completion of a run that had not started (no `task.run_started` before it) is a
@@ -66,6 +68,7 @@ fn derive(engine: &Engine, ev: &Event) -> Result<Option<NewEvent>, StorageError>
         EventType::NotificationCreated,
         &payload,
     )
+    .and_then(|n| n.in_tenant(ev.tenant()))
     .map(Some)
     .map_err(StorageError::of)
 }
@@ -109,7 +112,11 @@ pub(crate) async fn run(
                         if let Some(d) = delay {
                             tokio::time::sleep(d).await;
                         }
-                        for chunk in derived.chunks(limits::BATCH_MAX_EVENTS) {
+                        // A batch is one tenant's: the runs of one tenant, in order.
+                        for chunk in derived
+                            .chunk_by(|a, b| a.tenant == b.tenant)
+                            .flat_map(|run| run.chunks(limits::BATCH_MAX_EVENTS))
+                        {
                             if !append_all(&engine, chunk.to_vec(), &shutdown).await {
                                 return;
                             }

@@ -28,7 +28,7 @@ const EXPIRE_BATCH: usize = 1_000;
 
 /// Where routing resumes: the last notification or cancellation it handled (blocking).
 pub(crate) fn checkpoint(engine: &Engine) -> Result<u64, StorageError> {
-    Ok(engine.read().routing_checkpoint()?)
+    Ok(engine.least_checkpoint(|q| q.routing_checkpoint())?)
 }
 
 /// What routing takes from a page: notifications to route and task cancellations.
@@ -60,8 +60,12 @@ pub(crate) async fn run(engine: Engine, after: u64, mut feed: Feed, shutdown: Ca
             .filter(|e| e.seq > after && relevant(&e.as_ref()))
             .cloned()
             .collect();
-        if !source.is_empty() && !run_route(&engine, source, &shutdown).await {
-            return;
+        // Each tenant's sources routed by its own routes, into its own deliveries.
+        for run in source.chunk_by(|a, b| a.tenant == b.tenant) {
+            let tenant = engine.in_tenant(run[0].tenant());
+            if !run_route(&tenant, run.to_vec(), &shutdown).await {
+                return;
+            }
         }
     }
 }
@@ -96,6 +100,31 @@ async fn run_route(engine: &Engine, source: Vec<Event>, shutdown: &CancellationT
 
 /// Release expired leases now; answers how many were released.
 pub async fn expire_now(engine: &Engine) -> Result<usize, CommandError> {
+    let e = engine.clone();
+    let tenants = tokio::task::spawn_blocking(move || e.every_tenant())
+        .await
+        .map_err(|e| CommandError::Storage(StorageError::of(e)))?
+        .map_err(|e| CommandError::Storage(StorageError::of(e)))?;
+    let mut total = 0;
+    for (tenant, _) in tenants {
+        total += expire_in(&tenant).await?;
+    }
+    Ok(total)
+}
+
+/// The earliest expiry of a lease held in any tenant.
+fn earliest_lease_expiry(engine: &Engine) -> Result<Option<i64>, tidemark_engine::QueryError> {
+    let mut earliest = None;
+    for (tenant, _) in engine.every_tenant()? {
+        if let Some(at) = tenant.read().earliest_lease_expiry()? {
+            earliest = Some(earliest.map_or(at, |e: i64| e.min(at)));
+        }
+    }
+    Ok(earliest)
+}
+
+/// Release one tenant's expired leases.
+async fn expire_in(engine: &Engine) -> Result<usize, CommandError> {
     let mut total = 0;
     loop {
         let (n, _) = engine.execute(ExpireLeases { max: EXPIRE_BATCH }).await?;
@@ -128,7 +157,7 @@ pub(crate) async fn expiry_loop(
         let held = if first {
             Some(i64::MIN)
         } else {
-            match engine.read().earliest_lease_expiry() {
+            match earliest_lease_expiry(&engine) {
                 Ok(at) => at,
                 // Let the command meet (and report) whatever the models have.
                 Err(_) => Some(i64::MIN),

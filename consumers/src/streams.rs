@@ -39,6 +39,9 @@ struct Wake {
 /// What a stream waits for: events of its filter.
 #[derive(Debug)]
 struct Interest {
+    /// The tenant whose events it shows, by name (`None`: every tenant's, which no client
+    /// stream is: `Queries::events` names one).
+    tenant: Option<String>,
     stream: Option<String>,
     subject: Option<String>,
     event_type: Option<String>,
@@ -50,7 +53,8 @@ struct Interest {
 
 impl Interest {
     fn matches(&self, e: &Event) -> bool {
-        self.stream.as_deref().is_none_or(|s| s == e.stream)
+        self.tenant.as_deref().is_none_or(|t| t == e.tenant())
+            && self.stream.as_deref().is_none_or(|s| s == e.stream)
             && self.subject.as_deref().is_none_or(|s| s == e.subject)
             && self.event_type.as_deref().is_none_or(|t| t == e.event_type)
     }
@@ -115,6 +119,7 @@ impl StreamHub {
     pub fn watch(&self, q: &ReadQuery) -> StreamWatch {
         let (tx, rx) = watch::channel(Wake::default());
         let interest = Arc::new(Interest {
+            tenant: q.tenant.clone(),
             stream: q.stream.clone(),
             subject: q.subject.clone(),
             event_type: q.event_type.clone(),

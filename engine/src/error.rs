@@ -51,6 +51,10 @@ rejections! {
     EndpointNotFound = "endpoint_not_found": NotFound,
     /// no such bridge subscription.
     SubscriptionNotFound = "subscription_not_found": NotFound,
+    /// no such tenant (or it was removed).
+    TenantNotFound = "tenant_not_found": NotFound,
+    /// a tenant of that name exists or existed.
+    TenantExists = "tenant_exists": Conflict,
     /// what the command acts on kept changing while it was decided.
     Contended = "contended": Conflict,
     /// the cursor is not where the caller saw it.
@@ -85,6 +89,8 @@ rejections! {
     InvalidList = "invalid_list": Invalid,
     /// the route is not valid.
     InvalidRoute = "invalid_route": Invalid,
+    /// the tenant's name is not valid (or is the default tenant's).
+    InvalidTenant = "invalid_tenant": Invalid,
     /// an `env:` reference names a variable the answering node does not have.
     EnvUnset = "env_unset": Invalid,
     /// an operator action needs a reason.

@@ -237,6 +237,33 @@ impl<L: EventLog + Clone> Engine<L> {
             .unwrap_or(tidemark_log::DEFAULT_TENANT)
     }
 
+    /// This engine for each tenant now in the directory (the default tenant first), each
+    /// with the seq it was created at (0 for the default): what a reactor that looks at
+    /// every tenant's models walks (blocking).
+    pub fn every_tenant(&self) -> Result<Vec<(Engine<L>, u64)>, QueryError> {
+        let mut out = vec![(self.in_tenant(tidemark_log::DEFAULT_TENANT), 0)];
+        for t in self.queries.tenants()? {
+            if t.is_live() {
+                out.push((self.in_tenant(&t.name), t.created_seq));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The seq every tenant's `checkpoint` has reached at least (a tenant's counts from its
+    /// creation: it has no event before it): where a reactor that keeps a checkpoint in each
+    /// tenant's models resumes (blocking).
+    pub fn least_checkpoint(
+        &self,
+        checkpoint: impl Fn(&Queries<L>) -> Result<u64, QueryError>,
+    ) -> Result<u64, QueryError> {
+        let mut least = u64::MAX;
+        for (e, created) in self.every_tenant()? {
+            least = least.min(checkpoint(e.read())?.max(created));
+        }
+        Ok(least)
+    }
+
     /// The same engine reading time from `clock` (tests drive due times with it).
     pub fn with_clock(mut self, clock: Clock) -> Engine<L> {
         self.clock = clock.clone();

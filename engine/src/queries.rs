@@ -564,6 +564,20 @@ impl<L: EventLog + Clone> Queries<L> {
         self.on_bridges(|b| b.active())
     }
 
+    /// Tenant `name` in the deployment's directory (the default tenant's model, whichever
+    /// tenant these queries read; never waits).
+    pub fn tenant(&self, name: &str) -> R<Option<tidemark_projections::tenants::TenantRow>> {
+        let txn = self.models.read().snapshot()?;
+        Ok(tidemark_projections::tenants::View::new(&txn)?.row(name)?)
+    }
+
+    /// Every tenant ever created (removed ones marked), by name.
+    pub fn tenants(&self) -> R<Vec<tidemark_projections::tenants::TenantRow>> {
+        self.floor(0)?;
+        let txn = self.models.read().snapshot()?;
+        Ok(tidemark_projections::tenants::View::new(&txn)?.all()?)
+    }
+
     /// Every cursor, and every active bridge subscription's cursor (zero or not), with its lag
     /// judged at `now_us`.
     pub fn lags(&self, now_us: i64, stuck_after_ms: u64) -> R<Vec<Lag>> {

@@ -52,6 +52,7 @@ pub mod secrets;
 pub mod settings;
 pub mod sources;
 pub mod tasks;
+pub mod tenants;
 pub mod trailing;
 
 pub use framework::{Meta, ModelsRead, ModelsTxn, Projection, subjects};

@@ -19,7 +19,9 @@ use tidemark_log::{EventChunk, EventLog, StorageError};
 use crate::framework::{
     self, Applied, Inner, Layer, ModelsRead, ModelsTxn, Overlay, Projection, Src, TxMut,
 };
-use crate::{bridges, cursors, deliveries, lists, notifications, routes, settings, sources, tasks};
+use crate::{
+    bridges, cursors, deliveries, lists, notifications, routes, settings, sources, tasks, tenants,
+};
 
 /// How to open the models store.
 #[derive(Clone)]
@@ -259,6 +261,7 @@ static BRIDGES: bridges::Bridges = bridges::Bridges;
 static SOURCES: sources::Sources = sources::Sources;
 static LISTS: lists::Lists = lists::Lists;
 static ROUTES: routes::Routes = routes::Routes;
+static TENANTS: tenants::Tenants = tenants::Tenants;
 
 /// Every projection, in the order they are applied.
 pub fn all() -> Vec<&'static dyn Projection> {
@@ -272,6 +275,7 @@ pub fn all() -> Vec<&'static dyn Projection> {
         &SOURCES,
         &LISTS,
         &ROUTES,
+        &TENANTS,
     ]
 }
 

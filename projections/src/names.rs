@@ -122,6 +122,9 @@ names! {
         /// What one node met that an operator must know (section 17: free space near and at
         /// its reserve, poisoned models), subject the node's id.
         Nodes = "nodes",
+        /// The deployment's tenants and where each lives (section 20), subject the tenant's
+        /// name; the default tenant's alone (the directory).
+        Tenants = "tenants",
     }
 }
 
@@ -188,11 +191,13 @@ names! {
         NodeSpaceReserveReached = "node.space_reserve_reached",
         NodeSpaceRecovered = "node.space_recovered",
         NodeModelsPoisoned = "node.models_poisoned",
+        TenantCreated = "tenant.created",
+        TenantRemoved = "tenant.removed",
     }
 }
 
 /// Prefixes whose types tidemark defines.
-pub const RESERVED_PREFIXES: [&str; 14] = [
+pub const RESERVED_PREFIXES: [&str; 15] = [
     "task.",
     "notification.",
     "recipient.",
@@ -207,6 +212,7 @@ pub const RESERVED_PREFIXES: [&str; 14] = [
     "route.",
     "endpoint.",
     "node.",
+    "tenant.",
 ];
 
 /// What every task lifecycle event type starts with.
@@ -276,6 +282,7 @@ impl EventType {
             NodeSpaceLow | NodeSpaceReserveReached | NodeSpaceRecovered | NodeModelsPoisoned => {
                 Stream::Nodes
             }
+            TenantCreated | TenantRemoved => Stream::Tenants,
         }
     }
 
@@ -359,7 +366,9 @@ impl EventType {
             | NodeSpaceLow
             | NodeSpaceReserveReached
             | NodeSpaceRecovered
-            | NodeModelsPoisoned => return None,
+            | NodeModelsPoisoned
+            | TenantCreated
+            | TenantRemoved => return None,
         })
     }
 }

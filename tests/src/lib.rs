@@ -839,9 +839,19 @@ impl Api {
         }
     }
 
-    /// `http://<addr>` of the server.
+    /// `http://<addr>` of the server (with the prefix of [`Api::under`]).
     pub fn base(&self) -> &str {
         &self.base
+    }
+
+    /// The same handle with `prefix` before every path (`/tenants/acme`: a tenant's client,
+    /// spec section 20) and `token` (`None`: none).
+    pub fn under(&self, prefix: &str, token: Option<&str>) -> Api {
+        Api {
+            base: format!("{}{prefix}", self.base),
+            token: token.map(secret),
+            ..self.clone()
+        }
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -1,9 +1,10 @@
 //! `GET /v1/admin/projections`, `POST /v1/admin/projections/{name}/rebuild` and `/verify`.
 
+use crate::state::Api;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::http::StatusCode;
 use serde::Serialize;
 use tidemark_projections::rebuild::RebuildReport;
@@ -13,7 +14,6 @@ use crate::error::{ApiError, Problem};
 use crate::request::Params;
 use crate::request::{Validate, ValidatedJson, invalid};
 use crate::routes::blocking;
-use crate::state::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RebuildProgress {
@@ -75,8 +75,8 @@ impl From<RebuildReport> for RebuildOut {
     security(("bearer" = ["operator"]))
 )]
 #[tracing::instrument(skip_all)]
-pub async fn list(State(st): State<AppState>) -> Result<Json<ProjectionsPage>, ApiError> {
-    let engine = st.engine.clone();
+pub async fn list(st: Api) -> Result<Json<ProjectionsPage>, ApiError> {
+    let engine = st.engine().clone();
     let infos = blocking(move || engine.read().projections()).await?;
     let progress = st.rebuilds.lock().map(|m| m.clone()).unwrap_or_default();
     Ok(Json(ProjectionsPage {
@@ -96,7 +96,7 @@ pub async fn list(State(st): State<AppState>) -> Result<Json<ProjectionsPage>, A
     }))
 }
 
-async fn run(st: AppState, name: String, swap: bool) -> Result<Json<RebuildOut>, ApiError> {
+async fn run(st: Api, name: String, swap: bool) -> Result<Json<RebuildOut>, ApiError> {
     if tidemark_projections::by_name(&name).is_none() {
         return Err(ApiError::not_found(format!("no projection {name:?}")));
     }
@@ -112,12 +112,12 @@ async fn run(st: AppState, name: String, swap: bool) -> Result<Json<RebuildOut>,
                 format!("a rebuild or verify of {name:?} is already running"),
             ));
         }
-        m.insert(name.clone(), (0, st.engine.head()));
+        m.insert(name.clone(), (0, st.engine().head()));
     }
     let progress_map = st.rebuilds.clone();
     let key = name.clone();
     let result = st
-        .engine
+        .engine()
         .rebuild(&name, swap, move |done, head| {
             if let Ok(mut m) = progress_map.lock() {
                 m.insert(key.clone(), (done, head));
@@ -154,7 +154,7 @@ macro_rules! rebuild_handler {
         )]
         #[tracing::instrument(skip_all, fields(projection = %name))]
         pub async fn $name(
-            State(st): State<AppState>,
+            st: Api,
             Path(name): Path<String>,
         ) -> Result<Json<RebuildOut>, ApiError> {
             run(st, name, $swap).await
@@ -211,11 +211,12 @@ pub struct Purged {
 )]
 #[tracing::instrument(skip_all)]
 pub async fn run_retention(
-    State(st): State<AppState>,
+    st: Api,
     headers: axum::http::HeaderMap,
 ) -> Result<Json<RetentionOut>, ApiError> {
     let by = Some(crate::routes::caller(&st, &headers));
-    let run = tidemark_consumers::retention::run_now(&st.engine, st.config.retention(), by).await?;
+    let run =
+        tidemark_consumers::retention::run_now(st.engine(), st.config.retention(), by).await?;
     let r = run.purge;
     Ok(Json(RetentionOut {
         before: tidemark_log::time::format_micros(r.before_us),
@@ -258,8 +259,8 @@ pub struct ClusterOut {
     responses((status = 200, body = ClusterOut)),
     security(("bearer" = ["operator"]))
 )]
-pub async fn cluster(State(st): State<AppState>) -> Json<ClusterOut> {
-    let leases = st.engine.leases();
+pub async fn cluster(st: Api) -> Json<ClusterOut> {
+    let leases = st.engine().leases();
     let share = leases.share();
     Json(ClusterOut {
         backend: if leases.clustered() {
@@ -354,13 +355,13 @@ pub struct BackupOut {
 )]
 #[tracing::instrument(skip_all)]
 pub async fn backup(
-    State(st): State<AppState>,
+    st: Api,
     ValidatedJson(b): ValidatedJson<BackupBody>,
 ) -> Result<Json<BackupOut>, ApiError> {
     let dir = backup_dir(&st.config.backup_root(), &b.to)?;
     let started = std::time::Instant::now();
     let r = st
-        .engine
+        .engine()
         .backup(dir.clone(), b.after)
         .await
         .map_err(backup_error);
@@ -541,11 +542,11 @@ impl std::io::Write for ToBody {
 )]
 #[tracing::instrument(skip_all)]
 pub async fn backup_stream(
-    State(st): State<AppState>,
+    st: Api,
     Params(q): Params<BackupStreamQuery>,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    let through = st.engine.head();
+    let through = st.engine().head();
     let refused = |e: tidemark_log::transfer::TransferError| {
         metrics::counter!("tidemark_backups_total", "outcome" => "refused").increment(1);
         backup_error(e)
@@ -556,7 +557,7 @@ pub async fn backup_stream(
             head: through,
         }));
     }
-    let first = st.engine.first_seq().unwrap_or(1);
+    let first = st.engine().first_seq().unwrap_or(1);
     if q.after + 1 < first && q.after < through {
         return Err(refused(tidemark_log::transfer::TransferError::Compacted {
             after: q.after,
@@ -564,7 +565,7 @@ pub async fn backup_stream(
         }));
     }
     let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let engine = st.engine.clone();
+    let engine = st.engine().clone();
     let after = q.after;
     tokio::task::spawn_blocking(move || {
         let mut out = ToBody {

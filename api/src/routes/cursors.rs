@@ -2,8 +2,8 @@
 //! `GET /v1/consumers/lag` (spec sections 6, 7 and 10, I4).
 
 use crate::request::Bounded;
+use crate::state::Api;
 use axum::Json;
-use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -18,7 +18,6 @@ use crate::request::Params;
 use crate::request::{Reason, Text, Validate, ValidatedJson, invalid};
 use crate::routes::blocking;
 use crate::routes::deliveries::check_text;
-use crate::state::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CursorOut {
@@ -102,10 +101,7 @@ fn check_stream_subject(stream_name: &str, subject_id: &str) -> Result<(), ApiEr
     security(("bearer" = ["read"]))
 )]
 #[tracing::instrument(skip_all)]
-pub async fn get(
-    State(st): State<AppState>,
-    Params(q): Params<CursorsQuery>,
-) -> Result<Json<CursorsPage>, ApiError> {
+pub async fn get(st: Api, Params(q): Params<CursorsQuery>) -> Result<Json<CursorsPage>, ApiError> {
     let min_seq = crate::routes::ReadAt {
         min_seq: q.min_seq.clone(),
     }
@@ -116,7 +112,7 @@ pub async fn get(
             let subject = q.subject_id.unwrap_or_default();
             check_key(&consumer, &stream, &subject)
                 .map_err(|e| ApiError::invalid_query(e.problem.detail.clone()))?;
-            crate::routes::read_model(&st.engine, min_seq, move |r| {
+            crate::routes::read_model(st.engine(), min_seq, move |r| {
                 Ok(vec![r.cursor(&consumer, &stream, &subject)?])
             })
             .await?
@@ -130,7 +126,7 @@ pub async fn get(
                 tidemark_log::envelope::check_subject(s)
                     .map_err(|e| ApiError::invalid_query(format!("subject_id: {e}")))?;
             }
-            crate::routes::read_model(&st.engine, min_seq, move |r| {
+            crate::routes::read_model(st.engine(), min_seq, move |r| {
                 let mut all = r.cursors(Some(&consumer), 10_000)?;
                 if let Some(s) = subject {
                     all.retain(|c| c.subject_id == s);
@@ -186,15 +182,15 @@ impl Validate for AdvanceBody {
 )]
 #[tracing::instrument(skip_all)]
 pub async fn advance(
-    State(st): State<AppState>,
+    st: Api,
     ValidatedJson(b): ValidatedJson<AdvanceBody>,
 ) -> Result<Json<CursorOut>, ApiError> {
-    if b.last_sequence == 0 || b.last_sequence > st.engine.head() {
+    if b.last_sequence == 0 || b.last_sequence > st.engine().head() {
         return Err(invalid(
             "last_sequence",
             format!(
                 "last_sequence must be from 1 to the log head ({})",
-                st.engine.head()
+                st.engine().head()
             ),
         ));
     }
@@ -206,7 +202,7 @@ pub async fn advance(
         delivery_id: b.delivery_id.into_string(),
         expected_sequence: b.expected_sequence,
     };
-    let (c, _) = st.engine.execute(a).await?;
+    let (c, _) = st.engine().execute(a).await?;
     metrics::counter!("tidemark_cursor_advances_total").increment(1);
     Ok(Json(c.into()))
 }
@@ -248,18 +244,21 @@ impl Validate for ResetBody {
 )]
 #[tracing::instrument(skip_all)]
 pub async fn reset(
-    State(st): State<AppState>,
+    st: Api,
     headers: HeaderMap,
     ValidatedJson(b): ValidatedJson<ResetBody>,
 ) -> Result<Json<CursorOut>, ApiError> {
-    if b.last_sequence > st.engine.head() {
+    if b.last_sequence > st.engine().head() {
         return Err(invalid(
             "last_sequence",
-            format!("last_sequence is past the log head ({})", st.engine.head()),
+            format!(
+                "last_sequence is past the log head ({})",
+                st.engine().head()
+            ),
         ));
     }
     let (c, _) = st
-        .engine
+        .engine()
         .execute(Reset {
             consumer_id: b.consumer_id.into_string(),
             stream_name: b.stream_name,
@@ -351,8 +350,8 @@ pub struct LagPage {
 }
 
 /// Every cursor (and every active subscription's cursor, zero or not) with its lag.
-pub(crate) async fn compute_lag(st: &AppState) -> Result<Vec<LagOut>, ApiError> {
-    let engine = st.engine.clone();
+pub(crate) async fn compute_lag(st: &Api) -> Result<Vec<LagOut>, ApiError> {
+    let engine = st.engine().clone();
     let stuck_after = st.routing.stuck_after_ms;
     let retention = st.config.retention();
     let (lags, now) = blocking(move || {
@@ -386,7 +385,7 @@ pub(crate) async fn compute_lag(st: &AppState) -> Result<Vec<LagOut>, ApiError> 
     security(("bearer" = ["read"]))
 )]
 #[tracing::instrument(skip_all)]
-pub async fn lag(State(st): State<AppState>) -> Result<Response, ApiError> {
+pub async fn lag(st: Api) -> Result<Response, ApiError> {
     let consumers = compute_lag(&st).await?;
     let stalled = consumers.iter().filter(|c| c.stalled).count() as u64;
     let stopped = consumers.iter().filter(|c| c.stopped).count() as u64;

@@ -2,8 +2,9 @@
 //! `PUT` / `DELETE /v1/lists/{name}` (admin), recorded as `list.updated` / `list.deleted` with
 //! the reason and who did it. A list is resolved when a delivery is attempted.
 
+use crate::state::Api;
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use tidemark_engine::commands::lists::SetList;
@@ -14,7 +15,6 @@ use utoipa::{IntoParams, ToSchema};
 use crate::error::{ApiError, Problem};
 use crate::request::{Reason, Text, Validate, ValidatedJson, check_text};
 use crate::routes::{caller, read_model};
-use crate::state::AppState;
 
 /// At most this many members in a list.
 pub const MAX_MEMBERS: usize = 1000;
@@ -155,8 +155,8 @@ fn not_found(name: &str) -> ApiError {
 #[utoipa::path(get, path = "/v1/lists", tag = "lists", operation_id = "listLists",
     responses((status = 200, body = ListsPage)),
     security(("bearer" = ["read"])))]
-pub async fn list(State(st): State<AppState>) -> Result<Json<ListsPage>, ApiError> {
-    let (rows, as_of_seq) = read_model(&st.engine, 0, |q| q.lists()).await?;
+pub async fn list(st: Api) -> Result<Json<ListsPage>, ApiError> {
+    let (rows, as_of_seq) = read_model(st.engine(), 0, |q| q.lists()).await?;
     Ok(Json(ListsPage {
         lists: rows.into_iter().map(ListOut::from).collect(),
         as_of_seq,
@@ -172,12 +172,9 @@ pub async fn list(State(st): State<AppState>) -> Result<Json<ListsPage>, ApiErro
         (status = 422, body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = ["read"])))]
-pub async fn show(
-    State(st): State<AppState>,
-    ListPath(name): ListPath,
-) -> Result<Json<ListAnswer>, ApiError> {
+pub async fn show(st: Api, ListPath(name): ListPath) -> Result<Json<ListAnswer>, ApiError> {
     let n = name.clone();
-    let (row, as_of_seq) = read_model(&st.engine, 0, move |q| q.list(&n)).await?;
+    let (row, as_of_seq) = read_model(st.engine(), 0, move |q| q.list(&n)).await?;
     let row = row.ok_or_else(|| not_found(&name))?;
     Ok(Json(ListAnswer {
         list: row.into(),
@@ -196,7 +193,7 @@ pub async fn show(
     security(("bearer" = ["admin"])))]
 #[tracing::instrument(skip_all, fields(list = %name))]
 pub async fn put(
-    State(st): State<AppState>,
+    st: Api,
     ListPath(name): ListPath,
     headers: HeaderMap,
     ValidatedJson(b): ValidatedJson<ListBody>,
@@ -209,7 +206,7 @@ pub async fn put(
         }
     }
     let (_, receipt) = st
-        .engine
+        .engine()
         .execute(SetList {
             name: name.clone(),
             members: Some(members),
@@ -218,7 +215,7 @@ pub async fn put(
         })
         .await?;
     let n = name.clone();
-    let (row, as_of_seq) = read_model(&st.engine, receipt.last_seq, move |q| q.list(&n)).await?;
+    let (row, as_of_seq) = read_model(st.engine(), receipt.last_seq, move |q| q.list(&n)).await?;
     let row = row.ok_or_else(|| not_found(&name))?;
     Ok(Json(ListAnswer {
         list: row.into(),
@@ -239,12 +236,12 @@ pub async fn put(
     security(("bearer" = ["admin"])))]
 #[tracing::instrument(skip_all, fields(list = %name))]
 pub async fn delete(
-    State(st): State<AppState>,
+    st: Api,
     ListPath(name): ListPath,
     headers: HeaderMap,
     ValidatedJson(b): ValidatedJson<ListDeleteBody>,
 ) -> Result<StatusCode, ApiError> {
-    st.engine
+    st.engine()
         .execute(SetList {
             name,
             members: None,

@@ -12,6 +12,7 @@ pub(crate) mod order;
 pub mod routing;
 pub mod sources;
 pub mod tasks;
+pub mod tenants;
 
 use crate::error::ApiError;
 
@@ -64,10 +65,7 @@ pub(crate) async fn read_model<T: Send + 'static>(
 
 /// The name of the token that made this request (`None` in open mode): the `by` of operator
 /// actions (spec section 8).
-pub(crate) fn caller(
-    st: &crate::state::AppState,
-    headers: &axum::http::HeaderMap,
-) -> Option<String> {
+pub(crate) fn caller(st: &crate::state::Api, headers: &axum::http::HeaderMap) -> Option<String> {
     let h = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());

@@ -1,8 +1,8 @@
 //! `GET /v1/notifications`: the dashboard.
 
 use crate::request::{OneOf, query_name};
+use crate::state::Api;
 use axum::Json;
-use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use tidemark_log::time::Micros;
 use tidemark_projections::names::{Priority, sink_or_none};
@@ -13,7 +13,6 @@ use utoipa::{IntoParams, ToSchema};
 use crate::error::{ApiError, Problem};
 use crate::request::Params;
 use crate::routes::events::{parse_limit, parse_u64};
-use crate::state::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct NotificationOut {
@@ -141,7 +140,7 @@ pub struct NotificationsQuery {
 )]
 #[tracing::instrument(skip_all)]
 pub async fn list(
-    State(st): State<AppState>,
+    st: Api,
     Params(q): Params<NotificationsQuery>,
 ) -> Result<Json<NotificationsPage>, ApiError> {
     let f = NotificationFilter {
@@ -152,7 +151,7 @@ pub async fn list(
     };
     let min_seq = crate::routes::ReadAt { min_seq: q.min_seq }.seq()?;
     let enabled = st.routing.dashboard_enabled;
-    let ((items, next), as_of_seq) = crate::routes::read_model(&st.engine, min_seq, move |r| {
+    let ((items, next), as_of_seq) = crate::routes::read_model(st.engine(), min_seq, move |r| {
         if enabled {
             r.notifications_with_task_seq(&f)
         } else {
@@ -263,11 +262,11 @@ impl NotificationStatusOut {
 )]
 #[tracing::instrument(skip_all)]
 pub async fn get(
-    State(st): State<AppState>,
+    st: Api,
     crate::request::PathId(key): crate::request::PathId<crate::request::NotificationId>,
     Params(q): Params<crate::routes::ReadAt>,
 ) -> Result<Json<NotificationStatusOut>, ApiError> {
-    let (found, as_of_seq) = crate::routes::read_model(&st.engine, q.seq()?, move |r| {
+    let (found, as_of_seq) = crate::routes::read_model(st.engine(), q.seq()?, move |r| {
         let Some(s) = r.notification_status(&key)? else {
             return Ok(None);
         };

@@ -1,7 +1,8 @@
 //! Operational endpoints outside `/v1`: health, readiness, metrics, the OpenAPI document and
 //! the operator page.
 
-use axum::extract::{Path, State};
+use crate::state::Api;
+use axum::extract::Path;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -9,7 +10,6 @@ use utoipa::ToSchema;
 
 use crate::error::{ApiError, Problem};
 use crate::routes::blocking;
-use crate::state::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Health {
@@ -25,7 +25,7 @@ pub struct Health {
         (status = 401, description = "no or an unknown token", content_type = "application/problem+json"),
     ))]
 pub async fn whoami(
-    State(st): State<AppState>,
+    st: Api,
     headers: axum::http::HeaderMap,
 ) -> Result<axum::Json<crate::auth::Identity>, ApiError> {
     let h = headers
@@ -40,10 +40,10 @@ pub async fn whoami(
 #[utoipa::path(get, path = "/livez", operation_id = "getLiveness", tag = "ops", responses(
     (status = 200, body = Health),
 ))]
-pub async fn livez(State(st): State<AppState>) -> axum::Json<Health> {
+pub async fn livez(st: Api) -> axum::Json<Health> {
     axum::Json(Health {
         status: "alive",
-        head: st.engine.head(),
+        head: st.engine().head(),
     })
 }
 
@@ -54,25 +54,25 @@ pub async fn livez(State(st): State<AppState>) -> axum::Json<Health> {
     (status = 200, body = Health),
     (status = 503, description = "The log refuses writes: unavailable after a storage failure (`log_unavailable`) or its disk short of space (`insufficient_storage`); or the decider panicked (`models_unavailable`)", body = crate::error::Problem, content_type = "application/problem+json"),
 ))]
-pub async fn healthz(State(st): State<AppState>) -> Result<axum::Json<Health>, ApiError> {
+pub async fn healthz(st: Api) -> Result<axum::Json<Health>, ApiError> {
     storage_ok(&st)?;
     Ok(axum::Json(Health {
         status: "ok",
-        head: st.engine.head(),
+        head: st.engine().head(),
     }))
 }
 
 /// The storage faults of I10 as the 503 health answers give them.
-fn storage_ok(st: &AppState) -> Result<(), ApiError> {
-    if st.engine.is_poisoned() {
+fn storage_ok(st: &Api) -> Result<(), ApiError> {
+    if st.engine().is_poisoned() {
         return Err(ApiError::log_unavailable());
     }
-    if let Some(why) = st.engine.models_poisoned() {
+    if let Some(why) = st.engine().models_poisoned() {
         return Err(ApiError::models_poisoned(format!(
             "{why}: commands are refused until tidemark is restarted"
         )));
     }
-    if let Err(e) = st.engine.check_space() {
+    if let Err(e) = st.engine().check_space() {
         return Err(ApiError::from(e).with_status(axum::http::StatusCode::SERVICE_UNAVAILABLE));
     }
     Ok(())
@@ -87,12 +87,12 @@ pub const READY_MAX_LAG: u64 = 10 * tidemark_engine::FOLLOW_BATCH;
     (status = 200, body = Health),
     (status = 503, description = "Shutting down, the log is unavailable, its disk is short of space, or the read models are catching up", body = crate::error::Problem, content_type = "application/problem+json"),
 ))]
-pub async fn readyz(State(st): State<AppState>) -> Result<axum::Json<Health>, ApiError> {
+pub async fn readyz(st: Api) -> Result<axum::Json<Health>, ApiError> {
     if st.is_shutting_down() {
         return Err(ApiError::unavailable());
     }
     storage_ok(&st)?;
-    let lag = st.engine.read().lag();
+    let lag = st.engine().read().lag();
     if lag > READY_MAX_LAG {
         return Err(ApiError::new(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
@@ -103,7 +103,7 @@ pub async fn readyz(State(st): State<AppState>) -> Result<axum::Json<Health>, Ap
     }
     Ok(axum::Json(Health {
         status: "ready",
-        head: st.engine.head(),
+        head: st.engine().head(),
     }))
 }
 
@@ -111,28 +111,28 @@ pub async fn readyz(State(st): State<AppState>) -> Result<axum::Json<Health>, Ap
 #[utoipa::path(get, path = "/metrics", operation_id = "getMetrics", tag = "ops", responses(
     (status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)
 ))]
-pub async fn metrics(State(st): State<AppState>) -> Response {
-    metrics::gauge!("tidemark_log_head").set(st.engine.head() as f64);
-    metrics::gauge!("tidemark_log_queue_depth").set(st.engine.queued() as f64);
+pub async fn metrics(st: Api) -> Response {
+    metrics::gauge!("tidemark_log_head").set(st.engine().head() as f64);
+    metrics::gauge!("tidemark_log_queue_depth").set(st.engine().queued() as f64);
     metrics::gauge!("tidemark_build_info", "version" => env!("CARGO_PKG_VERSION"), "commit" => env!("TIDEMARK_COMMIT")).set(1.0);
     crate::metrics_setup::process_metrics();
-    if let Some(free) = st.engine.disk_free() {
+    if let Some(free) = st.engine().disk_free() {
         metrics::gauge!("tidemark_log_disk_free_bytes").set(free as f64);
     }
     // One series per state, 1 for the one it is in: an alert reads `== 1` of the bad ones.
-    let state = st.engine.storage_state();
+    let state = st.engine().storage_state();
     for s in ["ok", "full", "poisoned"] {
         metrics::gauge!("tidemark_storage_state", "state" => s)
             .set(f64::from(u8::from(s == state)));
     }
-    let models = if st.engine.models_poisoned().is_some() {
+    let models = if st.engine().models_poisoned().is_some() {
         1.0
     } else {
         0.0
     };
     metrics::gauge!("tidemark_models_poisoned").set(models);
     // Each read model's lag behind the head, judged at scrape time.
-    let engine = st.engine.clone();
+    let engine = st.engine().clone();
     if let Ok(infos) = blocking(move || engine.read().projections()).await {
         for i in infos {
             metrics::gauge!("tidemark_projection_lag_events", "projection" => i.name)
@@ -173,7 +173,7 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
     }
     // Each delivering route's endpoint (section 17): one series per state, 1 for the one it
     // is in, and its failures in a row, as the models have them (never waiting for the head).
-    let engine = st.engine.clone();
+    let engine = st.engine().clone();
     if let Ok(endpoints) = blocking(move || engine.read().unwaited().endpoints()).await {
         // An endpoint no longer listed (a bridge subscription deleted) leaves its series at
         // 0, not at the state it was last seen in.
@@ -227,7 +227,7 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
 #[utoipa::path(get, path = "/openapi.json", operation_id = "getOpenApi", tag = "ops", responses(
     (status = 200, description = "OpenAPI 3.1 document", content_type = "application/json", body = Object)
 ))]
-pub async fn openapi(State(st): State<AppState>) -> Response {
+pub async fn openapi(st: Api) -> Response {
     (
         [(header::CONTENT_TYPE, "application/json")],
         st.openapi

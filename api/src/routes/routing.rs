@@ -3,8 +3,9 @@
 //! `route.deleted` with the reason and who did it. Every node's router and dispatcher use a
 //! changed route from the next event on. A secret is never served: a set one reads `"***"`.
 
+use crate::state::Api;
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -19,7 +20,6 @@ use crate::error::{ApiError, Problem};
 use crate::request::Params;
 use crate::request::{Reason, Text, Validate, ValidatedJson};
 use crate::routes::{ReadAt, caller, read_model};
-use crate::state::AppState;
 
 /// Where a route comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
@@ -272,8 +272,8 @@ fn file_out(file: &NotificationsConfig) -> Vec<RouteOut> {
 }
 
 /// Every route: the file's and those managed through the API, by name.
-async fn all_routes(st: &AppState, min_seq: u64) -> Result<(Vec<RouteOut>, u64), ApiError> {
-    let ((file, rows), as_of_seq) = read_model(&st.engine, min_seq, |q| {
+async fn all_routes(st: &Api, min_seq: u64) -> Result<(Vec<RouteOut>, u64), ApiError> {
+    let ((file, rows), as_of_seq) = read_model(st.engine(), min_seq, |q| {
         Ok((q.current_settings()?, q.routes()?))
     })
     .await?;
@@ -302,10 +302,7 @@ async fn all_routes(st: &AppState, min_seq: u64) -> Result<(Vec<RouteOut>, u64),
         (status = 400, body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = ["read"])))]
-pub async fn list(
-    State(st): State<AppState>,
-    Params(q): Params<ReadAt>,
-) -> Result<Json<RoutesPage>, ApiError> {
+pub async fn list(st: Api, Params(q): Params<ReadAt>) -> Result<Json<RoutesPage>, ApiError> {
     let (routes, as_of_seq) = all_routes(&st, q.seq()?).await?;
     Ok(Json(RoutesPage { routes, as_of_seq }))
 }
@@ -321,14 +318,14 @@ pub async fn list(
     ),
     security(("bearer" = ["read"])))]
 pub async fn show(
-    State(st): State<AppState>,
+    st: Api,
     RoutePath(name): RoutePath,
     Params(q): Params<ReadAt>,
 ) -> Result<Json<RouteAnswer>, ApiError> {
     one(&st, &name, q.seq()?).await.map(Json)
 }
 
-async fn one(st: &AppState, name: &str, min_seq: u64) -> Result<RouteAnswer, ApiError> {
+async fn one(st: &Api, name: &str, min_seq: u64) -> Result<RouteAnswer, ApiError> {
     let (routes, as_of_seq) = all_routes(st, min_seq).await?;
     let route = routes
         .into_iter()
@@ -354,7 +351,7 @@ async fn one(st: &AppState, name: &str, min_seq: u64) -> Result<RouteAnswer, Api
     security(("bearer" = ["admin"])))]
 #[tracing::instrument(skip_all, fields(route = %name))]
 pub async fn put(
-    State(st): State<AppState>,
+    st: Api,
     RoutePath(name): RoutePath,
     headers: HeaderMap,
     ValidatedJson(b): ValidatedJson<RouteBody>,
@@ -367,7 +364,7 @@ pub async fn put(
         ));
     };
     let (set, receipt) = st
-        .engine
+        .engine()
         .execute(SetRoute {
             name: name.clone(),
             route: Some(patch),
@@ -398,12 +395,12 @@ pub async fn put(
     security(("bearer" = ["admin"])))]
 #[tracing::instrument(skip_all, fields(route = %name))]
 pub async fn delete(
-    State(st): State<AppState>,
+    st: Api,
     RoutePath(name): RoutePath,
     headers: HeaderMap,
     ValidatedJson(b): ValidatedJson<RouteDeleteBody>,
 ) -> Result<StatusCode, ApiError> {
-    st.engine
+    st.engine()
         .execute(SetRoute {
             name,
             route: None,
@@ -484,7 +481,7 @@ pub struct PreviewOut {
     security(("bearer" = ["admin"])))]
 #[tracing::instrument(skip_all, fields(route = %name))]
 pub async fn preview(
-    State(st): State<AppState>,
+    st: Api,
     RoutePath(name): RoutePath,
     ValidatedJson(b): ValidatedJson<PreviewBody>,
 ) -> Result<Json<PreviewOut>, ApiError> {
@@ -494,7 +491,7 @@ pub async fn preview(
         .delivery_id
         .clone()
         .map(tidemark_projections::ids::DeliveryId::new);
-    let ((row, delivery), _) = read_model(&st.engine, 0, move |q| {
+    let ((row, delivery), _) = read_model(st.engine(), 0, move |q| {
         let row = q.routes()?.into_iter().find(|r| r.name == key);
         let d = match &wanted {
             Some(id) => q.delivery(id)?.map(|(d, _)| d),

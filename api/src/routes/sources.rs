@@ -5,8 +5,9 @@
 
 use crate::request::Bounded;
 use crate::request::OneOf;
+use crate::state::Api;
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use tidemark_engine::commands::sources::{Pause, Reset, Resume};
@@ -61,7 +62,7 @@ pub struct SourcesPage {
     pub as_of_seq: u64,
 }
 
-fn out(st: &AppState, name: &str, row: Option<SourceRow>) -> SourceOut {
+fn out(st: &Api, name: &str, row: Option<SourceRow>) -> SourceOut {
     let row = row.unwrap_or_default();
     let rt = st.sources.runtime(name).unwrap_or_default();
     let state = if row.parked {
@@ -130,13 +131,10 @@ impl axum::extract::FromRequestParts<AppState> for SourcePath {
     security(("bearer" = ["read"]))
 )]
 #[tracing::instrument(skip_all)]
-pub async fn list(
-    State(st): State<AppState>,
-    Params(q): Params<ReadAt>,
-) -> Result<Json<SourcesPage>, ApiError> {
+pub async fn list(st: Api, Params(q): Params<ReadAt>) -> Result<Json<SourcesPage>, ApiError> {
     let names = st.sources.names();
     let n = names.clone();
-    let (rows, as_of_seq) = read_model(&st.engine, q.seq()?, move |r| {
+    let (rows, as_of_seq) = read_model(st.engine(), q.seq()?, move |r| {
         n.iter()
             .map(|name| r.source(name))
             .collect::<Result<Vec<_>, _>>()
@@ -163,7 +161,7 @@ pub async fn list(
 )]
 #[tracing::instrument(skip_all, fields(source = %name))]
 pub async fn get(
-    State(st): State<AppState>,
+    st: Api,
     SourcePath(name): SourcePath,
     Params(q): Params<ReadAt>,
 ) -> Result<Json<SourceAnswer>, ApiError> {
@@ -171,9 +169,9 @@ pub async fn get(
 }
 
 /// The source as of at least the head (after any action) or `min_seq`.
-async fn answer(st: &AppState, name: &str, min_seq: u64) -> Result<Json<SourceAnswer>, ApiError> {
+async fn answer(st: &Api, name: &str, min_seq: u64) -> Result<Json<SourceAnswer>, ApiError> {
     let n = name.to_owned();
-    let (row, as_of_seq) = read_model(&st.engine, min_seq, move |r| r.source(&n)).await?;
+    let (row, as_of_seq) = read_model(st.engine(), min_seq, move |r| r.source(&n)).await?;
     Ok(Json(SourceAnswer {
         source: out(st, name, row),
         as_of_seq,
@@ -193,7 +191,7 @@ async fn answer(st: &AppState, name: &str, min_seq: u64) -> Result<Json<SourceAn
 )]
 #[tracing::instrument(skip_all, fields(source = %name))]
 pub async fn poll(
-    State(st): State<AppState>,
+    st: Api,
     SourcePath(name): SourcePath,
 ) -> Result<(StatusCode, Json<SourceAnswer>), ApiError> {
     let a = answer(&st, &name, 0).await?;
@@ -245,12 +243,12 @@ use crate::routes::caller;
 )]
 #[tracing::instrument(skip_all, fields(source = %name))]
 pub async fn pause(
-    State(st): State<AppState>,
+    st: Api,
     SourcePath(name): SourcePath,
     headers: HeaderMap,
     OptionalJson(b): OptionalJson<PauseBody>,
 ) -> Result<Json<SourceAnswer>, ApiError> {
-    st.engine
+    st.engine()
         .execute(Pause {
             name: name.clone(),
             by: caller(&st, &headers),
@@ -286,12 +284,12 @@ impl Validate for ResumeBody {}
 )]
 #[tracing::instrument(skip_all, fields(source = %name))]
 pub async fn resume(
-    State(st): State<AppState>,
+    st: Api,
     SourcePath(name): SourcePath,
     headers: HeaderMap,
     OptionalJson(b): OptionalJson<ResumeBody>,
 ) -> Result<Json<SourceAnswer>, ApiError> {
-    st.engine
+    st.engine()
         .execute(Resume {
             name: name.clone(),
             by: caller(&st, &headers),
@@ -334,12 +332,12 @@ impl Validate for SourceResetBody {
 )]
 #[tracing::instrument(skip_all, fields(source = %name))]
 pub async fn reset(
-    State(st): State<AppState>,
+    st: Api,
     SourcePath(name): SourcePath,
     headers: HeaderMap,
     ValidatedJson(b): ValidatedJson<SourceResetBody>,
 ) -> Result<Json<SourceAnswer>, ApiError> {
-    st.engine
+    st.engine()
         .execute(Reset {
             name: name.clone(),
             to: b.watermark.map(Text::into_string),

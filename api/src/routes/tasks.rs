@@ -1,8 +1,8 @@
 //! `GET /v1/tasks`, `GET /v1/tasks/{id}`, `GET /v1/tasks/{id}/stream`.
 
 use crate::request::{OneOf, query_name};
+use crate::state::Api;
 use axum::Json;
-use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -18,7 +18,6 @@ use tidemark_projections::names::TaskStatus;
 use crate::request::Params;
 use crate::routes::events::{parse_limit, parse_u64, resume_point, sse_response};
 use crate::routes::order::{next_cursors, parse_before, parse_order};
-use crate::state::AppState;
 
 /// The review gate of a run.
 #[derive(Debug, Serialize, ToSchema)]
@@ -188,10 +187,7 @@ pub struct TasksQuery {
     security(("bearer" = ["read"]))
 )]
 #[tracing::instrument(skip_all)]
-pub async fn list(
-    State(st): State<AppState>,
-    Params(q): Params<TasksQuery>,
-) -> Result<Json<TasksPage>, ApiError> {
+pub async fn list(st: Api, Params(q): Params<TasksQuery>) -> Result<Json<TasksPage>, ApiError> {
     let status = query_name::<TaskStatus>("status", q.status.as_deref())?;
     let order = parse_order(q.order.as_deref())?;
     let f = TaskFilter {
@@ -204,7 +200,7 @@ pub async fn list(
     };
     let min_seq = crate::routes::ReadAt { min_seq: q.min_seq }.seq()?;
     let ((tasks, next), as_of_seq) =
-        crate::routes::read_model(&st.engine, min_seq, move |r| r.tasks(&f)).await?;
+        crate::routes::read_model(st.engine(), min_seq, move |r| r.tasks(&f)).await?;
     let (next_after, next_before) = next_cursors(order, next);
     Ok(Json(TasksPage {
         tasks: tasks.into_iter().map(TaskOut::from).collect(),
@@ -226,12 +222,12 @@ pub async fn list(
 )]
 #[tracing::instrument(skip_all, fields(task_id = %id))]
 pub async fn get(
-    State(st): State<AppState>,
+    st: Api,
     crate::request::PathId(id): crate::request::PathId<crate::request::TaskId>,
     Params(q): Params<crate::routes::ReadAt>,
 ) -> Result<Json<TaskAnswer>, ApiError> {
     let key = id.clone();
-    match crate::routes::read_model(&st.engine, q.seq()?, move |r| r.task(&key)).await? {
+    match crate::routes::read_model(st.engine(), q.seq()?, move |r| r.task(&key)).await? {
         (Some(t), as_of_seq) => Ok(Json(TaskAnswer {
             task: t.into(),
             as_of_seq,
@@ -266,7 +262,7 @@ pub struct TaskStreamQuery {
 )]
 #[tracing::instrument(skip_all, fields(task_id = %id))]
 pub async fn stream(
-    State(st): State<AppState>,
+    st: Api,
     crate::request::PathId(id): crate::request::PathId<crate::request::TaskId>,
     headers: HeaderMap,
     Params(q): Params<TaskStreamQuery>,

@@ -578,6 +578,8 @@ pub struct Identity {
     /// The server runs without tokens (loopback only).
     pub open: bool,
     pub scopes: Vec<String>,
+    /// The tenant the token acts for, or `*`: every tenant (spec section 20).
+    pub tenant: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -952,6 +954,15 @@ pub struct Recovered {
     pub more: bool,
     /// Parked deliveries put back in the queue (at most 10,000 per call).
     pub retried: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RemovedOut {
+    pub at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    pub reason: String,
+    pub seq: u64,
 }
 
 /// `POST /v1/deliveries/{id}/resend`: why (required).
@@ -1414,4 +1425,57 @@ pub struct TasksPage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_before: Option<String>,
     pub tasks: Vec<TaskOut>,
+}
+
+/// The fields of [`TenantOut`] and its own.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TenantAnswer {
+    /// The token that created it (absent in open mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    pub created_at: String,
+    pub created_seq: u64,
+    pub name: String,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed: Option<RemovedOut>,
+    /// The shard its events and models live in.
+    pub shard: u64,
+    pub as_of_seq: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TenantBody {
+    /// The new tenant's name: 1 to 32 of `a-z0-9_-`, starting with a letter; never one used before.
+    pub name: String,
+    /// Why; required, recorded in the event.
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TenantDeleteBody {
+    /// Why; required, recorded in the event.
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TenantOut {
+    /// The token that created it (absent in open mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    pub created_at: String,
+    pub created_seq: u64,
+    pub name: String,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed: Option<RemovedOut>,
+    /// The shard its events and models live in.
+    pub shard: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TenantsPage {
+    /// The answer reflects the log at least up to this seq.
+    pub as_of_seq: u64,
+    pub tenants: Vec<TenantOut>,
 }

@@ -180,6 +180,18 @@ impl<A: Answers> Ops<'_, A> {
             .await
     }
 
+    /// `POST /v1/tenants` (createTenant): Admin: create a tenant, with a reason.
+    ///
+    /// Body: [`TenantBody`].
+    pub async fn create_tenant(
+        &self,
+        body: &(impl Serialize + ?Sized),
+    ) -> Result<A::Out<TenantAnswer>, Error> {
+        self.client
+            .operation(Method::POST, "/v1/tenants", &[], &[], Some(body))
+            .await
+    }
+
     /// `DELETE /v1/tasks/{id}/notifications/bridges/{subscription_id}` (deleteBridgeSubscription): Delete a subscription; its cursor is kept, and creating the same id again resumes from it.
     pub async fn delete_bridge_subscription(
         &self,
@@ -232,6 +244,25 @@ impl<A: Answers> Ops<'_, A> {
             .operation(
                 Method::DELETE,
                 &format!("/v1/routes/{}", crate::path_segment(name)),
+                &[],
+                &[],
+                Some(body),
+            )
+            .await
+    }
+
+    /// `DELETE /v1/tenants/{name}` (deleteTenant): Admin: remove a tenant, with a reason.
+    ///
+    /// Body: [`TenantDeleteBody`].
+    pub async fn delete_tenant(
+        &self,
+        name: &str,
+        body: &(impl Serialize + ?Sized),
+    ) -> Result<A::Out<()>, Error> {
+        self.client
+            .operation(
+                Method::DELETE,
+                &format!("/v1/tenants/{}", crate::path_segment(name)),
                 &[],
                 &[],
                 Some(body),
@@ -565,6 +596,19 @@ impl<A: Answers> Ops<'_, A> {
             .await
     }
 
+    /// `GET /v1/tenants/{name}` (getTenant): One tenant.
+    pub async fn get_tenant(&self, name: &str) -> Result<A::Out<TenantAnswer>, Error> {
+        self.client
+            .operation(
+                Method::GET,
+                &format!("/v1/tenants/{}", crate::path_segment(name)),
+                &[],
+                &[],
+                None::<&()>,
+            )
+            .await
+    }
+
     /// `GET /v1/whoami` (getWhoami): The calling token's name and scopes (any valid token; in open mode, every scope).
     pub async fn get_whoami(&self) -> Result<A::Out<Identity>, Error> {
         self.client
@@ -741,6 +785,13 @@ impl<A: Answers> Ops<'_, A> {
                 ],
                 None::<&()>,
             )
+            .await
+    }
+
+    /// `GET /v1/tenants` (listTenants): Every tenant ever created (removed ones marked), by name.
+    pub async fn list_tenants(&self) -> Result<A::Out<TenantsPage>, Error> {
+        self.client
+            .operation(Method::GET, "/v1/tenants", &[], &[], None::<&()>)
             .await
     }
 

@@ -368,6 +368,8 @@ export interface Identity {
   /** The server runs without tokens (loopback only). */
   open: boolean;
   scopes: string[];
+  /** The tenant the token acts for, or `*`: every tenant (spec section 20). */
+  tenant: string;
 }
 
 export interface ItemOut {
@@ -651,6 +653,13 @@ export interface Recovered {
   more: boolean;
   /** Parked deliveries put back in the queue (at most 10,000 per call). */
   retried: number;
+}
+
+export interface RemovedOut {
+  at: string;
+  by?: string | null;
+  reason: string;
+  seq: number;
 }
 
 /** `POST /v1/deliveries/{id}/resend`: why (required). */
@@ -948,4 +957,38 @@ export interface TasksPage {
   /** With `order=newest`: pass as `before` for the next page, `<creation seq>:<task id>`; absent on the last page (and in id order). */
   next_before?: string | null;
   tasks: TaskOut[];
+}
+
+export interface TenantAnswer extends TenantOut {
+  as_of_seq: number;
+}
+
+export interface TenantBody {
+  /** The new tenant's name: 1 to 32 of `a-z0-9_-`, starting with a letter; never one used before. */
+  name: string;
+  /** Why; required, recorded in the event. */
+  reason: string;
+}
+
+export interface TenantDeleteBody {
+  /** Why; required, recorded in the event. */
+  reason: string;
+}
+
+export interface TenantOut {
+  /** The token that created it (absent in open mode). */
+  by?: string | null;
+  created_at: string;
+  created_seq: number;
+  name: string;
+  reason: string;
+  removed?: RemovedOut | null;
+  /** The shard its events and models live in. */
+  shard: number;
+}
+
+export interface TenantsPage {
+  /** The answer reflects the log at least up to this seq. */
+  as_of_seq: number;
+  tenants: TenantOut[];
 }

@@ -19,12 +19,16 @@ export interface Operations {
   completeDelivery(id: string, body: m.CompleteBody): Promise<m.DeliveryOut>;
   /** `POST /v1/tasks/{id}/notifications/bridges`: Subscribe a bridge to a task's terminal notification: 201 new (or re-created: resumes from the kept cursor), 200 the same again, 409 the same id with another target. */
   createBridgeSubscription(id: string, body: m.SubscribeBody): Promise<m.SubscriptionOut>;
+  /** `POST /v1/tenants`: Admin: create a tenant, with a reason. */
+  createTenant(body: m.TenantBody): Promise<m.TenantAnswer>;
   /** `DELETE /v1/tasks/{id}/notifications/bridges/{subscription_id}`: Delete a subscription; its cursor is kept, and creating the same id again resumes from it. */
   deleteBridgeSubscription(id: string, subscription_id: string): Promise<m.SubscriptionOut>;
   /** `DELETE /v1/lists/{name}`: Admin: delete a list, with a reason. */
   deleteList(name: string, body: m.ListDeleteBody): Promise<null>;
   /** `DELETE /v1/routes/{name}`: Admin: delete a route managed through the API, with a reason. */
   deleteRoute(name: string, body: m.RouteDeleteBody): Promise<null>;
+  /** `DELETE /v1/tenants/{name}`: Admin: remove a tenant, with a reason. */
+  deleteTenant(name: string, body: m.TenantDeleteBody): Promise<null>;
   /** `POST /v1/outbox/endpoints/{route}/disable`: Operator: disable an endpoint (a route's, or `bridge:<subscription_id>`; recorded as `endpoint.disabled` with the reason and `by`): its deliveries wait, spending no attempt, until it is enabled. */
   disableEndpoint(route: string, body: m.SwitchBody): Promise<m.EndpointAnswer>;
   /** `POST /v1/deliveries/{id}/discard`: Operator: give up on a parked delivery. */
@@ -67,6 +71,8 @@ export interface Operations {
   getSource(name: string, query?: { min_seq?: string | number | boolean }): Promise<m.SourceAnswer>;
   /** `GET /v1/tasks/{id}`: One task with its runs and review gates. */
   getTask(id: string, query?: { min_seq?: string | number | boolean }): Promise<m.TaskAnswer>;
+  /** `GET /v1/tenants/{name}`: One tenant. */
+  getTenant(name: string): Promise<m.TenantAnswer>;
   /** `GET /v1/whoami`: The calling token's name and scopes (any valid token; in open mode, every scope). */
   getWhoami(): Promise<m.Identity>;
   /** `GET /v1/tasks/{id}/notifications/bridges`: The task's active subscriptions, each with its cursor. */
@@ -89,6 +95,8 @@ export interface Operations {
   listSources(query?: { min_seq?: string | number | boolean }): Promise<m.SourcesPage>;
   /** `GET /v1/tasks`: List tasks, by id or newest first. */
   listTasks(query?: { status?: string | number | boolean; project_id?: string | number | boolean; order?: string | number | boolean; after?: string | number | boolean; before?: string | number | boolean; limit?: string | number | boolean; min_seq?: string | number | boolean }): Promise<m.TasksPage>;
+  /** `GET /v1/tenants`: Every tenant ever created (removed ones marked), by name. */
+  listTenants(): Promise<m.TenantsPage>;
   /** `POST /v1/bridges/{bridge_id}/deliveries/{delivery_id}/nack`: Report a delivery the bridge could not make: recorded as the cursor's `last_error`; the cursor does not move and the delivery stays pending. */
   nackBridgeDelivery(bridge_id: string, delivery_id: string, body: m.NackBody): Promise<m.AckOut>;
   /** `POST /v1/sources/{name}/pause`: Pause: no polls until resumed (recorded as `source.paused` with the token's name). */

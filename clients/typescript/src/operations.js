@@ -21,12 +21,16 @@ export function operations(call) {
     completeDelivery: (id, body) => call("POST", `/v1/deliveries/${seg(id)}/complete`, {}, [], body),
     /** `POST /v1/tasks/{id}/notifications/bridges`: Subscribe a bridge to a task's terminal notification: 201 new (or re-created: resumes from the kept cursor), 200 the same again, 409 the same id with another target. */
     createBridgeSubscription: (id, body) => call("POST", `/v1/tasks/${seg(id)}/notifications/bridges`, {}, [], body),
+    /** `POST /v1/tenants`: Admin: create a tenant, with a reason. */
+    createTenant: (body) => call("POST", `/v1/tenants`, {}, [], body),
     /** `DELETE /v1/tasks/{id}/notifications/bridges/{subscription_id}`: Delete a subscription; its cursor is kept, and creating the same id again resumes from it. */
     deleteBridgeSubscription: (id, subscription_id) => call("DELETE", `/v1/tasks/${seg(id)}/notifications/bridges/${seg(subscription_id)}`, {}, [], undefined),
     /** `DELETE /v1/lists/{name}`: Admin: delete a list, with a reason. */
     deleteList: (name, body) => call("DELETE", `/v1/lists/${seg(name)}`, {}, [], body),
     /** `DELETE /v1/routes/{name}`: Admin: delete a route managed through the API, with a reason. */
     deleteRoute: (name, body) => call("DELETE", `/v1/routes/${seg(name)}`, {}, [], body),
+    /** `DELETE /v1/tenants/{name}`: Admin: remove a tenant, with a reason. */
+    deleteTenant: (name, body) => call("DELETE", `/v1/tenants/${seg(name)}`, {}, [], body),
     /** `POST /v1/outbox/endpoints/{route}/disable`: Operator: disable an endpoint (a route's, or `bridge:<subscription_id>`; recorded as `endpoint.disabled` with the reason and `by`): its deliveries wait, spending no attempt, until it is enabled. */
     disableEndpoint: (route, body) => call("POST", `/v1/outbox/endpoints/${seg(route)}/disable`, {}, [], body),
     /** `POST /v1/deliveries/{id}/discard`: Operator: give up on a parked delivery. */
@@ -69,6 +73,8 @@ export function operations(call) {
     getSource: (name, query = {}) => call("GET", `/v1/sources/${seg(name)}`, query, ["min_seq"], undefined),
     /** `GET /v1/tasks/{id}`: One task with its runs and review gates. */
     getTask: (id, query = {}) => call("GET", `/v1/tasks/${seg(id)}`, query, ["min_seq"], undefined),
+    /** `GET /v1/tenants/{name}`: One tenant. */
+    getTenant: (name) => call("GET", `/v1/tenants/${seg(name)}`, {}, [], undefined),
     /** `GET /v1/whoami`: The calling token's name and scopes (any valid token; in open mode, every scope). */
     getWhoami: () => call("GET", `/v1/whoami`, {}, [], undefined),
     /** `GET /v1/tasks/{id}/notifications/bridges`: The task's active subscriptions, each with its cursor. */
@@ -91,6 +97,8 @@ export function operations(call) {
     listSources: (query = {}) => call("GET", `/v1/sources`, query, ["min_seq"], undefined),
     /** `GET /v1/tasks`: List tasks, by id or newest first. */
     listTasks: (query = {}) => call("GET", `/v1/tasks`, query, ["status", "project_id", "order", "after", "before", "limit", "min_seq"], undefined),
+    /** `GET /v1/tenants`: Every tenant ever created (removed ones marked), by name. */
+    listTenants: () => call("GET", `/v1/tenants`, {}, [], undefined),
     /** `POST /v1/bridges/{bridge_id}/deliveries/{delivery_id}/nack`: Report a delivery the bridge could not make: recorded as the cursor's `last_error`; the cursor does not move and the delivery stays pending. */
     nackBridgeDelivery: (bridge_id, delivery_id, body) => call("POST", `/v1/bridges/${seg(bridge_id)}/deliveries/${seg(delivery_id)}/nack`, {}, [], body),
     /** `POST /v1/sources/{name}/pause`: Pause: no polls until resumed (recorded as `source.paused` with the token's name). */

@@ -199,6 +199,7 @@ impl Adapter for Email {
     /// mail system drop); a permanent one parks it.
     fn deliver(
         &self,
+        _tenant: tidemark_engine::Engine,
         d: Delivery,
         targets: Vec<super::Target>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send + '_>> {

@@ -112,10 +112,12 @@ pub trait Adapter: Send + Sync + 'static {
         &'a self,
         route: &'a str,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<String>> + Send + 'a>>;
-    /// One attempt of one delivery to `targets` (the list's members or the recipient, when
+    /// One attempt of one delivery of `tenant` (the engine acting for the delivery's tenant:
+    /// its routes, its lists) to `targets` (the list's members or the recipient, when
     /// [`Adapter::to_people`]; empty otherwise).
     fn deliver(
         &self,
+        tenant: Engine,
         d: Delivery,
         targets: Vec<Target>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send + '_>>;
@@ -341,10 +343,22 @@ async fn run(
     let batch = (adapter.concurrency() / 4).max(1);
     let mut recheck = RECHECK_MIN;
     let mut failures = FailureLog::default();
+    let mut tenants = Tenants::default();
     loop {
         let free = adapter.concurrency().saturating_sub(inflight.len());
         let claims = free > 0 && (inflight.is_empty() || free >= batch);
-        if claims {
+        // Each tenant's due deliveries are its own (spec section 20): claimed in turn, the
+        // tenant that came first last time going last this time.
+        let mut turn = if claims {
+            tenants.turn(&engine).await
+        } else {
+            Vec::new()
+        };
+        while let Some(tenant) = turn.pop() {
+            let free = adapter.concurrency().saturating_sub(inflight.len());
+            if free == 0 {
+                break;
+            }
             let claim = Claim {
                 sink,
                 owner: owner.clone(),
@@ -352,11 +366,11 @@ async fn run(
                 lease_ms,
                 share: engine.leases().share(),
             };
-            match engine.execute(claim).await {
+            match tenant.execute(claim).await {
                 Ok((rows, _)) => {
                     for d in rows {
                         let a = adapter.clone();
-                        let e = engine.clone();
+                        let e = tenant.clone();
                         metrics::gauge!("tidemark_sink_in_flight", "sink" => sink.as_str())
                             .increment(1.0);
                         health.update(sink, |h| h.in_flight += 1);
@@ -370,7 +384,7 @@ async fn run(
                                 Ok(Vec::new())
                             };
                             let outcome = match to {
-                                Ok(to) => a.deliver(d, to).await,
+                                Ok(to) => a.deliver(e.clone(), d, to).await,
                                 Err(o) => o,
                             };
                             Attempt {
@@ -378,6 +392,7 @@ async fn run(
                                 route,
                                 outcome,
                                 took: started.elapsed(),
+                                tenant: e,
                             }
                         });
                     }
@@ -392,7 +407,7 @@ async fn run(
         let wait = if full {
             None
         } else {
-            match earliest_due(&engine, sink).await {
+            match earliest_due(&tenants.all, sink).await {
                 Ok(None) => {
                     recheck = RECHECK_MIN;
                     None
@@ -452,11 +467,22 @@ async fn run(
                         Outcome::Transient { code, .. } if code == webhook::UNRESOLVED))
                     .map(|a| a.route.clone())
                     .collect();
-                report(&engine, sink, &owner, done).await;
                 // A route changed through a node with another environment: recorded, so its
                 // other deliveries wait instead of spending attempts.
-                for route in unresolved {
-                    webhook::check_api_routes(&engine, Some(&route)).await;
+                let unresolved: Vec<(Engine, String)> = done
+                    .iter()
+                    .filter(|a| unresolved.contains(&a.route))
+                    .map(|a| (a.tenant.clone(), a.route.clone()))
+                    .collect();
+                // Each tenant's attempts reported in its own commands.
+                done.sort_by(|a, b| a.tenant.tenant().cmp(b.tenant.tenant()));
+                for run in done.chunk_by_mut(|a, b| a.tenant.tenant() == b.tenant.tenant()) {
+                    let tenant = run[0].tenant.clone();
+                    let run: Vec<Attempt> = run.iter_mut().map(Attempt::take).collect();
+                    report(&tenant, sink, &owner, run).await;
+                }
+                for (tenant, route) in unresolved {
+                    webhook::check_api_routes(&tenant, Some(&route)).await;
                 }
             }
             // The first delivery falls due (or a recheck).
@@ -608,6 +634,65 @@ struct Attempt {
     route: String,
     outcome: Outcome,
     took: Duration,
+    /// The engine acting for the delivery's tenant: its report is that tenant's command.
+    tenant: Engine,
+}
+
+impl Attempt {
+    /// The attempt, leaving an empty one in its place (reports take them by value).
+    fn take(&mut self) -> Attempt {
+        Attempt {
+            id: self.id.clone(),
+            route: std::mem::take(&mut self.route),
+            outcome: std::mem::replace(
+                &mut self.outcome,
+                Outcome::Permanent {
+                    code: String::new(),
+                    error: String::new(),
+                },
+            ),
+            took: self.took,
+            tenant: self.tenant.clone(),
+        }
+    }
+}
+
+/// The tenants a dispatcher claims for, read again at most once a second (a tenant created
+/// meanwhile is claimed for from then on), and whose turn comes first.
+#[derive(Default)]
+struct Tenants {
+    all: Vec<Engine>,
+    read_at: Option<Instant>,
+    next: usize,
+}
+
+impl Tenants {
+    /// Every tenant, in the order to claim for (popped from the end), refreshed when due.
+    async fn turn(&mut self, engine: &Engine) -> Vec<Engine> {
+        if self
+            .read_at
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(1))
+        {
+            let e = engine.clone();
+            match tokio::task::spawn_blocking(move || e.every_tenant()).await {
+                Ok(Ok(all)) => {
+                    self.all = all.into_iter().map(|(e, _)| e).collect();
+                    self.read_at = Some(Instant::now());
+                }
+                _ if self.all.is_empty() => self.all = vec![engine.clone()],
+                _ => {}
+            }
+        }
+        let n = self.all.len().max(1);
+        self.next = (self.next + 1) % n;
+        let mut order: Vec<Engine> = self.all[self.next..]
+            .iter()
+            .chain(&self.all[..self.next])
+            .cloned()
+            .collect();
+        order.reverse();
+        order
+    }
 }
 
 /// Record the attempts' outcomes: the sent ones through one completion command, each failure
@@ -617,11 +702,17 @@ struct Attempt {
 /// commits what it folds only after its replies, batched; a read of the store as it stood
 /// would still show the leases this sink's last completion ended, due at their expiry. The
 /// wait (a reader waiting has the decider commit at once) is off the async workers.
-async fn earliest_due(engine: &Engine, sink: Sink) -> Result<Option<i64>, String> {
-    let q = engine.read().clone();
+async fn earliest_due(tenants: &[Engine], sink: Sink) -> Result<Option<i64>, String> {
+    let qs: Vec<_> = tenants.iter().map(|e| e.read().clone()).collect();
     tokio::task::spawn_blocking(move || {
-        q.floor(0).map_err(|e| e.to_string())?;
-        q.earliest_due(sink).map_err(|e| e.to_string())
+        let mut earliest: Option<i64> = None;
+        for q in qs {
+            q.floor(0).map_err(|e| e.to_string())?;
+            if let Some(at) = q.earliest_due(sink).map_err(|e| e.to_string())? {
+                earliest = Some(earliest.map_or(at, |e| e.min(at)));
+            }
+        }
+        Ok(earliest)
     })
     .await
     .map_err(|e| e.to_string())?

@@ -160,17 +160,19 @@ impl Webhook {
 }
 
 impl Webhook {
-    /// Where a delivery of `route` goes: the file's route, else the route managed at runtime
-    /// as the models hold it now (its `env:` references read from this node's environment).
-    async fn target(&self, route: &str) -> Result<Target, Outcome> {
-        if let Some(t) = self.routes.get(route) {
+    /// Where a delivery of `route` of `tenant` (`None`: the default tenant) goes: the file's
+    /// route (the default tenant's), else the route managed at runtime as the tenant's models
+    /// hold it now (its `env:` references read from this node's environment).
+    async fn target(&self, tenant: Option<&Engine>, route: &str) -> Result<Target, Outcome> {
+        let default = tenant.is_none_or(|t| t.tenant() == tidemark_log::DEFAULT_TENANT);
+        if default && let Some(t) = self.routes.get(route) {
             return Ok(t.clone());
         }
         let no_endpoint = || Outcome::Permanent {
             code: "no_endpoint".into(),
             error: format!("route {route:?} has no webhook url"),
         };
-        let Some(engine) = self.engine.get().cloned() else {
+        let Some(engine) = tenant.cloned().or_else(|| self.engine.get().cloned()) else {
             return Err(no_endpoint());
         };
         let name = route.to_owned();
@@ -277,16 +279,17 @@ impl Adapter for Webhook {
         &'a self,
         route: &'a str,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<String>> + Send + 'a>> {
-        Box::pin(async move { self.target(route).await.ok().map(|t| t.shown()) })
+        Box::pin(async move { self.target(None, route).await.ok().map(|t| t.shown()) })
     }
 
     fn deliver(
         &self,
+        tenant: Engine,
         d: Delivery,
         _: Vec<super::Target>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send + '_>> {
         Box::pin(async move {
-            let target = match self.target(&d.route).await {
+            let target = match self.target(Some(&tenant), &d.route).await {
                 Ok(t) => t,
                 Err(o) => return o,
             };

@@ -23,6 +23,7 @@ pub mod retention;
 mod round;
 pub mod routes;
 pub mod sources;
+pub mod tenants;
 
 use crate::error::CommandError;
 use tidemark_log::NewEvent;
@@ -88,6 +89,7 @@ mod sealed {
         routes::{SetRoute = "route.set"},
         sources::{Page = "source.page", Advance = "source.advance", Reset = "source.reset"},
         sources::{Pause = "source.pause", Resume = "source.resume", Park = "source.park"},
+        tenants::{SetTenant = "tenant.set"},
     }
 }
 

@@ -70,6 +70,16 @@ macro_rules! txn_view {
                 Self::over(txn.src(), txn.tenant())
             }
 
+            /// The view of `tenant`'s rows in the transaction, whichever tenant it reads
+            /// (`None`: the default tenant's): what looks at every tenant (the retention's
+            /// cut) reads each so.
+            pub fn of_tenant(
+                txn: &'t crate::framework::ModelsTxn,
+                tenant: Option<&str>,
+            ) -> Result<Self, StorageError> {
+                Self::over(txn.src(), tenant)
+            }
+
             /// The view over `src` of `tenant`'s rows (another model's view's transaction
             /// and tenant).
             pub(crate) fn over(

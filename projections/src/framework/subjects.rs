@@ -17,7 +17,7 @@ use crate::framework::{Src, TxMut};
 use crate::names::Stream;
 
 /// The streams whose subjects are followed.
-pub const STREAMS: [Stream; 7] = [
+pub const STREAMS: [Stream; 8] = [
     Stream::Deliveries,
     Stream::Cursors,
     Stream::Bridges,
@@ -25,6 +25,7 @@ pub const STREAMS: [Stream; 7] = [
     Stream::Recipients,
     Stream::Outbox,
     Stream::Endpoints,
+    Stream::Tenants,
 ];
 
 /// `stream ‖ 0 ‖ subject` → seq of its last event, the stream scoped to its tenant

@@ -27,7 +27,12 @@ fn spec_scope(method: &str, path: &str) -> &'static str {
         | ("put" | "delete", "/v1/routes/{name}")
         // Route writes are admin (section 8); the preview shows what a route sends, with its
         // headers (masked), so it is admin too.
-        | ("post", "/v1/routes/{name}/preview") => "admin",
+        | ("post", "/v1/routes/{name}/preview")
+        // Tenants are created and removed by the deployment's admins (section 20); the
+        // directory is read by its operators.
+        | ("post", "/v1/tenants")
+        | ("delete", "/v1/tenants/{name}") => "admin",
+        ("get", "/v1/tenants" | "/v1/tenants/{name}") => "operator",
         (_, p) if p.starts_with("/v1/admin/") => "operator",
         ("post", p) if p.ends_with("/retry") || p.ends_with("/discard") || p.ends_with("/resend") => {
             "operator"
@@ -184,7 +189,7 @@ async fn whoami_names_the_token_and_its_scopes() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(
         r.json,
-        json!({"name": "slack-bridge", "scopes": ["bridge", "read"], "open": false})
+        json!({"name": "slack-bridge", "scopes": ["bridge", "read"], "open": false, "tenant": "*"})
     );
     assert!(!r.text.contains(&text), "the token is never echoed");
     let r = s.send(s.client.get(s.url("/v1/whoami"))).await;
@@ -202,7 +207,7 @@ async fn whoami_names_the_token_and_its_scopes() {
     let r = open.get("/v1/whoami").await;
     assert_eq!(
         r.json,
-        json!({"name": null, "scopes": SCOPES, "open": true}),
+        json!({"name": null, "scopes": SCOPES, "open": true, "tenant": "*"}),
         "{}",
         r.text
     );

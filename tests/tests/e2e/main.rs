@@ -67,5 +67,6 @@ mod e2e_shutdown;
 mod e2e_sources;
 mod e2e_task_stream;
 mod e2e_tasks;
+mod e2e_tenants;
 mod e2e_tls;
 mod e2e_truth;

@@ -3,8 +3,9 @@
 
 use crate::request::Bounded;
 use crate::request::OneOf;
+use crate::state::Api;
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -26,7 +27,6 @@ use crate::request::{
 use crate::routes::blocking;
 use crate::routes::cursors::CursorOut;
 use crate::routes::deliveries::check_text;
-use crate::state::AppState;
 
 mod pull;
 
@@ -90,8 +90,8 @@ fn out(s: Subscription, cursor: tidemark_projections::cursors::Cursor) -> Subscr
 }
 
 /// The subscription with its cursor, as served.
-async fn with_cursor(st: &AppState, s: Subscription) -> Result<SubscriptionOut, ApiError> {
-    let engine = st.engine.clone();
+async fn with_cursor(st: &Api, s: Subscription) -> Result<SubscriptionOut, ApiError> {
+    let engine = st.engine().clone();
     let (consumer, task) = (
         ids::bridge_consumer(s.subscription_id.as_str()),
         s.target.task_id.clone(),
@@ -122,8 +122,8 @@ pub struct SubscriptionAnswer {
 }
 
 /// Wait for the read models (the head at arrival, or `min_seq`): the `as_of_seq`.
-async fn as_of(st: &AppState, q: crate::routes::ReadAt) -> Result<u64, ApiError> {
-    Ok(crate::routes::read_model(&st.engine, q.seq()?, |_| Ok(()))
+async fn as_of(st: &Api, q: crate::routes::ReadAt) -> Result<u64, ApiError> {
+    Ok(crate::routes::read_model(st.engine(), q.seq()?, |_| Ok(()))
         .await?
         .1)
 }
@@ -320,12 +320,12 @@ fn target(task_id: &TaskId, body: SubscribeBody) -> Result<(SubscriptionId, Targ
 )]
 #[tracing::instrument(skip_all, fields(task = %task_id))]
 pub async fn create(
-    State(st): State<AppState>,
+    st: Api,
     task_id: PathId<TaskId>,
     ValidatedJson(body): ValidatedJson<SubscribeBody>,
 ) -> Result<Response, ApiError> {
     let (id, t) = target(&task_id.0, body)?;
-    let (Subscribed { row, created }, _) = st.engine.execute(Subscribe { id, target: t }).await?;
+    let (Subscribed { row, created }, _) = st.engine().execute(Subscribe { id, target: t }).await?;
     if created {
         metrics::counter!("tidemark_bridge_subscriptions_created_total").increment(1);
     }
@@ -346,12 +346,12 @@ pub async fn create(
 )]
 #[tracing::instrument(skip_all, fields(task = %task_id))]
 pub async fn list(
-    State(st): State<AppState>,
+    st: Api,
     PathId(task_id): PathId<TaskId>,
     Params(q): Params<crate::routes::ReadAt>,
 ) -> Result<Json<SubscriptionsPage>, ApiError> {
     let as_of_seq = as_of(&st, q).await?;
-    let engine = st.engine.clone();
+    let engine = st.engine().clone();
     let subs = blocking(move || engine.read().task_subscriptions(&[task_id.as_str()])).await?;
     let mut out = Vec::with_capacity(subs.len());
     for s in subs {
@@ -364,13 +364,13 @@ pub async fn list(
 }
 
 async fn active_of_task(
-    st: &AppState,
+    st: &Api,
     task_id: String,
     sub_id: String,
 ) -> Result<Subscription, ApiError> {
     let task_id: TaskId = path_id(task_id)?;
     let sub_id: SubscriptionId = path_id(sub_id)?;
-    let engine = st.engine.clone();
+    let engine = st.engine().clone();
     let id = sub_id.clone();
     blocking(move || engine.read().subscription(&id))
         .await?
@@ -396,7 +396,7 @@ async fn active_of_task(
 )]
 #[tracing::instrument(skip_all, fields(task = %task_id, subscription = %sub_id))]
 pub async fn show(
-    State(st): State<AppState>,
+    st: Api,
     Path((task_id, sub_id)): Path<(String, String)>,
     Params(q): Params<crate::routes::ReadAt>,
 ) -> Result<Json<SubscriptionAnswer>, ApiError> {
@@ -420,11 +420,11 @@ pub async fn show(
 )]
 #[tracing::instrument(skip_all, fields(task = %task_id, subscription = %sub_id))]
 pub async fn delete(
-    State(st): State<AppState>,
+    st: Api,
     Path((task_id, sub_id)): Path<(String, String)>,
 ) -> Result<Json<SubscriptionOut>, ApiError> {
     let (row, _) = st
-        .engine
+        .engine()
         .execute(Unsubscribe {
             task_id: path_id(task_id)?,
             id: path_id(sub_id)?,
@@ -482,13 +482,13 @@ pub struct ExplainOut {
 )]
 #[tracing::instrument(skip_all, fields(task = %task_id, subscription = %sub_id))]
 pub async fn explain(
-    State(st): State<AppState>,
+    st: Api,
     Path((task_id, sub_id)): Path<(String, String)>,
     Params(q): Params<crate::routes::ReadAt>,
 ) -> Result<Json<ExplainOut>, ApiError> {
     let as_of_seq = as_of(&st, q).await?;
     let s = active_of_task(&st, task_id.clone(), sub_id.clone()).await?;
-    let engine = st.engine.clone();
+    let engine = st.engine().clone();
     let scan = blocking(move || bridge::scan(&engine, &s, true)).await?;
     let (next, next_seq) = match (&scan.deliver, &scan.mismatch) {
         (Some(d), Some(m)) if m.0.seq < d.seq => ("stopped", Some(m.0.seq)),

@@ -1,11 +1,12 @@
 //! A bridge's delivery endpoints: pull (with long-poll), ack (one or many), nack.
 
 use crate::request::Bounded;
+use crate::state::Api;
 use std::time::Duration;
 use tidemark_engine::CommandError;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -22,7 +23,6 @@ use crate::request::{
 };
 use crate::routes::blocking;
 use crate::routes::cursors::CursorOut;
-use crate::state::AppState;
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -51,7 +51,7 @@ pub struct PullPage {
 )]
 #[tracing::instrument(skip_all, fields(bridge = %bridge_id))]
 pub async fn pull(
-    State(st): State<AppState>,
+    st: Api,
     PathId(bridge_id): PathId<BridgeId>,
     Params(q): Params<PullQuery>,
 ) -> Result<Json<PullPage>, ApiError> {
@@ -72,11 +72,14 @@ pub async fn pull(
     // after a wake-up for this bridge, so the notifier's view is current.
     let mut fresh = st
         .pull_hub
-        .caught_up(st.engine.head(), Duration::from_millis(250))
+        .caught_up(st.engine().head(), Duration::from_millis(250))
         .await;
+    // The hub is the notifier's view of the default tenant's subscriptions: another
+    // tenant's pulls are answered from its own models (its long poll looks again at the end).
+    let default = st.tenant() == tidemark_log::DEFAULT_TENANT;
     loop {
         wake.borrow_and_update();
-        let cached = if fresh {
+        let cached = if fresh && default {
             st.pull_hub.pending(&bridge_id)
         } else {
             None
@@ -86,7 +89,7 @@ pub async fn pull(
             Some(found) => found,
             // The notifier has not looked at every subscription since the start: ask the log.
             None => {
-                let engine = st.engine.clone();
+                let engine = st.engine().clone();
                 let id = bridge_id.clone();
                 blocking(move || bridge::pending_for_bridge(&engine, &id)).await?
             }
@@ -104,7 +107,7 @@ pub async fn pull(
 
 /// The subscription a delivery id names, checked to belong to `bridge_id`.
 async fn delivery_target(
-    st: &AppState,
+    st: &Api,
     bridge_id: String,
     delivery_id: &str,
 ) -> Result<(Subscription, u64), ApiError> {
@@ -117,7 +120,7 @@ async fn delivery_target(
         )
     };
     let (sub_id, seq) = ids::parse_bridge_delivery(delivery_id).ok_or_else(not_found)?;
-    let engine = st.engine.clone();
+    let engine = st.engine().clone();
     let id = SubscriptionId::new(sub_id);
     let sub = blocking(move || engine.read().subscription(&id))
         .await?
@@ -152,7 +155,7 @@ pub struct AckOut {
 )]
 #[tracing::instrument(skip_all, fields(bridge = %bridge_id, delivery = %delivery_id))]
 pub async fn ack(
-    State(st): State<AppState>,
+    st: Api,
     Path((bridge_id, delivery_id)): Path<(String, String)>,
 ) -> Result<Json<AckOut>, ApiError> {
     let bridge_id: BridgeId = path_id(bridge_id)?;
@@ -246,7 +249,7 @@ fn refusal(delivery_id: &str, e: CommandError) -> AckResult {
 )]
 #[tracing::instrument(skip_all, fields(bridge = %bridge_id, items))]
 pub async fn ack_many(
-    State(st): State<AppState>,
+    st: Api,
     bridge_id: PathId<BridgeId>,
     ValidatedJson(body): ValidatedJson<AckManyBody>,
 ) -> Result<Json<AckManyOut>, ApiError> {
@@ -259,11 +262,11 @@ pub async fn ack_many(
 /// Judge and confirm `ids` (one durable command for all the confirmations); one result per
 /// id, in order.
 async fn ack_ids(
-    st: &AppState,
+    st: &Api,
     bridge_id: &BridgeId,
     ids: Vec<String>,
 ) -> Result<Vec<AckResult>, ApiError> {
-    let engine = st.engine.clone();
+    let engine = st.engine().clone();
     let (bridge, for_judge) = (bridge_id.clone(), ids.clone());
     let judged = blocking(move || bridge::plan_acks(&engine, &bridge, &for_judge)).await?;
     let mut to_confirm = Vec::new();
@@ -278,7 +281,7 @@ async fn ack_ids(
         }
     }
     if !to_confirm.is_empty() {
-        let confirmed = bridge::confirm_many(&st.engine, to_confirm.clone()).await?;
+        let confirmed = bridge::confirm_many(st.engine(), to_confirm.clone()).await?;
         let open = results
             .iter()
             .enumerate()
@@ -289,7 +292,9 @@ async fn ack_ids(
             let id = &ids[slot];
             results[slot] = Some(match r {
                 Ok(cursor) => {
-                    st.pull_hub.acked(bridge_id, &c.subscription_id, c.seq);
+                    if st.tenant() == tidemark_log::DEFAULT_TENANT {
+                        st.pull_hub.acked(bridge_id, &c.subscription_id, c.seq);
+                    }
                     AckResult {
                         delivery_id: id.clone(),
                         status: 200,
@@ -334,12 +339,12 @@ impl Validate for NackBody {
 )]
 #[tracing::instrument(skip_all, fields(bridge = %bridge_id, delivery = %delivery_id))]
 pub async fn nack(
-    State(st): State<AppState>,
+    st: Api,
     Path((bridge_id, delivery_id)): Path<(String, String)>,
     ValidatedJson(body): ValidatedJson<NackBody>,
 ) -> Result<Json<AckOut>, ApiError> {
     let (sub, seq) = delivery_target(&st, bridge_id.clone(), &delivery_id).await?;
-    let engine = st.engine.clone();
+    let engine = st.engine().clone();
     let s2 = sub.clone();
     let scan = blocking(move || bridge::scan(&engine, &s2, false)).await?;
     if scan.deliver.as_ref().map(|e| e.seq) != Some(seq) {
@@ -349,9 +354,9 @@ pub async fn nack(
             format!("{delivery_id:?} is not the subscription's pending delivery"),
         ));
     }
-    bridge::record_failure(&st.engine, &sub, &body.error, None).await?;
+    bridge::record_failure(st.engine(), &sub, &body.error, None).await?;
     metrics::counter!("tidemark_bridge_nacks_total").increment(1);
-    let engine = st.engine.clone();
+    let engine = st.engine().clone();
     let (consumer, task) = (
         ids::bridge_consumer(sub.subscription_id.as_str()),
         sub.target.task_id.clone(),

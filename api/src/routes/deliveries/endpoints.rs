@@ -2,8 +2,9 @@
 //! section 17): the health and circuit of each delivering route, as every node folds them
 //! from the log, and the operator's switch.
 
+use crate::state::Api;
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use tidemark_engine::commands::outbox::SwitchEndpoint;
@@ -16,7 +17,6 @@ use crate::error::{ApiError, Problem};
 use crate::request::Params;
 use crate::request::{Reason, Text, Validate, ValidatedJson};
 use crate::routes::{ReadAt, caller, read_model};
-use crate::state::AppState;
 
 /// An operator's disable or enable.
 #[derive(Debug, Serialize, ToSchema)]
@@ -139,14 +139,14 @@ pub struct EndpointAnswer {
 )]
 #[tracing::instrument(skip_all)]
 pub async fn endpoints(
-    State(st): State<AppState>,
+    st: Api,
     Params(q): Params<ReadAt>,
 ) -> Result<Json<EndpointsPage>, ApiError> {
-    let ((rows, settings), as_of_seq) = read_model(&st.engine, q.seq()?, |q| {
+    let ((rows, settings), as_of_seq) = read_model(st.engine(), q.seq()?, |q| {
         Ok((q.endpoints()?, q.settings_in_force()?))
     })
     .await?;
-    let (pacer, now) = (st.engine.pacer(), st.engine.now_us());
+    let (pacer, now) = (st.engine().pacer(), st.engine().now_us());
     Ok(Json(EndpointsPage {
         endpoints: rows
             .into_iter()
@@ -218,14 +218,14 @@ impl Validate for SwitchBody {
 }
 
 async fn switch(
-    st: AppState,
+    st: Api,
     route: String,
     headers: HeaderMap,
     body: SwitchBody,
     enable: bool,
 ) -> Result<Json<EndpointAnswer>, ApiError> {
     let ((e, policy), _) = st
-        .engine
+        .engine()
         .execute(SwitchEndpoint {
             route: route.clone(),
             enable,
@@ -258,7 +258,7 @@ macro_rules! switch_handler {
         )]
         #[tracing::instrument(skip_all)]
         pub async fn $name(
-            State(st): State<AppState>,
+            st: Api,
             EndpointPath(route): EndpointPath,
             headers: HeaderMap,
             ValidatedJson(b): ValidatedJson<SwitchBody>,

@@ -2,8 +2,8 @@
 
 use crate::request::Bounded;
 use crate::request::OneOf;
+use crate::state::Api;
 use axum::Json;
-use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use tidemark_engine::RejectKind;
 use tidemark_engine::commands::outbox::{
@@ -19,7 +19,6 @@ use super::{
 };
 use crate::error::{ApiError, Problem};
 use crate::request::{PathId, Text, Validate, ValidatedJson, check_count};
-use crate::state::AppState;
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -52,7 +51,7 @@ pub struct ClaimBody {
 )]
 #[tracing::instrument(skip_all, fields(sink, claimed))]
 pub async fn claim(
-    State(st): State<AppState>,
+    st: Api,
     ValidatedJson(b): ValidatedJson<ClaimBody>,
 ) -> Result<Json<DeliveriesPage>, ApiError> {
     let s = settings(&st);
@@ -65,13 +64,13 @@ pub async fn claim(
     tracing::Span::current().record("sink", sink.as_str());
     let owner = b.owner.into_string();
     let (rows, receipt) = st
-        .engine
+        .engine()
         .execute(Claim {
             sink,
             owner,
             limit: limit as usize,
             lease_ms: lease,
-            share: st.engine.leases().share(),
+            share: st.engine().leases().share(),
         })
         .await?;
     tracing::Span::current().record("claimed", rows.len());
@@ -86,11 +85,11 @@ pub async fn claim(
     // (point reads of cached pages), not through the blocking pool, which would cost every
     // claim two more thread wake-ups; only a claim of rows routed a moment ago waits there.
     let seen = rows.iter().map(|d| d.notification_seq).max().unwrap_or(0);
-    let deliveries = if st.engine.read().folded_now(seen) {
-        with_provenance(st.engine.read(), rows, cut)
+    let deliveries = if st.engine().read().folded_now(seen) {
+        with_provenance(st.engine().read(), rows, cut)
             .map_err(|e| ApiError::query("read failed", &e))?
     } else {
-        let engine = st.engine.clone();
+        let engine = st.engine().clone();
         crate::routes::blocking(move || {
             engine.read().folded_to(seen)?;
             with_provenance(engine.read(), rows, cut)
@@ -130,12 +129,12 @@ pub struct CompleteBody {
 )]
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn complete(
-    State(st): State<AppState>,
+    st: Api,
     id: PathId<DeliveryId>,
     ValidatedJson(b): ValidatedJson<CompleteBody>,
 ) -> Result<Json<DeliveryOut>, ApiError> {
     let row = st
-        .engine
+        .engine()
         .execute(CompleteOne {
             id: id.0,
             owner: b.owner.into_string(),
@@ -203,7 +202,7 @@ pub struct CompleteManyOut {
 )]
 #[tracing::instrument(skip_all, fields(items))]
 pub async fn complete_many(
-    State(st): State<AppState>,
+    st: Api,
     ValidatedJson(b): ValidatedJson<CompleteManyBody>,
 ) -> Result<Json<CompleteManyOut>, ApiError> {
     tracing::Span::current().record("items", b.deliveries.len());
@@ -220,7 +219,7 @@ pub async fn complete_many(
     let ids: Vec<DeliveryId> = items.iter().map(|(id, _)| id.clone()).collect();
     let owner = b.owner.into_string();
     let (results, _) = st
-        .engine
+        .engine()
         .execute(Complete {
             owner,
             items,
@@ -353,7 +352,7 @@ fn retry_after(v: Option<f64>) -> Result<Option<u64>, ApiError> {
 )]
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn fail(
-    State(st): State<AppState>,
+    st: Api,
     id: PathId<DeliveryId>,
     ValidatedJson(b): ValidatedJson<FailBody>,
 ) -> Result<Json<DeliveryOut>, ApiError> {
@@ -365,7 +364,7 @@ pub async fn fail(
         retry_after_ms: retry_after(b.retry_after_ms)?,
     };
     let (row, _) = st
-        .engine
+        .engine()
         .execute(Fail {
             id: id.0,
             owner: b.owner.into_string(),
@@ -400,13 +399,13 @@ pub struct ExtendBody {
 )]
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn extend(
-    State(st): State<AppState>,
+    st: Api,
     id: PathId<DeliveryId>,
     ValidatedJson(b): ValidatedJson<ExtendBody>,
 ) -> Result<Json<DeliveryOut>, ApiError> {
     let lease = lease_ms(b.lease_ms, settings(&st))?;
     let (row, _) = st
-        .engine
+        .engine()
         .execute(Extend {
             id: id.0,
             owner: b.owner.into_string(),

@@ -4,10 +4,10 @@
 //! recorded in one transaction and answered after its commit.
 
 use crate::request::{OneOf, query_name};
+use crate::state::Api;
 use std::collections::BTreeMap;
 
 use axum::Json;
-use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use tidemark_log::time::{Micros, now_micros};
 use tidemark_projections::deliveries::read::{DeliveryFilter, Kpis, StuckFilter};
@@ -22,7 +22,6 @@ pub(crate) use crate::request::invalid;
 use crate::routes::blocking;
 use crate::routes::events::parse_limit;
 use crate::routes::order::{next_cursors, parse_before, parse_order};
-use crate::state::AppState;
 
 mod endpoints;
 mod lease;
@@ -338,7 +337,7 @@ fn lease_ms(v: Option<u64>, settings: &RoutingSettings) -> Result<u64, ApiError>
     Ok(ms)
 }
 
-fn settings(st: &AppState) -> &RoutingSettings {
+fn settings(st: &Api) -> &RoutingSettings {
     &st.routing
 }
 
@@ -417,7 +416,7 @@ pub struct DeliveriesQuery {
 )]
 #[tracing::instrument(skip_all)]
 pub async fn list(
-    State(st): State<AppState>,
+    st: Api,
     Params(q): Params<DeliveriesQuery>,
 ) -> Result<Json<DeliveriesPage>, ApiError> {
     let status = query_name::<DeliveryStatus>("status", q.status.as_deref())?;
@@ -501,7 +500,7 @@ pub async fn list(
         limit: parse_limit(q.limit.as_deref(), 100, 1000)?,
     };
     let min_seq = crate::routes::ReadAt { min_seq: q.min_seq }.seq()?;
-    let ((rows, next), as_of_seq) = crate::routes::read_model(&st.engine, min_seq, move |r| {
+    let ((rows, next), as_of_seq) = crate::routes::read_model(st.engine(), min_seq, move |r| {
         let (rows, next) = r.deliveries(&f)?;
         Ok((with_provenance(r, rows, stuck_cut)?, next))
     })
@@ -527,14 +526,14 @@ pub async fn list(
 )]
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn get(
-    State(st): State<AppState>,
+    st: Api,
     crate::request::PathId(id): crate::request::PathId<DeliveryId>,
     Params(q): Params<crate::routes::ReadAt>,
 ) -> Result<Json<DeliveryAnswer>, ApiError> {
     let key = id.clone();
     let cut = stuck_cut(now_micros(), settings(&st).stuck_after_ms);
-    let (pacer, now) = (st.engine.pacer(), st.engine.now_us());
-    let (found, as_of_seq) = crate::routes::read_model(&st.engine, q.seq()?, move |r| {
+    let (pacer, now) = (st.engine().pacer(), st.engine().now_us());
+    let (found, as_of_seq) = crate::routes::read_model(st.engine(), q.seq()?, move |r| {
         Ok(match r.delivery(&key)? {
             Some((row, steps)) => {
                 // The order first (it decides which of a key may go at all), then the
@@ -618,12 +617,12 @@ pub struct KpisQuery {
 /// Compute the KPIs now: as of at least the head and `min_seq` (the KPIs endpoint; with the
 /// `as_of_seq`), or as the model stands (`None`: `/metrics`, which never waits; 0).
 pub(crate) async fn compute_kpis(
-    st: &AppState,
+    st: &Api,
     interval_s: u64,
     min_seq: Option<u64>,
 ) -> Result<(Kpis, BTreeMap<String, Kpis>, u64), ApiError> {
     let stuck_after = settings(st).stuck_after_ms;
-    let engine = st.engine.clone();
+    let engine = st.engine().clone();
     blocking(move || {
         let q = engine.read();
         let interval_ms = interval_s * 1_000;
@@ -653,10 +652,7 @@ pub(crate) async fn compute_kpis(
     security(("bearer" = ["read"]))
 )]
 #[tracing::instrument(skip_all)]
-pub async fn kpis(
-    State(st): State<AppState>,
-    Params(q): Params<KpisQuery>,
-) -> Result<Json<KpisOut>, ApiError> {
+pub async fn kpis(st: Api, Params(q): Params<KpisQuery>) -> Result<Json<KpisOut>, ApiError> {
     let interval_s = match q.interval_s.as_deref() {
         None => 60,
         Some(v) => v
@@ -668,7 +664,7 @@ pub async fn kpis(
     let min_seq = crate::routes::ReadAt { min_seq: q.min_seq }.seq()?;
     let (all, by_sink, as_of_seq) = compute_kpis(&st, interval_s, Some(min_seq)).await?;
     let stuck_after = settings(&st).stuck_after_ms;
-    let (by_source_site, _) = crate::routes::read_model(&st.engine, as_of_seq, move |r| {
+    let (by_source_site, _) = crate::routes::read_model(st.engine(), as_of_seq, move |r| {
         r.kpis_by_site(now_micros(), stuck_after, interval_s * 1_000)
     })
     .await?;

@@ -1,8 +1,8 @@
 //! The operator's endpoints on parked deliveries: retry, discard.
 
 use crate::request::Bounded;
+use crate::state::Api;
 use axum::Json;
-use axum::extract::State;
 use axum::http::HeaderMap;
 use serde::Deserialize;
 use tidemark_engine::commands::outbox::{Operator, OperatorAction, RECOVER_MAX, Recover};
@@ -11,7 +11,6 @@ use utoipa::ToSchema;
 use super::{DeliveryId, DeliveryOut};
 use crate::error::{ApiError, Problem};
 use crate::request::{OptionalJson, PathId, Reason, Text, Validate, ValidatedJson};
-use crate::state::AppState;
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -32,7 +31,7 @@ impl Validate for OperatorBody {
 }
 
 async fn operator_action(
-    st: AppState,
+    st: Api,
     id: PathId<DeliveryId>,
     headers: HeaderMap,
     reason: Option<String>,
@@ -42,7 +41,7 @@ async fn operator_action(
     // in the body is checked but never recorded.
     let by = crate::routes::caller(&st, &headers);
     let (row, _) = st
-        .engine
+        .engine()
         .execute(Operator {
             id: id.0,
             action,
@@ -71,7 +70,7 @@ macro_rules! parked_handler {
         )]
         #[tracing::instrument(skip_all, fields(id = %id))]
         pub async fn $name(
-            State(st): State<AppState>,
+            st: Api,
             id: PathId<DeliveryId>,
             headers: HeaderMap,
             OptionalJson(body): OptionalJson<OperatorBody>,
@@ -123,7 +122,7 @@ impl Validate for ResendBody {
 )]
 #[tracing::instrument(skip_all, fields(id = %id))]
 pub async fn resend(
-    State(st): State<AppState>,
+    st: Api,
     id: PathId<DeliveryId>,
     headers: HeaderMap,
     ValidatedJson(b): ValidatedJson<ResendBody>,
@@ -179,13 +178,13 @@ pub struct Recovered {
 )]
 #[tracing::instrument(skip_all, fields(route = %b.route.as_str()))]
 pub async fn recover(
-    State(st): State<AppState>,
+    st: Api,
     headers: HeaderMap,
     ValidatedJson(b): ValidatedJson<RecoverBody>,
 ) -> Result<Json<Recovered>, ApiError> {
     let since_us = tidemark_log::time::parse_rfc3339_micros(&b.since).unwrap_or(i64::MAX);
     let (retried, _) = st
-        .engine
+        .engine()
         .execute(Recover {
             route: b.route.into_string(),
             since_us,

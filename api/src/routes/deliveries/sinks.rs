@@ -2,13 +2,11 @@
 //! this node — attempts by outcome since the start, in flight, the last success and failure.
 //! The queue of each sink is in `GET /v1/outbox/kpis` (`by_sink`).
 
+use crate::state::Api;
 use axum::Json;
-use axum::extract::State;
 use serde::Serialize;
 use tidemark_log::time::format_micros;
 use utoipa::ToSchema;
-
-use crate::state::AppState;
 
 /// One sink's attempts on this node since it started.
 #[derive(Debug, Serialize, ToSchema)]
@@ -51,10 +49,10 @@ pub struct SinksOut {
     security(("bearer" = ["read"]))
 )]
 #[tracing::instrument(skip_all)]
-pub async fn sinks(State(st): State<AppState>) -> Json<SinksOut> {
+pub async fn sinks(st: Api) -> Json<SinksOut> {
     let at = |t: Option<i64>| t.map(format_micros);
     Json(SinksOut {
-        node: st.engine.leases().node().to_owned(),
+        node: st.engine().leases().node().to_owned(),
         sinks: st
             .sink_health
             .snapshot()

@@ -8,6 +8,7 @@ pub mod stream;
 
 pub(crate) use read::{parse_limit, parse_u64};
 
+use crate::state::Api;
 use body::parse_append_body;
 pub(crate) use stream::{readable_from, resume_point, sse_response};
 
@@ -15,7 +16,6 @@ use std::time::Instant;
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -26,7 +26,6 @@ use utoipa::ToSchema;
 
 use crate::error::{ApiError, Problem};
 use crate::request::{body_rejection, require_json};
-use crate::state::AppState;
 
 /// One event as a client sends it.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -135,7 +134,7 @@ pub struct EventsPage {
 )]
 #[tracing::instrument(skip_all, fields(events))]
 pub async fn append(
-    State(st): State<AppState>,
+    st: Api,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -145,7 +144,7 @@ pub async fn append(
     let events = parse_append_body(&body)?;
     tracing::Span::current().record("events", events.len());
     let receipt = st
-        .engine
+        .engine()
         .append_from_client(events, st.routing.max_pending)
         .await?;
     record_append(&receipt, started);

@@ -1,7 +1,7 @@
 //! `GET /v1/events`: a page of the log after a seq, filtered, or newest first.
 
+use crate::state::Api;
 use axum::Json;
-use axum::extract::State;
 use serde::Deserialize;
 use tidemark_engine::Engine;
 use tidemark_log::{Event, ReadPage, ReadQuery};
@@ -10,7 +10,6 @@ use utoipa::IntoParams;
 use super::EventsPage;
 use crate::error::{ApiError, Problem};
 use crate::request::Params;
-use crate::state::AppState;
 
 /// Filters shared by `GET /v1/events` and the SSE stream. Numbers are parsed by hand so that a
 /// bad value gets a problem document rather than a plain-text rejection.
@@ -183,15 +182,12 @@ pub(crate) async fn read_page(engine: &Engine, q: ReadQuery) -> Result<ReadPage,
     security(("bearer" = ["read"]))
 )]
 #[tracing::instrument(skip_all)]
-pub async fn list(
-    State(st): State<AppState>,
-    Params(q): Params<EventsQuery>,
-) -> Result<Json<EventsPage>, ApiError> {
+pub async fn list(st: Api, Params(q): Params<EventsQuery>) -> Result<Json<EventsPage>, ApiError> {
     let order = q.order()?;
     let rq = q.to_read(100)?;
     let before = match order {
         Order::Desc { before } => {
-            let engine = st.engine.clone();
+            let engine = st.engine().clone();
             return crate::routes::blocking(move || read_desc(&engine, &rq, before))
                 .await
                 .map(Json);
@@ -199,7 +195,7 @@ pub async fn list(
         Order::Asc { before } => before,
     };
     let after = rq.after;
-    let page = read_page(&st.engine, rq).await?;
+    let page = read_page(st.engine(), rq).await?;
     let (events, next_after_sequence) = match before {
         None => (page.events, page.next_after),
         // The range ends below `before`: once the page reaches it, the range is done.

@@ -1,10 +1,10 @@
 //! `GET /v1/events/stream` and the SSE response the task streams share: the log from a
 //! resume point, then live, one bounded page at a time.
 
+use crate::state::Api;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -14,7 +14,6 @@ use tidemark_log::ReadQuery;
 use super::read::{EventsQuery, StreamQuery, read_page};
 use crate::error::{ApiError, Problem};
 use crate::request::Params;
-use crate::state::AppState;
 
 /// The resume point of a stream: `Last-Event-ID` wins over `after_sequence`, including `0`.
 pub(crate) fn resume_point(headers: &HeaderMap, query_after: u64) -> Result<u64, ApiError> {
@@ -51,7 +50,7 @@ pub(crate) fn resume_point(headers: &HeaderMap, query_after: u64) -> Result<u64,
 )]
 #[tracing::instrument(skip_all)]
 pub async fn stream(
-    State(st): State<AppState>,
+    st: Api,
     headers: HeaderMap,
     Params(q): Params<EventsQuery>,
 ) -> Result<Response, ApiError> {
@@ -70,9 +69,9 @@ pub async fn stream(
 
 /// A stream resumes from `q.after` only if the log still holds what follows it: before the
 /// compacted prefix the answer is `410 compacted` (spec section 13), not a stream with a gap.
-pub(crate) async fn readable_from(st: &AppState, q: &ReadQuery) -> Result<(), ApiError> {
+pub(crate) async fn readable_from(st: &Api, q: &ReadQuery) -> Result<(), ApiError> {
     read_page(
-        &st.engine,
+        st.engine(),
         ReadQuery {
             limit: 1,
             ..q.clone()
@@ -94,7 +93,7 @@ static STREAM_READS: tokio::sync::Semaphore =
 /// one bounded page at a time and only when the client has taken the previous one, so a slow
 /// client costs one page of memory, never a backlog (I9).
 pub(crate) fn sse_response(
-    st: &AppState,
+    st: &Api,
     q: ReadQuery,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>> + use<>>, ApiError> {
     let permit = st.sse_slots.clone().try_acquire_owned().map_err(|_| {
@@ -105,7 +104,12 @@ pub(crate) fn sse_response(
         )
         .retry_after(5)
     })?;
-    let engine = st.engine.clone();
+    let engine = st.engine().clone();
+    // The tenant's events alone, from the log and from the follower's pages alike.
+    let q = ReadQuery {
+        tenant: Some(engine.tenant().to_owned()),
+        ..q
+    };
     let shutdown = st.shutdown.clone();
     let streams = st.streams.clone();
     let keepalive = Duration::from_secs(st.config.server.keepalive_secs);

@@ -51,6 +51,10 @@ class Ops:
         """``POST /v1/tasks/{id}/notifications/bridges`` (createBridgeSubscription): Subscribe a bridge to a task's terminal notification: 201 new (or re-created: resumes from the kept cursor), 200 the same again, 409 the same id with another target."""
         return self._call("POST", f"/v1/tasks/{path(id)}/notifications/bridges", {}, (), body)
 
+    def create_tenant(self, body: models.TenantBody) -> models.TenantAnswer:
+        """``POST /v1/tenants`` (createTenant): Admin: create a tenant, with a reason."""
+        return self._call("POST", f"/v1/tenants", {}, (), body)
+
     def delete_bridge_subscription(self, id: str, subscription_id: str) -> models.SubscriptionOut:
         """``DELETE /v1/tasks/{id}/notifications/bridges/{subscription_id}`` (deleteBridgeSubscription): Delete a subscription; its cursor is kept, and creating the same id again resumes from it."""
         return self._call("DELETE", f"/v1/tasks/{path(id)}/notifications/bridges/{path(subscription_id)}", {}, (), None)
@@ -62,6 +66,10 @@ class Ops:
     def delete_route(self, name: str, body: models.RouteDeleteBody) -> None:
         """``DELETE /v1/routes/{name}`` (deleteRoute): Admin: delete a route managed through the API, with a reason."""
         return self._call("DELETE", f"/v1/routes/{path(name)}", {}, (), body)
+
+    def delete_tenant(self, name: str, body: models.TenantDeleteBody) -> None:
+        """``DELETE /v1/tenants/{name}`` (deleteTenant): Admin: remove a tenant, with a reason."""
+        return self._call("DELETE", f"/v1/tenants/{path(name)}", {}, (), body)
 
     def disable_endpoint(self, route: str, body: models.SwitchBody) -> models.EndpointAnswer:
         """``POST /v1/outbox/endpoints/{route}/disable`` (disableEndpoint): Operator: disable an endpoint (a route's, or `bridge:<subscription_id>`; recorded as `endpoint.disabled` with the reason and `by`): its deliveries wait, spending no attempt, until it is enabled."""
@@ -147,6 +155,10 @@ class Ops:
         """``GET /v1/tasks/{id}`` (getTask): One task with its runs and review gates."""
         return self._call("GET", f"/v1/tasks/{path(id)}", query, ('min_seq',), None)
 
+    def get_tenant(self, name: str) -> models.TenantAnswer:
+        """``GET /v1/tenants/{name}`` (getTenant): One tenant."""
+        return self._call("GET", f"/v1/tenants/{path(name)}", {}, (), None)
+
     def get_whoami(self) -> models.Identity:
         """``GET /v1/whoami`` (getWhoami): The calling token's name and scopes (any valid token; in open mode, every scope)."""
         return self._call("GET", f"/v1/whoami", {}, (), None)
@@ -190,6 +202,10 @@ class Ops:
     def list_tasks(self, **query: Any) -> models.TasksPage:
         """``GET /v1/tasks`` (listTasks): List tasks, by id or newest first."""
         return self._call("GET", f"/v1/tasks", query, ('status', 'project_id', 'order', 'after', 'before', 'limit', 'min_seq'), None)
+
+    def list_tenants(self) -> models.TenantsPage:
+        """``GET /v1/tenants`` (listTenants): Every tenant ever created (removed ones marked), by name."""
+        return self._call("GET", f"/v1/tenants", {}, (), None)
 
     def nack_bridge_delivery(self, bridge_id: str, delivery_id: str, body: models.NackBody) -> models.AckOut:
         """``POST /v1/bridges/{bridge_id}/deliveries/{delivery_id}/nack`` (nackBridgeDelivery): Report a delivery the bridge could not make: recorded as the cursor's `last_error`; the cursor does not move and the delivery stays pending."""
@@ -298,6 +314,10 @@ class AsyncOps:
         """``POST /v1/tasks/{id}/notifications/bridges`` (createBridgeSubscription): Subscribe a bridge to a task's terminal notification: 201 new (or re-created: resumes from the kept cursor), 200 the same again, 409 the same id with another target."""
         return await self._call("POST", f"/v1/tasks/{path(id)}/notifications/bridges", {}, (), body)
 
+    async def create_tenant(self, body: models.TenantBody) -> models.TenantAnswer:
+        """``POST /v1/tenants`` (createTenant): Admin: create a tenant, with a reason."""
+        return await self._call("POST", f"/v1/tenants", {}, (), body)
+
     async def delete_bridge_subscription(self, id: str, subscription_id: str) -> models.SubscriptionOut:
         """``DELETE /v1/tasks/{id}/notifications/bridges/{subscription_id}`` (deleteBridgeSubscription): Delete a subscription; its cursor is kept, and creating the same id again resumes from it."""
         return await self._call("DELETE", f"/v1/tasks/{path(id)}/notifications/bridges/{path(subscription_id)}", {}, (), None)
@@ -309,6 +329,10 @@ class AsyncOps:
     async def delete_route(self, name: str, body: models.RouteDeleteBody) -> None:
         """``DELETE /v1/routes/{name}`` (deleteRoute): Admin: delete a route managed through the API, with a reason."""
         return await self._call("DELETE", f"/v1/routes/{path(name)}", {}, (), body)
+
+    async def delete_tenant(self, name: str, body: models.TenantDeleteBody) -> None:
+        """``DELETE /v1/tenants/{name}`` (deleteTenant): Admin: remove a tenant, with a reason."""
+        return await self._call("DELETE", f"/v1/tenants/{path(name)}", {}, (), body)
 
     async def disable_endpoint(self, route: str, body: models.SwitchBody) -> models.EndpointAnswer:
         """``POST /v1/outbox/endpoints/{route}/disable`` (disableEndpoint): Operator: disable an endpoint (a route's, or `bridge:<subscription_id>`; recorded as `endpoint.disabled` with the reason and `by`): its deliveries wait, spending no attempt, until it is enabled."""
@@ -394,6 +418,10 @@ class AsyncOps:
         """``GET /v1/tasks/{id}`` (getTask): One task with its runs and review gates."""
         return await self._call("GET", f"/v1/tasks/{path(id)}", query, ('min_seq',), None)
 
+    async def get_tenant(self, name: str) -> models.TenantAnswer:
+        """``GET /v1/tenants/{name}`` (getTenant): One tenant."""
+        return await self._call("GET", f"/v1/tenants/{path(name)}", {}, (), None)
+
     async def get_whoami(self) -> models.Identity:
         """``GET /v1/whoami`` (getWhoami): The calling token's name and scopes (any valid token; in open mode, every scope)."""
         return await self._call("GET", f"/v1/whoami", {}, (), None)
@@ -437,6 +465,10 @@ class AsyncOps:
     async def list_tasks(self, **query: Any) -> models.TasksPage:
         """``GET /v1/tasks`` (listTasks): List tasks, by id or newest first."""
         return await self._call("GET", f"/v1/tasks", query, ('status', 'project_id', 'order', 'after', 'before', 'limit', 'min_seq'), None)
+
+    async def list_tenants(self) -> models.TenantsPage:
+        """``GET /v1/tenants`` (listTenants): Every tenant ever created (removed ones marked), by name."""
+        return await self._call("GET", f"/v1/tenants", {}, (), None)
 
     async def nack_bridge_delivery(self, bridge_id: str, delivery_id: str, body: models.NackBody) -> models.AckOut:
         """``POST /v1/bridges/{bridge_id}/deliveries/{delivery_id}/nack`` (nackBridgeDelivery): Report a delivery the bridge could not make: recorded as the cursor's `last_error`; the cursor does not move and the delivery stays pending."""

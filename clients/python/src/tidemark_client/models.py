@@ -417,6 +417,7 @@ class Identity(_IdentityOptional):
 
     open: bool
     scopes: List[str]
+    tenant: str
 
 
 class _ItemOutOptional(TypedDict, total=False):
@@ -712,6 +713,18 @@ class Recovered(TypedDict):
 
     more: bool
     retried: int
+
+
+class _RemovedOutOptional(TypedDict, total=False):
+    by: Optional[str]
+
+
+class RemovedOut(_RemovedOutOptional):
+    """``RemovedOut`` of the API document."""
+
+    at: str
+    reason: str
+    seq: int
 
 
 class ResendBody(TypedDict):
@@ -1047,3 +1060,44 @@ class TasksPage(_TasksPageOptional):
 
     as_of_seq: int
     tasks: List[TaskOut]
+
+
+class _TenantOutOptional(TypedDict, total=False):
+    by: Optional[str]
+    removed: Optional[RemovedOut]
+
+
+class TenantOut(_TenantOutOptional):
+    """``TenantOut`` of the API document."""
+
+    created_at: str
+    created_seq: int
+    name: str
+    reason: str
+    shard: int
+
+
+class TenantAnswer(TenantOut):
+    """``TenantAnswer`` of the API document."""
+
+    as_of_seq: int
+
+
+class TenantBody(TypedDict):
+    """``TenantBody`` of the API document."""
+
+    name: str
+    reason: str
+
+
+class TenantDeleteBody(TypedDict):
+    """``TenantDeleteBody`` of the API document."""
+
+    reason: str
+
+
+class TenantsPage(TypedDict):
+    """``TenantsPage`` of the API document."""
+
+    as_of_seq: int
+    tenants: List[TenantOut]

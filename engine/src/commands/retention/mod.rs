@@ -70,15 +70,32 @@ pub struct CompactReport {
 
 /// A cursor pins the events it follows (its stream, and its subject when not empty) after its
 /// position, unless it made no progress for the window or belongs to a deleted subscription.
+/// Every tenant's cursors pin the one log (spec section 20), a removed tenant's too.
 fn pinned_cut(
     txn: &ModelsTxn,
     log: &dyn tidemark_log::Lookups,
     before: i64,
     mut cut: u64,
 ) -> Result<u64, CommandError> {
-    let bt = bridges::View::new(txn)?;
+    let others = tidemark_projections::tenants::View::new(txn)?.all()?;
+    let tenants = std::iter::once(None).chain(others.iter().map(|t| Some(t.name.as_str())));
+    for tenant in tenants {
+        cut = pinned_cut_of(txn, tenant, log, before, cut)?;
+    }
+    Ok(cut)
+}
+
+/// [`pinned_cut`] by `tenant`'s cursors.
+fn pinned_cut_of(
+    txn: &ModelsTxn,
+    tenant: Option<&str>,
+    log: &dyn tidemark_log::Lookups,
+    before: i64,
+    mut cut: u64,
+) -> Result<u64, CommandError> {
+    let bt = bridges::View::of_tenant(txn, tenant)?;
     let mut live: Vec<Cursor> = Vec::new();
-    for c in cursors::View::new(txn)?.all()? {
+    for c in cursors::View::of_tenant(txn, tenant)?.all()? {
         if c.updated_at_us.is_none_or(|u| u < before) {
             continue;
         }
@@ -97,7 +114,7 @@ fn pinned_cut(
             continue;
         }
         if let Some(next) = log
-            .next_of(None, &c.stream_name, &c.subject_id, c.last_sequence)
+            .next_of(tenant, &c.stream_name, &c.subject_id, c.last_sequence)
             .map_err(log_st)?
         {
             cut = cut.min(next - 1);

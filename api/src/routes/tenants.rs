@@ -1,0 +1,247 @@
+//! The deployment's tenants (spec section 20): `GET /v1/tenants`, `GET /v1/tenants/{name}`,
+//! and `POST /v1/tenants` / `DELETE /v1/tenants/{name}` (admin), recorded as `tenant.created`
+//! / `tenant.removed` with the reason and who did it. Only the deployment's operators (a `*`
+//! token) reach them (`tenancy`); a tenant's own resources are under
+//! `/tenants/{name}/v1/…`.
+
+use axum::Json;
+use axum::extract::Path;
+use axum::http::{HeaderMap, StatusCode};
+use serde::{Deserialize, Serialize};
+use tidemark_engine::commands::tenants::SetTenant;
+use tidemark_log::time::Micros;
+use tidemark_projections::tenants::TenantRow;
+use utoipa::{IntoParams, ToSchema};
+
+use crate::error::{ApiError, Problem};
+use crate::request::{Reason, Validate, ValidatedJson};
+use crate::routes::{caller, read_model};
+use crate::state::Api;
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantOut {
+    pub name: String,
+    /// The shard its events and models live in.
+    pub shard: u32,
+    pub reason: String,
+    /// The token that created it (absent in open mode).
+    pub by: Option<String>,
+    #[schema(value_type = String)]
+    pub created_at: Micros,
+    pub created_seq: u64,
+    /// Set once removed: its events stay in the log, its API answers `404 tenant_not_found`.
+    pub removed: Option<RemovedOut>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RemovedOut {
+    pub reason: String,
+    pub by: Option<String>,
+    #[schema(value_type = String)]
+    pub at: Micros,
+    pub seq: u64,
+}
+
+impl From<TenantRow> for TenantOut {
+    fn from(r: TenantRow) -> Self {
+        TenantOut {
+            name: r.name,
+            shard: r.shard,
+            reason: r.reason,
+            by: r.by,
+            created_at: Micros(r.created_at_us),
+            created_seq: r.created_seq,
+            removed: r.removed.map(|d| RemovedOut {
+                reason: d.reason,
+                by: d.by,
+                at: Micros(d.at_us),
+                seq: d.seq,
+            }),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantsPage {
+    pub tenants: Vec<TenantOut>,
+    /// The answer reflects the log at least up to this seq.
+    pub as_of_seq: u64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantAnswer {
+    #[serde(flatten)]
+    pub tenant: TenantOut,
+    pub as_of_seq: u64,
+}
+
+/// A tenant's name in a path.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TenantName {
+    /// The tenant's name: 1 to 32 of `a-z0-9_-`, starting with a letter.
+    #[param(min_length = 1, max_length = 32, pattern = "^[a-z][a-z0-9_-]{0,31}$")]
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantBody {
+    /// The new tenant's name: 1 to 32 of `a-z0-9_-`, starting with a letter; never one used
+    /// before.
+    #[schema(min_length = 1, max_length = 32, pattern = "^[a-z][a-z0-9_-]{0,31}$")]
+    pub name: String,
+    /// Why; required, recorded in the event.
+    #[schema(inline)]
+    pub reason: Reason,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantDeleteBody {
+    /// Why; required, recorded in the event.
+    #[schema(inline)]
+    pub reason: Reason,
+}
+
+fn invalid(detail: String) -> ApiError {
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_tenant", detail)
+}
+
+fn check_name(name: &str) -> Result<(), ApiError> {
+    tidemark_log::check_tenant(name).map_err(|e| invalid(e.to_string()))?;
+    if name == tidemark_log::DEFAULT_TENANT {
+        return Err(invalid(
+            "the default tenant always exists; it is not created or removed".into(),
+        ));
+    }
+    Ok(())
+}
+
+impl Validate for TenantBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        check_name(&self.name)?;
+        self.reason.check("a tenant's creation")
+    }
+}
+
+impl Validate for TenantDeleteBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        self.reason.check("a tenant's removal")
+    }
+}
+
+/// The engine of the default tenant, whose model is the directory (only the deployment's
+/// operators reach these routes: `tenancy`).
+fn directory(st: &Api) -> &tidemark_engine::Engine {
+    &st.shared().engine
+}
+
+fn not_found(name: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "tenant_not_found",
+        format!("no tenant {name:?}"),
+    )
+}
+
+/// Every tenant ever created (removed ones marked), by name.
+#[utoipa::path(get, path = "/v1/tenants", tag = "tenants", operation_id = "listTenants",
+    responses((status = 200, body = TenantsPage)),
+    security(("bearer" = ["operator"])))]
+pub async fn list(st: Api) -> Result<Json<TenantsPage>, ApiError> {
+    let (rows, as_of_seq) = read_model(directory(&st), 0, |q| q.tenants()).await?;
+    Ok(Json(TenantsPage {
+        tenants: rows.into_iter().map(TenantOut::from).collect(),
+        as_of_seq,
+    }))
+}
+
+/// One tenant.
+#[utoipa::path(get, path = "/v1/tenants/{name}", tag = "tenants", operation_id = "getTenant",
+    params(TenantName),
+    responses(
+        (status = 200, body = TenantAnswer),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["operator"])))]
+pub async fn show(
+    st: Api,
+    Path(TenantName { name }): Path<TenantName>,
+) -> Result<Json<TenantAnswer>, ApiError> {
+    let n = name.clone();
+    let (row, as_of_seq) = read_model(directory(&st), 0, move |q| q.tenant(&n)).await?;
+    let row = row.ok_or_else(|| not_found(&name))?;
+    Ok(Json(TenantAnswer {
+        tenant: row.into(),
+        as_of_seq,
+    }))
+}
+
+/// Admin: create a tenant, with a reason. Its resources are then under
+/// `/tenants/{name}/v1/…`, and tokens configured with `tenant = "{name}"` act for it.
+#[utoipa::path(post, path = "/v1/tenants", tag = "tenants", operation_id = "createTenant",
+    request_body(content = TenantBody, content_type = "application/json"),
+    responses(
+        (status = 201, body = TenantAnswer),
+        (status = 409, description = "tenant_exists: the name is or was a tenant's", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "invalid_tenant, reason_required or a malformed body", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["admin"])))]
+#[tracing::instrument(skip_all, fields(tenant = %b.name))]
+pub async fn create(
+    st: Api,
+    headers: HeaderMap,
+    ValidatedJson(b): ValidatedJson<TenantBody>,
+) -> Result<(StatusCode, Json<TenantAnswer>), ApiError> {
+    let (_, receipt) = directory(&st)
+        .execute(SetTenant {
+            name: b.name.clone(),
+            create: true,
+            reason: b.reason.into_string(),
+            by: caller(&st, &headers),
+        })
+        .await?;
+    let n = b.name.clone();
+    let (row, as_of_seq) =
+        read_model(directory(&st), receipt.last_seq, move |q| q.tenant(&n)).await?;
+    let row = row.ok_or_else(|| not_found(&b.name))?;
+    tracing::info!(tenant = %b.name, "tenant created");
+    Ok((
+        StatusCode::CREATED,
+        Json(TenantAnswer {
+            tenant: row.into(),
+            as_of_seq,
+        }),
+    ))
+}
+
+/// Admin: remove a tenant, with a reason. Its events stay in the log; its API answers `404
+/// tenant_not_found` and its name is not given again.
+#[utoipa::path(delete, path = "/v1/tenants/{name}", tag = "tenants", operation_id = "deleteTenant",
+    params(TenantName),
+    request_body(content = TenantDeleteBody, content_type = "application/json"),
+    responses(
+        (status = 204, description = "removed"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["admin"])))]
+#[tracing::instrument(skip_all, fields(tenant = %name))]
+pub async fn delete(
+    st: Api,
+    Path(TenantName { name }): Path<TenantName>,
+    headers: HeaderMap,
+    ValidatedJson(b): ValidatedJson<TenantDeleteBody>,
+) -> Result<StatusCode, ApiError> {
+    directory(&st)
+        .execute(SetTenant {
+            name: name.clone(),
+            create: false,
+            reason: b.reason.into_string(),
+            by: caller(&st, &headers),
+        })
+        .await?;
+    tracing::info!(tenant = %name, "tenant removed");
+    Ok(StatusCode::NO_CONTENT)
+}

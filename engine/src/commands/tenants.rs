@@ -1,0 +1,103 @@
+//! Tenants (spec section 20): `POST /v1/tenants` records `tenant.created` with the shard it
+//! is placed in, `DELETE /v1/tenants/{name}` records `tenant.removed`; both need a reason and
+//! name who did it. The directory is the default tenant's (a tenant's handle cannot run them).
+
+use serde_json::json;
+use tidemark_log::NewEvent;
+use tidemark_projections::ModelsTxn;
+use tidemark_projections::names::{EventType, Stream};
+use tidemark_projections::tenants::{self, TenantRow};
+
+use super::{Command, DecideResult, Decided, Round};
+use crate::error::{CommandError, Rejection};
+
+/// Create tenant `name` (`create`: refused `tenant_exists` for a name ever used, removed or
+/// not) or remove it (refused `tenant_not_found` for one that is not a tenant now). Answers
+/// the row after it.
+#[derive(Debug, Clone)]
+pub struct SetTenant {
+    pub name: String,
+    pub create: bool,
+    pub reason: String,
+    pub by: Option<String>,
+}
+
+impl Command for SetTenant {
+    type Answer = TenantRow;
+
+    fn decide(&self, txn: &ModelsTxn, round: &mut Round<'_>) -> DecideResult<Self::Answer> {
+        if txn.tenant().is_some() {
+            return Err(CommandError::rejected(
+                Rejection::InvalidTenant,
+                "tenants are created and removed in the default tenant's directory",
+            ));
+        }
+        if let Err(e) = tidemark_log::check_tenant(&self.name) {
+            return Err(CommandError::rejected(
+                Rejection::InvalidTenant,
+                e.to_string(),
+            ));
+        }
+        if self.name == tidemark_log::DEFAULT_TENANT {
+            return Err(CommandError::rejected(
+                Rejection::InvalidTenant,
+                "the default tenant always exists and cannot be removed",
+            ));
+        }
+        if self.reason.trim().is_empty() {
+            return Err(CommandError::rejected(
+                Rejection::ReasonRequired,
+                "a tenant is created or removed with a reason",
+            ));
+        }
+        let now = tenants::View::new(txn)?.row(&self.name)?;
+        let (ty, payload, row) = match (self.create, now) {
+            (true, Some(_)) => {
+                return Err(CommandError::rejected(
+                    Rejection::TenantExists,
+                    format!(
+                        "tenant {:?} exists (or existed: a name is not reused)",
+                        self.name
+                    ),
+                ));
+            }
+            (true, None) => {
+                // One log today: every tenant lives in shard 0 (the placement is recorded, so
+                // a deployment of several shards reads it the same way).
+                let shard = 0u32;
+                let row = TenantRow {
+                    name: self.name.clone(),
+                    shard,
+                    reason: self.reason.clone(),
+                    by: self.by.clone(),
+                    created_at_us: round.now_us,
+                    ..TenantRow::default()
+                };
+                let payload = json!({"shard": shard, "reason": self.reason, "by": self.by});
+                (EventType::TenantCreated, payload, row)
+            }
+            (false, Some(row)) if row.is_live() => {
+                let payload = json!({"reason": self.reason, "by": self.by});
+                let row = TenantRow {
+                    removed: Some(tenants::Removed {
+                        reason: self.reason.clone(),
+                        by: self.by.clone(),
+                        at_us: round.now_us,
+                        seq: 0,
+                    }),
+                    ..row
+                };
+                (EventType::TenantRemoved, payload, row)
+            }
+            (false, _) => {
+                return Err(CommandError::rejected(
+                    Rejection::TenantNotFound,
+                    format!("no tenant {:?}", self.name),
+                ));
+            }
+        };
+        let ev = NewEvent::new(None, Stream::Tenants, &self.name, ty.as_str(), &payload)
+            .map_err(|e| CommandError::rejected(Rejection::InvalidTenant, e.to_string()))?;
+        Ok(Decided::new(row, vec![ev]))
+    }
+}
