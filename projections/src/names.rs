@@ -698,9 +698,10 @@ mod tests {
                 "recipient.unsuppressed",
             ]
         );
-        // 45 server-only types: `endpoint.unresolved`, `endpoint.resolved` and
-        // `source.item_skipped` came with issue 53, the four `node.*` with issue 56.
-        assert_eq!(EventType::ALL.len() - client.len(), 45);
+        // 47 server-only types: `endpoint.unresolved`, `endpoint.resolved` and
+        // `source.item_skipped` came with issue 53, the four `node.*` with issue 56, the two
+        // `tenant.*` with issue 58.
+        assert_eq!(EventType::ALL.len() - client.len(), 47);
     }
 
     /// Every `delivery.*` type (and no other) says what it does to a delivery row, by the

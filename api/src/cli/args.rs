@@ -750,6 +750,10 @@ pub struct ClientArgs {
     /// Bearer token.
     #[arg(long, global = true, env = "TIDEMARK_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// The tenant to act for (spec section 20): every request goes under
+    /// `/tenants/TENANT` of the server. None: the token's tenant, or `default`.
+    #[arg(long, global = true, env = "TIDEMARK_TENANT")]
+    pub tenant: Option<String>,
     /// How records are printed on stdout: table (aligned columns; the default on a terminal),
     /// json (one JSON document: an array of the records, or the one record; the default
     /// otherwise), jsonl (one JSON record per line). Errors go to stderr in words; under

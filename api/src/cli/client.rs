@@ -14,7 +14,12 @@ pub(crate) struct Client {
 
 impl Client {
     pub(crate) fn new(args: &ClientArgs) -> Result<Client, CliError> {
-        let base = base_url(&args.url)?;
+        let mut base = base_url(&args.url)?;
+        if let Some(t) = &args.tenant {
+            tidemark_log::check_tenant(t)
+                .map_err(|e| CliError::Other(format!("--tenant {t:?} cannot be used: {e}")))?;
+            base = format!("{base}/tenants/{t}");
+        }
         let api = tidemark_client::Client::new(base.clone(), args.token.clone()).map_err(|e| {
             CliError::Other(match e {
                 tidemark_client::Error::Config(why) => why,

@@ -95,6 +95,26 @@ impl Client {
         self
     }
 
+    /// The same client acting for tenant `name` (spec section 20): every call goes under
+    /// `/tenants/{name}` of the server, with the same token (a `*` token's, or the tenant's
+    /// own). A name is 1 to 32 of `a-z0-9_-`, starting with a letter.
+    pub fn tenant(&self, name: &str) -> Result<Client, Error> {
+        let ok = name.len() <= 32
+            && name.starts_with(|c: char| c.is_ascii_lowercase())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-'));
+        if !ok {
+            return Err(Error::Config(format!(
+                "{name:?} is not a tenant's name (1 to 32 of a-z0-9_-, starting with a letter)"
+            )));
+        }
+        Ok(Client {
+            base: format!("{}/tenants/{name}", self.base),
+            ..self.clone()
+        })
+    }
+
     /// The base URL.
     pub fn base_url(&self) -> &str {
         &self.base

@@ -490,6 +490,9 @@ pub struct EventEnvelope {
     pub seq: u64,
     pub stream: String,
     pub subject: String,
+    /// The event's tenant (spec section 20); absent for the default tenant's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     /// Commit time, RFC 3339 UTC with microseconds.
     pub time: String,
     pub r#type: String,

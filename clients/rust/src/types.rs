@@ -62,6 +62,9 @@ pub struct AppendReceipt {
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 pub struct Event {
     pub seq: u64,
+    /// The event's tenant (spec section 20); `None` for the default tenant's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     pub event_id: String,
     pub stream: String,
     pub subject: String,

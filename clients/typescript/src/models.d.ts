@@ -297,6 +297,8 @@ export interface EventEnvelope {
   seq: number;
   stream: string;
   subject: string;
+  /** The event's tenant (spec section 20); absent for the default tenant's. */
+  tenant?: string | null;
   /** Commit time, RFC 3339 UTC with microseconds. */
   time: string;
   type: string;

@@ -32,7 +32,11 @@ impl Command for SetTenant {
                 "tenants are created and removed in the default tenant's directory",
             ));
         }
-        if let Err(e) = tidemark_log::check_tenant(&self.name) {
+        // A name no tenant can have is refused when created, not found when removed; the
+        // default tenant is neither created nor removed.
+        if self.create
+            && let Err(e) = tidemark_log::check_tenant(&self.name)
+        {
             return Err(CommandError::rejected(
                 Rejection::InvalidTenant,
                 e.to_string(),
@@ -41,7 +45,7 @@ impl Command for SetTenant {
         if self.name == tidemark_log::DEFAULT_TENANT {
             return Err(CommandError::rejected(
                 Rejection::InvalidTenant,
-                "the default tenant always exists and cannot be removed",
+                "the default tenant always exists: it is not created or removed",
             ));
         }
         if self.reason.trim().is_empty() {

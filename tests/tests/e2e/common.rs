@@ -393,7 +393,7 @@ pub async fn projections(api: &Api) -> HashMap<String, Value> {
     map
 }
 
-pub const PROJECTIONS: [&str; 9] = [
+pub const PROJECTIONS: [&str; 10] = [
     "tasks",
     "notifications",
     "settings",
@@ -403,6 +403,7 @@ pub const PROJECTIONS: [&str; 9] = [
     "sources",
     "lists",
     "routes",
+    "tenants",
 ];
 
 /// `POST /v1/admin/projections/{name}/{action}` (rebuild or verify); panics unless 200.

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use tidemark_tests::{Api, Server, ServerOpts, SseNext, random_token, sha256_hex};
+use tidemark_tests::{Api, Server, ServerOpts, SseNext, random_token, run_cli, sha256_hex};
 
 use crate::common::{notif_ev, wait_for};
 
@@ -214,6 +214,73 @@ async fn tenants_append_and_read_their_own_events() {
         (r.status, r.json["code"].as_str()),
         (StatusCode::FORBIDDEN, Some("tenant_forbidden"))
     );
+    // The CLI acts for the tenant `--tenant` names (the operator's token), appending and
+    // reading that tenant's events alone; a tenant's token with another's is refused.
+    let url = s.base().to_owned();
+    let cli = |args: Vec<String>, stdin: String| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_cli(&args, &stdin, Duration::from_secs(60)).await
+    };
+    let with = |extra: &[&str], token: &str, tenant: &str| -> Vec<String> {
+        let mut a: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        for x in [
+            "--url", &url, "--token", token, "--tenant", tenant, "-o", "json",
+        ] {
+            a.push(x.to_owned());
+        }
+        a
+    };
+    let out = cli(
+        with(&["append"], &t.op, "beta"),
+        format!("{}\n", ev("e-2", "o-2", 4)),
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tail = ["tail", "--after", "0", "--count", "2"];
+    let out = cli(with(&tail, &t.op, "beta"), String::new()).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tailed: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let tailed: Vec<(&str, &str)> = tailed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["tenant"].as_str().unwrap_or("-"),
+                e["event_id"].as_str().unwrap_or("-"),
+            )
+        })
+        .collect();
+    assert_eq!(tailed, [("beta", "e-1"), ("beta", "e-2")]);
+    let out = cli(with(&tail, &t.acme, "beta"), String::new()).await;
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("tenant_forbidden"),
+        "{out:?}"
+    );
+    // The Rust client library: `Client::tenant` scopes every call to a tenant.
+    let client = tidemark_client::Client::new(s.base().to_owned(), Some(t.op.clone()))
+        .unwrap()
+        .tenant("acme")
+        .unwrap();
+    let r = client
+        .append([
+            tidemark_client::NewEvent::new("orders", "o-1", "order.placed", json!({"n": 1}))
+                .with_id("e-1"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!((r.events[0].seq, r.events[0].duplicate), (seqs[0], true));
+    let anon = tidemark_client::Client::new(s.base().to_owned(), None).unwrap();
+    assert!(anon.tenant("Nope").is_err());
     for (api, tenant, n) in [
         (&acme, Some("acme"), 1),
         (&beta, Some("beta"), 2),
@@ -221,7 +288,7 @@ async fn tenants_append_and_read_their_own_events() {
     ] {
         let all = api.read_all("").await;
         let orders: Vec<&Value> = all.iter().filter(|e| e["stream"] == "orders").collect();
-        assert_eq!(orders.len(), 1, "{tenant:?}: {all:?}");
+        assert_eq!(orders.len(), 1 + usize::from(n == 2), "{tenant:?}: {all:?}");
         assert_eq!(orders[0]["payload"]["n"], n);
         assert_eq!(orders[0]["tenant"].as_str(), tenant);
         assert!(

@@ -86,6 +86,9 @@ pub struct AppendResponse {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventEnvelope {
     pub seq: u64,
+    /// The event's tenant (spec section 20); absent for the default tenant's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     pub event_id: String,
     pub stream: String,
     pub subject: String,

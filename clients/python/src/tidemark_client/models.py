@@ -327,7 +327,11 @@ class EndpointsPage(TypedDict):
     endpoints: List[EndpointOut]
 
 
-class EventEnvelope(TypedDict):
+class _EventEnvelopeOptional(TypedDict, total=False):
+    tenant: Optional[str]
+
+
+class EventEnvelope(_EventEnvelopeOptional):
     """A stored event, as served."""
 
     event_id: str
