@@ -116,8 +116,10 @@ pub(crate) fn resolve(state: &Shared, req: &mut Request, matched: &str) -> Resul
         (Some(t), _) => Some(t),
         (None, named) => named,
     };
-    let acting = acting.filter(|t| &**t != tidemark_log::DEFAULT_TENANT);
-    req.extensions_mut().insert(Acting(acting));
+    // The default tenant is what a request without `Acting` acts for: nothing to insert.
+    if let Some(t) = acting.filter(|t| &**t != tidemark_log::DEFAULT_TENANT) {
+        req.extensions_mut().insert(Acting(Some(t)));
+    }
     Ok(())
 }
 

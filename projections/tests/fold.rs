@@ -531,6 +531,15 @@ fn reference(events: &[(u64, NewEvent)]) -> HashMap<String, RefTask> {
     m
 }
 
+/// A log in `dir` with a small cache and frequent index merges (so lookups and conditions go
+/// through the merged indexes too), its models folded.
+fn small_log(dir: &tempfile::TempDir) -> common::Folded {
+    let mut cfg = LogConfig::new(dir.path().join("log.redb"));
+    cfg.cache_bytes = 4 << 20;
+    cfg.merge_threshold = 7;
+    common::Folded::open(&cfg).0
+}
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -546,10 +555,7 @@ proptest! {
     fn live_equals_rebuild_and_reference(ops in proptest::collection::vec(op(), 1..80), chunked in any::<bool>()) {
         let dir = tempfile::tempdir().unwrap();
         let rt = rt();
-        let mut cfg = LogConfig::new(dir.path().join("log.redb"));
-        cfg.cache_bytes = 4 << 20;
-        cfg.merge_threshold = 7;
-        let (log, _) = common::Folded::open(&cfg);
+        let log = small_log(&dir);
         let mut sent: Vec<NewEvent> = Vec::new();
         let mut stored: Vec<(u64, NewEvent)> = Vec::new();
         let mut pending: Vec<NewEvent> = Vec::new();
@@ -956,10 +962,7 @@ proptest! {
         const TENANTS: [&str; 3] = ["default", "acme", "beta"];
         let dir = tempfile::tempdir().unwrap();
         let rt = rt();
-        let mut cfg = LogConfig::new(dir.path().join("log.redb"));
-        cfg.cache_bytes = 4 << 20;
-        cfg.merge_threshold = 7;
-        let (log, _) = common::Folded::open(&cfg);
+        let log = small_log(&dir);
         let mut sent: Vec<NewEvent> = Vec::new();
         let mut stored: [Vec<(u64, NewEvent)>; 3] = Default::default();
         for (i, (op, t)) in ops.iter().enumerate() {

@@ -79,6 +79,12 @@ pub(crate) fn encode(rec: &Stored<'_>, out: &mut Vec<u8>) {
     *out = body.unwrap_or_default();
 }
 
+/// Whether a stored record is the default tenant's (format version 1), read from its first
+/// byte alone.
+pub(crate) fn is_default_tenant(bytes: &[u8]) -> bool {
+    bytes.first() == Some(&FORMAT_V1)
+}
+
 pub(crate) fn decode(bytes: &[u8]) -> Result<Stored<'_>, String> {
     let (tenant, v1) = match bytes.split_first() {
         Some((&FORMAT_V1, rest)) => (

@@ -76,11 +76,15 @@ impl Since {
         let head = self.head();
         let mut events = Vec::new();
         let mut next_after = head.max(q.after);
-        let filtered = q.tenant.is_some()
-            || q.stream.is_some()
-            || q.subject.is_some()
-            || q.event_type.is_some();
+        let keyed = q.stream.is_some() || q.subject.is_some() || q.event_type.is_some();
+        // The default tenant's alone, unfiltered: the format version byte says (version 1 is
+        // the default tenant's), without decoding the envelope.
+        let default_only = !keyed && q.tenant.as_deref() == Some(crate::DEFAULT_TENANT);
+        let filtered = keyed || (q.tenant.is_some() && !default_only);
         for (seq, bytes) in self.records(head) {
+            if default_only && !super::codec::is_default_tenant(bytes) {
+                continue;
+            }
             if filtered {
                 let e = decode_event_ref(seq, bytes)?;
                 if !matches(&e, q) {

@@ -346,7 +346,12 @@ pub(crate) fn read<'q>(
         let seq = k.value();
         // Only the query's tenant's, when it names one: no index lists a tenant's events
         // alone, so a tenant's page without filters is a scan of its shard's log.
-        if q.tenant.is_some() && !of_tenant(&decode_event_ref(seq, v.value())?, q) {
+        let kept = match q.tenant.as_deref() {
+            None => true,
+            Some(crate::DEFAULT_TENANT) => super::codec::is_default_tenant(v.value()),
+            Some(_) => of_tenant(&decode_event_ref(seq, v.value())?, q),
+        };
+        if !kept {
             continue;
         }
         out.push(decode_event(seq, v.value())?);
