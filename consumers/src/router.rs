@@ -40,8 +40,7 @@ pub(crate) fn derives_from(ev: &EventRef<'_>) -> bool {
 
 /// The notification of lifecycle event `ev` ([`derives_from`]), if its payload routes one.
 fn derive(engine: &Engine, ev: &Event) -> Result<Option<NewEvent>, StorageError> {
-    // The event's tenant's task, and a notification of that tenant (spec section 20).
-    let engine = &engine.in_tenant(ev.tenant());
+    // `engine` acts for the event's tenant: its task, and a notification of that tenant.
     let task_id = TaskId::new(ev.subject.as_str());
     let task = engine.read().task(&task_id)?;
     // A completion of a run that had not started (no `task.run_started` before it) is a
@@ -92,13 +91,16 @@ pub(crate) async fn run(
             let (e, p) = (engine.clone(), page.clone());
             let derived = tokio::task::spawn_blocking(move || {
                 let mut derived = Vec::new();
-                for ev in p
-                    .events
-                    .iter()
-                    .filter(|ev| ev.seq > after && derives_from(&ev.as_ref()))
-                {
-                    if let Some(n) = derive(&e, ev)? {
-                        derived.push(n);
+                // Each run of one tenant's events through that tenant's handle.
+                for run in p.events.chunk_by(|a, b| a.tenant == b.tenant) {
+                    let tenant = e.in_tenant(run[0].tenant());
+                    for ev in run
+                        .iter()
+                        .filter(|ev| ev.seq > after && derives_from(&ev.as_ref()))
+                    {
+                        if let Some(n) = derive(&tenant, ev)? {
+                            derived.push(n);
+                        }
                     }
                 }
                 Ok::<_, StorageError>(derived)

@@ -242,7 +242,9 @@ impl<L: EventLog + Clone> Engine<L> {
     /// every tenant's models walks (blocking).
     pub fn every_tenant(&self) -> Result<Vec<(Engine<L>, u64)>, QueryError> {
         let mut out = vec![(self.in_tenant(tidemark_log::DEFAULT_TENANT), 0)];
-        for t in self.queries.tenants()? {
+        // The directory as the models hold it, not waiting for the head: a tenant created a
+        // moment ago is walked from the next call on.
+        for t in self.queries.unwaited().tenants()? {
             if t.is_live() {
                 out.push((self.in_tenant(&t.name), t.created_seq));
             }

@@ -750,8 +750,7 @@ pub struct ClientArgs {
     /// Bearer token.
     #[arg(long, global = true, env = "TIDEMARK_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// The tenant to act for (spec section 20): every request goes under
-    /// `/tenants/TENANT` of the server. None: the token's tenant, or `default`.
+    /// The tenant to act for (requests go under /tenants/TENANT); none: the token's, or default.
     #[arg(long, global = true, env = "TIDEMARK_TENANT")]
     pub tenant: Option<String>,
     /// How records are printed on stdout: table (aligned columns; the default on a terminal),

@@ -349,11 +349,8 @@ async fn run(
         let claims = free > 0 && (inflight.is_empty() || free >= batch);
         // Each tenant's due deliveries are its own (spec section 20): claimed in turn, the
         // tenant that came first last time going last this time.
-        let mut turn = if claims {
-            tenants.turn(&engine).await
-        } else {
-            Vec::new()
-        };
+        tenants.refresh(&engine).await;
+        let mut turn = if claims { tenants.turn() } else { Vec::new() };
         while let Some(tenant) = turn.pop() {
             let free = adapter.concurrency().saturating_sub(inflight.len());
             if free == 0 {
@@ -461,24 +458,23 @@ async fn run(
                         Err(_) => health.update(sink, |h| h.in_flight = h.in_flight.saturating_sub(1)),
                     }
                 }
-                let unresolved: Vec<String> = done
+                // A route changed through a node with another environment (of the attempt's
+                // tenant): recorded, so its other deliveries wait instead of spending attempts.
+                let unresolved: Vec<(Engine, String)> = done
                     .iter()
                     .filter(|a| matches!(&a.outcome,
                         Outcome::Transient { code, .. } if code == webhook::UNRESOLVED))
-                    .map(|a| a.route.clone())
-                    .collect();
-                // A route changed through a node with another environment: recorded, so its
-                // other deliveries wait instead of spending attempts.
-                let unresolved: Vec<(Engine, String)> = done
-                    .iter()
-                    .filter(|a| unresolved.contains(&a.route))
                     .map(|a| (a.tenant.clone(), a.route.clone()))
                     .collect();
                 // Each tenant's attempts reported in its own commands.
-                done.sort_by(|a, b| a.tenant.tenant().cmp(b.tenant.tenant()));
-                for run in done.chunk_by_mut(|a, b| a.tenant.tenant() == b.tenant.tenant()) {
-                    let tenant = run[0].tenant.clone();
-                    let run: Vec<Attempt> = run.iter_mut().map(Attempt::take).collect();
+                let mut by_tenant: Vec<(Engine, Vec<Attempt>)> = Vec::new();
+                for a in done {
+                    match by_tenant.iter_mut().find(|(t, _)| t.tenant() == a.tenant.tenant()) {
+                        Some((_, run)) => run.push(a),
+                        None => by_tenant.push((a.tenant.clone(), vec![a])),
+                    }
+                }
+                for (tenant, run) in by_tenant {
                     report(&tenant, sink, &owner, run).await;
                 }
                 for (tenant, route) in unresolved {
@@ -638,25 +634,6 @@ struct Attempt {
     tenant: Engine,
 }
 
-impl Attempt {
-    /// The attempt, leaving an empty one in its place (reports take them by value).
-    fn take(&mut self) -> Attempt {
-        Attempt {
-            id: self.id.clone(),
-            route: std::mem::take(&mut self.route),
-            outcome: std::mem::replace(
-                &mut self.outcome,
-                Outcome::Permanent {
-                    code: String::new(),
-                    error: String::new(),
-                },
-            ),
-            took: self.took,
-            tenant: self.tenant.clone(),
-        }
-    }
-}
-
 /// The tenants a dispatcher claims for, read again at most once a second (a tenant created
 /// meanwhile is claimed for from then on), and whose turn comes first.
 #[derive(Default)]
@@ -667,36 +644,37 @@ struct Tenants {
 }
 
 impl Tenants {
-    /// Every tenant, in the order to claim for (popped from the end), refreshed when due.
-    async fn turn(&mut self, engine: &Engine) -> Vec<Engine> {
+    /// Read the tenants again when a second has passed (the default tenant alone until a
+    /// first read succeeds).
+    async fn refresh(&mut self, engine: &Engine) {
         if self
             .read_at
-            .is_none_or(|at| at.elapsed() >= Duration::from_secs(1))
+            .is_some_and(|at| at.elapsed() < Duration::from_secs(1))
         {
-            let e = engine.clone();
-            match tokio::task::spawn_blocking(move || e.every_tenant()).await {
-                Ok(Ok(all)) => {
-                    self.all = all.into_iter().map(|(e, _)| e).collect();
-                    self.read_at = Some(Instant::now());
-                }
-                _ if self.all.is_empty() => self.all = vec![engine.clone()],
-                _ => {}
-            }
+            return;
         }
-        let n = self.all.len().max(1);
-        self.next = (self.next + 1) % n;
-        let mut order: Vec<Engine> = self.all[self.next..]
-            .iter()
-            .chain(&self.all[..self.next])
-            .cloned()
-            .collect();
+        let e = engine.clone();
+        match tokio::task::spawn_blocking(move || e.every_tenant()).await {
+            Ok(Ok(all)) => {
+                self.all = all.into_iter().map(|(e, _)| e).collect();
+                self.read_at = Some(Instant::now());
+            }
+            _ if self.all.is_empty() => self.all = vec![engine.clone()],
+            _ => {}
+        }
+    }
+
+    /// Every tenant, in the order to claim for (popped from the end): one place on from last
+    /// time.
+    fn turn(&mut self) -> Vec<Engine> {
+        self.next = (self.next + 1) % self.all.len().max(1);
+        let mut order = self.all.clone();
+        order.rotate_left(self.next);
         order.reverse();
         order
     }
 }
 
-/// Record the attempts' outcomes: the sent ones through one completion command, each failure
-/// through the fail command.
 /// When the first delivery of `sink` falls due, read once the models have folded (and
 /// committed) the log up to the head: the claim just decided saw all of it, and the decider
 /// commits what it folds only after its replies, batched; a read of the store as it stood
@@ -718,6 +696,8 @@ async fn earliest_due(tenants: &[Engine], sink: Sink) -> Result<Option<i64>, Str
     .map_err(|e| e.to_string())?
 }
 
+/// Record one tenant's attempts' outcomes: the sent ones through one completion command, each
+/// failure through the fail command.
 async fn report(engine: &Engine, sink: Sink, owner: &str, attempts: Vec<Attempt>) {
     let mut sent: Vec<(DeliveryId, Option<String>)> = Vec::new();
     let mut reached: Vec<Vec<String>> = Vec::new();

@@ -87,7 +87,7 @@ impl Since {
             }
             if filtered {
                 let e = decode_event_ref(seq, bytes)?;
-                if !matches(&e, q) {
+                if !matches(&e, q, keyed) {
                     continue;
                 }
             }
@@ -118,8 +118,8 @@ impl Since {
 
 /// Whether `e` matches `q` (a filter without a tenant names the default tenant's keys, as
 /// the indexes read it: `store::read`).
-fn matches(e: &EventRef<'_>, q: &ReadQuery) -> bool {
-    let keyed = q.stream.is_some() || q.subject.is_some() || q.event_type.is_some();
+/// `keyed`: `q` has a stream, subject or type filter.
+fn matches(e: &EventRef<'_>, q: &ReadQuery, keyed: bool) -> bool {
     let tenant = match q.tenant.as_deref() {
         Some(t) => e.tenant() == t,
         None => !keyed || e.tenant.is_none(),
