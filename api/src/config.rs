@@ -41,6 +41,10 @@ pub struct SinksConfig {
     pub webhook: Option<tidemark_consumers::dispatch::webhook::WebhookConfig>,
 }
 
+fn tenant_labels() -> usize {
+    tidemark_engine::labels::DEFAULT_TENANT_LABELS
+}
+
 fn text() -> String {
     "text".to_owned()
 }
@@ -109,6 +113,10 @@ pub struct ServerConfig {
     /// links webhook bodies carry. Empty: its listen address.
     #[serde(default)]
     pub public_url: String,
+    /// How many tenants the metrics' `tenant` label names (spec section 20); the rest are
+    /// `other` (`tidemark_engine::labels`).
+    #[serde(default = "tenant_labels")]
+    pub metrics_tenant_labels: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -315,6 +323,9 @@ impl Config {
             return bad(
                 "server.tls_cert and server.tls_key go together: set both, or neither".into(),
             );
+        }
+        if self.server.metrics_tenant_labels > 10_000 {
+            return bad("server.metrics_tenant_labels must be at most 10000".into());
         }
         if self.server.max_wait_ms > 30_000 {
             return bad("server.max_wait_ms must be at most 30000".into());

@@ -79,9 +79,15 @@ where
 
     fn call(&mut self, mut req: Request) -> Answer {
         let started = Instant::now();
-        let labels = Labels::of(&req);
+        let mut labels = Labels::of(&req);
         let (inner, remaining) = match self.decide(&mut req) {
-            Ok(remaining) => (Ok(self.inner.call(req)), remaining),
+            Ok(remaining) => {
+                labels.tenant = req
+                    .extensions()
+                    .get::<crate::tenancy::Acting>()
+                    .and_then(|a| a.0.clone());
+                (Ok(self.inner.call(req)), remaining)
+            }
             Err((refusal, remaining)) => (Err(refusal), remaining),
         };
         Box::pin(async move {
@@ -205,6 +211,9 @@ fn request_id_of(req: &Request) -> HeaderValue {
 struct Labels {
     method: Method,
     route: Option<MatchedPath>,
+    /// The tenant the request acted for (`None`: the default tenant, or refused before one
+    /// was decided).
+    tenant: Option<Arc<str>>,
 }
 
 thread_local! {
@@ -213,8 +222,8 @@ thread_local! {
     static HANDLES: RefCell<HandleCache> = RefCell::new(HashMap::new());
 }
 
-/// Route → (method, status, handles).
-type HandleCache = HashMap<String, Vec<(Method, u16, Handles)>>;
+/// Route → (method, status, tenant label, handles).
+type HandleCache = HashMap<String, Vec<(Method, u16, &'static str, Handles)>>;
 
 #[derive(Clone)]
 struct Handles {
@@ -255,30 +264,40 @@ impl Labels {
         Labels {
             method: req.method().clone(),
             route: req.extensions().get::<MatchedPath>().cloned(),
+            tenant: None,
         }
     }
 
     fn record(self, status: u16, started: Instant, logged: Option<crate::error::Logged>) {
         let route = self.route.as_ref().map_or("unmatched", MatchedPath::as_str);
+        let code = logged.as_ref().map_or("", |l| l.code.as_str());
+        // A name the directory does not hold takes no label of the bounded set
+        // (`tidemark_engine::labels`): only a tenant that exists can.
+        let tenant = match &self.tenant {
+            None => tidemark_log::DEFAULT_TENANT,
+            Some(_) if code == "tenant_not_found" => tidemark_engine::labels::OTHER,
+            Some(t) => tidemark_engine::labels::tenant_label(t),
+        };
         let handles = HANDLES.with(|cache| {
             let mut cache = cache.borrow_mut();
             if let Some(h) = cache.get(route).and_then(|hs| {
                 hs.iter()
-                    .find(|(m, s, _)| *m == self.method && *s == status)
+                    .find(|(m, s, t, _)| *m == self.method && *s == status && *t == tenant)
             }) {
-                return h.2.clone();
+                return h.3.clone();
             }
             let method = self.method.as_str().to_owned();
             let h = Handles {
                 requests: metrics::counter!("tidemark_http_requests_total",
-                    "method" => method.clone(), "route" => route.to_owned(), "status" => status.to_string()),
+                    "method" => method.clone(), "route" => route.to_owned(), "status" => status.to_string(),
+                    "tenant" => tenant),
                 duration: metrics::histogram!("tidemark_http_request_duration_seconds",
-                    "method" => method, "route" => route.to_owned()),
+                    "method" => method, "route" => route.to_owned(), "tenant" => tenant),
             };
             cache
                 .entry(route.to_owned())
                 .or_default()
-                .push((self.method.clone(), status, h.clone()));
+                .push((self.method.clone(), status, tenant, h.clone()));
             h
         });
         let took = started.elapsed();
@@ -289,7 +308,6 @@ impl Labels {
         // problem's code and its server-side cause; a probe's only when its answer changes.
         // Milliseconds to the microsecond (`0.131`, not `0.13073800000000002`).
         let ms = took.as_micros() as f64 / 1e3;
-        let code = logged.as_ref().map_or("", |l| l.code.as_str());
         let cause = logged
             .as_ref()
             .and_then(|l| l.cause.as_deref())

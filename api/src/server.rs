@@ -572,6 +572,7 @@ pub async fn run(
     record_settings(&engine, config.notification_settings(), token.clone()).await?;
     let metrics = crate::metrics_setup::handle();
     crate::metrics_setup::describe();
+    tidemark_engine::labels::set_tenant_labels(config.server.metrics_tenant_labels);
     crate::routes::admin::backup_gauges_from_disk(&config.backup_root());
     metrics::gauge!("tidemark_log_head").set(report.head as f64);
     // Tidemark's own sinks (section 17), checked before anything runs.

@@ -22,6 +22,7 @@
 pub mod commands;
 pub mod decider;
 pub mod error;
+pub mod labels;
 pub mod pages;
 pub mod privacy;
 mod queries;
@@ -382,8 +383,9 @@ impl<L: EventLog + Clone> Engine<L> {
             Err(CommandError::Rejected { .. }) => "refused",
             Err(_) => "error",
         };
-        metrics::counter!("tidemark_commands_total", "command" => name, "result" => result)
-            .increment(1);
+        metrics::counter!("tidemark_commands_total", "command" => name, "result" => result,
+            "tenant" => labels::tenant_label(self.tenant()))
+        .increment(1);
         r
     }
 

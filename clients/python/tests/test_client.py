@@ -458,3 +458,58 @@ def test_a_worker_survives_a_kill_9_of_the_server_and_every_delivery_is_sent(ser
     assert set(handled) == set(ids), handled
     assert len(handled) - len(set(handled)) <= 5, handled
     assert result["completed"] + result["refused"] == len(handled), result
+
+
+def test_a_tenants_client_reads_and_writes_that_tenant_alone(make_server):
+    op_token, beta_token = secrets.token_hex(16), secrets.token_hex(16)
+    tok = lambda name, text, tenant: (  # noqa: E731
+        '[[auth.tokens]]\nname = "%s"\nsha256 = "%s"\nscopes = ["admin"]\ntenant = "%s"\n\n'
+        % (name, hashlib.sha256(text.encode()).hexdigest(), tenant))
+    s = make_server(tok("op", op_token, "*") + tok("beta", beta_token, "beta"))
+    with Client(s.base, op_token) as op:
+        for name in ("acme", "beta"):
+            op.ops.create_tenant({"name": name, "reason": "py test"})
+        acme = op.tenant("acme")
+        with pytest.raises(ValueError):
+            op.tenant("Not A Tenant")
+        batch = [dict(ev("py-tenant", "a", i), event_id=f"e-{i}") for i in range(2)]
+        r = acme.append(batch)
+        seqs = [e["seq"] for e in r["events"]]
+        # The same event ids in the default tenant are its own, not acme's duplicates.
+        r = op.append(batch)
+        assert [e["duplicate"] for e in r["events"]] == [False, False]
+        assert acme.append(batch)["events"][0]["duplicate"] is True
+        page = acme.events(0, stream="py-tenant")
+        assert [e["seq"] for e in page["events"]] == seqs
+        assert [e["tenant"] for e in page["events"]] == ["acme", "acme"]
+        stop = threading.Event()
+        seen = []
+        for e in acme.stream(0, stream="py-tenant", stop=stop):
+            seen.append(e["seq"])
+            if len(seen) == 2:
+                stop.set()
+                break
+        assert seen == seqs
+        acme.close()
+    # A tenant's own token acts for it; with another tenant's prefix it is refused.
+    with Client(s.base, beta_token) as beta:
+        assert beta.events(0, stream="py-tenant")["events"] == []
+        with pytest.raises(ApiError) as refused:
+            beta.tenant("acme").events(0)
+        assert refused.value.status == 403 and refused.value.code == "tenant_forbidden"
+
+
+def test_the_asyncio_client_acts_for_a_tenant(make_server):
+    s = make_server()
+
+    async def run() -> None:
+        async with AsyncClient(s.base) as c:
+            await c.ops.create_tenant({"name": "acme", "reason": "py test"})
+            acme = c.tenant("acme")
+            await acme.append([ev("py-atenant", "a", 0)])
+            page = await acme.events(0, stream="py-atenant")
+            assert [e["tenant"] for e in page["events"]] == ["acme"]
+            assert (await c.events(0, stream="py-atenant"))["events"] == []
+            await acme.aclose()
+
+    asyncio.run(run())

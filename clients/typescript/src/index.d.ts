@@ -101,6 +101,8 @@ export class Client {
   readonly baseUrl: string;
   /** Every JSON operation of the API, one call each (generated from the OpenAPI document). */
   readonly ops: Operations;
+  /** The same server acting for tenant `name`: every call under `/tenants/{name}`, same token. */
+  tenant(name: string): Client;
   append(events: NewEvent[]): Promise<AppendReceipt>;
   events(afterSequence?: number, options?: { stream?: string; subject?: string; limit?: number }): Promise<EventsPage>;
   stream(

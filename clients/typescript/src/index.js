@@ -94,6 +94,22 @@ export class Client {
     });
   }
 
+  /**
+   * The same server acting for tenant `name` (spec section 20): every call goes under
+   * `/tenants/{name}`, with the same token (a `*` token's, or the tenant's own). A name is 1
+   * to 32 of `a-z0-9_-`, starting with a letter.
+   * @param {string} name
+   * @returns {Client}
+   */
+  tenant(name) {
+    if (typeof name !== "string" || !/^[a-z][a-z0-9_-]{0,31}$/.test(name)) {
+      throw new TypeError(`${JSON.stringify(name)} is not a tenant's name (1 to 32 of a-z0-9_-, starting with a letter)`);
+    }
+    return new Client(`${this.baseUrl}/tenants/${name}`, this.token, {
+      attempts: this.attempts, maxRetryAfterMs: this.maxRetryAfterMs,
+    });
+  }
+
   headers(extra = {}) {
     return this.token ? { authorization: `Bearer ${this.token}`, ...extra } : extra;
   }

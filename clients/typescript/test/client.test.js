@@ -257,3 +257,37 @@ test("a worker survives a kill -9 of the server and every delivery is sent", asy
     assert.equal(report.completed + report.refused, handled.length);
   } finally { await s.stop(); }
 });
+
+test("a tenant's client reads and writes that tenant alone", async () => {
+  const tok = (name, text, tenant) =>
+    `[[auth.tokens]]\nname = "${name}"\nsha256 = "${createHash("sha256").update(text).digest("hex")}"\nscopes = ["admin"]\ntenant = "${tenant}"\n\n`;
+  const opToken = randomBytes(16).toString("hex");
+  const betaToken = randomBytes(16).toString("hex");
+  const s = await Server.start(tok("op", opToken, "*") + tok("beta", betaToken, "beta"));
+  try {
+    const op = new Client(s.base, opToken);
+    for (const name of ["acme", "beta"]) await op.ops.createTenant({ name, reason: "ts test" });
+    assert.throws(() => op.tenant("Not A Tenant"), TypeError);
+    const acme = op.tenant("acme");
+    const batch = [0, 1].map((i) => ({ ...ev("ts-tenant", "a", i), event_id: `e-${i}` }));
+    const r = await acme.append(batch);
+    const seqs = r.events.map((e) => e.seq);
+    // The same event ids in the default tenant are its own, not acme's duplicates.
+    assert.deepEqual((await op.append(batch)).events.map((e) => e.duplicate), [false, false]);
+    assert.equal((await acme.append(batch)).events[0].duplicate, true);
+    const page = await acme.events(0, { stream: "ts-tenant" });
+    assert.deepEqual(page.events.map((e) => [e.seq, e.tenant]), seqs.map((q) => [q, "acme"]));
+    const ctl = new AbortController();
+    const seen = [];
+    for await (const e of acme.stream(0, { stream: "ts-tenant", signal: ctl.signal })) {
+      seen.push(e.seq);
+      if (seen.length === 2) { ctl.abort(); break; }
+    }
+    assert.deepEqual(seen, seqs);
+    // A tenant's own token acts for it; with another tenant's prefix it is refused.
+    const beta = new Client(s.base, betaToken);
+    assert.deepEqual((await beta.events(0, { stream: "ts-tenant" })).events, []);
+    await assert.rejects(beta.tenant("acme").events(0),
+      (e) => e instanceof ApiError && e.status === 403 && e.code === "tenant_forbidden");
+  } finally { await s.stop(); }
+});

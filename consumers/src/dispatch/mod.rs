@@ -701,15 +701,16 @@ async fn earliest_due(tenants: &[Engine], sink: Sink) -> Result<Option<i64>, Str
 async fn report(engine: &Engine, sink: Sink, owner: &str, attempts: Vec<Attempt>) {
     let mut sent: Vec<(DeliveryId, Option<String>)> = Vec::new();
     let mut reached: Vec<Vec<String>> = Vec::new();
+    let tenant = tidemark_engine::labels::tenant_label(engine.tenant());
     for a in attempts {
         let kind = match &a.outcome {
             Outcome::Sent(_) => "sent",
             Outcome::Transient { .. } => "transient",
             Outcome::Permanent { .. } => "permanent",
         };
-        metrics::counter!("tidemark_sink_attempts_total", "sink" => sink.as_str(), "outcome" => kind)
+        metrics::counter!("tidemark_sink_attempts_total", "sink" => sink.as_str(), "outcome" => kind, "tenant" => tenant)
             .increment(1);
-        metrics::histogram!("tidemark_sink_attempt_seconds", "sink" => sink.as_str())
+        metrics::histogram!("tidemark_sink_attempt_seconds", "sink" => sink.as_str(), "tenant" => tenant)
             .record(a.took.as_secs_f64());
         let id = a.id;
         let r = match a.outcome {

@@ -561,3 +561,82 @@ async fn two_tenants_at_once_with_nothing_crossing() {
     let mine = op.read_all("stream=orders").await;
     assert!(mine.is_empty(), "{mine:?}");
 }
+
+/// The metrics' `tenant` label (spec section 20): a tenant's appends, commands, lease calls and
+/// requests are counted under its name, the bound (`server.metrics_tenant_labels = 1` here)
+/// names only the first tenant met and counts the later ones as `other`, and a name the
+/// directory does not hold never takes a label.
+#[tokio::test]
+async fn metrics_name_tenants_up_to_the_bound() {
+    let t = Tokens {
+        op: format!("tm-op-{}", random_token(24)),
+        acme: format!("tm-acme-{}", random_token(24)),
+        beta: format!("tm-beta-{}", random_token(24)),
+    };
+    let s = Server::start(ServerOpts::default().config(format!(
+        "[server]\nmetrics_tenant_labels = 1\n\n{}",
+        config(&t)
+    )))
+    .await;
+    let op = s.api().under("", Some(&t.op));
+    for name in ["acme", "beta"] {
+        assert_eq!(create(&op, name).await.status, StatusCode::CREATED);
+    }
+    // A name nobody created, asked for by the operator, first: it must not take the one label.
+    let r = s
+        .api()
+        .under("/tenants/ghost", Some(&t.op))
+        .get("/v1/events")
+        .await;
+    assert_eq!(r.json["code"], "tenant_not_found", "{}", r.json);
+    let acme = s.api().under("", Some(&t.acme));
+    let beta = s.api().under("", Some(&t.beta));
+    for (api, n) in [(&acme, 3), (&beta, 2)] {
+        let events: Vec<Value> = (0..n).map(|i| ev(&format!("e-{i}"), "o-1", i)).collect();
+        let (st, body) = api.append(&json!({"events": events})).await;
+        assert_eq!(st, StatusCode::CREATED, "{body}");
+    }
+    let (st, _) = op.append(&json!({"events": [ev("e-d", "o-1", 0)]})).await;
+    assert_eq!(st, StatusCode::CREATED);
+    let text = op.get("/metrics").await.text;
+    let series = |name: &str, tenant: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .filter(|l| l.contains(&format!("tenant=\"{tenant}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(
+        series("tidemark_events_appended_total", "acme"),
+        3.0,
+        "{text}"
+    );
+    assert_eq!(
+        series("tidemark_events_appended_total", "other"),
+        2.0,
+        "{text}"
+    );
+    assert_eq!(
+        series("tidemark_events_appended_total", "default"),
+        1.0,
+        "{text}"
+    );
+    assert!(
+        series("tidemark_http_requests_total", "acme") >= 1.0,
+        "{text}"
+    );
+    assert!(
+        series("tidemark_http_requests_total", "other") >= 2.0,
+        "{text}"
+    );
+    assert!(
+        series("tidemark_commands_total", "default") >= 2.0,
+        "{text}"
+    );
+    for absent in ["beta", "ghost"] {
+        assert!(
+            !text.contains(&format!("tenant=\"{absent}\"")),
+            "{absent} is past the bound or not a tenant:\n{text}"
+        );
+    }
+}

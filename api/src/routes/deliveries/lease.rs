@@ -74,7 +74,7 @@ pub async fn claim(
         })
         .await?;
     tracing::Span::current().record("claimed", rows.len());
-    metrics::counter!("tidemark_deliveries_leased_total", "sink" => sink.as_str())
+    metrics::counter!("tidemark_deliveries_leased_total", "sink" => sink.as_str(), "tenant" => tidemark_engine::labels::tenant_label(st.tenant()))
         .increment(rows.len() as u64);
     // A worker delivers from the claim alone: each row with its notification's `type_data` and
     // `source` (section 2). The decider folded the notification of every claimed row before
@@ -144,7 +144,7 @@ pub async fn complete(
         .await?
         .0
         .into_result()?;
-    metrics::counter!("tidemark_deliveries_sent_total", "sink" => row.sink_name()).increment(1);
+    metrics::counter!("tidemark_deliveries_sent_total", "sink" => row.sink_name(), "tenant" => tidemark_engine::labels::tenant_label(st.tenant())).increment(1);
     Ok(Json(row.into()))
 }
 
@@ -230,7 +230,7 @@ pub async fn complete_many(
     for (id, r) in ids.into_iter().zip(results) {
         out.push(match r {
             Completed::Sent(row) => {
-                metrics::counter!("tidemark_deliveries_sent_total", "sink" => row.sink_name())
+                metrics::counter!("tidemark_deliveries_sent_total", "sink" => row.sink_name(), "tenant" => tidemark_engine::labels::tenant_label(st.tenant()))
                     .increment(1);
                 CompleteResult {
                     id,
@@ -371,7 +371,7 @@ pub async fn fail(
             failure: f,
         })
         .await?;
-    metrics::counter!("tidemark_deliveries_failed_total", "sink" => row.sink_name(), "parked" => (row.status == tidemark_projections::names::DeliveryStatus::Parked).to_string()).increment(1);
+    metrics::counter!("tidemark_deliveries_failed_total", "sink" => row.sink_name(), "tenant" => tidemark_engine::labels::tenant_label(st.tenant()), "parked" => (row.status == tidemark_projections::names::DeliveryStatus::Parked).to_string()).increment(1);
     Ok(Json(row.into()))
 }
 

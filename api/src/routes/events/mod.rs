@@ -150,16 +150,17 @@ pub async fn append(
         .engine()
         .append_from_client(events, st.routing.max_pending)
         .await?;
-    record_append(&receipt, started);
+    record_append(&receipt, started, st.tenant());
     // The receipt is the answer's shape: written straight into the response body.
     Ok((StatusCode::CREATED, Json(receipt)).into_response())
 }
 
-fn record_append(receipt: &AppendReceipt, started: Instant) {
+fn record_append(receipt: &AppendReceipt, started: Instant, tenant: &str) {
+    let tenant = tidemark_engine::labels::tenant_label(tenant);
     let dup = receipt.events.iter().filter(|e| e.duplicate).count() as u64;
-    metrics::counter!("tidemark_events_appended_total")
+    metrics::counter!("tidemark_events_appended_total", "tenant" => tenant)
         .increment(receipt.events.len() as u64 - dup);
-    metrics::counter!("tidemark_events_duplicate_total").increment(dup);
+    metrics::counter!("tidemark_events_duplicate_total", "tenant" => tenant).increment(dup);
     metrics::histogram!("tidemark_append_duration_seconds").record(started.elapsed().as_secs_f64());
     metrics::gauge!("tidemark_log_head").set(receipt.last_seq as f64);
 }

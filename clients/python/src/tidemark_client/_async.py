@@ -8,7 +8,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Optional, 
 
 import httpx
 
-from ._common import Done, Failed, SseParser, answer, backoff, path, stream_params, with_ids
+from ._common import (Done, Failed, SseParser, answer, backoff, check_tenant, path, stream_params,
+                      with_ids)
 from ._errors import ApiError, TidemarkError, TransportError
 from ._operations import AsyncOps
 from ._sync import FATAL_STREAM, _query
@@ -22,6 +23,7 @@ class AsyncClient:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"the base URL must start with http:// or https:// (got {base_url!r})")
         self.base_url = base_url.rstrip("/")
+        self._settings = (token, timeout, attempts, max_retry_after)
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout)
         self.attempts = max(1, attempts)
@@ -29,6 +31,15 @@ class AsyncClient:
         #: Every JSON operation of the API, one coroutine each (generated): ``await
         #: client.ops.put_route("rot", {...})``.
         self.ops = AsyncOps(self._op)
+
+    def tenant(self, name: str) -> "AsyncClient":
+        """A client of the same server acting for tenant ``name`` (spec section 20): every call
+        goes under ``/tenants/{name}``, with the same token (a ``*`` token's, or the tenant's
+        own). A name is 1 to 32 of ``a-z0-9_-``, starting with a letter."""
+        check_tenant(name)
+        token, timeout, attempts, max_retry_after = self._settings
+        return AsyncClient(f"{self.base_url}/tenants/{name}", token, timeout=timeout, attempts=attempts,
+                      max_retry_after=max_retry_after)
 
     async def _op(self, method: str, url: str, query: dict, allowed: tuple, body: Any) -> Any:
         kw: dict[str, Any] = {"params": _query(method, url, query, allowed)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import email.utils
 import random
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -12,6 +13,16 @@ from typing import Any, Iterable, Optional
 import httpx
 
 from ._errors import ApiError
+
+
+TENANT = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+
+
+def check_tenant(name: str) -> None:
+    """Refuse what is not a tenant's name before any request is sent."""
+    if not isinstance(name, str) or TENANT.fullmatch(name) is None:
+        raise ValueError(
+            f"{name!r} is not a tenant's name (1 to 32 of a-z0-9_-, starting with a letter)")
 
 
 def with_ids(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

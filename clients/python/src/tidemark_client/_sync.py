@@ -9,7 +9,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 import httpx
 
-from ._common import Done, Failed, SseParser, answer, backoff, path, stream_params, with_ids
+from ._common import (Done, Failed, SseParser, answer, backoff, check_tenant, path, stream_params,
+                      with_ids)
 from ._errors import ApiError, TidemarkError, TransportError
 from ._operations import Ops
 
@@ -25,6 +26,7 @@ class Client:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"the base URL must start with http:// or https:// (got {base_url!r})")
         self.base_url = base_url.rstrip("/")
+        self._settings = (token, timeout, attempts, max_retry_after)
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
         self.attempts = max(1, attempts)
@@ -32,6 +34,15 @@ class Client:
         #: Every JSON operation of the API, one call each (generated from the checked-in
         #: OpenAPI document by clients/codegen.py): ``client.ops.put_route("rot", {...})``.
         self.ops = Ops(self._op)
+
+    def tenant(self, name: str) -> "Client":
+        """A client of the same server acting for tenant ``name`` (spec section 20): every call
+        goes under ``/tenants/{name}``, with the same token (a ``*`` token's, or the tenant's
+        own). A name is 1 to 32 of ``a-z0-9_-``, starting with a letter."""
+        check_tenant(name)
+        token, timeout, attempts, max_retry_after = self._settings
+        return Client(f"{self.base_url}/tenants/{name}", token, timeout=timeout, attempts=attempts,
+                      max_retry_after=max_retry_after)
 
     def _op(self, method: str, url: str, query: dict, allowed: tuple, body: Any) -> Any:
         kw: dict[str, Any] = {"params": _query(method, url, query, allowed)}
