@@ -101,6 +101,9 @@ function wire() {
     sessionStorage.setItem(TOKEN_KEY, state.token);
     boot();
   });
+  $('#tenant').addEventListener('change', (ev) => {
+    switchTenant(ev.target.value).catch((e) => flash(e.message, 'error'));
+  });
   $('#logout').addEventListener('click', () => {
     sessionStorage.removeItem(TOKEN_KEY);
     state.token = null;

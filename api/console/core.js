@@ -6,12 +6,16 @@
 
 const ALL_SCOPES = ['read', 'append', 'bridge', 'operator', 'admin'];
 const TOKEN_KEY = 'tidemark.token';
+const TENANT_KEY = 'tidemark.tenant';
 const TAIL_MAX = 200;
 const KPI_EVERY_MS = 5000;
 
 const state = {
   token: sessionStorage.getItem(TOKEN_KEY),
-  who: null, // {name, scopes, open}
+  who: null, // {name, scopes, open, tenant}
+  // The tenant the console acts for (spec section 20): every tenant's call goes under
+  // /tenants/{tenant}; the default tenant's, and the deployment's own, under /v1 as they are.
+  tenant: sessionStorage.getItem(TENANT_KEY) || 'default',
   view: null,
   kpiTimer: null,
   dNext: null, // the next page of the deliveries list: {after} or {before}
@@ -137,6 +141,15 @@ function authHeaders() {
   return state.token ? { Authorization: `Bearer ${state.token}` } : {};
 }
 
+/// `path` (`/v1/…`) for the tenant the console acts for: the deployment's own operations
+/// (`/v1/admin/…`, the tenants' directory) and the default tenant's stay as they are.
+function tenantPath(path) {
+  const t = state.tenant;
+  if (!t || t === 'default' || !path.startsWith('/v1/')) return path;
+  if (/^\/v1\/(admin\/|tenants([/?]|$)|whoami)/.test(path)) return path;
+  return `/tenants/${encodeURIComponent(t)}${path}`;
+}
+
 async function api(method, path, body) {
   const sentWith = state.token;
   const headers = { Accept: 'application/json', ...authHeaders() };
@@ -145,7 +158,7 @@ async function api(method, path, body) {
     headers['Content-Type'] = 'application/json';
     init.body = JSON.stringify(body);
   }
-  const r = await fetch(path, init);
+  const r = await fetch(tenantPath(path), init);
   const text = await r.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch (_) { data = null; }
@@ -223,6 +236,42 @@ function confirmAction(title, text, okLabel) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Tenants (spec section 20): the switch in the header.
+
+/// Fill the tenant switch: a tenant's token acts for its tenant alone (the switch shows it,
+/// fixed); a `*` token with the operator scope chooses among the directory's live tenants.
+async function loadTenants() {
+  const sel = $('#tenant');
+  const w = state.who;
+  let names = ['default'];
+  if (w.tenant && w.tenant !== '*') {
+    names = [w.tenant];
+  } else if (can('operator')) {
+    try {
+      const page = await api('GET', '/v1/tenants');
+      names = names.concat(page.tenants.filter((t) => !t.removed).map((t) => t.name));
+    } catch (e) { flash(`tenants: ${e.message}`, 'error'); }
+  }
+  if (!names.includes(state.tenant)) state.tenant = names[0];
+  sessionStorage.setItem(TENANT_KEY, state.tenant);
+  sel.replaceChildren(...names.map((n) => el('option', { value: n, text: n, selected: n === state.tenant })));
+  sel.disabled = names.length < 2;
+  show($('#tenant-box'), names.length > 1 || state.tenant !== 'default');
+}
+
+/// Act for `name` from now on: every view and the live tail reload under its prefix.
+async function switchTenant(name) {
+  if (name === state.tenant) return;
+  state.tenant = name;
+  sessionStorage.setItem(TENANT_KEY, name);
+  // What was open is the other tenant's: show the view alone.
+  for (const p of Object.values(PANELS)) show($(p), false);
+  linkTo(state.view);
+  await route();
+  startTail(true).catch((e) => flash(`tail: ${e.message}`, 'error'));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Token and identity.
 
 function askToken(why) {
@@ -255,6 +304,7 @@ async function identify() {
     : `${w.name}: ${w.scopes.join(', ')}`;
   $('#who').dataset.scopes = (w.open ? ALL_SCOPES : w.scopes).join(' ');
   show($('#logout'), !w.open);
+  await loadTenants();
   show($('#login'), false);
   show($('#app'), true);
   return true;

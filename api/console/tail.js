@@ -67,7 +67,7 @@ async function startTail(reset, from) {
   if (t.lastId !== null) headers['Last-Event-ID'] = String(t.lastId);
   tailState(t.attempt ? `reconnecting (attempt ${t.attempt})` : 'connecting', 'warn');
   try {
-    const r = await fetch(`/v1/events/stream${qs({ ...t.filters, after_sequence: t.from })}`, { headers, signal: ctrl.signal });
+    const r = await fetch(tenantPath(`/v1/events/stream${qs({ ...t.filters, after_sequence: t.from })}`), { headers, signal: ctrl.signal });
     if (r.status === 401) { askToken('The token was refused; paste another.'); return; }
     if (!r.ok || !r.body) throw new Error(`HTTP ${r.status}`);
     tailState('live', 'ok');

@@ -209,14 +209,16 @@ async function openLink(page, s, hash) {
   await ready(page);
 }
 
-/// The `[[auth.tokens]]` entry of `token` (by its SHA-256), named `name`, with `scopes`.
-function tokenToml(name, token, scopes) {
+/// The `[[auth.tokens]]` entry of `token` (by its SHA-256), named `name`, with `scopes` (and
+/// the tenant it acts for, when given).
+function tokenToml(name, token, scopes, tenant) {
   const sha = createHash('sha256').update(token).digest('hex');
   return `
 [[auth.tokens]]
 name = "${name}"
 sha256 = "${sha}"
 scopes = ${JSON.stringify(scopes)}
+${tenant ? `tenant = "${tenant}"` : ''}
 `;
 }
 
@@ -1430,6 +1432,77 @@ ${sourceToml('broken', `http://127.0.0.1:${port}/no-such-upstream`, '1h', '5s')}
 }
 
 // ---------------------------------------------------------------------------------------------
+// Scenario 5: tenants (spec section 20). A `*` token switches the console between the
+// tenants of the directory: every view and the live tail show the chosen tenant's data alone,
+// the choice survives a reload; a tenant's own token has its tenant fixed.
+
+async function tenants() {
+  const op = randomBytes(16).toString('hex');
+  const acmeToken = randomBytes(16).toString('hex');
+  const s = new Server('tenants',
+    tokenToml('console-op', op, ['admin']) + tokenToml('acme-admin', acmeToken, ['admin'], 'acme'));
+  s.token = op;
+  await s.start();
+  step(`tenants server on ${s.base}`);
+  for (const name of ['acme', 'beta']) await s.ok('POST', '/v1/tenants', { name, reason: 'console test' });
+  const ev = (id) => ({ event_id: id, stream: 'orders', subject: id, type: 'order.placed', payload: { marker: id } });
+  const append = async (prefix, id) => (await s.ok('POST', `${prefix}/v1/events`, { events: [ev(id)] })).events[0].seq;
+  await append('', 'default-only');
+  await append('/tenants/acme', 'acme-only');
+  await append('/tenants/beta', 'beta-only');
+
+  const page = await openPage(s);
+  await login(page, op);
+  const options = () => page.locator('#tenant option').evaluateAll((os) => os.map((o) => o.value));
+  assert.deepEqual(await options(), ['default', 'acme', 'beta']);
+  assert.equal(await page.inputValue('#tenant'), 'default');
+  const events = () => page.locator('#events tbody').textContent({ timeout: WAIT });
+  await view(page, 'events');
+  await until('the default tenant\'s events', async () => (await events()).includes('default-only'));
+  assert.ok(!/acme-only|beta-only/.test(await events()), 'another tenant\'s event in the default tenant\'s list');
+
+  await page.selectOption('#tenant', 'acme');
+  await until('acme\'s events', async () => (await events()).includes('acme-only'));
+  assert.ok(!/default-only|beta-only/.test(await events()), await events());
+  step('the switch shows acme\'s events alone');
+  await snap(page, 'tenant-switch');
+
+  // The live tail follows the chosen tenant: an event of the default tenant appended between
+  // two of acme's never shows.
+  await view(page, 'tail');
+  await page.waitForSelector('[data-testid=tail-state]:text-is("live")', { timeout: WAIT });
+  await append('/tenants/acme', 'acme-live-1');
+  const other = await append('', 'default-live');
+  const last = await append('/tenants/acme', 'acme-live-2');
+  await page.waitForSelector(`#tail tr[data-seq="${last}"]`, { timeout: WAIT });
+  assert.equal(await page.locator(`#tail tr[data-seq="${other}"]`).count(), 0, 'the default tenant\'s event in acme\'s tail');
+  step(`acme's live tail shows seq ${last}, not the default tenant's ${other}`);
+
+  // The choice stays with the tab; every tenant call went under /tenants/acme, the
+  // deployment's directory under /v1.
+  await page.reload();
+  await ready(page);
+  assert.equal(await page.inputValue('#tenant'), 'acme');
+  const paths = page.urls.map((u) => new URL(u).pathname);
+  assert.ok(paths.includes('/tenants/acme/v1/events'), JSON.stringify(paths));
+  assert.ok(paths.includes('/v1/tenants'), JSON.stringify(paths));
+  assert.ok(!paths.includes('/tenants/acme/v1/tenants'), JSON.stringify(paths));
+
+  // A tenant's own token: its tenant, fixed.
+  await login(page, acmeToken);
+  assert.deepEqual(await options(), ['acme']);
+  assert.ok(await page.locator('#tenant').isDisabled());
+  await view(page, 'events');
+  await until('acme\'s events for its token', async () => (await events()).includes('acme-only'));
+  assert.ok(!/default-only|beta-only/.test(await events()), await events());
+  step('a tenant\'s token sees its tenant fixed in the switch');
+  assert.deepEqual(page.external, []);
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+  await s.kill9();
+}
+
+// ---------------------------------------------------------------------------------------------
 
 // playwright-core starts the browser with a fresh, empty --user-data-dir of its own (a temporary
 // directory it deletes on close); it never downloads a browser.
@@ -1444,6 +1517,7 @@ try {
   await withTokens().catch(async (e) => { await failureShot('tokens', e); throw e; });
   await pushDelivery().catch(async (e) => { await failureShot('push', e); throw e; });
   await fixFromTheConsole().catch(async (e) => { await failureShot('fix', e); throw e; });
+  await tenants().catch(async (e) => { await failureShot('tenants', e); throw e; });
   step('all console checks passed');
 } finally {
   await browser.close();
