@@ -41,6 +41,10 @@ pub struct SinksConfig {
     pub webhook: Option<tidemark_consumers::dispatch::webhook::WebhookConfig>,
 }
 
+fn one() -> u32 {
+    1
+}
+
 fn tenant_labels() -> usize {
     tidemark_engine::labels::DEFAULT_TENANT_LABELS
 }
@@ -146,6 +150,11 @@ pub struct LogSettings {
     pub lease_ttl: String,
     /// Publishes one node keeps in flight, for `jetstream` (beyond them: 429).
     pub publish_window: usize,
+    /// How many logs the deployment's tenants are spread over (spec section 20), each with
+    /// its own `event_seq`, group commit, models and decider: shard 0 is the data directory's
+    /// own files, shard n is `shards/<n>/` in it. Embedded only.
+    #[serde(default = "one")]
+    pub shards: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -356,6 +365,9 @@ impl Config {
                     .into(),
             );
         }
+        if !(1..=64).contains(&self.log.shards) {
+            return bad("log.shards must be between 1 and 64".into());
+        }
         match self.log.backend.as_str() {
             "embedded" => {}
             "jetstream" => {
@@ -384,6 +396,13 @@ impl Config {
                 }
                 if !(1..=5).contains(&self.log.replicas) {
                     return bad("log.replicas must be between 1 and 5".into());
+                }
+                if self.log.shards != 1 {
+                    return bad(
+                        "log.shards is 1 with log.backend = \"jetstream\": a stream \
+                         per shard is not built yet"
+                            .into(),
+                    );
                 }
                 if self.retention.compact_log {
                     return bad("retention.compact_log is not supported with log.backend = \

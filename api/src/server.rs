@@ -529,6 +529,72 @@ fn spawn_reload_on_hangup(certs: Arc<crate::tls::Certs>, stop: CancellationToken
 /// Open the log and serve on `listener` until `shutdown` resolves; then stop accepting, let
 /// in-flight requests finish (bounded by `server.shutdown_grace_secs`), end SSE streams, stop
 /// the writer and close the log file cleanly.
+/// The deployment's shards (spec section 20): `home` (shard 0, the data directory's own log)
+/// and `[log] shards - 1` more, shard n in `shards/<n>/` of the data directory, each with its
+/// own log, models and decider, made when missing. The page cache is split between them. A
+/// directory that places a tenant in a shard beyond them refuses the start (shards are not
+/// taken away: its events would be out of reach).
+async fn open_shards(config: &Config, home: &Engine) -> Result<Vec<crate::state::Shard>, RunError> {
+    let n = config.log.shards.max(1);
+    let mut shards = vec![crate::state::Shard::new(home.clone())];
+    for shard in 1..n {
+        let mut cfg = config.log_config();
+        cfg.cache_bytes /= n as usize;
+        cfg.path = config
+            .server
+            .data
+            .join("shards")
+            .join(shard.to_string())
+            .join("log.redb");
+        let privacy = config
+            .privacy()
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let (engine, report) = tokio::task::spawn_blocking(move || {
+            if let Some(dir) = cfg.path.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    tidemark_log::OpenError::Storage(tidemark_log::StorageError::of(e))
+                })?;
+            }
+            Engine::open(&cfg)
+        })
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))??;
+        tracing::info!(
+            shard,
+            head = report.head,
+            repaired = report.repaired,
+            "shard ready"
+        );
+        shards.push(crate::state::Shard::new(
+            engine.with_privacy(privacy).as_shard(shard, home),
+        ));
+    }
+    let e = home.clone();
+    let beyond = tokio::task::spawn_blocking(move || {
+        let q = e.read();
+        q.floor(0)?;
+        Ok::<_, tidemark_engine::QueryError>(
+            q.tenants()?
+                .into_iter()
+                .filter(|t| t.is_live() && t.shard >= n)
+                .map(|t| format!("{} (shard {})", t.name, t.shard))
+                .collect::<Vec<_>>(),
+        )
+    })
+    .await
+    .map_err(|e| std::io::Error::other(e.to_string()))?
+    .map_err(|e| std::io::Error::other(e.to_string()))?;
+    if !beyond.is_empty() {
+        return Err(std::io::Error::other(format!(
+            "log.shards = {n}, but the directory places tenants beyond: {}; start with at \
+             least as many shards as before",
+            beyond.join(", ")
+        ))
+        .into());
+    }
+    Ok(shards)
+}
+
 pub async fn run(
     config: Config,
     listener: TcpListener,
@@ -566,6 +632,7 @@ pub async fn run(
     .map_err(|e| std::io::Error::other(e.to_string()))??;
     let engine = engine.with_privacy(privacy);
     tracing::info!(head = report.head, repaired = report.repaired, "log ready");
+    let shards = open_shards(&config, &engine).await?;
     let token = CancellationToken::new();
     warn_unknown_routes(&config);
     refuse_file_routes_held_by_the_api(&engine, &config).await?;
@@ -592,8 +659,7 @@ pub async fn run(
             )
             .unwrap_or_default(),
         ),
-        pull_hub: Default::default(),
-        streams: Default::default(),
+        shards,
         sources: tidemark_consumers::sources::Sources::new(
             tidemark_consumers::sources::from_config(&config.sources)
                 .map_err(std::io::Error::other)?,
@@ -601,17 +667,31 @@ pub async fn run(
         config: Arc::new(config),
         openapi: Default::default(),
     });
-    let reactors = tidemark_consumers::spawn(
-        engine.clone(),
-        (*state.routing).clone(),
-        state.pull_hub.clone(),
-        state.streams.clone(),
-        state.config.retention(),
-        sinks.wake.clone(),
-        token.clone(),
-    )
-    .await
-    .map_err(std::io::Error::other)?;
+    // Each shard's reactors and sinks' loops follow its own log (a shard's dispatcher woken by
+    // its own follower); the sinks' pools and health are the node's.
+    let mut reactors = Vec::new();
+    let mut shard_sinks = Vec::new();
+    for shard in &state.shards {
+        let sinks = tidemark_consumers::dispatch::Sinks {
+            adapters: sinks.adapters.clone(),
+            health: sinks.health.clone(),
+            wake: Default::default(),
+        };
+        reactors.push(
+            tidemark_consumers::spawn(
+                shard.engine.clone(),
+                (*state.routing).clone(),
+                shard.pull_hub.clone(),
+                shard.streams.clone(),
+                state.config.retention(),
+                sinks.wake.clone(),
+                token.clone(),
+            )
+            .await
+            .map_err(std::io::Error::other)?,
+        );
+        shard_sinks.push((shard.engine.clone(), sinks));
+    }
     let pollers = tidemark_consumers::sources::spawn(
         engine.clone(),
         state.sources.clone(),
@@ -622,12 +702,19 @@ pub async fn run(
     // (section 17), instead of spending their deliveries' attempts.
     tidemark_consumers::dispatch::webhook::check_api_routes(&engine, None).await;
     // Each sink on its own bounded pool.
-    let dispatcher = tidemark_consumers::dispatch::spawn(
-        engine.clone(),
-        sinks,
-        state.routing.retry.lease_ttl_ms,
-        token.clone(),
-    );
+    drop(sinks);
+    let dispatchers: Vec<_> = shard_sinks
+        .into_iter()
+        .map(|(engine, sinks)| {
+            tidemark_consumers::dispatch::spawn(
+                engine,
+                sinks,
+                state.routing.retry.lease_ttl_ms,
+                token.clone(),
+            )
+        })
+        .collect();
+    let shard_engines: Vec<Engine> = state.shards.iter().map(|s| s.engine.clone()).collect();
     let grace = Duration::from_secs(state.config.server.shutdown_grace_secs);
     let flag = state.shutting_down.clone();
     let trigger = token.clone();
@@ -663,10 +750,17 @@ pub async fn run(
             tracing::warn!(grace_secs = grace.as_secs(), "in-flight requests did not finish in time; closing anyway");
         }
     }
-    let _ = reactors.await;
+    for r in reactors {
+        let _ = r.await;
+    }
     let _ = pollers.await;
-    let _ = dispatcher.await;
-    engine.close().await;
+    for d in dispatchers {
+        let _ = d.await;
+    }
+    for e in shard_engines.iter().rev() {
+        e.close().await;
+    }
+    drop(shard_engines);
     drop(engine);
     tracing::info!("stopped cleanly");
     Ok(())

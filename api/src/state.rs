@@ -44,10 +44,9 @@ pub struct Shared {
     pub rebuilds: Arc<std::sync::Mutex<std::collections::HashMap<String, (u64, u64)>>>,
     /// The notification settings of the config (the ones recorded in the log at start).
     pub routing: Arc<tidemark_projections::routing::RoutingSettings>,
-    /// Pending pull deliveries and long-poll wake-ups, kept by the bridge notifier.
-    pub pull_hub: tidemark_consumers::bridge::PullHub,
-    /// What wakes the live streams (only those a commit has an event for).
-    pub streams: tidemark_consumers::streams::StreamHub,
+    /// The deployment's shards (spec section 20), the home shard first (its engine is
+    /// `engine`): a tenant's requests go to the shard its directory row places it in.
+    pub shards: Vec<Shard>,
     /// The configured source pollers and their in-memory state (spec section 12).
     pub sources: tidemark_consumers::sources::Sources,
     /// How the dispatcher's sinks are doing on this node (section 17).
@@ -56,7 +55,32 @@ pub struct Shared {
     pub openapi: std::sync::OnceLock<String>,
 }
 
+/// One shard of the deployment as the API serves it: its engine and what its reactors feed.
+#[derive(Clone)]
+pub struct Shard {
+    pub engine: Engine,
+    /// Pending pull deliveries and long-poll wake-ups, kept by the shard's bridge notifier.
+    pub pull_hub: tidemark_consumers::bridge::PullHub,
+    /// What wakes the shard's live streams (only those a commit has an event for).
+    pub streams: tidemark_consumers::streams::StreamHub,
+}
+
+impl Shard {
+    pub fn new(engine: Engine) -> Shard {
+        Shard {
+            engine,
+            pull_hub: Default::default(),
+            streams: Default::default(),
+        }
+    }
+}
+
 impl Shared {
+    /// The home shard's hubs (the default tenant's, and the deployment's).
+    pub fn home(&self) -> &Shard {
+        &self.shards[0]
+    }
+
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)
     }
@@ -70,6 +94,8 @@ pub struct Api {
     shared: AppState,
     /// The tenant's engine; `None`: the default tenant's, the shared one.
     scoped: Option<Engine>,
+    /// The shard the tenant lives in.
+    shard: usize,
 }
 
 impl Api {
@@ -86,6 +112,11 @@ impl Api {
     /// The shared state (what outlives the request: streams, hubs).
     pub fn shared(&self) -> &AppState {
         &self.shared
+    }
+
+    /// The shard of the request's tenant: its live streams' and pulls' hubs.
+    pub fn shard(&self) -> &Shard {
+        &self.shared.shards[self.shard]
     }
 }
 
@@ -111,31 +142,44 @@ impl axum::extract::FromRequestParts<AppState> for Api {
             return Ok(Api {
                 shared: state.clone(),
                 scoped: None,
+                shard: 0,
             });
         };
         // In the directory, and not removed: read as of the head (a tenant created a moment
         // ago is found), on the blocking pool only when the models lag it.
         let (t, engine) = (tenant.clone(), state.engine.clone());
-        let live = move || -> Result<bool, tidemark_engine::QueryError> {
+        let live = move || -> Result<Option<u32>, tidemark_engine::QueryError> {
             let q = engine.read();
             q.floor(0)?;
-            Ok(q.tenant(&t)?.is_some_and(|r| r.is_live()))
+            Ok(q.tenant(&t)?.filter(|r| r.is_live()).map(|r| r.shard))
         };
         let live = if state.engine.read().folded_now(state.engine.head()) {
             live().map_err(|e| crate::error::ApiError::query("reading the tenants", &e))?
         } else {
             crate::routes::blocking(live).await?
         };
-        if !live {
+        let Some(shard) = live else {
             return Err(crate::error::ApiError::new(
                 axum::http::StatusCode::NOT_FOUND,
                 "tenant_not_found",
                 format!("no tenant {:?}", &*tenant),
             ));
-        }
+        };
+        // A start with fewer shards than a placement is refused (`crate::server`).
+        let Some(home) = state.shards.get(shard as usize) else {
+            return Err(crate::error::ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "shard_unavailable",
+                format!(
+                    "tenant {:?} lives in shard {shard}, which this node does not serve",
+                    &*tenant
+                ),
+            ));
+        };
         Ok(Api {
             shared: state.clone(),
-            scoped: Some(state.engine.in_tenant(&tenant)),
+            scoped: Some(home.engine.in_tenant(&tenant)),
+            shard: shard as usize,
         })
     }
 }

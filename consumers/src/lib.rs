@@ -185,14 +185,16 @@ pub async fn spawn(
     );
     // Operators told through the operational route (section 17): what is committed from now
     // on.
-    let operational_feed = follower.subscribe_if(head, Box::new(|p| p.any(operational::concerns)));
+    let home = engine.shard() == 0;
+    let operational_feed =
+        home.then(|| follower.subscribe_if(head, Box::new(|p| p.any(operational::concerns))));
     // The server log's account of parks and circuits: what is committed from now on.
     follower.observe(Box::new(move |p| {
         if p.upto > head && p.any(oplog::concerns) {
             oplog::observe(p, head);
         }
     }));
-    let tasks = [
+    let mut tasks = vec![
         tokio::spawn(router::run(
             engine.clone(),
             router_after,
@@ -211,12 +213,6 @@ pub async fn spawn(
             lease_clock,
             shutdown.clone(),
         )),
-        tokio::spawn(operational::run(
-            engine.clone(),
-            operational_feed,
-            shutdown.clone(),
-        )),
-        tokio::spawn(operational::watch_node(engine.clone(), shutdown.clone())),
         tokio::spawn(retention::run_loop(
             engine.clone(),
             retention,
@@ -230,8 +226,21 @@ pub async fn spawn(
             shutdown.clone(),
         ),
         tokio::spawn(streams.run(streams_feed, shutdown.clone())),
-        tokio::spawn(follower.run(shutdown)),
     ];
+    // Operators are told through the home shard's operational route (section 17), the
+    // deployment's: of what the home shard's log says, and of this node.
+    if let Some(operational_feed) = operational_feed {
+        tasks.push(tokio::spawn(operational::run(
+            engine.clone(),
+            operational_feed,
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(operational::watch_node(
+            engine.clone(),
+            shutdown.clone(),
+        )));
+    }
+    tasks.push(tokio::spawn(follower.run(shutdown)));
     Ok(tokio::spawn(async move {
         for t in tasks {
             let _ = t.await;

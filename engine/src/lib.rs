@@ -117,6 +117,12 @@ pub struct Engine<L = AnyLog> {
     privacy: Option<Arc<privacy::Privacy>>,
     /// The tenant this handle acts for (`None`: the default tenant): [`Engine::in_tenant`].
     tenant: Option<Arc<str>>,
+    /// Which shard of the deployment this engine's log is (spec section 20; 0: the home
+    /// shard, which holds the default tenant and the tenants' directory).
+    shard: u32,
+    /// The home shard's engine, whose directory says which tenants live here (`None`: this
+    /// is the home shard).
+    home: Option<Arc<Engine<L>>>,
 }
 
 /// The models store beside the log of `cfg` (its file in the same directory).
@@ -216,7 +222,23 @@ impl<L: EventLog + Clone> Engine<L> {
             knobs,
             privacy: None,
             tenant: None,
+            shard: 0,
+            home: None,
         })
+    }
+
+    /// This engine as shard `shard` of a deployment whose home shard is `home` (spec section
+    /// 20): its reactors walk the tenants the home shard's directory places here, and the
+    /// default tenant only if it is the home shard.
+    pub fn as_shard(mut self, shard: u32, home: &Engine<L>) -> Engine<L> {
+        self.shard = shard;
+        self.home = (shard != 0).then(|| Arc::new(home.in_tenant(tidemark_log::DEFAULT_TENANT)));
+        self
+    }
+
+    /// Which shard of the deployment this engine's log is (0: the home shard).
+    pub fn shard(&self) -> u32 {
+        self.shard
     }
 
     /// The same engine acting for `tenant` (spec section 20): its commands decide on that
@@ -238,16 +260,24 @@ impl<L: EventLog + Clone> Engine<L> {
             .unwrap_or(tidemark_log::DEFAULT_TENANT)
     }
 
-    /// This engine for each tenant now in the directory (the default tenant first), each
-    /// with the seq it was created at (0 for the default): what a reactor that looks at
-    /// every tenant's models walks (blocking).
+    /// This engine for each tenant the directory places in this shard (the default tenant
+    /// first, in the home shard), each with the seq of this shard's log it was created at (0
+    /// for the default, and for a tenant of another shard than the home one): what a reactor
+    /// that looks at every tenant's models walks (blocking).
     pub fn every_tenant(&self) -> Result<Vec<(Engine<L>, u64)>, QueryError> {
-        let mut out = vec![(self.in_tenant(tidemark_log::DEFAULT_TENANT), 0)];
-        // The directory as the models hold it, not waiting for the head: a tenant created a
-        // moment ago is walked from the next call on.
-        for t in self.queries.unwaited().tenants()? {
-            if t.is_live() {
-                out.push((self.in_tenant(&t.name), t.created_seq));
+        let mut out = Vec::new();
+        if self.shard == 0 {
+            out.push((self.in_tenant(tidemark_log::DEFAULT_TENANT), 0));
+        }
+        // The directory as the home shard's models hold it, not waiting for the head: a
+        // tenant created a moment ago is walked from the next call on. Its seq counts in this
+        // shard's log only for the home shard's tenants (elsewhere the shard's log begins
+        // with the tenant: 0).
+        let directory = self.home.as_deref().unwrap_or(self);
+        for t in directory.queries.unwaited().tenants()? {
+            if t.is_live() && t.shard == self.shard {
+                let created = if self.shard == 0 { t.created_seq } else { 0 };
+                out.push((self.in_tenant(&t.name), created));
             }
         }
         Ok(out)
@@ -264,7 +294,9 @@ impl<L: EventLog + Clone> Engine<L> {
         for (e, created) in self.every_tenant()? {
             least = least.min(checkpoint(e.read())?.max(created));
         }
-        Ok(least)
+        // A shard with no tenant yet: whatever comes is a tenant's placed after the start,
+        // from its beginning.
+        Ok(if least == u64::MAX { 0 } else { least })
     }
 
     /// The same engine reading time from `clock` (tests drive due times with it).

@@ -200,6 +200,7 @@ pub async fn create(
             create: true,
             reason: b.reason.into_string(),
             by: caller(&st, &headers),
+            shards: st.config.log.shards,
         })
         .await?;
     let n = b.name.clone();
@@ -240,6 +241,7 @@ pub async fn delete(
             create: false,
             reason: b.reason.into_string(),
             by: caller(&st, &headers),
+            shards: st.config.log.shards,
         })
         .await?;
     tracing::info!(tenant = %name, "tenant removed");

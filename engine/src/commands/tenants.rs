@@ -20,6 +20,23 @@ pub struct SetTenant {
     pub create: bool,
     pub reason: String,
     pub by: Option<String>,
+    /// How many shards the deployment has (`[log] shards`, at least 1): a new tenant is
+    /// placed in the one with the fewest live tenants (the default tenant counts in shard 0;
+    /// the lowest on a tie), and the placement is recorded in its `tenant.created`.
+    pub shards: u32,
+}
+
+/// The shard a new tenant goes to among `shards`: the one with the fewest live tenants of
+/// `directory` (the default tenant counts in shard 0), the lowest on a tie.
+pub fn place(directory: &[TenantRow], shards: u32) -> u32 {
+    let mut load = vec![0usize; shards.max(1) as usize];
+    load[0] = 1;
+    for t in directory.iter().filter(|t| t.is_live()) {
+        if let Some(n) = load.get_mut(t.shard as usize) {
+            *n += 1;
+        }
+    }
+    (0..load.len()).min_by_key(|&i| (load[i], i)).unwrap_or(0) as u32
 }
 
 impl Command for SetTenant {
@@ -66,9 +83,7 @@ impl Command for SetTenant {
                 ));
             }
             (true, None) => {
-                // One log today: every tenant lives in shard 0 (the placement is recorded, so
-                // a deployment of several shards reads it the same way).
-                let shard = 0u32;
+                let shard = place(&tenants::View::new(txn)?.all()?, self.shards);
                 let row = TenantRow {
                     name: self.name.clone(),
                     shard,
@@ -103,5 +118,37 @@ impl Command for SetTenant {
         let ev = NewEvent::new(None, Stream::Tenants, &self.name, ty.as_str(), &payload)
             .map_err(|e| CommandError::rejected(Rejection::InvalidTenant, e.to_string()))?;
         Ok(Decided::new(row, vec![ev]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(name: &str, shard: u32, live: bool) -> TenantRow {
+        TenantRow {
+            name: name.to_owned(),
+            shard,
+            removed: (!live).then(tenants::Removed::default),
+            ..TenantRow::default()
+        }
+    }
+
+    #[test]
+    fn a_new_tenant_goes_to_the_shard_with_the_fewest() {
+        assert_eq!(place(&[], 1), 0);
+        assert_eq!(place(&[], 0), 0);
+        // The default tenant is shard 0's: the first tenant goes to shard 1.
+        assert_eq!(place(&[], 3), 1);
+        let d = [row("a", 1, true), row("b", 2, true)];
+        assert_eq!(place(&d, 3), 0, "a tie goes to the lowest");
+        // A removed tenant does not count; a placement beyond the shards is ignored.
+        let d = [
+            row("a", 1, false),
+            row("b", 2, true),
+            row("c", 0, true),
+            row("z", 9, true),
+        ];
+        assert_eq!(place(&d, 3), 1);
     }
 }

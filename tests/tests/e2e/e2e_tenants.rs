@@ -14,7 +14,7 @@ use tidemark_tests::{Api, Server, ServerOpts, SseNext, random_token, run_cli, sh
 
 use crate::common::{notif_ev, wait_for};
 
-struct Tokens {
+pub(crate) struct Tokens {
     op: String,
     acme: String,
     beta: String,
@@ -36,12 +36,17 @@ fn config(t: &Tokens) -> String {
 }
 
 async fn start() -> (Server, Tokens) {
+    start_with("").await
+}
+
+/// A server with the three tokens and `extra` configuration before them.
+pub(crate) async fn start_with(extra: &str) -> (Server, Tokens) {
     let t = Tokens {
         op: format!("tm-op-{}", random_token(24)),
         acme: format!("tm-acme-{}", random_token(24)),
         beta: format!("tm-beta-{}", random_token(24)),
     };
-    let s = Server::start(ServerOpts::default().config(config(&t))).await;
+    let s = Server::start(ServerOpts::default().config(format!("{extra}\n{}", config(&t)))).await;
     (s, t)
 }
 
@@ -456,10 +461,23 @@ async fn every_route_with_another_tenants_ids_reaches_nothing_of_it() {
 /// crosses.
 #[tokio::test]
 async fn two_tenants_at_once_with_nothing_crossing() {
-    let (s, t) = start().await;
+    two_tenants_at_once("", [0, 0]).await;
+}
+
+/// The same with the tenants in two shards (spec section 20): acme in shard 1, beta with the
+/// default tenant in shard 0.
+#[tokio::test]
+async fn two_tenants_in_two_shards_at_once_with_nothing_crossing() {
+    two_tenants_at_once("[log]\nshards = 2\n", [1, 0]).await;
+}
+
+async fn two_tenants_at_once(extra: &str, shards: [u64; 2]) {
+    let (s, t) = start_with(extra).await;
     let op = s.api().under("", Some(&t.op));
-    for name in ["acme", "beta"] {
-        assert_eq!(create(&op, name).await.status, StatusCode::CREATED);
+    for (name, shard) in ["acme", "beta"].into_iter().zip(shards) {
+        let r = create(&op, name).await;
+        assert_eq!(r.status, StatusCode::CREATED);
+        assert_eq!(r.json["shard"], shard, "{}", r.json);
     }
     let clients = [
         ("acme", s.api().under("", Some(&t.acme))),

@@ -63,6 +63,7 @@ mod e2e_router_crash;
 mod e2e_routes;
 mod e2e_scopes;
 mod e2e_settings;
+mod e2e_shards;
 mod e2e_shutdown;
 mod e2e_sources;
 mod e2e_task_stream;

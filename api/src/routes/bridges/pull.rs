@@ -66,11 +66,12 @@ pub async fn pull(
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     // Woken by the notifier when one of this bridge's subscriptions may have changed; the
     // answer is always computed from the log.
-    let mut wake = st.pull_hub.subscribe(&bridge_id);
+    let mut wake = st.shard().pull_hub.subscribe(&bridge_id);
     // The first answer reflects every commit made before the request (read your writes): wait
     // briefly for the notifier to have looked at them, else ask the log. Later answers come
     // after a wake-up for this bridge, so the notifier's view is current.
     let mut fresh = st
+        .shard()
         .pull_hub
         .caught_up(st.engine().head(), Duration::from_millis(250))
         .await;
@@ -80,7 +81,7 @@ pub async fn pull(
     loop {
         wake.borrow_and_update();
         let cached = if fresh && default {
-            st.pull_hub.pending(&bridge_id)
+            st.shard().pull_hub.pending(&bridge_id)
         } else {
             None
         };
@@ -293,7 +294,9 @@ async fn ack_ids(
             results[slot] = Some(match r {
                 Ok(cursor) => {
                     if st.tenant() == tidemark_log::DEFAULT_TENANT {
-                        st.pull_hub.acked(bridge_id, &c.subscription_id, c.seq);
+                        st.shard()
+                            .pull_hub
+                            .acked(bridge_id, &c.subscription_id, c.seq);
                     }
                     AckResult {
                         delivery_id: id.clone(),

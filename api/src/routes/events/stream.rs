@@ -111,7 +111,7 @@ pub(crate) fn sse_response(
         ..q
     };
     let shutdown = st.shutdown.clone();
-    let streams = st.streams.clone();
+    let streams = st.shard().streams.clone();
     let keepalive = Duration::from_secs(st.config.server.keepalive_secs);
     let events = async_stream::stream! {
         let _permit = permit;

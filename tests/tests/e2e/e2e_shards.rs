@@ -1,0 +1,220 @@
+//! Shards (spec section 20, issue 58) through the real server: `[log] shards = N` spreads the
+//! tenants over N logs, each with its own dense `event_seq`; a tenant is placed when it is
+//! created (the fewest live tenants, the default tenant in shard 0) and the placement is in
+//! the directory; each shard's files live in `shards/<n>/` of the data directory; a `kill -9`
+//! loses nothing of any shard, and a start with fewer shards than a placement is refused.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use tidemark_tests::{Api, Server, ServerOpts, SseNext};
+
+async fn create(api: &Api, name: &str) -> Value {
+    let r = api
+        .send(
+            api.request(Method::POST, "/v1/tenants")
+                .json(&json!({"name": name, "reason": "shards test"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    r.json
+}
+
+async fn append(api: &Api, ids: &[&str]) -> Vec<u64> {
+    let events: Vec<Value> = ids
+        .iter()
+        .map(|id| json!({"event_id": id, "stream": "orders", "subject": id, "type": "order.placed", "payload": {}}))
+        .collect();
+    let (st, body) = api.append(&json!({"events": events})).await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect()
+}
+
+fn seqs(events: &[Value]) -> Vec<u64> {
+    events.iter().map(|e| e["seq"].as_u64().unwrap()).collect()
+}
+
+#[tokio::test]
+async fn tenants_live_in_shards_each_with_its_own_log() {
+    let mut s = Server::start(ServerOpts::default().config("[log]\nshards = 3\n")).await;
+    let api = s.api();
+    // Placement: the fewest live tenants, the default tenant counting in shard 0.
+    let mut placed = Vec::new();
+    for name in ["acme", "beta", "gamma", "delta"] {
+        placed.push(create(&api, name).await["shard"].as_u64().unwrap());
+    }
+    assert_eq!(placed, [1, 2, 0, 1]);
+    let (_, dir) = api.get_json("/v1/tenants").await;
+    let listed: Vec<(String, u64)> = dir["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap().to_owned(),
+                t["shard"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(listed.contains(&("delta".to_owned(), 1)), "{dir}");
+    for n in ["1", "2"] {
+        let shard = s.data_dir().join("shards").join(n);
+        for f in ["log.redb", "models.redb"] {
+            assert!(shard.join(f).exists(), "{} has no {f}", shard.display());
+        }
+    }
+    assert!(!s.data_dir().join("shards").join("3").exists());
+
+    // Each shard numbers its own events from 1: acme's first events are 1, 2, 3 and delta's,
+    // in the same shard, follow them; beta's shard is its own again.
+    let acme = api.under("/tenants/acme", None);
+    let beta = api.under("/tenants/beta", None);
+    let delta = api.under("/tenants/delta", None);
+    assert_eq!(append(&acme, &["a-1", "a-2", "a-3"]).await, [1, 2, 3]);
+    assert_eq!(append(&delta, &["d-1"]).await, [4]);
+    assert_eq!(append(&beta, &["b-1", "b-2"]).await, [1, 2]);
+    // Within a tenant every promise holds: its reads, its positions, its resends.
+    assert_eq!(seqs(&acme.read_all("").await), [1, 2, 3]);
+    assert_eq!(seqs(&delta.read_all("").await), [4]);
+    let (_, page) = acme.get_json("/v1/events?after_sequence=1").await;
+    assert_eq!(seqs(page["events"].as_array().unwrap()), [2, 3], "{page}");
+    assert_eq!(page["latest_event_seq"], 4, "the shard's head: {page}");
+    assert_eq!(
+        append(&acme, &["a-2"]).await,
+        [2],
+        "a resend is its duplicate"
+    );
+    let mut sse = acme.sse("", Some("1")).await.expect("acme's stream");
+    for want in [2, 3] {
+        match sse.next(Duration::from_secs(30)).await {
+            SseNext::Event(e) => assert_eq!(e.data["seq"], want, "{}", e.data),
+            other => panic!("acme's stream: {other:?}"),
+        }
+    }
+    // The default tenant's log is shard 0's: none of the others' events.
+    let mine = api.read_all("stream=orders").await;
+    assert!(mine.is_empty(), "{mine:?}");
+    // A notification of acme's is routed and delivered by its shard's reactors.
+    let r = acme
+        .send(
+            acme.request(Method::PUT, "/v1/routes/app-1")
+                .json(&json!({"route": {"sink": "app"}, "reason": "setup"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let (st, body) = acme
+        .append(
+            &json!({"events": [{"event_id": "n-1", "stream": "notifications", "subject": "n-1",
+            "type": "notification.requested", "payload": {"priority": "urgent", "title": "t",
+            "recipient": "ops@example.org"}}]}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    let claimed =
+        crate::common::wait_for(Duration::from_secs(30), "acme's delivery", || {
+            let acme = acme.clone();
+            async move {
+                let r = acme
+                    .send(acme.request(Method::POST, "/v1/deliveries/claim").json(
+                        &json!({"sink": "app", "owner": "w", "limit": 10, "lease_ms": 60_000}),
+                    ))
+                    .await;
+                r.json["deliveries"]
+                    .as_array()
+                    .filter(|d| !d.is_empty())
+                    .map(|d| d[0]["id"].as_str().unwrap().to_owned())
+            }
+        })
+        .await;
+    let r = acme
+        .send(
+            acme.request(
+                Method::POST,
+                &format!("/v1/deliveries/{}/complete", urlencoding(&claimed)),
+            )
+            .json(&json!({"owner": "w"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+
+    // kill -9: every shard keeps what it acknowledged, and goes on from it.
+    let before: Vec<Vec<u64>> = futures::future::join_all(
+        [&acme, &beta, &delta].map(|t| async move { seqs(&t.read_all("").await) }),
+    )
+    .await;
+    s.kill9();
+    s.restart().await;
+    let api = s.api();
+    let (acme, beta, delta) = (
+        api.under("/tenants/acme", None),
+        api.under("/tenants/beta", None),
+        api.under("/tenants/delta", None),
+    );
+    let after: Vec<Vec<u64>> = futures::future::join_all(
+        [&acme, &beta, &delta].map(|t| async move { seqs(&t.read_all("").await) }),
+    )
+    .await;
+    assert_eq!(before, after);
+    let next = append(&acme, &["a-4"]).await[0];
+    assert_eq!(next, *before[0].iter().chain(&before[2]).max().unwrap() + 1);
+    let (_, d) = acme
+        .get_json(&format!("/v1/deliveries/{}", urlencoding(&claimed)))
+        .await;
+    assert_eq!(d["status"], "sent", "{d}");
+
+    // Fewer shards than the directory places tenants in: refused at start, nothing changed.
+    s.kill9();
+    let data = s.data_dir().to_path_buf();
+    let refused = Server::try_start(
+        ServerOpts {
+            data_dir: Some(data.clone()),
+            ..ServerOpts::default()
+        }
+        .config("[log]\nshards = 2\n"),
+    )
+    .await
+    .err()
+    .expect("a start with fewer shards than a placement");
+    let text = refused.to_string();
+    assert!(
+        text.contains("log.shards = 2") && text.contains("beta (shard 2)"),
+        "{text}"
+    );
+    s.restart().await;
+    assert_eq!(
+        seqs(&s.api().under("/tenants/beta", None).read_all("").await),
+        [1, 2]
+    );
+}
+
+fn urlencoding(s: &str) -> String {
+    s.replace(':', "%3A")
+}
+
+/// `[log] shards` is refused out of its bounds and with the JetStream backend.
+#[tokio::test]
+async fn shards_out_of_bounds_are_refused_at_start() {
+    for (config, says) in [
+        ("[log]\nshards = 0\n", "log.shards must be between 1 and 64"),
+        (
+            "[log]\nshards = 65\n",
+            "log.shards must be between 1 and 64",
+        ),
+        (
+            "[log]\nshards = 2\nbackend = \"jetstream\"\nservers = [\"nats://127.0.0.1:1\"]\n",
+            "log.shards is 1 with log.backend = \"jetstream\"",
+        ),
+    ] {
+        let e = Server::try_start(ServerOpts::default().config(config))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{config} started"));
+        assert!(e.to_string().contains(says), "{config}: {e}");
+    }
+}
