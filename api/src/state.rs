@@ -145,18 +145,31 @@ impl axum::extract::FromRequestParts<AppState> for Api {
                 shard: 0,
             });
         };
-        // In the directory, and not removed: read as of the head (a tenant created a moment
-        // ago is found), on the blocking pool only when the models lag it.
+        // In the directory, and not removed. First as the models hold it now, without waiting
+        // for them to fold the home shard's head: a tenant is created and removed by commands,
+        // whose answers come once the decider folded them, so a live row found here is live
+        // (the home shard's head moves with the default tenant's appends: waiting for it
+        // sent every tenant request through the blocking pool). Not found or removed: as of
+        // the head (a tenant created a moment ago on another path), on the blocking pool only
+        // when the models lag it.
+        let now = state
+            .engine
+            .read()
+            .unwaited()
+            .tenant(&tenant)
+            .map_err(|e| crate::error::ApiError::query("reading the tenants", &e))?;
         let (t, engine) = (tenant.clone(), state.engine.clone());
         let live = move || -> Result<Option<u32>, tidemark_engine::QueryError> {
             let q = engine.read();
             q.floor(0)?;
             Ok(q.tenant(&t)?.filter(|r| r.is_live()).map(|r| r.shard))
         };
-        let live = if state.engine.read().folded_now(state.engine.head()) {
-            live().map_err(|e| crate::error::ApiError::query("reading the tenants", &e))?
-        } else {
-            crate::routes::blocking(live).await?
+        let live = match now.filter(|r| r.is_live()) {
+            Some(r) => Some(r.shard),
+            None if state.engine.read().folded_now(state.engine.head()) => {
+                live().map_err(|e| crate::error::ApiError::query("reading the tenants", &e))?
+            }
+            None => crate::routes::blocking(live).await?,
         };
         let Some(shard) = live else {
             return Err(crate::error::ApiError::new(

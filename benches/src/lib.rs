@@ -11,6 +11,7 @@ pub mod deliver;
 pub mod events;
 pub mod filled;
 pub mod http;
+pub mod idle;
 pub mod journal_write;
 pub mod layers;
 pub mod machine;

@@ -23,6 +23,7 @@ use tidemark_benches::{
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
@@ -96,6 +97,9 @@ enum Workload {
     /// tidemark: how fast `notification.requested` events become queued deliveries
     /// (--queue-items of them).
     Route,
+    /// tidemark: what --idle-tenants tenants that are never used cost the server: memory,
+    /// files and idle CPU over --idle-seconds, before and after they are created.
+    IdleTenants,
 }
 
 #[derive(clap::Args, serde::Serialize)]
@@ -186,6 +190,17 @@ struct Opts {
     /// Write the JSON document here too (rewritten as the run goes).
     #[arg(long)]
     json_out: Option<PathBuf>,
+    /// tidemark-http: the server's `[log] shards` [1]; with more, a tenant is made in each
+    /// shard but the home one and the clients' appends are spread over them and the default
+    /// tenant (connection i to the i-th, round).
+    #[arg(long, default_value_t = 1)]
+    shards: u32,
+    /// idle-tenants: tenants created [1000].
+    #[arg(long, default_value_t = 1000)]
+    idle_tenants: usize,
+    /// idle-tenants: seconds of idleness measured before and after them [30].
+    #[arg(long, default_value_t = 30.0)]
+    idle_seconds: f64,
     /// queue: workers of its cells [1,16,64].
     #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
     queue_workers: Vec<usize>,
@@ -503,6 +518,11 @@ impl Run<'_> {
         if system != System::TidemarkHttp {
             return;
         }
+        if self.wants(Workload::IdleTenants) {
+            let r = benches_idle(&self.start, self.opts.idle_tenants, self.opts.idle_seconds).await;
+            self.report.idle_tenants = Some(r);
+            self.save();
+        }
         if self.wants(Workload::Route) {
             let r = deliver::route(&self.start, self.opts.queue_items).await;
             eprintln!(
@@ -677,12 +697,14 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
             work: work.clone(),
             tidemark_bin: tidemark_bin.clone(),
             max_clients,
+            shards: opts.shards.max(1),
         },
         report: Report {
             benchmark: "tidemark bench",
             machine: Some(machine),
             options: json!({
                 "systems": opts.systems,
+                "shards": opts.shards,
                 "workloads": plan.workloads,
                 "clients": plan.clients,
                 "batches": plan.batches,
@@ -787,4 +809,32 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
     let text = serde_json::to_string_pretty(&run.report).map_err(|e| e.to_string())?;
     println!("{text}");
     Ok(())
+}
+
+async fn benches_idle(
+    o: &StartOpts,
+    tenants: usize,
+    seconds: f64,
+) -> tidemark_benches::idle::IdleResult {
+    let r =
+        tidemark_benches::idle::idle_tenants(o, tenants, Duration::from_secs_f64(seconds)).await;
+    eprintln!(
+        "  idle-tenants: {} tenants ({} shards) made in {:.1} s; rss {} → {} KiB ({:.0} B each), \
+         files {} → {}, data {} → {} B, idle cpu {} → {} ms over {} s{}",
+        r.tenants,
+        r.shards,
+        r.create_seconds,
+        r.before.rss_kib,
+        r.after.rss_kib,
+        r.rss_bytes_per_tenant,
+        r.before.files,
+        r.after.files,
+        r.before.data_bytes,
+        r.after.data_bytes,
+        r.before.idle_cpu_ms,
+        r.after.idle_cpu_ms,
+        r.idle_seconds,
+        error_note(r.error.as_deref(), "  ")
+    );
+    r
 }

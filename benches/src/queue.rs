@@ -210,17 +210,52 @@ pub async fn queue_cell<Q: Queue>(
 // ---------------------------------------------------------------------------------------------
 // tidemark
 
-/// tidemark's outbox over HTTP.
+/// tidemark's outbox over HTTP. With `--shards` above 1, the queue is spread over the
+/// default tenant and a tenant in each other shard (each with a route to the `app` sink of its
+/// own), and worker i claims and completes its tenant's (the i-th, round).
 pub struct TidemarkQueue {
     server: TidemarkHttp,
+    tenants: Vec<String>,
+    workers: AtomicU64,
 }
 
 impl TidemarkQueue {
     pub async fn start(o: &StartOpts) -> Result<Self, String> {
+        let shards = o.shards.max(1);
+        let config = format!("{TIDEMARK_CONFIG}[log]\nshards = {shards}\n");
+        let server = TidemarkHttp::start_with(o, "tidemark-http", Some(config)).await?;
+        let mut tenants = vec![String::new()];
+        for n in 1..shards {
+            let (base, client) = (server.base(), server.client());
+            let name = format!("s{n}");
+            post_ok(
+                client,
+                &format!("{base}/v1/tenants"),
+                &json!({"name": name, "reason": "benchmark"}),
+                "create a tenant",
+            )
+            .await?;
+            let prefix = format!("/tenants/{name}");
+            let r = client
+                .put(format!("{base}{prefix}/v1/routes/app"))
+                .json(&json!({"route": {"sink": "app"}, "reason": "benchmark"}))
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            if !r.status().is_success() {
+                return Err(format!("the route of {name}: {}", r.status()));
+            }
+            tenants.push(prefix);
+        }
         Ok(TidemarkQueue {
-            server: TidemarkHttp::start_with(o, "tidemark-http", Some(TIDEMARK_CONFIG.into()))
-                .await?,
+            server,
+            tenants,
+            workers: AtomicU64::new(0),
         })
+    }
+
+    fn base_of(&self, tenant: usize) -> String {
+        format!("{}{}", self.server.base(), self.tenants[tenant])
     }
 }
 
@@ -285,7 +320,7 @@ pub(crate) async fn wait_queued(
 }
 
 impl Queue for TidemarkQueue {
-    type Conn = reqwest::Client;
+    type Conn = (reqwest::Client, usize);
     type Item = String;
 
     fn name(&self) -> &'static str {
@@ -300,31 +335,38 @@ impl Queue for TidemarkQueue {
         crate::targets::Target::data_dir(&self.server)
     }
 
-    async fn connect(&self) -> Result<reqwest::Client, String> {
-        http_client()
+    async fn connect(&self) -> Result<(reqwest::Client, usize), String> {
+        let i = self.workers.fetch_add(1, Ordering::Relaxed) as usize;
+        Ok((http_client()?, i % self.tenants.len()))
     }
 
     async fn enqueue(&self, cell: usize, n: u64) -> Result<(), String> {
-        let (base, client) = (self.server.base(), self.server.client());
-        append_notifications(
-            base,
-            client,
-            &format!("q{cell}"),
-            n,
-            |i| json!({"priority": "urgent", "title": format!("item {i}")}),
-        )
-        .await?;
-        wait_queued(base, client, n, Duration::from_secs(300)).await
+        // Each tenant its share of the items (the first ones one more when they do not split).
+        let t = self.tenants.len() as u64;
+        for k in 0..t {
+            let share = n / t + u64::from(k < n % t);
+            let (base, client) = (self.base_of(k as usize), self.server.client());
+            append_notifications(
+                &base,
+                client,
+                &format!("q{cell}"),
+                share,
+                |i| json!({"priority": "urgent", "title": format!("item {i}")}),
+            )
+            .await?;
+            wait_queued(&base, client, share, Duration::from_secs(300)).await?;
+        }
+        Ok(())
     }
 
     async fn claim(
         &self,
-        c: &mut reqwest::Client,
+        (c, tenant): &mut (reqwest::Client, usize),
         _cell: usize,
         worker: &str,
         max: usize,
     ) -> Result<Vec<String>, String> {
-        let url = format!("{}/v1/deliveries/claim", self.server.base());
+        let url = format!("{}/v1/deliveries/claim", self.base_of(*tenant));
         let body = json!({"sink": "app", "owner": worker, "limit": max,
                           "lease_ms": LEASE.as_millis() as u64});
         let r = send(c.post(url).json(&body), "claim").await?;
@@ -343,12 +385,12 @@ impl Queue for TidemarkQueue {
 
     async fn complete(
         &self,
-        c: &mut reqwest::Client,
+        (c, tenant): &mut (reqwest::Client, usize),
         _cell: usize,
         worker: &str,
         items: Vec<String>,
     ) -> Result<(), String> {
-        let base = self.server.base();
+        let base = self.base_of(*tenant);
         let (url, body) = if let [one] = items.as_slice() {
             let url = format!("{base}/v1/deliveries/{}/complete", one.replace(':', "%3A"));
             (url, json!({ "owner": worker }))

@@ -84,6 +84,9 @@ pub struct Report {
     pub deliver: Option<crate::deliver::DeliverResult>,
     #[serde(default)]
     pub route: Option<crate::deliver::RouteResult>,
+    /// What tenants that are never used cost (`idle-tenants`).
+    #[serde(default)]
+    pub idle_tenants: Option<crate::idle::IdleResult>,
     pub skipped: Vec<Skipped>,
     pub ratios: Vec<Ratio>,
     pub uptime_after: Option<String>,

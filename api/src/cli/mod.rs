@@ -26,10 +26,18 @@ pub use output::Output;
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(&cli);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Command::Serve(a) = &cli.command
+        && let Ok(cfg) = Config::load(a.config.as_deref())
+        && cfg.log.shards > 1
     {
+        // A shard's group commit is led on the task of one of its appenders, which syncs on
+        // its worker thread (`log/src/embedded/commit.rs`): a worker per shard beyond the first
+        // keeps the others serving while every shard syncs at once.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        rt.worker_threads(cores + cfg.log.shards as usize - 1);
+    }
+    let rt = match rt.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("tidemark: cannot start the runtime: {e}");

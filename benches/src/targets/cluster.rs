@@ -143,7 +143,7 @@ impl TidemarkJetStream {
 }
 
 impl Target for TidemarkJetStream {
-    type Conn = ();
+    type Conn = usize;
     type Batch = Vec<u8>;
     type Pos = u64;
 
@@ -161,7 +161,7 @@ impl Target for TidemarkJetStream {
         self.http.data_dir()
     }
 
-    async fn connect(&self) -> Result<(), String> {
+    async fn connect(&self) -> Result<usize, String> {
         self.http.connect().await
     }
 
@@ -169,11 +169,11 @@ impl Target for TidemarkJetStream {
         self.http.prepare(events)
     }
 
-    async fn append(&self, c: &mut (), body: Vec<u8>) -> Result<(), String> {
+    async fn append(&self, c: &mut usize, body: Vec<u8>) -> Result<(), String> {
         self.http.append(c, body).await
     }
 
-    async fn read_from(&self, c: &mut (), pos: &u64, limit: usize) -> Result<Page<u64>, String> {
+    async fn read_from(&self, c: &mut usize, pos: &u64, limit: usize) -> Result<Page<u64>, String> {
         self.http.read_from(c, pos, limit).await
     }
 

@@ -182,4 +182,6 @@ pub struct StartOpts {
     pub tidemark_bin: Option<std::path::PathBuf>,
     /// Connections the run will open (PostgreSQL's `max_connections` must allow them).
     pub max_clients: usize,
+    /// tidemark-http: the server's `[log] shards`, appends spread over a tenant per shard.
+    pub shards: u32,
 }

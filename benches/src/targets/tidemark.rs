@@ -20,11 +20,47 @@ pub struct TidemarkHttp {
     server: ChildServer,
     base: String,
     client: reqwest::Client,
+    /// Where appends go: `""` (the default tenant) and, on a server of several shards, a
+    /// tenant of each other shard (`/tenants/s<n>`); connection i appends to the i-th, round.
+    prefixes: Vec<String>,
+    conns: std::sync::atomic::AtomicUsize,
 }
 
 impl TidemarkHttp {
     pub async fn start(o: &StartOpts) -> Result<Self, String> {
+        if o.shards > 1 {
+            return Self::start_sharded(o, o.shards).await;
+        }
         Self::start_with(o, "tidemark-http", None).await
+    }
+
+    /// `tidemark serve` with `[log] shards = shards`, and a tenant in each shard but the home
+    /// one (placed there by the directory: each new tenant goes to the shard with the
+    /// fewest): the clients' appends are spread over the default tenant and them.
+    pub async fn start_sharded(o: &StartOpts, shards: u32) -> Result<Self, String> {
+        let mut t = Self::start_with(
+            o,
+            "tidemark-http",
+            Some(format!("[log]\nshards = {shards}\n")),
+        )
+        .await?;
+        for n in 1..shards {
+            let name = format!("s{n}");
+            let r = t
+                .client
+                .post(format!("{}/v1/tenants", t.base))
+                .json(&serde_json::json!({"name": name, "reason": "benchmark"}))
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = r.status();
+            let body: serde_json::Value = r.json().await.map_err(|e| e.to_string())?;
+            if !status.is_success() || body["shard"] != n {
+                return Err(format!("creating tenant {name}: {status} {body}"));
+            }
+            t.prefixes.push(format!("/tenants/{name}"));
+        }
+        Ok(t)
     }
 
     /// The server's pid.
@@ -91,6 +127,8 @@ impl TidemarkHttp {
             server,
             base,
             client,
+            prefixes: vec![String::new()],
+            conns: Default::default(),
         })
     }
 
@@ -162,7 +200,8 @@ struct EventsPage {
 }
 
 impl Target for TidemarkHttp {
-    type Conn = ();
+    /// Which of the prefixes the connection appends to.
+    type Conn = usize;
     type Batch = Vec<u8>;
     type Pos = u64;
 
@@ -178,16 +217,19 @@ impl Target for TidemarkHttp {
         self.server.data_dir()
     }
 
-    async fn connect(&self) -> Result<(), String> {
-        Ok(())
+    async fn connect(&self) -> Result<usize, String> {
+        let i = self
+            .conns
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(i % self.prefixes.len())
     }
 
     fn prepare(&self, events: &[BenchEvent]) -> Vec<u8> {
         http_body(events)
     }
 
-    async fn append(&self, _: &mut (), body: Vec<u8>) -> Result<(), String> {
-        let url = format!("{}/v1/events", self.base);
+    async fn append(&self, c: &mut usize, body: Vec<u8>) -> Result<(), String> {
+        let url = format!("{}{}/v1/events", self.base, self.prefixes[*c]);
         let (status, body) = crate::http::post_json_body(&self.client, &url, body).await?;
         if status != reqwest::StatusCode::CREATED {
             return Err(format!(
@@ -203,7 +245,7 @@ impl Target for TidemarkHttp {
         Ok(())
     }
 
-    async fn read_from(&self, _: &mut (), pos: &u64, limit: usize) -> Result<Page<u64>, String> {
+    async fn read_from(&self, _: &mut usize, pos: &u64, limit: usize) -> Result<Page<u64>, String> {
         let url = format!("{}/v1/events?after_sequence={pos}&limit={limit}", self.base);
         let resp = get_ok(&self.client, &url).await?;
         let body = resp.bytes().await.map_err(|e| e.to_string())?;
