@@ -166,6 +166,7 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(admin::list))
             .routes(routes!(tenants::list))
             .routes(routes!(tenants::show))
+            .routes(routes!(tenants::shards))
             .routes(routes!(admin::rebuild_one))
             .routes(routes!(admin::verify_one))
             .routes(routes!(admin::cluster))
@@ -660,6 +661,7 @@ pub async fn run(
             .unwrap_or_default(),
         ),
         shards,
+        directory_seq: report.head.into(),
         sources: tidemark_consumers::sources::Sources::new(
             tidemark_consumers::sources::from_config(&config.sources)
                 .map_err(std::io::Error::other)?,

@@ -47,6 +47,9 @@ pub struct Shared {
     /// The deployment's shards (spec section 20), the home shard first (its engine is
     /// `engine`): a tenant's requests go to the shard its directory row places it in.
     pub shards: Vec<Shard>,
+    /// The home shard's seq of the directory's last change made here (the head at the start
+    /// before any): what a tenant's request reads the directory as of.
+    pub directory_seq: std::sync::atomic::AtomicU64,
     /// The configured source pollers and their in-memory state (spec section 12).
     pub sources: tidemark_consumers::sources::Sources,
     /// How the dispatcher's sinks are doing on this node (section 17).
@@ -145,31 +148,39 @@ impl axum::extract::FromRequestParts<AppState> for Api {
                 shard: 0,
             });
         };
-        // In the directory, and not removed. First as the models hold it now, without waiting
-        // for them to fold the home shard's head: a tenant is created and removed by commands,
-        // whose answers come once the decider folded them, so a live row found here is live
-        // (the home shard's head moves with the default tenant's appends: waiting for it
-        // sent every tenant request through the blocking pool). Not found or removed: as of
-        // the head (a tenant created a moment ago on another path), on the blocking pool only
-        // when the models lag it.
-        let now = state
-            .engine
-            .read()
-            .unwaited()
-            .tenant(&tenant)
-            .map_err(|e| crate::error::ApiError::query("reading the tenants", &e))?;
+        // In the directory, and not removed: as of the last change of the directory, not of
+        // the home shard's head (which moves with the default tenant's appends: waiting for it
+        // sent every tenant request through the blocking pool). The directory changes only by
+        // this node's `POST`/`DELETE /v1/tenants`, which record their seq in
+        // `directory_seq` (the head at the start before any); on the blocking pool only while
+        // the models have not folded that far.
+        let want = state.directory_seq.load(Ordering::Acquire);
         let (t, engine) = (tenant.clone(), state.engine.clone());
         let live = move || -> Result<Option<u32>, tidemark_engine::QueryError> {
-            let q = engine.read();
-            q.floor(0)?;
+            let q = engine.read().unwaited();
+            engine.read().folded_to(want)?;
             Ok(q.tenant(&t)?.filter(|r| r.is_live()).map(|r| r.shard))
         };
-        let live = match now.filter(|r| r.is_live()) {
-            Some(r) => Some(r.shard),
-            None if state.engine.read().folded_now(state.engine.head()) => {
-                live().map_err(|e| crate::error::ApiError::query("reading the tenants", &e))?
+        let live = if state.engine.read().folded_now(want) {
+            live().map_err(|e| crate::error::ApiError::query("reading the tenants", &e))?
+        } else {
+            crate::routes::blocking(live).await?
+        };
+        // Not (or no longer) a tenant as of then: as of the head, which another node of a
+        // cluster may have changed it by.
+        let live = match live {
+            Some(shard) => Some(shard),
+            None => {
+                let (t, engine) = (tenant.clone(), state.engine.clone());
+                crate::routes::blocking(move || {
+                    let q = engine.read();
+                    q.floor(0)?;
+                    Ok::<_, tidemark_engine::QueryError>(
+                        q.tenant(&t)?.filter(|r| r.is_live()).map(|r| r.shard),
+                    )
+                })
+                .await?
             }
-            None => crate::routes::blocking(live).await?,
         };
         let Some(shard) = live else {
             return Err(crate::error::ApiError::new(

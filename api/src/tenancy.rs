@@ -87,7 +87,10 @@ where
 
 /// Whether `path` (a matched route) is the deployment's, not a tenant's: its operators' alone.
 fn deployment_wide(path: &str) -> bool {
-    path.starts_with("/v1/admin/") || path == "/v1/tenants" || path.starts_with("/v1/tenants/")
+    path.starts_with("/v1/admin/")
+        || path == "/v1/tenants"
+        || path.starts_with("/v1/tenants/")
+        || path == "/v1/shards"
 }
 
 fn forbidden(detail: String) -> ApiError {
@@ -155,7 +158,12 @@ mod tests {
 
     #[test]
     fn the_deployments_operations_are_its_operators() {
-        for p in ["/v1/admin/projections", "/v1/tenants", "/v1/tenants/{name}"] {
+        for p in [
+            "/v1/admin/projections",
+            "/v1/tenants",
+            "/v1/tenants/{name}",
+            "/v1/shards",
+        ] {
             assert!(deployment_wide(p), "{p}");
         }
         for p in ["/v1/events", "/v1/routes/{name}", "/v1/tasks/{id}/stream"] {

@@ -203,6 +203,8 @@ pub async fn create(
             shards: st.config.log.shards,
         })
         .await?;
+    st.directory_seq
+        .fetch_max(receipt.last_seq, std::sync::atomic::Ordering::AcqRel);
     let n = b.name.clone();
     let (row, as_of_seq) =
         read_model(directory(&st), receipt.last_seq, move |q| q.tenant(&n)).await?;
@@ -235,7 +237,7 @@ pub async fn delete(
     headers: HeaderMap,
     ValidatedJson(b): ValidatedJson<TenantDeleteBody>,
 ) -> Result<StatusCode, ApiError> {
-    directory(&st)
+    let (_, receipt) = directory(&st)
         .execute(SetTenant {
             name: name.clone(),
             create: false,
@@ -244,6 +246,61 @@ pub async fn delete(
             shards: st.config.log.shards,
         })
         .await?;
+    st.directory_seq
+        .fetch_max(receipt.last_seq, std::sync::atomic::Ordering::AcqRel);
     tracing::info!(tenant = %name, "tenant removed");
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// One shard as it answers for itself.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ShardOut {
+    pub shard: u32,
+    /// Its log's highest committed `event_seq` (each shard numbers its own events).
+    pub head: u64,
+    /// The seq its read models have folded through: what a read of its tenants reflects now.
+    pub as_of_seq: u64,
+    /// The live tenants placed in it (`default` in shard 0).
+    pub tenants: Vec<String>,
+}
+
+/// The deployment's shards, each read on its own.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ShardsPage {
+    pub shards: Vec<ShardOut>,
+    /// The directory (the home shard's) as of this seq of shard 0.
+    pub as_of_seq: u64,
+}
+
+/// Every shard of the deployment (spec section 20): its head, the seq its models have folded
+/// and its live tenants. A fan-out: each shard answers with its own positions; there is no
+/// order across shards.
+#[utoipa::path(get, path = "/v1/shards", tag = "tenants", operation_id = "listShards",
+    responses((status = 200, body = ShardsPage)),
+    security(("bearer" = ["operator"])))]
+pub async fn shards(st: Api) -> Result<Json<ShardsPage>, ApiError> {
+    let (rows, as_of_seq) = read_model(directory(&st), 0, |q| q.tenants()).await?;
+    let shards = st
+        .shards
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let head = s.engine.head();
+            let mut tenants: Vec<String> = rows
+                .iter()
+                .filter(|r| r.is_live() && r.shard as usize == i)
+                .map(|r| r.name.clone())
+                .collect();
+            if i == 0 {
+                tenants.insert(0, tidemark_log::DEFAULT_TENANT.to_owned());
+            }
+            ShardOut {
+                shard: i as u32,
+                head,
+                as_of_seq: head.saturating_sub(s.engine.read().lag()),
+                tenants,
+            }
+        })
+        .collect();
+    Ok(Json(ShardsPage { shards, as_of_seq }))
 }

@@ -1130,6 +1130,26 @@ pub struct RunOut {
     pub started_seq: u64,
 }
 
+/// One shard as it answers for itself.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShardOut {
+    /// The seq its read models have folded through: what a read of its tenants reflects now.
+    pub as_of_seq: u64,
+    /// Its log's highest committed `event_seq` (each shard numbers its own events).
+    pub head: u64,
+    pub shard: u64,
+    /// The live tenants placed in it (`default` in shard 0).
+    pub tenants: Vec<String>,
+}
+
+/// The deployment's shards, each read on its own.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShardsPage {
+    /// The directory (the home shard's) as of this seq of shard 0.
+    pub as_of_seq: u64,
+    pub shards: Vec<ShardOut>,
+}
+
 /// One sink's attempts on this node since it started.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SinkHealthOut {

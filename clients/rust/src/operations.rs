@@ -756,6 +756,13 @@ impl<A: Answers> Ops<'_, A> {
             .await
     }
 
+    /// `GET /v1/shards` (listShards): Every shard of the deployment (spec section 20): its head, the seq its models have folded and its live tenants.
+    pub async fn list_shards(&self) -> Result<A::Out<ShardsPage>, Error> {
+        self.client
+            .operation(Method::GET, "/v1/shards", &[], &[], None::<&()>)
+            .await
+    }
+
     /// `GET /v1/sources` (listSources): Every configured source with its state.
     ///
     /// Query parameters: `min_seq`.

@@ -773,6 +773,24 @@ export interface RunOut {
   started_seq: number;
 }
 
+/** One shard as it answers for itself. */
+export interface ShardOut {
+  /** The seq its read models have folded through: what a read of its tenants reflects now. */
+  as_of_seq: number;
+  /** Its log's highest committed `event_seq` (each shard numbers its own events). */
+  head: number;
+  shard: number;
+  /** The live tenants placed in it (`default` in shard 0). */
+  tenants: string[];
+}
+
+/** The deployment's shards, each read on its own. */
+export interface ShardsPage {
+  /** The directory (the home shard's) as of this seq of shard 0. */
+  as_of_seq: number;
+  shards: ShardOut[];
+}
+
 /** One sink's attempts on this node since it started. */
 export interface SinkHealthOut {
   concurrency: number;

@@ -91,6 +91,8 @@ export interface Operations {
   listProjections(): Promise<m.ProjectionsPage>;
   /** `GET /v1/routes`: Every route: those of the configuration file and those managed through the API. */
   listRoutes(query?: { min_seq?: string | number | boolean }): Promise<m.RoutesPage>;
+  /** `GET /v1/shards`: Every shard of the deployment (spec section 20): its head, the seq its models have folded and its live tenants. */
+  listShards(): Promise<m.ShardsPage>;
   /** `GET /v1/sources`: Every configured source with its state. */
   listSources(query?: { min_seq?: string | number | boolean }): Promise<m.SourcesPage>;
   /** `GET /v1/tasks`: List tasks, by id or newest first. */

@@ -93,6 +93,8 @@ export function operations(call) {
     listProjections: () => call("GET", `/v1/admin/projections`, {}, [], undefined),
     /** `GET /v1/routes`: Every route: those of the configuration file and those managed through the API. */
     listRoutes: (query = {}) => call("GET", `/v1/routes`, query, ["min_seq"], undefined),
+    /** `GET /v1/shards`: Every shard of the deployment (spec section 20): its head, the seq its models have folded and its live tenants. */
+    listShards: () => call("GET", `/v1/shards`, {}, [], undefined),
     /** `GET /v1/sources`: Every configured source with its state. */
     listSources: (query = {}) => call("GET", `/v1/sources`, query, ["min_seq"], undefined),
     /** `GET /v1/tasks`: List tasks, by id or newest first. */

@@ -32,7 +32,7 @@ fn spec_scope(method: &str, path: &str) -> &'static str {
         // directory is read by its operators.
         | ("post", "/v1/tenants")
         | ("delete", "/v1/tenants/{name}") => "admin",
-        ("get", "/v1/tenants" | "/v1/tenants/{name}") => "operator",
+        ("get", "/v1/tenants" | "/v1/tenants/{name}" | "/v1/shards") => "operator",
         (_, p) if p.starts_with("/v1/admin/") => "operator",
         ("post", p) if p.ends_with("/retry") || p.ends_with("/discard") || p.ends_with("/resend") => {
             "operator"

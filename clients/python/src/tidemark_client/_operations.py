@@ -195,6 +195,10 @@ class Ops:
         """``GET /v1/routes`` (listRoutes): Every route: those of the configuration file and those managed through the API."""
         return self._call("GET", f"/v1/routes", query, ('min_seq',), None)
 
+    def list_shards(self) -> models.ShardsPage:
+        """``GET /v1/shards`` (listShards): Every shard of the deployment (spec section 20): its head, the seq its models have folded and its live tenants."""
+        return self._call("GET", f"/v1/shards", {}, (), None)
+
     def list_sources(self, **query: Any) -> models.SourcesPage:
         """``GET /v1/sources`` (listSources): Every configured source with its state."""
         return self._call("GET", f"/v1/sources", query, ('min_seq',), None)
@@ -457,6 +461,10 @@ class AsyncOps:
     async def list_routes(self, **query: Any) -> models.RoutesPage:
         """``GET /v1/routes`` (listRoutes): Every route: those of the configuration file and those managed through the API."""
         return await self._call("GET", f"/v1/routes", query, ('min_seq',), None)
+
+    async def list_shards(self) -> models.ShardsPage:
+        """``GET /v1/shards`` (listShards): Every shard of the deployment (spec section 20): its head, the seq its models have folded and its live tenants."""
+        return await self._call("GET", f"/v1/shards", {}, (), None)
 
     async def list_sources(self, **query: Any) -> models.SourcesPage:
         """``GET /v1/sources`` (listSources): Every configured source with its state."""

@@ -851,6 +851,22 @@ class RunOut(_RunOutOptional):
     started_seq: int
 
 
+class ShardOut(TypedDict):
+    """One shard as it answers for itself."""
+
+    as_of_seq: int
+    head: int
+    shard: int
+    tenants: List[str]
+
+
+class ShardsPage(TypedDict):
+    """The deployment's shards, each read on its own."""
+
+    as_of_seq: int
+    shards: List[ShardOut]
+
+
 class _SinkHealthOutOptional(TypedDict, total=False):
     last_attempt_at: Optional[str]
     last_error_code: Optional[str]
