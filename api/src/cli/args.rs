@@ -87,9 +87,8 @@ pub enum Command {
 pub struct BackupArgs {
     #[command(flatten)]
     pub client: ClientArgs,
-    /// The directory to write on this machine (it must not exist, or be empty): a running
-    /// server streams the backup here (`GET /v1/admin/backup/stream`), with --data it is read
-    /// from the stopped server's data directory. Either way the same files and manifest.
+    /// The directory to write here (absent or empty): a running server streams the backup
+    /// (`GET /v1/admin/backup/stream`), or with --data it is read from a stopped one's.
     #[arg(
         long,
         required_unless_present = "on_server",
@@ -120,9 +119,8 @@ pub struct RestoreArgs {
     /// The data directory to make (it must not exist, or be empty).
     #[arg(long)]
     pub data: PathBuf,
-    /// The user the restored directory is given to (with that user's group), as the service
-    /// runs as it: `--owner tidemark` for the Debian package. Needs root. Without it the files
-    /// are the restoring user's. Either way directories are 0700 and files 0600, as in a backup.
+    /// The user (and group) the restored directory is given to, as the service runs as it:
+    /// `--owner tidemark` for the Debian package; needs root. Dirs 0700, files 0600 either way.
     #[arg(long, value_name = "USER")]
     pub owner: Option<String>,
     /// TOML config file (its `[log]` settings).
@@ -679,6 +677,9 @@ pub enum ListOrder {
 pub struct ProjectionsArgs {
     #[command(flatten)]
     pub client: ClientArgs,
+    /// The shard (`log.shards`) whose models: shard 0 when absent.
+    #[arg(long, global = true)]
+    pub shard: Option<u32>,
     #[command(subcommand)]
     pub action: ProjectionsAction,
 }
@@ -693,9 +694,8 @@ pub enum ProjectionsAction {
         /// The projection (`tidemark projections list` names them).
         name: String,
     },
-    /// Rebuild into scratch tables and compare with the live model; prints the report of the
-    /// projection named, or with no name of every projection (`-o json`: one array). Exits
-    /// non-zero when a rebuilt model differs.
+    /// Rebuild into scratch tables and compare with the live model: the report of the one
+    /// named, or of every one (`-o json`: one array). Exits non-zero when one differs.
     Verify {
         /// The projection; every projection when absent.
         name: Option<String>,

@@ -57,6 +57,14 @@ pub(crate) async fn backup(a: BackupArgs) -> CliResult {
     let started = std::time::Instant::now();
     let report = match (&a.data, &a.to, &a.on_server) {
         (Some(data), Some(to), _) => {
+            // A backup copies one log: shard 0's alone would look whole (spec section 20).
+            if data.join("shards").is_dir() {
+                return Err(CliError::Other(format!(
+                    "{} holds several shards (shards/); a backup copies one log, and backups \
+                     of every shard are not built yet: copy the stopped directory whole",
+                    data.display()
+                )));
+            }
             let log = open_offline(a.config.as_deref(), data)?;
             let to = to.clone();
             let after = a.after;

@@ -25,9 +25,12 @@ const REPORT_COLUMNS: &[&str] = &[
 pub(crate) async fn projections(a: ProjectionsArgs) -> CliResult {
     let c = Client::new(&a.client)?;
     let out = a.client.output();
+    let shard = a.shard.map(|n| n.to_string());
+    let q: Vec<(&str, &str)> = shard.iter().map(|n| ("shard", n.as_str())).collect();
+    let q = q.as_slice();
     let (names, action, many): (Vec<String>, &str, bool) = match &a.action {
         ProjectionsAction::List => {
-            let v = c.op(c.ops().list_projections()).await?;
+            let v = c.op(c.ops().list_projections(q)).await?;
             return out.list(
                 &items(&v, "projections"),
                 &["name", "checkpoint", "lag", "digest"],
@@ -36,7 +39,7 @@ pub(crate) async fn projections(a: ProjectionsArgs) -> CliResult {
         ProjectionsAction::Rebuild { name } => (vec![name.clone()], "rebuild", false),
         ProjectionsAction::Verify { name: Some(name) } => (vec![name.clone()], "verify", false),
         ProjectionsAction::Verify { name: None } => {
-            let v = c.op(c.ops().list_projections()).await?;
+            let v = c.op(c.ops().list_projections(q)).await?;
             let names = items(&v, "projections")
                 .iter()
                 .filter_map(|p| p["name"].as_str().map(str::to_owned))
@@ -49,9 +52,9 @@ pub(crate) async fn projections(a: ProjectionsArgs) -> CliResult {
         let ops = c.ops();
         let req = c.op(async {
             if action == "rebuild" {
-                ops.rebuild_projection(&name).await
+                ops.rebuild_projection(&name, q).await
             } else {
-                ops.verify_projection(&name).await
+                ops.verify_projection(&name, q).await
             }
         });
         tokio::pin!(req);
@@ -62,7 +65,7 @@ pub(crate) async fn projections(a: ProjectionsArgs) -> CliResult {
                 r = &mut req => break r?,
                 () = tokio::time::sleep(std::time::Duration::from_millis(500)) => {
                     if std::io::stderr().is_terminal()
-                        && let Ok(v) = c.op(c.ops().list_projections()).await
+                        && let Ok(v) = c.op(c.ops().list_projections(q)).await
                         && let Some(p) = items(&v, "projections").iter().find(|p| p["name"] == name.as_str())
                         && let Some(r) = p.get("rebuild").filter(|r| !r.is_null())
                     {

@@ -6,9 +6,9 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::Path;
 use axum::http::StatusCode;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tidemark_projections::rebuild::RebuildReport;
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Problem};
 use crate::request::Params;
@@ -68,15 +68,46 @@ impl From<RebuildReport> for RebuildOut {
     }
 }
 
-/// Every projection with its checkpoint, lag and digest.
+/// Which shard a maintenance operation acts on (spec section 20).
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ShardQuery {
+    /// The shard (0 to `log.shards` − 1); absent: shard 0, the home shard.
+    pub shard: Option<u32>,
+}
+
+/// The engine of the shard `q` names, and the key its rebuilds are tracked under.
+fn shard_of(st: &Api, q: &ShardQuery) -> Result<tidemark_engine::Engine, ApiError> {
+    let n = q.shard.unwrap_or(0);
+    st.shards
+        .get(n as usize)
+        .map(|s| s.engine.clone())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "shard_not_found",
+                format!("no shard {n}: this deployment has {}", st.shards.len()),
+            )
+        })
+}
+
+/// Every projection with its checkpoint, lag and digest (of shard 0, or of `shard`).
 #[utoipa::path(
     get, path = "/v1/admin/projections", operation_id = "listProjections", tag = "admin",
-    responses((status = 200, body = ProjectionsPage)),
+    params(ShardQuery),
+    responses(
+        (status = 200, body = ProjectionsPage),
+        (status = 404, description = "`shard_not_found`", body = Problem, content_type = "application/problem+json"),
+    ),
     security(("bearer" = ["operator"]))
 )]
 #[tracing::instrument(skip_all)]
-pub async fn list(st: Api) -> Result<Json<ProjectionsPage>, ApiError> {
-    let engine = st.engine().clone();
+pub async fn list(
+    st: Api,
+    Params(q): Params<ShardQuery>,
+) -> Result<Json<ProjectionsPage>, ApiError> {
+    let engine = shard_of(&st, &q)?;
+    let shard = q.shard.unwrap_or(0);
     let infos = blocking(move || engine.read().projections()).await?;
     let progress = st.rebuilds.lock().map(|m| m.clone()).unwrap_or_default();
     Ok(Json(ProjectionsPage {
@@ -84,7 +115,7 @@ pub async fn list(st: Api) -> Result<Json<ProjectionsPage>, ApiError> {
             .into_iter()
             .map(|i| ProjectionOut {
                 rebuild: progress
-                    .get(&i.name)
+                    .get(&progress_key(&i.name, shard))
                     .map(|&(done, head)| RebuildProgress { done, head }),
                 name: i.name,
                 checkpoint: i.checkpoint,
@@ -96,7 +127,23 @@ pub async fn list(st: Api) -> Result<Json<ProjectionsPage>, ApiError> {
     }))
 }
 
-async fn run(st: Api, name: String, swap: bool) -> Result<Json<RebuildOut>, ApiError> {
+/// The key a rebuild is tracked under: its projection's name, `@<shard>` past shard 0.
+fn progress_key(name: &str, shard: u32) -> String {
+    if shard == 0 {
+        name.to_owned()
+    } else {
+        format!("{name}@{shard}")
+    }
+}
+
+async fn run(
+    st: Api,
+    name: String,
+    swap: bool,
+    q: ShardQuery,
+) -> Result<Json<RebuildOut>, ApiError> {
+    let engine = shard_of(&st, &q)?;
+    let key = progress_key(&name, q.shard.unwrap_or(0));
     if tidemark_projections::by_name(&name).is_none() {
         return Err(ApiError::not_found(format!("no projection {name:?}")));
     }
@@ -105,27 +152,26 @@ async fn run(st: Api, name: String, swap: bool) -> Result<Json<RebuildOut>, ApiE
             .rebuilds
             .lock()
             .map_err(|e| ApiError::internal("lock", e))?;
-        if m.contains_key(&name) {
+        if m.contains_key(&key) {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "rebuild_in_progress",
                 format!("a rebuild or verify of {name:?} is already running"),
             ));
         }
-        m.insert(name.clone(), (0, st.engine().head()));
+        m.insert(key.clone(), (0, engine.head()));
     }
     let progress_map = st.rebuilds.clone();
-    let key = name.clone();
-    let result = st
-        .engine()
+    let k = key.clone();
+    let result = engine
         .rebuild(&name, swap, move |done, head| {
             if let Ok(mut m) = progress_map.lock() {
-                m.insert(key.clone(), (done, head));
+                m.insert(k.clone(), (done, head));
             }
         })
         .await;
     if let Ok(mut m) = st.rebuilds.lock() {
-        m.remove(&name);
+        m.remove(&key);
     }
     let report = result
         .ok_or_else(|| ApiError::not_found(format!("no projection {name:?}")))?
@@ -144,10 +190,10 @@ macro_rules! rebuild_handler {
         $(#[doc = $doc])*
         #[utoipa::path(
             post, path = $path, operation_id = $operation, tag = "admin",
-            params(("name" = String, Path, description = "tasks, notifications or settings")),
+            params(("name" = String, Path, description = "tasks, notifications or settings"), ShardQuery),
             responses(
                 (status = 200, body = RebuildOut),
-                (status = 404, body = Problem, content_type = "application/problem+json"),
+                (status = 404, description = "No such projection, or `shard_not_found`", body = Problem, content_type = "application/problem+json"),
                 (status = 409, description = "Already rebuilding", body = Problem, content_type = "application/problem+json"),
             ),
             security(("bearer" = ["operator"]))
@@ -156,8 +202,9 @@ macro_rules! rebuild_handler {
         pub async fn $name(
             st: Api,
             Path(name): Path<String>,
+            Params(q): Params<ShardQuery>,
         ) -> Result<Json<RebuildOut>, ApiError> {
-            run(st, name, $swap).await
+            run(st, name, $swap, q).await
         }
     };
 }
@@ -338,6 +385,24 @@ pub struct BackupOut {
     pub duration_ms: u64,
 }
 
+/// Backups copy one log: with several shards (spec section 20) a backup of shard 0 alone would
+/// look whole and miss every other shard's tenants, so it is refused until per-shard backups
+/// are built.
+fn one_shard(st: &Api) -> Result<(), ApiError> {
+    if st.shards.len() > 1 {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "shards_unsupported",
+            format!(
+                "this deployment has {} shards; a backup copies one log, and backups of every \
+                 shard are not built yet: back up the stopped data directory as a whole",
+                st.shards.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Take a backup of the log while appends go on: the events after `after` through the head as
 /// of now, written with a manifest into a directory on the server's machine (under `[server]
 /// backup_dir`). `tidemark restore` makes a data directory from a full backup and its
@@ -358,6 +423,7 @@ pub async fn backup(
     st: Api,
     ValidatedJson(b): ValidatedJson<BackupBody>,
 ) -> Result<Json<BackupOut>, ApiError> {
+    one_shard(&st)?;
     let dir = backup_dir(&st.config.backup_root(), &b.to)?;
     let started = std::time::Instant::now();
     let r = st
@@ -546,6 +612,7 @@ pub async fn backup_stream(
     Params(q): Params<BackupStreamQuery>,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
+    one_shard(&st)?;
     let through = st.engine().head();
     let refused = |e: tidemark_log::transfer::TransferError| {
         metrics::counter!("tidemark_backups_total", "outcome" => "refused").increment(1);

@@ -740,10 +740,21 @@ impl<A: Answers> Ops<'_, A> {
             .await
     }
 
-    /// `GET /v1/admin/projections` (listProjections): Every projection with its checkpoint, lag and digest.
-    pub async fn list_projections(&self) -> Result<A::Out<ProjectionsPage>, Error> {
+    /// `GET /v1/admin/projections` (listProjections): Every projection with its checkpoint, lag and digest (of shard 0, or of `shard`).
+    ///
+    /// Query parameters: `shard`.
+    pub async fn list_projections(
+        &self,
+        query: &[(&str, &str)],
+    ) -> Result<A::Out<ProjectionsPage>, Error> {
         self.client
-            .operation(Method::GET, "/v1/admin/projections", &[], &[], None::<&()>)
+            .operation(
+                Method::GET,
+                "/v1/admin/projections",
+                query,
+                &["shard"],
+                None::<&()>,
+            )
             .await
     }
 
@@ -935,7 +946,13 @@ impl<A: Answers> Ops<'_, A> {
     }
 
     /// `POST /v1/admin/projections/{name}/rebuild` (rebuildProjection): Rebuild a projection from the log and switch to it once caught up.
-    pub async fn rebuild_projection(&self, name: &str) -> Result<A::Out<RebuildOut>, Error> {
+    ///
+    /// Query parameters: `shard`.
+    pub async fn rebuild_projection(
+        &self,
+        name: &str,
+        query: &[(&str, &str)],
+    ) -> Result<A::Out<RebuildOut>, Error> {
         self.client
             .operation(
                 Method::POST,
@@ -943,8 +960,8 @@ impl<A: Answers> Ops<'_, A> {
                     "/v1/admin/projections/{}/rebuild",
                     crate::path_segment(name)
                 ),
-                &[],
-                &[],
+                query,
+                &["shard"],
                 None::<&()>,
             )
             .await
@@ -1076,13 +1093,19 @@ impl<A: Answers> Ops<'_, A> {
     }
 
     /// `POST /v1/admin/projections/{name}/verify` (verifyProjection): Rebuild a projection into scratch tables and compare with the live model, without switching.
-    pub async fn verify_projection(&self, name: &str) -> Result<A::Out<RebuildOut>, Error> {
+    ///
+    /// Query parameters: `shard`.
+    pub async fn verify_projection(
+        &self,
+        name: &str,
+        query: &[(&str, &str)],
+    ) -> Result<A::Out<RebuildOut>, Error> {
         self.client
             .operation(
                 Method::POST,
                 &format!("/v1/admin/projections/{}/verify", crate::path_segment(name)),
-                &[],
-                &[],
+                query,
+                &["shard"],
                 None::<&()>,
             )
             .await

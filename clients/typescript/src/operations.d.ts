@@ -87,8 +87,8 @@ export interface Operations {
   listLists(): Promise<m.ListsPage>;
   /** `GET /v1/notifications`: The dashboard list, newest first. */
   listNotifications(query?: { priority?: string | number | boolean; recipient?: string | number | boolean; limit?: string | number | boolean; before_seq?: string | number | boolean; min_seq?: string | number | boolean }): Promise<m.NotificationsPage>;
-  /** `GET /v1/admin/projections`: Every projection with its checkpoint, lag and digest. */
-  listProjections(): Promise<m.ProjectionsPage>;
+  /** `GET /v1/admin/projections`: Every projection with its checkpoint, lag and digest (of shard 0, or of `shard`). */
+  listProjections(query?: { shard?: string | number | boolean }): Promise<m.ProjectionsPage>;
   /** `GET /v1/routes`: Every route: those of the configuration file and those managed through the API. */
   listRoutes(query?: { min_seq?: string | number | boolean }): Promise<m.RoutesPage>;
   /** `GET /v1/shards`: Every shard of the deployment (spec section 20): its head, the seq its models have folded and its live tenants. */
@@ -114,7 +114,7 @@ export interface Operations {
   /** `PUT /v1/routes/{name}`: Admin: create or replace a route, with a reason. */
   putRoute(name: string, body: m.RouteBody): Promise<m.RouteAnswer>;
   /** `POST /v1/admin/projections/{name}/rebuild`: Rebuild a projection from the log and switch to it once caught up. */
-  rebuildProjection(name: string): Promise<m.RebuildOut>;
+  rebuildProjection(name: string, query?: { shard?: string | number | boolean }): Promise<m.RebuildOut>;
   /** `POST /v1/deliveries/recover`: Operator: retry every parked delivery of a route made since a time (section 17), at most 10,000 per call, each recorded as `delivery.retried` with the reason and `by`. */
   recoverDeliveries(body: m.RecoverBody): Promise<m.Recovered>;
   /** `POST /v1/deliveries/{id}/resend`: Operator: send a sent delivery again (section 17): back in the queue as a new attempt on its timeline (`delivery.resent`), with the same id, so a receiver sees the same `webhook-id` / `Message-ID` and can drop it as a repeat. */
@@ -132,5 +132,5 @@ export interface Operations {
   /** `POST /v1/admin/backup`: Take a backup of the log while appends go on: the events after `after` through the head as of now, written with a manifest into a directory on the server's machine (under `[server] backup_dir`). */
   takeBackup(body: m.BackupBody): Promise<m.BackupOut>;
   /** `POST /v1/admin/projections/{name}/verify`: Rebuild a projection into scratch tables and compare with the live model, without switching. */
-  verifyProjection(name: string): Promise<m.RebuildOut>;
+  verifyProjection(name: string, query?: { shard?: string | number | boolean }): Promise<m.RebuildOut>;
 }

@@ -89,8 +89,8 @@ export function operations(call) {
     listLists: () => call("GET", `/v1/lists`, {}, [], undefined),
     /** `GET /v1/notifications`: The dashboard list, newest first. */
     listNotifications: (query = {}) => call("GET", `/v1/notifications`, query, ["priority", "recipient", "limit", "before_seq", "min_seq"], undefined),
-    /** `GET /v1/admin/projections`: Every projection with its checkpoint, lag and digest. */
-    listProjections: () => call("GET", `/v1/admin/projections`, {}, [], undefined),
+    /** `GET /v1/admin/projections`: Every projection with its checkpoint, lag and digest (of shard 0, or of `shard`). */
+    listProjections: (query = {}) => call("GET", `/v1/admin/projections`, query, ["shard"], undefined),
     /** `GET /v1/routes`: Every route: those of the configuration file and those managed through the API. */
     listRoutes: (query = {}) => call("GET", `/v1/routes`, query, ["min_seq"], undefined),
     /** `GET /v1/shards`: Every shard of the deployment (spec section 20): its head, the seq its models have folded and its live tenants. */
@@ -116,7 +116,7 @@ export function operations(call) {
     /** `PUT /v1/routes/{name}`: Admin: create or replace a route, with a reason. */
     putRoute: (name, body) => call("PUT", `/v1/routes/${seg(name)}`, {}, [], body),
     /** `POST /v1/admin/projections/{name}/rebuild`: Rebuild a projection from the log and switch to it once caught up. */
-    rebuildProjection: (name) => call("POST", `/v1/admin/projections/${seg(name)}/rebuild`, {}, [], undefined),
+    rebuildProjection: (name, query = {}) => call("POST", `/v1/admin/projections/${seg(name)}/rebuild`, query, ["shard"], undefined),
     /** `POST /v1/deliveries/recover`: Operator: retry every parked delivery of a route made since a time (section 17), at most 10,000 per call, each recorded as `delivery.retried` with the reason and `by`. */
     recoverDeliveries: (body) => call("POST", `/v1/deliveries/recover`, {}, [], body),
     /** `POST /v1/deliveries/{id}/resend`: Operator: send a sent delivery again (section 17): back in the queue as a new attempt on its timeline (`delivery.resent`), with the same id, so a receiver sees the same `webhook-id` / `Message-ID` and can drop it as a repeat. */
@@ -134,6 +134,6 @@ export function operations(call) {
     /** `POST /v1/admin/backup`: Take a backup of the log while appends go on: the events after `after` through the head as of now, written with a manifest into a directory on the server's machine (under `[server] backup_dir`). */
     takeBackup: (body) => call("POST", `/v1/admin/backup`, {}, [], body),
     /** `POST /v1/admin/projections/{name}/verify`: Rebuild a projection into scratch tables and compare with the live model, without switching. */
-    verifyProjection: (name) => call("POST", `/v1/admin/projections/${seg(name)}/verify`, {}, [], undefined),
+    verifyProjection: (name, query = {}) => call("POST", `/v1/admin/projections/${seg(name)}/verify`, query, ["shard"], undefined),
   };
 }

@@ -609,7 +609,7 @@ async fn the_python_client_is_packaged_and_passes_its_tests_against_the_server()
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
         .env("PYTHONPATH", &site);
     let out = crate::common::run_script(pytest, "the Python client's tests").await;
-    assert!(out.contains("10 passed"), "{out}");
+    assert!(out.contains("12 passed"), "{out}");
 }
 
 /// `clients/typescript`: its declarations checked by `tsc`, packed as npm wants it, and its
@@ -639,7 +639,7 @@ async fn the_typescript_client_is_packed_and_passes_its_tests_against_the_server
     test.args(["--test", "test/"]);
     let out = crate::common::run_script(test, "the TypeScript client's tests").await;
     assert!(
-        out.contains("# pass 8") && out.contains("# fail 0"),
+        out.contains("# pass 9") && out.contains("# fail 0"),
         "{out}"
     );
 }
@@ -1240,9 +1240,9 @@ async fn every_operation_answers_the_type_the_document_gives_it() {
     both!("getOutboxKpis", "kpis", get_outbox_kpis(&[]));
     both!("getSinkHealth", "sinks", get_sink_health());
     both!("getConsumerLag", "lag", get_consumer_lag());
-    let projections = ok("projections", o.list_projections().await);
+    let projections = ok("projections", o.list_projections(&[]).await);
     let name = projections.projections[0].name.clone();
-    ok("verify", o.verify_projection(&name).await);
+    ok("verify", o.verify_projection(&name, &[]).await);
     both!("listSources", "sources", list_sources(&[]));
     let missing = o.get_source("no-such-source", &[]).await.unwrap_err();
     assert_eq!(missing.status(), Some(StatusCode::NOT_FOUND), "{missing}");

@@ -376,3 +376,109 @@ async fn acknowledged_appends_of_every_shard_survive_kill_9() {
         );
     }
 }
+
+/// A backup copies one log: with several shards it is refused, not taken of shard 0 alone.
+#[tokio::test]
+async fn a_backup_of_several_shards_is_refused_not_partial() {
+    let mut s = Server::start(ServerOpts::default().config("[log]\nshards = 2\n")).await;
+    let api = s.api();
+    let r = api
+        .send(
+            api.request(Method::POST, "/v1/admin/backup")
+                .json(&json!({"to": "b-1"})),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json["code"].as_str()),
+        (StatusCode::CONFLICT, Some("shards_unsupported")),
+        "{}",
+        r.text
+    );
+    let r = api.get("/v1/admin/backup/stream?after=0").await;
+    assert_eq!(r.json["code"], "shards_unsupported", "{}", r.text);
+    assert!(!s.data_dir().join("backups").join("b-1").exists());
+    // Offline, from the stopped directory: refused the same, nothing written.
+    s.kill9();
+    let to = s.data_dir().parent().unwrap().join("offline-backup");
+    let (data, to_s) = (s.data_dir().display().to_string(), to.display().to_string());
+    let out = tidemark_tests::run_cli(
+        &["backup", "--data", &data, "--to", &to_s],
+        "",
+        Duration::from_secs(60),
+    )
+    .await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("several shards"),
+        "{err}"
+    );
+    assert!(!to.exists());
+}
+
+/// Rebuild and verify act on the shard `?shard=` names: a tenant's models in shard 1 verify as
+/// its own, and a shard beyond the deployment's is `404 shard_not_found`.
+#[tokio::test]
+async fn each_shard_is_verified_and_rebuilt_on_its_own() {
+    let s = Server::start(ServerOpts::default().config("[log]\nshards = 2\n")).await;
+    let api = s.api();
+    assert_eq!(create(&api, "acme").await["shard"], 1);
+    let acme = api.under("/tenants/acme", None);
+    let (st, body) = acme
+        .append(
+            &json!({"events": [{"event_id": "t-1", "stream": "task_events", "subject": "t-1",
+            "type": "task.created", "payload": {"project_id": "p", "title": "one"}}]}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    // The list does not wait for the models: until they have folded acme's event.
+    let list = crate::common::wait_for(Duration::from_secs(30), "shard 1 folded", || {
+        let api = api.clone();
+        async move {
+            let (_, list) = api.get_json("/v1/admin/projections?shard=1").await;
+            (list["projections"][0]["lag"] == 0).then_some(list)
+        }
+    })
+    .await;
+    let tasks = list["projections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "tasks")
+        .cloned()
+        .unwrap();
+    let (_, home) = api.get_json("/v1/admin/projections").await;
+    let home_tasks = home["projections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "tasks")
+        .cloned()
+        .unwrap();
+    // Shard 1's log holds acme's one event; the home shard's, the directory's and settings.
+    assert_eq!(tasks["checkpoint"], 1, "{list}");
+    assert_ne!(tasks["checkpoint"], home_tasks["checkpoint"], "{home}");
+    for op in ["verify", "rebuild"] {
+        let r = api
+            .send(api.request(
+                Method::POST,
+                &format!("/v1/admin/projections/tasks/{op}?shard=1"),
+            ))
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{op}: {}", r.text);
+        assert_eq!(r.json["identical"], true, "{op}: {}", r.text);
+        assert_eq!(r.json["events_replayed"], 1, "{op}: {}", r.text);
+        assert_eq!(r.json["digest"], tasks["digest"], "{op}: {}", r.text);
+    }
+    // The task is still acme's after the rebuild.
+    let (_, t) = acme.get_json("/v1/tasks/t-1").await;
+    assert_eq!(t["title"], "one", "{t}");
+    let r = api
+        .send(api.request(Method::POST, "/v1/admin/projections/tasks/verify?shard=2"))
+        .await;
+    assert_eq!(
+        (r.status, r.json["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("shard_not_found")),
+        "{}",
+        r.text
+    );
+}

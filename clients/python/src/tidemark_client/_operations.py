@@ -187,9 +187,9 @@ class Ops:
         """``GET /v1/notifications`` (listNotifications): The dashboard list, newest first."""
         return self._call("GET", f"/v1/notifications", query, ('priority', 'recipient', 'limit', 'before_seq', 'min_seq'), None)
 
-    def list_projections(self) -> models.ProjectionsPage:
-        """``GET /v1/admin/projections`` (listProjections): Every projection with its checkpoint, lag and digest."""
-        return self._call("GET", f"/v1/admin/projections", {}, (), None)
+    def list_projections(self, **query: Any) -> models.ProjectionsPage:
+        """``GET /v1/admin/projections`` (listProjections): Every projection with its checkpoint, lag and digest (of shard 0, or of `shard`)."""
+        return self._call("GET", f"/v1/admin/projections", query, ('shard',), None)
 
     def list_routes(self, **query: Any) -> models.RoutesPage:
         """``GET /v1/routes`` (listRoutes): Every route: those of the configuration file and those managed through the API."""
@@ -239,9 +239,9 @@ class Ops:
         """``PUT /v1/routes/{name}`` (putRoute): Admin: create or replace a route, with a reason."""
         return self._call("PUT", f"/v1/routes/{path(name)}", {}, (), body)
 
-    def rebuild_projection(self, name: str) -> models.RebuildOut:
+    def rebuild_projection(self, name: str, **query: Any) -> models.RebuildOut:
         """``POST /v1/admin/projections/{name}/rebuild`` (rebuildProjection): Rebuild a projection from the log and switch to it once caught up."""
-        return self._call("POST", f"/v1/admin/projections/{path(name)}/rebuild", {}, (), None)
+        return self._call("POST", f"/v1/admin/projections/{path(name)}/rebuild", query, ('shard',), None)
 
     def recover_deliveries(self, body: models.RecoverBody) -> models.Recovered:
         """``POST /v1/deliveries/recover`` (recoverDeliveries): Operator: retry every parked delivery of a route made since a time (section 17), at most 10,000 per call, each recorded as `delivery.retried` with the reason and `by`."""
@@ -275,9 +275,9 @@ class Ops:
         """``POST /v1/admin/backup`` (takeBackup): Take a backup of the log while appends go on: the events after `after` through the head as of now, written with a manifest into a directory on the server's machine (under `[server] backup_dir`)."""
         return self._call("POST", f"/v1/admin/backup", {}, (), body)
 
-    def verify_projection(self, name: str) -> models.RebuildOut:
+    def verify_projection(self, name: str, **query: Any) -> models.RebuildOut:
         """``POST /v1/admin/projections/{name}/verify`` (verifyProjection): Rebuild a projection into scratch tables and compare with the live model, without switching."""
-        return self._call("POST", f"/v1/admin/projections/{path(name)}/verify", {}, (), None)
+        return self._call("POST", f"/v1/admin/projections/{path(name)}/verify", query, ('shard',), None)
 
 
 class AsyncOps:
@@ -454,9 +454,9 @@ class AsyncOps:
         """``GET /v1/notifications`` (listNotifications): The dashboard list, newest first."""
         return await self._call("GET", f"/v1/notifications", query, ('priority', 'recipient', 'limit', 'before_seq', 'min_seq'), None)
 
-    async def list_projections(self) -> models.ProjectionsPage:
-        """``GET /v1/admin/projections`` (listProjections): Every projection with its checkpoint, lag and digest."""
-        return await self._call("GET", f"/v1/admin/projections", {}, (), None)
+    async def list_projections(self, **query: Any) -> models.ProjectionsPage:
+        """``GET /v1/admin/projections`` (listProjections): Every projection with its checkpoint, lag and digest (of shard 0, or of `shard`)."""
+        return await self._call("GET", f"/v1/admin/projections", query, ('shard',), None)
 
     async def list_routes(self, **query: Any) -> models.RoutesPage:
         """``GET /v1/routes`` (listRoutes): Every route: those of the configuration file and those managed through the API."""
@@ -506,9 +506,9 @@ class AsyncOps:
         """``PUT /v1/routes/{name}`` (putRoute): Admin: create or replace a route, with a reason."""
         return await self._call("PUT", f"/v1/routes/{path(name)}", {}, (), body)
 
-    async def rebuild_projection(self, name: str) -> models.RebuildOut:
+    async def rebuild_projection(self, name: str, **query: Any) -> models.RebuildOut:
         """``POST /v1/admin/projections/{name}/rebuild`` (rebuildProjection): Rebuild a projection from the log and switch to it once caught up."""
-        return await self._call("POST", f"/v1/admin/projections/{path(name)}/rebuild", {}, (), None)
+        return await self._call("POST", f"/v1/admin/projections/{path(name)}/rebuild", query, ('shard',), None)
 
     async def recover_deliveries(self, body: models.RecoverBody) -> models.Recovered:
         """``POST /v1/deliveries/recover`` (recoverDeliveries): Operator: retry every parked delivery of a route made since a time (section 17), at most 10,000 per call, each recorded as `delivery.retried` with the reason and `by`."""
@@ -542,6 +542,6 @@ class AsyncOps:
         """``POST /v1/admin/backup`` (takeBackup): Take a backup of the log while appends go on: the events after `after` through the head as of now, written with a manifest into a directory on the server's machine (under `[server] backup_dir`)."""
         return await self._call("POST", f"/v1/admin/backup", {}, (), body)
 
-    async def verify_projection(self, name: str) -> models.RebuildOut:
+    async def verify_projection(self, name: str, **query: Any) -> models.RebuildOut:
         """``POST /v1/admin/projections/{name}/verify`` (verifyProjection): Rebuild a projection into scratch tables and compare with the live model, without switching."""
-        return await self._call("POST", f"/v1/admin/projections/{path(name)}/verify", {}, (), None)
+        return await self._call("POST", f"/v1/admin/projections/{path(name)}/verify", query, ('shard',), None)
