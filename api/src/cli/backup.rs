@@ -28,8 +28,16 @@ fn log_config(config: Option<&Path>, data: &Path) -> Result<tidemark_log::LogCon
     Ok(cfg.log_config())
 }
 
-/// Open the log of a stopped server's data directory (it must hold one).
+/// Open the log of a stopped server's data directory (it must hold one, and one only: a
+/// backup, export or import of shard 0 alone would look whole, spec section 20).
 fn open_offline(config: Option<&Path>, data: &Path) -> Result<Log, CliError> {
+    if data.join("shards").is_dir() {
+        return Err(CliError::Other(format!(
+            "{} holds several shards (shards/); backups, exports and imports copy one log, and \
+             those of every shard are not built yet: copy the stopped directory whole",
+            data.display()
+        )));
+    }
     let lc = log_config(config, data)?;
     if !lc.path.exists() {
         return Err(CliError::Other(format!(
@@ -57,14 +65,6 @@ pub(crate) async fn backup(a: BackupArgs) -> CliResult {
     let started = std::time::Instant::now();
     let report = match (&a.data, &a.to, &a.on_server) {
         (Some(data), Some(to), _) => {
-            // A backup copies one log: shard 0's alone would look whole (spec section 20).
-            if data.join("shards").is_dir() {
-                return Err(CliError::Other(format!(
-                    "{} holds several shards (shards/); a backup copies one log, and backups \
-                     of every shard are not built yet: copy the stopped directory whole",
-                    data.display()
-                )));
-            }
             let log = open_offline(a.config.as_deref(), data)?;
             let to = to.clone();
             let after = a.after;
