@@ -613,7 +613,9 @@ pub async fn run(
         }
         tracing::warn!(%addr, "no auth tokens configured: running open, on loopback only");
     }
-    let log_cfg = config.log_config();
+    let mut log_cfg = config.log_config();
+    // The page cache is split between the shards (`open_shards`), the home one's included.
+    log_cfg.cache_bytes /= config.log.shards.max(1) as usize;
     let privacy = config
         .privacy()
         .map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -673,11 +675,13 @@ pub async fn run(
     // its own follower); the sinks' pools and health are the node's.
     let mut reactors = Vec::new();
     let mut shard_sinks = Vec::new();
+    let limits = tidemark_consumers::dispatch::limits(&sinks.adapters);
     for shard in &state.shards {
         let sinks = tidemark_consumers::dispatch::Sinks {
             adapters: sinks.adapters.clone(),
             health: sinks.health.clone(),
             wake: Default::default(),
+            limits: limits.clone(),
         };
         reactors.push(
             tidemark_consumers::spawn(

@@ -30,8 +30,15 @@ pub fn tenant_label(tenant: &str) -> &'static str {
         return tidemark_log::DEFAULT_TENANT;
     }
     let read = |named: &[&'static str]| named.iter().copied().find(|n| *n == tenant);
-    if let Some(n) = read(&NAMED.read().unwrap_or_else(|e| e.into_inner())) {
-        return n;
+    {
+        let named = NAMED.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = read(&named) {
+            return n;
+        }
+        // Past the bound every later tenant is `other`: no write lock on the hot path.
+        if named.len() >= LIMIT.load(Ordering::Relaxed) {
+            return OTHER;
+        }
     }
     let mut named = NAMED.write().unwrap_or_else(|e| e.into_inner());
     if let Some(n) = read(&named) {

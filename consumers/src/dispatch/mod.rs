@@ -130,6 +130,18 @@ pub struct Sinks {
     pub health: Health,
     /// What the log's follower nudges when a page may make a delivery due.
     pub wake: Wake,
+    /// Each adapter's `concurrency`, as permits every shard's loop of the sink shares (spec
+    /// section 20: a sink's bound is the node's, not each shard's); made by [`spawn`] when
+    /// empty.
+    pub limits: Vec<Arc<tokio::sync::Semaphore>>,
+}
+
+/// The shared permits of `adapters`' concurrency (one semaphore each, in order).
+pub fn limits(adapters: &[Arc<dyn Adapter>]) -> Vec<Arc<tokio::sync::Semaphore>> {
+    adapters
+        .iter()
+        .map(|a| Arc::new(tokio::sync::Semaphore::new(a.concurrency())))
+        .collect()
 }
 
 /// The sinks' loops sleep until their first delivery is due; a page of the log that may make
@@ -297,18 +309,30 @@ pub fn spawn(
     for a in &sinks.adapters {
         a.start(&engine);
     }
-    *sinks.health.0.lock().unwrap_or_else(|p| p.into_inner()) = sinks
-        .adapters
-        .iter()
-        .map(|a| SinkHealth::new(a.sink(), a.concurrency()))
-        .collect();
+    {
+        // The node's health: set by the first shard's dispatcher, counted by every one's.
+        let mut health = sinks.health.0.lock().unwrap_or_else(|p| p.into_inner());
+        if health.is_empty() {
+            *health = sinks
+                .adapters
+                .iter()
+                .map(|a| SinkHealth::new(a.sink(), a.concurrency()))
+                .collect();
+        }
+    }
+    let limits = if sinks.limits.len() == sinks.adapters.len() {
+        sinks.limits.clone()
+    } else {
+        limits(&sinks.adapters)
+    };
     let tasks: Vec<_> = sinks
         .adapters
         .iter()
-        .map(|a| {
+        .zip(limits)
+        .map(|(a, limit)| {
             tokio::spawn(run(
                 engine.clone(),
-                a.clone(),
+                (a.clone(), limit),
                 sinks.health.clone(),
                 sinks.wake.register(),
                 owner.clone(),
@@ -329,7 +353,7 @@ pub fn spawn(
 /// have made one due); with nothing due it sleeps (no timer at rest).
 async fn run(
     engine: Engine,
-    adapter: Arc<dyn Adapter>,
+    (adapter, limit): (Arc<dyn Adapter>, Arc<tokio::sync::Semaphore>),
     health: Health,
     nudged: Arc<tokio::sync::Notify>,
     owner: String,
@@ -345,14 +369,21 @@ async fn run(
     let mut failures = FailureLog::default();
     let mut tenants = Tenants::default();
     loop {
-        let free = adapter.concurrency().saturating_sub(inflight.len());
+        // The sink's slots are the node's: shared with its loops of the other shards.
+        let free = adapter
+            .concurrency()
+            .saturating_sub(inflight.len())
+            .min(limit.available_permits());
         let claims = free > 0 && (inflight.is_empty() || free >= batch);
         // Each tenant's due deliveries are its own (spec section 20): claimed in turn, the
         // tenant that came first last time going last this time.
         tenants.refresh(&engine).await;
         let mut turn = if claims { tenants.turn() } else { Vec::new() };
         while let Some(tenant) = turn.pop() {
-            let free = adapter.concurrency().saturating_sub(inflight.len());
+            let free = adapter
+                .concurrency()
+                .saturating_sub(inflight.len())
+                .min(limit.available_permits());
             if free == 0 {
                 break;
             }
@@ -368,10 +399,15 @@ async fn run(
                     for d in rows {
                         let a = adapter.clone();
                         let e = tenant.clone();
+                        let slot = limit.clone();
                         metrics::gauge!("tidemark_sink_in_flight", "sink" => sink.as_str())
                             .increment(1.0);
                         health.update(sink, |h| h.in_flight += 1);
                         inflight.spawn(async move {
+                            // Another shard's loop may have taken the slot since the claim:
+                            // the attempt waits for one (never more than `concurrency` at
+                            // once on the node).
+                            let _slot = slot.acquire_owned().await;
                             let id = d.id.clone();
                             let route = d.route.clone();
                             let started = Instant::now();
@@ -436,6 +472,10 @@ async fn run(
                     Some(RECHECK_MAX)
                 }
             }
+        };
+        let wait = match (wait, tenants.stale_for()) {
+            (Some(w), Some(s)) => Some(w.min(s)),
+            (w, s) => w.or(s),
         };
         tokio::select! {
             Some(first) = inflight.join_next(), if !inflight.is_empty() => {
@@ -641,16 +681,19 @@ struct Tenants {
     all: Vec<Engine>,
     read_at: Option<Instant>,
     next: usize,
+    /// The last refresh was skipped (a second had not passed): the list may lack a tenant
+    /// created since, whose due deliveries no wait would wake for.
+    stale: bool,
 }
 
 impl Tenants {
     /// Read the tenants again when a second has passed (the default tenant alone until a
     /// first read succeeds).
     async fn refresh(&mut self, engine: &Engine) {
-        if self
+        self.stale = self
             .read_at
-            .is_some_and(|at| at.elapsed() < Duration::from_secs(1))
-        {
+            .is_some_and(|at| at.elapsed() < Duration::from_secs(1));
+        if self.stale {
             return;
         }
         let e = engine.clone();
@@ -662,6 +705,15 @@ impl Tenants {
             _ if self.all.is_empty() => self.all = vec![engine.clone()],
             _ => {}
         }
+    }
+
+    /// How long until a skipped refresh may be made, when one was skipped: a loop that would
+    /// sleep without a timer wakes then, once, to read the tenants again (a tenant created in
+    /// the second after the last read, in a shard with no other, had its deliveries wait for
+    /// the next page of the shard).
+    fn stale_for(&self) -> Option<Duration> {
+        let at = self.read_at.filter(|_| self.stale)?;
+        Some(Duration::from_secs(1).saturating_sub(at.elapsed()))
     }
 
     /// Every tenant, in the order to claim for (popped from the end): one place on from last

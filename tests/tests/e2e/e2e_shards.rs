@@ -237,6 +237,10 @@ async fn shards_out_of_bounds_are_refused_at_start() {
     for (config, says) in [
         ("[log]\nshards = 0\n", "log.shards must be between 1 and 64"),
         (
+            "[log]\nshards = 2\n[retention]\ncompact_log = true\n",
+            "retention.compact_log is not supported with several log.shards",
+        ),
+        (
             "[log]\nshards = 65\n",
             "log.shards must be between 1 and 64",
         ),
@@ -480,5 +484,82 @@ async fn each_shard_is_verified_and_rebuilt_on_its_own() {
         (StatusCode::NOT_FOUND, Some("shard_not_found")),
         "{}",
         r.text
+    );
+}
+
+/// A sink's `concurrency` is the node's, not each shard's: two tenants in two shards pushing to
+/// a slow webhook receiver never have more than `sinks.webhook.concurrency` POSTs open at once,
+/// and every notification arrives.
+#[tokio::test]
+async fn a_sinks_concurrency_is_the_nodes_across_shards() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (now, most, seen) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let (n, m, k) = (now.clone(), most.clone(), seen.clone());
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move || {
+            let (n, m, k) = (n.clone(), m.clone(), k.clone());
+            async move {
+                let open = n.fetch_add(1, Ordering::SeqCst) + 1;
+                m.fetch_max(open, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                n.fetch_sub(1, Ordering::SeqCst);
+                k.fetch_add(1, Ordering::SeqCst);
+                StatusCode::OK
+            }
+        }),
+    );
+    let port = crate::common::serve_local(app).await.port();
+    let s = Server::start(
+        ServerOpts::default().config("[log]\nshards = 2\n[sinks.webhook]\nconcurrency = 2\n"),
+    )
+    .await;
+    let api = s.api();
+    assert_eq!(create(&api, "acme").await["shard"], 1);
+    const EACH: usize = 12;
+    for prefix in ["", "/tenants/acme"] {
+        let t = api.under(prefix, None);
+        let r = t
+            .send(t.request(Method::PUT, "/v1/routes/hook").json(&json!({
+                "route": {"sink": "webhook", "url": format!("http://127.0.0.1:{port}/hook"),
+                          "priorities": ["urgent"]},
+                "reason": "concurrency test"})))
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{prefix}: {}", r.text);
+        let events: Vec<Value> = (0..EACH)
+            .map(|i| {
+                json!({"event_id": format!("n-{i}"), "stream": "notifications",
+                       "subject": format!("n-{i}"), "type": "notification.requested",
+                       "payload": {"priority": "urgent", "title": "t", "recipient": "ops"}})
+            })
+            .collect();
+        let (st, body) = t.append(&json!({"events": events})).await;
+        assert_eq!(st, StatusCode::CREATED, "{body}");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while seen.load(Ordering::SeqCst) < 2 * EACH {
+        if std::time::Instant::now() > deadline {
+            let (_, d0) = api.get_json("/v1/deliveries?limit=100").await;
+            let (_, d1) = api
+                .under("/tenants/acme", None)
+                .get_json("/v1/deliveries?limit=100")
+                .await;
+            panic!(
+                "{} POSTs of {}: {d0} {d1}",
+                seen.load(Ordering::SeqCst),
+                2 * EACH
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!(
+        (1..=2).contains(&most),
+        "{most} POSTs open at once, concurrency 2"
     );
 }

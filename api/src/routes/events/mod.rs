@@ -162,7 +162,10 @@ fn record_append(receipt: &AppendReceipt, started: Instant, tenant: &str) {
         .increment(receipt.events.len() as u64 - dup);
     metrics::counter!("tidemark_events_duplicate_total", "tenant" => tenant).increment(dup);
     metrics::histogram!("tidemark_append_duration_seconds").record(started.elapsed().as_secs_f64());
-    metrics::gauge!("tidemark_log_head").set(receipt.last_seq as f64);
+    // The home shard's head (another shard's numbers are its own).
+    if tenant == tidemark_log::DEFAULT_TENANT {
+        metrics::gauge!("tidemark_log_head").set(receipt.last_seq as f64);
+    }
 }
 
 #[cfg(test)]
