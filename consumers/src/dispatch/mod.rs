@@ -12,19 +12,22 @@
 //! logged, answered or recorded.
 
 pub mod email;
+mod report;
+mod turns;
 pub mod webhook;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidemark_projections::ids::DeliveryId;
 
+use report::{Attempt, report};
 use tidemark_engine::Engine;
-use tidemark_engine::commands::Completed;
-use tidemark_engine::commands::outbox::{Claim, Complete, Fail, Failure};
+use tidemark_engine::commands::outbox::Claim;
 use tidemark_projections::deliveries::Delivery;
 use tidemark_projections::names::Sink;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use turns::{Tenants, earliest_due};
 
 /// What one attempt came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -662,177 +665,6 @@ impl FailureLog {
             );
         }
     }
-}
-
-/// One attempt that ended.
-struct Attempt {
-    id: DeliveryId,
-    route: String,
-    outcome: Outcome,
-    took: Duration,
-    /// The engine acting for the delivery's tenant: its report is that tenant's command.
-    tenant: Engine,
-}
-
-/// The tenants a dispatcher claims for, read again at most once a second (a tenant created
-/// meanwhile is claimed for from then on), and whose turn comes first.
-#[derive(Default)]
-struct Tenants {
-    all: Vec<Engine>,
-    read_at: Option<Instant>,
-    next: usize,
-    /// The last refresh was skipped (a second had not passed): the list may lack a tenant
-    /// created since, whose due deliveries no wait would wake for.
-    stale: bool,
-}
-
-impl Tenants {
-    /// Read the tenants again when a second has passed (the default tenant alone until a
-    /// first read succeeds).
-    async fn refresh(&mut self, engine: &Engine) {
-        self.stale = self
-            .read_at
-            .is_some_and(|at| at.elapsed() < Duration::from_secs(1));
-        if self.stale {
-            return;
-        }
-        let e = engine.clone();
-        match tokio::task::spawn_blocking(move || e.every_tenant()).await {
-            Ok(Ok(all)) => {
-                self.all = all.into_iter().map(|(e, _)| e).collect();
-                self.read_at = Some(Instant::now());
-            }
-            _ if self.all.is_empty() => self.all = vec![engine.clone()],
-            _ => {}
-        }
-    }
-
-    /// How long until a skipped refresh may be made, when one was skipped: a loop that would
-    /// sleep without a timer wakes then, once, to read the tenants again (a tenant created in
-    /// the second after the last read, in a shard with no other, had its deliveries wait for
-    /// the next page of the shard).
-    fn stale_for(&self) -> Option<Duration> {
-        let at = self.read_at.filter(|_| self.stale)?;
-        Some(Duration::from_secs(1).saturating_sub(at.elapsed()))
-    }
-
-    /// Every tenant, in the order to claim for (popped from the end): one place on from last
-    /// time.
-    fn turn(&mut self) -> Vec<Engine> {
-        self.next = (self.next + 1) % self.all.len().max(1);
-        let mut order = self.all.clone();
-        order.rotate_left(self.next);
-        order.reverse();
-        order
-    }
-}
-
-/// When the first delivery of `sink` falls due, read once the models have folded (and
-/// committed) the log up to the head: the claim just decided saw all of it, and the decider
-/// commits what it folds only after its replies, batched; a read of the store as it stood
-/// would still show the leases this sink's last completion ended, due at their expiry. The
-/// wait (a reader waiting has the decider commit at once) is off the async workers.
-async fn earliest_due(tenants: &[Engine], sink: Sink) -> Result<Option<i64>, String> {
-    let qs: Vec<_> = tenants.iter().map(|e| e.read().clone()).collect();
-    tokio::task::spawn_blocking(move || {
-        let mut earliest: Option<i64> = None;
-        for q in qs {
-            q.floor(0).map_err(|e| e.to_string())?;
-            if let Some(at) = q.earliest_due(sink).map_err(|e| e.to_string())? {
-                earliest = Some(earliest.map_or(at, |e| e.min(at)));
-            }
-        }
-        Ok(earliest)
-    })
-    .await
-    .map_err(|e| e.to_string())?
-}
-
-/// Record one tenant's attempts' outcomes: the sent ones through one completion command, each
-/// failure through the fail command.
-async fn report(engine: &Engine, sink: Sink, owner: &str, attempts: Vec<Attempt>) {
-    let mut sent: Vec<(DeliveryId, Option<String>)> = Vec::new();
-    let mut reached: Vec<Vec<String>> = Vec::new();
-    let tenant = tidemark_engine::labels::tenant_label(engine.tenant());
-    for a in attempts {
-        let kind = match &a.outcome {
-            Outcome::Sent(_) => "sent",
-            Outcome::Transient { .. } => "transient",
-            Outcome::Permanent { .. } => "permanent",
-        };
-        metrics::counter!("tidemark_sink_attempts_total", "sink" => sink.as_str(), "outcome" => kind, "tenant" => tenant)
-            .increment(1);
-        metrics::histogram!("tidemark_sink_attempt_seconds", "sink" => sink.as_str(), "tenant" => tenant)
-            .record(a.took.as_secs_f64());
-        let id = a.id;
-        let r = match a.outcome {
-            Outcome::Sent(targets) => {
-                sent.push((id, None));
-                reached.push(targets);
-                continue;
-            }
-            Outcome::Transient {
-                code,
-                error,
-                retry_after_ms,
-            } => fail(engine, &id, owner, code, error, true, retry_after_ms).await,
-            Outcome::Permanent { code, error } => {
-                fail(engine, &id, owner, code, error, false, None).await
-            }
-        };
-        if let Err(e) = r {
-            tracing::warn!(%sink, delivery = %id, error = %e, "dispatcher: report failed; the lease will expire");
-        }
-    }
-    if sent.is_empty() {
-        return;
-    }
-    let ids: Vec<DeliveryId> = sent.iter().map(|(id, _)| id.clone()).collect();
-    match engine
-        .execute(Complete {
-            owner: owner.to_owned(),
-            items: sent,
-            resolved_targets: reached,
-        })
-        .await
-    {
-        Ok((results, _)) => {
-            for (id, r) in ids.iter().zip(results) {
-                if let Completed::Refused { code, .. } = r {
-                    let code = code.code();
-                    tracing::info!(%sink, delivery = %id, %code, "dispatcher: report refused");
-                }
-            }
-        }
-        Err(e) => {
-            tracing::warn!(%sink, error = %e, deliveries = ids.len(),
-                "dispatcher: reporting sent deliveries failed; their leases will expire");
-        }
-    }
-}
-
-async fn fail(
-    engine: &Engine,
-    id: &DeliveryId,
-    owner: &str,
-    code: String,
-    error: String,
-    retryable: bool,
-    retry_after_ms: Option<u64>,
-) -> Result<Option<String>, tidemark_engine::CommandError> {
-    engine
-        .execute(Fail {
-            id: id.clone(),
-            owner: owner.to_owned(),
-            failure: Failure {
-                error_code: code,
-                error,
-                retryable,
-                retry_after_ms,
-            },
-        })
-        .await
-        .map(|_| None)
 }
 
 /// `key`'s value through [`crate::env_value`], an error naming the key.
