@@ -652,6 +652,22 @@ impl Config {
         c
     }
 
+    /// The embedded log of shard `shard` (spec section 20): shard 0 in the data directory,
+    /// shard n in `shards/<n>/` of it, each with its share of the page cache.
+    pub fn shard_log_config(&self, shard: u32) -> tidemark_log::LogConfig {
+        let mut c = self.log_config();
+        if shard > 0 {
+            c.path = self
+                .server
+                .data
+                .join("shards")
+                .join(shard.to_string())
+                .join("log.redb");
+        }
+        c.cache_bytes /= self.log.shards.max(1) as usize;
+        c
+    }
+
     /// The JetStream log of `[log] backend = "jetstream"`: its local replica is an embedded
     /// log under `<data>/jetstream-replica` with the `[log]` settings above.
     pub fn jetstream_config(&self) -> Option<tidemark_log::JetStreamConfig> {

@@ -527,29 +527,20 @@ fn spawn_reload_on_hangup(certs: Arc<crate::tls::Certs>, stop: CancellationToken
     });
 }
 
-/// Open the log and serve on `listener` until `shutdown` resolves; then stop accepting, let
-/// in-flight requests finish (bounded by `server.shutdown_grace_secs`), end SSE streams, stop
-/// the writer and close the log file cleanly.
 /// The deployment's shards (spec section 20): `home` (shard 0, the data directory's own log)
 /// and `[log] shards - 1` more, shard n in `shards/<n>/` of the data directory, each with its
-/// own log, models and decider, made when missing. The page cache is split between them. A
-/// directory that places a tenant in a shard beyond them refuses the start (shards are not
-/// taken away: its events would be out of reach).
-async fn open_shards(config: &Config, home: &Engine) -> Result<Vec<crate::state::Shard>, RunError> {
+/// own log, models and decider, made when missing (`Config::shard_log_config`). A directory
+/// that places a tenant in a shard beyond them refuses the start (shards are not taken away:
+/// its events would be out of reach).
+async fn open_shards(
+    config: &Config,
+    home: &Engine,
+    privacy: Option<tidemark_engine::privacy::Privacy>,
+) -> Result<Vec<crate::state::Shard>, RunError> {
     let n = config.log.shards.max(1);
     let mut shards = vec![crate::state::Shard::new(home.clone())];
     for shard in 1..n {
-        let mut cfg = config.log_config();
-        cfg.cache_bytes /= n as usize;
-        cfg.path = config
-            .server
-            .data
-            .join("shards")
-            .join(shard.to_string())
-            .join("log.redb");
-        let privacy = config
-            .privacy()
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let cfg = config.shard_log_config(shard);
         let (engine, report) = tokio::task::spawn_blocking(move || {
             if let Some(dir) = cfg.path.parent() {
                 std::fs::create_dir_all(dir).map_err(|e| {
@@ -567,7 +558,7 @@ async fn open_shards(config: &Config, home: &Engine) -> Result<Vec<crate::state:
             "shard ready"
         );
         shards.push(crate::state::Shard::new(
-            engine.with_privacy(privacy).as_shard(shard, home),
+            engine.with_privacy(privacy.clone()).as_shard(shard, home),
         ));
     }
     let e = home.clone();
@@ -596,6 +587,9 @@ async fn open_shards(config: &Config, home: &Engine) -> Result<Vec<crate::state:
     Ok(shards)
 }
 
+/// Open the log and serve on `listener` until `shutdown` resolves; then stop accepting, let
+/// in-flight requests finish (bounded by `server.shutdown_grace_secs`), end SSE streams, stop
+/// the writer and close the log file cleanly.
 pub async fn run(
     config: Config,
     listener: TcpListener,
@@ -613,9 +607,7 @@ pub async fn run(
         }
         tracing::warn!(%addr, "no auth tokens configured: running open, on loopback only");
     }
-    let mut log_cfg = config.log_config();
-    // The page cache is split between the shards (`open_shards`), the home one's included.
-    log_cfg.cache_bytes /= config.log.shards.max(1) as usize;
+    let log_cfg = config.shard_log_config(0);
     let privacy = config
         .privacy()
         .map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -633,9 +625,9 @@ pub async fn run(
     })
     .await
     .map_err(|e| std::io::Error::other(e.to_string()))??;
-    let engine = engine.with_privacy(privacy);
+    let engine = engine.with_privacy(privacy.clone());
     tracing::info!(head = report.head, repaired = report.repaired, "log ready");
-    let shards = open_shards(&config, &engine).await?;
+    let shards = open_shards(&config, &engine, privacy).await?;
     let token = CancellationToken::new();
     warn_unknown_routes(&config);
     refuse_file_routes_held_by_the_api(&engine, &config).await?;
@@ -708,7 +700,6 @@ pub async fn run(
     // (section 17), instead of spending their deliveries' attempts.
     tidemark_consumers::dispatch::webhook::check_api_routes(&engine, None).await;
     // Each sink on its own bounded pool.
-    drop(sinks);
     let dispatchers: Vec<_> = shard_sinks
         .into_iter()
         .map(|(engine, sinks)| {

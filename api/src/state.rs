@@ -79,11 +79,6 @@ impl Shard {
 }
 
 impl Shared {
-    /// The home shard's hubs (the default tenant's, and the deployment's).
-    pub fn home(&self) -> &Shard {
-        &self.shards[0]
-    }
-
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)
     }
@@ -155,33 +150,12 @@ impl axum::extract::FromRequestParts<AppState> for Api {
         // `directory_seq` (the head at the start before any); on the blocking pool only while
         // the models have not folded that far.
         let want = state.directory_seq.load(Ordering::Acquire);
-        let (t, engine) = (tenant.clone(), state.engine.clone());
-        let live = move || -> Result<Option<u32>, tidemark_engine::QueryError> {
-            let q = engine.read().unwaited();
-            engine.read().folded_to(want)?;
-            Ok(q.tenant(&t)?.filter(|r| r.is_live()).map(|r| r.shard))
-        };
-        let live = if state.engine.read().folded_now(want) {
-            live().map_err(|e| crate::error::ApiError::query("reading the tenants", &e))?
-        } else {
-            crate::routes::blocking(live).await?
-        };
-        // Not (or no longer) a tenant as of then: as of the head, which another node of a
-        // cluster may have changed it by.
-        let live = match live {
-            Some(shard) => Some(shard),
-            None => {
-                let (t, engine) = (tenant.clone(), state.engine.clone());
-                crate::routes::blocking(move || {
-                    let q = engine.read();
-                    q.floor(0)?;
-                    Ok::<_, tidemark_engine::QueryError>(
-                        q.tenant(&t)?.filter(|r| r.is_live()).map(|r| r.shard),
-                    )
-                })
-                .await?
-            }
-        };
+        let mut live = placement(state, &tenant, want).await?;
+        if live.is_none() {
+            // Not (or no longer) a tenant as of then: as of the head, which another node of a
+            // cluster may have changed it by.
+            live = placement(state, &tenant, state.engine.head()).await?;
+        }
         let Some(shard) = live else {
             return Err(crate::error::ApiError::new(
                 axum::http::StatusCode::NOT_FOUND,
@@ -205,5 +179,26 @@ impl axum::extract::FromRequestParts<AppState> for Api {
             scoped: Some(home.engine.in_tenant(&tenant)),
             shard: shard as usize,
         })
+    }
+}
+
+/// The shard of live tenant `tenant` in the directory as the home shard's models hold it once
+/// folded through `want` (`None`: not a tenant, or removed): read on this task when they have,
+/// on the blocking pool while they catch up.
+async fn placement(
+    state: &AppState,
+    tenant: &Arc<str>,
+    want: u64,
+) -> Result<Option<u32>, crate::error::ApiError> {
+    let (t, engine) = (tenant.clone(), state.engine.clone());
+    let read = move || -> Result<Option<u32>, tidemark_engine::QueryError> {
+        engine.read().folded_to(want)?;
+        let row = engine.read().unwaited().tenant(&t)?;
+        Ok(row.filter(|r| r.is_live()).map(|r| r.shard))
+    };
+    if state.engine.read().folded_now(want) {
+        read().map_err(|e| crate::error::ApiError::query("reading the tenants", &e))
+    } else {
+        crate::routes::blocking(read).await
     }
 }

@@ -82,6 +82,30 @@ async fn side(t: &TidemarkHttp, idle: Duration) -> IdleSide {
     }
 }
 
+impl IdleResult {
+    /// The run in one line, as `tidemark-bench` prints it.
+    pub fn summary(&self) -> String {
+        format!(
+            "  idle-tenants: {} tenants ({} shards) made in {:.1} s; rss {} → {} KiB ({:.0} B each), \
+             files {} → {}, data {} → {} B, idle cpu {} → {} ms over {} s{}",
+            self.tenants,
+            self.shards,
+            self.create_seconds,
+            self.before.rss_kib,
+            self.after.rss_kib,
+            self.rss_bytes_per_tenant,
+            self.before.files,
+            self.after.files,
+            self.before.data_bytes,
+            self.after.data_bytes,
+            self.before.idle_cpu_ms,
+            self.after.idle_cpu_ms,
+            self.idle_seconds,
+            crate::report::error_note(self.error.as_deref(), "  ")
+        )
+    }
+}
+
 pub async fn idle_tenants(o: &StartOpts, tenants: usize, idle: Duration) -> IdleResult {
     let mut r = IdleResult {
         tenants,

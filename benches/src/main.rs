@@ -519,7 +519,10 @@ impl Run<'_> {
             return;
         }
         if self.wants(Workload::IdleTenants) {
-            let r = benches_idle(&self.start, self.opts.idle_tenants, self.opts.idle_seconds).await;
+            let idle = Duration::from_secs_f64(self.opts.idle_seconds);
+            let r = tidemark_benches::idle::idle_tenants(&self.start, self.opts.idle_tenants, idle)
+                .await;
+            eprintln!("{}", r.summary());
             self.report.idle_tenants = Some(r);
             self.save();
         }
@@ -809,32 +812,4 @@ fn bench_main(opts: &Opts) -> Result<(), String> {
     let text = serde_json::to_string_pretty(&run.report).map_err(|e| e.to_string())?;
     println!("{text}");
     Ok(())
-}
-
-async fn benches_idle(
-    o: &StartOpts,
-    tenants: usize,
-    seconds: f64,
-) -> tidemark_benches::idle::IdleResult {
-    let r =
-        tidemark_benches::idle::idle_tenants(o, tenants, Duration::from_secs_f64(seconds)).await;
-    eprintln!(
-        "  idle-tenants: {} tenants ({} shards) made in {:.1} s; rss {} → {} KiB ({:.0} B each), \
-         files {} → {}, data {} → {} B, idle cpu {} → {} ms over {} s{}",
-        r.tenants,
-        r.shards,
-        r.create_seconds,
-        r.before.rss_kib,
-        r.after.rss_kib,
-        r.rss_bytes_per_tenant,
-        r.before.files,
-        r.after.files,
-        r.before.data_bytes,
-        r.after.data_bytes,
-        r.before.idle_cpu_ms,
-        r.after.idle_cpu_ms,
-        r.idle_seconds,
-        error_note(r.error.as_deref(), "  ")
-    );
-    r
 }

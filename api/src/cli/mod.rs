@@ -26,9 +26,13 @@ pub use output::Output;
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(&cli);
+    // `serve` reads its configuration once, here: the runtime's size depends on it.
+    let mut served = match &cli.command {
+        Command::Serve(a) => Some(Config::load(a.config.as_deref())),
+        _ => None,
+    };
     let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if let Command::Serve(a) = &cli.command
-        && let Ok(cfg) = Config::load(a.config.as_deref())
+    if let Some(Ok(cfg)) = &served
         && cfg.log.shards > 1
     {
         // A shard's group commit is led on the task of one of its appenders, which syncs on
@@ -50,7 +54,12 @@ pub fn main() -> ExitCode {
     );
     let result = rt.block_on(async {
         match cli.command {
-            Command::Serve(a) => serve(a).await,
+            Command::Serve(a) => {
+                let cfg = served
+                    .take()
+                    .unwrap_or_else(|| Config::load(a.config.as_deref()));
+                serve(a, cfg).await
+            }
             Command::Append(a) => append(a).await,
             Command::Tail(a) => tail(a).await,
             Command::Projections(a) => projections(a).await,
@@ -145,8 +154,8 @@ fn init_tracing(cli: &Cli) {
 
 pub(crate) type CliResult = Result<(), CliError>;
 
-async fn serve(a: ServeArgs) -> CliResult {
-    let mut cfg = Config::load(a.config.as_deref()).map_err(|e| e.to_string())?;
+async fn serve(a: ServeArgs, cfg: Result<Config, crate::config::ConfigError>) -> CliResult {
+    let mut cfg = cfg.map_err(|e| e.to_string())?;
     if let Some(d) = a.data {
         cfg.server.data = d;
     }

@@ -76,7 +76,7 @@ pub struct ShardQuery {
     pub shard: Option<u32>,
 }
 
-/// The engine of the shard `q` names, and the key its rebuilds are tracked under.
+/// The engine of the shard `q` names (`404 shard_not_found` past the deployment's).
 fn shard_of(st: &Api, q: &ShardQuery) -> Result<tidemark_engine::Engine, ApiError> {
     let n = q.shard.unwrap_or(0);
     st.shards
