@@ -180,6 +180,13 @@ impl<L: EventLog + Clone> Queries<L> {
         self.tenant = tenant;
     }
 
+    /// The tenant these queries read, by name.
+    fn tenant_name(&self) -> &str {
+        self.tenant
+            .as_deref()
+            .unwrap_or(tidemark_log::DEFAULT_TENANT)
+    }
+
     /// One read transaction of the models, reading the tenant's rows.
     fn snapshot(&self) -> Result<ModelsTxn, StorageError> {
         let mut txn = self.models.read().snapshot()?;
@@ -250,12 +257,8 @@ impl<L: EventLog + Clone> Queries<L> {
     /// A page of events as clients see them: webhook secrets redacted.
     pub fn events(&self, q: &ReadQuery) -> R<ReadPage> {
         // The tenant's events alone.
-        let tenant = self
-            .tenant
-            .as_deref()
-            .unwrap_or(tidemark_log::DEFAULT_TENANT);
         let q = ReadQuery {
-            tenant: Some(tenant.to_owned()),
+            tenant: Some(self.tenant_name().to_owned()),
             ..q.clone()
         };
         let mut page = self.log.read(&q).map_err(|e| match e {
@@ -623,6 +626,8 @@ impl<L: EventLog + Clone> Queries<L> {
                     limit: 1000,
                     stream: Some(c.stream_name.clone()),
                     subject: (!c.subject_id.is_empty()).then(|| c.subject_id.clone()),
+                    // The cursor's tenant's events alone.
+                    tenant: Some(self.tenant_name().to_owned()),
                     ..ReadQuery::default()
                 })
                 .map_err(StorageError::of)?;

@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use tidemark_projections::bridges::Subscription;
 use tidemark_projections::ids::{BridgeId, SubscriptionId};
 
-/// Pull-sink state shared by the notifier and the HTTP handlers: per bridge, the envelope each
+/// Pull-sink state shared by the notifier and the HTTP handlers of one shard: per tenant and
+/// bridge (two tenants may name a bridge alike), the envelope each
 /// pull subscription has pending (as of the notifier's last look at it) and a wake-up counter
 /// for long-polls. The notifier updates an entry whenever the log changes anything the entry
 /// depends on (the task, the cursor, the subscription), then bumps the bridge, so a long-poll
@@ -56,16 +57,23 @@ impl Looked {
     }
 }
 
+/// A bridge or subscription of one tenant (by the tenant's name).
+type Of<T> = (String, T);
+
 #[derive(Default)]
 struct Hub {
     /// Set after the notifier's first full pass; before it, handlers compute from the log.
     ready: bool,
-    wake: HashMap<BridgeId, tokio::sync::watch::Sender<u64>>,
+    wake: HashMap<Of<BridgeId>, tokio::sync::watch::Sender<u64>>,
     /// bridge → subscription → (seq, envelope).
     pending:
-        HashMap<BridgeId, std::collections::BTreeMap<SubscriptionId, (u64, serde_json::Value)>>,
+        HashMap<Of<BridgeId>, std::collections::BTreeMap<SubscriptionId, (u64, serde_json::Value)>>,
     /// subscription → highest seq acked through the API.
-    floor: HashMap<SubscriptionId, u64>,
+    floor: HashMap<Of<SubscriptionId>, u64>,
+}
+
+fn of<T: Clone>(tenant: &str, id: &T) -> Of<T> {
+    (tenant.to_owned(), id.clone())
 }
 
 impl PullHub {
@@ -73,11 +81,15 @@ impl PullHub {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A receiver that changes when `bridge_id` may have something new.
-    pub fn subscribe(&self, bridge_id: &BridgeId) -> tokio::sync::watch::Receiver<u64> {
+    /// A receiver that changes when `tenant`'s `bridge_id` may have something new.
+    pub fn subscribe(
+        &self,
+        tenant: &str,
+        bridge_id: &BridgeId,
+    ) -> tokio::sync::watch::Receiver<u64> {
         self.lock()
             .wake
-            .entry(bridge_id.clone())
+            .entry(of(tenant, bridge_id))
             .or_insert_with(|| tokio::sync::watch::channel(0).0)
             .subscribe()
     }
@@ -99,35 +111,53 @@ impl PullHub {
     }
 
     /// The bridge's pending envelopes, or `None` until the notifier has looked at everything.
-    pub fn pending(&self, bridge_id: &BridgeId) -> Option<Vec<serde_json::Value>> {
+    pub fn pending(&self, tenant: &str, bridge_id: &BridgeId) -> Option<Vec<serde_json::Value>> {
         let h = self.lock();
         if !h.ready {
             return None;
         }
         Some(
             h.pending
-                .get(bridge_id)
+                .get(&of(tenant, bridge_id))
                 .map(|m| m.values().map(|(_, v)| v.clone()).collect())
                 .unwrap_or_default(),
         )
     }
 
     /// A delivery was acked through the API: never serve it (or anything before it) again.
-    pub fn acked(&self, bridge_id: &BridgeId, subscription_id: &SubscriptionId, seq: u64) {
+    pub fn acked(
+        &self,
+        tenant: &str,
+        bridge_id: &BridgeId,
+        subscription_id: &SubscriptionId,
+        seq: u64,
+    ) {
         let mut h = self.lock();
-        let f = h.floor.entry(subscription_id.clone()).or_insert(0);
+        let f = h.floor.entry(of(tenant, subscription_id)).or_insert(0);
         *f = (*f).max(seq);
-        if let Some(m) = h.pending.get_mut(bridge_id)
+        if let Some(m) = h.pending.get_mut(&of(tenant, bridge_id))
             && m.get(subscription_id).is_some_and(|(s, _)| *s <= seq)
         {
             m.remove(subscription_id);
         }
     }
 
-    pub(super) fn set(&self, sub: &Subscription, entry: Option<(u64, serde_json::Value)>) {
+    pub(super) fn set(
+        &self,
+        tenant: &str,
+        sub: &Subscription,
+        entry: Option<(u64, serde_json::Value)>,
+    ) {
         let mut h = self.lock();
-        let floor = h.floor.get(&sub.subscription_id).copied().unwrap_or(0);
-        let m = h.pending.entry(sub.target.bridge_id.clone()).or_default();
+        let floor = h
+            .floor
+            .get(&of(tenant, &sub.subscription_id))
+            .copied()
+            .unwrap_or(0);
+        let m = h
+            .pending
+            .entry(of(tenant, &sub.target.bridge_id))
+            .or_default();
         match entry {
             Some((seq, v)) if seq > floor => {
                 m.insert(sub.subscription_id.clone(), (seq, v));
@@ -139,13 +169,13 @@ impl PullHub {
     }
 
     /// The subscription is gone, or its cursor was reset (the floor no longer holds).
-    pub(super) fn forget(&self, subscription_id: &SubscriptionId, reset: bool) {
+    pub(super) fn forget(&self, tenant: &str, subscription_id: &SubscriptionId, reset: bool) {
         let mut h = self.lock();
-        for m in h.pending.values_mut() {
+        for (_, m) in h.pending.iter_mut().filter(|((t, _), _)| t == tenant) {
             m.remove(subscription_id);
         }
         if reset {
-            h.floor.remove(subscription_id);
+            h.floor.remove(&of(tenant, subscription_id));
         }
     }
 
@@ -182,9 +212,9 @@ impl PullHub {
         });
     }
 
-    pub(super) fn bump(&self, bridge_id: &BridgeId) {
+    pub(super) fn bump(&self, tenant: &str, bridge_id: &BridgeId) {
         let h = self.lock();
-        if let Some(tx) = h.wake.get(bridge_id) {
+        if let Some(tx) = h.wake.get(&of(tenant, bridge_id)) {
             tx.send_modify(|n| *n += 1);
         }
     }

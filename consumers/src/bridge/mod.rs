@@ -99,6 +99,8 @@ fn scan_in(
                 limit: 500,
                 stream: Some(Stream::TaskEvents.into()),
                 subject: Some(task_id.to_string()),
+                // The subscription's tenant's task (another tenant's may share its id).
+                tenant: Some(engine.tenant().to_owned()),
                 ..ReadQuery::default()
             })
             .map_err(StorageError::of)?;

@@ -1,8 +1,10 @@
 //! The notifier's loop: which subscriptions to look at after each page of the log, what to do
 //! for each (pull cache, webhook POST with retries, mismatch record), and confirming webhook
-//! deliveries.
+//! deliveries. One notifier follows a shard's log for every tenant in it (spec section 20):
+//! each subscription is looked at, scanned and confirmed through its own tenant's handle, and
+//! known by its tenant and id (two tenants may name a subscription alike).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidemark_log::StorageError;
@@ -36,12 +38,25 @@ struct Retry {
 /// subscription.
 pub const LEASE_SLOTS: usize = 16;
 
-/// The lease of the notifier of `subscription`'s webhook.
-pub fn lease_name(subscription: &str) -> String {
-    format!(
-        "bridge.{}",
+/// The lease of the notifier of `tenant`'s `subscription`'s webhook (the default tenant's by
+/// the subscription id alone, as before tenants).
+pub fn lease_name(tenant: &str, subscription: &str) -> String {
+    let slot = if tenant == tidemark_log::DEFAULT_TENANT {
         tidemark_log::lease::slot(subscription, LEASE_SLOTS)
-    )
+    } else {
+        tidemark_log::lease::slot(&format!("{tenant}/{subscription}"), LEASE_SLOTS)
+    };
+    format!("bridge.{slot}")
+}
+
+/// A subscription of one tenant: the tenant's name and the subscription's id.
+type Key = (String, SubscriptionId);
+
+/// A subscription to look at, with the handle of its tenant.
+type Work = (Engine, Subscription);
+
+fn key(engine: &Engine, id: &SubscriptionId) -> Key {
+    (engine.tenant().to_owned(), id.clone())
 }
 
 /// Start the notifier; it stops when `shutdown` is cancelled.
@@ -99,17 +114,17 @@ struct Notifier {
     settings: RoutingSettings,
     /// The log head the last pass looked at (`None`: look at every subscription).
     scanned_to: Option<u64>,
-    retries: HashMap<SubscriptionId, Retry>,
+    retries: HashMap<Key, Retry>,
     /// Subscriptions stopped at a mismatch, and those with a deferred event, as last seen.
-    stopped: std::collections::HashSet<SubscriptionId>,
-    deferred: std::collections::HashSet<SubscriptionId>,
+    stopped: HashSet<Key>,
+    deferred: HashSet<Key>,
     /// Webhook POSTs in flight: (subscription, seq, cursor when scanned, outcome).
-    inflight: JoinSet<(SubscriptionId, u64, u64, Result<(), Failed>)>,
+    inflight: JoinSet<(Key, u64, u64, Result<(), Failed>)>,
     hub: PullHub,
     /// Subscriptions with a webhook POST in flight.
-    busy: HashMap<SubscriptionId, u64>,
+    busy: HashMap<Key, u64>,
     /// Subscriptions whose POST in flight is their open circuit's probe.
-    probing: HashSet<SubscriptionId>,
+    probing: HashSet<Key>,
 }
 
 impl Notifier {
@@ -164,13 +179,12 @@ impl Notifier {
         }
     }
 
-    async fn finished(
-        &mut self,
-        (sub_id, seq, expected, result): (SubscriptionId, u64, u64, Result<(), Failed>),
-    ) {
-        self.busy.remove(&sub_id);
+    async fn finished(&mut self, (k, seq, expected, result): (Key, u64, u64, Result<(), Failed>)) {
+        self.busy.remove(&k);
+        let engine = self.engine.in_tenant(&k.0);
+        let sub_id = &k.1;
         let Ok(Some(sub)) = ({
-            let e = self.engine.clone();
+            let e = engine.clone();
             let id = sub_id.clone();
             tokio::task::spawn_blocking(move || {
                 e.read().subscription(&id).map_err(StorageError::from)
@@ -182,12 +196,12 @@ impl Notifier {
         };
         match result {
             Ok(()) => {
-                self.retries.remove(&sub_id);
+                self.retries.remove(&k);
                 // Compare-and-swap on the cursor the scan saw: a reset meanwhile wins.
                 // The confirmation also closes the endpoint's circuit if it is open.
-                match confirm(&self.engine, &sub, seq, Some(expected)).await {
+                match confirm(&engine, &sub, seq, Some(expected)).await {
                     Ok(_) => {
-                        self.probing.remove(&sub_id);
+                        self.probing.remove(&k);
                     }
                     Err(e) => {
                         tracing::warn!(subscription = %sub_id, seq, error = %e, "webhook delivery confirmed but the cursor did not advance");
@@ -200,29 +214,30 @@ impl Notifier {
                 retry_after_ms,
             }) => {
                 metrics::counter!("tidemark_bridge_webhook_failures_total").increment(1);
-                let r = self.retries.entry(sub_id.clone()).or_default();
+                let r = self.retries.entry(k.clone()).or_default();
                 let attempts = r.failed(seq);
                 let u = rand::random::<f64>();
                 // A receiver's Retry-After (429/503, capped at an hour) replaces the backoff.
                 let ms = backoff_ms(&self.settings.retry, attempts, u, retry_after_ms);
                 r.next = Some(Instant::now() + Duration::from_millis(ms));
-                tracing::warn!(target: "tidemark::endpoints", subscription = %sub_id, seq,
+                tracing::warn!(target: "tidemark::endpoints", tenant = %k.0, subscription = %sub_id, seq,
                     attempt = r.attempts, code = %code, cause = %err, retry_in_ms = ms,
                     "bridge webhook delivery failed");
-                if record_failure(&self.engine, &sub, &err, Some(&code))
+                if record_failure(&engine, &sub, &err, Some(&code))
                     .await
                     .is_ok()
                 {
-                    let probe = self.probing.remove(&sub_id);
-                    circuit_after_failure(&self.engine, &sub, probe).await;
+                    let probe = self.probing.remove(&k);
+                    circuit_after_failure(&engine, &sub, probe).await;
                 }
             }
         }
     }
 
     /// Subscriptions to look at: all of them at the first pass (and after a failed one), then
-    /// those whose task, cursor or subscription changed in `page`, and webhook retries now due.
-    async fn dirty(&mut self, page: Option<Arc<Page>>) -> Result<Vec<Subscription>, StorageError> {
+    /// those whose task, cursor or subscription changed in `page` (each in its own tenant),
+    /// and webhook retries now due.
+    async fn dirty(&mut self, page: Option<Arc<Page>>) -> Result<Vec<Work>, StorageError> {
         let e = self.engine.clone();
         let since = self.scanned_to;
         // An endpoint enabled or closed lets its POST go now, not after the backoff it had.
@@ -232,7 +247,8 @@ impl Notifier {
                     || EventType::parse(&ev.event_type) == Some(EventType::EndpointCircuitClosed))
                 && let Some(sub) = ids::subscription_of_endpoint(&ev.subject)
             {
-                self.retries.remove(&SubscriptionId::new(sub));
+                self.retries
+                    .remove(&(ev.tenant().to_owned(), SubscriptionId::new(sub)));
             }
         }
         // A page with nothing for the bridges (no task, subscription or cursor event) is seen
@@ -251,21 +267,24 @@ impl Notifier {
             tokio::task::spawn_blocking(move || {
                 let Some(since) = since else {
                     let head = e.head();
-                    return Ok::<_, StorageError>((
-                        e.read().all_active_subscriptions()?,
-                        head,
-                        Vec::new(),
-                    ));
+                    let mut all = Vec::new();
+                    for (tenant, _) in e.every_tenant().map_err(StorageError::from)? {
+                        let subs = tenant.read().all_active_subscriptions()?;
+                        all.extend(subs.into_iter().map(|s| (tenant.clone(), s)));
+                    }
+                    return Ok::<_, StorageError>((all, head, Vec::new()));
                 };
-                let mut tasks = std::collections::BTreeSet::new();
-                let mut ids = std::collections::BTreeSet::new();
-                // Subscriptions to drop from the pull cache: (id, its cursor was reset).
-                let mut forget: Vec<(SubscriptionId, bool)> = Vec::new();
+                // Per tenant: the tasks and the subscriptions the page touches.
+                type Touched = (BTreeSet<String>, BTreeSet<SubscriptionId>);
+                let mut touched: BTreeMap<&str, Touched> = BTreeMap::new();
+                // Subscriptions to drop from the pull cache: (key, its cursor was reset).
+                let mut forget: Vec<(Key, bool)> = Vec::new();
                 let events = page
                     .as_ref()
                     .map(|p| p.events.as_slice())
                     .unwrap_or_default();
                 for ev in events.iter().filter(|ev| ev.seq > since) {
+                    let (tasks, ids) = touched.entry(ev.tenant()).or_default();
                     match Stream::parse(&ev.stream) {
                         Some(Stream::TaskEvents) => {
                             tasks.insert(ev.subject.clone());
@@ -283,26 +302,33 @@ impl Notifier {
                                 ids.insert(SubscriptionId::new(sub));
                                 if EventType::parse(&ev.event_type) == Some(EventType::CursorReset)
                                 {
-                                    forget.push((SubscriptionId::new(sub), true));
+                                    forget.push((
+                                        (ev.tenant().to_owned(), SubscriptionId::new(sub)),
+                                        true,
+                                    ));
                                 }
                             }
                         }
                         _ => {}
                     }
                 }
-                let mut out: Vec<Subscription> = Vec::new();
-                if !tasks.is_empty() {
-                    let tasks: Vec<&str> = tasks.iter().map(String::as_str).collect();
-                    out.extend(e.read().task_subscriptions(&tasks)?);
-                }
-                for id in &ids {
-                    match e.read().subscription(id)? {
-                        Some(s) if s.active => {
-                            if !tasks.contains(s.target.task_id.as_str()) {
-                                out.push(s);
+                let mut out: Vec<Work> = Vec::new();
+                for (tenant, (tasks, ids)) in touched {
+                    let te = e.in_tenant(tenant);
+                    if !tasks.is_empty() {
+                        let tasks: Vec<&str> = tasks.iter().map(String::as_str).collect();
+                        let subs = te.read().task_subscriptions(&tasks)?;
+                        out.extend(subs.into_iter().map(|s| (te.clone(), s)));
+                    }
+                    for id in &ids {
+                        match te.read().subscription(id)? {
+                            Some(s) if s.active => {
+                                if !tasks.contains(s.target.task_id.as_str()) {
+                                    out.push((te.clone(), s));
+                                }
                             }
+                            _ => forget.push(((tenant.to_owned(), id.clone()), false)),
                         }
-                        _ => forget.push((id.clone(), false)),
                     }
                 }
                 let seen = page.map_or(since, |p| p.upto.max(since));
@@ -311,33 +337,38 @@ impl Notifier {
             .await
             .map_err(StorageError::of)??
         };
-        for (id, reset) in &forget {
-            self.hub.forget(id, *reset);
+        for (k, reset) in &forget {
+            self.hub.forget(&k.0, &k.1, *reset);
             if !reset {
-                self.stopped.remove(id);
-                self.deferred.remove(id);
+                self.stopped.remove(k);
+                self.deferred.remove(k);
             }
         }
         self.scanned_to = Some(seen);
         let mut subs = subs;
         let now = Instant::now();
-        let due: Vec<SubscriptionId> = self
+        let due: Vec<Key> = self
             .retries
             .iter()
-            .filter(|(id, r)| {
-                r.next.is_some_and(|t| t <= now) && !subs.iter().any(|s| &s.subscription_id == *id)
+            .filter(|(k, r)| {
+                r.next.is_some_and(|t| t <= now)
+                    && !subs
+                        .iter()
+                        .any(|(te, s)| te.tenant() == k.0 && s.subscription_id == k.1)
             })
-            .map(|(id, _)| id.clone())
+            .map(|(k, _)| k.clone())
             .collect();
-        for id in due {
-            let e = self.engine.clone();
+        for k in due {
+            let te = self.engine.in_tenant(&k.0);
+            let e = te.clone();
+            let id = k.1.clone();
             let found = tokio::task::spawn_blocking(move || e.read().subscription(&id))
                 .await
                 .map_err(StorageError::of)??;
             match found {
-                Some(s) if s.active => subs.push(s),
-                Some(s) => {
-                    self.retries.remove(&s.subscription_id);
+                Some(s) if s.active => subs.push((te, s)),
+                Some(_) => {
+                    self.retries.remove(&k);
                 }
                 None => {}
             }
@@ -352,10 +383,10 @@ impl Notifier {
         let subs = self.dirty(page).await?;
         metrics::histogram!("tidemark_bridge_notifier_dirty_subscriptions")
             .record(subs.len() as f64);
-        let mut bridges_touched = std::collections::BTreeSet::new();
-        for s in &subs {
+        let mut bridges_touched = BTreeSet::new();
+        for (te, s) in &subs {
             if s.target.sink == BridgeSink::Pull {
-                bridges_touched.insert(s.target.bridge_id.clone());
+                bridges_touched.insert((te.tenant().to_owned(), s.target.bridge_id.clone()));
             }
         }
         let r = self.look_at(subs).await;
@@ -366,15 +397,15 @@ impl Notifier {
             self.hub.seen(self.scanned_to.unwrap_or(0));
         }
         // Wake the long-polls of the bridges whose pending deliveries may have changed.
-        for b in &bridges_touched {
-            self.hub.bump(b);
+        for (tenant, b) in &bridges_touched {
+            self.hub.bump(tenant, b);
         }
         metrics::histogram!("tidemark_bridge_notifier_pass_seconds")
             .record(started.elapsed().as_secs_f64());
         r
     }
 
-    async fn look_at(&mut self, subs: Vec<Subscription>) -> Result<(), StorageError> {
+    async fn look_at(&mut self, subs: Vec<Work>) -> Result<(), StorageError> {
         let r = self.look_at_each(subs).await;
         // The decisions in force, for dashboards (the same as `…/explain`, in aggregate).
         metrics::gauge!("tidemark_bridge_subscriptions_stopped").set(self.stopped.len() as f64);
@@ -383,48 +414,48 @@ impl Notifier {
         r
     }
 
-    async fn look_at_each(&mut self, subs: Vec<Subscription>) -> Result<(), StorageError> {
+    async fn look_at_each(&mut self, subs: Vec<Work>) -> Result<(), StorageError> {
         let now = Instant::now();
-        let subs: Vec<Subscription> = subs
+        let subs: Vec<Work> = subs
             .into_iter()
-            .filter(|s| {
-                !self.busy.contains_key(&s.subscription_id)
+            .filter(|(te, s)| {
+                let k = key(te, &s.subscription_id);
+                !self.busy.contains_key(&k)
                     && self
                         .retries
-                        .get(&s.subscription_id)
+                        .get(&k)
                         .is_none_or(|r| r.next.is_none_or(|t| t <= now))
             })
             .collect();
         // Scan in chunks, each in one blocking task (a burst of task events can dirty
         // thousands of subscriptions at once).
         for chunk in subs.chunks(256) {
-            let e = self.engine.clone();
             let chunk = chunk.to_vec();
             let scanned = tokio::task::spawn_blocking(move || {
                 chunk
                     .into_iter()
-                    .map(|s| scan(&e, &s, false).map(|r| (s, r)))
+                    .map(|(te, s)| scan(&te, &s, false).map(|r| (te, s, r)))
                     .collect::<Result<Vec<_>, StorageError>>()
             })
             .await
             .map_err(StorageError::of)??;
-            for (sub, scan) in scanned {
-                self.act(sub, scan).await?;
+            for (te, sub, scan) in scanned {
+                self.act(te, sub, scan).await?;
             }
         }
         Ok(())
     }
 
-    /// Act on one subscription's scan.
-    async fn act(&mut self, sub: Subscription, scan: Scan) -> Result<(), StorageError> {
-        let id = sub.subscription_id.clone();
+    /// Act on one subscription's scan (`te`: its tenant's handle).
+    async fn act(&mut self, te: Engine, sub: Subscription, scan: Scan) -> Result<(), StorageError> {
+        let id = key(&te, &sub.subscription_id);
         {
             if sub.target.sink == BridgeSink::Pull {
                 let entry = scan
                     .deliver
                     .as_ref()
                     .map(|ev| (ev.seq, bridges::envelope(&sub, ev)));
-                self.hub.set(&sub, entry);
+                self.hub.set(te.tenant(), &sub, entry);
             }
             let deferred = scan
                 .candidates
@@ -437,21 +468,21 @@ impl Notifier {
                 self.deferred.remove(&id);
             }
             let act = act_on(
-                self.leases.holds(&lease_name(id.as_str())),
+                self.leases.holds(&lease_name(&id.0, id.1.as_str())),
                 sub.target.sink.is_webhook(),
                 scan.deliver.as_ref(),
                 scan.mismatch.as_ref(),
             );
             if let Act::Mismatch((ev, reason)) = act {
                 self.stopped.insert(id.clone());
-                record_mismatch(&self.engine, &sub, ev, reason).await;
+                record_mismatch(&te, &sub, ev, reason).await;
                 return Ok(());
             }
             if !matches!(act, Act::Leave) {
                 self.stopped.remove(&id);
             }
             if let Act::Post(ev) = act {
-                if self.held(&sub).await? {
+                if self.held(&te, &sub).await? {
                     return Ok(());
                 }
                 {
@@ -521,9 +552,10 @@ impl Notifier {
     /// operator disabled it (its enable brings the subscription back), or its circuit is open
     /// and the probe's time has not come (a retry is set for it). Past that time the POST goes
     /// out as the probe.
-    async fn held(&mut self, sub: &Subscription) -> Result<bool, StorageError> {
-        let e = self.engine.clone();
-        let id = sub.subscription_id.clone();
+    async fn held(&mut self, te: &Engine, sub: &Subscription) -> Result<bool, StorageError> {
+        let e = te.clone();
+        let k = key(te, &sub.subscription_id);
+        let id = k.1.clone();
         let endpoint = tokio::task::spawn_blocking(move || {
             e.read()
                 .unwaited()
@@ -538,18 +570,18 @@ impl Notifier {
         let Some(probe_at) = endpoint.probe_at() else {
             // Disabled: no retry until its `endpoint.enabled` brings the subscription back
             // (a retry due now would look at it again at once, and again).
-            if let Some(r) = self.retries.get_mut(&sub.subscription_id) {
+            if let Some(r) = self.retries.get_mut(&k) {
                 r.next = None;
             }
             return Ok(true);
         };
         let wait_us = probe_at.saturating_sub(self.engine.now_us());
         if wait_us > 0 {
-            let r = self.retries.entry(sub.subscription_id.clone()).or_default();
+            let r = self.retries.entry(k).or_default();
             r.next = Some(Instant::now() + Duration::from_micros(wait_us as u64));
             return Ok(true);
         }
-        self.probing.insert(sub.subscription_id.clone());
+        self.probing.insert(k);
         Ok(false)
     }
 }

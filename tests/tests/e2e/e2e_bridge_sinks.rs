@@ -1161,6 +1161,83 @@ async fn a_long_poll_over_fifty_subscriptions_wakes_on_a_commit() {
     }
 }
 
+/// Bridges of several tenants (spec section 20) on one node with two shards: the default
+/// tenant, acme (shard 1) and beta (shard 0, beside the default) each subscribe with the same
+/// subscription and bridge ids; each tenant's webhook gets its own POST and each tenant's pull
+/// long-poll wakes on its own commit with its own delivery, and never another's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tenants_bridges_deliver_their_own_under_the_same_ids() {
+    let hook = Receiver::start(Arc::new(AtomicU64::new(0)), |_| Answer::Status(200)).await;
+    let s = Server::start(ServerOpts::default().config("[log]\nshards = 2\n")).await;
+    let api = s.api();
+    for name in ["acme", "beta"] {
+        let r = api
+            .send(
+                api.request(reqwest::Method::POST, "/v1/tenants")
+                    .json(&json!({"name": name, "reason": "onboarding"})),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    }
+    let tenants = [
+        ("default", api.clone()),
+        ("acme", api.under("/tenants/acme", None)),
+        ("beta", api.under("/tenants/beta", None)),
+    ];
+    for (name, t) in &tenants {
+        task_with_run(t, "task-1", false).await;
+        task_with_run(t, "task-2", false).await;
+        let url = hook.url(&format!("/hooks/{name}"));
+        subscribe(t, "task-1", &webhook_body("sub-w", "b-1", &url, "s3cret")).await;
+        subscribe(t, "task-2", &pull_body("sub-p", "b-1")).await;
+    }
+    // Each tenant's webhook: its own POST, confirmed in its own cursor.
+    let mut want = Vec::new();
+    for (name, t) in &tenants {
+        let done = task_ev("task-1", "task.run_completed", json!({"run_id": "r1"}));
+        let seq = append_one(t, &done).await;
+        wait_cursor_at(t, "sub-w", "task-1", seq).await;
+        want.push((format!("/hooks/{name}"), delivery_id("sub-w", seq)));
+    }
+    let mut got: Vec<(String, String)> = hook
+        .hits()
+        .iter()
+        .map(|h| (h.path.clone(), h.delivery_id().to_owned()))
+        .collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "one POST per tenant, to its own receiver");
+    // Each tenant's long-poll wakes on its own commit (without a wake-up it would answer at
+    // its deadline with what it saw before: nothing).
+    let mut pending = Vec::new();
+    for (name, t) in &tenants {
+        let poller = t.clone();
+        let poll = tokio::spawn(async move { pull(&poller, "b-1", 20_000).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let done = task_ev("task-2", "task.run_completed", json!({"run_id": "r1"}));
+        let seq = append_one(t, &done).await;
+        let env = envelope(
+            "sub-p",
+            "task-2",
+            "b-1",
+            "reply",
+            seq,
+            "task.run_completed",
+            "r1",
+        );
+        assert_eq!(poll.await.expect("poll"), vec![env.clone()], "{name}");
+        pending.push((name, t, env, seq));
+    }
+    // Nothing acked yet: each tenant's bridge shows its own delivery alone, then none.
+    for (name, t, env, seq) in &pending {
+        assert_eq!(pull(t, "b-1", 0).await, vec![env.clone()], "{name}");
+        let c = ack(t, "b-1", &delivery_id("sub-p", *seq)).await;
+        assert_eq!(c["last_sequence"], *seq, "{name}: {c}");
+        assert!(pull(t, "b-1", 0).await.is_empty(), "{name}: acked");
+    }
+    assert_eq!(hook.count(), 3, "no POST more");
+}
+
 /// Webhook URLs may be https (the client speaks TLS): against a plain-HTTP listener the TLS
 /// handshake fails, which is recorded as the cursor's last_error (without the URL) while the
 /// cursor stays put; other schemes are refused at creation.

@@ -580,6 +580,16 @@ async fn two_tenants_at_once(extra: &str, shards: [u64; 2]) {
     // The default tenant saw none of it.
     let mine = op.read_all("stream=orders").await;
     assert!(mine.is_empty(), "{mine:?}");
+    // Orders of the default tenant's own, past every tenant's cursor: another tenant's lag
+    // counts its own events alone (none behind its cursor).
+    let (st, body) = op.append(&json!({"events": [ev("d-1", "d-1", 0)]})).await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    for (tenant, api) in &clients {
+        let lag = api.get("/v1/consumers/lag").await;
+        let c = &lag.json["consumers"][0];
+        assert_eq!(c["consumer_id"], "c-1", "{tenant}: {}", lag.json);
+        assert_eq!(c["lag_events"], 0, "{tenant}: {}", lag.json);
+    }
 }
 
 /// The metrics' `tenant` label (spec section 20): a tenant's appends, commands, lease calls and

@@ -66,7 +66,7 @@ pub async fn pull(
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     // Woken by the notifier when one of this bridge's subscriptions may have changed; the
     // answer is always computed from the log.
-    let mut wake = st.shard().pull_hub.subscribe(&bridge_id);
+    let mut wake = st.shard().pull_hub.subscribe(st.tenant(), &bridge_id);
     // The first answer reflects every commit made before the request (read your writes): wait
     // briefly for the notifier to have looked at them, else ask the log. Later answers come
     // after a wake-up for this bridge, so the notifier's view is current.
@@ -75,13 +75,10 @@ pub async fn pull(
         .pull_hub
         .caught_up(st.engine().head(), Duration::from_millis(250))
         .await;
-    // The hub is the notifier's view of the default tenant's subscriptions: another
-    // tenant's pulls are answered from its own models (its long poll looks again at the end).
-    let default = st.tenant() == tidemark_log::DEFAULT_TENANT;
     loop {
         wake.borrow_and_update();
-        let cached = if fresh && default {
-            st.shard().pull_hub.pending(&bridge_id)
+        let cached = if fresh {
+            st.shard().pull_hub.pending(st.tenant(), &bridge_id)
         } else {
             None
         };
@@ -293,11 +290,9 @@ async fn ack_ids(
             let id = &ids[slot];
             results[slot] = Some(match r {
                 Ok(cursor) => {
-                    if st.tenant() == tidemark_log::DEFAULT_TENANT {
-                        st.shard()
-                            .pull_hub
-                            .acked(bridge_id, &c.subscription_id, c.seq);
-                    }
+                    st.shard()
+                        .pull_hub
+                        .acked(st.tenant(), bridge_id, &c.subscription_id, c.seq);
                     AckResult {
                         delivery_id: id.clone(),
                         status: 200,
