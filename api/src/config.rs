@@ -152,7 +152,8 @@ pub struct LogSettings {
     pub publish_window: usize,
     /// How many logs the deployment's tenants are spread over (spec section 20), each with
     /// its own `event_seq`, group commit, models and decider: shard 0 is the data directory's
-    /// own files, shard n is `shards/<n>/` in it. Embedded only.
+    /// own files, shard n is `shards/<n>/` in it; on `jetstream` shard 0 is `stream` and
+    /// shard n the stream `<stream>_s<n>`, each with its replica and models in its directory.
     #[serde(default = "one")]
     pub shards: u32,
 }
@@ -403,13 +404,6 @@ impl Config {
                 }
                 if !(1..=5).contains(&self.log.replicas) {
                     return bad("log.replicas must be between 1 and 5".into());
-                }
-                if self.log.shards != 1 {
-                    return bad(
-                        "log.shards is 1 with log.backend = \"jetstream\": a stream \
-                         per shard is not built yet"
-                            .into(),
-                    );
                 }
                 if self.retention.compact_log {
                     return bad("retention.compact_log is not supported with log.backend = \
@@ -671,16 +665,25 @@ impl Config {
     /// The JetStream log of `[log] backend = "jetstream"`: its local replica is an embedded
     /// log under `<data>/jetstream-replica` with the `[log]` settings above.
     pub fn jetstream_config(&self) -> Option<tidemark_log::JetStreamConfig> {
+        self.shard_jetstream_config(0)
+    }
+
+    /// The JetStream log of shard `shard` (spec section 20): the stream `stream` for shard 0,
+    /// `<stream>_s<n>` for shard n, each with its replica in the shard's directory
+    /// (`<data>/jetstream-replica`, `<data>/shards/<n>/jetstream-replica`).
+    pub fn shard_jetstream_config(&self, shard: u32) -> Option<tidemark_log::JetStreamConfig> {
         if self.log.backend != "jetstream" {
             return None;
         }
-        let mut replica = self.log_config();
-        replica.path = self.server.data.join("jetstream-replica").join("log.redb");
-        let mut c = tidemark_log::JetStreamConfig::new(
-            self.log.servers.clone(),
-            self.log.stream.clone(),
-            replica,
-        );
+        let mut replica = self.shard_log_config(shard);
+        if let Some(dir) = replica.path.parent() {
+            replica.path = dir.join("jetstream-replica").join("log.redb");
+        }
+        let stream = match shard {
+            0 => self.log.stream.clone(),
+            n => format!("{}_s{n}", self.log.stream),
+        };
+        let mut c = tidemark_log::JetStreamConfig::new(self.log.servers.clone(), stream, replica);
         c.replicas = self.log.replicas;
         c.publish_window = self.log.publish_window;
         if let Some(ms) = tidemark_projections::routing::parse_duration_ms(&self.log.lease_ttl) {

@@ -532,6 +532,40 @@ fn spawn_reload_on_hangup(certs: Arc<crate::tls::Certs>, stop: CancellationToken
 /// own log, models and decider, made when missing (`Config::shard_log_config`). A directory
 /// that places a tenant in a shard beyond them refuses the start (shards are not taken away:
 /// its events would be out of reach).
+/// Open shard `shard`'s log and models (spec section 20): its embedded log in its directory,
+/// or its stream on the cluster with the replica in that directory (`node`: this node's id on
+/// the cluster, the home shard's).
+async fn open_shard(
+    config: &Config,
+    shard: u32,
+    node: Option<String>,
+) -> Result<(Engine, tidemark_log::OpenReport), RunError> {
+    let log_cfg = config.shard_log_config(shard);
+    let js_cfg = config.shard_jetstream_config(shard).map(|mut js| {
+        if let Some(node) = node {
+            js.node = node;
+        }
+        js
+    });
+    let opened = tokio::task::spawn_blocking(move || {
+        let dir = match &js_cfg {
+            Some(js) => js.replica.path.parent(),
+            None => log_cfg.path.parent(),
+        };
+        if let Some(dir) = dir {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| tidemark_log::OpenError::Storage(tidemark_log::StorageError::of(e)))?;
+        }
+        match js_cfg {
+            Some(js) => Engine::open_jetstream(&js, &tidemark_engine::models_config(&log_cfg)),
+            None => Engine::open(&log_cfg),
+        }
+    })
+    .await
+    .map_err(|e| std::io::Error::other(e.to_string()))??;
+    Ok(opened)
+}
+
 async fn open_shards(
     config: &Config,
     home: &Engine,
@@ -540,17 +574,9 @@ async fn open_shards(
     let n = config.log.shards.max(1);
     let mut shards = vec![crate::state::Shard::new(home.clone())];
     for shard in 1..n {
-        let cfg = config.shard_log_config(shard);
-        let (engine, report) = tokio::task::spawn_blocking(move || {
-            if let Some(dir) = cfg.path.parent() {
-                std::fs::create_dir_all(dir).map_err(|e| {
-                    tidemark_log::OpenError::Storage(tidemark_log::StorageError::of(e))
-                })?;
-            }
-            Engine::open(&cfg)
-        })
-        .await
-        .map_err(|e| std::io::Error::other(e.to_string()))??;
+        // On a cluster, one node id for every shard's leases and membership.
+        let node = home.leases().node().to_owned();
+        let (engine, report) = open_shard(config, shard, Some(node)).await?;
         tracing::info!(
             shard,
             head = report.head,
@@ -607,24 +633,10 @@ pub async fn run(
         }
         tracing::warn!(%addr, "no auth tokens configured: running open, on loopback only");
     }
-    let log_cfg = config.shard_log_config(0);
     let privacy = config
         .privacy()
         .map_err(|e| std::io::Error::other(e.to_string()))?;
-    let js_cfg = config.jetstream_config();
-    let (engine, report) = tokio::task::spawn_blocking(move || match js_cfg {
-        Some(js) => {
-            if let Some(dir) = js.replica.path.parent() {
-                std::fs::create_dir_all(dir).map_err(|e| {
-                    tidemark_log::OpenError::Storage(tidemark_log::StorageError::of(e))
-                })?;
-            }
-            Engine::open_jetstream(&js, &tidemark_engine::models_config(&log_cfg))
-        }
-        None => Engine::open(&log_cfg),
-    })
-    .await
-    .map_err(|e| std::io::Error::other(e.to_string()))??;
+    let (engine, report) = open_shard(&config, 0, None).await?;
     let engine = engine.with_privacy(privacy.clone());
     tracing::info!(head = report.head, repaired = report.repaired, "log ready");
     let shards = open_shards(&config, &engine, privacy).await?;

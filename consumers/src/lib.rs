@@ -104,19 +104,10 @@ use tidemark_log::StorageError;
 use tidemark_projections::routing::RoutingSettings;
 use tokio_util::sync::CancellationToken;
 
-/// Start the follower and the reactors (router, scheduler with its lease-expiry tick, bridge
-/// notifier, the live streams' hub); the handle ends when all have stopped after `shutdown`.
-pub async fn spawn(
-    engine: Engine,
-    settings: RoutingSettings,
-    hub: bridge::PullHub,
-    streams: streams::StreamHub,
-    retention: retention::Retention,
-    dispatch: dispatch::Wake,
-    shutdown: CancellationToken,
-) -> Result<tokio::task::JoinHandle<()>, StorageError> {
+/// Where the router and the routing resume, and the head now (blocking reads, on the pool).
+async fn checkpoints(engine: &Engine) -> Result<(u64, u64, u64), StorageError> {
     let e = engine.clone();
-    let (router_after, routing_after, head) = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         // A checkpoint before a compacted prefix resumes at its end: what the window dropped
         // was handled long before (a checkpoint only moves with what it derives, so a quiet
         // one can be far behind what it has seen).
@@ -128,7 +119,128 @@ pub async fn spawn(
         ))
     })
     .await
-    .map_err(StorageError::of)??;
+    .map_err(StorageError::of)?
+}
+
+/// The shard's derivations on `follower`: the router (lifecycle → notifications), the routing
+/// (notifications → deliveries) and the claims' lease expiry.
+fn derivations(
+    follower: &mut follow::Follower,
+    engine: &Engine,
+    (router_after, routing_after, head): (u64, u64, u64),
+    lease_clock: scheduler::LeaseClock,
+    shutdown: &CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    // A commit with nothing for a reactor does not wake it: the router takes lifecycle events,
+    // routing notifications and cancellations.
+    let router_feed =
+        follower.subscribe_if(router_after, Box::new(|p| p.any(router::derives_from)));
+    let routing_feed =
+        follower.subscribe_if(routing_after, Box::new(|p| p.any(scheduler::relevant)));
+    // Lease expiry wakes at the earliest expiry, or for a page that takes a lease expiring
+    // before then.
+    let clock = lease_clock.clone();
+    let leases_feed = follower.subscribe_if(head, Box::new(move |p| p.any(|e| clock.wants(e))));
+    vec![
+        tokio::spawn(router::run(
+            engine.clone(),
+            router_after,
+            router_feed,
+            shutdown.clone(),
+        )),
+        tokio::spawn(scheduler::run(
+            engine.clone(),
+            routing_after,
+            routing_feed,
+            shutdown.clone(),
+        )),
+        tokio::spawn(scheduler::expiry_loop(
+            engine.clone(),
+            leases_feed,
+            lease_clock,
+            shutdown.clone(),
+        )),
+    ]
+}
+
+/// On a cluster, a shard's derivations run on the node holding its lease, `shard.<n>` of the
+/// home shard's leases (spec section 20): started from their checkpoints, with a follower of
+/// their own, when this node takes the lease, and stopped when it loses it; the node that
+/// takes it over resumes from the checkpoints the log holds (every derived event has a
+/// deterministic id or a condition, so work done twice across a handover lands once).
+async fn serve_while_held(
+    engine: Engine,
+    lease_clock: scheduler::LeaseClock,
+    shutdown: CancellationToken,
+) {
+    let leases = engine.home_leases();
+    let name = format!("shard.{}", engine.shard());
+    let shard = engine.shard();
+    leases.want(&name);
+    let mut changes = leases.changes();
+    // A lease lapses by time too (it counts as held only so long after its last renewal).
+    let recheck = (leases.ttl() / 6).max(std::time::Duration::from_millis(100));
+    loop {
+        while !leases.holds(&name) {
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep(recheck) => {}
+                _ = shutdown.cancelled() => return,
+            }
+        }
+        let held = shutdown.child_token();
+        let run = match checkpoints(&engine).await {
+            Ok(at) => {
+                tracing::info!(
+                    shard,
+                    "serving the shard: its router, routing and lease expiry run here"
+                );
+                let mut follower = follow::Follower::new(engine.clone());
+                let mut tasks = derivations(&mut follower, &engine, at, lease_clock.clone(), &held);
+                tasks.push(tokio::spawn(follower.run(held.clone())));
+                tasks
+            }
+            Err(e) => {
+                tracing::warn!(shard, error = %e, "cannot start serving the shard; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => continue,
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+        };
+        while leases.holds(&name) {
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep(recheck) => {}
+                _ = shutdown.cancelled() => break,
+            }
+        }
+        held.cancel();
+        for t in run {
+            let _ = t.await;
+        }
+        if shutdown.is_cancelled() {
+            return;
+        }
+        tracing::info!(shard, "the shard's lease is lost: another node serves it");
+    }
+}
+
+/// Start the follower and the reactors (router, scheduler with its lease-expiry tick, bridge
+/// notifier, the live streams' hub); the handle ends when all have stopped after `shutdown`.
+/// On a cluster the router, routing and lease expiry run where the shard's lease is held
+/// ([`serve_while_held`]); the rest on every node.
+pub async fn spawn(
+    engine: Engine,
+    settings: RoutingSettings,
+    hub: bridge::PullHub,
+    streams: streams::StreamHub,
+    retention: retention::Retention,
+    dispatch: dispatch::Wake,
+    shutdown: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, StorageError> {
+    let at = checkpoints(&engine).await?;
+    let head = at.2;
     let mut follower = follow::Follower::new(engine.clone());
     let lease_clock = scheduler::LeaseClock::default();
     // A commit with nothing for any reactor (a claim's lease expiring after the next look, a
@@ -149,13 +261,15 @@ pub async fn spawn(
                     || oplog::concerns(e)
             })
     }));
-    // A commit with nothing for a reactor does not wake it: the router takes lifecycle events,
-    // routing notifications and cancellations, the live streams' hub only has work while a
-    // stream waits.
-    let router_feed =
-        follower.subscribe_if(router_after, Box::new(|p| p.any(router::derives_from)));
-    let routing_feed =
-        follower.subscribe_if(routing_after, Box::new(|p| p.any(scheduler::relevant)));
+    let mut tasks = if engine.leases().clustered() {
+        vec![tokio::spawn(serve_while_held(
+            engine.clone(),
+            lease_clock.clone(),
+            shutdown.clone(),
+        ))]
+    } else {
+        derivations(&mut follower, &engine, at, lease_clock.clone(), &shutdown)
+    };
     // The notifier looks at every subscription at the head first, then follows from there,
     // handed only the pages with a task, subscription or cursor event; the others are passed
     // over in the pull hub, which pull long-polls wait on (for the notifier to have looked at
@@ -170,13 +284,10 @@ pub async fn spawn(
             wanted
         }),
     );
-    // Live streams wait for what is committed from now on.
+    // Live streams wait for what is committed from now on; the hub only has work while a
+    // stream waits.
     let watched = streams.clone();
     let streams_feed = follower.subscribe_if(head, Box::new(move |_| watched.is_watched()));
-    // Lease expiry wakes at the earliest expiry, or for a page that takes a lease expiring
-    // before then.
-    let clock = lease_clock.clone();
-    let leases_feed = follower.subscribe_if(head, Box::new(move |p| p.any(|e| clock.wants(e))));
     // The sinks' dispatchers sleep until a delivery is due: a page that may make one due
     // sooner nudges them.
     follower.nudge_if(
@@ -194,25 +305,7 @@ pub async fn spawn(
             oplog::observe(p, head);
         }
     }));
-    let mut tasks = vec![
-        tokio::spawn(router::run(
-            engine.clone(),
-            router_after,
-            router_feed,
-            shutdown.clone(),
-        )),
-        tokio::spawn(scheduler::run(
-            engine.clone(),
-            routing_after,
-            routing_feed,
-            shutdown.clone(),
-        )),
-        tokio::spawn(scheduler::expiry_loop(
-            engine.clone(),
-            leases_feed,
-            lease_clock,
-            shutdown.clone(),
-        )),
+    tasks.extend([
         tokio::spawn(retention::run_loop(
             engine.clone(),
             retention,
@@ -226,7 +319,7 @@ pub async fn spawn(
             shutdown.clone(),
         ),
         tokio::spawn(streams.run(streams_feed, shutdown.clone())),
-    ];
+    ]);
     // Operators are told through the home shard's operational route (section 17), the
     // deployment's: of what the home shard's log says, and of this node.
     if let Some(operational_feed) = operational_feed {

@@ -181,6 +181,12 @@ impl Engine {
     pub fn leases(&self) -> tidemark_log::Leases {
         self.log.leases()
     }
+
+    /// The leases of the deployment's home shard (spec section 20): where the lease on
+    /// serving each shard (`shard.<n>`) is held, one node at a time on a cluster.
+    pub fn home_leases(&self) -> tidemark_log::Leases {
+        self.home.as_deref().unwrap_or(self).leases()
+    }
 }
 
 /// The engine over any log backend ([`EventLog`]): the same commands, decider, read models and

@@ -298,6 +298,21 @@ pub struct ClusterOut {
     /// This node's share of the due deliveries its claims take first: `index` of `of`.
     pub share_index: usize,
     pub share_of: usize,
+    /// Each shard of the deployment (spec section 20), as this node takes part in it.
+    pub shards: Vec<ClusterShardOut>,
+}
+
+/// This node in one shard: whether it serves the shard (holds `shard.<n>` of the home shard's
+/// leases: the shard's router, routing and lease expiry run here) and the once-per-cluster
+/// work of the shard it holds (its own stream's leases, members and claim share).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ClusterShardOut {
+    pub shard: u32,
+    pub serves: bool,
+    pub members: Vec<String>,
+    pub leases: Vec<String>,
+    pub share_index: usize,
+    pub share_of: usize,
 }
 
 /// Who this node is on its cluster: the live nodes, the leases it holds, its claim share.
@@ -320,6 +335,22 @@ pub async fn cluster(st: Api) -> Json<ClusterOut> {
         leases: leases.held(),
         share_index: share.index,
         share_of: share.of,
+        shards: st
+            .shards
+            .iter()
+            .map(|s| {
+                let own = s.engine.leases();
+                let share = own.share();
+                ClusterShardOut {
+                    shard: s.engine.shard(),
+                    serves: leases.holds(&format!("shard.{}", s.engine.shard())),
+                    members: own.members(),
+                    leases: own.held(),
+                    share_index: share.index,
+                    share_of: share.of,
+                }
+            })
+            .collect(),
     })
 }
 

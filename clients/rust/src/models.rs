@@ -144,7 +144,20 @@ pub struct ClusterOut {
     pub members: Vec<String>,
     /// This node's id (host, process, a few random bits).
     pub node: String,
+    /// Each shard of the deployment (spec section 20), as this node takes part in it.
+    pub shards: Vec<ClusterShardOut>,
     /// This node's share of the due deliveries its claims take first: `index` of `of`.
+    pub share_index: u64,
+    pub share_of: u64,
+}
+
+/// This node in one shard: whether it serves the shard (holds `shard.<n>` of the home shard's leases: the shard's router, routing and lease expiry run here) and the once-per-cluster work of the shard it holds (its own stream's leases, members and claim share).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterShardOut {
+    pub leases: Vec<String>,
+    pub members: Vec<String>,
+    pub serves: bool,
+    pub shard: u64,
     pub share_index: u64,
     pub share_of: u64,
 }

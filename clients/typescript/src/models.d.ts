@@ -118,7 +118,19 @@ export interface ClusterOut {
   members: string[];
   /** This node's id (host, process, a few random bits). */
   node: string;
+  /** Each shard of the deployment (spec section 20), as this node takes part in it. */
+  shards: ClusterShardOut[];
   /** This node's share of the due deliveries its claims take first: `index` of `of`. */
+  share_index: number;
+  share_of: number;
+}
+
+/** This node in one shard: whether it serves the shard (holds `shard.<n>` of the home shard's leases: the shard's router, routing and lease expiry run here) and the once-per-cluster work of the shard it holds (its own stream's leases, members and claim share). */
+export interface ClusterShardOut {
+  leases: string[];
+  members: string[];
+  serves: boolean;
+  shard: number;
   share_index: number;
   share_of: number;
 }

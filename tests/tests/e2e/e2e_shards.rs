@@ -231,7 +231,7 @@ fn urlencoding(s: &str) -> String {
     s.replace(':', "%3A")
 }
 
-/// `[log] shards` is refused out of its bounds and with the JetStream backend.
+/// `[log] shards` is refused out of its bounds and with a compacted log.
 #[tokio::test]
 async fn shards_out_of_bounds_are_refused_at_start() {
     for (config, says) in [
@@ -243,10 +243,6 @@ async fn shards_out_of_bounds_are_refused_at_start() {
         (
             "[log]\nshards = 65\n",
             "log.shards must be between 1 and 64",
-        ),
-        (
-            "[log]\nshards = 2\nbackend = \"jetstream\"\nservers = [\"nats://127.0.0.1:1\"]\n",
-            "log.shards is 1 with log.backend = \"jetstream\"",
         ),
     ] {
         let e = Server::try_start(ServerOpts::default().config(config))

@@ -140,6 +140,18 @@ class ClusterOut(TypedDict):
     leases: List[str]
     members: List[str]
     node: str
+    shards: List[ClusterShardOut]
+    share_index: int
+    share_of: int
+
+
+class ClusterShardOut(TypedDict):
+    """This node in one shard: whether it serves the shard (holds `shard.<n>` of the home shard's leases: the shard's router, routing and lease expiry run here) and the once-per-cluster work of the shard it holds (its own stream's leases, members and claim share)."""
+
+    leases: List[str]
+    members: List[str]
+    serves: bool
+    shard: int
     share_index: int
     share_of: int
 
