@@ -16,6 +16,16 @@ use crate::config::Config;
 
 /// The settings of the log in `data` (the config file's `[log]`, the data directory given).
 fn log_config(config: Option<&Path>, data: &Path) -> Result<tidemark_log::LogConfig, CliError> {
+    shard_log_config(config, data, 0)
+}
+
+/// The settings of shard `shard`'s log in `data` (spec section 20: shard 0 is the directory's
+/// own, shard n in `shards/<n>/`).
+fn shard_log_config(
+    config: Option<&Path>,
+    data: &Path,
+    shard: u32,
+) -> Result<tidemark_log::LogConfig, CliError> {
     let mut cfg = Config::load(config).map_err(|e| e.to_string())?;
     if cfg.log.backend != "embedded" {
         return Err(CliError::Other(format!(
@@ -25,20 +35,43 @@ fn log_config(config: Option<&Path>, data: &Path) -> Result<tidemark_log::LogCon
         )));
     }
     cfg.server.data = data.to_owned();
-    Ok(cfg.log_config())
+    // One shard's settings as a server of one shard has them (its whole page cache).
+    cfg.log.shards = 1;
+    Ok(cfg.shard_log_config(shard))
 }
 
-/// Open the log of a stopped server's data directory (it must hold one, and one only: a
-/// backup, export or import of shard 0 alone would look whole, spec section 20).
+/// The shards beyond the home one a data directory (or a backup) holds: the `shards/<n>`
+/// directories in it, by number.
+fn other_shards(dir: &Path) -> Vec<u32> {
+    let mut v: Vec<u32> = std::fs::read_dir(dir.join("shards"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|n| *n > 0)
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// Open the log of a stopped server's data directory (it must hold one, and one only: an
+/// export or import of shard 0 alone would look whole, spec section 20).
 fn open_offline(config: Option<&Path>, data: &Path) -> Result<Log, CliError> {
-    if data.join("shards").is_dir() {
+    if !other_shards(data).is_empty() {
         return Err(CliError::Other(format!(
-            "{} holds several shards (shards/); backups, exports and imports copy one log, and \
-             those of every shard are not built yet: copy the stopped directory whole",
+            "{} holds several shards (shards/); an export or import is one log's, and those of \
+             each shard are not built yet: back the directory up (`tidemark backup --data`), \
+             which copies every shard",
             data.display()
         )));
     }
-    let lc = log_config(config, data)?;
+    open_shard_offline(config, data, 0)
+}
+
+/// Open shard `shard`'s log in a stopped server's data directory.
+fn open_shard_offline(config: Option<&Path>, data: &Path, shard: u32) -> Result<Log, CliError> {
+    let lc = shard_log_config(config, data, shard)?;
     if !lc.path.exists() {
         return Err(CliError::Other(format!(
             "{} holds no log ({} is missing)",
@@ -63,19 +96,39 @@ fn transfer_error(e: TransferError) -> CliError {
 pub(crate) async fn backup(a: BackupArgs) -> CliResult {
     let out = a.client.output();
     let started = std::time::Instant::now();
+    // With several shards (spec section 20), every shard's log: shard 0 into the directory,
+    // shard n into `shards/<n>/` of it, each as of its own head; full backups only (each log
+    // has its own seqs).
+    let mut shards = Vec::new();
     let report = match (&a.data, &a.to, &a.on_server) {
         (Some(data), Some(to), _) => {
-            let log = open_offline(a.config.as_deref(), data)?;
-            let to = to.clone();
-            let after = a.after;
-            let l = log.clone();
-            let r = tokio::task::spawn_blocking(move || transfer::backup(&l, &to, after))
-                .await
-                .map_err(|e| CliError::Other(e.to_string()))?;
-            log.close().await;
-            r.map_err(transfer_error)?
+            let others = other_shards(data);
+            refuse_shards_increment(others.len(), a.after)?;
+            let report = offline_backup(a.config.as_deref(), data, 0, to, a.after).await?;
+            for n in others {
+                let dir = to.join("shards").join(n.to_string());
+                let m = offline_backup(a.config.as_deref(), data, n, &dir, 0).await?;
+                shards.push(shard_report(n, &dir, &m));
+            }
+            report
         }
-        (None, Some(to), _) => stream_backup(&Client::new(&a.client)?, to, a.after).await?,
+        (None, Some(to), _) => {
+            let c = Client::new(&a.client)?;
+            // A token that may not list the shards backs up a deployment of one.
+            let count = match c.ops().list_shards().await {
+                Ok(page) => page["shards"].as_array().map_or(1, Vec::len).max(1) as u32,
+                Err(_) => 1,
+            };
+            refuse_shards_increment(count as usize - 1, a.after)?;
+            let home = (count > 1).then_some(0);
+            let report = stream_backup(&c, home, to, a.after).await?;
+            for n in 1..count {
+                let dir = to.join("shards").join(n.to_string());
+                let m = stream_backup(&c, Some(n), &dir, 0).await?;
+                shards.push(shard_report(n, &dir, &m));
+            }
+            report
+        }
         (_, None, Some(name)) => {
             let c = Client::new(&a.client)?;
             return out.one(
@@ -90,18 +143,59 @@ pub(crate) async fn backup(a: BackupArgs) -> CliResult {
         v["dir"] = json!(absolute(to).display().to_string());
     }
     v["duration_ms"] = json!(started.elapsed().as_millis() as u64);
+    if !shards.is_empty() {
+        v["shards"] = json!(shards);
+    }
     out.one(&v)
+}
+
+fn refuse_shards_increment(others: usize, after: u64) -> Result<(), CliError> {
+    if others > 0 && after != 0 {
+        return Err(CliError::Other(
+            "a backup of several shards is full (--after 0): each shard's log has its own seqs"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+fn shard_report(n: u32, dir: &Path, m: &transfer::Manifest) -> serde_json::Value {
+    json!({"shard": n, "dir": absolute(dir).display().to_string(), "through_seq": m.through_seq,
+           "events": m.events, "bytes": m.bytes, "blake3": m.blake3})
+}
+
+/// Back up shard `shard` of a stopped server's data directory into `to`.
+async fn offline_backup(
+    config: Option<&Path>,
+    data: &Path,
+    shard: u32,
+    to: &Path,
+    after: u64,
+) -> Result<transfer::Manifest, CliError> {
+    let log = open_shard_offline(config, data, shard)?;
+    let to = to.to_owned();
+    let l = log.clone();
+    let r = tokio::task::spawn_blocking(move || transfer::backup(&l, &to, after))
+        .await
+        .map_err(|e| CliError::Other(e.to_string()))?;
+    log.close().await;
+    r.map_err(transfer_error)
 }
 
 /// A running server's backup, streamed into `to` on this machine: the server sends the events
 /// as JSON lines and says which seqs they span; here every seq is checked to have arrived, the
 /// lines are hashed and the same manifest is written as a backup made on the server. A stream
 /// cut off leaves nothing.
-async fn stream_backup(c: &Client, to: &Path, after: u64) -> Result<transfer::Manifest, CliError> {
+async fn stream_backup(
+    c: &Client,
+    shard: Option<u32>,
+    to: &Path,
+    after: u64,
+) -> Result<transfer::Manifest, CliError> {
     // Refused here before the server reads its log for nothing (the directory is still claimed
     // exclusively when the stream arrives).
     transfer::refuse_taken(to).map_err(transfer_error)?;
-    let mut stream = c.op(c.backup_stream(after)).await?;
+    let mut stream = c.op(c.backup_stream(shard, after)).await?;
     let (from, through) = (stream.after_seq, stream.through_seq);
     if from != after {
         return Err(CliError::Other(format!(
@@ -240,18 +334,62 @@ pub(crate) async fn restore(a: RestoreArgs) -> CliResult {
             a.data.display()
         )));
     }
+    // A deployment's backup of several shards (spec section 20): each shard's log restored
+    // into its place, every one checked before anything is written.
+    let others = other_shards(&a.from[0]);
+    if !others.is_empty() && a.from.len() > 1 {
+        return Err(CliError::Other(format!(
+            "{} is a backup of several shards, which is full: restore it alone",
+            a.from[0].display()
+        )));
+    }
+    let mut shards = Vec::new();
+    for n in &others {
+        let dir = a.from[0].join("shards").join(n.to_string());
+        let m = transfer::open_backup(&dir).map_err(transfer_error)?;
+        if m.after_seq != 0 {
+            return Err(CliError::Other(format!(
+                "{} is an increment: a restore starts from a full backup",
+                dir.display()
+            )));
+        }
+        shards.push((*n, dir));
+    }
     let lc = log_config(a.config.as_deref(), &a.data)?;
     let mut inputs = Vec::new();
     for (dir, m) in a.from.iter().zip(&manifests) {
-        let path = dir.join(transfer::EVENTS);
-        let f = std::fs::File::open(&path)
-            .map_err(|e| CliError::Other(format!("cannot open {}: {e}", path.display())))?;
-        inputs.push((m.after_seq, std::io::BufReader::with_capacity(1 << 20, f)));
+        inputs.push((m.after_seq, events_of(dir)?));
     }
     let started = std::time::Instant::now();
     let done = transfer::import(&a.data, &lc, inputs)
         .await
         .map_err(transfer_error)?;
+    let mut restored = Vec::new();
+    for (n, dir) in shards {
+        let r = async {
+            let lc = shard_log_config(a.config.as_deref(), &a.data, n)?;
+            let into = lc.path.parent().map(Path::to_path_buf).unwrap_or_default();
+            transfer::import(&into, &lc, vec![(0, events_of(&dir)?)])
+                .await
+                .map_err(transfer_error)
+        }
+        .await;
+        match r {
+            Ok(d) => restored.push(json!({"shard": n, "through_seq": d.head, "events": d.events})),
+            // The directory was empty: a restore that fails leaves it so, not one shard of it.
+            Err(e) => {
+                for entry in std::fs::read_dir(&a.data).into_iter().flatten().flatten() {
+                    let p = entry.path();
+                    let _ = if p.is_dir() {
+                        std::fs::remove_dir_all(&p)
+                    } else {
+                        std::fs::remove_file(&p)
+                    };
+                }
+                return Err(e);
+            }
+        }
+    }
     secure_tree(&a.data, owner.as_ref())?;
     out.one(&json!({
         "data": absolute(&a.data).display().to_string(),
@@ -259,8 +397,17 @@ pub(crate) async fn restore(a: RestoreArgs) -> CliResult {
         "through_seq": done.head,
         "events": done.events,
         "backups": a.from.len(),
+        "shards": restored,
         "duration_ms": started.elapsed().as_millis() as u64,
     }))
+}
+
+/// The events file of backup `dir`, to read.
+fn events_of(dir: &Path) -> Result<std::io::BufReader<std::fs::File>, CliError> {
+    let path = dir.join(transfer::EVENTS);
+    let f = std::fs::File::open(&path)
+        .map_err(|e| CliError::Other(format!("cannot open {}: {e}", path.display())))?;
+    Ok(std::io::BufReader::with_capacity(1 << 20, f))
 }
 
 pub(crate) async fn log(a: LogArgs) -> CliResult {

@@ -46,11 +46,12 @@ impl Client {
     /// A running server's backup stream.
     pub(crate) fn backup_stream(
         &self,
+        shard: Option<u32>,
         after: u64,
     ) -> impl std::future::Future<
         Output = Result<tidemark_client::BackupStream, tidemark_client::Error>,
     > + '_ {
-        self.api.backup_stream(after)
+        self.api.backup_stream_of(shard, after)
     }
 
     /// A call's answer, or its failure as the CLI reports it.

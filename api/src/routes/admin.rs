@@ -414,24 +414,50 @@ pub struct BackupOut {
     pub bytes: u64,
     pub blake3: String,
     pub duration_ms: u64,
+    /// With several shards (spec section 20), each shard's backup past the home shard's (the
+    /// fields above), in `shards/<n>/` of the directory, each as of its own log's head.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<ShardBackupOut>,
 }
 
-/// Backups copy one log: with several shards (spec section 20) a backup of shard 0 alone would
-/// look whole and miss every other shard's tenants, so it is refused until per-shard backups
-/// are built.
-fn one_shard(st: &Api) -> Result<(), ApiError> {
-    if st.shards.len() > 1 {
+/// One shard's part of a deployment's backup.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ShardBackupOut {
+    pub shard: u32,
+    pub dir: String,
+    pub through_seq: u64,
+    pub events: u64,
+    pub bytes: u64,
+    pub blake3: String,
+}
+
+/// The shard a streamed backup copies: the one `shard` names, which a deployment of several
+/// shards must name (each shard's log has its own seqs: one stream is one log).
+fn stream_shard(st: &Api, shard: Option<u32>) -> Result<tidemark_engine::Engine, ApiError> {
+    if shard.is_none() && st.shards.len() > 1 {
         return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "shards_unsupported",
+            StatusCode::BAD_REQUEST,
+            "shard_required",
             format!(
-                "this deployment has {} shards; a backup copies one log, and backups of every \
-                 shard are not built yet: back up the stopped data directory as a whole",
-                st.shards.len()
+                "this deployment has {} shards, each a log of its own: stream each one's \
+                 backup with ?shard=0 to {}",
+                st.shards.len(),
+                st.shards.len() - 1
             ),
         ));
     }
-    Ok(())
+    shard_of(st, &ShardQuery { shard })
+}
+
+fn count_backup(r: &Result<tidemark_log::transfer::Manifest, ApiError>) {
+    // A refusal (a name taken, a position past the head: the caller's to change) is not a
+    // failed backup, which an operator must look into.
+    let outcome = match r {
+        Ok(_) => "ok",
+        Err(e) if e.status.is_client_error() => "refused",
+        Err(_) => "failed",
+    };
+    metrics::counter!("tidemark_backups_total", "outcome" => outcome).increment(1);
 }
 
 /// Take a backup of the log while appends go on: the events after `after` through the head as
@@ -454,22 +480,67 @@ pub async fn backup(
     st: Api,
     ValidatedJson(b): ValidatedJson<BackupBody>,
 ) -> Result<Json<BackupOut>, ApiError> {
-    one_shard(&st)?;
     let dir = backup_dir(&st.config.backup_root(), &b.to)?;
+    if st.shards.len() > 1 && b.after != 0 {
+        return Err(invalid(
+            "after",
+            "a backup of a deployment of several shards is full (after = 0): each shard's log \
+             has its own seqs",
+        ));
+    }
     let started = std::time::Instant::now();
+    let made = !dir.exists();
     let r = st
         .engine()
         .backup(dir.clone(), b.after)
         .await
         .map_err(backup_error);
-    // A refusal (a name taken, a position past the head: the caller's to change) is not a
-    // failed backup, which an operator must look into.
-    let outcome = match &r {
-        Ok(_) => "ok",
-        Err(e) if e.status.is_client_error() => "refused",
-        Err(_) => "failed",
+    // Every other shard's log into `shards/<n>/` of it, each as of its own head; a shard that
+    // fails takes the whole backup with it (a deployment's backup is every shard or nothing).
+    let mut shards = Vec::new();
+    let r = match r {
+        Ok(m) => {
+            let mut failed = None;
+            for shard in st.shards.iter().skip(1) {
+                let n = shard.engine.shard();
+                let to = dir.join("shards").join(n.to_string());
+                match shard.engine.backup(to.clone(), 0).await {
+                    Ok(m) => shards.push(ShardBackupOut {
+                        shard: n,
+                        dir: to.display().to_string(),
+                        through_seq: m.through_seq,
+                        events: m.events,
+                        bytes: m.bytes,
+                        blake3: m.blake3,
+                    }),
+                    Err(e) => {
+                        failed = Some(backup_error(e));
+                        break;
+                    }
+                }
+            }
+            match failed {
+                None => Ok(m),
+                Some(e) => {
+                    if made {
+                        let _ = std::fs::remove_dir_all(&dir);
+                    } else if let Ok(entries) = std::fs::read_dir(&dir) {
+                        for e in entries.flatten() {
+                            let p = e.path();
+                            let _ = if p.is_dir() {
+                                std::fs::remove_dir_all(&p)
+                            } else {
+                                std::fs::remove_file(&p)
+                            };
+                        }
+                    }
+                    Err(e)
+                }
+            }
+        }
+        Err(e) => Err(e),
     };
-    metrics::counter!("tidemark_backups_total", "outcome" => outcome).increment(1);
+    count_backup(&r);
     let m = r?;
     metrics::gauge!("tidemark_backup_last_through_seq").set(m.through_seq as f64);
     metrics::gauge!("tidemark_backup_last_success_timestamp_seconds")
@@ -483,6 +554,7 @@ pub async fn backup(
         bytes: m.bytes,
         blake3: m.blake3,
         duration_ms: started.elapsed().as_millis() as u64,
+        shards,
     }))
 }
 
@@ -590,6 +662,8 @@ pub struct BackupStreamQuery {
     /// `through_seq` of the backup it follows).
     #[serde(default)]
     pub after: u64,
+    /// The shard whose log to stream (spec section 20); required with several shards.
+    pub shard: Option<u32>,
 }
 
 /// Events on their way to the client, in chunks of about this many bytes.
@@ -633,6 +707,8 @@ impl std::io::Write for ToBody {
     responses(
         (status = 200, description = "The events as JSON lines", content_type = "application/x-ndjson", body = String,
          headers(("tidemark-after-seq" = u64), ("tidemark-through-seq" = u64))),
+        (status = 400, description = "Several shards and none named (`shard_required`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such shard (`shard_not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`after` is past the head (`past_head`), or the log was compacted past it (`compacted`)", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = ["admin"]))
@@ -643,8 +719,8 @@ pub async fn backup_stream(
     Params(q): Params<BackupStreamQuery>,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    one_shard(&st)?;
-    let through = st.engine().head();
+    let shard = stream_shard(&st, q.shard)?;
+    let through = shard.head();
     let refused = |e: tidemark_log::transfer::TransferError| {
         metrics::counter!("tidemark_backups_total", "outcome" => "refused").increment(1);
         backup_error(e)
@@ -655,7 +731,7 @@ pub async fn backup_stream(
             head: through,
         }));
     }
-    let first = st.engine().first_seq().unwrap_or(1);
+    let first = shard.first_seq().unwrap_or(1);
     if q.after + 1 < first && q.after < through {
         return Err(refused(tidemark_log::transfer::TransferError::Compacted {
             after: q.after,
@@ -663,7 +739,7 @@ pub async fn backup_stream(
         }));
     }
     let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let engine = st.engine().clone();
+    let engine = shard;
     let after = q.after;
     tokio::task::spawn_blocking(move || {
         let mut out = ToBody {

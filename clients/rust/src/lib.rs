@@ -341,10 +341,24 @@ impl Client {
     /// A running server's backup as it streams it (`GET /v1/admin/backup/stream`): the events
     /// after `after` as JSON lines, read a chunk at a time (the `backup` scope).
     pub async fn backup_stream(&self, after: u64) -> Result<BackupStream, Error> {
+        self.backup_stream_of(None, after).await
+    }
+
+    /// [`Client::backup_stream`] of one shard's log (spec section 20: a deployment of several
+    /// shards streams each one's on its own).
+    pub async fn backup_stream_of(
+        &self,
+        shard: Option<u32>,
+        after: u64,
+    ) -> Result<BackupStream, Error> {
+        let mut query = vec![("after", after.to_string())];
+        if let Some(n) = shard {
+            query.push(("shard", n.to_string()));
+        }
         let resp = self
             .send(
                 self.request(Method::GET, "/v1/admin/backup/stream")
-                    .query(&[("after", after)]),
+                    .query(&query),
             )
             .await?;
         let status = resp.status();

@@ -106,6 +106,9 @@ pub struct BackupOut {
     pub events: u64,
     /// `tidemark-backup/1`.
     pub format: String,
+    /// With several shards (spec section 20), each shard's backup past the home shard's (the fields above), in `shards/<n>/` of the directory, each as of its own log's head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<Vec<ShardBackupOut>>,
     /// The log's head when the backup began: the backup is the log as of this seq.
     pub through_seq: u64,
 }
@@ -1141,6 +1144,17 @@ pub struct RunOut {
     pub review: ReviewOut,
     pub run_id: String,
     pub started_seq: u64,
+}
+
+/// One shard's part of a deployment's backup.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShardBackupOut {
+    pub blake3: String,
+    pub bytes: u64,
+    pub dir: String,
+    pub events: u64,
+    pub shard: u64,
+    pub through_seq: u64,
 }
 
 /// One shard as it answers for itself.

@@ -85,6 +85,8 @@ export interface BackupOut {
   events: number;
   /** `tidemark-backup/1`. */
   format: string;
+  /** With several shards (spec section 20), each shard's backup past the home shard's (the fields above), in `shards/<n>/` of the directory, each as of its own log's head. */
+  shards?: ShardBackupOut[];
   /** The log's head when the backup began: the backup is the log as of this seq. */
   through_seq: number;
 }
@@ -783,6 +785,16 @@ export interface RunOut {
   review: ReviewOut;
   run_id: string;
   started_seq: number;
+}
+
+/** One shard's part of a deployment's backup. */
+export interface ShardBackupOut {
+  blake3: string;
+  bytes: number;
+  dir: string;
+  events: number;
+  shard: number;
+  through_seq: number;
 }
 
 /** One shard as it answers for itself. */

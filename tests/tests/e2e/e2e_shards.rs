@@ -377,42 +377,144 @@ async fn acknowledged_appends_of_every_shard_survive_kill_9() {
     }
 }
 
-/// A backup copies one log: with several shards it is refused, not taken of shard 0 alone.
+/// A deployment's backup copies every shard (spec section 20): on the server (`POST
+/// /v1/admin/backup`, shard n in `shards/<n>/` of it, each as of its own head; an increment is
+/// refused, each log having its own seqs), streamed to the CLI's machine (`tidemark backup
+/// --to`, a shard per stream: a stream that names none is `400 shard_required`), and offline
+/// from the stopped directory; each restores (`tidemark restore`) into a directory a server of
+/// two shards opens with every tenant's events at their seqs.
 #[tokio::test]
-async fn a_backup_of_several_shards_is_refused_not_partial() {
+async fn a_deployments_backup_copies_every_shard_and_restores() {
     let mut s = Server::start(ServerOpts::default().config("[log]\nshards = 2\n")).await;
     let api = s.api();
-    let r = api
-        .send(
-            api.request(Method::POST, "/v1/admin/backup")
-                .json(&json!({"to": "b-1"})),
-        )
-        .await;
+    assert_eq!(create(&api, "acme").await["shard"], 1);
+    assert_eq!(create(&api, "beta").await["shard"], 0);
+    let acme = api.under("/tenants/acme", None);
+    let beta = api.under("/tenants/beta", None);
+    append(&api, &["d-1", "d-2"]).await;
+    assert_eq!(append(&acme, &["a-1", "a-2", "a-3"]).await, [1, 2, 3]);
+    append(&beta, &["b-1", "b-2"]).await;
+    let events = |api: &tidemark_tests::Api| {
+        let api = api.clone();
+        async move {
+            api.read_all("stream=orders")
+                .await
+                .iter()
+                .map(|e| {
+                    (
+                        e["event_id"].as_str().unwrap().to_owned(),
+                        e["seq"].as_u64().unwrap(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let want = [events(&api).await, events(&acme).await, events(&beta).await];
+    assert_eq!(want[1].len(), 3);
+
+    let backup = |body: Value| {
+        let api = api.clone();
+        async move {
+            api.send(api.request(Method::POST, "/v1/admin/backup").json(&body))
+                .await
+        }
+    };
+    let r = backup(json!({"to": "inc", "after": 1})).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    assert!(!s.data_dir().join("backups").join("inc").exists());
+    let r = backup(json!({"to": "b-1"})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json["shards"][0]["shard"], 1, "{}", r.text);
+    assert_eq!(r.json["shards"][0]["through_seq"], 3, "{}", r.text);
+    assert_eq!(r.json["shards"][0]["events"], 3, "{}", r.text);
+    let on_server = s.data_dir().join("backups").join("b-1");
+    assert!(
+        on_server
+            .join("shards")
+            .join("1")
+            .join("manifest.json")
+            .exists()
+    );
+    // Streamed: one shard per stream.
+    let r = api.get("/v1/admin/backup/stream?after=0").await;
     assert_eq!(
         (r.status, r.json["code"].as_str()),
-        (StatusCode::CONFLICT, Some("shards_unsupported")),
+        (StatusCode::BAD_REQUEST, Some("shard_required")),
         "{}",
         r.text
     );
-    let r = api.get("/v1/admin/backup/stream?after=0").await;
-    assert_eq!(r.json["code"], "shards_unsupported", "{}", r.text);
-    assert!(!s.data_dir().join("backups").join("b-1").exists());
-    // Offline, from the stopped directory: refused the same, nothing written.
-    s.kill9();
-    let to = s.data_dir().parent().unwrap().join("offline-backup");
-    let (data, to_s) = (s.data_dir().display().to_string(), to.display().to_string());
-    let out = tidemark_tests::run_cli(
-        &["backup", "--data", &data, "--to", &to_s],
-        "",
-        Duration::from_secs(60),
-    )
+    let r = api.get("/v1/admin/backup/stream?after=0&shard=1").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.text.lines().count(), 3, "{}", r.text);
+    let r = api.get("/v1/admin/backup/stream?after=0&shard=2").await;
+    assert_eq!(r.json["code"], "shard_not_found", "{}", r.text);
+    let work = tempfile::tempdir().expect("tempdir");
+    let streamed = work.path().join("streamed");
+    let url = api.url("");
+    let cli = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = tidemark_tests::run_cli(&args, "", Duration::from_secs(120)).await;
+        assert!(
+            out.status.success(),
+            "tidemark {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).expect("JSON")
+    };
+    let p = |p: &std::path::Path| p.display().to_string();
+    let out = cli(vec![
+        "backup".into(),
+        "--url".into(),
+        url.clone(),
+        "--to".into(),
+        p(&streamed),
+        "-o".into(),
+        "json".into(),
+    ])
     .await;
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("several shards"),
-        "{err}"
-    );
-    assert!(!to.exists());
+    assert_eq!(out["shards"][0]["through_seq"], 3, "{out}");
+    // Offline, from the stopped directory.
+    s.kill9();
+    let offline = work.path().join("offline");
+    let out = cli(vec![
+        "backup".into(),
+        "--data".into(),
+        p(s.data_dir()),
+        "--to".into(),
+        p(&offline),
+        "-o".into(),
+        "json".into(),
+    ])
+    .await;
+    assert_eq!(out["shards"][0]["events"], 3, "{out}");
+    // Each restores into a deployment of two shards, every tenant's events at their seqs.
+    for (i, from) in [on_server, streamed, offline].iter().enumerate() {
+        let data = work.path().join(format!("restored-{i}"));
+        let out = cli(vec![
+            "restore".into(),
+            "--from".into(),
+            p(from),
+            "--data".into(),
+            p(&data),
+            "-o".into(),
+            "json".into(),
+        ])
+        .await;
+        assert_eq!(out["shards"][0]["through_seq"], 3, "{out}");
+        let r = Server::start(
+            ServerOpts::default()
+                .config("[log]\nshards = 2\n")
+                .seed_data(&data),
+        )
+        .await;
+        let api = r.api();
+        let got = [
+            events(&api).await,
+            events(&api.under("/tenants/acme", None)).await,
+            events(&api.under("/tenants/beta", None)).await,
+        ];
+        assert_eq!(got, want, "restored from {}", from.display());
+    }
 }
 
 /// Rebuild and verify act on the shard `?shard=` names: a tenant's models in shard 1 verify as

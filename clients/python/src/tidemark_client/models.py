@@ -99,7 +99,11 @@ class BackupBody(_BackupBodyOptional):
     to: str
 
 
-class BackupOut(TypedDict):
+class _BackupOutOptional(TypedDict, total=False):
+    shards: List[ShardBackupOut]
+
+
+class BackupOut(_BackupOutOptional):
     """What a backup wrote."""
 
     after_seq: int
@@ -861,6 +865,17 @@ class RunOut(_RunOutOptional):
     review: ReviewOut
     run_id: str
     started_seq: int
+
+
+class ShardBackupOut(TypedDict):
+    """One shard's part of a deployment's backup."""
+
+    blake3: str
+    bytes: int
+    dir: str
+    events: int
+    shard: int
+    through_seq: int
 
 
 class ShardOut(TypedDict):
