@@ -488,6 +488,15 @@ impl Run<'_> {
                     }
                     Err(e) => Err(e),
                 },
+                System::TidemarkJetstream => {
+                    match queue::TidemarkQueue::start_jetstream(&o).await {
+                        Ok(q) => {
+                            self.queue_cells(q).await;
+                            Ok(())
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
                 System::Redis => match queue::RedisQueue::start(&o).await {
                     Ok(q) => {
                         self.queue_cells(q).await;

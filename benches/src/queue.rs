@@ -217,6 +217,8 @@ pub struct TidemarkQueue {
     server: TidemarkHttp,
     tenants: Vec<String>,
     workers: AtomicU64,
+    /// On `tidemark-jetstream`: the three NATS servers the node's log is on.
+    cluster: Option<crate::targets::cluster::NatsCluster>,
 }
 
 impl TidemarkQueue {
@@ -224,6 +226,25 @@ impl TidemarkQueue {
         let shards = o.shards.max(1);
         let config = format!("{TIDEMARK_CONFIG}[log]\nshards = {shards}\n");
         let server = TidemarkHttp::start_with(o, "tidemark-http", Some(config)).await?;
+        Self::on(server, None, shards).await
+    }
+
+    /// The same queue on a node of a three-server NATS cluster (a stream per shard).
+    pub async fn start_jetstream(o: &StartOpts) -> Result<Self, String> {
+        let cluster = crate::targets::cluster::NatsCluster::start(o).await?;
+        let config = format!(
+            "{TIDEMARK_CONFIG}{}",
+            crate::targets::cluster::jetstream_config(&cluster, o.shards)
+        );
+        let server = TidemarkHttp::start_with(o, "tidemark-jetstream", Some(config)).await?;
+        Self::on(server, Some(cluster), o.shards.max(1)).await
+    }
+
+    async fn on(
+        server: TidemarkHttp,
+        cluster: Option<crate::targets::cluster::NatsCluster>,
+        shards: u32,
+    ) -> Result<Self, String> {
         let mut tenants = vec![String::new()];
         for n in 1..shards {
             let (base, client) = (server.base(), server.client());
@@ -251,6 +272,7 @@ impl TidemarkQueue {
             server,
             tenants,
             workers: AtomicU64::new(0),
+            cluster,
         })
     }
 
@@ -260,7 +282,7 @@ impl TidemarkQueue {
 }
 
 /// `n` urgent notifications of cell `cell` (`q<cell>-<i>`), appended by 4 clients in batches
-/// of 1000; returns once the server answered every append.
+/// of 500; returns once the server answered every append.
 pub(crate) async fn append_notifications(
     base: &str,
     client: &reqwest::Client,
@@ -281,11 +303,12 @@ pub(crate) async fn append_notifications(
         );
         tasks.push(tokio::spawn(async move {
             loop {
-                let from = next.fetch_add(1000, Ordering::Relaxed);
+                // 500 a batch: on a cluster a batch of notifications holds at most 999.
+                let from = next.fetch_add(500, Ordering::Relaxed);
                 if from >= n {
                     return Ok::<(), String>(());
                 }
-                let events: Vec<Value> = (from..(from + 1000).min(n))
+                let events: Vec<Value> = (from..(from + 500).min(n))
                     .map(|i| notification_requested(&format!("{prefix}-{i}"), payload(i)))
                     .collect();
                 post_ok(&client, &url, &json!({ "events": events }), "append").await?;
@@ -324,11 +347,21 @@ impl Queue for TidemarkQueue {
     type Item = String;
 
     fn name(&self) -> &'static str {
-        "tidemark-http"
+        match self.cluster {
+            None => "tidemark-http",
+            Some(_) => "tidemark-jetstream",
+        }
     }
 
+    /// The server's, and on a cluster the three NATS servers' with it.
     fn proc(&self) -> Proc {
-        Proc::Tree(self.server.pid())
+        match &self.cluster {
+            None => Proc::Tree(self.server.pid()),
+            Some(c) => {
+                let [a, b, n] = c.pids();
+                Proc::Trees([self.server.pid(), a, b, n])
+            }
+        }
     }
 
     fn data_dir(&self) -> Option<&Path> {
@@ -404,6 +437,9 @@ impl Queue for TidemarkQueue {
 
     async fn stop(self) {
         crate::targets::Target::stop(self.server).await;
+        if let Some(mut c) = self.cluster {
+            c.stop();
+        }
     }
 }
 

@@ -451,6 +451,28 @@ impl<L: EventLog + Clone> Engine<L> {
         {
             return Ok(self.log.append(events).await.map_err(CommandError::from)?);
         }
+        // On a cluster the admission's `outbox.admitted` goes in the same atomic batch, whose
+        // bound is the stream's (1,000 messages): a client's batch of notifications holds one
+        // event fewer, said as such rather than as a batch one larger than the client sent.
+        let shared = self
+            .knobs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .shared_outbox;
+        let max = tidemark_log::limits::BATCH_MAX_EVENTS - 1;
+        if shared && events.len() > max {
+            return Err(CommandError::from(tidemark_log::AppendError::Invalid {
+                index: max,
+                field: "events",
+                reason: format!(
+                    "the batch has {} events; on a cluster a batch that requests notifications \
+                     holds at most {max} (the server adds its admission record to it)",
+                    events.len()
+                ),
+                kind: tidemark_log::InvalidKind::BatchTooLarge,
+            })
+            .into());
+        }
         // Which events the log already holds with the same content (answered as duplicates);
         // one with other content is the log's 409, before any other check.
         let mut known = vec![false; events.len()];

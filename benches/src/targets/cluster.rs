@@ -76,7 +76,7 @@ impl NatsCluster {
         Ok(NatsCluster { servers, urls })
     }
 
-    fn pids(&self) -> [u32; 3] {
+    pub fn pids(&self) -> [u32; 3] {
         [
             self.servers[0].pid,
             self.servers[1].pid,
@@ -84,11 +84,23 @@ impl NatsCluster {
         ]
     }
 
-    fn stop(&mut self) {
+    pub fn stop(&mut self) {
         for s in &mut self.servers {
             s.stop();
         }
     }
+}
+
+/// The `[log]` of a node on `cluster`: the stream `BENCH` (and `BENCH_s<n>` for each further
+/// shard), three replicas.
+pub fn jetstream_config(cluster: &NatsCluster, shards: u32) -> String {
+    let servers: Vec<String> = cluster.urls.iter().map(|u| format!("{u:?}")).collect();
+    format!(
+        "[log]\nbackend = \"jetstream\"\nservers = [{}]\nstream = \"BENCH\"\nreplicas = 3\n\
+         shards = {}\n",
+        servers.join(", "),
+        shards.max(1)
+    )
 }
 
 /// `tidemark serve` on the cluster: the HTTP target, its CPU counted with the cluster's.
@@ -101,14 +113,16 @@ pub struct TidemarkJetStream {
 }
 
 impl TidemarkJetStream {
+    /// With `--shards` above 1, the node's `[log] shards` (a stream per shard) and a tenant
+    /// in each shard, appends spread over them as on one node.
     pub async fn start(o: &StartOpts) -> Result<Self, String> {
         let cluster = NatsCluster::start(o).await?;
-        let servers: Vec<String> = cluster.urls.iter().map(|u| format!("{u:?}")).collect();
-        let config = format!(
-            "[log]\nbackend = \"jetstream\"\nservers = [{}]\nstream = \"BENCH\"\nreplicas = 3\n",
-            servers.join(", ")
-        );
-        let http = TidemarkHttp::start_with(o, "tidemark-jetstream", Some(config.clone())).await?;
+        let config = jetstream_config(&cluster, o.shards);
+        let mut http =
+            TidemarkHttp::start_with(o, "tidemark-jetstream", Some(config.clone())).await?;
+        if o.shards > 1 {
+            http.tenant_per_shard(o.shards).await?;
+        }
         Ok(TidemarkJetStream {
             http,
             cluster,

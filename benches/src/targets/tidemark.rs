@@ -44,6 +44,14 @@ impl TidemarkHttp {
             Some(format!("[log]\nshards = {shards}\n")),
         )
         .await?;
+        t.tenant_per_shard(shards).await?;
+        Ok(t)
+    }
+
+    /// A tenant `s<n>` in each shard n but the home one, and appends spread over them and
+    /// the default tenant.
+    pub async fn tenant_per_shard(&mut self, shards: u32) -> Result<(), String> {
+        let t = self;
         for n in 1..shards {
             let name = format!("s{n}");
             let r = t
@@ -60,7 +68,7 @@ impl TidemarkHttp {
             }
             t.prefixes.push(format!("/tenants/{name}"));
         }
-        Ok(t)
+        Ok(())
     }
 
     /// The server's pid.

@@ -1332,5 +1332,27 @@ async fn a_killed_node_loses_nothing_and_its_shards_move() {
         },
     )
     .await;
+    // On a cluster the admission's record goes in the client's atomic batch (the stream's
+    // bound is 1,000 messages): a batch of notifications holds 999, said as such.
+    let batch = |n: usize| {
+        let events: Vec<Value> = (0..n)
+            .map(|i| {
+                notif_ev(
+                    &format!("bulk-{n}-{i}"),
+                    json!({"priority": "info", "title": "bulk", "recipient": "ops@example.org"}),
+                )
+            })
+            .collect();
+        json!({ "events": events })
+    };
+    let (st, body) = acme.append(&batch(1000)).await;
+    assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert_eq!(
+        (body["code"].as_str(), body["index"].as_u64()),
+        (Some("batch_too_large"), Some(999)),
+        "{body}"
+    );
+    let (st, body) = acme.append(&batch(999)).await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
     drop(cluster);
 }
