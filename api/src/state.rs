@@ -116,6 +116,17 @@ impl Api {
     pub fn shard(&self) -> &Shard {
         &self.shared.shards[self.shard]
     }
+
+    /// The same request acting for `tenant`, placed in `shard` (a deployment-wide read's
+    /// fan-out over the directory's tenants, spec section 20); `None` past the shards.
+    pub(crate) fn acting_for(&self, tenant: &str, shard: usize) -> Option<Api> {
+        let home = self.shared.shards.get(shard)?;
+        Some(Api {
+            shared: self.shared.clone(),
+            scoped: (tenant != tidemark_log::DEFAULT_TENANT).then(|| home.engine.in_tenant(tenant)),
+            shard,
+        })
+    }
 }
 
 impl std::ops::Deref for Api {
