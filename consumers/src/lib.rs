@@ -176,6 +176,24 @@ async fn serve_while_held(
     let leases = engine.home_leases();
     let name = format!("shard.{}", engine.shard());
     let shard = engine.shard();
+    // Asked for only once this node's models of the shard (and the directory) have caught up
+    // with the log: a node that is still folding would take the shard and route nothing.
+    loop {
+        let e = engine.clone();
+        let caught_up = tokio::task::spawn_blocking(move || {
+            e.settle_directory()?;
+            e.read().floor(0).map(drop)
+        })
+        .await
+        .is_ok_and(|r| r.is_ok());
+        if caught_up {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
     leases.want(&name);
     let mut changes = leases.changes();
     // A lease lapses by time too (it counts as held only so long after its last renewal).
@@ -189,7 +207,17 @@ async fn serve_while_held(
             }
         }
         let held = shutdown.child_token();
-        let run = match checkpoints(&engine).await {
+        let e = engine.clone();
+        let settled = tokio::task::spawn_blocking(move || e.settle_directory())
+            .await
+            .map_err(StorageError::of)
+            .and_then(|r| r.map_err(StorageError::from));
+        let run = match async {
+            settled?;
+            checkpoints(&engine).await
+        }
+        .await
+        {
             Ok(at) => {
                 tracing::info!(
                     shard,

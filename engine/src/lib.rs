@@ -289,6 +289,15 @@ impl<L: EventLog + Clone> Engine<L> {
         Ok(out)
     }
 
+    /// Wait (at most the read wait) until the home shard's models hold the directory as of its
+    /// head now (blocking): a walk of [`Engine::every_tenant`] after it misses no tenant the
+    /// log has placed, even while the models catch up after a start or a restore
+    /// (`QueryError::Lagging` when they have not by then; the caller retries).
+    pub fn settle_directory(&self) -> Result<(), QueryError> {
+        let directory = self.home.as_deref().unwrap_or(self);
+        directory.queries.floor(0).map(drop)
+    }
+
     /// The seq every tenant's `checkpoint` has reached at least (a tenant's counts from its
     /// creation: it has no event before it): where a reactor that keeps a checkpoint in each
     /// tenant's models resumes (blocking).

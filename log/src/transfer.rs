@@ -23,6 +23,84 @@ pub const FORMAT: &str = "tidemark-backup/1";
 /// A backup directory's files.
 pub const MANIFEST: &str = "manifest.json";
 pub const EVENTS: &str = "events.jsonl";
+/// In a backup of a deployment of several shards (spec section 20): the shards beyond the
+/// home one it holds in `shards/<n>/`, written after every one of them, so a backup cut short
+/// (a failure, a killed process) has none and is not taken for a whole one.
+pub const SHARDS: &str = "shards.json";
+
+/// Record that `dir`'s backup holds `shards` (each in `shards/<n>/`, complete): the last
+/// file a deployment's backup writes, synced.
+pub fn write_shards(dir: &Path, shards: &[u32]) -> Result<(), TransferError> {
+    let path = dir.join(SHARDS);
+    let body = serde_json::to_vec(&serde_json::json!({ "shards": shards }))
+        .map_err(|e| TransferError::Backup(e.to_string()))?;
+    let mut f = create_private(&path).map_err(io(format!("creating {}", path.display())))?;
+    f.write_all(&body)
+        .and_then(|()| f.sync_all())
+        .map_err(io(format!("writing {}", path.display())))?;
+    sync_dir(dir)
+}
+
+/// The shards beyond the home one backup `dir` holds: `None` for a backup of one log;
+/// refused when it has `shards/` but no complete list of them (a deployment's backup cut
+/// short), or a list that does not match what it holds.
+pub fn read_shards(dir: &Path) -> Result<Option<Vec<u32>>, TransferError> {
+    let path = dir.join(SHARDS);
+    let held: Vec<u32> = {
+        let mut v: Vec<u32> = std::fs::read_dir(dir.join("shards"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let listed = match std::fs::read(&path) {
+        Ok(bytes) => {
+            let v: serde_json::Value = serde_json::from_slice(&bytes)
+                .map_err(|e| TransferError::Backup(format!("{}: {e}", path.display())))?;
+            let mut list: Vec<u32> = v["shards"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|n| n.as_u64().and_then(|n| u32::try_from(n).ok()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            list.sort_unstable();
+            Some(list)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io(format!("reading {}", path.display()))(e)),
+    };
+    match listed {
+        None if held.is_empty() => Ok(None),
+        None => Err(TransferError::Backup(format!(
+            "{} holds shards/ but no {SHARDS}: a backup of several shards that did not finish",
+            dir.display()
+        ))),
+        Some(list) if list == held => Ok(Some(list)),
+        Some(list) => Err(TransferError::Backup(format!(
+            "{} lists shards {list:?} but holds {held:?}",
+            dir.display()
+        ))),
+    }
+}
+
+/// Remove what `dir` holds (a backup of several shards that failed part way: the directory
+/// was new or empty when it began).
+pub fn clear_dir(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = entry.path();
+        let _ = if p.is_dir() {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_file(&p)
+        };
+    }
+}
 /// Events read per page while exporting, and appended per batch while importing.
 const PAGE: usize = 1_000;
 

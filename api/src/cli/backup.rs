@@ -105,11 +105,16 @@ pub(crate) async fn backup(a: BackupArgs) -> CliResult {
             let others = other_shards(data);
             refuse_shards_increment(others.len(), a.after)?;
             let report = offline_backup(a.config.as_deref(), data, 0, to, a.after).await?;
-            for n in others {
-                let dir = to.join("shards").join(n.to_string());
-                let m = offline_backup(a.config.as_deref(), data, n, &dir, 0).await?;
-                shards.push(shard_report(n, &dir, &m));
+            let r = async {
+                for &n in &others {
+                    let dir = to.join("shards").join(n.to_string());
+                    let m = offline_backup(a.config.as_deref(), data, n, &dir, 0).await?;
+                    shards.push(shard_report(n, &dir, &m));
+                }
+                finish_shards(to, &others)
             }
+            .await;
+            cut_short(to, r)?;
             report
         }
         (None, Some(to), _) => {
@@ -122,11 +127,17 @@ pub(crate) async fn backup(a: BackupArgs) -> CliResult {
             refuse_shards_increment(count as usize - 1, a.after)?;
             let home = (count > 1).then_some(0);
             let report = stream_backup(&c, home, to, a.after).await?;
-            for n in 1..count {
-                let dir = to.join("shards").join(n.to_string());
-                let m = stream_backup(&c, Some(n), &dir, 0).await?;
-                shards.push(shard_report(n, &dir, &m));
+            let others: Vec<u32> = (1..count).collect();
+            let r = async {
+                for &n in &others {
+                    let dir = to.join("shards").join(n.to_string());
+                    let m = stream_backup(&c, Some(n), &dir, 0).await?;
+                    shards.push(shard_report(n, &dir, &m));
+                }
+                finish_shards(to, &others)
             }
+            .await;
+            cut_short(to, r)?;
             report
         }
         (_, None, Some(name)) => {
@@ -147,6 +158,23 @@ pub(crate) async fn backup(a: BackupArgs) -> CliResult {
         v["shards"] = json!(shards);
     }
     out.one(&v)
+}
+
+/// The list of the shards a deployment's backup holds, written last (nothing for one log).
+fn finish_shards(to: &Path, others: &[u32]) -> Result<(), CliError> {
+    if others.is_empty() {
+        return Ok(());
+    }
+    transfer::write_shards(to, others).map_err(transfer_error)
+}
+
+/// A deployment's backup that failed after its home shard: what it wrote is removed (the
+/// directory was new or empty), so no part of it is taken for the whole.
+fn cut_short(to: &Path, r: Result<(), CliError>) -> Result<(), CliError> {
+    if r.is_err() {
+        transfer::clear_dir(to);
+    }
+    r
 }
 
 fn refuse_shards_increment(others: usize, after: u64) -> Result<(), CliError> {
@@ -336,7 +364,9 @@ pub(crate) async fn restore(a: RestoreArgs) -> CliResult {
     }
     // A deployment's backup of several shards (spec section 20): each shard's log restored
     // into its place, every one checked before anything is written.
-    let others = other_shards(&a.from[0]);
+    let others = transfer::read_shards(&a.from[0])
+        .map_err(transfer_error)?
+        .unwrap_or_default();
     if !others.is_empty() && a.from.len() > 1 {
         return Err(CliError::Other(format!(
             "{} is a backup of several shards, which is full: restore it alone",

@@ -343,7 +343,10 @@ pub async fn cluster(st: Api) -> Json<ClusterOut> {
                 let share = own.share();
                 ClusterShardOut {
                     shard: s.engine.shard(),
-                    serves: leases.holds(&format!("shard.{}", s.engine.shard())),
+                    // `held`, not `holds`: looking does not ask for the lease.
+                    serves: leases
+                        .held()
+                        .contains(&format!("shard.{}", s.engine.shard())),
                     members: own.members(),
                     leases: own.held(),
                     share_index: share.index,
@@ -460,6 +463,63 @@ fn count_backup(r: &Result<tidemark_log::transfer::Manifest, ApiError>) {
     metrics::counter!("tidemark_backups_total", "outcome" => outcome).increment(1);
 }
 
+/// The home shard's backup into `dir`, then every other shard's log into `shards/<n>/` of it,
+/// each as of its own head, and the list of them last ([`tidemark_log::transfer::SHARDS`]); a
+/// shard that fails takes the whole backup with it (a deployment's backup is every shard or
+/// nothing).
+async fn backup_all(
+    home: tidemark_engine::Engine,
+    others: &[tidemark_engine::Engine],
+    dir: std::path::PathBuf,
+    after: u64,
+) -> (
+    Result<tidemark_log::transfer::Manifest, ApiError>,
+    Vec<ShardBackupOut>,
+) {
+    let made = !dir.exists();
+    let m = match home.backup(dir.clone(), after).await {
+        Ok(m) => m,
+        Err(e) => return (Err(backup_error(e)), Vec::new()),
+    };
+    let mut shards = Vec::new();
+    let mut failed = None;
+    for engine in others {
+        let n = engine.shard();
+        let to = dir.join("shards").join(n.to_string());
+        match engine.backup(to.clone(), 0).await {
+            Ok(m) => shards.push(ShardBackupOut {
+                shard: n,
+                dir: to.display().to_string(),
+                through_seq: m.through_seq,
+                events: m.events,
+                bytes: m.bytes,
+                blake3: m.blake3,
+            }),
+            Err(e) => {
+                failed = Some(backup_error(e));
+                break;
+            }
+        }
+    }
+    if failed.is_none() && !shards.is_empty() {
+        let list: Vec<u32> = shards.iter().map(|s| s.shard).collect();
+        if let Err(e) = tidemark_log::transfer::write_shards(&dir, &list) {
+            failed = Some(backup_error(e));
+        }
+    }
+    match failed {
+        None => (Ok(m), shards),
+        Some(e) => {
+            if made {
+                let _ = std::fs::remove_dir_all(&dir);
+            } else {
+                tidemark_log::transfer::clear_dir(&dir);
+            }
+            (Err(e), Vec::new())
+        }
+    }
+}
+
 /// Take a backup of the log while appends go on: the events after `after` through the head as
 /// of now, written with a manifest into a directory on the server's machine (under `[server]
 /// backup_dir`). `tidemark restore` makes a data directory from a full backup and its
@@ -489,57 +549,13 @@ pub async fn backup(
         ));
     }
     let started = std::time::Instant::now();
-    let made = !dir.exists();
-    let r = st
-        .engine()
-        .backup(dir.clone(), b.after)
+    // On a task of its own: a client that goes away does not cut a deployment's backup short.
+    let engines: Vec<tidemark_engine::Engine> =
+        st.shards.iter().map(|s| s.engine.clone()).collect();
+    let (home, to, after) = (st.engine().clone(), dir.clone(), b.after);
+    let (r, shards) = tokio::spawn(async move { backup_all(home, &engines[1..], to, after).await })
         .await
-        .map_err(backup_error);
-    // Every other shard's log into `shards/<n>/` of it, each as of its own head; a shard that
-    // fails takes the whole backup with it (a deployment's backup is every shard or nothing).
-    let mut shards = Vec::new();
-    let r = match r {
-        Ok(m) => {
-            let mut failed = None;
-            for shard in st.shards.iter().skip(1) {
-                let n = shard.engine.shard();
-                let to = dir.join("shards").join(n.to_string());
-                match shard.engine.backup(to.clone(), 0).await {
-                    Ok(m) => shards.push(ShardBackupOut {
-                        shard: n,
-                        dir: to.display().to_string(),
-                        through_seq: m.through_seq,
-                        events: m.events,
-                        bytes: m.bytes,
-                        blake3: m.blake3,
-                    }),
-                    Err(e) => {
-                        failed = Some(backup_error(e));
-                        break;
-                    }
-                }
-            }
-            match failed {
-                None => Ok(m),
-                Some(e) => {
-                    if made {
-                        let _ = std::fs::remove_dir_all(&dir);
-                    } else if let Ok(entries) = std::fs::read_dir(&dir) {
-                        for e in entries.flatten() {
-                            let p = e.path();
-                            let _ = if p.is_dir() {
-                                std::fs::remove_dir_all(&p)
-                            } else {
-                                std::fs::remove_file(&p)
-                            };
-                        }
-                    }
-                    Err(e)
-                }
-            }
-        }
-        Err(e) => Err(e),
-    };
+        .map_err(|e| ApiError::internal("the backup's task", e))?;
     count_backup(&r);
     let m = r?;
     metrics::gauge!("tidemark_backup_last_through_seq").set(m.through_seq as f64);

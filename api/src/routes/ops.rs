@@ -227,27 +227,15 @@ impl Series {
         *e = e.max(v);
     }
 
-    /// Set every gauge; an endpoint no longer listed (a bridge subscription deleted) has its
-    /// series set to 0, not left at the state it was last seen in.
+    /// Set every gauge; a series set at the last scrape and not now (a tenant removed, a
+    /// bridge subscription deleted) is set to 0, not left at what it was last seen at.
     fn publish(mut self) {
-        static SEEN: std::sync::Mutex<Vec<Labels>> = std::sync::Mutex::new(Vec::new());
+        static SEEN: std::sync::Mutex<Vec<(&'static str, Labels)>> =
+            std::sync::Mutex::new(Vec::new());
         let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
-        let now: Vec<Labels> = self
-            .0
-            .keys()
-            .filter(|(n, _)| *n == "tidemark_endpoint_consecutive_failures")
-            .map(|(_, l)| l.clone())
-            .collect();
-        for gone in seen.iter().filter(|l| !now.contains(l)) {
-            for s in ENDPOINT_STATES {
-                let mut l = gone.clone();
-                l.push(("state", s.to_owned()));
-                self.0.insert(("tidemark_endpoint_state", l), 0.0);
-            }
-            self.0.insert(
-                ("tidemark_endpoint_consecutive_failures", gone.clone()),
-                0.0,
-            );
+        let now: Vec<(&'static str, Labels)> = self.0.keys().cloned().collect();
+        for gone in std::mem::take(&mut *seen) {
+            self.0.entry(gone).or_insert(0.0);
         }
         *seen = now;
         drop(seen);

@@ -267,6 +267,9 @@ impl Notifier {
             tokio::task::spawn_blocking(move || {
                 let Some(since) = since else {
                     let head = e.head();
+                    // Every tenant the directory places here, as of its head (a pass that
+                    // cannot wait for it fails and is made again).
+                    e.settle_directory().map_err(StorageError::from)?;
                     let mut all = Vec::new();
                     for (tenant, _) in e.every_tenant().map_err(StorageError::from)? {
                         let subs = tenant.read().all_active_subscriptions()?;

@@ -451,55 +451,64 @@ async fn a_deployments_backup_copies_every_shard_and_restores() {
     let work = tempfile::tempdir().expect("tempdir");
     let streamed = work.path().join("streamed");
     let url = api.url("");
+    // `tidemark <args> -o json`: its answer, or its error when it fails.
     let cli = |args: Vec<String>| async move {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        args.extend(["-o", "json"]);
         let out = tidemark_tests::run_cli(&args, "", Duration::from_secs(120)).await;
-        assert!(
-            out.status.success(),
-            "tidemark {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<Value>(&out.stdout).expect("JSON")
+        match out.status.success() {
+            true => Ok(serde_json::from_slice::<Value>(&out.stdout).expect("JSON")),
+            false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+        }
     };
     let p = |p: &std::path::Path| p.display().to_string();
     let out = cli(vec![
         "backup".into(),
         "--url".into(),
-        url.clone(),
+        url,
         "--to".into(),
         p(&streamed),
-        "-o".into(),
-        "json".into(),
     ])
-    .await;
+    .await
+    .expect("the streamed backup");
     assert_eq!(out["shards"][0]["through_seq"], 3, "{out}");
     // Offline, from the stopped directory.
     s.kill9();
     let offline = work.path().join("offline");
+    let data = p(s.data_dir());
     let out = cli(vec![
         "backup".into(),
         "--data".into(),
-        p(s.data_dir()),
+        data,
         "--to".into(),
         p(&offline),
-        "-o".into(),
-        "json".into(),
     ])
-    .await;
+    .await
+    .expect("the offline backup");
     assert_eq!(out["shards"][0]["events"], 3, "{out}");
     // Each restores into a deployment of two shards, every tenant's events at their seqs.
     for (i, from) in [on_server, streamed, offline].iter().enumerate() {
         let data = work.path().join(format!("restored-{i}"));
-        let out = cli(vec![
-            "restore".into(),
-            "--from".into(),
-            p(from),
-            "--data".into(),
-            p(&data),
-            "-o".into(),
-            "json".into(),
-        ])
-        .await;
+        let restore = |from: &std::path::Path| {
+            vec![
+                "restore".into(),
+                "--from".into(),
+                p(from),
+                "--data".into(),
+                p(&data),
+            ]
+        };
+        // Without its list of shards (written last) it is a backup cut short: refused.
+        let list = from.join("shards.json");
+        let kept = std::fs::read(&list).expect("the list of shards");
+        std::fs::remove_file(&list).unwrap();
+        let e = cli(restore(from))
+            .await
+            .expect_err("a backup without its list");
+        assert!(e.contains("did not finish"), "{e}");
+        assert!(!data.join("log.redb").exists());
+        std::fs::write(&list, kept).unwrap();
+        let out = cli(restore(from)).await.expect("the restore");
         assert_eq!(out["shards"][0]["through_seq"], 3, "{out}");
         let r = Server::start(
             ServerOpts::default()
