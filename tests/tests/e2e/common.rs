@@ -421,7 +421,21 @@ pub async fn rebuild_or_verify(api: &Api, name: &str, action: &str) -> Value {
 /// Every projection has lag 0 and a verify that finds it identical to a replay of the log.
 pub async fn assert_projections_sound(api: &Api, what: &str) {
     settled(api).await;
-    let rows = projections(api).await;
+    // The server's reactors may append meanwhile (a restored log's next derivation, a bridge's
+    // cursor): each model catches up with the head, bounded, rather than at one instant.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let rows = loop {
+        let rows = projections(api).await;
+        let behind: Vec<&str> = PROJECTIONS
+            .iter()
+            .copied()
+            .filter(|n| rows[*n]["lag"] != 0)
+            .collect();
+        if behind.is_empty() || std::time::Instant::now() >= deadline {
+            break rows;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let head = api.head().await;
     for name in PROJECTIONS {
         let p = &rows[name];
