@@ -223,6 +223,7 @@ async fn serve_while_held(
                     shard,
                     "serving the shard: its router, routing and lease expiry run here"
                 );
+                lease_clock.here();
                 let mut follower = follow::Follower::new(engine.clone());
                 let mut tasks = derivations(&mut follower, &engine, at, lease_clock.clone(), &held);
                 tasks.push(tokio::spawn(follower.run(held.clone())));
@@ -247,6 +248,7 @@ async fn serve_while_held(
         for t in run {
             let _ = t.await;
         }
+        lease_clock.elsewhere();
         if shutdown.is_cancelled() {
             return;
         }
@@ -290,6 +292,7 @@ pub async fn spawn(
             })
     }));
     let mut tasks = if engine.leases().clustered() {
+        lease_clock.elsewhere();
         vec![tokio::spawn(serve_while_held(
             engine.clone(),
             lease_clock.clone(),

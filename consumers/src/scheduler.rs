@@ -223,15 +223,29 @@ impl Default for LeaseClock {
     }
 }
 
+/// The clock of a node where the loop does not run (another node serves the shard).
+const ELSEWHERE: i64 = i64::MIN + 1;
+
 impl LeaseClock {
     fn set(&self, at: i64) {
         self.0.store(at, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// The loop runs elsewhere (a cluster's other node serves the shard): no lease is news
+    /// here, so a claim's commit does not wake this node's follower.
+    pub(crate) fn elsewhere(&self) {
+        self.set(ELSEWHERE);
+    }
+
+    /// The loop starts here: every lease is news until it has looked once.
+    pub(crate) fn here(&self) {
+        self.set(i64::MIN);
+    }
+
     /// Whether `ev` takes a lease that expires before the loop looks next.
     pub(crate) fn wants(&self, ev: &EventRef<'_>) -> bool {
         let at = self.0.load(std::sync::atomic::Ordering::SeqCst);
-        lease_taken(ev).is_some_and(|expires| at == i64::MIN || expires < at)
+        at != ELSEWHERE && lease_taken(ev).is_some_and(|expires| at == i64::MIN || expires < at)
     }
 }
 
@@ -248,4 +262,38 @@ fn lease_taken(ev: &EventRef<'_>) -> Option<i64> {
     takes_lease(ev)
         .then(|| ev.payload_value().get("lease_expires_at_us")?.as_i64())
         .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LeaseClock;
+    use tidemark_log::EventRef;
+    use tidemark_projections::names::EventType;
+
+    /// A node that does not run the expiry loop (another serves the shard) is woken by no
+    /// lease; one that runs it, by every lease until it has looked, then by those expiring
+    /// before its next look.
+    #[test]
+    fn the_lease_clock_wants_leases_only_where_the_loop_runs() {
+        let leased = EventRef {
+            seq: 1,
+            tenant: None,
+            event_id: "e",
+            stream: "deliveries",
+            subject: "d-1",
+            event_type: EventType::DeliveryLeased.as_str(),
+            time_us: 0,
+            payload: r#"{"lease_expires_at_us": 5000}"#,
+        };
+        let clock = LeaseClock::default();
+        assert!(clock.wants(&leased), "before the loop looked: news");
+        clock.elsewhere();
+        assert!(!clock.wants(&leased), "served elsewhere: no wake-up");
+        clock.here();
+        assert!(clock.wants(&leased));
+        clock.set(4000);
+        assert!(!clock.wants(&leased), "expires after the next look");
+        clock.set(6000);
+        assert!(clock.wants(&leased), "expires before the next look");
+    }
 }

@@ -46,17 +46,7 @@ pub fn write_shards(dir: &Path, shards: &[u32]) -> Result<(), TransferError> {
 /// short), or a list that does not match what it holds.
 pub fn read_shards(dir: &Path) -> Result<Option<Vec<u32>>, TransferError> {
     let path = dir.join(SHARDS);
-    let held: Vec<u32> = {
-        let mut v: Vec<u32> = std::fs::read_dir(dir.join("shards"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.path().is_dir())
-            .filter_map(|e| e.file_name().to_str()?.parse().ok())
-            .collect();
-        v.sort_unstable();
-        v
-    };
+    let held = shard_dirs(dir);
     let listed = match std::fs::read(&path) {
         Ok(bytes) => {
             let v: serde_json::Value = serde_json::from_slice(&bytes)
@@ -87,6 +77,21 @@ pub fn read_shards(dir: &Path) -> Result<Option<Vec<u32>>, TransferError> {
             dir.display()
         ))),
     }
+}
+
+/// The shards beyond the home one a data directory or a backup holds: its `shards/<n>/`
+/// directories (n > 0), by number.
+pub fn shard_dirs(dir: &Path) -> Vec<u32> {
+    let mut v: Vec<u32> = std::fs::read_dir(dir.join("shards"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|n| *n > 0)
+        .collect();
+    v.sort_unstable();
+    v
 }
 
 /// Remove what `dir` holds (a backup of several shards that failed part way: the directory

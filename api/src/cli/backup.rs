@@ -40,25 +40,10 @@ fn shard_log_config(
     Ok(cfg.shard_log_config(shard))
 }
 
-/// The shards beyond the home one a data directory (or a backup) holds: the `shards/<n>`
-/// directories in it, by number.
-fn other_shards(dir: &Path) -> Vec<u32> {
-    let mut v: Vec<u32> = std::fs::read_dir(dir.join("shards"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .filter(|n| *n > 0)
-        .collect();
-    v.sort_unstable();
-    v
-}
-
 /// Open the log of a stopped server's data directory (it must hold one, and one only: an
 /// export or import of shard 0 alone would look whole, spec section 20).
 fn open_offline(config: Option<&Path>, data: &Path) -> Result<Log, CliError> {
-    if !other_shards(data).is_empty() {
+    if !transfer::shard_dirs(data).is_empty() {
         return Err(CliError::Other(format!(
             "{} holds several shards (shards/); an export or import is one log's, and those of \
              each shard are not built yet: back the directory up (`tidemark backup --data`), \
@@ -102,7 +87,7 @@ pub(crate) async fn backup(a: BackupArgs) -> CliResult {
     let mut shards = Vec::new();
     let report = match (&a.data, &a.to, &a.on_server) {
         (Some(data), Some(to), _) => {
-            let others = other_shards(data);
+            let others = transfer::shard_dirs(data);
             refuse_shards_increment(others.len(), a.after)?;
             let report = offline_backup(a.config.as_deref(), data, 0, to, a.after).await?;
             let r = async {
