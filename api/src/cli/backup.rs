@@ -84,22 +84,16 @@ pub(crate) async fn backup(a: BackupArgs) -> CliResult {
     // With several shards (spec section 20), every shard's log: shard 0 into the directory,
     // shard n into `shards/<n>/` of it, each as of its own head; full backups only (each log
     // has its own seqs).
-    let mut shards = Vec::new();
+    let shards: Vec<serde_json::Value>;
     let report = match (&a.data, &a.to, &a.on_server) {
         (Some(data), Some(to), _) => {
             let others = transfer::shard_dirs(data);
             refuse_shards_increment(others.len(), a.after)?;
             let report = offline_backup(a.config.as_deref(), data, 0, to, a.after).await?;
-            let r = async {
-                for &n in &others {
-                    let dir = to.join("shards").join(n.to_string());
-                    let m = offline_backup(a.config.as_deref(), data, n, &dir, 0).await?;
-                    shards.push(shard_report(n, &dir, &m));
-                }
-                finish_shards(to, &others)
-            }
-            .await;
-            cut_short(to, r)?;
+            shards = other_shards(to, &others, async |n, dir| {
+                offline_backup(a.config.as_deref(), data, n, dir, 0).await
+            })
+            .await?;
             report
         }
         (None, Some(to), _) => {
@@ -113,16 +107,10 @@ pub(crate) async fn backup(a: BackupArgs) -> CliResult {
             let home = (count > 1).then_some(0);
             let report = stream_backup(&c, home, to, a.after).await?;
             let others: Vec<u32> = (1..count).collect();
-            let r = async {
-                for &n in &others {
-                    let dir = to.join("shards").join(n.to_string());
-                    let m = stream_backup(&c, Some(n), &dir, 0).await?;
-                    shards.push(shard_report(n, &dir, &m));
-                }
-                finish_shards(to, &others)
-            }
-            .await;
-            cut_short(to, r)?;
+            shards = other_shards(to, &others, async |n, dir| {
+                stream_backup(&c, Some(n), dir, 0).await
+            })
+            .await?;
             report
         }
         (_, None, Some(name)) => {
@@ -145,21 +133,34 @@ pub(crate) async fn backup(a: BackupArgs) -> CliResult {
     out.one(&v)
 }
 
-/// The list of the shards a deployment's backup holds, written last (nothing for one log).
-fn finish_shards(to: &Path, others: &[u32]) -> Result<(), CliError> {
-    if others.is_empty() {
-        return Ok(());
+/// After the home shard's backup in `to`: each of the `others` shards' by `backup` into
+/// `shards/<n>/`, then the list of them, written last (nothing for one log); their reports.
+/// A failure removes what the backup wrote (the directory was new or empty), so no part of
+/// it is taken for the whole.
+async fn other_shards(
+    to: &Path,
+    others: &[u32],
+    mut backup: impl AsyncFnMut(u32, &Path) -> Result<transfer::Manifest, CliError>,
+) -> Result<Vec<serde_json::Value>, CliError> {
+    let mut reports = Vec::new();
+    let mut r = Ok(());
+    for &n in others {
+        let dir = to.join("shards").join(n.to_string());
+        match backup(n, &dir).await {
+            Ok(m) => reports.push(shard_report(n, &dir, &m)),
+            Err(e) => {
+                r = Err(e);
+                break;
+            }
+        }
     }
-    transfer::write_shards(to, others).map_err(transfer_error)
-}
-
-/// A deployment's backup that failed after its home shard: what it wrote is removed (the
-/// directory was new or empty), so no part of it is taken for the whole.
-fn cut_short(to: &Path, r: Result<(), CliError>) -> Result<(), CliError> {
+    if r.is_ok() && !others.is_empty() {
+        r = transfer::write_shards(to, others).map_err(transfer_error);
+    }
     if r.is_err() {
         transfer::clear_dir(to);
     }
-    r
+    r.map(|()| reports)
 }
 
 fn refuse_shards_increment(others: usize, after: u64) -> Result<(), CliError> {
@@ -393,14 +394,7 @@ pub(crate) async fn restore(a: RestoreArgs) -> CliResult {
             Ok(d) => restored.push(json!({"shard": n, "through_seq": d.head, "events": d.events})),
             // The directory was empty: a restore that fails leaves it so, not one shard of it.
             Err(e) => {
-                for entry in std::fs::read_dir(&a.data).into_iter().flatten().flatten() {
-                    let p = entry.path();
-                    let _ = if p.is_dir() {
-                        std::fs::remove_dir_all(&p)
-                    } else {
-                        std::fs::remove_file(&p)
-                    };
-                }
+                transfer::clear_dir(&a.data);
                 return Err(e);
             }
         }
