@@ -178,17 +178,7 @@ async fn serve_while_held(
     let shard = engine.shard();
     // Asked for only once this node's models of the shard (and the directory) have caught up
     // with the log: a node that is still folding would take the shard and route nothing.
-    loop {
-        let e = engine.clone();
-        let caught_up = tokio::task::spawn_blocking(move || {
-            e.settle_directory()?;
-            e.read().floor(0).map(drop)
-        })
-        .await
-        .is_ok_and(|r| r.is_ok());
-        if caught_up {
-            break;
-        }
+    while caught_up(&engine).await.is_err() {
         tokio::select! {
             _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
             _ = shutdown.cancelled() => return,
@@ -198,26 +188,28 @@ async fn serve_while_held(
     let mut changes = leases.changes();
     // A lease lapses by time too (it counts as held only so long after its last renewal).
     let recheck = (leases.ttl() / 6).max(std::time::Duration::from_millis(100));
-    loop {
-        while !leases.holds(&name) {
+    // Wait until this node holds the lease (`held`) or not; `false` at shutdown.
+    let mut until = async |held: bool| {
+        while leases.holds(&name) != held {
             tokio::select! {
                 _ = changes.changed() => {}
                 _ = tokio::time::sleep(recheck) => {}
-                _ = shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => return false,
             }
         }
-        let held = shutdown.child_token();
-        let e = engine.clone();
-        let settled = tokio::task::spawn_blocking(move || e.settle_directory())
-            .await
-            .map_err(StorageError::of)
-            .and_then(|r| r.map_err(StorageError::from));
-        let run = match async {
-            settled?;
-            checkpoints(&engine).await
+        true
+    };
+    loop {
+        if !until(true).await {
+            return;
         }
-        .await
-        {
+        let held = shutdown.child_token();
+        // The checkpoints over every tenant the directory places here, as of now.
+        let at = match caught_up(&engine).await {
+            Ok(()) => checkpoints(&engine).await,
+            Err(e) => Err(e),
+        };
+        let run = match at {
             Ok(at) => {
                 tracing::info!(
                     shard,
@@ -237,23 +229,30 @@ async fn serve_while_held(
                 }
             }
         };
-        while leases.holds(&name) {
-            tokio::select! {
-                _ = changes.changed() => {}
-                _ = tokio::time::sleep(recheck) => {}
-                _ = shutdown.cancelled() => break,
-            }
-        }
+        let live = until(false).await;
         held.cancel();
         for t in run {
             let _ = t.await;
         }
         lease_clock.elsewhere();
-        if shutdown.is_cancelled() {
+        if !live {
             return;
         }
         tracing::info!(shard, "the shard's lease is lost: another node serves it");
     }
+}
+
+/// Whether the directory (the home shard's models) and this shard's models have folded their
+/// logs' heads as of now (waiting at most the read wait; blocking reads, on the pool).
+async fn caught_up(engine: &Engine) -> Result<(), StorageError> {
+    let e = engine.clone();
+    tokio::task::spawn_blocking(move || {
+        e.settle_directory()?;
+        e.read().floor(0).map(drop)
+    })
+    .await
+    .map_err(StorageError::of)?
+    .map_err(StorageError::from)
 }
 
 /// Start the follower and the reactors (router, scheduler with its lease-expiry tick, bridge
