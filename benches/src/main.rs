@@ -476,48 +476,25 @@ impl Run<'_> {
         }
     }
 
+    /// [`Run::queue_cells`] of a queue that started, or why it did not.
+    async fn cells_of<Q: queue::Queue>(&mut self, q: Result<Q, String>) -> Result<(), String> {
+        self.queue_cells(q?).await;
+        Ok(())
+    }
+
     /// The `queue`, `deliver` and `route` workloads of one system.
     async fn queue_workloads(&mut self, system: System) {
         if self.wants(Workload::Queue) {
             let o = self.start.clone();
-            let r: Result<(), String> = match system {
-                System::TidemarkHttp => match queue::TidemarkQueue::start(&o).await {
-                    Ok(q) => {
-                        self.queue_cells(q).await;
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                },
+            let r = match system {
+                System::TidemarkHttp => self.cells_of(queue::TidemarkQueue::start(&o).await).await,
                 System::TidemarkJetstream => {
-                    match queue::TidemarkQueue::start_jetstream(&o).await {
-                        Ok(q) => {
-                            self.queue_cells(q).await;
-                            Ok(())
-                        }
-                        Err(e) => Err(e),
-                    }
+                    self.cells_of(queue::TidemarkQueue::start_jetstream(&o).await)
+                        .await
                 }
-                System::Redis => match queue::RedisQueue::start(&o).await {
-                    Ok(q) => {
-                        self.queue_cells(q).await;
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                },
-                System::Postgres => match queue::PostgresQueue::start(&o).await {
-                    Ok(q) => {
-                        self.queue_cells(q).await;
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                },
-                System::Nats => match queue::NatsQueue::start(&o).await {
-                    Ok(q) => {
-                        self.queue_cells(q).await;
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                },
+                System::Redis => self.cells_of(queue::RedisQueue::start(&o).await).await,
+                System::Postgres => self.cells_of(queue::PostgresQueue::start(&o).await).await,
+                System::Nats => self.cells_of(queue::NatsQueue::start(&o).await).await,
                 _ => Ok(()),
             };
             if let Err(e) = r {
