@@ -527,11 +527,6 @@ fn spawn_reload_on_hangup(certs: Arc<crate::tls::Certs>, stop: CancellationToken
     });
 }
 
-/// The deployment's shards (spec section 20): `home` (shard 0, the data directory's own log)
-/// and `[log] shards - 1` more, shard n in `shards/<n>/` of the data directory, each with its
-/// own log, models and decider, made when missing (`Config::shard_log_config`). A directory
-/// that places a tenant in a shard beyond them refuses the start (shards are not taken away:
-/// its events would be out of reach).
 /// Open shard `shard`'s log and models (spec section 20): its embedded log in its directory,
 /// or its stream on the cluster with the replica in that directory (`node`: this node's id on
 /// the cluster, the home shard's).
@@ -566,6 +561,12 @@ async fn open_shard(
     Ok(opened)
 }
 
+/// The deployment's shards (spec section 20): `home` (shard 0, the data directory's own log)
+/// and `[log] shards - 1` more, shard n in `shards/<n>/` of the data directory, each with its
+/// own log, models and decider, made when missing (`Config::shard_log_config`, on a cluster
+/// `Config::shard_jetstream_config`). A directory
+/// that places a tenant in a shard beyond them refuses the start (shards are not taken away:
+/// its events would be out of reach).
 async fn open_shards(
     config: &Config,
     home: &Engine,
