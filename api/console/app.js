@@ -5,6 +5,7 @@
 // Views and wiring.
 
 const LOADERS = {
+  deployment: () => loadOverview(false),
   outbox: async () => { await Promise.all([loadKpis(), loadDeliveries(false)]); },
   notifications: () => loadNotifications(false),
   tasks: () => loadTasks(false),
@@ -104,6 +105,8 @@ function wire() {
   $('#tenant').addEventListener('change', (ev) => {
     switchTenant(ev.target.value).catch((e) => flash(e.message, 'error'));
   });
+  $('#ov-attention').addEventListener('change', () => loadOverview(false).catch((e) => flash(e.message, 'error')));
+  $('#ov-more').addEventListener('click', () => loadOverview(true).catch((e) => flash(e.message, 'error')));
   $('#logout').addEventListener('click', () => {
     sessionStorage.removeItem(TOKEN_KEY);
     state.token = null;

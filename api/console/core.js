@@ -257,6 +257,8 @@ async function loadTenants() {
   sel.replaceChildren(...names.map((n) => el('option', { value: n, text: n, selected: n === state.tenant })));
   sel.disabled = names.length < 2;
   show($('#tenant-box'), names.length > 1 || state.tenant !== 'default');
+  // The deployment's overview: its operators' alone (a `*` token, or open mode).
+  show($('#nav-deployment'), (!w.tenant || w.tenant === '*') && can('operator'));
 }
 
 /// Act for `name` from now on: every view and the live tail reload under its prefix.

@@ -1,5 +1,47 @@
-// tidemark console: consumers, sources, notification lists and projections (sections 6, 12, 17, 10).
+// tidemark console: the deployment's overview, consumers, sources, notification lists and
+// projections (sections 20, 6, 12, 17, 10).
 'use strict';
+
+// ---------------------------------------------------------------------------------------------
+// The deployment (section 20): every tenant read from its own shard, its `as_of_seq` shown.
+
+/// Load the overview's first page, or (`more`) the next one below it.
+async function loadOverview(more) {
+  const q = { attention: $('#ov-attention').checked ? 'true' : undefined, after: more ? state.ovAfter : undefined };
+  const p = await api('GET', `/v1/admin/overview${qs(q)}`);
+  const t = p.totals;
+  $('#ov-summary').textContent = `${t.tenants} tenants, ${t.attention} ${t.attention === 1 ? 'needs' : 'need'} attention; ` +
+    `queue ${t.outbox.queue_depth}, stuck ${t.outbox.stuck}, parked ${t.outbox.parked}; ` +
+    `endpoints not ok ${t.endpoints.total - t.endpoints.ok}; consumers stalled ${t.consumers.stalled}, stopped ${t.consumers.stopped}`;
+  table($('#ov-shards'), ['shard', 'head', 'as of seq', 'tenants'],
+    p.shards.map((s) => el('tr', { 'data-shard': s.shard },
+      el('td', { text: s.shard }), el('td', { text: s.head }), el('td', { text: s.as_of_seq }), el('td', { text: s.tenants }))));
+  const rows = p.tenants.map((r) => el('tr', { 'data-tenant': r.tenant },
+    el('td', {}, el('a', { href: '#outbox', text: r.tenant, 'data-testid': 'ov-open', onclick: (ev) => {
+      ev.preventDefault();
+      openTenant(r.tenant).catch((e) => flash(e.message, 'error'));
+    } })),
+    el('td', { text: r.shard }), el('td', { text: r.as_of_seq }),
+    el('td', { text: r.outbox.queue_depth }), el('td', { text: r.outbox.stuck }), el('td', { text: r.outbox.parked }),
+    el('td', { text: r.outbox.sent_last_interval }), el('td', { text: fmtAge(r.outbox.oldest_pending_age_s) }),
+    el('td', {}, ...r.endpoints_attention.map((e) => el('span', { class: 'pill warn', text: `${e.route}: ${e.state}`, 'data-testid': 'ov-endpoint' }))),
+    el('td', {}, ...r.consumers_attention.map((c) => el('span', { class: `pill ${c.stopped ? 'stopped' : 'warn'}`, text: `${c.consumer_id}: ${c.stopped ? 'stopped' : 'stalled'}`, 'data-testid': 'ov-consumer' }))),
+    el('td', {}, r.attention ? el('span', { class: 'pill warn', text: 'attention', 'data-testid': 'ov-flag' }) : null)));
+  const headers = ['tenant', 'shard', 'as of seq', 'queue', 'stuck', 'parked', `sent (${p.interval_s} s)`, 'oldest pending', 'endpoints not ok', 'consumers', ''];
+  if (more) $('#ov-tenants').append(...rows);
+  else table($('#ov-tenants'), headers, rows);
+  state.ovAfter = p.next_after;
+  show($('#ov-more'), !!p.next_after);
+}
+
+/// Act for `name` and show its outbox.
+async function openTenant(name) {
+  state.view = 'outbox';
+  linkTo('outbox');
+  if (name === state.tenant) { await route(); return; }
+  $('#tenant').value = name;
+  await switchTenant(name);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Consumers, sources, projections.

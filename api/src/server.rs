@@ -170,6 +170,7 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(admin::rebuild_one))
             .routes(routes!(admin::verify_one))
             .routes(routes!(admin::cluster))
+            .routes(routes!(admin::overview))
             .routes(routes!(deliveries::retry))
             .routes(routes!(deliveries::discard))
             .routes(routes!(deliveries::resend))

@@ -1434,13 +1434,14 @@ ${sourceToml('broken', `http://127.0.0.1:${port}/no-such-upstream`, '1h', '5s')}
 // ---------------------------------------------------------------------------------------------
 // Scenario 5: tenants (spec section 20). A `*` token switches the console between the
 // tenants of the directory: every view and the live tail show the chosen tenant's data alone,
-// the choice survives a reload; a tenant's own token has its tenant fixed.
+// the choice survives a reload; the Deployment view reads every tenant in its shard (two
+// shards here) and opens one; a tenant's own token has its tenant fixed, and no Deployment.
 
 async function tenants() {
   const op = randomBytes(16).toString('hex');
   const acmeToken = randomBytes(16).toString('hex');
   const s = new Server('tenants',
-    tokenToml('console-op', op, ['admin']) + tokenToml('acme-admin', acmeToken, ['admin'], 'acme'));
+    '[log]\nshards = 2\n\n' + tokenToml('console-op', op, ['admin']) + tokenToml('acme-admin', acmeToken, ['admin'], 'acme'));
   s.token = op;
   await s.start();
   step(`tenants server on ${s.base}`);
@@ -1488,10 +1489,33 @@ async function tenants() {
   assert.ok(paths.includes('/v1/tenants'), JSON.stringify(paths));
   assert.ok(!paths.includes('/tenants/acme/v1/tenants'), JSON.stringify(paths));
 
+  // The deployment at a glance: every tenant from its own shard; beta's disabled endpoint
+  // flags it; the attention filter keeps it alone; its name opens its outbox.
+  await s.ok('PUT', '/tenants/beta/v1/routes/hook', { route: { sink: 'webhook', url: 'http://127.0.0.1:9/never' }, reason: 'console test' });
+  await s.ok('POST', '/tenants/beta/v1/outbox/endpoints/hook/disable', { reason: 'maintenance' });
+  await view(page, 'deployment');
+  const row = (t) => page.locator(`#ov-tenants tr[data-tenant="${t}"]`);
+  // The overview reads each shard as of at least its head: the disable shows at once.
+  await page.waitForSelector('#ov-tenants tr[data-tenant="beta"] [data-testid=ov-endpoint]', { timeout: WAIT });
+  assert.equal((await row('beta').locator('[data-testid=ov-endpoint]').textContent()).trim(), 'hook: disabled');
+  const tenantsShown = () => page.locator('#ov-tenants tbody tr').evaluateAll((rs) => rs.map((r) => r.dataset.tenant));
+  assert.deepEqual(await tenantsShown(), ['acme', 'beta', 'default']);
+  assert.equal((await row('acme').locator('td').nth(1).textContent()).trim(), '1', 'acme in shard 1');
+  assert.equal(await page.locator('#ov-shards tbody tr').count(), 2);
+  await snap(page, 'deployment');
+  await page.check('#ov-attention');
+  await until('only beta', async () => JSON.stringify(await tenantsShown()) === '["beta"]');
+  await row('beta').locator('[data-testid=ov-open]').click();
+  await page.waitForSelector('#view-outbox:not([hidden])', { timeout: WAIT });
+  await until('acting for beta', async () => (await page.inputValue('#tenant')) === 'beta');
+  assert.equal(new URL(page.url()).hash, '#outbox');
+  step('the Deployment view reads every tenant in its shard and opens beta');
+
   // A tenant's own token: its tenant, fixed.
   await login(page, acmeToken);
   assert.deepEqual(await options(), ['acme']);
   assert.ok(await page.locator('#tenant').isDisabled());
+  assert.ok(await page.locator('#nav-deployment').isHidden(), 'the deployment\'s view for a tenant\'s token');
   await view(page, 'events');
   await until('acme\'s events for its token', async () => (await events()).includes('acme-only'));
   assert.ok(!/default-only|beta-only/.test(await events()), await events());

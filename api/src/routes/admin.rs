@@ -1,5 +1,6 @@
 //! `GET /v1/admin/projections`, `POST /v1/admin/projections/{name}/rebuild` and `/verify`,
-//! the retention run, the cluster view; backups in [`backups`].
+//! the retention run, the cluster view; backups in [`backups`], the deployment's overview in
+//! [`overview`].
 
 use crate::state::Api;
 use std::time::Duration;
@@ -16,7 +17,9 @@ use crate::request::Params;
 use crate::routes::blocking;
 
 mod backups;
+mod overview;
 pub use backups::*;
+pub use overview::*;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RebuildProgress {

@@ -63,6 +63,34 @@ pub(crate) async fn read_model<T: Send + 'static>(
     .await
 }
 
+/// The request acting for each tenant of the deployment: the default one, then every live one
+/// of the directory (as the home shard's models hold it: at least as of its head now when
+/// `waited`, as they stand otherwise) in its shard.
+pub(crate) async fn every_tenant(
+    st: &crate::state::Api,
+    waited: bool,
+) -> Result<Vec<crate::state::Api>, ApiError> {
+    let home = st.engine.clone();
+    let rows = blocking(move || {
+        let q = home.read();
+        if waited {
+            q.tenants()
+        } else {
+            q.unwaited().tenants()
+        }
+    })
+    .await?;
+    Ok(st
+        .acting_for(tidemark_log::DEFAULT_TENANT, 0)
+        .into_iter()
+        .chain(
+            rows.iter()
+                .filter(|r| r.is_live())
+                .filter_map(|r| st.acting_for(&r.name, r.shard as usize)),
+        )
+        .collect())
+}
+
 /// The name of the token that made this request (`None` in open mode): the `by` of operator
 /// actions (spec section 8).
 pub(crate) fn caller(st: &crate::state::Api, headers: &axum::http::HeaderMap) -> Option<String> {

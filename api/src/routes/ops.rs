@@ -168,7 +168,14 @@ pub async fn metrics(st: Api) -> Response {
     // time: the default tenant's series as before, another tenant's with `tenant` (bounded:
     // past `server.metrics_tenant_labels`, summed under `other`).
     let mut series = Series::default();
-    for t in every_tenant(&st).await {
+    let tenants = crate::routes::every_tenant(&st, false).await;
+    let tenants = tenants.unwrap_or_else(|_| {
+        // The directory unreadable: the default tenant's series at least.
+        st.acting_for(tidemark_log::DEFAULT_TENANT, 0)
+            .into_iter()
+            .collect()
+    });
+    for t in tenants {
         let tenant = (t.tenant() != tidemark_log::DEFAULT_TENANT)
             .then(|| tidemark_engine::labels::tenant_label(t.tenant()));
         tenant_series(&t, tenant, &mut series).await;
@@ -179,24 +186,6 @@ pub async fn metrics(st: Api) -> Response {
         crate::metrics_setup::render(&st.metrics),
     )
         .into_response()
-}
-
-/// The request acting for each tenant of the deployment: the default one, then every live one
-/// of the directory (as the home shard's models hold it) in its shard.
-async fn every_tenant(st: &Api) -> Vec<Api> {
-    let mut out: Vec<Api> = st
-        .acting_for(tidemark_log::DEFAULT_TENANT, 0)
-        .into_iter()
-        .collect();
-    let home = st.engine.clone();
-    if let Ok(rows) = blocking(move || home.read().unwaited().tenants()).await {
-        out.extend(
-            rows.iter()
-                .filter(|r| r.is_live())
-                .filter_map(|r| st.acting_for(&r.name, r.shard as usize)),
-        );
-    }
-    out
 }
 
 /// Gauges gathered over the tenants before they are set: several tenants past the label bound

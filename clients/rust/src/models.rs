@@ -207,6 +207,25 @@ pub struct CompleteResult {
     pub status: u64,
 }
 
+/// A consumer that is stalled or stopped.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConsumerBrief {
+    pub consumer_id: String,
+    pub lag_events: u64,
+    pub stalled: bool,
+    pub stopped: bool,
+}
+
+/// Consumer cursors (and active bridge subscriptions).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConsumerCounts {
+    /// The largest lag in events among them (0 when none).
+    pub max_lag_events: u64,
+    pub stalled: u64,
+    pub stopped: u64,
+    pub total: u64,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CursorOut {
     pub consumer_id: String,
@@ -447,6 +466,28 @@ pub struct DeliveryOut {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EndpointAnswer {
     pub endpoint: EndpointOut,
+}
+
+/// An endpoint that is not `ok`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EndpointBrief {
+    pub consecutive_failures: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure_code: Option<String>,
+    /// The route's name, or `bridge:<subscription_id>`.
+    pub route: String,
+    pub state: String,
+}
+
+/// Endpoints by state (`GET /v1/outbox/endpoints`' `state`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EndpointCounts {
+    pub disabled: u64,
+    pub failing: u64,
+    pub ok: u64,
+    pub open: u64,
+    pub total: u64,
+    pub unresolved: u64,
 }
 
 /// One delivering route's endpoint.
@@ -826,6 +867,59 @@ pub struct OperatorBody {
     pub by: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+/// A tenant's outbox, summed over its sinks.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OutboxSummary {
+    pub leased: u64,
+    /// The oldest pending delivery's age, seconds (0 when none).
+    pub oldest_pending_age_s: f64,
+    pub parked: u64,
+    /// queued + leased + retry_wait.
+    pub queue_depth: u64,
+    pub queued: u64,
+    pub retry_wait: u64,
+    /// Sent in the last `interval_s` seconds.
+    pub sent_last_interval: u64,
+    /// Pending and older than `outbox.stuck_after`.
+    pub stuck: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OverviewPage {
+    /// The interval `sent_last_interval` covers, seconds.
+    pub interval_s: u64,
+    /// Pass as `after` for the next page; absent on the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
+    pub shards: Vec<OverviewShard>,
+    /// A page of tenants by name (`default` among them).
+    pub tenants: Vec<TenantOverview>,
+    pub totals: OverviewTotals,
+}
+
+/// One shard as this read saw it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OverviewShard {
+    /// The least seq its tenants' rows reflect (each row has its own); of a shard without tenants, the seq its models had folded through.
+    pub as_of_seq: u64,
+    /// Its head when the read began.
+    pub head: u64,
+    pub shard: u64,
+    /// Its live tenants.
+    pub tenants: u64,
+}
+
+/// Over every tenant of the deployment, whatever the page.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OverviewTotals {
+    /// Tenants that need an operator.
+    pub attention: u64,
+    pub consumers: ConsumerCounts,
+    pub endpoints: EndpointCounts,
+    pub outbox: OutboxSummary,
+    pub tenants: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -1521,6 +1615,24 @@ pub struct TenantOut {
     pub removed: Option<RemovedOut>,
     /// The shard its events and models live in.
     pub shard: u64,
+}
+
+/// One tenant, read from its shard.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TenantOverview {
+    /// The seq of its shard its models had folded through when read.
+    pub as_of_seq: u64,
+    /// Whether it needs an operator (anything stuck or parked, or in the two lists above).
+    pub attention: bool,
+    pub consumers: ConsumerCounts,
+    /// Its consumers that are stalled or stopped.
+    pub consumers_attention: Vec<ConsumerBrief>,
+    pub endpoints: EndpointCounts,
+    /// Its endpoints that are not `ok`.
+    pub endpoints_attention: Vec<EndpointBrief>,
+    pub outbox: OutboxSummary,
+    pub shard: u64,
+    pub tenant: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

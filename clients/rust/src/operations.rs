@@ -525,6 +525,24 @@ impl<A: Answers> Ops<'_, A> {
             .await
     }
 
+    /// `GET /v1/admin/overview` (getOverview): Every tenant's outbox, endpoints and consumers, each read from its own shard with that shard's `as_of_seq`, and their totals (spec section 20: a fan-out, not one order).
+    ///
+    /// Query parameters: `interval_s`, `attention`, `limit`, `after`.
+    pub async fn get_overview(
+        &self,
+        query: &[(&str, &str)],
+    ) -> Result<A::Out<OverviewPage>, Error> {
+        self.client
+            .operation(
+                Method::GET,
+                "/v1/admin/overview",
+                query,
+                &["interval_s", "attention", "limit", "after"],
+                None::<&()>,
+            )
+            .await
+    }
+
     /// `GET /readyz` (getReadiness): Readiness: the log is open and accepting appends, and the read models are caught up.
     pub async fn get_readiness(&self) -> Result<A::Out<Health>, Error> {
         self.client

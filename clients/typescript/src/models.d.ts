@@ -169,6 +169,23 @@ export interface CompleteResult {
   status: number;
 }
 
+/** A consumer that is stalled or stopped. */
+export interface ConsumerBrief {
+  consumer_id: string;
+  lag_events: number;
+  stalled: boolean;
+  stopped: boolean;
+}
+
+/** Consumer cursors (and active bridge subscriptions). */
+export interface ConsumerCounts {
+  /** The largest lag in events among them (0 when none). */
+  max_lag_events: number;
+  stalled: number;
+  stopped: number;
+  total: number;
+}
+
 export interface CursorOut {
   consumer_id: string;
   last_delivered_at?: string | null;
@@ -265,6 +282,25 @@ export interface DeliveryOut extends ProvenanceOut {
 
 export interface EndpointAnswer {
   endpoint: EndpointOut;
+}
+
+/** An endpoint that is not `ok`. */
+export interface EndpointBrief {
+  consecutive_failures: number;
+  last_failure_code?: string | null;
+  /** The route's name, or `bridge:<subscription_id>`. */
+  route: string;
+  state: string;
+}
+
+/** Endpoints by state (`GET /v1/outbox/endpoints`' `state`). */
+export interface EndpointCounts {
+  disabled: number;
+  failing: number;
+  ok: number;
+  open: number;
+  total: number;
+  unresolved: number;
 }
 
 /** One delivering route's endpoint. */
@@ -551,6 +587,54 @@ export interface OperatorBody {
   /** Ignored (kept so that older clients are not refused): the action records the calling token's name as `by`, `null` in open mode (section 8). */
   by?: string | null;
   reason?: string | null;
+}
+
+/** A tenant's outbox, summed over its sinks. */
+export interface OutboxSummary {
+  leased: number;
+  /** The oldest pending delivery's age, seconds (0 when none). */
+  oldest_pending_age_s: number;
+  parked: number;
+  /** queued + leased + retry_wait. */
+  queue_depth: number;
+  queued: number;
+  retry_wait: number;
+  /** Sent in the last `interval_s` seconds. */
+  sent_last_interval: number;
+  /** Pending and older than `outbox.stuck_after`. */
+  stuck: number;
+}
+
+export interface OverviewPage {
+  /** The interval `sent_last_interval` covers, seconds. */
+  interval_s: number;
+  /** Pass as `after` for the next page; absent on the last. */
+  next_after?: string | null;
+  shards: OverviewShard[];
+  /** A page of tenants by name (`default` among them). */
+  tenants: TenantOverview[];
+  totals: OverviewTotals;
+}
+
+/** One shard as this read saw it. */
+export interface OverviewShard {
+  /** The least seq its tenants' rows reflect (each row has its own); of a shard without tenants, the seq its models had folded through. */
+  as_of_seq: number;
+  /** Its head when the read began. */
+  head: number;
+  shard: number;
+  /** Its live tenants. */
+  tenants: number;
+}
+
+/** Over every tenant of the deployment, whatever the page. */
+export interface OverviewTotals {
+  /** Tenants that need an operator. */
+  attention: number;
+  consumers: ConsumerCounts;
+  endpoints: EndpointCounts;
+  outbox: OutboxSummary;
+  tenants: number;
 }
 
 export interface PauseBody {
@@ -1029,6 +1113,23 @@ export interface TenantOut {
   removed?: RemovedOut | null;
   /** The shard its events and models live in. */
   shard: number;
+}
+
+/** One tenant, read from its shard. */
+export interface TenantOverview {
+  /** The seq of its shard its models had folded through when read. */
+  as_of_seq: number;
+  /** Whether it needs an operator (anything stuck or parked, or in the two lists above). */
+  attention: boolean;
+  consumers: ConsumerCounts;
+  /** Its consumers that are stalled or stopped. */
+  consumers_attention: ConsumerBrief[];
+  endpoints: EndpointCounts;
+  /** Its endpoints that are not `ok`. */
+  endpoints_attention: EndpointBrief[];
+  outbox: OutboxSummary;
+  shard: number;
+  tenant: string;
 }
 
 export interface TenantsPage {

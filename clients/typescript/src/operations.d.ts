@@ -61,6 +61,8 @@ export interface Operations {
   getNotificationStatus(id: string, query?: { min_seq?: string | number | boolean }): Promise<m.NotificationStatusOut>;
   /** `GET /v1/outbox/kpis`: Queue depth, stuck, parked, sent in the last interval and oldest pending age; overall, per sink and per source site. */
   getOutboxKpis(query?: { interval_s?: string | number | boolean; min_seq?: string | number | boolean }): Promise<m.KpisOut>;
+  /** `GET /v1/admin/overview`: Every tenant's outbox, endpoints and consumers, each read from its own shard with that shard's `as_of_seq`, and their totals (spec section 20: a fan-out, not one order). */
+  getOverview(query?: { interval_s?: string | number | boolean; attention?: string | number | boolean; limit?: string | number | boolean; after?: string | number | boolean }): Promise<m.OverviewPage>;
   /** `GET /readyz`: Readiness: the log is open and accepting appends, and the read models are caught up. */
   getReadiness(): Promise<m.Health>;
   /** `GET /v1/routes/{name}`: One route. */

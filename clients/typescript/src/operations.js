@@ -63,6 +63,8 @@ export function operations(call) {
     getNotificationStatus: (id, query = {}) => call("GET", `/v1/notifications/${seg(id)}`, query, ["min_seq"], undefined),
     /** `GET /v1/outbox/kpis`: Queue depth, stuck, parked, sent in the last interval and oldest pending age; overall, per sink and per source site. */
     getOutboxKpis: (query = {}) => call("GET", `/v1/outbox/kpis`, query, ["interval_s", "min_seq"], undefined),
+    /** `GET /v1/admin/overview`: Every tenant's outbox, endpoints and consumers, each read from its own shard with that shard's `as_of_seq`, and their totals (spec section 20: a fan-out, not one order). */
+    getOverview: (query = {}) => call("GET", `/v1/admin/overview`, query, ["interval_s", "attention", "limit", "after"], undefined),
     /** `GET /readyz`: Readiness: the log is open and accepting appends, and the read models are caught up. */
     getReadiness: () => call("GET", `/readyz`, {}, [], undefined),
     /** `GET /v1/routes/{name}`: One route. */

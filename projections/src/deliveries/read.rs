@@ -171,7 +171,7 @@ impl Kpis {
     }
 
     /// Add `k`'s counts (the oldest pending age is the older of the two).
-    pub(super) fn add(&mut self, k: &Kpis) {
+    pub fn add(&mut self, k: &Kpis) {
         self.queue_depth += k.queue_depth;
         self.queued += k.queued;
         self.leased += k.leased;

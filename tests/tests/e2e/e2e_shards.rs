@@ -568,8 +568,10 @@ async fn metrics_judge_every_shard_and_tenant() {
         let api = api.clone();
         async move {
             let text = api.get("/metrics").await.text;
-            text.contains("tidemark_outbox_queue_depth{sink=\"app\",tenant=\"acme\"} 3")
-                .then_some(text)
+            // `/metrics` never waits for the models: until they have folded all of it.
+            (text.contains("tidemark_outbox_queue_depth{sink=\"app\",tenant=\"acme\"} 3")
+                && text.contains("tidemark_consumer_cursors_behind{tenant=\"acme\"} 1"))
+            .then_some(text)
         }
     })
     .await;
@@ -728,4 +730,184 @@ async fn a_sinks_concurrency_is_the_nodes_across_shards() {
         (1..=2).contains(&most),
         "{most} POSTs open at once, concurrency 2"
     );
+}
+
+/// The deployment's overview (`GET /v1/admin/overview`) fans out over every tenant in its
+/// shard: each row is read from its own shard with that shard's `as_of_seq` (never past its
+/// head), the totals cover every tenant whatever the page, `attention` keeps the tenants that
+/// need an operator, pages go by name, a tenant's token is refused, and bad input is a 400.
+#[tokio::test]
+async fn the_overview_fans_out_over_every_tenant_in_its_shard() {
+    let (mut s, t) = crate::e2e_tenants::start_with(
+        "[log]\nshards = 2\n[notifications.outbox]\nstuck_after = \"1s\"\n",
+    )
+    .await;
+    s.set_token(Some(&t.op));
+    let api = s.api();
+    assert_eq!(create(&api, "acme").await["shard"], 1);
+    assert_eq!(create(&api, "beta").await["shard"], 0);
+    assert_eq!(create(&api, "gamma").await["shard"], 1);
+    let acme = api.under("/tenants/acme", Some(&t.op));
+    let beta = api.under("/tenants/beta", Some(&t.op));
+
+    // acme: three deliveries for a claim sink no one claims (stuck after 1 s), and a cursor
+    // one event behind.
+    let put = |who: &Api, name: &str, route: Value| {
+        let (who, name) = (who.clone(), name.to_owned());
+        async move {
+            let r = who
+                .send(
+                    who.request(Method::PUT, &format!("/v1/routes/{name}"))
+                        .json(&json!({"route": route, "reason": "setup"})),
+                )
+                .await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        }
+    };
+    put(&acme, "app-1", json!({"sink": "app"})).await;
+    let events: Vec<Value> = (0..3)
+        .map(|i| {
+            crate::common::notif_ev(
+                &format!("n-{i}"),
+                json!({"priority": "urgent", "title": "t", "recipient": "ops@example.org"}),
+            )
+        })
+        .collect();
+    let (st, body) = acme.append(&json!({ "events": events })).await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    let first = append(&acme, &["o-1"]).await[0];
+    let r = acme
+        .send(
+            acme.request(Method::POST, "/v1/cursors/advance")
+                .json(&json!({
+            "consumer_id": "c-1", "stream_name": "orders", "last_sequence": first,
+            "delivery_id": "d-1"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let acme_last = append(&acme, &["o-2"]).await[0];
+    // beta: a webhook endpoint an operator disabled.
+    put(
+        &beta,
+        "hook",
+        json!({"sink": "webhook", "url": "http://127.0.0.1:9/never"}),
+    )
+    .await;
+    let r = beta
+        .send(
+            beta.request(Method::POST, "/v1/outbox/endpoints/hook/disable")
+                .json(&json!({"reason": "maintenance"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+
+    let page = crate::common::wait_for(Duration::from_secs(30), "acme's deliveries stuck", || {
+        let api = api.clone();
+        async move {
+            let (st, page) = api.get_json("/v1/admin/overview").await;
+            assert_eq!(st, StatusCode::OK, "{page}");
+            (page["tenants"][0]["outbox"]["stuck"] == 3).then_some(page)
+        }
+    })
+    .await;
+    let (_, shards) = api.get_json("/v1/shards").await;
+    let names: Vec<&str> = page["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["tenant"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["acme", "beta", "default", "gamma"], "{page}");
+    for row in page["tenants"].as_array().unwrap() {
+        let shard = row["shard"].as_u64().unwrap() as usize;
+        let head = shards["shards"][shard]["head"].as_u64().unwrap();
+        assert!(
+            row["as_of_seq"].as_u64().unwrap() <= head,
+            "{row} past {head}"
+        );
+    }
+    let acme_row = &page["tenants"][0];
+    assert_eq!(acme_row["shard"], 1);
+    assert!(
+        acme_row["as_of_seq"].as_u64().unwrap() >= acme_last,
+        "{acme_row}"
+    );
+    assert_eq!(acme_row["outbox"]["queue_depth"], 3, "{acme_row}");
+    assert_eq!(acme_row["consumers"]["total"], 1, "{acme_row}");
+    assert_eq!(acme_row["consumers"]["max_lag_events"], 1, "{acme_row}");
+    assert_eq!(acme_row["attention"], true, "{acme_row}");
+    let beta_row = &page["tenants"][1];
+    assert_eq!(beta_row["shard"], 0);
+    assert_eq!(beta_row["endpoints"]["disabled"], 1, "{beta_row}");
+    assert_eq!(
+        beta_row["endpoints_attention"][0]["route"], "hook",
+        "{beta_row}"
+    );
+    assert_eq!(beta_row["endpoints_attention"][0]["state"], "disabled");
+    assert_eq!(beta_row["attention"], true);
+    for quiet in [&page["tenants"][2], &page["tenants"][3]] {
+        assert_eq!(quiet["attention"], false, "{quiet}");
+        assert_eq!(quiet["outbox"]["queue_depth"], 0, "{quiet}");
+    }
+    // Nothing crosses: beta's endpoint is not acme's, acme's deliveries are not beta's.
+    assert_eq!(acme_row["endpoints"]["total"], 0, "{acme_row}");
+    assert_eq!(beta_row["outbox"]["queue_depth"], 0, "{beta_row}");
+    assert_eq!(page["shards"].as_array().unwrap().len(), 2);
+    assert_eq!(page["shards"][1]["tenants"], 2, "{page}");
+    assert_eq!(
+        page["shards"][1]["as_of_seq"].as_u64(),
+        page["tenants"][0]["as_of_seq"]
+            .as_u64()
+            .min(page["tenants"][3]["as_of_seq"].as_u64()),
+        "{page}"
+    );
+    let totals = &page["totals"];
+    assert_eq!(totals["tenants"], 4);
+    assert_eq!(totals["attention"], 2);
+    assert_eq!(totals["outbox"]["queue_depth"], 3);
+    assert_eq!(totals["endpoints"]["disabled"], 1);
+    assert_eq!(page["next_after"], Value::Null);
+
+    // The tenants that need an operator; a page by name, the totals whole on every page.
+    let (_, only) = api.get_json("/v1/admin/overview?attention=true").await;
+    let names: Vec<&str> = only["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["tenant"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["acme", "beta"], "{only}");
+    let (_, first_page) = api.get_json("/v1/admin/overview?limit=3").await;
+    assert_eq!(first_page["tenants"].as_array().unwrap().len(), 3);
+    assert_eq!(first_page["next_after"], "default", "{first_page}");
+    assert_eq!(first_page["totals"]["tenants"], 4);
+    let (_, second) = api
+        .get_json("/v1/admin/overview?limit=3&after=default")
+        .await;
+    assert_eq!(second["tenants"][0]["tenant"], "gamma", "{second}");
+    assert_eq!(second["tenants"].as_array().unwrap().len(), 1);
+    assert_eq!(second["next_after"], Value::Null);
+
+    // A tenant's token reads its own tenant, not the deployment.
+    let r = api
+        .under("", Some(&t.acme))
+        .send(
+            api.under("", Some(&t.acme))
+                .request(Method::GET, "/v1/admin/overview"),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text);
+    assert_eq!(r.json["code"], "tenant_forbidden");
+    for (q, code) in [
+        ("limit=0", "invalid_query"),
+        ("limit=1001", "invalid_query"),
+        ("attention=yes", "invalid_query"),
+        ("interval_s=0", "invalid_query"),
+        ("after=Not%20a%20name", "invalid_query"),
+        ("shard=1", "unknown_parameter"),
+    ] {
+        let (st, body) = api.get_json(&format!("/v1/admin/overview?{q}")).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{q}: {body}");
+        assert_eq!(body["code"], code, "{q}: {body}");
+    }
 }

@@ -15,9 +15,9 @@ use tidemark_tests::{Api, Server, ServerOpts, SseNext, random_token, run_cli, sh
 use crate::common::{notif_ev, wait_for};
 
 pub(crate) struct Tokens {
-    op: String,
-    acme: String,
-    beta: String,
+    pub(crate) op: String,
+    pub(crate) acme: String,
+    pub(crate) beta: String,
 }
 
 fn config(t: &Tokens) -> String {

@@ -614,6 +614,18 @@ pub struct KpisQuery {
     pub min_seq: Option<String>,
 }
 
+/// `interval_s` of a KPIs read: 1–86400 s, default 60.
+pub(crate) fn interval_of(v: Option<&str>) -> Result<u64, ApiError> {
+    match v {
+        None => Ok(60),
+        Some(v) => v
+            .parse::<u64>()
+            .ok()
+            .filter(|n| (1..=86_400).contains(n))
+            .ok_or_else(|| ApiError::invalid_query("interval_s must be from 1 to 86400")),
+    }
+}
+
 /// Compute the KPIs now: as of at least the head and `min_seq` (the KPIs endpoint; with the
 /// `as_of_seq`), or as the model stands (`None`: `/metrics`, which never waits; 0).
 pub(crate) async fn compute_kpis(
@@ -653,14 +665,7 @@ pub(crate) async fn compute_kpis(
 )]
 #[tracing::instrument(skip_all)]
 pub async fn kpis(st: Api, Params(q): Params<KpisQuery>) -> Result<Json<KpisOut>, ApiError> {
-    let interval_s = match q.interval_s.as_deref() {
-        None => 60,
-        Some(v) => v
-            .parse::<u64>()
-            .ok()
-            .filter(|n| (1..=86_400).contains(n))
-            .ok_or_else(|| ApiError::invalid_query("interval_s must be from 1 to 86400"))?,
-    };
+    let interval_s = interval_of(q.interval_s.as_deref())?;
     let min_seq = crate::routes::ReadAt { min_seq: q.min_seq }.seq()?;
     let (all, by_sink, as_of_seq) = compute_kpis(&st, interval_s, Some(min_seq)).await?;
     let stuck_after = settings(&st).stuck_after_ms;

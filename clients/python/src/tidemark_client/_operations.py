@@ -135,6 +135,10 @@ class Ops:
         """``GET /v1/outbox/kpis`` (getOutboxKpis): Queue depth, stuck, parked, sent in the last interval and oldest pending age; overall, per sink and per source site."""
         return self._call("GET", f"/v1/outbox/kpis", query, ('interval_s', 'min_seq'), None)
 
+    def get_overview(self, **query: Any) -> models.OverviewPage:
+        """``GET /v1/admin/overview`` (getOverview): Every tenant's outbox, endpoints and consumers, each read from its own shard with that shard's `as_of_seq`, and their totals (spec section 20: a fan-out, not one order)."""
+        return self._call("GET", f"/v1/admin/overview", query, ('interval_s', 'attention', 'limit', 'after'), None)
+
     def get_readiness(self) -> models.Health:
         """``GET /readyz`` (getReadiness): Readiness: the log is open and accepting appends, and the read models are caught up."""
         return self._call("GET", f"/readyz", {}, (), None)
@@ -401,6 +405,10 @@ class AsyncOps:
     async def get_outbox_kpis(self, **query: Any) -> models.KpisOut:
         """``GET /v1/outbox/kpis`` (getOutboxKpis): Queue depth, stuck, parked, sent in the last interval and oldest pending age; overall, per sink and per source site."""
         return await self._call("GET", f"/v1/outbox/kpis", query, ('interval_s', 'min_seq'), None)
+
+    async def get_overview(self, **query: Any) -> models.OverviewPage:
+        """``GET /v1/admin/overview`` (getOverview): Every tenant's outbox, endpoints and consumers, each read from its own shard with that shard's `as_of_seq`, and their totals (spec section 20: a fan-out, not one order)."""
+        return await self._call("GET", f"/v1/admin/overview", query, ('interval_s', 'attention', 'limit', 'after'), None)
 
     async def get_readiness(self) -> models.Health:
         """``GET /readyz`` (getReadiness): Readiness: the log is open and accepting appends, and the read models are caught up."""

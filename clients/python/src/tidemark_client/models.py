@@ -206,6 +206,24 @@ class CompleteResult(_CompleteResultOptional):
     status: int
 
 
+class ConsumerBrief(TypedDict):
+    """A consumer that is stalled or stopped."""
+
+    consumer_id: str
+    lag_events: int
+    stalled: bool
+    stopped: bool
+
+
+class ConsumerCounts(TypedDict):
+    """Consumer cursors (and active bridge subscriptions)."""
+
+    max_lag_events: int
+    stalled: int
+    stopped: int
+    total: int
+
+
 class _CursorOutOptional(TypedDict, total=False):
     last_delivered_at: Optional[str]
     last_delivery_id: Optional[str]
@@ -308,6 +326,29 @@ class EndpointAnswer(TypedDict):
     """``EndpointAnswer`` of the API document."""
 
     endpoint: EndpointOut
+
+
+class _EndpointBriefOptional(TypedDict, total=False):
+    last_failure_code: Optional[str]
+
+
+class EndpointBrief(_EndpointBriefOptional):
+    """An endpoint that is not `ok`."""
+
+    consecutive_failures: int
+    route: str
+    state: str
+
+
+class EndpointCounts(TypedDict):
+    """Endpoints by state (`GET /v1/outbox/endpoints`' `state`)."""
+
+    disabled: int
+    failing: int
+    ok: int
+    open: int
+    total: int
+    unresolved: int
 
 
 class _EndpointOutOptional(TypedDict, total=False):
@@ -615,6 +656,51 @@ class _OperatorBodyOptional(TypedDict, total=False):
 
 class OperatorBody(_OperatorBodyOptional):
     """``OperatorBody`` of the API document."""
+
+
+class OutboxSummary(TypedDict):
+    """A tenant's outbox, summed over its sinks."""
+
+    leased: int
+    oldest_pending_age_s: float
+    parked: int
+    queue_depth: int
+    queued: int
+    retry_wait: int
+    sent_last_interval: int
+    stuck: int
+
+
+class _OverviewPageOptional(TypedDict, total=False):
+    next_after: Optional[str]
+
+
+class OverviewPage(_OverviewPageOptional):
+    """``OverviewPage`` of the API document."""
+
+    interval_s: int
+    shards: List[OverviewShard]
+    tenants: List[TenantOverview]
+    totals: OverviewTotals
+
+
+class OverviewShard(TypedDict):
+    """One shard as this read saw it."""
+
+    as_of_seq: int
+    head: int
+    shard: int
+    tenants: int
+
+
+class OverviewTotals(TypedDict):
+    """Over every tenant of the deployment, whatever the page."""
+
+    attention: int
+    consumers: ConsumerCounts
+    endpoints: EndpointCounts
+    outbox: OutboxSummary
+    tenants: int
 
 
 class _PauseBodyOptional(TypedDict, total=False):
@@ -1141,6 +1227,20 @@ class TenantDeleteBody(TypedDict):
     """``TenantDeleteBody`` of the API document."""
 
     reason: str
+
+
+class TenantOverview(TypedDict):
+    """One tenant, read from its shard."""
+
+    as_of_seq: int
+    attention: bool
+    consumers: ConsumerCounts
+    consumers_attention: List[ConsumerBrief]
+    endpoints: EndpointCounts
+    endpoints_attention: List[EndpointBrief]
+    outbox: OutboxSummary
+    shard: int
+    tenant: str
 
 
 class TenantsPage(TypedDict):
