@@ -680,15 +680,18 @@ const STAGING: &str = ".tidemark-import";
 /// and times as the input. The log is written in a staging directory first and takes the
 /// data directory's place only when every input went in whole: on any failure (a gap, a
 /// repeat, an invalid line, a full disk) the data directory is as it was. Read models left
-/// there are removed (they rebuild from the new log at the next start).
+/// there are removed (they rebuild from the new log at the next start). `shard`: the shard
+/// (spec section 20) whose log `data` is; the default tenant's events belong to shard 0
+/// alone, so an input that has any is refused by another shard.
 pub async fn import<R: BufRead>(
     data: &Path,
     cfg: &LogConfig,
+    shard: u32,
     inputs: Vec<(u64, R)>,
 ) -> Result<Imported, TransferError> {
     let created = !data.exists();
     std::fs::create_dir_all(data).map_err(io(format!("creating {}", data.display())))?;
-    let r = import_checked(data, cfg, inputs).await;
+    let r = import_checked(data, cfg, shard, inputs).await;
     if r.is_err() && created {
         // Nothing was there: nothing is left.
         let _ = std::fs::remove_dir_all(data);
@@ -699,6 +702,7 @@ pub async fn import<R: BufRead>(
 async fn import_checked<R: BufRead>(
     data: &Path,
     cfg: &LogConfig,
+    shard: u32,
     inputs: Vec<(u64, R)>,
 ) -> Result<Imported, TransferError> {
     let target = data.join(cfg.path.file_name().unwrap_or("log.redb".as_ref()));
@@ -718,7 +722,7 @@ async fn import_checked<R: BufRead>(
     let staging = data.join(STAGING);
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging).map_err(io(format!("creating {}", staging.display())))?;
-    let r = import_into(&staging, cfg, inputs).await;
+    let r = import_into(&staging, cfg, shard, inputs).await;
     match r {
         Ok(done) => {
             let staged: Vec<PathBuf> = std::fs::read_dir(&staging)
@@ -762,6 +766,7 @@ async fn import_checked<R: BufRead>(
 async fn import_into<R: BufRead>(
     dir: &Path,
     cfg: &LogConfig,
+    shard: u32,
     inputs: Vec<(u64, R)>,
 ) -> Result<Imported, TransferError> {
     let mut c = cfg.clone();
@@ -771,7 +776,7 @@ async fn import_into<R: BufRead>(
     // next import removes).
     c.sync = false;
     let (log, _) = Log::open(&c).map_err(TransferError::Open)?;
-    let r = write_inputs(&log, inputs).await;
+    let r = write_inputs(&log, shard, inputs).await;
     log.close().await;
     r
 }
@@ -802,9 +807,10 @@ impl ImportTarget for Log {
 /// Import `inputs` (as [`import`] reads them) into the JetStream stream of `log`, which must
 /// hold no events: the way from the embedded log to a cluster, with the same seqs, ids and
 /// times. On a fault the stream keeps what was imported before it (a stream cannot be
-/// rolled back): start again on a new stream.
+/// rolled back): start again on a new stream. `shard`: as [`import`] takes it.
 pub async fn import_jetstream<R: BufRead>(
     log: &crate::JetStreamLog,
+    shard: u32,
     inputs: Vec<(u64, R)>,
 ) -> Result<Imported, TransferError> {
     let head = EventLog::head(log);
@@ -814,12 +820,14 @@ pub async fn import_jetstream<R: BufRead>(
             head,
         });
     }
-    write_inputs(log, inputs).await
+    write_inputs(log, shard, inputs).await
 }
 
-/// Write each input in order into `log`, each following where the one before left it.
+/// Write each input in order into `log` (shard `shard`'s), each following where the one
+/// before left it.
 async fn write_inputs<L: ImportTarget, R: BufRead>(
     log: &L,
+    shard: u32,
     inputs: Vec<(u64, R)>,
 ) -> Result<Imported, TransferError> {
     let mut events = 0;
@@ -836,6 +844,12 @@ async fn write_inputs<L: ImportTarget, R: BufRead>(
             let n = batch.len() as u64;
             events += n;
             let tenant = batch[0].tenant.clone();
+            if shard > 0 && tenant.is_none() {
+                return Err(TransferError::Backup(format!(
+                    "the events from seq {first} are the default tenant's, which lives in shard \
+                     0: this is not shard {shard}'s log (spec section 20)"
+                )));
+            }
             let ids: Vec<String> = batch.iter().filter_map(|e| e.event_id.clone()).collect();
             if let Err(e) = log.import_batch(batch, first, time).await {
                 // The log refuses an id it holds (or one twice in the batch): said as the

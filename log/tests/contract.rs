@@ -1631,7 +1631,8 @@ mod jetstream_only {
     /// The way from the embedded log to a cluster (spec section 18): an embedded log's export,
     /// imported into an empty stream, has the same seqs, ids, times and payloads on the node
     /// that imported it and on another node that never saw the import (the times travel in
-    /// the messages); a stream holding events is refused, and so is an id twice.
+    /// the messages); a stream holding events is refused, and so is an id twice, and the
+    /// default tenant's events by another shard's stream.
     #[test]
     fn an_embedded_log_imports_into_a_stream_with_its_times() {
         let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
@@ -1659,9 +1660,22 @@ mod jetstream_only {
         make_stream(&rt, "IMPORTED", true, Duration::from_secs(120));
         let a =
             tidemark_log::JetStreamLog::open(&config(&dir.path().join("a"), "IMPORTED")).unwrap();
+        // The default tenant's events are shard 0's alone (spec section 20): another shard's
+        // stream refuses them before writing any.
+        let foreign = rt.block_on(tidemark_log::transfer::import_jetstream(
+            &a,
+            1,
+            vec![(0, std::io::Cursor::new(lines.clone()))],
+        ));
+        assert!(
+            matches!(&foreign, Err(tidemark_log::transfer::TransferError::Backup(m)) if m.contains("default tenant")),
+            "{foreign:?}"
+        );
+        assert_eq!(a.head(), 0);
         let done = rt
             .block_on(tidemark_log::transfer::import_jetstream(
                 &a,
+                0,
                 vec![(0, std::io::Cursor::new(lines.clone()))],
             ))
             .unwrap();
@@ -1692,6 +1706,7 @@ mod jetstream_only {
         // A stream holding events is refused; an id twice is refused.
         let again = rt.block_on(tidemark_log::transfer::import_jetstream(
             &b,
+            0,
             vec![(0, std::io::Cursor::new(lines.clone()))],
         ));
         assert!(

@@ -910,6 +910,7 @@ fn export_and_import_keep_tenants() {
     rt.block_on(tidemark_log::transfer::import(
         &target,
         &cfg2,
+        0,
         vec![(0, std::io::Cursor::new(out))],
     ))
     .unwrap();

@@ -26,17 +26,15 @@ pub enum Command {
     /// Append events from JSON lines (one event object per line) read from FILE or stdin, and
     /// print each event's receipt (event_id, seq, duplicate).
     ///
-    /// Every line is checked to be a JSON object before anything is sent; the events then go
-    /// in batches of up to 1000, each appended whole or not at all. An error names the line of
-    /// the input it comes from (1-based, blank lines counted), and says which lines were
-    /// appended before it.
+    /// Every line is checked to be a JSON object before anything is sent; batches of up to
+    /// 1000 are each appended whole or not at all. An error names its input line (1-based,
+    /// blank lines counted) and the lines appended before it.
     Append(AppendArgs),
     /// Print the log's events after --after, following it live; with --count, exit after that
     /// many.
     ///
-    /// Off a terminal, following prints one JSON line per event as it comes (jsonl); with
-    /// --count the default is json, one array of the events. `-o json` without --count is
-    /// refused: one document needs an end.
+    /// Off a terminal, following prints one JSON line per event (jsonl); with --count the
+    /// default is json, one array. `-o json` without --count is refused: it needs an end.
     Tail(TailArgs),
     /// Inspect, rebuild and verify the read models of a running server.
     Projections(ProjectionsArgs),
@@ -58,14 +56,12 @@ pub enum Command {
     /// The endpoints of the email and webhook routes (section 17): each one's health and
     /// circuit; disable and enable one (operator).
     Endpoints(EndpointsArgs),
-    /// The effective configuration (built-in settings, the file, TIDEMARK_* variables), with
-    /// secrets masked.
+    /// The effective configuration (defaults, the file, TIDEMARK_* variables), secrets masked.
     Config(ConfigArgs),
-    /// Take a backup of the log into --to DIR on this machine: a running server streams it
-    /// (admin token), or --data reads a stopped server's data directory; --on-server NAME has
-    /// the running server write it on its own machine instead, under its `[server]
-    /// backup_dir`. Prints what it wrote, with `through_seq`: the backup is the log as of that
-    /// seq.
+    /// Back the log up into --to DIR on this machine: a running server streams it (admin
+    /// token), or --data reads a stopped server's directory; --on-server NAME has the server
+    /// write it on its machine, under its `[server] backup_dir`. Prints what it wrote, with
+    /// `through_seq`: the backup is the log as of that seq.
     Backup(BackupArgs),
     /// Make a new data directory from a full backup and its increments, applied in order (a
     /// gap is refused); its read models rebuild from the log at the first start.
@@ -148,6 +144,9 @@ pub enum LogAction {
         /// The data directory of a stopped server.
         #[arg(long)]
         data: PathBuf,
+        /// The shard whose log (spec section 20); required when --data holds several.
+        #[arg(long)]
+        shard: Option<u32>,
         /// Write the events after this seq (0: from the first).
         #[arg(long, default_value_t = 0)]
         after: u64,
@@ -167,6 +166,9 @@ pub enum LogAction {
         /// The data directory to import into (its server stopped, its log empty).
         #[arg(long)]
         data: PathBuf,
+        /// Into this shard's log (below the configuration's `log.shards`; 0 when absent).
+        #[arg(long, default_value_t = 0)]
+        shard: u32,
         /// JSON lines to read; stdin when absent or `-`.
         file: Option<PathBuf>,
         /// TOML config file (its `[log]` settings: with `backend = "jetstream"`, into the
@@ -300,10 +302,9 @@ pub enum RoutesAction {
         /// The route's name.
         name: String,
     },
-    /// Create a route or change it (recorded as `route.updated` with the reason); every node
-    /// routes with it from the next event on. The flags set the keys they name and the route
-    /// keeps the others (its secret among them); --json gives any others (delay, quiet_hours,
-    /// digest, templates, retry, redact, …) as an object, where `null` removes a key.
+    /// Create or change a route (`route.updated` with the reason), used by every node from the
+    /// next event on. The flags set the keys they name, the others (the secret too) are kept;
+    /// --json gives any key (delay, quiet_hours, templates, …); `null` removes a key.
     Set {
         /// The route's name (a-z, 0-9, _ and -).
         name: String,
@@ -753,10 +754,9 @@ pub struct ClientArgs {
     /// The tenant to act for (requests go under /tenants/TENANT); none: the token's, or default.
     #[arg(long, global = true, env = "TIDEMARK_TENANT")]
     pub tenant: Option<String>,
-    /// How records are printed on stdout: table (aligned columns; the default on a terminal),
-    /// json (one JSON document: an array of the records, or the one record; the default
-    /// otherwise), jsonl (one JSON record per line). Errors go to stderr in words; under
-    /// `-o json|jsonl` a refusal by the server is its problem JSON document instead.
+    /// How records are printed on stdout: table (the default on a terminal), json (one
+    /// document: an array, or the one record; the default otherwise), jsonl (a record a line).
+    /// Errors go to stderr in words; under `-o json|jsonl` a refusal is its problem document.
     #[arg(short = 'o', long = "output", global = true, value_enum)]
     pub output: Option<Output>,
 }

@@ -40,15 +40,18 @@ fn shard_log_config(
     Ok(cfg.shard_log_config(shard))
 }
 
-/// Open the log of a stopped server's data directory (it must hold one, and one only: an
-/// export or import of shard 0 alone would look whole, spec section 20).
+/// Open the log of a stopped server's data directory, which must hold one log only (of
+/// several, an export of shard 0 alone would look whole, spec section 20: `--shard` names
+/// one).
 fn open_offline(config: Option<&Path>, data: &Path) -> Result<Log, CliError> {
-    if !transfer::shard_dirs(data).is_empty() {
+    let others = transfer::shard_dirs(data);
+    if !others.is_empty() {
         return Err(CliError::Other(format!(
-            "{} holds several shards (shards/); an export or import is one log's, and those of \
-             each shard are not built yet: back the directory up (`tidemark backup --data`), \
-             which copies every shard",
-            data.display()
+            "{} holds {} shards (shards/); an export is one log's, each with its own seqs: name \
+             one with --shard (0 to {}), or back up every shard (`tidemark backup --data`)",
+            data.display(),
+            others.len() + 1,
+            others.last().copied().unwrap_or(0)
         )));
     }
     open_shard_offline(config, data, 0)
@@ -377,7 +380,7 @@ pub(crate) async fn restore(a: RestoreArgs) -> CliResult {
         inputs.push((m.after_seq, events_of(dir)?));
     }
     let started = std::time::Instant::now();
-    let done = transfer::import(&a.data, &lc, inputs)
+    let done = transfer::import(&a.data, &lc, 0, inputs)
         .await
         .map_err(transfer_error)?;
     let mut restored = Vec::new();
@@ -385,7 +388,7 @@ pub(crate) async fn restore(a: RestoreArgs) -> CliResult {
         let r = async {
             let lc = shard_log_config(a.config.as_deref(), &a.data, n)?;
             let into = lc.path.parent().map(Path::to_path_buf).unwrap_or_default();
-            transfer::import(&into, &lc, vec![(0, events_of(&dir)?)])
+            transfer::import(&into, &lc, n, vec![(0, events_of(&dir)?)])
                 .await
                 .map_err(transfer_error)
         }
@@ -423,11 +426,23 @@ pub(crate) async fn log(a: LogArgs) -> CliResult {
     match a.action {
         LogAction::Export {
             data,
+            shard,
             after,
             through,
             config,
         } => {
-            let log = open_offline(config.as_deref(), &data)?;
+            let log = match shard {
+                None => open_offline(config.as_deref(), &data)?,
+                Some(n) => {
+                    if n > 0 && !transfer::shard_dirs(&data).contains(&n) {
+                        return Err(CliError::Other(format!(
+                            "{} holds no shard {n} (shards/{n}/ is missing)",
+                            data.display()
+                        )));
+                    }
+                    open_shard_offline(config.as_deref(), &data, n)?
+                }
+            };
             let l = log.clone();
             let r = tokio::task::spawn_blocking(move || {
                 let stdout = std::io::stdout();
@@ -449,6 +464,7 @@ pub(crate) async fn log(a: LogArgs) -> CliResult {
         }
         LogAction::Import {
             data,
+            shard,
             file,
             config,
             output,
@@ -465,7 +481,14 @@ pub(crate) async fn log(a: LogArgs) -> CliResult {
             let started = std::time::Instant::now();
             let mut cfg = Config::load(config.as_deref()).map_err(|e| e.to_string())?;
             cfg.server.data = data.clone();
-            let done = match cfg.jetstream_config() {
+            if shard >= cfg.log.shards.max(1) {
+                return Err(CliError::Other(format!(
+                    "--shard {shard} is beyond the configuration's log.shards ({}): a server \
+                     started with it would not open that shard",
+                    cfg.log.shards.max(1)
+                )));
+            }
+            let done = match cfg.shard_jetstream_config(shard) {
                 // Into the cluster's stream (section 16): the way from the embedded log to a
                 // cluster, with the same seqs, ids and times on every node.
                 Some(js) => {
@@ -476,16 +499,22 @@ pub(crate) async fn log(a: LogArgs) -> CliResult {
                             .map_err(|e| {
                                 CliError::Other(format!("cannot open the JetStream log: {e}"))
                             })?;
-                    let r = transfer::import_jetstream(&log, vec![(0, input)]).await;
+                    let r = transfer::import_jetstream(&log, shard, vec![(0, input)]).await;
                     log.close().await;
                     r.map_err(transfer_error)?
                 }
-                None => transfer::import(&data, &cfg.log_config(), vec![(0, input)])
-                    .await
-                    .map_err(transfer_error)?,
+                None => {
+                    // Shard n's log is in `shards/<n>/` of the data directory.
+                    let lc = cfg.shard_log_config(shard);
+                    let into = lc.path.parent().map(Path::to_path_buf).unwrap_or_default();
+                    transfer::import(&into, &lc, shard, vec![(0, input)])
+                        .await
+                        .map_err(transfer_error)?
+                }
             };
             Output::resolve(output).one(&json!({
                 "data": absolute(&data).display().to_string(),
+                "shard": shard,
                 "events": done.events,
                 "head": done.head,
                 "duration_ms": started.elapsed().as_millis() as u64,

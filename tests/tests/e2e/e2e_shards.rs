@@ -911,3 +911,137 @@ async fn the_overview_fans_out_over_every_tenant_in_its_shard() {
         assert_eq!(body["code"], code, "{q}: {body}");
     }
 }
+
+/// `tidemark log export|import --shard` (spec section 20): each shard's log goes out and back
+/// on its own, at its own seqs; an export of a directory of several shards names one; an
+/// import is refused into a shard the configuration does not open, and the default tenant's
+/// events (shard 0's alone) are refused by another shard, leaving it as it was; a server on
+/// the imported directory serves every tenant's events at their seqs.
+#[tokio::test]
+async fn each_shards_log_is_exported_and_imported_on_its_own() {
+    let mut s = Server::start(ServerOpts::default().config("[log]\nshards = 2\n")).await;
+    let api = s.api();
+    assert_eq!(create(&api, "acme").await["shard"], 1);
+    assert_eq!(create(&api, "beta").await["shard"], 0);
+    let acme = api.under("/tenants/acme", None);
+    let beta = api.under("/tenants/beta", None);
+    append(&api, &["d-1"]).await;
+    assert_eq!(append(&acme, &["a-1", "a-2"]).await, [1, 2]);
+    append(&beta, &["b-1"]).await;
+    let events = |api: &Api| {
+        let api = api.clone();
+        async move {
+            api.read_all("stream=orders")
+                .await
+                .iter()
+                .map(|e| (e["event_id"].clone(), e["seq"].clone()))
+                .collect::<Vec<_>>()
+        }
+    };
+    let want = [events(&api).await, events(&acme).await, events(&beta).await];
+    s.kill9();
+
+    let work = tempfile::tempdir().expect("tempdir");
+    let p = |p: &std::path::Path| p.display().to_string();
+    let data = p(s.data_dir());
+    let run = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = tidemark_tests::run_cli(&args, "", Duration::from_secs(120)).await;
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        match out.status.success() {
+            true => Ok(text(&out.stdout)),
+            false => Err(text(&out.stderr)),
+        }
+    };
+    let export = |shard: Option<&str>| {
+        let mut a: Vec<String> = vec!["log".into(), "export".into(), "--data".into(), data.clone()];
+        if let Some(n) = shard {
+            a.extend(["--shard".into(), n.into()]);
+        }
+        run(a)
+    };
+    let e = export(None)
+        .await
+        .expect_err("an export of two shards that names none");
+    assert!(e.contains("--shard"), "{e}");
+    let e = export(Some("2"))
+        .await
+        .expect_err("a shard it does not hold");
+    assert!(e.contains("no shard 2"), "{e}");
+    let shard1 = export(Some("1")).await.expect("shard 1's export");
+    let lines: Vec<Value> = shard1
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // Shard 1 is acme's alone (its two events), dense from 1.
+    assert_eq!(
+        lines.iter().map(|l| l["seq"].clone()).collect::<Vec<_>>(),
+        [json!(1), json!(2)],
+        "{shard1}"
+    );
+    assert!(lines.iter().all(|l| l["tenant"] == "acme"), "{shard1}");
+    let shard0 = export(Some("0")).await.expect("shard 0's export");
+    assert!(
+        shard0.contains("\"d-1\"") && shard0.contains("\"b-1\""),
+        "{shard0}"
+    );
+    assert!(!shard0.contains("\"a-1\""), "{shard0}");
+    let f0 = work.path().join("shard0.jsonl");
+    let f1 = work.path().join("shard1.jsonl");
+    std::fs::write(&f0, &shard0).unwrap();
+    std::fs::write(&f1, &shard1).unwrap();
+
+    let config = work.path().join("two.toml");
+    std::fs::write(&config, "[log]\nshards = 2\n").unwrap();
+    let new = work.path().join("new");
+    let import = |shard: &str, file: &std::path::Path, config: Option<&std::path::Path>| {
+        let mut a: Vec<String> = vec![
+            "log".into(),
+            "import".into(),
+            "--data".into(),
+            p(&new),
+            "--shard".into(),
+            shard.into(),
+            p(file),
+            "-o".into(),
+            "json".into(),
+        ];
+        if let Some(c) = config {
+            a.extend(["--config".into(), p(c)]);
+        }
+        run(a)
+    };
+    let e = import("1", &f1, None)
+        .await
+        .expect_err("a shard beyond the configuration's");
+    assert!(e.contains("beyond"), "{e}");
+    let e = import("1", &f0, Some(&config))
+        .await
+        .expect_err("shard 0's events into shard 1");
+    assert!(e.contains("default tenant"), "{e}");
+    assert!(!new.join("shards").join("1").join("log.redb").exists());
+    let out = import("1", &f1, Some(&config)).await.expect("shard 1");
+    let out: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(
+        (out["shard"].clone(), out["head"].clone()),
+        (json!(1), json!(2)),
+        "{out}"
+    );
+    import("0", &f0, Some(&config)).await.expect("shard 0");
+
+    let r = Server::start(
+        ServerOpts::default()
+            .config("[log]\nshards = 2\n")
+            .seed_data(&new),
+    )
+    .await;
+    let api = r.api();
+    let got = [
+        events(&api).await,
+        events(&api.under("/tenants/acme", None)).await,
+        events(&api.under("/tenants/beta", None)).await,
+    ];
+    assert_eq!(got, want);
+    let (_, shards) = api.get_json("/v1/shards").await;
+    assert_eq!(shards["shards"][1]["tenants"], json!(["acme"]), "{shards}");
+}
