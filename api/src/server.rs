@@ -705,7 +705,7 @@ pub async fn run(
         shard_sinks.push((shard.engine.clone(), sinks));
     }
     let pollers = tidemark_consumers::sources::spawn(
-        engine.clone(),
+        state.shards.iter().map(|s| s.engine.clone()).collect(),
         state.sources.clone(),
         state.routing.max_pending,
         token.clone(),

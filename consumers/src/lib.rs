@@ -325,10 +325,8 @@ pub async fn spawn(
         Box::new(move || dispatch.nudge()),
     );
     // Operators told through the operational route (section 17): what is committed from now
-    // on.
-    let home = engine.shard() == 0;
-    let operational_feed =
-        home.then(|| follower.subscribe_if(head, Box::new(|p| p.any(operational::concerns))));
+    // on, each tenant's through its own.
+    let operational_feed = follower.subscribe_if(head, Box::new(|p| p.any(operational::concerns)));
     // The server log's account of parks and circuits: what is committed from now on.
     follower.observe(Box::new(move |p| {
         if p.upto > head && p.any(oplog::concerns) {
@@ -350,14 +348,15 @@ pub async fn spawn(
         ),
         tokio::spawn(streams.run(streams_feed, shutdown.clone())),
     ]);
-    // Operators are told through the home shard's operational route (section 17), the
-    // deployment's: of what the home shard's log says, and of this node.
-    if let Some(operational_feed) = operational_feed {
-        tasks.push(tokio::spawn(operational::run(
-            engine.clone(),
-            operational_feed,
-            shutdown.clone(),
-        )));
+    // Operators are told through their tenant's operational route (section 17), of what
+    // their tenant's events say; this node's own (`node.*`) go to the home shard's default
+    // tenant.
+    tasks.push(tokio::spawn(operational::run(
+        engine.clone(),
+        operational_feed,
+        shutdown.clone(),
+    )));
+    if engine.shard() == 0 {
         tasks.push(tokio::spawn(operational::watch_node(
             engine.clone(),
             shutdown.clone(),

@@ -21,6 +21,10 @@
 //! and endpoint within `every` (default 5 minutes) is told as one summary at the window's end
 //! (`op:<first seq>:more`). Nothing about the operational route itself is told through it.
 //!
+//! Each tenant is told through its own operational route, of its own events, appended as its
+//! own (spec section 20); the node's own (`node.*`) are the default tenant's, in the home
+//! shard. Each shard's reactor tells its tenants.
+//!
 //! Each node follows what is committed from its start on (as the server log's account does):
 //! events committed while no node ran are not told, and the circuits open at the start are
 //! taken from the models.
@@ -418,10 +422,10 @@ impl Told {
     }
 }
 
-/// Tell what each page says, from `feed`, until `shutdown`.
-pub(crate) async fn run(engine: Engine, mut feed: Feed, shutdown: CancellationToken) {
+/// The circuits `tenant`'s models show open (where its [`Told`] starts).
+async fn open_circuits(engine: &Engine) -> Vec<String> {
     let e = engine.clone();
-    let open = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         e.read()
             .unwaited()
             .endpoints()
@@ -434,12 +438,47 @@ pub(crate) async fn run(engine: Engine, mut feed: Feed, shutdown: CancellationTo
             .unwrap_or_default()
     })
     .await
-    .unwrap_or_default();
-    let mut told = Told::with_open(open);
-    let mut op: Option<Operational> = None;
+    .unwrap_or_default()
+}
+
+/// One tenant of the shard as the reactor tells it: its engine, what it has told, and its
+/// operational route as last in force.
+struct TenantTold {
+    engine: Engine,
+    told: Told,
+    op: Option<Operational>,
+}
+
+/// Tell what each page says, from `feed`, until `shutdown`: each tenant of the shard (spec
+/// section 20) through its own operational route, of its own events (another tenant's
+/// circuits and parks are not its operators' business), appended as its own.
+pub(crate) async fn run(engine: Engine, mut feed: Feed, shutdown: CancellationToken) {
+    let mut tenants: HashMap<Option<String>, TenantTold> = HashMap::new();
+    let walked = {
+        let e = engine.clone();
+        tokio::task::spawn_blocking(move || e.every_tenant())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default()
+    };
+    for (e, _) in walked {
+        let key = tidemark_log::tenant_of(e.tenant()).map(str::to_owned);
+        let told = Told::with_open(open_circuits(&e).await);
+        tenants.insert(
+            key,
+            TenantTold {
+                engine: e,
+                told,
+                op: None,
+            },
+        );
+    }
     loop {
-        let wait = told
-            .next_end()
+        let wait = tenants
+            .values()
+            .filter_map(|t| t.told.next_end())
+            .min()
             .map(|end| Duration::from_micros((end - engine.now_us()).max(0) as u64));
         let page = tokio::select! {
             p = feed.recv() => match p { Some(p) => Some(p), None => return },
@@ -451,38 +490,74 @@ pub(crate) async fn run(engine: Engine, mut feed: Feed, shutdown: CancellationTo
             } => None,
             _ = shutdown.cancelled() => return,
         };
-        let mut out = Vec::new();
+        let mut out: Vec<(Engine, NewEvent)> = Vec::new();
         if let Some(page) = page {
-            // The route in force as the page lands (the settings are events too).
-            // Kept when the models cannot say (poisoned, their store failing): what must be
-            // told then is told through the route last in force.
-            let e = engine.clone();
-            let now = tokio::task::spawn_blocking(move || {
-                e.read()
-                    .unwaited()
-                    .settings_in_force()
-                    .map(|s| s.operational)
-            })
-            .await;
-            if let Ok(Ok(now)) = now {
-                op = now;
-            }
+            let mut by_tenant: Vec<(Option<String>, Vec<&Event>)> = Vec::new();
             for ev in page.events.iter().filter(|e| concerns(&e.as_ref())) {
-                match &op {
-                    Some(op) => out.extend(told.derive(ev, op)),
-                    // Nothing is told without a route, but circuits are followed.
-                    None => told.follow(ev),
+                match by_tenant.iter_mut().find(|(t, _)| *t == ev.tenant) {
+                    Some((_, evs)) => evs.push(ev),
+                    None => by_tenant.push((ev.tenant.clone(), vec![ev])),
                 }
             }
-            if op.is_none() {
-                told.windows.clear();
+            for (key, evs) in by_tenant {
+                if !tenants.contains_key(&key) {
+                    // A tenant placed here after the start: from its models' circuits.
+                    let e =
+                        engine.in_tenant(key.as_deref().unwrap_or(tidemark_log::DEFAULT_TENANT));
+                    let told = Told::with_open(open_circuits(&e).await);
+                    tenants.insert(
+                        key.clone(),
+                        TenantTold {
+                            engine: e,
+                            told,
+                            op: None,
+                        },
+                    );
+                }
+                let Some(t) = tenants.get_mut(&key) else {
+                    continue;
+                };
+                // The route in force as the page lands (the settings are events too). Kept
+                // when the models cannot say (poisoned, their store failing): what must be
+                // told then is told through the route last in force.
+                let e = t.engine.clone();
+                let now = tokio::task::spawn_blocking(move || {
+                    e.read()
+                        .unwaited()
+                        .settings_in_force()
+                        .map(|s| s.operational)
+                })
+                .await;
+                if let Ok(Ok(now)) = now {
+                    t.op = now;
+                }
+                for ev in evs {
+                    match &t.op {
+                        Some(op) => {
+                            let told = t.told.derive(ev, op);
+                            out.extend(told.map(|n| (t.engine.clone(), n)));
+                        }
+                        // Nothing is told without a route, but circuits are followed.
+                        None => t.told.follow(ev),
+                    }
+                }
+                if t.op.is_none() {
+                    t.told.windows.clear();
+                }
             }
         }
-        if let Some(op) = &op {
-            out.extend(told.ended(engine.now_us(), op.every_ms));
+        let now = engine.now_us();
+        for t in tenants.values_mut() {
+            if let Some(op) = &t.op {
+                let ended = t.told.ended(now, op.every_ms);
+                out.extend(ended.into_iter().map(|n| (t.engine.clone(), n)));
+            }
         }
-        for ev in out {
-            if append(&engine, ev, &shutdown).await {
+        for (e, ev) in out {
+            let Ok(ev) = ev.in_tenant(e.tenant()) else {
+                continue;
+            };
+            if append(&e, ev, &shutdown).await {
                 metrics::counter!("tidemark_operational_notifications_total").increment(1);
             }
         }

@@ -96,7 +96,7 @@ fn out(st: &Api, name: &str, row: Option<SourceRow>) -> SourceOut {
 }
 
 /// A configured source's name in a path, checked before any body: `404` for one not
-/// configured.
+/// configured for the request's tenant.
 pub struct SourcePath(String);
 
 impl axum::extract::FromRequestParts<AppState> for SourcePath {
@@ -110,7 +110,9 @@ impl axum::extract::FromRequestParts<AppState> for SourcePath {
             .await
             .map(|Path(n)| n)
             .unwrap_or_default();
-        if st.sources.contains(&name) {
+        // The request's tenant's sources only (spec section 20): another's is not found.
+        let api = Api::from_request_parts(parts, st).await?;
+        if st.sources.contains(api.tenant(), &name) {
             Ok(SourcePath(name))
         } else {
             Err(ApiError::not_found(format!(
@@ -132,7 +134,7 @@ impl axum::extract::FromRequestParts<AppState> for SourcePath {
 )]
 #[tracing::instrument(skip_all)]
 pub async fn list(st: Api, Params(q): Params<ReadAt>) -> Result<Json<SourcesPage>, ApiError> {
-    let names = st.sources.names();
+    let names = st.sources.names(st.tenant());
     let n = names.clone();
     let (rows, as_of_seq) = read_model(st.engine(), q.seq()?, move |r| {
         n.iter()

@@ -263,6 +263,10 @@ pub async fn record_failure(
         code,
         engine.now_us(),
     )?;
+    // The subscription's tenant's event (spec section 20), as the cursor it is about.
+    let ev = ev
+        .in_tenant(engine.tenant())
+        .map_err(CommandError::invalid_event)?;
     engine.log().append(vec![ev]).await?;
     Ok(())
 }
@@ -281,7 +285,8 @@ pub(crate) async fn record_mismatch(engine: &Engine, sub: &Subscription, ev: &Ev
         sub.target.task_id.as_str(),
         EventType::NotificationTerminalStateMismatch,
         &payload,
-    ) else {
+    )
+    .and_then(|n| n.in_tenant(engine.tenant())) else {
         return;
     };
     match engine.log().append(vec![new]).await {

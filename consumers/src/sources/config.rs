@@ -16,6 +16,10 @@ use tidemark_projections::routing::{RetrySettings, Strategy, parse_duration_ms};
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
     pub name: String,
+    /// The tenant whose events its items become (spec section 20); absent: `default`. Its
+    /// poller waits while the tenant is not in the directory.
+    #[serde(default)]
+    pub tenant: Option<String>,
     pub url: String,
     #[serde(default = "default_method")]
     pub method: String,
@@ -391,6 +395,14 @@ impl Source {
     }
 
     /// Validate `cfg` (errors name the key) and resolve its header values.
+    /// The tenant whose source it is, by name.
+    pub fn tenant(&self) -> &str {
+        self.cfg
+            .tenant
+            .as_deref()
+            .unwrap_or(tidemark_log::DEFAULT_TENANT)
+    }
+
     pub fn new(cfg: SourceConfig) -> Result<Source, String> {
         let n = cfg.name.clone();
         if n.is_empty()
@@ -400,6 +412,9 @@ impl Source {
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
         {
             return Err(format!("sources: name {n:?} must match [a-z0-9_-]{{1,64}}"));
+        }
+        if let Some(t) = &cfg.tenant {
+            tidemark_log::check_tenant(t).map_err(|e| key_err(&n, "tenant", e))?;
         }
         let url = reqwest::Url::parse(&cfg.url).map_err(|e| key_err(&n, "url", e))?;
         if !matches!(url.scheme(), "http" | "https") {

@@ -107,15 +107,26 @@ impl Sources {
         }
     }
 
-    pub fn names(&self) -> Vec<String> {
+    /// The names of `tenant`'s sources (spec section 20: another tenant's are not seen).
+    pub fn names(&self, tenant: &str) -> Vec<String> {
         self.slots
             .iter()
+            .filter(|s| s.source.tenant() == tenant)
             .map(|s| s.source.cfg.name.clone())
             .collect()
     }
 
-    pub fn contains(&self, name: &str) -> bool {
-        self.slot(name).is_some()
+    /// Every source as (tenant, name).
+    pub fn all(&self) -> Vec<(String, String)> {
+        self.slots
+            .iter()
+            .map(|s| (s.source.tenant().to_owned(), s.source.cfg.name.clone()))
+            .collect()
+    }
+
+    /// Whether `tenant` has a source `name`.
+    pub fn contains(&self, tenant: &str, name: &str) -> bool {
+        self.slot(name).is_some_and(|s| s.source.tenant() == tenant)
     }
 
     fn slot(&self, name: &str) -> Option<&Arc<Slot>> {
@@ -166,9 +177,11 @@ pub fn lease_name(source: &str) -> String {
     format!("source.{source}")
 }
 
-/// Start one poller per source; the handle ends when every poller has stopped on `shutdown`.
+/// Start one poller per source, each acting for its tenant in the tenant's shard (`shards`:
+/// the deployment's engines, the home shard's first); the handle ends when every poller has
+/// stopped on `shutdown`.
 pub fn spawn(
-    engine: Engine,
+    shards: Vec<Engine>,
     sources: Sources,
     max_pending: u64,
     shutdown: CancellationToken,
@@ -179,12 +192,13 @@ pub fn spawn(
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap_or_default();
+    let shards = Arc::new(shards);
     let tasks: Vec<_> = sources
         .slots
         .iter()
         .map(|slot| {
             tokio::spawn(run(
-                engine.clone(),
+                shards.clone(),
                 client.clone(),
                 slot.clone(),
                 max_pending,
@@ -222,14 +236,48 @@ fn set(slot: &Slot, f: impl FnOnce(&mut Runtime)) {
     f(&mut slot.runtime.lock().unwrap_or_else(|p| p.into_inner()));
 }
 
+/// The engine acting for `tenant` in its shard, as the directory (the home shard's models)
+/// places it now; `None` while it is not a live tenant.
+async fn tenant_engine(shards: &Arc<Vec<Engine>>, tenant: &str) -> Option<Engine> {
+    let home = shards.first()?.clone();
+    if tenant == tidemark_log::DEFAULT_TENANT {
+        return Some(home);
+    }
+    let t = tenant.to_owned();
+    let row = tokio::task::spawn_blocking(move || home.read().unwaited().tenant(&t))
+        .await
+        .ok()?
+        .ok()??;
+    let shard = shards.get(row.shard as usize).filter(|_| row.is_live())?;
+    Some(shard.in_tenant(tenant))
+}
+
 async fn run(
-    engine: Engine,
+    shards: Arc<Vec<Engine>>,
     client: reqwest::Client,
     slot: Arc<Slot>,
     max_pending: u64,
     shutdown: CancellationToken,
 ) {
     let name = slot.source.cfg.name.clone();
+    let tenant = slot.source.tenant().to_owned();
+    // A tenant's source waits for its tenant (created at runtime, spec section 20).
+    let engine = loop {
+        if let Some(e) = tenant_engine(&shards, &tenant).await {
+            set(&slot, |r| r.last_error = None);
+            break e;
+        }
+        set(&slot, |r| {
+            r.last_error = Some(format!(
+                "the tenant {tenant:?} is not in the directory: the source waits for it"
+            ));
+            r.next_poll_at_us = None;
+        });
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    };
     let mut next = slot.source.schedule.next_after(Utc::now());
     // An `every` source polls once at start (its interval counts from a poll); a `cron` one
     // waits for its schedule's first time, unless `poll_at_start` says otherwise.
@@ -290,6 +338,16 @@ async fn run(
             }
         }
         due_now = false;
+        if tenant_engine(&shards, &tenant).await.is_none() {
+            // Its tenant was removed (a name is never used again): it polls no more.
+            set(&slot, |r| {
+                r.state = SourceState::Idle;
+                r.next_poll_at_us = None;
+                r.last_error = Some(format!("the tenant {tenant:?} was removed"));
+            });
+            shutdown.cancelled().await;
+            return;
+        }
         let e = engine.clone();
         let n = name.clone();
         let row = match tokio::task::spawn_blocking(move || e.read().source(&n)).await {

@@ -438,3 +438,96 @@ async fn free_space_near_and_at_the_reserve_is_told() {
     );
     assert_eq!(reached["payload"]["min_free"], 16 << 20, "{reached}");
 }
+
+/// Each tenant's operational notifications are made of its own events (spec section 20):
+/// bridge subscriptions stopped in the default tenant, in beta (shard 0, beside it) and in
+/// acme (shard 1) — the default tenant's operational route (the file's) is told of its own
+/// alone, and its log holds no note of another tenant's. Before, beta's stop was told through
+/// it, naming beta's subscription to the default tenant's operators.
+#[tokio::test]
+async fn a_tenants_route_is_told_of_its_own_events_only() {
+    let (posts, port) = receivers().await;
+    let s = Server::start(
+        ServerOpts::default().config(format!("[log]\nshards = 2\n{}", ops_only(port))),
+    )
+    .await;
+    let api = s.api();
+    for (name, shard) in [("acme", 1), ("beta", 0)] {
+        let r = api
+            .send(
+                api.request(reqwest::Method::POST, "/v1/tenants")
+                    .json(&json!({"name": name, "reason": "operational test"})),
+            )
+            .await;
+        assert_eq!(r.status.as_u16(), 201, "{}", r.text);
+        assert_eq!(r.json["shard"], shard);
+    }
+    let mut stopped_at = Vec::new();
+    for name in ["acme", "beta", "default"] {
+        let t = match name {
+            "default" => api.clone(),
+            _ => api.under(&format!("/tenants/{name}"), None),
+        };
+        let task = format!("t-{name}");
+        let step = |ty: &'static str, payload: Value| {
+            let (t, task) = (t.clone(), task.clone());
+            async move { append_ok(&t, &task_ev(&task, ty, payload)).await[0].1 }
+        };
+        step("task.created", json!({"project_id": "p", "title": "x"})).await;
+        let r = t
+            .send(
+                t.request(
+                    reqwest::Method::POST,
+                    &format!("/v1/tasks/{task}/notifications/bridges"),
+                )
+                .json(
+                    &json!({"subscription_id": format!("s-{name}"), "bridge_id": "b",
+                              "thread_id": "th", "sink": {"kind": "pull"}}),
+                ),
+            )
+            .await;
+        assert_eq!(r.status.as_u16(), 201, "{}", r.text);
+        step("task.run_started", json!({"run_id": "r1"})).await;
+        let done = step("task.run_completed", json!({"run_id": "r1"})).await;
+        step("task.run_failed", json!({"run_id": "r1", "error": "late"})).await;
+        stopped_at.push((name, t, done));
+    }
+    // Each stop is in its tenant's log (the mismatch its notifier records).
+    for (name, t, _) in &stopped_at {
+        wait_for(Duration::from_secs(60), "the mismatch", || async {
+            let m = t
+                .read_all("&type=notification.terminal_state_mismatch")
+                .await;
+            (m.len() == 1).then_some(())
+        })
+        .await;
+        let _ = name;
+    }
+    let done = stopped_at[2].2;
+    let title = format!("Bridge subscription s-default stopped at seq {done}");
+    wait_for(
+        Duration::from_secs(60),
+        "the default tenant's stop told",
+        || async { (!told(&posts, &title).is_empty()).then_some(()) },
+    )
+    .await;
+    // Time for another tenant's to come, if one would.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for other in ["s-acme", "s-beta"] {
+        assert!(
+            told(&posts, other).is_empty(),
+            "{:?}",
+            posts.lock().unwrap()
+        );
+    }
+    for (name, t, _) in &stopped_at {
+        let ops: Vec<Value> = t
+            .read_all("&type=notification.requested")
+            .await
+            .into_iter()
+            .filter(|n| n["payload"]["type"] == "tidemark.operational")
+            .collect();
+        let want = usize::from(*name == "default");
+        assert_eq!(ops.len(), want, "{name}: {ops:?}");
+    }
+}

@@ -1816,3 +1816,92 @@ async fn a_resumed_cron_source_waits_for_its_schedule() {
         "a resume after a park polled outside the schedule"
     );
 }
+
+/// A tenant's source (spec section 20: `tenant` in its `[[sources]]` block) polls into its
+/// tenant's log in the tenant's shard: it waits while the tenant does not exist, starts once
+/// it is created, its items and state are the tenant's alone (the default tenant neither lists
+/// nor reaches it, under the same API), and its metrics carry the tenant.
+#[tokio::test]
+async fn a_tenants_source_polls_into_its_tenant_in_its_shard() {
+    let (_up, addr) = upstream_with(3).await;
+    let (_mine, mine) = upstream_with(2).await;
+    let config = format!(
+        "[log]\nshards = 2\n{}{}",
+        source_toml("acme-plans", addr, "tenant = \"acme\"\nevery = \"1h\"\n"),
+        source_toml("plans", mine, "every = \"1h\"\n"),
+    );
+    let s = start(config).await;
+    // The default tenant's source polls; acme's waits for acme.
+    wait_source(&s, "plans", "the default tenant's items", |v| {
+        v["watermark"] == "000001"
+    })
+    .await;
+    let list = s.get("/v1/sources").await;
+    let names: Vec<&str> = list.json["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["plans"], "{}", list.text);
+    assert_eq!(
+        s.get("/v1/sources/acme-plans").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let r = post(
+        &s,
+        "/v1/tenants",
+        json!({"name": "acme", "reason": "sources test"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    assert_eq!(r.json["shard"], 1);
+    let acme = s.api().under("/tenants/acme", None);
+    let st = wait_source(&acme, "acme-plans", "acme's items", |v| {
+        v["watermark"] == "000002" && v["state"] == "idle"
+    })
+    .await;
+    assert_eq!(st["items_total"], 3, "{st}");
+    assert_eq!(st["last_error"], Value::Null, "{st}");
+    let list = acme.get("/v1/sources").await;
+    assert_eq!(
+        list.json["sources"].as_array().unwrap().len(),
+        1,
+        "{}",
+        list.text
+    );
+    assert_eq!(
+        acme.get("/v1/sources/plans").await.status,
+        StatusCode::NOT_FOUND
+    );
+    // Its items are acme's events, at acme's shard's seqs from 1 (its shard holds nothing
+    // else); the default tenant's log has none of them.
+    let items = item_events(&acme).await;
+    assert_eq!(
+        items,
+        (0..3)
+            .map(|i| (format!("src:acme-plans:{i:06}"), i as u64 + 1))
+            .collect::<Vec<_>>()
+    );
+    let default_items = item_events(&s).await;
+    assert_eq!(default_items.len(), 2, "{default_items:?}");
+    assert!(
+        default_items
+            .iter()
+            .all(|(id, _)| id.starts_with("src:plans:"))
+    );
+    // Acted on under its tenant.
+    let r = post(&acme, "/v1/sources/acme-plans/poll", json!({})).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    let r = post(&s, "/v1/sources/acme-plans/poll", json!({})).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
+    let m = s.get("/metrics").await.text;
+    assert!(
+        m.contains("tidemark_source_stale{source=\"acme-plans\",tenant=\"acme\"} 0"),
+        "{m}"
+    );
+    assert!(
+        m.contains("tidemark_source_stale{source=\"plans\"} 0"),
+        "{m}"
+    );
+}
