@@ -369,13 +369,6 @@ impl Config {
         if !(1..=64).contains(&self.log.shards) {
             return bad("log.shards must be between 1 and 64".into());
         }
-        if self.log.shards > 1 && self.retention.compact_log {
-            // A shard's compaction cut would not see the cursors of the tenants the home
-            // shard's directory places in it.
-            return bad(
-                "retention.compact_log is not supported with several log.shards yet".into(),
-            );
-        }
         match self.log.backend.as_str() {
             "embedded" => {}
             "jetstream" => {

@@ -45,9 +45,20 @@ pub async fn run_now(
 
 /// Drop the log's events older than the window, in bounded commands; the totals.
 async fn compact(engine: &Engine, window_ms: u64) -> Result<CompactReport, CommandError> {
+    // Another shard's models know no directory: the tenants whose cursors pin it come from
+    // the home shard's, as it stands after the directory has settled.
+    let e = engine.clone();
+    let tenants = tokio::task::spawn_blocking(move || {
+        e.settle_directory()?;
+        e.placed_here()
+    })
+    .await
+    .map_err(|e| CommandError::Storage(tidemark_log::StorageError::of(e)))?
+    .map_err(|e| CommandError::Storage(tidemark_log::StorageError::of(e)))?;
     let mut total: Option<CompactReport> = None;
     loop {
-        let (r, _) = engine.execute(Compact { window_ms }).await?;
+        let tenants = tenants.clone();
+        let (r, _) = engine.execute(Compact { window_ms, tenants }).await?;
         let more = r.more;
         match &mut total {
             None => total = Some(r),
@@ -62,10 +73,16 @@ async fn compact(engine: &Engine, window_ms: u64) -> Result<CompactReport, Comma
         }
     }
     let t = total.unwrap_or_default();
-    metrics::counter!("tidemark_log_compacted_events_total").increment(t.removed);
-    metrics::gauge!("tidemark_log_first_seq").set(t.first_seq as f64);
+    // The home shard's series as before; another shard's with `shard`.
+    let shard: Vec<(&'static str, String)> = match engine.shard() {
+        0 => Vec::new(),
+        n => vec![("shard", n.to_string())],
+    };
+    metrics::counter!("tidemark_log_compacted_events_total", &shard).increment(t.removed);
+    metrics::gauge!("tidemark_log_first_seq", &shard).set(t.first_seq as f64);
     if t.removed > 0 {
         tracing::info!(
+            shard = engine.shard(),
             removed = t.removed,
             first_seq = t.first_seq,
             pinned_below = t.window_cut,

@@ -289,6 +289,25 @@ impl<L: EventLog + Clone> Engine<L> {
         Ok(out)
     }
 
+    /// Every tenant the directory places in this shard, removed ones too (a removed tenant's
+    /// cursors still pin the log): `None` for the home shard, whose own models hold the
+    /// directory (blocking).
+    pub fn placed_here(&self) -> Result<Option<Vec<String>>, QueryError> {
+        let Some(directory) = self.home.as_deref() else {
+            return Ok(None);
+        };
+        Ok(Some(
+            directory
+                .queries
+                .unwaited()
+                .tenants()?
+                .into_iter()
+                .filter(|t| t.shard == self.shard)
+                .map(|t| t.name)
+                .collect(),
+        ))
+    }
+
     /// Wait (at most the read wait) until the home shard's models hold the directory as of its
     /// head now (blocking): a walk of [`Engine::every_tenant`] after it misses no tenant the
     /// log has placed, even while the models catch up after a start or a restore

@@ -241,6 +241,44 @@ pub struct RetentionOut {
     /// With `compact_log`: how many events the log dropped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compacted_events: Option<u64>,
+    /// With several shards (spec section 20): each other shard's run, on its own log and
+    /// models (the fields above are the home shard's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<ShardRetentionOut>,
+}
+
+/// One shard's retention run.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ShardRetentionOut {
+    pub shard: u32,
+    pub through_seq: u64,
+    pub purged: Purged,
+    pub events: usize,
+    pub compacted_through_seq: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compacted_events: Option<u64>,
+}
+
+impl From<tidemark_consumers::retention::RunReport> for ShardRetentionOut {
+    fn from(run: tidemark_consumers::retention::RunReport) -> Self {
+        let r = run.purge;
+        ShardRetentionOut {
+            shard: 0,
+            through_seq: r.through_seq,
+            purged: Purged {
+                deliveries: r.deliveries,
+                notifications: r.notifications,
+                tasks: r.tasks,
+            },
+            events: r.events,
+            compacted_through_seq: run
+                .compaction
+                .as_ref()
+                .filter(|c| c.removed > 0)
+                .map(|c| c.first_seq.saturating_sub(1)),
+            compacted_events: run.compaction.as_ref().map(|c| c.removed),
+        }
+    }
 }
 
 /// Rows a retention run purged, by model.
@@ -253,7 +291,8 @@ pub struct Purged {
 
 /// Run retention now: terminal deliveries, notifications whose deliveries are all terminal and
 /// terminal tasks nobody follows, unchanged for `[retention] window`, leave the read models
-/// (as `retention.purged` events, which a rebuild replays). Nothing pending is purged.
+/// (as `retention.purged` events, which a rebuild replays). Nothing pending is purged. With
+/// several shards, every shard's, each on its own log.
 #[utoipa::path(
     post, path = "/v1/admin/retention/run", tag = "admin", operation_id = "runRetention",
     responses(
@@ -268,24 +307,27 @@ pub async fn run_retention(
     headers: axum::http::HeaderMap,
 ) -> Result<Json<RetentionOut>, ApiError> {
     let by = Some(crate::routes::caller(&st, &headers));
-    let run =
-        tidemark_consumers::retention::run_now(st.engine(), st.config.retention(), by).await?;
-    let r = run.purge;
+    let retention = st.config.retention();
+    let run = tidemark_consumers::retention::run_now(st.engine(), retention, by.clone()).await?;
+    let before = tidemark_log::time::format_micros(run.purge.before_us);
+    let home = ShardRetentionOut::from(run);
+    // Every other shard's, each on its own log (spec section 20).
+    let mut shards = Vec::new();
+    for s in st.shards.iter().skip(1) {
+        let run = tidemark_consumers::retention::run_now(&s.engine, retention, by.clone()).await?;
+        shards.push(ShardRetentionOut {
+            shard: s.engine.shard(),
+            ..ShardRetentionOut::from(run)
+        });
+    }
     Ok(Json(RetentionOut {
-        before: tidemark_log::time::format_micros(r.before_us),
-        through_seq: r.through_seq,
-        purged: Purged {
-            deliveries: r.deliveries,
-            notifications: r.notifications,
-            tasks: r.tasks,
-        },
-        events: r.events,
-        compacted_through_seq: run
-            .compaction
-            .as_ref()
-            .filter(|c| c.removed > 0)
-            .map(|c| c.first_seq.saturating_sub(1)),
-        compacted_events: run.compaction.as_ref().map(|c| c.removed),
+        before,
+        through_seq: home.through_seq,
+        purged: home.purged,
+        events: home.events,
+        compacted_through_seq: home.compacted_through_seq,
+        compacted_events: home.compacted_events,
+        shards,
     }))
 }
 

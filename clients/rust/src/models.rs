@@ -1119,6 +1119,9 @@ pub struct RetentionOut {
     pub events: u64,
     /// Rows that left the read models.
     pub purged: Purged,
+    /// With several shards (spec section 20): each other shard's run, on its own log and models (the fields above are the home shard's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<Vec<ShardRetentionOut>>,
     /// The head the run decided at.
     pub through_seq: u64,
 }
@@ -1261,6 +1264,19 @@ pub struct ShardOut {
     pub shard: u64,
     /// The live tenants placed in it (`default` in shard 0).
     pub tenants: Vec<String>,
+}
+
+/// One shard's retention run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShardRetentionOut {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compacted_events: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compacted_through_seq: Option<u64>,
+    pub events: u64,
+    pub purged: Purged,
+    pub shard: u64,
+    pub through_seq: u64,
 }
 
 /// The deployment's shards, each read on its own.

@@ -795,6 +795,8 @@ export interface RetentionOut {
   events: number;
   /** Rows that left the read models. */
   purged: Purged;
+  /** With several shards (spec section 20): each other shard's run, on its own log and models (the fields above are the home shard's). */
+  shards?: ShardRetentionOut[];
   /** The head the run decided at. */
   through_seq: number;
 }
@@ -890,6 +892,16 @@ export interface ShardOut {
   shard: number;
   /** The live tenants placed in it (`default` in shard 0). */
   tenants: string[];
+}
+
+/** One shard's retention run. */
+export interface ShardRetentionOut {
+  compacted_events?: number | null;
+  compacted_through_seq?: number | null;
+  events: number;
+  purged: Purged;
+  shard: number;
+  through_seq: number;
 }
 
 /** The deployment's shards, each read on its own. */

@@ -863,6 +863,7 @@ class ResumeBody(_ResumeBodyOptional):
 class _RetentionOutOptional(TypedDict, total=False):
     compacted_events: Optional[int]
     compacted_through_seq: Optional[int]
+    shards: List[ShardRetentionOut]
 
 
 class RetentionOut(_RetentionOutOptional):
@@ -971,6 +972,20 @@ class ShardOut(TypedDict):
     head: int
     shard: int
     tenants: List[str]
+
+
+class _ShardRetentionOutOptional(TypedDict, total=False):
+    compacted_events: Optional[int]
+    compacted_through_seq: Optional[int]
+
+
+class ShardRetentionOut(_ShardRetentionOutOptional):
+    """One shard's retention run."""
+
+    events: int
+    purged: Purged
+    shard: int
+    through_seq: int
 
 
 class ShardsPage(TypedDict):

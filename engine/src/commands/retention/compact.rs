@@ -9,6 +9,10 @@ use super::*;
 #[derive(Debug, Clone)]
 pub struct Compact {
     pub window_ms: u64,
+    /// The tenants whose cursors pin this log: `None` for the home shard, whose models hold
+    /// the directory; for another shard, the tenants the directory places in it, removed ones
+    /// too (spec section 20: its own models know no directory).
+    pub tenants: Option<Vec<String>>,
 }
 
 impl Command for Compact {
@@ -25,7 +29,7 @@ impl Command for Compact {
             .now_us
             .saturating_sub((self.window_ms as i64).saturating_mul(1_000));
         let window_cut = round.log.last_before(before).map_err(log_st)?;
-        let cut = pinned_cut(txn, round.log, before, window_cut)?;
+        let cut = pinned_cut(txn, self.tenants.as_deref(), round.log, before, window_cut)?;
         let first = round.log.first_seq().map_err(log_st)?;
         let rep = CompactReport {
             window_cut,

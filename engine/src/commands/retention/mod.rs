@@ -70,17 +70,28 @@ pub struct CompactReport {
 
 /// A cursor pins the events it follows (its stream, and its subject when not empty) after its
 /// position, unless it made no progress for the window or belongs to a deleted subscription.
-/// Every tenant's cursors pin the one log (spec section 20), a removed tenant's too.
+/// Every tenant's cursors pin its shard's log (spec section 20), a removed tenant's too: the
+/// home shard's tenants as its directory lists them, another shard's as `placed` names them.
 fn pinned_cut(
     txn: &ModelsTxn,
+    placed: Option<&[String]>,
     log: &dyn tidemark_log::Lookups,
     before: i64,
     mut cut: u64,
 ) -> Result<u64, CommandError> {
-    let others = tidemark_projections::tenants::View::new(txn)?.all()?;
-    let tenants = std::iter::once(None).chain(others.iter().map(|t| Some(t.name.as_str())));
-    for tenant in tenants {
-        cut = pinned_cut_of(txn, tenant, log, before, cut)?;
+    let tenants: Vec<Option<String>> = match placed {
+        Some(names) => names.iter().map(|n| Some(n.clone())).collect(),
+        None => std::iter::once(None)
+            .chain(
+                tidemark_projections::tenants::View::new(txn)?
+                    .all()?
+                    .into_iter()
+                    .map(|t| Some(t.name)),
+            )
+            .collect(),
+    };
+    for tenant in &tenants {
+        cut = pinned_cut_of(txn, tenant.as_deref(), log, before, cut)?;
     }
     Ok(cut)
 }
