@@ -268,28 +268,13 @@ pub async fn spawn(
     dispatch: dispatch::Wake,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, StorageError> {
-    // The checkpoints are the least over the tenants the directory places here: only once the
-    // directory (and this shard's models) have folded their heads, or a tenant the home
-    // models do not list yet (they rebuild after a restore) would be resumed from another's.
-    // A store that fails is an error; models still folding are waited for.
-    loop {
-        let e = engine.clone();
-        let settled = tokio::task::spawn_blocking(move || {
-            match e.settle_directory().and_then(|()| e.read().floor(0)) {
-                Ok(_) => Ok(true),
-                Err(tidemark_engine::QueryError::Lagging { .. }) => Ok(false),
-                Err(e) => Err(StorageError::from(e)),
-            }
-        })
-        .await
-        .map_err(StorageError::of)??;
-        if settled {
-            break;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
-            _ = shutdown.cancelled() => break,
-        }
+    // The checkpoints are the least over the tenants the directory places here: taken once
+    // the directory (and this shard's models) have folded their heads, so a tenant the home
+    // models do not list yet is not resumed from another's checkpoint. Waited for as long as
+    // a read waits, no longer: the server does not listen before this returns, and models
+    // still far behind are `checkpoints`' to report, as before.
+    if let Err(e) = caught_up(&engine).await {
+        tracing::warn!(shard = engine.shard(), error = %e, "the directory or the shard's models lag at start");
     }
     let at = checkpoints(&engine).await?;
     let head = at.2;

@@ -26,9 +26,10 @@ pub enum Command {
     /// Append events from JSON lines (one event object per line) read from FILE or stdin, and
     /// print each event's receipt (event_id, seq, duplicate).
     ///
-    /// Every line is checked to be a JSON object before anything is sent; batches of up to
-    /// 1000 are each appended whole or not at all. An error names its input line (1-based,
-    /// blank lines counted) and the lines appended before it.
+    /// Every line is checked to be a JSON object before anything is sent; the events then go
+    /// in batches of up to 1000, each appended whole or not at all. An error names the line of
+    /// the input it comes from (1-based, blank lines counted), and says which lines were
+    /// appended before it.
     Append(AppendArgs),
     /// Print the log's events after --after, following it live; with --count, exit after that
     /// many.
@@ -136,10 +137,9 @@ pub struct LogArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum LogAction {
-    /// Write the events after --after (through --through) as JSON lines on stdout, each with
-    /// its seq, event_id, stream, subject, type, time and payload. Offline: the server of
-    /// --data must be stopped (a running server's log: `tidemark backup`, whose events.jsonl
-    /// holds the same lines).
+    /// Write the events after --after (through --through) as JSON lines on stdout (seq,
+    /// event_id, stream, subject, type, time, payload). Offline: --data's server stopped (a
+    /// running server's log: `tidemark backup`, whose events.jsonl holds the same lines).
     Export {
         /// The data directory of a stopped server.
         #[arg(long)]
@@ -157,11 +157,10 @@ pub enum LogAction {
         #[arg(long, env = "TIDEMARK_CONFIG")]
         config: Option<PathBuf>,
     },
-    /// Read JSON lines of events (FILE, or stdin) into the log of --data, which must hold no
-    /// events, with the same seqs, ids and times (offline). The lines must follow each other
-    /// from seq 1 with no gap or repeat and no event_id twice; on any fault nothing is
-    /// changed. With a configuration whose `[log] backend` is `jetstream`, into the cluster's
-    /// stream (which must hold no events; --data is this node's replica directory).
+    /// Read JSON lines of events (FILE, or stdin) into the empty log of --data with the same
+    /// seqs, ids and times (offline): from seq 1, no gap, repeat or event_id twice; on any
+    /// fault nothing changes. With a `jetstream` configuration, into the cluster's empty
+    /// stream (--data is this node's replica directory).
     Import {
         /// The data directory to import into (its server stopped, its log empty).
         #[arg(long)]
@@ -754,9 +753,10 @@ pub struct ClientArgs {
     /// The tenant to act for (requests go under /tenants/TENANT); none: the token's, or default.
     #[arg(long, global = true, env = "TIDEMARK_TENANT")]
     pub tenant: Option<String>,
-    /// How records are printed on stdout: table (the default on a terminal), json (one
-    /// document: an array, or the one record; the default otherwise), jsonl (a record a line).
-    /// Errors go to stderr in words; under `-o json|jsonl` a refusal is its problem document.
+    /// How records are printed on stdout: table (aligned columns; the default on a terminal),
+    /// json (one JSON document: an array of the records, or the one record; the default
+    /// otherwise), jsonl (one JSON record per line). Errors go to stderr in words; under
+    /// `-o json|jsonl` a refusal by the server is its problem JSON document instead.
     #[arg(short = 'o', long = "output", global = true, value_enum)]
     pub output: Option<Output>,
 }

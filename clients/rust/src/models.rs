@@ -1638,7 +1638,7 @@ pub struct TenantOut {
 pub struct TenantOverview {
     /// The seq of its shard its models had folded through when read.
     pub as_of_seq: u64,
-    /// Whether it needs an operator (anything stuck or parked, or in the two lists above).
+    /// Whether it needs an operator (anything stuck or parked, or in the two lists above, or its shard could not be read).
     pub attention: bool,
     pub consumers: ConsumerCounts,
     /// Its consumers that are stalled or stopped.
@@ -1646,6 +1646,9 @@ pub struct TenantOverview {
     pub endpoints: EndpointCounts,
     /// Its endpoints that are not `ok`.
     pub endpoints_attention: Vec<EndpointBrief>,
+    /// Why its shard could not be read now (its models lag past the read wait, or their store fails): the row's counts are then 0 and its `as_of_seq` what the shard had folded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     pub outbox: OutboxSummary,
     pub shard: u64,
     pub tenant: String,

@@ -1131,7 +1131,7 @@ export interface TenantOut {
 export interface TenantOverview {
   /** The seq of its shard its models had folded through when read. */
   as_of_seq: number;
-  /** Whether it needs an operator (anything stuck or parked, or in the two lists above). */
+  /** Whether it needs an operator (anything stuck or parked, or in the two lists above, or its shard could not be read). */
   attention: boolean;
   consumers: ConsumerCounts;
   /** Its consumers that are stalled or stopped. */
@@ -1139,6 +1139,8 @@ export interface TenantOverview {
   endpoints: EndpointCounts;
   /** Its endpoints that are not `ok`. */
   endpoints_attention: EndpointBrief[];
+  /** Why its shard could not be read now (its models lag past the read wait, or their store fails): the row's counts are then 0 and its `as_of_seq` what the shard had folded. */
+  error?: string | null;
   outbox: OutboxSummary;
   shard: number;
   tenant: string;

@@ -395,6 +395,19 @@ impl Source {
     }
 
     /// Validate `cfg` (errors name the key) and resolve its header values.
+    /// Its metrics' labels: `source`, and `tenant` (bounded, as every `tenant` label) for
+    /// another tenant's than the default one (the default tenant's series as before tenants),
+    /// then `extra`.
+    pub fn labels(&self, extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, String)> {
+        let mut l = vec![("source", self.cfg.name.clone())];
+        if self.tenant() != tidemark_log::DEFAULT_TENANT {
+            let label = tidemark_engine::labels::tenant_label(self.tenant());
+            l.push(("tenant", label.to_owned()));
+        }
+        l.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        l
+    }
+
     /// The tenant whose source it is, by name.
     pub fn tenant(&self) -> &str {
         self.cfg

@@ -236,20 +236,48 @@ fn set(slot: &Slot, f: impl FnOnce(&mut Runtime)) {
     f(&mut slot.runtime.lock().unwrap_or_else(|p| p.into_inner()));
 }
 
-/// The engine acting for `tenant` in its shard, as the directory (the home shard's models)
-/// places it now; `None` while it is not a live tenant.
-async fn tenant_engine(shards: &Arc<Vec<Engine>>, tenant: &str) -> Option<Engine> {
-    let home = shards.first()?.clone();
+/// Where the directory (the home shard's models) places a source's tenant now.
+enum Placed {
+    /// A live tenant: the engine acting for it in its shard.
+    Live(Box<Engine>),
+    /// Not in the directory (not created yet).
+    Missing,
+    /// Removed: a name is never used again.
+    Removed,
+    /// The directory could not be read now (a transient failure of the models).
+    Unknown,
+}
+
+async fn tenant_engine(shards: &Arc<Vec<Engine>>, tenant: &str) -> Placed {
+    let Some(home) = shards.first().cloned() else {
+        return Placed::Unknown;
+    };
     if tenant == tidemark_log::DEFAULT_TENANT {
-        return Some(home);
+        return Placed::Live(Box::new(home));
     }
     let t = tenant.to_owned();
-    let row = tokio::task::spawn_blocking(move || home.read().unwaited().tenant(&t))
-        .await
-        .ok()?
-        .ok()??;
-    let shard = shards.get(row.shard as usize).filter(|_| row.is_live())?;
-    Some(shard.in_tenant(tenant))
+    let Ok(Ok(row)) = tokio::task::spawn_blocking(move || home.read().unwaited().tenant(&t)).await
+    else {
+        return Placed::Unknown;
+    };
+    match row {
+        None => Placed::Missing,
+        Some(r) if !r.is_live() => Placed::Removed,
+        Some(r) => match shards.get(r.shard as usize) {
+            Some(shard) => Placed::Live(Box::new(shard.in_tenant(tenant))),
+            None => Placed::Unknown,
+        },
+    }
+}
+
+/// A removed tenant's source: it polls no more (until shutdown).
+async fn stop_removed(slot: &Slot, tenant: &str, shutdown: &CancellationToken) {
+    set(slot, |r| {
+        r.state = SourceState::Idle;
+        r.next_poll_at_us = None;
+        r.last_error = Some(format!("the tenant {tenant:?} was removed"));
+    });
+    shutdown.cancelled().await;
 }
 
 async fn run(
@@ -262,15 +290,18 @@ async fn run(
     let name = slot.source.cfg.name.clone();
     let tenant = slot.source.tenant().to_owned();
     // A tenant's source waits for its tenant (created at runtime, spec section 20).
-    let engine = loop {
-        if let Some(e) = tenant_engine(&shards, &tenant).await {
-            set(&slot, |r| r.last_error = None);
-            break e;
-        }
+    let mut engine = loop {
+        let why = match tenant_engine(&shards, &tenant).await {
+            Placed::Live(e) => {
+                set(&slot, |r| r.last_error = None);
+                break *e;
+            }
+            Placed::Removed => return stop_removed(&slot, &tenant, &shutdown).await,
+            Placed::Missing => "is not in the directory: the source waits for it",
+            Placed::Unknown => "cannot be looked up now: the source waits",
+        };
         set(&slot, |r| {
-            r.last_error = Some(format!(
-                "the tenant {tenant:?} is not in the directory: the source waits for it"
-            ));
+            r.last_error = Some(format!("the tenant {tenant:?} {why}"));
             r.next_poll_at_us = None;
         });
         tokio::select! {
@@ -338,15 +369,12 @@ async fn run(
             }
         }
         due_now = false;
-        if tenant_engine(&shards, &tenant).await.is_none() {
-            // Its tenant was removed (a name is never used again): it polls no more.
-            set(&slot, |r| {
-                r.state = SourceState::Idle;
-                r.next_poll_at_us = None;
-                r.last_error = Some(format!("the tenant {tenant:?} was removed"));
-            });
-            shutdown.cancelled().await;
-            return;
+        // Each poll acts for its tenant where the directory places it now; a lookup that
+        // fails keeps the engine it had.
+        match tenant_engine(&shards, &tenant).await {
+            Placed::Live(e) => engine = *e,
+            Placed::Removed => return stop_removed(&slot, &tenant, &shutdown).await,
+            Placed::Missing | Placed::Unknown => {}
         }
         let e = engine.clone();
         let n = name.clone();
@@ -387,8 +415,11 @@ async fn run(
             _ = shutdown.cancelled() => Err(PollError::Stopped),
             r = poll(&engine, &client, &slot.source, row.watermark.clone(), row.items_total == 0 && row.watermark.is_none(), max_pending, &series) => r,
         };
-        metrics::histogram!("tidemark_source_poll_duration_seconds", "source" => name.clone())
-            .record(started.elapsed().as_secs_f64());
+        metrics::histogram!(
+            "tidemark_source_poll_duration_seconds",
+            &slot.source.labels(&[])
+        )
+        .record(started.elapsed().as_secs_f64());
         let outcome = match &result {
             Ok(_) => "ok",
             Err(PollError::RetryAfter(..)) => "retry_after",
@@ -398,8 +429,11 @@ async fn run(
             Err(PollError::NotActive) => "not_active",
             Err(PollError::Stopped) => "stopped",
         };
-        metrics::counter!("tidemark_source_polls_total", "source" => name.clone(), "outcome" => outcome)
-            .increment(1);
+        metrics::counter!(
+            "tidemark_source_polls_total",
+            &slot.source.labels(&[("outcome", outcome)])
+        )
+        .increment(1);
         let failures = slot
             .runtime
             .lock()
@@ -409,10 +443,13 @@ async fn run(
             Ok(items) => {
                 class_failures.clear();
                 series = uuid::Uuid::now_v7().to_string();
-                metrics::counter!("tidemark_source_items_total", "source" => name.clone())
+                metrics::counter!("tidemark_source_items_total", &slot.source.labels(&[]))
                     .increment(items as u64);
-                metrics::gauge!("tidemark_source_last_success_timestamp_seconds", "source" => name.clone())
-                    .set(now_us() as f64 / 1e6);
+                metrics::gauge!(
+                    "tidemark_source_last_success_timestamp_seconds",
+                    &slot.source.labels(&[])
+                )
+                .set(now_us() as f64 / 1e6);
                 set(&slot, |r| {
                     r.state = SourceState::Idle;
                     r.last_success_at_us = Some(now_us());
@@ -635,7 +672,7 @@ async fn poll(
             if let Some((pending, retry_after_s)) = out.held_back {
                 // Backpressure (section 12): the page and its notification wait for the
                 // outbox to drain; the next poll replays the cycle from its watermark.
-                metrics::gauge!("tidemark_source_backpressure", "source" => name.clone()).set(1.0);
+                metrics::gauge!("tidemark_source_backpressure", &src.labels(&[])).set(1.0);
                 return Err(PollError::RetryAfter(
                     Duration::from_secs(retry_after_s),
                     None,
@@ -646,22 +683,28 @@ async fn poll(
                     ),
                 ));
             }
-            metrics::gauge!("tidemark_source_backpressure", "source" => name.clone()).set(0.0);
+            metrics::gauge!("tidemark_source_backpressure", &src.labels(&[])).set(0.0);
             appended += out.appended;
             if out.rejected > 0 {
-                metrics::counter!("tidemark_source_items_skipped_total", "source" => name.clone())
+                metrics::counter!("tidemark_source_items_skipped_total", &src.labels(&[]))
                     .increment(out.rejected as u64);
                 tracing::warn!(target: "tidemark::sources", source = %name, skipped = out.rejected,
                     "items refused by the source's schema were skipped (source.item_skipped says why)");
             }
             if out.notified {
-                metrics::counter!("tidemark_source_notifications_generated_total", "source" => name.clone())
-                    .increment(1);
+                metrics::counter!(
+                    "tidemark_source_notifications_generated_total",
+                    &src.labels(&[])
+                )
+                .increment(1);
             }
             if out.notify_blocked {
                 // The recipient is suppressed (crisis block): the items went in without it.
-                metrics::counter!("tidemark_source_notifications_blocked_total", "source" => name.clone())
-                    .increment(1);
+                metrics::counter!(
+                    "tidemark_source_notifications_blocked_total",
+                    &src.labels(&[])
+                )
+                .increment(1);
                 tracing::info!(source = %name, "a cycle's notification was left out: its recipient is suppressed");
             }
         }

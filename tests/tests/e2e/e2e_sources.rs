@@ -1904,4 +1904,12 @@ async fn a_tenants_source_polls_into_its_tenant_in_its_shard() {
         m.contains("tidemark_source_stale{source=\"plans\"} 0"),
         "{m}"
     );
+    assert!(
+        m.contains("tidemark_source_items_total{source=\"acme-plans\",tenant=\"acme\"} 3"),
+        "{m}"
+    );
+    assert!(
+        m.contains("tidemark_source_items_total{source=\"plans\"} 2"),
+        "{m}"
+    );
 }

@@ -1244,7 +1244,11 @@ class TenantDeleteBody(TypedDict):
     reason: str
 
 
-class TenantOverview(TypedDict):
+class _TenantOverviewOptional(TypedDict, total=False):
+    error: Optional[str]
+
+
+class TenantOverview(_TenantOverviewOptional):
     """One tenant, read from its shard."""
 
     as_of_seq: int
