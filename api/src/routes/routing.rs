@@ -56,8 +56,8 @@ pub struct RouteOut {
     /// `[notifications.desktop]` and `[notifications.routing]`.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub built_in: bool,
-    /// The route of `[notifications.operational]`: operators are told through it (section
-    /// 17).
+    /// The route of `[notifications.operational]`, or else the first route set with
+    /// `"operational": true`: operators are told through it (sections 17 and 20).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub operational: bool,
 }
@@ -245,6 +245,7 @@ fn file_out(file: &NotificationsConfig) -> Vec<RouteOut> {
             let mut v = ApiRoute {
                 config: cfg,
                 priorities: Vec::new(),
+                operational: false,
             }
             .public();
             let priorities: Vec<Value> = routing
@@ -273,18 +274,15 @@ fn file_out(file: &NotificationsConfig) -> Vec<RouteOut> {
 
 /// Every route: the file's and those managed through the API, by name.
 async fn all_routes(st: &Api, min_seq: u64) -> Result<(Vec<RouteOut>, u64), ApiError> {
-    let ((file, rows), as_of_seq) = read_model(st.engine(), min_seq, |q| {
-        Ok((q.current_settings()?, q.routes()?))
+    let ((file, rows, in_force), as_of_seq) = read_model(st.engine(), min_seq, |q| {
+        Ok((q.current_settings()?, q.routes()?, q.settings_in_force()?))
     })
     .await?;
     let file = file
         .and_then(|v| NotificationsConfig::from_json(&v).ok())
         .unwrap_or_default();
-    let operational = file
-        .operational
-        .as_ref()
-        .and_then(|o| o.route.clone())
-        .unwrap_or_default();
+    // The file's, or the first API route marked `operational` (a tenant's, section 20).
+    let operational = in_force.operational.map(|o| o.route).unwrap_or_default();
     let mut out = file_out(&file);
     out.extend(rows.into_iter().map(api_out));
     for r in &mut out {

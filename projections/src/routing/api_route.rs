@@ -16,6 +16,10 @@ use crate::names::Priority;
 pub struct ApiRoute {
     pub config: RouteConfig,
     pub priorities: Vec<Priority>,
+    /// `"operational": true`: its tenant's operators are told through it (section 17), when
+    /// the settings name no other (`[notifications.operational]`, the default tenant's). How
+    /// a tenant other than the default one names its operational route (section 20).
+    pub operational: bool,
 }
 
 impl ApiRoute {
@@ -47,6 +51,11 @@ impl ApiRoute {
                 out
             }
         };
+        let operational = match obj.remove("operational") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => b,
+            Some(_) => return Err("route.operational must be true or false".to_owned()),
+        };
         // Read as the file's table is: the same keys, the same errors, under `route.`.
         let wrapped = serde_json::json!({ "routes": { "_": Value::Object(obj) } });
         let mut cfg = NotificationsConfig::from_json(&wrapped).map_err(|e| {
@@ -61,7 +70,11 @@ impl ApiRoute {
             .as_mut()
             .and_then(|r| r.remove("_"))
             .unwrap_or_default();
-        Ok(ApiRoute { config, priorities })
+        Ok(ApiRoute {
+            config,
+            priorities,
+            operational,
+        })
     }
 
     /// Check its values as the file's are checked, and what a route needs to deliver: a sink;
@@ -180,6 +193,10 @@ impl ApiRoute {
                         .collect(),
                 ),
             );
+            // Only when set: the routes recorded before it read as they did.
+            if self.operational {
+                o.insert("operational".into(), Value::Bool(true));
+            }
         }
         v
     }
@@ -188,7 +205,8 @@ impl ApiRoute {
 impl NotificationsConfig {
     /// These settings with the routes managed at runtime: each under its name, and after the
     /// routes the file gives (or the defaults give) each of its priorities. A route the file
-    /// configures stays the file's.
+    /// configures stays the file's. The first of them marked `operational` is the operational
+    /// route when the file names none.
     pub fn with_routes<'a>(
         &self,
         api: impl IntoIterator<Item = (&'a String, &'a ApiRoute)>,
@@ -201,6 +219,13 @@ impl NotificationsConfig {
                 continue;
             }
             routes.insert(name.clone(), r.config.clone());
+            // The first route (by name) that says so, when nothing else names one.
+            if r.operational && out.operational.is_none() {
+                out.operational = Some(super::config::OperationalConfig {
+                    route: Some(name.clone()),
+                    every: None,
+                });
+            }
             let routing = out.routing.get_or_insert_with(BTreeMap::new);
             for p in &r.priorities {
                 let list = routing

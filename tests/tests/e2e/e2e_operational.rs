@@ -439,11 +439,13 @@ async fn free_space_near_and_at_the_reserve_is_told() {
     assert_eq!(reached["payload"]["min_free"], 16 << 20, "{reached}");
 }
 
-/// Each tenant's operational notifications are made of its own events (spec section 20):
-/// bridge subscriptions stopped in the default tenant, in beta (shard 0, beside it) and in
-/// acme (shard 1) — the default tenant's operational route (the file's) is told of its own
-/// alone, and its log holds no note of another tenant's. Before, beta's stop was told through
-/// it, naming beta's subscription to the default tenant's operators.
+/// Each tenant's operational notifications are made of its own events and told through its
+/// own route (spec section 20): bridge subscriptions stopped in the default tenant, in beta
+/// (shard 0, beside it) and in acme (shard 1, whose route `acme-ops` is set with
+/// `"operational": true`) — the default tenant's route (the file's) is told of its own alone,
+/// acme's of acme's alone, beta (no operational route) nothing, and each note is in its own
+/// tenant's log. Before, beta's stop was told through the default tenant's route, naming
+/// beta's subscription to the default tenant's operators, and acme could name no route.
 #[tokio::test]
 async fn a_tenants_route_is_told_of_its_own_events_only() {
     let (posts, port) = receivers().await;
@@ -462,6 +464,27 @@ async fn a_tenants_route_is_told_of_its_own_events_only() {
         assert_eq!(r.status.as_u16(), 201, "{}", r.text);
         assert_eq!(r.json["shard"], shard);
     }
+    let acme = api.under("/tenants/acme", None);
+    let r = acme
+        .send(
+            acme.request(reqwest::Method::PUT, "/v1/routes/acme-ops")
+                .json(&json!({"route": {"sink": "webhook",
+                    "url": format!("http://127.0.0.1:{port}/acme-ops"), "body": "slack",
+                    "operational": true}, "reason": "acme's operators"})),
+        )
+        .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text);
+    assert_eq!(r.json["operational"], true, "{}", r.text);
+    assert_eq!(r.json["route"]["operational"], true, "{}", r.text);
+    let r = acme
+        .send(
+            acme.request(reqwest::Method::PUT, "/v1/routes/bad-ops")
+                .json(&json!({"route": {"sink": "app", "operational": "yes"},
+                              "reason": "x"})),
+        )
+        .await;
+    assert_eq!(r.status.as_u16(), 422, "{}", r.text);
+    assert_eq!(r.json["code"], "invalid_route", "{}", r.text);
     let mut stopped_at = Vec::new();
     for name in ["acme", "beta", "default"] {
         let t = match name {
@@ -511,6 +534,22 @@ async fn a_tenants_route_is_told_of_its_own_events_only() {
         || async { (!told(&posts, &title).is_empty()).then_some(()) },
     )
     .await;
+    let at_acme = |what: &str| {
+        posts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(path, text)| path == "/acme-ops" && text.contains(what))
+            .count()
+    };
+    let done = stopped_at[0].2;
+    let title = format!("Bridge subscription s-acme stopped at seq {done}");
+    wait_for(
+        Duration::from_secs(60),
+        "acme's stop told to acme",
+        || async { (at_acme(&title) == 1).then_some(()) },
+    )
+    .await;
     // Time for another tenant's to come, if one would.
     tokio::time::sleep(Duration::from_secs(3)).await;
     for other in ["s-acme", "s-beta"] {
@@ -520,6 +559,9 @@ async fn a_tenants_route_is_told_of_its_own_events_only() {
             posts.lock().unwrap()
         );
     }
+    for other in ["s-default", "s-beta"] {
+        assert_eq!(at_acme(other), 0, "{:?}", posts.lock().unwrap());
+    }
     for (name, t, _) in &stopped_at {
         let ops: Vec<Value> = t
             .read_all("&type=notification.requested")
@@ -527,7 +569,7 @@ async fn a_tenants_route_is_told_of_its_own_events_only() {
             .into_iter()
             .filter(|n| n["payload"]["type"] == "tidemark.operational")
             .collect();
-        let want = usize::from(*name == "default");
+        let want = usize::from(*name != "beta");
         assert_eq!(ops.len(), want, "{name}: {ops:?}");
     }
 }
