@@ -507,9 +507,13 @@ pub(crate) async fn log(a: LogArgs) -> CliResult {
                     // Shard n's log is in `shards/<n>/` of the data directory.
                     let lc = cfg.shard_log_config(shard);
                     let into = lc.path.parent().map(Path::to_path_buf).unwrap_or_default();
-                    transfer::import(&into, &lc, shard, vec![(0, input)])
-                        .await
-                        .map_err(transfer_error)?
+                    let created = !data.exists();
+                    let r = transfer::import(&into, &lc, shard, vec![(0, input)]).await;
+                    if r.is_err() && created {
+                        // Nothing was there: nothing is left (`shards/` above the shard too).
+                        let _ = std::fs::remove_dir_all(&data);
+                    }
+                    r.map_err(transfer_error)?
                 }
             };
             Output::resolve(output).one(&json!({

@@ -53,6 +53,10 @@ pub struct Runtime {
     /// Seconds since the last success (since the process start before the first).
     #[serde(skip)]
     pub seconds_since_success: f64,
+    /// Its tenant is not live (not created yet, or removed): nothing to poll for, so never
+    /// stale.
+    #[serde(skip)]
+    pub tenant_absent: bool,
 }
 
 struct Slot {
@@ -140,7 +144,9 @@ impl Sources {
         let interval = s.source.schedule.interval(Utc::now()).as_micros() as i64;
         let since = r.last_success_at_us.unwrap_or(0).max(s.started_us);
         // A node on standby (another node polls) is not the one to say the source is stale.
-        r.stale = r.state != SourceState::Standby && now_us() - since > interval.saturating_mul(3);
+        r.stale = r.state != SourceState::Standby
+            && !r.tenant_absent
+            && now_us() - since > interval.saturating_mul(3);
         r.seconds_since_success = (now_us() - since).max(0) as f64 / 1e6;
         Some(r)
     }
@@ -276,6 +282,7 @@ async fn stop_removed(slot: &Slot, tenant: &str, shutdown: &CancellationToken) {
         r.state = SourceState::Idle;
         r.next_poll_at_us = None;
         r.last_error = Some(format!("the tenant {tenant:?} was removed"));
+        r.tenant_absent = true;
     });
     shutdown.cancelled().await;
 }
@@ -293,7 +300,10 @@ async fn run(
     let mut engine = loop {
         let why = match tenant_engine(&shards, &tenant).await {
             Placed::Live(e) => {
-                set(&slot, |r| r.last_error = None);
+                set(&slot, |r| {
+                    r.last_error = None;
+                    r.tenant_absent = false;
+                });
                 break *e;
             }
             Placed::Removed => return stop_removed(&slot, &tenant, &shutdown).await,
@@ -303,6 +313,7 @@ async fn run(
         set(&slot, |r| {
             r.last_error = Some(format!("the tenant {tenant:?} {why}"));
             r.next_poll_at_us = None;
+            r.tenant_absent = true;
         });
         tokio::select! {
             _ = shutdown.cancelled() => return,
