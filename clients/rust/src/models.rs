@@ -1154,7 +1154,7 @@ pub struct RouteAnswer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
     pub name: String,
-    /// The route of `\[notifications.operational\]`: operators are told through it (section 17).
+    /// The route of `\[notifications.operational\]`, or else the first route set with `"operational": true`: operators are told through it (sections 17 and 20).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operational: Option<bool>,
     pub origin: Origin,
@@ -1198,7 +1198,7 @@ pub struct RouteOut {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
     pub name: String,
-    /// The route of `\[notifications.operational\]`: operators are told through it (section 17).
+    /// The route of `\[notifications.operational\]`, or else the first route set with `"operational": true`: operators are told through it (sections 17 and 20).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operational: Option<bool>,
     pub origin: Origin,

@@ -840,7 +840,7 @@ export interface RouteOut {
   built_in?: boolean;
   by?: string | null;
   name: string;
-  /** The route of `[notifications.operational]`: operators are told through it (section 17). */
+  /** The route of `[notifications.operational]`, or else the first route set with `"operational": true`: operators are told through it (sections 17 and 20). */
   operational?: boolean;
   origin: Origin;
   /** Until when the route's previous secret signs beside the new one (after a change of `secret`, for its `rotation_overlap`); absent when it no longer does. */
