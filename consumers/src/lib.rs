@@ -369,6 +369,12 @@ pub async fn spawn(
             engine.clone(),
             shutdown.clone(),
         )));
+    } else {
+        // Another shard's decider poisoned is the node's to tell too, in the home shard.
+        tasks.push(tokio::spawn(operational::watch_models(
+            engine.clone(),
+            shutdown.clone(),
+        )));
     }
     tasks.push(tokio::spawn(follower.run(shutdown)));
     Ok(tokio::spawn(async move {

@@ -330,7 +330,10 @@ impl Told {
                     _ => note(
                         id,
                         "urgent",
-                        format!("Node {node}: models poisoned"),
+                        match p["shard"].as_u64() {
+                            Some(n) => format!("Node {node}: models of shard {n} poisoned"),
+                            None => format!("Node {node}: models poisoned"),
+                        },
                         format!(
                             "{}. Commands are refused on this node until tidemark is \
                              restarted; the log is not affected.",
@@ -571,21 +574,33 @@ pub(crate) async fn run(engine: Engine, mut feed: Feed, shutdown: CancellationTo
 pub(crate) async fn watch_node(engine: Engine, shutdown: CancellationToken) {
     let node = engine.leases().node().to_owned();
     let space = engine.log().space();
-    tokio::join!(watch_space(&engine, &node, space, &shutdown), async {
-        let why = tokio::select! {
-            why = engine.models_poisoned_wait() => why,
-            _ = shutdown.cancelled() => return,
-        };
-        let payload = json!({"error": why.to_string()});
-        record(
-            &engine,
-            &node,
-            EventType::NodeModelsPoisoned,
-            payload,
-            &shutdown,
-        )
-        .await;
-    });
+    tokio::join!(
+        watch_space(&engine, &node, space, &shutdown),
+        watch_models(engine.clone(), shutdown.clone())
+    );
+}
+
+/// Record this node's models of `engine`'s shard poisoned, in the home shard's log (spec
+/// section 20: the deployment's own records are there, and its default tenant's operational
+/// route tells them), naming the shard when it is not the home one.
+pub(crate) async fn watch_models(engine: Engine, shutdown: CancellationToken) {
+    let node = engine.leases().node().to_owned();
+    let why = tokio::select! {
+        why = engine.models_poisoned_wait() => why,
+        _ = shutdown.cancelled() => return,
+    };
+    let payload = match engine.shard() {
+        0 => json!({"error": why.to_string()}),
+        n => json!({"error": format!("shard {n}: {why}"), "shard": n}),
+    };
+    record(
+        &engine.home(),
+        &node,
+        EventType::NodeModelsPoisoned,
+        payload,
+        &shutdown,
+    )
+    .await;
 }
 
 async fn watch_space(

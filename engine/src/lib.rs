@@ -242,6 +242,15 @@ impl<L: EventLog + Clone> Engine<L> {
         self
     }
 
+    /// The home shard's engine, acting for the default tenant (this one, on the home shard):
+    /// where the deployment's own records go (the directory, `node.*`).
+    pub fn home(&self) -> Engine<L> {
+        self.home
+            .as_deref()
+            .cloned()
+            .unwrap_or_else(|| self.clone())
+    }
+
     /// Which shard of the deployment this engine's log is (0: the home shard).
     pub fn shard(&self) -> u32 {
         self.shard

@@ -573,3 +573,67 @@ async fn a_tenants_route_is_told_of_its_own_events_only() {
         assert_eq!(ops.len(), want, "{name}: {ops:?}");
     }
 }
+
+/// Another shard's models poisoned are recorded in the home shard (spec section 20: the
+/// deployment's `node.*` records are there) naming the shard, and told through the default
+/// tenant's operational route at once, the home shard's decider working; before, only the
+/// home shard's poisoning was recorded.
+#[tokio::test]
+async fn another_shards_poisoned_models_are_told_through_the_home_shard() {
+    let (posts, port) = receivers().await;
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("poison-now");
+    let s = Server::start(
+        ServerOpts::default()
+            .config(format!("[log]\nshards = 2\n{}", ops_only(port)))
+            .env("TIDEMARK_FAULT_DECIDER_PANIC_WHEN", flag.to_str().unwrap()),
+    )
+    .await;
+    let api = s.api();
+    let r = api
+        .send(
+            api.request(reqwest::Method::POST, "/v1/tenants")
+                .json(&json!({"name": "acme", "reason": "poison test"})),
+        )
+        .await;
+    assert_eq!(r.json["shard"], 1, "{}", r.text);
+    let acme = api.under("/tenants/acme", None);
+    append_ok(
+        &acme,
+        &notif_ev("before", json!({"priority": "info", "title": "b"})),
+    )
+    .await;
+    std::fs::write(&flag, b"").unwrap();
+    // acme's admission is shard 1's decider's command: its round panics with it.
+    let (st, body) = acme
+        .append(&notif_ev(
+            "after",
+            json!({"priority": "info", "title": "a"}),
+        ))
+        .await;
+    std::fs::remove_file(&flag).unwrap();
+    assert_eq!(body["code"], "models_unavailable", "{st}: {body}");
+    let poisoned = wait_for(Duration::from_secs(60), "node.models_poisoned", || async {
+        node_events(&api)
+            .await
+            .into_iter()
+            .find(|e| e["type"] == "node.models_poisoned")
+    })
+    .await;
+    assert!(
+        poisoned["payload"]["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("shard 1: ")),
+        "{poisoned}"
+    );
+    wait_for(Duration::from_secs(60), "the poisoning told", || async {
+        (!told(&posts, "models of shard 1 poisoned").is_empty()).then_some(())
+    })
+    .await;
+    // The home shard still takes commands: the default tenant's notification is admitted.
+    append_ok(
+        &api,
+        &notif_ev("home-ok", json!({"priority": "info", "title": "h"})),
+    )
+    .await;
+}
