@@ -504,15 +504,16 @@ pub(crate) async fn run(engine: Engine, mut feed: Feed, shutdown: CancellationTo
             }
             for (key, evs) in by_tenant {
                 if !tenants.contains_key(&key) {
-                    // A tenant placed here after the start: from its models' circuits.
+                    // A tenant placed here after the start: every event of it since is in the
+                    // pages, this one included, so it starts with nothing open (its models,
+                    // which have folded this page, would hide a circuit it opens).
                     let e =
                         engine.in_tenant(key.as_deref().unwrap_or(tidemark_log::DEFAULT_TENANT));
-                    let told = Told::with_open(open_circuits(&e).await);
                     tenants.insert(
                         key.clone(),
                         TenantTold {
                             engine: e,
-                            told,
+                            told: Told::default(),
                             op: None,
                         },
                     );
