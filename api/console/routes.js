@@ -70,6 +70,7 @@ function editRoute(r) {
   f.elements['order-key'].value = (r.route.ordering && r.route.ordering.key) || '';
   f.elements['order-park'].value = (r.route.ordering && r.route.ordering.on_park) || 'hold';
   f.elements.rate.value = r.route.rate || '';
+  f.elements.operational.checked = r.route.operational === true;
   for (const p of PRIORITIES) f.elements[`p-${p}`].checked = (r.route.priorities || []).includes(p);
   f.elements.extra.value = Object.keys(extraKeys(r.route)).length ? JSON.stringify(extraKeys(r.route)) : '';
   f.elements.reason.focus();
@@ -79,7 +80,7 @@ function editRoute(r) {
 /// theirs; a template body is edited among the other keys).
 function extraKeys(route) {
   const extra = { ...route };
-  for (const k of ['sink', 'url', 'secret', 'priorities', 'ordering', 'rate']) delete extra[k];
+  for (const k of ['sink', 'url', 'secret', 'priorities', 'ordering', 'rate', 'operational']) delete extra[k];
   if (typeof extra.body === 'string') delete extra.body;
   return extra;
 }
@@ -108,6 +109,8 @@ async function saveRoute(ev) {
   else if (before && before.route.ordering) route.ordering = null;
   if (f.rate.value.trim()) route.rate = f.rate.value.trim();
   else if (before && before.route.rate) route.rate = null;
+  if (f.operational.checked) route.operational = true;
+  else if (before && before.route.operational) route.operational = null;
   const reason = f.reason.value.trim();
   const r = await api('PUT', `/v1/routes/${encodeURIComponent(name)}`, { route, reason });
   const warned = (r.warnings || []).join('; ');

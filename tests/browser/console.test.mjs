@@ -1511,6 +1511,20 @@ async function tenants() {
   assert.equal(new URL(page.url()).hash, '#outbox');
   step('the Deployment view reads every tenant in its shard and opens beta');
 
+  // Beta's own operational route, set from the console acting for beta.
+  await view(page, 'routes');
+  await page.fill('[data-testid=route-name]', 'beta-ops');
+  await page.selectOption('[data-testid=route-sink]', 'webhook');
+  await page.fill('[data-testid=route-url]', 'http://127.0.0.1:9/beta-ops');
+  await page.check('[data-testid=route-operational-flag]');
+  await page.fill('[data-testid=route-reason]', 'beta\'s operators');
+  await page.click('[data-testid=route-save]');
+  await page.waitForSelector('#routes tr[data-name="beta-ops"] [data-testid=route-operational]', { timeout: WAIT });
+  const betaOps = await s.ok('GET', '/tenants/beta/v1/routes/beta-ops');
+  assert.equal(betaOps.operational, true, JSON.stringify(betaOps));
+  assert.equal(betaOps.route.operational, true, JSON.stringify(betaOps));
+  step('beta\'s operational route set from the console');
+
   // A tenant's own token: its tenant, fixed.
   await login(page, acmeToken);
   assert.deepEqual(await options(), ['acme']);
