@@ -69,6 +69,13 @@ pub struct Shard {
 }
 
 impl Shard {
+    /// Its head now, and the seq its read models have folded through (what a read of its
+    /// tenants reflects without waiting).
+    pub fn head_and_folded(&self) -> (u64, u64) {
+        let head = self.engine.head();
+        (head, head.saturating_sub(self.engine.read().lag()))
+    }
+
     pub fn new(engine: Engine) -> Shard {
         Shard {
             engine,

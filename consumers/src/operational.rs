@@ -558,9 +558,6 @@ pub(crate) async fn run(engine: Engine, mut feed: Feed, shutdown: CancellationTo
             }
         }
         for (e, ev) in out {
-            let Ok(ev) = ev.in_tenant(e.tenant()) else {
-                continue;
-            };
             if append(&e, ev, &shutdown).await {
                 metrics::counter!("tidemark_operational_notifications_total").increment(1);
             }
@@ -691,7 +688,7 @@ async fn record(
 async fn append(engine: &Engine, ev: NewEvent, shutdown: &CancellationToken) -> bool {
     let mut backoff = Duration::from_millis(50);
     loop {
-        match engine.log().append(vec![ev.clone()]).await {
+        match engine.append_own(vec![ev.clone()]).await {
             Ok(_) => return true,
             // The same id with other content: another node told it (its own count).
             Err(AppendError::Conflict { .. }) | Err(AppendError::Closed) => return false,

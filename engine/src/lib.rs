@@ -464,6 +464,19 @@ impl<L: EventLog + Clone> Engine<L> {
         r
     }
 
+    /// Append `events` as this handle's tenant's (spec section 20): what a reactor records of
+    /// its work for the tenant (a mismatch, a failed attempt, an operational note). The log's
+    /// own `append` takes each event's tenant as the event says.
+    pub async fn append_own(
+        &self,
+        mut events: Vec<NewEvent>,
+    ) -> Result<AppendReceipt, tidemark_log::AppendError> {
+        for e in &mut events {
+            e.tenant = self.tenant.as_deref().map(str::to_owned);
+        }
+        self.log.append(events).await
+    }
+
     /// Append a client's batch (atomic, idempotent). A batch that requests notifications is
     /// judged at the head first (spec section 14, `commands::admission`): an `event_id` already
     /// in the log with other content is left to the log's conflict; a notification for a

@@ -154,15 +154,8 @@ pub async fn metrics(st: Api) -> Response {
     // Sources: seconds since the last success (since the process start before the first),
     // and whether it is stale, judged at scrape time.
     // Another tenant's sources carry `tenant` (its bounded label), as its other series do.
-    for (tenant, name) in st.sources.all() {
+    for (name, l) in st.sources.labelled() {
         if let Some(rt) = st.sources.runtime(&name) {
-            let mut l = vec![("source", name)];
-            if tenant != tidemark_log::DEFAULT_TENANT {
-                l.push((
-                    "tenant",
-                    tidemark_engine::labels::tenant_label(&tenant).to_owned(),
-                ));
-            }
             metrics::gauge!("tidemark_source_seconds_since_success", &l)
                 .set(rt.seconds_since_success);
             metrics::gauge!("tidemark_source_stale", &l).set(f64::from(u8::from(rt.stale)));

@@ -285,7 +285,7 @@ pub async fn shards(st: Api) -> Result<Json<ShardsPage>, ApiError> {
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let head = s.engine.head();
+            let (head, as_of_seq) = s.head_and_folded();
             let mut tenants: Vec<String> = rows
                 .iter()
                 .filter(|r| r.is_live() && r.shard as usize == i)
@@ -297,7 +297,7 @@ pub async fn shards(st: Api) -> Result<Json<ShardsPage>, ApiError> {
             ShardOut {
                 shard: i as u32,
                 head,
-                as_of_seq: head.saturating_sub(s.engine.read().lag()),
+                as_of_seq,
                 tenants,
             }
         })

@@ -264,10 +264,7 @@ pub async fn record_failure(
         engine.now_us(),
     )?;
     // The subscription's tenant's event (spec section 20), as the cursor it is about.
-    let ev = ev
-        .in_tenant(engine.tenant())
-        .map_err(CommandError::invalid_event)?;
-    engine.log().append(vec![ev]).await?;
+    engine.append_own(vec![ev]).await?;
     Ok(())
 }
 
@@ -285,11 +282,10 @@ pub(crate) async fn record_mismatch(engine: &Engine, sub: &Subscription, ev: &Ev
         sub.target.task_id.as_str(),
         EventType::NotificationTerminalStateMismatch,
         &payload,
-    )
-    .and_then(|n| n.in_tenant(engine.tenant())) else {
+    ) else {
         return;
     };
-    match engine.log().append(vec![new]).await {
+    match engine.append_own(vec![new]).await {
         Ok(r) => {
             if r.events.iter().any(|e| !e.duplicate) {
                 metrics::counter!("tidemark_bridge_mismatches_total").increment(1);

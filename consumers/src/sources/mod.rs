@@ -120,11 +120,11 @@ impl Sources {
             .collect()
     }
 
-    /// Every source as (tenant, name).
-    pub fn all(&self) -> Vec<(String, String)> {
+    /// Every source by name, with its metrics' labels ([`Source::labels`]).
+    pub fn labelled(&self) -> Vec<(String, Vec<(&'static str, String)>)> {
         self.slots
             .iter()
-            .map(|s| (s.source.tenant().to_owned(), s.source.cfg.name.clone()))
+            .map(|s| (s.source.cfg.name.clone(), s.source.labels(&[])))
             .collect()
     }
 

@@ -286,14 +286,7 @@ pub async fn overview(
         ));
     }
     // Each shard's head, and what its models had folded, as the read begins.
-    let heads: Vec<(u64, u64)> = st
-        .shards
-        .iter()
-        .map(|s| {
-            let head = s.engine.head();
-            (head, head.saturating_sub(s.engine.read().lag()))
-        })
-        .collect();
+    let heads: Vec<(u64, u64)> = st.shards.iter().map(|s| s.head_and_folded()).collect();
     let mut tenants = crate::routes::every_tenant(&st, true).await?;
     tenants.sort_by(|a, b| a.tenant().cmp(b.tenant()));
 
