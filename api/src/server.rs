@@ -194,7 +194,8 @@ pub fn router(state: AppState) -> Router {
             .routes(routes!(admin::backup))
             .routes(routes!(admin::backup_stream))
             .routes(routes!(tenants::create))
-            .routes(routes!(tenants::delete)),
+            .routes(routes!(tenants::delete))
+            .routes(routes!(tenants::move_to)),
         Scope::Admin,
     );
     // Any valid token (the handler identifies the caller itself).

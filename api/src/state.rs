@@ -101,6 +101,9 @@ pub struct Api {
     scoped: Option<Engine>,
     /// The shard the tenant lives in.
     shard: usize,
+    /// The tenant's gate, held shared while a request that changes its data runs: a move
+    /// fences the tenant by taking it exclusively (`tidemark_engine::moves`).
+    _gate: Option<Arc<tokio::sync::OwnedRwLockReadGuard<()>>>,
 }
 
 impl Api {
@@ -124,6 +127,11 @@ impl Api {
         &self.shared.shards[self.shard]
     }
 
+    /// The number of the shard the request's tenant lives in.
+    pub fn shard_number(&self) -> u32 {
+        self.shard as u32
+    }
+
     /// The same request acting for `tenant`, placed in `shard` (a deployment-wide read's
     /// fan-out over the directory's tenants, spec section 20); `None` past the shards.
     pub(crate) fn acting_for(&self, tenant: &str, shard: usize) -> Option<Api> {
@@ -132,6 +140,7 @@ impl Api {
             shared: self.shared.clone(),
             scoped: (tenant != tidemark_log::DEFAULT_TENANT).then(|| home.engine.in_tenant(tenant)),
             shard,
+            _gate: None,
         })
     }
 }
@@ -159,7 +168,19 @@ impl axum::extract::FromRequestParts<AppState> for Api {
                 shared: state.clone(),
                 scoped: None,
                 shard: 0,
+                _gate: None,
             });
+        };
+        // A request that may change the tenant's data waits while a move fences it, and holds
+        // the move's switch back while it runs; it then goes to the shard the tenant lives in
+        // as of after the switch.
+        let gate = if parts.method == axum::http::Method::GET
+            || parts.method == axum::http::Method::HEAD
+        {
+            None
+        } else {
+            let g = state.engine.placement().gate(&tenant);
+            Some(Arc::new(g.read_owned().await))
         };
         // In the directory, and not removed: as of the last change of the directory, not of
         // the home shard's head (which moves with the default tenant's appends: waiting for it
@@ -196,6 +217,7 @@ impl axum::extract::FromRequestParts<AppState> for Api {
             shared: state.clone(),
             scoped: Some(home.engine.in_tenant(&tenant)),
             shard: shard as usize,
+            _gate: gate,
         })
     }
 }

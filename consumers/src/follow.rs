@@ -186,6 +186,9 @@ impl Follower {
             if page.upto <= after {
                 continue;
             }
+            let Some(page) = self.placed(page, &shutdown).await else {
+                return;
+            };
             let p = Arc::new(page);
             after = p.upto;
             for (wants, nudge) in &self.nudges {
@@ -210,6 +213,44 @@ impl Follower {
             if self.feeds.is_empty() {
                 return;
             }
+        }
+    }
+
+    /// `page` as this shard's reactors take it (spec section 20): without the events of a
+    /// tenant that lives in another shard (a move's copy here, or what it left behind), and
+    /// held while it has events of a tenant being moved here, until the move switches (they
+    /// are then its own) or fails. `None` at shutdown.
+    async fn placed(&self, mut page: Page, shutdown: &CancellationToken) -> Option<Page> {
+        use tidemark_engine::placement::Acts;
+        let placement = self.engine.placement();
+        let shard = self.engine.shard();
+        // Watched only once a page waits (then looked at again, so no change is missed).
+        let mut changes = None;
+        loop {
+            let mut drop_some = false;
+            let mut wait = false;
+            for run in page.events.chunk_by(|a, b| a.tenant == b.tenant) {
+                match placement.acts(run[0].tenant.as_deref(), shard) {
+                    Acts::Here => {}
+                    Acts::Elsewhere => drop_some = true,
+                    Acts::Wait => wait = true,
+                }
+            }
+            if wait {
+                let Some(changes) = changes.as_mut() else {
+                    changes = Some(placement.changes());
+                    continue;
+                };
+                tokio::select! {
+                    _ = changes.changed() => continue,
+                    _ = shutdown.cancelled() => return None,
+                }
+            }
+            if drop_some {
+                page.events
+                    .retain(|e| placement.acts(e.tenant.as_deref(), shard) == Acts::Here);
+            }
+            return Some(page);
         }
     }
 

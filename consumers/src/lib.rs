@@ -242,6 +242,18 @@ async fn serve_while_held(
     }
 }
 
+/// Take the directory's placements into the deployment's [`tidemark_engine::placement`].
+async fn load_placement(engine: &Engine) -> Result<(), StorageError> {
+    let e = engine.clone();
+    tokio::task::spawn_blocking(move || {
+        let rows = e.home().read().unwaited().tenants()?;
+        e.placement().load(&rows);
+        Ok::<_, StorageError>(())
+    })
+    .await
+    .map_err(StorageError::of)?
+}
+
 /// Whether the directory (the home shard's models) and this shard's models have folded their
 /// logs' heads as of now (waiting at most the read wait; blocking reads, on the pool).
 async fn caught_up(engine: &Engine) -> Result<(), StorageError> {
@@ -276,6 +288,9 @@ pub async fn spawn(
     if let Err(e) = caught_up(&engine).await {
         tracing::warn!(shard = engine.shard(), error = %e, "the directory or the shard's models lag at start");
     }
+    // Where each tenant lives, before any reactor of the shard acts on a page: a crashed
+    // move's copy in this shard is not acted on (`follow`).
+    load_placement(&engine).await?;
     let at = checkpoints(&engine).await?;
     let head = at.2;
     let mut follower = follow::Follower::new(engine.clone());

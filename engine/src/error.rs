@@ -55,6 +55,13 @@ rejections! {
     TenantNotFound = "tenant_not_found": NotFound,
     /// a tenant of that name exists or existed.
     TenantExists = "tenant_exists": Conflict,
+    /// a tenant moves only into a shard no tenant was ever placed in (or one holding only a
+    /// crashed move's copy of that tenant).
+    ShardNotEmpty = "shard_not_empty": Conflict,
+    /// the tenant, or the shard, is in a move already.
+    MoveInProgress = "move_in_progress": Conflict,
+    /// this deployment cannot move a tenant (its log backend, or a compacted source).
+    MoveUnsupported = "move_unsupported": Conflict,
     /// what the command acts on kept changing while it was decided.
     Contended = "contended": Conflict,
     /// the cursor is not where the caller saw it.
@@ -91,6 +98,9 @@ rejections! {
     InvalidRoute = "invalid_route": Invalid,
     /// the tenant's name is not valid (or is the default tenant's).
     InvalidTenant = "invalid_tenant": Invalid,
+    /// the move names the shard the tenant lives in, no shard of the deployment, or the
+    /// default tenant.
+    InvalidMove = "invalid_move": Invalid,
     /// an `env:` reference names a variable the answering node does not have.
     EnvUnset = "env_unset": Invalid,
     /// an operator action needs a reason.

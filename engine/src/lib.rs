@@ -23,7 +23,9 @@ pub mod commands;
 pub mod decider;
 pub mod error;
 pub mod labels;
+pub mod moves;
 pub mod pages;
+pub mod placement;
 pub mod privacy;
 mod queries;
 
@@ -123,6 +125,8 @@ pub struct Engine<L = AnyLog> {
     /// The home shard's engine, whose directory says which tenants live here (`None`: this
     /// is the home shard).
     home: Option<Arc<Engine<L>>>,
+    /// Where each tenant acts, shared by the deployment's shards ([`placement`]).
+    placement: Arc<placement::Placement>,
 }
 
 /// The models store beside the log of `cfg` (its file in the same directory).
@@ -136,6 +140,12 @@ pub fn models_config(cfg: &LogConfig) -> ModelsConfig {
 }
 
 impl Engine {
+    /// The embedded log under this engine (`None` on a JetStream cluster): what a tenant's
+    /// move copies into at exact seqs ([`moves`]).
+    pub fn embedded_log(&self) -> Option<&Log> {
+        self.log.embedded()
+    }
+
     /// Open (or create) the log and the models store beside it (blocking: call from a
     /// blocking context in async code). A data directory of the layout before the models
     /// store had one is migrated first ([`tidemark_projections::models::migrate`]).
@@ -230,6 +240,7 @@ impl<L: EventLog + Clone> Engine<L> {
             tenant: None,
             shard: 0,
             home: None,
+            placement: Arc::default(),
         })
     }
 
@@ -239,7 +250,13 @@ impl<L: EventLog + Clone> Engine<L> {
     pub fn as_shard(mut self, shard: u32, home: &Engine<L>) -> Engine<L> {
         self.shard = shard;
         self.home = (shard != 0).then(|| Arc::new(home.in_tenant(tidemark_log::DEFAULT_TENANT)));
+        self.placement = home.placement.clone();
         self
+    }
+
+    /// Where each tenant of the deployment acts, and its gate ([`placement`]).
+    pub fn placement(&self) -> &Arc<placement::Placement> {
+        &self.placement
     }
 
     /// The home shard's engine, acting for the default tenant (this one, on the home shard):
@@ -290,7 +307,10 @@ impl<L: EventLog + Clone> Engine<L> {
         // with the tenant: 0).
         let directory = self.home.as_deref().unwrap_or(self);
         for t in directory.queries.unwaited().tenants()? {
-            if t.is_live() && t.shard == self.shard {
+            if t.is_live()
+                && t.shard == self.shard
+                && !self.placement.fenced_from(&t.name, self.shard)
+            {
                 let created = if self.shard == 0 { t.created_seq } else { 0 };
                 out.push((self.in_tenant(&t.name), created));
             }

@@ -22,6 +22,11 @@ pub mod limits {
 /// (spec section 20): its events are stored and served exactly as before tenants existed.
 pub const DEFAULT_TENANT: &str = "default";
 
+/// The type of the default tenant's events that stand, in a shard a tenant was moved to, for
+/// the source's events of other tenants (spec section 20): a shard other than 0 holds no other
+/// event of the default tenant.
+pub const MOVE_FILLER_TYPE: &str = "tenant.gap";
+
 /// The separator of a [`scoped`] key: a control character, which no tenant, stream, subject,
 /// type or `event_id` may hold, so two scoped keys are equal only when both parts are.
 const SCOPE_SEP: char = '\u{1f}';

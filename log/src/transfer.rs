@@ -682,7 +682,8 @@ const STAGING: &str = ".tidemark-import";
 /// repeat, an invalid line, a full disk) the data directory is as it was. Read models left
 /// there are removed (they rebuild from the new log at the next start). `shard`: the shard
 /// (spec section 20) whose log `data` is; the default tenant's events belong to shard 0
-/// alone, so an input that has any is refused by another shard.
+/// alone, so an input that has any is refused by another shard (but a tenant's move's
+/// fillers, [`crate::MOVE_FILLER_TYPE`]).
 pub async fn import<R: BufRead>(
     data: &Path,
     cfg: &LogConfig,
@@ -844,7 +845,12 @@ async fn write_inputs<L: ImportTarget, R: BufRead>(
             let n = batch.len() as u64;
             events += n;
             let tenant = batch[0].tenant.clone();
-            if shard > 0 && tenant.is_none() {
+            if shard > 0
+                && tenant.is_none()
+                && batch
+                    .iter()
+                    .any(|e| e.event_type != crate::MOVE_FILLER_TYPE)
+            {
                 return Err(TransferError::Backup(format!(
                     "the events from seq {first} are the default tenant's, which lives in shard \
                      0: this is not shard {shard}'s log (spec section 20)"

@@ -193,6 +193,8 @@ names! {
         NodeModelsPoisoned = "node.models_poisoned",
         TenantCreated = "tenant.created",
         TenantRemoved = "tenant.removed",
+        TenantMoved = "tenant.moved",
+        TenantGap = "tenant.gap",
     }
 }
 
@@ -282,7 +284,7 @@ impl EventType {
             NodeSpaceLow | NodeSpaceReserveReached | NodeSpaceRecovered | NodeModelsPoisoned => {
                 Stream::Nodes
             }
-            TenantCreated | TenantRemoved => Stream::Tenants,
+            TenantCreated | TenantRemoved | TenantMoved | TenantGap => Stream::Tenants,
         }
     }
 
@@ -368,7 +370,9 @@ impl EventType {
             | NodeSpaceRecovered
             | NodeModelsPoisoned
             | TenantCreated
-            | TenantRemoved => return None,
+            | TenantRemoved
+            | TenantMoved
+            | TenantGap => return None,
         })
     }
 }

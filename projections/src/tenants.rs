@@ -1,7 +1,8 @@
 //! The tenants model (spec section 20): the deployment's directory of tenants, each with the
 //! shard it lives in, as of its `tenant.created` (stream `tenants`, subject the tenant's name);
 //! `tenant.removed` keeps the row, marked removed, so a name is never silently reused and its
-//! placement stays known. Only the default tenant's events make the directory: a tenant
+//! placement stays known; `tenant.moved` records the shard it lives in after a move (spec
+//! section 20). Only the default tenant's events make the directory: a tenant
 //! cannot create another.
 
 use serde::{Deserialize, Serialize};
@@ -85,6 +86,19 @@ impl Fold for Tenants {
                     at_us: ev.time_us,
                     seq: ev.seq,
                 });
+                st.put_val(ROWS, key, &row)
+            }
+            Some(EventType::TenantMoved) => {
+                let Some(mut row) = st.get_val::<TenantRow>(ROWS, key)? else {
+                    return Ok(());
+                };
+                if let Some(to) = p
+                    .get("to")
+                    .and_then(Value::as_u64)
+                    .and_then(|s| u32::try_from(s).ok())
+                {
+                    row.shard = to;
+                }
                 st.put_val(ROWS, key, &row)
             }
             _ => Ok(()),

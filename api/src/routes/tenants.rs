@@ -201,6 +201,7 @@ pub async fn create(
             reason: b.reason.into_string(),
             by: caller(&st, &headers),
             shards: st.config.log.shards,
+            reserved: st.engine.placement().reserved(),
         })
         .await?;
     st.directory_seq
@@ -244,12 +245,97 @@ pub async fn delete(
             reason: b.reason.into_string(),
             by: caller(&st, &headers),
             shards: st.config.log.shards,
+            reserved: Vec::new(),
         })
         .await?;
     st.directory_seq
         .fetch_max(receipt.last_seq, std::sync::atomic::Ordering::AcqRel);
     tracing::info!(tenant = %name, "tenant removed");
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantMoveBody {
+    /// The shard to move it to: one no tenant was ever placed in (a shard added by raising
+    /// `log.shards`), or the destination of a move of this tenant that did not finish.
+    #[schema(maximum = 255)]
+    pub shard: u32,
+    /// Why; required, recorded in the event.
+    #[schema(inline)]
+    pub reason: Reason,
+}
+
+impl Validate for TenantMoveBody {
+    fn validate(&self) -> Result<(), ApiError> {
+        self.reason.check("a tenant's move")
+    }
+}
+
+/// A finished move.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantMoved {
+    /// The tenant after it (its `shard` the destination).
+    pub tenant: TenantOut,
+    /// The shard it lived in.
+    pub from_shard: u32,
+    /// The shard it lives in now.
+    pub to_shard: u32,
+    /// The source's head at the switch: the destination holds every event of the tenant
+    /// through it at the same seq (the tenant's later events are the destination's alone).
+    pub through_seq: u64,
+    /// Where the copy began: 0, or the end of an earlier move's copy it verified and resumed.
+    pub resumed_after: u64,
+    /// How many of the copied events are the tenant's.
+    pub tenant_events: u64,
+    /// The directory's seq of `tenant.moved` (shard 0's).
+    pub as_of_seq: u64,
+}
+
+/// Admin: move a tenant to another shard (spec section 20) — copy its events at the same
+/// seqs, fence its changes, copy the rest, verify, switch. Its positions (`after_sequence`,
+/// `Last-Event-ID`, cursors) mean the same afterwards; its live streams end at the switch
+/// and resume in the new shard. Answers once the tenant lives there. Embedded log only.
+#[utoipa::path(post, path = "/v1/tenants/{name}/move", tag = "tenants", operation_id = "moveTenant",
+    params(TenantName),
+    request_body(content = TenantMoveBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = TenantMoved),
+        (status = 404, description = "tenant_not_found", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "shard_not_empty, move_in_progress or move_unsupported", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "invalid_move, reason_required or a malformed body", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["admin"])))]
+#[tracing::instrument(skip_all, fields(tenant = %name))]
+pub async fn move_to(
+    st: Api,
+    Path(TenantName { name }): Path<TenantName>,
+    headers: HeaderMap,
+    ValidatedJson(b): ValidatedJson<TenantMoveBody>,
+) -> Result<Json<TenantMoved>, ApiError> {
+    let engines: Vec<tidemark_engine::Engine> =
+        st.shards.iter().map(|s| s.engine.clone()).collect();
+    let moved = tidemark_engine::moves::move_tenant(
+        &engines,
+        tidemark_engine::moves::MoveRequest {
+            tenant: name,
+            to: b.shard,
+            reason: b.reason.into_string(),
+            by: caller(&st, &headers),
+        },
+    )
+    .await?;
+    st.directory_seq
+        .fetch_max(moved.directory_seq, std::sync::atomic::Ordering::AcqRel);
+    Ok(Json(TenantMoved {
+        tenant: moved.row.into(),
+        from_shard: moved.from,
+        to_shard: moved.to,
+        through_seq: moved.through_seq,
+        resumed_after: moved.resumed_after,
+        tenant_events: moved.tenant_events,
+        as_of_seq: moved.directory_seq,
+    }))
 }
 
 /// One shard as it answers for itself.

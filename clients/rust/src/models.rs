@@ -1619,6 +1619,33 @@ pub struct TenantDeleteBody {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TenantMoveBody {
+    /// Why; required, recorded in the event.
+    pub reason: String,
+    /// The shard to move it to: one no tenant was ever placed in (a shard added by raising `log.shards`), or the destination of a move of this tenant that did not finish.
+    pub shard: u64,
+}
+
+/// A finished move.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TenantMoved {
+    /// The directory's seq of `tenant.moved` (shard 0's).
+    pub as_of_seq: u64,
+    /// The shard it lived in.
+    pub from_shard: u64,
+    /// Where the copy began: 0, or the end of an earlier move's copy it verified and resumed.
+    pub resumed_after: u64,
+    /// The tenant after it (its `shard` the destination).
+    pub tenant: TenantOut,
+    /// How many of the copied events are the tenant's.
+    pub tenant_events: u64,
+    /// The source's head at the switch: the destination holds every event of the tenant through it at the same seq (the tenant's later events are the destination's alone).
+    pub through_seq: u64,
+    /// The shard it lives in now.
+    pub to_shard: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TenantOut {
     /// The token that created it (absent in open mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]

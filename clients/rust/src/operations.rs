@@ -831,6 +831,25 @@ impl<A: Answers> Ops<'_, A> {
             .await
     }
 
+    /// `POST /v1/tenants/{name}/move` (moveTenant): Admin: move a tenant to another shard (spec section 20) — copy its events at the same seqs, fence its changes, copy the rest, verify, switch.
+    ///
+    /// Body: [`TenantMoveBody`].
+    pub async fn move_tenant(
+        &self,
+        name: &str,
+        body: &(impl Serialize + ?Sized),
+    ) -> Result<A::Out<TenantMoved>, Error> {
+        self.client
+            .operation(
+                Method::POST,
+                &format!("/v1/tenants/{}/move", crate::path_segment(name)),
+                &[],
+                &[],
+                Some(body),
+            )
+            .await
+    }
+
     /// `POST /v1/bridges/{bridge_id}/deliveries/{delivery_id}/nack` (nackBridgeDelivery): Report a delivery the bridge could not make: recorded as the cursor's `last_error`; the cursor does not move and the delivery stays pending.
     ///
     /// Body: [`NackBody`].

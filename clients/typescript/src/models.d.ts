@@ -1115,6 +1115,31 @@ export interface TenantDeleteBody {
   reason: string;
 }
 
+export interface TenantMoveBody {
+  /** Why; required, recorded in the event. */
+  reason: string;
+  /** The shard to move it to: one no tenant was ever placed in (a shard added by raising `log.shards`), or the destination of a move of this tenant that did not finish. */
+  shard: number;
+}
+
+/** A finished move. */
+export interface TenantMoved {
+  /** The directory's seq of `tenant.moved` (shard 0's). */
+  as_of_seq: number;
+  /** The shard it lived in. */
+  from_shard: number;
+  /** Where the copy began: 0, or the end of an earlier move's copy it verified and resumed. */
+  resumed_after: number;
+  /** The tenant after it (its `shard` the destination). */
+  tenant: TenantOut;
+  /** How many of the copied events are the tenant's. */
+  tenant_events: number;
+  /** The source's head at the switch: the destination holds every event of the tenant through it at the same seq (the tenant's later events are the destination's alone). */
+  through_seq: number;
+  /** The shard it lives in now. */
+  to_shard: number;
+}
+
 export interface TenantOut {
   /** The token that created it (absent in open mode). */
   by?: string | null;

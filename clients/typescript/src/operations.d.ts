@@ -101,6 +101,8 @@ export interface Operations {
   listTasks(query?: { status?: string | number | boolean; project_id?: string | number | boolean; order?: string | number | boolean; after?: string | number | boolean; before?: string | number | boolean; limit?: string | number | boolean; min_seq?: string | number | boolean }): Promise<m.TasksPage>;
   /** `GET /v1/tenants`: Every tenant ever created (removed ones marked), by name. */
   listTenants(): Promise<m.TenantsPage>;
+  /** `POST /v1/tenants/{name}/move`: Admin: move a tenant to another shard (spec section 20) — copy its events at the same seqs, fence its changes, copy the rest, verify, switch. */
+  moveTenant(name: string, body: m.TenantMoveBody): Promise<m.TenantMoved>;
   /** `POST /v1/bridges/{bridge_id}/deliveries/{delivery_id}/nack`: Report a delivery the bridge could not make: recorded as the cursor's `last_error`; the cursor does not move and the delivery stays pending. */
   nackBridgeDelivery(bridge_id: string, delivery_id: string, body: m.NackBody): Promise<m.AckOut>;
   /** `POST /v1/sources/{name}/pause`: Pause: no polls until resumed (recorded as `source.paused` with the token's name). */

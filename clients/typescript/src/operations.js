@@ -103,6 +103,8 @@ export function operations(call) {
     listTasks: (query = {}) => call("GET", `/v1/tasks`, query, ["status", "project_id", "order", "after", "before", "limit", "min_seq"], undefined),
     /** `GET /v1/tenants`: Every tenant ever created (removed ones marked), by name. */
     listTenants: () => call("GET", `/v1/tenants`, {}, [], undefined),
+    /** `POST /v1/tenants/{name}/move`: Admin: move a tenant to another shard (spec section 20) — copy its events at the same seqs, fence its changes, copy the rest, verify, switch. */
+    moveTenant: (name, body) => call("POST", `/v1/tenants/${seg(name)}/move`, {}, [], body),
     /** `POST /v1/bridges/{bridge_id}/deliveries/{delivery_id}/nack`: Report a delivery the bridge could not make: recorded as the cursor's `last_error`; the cursor does not move and the delivery stays pending. */
     nackBridgeDelivery: (bridge_id, delivery_id, body) => call("POST", `/v1/bridges/${seg(bridge_id)}/deliveries/${seg(delivery_id)}/nack`, {}, [], body),
     /** `POST /v1/sources/{name}/pause`: Pause: no polls until resumed (recorded as `source.paused` with the token's name). */

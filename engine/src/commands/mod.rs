@@ -89,7 +89,7 @@ mod sealed {
         routes::{SetRoute = "route.set"},
         sources::{Page = "source.page", Advance = "source.advance", Reset = "source.reset"},
         sources::{Pause = "source.pause", Resume = "source.resume", Park = "source.park"},
-        tenants::{SetTenant = "tenant.set"},
+        tenants::{SetTenant = "tenant.set", MoveTenant = "tenant.move"},
     }
 }
 

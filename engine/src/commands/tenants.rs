@@ -24,16 +24,24 @@ pub struct SetTenant {
     /// placed in the one with the fewest live tenants (the default tenant counts in shard 0;
     /// the lowest on a tie), and the placement is recorded in its `tenant.created`.
     pub shards: u32,
+    /// Shards a move is copying into (spec section 20): no new tenant goes there.
+    pub reserved: Vec<u32>,
 }
 
 /// The shard a new tenant goes to among `shards`: the one with the fewest live tenants of
-/// `directory` (the default tenant counts in shard 0), the lowest on a tie.
-pub fn place(directory: &[TenantRow], shards: u32) -> u32 {
+/// `directory` (the default tenant counts in shard 0), the lowest on a tie; never one of
+/// `reserved` (a move's destination) while another is left.
+pub fn place(directory: &[TenantRow], shards: u32, reserved: &[u32]) -> u32 {
     let mut load = vec![0usize; shards.max(1) as usize];
     load[0] = 1;
     for t in directory.iter().filter(|t| t.is_live()) {
         if let Some(n) = load.get_mut(t.shard as usize) {
             *n += 1;
+        }
+    }
+    for &r in reserved.iter().filter(|&&r| r != 0) {
+        if let Some(n) = load.get_mut(r as usize) {
+            *n = usize::MAX;
         }
     }
     (0..load.len()).min_by_key(|&i| (load[i], i)).unwrap_or(0) as u32
@@ -83,7 +91,11 @@ impl Command for SetTenant {
                 ));
             }
             (true, None) => {
-                let shard = place(&tenants::View::new(txn)?.all()?, self.shards);
+                let shard = place(
+                    &tenants::View::new(txn)?.all()?,
+                    self.shards,
+                    &self.reserved,
+                );
                 let row = TenantRow {
                     name: self.name.clone(),
                     shard,
@@ -121,6 +133,82 @@ impl Command for SetTenant {
     }
 }
 
+/// Record that tenant `name` lives in shard `to` from now on, its events copied there
+/// through `through_seq` of `from` ([`crate::moves`]): refused unless it is a live tenant
+/// of `from`, and while another tenant is placed in `to`. Answers the row after it.
+#[derive(Debug, Clone)]
+pub struct MoveTenant {
+    pub name: String,
+    pub from: u32,
+    pub to: u32,
+    pub through_seq: u64,
+    pub reason: String,
+    pub by: Option<String>,
+}
+
+impl Command for MoveTenant {
+    type Answer = TenantRow;
+
+    fn decide(&self, txn: &ModelsTxn, _round: &mut Round<'_>) -> DecideResult<Self::Answer> {
+        if txn.tenant().is_some() {
+            return Err(CommandError::rejected(
+                Rejection::InvalidTenant,
+                "tenants are moved in the default tenant's directory",
+            ));
+        }
+        if self.reason.trim().is_empty() {
+            return Err(CommandError::rejected(
+                Rejection::ReasonRequired,
+                "a tenant is moved with a reason",
+            ));
+        }
+        let view = tenants::View::new(txn)?;
+        let row = match view.row(&self.name)? {
+            Some(r) if r.is_live() => r,
+            _ => {
+                return Err(CommandError::rejected(
+                    Rejection::TenantNotFound,
+                    format!("no tenant {:?}", self.name),
+                ));
+            }
+        };
+        if row.shard != self.from || self.to == self.from {
+            return Err(CommandError::rejected(
+                Rejection::InvalidMove,
+                format!(
+                    "tenant {:?} lives in shard {}, not {} (or the move goes nowhere)",
+                    self.name, row.shard, self.from
+                ),
+            ));
+        }
+        if let Some(other) = view.all()?.into_iter().find(|t| t.shard == self.to) {
+            return Err(CommandError::rejected(
+                Rejection::ShardNotEmpty,
+                format!("tenant {:?} was placed in shard {}", other.name, self.to),
+            ));
+        }
+        let payload = json!({
+            "from": self.from, "to": self.to, "through_seq": self.through_seq,
+            "reason": self.reason, "by": self.by,
+        });
+        let ev = NewEvent::new(
+            None,
+            Stream::Tenants,
+            &self.name,
+            EventType::TenantMoved.as_str(),
+            &payload,
+        )
+        .map_err(|e| CommandError::rejected(Rejection::InvalidTenant, e.to_string()))?;
+        Ok(Decided::new(
+            TenantRow {
+                shard: self.to,
+                ..row
+            },
+            vec![ev],
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,12 +224,12 @@ mod tests {
 
     #[test]
     fn a_new_tenant_goes_to_the_shard_with_the_fewest() {
-        assert_eq!(place(&[], 1), 0);
-        assert_eq!(place(&[], 0), 0);
+        assert_eq!(place(&[], 1, &[]), 0);
+        assert_eq!(place(&[], 0, &[]), 0);
         // The default tenant is shard 0's: the first tenant goes to shard 1.
-        assert_eq!(place(&[], 3), 1);
+        assert_eq!(place(&[], 3, &[]), 1);
         let d = [row("a", 1, true), row("b", 2, true)];
-        assert_eq!(place(&d, 3), 0, "a tie goes to the lowest");
+        assert_eq!(place(&d, 3, &[]), 0, "a tie goes to the lowest");
         // A removed tenant does not count; a placement beyond the shards is ignored.
         let d = [
             row("a", 1, false),
@@ -149,6 +237,7 @@ mod tests {
             row("c", 0, true),
             row("z", 9, true),
         ];
-        assert_eq!(place(&d, 3), 1);
+        assert_eq!(place(&d, 3, &[]), 1);
+        assert_eq!(place(&d, 3, &[1]), 2, "a move's destination is passed over");
     }
 }

@@ -1169,6 +1169,20 @@ async fn a_killed_node_loses_nothing_and_its_shards_move() {
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
         assert_eq!(r.json["shard"], shard, "{}", r.text);
     }
+    // A tenant is not moved between a cluster's streams (no fence across the nodes yet):
+    // refused, before anything is copied.
+    let r = post(
+        &a,
+        "/v1/tenants/acme/move",
+        &json!({"shard": 0, "reason": "rebalancing"}),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json["code"].as_str()),
+        (StatusCode::CONFLICT, Some("move_unsupported")),
+        "{}",
+        r.text
+    );
     for node in [&a, &b] {
         for t in ["acme", "beta"] {
             let api = node.api().under(&format!("/tenants/{t}"), None);

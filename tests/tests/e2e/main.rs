@@ -43,6 +43,7 @@ mod e2e_limits;
 mod e2e_list_order;
 mod e2e_logs;
 mod e2e_model;
+mod e2e_moves;
 mod e2e_notification_status;
 mod e2e_notifications;
 mod e2e_operational;

@@ -112,6 +112,15 @@ pub(crate) fn sse_response(
     };
     let shutdown = st.shutdown.clone();
     let streams = st.shard().streams.clone();
+    // A tenant's stream ends when a move switches the tenant to another shard (spec section
+    // 20): its client resumes there with its `Last-Event-ID`, which means the same there.
+    let placement = engine.placement().clone();
+    let (shard, tenant) = (st.shard_number(), engine.tenant().to_owned());
+    let mut moves = placement.changes();
+    let moved_away = move || {
+        tidemark_log::tenant_of(&tenant).is_some()
+            && placement.shard_of(&tenant).is_some_and(|s| s != shard)
+    };
     let keepalive = Duration::from_secs(st.config.server.keepalive_secs);
     let events = async_stream::stream! {
         let _permit = permit;
@@ -119,6 +128,9 @@ pub(crate) fn sse_response(
         let mut q = q;
         let mut wake = streams.watch(&q);
         loop {
+            if moved_away() {
+                break;
+            }
             wake.mark_seen();
             metrics::counter!("tidemark_sse_log_reads_total").increment(1);
             let page = {
@@ -143,6 +155,7 @@ pub(crate) fn sse_response(
                 tokio::select! {
                     changed = wake.changed() => if !changed { stop = true; break },
                     _ = shutdown.cancelled() => { stop = true; break },
+                    _ = moves.changed() => if moved_away() { stop = true; break } else { continue },
                 }
                 metrics::counter!("tidemark_sse_wakeups_total").increment(1);
                 match wake.next(q.after) {

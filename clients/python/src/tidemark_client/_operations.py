@@ -215,6 +215,10 @@ class Ops:
         """``GET /v1/tenants`` (listTenants): Every tenant ever created (removed ones marked), by name."""
         return self._call("GET", f"/v1/tenants", {}, (), None)
 
+    def move_tenant(self, name: str, body: models.TenantMoveBody) -> models.TenantMoved:
+        """``POST /v1/tenants/{name}/move`` (moveTenant): Admin: move a tenant to another shard (spec section 20) — copy its events at the same seqs, fence its changes, copy the rest, verify, switch."""
+        return self._call("POST", f"/v1/tenants/{path(name)}/move", {}, (), body)
+
     def nack_bridge_delivery(self, bridge_id: str, delivery_id: str, body: models.NackBody) -> models.AckOut:
         """``POST /v1/bridges/{bridge_id}/deliveries/{delivery_id}/nack`` (nackBridgeDelivery): Report a delivery the bridge could not make: recorded as the cursor's `last_error`; the cursor does not move and the delivery stays pending."""
         return self._call("POST", f"/v1/bridges/{path(bridge_id)}/deliveries/{path(delivery_id)}/nack", {}, (), body)
@@ -485,6 +489,10 @@ class AsyncOps:
     async def list_tenants(self) -> models.TenantsPage:
         """``GET /v1/tenants`` (listTenants): Every tenant ever created (removed ones marked), by name."""
         return await self._call("GET", f"/v1/tenants", {}, (), None)
+
+    async def move_tenant(self, name: str, body: models.TenantMoveBody) -> models.TenantMoved:
+        """``POST /v1/tenants/{name}/move`` (moveTenant): Admin: move a tenant to another shard (spec section 20) — copy its events at the same seqs, fence its changes, copy the rest, verify, switch."""
+        return await self._call("POST", f"/v1/tenants/{path(name)}/move", {}, (), body)
 
     async def nack_bridge_delivery(self, bridge_id: str, delivery_id: str, body: models.NackBody) -> models.AckOut:
         """``POST /v1/bridges/{bridge_id}/deliveries/{delivery_id}/nack`` (nackBridgeDelivery): Report a delivery the bridge could not make: recorded as the cursor's `last_error`; the cursor does not move and the delivery stays pending."""

@@ -1244,6 +1244,25 @@ class TenantDeleteBody(TypedDict):
     reason: str
 
 
+class TenantMoveBody(TypedDict):
+    """``TenantMoveBody`` of the API document."""
+
+    reason: str
+    shard: int
+
+
+class TenantMoved(TypedDict):
+    """A finished move."""
+
+    as_of_seq: int
+    from_shard: int
+    resumed_after: int
+    tenant: TenantOut
+    tenant_events: int
+    through_seq: int
+    to_shard: int
+
+
 class _TenantOverviewOptional(TypedDict, total=False):
     error: Optional[str]
 

@@ -1,0 +1,450 @@
+//! Moving a tenant to another shard (spec section 20): copy, verify, switch, with nothing
+//! lost or doubled, while the tenant and the others go on appending.
+//!
+//! A move goes only into an **empty shard** (no tenant ever placed in it; or one holding a
+//! crashed move's copy of this tenant, which it verifies and resumes), and copies the source
+//! *at the same seqs and times*: the tenant's events as they are, every other event as the
+//! default tenant's `tenant.gap` filler (id `gap:<seq>`, no content of the other tenant),
+//! which no projection folds and no reactor takes. Every position of the tenant — its
+//! `after_sequence`s, `Last-Event-ID`s, cursors, `ntf:<seq>` ids, every seq its models keep —
+//! then means the same in the destination: nothing is translated.
+//!
+//! 1. [`Placement::begin`](crate::placement::Placement::begin): the destination's reactors
+//!    hold the copied events (they act on them only once the tenant lives there).
+//! 2. Copy while the tenant appends, until the copy is close to the source's head.
+//! 3. Fence: take the tenant's gate exclusively (requests that change its data wait; the ones
+//!    in flight finish first) and stop the source's reactors acting for it.
+//! 4. Copy the tail to the source's head now, `through_seq`, and verify every seq of the
+//!    destination through it against the source.
+//! 5. Wait for the destination's models to fold it, record `tenant.moved {from, to,
+//!    through_seq, reason, by}` in the directory, and switch: the tenant lives in the
+//!    destination, its requests go there, its live streams on the source end (a client
+//!    resumes with its `Last-Event-ID`, which means the same there).
+//!
+//! A delivery attempt in flight in the source at the fence has its outcome recorded there,
+//! after `through_seq` (orphaned): the destination, where the delivery is leased, attempts it
+//! again once the lease expires, with the same delivery id and `webhook-id`, as after a
+//! crash. A crash before the switch leaves the tenant in the source and an inert copy in the
+//! destination, which the next move of the tenant there verifies and resumes.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use tidemark_log::{Event, EventLog, NewEvent, ReadQuery, StorageError};
+use tidemark_projections::names::Stream;
+use tidemark_projections::tenants::TenantRow;
+
+use crate::Engine;
+use crate::commands::tenants::MoveTenant;
+use crate::error::{CommandError, Rejection};
+use crate::placement::Busy;
+
+/// Events read per page of a copy.
+const PAGE: usize = 1_000;
+/// Events read per page of a copy slowed down for a crash test (a small page, so the kill
+/// lands mid-copy).
+const FAULT_PAGE: usize = 10;
+/// Copy rounds before the fence: each copies what the source committed during the one
+/// before; the fence comes once a round leaves at most [`CLOSE_ENOUGH`] behind (or after the
+/// last round, whatever is left).
+const ROUNDS: usize = 20;
+const CLOSE_ENOUGH: u64 = 2 * PAGE as u64;
+
+/// The move's fault injection for the crash test: wait after each copied page, so a test
+/// can kill the process mid-copy.
+fn fault_delay() -> Option<std::time::Duration> {
+    std::env::var("TIDEMARK_FAULT_MOVE_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(std::time::Duration::from_millis)
+}
+
+/// An operator's move.
+#[derive(Debug, Clone)]
+pub struct MoveRequest {
+    pub tenant: String,
+    pub to: u32,
+    pub reason: String,
+    pub by: Option<String>,
+}
+
+/// A finished move.
+#[derive(Debug, Clone)]
+pub struct Moved {
+    /// The tenant's directory row after it.
+    pub row: TenantRow,
+    pub from: u32,
+    pub to: u32,
+    /// The source's head at the switch: the destination holds the source through it.
+    pub through_seq: u64,
+    /// Where the copy began: 0, or the end of a crashed move's copy it verified and resumed.
+    pub resumed_after: u64,
+    /// The tenant's own events among those copied.
+    pub tenant_events: u64,
+    /// The directory's seq of `tenant.moved` (the home shard's).
+    pub directory_seq: u64,
+}
+
+fn refused(code: Rejection, detail: impl Into<String>) -> CommandError {
+    CommandError::rejected(code, detail)
+}
+
+fn storage(what: &str, e: impl std::fmt::Display) -> CommandError {
+    CommandError::Storage(StorageError::new(
+        what,
+        std::io::Error::other(e.to_string()),
+    ))
+}
+
+/// Ends the move in the placement if it does not switch (an error, a dropped request).
+struct Underway {
+    placement: Arc<crate::placement::Placement>,
+    tenant: String,
+    switched: Option<u32>,
+}
+
+impl Drop for Underway {
+    fn drop(&mut self) {
+        self.placement.end(&self.tenant, self.switched);
+    }
+}
+
+/// Move `req.tenant` to shard `req.to` of `shards` (the deployment's engines, the home shard
+/// first). Refused: the default tenant, the shard it lives in or none of the deployment
+/// (`invalid_move`); not a tenant (`tenant_not_found`); a destination another tenant was
+/// ever placed in, or holding events that are not a copy of this tenant's
+/// (`shard_not_empty`); a move of the tenant or into the shard under way (`move_in_progress`);
+/// a log that cannot take a copy at the source's seqs, the JetStream backend, or a source
+/// compacted by retention (`move_unsupported`).
+pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, CommandError> {
+    let home = shards
+        .first()
+        .ok_or_else(|| storage("moving", "no shard"))?;
+    if tidemark_log::tenant_of(&req.tenant).is_none() {
+        return Err(refused(
+            Rejection::InvalidMove,
+            "the default tenant lives in the home shard: it is not moved",
+        ));
+    }
+    if req.reason.trim().is_empty() {
+        return Err(refused(
+            Rejection::ReasonRequired,
+            "a tenant is moved with a reason",
+        ));
+    }
+    let Some(dst) = shards.get(req.to as usize) else {
+        return Err(refused(
+            Rejection::InvalidMove,
+            format!(
+                "the deployment has shards 0 to {}; there is no shard {}",
+                shards.len() - 1,
+                req.to
+            ),
+        ));
+    };
+    let (row, directory) = {
+        let (h, t) = (home.clone(), req.tenant.clone());
+        blocking(move || {
+            h.read().floor(0)?;
+            Ok((h.read().tenant(&t)?, h.read().tenants()?))
+        })
+        .await?
+    };
+    let row = row.filter(TenantRow::is_live).ok_or_else(|| {
+        refused(
+            Rejection::TenantNotFound,
+            format!("no tenant {:?}", req.tenant),
+        )
+    })?;
+    let from = row.shard;
+    if from == req.to {
+        return Err(refused(
+            Rejection::InvalidMove,
+            format!("tenant {:?} lives in shard {from} already", req.tenant),
+        ));
+    }
+    let Some(src) = shards.get(from as usize) else {
+        return Err(refused(
+            Rejection::InvalidMove,
+            format!(
+                "tenant {:?} lives in shard {from}, which this node does not serve",
+                req.tenant
+            ),
+        ));
+    };
+    if src.embedded_log().is_none() || dst.embedded_log().is_none() {
+        return Err(refused(
+            Rejection::MoveUnsupported,
+            "tenants are moved on the embedded log only: a JetStream shard cannot be fenced \
+             across the cluster's nodes yet",
+        ));
+    }
+    let placement = home.placement().clone();
+    placement
+        .begin(&req.tenant, from, req.to)
+        .map_err(|Busy(d)| refused(Rejection::MoveInProgress, d))?;
+    let mut underway = Underway {
+        placement: placement.clone(),
+        tenant: req.tenant.clone(),
+        switched: None,
+    };
+    if let Some(other) = directory.iter().find(|t| t.shard == req.to) {
+        return Err(refused(
+            Rejection::ShardNotEmpty,
+            format!("tenant {:?} was placed in shard {}", other.name, req.to),
+        ));
+    }
+    let first = {
+        let s = src.clone();
+        blocking(move || Ok(s.first_seq()?)).await?
+    };
+    if first > 1 {
+        return Err(refused(
+            Rejection::MoveUnsupported,
+            format!(
+                "shard {from}'s log was compacted (it begins at seq {first}): the copy keeps \
+                 the source's seqs from 1"
+            ),
+        ));
+    }
+    let tenant = req.tenant.as_str();
+    // A crashed move's copy: every event of it is the source's, or a filler of it.
+    let resumed_after = dst.head();
+    if resumed_after > 0 {
+        verify(src, dst, tenant, 0, resumed_after)
+            .await
+            .map_err(|e| {
+                refused(
+                    Rejection::ShardNotEmpty,
+                    format!(
+                        "shard {} holds {resumed_after} events that are not a copy of tenant {tenant:?}'s \
+                         shard: {e}",
+                        req.to
+                    ),
+                )
+            })?;
+        tracing::info!(tenant, to = req.to, resumed_after, "resuming a move's copy");
+    }
+    let mut copied = copy(src, dst, tenant, resumed_after, src.head()).await?;
+    for _ in 1..ROUNDS {
+        let head = src.head();
+        if head.saturating_sub(dst.head()) <= CLOSE_ENOUGH {
+            break;
+        }
+        copied += copy(src, dst, tenant, dst.head(), head).await?;
+    }
+    // The fence: no request of the tenant changes it from here (those in flight first
+    // finish), and the source's reactors stop acting for it.
+    let gate = placement.gate(tenant).write_owned().await;
+    placement.fence(tenant);
+    let through_seq = src.head();
+    copied += copy(src, dst, tenant, dst.head(), through_seq).await?;
+    verify(src, dst, tenant, 0, through_seq)
+        .await
+        .map_err(|e| storage("verifying the move's copy", e))?;
+    {
+        let d = dst.clone();
+        blocking(move || Ok(d.read().folded_to(through_seq).map(drop)?)).await?;
+    }
+    let (row, receipt) = home
+        .execute(MoveTenant {
+            name: req.tenant.clone(),
+            from,
+            to: req.to,
+            through_seq,
+            reason: req.reason.clone(),
+            by: req.by.clone(),
+        })
+        .await?;
+    underway.switched = Some(req.to);
+    // The directory as the requests the gate releases read it.
+    {
+        let (h, seq) = (home.clone(), receipt.last_seq);
+        blocking(move || Ok(h.read().folded_to(seq).map(drop)?)).await?;
+    }
+    drop(underway);
+    drop(gate);
+    tracing::info!(
+        tenant,
+        from,
+        to = req.to,
+        through_seq,
+        tenant_events = copied,
+        "tenant moved"
+    );
+    Ok(Moved {
+        row,
+        from,
+        to: req.to,
+        through_seq,
+        resumed_after,
+        tenant_events: copied,
+        directory_seq: receipt.last_seq,
+    })
+}
+
+/// Run `f` on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, CommandError> + Send + 'static,
+) -> Result<T, CommandError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| storage("a move's read", e))?
+}
+
+impl From<crate::QueryError> for CommandError {
+    fn from(e: crate::QueryError) -> Self {
+        CommandError::Storage(StorageError::from(e))
+    }
+}
+
+/// A page of `engine`'s log after `after` (every tenant's events), blocking.
+async fn page(engine: &Engine, after: u64, upto: u64) -> Result<Vec<Event>, CommandError> {
+    let e = engine.clone();
+    blocking(move || {
+        let q = ReadQuery {
+            after,
+            limit: if fault_delay().is_some() {
+                FAULT_PAGE
+            } else {
+                PAGE
+            },
+            ..ReadQuery::default()
+        };
+        let mut events = e
+            .log()
+            .read(&q)
+            .map_err(|e| storage("reading a shard's log", e))?
+            .events;
+        events.retain(|ev| ev.seq <= upto);
+        Ok(events)
+    })
+    .await
+}
+
+/// What the destination holds at `ev.seq` of the source: the tenant's event as it is, any
+/// other as a filler.
+fn copy_of(ev: &Event, tenant: &str) -> Result<NewEvent, CommandError> {
+    let bad = |e: tidemark_log::FieldError| storage("copying an event", e);
+    if ev.tenant() == tenant {
+        return NewEvent::from_json_text(
+            Some(ev.event_id.clone()),
+            ev.stream.clone(),
+            ev.subject.clone(),
+            ev.event_type.clone(),
+            &ev.payload,
+        )
+        .and_then(|n| n.in_tenant(tenant))
+        .map_err(bad);
+    }
+    NewEvent::new(
+        Some(filler_id(ev.seq)),
+        Stream::Tenants,
+        "gap",
+        tidemark_log::MOVE_FILLER_TYPE,
+        &json!({}),
+    )
+    .map_err(bad)
+}
+
+fn filler_id(seq: u64) -> String {
+    format!("gap:{seq}")
+}
+
+/// Copy the source's events after `after` through `upto` into the destination at the same
+/// seqs and times (the destination's head must be `after`); answers how many of them are
+/// the tenant's.
+async fn copy(
+    src: &Engine,
+    dst: &Engine,
+    tenant: &str,
+    mut after: u64,
+    upto: u64,
+) -> Result<u64, CommandError> {
+    let Some(log) = dst.embedded_log() else {
+        return Err(refused(Rejection::MoveUnsupported, "not an embedded log"));
+    };
+    let mut own = 0;
+    while after < upto {
+        let events = page(src, after, upto).await?;
+        if events.is_empty() {
+            return Err(storage(
+                "copying",
+                format!("the source has no event after seq {after} (head {upto})"),
+            ));
+        }
+        // One replicated batch per run of one commit time (the log records one time a batch).
+        for run in events.chunk_by(|a, b| a.time_us == b.time_us) {
+            let batch = run
+                .iter()
+                .map(|ev| copy_of(ev, tenant))
+                .collect::<Result<Vec<_>, _>>()?;
+            own += run.iter().filter(|ev| ev.tenant() == tenant).count() as u64;
+            log.replicate(batch, run[0].seq, run[0].time_us)
+                .await
+                .map_err(|e| storage("writing the copy into the destination", e))?;
+        }
+        after = events.last().map_or(upto, |e| e.seq);
+        if let Some(d) = fault_delay() {
+            tokio::time::sleep(d).await;
+        }
+    }
+    Ok(own)
+}
+
+/// Whether the destination holds the copy of the source after `after` through `upto`: each
+/// seq the source's event of the tenant (same id, stream, subject, type, payload, time), or
+/// a filler at the source's time.
+async fn verify(
+    src: &Engine,
+    dst: &Engine,
+    tenant: &str,
+    mut after: u64,
+    upto: u64,
+) -> Result<(), String> {
+    while after < upto {
+        let theirs = page(src, after, upto).await.map_err(|e| e.to_string())?;
+        let ours = page(dst, after, upto).await.map_err(|e| e.to_string())?;
+        if theirs.is_empty() {
+            return Err(format!("the source has no event after seq {after}"));
+        }
+        if ours.len() < theirs.len() {
+            return Err(format!(
+                "the copy ends at seq {}",
+                ours.last().map_or(after, |e| e.seq)
+            ));
+        }
+        for (s, d) in theirs.iter().zip(&ours) {
+            let same = s.seq == d.seq
+                && s.time_us == d.time_us
+                && if s.tenant() == tenant {
+                    d.tenant() == tenant
+                        && s.event_id == d.event_id
+                        && s.stream == d.stream
+                        && s.subject == d.subject
+                        && s.event_type == d.event_type
+                        && s.payload.get() == d.payload.get()
+                } else {
+                    d.tenant.is_none()
+                        && d.event_type == tidemark_log::MOVE_FILLER_TYPE
+                        && d.event_id == filler_id(s.seq)
+                };
+            if !same {
+                return Err(format!("seq {} differs", s.seq));
+            }
+        }
+        after = theirs.last().map_or(upto, |e| e.seq);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_filler_is_the_directorys_gap_type() {
+        assert_eq!(
+            tidemark_projections::names::EventType::TenantGap.as_str(),
+            tidemark_log::MOVE_FILLER_TYPE
+        );
+    }
+}

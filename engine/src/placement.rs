@@ -1,0 +1,264 @@
+//! Where each tenant acts (spec section 20), as this process knows it between two folds of
+//! the directory: the deployment's shards share one [`Placement`].
+//!
+//! A tenant's events are in the shard it lives in, and nowhere else, but for a move
+//! ([`crate::moves`]): the destination holds a copy of them before the tenant lives there
+//! (inert until the switch, and after a crash a prefix of one), and the source keeps them
+//! after it has left. So a shard's reactors act on a tenant's events only where it lives
+//! ([`Placement::acts`]): the placements the directory recorded (loaded at the start, before
+//! any reactor runs), and the moves under way in this process. A tenant not loaded was
+//! created since the start, never moved: it acts where its events are.
+//!
+//! It also holds each tenant's gate: every request that changes a tenant's data holds it
+//! shared while it runs ([`Placement::gate`]), and a move holds it exclusively from the fence
+//! to the switch.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use tidemark_projections::tenants::TenantRow;
+use tokio::sync::watch;
+
+/// Whether a shard's reactors act on a tenant's events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acts {
+    /// It lives here (or it is the default tenant, whose events are the home shard's, and a
+    /// move's fillers elsewhere that no reactor takes).
+    Here,
+    /// It lives in another shard: these are a copy (a move's destination before the switch,
+    /// or its source after).
+    Elsewhere,
+    /// It is being moved into this shard: its events here are the copy the switch will make
+    /// its own; wait for the switch (or for the move to fail).
+    Wait,
+}
+
+/// A move under way in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moving {
+    pub from: u32,
+    pub to: u32,
+    /// Fenced: its requests wait, and the source's reactors no longer act for it.
+    pub fenced: bool,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Each tenant's shard as the directory recorded it (loaded, then kept by the moves).
+    shard_of: HashMap<String, u32>,
+    moving: HashMap<String, Moving>,
+}
+
+/// The deployment's placements in this process, shared by its shards' engines.
+pub struct Placement {
+    inner: RwLock<Inner>,
+    /// Bumped when a move begins, fences, switches or ends.
+    changes: watch::Sender<u64>,
+    gates: Mutex<HashMap<String, Arc<tokio::sync::RwLock<()>>>>,
+}
+
+impl Default for Placement {
+    fn default() -> Self {
+        Placement {
+            inner: RwLock::default(),
+            changes: watch::channel(0).0,
+            gates: Mutex::default(),
+        }
+    }
+}
+
+/// A move already under way for a tenant, or into a shard.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct Busy(pub String);
+
+impl Placement {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// Take the directory's placements (every tenant ever created): before the reactors of
+    /// any shard run, and again whenever the directory has been read whole.
+    pub fn load(&self, rows: &[TenantRow]) {
+        let mut inner = self.write();
+        for r in rows {
+            inner.shard_of.insert(r.name.clone(), r.shard);
+        }
+    }
+
+    /// Whether shard `shard`'s reactors act on the events of `tenant` (`None`: the default
+    /// tenant).
+    pub fn acts(&self, tenant: Option<&str>, shard: u32) -> Acts {
+        let Some(t) = tenant else {
+            return Acts::Here;
+        };
+        let inner = self.read();
+        if let Some(m) = inner.moving.get(t) {
+            if m.to == shard {
+                return Acts::Wait;
+            }
+            if m.from == shard && m.fenced {
+                return Acts::Elsewhere;
+            }
+        }
+        match inner.shard_of.get(t) {
+            Some(&s) if s != shard => Acts::Elsewhere,
+            _ => Acts::Here,
+        }
+    }
+
+    /// Whether `tenant` is fenced out of shard `shard` by a move (its models there are no
+    /// longer walked).
+    pub fn fenced_from(&self, tenant: &str, shard: u32) -> bool {
+        self.read()
+            .moving
+            .get(tenant)
+            .is_some_and(|m| m.from == shard && m.fenced)
+    }
+
+    /// The shard `tenant` lives in as this process last knew it (`None`: not loaded).
+    pub fn shard_of(&self, tenant: &str) -> Option<u32> {
+        self.read().shard_of.get(tenant).copied()
+    }
+
+    /// The move of `tenant` under way, if any.
+    pub fn moving(&self, tenant: &str) -> Option<Moving> {
+        self.read().moving.get(tenant).copied()
+    }
+
+    /// The shards moves are copying into (a new tenant is not placed there).
+    pub fn reserved(&self) -> Vec<u32> {
+        self.read().moving.values().map(|m| m.to).collect()
+    }
+
+    /// Begin moving `tenant` from `from` to `to`: refused while it, or `to`, is in a move.
+    pub fn begin(&self, tenant: &str, from: u32, to: u32) -> Result<(), Busy> {
+        {
+            let mut inner = self.write();
+            if inner.moving.contains_key(tenant) {
+                return Err(Busy(format!("tenant {tenant:?} is being moved already")));
+            }
+            if inner.moving.values().any(|m| m.to == to || m.from == to) {
+                return Err(Busy(format!("shard {to} is in another move")));
+            }
+            // A tenant created since the load lives in `from`: its copy in `to` stays inert if
+            // the move fails.
+            inner.shard_of.entry(tenant.to_owned()).or_insert(from);
+            inner.moving.insert(
+                tenant.to_owned(),
+                Moving {
+                    from,
+                    to,
+                    fenced: false,
+                },
+            );
+        }
+        self.changed();
+        Ok(())
+    }
+
+    /// The move of `tenant` is fenced: the source's reactors stop acting for it.
+    pub fn fence(&self, tenant: &str) {
+        if let Some(m) = self.write().moving.get_mut(tenant) {
+            m.fenced = true;
+        }
+        self.changed();
+    }
+
+    /// The move of `tenant` has ended: switched (it lives in `switched_to` now) or not.
+    pub fn end(&self, tenant: &str, switched_to: Option<u32>) {
+        {
+            let mut inner = self.write();
+            inner.moving.remove(tenant);
+            if let Some(to) = switched_to {
+                inner.shard_of.insert(tenant.to_owned(), to);
+            }
+        }
+        self.changed();
+    }
+
+    /// What changes with each move's steps: a live stream of a tenant ends when its tenant
+    /// no longer lives in the shard it reads, a reactor waiting on a move looks again.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// The gate of `tenant`'s changes: a request that changes its data holds it shared; a
+    /// move holds it exclusively from its fence to its switch.
+    pub fn gate(&self, tenant: &str) -> Arc<tokio::sync::RwLock<()>> {
+        let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(g) = gates.get(tenant) {
+            return g.clone();
+        }
+        let g = Arc::new(tokio::sync::RwLock::new(()));
+        gates.insert(tenant.to_owned(), g.clone());
+        g
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(name: &str, shard: u32) -> TenantRow {
+        TenantRow {
+            name: name.to_owned(),
+            shard,
+            ..TenantRow::default()
+        }
+    }
+
+    #[test]
+    fn a_tenant_acts_where_it_lives_and_waits_where_it_is_moving() {
+        let p = Placement::default();
+        p.load(&[row("acme", 1), row("beta", 0)]);
+        assert_eq!(p.acts(None, 0), Acts::Here);
+        assert_eq!(p.acts(Some("acme"), 1), Acts::Here);
+        assert_eq!(
+            p.acts(Some("acme"), 2),
+            Acts::Elsewhere,
+            "a crashed copy is inert"
+        );
+        assert_eq!(p.acts(Some("new"), 2), Acts::Here, "created since the load");
+        p.begin("acme", 1, 2).unwrap();
+        assert!(p.begin("acme", 1, 3).is_err());
+        assert!(p.begin("beta", 0, 2).is_err(), "shard 2 is in a move");
+        assert_eq!(p.reserved(), vec![2]);
+        assert_eq!(
+            p.acts(Some("acme"), 1),
+            Acts::Here,
+            "the source acts until the fence"
+        );
+        assert_eq!(p.acts(Some("acme"), 2), Acts::Wait);
+        p.fence("acme");
+        assert!(p.fenced_from("acme", 1));
+        assert_eq!(p.acts(Some("acme"), 1), Acts::Elsewhere);
+        p.end("acme", Some(2));
+        assert_eq!(p.acts(Some("acme"), 2), Acts::Here);
+        assert_eq!(p.acts(Some("acme"), 1), Acts::Elsewhere);
+        p.begin("beta", 0, 3).unwrap();
+        p.end("beta", None);
+        p.begin("late", 0, 3).unwrap();
+        p.end("late", None);
+        assert_eq!(
+            p.acts(Some("late"), 3),
+            Acts::Elsewhere,
+            "not loaded, moved in vain"
+        );
+        assert_eq!(
+            p.acts(Some("beta"), 0),
+            Acts::Here,
+            "a failed move leaves it"
+        );
+        assert_eq!(p.acts(Some("beta"), 3), Acts::Elsewhere);
+        assert!(Arc::ptr_eq(&p.gate("acme"), &p.gate("acme")));
+    }
+}
