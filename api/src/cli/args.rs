@@ -57,6 +57,8 @@ pub enum Command {
     /// The endpoints of the email and webhook routes (section 17): each one's health and
     /// circuit; disable and enable one (operator).
     Endpoints(EndpointsArgs),
+    /// The deployment's tenants and shards (operators): list, show, create, remove, move.
+    Tenants(super::tenants::TenantsArgs),
     /// The effective configuration (defaults, the file, TIDEMARK_* variables), secrets masked.
     Config(ConfigArgs),
     /// Back the log up into --to DIR on this machine: a running server streams it (admin
@@ -70,10 +72,7 @@ pub enum Command {
     /// The log as JSON lines: export from, or import into, a data directory (offline).
     Log(LogArgs),
     /// Shell completions for bash, zsh, fish, elvish or powershell, on stdout.
-    Completions {
-        /// bash, zsh, fish, elvish or powershell.
-        shell: clap_complete::Shell,
-    },
+    Completions { shell: clap_complete::Shell },
     /// Benchmark tidemark against Redis Streams, PostgreSQL, SQLite and NATS JetStream
     /// (`tidemark bench --help` lists the options; peers: benches/peers/install.sh).
     #[command(disable_help_flag = true)]

@@ -15,6 +15,7 @@ mod events;
 mod more;
 mod operator;
 pub mod output;
+mod tenants;
 
 pub use args::*;
 use error::CliError;
@@ -71,6 +72,7 @@ pub fn main() -> ExitCode {
             Command::Lists(a) => lists(a).await,
             Command::Routes(a) => routes(a).await,
             Command::Endpoints(a) => endpoints(a).await,
+            Command::Tenants(a) => tenants::tenants(a).await,
             Command::Config(a) => config_show(a),
             Command::Backup(a) => backup::backup(a).await,
             Command::Restore(a) => backup::restore(a).await,
@@ -111,6 +113,7 @@ impl Command {
             Command::Lists(a) => a.client.output,
             Command::Routes(a) => a.client.output,
             Command::Endpoints(a) => a.client.output,
+            Command::Tenants(a) => a.client.output,
             Command::Config(ConfigArgs {
                 action: ConfigAction::Show { output, .. },
             }) => *output,

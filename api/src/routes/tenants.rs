@@ -315,16 +315,18 @@ pub async fn move_to(
 ) -> Result<Json<TenantMoved>, ApiError> {
     let engines: Vec<tidemark_engine::Engine> =
         st.shards.iter().map(|s| s.engine.clone()).collect();
-    let moved = tidemark_engine::moves::move_tenant(
-        &engines,
-        tidemark_engine::moves::MoveRequest {
-            tenant: name,
-            to: b.shard,
-            reason: b.reason.into_string(),
-            by: caller(&st, &headers),
-        },
-    )
-    .await?;
+    let req = tidemark_engine::moves::MoveRequest {
+        tenant: name,
+        to: b.shard,
+        reason: b.reason.into_string(),
+        by: caller(&st, &headers),
+    };
+    // On a task of its own: a client that goes away does not stop a move half-way (between
+    // its record in the directory and its switch in this process).
+    let moved =
+        tokio::spawn(async move { tidemark_engine::moves::move_tenant(&engines, req).await })
+            .await
+            .map_err(|e| ApiError::internal("moving a tenant", e))??;
     st.directory_seq
         .fetch_max(moved.directory_seq, std::sync::atomic::Ordering::AcqRel);
     Ok(Json(TenantMoved {

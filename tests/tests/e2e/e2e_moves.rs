@@ -490,10 +490,43 @@ async fn a_move_killed_mid_copy_leaves_an_inert_copy_the_next_move_resumes() {
     assert_eq!(st, StatusCode::CREATED, "{body}");
     let late = body["events"][0]["seq"].as_u64().unwrap();
 
-    // The move again: it verifies the prefix and resumes from it.
-    let r = move_to(&api, "acme", 2).await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
-    assert_eq!(r.json["resumed_after"], partial, "{}", r.json);
+    // The move again, as an operator runs it (`tidemark tenants move`): it verifies the
+    // prefix and resumes from it.
+    let url = api.url("");
+    let out = tidemark_tests::run_cli(
+        &[
+            "tenants",
+            "move",
+            "acme",
+            "--shard",
+            "2",
+            "--reason",
+            "rebalancing",
+            "--url",
+            &url,
+            "-o",
+            "json",
+        ],
+        "",
+        Duration::from_secs(120),
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let moved: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(moved["resumed_after"], partial, "{moved}");
+    assert_eq!(moved["tenant"]["shard"], 2, "{moved}");
+    let out = tidemark_tests::run_cli(
+        &["tenants", "shards", "--url", &url, "-o", "json"],
+        "",
+        Duration::from_secs(60),
+    )
+    .await;
+    let shards: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(shards[2]["tenants"], json!(["acme"]), "{shards}");
     let now = held(&acme).await;
     assert_eq!(now.len(), before.len() + 1);
     let mut want = before.clone();
