@@ -101,8 +101,8 @@ pub struct Api {
     scoped: Option<Engine>,
     /// The shard the tenant lives in.
     shard: usize,
-    /// The tenant's gate, held shared while a request that changes its data runs: a move
-    /// fences the tenant by taking it exclusively (`tidemark_engine::moves`).
+    /// The tenant's gate, held shared while its request runs: a move fences the tenant by
+    /// taking it exclusively (`tidemark_engine::moves`).
     _gate: Option<Arc<tokio::sync::OwnedRwLockReadGuard<()>>>,
 }
 
@@ -125,6 +125,15 @@ impl Api {
     /// The shard of the request's tenant: its live streams' and pulls' hubs.
     pub fn shard(&self) -> &Shard {
         &self.shared.shards[self.shard]
+    }
+
+    /// Until a move of the request's tenant takes a step (a long poll ends on it, so that
+    /// the move's fence does not wait for it).
+    pub async fn until_moved(&self) {
+        if tidemark_log::tenant_of(self.tenant()).is_none() {
+            return std::future::pending().await;
+        }
+        self.engine().placement().until_fencing(self.tenant()).await;
     }
 
     /// The number of the shard the request's tenant lives in.
@@ -171,37 +180,26 @@ impl axum::extract::FromRequestParts<AppState> for Api {
                 _gate: None,
             });
         };
-        // A request that may change the tenant's data waits while a move fences it, and holds
-        // the move's switch back while it runs; it then goes to the shard the tenant lives in
-        // as of after the switch.
-        let gate = if parts.method == axum::http::Method::GET
-            || parts.method == axum::http::Method::HEAD
-        {
-            None
-        } else {
-            let g = state.engine.placement().gate(&tenant);
-            Some(Arc::new(g.read_owned().await))
+        // The tenant's gate, held shared while the request runs (reads too: a position read
+        // from the old shard after a move's fence would mean something else in the new one);
+        // a move fences the tenant by taking it exclusively. Taken once a request (a handler
+        // may extract `Api` twice), and only for a tenant found in the directory (so a name
+        // that is no tenant makes no gate); looked up again if a move stepped meanwhile.
+        let moves = state.engine.placement();
+        let mut seen = moves.version();
+        let mut shard = resolve(state, &tenant).await?;
+        let gate = match parts.extensions.get::<HeldGate>() {
+            Some(g) => g.0.clone(),
+            None => {
+                let g = Arc::new(moves.gate(&tenant).read_owned().await);
+                parts.extensions.insert(HeldGate(g.clone()));
+                g
+            }
         };
-        // In the directory, and not removed: as of the last change of the directory, not of
-        // the home shard's head (which moves with the default tenant's appends: waiting for it
-        // sent every tenant request through the blocking pool). The directory changes only by
-        // this node's `POST`/`DELETE /v1/tenants`, which record their seq in
-        // `directory_seq` (the head at the start before any); on the blocking pool only while
-        // the models have not folded that far.
-        let want = state.directory_seq.load(Ordering::Acquire);
-        let mut live = placement(state, &tenant, want).await?;
-        if live.is_none() {
-            // Not (or no longer) a tenant as of then: as of the head, which another node of a
-            // cluster may have changed it by.
-            live = placement(state, &tenant, state.engine.head()).await?;
+        while moves.version() != seen {
+            seen = moves.version();
+            shard = resolve(state, &tenant).await?;
         }
-        let Some(shard) = live else {
-            return Err(crate::error::ApiError::new(
-                axum::http::StatusCode::NOT_FOUND,
-                "tenant_not_found",
-                format!("no tenant {:?}", &*tenant),
-            ));
-        };
         // A start with fewer shards than a placement is refused (`crate::server`).
         let Some(home) = state.shards.get(shard as usize) else {
             return Err(crate::error::ApiError::new(
@@ -217,9 +215,37 @@ impl axum::extract::FromRequestParts<AppState> for Api {
             shared: state.clone(),
             scoped: Some(home.engine.in_tenant(&tenant)),
             shard: shard as usize,
-            _gate: gate,
+            _gate: Some(gate),
         })
     }
+}
+
+/// The gate a request holds ([`Api`]), kept on the request so a second extraction reuses it.
+#[derive(Clone)]
+struct HeldGate(Arc<tokio::sync::OwnedRwLockReadGuard<()>>);
+
+/// The shard live tenant `tenant` lives in, from the directory, or the request's refusal.
+async fn resolve(state: &AppState, tenant: &Arc<str>) -> Result<u32, crate::error::ApiError> {
+    // In the directory, and not removed: as of the last change of the directory, not of the
+    // home shard's head (which moves with the default tenant's appends: waiting for it sent
+    // every tenant request through the blocking pool). The directory changes only by this
+    // node's `POST`/`DELETE /v1/tenants` and moves, which record their seq in `directory_seq`
+    // (the head at the start before any); on the blocking pool only while the models have not
+    // folded that far.
+    let want = state.directory_seq.load(Ordering::Acquire);
+    let mut live = placement(state, tenant, want).await?;
+    if live.is_none() {
+        // Not (or no longer) a tenant as of then: as of the head, which another node of a
+        // cluster may have changed it by.
+        live = placement(state, tenant, state.engine.head()).await?;
+    }
+    live.ok_or_else(|| {
+        crate::error::ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "tenant_not_found",
+            format!("no tenant {:?}", &**tenant),
+        )
+    })
 }
 
 /// The shard of live tenant `tenant` in the directory as the home shard's models hold it once

@@ -351,9 +351,15 @@ pub async fn spawn(
     // on, each tenant's through its own.
     let operational_feed = follower.subscribe_if(head, Box::new(|p| p.any(operational::concerns)));
     // The server log's account of parks and circuits: what is committed from now on.
+    let moves = engine.clone();
     follower.observe(Box::new(move |p| {
         if p.upto > head && p.any(oplog::concerns) {
-            oplog::observe(p, head);
+            // Not what a move brought here: that is history.
+            let shard = moves.shard();
+            let placement = moves.placement();
+            oplog::observe(p, head, |e| {
+                !placement.is_history(e.tenant.as_deref(), shard, e.seq)
+            });
         }
     }));
     tasks.extend([

@@ -496,7 +496,12 @@ pub(crate) async fn run(engine: Engine, mut feed: Feed, shutdown: CancellationTo
         let mut out: Vec<(Engine, NewEvent)> = Vec::new();
         if let Some(page) = page {
             let mut by_tenant: Vec<(Option<String>, Vec<&Event>)> = Vec::new();
-            for ev in page.events.iter().filter(|e| concerns(&e.as_ref())) {
+            // What a move brought into this shard is history, told (or not) where it happened.
+            let moves = engine.placement();
+            for ev in page.events.iter().filter(|e| {
+                concerns(&e.as_ref())
+                    && !moves.is_history(e.tenant.as_deref(), engine.shard(), e.seq)
+            }) {
                 match by_tenant.iter_mut().find(|(t, _)| *t == ev.tenant) {
                     Some((_, evs)) => evs.push(ev),
                     None => by_tenant.push((ev.tenant.clone(), vec![ev])),

@@ -45,8 +45,8 @@ pub(crate) fn cause(s: Option<&str>) -> String {
 }
 
 /// Log what the events of `page` after `after` say an operator must know.
-pub fn observe(page: &Page, after: u64) {
-    for ev in page.events.iter().filter(|e| e.seq > after) {
+pub fn observe(page: &Page, after: u64, news: impl Fn(&Event) -> bool) {
+    for ev in page.events.iter().filter(|e| e.seq > after && news(e)) {
         log_event(ev);
     }
 }

@@ -48,6 +48,15 @@ async fn compact(engine: &Engine, window_ms: u64) -> Result<CompactReport, Comma
     // Another shard's models know no directory: the tenants whose cursors pin it come from
     // the home shard's, as it stands after the directory has settled.
     // The home shard's cut reads its own directory, folded to the head by the decider.
+    // A shard a move copies from or into keeps its prefix until the move ends (the copy
+    // keeps the source's seqs from 1, and the destination's pins no tenant yet).
+    if engine.placement().in_a_move(engine.shard()) {
+        tracing::info!(
+            shard = engine.shard(),
+            "a tenant's move copies from or into this shard: compaction skipped this run"
+        );
+        return Ok(CompactReport::default());
+    }
     let e = engine.clone();
     let tenants = match tokio::task::spawn_blocking(move || {
         if e.shard() == 0 {

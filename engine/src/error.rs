@@ -51,6 +51,8 @@ rejections! {
     EndpointNotFound = "endpoint_not_found": NotFound,
     /// no such bridge subscription.
     SubscriptionNotFound = "subscription_not_found": NotFound,
+    /// no shard of that number in the deployment.
+    ShardNotFound = "shard_not_found": NotFound,
     /// no such tenant (or it was removed).
     TenantNotFound = "tenant_not_found": NotFound,
     /// a tenant of that name exists or existed.
@@ -58,6 +60,8 @@ rejections! {
     /// a tenant moves only into a shard no tenant was ever placed in (or one holding only a
     /// crashed move's copy of that tenant).
     ShardNotEmpty = "shard_not_empty": Conflict,
+    /// the default tenant (it lives in the home shard), or a tenant to the shard it lives in.
+    NotMovable = "not_movable": Conflict,
     /// the tenant, or the shard, is in a move already.
     MoveInProgress = "move_in_progress": Conflict,
     /// this deployment cannot move a tenant (its log backend, or a compacted source).
@@ -98,9 +102,6 @@ rejections! {
     InvalidRoute = "invalid_route": Invalid,
     /// the tenant's name is not valid (or is the default tenant's).
     InvalidTenant = "invalid_tenant": Invalid,
-    /// the move names the shard the tenant lives in, no shard of the deployment, or the
-    /// default tenant.
-    InvalidMove = "invalid_move": Invalid,
     /// an `env:` reference names a variable the answering node does not have.
     EnvUnset = "env_unset": Invalid,
     /// an operator action needs a reason.

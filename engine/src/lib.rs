@@ -471,6 +471,22 @@ impl<L: EventLog + Clone> Engine<L> {
         &self,
         cmd: C,
     ) -> Result<(C::Answer, AppendReceipt), CommandError> {
+        // A tenant's command runs only in the shard it lives in, and not while a move fences
+        // it (spec section 20): a reactor's command in flight then is refused, not recorded
+        // after the move's copy ended.
+        if !self
+            .placement
+            .commands_here(self.tenant.as_deref(), self.shard)
+        {
+            return Err(CommandError::rejected(
+                Rejection::MoveInProgress,
+                format!(
+                    "tenant {:?} is being moved, or lives in another shard than {}",
+                    self.tenant(),
+                    self.shard
+                ),
+            ));
+        }
         let name = C::NAME;
         let r = self.decider.execute(self.tenant.clone(), cmd).await;
         let result = match &r {

@@ -96,11 +96,11 @@ fn storage(what: &str, e: impl std::fmt::Display) -> CommandError {
     ))
 }
 
-/// Ends the move in the placement if it does not switch (an error, a dropped request).
+/// Ends the move in the placement: switched, or not (an error, a dropped request).
 struct Underway {
     placement: Arc<crate::placement::Placement>,
     tenant: String,
-    switched: Option<u32>,
+    switched: Option<(u32, u64)>,
 }
 
 impl Drop for Underway {
@@ -109,23 +109,22 @@ impl Drop for Underway {
     }
 }
 
+/// How long the fence waits for the tenant's requests in flight (a long poll is told to end
+/// at once, `Placement::changes`); past it the move gives up, and the tenant goes on where it
+/// was.
+const FENCE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Move `req.tenant` to shard `req.to` of `shards` (the deployment's engines, the home shard
-/// first). Refused: the default tenant, the shard it lives in or none of the deployment
-/// (`invalid_move`); not a tenant (`tenant_not_found`); a destination another tenant was
-/// ever placed in, or holding events that are not a copy of this tenant's
-/// (`shard_not_empty`); a move of the tenant or into the shard under way (`move_in_progress`);
-/// a log that cannot take a copy at the source's seqs, the JetStream backend, or a source
-/// compacted by retention (`move_unsupported`).
+/// first). Refused: no such shard (`shard_not_found`); the default tenant, or the shard it
+/// lives in (`not_movable`); not a tenant (`tenant_not_found`); shard 0, a destination another
+/// tenant is placed in, or one holding events that are not a copy of this tenant's shard
+/// (`shard_not_empty`); a move of the tenant or into the shard under way, or requests of the
+/// tenant holding the fence past [`FENCE_WAIT`] (`move_in_progress`); the JetStream backend,
+/// or a source compacted by retention (`move_unsupported`).
 pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, CommandError> {
     let home = shards
         .first()
         .ok_or_else(|| storage("moving", "no shard"))?;
-    if tidemark_log::tenant_of(&req.tenant).is_none() {
-        return Err(refused(
-            Rejection::InvalidMove,
-            "the default tenant lives in the home shard: it is not moved",
-        ));
-    }
     if req.reason.trim().is_empty() {
         return Err(refused(
             Rejection::ReasonRequired,
@@ -134,7 +133,7 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
     }
     let Some(dst) = shards.get(req.to as usize) else {
         return Err(refused(
-            Rejection::InvalidMove,
+            Rejection::ShardNotFound,
             format!(
                 "the deployment has shards 0 to {}; there is no shard {}",
                 shards.len() - 1,
@@ -142,30 +141,29 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
             ),
         ));
     };
-    let (row, directory) = {
-        let (h, t) = (home.clone(), req.tenant.clone());
-        blocking(move || {
-            h.read().floor(0)?;
-            Ok((h.read().tenant(&t)?, h.read().tenants()?))
-        })
-        .await?
-    };
-    let row = row.filter(TenantRow::is_live).ok_or_else(|| {
-        refused(
-            Rejection::TenantNotFound,
-            format!("no tenant {:?}", req.tenant),
-        )
-    })?;
+    if tidemark_log::tenant_of(&req.tenant).is_none() {
+        return Err(refused(
+            Rejection::NotMovable,
+            "the default tenant lives in the home shard: it is not moved",
+        ));
+    }
+    let row = live_row(home, &req.tenant).await?;
     let from = row.shard;
     if from == req.to {
         return Err(refused(
-            Rejection::InvalidMove,
+            Rejection::NotMovable,
             format!("tenant {:?} lives in shard {from} already", req.tenant),
+        ));
+    }
+    if req.to == 0 {
+        return Err(refused(
+            Rejection::ShardNotEmpty,
+            "shard 0 holds the default tenant: a tenant moves into an empty shard",
         ));
     }
     let Some(src) = shards.get(from as usize) else {
         return Err(refused(
-            Rejection::InvalidMove,
+            Rejection::ShardNotFound,
             format!(
                 "tenant {:?} lives in shard {from}, which this node does not serve",
                 req.tenant
@@ -188,10 +186,21 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
         tenant: req.tenant.clone(),
         switched: None,
     };
+    // As of after `begin`: a move that switched meanwhile has placed it elsewhere.
+    if live_row(home, &req.tenant).await?.shard != from {
+        return Err(refused(
+            Rejection::MoveInProgress,
+            format!("tenant {:?} was just moved", req.tenant),
+        ));
+    }
+    let directory = {
+        let h = home.clone();
+        blocking(move || Ok(h.read().tenants()?)).await?
+    };
     if let Some(other) = directory.iter().find(|t| t.shard == req.to) {
         return Err(refused(
             Rejection::ShardNotEmpty,
-            format!("tenant {:?} was placed in shard {}", other.name, req.to),
+            format!("tenant {:?} is placed in shard {}", other.name, req.to),
         ));
     }
     let first = {
@@ -217,8 +226,8 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
                 refused(
                     Rejection::ShardNotEmpty,
                     format!(
-                        "shard {} holds {resumed_after} events that are not a copy of tenant {tenant:?}'s \
-                         shard: {e}",
+                        "shard {} holds {resumed_after} events that are not a copy of tenant \
+                         {tenant:?}'s shard: {e}",
                         req.to
                     ),
                 )
@@ -233,34 +242,63 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
         }
         copied += copy(src, dst, tenant, dst.head(), head).await?;
     }
-    // The fence: no request of the tenant changes it from here (those in flight first
-    // finish), and the source's reactors stop acting for it.
-    let gate = placement.gate(tenant).write_owned().await;
-    placement.fence(tenant);
+    // What is copied so far is verified before the fence, so that the tenant waits only for
+    // the tail's.
+    let verified = dst.head();
+    verify(src, dst, tenant, resumed_after, verified)
+        .await
+        .map_err(|e| storage("verifying the move's copy", e))?;
+    // The fence: no request of the tenant runs from here (those in flight finish first), and
+    // the source's reactors and commands no longer act for it.
+    let Ok(gate) = tokio::time::timeout(FENCE_WAIT, placement.fence_when_idle(tenant)).await else {
+        return Err(refused(
+            Rejection::MoveInProgress,
+            format!(
+                "requests of tenant {tenant:?} kept the fence waiting {FENCE_WAIT:?}; it stays \
+                 in shard {from}: try again"
+            ),
+        ));
+    };
     let through_seq = src.head();
     copied += copy(src, dst, tenant, dst.head(), through_seq).await?;
-    verify(src, dst, tenant, 0, through_seq)
+    verify(src, dst, tenant, verified, through_seq)
         .await
         .map_err(|e| storage("verifying the move's copy", e))?;
     {
         let d = dst.clone();
         blocking(move || Ok(d.read().folded_to(through_seq).map(drop)?)).await?;
     }
-    let (row, receipt) = home
-        .execute(MoveTenant {
-            name: req.tenant.clone(),
-            from,
-            to: req.to,
-            through_seq,
-            reason: req.reason.clone(),
-            by: req.by.clone(),
-        })
-        .await?;
-    underway.switched = Some(req.to);
-    // The directory as the requests the gate releases read it.
-    {
-        let (h, seq) = (home.clone(), receipt.last_seq);
-        blocking(move || Ok(h.read().folded_to(seq).map(drop)?)).await?;
+    let record = MoveTenant {
+        name: req.tenant.clone(),
+        from,
+        to: req.to,
+        through_seq,
+        reason: req.reason.clone(),
+        by: req.by.clone(),
+    };
+    let (row, directory_seq) = match home.execute(record).await {
+        Ok((row, receipt)) => (row, receipt.last_seq),
+        Err(e) => {
+            // An answer lost after the record was made (the log's, say) still switched it.
+            match live_row(home, tenant).await {
+                Ok(row) if row.shard == req.to => {
+                    let h = home.head();
+                    (row, h)
+                }
+                _ => return Err(e),
+            }
+        }
+    };
+    underway.switched = Some((req.to, through_seq));
+    // The directory as the requests the gate releases read it (they look it up again).
+    for _ in 0..60 {
+        let h = home.clone();
+        if blocking(move || Ok(h.read().folded_to(directory_seq).map(drop)?))
+            .await
+            .is_ok()
+        {
+            break;
+        }
     }
     drop(underway);
     drop(gate);
@@ -279,8 +317,20 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
         through_seq,
         resumed_after,
         tenant_events: copied,
-        directory_seq: receipt.last_seq,
+        directory_seq,
     })
+}
+
+/// Live tenant `name`'s row in the directory as of the home shard's head.
+async fn live_row(home: &Engine, name: &str) -> Result<TenantRow, CommandError> {
+    let (h, t) = (home.clone(), name.to_owned());
+    let row = blocking(move || {
+        h.read().floor(0)?;
+        Ok(h.read().tenant(&t)?)
+    })
+    .await?;
+    row.filter(TenantRow::is_live)
+        .ok_or_else(|| refused(Rejection::TenantNotFound, format!("no tenant {name:?}")))
 }
 
 /// Run `f` on the blocking pool.

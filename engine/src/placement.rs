@@ -28,8 +28,9 @@ pub enum Acts {
     /// It lives in another shard: these are a copy (a move's destination before the switch,
     /// or its source after).
     Elsewhere,
-    /// It is being moved into this shard: its events here are the copy the switch will make
-    /// its own; wait for the switch (or for the move to fail).
+    /// It is being moved into this shard (its events here are the copy the switch will make
+    /// its own), or out of it and fenced (a move that fails after its fence leaves it here):
+    /// wait for the switch, or for the move to fail.
     Wait,
 }
 
@@ -38,6 +39,8 @@ pub enum Acts {
 pub struct Moving {
     pub from: u32,
     pub to: u32,
+    /// The fence is wanted: requests in flight are finishing (long polls end at once).
+    pub fencing: bool,
     /// Fenced: its requests wait, and the source's reactors no longer act for it.
     pub fenced: bool,
 }
@@ -47,6 +50,9 @@ struct Inner {
     /// Each tenant's shard as the directory recorded it (loaded, then kept by the moves).
     shard_of: HashMap<String, u32>,
     moving: HashMap<String, Moving>,
+    /// The tenants moved into a shard by this process: (shard, the source's head at the
+    /// switch). Their events through it there are history the switch brought, not news.
+    arrived: HashMap<String, (u32, u64)>,
 }
 
 /// The deployment's placements in this process, shared by its shards' engines.
@@ -106,13 +112,47 @@ impl Placement {
                 return Acts::Wait;
             }
             if m.from == shard && m.fenced {
-                return Acts::Elsewhere;
+                return Acts::Wait;
             }
         }
         match inner.shard_of.get(t) {
             Some(&s) if s != shard => Acts::Elsewhere,
             _ => Acts::Here,
         }
+    }
+
+    /// Whether commands of `tenant` may run in shard `shard` (`None`: the default tenant,
+    /// always): not where it does not live, not while a move copies it into the shard, not in
+    /// its source once the move is fenced. A reactor's command in flight at a fence is refused
+    /// rather than recorded after the copy's end.
+    pub fn commands_here(&self, tenant: Option<&str>, shard: u32) -> bool {
+        let Some(t) = tenant else {
+            return true;
+        };
+        let inner = self.read();
+        if let Some(m) = inner.moving.get(t)
+            && (m.to == shard || (m.from == shard && m.fenced))
+        {
+            return false;
+        }
+        inner.shard_of.get(t).is_none_or(|&s| s == shard)
+    }
+
+    /// Whether `ev_seq` of `tenant` in shard `shard` is history a move brought there in this
+    /// process (a reactor that tells of what happens from now on passes over it).
+    pub fn is_history(&self, tenant: Option<&str>, shard: u32, ev_seq: u64) -> bool {
+        let Some(t) = tenant else {
+            return false;
+        };
+        self.read()
+            .arrived
+            .get(t)
+            .is_some_and(|&(s, through)| s == shard && ev_seq <= through)
+    }
+
+    /// A number that changes with every step of every move.
+    pub fn version(&self) -> u64 {
+        *self.changes.borrow()
     }
 
     /// Whether `tenant` is fenced out of shard `shard` by a move (its models there are no
@@ -132,6 +172,14 @@ impl Placement {
     /// The move of `tenant` under way, if any.
     pub fn moving(&self, tenant: &str) -> Option<Moving> {
         self.read().moving.get(tenant).copied()
+    }
+
+    /// Whether a move under way copies from or into `shard`.
+    pub fn in_a_move(&self, shard: u32) -> bool {
+        self.read()
+            .moving
+            .values()
+            .any(|m| m.from == shard || m.to == shard)
     }
 
     /// The shards moves are copying into (a new tenant is not placed there).
@@ -157,12 +205,26 @@ impl Placement {
                 Moving {
                     from,
                     to,
+                    fencing: false,
                     fenced: false,
                 },
             );
         }
         self.changed();
         Ok(())
+    }
+
+    /// Fence the move of `tenant` once its requests in flight have finished: new ones wait
+    /// from now on, and long polls of it end (they watch [`Placement::changes`]). Answers the
+    /// gate held exclusively; the source's reactors and commands no longer act for it.
+    pub async fn fence_when_idle(&self, tenant: &str) -> tokio::sync::OwnedRwLockWriteGuard<()> {
+        if let Some(m) = self.write().moving.get_mut(tenant) {
+            m.fencing = true;
+        }
+        self.changed();
+        let held = self.gate(tenant).write_owned().await;
+        self.fence(tenant);
+        held
     }
 
     /// The move of `tenant` is fenced: the source's reactors stop acting for it.
@@ -173,13 +235,28 @@ impl Placement {
         self.changed();
     }
 
-    /// The move of `tenant` has ended: switched (it lives in `switched_to` now) or not.
-    pub fn end(&self, tenant: &str, switched_to: Option<u32>) {
+    /// Until `tenant`'s requests should end, for a move's fence: at once while one is wanted.
+    pub async fn until_fencing(&self, tenant: &str) {
+        let mut changes = self.changes();
+        loop {
+            if self.read().moving.get(tenant).is_some_and(|m| m.fencing) {
+                return;
+            }
+            if changes.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    /// The move of `tenant` has ended: switched (it lives in shard `to` now, holding the
+    /// source through `through_seq`) or not.
+    pub fn end(&self, tenant: &str, switched: Option<(u32, u64)>) {
         {
             let mut inner = self.write();
             inner.moving.remove(tenant);
-            if let Some(to) = switched_to {
+            if let Some((to, through)) = switched {
                 inner.shard_of.insert(tenant.to_owned(), to);
+                inner.arrived.insert(tenant.to_owned(), (to, through));
             }
         }
         self.changed();
@@ -238,12 +315,22 @@ mod tests {
             "the source acts until the fence"
         );
         assert_eq!(p.acts(Some("acme"), 2), Acts::Wait);
+        assert!(p.commands_here(Some("acme"), 1));
+        assert!(!p.commands_here(Some("acme"), 2), "not on the copy");
         p.fence("acme");
         assert!(p.fenced_from("acme", 1));
-        assert_eq!(p.acts(Some("acme"), 1), Acts::Elsewhere);
-        p.end("acme", Some(2));
+        assert_eq!(
+            p.acts(Some("acme"), 1),
+            Acts::Wait,
+            "held: the move may still fail"
+        );
+        assert!(!p.commands_here(Some("acme"), 1));
+        p.end("acme", Some((2, 40)));
         assert_eq!(p.acts(Some("acme"), 2), Acts::Here);
         assert_eq!(p.acts(Some("acme"), 1), Acts::Elsewhere);
+        assert!(p.commands_here(Some("acme"), 2) && !p.commands_here(Some("acme"), 1));
+        assert!(p.is_history(Some("acme"), 2, 40) && !p.is_history(Some("acme"), 2, 41));
+        assert!(!p.is_history(Some("acme"), 1, 3) && !p.is_history(None, 2, 3));
         p.begin("beta", 0, 3).unwrap();
         p.end("beta", None);
         p.begin("late", 0, 3).unwrap();

@@ -703,9 +703,9 @@ mod tests {
             ]
         );
         // 47 server-only types: `endpoint.unresolved`, `endpoint.resolved` and
-        // `source.item_skipped` came with issue 53, the four `node.*` with issue 56, the two
+        // `source.item_skipped` came with issue 53, the four `node.*` with issue 56, the four
         // `tenant.*` with issue 58.
-        assert_eq!(EventType::ALL.len() - client.len(), 47);
+        assert_eq!(EventType::ALL.len() - client.len(), 49);
     }
 
     /// Every `delivery.*` type (and no other) says what it does to a delivery row, by the

@@ -72,7 +72,10 @@ pub enum Command {
     /// The log as JSON lines: export from, or import into, a data directory (offline).
     Log(LogArgs),
     /// Shell completions for bash, zsh, fish, elvish or powershell, on stdout.
-    Completions { shell: clap_complete::Shell },
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
     /// Benchmark tidemark against Redis Streams, PostgreSQL, SQLite and NATS JetStream
     /// (`tidemark bench --help` lists the options; peers: benches/peers/install.sh).
     #[command(disable_help_flag = true)]

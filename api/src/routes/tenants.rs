@@ -259,7 +259,6 @@ pub async fn delete(
 pub struct TenantMoveBody {
     /// The shard to move it to: one no tenant was ever placed in (a shard added by raising
     /// `log.shards`), or the destination of a move of this tenant that did not finish.
-    #[schema(maximum = 255)]
     pub shard: u32,
     /// Why; required, recorded in the event.
     #[schema(inline)]
@@ -295,15 +294,16 @@ pub struct TenantMoved {
 /// Admin: move a tenant to another shard (spec section 20) — copy its events at the same
 /// seqs, fence its changes, copy the rest, verify, switch. Its positions (`after_sequence`,
 /// `Last-Event-ID`, cursors) mean the same afterwards; its live streams end at the switch
-/// and resume in the new shard. Answers once the tenant lives there. Embedded log only.
+/// and resume in the new shard; its requests wait for the last step (the fence). Answers once
+/// the tenant lives there. Embedded log only.
 #[utoipa::path(post, path = "/v1/tenants/{name}/move", tag = "tenants", operation_id = "moveTenant",
     params(TenantName),
     request_body(content = TenantMoveBody, content_type = "application/json"),
     responses(
         (status = 200, body = TenantMoved),
-        (status = 404, description = "tenant_not_found", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "shard_not_empty, move_in_progress or move_unsupported", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "invalid_move, reason_required or a malformed body", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "tenant_not_found, shard_not_found", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "not_movable, shard_not_empty, move_in_progress or move_unsupported", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "reason_required or a malformed body", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = ["admin"])))]
 #[tracing::instrument(skip_all, fields(tenant = %name))]

@@ -380,8 +380,15 @@ async fn run(
             }
         }
         due_now = false;
-        // Each poll acts for its tenant where the directory places it now; a lookup that
-        // fails keeps the engine it had.
+        // A tenant's poll holds its gate (spec section 20): a move's fence waits for it, and
+        // it waits for the switch; then it acts for its tenant where the directory places it
+        // now (a lookup that fails keeps the engine it had).
+        let gate = match shards.first() {
+            Some(home) if tidemark_log::tenant_of(&tenant).is_some() => {
+                Some(home.placement().gate(&tenant).read_owned().await)
+            }
+            _ => None,
+        };
         match tenant_engine(&shards, &tenant).await {
             Placed::Live(e) => engine = *e,
             Placed::Removed => return stop_removed(&slot, &tenant, &shutdown).await,
@@ -407,6 +414,7 @@ async fn run(
             });
             // Until a resume (or a poll request, answered 409 by the API) wakes it; then at
             // once when the resume asks for it, else at the schedule's next time.
+            drop(gate);
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = slot.wake.notified() => {}
@@ -426,6 +434,7 @@ async fn run(
             _ = shutdown.cancelled() => Err(PollError::Stopped),
             r = poll(&engine, &client, &slot.source, row.watermark.clone(), row.items_total == 0 && row.watermark.is_none(), max_pending, &series) => r,
         };
+        drop(gate);
         metrics::histogram!(
             "tidemark_source_poll_duration_seconds",
             &slot.source.labels(&[])

@@ -174,7 +174,7 @@ impl Command for MoveTenant {
         };
         if row.shard != self.from || self.to == self.from {
             return Err(CommandError::rejected(
-                Rejection::InvalidMove,
+                Rejection::NotMovable,
                 format!(
                     "tenant {:?} lives in shard {}, not {} (or the move goes nowhere)",
                     self.name, row.shard, self.from

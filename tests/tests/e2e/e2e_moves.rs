@@ -175,9 +175,9 @@ async fn a_tenant_moves_to_an_empty_shard_under_appends_with_nothing_lost_or_dou
     let delta = api.under("/tenants/delta", None);
 
     // Refusals, each changing nothing.
-    assert_problem(&move_to(&api, "default", 2).await, 422, "invalid_move");
-    assert_problem(&move_to(&api, "acme", 1).await, 422, "invalid_move");
-    assert_problem(&move_to(&api, "acme", 7).await, 422, "invalid_move");
+    assert_problem(&move_to(&api, "default", 2).await, 409, "not_movable");
+    assert_problem(&move_to(&api, "acme", 1).await, 409, "not_movable");
+    assert_problem(&move_to(&api, "acme", 7).await, 404, "shard_not_found");
     assert_problem(&move_to(&api, "acme", 0).await, 409, "shard_not_empty");
     assert_problem(&move_to(&api, "nobody", 2).await, 404, "tenant_not_found");
     let r = api
@@ -230,6 +230,37 @@ async fn a_tenant_moves_to_an_empty_shard_under_appends_with_nothing_lost_or_dou
             }
         }
     });
+    // A bridge's long poll of acme in flight (it waits up to 30 s for a delivery that never
+    // comes) does not hold the fence: it is answered when the move wants it. And requests
+    // that read the tenant twice (a source's operations) go on during the move.
+    let long_poll = {
+        let acme = acme.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let r = acme
+                .get("/v1/bridges/no-bridge/deliveries?wait_ms=30000")
+                .await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+            started.elapsed()
+        })
+    };
+    let twice = {
+        let (acme, stop) = (acme.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let r = acme
+                    .send(
+                        acme.request(Method::POST, "/v1/sources/nope/pause")
+                            .json(&json!({})),
+                    )
+                    .await;
+                assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
+                n += 1;
+            }
+            n
+        })
+    };
     tokio::time::sleep(Duration::from_millis(400)).await;
     let r = move_to(&api, "acme", 2).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
@@ -250,6 +281,12 @@ async fn a_tenant_moves_to_an_empty_shard_under_appends_with_nothing_lost_or_dou
         batches += w.await.expect("an appender failed");
     }
     assert!(batches > 10, "the clients appended {batches} batches");
+    assert!(twice.await.unwrap() > 0);
+    let waited = long_poll.await.unwrap();
+    assert!(
+        waited < Duration::from_secs(25),
+        "the long poll was answered after {waited:?}, not at the fence"
+    );
 
     // The stream ended at the switch, having shown everything through it once.
     let (seen, ended) = tokio::time::timeout(Duration::from_secs(60), reader)

@@ -30,7 +30,7 @@ fn spec_scope(method: &str, path: &str) -> &'static str {
         | ("post", "/v1/routes/{name}/preview")
         // Tenants are created and removed by the deployment's admins (section 20); the
         // directory is read by its operators.
-        | ("post", "/v1/tenants")
+        | ("post", "/v1/tenants" | "/v1/tenants/{name}/move")
         | ("delete", "/v1/tenants/{name}") => "admin",
         ("get", "/v1/tenants" | "/v1/tenants/{name}" | "/v1/shards") => "operator",
         (_, p) if p.starts_with("/v1/admin/") => "operator",

@@ -99,6 +99,8 @@ pub async fn pull(
             changed = wake.changed() => if changed.is_err() { return Ok(Json(PullPage { deliveries: found })) },
             _ = tokio::time::sleep_until(deadline) => {},
             _ = st.shutdown.cancelled() => return Ok(Json(PullPage { deliveries: found })),
+            // A move of the tenant is fencing it: answer now, the next poll goes where it lives.
+            () = st.until_moved() => return Ok(Json(PullPage { deliveries: found })),
         }
     }
 }

@@ -112,14 +112,16 @@ pub(crate) fn sse_response(
     };
     let shutdown = st.shutdown.clone();
     let streams = st.shard().streams.clone();
-    // A tenant's stream ends when a move switches the tenant to another shard (spec section
-    // 20): its client resumes there with its `Last-Event-ID`, which means the same there.
+    // A tenant's stream ends when a move fences the tenant out of this shard (spec section
+    // 20): its client resumes with its `Last-Event-ID`, which means the same in the new one
+    // (a request waits for the switch at the tenant's gate).
     let placement = engine.placement().clone();
     let (shard, tenant) = (st.shard_number(), engine.tenant().to_owned());
     let mut moves = placement.changes();
     let moved_away = move || {
         tidemark_log::tenant_of(&tenant).is_some()
-            && placement.shard_of(&tenant).is_some_and(|s| s != shard)
+            && (placement.shard_of(&tenant).is_some_and(|s| s != shard)
+                || placement.fenced_from(&tenant, shard))
     };
     let keepalive = Duration::from_secs(st.config.server.keepalive_secs);
     let events = async_stream::stream! {
