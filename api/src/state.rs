@@ -239,13 +239,16 @@ async fn resolve(state: &AppState, tenant: &Arc<str>) -> Result<u32, crate::erro
         // cluster may have changed it by.
         live = placement(state, tenant, state.engine.head()).await?;
     }
-    live.ok_or_else(|| {
+    let shard = live.ok_or_else(|| {
         crate::error::ApiError::new(
             axum::http::StatusCode::NOT_FOUND,
             "tenant_not_found",
             format!("no tenant {:?}", &**tenant),
         )
-    })
+    })?;
+    // Where this process knows it lives: a move switches it here before the directory's
+    // models may have folded the move's record.
+    Ok(state.engine.placement().shard_of(tenant).unwrap_or(shard))
 }
 
 /// The shard of live tenant `tenant` in the directory as the home shard's models hold it once

@@ -86,6 +86,21 @@ async fn run_route(engine: &Engine, source: Vec<Event>, shutdown: &CancellationT
                 return true;
             }
             Err(CommandError::Append(tidemark_log::AppendError::Closed)) => return false,
+            // The tenant is being moved: once the move ends, routed here if it stayed, else
+            // where it went (its routing there derives from the copy).
+            Err(CommandError::Rejected {
+                code: tidemark_engine::Rejection::MoveInProgress,
+                ..
+            }) => {
+                let placement = engine.placement().clone();
+                let settled = tokio::select! {
+                    here = placement.settled(engine.tenant(), engine.shard()) => here,
+                    _ = shutdown.cancelled() => return false,
+                };
+                if !settled {
+                    return true;
+                }
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "delivery routing command failed; retrying");
                 tokio::select! {

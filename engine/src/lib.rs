@@ -472,21 +472,9 @@ impl<L: EventLog + Clone> Engine<L> {
         cmd: C,
     ) -> Result<(C::Answer, AppendReceipt), CommandError> {
         // A tenant's command runs only in the shard it lives in, and not while a move fences
-        // it (spec section 20): a reactor's command in flight then is refused, not recorded
-        // after the move's copy ended.
-        if !self
-            .placement
-            .commands_here(self.tenant.as_deref(), self.shard)
-        {
-            return Err(CommandError::rejected(
-                Rejection::MoveInProgress,
-                format!(
-                    "tenant {:?} is being moved, or lives in another shard than {}",
-                    self.tenant(),
-                    self.shard
-                ),
-            ));
-        }
+        // it (spec section 20): refused then, and one that began before the fence ends before
+        // the move reads where its copy ends.
+        let _flight = self.enter()?;
         let name = C::NAME;
         let r = self.decider.execute(self.tenant.clone(), cmd).await;
         let result = match &r {
@@ -507,10 +495,36 @@ impl<L: EventLog + Clone> Engine<L> {
         &self,
         mut events: Vec<NewEvent>,
     ) -> Result<AppendReceipt, tidemark_log::AppendError> {
+        // Refused as invalid where the tenant does not act (a reactor does not retry it).
+        let _flight = self
+            .enter()
+            .map_err(|e| tidemark_log::AppendError::Invalid {
+                index: 0,
+                field: "tenant",
+                reason: e.to_string(),
+                kind: tidemark_log::InvalidKind::Field,
+            })?;
         for e in &mut events {
             e.tenant = self.tenant.as_deref().map(str::to_owned);
         }
         self.log.append(events).await
+    }
+
+    /// A command or append of this handle's tenant begins here ([`placement::Placement::enter`]):
+    /// refused in a shard the tenant does not live in, is being moved into, or is fenced out of.
+    fn enter(&self) -> Result<Option<placement::InFlight>, CommandError> {
+        self.placement
+            .enter(self.tenant.as_ref(), self.shard)
+            .map_err(|placement::NotHere| {
+                CommandError::rejected(
+                    Rejection::MoveInProgress,
+                    format!(
+                        "tenant {:?} is being moved, or lives in another shard than {}",
+                        self.tenant(),
+                        self.shard
+                    ),
+                )
+            })
     }
 
     /// Append a client's batch (atomic, idempotent). A batch that requests notifications is
@@ -527,6 +541,7 @@ impl<L: EventLog + Clone> Engine<L> {
         mut events: Vec<NewEvent>,
         max_pending: u64,
     ) -> Result<AppendReceipt, ClientAppendError> {
+        let _flight = self.enter()?;
         // The handle's tenant's events, whatever the client named.
         for e in &mut events {
             e.tenant = self.tenant.as_deref().map(str::to_owned);

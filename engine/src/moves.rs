@@ -279,9 +279,17 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
     let (row, directory_seq) = match home.execute(record).await {
         Ok((row, receipt)) => (row, receipt.last_seq),
         Err(e) => {
-            // An answer lost after the record was made (the log's, say) still switched it.
-            match live_row(home, tenant).await {
-                Ok(row) if row.shard == req.to => {
+            // An answer lost after the record was made (the log's, say) still switched it:
+            // the directory says which, once it can be read (the gate is held meanwhile).
+            let mut known = None;
+            for _ in 0..60 {
+                if let Ok(row) = live_row(home, tenant).await {
+                    known = Some(row);
+                    break;
+                }
+            }
+            match known {
+                Some(row) if row.shard == req.to => {
                     let h = home.head();
                     (row, h)
                 }

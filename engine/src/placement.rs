@@ -61,6 +61,10 @@ pub struct Placement {
     /// Bumped when a move begins, fences, switches or ends.
     changes: watch::Sender<u64>,
     gates: Mutex<HashMap<String, Arc<tokio::sync::RwLock<()>>>>,
+    /// Each tenant's commands and appends under way ([`Placement::enter`]), and what tells a
+    /// fence that they have all ended.
+    inflight: Mutex<HashMap<Arc<str>, usize>>,
+    drained: tokio::sync::Notify,
 }
 
 impl Default for Placement {
@@ -69,6 +73,35 @@ impl Default for Placement {
             inner: RwLock::default(),
             changes: watch::channel(0).0,
             gates: Mutex::default(),
+            inflight: Mutex::default(),
+            drained: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+/// A tenant's command or append refused where it does not act ([`Placement::enter`]).
+#[derive(Debug, Clone, Copy)]
+pub struct NotHere;
+
+/// A command or append under way ([`Placement::enter`]).
+pub struct InFlight {
+    placement: Arc<Placement>,
+    tenant: Arc<str>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut inflight = self
+            .placement
+            .inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = inflight.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                inflight.remove(&self.tenant);
+                self.placement.drained.notify_waiters();
+            }
         }
     }
 }
@@ -136,6 +169,72 @@ impl Placement {
             return false;
         }
         inner.shard_of.get(t).is_none_or(|&s| s == shard)
+    }
+
+    /// A command or append of `tenant` (`None`: the default tenant's, never counted) in shard
+    /// `shard` begins: refused (`Err`) where [`Placement::commands_here`] says no, else counted
+    /// until the answer is dropped. Decided under the same lock a fence takes, so a fence
+    /// then waits ([`Placement::drained`]) for every one that began before it: none is
+    /// recorded after the move's copy ends.
+    pub fn enter(
+        self: &Arc<Self>,
+        tenant: Option<&Arc<str>>,
+        shard: u32,
+    ) -> Result<Option<InFlight>, NotHere> {
+        let Some(t) = tenant else {
+            return Ok(None);
+        };
+        let inner = self.read();
+        if let Some(m) = inner.moving.get(&**t)
+            && (m.to == shard || (m.from == shard && m.fenced))
+        {
+            return Err(NotHere);
+        }
+        if inner.shard_of.get(&**t).is_some_and(|&s| s != shard) {
+            return Err(NotHere);
+        }
+        *self
+            .inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(t.clone())
+            .or_insert(0) += 1;
+        drop(inner);
+        Ok(Some(InFlight {
+            placement: self.clone(),
+            tenant: t.clone(),
+        }))
+    }
+
+    /// Until no command or append of `tenant` is under way.
+    pub async fn drained(&self, tenant: &str) {
+        loop {
+            let notified = self.drained.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let busy = self
+                .inflight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(tenant);
+            if !busy {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Until the move of `tenant` (if one is under way) has ended; then whether its commands
+    /// run in shard `shard` (a reactor whose command a fence refused retries it, or leaves it
+    /// to the shard the tenant went to).
+    pub async fn settled(&self, tenant: &str, shard: u32) -> bool {
+        let mut changes = self.changes();
+        while self.moving(tenant).is_some() {
+            if changes.changed().await.is_err() {
+                break;
+            }
+        }
+        self.commands_here(Some(tenant), shard)
     }
 
     /// Whether `ev_seq` of `tenant` in shard `shard` is history a move brought there in this
@@ -224,6 +323,8 @@ impl Placement {
         self.changed();
         let held = self.gate(tenant).write_owned().await;
         self.fence(tenant);
+        // The commands and appends that began before the fence (a reactor's) end first.
+        self.drained(tenant).await;
         held
     }
 
@@ -347,5 +448,37 @@ mod tests {
         );
         assert_eq!(p.acts(Some("beta"), 3), Acts::Elsewhere);
         assert!(Arc::ptr_eq(&p.gate("acme"), &p.gate("acme")));
+    }
+
+    #[tokio::test]
+    async fn a_fence_waits_for_the_commands_that_began_before_it() {
+        let p = Arc::new(Placement::default());
+        p.load(&[row("acme", 1)]);
+        let acme: Arc<str> = Arc::from("acme");
+        let before = p.enter(Some(&acme), 1).unwrap();
+        assert!(
+            p.enter(Some(&acme), 2).is_err(),
+            "not where it does not live"
+        );
+        assert!(
+            p.enter(None, 2).unwrap().is_none(),
+            "the default tenant is not counted"
+        );
+        p.begin("acme", 1, 2).unwrap();
+        let fencing = {
+            let p = p.clone();
+            tokio::spawn(async move { drop(p.fence_when_idle("acme").await) })
+        };
+        while p.enter(Some(&acme), 1).is_ok() {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(
+            !fencing.is_finished(),
+            "the fence did not wait for the command in flight"
+        );
+        drop(before);
+        fencing.await.unwrap();
+        assert!(p.moving("acme").is_some_and(|m| m.fenced));
     }
 }

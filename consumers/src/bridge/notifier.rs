@@ -362,6 +362,19 @@ impl Notifier {
             .map(|(k, _)| k.clone())
             .collect();
         for k in due {
+            // A tenant that no longer acts here (moved away, or fenced by a move) is retried
+            // where it lives.
+            let tenant = tidemark_log::tenant_of(&k.0);
+            if !self
+                .engine
+                .placement()
+                .commands_here(tenant, self.engine.shard())
+            {
+                if self.engine.placement().moving(&k.0).is_none() {
+                    self.retries.remove(&k);
+                }
+                continue;
+            }
             let te = self.engine.in_tenant(&k.0);
             let e = te.clone();
             let id = k.1.clone();

@@ -391,7 +391,10 @@ async fn run(
         };
         match tenant_engine(&shards, &tenant).await {
             Placed::Live(e) => engine = *e,
-            Placed::Removed => return stop_removed(&slot, &tenant, &shutdown).await,
+            Placed::Removed => {
+                drop(gate);
+                return stop_removed(&slot, &tenant, &shutdown).await;
+            }
             Placed::Missing | Placed::Unknown => {}
         }
         let e = engine.clone();

@@ -118,13 +118,15 @@ async fn deployment(extra_env: Option<(&str, &str)>) -> Server {
     assert_eq!(create(&api, "beta").await, 0);
     assert_eq!(create(&api, "delta").await, 1);
     let acme = api.under("/tenants/acme", None);
-    let r = acme
-        .send(
-            acme.request(Method::PUT, "/v1/routes/app-1")
-                .json(&json!({"route": {"sink": "app"}, "reason": "setup"})),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    for t in [&acme, &api.under("/tenants/delta", None)] {
+        let r = t
+            .send(
+                t.request(Method::PUT, "/v1/routes/app-1")
+                    .json(&json!({"route": {"sink": "app"}, "reason": "setup"})),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    }
     let events: Vec<Value> = (0..3)
         .map(|i| {
             notif_ev(
@@ -345,6 +347,21 @@ async fn a_tenant_moves_to_an_empty_shard_under_appends_with_nothing_lost_or_dou
         assert_eq!(d.get(id), Some(seq), "delta's {id}");
     }
     assert_eq!(d.len(), acked_delta.lock().unwrap().len());
+    // The source shard's reactors go on for delta (none is stuck on acme's work refused at
+    // the fence): its notification is routed.
+    let (st, body) = delta
+        .append(&json!({"events": [notif_ev("dn-1",
+            json!({"priority": "urgent", "title": "t", "recipient": "ops@example.org"}))]}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    wait_for(Duration::from_secs(30), "delta's delivery", || {
+        let delta = delta.clone();
+        async move {
+            let (_, page) = delta.get_json("/v1/deliveries?notification_id=dn-1").await;
+            (page["deliveries"].as_array().map(Vec::len) == Some(1)).then_some(())
+        }
+    })
+    .await;
     let (_, shards) = api.get_json("/v1/shards").await;
     assert_eq!(shards["shards"][2]["tenants"], json!(["acme"]), "{shards}");
     assert_eq!(shards["shards"][1]["tenants"], json!(["delta"]), "{shards}");
