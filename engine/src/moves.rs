@@ -141,6 +141,14 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
             ),
         ));
     };
+    // Every shard of a deployment is on the same backend.
+    if home.embedded_log().is_none() || dst.embedded_log().is_none() {
+        return Err(refused(
+            Rejection::MoveUnsupported,
+            "tenants are moved on the embedded log only: a JetStream shard cannot be fenced \
+             across the cluster's nodes yet",
+        ));
+    }
     if tidemark_log::tenant_of(&req.tenant).is_none() {
         return Err(refused(
             Rejection::NotMovable,
@@ -170,13 +178,6 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
             ),
         ));
     };
-    if src.embedded_log().is_none() || dst.embedded_log().is_none() {
-        return Err(refused(
-            Rejection::MoveUnsupported,
-            "tenants are moved on the embedded log only: a JetStream shard cannot be fenced \
-             across the cluster's nodes yet",
-        ));
-    }
     let placement = home.placement().clone();
     placement
         .begin(&req.tenant, from, req.to)
