@@ -227,16 +227,14 @@ impl Follower {
         // Watched only once a page waits (then looked at again, so no change is missed).
         let mut changes = None;
         loop {
-            let mut drop_some = false;
-            let mut wait = false;
-            for run in page.events.chunk_by(|a, b| a.tenant == b.tenant) {
-                match placement.acts(run[0].tenant.as_deref(), shard) {
-                    Acts::Here => {}
-                    Acts::Elsewhere => drop_some = true,
-                    Acts::Wait => wait = true,
-                }
-            }
-            if wait {
+            // One verdict a run of one tenant's events, used for both the wait and the cut (a
+            // second look could see a fence the first did not, and drop what it must hold).
+            let verdicts: Vec<(usize, Acts)> = page
+                .events
+                .chunk_by(|a, b| a.tenant == b.tenant)
+                .map(|run| (run.len(), placement.acts(run[0].tenant.as_deref(), shard)))
+                .collect();
+            if verdicts.iter().any(|(_, a)| *a == Acts::Wait) {
                 let Some(changes) = changes.as_mut() else {
                     changes = Some(placement.changes());
                     continue;
@@ -246,9 +244,16 @@ impl Follower {
                     _ = shutdown.cancelled() => return None,
                 }
             }
-            if drop_some {
-                page.events
-                    .retain(|e| placement.acts(e.tenant.as_deref(), shard) == Acts::Here);
+            if verdicts.iter().any(|(_, a)| *a == Acts::Elsewhere) {
+                let mut events = std::mem::take(&mut page.events).into_iter();
+                for (n, acts) in verdicts {
+                    let run = events.by_ref().take(n);
+                    if acts == Acts::Here {
+                        page.events.extend(run);
+                    } else {
+                        run.for_each(drop);
+                    }
+                }
             }
             return Some(page);
         }

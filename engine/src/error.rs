@@ -144,6 +144,13 @@ pub enum CommandError {
 
 /// A read model's view failed: the models store's failure (a command reads nothing else
 /// through a view).
+/// A read of the models a command needs (a tenant's move reads the directory and the logs).
+impl From<crate::QueryError> for CommandError {
+    fn from(e: crate::QueryError) -> Self {
+        CommandError::Storage(StorageError::from(e))
+    }
+}
+
 impl From<StorageError> for CommandError {
     fn from(e: StorageError) -> Self {
         CommandError::Models(e)

@@ -53,10 +53,13 @@ const CLOSE_ENOUGH: u64 = 2 * PAGE as u64;
 /// The move's fault injection for the crash test: wait after each copied page, so a test
 /// can kill the process mid-copy.
 fn fault_delay() -> Option<std::time::Duration> {
-    std::env::var("TIDEMARK_FAULT_MOVE_DELAY_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(std::time::Duration::from_millis)
+    static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| {
+        std::env::var("TIDEMARK_FAULT_MOVE_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(std::time::Duration::from_millis)
+    })
 }
 
 /// An operator's move.
@@ -349,12 +352,6 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| storage("a move's read", e))?
-}
-
-impl From<crate::QueryError> for CommandError {
-    fn from(e: crate::QueryError) -> Self {
-        CommandError::Storage(StorageError::from(e))
-    }
 }
 
 /// A page of `engine`'s log after `after` (every tenant's events), blocking.

@@ -55,6 +55,18 @@ struct Inner {
     arrived: HashMap<String, (u32, u64)>,
 }
 
+impl Inner {
+    /// [`Placement::commands_here`] of a tenant, under the lock.
+    fn commands_here(&self, tenant: &str, shard: u32) -> bool {
+        if let Some(m) = self.moving.get(tenant)
+            && (m.to == shard || (m.from == shard && m.fenced))
+        {
+            return false;
+        }
+        self.shard_of.get(tenant).is_none_or(|&s| s == shard)
+    }
+}
+
 /// The deployment's placements in this process, shared by its shards' engines.
 pub struct Placement {
     inner: RwLock<Inner>,
@@ -162,13 +174,7 @@ impl Placement {
         let Some(t) = tenant else {
             return true;
         };
-        let inner = self.read();
-        if let Some(m) = inner.moving.get(t)
-            && (m.to == shard || (m.from == shard && m.fenced))
-        {
-            return false;
-        }
-        inner.shard_of.get(t).is_none_or(|&s| s == shard)
+        self.read().commands_here(t, shard)
     }
 
     /// A command or append of `tenant` (`None`: the default tenant's, never counted) in shard
@@ -185,12 +191,7 @@ impl Placement {
             return Ok(None);
         };
         let inner = self.read();
-        if let Some(m) = inner.moving.get(&**t)
-            && (m.to == shard || (m.from == shard && m.fenced))
-        {
-            return Err(NotHere);
-        }
-        if inner.shard_of.get(&**t).is_some_and(|&s| s != shard) {
+        if !inner.commands_here(t, shard) {
             return Err(NotHere);
         }
         *self

@@ -208,6 +208,26 @@ body = "slack"
 }
 
 /// The `node.*` events the log holds, by type.
+/// Append a notification through `api`, arm the decider's panic (`flag`, the file
+/// `TIDEMARK_FAULT_DECIDER_PANIC_WHEN` names), and append another: a notification is admitted
+/// by a command, so the round that decides it panics and the append answers
+/// `models_unavailable`.
+async fn poison(api: &tidemark_tests::Api, flag: &std::path::Path) {
+    append_ok(
+        api,
+        &notif_ev("before", json!({"priority": "info", "title": "b"})),
+    )
+    .await;
+    std::fs::write(flag, b"").unwrap();
+    let (st, body) = api
+        .append(&notif_ev(
+            "after",
+            json!({"priority": "info", "title": "a"}),
+        ))
+        .await;
+    assert_eq!(body["code"], "models_unavailable", "{st}: {body}");
+}
+
 async fn node_events(s: &tidemark_tests::Api) -> Vec<Value> {
     s.read_all("stream=nodes").await
 }
@@ -270,20 +290,7 @@ async fn poisoned_models_are_recorded_at_once_and_told_once_a_decider_works() {
             .env("TIDEMARK_FAULT_DECIDER_PANIC_WHEN", flag.to_str().unwrap()),
     )
     .await;
-    append_ok(
-        &s,
-        &notif_ev("before", json!({"priority": "info", "title": "b"})),
-    )
-    .await;
-    std::fs::write(&flag, b"").unwrap();
-    // A notification is admitted by a command: the decider's next round panics with it.
-    let (st, body) = s
-        .append(&notif_ev(
-            "after",
-            json!({"priority": "info", "title": "a"}),
-        ))
-        .await;
-    assert_eq!(body["code"], "models_unavailable", "{st}: {body}");
+    poison(&s.api(), &flag).await;
     let poisoned = wait_for(Duration::from_secs(60), "node.models_poisoned", || async {
         node_events(&s.api())
             .await
@@ -598,21 +605,9 @@ async fn another_shards_poisoned_models_are_told_through_the_home_shard() {
         .await;
     assert_eq!(r.json["shard"], 1, "{}", r.text);
     let acme = api.under("/tenants/acme", None);
-    append_ok(
-        &acme,
-        &notif_ev("before", json!({"priority": "info", "title": "b"})),
-    )
-    .await;
-    std::fs::write(&flag, b"").unwrap();
     // acme's admission is shard 1's decider's command: its round panics with it.
-    let (st, body) = acme
-        .append(&notif_ev(
-            "after",
-            json!({"priority": "info", "title": "a"}),
-        ))
-        .await;
+    poison(&acme, &flag).await;
     std::fs::remove_file(&flag).unwrap();
-    assert_eq!(body["code"], "models_unavailable", "{st}: {body}");
     let poisoned = wait_for(Duration::from_secs(60), "node.models_poisoned", || async {
         node_events(&api)
             .await
