@@ -276,6 +276,7 @@ impl From<AppendError> for ApiError {
             )
             .retry_after(1),
             AppendError::Closed => ApiError::unavailable(),
+            AppendError::Fenced { tenant, .. } => crate::tenancy::moving(&tenant),
             e @ AppendError::InsufficientStorage { .. } => ApiError::new(
                 StatusCode::INSUFFICIENT_STORAGE,
                 "insufficient_storage",

@@ -80,21 +80,35 @@ where
     fn call(&mut self, mut req: Request) -> Answer {
         let started = Instant::now();
         let mut labels = Labels::of(&req);
+        let mut served = None;
         let (inner, remaining) = match self.decide(&mut req) {
             Ok(remaining) => {
                 labels.tenant = req
                     .extensions()
                     .get::<crate::tenancy::Acting>()
                     .and_then(|a| a.0.clone());
+                if matches!(*req.method(), Method::GET | Method::HEAD) {
+                    served = req
+                        .extensions()
+                        .get::<crate::tenancy::ServedBy>()
+                        .cloned()
+                        .zip(labels.tenant.clone());
+                }
                 (Ok(self.inner.call(req)), remaining)
             }
             Err((refusal, remaining)) => (Err(refusal), remaining),
         };
+        let state = self.front.state.clone();
         Box::pin(async move {
             let mut resp = match inner {
                 Ok(fut) => {
                     let Ok(resp) = fut.await;
-                    resp.map(axum::body::Body::new)
+                    match served {
+                        Some((by, tenant)) if fenced_read(&state, &by, &tenant, &resp) => {
+                            crate::tenancy::moving(&tenant).into_response()
+                        }
+                        _ => resp.map(axum::body::Body::new),
+                    }
                 }
                 Err(refusal) => refusal.into_response(),
             };
@@ -107,6 +121,22 @@ where
             Ok(resp)
         })
     }
+}
+
+/// Whether a tenant's read was answered from a shard the tenant is fenced out of (on a
+/// cluster, spec section 20): what it says may reach past the fence (a position there means
+/// something else in the shard the tenant goes to, an event there is void), so it is not
+/// given; the client asks again once this node has seen the switch.
+fn fenced_read<B>(
+    state: &crate::state::AppState,
+    by: &crate::tenancy::ServedBy,
+    tenant: &str,
+    resp: &axum::http::Response<B>,
+) -> bool {
+    let Some(shard) = by.0.get().and_then(|&n| state.shards.get(n)) else {
+        return false;
+    };
+    resp.status().is_success() && shard.engine.fence_of(tenant).is_ok_and(|f| f > 0)
 }
 
 impl<S> FrontService<S> {

@@ -186,6 +186,22 @@ impl axum::extract::FromRequestParts<AppState> for Api {
         // may extract `Api` twice), and only for a tenant found in the directory (so a name
         // that is no tenant makes no gate); looked up again if a move stepped meanwhile.
         let moves = state.engine.placement();
+        // On a cluster, a tenant a move fenced out of the shard it lives in waits for this
+        // node to see the switch (the directory's `tenant.moved`), at most a while.
+        if moves.fenced_where_it_lives(&tenant) {
+            let mut changes = moves.changes();
+            let waited = tokio::time::timeout(FENCED_WAIT, async {
+                while moves.fenced_where_it_lives(&tenant) {
+                    if changes.changed().await.is_err() {
+                        break;
+                    }
+                }
+            })
+            .await;
+            if waited.is_err() {
+                return Err(crate::tenancy::moving(&tenant));
+            }
+        }
         let mut seen = moves.version();
         let mut shard = resolve(state, &tenant).await?;
         let gate = match parts.extensions.get::<HeldGate>() {
@@ -211,6 +227,9 @@ impl axum::extract::FromRequestParts<AppState> for Api {
                 ),
             ));
         };
+        if let Some(by) = parts.extensions.get::<crate::tenancy::ServedBy>() {
+            let _ = by.0.set(shard as usize);
+        }
         Ok(Api {
             shared: state.clone(),
             scoped: Some(home.engine.in_tenant(&tenant)),
@@ -219,6 +238,10 @@ impl axum::extract::FromRequestParts<AppState> for Api {
         })
     }
 }
+
+/// How long a request of a tenant fenced by a move waits for this node to see its switch
+/// before it is refused (`503 tenant_moving`, retried by the client).
+const FENCED_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The gate a request holds ([`Api`]), kept on the request so a second extraction reuses it.
 #[derive(Clone)]

@@ -34,6 +34,26 @@ pub(crate) struct Named(pub Arc<str>);
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Acting(pub Option<Arc<str>>);
 
+/// The shard a tenant's request was served from, as its [`crate::state::Api`] resolved it
+/// (set once, read by the front after the answer: a read answered from a shard the tenant is
+/// fenced out of is not given, spec section 20).
+#[derive(Clone, Default)]
+pub(crate) struct ServedBy(pub Arc<std::sync::OnceLock<usize>>);
+
+/// The refusal of a tenant's request while a move fences it (on a cluster: until this node
+/// has seen the move's switch): nothing was done; the same request succeeds shortly.
+pub(crate) fn moving(tenant: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "tenant_moving",
+        format!(
+            "tenant {tenant:?} is being moved to another shard; nothing was done: retry after \
+             the indicated delay"
+        ),
+    )
+    .retry_after(1)
+}
+
 const PREFIX: &str = "/tenants/";
 
 /// `/tenants/{tenant}/v1/{rest}` as (`tenant`, `/v1/{rest}`); `None` for any other path.
@@ -122,6 +142,7 @@ pub(crate) fn resolve(state: &Shared, req: &mut Request, matched: &str) -> Resul
     // The default tenant is what a request without `Acting` acts for: nothing to insert.
     if let Some(t) = acting.filter(|t| &**t != tidemark_log::DEFAULT_TENANT) {
         req.extensions_mut().insert(Acting(Some(t)));
+        req.extensions_mut().insert(ServedBy::default());
     }
     Ok(())
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tidemark_engine::Engine;
-use tidemark_log::{Event, EventLog, ReadQuery, StorageError};
+use tidemark_log::{Event, EventLog, EventRef, ReadQuery, StorageError};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -217,23 +217,38 @@ impl Follower {
     }
 
     /// `page` as this shard's reactors take it (spec section 20): without the events of a
-    /// tenant that lives in another shard (a move's copy here, or what it left behind), and
-    /// held while it has events of a tenant being moved here, until the move switches (they
-    /// are then its own) or fails. `None` at shutdown.
+    /// tenant that lives in another shard (a move's copy here, or what it left behind), nor,
+    /// on a cluster, a tenant's events after its fence out of this shard (void: the stream
+    /// ordered them after it, every node refused them); and held while it has events of a
+    /// tenant being moved here, until the move switches (they are then its own) or fails.
+    /// `None` at shutdown.
     async fn placed(&self, mut page: Page, shutdown: &CancellationToken) -> Option<Page> {
         use tidemark_engine::placement::Acts;
         let placement = self.engine.placement();
         let shard = self.engine.shard();
+        // A fence in the page counts from its seq on, before any verdict on what follows it.
+        for ev in &page.events {
+            if let Some(tenant) = fence_of(ev) {
+                placement.fenced_at(tenant, shard, ev.seq);
+            }
+        }
         // Watched only once a page waits (then looked at again, so no change is missed).
         let mut changes = None;
         loop {
             // One verdict a run of one tenant's events, used for both the wait and the cut (a
-            // second look could see a fence the first did not, and drop what it must hold).
-            let verdicts: Vec<(usize, Acts)> = page
-                .events
-                .chunk_by(|a, b| a.tenant == b.tenant)
-                .map(|run| (run.len(), placement.acts(run[0].tenant.as_deref(), shard)))
-                .collect();
+            // second look could see a fence the first did not, and drop what it must hold);
+            // a run is cut at its tenant's fence, past which its events are void.
+            let mut verdicts: Vec<(usize, Acts)> = Vec::new();
+            for run in page.events.chunk_by(|a, b| a.tenant == b.tenant) {
+                let (acts, fence) = placement.verdict(run[0].tenant.as_deref(), shard);
+                let valid = fence.map_or(run.len(), |f| run.partition_point(|e| e.seq <= f));
+                if valid > 0 {
+                    verdicts.push((valid, acts));
+                }
+                if valid < run.len() {
+                    verdicts.push((run.len() - valid, Acts::Elsewhere));
+                }
+            }
             if verdicts.iter().any(|(_, a)| *a == Acts::Wait) {
                 let Some(changes) = changes.as_mut() else {
                     changes = Some(placement.changes());
@@ -311,5 +326,59 @@ impl Follower {
             after,
             upto: page.next_after,
         })
+    }
+}
+
+/// The tenant a move fences out of this shard by `ev`, if it is a fence
+/// ([`tidemark_log::MOVE_FENCE_TYPE`]: the default tenant's, in stream `tenants`).
+pub fn fence_of(ev: &Event) -> Option<&str> {
+    (ev.tenant.is_none()
+        && ev.event_type == tidemark_log::MOVE_FENCE_TYPE
+        && ev.stream == tidemark_log::MOVE_FENCE_STREAM)
+        .then(|| tidemark_log::fenced_tenant(&ev.subject))
+        .flatten()
+}
+
+/// What the deployment's placement learns from a page: a tenant created or moved (the home
+/// shard's directory), or fenced out of a shard (a move's fence). The decider passes over no
+/// page that holds one.
+pub fn concerns(ev: &EventRef<'_>) -> bool {
+    use tidemark_projections::names::EventType;
+    ev.tenant.is_none()
+        && ev.stream == tidemark_log::MOVE_FENCE_STREAM
+        && matches!(
+            EventType::parse(ev.event_type),
+            Some(EventType::TenantCreated | EventType::TenantMoved | EventType::TenantFenced)
+        )
+}
+
+/// What the home shard's `ev` tells the deployment's placement: a tenant created, or moved
+/// (on a cluster's other nodes, the switch of a move made elsewhere).
+pub fn learn_directory(placement: &tidemark_engine::placement::Placement, ev: &Event) {
+    use tidemark_projections::names::EventType;
+    if ev.tenant.is_some() || ev.stream != tidemark_log::MOVE_FENCE_STREAM {
+        return;
+    }
+    let shard = |field: &str| {
+        ev.payload_value()
+            .get(field)
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|s| u32::try_from(s).ok())
+    };
+    match EventType::parse(&ev.event_type) {
+        Some(EventType::TenantCreated) => {
+            placement.created(&ev.subject, shard("shard").unwrap_or(0));
+        }
+        Some(EventType::TenantMoved) => {
+            if let Some(to) = shard("to") {
+                let through = ev
+                    .payload_value()
+                    .get("through_seq")
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0);
+                placement.switched(&ev.subject, to, through);
+            }
+        }
+        _ => {}
     }
 }

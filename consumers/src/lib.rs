@@ -248,6 +248,14 @@ async fn load_placement(engine: &Engine) -> Result<(), StorageError> {
     tokio::task::spawn_blocking(move || {
         let rows = e.home().read().unwaited().tenants()?;
         e.placement().load(&rows);
+        // On a cluster, the fences of the tenants placed here (a move under way, or one
+        // that stopped after its fence): what the stream holds after them is void.
+        for r in rows.iter().filter(|r| r.shard == e.shard()) {
+            let fence = e.fence_of(&r.name)?;
+            if fence > 0 {
+                e.placement().fenced_at(&r.name, e.shard(), fence);
+            }
+        }
         Ok::<_, StorageError>(())
     })
     .await
@@ -311,6 +319,7 @@ pub async fn spawn(
                     || dispatch::makes_due(e)
                     || operational::concerns(e)
                     || oplog::concerns(e)
+                    || follow::concerns(e)
             })
     }));
     let mut tasks = if engine.leases().clustered() {
@@ -350,6 +359,16 @@ pub async fn spawn(
     // Operators told through the operational route (section 17): what is committed from now
     // on, each tenant's through its own.
     let operational_feed = follower.subscribe_if(head, Box::new(|p| p.any(operational::concerns)));
+    // The directory's changes, as this node learns where each tenant lives: a tenant created
+    // or moved on another node of a cluster (this node's own moves switch it already).
+    if engine.shard() == 0 {
+        let home = engine.clone();
+        follower.observe(Box::new(move |p| {
+            for ev in &p.events {
+                follow::learn_directory(home.placement(), ev);
+            }
+        }));
+    }
     // The server log's account of parks and circuits: what is committed from now on.
     let moves = engine.clone();
     follower.observe(Box::new(move |p| {

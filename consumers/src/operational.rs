@@ -698,7 +698,11 @@ async fn append(engine: &Engine, ev: NewEvent, shutdown: &CancellationToken) -> 
             // The same id with other content: another node told it (its own count).
             Err(AppendError::Conflict { .. }) | Err(AppendError::Closed) => return false,
             // Refused as it is: retrying would hold every reactor behind it.
-            Err(e @ (AppendError::Invalid { .. } | AppendError::Poisoned(_))) => {
+            Err(
+                e @ (AppendError::Invalid { .. }
+                | AppendError::Poisoned(_)
+                | AppendError::Fenced { .. }),
+            ) => {
                 tracing::warn!(error = %e, "an operational notification was refused; it is not told");
                 return false;
             }

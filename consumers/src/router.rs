@@ -157,7 +157,12 @@ async fn append_all(engine: &Engine, events: Vec<NewEvent>, shutdown: &Cancellat
                 for ev in events {
                     loop {
                         match engine.log().append(vec![ev.clone()]).await {
-                            Ok(_) | Err(AppendError::Conflict { .. }) => break,
+                            // Fenced: the tenant is being moved; the shard it goes to
+                            // derives it again from its copy.
+                            Ok(_)
+                            | Err(AppendError::Conflict { .. } | AppendError::Fenced { .. }) => {
+                                break;
+                            }
                             Err(AppendError::Closed) => return false,
                             Err(e) => {
                                 tracing::warn!(error = %e, "router append failed; retrying");
@@ -169,6 +174,9 @@ async fn append_all(engine: &Engine, events: Vec<NewEvent>, shutdown: &Cancellat
                 return true;
             }
             Err(AppendError::Closed) => return false,
+            // The tenant is fenced out of this shard by a move (spec section 20): the shard it
+            // goes to derives these again from its copy, under the same ids.
+            Err(AppendError::Fenced { .. }) => return true,
             Err(e) => {
                 tracing::warn!(error = %e, "router append failed; retrying");
                 tokio::select! {

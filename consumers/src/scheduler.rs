@@ -88,10 +88,14 @@ async fn run_route(engine: &Engine, source: Vec<Event>, shutdown: &CancellationT
             Err(CommandError::Append(tidemark_log::AppendError::Closed)) => return false,
             // The tenant is being moved: once the move ends, routed here if it stayed, else
             // where it went (its routing there derives from the copy).
-            Err(CommandError::Rejected {
-                code: tidemark_engine::Rejection::MoveInProgress,
-                ..
-            }) => {
+            // (On a cluster the move's fence refuses it in the log.)
+            Err(
+                CommandError::Rejected {
+                    code: tidemark_engine::Rejection::MoveInProgress,
+                    ..
+                }
+                | CommandError::Append(tidemark_log::AppendError::Fenced { .. }),
+            ) => {
                 let placement = engine.placement().clone();
                 let settled = tokio::select! {
                     here = placement.settled(engine.tenant(), engine.shard()) => here,

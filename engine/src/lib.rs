@@ -146,6 +146,17 @@ impl Engine {
         self.log.embedded()
     }
 
+    /// The log under this engine, as either backend.
+    pub fn any_log(&self) -> &AnyLog {
+        &self.log
+    }
+
+    /// The seq of `tenant`'s fence out of this shard (0: none), spec section 20: on a cluster
+    /// the tenant's events the stream orders after it are void here.
+    pub fn fence_of(&self, tenant: &str) -> Result<u64, tidemark_log::StorageError> {
+        self.log.fence_of(tenant)
+    }
+
     /// Open (or create) the log and the models store beside it (blocking: call from a
     /// blocking context in async code). A data directory of the layout before the models
     /// store had one is migrated first ([`tidemark_projections::models::migrate`]).
@@ -477,6 +488,9 @@ impl<L: EventLog + Clone> Engine<L> {
         let _flight = self.enter()?;
         let name = C::NAME;
         let r = self.decider.execute(self.tenant.clone(), cmd).await;
+        if let Err(CommandError::Append(e)) = &r {
+            self.note_fence(e);
+        }
         let result = match &r {
             Ok(_) => "ok",
             Err(CommandError::Rejected { .. }) => "refused",
@@ -507,7 +521,27 @@ impl<L: EventLog + Clone> Engine<L> {
         for e in &mut events {
             e.tenant = self.tenant.as_deref().map(str::to_owned);
         }
-        self.log.append(events).await
+        let r = self.log.append(events).await;
+        if let Err(e) = &r {
+            self.note_fence(e);
+        }
+        r
+    }
+
+    /// A fence the log refused an append of the tenant by (on a cluster, spec section 20):
+    /// this node's placement knows it from now on, before its follower reads it.
+    fn note_fence(&self, e: &tidemark_log::AppendError) {
+        if let tidemark_log::AppendError::Fenced { tenant, fence_seq } = e {
+            self.placement.fenced_at(tenant, self.shard, *fence_seq);
+        }
+    }
+
+    /// A client's plain append (no admission to judge).
+    async fn append_plain(&self, events: Vec<NewEvent>) -> Result<AppendReceipt, CommandError> {
+        self.log.append(events).await.map_err(|e| {
+            self.note_fence(&e);
+            CommandError::from(e)
+        })
     }
 
     /// A command or append of this handle's tenant begins here ([`placement::Placement::enter`]):
@@ -550,7 +584,7 @@ impl<L: EventLog + Clone> Engine<L> {
             .iter()
             .any(|e| EventType::parse(&e.event_type) == Some(EventType::NotificationRequested))
         {
-            return Ok(self.log.append(events).await.map_err(CommandError::from)?);
+            return Ok(self.append_plain(events).await?);
         }
         // On a cluster the admission's `outbox.admitted` goes in the same atomic batch, whose
         // bound is the stream's (1,000 messages): a client's batch of notifications holds one
@@ -593,7 +627,7 @@ impl<L: EventLog + Clone> Engine<L> {
             {
                 known[i] = true;
             } else {
-                return Ok(self.log.append(events).await.map_err(CommandError::from)?);
+                return Ok(self.append_plain(events).await?);
             }
         }
         let sent = events.len();

@@ -21,6 +21,19 @@
 //!    destination, its requests go there, its live streams on the source end (a client
 //!    resumes with its `Last-Event-ID`, which means the same there).
 //!
+//! **On a JetStream cluster** every node serves the tenant's requests, so the gate (this
+//! process's) holds only this node's. The fence is then also an event: the default tenant's
+//! `tenant.fenced` in the source's stream ([`tidemark_log::MOVE_FENCE_TYPE`], appended once:
+//! conditioned on the stream holding none of the tenant's), and the stream's order decides.
+//! Every node's log refuses an append of the tenant that the stream orders after it
+//! (`AppendError::Fenced`: void, no model or reactor acts on it, the copy takes it as a
+//! filler), its followers drop those and hold the destination's copy (a shard no tenant was
+//! ever placed in), its API refuses the tenant's reads answered from past the fence and
+//! waits for the switch, which each node makes when its directory reads `tenant.moved`. A
+//! move stopped after its fence cannot give the tenant back to the source (what the stream
+//! ordered after the fence is void for good): the tenant stays fenced until the move is run
+//! again, from any node, which keeps the fence, verifies and resumes the copy and switches.
+//!
 //! A delivery attempt in flight in the source at the fence has its outcome recorded there,
 //! after `through_seq` (orphaned): the destination, where the delivery is leased, attempts it
 //! again once the lease expires, with the same delivery id and `webhook-id`, as after a
@@ -30,7 +43,7 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use tidemark_log::{Event, EventLog, NewEvent, ReadQuery, StorageError};
+use tidemark_log::{AppendError, Condition, Event, EventLog, NewEvent, ReadQuery, StorageError};
 use tidemark_projections::names::Stream;
 use tidemark_projections::tenants::TenantRow;
 
@@ -56,6 +69,18 @@ fn fault_delay() -> Option<std::time::Duration> {
     static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
     *DELAY.get_or_init(|| {
         std::env::var("TIDEMARK_FAULT_MOVE_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(std::time::Duration::from_millis)
+    })
+}
+
+/// The move's fault injection for the crash test of a cluster's fence: wait this long once
+/// the tenant is fenced, before the tail is copied, so a test can kill the process there.
+fn fault_fenced_wait() -> Option<std::time::Duration> {
+    static WAIT: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    *WAIT.get_or_init(|| {
+        std::env::var("TIDEMARK_FAULT_MOVE_FENCED_MS")
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
             .map(std::time::Duration::from_millis)
@@ -122,8 +147,9 @@ const FENCE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// lives in (`not_movable`); not a tenant (`tenant_not_found`); shard 0, a destination another
 /// tenant is placed in, or one holding events that are not a copy of this tenant's shard
 /// (`shard_not_empty`); a move of the tenant or into the shard under way, or requests of the
-/// tenant holding the fence past [`FENCE_WAIT`] (`move_in_progress`); the JetStream backend,
-/// or a source compacted by retention (`move_unsupported`).
+/// tenant holding the fence past [`FENCE_WAIT`] (`move_in_progress`); a source compacted by
+/// retention (`move_unsupported`). On a cluster an error after the fence leaves the tenant
+/// fenced, to be finished by running the move again.
 pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, CommandError> {
     let home = shards
         .first()
@@ -144,14 +170,6 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
             ),
         ));
     };
-    // Every shard of a deployment is on the same backend.
-    if home.embedded_log().is_none() || dst.embedded_log().is_none() {
-        return Err(refused(
-            Rejection::MoveUnsupported,
-            "tenants are moved on the embedded log only: a JetStream shard cannot be fenced \
-             across the cluster's nodes yet",
-        ));
-    }
     if tidemark_log::tenant_of(&req.tenant).is_none() {
         return Err(refused(
             Rejection::NotMovable,
@@ -221,10 +239,17 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
         ));
     }
     let tenant = req.tenant.as_str();
+    // On a cluster, the fence of a move that stopped after it (the tenant's events after it
+    // in the source are void: the copy takes them as fillers).
+    let cluster = src.embedded_log().is_none();
+    let mut fence = {
+        let (s, t) = (src.clone(), tenant.to_owned());
+        blocking(move || Ok(s.fence_of(&t)?)).await?
+    };
     // A crashed move's copy: every event of it is the source's, or a filler of it.
     let resumed_after = dst.head();
     if resumed_after > 0 {
-        verify(src, dst, tenant, 0, resumed_after)
+        verify(src, dst, tenant, fence, 0, resumed_after)
             .await
             .map_err(|e| {
                 refused(
@@ -238,18 +263,18 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
             })?;
         tracing::info!(tenant, to = req.to, resumed_after, "resuming a move's copy");
     }
-    let mut copied = copy(src, dst, tenant, resumed_after, src.head()).await?;
+    let mut copied = copy(src, dst, tenant, fence, resumed_after, src.head()).await?;
     for _ in 1..ROUNDS {
         let head = src.head();
         if head.saturating_sub(dst.head()) <= CLOSE_ENOUGH {
             break;
         }
-        copied += copy(src, dst, tenant, dst.head(), head).await?;
+        copied += copy(src, dst, tenant, fence, dst.head(), head).await?;
     }
     // What is copied so far is verified before the fence, so that the tenant waits only for
     // the tail's.
     let verified = dst.head();
-    verify(src, dst, tenant, resumed_after, verified)
+    verify(src, dst, tenant, fence, resumed_after, verified)
         .await
         .map_err(|e| storage("verifying the move's copy", e))?;
     // The fence: no request of the tenant runs from here (those in flight finish first), and
@@ -263,15 +288,32 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
             ),
         ));
     };
-    let through_seq = src.head();
-    copied += copy(src, dst, tenant, dst.head(), through_seq).await?;
-    verify(src, dst, tenant, verified, through_seq)
-        .await
-        .map_err(|e| storage("verifying the move's copy", e))?;
-    {
+    // On a cluster the gate holds this node's requests only: the fence is an event in the
+    // source's stream, which orders every node's appends of the tenant before or after it;
+    // those after it are void (refused on the node that sent them, never acted on).
+    if cluster && fence == 0 {
+        fence = fence_out(src, tenant, req.to).await?;
+    }
+    if fence > 0 {
+        placement.fenced_at(tenant, from, fence);
+    }
+    if let Some(d) = fault_fenced_wait() {
+        tokio::time::sleep(d).await;
+    }
+    let tail = async {
+        let through_seq = src.head();
+        let n = copy(src, dst, tenant, fence, dst.head(), through_seq).await?;
+        verify(src, dst, tenant, fence, verified, through_seq)
+            .await
+            .map_err(|e| storage("verifying the move's copy", e))?;
         let d = dst.clone();
         blocking(move || Ok(d.read().folded_to(through_seq).map(drop)?)).await?;
-    }
+        Ok::<_, CommandError>((n, through_seq))
+    };
+    let (n, through_seq) = tail
+        .await
+        .map_err(|e| after_fence(e, cluster, tenant, from))?;
+    copied += n;
     let record = MoveTenant {
         name: req.tenant.clone(),
         from,
@@ -283,6 +325,7 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
     let (row, directory_seq) = match home.execute(record).await {
         Ok((row, receipt)) => (row, receipt.last_seq),
         Err(e) => {
+            let e = after_fence(e, cluster, tenant, from);
             // An answer lost after the record was made (the log's, say) still switched it:
             // the directory says which, once it can be read (the gate is held meanwhile).
             let mut known = None;
@@ -333,6 +376,47 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
     })
 }
 
+/// Fence `tenant` out of the source shard of a cluster: the default tenant's fence event in
+/// the source's stream, appended only if the stream holds none of the tenant's (a move run
+/// again after its fence keeps the first). Answers its seq.
+async fn fence_out(src: &Engine, tenant: &str, to: u32) -> Result<u64, CommandError> {
+    let subject = tidemark_log::fence_subject(tenant);
+    let ev = NewEvent::new(
+        Some(format!("fence:{tenant}")),
+        tidemark_log::MOVE_FENCE_STREAM,
+        &subject,
+        tidemark_log::MOVE_FENCE_TYPE,
+        &json!({"tenant": tenant, "to": to}),
+    )
+    .map_err(|e| storage("the move's fence", e))?;
+    let none_yet = Condition::subject(tidemark_log::MOVE_FENCE_STREAM, &subject, 0);
+    match src.log().append_if(vec![ev], none_yet).await {
+        Ok(r) => Ok(r.last_seq),
+        // Another run of the move fenced it first: its fence counts.
+        Err(AppendError::ExpectationFailed { .. } | AppendError::Conflict { .. }) => {
+            let (s, t) = (src.clone(), tenant.to_owned());
+            blocking(move || Ok(s.fence_of(&t)?)).await
+        }
+        Err(e) => Err(storage("appending the move's fence", e)),
+    }
+}
+
+/// An error after a cluster's fence says what it leaves: the tenant fenced, its requests
+/// refused, until the move is run again (it resumes from the copy and keeps the fence).
+fn after_fence(e: CommandError, cluster: bool, tenant: &str, from: u32) -> CommandError {
+    if !cluster {
+        return e;
+    }
+    tracing::error!(tenant, from, error = %e, "a move failed after its fence");
+    storage(
+        "moving",
+        format!(
+            "{e}; tenant {tenant:?} stays fenced out of shard {from} (its requests are refused \
+             with 503 tenant_moving) until the move is run again, which resumes it"
+        ),
+    )
+}
+
 /// Live tenant `name`'s row in the directory as of the home shard's head.
 async fn live_row(home: &Engine, name: &str) -> Result<TenantRow, CommandError> {
     let (h, t) = (home.clone(), name.to_owned());
@@ -380,9 +464,9 @@ async fn page(engine: &Engine, after: u64, upto: u64) -> Result<Vec<Event>, Comm
 
 /// What the destination holds at `ev.seq` of the source: the tenant's event as it is, any
 /// other as a filler.
-fn copy_of(ev: &Event, tenant: &str) -> Result<NewEvent, CommandError> {
+fn copy_of(ev: &Event, tenant: &str, fence: u64) -> Result<NewEvent, CommandError> {
     let bad = |e: tidemark_log::FieldError| storage("copying an event", e);
-    if ev.tenant() == tenant {
+    if own(ev, tenant, fence) {
         return NewEvent::from_json_text(
             Some(ev.event_id.clone()),
             ev.stream.clone(),
@@ -407,6 +491,12 @@ fn filler_id(seq: u64) -> String {
     format!("gap:{seq}")
 }
 
+/// Whether the source's `ev` is the tenant's, to copy as it is: not one the stream ordered
+/// after the tenant's fence (void; `fence` 0: none).
+fn own(ev: &Event, tenant: &str, fence: u64) -> bool {
+    ev.tenant() == tenant && (fence == 0 || ev.seq < fence)
+}
+
 /// Copy the source's events after `after` through `upto` into the destination at the same
 /// seqs and times (the destination's head must be `after`); answers how many of them are
 /// the tenant's.
@@ -414,13 +504,13 @@ async fn copy(
     src: &Engine,
     dst: &Engine,
     tenant: &str,
+    fence: u64,
     mut after: u64,
     upto: u64,
 ) -> Result<u64, CommandError> {
-    let Some(log) = dst.embedded_log() else {
-        return Err(refused(Rejection::MoveUnsupported, "not an embedded log"));
-    };
-    let mut own = 0;
+    use tidemark_log::transfer::ImportTarget;
+    let log = dst.any_log();
+    let mut copied = 0;
     while after < upto {
         let events = page(src, after, upto).await?;
         if events.is_empty() {
@@ -429,14 +519,19 @@ async fn copy(
                 format!("the source has no event after seq {after} (head {upto})"),
             ));
         }
-        // One replicated batch per run of one commit time (the log records one time a batch).
-        for run in events.chunk_by(|a, b| a.time_us == b.time_us) {
+        // One batch per run of one commit time (the log records one time a batch) and one
+        // tenant (a batch is one tenant's: the tenant's events, or fillers).
+        for run in events.chunk_by(|a, b| {
+            a.time_us == b.time_us && own(a, tenant, fence) == own(b, tenant, fence)
+        }) {
             let batch = run
                 .iter()
-                .map(|ev| copy_of(ev, tenant))
+                .map(|ev| copy_of(ev, tenant, fence))
                 .collect::<Result<Vec<_>, _>>()?;
-            own += run.iter().filter(|ev| ev.tenant() == tenant).count() as u64;
-            log.replicate(batch, run[0].seq, run[0].time_us)
+            if own(&run[0], tenant, fence) {
+                copied += run.len() as u64;
+            }
+            log.import_batch(batch, run[0].seq, run[0].time_us)
                 .await
                 .map_err(|e| storage("writing the copy into the destination", e))?;
         }
@@ -445,7 +540,7 @@ async fn copy(
             tokio::time::sleep(d).await;
         }
     }
-    Ok(own)
+    Ok(copied)
 }
 
 /// Whether the destination holds the copy of the source after `after` through `upto`: each
@@ -455,6 +550,7 @@ async fn verify(
     src: &Engine,
     dst: &Engine,
     tenant: &str,
+    fence: u64,
     mut after: u64,
     upto: u64,
 ) -> Result<(), String> {
@@ -473,7 +569,7 @@ async fn verify(
         for (s, d) in theirs.iter().zip(&ours) {
             let same = s.seq == d.seq
                 && s.time_us == d.time_us
-                && if s.tenant() == tenant {
+                && if own(s, tenant, fence) {
                     d.tenant() == tenant
                         && s.event_id == d.event_id
                         && s.stream == d.stream

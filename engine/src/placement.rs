@@ -13,7 +13,7 @@
 //! shared while it runs ([`Placement::gate`]), and a move holds it exclusively from the fence
 //! to the switch.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 
 use tidemark_projections::tenants::TenantRow;
@@ -47,8 +47,16 @@ pub struct Moving {
 
 #[derive(Default)]
 struct Inner {
-    /// Each tenant's shard as the directory recorded it (loaded, then kept by the moves).
+    /// Each tenant's shard as the directory recorded it (loaded, then kept by the moves and
+    /// by the directory's changes as the home shard's follower reads them).
     shard_of: HashMap<String, u32>,
+    /// The shards a tenant has been placed in (shard 0 always): another tenant's events wait
+    /// in a shard no tenant was ever placed in (a move's destination before its switch, on
+    /// every node of a cluster, the mover's or not) and are dropped in one that held one.
+    occupied: HashSet<u32>,
+    /// On a cluster, each tenant's fence ([`tidemark_log::MOVE_FENCE_TYPE`]): the shard it is
+    /// fenced out of and the fence's seq there. Its events after the fence there are void.
+    fences: HashMap<String, (u32, u64)>,
     moving: HashMap<String, Moving>,
     /// The tenants moved into a shard by this process: (shard, the source's head at the
     /// switch). Their events through it there are history the switch brought, not news.
@@ -63,7 +71,42 @@ impl Inner {
         {
             return false;
         }
+        if self.fenced_out(tenant, shard).is_some() {
+            return false;
+        }
         self.shard_of.get(tenant).is_none_or(|&s| s == shard)
+    }
+
+    /// The seq of `tenant`'s fence out of `shard`, if it has one there.
+    fn fenced_out(&self, tenant: &str, shard: u32) -> Option<u64> {
+        self.fences
+            .get(tenant)
+            .and_then(|&(s, seq)| (s == shard).then_some(seq))
+    }
+
+    /// Whether `tenant` is fenced out of the shard it lives in (its move has not switched).
+    fn fenced_where_it_lives(&self, tenant: &str) -> bool {
+        self.shard_of
+            .get(tenant)
+            .is_some_and(|&s| self.fenced_out(tenant, s).is_some())
+    }
+
+    fn acts(&self, t: &str, shard: u32) -> Acts {
+        if let Some(m) = self.moving.get(t) {
+            if m.to == shard {
+                return Acts::Wait;
+            }
+            if m.from == shard && m.fenced {
+                return Acts::Wait;
+            }
+        }
+        match self.shard_of.get(t) {
+            // A copy in a shard no tenant ever lived in is a move's, before its switch (or a
+            // crashed one's, inert until the move is run again).
+            Some(&s) if s != shard && !self.occupied.contains(&shard) => Acts::Wait,
+            Some(&s) if s != shard => Acts::Elsewhere,
+            _ => Acts::Here,
+        }
     }
 }
 
@@ -140,9 +183,66 @@ impl Placement {
     /// any shard run, and again whenever the directory has been read whole.
     pub fn load(&self, rows: &[TenantRow]) {
         let mut inner = self.write();
+        inner.occupied.insert(0);
         for r in rows {
             inner.shard_of.insert(r.name.clone(), r.shard);
+            inner.occupied.insert(r.shard);
         }
+    }
+
+    /// The directory placed a new tenant (`tenant.created`, as a node's home follower reads
+    /// it; a cluster's other nodes learn of it so).
+    pub fn created(&self, tenant: &str, shard: u32) {
+        let mut inner = self.write();
+        inner.shard_of.entry(tenant.to_owned()).or_insert(shard);
+        inner.occupied.insert(shard);
+    }
+
+    /// The directory recorded a move (`tenant.moved`, as a node's home follower reads it): the
+    /// tenant lives in `to` from now on, which holds its source through `through_seq`. On the
+    /// node that moved it this is already so; on a cluster's other nodes this is the switch.
+    pub fn switched(&self, tenant: &str, to: u32, through_seq: u64) {
+        {
+            let mut inner = self.write();
+            if inner.shard_of.get(tenant) == Some(&to) && inner.arrived.contains_key(tenant) {
+                return;
+            }
+            inner.shard_of.insert(tenant.to_owned(), to);
+            inner.occupied.insert(to);
+            inner.arrived.insert(tenant.to_owned(), (to, through_seq));
+        }
+        self.changed();
+    }
+
+    /// On a cluster, `tenant` is fenced out of shard `shard` at `seq` (the fence's event, as a
+    /// follower of the shard or the move read it): its events there after it are void, its
+    /// commands there refused, its requests wait for the switch. The first fence counts.
+    pub fn fenced_at(&self, tenant: &str, shard: u32, seq: u64) {
+        {
+            let mut inner = self.write();
+            if inner.fenced_out(tenant, shard).is_some() {
+                return;
+            }
+            inner.fences.insert(tenant.to_owned(), (shard, seq));
+        }
+        self.changed();
+    }
+
+    /// How shard `shard`'s reactors take a run of `tenant`'s events: its verdict, and on a
+    /// cluster the seq of the tenant's fence out of the shard, past which its events are void
+    /// (dropped whatever the verdict). One look under one lock.
+    pub fn verdict(&self, tenant: Option<&str>, shard: u32) -> (Acts, Option<u64>) {
+        let Some(t) = tenant else {
+            return (Acts::Here, None);
+        };
+        let inner = self.read();
+        (inner.acts(t, shard), inner.fenced_out(t, shard))
+    }
+
+    /// On a cluster, whether `tenant` is fenced out of the shard it lives in: its move has
+    /// fenced it and this node has not seen the switch yet (its requests wait for it).
+    pub fn fenced_where_it_lives(&self, tenant: &str) -> bool {
+        self.read().fenced_where_it_lives(tenant)
     }
 
     /// Whether shard `shard`'s reactors act on the events of `tenant` (`None`: the default
@@ -151,19 +251,7 @@ impl Placement {
         let Some(t) = tenant else {
             return Acts::Here;
         };
-        let inner = self.read();
-        if let Some(m) = inner.moving.get(t) {
-            if m.to == shard {
-                return Acts::Wait;
-            }
-            if m.from == shard && m.fenced {
-                return Acts::Wait;
-            }
-        }
-        match inner.shard_of.get(t) {
-            Some(&s) if s != shard => Acts::Elsewhere,
-            _ => Acts::Here,
-        }
+        self.read().acts(t, shard)
     }
 
     /// Whether commands of `tenant` may run in shard `shard` (`None`: the default tenant,
@@ -230,7 +318,7 @@ impl Placement {
     /// to the shard the tenant went to).
     pub async fn settled(&self, tenant: &str, shard: u32) -> bool {
         let mut changes = self.changes();
-        while self.moving(tenant).is_some() {
+        while self.moving(tenant).is_some() || self.fenced_where_it_lives(tenant) {
             if changes.changed().await.is_err() {
                 break;
             }
@@ -258,10 +346,12 @@ impl Placement {
     /// Whether `tenant` is fenced out of shard `shard` by a move (its models there are no
     /// longer walked).
     pub fn fenced_from(&self, tenant: &str, shard: u32) -> bool {
-        self.read()
+        let inner = self.read();
+        inner
             .moving
             .get(tenant)
             .is_some_and(|m| m.from == shard && m.fenced)
+            || inner.fenced_out(tenant, shard).is_some()
     }
 
     /// The shard `tenant` lives in as this process last knew it (`None`: not loaded).
@@ -341,8 +431,13 @@ impl Placement {
     pub async fn until_fencing(&self, tenant: &str) {
         let mut changes = self.changes();
         loop {
-            if self.read().moving.get(tenant).is_some_and(|m| m.fencing) {
-                return;
+            {
+                let inner = self.read();
+                if inner.moving.get(tenant).is_some_and(|m| m.fencing)
+                    || inner.fenced_where_it_lives(tenant)
+                {
+                    return;
+                }
             }
             if changes.changed().await.is_err() {
                 return std::future::pending().await;
@@ -358,6 +453,7 @@ impl Placement {
             inner.moving.remove(tenant);
             if let Some((to, through)) = switched {
                 inner.shard_of.insert(tenant.to_owned(), to);
+                inner.occupied.insert(to);
                 inner.arrived.insert(tenant.to_owned(), (to, through));
             }
         }
@@ -403,8 +499,13 @@ mod tests {
         assert_eq!(p.acts(Some("acme"), 1), Acts::Here);
         assert_eq!(
             p.acts(Some("acme"), 2),
+            Acts::Wait,
+            "a crashed copy in a shard no tenant lived in is held, inert"
+        );
+        assert_eq!(
+            p.acts(Some("beta"), 1),
             Acts::Elsewhere,
-            "a crashed copy is inert"
+            "a copy in a shard a tenant lives in is dropped"
         );
         assert_eq!(p.acts(Some("new"), 2), Acts::Here, "created since the load");
         p.begin("acme", 1, 2).unwrap();
@@ -439,16 +540,63 @@ mod tests {
         p.end("late", None);
         assert_eq!(
             p.acts(Some("late"), 3),
-            Acts::Elsewhere,
-            "not loaded, moved in vain"
+            Acts::Wait,
+            "not loaded, moved in vain: its copy is held where no tenant lives"
         );
         assert_eq!(
             p.acts(Some("beta"), 0),
             Acts::Here,
             "a failed move leaves it"
         );
-        assert_eq!(p.acts(Some("beta"), 3), Acts::Elsewhere);
+        assert_eq!(p.acts(Some("beta"), 3), Acts::Wait);
+        assert_eq!(
+            p.acts(Some("beta"), 1),
+            Acts::Elsewhere,
+            "shard 1 held acme, which moved out"
+        );
         assert!(Arc::ptr_eq(&p.gate("acme"), &p.gate("acme")));
+    }
+
+    /// On a cluster's node that does not run the move: the fence read from the source's
+    /// log, the switch from the directory.
+    #[tokio::test]
+    async fn a_clusters_fence_and_switch_are_learned_from_the_log() {
+        let p = Arc::new(Placement::default());
+        p.load(&[row("acme", 1), row("beta", 1)]);
+        assert_eq!(p.verdict(Some("acme"), 2), (Acts::Wait, None), "the copy");
+        p.fenced_at("acme", 1, 40);
+        p.fenced_at("acme", 1, 55);
+        assert_eq!(
+            p.verdict(Some("acme"), 1),
+            (Acts::Here, Some(40)),
+            "acted on through the first fence, void after it"
+        );
+        assert_eq!(p.verdict(Some("beta"), 1), (Acts::Here, None));
+        assert!(p.fenced_where_it_lives("acme") && p.fenced_from("acme", 1));
+        assert!(!p.commands_here(Some("acme"), 1) && p.commands_here(Some("beta"), 1));
+        let acme: Arc<str> = Arc::from("acme");
+        assert!(p.enter(Some(&acme), 1).is_err());
+        let settled = {
+            let p = p.clone();
+            tokio::spawn(async move { p.settled("acme", 1).await })
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), p.until_fencing("acme"))
+            .await
+            .expect("a long poll ends at a fence");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!settled.is_finished(), "settled before the switch");
+        p.switched("acme", 2, 60);
+        assert!(!settled.await.unwrap(), "its commands go to shard 2");
+        assert!(!p.fenced_where_it_lives("acme"));
+        assert_eq!(p.verdict(Some("acme"), 2), (Acts::Here, None));
+        assert_eq!(p.verdict(Some("acme"), 1).0, Acts::Elsewhere);
+        assert!(p.is_history(Some("acme"), 2, 60) && !p.is_history(Some("acme"), 2, 61));
+        p.created("gamma", 3);
+        assert_eq!(
+            p.acts(Some("acme"), 3),
+            Acts::Elsewhere,
+            "shard 3 holds a tenant now"
+        );
     }
 
     #[tokio::test]

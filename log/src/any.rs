@@ -50,6 +50,17 @@ impl AnyLog {
         }
     }
 
+    /// The seq of `tenant`'s fence in this log (0: none), spec section 20. On a cluster a
+    /// move fences a tenant out of its source stream with an event every node's replica
+    /// holds ([`crate::MOVE_FENCE_TYPE`]); the embedded log holds none (a move there fences
+    /// by its process's gate, every request of the tenant being this process's).
+    pub fn fence_of(&self, tenant: &str) -> Result<u64, crate::StorageError> {
+        match self {
+            AnyLog::Embedded(_) => Ok(0),
+            AnyLog::JetStream(l) => l.fence_of(tenant),
+        }
+    }
+
     /// Which backend, for logs and metrics.
     pub fn backend(&self) -> &'static str {
         match self {
@@ -128,5 +139,17 @@ impl EventLog for AnyLog {
     }
     async fn compact(&self, through: u64) -> Result<Compacted, AppendError> {
         each!(self, l => EventLog::compact(l, through).await)
+    }
+}
+
+/// A move's copy writes the source's events at their seqs and times, on either backend.
+impl crate::transfer::ImportTarget for AnyLog {
+    async fn import_batch(
+        &self,
+        events: Vec<NewEvent>,
+        first_seq: u64,
+        at_us: i64,
+    ) -> Result<AppendReceipt, AppendError> {
+        each!(self, l => l.import_batch(events, first_seq, at_us).await)
     }
 }

@@ -27,6 +27,28 @@ pub const DEFAULT_TENANT: &str = "default";
 /// event of the default tenant.
 pub const MOVE_FILLER_TYPE: &str = "tenant.gap";
 
+/// The type of the default tenant's event that fences a tenant out of a shard on a cluster
+/// (spec section 20): a move appends it to the tenant's source shard (stream `tenants`, subject
+/// [`fence_subject`]), and the tenant's events the stream orders after it are void there —
+/// every node refuses an append of the tenant that lands after it, and acts on none of them.
+pub const MOVE_FENCE_TYPE: &str = "tenant.fenced";
+
+/// The stream of a tenant's fence ([`MOVE_FENCE_TYPE`]).
+pub const MOVE_FENCE_STREAM: &str = "tenants";
+
+/// The subject of `tenant`'s fence: no tenant's name holds a `/`, so it is never a directory
+/// row's subject.
+pub fn fence_subject(tenant: &str) -> String {
+    format!("{FENCE_PREFIX}{tenant}")
+}
+
+/// The tenant a [`fence_subject`] names.
+pub fn fenced_tenant(subject: &str) -> Option<&str> {
+    subject.strip_prefix(FENCE_PREFIX)
+}
+
+const FENCE_PREFIX: &str = "fence/";
+
 /// The separator of a [`scoped`] key: a control character, which no tenant, stream, subject,
 /// type or `event_id` may hold, so two scoped keys are equal only when both parts are.
 const SCOPE_SEP: char = '\u{1f}';

@@ -388,6 +388,15 @@ pub enum AppendError {
          nothing was appended"
     )]
     InsufficientStorage { available: u64, min_free: u64 },
+    /// The batch's tenant is fenced out of this log by a move (spec section 20): a batch that
+    /// the stream ordered after the fence is void (no model or reactor acts on it, the move
+    /// does not copy it), so nothing of it counts as appended; retry once the tenant lives in
+    /// its new shard.
+    #[error(
+        "tenant {tenant:?} is being moved out of this shard (fenced at seq {fence_seq}); \
+         nothing was appended: retry shortly"
+    )]
+    Fenced { tenant: String, fence_seq: u64 },
     #[error("the log is closed")]
     Closed,
     #[error("a storage failure poisoned the log: {0}; restart tidemark to reopen it")]

@@ -64,8 +64,9 @@ pub use condition::{Condition, ConditionOn, SubjectSeq};
 pub use embedded::compact::COMPACT_MAX;
 pub use embedded::{Log, LogConfig, OpenReport, SpaceLevel, SpaceState, compact, fault, storage};
 pub use envelope::{
-    DEFAULT_TENANT, Event, EventRef, FieldError, InvalidKind, MOVE_FILLER_TYPE, NewEvent,
-    check_tenant, limits, scoped, tenant_of,
+    DEFAULT_TENANT, Event, EventRef, FieldError, InvalidKind, MOVE_FENCE_STREAM, MOVE_FENCE_TYPE,
+    MOVE_FILLER_TYPE, NewEvent, check_tenant, fence_subject, fenced_tenant, limits, scoped,
+    tenant_of,
 };
 pub use error::{AppendError, Error, OpenError, ReadError, StorageError};
 pub use jetstream::{JetStreamConfig, JetStreamLog};

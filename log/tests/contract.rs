@@ -1882,6 +1882,78 @@ mod jetstream_only {
         rt.block_on(b.close());
     }
 
+    /// A tenant's fence on a cluster (spec section 20): a move appends it to the tenant's
+    /// source stream, and the stream's order decides. Raced on two nodes — one fences, the
+    /// other appends the tenant's event at once — an append is acknowledged only if the
+    /// stream ordered it before the fence, else refused (`Fenced`, with the fence's seq; the
+    /// post-publish check when the appending node's replica had not seen the fence yet).
+    /// After it, every append of the tenant is refused on both nodes, a resend of one stored
+    /// before it is still its duplicate, and other tenants append as before.
+    #[test]
+    fn a_tenants_appends_the_stream_orders_after_its_fence_are_refused() {
+        let (dir, rt) = (tempfile::tempdir().unwrap(), rt());
+        make_stream(&rt, "FENCED", true, Duration::from_secs(120));
+        let a = tidemark_log::JetStreamLog::open(&config(&dir.path().join("a"), "FENCED")).unwrap();
+        let b = tidemark_log::JetStreamLog::open(&config(&dir.path().join("b"), "FENCED")).unwrap();
+        let of = |t: &str, id: &str| {
+            ev(id, "s", "x", "t.one", json!({"id": id}))
+                .in_tenant(t)
+                .unwrap()
+        };
+        let (mut before, mut after) = (0, 0);
+        for k in 0..12 {
+            let t = format!("t{k}");
+            let first = rt.block_on(a.append(vec![of(&t, "first")])).unwrap();
+            let fence = ev(
+                &format!("fence:{t}"),
+                tidemark_log::MOVE_FENCE_STREAM,
+                &tidemark_log::fence_subject(&t),
+                tidemark_log::MOVE_FENCE_TYPE,
+                json!({"tenant": t, "to": 1}),
+            );
+            let (fenced, raced) = rt.block_on(async {
+                tokio::join!(b.append(vec![fence]), a.append(vec![of(&t, "raced")]))
+            });
+            let f = fenced.unwrap().last_seq;
+            match raced {
+                Ok(r) => {
+                    assert!(
+                        r.last_seq < f,
+                        "{t}: acknowledged at {} after the fence {f}",
+                        r.last_seq
+                    );
+                    before += 1;
+                }
+                Err(AppendError::Fenced { tenant, fence_seq }) => {
+                    assert_eq!((tenant.as_str(), fence_seq), (t.as_str(), f));
+                    after += 1;
+                }
+                Err(e) => panic!("{t}: {e}"),
+            }
+            for node in [&a, &b] {
+                let late = rt.block_on(node.append(vec![of(&t, "late")]));
+                assert!(
+                    matches!(late, Err(AppendError::Fenced { fence_seq, .. }) if fence_seq == f),
+                    "{t}: {late:?}"
+                );
+                let again = rt.block_on(node.append(vec![of(&t, "first")])).unwrap();
+                assert_eq!(
+                    (again.events[0].seq, again.events[0].duplicate),
+                    (first.events[0].seq, true),
+                    "{t}: a resend of what was stored before the fence"
+                );
+                let other = rt
+                    .block_on(node.append(vec![of("other", &format!("o-{k}-{}", node.head()))]))
+                    .unwrap();
+                assert!(other.last_seq > f);
+                assert_eq!(node.fence_of(&t).unwrap(), f);
+            }
+        }
+        eprintln!("fenced: {before} raced appends ordered before the fence, {after} after it");
+        rt.block_on(a.close());
+        rt.block_on(b.close());
+    }
+
     /// I2 forever: a resend after the server's de-duplication window has passed (1 s here) is
     /// answered as the duplicate it is, with its original seq, and the stream holds one copy —
     /// also through another node's log that never saw the first append.

@@ -195,6 +195,7 @@ names! {
         TenantRemoved = "tenant.removed",
         TenantMoved = "tenant.moved",
         TenantGap = "tenant.gap",
+        TenantFenced = "tenant.fenced",
     }
 }
 
@@ -284,7 +285,9 @@ impl EventType {
             NodeSpaceLow | NodeSpaceReserveReached | NodeSpaceRecovered | NodeModelsPoisoned => {
                 Stream::Nodes
             }
-            TenantCreated | TenantRemoved | TenantMoved | TenantGap => Stream::Tenants,
+            TenantCreated | TenantRemoved | TenantMoved | TenantGap | TenantFenced => {
+                Stream::Tenants
+            }
         }
     }
 
@@ -372,7 +375,8 @@ impl EventType {
             | TenantCreated
             | TenantRemoved
             | TenantMoved
-            | TenantGap => return None,
+            | TenantGap
+            | TenantFenced => return None,
         })
     }
 }
@@ -702,10 +706,10 @@ mod tests {
                 "recipient.unsuppressed",
             ]
         );
-        // 47 server-only types: `endpoint.unresolved`, `endpoint.resolved` and
-        // `source.item_skipped` came with issue 53, the four `node.*` with issue 56, the four
+        // 50 server-only types: `endpoint.unresolved`, `endpoint.resolved` and
+        // `source.item_skipped` came with issue 53, the four `node.*` with issue 56, the five
         // `tenant.*` with issue 58.
-        assert_eq!(EventType::ALL.len() - client.len(), 49);
+        assert_eq!(EventType::ALL.len() - client.len(), 50);
     }
 
     /// Every `delivery.*` type (and no other) says what it does to a delivery row, by the

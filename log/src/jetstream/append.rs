@@ -210,6 +210,20 @@ impl JetStreamLog {
         let replica = &self.inner.replica;
         // A batch is one tenant's (`prepare_batch`).
         let tenant = events.first().and_then(|e| e.tenant.as_deref());
+        // A tenant fenced out of this stream by a move (spec section 20): what the stream
+        // orders after its fence is void, so nothing is published, and a resend is a
+        // duplicate only of what was stored before the fence.
+        let fenced = |fence_seq: u64| {
+            Attempt::Final(AppendError::Fenced {
+                tenant: tenant.unwrap_or_default().to_owned(),
+                fence_seq,
+            })
+        };
+        let fence = match tenant {
+            Some(t) => self.fence_of(t).map_err(Attempt::storage)?,
+            None => 0,
+        };
+        let void = |seq: u64| fence > 0 && seq > fence;
         let mut results: Vec<Option<Appended>> = Vec::with_capacity(events.len());
         let mut fresh: Vec<&NewEvent> = Vec::new();
         let mut in_batch: HashMap<&str, usize> = HashMap::new();
@@ -226,6 +240,7 @@ impl JetStreamLog {
                 continue;
             }
             match replica.get_by_id(tenant, id).map_err(read_err)? {
+                Some(orig) if void(orig.seq) => return Err(fenced(fence)),
                 Some(orig) if ev.same_content(&orig) => results.push(Some(Appended {
                     event_id: id.to_owned(),
                     seq: orig.seq,
@@ -263,6 +278,9 @@ impl JetStreamLog {
                 Attempt::Again
             });
         }
+        if fence > 0 {
+            return Err(fenced(fence));
+        }
         let at = at_us.unwrap_or_else(|| self.batch_time());
         let msgs = self.messages(tenant, &fresh, condition, head, at)?;
         let n = fresh.len() as u64;
@@ -286,6 +304,9 @@ impl JetStreamLog {
                 }
                 // The server's window answered for another message: decide again.
                 _ => return Err(Attempt::Again),
+            }
+            if let Some(f) = self.fenced_before(tenant, ack.seq)? {
+                return Err(fenced(f));
             }
             (ack.seq, replica.head())
         } else {
@@ -313,6 +334,11 @@ impl JetStreamLog {
                 .await
                 .map_err(|e| Attempt::storage(cluster_err("the replica", e)))?;
             self.replica_at(last).await?;
+            // Published while another node fenced the tenant: stored after the fence, the
+            // batch is void (the replica holds the stream through it, so any fence before it).
+            if let Some(f) = self.fenced_before(tenant, first)? {
+                return Err(fenced(f));
+            }
             (first, last)
         };
         let mut k = 0;
@@ -337,6 +363,16 @@ impl JetStreamLog {
             events: out,
             last_seq: last,
         })
+    }
+
+    /// The seq of `tenant`'s fence if the stream holds one before `seq` (the replica holding
+    /// the stream through `seq`).
+    fn fenced_before(&self, tenant: Option<&str>, seq: u64) -> Result<Option<u64>, Attempt> {
+        let Some(t) = tenant else {
+            return Ok(None);
+        };
+        let f = self.fence_of(t).map_err(Attempt::storage)?;
+        Ok((f > 0 && f < seq).then_some(f))
     }
 
     /// The time a batch published now is recorded at: this node's clock, never earlier than

@@ -476,6 +476,18 @@ impl JetStreamLog {
         &self.inner.replica
     }
 
+    /// The seq of `tenant`'s fence in this stream as the replica holds it (0: none), spec
+    /// section 20: the tenant's events the stream ordered after it are void here.
+    pub fn fence_of(&self, tenant: &str) -> Result<u64, StorageError> {
+        let replica = &self.inner.replica;
+        replica.last_of(
+            None,
+            crate::MOVE_FENCE_STREAM,
+            &crate::fence_subject(tenant),
+            replica.head(),
+        )
+    }
+
     /// The stream's last sequence, asked of the cluster.
     async fn stream_last(&self) -> Result<u64, AppendError> {
         let inner = self.inner.clone();

@@ -1169,20 +1169,6 @@ async fn a_killed_node_loses_nothing_and_its_shards_move() {
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
         assert_eq!(r.json["shard"], shard, "{}", r.text);
     }
-    // A tenant is not moved between a cluster's streams (no fence across the nodes yet):
-    // refused, before anything is copied.
-    let r = post(
-        &a,
-        "/v1/tenants/acme/move",
-        &json!({"shard": 0, "reason": "rebalancing"}),
-    )
-    .await;
-    assert_eq!(
-        (r.status, r.json["code"].as_str()),
-        (StatusCode::CONFLICT, Some("move_unsupported")),
-        "{}",
-        r.text
-    );
     for node in [&a, &b] {
         for t in ["acme", "beta"] {
             let api = node.api().under(&format!("/tenants/{t}"), None);
@@ -1368,5 +1354,458 @@ async fn a_killed_node_loses_nothing_and_its_shards_move() {
     );
     let (st, body) = acme.append(&batch(999)).await;
     assert_eq!(st, StatusCode::CREATED, "{body}");
+    drop(cluster);
+}
+
+/// A client appending batches to `api` until `stop`, each batch sent again (the same ids)
+/// while it is answered `503 tenant_moving` (a move's fence: nothing was done), any other
+/// answer but `201` failing the test; `notify`: one notification a batch instead of orders.
+/// Answers how many batches, and how many refusals it met.
+fn retrying_appender(
+    api: tidemark_tests::Api,
+    name: &'static str,
+    acked: crate::e2e_moves::Acked,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    notify: bool,
+) -> tokio::task::JoinHandle<(u64, u64)> {
+    use std::sync::atomic::Ordering;
+    tokio::spawn(async move {
+        let (mut n, mut refused) = (0u64, 0u64);
+        while !stop.load(Ordering::Relaxed) {
+            let batch: Vec<Value> = if notify {
+                vec![crate::common::notif_ev(
+                    &format!("{name}-{n}"),
+                    json!({"priority": "urgent", "title": "t", "recipient": "ops@example.org"}),
+                )]
+            } else {
+                (0..1 + n % 3)
+                    .map(|k| {
+                        let id = format!("{name}-{n}-{k}");
+                        json!({"event_id": id, "stream": "orders", "subject": id,
+                               "type": "order.placed", "payload": {"n": n}})
+                    })
+                    .collect()
+            };
+            let body = loop {
+                let (st, body) = api
+                    .try_append(&json!({ "events": batch }))
+                    .await
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+                if st == StatusCode::CREATED {
+                    break body;
+                }
+                assert_eq!(
+                    (st, body["code"].as_str()),
+                    (StatusCode::SERVICE_UNAVAILABLE, Some("tenant_moving")),
+                    "{name}: {body}"
+                );
+                refused += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let mut a = acked.lock().unwrap();
+            for e in body["events"].as_array().unwrap() {
+                let id = e["event_id"].as_str().unwrap().to_owned();
+                assert!(
+                    a.insert(id.clone(), e["seq"].as_u64().unwrap()).is_none(),
+                    "{name}: {id} acknowledged twice"
+                );
+            }
+            n += 1;
+        }
+        (n, refused)
+    })
+}
+
+/// Until `node` answers `tenant`'s reads (after a move, once it has seen the switch).
+async fn serving(node: &tidemark_tests::Api) {
+    crate::common::wait_for(Duration::from_secs(30), "the tenant's reads", || async {
+        (node.get("/v1/events?after_sequence=0&limit=1").await.status == StatusCode::OK)
+            .then_some(())
+    })
+    .await;
+}
+
+/// Two nodes over shards 0 and 1 of `MV`: acme (shard 1) with a route and three
+/// notifications routed into deliveries, beta (shard 0), delta (shard 1); then both nodes
+/// restart with a third shard, node a with `a_env` set.
+async fn move_deployment(cluster: &Cluster, a_env: Option<(&str, &str)>) -> (Server, Server) {
+    use crate::common::{notif_ev, wait_for};
+    use crate::e2e_moves::create;
+    let cfg = |n: u32| {
+        cluster.node_config("MV").replace(
+            "replicas = 3\n",
+            &format!("replicas = 3\nlease_ttl = \"2s\"\nshards = {n}\n"),
+        )
+    };
+    let mut a = Server::start(ServerOpts::default().config(cfg(2))).await;
+    let mut b = Server::start(ServerOpts::default().config(cfg(2))).await;
+    let api = a.api();
+    assert_eq!(create(&api, "acme").await, 1);
+    assert_eq!(create(&api, "beta").await, 0);
+    assert_eq!(create(&api, "delta").await, 1);
+    for node in [&a, &b] {
+        for t in ["acme", "delta"] {
+            let api = node.api().under(&format!("/tenants/{t}"), None);
+            wait_for(
+                Duration::from_secs(30),
+                "the tenant on every node",
+                || async {
+                    let r = api
+                        .send(
+                            api.request(reqwest::Method::PUT, "/v1/routes/app-1")
+                                .json(&json!({"route": {"sink": "app"}, "reason": "setup"})),
+                        )
+                        .await;
+                    (r.status == StatusCode::OK).then_some(())
+                },
+            )
+            .await;
+        }
+    }
+    let acme_a = api.under("/tenants/acme", None);
+    let events: Vec<Value> = (0..3)
+        .map(|i| {
+            notif_ev(
+                &format!("n-{i}"),
+                json!({"priority": "urgent", "title": "t", "recipient": "ops@example.org"}),
+            )
+        })
+        .collect();
+    let (st, body) = acme_a.append(&json!({ "events": events })).await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    wait_for(Duration::from_secs(30), "acme's deliveries", || async {
+        let (_, page) = acme_a.get_json("/v1/deliveries?sink=app").await;
+        (page["deliveries"].as_array().map(Vec::len) == Some(3)).then_some(())
+    })
+    .await;
+    // The deployment grows by a shard: its stream is the move's destination.
+    for node in [&mut a, &mut b] {
+        node.sigterm();
+        assert!(node.wait_exit(Duration::from_secs(30)).await.success());
+        node.set_config(Some(&cfg(3)));
+    }
+    if let Some((k, v)) = a_env {
+        a.set_env(k, Some(v));
+    }
+    a.restart().await;
+    b.restart().await;
+    (a, b)
+}
+
+/// Moving a tenant between a cluster's streams (spec section 20, issue 58): acme moves from
+/// shard 1 (`MV_s1`) to the empty shard 2 (`MV_s2`, added by growing the deployment) through
+/// node a, while clients append acme's orders through both nodes and its notifications
+/// through node b, delta appends in the same source shard, and a live stream of acme is open
+/// on node b. The fence is an event in the source's stream: node b, which does not run the
+/// move, refuses what the stream orders after it (`503 tenant_moving`, nothing done; the
+/// client sends it again) and acts on none of it. Every acknowledged event of acme is in its
+/// log once, at its seq, read through either node; the stream on node b shows nothing past
+/// the move's `through_seq` and nothing twice, and resumes there with its `Last-Event-ID`;
+/// the deliveries routed before the move and every notification acknowledged during it are
+/// claimed once in shard 2; delta's work goes on in the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_moves_between_the_clusters_streams_under_appends_through_both_nodes() {
+    use crate::common::{notif_ev, wait_for};
+    use crate::e2e_moves::{Acked, held, move_to, shard_of};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use tidemark_tests::SseNext;
+    let cluster = Cluster::start();
+    let (a, b) = move_deployment(&cluster, None).await;
+    let api = a.api();
+    let (acme_a, acme_b) = (
+        api.under("/tenants/acme", None),
+        b.api().under("/tenants/acme", None),
+    );
+    let delta = b.api().under("/tenants/delta", None);
+    serving(&acme_b).await;
+    assert_problem_code(&move_to(&api, "acme", 0).await, "shard_not_empty");
+    let before_move = held(&acme_a).await;
+
+    let mut sse = acme_b
+        .sse("after_sequence=0&stream=orders", None)
+        .await
+        .expect("stream");
+    let stop = Arc::new(AtomicBool::new(false));
+    let (acked_acme, acked_delta, notified) =
+        (Acked::default(), Acked::default(), Acked::default());
+    let writers = vec![
+        retrying_appender(
+            acme_a.clone(),
+            "a1",
+            acked_acme.clone(),
+            stop.clone(),
+            false,
+        ),
+        retrying_appender(
+            acme_b.clone(),
+            "b1",
+            acked_acme.clone(),
+            stop.clone(),
+            false,
+        ),
+        retrying_appender(acme_b.clone(), "nb", notified.clone(), stop.clone(), true),
+        retrying_appender(
+            delta.clone(),
+            "d1",
+            acked_delta.clone(),
+            stop.clone(),
+            false,
+        ),
+    ];
+    let reader = tokio::spawn(async move {
+        let mut seen: Vec<u64> = Vec::new();
+        loop {
+            match sse.next(Duration::from_secs(60)).await {
+                SseNext::Event(e) => seen.push(e.seq()),
+                SseNext::End => return seen,
+                other => panic!("acme's stream on node b: {other:?}"),
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let r = move_to(&api, "acme", 2).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let moved = r.json;
+    assert_eq!(
+        (moved["from_shard"].as_u64(), moved["to_shard"].as_u64()),
+        (Some(1), Some(2)),
+        "{moved}"
+    );
+    let through = moved["through_seq"].as_u64().unwrap();
+    // The clients go on, through both nodes, into shard 2.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut batches, mut refusals) = (0, 0);
+    for w in writers {
+        let (n, r) = w.await.expect("an appender failed");
+        batches += n;
+        refusals += r;
+    }
+    assert!(batches > 10, "the clients appended {batches} batches");
+    let seen = tokio::time::timeout(Duration::from_secs(60), reader)
+        .await
+        .expect("node b's stream did not end at the move")
+        .unwrap();
+    let mut seqs = seen.clone();
+    seqs.dedup();
+    assert_eq!(
+        seqs.len(),
+        seen.len(),
+        "node b's stream showed an event twice"
+    );
+    let last = seen.last().copied().unwrap_or(0);
+    assert!(
+        last <= through,
+        "node b's stream showed {last}, past the move's {through}"
+    );
+
+    // Every acknowledged event of acme, once at its seq, through either node.
+    serving(&acme_b).await;
+    assert_eq!(shard_of(&b.api(), "acme").await, 2);
+    let acked = acked_acme.lock().unwrap().clone();
+    let after_switch = acked.values().filter(|&&q| q > through).count();
+    eprintln!(
+        "cluster move through seq {through}: {} of acme's events acknowledged, {after_switch} \
+         after the switch, {refusals} answers 503 tenant_moving (sent again); node b's stream \
+         showed {} before it ended; {batches} batches",
+        acked.len(),
+        seen.len()
+    );
+    assert!(after_switch > 0, "no append landed after the switch");
+    assert!(acked.values().any(|&q| q <= through), "none before it");
+    for node in [&acme_a, &acme_b] {
+        let now = held(node).await;
+        for (id, seq) in before_move.iter().chain(acked.iter()) {
+            assert_eq!(now.get(id), Some(seq), "acme's {id} at {seq}");
+        }
+        assert_eq!(now.len(), before_move.len() + acked.len(), "acme's orders");
+        let all = node.read_all("").await;
+        let all_seqs: Vec<u64> = all.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+        let mut sorted = all_seqs.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted, all_seqs, "acme's log in order, each seq once");
+    }
+    // delta, in the source, lost nothing; its reactors were not held by acme's work.
+    let d = held(&delta).await;
+    for (id, seq) in acked_delta.lock().unwrap().iter() {
+        assert_eq!(d.get(id), Some(seq), "delta's {id}");
+    }
+    let (st, body) = delta
+        .append(&json!({"events": [notif_ev("dn-1",
+            json!({"priority": "urgent", "title": "t", "recipient": "ops@example.org"}))]}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    wait_for(Duration::from_secs(30), "delta's delivery", || {
+        let delta = delta.clone();
+        async move {
+            let (_, page) = delta.get_json("/v1/deliveries?notification_id=dn-1").await;
+            (page["deliveries"].as_array().map(Vec::len) == Some(1)).then_some(())
+        }
+    })
+    .await;
+
+    // node b's stream resumes in shard 2 with its Last-Event-ID: the rest, once. What it
+    // showed before is acme's log (nothing void, nothing the move did not keep).
+    let now = held(&acme_b).await;
+    let kept: std::collections::HashSet<u64> = now.values().copied().collect();
+    assert!(
+        seen.iter().all(|q| kept.contains(q)),
+        "node b's stream showed events that are not acme's orders"
+    );
+    let mut sse = acme_b
+        .sse("stream=orders", Some(&last.to_string()))
+        .await
+        .expect("the resumed stream");
+    let mut expect: Vec<u64> = now.values().copied().filter(|&q| q > last).collect();
+    expect.sort();
+    let mut resumed = Vec::new();
+    while resumed.len() < expect.len() {
+        resumed.push(sse.expect_event(Duration::from_secs(30)).await.seq());
+    }
+    assert_eq!(resumed, expect);
+
+    // Every notification: routed before the move, or acknowledged during it through node b,
+    // claimed once in shard 2 (through either node).
+    let mut want: Vec<String> = notified.lock().unwrap().keys().cloned().collect();
+    want.extend(["n-0", "n-1", "n-2"].map(String::from));
+    want.sort();
+    let done: Arc<Mutex<Vec<String>>> = Arc::default();
+    let nodes = [acme_a.clone(), acme_b.clone()];
+    let mut turn = 0usize;
+    wait_for(
+        Duration::from_secs(60),
+        "acme's deliveries in shard 2",
+        || {
+            turn += 1;
+            let (node, done, want) = (nodes[turn % 2].clone(), done.clone(), want.clone());
+            async move {
+                let r = node
+                .send(
+                    node.request(reqwest::Method::POST, "/v1/deliveries/claim").json(
+                        &json!({"sink": "app", "owner": "w", "limit": 100, "lease_ms": 60_000}),
+                    ),
+                )
+                .await;
+                assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+                let mut done = done.lock().unwrap();
+                for d in r.json["deliveries"].as_array().unwrap() {
+                    done.push(d["notification_id"].as_str().unwrap().to_owned());
+                }
+                let mut got = done.clone();
+                got.sort();
+                let mut once = got.clone();
+                once.dedup();
+                assert_eq!(once, got, "a notification claimed twice");
+                (got == want).then_some(())
+            }
+        },
+    )
+    .await;
+    drop(cluster);
+}
+
+fn assert_problem_code(r: &tidemark_tests::Reply, code: &str) {
+    assert_eq!(r.json["code"].as_str(), Some(code), "{}", r.text);
+}
+
+/// A cluster's move killed after its fence (spec section 20): node a runs the move, held
+/// after its fence (`TIDEMARK_FAULT_MOVE_FENCED_MS`), and is killed (-9) once node b refuses
+/// acme's reads —
+/// node b has read the fence from the source's stream. The tenant stays fenced: node b
+/// refuses its requests (`503 tenant_moving`, nothing done) and the directory still places
+/// it in shard 1. The move run again through node b keeps the fence, resumes the copy and
+/// switches; the client appending through node b all along, sending refused batches again,
+/// finds every acknowledged event in shard 2 once, at its seq; node a, restarted, serves
+/// acme from shard 2 too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clusters_move_killed_after_its_fence_is_finished_by_running_it_again() {
+    use crate::common::wait_for;
+    use crate::e2e_moves::{Acked, held, move_to, shard_of};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let cluster = Cluster::start();
+    let (mut a, b) =
+        move_deployment(&cluster, Some(("TIDEMARK_FAULT_MOVE_FENCED_MS", "60000"))).await;
+    let acme_b = b.api().under("/tenants/acme", None);
+    serving(&acme_b).await;
+    let before_move = held(&acme_b).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Acked::default();
+    let writer = retrying_appender(acme_b.clone(), "b1", acked.clone(), stop.clone(), false);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let mover = {
+        let api = a.api();
+        tokio::spawn(async move { move_to(&api, "acme", 2).await })
+    };
+    // Node b has read the fence once it refuses acme's reads.
+    wait_for(
+        Duration::from_secs(120),
+        "node b to see the fence",
+        || async {
+            let r = acme_b.get("/v1/events?after_sequence=0&limit=1").await;
+            if r.status == StatusCode::OK {
+                return None;
+            }
+            assert_eq!(
+                (r.status, r.json["code"].as_str()),
+                (StatusCode::SERVICE_UNAVAILABLE, Some("tenant_moving")),
+                "{}",
+                r.text
+            );
+            Some(())
+        },
+    )
+    .await;
+    a.kill9();
+    let _ = mover.await;
+    // Fenced, not moved: refused on node b, still placed in shard 1.
+    let r = acme_b.get("/v1/events?after_sequence=0&limit=1").await;
+    assert_eq!(r.json["code"].as_str(), Some("tenant_moving"), "{}", r.text);
+    assert_eq!(
+        r.headers.get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    assert_eq!(shard_of(&b.api(), "acme").await, 1);
+    let fenced_at = acked.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        acked.lock().unwrap().len(),
+        fenced_at,
+        "an append of acme was acknowledged while it was fenced"
+    );
+    // Run again through node b: the copy resumes, the fence is kept.
+    let r = move_to(&b.api(), "acme", 2).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let moved = r.json;
+    assert!(moved["resumed_after"].as_u64().unwrap() > 0, "{moved}");
+    let through = moved["through_seq"].as_u64().unwrap();
+    serving(&acme_b).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (batches, refusals) = writer.await.expect("the appender failed");
+    let acked = acked.lock().unwrap().clone();
+    let after_switch = acked.values().filter(|&&q| q > through).count();
+    eprintln!(
+        "cluster move killed after its fence, resumed after seq {} through {through}: {} events \
+         acknowledged, {after_switch} after the switch, {refusals} answers 503 tenant_moving; \
+         {batches} batches",
+        moved["resumed_after"],
+        acked.len()
+    );
+    assert!(after_switch > 0 && refusals > 0);
+    a.set_env("TIDEMARK_FAULT_MOVE_FENCED_MS", None);
+    a.restart().await;
+    let acme_a = a.api().under("/tenants/acme", None);
+    serving(&acme_a).await;
+    for node in [&acme_b, &acme_a] {
+        let now = held(node).await;
+        for (id, seq) in before_move.iter().chain(acked.iter()) {
+            assert_eq!(now.get(id), Some(seq), "acme's {id} at {seq}");
+        }
+        assert_eq!(now.len(), before_move.len() + acked.len(), "acme's orders");
+    }
+    assert_eq!(shard_of(&a.api(), "acme").await, 2);
     drop(cluster);
 }

@@ -18,7 +18,7 @@ use tidemark_tests::{Api, Server, ServerOpts, SseNext, assert_problem};
 
 use crate::common::{notif_ev, wait_for};
 
-async fn create(api: &Api, name: &str) -> u64 {
+pub(crate) async fn create(api: &Api, name: &str) -> u64 {
     let r = api
         .send(
             api.request(Method::POST, "/v1/tenants")
@@ -29,7 +29,7 @@ async fn create(api: &Api, name: &str) -> u64 {
     r.json["shard"].as_u64().unwrap()
 }
 
-async fn move_to(api: &Api, tenant: &str, shard: u32) -> tidemark_tests::Reply {
+pub(crate) async fn move_to(api: &Api, tenant: &str, shard: u32) -> tidemark_tests::Reply {
     api.send(
         api.request(Method::POST, &format!("/v1/tenants/{tenant}/move"))
             .timeout(Duration::from_secs(120))
@@ -38,13 +38,13 @@ async fn move_to(api: &Api, tenant: &str, shard: u32) -> tidemark_tests::Reply {
     .await
 }
 
-async fn shard_of(api: &Api, tenant: &str) -> u64 {
+pub(crate) async fn shard_of(api: &Api, tenant: &str) -> u64 {
     let (st, t) = api.get_json(&format!("/v1/tenants/{tenant}")).await;
     assert_eq!(st, StatusCode::OK, "{t}");
     t["shard"].as_u64().unwrap()
 }
 
-async fn heads(api: &Api) -> Vec<u64> {
+pub(crate) async fn heads(api: &Api) -> Vec<u64> {
     let (_, page) = api.get_json("/v1/shards").await;
     page["shards"]
         .as_array()
@@ -55,7 +55,7 @@ async fn heads(api: &Api) -> Vec<u64> {
 }
 
 /// Event id → seq of a tenant's `orders`.
-async fn held(api: &Api) -> BTreeMap<String, u64> {
+pub(crate) async fn held(api: &Api) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     for e in api.read_all("stream=orders").await {
         let id = e["event_id"].as_str().unwrap().to_owned();
@@ -67,7 +67,7 @@ async fn held(api: &Api) -> BTreeMap<String, u64> {
     out
 }
 
-type Acked = Arc<Mutex<BTreeMap<String, u64>>>;
+pub(crate) type Acked = Arc<Mutex<BTreeMap<String, u64>>>;
 
 /// A client appending batches of `orders` to `api` until `stop`; answers the batches whose
 /// answer it did not get (none, unless the server went away).

@@ -118,6 +118,10 @@ pub(crate) fn sse_response(
     let placement = engine.placement().clone();
     let (shard, tenant) = (st.shard_number(), engine.tenant().to_owned());
     let mut moves = placement.changes();
+    let fence_of = {
+        let (engine, tenant) = (engine.clone(), tenant.clone());
+        move || engine.fence_of(&tenant).unwrap_or(0)
+    };
     let moved_away = move || {
         tidemark_log::tenant_of(&tenant).is_some()
             && (placement.shard_of(&tenant).is_some_and(|s| s != shard)
@@ -142,8 +146,14 @@ pub(crate) fn sse_response(
                     Err(_) => break,
                 }
             };
-            for ev in &page.events {
+            // On a cluster, what the stream orders after the tenant's fence is void: the
+            // stream ends before it (read after the page, the replica holding it).
+            let fence = fence_of();
+            for ev in page.events.iter().filter(|e| fence == 0 || e.seq < fence) {
                 yield Ok(sse_event(ev));
+            }
+            if fence > 0 {
+                break;
             }
             q.after = page.next_after;
             if page.next_after < page.head {
