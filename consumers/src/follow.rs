@@ -370,13 +370,13 @@ pub fn learn_directory(placement: &tidemark_engine::placement::Placement, ev: &E
             placement.created(&ev.subject, shard("shard").unwrap_or(0));
         }
         Some(EventType::TenantMoved) => {
-            if let Some(to) = shard("to") {
+            if let (Some(from), Some(to)) = (shard("from"), shard("to")) {
                 let through = ev
                     .payload_value()
                     .get("through_seq")
                     .and_then(serde_json::Value::as_u64)
                     .unwrap_or(0);
-                placement.switched(&ev.subject, to, through);
+                placement.switched(&ev.subject, from, to, through);
             }
         }
         _ => {}

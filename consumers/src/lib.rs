@@ -242,11 +242,14 @@ async fn serve_while_held(
     }
 }
 
-/// Take the directory's placements into the deployment's [`tidemark_engine::placement`].
-async fn load_placement(engine: &Engine) -> Result<(), StorageError> {
+/// Take the directory's placements into the deployment's [`tidemark_engine::placement`];
+/// answers the home shard's seq they are as of (at least).
+async fn load_placement(engine: &Engine) -> Result<u64, StorageError> {
     let e = engine.clone();
     tokio::task::spawn_blocking(move || {
-        let rows = e.home().read().unwaited().tenants()?;
+        let home = e.home();
+        let as_of = home.head().saturating_sub(home.read().lag());
+        let rows = home.read().unwaited().tenants()?;
         e.placement().load(&rows);
         // On a cluster, the fences of the tenants placed here (a move under way, or one
         // that stopped after its fence): what the stream holds after them is void.
@@ -256,7 +259,7 @@ async fn load_placement(engine: &Engine) -> Result<(), StorageError> {
                 e.placement().fenced_at(&r.name, e.shard(), fence);
             }
         }
-        Ok::<_, StorageError>(())
+        Ok::<_, StorageError>(as_of)
     })
     .await
     .map_err(StorageError::of)?
@@ -298,7 +301,7 @@ pub async fn spawn(
     }
     // Where each tenant lives, before any reactor of the shard acts on a page: a crashed
     // move's copy in this shard is not acted on (`follow`).
-    load_placement(&engine).await?;
+    let placed_as_of = load_placement(&engine).await?;
     let at = checkpoints(&engine).await?;
     let head = at.2;
     let mut follower = follow::Follower::new(engine.clone());
@@ -359,13 +362,20 @@ pub async fn spawn(
     // Operators told through the operational route (section 17): what is committed from now
     // on, each tenant's through its own.
     let operational_feed = follower.subscribe_if(head, Box::new(|p| p.any(operational::concerns)));
-    // The directory's changes, as this node learns where each tenant lives: a tenant created
-    // or moved on another node of a cluster (this node's own moves switch it already).
+    // The directory's changes after those loaded, as this node learns where each tenant
+    // lives: a tenant created or moved on another node of a cluster (this node's own moves
+    // switch it already; a change read again moves nothing).
     if engine.shard() == 0 {
-        let home = engine.clone();
-        follower.observe(Box::new(move |p| {
-            for ev in &p.events {
-                follow::learn_directory(home.placement(), ev);
+        let mut feed = follower.subscribe_if(placed_as_of, Box::new(|p| p.any(follow::concerns)));
+        let (home, stop) = (engine.clone(), shutdown.clone());
+        tasks.push(tokio::spawn(async move {
+            while let Some(page) = tokio::select! {
+                p = feed.recv() => p,
+                _ = stop.cancelled() => None,
+            } {
+                for ev in &page.events {
+                    follow::learn_directory(home.placement(), ev);
+                }
             }
         }));
     }

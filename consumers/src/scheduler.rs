@@ -88,14 +88,13 @@ async fn run_route(engine: &Engine, source: Vec<Event>, shutdown: &CancellationT
             Err(CommandError::Append(tidemark_log::AppendError::Closed)) => return false,
             // The tenant is being moved: once the move ends, routed here if it stayed, else
             // where it went (its routing there derives from the copy).
-            // (On a cluster the move's fence refuses it in the log.)
-            Err(
-                CommandError::Rejected {
-                    code: tidemark_engine::Rejection::MoveInProgress,
-                    ..
-                }
-                | CommandError::Append(tidemark_log::AppendError::Fenced { .. }),
-            ) => {
+            // On a cluster, fenced out of this shard for good: the shard it goes to routes it
+            // from its copy (waiting here would hold every other tenant's routing).
+            Err(CommandError::Append(tidemark_log::AppendError::Fenced { .. })) => return true,
+            Err(CommandError::Rejected {
+                code: tidemark_engine::Rejection::MoveInProgress,
+                ..
+            }) => {
                 let placement = engine.placement().clone();
                 let settled = tokio::select! {
                     here = placement.settled(engine.tenant(), engine.shard()) => here,

@@ -509,15 +509,17 @@ impl<L: EventLog + Clone> Engine<L> {
         &self,
         mut events: Vec<NewEvent>,
     ) -> Result<AppendReceipt, tidemark_log::AppendError> {
-        // Refused as invalid where the tenant does not act (a reactor does not retry it).
-        let _flight = self
-            .enter()
-            .map_err(|e| tidemark_log::AppendError::Invalid {
+        // Refused as invalid where the tenant does not act (a reactor does not retry it), as
+        // the log's fence where a cluster's move fenced it.
+        let _flight = self.enter().map_err(|e| match e {
+            CommandError::Append(fenced) => fenced,
+            e => tidemark_log::AppendError::Invalid {
                 index: 0,
                 field: "tenant",
                 reason: e.to_string(),
                 kind: tidemark_log::InvalidKind::Field,
-            })?;
+            },
+        })?;
         for e in &mut events {
             e.tenant = self.tenant.as_deref().map(str::to_owned);
         }
@@ -550,6 +552,14 @@ impl<L: EventLog + Clone> Engine<L> {
         self.placement
             .enter(self.tenant.as_ref(), self.shard)
             .map_err(|placement::NotHere| {
+                // On a cluster, fenced out of this shard: the log's refusal (503
+                // `tenant_moving` to a client, which sends it again).
+                if let Some(fence_seq) = self.placement.fence_in(self.tenant(), self.shard) {
+                    return CommandError::Append(tidemark_log::AppendError::Fenced {
+                        tenant: self.tenant().to_owned(),
+                        fence_seq,
+                    });
+                }
                 CommandError::rejected(
                     Rejection::MoveInProgress,
                     format!(

@@ -242,10 +242,7 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
     // On a cluster, the fence of a move that stopped after it (the tenant's events after it
     // in the source are void: the copy takes them as fillers).
     let cluster = src.embedded_log().is_none();
-    let mut fence = {
-        let (s, t) = (src.clone(), tenant.to_owned());
-        blocking(move || Ok(s.fence_of(&t)?)).await?
-    };
+    let mut fence = src.any_log().fence_now(tenant).await?;
     // A crashed move's copy: every event of it is the source's, or a filler of it.
     let resumed_after = dst.head();
     if resumed_after > 0 {
@@ -292,7 +289,9 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
     // source's stream, which orders every node's appends of the tenant before or after it;
     // those after it are void (refused on the node that sent them, never acted on).
     if cluster && fence == 0 {
-        fence = fence_out(src, tenant, req.to).await?;
+        fence = fence_out(src, tenant)
+            .await
+            .map_err(|e| after_fence(e, cluster, tenant, from))?;
     }
     if fence > 0 {
         placement.fenced_at(tenant, from, fence);
@@ -379,26 +378,34 @@ pub async fn move_tenant(shards: &[Engine], req: MoveRequest) -> Result<Moved, C
 /// Fence `tenant` out of the source shard of a cluster: the default tenant's fence event in
 /// the source's stream, appended only if the stream holds none of the tenant's (a move run
 /// again after its fence keeps the first). Answers its seq.
-async fn fence_out(src: &Engine, tenant: &str, to: u32) -> Result<u64, CommandError> {
+async fn fence_out(src: &Engine, tenant: &str) -> Result<u64, CommandError> {
     let subject = tidemark_log::fence_subject(tenant);
+    // The same event whoever appends it (a resend, another run of the move): a duplicate.
     let ev = NewEvent::new(
         Some(format!("fence:{tenant}")),
         tidemark_log::MOVE_FENCE_STREAM,
         &subject,
         tidemark_log::MOVE_FENCE_TYPE,
-        &json!({"tenant": tenant, "to": to}),
+        &json!({ "tenant": tenant }),
     )
     .map_err(|e| storage("the move's fence", e))?;
     let none_yet = Condition::subject(tidemark_log::MOVE_FENCE_STREAM, &subject, 0);
-    match src.log().append_if(vec![ev], none_yet).await {
-        Ok(r) => Ok(r.last_seq),
+    let fence = match src.log().append_if(vec![ev], none_yet).await {
+        // Its own seq (a duplicate's is the original's).
+        Ok(r) => r.events.first().map_or(0, |e| e.seq),
         // Another run of the move fenced it first: its fence counts.
         Err(AppendError::ExpectationFailed { .. } | AppendError::Conflict { .. }) => {
-            let (s, t) = (src.clone(), tenant.to_owned());
-            blocking(move || Ok(s.fence_of(&t)?)).await
+            src.any_log().fence_now(tenant).await?
         }
-        Err(e) => Err(storage("appending the move's fence", e)),
+        Err(e) => return Err(storage("appending the move's fence", e)),
+    };
+    if fence == 0 {
+        return Err(storage(
+            "appending the move's fence",
+            format!("the source's stream holds no fence of tenant {tenant:?} after it"),
+        ));
     }
+    Ok(fence)
 }
 
 /// An error after a cluster's fence says what it leaves: the tenant fenced, its requests
@@ -462,6 +469,25 @@ async fn page(engine: &Engine, after: u64, upto: u64) -> Result<Vec<Event>, Comm
     .await
 }
 
+/// A page of the source, with the tenant's fence there as known once the page is read (`fence`,
+/// or one another run of the move appended meanwhile: the log holds a fence before anything
+/// after it, so the page's events past it are known void).
+async fn source_page(
+    src: &Engine,
+    tenant: &str,
+    fence: u64,
+    after: u64,
+    upto: u64,
+) -> Result<(Vec<Event>, u64), CommandError> {
+    let events = page(src, after, upto).await?;
+    if fence > 0 {
+        return Ok((events, fence));
+    }
+    let (s, t) = (src.clone(), tenant.to_owned());
+    let now = blocking(move || Ok(s.fence_of(&t)?)).await?;
+    Ok((events, now))
+}
+
 /// What the destination holds at `ev.seq` of the source: the tenant's event as it is, any
 /// other as a filler.
 fn copy_of(ev: &Event, tenant: &str, fence: u64) -> Result<NewEvent, CommandError> {
@@ -512,7 +538,7 @@ async fn copy(
     let log = dst.any_log();
     let mut copied = 0;
     while after < upto {
-        let events = page(src, after, upto).await?;
+        let (events, fence) = source_page(src, tenant, fence, after, upto).await?;
         if events.is_empty() {
             return Err(storage(
                 "copying",
@@ -555,7 +581,9 @@ async fn verify(
     upto: u64,
 ) -> Result<(), String> {
     while after < upto {
-        let theirs = page(src, after, upto).await.map_err(|e| e.to_string())?;
+        let (theirs, fence) = source_page(src, tenant, fence, after, upto)
+            .await
+            .map_err(|e| e.to_string())?;
         let ours = page(dst, after, upto).await.map_err(|e| e.to_string())?;
         if theirs.is_empty() {
             return Err(format!("the source has no event after seq {after}"));

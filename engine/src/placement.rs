@@ -54,9 +54,10 @@ struct Inner {
     /// in a shard no tenant was ever placed in (a move's destination before its switch, on
     /// every node of a cluster, the mover's or not) and are dropped in one that held one.
     occupied: HashSet<u32>,
-    /// On a cluster, each tenant's fence ([`tidemark_log::MOVE_FENCE_TYPE`]): the shard it is
-    /// fenced out of and the fence's seq there. Its events after the fence there are void.
-    fences: HashMap<String, (u32, u64)>,
+    /// On a cluster, the tenants' fences ([`tidemark_log::MOVE_FENCE_TYPE`]): by tenant and
+    /// the shard it is fenced out of, the fence's seq there. Its events after the fence there
+    /// are void.
+    fences: HashMap<(String, u32), u64>,
     moving: HashMap<String, Moving>,
     /// The tenants moved into a shard by this process: (shard, the source's head at the
     /// switch). Their events through it there are history the switch brought, not news.
@@ -79,9 +80,7 @@ impl Inner {
 
     /// The seq of `tenant`'s fence out of `shard`, if it has one there.
     fn fenced_out(&self, tenant: &str, shard: u32) -> Option<u64> {
-        self.fences
-            .get(tenant)
-            .and_then(|&(s, seq)| (s == shard).then_some(seq))
+        self.fences.get(&(tenant.to_owned(), shard)).copied()
     }
 
     /// Whether `tenant` is fenced out of the shard it lives in (its move has not switched).
@@ -201,10 +200,12 @@ impl Placement {
     /// The directory recorded a move (`tenant.moved`, as a node's home follower reads it): the
     /// tenant lives in `to` from now on, which holds its source through `through_seq`. On the
     /// node that moved it this is already so; on a cluster's other nodes this is the switch.
-    pub fn switched(&self, tenant: &str, to: u32, through_seq: u64) {
+    pub fn switched(&self, tenant: &str, from: u32, to: u32, through_seq: u64) {
         {
             let mut inner = self.write();
-            if inner.shard_of.get(tenant) == Some(&to) && inner.arrived.contains_key(tenant) {
+            // A record read again (a follower replaying the directory at a start) moves
+            // nothing: it switches a tenant only from where this process places it.
+            if inner.shard_of.get(tenant).is_some_and(|&s| s != from) {
                 return;
             }
             inner.shard_of.insert(tenant.to_owned(), to);
@@ -223,7 +224,7 @@ impl Placement {
             if inner.fenced_out(tenant, shard).is_some() {
                 return;
             }
-            inner.fences.insert(tenant.to_owned(), (shard, seq));
+            inner.fences.insert((tenant.to_owned(), shard), seq);
         }
         self.changed();
     }
@@ -243,6 +244,11 @@ impl Placement {
     /// fenced it and this node has not seen the switch yet (its requests wait for it).
     pub fn fenced_where_it_lives(&self, tenant: &str) -> bool {
         self.read().fenced_where_it_lives(tenant)
+    }
+
+    /// The seq of `tenant`'s fence out of shard `shard`, as this process knows it.
+    pub fn fence_in(&self, tenant: &str, shard: u32) -> Option<u64> {
+        self.read().fenced_out(tenant, shard)
     }
 
     /// Whether shard `shard`'s reactors act on the events of `tenant` (`None`: the default
@@ -313,12 +319,14 @@ impl Placement {
         }
     }
 
-    /// Until the move of `tenant` (if one is under way) has ended; then whether its commands
-    /// run in shard `shard` (a reactor whose command a fence refused retries it, or leaves it
-    /// to the shard the tenant went to).
+    /// Until the move of `tenant` this process runs (if one is under way) has ended; then
+    /// whether its commands run in shard `shard` (a reactor whose command a fence refused
+    /// retries it, or leaves it to the shard the tenant went to). A cluster's fence is for
+    /// good: not here, at once, whatever the switch (a reactor waiting for it would hold the
+    /// shard's other tenants).
     pub async fn settled(&self, tenant: &str, shard: u32) -> bool {
         let mut changes = self.changes();
-        while self.moving(tenant).is_some() || self.fenced_where_it_lives(tenant) {
+        while self.moving(tenant).is_some() {
             if changes.changed().await.is_err() {
                 break;
             }
@@ -576,21 +584,28 @@ mod tests {
         assert!(!p.commands_here(Some("acme"), 1) && p.commands_here(Some("beta"), 1));
         let acme: Arc<str> = Arc::from("acme");
         assert!(p.enter(Some(&acme), 1).is_err());
-        let settled = {
-            let p = p.clone();
-            tokio::spawn(async move { p.settled("acme", 1).await })
-        };
+        assert!(
+            !p.settled("acme", 1).await,
+            "a reactor leaves a fenced tenant's work at once"
+        );
         tokio::time::timeout(std::time::Duration::from_secs(5), p.until_fencing("acme"))
             .await
             .expect("a long poll ends at a fence");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        assert!(!settled.is_finished(), "settled before the switch");
-        p.switched("acme", 2, 60);
-        assert!(!settled.await.unwrap(), "its commands go to shard 2");
+        p.switched("acme", 0, 2, 60);
+        assert_eq!(p.shard_of("acme"), Some(1), "a record of another move");
+        p.switched("acme", 1, 2, 60);
         assert!(!p.fenced_where_it_lives("acme"));
         assert_eq!(p.verdict(Some("acme"), 2), (Acts::Here, None));
         assert_eq!(p.verdict(Some("acme"), 1).0, Acts::Elsewhere);
         assert!(p.is_history(Some("acme"), 2, 60) && !p.is_history(Some("acme"), 2, 61));
+        p.switched("acme", 1, 2, 60);
+        assert_eq!(p.shard_of("acme"), Some(2), "read again, it moves nothing");
+        p.fenced_at("acme", 2, 90);
+        assert_eq!(
+            (p.fence_in("acme", 1), p.fence_in("acme", 2)),
+            (Some(40), Some(90)),
+            "a fence a shard"
+        );
         p.created("gamma", 3);
         assert_eq!(
             p.acts(Some("acme"), 3),

@@ -61,6 +61,14 @@ impl AnyLog {
         }
     }
 
+    /// [`AnyLog::fence_of`] as of the log's head now (a cluster's replica caught up first).
+    pub async fn fence_now(&self, tenant: &str) -> Result<u64, AppendError> {
+        match self {
+            AnyLog::Embedded(_) => Ok(0),
+            AnyLog::JetStream(l) => l.fence_now(tenant).await,
+        }
+    }
+
     /// Which backend, for logs and metrics.
     pub fn backend(&self) -> &'static str {
         match self {

@@ -434,7 +434,10 @@ pub enum Error {
 impl AppendError {
     /// Whether sending the same request again may succeed. Decided here, in one place.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, AppendError::Overloaded { .. })
+        matches!(
+            self,
+            AppendError::Overloaded { .. } | AppendError::Fenced { .. }
+        )
     }
 }
 

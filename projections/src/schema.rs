@@ -41,6 +41,13 @@ pub fn check_client_event(
     if ty.is_some_and(EventType::server_only) {
         return Err(SchemaError::ServerOnly(event_type.to_owned()));
     }
+    // The directory's and the moves' stream (spec section 20): tidemark's alone, whatever the
+    // type (a free-form event there could stand where a move's fence goes).
+    if stream == crate::names::Stream::Tenants.as_str() {
+        return Err(invalid(format!(
+            "stream {stream:?} is tidemark's (the tenants' directory): clients do not append to it"
+        )));
+    }
     if !reads_payload(event_type) {
         return Ok(());
     }
@@ -264,6 +271,15 @@ mod tests {
     #[test]
     fn free_form_types_pass() {
         assert!(check("anything", "my.type", json!({"x": 1})).is_ok());
+    }
+
+    /// No client event stands where the directory's or a move's fence goes.
+    #[test]
+    fn the_tenants_stream_is_tidemarks() {
+        assert!(matches!(
+            check("tenants", "my.type", json!({})),
+            Err(SchemaError::Invalid(_))
+        ));
     }
 
     #[test]

@@ -295,7 +295,9 @@ pub struct TenantMoved {
 /// seqs, fence its changes, copy the rest, verify, switch. Its positions (`after_sequence`,
 /// `Last-Event-ID`, cursors) mean the same afterwards; its live streams end at the switch
 /// and resume in the new shard; its requests wait for the last step (the fence). Answers once
-/// the tenant lives there. Embedded log only.
+/// the tenant lives there. On a cluster, from any node: the fence is an event in the source's
+/// stream, and every node answers the tenant's requests `503 tenant_moving` from it until it
+/// has seen the switch; a move stopped after its fence is finished by running it again.
 #[utoipa::path(post, path = "/v1/tenants/{name}/move", tag = "tenants", operation_id = "moveTenant",
     params(TenantName),
     request_body(content = TenantMoveBody, content_type = "application/json"),

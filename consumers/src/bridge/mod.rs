@@ -90,6 +90,10 @@ fn scan_in(
         deliver: None,
         mismatch: None,
     };
+    // On a cluster, what the stream ordered after the tenant's fence out of this shard is void
+    // (the models fold it; no bridge is told of it). Read after the task: the replica holds a
+    // fence before anything the models folded after it.
+    let fence = engine.fence_of(engine.tenant())?;
     let mut after = out.cursor.last_sequence;
     loop {
         let page = engine
@@ -109,7 +113,9 @@ fn scan_in(
             // between them is newer than the row it would be judged against (a false
             // mismatch). Judge only what the row has seen; the follower's next page brings the
             // rest.
-            if task.as_ref().is_some_and(|t| ev.seq > t.latest_event_seq) {
+            if task.as_ref().is_some_and(|t| ev.seq > t.latest_event_seq)
+                || (fence > 0 && ev.seq > fence)
+            {
                 return Ok(out);
             }
             let (decision, reason) = bridges::decide(task.as_ref(), &ev);

@@ -266,6 +266,11 @@ impl JetStreamLog {
                 last_seq: replica.head(),
             });
         }
+        // Nothing new of a fenced tenant (its condition is not judged: what it names past the
+        // fence is void).
+        if fence > 0 {
+            return Err(fenced(fence));
+        }
         // The condition judged on the caught-up replica, as the embedded log judges it (the
         // exact refusal); the headers below hold it against whatever lands meanwhile.
         let (head, failed) = self.judge(tenant, condition)?;
@@ -277,9 +282,6 @@ impl JetStreamLog {
             } else {
                 Attempt::Again
             });
-        }
-        if fence > 0 {
-            return Err(fenced(fence));
         }
         let at = at_us.unwrap_or_else(|| self.batch_time());
         let msgs = self.messages(tenant, &fresh, condition, head, at)?;

@@ -480,12 +480,28 @@ impl JetStreamLog {
     /// section 20: the tenant's events the stream ordered after it are void here.
     pub fn fence_of(&self, tenant: &str) -> Result<u64, StorageError> {
         let replica = &self.inner.replica;
-        replica.last_of(
+        let seq = replica.last_of(
             None,
             crate::MOVE_FENCE_STREAM,
             &crate::fence_subject(tenant),
             replica.head(),
-        )
+        )?;
+        if seq == 0 {
+            return Ok(0);
+        }
+        // The server's own event alone (its append is conditioned on the subject holding
+        // nothing, so it is the subject's only event, and clients write no event on stream
+        // `tenants`).
+        let ev = crate::Lookups::get(replica, seq).map_err(StorageError::of)?;
+        Ok(ev
+            .filter(|e| e.tenant.is_none() && e.event_type == crate::MOVE_FENCE_TYPE)
+            .map_or(0, |e| e.seq))
+    }
+
+    /// [`JetStreamLog::fence_of`] once the replica holds the stream's head as of now.
+    pub async fn fence_now(&self, tenant: &str) -> Result<u64, AppendError> {
+        self.catch_up(true).await?;
+        self.fence_of(tenant).map_err(AppendError::Storage)
     }
 
     /// The stream's last sequence, asked of the cluster.

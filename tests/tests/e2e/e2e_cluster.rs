@@ -1735,9 +1735,15 @@ async fn a_clusters_move_killed_after_its_fence_is_finished_by_running_it_again(
     let acked = Acked::default();
     let writer = retrying_appender(acme_b.clone(), "b1", acked.clone(), stop.clone(), false);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // Its answer never comes: node a is killed under it.
     let mover = {
         let api = a.api();
-        tokio::spawn(async move { move_to(&api, "acme", 2).await })
+        tokio::spawn(async move {
+            api.request(reqwest::Method::POST, "/v1/tenants/acme/move")
+                .json(&json!({"shard": 2, "reason": "rebalancing"}))
+                .send()
+                .await
+        })
     };
     // Node b has read the fence once it refuses acme's reads.
     wait_for(
