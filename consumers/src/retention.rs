@@ -34,6 +34,14 @@ pub async fn run_now(
     r: Retention,
     by: Option<Option<String>>,
 ) -> Result<RunReport, CommandError> {
+    if fault_fails(engine.shard()) {
+        return Err(CommandError::Storage(tidemark_log::StorageError::msg(
+            format!(
+                "retention of shard {} failed (TIDEMARK_FAULT_RETENTION_FAIL_SHARD)",
+                engine.shard()
+            ),
+        )));
+    }
     let purge = purge(engine, r.window_ms, by).await?;
     let compaction = if r.compact_log {
         Some(compact(engine, r.window_ms).await?)
@@ -41,6 +49,17 @@ pub async fn run_now(
         None
     };
     Ok(RunReport { purge, compaction })
+}
+
+/// The retention's fault injection for the tests of a deployment's run: a run of this shard
+/// fails before it does anything.
+fn fault_fails(shard: u32) -> bool {
+    static SHARD: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *SHARD.get_or_init(|| {
+        std::env::var("TIDEMARK_FAULT_RETENTION_FAIL_SHARD")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    }) == Some(shard)
 }
 
 /// Drop the log's events older than the window, in bounded commands; the totals.

@@ -245,6 +245,19 @@ pub struct RetentionOut {
     /// models (the fields above are the home shard's).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub shards: Vec<ShardRetentionOut>,
+    /// The other shards whose run failed (the others ran, and say what they did): each with
+    /// the code and detail its own request would have been answered with. Empty when every
+    /// shard's ran.
+    pub failed: Vec<ShardFailureOut>,
+}
+
+/// One shard's failed retention run.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ShardFailureOut {
+    pub shard: u32,
+    /// The problem code (`log_unavailable`, `models_unavailable`, `internal`, …).
+    pub code: String,
+    pub detail: String,
 }
 
 /// One shard's retention run.
@@ -311,14 +324,26 @@ pub async fn run_retention(
     let run = tidemark_consumers::retention::run_now(st.engine(), retention, by.clone()).await?;
     let before = tidemark_log::time::format_micros(run.purge.before_us);
     let home = ShardRetentionOut::from(run);
-    // Every other shard's, each on its own log (spec section 20).
-    let mut shards = Vec::new();
+    // Every other shard's, each on its own log (spec section 20); one failing does not keep
+    // the others from running, nor hide what they did.
+    let (mut shards, mut failed) = (Vec::new(), Vec::new());
     for s in st.shards.iter().skip(1) {
-        let run = tidemark_consumers::retention::run_now(&s.engine, retention, by.clone()).await?;
-        shards.push(ShardRetentionOut {
-            shard: s.engine.shard(),
-            ..ShardRetentionOut::from(run)
-        });
+        let shard = s.engine.shard();
+        match tidemark_consumers::retention::run_now(&s.engine, retention, by.clone()).await {
+            Ok(run) => shards.push(ShardRetentionOut {
+                shard,
+                ..ShardRetentionOut::from(run)
+            }),
+            Err(e) => {
+                tracing::error!(shard, error = %e, "the retention run of a shard failed");
+                let answer = ApiError::from(e);
+                failed.push(ShardFailureOut {
+                    shard,
+                    code: answer.problem.code.to_string(),
+                    detail: answer.problem.detail.to_string(),
+                });
+            }
+        }
     }
     Ok(Json(RetentionOut {
         before,
@@ -328,6 +353,7 @@ pub async fn run_retention(
         compacted_through_seq: home.compacted_through_seq,
         compacted_events: home.compacted_events,
         shards,
+        failed,
     }))
 }
 

@@ -1117,6 +1117,8 @@ pub struct RetentionOut {
     pub compacted_through_seq: Option<u64>,
     /// `retention.purged` events appended (none when nothing was due).
     pub events: u64,
+    /// The other shards whose run failed (the others ran, and say what they did): each with the code and detail its own request would have been answered with.
+    pub failed: Vec<ShardFailureOut>,
     /// Rows that left the read models.
     pub purged: Purged,
     /// With several shards (spec section 20): each other shard's run, on its own log and models (the fields above are the home shard's).
@@ -1252,6 +1254,15 @@ pub struct ShardBackupOut {
     pub events: u64,
     pub shard: u64,
     pub through_seq: u64,
+}
+
+/// One shard's failed retention run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShardFailureOut {
+    /// The problem code (`log_unavailable`, `models_unavailable`, `internal`, …).
+    pub code: String,
+    pub detail: String,
+    pub shard: u64,
 }
 
 /// One shard as it answers for itself.

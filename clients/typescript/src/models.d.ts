@@ -793,6 +793,8 @@ export interface RetentionOut {
   compacted_through_seq?: number | null;
   /** `retention.purged` events appended (none when nothing was due). */
   events: number;
+  /** The other shards whose run failed (the others ran, and say what they did): each with the code and detail its own request would have been answered with. */
+  failed: ShardFailureOut[];
   /** Rows that left the read models. */
   purged: Purged;
   /** With several shards (spec section 20): each other shard's run, on its own log and models (the fields above are the home shard's). */
@@ -881,6 +883,14 @@ export interface ShardBackupOut {
   events: number;
   shard: number;
   through_seq: number;
+}
+
+/** One shard's failed retention run. */
+export interface ShardFailureOut {
+  /** The problem code (`log_unavailable`, `models_unavailable`, `internal`, …). */
+  code: string;
+  detail: string;
+  shard: number;
 }
 
 /** One shard as it answers for itself. */

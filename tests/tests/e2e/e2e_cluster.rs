@@ -1118,6 +1118,30 @@ async fn two_nodes_share_a_routes_pace_and_keep_its_order() {
     drop(b);
 }
 
+/// Route `app-1` (sink `app`) of each of `tenants`, set through each of `nodes` once it
+/// knows the tenant (when its replica has the directory's change).
+async fn routed_on_every_node(nodes: &[&Server], tenants: &[&str]) {
+    for node in nodes {
+        for t in tenants {
+            let api = node.api().under(&format!("/tenants/{t}"), None);
+            crate::common::wait_for(
+                Duration::from_secs(30),
+                "the tenant on every node",
+                || async {
+                    let r = api
+                        .send(
+                            api.request(reqwest::Method::PUT, "/v1/routes/app-1")
+                                .json(&json!({"route": {"sink": "app"}, "reason": "setup"})),
+                        )
+                        .await;
+                    (r.status == StatusCode::OK).then_some(())
+                },
+            )
+            .await;
+        }
+    }
+}
+
 /// `shards` of `GET /v1/admin/cluster` on `node`: per shard, whether the node serves it, and
 /// the leases it holds of the shard's own stream, and the shard's members.
 async fn shard_view(node: &Server) -> Vec<(bool, Vec<String>, usize)> {
@@ -1169,26 +1193,7 @@ async fn a_killed_node_loses_nothing_and_its_shards_move() {
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
         assert_eq!(r.json["shard"], shard, "{}", r.text);
     }
-    for node in [&a, &b] {
-        for t in ["acme", "beta"] {
-            let api = node.api().under(&format!("/tenants/{t}"), None);
-            // The other node knows the tenant once its replica has the directory's change.
-            wait_for(
-                Duration::from_secs(30),
-                "the tenant on every node",
-                || async {
-                    let r = api
-                        .send(
-                            api.request(reqwest::Method::PUT, "/v1/routes/app-1")
-                                .json(&json!({"route": {"sink": "app"}, "reason": "setup"})),
-                        )
-                        .await;
-                    (r.status == StatusCode::OK).then_some(())
-                },
-            )
-            .await;
-        }
-    }
+    routed_on_every_node(&[&a, &b], &["acme", "beta"]).await;
     // Each shard served by one node, each shard's stream with both nodes as members.
     let mut bucket: Vec<String> = (0..16).map(|s| format!("bridge.{s}")).collect();
     bucket.push("retention".to_owned());
@@ -1357,65 +1362,6 @@ async fn a_killed_node_loses_nothing_and_its_shards_move() {
     drop(cluster);
 }
 
-/// A client appending batches to `api` until `stop`, each batch sent again (the same ids)
-/// while it is answered `503 tenant_moving` (a move's fence: nothing was done), any other
-/// answer but `201` failing the test; `notify`: one notification a batch instead of orders.
-/// Answers how many batches, and how many refusals it met.
-fn retrying_appender(
-    api: tidemark_tests::Api,
-    name: &'static str,
-    acked: crate::e2e_moves::Acked,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    notify: bool,
-) -> tokio::task::JoinHandle<(u64, u64)> {
-    use std::sync::atomic::Ordering;
-    tokio::spawn(async move {
-        let (mut n, mut refused) = (0u64, 0u64);
-        while !stop.load(Ordering::Relaxed) {
-            let batch: Vec<Value> = if notify {
-                vec![crate::common::notif_ev(
-                    &format!("{name}-{n}"),
-                    json!({"priority": "urgent", "title": "t", "recipient": "ops@example.org"}),
-                )]
-            } else {
-                (0..1 + n % 3)
-                    .map(|k| {
-                        let id = format!("{name}-{n}-{k}");
-                        json!({"event_id": id, "stream": "orders", "subject": id,
-                               "type": "order.placed", "payload": {"n": n}})
-                    })
-                    .collect()
-            };
-            let body = loop {
-                let (st, body) = api
-                    .try_append(&json!({ "events": batch }))
-                    .await
-                    .unwrap_or_else(|e| panic!("{name}: {e}"));
-                if st == StatusCode::CREATED {
-                    break body;
-                }
-                assert_eq!(
-                    (st, body["code"].as_str()),
-                    (StatusCode::SERVICE_UNAVAILABLE, Some("tenant_moving")),
-                    "{name}: {body}"
-                );
-                refused += 1;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            };
-            let mut a = acked.lock().unwrap();
-            for e in body["events"].as_array().unwrap() {
-                let id = e["event_id"].as_str().unwrap().to_owned();
-                assert!(
-                    a.insert(id.clone(), e["seq"].as_u64().unwrap()).is_none(),
-                    "{name}: {id} acknowledged twice"
-                );
-            }
-            n += 1;
-        }
-        (n, refused)
-    })
-}
-
 /// Until `node` answers `tenant`'s reads (after a move, once it has seen the switch).
 async fn serving(node: &tidemark_tests::Api) {
     crate::common::wait_for(Duration::from_secs(30), "the tenant's reads", || async {
@@ -1429,7 +1375,6 @@ async fn serving(node: &tidemark_tests::Api) {
 /// notifications routed into deliveries, beta (shard 0), delta (shard 1); then both nodes
 /// restart with a third shard, node a with `a_env` set.
 async fn move_deployment(cluster: &Cluster, a_env: Option<(&str, &str)>) -> (Server, Server) {
-    use crate::common::{notif_ev, wait_for};
     use crate::e2e_moves::create;
     let cfg = |n: u32| {
         cluster.node_config("MV").replace(
@@ -1443,41 +1388,8 @@ async fn move_deployment(cluster: &Cluster, a_env: Option<(&str, &str)>) -> (Ser
     assert_eq!(create(&api, "acme").await, 1);
     assert_eq!(create(&api, "beta").await, 0);
     assert_eq!(create(&api, "delta").await, 1);
-    for node in [&a, &b] {
-        for t in ["acme", "delta"] {
-            let api = node.api().under(&format!("/tenants/{t}"), None);
-            wait_for(
-                Duration::from_secs(30),
-                "the tenant on every node",
-                || async {
-                    let r = api
-                        .send(
-                            api.request(reqwest::Method::PUT, "/v1/routes/app-1")
-                                .json(&json!({"route": {"sink": "app"}, "reason": "setup"})),
-                        )
-                        .await;
-                    (r.status == StatusCode::OK).then_some(())
-                },
-            )
-            .await;
-        }
-    }
-    let acme_a = api.under("/tenants/acme", None);
-    let events: Vec<Value> = (0..3)
-        .map(|i| {
-            notif_ev(
-                &format!("n-{i}"),
-                json!({"priority": "urgent", "title": "t", "recipient": "ops@example.org"}),
-            )
-        })
-        .collect();
-    let (st, body) = acme_a.append(&json!({ "events": events })).await;
-    assert_eq!(st, StatusCode::CREATED, "{body}");
-    wait_for(Duration::from_secs(30), "acme's deliveries", || async {
-        let (_, page) = acme_a.get_json("/v1/deliveries?sink=app").await;
-        (page["deliveries"].as_array().map(Vec::len) == Some(3)).then_some(())
-    })
-    .await;
+    routed_on_every_node(&[&a, &b], &["acme", "delta"]).await;
+    crate::e2e_moves::three_routed(&api.under("/tenants/acme", None)).await;
     // The deployment grows by a shard: its stream is the move's destination.
     for node in [&mut a, &mut b] {
         node.sigterm();
@@ -1505,7 +1417,7 @@ async fn move_deployment(cluster: &Cluster, a_env: Option<(&str, &str)>) -> (Ser
 /// claimed once in shard 2; delta's work goes on in the source.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_moves_between_the_clusters_streams_under_appends_through_both_nodes() {
-    use crate::common::{notif_ev, wait_for};
+    use crate::common::wait_for;
     use crate::e2e_moves::{Acked, held, move_to, shard_of};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
@@ -1530,22 +1442,22 @@ async fn a_tenant_moves_between_the_clusters_streams_under_appends_through_both_
     let (acked_acme, acked_delta, notified) =
         (Acked::default(), Acked::default(), Acked::default());
     let writers = vec![
-        retrying_appender(
+        crate::e2e_moves::appender(
             acme_a.clone(),
             "a1",
             acked_acme.clone(),
             stop.clone(),
             false,
         ),
-        retrying_appender(
+        crate::e2e_moves::appender(
             acme_b.clone(),
             "b1",
             acked_acme.clone(),
             stop.clone(),
             false,
         ),
-        retrying_appender(acme_b.clone(), "nb", notified.clone(), stop.clone(), true),
-        retrying_appender(
+        crate::e2e_moves::appender(acme_b.clone(), "nb", notified.clone(), stop.clone(), true),
+        crate::e2e_moves::appender(
             delta.clone(),
             "d1",
             acked_delta.clone(),
@@ -1632,19 +1544,7 @@ async fn a_tenant_moves_between_the_clusters_streams_under_appends_through_both_
     for (id, seq) in acked_delta.lock().unwrap().iter() {
         assert_eq!(d.get(id), Some(seq), "delta's {id}");
     }
-    let (st, body) = delta
-        .append(&json!({"events": [notif_ev("dn-1",
-            json!({"priority": "urgent", "title": "t", "recipient": "ops@example.org"}))]}))
-        .await;
-    assert_eq!(st, StatusCode::CREATED, "{body}");
-    wait_for(Duration::from_secs(30), "delta's delivery", || {
-        let delta = delta.clone();
-        async move {
-            let (_, page) = delta.get_json("/v1/deliveries?notification_id=dn-1").await;
-            (page["deliveries"].as_array().map(Vec::len) == Some(1)).then_some(())
-        }
-    })
-    .await;
+    crate::e2e_moves::routes_one(&delta, "dn-1").await;
 
     // node b's stream resumes in shard 2 with its Last-Event-ID: the rest, once. What it
     // showed before is acme's log (nothing void, nothing the move did not keep).
@@ -1654,17 +1554,7 @@ async fn a_tenant_moves_between_the_clusters_streams_under_appends_through_both_
         seen.iter().all(|q| kept.contains(q)),
         "node b's stream showed events that are not acme's orders"
     );
-    let mut sse = acme_b
-        .sse("stream=orders", Some(&last.to_string()))
-        .await
-        .expect("the resumed stream");
-    let mut expect: Vec<u64> = now.values().copied().filter(|&q| q > last).collect();
-    expect.sort();
-    let mut resumed = Vec::new();
-    while resumed.len() < expect.len() {
-        resumed.push(sse.expect_event(Duration::from_secs(30)).await.seq());
-    }
-    assert_eq!(resumed, expect);
+    crate::e2e_moves::resumes_after(&acme_b, last, &now).await;
 
     // Every notification: routed before the move, or acknowledged during it through node b,
     // claimed once in shard 2 (through either node).
@@ -1733,7 +1623,8 @@ async fn a_clusters_move_killed_after_its_fence_is_finished_by_running_it_again(
     let before_move = held(&acme_b).await;
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Acked::default();
-    let writer = retrying_appender(acme_b.clone(), "b1", acked.clone(), stop.clone(), false);
+    let writer =
+        crate::e2e_moves::appender(acme_b.clone(), "b1", acked.clone(), stop.clone(), false);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     // Its answer never comes: node a is killed under it.
     let mover = {

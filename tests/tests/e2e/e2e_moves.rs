@@ -69,18 +69,19 @@ pub(crate) async fn held(api: &Api) -> BTreeMap<String, u64> {
 
 pub(crate) type Acked = Arc<Mutex<BTreeMap<String, u64>>>;
 
-/// A client appending batches of `orders` to `api` until `stop`; answers the batches whose
-/// answer it did not get (none, unless the server went away).
-/// (`notify`: one notification a batch, to be routed, instead of orders.)
-fn appender(
+/// A client appending batches of `orders` to `api` until `stop`, each batch sent again (the
+/// same ids) while it is answered `503 tenant_moving` (on a cluster, a move's fence: nothing
+/// was done), any other answer but `201` failing the test; `notify`: one notification a batch,
+/// to be routed, instead of orders. Answers how many batches, and how many refusals it met.
+pub(crate) fn appender(
     api: Api,
     name: &'static str,
     acked: Acked,
     stop: Arc<AtomicBool>,
     notify: bool,
-) -> tokio::task::JoinHandle<u64> {
+) -> tokio::task::JoinHandle<(u64, u64)> {
     tokio::spawn(async move {
-        let mut n = 0u64;
+        let (mut n, mut refused) = (0u64, 0u64);
         while !stop.load(Ordering::Relaxed) {
             let batch: Vec<Value> = if notify {
                 vec![notif_ev(
@@ -96,17 +97,95 @@ fn appender(
                     })
                     .collect()
             };
-            let (st, body) = api.append(&json!({"events": batch})).await;
-            assert_eq!(st, StatusCode::CREATED, "{name}: {body}");
+            let body = loop {
+                let (st, body) = api
+                    .try_append(&json!({ "events": batch }))
+                    .await
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+                if st == StatusCode::CREATED {
+                    break body;
+                }
+                assert_eq!(
+                    (st, body["code"].as_str()),
+                    (StatusCode::SERVICE_UNAVAILABLE, Some("tenant_moving")),
+                    "{name}: {body}"
+                );
+                refused += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
             let mut a = acked.lock().unwrap();
             for e in body["events"].as_array().unwrap() {
                 let id = e["event_id"].as_str().unwrap().to_owned();
-                assert!(a.insert(id, e["seq"].as_u64().unwrap()).is_none());
+                assert!(
+                    a.insert(id.clone(), e["seq"].as_u64().unwrap()).is_none(),
+                    "{name}: {id} acknowledged twice"
+                );
             }
             n += 1;
         }
-        n
+        (n, refused)
     })
+}
+
+/// Notifications `n-0`..`n-2` of `tenant` (with route `app-1`), routed into deliveries of sink
+/// `app` before the move.
+pub(crate) async fn three_routed(tenant: &Api) {
+    let events: Vec<Value> = (0..3)
+        .map(|i| {
+            notif_ev(
+                &format!("n-{i}"),
+                json!({"priority": "urgent", "title": "t", "recipient": "ops@example.org"}),
+            )
+        })
+        .collect();
+    let (st, body) = tenant.append(&json!({ "events": events })).await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    wait_for(
+        Duration::from_secs(30),
+        "the tenant's deliveries",
+        || async {
+            let (_, page) = tenant.get_json("/v1/deliveries?sink=app").await;
+            (page["deliveries"].as_array().map(Vec::len) == Some(3)).then_some(())
+        },
+    )
+    .await;
+}
+
+/// A notification `id` of `tenant` appended now is routed into one delivery (its shard's
+/// reactors are not stuck on a moved tenant's work).
+pub(crate) async fn routes_one(tenant: &Api, id: &str) {
+    let (st, body) = tenant
+        .append(&json!({"events": [notif_ev(id,
+            json!({"priority": "urgent", "title": "t", "recipient": "ops@example.org"}))]}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    wait_for(
+        Duration::from_secs(30),
+        "the notification's delivery",
+        || async {
+            let (_, page) = tenant
+                .get_json(&format!("/v1/deliveries?notification_id={id}"))
+                .await;
+            (page["deliveries"].as_array().map(Vec::len) == Some(1)).then_some(())
+        },
+    )
+    .await;
+}
+
+/// A stream of `tenant`'s `orders` resumed with `Last-Event-ID: last` shows the rest of
+/// `now` (event id → seq), once, in order.
+pub(crate) async fn resumes_after(tenant: &Api, last: u64, now: &BTreeMap<String, u64>) {
+    let mut sse = tenant
+        .sse("stream=orders", Some(&last.to_string()))
+        .await
+        .expect("the resumed stream");
+    let mut expect: Vec<u64> = now.values().copied().filter(|&q| q > last).collect();
+    expect.sort();
+    let mut resumed = Vec::new();
+    while resumed.len() < expect.len() {
+        resumed.push(sse.expect_event(Duration::from_secs(30)).await.seq());
+    }
+    assert_eq!(resumed, expect);
 }
 
 /// acme (shard 1) with a route, three notifications routed into deliveries of sink `app`,
@@ -127,22 +206,7 @@ async fn deployment(extra_env: Option<(&str, &str)>) -> Server {
             .await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     }
-    let events: Vec<Value> = (0..3)
-        .map(|i| {
-            notif_ev(
-                &format!("n-{i}"),
-                json!({"priority": "urgent", "title": "t", "recipient": "ops@example.org"}),
-            )
-        })
-        .collect();
-    let (st, body) = acme.append(&json!({ "events": events })).await;
-    assert_eq!(st, StatusCode::CREATED, "{body}");
-    // Routed before the move.
-    wait_for(Duration::from_secs(30), "acme's deliveries", || async {
-        let (_, page) = acme.get_json("/v1/deliveries?sink=app").await;
-        (page["deliveries"].as_array().map(Vec::len) == Some(3)).then_some(())
-    })
-    .await;
+    three_routed(&acme).await;
     let (st, body) = acme
         .append(
             &json!({"events": [{"event_id": "o-0", "stream": "orders", "subject": "o-0",
@@ -280,7 +344,12 @@ async fn a_tenant_moves_to_an_empty_shard_under_appends_with_nothing_lost_or_dou
     stop.store(true, Ordering::Relaxed);
     let mut batches = 0;
     for w in writers {
-        batches += w.await.expect("an appender failed");
+        let (n, refused) = w.await.expect("an appender failed");
+        assert_eq!(
+            refused, 0,
+            "on one node a request waits at the fence, never refused"
+        );
+        batches += n;
     }
     assert!(batches > 10, "the clients appended {batches} batches");
     assert!(twice.await.unwrap() > 0);
@@ -349,36 +418,13 @@ async fn a_tenant_moves_to_an_empty_shard_under_appends_with_nothing_lost_or_dou
     assert_eq!(d.len(), acked_delta.lock().unwrap().len());
     // The source shard's reactors go on for delta (none is stuck on acme's work refused at
     // the fence): its notification is routed.
-    let (st, body) = delta
-        .append(&json!({"events": [notif_ev("dn-1",
-            json!({"priority": "urgent", "title": "t", "recipient": "ops@example.org"}))]}))
-        .await;
-    assert_eq!(st, StatusCode::CREATED, "{body}");
-    wait_for(Duration::from_secs(30), "delta's delivery", || {
-        let delta = delta.clone();
-        async move {
-            let (_, page) = delta.get_json("/v1/deliveries?notification_id=dn-1").await;
-            (page["deliveries"].as_array().map(Vec::len) == Some(1)).then_some(())
-        }
-    })
-    .await;
+    routes_one(&delta, "dn-1").await;
     let (_, shards) = api.get_json("/v1/shards").await;
     assert_eq!(shards["shards"][2]["tenants"], json!(["acme"]), "{shards}");
     assert_eq!(shards["shards"][1]["tenants"], json!(["delta"]), "{shards}");
 
     // The stream resumes in shard 2 with the Last-Event-ID it had: the rest, once.
-    let mut sse = acme
-        .sse("stream=orders", Some(&last.to_string()))
-        .await
-        .expect("the resumed stream");
-    let mut resumed: Vec<u64> = Vec::new();
-    let want = now.values().filter(|&&q| q > last).count();
-    while resumed.len() < want {
-        resumed.push(sse.expect_event(Duration::from_secs(30)).await.seq());
-    }
-    let mut expect: Vec<u64> = now.values().copied().filter(|&q| q > last).collect();
-    expect.sort();
-    assert_eq!(resumed, expect);
+    resumes_after(&acme, last, &now).await;
 
     // The cursor advanced before the move goes on from where it was.
     let (_, c) = acme.get_json("/v1/cursors?consumer_id=c-1").await;

@@ -1114,3 +1114,40 @@ async fn each_shard_compacts_its_own_log_pinned_by_its_tenants_cursors() {
         assert_eq!(r.json["identical"], true, "{name}: {}", r.text);
     }
 }
+
+/// A retention run that fails on one shard (spec section 20;
+/// `TIDEMARK_FAULT_RETENTION_FAIL_SHARD`) still runs every other shard and says what each
+/// did: the failed one in `failed` with the code its own request would have had, the others'
+/// reports as usual (a failure on shard 1 used to discard shard 2's, though it had purged).
+#[tokio::test]
+async fn a_retention_run_failing_on_one_shard_still_reports_the_others() {
+    let s = Server::start(
+        ServerOpts::default()
+            .config("[log]\nshards = 3\n[retention]\nwindow = \"1s\"\nrun_every = \"1h\"\n")
+            .env("TIDEMARK_FAULT_RETENTION_FAIL_SHARD", "1"),
+    )
+    .await;
+    let api = s.api();
+    assert_eq!(create(&api, "acme").await["shard"], 1);
+    assert_eq!(create(&api, "beta").await["shard"], 2);
+    let r = api
+        .send(api.request(Method::POST, "/v1/admin/retention/run"))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let failed = r.json["failed"].as_array().expect("failed");
+    assert_eq!(failed.len(), 1, "{}", r.text);
+    assert_eq!(failed[0]["shard"], 1, "{}", r.text);
+    assert!(failed[0]["code"].as_str().is_some_and(|c| !c.is_empty()));
+    let shards: Vec<u64> = r.json["shards"]
+        .as_array()
+        .expect("shards")
+        .iter()
+        .map(|s| s["shard"].as_u64().unwrap())
+        .collect();
+    assert_eq!(shards, [2], "shard 2 ran and says so: {}", r.text);
+    assert!(
+        r.json["through_seq"].as_u64().is_some(),
+        "the home shard's: {}",
+        r.text
+    );
+}

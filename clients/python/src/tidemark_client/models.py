@@ -871,6 +871,7 @@ class RetentionOut(_RetentionOutOptional):
 
     before: str
     events: int
+    failed: List[ShardFailureOut]
     purged: Purged
     through_seq: int
 
@@ -963,6 +964,14 @@ class ShardBackupOut(TypedDict):
     events: int
     shard: int
     through_seq: int
+
+
+class ShardFailureOut(TypedDict):
+    """One shard's failed retention run."""
+
+    code: str
+    detail: str
+    shard: int
 
 
 class ShardOut(TypedDict):
