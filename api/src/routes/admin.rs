@@ -246,8 +246,9 @@ pub struct RetentionOut {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub shards: Vec<ShardRetentionOut>,
     /// The other shards whose run failed (the others ran, and say what they did): each with
-    /// the code and detail its own request would have been answered with. Empty when every
+    /// the code and detail its own request would have been answered with. Absent when every
     /// shard's ran.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failed: Vec<ShardFailureOut>,
 }
 

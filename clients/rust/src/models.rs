@@ -1118,7 +1118,8 @@ pub struct RetentionOut {
     /// `retention.purged` events appended (none when nothing was due).
     pub events: u64,
     /// The other shards whose run failed (the others ran, and say what they did): each with the code and detail its own request would have been answered with.
-    pub failed: Vec<ShardFailureOut>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<Vec<ShardFailureOut>>,
     /// Rows that left the read models.
     pub purged: Purged,
     /// With several shards (spec section 20): each other shard's run, on its own log and models (the fields above are the home shard's).

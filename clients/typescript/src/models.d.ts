@@ -794,7 +794,7 @@ export interface RetentionOut {
   /** `retention.purged` events appended (none when nothing was due). */
   events: number;
   /** The other shards whose run failed (the others ran, and say what they did): each with the code and detail its own request would have been answered with. */
-  failed: ShardFailureOut[];
+  failed?: ShardFailureOut[];
   /** Rows that left the read models. */
   purged: Purged;
   /** With several shards (spec section 20): each other shard's run, on its own log and models (the fields above are the home shard's). */

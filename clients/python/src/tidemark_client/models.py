@@ -863,6 +863,7 @@ class ResumeBody(_ResumeBodyOptional):
 class _RetentionOutOptional(TypedDict, total=False):
     compacted_events: Optional[int]
     compacted_through_seq: Optional[int]
+    failed: List[ShardFailureOut]
     shards: List[ShardRetentionOut]
 
 
@@ -871,7 +872,6 @@ class RetentionOut(_RetentionOutOptional):
 
     before: str
     events: int
-    failed: List[ShardFailureOut]
     purged: Purged
     through_seq: int
 
