@@ -411,7 +411,15 @@ async fn fence_out(src: &Engine, tenant: &str) -> Result<u64, CommandError> {
 /// An error after a cluster's fence says what it leaves: the tenant fenced, its requests
 /// refused, until the move is run again (it resumes from the copy and keeps the fence).
 fn after_fence(e: CommandError, cluster: bool, tenant: &str, from: u32) -> CommandError {
-    if !cluster {
+    // (Another run of the move goes on: it is the one to finish.)
+    let concurrent = matches!(
+        e,
+        CommandError::Rejected {
+            code: Rejection::MoveInProgress,
+            ..
+        }
+    );
+    if !cluster || concurrent {
         return e;
     }
     tracing::error!(tenant, from, error = %e, "a move failed after its fence");
@@ -557,9 +565,23 @@ async fn copy(
             if own(&run[0], tenant, fence) {
                 copied += run.len() as u64;
             }
-            log.import_batch(batch, run[0].seq, run[0].time_us)
-                .await
-                .map_err(|e| storage("writing the copy into the destination", e))?;
+            if let Err(e) = log.import_batch(batch, run[0].seq, run[0].time_us).await {
+                // The destination holds what this run was writing: another run of the move
+                // (on another node of a cluster) writes it too, the same events at the same
+                // seqs; that one goes on.
+                return Err(if dst.head() >= run[0].seq {
+                    refused(
+                        Rejection::MoveInProgress,
+                        format!(
+                            "another run of this move (on another node?) writes shard {}'s \
+                             copy: this one stops, that one goes on",
+                            dst.shard()
+                        ),
+                    )
+                } else {
+                    storage("writing the copy into the destination", e)
+                });
+            }
         }
         after = events.last().map_or(upto, |e| e.seq);
         if let Some(d) = fault_delay() {

@@ -1706,3 +1706,72 @@ async fn a_clusters_move_killed_after_its_fence_is_finished_by_running_it_again(
     assert_eq!(shard_of(&a.api(), "acme").await, 2);
     drop(cluster);
 }
+
+/// The same move run on both nodes at once (spec section 20): the two copies write the same
+/// events at the same seqs (each is the other's duplicate), one fence is appended, one
+/// `tenant.moved` recorded; whatever each run answers, acme ends in shard 2 with every event
+/// a client acknowledged through node b, once, at its seq (a run that failed is run again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_move_run_on_both_nodes_at_once_moves_the_tenant_once() {
+    use crate::e2e_moves::{Acked, held, move_to, shard_of};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let cluster = Cluster::start();
+    let (a, b) = move_deployment(&cluster, None).await;
+    let acme_b = b.api().under("/tenants/acme", None);
+    serving(&acme_b).await;
+    let before_move = held(&acme_b).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Acked::default();
+    let writer =
+        crate::e2e_moves::appender(acme_b.clone(), "b1", acked.clone(), stop.clone(), false);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let (api_a, api_b) = (a.api(), b.api());
+    let (ra, rb) = tokio::join!(move_to(&api_a, "acme", 2), move_to(&api_b, "acme", 2));
+    eprintln!(
+        "the same move on both nodes: a answered {} {}, b answered {} {}",
+        ra.status, ra.json["code"], rb.status, rb.json["code"]
+    );
+    if ra.status != StatusCode::OK && rb.status != StatusCode::OK {
+        let r = move_to(&b.api(), "acme", 2).await;
+        assert_eq!(r.status, StatusCode::OK, "run again: {}", r.text);
+    }
+    // A run that finds the other writing the copy stops and says so.
+    for r in [&ra, &rb] {
+        assert!(
+            r.status == StatusCode::OK || r.json["code"] == "move_in_progress",
+            "{}",
+            r.text
+        );
+    }
+    serving(&acme_b).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (batches, _) = writer.await.expect("the appender failed");
+    assert!(batches > 10);
+    let acme_a = a.api().under("/tenants/acme", None);
+    serving(&acme_a).await;
+    let acked = acked.lock().unwrap().clone();
+    for node in [&acme_a, &acme_b] {
+        let now = held(node).await;
+        for (id, seq) in before_move.iter().chain(acked.iter()) {
+            assert_eq!(now.get(id), Some(seq), "acme's {id} at {seq}");
+        }
+        assert_eq!(now.len(), before_move.len() + acked.len(), "acme's orders");
+    }
+    for node in [&a, &b] {
+        assert_eq!(shard_of(&node.api(), "acme").await, 2);
+    }
+    let (_, log) = a
+        .api()
+        .get_json("/v1/events?stream=tenants&subject=acme")
+        .await;
+    let moved = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "tenant.moved")
+        .count();
+    assert_eq!(moved, 1, "one tenant.moved: {log}");
+    drop(cluster);
+}
