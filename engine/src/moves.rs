@@ -63,28 +63,32 @@ const FAULT_PAGE: usize = 10;
 const ROUNDS: usize = 20;
 const CLOSE_ENOUGH: u64 = 2 * PAGE as u64;
 
-/// The move's fault injection for the crash test: wait after each copied page, so a test
-/// can kill the process mid-copy.
-fn fault_delay() -> Option<std::time::Duration> {
-    static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
-    *DELAY.get_or_init(|| {
-        std::env::var("TIDEMARK_FAULT_MOVE_DELAY_MS")
+/// A fault injection's wait, in milliseconds from environment variable `var` (tests only),
+/// read once into `cell`.
+fn fault_ms(
+    cell: &'static std::sync::OnceLock<Option<std::time::Duration>>,
+    var: &str,
+) -> Option<std::time::Duration> {
+    *cell.get_or_init(|| {
+        std::env::var(var)
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
             .map(std::time::Duration::from_millis)
     })
 }
 
+/// The move's fault injection for the crash test: wait after each copied page, so a test
+/// can kill the process mid-copy.
+fn fault_delay() -> Option<std::time::Duration> {
+    static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    fault_ms(&DELAY, "TIDEMARK_FAULT_MOVE_DELAY_MS")
+}
+
 /// The move's fault injection for the crash test of a cluster's fence: wait this long once
 /// the tenant is fenced, before the tail is copied, so a test can kill the process there.
 fn fault_fenced_wait() -> Option<std::time::Duration> {
     static WAIT: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
-    *WAIT.get_or_init(|| {
-        std::env::var("TIDEMARK_FAULT_MOVE_FENCED_MS")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(std::time::Duration::from_millis)
-    })
+    fault_ms(&WAIT, "TIDEMARK_FAULT_MOVE_FENCED_MS")
 }
 
 /// An operator's move.

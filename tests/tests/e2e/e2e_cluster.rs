@@ -1362,6 +1362,24 @@ async fn a_killed_node_loses_nothing_and_its_shards_move() {
     drop(cluster);
 }
 
+/// acme's orders as `node` serves them now, and a client appending acme's orders through
+/// `node` from now on (sending a refused batch again) until told to stop.
+async fn appending_through(
+    node: &tidemark_tests::Api,
+) -> (
+    std::collections::BTreeMap<String, u64>,
+    crate::e2e_moves::Acked,
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tokio::task::JoinHandle<(u64, u64)>,
+) {
+    serving(node).await;
+    let before = crate::e2e_moves::held(node).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acked = crate::e2e_moves::Acked::default();
+    let writer = crate::e2e_moves::appender(node.clone(), "b1", acked.clone(), stop.clone(), false);
+    (before, acked, stop, writer)
+}
+
 /// Until `node` answers `tenant`'s reads (after a move, once it has seen the switch).
 async fn serving(node: &tidemark_tests::Api) {
     crate::common::wait_for(Duration::from_secs(30), "the tenant's reads", || async {
@@ -1527,17 +1545,7 @@ async fn a_tenant_moves_between_the_clusters_streams_under_appends_through_both_
     assert!(after_switch > 0, "no append landed after the switch");
     assert!(acked.values().any(|&q| q <= through), "none before it");
     for node in [&acme_a, &acme_b] {
-        let now = held(node).await;
-        for (id, seq) in before_move.iter().chain(acked.iter()) {
-            assert_eq!(now.get(id), Some(seq), "acme's {id} at {seq}");
-        }
-        assert_eq!(now.len(), before_move.len() + acked.len(), "acme's orders");
-        let all = node.read_all("").await;
-        let all_seqs: Vec<u64> = all.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
-        let mut sorted = all_seqs.clone();
-        sorted.sort();
-        sorted.dedup();
-        assert_eq!(sorted, all_seqs, "acme's log in order, each seq once");
+        crate::e2e_moves::holds_once(node, &before_move, &acked).await;
     }
     // delta, in the source, lost nothing; its reactors were not held by acme's work.
     let d = held(&delta).await;
@@ -1612,19 +1620,13 @@ fn assert_problem_code(r: &tidemark_tests::Reply, code: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clusters_move_killed_after_its_fence_is_finished_by_running_it_again() {
     use crate::common::wait_for;
-    use crate::e2e_moves::{Acked, held, move_to, shard_of};
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use crate::e2e_moves::{move_to, shard_of};
+    use std::sync::atomic::Ordering;
     let cluster = Cluster::start();
     let (mut a, b) =
         move_deployment(&cluster, Some(("TIDEMARK_FAULT_MOVE_FENCED_MS", "60000"))).await;
     let acme_b = b.api().under("/tenants/acme", None);
-    serving(&acme_b).await;
-    let before_move = held(&acme_b).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked = Acked::default();
-    let writer =
-        crate::e2e_moves::appender(acme_b.clone(), "b1", acked.clone(), stop.clone(), false);
+    let (before_move, acked, stop, writer) = appending_through(&acme_b).await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     // Its answer never comes: node a is killed under it.
     let mover = {
@@ -1697,11 +1699,7 @@ async fn a_clusters_move_killed_after_its_fence_is_finished_by_running_it_again(
     let acme_a = a.api().under("/tenants/acme", None);
     serving(&acme_a).await;
     for node in [&acme_b, &acme_a] {
-        let now = held(node).await;
-        for (id, seq) in before_move.iter().chain(acked.iter()) {
-            assert_eq!(now.get(id), Some(seq), "acme's {id} at {seq}");
-        }
-        assert_eq!(now.len(), before_move.len() + acked.len(), "acme's orders");
+        crate::e2e_moves::holds_once(node, &before_move, &acked).await;
     }
     assert_eq!(shard_of(&a.api(), "acme").await, 2);
     drop(cluster);
@@ -1713,18 +1711,12 @@ async fn a_clusters_move_killed_after_its_fence_is_finished_by_running_it_again(
 /// a client acknowledged through node b, once, at its seq (a run that failed is run again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_move_run_on_both_nodes_at_once_moves_the_tenant_once() {
-    use crate::e2e_moves::{Acked, held, move_to, shard_of};
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use crate::e2e_moves::{move_to, shard_of};
+    use std::sync::atomic::Ordering;
     let cluster = Cluster::start();
     let (a, b) = move_deployment(&cluster, None).await;
     let acme_b = b.api().under("/tenants/acme", None);
-    serving(&acme_b).await;
-    let before_move = held(&acme_b).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked = Acked::default();
-    let writer =
-        crate::e2e_moves::appender(acme_b.clone(), "b1", acked.clone(), stop.clone(), false);
+    let (before_move, acked, stop, writer) = appending_through(&acme_b).await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     let (api_a, api_b) = (a.api(), b.api());
     let (ra, rb) = tokio::join!(move_to(&api_a, "acme", 2), move_to(&api_b, "acme", 2));
@@ -1753,11 +1745,7 @@ async fn the_same_move_run_on_both_nodes_at_once_moves_the_tenant_once() {
     serving(&acme_a).await;
     let acked = acked.lock().unwrap().clone();
     for node in [&acme_a, &acme_b] {
-        let now = held(node).await;
-        for (id, seq) in before_move.iter().chain(acked.iter()) {
-            assert_eq!(now.get(id), Some(seq), "acme's {id} at {seq}");
-        }
-        assert_eq!(now.len(), before_move.len() + acked.len(), "acme's orders");
+        crate::e2e_moves::holds_once(node, &before_move, &acked).await;
     }
     for node in [&a, &b] {
         assert_eq!(shard_of(&node.api(), "acme").await, 2);

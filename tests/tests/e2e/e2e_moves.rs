@@ -127,6 +127,28 @@ pub(crate) fn appender(
     })
 }
 
+/// `node`'s `orders` of the tenant (event id → seq): every event of `before` and `acked` at
+/// its seq, and nothing else; and the tenant's whole log in order, each seq once. Answers the
+/// orders and the whole log.
+pub(crate) async fn holds_once(
+    node: &Api,
+    before: &BTreeMap<String, u64>,
+    acked: &BTreeMap<String, u64>,
+) -> (BTreeMap<String, u64>, Vec<Value>) {
+    let now = held(node).await;
+    for (id, seq) in before.iter().chain(acked.iter()) {
+        assert_eq!(now.get(id), Some(seq), "the tenant's {id} at {seq}");
+    }
+    assert_eq!(now.len(), before.len() + acked.len(), "the tenant's orders");
+    let all = node.read_all("").await;
+    let all_seqs: Vec<u64> = all.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    let mut sorted = all_seqs.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted, all_seqs, "the tenant's log in order, each seq once");
+    (now, all)
+}
+
 /// Notifications `n-0`..`n-2` of `tenant` (with route `app-1`), routed into deliveries of sink
 /// `app` before the move.
 pub(crate) async fn three_routed(tenant: &Api) {
@@ -393,18 +415,9 @@ async fn a_tenant_moves_to_an_empty_shard_under_appends_with_nothing_lost_or_dou
         acked.values().any(|&q| q <= through),
         "no append before the switch"
     );
-    for (id, seq) in before_move.iter().chain(acked.iter()) {
-        assert_eq!(now.get(id), Some(seq), "acme's {id} at {seq}");
-    }
-    assert_eq!(now.len(), before_move.len() + acked.len(), "acme's orders");
     // acme's seqs stay dense and its own: every event of acme through the switch at the seq
     // it had, and its later ones after it in shard 2's log.
-    let all = acme.read_all("").await;
-    let all_seqs: Vec<u64> = all.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
-    let mut sorted = all_seqs.clone();
-    sorted.sort();
-    sorted.dedup();
-    assert_eq!(sorted, all_seqs, "acme's log in order, each seq once");
+    let (_, all) = holds_once(&acme, &before_move, &acked).await;
     assert!(
         all.iter()
             .all(|e| e.get("tenant").is_none_or(|t| t == "acme")),
